@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Creates .venv (or $LILICORR_VENV) with the pinned stack and this package, editable.
+# torch 2.14.1 is what sglang 0.5.23 pins; sglang itself goes in without its GPU-only
+# dependencies (flashinfer, sgl-kernel, ...), which a CPU machine cannot use.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${LILICORR_VENV:-.venv}
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+stamp="$venv/.lilicorr-deps"
+if [ ! -f "$stamp" ] || ! cmp -s requirements.txt "$stamp"; then
+  echo "installing torch 2.14.1, sglang 0.5.23 and requirements.txt into $venv (a few minutes, once)"
+  "${pip[@]}" torch==2.14.1
+  "${pip[@]}" --no-deps sglang==0.5.23
+  "${pip[@]}" -r requirements.txt
+  cp requirements.txt "$stamp"
+fi
+"${pip[@]}" --no-deps --no-build-isolation -e .

@@ -1,0 +1,29 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="sglang-lilicorr",
+    version="0.1.0",
+    description="LiLiCorr speculative decoding for SGLang: head, kernels, training, plugin, benchmarks",
+    python_requires=">=3.10",
+    packages=find_packages(include=["sglang_lilicorr", "sglang_lilicorr.*"])
+    + ["sglang_lilicorr.kernels", "sglang_lilicorr.benchmarks"],
+    # kernels/ and benchmarks/ live at the top of the repo but install under our namespace:
+    # a top-level `kernels` would shadow the PyPI package of that name that SGLang uses.
+    package_dir={"sglang_lilicorr.kernels": "kernels", "sglang_lilicorr.benchmarks": "benchmarks"},
+    package_data={"sglang_lilicorr.serving": ["*.sh"]},
+    install_requires=[
+        "sglang==0.5.23",
+        "torch==2.14.1",
+        "triton==3.8.0",
+        "transformers==5.19.0",
+        "tokenizers==0.23.2",
+        "safetensors>=0.4",
+        "tqdm",
+        "matplotlib",
+    ],
+    extras_require={"test": ["pytest>=8"]},
+    entry_points={
+        "console_scripts": ["lilicorr = sglang_lilicorr.cli:main"],
+        "sglang.srt.plugins": ["lilicorr = sglang_lilicorr.serving.plugin:register"],
+    },
+)

@@ -1,0 +1,175 @@
+"""Draft checkpoints in SGLang 0.5.23's DFlash / LiLiCorr format, saved and loaded strictly.
+
+A checkpoint is a directory with
+  config.json        HF-style draft config: `architectures` ["DFlashDraftModel"] or
+                     ["LiLiCorrDraftModel"], `torch_dtype`, `block_size` and `dflash_config`
+                     (block_size, target_layer_ids, mask_token_id, ... and the `lilicorr_*` keys)
+  model.safetensors  drafter tensors (layers.*, fc, hidden_norm, norm) and the head under
+                     `lilicorr.`
+Every check raises CheckpointError naming the file, tensor or field and what was expected.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from .config import ConfigError, LiLiCorrConfig
+from .head import LiLiCorrHead
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+HEAD_PREFIX = "lilicorr."
+VANILLA_ARCH = "DFlashDraftModel"
+LILICORR_ARCH = "LiLiCorrDraftModel"
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class CheckpointError(ValueError):
+    """A draft checkpoint is missing, corrupt or does not match what is being built."""
+
+
+def read_config(directory: str | os.PathLike) -> dict[str, Any]:
+    path = Path(directory)
+    if not path.is_dir():
+        raise CheckpointError(f"Draft checkpoint directory {str(path)!r} does not exist; pass the folder written by `lilicorr export`.")
+    cfg_path = path / CONFIG_FILE
+    try:
+        config = json.loads(cfg_path.read_text())
+    except FileNotFoundError as e:
+        raise CheckpointError(f"{cfg_path} is missing: a draft checkpoint needs config.json beside {WEIGHTS_FILE}.") from e
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{cfg_path} is not valid JSON ({e}); re-export the checkpoint.") from e
+    if not isinstance(config, dict) or not isinstance(config.get("dflash_config"), dict):
+        raise CheckpointError(f"{cfg_path} has no `dflash_config` object: not a DFlash draft config.")
+    return config
+
+
+def block_size_of(config: Mapping[str, Any]) -> int:
+    size = config["dflash_config"].get("block_size", config.get("block_size"))
+    if not isinstance(size, int) or isinstance(size, bool):
+        raise CheckpointError(f"draft config has no integer block_size (dflash_config.block_size={size!r}).")
+    return size
+
+
+def dtype_of(config: Mapping[str, Any]) -> torch.dtype:
+    name = config.get("torch_dtype", config.get("dtype", "bfloat16"))
+    if name not in DTYPES:
+        raise CheckpointError(f"draft config torch_dtype={name!r} is not one of {sorted(DTYPES)}.")
+    return DTYPES[name]
+
+
+def has_head(config: Mapping[str, Any]) -> bool:
+    return LILICORR_ARCH in (config.get("architectures") or [])
+
+
+def lilicorr_config(config: Mapping[str, Any]) -> LiLiCorrConfig:
+    """The head geometry declared by a draft config (raises if the draft has no LiLiCorr head)."""
+    if not has_head(config):
+        raise CheckpointError(
+            f"draft declares architectures={config.get('architectures')!r}, not [{LILICORR_ARCH!r}]: "
+            "it has no LiLiCorr head. Serve it with --speculative-algorithm DFLASH, or export one with a head."
+        )
+    try:
+        return LiLiCorrConfig.from_dflash_config(
+            config["dflash_config"], block_size=block_size_of(config), rms_norm_eps=float(config.get("rms_norm_eps", 1e-6))
+        )
+    except ConfigError as e:
+        raise CheckpointError(f"draft config: {e}") from e
+
+
+def with_head(config: Mapping[str, Any], head_config: LiLiCorrConfig) -> dict[str, Any]:
+    """A copy of a vanilla DFlash draft config that declares a LiLiCorr head."""
+    out = json.loads(json.dumps(dict(config)))
+    if head_config.block_size != block_size_of(out):
+        raise CheckpointError(f"head block_size={head_config.block_size} differs from the drafter's {block_size_of(out)}.")
+    out["architectures"] = [LILICORR_ARCH]
+    out["dflash_config"].update(head_config.to_dflash_keys())
+    return out
+
+
+def read_tensors(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
+    path = Path(directory) / WEIGHTS_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing: a draft checkpoint needs its weights beside {CONFIG_FILE}.")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path} is corrupt or not a safetensors file ({e}); re-export the checkpoint.") from e
+
+
+def check_tensors(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.Tensor], where: str) -> None:
+    """Strict match of a checkpoint's tensors against a module's state dict."""
+    missing = sorted(set(expected) - set(found))
+    extra = sorted(set(found) - set(expected))
+    if missing:
+        raise CheckpointError(f"{where}: missing tensor {missing[0]!r} ({len(missing)} missing in all: {missing[:5]}).")
+    if extra:
+        raise CheckpointError(
+            f"{where}: unexpected tensor {extra[0]!r} ({len(extra)} extra in all: {extra[:5]}); "
+            "the config's geometry does not describe these weights."
+        )
+    for name, ref in expected.items():
+        got = found[name]
+        if tuple(got.shape) != tuple(ref.shape):
+            raise CheckpointError(f"{where}: tensor {name!r} has shape {tuple(got.shape)}, expected {tuple(ref.shape)}.")
+        if got.dtype != ref.dtype:
+            raise CheckpointError(f"{where}: tensor {name!r} has dtype {got.dtype}, expected {ref.dtype} (config torch_dtype).")
+        if got.is_floating_point() and not bool(torch.isfinite(got).all()):
+            raise CheckpointError(f"{where}: tensor {name!r} holds NaN or Inf values.")
+
+
+def split_head(tensors: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(drafter tensors, head tensors without the `lilicorr.` prefix)."""
+    drafter = {k: v for k, v in tensors.items() if not k.startswith(HEAD_PREFIX)}
+    head = {k[len(HEAD_PREFIX):]: v for k, v in tensors.items() if k.startswith(HEAD_PREFIX)}
+    return drafter, head
+
+
+def new_head(config: Mapping[str, Any]) -> LiLiCorrHead:
+    """An untrained LiLiCorrHead of the geometry and dtype a draft config declares."""
+    return LiLiCorrHead(lilicorr_config(config), model_hidden_size=int(config["hidden_size"])).to(dtype_of(config))
+
+
+def load_strict(head: LiLiCorrHead, head_tensors: Mapping[str, torch.Tensor], where: str) -> LiLiCorrHead:
+    check_tensors(head.state_dict(), head_tensors, where)
+    head.load_state_dict(head_tensors, strict=True)
+    return head
+
+
+def load_head(directory: str | os.PathLike) -> LiLiCorrHead:
+    config = read_config(directory)
+    head = new_head(config)  # the config is validated before any tensor is read
+    _, head_tensors = split_head(read_tensors(directory))
+    return load_strict(head, head_tensors, f"{Path(directory) / WEIGHTS_FILE} (head)")
+
+
+def save_checkpoint(directory: str | os.PathLike, config: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> Path:
+    """Write config.json + model.safetensors atomically: a half-written export never looks complete."""
+    target = Path(directory)
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"refusing to save tensor {name!r}: it holds NaN or Inf values.")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        (tmp / CONFIG_FILE).write_text(json.dumps(dict(config), indent=2, sort_keys=True) + "\n")
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp / WEIGHTS_FILE))
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def head_tensors_for_save(head: LiLiCorrHead) -> dict[str, torch.Tensor]:
+    return {HEAD_PREFIX + k: v for k, v in head.state_dict().items()}

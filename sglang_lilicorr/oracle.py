@@ -1,0 +1,92 @@
+"""Oracle-prefix supervision (paper Sec. 3.3, "Oracle-prefix supervision"; App. A "Objective").
+
+A drafted slot s = 1..S carries a reranker signal only when its ground-truth token g_s is among
+the drafter's K candidates AND every earlier slot is covered too: the verifier discards a path
+once it leaves the ground truth, so transitions out of a wrong token are never exercised. The
+oracle prefix is therefore the longest leading run of covered (and valid) slots.
+
+Teacher forcing (Eq. 2): slot s is scored conditioned on the ground-truth predecessor,
+  z_1[k] = start[k],   z_s[k] = pair[s-1, g_{s-1}, k]   (s = 2..S),
+which is only meaningful on the oracle prefix, where every g_{s-1} is in the pool.
+
+Shapes: N rows (blocks), S drafted slots (B-1), K candidates per slot.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class ObjectiveInputError(ValueError):
+    """A tensor handed to the oracle / loss functions has the wrong shape or dtype."""
+
+
+def expect(tensor: torch.Tensor, name: str, shape: tuple, kind: str | None = None) -> None:
+    """Check ``tensor`` has ``len(shape)`` dims, matching every int entry of ``shape`` (None = any),
+    and, for ``kind`` in {"int", "bool", "float"}, that dtype family. Raises ObjectiveInputError."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ObjectiveInputError(f"{name}: expected a torch.Tensor, got {type(tensor).__name__}.")
+    want = "[" + ", ".join("*" if d is None else str(d) for d in shape) + "]"
+    if tensor.dim() != len(shape) or any(d is not None and d != t for d, t in zip(shape, tensor.shape)):
+        raise ObjectiveInputError(
+            f"{name}: expected shape {want}, got {list(tensor.shape)}; "
+            "check the N (rows), S (drafted slots = block_size-1) and K (candidates) axes."
+        )
+    ok = {
+        None: True,
+        "int": not tensor.dtype.is_floating_point and not tensor.dtype.is_complex and tensor.dtype != torch.bool,
+        "bool": tensor.dtype == torch.bool,
+        "float": tensor.dtype.is_floating_point,
+    }[kind]
+    if not ok:
+        raise ObjectiveInputError(f"{name}: expected a {kind} tensor, got dtype {tensor.dtype}; cast it first.")
+
+
+def oracle_prefix(
+    candidate_ids: torch.Tensor,  # [N, S, K] token ids of the drafter's top-K per slot
+    targets: torch.Tensor,  # [N, S] ground-truth token g_s per slot
+    valid: torch.Tensor,  # [N, S] bool, slot lies inside the supervised sequence
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> gt_index [N, S] int64 (position of g_s among the K candidates, -1 if absent),
+          prefix   [N, S] bool  (slot is on the oracle prefix)."""
+    expect(candidate_ids, "candidate_ids", (None, None, None), "int")
+    n, s, _ = candidate_ids.shape
+    expect(targets, "targets", (n, s), "int")
+    expect(valid, "valid", (n, s), "bool")
+    hit = candidate_ids == targets.unsqueeze(-1)  # [N, S, K]
+    covered = hit.any(dim=-1) & valid  # [N, S]
+    # first matching position (candidates are distinct top-K ids, so there is at most one)
+    gt_index = torch.where(covered, hit.to(torch.int8).argmax(dim=-1), -1).to(torch.int64)
+    prefix = covered.to(torch.int8).cumprod(dim=-1).bool()  # stays 1 until the first miss
+    return gt_index, prefix
+
+
+def teacher_forced_scores(
+    start: torch.Tensor,  # [N, K]          z_1 = sigma * cos(out_anchor, in_{1,k})
+    pair: torch.Tensor,  # [N, S-1, K, K]   pair[:, s-1, i, j] = sigma * cos(out_{s,i}, in_{s+1,j})
+    gt_index: torch.Tensor,  # [N, S] from oracle_prefix
+) -> torch.Tensor:
+    """-> z [N, S, K]: node scores of every slot given the ground-truth predecessor (Eq. 2).
+
+    Where g_{s-1} is absent (-1) row 0 is read instead; such slots are off the oracle prefix
+    and are masked out by the losses."""
+    expect(start, "start", (None, None), "float")
+    n, k = start.shape
+    expect(pair, "pair", (n, None, k, k), "float")
+    expect(gt_index, "gt_index", (n, pair.shape[1] + 1), "int")
+    prev = gt_index[:, :-1].clamp(min=0).to(torch.int64)  # [N, S-1] g_{s-1}, absent -> 0
+    rows = prev[:, :, None, None].expand(-1, -1, 1, k)  # [N, S-1, 1, K]
+    follow = pair.gather(2, rows).squeeze(2)  # [N, S-1, K] = pair[:, s-1, g_{s-1}, :]
+    return torch.cat([start.unsqueeze(1).to(follow.dtype), follow], dim=1)
+
+
+def oracle_prefix_coverage(prefix: torch.Tensor, valid: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Coverage metrics (0-dim fp32 tensors, no grad):
+    ``mean_prefix_len``  mean oracle-prefix length per row, in slots;
+    ``supervised_fraction``  |S| / number of valid slots (0 when nothing is valid)."""
+    expect(prefix, "prefix", (None, None), "bool")
+    expect(valid, "valid", tuple(prefix.shape), "bool")
+    supervised = prefix.sum().float()
+    return {
+        "mean_prefix_len": prefix.sum(dim=-1).float().mean() if prefix.shape[0] else supervised * 0,
+        "supervised_fraction": supervised / valid.sum().clamp(min=1).float(),
+    }

@@ -1,0 +1,345 @@
+"""The training objective (paper Eqs. 3-7, App. D identities, App. G hinge) and the oracle prefix."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sglang_lilicorr.losses import (
+    ObjectiveWeights,
+    distractor_penalty,
+    dflash_block_ce,
+    dflash_slot_weights,
+    lilicorr_objective,
+    margin_hinge,
+    reranker_ce,
+    slot_top1_accuracy,
+)
+from sglang_lilicorr.oracle import (
+    ObjectiveInputError,
+    oracle_prefix,
+    oracle_prefix_coverage,
+    teacher_forced_scores,
+)
+
+N, S, K, V = 3, 5, 4, 11
+F64 = torch.float64
+
+
+def gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def single_slot(z_row, g: int, log_q_row=None):
+    """One supervised slot (N = S = 1) as the loss functions want it."""
+    z = torch.tensor(z_row, dtype=F64).view(1, 1, -1).requires_grad_(True)
+    gt = torch.tensor([[g]])
+    prefix = torch.ones(1, 1, dtype=torch.bool)
+    log_q = None if log_q_row is None else torch.tensor(log_q_row, dtype=F64).view(1, 1, -1)
+    return z, gt, prefix, log_q
+
+
+def batch(seed: int = 0, dtype=F64):
+    """Random objective inputs where row 0 misses at slot 1, row 1 is fully covered and
+    row 2 misses from slot 3 on."""
+    g = gen(seed)
+    cand = torch.stack([torch.randperm(V, generator=g)[:K] for _ in range(N * S)]).view(N, S, K)
+    pick = torch.randint(0, K, (N, S), generator=g)
+    targets = cand.gather(-1, pick.unsqueeze(-1)).squeeze(-1).clone()
+    targets[0, 0] = next(t for t in range(V) if t not in cand[0, 0].tolist())
+    targets[2, 2] = next(t for t in range(V) if t not in cand[2, 2].tolist())
+    valid = torch.ones(N, S, dtype=torch.bool)
+    start = torch.randn(N, K, generator=g, dtype=dtype).requires_grad_(True)
+    pair = torch.randn(N, S - 1, K, K, generator=g, dtype=dtype).requires_grad_(True)
+    logits = torch.randn(N, S, V, generator=g, dtype=dtype).requires_grad_(True)
+    log_q = torch.randn(N, S, K, generator=g, dtype=dtype).log_softmax(-1)
+    return dict(draft_logits=logits, targets=targets, valid=valid, candidate_ids=cand,
+                start=start, pair=pair, target_log_probs=log_q)
+
+
+# --- oracle prefix ---------------------------------------------------------------------------
+
+def test_oracle_prefix_hand_made():
+    cand = torch.tensor([[[5, 6], [7, 8], [9, 10]],
+                         [[5, 6], [7, 8], [9, 10]],
+                         [[5, 6], [7, 8], [9, 10]],
+                         [[5, 6], [7, 8], [9, 10]]])
+    targets = torch.tensor([[6, 7, 10],    # all covered
+                            [6, 1, 9],     # slot 2 misses -> slot 3 off the prefix though covered
+                            [0, 7, 10],    # first slot misses -> empty prefix
+                            [5, 8, 9]])    # covered, but slot 3 is padding
+    valid = torch.tensor([[True] * 3, [True] * 3, [True] * 3, [True, True, False]])
+    gt, prefix = oracle_prefix(cand, targets, valid)
+    assert gt.dtype == torch.int64
+    assert gt.tolist() == [[1, 0, 1], [1, -1, 0], [-1, 0, 1], [0, 1, -1]]
+    assert prefix.tolist() == [[True, True, True], [True, False, False],
+                               [False, False, False], [True, True, False]]
+    cov = oracle_prefix_coverage(prefix, valid)
+    assert cov["mean_prefix_len"].item() == pytest.approx((3 + 1 + 0 + 2) / 4)
+    assert cov["supervised_fraction"].item() == pytest.approx(6 / 11)
+
+
+def test_teacher_forced_scores_follow_ground_truth_predecessor():
+    b = batch()
+    gt, _ = oracle_prefix(b["candidate_ids"], b["targets"], b["valid"])
+    z = teacher_forced_scores(b["start"], b["pair"], gt)
+    assert z.shape == (N, S, K)
+    for n in range(N):
+        assert torch.equal(z[n, 0], b["start"][n])
+        for s in range(1, S):
+            prev = max(int(gt[n, s - 1]), 0)
+            assert torch.equal(z[n, s], b["pair"][n, s - 1, prev])
+
+
+# --- DFlash block cross-entropy (Eq. 6) ------------------------------------------------------
+
+def test_dflash_weights_decay_as_stated():
+    w = dflash_slot_weights(15, 7.0, dtype=F64)
+    assert w[0].item() == 1.0
+    assert torch.allclose(w, torch.exp(-torch.arange(15, dtype=F64) / 7.0))
+    assert torch.allclose(w[1:] / w[:-1], torch.full((14,), math.exp(-1 / 7.0), dtype=F64))
+
+
+def test_dflash_block_ce_is_weighted_mean_over_valid_slots():
+    b = batch()
+    valid = b["valid"].clone()
+    valid[1, 3:] = False
+    targets = torch.where(valid, b["targets"], -100)  # padding ids are ignored
+    loss = dflash_block_ce(b["draft_logits"], targets, valid, beta=2.0)
+    ce = torch.nn.functional.cross_entropy(
+        b["draft_logits"].reshape(-1, V), b["targets"].reshape(-1), reduction="none").view(N, S)
+    w = torch.exp(-torch.arange(S, dtype=F64) / 2.0).expand(N, S) * valid
+    assert torch.allclose(loss, (w * ce).sum() / w.sum())
+    # a single valid slot gives exactly that slot's cross-entropy, whatever its weight
+    one = torch.zeros_like(valid)
+    one[2, 4] = True
+    assert torch.allclose(dflash_block_ce(b["draft_logits"], b["targets"], one), ce[2, 4])
+
+
+def test_dflash_block_ce_empty_is_zero_with_finite_grad():
+    b = batch()
+    loss = dflash_block_ce(b["draft_logits"], b["targets"], torch.zeros(N, S, dtype=torch.bool))
+    loss.backward()
+    assert loss.item() == 0.0
+    assert torch.equal(b["draft_logits"].grad, torch.zeros_like(b["draft_logits"]))
+
+
+# --- oracle-prefix masking -------------------------------------------------------------------
+
+@pytest.mark.parametrize("use_margin", [False, True])
+def test_block_missing_first_slot_contributes_nothing(use_margin):
+    b = batch()
+    weights = ObjectiveWeights(use_margin=use_margin)
+    full = lilicorr_objective(**b, weights=weights)
+    assert not full.prefix[0].any()
+    reranker = (full.ce + full.dist + (full.margin if use_margin else 0))
+    reranker.backward()
+    assert torch.equal(b["start"].grad[0], torch.zeros(K, dtype=F64))
+    assert torch.equal(b["pair"].grad[0], torch.zeros(S - 1, K, K, dtype=F64))
+    assert b["start"].grad[1:].abs().sum() > 0
+    # dropping the row changes nothing: the mean runs over supervised slots only
+    rest = {k: (v[1:].detach() if torch.is_tensor(v) else v) for k, v in b.items()}
+    part = lilicorr_objective(**rest, weights=weights)
+    for name in ("ce", "dist") + (("margin",) if use_margin else ()):
+        assert torch.allclose(getattr(full, name), getattr(part, name)), name
+    # slots after the first miss (row 2, slots 3..) reach no score either
+    assert torch.equal(b["pair"].grad[2, 2:], torch.zeros(S - 3, K, K, dtype=F64))
+
+
+def test_empty_oracle_prefix_gives_zero_finite_gradient():
+    b = batch()
+    b["candidate_ids"] = b["candidate_ids"] + V  # no target is ever a candidate
+    b["target_log_probs"] = torch.full((N, S, K), -math.inf, dtype=F64)  # even garbage costs
+    out = lilicorr_objective(**b, weights=ObjectiveWeights(use_margin=True))
+    assert out.ce.item() == out.dist.item() == out.margin.item() == 0.0
+    (out.ce + out.dist + out.margin).backward()
+    for t in (b["start"], b["pair"]):
+        assert t.grad is not None and torch.equal(t.grad, torch.zeros_like(t))
+
+
+def test_garbage_off_the_prefix_never_reaches_loss_or_gradient():
+    g = gen(3)
+    z = torch.randn(N, S, K, generator=g, dtype=F64)
+    gt = torch.randint(0, K, (N, S), generator=g)
+    log_q = torch.randn(N, S, K, generator=g, dtype=F64)
+    prefix = torch.tensor([[True] * S, [True, True] + [False] * (S - 2), [False] * S])
+    clean = [f(z, gt, prefix) for f in (reranker_ce, margin_hinge)] + [distractor_penalty(z, gt, log_q, prefix)]
+    z, log_q = z.clone(), log_q.clone()
+    z[~prefix] = math.nan
+    log_q[~prefix] = math.nan
+    gt[~prefix] = -1
+    z.requires_grad_(True)
+    dirty = [f(z, gt, prefix) for f in (reranker_ce, margin_hinge)] + [distractor_penalty(z, gt, log_q, prefix)]
+    for a, b in zip(clean, dirty):
+        assert torch.allclose(a, b)
+    sum(dirty).backward()
+    assert torch.isfinite(z.grad).all() and torch.equal(z.grad[~prefix], torch.zeros_like(z.grad[~prefix]))
+
+
+# --- reranker cross-entropy (Eq. 3) ----------------------------------------------------------
+
+def test_ce_gradient_on_ground_truth_is_p_minus_one():
+    z, gt, prefix, _ = single_slot([0.3, -1.2, 2.0, 0.7], g=1)
+    loss = reranker_ce(z, gt, prefix)
+    loss.backward()
+    p = z.detach().softmax(-1)[0, 0]
+    assert torch.allclose(loss, -p[1].log())
+    assert torch.allclose(z.grad[0, 0, 1], p[1] - 1)
+    assert torch.allclose(z.grad[0, 0], p - torch.nn.functional.one_hot(torch.tensor(1), 4).to(F64))
+
+
+# --- distractor penalty (Eqs. 4-5, App. D) ---------------------------------------------------
+
+def test_distractor_gradient_equals_expected_target_cost_when_g_is_best():
+    g = gen(1)
+    z = torch.randn(N, S, K, generator=g, dtype=F64, requires_grad=True)
+    gt = torch.randint(0, K, (N, S), generator=g)
+    log_q = torch.randn(N, S, K, generator=g, dtype=F64).log_softmax(-1)
+    log_q.scatter_(-1, gt.unsqueeze(-1), 0.5)  # g is the target's best in the pool
+    prefix = torch.ones(N, S, dtype=torch.bool)
+    (grad_omega,) = torch.autograd.grad(distractor_penalty(z, gt, log_q, prefix), z)
+    cross_entropy = (z.softmax(-1) * -log_q).sum(-1).mean()  # H(P, q) averaged over |S|
+    (grad_h,) = torch.autograd.grad(cross_entropy, z)
+    assert torch.allclose(grad_omega, grad_h, atol=1e-12)
+    # and Omega = H(P, q) - c_g (Eq. omega-ce)
+    c_g = -log_q.gather(-1, gt.unsqueeze(-1)).mean()
+    assert torch.allclose(distractor_penalty(z, gt, log_q, prefix), cross_entropy - c_g)
+
+
+def test_distractor_gradient_on_ground_truth():
+    # g = 2 is not the target's best: the rectifier clips candidate 0's negative cost
+    z, gt, prefix, log_q = single_slot([0.4, 1.1, -0.3, 0.9, -2.0], 2, [-0.5, -3.0, -1.0, -2.2, -7.0])
+    omega = distractor_penalty(z, gt, log_q, prefix)
+    omega.backward()
+    p = z.detach().softmax(-1)[0, 0]
+    w = (log_q[0, 0, 2] - log_q[0, 0]).relu()
+    assert w[0] == 0 and w[2] == 0
+    assert torch.allclose(omega, (p * w).sum())
+    assert torch.allclose(z.grad[0, 0, 2], -p[2] * (p * w).sum())  # -P(g) E_P[w]
+    assert torch.allclose(z.grad[0, 0], p * (w - (p * w).sum()))  # full softmax-linear gradient
+
+
+def test_distractor_unchanged_by_renormalising_q_over_pool():
+    g = gen(2)
+    z = torch.randn(N, S, K, generator=g, dtype=F64)
+    gt = torch.randint(0, K, (N, S), generator=g)
+    prefix = torch.rand(N, S, generator=g) < 0.7
+    log_q = torch.randn(N, S, K, generator=g, dtype=F64) - 5.0
+    base = distractor_penalty(z, gt, log_q, prefix)
+    pooled = log_q - log_q.logsumexp(-1, keepdim=True)
+    shifted = log_q + torch.randn(N, S, 1, generator=g, dtype=F64) * 10  # raw logits work too
+    assert torch.allclose(base, distractor_penalty(z, gt, pooled, prefix))
+    assert torch.allclose(base, distractor_penalty(z, gt, shifted, prefix))
+
+
+def test_target_log_probs_are_constants():
+    z, gt, prefix, log_q = single_slot([0.1, 0.2, 0.3], 0, [-1.0, -2.0, -3.0])
+    log_q.requires_grad_(True)
+    loss = distractor_penalty(z, gt, log_q, prefix)
+    assert loss.requires_grad
+    loss.backward()
+    assert log_q.grad is None and z.grad is not None
+
+
+def test_zero_probability_candidate_stays_finite():
+    z, gt, prefix, log_q = single_slot([0.1, 0.2, 0.3], 0, [-1.0, -math.inf, -3.0])
+    loss = distractor_penalty(z, gt, log_q, prefix)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(z.grad).all()
+
+
+# --- margin hinge (App. G) -------------------------------------------------------------------
+
+def test_hinge_inactive_once_gap_clears_rho():
+    z, gt, prefix, _ = single_slot([1.0, 3.5, 1.5, -1.0], g=1)  # gap 2.0 = rho
+    loss = margin_hinge(z, gt, prefix, rho=2.0)
+    loss.backward()
+    assert loss.item() == 0.0 and torch.equal(z.grad, torch.zeros_like(z))
+
+
+def test_hinge_active_inside_margin():
+    z, gt, prefix, _ = single_slot([1.0, 2.5, 1.8, -1.0], g=1)  # gap 0.7
+    loss = margin_hinge(z, gt, prefix, rho=2.0)
+    loss.backward()
+    assert loss.item() == pytest.approx(1.3)
+    assert z.grad[0, 0].tolist() == [0.0, -1.0, 1.0, 0.0]
+
+
+def test_hinge_with_single_candidate_is_zero():
+    z, gt, prefix, _ = single_slot([0.7], g=0)
+    loss = margin_hinge(z, gt, prefix)
+    loss.backward()
+    assert loss.item() == 0.0 and torch.equal(z.grad, torch.zeros_like(z))
+
+
+# --- the total (Eq. 7 and the margin blend) --------------------------------------------------
+
+def test_gamma_zero_is_plain_dflash():
+    b = batch()
+    dflash = dflash_block_ce(b["draft_logits"], b["targets"], b["valid"], beta=7.0)
+    out = lilicorr_objective(b["draft_logits"], b["targets"], b["valid"], weights=ObjectiveWeights(gamma=0.0))
+    assert out.total is out.dflash and torch.equal(out.total, dflash)
+    assert out.ce is None and out.dist is None and out.margin is None
+    full = lilicorr_objective(**b, weights=ObjectiveWeights(gamma=0.0))
+    assert torch.equal(full.total, dflash)
+    assert set(full.scalars()) == {"total", "dflash"}
+
+
+def test_total_formulas():
+    b = batch()
+    w = ObjectiveWeights(gamma=0.25, lam=1.5)
+    out = lilicorr_objective(**b, weights=w)
+    assert out.margin is None
+    assert torch.allclose(out.total, out.dflash + 0.25 * (out.ce + 1.5 * out.dist))
+    wm = ObjectiveWeights(gamma=0.25, lam=1.5, use_margin=True, mu=0.5, rho=2.0)
+    m = lilicorr_objective(**b, weights=wm)
+    expect = m.dflash + 0.25 * (0.5 * m.ce + 1.5 * m.dist + 0.5 * m.margin)
+    assert torch.allclose(m.total, expect)
+    assert torch.allclose(m.margin, margin_hinge(m.z, m.gt_index, m.prefix, rho=2.0))
+    assert torch.allclose(out.ce, m.ce) and torch.allclose(out.dist, m.dist)
+    m.total.backward()
+    for t in (b["start"], b["pair"], b["draft_logits"]):
+        assert torch.isfinite(t.grad).all()
+
+
+def test_bf16_scores_are_computed_in_fp32():
+    b = batch(dtype=torch.bfloat16)
+    b["target_log_probs"] = b["target_log_probs"].float()
+    out = lilicorr_objective(**b, weights=ObjectiveWeights(use_margin=True))
+    assert out.total.dtype == torch.float32 and torch.isfinite(out.total)
+    out.total.backward()
+    assert b["pair"].grad.dtype == torch.bfloat16
+
+
+# --- metrics ---------------------------------------------------------------------------------
+
+def test_slot_top1_accuracy():
+    z = torch.tensor([[[0.0, 1.0], [2.0, 0.0]],
+                      [[3.0, 0.0], [0.0, 1.0]]])
+    gt = torch.tensor([[1, 0], [1, 0]])
+    mask = torch.tensor([[True, True], [True, False]])
+    assert slot_top1_accuracy(z, gt, mask).tolist() == [0.5, 1.0]
+    assert slot_top1_accuracy(z, gt, torch.zeros_like(mask)).isnan().all()
+
+
+# --- bad inputs ------------------------------------------------------------------------------
+
+def test_bad_inputs_raise_clear_errors():
+    b = batch()
+    with pytest.raises(ObjectiveInputError, match="pair: expected shape"):
+        teacher_forced_scores(b["start"], b["pair"][:, :, :2], torch.zeros(N, S, dtype=torch.int64))
+    with pytest.raises(ObjectiveInputError, match="valid: expected a bool"):
+        oracle_prefix(b["candidate_ids"], b["targets"], b["valid"].int())
+    with pytest.raises(ObjectiveInputError, match="targets: expected shape"):
+        dflash_block_ce(b["draft_logits"], b["targets"][:, :-1], b["valid"])
+    with pytest.raises(ObjectiveInputError, match="target_log_probs: expected shape"):
+        distractor_penalty(torch.zeros(N, S, K), torch.zeros(N, S, dtype=torch.int64),
+                           torch.zeros(N, S, K + 1), b["valid"])
+    with pytest.raises(ObjectiveInputError, match="needs candidate_ids, start, pair, target_log_probs"):
+        lilicorr_objective(b["draft_logits"], b["targets"], b["valid"])
+    with pytest.raises(ObjectiveInputError, match="ObjectiveWeights.mu"):
+        ObjectiveWeights(mu=1.5)
+    with pytest.raises(ObjectiveInputError, match="rho"):
+        margin_hinge(torch.zeros(1, 1, 2), torch.zeros(1, 1, dtype=torch.int64),
+                     torch.ones(1, 1, dtype=torch.bool), rho=0.0)
