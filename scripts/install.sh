@@ -13,6 +13,7 @@ if [ ! -f "$stamp" ] || ! cmp -s requirements.txt "$stamp"; then
   "${pip[@]}" torch==2.14.1
   "${pip[@]}" --no-deps sglang==0.5.23
   "${pip[@]}" -r requirements.txt
+  "${pip[@]}" --no-deps inspect-evals==0.28.0
   cp requirements.txt "$stamp"
 fi
 "${pip[@]}" --no-deps --no-build-isolation -e .

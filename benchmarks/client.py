@@ -1,0 +1,130 @@
+"""One conversation turn against an SGLang server -> TurnResult.
+
+Endpoint choice (checked against SGLang 0.5.23's http_server.py, serving_chat.py and the tokenizer
+manager's meta_info):
+
+* api="chat" (default): POST /v1/chat/completions with `return_spec_tokens_details: true`. The
+  server applies the model's chat template to the message list, so multi-turn history is sent as
+  messages. Per-request speculative statistics come back in
+  `sglext.spec_tokens_details` = {spec_verify_ct, spec_accept_length, spec_num_correct_drafts, ...};
+  output tokens in `usage.completion_tokens`. `sglext` is absent when the server does not speculate.
+* api="generate": POST /generate with raw `text` (no chat template; turns and replies joined by blank
+  lines), for base models. `meta_info` carries completion_tokens and, when speculating,
+  spec_verify_ct.
+
+Both report the same two counters, which are all that tau needs (see metrics.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+API_PATHS = {"chat": "/v1/chat/completions", "generate": "/generate"}
+
+
+class ServerError(RuntimeError):
+    """The server answered with an error status or an unexpected body."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Per-request sampling settings; seed is sent as `seed` (chat) / `sampling_seed` (generate)."""
+
+    temperature: float = 0.0
+    max_tokens: int = 1024
+    seed: Optional[int] = None
+    ignore_eos: bool = False
+    chat_template_kwargs: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    text: str
+    completion_tokens: int
+    spec_verify_ct: Optional[int]  # verification blocks; None when the server reported no spec stats
+    start: float  # wall clock (time.time()) when the request was sent
+    end: float  # start + measured latency
+
+
+def chat_body(messages: List[dict], sampling: Sampling, model: str) -> dict:
+    body = {
+        "model": model,
+        "messages": messages,
+        "temperature": sampling.temperature,
+        "max_completion_tokens": sampling.max_tokens,
+        "ignore_eos": sampling.ignore_eos,
+        "return_spec_tokens_details": True,
+        "stream": False,
+    }
+    if sampling.seed is not None:
+        body["seed"] = sampling.seed
+    if sampling.chat_template_kwargs:
+        body["chat_template_kwargs"] = sampling.chat_template_kwargs
+    return body
+
+
+def generate_body(messages: List[dict], sampling: Sampling) -> dict:
+    params = {"temperature": sampling.temperature, "max_new_tokens": sampling.max_tokens, "ignore_eos": sampling.ignore_eos}
+    if sampling.seed is not None:
+        params["sampling_seed"] = sampling.seed
+    return {"text": "\n\n".join(m["content"] for m in messages), "sampling_params": params}
+
+
+def _verify_ct(stats: Optional[dict]) -> Optional[int]:
+    ct = (stats or {}).get("spec_verify_ct")
+    return int(ct) if ct else None
+
+
+def parse_chat(payload: dict) -> tuple:
+    """(text, completion_tokens, spec_verify_ct) of a /v1/chat/completions response."""
+    try:
+        text = payload["choices"][0]["message"].get("content") or ""
+        tokens = int(payload["usage"]["completion_tokens"])
+    except (KeyError, IndexError, TypeError) as e:
+        raise ServerError(f"chat response lacks choices[0].message or usage.completion_tokens: {str(payload)[:200]}") from e
+    details = (payload.get("sglext") or {}).get("spec_tokens_details")
+    if isinstance(details, list):  # n > 1; we always send n = 1
+        details = details[0] if details else None
+    return text, tokens, _verify_ct(details)
+
+
+def parse_generate(payload: dict) -> tuple:
+    """(text, completion_tokens, spec_verify_ct) of a /generate response."""
+    if isinstance(payload, list):
+        payload = payload[0]
+    try:
+        meta = payload["meta_info"]
+        return payload["text"], int(meta["completion_tokens"]), _verify_ct(meta)
+    except (KeyError, TypeError) as e:
+        raise ServerError(f"/generate response lacks text or meta_info.completion_tokens: {str(payload)[:200]}") from e
+
+
+class SGLangClient:
+    """Sends one turn (the whole conversation so far) and times it. Uses an aiohttp session."""
+
+    def __init__(self, session, url: str, sampling: Sampling, api: str = "chat", model: str = "default"):
+        if api not in API_PATHS:
+            raise ValueError(f"api must be one of {sorted(API_PATHS)}, got {api!r}.")
+        self.session, self.sampling, self.api, self.model = session, sampling, api, model
+        self.endpoint = url.rstrip("/") + API_PATHS[api]
+
+    async def turn(self, messages: List[dict]) -> TurnResult:
+        if self.api == "chat":
+            body, parse = chat_body(messages, self.sampling, self.model), parse_chat
+        else:
+            body, parse = generate_body(messages, self.sampling), parse_generate
+        start, t0 = time.time(), time.perf_counter()
+        async with self.session.post(self.endpoint, json=body) as resp:
+            raw = await resp.text()
+        latency = time.perf_counter() - t0
+        if resp.status != 200:
+            raise ServerError(f"{self.endpoint} answered HTTP {resp.status}: {raw[:300]}")
+        try:
+            payload = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise ServerError(f"{self.endpoint} answered non-JSON: {raw[:200]}") from e
+        text, tokens, verify_ct = parse(payload)
+        return TurnResult(text, tokens, verify_ct, start, start + latency)

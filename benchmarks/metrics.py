@@ -1,0 +1,143 @@
+"""Metrics of the paper: tau (block-weighted acceptance length), output TPS, speedup.
+
+tau. SGLang counts, per request, `completion_tokens` (every generated token) and `spec_verify_ct`
+(verification blocks = target verify forward passes). Each verification block commits its accepted
+draft tokens plus one bonus token (the target's own token at the first rejection, or after a fully
+accepted block); the first output token comes from the prefill and is not a block. SGLang's
+per-request `spec_accept_length` is completion_tokens / spec_verify_ct, i.e. the prefill token is
+counted in the numerator and each block's bonus token too. We use the same convention, pooled over
+requests ("block-weighted": every verification block weighs the same, not every request):
+
+    tau = sum(completion_tokens) / sum(spec_verify_ct)      over turns that report spec stats
+
+So tau ~= 1 + (mean accepted drafts per block) + (requests / blocks), each turn of a multi-turn
+prompt being one request. The last term (the prefill tokens) is about 0.01 for 400-token outputs at
+tau = 4. A block cut short by max_tokens or a stop token counts only what it commits. A server that does not
+speculate reports no spec_verify_ct, and tau is None (shown as "--").
+
+TPS = sum(completion_tokens) / busy seconds, where busy seconds = length of the union of the
+requests' [start, end] intervals. Within one phase at concurrency c this is the phase's wall time
+(system throughput at c); it leaves out pauses between phases or resumed sessions. At c = 1 it is
+sum(tokens) / sum(latency).
+
+speedup = TPS / TPS of the baseline system (the same target served without speculation) in the same
+cell: same dataset, group, concurrency and temperature.
+
+A cell = (system, dataset, group, concurrency, temperature), group "all" or one category / tier.
+Its tau and TPS are computed per seed and then averaged over seeds (std across seeds kept).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+ALL = "all"
+CELL_KEY = ("system", "dataset", "group", "concurrency", "temperature")
+MATCH_KEY = ("dataset", "group", "concurrency", "temperature")  # a cell and its baseline share this
+
+
+def _turns(records: Iterable[dict]) -> List[dict]:
+    return [t for r in records for t in r["turns"]]
+
+
+def tau(records: Iterable[dict]) -> Optional[float]:
+    """Block-weighted acceptance length of the records' turns (None without spec stats)."""
+    spec = [t for t in _turns(records) if t.get("spec_verify_ct")]
+    if not spec:
+        return None
+    return sum(t["completion_tokens"] for t in spec) / sum(t["spec_verify_ct"] for t in spec)
+
+
+def busy_seconds(intervals: Iterable[Tuple[float, float]]) -> float:
+    """Length of the union of [start, end] intervals."""
+    total, cur_start, cur_end = 0.0, None, None
+    for s, e in sorted(intervals):
+        if e < s:
+            raise ValueError(f"interval ends before it starts: ({s}, {e}).")
+        if cur_end is None or s > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = s, e
+        else:
+            cur_end = max(cur_end, e)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
+
+
+def output_tps(records: Iterable[dict]) -> float:
+    """Output tokens per busy second."""
+    turns = _turns(records)
+    seconds = busy_seconds((t["start"], t["end"]) for t in turns)
+    if seconds <= 0:
+        raise ValueError("records span no time; cannot compute tokens per second.")
+    return sum(t["completion_tokens"] for t in turns) / seconds
+
+
+def _mean_std(values: Sequence[Optional[float]]) -> Tuple[Optional[float], Optional[float]]:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None, None
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+
+
+def aggregate(records: Iterable[dict]) -> List[dict]:
+    """Cells of a results file: per (system, dataset, group, concurrency, temperature), seeds averaged.
+
+    Every record counts in group "all" and in its category's group; a dataset with one category
+    gets the "all" cell only.
+    """
+    records = list(records)
+    categories: Dict[str, set] = {}
+    for r in records:
+        categories.setdefault(r["dataset"], set()).add(r["category"])
+    by_seed: Dict[Tuple, Dict[int, List[dict]]] = {}
+    for r in records:
+        groups = (ALL,) if len(categories[r["dataset"]]) == 1 else (ALL, r["category"])
+        for group in groups:
+            key = (r["system"], r["dataset"], group, r["concurrency"], float(r["temperature"]))
+            by_seed.setdefault(key, {}).setdefault(r["seed"], []).append(r)
+    cells = []
+    for key, seeds in sorted(by_seed.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        (tau_mean, tau_std) = _mean_std([tau(rs) for rs in seeds.values()])
+        (tps_mean, tps_std) = _mean_std([output_tps(rs) for rs in seeds.values()])
+        turns = _turns(r for rs in seeds.values() for r in rs)
+        cells.append(
+            {
+                **dict(zip(CELL_KEY, key)),
+                "seeds": sorted(seeds),
+                "n_prompts": max(len(rs) for rs in seeds.values()),
+                "tau": tau_mean,
+                "tau_std": tau_std,
+                "tps": tps_mean,
+                "tps_std": tps_std,
+                "completion_tokens": sum(t["completion_tokens"] for t in turns),
+                "verify_blocks": sum(t.get("spec_verify_ct") or 0 for t in turns),
+            }
+        )
+    return cells
+
+
+def add_speedup(cells: List[dict], baseline: Optional[str]) -> List[dict]:
+    """Sets cell["speedup"] = tps / baseline tps of the matching cell (None where no baseline cell)."""
+    base = {tuple(c[k] for k in MATCH_KEY): c["tps"] for c in cells if c["system"] == baseline}
+    for c in cells:
+        b = base.get(tuple(c[k] for k in MATCH_KEY))
+        c["speedup"] = c["tps"] / b if b else None
+    return cells
+
+
+def compare(base_cells: List[dict], spec_cells: List[dict]) -> List[dict]:
+    """Speedup of every spec cell over the base cell that matches it (dataset, group, c, T)."""
+    base = {tuple(c[k] for k in MATCH_KEY): c for c in base_cells}
+    rows = []
+    for c in spec_cells:
+        b = base.get(tuple(c[k] for k in MATCH_KEY))
+        if b is None:
+            continue
+        rows.append({**{k: c[k] for k in MATCH_KEY}, "base_system": b["system"], "system": c["system"],
+                     "tau": c["tau"], "base_tps": b["tps"], "tps": c["tps"], "speedup": c["tps"] / b["tps"]})
+    if not rows:
+        raise ValueError("No cell of the speculative results matches a baseline cell (same dataset, group, concurrency, temperature).")
+    return rows

@@ -1,0 +1,101 @@
+"""Figures (matplotlib, Agg backend): TPS and speedup vs concurrency per system; tau per category."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from .metrics import ALL
+from .tables import systems_of
+
+
+def pyplot():
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise ImportError("Plots need matplotlib: `pip install matplotlib`.") from e
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _colors(cells: Sequence[dict], baseline: Optional[str]) -> dict:
+    """One fixed color per system across all figures."""
+    return {s: f"C{i}" for i, s in enumerate(systems_of(cells, baseline))}
+
+
+def _slug(*parts) -> str:
+    return "_".join(str(p).replace("/", "-").replace(" ", "-") for p in parts)
+
+
+def plot_vs_concurrency(cells: Sequence[dict], dataset: str, temperature: float, metric: str, baseline: Optional[str], out_dir: Path) -> Path:
+    """metric ("tps" or "speedup") vs concurrency, one panel per group, one line per system."""
+    plt = pyplot()
+    mine = [c for c in cells if c["dataset"] == dataset and c["temperature"] == temperature]
+    groups = sorted({c["group"] for c in mine} - {ALL}) or [ALL]
+    systems = [s for s in systems_of(mine, baseline) if not (metric == "speedup" and s == baseline)]
+    colors = _colors(cells, baseline)
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.4), squeeze=False)
+    for ax, g in zip(axes[0], groups):
+        for s in systems:
+            pts = sorted((c["concurrency"], c.get(metric)) for c in mine if c["system"] == s and c["group"] == g and c.get(metric) is not None)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=s, color=colors[s])
+        ax.set_xscale("log", base=2)
+        concurrencies = sorted({c["concurrency"] for c in mine})
+        ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
+        ax.set_xlabel("concurrency c")
+        ax.set_ylabel({"tps": "output tokens / s", "speedup": "speedup over baseline"}[metric])
+        ax.set_title(f"{dataset} {g}, T={temperature:g}")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(out_dir) / f"{_slug(metric, 'vs_concurrency', dataset, f'T{temperature:g}')}.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_tau_by_category(cells: Sequence[dict], dataset: str, temperature: float, concurrency: int, baseline: Optional[str], out_dir: Path) -> Path:
+    """Grouped bars: tau per category, one bar per speculative system."""
+    plt = pyplot()
+    mine = [c for c in cells if c["dataset"] == dataset and c["temperature"] == temperature and c["concurrency"] == concurrency and c["tau"] is not None and c["group"] != ALL]
+    groups = sorted({c["group"] for c in mine})
+    systems = sorted({c["system"] for c in mine})
+    width = 0.8 / max(len(systems), 1)
+    colors = _colors(cells, baseline)
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.7 * len(groups) * max(len(systems), 1)), 3.6))
+    for i, s in enumerate(systems):
+        taus = {c["group"]: c["tau"] for c in mine if c["system"] == s}
+        xs = [j + i * width for j, g in enumerate(groups) if g in taus]
+        ax.bar(xs, [taus[g] for g in groups if g in taus], width, label=s, color=colors[s])
+    ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(groups))])
+    ax.set_xticklabels(groups, rotation=30, ha="right")
+    ax.set_ylabel("τ (block-weighted)")
+    ax.set_title(f"{dataset}, T={temperature:g}, c={concurrency}")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    path = Path(out_dir) / f"{_slug('tau_by_category', dataset, f'T{temperature:g}', f'c{concurrency}')}.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_all(cells: Sequence[dict], baseline: Optional[str], out_dir: Path) -> List[Path]:
+    """Every figure the cells support: sweeps where >1 concurrency ran; tau per category at the lowest c."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for d in sorted({c["dataset"] for c in cells}):
+        mine = [c for c in cells if c["dataset"] == d]
+        for t in sorted({c["temperature"] for c in mine}):
+            if len({c["concurrency"] for c in mine if c["temperature"] == t}) > 1:
+                paths.append(plot_vs_concurrency(cells, d, t, "tps", baseline, out_dir))
+                if any(c.get("speedup") is not None and c["system"] != baseline for c in mine):
+                    paths.append(plot_vs_concurrency(cells, d, t, "speedup", baseline, out_dir))
+            lowest = min(c["concurrency"] for c in mine if c["temperature"] == t)  # tau barely moves with c
+            if any(c["group"] != ALL and c["tau"] is not None and c["concurrency"] == lowest and c["temperature"] == t for c in mine):
+                paths.append(plot_tau_by_category(cells, d, t, lowest, baseline, out_dir))
+    return paths

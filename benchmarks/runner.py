@@ -1,0 +1,190 @@
+"""Concurrent, resumable benchmark runs.
+
+A run = (system, dataset, concurrency c, temperature, seed, max_tokens). Its prompts are played by
+c workers; a multi-turn prompt is played turn by turn inside one worker, each reply appended to the
+conversation before the next turn. Categories run one after another as separate phases, so each
+category's throughput is measured on its own (the isolated per-category protocol of SPEED-Bench).
+
+Every finished prompt is appended as one json line to the results file (flushed at once); a rerun
+with the same file skips the prompts it already holds, so an interrupted sweep resumes where it
+stopped. Failed prompts are not written and are retried on the next run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, Iterable, List, Sequence, Set, Tuple
+
+from .client import Sampling, ServerError, SGLangClient
+from .prompt import Prompt
+
+MAX_FAILURES = 20  # a run stops sending once this many prompts failed (server down, bad settings)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    system: str
+    dataset: str
+    concurrency: int
+    temperature: float
+    seed: int
+    max_tokens: int
+
+    def __post_init__(self):
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}.")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}.")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}.")
+
+    @property
+    def key(self) -> Tuple:
+        return (self.system, self.dataset, self.concurrency, float(self.temperature), self.seed, self.max_tokens)
+
+
+def record_key(record: dict) -> Tuple:
+    """(RunConfig.key, prompt_id) of a results line."""
+    cfg = RunConfig(**{k: record[k] for k in RunConfig.__dataclass_fields__})
+    return cfg.key, record["prompt_id"]
+
+
+def read_results(path: Path) -> List[dict]:
+    """All complete lines of a results file. A torn last line (a crash mid-write) is cut off the file."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        cut = data.rfind(b"\n") + 1
+        with path.open("r+b") as f:
+            f.truncate(cut)
+        data = data[:cut]
+    records = []
+    for lineno, line in enumerate(data.decode("utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno} is not valid JSON ({e}); fix or remove that line.") from e
+    return records
+
+
+def phases(prompts: Sequence[Prompt]) -> List[Tuple[str, List[Prompt]]]:
+    """Prompts grouped by category, categories in sorted order."""
+    groups: Dict[str, List[Prompt]] = {}
+    for p in prompts:
+        groups.setdefault(p.category, []).append(p)
+    return sorted(groups.items())
+
+
+async def play(client: SGLangClient, prompt: Prompt) -> List[dict]:
+    """Plays one conversation; returns the per-turn stats and replies."""
+    messages, turns = [], []
+    for user_turn in prompt.turns:
+        messages.append({"role": "user", "content": user_turn})
+        r = await client.turn(messages)
+        messages.append({"role": "assistant", "content": r.text})
+        turns.append(
+            {"completion_tokens": r.completion_tokens, "spec_verify_ct": r.spec_verify_ct, "start": r.start, "end": r.end, "text": r.text}
+        )
+    return turns
+
+
+@dataclass
+class RunOutcome:
+    done: int = 0
+    skipped: int = 0
+    failures: List[Tuple[str, str]] = field(default_factory=list)  # (prompt_id, error)
+
+
+async def _run_phase(client, prompts, config, out, outcome, progress, max_failures):
+    queue: asyncio.Queue = asyncio.Queue()
+    for p in prompts:
+        queue.put_nowait(p)
+
+    async def worker():
+        while not queue.empty() and len(outcome.failures) < max_failures:
+            prompt = queue.get_nowait()
+            try:
+                turns = await play(client, prompt)
+            except Exception as e:  # recorded, retried on resume
+                outcome.failures.append((prompt.prompt_id, f"{type(e).__name__}: {e}"))
+                continue
+            record = {**asdict(config), "prompt_id": prompt.prompt_id, "category": prompt.category, "turns": turns}
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            out.flush()
+            outcome.done += 1
+            if progress is not None:
+                progress.update(1)
+
+    await asyncio.gather(*(worker() for _ in range(min(config.concurrency, len(prompts)))))
+
+
+async def run_async(
+    prompts: Sequence[Prompt],
+    config: RunConfig,
+    url: str,
+    results_path: Path,
+    sampling: Sampling,
+    api: str = "chat",
+    model: str = "default",
+    warmup: int = 0,
+    show_progress: bool = True,
+    request_timeout: float = 3600.0,
+    max_failures: int = MAX_FAILURES,
+) -> RunOutcome:
+    """Runs the prompts of `config` not yet in results_path, appending one line per finished prompt."""
+    import aiohttp
+
+    results_path = Path(results_path)
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    done_ids: Set[str] = {pid for key, pid in map(record_key, read_results(results_path)) if key == config.key}
+    todo = [p for p in prompts if p.prompt_id not in done_ids]
+    outcome = RunOutcome(skipped=len(prompts) - len(todo))
+    if not todo:
+        return outcome
+    progress = None
+    if show_progress:
+        from tqdm.auto import tqdm
+
+        label = f"{config.system} {config.dataset} c={config.concurrency} T={config.temperature:g} seed={config.seed}"
+        progress = tqdm(total=len(prompts), initial=outcome.skipped, desc=label, unit="prompt")
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=request_timeout)
+    connector = aiohttp.TCPConnector(limit=config.concurrency)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+            client = SGLangClient(session, url, sampling, api=api, model=model)
+            for prompt in todo[:warmup]:  # not recorded: fills caches and graphs before timing
+                try:
+                    await client.turn([{"role": "user", "content": prompt.turns[0]}])
+                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                    raise ServerError(f"warm-up request to {url} failed ({type(e).__name__}: {e}); is the server up?") from e
+            with results_path.open("a", encoding="utf-8") as out:
+                for _, group in phases(todo):
+                    await _run_phase(client, group, config, out, outcome, progress, max_failures)
+    finally:
+        if progress is not None:
+            progress.close()
+    return outcome
+
+
+def run(*args, **kwargs) -> RunOutcome:
+    """Synchronous wrapper of run_async."""
+    return asyncio.run(run_async(*args, **kwargs))
+
+
+def sweep_configs(
+    system: str, datasets: Iterable[str], concurrencies: Sequence[int], temperatures: Sequence[float], seeds: Sequence[int], max_tokens: int
+) -> List[RunConfig]:
+    """The runs of a sweep. Greedy decoding (T = 0) is deterministic, so it runs the first seed only."""
+    configs = []
+    for dataset in datasets:
+        for t in temperatures:
+            for seed in (seeds[:1] if t == 0 else seeds):
+                for c in concurrencies:
+                    configs.append(RunConfig(system, dataset, c, float(t), seed, max_tokens))
+    return configs

@@ -1,0 +1,145 @@
+"""SPEED-Bench loader (dataset `nvidia/SPEED-Bench`, downloaded by the user; nothing is fetched here).
+
+Splits: `qualitative` (880 prompts, 11 categories, 80 each) and `throughput_{1k,2k,8k,16k,32k}`
+(1,536 prompts each; `category` is the output-entropy tier: low_entropy / mixed / high_entropy,
+512 each). Records: question_id, category, sub_category, turns (list of user messages), source,
+src_id, difficulty, multiturn.
+
+Accepted files: the hub's parquet (needs pyarrow) or jsonl with a `turns` column, or the jsonl that
+the publisher's preparation script writes, where `turns` became `messages` = [{role: user, content}].
+
+The hub copy leaves prompts whose licence forbids redistribution as placeholders: the turn holds
+PLACEHOLDER (alone, or followed by a blank line and a template that the preparation script fills).
+Such records are refused; rebuild them as REBUILD_HINT says.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable, List, Optional, Sequence
+
+from .prompt import Prompt
+
+PLACEHOLDER = "FULL BENCHMARK DATA SHOULD BE FETCHED FROM THE SOURCE USING SPECDEC_BENCH"
+SPLITS = ("qualitative", "throughput_1k", "throughput_2k", "throughput_8k", "throughput_16k", "throughput_32k")
+ENTROPY_TIERS = ("low_entropy", "mixed", "high_entropy")
+REQUIRED_FIELDS = ("question_id", "category", "sub_category", "source", "src_id", "difficulty", "multiturn")
+REBUILD_HINT = (
+    "Rebuild the split with the publisher's preparation script, which downloads each source dataset "
+    "(some are gated: log in to the hub and request access first) and fills the turns: "
+    "`python prepare.py --config {split} --output_dir DIR` from NVIDIA-NeMo/Skills "
+    "(nemo_skills/dataset/speed-bench/prepare.py; NVIDIA Model-Optimizer's examples/specdec_bench "
+    "prepares it the same way), then pass DIR/{split}.jsonl here."
+)
+
+
+class SpeedBenchFormatError(ValueError):
+    """A SPEED-Bench file does not have the expected schema or still holds placeholder turns."""
+
+
+def read_records(path: Path) -> List[dict]:
+    """Rows of a local parquet or jsonl file, as dicts."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"SPEED-Bench file {path} does not exist. Download the split yourself "
+            "(e.g. `hf download nvidia/SPEED-Bench --repo-type dataset`) and pass the parquet or jsonl file."
+        )
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as e:
+            raise ImportError(
+                f"Reading {path} needs pyarrow: `pip install pyarrow`, or convert the split to jsonl."
+            ) from e
+        return pq.read_table(path).to_pylist()
+    if path.suffix in (".jsonl", ".json"):
+        rows = []
+        with path.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise SpeedBenchFormatError(f"{path}:{lineno} is not valid JSON ({e}).") from e
+        return rows
+    raise SpeedBenchFormatError(f"{path}: unsupported extension {path.suffix!r}; give a .parquet or .jsonl file.")
+
+
+def _turns_of(row: dict, where: str) -> List[str]:
+    """The user turns of a record, from `turns` (hub schema) or `messages` (prepared jsonl)."""
+    if "turns" in row:
+        turns = row["turns"]
+    elif "messages" in row:
+        messages = row["messages"]
+        if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and m.get("role") == "user" for m in messages
+        ):
+            raise SpeedBenchFormatError(f"{where}: `messages` must be a list of {{role: user, content}} dicts.")
+        turns = [m.get("content") for m in messages]
+    else:
+        raise SpeedBenchFormatError(f"{where}: record has neither `turns` nor `messages`.")
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+        raise SpeedBenchFormatError(f"{where}: turns must be a non-empty list of non-empty strings, got {turns!r:.80}.")
+    return turns
+
+
+def validate(rows: Sequence[dict], split: str, where: str) -> None:
+    """Schema check of a split's records; raises SpeedBenchFormatError naming the first problem."""
+    if not rows:
+        raise SpeedBenchFormatError(f"{where} holds no records.")
+    seen = set()
+    placeholders = []
+    for i, row in enumerate(rows):
+        at = f"{where} record {i}"
+        missing = [k for k in REQUIRED_FIELDS if k not in row]
+        if missing:
+            raise SpeedBenchFormatError(f"{at}: missing field(s) {missing}; expected the SPEED-Bench schema {REQUIRED_FIELDS + ('turns',)}.")
+        qid = str(row["question_id"])
+        if qid in seen:
+            raise SpeedBenchFormatError(f"{at}: duplicate question_id {qid!r}.")
+        seen.add(qid)
+        turns = _turns_of(row, at)
+        if any(PLACEHOLDER in t for t in turns):
+            placeholders.append(qid)
+        if split != "qualitative" and row["category"] not in ENTROPY_TIERS:
+            raise SpeedBenchFormatError(
+                f"{at}: category {row['category']!r} is not an entropy tier {ENTROPY_TIERS}; is {where} really split {split}?"
+            )
+    if placeholders:
+        raise SpeedBenchFormatError(
+            f"{where}: {len(placeholders)} of {len(rows)} records still hold placeholder turns "
+            f"(e.g. question_id {placeholders[0]!r}). " + REBUILD_HINT.format(split=split)
+        )
+
+
+def load(path: Path, split: Optional[str] = None, categories: Optional[Iterable[str]] = None) -> List[Prompt]:
+    """Validated prompts of one SPEED-Bench split file, optionally restricted to some categories.
+
+    split defaults to the file's stem (`qualitative.jsonl`, `throughput_1k.parquet`, ...).
+    """
+    path = Path(path)
+    split = split or path.stem
+    if split not in SPLITS:
+        raise SpeedBenchFormatError(
+            f"Unknown SPEED-Bench split {split!r} (from {path.name}); name the file after its split or pass "
+            f"split= one of {SPLITS}."
+        )
+    rows = read_records(path)
+    validate(rows, split, str(path))
+    wanted = set(categories) if categories else None
+    if wanted:
+        unknown = wanted - {r["category"] for r in rows}
+        if unknown:
+            raise ValueError(f"{path}: no records in categories {sorted(unknown)}.")
+    return [
+        Prompt(
+            prompt_id=str(r["question_id"]),
+            category=str(r["category"]),
+            turns=tuple(_turns_of(r, str(path))),
+            source=f"speed_bench/{split}",
+        )
+        for r in rows
+        if wanted is None or r["category"] in wanted
+    ]

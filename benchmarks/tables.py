@@ -1,0 +1,144 @@
+"""Markdown tables in the paper's layouts, from cells (metrics.aggregate + metrics.add_speedup).
+
+  main_table         rows = benchmarks, blocks = temperature, cells tau / TPS / speedup (Table main-8b)
+  category_table     rows = categories of one dataset, blocks = temperature, cells tau / TPS (Table speed-8b)
+  concurrency_table  rows = concurrency c, blocks = group (entropy tier), cells tau / TPS / Sp. (Table isl-short)
+
+The baseline system (served without speculation) has no tau; its column shows TPS / 1.00x. The best
+tau, TPS and speedup of the speculative systems in each row are in bold. Rows add an "Average" per
+block in the main table.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .metrics import ALL
+
+PARTS_FULL = ("tau", "tps", "speedup")
+PARTS_TAU_TPS = ("tau", "tps")
+
+
+def _temperature_label(t: float) -> str:
+    return "Greedy, T=0" if t == 0 else f"Sampling, T={t:g}"
+
+
+def systems_of(cells: Sequence[dict], baseline: Optional[str]) -> List[str]:
+    """Baseline first, then the other systems in sorted order."""
+    others = sorted({c["system"] for c in cells} - {baseline})
+    return ([baseline] if baseline in {c["system"] for c in cells} else []) + others
+
+
+def _value(cell: Optional[dict], part: str) -> Optional[float]:
+    return None if cell is None else cell.get(part)
+
+
+def _format(part: str, value: Optional[float], bold: bool) -> str:
+    if value is None:
+        return "--"
+    text = {"tau": f"{value:.2f}", "tps": f"{value:.0f}", "speedup": f"{value:.2f}x"}[part]
+    return f"**{text}**" if bold else text
+
+
+def _row(cells_by_system: Dict[str, Optional[dict]], systems: Sequence[str], baseline: Optional[str], parts) -> List[str]:
+    """One table row's cell texts; best speculative value per part in bold."""
+    spec = [s for s in systems if s != baseline]
+    best = {}
+    for part in parts:
+        vals = [_value(cells_by_system.get(s), part) for s in spec]
+        vals = [v for v in vals if v is not None]
+        best[part] = max(vals) if len(vals) > 1 else None
+    out = []
+    for s in systems:
+        cell = cells_by_system.get(s)
+        shown = [p for p in parts if not (s == baseline and p == "tau")]
+        if cell is None:
+            out.append("--")
+            continue
+        out.append(" / ".join(_format(p, cell.get(p), s != baseline and best[p] is not None and cell.get(p) == best[p]) for p in shown))
+    return out
+
+
+def _render(title_cols: Tuple[str, str], systems, baseline, parts, blocks) -> str:
+    """blocks: [(block_label, [(row_label, {system: cell}), ...]), ...] -> markdown."""
+    names = {"tau": "τ", "tps": "TPS", "speedup": "Sp."}
+    heads = [f"{s} ({' / '.join(names[p] for p in parts if not (s == baseline and p == 'tau'))})" for s in systems]
+    lines = ["| " + " | ".join(list(title_cols) + heads) + " |", "|" + "---|" * (2 + len(systems))]
+    for block_label, rows in blocks:
+        for i, (row_label, by_system) in enumerate(rows):
+            lines.append("| " + " | ".join([block_label if i == 0 else "", str(row_label)] + _row(by_system, systems, baseline, parts)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _lookup(cells: Sequence[dict]) -> Dict[Tuple, dict]:
+    return {(c["system"], c["dataset"], c["group"], c["concurrency"], c["temperature"]): c for c in cells}
+
+
+def _average(rows: List[Tuple[str, Dict[str, dict]]], systems, parts) -> Dict[str, dict]:
+    avg = {}
+    for s in systems:
+        cell = {}
+        for p in parts:
+            vals = [by[s][p] for _, by in rows if by.get(s) and by[s].get(p) is not None]
+            cell[p] = statistics.fmean(vals) if vals else None
+        avg[s] = cell
+    return avg
+
+
+def main_table(cells: Sequence[dict], baseline: Optional[str], concurrency: int = 1) -> str:
+    """Benchmarks x systems at one concurrency, one block per temperature, with an Average row."""
+    idx, systems = _lookup(cells), systems_of(cells, baseline)
+    datasets = sorted({c["dataset"] for c in cells})
+    blocks = []
+    for t in sorted({c["temperature"] for c in cells}):
+        rows = [
+            (d, {s: idx.get((s, d, ALL, concurrency, t)) for s in systems})
+            for d in datasets
+            if any((s, d, ALL, concurrency, t) in idx for s in systems)
+        ]
+        if rows:
+            if len(rows) > 1:
+                rows.append(("Average", _average(rows, systems, PARTS_FULL)))
+            blocks.append((_temperature_label(t), rows))
+    return _render(("", "Benchmark"), systems, baseline, PARTS_FULL, blocks)
+
+
+def category_table(cells: Sequence[dict], dataset: str, baseline: Optional[str], concurrency: int = 1) -> str:
+    """Categories of one dataset x systems, one block per temperature; cells tau / TPS."""
+    idx, systems = _lookup(cells), systems_of(cells, baseline)
+    groups = sorted({c["group"] for c in cells if c["dataset"] == dataset and c["group"] != ALL})
+    blocks = []
+    for t in sorted({c["temperature"] for c in cells if c["dataset"] == dataset}):
+        rows = [(g, {s: idx.get((s, dataset, g, concurrency, t)) for s in systems}) for g in groups]
+        rows = [r for r in rows if any(r[1].values())]
+        if rows:
+            blocks.append((_temperature_label(t), rows))
+    return _render(("", "Category"), systems, baseline, PARTS_TAU_TPS, blocks)
+
+
+def concurrency_table(cells: Sequence[dict], dataset: str, baseline: Optional[str], temperature: float = 0.0) -> str:
+    """Concurrency x systems for one dataset and temperature, one block per group (entropy tier)."""
+    idx, systems = _lookup(cells), systems_of(cells, baseline)
+    mine = [c for c in cells if c["dataset"] == dataset and c["temperature"] == temperature]
+    groups = sorted({c["group"] for c in mine} - {ALL}) or [ALL]
+    blocks = []
+    for g in groups:
+        rows = [(c, {s: idx.get((s, dataset, g, c, temperature)) for s in systems}) for c in sorted({c["concurrency"] for c in mine})]
+        blocks.append((f"{dataset}, {g}", rows))
+    return _render(("", "c"), systems, baseline, PARTS_FULL, blocks)
+
+
+def report(cells: Sequence[dict], baseline: Optional[str]) -> str:
+    """The full markdown report: main table per concurrency, per-category and per-concurrency tables."""
+    out = ["# Benchmark report\n", f"Baseline (no speculation): {baseline or 'none given; speedup not shown'}.\n"]
+    for c in sorted({c["concurrency"] for c in cells}):
+        out += [f"\n## τ / TPS / speedup, concurrency {c}\n\n", main_table(cells, baseline, c)]
+    for d in sorted({c["dataset"] for c in cells}):
+        if any(c["dataset"] == d and c["group"] != ALL for c in cells):
+            for conc in sorted({c["concurrency"] for c in cells if c["dataset"] == d}):
+                out += [f"\n## {d} per category, concurrency {conc} (τ / TPS)\n\n", category_table(cells, d, baseline, conc)]
+        if len({c["concurrency"] for c in cells if c["dataset"] == d}) > 1:
+            for t in sorted({c["temperature"] for c in cells if c["dataset"] == d}):
+                out += [f"\n## {d} vs concurrency, {_temperature_label(t)}\n\n", concurrency_table(cells, d, baseline, t)]
+    return "".join(out)

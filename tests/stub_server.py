@@ -1,0 +1,127 @@
+"""A stand-in for an SGLang server, for CPU tests of the benchmark harness.
+
+Threaded http.server on 127.0.0.1 and a free port. It answers POST /v1/chat/completions and
+POST /generate in the shape SGLang 0.5.23 uses: chat -> choices / usage / sglext.spec_tokens_details
+(only when the request asks `return_spec_tokens_details`); generate -> text / meta_info.
+
+Replies are deterministic: "reply <k> to <first words of the last user message>" padded to n tokens,
+n = max_tokens with ignore_eos, else min(max_tokens, 8 + len(last message) % 13). A speculative stub
+reports spec_verify_ct = ceil(n / accept) blocks and sleeps step_s per block; a plain (autoregressive)
+stub sleeps step_s per token and reports no spec stats. Every request is logged with the counts it
+returned, and the peak number of requests in flight is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class StubServer:
+    def __init__(self, speculative: bool = True, accept: int = 4, step_s: float = 0.001, min_latency_s: float = 0.02, fail_first: int = 0):
+        self.speculative, self.accept, self.step_s, self.min_latency_s = speculative, accept, step_s, min_latency_s
+        self.fail_first = fail_first  # the first k requests answer HTTP 500
+        self.log = []  # [{"path", "body", "completion_tokens", "spec_verify_ct", "text", "failed"}]
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._lock = threading.Lock()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address
+        return f"http://{host}:{port}"
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def _reply(self, last_user: str, max_tokens: int, ignore_eos: bool, k: int):
+        n = max_tokens if ignore_eos else min(max_tokens, 8 + len(last_user) % 13)
+        head = f"reply {k} to " + " ".join(last_user.split()[:3])
+        words = (head.split() + [f"t{i}" for i in range(n)])[:n]
+        blocks = math.ceil(n / self.accept) if self.speculative else None
+        return " ".join(words), n, blocks
+
+    def _spec_details(self, n: int, blocks: int) -> dict:
+        proposed = blocks * (self.accept * 2 - 1)
+        return {
+            "spec_accept_rate": (n - blocks) / proposed,
+            "spec_accept_length": n / blocks,
+            "spec_num_correct_drafts": n - blocks,
+            "spec_num_proposed_drafts": proposed,
+            "spec_verify_ct": blocks,
+            "spec_correct_drafts_histogram": [],
+        }
+
+    def _answer(self, path: str, body: dict):
+        with self._lock:
+            k = len(self.log)
+            fail = k < self.fail_first
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if path == "/v1/chat/completions":
+                last_user = [m["content"] for m in body["messages"] if m["role"] == "user"][-1]
+                max_tokens = body.get("max_completion_tokens") or body.get("max_tokens", 16)
+                text, n, blocks = self._reply(last_user, max_tokens, body.get("ignore_eos", False), k)
+            elif path == "/generate":
+                params = body.get("sampling_params", {})
+                text, n, blocks = self._reply(body["text"].split("\n\n")[-1], params.get("max_new_tokens", 16), params.get("ignore_eos", False), k)
+            else:
+                return 404, {"error": f"no route {path}"}
+            time.sleep(max(self.min_latency_s, self.step_s * (blocks if self.speculative else n)))
+            with self._lock:
+                self.log.append({"path": path, "body": body, "completion_tokens": n, "spec_verify_ct": blocks, "text": text, "failed": fail})
+            if fail:
+                return 500, {"object": "error", "message": "stub: injected failure"}
+            if path == "/generate":
+                meta = {"id": f"req-{k}", "finish_reason": {"type": "length", "length": n}, "prompt_tokens": len(body["text"].split()),
+                        "completion_tokens": n, "cached_tokens": 0, "e2e_latency": 0.0}
+                if self.speculative:
+                    meta.update(self._spec_details(n, blocks))
+                return 200, {"text": text, "output_ids": list(range(n)), "meta_info": meta}
+            payload = {
+                "id": f"req-{k}",
+                "object": "chat.completion",
+                "model": body.get("model", "default"),
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
+                "usage": {"prompt_tokens": sum(len(m["content"].split()) for m in body["messages"]), "completion_tokens": n,
+                          "total_tokens": n},
+            }
+            if self.speculative and body.get("return_spec_tokens_details"):
+                payload["sglext"] = {"spec_tokens_details": self._spec_details(n, blocks)}
+            return 200, payload
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    def _handler(self):
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                status, payload = stub._answer(self.path, body)
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        return Handler

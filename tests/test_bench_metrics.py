@@ -1,0 +1,109 @@
+"""tau, TPS, speedup, aggregation into cells, markdown tables, stage decomposition."""
+
+import pytest
+
+from sglang_lilicorr.benchmarks import metrics, stages, tables
+
+
+def _record(system="spec", dataset="d", category="a", c=1, t=0.0, seed=0, turns=((40, 10, 0.0, 1.0),)):
+    return {"system": system, "dataset": dataset, "category": category, "concurrency": c, "temperature": t, "seed": seed,
+            "max_tokens": 64, "prompt_id": f"{category}{turns[0][2]}",
+            "turns": [{"completion_tokens": n, "spec_verify_ct": v, "start": s, "end": e, "text": ""} for n, v, s, e in turns]}
+
+
+def test_tau_is_block_weighted_not_request_averaged():
+    # request 1: 90 tokens in 10 blocks (9.0); request 2: 10 tokens in 10 blocks (1.0)
+    recs = [_record(turns=((90, 10, 0.0, 1.0),)), _record(turns=((10, 10, 1.0, 2.0),))]
+    assert metrics.tau(recs) == pytest.approx(100 / 20)  # not (9 + 1) / 2 either way, but pooled
+    recs = [_record(turns=((90, 10, 0.0, 1.0),)), _record(turns=((10, 5, 1.0, 2.0),))]
+    assert metrics.tau(recs) == pytest.approx(100 / 15)  # the per-request mean would be 5.5
+
+
+def test_tau_is_none_without_spec_stats_and_skips_unreported_turns():
+    assert metrics.tau([_record(turns=((40, None, 0.0, 1.0),))]) is None
+    assert metrics.tau([_record(turns=((40, 10, 0.0, 1.0), (1, None, 1.0, 1.1)))]) == pytest.approx(4.0)
+
+
+def test_busy_seconds_is_the_union_of_intervals():
+    assert metrics.busy_seconds([(0, 2), (1, 3), (5, 6)]) == pytest.approx(4.0)
+    assert metrics.busy_seconds([]) == 0.0
+    with pytest.raises(ValueError):
+        metrics.busy_seconds([(2, 1)])
+
+
+def test_tps_counts_overlapping_requests_once():
+    recs = [_record(turns=((100, 25, 0.0, 2.0),)), _record(turns=((100, 25, 1.0, 3.0),))]
+    assert metrics.output_tps(recs) == pytest.approx(200 / 3.0)
+
+
+def test_aggregate_groups_averages_seeds_and_adds_speedup():
+    recs = [
+        _record(system="ar", category="a", turns=((40, None, 0.0, 1.0),)),
+        _record(system="ar", category="b", turns=((40, None, 1.0, 2.0),)),
+        _record(system="spec", category="a", t=1.0, seed=0, turns=((40, 10, 0.0, 0.5),)),
+        _record(system="spec", category="a", t=1.0, seed=1, turns=((40, 20, 0.0, 0.25),)),
+        _record(system="ar", category="a", t=1.0, turns=((40, None, 0.0, 1.0),)),
+        _record(system="spec", category="a", turns=((40, 10, 0.0, 0.25),)),
+        _record(system="spec", category="b", turns=((40, 10, 1.0, 1.25),)),
+    ]
+    cells = metrics.add_speedup(metrics.aggregate(recs), "ar")
+    get = {(c["system"], c["group"], c["temperature"]): c for c in cells}
+    assert get[("spec", "all", 0.0)]["tps"] == pytest.approx(80 / 0.5)
+    assert get[("spec", "all", 0.0)]["speedup"] == pytest.approx((80 / 0.5) / (80 / 2.0))
+    assert get[("ar", "b", 0.0)]["speedup"] == pytest.approx(1.0) and get[("ar", "b", 0.0)]["tau"] is None
+    sampled = get[("spec", "a", 1.0)]
+    assert sampled["seeds"] == [0, 1] and sampled["tau"] == pytest.approx((4.0 + 2.0) / 2)
+    assert sampled["tps"] == pytest.approx((80 + 160) / 2) and sampled["tps_std"] > 0
+
+
+def test_single_category_dataset_has_only_the_all_cell():
+    cells = metrics.aggregate([_record(category="gsm8k", dataset="gsm8k")])
+    assert [c["group"] for c in cells] == ["all"]
+
+
+def test_compare_matches_cells_and_errors_without_overlap():
+    base = metrics.aggregate([_record(system="ar", turns=((40, None, 0.0, 2.0),))])
+    spec = metrics.aggregate([_record(system="spec", turns=((40, 10, 0.0, 0.5),))])
+    (row,) = metrics.compare(base, spec)
+    assert row["speedup"] == pytest.approx(4.0) and row["tau"] == pytest.approx(4.0)
+    with pytest.raises(ValueError, match="matches a baseline"):
+        metrics.compare(base, metrics.aggregate([_record(system="spec", dataset="other")]))
+
+
+def _sweep_cells():
+    recs = []
+    for c in (1, 2):
+        for sys_, tau_blocks, dur in (("ar", None, 2.0), ("x", 10, 0.5), ("y", 20, 0.8)):
+            for cat in ("low_entropy", "mixed"):
+                recs.append(_record(system=sys_, dataset="speed_throughput_1k", category=cat, c=c, turns=((40, tau_blocks, 0.0, dur / c),)))
+    return metrics.add_speedup(metrics.aggregate(recs), "ar")
+
+
+def test_tables_follow_the_paper_layouts():
+    cells = _sweep_cells()
+    main = tables.main_table(cells, "ar", concurrency=1)
+    assert main.splitlines()[0] == "|  | Benchmark | ar (TPS / Sp.) | x (τ / TPS / Sp.) | y (τ / TPS / Sp.) |"
+    row = [line for line in main.splitlines() if "speed_throughput_1k" in line][0]
+    assert "Greedy, T=0" in row and "40 / 1.00x" in row and "**4.00** / **160** / **4.00x**" in row and "2.00 / 100 / 2.50x" in row
+    cat = tables.category_table(cells, "speed_throughput_1k", "ar")
+    assert "| Greedy, T=0 | low_entropy | 20 | **4.00** / **80** | 2.00 / 50 |" in cat and "| ar (TPS) | x (τ / TPS) |" in cat
+    conc = tables.concurrency_table(cells, "speed_throughput_1k", "ar", 0.0)
+    assert "speed_throughput_1k, low_entropy" in conc and "speed_throughput_1k, mixed" in conc
+    assert [line.split("|")[2].strip() for line in conc.splitlines()[2:]] == ["1", "2", "1", "2"]
+    full = tables.report(cells, "ar")
+    assert "concurrency 2" in full and "vs concurrency" in full
+
+
+def test_stage_table_and_plot(tmp_path):
+    doc = {"benchmark": "mt_bench", "systems": [
+        {"system": "dflash", "stages": {"target_verify": 7.48, "draft_backbone": 1.28, "lm_head": 0.49, "spec_head": 0.05, "accept": 0.57}},
+        {"system": "lilicorr", "variant": "optimized", "stages": {"target_verify": 7.51, "draft_backbone": 1.29, "lm_head": 0.50, "spec_head": 0.28, "accept": 0.57}},
+    ]}
+    md = stages.table(doc)
+    assert "| Speculative head | **0.05** | 0.28 |" in md and "| Per-block wall | 9.87 | 10.15 |" in md
+    assert "lilicorr (optimized)" in md
+    png = stages.plot(doc, tmp_path / "stages.png")
+    assert png.stat().st_size > 1000
+    bad = {"systems": [{"system": "x", "stages": {"target_verify": 1.0}}]}
+    with pytest.raises(stages.StageSchemaError, match="exactly the keys"):
+        stages.validate(bad)
