@@ -20,6 +20,8 @@ setup(
         "safetensors>=0.4",
         "tqdm",
         "matplotlib",
+        "aiohttp",
+        "gguf",
     ],
     extras_require={"test": ["pytest>=8"]},
     entry_points={

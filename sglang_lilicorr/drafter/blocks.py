@@ -1,0 +1,91 @@
+"""DFlash block training layout: many blocks per sequence in one drafter forward.
+
+Per sequence, N anchors a are drawn among response positions (a >= 1 and tokens a, a + 1 both
+supervised). Block n holds B tokens at positions a + 0..B-1: slot 0 is the anchor token x_a (the
+last verified token at serving time), slots 1..B-1 the mask token; slot s is trained to predict
+x_{a+s}. A block sees the target context strictly before its anchor (keys 0..a-1, as at serving
+time, where the draft KV holds the committed prefix) and itself bidirectionally, never another
+block. Keys are laid out [context 0..T-1 | block tokens of all N blocks].
+
+Shapes: b sequences, T tokens, N anchors per sequence, B block size, S = B - 1 slots.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass
+class BlockLayout:
+    anchors: torch.Tensor  # [b, N] int64 anchor positions (0 where not valid)
+    anchor_valid: torch.Tensor  # [b, N] bool
+    block_ids: torch.Tensor  # [b, N, B] anchor token then mask tokens
+    positions: torch.Tensor  # [b, N * B] absolute positions a + slot
+    targets: torch.Tensor  # [b, N, S] x_{a+s} (0 where not valid)
+    target_valid: torch.Tensor  # [b, N, S] bool
+    attend: torch.Tensor  # [b, N * B, T + N * B] bool
+
+    @property
+    def num_blocks(self) -> int:
+        return self.anchors.shape[1]
+
+
+def eligible_anchors(loss_mask: torch.Tensor) -> torch.Tensor:
+    """[b, T] bool supervised (response) tokens -> [b, T] bool: a >= 1, x_a and x_{a+1} supervised."""
+    ok = torch.zeros_like(loss_mask)
+    ok[:, 1:-1] = loss_mask[:, 1:-1] & loss_mask[:, 2:]
+    return ok
+
+
+def sample_anchors(
+    loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Up to num_anchors distinct eligible positions per row, ascending -> (anchors, valid) [b, N]."""
+    ok = eligible_anchors(loss_mask)
+    n = min(num_anchors, ok.shape[1])
+    noise = torch.rand(ok.shape, generator=generator, device="cpu").to(ok.device)
+    score = torch.where(ok, noise, -1.0)
+    top, idx = score.topk(n, dim=1)
+    valid = top >= 0
+    anchors = torch.where(valid, idx, ok.shape[1])  # invalid sort last
+    anchors, order = anchors.sort(dim=1)
+    valid = valid.gather(1, order)
+    return torch.where(valid, anchors, 0), valid
+
+
+def block_layout(
+    input_ids: torch.Tensor,  # [b, T]
+    loss_mask: torch.Tensor,  # [b, T] bool
+    anchors: torch.Tensor,  # [b, N]
+    anchor_valid: torch.Tensor,  # [b, N] bool
+    block_size: int,
+    mask_token_id: int,
+) -> BlockLayout:
+    b, t = input_ids.shape
+    n = anchors.shape[1]
+    dev = input_ids.device
+    slot = torch.arange(block_size, device=dev)
+    pos = anchors[:, :, None] + slot  # [b, N, B]
+    in_seq = pos < t
+    tokens = input_ids.gather(1, pos.clamp(max=t - 1).view(b, -1)).view(b, n, block_size)
+    supervised = loss_mask.gather(1, pos.clamp(max=t - 1).view(b, -1)).view(b, n, block_size) & in_seq
+    block_ids = torch.full_like(tokens, mask_token_id)
+    block_ids[:, :, 0] = tokens[:, :, 0]
+    target_valid = supervised[:, :, 1:] & anchor_valid[:, :, None]
+    targets = torch.where(target_valid, tokens[:, :, 1:], 0)
+
+    q = n * block_size
+    block_of_query = torch.arange(q, device=dev) // block_size  # [Q]
+    sees_context = torch.arange(t, device=dev)[None, None, :] < anchors[:, :, None]  # [b, N, T]
+    sees_context = (sees_context & anchor_valid[:, :, None]).repeat_interleave(block_size, dim=1)  # [b, Q, T]
+    same_block = (block_of_query[:, None] == block_of_query[None, :]).expand(b, q, q)
+    return BlockLayout(
+        anchors=anchors,
+        anchor_valid=anchor_valid,
+        block_ids=block_ids,
+        positions=pos.view(b, q),
+        targets=targets,
+        target_valid=target_valid,
+        attend=torch.cat([sees_context, same_block], dim=2),
+    )

@@ -1,0 +1,153 @@
+"""DrafterConfig: the DFlash drafter's geometry and its round-trip through the HF-style
+config.json that SGLang 0.5.23's `DFlashDraftModel` reads (Qwen3-style layers, `model_type`
+"qwen3", `dflash_config` {block_size, target_layer_ids, mask_token, mask_token_id}).
+
+Target layer convention (SGLang's `build_target_layer_ids`): id i names the OUTPUT of target
+decoder layer i (HF `hidden_states[i + 1]`); with one feature the middle layer n // 2, else
+`n_features` ids spread evenly over [1, n - 3], rounded.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+VANILLA_ARCHITECTURE = "DFlashDraftModel"
+
+
+class DrafterConfigError(ValueError):
+    """A drafter configuration field is missing, inconsistent or out of range."""
+
+
+def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
+    """Evenly spread capture layers, SGLang's DFlash convention (see module docstring)."""
+    if num_target_layers < 1 or num_features < 1:
+        raise DrafterConfigError(
+            f"target layer ids need num_target_layers >= 1 and num_features >= 1, got {num_target_layers}, {num_features}."
+        )
+    if num_features == 1:
+        return [num_target_layers // 2]
+    first, last = 1, num_target_layers - 3
+    if last < first:
+        raise DrafterConfigError(
+            f"{num_features} context features need a target of at least 4 layers, got {num_target_layers}; "
+            "pass --num-context-features 1 or explicit target_layer_ids."
+        )
+    return [int(round(first + i * (last - first) / (num_features - 1))) for i in range(num_features)]
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterConfig:
+    hidden_size: int  # must equal the target's (shared embedding and LM head)
+    vocab_size: int  # the target's
+    num_target_layers: int
+    target_layer_ids: tuple[int, ...]
+    mask_token_id: int
+    mask_token: str = "<|MASK|>"
+    num_hidden_layers: int = 1
+    num_attention_heads: int = 8
+    num_key_value_heads: int = 8
+    head_dim: int = 64
+    intermediate_size: int = 1024
+    block_size: int = 16
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 32768
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
+        self.validate()
+
+    @property
+    def num_context_features(self) -> int:
+        return len(self.target_layer_ids)
+
+    @property
+    def num_slots(self) -> int:
+        return self.block_size - 1
+
+    def validate(self) -> None:
+        def need(ok: bool, what: str) -> None:
+            if not ok:
+                raise DrafterConfigError(f"DrafterConfig: {what}.")
+
+        for name in ("hidden_size", "vocab_size", "num_target_layers", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings"):
+            value = getattr(self, name)
+            need(isinstance(value, int) and not isinstance(value, bool) and value >= 1, f"{name}={value!r} must be a positive integer")
+        need(self.block_size >= 2, f"block_size={self.block_size} must be >= 2 (anchor + at least one slot)")
+        need(self.num_attention_heads % self.num_key_value_heads == 0,
+             f"num_attention_heads={self.num_attention_heads} must be a multiple of num_key_value_heads={self.num_key_value_heads}")
+        need(self.head_dim % 2 == 0, f"head_dim={self.head_dim} must be even (rotary embedding)")
+        need(len(self.target_layer_ids) >= 1, "target_layer_ids must name at least one target layer")
+        # SGLang captures the input of layer i + 1: the last layer's output is never captured.
+        bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers - 1]
+        need(not bad, f"target_layer_ids {bad} out of range: each must lie in [0, num_target_layers - 2 = "
+                      f"{self.num_target_layers - 2}] (the last layer's output is not capturable in SGLang)")
+        need(0 <= self.mask_token_id < self.vocab_size,
+             f"mask_token_id={self.mask_token_id} must be a token id of the target vocabulary [0, {self.vocab_size})")
+        need(isinstance(self.mask_token, str) and bool(self.mask_token), "mask_token must be a non-empty string")
+        need(self.rope_theta > 0 and self.rms_norm_eps > 0, "rope_theta and rms_norm_eps must be positive")
+
+    # --- config.json (SGLang DFlashDraftModel format) ------------------------------------
+
+    def to_hf_config(self) -> dict[str, Any]:
+        return {
+            "architectures": [VANILLA_ARCHITECTURE],
+            "model_type": "qwen3",
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rope_theta": self.rope_theta,
+            "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"},
+            "attention_bias": False,
+            "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16",
+            "block_size": self.block_size,
+            "num_target_layers": self.num_target_layers,
+            "dflash_config": {
+                "block_size": self.block_size,
+                "target_layer_ids": list(self.target_layer_ids),
+                "mask_token": self.mask_token,
+                "mask_token_id": self.mask_token_id,
+            },
+        }
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any]) -> "DrafterConfig":
+        dflash = config.get("dflash_config")
+        if not isinstance(dflash, Mapping):
+            raise DrafterConfigError("draft config has no `dflash_config` object: not a DFlash draft config.")
+        for key in ("target_layer_ids", "mask_token_id"):
+            if key not in dflash:
+                raise DrafterConfigError(f"draft config lacks dflash_config.{key}; re-export it with `lilicorr export`.")
+        missing = [k for k in ("hidden_size", "vocab_size", "num_target_layers", "num_hidden_layers",
+                               "num_attention_heads", "intermediate_size") if k not in config]
+        if missing:
+            raise DrafterConfigError(f"draft config lacks {missing}.")
+        if config.get("attention_bias"):
+            raise DrafterConfigError("draft config has attention_bias=true: this drafter has bias-free projections.")
+        heads = int(config["num_attention_heads"])
+        return cls(
+            hidden_size=int(config["hidden_size"]),
+            vocab_size=int(config["vocab_size"]),
+            num_target_layers=int(config["num_target_layers"]),
+            target_layer_ids=tuple(dflash["target_layer_ids"]),
+            mask_token_id=int(dflash["mask_token_id"]),
+            mask_token=str(dflash.get("mask_token", cls.mask_token)),
+            num_hidden_layers=int(config["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(config.get("num_key_value_heads", heads)),
+            head_dim=int(config.get("head_dim", int(config["hidden_size"]) // heads)),
+            intermediate_size=int(config["intermediate_size"]),
+            block_size=int(dflash.get("block_size", config.get("block_size", 16))),
+            rope_theta=float(config.get("rope_theta", 1_000_000.0)),
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=int(config.get("max_position_embeddings", 32768)),
+        )

@@ -1,0 +1,88 @@
+"""Teacher-forced greedy losslessness check: is every emitted token the target's own greedy choice?
+
+One pass of the target over prompt + output in float32 (or float64; TF32 off on CUDA). At each
+emitted position, deficit d = max logit - logit of the emitted token. A token passes when d == 0,
+or when d <= tol: the two logits are a near-tie the serving precision cannot order. The default
+tol is one bf16 ulp of the top logit. Byte equality with a plain decode is not a sound test: a
+16-token verify pass and 1-token decode round differently, so near-ties may flip either way.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+
+import torch
+from torch import nn
+
+
+def bf16_ulp(x: float) -> float:
+    """Spacing of bfloat16 numbers (8 significant bits) at |x|."""
+    x = abs(float(x))
+    return 2.0 ** (math.floor(math.log2(x)) - 7) if x > 0 else 2.0**-133
+
+
+@dataclasses.dataclass
+class Mismatch:
+    position: int  # index into the output
+    emitted: int
+    argmax: int
+    deficit: float  # top logit - emitted token's logit
+    tol: float
+
+
+@dataclasses.dataclass
+class GreedyReport:
+    num_tokens: int
+    not_argmax: list[Mismatch]  # emitted tokens that are not the argmax (within tol or not)
+    min_top2_gap: float  # smallest top-1 - top-2 logit gap over the output (inf if empty)
+    min_gap_position: int
+
+    @property
+    def failures(self) -> list[Mismatch]:
+        return [m for m in self.not_argmax if m.deficit > m.tol]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def summary(self) -> str:
+        near = len(self.not_argmax) - len(self.failures)
+        return (
+            f"{'PASS' if self.ok else 'FAIL'}: {self.num_tokens} tokens, {len(self.failures)} not the target's greedy "
+            f"choice, {near} near-ties within tol; smallest top-2 gap {self.min_top2_gap:.4f} at {self.min_gap_position}"
+        )
+
+
+@torch.no_grad()
+def check_greedy(
+    model: nn.Module, prompt_ids: list[int], output_ids: list[int], tol: float | None = None, dtype=torch.float32
+) -> GreedyReport:
+    """Check output_ids against a teacher-forced `dtype` pass of the HF causal LM `model`.
+    tol: allowed logit deficit of a non-argmax token (None = one bf16 ulp of the top logit)."""
+    if not prompt_ids:
+        raise ValueError("check_greedy: the prompt is empty; the first output token needs a context.")
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"check_greedy: dtype must be torch.float32 or torch.float64, got {dtype}.")
+    if not output_ids:
+        return GreedyReport(0, [], math.inf, -1)
+    param = next(model.parameters())
+    ref = model if param.dtype == dtype else copy.deepcopy(model).to(dtype)
+    n, out = len(prompt_ids), list(output_ids)
+    ids = torch.tensor([list(prompt_ids) + out], device=param.device)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        logits = ref.eval()(input_ids=ids, use_cache=False).logits[0, n - 1 : n + len(out) - 1].double().cpu()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    top2 = logits.topk(2, dim=-1) if logits.shape[-1] > 1 else logits.topk(1, dim=-1)
+    deficit = (top2.values[:, 0] - logits[torch.arange(len(out)), torch.tensor(out)]).tolist()
+    gaps = (top2.values[:, 0] - top2.values[:, -1]).tolist()
+    bad = [
+        Mismatch(k, t, int(top2.indices[k, 0]), deficit[k], bf16_ulp(top2.values[k, 0]) if tol is None else float(tol))
+        for k, t in enumerate(out)
+        if deficit[k] > 0
+    ]
+    k_min = min(range(len(gaps)), key=gaps.__getitem__)
+    return GreedyReport(len(out), bad, gaps[k_min], k_min)

@@ -1,0 +1,60 @@
+"""Verification of one drafted block by the target (the acceptance rule of speculative decoding).
+
+Inputs: target_logits [S+1, V], the target's logits at the anchor and at each drafted token
+(row s scores the token at slot s+1), and draft [S], the drafted tokens d_1..d_S.
+Both rules return (m, emitted): m drafted tokens accepted (0..S) and the tokens the block
+commits, d_1..d_m plus one token of the target's own (the correction, or the bonus token
+after a full accept), so len(emitted) == m + 1.
+
+The drafted block is a deterministic proposal (q = 1 on each d_s), so exact rejection
+sampling (Leviathan et al. 2023; Chen et al. 2023) reduces to: accept d_s with probability
+p_s(d_s); on reject draw from the residual normalize(max(p_s - q_s, 0)), which is p_s with d_s
+removed and renormalised. Either way slot s emits x with probability exactly p_s(x).
+Sampling runs on the CPU in float64 (a [S+1, V] copy), so a CPU torch.Generator serves any device.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def check_block(target_logits: torch.Tensor, draft: torch.Tensor) -> None:
+    if target_logits.dim() != 2 or draft.dim() != 1 or target_logits.shape[0] != draft.shape[0] + 1:
+        raise ValueError(
+            f"verify: target_logits must be [S+1, V] and draft [S], got {list(target_logits.shape)} and "
+            f"{list(draft.shape)}; pass the target's logits at the anchor and at every drafted token."
+        )
+
+
+def greedy_verify(target_logits: torch.Tensor, draft: torch.Tensor) -> tuple[int, list[int]]:
+    """Accept the longest prefix of the draft equal to the target's argmax, plus its next argmax."""
+    check_block(target_logits, draft)
+    choice = target_logits.argmax(dim=-1)  # [S+1]
+    m = int((draft == choice[:-1]).long().cumprod(dim=0).sum())
+    return m, draft[:m].tolist() + [int(choice[m])]
+
+
+def sample_verify(
+    target_logits: torch.Tensor, draft: torch.Tensor, temperature: float, generator: torch.Generator | None = None
+) -> tuple[int, list[int]]:
+    """Exact rejection sampling at temperature T > 0 against the target's softmax(logits / T)."""
+    check_block(target_logits, draft)
+    if not temperature > 0:
+        raise ValueError(f"sample_verify: temperature must be > 0, got {temperature!r}; use greedy_verify for T = 0.")
+    probs = torch.softmax(target_logits.detach().double().cpu() / temperature, dim=-1)  # [S+1, V], CPU generator
+    tokens = draft.tolist()
+    for s, x in enumerate(tokens):
+        u = torch.rand((), generator=generator, dtype=torch.float64)
+        if u < probs[s, x]:
+            continue
+        residual = probs[s].clone()
+        residual[x] = 0.0  # p - q clipped at 0, q = one-hot(x); multinomial renormalises
+        return s, tokens[:s] + [int(torch.multinomial(residual, 1, generator=generator))]
+    return len(tokens), tokens + [int(torch.multinomial(probs[-1], 1, generator=generator))]
+
+
+def sample_token(logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None) -> int:
+    """The target's own token from logits [V]: argmax at T = 0, else a draw from softmax(logits / T)."""
+    if temperature == 0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits.detach().double().cpu() / temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))

@@ -1,0 +1,14 @@
+"""The SGLang plugin: `--speculative-algorithm LILICORR` (the only code importing sglang's runtime).
+
+Modules (each imported only where SGLang needs it, so the plugin stays cheap in the processes that
+never draft):
+  plugin.py      entry point `sglang.srt.plugins` -> register(): the algorithm, idempotently
+  algorithm.py   LiLiCorrSpecAlgo, the CustomSpecAlgo that routes LILICORR down SGLang's DFlash paths
+  server_args.py validation + resolution of the server arguments, before any process starts
+  models/        LiLiCorrDraftModel: SGLang's DFlashDraftModel + our head, strictly loaded
+  proposer.py    the draft block: LM-head logits -> top-K/LSE -> head -> walk (CUDA-graph safe)
+  worker.py      LiLiCorrWorker: SGLang's DFlash v2 worker with our proposer in the draft graph
+GPU proof tools: gpu_check.sh (two device calls), gpu_client.py (load + spec-stat checks),
+graph_check.py (the proposal alone in a CUDA graph), random_head.py (a random head on a DFlash draft).
+See README.md for every SGLang extension point used.
+"""

@@ -1,0 +1,159 @@
+#!/bin/bash
+# GPU proof of the LILICORR plugin: SmolLM2-135M-Instruct served by SGLang 0.5.23 with
+# --speculative-algorithm LILICORR and a LiLiCorr draft (random by default), loaded by the device
+# toolkit (/work/shared/device, README "Real model"). Same two-call structure as .dev/bin/smol.sh
+# (the GGUF travels in two parts: 64 MiB carry limit per call), back to back on one warm machine.
+#
+# CPU side, once, from the project root:   bash ../shared/device/prepare.sh --smol
+# call 1, carry [".dev/whl", ".dev/pkgs", ".dev/bin", ".dev/manifest.txt", ".dev/smolA"], timeout_s 300:
+#     bash sglang_lilicorr/serving/gpu_check.sh install
+# call 2 (at once), carry [".dev/smolB", ".dev/bin"], timeout_s 600:
+#     bash sglang_lilicorr/serving/gpu_check.sh model,lilicorr,check
+#   (add ",base" after "model" for a no-speculation control server: about 60 s more)
+#
+# Steps (comma-separated, run in this order):
+#   install   install.sh (bundle, patches, this project -> its sglang.srt.plugins entry point), keep
+#             part_a outside the checkout, check the entry point and import the worker once, and run
+#             graph_check.py (our proposal alone, captured in a CUDA graph: replay == eager, timing)
+#   model     reassemble + sha256 + convert the GGUF; random 1-layer DFlash draft (toolkit); add a random
+#             LiLiCorr head (paper geometry) -> $W/lilicorr_draft. LILICORR_DRAFT=DIR serves a trained
+#             draft instead (a folder in the checkout, e.g. checkpoints/smol_lilicorr, or an absolute path)
+#   base      server without speculation + the same client -> $OUT/base.json (control, optional)
+#   lilicorr  server with LILICORR; gpu_client.py: 56 greedy + 6 T=1 prompts one at a time, then 1, 2,
+#             4, 8, 16, 32 concurrent requests mixing T=0 and T=1 -> $OUT/lilicorr.json; its log ->
+#             $OUT/lilicorr.log. Draft graphs cover bs <= 16 (GRAPH_BS), so 32 also runs the eager path
+#   check     greedy_check.py (float32 teacher-forced target) over every greedy response; the log must
+#             show our proposal captured in the draft CUDA graph and the draft graph capture itself
+# Env: SMOL_WORK (/tmp/smol), DEVICE_SITE (/tmp/site), TIMEOUT (server start limit, 330 s), GRAPH_BS (16),
+#   EXTRA_ARGS (appended to the LILICORR server's args), LILICORR_DRAFT (see model).
+# Output in $OUT (<= 6 files): lilicorr.json, lilicorr.log, base.json, base.log, summary.txt.
+# Exit status: 0 when every step asked for passed; 3 when call 2 lands on a fresh machine (redo both).
+set -u -o pipefail
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+DEV=$ROOT/.dev
+B=$DEV/bin
+SITE=${DEVICE_SITE:-/tmp/site}
+W=${SMOL_WORK:-/tmp/smol}
+O=${OUT:-/tmp/lilicorr_out}
+S=$O/summary.txt
+GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
+STEPS=${1:-install}
+read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
+mkdir -p "$O" "$W"
+T0=$SECONDS
+say() { echo "[t+$((SECONDS - T0))s] $*" | tee -a "$S"; }
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+fails=()
+cd "$ROOT" || exit 1
+
+if has install; then
+  say "== install"
+  source "$B/install.sh" > "$W/install.txt" 2>&1; rc=$?
+  tee -a "$S" < "$W/install.txt"
+  [ $rc = 0 ] || exit 1
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$S"
+  if [ -f "$DEV/smolA/part_a" ]; then cp "$DEV/smolA/part_a" "$W/part_a"
+  else say "no .dev/smolA/part_a: carry .dev/smolA in this call"; fails+=(part_a); fi
+  python3 -c "from importlib.metadata import entry_points as e; eps=[x.value for x in e(group='sglang.srt.plugins') if x.name=='lilicorr']; print('entry point:', eps); assert eps" 2>&1 | tee -a "$S" || fails+=(entry_point)
+  say "import check (first imports take 20-40 s)"
+  timeout 240 python3 -c "import gguf, sglang_lilicorr.serving.worker as w, sglang_lilicorr.kernels as k; print('LILICORR worker imports ok:', w.LiLiCorrWorker.__mro__[1].__name__)" \
+    2>&1 | tail -n 5 | tee -a "$S" || fails+=(imports)
+  say "proposal alone in a CUDA graph (graph_check.py)"
+  timeout 180 python3 -m sglang_lilicorr.serving.graph_check 2>&1 | tail -n 6 | tee -a "$S" || fails+=(graph_check)
+else
+  if [ ! -f "$SITE/.device_manifest" ]; then
+    echo "gpu_check.sh: $SITE holds no install: a fresh machine, not the one call 1 set up. Run call 1 again, then call 2 at once." >&2
+    exit 3
+  fi
+  case ":${PYTHONPATH:-}:" in *":$SITE:"*) ;; *) export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" ;; esac
+  export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
+fi
+
+if has model; then
+  say "== model: reassemble, convert, DFlash draft, LiLiCorr head"
+  A=$W/part_a; [ -f "$A" ] || A=$DEV/smolA/part_a
+  mkdir -p "$W/gguf"
+  if [ -f "$A" ] && [ -f "$DEV/smolB/part_b" ] && cat "$A" "$DEV/smolB/part_b" > "$W/gguf/$GGUF" \
+     && (cd "$W/gguf" && sha256sum -c "$DEV/smolB/gguf.sha256"); then
+    rm -rf "$W/model" "$W/draft" "$W/lilicorr_draft"
+    timeout 240 python3 "$B/smol_convert.py" "$W/gguf/$GGUF" "$W/model" 2>&1 | grep -iv "warn\|it/s\]" | tail -n 3
+    timeout 60 python3 "$B/random_dflash_draft.py" "$W/draft" 1 0 2>&1 | tail -n 1
+    if [ -n "${LILICORR_DRAFT:-}" ]; then
+      D=$LILICORR_DRAFT; [[ $D == /* ]] || D=$ROOT/$D
+      cp -r "$D" "$W/lilicorr_draft" && say "serving the trained draft $D"
+    else
+      timeout 120 python3 -m sglang_lilicorr.serving.random_head "$W/draft" "$W/lilicorr_draft" 2>&1 | tail -n 2 | tee -a "$S"
+    fi
+    [ -f "$W/model/config.json" ] && [ -f "$W/lilicorr_draft/config.json" ] || fails+=(model)
+  else
+    say "reassembly failed (part_a: $A; carry .dev/smolB in this call)"; fails+=(model)
+  fi
+fi
+
+alive() {  # alive PGID: some process of the group is running (zombies, not yet reaped, do not count)
+  ps -eo pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ {found = 1} END {exit !found}'
+}
+serve() {  # serve NAME PORT CLIENT_ARGS -- SERVER_ARGS: client results in $O/NAME.json, server log in $O/NAME.log
+  local name=$1 port=$2 client_args=$3; shift 4
+  [ -f "$W/model/config.json" ] || { say "no converted model in $W/model (run the model step)"; return 1; }
+  local log=$O/$name.log rc=1 up=0 t
+  setsid python3 -m sglang.launch_server --model-path "$W/model" --host 127.0.0.1 --port "$port" \
+    --attention-backend triton --sampling-backend pytorch --grammar-backend none \
+    --mem-fraction-static 0.3 --context-length 2048 --cuda-graph-backend-prefill disabled "$@" > "$log" 2>&1 &
+  local spid=$!
+  t=$SECONDS
+  while (( SECONDS - t < ${TIMEOUT:-330} )); do
+    kill -0 "$spid" 2>/dev/null || { say "$name: server exited during startup"; break; }
+    curl -sf -m 2 "http://127.0.0.1:$port/health" >/dev/null 2>&1 && { up=1; break; }
+    sleep 2
+  done
+  say "$name: startup $((SECONDS - t)) s, up=$up"
+  if [ $up = 1 ]; then
+    # shellcheck disable=SC2086
+    timeout 300 python3 -m sglang_lilicorr.serving.gpu_client "$port" "$W/model" "$O/$name.json" $client_args 2>&1 \
+      | tee -a "$S" && rc=0
+  fi
+  kill -TERM -- -"$spid" 2>/dev/null
+  for _ in $(seq 20); do alive "$spid" || break; sleep 1; done
+  kill -KILL -- -"$spid" 2>/dev/null; wait "$spid" 2>/dev/null
+  if [ $rc != 0 ]; then
+    { echo "--- $name: first traceback / last lines of $log"; grep -m1 -A40 Traceback "$log" | cut -c1-300
+      tail -n 25 "$log" | cut -c1-300; } | tee -a "$S"
+  fi
+  return $rc
+}
+
+if has base; then
+  say "== base: no speculation (control)"
+  serve base 30010 "--greedy 56 --sampled 2 --concurrency 8 --no-spec" -- --max-running-requests 32 \
+    --cuda-graph-max-bs-decode "${GRAPH_BS:-16}" || fails+=(base)
+fi
+
+if has lilicorr; then
+  say "== lilicorr: --speculative-algorithm LILICORR"
+  serve lilicorr 30011 "" -- --max-running-requests 32 --cuda-graph-max-bs-decode "${GRAPH_BS:-16}" \
+    --speculative-algorithm LILICORR --speculative-draft-model-path "$W/lilicorr_draft" \
+    --speculative-draft-attention-backend triton "${EXTRA[@]}" || fails+=(lilicorr)
+  grep -E "LILICORR|LiLiCorr|Capture draft|Capture target|non-greedy" "$O/lilicorr.log" | cut -c1-300 | head -n 30 | tee -a "$S"
+fi
+
+if has check; then
+  say "== check"
+  R=(); for n in lilicorr base; do [ -s "$O/$n.json" ] && R+=("$O/$n.json"); done
+  if ((${#R[@]})) && [ -f "$W/model/config.json" ]; then
+    timeout 240 python3 "$B/greedy_check.py" "$W/model" "${R[@]}" 2>&1 | grep -v "Loading weights\|Warning" | tail -n 80 | tee -a "$S"
+    grep -q "GREEDY_CHECK PASS" "$S" || fails+=(greedy_check)
+  else
+    say "nothing to check (no results in $O or no model in $W/model)"; fails+=(greedy_check)
+  fi
+  L=$O/lilicorr.log
+  if grep -q "captured together in the draft CUDA graph" "$L" 2>/dev/null && grep -q "Capture draft verify CUDA graph end" "$L"; then
+    say "DRAFT_GRAPH_CHECK PASS: LiLiCorr proposal captured in the draft CUDA graph"
+  else
+    say "DRAFT_GRAPH_CHECK FAIL: no draft-graph capture of the LiLiCorr proposal in $L"; fails+=(draft_graph)
+  fi
+  grep -q "CLIENT_CHECK PASS" "$S" || fails+=(client_check)
+fi
+say "done; failed: ${fails[*]:-none}"
+[ ${#fails[@]} = 0 ]

@@ -1,0 +1,113 @@
+"""LiLiCorrDraftModel: SGLang's DFlashDraftModel (the block drafter, used as a library) plus our
+LiLiCorr head, built from `dflash_config.lilicorr_*` and loaded from the `lilicorr.` tensors.
+
+Loading is strict: every drafter parameter and every head parameter must come from the
+checkpoint with its exact shape, and the checkpoint may hold nothing else (SGLang's DFlash loader
+alone skips unknown names silently, which would serve random weights at a low acceptance rate).
+
+The head is stored as `lilicorr_head`, not `lilicorr`: SGLang's DFlash worker runs its built-in
+head on any draft whose `lilicorr` attribute is set, and LILICORR must run ours.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Iterator, Tuple
+
+import torch
+from sglang.srt.models.dflash import DFlashDraftModel
+
+from ...checkpoint import HEAD_PREFIX, CheckpointError, check_tensors, lilicorr_config
+from ...head import LiLiCorrHead
+from ..server_args import ServingConfigError
+
+HEAD_MODULE = "lilicorr_head"
+# SGLang's loader packs these checkpoint tensors into one parameter each.
+STACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+# Checkpoint spellings SGLang's DFlash loader accepts for a parameter.
+ALIASES = {"encoder.fc.weight": "fc.weight", "encoder.output_norm_enc.weight": "hidden_norm.weight"}
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # HF rotary caches: recomputed, never loaded
+
+
+class LiLiCorrDraftModel(DFlashDraftModel):
+    def __init__(self, config, quant_config=None, prefix: str = "") -> None:
+        if quant_config is not None:
+            raise ServingConfigError(
+                "LILICORR serves unquantized drafts, but the draft loads with a quantization config; "
+                "drop --speculative-draft-model-quantization and any quantization_config in the draft's config.json."
+            )
+        super().__init__(config, quant_config=None, prefix=prefix)
+        try:
+            head_config = lilicorr_config(config.to_dict())
+        except CheckpointError as e:
+            raise ServingConfigError(f"LiLiCorr draft config: {e}") from e
+        self.lilicorr_head = LiLiCorrHead(head_config, model_hidden_size=int(config.hidden_size))
+
+    @property
+    def head_block_size(self) -> int:
+        return self.lilicorr_head.config.block_size
+
+    def set_block_size(self, block_size: int) -> None:
+        if int(block_size) != self.head_block_size:
+            raise ServingConfigError(
+                f"LILICORR resolved a verify block of {block_size} tokens, but the LiLiCorr head is trained for "
+                f"{self.head_block_size}; set --speculative-num-draft-tokens {self.head_block_size}."
+            )
+        super().set_block_size(block_size)
+
+    # --- strict loading ---------------------------------------------------------------------
+
+    def expected_drafter_tensors(self) -> set[str]:
+        """Checkpoint names that must fill the drafter's parameters (packed ones unpacked)."""
+        names = set()
+        for name, _ in self.named_parameters():
+            if name.startswith(HEAD_MODULE + "."):
+                continue
+            fused = next((f for f in STACKED if f".{f}." in name), None)
+            names.update([name.replace(fused, part) for part in STACKED[fused]] if fused else [name])
+        return names
+
+    def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> None:
+        head_tensors: dict[str, torch.Tensor] = {}
+        drafter_names: set[str] = set()
+
+        def drafter_stream() -> Iterator[Tuple[str, torch.Tensor]]:
+            for name, tensor in weights:
+                bare = name.removeprefix("model.")
+                if bare.startswith(HEAD_PREFIX):
+                    head_tensors[bare[len(HEAD_PREFIX):]] = tensor
+                elif not bare.endswith(IGNORED_SUFFIXES):
+                    drafter_names.add(ALIASES.get(bare, bare))
+                    yield name, tensor
+
+        super().load_weights(drafter_stream())
+        check_names(self.expected_drafter_tensors(), drafter_names, "drafter")
+        self.load_head(head_tensors)
+
+    def load_head(self, head_tensors: dict[str, torch.Tensor]) -> None:
+        state = self.lilicorr_head.state_dict()
+        found = {
+            name: t.to(state[name].dtype) if name in state and t.is_floating_point() else t
+            for name, t in head_tensors.items()
+        }
+        try:
+            check_tensors(state, found, f"LiLiCorr draft checkpoint (`{HEAD_PREFIX}` head tensors)")
+        except CheckpointError as e:
+            raise ServingConfigError(str(e)) from e
+        self.lilicorr_head.load_state_dict(found, strict=True)
+
+
+def check_names(expected: set[str], found: set[str], what: str) -> None:
+    missing, extra = sorted(expected - found), sorted(found - expected)
+    if missing:
+        raise ServingConfigError(
+            f"LiLiCorr draft checkpoint lacks {len(missing)} {what} tensor(s), e.g. {missing[:3]}: the drafter would "
+            "serve random weights. Re-export the draft (its config.json and model.safetensors must come from one export)."
+        )
+    if extra:
+        raise ServingConfigError(
+            f"LiLiCorr draft checkpoint holds {len(extra)} {what} tensor(s) this drafter has no parameter for, "
+            f"e.g. {extra[:3]}: config.json (num_hidden_layers, hidden sizes, dflash_config) does not describe "
+            "these weights. Re-export the draft."
+        )
+
+
+EntryClass = [LiLiCorrDraftModel]

@@ -1,0 +1,118 @@
+"""The LiLiCorr draft-block proposal (paper Sec. 3, App. F), after SGLang's DFlash draft pass:
+
+  pass_hidden [b, S, Hm] --LM head--> logits [b*S, V] --top-K/LSE--> candidate ids [b, S, K],
+  log-probs [b, S, K] --head(token table[ids], log-probs, pass_hidden, anchor)--> start [b, K],
+  pair [b, S-1, K, K] --greedy walk--> idx [b, S] --gather--> draft tokens [b, S]
+
+Every step is static-shaped and sync-free, so the proposal is captured in SGLang's draft CUDA
+graph right after the draft forward (SGLang calls `__call__` from a capture tail hook and reads
+`out`). On CUDA it runs our Triton kernels (fused top-K/LSE, greedy walk); on CPU the PyTorch
+references (`sglang_lilicorr.kernels.topk_lse` dispatches by device itself).
+
+The anchor is the drafter-projected target state (fc + hidden_norm) at the last verified token of
+each request. It is kept per request-pool slot (`anchor_table`), published after every prefill
+and verify, and staged into the batch's row order (`anchors`) before each draft pass, so batch
+filtering and merging never hand a request another request's anchor.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..head import LiLiCorrHead
+from ..kernels import topk_lse
+from ..walk import greedy_walk
+
+
+def walk(start: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
+    """Greedy walk over the score lattice: the Triton kernel on CUDA, the reference elsewhere."""
+    if start.is_cuda:
+        from ..kernels import greedy_walk_triton
+
+        return greedy_walk_triton(start, pair)
+    return greedy_walk(start, pair)
+
+
+def last_rows(*, num_rows: int, extend_lens: torch.Tensor | None, commit_lens: torch.Tensor | None) -> torch.Tensor:
+    """Row index of each request's last verified token in a target-hidden batch.
+
+    Prefill packs requests back to back (extend_lens [b]); verify pads each to the block
+    (num_rows = b * B) and commits a prefix of commit_lens [b] rows.
+    """
+    if commit_lens is not None:
+        b = commit_lens.shape[0]
+        stride = num_rows // max(b, 1)
+        base = torch.arange(b, device=commit_lens.device, dtype=torch.int64) * stride
+        return base + commit_lens.to(torch.int64) - 1
+    if extend_lens is None:
+        raise ValueError("last_rows: pass extend_lens (prefill) or commit_lens (verify)")
+    return torch.cumsum(extend_lens.to(torch.int64).flatten(), dim=0) - 1
+
+
+class LiLiCorrProposer:
+    def __init__(
+        self,
+        *,
+        head: LiLiCorrHead,
+        lm_head_weight: torch.Tensor,  # [V, Hm], the target's real vocabulary rows (no padding)
+        embed_weight: torch.Tensor,  # [V', Hm], V' >= V, the target's input embedding table
+        block_size: int,
+    ) -> None:
+        cfg = head.config
+        if int(block_size) != cfg.block_size:
+            raise ValueError(f"LiLiCorrProposer: block_size={block_size} but the head is trained for {cfg.block_size}")
+        self.head = head.eval()
+        self.block_size = cfg.block_size
+        self.slots = cfg.num_slots
+        self.topk = cfg.candidate_topk
+        self.lm_head_weight = lm_head_weight
+        self.token_table = head.token_table(embed_weight[: lm_head_weight.shape[0]])  # [V, H]
+        self.anchor_table: torch.Tensor | None = None  # [request slots, Hm]
+        self.anchors: torch.Tensor | None = None  # [max rows, Hm]
+        self.out: torch.Tensor | None = None  # [max rows * S] int64
+
+    def allocate(self, *, num_request_slots: int, max_rows: int) -> None:
+        """Static buffers, once SGLang's request pool exists: req_pool_indices < num_request_slots,
+        batches (graph buckets or eager) of at most max_rows requests."""
+        hm, dtype, device = self.lm_head_weight.shape[1], self.lm_head_weight.dtype, self.lm_head_weight.device
+        # Ordinary (non-inference) tensors, whatever mode SGLang calls this in: they are written in
+        # place both inside torch.inference_mode (the draft graph) and outside it (the scheduler loop).
+        with torch.inference_mode(False):
+            self.anchor_table = torch.zeros((int(num_request_slots), hm), dtype=dtype, device=device)
+            self.anchors = torch.zeros((int(max_rows), hm), dtype=dtype, device=device)
+            self.out = torch.zeros((int(max_rows) * self.slots,), dtype=torch.int64, device=device)
+
+    # --- anchors --------------------------------------------------------------------------
+
+    def publish_anchors(self, anchor_rows: torch.Tensor, req_pool_indices: torch.Tensor) -> None:
+        """anchor_rows [b, Hm] (projected target state of each request's last verified token)."""
+        self.anchor_table.index_copy_(0, req_pool_indices.to(torch.int64), anchor_rows.to(self.anchor_table.dtype))
+
+    def stage_anchors(self, req_pool_indices: torch.Tensor) -> None:
+        """Gather the batch's anchors into rows 0..b-1 of the static `anchors` buffer."""
+        b = req_pool_indices.shape[0]
+        if self.anchors is None:
+            raise RuntimeError("LiLiCorrProposer.stage_anchors before allocate(): SGLang allocates the pools first")
+        if b > self.anchors.shape[0]:
+            raise RuntimeError(f"LiLiCorrProposer: batch of {b} requests exceeds the {self.anchors.shape[0]} it was sized for")
+        torch.index_select(self.anchor_table, 0, req_pool_indices.to(torch.int64), out=self.anchors[:b])
+
+    # --- the proposal ---------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def propose(self, pass_hidden: torch.Tensor, anchor_hidden: torch.Tensor) -> torch.Tensor:
+        """pass_hidden [b, S, Hm], anchor_hidden [b, Hm] -> draft tokens [b, S] int64."""
+        b, s, hm = pass_hidden.shape
+        logits = pass_hidden.reshape(b * s, hm).to(self.lm_head_weight.dtype) @ self.lm_head_weight.T  # [b*S, V]
+        vals, ids, lse = topk_lse(logits, self.topk)  # [b*S, K] fp32, [b*S, K] int64, [b*S] fp32
+        ids = ids.view(b, s, self.topk)
+        log_probs = (vals - lse[:, None]).view(b, s, self.topk)
+        start, pair = self.head(self.token_table[ids], log_probs, pass_hidden, anchor_hidden)
+        idx = walk(start, pair)  # [b, S]
+        return ids.gather(2, idx.unsqueeze(2)).squeeze(2)
+
+    def __call__(self, hidden_states: torch.Tensor, input_ids: torch.Tensor | None = None) -> None:
+        """SGLang's draft-sampler protocol: hidden_states [b*B, Hm] of the draft block (slot 0 =
+        the anchor token) -> `out[: b*S]`, read by the DFlash worker after the (graph) forward."""
+        b = hidden_states.shape[0] // self.block_size
+        pass_hidden = hidden_states.view(b, self.block_size, -1)[:, 1:]
+        self.out[: b * self.slots].copy_(self.propose(pass_hidden, self.anchors[:b]).reshape(-1))

@@ -1,0 +1,52 @@
+"""Give a DFlash draft a randomly initialised LiLiCorr head, for smoke tests of the serving path
+(no draft token is expected to be accepted: it exercises the plumbing, not the speed-up).
+
+  python -m sglang_lilicorr.serving.random_head DFLASH_DRAFT_DIR OUT_DIR [--seed 0]
+                [--topk 8] [--head-hidden 1024] [--layers 2] [--heads 8] [--factor-dim 1024]
+
+Writes OUT_DIR in SGLang's LiLiCorrDraftModel format: the drafter's tensors unchanged, the head
+under `lilicorr.`, config.json with architectures ["LiLiCorrDraftModel"] and the lilicorr_* keys.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from ..checkpoint import block_size_of, dtype_of, head_tensors_for_save, read_config, read_tensors, save_checkpoint, with_head
+from ..config import LiLiCorrConfig
+from ..head import LiLiCorrHead
+
+
+def add_random_head(src: str, out: str, *, seed: int = 0, **geometry) -> LiLiCorrConfig:
+    config = read_config(src)
+    head_config = LiLiCorrConfig(
+        block_size=block_size_of(config), rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), **geometry
+    )
+    torch.manual_seed(seed)
+    head = LiLiCorrHead(head_config, model_hidden_size=int(config["hidden_size"])).to(dtype_of(config))
+    tensors = {k: v for k, v in read_tensors(src).items() if not k.startswith("lilicorr.")}
+    save_checkpoint(out, with_head(config, head_config), {**tensors, **head_tensors_for_save(head)})
+    return head_config
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("src")
+    p.add_argument("out")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--topk", type=int, default=8)
+    p.add_argument("--head-hidden", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--factor-dim", type=int, default=1024)
+    a = p.parse_args(argv)
+    cfg = add_random_head(
+        a.src, a.out, seed=a.seed, candidate_topk=a.topk, hidden_size=a.head_hidden,
+        num_layers=a.layers, num_heads=a.heads, factor_dim=a.factor_dim,
+    )
+    print(f"random LiLiCorr draft -> {a.out}: {cfg}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""LiLiCorrWorker: SGLang's DFlash v2 speculative worker (used as a library) whose draft block is
+proposed by our LiLiCorr pipeline instead of the drafter's per-slot argmax.
+
+What it inherits unchanged from DFlashWorkerV2: target prefill with aux-hidden capture, the draft
+KV cache, the block draft forward (a TARGET_VERIFY-shaped pass, CUDA-graph captured per batch
+size), target verification (greedy: longest prefix matching the target argmax; T > 0: SGLang's
+exact rejection sampling with the drafted block as a deterministic proposal, q = 1 on each
+drafted token), acceptance, commit and the per-request spec stats in `meta_info`.
+
+What it overrides (all methods of the DFlash worker, no SGLang source touched):
+  _maybe_build_draft_sampler     -> our LiLiCorrProposer: SGLang captures it into the draft graph
+  _greedy_sample_from_vocab_parallel_head
+                                 -> the same proposal, eagerly, when no draft graph covers the batch
+  _append_target_hidden_to_draft_kv_by_loc
+                                 -> also publishes each request's anchor (projected target state)
+  forward_batch_generation       -> records the batch's request slots and stages their anchors
+  init_cuda_graphs               -> warns when the proposal cannot be captured (graphs disabled)
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+from sglang.srt.lora.layers import unwrap_lora_layer
+from sglang.srt.runtime_context import get_exec, get_parallel
+from sglang.srt.speculative.dflash_utils import is_dense_head_weight
+from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+from .algorithm import ALGORITHM_NAME
+from .models.lilicorr_draft import LiLiCorrDraftModel
+from .proposer import LiLiCorrProposer, last_rows
+from .server_args import ServingConfigError
+
+logger = logging.getLogger(__name__)
+
+
+def dense_lm_head_weight(lm_head, vocab_size: int) -> torch.Tensor:
+    """The target LM head's [V, Hm] weight over the real vocabulary (padding rows dropped)."""
+    weight = getattr(lm_head, "weight", None)
+    if not is_dense_head_weight(weight):
+        raise ServingConfigError(
+            f"{ALGORITHM_NAME} needs the target's LM head as a dense bf16/fp16/fp32 matrix (its top-K reads full-"
+            "vocabulary logits); this target's LM head is quantized. Serve an unquantized target or use DFLASH."
+        )
+    shard = getattr(lm_head, "shard_indices", None)
+    if shard is not None and int(shard.num_added_elements) != 0:
+        raise ServingConfigError(
+            f"{ALGORITHM_NAME} does not support an added vocabulary on the target LM head (LoRA extra vocab)."
+        )
+    if weight.shape[0] < vocab_size:
+        raise ServingConfigError(f"target LM head has {weight.shape[0]} rows for a {vocab_size}-token vocabulary.")
+    return weight[:vocab_size]
+
+
+class LiLiCorrWorker(DFlashWorkerV2):
+    def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:
+        super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        if not isinstance(self.draft_model, LiLiCorrDraftModel):
+            raise ServingConfigError(
+                f"{ALGORITHM_NAME}: the draft loaded as {type(self.draft_model).__name__}, not LiLiCorrDraftModel; "
+                'its config.json must declare architectures ["LiLiCorrDraftModel"].'
+            )
+        if get_parallel().tp_size != 1:
+            raise ServingConfigError(f"{ALGORITHM_NAME} serves with --tp-size 1 only.")
+        target_model = self.model_runner.model
+        embed = target_model.get_input_embeddings()
+        if getattr(embed, "weight", None) is None:
+            raise ServingConfigError(f"{ALGORITHM_NAME}: the target exposes no input embedding table.")
+        self.proposer = LiLiCorrProposer(
+            head=self.draft_model.lilicorr_head,
+            lm_head_weight=dense_lm_head_weight(
+                unwrap_lora_layer(target_model.lm_head), int(self.model_runner.model_config.vocab_size)
+            ),
+            embed_weight=embed.weight,
+            block_size=int(self.block_size),
+        )
+        self._batch_slots: torch.Tensor | None = None  # req_pool_indices of the batch in flight
+        self._warned_eager = False
+        logger.info(
+            "%s worker ready: block_size=%d, K=%d, head width=%d.",
+            ALGORITHM_NAME, self.proposer.block_size, self.proposer.topk, self.draft_model.lilicorr_head.width,
+        )
+
+    def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
+        super().alloc_memory_pool(
+            memory_pool_config=memory_pool_config,
+            req_to_token_pool=req_to_token_pool,
+            token_to_kv_pool_allocator=token_to_kv_pool_allocator,
+        )
+        pool = req_to_token_pool if req_to_token_pool is not None else self.model_runner.req_to_token_pool
+        request_slots = int(pool.req_to_token.shape[0])
+        graph_bs = [int(b) for b in (get_exec().graph.cuda_graph_config.decode.bs or []) if int(b) > 0]
+        self.proposer.allocate(num_request_slots=request_slots, max_rows=max([request_slots, *graph_bs]))
+
+    # --- CUDA graphs ------------------------------------------------------------------------
+
+    def _maybe_build_draft_sampler(self):
+        # Called by DFlashWorkerV2.init_cuda_graphs right before the draft graphs are captured:
+        # the returned object runs inside every captured draft forward.
+        logger.info(
+            "%s: draft pass + top-K/LSE + head + walk captured together in the draft CUDA graph "
+            "(batch sizes %s).", ALGORITHM_NAME, sorted(get_exec().graph.cuda_graph_config.decode.bs or []),
+        )
+        return self.proposer
+
+    def init_cuda_graphs(self) -> None:
+        super().init_cuda_graphs()
+        if self._draft_sampler is None:
+            logger.warning(
+                "%s: the draft CUDA graph is disabled (see the DFLASH message above, or "
+                "--cuda-graph-backend-decode disabled); the head and walk run eagerly after each draft pass. "
+                "Expect much lower throughput; do not compare its tokens/s with a graphed run.", ALGORITHM_NAME,
+            )
+
+    # --- anchors ----------------------------------------------------------------------------
+
+    def forward_batch_generation(self, batch, *args, **kwargs):
+        self._batch_slots = batch.req_pool_indices
+        decoding = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
+        if decoding and batch.req_pool_indices is not None:
+            self.proposer.stage_anchors(batch.req_pool_indices)
+        return super().forward_batch_generation(batch, *args, **kwargs)
+
+    def _append_target_hidden_to_draft_kv_by_loc(
+        self, *, target_hidden, cache_loc, positions, cache_loc_2d=None, commit_lens=None, extend_lens=None
+    ) -> None:
+        if target_hidden is not None and target_hidden.numel() and self._batch_slots is not None:
+            rows = last_rows(num_rows=int(cache_loc.numel()), extend_lens=extend_lens, commit_lens=commit_lens)
+            with torch.inference_mode():
+                anchors = self.draft_model.project_target_hidden(target_hidden.index_select(0, rows))
+            self.proposer.publish_anchors(anchors, self._batch_slots)
+        super()._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=target_hidden, cache_loc=cache_loc, positions=positions,
+            cache_loc_2d=cache_loc_2d, commit_lens=commit_lens, extend_lens=extend_lens,
+        )
+
+    # --- eager proposal ---------------------------------------------------------------------
+
+    def _greedy_sample_from_vocab_parallel_head(self, *, hidden_states, lm_head, chunk_size: int = 256):
+        # DFlashWorkerV2 calls this on the drafted slots' hidden states [b*S, Hm] whenever the
+        # draft ran without its CUDA graph; LILICORR proposes with the head here too.
+        slots = self.proposer.slots
+        b = hidden_states.shape[0] // slots
+        if not self._warned_eager and self._draft_sampler is not None:
+            logger.warning(
+                "%s: a batch of %d requests is larger than the captured draft graphs; its proposal ran eagerly "
+                "(raise --cuda-graph-max-bs-decode to capture it).", ALGORITHM_NAME, b,
+            )
+            self._warned_eager = True
+        return self.proposer.propose(hidden_states.view(b, slots, -1), self.proposer.anchors[:b]).reshape(-1)

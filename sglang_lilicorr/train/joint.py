@@ -1,0 +1,123 @@
+"""One joint forward of drafter + LiLiCorr head on a batch of sequences (paper Sec. 3.4, Eq. 7).
+
+  target (frozen, teacher-forced) -> context features, final hidden states
+  drafter over N blocks per sequence (block layout)  -> slot hidden states [R, S, Hm]
+  target LM head (frozen)                            -> drafter logits [R, S, V]
+  top-K of the drafter log-softmax (indices fixed)   -> candidate ids / log-probs (with grad)
+  head(project_tokens(frozen embeddings), log-probs, slot hidden, anchor hidden) -> start, pair
+  objective: lilicorr_objective (gamma = 0: plain DFlash, no head)
+
+The anchor hidden is the drafter's projected target context (fc + hidden_norm) of the token just
+before the anchor: at serving time SGLang publishes the last committed row of the projected
+context, and the anchor (slot 0) is the bonus token the target emitted from that row.
+R = valid blocks of the batch, S = B - 1 slots, K candidates.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from ..drafter import DFlashDrafter, block_layout
+from ..head import LiLiCorrHead
+from ..losses import ObjectiveTerms, ObjectiveWeights, lilicorr_objective, slot_top1_accuracy
+from ..oracle import oracle_prefix_coverage
+from ..walk import greedy_walk
+from .target import FrozenTarget
+
+
+@dataclasses.dataclass
+class JointOutput:
+    terms: ObjectiveTerms
+    draft_top1: torch.Tensor  # [S] drafter argmax == ground truth, per slot
+    reranker_top1: torch.Tensor | None  # [S] on the oracle prefix
+    coverage: dict[str, torch.Tensor]  # oracle-prefix coverage (empty when gamma = 0)
+    accept_draft: torch.Tensor  # [R] acceptance length of the drafter's argmax, greedy target
+    accept_walk: torch.Tensor | None  # [R] acceptance length of the LiLiCorr greedy walk
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"loss/{k}": v for k, v in self.terms.scalars().items()}
+        for name, acc in (("draft", self.draft_top1), ("reranker", self.reranker_top1)):
+            if acc is not None:
+                out.update({f"top1_{name}/slot{s + 1}": float(a) for s, a in enumerate(acc.tolist())})
+        out.update({f"coverage/{k}": float(v) for k, v in self.coverage.items()})
+        out["accept_len/draft_argmax"] = float(self.accept_draft.float().mean())
+        if self.accept_walk is not None:
+            out["accept_len/lilicorr_walk"] = float(self.accept_walk.float().mean())
+        return out
+
+
+def acceptance_length(drafted: torch.Tensor, greedy: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Tokens a greedy target commits per block: 1 (its own) + the leading run of drafted tokens
+    equal to its teacher-forced choice. drafted, greedy [R, S], valid [R, S] bool -> [R] int64."""
+    return 1 + ((drafted == greedy) & valid).long().cumprod(dim=1).sum(dim=1)
+
+
+class JointModel(nn.Module):
+    """The trainable modules (drafter, optional head); the frozen target is a plain attribute,
+    not a submodule, so DDP and the optimizer never see its weights."""
+
+    def __init__(self, drafter: DFlashDrafter, head: LiLiCorrHead | None, target: FrozenTarget) -> None:
+        super().__init__()
+        self.drafter, self.head = drafter, head
+        self.target = target
+        target.check_fits(drafter.config.hidden_size, drafter.config.vocab_size)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [b, T]
+        attention_mask: torch.Tensor,  # [b, T] 1 = real token
+        loss_mask: torch.Tensor,  # [b, T] bool, response tokens
+        anchors: torch.Tensor,  # [b, N]
+        anchor_valid: torch.Tensor,  # [b, N] bool
+        weights: ObjectiveWeights,
+    ) -> JointOutput:
+        cfg = self.drafter.config
+        b, t = input_ids.shape
+        bsz, slots = cfg.block_size, cfg.num_slots
+        if weights.gamma > 0 and self.head is None:
+            raise ValueError("gamma > 0 needs a LiLiCorr head; build the JointModel with one (or set gamma = 0).")
+        features, final_hidden = self.target.run(input_ids, attention_mask)
+        lay = block_layout(input_ids, loss_mask, anchors, anchor_valid, bsz, cfg.mask_token_id)
+
+        context = self.drafter.project_target_hidden(features)  # [b, T, Hm]
+        embeds = self.target.embed(lay.block_ids.view(b, -1))  # [b, Q, Hm]
+        ctx_pos = torch.arange(t, device=input_ids.device).expand(b, t)
+        hidden = self.drafter(embeds, lay.positions, context, ctx_pos, lay.attend)
+        hidden = hidden.view(b, -1, bsz, hidden.shape[-1])
+
+        rows = lay.anchor_valid  # [b, N] -> R valid blocks
+        pass_hidden = hidden[:, :, 1:][rows]  # [R, S, Hm]
+        targets, valid = lay.targets[rows], lay.target_valid[rows]  # [R, S]
+        seq = torch.arange(b, device=input_ids.device)[:, None].expand_as(rows)[rows]  # [R]
+        anchor_pos = lay.anchors[rows]  # [R]
+        draft_logits = self.target.logits(pass_hidden).float()  # [R, S, V]
+
+        # the greedy target's teacher-forced choice at slot s: its distribution at anchor + s - 1
+        slot_pos = (anchor_pos[:, None] + torch.arange(slots, device=seq.device)).clamp(max=t - 1)  # [R, S]
+        slot_rows = final_hidden[seq[:, None], slot_pos].reshape(-1, final_hidden.shape[-1])  # [R*S, Hm]
+        lse, greedy = self.target.slot_targets(slot_rows)
+        greedy = greedy.view(-1, slots)
+
+        draft_top1 = ((draft_logits.argmax(-1) == targets) & valid).sum(0).float() / valid.sum(0).float()
+        accept_draft = acceptance_length(draft_logits.argmax(-1), greedy, valid)
+        if weights.gamma == 0:
+            terms = lilicorr_objective(draft_logits, targets, valid, weights=weights)
+            return JointOutput(terms, draft_top1, None, {}, accept_draft, None)
+
+        log_probs = draft_logits.log_softmax(dim=-1)
+        cand_lp, cand_ids = log_probs.topk(self.head.config.candidate_topk, dim=-1)  # [R, S, K], ids fixed
+        token_states = self.head.project_tokens(self.target.embed(cand_ids))
+        anchor_hidden = context[seq, anchor_pos - 1]  # [R, Hm]
+        start, pair = self.head(token_states, cand_lp, pass_hidden, anchor_hidden)
+        target_lp = self.target.candidate_log_probs(slot_rows, lse, cand_ids.reshape(-1, cand_ids.shape[-1]))
+        terms = lilicorr_objective(
+            draft_logits, targets, valid, cand_ids, start, pair, target_lp.view_as(cand_lp), weights
+        )
+        reranker_top1 = slot_top1_accuracy(terms.z, terms.gt_index, terms.prefix)
+        walk_ids = cand_ids.gather(-1, greedy_walk(start.detach(), pair.detach()).unsqueeze(-1)).squeeze(-1)
+        return JointOutput(
+            terms, draft_top1, reranker_top1, oracle_prefix_coverage(terms.prefix, valid),
+            accept_draft, acceptance_length(walk_ids, greedy, valid),
+        )

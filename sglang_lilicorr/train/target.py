@@ -1,0 +1,117 @@
+"""The frozen target: any Hugging Face causal LM, run teacher-forced (no grad).
+
+It supplies what serving-time SGLang gives the drafter and what the objective needs:
+  context features  outputs of decoder layers `target_layer_ids`, concatenated   [b, T, n * Hm]
+                    (SGLang captures the input of layer i + 1 = HF hidden_states[i + 1])
+  embeddings        its frozen input embedding table (block tokens, candidate tokens)
+  LM head           its frozen output projection (drafter logits go through it, with grad
+                    reaching the drafter's hidden states)
+  slot targets      log q of given candidates and the greedy token, at teacher-forced positions
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class TargetMismatchError(ValueError):
+    """The target model does not fit the drafter (width, vocabulary, layers)."""
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The target's decoder layer stack (HF `get_decoder().layers`)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise TargetMismatchError(
+            f"{type(model).__name__} exposes no get_decoder().layers: only decoder-only HF causal LMs "
+            "(Llama, Qwen, Mistral, ... families) are supported as targets."
+        )
+    return layers
+
+
+class FrozenTarget:
+    def __init__(self, model: nn.Module, target_layer_ids: tuple[int, ...]) -> None:
+        self.model = model.eval().requires_grad_(False)
+        self.layers = decoder_layers(model)
+        n = len(self.layers)
+        bad = [i for i in target_layer_ids if not 0 <= i < n - 1]
+        if bad:
+            raise TargetMismatchError(f"target_layer_ids {bad} do not name a capturable layer of this {n}-layer target (0..{n - 2}).")
+        self.target_layer_ids = tuple(target_layer_ids)
+        self.embedding = model.get_input_embeddings()
+        self.lm_head = model.get_output_embeddings()
+        if self.lm_head is None:
+            raise TargetMismatchError(f"{type(model).__name__} has no output embeddings (LM head).")
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.embedding.weight.shape[1])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.lm_head.weight.shape[0])
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def check_fits(self, hidden_size: int, vocab_size: int) -> None:
+        if self.hidden_size != hidden_size:
+            raise TargetMismatchError(
+                f"target hidden size {self.hidden_size} != drafter hidden_size {hidden_size}: the drafter shares the "
+                "target's embedding and LM head, so build it with the target's width."
+            )
+        if self.vocab_size != vocab_size:
+            raise TargetMismatchError(
+                f"target vocabulary {self.vocab_size} != drafter vocab_size {vocab_size}: export/train the drafter "
+                "for this target (its config.vocab_size)."
+            )
+
+    @torch.no_grad()
+    def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (features [b, T, n * Hm], final hidden [b, T, Hm] after the final norm)."""
+        captured: dict[int, torch.Tensor] = {}
+
+        def hook(index):
+            def grab(_module, _args, output):
+                captured[index] = output[0] if isinstance(output, (tuple, list)) else output
+            return grab
+
+        handles = [self.layers[i].register_forward_hook(hook(i)) for i in set(self.target_layer_ids)]
+        try:
+            out = self.model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        finally:
+            for h in handles:
+                h.remove()
+        features = torch.cat([captured[i] for i in self.target_layer_ids], dim=-1)
+        return features, out.last_hidden_state
+
+    @torch.no_grad()
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embedding(ids)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Frozen LM head; differentiable in ``hidden``. [..., Hm] -> [..., V]."""
+        return self.lm_head(hidden.to(self.lm_head.weight.dtype))
+
+    @torch.no_grad()
+    def slot_targets(self, final_hidden: torch.Tensor, chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced rows final_hidden [R, Hm] -> (logsumexp [R] fp32, greedy token [R]),
+        computed in chunks of rows so no [R, V] tensor is kept."""
+        lse, top = [], []
+        for part in final_hidden.split(chunk):
+            logits = self.logits(part).float()
+            lse.append(logits.logsumexp(dim=-1))
+            top.append(logits.argmax(dim=-1))
+        return torch.cat(lse), torch.cat(top)
+
+    @torch.no_grad()
+    def candidate_log_probs(self, final_hidden: torch.Tensor, lse: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """log q of candidate ids [R, K] at rows final_hidden [R, Hm] -> [R, K] fp32."""
+        w = self.lm_head.weight[ids]  # [R, K, Hm]
+        logit = torch.einsum("rh,rkh->rk", final_hidden.to(w.dtype), w).float()
+        bias = getattr(self.lm_head, "bias", None)
+        if bias is not None:
+            logit = logit + bias[ids].float()
+        return logit - lse[:, None]

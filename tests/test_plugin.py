@@ -1,0 +1,262 @@
+"""The SGLang plugin on CPU, against the real sglang 0.5.23 package: entry point, idempotent
+registration, the DFlash-family answers of LiLiCorrSpecAlgo, argument parsing, and ServerArgs
+resolution up to where SGLang needs a GPU, with every bad input that is reachable without one.
+
+Resolution runs with --device cuda on this CPU machine: SGLang resolves arguments without
+touching a GPU, and DFlash-family resolution (ours and SGLang's DFLASH) refuses --device cpu.
+"""
+from __future__ import annotations
+
+import inspect
+from importlib.metadata import entry_points
+
+import pytest
+import torch
+
+from test_serving import draft_config, drafter_tensors, write_tiny_draft, write_tiny_target
+
+pytest.importorskip("sglang")
+
+from sglang.srt.arg_groups.overrides import resolving_view  # noqa: E402
+from sglang.srt.server_args import prepare_server_args  # noqa: E402
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
+
+from sglang_lilicorr.checkpoint import head_tensors_for_save  # noqa: E402
+from sglang_lilicorr.serving.algorithm import ALGORITHM_NAME, LiLiCorrSpecAlgo  # noqa: E402
+from sglang_lilicorr.serving.plugin import register  # noqa: E402
+from sglang_lilicorr.serving.server_args import ServingConfigError  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    register()
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return write_tiny_target(tmp_path_factory.mktemp("target"))
+
+
+@pytest.fixture(scope="module")
+def draft(tmp_path_factory):
+    return write_tiny_draft(tmp_path_factory.mktemp("draft") / "d")
+
+
+def server_args(target, *extra, draft=None, algo="lilicorr", device="cuda"):
+    argv = ["--model-path", str(target), "--speculative-algorithm", algo, "--device", device]
+    if draft is not None:
+        argv += ["--speculative-draft-model-path", str(draft)]
+    return prepare_server_args(argv + [str(x) for x in extra])
+
+
+def resolve(*args, **kwargs):
+    sa = server_args(*args, **kwargs)
+    sa.resolve_once()
+    return resolving_view(sa)
+
+
+# --- registration ---------------------------------------------------------------------------
+
+
+def test_entry_point_is_discovered():
+    eps = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "lilicorr"]
+    assert len(eps) == 1, "install the package (pip install -e .) so its entry point is visible"
+    assert eps[0].value == "sglang_lilicorr.serving.plugin:register"
+    assert eps[0].load() is register
+
+
+def test_sglang_plugin_loader_registers_lilicorr_idempotently():
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()  # what every SGLang process runs first
+    register()
+    register()  # again, as every process does: no "already registered" error
+    algo = SpeculativeAlgorithm.from_string("lilicorr")
+    assert isinstance(algo, LiLiCorrSpecAlgo) and algo.name == ALGORITHM_NAME
+    assert SpeculativeAlgorithm.from_string("LILICORR") is algo
+
+
+def predicates():
+    """Every no-argument is_*/supports_*/has_*/need_*/carries_* method of SGLang's enum."""
+    for name, fn in vars(SpeculativeAlgorithm).items():
+        if name.startswith(("is_", "supports_", "has_", "need_", "carries_")) and callable(fn):
+            if len(inspect.signature(fn).parameters) == 1:
+                yield name
+
+
+def test_lilicorr_answers_like_dflash():
+    algo = SpeculativeAlgorithm.from_string("lilicorr")
+    public = {n for n, v in vars(SpeculativeAlgorithm).items() if callable(v) and not n.startswith("_")}
+    assert not sorted(n for n in public if not hasattr(algo, n)), "the scheduler calls these on any algorithm"
+    differs = {n for n in predicates() if getattr(algo, n)() != getattr(SpeculativeAlgorithm.DFLASH, n)()}
+    assert differs == {"supports_mixed_chunk"}  # declined on purpose (see algorithm.py)
+    assert algo.is_dflash_family() and algo.supports_target_verify_for_draft()
+
+
+def test_future_map_is_built_for_lilicorr():
+    algo = SpeculativeAlgorithm.from_string("lilicorr")
+
+    class Pool:
+        size, req_to_token = 4, torch.zeros(5, 8, dtype=torch.int32)
+
+    fm = algo.create_future_map(torch.device("cpu"), Pool(), needs_cpu_seq_lens=False)
+    assert fm.spec_algo is algo
+
+
+# --- argument parsing and resolution --------------------------------------------------------
+
+
+def test_argument_parsing_accepts_lilicorr(target, draft):
+    sa = server_args(target, draft=draft, algo="LILICORR")
+    assert sa.speculative_algorithm == "LILICORR"
+
+
+def test_resolution_applies_dflash_defaults(target, draft):
+    cfg = resolve(target, draft=draft)
+    assert cfg.speculative_algorithm == ALGORITHM_NAME
+    assert cfg.speculative_num_draft_tokens == 16  # the head's block size, from the draft
+    assert (cfg.speculative_num_steps, cfg.speculative_eagle_topk) == (1, 1)
+    assert cfg.max_running_requests == 48
+    assert cfg.speculative_draft_attention_backend == "triton"
+
+
+def test_resolution_keeps_explicit_matching_values(target, draft):
+    cfg = resolve(target, "--speculative-num-draft-tokens", 16, "--max-running-requests", 5, draft=draft)
+    assert (cfg.speculative_num_draft_tokens, cfg.max_running_requests) == (16, 5)
+
+
+def test_worker_factory_returns_our_worker_and_draft_class(target, draft):
+    from sglang.srt.models.registry import ModelRegistry
+
+    from sglang_lilicorr.serving.models.lilicorr_draft import LiLiCorrDraftModel
+    from sglang_lilicorr.serving.worker import LiLiCorrWorker
+
+    sa = server_args(target, draft=draft)
+    sa.resolve_once()
+    assert SpeculativeAlgorithm.from_string("lilicorr").create_worker(sa) is LiLiCorrWorker
+    assert ModelRegistry.resolve_model_cls(["LiLiCorrDraftModel"])[0] is LiLiCorrDraftModel
+
+
+def test_cpu_device_is_refused_like_dflash(target, draft):
+    with pytest.raises(ServingConfigError, match="CUDA GPUs only"):
+        resolve(target, draft=draft, device="cpu")
+    with pytest.raises(ValueError, match="DFLASH speculative decoding is not supported"):
+        resolve(target, draft=draft, algo="DFLASH", device="cpu")  # SGLang's own refusal
+
+
+# --- bad inputs -------------------------------------------------------------------------------
+
+
+def edited_draft(folder, *, config=None, tensors=None):
+    return write_tiny_draft(folder, config=config, tensors=tensors)
+
+
+def no_head_tensors(folder):
+    return edited_draft(folder, tensors=drafter_tensors())
+
+
+def other_head_geometry(folder):
+    from sglang_lilicorr.config import LiLiCorrConfig
+    from sglang_lilicorr.head import LiLiCorrHead
+
+    head = LiLiCorrHead(LiLiCorrConfig(candidate_topk=8, hidden_size=0, num_layers=1, num_heads=4, factor_dim=16), 64)
+    return edited_draft(folder, tensors={**drafter_tensors(), **head_tensors_for_save(head.bfloat16())})
+
+
+def no_weights(folder):
+    write_tiny_draft(folder)
+    (folder / "model.safetensors").unlink()
+    return folder
+
+
+def missing_key(folder):
+    config = draft_config()
+    del config["dflash_config"]["lilicorr_factor_dim"]
+    return edited_draft(folder, config=config)
+
+
+BAD_DRAFTS = {
+    "no-head": (lambda f: edited_draft(f, config=draft_config(with_head=False), tensors=drafter_tensors()),
+                "use --speculative-algorithm DFLASH|Serve it with --speculative-algorithm DFLASH"),
+    "topk-not-power-of-two": (lambda f: edited_draft(f, config=draft_config(candidate_topk=6)), "candidate_topk=6"),
+    "topk-too-wide": (lambda f: edited_draft(f, config=draft_config(candidate_topk=32)), "candidate_topk=32"),
+    "block-too-large": (lambda f: edited_draft(f, config=draft_config(block_size=64)), "block_size=64 is unsupported"),
+    "missing-lilicorr-key": (missing_key, "lilicorr_factor_dim"),
+    "no-head-tensors": (no_head_tensors, "holds no `lilicorr.` tensors"),
+    "head-geometry": (other_head_geometry, "do not match the lilicorr_\\* geometry"),
+    "no-weights": (no_weights, "model.safetensors is missing"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_DRAFTS))
+def test_bad_draft_is_refused_before_serving(case, target, tmp_path):
+    make, match = BAD_DRAFTS[case]
+    folder = make(tmp_path / "d")
+    with pytest.raises(ServingConfigError, match=match):
+        resolve(target, draft=folder)
+
+
+def test_missing_draft_path(target):
+    with pytest.raises(ServingConfigError, match="needs --speculative-draft-model-path"):
+        resolve(target)
+
+
+def test_draft_path_that_does_not_exist(target, tmp_path):
+    # SGLang reads the draft config first (to resolve algorithm aliases) and refuses the path itself.
+    with pytest.raises(OSError, match="nowhere"):
+        resolve(target, draft=tmp_path / "nowhere")
+
+
+def test_draft_path_must_be_a_local_folder(tmp_path):
+    from sglang_lilicorr.serving.server_args import inspect_draft
+
+    with pytest.raises(ServingConfigError, match="not a local folder"):
+        inspect_draft("org/some-draft")  # a hub id: SGLang would fetch its config.json, we need the folder
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [({"hidden_size": 128, "intermediate_size": 256}, "hidden_size=64 but the target"),
+     ({"vocab_size": 300}, "vocab_size=256 but the target")],
+    ids=["hidden", "vocab"],
+)
+def test_draft_target_mismatch(overrides, match, draft, tmp_path):
+    with pytest.raises(ServingConfigError, match=match):
+        resolve(write_tiny_target(tmp_path / "t", **overrides), draft=draft)
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        (["--tp-size", 2], "--tp-size > 1"),
+        (["--pp-size", 2], "--pp-size > 1"),
+        (["--enable-mixed-chunk"], "--enable-mixed-chunk"),
+        (["--speculative-num-draft-tokens", 8], "differs from the draft's block_size=16"),
+        (["--speculative-dflash-block-size", 8], "--speculative-dflash-block-size 8 differs"),
+        (["--speculative-num-steps", 3], "--speculative-num-steps 3"),
+        (["--speculative-eagle-topk", 4], "--speculative-eagle-topk 4"),
+        (["--speculative-draft-window-size", 64], "--speculative-draft-window-size"),
+        (["--speculative-draft-attention-backend", "trtllm_mha"], "trtllm_mha is not supported"),
+        (["--speculative-adaptive"], "--speculative-adaptive"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and v.startswith("--") else None,
+)
+def test_unsupported_option_is_named(extra, match, target, draft):
+    with pytest.raises(ServingConfigError, match=match):
+        resolve(target, *extra, draft=draft)
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        (["--attn-dp-size", 2, "--tp-size", 2], "attn-dp-size"),
+        (["--disaggregation-mode", "prefill"], "disaggregation"),
+        (["--speculative-use-block-verification"], "block-verification"),
+    ],
+    ids=["dp-attention", "disaggregation", "block-verification"],
+)
+def test_unsupported_option_refused_by_us_or_sglang(extra, match, target, draft):
+    """Options SGLang may reject itself before our validator runs: either way, before serving,
+    with the option named."""
+    with pytest.raises(ValueError, match=match):
+        resolve(target, *extra, draft=draft)

@@ -1,0 +1,314 @@
+"""The serving path on CPU: the LiLiCorr proposal (top-K/LSE -> head -> walk) and its anchors, and
+strict loading of LiLiCorrDraftModel (SGLang's DFlashDraftModel + our head) from a tiny checkpoint.
+
+`write_tiny_target` / `write_tiny_draft` build the tiny Llama target config and LiLiCorr draft
+checkpoint that test_plugin.py uses too.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from sglang_lilicorr.checkpoint import head_tensors_for_save, save_checkpoint
+from sglang_lilicorr.config import LiLiCorrConfig
+from sglang_lilicorr.head import LiLiCorrHead
+from sglang_lilicorr.walk import greedy_walk
+
+pytest.importorskip("sglang")
+
+HIDDEN, VOCAB, TARGET_LAYERS = 64, 256, 4
+HEAD_KEYS = dict(candidate_topk=8, hidden_size=0, num_layers=1, num_heads=4, factor_dim=32)
+
+
+def write_tiny_target(folder: Path, **overrides) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HIDDEN, "intermediate_size": 128,
+        "num_hidden_layers": TARGET_LAYERS, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": VOCAB,
+        "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16", "tie_word_embeddings": False,
+    }
+    (folder / "config.json").write_text(json.dumps({**config, **overrides}))
+    return folder
+
+
+def drafter_tensors(seed: int = 0) -> dict[str, torch.Tensor]:
+    """One Qwen3-style DFlash layer at width 64 (names as SGLang's DFlash loader reads them)."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = {
+        "self_attn.q_proj.weight": (64, 64), "self_attn.k_proj.weight": (32, 64), "self_attn.v_proj.weight": (32, 64),
+        "self_attn.o_proj.weight": (64, 64), "mlp.gate_proj.weight": (128, 64), "mlp.up_proj.weight": (128, 64),
+        "mlp.down_proj.weight": (64, 128),
+    }
+    t = {f"layers.0.{n}": (torch.randn(*s, generator=g) * 0.02).bfloat16() for n, s in shapes.items()}
+    for n, width in (("self_attn.q_norm", 16), ("self_attn.k_norm", 16), ("input_layernorm", 64),
+                     ("post_attention_layernorm", 64)):
+        t[f"layers.0.{n}.weight"] = torch.ones(width, dtype=torch.bfloat16)
+    t["norm.weight"] = torch.ones(HIDDEN, dtype=torch.bfloat16)
+    t["hidden_norm.weight"] = torch.ones(HIDDEN, dtype=torch.bfloat16)
+    t["fc.weight"] = (torch.randn(HIDDEN, 2 * HIDDEN, generator=g) * 0.02).bfloat16()
+    return t
+
+
+def draft_config(block_size: int = 16, with_head: bool = True, **head_keys) -> dict:
+    dflash = {"block_size": block_size, "target_layer_ids": [1, 2], "mask_token_id": 3}
+    if with_head:
+        keys = {**HEAD_KEYS, **head_keys}
+        dflash.update({f"lilicorr_{k}": v for k, v in keys.items()})
+        dflash.update({"lilicorr_mlp_ratio": 2.0, "lilicorr_vector_eps": 1e-6, "lilicorr_logit_scale": 8.0})
+    return {
+        "architectures": ["LiLiCorrDraftModel" if with_head else "DFlashDraftModel"], "model_type": "qwen3",
+        "hidden_size": HIDDEN, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": VOCAB, "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16", "block_size": block_size, "num_target_layers": TARGET_LAYERS,
+        "dflash_config": dflash,
+    }
+
+
+def tiny_head(block_size: int = 16, seed: int = 0) -> LiLiCorrHead:
+    torch.manual_seed(seed)
+    return LiLiCorrHead(LiLiCorrConfig(block_size=block_size, rms_norm_eps=1e-5, **HEAD_KEYS), HIDDEN)
+
+
+def write_tiny_draft(folder: Path, *, config: dict | None = None, tensors: dict | None = None) -> Path:
+    """A LiLiCorr draft checkpoint (random weights) in SGLang's LiLiCorrDraftModel format."""
+    if tensors is None:
+        tensors = {**drafter_tensors(), **head_tensors_for_save(tiny_head().bfloat16())}
+    save_checkpoint(folder, config or draft_config(), tensors)
+    return folder
+
+
+# --- the proposal ---------------------------------------------------------------------------
+
+
+def make_proposer(block_size: int = 16, max_rows: int = 4, slots: int = 8):
+    from sglang_lilicorr.serving.proposer import LiLiCorrProposer
+
+    g = torch.Generator().manual_seed(1)
+    head = tiny_head(block_size).float()
+    lm = torch.randn(VOCAB, HIDDEN, generator=g)
+    embed = torch.randn(VOCAB + 6, HIDDEN, generator=g)  # padded rows past V, as SGLang pads
+    proposer = LiLiCorrProposer(head=head, lm_head_weight=lm, embed_weight=embed, block_size=block_size)
+    proposer.allocate(num_request_slots=slots, max_rows=max_rows)
+    return proposer, head, lm, embed
+
+
+def reference_block(head, lm, embed, pass_hidden, anchor):
+    """The proposal written out with plain torch ops: full log-softmax, topk, head, walk."""
+    k = head.config.candidate_topk
+    log_probs, ids = torch.log_softmax(pass_hidden @ lm.T, dim=-1).topk(k, dim=-1)
+    start, pair = head(head.project_tokens(embed[ids]), log_probs, pass_hidden, anchor)
+    return ids.gather(2, greedy_walk(start, pair).unsqueeze(2)).squeeze(2)
+
+
+def test_proposal_matches_reference_and_follows_request_slots():
+    proposer, head, lm, embed = make_proposer()
+    b, s = 3, proposer.slots
+    g = torch.Generator().manual_seed(2)
+    hidden = torch.randn(b * proposer.block_size, HIDDEN, generator=g)
+    anchors = torch.randn(b, HIDDEN, generator=g)
+    slots = torch.tensor([5, 1, 7])
+    proposer.publish_anchors(anchors, slots)
+    proposer.stage_anchors(slots)
+    proposer(hidden)  # the draft-graph protocol: writes out[: b*S]
+    got = proposer.out[: b * s].view(b, s)
+    pass_hidden = hidden.view(b, proposer.block_size, HIDDEN)[:, 1:]
+    want = reference_block(head, lm, embed[:VOCAB], pass_hidden, anchors)
+    assert torch.equal(got, want)
+    assert bool(((got >= 0) & (got < VOCAB)).all())
+
+    # The batch reorders (filter/merge): each request keeps its own anchor, so its row follows it.
+    order = torch.tensor([2, 0, 1])
+    proposer.stage_anchors(slots[order])
+    again = proposer.propose(pass_hidden[order], proposer.anchors[:b])
+    assert torch.equal(again, want[order])
+
+
+def test_anchor_changes_the_proposal_only_through_its_request():
+    proposer, *_ = make_proposer()
+    g = torch.Generator().manual_seed(3)
+    pass_hidden = torch.randn(2, proposer.slots, HIDDEN, generator=g)
+    base = proposer.propose(pass_hidden, torch.zeros(2, HIDDEN))
+    moved = torch.zeros(2, HIDDEN)
+    moved[1] = 10 * torch.randn(HIDDEN, generator=g)
+    other = proposer.propose(pass_hidden, moved)
+    assert torch.equal(other[0], base[0])
+
+
+def test_last_rows_of_prefill_and_verify():
+    from sglang_lilicorr.serving.proposer import last_rows
+
+    assert last_rows(num_rows=9, extend_lens=torch.tensor([4, 1, 4], dtype=torch.int32), commit_lens=None).tolist() == [3, 4, 8]
+    # verify: 3 requests x block 16, committing 1, 16 and 5 rows
+    rows = last_rows(num_rows=48, extend_lens=None, commit_lens=torch.tensor([1, 16, 5], dtype=torch.int32))
+    assert rows.tolist() == [0, 31, 36]
+    with pytest.raises(ValueError, match="extend_lens"):
+        last_rows(num_rows=3, extend_lens=None, commit_lens=None)
+
+
+def test_proposer_rejects_wrong_block_and_unallocated_use():
+    from sglang_lilicorr.serving.proposer import LiLiCorrProposer
+
+    head = tiny_head(16)
+    with pytest.raises(ValueError, match="trained for 16"):
+        LiLiCorrProposer(head=head, lm_head_weight=torch.zeros(VOCAB, HIDDEN), embed_weight=torch.zeros(VOCAB, HIDDEN), block_size=8)
+    proposer = LiLiCorrProposer(head=head, lm_head_weight=torch.zeros(VOCAB, HIDDEN), embed_weight=torch.zeros(VOCAB, HIDDEN), block_size=16)
+    with pytest.raises(RuntimeError, match="allocate"):
+        proposer.stage_anchors(torch.tensor([0]))
+    proposer.allocate(num_request_slots=4, max_rows=2)
+    with pytest.raises(RuntimeError, match="exceeds"):
+        proposer.stage_anchors(torch.tensor([0, 1, 2]))
+
+
+@pytest.mark.gpu
+def test_proposal_on_cuda_matches_cpu_and_replays_in_a_cuda_graph():
+    proposer, head, lm, embed = make_proposer(max_rows=4)
+    from sglang_lilicorr.serving.proposer import LiLiCorrProposer
+
+    dev = torch.device("cuda")
+    gpu = LiLiCorrProposer(head=head.to(dev), lm_head_weight=lm.to(dev), embed_weight=embed.to(dev), block_size=16)
+    gpu.allocate(num_request_slots=8, max_rows=4)
+    g = torch.Generator().manual_seed(4)
+    hidden = torch.randn(4 * 16, HIDDEN, generator=g)
+    anchors = torch.randn(4, HIDDEN, generator=g)
+    slots = torch.tensor([0, 3, 2, 6])
+    for p, h, a, sl in ((proposer, hidden, anchors, slots), (gpu, hidden.to(dev), anchors.to(dev), slots.to(dev))):
+        p.publish_anchors(a, sl)
+        p.stage_anchors(sl)
+    static = hidden.to(dev).clone()
+    gpu(static)  # warm-up (Triton compiles) outside capture
+    eager = gpu.out.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gpu(static)
+    gpu.out.zero_()
+    graph.replay()
+    assert torch.equal(gpu.out, eager)  # the captured proposal replays exactly
+    proposer(hidden)
+    # Same math, other kernels: fp32 rounding may flip a near-tie in top-K or the walk.
+    agree = (eager.cpu() == proposer.out).float().mean().item()
+    assert agree >= 0.9, agree
+
+
+# --- strict draft loading (builds SGLang's DFlashDraftModel on CPU) --------------------------
+
+
+@pytest.fixture(scope="module")
+def draft_model_env(tmp_path_factory):
+    """Publish CPU server args (the DFlash layers read them) and stub vllm's rotary op import."""
+    sys.modules.setdefault("vllm", types.ModuleType("vllm"))
+    if "vllm._custom_ops" not in sys.modules:
+        ops = types.ModuleType("vllm._custom_ops")
+        ops.rotary_embedding = None  # imported by the rotary layer, never called on CPU
+        sys.modules["vllm._custom_ops"] = ops
+    from sglang.srt.runtime_context import publish
+    from sglang.srt.server_args import ServerArgs
+
+    target = write_tiny_target(tmp_path_factory.mktemp("target"))
+    publish(ServerArgs(model_path=str(target), device="cpu"), role="scheduler")
+    from transformers import AutoConfig
+
+    def build(config: dict):
+        folder = tmp_path_factory.mktemp("cfg")
+        (folder / "config.json").write_text(json.dumps(config))
+        from sglang_lilicorr.serving.models.lilicorr_draft import LiLiCorrDraftModel
+
+        return LiLiCorrDraftModel(AutoConfig.from_pretrained(folder))
+
+    return build
+
+
+def test_draft_model_loads_every_tensor_strictly(draft_model_env):
+    model = draft_model_env(draft_config())
+    assert model.lilicorr is None  # SGLang's built-in head path stays off
+    head = tiny_head().bfloat16()
+    tensors = {**drafter_tensors(), **head_tensors_for_save(head)}
+    model.load_weights(iter(tensors.items()))
+    for name, value in head.state_dict().items():
+        assert torch.equal(model.lilicorr_head.state_dict()[name].bfloat16(), value), name
+    assert torch.equal(model.fc.weight.bfloat16(), tensors["fc.weight"])
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda t: t.pop("layers.0.mlp.up_proj.weight"), "lacks 1 drafter tensor"),
+        (lambda t: t.update({"layers.1.mlp.up_proj.weight": t["layers.0.mlp.up_proj.weight"]}), "no parameter for"),
+        (lambda t: t.pop("lilicorr.out_head.weight"), "missing tensor 'out_head.weight'"),
+        (lambda t: t.update({"lilicorr.extra.weight": torch.zeros(2)}), "unexpected tensor 'extra.weight'"),
+        (lambda t: t.update({"lilicorr.in_head.weight": torch.zeros(3, 3)}), "has shape"),
+        (lambda t: t["lilicorr.anchor_norm.weight"].fill_(float("nan")), "NaN"),
+    ],
+    ids=["missing-drafter", "extra-drafter", "missing-head", "extra-head", "head-shape", "head-nan"],
+)
+def test_draft_model_rejects_bad_checkpoints(draft_model_env, edit, match):
+    from sglang_lilicorr.serving.server_args import ServingConfigError
+
+    model = draft_model_env(draft_config())
+    tensors = {**drafter_tensors(), **head_tensors_for_save(tiny_head().bfloat16())}
+    edit(tensors)
+    with pytest.raises(ServingConfigError, match=match):
+        model.load_weights(iter(tensors.items()))
+
+
+def test_draft_model_refuses_another_block_size(draft_model_env):
+    from sglang_lilicorr.serving.server_args import ServingConfigError
+
+    model = draft_model_env(draft_config())
+    with pytest.raises(ServingConfigError, match="--speculative-num-draft-tokens 16"):
+        model.set_block_size(8)
+    model.set_block_size(16)
+    assert model.block_size == 16
+
+
+# --- the worker's overrides that run without a GPU --------------------------------------------
+
+
+def test_eager_proposal_protocol_of_the_worker():
+    """DFlashWorkerV2 hands the drafted slots' hidden states [b*S, Hm] to
+    _greedy_sample_from_vocab_parallel_head when no draft graph ran; LILICORR answers with the
+    head's block for the batch's staged anchors."""
+    from sglang_lilicorr.serving.worker import LiLiCorrWorker
+
+    proposer, head, lm, embed = make_proposer()
+    worker = object.__new__(LiLiCorrWorker)  # the overrides only read these attributes
+    worker.proposer, worker._draft_sampler, worker._warned_eager = proposer, None, False
+    g = torch.Generator().manual_seed(5)
+    pass_hidden = torch.randn(2, proposer.slots, HIDDEN, generator=g)
+    anchors = torch.randn(2, HIDDEN, generator=g)
+    proposer.publish_anchors(anchors, torch.tensor([3, 4]))
+    proposer.stage_anchors(torch.tensor([4, 3]))
+    flat = worker._greedy_sample_from_vocab_parallel_head(hidden_states=pass_hidden.reshape(-1, HIDDEN), lm_head=None)
+    want = reference_block(head, lm, embed[:VOCAB], pass_hidden, anchors[[1, 0]])
+    assert torch.equal(flat.view(2, -1), want)
+
+
+def test_target_lm_head_must_be_dense_and_unpadded():
+    from sglang_lilicorr.serving.server_args import ServingConfigError
+    from sglang_lilicorr.serving.worker import dense_lm_head_weight
+
+    head = types.SimpleNamespace(weight=torch.zeros(VOCAB + 64, HIDDEN, dtype=torch.bfloat16))
+    assert dense_lm_head_weight(head, VOCAB).shape == (VOCAB, HIDDEN)  # padding rows dropped
+    with pytest.raises(ServingConfigError, match="quantized"):
+        dense_lm_head_weight(types.SimpleNamespace(weight=torch.zeros(VOCAB, HIDDEN, dtype=torch.int8)), VOCAB)
+    added = types.SimpleNamespace(weight=head.weight, shard_indices=types.SimpleNamespace(num_added_elements=4))
+    with pytest.raises(ServingConfigError, match="added vocabulary"):
+        dense_lm_head_weight(added, VOCAB)
+
+
+def test_static_buffers_take_writes_in_and_out_of_inference_mode():
+    """SGLang may allocate pools under torch.inference_mode and run the scheduler loop under
+    no_grad: the proposer's static buffers must accept in-place writes in both."""
+    proposer, *_ = make_proposer()
+    with torch.inference_mode():
+        proposer.allocate(num_request_slots=8, max_rows=4)
+        rows = torch.randn(2, HIDDEN)
+    with torch.no_grad():
+        proposer.publish_anchors(rows, torch.tensor([1, 2]))
+        proposer.stage_anchors(torch.tensor([2, 1]))
+        proposer(torch.randn(2 * proposer.block_size, HIDDEN))
+    assert torch.equal(proposer.anchors[:2], rows[[1, 0]])

@@ -1,0 +1,311 @@
+"""Joint training on CPU: tiny random Llama / Qwen3 targets, drafter + LiLiCorr head, export, reload."""
+import json
+import math
+
+import pytest
+import torch
+
+from sglang_lilicorr.checkpoint import CheckpointError
+from sglang_lilicorr.drafter import DFlashDrafter, sample_anchors
+from sglang_lilicorr.head import LiLiCorrHead
+from sglang_lilicorr.train.data import DataError, collate, load_conversations, tokenize_conversation
+from sglang_lilicorr.train.export import export_checkpoint, load_draft
+from sglang_lilicorr.train.joint import JointModel, acceptance_length
+from sglang_lilicorr.train.state import IncompatibleCheckpointError
+from sglang_lilicorr.train.target import FrozenTarget, TargetMismatchError
+from sglang_lilicorr.train.trainer import TrainConfig, drafter_config_for, head_config_for, train
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny ops: one intra-op thread (a 2-core machine under load stalls OpenMP barriers ~10x)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+WORDS = "the cat sat on a mat and one two three four five six seven dog ran far".split()
+
+
+def make_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|pad|>", "<|eos|>", "<|mask|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([" ".join(WORDS)] * 5, trainer)
+    out = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|eos|>", pad_token="<|pad|>", mask_token="<|mask|>")
+    out.chat_template = ("{% for m in messages %}[{{ m.role }}]{{ m.content }}<|eos|>{% endfor %}"
+                         "{% if add_generation_prompt %}[assistant]{% endif %}")
+    return out
+
+
+def make_target(directory, arch="llama", seed=0):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    tok = make_tokenizer()
+    cls, cfg_cls = {"llama": (LlamaForCausalLM, LlamaConfig), "qwen3": (Qwen3ForCausalLM, Qwen3Config)}[arch]
+    cfg = cfg_cls(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=6, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                  tie_word_embeddings=False, initializer_range=0.3)  # a peaked LM head: learnable in a few steps
+    torch.manual_seed(seed)
+    cls(cfg).save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return str(directory)
+
+
+def write_conversations(path, n, seed=0):
+    """Repetitive assistant turns (learnable within a few steps)."""
+    rng = torch.Generator().manual_seed(seed)
+    with open(path, "w") as f:
+        for i in range(n):
+            start = int(torch.randint(0, len(WORDS), (1,), generator=rng))
+            reply = " ".join(WORDS[(start + j) % len(WORDS)] for j in range(12))
+            f.write(json.dumps({"id": i, "messages": [{"role": "user", "content": f"count {i}"},
+                                                      {"role": "assistant", "content": reply}]}) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    return {
+        "llama": make_target(root / "llama", "llama"),
+        "qwen3": make_target(root / "qwen3", "qwen3", seed=1),
+        "data": write_conversations(root / "train.jsonl", 10),
+        "root": root,
+    }
+
+
+def tiny_cfg(workspace, out, **kw):
+    base = dict(target=workspace["llama"], data=workspace["data"], output_dir=str(out), eval_examples=2, block_size=4,
+                candidate_topk=4, head_hidden_size=32, head_layers=1, head_heads=4, factor_dim=16, bf16=False,
+                max_steps=4, batch_size=2, num_anchors=6, log_every=2, save_every=2, max_length=64)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def build_joint(workspace, arch, gamma=0.25):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(workspace[arch])
+    tok = AutoTokenizer.from_pretrained(workspace[arch])
+    cfg = tiny_cfg(workspace, workspace["root"] / "unused", target=workspace[arch], gamma=gamma)
+    dcfg = drafter_config_for(model, tok, cfg)
+    hcfg = head_config_for(dcfg, cfg)
+    torch.manual_seed(0)
+    head = None if hcfg is None else LiLiCorrHead(hcfg, dcfg.hidden_size)
+    joint = JointModel(DFlashDrafter(dcfg), head, FrozenTarget(model, dcfg.target_layer_ids))
+    batch = collate(load_conversations(workspace["data"], tok, 64, {})[:4], tok.pad_token_id)
+    anchors, valid = sample_anchors(batch["loss_mask"], 6, torch.Generator().manual_seed(0))
+    return joint, batch, anchors, valid, cfg.objective()
+
+
+def run(joint, batch, anchors, valid, weights):
+    return joint(batch["input_ids"], batch["attention_mask"], batch["loss_mask"], anchors, valid, weights)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_joint_training_loss_falls_and_reranker_gradient_reaches_drafter(workspace, arch):
+    joint, batch, anchors, valid, weights = build_joint(workspace, arch)
+    assert joint.drafter.config.target_layer_ids == (1, 2, 3)  # build_target_layer_ids(6, 3)
+    opt = torch.optim.AdamW(joint.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(16):
+        out = run(joint, batch, anchors, valid, weights)
+        opt.zero_grad()
+        out.terms.total.backward()
+        opt.step()
+        losses.append(float(out.terms.total.detach()))
+    assert all(math.isfinite(v) for v in losses)
+    assert losses[-1] < 0.8 * losses[0]
+    m = out.metrics()
+    assert {"loss/dflash", "loss/ce", "loss/dist", "coverage/mean_prefix_len", "top1_draft/slot1",
+            "accept_len/draft_argmax", "accept_len/lilicorr_walk"} <= set(m)
+    assert m["accept_len/draft_argmax"] >= 1.0
+
+    # the reranker terms alone move the drafter (through candidate log-probs and slot hidden states)
+    out = run(joint, batch, anchors, valid, weights)
+    assert int(out.terms.prefix.sum()) > 0
+    joint.zero_grad()
+    (out.terms.ce + out.terms.dist).backward()
+    for name in ("fc.weight", "layers.0.mlp.down_proj.weight", "layers.0.self_attn.q_proj.weight"):
+        grad = dict(joint.drafter.named_parameters())[name].grad
+        assert grad is not None and float(grad.abs().sum()) > 0, name
+    assert joint.target.embedding.weight.grad is None  # frozen target
+    assert not any(p.requires_grad for p in joint.target.model.parameters())
+
+
+def test_gamma_zero_is_plain_dflash(workspace):
+    joint, batch, anchors, valid, weights = build_joint(workspace, "llama", gamma=0.0)
+    assert joint.head is None
+    out = run(joint, batch, anchors, valid, weights)
+    assert out.terms.ce is None and torch.equal(out.terms.total, out.terms.dflash) and out.accept_walk is None
+
+
+def test_acceptance_length_counts_leading_matches():
+    drafted = torch.tensor([[1, 2, 3], [1, 9, 3], [7, 2, 3], [1, 2, 3]])
+    greedy = torch.tensor([[1, 2, 3], [1, 2, 3], [1, 2, 3], [1, 2, 3]])
+    valid = torch.tensor([[True] * 3] * 3 + [[True, True, False]])
+    assert acceptance_length(drafted, greedy, valid).tolist() == [4, 2, 1, 3]
+
+
+def test_train_export_reload_and_sglang_accepts(workspace, tmp_path):
+    pytest.importorskip("sglang")
+    from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
+    from sglang.srt.speculative.lilicorr_utils import parse_lilicorr_draft_config
+
+    metrics = train(tiny_cfg(workspace, tmp_path / "run"))
+    assert metrics["step"] == 4 and metrics["tokens_per_s"] > 0 and "eval/accept_len/lilicorr_walk" in metrics
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and all(json.loads(line)["step"] for line in lines)
+
+    draft = export_checkpoint(tmp_path / "run", tmp_path / "draft")
+    drafter, head = load_draft(draft)
+    assert head is not None and drafter.fc.weight.dtype == torch.bfloat16
+    config = json.loads((draft / "config.json").read_text())
+    assert config["architectures"] == ["LiLiCorrDraftModel"]
+    parsed = parse_dflash_draft_config(draft_hf_config=config)
+    assert parsed.block_size == 4 and parsed.target_layer_ids == [1, 2, 3] and parsed.mask_token == "<|mask|>"
+    assert parse_lilicorr_draft_config(draft_hf_config=config).candidate_topk == 4
+
+    train(tiny_cfg(workspace, tmp_path / "vanilla", gamma=0.0, max_steps=2))
+    vanilla = export_checkpoint(tmp_path / "vanilla", tmp_path / "vanilla_draft")
+    assert load_draft(vanilla)[1] is None
+    config = json.loads((vanilla / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and not any(k.startswith("lilicorr_") for k in config["dflash_config"])
+    parse_dflash_draft_config(draft_hf_config=config)
+
+
+def test_resume_continues_and_refuses_incompatible(workspace, tmp_path):
+    out = tmp_path / "run"
+    train(tiny_cfg(workspace, out, max_steps=2))
+    metrics = train(tiny_cfg(workspace, out, max_steps=4))
+    assert metrics["step"] == 4 and (out / "latest").read_text().strip() == "step-00000004"
+    with pytest.raises(IncompatibleCheckpointError, match="num_hidden_layers"):
+        train(tiny_cfg(workspace, out, max_steps=6, draft_layers=2))
+    with pytest.raises(IncompatibleCheckpointError, match="head differs"):
+        train(tiny_cfg(workspace, out, max_steps=6, gamma=0.0))
+
+
+def test_cli_train_export_and_strict_reload_rejects_tampering(workspace, tmp_path):
+    import argparse
+
+    from safetensors.torch import load_file, save_file
+
+    from sglang_lilicorr.train.cli import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command", required=True))
+    run_dir, draft = tmp_path / "run", tmp_path / "draft"
+    args = parser.parse_args([
+        "train", "--target", workspace["llama"], "--data", workspace["data"], "--output-dir", str(run_dir),
+        "--max-steps", "2", "--no-bf16", "--block-size", "4", "--candidate-topk", "4", "--head-hidden-size", "32",
+        "--head-layers", "1", "--head-heads", "4", "--factor-dim", "16", "--num-anchors", "4", "--gamma", "0.5",
+        "--use-margin", "--chat-template-kwargs", "{}",
+    ])
+    assert args.gamma == 0.5 and args.use_margin is True and args.bf16 is False and args.max_steps == 2
+    assert args.func(args) == 0
+    assert "loss/margin" in json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    args = parser.parse_args(["export", str(run_dir), str(draft), "--dtype", "float32"])
+    assert args.func(args) == 0
+    drafter, head = load_draft(draft)
+    assert head is not None and drafter.fc.weight.dtype == torch.float32
+
+    tensors = load_file(str(draft / "model.safetensors"))
+    del tensors["layers.0.mlp.up_proj.weight"]
+    save_file(tensors, str(draft / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="up_proj"):
+        load_draft(draft)
+
+
+def test_bad_inputs_are_named(workspace, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(workspace["llama"])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n{"messages": [{"role": "robot"}]}\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:2: messages\[0\]"):
+        load_conversations(bad, tok, 64, {})
+    bad.write_text("not json\n")
+    with pytest.raises(DataError, match="bad.jsonl:1: not valid JSON"):
+        load_conversations(bad, tok, 64, {})
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"messages": [{"role": "user", "content": "no reply"}]}\n')
+    with pytest.raises(DataError, match="no usable training conversation"):
+        load_conversations(empty, tok, 64, {})
+
+    ids, mask = tokenize_conversation(tok, [{"role": "user", "content": "a"}, {"role": "assistant", "content": "the cat"}], {}, "x")
+    supervised = tok.decode([i for i, m in zip(ids, mask) if m])
+    assert supervised == "the cat<|eos|>"
+
+    model = AutoModelForCausalLM.from_pretrained(workspace["llama"])
+    joint, *_ = build_joint(workspace, "llama")
+    with pytest.raises(TargetMismatchError, match="hidden size"):
+        JointModel(DFlashDrafter(joint.drafter.config.__class__(**{**vars(joint.drafter.config), "hidden_size": 48})), None,
+                   FrozenTarget(model, (1, 2, 3)))
+    with pytest.raises(TargetMismatchError, match="vocabulary"):
+        JointModel(DFlashDrafter(joint.drafter.config.__class__(**{**vars(joint.drafter.config), "vocab_size": 400})), None,
+                   FrozenTarget(model, (1, 2, 3)))
+    with pytest.raises(ValueError, match="gamma > 0 needs a LiLiCorr head"):
+        j = JointModel(joint.drafter, None, joint.target)
+        _, batch, anchors, valid, weights = build_joint(workspace, "llama")
+        run(j, batch, anchors, valid, weights)
+    with pytest.raises(CheckpointError, match="not a training checkpoint"):
+        export_checkpoint(tmp_path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_optimizer_groups_and_cosine_warmup(workspace):
+    from sglang_lilicorr.train.trainer import build_optimizer, cosine_with_warmup
+
+    joint, *_ = build_joint(workspace, "llama")
+    cfg = TrainConfig(target="t", data="d", output_dir="o")
+    opt = build_optimizer(joint.drafter, joint.head, cfg)
+    groups = {g["name"]: g for g in opt.param_groups}
+    assert (groups["drafter"]["lr"], groups["drafter"]["weight_decay"]) == (6e-4, 0.0)
+    assert (groups["head"]["lr"], groups["head"]["weight_decay"]) == (1.5e-4, 0.01)
+    assert len(groups["head"]["params"]) == len(list(joint.head.parameters()))
+    sched = cosine_with_warmup(opt, total_steps=100, warmup_ratio=0.04)
+    lrs = []
+    for _ in range(100):
+        lrs.append(opt.param_groups[0]["lr"] / 6e-4)
+        opt.step()
+        sched.step()
+    assert lrs[0] == pytest.approx(0.25) and lrs[3] == pytest.approx(1.0)  # 4 warm-up steps
+    assert all(a >= b for a, b in zip(lrs[3:], lrs[4:])) and lrs[-1] < 0.01
+
+
+def test_bf16_autocast_keeps_fp32_masters(workspace):
+    joint, batch, anchors, valid, weights = build_joint(workspace, "qwen3")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = run(joint, batch, anchors, valid, weights)
+    out.terms.total.backward()
+    assert math.isfinite(float(out.terms.total.detach()))
+    assert all(p.dtype == torch.float32 and p.grad is not None for p in joint.drafter.parameters())
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_context_features_are_hf_hidden_states_after_each_layer(workspace, arch):
+    """SGLang captures the input of layer i + 1 for target_layer_id i: HF hidden_states[i + 1]."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(workspace[arch])
+    target = FrozenTarget(model, (1, 3, 2))
+    ids = torch.randint(0, target.vocab_size, (2, 9))
+    mask = torch.ones_like(ids)
+    features, final = target.run(ids, mask)
+    ref = model(ids, attention_mask=mask, output_hidden_states=True)
+    torch.testing.assert_close(features, torch.cat([ref.hidden_states[i + 1] for i in (1, 3, 2)], dim=-1))
+    torch.testing.assert_close(target.logits(final), ref.logits)
+    lse, greedy = target.slot_targets(final.reshape(-1, final.shape[-1]), chunk=5)
+    torch.testing.assert_close(lse, ref.logits.reshape(-1, ref.logits.shape[-1]).logsumexp(-1))
+    assert torch.equal(greedy, ref.logits.reshape(-1, ref.logits.shape[-1]).argmax(-1))
+    cand = torch.randint(0, target.vocab_size, (18, 4))
+    want = ref.logits.reshape(-1, ref.logits.shape[-1]).log_softmax(-1).gather(1, cand)
+    torch.testing.assert_close(target.candidate_log_probs(final.reshape(-1, final.shape[-1]), lse, cand), want)
+    with pytest.raises(TargetMismatchError, match="capturable"):
+        FrozenTarget(model, (5,))
