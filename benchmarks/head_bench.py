@@ -1,0 +1,415 @@
+"""Serving select path, ours (`FastLiLiCorrSelect`) against SGLang 0.5.23's built-in LiLiCorr head,
+side by side in one process on one GPU, with the same weights and inputs.
+
+  source .dev/bin/install.sh && python3 -m sglang_lilicorr.benchmarks.head_bench --out $OUT/head_bench.json
+
+Paper config: block 16 (S = 15 slots), K = 8, head width 1024, 2 layers, 8 heads, FFN 2048,
+d_e 1024, target hidden 4096, vocabulary 151936, bf16; random weights. Per block, at each bs,
+ms per call (median of triton.testing.do_bench over CUDA-graph replay):
+
+  topk_lse     [bs*S, V] logits -> top-K + logsumexp: ours (Triton), built-in, torch (topk + logsumexp)
+  head_walk    candidates -> draft ids: ours (table gather + head + walk) per variant; built-in
+               select_with_proposal (greedy) on pre-gathered token embeddings
+  post_logits  logits -> draft ids (top-K/LSE + head + walk): the issue's target
+  select       hidden -> draft ids, LM-head matmul included
+
+Our variants: torch (PyTorch ops on the precomputed buffers), fused (Triton epilogues),
+fused_overlap (fused + side stream for the pass/anchor projections), and with --compile,
+compiled (torch.compile of the PyTorch variant). Checks in the same run: each variant's select
+against the reference (LiLiCorrHead.forward + walk.greedy_walk): candidate ids equal, log-probs
+close, score error, draft ids equal wherever the reference has no near-tie; graph replay equals
+eager; agreement with the built-in's draft ids (information). Every section is try/except-printed.
+Writes JSON (card, date, git commit, rows, checks) to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+    S: int = 15  # drafted slots (block 16)
+    K: int = 8
+    HM: int = 4096  # target / drafter hidden
+    H: int = 1024  # head width
+    V: int = 151936
+    layers: int = 2
+    heads: int = 8
+    d: int = 1024  # factor width d_e
+
+
+PAPER = Geometry()
+SMOKE = Geometry(S=5, K=4, HM=64, H=32, V=512, layers=2, heads=4, d=16)  # --smoke: a CPU dry run of this script
+TARGET_BS1_MS = {"H100": 0.10, "H200": 0.08}  # post_logits at bs=1
+TARGET_RATIO = 0.6  # post_logits, ours / built-in, every bs
+TARGET_TOPK_VS_BUILTIN, TARGET_TOPK_VS_TORCH = 1.2, 3.0  # speed-ups
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def attempt(errors: dict, name: str, fn):
+    """Run one section; on failure print and record the traceback and return None."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001  (one failing section must not lose the others)
+        log(f"!! {name} failed: {type(e).__name__}: {e}")
+        traceback.print_exc()
+        errors[name] = f"{type(e).__name__}: {e}"
+        return None
+
+
+# --- setup -----------------------------------------------------------------------------------
+
+
+def git_commit() -> str | None:
+    """HEAD of the checkout this runs from (or the working directory), else $GIT_COMMIT."""
+    for where in (os.path.dirname(os.path.abspath(__file__)), os.getcwd()):
+        try:
+            out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    return os.environ.get("GIT_COMMIT")
+
+
+def build_ours(geo, device, dtype, seed=0):
+    from sglang_lilicorr.config import LiLiCorrConfig
+    from sglang_lilicorr.head import LiLiCorrHead
+
+    torch.manual_seed(seed)
+    cfg = LiLiCorrConfig(block_size=geo.S + 1, candidate_topk=geo.K, factor_dim=geo.d, hidden_size=geo.H,
+                         num_heads=geo.heads, num_layers=geo.layers)
+    head = LiLiCorrHead(cfg, model_hidden_size=geo.HM)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # trained-like scales: unit-variance activations, non-trivial norms and biases
+        for name, p in head.named_parameters():
+            if p.dim() >= 2 and "embedding" not in name:
+                p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]), generator=g)
+            elif name.endswith("norm.weight"):
+                p.normal_(1.0, 0.1, generator=g)
+            elif "slot_bias" in name:
+                p.normal_(0.0, 0.5, generator=g)
+            else:
+                p.normal_(0.0, 0.02, generator=g)
+    return head.to(device=device, dtype=dtype).eval()
+
+
+def build_builtin(ours, device, dtype):
+    """SGLang's LiLiCorrHead with our head's weights (the checkpoint names are the same)."""
+    from sglang.srt.models.lilicorr import LiLiCorrHead as BuiltinHead
+    from sglang.srt.speculative.lilicorr_utils import LiLiCorrConfig as BuiltinConfig
+
+    cfg = ours.config
+    theirs = BuiltinHead(
+        model_hidden_size=ours.model_hidden_size, block_size=cfg.block_size, rms_norm_eps=cfg.rms_norm_eps,
+        config=BuiltinConfig(
+            candidate_topk=cfg.candidate_topk, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
+            num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_ratio, factor_dim=cfg.factor_dim,
+            vector_eps=cfg.vector_eps, logit_scale=cfg.logit_scale,
+        ),
+    )
+    theirs.load_state_dict({k: v.float().cpu() for k, v in ours.state_dict().items()}, strict=True)
+    theirs = theirs.to(device=device, dtype=dtype).eval()
+    theirs.materialize_inference_buffers(torch.device(device), dtype)
+    return theirs
+
+
+def make_inputs(geo, bs, device, dtype, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(1000 + bs + seed)
+    hidden = torch.randn(bs, geo.S, geo.HM, generator=g).to(device, dtype)
+    anchor = torch.randn(bs, geo.HM, generator=g).to(device, dtype)
+    return hidden, anchor
+
+
+# --- timing ----------------------------------------------------------------------------------
+
+
+def capture(fn, warm=3):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warm):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    torch.cuda.synchronize()
+    return graph, out
+
+
+def time_graph(fn, rep_ms):
+    """(median ms of CUDA-graph replay, the captured outputs); on CPU (--smoke) one eager call."""
+    if not torch.cuda.is_available():
+        t0 = time.perf_counter()
+        out = fn()
+        return (time.perf_counter() - t0) * 1e3, out
+    from triton.testing import do_bench
+
+    graph, out = capture(fn)
+    ms = float(do_bench(graph.replay, warmup=25, rep=rep_ms, return_mode="median"))
+    del graph
+    return ms, out
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+def run(args) -> dict:
+    from sglang_lilicorr.fast_head import FastLiLiCorrSelect, greedy_margin, reference_select
+    from sglang_lilicorr.kernels import topk_lse as topk_lse_ours  # the Triton kernel on CUDA
+
+    geo = SMOKE if args.smoke else PAPER
+    S, K, HM, V = geo.S, geo.K, geo.HM, geo.V
+    cuda = torch.cuda.is_available()
+    dev, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    import triton
+
+    res = {
+        "meta": dict(
+            gpu=torch.cuda.get_device_name(0) if cuda else "cpu (--smoke dry run)",
+            sms=torch.cuda.get_device_properties(0).multi_processor_count if cuda else None, torch=torch.__version__,
+            triton=triton.__version__, cuda=torch.version.cuda, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            git_commit=git_commit(), config=dict(dataclasses.asdict(geo), ffn=2 * geo.H, dtype=str(dtype)),
+            bs=args.bs, rep_ms=args.rep_ms,
+        ),
+        "rows": [], "checks": {}, "errors": {},
+    }
+    errors, checks = res["errors"], res["checks"]
+    log("meta:", json.dumps(res["meta"]))
+
+    head = build_ours(geo, dev, dtype)
+    g = torch.Generator(device="cpu").manual_seed(7)
+    embed = torch.randn(V, HM, generator=g).to(dev, dtype)
+    table = head.token_table(embed)
+    del embed
+    lm_head = (torch.randn(V, HM, generator=g) * 0.02).to(dev, dtype)
+
+    variants = {}
+    for name, kw in (("torch", dict(fused=False, overlap=False)), ("fused", dict(fused=True, overlap=False)),
+                     ("fused_overlap", dict(fused=True, overlap=True))):
+        if name in args.variants:
+            variants[name] = attempt(errors, f"build_{name}", lambda kw=kw: FastLiLiCorrSelect(head, token_table=table, **kw))
+    if args.compile:
+        def compiled():
+            fast = FastLiLiCorrSelect(head, token_table=table, fused=False, overlap=False)
+            fast._scores_torch = torch.compile(fast._scores_torch, dynamic=False)
+            return fast
+        variants["compiled"] = attempt(errors, "build_compiled", compiled)
+    variants = {k: v for k, v in variants.items() if v is not None}
+
+    builtin = attempt(errors, "build_builtin", lambda: build_builtin(head, dev, dtype))
+    if builtin is not None:
+        from sglang.kernels.ops.speculative.lilicorr import lilicorr_topk_lse
+
+    for bs in args.bs:
+        row = {"bs": bs}
+        res["rows"].append(row)
+        hidden, anchor = make_inputs(geo, bs, dev, dtype)
+        logits = F.linear(hidden.reshape(bs * S, HM), lm_head)  # [bs*S, V]
+        tb = lambda name, fn: attempt(errors, f"bs{bs}_{name}", lambda: time_graph(fn, args.rep_ms))  # noqa: E731
+
+        # ---- top-K + logsumexp
+        topk_fns = [("topk_lse_ours", lambda: topk_lse_ours(logits, K)),
+                    ("topk_lse_torch", lambda: (torch.topk(logits, K, dim=-1), torch.logsumexp(logits.float(), dim=-1)))]
+        if builtin is not None:
+            topk_fns.append(("topk_lse_builtin", lambda: lilicorr_topk_lse(logits, K)))
+        for name, fn in topk_fns:
+            out = tb(name, fn)
+            row[name] = out and out[0]
+
+        # ---- ours: head + walk, logits -> ids, full select; correctness against the reference
+        vals, ids, lse = topk_lse_ours(logits, K)
+        vals, ids, lse = vals.view(bs, S, K), ids.view(bs, S, K), lse.view(bs, S)
+        ref = attempt(errors, f"bs{bs}_reference", lambda: reference_select(head, table, hidden, anchor, lm_head))
+        for vname, fast in variants.items():
+            out = tb(f"head_walk_{vname}", lambda: fast.select_from_candidates(vals, ids, lse, hidden, anchor))
+            row[f"head_walk_{vname}"] = out and out[0]
+
+            def post_logits(fast=fast):
+                v, i, l = topk_lse_ours(logits, K)
+                return fast.select_from_candidates(v.view(bs, S, K), i.view(bs, S, K), l.view(bs, S), hidden, anchor)
+
+            out = tb(f"post_logits_{vname}", post_logits)
+            row[f"post_logits_{vname}"] = out and out[0]
+            out = tb(f"select_{vname}", lambda: fast.select(hidden, anchor, lm_head))
+            row[f"select_{vname}"] = out and out[0]
+            if out is not None and ref is not None:
+                attempt(errors, f"bs{bs}_check_{vname}", lambda: check(
+                    checks, f"bs{bs}_{vname}", fast, out[1], ref, hidden, anchor, lm_head, greedy_margin))
+
+        # ---- built-in: select_with_proposal on pre-gathered embeddings; logits -> ids; full select
+        if builtin is not None:
+            lp = vals - lse.unsqueeze(-1)
+            emb = table[ids]
+            ones = torch.ones(bs, dtype=torch.bool, device=dev)
+            walk_args = dict(
+                anchor_valid=ones, uniforms=torch.rand(bs, S, device=dev),
+                temperatures=torch.ones(bs, device=dev), greedy_mask=ones, already_projected=True,
+            )
+            sel = lambda e, i, l: builtin.select_with_proposal(  # noqa: E731
+                token_embeddings=e, candidate_tokens=i, candidate_log_probs=l, pass_hidden=hidden,
+                anchor_hidden=anchor, **walk_args)
+
+            def builtin_from_logits(lg):
+                v, i, l = lilicorr_topk_lse(lg, K)
+                i = i.view(bs, S, K)
+                return sel(table[i], i, (v - l.unsqueeze(-1)).view(bs, S, K))
+
+            with torch.no_grad():
+                out = tb("head_walk_builtin", lambda: sel(emb, ids, lp))
+                row["head_walk_builtin"] = out and out[0]
+                if out is not None and ref is not None:
+                    same = (out[1][0] == ref[0]).all(dim=-1).float().mean().item()
+                    checks[f"bs{bs}_builtin_draft_agreement_with_reference"] = same  # information: bf16 near-ties
+                out = tb("post_logits_builtin", lambda: builtin_from_logits(logits))
+                row["post_logits_builtin"] = out and out[0]
+                out = tb("select_builtin", lambda: builtin_from_logits(F.linear(hidden.reshape(bs * S, HM), lm_head)))
+                row["select_builtin"] = out and out[0]
+        log(json.dumps(row))
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return res
+
+
+def check(checks, key, fast, graph_out, ref, hidden, anchor, lm_head, greedy_margin):
+    """Our select (eager and graph replay) against the reference on the same inputs."""
+    r_tokens, r_ids, r_lp, r_start, r_pair = ref
+    tokens, ids, lp = fast.select(hidden, anchor, lm_head)
+    b, S, K = ids.shape
+    HM = hidden.shape[-1]
+    checks[f"{key}_graph_equals_eager"] = all(torch.equal(x, y) for x, y in zip(graph_out, (tokens, ids, lp)))
+    checks[f"{key}_candidate_ids_equal"] = bool(torch.equal(ids, r_ids))
+    checks[f"{key}_logprob_max_err"] = float((lp - r_lp).abs().max())
+    vals = torch.gather(F.linear(hidden.reshape(b * S, HM), lm_head).float(), 1, ids.reshape(b * S, K)).view(b, S, K)
+    start, pair, _ = fast.lattice_scores(vals, ids, vals[..., 0] - lp[..., 0], hidden, anchor)
+    err = torch.maximum((start - r_start.float()).abs().amax(-1), (pair - r_pair.float()).abs().flatten(1).amax(-1))  # [b]
+    checks[f"{key}_score_max_err"] = float(err.max())  # sigma-scaled cosines, |score| <= sigma = 8
+    clear = greedy_margin(r_start, r_pair) > 2 * err  # a request whose path no score error can flip
+    checks[f"{key}_clear_requests"] = int(clear.sum())
+    checks[f"{key}_draft_ids_equal_where_clear"] = bool(torch.equal(tokens[clear], r_tokens[clear]))
+    checks[f"{key}_draft_ids_equal_all"] = float((tokens == r_tokens).all(dim=-1).float().mean())
+
+
+# --- report ----------------------------------------------------------------------------------
+
+
+def fmt(x):
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def ratio(a, b):
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def report(res) -> list[str]:
+    """Print the table and the target verdicts; return the failed targets."""
+    rows, meta = res["rows"], res["meta"]
+    keys = {k for r in rows for k in r if k != "bs"}
+    names = [n for n in ("topk_lse_ours", "topk_lse_builtin", "topk_lse_torch") if n in keys]
+    for stage in ("head_walk", "post_logits", "select"):
+        names += sorted(k for k in keys if k.startswith(stage + "_") and not k.endswith("_builtin"))
+        names += [f"{stage}_builtin"] if f"{stage}_builtin" in keys else []
+    log(f"\nhead_bench on {meta['gpu']} ({meta['date']}, commit {meta['git_commit']}): ms per block, CUDA-graph replay, median")
+    log("| bs | " + " | ".join(names) + " |")
+    log("|---" * (len(names) + 1) + "|")
+    for r in rows:
+        log(f"| {r['bs']} | " + " | ".join(fmt(r.get(n)) for n in names) + " |")
+
+    variants = sorted({k[len("post_logits_"):] for r in rows for k in r if k.startswith("post_logits_")} - {"builtin"})
+    failed = []
+    card = next((c for c in TARGET_BS1_MS if c in meta["gpu"]), None)
+    log("\nratios (ours / built-in; < 1 is faster) and targets:")
+    for r in rows:
+        bs = r["bs"]
+        t_up, t_torch, t_ours = r.get("topk_lse_builtin"), r.get("topk_lse_torch"), r.get("topk_lse_ours")
+        sp_b, sp_t = ratio(t_up, t_ours), ratio(t_torch, t_ours)
+        line = [f"bs={bs}: topk_lse speed-up vs built-in {fmt(sp_b)}x (target {TARGET_TOPK_VS_BUILTIN}), vs torch {fmt(sp_t)}x (target {TARGET_TOPK_VS_TORCH})"]
+        if sp_b is not None and sp_b < TARGET_TOPK_VS_BUILTIN:
+            failed.append(f"bs{bs}_topk_vs_builtin")
+        if sp_t is not None and sp_t < TARGET_TOPK_VS_TORCH:
+            failed.append(f"bs{bs}_topk_vs_torch")
+        for v in variants:
+            parts = []
+            for stage in ("head_walk", "post_logits", "select"):
+                q = ratio(r.get(f"{stage}_{v}"), r.get(f"{stage}_builtin"))
+                parts.append(f"{stage} {fmt(q)}")
+            line.append(f"  {v}: " + ", ".join(parts))
+        best = min((r[f"post_logits_{v}"] for v in variants if r.get(f"post_logits_{v}") is not None), default=None)
+        q = ratio(best, r.get("post_logits_builtin"))
+        line.append(f"  best post_logits {fmt(best)} ms = {fmt(q)}x built-in (target <= {TARGET_RATIO})")
+        if q is not None and q > TARGET_RATIO:
+            failed.append(f"bs{bs}_post_logits_ratio")
+        if bs == 1 and card and best is not None:
+            line.append(f"  bs=1 target on {card}: <= {TARGET_BS1_MS[card]} ms -> {'met' if best <= TARGET_BS1_MS[card] else 'MISSED'}")
+            if best > TARGET_BS1_MS[card]:
+                failed.append("bs1_post_logits_ms")
+        log("\n".join(line))
+    return failed
+
+
+def failed_checks(checks) -> list[str]:
+    bad = []
+    for k, v in checks.items():
+        if isinstance(v, bool) and not v:
+            bad.append(k)
+        if k.endswith("_logprob_max_err") and not v <= 1e-4:
+            bad.append(k)
+        if k.endswith("_score_max_err") and not v <= 0.25:
+            bad.append(k)
+    return bad
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="FastLiLiCorrSelect vs SGLang's built-in LiLiCorr head (one GPU, graph replay)")
+    ap.add_argument("--bs", type=int, nargs="+", default=[1, 4, 16, 32], help="batch sizes (default 1 4 16 32)")
+    ap.add_argument("--variants", nargs="+", default=["torch", "fused", "fused_overlap"],
+                    choices=["torch", "fused", "fused_overlap"], help="our implementations to time")
+    ap.add_argument("--compile", action="store_true", help="also time torch.compile of the PyTorch variant (slow to compile)")
+    ap.add_argument("--rep-ms", type=int, default=200, help="do_bench repetition time per measurement (ms)")
+    ap.add_argument("--smoke", action="store_true", help="tiny config, runs on CPU too: a dry run of this script")
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "head_bench.json"), help="JSON output file")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available() and not args.smoke:
+        log("head_bench needs a CUDA GPU (run it on the device machine; see benchmarks/PERF_NOTES.md); --smoke runs a CPU dry run.")
+        return 2
+    if not torch.cuda.is_available() and "triton" not in sys.modules:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # --smoke on CPU: our Triton kernels under the interpreter
+    t0 = time.time()
+    res = {"meta": {}, "rows": [], "checks": {}, "errors": {}}
+    try:
+        res = run(args)
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        res["errors"]["run"] = f"{type(e).__name__}: {e}"
+    res["wall_s"] = round(time.time() - t0, 1)
+    missed = attempt(res["errors"], "report", lambda: report(res)) if res["rows"] else []
+    res["targets_missed"] = missed
+    bad = failed_checks(res["checks"])
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+    log(f"\nchecks: {len(res['checks']) - len(bad)}/{len(res['checks'])} passed" + (f"; FAILED: {bad}" if bad else ""))
+    log(f"targets missed: {missed or 'none'}; errors: {list(res['errors']) or 'none'}")
+    log(f"wrote {args.out} ({res['wall_s']} s)")
+    return 1 if bad or res["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

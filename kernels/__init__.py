@@ -1,0 +1,26 @@
+"""Triton kernels of sglang-lilicorr (imports torch and triton only; triton on first use).
+
+- topk_lse(logits [N, V], k) -> (vals fp32 [N, k], ids int64 [N, k], lse fp32 [N]):
+  fused top-K + full-vocabulary logsumexp; Triton on CUDA, PyTorch reference elsewhere.
+- greedy_walk_triton / viterbi_triton(start [b, K], pair [b, S-1, K, K]) -> idx [b, S] int64:
+  the decoders of sglang_lilicorr.walk, one program per request.
+See README.md in this folder for launch geometry and references.
+"""
+from .topk_lse import MAX_TOPK, topk_lse, topk_lse_reference, uses_triton
+
+_TRITON_ONLY = {
+    "topk_lse_triton": "topk_lse_fused",
+    "greedy_walk_triton": "walk",
+    "viterbi_triton": "walk",
+}
+
+__all__ = ["MAX_TOPK", "topk_lse", "topk_lse_reference", "uses_triton", *_TRITON_ONLY]
+
+
+def __getattr__(name: str):
+    """Import the Triton modules lazily, so importing the package does not import triton."""
+    if name not in _TRITON_ONLY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f".{_TRITON_ONLY[name]}", __name__), name)

@@ -1,0 +1,138 @@
+"""Lattice node assembly of the LiLiCorr head at serving time (paper Section 3.2), in Triton.
+
+Two row kernels around the feature MLP's down projection (a cuBLAS GEMM):
+
+  confidence_up_triton   top-K values + logsumexp -> log-probs and silu(up(LayerNorm(features)))
+                         per candidate, with LayerNorm's affine folded into the up projection
+                         (w_feat = up.weight * ln.weight, b_feat = up.weight @ ln.bias + up.bias).
+  lattice_nodes_triton   node = token_table[id] + pass_proj[slot] + feat_down[node] + node_const[slot, k]
+                         (node_const: slot + rank embeddings and the folded biases), written as the
+                         residual stream and, RMS-normalised, as the first layer's attention input.
+
+Both run one program per row; no host syncs (CUDA-graph capturable).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+NUM_FEATURES = 5  # log p, p, log p - log p_top, rank / (K-1), is-top-1 (sglang_lilicorr.head)
+
+
+@triton.jit
+def _confidence_up_kernel(
+    vals_ptr, lse_ptr, w_ptr, b_ptr, lp_ptr, out_ptr,  # [G, K] f32, [G] f32, [H, 5] f32, [H] f32, [G, K] f32, [G*K, H]
+    K, H, ln_eps, rank_div,  # rank_div = max(K - 1, 1)
+    KP: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    g = tl.program_id(0)  # one (request, slot) group of K candidates
+    hb = tl.program_id(1)
+    ks = tl.arange(0, KP)
+    kv = ks < K
+    v = tl.load(vals_ptr + g * K + ks, mask=kv, other=0.0)
+    lp = v - tl.load(lse_ptr + g)
+    if hb == 0:
+        tl.store(lp_ptr + g * K + ks, lp, mask=kv)
+    top = tl.max(tl.where(kv, lp, -float("inf")), 0)
+    dtype = out_ptr.dtype.element_ty
+    # the five features, rounded to the head's dtype as the reference feeds LayerNorm
+    f0 = lp.to(dtype).to(tl.float32)
+    f1 = tl.exp(lp).to(dtype).to(tl.float32)
+    f2 = (lp - top).to(dtype).to(tl.float32)
+    f3 = (ks.to(tl.float32) / rank_div).to(dtype).to(tl.float32)
+    f4 = (ks == 0).to(tl.float32)
+    mean = (f0 + f1 + f2 + f3 + f4) / 5.0
+    d0, d1, d2, d3, d4 = f0 - mean, f1 - mean, f2 - mean, f3 - mean, f4 - mean
+    rstd = 1.0 / tl.sqrt((d0 * d0 + d1 * d1 + d2 * d2 + d3 * d3 + d4 * d4) / 5.0 + ln_eps)
+    cols = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    cv = cols < H
+    acc = tl.load(b_ptr + cols, mask=cv, other=0.0)[None, :] + tl.zeros((KP, BLOCK_H), tl.float32)
+    acc += (d0 * rstd)[:, None] * tl.load(w_ptr + cols * 5 + 0, mask=cv, other=0.0)[None, :]
+    acc += (d1 * rstd)[:, None] * tl.load(w_ptr + cols * 5 + 1, mask=cv, other=0.0)[None, :]
+    acc += (d2 * rstd)[:, None] * tl.load(w_ptr + cols * 5 + 2, mask=cv, other=0.0)[None, :]
+    acc += (d3 * rstd)[:, None] * tl.load(w_ptr + cols * 5 + 3, mask=cv, other=0.0)[None, :]
+    acc += (d4 * rstd)[:, None] * tl.load(w_ptr + cols * 5 + 4, mask=cv, other=0.0)[None, :]
+    act = acc / (1.0 + tl.exp(-acc))  # SiLU
+    rows = g * K + ks
+    tl.store(out_ptr + rows[:, None] * H + cols[None, :], act.to(dtype), mask=kv[:, None] & cv[None, :])
+
+
+@triton.jit
+def _lattice_nodes_kernel(
+    ids_ptr, table_ptr, pass_ptr, feat_ptr, const_ptr, norm_w_ptr, x_ptr, xn_ptr,
+    n_rows, S, K, H, eps,
+    ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # node rows = (request * S + slot) * K + k
+    rv = r < n_rows
+    k = r % K
+    grp = r // K
+    s = grp % S
+    tok = tl.load(ids_ptr + r, mask=rv, other=0)
+    cols = tl.arange(0, BLOCK_H)
+    m = rv[:, None] & (cols < H)[None, :]
+    x = tl.load(table_ptr + tok[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    x += tl.load(pass_ptr + grp[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    x += tl.load(feat_ptr + r[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    x += tl.load(const_ptr + (s * K + k)[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    dtype = x_ptr.dtype.element_ty
+    x = x.to(dtype)
+    tl.store(x_ptr + r[:, None] * H + cols[None, :], x, mask=m)
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, 1) / H + eps)
+    w = tl.load(norm_w_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
+    tl.store(xn_ptr + r[:, None] * H + cols[None, :], (xf * rstd[:, None] * w[None, :]).to(dtype), mask=m)
+
+
+def rows_per_program(t: torch.Tensor) -> int:
+    """Rows of a row kernel per program: one on a GPU (parallelism at small batch); many under
+    Triton's CPU interpreter, whose cost is per program."""
+    return 1 if t.is_cuda else 16
+
+
+def _row_warps(block: int) -> int:
+    return 4 if block <= 2048 else 8
+
+
+def confidence_up_triton(
+    vals: torch.Tensor, lse: torch.Tensor, w_feat: torch.Tensor, b_feat: torch.Tensor, ln_eps: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """vals fp32 [G, K] (descending), lse fp32 [G], w_feat fp32 [H, 5], b_feat fp32 [H]
+    -> (log-probs fp32 [G, K], silu(w_feat @ LayerNorm(features) + b_feat) [G*K, H] in dtype)."""
+    g, k = vals.shape
+    h = w_feat.shape[0]
+    vals, lse = vals.contiguous(), lse.contiguous()
+    lp = torch.empty((g, k), dtype=torch.float32, device=vals.device)
+    out = torch.empty((g * k, h), dtype=dtype, device=vals.device)
+    block_h = min(triton.next_power_of_2(h), 256)
+    if g:
+        _confidence_up_kernel[(g, triton.cdiv(h, block_h))](
+            vals, lse, w_feat.contiguous(), b_feat.contiguous(), lp, out, k, h, float(ln_eps), float(max(k - 1, 1)),
+            KP=triton.next_power_of_2(k), BLOCK_H=block_h, num_warps=4,
+        )
+    return lp, out
+
+
+def lattice_nodes_triton(
+    ids: torch.Tensor,  # [b, S, K] int64 candidate token ids
+    table: torch.Tensor,  # [V, H] projected token table
+    pass_proj: torch.Tensor,  # [b, S, H] pass_hidden_proj without bias
+    feat: torch.Tensor,  # [b*S*K, H] feature MLP output without down bias
+    node_const: torch.Tensor,  # [S_max, K, H] fp32 embeddings + folded biases
+    norm_weight: torch.Tensor,  # [H] first layer's attention RMSNorm weight
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (residual stream x [b*S*K, H], RMSNorm(x) [b*S*K, H]), both in table's dtype."""
+    b, s, k = ids.shape
+    h = table.shape[1]
+    rows = b * s * k
+    x = torch.empty((rows, h), dtype=table.dtype, device=table.device)
+    xn = torch.empty_like(x)
+    if rows:
+        block_h, per = triton.next_power_of_2(h), rows_per_program(x)
+        _lattice_nodes_kernel[(triton.cdiv(rows, per),)](
+            ids.contiguous(), table.contiguous(), pass_proj.contiguous(), feat.contiguous(), node_const.contiguous(),
+            norm_weight, x, xn, rows, s, k, h, float(eps), ROWS=per, BLOCK_H=block_h, num_warps=_row_warps(block_h),
+        )
+    return x, xn

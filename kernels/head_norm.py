@@ -1,0 +1,93 @@
+"""Residual and fusion epilogues of the LiLiCorr lattice transformer at serving time, in Triton.
+
+  add_rmsnorm_triton   x += y (in place, rounded to x's dtype like the reference's residual add),
+                       out = RMSNorm(x) * w; with `cross` (the anchor state t [b, H]) it also writes
+                       out * t beside it: out [rows, 2H] = concat[h, h * t], the factor input of
+                       paper Eq. (fusion) minus the per-request t term.
+  row_bias_silu_triton pre = silu(pre + bias[row // rows_per_group]) in place (the per-request
+                       factor_input_proj term W_t t + b, then SiLU).
+
+One program per row (add_rmsnorm) or per row and column block (row_bias_silu); no host syncs.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .head_nodes import rows_per_program
+
+
+@triton.jit
+def _add_rmsnorm_kernel(
+    x_ptr, y_ptr, w_ptr, out_ptr, out_stride, cross_ptr, rows_per_req, n_rows, H, eps,
+    ROWS: tl.constexpr, BLOCK_H: tl.constexpr, CROSS: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_H)
+    m = (r < n_rows)[:, None] & (cols < H)[None, :]
+    at = r[:, None] * H + cols[None, :]
+    dtype = x_ptr.dtype.element_ty
+    s = (tl.load(x_ptr + at, mask=m, other=0.0).to(tl.float32) + tl.load(y_ptr + at, mask=m, other=0.0).to(tl.float32)).to(dtype)
+    tl.store(x_ptr + at, s, mask=m)
+    sf = s.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(sf * sf, 1) / H + eps)
+    w = tl.load(w_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
+    n = (sf * rstd[:, None] * w[None, :]).to(dtype)
+    out = out_ptr + r[:, None] * out_stride + cols[None, :]
+    tl.store(out, n, mask=m)
+    if CROSS:
+        t = tl.load(cross_ptr + (r // rows_per_req)[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        tl.store(out + H, (n.to(tl.float32) * t).to(dtype), mask=m)
+
+
+@triton.jit
+def _row_bias_silu_kernel(pre_ptr, bias_ptr, bias_stride, rows_per_group, n_rows, N, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = (r < n_rows)[:, None] & (cols < N)[None, :]
+    at = pre_ptr + r[:, None] * N + cols[None, :]
+    v = tl.load(at, mask=m, other=0.0).to(tl.float32)
+    v += tl.load(bias_ptr + (r // rows_per_group)[:, None] * bias_stride + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    tl.store(at, (v / (1.0 + tl.exp(-v))).to(pre_ptr.dtype.element_ty), mask=m)
+
+
+def add_rmsnorm_triton(
+    x: torch.Tensor,  # [rows, H] residual stream, updated in place
+    y: torch.Tensor,  # [rows, H] branch output
+    weight: torch.Tensor,  # [H]
+    eps: float,
+    cross: torch.Tensor | None = None,  # [b, H] anchor state; rows = b * rows_per_req
+) -> torch.Tensor:
+    """-> RMSNorm(x + y) [rows, H], or concat[h, h * t] [rows, 2H] with `cross`."""
+    rows, h = x.shape
+    if not (x.is_contiguous() and y.is_contiguous() and y.shape == x.shape):
+        raise ValueError(f"add_rmsnorm_triton: x {tuple(x.shape)} and y {tuple(y.shape)} must be contiguous and alike")
+    width = h if cross is None else 2 * h
+    out = torch.empty((rows, width), dtype=x.dtype, device=x.device)
+    rows_per_req = 1
+    if cross is not None:
+        if cross.shape[-1] != h or rows % max(cross.shape[0], 1):
+            raise ValueError(f"add_rmsnorm_triton: cross {tuple(cross.shape)} does not tile {rows} rows of width {h}")
+        cross = cross.contiguous()
+        rows_per_req = rows // max(cross.shape[0], 1)
+    if rows:
+        block_h, per = triton.next_power_of_2(h), rows_per_program(x)
+        _add_rmsnorm_kernel[(triton.cdiv(rows, per),)](
+            x, y, weight, out, width, x if cross is None else cross, rows_per_req, rows, h, float(eps),
+            ROWS=per, BLOCK_H=block_h, CROSS=cross is not None, num_warps=4 if block_h <= 2048 else 8,
+        )
+    return out
+
+
+def row_bias_silu_triton(pre: torch.Tensor, bias: torch.Tensor, rows_per_group: int) -> torch.Tensor:
+    """pre [rows, N] contiguous, bias [rows / rows_per_group, N] (unit column stride) -> pre, in place."""
+    rows, n = pre.shape
+    if not pre.is_contiguous() or bias.stride(-1) != 1 or bias.shape[-1] != n:
+        raise ValueError(f"row_bias_silu_triton: pre {tuple(pre.shape)} / bias {tuple(bias.shape)} layout mismatch")
+    if rows:
+        block_n, per = min(triton.next_power_of_2(n), 1024), rows_per_program(pre)
+        _row_bias_silu_kernel[(triton.cdiv(rows, per), triton.cdiv(n, block_n))](
+            pre, bias, bias.stride(0), rows_per_group, rows, n, ROWS=per, BLOCK_N=block_n, num_warps=4,
+        )
+    return pre

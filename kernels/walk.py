@@ -1,0 +1,117 @@
+"""Decoders over the score lattice (paper Eq. 8, App. F) as Triton kernels, one program per
+request. They match the PyTorch references `sglang_lilicorr.walk.greedy_walk` / `viterbi`
+exactly (ties go to the lowest index, -inf scores allowed).
+
+  start [b, K]           z_1[k]
+  pair  [b, S-1, K, K]   pair[:, s-1, i, j]: score of candidate i at slot s followed by j at slot s+1
+  ->    idx [b, S] int64 candidate index per slot
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .topk_lse import MAX_TOPK, uses_triton
+
+
+@triton.jit
+def _first_argmax(x, lanes, valid):
+    """Index of the largest valid entry of x [KP]; ties (and an all -inf x) -> lowest index."""
+    top = tl.max(tl.where(valid, x, -float("inf")), 0)
+    return tl.min(tl.where(valid & (x == top), lanes, x.shape[0]), 0)
+
+
+@triton.jit
+def _greedy_walk_kernel(
+    start_ptr, pair_ptr, idx_ptr, S, K,
+    st_b, st_k, pr_b, pr_s, pr_i, pr_j,  # strides of start [b, K] and pair [b, S-1, K, K]
+    KP: tl.constexpr, SP: tl.constexpr,  # K and S rounded up to powers of two
+):
+    req = tl.program_id(0).to(tl.int64)
+    lanes = tl.arange(0, KP)
+    valid = lanes < K
+    steps = tl.arange(0, SP)
+    z = tl.load(start_ptr + req * st_b + lanes * st_k, mask=valid, other=-float("inf")).to(tl.float32)
+    cur = _first_argmax(z, lanes, valid)
+    path = tl.where(steps == 0, cur, 0)  # [SP]
+    pair_ptr += req * pr_b
+    for s in range(1, S):
+        row = tl.load(pair_ptr + (s - 1) * pr_s + cur * pr_i + lanes * pr_j, mask=valid, other=-float("inf"))
+        cur = _first_argmax(row.to(tl.float32), lanes, valid)
+        path = tl.where(steps == s, cur, path)
+    tl.store(idx_ptr + req * S + steps, path.to(tl.int64), mask=steps < S)
+
+
+@triton.jit
+def _viterbi_kernel(
+    start_ptr, pair_ptr, idx_ptr, S, K,
+    st_b, st_k, pr_b, pr_s, pr_i, pr_j,  # strides of start [b, K] and pair [b, S-1, K, K]
+    KP: tl.constexpr, SP: tl.constexpr,  # K and S rounded up to powers of two
+):
+    req = tl.program_id(0).to(tl.int64)
+    lanes = tl.arange(0, KP)
+    valid = lanes < K
+    steps = tl.arange(0, SP)
+    best = tl.load(start_ptr + req * st_b + lanes * st_k, mask=valid, other=-float("inf")).to(tl.float32)
+    back = tl.zeros((SP, KP), dtype=tl.int32)  # back[s, j]: best predecessor of candidate j at slot s+1
+    pair_ptr += req * pr_b
+    tile = lanes[:, None] * pr_i + lanes[None, :] * pr_j
+    tile_valid = valid[:, None] & valid[None, :]
+    for s in range(1, S):
+        p = tl.load(pair_ptr + (s - 1) * pr_s + tile, mask=tile_valid, other=-float("inf")).to(tl.float32)
+        cand = best[:, None] + p  # [KP prev, KP next]
+        best = tl.max(cand, 0)
+        arg = tl.min(tl.where(valid[:, None] & (cand == best[None, :]), lanes[:, None], KP), 0)
+        back = tl.where(steps[:, None] == s, arg[None, :], back)
+    cur = _first_argmax(best, lanes, valid)
+    path = tl.where(steps == S - 1, cur, 0)  # [SP]
+    for t in range(1, S):  # follow back-pointers from slot S down to slot 1
+        s = S - t
+        cur = tl.sum(tl.where((steps[:, None] == s) & (lanes[None, :] == cur), back, 0), axis=None)
+        path = tl.where(steps == s - 1, cur, path)
+    tl.store(idx_ptr + req * S + steps, path.to(tl.int64), mask=steps < S)
+
+
+def _check_lattice(name: str, start: torch.Tensor, pair: torch.Tensor) -> None:
+    if start.dim() != 2 or pair.dim() != 4:
+        raise ValueError(
+            f"{name}: expected start [b, K] and pair [b, S-1, K, K], got {tuple(start.shape)} and {tuple(pair.shape)}"
+        )
+    b, k = start.shape
+    if pair.shape[0] != b or pair.shape[2:] != (k, k):
+        raise ValueError(
+            f"{name}: pair {tuple(pair.shape)} does not match start {tuple(start.shape)}; expected [{b}, S-1, {k}, {k}]"
+        )
+    if not 1 <= k <= MAX_TOPK:
+        raise ValueError(f"{name}: K={k} candidates per slot; the kernel serves 1..{MAX_TOPK}")
+    if not (start.is_floating_point() and pair.is_floating_point()):
+        raise TypeError(f"{name}: scores must be floating point, got {start.dtype} and {pair.dtype}")
+    if start.device != pair.device or not uses_triton(start):
+        raise ValueError(
+            f"{name}: needs start and pair on one CUDA device (or CPU with TRITON_INTERPRET=1), got "
+            f"{start.device} and {pair.device}; use sglang_lilicorr.walk for the PyTorch reference"
+        )
+
+
+def _launch(kernel, name: str, start: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
+    _check_lattice(name, start, pair)
+    b, k = start.shape
+    slots = pair.shape[1] + 1
+    idx = torch.empty((b, slots), dtype=torch.int64, device=start.device)
+    if b:
+        kernel[(b,)](
+            start, pair, idx, slots, k, *start.stride(), *pair.stride(),
+            KP=triton.next_power_of_2(k), SP=triton.next_power_of_2(slots), num_warps=1,
+        )
+    return idx
+
+
+def greedy_walk_triton(start: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
+    """Greedy walk: each slot takes the argmax continuation of the candidate just committed."""
+    return _launch(_greedy_walk_kernel, "greedy_walk_triton", start, pair)
+
+
+def viterbi_triton(start: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
+    """Exact maximiser of g(c) = z_1[c_1] + sum_s pair[s, c_s, c_{s+1}] (max-sum dynamic programme)."""
+    return _launch(_viterbi_kernel, "viterbi_triton", start, pair)

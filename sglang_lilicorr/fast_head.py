@@ -1,0 +1,316 @@
+"""Serving-time select path of a trained LiLiCorr head (paper Section 3, App. A/F):
+LM-head logits -> fused top-K + logsumexp -> token-table gather -> head -> greedy walk.
+
+`FastLiLiCorrSelect` wraps a `LiLiCorrHead` (same weights; the lattice layers, norms and
+projections are the head's own modules) and precomputes what is constant at serving:
+
+  token table        [V, H]        head.token_table(target embedding)
+  node_const         [S, K, H] f32 slot + rank embeddings + pass_hidden_proj.bias + feature down bias
+  w_feat, b_feat     [H, 5], [H]   feature LayerNorm's affine folded into the feature up projection
+  attn_bias          [1, h, L, L]  lattice attention bias, in the head's dtype, 16-aligned rows
+  w_factor           [H, 2H]       factor_input_proj over concat[h, h*t] (the t term moves to the anchor)
+  w_anchor, b_anchor [D+H, H]      anchor_out_head and factor_input_proj's t block + bias: one GEMM on t
+  w_edge, b_edge     [2D, H]       out_head | in_head: one GEMM
+
+Two implementations of the same math, chosen by `fused`:
+  fused=False  PyTorch ops (the lattice layers run as LatticeLayer.forward).
+  fused=True   Triton epilogues (kernels/head_*.py): features+LayerNorm+up+SiLU in one kernel,
+               gather+sum+RMSNorm node kernel, residual-add+RMSNorm (+ h*t) kernels, bias+SiLU,
+               and one cosine-score kernel for start and pair factors; cuBLAS GEMMs and SDPA between.
+`overlap=True` (CUDA, fused) runs the pass and anchor projections on a side stream.
+Everything is static-shaped with no host syncs, so `select` can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .head import LiLiCorrHead, confidence_features
+from .kernels import topk_lse, uses_triton
+from .lattice import lattice_attention_bias
+from .walk import greedy_walk
+
+
+def _norm_eps(norm: torch.nn.RMSNorm) -> float:
+    return float(norm.eps) if norm.eps is not None else float(torch.finfo(norm.weight.dtype).eps)
+
+
+class _SideStream:
+    """Work forked from the current stream onto `stream`; join() makes the current stream wait for
+    an event recorded there and marks the tensors made there as used by it (eager-mode safety)."""
+
+    def __init__(self, stream: torch.cuda.Stream) -> None:
+        self.stream, self.main = stream, torch.cuda.current_stream(stream.device)
+        stream.wait_stream(self.main)
+        self._ctx = torch.cuda.stream(stream)
+
+    def __enter__(self) -> "_SideStream":
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._ctx.__exit__(*exc)
+
+    def record(self) -> torch.cuda.Event:
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        return event
+
+    def join(self, event: torch.cuda.Event, *tensors: torch.Tensor) -> None:
+        self.main.wait_event(event)
+        if not torch.cuda.is_current_stream_capturing():
+            for tensor in tensors:
+                tensor.record_stream(self.main)
+
+
+class FastLiLiCorrSelect:
+    """select(hidden [b, S, Hm], anchor_hidden [b, Hm], lm_head_weight [V, Hm])
+    -> (draft token ids [b, S], candidate ids [b, S, K], candidate log-probs fp32 [b, S, K])."""
+
+    def __init__(
+        self,
+        head: LiLiCorrHead,
+        *,
+        embed_weight: torch.Tensor | None = None,  # [V, Hm] target input embedding
+        token_table: torch.Tensor | None = None,  # [V, H] head.token_table(embed_weight), if already built
+        fused: bool | None = None,  # None: Triton where it runs (CUDA, or CPU with TRITON_INTERPRET=1)
+        overlap: bool | None = None,  # side stream for the projections (fused CUDA only); None: on
+    ) -> None:
+        if (embed_weight is None) == (token_table is None):
+            raise ValueError("FastLiLiCorrSelect: pass exactly one of embed_weight=[V, Hm] or token_table=[V, H].")
+        if not isinstance(head, LiLiCorrHead):
+            raise TypeError(f"FastLiLiCorrSelect wraps a sglang_lilicorr.head.LiLiCorrHead, got {type(head).__name__}.")
+        self.head = head.eval()
+        cfg = head.config
+        w = head.pass_hidden_proj.weight
+        self.dtype, self.device = w.dtype, w.device
+        self.num_slots, self.topk, self.width, self.factor_dim = cfg.num_slots, cfg.candidate_topk, head.width, cfg.factor_dim
+        self.sigma, self.vector_eps = float(cfg.logit_scale), float(cfg.vector_eps)
+        h = self.width
+        self.fused = uses_triton(w) if fused is None else bool(fused)
+        if self.fused and not uses_triton(w):
+            raise ValueError(
+                f"FastLiLiCorrSelect(fused=True) needs the head on CUDA (or CPU with TRITON_INTERPRET=1), "
+                f"got {w.device}; pass fused=False for the PyTorch path."
+            )
+        self.overlap = self.fused and w.is_cuda and (overlap is None or bool(overlap))
+        self._side = torch.cuda.Stream(device=self.device) if self.overlap else None
+
+        with torch.no_grad():
+            if token_table is None:
+                token_table = head.token_table(embed_weight.to(self.device))
+            if token_table.dim() != 2 or token_table.shape[1] != h:
+                raise ValueError(f"FastLiLiCorrSelect: token_table {tuple(token_table.shape)} is not [V, {h}].")
+            self.token_table = token_table.to(self.device, self.dtype).contiguous()  # [V, H]
+
+            self.w_pass = head.pass_hidden_proj.weight.contiguous()  # [H, Hm], bias in node_const
+            mlp, ln = head.feature_mlp, head.feature_norm
+            up_w = mlp.up_proj.weight.float()  # [H, 5]
+            ln_w = ln.weight.float() if ln.weight is not None else torch.ones(up_w.shape[1], device=self.device)
+            ln_b = ln.bias.float() if ln.bias is not None else torch.zeros(up_w.shape[1], device=self.device)
+            self.w_feat = (up_w * ln_w).contiguous()  # [H, 5] fp32
+            self.b_feat = (up_w @ ln_b + mlp.up_proj.bias.float()).contiguous()  # [H] fp32
+            self.feat_ln_eps = float(ln.eps)
+            self.w_down = mlp.down_proj.weight.contiguous()  # [H, H], bias in node_const
+            self.node_const = (
+                head.slot_embedding[0, 0].float()  # [S, 1, H]
+                + head.rank_embedding[0, 0].float()  # [1, K, H]
+                + mlp.down_proj.bias.float()
+                + head.pass_hidden_proj.bias.float()
+            ).contiguous()  # [S, K, H] fp32
+            self.node_const_model = self.node_const.to(self.dtype)
+
+            n_max = self.num_slots * self.topk
+            pad = -(-n_max // 16) * 16
+            bias = torch.zeros(1, cfg.num_heads, n_max, pad, device=self.device, dtype=self.dtype)
+            bias[..., :n_max] = lattice_attention_bias(head.relative_slot_bias, head.same_slot_bias, self.num_slots, self.topk)
+            self.attn_bias = bias[..., :n_max]  # [1, heads, L, L], row stride 16-aligned for SDPA kernels
+
+            wf = head.factor_input_proj.weight  # [H, 3H] over concat[h, t, h*t]
+            self.w_factor = torch.cat([wf[:, :h], wf[:, 2 * h :]], dim=1).contiguous()  # [H, 2H]
+            self.w_anchor = torch.cat([head.anchor_out_head.weight, wf[:, h : 2 * h]], dim=0).contiguous()  # [D+H, H]
+            self.b_anchor = torch.cat([head.anchor_out_head.bias, head.factor_input_proj.bias]).contiguous()  # [D+H]
+            self.w_edge = torch.cat([head.out_head.weight, head.in_head.weight], dim=0).contiguous()  # [2D, H]
+            self.b_edge = torch.cat([head.out_head.bias, head.in_head.bias]).contiguous()  # [2D]
+
+        layers = head.layers
+        # the RMSNorm that follows each residual add: layer i's mlp_norm, then layer i+1's attn_norm / output_norm
+        self._after_attn = [layer.mlp_norm for layer in layers]
+        self._after_mlp = [layers[i + 1].attn_norm for i in range(len(layers) - 1)] + [head.output_norm]
+
+    # --- inputs ------------------------------------------------------------------------------
+
+    def _check(self, pass_hidden: torch.Tensor, anchor_hidden: torch.Tensor) -> tuple[int, int]:
+        hm = self.head.model_hidden_size
+        if pass_hidden.dim() != 3 or pass_hidden.shape[-1] != hm:
+            raise ValueError(f"select: hidden must be [b, S, {hm}] slot hidden states, got {tuple(pass_hidden.shape)}.")
+        b, s, _ = pass_hidden.shape
+        if not 1 <= s <= self.num_slots:
+            raise ValueError(f"select: {s} slots; this head drafts 1..{self.num_slots} (block_size - 1).")
+        if tuple(anchor_hidden.shape) != (b, hm):
+            raise ValueError(f"select: anchor_hidden must be [{b}, {hm}], got {tuple(anchor_hidden.shape)}.")
+        for name, t in (("hidden", pass_hidden), ("anchor_hidden", anchor_hidden)):
+            if t.device != self.device:
+                raise ValueError(f"select: {name} is on {t.device} but the head is on {self.device}; move it there.")
+        return b, s
+
+    # --- stages ------------------------------------------------------------------------------
+
+    def candidates(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor):
+        """hidden [b, S, Hm], lm_head_weight [V, Hm] -> (vals fp32 [b, S, K], ids [b, S, K], lse fp32 [b, S])."""
+        b, s, hm = hidden.shape
+        if lm_head_weight.dim() != 2 or lm_head_weight.shape != (self.token_table.shape[0], hm):
+            raise ValueError(
+                f"select: lm_head_weight must be [{self.token_table.shape[0]}, {hm}] (vocabulary x hidden), "
+                f"got {tuple(lm_head_weight.shape)}."
+            )
+        logits = F.linear(hidden.reshape(b * s, hm).to(lm_head_weight.dtype), lm_head_weight)  # [b*S, V]
+        vals, ids, lse = topk_lse(logits, self.topk)
+        return vals.view(b, s, self.topk), ids.view(b, s, self.topk), lse.view(b, s)
+
+    def _pass_projection(self, pass_hidden):
+        """-> pass_hidden_proj without its bias (folded into node_const) [b, S, H]."""
+        return F.linear(pass_hidden.to(self.dtype), self.w_pass)
+
+    def _anchor_projection(self, anchor_hidden):
+        """-> anchor state t [b, H] and [anchor_out | W_t t + b] [b, D+H] (one GEMM on t)."""
+        t = self.head.anchor_norm(self.head.context_proj(anchor_hidden.to(self.dtype)))
+        return t, F.linear(t, self.w_anchor, self.b_anchor)
+
+    def lattice_scores(self, vals, ids, lse, pass_hidden, anchor_hidden):
+        """Candidates + drafter states -> (start fp32 [b, K], pair fp32 [b, S-1, K, K], log-probs fp32 [b, S, K])."""
+        b, s = self._check(pass_hidden, anchor_hidden)
+        if vals.shape != (b, s, self.topk) or ids.shape != vals.shape or lse.shape != (b, s):
+            raise ValueError(
+                f"select: candidates vals {tuple(vals.shape)} / ids {tuple(ids.shape)} / lse {tuple(lse.shape)} "
+                f"do not match [{b}, {s}, {self.topk}] / [{b}, {s}]."
+            )
+        with torch.no_grad():
+            if self.fused:
+                return self._scores_fused(vals, ids, lse, pass_hidden, anchor_hidden)
+            return self._scores_torch(vals, ids, lse, pass_hidden, anchor_hidden)
+
+    def _scores_torch(self, vals, ids, lse, pass_hidden, anchor_hidden):
+        b, s, k = vals.shape
+        h, d, n = self.width, self.factor_dim, s * self.topk
+        lp = vals.float() - lse.float().unsqueeze(-1)  # [b, S, K]
+        feats = F.layer_norm(confidence_features(lp).to(self.dtype).float(), (5,), eps=self.feat_ln_eps)
+        feat = F.linear(F.silu(F.linear(feats, self.w_feat, self.b_feat)).to(self.dtype), self.w_down)
+        pass_proj = self._pass_projection(pass_hidden)
+        t, anchor = self._anchor_projection(anchor_hidden)
+        x = self.token_table[ids] + pass_proj.unsqueeze(2) + feat + self.node_const_model[:s]  # [b, S, K, H]
+        x = x.reshape(b, n, h)
+        bias = self.attn_bias[..., :n, :n]
+        for layer in self.head.layers:
+            x = layer(x, bias)
+        x = self.head.output_norm(x)
+        tt = t.unsqueeze(1)
+        fused = F.silu(F.linear(torch.cat([x, x * tt], dim=-1), self.w_factor) + anchor[:, None, d:])
+        edges = F.linear(fused, self.w_edge, self.b_edge).view(b, s, k, 2, d).float()
+        out_vec, in_vec = F.normalize(edges, dim=-1, eps=self.vector_eps).unbind(3)
+        anchor_out = F.normalize(anchor[:, :d].float(), dim=-1, eps=self.vector_eps)
+        start = self.sigma * torch.einsum("bd,bkd->bk", anchor_out, in_vec[:, 0])
+        pair = self.sigma * torch.matmul(out_vec[:, :-1], in_vec[:, 1:].transpose(-1, -2))
+        return start, pair, lp
+
+    def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden):
+        from .kernels.head_nodes import confidence_up_triton, lattice_nodes_triton
+        from .kernels.head_norm import add_rmsnorm_triton, row_bias_silu_triton
+        from .kernels.head_scores import lattice_cosine_triton
+
+        b, s, k = vals.shape
+        h, d, n = self.width, self.factor_dim, s * self.topk
+        side = None
+        if self.overlap:  # the projections off the critical path, each joined where first needed
+            side = _SideStream(self._side)
+            with side:
+                pass_proj = self._pass_projection(pass_hidden)
+                pass_ready = side.record()
+                t, anchor = self._anchor_projection(anchor_hidden)
+                anchor_ready = side.record()
+        else:
+            pass_proj = self._pass_projection(pass_hidden)
+            t, anchor = self._anchor_projection(anchor_hidden)
+        lp, up = confidence_up_triton(
+            vals.reshape(b * s, k).float(), lse.reshape(b * s).float(), self.w_feat, self.b_feat, self.feat_ln_eps, self.dtype
+        )
+        feat = F.linear(up, self.w_down)  # [b*S*K, H]
+        if side is not None:
+            side.join(pass_ready, pass_proj)
+        layers = self.head.layers
+        x, xn = lattice_nodes_triton(ids, self.token_table, pass_proj, feat, self.node_const, layers[0].attn_norm.weight, _norm_eps(layers[0].attn_norm))
+        bias = self.attn_bias[..., :n, :n]
+        for i, layer in enumerate(layers):
+            y = layer.attn(xn.view(b, n, h), bias).reshape(b * n, h)
+            norm = self._after_attn[i]
+            xn = add_rmsnorm_triton(x, y, norm.weight, _norm_eps(norm))
+            y = layer.mlp(xn)
+            norm, last = self._after_mlp[i], i == len(layers) - 1
+            if last and side is not None:
+                side.join(anchor_ready, t, anchor)
+            xn = add_rmsnorm_triton(x, y, norm.weight, _norm_eps(norm), cross=t if last else None)
+        fused = row_bias_silu_triton(F.linear(xn, self.w_factor), anchor[:, d:], rows_per_group=n)  # [b*L, H]
+        edges = F.linear(fused, self.w_edge, self.b_edge).view(b, s, k, 2 * d)
+        start, pair = lattice_cosine_triton(edges, anchor[:, :d], self.sigma, self.vector_eps)
+        return start, pair, lp.view(b, s, k)
+
+    def walk(self, start: torch.Tensor, pair: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Greedy walk (App. F) over the factors -> draft token ids [b, S]."""
+        if uses_triton(start):
+            from .kernels.walk import greedy_walk_triton
+
+            path = greedy_walk_triton(start, pair)
+        else:
+            path = greedy_walk(start, pair)
+        return ids.gather(2, path.unsqueeze(-1)).squeeze(-1)
+
+    # --- entry points ------------------------------------------------------------------------
+
+    def select_from_candidates(self, vals, ids, lse, pass_hidden, anchor_hidden):
+        """Head + walk on given candidates -> (draft ids [b, S], ids [b, S, K], log-probs fp32 [b, S, K])."""
+        start, pair, lp = self.lattice_scores(vals, ids, lse, pass_hidden, anchor_hidden)
+        return self.walk(start, pair, ids), ids, lp
+
+    def select(self, hidden: torch.Tensor, anchor_hidden: torch.Tensor, lm_head_weight: torch.Tensor):
+        """hidden [b, S, Hm] drafter slot states, anchor_hidden [b, Hm], lm_head_weight [V, Hm]
+        -> (draft token ids [b, S], candidate ids [b, S, K], candidate log-probs fp32 [b, S, K])."""
+        self._check(hidden, anchor_hidden)
+        with torch.no_grad():
+            vals, ids, lse = self.candidates(hidden, lm_head_weight)
+        return self.select_from_candidates(vals, ids, lse, hidden, anchor_hidden)
+
+    __call__ = select
+
+
+def greedy_margin(start: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
+    """[b] fp32: the smallest best-minus-second-best score gap along the greedy path of (start, pair).
+    Two score sets that differ by less than half of it everywhere walk the same path."""
+    rows = torch.arange(start.shape[0], device=start.device)
+    if start.shape[-1] < 2:
+        return torch.full((start.shape[0],), float("inf"), device=start.device)
+    top2 = start.float().topk(2, dim=-1).values
+    gap = top2[:, 0] - top2[:, 1]
+    cur = start.argmax(-1)
+    for s in range(pair.shape[1]):
+        row = pair[rows, s, cur].float()
+        top2 = row.topk(2, dim=-1).values
+        gap = torch.minimum(gap, top2[:, 0] - top2[:, 1])
+        cur = row.argmax(-1)
+    return gap
+
+
+def reference_select(head: LiLiCorrHead, token_table, hidden, anchor_hidden, lm_head_weight):
+    """The PyTorch definition `FastLiLiCorrSelect.select` must equal: LiLiCorrHead.forward + walk.greedy_walk
+    on the stable-sorted top-K of the logits. -> (draft ids, candidate ids, log-probs, start, pair)."""
+    from .kernels import topk_lse_reference
+
+    b, s, hm = hidden.shape
+    k = head.config.candidate_topk
+    with torch.no_grad():
+        logits = F.linear(hidden.reshape(b * s, hm).to(lm_head_weight.dtype), lm_head_weight)
+        vals, ids, lse = topk_lse_reference(logits, k)
+        lp = (vals - lse.unsqueeze(-1)).view(b, s, k)
+        ids = ids.view(b, s, k)
+        start, pair = head(token_table[ids], lp, hidden, anchor_hidden)
+        path = greedy_walk(start, pair)
+    return ids.gather(2, path.unsqueeze(-1)).squeeze(-1), ids, lp, start, pair

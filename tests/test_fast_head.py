@@ -1,0 +1,313 @@
+"""FastLiLiCorrSelect (serving select path) equals the reference head + greedy walk, and its
+Triton epilogues (kernels/head_*.py) equal their PyTorch definitions.
+
+CPU: small configs; the Triton kernels run under Triton's interpreter, chosen before triton is
+first imported (as in tests/test_kernels.py): if triton was already imported compiled, the
+Triton cases skip. GPU (`-m gpu`): the paper config in bf16, eager and CUDA-graph replay.
+Inputs are fresh each run; the seed is printed with a failing test's output.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+CUDA = torch.cuda.is_available()
+
+
+def _interpreter_possible() -> bool:
+    """CPU only, and triton not yet imported or imported under the interpreter (e.g. by test_kernels)."""
+    if CUDA:
+        return False
+    if "triton" not in sys.modules:
+        return True
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(tl.max, InterpretedFunction)
+
+
+_saved_env = os.environ.get("TRITON_INTERPRET")
+if _interpreter_possible():
+    os.environ["TRITON_INTERPRET"] = "1"  # every Triton module used below is decorated now, under it
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+
+from sglang_lilicorr.config import LiLiCorrConfig  # noqa: E402
+from sglang_lilicorr.fast_head import FastLiLiCorrSelect, greedy_margin, reference_select  # noqa: E402
+from sglang_lilicorr.head import LiLiCorrHead, confidence_features  # noqa: E402
+from sglang_lilicorr.kernels import greedy_walk_triton, topk_lse_triton  # noqa: E402,F401
+from sglang_lilicorr.kernels.head_nodes import confidence_up_triton, lattice_nodes_triton  # noqa: E402
+from sglang_lilicorr.kernels.head_norm import add_rmsnorm_triton, row_bias_silu_triton  # noqa: E402
+from sglang_lilicorr.kernels.head_scores import _lattice_cosine_kernel, lattice_cosine_triton  # noqa: E402
+
+if _saved_env is None:
+    os.environ.pop("TRITON_INTERPRET", None)
+else:
+    os.environ["TRITON_INTERPRET"] = _saved_env
+
+INTERPRETER = isinstance(_lattice_cosine_kernel, InterpretedFunction)
+needs_interpreter = pytest.mark.skipif(
+    not INTERPRETER, reason="triton was imported compiled before TRITON_INTERPRET=1; run tests/test_fast_head.py alone"
+)
+SMALL = LiLiCorrConfig(block_size=6, candidate_topk=4, factor_dim=16, hidden_size=32, num_heads=4, num_layers=2)
+HM, VOCAB = 24, 64
+
+
+@pytest.fixture
+def seed(monkeypatch) -> int:
+    if INTERPRETER:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    seed = time.time_ns() % 2**31
+    print(f"seed={seed}")
+    return seed
+
+
+def make_head(cfg, hm, seed, dtype=torch.float32, device="cpu"):
+    torch.manual_seed(seed)
+    head = LiLiCorrHead(cfg, model_hidden_size=hm)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # trained-looking scales: every parameter non-trivial
+        for name, p in head.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            elif p.dim() >= 2 and "embedding" not in name:
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+            else:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    return head.to(device=device, dtype=dtype).eval()
+
+
+def make_inputs(b, s, hm, vocab, seed, dtype=torch.float32, device="cpu"):
+    g = torch.Generator().manual_seed(seed + 1)
+    hidden = torch.randn(b, s, hm, generator=g)
+    anchor = torch.randn(b, hm, generator=g)
+    lm_head = torch.randn(vocab, hm, generator=g) * 0.5
+    embed = torch.randn(vocab, hm, generator=g)
+    return [t.to(device=device, dtype=dtype) for t in (hidden, anchor, lm_head, embed)]
+
+
+def request_error(start, pair, r_start, r_pair):
+    """[b] largest score difference of each request."""
+    err = (start - r_start.float()).abs().amax(dim=-1)
+    return torch.maximum(err, (pair - r_pair.float()).abs().flatten(1).amax(dim=-1)) if pair.shape[1] else err
+
+
+def assert_select_matches(fast, head, hidden, anchor, lm_head, atol):
+    """Candidates equal; scores within atol; draft tokens equal wherever the reference path has no
+    near-tie (best-vs-second gap above twice that request's score error)."""
+    tokens, ids, lp = fast.select(hidden, anchor, lm_head)
+    r_tokens, r_ids, r_lp, r_start, r_pair = reference_select(head, fast.token_table, hidden, anchor, lm_head)
+    assert torch.equal(ids, r_ids)
+    torch.testing.assert_close(lp, r_lp, atol=1e-5, rtol=1e-5)
+    vals = torch.gather(F.linear(hidden.flatten(0, 1), lm_head).float(), 1, ids.flatten(0, 1))
+    start, pair, _ = fast.lattice_scores(vals.view_as(lp), ids, (vals.view_as(lp) - lp)[..., 0], hidden, anchor)
+    torch.testing.assert_close(start, r_start.float(), atol=atol, rtol=0)
+    torch.testing.assert_close(pair, r_pair.float(), atol=atol, rtol=0)
+    clear = greedy_margin(r_start, r_pair) > 2 * request_error(start, pair, r_start, r_pair) + 1e-6
+    assert clear.any(), "every request had a near-tie; raise the batch or lower the margin"
+    assert torch.equal(tokens[clear], r_tokens[clear])
+    assert tokens.shape == r_tokens.shape and tokens.dtype == torch.int64
+
+
+# --- end to end --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fused", [False, pytest.param(True, marks=needs_interpreter)])
+@pytest.mark.parametrize("slots", [SMALL.num_slots, 2])
+def test_select_fp32_equals_reference(seed, monkeypatch, fused, slots):
+    if not fused:  # the PyTorch path end to end (top-K and walk references too)
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    head = make_head(SMALL, HM, seed)
+    hidden, anchor, lm_head, embed = make_inputs(4, slots, HM, VOCAB, seed)
+    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=fused)
+    assert fast.fused == fused
+    assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-4)
+
+
+@needs_interpreter
+def test_select_bf16_within_tolerance(seed):
+    head = make_head(SMALL, HM, seed, dtype=torch.bfloat16)
+    hidden, anchor, lm_head, embed = make_inputs(12, SMALL.num_slots, HM, VOCAB, seed, dtype=torch.bfloat16)
+    fast = FastLiLiCorrSelect(head, embed_weight=embed)
+    assert fast.fused  # TRITON_INTERPRET=1 picks the Triton path on CPU
+    assert_select_matches(fast, head, hidden, anchor, lm_head, atol=0.25)
+
+
+def test_select_without_token_proj_and_one_layer(seed, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    cfg = dataclasses.replace(SMALL, hidden_size=0, num_layers=1, candidate_topk=2)
+    head = make_head(cfg, 32, seed)
+    assert head.token_proj is None
+    hidden, anchor, lm_head, embed = make_inputs(4, cfg.num_slots, 32, VOCAB, seed)
+    fast = FastLiLiCorrSelect(head, token_table=head.token_table(embed), fused=False)
+    assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-4)
+
+
+def test_bad_inputs_are_named(seed):
+    head = make_head(SMALL, HM, seed)
+    hidden, anchor, lm_head, embed = make_inputs(2, SMALL.num_slots, HM, VOCAB, seed)
+    with pytest.raises(ValueError, match="exactly one"):
+        FastLiLiCorrSelect(head)
+    with pytest.raises(ValueError, match="token_table"):
+        FastLiLiCorrSelect(head, token_table=torch.zeros(VOCAB, 7))
+    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=False)
+    with pytest.raises(ValueError, match=r"hidden must be \[b, S, 24\]"):
+        fast.select(hidden[..., :5], anchor, lm_head)
+    with pytest.raises(ValueError, match="slots"):
+        fast.select(torch.zeros(2, SMALL.num_slots + 1, HM), anchor, lm_head)
+    with pytest.raises(ValueError, match="anchor_hidden"):
+        fast.select(hidden, anchor[:1], lm_head)
+    with pytest.raises(ValueError, match="lm_head_weight"):
+        fast.select(hidden, anchor, lm_head[:10])
+    if not INTERPRETER:
+        with pytest.raises(ValueError, match="fused=False"):
+            FastLiLiCorrSelect(head, embed_weight=embed, fused=True)
+
+
+def test_greedy_margin_is_the_smallest_gap_on_the_greedy_path():
+    start = torch.tensor([[1.0, 3.0, 2.5]])
+    pair = torch.tensor([[[[0.0, 0.0, 0.0], [5.0, 1.0, 4.0], [0.0, 9.0, 0.0]]]])  # from candidate 1: gap 1.0
+    assert greedy_margin(start, pair).tolist() == [0.5]  # the start gap 3.0 - 2.5 is smaller
+    pair[0, 0, 1] = torch.tensor([5.0, 4.9, 0.0])
+    assert greedy_margin(start, pair).item() == pytest.approx(0.1, abs=1e-6)
+
+
+@pytest.mark.sglang
+def test_head_bench_smoke_runs_and_checks(tmp_path, monkeypatch):
+    pytest.importorskip("sglang.srt.models.lilicorr", reason="sglang not installed")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # PyTorch references for top-K and walk
+    from sglang_lilicorr.benchmarks import head_bench
+
+    out = tmp_path / "bench.json"
+    head_bench.main(["--smoke", "--variants", "torch", "--bs", "2", "--out", str(out)])
+    import json
+
+    res = json.loads(out.read_text())
+    assert res["errors"] == {}
+    assert res["checks"]["bs2_torch_candidate_ids_equal"] and res["checks"]["bs2_torch_draft_ids_equal_where_clear"]
+    row = res["rows"][0]
+    for key in ("topk_lse_ours", "topk_lse_builtin", "head_walk_torch", "head_walk_builtin", "post_logits_torch", "select_builtin"):
+        assert row[key] > 0
+
+
+# --- kernels against their PyTorch definitions ---------------------------------------------------
+
+
+@needs_interpreter
+def test_confidence_up_kernel_equals_folded_layernorm_mlp(seed):
+    head = make_head(SMALL, HM, seed)
+    g = torch.Generator().manual_seed(seed)
+    vals = torch.randn(7, SMALL.candidate_topk, generator=g).sort(dim=-1, descending=True).values
+    lse = vals.logsumexp(-1) + torch.rand(7, generator=g)
+    fast = FastLiLiCorrSelect(head, embed_weight=torch.randn(VOCAB, HM), fused=True)
+    lp, up = confidence_up_triton(vals, lse, fast.w_feat, fast.b_feat, fast.feat_ln_eps, torch.float32)
+    torch.testing.assert_close(lp, vals - lse[:, None])
+    ref = F.silu(head.feature_mlp.up_proj(head.feature_norm(confidence_features(lp))))
+    torch.testing.assert_close(up, ref.reshape(-1, ref.shape[-1]), atol=1e-5, rtol=1e-5)
+
+
+@needs_interpreter
+def test_node_and_norm_kernels_equal_torch(seed):
+    g = torch.Generator().manual_seed(seed)
+    b, s, k, h, v = 2, 3, 4, 48, 20  # h not a power of two: masked columns
+    ids = torch.randint(0, v, (b, s, k), generator=g)
+    table, pass_proj = torch.randn(v, h, generator=g), torch.randn(b, s, h, generator=g)
+    feat, const = torch.randn(b * s * k, h, generator=g), torch.randn(s + 2, k, h, generator=g)
+    w = torch.rand(h, generator=g) + 0.5
+    x, xn = lattice_nodes_triton(ids, table, pass_proj, feat, const, w, 1e-6)
+    ref = (table[ids] + pass_proj[:, :, None] + feat.view(b, s, k, h) + const[:s]).reshape(-1, h)
+    torch.testing.assert_close(x, ref)
+    torch.testing.assert_close(xn, F.rms_norm(ref, (h,), w, 1e-6))
+
+    y, t = torch.randn_like(x), torch.randn(b, h, generator=g)
+    x0 = x.clone()
+    out = add_rmsnorm_triton(x, y, w, 1e-6, cross=t)
+    torch.testing.assert_close(x, x0 + y)
+    n = F.rms_norm(x0 + y, (h,), w, 1e-6)
+    torch.testing.assert_close(out, torch.cat([n, n * t.repeat_interleave(s * k, 0)], -1))
+
+    pre, bias = torch.randn(b * 5, h, generator=g), torch.randn(b, h + 3, generator=g)[:, 3:]
+    ref = F.silu(pre + bias.repeat_interleave(5, 0))
+    torch.testing.assert_close(row_bias_silu_triton(pre, bias, rows_per_group=5), ref)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("k", [1, 4])
+def test_cosine_kernel_equals_normalised_dot(seed, k):
+    g = torch.Generator().manual_seed(seed)
+    b, s, d = 3, 4, 40
+    edges = torch.randn(b, s, k, 2 * d, generator=g)
+    edges[0, 1, 0, :d] = 0.0  # a zero vector: F.normalize's eps floor
+    anchor = torch.randn(b, d + 5, generator=g)[:, :d]
+    start, pair = lattice_cosine_triton(edges, anchor, 8.0, 1e-6)
+    out_vec, in_vec = F.normalize(edges.view(b, s, k, 2, d), dim=-1, eps=1e-6).unbind(3)
+    a = F.normalize(anchor, dim=-1, eps=1e-6)
+    torch.testing.assert_close(start, 8.0 * torch.einsum("bd,bkd->bk", a, in_vec[:, 0]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pair, 8.0 * out_vec[:, :-1] @ in_vec[:, 1:].transpose(-1, -2), atol=1e-5, rtol=1e-5)
+
+
+_AOT = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from sglang_lilicorr.kernels import head_nodes, head_norm, head_scores
+
+bf, f32, i32, c = "*bf16", "*fp32", "i32", "constexpr"
+cases = [
+    (head_nodes._confidence_up_kernel, [f32] * 5 + [bf, i32, i32, "fp32", "fp32", c, c], dict(KP=8, BLOCK_H=256), 4),
+    (head_nodes._lattice_nodes_kernel, ["*i64", bf, bf, bf, f32, bf, bf, bf, i32, i32, i32, i32, "fp32", c, c], dict(ROWS=1, BLOCK_H=1024), 4),
+    (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=True), 4),
+    (head_norm._row_bias_silu_kernel, [bf, bf, i32, i32, i32, i32, c, c], dict(ROWS=1, BLOCK_N=1024), 4),
+    (head_scores._lattice_cosine_kernel, [bf, bf, i32, f32, f32, i32, i32, i32, "fp32", "fp32", c, c], dict(KP=8, BLOCK_D=256), 8),
+]
+for fn, types, consts, warps in cases:
+    sig = dict(zip(fn.arg_names, types))
+    triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+print("compiled", len(cases))
+"""
+
+
+def test_head_kernels_compile_for_sm90_without_a_gpu():
+    """The interpreter does not compile; this lowers every head kernel to an sm_90 cubin (Triton's
+    bundled ptxas), in a fresh process without TRITON_INTERPRET, at the paper config's constexprs."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _AOT], env=env, capture_output=True, text=True, timeout=600)
+    if run.returncode and ("ptxas" in run.stderr.lower() and "not found" in run.stderr.lower()):
+        pytest.skip("triton's ptxas is unavailable here")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "compiled 5" in run.stdout
+
+
+# --- GPU: paper config, bf16, eager and CUDA-graph replay ---------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("overlap", [False, True])
+def test_gpu_paper_config_graph_replay(overlap):
+    cfg, hm, vocab, b = LiLiCorrConfig(), 4096, 32000, 4
+    head = make_head(cfg, hm, 0, dtype=torch.bfloat16, device="cuda")
+    hidden, anchor, lm_head, embed = make_inputs(b, cfg.num_slots, hm, vocab, 0, dtype=torch.bfloat16, device="cuda")
+    lm_head *= 0.1
+    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=True, overlap=overlap)
+    assert_select_matches(fast, head, hidden, anchor, lm_head, atol=0.25)
+    eager = fast.select(hidden, anchor, lm_head)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fast.select(hidden, anchor, lm_head)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fast.select(hidden, anchor, lm_head)
+    graph.replay()
+    torch.cuda.synchronize()
+    for e, c in zip(eager, captured):
+        assert torch.equal(e, c)
