@@ -1,5 +1,28 @@
+import os
+
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # On a CPU machine the Triton kernels run under the interpreter. The mode is fixed when a
+    # kernel is decorated, so every kernel module is imported here, before any test module can
+    # import triton in compiled mode; the variable is then restored, so that dispatching code
+    # takes the PyTorch references unless a test sets TRITON_INTERPRET=1 itself.
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    import importlib
+    import pkgutil
+
+    import triton.language  # noqa: F401
+
+    import sglang_lilicorr.kernels as kernels
+
+    for module in pkgutil.iter_modules(kernels.__path__):
+        importlib.import_module(f"{kernels.__name__}.{module.name}")
+    if saved is None:
+        del os.environ["TRITON_INTERPRET"]
+    else:
+        os.environ["TRITON_INTERPRET"] = saved
 
 
 def pytest_configure(config):

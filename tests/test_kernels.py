@@ -1,29 +1,20 @@
 """The Triton kernels agree exactly with their PyTorch references.
 
-On a CPU-only machine the kernels run under Triton's interpreter, which must be chosen before
-triton is first imported: this module sets TRITON_INTERPRET=1 at import (then restores it, so
-other tests keep the PyTorch paths). If triton was already imported in compiled mode, the CPU
-cases skip; run `pytest tests/test_kernels.py` alone. With CUDA, the `gpu` cases run compiled.
-Inputs are fresh each run; the seed is printed with a failing test's output.
+On a CPU-only machine the kernels run under Triton's interpreter (tests/conftest.py selects it
+before anything imports triton); with CUDA, the `gpu` cases run compiled. Inputs are fresh each
+run; the seed is printed with a failing test's output.
 """
 from __future__ import annotations
 
-import os
-import sys
 import time
 
 import pytest
 import torch
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
-CUDA = torch.cuda.is_available()
-_saved_env = os.environ.get("TRITON_INTERPRET")
-if not CUDA and "triton" not in sys.modules:
-    os.environ["TRITON_INTERPRET"] = "1"
-import triton.language as tl  # noqa: E402
-from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
-
-from sglang_lilicorr import walk  # noqa: E402
-from sglang_lilicorr.kernels import (  # noqa: E402
+from sglang_lilicorr import walk
+from sglang_lilicorr.kernels import (
     greedy_walk_triton,
     topk_lse,
     topk_lse_reference,
@@ -31,17 +22,13 @@ from sglang_lilicorr.kernels import (  # noqa: E402
     viterbi_triton,
 )
 
-if _saved_env is None:
-    os.environ.pop("TRITON_INTERPRET", None)
-else:
-    os.environ["TRITON_INTERPRET"] = _saved_env
-
+CUDA = torch.cuda.is_available()
 INTERPRETER = isinstance(tl.max, InterpretedFunction)
 DEVICES = [
     pytest.param(
         "cpu",
         marks=pytest.mark.skipif(
-            not INTERPRETER, reason="triton was imported before TRITON_INTERPRET=1; run tests/test_kernels.py alone"
+            not INTERPRETER, reason="triton is in compiled mode (no CUDA here?)"
         ),
     ),
     pytest.param(
@@ -200,3 +187,4 @@ def test_topk_lse_cuda_graph_full_vocab(gen, rows, vocab):
     logits.copy_((torch.randn(rows, vocab, generator=gen) * 3).to(torch.bfloat16).cuda())
     graph.replay()
     _assert_topk_lse(out, logits, 8)
+

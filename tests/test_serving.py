@@ -6,6 +6,7 @@ checkpoint that test_plugin.py uses too.
 """
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import types
@@ -170,7 +171,7 @@ def test_proposal_on_cuda_matches_cpu_and_replays_in_a_cuda_graph():
     from sglang_lilicorr.serving.proposer import LiLiCorrProposer
 
     dev = torch.device("cuda")
-    gpu = LiLiCorrProposer(head=head.to(dev), lm_head_weight=lm.to(dev), embed_weight=embed.to(dev), block_size=16)
+    gpu = LiLiCorrProposer(head=copy.deepcopy(head).to(dev), lm_head_weight=lm.to(dev), embed_weight=embed.to(dev), block_size=16)
     gpu.allocate(num_request_slots=8, max_rows=4)
     g = torch.Generator().manual_seed(4)
     hidden = torch.randn(4 * 16, HIDDEN, generator=g)
