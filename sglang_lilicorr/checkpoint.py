@@ -95,6 +95,16 @@ def with_head(config: Mapping[str, Any], head_config: LiLiCorrConfig) -> dict[st
     return out
 
 
+def vanilla_copy(source: str | os.PathLike, target: str | os.PathLike) -> Path:
+    """The same drafter without its head: a DFlashDraftModel checkpoint (to serve the drafter's own
+    argmax block with --speculative-algorithm DFLASH beside LILICORR)."""
+    config = read_config(source)
+    drafter, _ = split_head(read_tensors(source))
+    config["architectures"] = [VANILLA_ARCH]
+    config["dflash_config"] = {k: v for k, v in config["dflash_config"].items() if not k.startswith("lilicorr_")}
+    return save_checkpoint(target, config, drafter)
+
+
 def read_tensors(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
     path = Path(directory) / WEIGHTS_FILE
     if not path.is_file():

@@ -174,7 +174,13 @@ class FastLiLiCorrSelect:
 
     def _anchor_projection(self, anchor_hidden):
         """-> anchor state t [b, H] and [anchor_out | W_t t + b] [b, D+H] (one GEMM on t)."""
-        t = self.head.anchor_norm(self.head.context_proj(anchor_hidden.to(self.dtype)))
+        t = self.head.context_proj(anchor_hidden.to(self.dtype))
+        if self.fused:  # one Triton RMSNorm launch instead of PyTorch's elementwise chain
+            from .kernels.head_norm import rmsnorm_triton
+
+            t = rmsnorm_triton(t, self.head.anchor_norm.weight, _norm_eps(self.head.anchor_norm))
+        else:
+            t = self.head.anchor_norm(t)
         return t, F.linear(t, self.w_anchor, self.b_anchor)
 
     def lattice_scores(self, vals, ids, lse, pass_hidden, anchor_hidden):
@@ -214,12 +220,7 @@ class FastLiLiCorrSelect:
         return start, pair, lp
 
     def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden):
-        from .kernels.head_nodes import confidence_up_triton, lattice_nodes_triton
-        from .kernels.head_norm import add_rmsnorm_triton, row_bias_silu_triton
-        from .kernels.head_scores import lattice_cosine_triton
-
         b, s, k = vals.shape
-        h, d, n = self.width, self.factor_dim, s * self.topk
         side = None
         if self.overlap:  # the projections off the critical path, each joined where first needed
             side = _SideStream(self._side)
@@ -231,28 +232,78 @@ class FastLiLiCorrSelect:
         else:
             pass_proj = self._pass_projection(pass_hidden)
             t, anchor = self._anchor_projection(anchor_hidden)
+        join_pass = (lambda: side.join(pass_ready, pass_proj)) if side is not None else None
+        join_anchor = (lambda: side.join(anchor_ready, t, anchor)) if side is not None else None
+        lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj, join_pass)
+        cat = self._layers_fused(x, xn, b, t, join_anchor)
+        start, pair = self._factors_fused(cat, anchor, b, s)
+        return start, pair, lp.view(b, s, k)
+
+    def _nodes_fused(self, vals, ids, lse, pass_proj, join_pass=None):
+        """-> log-probs fp32 [b*S, K], residual stream x [b*L, H], first attention input [b*L, H]."""
+        from .kernels.head_nodes import confidence_up_triton, lattice_nodes_triton
+
+        b, s, k = vals.shape
         lp, up = confidence_up_triton(
             vals.reshape(b * s, k).float(), lse.reshape(b * s).float(), self.w_feat, self.b_feat, self.feat_ln_eps, self.dtype
         )
         feat = F.linear(up, self.w_down)  # [b*S*K, H]
-        if side is not None:
-            side.join(pass_ready, pass_proj)
-        layers = self.head.layers
-        x, xn = lattice_nodes_triton(ids, self.token_table, pass_proj, feat, self.node_const, layers[0].attn_norm.weight, _norm_eps(layers[0].attn_norm))
+        if join_pass is not None:
+            join_pass()
+        norm = self.head.layers[0].attn_norm
+        x, xn = lattice_nodes_triton(ids, self.token_table, pass_proj, feat, self.node_const, norm.weight, _norm_eps(norm))
+        return lp, x, xn
+
+    def _layers_fused(self, x, xn, b, t, join_anchor=None):
+        """Lattice transformer on x [b*L, H] (updated in place) -> concat[h, h*t] [b*L, 2H]."""
+        from .kernels.head_norm import add_rmsnorm_triton
+
+        h = self.width
+        n = x.shape[0] // b
         bias = self.attn_bias[..., :n, :n]
+        layers = self.head.layers
         for i, layer in enumerate(layers):
             y = layer.attn(xn.view(b, n, h), bias).reshape(b * n, h)
             norm = self._after_attn[i]
             xn = add_rmsnorm_triton(x, y, norm.weight, _norm_eps(norm))
             y = layer.mlp(xn)
             norm, last = self._after_mlp[i], i == len(layers) - 1
-            if last and side is not None:
-                side.join(anchor_ready, t, anchor)
+            if last and join_anchor is not None:
+                join_anchor()
             xn = add_rmsnorm_triton(x, y, norm.weight, _norm_eps(norm), cross=t if last else None)
-        fused = row_bias_silu_triton(F.linear(xn, self.w_factor), anchor[:, d:], rows_per_group=n)  # [b*L, H]
+        return xn
+
+    def _factors_fused(self, cat, anchor, b, s):
+        """concat[h, h*t] [b*L, 2H], anchor [b, D+H] -> (start fp32 [b, K], pair fp32 [b, S-1, K, K])."""
+        from .kernels.head_norm import row_bias_silu_triton
+        from .kernels.head_scores import lattice_cosine_triton
+
+        d, k = self.factor_dim, self.topk
+        fused = row_bias_silu_triton(F.linear(cat, self.w_factor), anchor[:, d:], rows_per_group=s * k)  # [b*L, H]
         edges = F.linear(fused, self.w_edge, self.b_edge).view(b, s, k, 2 * d)
-        start, pair = lattice_cosine_triton(edges, anchor[:, :d], self.sigma, self.vector_eps)
-        return start, pair, lp.view(b, s, k)
+        return lattice_cosine_triton(edges, anchor[:, :d], self.sigma, self.vector_eps)
+
+    def fused_stages(self, vals, ids, lse, pass_hidden, anchor_hidden) -> dict:
+        """The fused path (without the side stream) cut into its stages, name -> zero-argument call
+        on the previous stage's outputs (computed once here), for per-stage timing and launch
+        counts (benchmarks/head_bench.py). The `lattice` stage updates its input x in place, so
+        repeated calls drift its values (not its cost)."""
+        if not self.fused:
+            raise ValueError("fused_stages: this FastLiLiCorrSelect runs the PyTorch path; build it with fused=True.")
+        b, s = self._check(pass_hidden, anchor_hidden)
+        with torch.no_grad():
+            pass_proj, (t, anchor) = self._pass_projection(pass_hidden), self._anchor_projection(anchor_hidden)
+            lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj)
+            cat = self._layers_fused(x.clone(), xn, b, t)
+            start, pair = self._factors_fused(cat, anchor, b, s)
+        stages = {
+            "projections": lambda: (self._pass_projection(pass_hidden), self._anchor_projection(anchor_hidden)),
+            "nodes": lambda: self._nodes_fused(vals, ids, lse, pass_proj),
+            "lattice": lambda: self._layers_fused(x, xn, b, t),
+            "factors": lambda: self._factors_fused(cat, anchor, b, s),
+            "walk": lambda: self.walk(start, pair, ids),
+        }
+        return {name: torch.no_grad()(fn) for name, fn in stages.items()}
 
     def walk(self, start: torch.Tensor, pair: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Greedy walk (App. F) over the factors -> draft token ids [b, S]."""

@@ -8,8 +8,10 @@ tol is one bf16 ulp of the top logit. Byte equality with a plain decode is not a
 """
 from __future__ import annotations
 
+import argparse
 import copy
 import dataclasses
+import json
 import math
 
 import torch
@@ -56,10 +58,15 @@ class GreedyReport:
 
 @torch.no_grad()
 def check_greedy(
-    model: nn.Module, prompt_ids: list[int], output_ids: list[int], tol: float | None = None, dtype=torch.float32
+    model: nn.Module,
+    prompt_ids: list[int],
+    output_ids: list[int],
+    tol: float | None = None,
+    dtype=torch.float32,
+    tol_ulps: float = 1.0,
 ) -> GreedyReport:
     """Check output_ids against a teacher-forced `dtype` pass of the HF causal LM `model`.
-    tol: allowed logit deficit of a non-argmax token (None = one bf16 ulp of the top logit)."""
+    tol: allowed logit deficit of a non-argmax token (None = tol_ulps bf16 ulps of the top logit)."""
     if not prompt_ids:
         raise ValueError("check_greedy: the prompt is empty; the first output token needs a context.")
     if dtype not in (torch.float32, torch.float64):
@@ -80,9 +87,55 @@ def check_greedy(
     deficit = (top2.values[:, 0] - logits[torch.arange(len(out)), torch.tensor(out)]).tolist()
     gaps = (top2.values[:, 0] - top2.values[:, -1]).tolist()
     bad = [
-        Mismatch(k, t, int(top2.indices[k, 0]), deficit[k], bf16_ulp(top2.values[k, 0]) if tol is None else float(tol))
+        Mismatch(k, t, int(top2.indices[k, 0]), deficit[k], tol_ulps * bf16_ulp(top2.values[k, 0]) if tol is None else float(tol))
         for k, t in enumerate(out)
         if deficit[k] > 0
     ]
     k_min = min(range(len(gaps)), key=gaps.__getitem__)
     return GreedyReport(len(out), bad, gaps[k_min], k_min)
+
+
+def served_greedy_records(path: str) -> list[dict]:
+    """Greedy records (temperature 0, no error) of a `serving.gpu_client` result file."""
+    records = json.loads(open(path).read())
+    return [r for r in records if not r.get("error") and r["sampling"].get("temperature", 1.0) == 0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Check every greedy response a server returned (gpu_client JSON files) against the target."""
+    p = argparse.ArgumentParser(prog="python -m sglang_lilicorr.reference.check", description=main.__doc__)
+    p.add_argument("model_dir", help="the target's HF folder")
+    p.add_argument("results", nargs="+", help="gpu_client result files")
+    p.add_argument("--tol-ulps", type=float, default=2.0, help="near-tie tolerance in bf16 ulps of the top logit")
+    p.add_argument("--baseline", help="a no-speculation result file: also report the byte-equal fraction against it")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    a = p.parse_args(argv)
+    from transformers import AutoModelForCausalLM
+
+    dtype = getattr(torch, a.dtype)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(a.model_dir, dtype=dtype).to(device).eval()
+    baseline = {(r["prompt"], tuple(r["input_ids"])): r["output_ids"] for r in served_greedy_records(a.baseline)} if a.baseline else {}
+    ok = True
+    for path in a.results:
+        records = served_greedy_records(path)
+        reports = [check_greedy(model, r["input_ids"], r["output_ids"], dtype=dtype, tol_ulps=a.tol_ulps) for r in records]
+        for r, rep in zip(records, reports):
+            if not rep.ok:
+                print(f"{path}: {r['prompt'][:60]!r}: {rep.summary()} {[dataclasses.astuple(m) for m in rep.failures]}")
+        fails = sum(not rep.ok for rep in reports)
+        near = sum(len(rep.not_argmax) - len(rep.failures) for rep in reports)
+        line = (f"{path}: {len(records)} greedy responses, {sum(rep.num_tokens for rep in reports)} tokens, "
+                f"{fails} with a token that is not the target's greedy choice beyond {a.tol_ulps:g} bf16 ulp, "
+                f"{near} near-tie tokens within it")
+        same = [baseline[key] == r["output_ids"] for r in records if (key := (r["prompt"], tuple(r["input_ids"]))) in baseline]
+        if same:
+            line += f"; byte-equal with the baseline on {sum(same)}/{len(same)}"
+        print(line)
+        ok &= fails == 0
+    print("GREEDY_CHECK", "PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -22,11 +22,13 @@
 #   lilicorr  server with LILICORR; gpu_client.py: 56 greedy + 6 T=1 prompts one at a time, then 1, 2,
 #             4, 8, 16, 32 concurrent requests mixing T=0 and T=1 -> $OUT/lilicorr.json; its log ->
 #             $OUT/lilicorr.log. Draft graphs cover bs <= 16 (GRAPH_BS), so 32 also runs the eager path
-#   check     greedy_check.py (float32 teacher-forced target) over every greedy response; the log must
+#   dflash    the same drafter without its head under --speculative-algorithm DFLASH -> $OUT/dflash.json
+#   check     sglang_lilicorr.reference.check (float32 teacher-forced target; near-ties within TOL_ULPS=2 bf16
+#             ulps of the top logit allowed; byte-equal fraction against base.json) over every greedy response; the log must
 #             show our proposal captured in the draft CUDA graph and the draft graph capture itself
 # Env: SMOL_WORK (/tmp/smol), DEVICE_SITE (/tmp/site), TIMEOUT (server start limit, 330 s), GRAPH_BS (16),
 #   EXTRA_ARGS (appended to the LILICORR server's args), LILICORR_DRAFT (see model).
-# Output in $OUT (<= 6 files): lilicorr.json, lilicorr.log, base.json, base.log, summary.txt.
+# Output in $OUT (<= 7 files): {lilicorr,dflash,base}.{json,log}, summary.txt.
 # Exit status: 0 when every step asked for passed; 3 when call 2 lands on a fresh machine (redo both).
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
@@ -45,7 +47,7 @@ T0=$SECONDS
 say() { echo "[t+$((SECONDS - T0))s] $*" | tee -a "$S"; }
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 fails=()
-cd "$ROOT" || exit 1
+cd /tmp || exit 1  # not the checkout: its plain sglang_lilicorr/ would shadow the installed package (kernels/ maps in at install)
 
 if has install; then
   say "== install"
@@ -85,6 +87,8 @@ if has model; then
     else
       timeout 120 python3 -m sglang_lilicorr.serving.random_head "$W/draft" "$W/lilicorr_draft" 2>&1 | tail -n 2 | tee -a "$S"
     fi
+    python3 -c "from sglang_lilicorr.checkpoint import vanilla_copy as v; v('$W/lilicorr_draft', '$W/dflash_draft')" \
+      && say "the same drafter without its head -> $W/dflash_draft (served by the dflash step)"
     [ -f "$W/model/config.json" ] && [ -f "$W/lilicorr_draft/config.json" ] || fails+=(model)
   else
     say "reassembly failed (part_a: $A; carry .dev/smolB in this call)"; fails+=(model)
@@ -138,11 +142,20 @@ if has lilicorr; then
   grep -E "LILICORR|LiLiCorr|Capture draft|Capture target|non-greedy" "$O/lilicorr.log" | cut -c1-300 | head -n 30 | tee -a "$S"
 fi
 
+if has dflash; then
+  say "== dflash: the same drafter, --speculative-algorithm DFLASH (its argmax block)"
+  serve dflash 30012 "" -- --max-running-requests 32 --cuda-graph-max-bs-decode "${GRAPH_BS:-16}" \
+    --speculative-algorithm DFLASH --speculative-draft-model-path "$W/dflash_draft" \
+    --speculative-draft-attention-backend triton || fails+=(dflash)
+fi
+
 if has check; then
   say "== check"
-  R=(); for n in lilicorr base; do [ -s "$O/$n.json" ] && R+=("$O/$n.json"); done
+  R=(); for n in lilicorr dflash base; do [ -s "$O/$n.json" ] && R+=("$O/$n.json"); done
+  BASE=(); [ -s "$O/base.json" ] && BASE=(--baseline "$O/base.json")
   if ((${#R[@]})) && [ -f "$W/model/config.json" ]; then
-    timeout 240 python3 "$B/greedy_check.py" "$W/model" "${R[@]}" 2>&1 | grep -v "Loading weights\|Warning" | tail -n 80 | tee -a "$S"
+    timeout 300 python3 -m sglang_lilicorr.reference.check "$W/model" "${R[@]}" "${BASE[@]}" --tol-ulps "${TOL_ULPS:-2}" 2>&1 \
+      | grep -v "Loading weights\|Warning" | tail -n 80 | tee -a "$S"
     grep -q "GREEDY_CHECK PASS" "$S" || fails+=(greedy_check)
   else
     say "nothing to check (no results in $O or no model in $W/model)"; fails+=(greedy_check)
