@@ -99,3 +99,13 @@ def test_save_refuses_non_finite_and_leaves_nothing(tmp_path):
 def test_block_size_mismatch_between_head_and_drafter():
     with pytest.raises(ckpt.CheckpointError, match="block_size"):
         ckpt.with_head(VANILLA, LiLiCorrConfig(block_size=16, candidate_topk=4, hidden_size=32, num_heads=4))
+
+
+def test_vanilla_copy_keeps_the_drafter_and_drops_the_head(saved, tmp_path):
+    path, _ = saved
+    out = ckpt.vanilla_copy(path, tmp_path / "vanilla")
+    config = ckpt.read_config(out)
+    assert config["architectures"] == [ckpt.VANILLA_ARCH] and not ckpt.has_head(config)
+    assert not [k for k in config["dflash_config"] if k.startswith("lilicorr_")]
+    assert config["dflash_config"]["target_layer_ids"] == [1, 3]
+    assert set(load_file(str(out / "model.safetensors"))) == {"fc.weight"}
