@@ -298,7 +298,8 @@ def cmd_tables(args) -> int:
     devices = sorted({r.get("device", "?") for r in rows})
     settings = json.loads((work / "eval" / "eval_settings.json").read_text()) if (work / "eval" / "eval_settings.json").is_file() else {}
     provenance = (f"measured by the PyTorch reference decoder (sglang_lilicorr.reference, batch 1) on {', '.join(devices)}; "
-                  f"{settings.get('max_new_tokens', '?')} new tokens, {settings.get('per_set', '?')} prompts per set.")
+                  f"{settings.get('max_new_tokens', '?')} new tokens, up to {settings.get('per_set', '?')} prompts per set; "
+                  "each cell counts only the prompts every system finished (n_prompts in tables.json).")
     info = write_tables(rows, work / "report", provenance)
     print((work / "report" / "tables.md").read_text())
     tar = work / "testbed_results.tar.gz"
