@@ -19,6 +19,7 @@ from typing import List, Optional
 
 from . import datasets, metrics, plots, runner, stages, tables
 from .client import Sampling, ServerError
+from ..train.cli import json_object_arg
 
 
 def load_cells(path: Path) -> List[dict]:
@@ -104,16 +105,6 @@ def cmd_stages(args) -> int:
     return 0
 
 
-def _json_dict(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not JSON: {e}") from e
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object, e.g. '{\"enable_thinking\": false}'")
-    return value
-
-
 def register(subparsers) -> None:
     """Adds `bench` with subcommands run / report / compare / stages."""
     bench = subparsers.add_parser("bench", help="benchmark an SGLang server (SPEED-Bench, GSM8K, ...) and report tau / TPS / speedup")
@@ -134,7 +125,7 @@ def register(subparsers) -> None:
     run.add_argument("--category", nargs="+", help="SPEED-Bench categories / entropy tiers to keep")
     run.add_argument("--warmup", type=int, default=2, help="unrecorded warm-up requests per run")
     run.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
-    run.add_argument("--chat-template-kwargs", type=_json_dict, default={}, help='e.g. \'{"enable_thinking": false}\'')
+    run.add_argument("--chat-template-kwargs", type=json_object_arg, default={}, help='e.g. \'{"enable_thinking": false}\'')
     run.add_argument("--request-timeout", type=float, default=3600.0, help="seconds to wait for one response")
     run.add_argument("--no-progress", action="store_true")
     run.set_defaults(func=cmd_run)

@@ -10,12 +10,13 @@ Every check raises CheckpointError naming the file, tensor or field and what was
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 from safetensors import SafetensorError
@@ -161,24 +162,33 @@ def load_head(directory: str | os.PathLike) -> LiLiCorrHead:
     return load_strict(head, head_tensors, f"{Path(directory) / WEIGHTS_FILE} (head)")
 
 
-def save_checkpoint(directory: str | os.PathLike, config: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> Path:
-    """Write config.json + model.safetensors atomically: a half-written export never looks complete."""
-    target = Path(directory)
-    for name, t in tensors.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise CheckpointError(f"refusing to save tensor {name!r}: it holds NaN or Inf values.")
+@contextlib.contextmanager
+def atomic_directory(target: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty temporary directory beside `target`; when the block completes it replaces
+    `target` in one rename, and when it fails it is removed: a half-written directory never
+    looks complete."""
+    target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        (tmp / CONFIG_FILE).write_text(json.dumps(dict(config), indent=2, sort_keys=True) + "\n")
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp / WEIGHTS_FILE))
+        yield tmp
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return target
+
+
+def save_checkpoint(directory: str | os.PathLike, config: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> Path:
+    """Write config.json + model.safetensors atomically."""
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"refusing to save tensor {name!r}: it holds NaN or Inf values.")
+    with atomic_directory(directory) as tmp:
+        (tmp / CONFIG_FILE).write_text(json.dumps(dict(config), indent=2, sort_keys=True) + "\n")
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp / WEIGHTS_FILE))
+    return Path(directory)
 
 
 def head_tensors_for_save(head: LiLiCorrHead) -> dict[str, torch.Tensor]:

@@ -3,6 +3,9 @@ import os
 import pytest
 import torch
 
+# The tests use tiny tensors: intra-op fan-out only costs time (a lot on a loaded 2-core machine).
+torch.set_num_threads(1)
+
 if not torch.cuda.is_available():
     # On a CPU machine the Triton kernels run under the interpreter. The mode is fixed when a
     # kernel is decorated, so every kernel module is imported here, before any test module can

@@ -5,19 +5,11 @@ import io
 import os
 
 import pytest
-import torch
 
 from sglang_lilicorr import demo
 from sglang_lilicorr.reference import BlockRecord, speculative_decoder
 from test_reference import PROMPT, VOCAB, tiny_drafter, tiny_head, tiny_target
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def parse(argv):

@@ -13,14 +13,6 @@ from sglang_lilicorr.drafter import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny ops: one intra-op thread (a 2-core machine under load stalls OpenMP barriers ~10x)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def tiny_config(**kw):
     base = dict(hidden_size=32, vocab_size=64, num_target_layers=6, target_layer_ids=(1, 3), mask_token_id=5,

@@ -20,14 +20,6 @@ S = BLOCK - 1
 PROMPT = [3, 17, 42, 8, 61, 23, 9]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: OpenMP fan-out only costs time (a lot on a loaded 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def tiny_target():
     torch.manual_seed(0)

@@ -11,14 +11,6 @@ from sglang_lilicorr.reference import sample_verify
 CHI2_999 = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515, 6: 22.458, 7: 24.322}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: OpenMP fan-out only costs time (a lot on a loaded 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
     """-> (statistic, degrees of freedom), pooling the bins that expect < 5 draws."""

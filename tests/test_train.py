@@ -15,14 +15,6 @@ from sglang_lilicorr.train.state import IncompatibleCheckpointError
 from sglang_lilicorr.train.target import FrozenTarget, TargetMismatchError
 from sglang_lilicorr.train.trainer import TrainConfig, drafter_config_for, head_config_for, train
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny ops: one intra-op thread (a 2-core machine under load stalls OpenMP barriers ~10x)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 WORDS = "the cat sat on a mat and one two three four five six seven dog ran far".split()
 

@@ -2,19 +2,10 @@
 import json
 
 import pytest
-import torch
 
 from sglang_lilicorr.train.data import DataError
 from sglang_lilicorr.train.regenerate import prompt_rows, regenerate, transformers_generator
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny ops: one intra-op thread (a 2-core machine under load stalls OpenMP barriers ~10x)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def write_prompts(path, texts, extra=None):

@@ -21,13 +21,14 @@ def register(subparsers) -> None:
     _register_export(subparsers.add_parser("export", help="training checkpoint -> SGLang draft directory"))
 
 
-def _chat_kwargs(text: str) -> dict:
+def json_object_arg(text: str) -> dict:
+    """argparse type: a JSON object, e.g. '{"enable_thinking": false}'."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"--chat-template-kwargs is not JSON: {e}") from e
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from e
     if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("--chat-template-kwargs must be a JSON object")
+        raise argparse.ArgumentTypeError("must be a JSON object, e.g. '{\"enable_thinking\": false}'")
     return value
 
 
@@ -43,8 +44,8 @@ def _register_regenerate(p: argparse.ArgumentParser) -> None:
                    help="auto = SGLang's offline engine when CUDA is available, else transformers")
     p.add_argument("--max-new-tokens", type=int, default=4096)
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--chat-template-kwargs", type=_chat_kwargs, default={"enable_thinking": False}, help=CHAT_KWARGS_HELP)
-    p.add_argument("--engine-kwargs", type=_chat_kwargs, default={}, help="JSON object of extra sglang.Engine arguments")
+    p.add_argument("--chat-template-kwargs", type=json_object_arg, default={"enable_thinking": False}, help=CHAT_KWARGS_HELP)
+    p.add_argument("--engine-kwargs", type=json_object_arg, default={}, help="JSON object of extra sglang.Engine arguments")
     p.set_defaults(func=run_regenerate)
 
 
@@ -85,7 +86,7 @@ def _register_train(p: argparse.ArgumentParser) -> None:
     for field in dataclasses.fields(TrainConfig):
         flag = "--" + field.name.replace("_", "-")
         if field.name == "chat_template_kwargs":
-            p.add_argument(flag, type=_chat_kwargs, default=None, help=CHAT_KWARGS_HELP)
+            p.add_argument(flag, type=json_object_arg, default=None, help=CHAT_KWARGS_HELP)
         elif field.type in ("bool", bool):
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
         else:

@@ -15,15 +15,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..checkpoint import HEAD_PREFIX, CheckpointError
+from ..checkpoint import HEAD_PREFIX, CheckpointError, atomic_directory
 from ..config import LiLiCorrConfig
 from ..drafter import DrafterConfig
 
@@ -50,11 +48,8 @@ def save_training_checkpoint(
     tensors: Mapping[str, torch.Tensor],
     optimizer_state: Mapping[str, Any],
 ) -> Path:
-    root = Path(output_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step:08d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
-    try:
+    final = Path(output_dir) / "checkpoints" / f"step-{step:08d}"
+    with atomic_directory(final) as tmp:
         state = {
             "format": FORMAT, "step": step, "progress": dict(progress),
             "drafter_config": drafter_config.to_hf_config(),
@@ -63,12 +58,6 @@ def save_training_checkpoint(
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
         save_file({k: v.detach().float().contiguous().cpu() for k, v in tensors.items()}, str(tmp / TENSORS_FILE))
         torch.save(dict(optimizer_state), tmp / OPTIMIZER_FILE)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     pointer = Path(output_dir) / LATEST
     pointer_tmp = pointer.with_name(f".{LATEST}.tmp")
     pointer_tmp.write_text(final.name + "\n")
