@@ -13,6 +13,12 @@ ms per call (median of triton.testing.do_bench over CUDA-graph replay):
   post_logits  logits -> draft ids (top-K/LSE + head + walk): the issue's target
   select       hidden -> draft ids, LM-head matmul included
 
+Per-stage split (variant fused, each stage captured and replayed alone): lm_head, topk_lse,
+projections (pass + anchor GEMMs), nodes (features + node assembly), lattice (2 layers),
+factors (fusion + out|in GEMMs + cosines), walk. Kernel launches per call (torch.profiler, CUDA
+activity, one eager call) for post_logits of each variant and the built-in and for each stage,
+with the fused variant's and the built-in's kernels by GPU time (the SDPA backend shows up here).
+
 Our variants: torch (PyTorch ops on the precomputed buffers), fused (Triton epilogues),
 fused_overlap (fused + side stream for the pass/anchor projections), and with --compile,
 compiled (torch.compile of the PyTorch variant). Checks in the same run: each variant's select
@@ -169,6 +175,28 @@ def time_graph(fn, rep_ms):
     return ms, out
 
 
+def kernel_profile(fn, reps=3):
+    """Kernels of one eager call (torch.profiler, CUDA activity, averaged over reps):
+    (launches per call, [(kernel name, launches per call, GPU us per call)] by time); None on CPU."""
+    if not torch.cuda.is_available():
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    kernels = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            n, us = kernels.get(e.name, (0, 0.0))
+            kernels[e.name] = (n + 1, us + e.time_range.elapsed_us())
+    table = sorted(((name[:90], n / reps, us / reps) for name, (n, us) in kernels.items()), key=lambda r: -r[2])
+    return sum(n for _, n, _ in table), table
+
+
 # --- the run ---------------------------------------------------------------------------------
 
 
@@ -190,7 +218,7 @@ def run(args) -> dict:
             git_commit=git_commit(), config=dict(dataclasses.asdict(geo), ffn=2 * geo.H, dtype=str(dtype)),
             bs=args.bs, rep_ms=args.rep_ms,
         ),
-        "rows": [], "checks": {}, "errors": {},
+        "rows": [], "checks": {}, "errors": {}, "launches": {}, "kernels": {},
     }
     errors, checks = res["errors"], res["checks"]
     log("meta:", json.dumps(res["meta"]))
@@ -225,6 +253,14 @@ def run(args) -> dict:
         hidden, anchor = make_inputs(geo, bs, dev, dtype)
         logits = F.linear(hidden.reshape(bs * S, HM), lm_head)  # [bs*S, V]
         tb = lambda name, fn: attempt(errors, f"bs{bs}_{name}", lambda: time_graph(fn, args.rep_ms))  # noqa: E731
+        launches = res["launches"].setdefault(f"bs{bs}", {})
+
+        def count(name, fn, keep_kernels=False):
+            prof = attempt(errors, f"bs{bs}_launches_{name}", lambda: kernel_profile(fn))
+            if prof is not None:
+                launches[name] = prof[0]
+                if keep_kernels:
+                    res["kernels"][f"bs{bs}_{name}"] = prof[1]
 
         # ---- top-K + logsumexp
         topk_fns = [("topk_lse_ours", lambda: topk_lse_ours(logits, K)),
@@ -251,9 +287,22 @@ def run(args) -> dict:
             row[f"post_logits_{vname}"] = out and out[0]
             out = tb(f"select_{vname}", lambda: fast.select(hidden, anchor, lm_head))
             row[f"select_{vname}"] = out and out[0]
+            with torch.no_grad():  # head_walk = post_logits minus top-K's 1-2; select = post_logits + 1
+                count(f"post_logits_{vname}", post_logits, keep_kernels=vname == "fused")
             if out is not None and ref is not None:
                 attempt(errors, f"bs{bs}_check_{vname}", lambda: check(
                     checks, f"bs{bs}_{vname}", fast, out[1], ref, hidden, anchor, lm_head, greedy_margin))
+
+        # ---- per-stage split of the fused variant (each stage alone, graph replay)
+        fast = variants.get("fused")
+        if fast is not None:
+            stages = {"lm_head": lambda: F.linear(hidden.reshape(bs * S, HM), lm_head), "topk_lse": lambda: topk_lse_ours(logits, K)}
+            more = attempt(errors, f"bs{bs}_stages", lambda: fast.fused_stages(vals, ids, lse, hidden, anchor))
+            for name, fn in {**stages, **(more or {})}.items():
+                out = tb(f"stage_{name}", fn)
+                row[f"stage_{name}"] = out and out[0]
+                if bs == args.bs[0]:  # launch counts do not depend on bs (top-K: 1 kernel from N >= 4224)
+                    count(f"stage_{name}", fn)
 
         # ---- built-in: select_with_proposal on pre-gathered embeddings; logits -> ids; full select
         if builtin is not None:
@@ -283,7 +332,9 @@ def run(args) -> dict:
                 row["post_logits_builtin"] = out and out[0]
                 out = tb("select_builtin", lambda: builtin_from_logits(F.linear(hidden.reshape(bs * S, HM), lm_head)))
                 row["select_builtin"] = out and out[0]
+                count("post_logits_builtin", lambda: builtin_from_logits(logits), keep_kernels=True)
         log(json.dumps(row))
+        log(f"launches bs={bs}: " + json.dumps(launches))
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return res
@@ -293,13 +344,10 @@ def check(checks, key, fast, graph_out, ref, hidden, anchor, lm_head, greedy_mar
     """Our select (eager and graph replay) against the reference on the same inputs."""
     r_tokens, r_ids, r_lp, r_start, r_pair = ref
     tokens, ids, lp = fast.select(hidden, anchor, lm_head)
-    b, S, K = ids.shape
-    HM = hidden.shape[-1]
     checks[f"{key}_graph_equals_eager"] = all(torch.equal(x, y) for x, y in zip(graph_out, (tokens, ids, lp)))
     checks[f"{key}_candidate_ids_equal"] = bool(torch.equal(ids, r_ids))
     checks[f"{key}_logprob_max_err"] = float((lp - r_lp).abs().max())
-    vals = torch.gather(F.linear(hidden.reshape(b * S, HM), lm_head).float(), 1, ids.reshape(b * S, K)).view(b, S, K)
-    start, pair, _ = fast.lattice_scores(vals, ids, vals[..., 0] - lp[..., 0], hidden, anchor)
+    start, pair, _ = fast.lattice_scores(*fast.candidates(hidden, lm_head), hidden, anchor)  # select's own scores
     err = torch.maximum((start - r_start.float()).abs().amax(-1), (pair - r_pair.float()).abs().flatten(1).amax(-1))  # [b]
     checks[f"{key}_score_max_err"] = float(err.max())  # sigma-scaled cosines, |score| <= sigma = 8
     clear = greedy_margin(r_start, r_pair) > 2 * err  # a request whose path no score error can flip
@@ -332,6 +380,23 @@ def report(res) -> list[str]:
     log("|---" * (len(names) + 1) + "|")
     for r in rows:
         log(f"| {r['bs']} | " + " | ".join(fmt(r.get(n)) for n in names) + " |")
+
+    stage_names = [k for k in ("lm_head", "topk_lse", "projections", "nodes", "lattice", "factors", "walk") if f"stage_{k}" in keys]
+    if stage_names:
+        log("\nper-stage split, fused variant (each stage captured alone; ms) and the sum vs select_fused:")
+        log("| bs | " + " | ".join(stage_names) + " | sum | select_fused |")
+        log("|---" * (len(stage_names) + 3) + "|")
+        for r in rows:
+            parts = [r.get(f"stage_{k}") for k in stage_names]
+            total = sum(parts) if all(p is not None for p in parts) else None
+            log(f"| {r['bs']} | " + " | ".join(fmt(p) for p in parts) + f" | {fmt(total)} | {fmt(r.get('select_fused'))} |")
+    for bs_key, counts in res.get("launches", {}).items():
+        if counts:
+            log(f"kernel launches per call, {bs_key}: " + ", ".join(f"{k} {v:g}" for k, v in counts.items()))
+    for key, table in res.get("kernels", {}).items():
+        log(f"\nkernels by GPU time, {key} (launches per call, us per call):")
+        for name, n, us in table[:14]:
+            log(f"  {us:8.1f} us  x{n:g}  {name}")
 
     variants = sorted({k[len("post_logits_"):] for r in rows for k in r if k.startswith("post_logits_")} - {"builtin"})
     failed = []

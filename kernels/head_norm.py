@@ -4,6 +4,7 @@
                        out = RMSNorm(x) * w; with `cross` (the anchor state t [b, H]) it also writes
                        out * t beside it: out [rows, 2H] = concat[h, h * t], the factor input of
                        paper Eq. (fusion) minus the per-request t term.
+  rmsnorm_triton       out = RMSNorm(x) * w (the same kernel without the add; the anchor norm).
   row_bias_silu_triton pre = silu(pre + bias[row // rows_per_group]) in place (the per-request
                        factor_input_proj term W_t t + b, then SiLU).
 
@@ -21,15 +22,17 @@ from .head_nodes import rows_per_program
 @triton.jit
 def _add_rmsnorm_kernel(
     x_ptr, y_ptr, w_ptr, out_ptr, out_stride, cross_ptr, rows_per_req, n_rows, H, eps,
-    ROWS: tl.constexpr, BLOCK_H: tl.constexpr, CROSS: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_H: tl.constexpr, CROSS: tl.constexpr, ADD: tl.constexpr = True,
 ):
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_H)
     m = (r < n_rows)[:, None] & (cols < H)[None, :]
     at = r[:, None] * H + cols[None, :]
     dtype = x_ptr.dtype.element_ty
-    s = (tl.load(x_ptr + at, mask=m, other=0.0).to(tl.float32) + tl.load(y_ptr + at, mask=m, other=0.0).to(tl.float32)).to(dtype)
-    tl.store(x_ptr + at, s, mask=m)
+    s = tl.load(x_ptr + at, mask=m, other=0.0)
+    if ADD:
+        s = (s.to(tl.float32) + tl.load(y_ptr + at, mask=m, other=0.0).to(tl.float32)).to(dtype)
+        tl.store(x_ptr + at, s, mask=m)
     sf = s.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(sf * sf, 1) / H + eps)
     w = tl.load(w_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
@@ -76,6 +79,21 @@ def add_rmsnorm_triton(
         _add_rmsnorm_kernel[(triton.cdiv(rows, per),)](
             x, y, weight, out, width, x if cross is None else cross, rows_per_req, rows, h, float(eps),
             ROWS=per, BLOCK_H=block_h, CROSS=cross is not None, num_warps=4 if block_h <= 2048 else 8,
+        )
+    return out
+
+
+def rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [rows, H] contiguous -> RMSNorm(x) * weight [rows, H] in x's dtype (x unchanged)."""
+    rows, h = x.shape
+    if not x.is_contiguous():
+        raise ValueError(f"rmsnorm_triton: x {tuple(x.shape)} must be contiguous")
+    out = torch.empty_like(x)
+    if rows:
+        block_h, per = triton.next_power_of_2(h), rows_per_program(x)
+        _add_rmsnorm_kernel[(triton.cdiv(rows, per),)](
+            x, x, weight, out, h, x, 1, rows, h, float(eps),
+            ROWS=per, BLOCK_H=block_h, CROSS=False, ADD=False, num_warps=4 if block_h <= 2048 else 8,
         )
     return out
 

@@ -1,15 +1,20 @@
 """Fused top-K + full-vocabulary logsumexp over logits rows, in Triton.
 
-Stage 1 ("split") streams one chunk of one row: a running max / sum-of-exponentials for the
-logsumexp and a running K-best buffer for the top-K, both in registers, in a single read of the
-logits. Stage 2 ("merge") combines the per-chunk partials of a row. With one chunk per row the
-split kernel finishes the row itself and stage 2 is not launched.
+Stage 1 ("split") streams one chunk of one row once, in tiles of R sub-tiles x G logits:
+  - a running max / sum-of-exponentials for the logsumexp;
+  - a running K-best buffer of *sub-tile* keys (each sub-tile ranked by its largest logit, lower
+    sub-tile first on ties). The K best elements of the chunk lie in its K best sub-tiles: a
+    sub-tile ranked below K others holds nothing better than their K maxima. So the streaming
+    pass only ranks R sub-tile maxima per tile (tiny), and at the end of the chunk re-loads the
+    <= K chosen sub-tiles (K x G logits, just read: cache hits) to take the exact top-K.
+Stage 2 ("merge") combines the per-chunk partials of a row. With one chunk per row the split
+kernel finishes the row itself and stage 2 is not launched.
 
 Ordering keys: every element gets a unique int64 key whose order is "larger value first, then
 lower index first" (the float's bits mapped to an order-preserving int32 in the high word,
 2^31-1-index in the low word), so top-K is "the K largest keys" with no tie special cases and
 -inf values are ordinary keys. SENTINEL (int64 min) is below every real key and marks an empty
-or removed slot.
+or removed slot. Sub-tile keys use the same map with the sub-tile's index.
 """
 from __future__ import annotations
 
@@ -22,15 +27,17 @@ import triton.language as tl
 from .topk_lse import check_topk_lse_args
 
 SENTINEL = tl.constexpr(-(2**63))  # below every ordering key
-BLOCK = 2048  # logits per tile: 16 bf16 (two 16-byte loads) per thread at 4 warps
-NUM_WARPS = 4
-MAX_REGISTERS = 64  # per thread: 8 resident stage-1 programs of 128 threads fill an SM's 64K
-PROGRAMS_PER_SM = 8  # stage-1 grid aims at one wave of these
+BLOCK = 512  # logits per tile: 16 per thread of one warp (two 16-byte bf16 loads)
+GROUP = 64  # logits per sub-tile (128 bytes of bf16)
+NUM_WARPS = 1  # one warp per program: every reduction is in-warp (shuffles, no barriers)
+MAX_REGISTERS = 64  # per thread (63 used, no spills on sm_90): 32 one-warp programs fill an SM
+PROGRAMS_PER_SM = 32  # stage-1 grid aims at one wave of these (sm_90's resident-block limit)
+MIN_TILES_PER_SPLIT = 4  # small N: fewer, longer splits keep the merge kernel's input small
 
 
 @triton.jit
 def _order_key(x, index):
-    """fp32 [T], int32 [T] -> int64 [T] keys: value descending, then index ascending."""
+    """fp32, int32 (same shape) -> int64 keys: value descending, then index ascending."""
     x = tl.where(x == 0.0, 0.0, x)  # -0.0 ties with +0.0, as in torch.sort
     bits = x.to(tl.int32, bitcast=True)
     bits = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
@@ -47,18 +54,25 @@ def _key_value(key):
 
 @triton.jit
 def _key_index(key):
-    """int64 keys -> their int64 vocabulary indices."""
+    """int64 keys -> their int64 indices."""
     return 0x7FFFFFFF - (key & 0x7FFFFFFF)
 
 
 @triton.jit
-def _store_sorted(keys, slots, vals_ptr, ids_ptr, K: tl.constexpr):
-    """Write the K largest of `keys` [T] in descending order to one vals/ids row."""
+def _top_keys(keys, slots, K: tl.constexpr):
+    """The K largest of `keys` [T], descending, in a [KP] vector (slots >= K: SENTINEL)."""
     best_keys = tl.full(slots.shape, SENTINEL, tl.int64)
     for i in tl.static_range(K):
         best = tl.max(keys, 0)
         best_keys = tl.where(slots == i, best, best_keys)
         keys = tl.where(keys == best, SENTINEL, keys)
+    return best_keys
+
+
+@triton.jit
+def _store_sorted(keys, slots, vals_ptr, ids_ptr, K: tl.constexpr):
+    """Write the K largest of `keys` [T] in descending order to one vals/ids row."""
+    best_keys = _top_keys(keys, slots, K)
     tl.store(vals_ptr + slots, _key_value(best_keys), mask=slots < K)
     tl.store(ids_ptr + slots, _key_index(best_keys), mask=slots < K)
 
@@ -68,38 +82,40 @@ def _topk_lse_split_kernel(
     logits_ptr, row_stride, V, chunk,  # logits [N, V] (unit column stride); chunk: logits per split
     part_key_ptr, part_max_ptr, part_sum_ptr,  # [N, SPLITS, KP] int64, [N, SPLITS] fp32 x2
     vals_ptr, ids_ptr, lse_ptr,  # [N, K] fp32, [N, K] int64, [N] fp32 (written when FINAL)
-    K: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr, FINAL: tl.constexpr,
+    K: tl.constexpr, KP: tl.constexpr, R: tl.constexpr, G: tl.constexpr, FINAL: tl.constexpr,
 ):
     row = tl.program_id(0)
     split = tl.program_id(1)
     n_splits = tl.num_programs(1)
     row_ptr = logits_ptr + row.to(tl.int64) * row_stride
-    lo = split * chunk
+    lo = split * chunk  # a multiple of R * G
     hi = tl.minimum(lo + chunk, V)
-    lanes = tl.arange(0, BLOCK)
+    subs = tl.arange(0, R)
+    tile = subs[:, None] * G + tl.arange(0, G)[None, :]  # [R, G] offsets within a tile
     slots = tl.arange(0, KP)
     LOG2E: tl.constexpr = 1.4426950408889634
+    BLOCK: tl.constexpr = R * G
 
-    # K-best buffer (unsorted); padding slots >= K hold int64 max so they are never "worst".
+    # K-best buffer of sub-tile keys (unsorted); padding slots >= K hold int64 max (never "worst").
     buf = tl.where(slots < K, SENTINEL, 0x7FFFFFFFFFFFFFFF).to(tl.int64)
-    worst = tl.min(buf, 0)  # smallest key in the buffer: the one a better element evicts
+    worst = tl.min(buf, 0)  # smallest key in the buffer: the one a better sub-tile evicts
     floor = tl.full((), -float("inf"), tl.float32)  # value of `worst`: tiles below it cannot enter
     run_max = tl.full((), -float("inf"), tl.float32)
     run_sum = tl.full((), 0.0, tl.float32)
-    x_next = tl.load(row_ptr + lo + lanes, mask=lo + lanes < hi, other=-float("inf"))
+    x_next = tl.load(row_ptr + lo + tile, mask=lo + tile < hi, other=-float("inf"))
     for start in range(lo, hi, BLOCK):
-        offs = start + lanes
-        inside = offs < hi
         x = x_next.to(tl.float32)
         # issue the next tile's load before this tile's reductions: two tiles in flight
-        x_next = tl.load(row_ptr + BLOCK + offs, mask=BLOCK + offs < hi, other=-float("inf"))
-        tile_max = tl.max(x, 0)
+        nxt = start + BLOCK + tile
+        x_next = tl.load(row_ptr + nxt, mask=nxt < hi, other=-float("inf"))
+        sub_max = tl.max(x, 1)  # [R]; masked logits are -inf, ranked after every real one
+        tile_max = tl.max(sub_max, 0)
         new_max = tl.maximum(run_max, tile_max)
         shift = tl.where(new_max == -float("inf"), 0.0, new_max)  # keeps all -inf tiles NaN-free
-        run_sum = run_sum * tl.exp2((run_max - shift) * LOG2E) + tl.sum(tl.exp2((x - shift) * LOG2E), 0)
+        run_sum = run_sum * tl.exp2((run_max - shift) * LOG2E) + tl.sum(tl.exp2((x - shift) * LOG2E))
         run_max = new_max
         if tile_max >= floor:
-            keys = tl.where(inside, _order_key(x, offs), SENTINEL)
+            keys = _order_key(sub_max, start // G + subs)
             n_better = tl.minimum(tl.sum((keys > worst).to(tl.int32), 0), K)
             for _ in range(n_better):
                 best = tl.max(keys, 0)
@@ -108,15 +124,22 @@ def _topk_lse_split_kernel(
                 keys = tl.where(keys == best, SENTINEL, keys)
                 worst = tl.min(buf, 0)
             floor = tl.where(worst == SENTINEL, -float("inf"), _key_value(worst))
-    buf = tl.where(slots < K, buf, SENTINEL)
+
+    # exact top-K among the chosen sub-tiles' logits (re-loaded: just streamed, so cache hits)
+    live = (slots < K) & (buf != SENTINEL)
+    sub_start = (_key_index(buf) * G).to(tl.int32)  # [KP]
+    offs = sub_start[:, None] + tl.arange(0, G)[None, :]  # [KP, G]
+    inside = live[:, None] & (offs < hi)
+    x = tl.load(row_ptr + offs, mask=inside, other=-float("inf")).to(tl.float32)
+    keys = tl.reshape(tl.where(inside, _order_key(x, offs), SENTINEL), [KP * G])
 
     if FINAL:
         # run_sum >= 1 whenever run_max is finite; an all -inf row gives -inf + log(1) = -inf
         tl.store(lse_ptr + row, run_max + tl.log(tl.maximum(run_sum, 1.0)))
-        _store_sorted(buf, slots, vals_ptr + row * K, ids_ptr + row * K, K)
+        _store_sorted(keys, slots, vals_ptr + row * K, ids_ptr + row * K, K)
     else:
         part = row * n_splits + split
-        tl.store(part_key_ptr + part * KP + slots, buf)
+        tl.store(part_key_ptr + part * KP + slots, _top_keys(keys, slots, K))
         tl.store(part_max_ptr + part, run_max)
         tl.store(part_sum_ptr + part, run_sum)
 
@@ -152,16 +175,18 @@ def _topk_lse_merge_kernel(
 @functools.lru_cache(maxsize=None)
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
-        return 4  # Triton's CPU interpreter: a few splits, so tests cover the merge stage
+        return 1  # Triton's CPU interpreter: a few splits, so tests cover the merge stage
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def split_plan(n_rows: int, vocab: int, device: torch.device, block: int = BLOCK) -> tuple[int, int]:
-    """(splits per row, logits per split): as many stage-1 programs as fit one wave on the GPU
-    (PROGRAMS_PER_SM per SM), each a run of whole tiles."""
+    """(splits per row, logits per split), from N: about one wave of stage-1 programs on the GPU
+    (PROGRAMS_PER_SM per SM), each a run of >= MIN_TILES_PER_SPLIT whole tiles. Paper vocab on
+    132 SMs: N = 15 -> 75 splits of 4 tiles; 60 -> 60 of 5; 240 -> 17 of 18; 480 -> 8 of 38;
+    N >= 4224 -> 1 (no merge kernel)."""
     tiles = triton.cdiv(vocab, block)
     want = max(1, PROGRAMS_PER_SM * _sm_count(device) // n_rows)
-    tiles_per_split = triton.cdiv(tiles, min(want, tiles))
+    tiles_per_split = max(triton.cdiv(tiles, min(want, tiles)), min(MIN_TILES_PER_SPLIT, tiles))
     return triton.cdiv(tiles, tiles_per_split), tiles_per_split * block
 
 
@@ -170,10 +195,12 @@ def topk_lse_triton(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """logits [N, V] -> (vals fp32 [N, k] descending, ids int64 [N, k], lse fp32 [N]).
 
-    Ties go to the lowest index. `splits` overrides the number of chunks per row (tests).
-    No host syncs: safe to capture in a CUDA graph.
+    Ties go to the lowest index. `splits` overrides the number of chunks per row and `block`
+    the tile size (a power of two; tests). No host syncs: safe to capture in a CUDA graph.
     """
     check_topk_lse_args(logits, k)
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"topk_lse_triton: block must be a power of two >= 16, got {block}")
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     n, vocab = logits.shape
@@ -189,6 +216,7 @@ def topk_lse_triton(
         chunk = triton.cdiv(triton.cdiv(vocab, splits), block) * block
         splits = triton.cdiv(vocab, chunk)
     kp = triton.next_power_of_2(k)
+    group = min(GROUP, block)
     final = splits == 1  # one chunk per row: the split kernel writes the outputs itself
     parts = 0 if final else n * splits
     part_key = torch.empty((parts, kp), dtype=torch.int64, device=dev)
@@ -197,11 +225,12 @@ def topk_lse_triton(
     _topk_lse_split_kernel[(n, splits)](
         logits, logits.stride(0), vocab, chunk,
         part_key, part_max, part_sum, vals, ids, lse,
-        K=k, KP=kp, BLOCK=block, FINAL=final, num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS,
+        K=k, KP=kp, R=block // group, G=group, FINAL=final, num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS,
     )
     if not final:
+        sp = triton.next_power_of_2(splits)
         _topk_lse_merge_kernel[(n,)](
             part_key, part_max, part_sum, splits, vals, ids, lse,
-            K=k, KP=kp, SP=triton.next_power_of_2(splits), num_warps=NUM_WARPS,
+            K=k, KP=kp, SP=sp, num_warps=1 if sp * kp <= 512 else 4,  # 512 keys: 16 per lane of one warp
         )
     return vals, ids, lse
