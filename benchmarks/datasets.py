@@ -6,7 +6,7 @@ import random
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from . import packaged, speed_bench
+from . import packaged, prompt_file, speed_bench
 from .prompt import Prompt
 
 # WritingBench is benchmarked on a fixed sample, as in the issue; others run whole unless --limit.
@@ -30,12 +30,17 @@ def sample(prompts: Sequence[Prompt], limit: Optional[int], seed: int = 0) -> Li
 def load_prompts(
     spec: str, limit: Optional[int] = None, categories: Optional[Sequence[str]] = None
 ) -> Tuple[str, List[Prompt]]:
-    """Prompts of a packaged set (`gsm8k`, ...) or of a SPEED-Bench split file (`.../qualitative.jsonl`).
+    """Prompts of a packaged set (`gsm8k`, ...), of a SPEED-Bench split file (`.../qualitative.jsonl`) or
+    of a prompt file (any other .jsonl: rows {id, text | messages, set | category}; see prompt_file.py).
 
-    SPEED-Bench files are named `speed_<split>` in results, e.g. `speed_throughput_1k`.
+    SPEED-Bench files are named `speed_<split>` in results, e.g. `speed_throughput_1k`; a prompt file
+    by its stem, e.g. `eval_prompts`.
     """
     path = Path(spec)
-    if path.suffix in (".parquet", ".jsonl", ".json"):
+    if path.suffix == ".jsonl" and path.stem not in speed_bench.SPLITS:
+        prompts = prompt_file.load(path, categories=categories)
+        name = path.stem
+    elif path.suffix in (".parquet", ".jsonl", ".json"):
         prompts = speed_bench.load(path, categories=categories)
         name = f"speed_{path.stem}"
     elif spec in packaged.LOADERS:
@@ -46,7 +51,7 @@ def load_prompts(
         limit = limit if limit is not None else DEFAULT_LIMITS.get(spec)
     else:
         raise ValueError(
-            f"Unknown dataset {spec!r}: give one of {names()} or the path of a SPEED-Bench split "
-            "file (.parquet or .jsonl)."
+            f"Unknown dataset {spec!r}: give one of {names()}, the path of a SPEED-Bench split "
+            "file (.parquet or .jsonl) or of a prompt file (.jsonl)."
         )
     return name, sample(prompts, limit)

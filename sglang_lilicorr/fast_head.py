@@ -18,6 +18,8 @@ Two implementations of the same math, chosen by `fused`:
                gather+sum+RMSNorm node kernel, residual-add+RMSNorm (+ h*t) kernels, bias+SiLU,
                and one cosine-score kernel for start and pair factors; cuBLAS GEMMs and SDPA between.
 `overlap=True` (CUDA, fused) runs the pass and anchor projections on a side stream.
+`fused_stages` cuts the fused path into projections / nodes / lattice / factors / walk for
+per-stage timing (benchmarks/head_bench.py).
 Everything is static-shaped with no host syncs, so `select` can be captured in a CUDA graph.
 """
 from __future__ import annotations
@@ -175,7 +177,7 @@ class FastLiLiCorrSelect:
     def _anchor_projection(self, anchor_hidden):
         """-> anchor state t [b, H] and [anchor_out | W_t t + b] [b, D+H] (one GEMM on t)."""
         t = self.head.context_proj(anchor_hidden.to(self.dtype))
-        if self.fused:  # one Triton RMSNorm launch instead of PyTorch's elementwise chain
+        if self.fused:  # one Triton RMSNorm launch, like the other norms of the fused path
             from .kernels.head_norm import rmsnorm_triton
 
             t = rmsnorm_triton(t, self.head.anchor_norm.weight, _norm_eps(self.head.anchor_norm))

@@ -1,0 +1,63 @@
+"""Prompt files: your own prompts as jsonl, one conversation a line.
+
+  {"id": "gsm8k/82", "set": "gsm8k", "text": "Question: ..."}                  one user turn
+  {"id": "chat/1", "category": "chat", "messages": [{"role": "user", "content": "..."}, ...]}
+
+`id` is unique; the user turns come from `text` or from `messages` (user messages only, played in
+order); the reporting group is `set` or `category` (the file's stem when both are absent). The
+testbed's held-out prompts (testbed/eval_prompts.jsonl) are such a file. Results name the dataset
+after the file's stem.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, List, Optional
+
+from .prompt import Prompt
+from .speed_bench import read_records
+
+
+class PromptFileError(ValueError):
+    """A prompt file row lacks an id or a user turn, or repeats an id."""
+
+
+def _turns(row: dict, where: str) -> tuple:
+    if isinstance(row.get("text"), str):
+        return (row["text"],)
+    messages = row.get("messages")
+    if isinstance(messages, list) and messages and all(isinstance(m, dict) and m.get("role") == "user" for m in messages):
+        return tuple(m.get("content") for m in messages)
+    raise PromptFileError(f"{where}: give the prompt as `text` (a string) or `messages` (a list of {{role: user, content}} dicts).")
+
+
+def load(path: Path, categories: Optional[Iterable[str]] = None) -> List[Prompt]:
+    """Prompts of a prompt file in file order, optionally only those of some groups (`set`/`category`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"Prompt file {path} does not exist; check the path given to --dataset.")
+    rows = read_records(path)
+    if not rows:
+        raise PromptFileError(f"{path} holds no prompts.")
+    prompts, seen = [], set()
+    for lineno, row in enumerate(rows, 1):
+        where = f"{path} row {lineno}"
+        if "question_id" in row:
+            raise PromptFileError(
+                f"{where} looks like a SPEED-Bench record; name the file after its split (qualitative.jsonl, "
+                "throughput_1k.jsonl, ...) so that the SPEED-Bench loader reads it."
+            )
+        prompt_id = str(row.get("id") or "")
+        if not prompt_id:
+            raise PromptFileError(f"{where}: every row needs a non-empty `id`.")
+        if prompt_id in seen:
+            raise PromptFileError(f"{where}: duplicate id {prompt_id!r}.")
+        seen.add(prompt_id)
+        group = str(row.get("set") or row.get("category") or path.stem)
+        prompts.append(Prompt(prompt_id=prompt_id, category=group, turns=_turns(row, where), source=f"file/{path.name}"))
+    if categories:
+        unknown = set(categories) - {p.category for p in prompts}
+        if unknown:
+            raise ValueError(f"{path}: no prompts in set(s) {sorted(unknown)}; it has {sorted({p.category for p in prompts})}.")
+        prompts = [p for p in prompts if p.category in set(categories)]
+    return prompts

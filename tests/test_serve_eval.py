@@ -1,0 +1,111 @@
+"""testbed/serve_eval.sh's control flow on CPU: stub servers (tests/stub_server.py) stand in for SGLang,
+one of them dies at startup; the prompt-file loader that reads testbed/eval_prompts.jsonl."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang_lilicorr.benchmarks import datasets, prompt_file
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Serves the stub (speculative unless SYSTEM=base) on $PORT, with GET /health; SYSTEM=lilicorr dies at startup.
+LAUNCHER = """
+import os, sys, time
+from http.server import ThreadingHTTPServer
+sys.path.insert(0, {tests!r})
+from stub_server import StubServer
+if os.environ["SYSTEM"] == "lilicorr":
+    sys.exit("stub: cannot load the draft")
+time.sleep(1)
+stub = StubServer(speculative=os.environ["SYSTEM"] != "base", accept=3, min_latency_s=0.002)
+class Handler(stub._handler()):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
+"""
+
+
+def _free_port_block(n: int) -> int:
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + n < 65536 and all(_free(port + i) for i in range(n)):
+            return port
+    pytest.skip("no block of free ports")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def test_serve_eval_reports_the_surviving_systems_beside_the_reference(tmp_path):
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(LAUNCHER.format(tests=str(ROOT / "tests")))
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "SERVE_EVAL_WORK": str(tmp_path / "work"), "PYTHON": sys.executable,
+           "SERVE_EVAL_LAUNCH": f"{sys.executable} {launcher}", "PORT0": str(_free_port_block(3)),
+           "BUDGET": "150", "RESERVE": "30", "PER_SET": "4"}
+    proc = subprocess.run(["bash", str(ROOT / "testbed" / "serve_eval.sh")], env=env, capture_output=True, text=True, timeout=240)
+    log = (out / "serve_eval.txt").read_text()
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "lilicorr: server exited during startup" in log and "stub: cannot load the draft" in log
+    assert "failed: lilicorr" in log
+
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    for system in ("dflash", "base"):  # 4 reference prompts per set x 5 sets, at c = 1 and 8
+        mine = [r for r in records if r["system"] == system]
+        assert sorted({r["concurrency"] for r in mine}) == [1, 8] and len(mine) == 40
+    assert {r["category"] for r in records} == {"gsm8k", "humaneval", "aime2025", "gpqa", "writingbench"}
+
+    cells = json.loads((out / "summary.json").read_text())["cells"]
+    spec = [c for c in cells if c["system"] == "dflash"]
+    assert spec and all(1 < c["tau"] <= 3 and c["speedup"] > 0 for c in spec)
+    assert all(c["tau"] is None for c in cells if c["system"] == "base")
+
+    table = (out / "tau_server_vs_reference.md").read_text()
+    gsm8k = next(line for line in table.splitlines() if line.startswith("| gsm8k |"))
+    assert "1.220" in gsm8k  # the reference decoder's dflash tau on GSM8K (tables.json), beside the server's
+    assert len(list(out.iterdir())) <= 8
+
+
+def test_prompt_file_reads_the_testbed_prompts_and_groups_by_set():
+    name, prompts = datasets.load_prompts(str(ROOT / "testbed" / "eval_prompts.jsonl"), categories=["gpqa", "gsm8k"])
+    assert name == "eval_prompts" and len(prompts) == 48
+    assert {p.category for p in prompts} == {"gpqa", "gsm8k"} and all(len(p.turns) == 1 for p in prompts)
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"text": "hi"}, "non-empty `id`"),
+    ({"id": "a", "messages": [{"role": "system", "content": "x"}]}, "`text` .* or `messages`"),
+    ({"question_id": "q1", "turns": ["hi"]}, "SPEED-Bench record"),
+])
+def test_prompt_file_errors_name_the_problem(tmp_path, row, message):
+    path = tmp_path / "mine.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(prompt_file.PromptFileError, match=message):
+        prompt_file.load(path)
+
+
+def test_prompt_file_messages_and_duplicates(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    rows = [{"id": "a", "messages": [{"role": "user", "content": "one"}, {"role": "user", "content": "two"}]}, {"id": "b", "text": "x"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prompts = prompt_file.load(path)
+    assert prompts[0].turns == ("one", "two") and {p.category for p in prompts} == {"mine"}
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows + rows[:1]))
+    with pytest.raises(prompt_file.PromptFileError, match="duplicate id 'a'"):
+        prompt_file.load(path)
