@@ -1,10 +1,9 @@
 """FastLiLiCorrSelect (serving select path) equals the reference head + greedy walk, and its
 Triton epilogues (kernels/head_*.py) equal their PyTorch definitions.
 
-CPU: small configs; the Triton kernels run under Triton's interpreter, chosen before triton is
-first imported (as in tests/test_kernels.py): if triton was already imported compiled, the
-Triton cases skip. GPU (`-m gpu`): the paper config in bf16, eager and CUDA-graph replay.
-Inputs are fresh each run; the seed is printed with a failing test's output.
+CPU: small configs; the Triton kernels run under Triton's interpreter (tests/conftest.py selects
+it before anything imports triton). GPU (`-m gpu`): the paper config in bf16, eager and CUDA-graph
+replay. Inputs are fresh each run; the seed is printed with a failing test's output.
 """
 from __future__ import annotations
 
@@ -16,44 +15,21 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
+from triton.runtime.interpreter import InterpretedFunction
+
+from sglang_lilicorr.config import LiLiCorrConfig
+from sglang_lilicorr.fast_head import FastLiLiCorrSelect, greedy_margin, reference_select
+from sglang_lilicorr.head import LiLiCorrHead, confidence_features
+from sglang_lilicorr.walk import greedy_walk
+from sglang_lilicorr.kernels import topk_lse_triton
+from sglang_lilicorr.kernels.head_nodes import confidence_up_triton, lattice_nodes_triton
+from sglang_lilicorr.kernels.head_norm import add_rmsnorm_triton, rmsnorm_triton, row_bias_silu_triton
+from sglang_lilicorr.kernels.head_scores import _lattice_cosine_kernel, lattice_cosine_triton
 
 CUDA = torch.cuda.is_available()
-
-
-def _interpreter_possible() -> bool:
-    """CPU only, and triton not yet imported or imported under the interpreter (e.g. by test_kernels)."""
-    if CUDA:
-        return False
-    if "triton" not in sys.modules:
-        return True
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return isinstance(tl.max, InterpretedFunction)
-
-
-_saved_env = os.environ.get("TRITON_INTERPRET")
-if _interpreter_possible():
-    os.environ["TRITON_INTERPRET"] = "1"  # every Triton module used below is decorated now, under it
-from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
-
-from sglang_lilicorr.config import LiLiCorrConfig  # noqa: E402
-from sglang_lilicorr.fast_head import FastLiLiCorrSelect, greedy_margin, reference_select  # noqa: E402
-from sglang_lilicorr.head import LiLiCorrHead, confidence_features  # noqa: E402
-from sglang_lilicorr.walk import greedy_walk  # noqa: E402
-from sglang_lilicorr.kernels import greedy_walk_triton, topk_lse_triton  # noqa: E402,F401
-from sglang_lilicorr.kernels.head_nodes import confidence_up_triton, lattice_nodes_triton  # noqa: E402
-from sglang_lilicorr.kernels.head_norm import add_rmsnorm_triton, rmsnorm_triton, row_bias_silu_triton  # noqa: E402
-from sglang_lilicorr.kernels.head_scores import _lattice_cosine_kernel, lattice_cosine_triton  # noqa: E402
-
-if _saved_env is None:
-    os.environ.pop("TRITON_INTERPRET", None)
-else:
-    os.environ["TRITON_INTERPRET"] = _saved_env
-
 INTERPRETER = isinstance(_lattice_cosine_kernel, InterpretedFunction)
 needs_interpreter = pytest.mark.skipif(
-    not INTERPRETER, reason="triton was imported compiled before TRITON_INTERPRET=1; run tests/test_fast_head.py alone"
+    not INTERPRETER, reason="triton is in compiled mode (no CUDA here?)"
 )
 SMALL = LiLiCorrConfig(block_size=6, candidate_topk=4, factor_dim=16, hidden_size=32, num_heads=4, num_layers=2)
 HM, VOCAB = 24, 64
