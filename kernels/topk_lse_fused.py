@@ -228,7 +228,9 @@ def topk_lse_triton(
         K=k, KP=kp, R=block // group, G=group, FINAL=final, num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS,
     )
     if not final:
-        sp = triton.next_power_of_2(splits)
+        # One merge width per vocabulary, not per N: a constexpr that followed the batch size would
+        # compile a new merge kernel for every batch size the server meets (a stall on the serving path).
+        sp = triton.next_power_of_2(max(splits, triton.cdiv(triton.cdiv(vocab, block), MIN_TILES_PER_SPLIT)))
         _topk_lse_merge_kernel[(n,)](
             part_key, part_max, part_sum, splits, vals, ids, lse,
             K=k, KP=kp, SP=sp, num_warps=1 if sp * kp <= 512 else 4,  # 512 keys: 16 per lane of one warp
