@@ -23,6 +23,12 @@ def _first_argmax(x, lanes, valid):
 
 
 @triton.jit
+def _start_row(start_ptr, req, st_b, st_k, lanes, valid):
+    """The request's anchor-pair scores start[req, :] as fp32 [KP] (-inf past K)."""
+    return tl.load(start_ptr + req * st_b + lanes * st_k, mask=valid, other=-float("inf")).to(tl.float32)
+
+
+@triton.jit
 def _greedy_walk_kernel(
     start_ptr, pair_ptr, idx_ptr, S, K,
     st_b, st_k, pr_b, pr_s, pr_i, pr_j,  # strides of start [b, K] and pair [b, S-1, K, K]
@@ -32,8 +38,7 @@ def _greedy_walk_kernel(
     lanes = tl.arange(0, KP)
     valid = lanes < K
     steps = tl.arange(0, SP)
-    z = tl.load(start_ptr + req * st_b + lanes * st_k, mask=valid, other=-float("inf")).to(tl.float32)
-    cur = _first_argmax(z, lanes, valid)
+    cur = _first_argmax(_start_row(start_ptr, req, st_b, st_k, lanes, valid), lanes, valid)
     path = tl.where(steps == 0, cur, 0)  # [SP]
     pair_ptr += req * pr_b
     for s in range(1, S):
@@ -53,7 +58,7 @@ def _viterbi_kernel(
     lanes = tl.arange(0, KP)
     valid = lanes < K
     steps = tl.arange(0, SP)
-    best = tl.load(start_ptr + req * st_b + lanes * st_k, mask=valid, other=-float("inf")).to(tl.float32)
+    best = _start_row(start_ptr, req, st_b, st_k, lanes, valid)
     back = tl.zeros((SP, KP), dtype=tl.int32)  # back[s, j]: best predecessor of candidate j at slot s+1
     pair_ptr += req * pr_b
     tile = lanes[:, None] * pr_i + lanes[None, :] * pr_j
