@@ -2,7 +2,7 @@
 
   lilicorr bench run --url http://127.0.0.1:30000 --system lilicorr --dataset gsm8k SPEED/qualitative.jsonl \
       --concurrency 1 2 4 8 16 32 --temperature 0 1 --seeds 0 1 2 --results runs/lilicorr.jsonl
-  lilicorr bench report runs/ar.jsonl runs/lilicorr.jsonl --baseline ar --out report/
+  lilicorr bench report runs/ar.jsonl runs/dflash.jsonl runs/lilicorr.jsonl --baseline ar --block-ref dflash --out report/
   lilicorr bench compare runs/ar.jsonl runs/lilicorr.jsonl
   lilicorr bench stages stages.json --out report/
 
@@ -70,11 +70,17 @@ def cmd_report(args) -> int:
     cells = [c for path in args.results for c in load_cells(path)]
     if args.baseline and args.baseline not in {c["system"] for c in cells}:
         raise SystemExit(f"--baseline {args.baseline!r} is not a system in the results: {sorted({c['system'] for c in cells})}.")
+    if args.block_ref:
+        speculative = sorted({c["system"] for c in cells if c.get("block_ms") is not None})
+        if args.block_ref not in speculative:
+            raise SystemExit(f"--block-ref {args.block_ref!r} is not a speculative system (one with spec stats) in the results: {speculative}.")
+        metrics.add_block_ratio(cells, args.block_ref)
     metrics.add_speedup(cells, args.baseline)
-    markdown = tables.report(cells, args.baseline)
+    markdown = tables.report(cells, args.baseline, args.block_ref)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps({"baseline": args.baseline, "cells": cells}, indent=1))
+    summary = {"baseline": args.baseline, "block_ref": args.block_ref, "cells": cells}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "report.md").write_text(markdown)
     pngs = [] if args.no_plots else plots.plot_all(cells, args.baseline, out)
     print(markdown)
@@ -84,10 +90,11 @@ def cmd_report(args) -> int:
 
 def cmd_compare(args) -> int:
     rows = metrics.compare(load_cells(args.base), load_cells(args.spec))
-    lines = ["| dataset | group | c | T | τ | base TPS | TPS | speedup |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| dataset | group | c | T | τ | ms / block | base TPS | TPS | speedup |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tau = "--" if r["tau"] is None else f"{r['tau']:.2f}"
-        lines.append(f"| {r['dataset']} | {r['group']} | {r['concurrency']} | {r['temperature']:g} | {tau} | {r['base_tps']:.0f} | {r['tps']:.0f} | {r['speedup']:.2f}x |")
+        block = "--" if r.get("block_ms") is None else f"{r['block_ms']:.2f}"
+        lines.append(f"| {r['dataset']} | {r['group']} | {r['concurrency']} | {r['temperature']:g} | {tau} | {block} | {r['base_tps']:.0f} | {r['tps']:.0f} | {r['speedup']:.2f}x |")
     print("\n".join(lines))
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
@@ -95,10 +102,17 @@ def cmd_compare(args) -> int:
 
 
 def cmd_stages(args) -> int:
-    doc = stages.load(args.stages)
-    markdown = stages.table(doc)
+    if (args.stages is None) == (not args.timings):
+        raise SystemExit("bench stages: give exactly one of a stage-decomposition FILE or --timings SYSTEM=DIR ...")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.stages is not None:
+        doc = stages.load(args.stages)
+    else:
+        timings = {system: stages.load_timings(folder) for system, folder in args.timings}
+        doc = stages.from_timings(timings, bs=args.bs, graph=not args.eager)
+        (out / "stages.json").write_text(json.dumps(doc, indent=1))
+    markdown = stages.table(doc)
     (out / "stages.md").write_text(markdown)
     stages.plot(doc, out / "stages.png")
     print(markdown)
@@ -123,7 +137,9 @@ def register(subparsers) -> None:
     run.add_argument("--model", default="default", help="`model` field of chat requests")
     run.add_argument("--limit", type=int, help="seeded sample of this many prompts per dataset")
     run.add_argument("--category", nargs="+", help="SPEED-Bench categories / entropy tiers (or prompt-file sets) to keep")
-    run.add_argument("--warmup", type=int, default=2, help="unrecorded warm-up requests per run")
+    run.add_argument("--warmup", type=int, default=2, metavar="N", help="unrecorded warm-up requests before each (c, T, seed) run: "
+                     "max(N, c) of them, rounded up to waves of c concurrent requests, so every batch size 1..c is met "
+                     "before timing; 0 sends none")
     run.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
     run.add_argument("--chat-template-kwargs", type=json_object_arg, default={}, help='e.g. \'{"enable_thinking": false}\'')
     run.add_argument("--request-timeout", type=float, default=3600.0, help="seconds to wait for one response")
@@ -133,18 +149,22 @@ def register(subparsers) -> None:
     rep = sub.add_parser("report", help="markdown tables, summary.json and plots from results files")
     rep.add_argument("results", nargs="+", type=Path, help="results .jsonl or summary .json files")
     rep.add_argument("--baseline", help="system served without speculation; speedups are over it")
+    rep.add_argument("--block-ref", help="speculative system (e.g. dflash) the per-block wall table divides the others' ms per block by")
     rep.add_argument("--out", type=Path, default=Path("bench_report"))
     rep.add_argument("--no-plots", action="store_true")
     rep.set_defaults(func=cmd_report)
 
-    cmp_ = sub.add_parser("compare", help="speedup of a speculative run over a baseline run")
+    cmp_ = sub.add_parser("compare", help="speedup (and ms per verification block) of a speculative run over a baseline run")
     cmp_.add_argument("base", type=Path, help="baseline results (.jsonl or summary .json)")
     cmp_.add_argument("spec", type=Path, help="speculative results (.jsonl or summary .json)")
     cmp_.add_argument("--out", type=Path, help="also write the rows as JSON")
     cmp_.set_defaults(func=cmd_compare)
 
-    stg = sub.add_parser("stages", help="render a per-block stage decomposition JSON (table + plot)")
-    stg.add_argument("stages", type=Path)
+    stg = sub.add_parser("stages", help="per-block stage decomposition (table + plot) from a JSON or from servers' stage timings")
+    stg.add_argument("stages", type=Path, nargs="?", help="a stage-decomposition JSON (schema: sglang_lilicorr.benchmarks.stages)")
+    stg.add_argument("--timings", type=stages.timings_arg, nargs="+", metavar="SYSTEM=DIR", help="LILICORR_STAGE_TIMING folders of the servers, e.g. lilicorr=DIR dflash=DIR")
+    stg.add_argument("--bs", type=int, default=1, help="batch size (requests per decode step) to report")
+    stg.add_argument("--eager", action="store_true", help="report the eager (no draft CUDA graph) steps and micro-benchmarks")
     stg.add_argument("--out", type=Path, default=Path("bench_report"))
     stg.set_defaults(func=cmd_stages)
 

@@ -12,6 +12,7 @@ ms per call (median of triton.testing.do_bench over CUDA-graph replay):
                select_with_proposal (greedy) on pre-gathered token embeddings
   post_logits  logits -> draft ids (top-K/LSE + head + walk): the issue's target
   select       hidden -> draft ids, LM-head matmul included
+  floor_dense_chain  the head's GEMMs + SDPA alone (dense_chain): the floor of one launch per GEMM
 
 Per-stage split (variant fused, each stage captured and replayed alone): lm_head, topk_lse,
 projections (pass + anchor GEMMs), nodes (features + node assembly), lattice (2 layers),
@@ -143,6 +144,35 @@ def make_inputs(geo, bs, device, dtype, seed=0):
     return hidden, anchor
 
 
+def dense_chain(fast, geo, bs, device, dtype):
+    """The head's dense work alone at its served shapes, no elementwise op, top-K or walk: the pass
+    and anchor GEMMs, the feature down GEMM, per lattice layer QKV + SDPA (with the lattice bias) +
+    out + FFN up + FFN down, the factor and out|in GEMMs. Replayed as one graph, this is the floor of
+    any design that runs cuBLAS GEMMs and SDPA one launch each, as `fused` does; what post_logits adds
+    on top is top-K/LSE, the Triton epilogues and the walk. Returns a zero-argument call."""
+    L, H, heads = geo.S * geo.K, fast.width, geo.heads
+    g = torch.Generator(device="cpu").manual_seed(2000 + bs)
+    rand = lambda *shape: torch.randn(*shape, generator=g).to(device, dtype)  # noqa: E731
+    pass_hidden, anchor_hidden = rand(bs * geo.S, geo.HM), rand(bs, geo.HM)
+    x, cat = rand(bs * L, H), rand(bs * L, 2 * H)
+    bias = fast.attn_bias[..., :L, :L]
+    head = fast.head
+
+    @torch.no_grad()
+    def chain():
+        F.linear(pass_hidden, fast.w_pass)
+        F.linear(F.linear(anchor_hidden, head.context_proj.weight), fast.w_anchor, fast.b_anchor)
+        y = F.linear(x, fast.w_down)
+        for layer in head.layers:
+            q, k, v = F.linear(y, layer.attn.in_proj_weight, layer.attn.in_proj_bias).view(bs, L, 3, heads, -1).unbind(2)
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias)
+            y = layer.attn.out_proj(o.transpose(1, 2).reshape(bs * L, H))
+            y = layer.mlp.down_proj(layer.mlp.up_proj(y))
+        return F.linear(F.linear(cat, fast.w_factor), fast.w_edge, fast.b_edge)
+
+    return chain
+
+
 # --- timing ----------------------------------------------------------------------------------
 
 
@@ -271,6 +301,15 @@ def run(args) -> dict:
             out = tb(name, fn)
             row[name] = out and out[0]
 
+        # ---- top-K split plan: the planned chunks per row against fewer and more (information)
+        if cuda:
+            from sglang_lilicorr.kernels.topk_lse_fused import split_plan, topk_lse_triton
+
+            plan = split_plan(bs * S, V, logits.device)[0]
+            for sp in sorted({max(1, plan // 2), plan, 2 * plan, 4 * plan}):
+                out = tb(f"topk_splits_{sp}", lambda sp=sp: topk_lse_triton(logits, K, splits=sp))
+                row[f"topk_splits_{sp}" + ("_plan" if sp == plan else "")] = out and out[0]
+
         # ---- ours: head + walk, logits -> ids, full select; correctness against the reference
         vals, ids, lse = topk_lse_ours(logits, K)
         vals, ids, lse = vals.view(bs, S, K), ids.view(bs, S, K), lse.view(bs, S)
@@ -303,6 +342,11 @@ def run(args) -> dict:
                 row[f"stage_{name}"] = out and out[0]
                 if bs == args.bs[0]:  # launch counts do not depend on bs (top-K: 1 kernel from N >= 4224)
                     count(f"stage_{name}", fn)
+
+        # ---- the dense-work floor of the one-launch-per-GEMM design (see dense_chain)
+        if fast is not None:
+            out = tb("floor_dense_chain", dense_chain(fast, geo, bs, dev, dtype))
+            row["floor_dense_chain"] = out and out[0]
 
         # ---- built-in: select_with_proposal on pre-gathered embeddings; logits -> ids; full select
         if builtin is not None:
@@ -384,12 +428,17 @@ def report(res) -> list[str]:
     stage_names = [k for k in ("lm_head", "topk_lse", "projections", "nodes", "lattice", "factors", "walk") if f"stage_{k}" in keys]
     if stage_names:
         log("\nper-stage split, fused variant (each stage captured alone; ms) and the sum vs select_fused:")
-        log("| bs | " + " | ".join(stage_names) + " | sum | select_fused |")
-        log("|---" * (len(stage_names) + 3) + "|")
+        log("| bs | " + " | ".join(stage_names) + " | sum | select_fused | floor_dense_chain |")
+        log("|---" * (len(stage_names) + 4) + "|")
         for r in rows:
             parts = [r.get(f"stage_{k}") for k in stage_names]
             total = sum(parts) if all(p is not None for p in parts) else None
-            log(f"| {r['bs']} | " + " | ".join(fmt(p) for p in parts) + f" | {fmt(total)} | {fmt(r.get('select_fused'))} |")
+            log(f"| {r['bs']} | " + " | ".join(fmt(p) for p in parts)
+                + f" | {fmt(total)} | {fmt(r.get('select_fused'))} | {fmt(r.get('floor_dense_chain'))} |")
+    for r in rows:
+        sweep = {k[len("topk_splits_"):]: v for k, v in r.items() if k.startswith("topk_splits_")}
+        if sweep:
+            log(f"top-K splits per row, bs={r['bs']}: " + ", ".join(f"{k} {fmt(v)}" for k, v in sweep.items()))
     for bs_key, counts in res.get("launches", {}).items():
         if counts:
             log(f"kernel launches per call, {bs_key}: " + ", ".join(f"{k} {v:g}" for k, v in counts.items()))

@@ -1,4 +1,4 @@
-"""Metrics of the paper: tau (block-weighted acceptance length), output TPS, speedup.
+"""Metrics of the paper: tau (block-weighted acceptance length), per-block wall, output TPS, speedup.
 
 tau. SGLang counts, per request, `completion_tokens` (every generated token) and `spec_verify_ct`
 (verification blocks = target verify forward passes). Each verification block commits its accepted
@@ -15,6 +15,16 @@ prompt being one request. The last term (the prefill tokens) is about 0.01 for 4
 tau = 4. A block cut short by max_tokens or a stop token counts only what it commits. A server that does not
 speculate reports no spec_verify_ct, and tau is None (shown as "--").
 
+block_ms (per-block wall). Over the same turns as tau:
+
+    block_ms = 1000 * sum(end - start) / sum(spec_verify_ct)      milliseconds per verification block
+
+i.e. how long a request waits, end to end, per block it verifies (the serving-side counterpart of the
+per-block wall of the stage decomposition, stages.py). Each turn's latency includes its queueing and
+its prefill, which is one forward against about 128 / tau verify forwards, so about 1% for 128-token
+outputs. At concurrency c the c requests' latencies overlap, so block_ms is the per-request wall of a
+block at batch c, not 1 / (system blocks per second). None without spec stats, like tau.
+
 TPS = sum(completion_tokens) / busy seconds, where busy seconds = length of the union of the
 requests' [start, end] intervals. Within one phase at concurrency c this is the phase's wall time
 (system throughput at c); it leaves out pauses between phases or resumed sessions. At c = 1 it is
@@ -24,7 +34,7 @@ speedup = TPS / TPS of the baseline system (the same target served without specu
 cell: same dataset, group, concurrency and temperature.
 
 A cell = (system, dataset, group, concurrency, temperature), group "all" or one category / tier.
-Its tau and TPS are computed per seed and then averaged over seeds (std across seeds kept).
+Its tau, block_ms and TPS are computed per seed and then averaged over seeds (std across seeds kept).
 """
 
 from __future__ import annotations
@@ -47,6 +57,14 @@ def tau(records: Iterable[dict]) -> Optional[float]:
     if not spec:
         return None
     return sum(t["completion_tokens"] for t in spec) / sum(t["spec_verify_ct"] for t in spec)
+
+
+def block_ms(records: Iterable[dict]) -> Optional[float]:
+    """Per-block wall: milliseconds of request latency per verification block (None without spec stats)."""
+    spec = [t for t in _turns(records) if t.get("spec_verify_ct")]
+    if not spec:
+        return None
+    return 1000.0 * sum(t["end"] - t["start"] for t in spec) / sum(t["spec_verify_ct"] for t in spec)
 
 
 def busy_seconds(intervals: Iterable[Tuple[float, float]]) -> float:
@@ -101,6 +119,7 @@ def aggregate(records: Iterable[dict]) -> List[dict]:
     cells = []
     for key, seeds in sorted(by_seed.items(), key=lambda kv: tuple(map(str, kv[0]))):
         (tau_mean, tau_std) = _mean_std([tau(rs) for rs in seeds.values()])
+        (block_mean, block_std) = _mean_std([block_ms(rs) for rs in seeds.values()])
         (tps_mean, tps_std) = _mean_std([output_tps(rs) for rs in seeds.values()])
         turns = _turns(r for rs in seeds.values() for r in rs)
         cells.append(
@@ -110,12 +129,23 @@ def aggregate(records: Iterable[dict]) -> List[dict]:
                 "n_prompts": max(len(rs) for rs in seeds.values()),
                 "tau": tau_mean,
                 "tau_std": tau_std,
+                "block_ms": block_mean,
+                "block_ms_std": block_std,
                 "tps": tps_mean,
                 "tps_std": tps_std,
                 "completion_tokens": sum(t["completion_tokens"] for t in turns),
                 "verify_blocks": sum(t.get("spec_verify_ct") or 0 for t in turns),
             }
         )
+    return cells
+
+
+def add_block_ratio(cells: List[dict], reference: str) -> List[dict]:
+    """Sets cell["block_ratio"] = block_ms / block_ms of `reference`'s matching cell (None where either is missing)."""
+    ref = {tuple(c[k] for k in MATCH_KEY): c.get("block_ms") for c in cells if c["system"] == reference}
+    for c in cells:
+        r = ref.get(tuple(c[k] for k in MATCH_KEY))
+        c["block_ratio"] = c["block_ms"] / r if r and c.get("block_ms") is not None else None
     return cells
 
 
@@ -137,7 +167,7 @@ def compare(base_cells: List[dict], spec_cells: List[dict]) -> List[dict]:
         if b is None:
             continue
         rows.append({**{k: c[k] for k in MATCH_KEY}, "base_system": b["system"], "system": c["system"],
-                     "tau": c["tau"], "base_tps": b["tps"], "tps": c["tps"], "speedup": c["tps"] / b["tps"]})
+                     "tau": c["tau"], "block_ms": c.get("block_ms"), "base_tps": b["tps"], "tps": c["tps"], "speedup": c["tps"] / b["tps"]})
     if not rows:
         raise ValueError("No cell of the speculative results matches a baseline cell (same dataset, group, concurrency, temperature).")
     return rows

@@ -8,6 +8,12 @@ category's throughput is measured on its own (the isolated per-category protocol
 Every finished prompt is appended as one json line to the results file (flushed at once); a rerun
 with the same file skips the prompts it already holds, so an interrupted sweep resumes where it
 stopped. Failed prompts are not written and are retried on the next run.
+
+Warm-up. Before a run's measured phases, unrecorded warm-up requests (the first turns of the run's
+prompts, cycled) go out in waves of c concurrent requests, ceil(max(warmup, c) / c) waves. Requests of
+one wave finish at different times, so the server's running batch walks down c, c-1, ..., 1 and every
+batch size the measured phases meet at concurrency c is seen (CUDA graphs, Triton kernels compiled
+per shape on first use) before timing starts. warmup = 0 sends none.
 """
 
 from __future__ import annotations
@@ -124,6 +130,28 @@ async def _run_phase(client, prompts, config, out, outcome, progress, max_failur
     await asyncio.gather(*(worker() for _ in range(min(config.concurrency, len(prompts)))))
 
 
+def warmup_waves(prompts: Sequence[Prompt], warmup: int, concurrency: int) -> List[List[Prompt]]:
+    """The warm-up waves of a run: ceil(max(warmup, c) / c) waves of c prompts each (prompts cycled); [] if warmup = 0."""
+    if warmup <= 0 or not prompts:
+        return []
+    n_waves = -(-max(warmup, concurrency) // concurrency)
+    cycled = [prompts[i % len(prompts)] for i in range(n_waves * concurrency)]
+    return [cycled[w * concurrency : (w + 1) * concurrency] for w in range(n_waves)]
+
+
+async def _warm_up(client: SGLangClient, waves: List[List[Prompt]], url: str) -> None:
+    """Sends each wave's first turns concurrently, one wave after another; nothing is recorded."""
+    import aiohttp
+
+    for wave in waves:
+        answers = await asyncio.gather(*(client.turn([{"role": "user", "content": p.turns[0]}]) for p in wave), return_exceptions=True)
+        for e in answers:
+            if isinstance(e, (aiohttp.ClientError, asyncio.TimeoutError)):
+                raise ServerError(f"warm-up request to {url} failed ({type(e).__name__}: {e}); is the server up?") from e
+            if isinstance(e, BaseException):
+                raise e
+
+
 async def run_async(
     prompts: Sequence[Prompt],
     config: RunConfig,
@@ -137,7 +165,10 @@ async def run_async(
     request_timeout: float = 3600.0,
     max_failures: int = MAX_FAILURES,
 ) -> RunOutcome:
-    """Runs the prompts of `config` not yet in results_path, appending one line per finished prompt."""
+    """Runs the prompts of `config` not yet in results_path, appending one line per finished prompt.
+
+    First sends the unrecorded warm-up waves of warmup_waves(todo, warmup, config.concurrency).
+    """
     import aiohttp
 
     results_path = Path(results_path)
@@ -158,11 +189,7 @@ async def run_async(
     try:
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             client = SGLangClient(session, url, sampling, api=api, model=model)
-            for prompt in todo[:warmup]:  # not recorded: fills caches and graphs before timing
-                try:
-                    await client.turn([{"role": "user", "content": prompt.turns[0]}])
-                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                    raise ServerError(f"warm-up request to {url} failed ({type(e).__name__}: {e}); is the server up?") from e
+            await _warm_up(client, warmup_waves(todo, warmup, config.concurrency), url)
             with results_path.open("a", encoding="utf-8") as out:
                 for _, group in phases(todo):
                     await _run_phase(client, group, config, out, outcome, progress, max_failures)

@@ -9,10 +9,20 @@ Schema (JSON), milliseconds per verification block:
      "per_block_wall": 10.15}          # optional; defaults to the sum of the stages
   ]
 }
+
+`from_timings` builds it from the JSON that a server writes with LILICORR_STAGE_TIMING=<dir>
+(sglang_lilicorr/serving/stage_timer.py), medians throughout:
+  target_verify  = GPU ms of the target verify forward
+  lm_head        = micro-benchmarked [bs*(B-1), Hm] x [Hm, V] GEMM (graph or eager, as the variant)
+  spec_head      = micro-benchmarked speculative head on those logits (DFLASH argmax; LILICORR top-K/LSE + head + walk)
+  draft_backbone = GPU ms of the draft forward (+ eager proposal) - lm_head - spec_head, floored at 0
+  accept         = per_block_wall - the four above, floored at 0 (accept, draft KV append, host gaps)
+  per_block_wall = host interval between consecutive decode-step starts
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -55,6 +65,66 @@ def validate(doc: dict) -> dict:
 def load(path: Path) -> dict:
     with Path(path).open(encoding="utf-8") as f:
         return validate(json.load(f))
+
+
+def timings_arg(text: str) -> tuple:
+    """CLI `SYSTEM=DIR` -> (system, Path(DIR))."""
+    system, sep, folder = text.partition("=")
+    if not sep or not system or not folder:
+        raise argparse.ArgumentTypeError(f"expected SYSTEM=DIR (e.g. lilicorr=runs/stages/lilicorr), got {text!r}")
+    return system, Path(folder)
+
+
+def load_timings(folder: Path) -> dict:
+    """The stage-timing JSON of one server: of the stages-<pid>.json in folder, the one with the most decode steps."""
+    files = sorted(Path(folder).glob("stages-*.json"))
+    if not files:
+        raise StageSchemaError(f"no stages-<pid>.json in {folder}: serve with LILICORR_STAGE_TIMING={folder} and send requests first.")
+    docs = [json.loads(f.read_text(encoding="utf-8")) for f in files]
+    return max(docs, key=lambda d: d.get("decode_steps", 0))
+
+
+def _median(gpu_ms: dict, stage: str, where: str) -> float:
+    value = (gpu_ms.get(stage) or {}).get("median")
+    if value is None:
+        raise StageSchemaError(f"{where}: no `{stage}` samples; the server recorded no such stage at this batch size.")
+    return float(value)
+
+
+def _system_row(name: str, timings: dict, bs: int, graph: bool) -> dict:
+    variant = "graph" if graph else "eager"
+    where = f"{name} (bs={bs}, {variant})"
+    rows = [r for r in timings.get("stages", []) if r["bs"] == bs and bool(r["graph"]) == graph]
+    if not rows:
+        have = sorted((r["bs"], "graph" if r["graph"] else "eager") for r in timings.get("stages", []))
+        raise StageSchemaError(f"{where}: no decode steps recorded at this batch size and graph flag; recorded: {have}. "
+                               "Pick --bs / --eager to match, or run that concurrency.")
+    row = rows[0]
+    proposal = ((timings.get("proposal") or {}).get("batch_sizes") or {}).get(str(bs), {}).get(variant)
+    if not proposal or "lm_head" not in proposal or "spec_head" not in proposal:
+        errors = (timings.get("proposal") or {}).get("errors")
+        raise StageSchemaError(f"{where}: no proposal micro-benchmark at this batch size (errors: {errors}); "
+                               "set LILICORR_STAGE_TIMING_BS to include it.")
+    wall = row["step_interval_ms"].get("median")
+    if wall is None:
+        raise StageSchemaError(f"{where}: fewer than two consecutive decode steps; send longer requests.")
+    gpu = row["gpu_ms"]
+    verify = _median(gpu, "target_verify", where)
+    draft = _median(gpu, "draft_forward", where) + (_median(gpu, "draft_sample", where) if "draft_sample" in gpu else 0.0)
+    lm_head, spec_head = float(proposal["lm_head"]), float(proposal["spec_head"])
+    backbone = max(0.0, draft - lm_head - spec_head)
+    accept = max(0.0, wall - verify - backbone - lm_head - spec_head)
+    return {"system": name, "variant": variant, "n_blocks": row["n_blocks"], "per_block_wall": float(wall),
+            "stages": {"target_verify": verify, "draft_backbone": backbone, "lm_head": lm_head, "spec_head": spec_head, "accept": accept}}
+
+
+def from_timings(docs_by_system: dict, bs: int = 1, graph: bool = True) -> dict:
+    """{system: stage-timing JSON of its server} -> a stage-decomposition document (module docstring)."""
+    if not docs_by_system:
+        raise StageSchemaError("from_timings needs at least one system=timings pair.")
+    systems = [_system_row(name, doc, int(bs), bool(graph)) for name, doc in docs_by_system.items()]
+    first = next(iter(docs_by_system.values())).get("system") or {}
+    return validate({"benchmark": "serving", "device": first.get("gpu", "unknown"), "batch_size": int(bs), "systems": systems})
 
 
 def _column(s: dict) -> str:

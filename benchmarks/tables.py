@@ -3,10 +3,12 @@
   main_table         rows = benchmarks, blocks = temperature, cells tau / TPS / speedup (Table main-8b)
   category_table     rows = categories of one dataset, blocks = temperature, cells tau / TPS (Table speed-8b)
   concurrency_table  rows = concurrency c, blocks = group (entropy tier), cells tau / TPS / Sp. (Table isl-short)
+  block_table        rows = benchmark and its groups, blocks = temperature, speculative systems only,
+                     cells ms per block (metrics.block_ms) / ratio to a reference system's (optional)
 
 The baseline system (served without speculation) has no tau; its column shows TPS / 1.00x. The best
-tau, TPS and speedup of the speculative systems in each row are in bold. Rows add an "Average" per
-block in the main table.
+tau, TPS and speedup of the speculative systems in each row are in bold (the lowest ms per block and
+ratio). Rows add an "Average" per block in the main table.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from .metrics import ALL
 
 PARTS_FULL = ("tau", "tps", "speedup")
 PARTS_TAU_TPS = ("tau", "tps")
+NAMES = {"tau": "τ", "tps": "TPS", "speedup": "Sp.", "block_ms": "ms", "block_ratio": "ratio"}
+LOWER_IS_BETTER = {"block_ms", "block_ratio"}
 
 
 def _temperature_label(t: float) -> str:
@@ -37,18 +41,18 @@ def _value(cell: Optional[dict], part: str) -> Optional[float]:
 def _format(part: str, value: Optional[float], bold: bool) -> str:
     if value is None:
         return "--"
-    text = {"tau": f"{value:.2f}", "tps": f"{value:.0f}", "speedup": f"{value:.2f}x"}[part]
+    text = {"tau": f"{value:.2f}", "tps": f"{value:.0f}", "speedup": f"{value:.2f}x", "block_ms": f"{value:.2f}", "block_ratio": f"{value:.2f}x"}[part]
     return f"**{text}**" if bold else text
 
 
 def _row(cells_by_system: Dict[str, Optional[dict]], systems: Sequence[str], baseline: Optional[str], parts) -> List[str]:
-    """One table row's cell texts; best speculative value per part in bold."""
+    """One table row's cell texts; best speculative value per part in bold (highest, or lowest for LOWER_IS_BETTER)."""
     spec = [s for s in systems if s != baseline]
     best = {}
     for part in parts:
         vals = [_value(cells_by_system.get(s), part) for s in spec]
         vals = [v for v in vals if v is not None]
-        best[part] = max(vals) if len(vals) > 1 else None
+        best[part] = (min if part in LOWER_IS_BETTER else max)(vals) if len(vals) > 1 else None
     out = []
     for s in systems:
         cell = cells_by_system.get(s)
@@ -60,9 +64,8 @@ def _row(cells_by_system: Dict[str, Optional[dict]], systems: Sequence[str], bas
     return out
 
 
-def _render(title_cols: Tuple[str, str], systems, baseline, parts, blocks) -> str:
+def _render(title_cols: Tuple[str, str], systems, baseline, parts, blocks, names=NAMES) -> str:
     """blocks: [(block_label, [(row_label, {system: cell}), ...]), ...] -> markdown."""
-    names = {"tau": "τ", "tps": "TPS", "speedup": "Sp."}
     heads = [f"{s} ({' / '.join(names[p] for p in parts if not (s == baseline and p == 'tau'))})" for s in systems]
     lines = ["| " + " | ".join(list(title_cols) + heads) + " |", "|" + "---|" * (2 + len(systems))]
     for block_label, rows in blocks:
@@ -129,11 +132,40 @@ def concurrency_table(cells: Sequence[dict], dataset: str, baseline: Optional[st
     return _render(("", "c"), systems, baseline, PARTS_FULL, blocks)
 
 
-def report(cells: Sequence[dict], baseline: Optional[str]) -> str:
-    """The full markdown report: main table per concurrency, per-category and per-concurrency tables."""
+def block_table(cells: Sequence[dict], concurrency: int, reference: Optional[str] = None) -> str:
+    """Per-block wall of the speculative systems at one concurrency: rows = each dataset's "all" then its
+    groups, one block per temperature; cells ms per block, and with `reference` (cells carrying
+    metrics.add_block_ratio's block_ratio) / ratio to the reference system's ms per block."""
+    mine = [c for c in cells if c["concurrency"] == concurrency]
+    speculative = {c["system"] for c in mine if c.get("block_ms") is not None}
+    systems = ([reference] if reference in speculative else []) + sorted(speculative - {reference})
+    parts = ("block_ms", "block_ratio") if reference else ("block_ms",)
+    idx = _lookup(mine)
+    blocks = []
+    for t in sorted({c["temperature"] for c in mine}):
+        rows = []
+        for d in sorted({c["dataset"] for c in mine}):
+            for g in [ALL] + sorted({c["group"] for c in mine if c["dataset"] == d} - {ALL}):
+                by_system = {s: idx.get((s, d, g, concurrency, t)) for s in systems}
+                if any(by_system.values()):
+                    rows.append((d if g == ALL else f"{d}, {g}", by_system))
+        if rows:
+            blocks.append((_temperature_label(t), rows))
+    names = {**NAMES, "block_ratio": f"ratio vs {reference}"}
+    return _render(("", "Benchmark"), systems, None, parts, blocks, names)
+
+
+def report(cells: Sequence[dict], baseline: Optional[str], block_reference: Optional[str] = None) -> str:
+    """The full markdown report: main table and per-block wall per concurrency, per-category and
+    per-concurrency tables. block_reference: system whose ms per block the others are divided by
+    (cells need metrics.add_block_ratio)."""
     out = ["# Benchmark report\n", f"Baseline (no speculation): {baseline or 'none given; speedup not shown'}.\n"]
     for c in sorted({c["concurrency"] for c in cells}):
         out += [f"\n## τ / TPS / speedup, concurrency {c}\n\n", main_table(cells, baseline, c)]
+        if any(x.get("block_ms") is not None and x["concurrency"] == c for x in cells):
+            ratio = f"; ratio = ms / ms of {block_reference}" if block_reference else ""
+            out += [f"\n## Per-block wall, concurrency {c} (ms of request latency per verification block{ratio})\n\n",
+                    block_table(cells, c, block_reference)]
     for d in sorted({c["dataset"] for c in cells}):
         if any(c["dataset"] == d and c["group"] != ALL for c in cells):
             for conc in sorted({c["concurrency"] for c in cells if c["dataset"] == d}):

@@ -2,7 +2,9 @@
 
 From the un-normalised out/in head outputs (one fused GEMM: edges [b, S, K, 2D], out in the first
 D columns, in in the last D) and the un-normalised anchor out vector [b, D], one program per
-(request, slot s) computes the sigma-scaled cosines of one K x K factor in fp32:
+(request, slot s) computes the sigma-scaled cosines of one K x K factor in fp32, the dot products
+as one tl.dot per D-chunk (K padded to 16 rows): TF32 tensor cores for bf16/fp16 inputs, which TF32
+holds exactly (so every product is exact in the fp32 accumulator), IEEE FMAs for fp32 inputs:
 
   s = 0:   start[b, j]         = sigma * cos(anchor_out, in_{1, j})
   s >= 1:  pair[b, s-1, i, j]  = sigma * cos(out_{s, i}, in_{s+1, j})
@@ -20,29 +22,27 @@ import triton.language as tl
 def _lattice_cosine_kernel(
     edge_ptr, anchor_ptr, anchor_stride, start_ptr, pair_ptr,
     S, K, D, sigma, eps,
-    KP: tl.constexpr, BLOCK_D: tl.constexpr,
+    KP: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
 ):
     req = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
-    ks = tl.arange(0, KP)
+    ks = tl.arange(0, KP)  # KP >= 16: tl.dot's smallest tile
     kv = ks < K
     is_start = s == 0
     row_w = 2 * D
     in_rows = edge_ptr + ((req * S + s) * K + ks) * row_w + D  # [KP] in-vector rows of slot s
-    out_rows = edge_ptr + ((req * S + s - 1) * K + ks) * row_w  # out-vector rows of slot s-1 (s >= 1)
-    a_mask = tl.where(is_start, ks == 0, kv)  # start: the anchor row alone
+    # left factor rows: the anchor out vector (s = 0, row 0 only) or slot s-1's out vectors
+    a_rows = tl.where(is_start, anchor_ptr + req * anchor_stride + ks * 0, edge_ptr + ((req * S + s - 1) * K + ks) * row_w)
+    a_live = tl.where(is_start, ks == 0, kv)
     dot = tl.zeros((KP, KP), tl.float32)
     na = tl.zeros((KP,), tl.float32)
     nb = tl.zeros((KP,), tl.float32)
     for d0 in range(0, D, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
         cv = cols < D
-        a = tl.load(anchor_ptr + req * anchor_stride + ks[:, None] * 0 + cols[None, :],
-                    mask=is_start & a_mask[:, None] & cv[None, :], other=0.0).to(tl.float32)
-        a += tl.load(out_rows[:, None] + cols[None, :],
-                     mask=(s > 0) & a_mask[:, None] & cv[None, :], other=0.0).to(tl.float32)
+        a = tl.load(a_rows[:, None] + cols[None, :], mask=a_live[:, None] & cv[None, :], other=0.0).to(tl.float32)
         b = tl.load(in_rows[:, None] + cols[None, :], mask=kv[:, None] & cv[None, :], other=0.0).to(tl.float32)
-        dot += tl.sum(a[:, None, :] * b[None, :, :], 2)
+        dot = tl.dot(a, tl.trans(b), dot, input_precision=PRECISION)
         na += tl.sum(a * a, 1)
         nb += tl.sum(b * b, 1)
     inv_a = 1.0 / tl.maximum(tl.sqrt(na), eps)
@@ -73,10 +73,10 @@ def lattice_cosine_triton(
     start = torch.empty((b, k), dtype=torch.float32, device=edges.device)
     pair = torch.empty((b, max(s - 1, 0), k, k), dtype=torch.float32, device=edges.device)
     if b and s:
-        kp = triton.next_power_of_2(k)
-        block_d = max(16, min(triton.next_power_of_2(d), 16384 // (kp * kp)))  # [KP, KP, BLOCK_D] product tile
+        kp = max(16, triton.next_power_of_2(k))
+        block_d = max(16, min(triton.next_power_of_2(d), 128))  # two [KP, BLOCK_D] tiles per step
         _lattice_cosine_kernel[(b, s)](
             edges, anchor_out, anchor_out.stride(0), start, pair, s, k, d, float(sigma), float(eps),
-            KP=kp, BLOCK_D=block_d, num_warps=8,
+            KP=kp, BLOCK_D=block_d, PRECISION="ieee" if edges.dtype == torch.float32 else "tf32", num_warps=4,
         )
     return start, pair

@@ -8,7 +8,7 @@ Replies are deterministic: "reply <k> to <first words of the last user message>"
 n = max_tokens with ignore_eos, else min(max_tokens, 8 + len(last message) % 13). A speculative stub
 reports spec_verify_ct = ceil(n / accept) blocks and sleeps step_s per block; a plain (autoregressive)
 stub sleeps step_s per token and reports no spec stats. Every request is logged with the counts it
-returned, and the peak number of requests in flight is kept.
+returned and its arrival / finish times (time.time()), and the peak number of requests in flight is kept.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class StubServer:
     def __init__(self, speculative: bool = True, accept: int = 4, step_s: float = 0.001, min_latency_s: float = 0.02, fail_first: int = 0):
         self.speculative, self.accept, self.step_s, self.min_latency_s = speculative, accept, step_s, min_latency_s
         self.fail_first = fail_first  # the first k requests answer HTTP 500
-        self.log = []  # [{"path", "body", "completion_tokens", "spec_verify_ct", "text", "failed"}]
+        self.log = []  # [{"path", "body", "completion_tokens", "spec_verify_ct", "text", "failed", "arrived", "finished"}], in finish order
         self.in_flight = 0
         self.max_in_flight = 0
         self._lock = threading.Lock()
@@ -64,6 +64,7 @@ class StubServer:
         }
 
     def _answer(self, path: str, body: dict):
+        arrived = time.time()
         with self._lock:
             k = len(self.log)
             fail = k < self.fail_first
@@ -81,7 +82,8 @@ class StubServer:
                 return 404, {"error": f"no route {path}"}
             time.sleep(max(self.min_latency_s, self.step_s * (blocks if self.speculative else n)))
             with self._lock:
-                self.log.append({"path": path, "body": body, "completion_tokens": n, "spec_verify_ct": blocks, "text": text, "failed": fail})
+                self.log.append({"path": path, "body": body, "completion_tokens": n, "spec_verify_ct": blocks, "text": text, "failed": fail,
+                                 "arrived": arrived, "finished": time.time()})
             if fail:
                 return 500, {"object": "error", "message": "stub: injected failure"}
             if path == "/generate":

@@ -24,6 +24,32 @@ def test_tau_is_none_without_spec_stats_and_skips_unreported_turns():
     assert metrics.tau([_record(turns=((40, 10, 0.0, 1.0), (1, None, 1.0, 1.1)))]) == pytest.approx(4.0)
 
 
+def test_block_ms_is_pooled_latency_per_verification_block():
+    # 2.0 s over 10 blocks and 1.0 s over 40 blocks: 3000 ms / 50 blocks, not the mean of 200 and 25 ms
+    recs = [_record(turns=((40, 10, 0.0, 2.0),)), _record(turns=((90, 40, 0.5, 1.5),))]
+    assert metrics.block_ms(recs) == pytest.approx(3000 / 50)
+    assert metrics.block_ms([_record(turns=((40, 10, 0.0, 1.0), (5, None, 1.0, 9.0)))]) == pytest.approx(100.0)
+    assert metrics.block_ms([_record(turns=((40, None, 0.0, 1.0),))]) is None
+
+
+def test_block_ratio_and_block_table_against_a_reference_system():
+    recs = [_record(system="ar", turns=((40, None, 0.0, 2.0),)),
+            _record(system="dflash", turns=((40, 20, 0.0, 0.4),)),  # 20 ms / block
+            _record(system="lilicorr", turns=((40, 10, 0.0, 0.25),))]  # 25 ms / block
+    cells = metrics.add_block_ratio(metrics.add_speedup(metrics.aggregate(recs), "ar"), "dflash")
+    get = {c["system"]: c for c in cells}
+    assert get["lilicorr"]["block_ms"] == pytest.approx(25.0) and get["lilicorr"]["block_ratio"] == pytest.approx(1.25)
+    assert get["dflash"]["block_ratio"] == pytest.approx(1.0) and get["ar"]["block_ratio"] is None
+    table = tables.block_table(cells, 1, "dflash")
+    assert table.splitlines()[0] == "|  | Benchmark | dflash (ms / ratio vs dflash) | lilicorr (ms / ratio vs dflash) |"
+    assert "| Greedy, T=0 | d | **20.00** / **1.00x** | 25.00 / 1.25x |" in table
+    assert "| lilicorr (ms) |" in tables.block_table(cells, 1)
+    full = tables.report(cells, "ar", "dflash")
+    assert "Per-block wall, concurrency 1 (ms of request latency per verification block; ratio = ms / ms of dflash)" in full
+    (row,) = [r for r in metrics.compare([get["ar"]], [get["lilicorr"]])]
+    assert row["block_ms"] == pytest.approx(25.0)
+
+
 def test_busy_seconds_is_the_union_of_intervals():
     assert metrics.busy_seconds([(0, 2), (1, 3), (5, 6)]) == pytest.approx(4.0)
     assert metrics.busy_seconds([]) == 0.0

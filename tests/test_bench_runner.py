@@ -64,6 +64,41 @@ def test_concurrency_bounds_requests_in_flight(tmp_path):
         assert len(runner.read_results(tmp_path / f"c{c}.jsonl")) == 12
 
 
+def test_warmup_goes_out_in_unrecorded_waves_of_c_concurrent_requests(tmp_path):
+    prompts = [Prompt(f"p{i}", "c", (f"prompt number {i}",)) for i in range(6)]
+    with StubServer(min_latency_s=0.05) as stub:
+        outcome = _run(stub, prompts, tmp_path / "r.jsonl", c=4, warmup=5)  # max(5, 4) -> 2 waves of 4
+    assert outcome.done == 6 and len(stub.log) == 8 + 6
+    warm, measured = stub.log[:8], stub.log[8:]
+    assert max(e["finished"] for e in warm) <= min(e["arrived"] for e in measured)
+    for wave in (warm[:4], warm[4:]):  # the 4 requests of a wave are in flight together
+        assert max(e["arrived"] for e in wave) < min(e["finished"] for e in wave)
+    assert max(e["finished"] for e in warm[:4]) <= min(e["arrived"] for e in warm[4:])
+    assert [len(e["body"]["messages"]) for e in warm] == [1] * 8
+    records = runner.read_results(tmp_path / "r.jsonl")
+    assert sorted(r["prompt_id"] for r in records) == [p.prompt_id for p in prompts]
+    assert min(t["start"] for r in records for t in r["turns"]) >= max(e["finished"] for e in warm) - 0.01
+
+
+def test_warmup_waves_cover_every_batch_size_up_to_c():
+    prompts = [Prompt(f"p{i}", "c", ("x",)) for i in range(3)]
+    assert runner.warmup_waves(prompts, 0, 8) == []
+    assert [len(w) for w in runner.warmup_waves(prompts, 2, 8)] == [8]  # prompts cycled
+    assert [len(w) for w in runner.warmup_waves(prompts, 2, 1)] == [1, 1]
+    assert [len(w) for w in runner.warmup_waves(prompts, 9, 4)] == [4, 4, 4]
+
+
+def test_warmup_failure_says_the_server_is_down(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = runner.RunConfig("s", "d", 4, 0.0, 0, 8)
+    with pytest.raises(runner.ServerError, match="warm-up request .* failed .* is the server up"):
+        runner.run([Prompt("p0", "c", ("x",))], cfg, f"http://127.0.0.1:{port}", tmp_path / "r.jsonl", Sampling(), warmup=1, show_progress=False)
+
+
 def test_categories_run_as_separate_phases(tmp_path):
     _, prompts = datasets.load_prompts(THROUGHPUT)
     with StubServer() as stub:
@@ -124,6 +159,8 @@ def test_cli_run_report_compare_end_to_end(tmp_path, capsys):
     assert len(spec_all) == 4 and all(c["tau"] > 1 and c["speedup"] is not None for c in spec_all)
     report = (out / "report.md").read_text()
     assert "speed_qualitative" in report and "low_entropy" in report and "lilicorr (τ / TPS / Sp.)" in report
+    assert "## Per-block wall, concurrency 2" in report and "| lilicorr (ms) |" in report
+    assert all(c["block_ms"] > 0 for c in spec_all)
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert "tps_vs_concurrency_speed_throughput_1k_T0.png" in pngs
     assert "speedup_vs_concurrency_speed_throughput_1k_T0.png" in pngs
@@ -132,7 +169,11 @@ def test_cli_run_report_compare_end_to_end(tmp_path, capsys):
     capsys.readouterr()
     assert cli.main(["bench", "compare", str(tmp_path / "ar.jsonl"), str(out / "summary.json")]) == 0
     table = capsys.readouterr().out
-    assert "| speed_throughput_1k | mixed | 2 | 0 |" in table
+    assert "| speed_throughput_1k | mixed | 2 | 0 |" in table and "| ms / block |" in table
+    assert cli.main(["bench", "report", str(tmp_path / "spec.jsonl"), "--block-ref", "lilicorr", "--out", str(out), "--no-plots"]) == 0
+    assert "| lilicorr (ms / ratio vs lilicorr) |" in (out / "report.md").read_text()
+    with pytest.raises(SystemExit, match="--block-ref 'ar' is not a speculative system"):
+        cli.main(["bench", "report", str(tmp_path / "ar.jsonl"), str(tmp_path / "spec.jsonl"), "--block-ref", "ar", "--out", str(out)])
 
 
 def test_cli_reports_failures_with_nonzero_exit(tmp_path, capsys):

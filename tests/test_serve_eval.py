@@ -1,5 +1,6 @@
 """testbed/serve_eval.sh's control flow on CPU: stub servers (tests/stub_server.py) stand in for SGLang,
-one of them dies at startup; the prompt-file loader that reads testbed/eval_prompts.jsonl."""
+one of them dies at startup, the speculative ones write a stage-timing file; the prompt-file loader that
+reads testbed/eval_prompts.jsonl."""
 
 import json
 import os
@@ -15,13 +16,27 @@ from sglang_lilicorr.benchmarks import datasets, prompt_file
 ROOT = Path(__file__).resolve().parents[1]
 
 # Serves the stub (speculative unless SYSTEM=base) on $PORT, with GET /health; SYSTEM=lilicorr dies at startup.
+# Prints the SGLang flags it stands in for; where LILICORR_STAGE_TIMING says, writes a stage-timing file in
+# serving/stage_timer.py's format (decode steps and micro-benchmarks at the LILICORR_STAGE_TIMING_BS sizes).
 LAUNCHER = """
-import os, sys, time
+import json, os, sys, time
 from http.server import ThreadingHTTPServer
 sys.path.insert(0, {tests!r})
 from stub_server import StubServer
+print("server args:", os.environ["SERVER_ARGS"], flush=True)
 if os.environ["SYSTEM"] == "lilicorr":
     sys.exit("stub: cannot load the draft")
+if os.environ.get("LILICORR_STAGE_TIMING"):
+    graph = "--disable-cuda-graph" not in os.environ["SERVER_ARGS"]
+    kind = "graph" if graph else "eager"
+    ms = lambda v: {{"count": 50, "mean": v, "median": v}}
+    sizes = os.environ["LILICORR_STAGE_TIMING_BS"].split(",")
+    doc = {{"system": {{"gpu": "stub"}}, "decode_steps": 50,
+           "stages": [{{"bs": int(b), "graph": graph, "n_blocks": 50, "step_interval_ms": ms(10.0),
+                       "gpu_ms": {{"target_verify": ms(7.0), "draft_forward": ms(2.0)}}}} for b in sizes],
+           "proposal": {{"batch_sizes": {{b: {{kind: {{"lm_head": 0.5, "spec_head": 0.1}}}} for b in sizes}}, "errors": []}}}}
+    with open(os.path.join(os.environ["LILICORR_STAGE_TIMING"], f"stages-{{os.getpid()}}.json"), "w") as f:
+        json.dump(doc, f)
 time.sleep(1)
 stub = StubServer(speculative=os.environ["SYSTEM"] != "base", accept=3, min_latency_s=0.002)
 class Handler(stub._handler()):
@@ -55,31 +70,46 @@ def _free(port: int) -> bool:
 def test_serve_eval_reports_the_surviving_systems_beside_the_reference(tmp_path):
     launcher = tmp_path / "launcher.py"
     launcher.write_text(LAUNCHER.format(tests=str(ROOT / "tests")))
-    out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "SERVE_EVAL_WORK": str(tmp_path / "work"), "PYTHON": sys.executable,
-           "SERVE_EVAL_LAUNCH": f"{sys.executable} {launcher}", "PORT0": str(_free_port_block(3)),
-           "BUDGET": "150", "RESERVE": "30", "PER_SET": "4"}
-    proc = subprocess.run(["bash", str(ROOT / "testbed" / "serve_eval.sh")], env=env, capture_output=True, text=True, timeout=240)
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {**os.environ, "OUT": str(out), "SERVE_EVAL_WORK": str(work), "PYTHON": sys.executable,
+           "SERVE_EVAL_LAUNCH": f"{sys.executable} {launcher}", "PORT0": str(_free_port_block(4)),
+           "SYSTEMS": "lilicorr dflash dflash_eager base", "TEMPS": "0 1", "SEEDS": "0 1", "WARMUP": "1",
+           "STAGE_TIMING": "1", "BUDGET": "200", "RESERVE": "40", "PER_SET": "2"}
+    proc = subprocess.run(["bash", str(ROOT / "testbed" / "serve_eval.sh")], env=env, capture_output=True, text=True, timeout=300)
     log = (out / "serve_eval.txt").read_text()
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "lilicorr: server exited during startup" in log and "stub: cannot load the draft" in log
-    assert "failed: lilicorr" in log
+    assert "failed: lilicorr;" in log
+
+    assert "--disable-cuda-graph" in (work / "dflash_eager.log").read_text()
+    assert "--speculative-algorithm DFLASH" in (work / "dflash.log").read_text()
+    assert "--disable-cuda-graph" not in (work / "dflash.log").read_text()
 
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    for system in ("dflash", "base"):  # 4 reference prompts per set x 5 sets, at c = 1 and 8
+    for system in ("dflash", "dflash_eager", "base"):  # 2 reference prompts per set x 5 sets, at c = 1 and 8
         mine = [r for r in records if r["system"] == system]
-        assert sorted({r["concurrency"] for r in mine}) == [1, 8] and len(mine) == 40
+        assert sorted({r["concurrency"] for r in mine}) == [1, 8]
+        assert sorted({(r["temperature"], r["seed"]) for r in mine}) == [(0, 0), (1, 0), (1, 1)] and len(mine) == 3 * 20
     assert {r["category"] for r in records} == {"gsm8k", "humaneval", "aime2025", "gpqa", "writingbench"}
 
     cells = json.loads((out / "summary.json").read_text())["cells"]
-    spec = [c for c in cells if c["system"] == "dflash"]
-    assert spec and all(1 < c["tau"] <= 3 and c["speedup"] > 0 for c in spec)
+    spec = [c for c in cells if c["system"] in ("dflash", "dflash_eager")]
+    assert spec and all(1 < c["tau"] <= 3 and c["speedup"] > 0 and c["block_ms"] > 0 and c["block_ratio"] for c in spec)
     assert all(c["tau"] is None for c in cells if c["system"] == "base")
+    assert "ratio vs dflash" in (out / "report.md").read_text()
 
     table = (out / "tau_server_vs_reference.md").read_text()
     gsm8k = next(line for line in table.splitlines() if line.startswith("| gsm8k |"))
-    assert "1.220" in gsm8k  # the reference decoder's dflash tau on GSM8K (tables.json), beside the server's
-    assert len(list(out.iterdir())) <= 8
+    assert gsm8k.count("1.220") == 2  # the reference decoder's dflash tau on GSM8K (tables.json), beside both dflash servers'
+
+    # stage timing: each speculative server's files are kept raw and handed to `bench stages`
+    assert sorted(p.name for p in (out / "stages" / "raw").iterdir()) == ["dflash", "dflash_eager"]
+    assert len(list((out / "stages" / "raw" / "dflash_eager").glob("stages-*.json"))) == 1
+    assert f"lilicorr bench stages --timings dflash={work}/stages/dflash --bs 8 --out {out}/stages/c8" in log
+    assert f"lilicorr bench stages --timings dflash_eager={work}/stages/dflash_eager --bs 1 --eager --out {out}/stages/c1_eager" in log
+    assert sorted(p.name for p in (out / "stages").iterdir()) == ["c1", "c1_eager", "c8", "c8_eager", "raw"]
+    assert "| Target verify | 7.00 |" in (out / "stages" / "c8" / "stages.md").read_text()
+    assert len(list(out.iterdir())) <= 8 + 3 + 1  # a second temperature adds <= 3 plots; stages/
 
 
 def test_prompt_file_reads_the_testbed_prompts_and_groups_by_set():

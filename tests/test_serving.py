@@ -288,6 +288,45 @@ def test_eager_proposal_protocol_of_the_worker():
     assert torch.equal(flat.view(2, -1), want)
 
 
+def test_append_publishes_each_requests_anchor_from_the_appends_own_projection(monkeypatch):
+    """The draft KV append projects every target row once (fc + hidden_norm); LILICORR's anchor of
+    each request is that projection's row at its last verified token: after prefill (extend_lens)
+    and after verify (commit_lens of blocks padded to B rows)."""
+    from sglang.srt.models.dflash import DFlashDraftModel
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+    from sglang_lilicorr.serving.models.lilicorr_draft import LiLiCorrDraftModel
+    from sglang_lilicorr.serving.worker import LiLiCorrWorker
+
+    monkeypatch.setattr(DFlashDraftModel, "project_target_hidden", lambda self, x: 2 * x)  # stands in for fc + norm
+    appended = []
+
+    def append(self, *, target_hidden, cache_loc, **_):
+        appended.append(self.draft_model.project_target_hidden(target_hidden[: cache_loc.numel()]))
+
+    monkeypatch.setattr(DFlashWorkerV2, "_append_target_hidden_to_draft_kv_by_loc", append)
+    proposer, *_ = make_proposer()
+    draft = object.__new__(LiLiCorrDraftModel)  # only the projection bookkeeping is exercised
+    object.__setattr__(draft, "_context_hidden", None)
+    worker = object.__new__(LiLiCorrWorker)
+    worker.proposer, worker.draft_model = proposer, draft
+    g = torch.Generator().manual_seed(9)
+
+    worker._batch_slots = torch.tensor([5, 2])
+    hidden = torch.randn(10 + 3, HIDDEN, generator=g)  # two prompts of 4 and 6 tokens + 3 padding rows
+    worker._append_target_hidden_to_draft_kv_by_loc(
+        target_hidden=hidden, cache_loc=torch.arange(10), positions=torch.arange(10), extend_lens=torch.tensor([4, 6])
+    )
+    assert torch.equal(proposer.anchor_table[[5, 2]], 2 * hidden[[3, 9]])
+
+    worker._batch_slots = torch.tensor([2, 5])
+    hidden = torch.randn(2 * 16, HIDDEN, generator=g)  # two verify blocks; 3 and 1 rows committed
+    worker._append_target_hidden_to_draft_kv_by_loc(
+        target_hidden=hidden, cache_loc=torch.arange(32), positions=torch.arange(32), commit_lens=torch.tensor([3, 1])
+    )
+    assert torch.equal(proposer.anchor_table[[2, 5]], 2 * hidden[[2, 16]])
+    assert len(appended) == 2 and draft.take_context_hidden() is None  # each projection is taken once
+
+
 def test_target_lm_head_must_be_dense_and_unpadded():
     from sglang_lilicorr.serving.server_args import ServingConfigError
     from sglang_lilicorr.serving.worker import dense_lm_head_weight

@@ -8,6 +8,8 @@ the worker class.
 """
 from __future__ import annotations
 
+import os
+
 from .algorithm import ALGORITHM_NAME, LiLiCorrSpecAlgo
 
 
@@ -28,6 +30,11 @@ def validate(server_args) -> None:
 
 def register() -> None:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    if os.environ.get("LILICORR_STAGE_TIMING"):  # opt-in per-stage timing (benchmarks, paper Table cost)
+        from .stage_timer import install
+
+        install(os.environ["LILICORR_STAGE_TIMING"])
 
     try:
         existing = SpeculativeAlgorithm.from_string(ALGORITHM_NAME)

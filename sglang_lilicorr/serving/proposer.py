@@ -4,10 +4,11 @@
   log-probs [b, S, K] --head(token table[ids], log-probs, pass_hidden, anchor)--> start [b, K],
   pair [b, S-1, K, K] --greedy walk--> idx [b, S] --gather--> draft tokens [b, S]
 
-Every step is static-shaped and sync-free, so the proposal is captured in SGLang's draft CUDA
-graph right after the draft forward (SGLang calls `__call__` from a capture tail hook and reads
-`out`). On CUDA it runs our Triton kernels (fused top-K/LSE, greedy walk); on CPU the PyTorch
-references (`sglang_lilicorr.kernels.topk_lse` dispatches by device itself).
+The whole chain is `FastLiLiCorrSelect` (sglang_lilicorr/fast_head.py), the serving path of the
+same head module that training uses: on CUDA our Triton kernels (fused top-K/LSE, node, norm and
+cosine epilogues, greedy walk) around cuBLAS GEMMs and SDPA; elsewhere the PyTorch path. Every step
+is static-shaped and sync-free, so the proposal is captured in SGLang's draft CUDA graph right
+after the draft forward (SGLang calls `__call__` from a capture tail hook and reads `out`).
 
 The anchor is the drafter-projected target state (fc + hidden_norm) at the last verified token of
 each request. It is kept per request-pool slot (`anchor_table`), published after every prefill
@@ -18,18 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from ..fast_head import FastLiLiCorrSelect
 from ..head import LiLiCorrHead
-from ..kernels import topk_lse
-from ..walk import greedy_walk
-
-
-def walk(start: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
-    """Greedy walk over the score lattice: the Triton kernel on CUDA, the reference elsewhere."""
-    if start.is_cuda:
-        from ..kernels import greedy_walk_triton
-
-        return greedy_walk_triton(start, pair)
-    return greedy_walk(start, pair)
 
 
 def last_rows(*, num_rows: int, extend_lens: torch.Tensor | None, commit_lens: torch.Tensor | None) -> torch.Tensor:
@@ -65,7 +56,9 @@ class LiLiCorrProposer:
         self.slots = cfg.num_slots
         self.topk = cfg.candidate_topk
         self.lm_head_weight = lm_head_weight
-        self.token_table = head.token_table(embed_weight[: lm_head_weight.shape[0]])  # [V, H]
+        # Triton epilogues only on CUDA: on CPU (tests, TRITON_INTERPRET=1) the PyTorch path is exact and fast.
+        self.select = FastLiLiCorrSelect(head, embed_weight=embed_weight[: lm_head_weight.shape[0]], fused=lm_head_weight.is_cuda)
+        self.token_table = self.select.token_table  # [V, H]
         self.anchor_table: torch.Tensor | None = None  # [request slots, Hm]
         self.anchors: torch.Tensor | None = None  # [max rows, Hm]
         self.out: torch.Tensor | None = None  # [max rows * S] int64
@@ -101,14 +94,8 @@ class LiLiCorrProposer:
     @torch.inference_mode()
     def propose(self, pass_hidden: torch.Tensor, anchor_hidden: torch.Tensor) -> torch.Tensor:
         """pass_hidden [b, S, Hm], anchor_hidden [b, Hm] -> draft tokens [b, S] int64."""
-        b, s, hm = pass_hidden.shape
-        logits = pass_hidden.reshape(b * s, hm).to(self.lm_head_weight.dtype) @ self.lm_head_weight.T  # [b*S, V]
-        vals, ids, lse = topk_lse(logits, self.topk)  # [b*S, K] fp32, [b*S, K] int64, [b*S] fp32
-        ids = ids.view(b, s, self.topk)
-        log_probs = (vals - lse[:, None]).view(b, s, self.topk)
-        start, pair = self.head(self.token_table[ids], log_probs, pass_hidden, anchor_hidden)
-        idx = walk(start, pair)  # [b, S]
-        return ids.gather(2, idx.unsqueeze(2)).squeeze(2)
+        draft, _, _ = self.select(pass_hidden, anchor_hidden, self.lm_head_weight)
+        return draft
 
     def __call__(self, hidden_states: torch.Tensor, input_ids: torch.Tensor | None = None) -> None:
         """SGLang's draft-sampler protocol: hidden_states [b*B, Hm] of the draft block (slot 0 =

@@ -12,7 +12,8 @@ What it overrides (all methods of the DFlash worker, no SGLang source touched):
   _greedy_sample_from_vocab_parallel_head
                                  -> the same proposal, eagerly, when no draft graph covers the batch
   _append_target_hidden_to_draft_kv_by_loc
-                                 -> also publishes each request's anchor (projected target state)
+                                 -> also publishes each request's anchor: its last verified row of
+                                    the context projection the append computes (draft model keeps it)
   forward_batch_generation       -> records the batch's request slots and stages their anchors
   init_cuda_graphs               -> warns when the proposal cannot be captured (graphs disabled)
 """
@@ -124,15 +125,16 @@ class LiLiCorrWorker(DFlashWorkerV2):
     def _append_target_hidden_to_draft_kv_by_loc(
         self, *, target_hidden, cache_loc, positions, cache_loc_2d=None, commit_lens=None, extend_lens=None
     ) -> None:
-        if target_hidden is not None and target_hidden.numel() and self._batch_slots is not None:
-            rows = last_rows(num_rows=int(cache_loc.numel()), extend_lens=extend_lens, commit_lens=commit_lens)
-            with torch.inference_mode():
-                anchors = self.draft_model.project_target_hidden(target_hidden.index_select(0, rows))
-            self.proposer.publish_anchors(anchors, self._batch_slots)
         super()._append_target_hidden_to_draft_kv_by_loc(
             target_hidden=target_hidden, cache_loc=cache_loc, positions=positions,
             cache_loc_2d=cache_loc_2d, commit_lens=commit_lens, extend_lens=extend_lens,
         )
+        # The append projected every row of target_hidden (trailing padding trimmed to cache_loc);
+        # each request's anchor is its last verified row of that projection.
+        context = self.draft_model.take_context_hidden()  # [cache_loc rows, Hm] or None (nothing appended)
+        if context is not None and self._batch_slots is not None:
+            rows = last_rows(num_rows=int(context.shape[0]), extend_lens=extend_lens, commit_lens=commit_lens)
+            self.proposer.publish_anchors(context.index_select(0, rows), self._batch_slots)
 
     # --- eager proposal ---------------------------------------------------------------------
 

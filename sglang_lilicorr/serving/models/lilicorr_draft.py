@@ -40,6 +40,18 @@ class LiLiCorrDraftModel(DFlashDraftModel):
         except CheckpointError as e:
             raise ServingConfigError(f"LiLiCorr draft config: {e}") from e
         self.lilicorr_head = LiLiCorrHead(head_config, model_hidden_size=int(config.hidden_size))
+        self._context_hidden: torch.Tensor | None = None  # [N, Hm] the last projected target states
+
+    def project_target_hidden(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        """The drafter's context projection (fc + hidden_norm), kept until `take_context_hidden`:
+        the LiLiCorr anchor of each request is one of these rows, so it is never projected twice."""
+        self._context_hidden = super().project_target_hidden(target_hidden)
+        return self._context_hidden
+
+    def take_context_hidden(self) -> torch.Tensor | None:
+        """[N, Hm] projected by the last `project_target_hidden` call (None if none since the last take)."""
+        context, self._context_hidden = self._context_hidden, None
+        return context
 
     @property
     def head_block_size(self) -> int:
