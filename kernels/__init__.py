@@ -4,6 +4,10 @@
   fused top-K + full-vocabulary logsumexp; Triton on CUDA, PyTorch reference elsewhere.
 - greedy_walk_triton / viterbi_triton(start [b, K], pair [b, S-1, K, K]) -> idx [b, S] int64:
   the decoders of sglang_lilicorr.walk, one program per request.
+- lattice_attention_triton(qkv [b*L, 3H], bias [heads, L, L], heads) -> out [b*L, H]:
+  the lattice transformer's self-attention on the packed QKV GEMM output (replaces SDPA).
+- linear_silu_triton(x [M, K], weight [N, K], bias [N] | None) -> silu(x @ weight.T + bias) [M, N]:
+  the lattice FFN's up projection with its bias + SiLU epilogue in one GEMM (prefer_triton(M) in ffn_silu).
 See README.md in this folder for launch geometry and references.
 """
 from .topk_lse import MAX_TOPK, topk_lse, topk_lse_reference, uses_triton
@@ -12,6 +16,8 @@ _TRITON_ONLY = {
     "topk_lse_triton": "topk_lse_fused",
     "greedy_walk_triton": "walk",
     "viterbi_triton": "walk",
+    "lattice_attention_triton": "lattice_attention",
+    "linear_silu_triton": "ffn_silu",
 }
 
 __all__ = ["MAX_TOPK", "topk_lse", "topk_lse_reference", "uses_triton", *_TRITON_ONLY]

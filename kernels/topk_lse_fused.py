@@ -31,8 +31,8 @@ BLOCK = 512  # logits per tile: 16 per thread of one warp (two 16-byte bf16 load
 GROUP = 64  # logits per sub-tile (128 bytes of bf16)
 NUM_WARPS = 1  # one warp per program: every reduction is in-warp (shuffles, no barriers)
 MAX_REGISTERS = 64  # per thread (63 used, no spills on sm_90): 32 one-warp programs fill an SM
-PROGRAMS_PER_SM = 32  # stage-1 grid aims at one wave of these (sm_90's resident-block limit)
-MIN_TILES_PER_SPLIT = 4  # small N: fewer, longer splits keep the merge kernel's input small
+PROGRAMS_PER_SM = 16  # stage-1 grid aims at one wave of these (half sm_90's resident-block limit: measured best, H200)
+MIN_TILES_PER_SPLIT = 8  # small N: fewer, longer splits keep the merge kernel's input small
 
 
 @triton.jit
@@ -182,8 +182,9 @@ def _sm_count(device: torch.device) -> int:
 def split_plan(n_rows: int, vocab: int, device: torch.device, block: int = BLOCK) -> tuple[int, int]:
     """(splits per row, logits per split), from N: about one wave of stage-1 programs on the GPU
     (PROGRAMS_PER_SM per SM), each a run of >= MIN_TILES_PER_SPLIT whole tiles. Paper vocab on
-    132 SMs: N = 15 -> 75 splits of 4 tiles; 60 -> 60 of 5; 240 -> 17 of 18; 480 -> 8 of 38;
-    N >= 4224 -> 1 (no merge kernel)."""
+    132 SMs: N = 15 -> 38 splits of 8 tiles; 60 -> 33 of 9; 240 -> 8 of 38; 480 -> 4 of 75;
+    N > 1056 -> 1 (no merge kernel). On an H200 (head_bench, b370c78) these beat the former plan
+    of twice as many splits by 0-5 us at N = 15..480."""
     tiles = triton.cdiv(vocab, block)
     want = max(1, PROGRAMS_PER_SM * _sm_count(device) // n_rows)
     tiles_per_split = max(triton.cdiv(tiles, min(want, tiles)), min(MIN_TILES_PER_SPLIT, tiles))

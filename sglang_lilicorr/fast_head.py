@@ -16,7 +16,9 @@ Two implementations of the same math, chosen by `fused`:
   fused=False  PyTorch ops (the lattice layers run as LatticeLayer.forward).
   fused=True   Triton epilogues (kernels/head_*.py): features+LayerNorm+up+SiLU in one kernel,
                gather+sum+RMSNorm node kernel, residual-add+RMSNorm (+ h*t) kernels, bias+SiLU,
-               and one cosine-score kernel for start and pair factors; cuBLAS GEMMs and SDPA between.
+               and one cosine-score kernel for start and pair factors; the lattice attention as one
+               Triton kernel per (request, head, query block) (kernels/lattice_attention.py);
+               cuBLAS GEMMs between.
 `overlap=True` (CUDA, fused) runs the pass and anchor projections on a side stream.
 `fused_stages` cuts the fused path into projections / nodes / lattice / factors / walk for
 per-stage timing (benchmarks/head_bench.py).
@@ -259,13 +261,15 @@ class FastLiLiCorrSelect:
     def _layers_fused(self, x, xn, b, t, join_anchor=None):
         """Lattice transformer on x [b*L, H] (updated in place) -> concat[h, h*t] [b*L, 2H]."""
         from .kernels.head_norm import add_rmsnorm_triton
+        from .kernels.lattice_attention import lattice_attention_triton
 
-        h = self.width
         n = x.shape[0] // b
-        bias = self.attn_bias[..., :n, :n]
+        bias = self.attn_bias[..., :n, :n]  # [1, heads, n, n], 16-aligned rows: taken as is
         layers = self.head.layers
         for i, layer in enumerate(layers):
-            y = layer.attn(xn.view(b, n, h), bias).reshape(b * n, h)
+            attn = layer.attn
+            qkv = F.linear(xn, attn.in_proj_weight, attn.in_proj_bias)  # [b*n, 3H]
+            y = attn.out_proj(lattice_attention_triton(qkv, bias, attn.num_heads))  # [b*n, H]
             norm = self._after_attn[i]
             xn = add_rmsnorm_triton(x, y, norm.weight, _norm_eps(norm))
             y = layer.mlp(xn)

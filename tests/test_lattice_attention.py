@@ -1,0 +1,267 @@
+"""The lattice self-attention kernel (kernels/lattice_attention.py) equals SDPA on LatticeAttention's
+q, k, v views of the packed QKV GEMM output, with fast_head's padded-row bias view.
+
+CPU: small shapes under Triton's interpreter (tests/conftest.py selects it before anything imports
+triton), fp32 to ~1e-4; plus an sm_90 compile of the paper-shape kernel (ptxas, no GPU needed).
+GPU (`-m gpu`): the paper shape in bf16 against cuDNN/flash SDPA, and CUDA-graph replay.
+Inputs are fresh each run; the seed is printed with a failing test's output.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+from triton.runtime.interpreter import InterpretedFunction
+
+from sglang_lilicorr.kernels import lattice_attention_triton
+from sglang_lilicorr.kernels.lattice_attention import _lattice_attention_kernel, lattice_attention_reference
+from sglang_lilicorr.lattice import LatticeAttention, lattice_attention_bias
+
+CUDA = torch.cuda.is_available()
+INTERPRETER = isinstance(_lattice_attention_kernel, InterpretedFunction)
+needs_interpreter = pytest.mark.skipif(not INTERPRETER, reason="triton is in compiled mode (no CUDA here?)")
+
+
+@pytest.fixture
+def gen(monkeypatch) -> torch.Generator:
+    if INTERPRETER:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    seed = time.time_ns() % 2**31
+    print(f"seed={seed}")
+    return torch.Generator().manual_seed(seed)
+
+
+def _padded_bias(heads: int, length: int, gen=None, device="cpu", dtype=torch.float32) -> torch.Tensor:
+    """Random finite bias as fast_head stores it: a [1, heads, L, L] view of rows padded to 16."""
+    pad = -(-length // 16) * 16
+    full = torch.randn(1, heads, length, pad, generator=gen).to(device, dtype)
+    return full[..., :length]
+
+
+def _sdpa(qkv: torch.Tensor, bias: torch.Tensor, heads: int, scale=None) -> torch.Tensor:
+    """LatticeAttention's SDPA on the packed layout -> [b*L, H]."""
+    length, width = bias.shape[-1], qkv.shape[1] // 3
+    b = qkv.shape[0] // length
+    q, k, v = qkv.view(b, length, 3, heads, width // heads).unbind(2)
+    o = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias.to(qkv.dtype), scale=scale
+    )
+    return o.transpose(1, 2).reshape(b * length, width)
+
+
+@needs_interpreter
+@pytest.mark.parametrize(
+    "b, heads, dh, length, padded, block_m",
+    [
+        (1, 2, 16, 12, True, 64),
+        (3, 2, 16, 12, True, 64),
+        (3, 2, 16, 12, False, 64),  # contiguous [heads, L, L] bias
+        (2, 2, 8, 12, True, 64),  # dh < 16: padded to tl.dot's 16 with masked loads
+        (2, 2, 16, 40, True, 16),  # three query blocks, the last partial
+        (1, 1, 16, 120, True, 64),  # the paper's L = S*K = 15*8 (LP = 128)
+    ],
+)
+def test_matches_sdpa(gen, b, heads, dh, length, padded, block_m):
+    width = heads * dh
+    qkv = torch.randn(b * length, 3 * width, generator=gen)
+    bias = _padded_bias(heads, length, gen) if padded else torch.randn(heads, length, length, generator=gen)
+    out = lattice_attention_triton(qkv, bias, heads, block_m=block_m)
+    expected = _sdpa(qkv, bias, heads)
+    assert out.shape == (b * length, width) and out.dtype == qkv.dtype and out.is_contiguous()
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(lattice_attention_reference(qkv, bias, heads), expected, atol=1e-6, rtol=1e-6)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_matches_sdpa(gen, dtype):
+    """16-bit inputs: P rounded to the input dtype as SDPA does; output within half-precision error."""
+    b, heads, dh, length = 2, 2, 16, 20
+    qkv = torch.randn(b * length, 3 * heads * dh, generator=gen).to(dtype)
+    bias = _padded_bias(heads, length, gen, dtype=dtype)
+    out = lattice_attention_triton(qkv, bias, heads)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), _sdpa(qkv.float(), bias.float(), heads), atol=2e-2, rtol=2e-2)
+
+
+@needs_interpreter
+def test_scale_and_strided_qkv(gen):
+    """An explicit scale, and qkv as a column slice of a wider buffer (row stride > 3H)."""
+    heads, dh, length, b = 2, 16, 12, 2
+    wide = torch.randn(b * length, 3 * heads * dh + 16, generator=gen)
+    qkv = wide[:, : 3 * heads * dh]
+    bias = _padded_bias(heads, length, gen)
+    out = lattice_attention_triton(qkv, bias, heads, scale=0.5)
+    torch.testing.assert_close(out, _sdpa(qkv, bias, heads, scale=0.5), atol=1e-4, rtol=1e-4)
+
+
+@needs_interpreter
+def test_wiring_equals_lattice_attention(gen):
+    """in_proj GEMM -> kernel -> out_proj equals LatticeAttention.forward on the lattice bias."""
+    slots, topk, heads, width, b = 3, 4, 2, 32, 3
+    length = slots * topk
+    torch.manual_seed(gen.initial_seed())
+    attn = LatticeAttention(width, heads)
+    with torch.no_grad():
+        attn.in_proj_bias.normal_()
+        rel, same = torch.randn(heads, 2 * (slots + 1) - 1, generator=gen), torch.randn(heads, generator=gen)
+        bias = torch.zeros(1, heads, length, 16)
+        bias[..., :length] = lattice_attention_bias(rel, same, slots, topk)
+        bias = bias[..., :length]
+        x = torch.randn(b, length, width, generator=gen)
+        qkv = F.linear(x.view(b * length, width), attn.in_proj_weight, attn.in_proj_bias)
+        got = attn.out_proj(lattice_attention_triton(qkv, bias, attn.num_heads)).view(b, length, width)
+        torch.testing.assert_close(got, attn(x, bias), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "qkv_shape, heads, bias_shape, match",
+    [
+        ((24, 50), 2, (2, 12, 12), "width a multiple of 3"),
+        ((24, 90), 4, (4, 12, 12), "not divisible by heads"),
+        ((24, 96), 2, (3, 12, 12), r"\[heads=2, L, L\]"),
+        ((24, 96), 2, (2, 12, 11), r"\[heads=2, L, L\]"),
+        ((24, 96), 2, (2, 1, 12, 12), r"\[heads=2, L, L\]"),
+        ((24, 96), 2, (2, 10, 10), "not a multiple of the bias's L = 10"),
+        ((300, 96), 2, (2, 300, 300), "at most 256 nodes"),
+    ],
+)
+def test_bad_shapes_raise(qkv_shape, heads, bias_shape, match):
+    with pytest.raises(ValueError, match=match):
+        lattice_attention_triton(torch.zeros(qkv_shape), torch.zeros(bias_shape), heads)
+
+
+def test_bad_layouts_raise():
+    qkv, bias = torch.zeros(24, 96), torch.zeros(2, 12, 12)
+    with pytest.raises(ValueError, match="unit column stride"):
+        lattice_attention_triton(qkv, bias.transpose(1, 2), 2)
+    with pytest.raises(ValueError, match="unit column stride"):
+        lattice_attention_triton(torch.zeros(96, 24).t(), bias, 2)
+    with pytest.raises(ValueError, match="dtype torch.int32 unsupported"):
+        lattice_attention_triton(qkv.int(), bias, 2)
+    with pytest.raises(ValueError, match="power of two"):
+        lattice_attention_triton(qkv, bias, 2, block_m=48)
+
+
+_AOT = """
+import re, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
+from triton.compiler import ASTSource
+from sglang_lilicorr.kernels import lattice_attention as la
+
+fn = la._lattice_attention_kernel
+sig = dict(zip(fn.arg_names, ["*bf16", "i32", "*bf16", "i32", "i32", "*bf16", "i32", "i32", "i32", "fp32"] + ["constexpr"] * 5))
+ptxas = get_ptxas(90).path
+for block_m, warps in [(la.BLOCK_M, la.NUM_WARPS), (128, 8)]:
+    consts = dict(LP=128, DP=128, BLOCK_M=block_m, IEEE=False, F32_DOT=False)
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 4, 5, 7, 8)}  # pointers, strides, H, dh
+    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(k.asm["ptx"])
+        f.flush()
+        info = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", f.name + ".cubin"], capture_output=True, text=True).stderr
+    spills = sum(int(n) for n in re.findall(r"(\\d+) bytes spill stores", info))
+    print(block_m, warps, "registers", re.findall(r"Used (\\d+) registers", info), "spill bytes", spills, "smem", k.metadata.shared)
+    if spills:
+        sys.exit(f"BLOCK_M={block_m} num_warps={warps} spills {spills} bytes")
+    if "wgmma.mma_async" not in k.asm["ptx"]:
+        sys.exit(f"BLOCK_M={block_m} num_warps={warps} does not use wgmma")
+print("compiled 2")
+"""
+
+
+def test_kernel_compiles_for_sm90_without_spills():
+    """The paper shape (L = 120 -> LP = 128, dh = 128, bf16) lowered to sm_90 in a fresh process
+    without TRITON_INTERPRET: the default launch (BLOCK_M = 64, 4 warps) and the alternative
+    (128, 8 warps) use wgmma and do not spill."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _AOT], env=env, capture_output=True, text=True, timeout=600)
+    if run.returncode and ("ptxas" in run.stderr.lower() and "not found" in run.stderr.lower()):
+        pytest.skip("triton's ptxas is unavailable here")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert "compiled 2" in run.stdout
+
+
+# --- GPU: paper shape in bf16, graph replay ---------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA or INTERPRETER, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("launch", [{}, {"block_m": 128, "num_warps": 8}])
+@pytest.mark.parametrize("b", [1, 4, 32])
+def test_gpu_paper_shape_bf16_matches_sdpa_and_graph_replay(b, launch):
+    """Default launch and the (128, 8 warps) alternative, against bf16 SDPA and fp32 SDPA;
+    a CUDA-graph replay writes exactly the eager result."""
+    heads, dh, length = 8, 128, 15 * 8
+    g = torch.Generator(device="cuda").manual_seed(b)
+    qkv = torch.randn(b * length, 3 * heads * dh, device="cuda", dtype=torch.bfloat16, generator=g)
+    bias = _padded_bias(heads, length, device="cuda", dtype=torch.bfloat16)
+    eager = lattice_attention_triton(qkv, bias, heads, **launch)
+    torch.testing.assert_close(eager, _sdpa(qkv, bias, heads), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(eager.float(), _sdpa(qkv.float(), bias.float(), heads), atol=2e-2, rtol=2e-2)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = lattice_attention_triton(qkv, bias, heads, **launch)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA or INTERPRETER, reason="needs a CUDA GPU")
+def test_gpu_fp32_matches_sdpa_without_tf32(monkeypatch):
+    """fp32 (IEEE FMAs in the kernel, TF32 off in the reference) agrees to ~1e-4: the fp32 path of
+    FastLiLiCorrSelect stays exact once the kernel is wired in."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    heads, dh, length, b = 8, 128, 120, 4
+    qkv = torch.randn(b * length, 3 * heads * dh, device="cuda")
+    bias = _padded_bias(heads, length, device="cuda")
+    torch.testing.assert_close(lattice_attention_triton(qkv, bias, heads), _sdpa(qkv, bias, heads), atol=1e-4, rtol=1e-4)
+
+
+def _graph_time_us(fn, calls: int = 20, replays: int = 50) -> float:
+    """Mean time of one call of fn, from CUDA-graph replays of `calls` back-to-back calls."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (replays * calls)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA or INTERPRETER, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("b", [1, 4, 32])
+def test_gpu_faster_than_sdpa(b):
+    """At the paper shape (bf16) the default launch beats LatticeAttention's SDPA call (views,
+    SDPA, transpose-reshape). Timings of the launch variants print with `pytest -s`."""
+    heads, dh, length = 8, 128, 120
+    qkv = torch.randn(b * length, 3 * heads * dh, device="cuda", dtype=torch.bfloat16)
+    bias = _padded_bias(heads, length, device="cuda", dtype=torch.bfloat16)
+    sdpa = _graph_time_us(lambda: _sdpa(qkv, bias, heads))
+    ours = {
+        (block_m, warps): _graph_time_us(lambda: lattice_attention_triton(qkv, bias, heads, block_m=block_m, num_warps=warps))
+        for block_m, warps in [(64, 4), (128, 8), (32, 4), (64, 8)]
+    }
+    print(f"\nb={b} {torch.cuda.get_device_name()}: sdpa {sdpa:.2f} us; "
+          + "; ".join(f"BLOCK_M={m} warps={w} {t:.2f} us" for (m, w), t in ours.items()))
+    assert ours[(64, 4)] < sdpa
