@@ -18,7 +18,8 @@ Two implementations of the same math, chosen by `fused`:
                gather+sum+RMSNorm node kernel, residual-add+RMSNorm (+ h*t) kernels, bias+SiLU,
                and one cosine-score kernel for start and pair factors; the lattice attention as one
                Triton kernel per (request, head, query block) (kernels/lattice_attention.py);
-               cuBLAS GEMMs between.
+               the FFN up GEMM with its bias + SiLU epilogue (kernels/ffn_silu.py) where its
+               measured table prefers it; cuBLAS GEMMs between.
 `overlap=True` (CUDA, fused) runs the pass and anchor projections on a side stream.
 `fused_stages` cuts the fused path into projections / nodes / lattice / factors / walk for
 per-stage timing (benchmarks/head_bench.py).
@@ -260,6 +261,7 @@ class FastLiLiCorrSelect:
 
     def _layers_fused(self, x, xn, b, t, join_anchor=None):
         """Lattice transformer on x [b*L, H] (updated in place) -> concat[h, h*t] [b*L, 2H]."""
+        from .kernels.ffn_silu import linear_silu_triton, prefer_triton
         from .kernels.head_norm import add_rmsnorm_triton
         from .kernels.lattice_attention import lattice_attention_triton
 
@@ -272,7 +274,11 @@ class FastLiLiCorrSelect:
             y = attn.out_proj(lattice_attention_triton(qkv, bias, attn.num_heads))  # [b*n, H]
             norm = self._after_attn[i]
             xn = add_rmsnorm_triton(x, y, norm.weight, _norm_eps(norm))
-            y = layer.mlp(xn)
+            mlp = layer.mlp
+            if prefer_triton(xn.shape[0]):  # up GEMM with bias + SiLU in its epilogue, where measured faster
+                y = mlp.down_proj(linear_silu_triton(xn, mlp.up_proj.weight, mlp.up_proj.bias))
+            else:
+                y = mlp(xn)
             norm, last = self._after_mlp[i], i == len(layers) - 1
             if last and join_anchor is not None:
                 join_anchor()

@@ -1,0 +1,237 @@
+"""The lattice FFN's up projection with its bias + SiLU epilogue in one Triton GEMM (paper App. A).
+
+Replaces F.silu(F.linear(x, W_up, b_up)) in SiluMLP at serving time (cuBLAS GEMM + a SiLU pass):
+
+  x      [M, K]   rows = b * L lattice nodes; any row stride, unit stride along K
+  weight [N, K]   nn.Linear layout (out x in); any row stride, unit stride along K
+  bias   [N]      or None
+  out    [M, N]   silu(x @ weight.T + bias), contiguous, in x's dtype
+
+One program per [BLOCK_M, BLOCK_N] output tile: tl.dot over BLOCK_K chunks of K into an fp32
+accumulator, + bias, SiLU, one rounding to the output dtype (PyTorch rounds twice: after the GEMM
+and after the SiLU). Tiles run in grouped order (GROUP_M row tiles sweep the column tiles together)
+so the weight tiles a group reads stay in L2. Rows and columns past M, N are wrapped (index mod M,
+N) so the K loop loads without masks; the store is masked. The K loop is unmasked when BLOCK_K
+divides K (EVEN_K).
+
+Launch configs come from a small static table chosen by M (no autotuning: the choice is fixed so
+a CUDA graph can capture the first call), paper shape K = 1024, N = 2048, M = 120 * b:
+  skinny  M <= 128: 64 x 32 tiles, BLOCK_K 128, 4 warps -> 2 x 64 = 128 programs (one wave on
+          132 SMs), 96 KiB shared memory; latency-bound (the 4 MiB weight is read once per row tile).
+  small   M <= 512: 64 x 128, BLOCK_K 64, 4 warps, 4 stages -> 8 x 16 = 128 programs at M = 480 (96 KiB).
+  large   M >  512: 128 x 256, BLOCK_K 64, 8 warps (two wgmma warpgroups), 3 stages (144 KiB
+          shared memory) -> 120 programs at M = 1920, 240 at 3840.
+  medium  (no band yet; in the benchmark sweep) 128 x 128, BLOCK_K 64, 8 warps, 4 stages (128 KiB):
+          240 programs at M = 1920, the alternative if one 128 x 256 wave underfills the SMs.
+  fp32    fp32 inputs (exact IEEE FMA dots, for tests / the fp32 path): 64 x 64, BLOCK_K 32.
+`prefer_triton(M)` says whether to take this kernel over cuBLAS + SiLU at M; update that table
+(CONFIG_BY_ROWS) from `python -m sglang_lilicorr.kernels.ffn_silu` on the serving GPU.
+Under the CPU interpreter bf16/fp16 operands are dotted as fp32 copies (its tl.dot multiplies raw
+16-bit patterns); 16-bit products are exact in fp32. sm_90 builds (ptxas, tests/test_ffn_silu.py):
+64 / 128 / 106 / 176 / 128 registers (skinny / small / medium / large / fp32), no spills, wgmma. Only torch.empty and one launch: CUDA-graph safe.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+
+class LaunchConfig(NamedTuple):
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_stages: int
+    num_warps: int
+
+
+CONFIGS = {
+    "skinny": LaunchConfig(64, 32, 128, 8, 4, 4),
+    "small": LaunchConfig(64, 128, 64, 8, 4, 4),
+    "medium": LaunchConfig(128, 128, 64, 8, 4, 8),
+    "large": LaunchConfig(128, 256, 64, 8, 3, 8),
+    "fp32": LaunchConfig(64, 64, 32, 8, 3, 4),
+}
+
+# (largest M of the row band, config for 16-bit inputs, prefer Triton over cuBLAS GEMM + SiLU);
+# the first band with M <= bound applies, None = unbounded
+CONFIG_BY_ROWS = (
+    (128, "skinny", True),
+    (512, "small", True),
+    (None, "large", True),
+)
+
+
+def _band(m: int) -> tuple:
+    return next(row for row in CONFIG_BY_ROWS if row[0] is None or m <= row[0])
+
+
+def select_config(m: int, dtype: torch.dtype) -> str:
+    """Name of the launch config for M rows of `dtype` (fp32 has its own small-tile config)."""
+    return "fp32" if dtype == torch.float32 else _band(m)[1]
+
+
+def prefer_triton(m: int) -> bool:
+    """Whether linear_silu_triton beats F.silu(F.linear(...)) at M rows (from bench_linear_silu)."""
+    return _band(m)[2]
+
+
+@triton.jit
+def _linear_silu_kernel(
+    x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, IEEE_F32: tl.constexpr,
+):
+    # grouped tile order: GROUP_M row tiles take the column tiles in turn, column-major inside a group
+    pid = tl.program_id(0)
+    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = (pid // per_group) * GROUP_M
+    rows_in_group = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % rows_in_group
+    pid_n = (pid % per_group) // rows_in_group
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    # wrapped rows / columns: in-bounds loads without masks; their results are not stored
+    am, bn = (rm % M).to(tl.int64), (rn % N).to(tl.int64)
+    a_ptrs = x_ptr + am[:, None] * stride_xm + rk[None, :]  # [BLOCK_M, BLOCK_K]
+    b_ptrs = w_ptr + bn[None, :] * stride_wn + rk[:, None]  # [BLOCK_K, BLOCK_N] = weight tile transposed
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            left = K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=rk[None, :] < left, other=0.0)
+            b = tl.load(b_ptrs, mask=rk[:, None] < left, other=0.0)
+        if IEEE_F32:  # fp32 inputs, or 16-bit ones under the interpreter: exact fp32 FMAs
+            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    y = acc / (1.0 + tl.exp(-acc))  # SiLU in fp32
+    out = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
+    tl.store(out, y.to(out_ptr.dtype.element_ty), mask=(rm < M)[:, None] & (rn < N)[None, :])
+
+
+def linear_silu_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """PyTorch definition (SiluMLP's up_proj then SiLU) -> [M, N]."""
+    return F.silu(F.linear(x, weight, bias))
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    name = "linear_silu_triton"
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"{name}: x {tuple(x.shape)} and weight {tuple(weight.shape)} must be [M, K] and [N, K] "
+            f"(nn.Linear layout) with the same K; reshape x to 2-D rows first"
+        )
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"{name}: x dtype {x.dtype} unsupported; use bf16, fp16 or fp32")
+    if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+        got = f"weight {weight.dtype}" + ("" if bias is None else f", bias {bias.dtype}")
+        raise ValueError(f"{name}: x is {x.dtype} but {got}; cast the parameters to x's dtype")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
+        raise ValueError(f"{name}: bias {tuple(bias.shape)} must be [N] = [{weight.shape[0]}] (weight's rows)")
+    if x.stride(1) != 1 or weight.stride(1) != 1 or (bias is not None and bias.stride(0) != 1):
+        raise ValueError(
+            f"{name}: x strides {x.stride()}, weight strides {weight.stride()} need unit stride along K "
+            f"(and a contiguous bias); pass .contiguous() copies"
+        )
+    if weight.device != x.device or (bias is not None and bias.device != x.device):
+        raise ValueError(f"{name}: weight / bias are not on x's device {x.device}; move them there")
+    if not x.is_cuda and not isinstance(_linear_silu_kernel, InterpretedFunction):
+        raise ValueError(
+            f"{name}: x is on {x.device}; Triton runs CUDA tensors, or CPU ones only with TRITON_INTERPRET=1 "
+            f"set before triton is imported; use linear_silu_reference on CPU"
+        )
+
+
+def linear_silu_triton(
+    x: torch.Tensor,  # [M, K], unit stride along K
+    weight: torch.Tensor,  # [N, K] (nn.Linear), unit stride along K
+    bias: torch.Tensor | None = None,  # [N]
+    *,
+    config: str | LaunchConfig | None = None,  # a CONFIGS key or a LaunchConfig; None: select_config(M, dtype)
+) -> torch.Tensor:
+    """-> silu(x @ weight.T + bias) [M, N] in x's dtype, fp32 accumulation, one launch."""
+    _check(x, weight, bias)
+    if isinstance(config, str) and config not in CONFIGS:
+        raise ValueError(f"linear_silu_triton: config {config!r} unknown; use one of {sorted(CONFIGS)}")
+    (m, k), n = x.shape, weight.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m and n:
+        c = config if isinstance(config, LaunchConfig) else CONFIGS[config or select_config(m, x.dtype)]
+        grid = (triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n),)
+        _linear_silu_kernel[grid](
+            x, weight, out if bias is None else bias, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
+            HAS_BIAS=bias is not None, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
+            EVEN_K=k % c.block_k == 0, IEEE_F32=x.dtype == torch.float32 or not x.is_cuda,
+            num_stages=c.num_stages, num_warps=c.num_warps,
+        )
+    return out
+
+
+def bench_linear_silu(
+    m_list=(120, 480, 1920, 3840), K: int = 1024, N: int = 2048, *, dtype=torch.bfloat16, sweep: bool = False, rep_ms: int = 100
+) -> list[dict]:
+    """On CUDA: ms per call (median of triton.testing.do_bench over the replay of a CUDA graph that
+    captured one call; do_bench flushes L2 between calls) of linear_silu_triton and of
+    F.silu(F.linear(...)) at each M -> rows {M, config, triton_ms, torch_ms, speedup}. With sweep,
+    one row per 16-bit config at each M (the selected one is marked with '*')."""
+    from triton.testing import do_bench
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("bench_linear_silu: needs a CUDA device")
+
+    def graph_ms(fn) -> float:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()  # compile / pick the cuBLAS kernel outside the capture
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return float(do_bench(graph.replay, warmup=25, rep=rep_ms, return_mode="median"))
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    weight = torch.randn(N, K, device="cuda", dtype=dtype, generator=gen) * K**-0.5
+    bias = torch.randn(N, device="cuda", dtype=dtype, generator=gen)
+    rows = []
+    for m in m_list:
+        x = torch.randn(m, K, device="cuda", dtype=dtype, generator=gen)
+        torch_ms = graph_ms(lambda: linear_silu_reference(x, weight, bias))
+        chosen = select_config(m, dtype)
+        for name in [c for c in CONFIGS if c != "fp32"] if sweep else [chosen]:
+            ms = graph_ms(lambda: linear_silu_triton(x, weight, bias, config=name))
+            label = name + ("*" if sweep and name == chosen else "")
+            rows.append(dict(M=m, config=label, triton_ms=ms, torch_ms=torch_ms, speedup=torch_ms / ms))
+    return rows
+
+
+def format_bench(rows: list[dict]) -> str:
+    """The rows of bench_linear_silu as a text table."""
+    lines = [f"{'M':>6} {'config':>8} {'triton ms':>10} {'torch ms':>10} {'speedup':>8}"]
+    lines += [f"{r['M']:>6} {r['config']:>8} {r['triton_ms']:>10.4f} {r['torch_ms']:>10.4f} {r['speedup']:>8.2f}" for r in rows]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    table = format_bench(bench_linear_silu(sweep=True))
+    print(f"{torch.cuda.get_device_name()}, K = 1024, N = 2048, bf16, triton {triton.__version__}, torch {torch.__version__}")
+    print(table)

@@ -1,0 +1,223 @@
+"""The FFN up-projection GEMM with its bias + SiLU epilogue (kernels/ffn_silu.py) equals
+F.silu(F.linear(x, W_up, b_up)), SiluMLP's first half.
+
+CPU: small shapes with masked edges under Triton's interpreter (tests/conftest.py selects it before
+anything imports triton), fp32 to 1e-4, every launch config forced once; plus an sm_90 compile of
+every config (ptxas, no GPU needed). GPU (`-m gpu`): the paper shapes in bf16, CUDA-graph replay,
+and the benchmark table (printed with `pytest -s`).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+from triton.runtime.interpreter import InterpretedFunction
+
+from sglang_lilicorr.kernels import linear_silu_triton
+from sglang_lilicorr.kernels.ffn_silu import (
+    CONFIG_BY_ROWS,
+    CONFIGS,
+    LaunchConfig,
+    _linear_silu_kernel,
+    bench_linear_silu,
+    format_bench,
+    prefer_triton,
+    select_config,
+)
+from sglang_lilicorr.lattice import SiluMLP
+
+CUDA = torch.cuda.is_available()
+INTERPRETER = isinstance(_linear_silu_kernel, InterpretedFunction)
+needs_interpreter = pytest.mark.skipif(not INTERPRETER, reason="triton is in compiled mode (no CUDA here?)")
+
+
+@pytest.fixture
+def gen(monkeypatch) -> torch.Generator:
+    if INTERPRETER:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    seed = time.time_ns() % 2**31
+    print(f"seed={seed}")
+    return torch.Generator().manual_seed(seed)
+
+
+@needs_interpreter
+@pytest.mark.parametrize(
+    "m, k, n, config",
+    [
+        (7, 48, 40, "skinny"),  # K not a multiple of BLOCK_K, partial row and column tiles
+        (130, 64, 96, "small"),  # three row tiles, the last of 2 rows
+        (130, 48, 96, "medium"),
+        (130, 48, 96, "large"),
+        (7, 64, 40, "fp32"),
+        (130, 64, 96, None),  # select_config: fp32 inputs take the fp32 config
+    ],
+)
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_matches_pytorch(gen, m, k, n, config, with_bias):
+    x, weight = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen) / k**0.5
+    bias = torch.randn(n, generator=gen) if with_bias else None
+    out = linear_silu_triton(x, weight, bias, config=config)
+    assert out.shape == (m, n) and out.dtype == x.dtype and out.is_contiguous()
+    torch.testing.assert_close(out, F.silu(F.linear(x, weight, bias)), atol=1e-4, rtol=1e-4)
+
+
+@needs_interpreter
+def test_strided_rows_and_grouped_order(gen):
+    """x and weight as column slices of wider buffers (row stride > K); 19 x 4 tiles of 16 x 16
+    in groups of GROUP_M = 8 row tiles (the last group 3): every tile is written."""
+    x = torch.randn(300, 80, generator=gen)[:, :64]
+    weight = torch.randn(50, 72, generator=gen)[:, :64]
+    bias = torch.randn(50, generator=gen)
+    out = linear_silu_triton(x, weight, bias, config=LaunchConfig(16, 16, 16, 8, 1, 4))
+    torch.testing.assert_close(out, F.silu(F.linear(x, weight, bias)), atol=1e-4, rtol=1e-4)
+
+
+@needs_interpreter
+def test_bf16_and_wiring_equals_silu_mlp(gen):
+    """16-bit inputs within bf16 rounding; down_proj(kernel) equals SiluMLP.forward."""
+    x, weight = torch.randn(20, 32, generator=gen).bfloat16(), (torch.randn(24, 32, generator=gen) / 6).bfloat16()
+    out = linear_silu_triton(x, weight)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), F.silu(F.linear(x.float(), weight.float())), atol=2e-2, rtol=2e-2)
+
+    torch.manual_seed(gen.initial_seed())
+    mlp = SiluMLP(32, 48, 32)
+    xf = torch.randn(20, 32, generator=gen)
+    with torch.no_grad():
+        got = mlp.down_proj(linear_silu_triton(xf, mlp.up_proj.weight, mlp.up_proj.bias))
+        torch.testing.assert_close(got, mlp(xf), atol=1e-4, rtol=1e-4)
+
+
+def test_config_table():
+    """Every row band names a known 16-bit config; the paper shapes pick skinny / small / large."""
+    assert all(name in CONFIGS and name != "fp32" for _, name, _ in CONFIG_BY_ROWS)
+    assert CONFIG_BY_ROWS[-1][0] is None  # the last band is unbounded
+    assert [select_config(m, torch.bfloat16) for m in (120, 480, 1920, 3840)] == ["skinny", "small", "large", "large"]
+    assert select_config(3840, torch.float32) == "fp32"
+    assert all(isinstance(prefer_triton(m), bool) for m in (1, 120, 480, 1920, 3840, 10**6))
+
+
+def test_empty_rows():
+    dev = "cuda" if CUDA else "cpu"
+    out = linear_silu_triton(torch.zeros(0, 16, device=dev), torch.zeros(8, 16, device=dev), torch.zeros(8, device=dev))
+    assert out.shape == (0, 8)
+
+
+@pytest.mark.parametrize(
+    "x, weight, bias, match",
+    [
+        (torch.zeros(2, 3, 16), torch.zeros(8, 16), None, r"\[M, K\] and \[N, K\]"),
+        (torch.zeros(4, 16), torch.zeros(8, 12), None, "same K"),
+        (torch.zeros(4, 16), torch.zeros(8, 16), torch.zeros(7), r"must be \[N\] = \[8\]"),
+        (torch.zeros(4, 16), torch.zeros(8, 16), torch.zeros(8, 1), r"must be \[N\] = \[8\]"),
+        (torch.zeros(4, 16, dtype=torch.int32), torch.zeros(8, 16, dtype=torch.int32), None, "dtype torch.int32 unsupported"),
+        (torch.zeros(4, 16), torch.zeros(8, 16, dtype=torch.bfloat16), None, "cast the parameters"),
+        (torch.zeros(4, 16), torch.zeros(8, 16), torch.zeros(8, dtype=torch.float16), "cast the parameters"),
+        (torch.zeros(16, 4).t(), torch.zeros(8, 16), None, "unit stride along K"),
+        (torch.zeros(4, 16), torch.zeros(16, 8).t(), None, "unit stride along K"),
+        (torch.zeros(4, 16), torch.zeros(8, 16), torch.zeros(16)[::2], "unit stride along K"),
+    ],
+)
+def test_bad_inputs_raise(x, weight, bias, match):
+    with pytest.raises(ValueError, match=match):
+        linear_silu_triton(x, weight, bias)
+
+
+def test_unknown_config_raises():
+    with pytest.raises(ValueError, match="config 'huge' unknown"):
+        dev = "cuda" if CUDA else "cpu"
+        linear_silu_triton(torch.zeros(4, 16, device=dev), torch.zeros(8, 16, device=dev), config="huge")
+
+
+_AOT = """
+import re, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
+from triton.compiler import ASTSource
+from sglang_lilicorr.kernels import ffn_silu as fs
+
+fn = fs._linear_silu_kernel
+ptxas = get_ptxas(90).path
+for name, c in fs.CONFIGS.items():
+    t = "*fp32" if name == "fp32" else "*bf16"
+    sig = dict(zip(fn.arg_names, [t] * 4 + ["i32"] * 6 + ["constexpr"] * 7))
+    consts = dict(HAS_BIAS=True, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
+                  EVEN_K=True, IEEE_F32=name == "fp32")
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 5, 6, 7, 8, 9)}  # pointers, N, K, strides
+    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": c.num_warps, "num_stages": c.num_stages})
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(k.asm["ptx"])
+        f.flush()
+        info = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", f.name + ".cubin"], capture_output=True, text=True).stderr
+    spills = sum(int(n) for n in re.findall(r"(\\d+) bytes spill stores", info))
+    print(name, c, "registers", re.findall(r"Used (\\d+) registers", info), "spill bytes", spills, "smem", k.metadata.shared)
+    if spills:
+        sys.exit(f"{name} spills {spills} bytes")
+    if k.metadata.shared > 227 * 1024:
+        sys.exit(f"{name} needs {k.metadata.shared} bytes of shared memory (sm_90 has 227 KiB per block)")
+    if name != "fp32" and "wgmma.mma_async" not in k.asm["ptx"]:
+        sys.exit(f"{name} does not use wgmma")
+print("compiled", len(fs.CONFIGS))
+"""
+
+
+def test_kernel_compiles_for_sm90_without_spills():
+    """Every launch config lowered to sm_90 (bf16, fp32 for the fp32 config) in a fresh process
+    without TRITON_INTERPRET: no register spills, fits shared memory, 16-bit configs use wgmma."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _AOT], env=env, capture_output=True, text=True, timeout=600)
+    if run.returncode and ("ptxas" in run.stderr.lower() and "not found" in run.stderr.lower()):
+        pytest.skip("triton's ptxas is unavailable here")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert f"compiled {len(CONFIGS)}" in run.stdout
+
+
+# --- GPU: paper shapes in bf16, graph replay, benchmark table ----------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA or INTERPRETER, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("m", [120, 480, 1920, 3840])
+def test_gpu_paper_shapes_bf16_and_graph_replay(m):
+    """x [M, 1024], W_up [2048, 1024] bf16 with bias: within 2e-2 of the PyTorch path and of fp32;
+    a CUDA-graph replay writes exactly the eager result."""
+    g = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16, generator=g)
+    weight = (torch.randn(2048, 1024, device="cuda", generator=g) / 32).bfloat16()
+    bias = torch.randn(2048, device="cuda", dtype=torch.bfloat16, generator=g)
+    eager = linear_silu_triton(x, weight, bias)
+    torch.testing.assert_close(eager, F.silu(F.linear(x, weight, bias)), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(eager.float(), F.silu(F.linear(x.float(), weight.float(), bias.float())), atol=2e-2, rtol=2e-2)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = linear_silu_triton(x, weight, bias)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA or INTERPRETER, reason="needs a CUDA GPU")
+def test_gpu_fp32_exact(monkeypatch):
+    """fp32 (IEEE FMA dots, TF32 off in the reference) to 1e-4, so the fp32 select path stays exact."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    x, weight, bias = torch.randn(480, 1024, device="cuda"), torch.randn(2048, 1024, device="cuda") / 32, torch.randn(2048, device="cuda")
+    torch.testing.assert_close(linear_silu_triton(x, weight, bias), F.silu(F.linear(x, weight, bias)), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA or INTERPRETER, reason="needs a CUDA GPU")
+def test_gpu_bench_table():
+    """Every 16-bit config at the paper M's against cuBLAS GEMM + SiLU (graph replay); `pytest -s` prints it."""
+    rows = bench_linear_silu(sweep=True, rep_ms=50)
+    print("\n" + torch.cuda.get_device_name() + "\n" + format_bench(rows))
+    assert len(rows) == 4 * (len(CONFIGS) - 1) and all(r["triton_ms"] > 0 and r["torch_ms"] > 0 for r in rows)
