@@ -32,20 +32,31 @@ def _start_row(start_ptr, req, st_b, st_k, lanes, valid):
 def _greedy_walk_kernel(
     start_ptr, pair_ptr, idx_ptr, S, K,
     st_b, st_k, pr_b, pr_s, pr_i, pr_j,  # strides of start [b, K] and pair [b, S-1, K, K]
+    ids_ptr, id_b, id_s, id_k,  # GATHER: candidate ids [b, S, K]; idx then receives ids[path]
     KP: tl.constexpr, SP: tl.constexpr,  # K and S rounded up to powers of two
+    GATHER: tl.constexpr,
 ):
     req = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, KP)
     valid = lanes < K
     steps = tl.arange(0, SP)
+    # the request's whole pair lattice in one load (independent of the path, so no dependent
+    # global loads inside the walk): rows r = (s-1) * KP + i, columns j
+    rows = tl.arange(0, SP * KP)
+    r_step, r_cand = rows // KP, rows % KP
+    live = (r_step < S - 1)[:, None] & (r_cand < K)[:, None] & valid[None, :]
+    offs = r_step[:, None] * pr_s + r_cand[:, None] * pr_i + lanes[None, :] * pr_j
+    lattice = tl.load(pair_ptr + req * pr_b + offs, mask=live, other=-float("inf")).to(tl.float32)
     cur = _first_argmax(_start_row(start_ptr, req, st_b, st_k, lanes, valid), lanes, valid)
     path = tl.where(steps == 0, cur, 0)  # [SP]
-    pair_ptr += req * pr_b
     for s in range(1, S):
-        row = tl.load(pair_ptr + (s - 1) * pr_s + cur * pr_i + lanes * pr_j, mask=valid, other=-float("inf"))
-        cur = _first_argmax(row.to(tl.float32), lanes, valid)
+        row = tl.max(tl.where(rows[:, None] == (s - 1) * KP + cur, lattice, -float("inf")), 0)  # [KP]
+        cur = _first_argmax(row, lanes, valid)
         path = tl.where(steps == s, cur, path)
-    tl.store(idx_ptr + req * S + steps, path.to(tl.int64), mask=steps < S)
+    out = path.to(tl.int64)
+    if GATHER:
+        out = tl.load(ids_ptr + req * id_b + steps * id_s + path * id_k, mask=steps < S, other=0).to(tl.int64)
+    tl.store(idx_ptr + req * S + steps, out, mask=steps < S)
 
 
 @triton.jit
@@ -99,22 +110,33 @@ def _check_lattice(name: str, start: torch.Tensor, pair: torch.Tensor) -> None:
         )
 
 
-def _launch(kernel, name: str, start: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
+def _launch(kernel, name: str, start: torch.Tensor, pair: torch.Tensor, **gather) -> torch.Tensor:
     _check_lattice(name, start, pair)
     b, k = start.shape
     slots = pair.shape[1] + 1
     idx = torch.empty((b, slots), dtype=torch.int64, device=start.device)
     if b:
+        kp, sp = triton.next_power_of_2(k), triton.next_power_of_2(slots)
         kernel[(b,)](
-            start, pair, idx, slots, k, *start.stride(), *pair.stride(),
-            KP=triton.next_power_of_2(k), SP=triton.next_power_of_2(slots), num_warps=1,
+            start, pair, idx, slots, k, *start.stride(), *pair.stride(), **gather,
+            KP=kp, SP=sp, num_warps=max(1, min(4, sp * kp * kp // 1024)),  # <= 32 lattice scores per thread
         )
     return idx
 
 
-def greedy_walk_triton(start: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
-    """Greedy walk: each slot takes the argmax continuation of the candidate just committed."""
-    return _launch(_greedy_walk_kernel, "greedy_walk_triton", start, pair)
+def greedy_walk_triton(start: torch.Tensor, pair: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Greedy walk: each slot takes the argmax continuation of the candidate just committed.
+    -> candidate index per slot [b, S] int64, or with ids [b, S, K] the walked candidates' ids."""
+    if ids is None:
+        return _launch(_greedy_walk_kernel, "greedy_walk_triton", start, pair,
+                       ids_ptr=start, id_b=0, id_s=0, id_k=0, GATHER=False)
+    if ids.shape != (start.shape[0], pair.shape[1] + 1, start.shape[1]) or ids.device != start.device:
+        raise ValueError(
+            f"greedy_walk_triton: ids {tuple(ids.shape)} on {ids.device} must be [b, S, K] = "
+            f"[{start.shape[0]}, {pair.shape[1] + 1}, {start.shape[1]}] on {start.device}"
+        )
+    return _launch(_greedy_walk_kernel, "greedy_walk_triton", start, pair,
+                   ids_ptr=ids, id_b=ids.stride(0), id_s=ids.stride(1), id_k=ids.stride(2), GATHER=True)
 
 
 def viterbi_triton(start: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:

@@ -322,9 +322,8 @@ class FastLiLiCorrSelect:
         if uses_triton(start):
             from .kernels.walk import greedy_walk_triton
 
-            path = greedy_walk_triton(start, pair)
-        else:
-            path = greedy_walk(start, pair)
+            return greedy_walk_triton(start, pair, ids)  # the gather of the walked ids in the same kernel
+        path = greedy_walk(start, pair)
         return ids.gather(2, path.unsqueeze(-1)).squeeze(-1)
 
     # --- entry points ------------------------------------------------------------------------

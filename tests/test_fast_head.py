@@ -280,7 +280,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
-from sglang_lilicorr.kernels import head_nodes, head_norm, head_scores, topk_lse_fused as tk
+from sglang_lilicorr.kernels import head_nodes, head_norm, head_scores, topk_lse_fused as tk, walk
 
 bf, f32, i32, i64, c = "*bf16", "*fp32", "i32", "*i64", "constexpr"
 R, G = tk.BLOCK // tk.GROUP, tk.GROUP
@@ -293,6 +293,7 @@ cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divis
     (head_norm._row_bias_silu_kernel, [bf, bf, i32, i32, i32, i32, c, c], dict(ROWS=1, BLOCK_N=1024), 4, None, ()),
     (head_scores._lattice_cosine_kernel, [bf, bf, i32, f32, f32, i32, i32, i32, "fp32", "fp32", c, c, c], dict(KP=16, BLOCK_D=128, PRECISION="tf32"), 4, None, ()),
     (head_scores._lattice_cosine_kernel, [f32, f32, i32, f32, f32, i32, i32, i32, "fp32", "fp32", c, c, c], dict(KP=16, BLOCK_D=128, PRECISION="ieee"), 4, None, ()),
+    (walk._greedy_walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c], dict(KP=8, SP=16, GATHER=True), 1, None, ()),
     (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, FINAL=False), tk.NUM_WARPS, tk.MAX_REGISTERS, range(10)),
     (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, FINAL=True), tk.NUM_WARPS, tk.MAX_REGISTERS, range(10)),
     (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32, c, c, c], dict(K=8, KP=8, SP=64), 1, None, (0, 1, 2, 4, 5, 6)),

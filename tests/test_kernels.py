@@ -153,6 +153,10 @@ def test_walk_kernels_match_reference(gen, device, decoder, b, slots, k, dtype):
     want = getattr(walk, decoder)(start, pair)
     assert got.dtype == torch.int64 and got.shape == (b, slots)
     assert torch.equal(got.cpu(), want), (got, want)
+    if decoder == "greedy_walk":  # with candidate ids: the walked candidates' ids, from the same kernel
+        ids = torch.randint(0, 1000, (b, slots, 2 * k), generator=gen)[..., ::2]  # strided [b, S, K]
+        tokens = greedy_walk_triton(start.to(device), pair.to(device), ids.to(device))
+        assert torch.equal(tokens.cpu(), ids.gather(2, want.unsqueeze(-1)).squeeze(-1))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -172,6 +176,8 @@ def test_walk_kernels_reject_bad_input(monkeypatch):
         greedy_walk_triton(start[0], torch.zeros(2, 3, 4, 4))
     with pytest.raises(ValueError, match="CUDA device"):
         greedy_walk_triton(start, torch.zeros(2, 3, 4, 4))
+    with pytest.raises(ValueError, match=r"ids \(2, 4, 3\).*must be \[b, S, K\]"):
+        greedy_walk_triton(start, torch.zeros(2, 3, 4, 4), torch.zeros(2, 4, 3, dtype=torch.int64))
 
 
 @pytest.mark.gpu
