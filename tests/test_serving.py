@@ -295,6 +295,7 @@ def test_append_publishes_each_requests_anchor_from_the_appends_own_projection(m
     from sglang.srt.models.dflash import DFlashDraftModel
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
     from sglang_lilicorr.serving.models.lilicorr_draft import LiLiCorrDraftModel
+    from sglang_lilicorr.serving.proposer import last_rows
     from sglang_lilicorr.serving.worker import LiLiCorrWorker
 
     monkeypatch.setattr(DFlashDraftModel, "project_target_hidden", lambda self, x: 2 * x)  # stands in for fc + norm
@@ -325,6 +326,10 @@ def test_append_publishes_each_requests_anchor_from_the_appends_own_projection(m
     )
     assert torch.equal(proposer.anchor_table[[2, 5]], 2 * hidden[[2, 16]])
     assert len(appended) == 2 and draft.take_context_hidden() is None  # each projection is taken once
+    # the static verify row base equals the general rule
+    commit = torch.tensor([16, 1, 7], dtype=torch.int32)
+    assert torch.equal(proposer.anchor_rows(num_rows=48, extend_lens=None, commit_lens=commit),
+                       last_rows(num_rows=48, extend_lens=None, commit_lens=commit))
 
 
 def test_target_lm_head_must_be_dense_and_unpadded():

@@ -29,7 +29,7 @@ from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
 from .algorithm import ALGORITHM_NAME
 from .models.lilicorr_draft import LiLiCorrDraftModel
-from .proposer import LiLiCorrProposer, last_rows
+from .proposer import LiLiCorrProposer
 from .server_args import ServingConfigError
 
 logger = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ class LiLiCorrWorker(DFlashWorkerV2):
         # each request's anchor is its last verified row of that projection.
         context = self.draft_model.take_context_hidden()  # [cache_loc rows, Hm] or None (nothing appended)
         if context is not None and self._batch_slots is not None:
-            rows = last_rows(num_rows=int(context.shape[0]), extend_lens=extend_lens, commit_lens=commit_lens)
+            rows = self.proposer.anchor_rows(num_rows=int(context.shape[0]), extend_lens=extend_lens, commit_lens=commit_lens)
             self.proposer.publish_anchors(context.index_select(0, rows), self._batch_slots)
 
     # --- eager proposal ---------------------------------------------------------------------
