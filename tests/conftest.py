@@ -1,4 +1,5 @@
 import os
+import time
 
 import pytest
 import torch
@@ -26,6 +27,23 @@ if not torch.cuda.is_available():
         del os.environ["TRITON_INTERPRET"]
     else:
         os.environ["TRITON_INTERPRET"] = saved
+
+
+@pytest.fixture
+def seed(monkeypatch) -> int:
+    """A seed from the clock, printed with a failing test's output; the Triton paths see
+    TRITON_INTERPRET=1 on a CPU machine."""
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    value = time.time_ns() % 2**31
+    print(f"seed={value}")
+    return value
+
+
+@pytest.fixture
+def gen(seed) -> torch.Generator:
+    """A CPU generator seeded by `seed`."""
+    return torch.Generator().manual_seed(seed)
 
 
 def pytest_configure(config):

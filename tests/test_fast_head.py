@@ -8,14 +8,10 @@ replay. Inputs are fresh each run; the seed is printed with a failing test's out
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
-import time
 
 import pytest
 import torch
 import torch.nn.functional as F
-from triton.runtime.interpreter import InterpretedFunction
 
 from sglang_lilicorr.config import LiLiCorrConfig
 from sglang_lilicorr.fast_head import FastLiLiCorrSelect, greedy_margin, reference_select
@@ -24,24 +20,13 @@ from sglang_lilicorr.walk import greedy_walk
 from sglang_lilicorr.kernels import topk_lse_triton
 from sglang_lilicorr.kernels.head_nodes import confidence_up_triton, lattice_nodes_triton
 from sglang_lilicorr.kernels.head_norm import add_rmsnorm_triton, rmsnorm_triton, row_bias_silu_triton
-from sglang_lilicorr.kernels.head_scores import _lattice_cosine_kernel, lattice_cosine_triton
+from sglang_lilicorr.kernels.head_scores import lattice_cosine_triton
 
-CUDA = torch.cuda.is_available()
-INTERPRETER = isinstance(_lattice_cosine_kernel, InterpretedFunction)
-needs_interpreter = pytest.mark.skipif(
-    not INTERPRETER, reason="triton is in compiled mode (no CUDA here?)"
-)
+from sm90_build import check_in_fresh_process
+from triton_mode import CUDA, INTERPRETER, needs_interpreter
+
 SMALL = LiLiCorrConfig(block_size=6, candidate_topk=4, factor_dim=16, hidden_size=32, num_heads=4, num_layers=2)
 HM, VOCAB = 24, 64
-
-
-@pytest.fixture
-def seed(monkeypatch) -> int:
-    if INTERPRETER:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-    seed = time.time_ns() % 2**31
-    print(f"seed={seed}")
-    return seed
 
 
 def make_head(cfg, hm, seed, dtype=torch.float32, device="cpu"):
@@ -275,11 +260,8 @@ def test_cosine_kernel_equals_normalised_dot(seed, k):
 
 
 _AOT = """
-import re, subprocess, sys, tempfile
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import get_ptxas
-from triton.compiler import ASTSource
+import sys
+from sm90_build import build
 from sglang_lilicorr.kernels import head_nodes, head_norm, head_scores, topk_lse_fused as tk, walk
 
 bf, f32, i32, i64, c = "*bf16", "*fp32", "i32", "*i64", "constexpr"
@@ -299,40 +281,24 @@ cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divis
     (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32, c, c, c], dict(K=8, KP=8, SP=64), 1, None, (0, 1, 2, 4, 5, 6)),
     (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32, c, c, c], dict(K=8, KP=8, SP=128), 4, None, (0, 1, 2, 4, 5, 6)),
 ]
-ptxas = get_ptxas(90).path
 for fn, types, consts, warps, maxnreg, aligned in cases:
-    sig = dict(zip(fn.arg_names, types))
-    attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
-    opts = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {})}
-    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32), options=opts)
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(k.asm["ptx"])
-        f.flush()
-        info = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", f.name + ".cubin"], capture_output=True, text=True).stderr
-    spills = sum(int(n) for n in re.findall(r"(\\d+) bytes spill stores", info))
-    regs = re.findall(r"Used (\\d+) registers", info)
-    print(fn.__name__, consts, "registers", regs, "spill bytes", spills)
-    vec = len(re.findall(r"ld.global(?:.[a-z]+)*.v4", k.asm["ptx"]))
-    if fn is tk._topk_lse_split_kernel and not vec:
+    r = build(fn, types, consts, aligned=aligned, num_warps=warps, **({"maxnreg": maxnreg} if maxnreg else {}))
+    print(fn.__name__, consts, "registers", r["registers"], "spill bytes", r["spills"])
+    wide = any("ld.global" in line and ".v4" in line for line in r["ptx"].splitlines())
+    if fn is tk._topk_lse_split_kernel and not wide:
         sys.exit("the top-K split kernel does not use 16-byte loads")
-    if spills:
-        sys.exit(f"{fn.__name__} {consts} spills {spills} bytes")
+    if r["spills"]:
+        sys.exit(f"{fn.__name__} {consts} spills {r['spills']} bytes")
 print("compiled", len(cases))
 """
 
 
 def test_select_kernels_compile_for_sm90_without_spills():
     """The interpreter does not compile; this lowers every select-path kernel to sm_90 (Triton's
-    bundled ptxas), in a fresh process without TRITON_INTERPRET, at the paper config's constexprs
-    and launch options: no register spills, and 16-byte loads in the top-K stream."""
-    import subprocess
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _AOT], env=env, capture_output=True, text=True, timeout=600)
-    if run.returncode and ("ptxas" in run.stderr.lower() and "not found" in run.stderr.lower()):
-        pytest.skip("triton's ptxas is unavailable here")
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    assert run.stdout.rstrip().endswith(f"compiled {run.stdout.count(' registers ')}"), run.stdout[-2000:]
+    bundled ptxas), in a fresh process, at the paper config's constexprs and launch options: no
+    register spills, and 16-byte loads in the top-K stream."""
+    out = check_in_fresh_process(_AOT)
+    assert out.rstrip().endswith(f"compiled {out.count(' registers ')}"), out[-2000:]
 
 
 # --- GPU: paper config, fp32 (exact walk) and bf16 (scores within tolerance), graph replay ------

@@ -8,21 +8,16 @@ and the benchmark table (printed with `pytest -s`).
 """
 from __future__ import annotations
 
-import os
-import sys
-import time
 
 import pytest
 import torch
 import torch.nn.functional as F
-from triton.runtime.interpreter import InterpretedFunction
 
 from sglang_lilicorr.kernels import linear_silu_triton
 from sglang_lilicorr.kernels.ffn_silu import (
     CONFIG_BY_ROWS,
     CONFIGS,
     LaunchConfig,
-    _linear_silu_kernel,
     bench_linear_silu,
     format_bench,
     prefer_triton,
@@ -30,18 +25,8 @@ from sglang_lilicorr.kernels.ffn_silu import (
 )
 from sglang_lilicorr.lattice import SiluMLP
 
-CUDA = torch.cuda.is_available()
-INTERPRETER = isinstance(_linear_silu_kernel, InterpretedFunction)
-needs_interpreter = pytest.mark.skipif(not INTERPRETER, reason="triton is in compiled mode (no CUDA here?)")
-
-
-@pytest.fixture
-def gen(monkeypatch) -> torch.Generator:
-    if INTERPRETER:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-    seed = time.time_ns() % 2**31
-    print(f"seed={seed}")
-    return torch.Generator().manual_seed(seed)
+from sm90_build import check_in_fresh_process
+from triton_mode import CUDA, INTERPRETER, graph_replay, needs_interpreter
 
 
 @needs_interpreter
@@ -134,50 +119,31 @@ def test_unknown_config_raises():
 
 
 _AOT = """
-import re, subprocess, sys, tempfile
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import get_ptxas
-from triton.compiler import ASTSource
+import sys
+from sm90_build import build
 from sglang_lilicorr.kernels import ffn_silu as fs
 
-fn = fs._linear_silu_kernel
-ptxas = get_ptxas(90).path
 for name, c in fs.CONFIGS.items():
     t = "*fp32" if name == "fp32" else "*bf16"
-    sig = dict(zip(fn.arg_names, [t] * 4 + ["i32"] * 6 + ["constexpr"] * 7))
     consts = dict(HAS_BIAS=True, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
                   EVEN_K=True, IEEE_F32=name == "fp32")
-    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 5, 6, 7, 8, 9)}  # pointers, N, K, strides
-    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": c.num_warps, "num_stages": c.num_stages})
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(k.asm["ptx"])
-        f.flush()
-        info = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", f.name + ".cubin"], capture_output=True, text=True).stderr
-    spills = sum(int(n) for n in re.findall(r"(\\d+) bytes spill stores", info))
-    print(name, c, "registers", re.findall(r"Used (\\d+) registers", info), "spill bytes", spills, "smem", k.metadata.shared)
-    if spills:
-        sys.exit(f"{name} spills {spills} bytes")
-    if k.metadata.shared > 227 * 1024:
-        sys.exit(f"{name} needs {k.metadata.shared} bytes of shared memory (sm_90 has 227 KiB per block)")
-    if name != "fp32" and "wgmma.mma_async" not in k.asm["ptx"]:
+    r = build(fs._linear_silu_kernel, [t] * 4 + ["i32"] * 6 + ["constexpr"] * 7, consts,
+              aligned=(0, 1, 2, 3, 5, 6, 7, 8, 9), num_warps=c.num_warps, num_stages=c.num_stages)  # pointers, N, K, strides
+    print(name, c, "registers", r["registers"], "spill bytes", r["spills"], "smem", r["shared"])
+    if r["spills"]:
+        sys.exit(f"{name} spills {r['spills']} bytes")
+    if r["shared"] > 227 * 1024:
+        sys.exit(f"{name} needs {r['shared']} bytes of shared memory (sm_90 has 227 KiB per block)")
+    if name != "fp32" and "wgmma.mma_async" not in r["ptx"]:
         sys.exit(f"{name} does not use wgmma")
 print("compiled", len(fs.CONFIGS))
 """
 
 
 def test_kernel_compiles_for_sm90_without_spills():
-    """Every launch config lowered to sm_90 (bf16, fp32 for the fp32 config) in a fresh process
-    without TRITON_INTERPRET: no register spills, fits shared memory, 16-bit configs use wgmma."""
-    import subprocess
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _AOT], env=env, capture_output=True, text=True, timeout=600)
-    if run.returncode and ("ptxas" in run.stderr.lower() and "not found" in run.stderr.lower()):
-        pytest.skip("triton's ptxas is unavailable here")
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    assert f"compiled {len(CONFIGS)}" in run.stdout
+    """Every launch config lowered to sm_90 (bf16, fp32 for the fp32 config) in a fresh process:
+    no register spills, fits shared memory, 16-bit configs use wgmma."""
+    assert f"compiled {len(CONFIGS)}" in check_in_fresh_process(_AOT)
 
 
 # --- GPU: paper shapes in bf16, graph replay, benchmark table ----------------------------------
@@ -197,12 +163,7 @@ def test_gpu_paper_shapes_bf16_and_graph_replay(m):
     torch.testing.assert_close(eager, F.silu(F.linear(x, weight, bias)), atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(eager.float(), F.silu(F.linear(x.float(), weight.float(), bias.float())), atol=2e-2, rtol=2e-2)
 
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = linear_silu_triton(x, weight, bias)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(captured, eager)
+    assert torch.equal(graph_replay(lambda: linear_silu_triton(x, weight, bias)), eager)
 
 
 @pytest.mark.gpu

@@ -6,12 +6,9 @@ run; the seed is printed with a failing test's output.
 """
 from __future__ import annotations
 
-import time
 
 import pytest
 import torch
-import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
 from sglang_lilicorr import walk
 from sglang_lilicorr.kernels import (
@@ -22,8 +19,8 @@ from sglang_lilicorr.kernels import (
     viterbi_triton,
 )
 
-CUDA = torch.cuda.is_available()
-INTERPRETER = isinstance(tl.max, InterpretedFunction)
+from triton_mode import CUDA, INTERPRETER
+
 DEVICES = [
     pytest.param(
         "cpu",
@@ -36,16 +33,6 @@ DEVICES = [
     ),
 ]
 NEG_INF = float("-inf")
-
-
-@pytest.fixture
-def gen(monkeypatch) -> torch.Generator:
-    """A CPU generator seeded from the clock; the Triton paths see TRITON_INTERPRET=1 on CPU."""
-    if INTERPRETER:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-    seed = time.time_ns() % 2**31
-    print(f"seed={seed}")
-    return torch.Generator().manual_seed(seed)
 
 
 def _logit_rows(gen: torch.Generator, vocab: int) -> torch.Tensor:

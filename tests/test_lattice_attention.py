@@ -8,31 +8,17 @@ Inputs are fresh each run; the seed is printed with a failing test's output.
 """
 from __future__ import annotations
 
-import os
-import sys
-import time
 
 import pytest
 import torch
 import torch.nn.functional as F
-from triton.runtime.interpreter import InterpretedFunction
 
 from sglang_lilicorr.kernels import lattice_attention_triton
-from sglang_lilicorr.kernels.lattice_attention import _lattice_attention_kernel, lattice_attention_reference
+from sglang_lilicorr.kernels.lattice_attention import lattice_attention_reference
 from sglang_lilicorr.lattice import LatticeAttention, lattice_attention_bias
 
-CUDA = torch.cuda.is_available()
-INTERPRETER = isinstance(_lattice_attention_kernel, InterpretedFunction)
-needs_interpreter = pytest.mark.skipif(not INTERPRETER, reason="triton is in compiled mode (no CUDA here?)")
-
-
-@pytest.fixture
-def gen(monkeypatch) -> torch.Generator:
-    if INTERPRETER:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-    seed = time.time_ns() % 2**31
-    print(f"seed={seed}")
-    return torch.Generator().manual_seed(seed)
+from sm90_build import check_in_fresh_process
+from triton_mode import CUDA, INTERPRETER, graph_replay, needs_interpreter
 
 
 def _padded_bias(heads: int, length: int, gen=None, device="cpu", dtype=torch.float32) -> torch.Tensor:
@@ -149,47 +135,28 @@ def test_bad_layouts_raise():
 
 
 _AOT = """
-import re, subprocess, sys, tempfile
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import get_ptxas
-from triton.compiler import ASTSource
+import sys
+from sm90_build import build
 from sglang_lilicorr.kernels import lattice_attention as la
 
-fn = la._lattice_attention_kernel
-sig = dict(zip(fn.arg_names, ["*bf16", "i32", "*bf16", "i32", "i32", "*bf16", "i32", "i32", "i32", "fp32"] + ["constexpr"] * 5))
-ptxas = get_ptxas(90).path
+types = ["*bf16", "i32", "*bf16", "i32", "i32", "*bf16", "i32", "i32", "i32", "fp32"] + ["constexpr"] * 5
 for block_m, warps, dp in [(la.BLOCK_M, la.NUM_WARPS, 128), (128, 8, 128), (la.BLOCK_M, la.NUM_WARPS, 64)]:
     consts = dict(LP=128, DP=dp, BLOCK_M=block_m, IEEE=False, F32_DOT=False)
-    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 4, 5, 7, 8)}  # pointers, strides, H, dh
-    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
-                       target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(k.asm["ptx"])
-        f.flush()
-        info = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", f.name + ".cubin"], capture_output=True, text=True).stderr
-    spills = sum(int(n) for n in re.findall(r"(\\d+) bytes spill stores", info))
-    print(block_m, warps, "registers", re.findall(r"Used (\\d+) registers", info), "spill bytes", spills, "smem", k.metadata.shared)
-    if spills:
-        sys.exit(f"BLOCK_M={block_m} num_warps={warps} spills {spills} bytes")
-    if "wgmma.mma_async" not in k.asm["ptx"]:
+    r = build(la._lattice_attention_kernel, types, consts, aligned=(0, 1, 2, 4, 5, 7, 8), num_warps=warps)  # pointers, strides, H, dh
+    print(block_m, warps, dp, "registers", r["registers"], "spill bytes", r["spills"], "smem", r["shared"])
+    if r["spills"]:
+        sys.exit(f"BLOCK_M={block_m} num_warps={warps} spills {r['spills']} bytes")
+    if "wgmma.mma_async" not in r["ptx"]:
         sys.exit(f"BLOCK_M={block_m} num_warps={warps} does not use wgmma")
 print("compiled 3")
 """
 
 
 def test_kernel_compiles_for_sm90_without_spills():
-    """The paper shape (L = 120 -> LP = 128, dh = 128, bf16) lowered to sm_90 in a fresh process
-    without TRITON_INTERPRET: the default launch (BLOCK_M = 64, 4 warps) and the alternative
-    (128, 8 warps) use wgmma and do not spill; so does the shipped SmolLM2 head's dh = 64."""
-    import subprocess
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _AOT], env=env, capture_output=True, text=True, timeout=600)
-    if run.returncode and ("ptxas" in run.stderr.lower() and "not found" in run.stderr.lower()):
-        pytest.skip("triton's ptxas is unavailable here")
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    assert "compiled 3" in run.stdout
+    """The paper shape (L = 120 -> LP = 128, dh = 128, bf16) lowered to sm_90 in a fresh process:
+    the default launch (BLOCK_M = 64, 4 warps) and the alternative (128, 8 warps) use wgmma and do
+    not spill; so does the shipped SmolLM2 head's dh = 64."""
+    assert "compiled 3" in check_in_fresh_process(_AOT)
 
 
 # --- GPU: paper shape in bf16, graph replay ---------------------------------------------------
@@ -210,12 +177,7 @@ def test_gpu_paper_shape_bf16_matches_sdpa_and_graph_replay(b, launch):
     torch.testing.assert_close(eager, _sdpa(qkv, bias, heads), atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(eager.float(), _sdpa(qkv.float(), bias.float(), heads), atol=2e-2, rtol=2e-2)
 
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = lattice_attention_triton(qkv, bias, heads, **launch)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(captured, eager)
+    assert torch.equal(graph_replay(lambda: lattice_attention_triton(qkv, bias, heads, **launch)), eager)
 
 
 @pytest.mark.gpu
