@@ -5,8 +5,8 @@
   pair [b, S-1, K, K] --greedy walk--> idx [b, S] --gather--> draft tokens [b, S]
 
 The whole chain is `FastLiLiCorrSelect` (sglang_lilicorr/fast_head.py), the serving path of the
-same head module that training uses: on CUDA our Triton kernels (fused top-K/LSE, node, norm and
-cosine epilogues, greedy walk) around cuBLAS GEMMs and SDPA; elsewhere the PyTorch path. Every step
+same head module that training uses: on CUDA our Triton kernels (fused top-K/LSE, node, norm,
+lattice-attention and cosine kernels, greedy walk) around cuBLAS GEMMs; elsewhere the PyTorch path. Every step
 is static-shaped and sync-free, so the proposal is captured in SGLang's draft CUDA graph right
 after the draft forward (SGLang calls `__call__` from a capture tail hook and reads `out`).
 
@@ -51,14 +51,12 @@ class LiLiCorrProposer:
         cfg = head.config
         if int(block_size) != cfg.block_size:
             raise ValueError(f"LiLiCorrProposer: block_size={block_size} but the head is trained for {cfg.block_size}")
-        self.head = head.eval()
         self.block_size = cfg.block_size
         self.slots = cfg.num_slots
         self.topk = cfg.candidate_topk
         self.lm_head_weight = lm_head_weight
         # Triton epilogues only on CUDA: on CPU (tests, TRITON_INTERPRET=1) the PyTorch path is exact and fast.
         self.select = FastLiLiCorrSelect(head, embed_weight=embed_weight[: lm_head_weight.shape[0]], fused=lm_head_weight.is_cuda)
-        self.token_table = self.select.token_table  # [V, H]
         self.anchor_table: torch.Tensor | None = None  # [request slots, Hm]
         self.anchors: torch.Tensor | None = None  # [max rows, Hm]
         self.out: torch.Tensor | None = None  # [max rows * S] int64
