@@ -21,7 +21,8 @@ activity, one eager call) for post_logits of each variant and the built-in and f
 with the fused variant's and the built-in's kernels by GPU time (the SDPA backend shows up here).
 
 Our variants: torch (PyTorch ops on the precomputed buffers), fused (Triton epilogues),
-fused_overlap (fused + side stream for the pass/anchor projections), and with --compile,
+fused_overlap (fused + side stream for the pass/anchor projections), fused_halves (fused_overlap,
+and from 8 requests up the batch's two halves on two streams), and with --compile,
 compiled (torch.compile of the PyTorch variant). Checks in the same run: each variant's select
 against the reference (LiLiCorrHead.forward + walk.greedy_walk): candidate ids equal, log-probs
 close, score error, draft ids equal wherever the reference has no near-tie; graph replay equals
@@ -176,33 +177,15 @@ def dense_chain(fast, geo, bs, device, dtype):
 # --- timing ----------------------------------------------------------------------------------
 
 
-def capture(fn, warm=3):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warm):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    torch.cuda.synchronize()
-    return graph, out
-
-
 def time_graph(fn, rep_ms):
     """(median ms of CUDA-graph replay, the captured outputs); on CPU (--smoke) one eager call."""
     if not torch.cuda.is_available():
         t0 = time.perf_counter()
         out = fn()
         return (time.perf_counter() - t0) * 1e3, out
-    from triton.testing import do_bench
+    from sglang_lilicorr.kernels.graph_timing import graph_ms
 
-    graph, out = capture(fn)
-    ms = float(do_bench(graph.replay, warmup=25, rep=rep_ms, return_mode="median"))
-    del graph
-    return ms, out
+    return graph_ms(fn, rep_ms)
 
 
 def kernel_profile(fn, reps=3):
@@ -262,7 +245,8 @@ def run(args) -> dict:
 
     variants = {}
     for name, kw in (("torch", dict(fused=False, overlap=False)), ("fused", dict(fused=True, overlap=False)),
-                     ("fused_overlap", dict(fused=True, overlap=True))):
+                     ("fused_overlap", dict(fused=True, overlap=True, halves_from=0)),
+                     ("fused_halves", dict(fused=True, overlap=True, halves_from=8))):
         if name in args.variants:
             variants[name] = attempt(errors, f"build_{name}", lambda kw=kw: FastLiLiCorrSelect(head, token_table=table, **kw))
     if args.compile:
@@ -319,8 +303,7 @@ def run(args) -> dict:
             row[f"head_walk_{vname}"] = out and out[0]
 
             def post_logits(fast=fast):
-                v, i, l = topk_lse_ours(logits, K)
-                return fast.select_from_candidates(v.view(bs, S, K), i.view(bs, S, K), l.view(bs, S), hidden, anchor)
+                return fast.select_from_logits(logits, hidden, anchor)
 
             out = tb(f"post_logits_{vname}", post_logits)
             row[f"post_logits_{vname}"] = out and out[0]
@@ -494,8 +477,8 @@ def failed_checks(checks) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="FastLiLiCorrSelect vs SGLang's built-in LiLiCorr head (one GPU, graph replay)")
     ap.add_argument("--bs", type=int, nargs="+", default=[1, 4, 16, 32], help="batch sizes (default 1 4 16 32)")
-    ap.add_argument("--variants", nargs="+", default=["torch", "fused", "fused_overlap"],
-                    choices=["torch", "fused", "fused_overlap"], help="our implementations to time")
+    ap.add_argument("--variants", nargs="+", default=["torch", "fused", "fused_overlap", "fused_halves"],
+                    choices=["torch", "fused", "fused_overlap", "fused_halves"], help="our implementations to time")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile of the PyTorch variant (slow to compile)")
     ap.add_argument("--rep-ms", type=int, default=200, help="do_bench repetition time per measurement (ms)")
     ap.add_argument("--smoke", action="store_true", help="tiny config, runs on CPU too: a dry run of this script")

@@ -14,6 +14,7 @@ from .topk_lse import MAX_TOPK, topk_lse, topk_lse_reference, uses_triton
 
 _TRITON_ONLY = {
     "topk_lse_triton": "topk_lse_fused",
+    "TopKLaunch": "topk_lse_fused",
     "greedy_walk_triton": "walk",
     "viterbi_triton": "walk",
     "lattice_attention_triton": "lattice_attention",

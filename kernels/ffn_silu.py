@@ -192,22 +192,10 @@ def bench_linear_silu(
     captured one call; do_bench flushes L2 between calls) of linear_silu_triton and of
     F.silu(F.linear(...)) at each M -> rows {M, config, triton_ms, torch_ms, speedup}. With sweep,
     one row per 16-bit config at each M (the selected one is marked with '*')."""
-    from triton.testing import do_bench
+    from .graph_timing import graph_ms
 
     if not torch.cuda.is_available():
         raise RuntimeError("bench_linear_silu: needs a CUDA device")
-
-    def graph_ms(fn) -> float:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()  # compile / pick the cuBLAS kernel outside the capture
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        return float(do_bench(graph.replay, warmup=25, rep=rep_ms, return_mode="median"))
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     weight = torch.randn(N, K, device="cuda", dtype=dtype, generator=gen) * K**-0.5
@@ -215,10 +203,10 @@ def bench_linear_silu(
     rows = []
     for m in m_list:
         x = torch.randn(m, K, device="cuda", dtype=dtype, generator=gen)
-        torch_ms = graph_ms(lambda: linear_silu_reference(x, weight, bias))
+        torch_ms = graph_ms(lambda: linear_silu_reference(x, weight, bias), rep_ms)[0]
         chosen = select_config(m, dtype)
         for name in [c for c in CONFIGS if c != "fp32"] if sweep else [chosen]:
-            ms = graph_ms(lambda: linear_silu_triton(x, weight, bias, config=name))
+            ms = graph_ms(lambda: linear_silu_triton(x, weight, bias, config=name), rep_ms)[0]
             label = name + ("*" if sweep and name == chosen else "")
             rows.append(dict(M=m, config=label, triton_ms=ms, torch_ms=torch_ms, speedup=torch_ms / ms))
     return rows

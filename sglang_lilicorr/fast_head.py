@@ -36,6 +36,9 @@ from .lattice import lattice_attention_bias
 from .walk import greedy_walk
 
 
+HALVES_FROM = 0  # default halves_from (0: never split the batch)
+
+
 def _norm_eps(norm: torch.nn.RMSNorm) -> float:
     return float(norm.eps) if norm.eps is not None else float(torch.finfo(norm.weight.dtype).eps)
 
@@ -80,6 +83,7 @@ class FastLiLiCorrSelect:
         token_table: torch.Tensor | None = None,  # [V, H] head.token_table(embed_weight), if already built
         fused: bool | None = None,  # None: Triton where it runs (CUDA, or CPU with TRITON_INTERPRET=1)
         overlap: bool | None = None,  # side stream for the projections (fused CUDA only); None: on
+        halves_from: int | None = None,  # batches of >= this many requests run as two halves on two streams
     ) -> None:
         if (embed_weight is None) == (token_table is None):
             raise ValueError("FastLiLiCorrSelect: pass exactly one of embed_weight=[V, Hm] or token_table=[V, H].")
@@ -100,6 +104,10 @@ class FastLiLiCorrSelect:
             )
         self.overlap = self.fused and w.is_cuda and (overlap is None or bool(overlap))
         self._side = torch.cuda.Stream(device=self.device) if self.overlap else None
+        # two halves of a large batch on two streams: one half's memory-bound passes (top-K, norms)
+        # run beside the other's tensor-core GEMMs (needs overlap; None: HALVES_FROM)
+        self.halves_from = (HALVES_FROM if halves_from is None else int(halves_from)) if self.overlap else 0
+        self._halves = torch.cuda.Stream(device=self.device) if self.halves_from else None
 
         with torch.no_grad():
             if token_table is None:
@@ -161,15 +169,21 @@ class FastLiLiCorrSelect:
 
     # --- stages ------------------------------------------------------------------------------
 
-    def candidates(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor):
-        """hidden [b, S, Hm], lm_head_weight [V, Hm] -> (vals fp32 [b, S, K], ids [b, S, K], lse fp32 [b, S])."""
-        b, s, hm = hidden.shape
+    def _check_lm_head(self, lm_head_weight: torch.Tensor, hm: int) -> None:
         if lm_head_weight.dim() != 2 or lm_head_weight.shape != (self.token_table.shape[0], hm):
             raise ValueError(
                 f"select: lm_head_weight must be [{self.token_table.shape[0]}, {hm}] (vocabulary x hidden), "
                 f"got {tuple(lm_head_weight.shape)}."
             )
+
+    def candidates(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor):
+        """hidden [b, S, Hm], lm_head_weight [V, Hm] -> (vals fp32 [b, S, K], ids [b, S, K], lse fp32 [b, S])."""
+        b, s, hm = hidden.shape
+        self._check_lm_head(lm_head_weight, hm)
         logits = F.linear(hidden.reshape(b * s, hm).to(lm_head_weight.dtype), lm_head_weight)  # [b*S, V]
+        return self._candidates_from_logits(logits, b, s)
+
+    def _candidates_from_logits(self, logits, b, s):
         vals, ids, lse = topk_lse(logits, self.topk)
         return vals.view(b, s, self.topk), ids.view(b, s, self.topk), lse.view(b, s)
 
@@ -333,13 +347,37 @@ class FastLiLiCorrSelect:
         start, pair, lp = self.lattice_scores(vals, ids, lse, pass_hidden, anchor_hidden)
         return self.walk(start, pair, ids), ids, lp
 
+    def select_from_logits(self, logits: torch.Tensor, hidden: torch.Tensor, anchor_hidden: torch.Tensor):
+        """logits [b*S, V] of the slots -> top-K/LSE + head + walk -> (draft ids [b, S], ids [b, S, K],
+        log-probs fp32 [b, S, K]). From `halves_from` requests up, the two halves of the batch run on
+        two streams (joined before returning)."""
+        b, s = self._check(hidden, anchor_hidden)
+        if logits.dim() != 2 or logits.shape[0] != b * s or logits.shape[1] != self.token_table.shape[0]:
+            raise ValueError(f"select: logits must be [{b * s}, {self.token_table.shape[0]}] (b*S x V), got {tuple(logits.shape)}.")
+        if self._halves is None or b < self.halves_from:
+            return self._select_from_logits(logits, hidden, anchor_hidden)
+        h = b // 2
+        side = _SideStream(self._halves)
+        with side:
+            late = self._select_from_logits(logits[h * s :], hidden[h:], anchor_hidden[h:])
+            late_ready = side.record()
+        early = self._select_from_logits(logits[: h * s], hidden[:h], anchor_hidden[:h])
+        side.join(late_ready, *late)
+        return tuple(torch.cat(pair) for pair in zip(early, late))
+
+    def _select_from_logits(self, logits, hidden, anchor_hidden):
+        with torch.no_grad():
+            candidates = self._candidates_from_logits(logits, *hidden.shape[:2])
+        return self.select_from_candidates(*candidates, hidden, anchor_hidden)
+
     def select(self, hidden: torch.Tensor, anchor_hidden: torch.Tensor, lm_head_weight: torch.Tensor):
         """hidden [b, S, Hm] drafter slot states, anchor_hidden [b, Hm], lm_head_weight [V, Hm]
         -> (draft token ids [b, S], candidate ids [b, S, K], candidate log-probs fp32 [b, S, K])."""
-        self._check(hidden, anchor_hidden)
+        b, s = self._check(hidden, anchor_hidden)
+        self._check_lm_head(lm_head_weight, hidden.shape[-1])
         with torch.no_grad():
-            vals, ids, lse = self.candidates(hidden, lm_head_weight)
-        return self.select_from_candidates(vals, ids, lse, hidden, anchor_hidden)
+            logits = F.linear(hidden.reshape(b * s, -1).to(lm_head_weight.dtype), lm_head_weight)  # [b*S, V]
+        return self.select_from_logits(logits, hidden, anchor_hidden)
 
     __call__ = select
 

@@ -187,7 +187,7 @@ def test_topk_candidates_exact_when_the_best_share_a_subtile(seed, splits):
     (all K best in one sub-tile, ascending / descending runs, ties across sub-tiles and at chunk
     edges, -inf padding) must still give the exact stable top-K."""
     from sglang_lilicorr.kernels import topk_lse_reference
-    from sglang_lilicorr.kernels.topk_lse_fused import GROUP
+    from sglang_lilicorr.kernels.topk_lse_fused import GROUP, TopKLaunch
 
     g = torch.Generator().manual_seed(seed)
     vocab, k = 9 * GROUP + 5, 8
@@ -199,7 +199,7 @@ def test_topk_candidates_exact_when_the_best_share_a_subtile(seed, splits):
     rows[4, -k:] = 9.0  # winners in the last, partial sub-tile
     rows[5, : vocab // 2] = float("-inf")
     rows = rows.to(torch.bfloat16)
-    vals, ids, lse = topk_lse_triton(rows, k, splits=splits, block=4 * GROUP)
+    vals, ids, lse = topk_lse_triton(rows, k, splits=splits, launch=TopKLaunch(block=4 * GROUP))
     r_vals, r_ids, r_lse = topk_lse_reference(rows, k)
     assert torch.equal(ids, r_ids) and torch.equal(vals, r_vals)
     torch.testing.assert_close(lse, r_lse)
@@ -265,8 +265,9 @@ from sm90_build import build
 from sglang_lilicorr.kernels import head_nodes, head_norm, head_scores, topk_lse_fused as tk, walk
 
 bf, f32, i32, i64, c = "*bf16", "*fp32", "i32", "*i64", "constexpr"
-R, G = tk.BLOCK // tk.GROUP, tk.GROUP
-split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 5
+L = tk.LAUNCH
+R, G = L.block // tk.GROUP, tk.GROUP
+split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32, "*i32"] + [c] * 7
 cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divisible by 16 at the paper config
     (head_nodes._confidence_up_kernel, [f32] * 5 + [bf, i32, i32, "fp32", "fp32", c, c], dict(KP=8, BLOCK_H=256), 4, None, ()),
     (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, i32, i32, i32, i32, "fp32", c, c], dict(ROWS=1, BLOCK_H=1024), 4, None, ()),
@@ -276,8 +277,9 @@ cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divis
     (head_scores._lattice_cosine_kernel, [bf, bf, i32, f32, f32, i32, i32, i32, "fp32", "fp32", c, c, c], dict(KP=16, BLOCK_D=128, PRECISION="tf32"), 4, None, ()),
     (head_scores._lattice_cosine_kernel, [f32, f32, i32, f32, f32, i32, i32, i32, "fp32", "fp32", c, c, c], dict(KP=16, BLOCK_D=128, PRECISION="ieee"), 4, None, ()),
     (walk._greedy_walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c], dict(KP=8, SP=16, GATHER=True), 1, None, ()),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, FINAL=False), tk.NUM_WARPS, tk.MAX_REGISTERS, range(10)),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, FINAL=True), tk.NUM_WARPS, tk.MAX_REGISTERS, range(10)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, FINAL=False, MERGE=False, SP=1), L.num_warps, L.maxnreg, range(11)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, FINAL=False, MERGE=True, SP=64), L.num_warps, L.maxnreg, range(11)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, FINAL=True, MERGE=False, SP=1), L.num_warps, L.maxnreg, range(11)),
     (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32, c, c, c], dict(K=8, KP=8, SP=64), 1, None, (0, 1, 2, 4, 5, 6)),
     (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32, c, c, c], dict(K=8, KP=8, SP=128), 4, None, (0, 1, 2, 4, 5, 6)),
 ]
@@ -322,17 +324,18 @@ def _replay_equals_eager(fast, *inputs):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("overlap", [False, True])
-def test_gpu_paper_config_fp32_equals_reference(overlap, monkeypatch):
+@pytest.mark.parametrize("overlap, halves_from", [(False, 0), (True, 0), (True, 4)])
+def test_gpu_paper_config_fp32_equals_reference(overlap, halves_from, monkeypatch):
     """fp32 on CUDA (TF32 off): scores agree to ~1e-4, so nearly every request is clear of
-    near-ties and the draft tokens must equal the reference's."""
+    near-ties and the draft tokens must equal the reference's; also with the batch in two halves
+    on two streams (b = 8, halves from 4)."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     cfg, hm, vocab, b = LiLiCorrConfig(), 4096, 32000, 8
     head = make_head(cfg, hm, 0, device="cuda")
     hidden, anchor, lm_head, embed = make_inputs(b, cfg.num_slots, hm, vocab, 0, device="cuda")
     lm_head *= 0.1
-    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=True, overlap=overlap)
+    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=True, overlap=overlap, halves_from=halves_from)
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-3, min_clear=b // 2)
     _replay_equals_eager(fast, hidden, anchor, lm_head)
 
@@ -347,6 +350,6 @@ def test_gpu_paper_config_bf16_graph_replay(overlap):
     head = make_head(cfg, hm, 0, dtype=torch.bfloat16, device="cuda")
     hidden, anchor, lm_head, embed = make_inputs(b, cfg.num_slots, hm, vocab, 0, dtype=torch.bfloat16, device="cuda")
     lm_head *= 0.1
-    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=True, overlap=overlap)
+    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=True, overlap=overlap, halves_from=0)
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=0.25, min_clear=0)
     _replay_equals_eager(fast, hidden, anchor, lm_head)

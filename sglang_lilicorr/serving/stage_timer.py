@@ -325,8 +325,6 @@ def cuda_time_ms(fn: Callable[[], object], *, graph: bool, warmup: int = 5, iter
 def proposal_parts(*, lm_head_weight: torch.Tensor, block_size: int, bs: int, proposer=None, seed: int = 0) -> dict:
     """Closures over random drafter states of bs requests: lm_head (the [bs*S, Hm] x [Hm, V] GEMM),
     spec_head (on those logits: DFLASH argmax; LILICORR top-K/LSE + head + walk) and proposal (both)."""
-    from ..kernels import topk_lse
-
     w = lm_head_weight  # [V, Hm]
     s, hm = int(block_size) - 1, w.shape[1]
     g = torch.Generator(device=w.device).manual_seed(seed)
@@ -340,11 +338,8 @@ def proposal_parts(*, lm_head_weight: torch.Tensor, block_size: int, bs: int, pr
     if proposer is None:  # DFLASH: greedy draft tokens
         return {"lm_head": lm_head, "spec_head": lambda: logits.argmax(-1), "proposal": lambda: lm_head().argmax(-1)}
     anchor = torch.randn((bs, hm), generator=g, device=w.device).to(w.dtype)  # [bs, Hm]
-    k, select = proposer.topk, proposer.select
-
     def spec_head():
-        vals, ids, lse = topk_lse(logits, k)  # [bs*S, K], [bs*S, K], [bs*S]
-        return select.select_from_candidates(vals.view(bs, s, k), ids.view(bs, s, k), lse.view(bs, s), hidden, anchor)[0]
+        return proposer.select.select_from_logits(logits, hidden, anchor)[0]
 
     return {"lm_head": lm_head, "spec_head": spec_head, "proposal": lambda: proposer.propose(hidden, anchor)}
 
