@@ -2,27 +2,43 @@
 
 From the un-normalised out/in head outputs (one fused GEMM: edges [b, S, K, 2D], out in the first
 D columns, in in the last D) and the un-normalised anchor out vector [b, D], one program per
-(request, slot s) computes the sigma-scaled cosines of one K x K factor in fp32, the dot products
-as one tl.dot per D-chunk (K padded to 16 rows): TF32 tensor cores for bf16/fp16 inputs, which TF32
-holds exactly (so every product is exact in the fp32 accumulator), IEEE FMAs for fp32 inputs:
+(request, slot s) computes the sigma-scaled cosines of one K x K factor in fp32:
 
   s = 0:   start[b, j]         = sigma * cos(anchor_out, in_{1, j})
   s >= 1:  pair[b, s-1, i, j]  = sigma * cos(out_{s, i}, in_{s+1, j})
 
-The norms are taken as F.normalize does: x / max(|x|, eps). No host syncs.
+The [K, D] factor operands stream in BLOCK_D-column steps that feed only tensor-core dots, so
+Triton's pipeliner keeps NUM_STAGES steps in flight (cp.async into shared memory); all three Gram
+blocks come from the dots: a b^T (the cosines' numerators), a a^T and b b^T (whose diagonals are
+the squared norms), K padded to 16 rows. bf16/fp16 products are exact in the fp32
+accumulator; fp32 inputs (and 16-bit ones under the CPU interpreter, whose tl.dot multiplies raw
+16-bit patterns) are dotted as fp32 with IEEE FMAs. The norms are taken as F.normalize does:
+x / max(|x|, eps). No host syncs.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
 
+class CosineLaunch(NamedTuple):
+    block_d: int = 128  # D columns per step (a power of two)
+    num_warps: int = 4
+    num_stages: int = 3  # steps in flight (sm_90, bf16, 128 columns: 104 registers, 14 KiB shared)
+    f32_dot: bool = False  # 16-bit operands converted to fp32 (TF32 dots) before tl.dot: not pipelined
+
+
+LAUNCH = CosineLaunch()
+
+
 @triton.jit
 def _lattice_cosine_kernel(
     edge_ptr, anchor_ptr, anchor_stride, start_ptr, pair_ptr,
     S, K, D, sigma, eps,
-    KP: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+    KP: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, PRECISION: tl.constexpr,
 ):
     req = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
@@ -34,19 +50,22 @@ def _lattice_cosine_kernel(
     # left factor rows: the anchor out vector (s = 0, row 0 only) or slot s-1's out vectors
     a_rows = tl.where(is_start, anchor_ptr + req * anchor_stride + ks * 0, edge_ptr + ((req * S + s - 1) * K + ks) * row_w)
     a_live = tl.where(is_start, ks == 0, kv)
-    dot = tl.zeros((KP, KP), tl.float32)
-    na = tl.zeros((KP,), tl.float32)
-    nb = tl.zeros((KP,), tl.float32)
+    dot = tl.zeros((KP, KP), tl.float32)  # a b^T
+    gram_a = tl.zeros((KP, KP), tl.float32)  # a a^T: squared norms on the diagonal
+    gram_b = tl.zeros((KP, KP), tl.float32)
     for d0 in range(0, D, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
         cv = cols < D
-        a = tl.load(a_rows[:, None] + cols[None, :], mask=a_live[:, None] & cv[None, :], other=0.0).to(tl.float32)
-        b = tl.load(in_rows[:, None] + cols[None, :], mask=kv[:, None] & cv[None, :], other=0.0).to(tl.float32)
+        a = tl.load(a_rows[:, None] + cols[None, :], mask=a_live[:, None] & cv[None, :], other=0.0)
+        b = tl.load(in_rows[:, None] + cols[None, :], mask=kv[:, None] & cv[None, :], other=0.0)
+        if F32_DOT:
+            a, b = a.to(tl.float32), b.to(tl.float32)
         dot = tl.dot(a, tl.trans(b), dot, input_precision=PRECISION)
-        na += tl.sum(a * a, 1)
-        nb += tl.sum(b * b, 1)
-    inv_a = 1.0 / tl.maximum(tl.sqrt(na), eps)
-    inv_b = 1.0 / tl.maximum(tl.sqrt(nb), eps)
+        gram_a = tl.dot(a, tl.trans(a), gram_a, input_precision=PRECISION)
+        gram_b = tl.dot(b, tl.trans(b), gram_b, input_precision=PRECISION)
+    eye = ks[:, None] == ks[None, :]
+    inv_a = 1.0 / tl.maximum(tl.sqrt(tl.sum(tl.where(eye, gram_a, 0.0), 1)), eps)  # [KP] along rows
+    inv_b = 1.0 / tl.maximum(tl.sqrt(tl.sum(tl.where(eye, gram_b, 0.0), 0)), eps)  # [KP] along columns
     score = sigma * dot * inv_a[:, None] * inv_b[None, :]
     both = kv[:, None] & kv[None, :]
     tl.store(start_ptr + req * K + ks[:, None] * 0 + ks[None, :], score,
@@ -60,6 +79,7 @@ def lattice_cosine_triton(
     anchor_out: torch.Tensor,  # [b, D] anchor out head output (un-normalised), unit column stride
     sigma: float,
     eps: float,
+    launch: CosineLaunch = LAUNCH,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (start fp32 [b, K], pair fp32 [b, S-1, K, K])."""
     b, s, k, two_d = edges.shape
@@ -69,14 +89,63 @@ def lattice_cosine_triton(
             f"lattice_cosine_triton: edges {tuple(edges.shape)} and anchor_out {tuple(anchor_out.shape)} "
             f"(stride {anchor_out.stride()}) disagree; expected [b, S, K, 2D] and [b, D] with unit column stride"
         )
+    if anchor_out.dtype != edges.dtype:
+        raise ValueError(f"lattice_cosine_triton: anchor_out is {anchor_out.dtype} but edges are {edges.dtype}; cast one")
     edges = edges.contiguous()
     start = torch.empty((b, k), dtype=torch.float32, device=edges.device)
     pair = torch.empty((b, max(s - 1, 0), k, k), dtype=torch.float32, device=edges.device)
     if b and s:
         kp = max(16, triton.next_power_of_2(k))
-        block_d = max(16, min(triton.next_power_of_2(d), 128))  # two [KP, BLOCK_D] tiles per step
+        block_d = max(16, min(triton.next_power_of_2(d), launch.block_d))
+        f32 = edges.dtype == torch.float32 or not edges.is_cuda  # IEEE fp32 dots
+        f32_dot = launch.f32_dot or f32
         _lattice_cosine_kernel[(b, s)](
             edges, anchor_out, anchor_out.stride(0), start, pair, s, k, d, float(sigma), float(eps),
-            KP=kp, BLOCK_D=block_d, PRECISION="ieee" if edges.dtype == torch.float32 else "tf32", num_warps=4,
+            KP=kp, BLOCK_D=block_d, F32_DOT=f32_dot, PRECISION="ieee" if f32 else "tf32",
+            num_warps=launch.num_warps, num_stages=1 if f32_dot else launch.num_stages,  # fp32 tiles: no room to pipeline
         )
     return start, pair
+
+
+SWEEP = (  # the launches `bench_lattice_cosine(sweep=True)` times beside LAUNCH
+    CosineLaunch(f32_dot=True),  # fp32 copies of the operands, as version 8 (then not pipelined)
+    CosineLaunch(num_stages=1),
+    CosineLaunch(block_d=64, num_stages=4),
+    CosineLaunch(block_d=128, num_stages=5),
+    CosineLaunch(block_d=256, num_stages=4),
+    CosineLaunch(block_d=128, num_warps=8, num_stages=4),
+)
+
+
+def bench_lattice_cosine(bs_list=(1, 4, 16, 32), S: int = 15, K: int = 8, D: int = 1024, *, sweep: bool = False, rep_ms: int = 100):
+    """On CUDA, bf16 edges [b, S, K, 2D] (paper geometry): ms per call (graph replay, median) of
+    lattice_cosine_triton with LAUNCH (and each SWEEP launch) -> rows {bs, launch, ms, max_err}
+    (max_err: against the fp32 F.normalize definition)."""
+    import torch.nn.functional as F
+
+    from .graph_timing import graph_ms
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("bench_lattice_cosine: needs a CUDA device")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for bs in bs_list:
+        edges = torch.randn(bs, S, K, 2 * D, device="cuda", dtype=torch.bfloat16, generator=gen)
+        anchor = torch.randn(bs, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+        out_v, in_v = F.normalize(edges.float().view(bs, S, K, 2, D), dim=-1).unbind(3)
+        ref_start = 8.0 * torch.einsum("bd,bkd->bk", F.normalize(anchor.float(), dim=-1), in_v[:, 0])
+        ref_pair = 8.0 * out_v[:, :-1] @ in_v[:, 1:].transpose(-1, -2)
+        for launch in (LAUNCH, *SWEEP) if sweep else (LAUNCH,):
+            ms, (start, pair) = graph_ms(lambda: lattice_cosine_triton(edges, anchor, 8.0, 1e-6, launch), rep_ms)
+            err = max(float((start - ref_start).abs().max()), float((pair - ref_pair).abs().max()))
+            rows.append(dict(bs=bs, launch=launch._asdict(), ms=ms, max_err=err))
+    return rows
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    print(f"{torch.cuda.get_device_name()}, S = 15, K = 8, D = 1024, bf16, triton {triton.__version__}")
+    for r in bench_lattice_cosine(sweep="--sweep" in sys.argv):
+        print(json.dumps(r), flush=True)

@@ -7,9 +7,9 @@ Stage 1 ("split") streams one chunk of one row once, in tiles of R sub-tiles x G
     sub-tile ranked below K others holds nothing better than their K maxima. So the streaming
     pass only ranks R sub-tile maxima per tile (tiny), and at the end of the chunk re-loads the
     <= K chosen sub-tiles (K x G logits, just read: cache hits) to take the exact top-K.
-Stage 2 ("merge") combines the per-chunk partials of a row: either in the split kernel itself,
-by the row's last split program to finish (a per-row arrival counter, `fused_merge`), or in a
-second launch. With one chunk per row the split kernel finishes the row and there is no stage 2.
+Stage 2 ("merge") combines the per-chunk partials of a row. With one chunk per row the split
+kernel finishes the row itself and stage 2 is not launched. (Merging in the split kernel, by the
+row's last split program to arrive, measured no faster on an H200: PERF_NOTES.md, version 9.)
 
 Ordering keys: every element gets a unique int64 key whose order is "larger value first, then
 lower index first" (the float's bits mapped to an order-preserving int32 in the high word,
@@ -35,14 +35,13 @@ GROUP = 64  # logits per sub-tile (128 bytes of bf16)
 class TopKLaunch(NamedTuple):
     """How the split kernel streams the logits (sweep: `python -m sglang_lilicorr.kernels.topk_lse_fused`)."""
 
-    block: int = 512  # logits per tile (a power of two >= 16): 16 per thread of one warp = two 16-byte loads
+    block: int = 1024  # logits per tile (a power of two >= 16): 32 per thread of one warp = four 16-byte loads
     num_warps: int = 1  # one warp: every reduction is in-warp (shuffles, no barriers)
     programs_per_sm: int = 16  # the split grid aims at one wave of these per SM
-    maxnreg: int | None = 64  # per thread (no spills on sm_90): 32 one-warp programs fit an SM's registers
-    fused_merge: bool = False  # the row's last split program merges its partials (no second launch)
+    maxnreg: int | None = 128  # per thread (no spills on sm_90): 16 one-warp programs fit an SM's registers
 
 
-LAUNCH = TopKLaunch()  # H200 sweep (see PERF_NOTES.md)
+LAUNCH = TopKLaunch()  # H200 sweep, b16a836 (benchmarks/results/h200_topk_sweep_b16a836.txt)
 BLOCK = LAUNCH.block
 MIN_TILES_PER_SPLIT = 8  # small N: fewer, longer splits keep the merge's input small
 
@@ -93,10 +92,8 @@ def _store_sorted(keys, slots, vals_ptr, ids_ptr, K: tl.constexpr):
 def _topk_lse_split_kernel(
     logits_ptr, row_stride, V, chunk,  # logits [N, V] (unit column stride); chunk: logits per split
     part_key_ptr, part_max_ptr, part_sum_ptr,  # [N, SPLITS, KP] int64, [N, SPLITS] fp32 x2
-    vals_ptr, ids_ptr, lse_ptr,  # [N, K] fp32, [N, K] int64, [N] fp32 (written when FINAL or MERGE)
-    count_ptr,  # [N] int32 arrival counters, zero between calls (MERGE)
+    vals_ptr, ids_ptr, lse_ptr,  # [N, K] fp32, [N, K] int64, [N] fp32 (written when FINAL)
     K: tl.constexpr, KP: tl.constexpr, R: tl.constexpr, G: tl.constexpr, FINAL: tl.constexpr,
-    MERGE: tl.constexpr, SP: tl.constexpr,  # MERGE: the row's last program merges (SP: merge width)
 ):
     row = tl.program_id(0)
     split = tl.program_id(1)
@@ -156,29 +153,23 @@ def _topk_lse_split_kernel(
         tl.store(part_key_ptr + part * KP + slots, _top_keys(keys, slots, K))
         tl.store(part_max_ptr + part, run_max)
         tl.store(part_sum_ptr + part, run_sum)
-        if MERGE:
-            tl.debug_barrier()  # every lane's partial is stored before the arrival (a release) is counted
-            arrived = tl.atomic_add(count_ptr + row, 1, sem="acq_rel", scope="gpu")
-            if arrived == n_splits - 1:  # the last of the row: all partials are visible (acquire)
-                _merge_row(part_key_ptr, part_max_ptr, part_sum_ptr, n_splits, row, vals_ptr, ids_ptr, lse_ptr, K, KP, SP)
-                tl.atomic_xchg(count_ptr + row, 0, sem="relaxed", scope="gpu")  # zero for the next call
 
 
 @triton.jit
-def _merge_row(
-    part_key_ptr, part_max_ptr, part_sum_ptr, n_splits, row, vals_ptr, ids_ptr, lse_ptr,
-    K: tl.constexpr, KP: tl.constexpr, SP: tl.constexpr,
+def _topk_lse_merge_kernel(
+    part_key_ptr, part_max_ptr, part_sum_ptr, n_splits,  # partials of stage 1
+    vals_ptr, ids_ptr, lse_ptr,  # [N, K] fp32, [N, K] int64, [N] fp32
+    K: tl.constexpr, KP: tl.constexpr, SP: tl.constexpr,  # SP: splits rounded up to a power of 2
 ):
-    """Combine one row's per-split partials into its top-K and logsumexp. Loads bypass L1 (.cg):
-    the partials may have been written by other SMs during this launch."""
+    row = tl.program_id(0)
     splits = tl.arange(0, SP)
     slots = tl.arange(0, KP)
     live = splits < n_splits
     part = row * n_splits + splits
     LOG2E: tl.constexpr = 1.4426950408889634
 
-    m = tl.load(part_max_ptr + part, mask=live, other=-float("inf"), cache_modifier=".cg")
-    s = tl.load(part_sum_ptr + part, mask=live, other=0.0, cache_modifier=".cg")
+    m = tl.load(part_max_ptr + part, mask=live, other=-float("inf"))
+    s = tl.load(part_sum_ptr + part, mask=live, other=0.0)
     row_max = tl.max(m, 0)
     shift = tl.where(row_max == -float("inf"), 0.0, row_max)
     total = tl.sum(s * tl.exp2((m - shift) * LOG2E), 0)
@@ -188,18 +179,8 @@ def _merge_row(
         part_key_ptr + part[:, None] * KP + slots[None, :],
         mask=live[:, None] & (slots[None, :] < K),
         other=SENTINEL,
-        cache_modifier=".cg",
     )  # [SP, KP]
     _store_sorted(tl.reshape(keys, [SP * KP]), slots, vals_ptr + row * K, ids_ptr + row * K, K)
-
-
-@triton.jit
-def _topk_lse_merge_kernel(
-    part_key_ptr, part_max_ptr, part_sum_ptr, n_splits,  # partials of stage 1
-    vals_ptr, ids_ptr, lse_ptr,  # [N, K] fp32, [N, K] int64, [N] fp32
-    K: tl.constexpr, KP: tl.constexpr, SP: tl.constexpr,  # SP: splits rounded up to a power of 2
-):
-    _merge_row(part_key_ptr, part_max_ptr, part_sum_ptr, n_splits, tl.program_id(0), vals_ptr, ids_ptr, lse_ptr, K, KP, SP)
 
 
 @functools.lru_cache(maxsize=None)
@@ -212,25 +193,12 @@ def _sm_count(device: torch.device) -> int:
 def split_plan(n_rows: int, vocab: int, device: torch.device, launch: TopKLaunch = LAUNCH) -> tuple[int, int]:
     """(splits per row, logits per split), from N: about one wave of split programs on the GPU
     (launch.programs_per_sm per SM), each a run of >= MIN_TILES_PER_SPLIT whole tiles. Paper vocab
-    on 132 SMs, 512-logit tiles, 16 programs per SM: N = 15 -> 38 splits of 8 tiles; 60 -> 33 of 9;
-    240 -> 8 of 38; 480 -> 4 of 75; N > 2112 -> 1 (no merge)."""
+    on 132 SMs, 1024-logit tiles, 16 programs per SM: N = 15 -> 19 splits of 8 tiles; 60 -> 19 of 8;
+    240 -> 8 of 19; 480 -> 4 of 38; N > 1056 -> 1 (no merge)."""
     tiles = triton.cdiv(vocab, launch.block)
     want = max(1, launch.programs_per_sm * _sm_count(device) // n_rows)
     tiles_per_split = max(triton.cdiv(tiles, min(want, tiles)), min(MIN_TILES_PER_SPLIT, tiles))
     return triton.cdiv(tiles, tiles_per_split), tiles_per_split * launch.block
-
-
-_ARRIVALS: dict = {}  # (device, stream) -> int32 per-row arrival counters, zero between calls
-
-
-def _arrival_counters(n: int, device: torch.device) -> torch.Tensor:
-    """[>= n] int32 zeros for the fused merge, one buffer per stream: calls on one stream run in order
-    and leave it zero; calls on two streams may overlap, so they never share one."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    buf = _ARRIVALS.get((device, stream))
-    if buf is None or buf.numel() < n:
-        buf = _ARRIVALS[(device, stream)] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-    return buf
 
 
 def topk_lse_triton(
@@ -262,22 +230,20 @@ def topk_lse_triton(
     kp = triton.next_power_of_2(k)
     group = min(GROUP, block)
     final = splits == 1  # one chunk per row: the split kernel writes the outputs itself
-    merge_here = launch.fused_merge and not final
     parts = 0 if final else n * splits
     part_key = torch.empty((parts, kp), dtype=torch.int64, device=dev)
     part_max = torch.empty((parts,), dtype=torch.float32, device=dev)
     part_sum = torch.empty((parts,), dtype=torch.float32, device=dev)
-    # One merge width per vocabulary, not per N: a constexpr that followed the batch size would
-    # compile a new kernel for every batch size the server meets (a stall on the serving path).
-    sp = triton.next_power_of_2(max(splits, triton.cdiv(triton.cdiv(vocab, block), MIN_TILES_PER_SPLIT)))
-    counters = _arrival_counters(n, dev) if merge_here else lse
     _topk_lse_split_kernel[(n, splits)](
         logits, logits.stride(0), vocab, chunk,
-        part_key, part_max, part_sum, vals, ids, lse, counters,
-        K=k, KP=kp, R=block // group, G=group, FINAL=final, MERGE=merge_here, SP=sp if merge_here else 1,
+        part_key, part_max, part_sum, vals, ids, lse,
+        K=k, KP=kp, R=block // group, G=group, FINAL=final,
         num_warps=launch.num_warps, **({"maxnreg": launch.maxnreg} if launch.maxnreg else {}),
     )
-    if not final and not merge_here:
+    if not final:
+        # One merge width per vocabulary, not per N: a constexpr that followed the batch size would
+        # compile a new kernel for every batch size the server meets (a stall on the serving path).
+        sp = triton.next_power_of_2(max(splits, triton.cdiv(triton.cdiv(vocab, block), MIN_TILES_PER_SPLIT)))
         _topk_lse_merge_kernel[(n,)](
             part_key, part_max, part_sum, splits, vals, ids, lse,
             K=k, KP=kp, SP=sp, num_warps=1 if sp * kp <= 512 else 4,  # 512 keys: 16 per lane of one warp
@@ -286,16 +252,11 @@ def topk_lse_triton(
 
 
 SWEEP = (  # the launches `bench_topk_lse(sweep=True)` times beside LAUNCH
-    TopKLaunch(fused_merge=True),
+    TopKLaunch(block=512, maxnreg=64),  # the version-8 launch
     TopKLaunch(programs_per_sm=8),
-    TopKLaunch(programs_per_sm=32),
-    TopKLaunch(block=1024, maxnreg=128),
-    TopKLaunch(block=1024, maxnreg=128, programs_per_sm=8),
-    TopKLaunch(block=1024, maxnreg=128, fused_merge=True),
-    TopKLaunch(block=1024, num_warps=2),
-    TopKLaunch(block=2048, num_warps=4, programs_per_sm=8),
-    TopKLaunch(block=2048, num_warps=4, programs_per_sm=4),
     TopKLaunch(block=2048, maxnreg=255, programs_per_sm=8),
+    TopKLaunch(block=1024, num_warps=2, maxnreg=64),
+    TopKLaunch(block=2048, num_warps=4, maxnreg=64, programs_per_sm=8),
 )
 
 

@@ -36,9 +36,6 @@ from .lattice import lattice_attention_bias
 from .walk import greedy_walk
 
 
-HALVES_FROM = 0  # default halves_from (0: never split the batch)
-
-
 def _norm_eps(norm: torch.nn.RMSNorm) -> float:
     return float(norm.eps) if norm.eps is not None else float(torch.finfo(norm.weight.dtype).eps)
 
@@ -83,7 +80,6 @@ class FastLiLiCorrSelect:
         token_table: torch.Tensor | None = None,  # [V, H] head.token_table(embed_weight), if already built
         fused: bool | None = None,  # None: Triton where it runs (CUDA, or CPU with TRITON_INTERPRET=1)
         overlap: bool | None = None,  # side stream for the projections (fused CUDA only); None: on
-        halves_from: int | None = None,  # batches of >= this many requests run as two halves on two streams
     ) -> None:
         if (embed_weight is None) == (token_table is None):
             raise ValueError("FastLiLiCorrSelect: pass exactly one of embed_weight=[V, Hm] or token_table=[V, H].")
@@ -104,10 +100,6 @@ class FastLiLiCorrSelect:
             )
         self.overlap = self.fused and w.is_cuda and (overlap is None or bool(overlap))
         self._side = torch.cuda.Stream(device=self.device) if self.overlap else None
-        # two halves of a large batch on two streams: one half's memory-bound passes (top-K, norms)
-        # run beside the other's tensor-core GEMMs (needs overlap; None: HALVES_FROM)
-        self.halves_from = (HALVES_FROM if halves_from is None else int(halves_from)) if self.overlap else 0
-        self._halves = torch.cuda.Stream(device=self.device) if self.halves_from else None
 
         with torch.no_grad():
             if token_table is None:
@@ -349,23 +341,10 @@ class FastLiLiCorrSelect:
 
     def select_from_logits(self, logits: torch.Tensor, hidden: torch.Tensor, anchor_hidden: torch.Tensor):
         """logits [b*S, V] of the slots -> top-K/LSE + head + walk -> (draft ids [b, S], ids [b, S, K],
-        log-probs fp32 [b, S, K]). From `halves_from` requests up, the two halves of the batch run on
-        two streams (joined before returning)."""
+        log-probs fp32 [b, S, K])."""
         b, s = self._check(hidden, anchor_hidden)
         if logits.dim() != 2 or logits.shape[0] != b * s or logits.shape[1] != self.token_table.shape[0]:
             raise ValueError(f"select: logits must be [{b * s}, {self.token_table.shape[0]}] (b*S x V), got {tuple(logits.shape)}.")
-        if self._halves is None or b < self.halves_from:
-            return self._select_from_logits(logits, hidden, anchor_hidden)
-        h = b // 2
-        side = _SideStream(self._halves)
-        with side:
-            late = self._select_from_logits(logits[h * s :], hidden[h:], anchor_hidden[h:])
-            late_ready = side.record()
-        early = self._select_from_logits(logits[: h * s], hidden[:h], anchor_hidden[:h])
-        side.join(late_ready, *late)
-        return tuple(torch.cat(pair) for pair in zip(early, late))
-
-    def _select_from_logits(self, logits, hidden, anchor_hidden):
         with torch.no_grad():
             candidates = self._candidates_from_logits(logits, *hidden.shape[:2])
         return self.select_from_candidates(*candidates, hidden, anchor_hidden)

@@ -246,13 +246,16 @@ def test_node_and_norm_kernels_equal_torch(seed):
 
 @needs_interpreter
 @pytest.mark.parametrize("k", [1, 4, 8])
-def test_cosine_kernel_equals_normalised_dot(seed, k):
+@pytest.mark.parametrize("block_d", [128, 1024])
+def test_cosine_kernel_equals_normalised_dot(seed, k, block_d):
+    from sglang_lilicorr.kernels.head_scores import CosineLaunch
+
     g = torch.Generator().manual_seed(seed)
-    b, s, d = 3, 4, 140  # D spans two 128-wide chunks, the second partial
+    b, s, d = 3, 4, 140  # D in one step, or two 128-wide steps, the second partial
     edges = torch.randn(b, s, k, 2 * d, generator=g)
     edges[0, 1, 0, :d] = 0.0  # a zero vector: F.normalize's eps floor
     anchor = torch.randn(b, d + 5, generator=g)[:, :d]
-    start, pair = lattice_cosine_triton(edges, anchor, 8.0, 1e-6)
+    start, pair = lattice_cosine_triton(edges, anchor, 8.0, 1e-6, CosineLaunch(block_d=block_d))
     out_vec, in_vec = F.normalize(edges.view(b, s, k, 2, d), dim=-1, eps=1e-6).unbind(3)
     a = F.normalize(anchor, dim=-1, eps=1e-6)
     torch.testing.assert_close(start, 8.0 * torch.einsum("bd,bkd->bk", a, in_vec[:, 0]), atol=1e-5, rtol=1e-5)
@@ -265,30 +268,32 @@ from sm90_build import build
 from sglang_lilicorr.kernels import head_nodes, head_norm, head_scores, topk_lse_fused as tk, walk
 
 bf, f32, i32, i64, c = "*bf16", "*fp32", "i32", "*i64", "constexpr"
-L = tk.LAUNCH
+L, CL = tk.LAUNCH, head_scores.LAUNCH
 R, G = L.block // tk.GROUP, tk.GROUP
-split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32, "*i32"] + [c] * 7
+split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 5
 cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divisible by 16 at the paper config
     (head_nodes._confidence_up_kernel, [f32] * 5 + [bf, i32, i32, "fp32", "fp32", c, c], dict(KP=8, BLOCK_H=256), 4, None, ()),
     (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, i32, i32, i32, i32, "fp32", c, c], dict(ROWS=1, BLOCK_H=1024), 4, None, ()),
     (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=True, ADD=True), 4, None, ()),
     (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=False, ADD=False), 4, None, ()),
     (head_norm._row_bias_silu_kernel, [bf, bf, i32, i32, i32, i32, c, c], dict(ROWS=1, BLOCK_N=1024), 4, None, ()),
-    (head_scores._lattice_cosine_kernel, [bf, bf, i32, f32, f32, i32, i32, i32, "fp32", "fp32", c, c, c], dict(KP=16, BLOCK_D=128, PRECISION="tf32"), 4, None, ()),
-    (head_scores._lattice_cosine_kernel, [f32, f32, i32, f32, f32, i32, i32, i32, "fp32", "fp32", c, c, c], dict(KP=16, BLOCK_D=128, PRECISION="ieee"), 4, None, ()),
+    (head_scores._lattice_cosine_kernel, [bf, bf, i32, f32, f32, i32, i32, i32, "fp32", "fp32", c, c, c, c], dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32"), CL.num_warps, None, (0, 1, 2, 7)),
+    (head_scores._lattice_cosine_kernel, [f32, f32, i32, f32, f32, i32, i32, i32, "fp32", "fp32", c, c, c, c], dict(KP=16, BLOCK_D=128, F32_DOT=True, PRECISION="ieee"), 4, None, (0, 1, 2, 7)),
     (walk._greedy_walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c], dict(KP=8, SP=16, GATHER=True), 1, None, ()),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, FINAL=False, MERGE=False, SP=1), L.num_warps, L.maxnreg, range(11)),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, FINAL=False, MERGE=True, SP=64), L.num_warps, L.maxnreg, range(11)),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, FINAL=True, MERGE=False, SP=1), L.num_warps, L.maxnreg, range(11)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, FINAL=False), L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, FINAL=True), L.num_warps, L.maxnreg, range(10)),
     (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32, c, c, c], dict(K=8, KP=8, SP=64), 1, None, (0, 1, 2, 4, 5, 6)),
     (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32, c, c, c], dict(K=8, KP=8, SP=128), 4, None, (0, 1, 2, 4, 5, 6)),
 ]
 for fn, types, consts, warps, maxnreg, aligned in cases:
-    r = build(fn, types, consts, aligned=aligned, num_warps=warps, **({"maxnreg": maxnreg} if maxnreg else {}))
+    stages = {"num_stages": 1 if consts["F32_DOT"] else CL.num_stages} if fn is head_scores._lattice_cosine_kernel else {}
+    r = build(fn, types, consts, aligned=aligned, num_warps=warps, **stages, **({"maxnreg": maxnreg} if maxnreg else {}))
     print(fn.__name__, consts, "registers", r["registers"], "spill bytes", r["spills"])
     wide = any("ld.global" in line and ".v4" in line for line in r["ptx"].splitlines())
     if fn is tk._topk_lse_split_kernel and not wide:
         sys.exit("the top-K split kernel does not use 16-byte loads")
+    if consts.get("F32_DOT") is False and "cp.async" not in r["ptx"]:
+        sys.exit("the cosine kernel's D loop is not pipelined (no cp.async)")
     if r["spills"]:
         sys.exit(f"{fn.__name__} {consts} spills {r['spills']} bytes")
 print("compiled", len(cases))
@@ -324,18 +329,17 @@ def _replay_equals_eager(fast, *inputs):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("overlap, halves_from", [(False, 0), (True, 0), (True, 4)])
-def test_gpu_paper_config_fp32_equals_reference(overlap, halves_from, monkeypatch):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_gpu_paper_config_fp32_equals_reference(overlap, monkeypatch):
     """fp32 on CUDA (TF32 off): scores agree to ~1e-4, so nearly every request is clear of
-    near-ties and the draft tokens must equal the reference's; also with the batch in two halves
-    on two streams (b = 8, halves from 4)."""
+    near-ties and the draft tokens must equal the reference's."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     cfg, hm, vocab, b = LiLiCorrConfig(), 4096, 32000, 8
     head = make_head(cfg, hm, 0, device="cuda")
     hidden, anchor, lm_head, embed = make_inputs(b, cfg.num_slots, hm, vocab, 0, device="cuda")
     lm_head *= 0.1
-    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=True, overlap=overlap, halves_from=halves_from)
+    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=True, overlap=overlap)
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-3, min_clear=b // 2)
     _replay_equals_eager(fast, hidden, anchor, lm_head)
 
@@ -350,6 +354,6 @@ def test_gpu_paper_config_bf16_graph_replay(overlap):
     head = make_head(cfg, hm, 0, dtype=torch.bfloat16, device="cuda")
     hidden, anchor, lm_head, embed = make_inputs(b, cfg.num_slots, hm, vocab, 0, dtype=torch.bfloat16, device="cuda")
     lm_head *= 0.1
-    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=True, overlap=overlap, halves_from=0)
+    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=True, overlap=overlap)
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=0.25, min_clear=0)
     _replay_equals_eager(fast, hidden, anchor, lm_head)

@@ -59,24 +59,20 @@ def _assert_topk_lse(got, logits: torch.Tensor, k: int) -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
-    "vocab, k, dtype, splits, block, fused_merge",
+    "vocab, k, dtype, splits, block",
     [
-        (100, 1, torch.float32, None, 2048, False),  # V below one tile
-        (16, 16, torch.bfloat16, None, 2048, False),  # k == V
-        (4099, 8, torch.bfloat16, None, 2048, False),  # default plan: several splits + merge kernel
-        (4099, 8, torch.bfloat16, 5, 256, True),  # the row's last split program merges
-        (3001, 4, torch.float16, 1, 512, True),  # one split: the split kernel finishes the row
-        (2500, 2, torch.float32, 3, 256, False),  # several tiles per split
-        (1537, 16, torch.bfloat16, 2, 1024, True),
+        (100, 1, torch.float32, None, 2048),  # V below one tile
+        (16, 16, torch.bfloat16, None, 2048),  # k == V
+        (4099, 8, torch.bfloat16, None, 2048),  # default plan: several splits + merge kernel
+        (3001, 4, torch.float16, 1, 512),  # one split: the split kernel finishes the row
+        (2500, 2, torch.float32, 3, 256),  # several tiles per split
+        (1537, 16, torch.bfloat16, 2, 1024),
     ],
 )
-def test_topk_lse_matches_reference(gen, device, vocab, k, dtype, splits, block, fused_merge):
+def test_topk_lse_matches_reference(gen, device, vocab, k, dtype, splits, block):
     logits = _logit_rows(gen, vocab).to(dtype)
-    launch = TopKLaunch(block=block, fused_merge=fused_merge)
-    got = topk_lse_triton(logits.to(device), k, splits=splits, launch=launch)
+    got = topk_lse_triton(logits.to(device), k, splits=splits, launch=TopKLaunch(block=block))
     _assert_topk_lse(got, logits, k)
-    if fused_merge:  # the arrival counters are zero again: a second call (a graph replay) merges too
-        _assert_topk_lse(topk_lse_triton(logits.to(device), k, splits=splits, launch=launch), logits, k)
 
 
 @pytest.mark.parametrize("device", DEVICES)
