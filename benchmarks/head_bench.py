@@ -13,6 +13,7 @@ ms per call (median of triton.testing.do_bench over CUDA-graph replay):
   post_logits  logits -> draft ids (top-K/LSE + head + walk): the issue's target
   select       hidden -> draft ids, LM-head matmul included
   floor_dense_chain  the head's GEMMs + SDPA alone (dense_chain): the floor of one launch per GEMM
+  floor_launches     as many empty kernels as post_logits_fused launches, back to back (launch_chain)
 
 Per-stage split (variant fused, each stage captured and replayed alone): lm_head, topk_lse,
 projections (pass + anchor GEMMs), nodes (features + node assembly), lattice (2 layers),
@@ -173,6 +174,25 @@ def dense_chain(fast, geo, bs, device, dtype):
     return chain
 
 
+def launch_chain(n, device):
+    """n back-to-back launches of an empty one-program Triton kernel: replayed as one graph, the
+    launch-latency floor of any design that runs the select path as n dependent kernels."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _empty(x_ptr):
+        tl.debug_barrier()
+
+    x = torch.empty(1, device=device)
+
+    def chain():
+        for _ in range(n):
+            _empty[(1,)](x)
+
+    return chain
+
+
 # --- timing ----------------------------------------------------------------------------------
 
 
@@ -328,6 +348,10 @@ def run(args) -> dict:
         if fast is not None:
             out = tb("floor_dense_chain", dense_chain(fast, geo, bs, dev, dtype))
             row["floor_dense_chain"] = out and out[0]
+        n_launches = launches.get("post_logits_fused")
+        if cuda and n_launches:
+            out = tb("floor_launches", launch_chain(int(n_launches), dev))
+            row["floor_launches"] = out and out[0]
 
         # ---- built-in: select_with_proposal on pre-gathered embeddings; logits -> ids; full select
         if builtin is not None:
@@ -409,13 +433,13 @@ def report(res) -> list[str]:
     stage_names = [k for k in ("lm_head", "topk_lse", "projections", "nodes", "lattice", "factors", "walk") if f"stage_{k}" in keys]
     if stage_names:
         log("\nper-stage split, fused variant (each stage captured alone; ms) and the sum vs select_fused:")
-        log("| bs | " + " | ".join(stage_names) + " | sum | select_fused | floor_dense_chain |")
+        log("| bs | " + " | ".join(stage_names) + " | sum | select_fused | floor_dense_chain | floor_launches |")
         log("|---" * (len(stage_names) + 4) + "|")
         for r in rows:
             parts = [r.get(f"stage_{k}") for k in stage_names]
             total = sum(parts) if all(p is not None for p in parts) else None
             log(f"| {r['bs']} | " + " | ".join(fmt(p) for p in parts)
-                + f" | {fmt(total)} | {fmt(r.get('select_fused'))} | {fmt(r.get('floor_dense_chain'))} |")
+                + f" | {fmt(total)} | {fmt(r.get('select_fused'))} | {fmt(r.get('floor_dense_chain'))} | {fmt(r.get('floor_launches'))} |")
     for r in rows:
         sweep = {k[len("topk_splits_"):]: v for k, v in r.items() if k.startswith("topk_splits_")}
         if sweep:

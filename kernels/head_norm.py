@@ -3,7 +3,8 @@
   add_rmsnorm_triton   x += y (in place, rounded to x's dtype like the reference's residual add),
                        out = RMSNorm(x) * w; with `cross` (the anchor state t [b, H]) it also writes
                        out * t beside it: out [rows, 2H] = concat[h, h * t], the factor input of
-                       paper Eq. (fusion) minus the per-request t term.
+                       paper Eq. (fusion) minus the per-request t term. With `cross` (the last
+                       residual add) the sum is only normalised: x is left as it was.
   rmsnorm_triton       out = RMSNorm(x) * w (the same kernel without the add; the anchor norm).
   row_bias_silu_triton pre = silu(pre + bias[row // rows_per_group]) in place (the per-request
                        factor_input_proj term W_t t + b, then SiLU).
@@ -32,7 +33,8 @@ def _add_rmsnorm_kernel(
     s = tl.load(x_ptr + at, mask=m, other=0.0)
     if ADD:
         s = (s.to(tl.float32) + tl.load(y_ptr + at, mask=m, other=0.0).to(tl.float32)).to(dtype)
-        tl.store(x_ptr + at, s, mask=m)
+        if not CROSS:  # the last residual sum is read by nothing but this norm
+            tl.store(x_ptr + at, s, mask=m)
     sf = s.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(sf * sf, 1) / H + eps)
     w = tl.load(w_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
@@ -56,7 +58,7 @@ def _row_bias_silu_kernel(pre_ptr, bias_ptr, bias_stride, rows_per_group, n_rows
 
 
 def add_rmsnorm_triton(
-    x: torch.Tensor,  # [rows, H] residual stream, updated in place
+    x: torch.Tensor,  # [rows, H] residual stream, updated in place (without cross)
     y: torch.Tensor,  # [rows, H] branch output
     weight: torch.Tensor,  # [H]
     eps: float,

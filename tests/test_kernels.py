@@ -69,9 +69,10 @@ def _assert_topk_lse(got, logits: torch.Tensor, k: int) -> None:
         (1537, 16, torch.bfloat16, 2, 1024),
     ],
 )
-def test_topk_lse_matches_reference(gen, device, vocab, k, dtype, splits, block):
+@pytest.mark.parametrize("ahead", [1, 2])
+def test_topk_lse_matches_reference(gen, device, vocab, k, dtype, splits, block, ahead):
     logits = _logit_rows(gen, vocab).to(dtype)
-    got = topk_lse_triton(logits.to(device), k, splits=splits, launch=TopKLaunch(block=block))
+    got = topk_lse_triton(logits.to(device), k, splits=splits, launch=TopKLaunch(block=block, ahead=ahead))
     _assert_topk_lse(got, logits, k)
 
 
