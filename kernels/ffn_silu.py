@@ -48,6 +48,7 @@ class LaunchConfig(NamedTuple):
     group_m: int
     num_stages: int
     num_warps: int
+    tma: bool = False  # persistent TMA kernel: one program per SM, tiles by TMA descriptors (sm_90+)
 
 
 CONFIGS = {
@@ -55,6 +56,9 @@ CONFIGS = {
     "small": LaunchConfig(64, 128, 64, 8, 4, 4),
     "medium": LaunchConfig(128, 128, 64, 8, 4, 8),
     "large": LaunchConfig(128, 256, 64, 8, 3, 8),
+    "tma_large": LaunchConfig(128, 256, 64, 8, 3, 8, tma=True),
+    "tma_medium": LaunchConfig(128, 128, 64, 8, 4, 8, tma=True),
+    "tma_wide_k": LaunchConfig(128, 128, 128, 8, 3, 8, tma=True),
     "fp32": LaunchConfig(64, 64, 32, 8, 3, 4),
 }
 
@@ -82,20 +86,30 @@ def prefer_triton(m: int) -> bool:
 
 
 @triton.jit
+def _tile_coords(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Grouped tile order: GROUP_M row tiles take the column tiles in turn, column-major inside a
+    group, so the weight tiles a group reads stay in L2 -> (row tile, column tile)."""
+    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = (tile // per_group) * GROUP_M
+    rows_in_group = tl.minimum(tiles_m - first_m, GROUP_M)
+    return first_m + (tile % per_group) % rows_in_group, (tile % per_group) // rows_in_group
+
+
+@triton.jit
+def _bias_silu(acc, b_ptr, rn, N, HAS_BIAS: tl.constexpr):
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    return acc / (1.0 + tl.exp(-acc))  # SiLU in fp32
+
+
+@triton.jit
 def _linear_silu_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, IEEE_F32: tl.constexpr,
 ):
-    # grouped tile order: GROUP_M row tiles take the column tiles in turn, column-major inside a group
-    pid = tl.program_id(0)
-    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * tiles_n
-    first_m = (pid // per_group) * GROUP_M
-    rows_in_group = tl.minimum(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % rows_in_group
-    pid_n = (pid % per_group) // rows_in_group
-
+    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -120,11 +134,30 @@ def _linear_silu_kernel(
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
 
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    y = acc / (1.0 + tl.exp(-acc))  # SiLU in fp32
+    y = _bias_silu(acc, b_ptr, rn, N, HAS_BIAS)
     out = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
     tl.store(out, y.to(out_ptr.dtype.element_ty), mask=(rm < M)[:, None] & (rn < N)[None, :])
+
+
+@triton.jit
+def _linear_silu_tma_kernel(
+    x_desc, w_desc, out_desc, b_ptr, M, N, K,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, PROGRAMS: tl.constexpr,
+):
+    """Persistent: PROGRAMS programs stride over the output tiles; x / weight tiles arrive by TMA
+    (rows and K past the tensor read as zeros), the output tile leaves by TMA (clipped at M, N)."""
+    n_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), n_tiles, PROGRAMS, flatten=True):
+        pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m, off_n = pid_m * BLOCK_M, pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            a = x_desc.load([off_m, k * BLOCK_K])  # [BLOCK_M, BLOCK_K]
+            b = w_desc.load([off_n, k * BLOCK_K])  # [BLOCK_N, BLOCK_K]
+            acc = tl.dot(a, b.T, acc)
+        y = _bias_silu(acc, b_ptr, off_n + tl.arange(0, BLOCK_N), N, HAS_BIAS)
+        out_desc.store([off_m, off_n], y.to(out_desc.dtype))
 
 
 def linear_silu_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -175,6 +208,9 @@ def linear_silu_triton(
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m and n:
         c = config if isinstance(config, LaunchConfig) else CONFIGS[config or select_config(m, x.dtype)]
+        if c.tma:
+            _launch_tma(x, weight, bias, out, c)
+            return out
         grid = (triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n),)
         _linear_silu_kernel[grid](
             x, weight, out if bias is None else bias, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
@@ -183,6 +219,29 @@ def linear_silu_triton(
             num_stages=c.num_stages, num_warps=c.num_warps,
         )
     return out
+
+
+def _launch_tma(x, weight, bias, out, c: LaunchConfig) -> None:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if not x.is_cuda or x.dtype == torch.float32 or torch.cuda.get_device_capability(x.device)[0] < 9:
+        raise ValueError(
+            f"linear_silu_triton: TMA configs need 16-bit CUDA tensors on sm_90+, got {x.dtype} on {x.device}; "
+            f"use a non-TMA config"
+        )
+    if any(t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16 for t in (x, weight)):
+        raise ValueError("linear_silu_triton: TMA needs 16-byte aligned x / weight rows; pass .contiguous() copies or a non-TMA config")
+    (m, k), n = x.shape, weight.shape[0]
+    programs = min(torch.cuda.get_device_properties(x.device).multi_processor_count,
+                   triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n))
+    _linear_silu_tma_kernel[(programs,)](
+        TensorDescriptor.from_tensor(x, [c.block_m, c.block_k]),
+        TensorDescriptor.from_tensor(weight, [c.block_n, c.block_k]),
+        TensorDescriptor.from_tensor(out, [c.block_m, c.block_n]),
+        out if bias is None else bias, m, n, k,
+        HAS_BIAS=bias is not None, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
+        PROGRAMS=programs, num_stages=c.num_stages, num_warps=c.num_warps,
+    )
 
 
 def bench_linear_silu(
@@ -205,7 +264,7 @@ def bench_linear_silu(
         x = torch.randn(m, K, device="cuda", dtype=dtype, generator=gen)
         torch_ms = graph_ms(lambda: linear_silu_reference(x, weight, bias), rep_ms)[0]
         chosen = select_config(m, dtype)
-        for name in [c for c in CONFIGS if c != "fp32"] if sweep else [chosen]:
+        for name in [c for c in CONFIGS if c != "fp32" and (m > 128 or not CONFIGS[c].tma)] if sweep else [chosen]:
             ms = graph_ms(lambda: linear_silu_triton(x, weight, bias, config=name), rep_ms)[0]
             label = name + ("*" if sweep and name == chosen else "")
             rows.append(dict(M=m, config=label, triton_ms=ms, torch_ms=torch_ms, speedup=torch_ms / ms))

@@ -118,6 +118,12 @@ def test_unknown_config_raises():
         linear_silu_triton(torch.zeros(4, 16, device=dev), torch.zeros(8, 16, device=dev), config="huge")
 
 
+@needs_interpreter
+def test_tma_config_off_gpu_raises():
+    with pytest.raises(ValueError, match="TMA configs need 16-bit CUDA tensors"):
+        linear_silu_triton(torch.zeros(4, 16), torch.zeros(8, 16), config="tma_large")
+
+
 _AOT = """
 import sys
 from sm90_build import build
@@ -125,10 +131,16 @@ from sglang_lilicorr.kernels import ffn_silu as fs
 
 for name, c in fs.CONFIGS.items():
     t = "*fp32" if name == "fp32" else "*bf16"
-    consts = dict(HAS_BIAS=True, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
-                  EVEN_K=True, IEEE_F32=name == "fp32")
-    r = build(fs._linear_silu_kernel, [t] * 4 + ["i32"] * 6 + ["constexpr"] * 7, consts,
-              aligned=(0, 1, 2, 3, 5, 6, 7, 8, 9), num_warps=c.num_warps, num_stages=c.num_stages)  # pointers, N, K, strides
+    tiles = dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m)
+    if c.tma:  # descriptors of the x, weight and output tiles, then bias, M, N, K
+        descs = [f"tensordesc<bf16[{a}, {b}]>" for a, b in ((c.block_m, c.block_k), (c.block_n, c.block_k), (c.block_m, c.block_n))]
+        r = build(fs._linear_silu_tma_kernel, descs + [t] + ["i32"] * 3 + ["constexpr"] * 6, dict(HAS_BIAS=True, PROGRAMS=132, **tiles),
+                  aligned=(3, 5, 6), num_warps=c.num_warps, num_stages=c.num_stages)
+        if "cp.async.bulk.tensor" not in r["ptx"]:
+            sys.exit(f"{name} does not load by TMA")
+    else:
+        r = build(fs._linear_silu_kernel, [t] * 4 + ["i32"] * 6 + ["constexpr"] * 7, dict(HAS_BIAS=True, EVEN_K=True, IEEE_F32=name == "fp32", **tiles),
+                  aligned=(0, 1, 2, 3, 5, 6, 7, 8, 9), num_warps=c.num_warps, num_stages=c.num_stages)  # pointers, N, K, strides
     print(name, c, "registers", r["registers"], "spill bytes", r["spills"], "smem", r["shared"])
     if r["spills"]:
         sys.exit(f"{name} spills {r['spills']} bytes")
@@ -142,7 +154,7 @@ print("compiled", len(fs.CONFIGS))
 
 def test_kernel_compiles_for_sm90_without_spills():
     """Every launch config lowered to sm_90 (bf16, fp32 for the fp32 config) in a fresh process:
-    no register spills, fits shared memory, 16-bit configs use wgmma."""
+    no register spills, fits shared memory, 16-bit configs use wgmma, TMA configs load by TMA."""
     assert f"compiled {len(CONFIGS)}" in check_in_fresh_process(_AOT)
 
 
@@ -168,6 +180,22 @@ def test_gpu_paper_shapes_bf16_and_graph_replay(m):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA or INTERPRETER, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("config", [name for name, c in CONFIGS.items() if c.tma])
+@pytest.mark.parametrize("m", [130, 3840])
+def test_gpu_tma_configs(config, m):
+    """The persistent TMA kernel: partial row tiles (M = 130) and the paper's largest M, bf16 with
+    bias, within 2e-2 of the PyTorch path; graph replay equals eager."""
+    g = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16, generator=g)
+    weight = (torch.randn(2048, 1024, device="cuda", generator=g) / 32).bfloat16()
+    bias = torch.randn(2048, device="cuda", dtype=torch.bfloat16, generator=g)
+    eager = linear_silu_triton(x, weight, bias, config=config)
+    torch.testing.assert_close(eager, F.silu(F.linear(x, weight, bias)), atol=2e-2, rtol=2e-2)
+    assert torch.equal(graph_replay(lambda: linear_silu_triton(x, weight, bias, config=config)), eager)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA or INTERPRETER, reason="needs a CUDA GPU")
 def test_gpu_fp32_exact(monkeypatch):
     """fp32 (IEEE FMA dots, TF32 off in the reference) to 1e-4, so the fp32 select path stays exact."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
@@ -181,4 +209,5 @@ def test_gpu_bench_table():
     """Every 16-bit config at the paper M's against cuBLAS GEMM + SiLU (graph replay); `pytest -s` prints it."""
     rows = bench_linear_silu(sweep=True, rep_ms=50)
     print("\n" + torch.cuda.get_device_name() + "\n" + format_bench(rows))
-    assert len(rows) == 4 * (len(CONFIGS) - 1) and all(r["triton_ms"] > 0 and r["torch_ms"] > 0 for r in rows)
+    tma = sum(c.tma for c in CONFIGS.values())  # not timed at M = 120
+    assert len(rows) == 4 * (len(CONFIGS) - 1) - tma and all(r["triton_ms"] > 0 and r["torch_ms"] > 0 for r in rows)
