@@ -296,8 +296,13 @@ class FastLiLiCorrSelect:
         from .kernels.head_norm import row_bias_silu_triton
         from .kernels.head_scores import lattice_cosine_triton
 
+        from .kernels.ffn_silu import linear_silu_triton, prefer_triton
+
         d, k = self.factor_dim, self.topk
-        fused = row_bias_silu_triton(F.linear(cat, self.w_factor), anchor[:, d:], rows_per_group=s * k)  # [b*L, H]
+        if prefer_triton(cat.shape[0], "factor"):  # GEMM with the per-request bias + SiLU in its epilogue
+            fused = linear_silu_triton(cat, self.w_factor, row_bias=anchor[:, d:], rows_per_group=s * k, use="factor")
+        else:
+            fused = row_bias_silu_triton(F.linear(cat, self.w_factor), anchor[:, d:], rows_per_group=s * k)  # [b*L, H]
         edges = F.linear(fused, self.w_edge, self.b_edge).view(b, s, k, 2 * d)
         return lattice_cosine_triton(edges, anchor[:, :d], self.sigma, self.vector_eps)
 
