@@ -74,15 +74,17 @@ CONFIGS = {
 #   factor  factor_input_proj over concat[h, h*t] with the per-request anchor term as row bias, then
 #           SiLU: K = 2H, N = H (paper: K = 2048, N = 1024)
 CONFIG_BY_ROWS = {
-    "ffn_up": (  # H200, c5ed4eb (ms ours / cuBLAS + SiLU)
-        (128, "skinny", True),  # M = 120: 0.0095 / 0.0118
-        (512, "small", False),  # M = 480: 0.0133 / 0.0130 (tma_large 0.0196)
-        (1024, "small", False),  # not measured
-        (None, "tma_large", True),  # M = 1920: 0.0208 / 0.0242; M = 3840: 0.0352 / 0.0382
+    "ffn_up": (  # H200, b3b4862 (ms ours / cuBLAS + SiLU)
+        (128, "skinny", True),  # M = 120: 0.0096 / 0.0116
+        (512, "small", False),  # M = 480: 0.0134 / 0.0130
+        (1024, "tma_medium", True),  # M = 960: 0.0149 / 0.0167
+        (None, "tma_large", True),  # M = 1920: 0.0208 / 0.0239; M = 3840: 0.0351 / 0.0381
     ),
-    "factor": (  # not yet measured: cuBLAS + the row-bias SiLU pass everywhere
-        (128, "skinny", False),
-        (None, "tma_medium", False),
+    "factor": (  # H200, b3b4862 (ms ours / cuBLAS + the row-bias SiLU pass)
+        (512, "skinny", True),  # M = 120: 0.0118 / 0.0176; M = 480: 0.0140 / 0.0192
+        (1024, "small", True),  # M = 960: 0.0188 / 0.0229
+        (2048, "tma_medium", True),  # M = 1920: 0.0217 / 0.0320
+        (None, "large", True),  # M = 3840: 0.0350 / 0.0504 (tma_large: out of shared memory with a row bias)
     ),
 }
 

@@ -95,7 +95,7 @@ def test_config_table():
     for bands in CONFIG_BY_ROWS.values():
         assert all(name in CONFIGS and name != "fp32" for _, name, _ in bands)
         assert bands[-1][0] is None  # the last band is unbounded
-    assert [select_config(m, torch.bfloat16) for m in (120, 480, 1920, 3840)] == ["skinny", "small", "tma_large", "tma_large"]
+    assert [select_config(m, torch.bfloat16) for m in (120, 480, 960, 1920, 3840)] == ["skinny", "small", "tma_medium", "tma_large", "tma_large"]
     assert select_config(3840, torch.float32) == "fp32"
     assert all(isinstance(prefer_triton(m, use), bool) for m in (1, 120, 480, 1920, 3840, 10**6) for use in CONFIG_BY_ROWS)
     with pytest.raises(ValueError, match="use 'attn' unknown"):
