@@ -80,11 +80,13 @@ CONFIG_BY_ROWS = {
         (1024, "tma_medium", True),  # M = 960: 0.0149 / 0.0167
         (None, "tma_large", True),  # M = 1920: 0.0208 / 0.0239; M = 3840: 0.0351 / 0.0381
     ),
-    "factor": (  # H200, b3b4862 (ms ours / cuBLAS + the row-bias SiLU pass)
-        (512, "skinny", True),  # M = 120: 0.0118 / 0.0176; M = 480: 0.0140 / 0.0192
-        (1024, "small", True),  # M = 960: 0.0188 / 0.0229
-        (2048, "tma_medium", True),  # M = 1920: 0.0217 / 0.0320
-        (None, "large", True),  # M = 3840: 0.0350 / 0.0504 (tma_large: out of shared memory with a row bias)
+    "factor": (  # H200, b3b4862 / eb10a85: the head's factors stage 0.074 -> 0.077 ms at b = 32, 0.045 -> 0.045 at
+        # b = 16 with this kernel (its sweep row then compared against a 3-pass PyTorch epilogue, not
+        # against F.linear + row_bias_silu_triton as now): cuBLAS + the row-bias SiLU pass everywhere
+        (512, "skinny", False),
+        (1024, "small", False),
+        (2048, "tma_medium", False),
+        (None, "large", False),
     ),
 }
 
@@ -292,7 +294,7 @@ def bench_linear_silu(
     """On CUDA, at `use`'s paper shape (BENCH_SHAPES; factor with its row bias, 120 rows per
     request): ms per call (median of triton.testing.do_bench over the replay of a CUDA graph that
     captured one call; do_bench flushes L2 between calls) of linear_silu_triton and of cuBLAS + the
-    PyTorch epilogue at each M -> rows {use, M, config, triton_ms, torch_ms, speedup}. With sweep,
+    head's other epilogue (ffn_up: F.silu; factor: row_bias_silu_triton) at each M -> rows {use, M, config, triton_ms, torch_ms, speedup}. With sweep,
     one row per 16-bit config at each M (the selected one is marked with '*'); a config that does
     not fit (shared memory) is reported with triton_ms None."""
     from .graph_timing import graph_ms
@@ -307,10 +309,12 @@ def bench_linear_silu(
     rows = []
     for m in m_list:
         x = torch.randn(m, K, device="cuda", dtype=dtype, generator=gen)
-        if use == "factor":  # no column bias; the per-request term as row bias
+        if use == "factor":  # no column bias; the per-request term as row bias, against the head's other path
+            from .head_norm import row_bias_silu_triton
+
             row_bias = torch.randn(triton.cdiv(m, 120), N, device="cuda", dtype=dtype, generator=gen)
             kw = dict(row_bias=row_bias, rows_per_group=120)
-            reference = lambda: F.silu(F.linear(x, weight) + row_bias.repeat_interleave(120, 0)[:m])  # noqa: E731
+            reference = lambda: row_bias_silu_triton(F.linear(x, weight), row_bias, rows_per_group=120)  # noqa: E731
         else:
             kw = dict(bias=bias)
             reference = lambda: linear_silu_reference(x, weight, bias)  # noqa: E731
