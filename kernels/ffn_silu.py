@@ -1,15 +1,12 @@
-"""A linear layer with its bias + SiLU epilogue in one Triton GEMM (paper App. A), for the head's
-two GEMM + SiLU pairs at serving time:
+"""The lattice FFN's up projection with its bias + SiLU epilogue in one Triton GEMM (paper App. A).
 
-  ffn_up  SiluMLP's up projection: silu(x @ W_up^T + b_up)                  (cuBLAS GEMM + a SiLU pass)
-  factor  the fusion MLP: silu(concat[h, h*t] @ W^T + (W_t t + b)[request])  (cuBLAS GEMM + a row-bias
-          SiLU pass): the per-request term enters as `row_bias` [G, N], row r taking row_bias[r // rows_per_group]
+Replaces F.silu(F.linear(x, W_up, b_up)) in SiluMLP at serving time (cuBLAS GEMM + a SiLU pass):
 
   x      [M, K]   rows = b * L lattice nodes; any row stride, unit stride along K
   weight [N, K]   nn.Linear layout (out x in); any row stride, unit stride along K
   bias   [N]      or None
-  out    [M, N]   contiguous, in x's dtype; fp32 accumulation, SiLU in fp32, one rounding (PyTorch
-                  rounds twice: after the GEMM and after the SiLU)
+  out    [M, N]   silu(x @ weight.T + bias), contiguous, in x's dtype; fp32 accumulation, SiLU in
+                  fp32, one rounding (PyTorch rounds twice: after the GEMM and after the SiLU)
 
 Two kernels, the same epilogue:
   _linear_silu_kernel      one program per [BLOCK_M, BLOCK_N] output tile, pointer loads; rows and
@@ -21,10 +18,10 @@ Two kernels, the same epilogue:
 Both take tiles in grouped order (GROUP_M row tiles sweep the column tiles together) so the weight
 tiles a group reads stay in L2.
 
-Launch configs come from static tables chosen by use and M (CONFIG_BY_ROWS; no autotuning, so a CUDA
-graph can capture the first call). `prefer_triton(M, use)` says whether to take this kernel over
-cuBLAS + the separate pass; update the tables from `python -m sglang_lilicorr.kernels.ffn_silu` on the
-serving GPU. Paper shapes: M = 120 * b.
+Launch configs come from a static table chosen by M (CONFIG_BY_ROWS; no autotuning, so a CUDA graph
+can capture the first call). `prefer_triton(M)` says whether to take this kernel over cuBLAS + SiLU;
+update the table from `python -m sglang_lilicorr.kernels.ffn_silu` on the serving GPU. Paper shape
+K = 1024, N = 2048, M = 120 * b.
   skinny  64 x 32 tiles, BLOCK_K 128, 4 warps: 128 programs at M = 120 (one wave on 132 SMs); latency-bound.
   small   64 x 128, BLOCK_K 64, 4 warps, 4 stages.
   medium  128 x 128, BLOCK_K 64, 8 warps, 4 stages.      large  128 x 256, BLOCK_K 64, 8 warps, 3 stages.
@@ -43,6 +40,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
+
+from .device import sm_count, sm_major
 
 
 class LaunchConfig(NamedTuple):
@@ -68,44 +67,28 @@ CONFIGS = {
 
 # (largest M of the row band, config for 16-bit inputs, prefer Triton over cuBLAS GEMM + SiLU);
 # the first band with M <= bound applies, None = unbounded
-# Per use: (largest M of the row band, config for 16-bit inputs, prefer Triton over cuBLAS + the
-# separate epilogue pass); the first band with M <= bound applies, None = unbounded.
-#   ffn_up  SiluMLP's up projection: K = H, N = 2H, bias (paper: K = 1024, N = 2048)
-#   factor  factor_input_proj over concat[h, h*t] with the per-request anchor term as row bias, then
-#           SiLU: K = 2H, N = H (paper: K = 2048, N = 1024)
-CONFIG_BY_ROWS = {
-    "ffn_up": (  # H200, b3b4862 (ms ours / cuBLAS + SiLU)
-        (128, "skinny", True),  # M = 120: 0.0096 / 0.0116
-        (512, "small", False),  # M = 480: 0.0134 / 0.0130
-        (1024, "tma_medium", True),  # M = 960: 0.0149 / 0.0167
-        (None, "tma_large", True),  # M = 1920: 0.0208 / 0.0239; M = 3840: 0.0351 / 0.0381
-    ),
-    "factor": (  # H200, b3b4862 / eb10a85: the head's factors stage 0.074 -> 0.077 ms at b = 32, 0.045 -> 0.045 at
-        # b = 16 with this kernel (its sweep row then compared against a 3-pass PyTorch epilogue, not
-        # against F.linear + row_bias_silu_triton as now): cuBLAS + the row-bias SiLU pass everywhere
-        (512, "skinny", False),
-        (1024, "small", False),
-        (2048, "tma_medium", False),
-        (None, "large", False),
-    ),
-}
+# (largest M of the row band, config for 16-bit inputs, prefer Triton over cuBLAS GEMM + SiLU);
+# the first band with M <= bound applies, None = unbounded
+CONFIG_BY_ROWS = (  # H200, b3b4862 (bf16, K = 1024, N = 2048; ms ours / cuBLAS + SiLU)
+    (128, "skinny", True),  # M = 120: 0.0096 / 0.0116
+    (512, "small", False),  # M = 480: 0.0134 / 0.0130
+    (1024, "tma_medium", True),  # M = 960: 0.0149 / 0.0167
+    (None, "tma_large", True),  # M = 1920: 0.0208 / 0.0239; M = 3840: 0.0351 / 0.0381
+)
 
 
-def _band(m: int, use: str) -> tuple:
-    if use not in CONFIG_BY_ROWS:
-        raise ValueError(f"linear_silu: use {use!r} unknown; one of {sorted(CONFIG_BY_ROWS)}")
-    return next(row for row in CONFIG_BY_ROWS[use] if row[0] is None or m <= row[0])
+def _band(m: int) -> tuple:
+    return next(row for row in CONFIG_BY_ROWS if row[0] is None or m <= row[0])
 
 
-def select_config(m: int, dtype: torch.dtype, use: str = "ffn_up") -> str:
+def select_config(m: int, dtype: torch.dtype) -> str:
     """Name of the launch config for M rows of `dtype` (fp32 has its own small-tile config)."""
-    return "fp32" if dtype == torch.float32 else _band(m, use)[1]
+    return "fp32" if dtype == torch.float32 else _band(m)[1]
 
 
-def prefer_triton(m: int, use: str = "ffn_up") -> bool:
-    """Whether linear_silu_triton beats cuBLAS + the separate epilogue pass at M rows for `use`
-    (from bench_linear_silu)."""
-    return _band(m, use)[2]
+def prefer_triton(m: int) -> bool:
+    """Whether linear_silu_triton beats F.silu(F.linear(...)) at M rows (from bench_linear_silu)."""
+    return _band(m)[2]
 
 
 @triton.jit
@@ -120,20 +103,17 @@ def _tile_coords(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP
 
 
 @triton.jit
-def _bias_silu(acc, b_ptr, rb_ptr, rb_stride, rows_per_group, rm, rn, M, N, HAS_BIAS: tl.constexpr, HAS_ROW_BIAS: tl.constexpr):
-    """acc [BLOCK_M, BLOCK_N] fp32 + bias[col] + row_bias[row // rows_per_group, col] -> SiLU, fp32."""
+def _bias_silu(acc, b_ptr, rn, N, HAS_BIAS: tl.constexpr):
+    """acc [BLOCK_M, BLOCK_N] fp32 (+ bias[col]) -> SiLU, fp32."""
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    if HAS_ROW_BIAS:
-        group = (tl.minimum(rm, M - 1) // rows_per_group).to(tl.int64)
-        acc += tl.load(rb_ptr + group[:, None] * rb_stride + rn[None, :], mask=(rn < N)[None, :], other=0.0).to(tl.float32)
-    return acc / (1.0 + tl.exp(-acc))  # SiLU in fp32
+    return acc / (1.0 + tl.exp(-acc))
 
 
 @triton.jit
 def _linear_silu_kernel(
-    x_ptr, w_ptr, b_ptr, rb_ptr, rb_stride, rows_per_group, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
-    HAS_BIAS: tl.constexpr, HAS_ROW_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, IEEE_F32: tl.constexpr,
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -161,15 +141,15 @@ def _linear_silu_kernel(
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
 
-    y = _bias_silu(acc, b_ptr, rb_ptr, rb_stride, rows_per_group, rm, rn, M, N, HAS_BIAS, HAS_ROW_BIAS)
+    y = _bias_silu(acc, b_ptr, rn, N, HAS_BIAS)
     out = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
     tl.store(out, y.to(out_ptr.dtype.element_ty), mask=(rm < M)[:, None] & (rn < N)[None, :])
 
 
 @triton.jit
 def _linear_silu_tma_kernel(
-    x_desc, w_desc, out_desc, b_ptr, rb_ptr, rb_stride, rows_per_group, M, N, K,
-    HAS_BIAS: tl.constexpr, HAS_ROW_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_desc, w_desc, out_desc, b_ptr, M, N, K,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, PROGRAMS: tl.constexpr,
 ):
     """Persistent: PROGRAMS programs stride over the output tiles; x / weight tiles arrive by TMA
@@ -184,7 +164,7 @@ def _linear_silu_tma_kernel(
             b = w_desc.load([off_n, k * BLOCK_K])  # [BLOCK_N, BLOCK_K]
             acc = tl.dot(a, b.T, acc)
         rm, rn = off_m + tl.arange(0, BLOCK_M), off_n + tl.arange(0, BLOCK_N)
-        y = _bias_silu(acc, b_ptr, rb_ptr, rb_stride, rows_per_group, rm, rn, M, N, HAS_BIAS, HAS_ROW_BIAS)
+        y = _bias_silu(acc, b_ptr, rn, N, HAS_BIAS)
         out_desc.store([off_m, off_n], y.to(out_desc.dtype))
 
 
@@ -226,50 +206,37 @@ def linear_silu_triton(
     weight: torch.Tensor,  # [N, K] (nn.Linear), unit stride along K
     bias: torch.Tensor | None = None,  # [N]
     *,
-    row_bias: torch.Tensor | None = None,  # [G, N] unit column stride: + row_bias[row // rows_per_group]
-    rows_per_group: int = 1,
-    config: str | LaunchConfig | None = None,  # a CONFIGS key or a LaunchConfig; None: select_config(M, dtype, use)
-    use: str = "ffn_up",  # which CONFIG_BY_ROWS table picks the config
+    config: str | LaunchConfig | None = None,  # a CONFIGS key or a LaunchConfig; None: select_config(M, dtype)
 ) -> torch.Tensor:
-    """-> silu(x @ weight.T + bias + row_bias[row // rows_per_group]) [M, N] in x's dtype, fp32
-    accumulation, one launch."""
+    """-> silu(x @ weight.T + bias) [M, N] in x's dtype, fp32 accumulation, one launch."""
     _check(x, weight, bias)
     if isinstance(config, str) and config not in CONFIGS:
         raise ValueError(f"linear_silu_triton: config {config!r} unknown; use one of {sorted(CONFIGS)}")
     (m, k), n = x.shape, weight.shape[0]
-    if row_bias is not None and (
-        row_bias.dim() != 2 or row_bias.shape[1] != n or row_bias.stride(1) != 1 or rows_per_group < 1
-        or row_bias.shape[0] * rows_per_group < m or row_bias.dtype != x.dtype or row_bias.device != x.device
-    ):
-        raise ValueError(
-            f"linear_silu_triton: row_bias {tuple(row_bias.shape)} ({row_bias.dtype}, strides {row_bias.stride()}) "
-            f"must be [>= M / {rows_per_group}, N = {n}] in x's dtype and device with unit column stride"
-        )
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m and n:
-        c = config if isinstance(config, LaunchConfig) else CONFIGS[config or select_config(m, x.dtype, use)]
-        epilogue = dict(
-            b_ptr=out if bias is None else bias, rb_ptr=out if row_bias is None else row_bias,
-            rb_stride=0 if row_bias is None else row_bias.stride(0), rows_per_group=int(rows_per_group),
-            HAS_BIAS=bias is not None, HAS_ROW_BIAS=row_bias is not None,
+        c = config if isinstance(config, LaunchConfig) else CONFIGS[config or select_config(m, x.dtype)]
+        common = dict(
+            b_ptr=out if bias is None else bias, HAS_BIAS=bias is not None,
             BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
             num_stages=c.num_stages, num_warps=c.num_warps,
         )
         if c.tma:
-            _launch_tma(x, weight, out, epilogue)
+            _launch_tma(x, weight, out, common)
         else:
             _linear_silu_kernel[(triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n),)](
                 x_ptr=x, w_ptr=weight, out_ptr=out, M=m, N=n, K=k,
                 stride_xm=x.stride(0), stride_wn=weight.stride(0), stride_om=out.stride(0),
-                EVEN_K=k % c.block_k == 0, IEEE_F32=x.dtype == torch.float32 or not x.is_cuda, **epilogue,
+                EVEN_K=k % c.block_k == 0, IEEE_F32=x.dtype == torch.float32 or not x.is_cuda, **common,
             )
     return out
 
 
-def _launch_tma(x, weight, out, epilogue: dict) -> None:
+def _launch_tma(x, weight, out, common: dict) -> None:
+    """The persistent TMA kernel with `common` (bias, tiles, launch options): one program per SM."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    if not x.is_cuda or x.dtype == torch.float32 or torch.cuda.get_device_capability(x.device)[0] < 9:
+    if not x.is_cuda or x.dtype == torch.float32 or sm_major(x.device) < 9:
         raise ValueError(
             f"linear_silu_triton: TMA configs need 16-bit CUDA tensors on sm_90+, got {x.dtype} on {x.device}; "
             f"use a non-TMA config"
@@ -277,69 +244,49 @@ def _launch_tma(x, weight, out, epilogue: dict) -> None:
     if any(t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16 for t in (x, weight)):
         raise ValueError("linear_silu_triton: TMA needs 16-byte aligned x / weight rows; pass .contiguous() copies or a non-TMA config")
     (m, k), n = x.shape, weight.shape[0]
-    bm, bn, bk = epilogue["BLOCK_M"], epilogue["BLOCK_N"], epilogue["BLOCK_K"]
-    programs = min(torch.cuda.get_device_properties(x.device).multi_processor_count, triton.cdiv(m, bm) * triton.cdiv(n, bn))
+    bm, bn, bk = common["BLOCK_M"], common["BLOCK_N"], common["BLOCK_K"]
+    programs = min(sm_count(x.device), triton.cdiv(m, bm) * triton.cdiv(n, bn))
     _linear_silu_tma_kernel[(programs,)](
         x_desc=TensorDescriptor.from_tensor(x, [bm, bk]), w_desc=TensorDescriptor.from_tensor(weight, [bn, bk]),
-        out_desc=TensorDescriptor.from_tensor(out, [bm, bn]), M=m, N=n, K=k, PROGRAMS=programs, **epilogue,
+        out_desc=TensorDescriptor.from_tensor(out, [bm, bn]), M=m, N=n, K=k, PROGRAMS=programs, **common,
     )
 
 
-BENCH_SHAPES = {"ffn_up": (1024, 2048), "factor": (2048, 1024)}  # use -> (K, N) at the paper config
-
-
 def bench_linear_silu(
-    m_list=(120, 480, 960, 1920, 3840), *, use: str = "ffn_up", dtype=torch.bfloat16, sweep: bool = False, rep_ms: int = 100
+    m_list=(120, 480, 960, 1920, 3840), K: int = 1024, N: int = 2048, *, dtype=torch.bfloat16, sweep: bool = False, rep_ms: int = 100
 ) -> list[dict]:
-    """On CUDA, at `use`'s paper shape (BENCH_SHAPES; factor with its row bias, 120 rows per
-    request): ms per call (median of triton.testing.do_bench over the replay of a CUDA graph that
-    captured one call; do_bench flushes L2 between calls) of linear_silu_triton and of cuBLAS + the
-    head's other epilogue (ffn_up: F.silu; factor: row_bias_silu_triton) at each M -> rows {use, M, config, triton_ms, torch_ms, speedup}. With sweep,
-    one row per 16-bit config at each M (the selected one is marked with '*'); a config that does
-    not fit (shared memory) is reported with triton_ms None."""
+    """On CUDA: ms per call (median of triton.testing.do_bench over the replay of a CUDA graph that
+    captured one call; do_bench flushes L2 between calls) of linear_silu_triton and of
+    F.silu(F.linear(...)) at each M -> rows {M, config, triton_ms, torch_ms, speedup}. With sweep,
+    one row per 16-bit config at each M (the selected one is marked with '*'; TMA configs from M > 128)."""
     from .graph_timing import graph_ms
 
     if not torch.cuda.is_available():
         raise RuntimeError("bench_linear_silu: needs a CUDA device")
 
-    K, N = BENCH_SHAPES[use]
     gen = torch.Generator(device="cuda").manual_seed(0)
     weight = torch.randn(N, K, device="cuda", dtype=dtype, generator=gen) * K**-0.5
     bias = torch.randn(N, device="cuda", dtype=dtype, generator=gen)
     rows = []
     for m in m_list:
         x = torch.randn(m, K, device="cuda", dtype=dtype, generator=gen)
-        if use == "factor":  # no column bias; the per-request term as row bias, against the head's other path
-            from .head_norm import row_bias_silu_triton
-
-            row_bias = torch.randn(triton.cdiv(m, 120), N, device="cuda", dtype=dtype, generator=gen)
-            kw = dict(row_bias=row_bias, rows_per_group=120)
-            reference = lambda: row_bias_silu_triton(F.linear(x, weight), row_bias, rows_per_group=120)  # noqa: E731
-        else:
-            kw = dict(bias=bias)
-            reference = lambda: linear_silu_reference(x, weight, bias)  # noqa: E731
-        torch_ms = graph_ms(reference, rep_ms)[0]
-        chosen = select_config(m, dtype, use)
+        torch_ms = graph_ms(lambda: linear_silu_reference(x, weight, bias), rep_ms)[0]
+        chosen = select_config(m, dtype)
         for name in [c for c in CONFIGS if c != "fp32" and (m > 128 or not CONFIGS[c].tma)] if sweep else [chosen]:
-            try:
-                ms = graph_ms(lambda: linear_silu_triton(x, weight, config=name, **kw), rep_ms)[0]
-            except Exception as e:  # noqa: BLE001  (out of shared memory for this epilogue: reported, not fatal)
-                print(f"{use} M={m} {name}: {type(e).__name__}: {str(e)[:120]}")
-                ms = None
+            ms = graph_ms(lambda: linear_silu_triton(x, weight, bias, config=name), rep_ms)[0]
             label = name + ("*" if sweep and name == chosen else "")
-            rows.append(dict(use=use, M=m, config=label, triton_ms=ms, torch_ms=torch_ms, speedup=ms and torch_ms / ms))
+            rows.append(dict(M=m, config=label, triton_ms=ms, torch_ms=torch_ms, speedup=torch_ms / ms))
     return rows
 
 
 def format_bench(rows: list[dict]) -> str:
     """The rows of bench_linear_silu as a text table."""
-    lines = [f"{'use':>7} {'M':>6} {'config':>11} {'triton ms':>10} {'torch ms':>10} {'speedup':>8}"]
-    for r in rows:
-        ms, sp = ("n/a", "n/a") if r["triton_ms"] is None else (f"{r['triton_ms']:.4f}", f"{r['speedup']:.2f}")
-        lines.append(f"{r['use']:>7} {r['M']:>6} {r['config']:>11} {ms:>10} {r['torch_ms']:>10.4f} {sp:>8}")
+    lines = [f"{'M':>6} {'config':>11} {'triton ms':>10} {'torch ms':>10} {'speedup':>8}"]
+    lines += [f"{r['M']:>6} {r['config']:>11} {r['triton_ms']:>10.4f} {r['torch_ms']:>10.4f} {r['speedup']:>8.2f}" for r in rows]
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    print(f"{torch.cuda.get_device_name()}, bf16, triton {triton.__version__}, torch {torch.__version__}")
-    print(format_bench([row for use in BENCH_SHAPES for row in bench_linear_silu(use=use, sweep=True)]))
+    table = format_bench(bench_linear_silu(sweep=True))
+    print(f"{torch.cuda.get_device_name()}, K = 1024, N = 2048, bf16, triton {triton.__version__}, torch {torch.__version__}")
+    print(table)

@@ -19,13 +19,13 @@ or removed slot. Sub-tile keys use the same map with the sub-tile's index.
 """
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from .device import sm_count
 from .topk_lse import check_topk_lse_args, topk_lse_reference
 
 SENTINEL = tl.constexpr(-(2**63))  # below every ordering key
@@ -192,20 +192,13 @@ def _topk_lse_merge_kernel(
     _store_sorted(tl.reshape(keys, [SP * KP]), slots, vals_ptr + row * K, ids_ptr + row * K, K)
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1  # Triton's CPU interpreter: a few splits, so tests cover the merge stage
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def split_plan(n_rows: int, vocab: int, device: torch.device, launch: TopKLaunch = LAUNCH) -> tuple[int, int]:
     """(splits per row, logits per split), from N: about one wave of split programs on the GPU
     (launch.programs_per_sm per SM), each a run of >= MIN_TILES_PER_SPLIT whole tiles. Paper vocab
     on 132 SMs, 1024-logit tiles, 16 programs per SM: N = 15 -> 19 splits of 8 tiles; 60 -> 19 of 8;
     240 -> 8 of 19; 480 -> 4 of 38; N > 1056 -> 1 (no merge)."""
     tiles = triton.cdiv(vocab, launch.block)
-    want = max(1, launch.programs_per_sm * _sm_count(device) // n_rows)
+    want = max(1, launch.programs_per_sm * sm_count(device) // n_rows)  # CPU interpreter: 1 SM, a few splits
     tiles_per_split = max(triton.cdiv(tiles, min(want, tiles)), min(MIN_TILES_PER_SPLIT, tiles))
     return triton.cdiv(tiles, tiles_per_split), tiles_per_split * launch.block
 

@@ -161,17 +161,14 @@ class FastLiLiCorrSelect:
 
     # --- stages ------------------------------------------------------------------------------
 
-    def _check_lm_head(self, lm_head_weight: torch.Tensor, hm: int) -> None:
+    def candidates(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor):
+        """hidden [b, S, Hm], lm_head_weight [V, Hm] -> (vals fp32 [b, S, K], ids [b, S, K], lse fp32 [b, S])."""
+        b, s, hm = hidden.shape
         if lm_head_weight.dim() != 2 or lm_head_weight.shape != (self.token_table.shape[0], hm):
             raise ValueError(
                 f"select: lm_head_weight must be [{self.token_table.shape[0]}, {hm}] (vocabulary x hidden), "
                 f"got {tuple(lm_head_weight.shape)}."
             )
-
-    def candidates(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor):
-        """hidden [b, S, Hm], lm_head_weight [V, Hm] -> (vals fp32 [b, S, K], ids [b, S, K], lse fp32 [b, S])."""
-        b, s, hm = hidden.shape
-        self._check_lm_head(lm_head_weight, hm)
         logits = F.linear(hidden.reshape(b * s, hm).to(lm_head_weight.dtype), lm_head_weight)  # [b*S, V]
         return self._candidates_from_logits(logits, b, s)
 
@@ -296,13 +293,8 @@ class FastLiLiCorrSelect:
         from .kernels.head_norm import row_bias_silu_triton
         from .kernels.head_scores import lattice_cosine_triton
 
-        from .kernels.ffn_silu import linear_silu_triton, prefer_triton
-
         d, k = self.factor_dim, self.topk
-        if prefer_triton(cat.shape[0], "factor"):  # GEMM with the per-request bias + SiLU in its epilogue
-            fused = linear_silu_triton(cat, self.w_factor, row_bias=anchor[:, d:], rows_per_group=s * k, use="factor")
-        else:
-            fused = row_bias_silu_triton(F.linear(cat, self.w_factor), anchor[:, d:], rows_per_group=s * k)  # [b*L, H]
+        fused = row_bias_silu_triton(F.linear(cat, self.w_factor), anchor[:, d:], rows_per_group=s * k)  # [b*L, H]
         edges = F.linear(fused, self.w_edge, self.b_edge).view(b, s, k, 2 * d)
         return lattice_cosine_triton(edges, anchor[:, :d], self.sigma, self.vector_eps)
 
@@ -351,17 +343,16 @@ class FastLiLiCorrSelect:
         if logits.dim() != 2 or logits.shape[0] != b * s or logits.shape[1] != self.token_table.shape[0]:
             raise ValueError(f"select: logits must be [{b * s}, {self.token_table.shape[0]}] (b*S x V), got {tuple(logits.shape)}.")
         with torch.no_grad():
-            candidates = self._candidates_from_logits(logits, *hidden.shape[:2])
+            candidates = self._candidates_from_logits(logits, b, s)
         return self.select_from_candidates(*candidates, hidden, anchor_hidden)
 
     def select(self, hidden: torch.Tensor, anchor_hidden: torch.Tensor, lm_head_weight: torch.Tensor):
         """hidden [b, S, Hm] drafter slot states, anchor_hidden [b, Hm], lm_head_weight [V, Hm]
         -> (draft token ids [b, S], candidate ids [b, S, K], candidate log-probs fp32 [b, S, K])."""
-        b, s = self._check(hidden, anchor_hidden)
-        self._check_lm_head(lm_head_weight, hidden.shape[-1])
+        self._check(hidden, anchor_hidden)
         with torch.no_grad():
-            logits = F.linear(hidden.reshape(b * s, -1).to(lm_head_weight.dtype), lm_head_weight)  # [b*S, V]
-        return self.select_from_logits(logits, hidden, anchor_hidden)
+            vals, ids, lse = self.candidates(hidden, lm_head_weight)
+        return self.select_from_candidates(vals, ids, lse, hidden, anchor_hidden)
 
     __call__ = select
 

@@ -51,19 +51,6 @@ def test_matches_pytorch(gen, m, k, n, config, with_bias):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("config", ["skinny", "small"])
-def test_row_bias_per_request(gen, config):
-    """The factor use: no column bias, + row_bias[row // rows_per_group] (a strided view, as the
-    anchor's t-block is), 3 requests of 7 rows."""
-    x, weight = torch.randn(21, 48, generator=gen), torch.randn(40, 48, generator=gen) / 48**0.5
-    row_bias = torch.randn(3, 45, generator=gen)[:, 5:]
-    out = linear_silu_triton(x, weight, row_bias=row_bias, rows_per_group=7, config=config)
-    torch.testing.assert_close(out, F.silu(F.linear(x, weight) + row_bias.repeat_interleave(7, 0)), atol=1e-4, rtol=1e-4)
-    with pytest.raises(ValueError, match="row_bias"):
-        linear_silu_triton(x, weight, row_bias=row_bias, rows_per_group=6)  # 3 groups of 6 < 21 rows
-
-
-@needs_interpreter
 def test_strided_rows_and_grouped_order(gen):
     """x and weight as column slices of wider buffers (row stride > K); 19 x 4 tiles of 16 x 16
     in groups of GROUP_M = 8 row tiles (the last group 3): every tile is written."""
@@ -92,14 +79,11 @@ def test_bf16_and_wiring_equals_silu_mlp(gen):
 
 def test_config_table():
     """Every row band names a known 16-bit config; the paper shapes pick skinny / small / large."""
-    for bands in CONFIG_BY_ROWS.values():
-        assert all(name in CONFIGS and name != "fp32" for _, name, _ in bands)
-        assert bands[-1][0] is None  # the last band is unbounded
+    assert all(name in CONFIGS and name != "fp32" for _, name, _ in CONFIG_BY_ROWS)
+    assert CONFIG_BY_ROWS[-1][0] is None  # the last band is unbounded
     assert [select_config(m, torch.bfloat16) for m in (120, 480, 960, 1920, 3840)] == ["skinny", "small", "tma_medium", "tma_large", "tma_large"]
     assert select_config(3840, torch.float32) == "fp32"
-    assert all(isinstance(prefer_triton(m, use), bool) for m in (1, 120, 480, 1920, 3840, 10**6) for use in CONFIG_BY_ROWS)
-    with pytest.raises(ValueError, match="use 'attn' unknown"):
-        prefer_triton(120, "attn")
+    assert all(isinstance(prefer_triton(m), bool) for m in (1, 120, 480, 1920, 3840, 10**6))
 
 
 def test_empty_rows():
@@ -145,39 +129,33 @@ import sys
 from sm90_build import build
 from sglang_lilicorr.kernels import ffn_silu as fs
 
-row_bias_configs = {name for _, name, _ in fs.CONFIG_BY_ROWS["factor"]} | {"fp32"}
-builds = [(name, c, rb) for name, c in fs.CONFIGS.items() for rb in (False, True) if not rb or name in row_bias_configs]
-for name, c, rb in builds:
+for name, c in fs.CONFIGS.items():
     t = "*fp32" if name == "fp32" else "*bf16"
-    tiles = dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m, HAS_BIAS=not rb, HAS_ROW_BIAS=rb)
-    if c.tma:  # descriptors of the x, weight and output tiles, then bias, row bias, its stride, rows per group, M, N, K
+    tiles = dict(HAS_BIAS=True, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m)
+    if c.tma:  # descriptors of the x, weight and output tiles, then bias, M, N, K
         descs = [f"tensordesc<bf16[{a}, {b}]>" for a, b in ((c.block_m, c.block_k), (c.block_n, c.block_k), (c.block_m, c.block_n))]
-        r = build(fs._linear_silu_tma_kernel, descs + [t, t] + ["i32"] * 5 + ["constexpr"] * 7, dict(PROGRAMS=132, **tiles),
-                  aligned=(3, 4, 5, 8, 9), num_warps=c.num_warps, num_stages=c.num_stages)
+        r = build(fs._linear_silu_tma_kernel, descs + [t] + ["i32"] * 3 + ["constexpr"] * 6, dict(PROGRAMS=132, **tiles),
+                  aligned=(3, 5, 6), num_warps=c.num_warps, num_stages=c.num_stages)
         if "cp.async.bulk.tensor" not in r["ptx"]:
             sys.exit(f"{name} does not load by TMA")
     else:
-        r = build(fs._linear_silu_kernel, [t] * 4 + ["i32"] * 2 + [t] + ["i32"] * 6 + ["constexpr"] * 8,
-                  dict(EVEN_K=True, IEEE_F32=name == "fp32", **tiles),
-                  aligned=(0, 1, 2, 3, 4, 6, 8, 9, 10, 11, 12), num_warps=c.num_warps, num_stages=c.num_stages)  # pointers, N, K, strides
-    name = name + (" row_bias" if rb else "")
+        r = build(fs._linear_silu_kernel, [t] * 4 + ["i32"] * 6 + ["constexpr"] * 7, dict(EVEN_K=True, IEEE_F32=name == "fp32", **tiles),
+                  aligned=(0, 1, 2, 3, 5, 6, 7, 8, 9), num_warps=c.num_warps, num_stages=c.num_stages)  # pointers, N, K, strides
     print(name, c, "registers", r["registers"], "spill bytes", r["spills"], "smem", r["shared"])
     if r["spills"]:
         sys.exit(f"{name} spills {r['spills']} bytes")
     if r["shared"] > 227 * 1024:
         sys.exit(f"{name} needs {r['shared']} bytes of shared memory (sm_90 has 227 KiB per block)")
-    if not name.startswith("fp32") and "wgmma.mma_async" not in r["ptx"]:
+    if name != "fp32" and "wgmma.mma_async" not in r["ptx"]:
         sys.exit(f"{name} does not use wgmma")
-print("compiled", len(builds))
+print("compiled", len(fs.CONFIGS))
 """
 
 
 def test_kernel_compiles_for_sm90_without_spills():
-    """Every launch config lowered to sm_90 (bf16, fp32 for the fp32 config) in a fresh process, with
-    a column bias, and with a row bias where the factor table uses the config: no register spills,
-    fits shared memory, 16-bit configs use wgmma, TMA configs load by TMA."""
-    out = check_in_fresh_process(_AOT)
-    assert f"compiled {out.count(' registers ')}" in out
+    """Every launch config lowered to sm_90 (bf16, fp32 for the fp32 config) in a fresh process:
+    no register spills, fits shared memory, 16-bit configs use wgmma, TMA configs load by TMA."""
+    assert f"compiled {len(CONFIGS)}" in check_in_fresh_process(_AOT)
 
 
 # --- GPU: paper shapes in bf16, graph replay, benchmark table ----------------------------------
@@ -214,24 +192,6 @@ def test_gpu_tma_configs(config, m):
     eager = linear_silu_triton(x, weight, bias, config=config)
     torch.testing.assert_close(eager, F.silu(F.linear(x, weight, bias)), atol=2e-2, rtol=2e-2)
     assert torch.equal(graph_replay(lambda: linear_silu_triton(x, weight, bias, config=config)), eager)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not CUDA or INTERPRETER, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("config", sorted({name for _, name, _ in CONFIG_BY_ROWS["factor"]}))
-@pytest.mark.parametrize("m", [120, 3840])
-def test_gpu_factor_row_bias(config, m):
-    """The factor use at the paper shape (K = 2048, N = 1024), per-request row bias from a strided
-    view of the anchor GEMM's output: within 2e-2 of cuBLAS + the PyTorch epilogue; replay == eager."""
-    g = torch.Generator(device="cuda").manual_seed(m)
-    x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16, generator=g)
-    weight = (torch.randn(1024, 2048, device="cuda", generator=g) / 45).bfloat16()
-    anchor = torch.randn(m // 120, 2048, device="cuda", dtype=torch.bfloat16, generator=g)
-    call = lambda: linear_silu_triton(x, weight, row_bias=anchor[:, 1024:], rows_per_group=120, config=config)  # noqa: E731
-    eager = call()
-    ref = F.silu(F.linear(x, weight) + anchor[:, 1024:].repeat_interleave(120, 0))
-    torch.testing.assert_close(eager, ref, atol=2e-2, rtol=2e-2)
-    assert torch.equal(graph_replay(call), eager)
 
 
 @pytest.mark.gpu

@@ -1,0 +1,21 @@
+"""Facts about the device a kernel launches on, looked up once per device (launches on the
+eager serving path must not query the driver each time)."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; 1 elsewhere (Triton's CPU interpreter)."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def sm_major(device: torch.device) -> int:
+    """Compute capability major version of a CUDA device (9 = Hopper); 0 elsewhere."""
+    return torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else 0
