@@ -39,7 +39,6 @@ class TopKLaunch(NamedTuple):
     num_warps: int = 1  # one warp: every reduction is in-warp (shuffles, no barriers)
     programs_per_sm: int = 16  # the split grid aims at one wave of these per SM
     maxnreg: int | None = 128  # per thread (no spills on sm_90): 16 one-warp programs fit an SM's registers
-    ahead: int = 1  # tiles loaded ahead of the one being reduced (1 or 2)
 
 
 LAUNCH = TopKLaunch()  # H200 sweep, b16a836 (benchmarks/results/h200_topk_sweep_b16a836.txt)
@@ -95,7 +94,6 @@ def _topk_lse_split_kernel(
     part_key_ptr, part_max_ptr, part_sum_ptr,  # [N, SPLITS, KP] int64, [N, SPLITS] fp32 x2
     vals_ptr, ids_ptr, lse_ptr,  # [N, K] fp32, [N, K] int64, [N] fp32 (written when FINAL)
     K: tl.constexpr, KP: tl.constexpr, R: tl.constexpr, G: tl.constexpr, FINAL: tl.constexpr,
-    AHEAD: tl.constexpr,  # tiles in flight (1 or 2)
 ):
     row = tl.program_id(0)
     split = tl.program_id(1)
@@ -115,19 +113,13 @@ def _topk_lse_split_kernel(
     floor = tl.full((), -float("inf"), tl.float32)  # value of `worst`: tiles below it cannot enter
     run_max = tl.full((), -float("inf"), tl.float32)
     run_sum = tl.full((), 0.0, tl.float32)
-    # AHEAD tiles in flight while one is reduced: each tile's load is issued AHEAD tiles early
     x_next = tl.load(row_ptr + lo + tile, mask=lo + tile < hi, other=-float("inf"))
-    x_later = x_next
-    if AHEAD == 2:
-        x_later = tl.load(row_ptr + lo + BLOCK + tile, mask=lo + BLOCK + tile < hi, other=-float("inf"))
     for start in range(lo, hi, BLOCK):
         x = x_next.to(tl.float32)
-        nxt = start + AHEAD * BLOCK + tile
-        if AHEAD == 2:
-            x_next = x_later
-            x_later = tl.load(row_ptr + nxt, mask=nxt < hi, other=-float("inf"))
-        else:
-            x_next = tl.load(row_ptr + nxt, mask=nxt < hi, other=-float("inf"))
+        # issue the next tile's load before this tile's reductions: two tiles in flight (a third
+        # measured slower: more registers at the same occupancy, PERF_NOTES.md version 9)
+        nxt = start + BLOCK + tile
+        x_next = tl.load(row_ptr + nxt, mask=nxt < hi, other=-float("inf"))
         sub_max = tl.max(x, 1)  # [R]; masked logits are -inf, ranked after every real one
         tile_max = tl.max(sub_max, 0)
         new_max = tl.maximum(run_max, tile_max)
@@ -215,8 +207,6 @@ def topk_lse_triton(
     block = launch.block
     if block < 16 or block & (block - 1):
         raise ValueError(f"topk_lse_triton: launch.block must be a power of two >= 16, got {block}")
-    if launch.ahead not in (1, 2):
-        raise ValueError(f"topk_lse_triton: launch.ahead must be 1 or 2 tiles, got {launch.ahead}")
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     n, vocab = logits.shape
@@ -241,7 +231,7 @@ def topk_lse_triton(
     _topk_lse_split_kernel[(n, splits)](
         logits, logits.stride(0), vocab, chunk,
         part_key, part_max, part_sum, vals, ids, lse,
-        K=k, KP=kp, R=block // group, G=group, FINAL=final, AHEAD=launch.ahead,
+        K=k, KP=kp, R=block // group, G=group, FINAL=final,
         num_warps=launch.num_warps, **({"maxnreg": launch.maxnreg} if launch.maxnreg else {}),
     )
     if not final:
@@ -257,12 +247,8 @@ def topk_lse_triton(
 
 SWEEP = (  # the launches `bench_topk_lse(sweep=True)` times beside LAUNCH
     TopKLaunch(block=512, maxnreg=64),  # the version-8 launch
-    TopKLaunch(ahead=2),
-    TopKLaunch(block=512, maxnreg=64, ahead=2),
-    TopKLaunch(block=512, maxnreg=96, ahead=2, programs_per_sm=20),
-    TopKLaunch(ahead=2, programs_per_sm=12),
+    TopKLaunch(programs_per_sm=8),
     TopKLaunch(programs_per_sm=24),  # 80 registers used: 25 one-warp programs fit an SM
-    TopKLaunch(ahead=2, programs_per_sm=20, maxnreg=104),
     TopKLaunch(block=2048, maxnreg=255, programs_per_sm=8),
 )
 

@@ -273,7 +273,7 @@ from sglang_lilicorr.kernels import head_nodes, head_norm, head_scores, topk_lse
 bf, f32, i32, i64, c = "*bf16", "*fp32", "i32", "*i64", "constexpr"
 L, CL = tk.LAUNCH, head_scores.LAUNCH
 R, G = L.block // tk.GROUP, tk.GROUP
-split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 6
+split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 5
 cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divisible by 16 at the paper config
     (head_nodes._confidence_up_kernel, [f32] * 5 + [bf, i32, i32, "fp32", "fp32", c, c], dict(KP=8, BLOCK_H=256), 4, None, ()),
     (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, i32, i32, i32, i32, "fp32", c, c], dict(ROWS=1, BLOCK_H=1024), 4, None, ()),
@@ -283,9 +283,8 @@ cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divis
     (head_scores._lattice_cosine_kernel, [bf, bf, i32, f32, f32, i32, i32, i32, "fp32", "fp32", c, c, c, c], dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32"), CL.num_warps, None, (0, 1, 2, 7)),
     (head_scores._lattice_cosine_kernel, [f32, f32, i32, f32, f32, i32, i32, i32, "fp32", "fp32", c, c, c, c], dict(KP=16, BLOCK_D=128, F32_DOT=True, PRECISION="ieee"), 4, None, (0, 1, 2, 7)),
     (walk._greedy_walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c], dict(KP=8, SP=16, GATHER=True), 1, None, ()),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, FINAL=False, AHEAD=L.ahead), L.num_warps, L.maxnreg, range(10)),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, FINAL=True, AHEAD=L.ahead), L.num_warps, L.maxnreg, range(10)),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, FINAL=False, AHEAD=2), L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, FINAL=False), L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, FINAL=True), L.num_warps, L.maxnreg, range(10)),
     (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32, c, c, c], dict(K=8, KP=8, SP=64), 1, None, (0, 1, 2, 4, 5, 6)),
     (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32, c, c, c], dict(K=8, KP=8, SP=128), 4, None, (0, 1, 2, 4, 5, 6)),
 ]
