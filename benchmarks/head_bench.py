@@ -22,7 +22,9 @@ activity, one eager call) for post_logits of each variant and the built-in and f
 with the fused variant's and the built-in's kernels by GPU time (the SDPA backend shows up here).
 
 Our variants: torch (PyTorch ops on the precomputed buffers), fused (Triton epilogues),
-fused_overlap (fused + side stream for the pass/anchor projections), and with --compile,
+fused_overlap (fused + side stream for the pass/anchor projections), fused_persistent
+(fused_overlap with the lattice layers as one persistent kernel up to b = 4; not yet the served
+path: kernels/lattice_persistent.py), and with --compile,
 compiled (torch.compile of the PyTorch variant). Checks in the same run: each variant's select
 against the reference (LiLiCorrHead.forward + walk.greedy_walk): candidate ids equal, log-probs
 close, score error, draft ids equal wherever the reference has no near-tie; graph replay equals
@@ -264,7 +266,8 @@ def run(args) -> dict:
 
     variants = {}
     for name, kw in (("torch", dict(fused=False, overlap=False)), ("fused", dict(fused=True, overlap=False)),
-                     ("fused_overlap", dict(fused=True, overlap=True))):
+                     ("fused_overlap", dict(fused=True, overlap=True)),
+                     ("fused_persistent", dict(fused=True, overlap=True, persistent=True))):
         if name in args.variants:
             variants[name] = attempt(errors, f"build_{name}", lambda kw=kw: FastLiLiCorrSelect(head, token_table=table, **kw))
     if args.compile:
@@ -499,8 +502,8 @@ def failed_checks(checks) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="FastLiLiCorrSelect vs SGLang's built-in LiLiCorr head (one GPU, graph replay)")
     ap.add_argument("--bs", type=int, nargs="+", default=[1, 4, 16, 32], help="batch sizes (default 1 4 16 32)")
-    ap.add_argument("--variants", nargs="+", default=["torch", "fused", "fused_overlap"],
-                    choices=["torch", "fused", "fused_overlap"], help="our implementations to time")
+    ap.add_argument("--variants", nargs="+", default=["torch", "fused", "fused_overlap", "fused_persistent"],
+                    choices=["torch", "fused", "fused_overlap", "fused_persistent"], help="our implementations to time")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile of the PyTorch variant (slow to compile)")
     ap.add_argument("--rep-ms", type=int, default=200, help="do_bench repetition time per measurement (ms)")
     ap.add_argument("--smoke", action="store_true", help="tiny config, runs on CPU too: a dry run of this script")
