@@ -57,6 +57,13 @@ def _grid_sync(counter_ptr, target):
 
 
 @triton.jit
+def _phase_done(counter_ptr, phases_done, ALL: tl.constexpr):
+    """After a phase: in the persistent launch, wait until every program has finished it."""
+    if ALL:
+        _grid_sync(counter_ptr, phases_done * tl.num_programs(0))
+
+
+@triton.jit
 def _linear_phase(
     x_ptr, w_ptr, b_ptr, out_ptr, M, N, K,
     SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -112,39 +119,32 @@ def _lattice_layers_kernel(
         if ALL or PHASE == p0:
             _linear_phase(xn_ptr, w_qkv_ptr + layer * 3 * H * H, b_qkv_ptr + layer * 3 * H, qkv_ptr, M, 3 * H, H,
                           False, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE, CACHE)
-            if ALL:
-                _grid_sync(counter_ptr, (p0 + 1) * tl.num_programs(0))
+            _phase_done(counter_ptr, p0 + 1, ALL)
         if ALL or PHASE == p0 + 1:
             _attention_phase(qkv_ptr, bias_ptr, bias_head_stride, bias_row_stride, attn_ptr, M, L, qk_scale,
                              H, HEADS, LP, DP, ATT_BLOCK_M, IEEE, F32_DOT, CACHE)
-            if ALL:
-                _grid_sync(counter_ptr, (p0 + 2) * tl.num_programs(0))
+            _phase_done(counter_ptr, p0 + 2, ALL)
         if ALL or PHASE == p0 + 2:
             _linear_phase(attn_ptr, w_o_ptr + layer * H * H, b_o_ptr + layer * H, y_ptr, M, H, H,
                           False, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE, CACHE)
-            if ALL:
-                _grid_sync(counter_ptr, (p0 + 3) * tl.num_programs(0))
+            _phase_done(counter_ptr, p0 + 3, ALL)
         if ALL or PHASE == p0 + 3:
             _norm_phase(x_ptr, y_ptr, n_mlp_ptr + layer * H, xn_ptr, H, cross_ptr, M, L, H, eps, BLOCK_H, False, CACHE)
-            if ALL:
-                _grid_sync(counter_ptr, (p0 + 4) * tl.num_programs(0))
+            _phase_done(counter_ptr, p0 + 4, ALL)
         if ALL or PHASE == p0 + 4:
             _linear_phase(xn_ptr, w_up_ptr + layer * FFN * H, b_up_ptr + layer * FFN, up_ptr, M, FFN, H,
                           True, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE, CACHE)
-            if ALL:
-                _grid_sync(counter_ptr, (p0 + 5) * tl.num_programs(0))
+            _phase_done(counter_ptr, p0 + 5, ALL)
         if ALL or PHASE == p0 + 5:
             _linear_phase(up_ptr, w_down_ptr + layer * H * FFN, b_down_ptr + layer * H, y_ptr, M, H, FFN,
                           False, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE, CACHE)
-            if ALL:
-                _grid_sync(counter_ptr, (p0 + 6) * tl.num_programs(0))
+            _phase_done(counter_ptr, p0 + 6, ALL)
         if ALL or PHASE == p0 + 6:
             if last:  # concat[h, h * t] of the last residual sum
                 _norm_phase(x_ptr, y_ptr, n_next_ptr + layer * H, out_ptr, 2 * H, cross_ptr, M, L, H, eps, BLOCK_H, True, CACHE)
             else:
                 _norm_phase(x_ptr, y_ptr, n_next_ptr + layer * H, xn_ptr, H, cross_ptr, M, L, H, eps, BLOCK_H, False, CACHE)
-                if ALL:
-                    _grid_sync(counter_ptr, (p0 + 7) * tl.num_programs(0))
+                _phase_done(counter_ptr, p0 + 7, ALL)
     if ALL:  # the last program out zeroes the counter for the next launch (every program is past every barrier)
         tl.debug_barrier()
         if tl.atomic_add(counter_ptr + 1, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
