@@ -14,6 +14,8 @@ ms per call (median of triton.testing.do_bench over CUDA-graph replay):
   select       hidden -> draft ids, LM-head matmul included
   floor_dense_chain  the head's GEMMs + SDPA alone (dense_chain): the floor of one launch per GEMM
   floor_launches     as many empty kernels as post_logits_fused launches, back to back (launch_chain)
+  stage_lattice_persistent[_noprefetch]  the lattice layers as one persistent kernel (bs <= 4), with and
+                     without its L2 prefetch of the weights, beside stage_lattice (the fused path's)
 
 Per-stage split (variant fused, each stage captured and replayed alone): lm_head, topk_lse,
 projections (pass + anchor GEMMs), nodes (features + node assembly), lattice (2 layers),
@@ -347,6 +349,19 @@ def run(args) -> dict:
                 if bs == args.bs[0]:  # launch counts do not depend on bs (top-K: 1 kernel from N >= 4224)
                     count(f"stage_{name}", fn)
 
+        # ---- the persistent lattice kernel alone, with and without its L2 weight prefetch
+        persistent = variants.get("fused_persistent")
+        if cuda and persistent is not None and bs * S * K <= persistent.lattice_max_rows:
+            from sglang_lilicorr.kernels.lattice_persistent import lattice_layers_persistent
+
+            g = torch.Generator(device="cpu").manual_seed(3000 + bs)
+            x0, xn0 = (torch.randn(bs * S * K, persistent.width, generator=g).to(dev, dtype) for _ in range(2))
+            t0 = torch.randn(bs, persistent.width, generator=g).to(dev, dtype)
+            bias = persistent.attn_bias[..., : S * K, : S * K]
+            for key, pre in (("stage_lattice_persistent", True), ("stage_lattice_persistent_noprefetch", False)):
+                out = tb(key, lambda pre=pre: lattice_layers_persistent(persistent.lattice, x0, xn0, bias, t0, prefetch=pre))
+                row[key] = out and out[0]
+
         # ---- the dense-work floor of the one-launch-per-GEMM design (see dense_chain)
         if fast is not None:
             out = tb("floor_dense_chain", dense_chain(fast, geo, bs, dev, dtype))
@@ -443,6 +458,10 @@ def report(res) -> list[str]:
             total = sum(parts) if all(p is not None for p in parts) else None
             log(f"| {r['bs']} | " + " | ".join(fmt(p) for p in parts)
                 + f" | {fmt(total)} | {fmt(r.get('select_fused'))} | {fmt(r.get('floor_dense_chain'))} | {fmt(r.get('floor_launches'))} |")
+    for r in rows:
+        if r.get("stage_lattice_persistent") is not None:
+            log(f"lattice layers, bs={r['bs']}: fused path {fmt(r.get('stage_lattice'))} ms, one persistent kernel "
+                f"{fmt(r['stage_lattice_persistent'])} ms ({fmt(r.get('stage_lattice_persistent_noprefetch'))} without its L2 prefetch)")
     for r in rows:
         sweep = {k[len("topk_splits_"):]: v for k, v in r.items() if k.startswith("topk_splits_")}
         if sweep:

@@ -6,7 +6,9 @@ weights take ~3.5 us to stream on an H200. Here one launch runs every phase of e
 one program per SM, each phase's work items (GEMM tiles, (request, head, query block) attention
 blocks, rows) strided over the programs, and a grid-wide barrier between phases (an atomic arrival
 counter; the programs spin until all have arrived). Data written in the launch is read back with
-.cg loads (L2, not the SM's possibly stale L1).
+.cg loads (L2, not the SM's possibly stale L1). At its start the launch sends every layer's GEMM
+weights towards L2 (prefetch.global.L2, one per 128-byte line; 33.5 MB at the paper config, inside
+the 50 MB L2 of an H100 / H200), so the phases after the first read weights from L2, not HBM.
 
 Per layer l (weights stacked over layers), rows M = b * L:
   0 QKV   qkv = xn @ W_qkv[l]^T + b_qkv[l]                         [M, 3H]
@@ -54,6 +56,20 @@ def _grid_sync(counter_ptr, target):
     while tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu") < target:
         pass
     tl.debug_barrier()
+
+
+@triton.jit
+def _prefetch_weight(w_ptr, N, K, BLOCK_N: tl.constexpr, LINES: tl.constexpr):
+    """L2 prefetch of a [N, K] 16-bit weight, one instruction per 128-byte line, its BLOCK_N-row
+    tiles strided over the programs (LINES >= K / 64, a power of two)."""
+    r = tl.arange(0, BLOCK_N)
+    c = tl.minimum(tl.arange(0, LINES) * 64, K - 1)
+    for tile in range(tl.program_id(0), tl.cdiv(N, BLOCK_N), tl.num_programs(0)):
+        rows = tl.minimum(tile * BLOCK_N + r, N - 1).to(tl.int64)
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [w_ptr + rows[:, None] * K + c[None, :]],
+            dtype=tl.int32, is_pure=False, pack=1,
+        )
 
 
 @triton.jit
@@ -110,9 +126,18 @@ def _lattice_layers_kernel(
     H: tl.constexpr, FFN: tl.constexpr, HEADS: tl.constexpr, LAYERS: tl.constexpr, PHASE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ATT_BLOCK_M: tl.constexpr,
     LP: tl.constexpr, DP: tl.constexpr, BLOCK_H: tl.constexpr, IEEE: tl.constexpr, F32_DOT: tl.constexpr,
+    PREFETCH: tl.constexpr,  # persistent launch: first send every GEMM weight of every layer towards L2
 ):
     ALL: tl.constexpr = PHASE < 0
     CACHE: tl.constexpr = ".cg" if ALL else ""
+    if ALL and PREFETCH:  # the weights do not depend on any phase: their HBM reads overlap the first phases
+        LINES_H: tl.constexpr = triton.next_power_of_2(triton.cdiv(H, 64))
+        LINES_F: tl.constexpr = triton.next_power_of_2(triton.cdiv(FFN, 64))
+        for layer in tl.static_range(LAYERS):
+            _prefetch_weight(w_qkv_ptr + layer * 3 * H * H, 3 * H, H, BLOCK_N, LINES_H)
+            _prefetch_weight(w_o_ptr + layer * H * H, H, H, BLOCK_N, LINES_H)
+            _prefetch_weight(w_up_ptr + layer * FFN * H, FFN, H, BLOCK_N, LINES_H)
+            _prefetch_weight(w_down_ptr + layer * H * FFN, H, FFN, BLOCK_N, LINES_F)
     for layer in tl.static_range(LAYERS):
         p0 = layer * 7  # the layer's first phase (a compile-time value)
         last = layer == LAYERS - 1
@@ -179,6 +204,7 @@ def lattice_layers_persistent(
     cross: torch.Tensor,  # [b, H] the anchor state t
     *,
     persistent: bool | None = None,  # None: on CUDA (the CPU interpreter runs one launch per phase)
+    prefetch: bool = True,  # persistent launch: L2 prefetch of all layer weights at its start
 ) -> torch.Tensor:
     """-> concat[h, h * t] [M, 2H] after every lattice layer (what fast_head._layers_fused returns)."""
     m, h = x.shape
@@ -213,7 +239,8 @@ def lattice_layers_persistent(
         H=h, FFN=w.ffn, HEADS=heads, LAYERS=w.layers, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=block_k,
         EVEN_K=h % block_k == 0 and w.ffn % block_k == 0,
         ATT_BLOCK_M=ATT_BLOCK_M, LP=max(16, triton.next_power_of_2(length)), DP=max(16, triton.next_power_of_2(dh)),
-        BLOCK_H=triton.next_power_of_2(h), IEEE=f32, F32_DOT=not x.is_cuda, num_warps=NUM_WARPS,
+        BLOCK_H=triton.next_power_of_2(h), IEEE=f32, F32_DOT=not x.is_cuda, PREFETCH=prefetch and persistent,
+        num_warps=NUM_WARPS,
     )
     for phase in [-1] if persistent else range(w.layers * PHASES_PER_LAYER):
         _lattice_layers_kernel[grid](*args, PHASE=phase, **consts)

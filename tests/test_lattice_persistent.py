@@ -23,9 +23,9 @@ from sm90_build import build
 from sglang_lilicorr.kernels import lattice_persistent as lp
 
 bf = "*bf16"
-types = [bf] * 8 + ["*i32"] + [bf] * 10 + [bf, "i32", "i32", "i32", "i32", "fp32", "fp32"] + ["constexpr"] * 15
+types = [bf] * 8 + ["*i32"] + [bf] * 10 + [bf, "i32", "i32", "i32", "i32", "fp32", "fp32"] + ["constexpr"] * 16
 consts = dict(H=1024, FFN=2048, HEADS=8, LAYERS=2, PHASE=-1, BLOCK_M=lp.BLOCK_M, BLOCK_N=lp.BLOCK_N, BLOCK_K=lp.BLOCK_K,
-              EVEN_K=True, ATT_BLOCK_M=lp.ATT_BLOCK_M, LP=128, DP=128, BLOCK_H=1024, IEEE=False, F32_DOT=False)
+              EVEN_K=True, ATT_BLOCK_M=lp.ATT_BLOCK_M, LP=128, DP=128, BLOCK_H=1024, IEEE=False, F32_DOT=False, PREFETCH=True)
 r = build(lp._lattice_layers_kernel, types, consts, aligned=tuple(range(21)), num_warps=lp.NUM_WARPS)
 ptx = r["ptx"]
 print("registers", r["registers"], "spills", r["spills"], "shared", r["shared"])
@@ -36,13 +36,16 @@ if ptx.count("atom.global.gpu.release.add") != barriers or ptx.count("ld.global.
     sys.exit(f"expected {barriers} grid barriers (release arrival + acquire spin)")
 if "cp.async.ca" in ptx or "ld.global.ca" in ptx:
     sys.exit("a load may hit a stale L1 line: data written in the launch must be read with .cg")
+if "prefetch.global.L2" not in ptx:
+    sys.exit("no L2 prefetch of the layer weights")
 print("ok")
 """
 
 
 def test_persistent_kernel_compiles_for_sm90():
     """The paper shape in persistent mode, lowered to sm_90 in a fresh process: no spills, fits
-    shared memory, one release arrival and one acquire spin per barrier (13), no L1-cached loads."""
+    shared memory, one release arrival and one acquire spin per barrier (13), no L1-cached loads,
+    the weights' L2 prefetch present."""
     assert check_in_fresh_process(_AOT).rstrip().endswith("ok")
 
 
@@ -66,9 +69,10 @@ def test_gpu_persistent_equals_per_phase_and_replays(b):
     xn0 = torch.randn(rows, h, device="cuda", generator=g).bfloat16()
     t = torch.randn(b, h, device="cuda", generator=g).bfloat16()
     bias = fast.attn_bias[..., :n, :n]
-    run = lambda persistent: lattice_layers_persistent(fast.lattice, x0.clone(), xn0.clone(), bias, t, persistent=persistent)  # noqa: E731
+    run = lambda persistent, prefetch=True: lattice_layers_persistent(  # noqa: E731
+        fast.lattice, x0.clone(), xn0.clone(), bias, t, persistent=persistent, prefetch=prefetch)
     phased, whole = run(False), run(True)
-    assert torch.equal(whole, phased)
+    assert torch.equal(whole, phased) and torch.equal(run(True, prefetch=False), phased)
     assert torch.equal(graph_replay(lambda: run(True)), whole)
     assert int(fast.lattice.counter.abs().sum()) == 0
     plain = FastLiLiCorrSelect(head, token_table=fast.token_table, fused=True)
