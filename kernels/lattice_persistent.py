@@ -25,8 +25,9 @@ _attention_block, head_norm._add_rmsnorm_rows), so the two paths compute the sam
 PHASE = -1 runs all phases with barriers (needs every program resident at once: grid <= SMs, one
 program per SM); PHASE = p >= 0 runs phase p alone with no barrier, one launch per phase: the mode of
 Triton's CPU interpreter (which runs programs one after another, so a barrier would never open) and
-the reference the persistent mode is tested against on a GPU. The arrival counter ([2] int32, zero
-between launches: the last program to finish zeroes it) belongs to one caller stream.
+the reference the persistent mode is tested against on a GPU. The arrival counter (int32, zero between
+launches: the last program to finish zeroes it) belongs to one caller stream; its third entry counts
+barrier waits that gave up (see _grid_sync), which a correct launch leaves at zero.
 """
 from __future__ import annotations
 
@@ -46,15 +47,21 @@ BLOCK_M, BLOCK_N, BLOCK_K = 64, 32, 128  # GEMM tiles (the skinny config of ffn_
 ATT_BLOCK_M = 32  # query nodes per attention block
 NUM_WARPS = 8  # sm_90 build at the paper shape: 243 registers, no spills (4 warps spill), 152 KiB shared
 MAX_ROWS = 512  # b * L rows this kernel is meant for (b <= 4 at L = 120); larger batches are GEMM-bound
+MAX_SPINS = tl.constexpr(1 << 22)  # polls of a grid barrier before it gives up (~seconds)
 
 
 @triton.jit
 def _grid_sync(counter_ptr, target):
-    """Every program of the grid waits here until `target` arrivals are counted (release / acquire)."""
+    """Every program of the grid waits here until `target` arrivals are counted (release / acquire).
+    A wait that outlasts MAX_SPINS polls (seconds: a program that never got an SM) gives up and
+    counts itself in counter[2], so a broken launch finishes with wrong values, never hangs."""
     tl.debug_barrier()  # this program's stores are done (all threads) before its arrival is counted
     tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
-    while tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu") < target:
-        pass
+    spins = 0
+    while (tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu") < target) & (spins < MAX_SPINS):
+        spins += 1
+    if spins >= MAX_SPINS:
+        tl.atomic_add(counter_ptr + 2, 1, sem="relaxed", scope="gpu")
     tl.debug_barrier()
 
 
@@ -193,7 +200,8 @@ class LatticeWeights:
         self.n_next = torch.stack([layer.attn_norm.weight.detach() for layer in layers[1:]] + [output_norm_weight.detach()]).contiguous()
         self.eps, self.heads = float(eps), int(heads)
         self.layers, self.ffn, self.width = self.w_up.shape[0], self.w_up.shape[1], self.w_up.shape[2]
-        self.counter = torch.zeros(2, dtype=torch.int32, device=self.w_up.device)
+        # [arrivals, exits, barrier waits that gave up]: the first two are zero between launches
+        self.counter = torch.zeros(3, dtype=torch.int32, device=self.w_up.device)
 
 
 def lattice_layers_persistent(

@@ -74,7 +74,7 @@ def test_gpu_persistent_equals_per_phase_and_replays(b):
     phased, whole = run(False), run(True)
     assert torch.equal(whole, phased) and torch.equal(run(True, prefetch=False), phased)
     assert torch.equal(graph_replay(lambda: run(True)), whole)
-    assert int(fast.lattice.counter.abs().sum()) == 0
+    assert fast.lattice.counter.tolist() == [0, 0, 0]  # zeroed for the next launch; no barrier gave up
     plain = FastLiLiCorrSelect(head, token_table=fast.token_table, fused=True)
     start, pair, _ = fast.lattice_scores(*fast.candidates(hidden, lm_head), hidden, anchor)
     p_start, p_pair, _ = plain.lattice_scores(*plain.candidates(hidden, lm_head), hidden, anchor)
