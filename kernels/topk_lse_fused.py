@@ -42,7 +42,6 @@ class TopKLaunch(NamedTuple):
 
 
 LAUNCH = TopKLaunch()  # H200 sweep, b16a836 (benchmarks/results/h200_topk_sweep_b16a836.txt)
-BLOCK = LAUNCH.block
 MIN_TILES_PER_SPLIT = 8  # small N: fewer, longer splits keep the merge's input small
 
 
