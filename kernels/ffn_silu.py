@@ -116,7 +116,7 @@ def _bias_silu(acc, b_ptr, rn, N, HAS_BIAS: tl.constexpr, SILU: tl.constexpr = T
 def _gemm_acc(
     x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, pid_m, pid_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    IEEE_F32: tl.constexpr, CACHE: tl.constexpr = "",
+    IEEE_F32: tl.constexpr, CACHE: tl.constexpr,
 ):
     """One [BLOCK_M, BLOCK_N] tile of x @ weight.T in fp32 -> (acc, rows, columns). CACHE is the
     x loads' cache modifier (".cg" where x was written earlier in the same launch)."""
@@ -159,7 +159,7 @@ def _linear_silu_kernel(
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, IEEE_F32: tl.constexpr,
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    acc, rm, rn = _gemm_acc(x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE_F32)
+    acc, rm, rn = _gemm_acc(x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE_F32, "")
     _store_tile(out_ptr, stride_om, _bias_silu(acc, b_ptr, rn, N, HAS_BIAS), rm, rn, M, N)
 
 

@@ -24,7 +24,7 @@ from .head_nodes import rows_per_program
 def _add_rmsnorm_rows(
     x_ptr, y_ptr, w_ptr, out_ptr, out_stride, cross_ptr, rows_per_req, n_rows, H, eps, r,
     BLOCK_H: tl.constexpr, CROSS: tl.constexpr, ADD: tl.constexpr,
-    CACHE: tl.constexpr = "",  # x / y loads' cache modifier (".cg" where they were written in the same launch)
+    CACHE: tl.constexpr,  # x / y loads' cache modifier (".cg" where they were written in the same launch)
 ):
     """add_rmsnorm on rows r [ROWS] (int64)."""
     cols = tl.arange(0, BLOCK_H)
@@ -53,7 +53,7 @@ def _add_rmsnorm_kernel(
     ROWS: tl.constexpr, BLOCK_H: tl.constexpr, CROSS: tl.constexpr, ADD: tl.constexpr = True,
 ):
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    _add_rmsnorm_rows(x_ptr, y_ptr, w_ptr, out_ptr, out_stride, cross_ptr, rows_per_req, n_rows, H, eps, r, BLOCK_H, CROSS, ADD)
+    _add_rmsnorm_rows(x_ptr, y_ptr, w_ptr, out_ptr, out_stride, cross_ptr, rows_per_req, n_rows, H, eps, r, BLOCK_H, CROSS, ADD, "")
 
 
 @triton.jit

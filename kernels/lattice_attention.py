@@ -46,7 +46,7 @@ def _attention_block(
     qkv_ptr, qkv_stride, bias_ptr, bias_head_stride, bias_row_stride, out_ptr,
     L, H, DH, qk_scale, req, head, qblock,
     LP: tl.constexpr, DP: tl.constexpr, BLOCK_M: tl.constexpr, IEEE: tl.constexpr, F32_DOT: tl.constexpr,
-    CACHE: tl.constexpr = "",  # the qkv loads' cache modifier (".cg" where qkv was written in the same launch)
+    CACHE: tl.constexpr,  # the qkv loads' cache modifier (".cg" where qkv was written in the same launch)
 ):
     """Attention of one (request, head, block of BLOCK_M query nodes)."""
     rows = qblock * BLOCK_M + tl.arange(0, BLOCK_M)  # query nodes of this block
@@ -93,7 +93,7 @@ def _lattice_attention_kernel(
 ):
     _attention_block(
         qkv_ptr, qkv_stride, bias_ptr, bias_head_stride, bias_row_stride, out_ptr, L, H, DH, qk_scale,
-        tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2), LP, DP, BLOCK_M, IEEE, F32_DOT,
+        tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2), LP, DP, BLOCK_M, IEEE, F32_DOT, "",
     )
 
 

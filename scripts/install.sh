@@ -16,4 +16,12 @@ if [ ! -f "$stamp" ] || ! cmp -s requirements.txt "$stamp"; then
   "${pip[@]}" --no-deps inspect-evals==0.28.0
   cp requirements.txt "$stamp"
 fi
+# The GPU image's Triton (../shared/device/README.md), beside the venv's, for the sm_90 build checks
+# (tests/sm90_build.py): a kernel must lower under both.
+device_triton=3.6.0
+if [ "$(cat "$venv/device-triton/.version" 2>/dev/null)" != "$device_triton" ]; then
+  rm -rf "$venv/device-triton"
+  "${pip[@]}" --no-deps --target "$venv/device-triton" "triton==$device_triton"
+  echo "$device_triton" > "$venv/device-triton/.version"
+fi
 "${pip[@]}" --no-deps --no-build-isolation -e .

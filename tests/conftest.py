@@ -46,6 +46,13 @@ def gen(seed) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+@pytest.fixture(params=["installed", "device"])
+def sm90_triton(request) -> str:
+    """Which Triton lowers a kernel in an sm_90 build check (tests/sm90_build.py): the one installed
+    beside torch, or the GPU image's."""
+    return request.param
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (run on the GPU machine; results go in tests/gpu_results/)")
     config.addinivalue_line("markers", "sglang: needs the sglang package importable")

@@ -1,7 +1,13 @@
 """Kernels lowered to sm_90 without a GPU: Triton compiles in a fresh process (a CPU test session
 runs Triton under its interpreter, which compiles nothing) and its bundled ptxas reports registers,
 spills and shared memory. A test hands `check_in_fresh_process` a script that calls `build` and
-exits non-zero on a failed check."""
+exits non-zero on a failed check.
+
+Every build runs under two Tritons (the `sm90_triton` fixture): the one installed beside torch here,
+and the GPU image's (DEVICE_TRITON, ../shared/device/README.md), which scripts/install.sh puts in
+<venv>/device-triton. They differ in what their front ends accept (Triton 3.6 rejects a string
+default of a constexpr argument that 3.8 takes), so a kernel that builds here may not on the GPU.
+"""
 import os
 import re
 import subprocess
@@ -40,11 +46,24 @@ def build(fn, types, constexprs, *, aligned=(), **options) -> dict:
     }
 
 
-def check_in_fresh_process(script: str) -> str:
-    """Runs `script` without TRITON_INTERPRET (this folder importable) -> its stdout; skips where
-    Triton's ptxas is unavailable."""
+DEVICE_TRITON = "3.6.0"
+
+
+def device_triton_path() -> Path:
+    return Path(sys.prefix) / "device-triton"
+
+
+def check_in_fresh_process(script: str, triton: str = "installed") -> str:
+    """Runs `script` without TRITON_INTERPRET (this folder importable), under the installed Triton
+    or the GPU image's ("device") -> its stdout; skips where Triton's ptxas is unavailable."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parent), env.get("PYTHONPATH")) if p)
+    paths = [str(Path(__file__).parent), env.get("PYTHONPATH")]
+    if triton == "device":
+        if not (device_triton_path() / "triton").is_dir():
+            pytest.fail(f"Triton {DEVICE_TRITON} (the GPU image's) is not in {device_triton_path()}: run scripts/install.sh")
+        paths.insert(0, str(device_triton_path()))
+        script = f"import triton\nassert triton.__version__ == {DEVICE_TRITON!r}, triton.__version__\n" + script
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     if run.returncode and "ptxas" in run.stderr.lower() and "not found" in run.stderr.lower():
         pytest.skip("triton's ptxas is unavailable here")

@@ -323,11 +323,11 @@ print("compiled", len(cases))
 """
 
 
-def test_select_kernels_compile_for_sm90_without_spills():
+def test_select_kernels_compile_for_sm90_without_spills(sm90_triton):
     """The interpreter does not compile; this lowers every select-path kernel to sm_90 (Triton's
     bundled ptxas), in a fresh process, at the paper config's constexprs and launch options: no
     register spills, and 16-byte loads in the top-K stream."""
-    out = check_in_fresh_process(_AOT)
+    out = check_in_fresh_process(_AOT, sm90_triton)
     assert out.rstrip().endswith(f"compiled {out.count(' registers ')}"), out[-2000:]
 
 

@@ -152,10 +152,10 @@ print("compiled", len(fs.CONFIGS))
 """
 
 
-def test_kernel_compiles_for_sm90_without_spills():
+def test_kernel_compiles_for_sm90_without_spills(sm90_triton):
     """Every launch config lowered to sm_90 (bf16, fp32 for the fp32 config) in a fresh process:
     no register spills, fits shared memory, 16-bit configs use wgmma, TMA configs load by TMA."""
-    assert f"compiled {len(CONFIGS)}" in check_in_fresh_process(_AOT)
+    assert f"compiled {len(CONFIGS)}" in check_in_fresh_process(_AOT, sm90_triton)
 
 
 # --- GPU: paper shapes in bf16, graph replay, benchmark table ----------------------------------

@@ -152,11 +152,11 @@ print("compiled 3")
 """
 
 
-def test_kernel_compiles_for_sm90_without_spills():
+def test_kernel_compiles_for_sm90_without_spills(sm90_triton):
     """The paper shape (L = 120 -> LP = 128, dh = 128, bf16) lowered to sm_90 in a fresh process:
     the default launch (BLOCK_M = 64, 4 warps) and the alternative (128, 8 warps) use wgmma and do
     not spill; so does the shipped SmolLM2 head's dh = 64."""
-    assert "compiled 3" in check_in_fresh_process(_AOT)
+    assert "compiled 3" in check_in_fresh_process(_AOT, sm90_triton)
 
 
 # --- GPU: paper shape in bf16, graph replay ---------------------------------------------------

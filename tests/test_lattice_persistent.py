@@ -42,11 +42,11 @@ print("ok")
 """
 
 
-def test_persistent_kernel_compiles_for_sm90():
+def test_persistent_kernel_compiles_for_sm90(sm90_triton):
     """The paper shape in persistent mode, lowered to sm_90 in a fresh process: no spills, fits
     shared memory, one release arrival and one acquire spin per barrier (13), no L1-cached loads,
     the weights' L2 prefetch present."""
-    assert check_in_fresh_process(_AOT).rstrip().endswith("ok")
+    assert check_in_fresh_process(_AOT, sm90_triton).rstrip().endswith("ok")
 
 
 @pytest.mark.gpu
