@@ -134,12 +134,11 @@ def _lattice_layers_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ATT_BLOCK_M: tl.constexpr,
     LP: tl.constexpr, DP: tl.constexpr, BLOCK_H: tl.constexpr, IEEE: tl.constexpr, F32_DOT: tl.constexpr,
     PREFETCH: tl.constexpr,  # persistent launch: first send every GEMM weight of every layer towards L2
+    LINES_H: tl.constexpr, LINES_F: tl.constexpr,  # 128-byte lines per weight row of width H / FFN (powers of two)
 ):
     ALL: tl.constexpr = PHASE < 0
     CACHE: tl.constexpr = ".cg" if ALL else ""
     if ALL and PREFETCH:  # the weights do not depend on any phase: their HBM reads overlap the first phases
-        LINES_H: tl.constexpr = triton.next_power_of_2(triton.cdiv(H, 64))
-        LINES_F: tl.constexpr = triton.next_power_of_2(triton.cdiv(FFN, 64))
         for layer in tl.static_range(LAYERS):
             _prefetch_weight(w_qkv_ptr + layer * 3 * H * H, 3 * H, H, BLOCK_N, LINES_H)
             _prefetch_weight(w_o_ptr + layer * H * H, H, H, BLOCK_N, LINES_H)
@@ -248,6 +247,7 @@ def lattice_layers_persistent(
         EVEN_K=h % block_k == 0 and w.ffn % block_k == 0,
         ATT_BLOCK_M=ATT_BLOCK_M, LP=max(16, triton.next_power_of_2(length)), DP=max(16, triton.next_power_of_2(dh)),
         BLOCK_H=triton.next_power_of_2(h), IEEE=f32, F32_DOT=not x.is_cuda, PREFETCH=prefetch and persistent,
+        LINES_H=triton.next_power_of_2(triton.cdiv(h, 64)), LINES_F=triton.next_power_of_2(triton.cdiv(w.ffn, 64)),
         num_warps=NUM_WARPS,
     )
     for phase in [-1] if persistent else range(w.layers * PHASES_PER_LAYER):

@@ -23,8 +23,8 @@ from sm90_build import build
 from sglang_lilicorr.kernels import lattice_persistent as lp
 
 bf = "*bf16"
-types = [bf] * 8 + ["*i32"] + [bf] * 10 + [bf, "i32", "i32", "i32", "i32", "fp32", "fp32"] + ["constexpr"] * 16
-consts = dict(H=1024, FFN=2048, HEADS=8, LAYERS=2, PHASE=-1, BLOCK_M=lp.BLOCK_M, BLOCK_N=lp.BLOCK_N, BLOCK_K=lp.BLOCK_K,
+types = [bf] * 8 + ["*i32"] + [bf] * 10 + [bf, "i32", "i32", "i32", "i32", "fp32", "fp32"] + ["constexpr"] * 18
+consts = dict(LINES_H=16, LINES_F=32, H=1024, FFN=2048, HEADS=8, LAYERS=2, PHASE=-1, BLOCK_M=lp.BLOCK_M, BLOCK_N=lp.BLOCK_N, BLOCK_K=lp.BLOCK_K,
               EVEN_K=True, ATT_BLOCK_M=lp.ATT_BLOCK_M, LP=128, DP=128, BLOCK_H=1024, IEEE=False, F32_DOT=False, PREFETCH=True)
 r = build(lp._lattice_layers_kernel, types, consts, aligned=tuple(range(21)), num_warps=lp.NUM_WARPS)
 ptx = r["ptx"]
