@@ -15,7 +15,8 @@ ms per call (median of triton.testing.do_bench over CUDA-graph replay):
   floor_dense_chain  the head's GEMMs + SDPA alone (dense_chain): the floor of one launch per GEMM
   floor_launches     as many empty kernels as post_logits_fused launches, back to back (launch_chain)
   stage_lattice_persistent[_noprefetch]  the lattice layers as one persistent kernel (bs <= 4), with and
-                     without its L2 prefetch of the weights, beside stage_lattice (the fused path's)
+                     without its L2 prefetch of the weights, beside stage_lattice (the fused path's); and
+                     its clock trace: per phase, us of work and us of the grid barrier after it
 
 Per-stage split (variant fused, each stage captured and replayed alone): lm_head, topk_lse,
 projections (pass + anchor GEMMs), nodes (features + node assembly), lattice (2 layers),
@@ -361,6 +362,8 @@ def run(args) -> dict:
             for key, pre in (("stage_lattice_persistent", True), ("stage_lattice_persistent_noprefetch", False)):
                 out = tb(key, lambda pre=pre: lattice_layers_persistent(persistent.lattice, x0, xn0, bias, t0, prefetch=pre))
                 row[key] = out and out[0]
+            row["lattice_persistent_phases_us"] = attempt(
+                errors, f"bs{bs}_lattice_persistent_trace", lambda: traced_phases(persistent.lattice, x0, xn0, bias, t0))
 
         # ---- the dense-work floor of the one-launch-per-GEMM design (see dense_chain)
         if fast is not None:
@@ -405,6 +408,24 @@ def run(args) -> dict:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return res
+
+
+def traced_phases(weights, x0, xn0, bias, t0, runs: int = 21) -> list[list[float]]:
+    """The persistent lattice launch with its clock trace, eager, `runs` times -> per phase the median
+    [us of work (the barrier before it open -> its last program done), us until its barrier opens]."""
+    from sglang_lilicorr.kernels.lattice_persistent import PHASES_PER_LAYER, lattice_layers_persistent, phase_times
+
+    trace = torch.zeros(2 * (weights.layers * PHASES_PER_LAYER + 1), dtype=torch.int64, device=x0.device)
+    samples = []
+    for _ in range(runs + 1):  # the first launch compiles
+        trace.zero_()
+        lattice_layers_persistent(weights, x0.clone(), xn0.clone(), bias, t0, trace=trace)
+        samples.append(phase_times(trace))
+    per_phase = torch.tensor(samples[1:]).median(dim=0).values  # [phases, 2]
+    return [[round(w, 2), round(b, 2)] for w, b in per_phase.tolist()]
+
+
+PHASE_NAMES = ("qkv", "attn", "out", "norm", "up", "down", "norm")
 
 
 def check(checks, key, fast, graph_out, ref, hidden, anchor, lm_head, greedy_margin):
@@ -462,6 +483,11 @@ def report(res) -> list[str]:
         if r.get("stage_lattice_persistent") is not None:
             log(f"lattice layers, bs={r['bs']}: fused path {fmt(r.get('stage_lattice'))} ms, one persistent kernel "
                 f"{fmt(r['stage_lattice_persistent'])} ms ({fmt(r.get('stage_lattice_persistent_noprefetch'))} without its L2 prefetch)")
+        if r.get("lattice_persistent_phases_us"):
+            phases = r["lattice_persistent_phases_us"]
+            log(f"  its phases, bs={r['bs']} (us of work / us of grid barrier after it; clock trace, median of eager launches): "
+                + ", ".join(f"L{i // len(PHASE_NAMES)}.{PHASE_NAMES[i % len(PHASE_NAMES)]} {w:.1f}/{b:.1f}" for i, (w, b) in enumerate(phases))
+                + f"; sum {sum(w for w, _ in phases):.1f} work + {sum(b for _, b in phases):.1f} barrier")
     for r in rows:
         sweep = {k[len("topk_splits_"):]: v for k, v in r.items() if k.startswith("topk_splits_")}
         if sweep:

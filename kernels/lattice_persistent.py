@@ -80,10 +80,22 @@ def _prefetch_weight(w_ptr, N, K, BLOCK_N: tl.constexpr, LINES: tl.constexpr):
 
 
 @triton.jit
-def _phase_done(counter_ptr, phases_done, ALL: tl.constexpr):
-    """After a phase: in the persistent launch, wait until every program has finished it."""
+def _globaltimer(like):
+    """The GPU's nanosecond clock (%globaltimer), int64 shaped like the scalar tensor `like`."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [like], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _phase_done(counter_ptr, trace_ptr, phases_done, ALL: tl.constexpr, TRACE: tl.constexpr):
+    """After a phase: in the persistent launch, wait until every program has finished it. TRACE:
+    trace[2 p] = when the last program finished phase p's work, trace[2 p + 1] = when program 0
+    saw barrier p open (ns; phases counted from 1, trace[1] = program 0's start)."""
     if ALL:
+        if TRACE:
+            tl.atomic_max(trace_ptr + 2 * phases_done, _globaltimer(tl.program_id(0)), sem="relaxed", scope="gpu")
         _grid_sync(counter_ptr, phases_done * tl.num_programs(0))
+        if TRACE and tl.program_id(0) == 0:
+            tl.store(trace_ptr + 2 * phases_done + 1, _globaltimer(tl.program_id(0)))
 
 
 @triton.jit
@@ -127,7 +139,7 @@ def _attention_phase(
 
 @triton.jit
 def _lattice_layers_kernel(
-    x_ptr, xn_ptr, qkv_ptr, attn_ptr, y_ptr, up_ptr, out_ptr, cross_ptr, counter_ptr,
+    x_ptr, xn_ptr, qkv_ptr, attn_ptr, y_ptr, up_ptr, out_ptr, cross_ptr, counter_ptr, trace_ptr,
     w_qkv_ptr, b_qkv_ptr, w_o_ptr, b_o_ptr, n_mlp_ptr, w_up_ptr, b_up_ptr, w_down_ptr, b_down_ptr, n_next_ptr,
     bias_ptr, bias_head_stride, bias_row_stride, M, L, eps, qk_scale,
     H: tl.constexpr, FFN: tl.constexpr, HEADS: tl.constexpr, LAYERS: tl.constexpr, PHASE: tl.constexpr,
@@ -135,9 +147,12 @@ def _lattice_layers_kernel(
     LP: tl.constexpr, DP: tl.constexpr, BLOCK_H: tl.constexpr, IEEE: tl.constexpr, F32_DOT: tl.constexpr,
     PREFETCH: tl.constexpr,  # persistent launch: first send every GEMM weight of every layer towards L2
     LINES_H: tl.constexpr, LINES_F: tl.constexpr,  # 128-byte lines per weight row of width H / FFN (powers of two)
+    TRACE: tl.constexpr,  # persistent launch: per-phase clock readings into trace_ptr (see _phase_done)
 ):
     ALL: tl.constexpr = PHASE < 0
     CACHE: tl.constexpr = ".cg" if ALL else ""
+    if TRACE and tl.program_id(0) == 0:
+        tl.store(trace_ptr + 1, _globaltimer(tl.program_id(0)))
     if ALL and PREFETCH:  # the weights do not depend on any phase: their HBM reads overlap the first phases
         for layer in tl.static_range(LAYERS):
             _prefetch_weight(w_qkv_ptr + layer * 3 * H * H, 3 * H, H, BLOCK_N, LINES_H)
@@ -150,32 +165,34 @@ def _lattice_layers_kernel(
         if ALL or PHASE == p0:
             _linear_phase(xn_ptr, w_qkv_ptr + layer * 3 * H * H, b_qkv_ptr + layer * 3 * H, qkv_ptr, M, 3 * H, H,
                           False, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE, CACHE)
-            _phase_done(counter_ptr, p0 + 1, ALL)
+            _phase_done(counter_ptr, trace_ptr, p0 + 1, ALL, TRACE)
         if ALL or PHASE == p0 + 1:
             _attention_phase(qkv_ptr, bias_ptr, bias_head_stride, bias_row_stride, attn_ptr, M, L, qk_scale,
                              H, HEADS, LP, DP, ATT_BLOCK_M, IEEE, F32_DOT, CACHE)
-            _phase_done(counter_ptr, p0 + 2, ALL)
+            _phase_done(counter_ptr, trace_ptr, p0 + 2, ALL, TRACE)
         if ALL or PHASE == p0 + 2:
             _linear_phase(attn_ptr, w_o_ptr + layer * H * H, b_o_ptr + layer * H, y_ptr, M, H, H,
                           False, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE, CACHE)
-            _phase_done(counter_ptr, p0 + 3, ALL)
+            _phase_done(counter_ptr, trace_ptr, p0 + 3, ALL, TRACE)
         if ALL or PHASE == p0 + 3:
             _norm_phase(x_ptr, y_ptr, n_mlp_ptr + layer * H, xn_ptr, H, cross_ptr, M, L, H, eps, BLOCK_H, False, CACHE)
-            _phase_done(counter_ptr, p0 + 4, ALL)
+            _phase_done(counter_ptr, trace_ptr, p0 + 4, ALL, TRACE)
         if ALL or PHASE == p0 + 4:
             _linear_phase(xn_ptr, w_up_ptr + layer * FFN * H, b_up_ptr + layer * FFN, up_ptr, M, FFN, H,
                           True, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE, CACHE)
-            _phase_done(counter_ptr, p0 + 5, ALL)
+            _phase_done(counter_ptr, trace_ptr, p0 + 5, ALL, TRACE)
         if ALL or PHASE == p0 + 5:
             _linear_phase(up_ptr, w_down_ptr + layer * H * FFN, b_down_ptr + layer * H, y_ptr, M, H, FFN,
                           False, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE, CACHE)
-            _phase_done(counter_ptr, p0 + 6, ALL)
+            _phase_done(counter_ptr, trace_ptr, p0 + 6, ALL, TRACE)
         if ALL or PHASE == p0 + 6:
             if last:  # concat[h, h * t] of the last residual sum
                 _norm_phase(x_ptr, y_ptr, n_next_ptr + layer * H, out_ptr, 2 * H, cross_ptr, M, L, H, eps, BLOCK_H, True, CACHE)
+                if TRACE:
+                    tl.atomic_max(trace_ptr + 2 * (p0 + 7), _globaltimer(tl.program_id(0)), sem="relaxed", scope="gpu")
             else:
                 _norm_phase(x_ptr, y_ptr, n_next_ptr + layer * H, xn_ptr, H, cross_ptr, M, L, H, eps, BLOCK_H, False, CACHE)
-                _phase_done(counter_ptr, p0 + 7, ALL)
+                _phase_done(counter_ptr, trace_ptr, p0 + 7, ALL, TRACE)
     if ALL:  # the last program out zeroes the counter for the next launch (every program is past every barrier)
         tl.debug_barrier()
         if tl.atomic_add(counter_ptr + 1, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
@@ -212,6 +229,7 @@ def lattice_layers_persistent(
     *,
     persistent: bool | None = None,  # None: on CUDA (the CPU interpreter runs one launch per phase)
     prefetch: bool = True,  # persistent launch: L2 prefetch of all layer weights at its start
+    trace: torch.Tensor | None = None,  # persistent launch: zeroed int64 [2 (phases + 1)], see phase_times
 ) -> torch.Tensor:
     """-> concat[h, h * t] [M, 2H] after every lattice layer (what fast_head._layers_fused returns)."""
     m, h = x.shape
@@ -237,7 +255,7 @@ def lattice_layers_persistent(
     grid = (min(sm_count(dev), n_items),)
     w = weights
     args = (
-        x, xn, qkv, attn, y, up, out, cross.contiguous(), w.counter,
+        x, xn, qkv, attn, y, up, out, cross.contiguous(), w.counter, w.counter if trace is None else trace,
         w.w_qkv, w.b_qkv, w.w_o, w.b_o, w.n_mlp, w.w_up, w.b_up, w.w_down, w.b_down, w.n_next,
         bias, bias.stride(0), bias.stride(1), m, length, w.eps, 1.0 / math.sqrt(dh),
     )
@@ -248,8 +266,16 @@ def lattice_layers_persistent(
         ATT_BLOCK_M=ATT_BLOCK_M, LP=max(16, triton.next_power_of_2(length)), DP=max(16, triton.next_power_of_2(dh)),
         BLOCK_H=triton.next_power_of_2(h), IEEE=f32, F32_DOT=not x.is_cuda, PREFETCH=prefetch and persistent,
         LINES_H=triton.next_power_of_2(triton.cdiv(h, 64)), LINES_F=triton.next_power_of_2(triton.cdiv(w.ffn, 64)),
-        num_warps=NUM_WARPS,
+        TRACE=trace is not None and persistent, num_warps=NUM_WARPS,
     )
     for phase in [-1] if persistent else range(w.layers * PHASES_PER_LAYER):
         _lattice_layers_kernel[grid](*args, PHASE=phase, **consts)
     return out
+
+
+def phase_times(trace: torch.Tensor) -> list[tuple[float, float]]:
+    """A traced launch's clock readings -> per phase (us of work from the previous barrier's opening
+    to the last program's finish, us from that finish to program 0 seeing the barrier open)."""
+    t = trace.tolist()
+    return [((t[2 * p] - t[2 * p - 1]) / 1e3, (t[2 * p + 1] - t[2 * p]) / 1e3 if p < len(t) // 2 - 1 else 0.0)
+            for p in range(1, len(t) // 2)]

@@ -23,10 +23,13 @@ from sm90_build import build
 from sglang_lilicorr.kernels import lattice_persistent as lp
 
 bf = "*bf16"
-types = [bf] * 8 + ["*i32"] + [bf] * 10 + [bf, "i32", "i32", "i32", "i32", "fp32", "fp32"] + ["constexpr"] * 18
-consts = dict(LINES_H=16, LINES_F=32, H=1024, FFN=2048, HEADS=8, LAYERS=2, PHASE=-1, BLOCK_M=lp.BLOCK_M, BLOCK_N=lp.BLOCK_N, BLOCK_K=lp.BLOCK_K,
+types = [bf] * 8 + ["*i32", "*i64"] + [bf] * 10 + [bf, "i32", "i32", "i32", "i32", "fp32", "fp32"] + ["constexpr"] * 19
+consts = dict(LINES_H=16, LINES_F=32, TRACE=False, H=1024, FFN=2048, HEADS=8, LAYERS=2, PHASE=-1, BLOCK_M=lp.BLOCK_M, BLOCK_N=lp.BLOCK_N, BLOCK_K=lp.BLOCK_K,
               EVEN_K=True, ATT_BLOCK_M=lp.ATT_BLOCK_M, LP=128, DP=128, BLOCK_H=1024, IEEE=False, F32_DOT=False, PREFETCH=True)
-r = build(lp._lattice_layers_kernel, types, consts, aligned=tuple(range(21)), num_warps=lp.NUM_WARPS)
+r = build(lp._lattice_layers_kernel, types, consts, aligned=tuple(range(22)), num_warps=lp.NUM_WARPS)
+traced = build(lp._lattice_layers_kernel, types, {**consts, "TRACE": True}, aligned=tuple(range(22)), num_warps=lp.NUM_WARPS)
+if "%globaltimer" not in traced["ptx"] or "atom.global.gpu.relaxed.max.s64" not in traced["ptx"]:
+    sys.exit("the traced build reads no clock or records no per-phase finish")
 ptx = r["ptx"]
 print("registers", r["registers"], "spills", r["spills"], "shared", r["shared"])
 barriers = 2 * lp.PHASES_PER_LAYER - 1
@@ -47,6 +50,14 @@ def test_persistent_kernel_compiles_for_sm90(sm90_triton):
     shared memory, one release arrival and one acquire spin per barrier (13), no L1-cached loads,
     the weights' L2 prefetch present."""
     assert check_in_fresh_process(_AOT, sm90_triton).rstrip().endswith("ok")
+
+
+def test_phase_times_split_work_from_barrier():
+    """trace[1] = start, then per phase p: trace[2p] last finish, trace[2p + 1] barrier open (ns)."""
+    from sglang_lilicorr.kernels.lattice_persistent import phase_times
+
+    trace = torch.tensor([0, 1000, 6000, 7500, 9500, 11000, 20000, 0], dtype=torch.int64)
+    assert phase_times(trace) == [(5.0, 1.5), (2.0, 1.5), (9.0, 0.0)]
 
 
 @pytest.mark.gpu
