@@ -14,9 +14,6 @@ ms per call (median of triton.testing.do_bench over CUDA-graph replay):
   select       hidden -> draft ids, LM-head matmul included
   floor_dense_chain  the head's GEMMs + SDPA alone (dense_chain): the floor of one launch per GEMM
   floor_launches     as many empty kernels as post_logits_fused launches, back to back (launch_chain)
-  stage_lattice_persistent[_noprefetch]  the lattice layers as one persistent kernel (bs <= 4), with and
-                     without its L2 prefetch of the weights, beside stage_lattice (the fused path's); and
-                     its clock trace: per phase, us of work and us of the grid barrier after it
 
 Per-stage split (variant fused, each stage captured and replayed alone): lm_head, topk_lse,
 projections (pass + anchor GEMMs), nodes (features + node assembly), lattice (2 layers),
@@ -25,9 +22,7 @@ activity, one eager call) for post_logits of each variant and the built-in and f
 with the fused variant's and the built-in's kernels by GPU time (the SDPA backend shows up here).
 
 Our variants: torch (PyTorch ops on the precomputed buffers), fused (Triton epilogues),
-fused_overlap (fused + side stream for the pass/anchor projections), fused_persistent
-(fused_overlap with the lattice layers as one persistent kernel up to b = 4; not yet the served
-path: kernels/lattice_persistent.py), and with --compile,
+fused_overlap (fused + side stream for the pass/anchor projections), and with --compile,
 compiled (torch.compile of the PyTorch variant). Checks in the same run: each variant's select
 against the reference (LiLiCorrHead.forward + walk.greedy_walk): candidate ids equal, log-probs
 close, score error, draft ids equal wherever the reference has no near-tie; graph replay equals
@@ -269,8 +264,7 @@ def run(args) -> dict:
 
     variants = {}
     for name, kw in (("torch", dict(fused=False, overlap=False)), ("fused", dict(fused=True, overlap=False)),
-                     ("fused_overlap", dict(fused=True, overlap=True)),
-                     ("fused_persistent", dict(fused=True, overlap=True, persistent=True))):
+                     ("fused_overlap", dict(fused=True, overlap=True))):
         if name in args.variants:
             variants[name] = attempt(errors, f"build_{name}", lambda kw=kw: FastLiLiCorrSelect(head, token_table=table, **kw))
     if args.compile:
@@ -350,21 +344,6 @@ def run(args) -> dict:
                 if bs == args.bs[0]:  # launch counts do not depend on bs (top-K: 1 kernel from N >= 4224)
                     count(f"stage_{name}", fn)
 
-        # ---- the persistent lattice kernel alone, with and without its L2 weight prefetch
-        persistent = variants.get("fused_persistent")
-        if cuda and persistent is not None and bs * S * K <= persistent.lattice_max_rows:
-            from sglang_lilicorr.kernels.lattice_persistent import lattice_layers_persistent
-
-            g = torch.Generator(device="cpu").manual_seed(3000 + bs)
-            x0, xn0 = (torch.randn(bs * S * K, persistent.width, generator=g).to(dev, dtype) for _ in range(2))
-            t0 = torch.randn(bs, persistent.width, generator=g).to(dev, dtype)
-            bias = persistent.attn_bias[..., : S * K, : S * K]
-            for key, pre in (("stage_lattice_persistent", True), ("stage_lattice_persistent_noprefetch", False)):
-                out = tb(key, lambda pre=pre: lattice_layers_persistent(persistent.lattice, x0, xn0, bias, t0, prefetch=pre))
-                row[key] = out and out[0]
-            row["lattice_persistent_phases_us"] = attempt(
-                errors, f"bs{bs}_lattice_persistent_trace", lambda: traced_phases(persistent.lattice, x0, xn0, bias, t0))
-
         # ---- the dense-work floor of the one-launch-per-GEMM design (see dense_chain)
         if fast is not None:
             out = tb("floor_dense_chain", dense_chain(fast, geo, bs, dev, dtype))
@@ -408,24 +387,6 @@ def run(args) -> dict:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return res
-
-
-def traced_phases(weights, x0, xn0, bias, t0, runs: int = 21) -> list[list[float]]:
-    """The persistent lattice launch with its clock trace, eager, `runs` times -> per phase the median
-    [us of work (the barrier before it open -> its last program done), us until its barrier opens]."""
-    from sglang_lilicorr.kernels.lattice_persistent import PHASES_PER_LAYER, lattice_layers_persistent, phase_times
-
-    trace = torch.zeros(2 * (weights.layers * PHASES_PER_LAYER + 1), dtype=torch.int64, device=x0.device)
-    samples = []
-    for _ in range(runs + 1):  # the first launch compiles
-        trace.zero_()
-        lattice_layers_persistent(weights, x0.clone(), xn0.clone(), bias, t0, trace=trace)
-        samples.append(phase_times(trace))
-    per_phase = torch.tensor(samples[1:]).median(dim=0).values  # [phases, 2]
-    return [[round(w, 2), round(b, 2)] for w, b in per_phase.tolist()]
-
-
-PHASE_NAMES = ("qkv", "attn", "out", "norm", "up", "down", "norm")
 
 
 def check(checks, key, fast, graph_out, ref, hidden, anchor, lm_head, greedy_margin):
@@ -479,15 +440,6 @@ def report(res) -> list[str]:
             total = sum(parts) if all(p is not None for p in parts) else None
             log(f"| {r['bs']} | " + " | ".join(fmt(p) for p in parts)
                 + f" | {fmt(total)} | {fmt(r.get('select_fused'))} | {fmt(r.get('floor_dense_chain'))} | {fmt(r.get('floor_launches'))} |")
-    for r in rows:
-        if r.get("stage_lattice_persistent") is not None:
-            log(f"lattice layers, bs={r['bs']}: fused path {fmt(r.get('stage_lattice'))} ms, one persistent kernel "
-                f"{fmt(r['stage_lattice_persistent'])} ms ({fmt(r.get('stage_lattice_persistent_noprefetch'))} without its L2 prefetch)")
-        if r.get("lattice_persistent_phases_us"):
-            phases = r["lattice_persistent_phases_us"]
-            log(f"  its phases, bs={r['bs']} (us of work / us of grid barrier after it; clock trace, median of eager launches): "
-                + ", ".join(f"L{i // len(PHASE_NAMES)}.{PHASE_NAMES[i % len(PHASE_NAMES)]} {w:.1f}/{b:.1f}" for i, (w, b) in enumerate(phases))
-                + f"; sum {sum(w for w, _ in phases):.1f} work + {sum(b for _, b in phases):.1f} barrier")
     for r in rows:
         sweep = {k[len("topk_splits_"):]: v for k, v in r.items() if k.startswith("topk_splits_")}
         if sweep:
@@ -547,8 +499,8 @@ def failed_checks(checks) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="FastLiLiCorrSelect vs SGLang's built-in LiLiCorr head (one GPU, graph replay)")
     ap.add_argument("--bs", type=int, nargs="+", default=[1, 4, 16, 32], help="batch sizes (default 1 4 16 32)")
-    ap.add_argument("--variants", nargs="+", default=["torch", "fused", "fused_overlap", "fused_persistent"],
-                    choices=["torch", "fused", "fused_overlap", "fused_persistent"], help="our implementations to time")
+    ap.add_argument("--variants", nargs="+", default=["torch", "fused", "fused_overlap"],
+                    choices=["torch", "fused", "fused_overlap"], help="our implementations to time")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile of the PyTorch variant (slow to compile)")
     ap.add_argument("--rep-ms", type=int, default=200, help="do_bench repetition time per measurement (ms)")
     ap.add_argument("--smoke", action="store_true", help="tiny config, runs on CPU too: a dry run of this script")

@@ -8,8 +8,6 @@
   the lattice transformer's self-attention on the packed QKV GEMM output (replaces SDPA).
 - linear_silu_triton(x [M, K], weight [N, K], bias [N] | None) -> silu(x @ weight.T + bias) [M, N]:
   the lattice FFN's up projection with its bias + SiLU epilogue in one GEMM (prefer_triton(M) in ffn_silu).
-- lattice_layers_persistent(weights, x, xn, bias, cross) -> concat[h, h*t] [M, 2H]: every lattice layer
-  in one persistent launch with grid barriers (b <= 4; not yet run on a GPU).
 See README.md in this folder for launch geometry and references.
 """
 from .topk_lse import MAX_TOPK, topk_lse, topk_lse_reference, uses_triton
@@ -21,7 +19,6 @@ _TRITON_ONLY = {
     "viterbi_triton": "walk",
     "lattice_attention_triton": "lattice_attention",
     "linear_silu_triton": "ffn_silu",
-    "lattice_layers_persistent": "lattice_persistent",
 }
 
 __all__ = ["MAX_TOPK", "topk_lse", "topk_lse_reference", "uses_triton", *_TRITON_ONLY]

@@ -103,23 +103,20 @@ def _tile_coords(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP
 
 
 @triton.jit
-def _bias_silu(acc, b_ptr, rn, N, HAS_BIAS: tl.constexpr, SILU: tl.constexpr = True):
-    """acc [BLOCK_M, BLOCK_N] fp32 (+ bias[col]) (-> SiLU), fp32."""
+def _bias_silu(acc, b_ptr, rn, N, HAS_BIAS: tl.constexpr):
+    """acc [BLOCK_M, BLOCK_N] fp32 (+ bias[col]) -> SiLU, fp32."""
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    if SILU:
-        acc = acc / (1.0 + tl.exp(-acc))
-    return acc
+    return acc / (1.0 + tl.exp(-acc))
 
 
 @triton.jit
-def _gemm_acc(
-    x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, pid_m, pid_n,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    IEEE_F32: tl.constexpr, CACHE: tl.constexpr,
+def _linear_silu_kernel(
+    x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, IEEE_F32: tl.constexpr,
 ):
-    """One [BLOCK_M, BLOCK_N] tile of x @ weight.T in fp32 -> (acc, rows, columns). CACHE is the
-    x loads' cache modifier (".cg" where x was written earlier in the same launch)."""
+    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -131,11 +128,11 @@ def _gemm_acc(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
-            a = tl.load(a_ptrs, cache_modifier=CACHE)
+            a = tl.load(a_ptrs)
             b = tl.load(b_ptrs)
         else:
             left = K - k * BLOCK_K
-            a = tl.load(a_ptrs, mask=rk[None, :] < left, other=0.0, cache_modifier=CACHE)
+            a = tl.load(a_ptrs, mask=rk[None, :] < left, other=0.0)
             b = tl.load(b_ptrs, mask=rk[:, None] < left, other=0.0)
         if IEEE_F32:  # fp32 inputs, or 16-bit ones under the interpreter: exact fp32 FMAs
             acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
@@ -143,24 +140,10 @@ def _gemm_acc(
             acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
-    return acc, rm, rn
 
-
-@triton.jit
-def _store_tile(out_ptr, stride_om, y, rm, rn, M, N):
+    y = _bias_silu(acc, b_ptr, rn, N, HAS_BIAS)
     out = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
     tl.store(out, y.to(out_ptr.dtype.element_ty), mask=(rm < M)[:, None] & (rn < N)[None, :])
-
-
-@triton.jit
-def _linear_silu_kernel(
-    x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
-    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, IEEE_F32: tl.constexpr,
-):
-    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    acc, rm, rn = _gemm_acc(x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE_F32, "")
-    _store_tile(out_ptr, stride_om, _bias_silu(acc, b_ptr, rn, N, HAS_BIAS), rm, rn, M, N)
 
 
 @triton.jit

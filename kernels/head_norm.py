@@ -21,19 +21,18 @@ from .head_nodes import rows_per_program
 
 
 @triton.jit
-def _add_rmsnorm_rows(
-    x_ptr, y_ptr, w_ptr, out_ptr, out_stride, cross_ptr, rows_per_req, n_rows, H, eps, r,
-    BLOCK_H: tl.constexpr, CROSS: tl.constexpr, ADD: tl.constexpr,
-    CACHE: tl.constexpr,  # x / y loads' cache modifier (".cg" where they were written in the same launch)
+def _add_rmsnorm_kernel(
+    x_ptr, y_ptr, w_ptr, out_ptr, out_stride, cross_ptr, rows_per_req, n_rows, H, eps,
+    ROWS: tl.constexpr, BLOCK_H: tl.constexpr, CROSS: tl.constexpr, ADD: tl.constexpr = True,
 ):
-    """add_rmsnorm on rows r [ROWS] (int64)."""
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_H)
     m = (r < n_rows)[:, None] & (cols < H)[None, :]
     at = r[:, None] * H + cols[None, :]
     dtype = x_ptr.dtype.element_ty
-    s = tl.load(x_ptr + at, mask=m, other=0.0, cache_modifier=CACHE)
+    s = tl.load(x_ptr + at, mask=m, other=0.0)
     if ADD:
-        s = (s.to(tl.float32) + tl.load(y_ptr + at, mask=m, other=0.0, cache_modifier=CACHE).to(tl.float32)).to(dtype)
+        s = (s.to(tl.float32) + tl.load(y_ptr + at, mask=m, other=0.0).to(tl.float32)).to(dtype)
         if not CROSS:  # the last residual sum is read by nothing but this norm
             tl.store(x_ptr + at, s, mask=m)
     sf = s.to(tl.float32)
@@ -45,15 +44,6 @@ def _add_rmsnorm_rows(
     if CROSS:
         t = tl.load(cross_ptr + (r // rows_per_req)[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
         tl.store(out + H, (n.to(tl.float32) * t).to(dtype), mask=m)
-
-
-@triton.jit
-def _add_rmsnorm_kernel(
-    x_ptr, y_ptr, w_ptr, out_ptr, out_stride, cross_ptr, rows_per_req, n_rows, H, eps,
-    ROWS: tl.constexpr, BLOCK_H: tl.constexpr, CROSS: tl.constexpr, ADD: tl.constexpr = True,
-):
-    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    _add_rmsnorm_rows(x_ptr, y_ptr, w_ptr, out_ptr, out_stride, cross_ptr, rows_per_req, n_rows, H, eps, r, BLOCK_H, CROSS, ADD, "")
 
 
 @triton.jit

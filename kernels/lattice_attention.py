@@ -42,23 +42,23 @@ NUM_WARPS = 4
 
 
 @triton.jit
-def _attention_block(
+def _lattice_attention_kernel(
     qkv_ptr, qkv_stride, bias_ptr, bias_head_stride, bias_row_stride, out_ptr,
-    L, H, DH, qk_scale, req, head, qblock,
+    L, H, DH, qk_scale,
     LP: tl.constexpr, DP: tl.constexpr, BLOCK_M: tl.constexpr, IEEE: tl.constexpr, F32_DOT: tl.constexpr,
-    CACHE: tl.constexpr,  # the qkv loads' cache modifier (".cg" where qkv was written in the same launch)
 ):
-    """Attention of one (request, head, block of BLOCK_M query nodes)."""
-    rows = qblock * BLOCK_M + tl.arange(0, BLOCK_M)  # query nodes of this block
+    req = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)  # query nodes of this program
     keys = tl.arange(0, LP)
     d = tl.arange(0, DP)
     rv, kv, dv = rows < L, keys < L, d < DH
     base = qkv_ptr + req * L * qkv_stride + head * DH  # q of (request, head); k at + H, v at + 2H
-    q = tl.load(base + rows[:, None] * qkv_stride + d[None, :], mask=rv[:, None] & dv[None, :], other=0.0, cache_modifier=CACHE)
+    q = tl.load(base + rows[:, None] * qkv_stride + d[None, :], mask=rv[:, None] & dv[None, :], other=0.0)
     kv_at = base + keys[:, None] * qkv_stride + d[None, :]
     kv_mask = kv[:, None] & dv[None, :]
-    k = tl.load(kv_at + H, mask=kv_mask, other=0.0, cache_modifier=CACHE)  # [LP, DP]
-    v = tl.load(kv_at + 2 * H, mask=kv_mask, other=0.0, cache_modifier=CACHE)  # [LP, DP]
+    k = tl.load(kv_at + H, mask=kv_mask, other=0.0)  # [LP, DP]
+    v = tl.load(kv_at + 2 * H, mask=kv_mask, other=0.0)  # [LP, DP]
     dtype = v.dtype
     if F32_DOT:  # the interpreter's tl.dot multiplies bf16 bit patterns: dot exact fp32 copies instead
         q, k, v = q.to(tl.float32), k.to(tl.float32), v.to(tl.float32)
@@ -83,18 +83,6 @@ def _attention_block(
     o = o * (1.0 / denom)[:, None]
     out = out_ptr + (req * L + rows)[:, None] * H + head * DH + d[None, :]
     tl.store(out, o.to(out_ptr.dtype.element_ty), mask=rv[:, None] & dv[None, :])
-
-
-@triton.jit
-def _lattice_attention_kernel(
-    qkv_ptr, qkv_stride, bias_ptr, bias_head_stride, bias_row_stride, out_ptr,
-    L, H, DH, qk_scale,
-    LP: tl.constexpr, DP: tl.constexpr, BLOCK_M: tl.constexpr, IEEE: tl.constexpr, F32_DOT: tl.constexpr,
-):
-    _attention_block(
-        qkv_ptr, qkv_stride, bias_ptr, bias_head_stride, bias_row_stride, out_ptr, L, H, DH, qk_scale,
-        tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2), LP, DP, BLOCK_M, IEEE, F32_DOT, "",
-    )
 
 
 def _lattice_shapes(qkv: torch.Tensor, bias: torch.Tensor, heads: int, name: str):

@@ -80,7 +80,6 @@ class FastLiLiCorrSelect:
         token_table: torch.Tensor | None = None,  # [V, H] head.token_table(embed_weight), if already built
         fused: bool | None = None,  # None: Triton where it runs (CUDA, or CPU with TRITON_INTERPRET=1)
         overlap: bool | None = None,  # side stream for the projections (fused CUDA only); None: on
-        persistent: bool = False,  # lattice layers as one persistent kernel where rows <= its MAX_ROWS (fused only)
     ) -> None:
         if (embed_weight is None) == (token_table is None):
             raise ValueError("FastLiLiCorrSelect: pass exactly one of embed_weight=[V, Hm] or token_table=[V, H].")
@@ -140,17 +139,6 @@ class FastLiLiCorrSelect:
             self.b_edge = torch.cat([head.out_head.bias, head.in_head.bias]).contiguous()  # [2D]
 
         layers = head.layers
-        self.lattice = None  # stacked layer weights of the persistent kernel
-        if persistent:
-            if not self.fused:
-                raise ValueError("FastLiLiCorrSelect(persistent=True) runs a Triton kernel: it needs the fused path.")
-            from .kernels.lattice_persistent import MAX_ROWS, LatticeWeights
-
-            eps = {_norm_eps(n) for layer in layers for n in (layer.attn_norm, layer.mlp_norm)} | {_norm_eps(head.output_norm)}
-            if len(eps) != 1:
-                raise ValueError(f"FastLiLiCorrSelect(persistent=True): the lattice RMSNorms differ in eps {sorted(eps)}; one kernel takes one")
-            self.lattice = LatticeWeights(layers, head.output_norm.weight, eps.pop(), head.layers[0].attn.num_heads)
-            self.lattice_max_rows = MAX_ROWS
         # the RMSNorm that follows each residual add: layer i's mlp_norm, then layer i+1's attn_norm / output_norm
         self._after_attn = [layer.mlp_norm for layer in layers]
         self._after_mlp = [layers[i + 1].attn_norm for i in range(len(layers) - 1)] + [head.output_norm]
@@ -282,12 +270,6 @@ class FastLiLiCorrSelect:
 
         n = x.shape[0] // b
         bias = self.attn_bias[..., :n, :n]  # [1, heads, n, n], 16-aligned rows: taken as is
-        if self.lattice is not None and x.shape[0] <= self.lattice_max_rows:
-            from .kernels.lattice_persistent import lattice_layers_persistent
-
-            if join_anchor is not None:
-                join_anchor()
-            return lattice_layers_persistent(self.lattice, x, xn, bias, t)
         layers = self.head.layers
         for i, layer in enumerate(layers):
             attn = layer.attn

@@ -206,26 +206,6 @@ def test_topk_candidates_exact_when_the_best_share_a_subtile(seed, splits):
 
 
 @needs_interpreter
-def test_persistent_lattice_equals_launch_per_phase_path(seed):
-    """The lattice layers as one persistent kernel (on the CPU interpreter: one launch per phase of
-    the same kernel) compute what the launch-per-GEMM fused path computes: scores to fp32 rounding,
-    the same draft tokens."""
-    head = make_head(SMALL, HM, seed)
-    hidden, anchor, lm_head, embed = make_inputs(2, SMALL.num_slots, HM, VOCAB, seed)
-    fused = FastLiLiCorrSelect(head, embed_weight=embed, fused=True)
-    persistent = FastLiLiCorrSelect(head, token_table=fused.token_table, fused=True, persistent=True)
-    assert persistent.lattice is not None and persistent.lattice.layers == len(head.layers)
-    cand = fused.candidates(hidden, lm_head)
-    start, pair, _ = fused.lattice_scores(*cand, hidden, anchor)
-    p_start, p_pair, _ = persistent.lattice_scores(*cand, hidden, anchor)
-    torch.testing.assert_close(p_start, start, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(p_pair, pair, atol=1e-4, rtol=1e-4)
-    assert torch.equal(persistent.select(hidden, anchor, lm_head)[0], fused.select(hidden, anchor, lm_head)[0])
-    with pytest.raises(ValueError, match="needs the fused path"):
-        FastLiLiCorrSelect(head, token_table=fused.token_table, fused=False, persistent=True)
-
-
-@needs_interpreter
 def test_confidence_up_kernel_equals_folded_layernorm_mlp(seed):
     head = make_head(SMALL, HM, seed)
     g = torch.Generator().manual_seed(seed)
