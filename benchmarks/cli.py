@@ -67,7 +67,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_report(args) -> int:
-    cells = [c for path in args.results for c in load_cells(path)]
+    cells = metrics.pool_runs([load_cells(path) for path in args.results])  # a cell in several files: repeated runs
     if args.baseline and args.baseline not in {c["system"] for c in cells}:
         raise SystemExit(f"--baseline {args.baseline!r} is not a system in the results: {sorted({c['system'] for c in cells})}.")
     if args.block_ref:
@@ -147,7 +147,8 @@ def register(subparsers) -> None:
     run.set_defaults(func=cmd_run)
 
     rep = sub.add_parser("report", help="markdown tables, summary.json and plots from results files")
-    rep.add_argument("results", nargs="+", type=Path, help="results .jsonl or summary .json files")
+    rep.add_argument("results", nargs="+", type=Path, help="results .jsonl or summary .json files; a cell in several of them "
+                     "is a repeated run: the report shows the mean over runs (summary.json keeps the std and the count)")
     rep.add_argument("--baseline", help="system served without speculation; speedups are over it")
     rep.add_argument("--block-ref", help="speculative system (e.g. dflash) the per-block wall table divides the others' ms per block by")
     rep.add_argument("--out", type=Path, default=Path("bench_report"))

@@ -35,6 +35,8 @@ cell: same dataset, group, concurrency and temperature.
 
 A cell = (system, dataset, group, concurrency, temperature), group "all" or one category / tier.
 Its tau, block_ms and TPS are computed per seed and then averaged over seeds (std across seeds kept).
+Repeated runs of the same cell (several results files: fresh servers, same prompts) are pooled by
+pool_runs: the mean over runs, the std across runs, "runs" = how many.
 """
 
 from __future__ import annotations
@@ -138,6 +140,30 @@ def aggregate(records: Iterable[dict]) -> List[dict]:
             }
         )
     return cells
+
+
+def pool_runs(runs: Sequence[List[dict]]) -> List[dict]:
+    """Cells of repeated runs (one list per results file) -> one cell per key: tau, block_ms and TPS
+    averaged over the runs that have the cell, their std across those runs (a cell of one run keeps
+    its own std across seeds), token and block counts summed, "runs" = how many runs had it."""
+    by_key: Dict[Tuple, List[dict]] = {}
+    for cells in runs:
+        for c in cells:
+            by_key.setdefault(tuple(c[k] for k in CELL_KEY), []).append(c)
+    pooled = []
+    for same in by_key.values():
+        if len(same) == 1:
+            pooled.append({**same[0], "runs": same[0].get("runs", 1)})
+            continue
+        cell = {**same[0], "runs": sum(c.get("runs", 1) for c in same)}
+        for name in ("tau", "block_ms", "tps"):
+            cell[name], cell[f"{name}_std"] = _mean_std([c.get(name) for c in same])
+        cell["seeds"] = sorted({s for c in same for s in c.get("seeds", [])})
+        cell["n_prompts"] = max(c.get("n_prompts", 0) for c in same)
+        for name in ("completion_tokens", "verify_blocks"):
+            cell[name] = sum(c.get(name) or 0 for c in same)
+        pooled.append(cell)
+    return pooled
 
 
 def add_block_ratio(cells: List[dict], reference: str) -> List[dict]:

@@ -160,6 +160,10 @@ def report(cells: Sequence[dict], baseline: Optional[str], block_reference: Opti
     per-concurrency tables. block_reference: system whose ms per block the others are divided by
     (cells need metrics.add_block_ratio)."""
     out = ["# Benchmark report\n", f"Baseline (no speculation): {baseline or 'none given; speedup not shown'}.\n"]
+    runs = max((c.get("runs", 1) for c in cells), default=1)
+    if runs > 1:
+        out.append(f"Repeated runs pooled: each value is the mean over the runs that have its cell (up to {runs}); "
+                   "summary.json holds the std across runs (`*_std`) and the count (`runs`).\n")
     for c in sorted({c["concurrency"] for c in cells}):
         out += [f"\n## τ / TPS / speedup, concurrency {c}\n\n", main_table(cells, baseline, c)]
         if any(x.get("block_ms") is not None and x["concurrency"] == c for x in cells):

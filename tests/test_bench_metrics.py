@@ -50,6 +50,22 @@ def test_block_ratio_and_block_table_against_a_reference_system():
     assert row["block_ms"] == pytest.approx(25.0)
 
 
+def test_repeated_runs_pool_to_their_mean_with_the_spread_across_runs():
+    first = metrics.aggregate([_record(system="dflash", turns=((40, 20, 0.0, 0.4),)), _record(system="lilicorr", turns=((40, 10, 0.0, 0.25),))])
+    second = metrics.aggregate([_record(system="dflash", turns=((40, 20, 0.0, 0.6),))])  # lilicorr missing in this run
+    cells = {c["system"]: c for c in metrics.pool_runs([first, second])}
+    d, l = cells["dflash"], cells["lilicorr"]
+    assert d["runs"] == 2 and d["block_ms"] == pytest.approx(25.0) and d["block_ms_std"] == pytest.approx(7.0710678)
+    assert d["tps"] == pytest.approx((100.0 + 40 / 0.6) / 2) and d["tau"] == pytest.approx(2.0) and d["tau_std"] == 0.0
+    assert d["completion_tokens"] == 80 and d["verify_blocks"] == 40
+    assert l["runs"] == 1 and l["block_ms"] == pytest.approx(25.0)
+    assert metrics.pool_runs([first]) == [{**c, "runs": 1} for c in first]  # one run: unchanged
+    pooled = metrics.add_block_ratio(list(cells.values()), "dflash")
+    assert {c["system"]: c["block_ratio"] for c in pooled}["lilicorr"] == pytest.approx(1.0)
+    assert "Repeated runs pooled" in tables.report(pooled, None, "dflash")
+    assert "Repeated runs pooled" not in tables.report(metrics.pool_runs([first]), None)
+
+
 def test_busy_seconds_is_the_union_of_intervals():
     assert metrics.busy_seconds([(0, 2), (1, 3), (5, 6)]) == pytest.approx(4.0)
     assert metrics.busy_seconds([]) == 0.0
