@@ -145,7 +145,8 @@ def aggregate(records: Iterable[dict]) -> List[dict]:
 def pool_runs(runs: Sequence[List[dict]]) -> List[dict]:
     """Cells of repeated runs (one list per results file) -> one cell per key: tau, block_ms and TPS
     averaged over the runs that have the cell, their std across those runs (a cell of one run keeps
-    its own std across seeds), token and block counts summed, "runs" = how many runs had it."""
+    its own std across seeds) and each run's value (`*_per_run`), token and block counts summed,
+    "runs" = how many runs had it."""
     by_key: Dict[Tuple, List[dict]] = {}
     for cells in runs:
         for c in cells:
@@ -157,7 +158,8 @@ def pool_runs(runs: Sequence[List[dict]]) -> List[dict]:
             continue
         cell = {**same[0], "runs": sum(c.get("runs", 1) for c in same)}
         for name in ("tau", "block_ms", "tps"):
-            cell[name], cell[f"{name}_std"] = _mean_std([c.get(name) for c in same])
+            cell[f"{name}_per_run"] = [c.get(name) for c in same]
+            cell[name], cell[f"{name}_std"] = _mean_std(cell[f"{name}_per_run"])
         cell["seeds"] = sorted({s for c in same for s in c.get("seeds", [])})
         cell["n_prompts"] = max(c.get("n_prompts", 0) for c in same)
         for name in ("completion_tokens", "verify_blocks"):

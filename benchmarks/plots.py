@@ -1,4 +1,5 @@
-"""Figures (matplotlib, Agg backend): TPS and speedup vs concurrency per system; tau per category."""
+"""Figures (matplotlib, Agg backend): TPS and speedup vs concurrency per system; tau per category;
+each run's TPS and ms per block where runs were repeated."""
 
 from __future__ import annotations
 
@@ -83,8 +84,36 @@ def plot_tau_by_category(cells: Sequence[dict], dataset: str, temperature: float
     return path
 
 
+def plot_repeated_runs(cells: Sequence[dict], dataset: str, temperature: float, concurrency: int, baseline: Optional[str], out_dir: Path) -> Path:
+    """Repeated runs (metrics.pool_runs) of group "all": per system, each run's TPS and ms per block
+    as points beside the mean as a bar."""
+    plt = pyplot()
+    mine = [c for c in cells if c["dataset"] == dataset and c["temperature"] == temperature and c["concurrency"] == concurrency and c["group"] == ALL]
+    systems = systems_of(mine, baseline)
+    colors = _colors(cells, baseline)
+    fig, axes = plt.subplots(1, 2, figsize=(max(6.0, 1.6 * len(systems) * 2), 3.4))
+    for ax, metric, label in zip(axes, ("tps", "block_ms"), ("output tokens / s", "ms of request latency per block")):
+        for i, s in enumerate(systems):
+            (cell,) = [c for c in mine if c["system"] == s]
+            if cell.get(metric) is None:
+                continue
+            ax.bar(i, cell[metric], 0.6, color=colors[s], alpha=0.5)
+            values = [v for v in cell.get(f"{metric}_per_run", [cell[metric]]) if v is not None]
+            ax.plot([i] * len(values), values, "o", color=colors[s])
+        ax.set_xticks(range(len(systems)), systems)
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"{dataset}, T={temperature:g}, c={concurrency}: each run (dots) and the mean (bars)", fontsize=10)
+    fig.tight_layout()
+    path = Path(out_dir) / f"{_slug('runs', dataset, f'T{temperature:g}', f'c{concurrency}')}.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_all(cells: Sequence[dict], baseline: Optional[str], out_dir: Path) -> List[Path]:
-    """Every figure the cells support: sweeps where >1 concurrency ran; tau per category at the lowest c."""
+    """Every figure the cells support: sweeps where >1 concurrency ran; tau per category at the lowest c;
+    each run's TPS and ms per block where runs were repeated."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -98,4 +127,6 @@ def plot_all(cells: Sequence[dict], baseline: Optional[str], out_dir: Path) -> L
             lowest = min(c["concurrency"] for c in mine if c["temperature"] == t)  # tau barely moves with c
             if any(c["group"] != ALL and c["tau"] is not None and c["concurrency"] == lowest and c["temperature"] == t for c in mine):
                 paths.append(plot_tau_by_category(cells, d, t, lowest, baseline, out_dir))
+            for conc in sorted({c["concurrency"] for c in mine if c["temperature"] == t and c["group"] == ALL and c.get("runs", 1) > 1}):
+                paths.append(plot_repeated_runs(cells, d, t, conc, baseline, out_dir))
     return paths

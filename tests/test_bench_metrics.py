@@ -64,6 +64,17 @@ def test_repeated_runs_pool_to_their_mean_with_the_spread_across_runs():
     assert {c["system"]: c["block_ratio"] for c in pooled}["lilicorr"] == pytest.approx(1.0)
     assert "Repeated runs pooled" in tables.report(pooled, None, "dflash")
     assert "Repeated runs pooled" not in tables.report(metrics.pool_runs([first]), None)
+    assert d["block_ms_per_run"] == [pytest.approx(20.0), pytest.approx(30.0)] and "block_ms_per_run" not in l
+
+
+def test_repeated_runs_are_plotted_per_run(tmp_path):
+    from sglang_lilicorr.benchmarks import plots
+
+    runs = [metrics.aggregate([_record(system="dflash", turns=((40, 20, 0.0, end),)), _record(system="lilicorr", turns=((40, 10, 0.0, 0.25),))])
+            for end in (0.4, 0.6)]
+    paths = plots.plot_all(metrics.pool_runs(runs), None, tmp_path)
+    assert [p.name for p in paths] == ["runs_d_T0_c1.png"] and paths[0].stat().st_size > 0
+    assert plots.plot_all(runs[0], None, tmp_path / "one") == []  # one run: nothing to plot per run
 
 
 def test_busy_seconds_is_the_union_of_intervals():
