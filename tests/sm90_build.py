@@ -4,7 +4,7 @@ spills and shared memory. A test hands `check_in_fresh_process` a script that ca
 exits non-zero on a failed check.
 
 Every build runs under two Tritons (the `sm90_triton` fixture): the one installed beside torch here,
-and the GPU image's (DEVICE_TRITON, ../shared/device/README.md), which scripts/install.sh puts in
+and the GPU image's (../shared/device/README.md), which scripts/install.sh pins and puts in
 <venv>/device-triton. They differ in what their front ends accept (Triton 3.6 rejects a string
 default of a constexpr argument that 3.8 takes), so a kernel that builds here may not on the GPU.
 """
@@ -46,10 +46,8 @@ def build(fn, types, constexprs, *, aligned=(), **options) -> dict:
     }
 
 
-DEVICE_TRITON = "3.6.0"
-
-
 def device_triton_path() -> Path:
+    """Where scripts/install.sh puts the GPU image's Triton (its version, pinned there, in .version)."""
     return Path(sys.prefix) / "device-triton"
 
 
@@ -59,10 +57,12 @@ def check_in_fresh_process(script: str, triton: str = "installed") -> str:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     paths = [str(Path(__file__).parent), env.get("PYTHONPATH")]
     if triton == "device":
-        if not (device_triton_path() / "triton").is_dir():
-            pytest.fail(f"Triton {DEVICE_TRITON} (the GPU image's) is not in {device_triton_path()}: run scripts/install.sh")
-        paths.insert(0, str(device_triton_path()))
-        script = f"import triton\nassert triton.__version__ == {DEVICE_TRITON!r}, triton.__version__\n" + script
+        where = device_triton_path()
+        if not (where / "triton").is_dir() or not (where / ".version").is_file():
+            pytest.fail(f"the GPU image's Triton is not in {where}: run scripts/install.sh")
+        paths.insert(0, str(where))
+        version = (where / ".version").read_text().strip()
+        script = f"import triton\nassert triton.__version__ == {version!r}, triton.__version__\n" + script
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     if run.returncode and "ptxas" in run.stderr.lower() and "not found" in run.stderr.lower():
