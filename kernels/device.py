@@ -19,3 +19,9 @@ def sm_count(device: torch.device) -> int:
 def sm_major(device: torch.device) -> int:
     """Compute capability major version of a CUDA device (9 = Hopper); 0 elsewhere."""
     return torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else 0
+
+
+def rows_per_program(t: torch.Tensor) -> int:
+    """Rows of a row kernel per program: one on a GPU (parallelism at small batch); many under
+    Triton's CPU interpreter, whose cost is per program."""
+    return 1 if t.is_cuda else 16

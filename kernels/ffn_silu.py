@@ -9,9 +9,10 @@ Replaces F.silu(F.linear(x, W_up, b_up)) in SiluMLP at serving time (cuBLAS GEMM
                   fp32, one rounding (PyTorch rounds twice: after the GEMM and after the SiLU)
 
 Two kernels, the same epilogue:
-  _linear_silu_kernel      one program per [BLOCK_M, BLOCK_N] output tile, pointer loads; rows and
-                           columns past M, N wrapped (index mod M, N) so the K loop loads without
-                           masks, the store masked; the K loop unmasked when BLOCK_K divides K.
+  _linear_silu_kernel      one program per [BLOCK_M, BLOCK_N] output tile, pointer loads (gemm_tile,
+                           shared with kernels/linear_norm.py); rows and columns past M, N wrapped
+                           (index mod M, N) so the K loop loads without masks, the store masked;
+                           the K loop unmasked when BLOCK_K divides K.
   _linear_silu_tma_kernel  persistent (one program per SM striding over the tiles), x / weight
                            tiles by TMA descriptors (zero-filled past the edges), the output by a
                            TMA store (clipped); 16-bit CUDA tensors on sm_90+ only.
@@ -67,8 +68,6 @@ CONFIGS = {
 
 # (largest M of the row band, config for 16-bit inputs, prefer Triton over cuBLAS GEMM + SiLU);
 # the first band with M <= bound applies, None = unbounded
-# (largest M of the row band, config for 16-bit inputs, prefer Triton over cuBLAS GEMM + SiLU);
-# the first band with M <= bound applies, None = unbounded
 CONFIG_BY_ROWS = (  # H200, b3b4862 (bf16, K = 1024, N = 2048; ms ours / cuBLAS + SiLU)
     (128, "skinny", True),  # M = 120: 0.0096 / 0.0116
     (512, "small", False),  # M = 480: 0.0134 / 0.0130
@@ -111,20 +110,16 @@ def _bias_silu(acc, b_ptr, rn, N, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
-def _linear_silu_kernel(
-    x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
-    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, IEEE_F32: tl.constexpr,
+def gemm_tile(
+    x_ptr, w_ptr, rm, rn, M, N, K, stride_xm, stride_wn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE_F32: tl.constexpr,
 ):
-    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    """x[rm] @ weight[rn].T -> acc [BLOCK_M, BLOCK_N] fp32, by pointer loads. Rows and columns past
+    M, N are wrapped (index mod M, N) so the K loop loads without masks; the caller masks its store."""
     rk = tl.arange(0, BLOCK_K)
-    # wrapped rows / columns: in-bounds loads without masks; their results are not stored
     am, bn = (rm % M).to(tl.int64), (rn % N).to(tl.int64)
     a_ptrs = x_ptr + am[:, None] * stride_xm + rk[None, :]  # [BLOCK_M, BLOCK_K]
     b_ptrs = w_ptr + bn[None, :] * stride_wn + rk[:, None]  # [BLOCK_K, BLOCK_N] = weight tile transposed
-
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
@@ -140,7 +135,19 @@ def _linear_silu_kernel(
             acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
+    return acc
 
+
+@triton.jit
+def _linear_silu_kernel(
+    x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, IEEE_F32: tl.constexpr,
+):
+    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = gemm_tile(x_ptr, w_ptr, rm, rn, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE_F32)
     y = _bias_silu(acc, b_ptr, rn, N, HAS_BIAS)
     out = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
     tl.store(out, y.to(out_ptr.dtype.element_ty), mask=(rm < M)[:, None] & (rn < N)[None, :])

@@ -17,6 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .device import rows_per_program
+from .head_norm import norm_store
+
 NUM_FEATURES = 5  # log p, p, log p - log p_top, rank / (K-1), is-top-1 (sglang_lilicorr.head)
 
 
@@ -76,19 +79,11 @@ def _lattice_nodes_kernel(
     x += tl.load(pass_ptr + grp[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
     x += tl.load(feat_ptr + r[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
     x += tl.load(const_ptr + (s * K + k)[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
-    dtype = x_ptr.dtype.element_ty
-    x = x.to(dtype)
+    x = x.to(x_ptr.dtype.element_ty)
     tl.store(x_ptr + r[:, None] * H + cols[None, :], x, mask=m)
     xf = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, 1) / H + eps)
-    w = tl.load(norm_w_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
-    tl.store(xn_ptr + r[:, None] * H + cols[None, :], (xf * rstd[:, None] * w[None, :]).to(dtype), mask=m)
-
-
-def rows_per_program(t: torch.Tensor) -> int:
-    """Rows of a row kernel per program: one on a GPU (parallelism at small batch); many under
-    Triton's CPU interpreter, whose cost is per program."""
-    return 1 if t.is_cuda else 16
+    norm_store(xf, rstd, r, cols, m, H, norm_w_ptr, xn_ptr, H, xn_ptr, 1, False)
 
 
 def _row_warps(block: int) -> int:

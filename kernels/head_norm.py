@@ -17,7 +17,21 @@ import torch
 import triton
 import triton.language as tl
 
-from .head_nodes import rows_per_program
+from .device import rows_per_program
+
+
+@triton.jit
+def norm_store(sf, rstd, rows, cols, mask, H, w_ptr, out_ptr, out_stride, cross_ptr, rows_per_req, CROSS: tl.constexpr):
+    """sf [R, C] fp32 row values at (rows, cols) of width H, rstd [R] -> out[rows, cols] = sf * rstd * w
+    in out's dtype; with CROSS also out[rows, H + cols] = that * t[rows // rows_per_req, cols]."""
+    dtype = out_ptr.dtype.element_ty
+    w = tl.load(w_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
+    n = (sf * rstd[:, None] * w[None, :]).to(dtype)
+    out = out_ptr + rows[:, None] * out_stride + cols[None, :]
+    tl.store(out, n, mask=mask)
+    if CROSS:
+        t = tl.load(cross_ptr + (rows // rows_per_req)[:, None] * H + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        tl.store(out + H, (n.to(tl.float32) * t).to(dtype), mask=mask)
 
 
 @triton.jit
@@ -37,13 +51,7 @@ def _add_rmsnorm_kernel(
             tl.store(x_ptr + at, s, mask=m)
     sf = s.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(sf * sf, 1) / H + eps)
-    w = tl.load(w_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
-    n = (sf * rstd[:, None] * w[None, :]).to(dtype)
-    out = out_ptr + r[:, None] * out_stride + cols[None, :]
-    tl.store(out, n, mask=m)
-    if CROSS:
-        t = tl.load(cross_ptr + (r // rows_per_req)[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
-        tl.store(out + H, (n.to(tl.float32) * t).to(dtype), mask=m)
+    norm_store(sf, rstd, r, cols, m, H, w_ptr, out_ptr, out_stride, cross_ptr, rows_per_req, CROSS)
 
 
 @triton.jit

@@ -18,9 +18,13 @@ Two implementations of the same math, chosen by `fused`:
                gather+sum+RMSNorm node kernel, residual-add+RMSNorm (+ h*t) kernels, bias+SiLU,
                and one cosine-score kernel for start and pair factors; the lattice attention as one
                Triton kernel per (request, head, query block) (kernels/lattice_attention.py);
-               the FFN up GEMM with its bias + SiLU epilogue (kernels/ffn_silu.py) where its
-               measured table prefers it; cuBLAS GEMMs between.
+               the FFN up GEMM with its bias + SiLU epilogue (kernels/ffn_silu.py) and the out /
+               FFN down GEMMs with the residual add + RMSNorm epilogue and the feature down GEMM
+               with the node assembly + RMSNorm epilogue (kernels/linear_norm.py) where their
+               measured tables prefer them; cuBLAS GEMMs between.
 `overlap=True` (CUDA, fused) runs the pass and anchor projections on a side stream.
+`norm_epilogue` forces those GEMM + norm epilogues (nodes, residual adds) on or off (None:
+kernels/linear_norm.py's measured table decides per shape).
 `fused_stages` cuts the fused path into projections / nodes / lattice / factors / walk for
 per-stage timing (benchmarks/head_bench.py).
 Everything is static-shaped with no host syncs, so `select` can be captured in a CUDA graph.
@@ -80,6 +84,7 @@ class FastLiLiCorrSelect:
         token_table: torch.Tensor | None = None,  # [V, H] head.token_table(embed_weight), if already built
         fused: bool | None = None,  # None: Triton where it runs (CUDA, or CPU with TRITON_INTERPRET=1)
         overlap: bool | None = None,  # side stream for the projections (fused CUDA only); None: on
+        norm_epilogue: bool | None = None,  # node sum / residual add + RMSNorm in GEMM epilogues; None: where measured faster
     ) -> None:
         if (embed_weight is None) == (token_table is None):
             raise ValueError("FastLiLiCorrSelect: pass exactly one of embed_weight=[V, Hm] or token_table=[V, H].")
@@ -100,6 +105,8 @@ class FastLiLiCorrSelect:
             )
         self.overlap = self.fused and w.is_cuda and (overlap is None or bool(overlap))
         self._side = torch.cuda.Stream(device=self.device) if self.overlap else None
+        self.norm_epilogue = norm_epilogue
+        self._row_counters = None  # int32 zeros for kernels/linear_norm.py's row tiles (this stream only)
 
         with torch.no_grad():
             if token_table is None:
@@ -250,22 +257,30 @@ class FastLiLiCorrSelect:
     def _nodes_fused(self, vals, ids, lse, pass_proj, join_pass=None):
         """-> log-probs fp32 [b*S, K], residual stream x [b*L, H], first attention input [b*L, H]."""
         from .kernels.head_nodes import confidence_up_triton, lattice_nodes_triton
+        from .kernels.linear_norm import lattice_nodes_linear_triton
 
         b, s, k = vals.shape
         lp, up = confidence_up_triton(
             vals.reshape(b * s, k).float(), lse.reshape(b * s).float(), self.w_feat, self.b_feat, self.feat_ln_eps, self.dtype
         )
+        norm = self.head.layers[0].attn_norm
+        counters = self._norm_counters(up.shape[0], self.width)
+        if counters is not None:  # the down GEMM with the node sum + norm in its epilogue
+            if join_pass is not None:
+                join_pass()
+            x, xn = lattice_nodes_linear_triton(
+                up, self.w_down, ids, self.token_table, pass_proj, self.node_const, norm.weight, _norm_eps(norm), counters
+            )
+            return lp, x, xn
         feat = F.linear(up, self.w_down)  # [b*S*K, H]
         if join_pass is not None:
             join_pass()
-        norm = self.head.layers[0].attn_norm
         x, xn = lattice_nodes_triton(ids, self.token_table, pass_proj, feat, self.node_const, norm.weight, _norm_eps(norm))
         return lp, x, xn
 
     def _layers_fused(self, x, xn, b, t, join_anchor=None):
         """Lattice transformer on x [b*L, H] (updated in place) -> concat[h, h*t] [b*L, 2H]."""
         from .kernels.ffn_silu import linear_silu_triton, prefer_triton
-        from .kernels.head_norm import add_rmsnorm_triton
         from .kernels.lattice_attention import lattice_attention_triton
 
         n = x.shape[0] // b
@@ -274,19 +289,41 @@ class FastLiLiCorrSelect:
         for i, layer in enumerate(layers):
             attn = layer.attn
             qkv = F.linear(xn, attn.in_proj_weight, attn.in_proj_bias)  # [b*n, 3H]
-            y = attn.out_proj(lattice_attention_triton(qkv, bias, attn.num_heads))  # [b*n, H]
-            norm = self._after_attn[i]
-            xn = add_rmsnorm_triton(x, y, norm.weight, _norm_eps(norm))
+            xn = self._residual_norm(x, lattice_attention_triton(qkv, bias, attn.num_heads), attn.out_proj, self._after_attn[i])
             mlp = layer.mlp
             if prefer_triton(xn.shape[0]):  # up GEMM with bias + SiLU in its epilogue, where measured faster
-                y = mlp.down_proj(linear_silu_triton(xn, mlp.up_proj.weight, mlp.up_proj.bias))
+                hidden = linear_silu_triton(xn, mlp.up_proj.weight, mlp.up_proj.bias)
             else:
-                y = mlp(xn)
-            norm, last = self._after_mlp[i], i == len(layers) - 1
+                hidden = F.silu(mlp.up_proj(xn))
+            last = i == len(layers) - 1
             if last and join_anchor is not None:
                 join_anchor()
-            xn = add_rmsnorm_triton(x, y, norm.weight, _norm_eps(norm), cross=t if last else None)
+            xn = self._residual_norm(x, hidden, mlp.down_proj, self._after_mlp[i], cross=t if last else None)
         return xn
+
+    def _residual_norm(self, x, branch, linear: torch.nn.Linear, norm: torch.nn.RMSNorm, cross=None):
+        """x += linear(branch) (in place; not with cross) -> RMSNorm(x) [rows, H], or concat[h, h*t]
+        [rows, 2H] with cross (the anchor state t): one GEMM with the add + norm in its epilogue
+        where _norm_counters says so, else cuBLAS + add_rmsnorm_triton."""
+        from .kernels.head_norm import add_rmsnorm_triton
+        from .kernels.linear_norm import linear_add_rmsnorm_triton
+
+        counters = self._norm_counters(*x.shape)
+        if counters is None:
+            return add_rmsnorm_triton(x, linear(branch), norm.weight, _norm_eps(norm), cross=cross)
+        return linear_add_rmsnorm_triton(branch, linear.weight, linear.bias, x, norm.weight, _norm_eps(norm), counters, cross)
+
+    def _norm_counters(self, rows: int, h: int):
+        """The row-tile counters of kernels/linear_norm.py where its GEMM + norm epilogue serves
+        [rows, h] (its measured table, or `norm_epilogue`), else None (cuBLAS + a norm kernel)."""
+        from .kernels.linear_norm import prefer_fused, row_tiles
+
+        if not (prefer_fused(h, rows) if self.norm_epilogue is None else self.norm_epilogue):
+            return None
+        need = row_tiles(rows, h, self.dtype)
+        if self._row_counters is None or self._row_counters.numel() < need:
+            self._row_counters = torch.zeros(max(need, 256), dtype=torch.int32, device=self.device)
+        return self._row_counters
 
     def _factors_fused(self, cat, anchor, b, s):
         """concat[h, h*t] [b*L, 2H], anchor [b, D+H] -> (start fp32 [b, K], pair fp32 [b, S-1, K, K])."""

@@ -81,14 +81,16 @@ def assert_select_matches(fast, head, hidden, anchor, lm_head, atol, min_clear=1
 # --- end to end --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fused", [False, pytest.param(True, marks=needs_interpreter)])
+@pytest.mark.parametrize(
+    "fused, norm_epilogue", [(False, None), pytest.param(True, False, marks=needs_interpreter), pytest.param(True, True, marks=needs_interpreter)]
+)
 @pytest.mark.parametrize("slots", [SMALL.num_slots, 2])
-def test_select_fp32_equals_reference(seed, monkeypatch, fused, slots):
+def test_select_fp32_equals_reference(seed, monkeypatch, fused, norm_epilogue, slots):
     if not fused:  # the PyTorch path end to end (top-K and walk references too)
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     head = make_head(SMALL, HM, seed)
     hidden, anchor, lm_head, embed = make_inputs(4, slots, HM, VOCAB, seed)
-    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=fused)
+    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=fused, norm_epilogue=norm_epilogue)
     assert fast.fused == fused
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-4)
 
@@ -332,8 +334,8 @@ def _replay_equals_eager(fast, *inputs):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("overlap", [False, True])
-def test_gpu_paper_config_fp32_equals_reference(overlap, monkeypatch):
+@pytest.mark.parametrize("overlap, norm_epilogue", [(False, None), (True, None), (False, True), (True, False)])
+def test_gpu_paper_config_fp32_equals_reference(overlap, norm_epilogue, monkeypatch):
     """fp32 on CUDA (TF32 off): scores agree to ~1e-4, so nearly every request is clear of
     near-ties and the draft tokens must equal the reference's."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
@@ -342,21 +344,22 @@ def test_gpu_paper_config_fp32_equals_reference(overlap, monkeypatch):
     head = make_head(cfg, hm, 0, device="cuda")
     hidden, anchor, lm_head, embed = make_inputs(b, cfg.num_slots, hm, vocab, 0, device="cuda")
     lm_head *= 0.1
-    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=True, overlap=overlap)
+    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=True, overlap=overlap, norm_epilogue=norm_epilogue)
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-3, min_clear=b // 2)
     _replay_equals_eager(fast, hidden, anchor, lm_head)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("overlap", [False, True])
-def test_gpu_paper_config_bf16_graph_replay(overlap):
+@pytest.mark.parametrize("overlap, norm_epilogue", [(False, None), (True, None), (False, True), (True, False)])
+@pytest.mark.parametrize("width", [1024, 256])  # the paper head; the testbed's (rows in one 256-wide tile)
+def test_gpu_paper_config_bf16_graph_replay(overlap, norm_epilogue, width):
     """bf16 at paper scale: random weights near-tie almost every request, so the tokens are only
     checked where clear (none required); scores within tolerance; replay equals eager exactly."""
-    cfg, hm, vocab, b = LiLiCorrConfig(), 4096, 32000, 4
+    cfg, hm, vocab, b = LiLiCorrConfig(hidden_size=width, factor_dim=width), 4096, 32000, 4
     head = make_head(cfg, hm, 0, dtype=torch.bfloat16, device="cuda")
     hidden, anchor, lm_head, embed = make_inputs(b, cfg.num_slots, hm, vocab, 0, dtype=torch.bfloat16, device="cuda")
     lm_head *= 0.1
-    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=True, overlap=overlap)
+    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=True, overlap=overlap, norm_epilogue=norm_epilogue)
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=0.25, min_clear=0)
     _replay_equals_eager(fast, hidden, anchor, lm_head)
