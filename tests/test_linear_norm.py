@@ -204,7 +204,7 @@ def test_gpu_served_shapes_bf16_and_graph_replay(k, n, m, cross):
     a graph replayed three times equals three eager launches (the counters reset every time)."""
     gen = torch.Generator().manual_seed(m + n + k)
     a, weight, bias, x, norm_w, t = _inputs(gen, m, k, n, torch.bfloat16, "cuda", b=m // 120 if cross else None)
-    counters = torch.zeros(row_tiles(m, n, torch.bfloat16, "split64x32"), dtype=torch.int32, device="cuda")
+    counters = torch.zeros(max(row_tiles(m, n, torch.bfloat16, c) for c in CONFIGS), dtype=torch.int32, device="cuda")
     for name in (c for c in CONFIGS if c != "fp32"):
         xs, x_ref = x.clone(), x.clone()
         out = linear_add_rmsnorm_triton(a, weight, bias, xs, norm_w, 1e-6, counters, t, config=name)
@@ -235,7 +235,7 @@ def test_gpu_nodes_bf16_and_graph_replay(h, b):
     gen = torch.Generator().manual_seed(b + h)
     args = _node_inputs(gen, b, 15, 8, h, vocab=4096, dtype=torch.bfloat16, device="cuda")
     args = args[:5] + (args[5].float(),) + args[6:]
-    counters = torch.zeros(64, dtype=torch.int32, device="cuda")
+    counters = torch.zeros(b * 120 // 16, dtype=torch.int32, device="cuda")  # the smallest row tile is 16
     r_x, r_xn = lattice_nodes_linear_reference(*args, 1e-6)
     for name in (c for c in CONFIGS if c != "fp32"):
         x, xn = lattice_nodes_linear_triton(*args, 1e-6, counters, config=name)
