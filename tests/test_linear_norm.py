@@ -235,7 +235,7 @@ def test_gpu_nodes_bf16_and_graph_replay(h, b):
     gen = torch.Generator().manual_seed(b + h)
     args = _node_inputs(gen, b, 15, 8, h, vocab=4096, dtype=torch.bfloat16, device="cuda")
     args = args[:5] + (args[5].float(),) + args[6:]
-    counters = torch.zeros(b * 120 // 16, dtype=torch.int32, device="cuda")  # the smallest row tile is 16
+    counters = torch.zeros(-(-b * 120 // 16), dtype=torch.int32, device="cuda")  # the smallest row tile is 16
     r_x, r_xn = lattice_nodes_linear_reference(*args, 1e-6)
     for name in (c for c in CONFIGS if c != "fp32"):
         x, xn = lattice_nodes_linear_triton(*args, 1e-6, counters, config=name)
