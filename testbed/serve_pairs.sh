@@ -10,6 +10,7 @@
 set -u -o pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 O=${OUT:-/tmp/serve_pairs_out}
+mkdir -p "$O"
 first=${FIRST:-1}
 for ((i = first; i < first + ${PAIRS:-2}; i++)); do
   if ((i % 2)); then order="dflash lilicorr"; else order="lilicorr dflash"; fi

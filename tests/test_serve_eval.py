@@ -15,7 +15,8 @@ from sglang_lilicorr.benchmarks import datasets, prompt_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Serves the stub (speculative unless SYSTEM=base) on $PORT, with GET /health; SYSTEM=lilicorr dies at startup.
+# Serves the stub (speculative unless SYSTEM=base) on $PORT, with GET /health; SYSTEM=lilicorr (or $STUB_DIES)
+# dies at startup.
 # Prints the SGLang flags it stands in for; where LILICORR_STAGE_TIMING says, writes a stage-timing file in
 # serving/stage_timer.py's format (decode steps and micro-benchmarks at the LILICORR_STAGE_TIMING_BS sizes).
 LAUNCHER = """
@@ -24,7 +25,7 @@ from http.server import ThreadingHTTPServer
 sys.path.insert(0, {tests!r})
 from stub_server import StubServer
 print("server args:", os.environ["SERVER_ARGS"], flush=True)
-if os.environ["SYSTEM"] == "lilicorr":
+if os.environ["SYSTEM"] == os.environ.get("STUB_DIES", "lilicorr"):
     sys.exit("stub: cannot load the draft")
 if os.environ.get("LILICORR_STAGE_TIMING"):
     graph = "--disable-cuda-graph" not in os.environ["SERVER_ARGS"]
@@ -110,6 +111,29 @@ def test_serve_eval_reports_the_surviving_systems_beside_the_reference(tmp_path)
     assert sorted(p.name for p in (out / "stages").iterdir()) == ["c1", "c1_eager", "c8", "c8_eager", "raw"]
     assert "| Target verify | 7.00 |" in (out / "stages" / "c8" / "stages.md").read_text()
     assert len(list(out.iterdir())) <= 8 + 3 + 1  # a second temperature adds <= 3 plots; stages/
+
+
+def test_serve_pairs_alternates_the_order_and_pools(tmp_path):
+    """testbed/serve_pairs.sh: pairs FIRST.. alternate "dflash lilicorr" / "lilicorr dflash", each a
+    serve_eval.sh run in $OUT/run<i> with its stage table printed; bench report pools the runs."""
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(LAUNCHER.format(tests=str(ROOT / "tests")))
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "SERVE_EVAL_WORK": str(tmp_path / "work"), "PYTHON": sys.executable,
+           "SERVE_EVAL_LAUNCH": f"{sys.executable} {launcher}", "PORT0": str(_free_port_block(4)), "STUB_DIES": "none",
+           "PAIRS": "2", "FIRST": "2", "CONCURRENCY": "4", "WARMUP": "1", "STAGE_TIMING": "1", "BUDGET": "150",
+           "RESERVE": "40", "PER_SET": "1"}
+    proc = subprocess.run(["bash", str(ROOT / "testbed" / "serve_pairs.sh")], env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "== pair 2: lilicorr dflash" in proc.stdout and "== pair 3: dflash lilicorr" in proc.stdout
+    assert proc.stdout.count("| Target verify |") == 2  # each pair's stage table, printed
+    logs = [(out / f"run{i}" / "serve_eval.txt").read_text() for i in (2, 3)]
+    assert logs[0].index("== lilicorr") < logs[0].index("== dflash") and logs[1].index("== dflash") < logs[1].index("== lilicorr")
+    pooled = tmp_path / "pooled"
+    subprocess.run([sys.executable, "-m", "sglang_lilicorr.benchmarks.cli", "bench", "report", str(out / "run2" / "results.jsonl"),
+                    str(out / "run3" / "results.jsonl"), "--block-ref", "dflash", "--out", str(pooled)], check=True, capture_output=True)
+    cells = json.loads((pooled / "summary.json").read_text())["cells"]
+    assert {c["system"] for c in cells} == {"dflash", "lilicorr"} and all(c.get("runs") == 2 for c in cells if c["group"] == "all")
 
 
 def test_prompt_file_reads_the_testbed_prompts_and_groups_by_set():
