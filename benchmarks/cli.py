@@ -75,6 +75,7 @@ def cmd_report(args) -> int:
         if args.block_ref not in speculative:
             raise SystemExit(f"--block-ref {args.block_ref!r} is not a speculative system (one with spec stats) in the results: {speculative}.")
         metrics.add_block_ratio(cells, args.block_ref)
+        metrics.add_paired_ratios(cells, args.block_ref)  # repeated runs: each run's ratio, then mean and 95 % CI
     metrics.add_speedup(cells, args.baseline)
     markdown = tables.report(cells, args.baseline, args.block_ref)
     out = Path(args.out)

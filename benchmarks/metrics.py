@@ -36,7 +36,9 @@ cell: same dataset, group, concurrency and temperature.
 A cell = (system, dataset, group, concurrency, temperature), group "all" or one category / tier.
 Its tau, block_ms and TPS are computed per seed and then averaged over seeds (std across seeds kept).
 Repeated runs of the same cell (several results files: fresh servers, same prompts) are pooled by
-pool_runs: the mean over runs, the std across runs, "runs" = how many.
+pool_runs: the mean over runs, the std across runs, "runs" = how many. With a reference system,
+add_paired_ratios also takes the runs as pairs: the ratio to the reference within each run, and the mean
+of those ratios with its 95 % t interval (`paired`).
 """
 
 from __future__ import annotations
@@ -146,17 +148,17 @@ def pool_runs(runs: Sequence[List[dict]]) -> List[dict]:
     """Cells of repeated runs (one list per results file) -> one cell per key: tau, block_ms and TPS
     averaged over the runs that have the cell, their std across those runs (a cell of one run keeps
     its own std across seeds) and each run's value (`*_per_run`), token and block counts summed,
-    "runs" = how many runs had it."""
+    "runs" = how many runs had it, "run_ids" = which (positions in `runs`, in `*_per_run`'s order)."""
     by_key: Dict[Tuple, List[dict]] = {}
-    for cells in runs:
+    for i, cells in enumerate(runs):
         for c in cells:
-            by_key.setdefault(tuple(c[k] for k in CELL_KEY), []).append(c)
+            by_key.setdefault(tuple(c[k] for k in CELL_KEY), []).append({**c, "run_ids": [i]})
     pooled = []
     for same in by_key.values():
         if len(same) == 1:
             pooled.append({**same[0], "runs": same[0].get("runs", 1)})
             continue
-        cell = {**same[0], "runs": sum(c.get("runs", 1) for c in same)}
+        cell = {**same[0], "runs": sum(c.get("runs", 1) for c in same), "run_ids": [c["run_ids"][0] for c in same]}
         for name in ("tau", "block_ms", "tps"):
             cell[f"{name}_per_run"] = [c.get(name) for c in same]
             cell[name], cell[f"{name}_std"] = _mean_std(cell[f"{name}_per_run"])
@@ -174,6 +176,44 @@ def add_block_ratio(cells: List[dict], reference: str) -> List[dict]:
     for c in cells:
         r = ref.get(tuple(c[k] for k in MATCH_KEY))
         c["block_ratio"] = c["block_ms"] / r if r and c.get("block_ms") is not None else None
+    return cells
+
+
+# two-sided 95 % quantiles of Student's t by degrees of freedom (a df between two entries takes the lower one's)
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         15: 2.131, 20: 2.086, 30: 2.042, 60: 2.000}
+
+
+def mean_ci95(values: Sequence[float]) -> dict:
+    """{n, mean, std, lo, hi}: the mean of `values` with its two-sided 95 % t interval (lo = hi = mean for n = 1)."""
+    n = len(values)
+    mean = statistics.fmean(values)
+    std = statistics.stdev(values) if n > 1 else 0.0
+    t = _T975[max(d for d in _T975 if d <= max(n - 1, 1))] if n < 61 else 1.96
+    half = t * std / n**0.5 if n > 1 else 0.0
+    return {"n": n, "mean": mean, "std": std, "lo": mean - half, "hi": mean + half}
+
+
+def add_paired_ratios(cells: List[dict], reference: str) -> List[dict]:
+    """Repeated runs taken as pairs: for a cell with per-run values (pool_runs) and a matching cell of
+    `reference`, the ratio of the two in each run both have (same run_ids) -> cell["paired"] =
+    {"tps": mean_ci95 of tps / reference tps, "block_ms": the same for ms per block, "runs": run_ids}.
+    Pairing removes what moves a whole run (the machine, the order of the servers) from the comparison."""
+    ref = {tuple(c[k] for k in MATCH_KEY): c for c in cells if c["system"] == reference}
+    for c in cells:
+        r = ref.get(tuple(c[k] for k in MATCH_KEY))
+        if c["system"] == reference or r is None or "tps_per_run" not in c or "tps_per_run" not in r:
+            continue
+        theirs = {i: j for j, i in enumerate(r["run_ids"])}
+        both = [(j, theirs[i], i) for j, i in enumerate(c["run_ids"]) if i in theirs]
+        paired = {"runs": [i for _, _, i in both]}
+        for name in ("tps", "block_ms"):
+            ratios = [c[f"{name}_per_run"][a] / r[f"{name}_per_run"][b] for a, b, _ in both
+                      if c[f"{name}_per_run"][a] is not None and r[f"{name}_per_run"][b]]
+            if ratios:
+                paired[name] = mean_ci95(ratios)
+        if len(paired) > 1:
+            c["paired"] = paired
     return cells
 
 

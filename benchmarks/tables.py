@@ -155,6 +155,19 @@ def block_table(cells: Sequence[dict], concurrency: int, reference: Optional[str
     return _render(("", "Benchmark"), systems, None, parts, blocks, names)
 
 
+def paired_table(cells: Sequence[dict], reference: str) -> str:
+    """Group "all" cells carrying metrics.add_paired_ratios' `paired`: per (dataset, c, T) and system,
+    the runs paired with the reference, the mean TPS ratio and per-block-wall ratio with 95 % t intervals."""
+    rows = ["| Benchmark | c | T | system | pairs | TPS / ref (95 % CI) | ms per block / ref (95 % CI) |", "|---|---|---|---|---|---|---|"]
+    for c in sorted((c for c in cells if c["group"] == ALL and c.get("paired")),
+                    key=lambda c: (c["dataset"], c["concurrency"], c["temperature"], c["system"])):
+        p = c["paired"]
+        fmt = lambda m: f"{m['mean']:.3f} ({m['lo']:.3f}-{m['hi']:.3f})" if m else "--"  # noqa: E731
+        rows.append(f"| {c['dataset']} | {c['concurrency']} | {c['temperature']:g} | {c['system']} | {len(p['runs'])} "
+                    f"| {fmt(p.get('tps'))} | {fmt(p.get('block_ms'))} |")
+    return "\n".join(rows) + "\n"
+
+
 def report(cells: Sequence[dict], baseline: Optional[str], block_reference: Optional[str] = None) -> str:
     """The full markdown report: main table and per-block wall per concurrency, per-category and
     per-concurrency tables. block_reference: system whose ms per block the others are divided by
@@ -164,6 +177,9 @@ def report(cells: Sequence[dict], baseline: Optional[str], block_reference: Opti
     if runs > 1:
         out.append(f"Repeated runs pooled: each value is the mean over the runs that have its cell (up to {runs}); "
                    "summary.json holds the std across runs (`*_std`) and the count (`runs`).\n")
+    if any(c.get("paired") for c in cells):
+        out += [f"\n## Paired runs (each run's ratio to {block_reference}, then the mean with its 95 % t interval)\n\n",
+                paired_table(cells, block_reference)]
     for c in sorted({c["concurrency"] for c in cells}):
         out += [f"\n## τ / TPS / speedup, concurrency {c}\n\n", main_table(cells, baseline, c)]
         if any(x.get("block_ms") is not None and x["concurrency"] == c for x in cells):

@@ -8,6 +8,8 @@
   the lattice transformer's self-attention on the packed QKV GEMM output (replaces SDPA).
 - linear_silu_triton(x [M, K], weight [N, K], bias [N] | None) -> silu(x @ weight.T + bias) [M, N]:
   the lattice FFN's up projection with its bias + SiLU epilogue in one GEMM (prefer_triton(M) in ffn_silu).
+- linear_add_rmsnorm_triton / lattice_nodes_linear_triton (linear_norm): a GEMM whose epilogue is the
+  residual add (or the node assembly) + RMSNorm (prefer_fused(N, M) in linear_norm).
 See README.md in this folder for launch geometry and references.
 """
 from .topk_lse import MAX_TOPK, topk_lse, topk_lse_reference, uses_triton
@@ -19,6 +21,8 @@ _TRITON_ONLY = {
     "viterbi_triton": "walk",
     "lattice_attention_triton": "lattice_attention",
     "linear_silu_triton": "ffn_silu",
+    "linear_add_rmsnorm_triton": "linear_norm",
+    "lattice_nodes_linear_triton": "linear_norm",
 }
 
 __all__ = ["MAX_TOPK", "topk_lse", "topk_lse_reference", "uses_triton", *_TRITON_ONLY]

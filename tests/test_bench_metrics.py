@@ -59,12 +59,38 @@ def test_repeated_runs_pool_to_their_mean_with_the_spread_across_runs():
     assert d["tps"] == pytest.approx((100.0 + 40 / 0.6) / 2) and d["tau"] == pytest.approx(2.0) and d["tau_std"] == 0.0
     assert d["completion_tokens"] == 80 and d["verify_blocks"] == 40
     assert l["runs"] == 1 and l["block_ms"] == pytest.approx(25.0)
-    assert metrics.pool_runs([first]) == [{**c, "runs": 1} for c in first]  # one run: unchanged
+    assert metrics.pool_runs([first]) == [{**c, "runs": 1, "run_ids": [0]} for c in first]  # one run: unchanged
     pooled = metrics.add_block_ratio(list(cells.values()), "dflash")
     assert {c["system"]: c["block_ratio"] for c in pooled}["lilicorr"] == pytest.approx(1.0)
     assert "Repeated runs pooled" in tables.report(pooled, None, "dflash")
     assert "Repeated runs pooled" not in tables.report(metrics.pool_runs([first]), None)
     assert d["block_ms_per_run"] == [pytest.approx(20.0), pytest.approx(30.0)] and "block_ms_per_run" not in l
+
+
+def test_repeated_runs_pair_with_the_reference_run_by_run():
+    """Each run's ratio to the reference's cell of the same run; a run without both cells is left
+    out; the mean of the ratios with its 95 % t interval, in the report."""
+    def run(d_end, l_end):
+        recs = [_record(system="dflash", turns=((40, 20, 0.0, d_end),))]
+        return metrics.aggregate(recs + ([_record(system="lilicorr", turns=((40, 10, 0.0, l_end),))] if l_end else []))
+
+    runs = [run(0.4, None), run(0.4, 0.2), run(0.5, 0.2), run(0.4, 0.4)]  # lilicorr misses run 0
+    cells = metrics.add_paired_ratios(metrics.add_block_ratio(metrics.pool_runs(runs), "dflash"), "dflash")
+    get = {c["system"]: c for c in cells}
+    assert "paired" not in get["dflash"] and get["lilicorr"]["paired"]["runs"] == [1, 2, 3]
+    tps = [2.0, 2.5, 1.0]  # lilicorr tokens/s over dflash's, run by run (same tokens, wall 0.2 vs 0.4, 0.2 vs 0.5, 0.4 vs 0.4)
+    block = [1.0, 0.8, 2.0]  # 20 ms vs 20, 20 vs 25, 40 vs 20
+    for name, want in (("tps", tps), ("block_ms", block)):
+        got = get["lilicorr"]["paired"][name]
+        half = 4.303 * __import__("statistics").stdev(want) / 3**0.5  # t(0.975, df 2)
+        assert got["n"] == 3 and got["mean"] == pytest.approx(sum(want) / 3)
+        assert (got["lo"], got["hi"]) == (pytest.approx(got["mean"] - half), pytest.approx(got["mean"] + half))
+    report = tables.report(cells, None, "dflash")
+    assert "## Paired runs (each run's ratio to dflash" in report
+    assert "| d | 1 | 0 | lilicorr | 3 | 1.833 (" in report
+    single = metrics.add_paired_ratios(metrics.aggregate([_record(system="dflash"), _record(system="lilicorr")]), "dflash")
+    assert not any("paired" in c for c in single) and "Paired runs" not in tables.report(single, None, "dflash")
+    assert metrics.mean_ci95([3.0]) == {"n": 1, "mean": 3.0, "std": 0.0, "lo": 3.0, "hi": 3.0}
 
 
 def test_repeated_runs_are_plotted_per_run(tmp_path):
