@@ -106,7 +106,9 @@ class FastLiLiCorrSelect:
         self.overlap = self.fused and w.is_cuda and (overlap is None or bool(overlap))
         self._side = torch.cuda.Stream(device=self.device) if self.overlap else None
         self.norm_epilogue = norm_epilogue
-        self._row_counters = None  # int32 zeros for kernels/linear_norm.py's row tiles (this stream only)
+        # int32 zeros for kernels/linear_norm.py's row tiles (this stream only), sized up front so that a
+        # CUDA-graph capture never reallocates them (4096 tiles of >= 16 rows: 65536 lattice rows, bs 546)
+        self._row_counters = torch.zeros(4096, dtype=torch.int32, device=self.device) if self.fused else None
 
         with torch.no_grad():
             if token_table is None:
@@ -321,8 +323,13 @@ class FastLiLiCorrSelect:
         if not (prefer_fused(h, rows) if self.norm_epilogue is None else self.norm_epilogue):
             return None
         need = row_tiles(rows, h, self.dtype)
-        if self._row_counters is None or self._row_counters.numel() < need:
-            self._row_counters = torch.zeros(max(need, 256), dtype=torch.int32, device=self.device)
+        if self._row_counters.numel() < need:
+            if self._row_counters.is_cuda and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    f"select: {rows} lattice rows need {need} row-tile counters, more than the {self._row_counters.numel()} "
+                    f"allocated; run one eager select at this batch size before capturing a CUDA graph of it"
+                )
+            self._row_counters = torch.zeros(need, dtype=torch.int32, device=self.device)
         return self._row_counters
 
     def _factors_fused(self, cat, anchor, b, s):

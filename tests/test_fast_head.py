@@ -96,6 +96,23 @@ def test_select_fp32_equals_reference(seed, monkeypatch, fused, norm_epilogue, s
 
 
 @needs_interpreter
+def test_norm_epilogue_counters_grow_outside_a_capture(seed):
+    """The row-tile counters are sized at construction; a batch that needs more grows them (eager),
+    and the scores still equal those without the epilogue."""
+    head = make_head(SMALL, HM, seed)
+    hidden, anchor, lm_head, embed = make_inputs(6, SMALL.num_slots, HM, VOCAB, seed)
+    fast = FastLiLiCorrSelect(head, embed_weight=embed, norm_epilogue=True)
+    fast._row_counters = torch.zeros(1, dtype=torch.int32)
+    candidates = fast.candidates(hidden, lm_head)
+    start, pair, _ = fast.lattice_scores(*candidates, hidden, anchor)
+    assert fast._row_counters.numel() > 1 and not fast._row_counters.any()
+    plain = FastLiLiCorrSelect(head, embed_weight=embed, norm_epilogue=False)
+    p_start, p_pair, _ = plain.lattice_scores(*candidates, hidden, anchor)
+    torch.testing.assert_close(start, p_start, atol=1e-4, rtol=0)
+    torch.testing.assert_close(pair, p_pair, atol=1e-4, rtol=0)
+
+
+@needs_interpreter
 def test_select_bf16_within_tolerance(seed):
     head = make_head(SMALL, HM, seed, dtype=torch.bfloat16)
     hidden, anchor, lm_head, embed = make_inputs(12, SMALL.num_slots, HM, VOCAB, seed, dtype=torch.bfloat16)
