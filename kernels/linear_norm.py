@@ -259,7 +259,8 @@ def _launch(a, weight, bias, x, norm_weight, eps, counters, cross, config, nodes
     width = n if cross is None else 2 * n
     out = torch.empty((m, width), dtype=x.dtype, device=x.device)
     if m:
-        part = torch.empty((m, n_tiles) if n_tiles > 1 else (1,), dtype=torch.float32, device=x.device)
+        # partial sums of squares of split rows; whole-row tiles never touch it (the counters stand in)
+        part = torch.empty((m, n_tiles), dtype=torch.float32, device=x.device) if n_tiles > 1 else counters
         ids, table, pass_proj, node_const, n_slots, n_cand = nodes or (x, x, x, x, 1, 1)
         _linear_add_rmsnorm_kernel[(n_tiles, m_tiles)](
             a, weight, out if bias is None else bias, x, out, norm_weight,

@@ -169,7 +169,8 @@ for name, cfg in ln.CONFIGS.items():
             nodes = cross is None  # the node-assembly epilogue in the third slot of the loop
             consts = dict(HAS_BIAS=nodes is not True, CROSS=bool(cross), NODES=nodes, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           BLOCK_K=cfg.block_k, N_TILES=tiles, EVEN_K=True, IEEE_F32=name == "fp32")
-            types = [t] * 7 + [f32, "*i32", "*i64", t, t, f32] + [i32] * 9 + ["fp32"] + [c] * 9
+            part = f32 if tiles > 1 else "*i32"  # whole rows: the counters stand in for the unused partial sums
+            types = [t] * 7 + [part, "*i32", "*i64", t, t, f32] + [i32] * 9 + ["fp32"] + [c] * 9
             r = build(ln._linear_add_rmsnorm_kernel, types, consts, aligned=(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 15, 16, 17, 18),
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
             count += 1
