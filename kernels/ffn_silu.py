@@ -1,28 +1,35 @@
-"""The lattice FFN's up projection with its bias + SiLU epilogue in one Triton GEMM (paper App. A).
+"""The head's GEMMs with their elementwise epilogues in one Triton GEMM (paper App. A): the lattice
+FFN's up projection with bias + SiLU, and, at small M, the other GEMMs of the select path.
 
-Replaces F.silu(F.linear(x, W_up, b_up)) in SiluMLP at serving time (cuBLAS GEMM + a SiLU pass):
+Replaces F.silu(F.linear(x, W_up, b_up)) in SiluMLP at serving time (cuBLAS GEMM + a SiLU pass),
+the factor projection + per-request bias + SiLU (F.linear then row_bias_silu), and plain
+F.linear with bias where a chain of launches with programmatic dependent launch (kernels/pdl.py)
+beats cuBLAS:
 
-  x      [M, K]   rows = b * L lattice nodes; any row stride, unit stride along K
-  weight [N, K]   nn.Linear layout (out x in); any row stride, unit stride along K
-  bias   [N]      or None
-  out    [M, N]   silu(x @ weight.T + bias), contiguous, in x's dtype; fp32 accumulation, SiLU in
-                  fp32, one rounding (PyTorch rounds twice: after the GEMM and after the SiLU)
+  x          [M, K]   rows = b * L lattice nodes; any row stride, unit stride along K
+  weight     [N, K]   nn.Linear layout (out x in); any row stride, unit stride along K
+  bias       [N]      or None
+  group_bias [G, N]   or None: row r also gets group_bias[r // rows_per_group] (unit column stride)
+  out        [M, N]   act(x @ weight.T + bias + group_bias), contiguous, in x's dtype; act = SiLU or
+                      identity; fp32 accumulation and epilogue, one rounding (PyTorch rounds after
+                      the GEMM and again after each elementwise op)
 
 Two kernels, the same epilogue:
-  _linear_silu_kernel      one program per [BLOCK_M, BLOCK_N] output tile, pointer loads (gemm_tile,
-                           shared with kernels/linear_norm.py); rows and columns past M, N wrapped
-                           (index mod M, N) so the K loop loads without masks, the store masked;
-                           the K loop unmasked when BLOCK_K divides K.
-  _linear_silu_tma_kernel  persistent (one program per SM striding over the tiles), x / weight
-                           tiles by TMA descriptors (zero-filled past the edges), the output by a
-                           TMA store (clipped); 16-bit CUDA tensors on sm_90+ only.
+  _linear_act_kernel      one program per [BLOCK_M, BLOCK_N] output tile, pointer loads (gemm_tile,
+                          shared with kernels/linear_norm.py); rows and columns past M, N wrapped
+                          (index mod M, N) so the K loop loads without masks, the store masked;
+                          the K loop unmasked when BLOCK_K divides K.
+  _linear_act_tma_kernel  persistent (one program per SM striding over the tiles), x / weight
+                          tiles by TMA descriptors (zero-filled past the edges), the output by a
+                          TMA store (clipped); 16-bit CUDA tensors on sm_90+ only.
 Both take tiles in grouped order (GROUP_M row tiles sweep the column tiles together) so the weight
 tiles a group reads stay in L2.
 
 Launch configs come from a static table chosen by M (CONFIG_BY_ROWS; no autotuning, so a CUDA graph
-can capture the first call). `prefer_triton(M)` says whether to take this kernel over cuBLAS + SiLU;
-update the table from `python -m sglang_lilicorr.kernels.ffn_silu` on the serving GPU. Paper shape
-K = 1024, N = 2048, M = 120 * b.
+can capture the first call). `prefer_triton(M)` says whether to take the FFN up kernel over cuBLAS +
+SiLU, and PDL_GEMM_MAX_ROWS up to which M every head GEMM takes this kernel in a chain launched
+with PDL; update the table from `python -m sglang_lilicorr.kernels.ffn_silu` and head_bench
+on the serving GPU. Paper shape of the FFN up: K = 1024, N = 2048, M = 120 * b.
   skinny  64 x 32 tiles, BLOCK_K 128, 4 warps: 128 programs at M = 120 (one wave on 132 SMs); latency-bound.
   small   64 x 128, BLOCK_K 64, 4 warps, 4 stages.
   medium  128 x 128, BLOCK_K 64, 8 warps, 4 stages.      large  128 x 256, BLOCK_K 64, 8 warps, 3 stages.
@@ -43,6 +50,7 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from .device import sm_count, sm_major
+from .pdl import check_pdl, grid_dependency_wait
 
 
 class LaunchConfig(NamedTuple):
@@ -85,6 +93,12 @@ def select_config(m: int, dtype: torch.dtype) -> str:
     return "fp32" if dtype == torch.float32 else _band(m)[1]
 
 
+# A head GEMM of at most this many rows runs as linear_act_triton when the select path launches with
+# PDL: cuBLAS kernels cannot start early, so each one costs a full launch gap on both sides
+# (head_bench, PERF_NOTES.md version 14); above it cuBLAS's larger tiles win.
+PDL_GEMM_MAX_ROWS = 512
+
+
 def prefer_triton(m: int) -> bool:
     """Whether linear_silu_triton beats F.silu(F.linear(...)) at M rows (from bench_linear_silu)."""
     return _band(m)[2]
@@ -102,11 +116,20 @@ def _tile_coords(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP
 
 
 @triton.jit
-def _bias_silu(acc, b_ptr, rn, N, HAS_BIAS: tl.constexpr):
-    """acc [BLOCK_M, BLOCK_N] fp32 (+ bias[col]) -> SiLU, fp32."""
+def _epilogue(
+    acc, rm, rn, M, N, b_ptr, gb_ptr, gb_stride, rows_per_group,
+    HAS_BIAS: tl.constexpr, GROUP_BIAS: tl.constexpr, SILU: tl.constexpr,
+):
+    """acc [BLOCK_M, BLOCK_N] fp32 at rows rm, columns rn (+ bias[col]) (+ group_bias[row // rows_per_group, col])
+    -> SiLU of that (SILU) or that, fp32."""
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    return acc / (1.0 + tl.exp(-acc))
+    if GROUP_BIAS:
+        at = gb_ptr + ((rm % M) // rows_per_group).to(tl.int64)[:, None] * gb_stride + rn[None, :]
+        acc += tl.load(at, mask=(rn < N)[None, :], other=0.0).to(tl.float32)
+    if SILU:
+        acc = acc / (1.0 + tl.exp(-acc))
+    return acc
 
 
 @triton.jit
@@ -139,28 +162,30 @@ def gemm_tile(
 
 
 @triton.jit
-def _linear_silu_kernel(
-    x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
-    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, IEEE_F32: tl.constexpr,
+def _linear_act_kernel(
+    x_ptr, w_ptr, b_ptr, gb_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om, gb_stride, rows_per_group,
+    HAS_BIAS: tl.constexpr, GROUP_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, IEEE_F32: tl.constexpr, PDL: tl.constexpr,
 ):
+    grid_dependency_wait(PDL)
     pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = gemm_tile(x_ptr, w_ptr, rm, rn, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE_F32)
-    y = _bias_silu(acc, b_ptr, rn, N, HAS_BIAS)
+    y = _epilogue(acc, rm, rn, M, N, b_ptr, gb_ptr, gb_stride, rows_per_group, HAS_BIAS, GROUP_BIAS, SILU)
     out = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
     tl.store(out, y.to(out_ptr.dtype.element_ty), mask=(rm < M)[:, None] & (rn < N)[None, :])
 
 
 @triton.jit
-def _linear_silu_tma_kernel(
-    x_desc, w_desc, out_desc, b_ptr, M, N, K,
-    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, PROGRAMS: tl.constexpr,
+def _linear_act_tma_kernel(
+    x_desc, w_desc, out_desc, b_ptr, gb_ptr, M, N, K, gb_stride, rows_per_group,
+    HAS_BIAS: tl.constexpr, GROUP_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PROGRAMS: tl.constexpr, PDL: tl.constexpr,
 ):
     """Persistent: PROGRAMS programs stride over the output tiles; x / weight tiles arrive by TMA
     (rows and K past the tensor read as zeros), the output tile leaves by TMA (clipped at M, N)."""
+    grid_dependency_wait(PDL)
     n_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     for tile in tl.range(tl.program_id(0), n_tiles, PROGRAMS, flatten=True):
         pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -171,17 +196,27 @@ def _linear_silu_tma_kernel(
             b = w_desc.load([off_n, k * BLOCK_K])  # [BLOCK_N, BLOCK_K]
             acc = tl.dot(a, b.T, acc)
         rm, rn = off_m + tl.arange(0, BLOCK_M), off_n + tl.arange(0, BLOCK_N)
-        y = _bias_silu(acc, b_ptr, rn, N, HAS_BIAS)
+        y = _epilogue(acc, rm, rn, M, N, b_ptr, gb_ptr, gb_stride, rows_per_group, HAS_BIAS, GROUP_BIAS, SILU)
         out_desc.store([off_m, off_n], y.to(out_desc.dtype))
+
+
+def linear_act_reference(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, silu: bool = False,
+    group_bias: torch.Tensor | None = None, rows_per_group: int = 1,
+) -> torch.Tensor:
+    """PyTorch definition -> act(x @ weight.T + bias + group_bias[row // rows_per_group]) [M, N]."""
+    y = F.linear(x, weight, bias)
+    if group_bias is not None:
+        y = (y.view(-1, rows_per_group, y.shape[-1]) + group_bias.unsqueeze(1)).view(y.shape)
+    return F.silu(y) if silu else y
 
 
 def linear_silu_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """PyTorch definition (SiluMLP's up_proj then SiLU) -> [M, N]."""
-    return F.silu(F.linear(x, weight, bias))
+    return linear_act_reference(x, weight, bias, silu=True)
 
 
-def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-    name = "linear_silu_triton"
+def _check(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, group_bias, rows_per_group) -> None:
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(
             f"{name}: x {tuple(x.shape)} and weight {tuple(weight.shape)} must be [M, K] and [N, K] "
@@ -199,39 +234,58 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
             f"{name}: x strides {x.stride()}, weight strides {weight.stride()} need unit stride along K "
             f"(and a contiguous bias); pass .contiguous() copies"
         )
+    if group_bias is not None:
+        groups = x.shape[0] // rows_per_group if rows_per_group >= 1 else -1
+        if (rows_per_group < 1 or groups * rows_per_group != x.shape[0] or group_bias.dim() != 2
+                or tuple(group_bias.shape) != (groups, weight.shape[0]) or group_bias.stride(1) != 1):
+            raise ValueError(
+                f"{name}: group_bias {tuple(group_bias.shape)} (strides {group_bias.stride()}) with rows_per_group = "
+                f"{rows_per_group} must be [M / rows_per_group, N] = [{groups}, {weight.shape[0]}], unit column stride"
+            )
+        if group_bias.dtype != x.dtype or group_bias.device != x.device:
+            raise ValueError(f"{name}: group_bias is {group_bias.dtype} on {group_bias.device}; cast / move it to x's")
     if weight.device != x.device or (bias is not None and bias.device != x.device):
         raise ValueError(f"{name}: weight / bias are not on x's device {x.device}; move them there")
-    if not x.is_cuda and not isinstance(_linear_silu_kernel, InterpretedFunction):
+    if not x.is_cuda and not isinstance(_linear_act_kernel, InterpretedFunction):
         raise ValueError(
             f"{name}: x is on {x.device}; Triton runs CUDA tensors, or CPU ones only with TRITON_INTERPRET=1 "
-            f"set before triton is imported; use linear_silu_reference on CPU"
+            f"set before triton is imported; use linear_act_reference on CPU"
         )
 
 
-def linear_silu_triton(
+def linear_act_triton(
     x: torch.Tensor,  # [M, K], unit stride along K
     weight: torch.Tensor,  # [N, K] (nn.Linear), unit stride along K
     bias: torch.Tensor | None = None,  # [N]
     *,
+    silu: bool = False,
+    group_bias: torch.Tensor | None = None,  # [M / rows_per_group, N]
+    rows_per_group: int = 1,
     config: str | LaunchConfig | None = None,  # a CONFIGS key or a LaunchConfig; None: select_config(M, dtype)
+    pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py; sm_90+)
+    name: str = "linear_act_triton",
 ) -> torch.Tensor:
-    """-> silu(x @ weight.T + bias) [M, N] in x's dtype, fp32 accumulation, one launch."""
-    _check(x, weight, bias)
+    """-> act(x @ weight.T + bias + group_bias[row // rows_per_group]) [M, N] in x's dtype (act: SiLU
+    with silu, else identity), fp32 accumulation and epilogue, one launch."""
+    _check(name, x, weight, bias, group_bias, rows_per_group)
+    check_pdl(pdl, x, name)
     if isinstance(config, str) and config not in CONFIGS:
-        raise ValueError(f"linear_silu_triton: config {config!r} unknown; use one of {sorted(CONFIGS)}")
+        raise ValueError(f"{name}: config {config!r} unknown; use one of {sorted(CONFIGS)}")
     (m, k), n = x.shape, weight.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m and n:
         c = config if isinstance(config, LaunchConfig) else CONFIGS[config or select_config(m, x.dtype)]
         common = dict(
-            b_ptr=out if bias is None else bias, HAS_BIAS=bias is not None,
-            BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
+            b_ptr=out if bias is None else bias, gb_ptr=out if group_bias is None else group_bias,
+            gb_stride=0 if group_bias is None else group_bias.stride(0), rows_per_group=rows_per_group,
+            HAS_BIAS=bias is not None, GROUP_BIAS=group_bias is not None, SILU=silu,
+            BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m, PDL=pdl, launch_pdl=pdl,
             num_stages=c.num_stages, num_warps=c.num_warps,
         )
         if c.tma:
-            _launch_tma(x, weight, out, common)
+            _launch_tma(name, x, weight, out, common)
         else:
-            _linear_silu_kernel[(triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n),)](
+            _linear_act_kernel[(triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n),)](
                 x_ptr=x, w_ptr=weight, out_ptr=out, M=m, N=n, K=k,
                 stride_xm=x.stride(0), stride_wn=weight.stride(0), stride_om=out.stride(0),
                 EVEN_K=k % c.block_k == 0, IEEE_F32=x.dtype == torch.float32 or not x.is_cuda, **common,
@@ -239,21 +293,29 @@ def linear_silu_triton(
     return out
 
 
-def _launch_tma(x, weight, out, common: dict) -> None:
-    """The persistent TMA kernel with `common` (bias, tiles, launch options): one program per SM."""
+def linear_silu_triton(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+    config: str | LaunchConfig | None = None, pdl: bool = False,
+) -> torch.Tensor:
+    """-> silu(x @ weight.T + bias) [M, N] in x's dtype (the FFN up projection), one launch."""
+    return linear_act_triton(x, weight, bias, silu=True, config=config, pdl=pdl, name="linear_silu_triton")
+
+
+def _launch_tma(name: str, x, weight, out, common: dict) -> None:
+    """The persistent TMA kernel with `common` (epilogue, tiles, launch options): one program per SM."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     if not x.is_cuda or x.dtype == torch.float32 or sm_major(x.device) < 9:
         raise ValueError(
-            f"linear_silu_triton: TMA configs need 16-bit CUDA tensors on sm_90+, got {x.dtype} on {x.device}; "
+            f"{name}: TMA configs need 16-bit CUDA tensors on sm_90+, got {x.dtype} on {x.device}; "
             f"use a non-TMA config"
         )
     if any(t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16 for t in (x, weight)):
-        raise ValueError("linear_silu_triton: TMA needs 16-byte aligned x / weight rows; pass .contiguous() copies or a non-TMA config")
+        raise ValueError(f"{name}: TMA needs 16-byte aligned x / weight rows; pass .contiguous() copies or a non-TMA config")
     (m, k), n = x.shape, weight.shape[0]
     bm, bn, bk = common["BLOCK_M"], common["BLOCK_N"], common["BLOCK_K"]
     programs = min(sm_count(x.device), triton.cdiv(m, bm) * triton.cdiv(n, bn))
-    _linear_silu_tma_kernel[(programs,)](
+    _linear_act_tma_kernel[(programs,)](
         x_desc=TensorDescriptor.from_tensor(x, [bm, bk]), w_desc=TensorDescriptor.from_tensor(weight, [bn, bk]),
         out_desc=TensorDescriptor.from_tensor(out, [bm, bn]), M=m, N=n, K=k, PROGRAMS=programs, **common,
     )

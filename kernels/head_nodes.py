@@ -19,6 +19,7 @@ import triton.language as tl
 
 from .device import rows_per_program
 from .head_norm import norm_store
+from .pdl import check_pdl, grid_dependency_wait
 
 NUM_FEATURES = 5  # log p, p, log p - log p_top, rank / (K-1), is-top-1 (sglang_lilicorr.head)
 
@@ -27,8 +28,9 @@ NUM_FEATURES = 5  # log p, p, log p - log p_top, rank / (K-1), is-top-1 (sglang_
 def _confidence_up_kernel(
     vals_ptr, lse_ptr, w_ptr, b_ptr, lp_ptr, out_ptr,  # [G, K] f32, [G] f32, [H, 5] f32, [H] f32, [G, K] f32, [G*K, H]
     K, H, ln_eps, rank_div,  # rank_div = max(K - 1, 1)
-    KP: tl.constexpr, BLOCK_H: tl.constexpr,
+    KP: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
 ):
+    grid_dependency_wait(PDL)
     g = tl.program_id(0)  # one (request, slot) group of K candidates
     hb = tl.program_id(1)
     ks = tl.arange(0, KP)
@@ -65,8 +67,9 @@ def _confidence_up_kernel(
 def _lattice_nodes_kernel(
     ids_ptr, table_ptr, pass_ptr, feat_ptr, const_ptr, norm_w_ptr, x_ptr, xn_ptr,
     n_rows, S, K, H, eps,
-    ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
 ):
+    grid_dependency_wait(PDL)
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # node rows = (request * S + slot) * K + k
     rv = r < n_rows
     k = r % K
@@ -91,10 +94,13 @@ def _row_warps(block: int) -> int:
 
 
 def confidence_up_triton(
-    vals: torch.Tensor, lse: torch.Tensor, w_feat: torch.Tensor, b_feat: torch.Tensor, ln_eps: float, dtype: torch.dtype
+    vals: torch.Tensor, lse: torch.Tensor, w_feat: torch.Tensor, b_feat: torch.Tensor, ln_eps: float, dtype: torch.dtype,
+    *, pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """vals fp32 [G, K] (descending), lse fp32 [G], w_feat fp32 [H, 5], b_feat fp32 [H]
-    -> (log-probs fp32 [G, K], silu(w_feat @ LayerNorm(features) + b_feat) [G*K, H] in dtype)."""
+    -> (log-probs fp32 [G, K], silu(w_feat @ LayerNorm(features) + b_feat) [G*K, H] in dtype).
+    `pdl`: programmatic dependent launch (kernels/pdl.py), here and in every kernel of this folder."""
+    check_pdl(pdl, vals, "confidence_up_triton")
     g, k = vals.shape
     h = w_feat.shape[0]
     vals, lse = vals.contiguous(), lse.contiguous()
@@ -104,7 +110,7 @@ def confidence_up_triton(
     if g:
         _confidence_up_kernel[(g, triton.cdiv(h, block_h))](
             vals, lse, w_feat.contiguous(), b_feat.contiguous(), lp, out, k, h, float(ln_eps), float(max(k - 1, 1)),
-            KP=triton.next_power_of_2(k), BLOCK_H=block_h, num_warps=4,
+            KP=triton.next_power_of_2(k), BLOCK_H=block_h, PDL=pdl, launch_pdl=pdl, num_warps=4,
         )
     return lp, out
 
@@ -117,8 +123,10 @@ def lattice_nodes_triton(
     node_const: torch.Tensor,  # [S_max, K, H] fp32 embeddings + folded biases
     norm_weight: torch.Tensor,  # [H] first layer's attention RMSNorm weight
     eps: float,
+    *, pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (residual stream x [b*S*K, H], RMSNorm(x) [b*S*K, H]), both in table's dtype."""
+    check_pdl(pdl, table, "lattice_nodes_triton")
     b, s, k = ids.shape
     h = table.shape[1]
     rows = b * s * k
@@ -128,6 +136,6 @@ def lattice_nodes_triton(
         block_h, per = triton.next_power_of_2(h), rows_per_program(x)
         _lattice_nodes_kernel[(triton.cdiv(rows, per),)](
             ids.contiguous(), table.contiguous(), pass_proj.contiguous(), feat.contiguous(), node_const.contiguous(),
-            norm_weight, x, xn, rows, s, k, h, float(eps), ROWS=per, BLOCK_H=block_h, num_warps=_row_warps(block_h),
+            norm_weight, x, xn, rows, s, k, h, float(eps), ROWS=per, BLOCK_H=block_h, PDL=pdl, launch_pdl=pdl, num_warps=_row_warps(block_h),
         )
     return x, xn

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from .device import rows_per_program
+from .pdl import check_pdl, grid_dependency_wait
 
 
 @triton.jit
@@ -37,8 +38,9 @@ def norm_store(sf, rstd, rows, cols, mask, H, w_ptr, out_ptr, out_stride, cross_
 @triton.jit
 def _add_rmsnorm_kernel(
     x_ptr, y_ptr, w_ptr, out_ptr, out_stride, cross_ptr, rows_per_req, n_rows, H, eps,
-    ROWS: tl.constexpr, BLOCK_H: tl.constexpr, CROSS: tl.constexpr, ADD: tl.constexpr = True,
+    ROWS: tl.constexpr, BLOCK_H: tl.constexpr, CROSS: tl.constexpr, ADD: tl.constexpr, PDL: tl.constexpr,
 ):
+    grid_dependency_wait(PDL)
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_H)
     m = (r < n_rows)[:, None] & (cols < H)[None, :]
@@ -55,7 +57,10 @@ def _add_rmsnorm_kernel(
 
 
 @triton.jit
-def _row_bias_silu_kernel(pre_ptr, bias_ptr, bias_stride, rows_per_group, n_rows, N, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+def _row_bias_silu_kernel(
+    pre_ptr, bias_ptr, bias_stride, rows_per_group, n_rows, N, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+):
+    grid_dependency_wait(PDL)
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     m = (r < n_rows)[:, None] & (cols < N)[None, :]
@@ -71,8 +76,10 @@ def add_rmsnorm_triton(
     weight: torch.Tensor,  # [H]
     eps: float,
     cross: torch.Tensor | None = None,  # [b, H] anchor state; rows = b * rows_per_req
+    *, pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py), as every kernel here
 ) -> torch.Tensor:
     """-> RMSNorm(x + y) [rows, H], or concat[h, h * t] [rows, 2H] with `cross`."""
+    check_pdl(pdl, x, "add_rmsnorm_triton")
     rows, h = x.shape
     if not (x.is_contiguous() and y.is_contiguous() and y.shape == x.shape):
         raise ValueError(f"add_rmsnorm_triton: x {tuple(x.shape)} and y {tuple(y.shape)} must be contiguous and alike")
@@ -88,13 +95,14 @@ def add_rmsnorm_triton(
         block_h, per = triton.next_power_of_2(h), rows_per_program(x)
         _add_rmsnorm_kernel[(triton.cdiv(rows, per),)](
             x, y, weight, out, width, x if cross is None else cross, rows_per_req, rows, h, float(eps),
-            ROWS=per, BLOCK_H=block_h, CROSS=cross is not None, num_warps=4 if block_h <= 2048 else 8,
+            ROWS=per, BLOCK_H=block_h, CROSS=cross is not None, ADD=True, PDL=pdl, launch_pdl=pdl, num_warps=4 if block_h <= 2048 else 8,
         )
     return out
 
 
-def rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, *, pdl: bool = False) -> torch.Tensor:
     """x [rows, H] contiguous -> RMSNorm(x) * weight [rows, H] in x's dtype (x unchanged)."""
+    check_pdl(pdl, x, "rmsnorm_triton")
     rows, h = x.shape
     if not x.is_contiguous():
         raise ValueError(f"rmsnorm_triton: x {tuple(x.shape)} must be contiguous")
@@ -103,19 +111,20 @@ def rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
         block_h, per = triton.next_power_of_2(h), rows_per_program(x)
         _add_rmsnorm_kernel[(triton.cdiv(rows, per),)](
             x, x, weight, out, h, x, 1, rows, h, float(eps),
-            ROWS=per, BLOCK_H=block_h, CROSS=False, ADD=False, num_warps=4 if block_h <= 2048 else 8,
+            ROWS=per, BLOCK_H=block_h, CROSS=False, ADD=False, PDL=pdl, launch_pdl=pdl, num_warps=4 if block_h <= 2048 else 8,
         )
     return out
 
 
-def row_bias_silu_triton(pre: torch.Tensor, bias: torch.Tensor, rows_per_group: int) -> torch.Tensor:
+def row_bias_silu_triton(pre: torch.Tensor, bias: torch.Tensor, rows_per_group: int, *, pdl: bool = False) -> torch.Tensor:
     """pre [rows, N] contiguous, bias [rows / rows_per_group, N] (unit column stride) -> pre, in place."""
+    check_pdl(pdl, pre, "row_bias_silu_triton")
     rows, n = pre.shape
     if not pre.is_contiguous() or bias.stride(-1) != 1 or bias.shape[-1] != n:
         raise ValueError(f"row_bias_silu_triton: pre {tuple(pre.shape)} / bias {tuple(bias.shape)} layout mismatch")
     if rows:
         block_n, per = min(triton.next_power_of_2(n), 1024), rows_per_program(pre)
         _row_bias_silu_kernel[(triton.cdiv(rows, per), triton.cdiv(n, block_n))](
-            pre, bias, bias.stride(0), rows_per_group, rows, n, ROWS=per, BLOCK_N=block_n, num_warps=4,
+            pre, bias, bias.stride(0), rows_per_group, rows, n, ROWS=per, BLOCK_N=block_n, PDL=pdl, launch_pdl=pdl, num_warps=4,
         )
     return pre

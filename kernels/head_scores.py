@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import check_pdl, grid_dependency_wait
 
 class CosineLaunch(NamedTuple):
     block_d: int = 128  # D columns per step (a power of two)
@@ -38,8 +39,9 @@ LAUNCH = CosineLaunch()
 def _lattice_cosine_kernel(
     edge_ptr, anchor_ptr, anchor_stride, start_ptr, pair_ptr,
     S, K, D, sigma, eps,
-    KP: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, PRECISION: tl.constexpr,
+    KP: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
+    grid_dependency_wait(PDL)
     req = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     ks = tl.arange(0, KP)  # KP >= 16: tl.dot's smallest tile
@@ -80,8 +82,10 @@ def lattice_cosine_triton(
     sigma: float,
     eps: float,
     launch: CosineLaunch = LAUNCH,
+    *, pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (start fp32 [b, K], pair fp32 [b, S-1, K, K])."""
+    check_pdl(pdl, edges, "lattice_cosine_triton")
     b, s, k, two_d = edges.shape
     d = two_d // 2
     if two_d % 2 or anchor_out.shape != (b, d) or anchor_out.stride(-1) != 1:
@@ -101,7 +105,7 @@ def lattice_cosine_triton(
         f32_dot = launch.f32_dot or f32
         _lattice_cosine_kernel[(b, s)](
             edges, anchor_out, anchor_out.stride(0), start, pair, s, k, d, float(sigma), float(eps),
-            KP=kp, BLOCK_D=block_d, F32_DOT=f32_dot, PRECISION="ieee" if f32 else "tf32",
+            KP=kp, BLOCK_D=block_d, F32_DOT=f32_dot, PRECISION="ieee" if f32 else "tf32", PDL=pdl, launch_pdl=pdl,
             num_warps=launch.num_warps, num_stages=1 if f32_dot else launch.num_stages,  # fp32 tiles: no room to pipeline
         )
     return start, pair

@@ -35,6 +35,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from .pdl import check_pdl, grid_dependency_wait
+
 MAX_NODES = 256  # one key tile per request: S [BLOCK_M, LP] fp32 must stay in registers
 BLOCK_M = 64
 SMALL_BATCH_BLOCK_M, SMALL_BATCH = 32, 4  # b <= 4: more, smaller programs (H200, c89afbe: 4.3 vs 5.2 us at b = 1)
@@ -45,8 +47,9 @@ NUM_WARPS = 4
 def _lattice_attention_kernel(
     qkv_ptr, qkv_stride, bias_ptr, bias_head_stride, bias_row_stride, out_ptr,
     L, H, DH, qk_scale,
-    LP: tl.constexpr, DP: tl.constexpr, BLOCK_M: tl.constexpr, IEEE: tl.constexpr, F32_DOT: tl.constexpr,
+    LP: tl.constexpr, DP: tl.constexpr, BLOCK_M: tl.constexpr, IEEE: tl.constexpr, F32_DOT: tl.constexpr, PDL: tl.constexpr,
 ):
+    grid_dependency_wait(PDL)
     req = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)  # query nodes of this program
@@ -130,8 +133,10 @@ def lattice_attention_triton(
     *,
     block_m: int | None = None,  # query rows per program (power of two, 16..LP); None: by batch size
     num_warps: int = NUM_WARPS,
+    pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py)
 ) -> torch.Tensor:
     """-> softmax(scale * q k^T + bias) v as out [b*L, H] in qkv's dtype (o.transpose(1, 2) layout)."""
+    check_pdl(pdl, qkv, "lattice_attention_triton")
     b, length, width, dh, bias = _lattice_shapes(qkv, bias, heads, "lattice_attention_triton")
     if qkv.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"lattice_attention_triton: qkv dtype {qkv.dtype} unsupported; use bf16, fp16 or fp32")
@@ -153,6 +158,6 @@ def lattice_attention_triton(
         _lattice_attention_kernel[(b, heads, triton.cdiv(length, block_m))](
             qkv, qkv.stride(0), bias, bias.stride(0), bias.stride(1), out, length, width, dh, qk_scale,
             LP=lp, DP=dp, BLOCK_M=block_m, IEEE=f32_dot or qkv.dtype == torch.float32, F32_DOT=f32_dot,
-            num_warps=num_warps,
+            PDL=pdl, launch_pdl=pdl, num_warps=num_warps,
         )
     return out

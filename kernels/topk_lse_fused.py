@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from .device import sm_count
+from .pdl import check_pdl, grid_dependency_wait
 from .topk_lse import check_topk_lse_args, topk_lse_reference
 
 SENTINEL = tl.constexpr(-(2**63))  # below every ordering key
@@ -92,8 +93,9 @@ def _topk_lse_split_kernel(
     logits_ptr, row_stride, V, chunk,  # logits [N, V] (unit column stride); chunk: logits per split
     part_key_ptr, part_max_ptr, part_sum_ptr,  # [N, SPLITS, KP] int64, [N, SPLITS] fp32 x2
     vals_ptr, ids_ptr, lse_ptr,  # [N, K] fp32, [N, K] int64, [N] fp32 (written when FINAL)
-    K: tl.constexpr, KP: tl.constexpr, R: tl.constexpr, G: tl.constexpr, FINAL: tl.constexpr,
+    K: tl.constexpr, KP: tl.constexpr, R: tl.constexpr, G: tl.constexpr, FINAL: tl.constexpr, PDL: tl.constexpr,
 ):
+    grid_dependency_wait(PDL)
     row = tl.program_id(0)
     split = tl.program_id(1)
     n_splits = tl.num_programs(1)
@@ -159,8 +161,9 @@ def _topk_lse_split_kernel(
 def _topk_lse_merge_kernel(
     part_key_ptr, part_max_ptr, part_sum_ptr, n_splits,  # partials of stage 1
     vals_ptr, ids_ptr, lse_ptr,  # [N, K] fp32, [N, K] int64, [N] fp32
-    K: tl.constexpr, KP: tl.constexpr, SP: tl.constexpr,  # SP: splits rounded up to a power of 2
+    K: tl.constexpr, KP: tl.constexpr, SP: tl.constexpr, PDL: tl.constexpr,  # SP: splits rounded up to a power of 2
 ):
+    grid_dependency_wait(PDL)
     row = tl.program_id(0)
     splits = tl.arange(0, SP)
     slots = tl.arange(0, KP)
@@ -195,14 +198,16 @@ def split_plan(n_rows: int, vocab: int, device: torch.device, launch: TopKLaunch
 
 
 def topk_lse_triton(
-    logits: torch.Tensor, k: int, splits: int | None = None, launch: TopKLaunch = LAUNCH
+    logits: torch.Tensor, k: int, splits: int | None = None, launch: TopKLaunch = LAUNCH, *, pdl: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """logits [N, V] -> (vals fp32 [N, k] descending, ids int64 [N, k], lse fp32 [N]).
 
     Ties go to the lowest index. `splits` overrides the number of chunks per row and `launch` the
-    streaming geometry (benchmarks, tests). No host syncs: safe to capture in a CUDA graph.
+    streaming geometry (benchmarks, tests); `pdl` launches both stages with programmatic dependent
+    launch (kernels/pdl.py; sm_90+). No host syncs: safe to capture in a CUDA graph.
     """
     check_topk_lse_args(logits, k)
+    check_pdl(pdl, logits, "topk_lse_triton")
     block = launch.block
     if block < 16 or block & (block - 1):
         raise ValueError(f"topk_lse_triton: launch.block must be a power of two >= 16, got {block}")
@@ -230,7 +235,7 @@ def topk_lse_triton(
     _topk_lse_split_kernel[(n, splits)](
         logits, logits.stride(0), vocab, chunk,
         part_key, part_max, part_sum, vals, ids, lse,
-        K=k, KP=kp, R=block // group, G=group, FINAL=final,
+        K=k, KP=kp, R=block // group, G=group, FINAL=final, PDL=pdl, launch_pdl=pdl,
         num_warps=launch.num_warps, **({"maxnreg": launch.maxnreg} if launch.maxnreg else {}),
     )
     if not final:
@@ -239,7 +244,7 @@ def topk_lse_triton(
         sp = triton.next_power_of_2(max(splits, triton.cdiv(triton.cdiv(vocab, block), MIN_TILES_PER_SPLIT)))
         _topk_lse_merge_kernel[(n,)](
             part_key, part_max, part_sum, splits, vals, ids, lse,
-            K=k, KP=kp, SP=sp, num_warps=1 if sp * kp <= 512 else 4,  # 512 keys: 16 per lane of one warp
+            K=k, KP=kp, SP=sp, PDL=pdl, launch_pdl=pdl, num_warps=1 if sp * kp <= 512 else 4,  # 512 keys: 16 per lane of one warp
         )
     return vals, ids, lse
 

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import check_pdl, grid_dependency_wait
 from .topk_lse import MAX_TOPK, uses_triton
 
 
@@ -34,8 +35,9 @@ def _greedy_walk_kernel(
     st_b, st_k, pr_b, pr_s, pr_i, pr_j,  # strides of start [b, K] and pair [b, S-1, K, K]
     ids_ptr, id_b, id_s, id_k,  # GATHER: candidate ids [b, S, K]; idx then receives ids[path]
     KP: tl.constexpr, SP: tl.constexpr,  # K and S rounded up to powers of two
-    GATHER: tl.constexpr,
+    GATHER: tl.constexpr, PDL: tl.constexpr,
 ):
+    grid_dependency_wait(PDL)
     req = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, KP)
     valid = lanes < K
@@ -64,7 +66,9 @@ def _viterbi_kernel(
     start_ptr, pair_ptr, idx_ptr, S, K,
     st_b, st_k, pr_b, pr_s, pr_i, pr_j,  # strides of start [b, K] and pair [b, S-1, K, K]
     KP: tl.constexpr, SP: tl.constexpr,  # K and S rounded up to powers of two
+    PDL: tl.constexpr,
 ):
+    grid_dependency_wait(PDL)
     req = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, KP)
     valid = lanes < K
@@ -110,8 +114,9 @@ def _check_lattice(name: str, start: torch.Tensor, pair: torch.Tensor) -> None:
         )
 
 
-def _launch(kernel, name: str, start: torch.Tensor, pair: torch.Tensor, **gather) -> torch.Tensor:
+def _launch(kernel, name: str, start: torch.Tensor, pair: torch.Tensor, pdl: bool = False, **gather) -> torch.Tensor:
     _check_lattice(name, start, pair)
+    check_pdl(pdl, start, name)
     b, k = start.shape
     slots = pair.shape[1] + 1
     idx = torch.empty((b, slots), dtype=torch.int64, device=start.device)
@@ -119,23 +124,26 @@ def _launch(kernel, name: str, start: torch.Tensor, pair: torch.Tensor, **gather
         kp, sp = triton.next_power_of_2(k), triton.next_power_of_2(slots)
         kernel[(b,)](
             start, pair, idx, slots, k, *start.stride(), *pair.stride(), **gather,
-            KP=kp, SP=sp, num_warps=max(1, min(4, sp * kp * kp // 1024)),  # <= 32 lattice scores per thread
+            KP=kp, SP=sp, PDL=pdl, launch_pdl=pdl, num_warps=max(1, min(4, sp * kp * kp // 1024)),  # <= 32 lattice scores per thread
         )
     return idx
 
 
-def greedy_walk_triton(start: torch.Tensor, pair: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+def greedy_walk_triton(
+    start: torch.Tensor, pair: torch.Tensor, ids: torch.Tensor | None = None, *, pdl: bool = False
+) -> torch.Tensor:
     """Greedy walk: each slot takes the argmax continuation of the candidate just committed.
-    -> candidate index per slot [b, S] int64, or with ids [b, S, K] the walked candidates' ids."""
+    -> candidate index per slot [b, S] int64, or with ids [b, S, K] the walked candidates' ids.
+    `pdl`: programmatic dependent launch (kernels/pdl.py)."""
     if ids is None:
-        return _launch(_greedy_walk_kernel, "greedy_walk_triton", start, pair,
+        return _launch(_greedy_walk_kernel, "greedy_walk_triton", start, pair, pdl,
                        ids_ptr=start, id_b=0, id_s=0, id_k=0, GATHER=False)
     if ids.shape != (start.shape[0], pair.shape[1] + 1, start.shape[1]) or ids.device != start.device:
         raise ValueError(
             f"greedy_walk_triton: ids {tuple(ids.shape)} on {ids.device} must be [b, S, K] = "
             f"[{start.shape[0]}, {pair.shape[1] + 1}, {start.shape[1]}] on {start.device}"
         )
-    return _launch(_greedy_walk_kernel, "greedy_walk_triton", start, pair,
+    return _launch(_greedy_walk_kernel, "greedy_walk_triton", start, pair, pdl,
                    ids_ptr=ids, id_b=ids.stride(0), id_s=ids.stride(1), id_k=ids.stride(2), GATHER=True)
 
 

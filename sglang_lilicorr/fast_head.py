@@ -23,6 +23,10 @@ Two implementations of the same math, chosen by `fused`:
                with the node assembly + RMSNorm epilogue (kernels/linear_norm.py) where their
                measured tables prefer them; cuBLAS GEMMs between.
 `overlap=True` (CUDA, fused) runs the pass and anchor projections on a side stream.
+`pdl=True` (CUDA sm_90+, fused; the default there) launches every Triton kernel of the main stream
+with programmatic dependent launch (kernels/pdl.py), and `triton_gemms` (default: with pdl) runs the
+head's GEMMs of at most PDL_GEMM_MAX_ROWS rows as Triton GEMMs with their epilogues
+(kernels/ffn_silu.py), so those too start without a launch gap; larger GEMMs stay on cuBLAS.
 `norm_epilogue` forces those GEMM + norm epilogues (nodes, residual adds) on or off (None:
 kernels/linear_norm.py's measured table decides per shape).
 `fused_stages` cuts the fused path into projections / nodes / lattice / factors / walk for
@@ -85,6 +89,8 @@ class FastLiLiCorrSelect:
         fused: bool | None = None,  # None: Triton where it runs (CUDA, or CPU with TRITON_INTERPRET=1)
         overlap: bool | None = None,  # side stream for the projections (fused CUDA only); None: on
         norm_epilogue: bool | None = None,  # node sum / residual add + RMSNorm in GEMM epilogues; None: where measured faster
+        pdl: bool | None = None,  # programmatic dependent launch (fused, CUDA sm_90+); None: on where supported
+        triton_gemms: bool | None = None,  # small-M GEMMs in Triton (fused); None: with pdl
     ) -> None:
         if (embed_weight is None) == (token_table is None):
             raise ValueError("FastLiLiCorrSelect: pass exactly one of embed_weight=[V, Hm] or token_table=[V, H].")
@@ -106,6 +112,18 @@ class FastLiLiCorrSelect:
         self.overlap = self.fused and w.is_cuda and (overlap is None or bool(overlap))
         self._side = torch.cuda.Stream(device=self.device) if self.overlap else None
         self.norm_epilogue = norm_epilogue
+        from .kernels.pdl import pdl_supported
+
+        can_pdl = self.fused and w.is_cuda and pdl_supported(w)
+        if pdl and not can_pdl:
+            raise ValueError(
+                f"FastLiLiCorrSelect(pdl=True) needs the fused path on a CUDA device of compute capability 9.0+, "
+                f"got fused={self.fused} on {w.device}; pass pdl=None or False"
+            )
+        self.pdl = can_pdl if pdl is None else bool(pdl)
+        if triton_gemms and not self.fused:
+            raise ValueError("FastLiLiCorrSelect(triton_gemms=True) needs the fused path (fused=True)")
+        self.triton_gemms = self.pdl if triton_gemms is None else bool(triton_gemms)
         # int32 zeros for kernels/linear_norm.py's row tiles (this stream only), sized up front so that a
         # CUDA-graph capture never reallocates them (4096 tiles of >= 16 rows: 65536 lattice rows, bs 546)
         self._row_counters = torch.zeros(4096, dtype=torch.int32, device=self.device) if self.fused else None
@@ -182,7 +200,7 @@ class FastLiLiCorrSelect:
         return self._candidates_from_logits(logits, b, s)
 
     def _candidates_from_logits(self, logits, b, s):
-        vals, ids, lse = topk_lse(logits, self.topk)
+        vals, ids, lse = topk_lse(logits, self.topk, pdl=self.pdl)
         return vals.view(b, s, self.topk), ids.view(b, s, self.topk), lse.view(b, s)
 
     def _pass_projection(self, pass_hidden):
@@ -263,7 +281,8 @@ class FastLiLiCorrSelect:
 
         b, s, k = vals.shape
         lp, up = confidence_up_triton(
-            vals.reshape(b * s, k).float(), lse.reshape(b * s).float(), self.w_feat, self.b_feat, self.feat_ln_eps, self.dtype
+            vals.reshape(b * s, k).float(), lse.reshape(b * s).float(), self.w_feat, self.b_feat, self.feat_ln_eps, self.dtype,
+            pdl=self.pdl,
         )
         norm = self.head.layers[0].attn_norm
         counters = self._norm_counters(up.shape[0], self.width)
@@ -274,10 +293,13 @@ class FastLiLiCorrSelect:
                 up, self.w_down, ids, self.token_table, pass_proj, self.node_const, norm.weight, _norm_eps(norm), counters
             )
             return lp, x, xn
-        feat = F.linear(up, self.w_down)  # [b*S*K, H]
+        feat = self._linear(up, self.w_down)  # [b*S*K, H]
         if join_pass is not None:
             join_pass()
-        x, xn = lattice_nodes_triton(ids, self.token_table, pass_proj, feat, self.node_const, norm.weight, _norm_eps(norm))
+        x, xn = lattice_nodes_triton(
+            ids, self.token_table, pass_proj, feat, self.node_const, norm.weight, _norm_eps(norm),
+            pdl=self.pdl and join_pass is None,  # the first launch after a join waits in full
+        )
         return lp, x, xn
 
     def _layers_fused(self, x, xn, b, t, join_anchor=None):
@@ -290,29 +312,33 @@ class FastLiLiCorrSelect:
         layers = self.head.layers
         for i, layer in enumerate(layers):
             attn = layer.attn
-            qkv = F.linear(xn, attn.in_proj_weight, attn.in_proj_bias)  # [b*n, 3H]
-            xn = self._residual_norm(x, lattice_attention_triton(qkv, bias, attn.num_heads), attn.out_proj, self._after_attn[i])
+            qkv = self._linear(xn, attn.in_proj_weight, attn.in_proj_bias)  # [b*n, 3H]
+            attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=self.pdl)
+            xn = self._residual_norm(x, attended, attn.out_proj, self._after_attn[i])
             mlp = layer.mlp
-            if prefer_triton(xn.shape[0]):  # up GEMM with bias + SiLU in its epilogue, where measured faster
-                hidden = linear_silu_triton(xn, mlp.up_proj.weight, mlp.up_proj.bias)
+            if prefer_triton(xn.shape[0]) or self._gemm_in_triton(xn.shape[0]):  # up GEMM with bias + SiLU in its epilogue
+                hidden = linear_silu_triton(xn, mlp.up_proj.weight, mlp.up_proj.bias, pdl=self.pdl)
             else:
                 hidden = F.silu(mlp.up_proj(xn))
             last = i == len(layers) - 1
-            if last and join_anchor is not None:
+            joined = last and join_anchor is not None
+            if joined:
                 join_anchor()
-            xn = self._residual_norm(x, hidden, mlp.down_proj, self._after_mlp[i], cross=t if last else None)
+            xn = self._residual_norm(x, hidden, mlp.down_proj, self._after_mlp[i], cross=t if last else None, joined=joined)
         return xn
 
-    def _residual_norm(self, x, branch, linear: torch.nn.Linear, norm: torch.nn.RMSNorm, cross=None):
+    def _residual_norm(self, x, branch, linear: torch.nn.Linear, norm: torch.nn.RMSNorm, cross=None, joined=False):
         """x += linear(branch) (in place; not with cross) -> RMSNorm(x) [rows, H], or concat[h, h*t]
         [rows, 2H] with cross (the anchor state t): one GEMM with the add + norm in its epilogue
-        where _norm_counters says so, else cuBLAS + add_rmsnorm_triton."""
+        where _norm_counters says so, else the GEMM (self._linear) + add_rmsnorm_triton. `joined`:
+        the side stream was just joined (the GEMM then launches without PDL)."""
         from .kernels.head_norm import add_rmsnorm_triton
         from .kernels.linear_norm import linear_add_rmsnorm_triton
 
         counters = self._norm_counters(*x.shape)
         if counters is None:
-            return add_rmsnorm_triton(x, linear(branch), norm.weight, _norm_eps(norm), cross=cross)
+            y = self._linear(branch, linear.weight, linear.bias, pdl=not joined)
+            return add_rmsnorm_triton(x, y, norm.weight, _norm_eps(norm), cross=cross, pdl=self.pdl)
         return linear_add_rmsnorm_triton(branch, linear.weight, linear.bias, x, norm.weight, _norm_eps(norm), counters, cross)
 
     def _norm_counters(self, rows: int, h: int):
@@ -334,13 +360,32 @@ class FastLiLiCorrSelect:
 
     def _factors_fused(self, cat, anchor, b, s):
         """concat[h, h*t] [b*L, 2H], anchor [b, D+H] -> (start fp32 [b, K], pair fp32 [b, S-1, K, K])."""
+        from .kernels.ffn_silu import linear_act_triton
         from .kernels.head_norm import row_bias_silu_triton
         from .kernels.head_scores import lattice_cosine_triton
 
         d, k = self.factor_dim, self.topk
-        fused = row_bias_silu_triton(F.linear(cat, self.w_factor), anchor[:, d:], rows_per_group=s * k)  # [b*L, H]
-        edges = F.linear(fused, self.w_edge, self.b_edge).view(b, s, k, 2 * d)
-        return lattice_cosine_triton(edges, anchor[:, :d], self.sigma, self.vector_eps)
+        if self._gemm_in_triton(cat.shape[0]):  # the per-request bias + SiLU in the GEMM's epilogue
+            fused = linear_act_triton(cat, self.w_factor, silu=True, group_bias=anchor[:, d:], rows_per_group=s * k, pdl=self.pdl)
+        else:
+            fused = row_bias_silu_triton(F.linear(cat, self.w_factor), anchor[:, d:], rows_per_group=s * k, pdl=self.pdl)  # [b*L, H]
+        edges = self._linear(fused, self.w_edge, self.b_edge).view(b, s, k, 2 * d)
+        return lattice_cosine_triton(edges, anchor[:, :d], self.sigma, self.vector_eps, pdl=self.pdl)
+
+    def _gemm_in_triton(self, rows: int) -> bool:
+        """Whether a head GEMM of `rows` rows runs as a Triton GEMM (see triton_gemms)."""
+        from .kernels.ffn_silu import PDL_GEMM_MAX_ROWS
+
+        return self.triton_gemms and rows <= PDL_GEMM_MAX_ROWS
+
+    def _linear(self, x, weight, bias=None, pdl=True):
+        """x @ weight.T + bias on the main stream: a Triton GEMM (launched with PDL unless `pdl` is
+        False, e.g. right after a stream join) where _gemm_in_triton, else cuBLAS."""
+        if not self._gemm_in_triton(x.shape[0]):
+            return F.linear(x, weight, bias)
+        from .kernels.ffn_silu import linear_act_triton
+
+        return linear_act_triton(x, weight, bias, pdl=self.pdl and pdl)
 
     def fused_stages(self, vals, ids, lse, pass_hidden, anchor_hidden) -> dict:
         """The fused path (without the side stream) cut into its stages, name -> zero-argument call
@@ -369,7 +414,7 @@ class FastLiLiCorrSelect:
         if uses_triton(start):
             from .kernels.walk import greedy_walk_triton
 
-            return greedy_walk_triton(start, pair, ids)  # the gather of the walked ids in the same kernel
+            return greedy_walk_triton(start, pair, ids, pdl=self.pdl)  # the gather of the walked ids in the same kernel
         path = greedy_walk(start, pair)
         return ids.gather(2, path.unsqueeze(-1)).squeeze(-1)
 

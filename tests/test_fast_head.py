@@ -82,16 +82,22 @@ def assert_select_matches(fast, head, hidden, anchor, lm_head, atol, min_clear=1
 
 
 @pytest.mark.parametrize(
-    "fused, norm_epilogue", [(False, None), pytest.param(True, False, marks=needs_interpreter), pytest.param(True, True, marks=needs_interpreter)]
+    "fused, norm_epilogue, triton_gemms",
+    [
+        (False, None, None),
+        pytest.param(True, False, None, marks=needs_interpreter),
+        pytest.param(True, True, None, marks=needs_interpreter),
+        pytest.param(True, False, True, marks=needs_interpreter),  # every GEMM a Triton GEMM with its epilogue
+    ],
 )
 @pytest.mark.parametrize("slots", [SMALL.num_slots, 2])
-def test_select_fp32_equals_reference(seed, monkeypatch, fused, norm_epilogue, slots):
+def test_select_fp32_equals_reference(seed, monkeypatch, fused, norm_epilogue, triton_gemms, slots):
     if not fused:  # the PyTorch path end to end (top-K and walk references too)
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     head = make_head(SMALL, HM, seed)
     hidden, anchor, lm_head, embed = make_inputs(4, slots, HM, VOCAB, seed)
-    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=fused, norm_epilogue=norm_epilogue)
-    assert fast.fused == fused
+    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=fused, norm_epilogue=norm_epilogue, triton_gemms=triton_gemms)
+    assert fast.fused == fused and fast.triton_gemms == bool(triton_gemms) and not fast.pdl
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-4)
 
 
@@ -168,6 +174,21 @@ def test_bad_inputs_are_named(seed):
     if not INTERPRETER:
         with pytest.raises(ValueError, match="fused=False"):
             FastLiLiCorrSelect(head, embed_weight=embed, fused=True)
+    with pytest.raises(ValueError, match=r"triton_gemms=True\) needs the fused path"):
+        FastLiLiCorrSelect(head, embed_weight=embed, fused=False, triton_gemms=True)
+    if not CUDA:
+        with pytest.raises(ValueError, match=r"pdl=True\) needs the fused path on a CUDA device of compute capability 9.0\+"):
+            FastLiLiCorrSelect(head, embed_weight=embed, pdl=True)
+
+
+@needs_interpreter
+def test_pdl_off_sm90_is_refused_by_each_kernel():
+    """pdl=True compiles griddepcontrol (sm_90+ PTX): off such a device each wrapper says so."""
+    x = torch.randn(4, 16)
+    with pytest.raises(ValueError, match="add_rmsnorm_triton: pdl=True needs a CUDA device of compute capability 9.0"):
+        add_rmsnorm_triton(x, x.clone(), torch.ones(16), 1e-6, pdl=True)
+    with pytest.raises(ValueError, match="topk_lse_triton: pdl=True"):
+        topk_lse_triton(x, 2, pdl=True)
 
 
 def test_greedy_margin_is_the_smallest_gap_on_the_greedy_path():
@@ -292,20 +313,21 @@ from sglang_lilicorr.kernels import head_nodes, head_norm, head_scores, topk_lse
 bf, f32, i32, i64, c = "*bf16", "*fp32", "i32", "*i64", "constexpr"
 L, CL = tk.LAUNCH, head_scores.LAUNCH
 R, G = L.block // tk.GROUP, tk.GROUP
-split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 5
+split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 6
+P = dict(PDL=True)  # as served on sm_90 (kernels/pdl.py)
 cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divisible by 16 at the paper config
-    (head_nodes._confidence_up_kernel, [f32] * 5 + [bf, i32, i32, "fp32", "fp32", c, c], dict(KP=8, BLOCK_H=256), 4, None, ()),
-    (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, i32, i32, i32, i32, "fp32", c, c], dict(ROWS=1, BLOCK_H=1024), 4, None, ()),
-    (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=True, ADD=True), 4, None, ()),
-    (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=False, ADD=False), 4, None, ()),
-    (head_norm._row_bias_silu_kernel, [bf, bf, i32, i32, i32, i32, c, c], dict(ROWS=1, BLOCK_N=1024), 4, None, ()),
-    (head_scores._lattice_cosine_kernel, [bf, bf, i32, f32, f32, i32, i32, i32, "fp32", "fp32", c, c, c, c], dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32"), CL.num_warps, None, (0, 1, 2, 7)),
-    (head_scores._lattice_cosine_kernel, [f32, f32, i32, f32, f32, i32, i32, i32, "fp32", "fp32", c, c, c, c], dict(KP=16, BLOCK_D=128, F32_DOT=True, PRECISION="ieee"), 4, None, (0, 1, 2, 7)),
-    (walk._greedy_walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c], dict(KP=8, SP=16, GATHER=True), 1, None, ()),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, FINAL=False), L.num_warps, L.maxnreg, range(10)),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, FINAL=True), L.num_warps, L.maxnreg, range(10)),
-    (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32, c, c, c], dict(K=8, KP=8, SP=64), 1, None, (0, 1, 2, 4, 5, 6)),
-    (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32, c, c, c], dict(K=8, KP=8, SP=128), 4, None, (0, 1, 2, 4, 5, 6)),
+    (head_nodes._confidence_up_kernel, [f32] * 5 + [bf, i32, i32, "fp32", "fp32", c, c, c], dict(KP=8, BLOCK_H=256, **P), 4, None, ()),
+    (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, i32, i32, i32, i32, "fp32", c, c, c], dict(ROWS=1, BLOCK_H=1024, **P), 4, None, ()),
+    (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=True, ADD=True, **P), 4, None, ()),
+    (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=False, ADD=False, PDL=False), 4, None, ()),
+    (head_norm._row_bias_silu_kernel, [bf, bf, i32, i32, i32, i32, c, c, c], dict(ROWS=1, BLOCK_N=1024, **P), 4, None, ()),
+    (head_scores._lattice_cosine_kernel, [bf, bf, i32, f32, f32, i32, i32, i32, "fp32", "fp32", c, c, c, c, c], dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", **P), CL.num_warps, None, (0, 1, 2, 7)),
+    (head_scores._lattice_cosine_kernel, [f32, f32, i32, f32, f32, i32, i32, i32, "fp32", "fp32", c, c, c, c, c], dict(KP=16, BLOCK_D=128, F32_DOT=True, PRECISION="ieee", PDL=False), 4, None, (0, 1, 2, 7)),
+    (walk._greedy_walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c], dict(KP=8, SP=16, GATHER=True, **P), 1, None, ()),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, FINAL=False, **P), L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, FINAL=True, PDL=False), L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32, c, c, c, c], dict(K=8, KP=8, SP=64, **P), 1, None, (0, 1, 2, 4, 5, 6)),
+    (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32, c, c, c, c], dict(K=8, KP=8, SP=128, PDL=False), 4, None, (0, 1, 2, 4, 5, 6)),
 ]
 for fn, types, consts, warps, maxnreg, aligned in cases:
     stages = {"num_stages": 1 if consts["F32_DOT"] else CL.num_stages} if fn is head_scores._lattice_cosine_kernel else {}
@@ -318,6 +340,8 @@ for fn, types, consts, warps, maxnreg, aligned in cases:
         sys.exit("the cosine kernel's D loop is not pipelined (no cp.async)")
     if r["spills"]:
         sys.exit(f"{fn.__name__} {consts} spills {r['spills']} bytes")
+    if ("griddepcontrol.wait" in r["ptx"]) != consts["PDL"]:
+        sys.exit(f"{fn.__name__} {consts}: griddepcontrol present = {not consts['PDL']}")
 print("compiled", len(cases))
 """
 
@@ -349,34 +373,40 @@ def _replay_equals_eager(fast, *inputs):
         assert torch.equal(e, c)
 
 
+GPU_PATHS = [  # overlap, norm_epilogue, pdl (the default on sm_90: with the small-M GEMMs in Triton)
+    (False, None, False), (True, None, False), (False, True, False), (True, False, False), (False, None, True), (True, None, True),
+]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("overlap, norm_epilogue", [(False, None), (True, None), (False, True), (True, False)])
-def test_gpu_paper_config_fp32_equals_reference(overlap, norm_epilogue, monkeypatch):
+@pytest.mark.parametrize("overlap, norm_epilogue, pdl", GPU_PATHS)
+def test_gpu_paper_config_fp32_equals_reference(overlap, norm_epilogue, pdl, monkeypatch):
     """fp32 on CUDA (TF32 off): scores agree to ~1e-4, so nearly every request is clear of
     near-ties and the draft tokens must equal the reference's."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    cfg, hm, vocab, b = LiLiCorrConfig(), 4096, 32000, 8
+    cfg, hm, vocab, b = LiLiCorrConfig(), 4096, 32000, 4  # 480 lattice rows: the Triton GEMMs under pdl
     head = make_head(cfg, hm, 0, device="cuda")
     hidden, anchor, lm_head, embed = make_inputs(b, cfg.num_slots, hm, vocab, 0, device="cuda")
     lm_head *= 0.1
-    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=True, overlap=overlap, norm_epilogue=norm_epilogue)
+    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=True, overlap=overlap, norm_epilogue=norm_epilogue, pdl=pdl)
+    assert fast.triton_gemms == pdl
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-3, min_clear=b // 2)
     _replay_equals_eager(fast, hidden, anchor, lm_head)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("overlap, norm_epilogue", [(False, None), (True, None), (False, True), (True, False)])
+@pytest.mark.parametrize("overlap, norm_epilogue, pdl", GPU_PATHS)
 @pytest.mark.parametrize("width", [1024, 256])  # the paper head; the testbed's (rows in one 256-wide tile)
-def test_gpu_paper_config_bf16_graph_replay(overlap, norm_epilogue, width):
+def test_gpu_paper_config_bf16_graph_replay(overlap, norm_epilogue, pdl, width):
     """bf16 at paper scale: random weights near-tie almost every request, so the tokens are only
     checked where clear (none required); scores within tolerance; replay equals eager exactly."""
     cfg, hm, vocab, b = LiLiCorrConfig(hidden_size=width, factor_dim=width), 4096, 32000, 4
     head = make_head(cfg, hm, 0, dtype=torch.bfloat16, device="cuda")
     hidden, anchor, lm_head, embed = make_inputs(b, cfg.num_slots, hm, vocab, 0, dtype=torch.bfloat16, device="cuda")
     lm_head *= 0.1
-    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=True, overlap=overlap, norm_epilogue=norm_epilogue)
+    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=True, overlap=overlap, norm_epilogue=norm_epilogue, pdl=pdl)
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=0.25, min_clear=0)
     _replay_equals_eager(fast, hidden, anchor, lm_head)

@@ -1,5 +1,6 @@
 """The FFN up-projection GEMM with its bias + SiLU epilogue (kernels/ffn_silu.py) equals
-F.silu(F.linear(x, W_up, b_up)), SiluMLP's first half.
+F.silu(F.linear(x, W_up, b_up)), SiluMLP's first half; its general form (linear_act_triton: plain,
+or with a per-request bias and SiLU as in the factor projection) equals linear_act_reference.
 
 CPU: small shapes with masked edges under Triton's interpreter (tests/conftest.py selects it before
 anything imports triton), fp32 to 1e-4, every launch config forced once; plus an sm_90 compile of
@@ -20,6 +21,8 @@ from sglang_lilicorr.kernels.ffn_silu import (
     LaunchConfig,
     bench_linear_silu,
     format_bench,
+    linear_act_reference,
+    linear_act_triton,
     prefer_triton,
     select_config,
 )
@@ -48,6 +51,30 @@ def test_matches_pytorch(gen, m, k, n, config, with_bias):
     out = linear_silu_triton(x, weight, bias, config=config)
     assert out.shape == (m, n) and out.dtype == x.dtype and out.is_contiguous()
     torch.testing.assert_close(out, F.silu(F.linear(x, weight, bias)), atol=1e-4, rtol=1e-4)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("silu", [False, True])
+@pytest.mark.parametrize("config", ["skinny", LaunchConfig(16, 16, 16, 8, 1, 4)])
+def test_linear_act_with_group_bias_matches_reference(gen, silu, config):
+    """act(x @ W.T + b + group_bias[row // rows_per_group]): 3 groups of 10 rows (tiles straddle
+    groups), the group bias a column slice of a wider buffer (as anchor[:, d:] in the head)."""
+    x, weight = torch.randn(30, 48, generator=gen), torch.randn(40, 48, generator=gen) / 7
+    bias, group_bias = torch.randn(40, generator=gen), torch.randn(3, 56, generator=gen)[:, 16:]
+    out = linear_act_triton(x, weight, bias, silu=silu, group_bias=group_bias, rows_per_group=10, config=config)
+    ref = linear_act_reference(x, weight, bias, silu=silu, group_bias=group_bias, rows_per_group=10)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(linear_act_triton(x, weight, config=config), F.linear(x, weight), atol=1e-4, rtol=1e-4)
+
+
+def test_bad_group_bias_raises():
+    dev = "cuda" if CUDA else "cpu"
+    x, weight = torch.zeros(30, 16, device=dev), torch.zeros(8, 16, device=dev)
+    for group_bias, rows in ((torch.zeros(3, 8, device=dev), 7), (torch.zeros(2, 8, device=dev), 10), (torch.zeros(8, 3, device=dev).t(), 10)):
+        with pytest.raises(ValueError, match=r"group_bias .* must be \[M / rows_per_group, N\]"):
+            linear_act_triton(x, weight, group_bias=group_bias, rows_per_group=rows)
+    with pytest.raises(ValueError, match="group_bias is torch.float64"):
+        linear_act_triton(x, weight, group_bias=torch.zeros(3, 8, device=dev, dtype=torch.float64), rows_per_group=10)
 
 
 @needs_interpreter
@@ -129,18 +156,24 @@ import sys
 from sm90_build import build
 from sglang_lilicorr.kernels import ffn_silu as fs
 
+small_m = {cfg for rows, cfg, _ in fs.CONFIG_BY_ROWS if rows is not None and rows <= fs.PDL_GEMM_MAX_ROWS}
 for name, c in fs.CONFIGS.items():
     t = "*fp32" if name == "fp32" else "*bf16"
-    tiles = dict(HAS_BIAS=True, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m)
-    if c.tma:  # descriptors of the x, weight and output tiles, then bias, M, N, K
+    # under PDL, with the factor projection's epilogue (bias, per-request bias, SiLU: the most a kernel
+    # carries) on the configs of the rows it runs at (<= PDL_GEMM_MAX_ROWS), the FFN up's elsewhere
+    tiles = dict(HAS_BIAS=True, GROUP_BIAS=name in small_m, SILU=True, PDL=True,
+                 BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m)
+    if c.tma:  # descriptors of the x, weight and output tiles, then bias, group bias, M, N, K, its stride, rows per group
         descs = [f"tensordesc<bf16[{a}, {b}]>" for a, b in ((c.block_m, c.block_k), (c.block_n, c.block_k), (c.block_m, c.block_n))]
-        r = build(fs._linear_silu_tma_kernel, descs + [t] + ["i32"] * 3 + ["constexpr"] * 6, dict(PROGRAMS=132, **tiles),
-                  aligned=(3, 5, 6), num_warps=c.num_warps, num_stages=c.num_stages)
+        r = build(fs._linear_act_tma_kernel, descs + [t, t] + ["i32"] * 5 + ["constexpr"] * 9, dict(PROGRAMS=132, **tiles),
+                  aligned=(3, 4, 6, 7, 8), num_warps=c.num_warps, num_stages=c.num_stages)
         if "cp.async.bulk.tensor" not in r["ptx"]:
             sys.exit(f"{name} does not load by TMA")
     else:
-        r = build(fs._linear_silu_kernel, [t] * 4 + ["i32"] * 6 + ["constexpr"] * 7, dict(EVEN_K=True, IEEE_F32=name == "fp32", **tiles),
-                  aligned=(0, 1, 2, 3, 5, 6, 7, 8, 9), num_warps=c.num_warps, num_stages=c.num_stages)  # pointers, N, K, strides
+        r = build(fs._linear_act_kernel, [t] * 5 + ["i32"] * 8 + ["constexpr"] * 10, dict(EVEN_K=True, IEEE_F32=name == "fp32", **tiles),
+                  aligned=(0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11), num_warps=c.num_warps, num_stages=c.num_stages)  # pointers, N, K, strides
+    if "griddepcontrol.wait" not in r["ptx"]:
+        sys.exit(f"{name} with PDL=True does not wait on the previous grid")
     print(name, c, "registers", r["registers"], "spill bytes", r["spills"], "smem", r["shared"])
     if r["spills"]:
         sys.exit(f"{name} spills {r['spills']} bytes")

@@ -1,0 +1,46 @@
+"""Programmatic dependent launch (PDL, sm_90+): a chain of small dependent kernels without the
+launch gap between them.
+
+A kernel launched with `launch_pdl=True` may be scheduled while the kernel before it on the stream
+is still running. Its programs first call `grid_dependency_wait(PDL)`:
+
+  griddepcontrol.wait               block until the previous kernel has finished and its writes are
+                                    visible (so nothing before this call may touch a tensor that an
+                                    earlier kernel writes or reads);
+  griddepcontrol.launch_dependents  let the next PDL kernel launch now, so its launch and program
+                                    start overlap this kernel's work.
+
+Each kernel of the select path therefore runs as soon as its input is ready, with the next launch
+already under way. Kernels that are not launched this way (cuBLAS, PyTorch) keep full stream
+order around them; with PDL=False both instructions compile away. Measured on an H100 in a CUDA
+graph (benchmarks/PERF_NOTES.md, version 14): 0.4-0.7 us less per kernel boundary.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from .device import sm_major
+
+
+@triton.jit
+def grid_dependency_wait(PDL: tl.constexpr):
+    """Wait for the previous kernel on the stream, then release the next one (no-op without PDL)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+def pdl_supported(t: torch.Tensor) -> bool:
+    """Whether kernels on t's device can be launched with PDL: CUDA sm_90+ (not the interpreter)."""
+    return t.is_cuda and sm_major(t.device) >= 9
+
+
+def check_pdl(pdl: bool, t: torch.Tensor, name: str) -> None:
+    """A clear error for pdl=True where the device cannot launch that way."""
+    if pdl and not pdl_supported(t):
+        raise ValueError(
+            f"{name}: pdl=True needs a CUDA device of compute capability 9.0+ (Hopper), got {t.device}; pass pdl=False"
+        )
