@@ -24,9 +24,10 @@ Two implementations of the same math, chosen by `fused`:
                measured tables prefer them; cuBLAS GEMMs between.
 `overlap=True` (CUDA, fused) runs the pass and anchor projections on a side stream.
 `pdl=True` (CUDA sm_90+, fused; the default there) launches every Triton kernel of the main stream
-with programmatic dependent launch (kernels/pdl.py), and `triton_gemms` (default: with pdl) runs the
-head's GEMMs of at most PDL_GEMM_MAX_ROWS rows as Triton GEMMs with their epilogues
-(kernels/ffn_silu.py), so those too start without a launch gap; larger GEMMs stay on cuBLAS.
+with programmatic dependent launch (kernels/pdl.py). `triton_gemms=True` also runs the head's GEMMs
+of at most PDL_GEMM_MAX_ROWS rows as Triton GEMMs with their epilogues (kernels/ffn_silu.py), so
+those too can start early; measured no faster than cuBLAS at bs 1 and slower at bs 4 (PERF_NOTES.md
+version 14), so it is off by default.
 `norm_epilogue` forces those GEMM + norm epilogues (nodes, residual adds) on or off (None:
 kernels/linear_norm.py's measured table decides per shape).
 `fused_stages` cuts the fused path into projections / nodes / lattice / factors / walk for
@@ -90,7 +91,7 @@ class FastLiLiCorrSelect:
         overlap: bool | None = None,  # side stream for the projections (fused CUDA only); None: on
         norm_epilogue: bool | None = None,  # node sum / residual add + RMSNorm in GEMM epilogues; None: where measured faster
         pdl: bool | None = None,  # programmatic dependent launch (fused, CUDA sm_90+); None: on where supported
-        triton_gemms: bool | None = None,  # small-M GEMMs in Triton (fused); None: with pdl
+        triton_gemms: bool = False,  # small-M GEMMs in Triton (fused path only)
     ) -> None:
         if (embed_weight is None) == (token_table is None):
             raise ValueError("FastLiLiCorrSelect: pass exactly one of embed_weight=[V, Hm] or token_table=[V, H].")
@@ -123,7 +124,7 @@ class FastLiLiCorrSelect:
         self.pdl = can_pdl if pdl is None else bool(pdl)
         if triton_gemms and not self.fused:
             raise ValueError("FastLiLiCorrSelect(triton_gemms=True) needs the fused path (fused=True)")
-        self.triton_gemms = self.pdl if triton_gemms is None else bool(triton_gemms)
+        self.triton_gemms = bool(triton_gemms)
         # int32 zeros for kernels/linear_norm.py's row tiles (this stream only), sized up front so that a
         # CUDA-graph capture never reallocates them (4096 tiles of >= 16 rows: 65536 lattice rows, bs 546)
         self._row_counters = torch.zeros(4096, dtype=torch.int32, device=self.device) if self.fused else None

@@ -373,15 +373,16 @@ def _replay_equals_eager(fast, *inputs):
         assert torch.equal(e, c)
 
 
-GPU_PATHS = [  # overlap, norm_epilogue, pdl (the default on sm_90: with the small-M GEMMs in Triton)
-    (False, None, False), (True, None, False), (False, True, False), (True, False, False), (False, None, True), (True, None, True),
+GPU_PATHS = [  # overlap, norm_epilogue, pdl (the default on sm_90), triton_gemms
+    (False, None, False, False), (True, None, False, False), (False, True, False, False), (True, False, False, False),
+    (False, None, True, False), (True, None, True, False), (True, None, True, True),
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("overlap, norm_epilogue, pdl", GPU_PATHS)
-def test_gpu_paper_config_fp32_equals_reference(overlap, norm_epilogue, pdl, monkeypatch):
+@pytest.mark.parametrize("overlap, norm_epilogue, pdl, triton_gemms", GPU_PATHS)
+def test_gpu_paper_config_fp32_equals_reference(overlap, norm_epilogue, pdl, triton_gemms, monkeypatch):
     """fp32 on CUDA (TF32 off): scores agree to ~1e-4, so nearly every request is clear of
     near-ties and the draft tokens must equal the reference's."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
@@ -390,23 +391,27 @@ def test_gpu_paper_config_fp32_equals_reference(overlap, norm_epilogue, pdl, mon
     head = make_head(cfg, hm, 0, device="cuda")
     hidden, anchor, lm_head, embed = make_inputs(b, cfg.num_slots, hm, vocab, 0, device="cuda")
     lm_head *= 0.1
-    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=True, overlap=overlap, norm_epilogue=norm_epilogue, pdl=pdl)
-    assert fast.triton_gemms == pdl
+    fast = FastLiLiCorrSelect(
+        head, embed_weight=embed, fused=True, overlap=overlap, norm_epilogue=norm_epilogue, pdl=pdl, triton_gemms=triton_gemms
+    )
+    assert fast.pdl == pdl
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-3, min_clear=b // 2)
     _replay_equals_eager(fast, hidden, anchor, lm_head)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("overlap, norm_epilogue, pdl", GPU_PATHS)
+@pytest.mark.parametrize("overlap, norm_epilogue, pdl, triton_gemms", GPU_PATHS)
 @pytest.mark.parametrize("width", [1024, 256])  # the paper head; the testbed's (rows in one 256-wide tile)
-def test_gpu_paper_config_bf16_graph_replay(overlap, norm_epilogue, pdl, width):
+def test_gpu_paper_config_bf16_graph_replay(overlap, norm_epilogue, pdl, triton_gemms, width):
     """bf16 at paper scale: random weights near-tie almost every request, so the tokens are only
     checked where clear (none required); scores within tolerance; replay equals eager exactly."""
     cfg, hm, vocab, b = LiLiCorrConfig(hidden_size=width, factor_dim=width), 4096, 32000, 4
     head = make_head(cfg, hm, 0, dtype=torch.bfloat16, device="cuda")
     hidden, anchor, lm_head, embed = make_inputs(b, cfg.num_slots, hm, vocab, 0, dtype=torch.bfloat16, device="cuda")
     lm_head *= 0.1
-    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=True, overlap=overlap, norm_epilogue=norm_epilogue, pdl=pdl)
+    fast = FastLiLiCorrSelect(
+        head, embed_weight=embed, fused=True, overlap=overlap, norm_epilogue=norm_epilogue, pdl=pdl, triton_gemms=triton_gemms
+    )
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=0.25, min_clear=0)
     _replay_equals_eager(fast, hidden, anchor, lm_head)
