@@ -24,8 +24,9 @@ with the fused variant's and the built-in's kernels by GPU time (the SDPA backen
 
 Our variants (VARIANTS): torch (PyTorch ops on the precomputed buffers), fused (Triton epilogues),
 fused_overlap (fused + side stream for the pass/anchor projections), fused_overlap_pdl (+ programmatic
-dependent launch: the default on sm_90), fused_overlap_pdl_triton (+ the GEMMs of <= 512 rows as Triton
-GEMMs with their epilogues), fused_overlap_norm / _nonorm
+dependent launch at every bs), fused_overlap_pdl_triton (+ the GEMMs of <= 512 rows as Triton GEMMs with
+their epilogues), served (the defaults: overlap, and PDL / Triton GEMMs where fast_head's measured
+tables take them), fused_overlap_norm / _nonorm
 (the residual add + RMSNorm in the out / FFN down GEMMs forced on / off; the others take
 kernels/linear_norm.py's table), and with --compile,
 compiled (torch.compile of the PyTorch variant). Checks in the same run: each variant's select
@@ -77,8 +78,9 @@ VARIANTS = {  # ours: FastLiLiCorrSelect options (norm_epilogue None = kernels/l
     "torch": dict(fused=False, overlap=False),
     "fused": dict(fused=True, overlap=False, pdl=False),
     "fused_overlap": dict(fused=True, overlap=True, pdl=False),  # the version-13 serving path
-    "fused_overlap_pdl": dict(fused=True, overlap=True, pdl=True),  # + PDL (the default on sm_90)
+    "fused_overlap_pdl": dict(fused=True, overlap=True, pdl=True, triton_gemms=False),  # + PDL at every bs
     "fused_overlap_pdl_triton": dict(fused=True, overlap=True, pdl=True, triton_gemms=True),  # + the small-M GEMMs in Triton
+    "served": dict(fused=True),  # what the server runs: overlap, and PDL / Triton GEMMs by fast_head's tables
     "fused_overlap_norm": dict(fused=True, overlap=True, pdl=False, norm_epilogue=True),  # the norm epilogue at every shape
     "fused_overlap_nonorm": dict(fused=True, overlap=True, pdl=False, norm_epilogue=False),  # ... at none
 }
@@ -346,7 +348,7 @@ def run(args) -> dict:
             out = tb(f"select_{vname}", lambda: fast.select(hidden, anchor, lm_head))
             row[f"select_{vname}"] = out and out[0]
             with torch.no_grad():  # head_walk = post_logits minus top-K's 1-2; select = post_logits + 1
-                count(f"post_logits_{vname}", post_logits, keep_kernels=vname in ("fused", "fused_overlap_pdl"))
+                count(f"post_logits_{vname}", post_logits, keep_kernels=vname in ("fused", "served"))
             if out is not None and ref is not None:
                 attempt(errors, f"bs{bs}_check_{vname}", lambda: check(
                     checks, f"bs{bs}_{vname}", fast, out[1], ref, hidden, anchor, lm_head, greedy_margin))
@@ -519,7 +521,7 @@ def failed_checks(checks) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="FastLiLiCorrSelect vs SGLang's built-in LiLiCorr head (one GPU, graph replay)")
     ap.add_argument("--bs", type=int, nargs="+", default=[1, 4, 16, 32], help="batch sizes (default 1 4 16 32)")
-    ap.add_argument("--variants", nargs="+", default=["torch", "fused", "fused_overlap", "fused_overlap_pdl", "fused_overlap_pdl_triton"],
+    ap.add_argument("--variants", nargs="+", default=["torch", "fused", "fused_overlap", "fused_overlap_pdl", "fused_overlap_pdl_triton", "served"],
                     choices=list(VARIANTS), help="our implementations to time (VARIANTS)")
     ap.add_argument("--geometry", choices=list(GEOMETRIES), default="paper",
                     help="head shapes: the paper's (the issue's targets) or the testbed draft's (information)")

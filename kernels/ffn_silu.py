@@ -27,8 +27,7 @@ tiles a group reads stay in L2.
 
 Launch configs come from a static table chosen by M (CONFIG_BY_ROWS; no autotuning, so a CUDA graph
 can capture the first call). `prefer_triton(M)` says whether to take the FFN up kernel over cuBLAS +
-SiLU, and PDL_GEMM_MAX_ROWS up to which M every head GEMM may take this kernel (an option of the
-select path); update the table from `python -m sglang_lilicorr.kernels.ffn_silu` and head_bench
+SiLU (the select path has its own table for the other GEMMs: sglang_lilicorr/fast_head.py); update the table from `python -m sglang_lilicorr.kernels.ffn_silu` and head_bench
 on the serving GPU. Paper shape of the FFN up: K = 1024, N = 2048, M = 120 * b.
   skinny  64 x 32 tiles, BLOCK_K 128, 4 warps: 128 programs at M = 120 (one wave on 132 SMs); latency-bound.
   small   64 x 128, BLOCK_K 64, 4 warps, 4 stages.
@@ -91,12 +90,6 @@ def _band(m: int) -> tuple:
 def select_config(m: int, dtype: torch.dtype) -> str:
     """Name of the launch config for M rows of `dtype` (fp32 has its own small-tile config)."""
     return "fp32" if dtype == torch.float32 else _band(m)[1]
-
-
-# With FastLiLiCorrSelect(triton_gemms=True), a head GEMM of at most this many rows runs as
-# linear_act_triton, which can start early under PDL where a cuBLAS kernel cannot (measured no gain
-# at bs 1 and a loss at bs 4 on an H100: PERF_NOTES.md version 14, so that option is off by default).
-PDL_GEMM_MAX_ROWS = 512
 
 
 def prefer_triton(m: int) -> bool:

@@ -23,11 +23,11 @@ Two implementations of the same math, chosen by `fused`:
                with the node assembly + RMSNorm epilogue (kernels/linear_norm.py) where their
                measured tables prefer them; cuBLAS GEMMs between.
 `overlap=True` (CUDA, fused) runs the pass and anchor projections on a side stream.
-`pdl=True` (CUDA sm_90+, fused; the default there) launches every Triton kernel of the main stream
-with programmatic dependent launch (kernels/pdl.py). `triton_gemms=True` also runs the head's GEMMs
-of at most PDL_GEMM_MAX_ROWS rows as Triton GEMMs with their epilogues (kernels/ffn_silu.py), so
-those too can start early; measured no faster than cuBLAS at bs 1 and slower at bs 4 (PERF_NOTES.md
-version 14), so it is off by default.
+`pdl` launches every Triton kernel of the main stream with programmatic dependent launch
+(kernels/pdl.py; CUDA sm_90+, fused), and `triton_gemms` runs the head's GEMMs of at most
+TRITON_GEMM_MAX_ROWS rows as Triton GEMMs with their epilogues (kernels/ffn_silu.py), which can start
+early under PDL where cuBLAS kernels cannot. True / False force them; None (the default) takes the
+measured tables below, per head width and number of lattice rows of the call.
 `norm_epilogue` forces those GEMM + norm epilogues (nodes, residual adds) on or off (None:
 kernels/linear_norm.py's measured table decides per shape).
 `fused_stages` cuts the fused path into projections / nodes / lattice / factors / walk for
@@ -43,6 +43,13 @@ from .head import LiLiCorrHead, confidence_features
 from .kernels import topk_lse, uses_triton
 from .lattice import lattice_attention_bias
 from .walk import greedy_walk
+
+
+# Measured on an H100 (head_bench, PERF_NOTES.md version 14): head width -> the most lattice rows
+# (b * S * K) at which ...
+PDL_MAX_ROWS = {256: 512}  # ... PDL is faster (the testbed head loses 4-5 us from bs 16); other widths: every size
+TRITON_GEMM_MAX_ROWS = {256: 512}  # ... the Triton GEMMs beat cuBLAS (the paper head: not at bs 4); other widths: none
+TRITON_GEMM_ROWS_CAP = 512  # triton_gemms=True: GEMMs up to this many rows (the small-M launch configs)
 
 
 def _norm_eps(norm: torch.nn.RMSNorm) -> float:
@@ -90,8 +97,8 @@ class FastLiLiCorrSelect:
         fused: bool | None = None,  # None: Triton where it runs (CUDA, or CPU with TRITON_INTERPRET=1)
         overlap: bool | None = None,  # side stream for the projections (fused CUDA only); None: on
         norm_epilogue: bool | None = None,  # node sum / residual add + RMSNorm in GEMM epilogues; None: where measured faster
-        pdl: bool | None = None,  # programmatic dependent launch (fused, CUDA sm_90+); None: on where supported
-        triton_gemms: bool = False,  # small-M GEMMs in Triton (fused path only)
+        pdl: bool | None = None,  # programmatic dependent launch (fused, CUDA sm_90+); None: PDL_MAX_ROWS where supported
+        triton_gemms: bool | None = None,  # small-M GEMMs in Triton (fused); None: TRITON_GEMM_MAX_ROWS with PDL
     ) -> None:
         if (embed_weight is None) == (token_table is None):
             raise ValueError("FastLiLiCorrSelect: pass exactly one of embed_weight=[V, Hm] or token_table=[V, H].")
@@ -115,16 +122,15 @@ class FastLiLiCorrSelect:
         self.norm_epilogue = norm_epilogue
         from .kernels.pdl import pdl_supported
 
-        can_pdl = self.fused and w.is_cuda and pdl_supported(w)
-        if pdl and not can_pdl:
+        self._can_pdl = self.fused and w.is_cuda and pdl_supported(w)
+        if pdl and not self._can_pdl:
             raise ValueError(
                 f"FastLiLiCorrSelect(pdl=True) needs the fused path on a CUDA device of compute capability 9.0+, "
                 f"got fused={self.fused} on {w.device}; pass pdl=None or False"
             )
-        self.pdl = can_pdl if pdl is None else bool(pdl)
         if triton_gemms and not self.fused:
             raise ValueError("FastLiLiCorrSelect(triton_gemms=True) needs the fused path (fused=True)")
-        self.triton_gemms = bool(triton_gemms)
+        self.pdl, self.triton_gemms = pdl, triton_gemms
         # int32 zeros for kernels/linear_norm.py's row tiles (this stream only), sized up front so that a
         # CUDA-graph capture never reallocates them (4096 tiles of >= 16 rows: 65536 lattice rows, bs 546)
         self._row_counters = torch.zeros(4096, dtype=torch.int32, device=self.device) if self.fused else None
@@ -201,7 +207,7 @@ class FastLiLiCorrSelect:
         return self._candidates_from_logits(logits, b, s)
 
     def _candidates_from_logits(self, logits, b, s):
-        vals, ids, lse = topk_lse(logits, self.topk, pdl=self.pdl)
+        vals, ids, lse = topk_lse(logits, self.topk, pdl=self._pdl_at(b * s * self.topk))
         return vals.view(b, s, self.topk), ids.view(b, s, self.topk), lse.view(b, s)
 
     def _pass_projection(self, pass_hidden):
@@ -283,7 +289,7 @@ class FastLiLiCorrSelect:
         b, s, k = vals.shape
         lp, up = confidence_up_triton(
             vals.reshape(b * s, k).float(), lse.reshape(b * s).float(), self.w_feat, self.b_feat, self.feat_ln_eps, self.dtype,
-            pdl=self.pdl,
+            pdl=self._pdl_at(b * s * k),
         )
         norm = self.head.layers[0].attn_norm
         counters = self._norm_counters(up.shape[0], self.width)
@@ -299,7 +305,7 @@ class FastLiLiCorrSelect:
             join_pass()
         x, xn = lattice_nodes_triton(
             ids, self.token_table, pass_proj, feat, self.node_const, norm.weight, _norm_eps(norm),
-            pdl=self.pdl and join_pass is None,  # the first launch after a join waits in full
+            pdl=self._pdl_at(b * s * k) and join_pass is None,  # the first launch after a join waits in full
         )
         return lp, x, xn
 
@@ -308,17 +314,17 @@ class FastLiLiCorrSelect:
         from .kernels.ffn_silu import linear_silu_triton, prefer_triton
         from .kernels.lattice_attention import lattice_attention_triton
 
-        n = x.shape[0] // b
+        n, pdl = x.shape[0] // b, self._pdl_at(x.shape[0])
         bias = self.attn_bias[..., :n, :n]  # [1, heads, n, n], 16-aligned rows: taken as is
         layers = self.head.layers
         for i, layer in enumerate(layers):
             attn = layer.attn
             qkv = self._linear(xn, attn.in_proj_weight, attn.in_proj_bias)  # [b*n, 3H]
-            attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=self.pdl)
+            attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=pdl)
             xn = self._residual_norm(x, attended, attn.out_proj, self._after_attn[i])
             mlp = layer.mlp
             if prefer_triton(xn.shape[0]) or self._gemm_in_triton(xn.shape[0]):  # up GEMM with bias + SiLU in its epilogue
-                hidden = linear_silu_triton(xn, mlp.up_proj.weight, mlp.up_proj.bias, pdl=self.pdl)
+                hidden = linear_silu_triton(xn, mlp.up_proj.weight, mlp.up_proj.bias, pdl=pdl)
             else:
                 hidden = F.silu(mlp.up_proj(xn))
             last = i == len(layers) - 1
@@ -339,7 +345,7 @@ class FastLiLiCorrSelect:
         counters = self._norm_counters(*x.shape)
         if counters is None:
             y = self._linear(branch, linear.weight, linear.bias, pdl=not joined)
-            return add_rmsnorm_triton(x, y, norm.weight, _norm_eps(norm), cross=cross, pdl=self.pdl)
+            return add_rmsnorm_triton(x, y, norm.weight, _norm_eps(norm), cross=cross, pdl=self._pdl_at(x.shape[0]))
         return linear_add_rmsnorm_triton(branch, linear.weight, linear.bias, x, norm.weight, _norm_eps(norm), counters, cross)
 
     def _norm_counters(self, rows: int, h: int):
@@ -365,19 +371,25 @@ class FastLiLiCorrSelect:
         from .kernels.head_norm import row_bias_silu_triton
         from .kernels.head_scores import lattice_cosine_triton
 
-        d, k = self.factor_dim, self.topk
+        d, k, pdl = self.factor_dim, self.topk, self._pdl_at(cat.shape[0])
         if self._gemm_in_triton(cat.shape[0]):  # the per-request bias + SiLU in the GEMM's epilogue
-            fused = linear_act_triton(cat, self.w_factor, silu=True, group_bias=anchor[:, d:], rows_per_group=s * k, pdl=self.pdl)
+            fused = linear_act_triton(cat, self.w_factor, silu=True, group_bias=anchor[:, d:], rows_per_group=s * k, pdl=pdl)
         else:
-            fused = row_bias_silu_triton(F.linear(cat, self.w_factor), anchor[:, d:], rows_per_group=s * k, pdl=self.pdl)  # [b*L, H]
+            fused = row_bias_silu_triton(F.linear(cat, self.w_factor), anchor[:, d:], rows_per_group=s * k, pdl=pdl)  # [b*L, H]
         edges = self._linear(fused, self.w_edge, self.b_edge).view(b, s, k, 2 * d)
-        return lattice_cosine_triton(edges, anchor[:, :d], self.sigma, self.vector_eps, pdl=self.pdl)
+        return lattice_cosine_triton(edges, anchor[:, :d], self.sigma, self.vector_eps, pdl=pdl)
+
+    def _pdl_at(self, rows: int) -> bool:
+        """Whether a call with `rows` lattice rows launches its Triton kernels with PDL (see pdl)."""
+        if self.pdl is not None:
+            return self.pdl
+        return self._can_pdl and rows <= PDL_MAX_ROWS.get(self.width, rows)
 
     def _gemm_in_triton(self, rows: int) -> bool:
         """Whether a head GEMM of `rows` rows runs as a Triton GEMM (see triton_gemms)."""
-        from .kernels.ffn_silu import PDL_GEMM_MAX_ROWS
-
-        return self.triton_gemms and rows <= PDL_GEMM_MAX_ROWS
+        if self.triton_gemms is not None:
+            return self.triton_gemms and rows <= TRITON_GEMM_ROWS_CAP
+        return self._pdl_at(rows) and rows <= TRITON_GEMM_MAX_ROWS.get(self.width, 0)
 
     def _linear(self, x, weight, bias=None, pdl=True):
         """x @ weight.T + bias on the main stream: a Triton GEMM (launched with PDL unless `pdl` is
@@ -386,7 +398,7 @@ class FastLiLiCorrSelect:
             return F.linear(x, weight, bias)
         from .kernels.ffn_silu import linear_act_triton
 
-        return linear_act_triton(x, weight, bias, pdl=self.pdl and pdl)
+        return linear_act_triton(x, weight, bias, pdl=self._pdl_at(x.shape[0]) and pdl)
 
     def fused_stages(self, vals, ids, lse, pass_hidden, anchor_hidden) -> dict:
         """The fused path (without the side stream) cut into its stages, name -> zero-argument call
@@ -415,7 +427,8 @@ class FastLiLiCorrSelect:
         if uses_triton(start):
             from .kernels.walk import greedy_walk_triton
 
-            return greedy_walk_triton(start, pair, ids, pdl=self.pdl)  # the gather of the walked ids in the same kernel
+            rows = start.shape[0] * ids.shape[1] * ids.shape[2]
+            return greedy_walk_triton(start, pair, ids, pdl=self._pdl_at(rows))  # the gather of the walked ids in the same kernel
         path = greedy_walk(start, pair)
         return ids.gather(2, path.unsqueeze(-1)).squeeze(-1)
 

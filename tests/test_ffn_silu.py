@@ -155,12 +155,13 @@ _AOT = """
 import sys
 from sm90_build import build
 from sglang_lilicorr.kernels import ffn_silu as fs
+from sglang_lilicorr.fast_head import TRITON_GEMM_ROWS_CAP
 
-small_m = {cfg for rows, cfg, _ in fs.CONFIG_BY_ROWS if rows is not None and rows <= fs.PDL_GEMM_MAX_ROWS}
+small_m = {cfg for rows, cfg, _ in fs.CONFIG_BY_ROWS if rows is not None and rows <= TRITON_GEMM_ROWS_CAP}
 for name, c in fs.CONFIGS.items():
     t = "*fp32" if name == "fp32" else "*bf16"
     # under PDL, with the factor projection's epilogue (bias, per-request bias, SiLU: the most a kernel
-    # carries) on the configs of the rows it runs at (<= PDL_GEMM_MAX_ROWS), the FFN up's elsewhere
+    # carries) on the configs of the rows it runs at (<= TRITON_GEMM_ROWS_CAP), the FFN up's elsewhere
     tiles = dict(HAS_BIAS=True, GROUP_BIAS=name in small_m, SILU=True, PDL=True,
                  BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m)
     if c.tma:  # descriptors of the x, weight and output tiles, then bias, group bias, M, N, K, its stride, rows per group
