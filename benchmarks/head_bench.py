@@ -14,6 +14,7 @@ ms per call (median of triton.testing.do_bench over CUDA-graph replay):
   post_logits  logits -> draft ids (top-K/LSE + head + walk): the issue's target
   select       hidden -> draft ids, LM-head matmul included
   floor_dense_chain  the head's GEMMs + SDPA alone (dense_chain): the floor of one launch per GEMM
+  floor_dense_chain_pdl  the critical path's GEMMs + attention alone, Triton with PDL (dense_chain_pdl)
   floor_launches     as many empty kernels as post_logits_fused launches, back to back (launch_chain)
 
 Per-stage split (variant fused, each stage captured and replayed alone): lm_head, topk_lse,
@@ -194,6 +195,35 @@ def dense_chain(fast, geo, bs, device, dtype):
     return chain
 
 
+def dense_chain_pdl(fast, geo, bs, device, dtype):
+    """The dense work on the critical path alone (dense_chain without the pass and anchor GEMMs, which
+    the served path runs on a side stream), each op the fastest single launch we have for it under
+    programmatic dependent launch: Triton GEMMs (linear_act_triton) and lattice_attention_triton,
+    all with PDL. With top-K/LSE added, the floor of any design that runs the head one launch per
+    GEMM and attention. Returns a zero-argument call (CUDA sm_90+)."""
+    from sglang_lilicorr.kernels.ffn_silu import linear_act_triton
+    from sglang_lilicorr.kernels.lattice_attention import lattice_attention_triton
+
+    L, H = geo.S * geo.K, fast.width
+    g = torch.Generator(device="cpu").manual_seed(3000 + bs)
+    x, cat = (torch.randn(bs * L, n, generator=g).to(device, dtype) for n in (H, 2 * H))
+    bias = fast.attn_bias[..., :L, :L]
+    head = fast.head
+
+    @torch.no_grad()
+    def chain():
+        y = linear_act_triton(x, fast.w_down, pdl=True)
+        for layer in head.layers:
+            qkv = linear_act_triton(y, layer.attn.in_proj_weight, layer.attn.in_proj_bias, pdl=True)
+            y = linear_act_triton(lattice_attention_triton(qkv, bias, layer.attn.num_heads, pdl=True),
+                                  layer.attn.out_proj.weight, layer.attn.out_proj.bias, pdl=True)
+            y = linear_act_triton(y, layer.mlp.up_proj.weight, layer.mlp.up_proj.bias, silu=True, pdl=True)
+            y = linear_act_triton(y, layer.mlp.down_proj.weight, layer.mlp.down_proj.bias, pdl=True)
+        return linear_act_triton(linear_act_triton(cat, fast.w_factor, pdl=True), fast.w_edge, fast.b_edge, pdl=True)
+
+    return chain
+
+
 def launch_chain(n, device):
     """n back-to-back launches of an empty one-program Triton kernel: replayed as one graph, the
     launch-latency floor of any design that runs the select path as n dependent kernels."""
@@ -368,6 +398,9 @@ def run(args) -> dict:
         if fast is not None:
             out = tb("floor_dense_chain", dense_chain(fast, geo, bs, dev, dtype))
             row["floor_dense_chain"] = out and out[0]
+            if fast._can_pdl:
+                out = tb("floor_dense_chain_pdl", dense_chain_pdl(fast, geo, bs, dev, dtype))
+                row["floor_dense_chain_pdl"] = out and out[0]
         n_launches = launches.get("post_logits_fused")
         if cuda and n_launches:
             out = tb("floor_launches", launch_chain(int(n_launches), dev))
@@ -453,13 +486,14 @@ def report(res) -> list[str]:
     stage_names = [k for k in ("lm_head", "topk_lse", "projections", "nodes", "lattice", "factors", "walk") if f"stage_{k}" in keys]
     if stage_names:
         log("\nper-stage split, fused variant (each stage captured alone; ms) and the sum vs select_fused:")
-        log("| bs | " + " | ".join(stage_names) + " | sum | select_fused | floor_dense_chain | floor_launches |")
-        log("|---" * (len(stage_names) + 4) + "|")
+        log("| bs | " + " | ".join(stage_names) + " | sum | select_fused | floor_dense_chain | floor_dense_chain_pdl | floor_launches |")
+        log("|---" * (len(stage_names) + 5) + "|")
         for r in rows:
             parts = [r.get(f"stage_{k}") for k in stage_names]
             total = sum(parts) if all(p is not None for p in parts) else None
             log(f"| {r['bs']} | " + " | ".join(fmt(p) for p in parts)
-                + f" | {fmt(total)} | {fmt(r.get('select_fused'))} | {fmt(r.get('floor_dense_chain'))} | {fmt(r.get('floor_launches'))} |")
+                + f" | {fmt(total)} | {fmt(r.get('select_fused'))} | {fmt(r.get('floor_dense_chain'))}"
+                + f" | {fmt(r.get('floor_dense_chain_pdl'))} | {fmt(r.get('floor_launches'))} |")
     for r in rows:
         sweep = {k[len("topk_splits_"):]: v for k, v in r.items() if k.startswith("topk_splits_")}
         if sweep:
