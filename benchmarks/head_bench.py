@@ -19,7 +19,7 @@ ms per call (median of triton.testing.do_bench over CUDA-graph replay):
 
 Per-stage split (variant fused, each stage captured and replayed alone): lm_head, topk_lse,
 projections (pass + anchor GEMMs), nodes (features + node assembly), lattice (2 layers),
-factors (fusion + out|in GEMMs + cosines), walk. Kernel launches per call (torch.profiler, CUDA
+factors (fusion + out|in GEMMs + cosines with the walk). Kernel launches per call (torch.profiler, CUDA
 activity, one eager call) for post_logits of each variant and the built-in and for each stage,
 with the fused variant's and the built-in's kernels by GPU time (the SDPA backend shows up here).
 
@@ -483,7 +483,7 @@ def report(res) -> list[str]:
     for r in rows:
         log(f"| {r['bs']} | " + " | ".join(fmt(r.get(n)) for n in names) + " |")
 
-    stage_names = [k for k in ("lm_head", "topk_lse", "projections", "nodes", "lattice", "factors", "walk") if f"stage_{k}" in keys]
+    stage_names = [k for k in ("lm_head", "topk_lse", "projections", "nodes", "lattice", "factors") if f"stage_{k}" in keys]
     if stage_names:
         log("\nper-stage split, fused variant (each stage captured alone; ms) and the sum vs select_fused:")
         log("| bs | " + " | ".join(stage_names) + " | sum | select_fused | floor_dense_chain | floor_dense_chain_pdl | floor_launches |")

@@ -14,6 +14,14 @@ the squared norms), K padded to 16 rows. bf16/fp16 products are exact in the fp3
 accumulator; fp32 inputs (and 16-bit ones under the CPU interpreter, whose tl.dot multiplies raw
 16-bit patterns) are dotted as fp32 with IEEE FMAs. The norms are taken as F.normalize does:
 x / max(|x|, eps). No host syncs.
+
+With WALK (`lattice_cosine_walk_triton`) the same launch also runs the greedy walk (App. F): each
+program stores the successor of each of its row candidates (the first argmax of its score row:
+slot s-1's candidate i -> slot s's candidate; the anchor's row for s = 0), then counts itself done on
+a per-request counter; the request's last program follows the successors from the anchor through
+slot S, gathers the walked candidates' ids and resets the counter. One launch fewer on the critical
+path than cosine + walk kernel, and the walk's per-slot step is one reduction over a [S, K] table
+instead of an argmax over a score row (PERF_NOTES.md, version 15).
 """
 from __future__ import annotations
 
@@ -39,7 +47,9 @@ LAUNCH = CosineLaunch()
 def _lattice_cosine_kernel(
     edge_ptr, anchor_ptr, anchor_stride, start_ptr, pair_ptr,
     S, K, D, sigma, eps,
+    succ_ptr, count_ptr, ids_ptr, id_b, id_s, id_k, draft_ptr,  # WALK: [b, S, KP] int32, [b] int32, ids [b, S, K], [b, S]
     KP: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
+    WALK: tl.constexpr, SP: tl.constexpr,  # SP: S rounded up to a power of two
 ):
     grid_dependency_wait(PDL)
     req = tl.program_id(0).to(tl.int64)
@@ -74,6 +84,33 @@ def _lattice_cosine_kernel(
              mask=is_start & (ks[:, None] == 0) & both)
     tl.store(pair_ptr + ((req * (S - 1) + s - 1) * K + ks[:, None]) * K + ks[None, :], score,
              mask=(s > 0) & both)
+    if WALK:
+        _walk_when_last(score, both, ks, kv, is_start, req, s, S, succ_ptr, count_ptr, ids_ptr, id_b, id_s, id_k, draft_ptr, KP, SP)
+
+
+@triton.jit
+def _walk_when_last(score, both, ks, kv, is_start, req, s, S, succ_ptr, count_ptr, ids_ptr, id_b, id_s, id_k, draft_ptr,
+                    KP: tl.constexpr, SP: tl.constexpr):
+    """Store this factor's successors; the request's last program walks all S slots (see module doc)."""
+    masked = tl.where(both, score, -float("inf"))
+    top = tl.max(masked, 1)  # [KP] per row candidate i
+    succ = tl.min(tl.where(both & (masked == top[:, None]), ks[None, :], KP), 1)  # first argmax over j
+    succ = tl.where(is_start, tl.sum(tl.where(ks == 0, succ, 0), 0), succ)  # s = 0: the anchor's row, in every lane
+    tl.store(succ_ptr + (req * S + s) * KP + ks, succ, mask=kv)
+    tl.debug_barrier()  # every thread's stores precede the release below
+    arrived = tl.atomic_add(count_ptr + req, 1, sem="acq_rel", scope="gpu")
+    if arrived == S - 1:  # the request's last factor: every successor is stored
+        steps = tl.arange(0, SP)
+        table = tl.load(succ_ptr + (req * S + steps[:, None]) * KP + ks[None, :],
+                        mask=(steps < S)[:, None] & kv[None, :], other=0, cache_modifier=".cg")  # [SP, KP]
+        cur = tl.sum(tl.sum(tl.where((steps[:, None] == 0) & (ks[None, :] == 0), table, 0), 1), 0)
+        path = tl.where(steps == 0, cur, 0)
+        for t in range(1, S):
+            cur = tl.sum(tl.sum(tl.where((steps[:, None] == t) & (ks[None, :] == cur), table, 0), 1), 0)
+            path = tl.where(steps == t, cur, path)
+        tokens = tl.load(ids_ptr + req * id_b + steps * id_s + path * id_k, mask=steps < S, other=0)
+        tl.store(draft_ptr + req * S + steps, tokens.to(tl.int64), mask=steps < S)
+        tl.atomic_xchg(count_ptr + req, 0, sem="relaxed", scope="gpu")
 
 
 def lattice_cosine_triton(
@@ -85,30 +122,64 @@ def lattice_cosine_triton(
     *, pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (start fp32 [b, K], pair fp32 [b, S-1, K, K])."""
-    check_pdl(pdl, edges, "lattice_cosine_triton")
+    return _launch_cosine("lattice_cosine_triton", edges, anchor_out, sigma, eps, launch, pdl)[:2]
+
+
+def lattice_cosine_walk_triton(
+    edges: torch.Tensor,  # [b, S, K, 2D] out | in head outputs (un-normalised)
+    anchor_out: torch.Tensor,  # [b, D] anchor out head output (un-normalised), unit column stride
+    sigma: float,
+    eps: float,
+    ids: torch.Tensor,  # [b, S, K] candidate token ids
+    counters: torch.Tensor,  # int32 zeros, >= b entries; left zero (reused across calls and graph replays)
+    launch: CosineLaunch = LAUNCH,
+    *, pdl: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (start fp32 [b, K], pair fp32 [b, S-1, K, K], draft ids [b, S] int64: the ids of the
+    candidates the greedy walk commits, as walk.greedy_walk + gather)."""
+    b, s, k = edges.shape[:3]
+    if tuple(ids.shape) != (b, s, k) or ids.device != edges.device:
+        raise ValueError(f"lattice_cosine_walk_triton: ids {tuple(ids.shape)} on {ids.device} must be [b, S, K] = [{b}, {s}, {k}] on {edges.device}")
+    if counters.dtype != torch.int32 or counters.dim() != 1 or counters.numel() < b or counters.device != edges.device:
+        raise ValueError(f"lattice_cosine_walk_triton: counters must be int32 zeros with >= {b} entries on {edges.device}, "
+                         f"got {counters.dtype} {tuple(counters.shape)} on {counters.device}")
+    return _launch_cosine("lattice_cosine_walk_triton", edges, anchor_out, sigma, eps, launch, pdl, (ids, counters))
+
+
+def _launch_cosine(name, edges, anchor_out, sigma, eps, launch, pdl, walk=None):
+    check_pdl(pdl, edges, name)
     b, s, k, two_d = edges.shape
     d = two_d // 2
     if two_d % 2 or anchor_out.shape != (b, d) or anchor_out.stride(-1) != 1:
         raise ValueError(
-            f"lattice_cosine_triton: edges {tuple(edges.shape)} and anchor_out {tuple(anchor_out.shape)} "
+            f"{name}: edges {tuple(edges.shape)} and anchor_out {tuple(anchor_out.shape)} "
             f"(stride {anchor_out.stride()}) disagree; expected [b, S, K, 2D] and [b, D] with unit column stride"
         )
     if anchor_out.dtype != edges.dtype:
-        raise ValueError(f"lattice_cosine_triton: anchor_out is {anchor_out.dtype} but edges are {edges.dtype}; cast one")
+        raise ValueError(f"{name}: anchor_out is {anchor_out.dtype} but edges are {edges.dtype}; cast one")
     edges = edges.contiguous()
-    start = torch.empty((b, k), dtype=torch.float32, device=edges.device)
-    pair = torch.empty((b, max(s - 1, 0), k, k), dtype=torch.float32, device=edges.device)
+    dev = edges.device
+    start = torch.empty((b, k), dtype=torch.float32, device=dev)
+    pair = torch.empty((b, max(s - 1, 0), k, k), dtype=torch.float32, device=dev)
+    draft = torch.empty((b, s), dtype=torch.int64, device=dev)
+    kp = max(16, triton.next_power_of_2(k))
+    if walk is None:  # the walk's pointers are unused
+        ids, counters, succ, id_strides = draft, draft, draft, (0, 0, 0)
+    else:
+        (ids, counters), succ = walk, torch.empty((b, s, kp), dtype=torch.int32, device=dev)
+        id_strides = ids.stride()
     if b and s:
-        kp = max(16, triton.next_power_of_2(k))
         block_d = max(16, min(triton.next_power_of_2(d), launch.block_d))
         f32 = edges.dtype == torch.float32 or not edges.is_cuda  # IEEE fp32 dots
         f32_dot = launch.f32_dot or f32
         _lattice_cosine_kernel[(b, s)](
             edges, anchor_out, anchor_out.stride(0), start, pair, s, k, d, float(sigma), float(eps),
-            KP=kp, BLOCK_D=block_d, F32_DOT=f32_dot, PRECISION="ieee" if f32 else "tf32", PDL=pdl, launch_pdl=pdl,
+            succ, counters, ids, *id_strides, draft,
+            KP=kp, BLOCK_D=block_d, F32_DOT=f32_dot, PRECISION="ieee" if f32 else "tf32", PDL=pdl,
+            WALK=walk is not None, SP=triton.next_power_of_2(s), launch_pdl=pdl,
             num_warps=launch.num_warps, num_stages=1 if f32_dot else launch.num_stages,  # fp32 tiles: no room to pipeline
         )
-    return start, pair
+    return start, pair, draft
 
 
 SWEEP = (  # the launches `bench_lattice_cosine(sweep=True)` times beside LAUNCH

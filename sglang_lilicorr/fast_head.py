@@ -16,7 +16,8 @@ Two implementations of the same math, chosen by `fused`:
   fused=False  PyTorch ops (the lattice layers run as LatticeLayer.forward).
   fused=True   Triton epilogues (kernels/head_*.py): features+LayerNorm+up+SiLU in one kernel,
                gather+sum+RMSNorm node kernel, residual-add+RMSNorm (+ h*t) kernels, bias+SiLU,
-               and one cosine-score kernel for start and pair factors; the lattice attention as one
+               and one cosine-score kernel for start and pair factors that also runs the greedy
+               walk (its last program per request); the lattice attention as one
                Triton kernel per (request, head, query block) (kernels/lattice_attention.py);
                the FFN up GEMM with its bias + SiLU epilogue (kernels/ffn_silu.py) and the out /
                FFN down GEMMs with the residual add + RMSNorm epilogue and the feature down GEMM
@@ -30,7 +31,7 @@ early under PDL where cuBLAS kernels cannot. True / False force them; None (the 
 measured tables below, per head width and number of lattice rows of the call.
 `norm_epilogue` forces those GEMM + norm epilogues (nodes, residual adds) on or off (None:
 kernels/linear_norm.py's measured table decides per shape).
-`fused_stages` cuts the fused path into projections / nodes / lattice / factors / walk for
+`fused_stages` cuts the fused path into projections / nodes / lattice / factors (with the walk) for
 per-stage timing (benchmarks/head_bench.py).
 Everything is static-shaped with no host syncs, so `select` can be captured in a CUDA graph.
 """
@@ -131,7 +132,8 @@ class FastLiLiCorrSelect:
         if triton_gemms and not self.fused:
             raise ValueError("FastLiLiCorrSelect(triton_gemms=True) needs the fused path (fused=True)")
         self.pdl, self.triton_gemms = pdl, triton_gemms
-        # int32 zeros for kernels/linear_norm.py's row tiles (this stream only), sized up front so that a
+        # int32 zeros for the last-program counters (kernels/linear_norm.py's row tiles, the cosine kernel's
+        # walk per request; this stream only, each kernel leaves them zero), sized up front so that a
         # CUDA-graph capture never reallocates them (4096 tiles of >= 16 rows: 65536 lattice rows, bs 546)
         self._row_counters = torch.zeros(4096, dtype=torch.int32, device=self.device) if self.fused else None
 
@@ -227,16 +229,19 @@ class FastLiLiCorrSelect:
 
     def lattice_scores(self, vals, ids, lse, pass_hidden, anchor_hidden):
         """Candidates + drafter states -> (start fp32 [b, K], pair fp32 [b, S-1, K, K], log-probs fp32 [b, S, K])."""
+        self._check_candidates(vals, ids, lse, pass_hidden, anchor_hidden)
+        with torch.no_grad():
+            if self.fused:
+                return self._scores_fused(vals, ids, lse, pass_hidden, anchor_hidden)[:3]
+            return self._scores_torch(vals, ids, lse, pass_hidden, anchor_hidden)
+
+    def _check_candidates(self, vals, ids, lse, pass_hidden, anchor_hidden) -> None:
         b, s = self._check(pass_hidden, anchor_hidden)
         if vals.shape != (b, s, self.topk) or ids.shape != vals.shape or lse.shape != (b, s):
             raise ValueError(
                 f"select: candidates vals {tuple(vals.shape)} / ids {tuple(ids.shape)} / lse {tuple(lse.shape)} "
                 f"do not match [{b}, {s}, {self.topk}] / [{b}, {s}]."
             )
-        with torch.no_grad():
-            if self.fused:
-                return self._scores_fused(vals, ids, lse, pass_hidden, anchor_hidden)
-            return self._scores_torch(vals, ids, lse, pass_hidden, anchor_hidden)
 
     def _scores_torch(self, vals, ids, lse, pass_hidden, anchor_hidden):
         b, s, k = vals.shape
@@ -261,7 +266,8 @@ class FastLiLiCorrSelect:
         pair = self.sigma * torch.matmul(out_vec[:, :-1], in_vec[:, 1:].transpose(-1, -2))
         return start, pair, lp
 
-    def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden):
+    def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, walk: bool = False):
+        """-> (start, pair, log-probs [b, S, K], draft ids [b, S] from the cosine kernel's greedy walk if `walk` else None)."""
         b, s, k = vals.shape
         side = None
         if self.overlap:  # the projections off the critical path, each joined where first needed
@@ -278,8 +284,8 @@ class FastLiLiCorrSelect:
         join_anchor = (lambda: side.join(anchor_ready, t, anchor)) if side is not None else None
         lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj, join_pass)
         cat = self._layers_fused(x, xn, b, t, join_anchor)
-        start, pair = self._factors_fused(cat, anchor, b, s)
-        return start, pair, lp.view(b, s, k)
+        start, pair, draft = self._factors_fused(cat, anchor, b, s, ids if walk else None)
+        return start, pair, lp.view(b, s, k), draft
 
     def _nodes_fused(self, vals, ids, lse, pass_proj, join_pass=None):
         """-> log-probs fp32 [b*S, K], residual stream x [b*L, H], first attention input [b*L, H]."""
@@ -355,21 +361,25 @@ class FastLiLiCorrSelect:
 
         if not (prefer_fused(h, rows) if self.norm_epilogue is None else self.norm_epilogue):
             return None
-        need = row_tiles(rows, h, self.dtype)
+        return self._counters(row_tiles(rows, h, self.dtype))
+
+    def _counters(self, need: int) -> torch.Tensor:
+        """The int32 zero counters of this stream's last-program kernels (row tiles, requests), >= need entries."""
         if self._row_counters.numel() < need:
             if self._row_counters.is_cuda and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError(
-                    f"select: {rows} lattice rows need {need} row-tile counters, more than the {self._row_counters.numel()} "
+                    f"select: this batch needs {need} kernel counters, more than the {self._row_counters.numel()} "
                     f"allocated; run one eager select at this batch size before capturing a CUDA graph of it"
                 )
             self._row_counters = torch.zeros(need, dtype=torch.int32, device=self.device)
         return self._row_counters
 
-    def _factors_fused(self, cat, anchor, b, s):
-        """concat[h, h*t] [b*L, 2H], anchor [b, D+H] -> (start fp32 [b, K], pair fp32 [b, S-1, K, K])."""
+    def _factors_fused(self, cat, anchor, b, s, ids=None):
+        """concat[h, h*t] [b*L, 2H], anchor [b, D+H] -> (start fp32 [b, K], pair fp32 [b, S-1, K, K],
+        draft ids [b, S] walked in the cosine kernel if candidate `ids` [b, S, K] are given, else None)."""
         from .kernels.ffn_silu import linear_act_triton
         from .kernels.head_norm import row_bias_silu_triton
-        from .kernels.head_scores import lattice_cosine_triton
+        from .kernels.head_scores import lattice_cosine_triton, lattice_cosine_walk_triton
 
         d, k, pdl = self.factor_dim, self.topk, self._pdl_at(cat.shape[0])
         if self._gemm_in_triton(cat.shape[0]):  # the per-request bias + SiLU in the GEMM's epilogue
@@ -377,7 +387,10 @@ class FastLiLiCorrSelect:
         else:
             fused = row_bias_silu_triton(F.linear(cat, self.w_factor), anchor[:, d:], rows_per_group=s * k, pdl=pdl)  # [b*L, H]
         edges = self._linear(fused, self.w_edge, self.b_edge).view(b, s, k, 2 * d)
-        return lattice_cosine_triton(edges, anchor[:, :d], self.sigma, self.vector_eps, pdl=pdl)
+        if ids is None:
+            return (*lattice_cosine_triton(edges, anchor[:, :d], self.sigma, self.vector_eps, pdl=pdl), None)
+        counters = self._counters(b)
+        return lattice_cosine_walk_triton(edges, anchor[:, :d], self.sigma, self.vector_eps, ids, counters, pdl=pdl)
 
     def _pdl_at(self, rows: int) -> bool:
         """Whether a call with `rows` lattice rows launches its Triton kernels with PDL (see pdl)."""
@@ -412,13 +425,11 @@ class FastLiLiCorrSelect:
             pass_proj, (t, anchor) = self._pass_projection(pass_hidden), self._anchor_projection(anchor_hidden)
             lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj)
             cat = self._layers_fused(x.clone(), xn, b, t)
-            start, pair = self._factors_fused(cat, anchor, b, s)
         stages = {
             "projections": lambda: (self._pass_projection(pass_hidden), self._anchor_projection(anchor_hidden)),
             "nodes": lambda: self._nodes_fused(vals, ids, lse, pass_proj),
             "lattice": lambda: self._layers_fused(x, xn, b, t),
-            "factors": lambda: self._factors_fused(cat, anchor, b, s),
-            "walk": lambda: self.walk(start, pair, ids),
+            "factors": lambda: self._factors_fused(cat, anchor, b, s, ids),  # with the walk, as served
         }
         return {name: torch.no_grad()(fn) for name, fn in stages.items()}
 
@@ -435,9 +446,15 @@ class FastLiLiCorrSelect:
     # --- entry points ------------------------------------------------------------------------
 
     def select_from_candidates(self, vals, ids, lse, pass_hidden, anchor_hidden):
-        """Head + walk on given candidates -> (draft ids [b, S], ids [b, S, K], log-probs fp32 [b, S, K])."""
-        start, pair, lp = self.lattice_scores(vals, ids, lse, pass_hidden, anchor_hidden)
-        return self.walk(start, pair, ids), ids, lp
+        """Head + walk on given candidates -> (draft ids [b, S], ids [b, S, K], log-probs fp32 [b, S, K]).
+        The fused path walks inside its cosine kernel (kernels/head_scores.py)."""
+        if not self.fused:
+            start, pair, lp = self.lattice_scores(vals, ids, lse, pass_hidden, anchor_hidden)
+            return self.walk(start, pair, ids), ids, lp
+        self._check_candidates(vals, ids, lse, pass_hidden, anchor_hidden)
+        with torch.no_grad():
+            lp, draft = self._scores_fused(vals, ids, lse, pass_hidden, anchor_hidden, walk=True)[2:]
+        return draft, ids, lp
 
     def select_from_logits(self, logits: torch.Tensor, hidden: torch.Tensor, anchor_hidden: torch.Tensor):
         """logits [b*S, V] of the slots -> top-K/LSE + head + walk -> (draft ids [b, S], ids [b, S, K],

@@ -135,11 +135,12 @@ def test_fused_stages_compose_to_the_scores(seed):
     vals, ids, lse = fast.candidates(hidden, lm_head)
     start, pair, lp = fast.lattice_scores(vals, ids, lse, hidden, anchor)
     stages = fast.fused_stages(vals, ids, lse, hidden, anchor)
-    assert list(stages) == ["projections", "nodes", "lattice", "factors", "walk"]
-    s_start, s_pair = stages["factors"]()
+    assert list(stages) == ["projections", "nodes", "lattice", "factors"]
+    s_start, s_pair, draft = stages["factors"]()  # the walk runs in the cosine kernel
     assert torch.equal(s_start, start) and torch.equal(s_pair, pair)
     assert torch.equal(stages["nodes"]()[0], lp.flatten(0, 1))
-    assert torch.equal(stages["walk"](), fast.walk(start, pair, ids))
+    assert torch.equal(draft, fast.walk(start, pair, ids))
+    assert torch.equal(draft, fast.select_from_candidates(vals, ids, lse, hidden, anchor)[0])
     assert stages["lattice"]().shape == (3 * SMALL.num_slots * SMALL.candidate_topk, 2 * head.width)
     with pytest.raises(ValueError, match="fused=True"):
         FastLiLiCorrSelect(head, embed_weight=embed, fused=False).fused_stages(vals, ids, lse, hidden, anchor)
@@ -320,6 +321,45 @@ def test_cosine_kernel_equals_normalised_dot(seed, k, block_d):
     torch.testing.assert_close(pair, 8.0 * out_vec[:, :-1] @ in_vec[:, 1:].transpose(-1, -2), atol=1e-5, rtol=1e-5)
 
 
+@needs_interpreter
+@pytest.mark.parametrize("b, s, k", [(3, 15, 8), (2, 1, 4), (2, 5, 1), (4, 6, 3)])
+def test_cosine_walk_kernel_equals_cosine_then_greedy_walk(seed, b, s, k):
+    """The walk in the cosine kernel's last program per request commits the candidates of
+    walk.greedy_walk over the kernel's own scores (ties to the lowest index: duplicated in vectors
+    tie exactly, a zero out vector ties a whole row) and leaves its counters zero."""
+    from sglang_lilicorr.kernels.head_scores import lattice_cosine_walk_triton
+    from sglang_lilicorr.walk import greedy_walk
+
+    g = torch.Generator().manual_seed(seed)
+    d = 40
+    edges = torch.randn(b, s, k, 2 * d, generator=g)
+    if k > 1:
+        edges[:, :, 1, d:] = edges[:, :, 0, d:]  # candidates 0 and 1 score the same everywhere
+        edges[0, 0, k - 1, :d] = 0.0  # a zero out vector: its row of scores is all equal
+    anchor = torch.randn(b, d, generator=g)
+    ids = torch.randint(0, 5000, (b, s, 2 * k), generator=g)[..., ::2]  # strided [b, S, K]
+    counters = torch.zeros(b + 2, dtype=torch.int32)
+    for _ in range(2):  # the counters are reusable
+        start, pair, draft = lattice_cosine_walk_triton(edges, anchor, 8.0, 1e-6, ids, counters)
+        want_start, want_pair = lattice_cosine_triton(edges, anchor, 8.0, 1e-6)
+        assert torch.equal(start, want_start) and torch.equal(pair, want_pair)
+        assert torch.equal(draft, ids.gather(2, greedy_walk(start, pair).unsqueeze(-1)).squeeze(-1))
+        assert not counters.any()
+
+
+@needs_interpreter
+def test_cosine_walk_kernel_rejects_bad_ids_and_counters():
+    from sglang_lilicorr.kernels.head_scores import lattice_cosine_walk_triton
+
+    edges, anchor, ids = torch.randn(2, 3, 4, 16), torch.randn(2, 8), torch.zeros(2, 3, 4, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"ids \(2, 4, 3\).*must be \[b, S, K\]"):
+        lattice_cosine_walk_triton(edges, anchor, 8.0, 1e-6, ids.view(2, 4, 3), torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="counters must be int32 zeros with >= 2 entries"):
+        lattice_cosine_walk_triton(edges, anchor, 8.0, 1e-6, ids, torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="counters must be int32"):
+        lattice_cosine_walk_triton(edges, anchor, 8.0, 1e-6, ids, torch.zeros(4, dtype=torch.int64))
+
+
 _AOT = """
 import sys
 from sm90_build import build
@@ -328,7 +368,8 @@ from sglang_lilicorr.kernels import head_nodes, head_norm, head_scores, topk_lse
 bf, f32, i32, i64, c = "*bf16", "*fp32", "i32", "*i64", "constexpr"
 L, CL = tk.LAUNCH, head_scores.LAUNCH
 R, G = L.block // tk.GROUP, tk.GROUP
-split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 6
+split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 7
+walk_args = ["*i32", "*i32", i64, i32, i32, i32, i64]  # the cosine kernel's walk: successors, counters, ids + strides, draft
 P = dict(PDL=True)  # as served on sm_90 (kernels/pdl.py)
 cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divisible by 16 at the paper config
     (head_nodes._confidence_up_kernel, [f32] * 5 + [bf, i32, i32, "fp32", "fp32", c, c, c], dict(KP=8, BLOCK_H=256, **P), 4, None, ()),
@@ -336,11 +377,12 @@ cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divis
     (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=True, ADD=True, **P), 4, None, ()),
     (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=False, ADD=False, PDL=False), 4, None, ()),
     (head_norm._row_bias_silu_kernel, [bf, bf, i32, i32, i32, i32, c, c, c], dict(ROWS=1, BLOCK_N=1024, **P), 4, None, ()),
-    (head_scores._lattice_cosine_kernel, [bf, bf, i32, f32, f32, i32, i32, i32, "fp32", "fp32", c, c, c, c, c], dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", **P), CL.num_warps, None, (0, 1, 2, 7)),
-    (head_scores._lattice_cosine_kernel, [f32, f32, i32, f32, f32, i32, i32, i32, "fp32", "fp32", c, c, c, c, c], dict(KP=16, BLOCK_D=128, F32_DOT=True, PRECISION="ieee", PDL=False), 4, None, (0, 1, 2, 7)),
+    (head_scores._lattice_cosine_kernel, [bf, bf, i32, f32, f32, i32, i32, i32, "fp32", "fp32"] + walk_args + [c] * 7, dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, **P), CL.num_warps, None, (0, 1, 2, 7)),
+    (head_scores._lattice_cosine_kernel, [f32, f32, i32, f32, f32, i32, i32, i32, "fp32", "fp32"] + walk_args + [c] * 7, dict(KP=16, BLOCK_D=128, F32_DOT=True, PRECISION="ieee", WALK=False, SP=16, PDL=False), 4, None, (0, 1, 2, 7)),
     (walk._greedy_walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c], dict(KP=8, SP=16, GATHER=True, **P), 1, None, ()),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, FINAL=False, **P), L.num_warps, L.maxnreg, range(10)),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, FINAL=True, PDL=False), L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=8, FINAL=False, **P), L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=tk.MAX_TILES_PER_SPLIT, FINAL=False, **P), L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=tk.MAX_TILES_PER_SPLIT, FINAL=True, PDL=False), L.num_warps, L.maxnreg, range(10)),
     (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32, c, c, c, c], dict(K=8, KP=8, SP=64, **P), 1, None, (0, 1, 2, 4, 5, 6)),
     (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32, c, c, c, c], dict(K=8, KP=8, SP=128, PDL=False), 4, None, (0, 1, 2, 4, 5, 6)),
 ]
