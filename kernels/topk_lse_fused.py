@@ -2,13 +2,16 @@
 
 Stage 1 ("split") streams one chunk of one row once, in tiles of R sub-tiles x G logits:
   - a running max / sum-of-exponentials for the logsumexp;
-  - the maximum of every sub-tile, kept in registers ([TP, R] for the chunk's <= TP tiles).
-  After the stream it ranks the chunk's sub-tiles by their maxima (lower sub-tile first on ties)
-  and re-loads the K best (K x G logits, just read: cache hits) to take the exact top-K. The K
-  best elements of the chunk lie in its K best sub-tiles: a sub-tile ranked below K others holds
-  nothing better than their K maxima. Ranking once at the end, instead of keeping a K-best buffer
-  up to date tile by tile, keeps the stream free of serial in-warp reductions (PERF_NOTES.md,
-  version 15).
+  - the K best sub-tiles (each ranked by its largest logit, lower sub-tile first on ties). The
+    first TP tiles keep every sub-tile maximum in registers and rank them once; after them a
+    K-best buffer of sub-tile keys takes the rest, and only tiles that beat its worst key pay for
+    an insertion (in-warp reductions, one chain per entering sub-tile). Ranking the first tiles
+    at once spares the chunk's start, where nearly every sub-tile would enter, those chains; a
+    register per sub-tile for the whole chunk measured slower on long chunks (PERF_NOTES.md,
+    version 15).
+  At the end of the chunk it re-loads the <= K chosen sub-tiles (K x G logits, just read: cache
+  hits) to take the exact top-K. The K best elements of the chunk lie in its K best sub-tiles: a
+  sub-tile ranked below K others holds nothing better than their K maxima.
 Stage 2 ("merge") combines the per-chunk partials of a row. With one chunk per row the split
 kernel finishes the row itself and stage 2 is not launched. (Merging in the split kernel, by the
 row's last split program to arrive, measured no faster on an H200: PERF_NOTES.md, version 9.)
@@ -46,7 +49,7 @@ class TopKLaunch(NamedTuple):
 
 LAUNCH = TopKLaunch()  # H200 sweep, b16a836 (benchmarks/results/h200_topk_sweep_b16a836.txt)
 MIN_TILES_PER_SPLIT = 8  # small N: fewer, longer splits keep the merge's input small
-MAX_TILES_PER_SPLIT = 64  # the sub-tile maxima of a chunk stay in registers ([TP, R], TP <= 64)
+COLLECT_TILES = 8  # tiles at a chunk's start whose sub-tile maxima are ranked at once (a power of two)
 
 
 @triton.jit
@@ -92,11 +95,29 @@ def _store_sorted(keys, slots, vals_ptr, ids_ptr, K: tl.constexpr):
 
 
 @triton.jit
+def _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK: tl.constexpr):
+    """One tile of the stream: loads the next tile, folds this one (x_next) into the running
+    max / sum of exponentials -> (next tile, [R] sub-tile maxima, tile max, run_max, run_sum)."""
+    LOG2E: tl.constexpr = 1.4426950408889634
+    x = x_next.to(tl.float32)
+    # issue the next tile's load before this tile's reductions: two tiles in flight (a third
+    # measured slower: more registers at the same occupancy, PERF_NOTES.md version 9)
+    nxt = start + BLOCK + tile
+    x_next = tl.load(row_ptr + nxt, mask=nxt < hi, other=-float("inf"))
+    sub_max = tl.max(x, 1)  # [R]; masked logits are -inf, ranked after every real one
+    tile_max = tl.max(sub_max, 0)
+    new_max = tl.maximum(run_max, tile_max)
+    shift = tl.where(new_max == -float("inf"), 0.0, new_max) * LOG2E  # keeps all -inf tiles NaN-free
+    run_sum = run_sum * tl.exp2(run_max * LOG2E - shift) + tl.sum(tl.exp2(x * LOG2E - shift))  # one FMA each
+    return x_next, sub_max, tile_max, new_max, run_sum
+
+
+@triton.jit
 def _topk_lse_split_kernel(
     logits_ptr, row_stride, V, chunk,  # logits [N, V] (unit column stride); chunk: logits per split
     part_key_ptr, part_max_ptr, part_sum_ptr,  # [N, SPLITS, KP] int64, [N, SPLITS] fp32 x2
     vals_ptr, ids_ptr, lse_ptr,  # [N, K] fp32, [N, K] int64, [N] fp32 (written when FINAL)
-    K: tl.constexpr, KP: tl.constexpr, R: tl.constexpr, G: tl.constexpr, TP: tl.constexpr,  # TP: tiles per chunk, pow2 bound
+    K: tl.constexpr, KP: tl.constexpr, R: tl.constexpr, G: tl.constexpr, TP: tl.constexpr,  # TP: tiles collected first
     FINAL: tl.constexpr, PDL: tl.constexpr,
 ):
     grid_dependency_wait(PDL)
@@ -110,30 +131,38 @@ def _topk_lse_split_kernel(
     tiles = tl.arange(0, TP)
     tile = subs[:, None] * G + tl.arange(0, G)[None, :]  # [R, G] offsets within a tile
     slots = tl.arange(0, KP)
-    LOG2E: tl.constexpr = 1.4426950408889634
     BLOCK: tl.constexpr = R * G
 
-    maxima = tl.full((TP, R), -float("inf"), tl.float32)  # [tile, sub-tile] maxima of this chunk
+    # 1) the first TP tiles: every sub-tile maximum kept, ranked once
+    maxima = tl.full((TP, R), -float("inf"), tl.float32)  # [tile, sub-tile]
     run_max = tl.full((), -float("inf"), tl.float32)
     run_sum = tl.full((), 0.0, tl.float32)
     x_next = tl.load(row_ptr + lo + tile, mask=lo + tile < hi, other=-float("inf"))
-    for start in range(lo, hi, BLOCK):
-        x = x_next.to(tl.float32)
-        # issue the next tile's load before this tile's reductions: two tiles in flight (a third
-        # measured slower: more registers at the same occupancy, PERF_NOTES.md version 9)
-        nxt = start + BLOCK + tile
-        x_next = tl.load(row_ptr + nxt, mask=nxt < hi, other=-float("inf"))
-        sub_max = tl.max(x, 1)  # [R]; masked logits are -inf, ranked after every real one
+    mid = tl.minimum(lo + TP * BLOCK, hi)
+    for start in range(lo, mid, BLOCK):
+        x_next, sub_max, tile_max, run_max, run_sum = _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK)
         maxima = tl.where(tiles[:, None] == (start - lo) // BLOCK, sub_max[None, :], maxima)
-        new_max = tl.maximum(run_max, tl.max(sub_max, 0))
-        shift = tl.where(new_max == -float("inf"), 0.0, new_max) * LOG2E  # keeps all -inf tiles NaN-free
-        run_sum = run_sum * tl.exp2(run_max * LOG2E - shift) + tl.sum(tl.exp2(x * LOG2E - shift))  # one FMA each
-        run_max = new_max
+    live_tile = tiles[:, None] < tl.cdiv(mid - lo, BLOCK)
+    sub_keys = tl.where(live_tile, _order_key(maxima, lo // G + tiles[:, None] * R + subs[None, :]), SENTINEL)
+    buf = _top_keys(tl.reshape(sub_keys, [TP * R]), slots, K)  # the K best so far, descending
 
-    # the K best sub-tiles of the chunk (tiles past its end: SENTINEL)
-    n_tiles = tl.cdiv(hi - lo, BLOCK)
-    sub_keys = tl.where(tiles[:, None] < n_tiles, _order_key(maxima, lo // G + tiles[:, None] * R + subs[None, :]), SENTINEL)
-    buf = _top_keys(tl.reshape(sub_keys, [TP * R]), slots, K)  # [KP] descending, slots >= K SENTINEL
+    # 2) the rest of the chunk: a K-best buffer of sub-tile keys (unsorted), which tiles below its
+    #    worst key skip; padding slots >= K hold int64 max (never "worst")
+    buf = tl.where(slots < K, buf, 0x7FFFFFFFFFFFFFFF)
+    worst = tl.min(buf, 0)  # smallest key in the buffer: the one a better sub-tile evicts
+    floor = tl.where(worst == SENTINEL, -float("inf"), _key_value(worst))  # tiles below it cannot enter
+    for start in range(mid, hi, BLOCK):
+        x_next, sub_max, tile_max, run_max, run_sum = _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK)
+        if tile_max >= floor:
+            keys = _order_key(sub_max, start // G + subs)
+            n_better = tl.minimum(tl.sum((keys > worst).to(tl.int32), 0), K)
+            for _ in range(n_better):
+                best = tl.max(keys, 0)
+                evict = tl.min(tl.where(buf == worst, slots, KP), 0)
+                buf = tl.where((slots == evict) & (best > worst), best, buf)
+                keys = tl.where(keys == best, SENTINEL, keys)
+                worst = tl.min(buf, 0)
+            floor = tl.where(worst == SENTINEL, -float("inf"), _key_value(worst))
 
     # exact top-K among the chosen sub-tiles' logits (re-loaded: just streamed, so cache hits)
     live = (slots < K) & (buf != SENTINEL)
@@ -185,13 +214,12 @@ def _topk_lse_merge_kernel(
 
 def split_plan(n_rows: int, vocab: int, device: torch.device, launch: TopKLaunch = LAUNCH) -> tuple[int, int]:
     """(splits per row, logits per split), from N: about one wave of split programs on the GPU
-    (launch.programs_per_sm per SM), each a run of MIN_TILES_PER_SPLIT to MAX_TILES_PER_SPLIT whole
-    tiles. Paper vocab on 132 SMs, 1024-logit tiles, 16 programs per SM: N = 15 -> 19 splits of 8
-    tiles; 60 -> 19 of 8; 240 -> 8 of 19; 480 -> 4 of 38; N > 1056 -> 3 of 50."""
+    (launch.programs_per_sm per SM), each a run of >= MIN_TILES_PER_SPLIT whole tiles. Paper vocab
+    on 132 SMs, 1024-logit tiles, 16 programs per SM: N = 15 -> 19 splits of 8 tiles; 60 -> 19 of 8;
+    240 -> 8 of 19; 480 -> 4 of 38; N > 1056 -> 1 (no merge)."""
     tiles = triton.cdiv(vocab, launch.block)
     want = max(1, launch.programs_per_sm * sm_count(device) // n_rows)  # CPU interpreter: 1 SM, a few splits
     tiles_per_split = max(triton.cdiv(tiles, min(want, tiles)), min(MIN_TILES_PER_SPLIT, tiles))
-    tiles_per_split = triton.cdiv(tiles, triton.cdiv(tiles, min(tiles_per_split, MAX_TILES_PER_SPLIT)))
     return triton.cdiv(tiles, tiles_per_split), tiles_per_split * launch.block
 
 
@@ -223,11 +251,6 @@ def topk_lse_triton(
     else:
         chunk = triton.cdiv(triton.cdiv(vocab, splits), block) * block
         splits = triton.cdiv(vocab, chunk)
-        if chunk // block > MAX_TILES_PER_SPLIT:
-            raise ValueError(
-                f"topk_lse_triton: splits={splits} gives {chunk // block} tiles of {block} logits per split, more than "
-                f"{MAX_TILES_PER_SPLIT}; pass splits >= {triton.cdiv(triton.cdiv(vocab, block), MAX_TILES_PER_SPLIT)} or None"
-            )
     kp = triton.next_power_of_2(k)
     group = min(GROUP, block)
     final = splits == 1  # one chunk per row: the split kernel writes the outputs itself
@@ -238,7 +261,7 @@ def topk_lse_triton(
     _topk_lse_split_kernel[(n, splits)](
         logits, logits.stride(0), vocab, chunk,
         part_key, part_max, part_sum, vals, ids, lse,
-        K=k, KP=kp, R=block // group, G=group, TP=triton.next_power_of_2(chunk // block), FINAL=final, PDL=pdl, launch_pdl=pdl,
+        K=k, KP=kp, R=block // group, G=group, TP=COLLECT_TILES, FINAL=final, PDL=pdl, launch_pdl=pdl,
         num_warps=launch.num_warps, **({"maxnreg": launch.maxnreg} if launch.maxnreg else {}),
     )
     if not final:

@@ -237,16 +237,18 @@ def test_head_bench_smoke_runs_and_checks(tmp_path, monkeypatch):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("splits", [1, 3])
-def test_topk_candidates_exact_when_the_best_share_a_subtile(seed, splits):
+@pytest.mark.parametrize("splits, tiles", [(1, 3), (3, 3), (1, 21), (2, 21)])
+def test_topk_candidates_exact_when_the_best_share_a_subtile(seed, splits, tiles):
     """The top-K kernel ranks sub-tiles by their maximum and re-reads the K best: adversarial rows
     (all K best in one sub-tile, ascending / descending runs, ties across sub-tiles and at chunk
-    edges, -inf padding) must still give the exact stable top-K."""
+    edges, -inf padding) must still give the exact stable top-K, with chunks shorter and longer
+    than the tiles it ranks at once (the rest through its K-best buffer)."""
     from sglang_lilicorr.kernels import topk_lse_reference
-    from sglang_lilicorr.kernels.topk_lse_fused import GROUP, TopKLaunch
+    from sglang_lilicorr.kernels.topk_lse_fused import COLLECT_TILES, GROUP, TopKLaunch
 
     g = torch.Generator().manual_seed(seed)
-    vocab, k = 9 * GROUP + 5, 8
+    vocab, k = tiles * 4 * GROUP + 5, 8  # tiles of 4 sub-tiles, the last one partial
+    assert (-(-(tiles + 1) // splits) > COLLECT_TILES) == (tiles > COLLECT_TILES)  # tiles per split
     rows = torch.randn(6, vocab, generator=g)
     rows[0, 2 * GROUP : 2 * GROUP + k] = 10.0 + torch.arange(k)  # every winner in one sub-tile
     rows[1] = torch.arange(vocab).float()  # ascending: each tile beats the buffer
@@ -380,9 +382,8 @@ cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divis
     (head_scores._lattice_cosine_kernel, [bf, bf, i32, f32, f32, i32, i32, i32, "fp32", "fp32"] + walk_args + [c] * 7, dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, **P), CL.num_warps, None, (0, 1, 2, 7)),
     (head_scores._lattice_cosine_kernel, [f32, f32, i32, f32, f32, i32, i32, i32, "fp32", "fp32"] + walk_args + [c] * 7, dict(KP=16, BLOCK_D=128, F32_DOT=True, PRECISION="ieee", WALK=False, SP=16, PDL=False), 4, None, (0, 1, 2, 7)),
     (walk._greedy_walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c], dict(KP=8, SP=16, GATHER=True, **P), 1, None, ()),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=8, FINAL=False, **P), L.num_warps, L.maxnreg, range(10)),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=tk.MAX_TILES_PER_SPLIT, FINAL=False, **P), L.num_warps, L.maxnreg, range(10)),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=tk.MAX_TILES_PER_SPLIT, FINAL=True, PDL=False), L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=tk.COLLECT_TILES, FINAL=False, **P), L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=tk.COLLECT_TILES, FINAL=True, PDL=False), L.num_warps, L.maxnreg, range(10)),
     (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32, c, c, c, c], dict(K=8, KP=8, SP=64, **P), 1, None, (0, 1, 2, 4, 5, 6)),
     (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32, c, c, c, c], dict(K=8, KP=8, SP=128, PDL=False), 4, None, (0, 1, 2, 4, 5, 6)),
 ]
