@@ -16,12 +16,12 @@ accumulator; fp32 inputs (and 16-bit ones under the CPU interpreter, whose tl.do
 x / max(|x|, eps). No host syncs.
 
 With WALK (`lattice_cosine_walk_triton`) the same launch also runs the greedy walk (App. F): each
-program stores the successor of each of its row candidates (the first argmax of its score row:
-slot s-1's candidate i -> slot s's candidate; the anchor's row for s = 0), then counts itself done on
-a per-request counter; the request's last program follows the successors from the anchor through
-slot S, gathers the walked candidates' ids and resets the counter. One launch fewer on the critical
-path than cosine + walk kernel, and the walk's per-slot step is one reduction over a [S, K] table
-instead of an argmax over a score row (PERF_NOTES.md, version 15).
+program packs the successor of each of its row candidates (the first argmax of its score row:
+slot s-1's candidate i -> slot s's candidate; the anchor's row for s = 0) into one int64, 4 bits per
+candidate (K <= 16), then counts itself done on a per-request counter; the request's last program
+loads the S words, follows the successors from the anchor through slot S (a shift and a mask per
+slot, no reduction), gathers the walked candidates' ids and resets the counter. One launch fewer
+on the critical path than cosine + walk kernel (PERF_NOTES.md, version 15).
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ LAUNCH = CosineLaunch()
 def _lattice_cosine_kernel(
     edge_ptr, anchor_ptr, anchor_stride, start_ptr, pair_ptr,
     S, K, D, sigma, eps,
-    succ_ptr, count_ptr, ids_ptr, id_b, id_s, id_k, draft_ptr,  # WALK: [b, S, KP] int32, [b] int32, ids [b, S, K], [b, S]
+    succ_ptr, count_ptr, ids_ptr, id_b, id_s, id_k, draft_ptr,  # WALK: [b, S] int64, [b] int32, ids [b, S, K], [b, S]
     KP: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
     WALK: tl.constexpr, SP: tl.constexpr,  # SP: S rounded up to a power of two
 ):
@@ -94,19 +94,19 @@ def _walk_when_last(score, both, ks, kv, is_start, req, s, S, succ_ptr, count_pt
     """Store this factor's successors; the request's last program walks all S slots (see module doc)."""
     masked = tl.where(both, score, -float("inf"))
     top = tl.max(masked, 1)  # [KP] per row candidate i
-    succ = tl.min(tl.where(both & (masked == top[:, None]), ks[None, :], KP), 1)  # first argmax over j
-    succ = tl.where(is_start, tl.sum(tl.where(ks == 0, succ, 0), 0), succ)  # s = 0: the anchor's row, in every lane
-    tl.store(succ_ptr + (req * S + s) * KP + ks, succ, mask=kv)
+    succ = tl.min(tl.where(both & (masked == top[:, None]), ks[None, :], KP), 1)  # first argmax over j (< K <= 16)
+    # one int64 per factor: candidate i's successor in bits 4i..4i+3 (s = 0: the anchor's, in bits 0..3)
+    word = tl.sum(tl.where(kv & (~is_start | (ks == 0)), succ.to(tl.int64) << (4 * ks).to(tl.int64), 0), 0)
+    tl.store(succ_ptr + req * S + s, word)
     tl.debug_barrier()  # every thread's stores precede the release below
     arrived = tl.atomic_add(count_ptr + req, 1, sem="acq_rel", scope="gpu")
     if arrived == S - 1:  # the request's last factor: every successor is stored
         steps = tl.arange(0, SP)
-        table = tl.load(succ_ptr + (req * S + steps[:, None]) * KP + ks[None, :],
-                        mask=(steps < S)[:, None] & kv[None, :], other=0, cache_modifier=".cg")  # [SP, KP]
-        cur = tl.sum(tl.sum(tl.where((steps[:, None] == 0) & (ks[None, :] == 0), table, 0), 1), 0)
+        cur = tl.load(succ_ptr + req * S, cache_modifier=".cg")  # the anchor's choice (bits 0..3; the rest zero)
         path = tl.where(steps == 0, cur, 0)
-        for t in range(1, S):
-            cur = tl.sum(tl.sum(tl.where((steps[:, None] == t) & (ks[None, :] == cur), table, 0), 1), 0)
+        for t in tl.static_range(1, SP):  # the loads do not depend on the path: all in flight at once
+            word = tl.load(succ_ptr + req * S + t, mask=t < S, other=0, cache_modifier=".cg")
+            cur = tl.where(t < S, (word >> (4 * cur)) & 15, cur)  # the walk's step: a shift, no reduction
             path = tl.where(steps == t, cur, path)
         tokens = tl.load(ids_ptr + req * id_b + steps * id_s + path * id_k, mask=steps < S, other=0)
         tl.store(draft_ptr + req * S + steps, tokens.to(tl.int64), mask=steps < S)
@@ -138,6 +138,8 @@ def lattice_cosine_walk_triton(
     """-> (start fp32 [b, K], pair fp32 [b, S-1, K, K], draft ids [b, S] int64: the ids of the
     candidates the greedy walk commits, as walk.greedy_walk + gather)."""
     b, s, k = edges.shape[:3]
+    if k > 16:
+        raise ValueError(f"lattice_cosine_walk_triton: K={k} candidates; the walk packs 4-bit successors, K <= 16")
     if tuple(ids.shape) != (b, s, k) or ids.device != edges.device:
         raise ValueError(f"lattice_cosine_walk_triton: ids {tuple(ids.shape)} on {ids.device} must be [b, S, K] = [{b}, {s}, {k}] on {edges.device}")
     if counters.dtype != torch.int32 or counters.dim() != 1 or counters.numel() < b or counters.device != edges.device:
@@ -166,7 +168,7 @@ def _launch_cosine(name, edges, anchor_out, sigma, eps, launch, pdl, walk=None):
     if walk is None:  # the walk's pointers are unused
         ids, counters, succ, id_strides = draft, draft, draft, (0, 0, 0)
     else:
-        (ids, counters), succ = walk, torch.empty((b, s, kp), dtype=torch.int32, device=dev)
+        (ids, counters), succ = walk, torch.empty((b, s), dtype=torch.int64, device=dev)
         id_strides = ids.stride()
     if b and s:
         block_d = max(16, min(triton.next_power_of_2(d), launch.block_d))

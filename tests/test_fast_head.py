@@ -324,7 +324,7 @@ def test_cosine_kernel_equals_normalised_dot(seed, k, block_d):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("b, s, k", [(3, 15, 8), (2, 1, 4), (2, 5, 1), (4, 6, 3)])
+@pytest.mark.parametrize("b, s, k", [(3, 15, 8), (2, 1, 4), (2, 5, 1), (4, 6, 3), (2, 4, 16)])
 def test_cosine_walk_kernel_equals_cosine_then_greedy_walk(seed, b, s, k):
     """The walk in the cosine kernel's last program per request commits the candidates of
     walk.greedy_walk over the kernel's own scores (ties to the lowest index: duplicated in vectors
@@ -360,6 +360,8 @@ def test_cosine_walk_kernel_rejects_bad_ids_and_counters():
         lattice_cosine_walk_triton(edges, anchor, 8.0, 1e-6, ids, torch.zeros(1, dtype=torch.int32))
     with pytest.raises(ValueError, match="counters must be int32"):
         lattice_cosine_walk_triton(edges, anchor, 8.0, 1e-6, ids, torch.zeros(4, dtype=torch.int64))
+    with pytest.raises(ValueError, match="K=17 candidates.*K <= 16"):
+        lattice_cosine_walk_triton(torch.randn(2, 3, 17, 16), anchor, 8.0, 1e-6, ids, torch.zeros(4, dtype=torch.int32))
 
 
 _AOT = """
@@ -371,7 +373,7 @@ bf, f32, i32, i64, c = "*bf16", "*fp32", "i32", "*i64", "constexpr"
 L, CL = tk.LAUNCH, head_scores.LAUNCH
 R, G = L.block // tk.GROUP, tk.GROUP
 split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 7
-walk_args = ["*i32", "*i32", i64, i32, i32, i32, i64]  # the cosine kernel's walk: successors, counters, ids + strides, draft
+walk_args = [i64, "*i32", i64, i32, i32, i32, i64]  # the cosine kernel's walk: successors, counters, ids + strides, draft
 P = dict(PDL=True)  # as served on sm_90 (kernels/pdl.py)
 cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divisible by 16 at the paper config
     (head_nodes._confidence_up_kernel, [f32] * 5 + [bf, i32, i32, "fp32", "fp32", c, c, c], dict(KP=8, BLOCK_H=256, **P), 4, None, ()),
