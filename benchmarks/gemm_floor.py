@@ -16,6 +16,12 @@ ms per call (CUDA-graph replay, L2 flushed between replays, median) of:
 
 and the byte floor (weights + activations once, at the card's HBM bandwidth). `--smoke` runs it on CPU
 under the Triton interpreter at tiny shapes (a dry run; tests/test_gemm_floor.py).
+
+`--chain` times the GEMMs as the head runs them, inside a chain instead of alone: per shape, a CUDA graph of
+16 launches (each its own weight, 16 x the weight bytes, so the weights stream from HBM as in the head),
+us per launch, for cuBLAS and for each of CHAIN_CONFIGS, the launch configs of kernels/ffn_silu.py's
+linear_act_triton at M = 120, launched with programmatic dependent launch as the select path does
+(PERF_NOTES.md version 15).
 """
 from __future__ import annotations
 
@@ -29,9 +35,22 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from sglang_lilicorr.kernels.ffn_silu import CONFIGS, LaunchConfig
+
 SHAPES = {"qkv": (1024, 3072), "out": (1024, 1024), "ffn_up": (1024, 2048), "ffn_down": (2048, 1024),
           "factor": (2048, 1024), "out_in": (1024, 2048), "pass": (4096, 1024)}
 HBM_TB_S = {"H100": 3.35, "H200": 4.8}
+CHAIN_CONFIGS = {  # (block_m, block_n, block_k, group_m, stages, warps): the served `skinny`, then one row tile of 128
+    "skinny": CONFIGS["skinny"],
+    "m128_n32_k128": LaunchConfig(128, 32, 128, 1, 4, 4),
+    "m128_n32_k64": LaunchConfig(128, 32, 64, 1, 5, 4),
+    "m128_n16_k256": LaunchConfig(128, 16, 256, 1, 3, 4),
+    "m128_n64_k64": LaunchConfig(128, 64, 64, 1, 4, 4),
+    "m128_n64_k128": LaunchConfig(128, 64, 128, 1, 3, 4),
+    "m128_n64_k64_w8": LaunchConfig(128, 64, 64, 1, 4, 8),
+    "m64_n64_k64": LaunchConfig(64, 64, 64, 8, 4, 4),
+    "m64_n16_k256": LaunchConfig(64, 16, 256, 8, 3, 4),
+}
 
 
 @triton.jit
@@ -98,13 +117,66 @@ def run(shapes: dict, m: int, splits_list, dtype, rep_ms: int) -> dict:
     return {"card": card, "hbm_tb_s": bw, "rows": rows}
 
 
+def run_chain(shapes: dict, m: int, n_chain: int, dtype, rep_ms: int, configs: dict = CHAIN_CONFIGS) -> dict:
+    """-> {card, rows: [{gemm, K, N, M, cublas_us, <config>_us, <config>_max_err}]}: us per launch in a
+    chain of n_chain launches (each its own weight), Triton configs with PDL where the GPU has it."""
+    from sglang_lilicorr.kernels.ffn_silu import linear_act_triton
+    from sglang_lilicorr.kernels.graph_timing import graph_ms
+    from sglang_lilicorr.kernels.pdl import pdl_supported
+
+    cuda = torch.cuda.is_available()
+    dev = "cuda" if cuda else "cpu"
+    card = torch.cuda.get_device_name() if cuda else "cpu"
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for name, (k, n) in shapes.items():
+        x = torch.randn(m, k, generator=gen).to(dev, dtype)
+        ws = [(torch.randn(n, k, generator=gen) / k**0.5).to(dev, dtype) for _ in range(n_chain)]
+        ref = F.linear(x.float(), ws[-1].float())
+        pdl = cuda and pdl_supported(x)
+        row = {"gemm": name, "K": k, "N": n, "M": m, "chain": n_chain, "pdl": pdl}
+        if cuda:
+            row["cublas_us"] = graph_ms(lambda: [F.linear(x, w) for w in ws][-1], rep_ms)[0] * 1e3 / n_chain
+        for cname, cfg in configs.items():
+            def chain(cfg=cfg):
+                return [linear_act_triton(x, w, config=cfg, pdl=pdl) for w in ws][-1]
+
+            try:  # a config may not fit the card (shared memory): recorded, not fatal
+                ms, out = graph_ms(chain, rep_ms) if cuda else (None, chain())
+            except Exception as e:  # noqa: BLE001
+                row[f"{cname}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                continue
+            row[f"{cname}_max_err"] = (out.float() - ref).abs().max().item()
+            if cuda:
+                row[f"{cname}_us"] = ms * 1e3 / n_chain
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return {"card": card, "rows": rows}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="cuBLAS vs a split-K Triton GEMM vs the byte floor at M = 120")
     ap.add_argument("--splits", type=int, nargs="+", default=[2, 4, 8, 16])
     ap.add_argument("--rep-ms", type=int, default=100)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU under the Triton interpreter")
+    ap.add_argument("--chain", type=int, default=0, metavar="N", help="time chains of N launches per shape and config instead")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "gemm_floor.json"))
     args = ap.parse_args(argv)
+    if args.chain:
+        if args.smoke:
+            res = run_chain({"tiny": (96, 80)}, 20, args.chain, torch.float32, args.rep_ms, {"fp32": CONFIGS["fp32"]})
+        elif not torch.cuda.is_available():
+            print("gemm_floor --chain needs a CUDA GPU (--smoke: a CPU dry run)")
+            return 2
+        else:
+            res = run_chain(SHAPES, 120, args.chain, torch.bfloat16, args.rep_ms)
+            for r in res["rows"]:
+                best = min((r[f"{c}_us"], c) for c in CHAIN_CONFIGS if f"{c}_us" in r)
+                print(f"{r['gemm']:>9} {r['K']:>5}->{r['N']:<5} in a chain: cuBLAS {r['cublas_us']:5.2f} us, skinny {r['skinny_us']:5.2f} us, "
+                      f"best {best[1]} {best[0]:5.2f} us per launch")
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+        return 0
     if args.smoke:
         res = run({"tiny": (96, 80)}, 20, args.splits, torch.float32, args.rep_ms)
     elif not torch.cuda.is_available():

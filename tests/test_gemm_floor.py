@@ -28,3 +28,13 @@ def test_smoke_run_writes_rows(seed, tmp_path):
     assert gemm_floor.main(["--smoke", "--splits", "2", "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
     assert row["gemm"] == "tiny" and row["splitk2_max_err"] < 1e-4
+
+
+@needs_interpreter
+def test_chain_smoke_run_writes_rows(seed, tmp_path):
+    from sglang_lilicorr.benchmarks import gemm_floor
+
+    out = tmp_path / "c.json"
+    assert gemm_floor.main(["--smoke", "--chain", "2", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["gemm"] == "tiny" and row["chain"] == 2 and row["fp32_max_err"] < 1e-4
