@@ -50,14 +50,6 @@ CHAIN_CONFIGS = {  # (block_m, block_n, block_k, group_m, stages, warps): the se
     "m128_n64_k64_w8": LaunchConfig(128, 64, 64, 1, 4, 8),
     "m64_n64_k64": LaunchConfig(64, 64, 64, 8, 4, 4),
     "m64_n16_k256": LaunchConfig(64, 16, 256, 8, 3, 4),
-    # split-K (the tile's last K slice sums the fp32 partials): shorter K loops per program
-    "skinny_s2": LaunchConfig(64, 32, 128, 8, 4, 4, split_k=2),
-    "skinny_s4": LaunchConfig(64, 32, 128, 8, 4, 4, split_k=4),
-    "m64_n32_k64_s4": LaunchConfig(64, 32, 64, 8, 4, 4, split_k=4),
-    "m64_n64_k128_s4": LaunchConfig(64, 64, 128, 8, 3, 4, split_k=4),
-    "m128_n64_k128_s4": LaunchConfig(128, 64, 128, 1, 3, 4, split_k=4),
-    "m128_n128_k64_s8": LaunchConfig(128, 128, 64, 1, 4, 8, split_k=8),
-    "m64_n16_k256_s2": LaunchConfig(64, 16, 256, 8, 3, 4, split_k=2),
 }
 
 
@@ -145,11 +137,9 @@ def run_chain(shapes: dict, m: int, n_chain: int, dtype, rep_ms: int, configs: d
         row = {"gemm": name, "K": k, "N": n, "M": m, "chain": n_chain, "pdl": pdl}
         if cuda:
             row["cublas_us"] = graph_ms(lambda: [F.linear(x, w) for w in ws][-1], rep_ms)[0] * 1e3 / n_chain
-        counters = torch.zeros(4096, dtype=torch.int32, device=dev)  # split-K configs: each launch leaves them zero
         for cname, cfg in configs.items():
             def chain(cfg=cfg):
-                extra = {"counters": counters} if cfg.split_k > 1 else {}
-                return [linear_act_triton(x, w, config=cfg, pdl=pdl, **extra) for w in ws][-1]
+                return [linear_act_triton(x, w, config=cfg, pdl=pdl) for w in ws][-1]
 
             try:  # a config may not fit the card (shared memory): recorded, not fatal
                 ms, out = graph_ms(chain, rep_ms) if cuda else (None, chain())
@@ -174,8 +164,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.chain:
         if args.smoke:
-            res = run_chain({"tiny": (96, 80)}, 20, args.chain, torch.float32, args.rep_ms,
-                            {"fp32": CONFIGS["fp32"], "fp32_s3": CONFIGS["fp32"]._replace(split_k=3)})
+            res = run_chain({"tiny": (96, 80)}, 20, args.chain, torch.float32, args.rep_ms, {"fp32": CONFIGS["fp32"]})
         elif not torch.cuda.is_available():
             print("gemm_floor --chain needs a CUDA GPU (--smoke: a CPU dry run)")
             return 2

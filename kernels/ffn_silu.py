@@ -60,7 +60,6 @@ class LaunchConfig(NamedTuple):
     num_stages: int
     num_warps: int
     tma: bool = False  # persistent TMA kernel: one program per SM, tiles by TMA descriptors (sm_90+)
-    split_k: int = 1  # > 1: _linear_act_splitk_kernel, K cut in split_k slices (needs counters)
 
 
 CONFIGS = {
@@ -172,43 +171,6 @@ def _linear_act_kernel(
 
 
 @triton.jit
-def _linear_act_splitk_kernel(
-    x_ptr, w_ptr, b_ptr, gb_ptr, out_ptr, part_ptr, count_ptr, M, N, K, k_slice,
-    stride_xm, stride_wn, stride_om, gb_stride, rows_per_group,
-    HAS_BIAS: tl.constexpr, GROUP_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE_F32: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    """Program (tile, slice): the tile's partial product over K slice `slice` (k_slice columns) into
-    the fp32 workspace part [SPLIT_K, tiles, BLOCK_M, BLOCK_N]; the tile's last program to finish
-    adds the SPLIT_K partials in slice order (deterministic), applies the epilogue, stores the tile
-    and resets the tile's counter. At small M a program's K loop is a chain of dependent loads:
-    cutting K shortens it (PERF_NOTES.md version 15)."""
-    grid_dependency_wait(PDL)
-    tile, ks = tl.program_id(0), tl.program_id(1)
-    pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    k0 = ks * k_slice
-    acc = gemm_tile(x_ptr + k0, w_ptr + k0, rm, rn, M, N, tl.minimum(k_slice, K - k0), stride_xm, stride_wn,
-                    BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE_F32)
-    cell = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # [BLOCK_M, BLOCK_N]
-    tile_part = part_ptr + tile.to(tl.int64) * (BLOCK_M * BLOCK_N)
-    n_tiles = tl.num_programs(0)
-    tl.store(tile_part + ks * n_tiles * (BLOCK_M * BLOCK_N) + cell, acc)
-    tl.debug_barrier()  # every thread's stores precede the release below
-    arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    if arrived == SPLIT_K - 1:  # the tile's last slice: every partial is stored
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for j in tl.static_range(SPLIT_K):
-            acc += tl.load(tile_part + j * n_tiles * (BLOCK_M * BLOCK_N) + cell, cache_modifier=".cg")
-        y = _epilogue(acc, rm, rn, M, N, b_ptr, gb_ptr, gb_stride, rows_per_group, HAS_BIAS, GROUP_BIAS, SILU)
-        out = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
-        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=(rm < M)[:, None] & (rn < N)[None, :])
-        tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
 def _linear_act_tma_kernel(
     x_desc, w_desc, out_desc, b_ptr, gb_ptr, M, N, K, gb_stride, rows_per_group,
     HAS_BIAS: tl.constexpr, GROUP_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -294,7 +256,6 @@ def linear_act_triton(
     rows_per_group: int = 1,
     config: str | LaunchConfig | None = None,  # a CONFIGS key or a LaunchConfig; None: select_config(M, dtype)
     pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py; sm_90+)
-    counters: torch.Tensor | None = None,  # split-K configs: int32 zeros, >= split_k_tiles(M, N, config) entries; left zero
     name: str = "linear_act_triton",
 ) -> torch.Tensor:
     """-> act(x @ weight.T + bias + group_bias[row // rows_per_group]) [M, N] in x's dtype (act: SiLU
@@ -307,11 +268,6 @@ def linear_act_triton(
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m and n:
         c = config if isinstance(config, LaunchConfig) else CONFIGS[config or select_config(m, x.dtype)]
-        if c.split_k > 1:
-            tiles = split_k_tiles(m, n, c)
-            if counters is None or counters.dtype != torch.int32 or counters.numel() < tiles or counters.device != x.device:
-                got = "None" if counters is None else f"{counters.dtype} [{counters.numel()}] on {counters.device}"
-                raise ValueError(f"{name}: split_k={c.split_k} needs counters=int32 zeros with >= {tiles} entries on {x.device}, got {got}")
         common = dict(
             b_ptr=out if bias is None else bias, gb_ptr=out if group_bias is None else group_bias,
             gb_stride=0 if group_bias is None else group_bias.stride(0), rows_per_group=rows_per_group,
@@ -321,14 +277,6 @@ def linear_act_triton(
         )
         if c.tma:
             _launch_tma(name, x, weight, out, common)
-        elif c.split_k > 1:
-            k_slice = triton.cdiv(triton.cdiv(k, c.split_k), c.block_k) * c.block_k
-            part = torch.empty((c.split_k, tiles, c.block_m, c.block_n), dtype=torch.float32, device=x.device)
-            _linear_act_splitk_kernel[(tiles, c.split_k)](
-                x_ptr=x, w_ptr=weight, out_ptr=out, part_ptr=part, count_ptr=counters, M=m, N=n, K=k, k_slice=k_slice,
-                stride_xm=x.stride(0), stride_wn=weight.stride(0), stride_om=out.stride(0), SPLIT_K=c.split_k,
-                EVEN_K=k % c.block_k == 0, IEEE_F32=x.dtype == torch.float32 or not x.is_cuda, **common,
-            )
         else:
             _linear_act_kernel[(triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n),)](
                 x_ptr=x, w_ptr=weight, out_ptr=out, M=m, N=n, K=k,
@@ -336,11 +284,6 @@ def linear_act_triton(
                 EVEN_K=k % c.block_k == 0, IEEE_F32=x.dtype == torch.float32 or not x.is_cuda, **common,
             )
     return out
-
-
-def split_k_tiles(m: int, n: int, config: LaunchConfig) -> int:
-    """Output tiles (= counters) of a split-K launch at [M, N]."""
-    return triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
 
 
 def linear_silu_triton(

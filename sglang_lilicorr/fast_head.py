@@ -28,7 +28,7 @@ Two implementations of the same math, chosen by `fused`:
 (kernels/pdl.py; CUDA sm_90+, fused), and `triton_gemms` runs the head's GEMMs of at most
 TRITON_GEMM_MAX_ROWS rows as Triton GEMMs with their epilogues (kernels/ffn_silu.py), which can start
 early under PDL where cuBLAS kernels cannot. True / False force them; None (the default) takes the
-measured tables below, per head width and number of lattice rows of the call.
+measured tables below, per head width, number of lattice rows of the call and GEMM shape.
 `norm_epilogue` forces those GEMM + norm epilogues (nodes, residual adds) on or off (None:
 kernels/linear_norm.py's measured table decides per shape).
 `fused_stages` cuts the fused path into projections / nodes / lattice / factors (with the walk) for
@@ -49,7 +49,11 @@ from .walk import greedy_walk
 # Measured on an H100 (head_bench, PERF_NOTES.md version 14): head width -> the most lattice rows
 # (b * S * K) at which ...
 PDL_MAX_ROWS = {256: 512}  # ... PDL is faster (the testbed head loses 4-5 us from bs 16); other widths: every size
-TRITON_GEMM_MAX_ROWS = {256: 512}  # ... the Triton GEMMs beat cuBLAS (the paper head: not at bs 4); other widths: none
+TRITON_GEMM_MAX_ROWS = {256: 512, 1024: 128}  # ... the Triton GEMMs beat cuBLAS (the paper head: bs 1 only); others: none
+# head width -> (largest K, largest N) of the GEMMs that go to Triton there; absent: every shape. The paper head
+# at bs 1 (version 15, benchmarks/results/h100_gemm_chain_v15): in chains, 1024 -> 1024 4.85 us vs cuBLAS 5.56
+# and 1024 -> 2048 5.4 vs 5.75; cuBLAS keeps the QKV (6.35 vs 6.81) and the K = 2048 GEMMs (6.87 vs 7.31).
+TRITON_GEMM_MAX_SHAPE = {1024: (1024, 2048)}
 TRITON_GEMM_ROWS_CAP = 512  # triton_gemms=True: GEMMs up to this many rows (the small-M launch configs)
 
 
@@ -329,7 +333,7 @@ class FastLiLiCorrSelect:
             attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=pdl)
             xn = self._residual_norm(x, attended, attn.out_proj, self._after_attn[i])
             mlp = layer.mlp
-            if prefer_triton(xn.shape[0]) or self._gemm_in_triton(xn.shape[0]):  # up GEMM with bias + SiLU in its epilogue
+            if prefer_triton(xn.shape[0]) or self._gemm_in_triton(xn.shape[0], mlp.up_proj.weight):  # up GEMM with bias + SiLU in its epilogue
                 hidden = linear_silu_triton(xn, mlp.up_proj.weight, mlp.up_proj.bias, pdl=pdl)
             else:
                 hidden = F.silu(mlp.up_proj(xn))
@@ -382,7 +386,7 @@ class FastLiLiCorrSelect:
         from .kernels.head_scores import lattice_cosine_triton, lattice_cosine_walk_triton
 
         d, k, pdl = self.factor_dim, self.topk, self._pdl_at(cat.shape[0])
-        if self._gemm_in_triton(cat.shape[0]):  # the per-request bias + SiLU in the GEMM's epilogue
+        if self._gemm_in_triton(cat.shape[0], self.w_factor):  # the per-request bias + SiLU in the GEMM's epilogue
             fused = linear_act_triton(cat, self.w_factor, silu=True, group_bias=anchor[:, d:], rows_per_group=s * k, pdl=pdl)
         else:
             fused = row_bias_silu_triton(F.linear(cat, self.w_factor), anchor[:, d:], rows_per_group=s * k, pdl=pdl)  # [b*L, H]
@@ -398,16 +402,18 @@ class FastLiLiCorrSelect:
             return self.pdl
         return self._can_pdl and rows <= PDL_MAX_ROWS.get(self.width, rows)
 
-    def _gemm_in_triton(self, rows: int) -> bool:
-        """Whether a head GEMM of `rows` rows runs as a Triton GEMM (see triton_gemms)."""
+    def _gemm_in_triton(self, rows: int, weight: torch.Tensor) -> bool:
+        """Whether a head GEMM of `rows` rows by `weight` [N, K] runs as a Triton GEMM (see triton_gemms)."""
         if self.triton_gemms is not None:
             return self.triton_gemms and rows <= TRITON_GEMM_ROWS_CAP
-        return self._pdl_at(rows) and rows <= TRITON_GEMM_MAX_ROWS.get(self.width, 0)
+        n, k = weight.shape
+        max_k, max_n = TRITON_GEMM_MAX_SHAPE.get(self.width, (k, n))
+        return self._pdl_at(rows) and rows <= TRITON_GEMM_MAX_ROWS.get(self.width, 0) and k <= max_k and n <= max_n
 
     def _linear(self, x, weight, bias=None, pdl=True):
         """x @ weight.T + bias on the main stream: a Triton GEMM (launched with PDL unless `pdl` is
         False, e.g. right after a stream join) where _gemm_in_triton, else cuBLAS."""
-        if not self._gemm_in_triton(x.shape[0]):
+        if not self._gemm_in_triton(x.shape[0], weight):
             return F.linear(x, weight, bias)
         from .kernels.ffn_silu import linear_act_triton
 

@@ -97,7 +97,7 @@ def test_select_fp32_equals_reference(seed, monkeypatch, fused, norm_epilogue, t
     head = make_head(SMALL, HM, seed)
     hidden, anchor, lm_head, embed = make_inputs(4, slots, HM, VOCAB, seed)
     fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=fused, norm_epilogue=norm_epilogue, triton_gemms=triton_gemms)
-    assert fast.fused == fused and not fast._pdl_at(1) and fast._gemm_in_triton(1) == bool(triton_gemms)
+    assert fast.fused == fused and not fast._pdl_at(1) and fast._gemm_in_triton(1, fast.w_pass) == bool(triton_gemms)
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-4)
 
 
@@ -187,14 +187,20 @@ def test_pdl_and_triton_gemm_tables_follow_width_and_rows(seed, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     head = make_head(SMALL, HM, seed)
     fast = FastLiLiCorrSelect(head, embed_weight=make_inputs(1, SMALL.num_slots, HM, VOCAB, seed)[3], fused=False)
-    assert not fast._pdl_at(120) and not fast._gemm_in_triton(120)  # no sm_90 here
+    def w(k, n):
+        return torch.empty(n, k)
+
+    assert not fast._pdl_at(120) and not fast._gemm_in_triton(120, w(1024, 1024))  # no sm_90 here
     fast._can_pdl = True  # as on an H100
-    fast.width = 256  # the testbed head: PDL and Triton GEMMs up to bs 4 (480 rows)
-    assert fast._pdl_at(480) and fast._gemm_in_triton(480) and not fast._pdl_at(1920) and not fast._gemm_in_triton(1920)
-    fast.width = 1024  # the paper head: PDL at every size, cuBLAS GEMMs
-    assert fast._pdl_at(3840) and not fast._gemm_in_triton(120)
+    fast.width = 256  # the testbed head: PDL and Triton GEMMs of every shape up to bs 4 (480 rows)
+    assert fast._pdl_at(480) and fast._gemm_in_triton(480, w(512, 768)) and not fast._pdl_at(1920)
+    assert not fast._gemm_in_triton(1920, w(256, 256))
+    fast.width = 1024  # the paper head: PDL at every size; Triton GEMMs at bs 1 up to K 1024 and N 2048
+    assert fast._pdl_at(3840) and fast._gemm_in_triton(120, w(1024, 1024)) and fast._gemm_in_triton(120, w(1024, 2048))
+    assert not fast._gemm_in_triton(120, w(1024, 3072)) and not fast._gemm_in_triton(120, w(2048, 1024))
+    assert not fast._gemm_in_triton(480, w(1024, 1024))
     fast.pdl, fast.triton_gemms = False, True
-    assert not fast._pdl_at(120) and fast._gemm_in_triton(480) and not fast._gemm_in_triton(600)
+    assert not fast._pdl_at(120) and fast._gemm_in_triton(480, w(2048, 3072)) and not fast._gemm_in_triton(600, w(8, 8))
 
 
 @needs_interpreter

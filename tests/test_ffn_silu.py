@@ -67,26 +67,6 @@ def test_linear_act_with_group_bias_matches_reference(gen, silu, config):
     torch.testing.assert_close(linear_act_triton(x, weight, config=config), F.linear(x, weight), atol=1e-4, rtol=1e-4)
 
 
-@needs_interpreter
-@pytest.mark.parametrize("split_k, k", [(2, 64), (3, 80), (4, 48)])  # K slices of whole, partial and empty BLOCK_K runs
-def test_split_k_matches_reference_and_leaves_counters_zero(gen, split_k, k):
-    """The split-K kernel: partials per K slice, the tile's last program sums them, applies the
-    epilogue (bias, group bias, SiLU) and resets its counter; 3 x 3 tiles, the last ones partial."""
-    config = LaunchConfig(16, 16, 16, 8, 1, 4, split_k=split_k)
-    x, weight = torch.randn(40, k, generator=gen), torch.randn(36, k, generator=gen) / 7
-    bias, group_bias = torch.randn(36, generator=gen), torch.randn(4, 36, generator=gen)
-    counters = torch.zeros(12, dtype=torch.int32)
-    for _ in range(2):
-        out = linear_act_triton(x, weight, bias, silu=True, group_bias=group_bias, rows_per_group=10, config=config, counters=counters)
-        ref = linear_act_reference(x, weight, bias, silu=True, group_bias=group_bias, rows_per_group=10)
-        torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
-        assert not counters.any()
-    with pytest.raises(ValueError, match=r"split_k=2 needs counters=int32 zeros with >= 9 entries"):
-        linear_act_triton(x, weight, config=config._replace(split_k=2), counters=torch.zeros(8, dtype=torch.int32))
-    with pytest.raises(ValueError, match="got None"):
-        linear_act_triton(x, weight, config=config)
-
-
 def test_bad_group_bias_raises():
     dev = "cuda" if CUDA else "cpu"
     x, weight = torch.zeros(30, 16, device=dev), torch.zeros(8, 16, device=dev)

@@ -37,4 +37,4 @@ def test_chain_smoke_run_writes_rows(seed, tmp_path):
     out = tmp_path / "c.json"
     assert gemm_floor.main(["--smoke", "--chain", "2", "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
-    assert row["gemm"] == "tiny" and row["chain"] == 2 and row["fp32_max_err"] < 1e-4 and row["fp32_s3_max_err"] < 1e-4
+    assert row["gemm"] == "tiny" and row["chain"] == 2 and row["fp32_max_err"] < 1e-4
