@@ -30,6 +30,7 @@ can capture the first call). `prefer_triton(M)` says whether to take the FFN up 
 SiLU (the select path has its own table for the other GEMMs: sglang_lilicorr/fast_head.py); update the table from `python -m sglang_lilicorr.kernels.ffn_silu` and head_bench
 on the serving GPU. Paper shape of the FFN up: K = 1024, N = 2048, M = 120 * b.
   skinny  64 x 32 tiles, BLOCK_K 128, 4 warps: 128 programs at M = 120 (one wave on 132 SMs); latency-bound.
+          From K = 2048 on, skinny_wide_k: 64 x 16 tiles, BLOCK_K 256 (WIDE_K_CONFIG).
   small   64 x 128, BLOCK_K 64, 4 warps, 4 stages.
   medium  128 x 128, BLOCK_K 64, 8 warps, 4 stages.      large  128 x 256, BLOCK_K 64, 8 warps, 3 stages.
   tma_*   the persistent TMA kernel at the large / medium tiles, or 128 x 128 with BLOCK_K 128.
@@ -64,6 +65,7 @@ class LaunchConfig(NamedTuple):
 
 CONFIGS = {
     "skinny": LaunchConfig(64, 32, 128, 8, 4, 4),
+    "skinny_wide_k": LaunchConfig(64, 16, 256, 8, 3, 4),  # skinny's rows at K >= WIDE_K: twice the programs, half the K steps
     "small": LaunchConfig(64, 128, 64, 8, 4, 4),
     "medium": LaunchConfig(128, 128, 64, 8, 4, 8),
     "large": LaunchConfig(128, 256, 64, 8, 3, 8),
@@ -87,9 +89,16 @@ def _band(m: int) -> tuple:
     return next(row for row in CONFIG_BY_ROWS if row[0] is None or m <= row[0])
 
 
-def select_config(m: int, dtype: torch.dtype) -> str:
-    """Name of the launch config for M rows of `dtype` (fp32 has its own small-tile config)."""
-    return "fp32" if dtype == torch.float32 else _band(m)[1]
+WIDE_K = 2048  # from this K on, a band's config gives way to its WIDE_K_CONFIG (H100, version 15: K = 2048 at M = 120
+WIDE_K_CONFIG = {"skinny": "skinny_wide_k"}  # in chains of 16 with PDL, 6.98 us vs skinny's 7.31: h100_gemm_chain_v15)
+
+
+def select_config(m: int, dtype: torch.dtype, k: int = 0) -> str:
+    """Name of the launch config for M rows of `dtype` by K (fp32 has its own small-tile config)."""
+    if dtype == torch.float32:
+        return "fp32"
+    name = _band(m)[1]
+    return WIDE_K_CONFIG.get(name, name) if k >= WIDE_K else name
 
 
 def prefer_triton(m: int) -> bool:
@@ -254,7 +263,7 @@ def linear_act_triton(
     silu: bool = False,
     group_bias: torch.Tensor | None = None,  # [M / rows_per_group, N]
     rows_per_group: int = 1,
-    config: str | LaunchConfig | None = None,  # a CONFIGS key or a LaunchConfig; None: select_config(M, dtype)
+    config: str | LaunchConfig | None = None,  # a CONFIGS key or a LaunchConfig; None: select_config(M, dtype, K)
     pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py; sm_90+)
     name: str = "linear_act_triton",
 ) -> torch.Tensor:
@@ -267,7 +276,7 @@ def linear_act_triton(
     (m, k), n = x.shape, weight.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m and n:
-        c = config if isinstance(config, LaunchConfig) else CONFIGS[config or select_config(m, x.dtype)]
+        c = config if isinstance(config, LaunchConfig) else CONFIGS[config or select_config(m, x.dtype, k)]
         common = dict(
             b_ptr=out if bias is None else bias, gb_ptr=out if group_bias is None else group_bias,
             gb_stride=0 if group_bias is None else group_bias.stride(0), rows_per_group=rows_per_group,

@@ -52,7 +52,7 @@ PDL_MAX_ROWS = {256: 512}  # ... PDL is faster (the testbed head loses 4-5 us fr
 TRITON_GEMM_MAX_ROWS = {256: 512, 1024: 128}  # ... the Triton GEMMs beat cuBLAS (the paper head: bs 1 only); others: none
 # head width -> (largest K, largest N) of the GEMMs that go to Triton there; absent: every shape. The paper head
 # at bs 1 (version 15, benchmarks/results/h100_gemm_chain_v15): in chains, 1024 -> 1024 4.85 us vs cuBLAS 5.56
-# and 1024 -> 2048 5.4 vs 5.75; cuBLAS keeps the QKV (6.35 vs 6.81) and the K = 2048 GEMMs (6.87 vs 7.31).
+# and 1024 -> 2048 5.4 vs 5.75; cuBLAS keeps the QKV (6.35 vs 6.81) and the K = 2048 GEMMs (6.87 vs 6.98, skinny_wide_k).
 TRITON_GEMM_MAX_SHAPE = {1024: (1024, 2048)}
 TRITON_GEMM_ROWS_CAP = 512  # triton_gemms=True: GEMMs up to this many rows (the small-M launch configs)
 
@@ -386,7 +386,7 @@ class FastLiLiCorrSelect:
         from .kernels.head_scores import lattice_cosine_triton, lattice_cosine_walk_triton
 
         d, k, pdl = self.factor_dim, self.topk, self._pdl_at(cat.shape[0])
-        if self._gemm_in_triton(cat.shape[0], self.w_factor):  # the per-request bias + SiLU in the GEMM's epilogue
+        if self._gemm_in_triton(cat.shape[0], self.w_factor, absorbs_launch=True):  # the per-request bias + SiLU in its epilogue
             fused = linear_act_triton(cat, self.w_factor, silu=True, group_bias=anchor[:, d:], rows_per_group=s * k, pdl=pdl)
         else:
             fused = row_bias_silu_triton(F.linear(cat, self.w_factor), anchor[:, d:], rows_per_group=s * k, pdl=pdl)  # [b*L, H]
@@ -402,12 +402,14 @@ class FastLiLiCorrSelect:
             return self.pdl
         return self._can_pdl and rows <= PDL_MAX_ROWS.get(self.width, rows)
 
-    def _gemm_in_triton(self, rows: int, weight: torch.Tensor) -> bool:
-        """Whether a head GEMM of `rows` rows by `weight` [N, K] runs as a Triton GEMM (see triton_gemms)."""
+    def _gemm_in_triton(self, rows: int, weight: torch.Tensor, absorbs_launch: bool = False) -> bool:
+        """Whether a head GEMM of `rows` rows by `weight` [N, K] runs as a Triton GEMM (see triton_gemms).
+        `absorbs_launch`: its Triton epilogue replaces a launch (the factor's bias + SiLU), worth more
+        than TRITON_GEMM_MAX_SHAPE's margins, so the shape table does not apply."""
         if self.triton_gemms is not None:
             return self.triton_gemms and rows <= TRITON_GEMM_ROWS_CAP
         n, k = weight.shape
-        max_k, max_n = TRITON_GEMM_MAX_SHAPE.get(self.width, (k, n))
+        max_k, max_n = (k, n) if absorbs_launch else TRITON_GEMM_MAX_SHAPE.get(self.width, (k, n))
         return self._pdl_at(rows) and rows <= TRITON_GEMM_MAX_ROWS.get(self.width, 0) and k <= max_k and n <= max_n
 
     def _linear(self, x, weight, bias=None, pdl=True):

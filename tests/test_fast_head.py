@@ -198,6 +198,8 @@ def test_pdl_and_triton_gemm_tables_follow_width_and_rows(seed, monkeypatch):
     fast.width = 1024  # the paper head: PDL at every size; Triton GEMMs at bs 1 up to K 1024 and N 2048
     assert fast._pdl_at(3840) and fast._gemm_in_triton(120, w(1024, 1024)) and fast._gemm_in_triton(120, w(1024, 2048))
     assert not fast._gemm_in_triton(120, w(1024, 3072)) and not fast._gemm_in_triton(120, w(2048, 1024))
+    assert fast._gemm_in_triton(120, w(2048, 1024), absorbs_launch=True)  # the factor GEMM with its bias + SiLU
+    assert not fast._gemm_in_triton(480, w(2048, 1024), absorbs_launch=True)
     assert not fast._gemm_in_triton(480, w(1024, 1024))
     fast.pdl, fast.triton_gemms = False, True
     assert not fast._pdl_at(120) and fast._gemm_in_triton(480, w(2048, 3072)) and not fast._gemm_in_triton(600, w(8, 8))
@@ -443,6 +445,27 @@ GPU_PATHS = [  # overlap, norm_epilogue, pdl (the default on sm_90), triton_gemm
     (False, None, False, False), (True, None, False, False), (False, True, False, False), (True, False, False, False),
     (False, None, True, False), (True, None, True, False), (True, None, True, True),
 ]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_gpu_paper_config_bs1_served_tables_fp32(monkeypatch):
+    """bs 1 (120 lattice rows) with the served defaults: on sm_90, PDL and the bs-1 Triton GEMMs of the
+    shape table, the factor GEMM with its bias + SiLU epilogue; fp32 (TF32 off): the draft tokens are
+    the greedy walk of the kernel's own scores, which match the reference's; graph replay == eager."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    cfg, hm, vocab = LiLiCorrConfig(), 4096, 32000
+    head = make_head(cfg, hm, 0, device="cuda")
+    hidden, anchor, lm_head, embed = make_inputs(1, cfg.num_slots, hm, vocab, 0, device="cuda")
+    lm_head *= 0.1
+    fast = FastLiLiCorrSelect(head, embed_weight=embed)
+    rows = cfg.num_slots * cfg.candidate_topk
+    if fast._can_pdl:  # the tables this test is about
+        assert fast._gemm_in_triton(rows, fast.w_edge) and fast._gemm_in_triton(rows, fast.w_factor, absorbs_launch=True)
+        assert not fast._gemm_in_triton(rows, head.layers[0].attn.in_proj_weight)
+    assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-3, min_clear=0)
+    _replay_equals_eager(fast, hidden, anchor, lm_head)
 
 
 @pytest.mark.gpu

@@ -110,6 +110,8 @@ def test_config_table():
     assert CONFIG_BY_ROWS[-1][0] is None  # the last band is unbounded
     assert [select_config(m, torch.bfloat16) for m in (120, 480, 960, 1920, 3840)] == ["skinny", "small", "tma_medium", "tma_large", "tma_large"]
     assert select_config(3840, torch.float32) == "fp32"
+    assert select_config(120, torch.bfloat16, 2048) == "skinny_wide_k" and select_config(120, torch.bfloat16, 1024) == "skinny"
+    assert select_config(480, torch.bfloat16, 4096) == "small" and select_config(120, torch.float32, 2048) == "fp32"
     assert all(isinstance(prefer_triton(m), bool) for m in (1, 120, 480, 1920, 3840, 10**6))
 
 
@@ -158,6 +160,7 @@ from sglang_lilicorr.kernels import ffn_silu as fs
 from sglang_lilicorr.fast_head import TRITON_GEMM_ROWS_CAP
 
 small_m = {cfg for rows, cfg, _ in fs.CONFIG_BY_ROWS if rows is not None and rows <= TRITON_GEMM_ROWS_CAP}
+small_m |= {fs.WIDE_K_CONFIG[cfg] for cfg in small_m if cfg in fs.WIDE_K_CONFIG}
 for name, c in fs.CONFIGS.items():
     t = "*fp32" if name == "fp32" else "*bf16"
     # under PDL, with the factor projection's epilogue (bias, per-request bias, SiLU: the most a kernel
