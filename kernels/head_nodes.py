@@ -20,7 +20,6 @@ import triton.language as tl
 from .device import rows_per_program
 from .head_norm import norm_store
 from .pdl import check_pdl, grid_dependency_wait
-from .topk_lse_fused import key_value, merge_partials, store_keys
 
 NUM_FEATURES = 5  # log p, p, log p - log p_top, rank / (K-1), is-top-1 (sglang_lilicorr.head)
 
@@ -40,37 +39,6 @@ def _confidence_up_kernel(
     lp = v - tl.load(lse_ptr + g)
     if hb == 0:
         tl.store(lp_ptr + g * K + ks, lp, mask=kv)
-    _confidence_up_tile(lp, ks, kv, g, hb, w_ptr, b_ptr, out_ptr, K, H, ln_eps, rank_div, BLOCK_H)
-
-
-@triton.jit
-def _candidates_up_kernel(
-    part_key_ptr, part_max_ptr, part_sum_ptr, n_splits,  # the top-K split stage's partials (kernels/topk_lse_fused.py)
-    vals_ptr, ids_ptr, lse_ptr, lp_ptr, w_ptr, b_ptr, out_ptr,  # [G, K] f32, [G, K] i64, [G] f32, [G, K] f32, as above
-    H, ln_eps, rank_div,
-    K: tl.constexpr, KP: tl.constexpr, SP: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
-):
-    """The top-K merge of one row and its candidates' features in one launch: every column block's
-    program merges the row (a few us of in-warp work, repeated rather than a launch boundary);
-    block 0 stores the candidates, lse and log-probs."""
-    grid_dependency_wait(PDL)
-    g = tl.program_id(0)
-    hb = tl.program_id(1)
-    ks = tl.arange(0, KP)
-    kv = ks < K
-    best, lse = merge_partials(part_key_ptr, part_max_ptr, part_sum_ptr, n_splits, g, K, KP, SP)
-    lp = key_value(best) - lse
-    if hb == 0:
-        tl.store(lse_ptr + g, lse)
-        store_keys(best, ks, vals_ptr + g * K, ids_ptr + g * K, K)
-        tl.store(lp_ptr + g * K + ks, lp, mask=kv)
-    _confidence_up_tile(lp, ks, kv, g, hb, w_ptr, b_ptr, out_ptr, K, H, ln_eps, rank_div, BLOCK_H)
-
-
-@triton.jit
-def _confidence_up_tile(lp, ks, kv, g, hb, w_ptr, b_ptr, out_ptr, K, H, ln_eps, rank_div, BLOCK_H: tl.constexpr):
-    """Columns [hb * BLOCK_H, ...) of silu(w_feat @ LayerNorm(features) + b_feat) for the K candidates
-    of group g, from their log-probs lp [KP] (descending)."""
     top = tl.max(tl.where(kv, lp, -float("inf")), 0)
     dtype = out_ptr.dtype.element_ty
     # the five features, rounded to the head's dtype as the reference feeds LayerNorm
@@ -84,7 +52,7 @@ def _confidence_up_tile(lp, ks, kv, g, hb, w_ptr, b_ptr, out_ptr, K, H, ln_eps, 
     rstd = 1.0 / tl.sqrt((d0 * d0 + d1 * d1 + d2 * d2 + d3 * d3 + d4 * d4) / 5.0 + ln_eps)
     cols = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     cv = cols < H
-    acc = tl.load(b_ptr + cols, mask=cv, other=0.0)[None, :] + tl.zeros((ks.shape[0], BLOCK_H), tl.float32)
+    acc = tl.load(b_ptr + cols, mask=cv, other=0.0)[None, :] + tl.zeros((KP, BLOCK_H), tl.float32)
     acc += (d0 * rstd)[:, None] * tl.load(w_ptr + cols * 5 + 0, mask=cv, other=0.0)[None, :]
     acc += (d1 * rstd)[:, None] * tl.load(w_ptr + cols * 5 + 1, mask=cv, other=0.0)[None, :]
     acc += (d2 * rstd)[:, None] * tl.load(w_ptr + cols * 5 + 2, mask=cv, other=0.0)[None, :]
@@ -136,43 +104,15 @@ def confidence_up_triton(
     g, k = vals.shape
     h = w_feat.shape[0]
     vals, lse = vals.contiguous(), lse.contiguous()
-    lp, out, block_h = _up_buffers(g, k, h, dtype, vals.device)
+    lp = torch.empty((g, k), dtype=torch.float32, device=vals.device)
+    out = torch.empty((g * k, h), dtype=dtype, device=vals.device)
+    block_h = min(triton.next_power_of_2(h), 256)
     if g:
         _confidence_up_kernel[(g, triton.cdiv(h, block_h))](
             vals, lse, w_feat.contiguous(), b_feat.contiguous(), lp, out, k, h, float(ln_eps), float(max(k - 1, 1)),
             KP=triton.next_power_of_2(k), BLOCK_H=block_h, PDL=pdl, launch_pdl=pdl, num_warps=4,
         )
     return lp, out
-
-
-def candidates_up_triton(
-    logits: torch.Tensor, k: int, w_feat: torch.Tensor, b_feat: torch.Tensor, ln_eps: float, dtype: torch.dtype,
-    *, pdl: bool = False,
-) -> tuple[torch.Tensor, ...]:
-    """logits [G, V] -> (vals fp32 [G, K], ids int64 [G, K], lse fp32 [G], log-probs fp32 [G, K],
-    silu(w_feat @ LayerNorm(features) + b_feat) [G*K, H] in dtype): topk_lse_triton then
-    confidence_up_triton, with the top-K merge and the features in one launch (_candidates_up_kernel)
-    where the top-K splits its rows; where one split covers a row, the two stages as they are."""
-    from .topk_lse_fused import topk_lse_split
-
-    vals, ids, lse, partials = topk_lse_split(logits, k, pdl=pdl)
-    if partials is None:
-        return (vals, ids, lse, *confidence_up_triton(vals, lse, w_feat, b_feat, ln_eps, dtype, pdl=pdl))
-    g, h = logits.shape[0], w_feat.shape[0]
-    lp, out, block_h = _up_buffers(g, k, h, dtype, logits.device)
-    m = partials.merge_launch
-    _candidates_up_kernel[(g, triton.cdiv(h, block_h))](
-        partials.key, partials.max, partials.sum, partials.splits, vals, ids, lse, lp,
-        w_feat.contiguous(), b_feat.contiguous(), out, h, float(ln_eps), float(max(k - 1, 1)),
-        K=k, KP=m["KP"], SP=m["SP"], BLOCK_H=block_h, PDL=pdl, launch_pdl=pdl, num_warps=m["num_warps"],
-    )
-    return vals, ids, lse, lp, out
-
-
-def _up_buffers(g: int, k: int, h: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """-> (log-probs fp32 [G, K], features [G*K, H] in dtype, column block of the features kernels)."""
-    lp = torch.empty((g, k), dtype=torch.float32, device=device)
-    return lp, torch.empty((g * k, h), dtype=dtype, device=device), min(triton.next_power_of_2(h), 256)
 
 
 def lattice_nodes_triton(

@@ -12,9 +12,8 @@ Stage 1 ("split") streams one chunk of one row once, in tiles of R sub-tiles x G
   At the end of the chunk it re-loads the <= K chosen sub-tiles (K x G logits, just read: cache
   hits) to take the exact top-K. The K best elements of the chunk lie in its K best sub-tiles: a
   sub-tile ranked below K others holds nothing better than their K maxima.
-Stage 2 ("merge") combines the per-chunk partials of a row (`merge_partials`; kernels/head_nodes.py
-runs it fused with the candidates' confidence features). With one chunk per row the split kernel
-finishes the row itself and stage 2 is not launched. (Merging in the split kernel, by the
+Stage 2 ("merge") combines the per-chunk partials of a row. With one chunk per row the split
+kernel finishes the row itself and stage 2 is not launched. (Merging in the split kernel, by the
 row's last split program to arrive, measured no faster on an H200: PERF_NOTES.md, version 9.)
 
 Ordering keys: every element gets a unique int64 key whose order is "larger value first, then
@@ -63,7 +62,7 @@ def _order_key(x, index):
 
 
 @triton.jit
-def key_value(key):
+def _key_value(key):
     """int64 keys -> their fp32 values."""
     bits = (key >> 32).to(tl.int32)
     bits = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
@@ -88,9 +87,10 @@ def _top_keys(keys, slots, K: tl.constexpr):
 
 
 @triton.jit
-def store_keys(best_keys, slots, vals_ptr, ids_ptr, K: tl.constexpr):
-    """Write K keys [KP] (descending) to one vals/ids row."""
-    tl.store(vals_ptr + slots, key_value(best_keys), mask=slots < K)
+def _store_sorted(keys, slots, vals_ptr, ids_ptr, K: tl.constexpr):
+    """Write the K largest of `keys` [T] in descending order to one vals/ids row."""
+    best_keys = _top_keys(keys, slots, K)
+    tl.store(vals_ptr + slots, _key_value(best_keys), mask=slots < K)
     tl.store(ids_ptr + slots, _key_index(best_keys), mask=slots < K)
 
 
@@ -150,7 +150,7 @@ def _topk_lse_split_kernel(
     #    worst key skip; padding slots >= K hold int64 max (never "worst")
     buf = tl.where(slots < K, buf, 0x7FFFFFFFFFFFFFFF)
     worst = tl.min(buf, 0)  # smallest key in the buffer: the one a better sub-tile evicts
-    floor = tl.where(worst == SENTINEL, -float("inf"), key_value(worst))  # tiles below it cannot enter
+    floor = tl.where(worst == SENTINEL, -float("inf"), _key_value(worst))  # tiles below it cannot enter
     for start in range(mid, hi, BLOCK):
         x_next, sub_max, tile_max, run_max, run_sum = _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK)
         if tile_max >= floor:
@@ -162,7 +162,7 @@ def _topk_lse_split_kernel(
                 buf = tl.where((slots == evict) & (best > worst), best, buf)
                 keys = tl.where(keys == best, SENTINEL, keys)
                 worst = tl.min(buf, 0)
-            floor = tl.where(worst == SENTINEL, -float("inf"), key_value(worst))
+            floor = tl.where(worst == SENTINEL, -float("inf"), _key_value(worst))
 
     # exact top-K among the chosen sub-tiles' logits (re-loaded: just streamed, so cache hits)
     live = (slots < K) & (buf != SENTINEL)
@@ -175,35 +175,12 @@ def _topk_lse_split_kernel(
     if FINAL:
         # run_sum >= 1 whenever run_max is finite; an all -inf row gives -inf + log(1) = -inf
         tl.store(lse_ptr + row, run_max + tl.log(tl.maximum(run_sum, 1.0)))
-        store_keys(_top_keys(keys, slots, K), slots, vals_ptr + row * K, ids_ptr + row * K, K)
+        _store_sorted(keys, slots, vals_ptr + row * K, ids_ptr + row * K, K)
     else:
         part = row * n_splits + split
         tl.store(part_key_ptr + part * KP + slots, _top_keys(keys, slots, K))
         tl.store(part_max_ptr + part, run_max)
         tl.store(part_sum_ptr + part, run_sum)
-
-
-@triton.jit
-def merge_partials(part_key_ptr, part_max_ptr, part_sum_ptr, n_splits, row, K: tl.constexpr, KP: tl.constexpr, SP: tl.constexpr):
-    """Stage 2 for one row: its splits' partial keys and (max, sum) -> (the K best keys [KP], descending,
-    slots >= K SENTINEL; lse fp32)."""
-    splits = tl.arange(0, SP)
-    slots = tl.arange(0, KP)
-    live = splits < n_splits
-    part = row * n_splits + splits
-    LOG2E: tl.constexpr = 1.4426950408889634
-    m = tl.load(part_max_ptr + part, mask=live, other=-float("inf"))
-    s = tl.load(part_sum_ptr + part, mask=live, other=0.0)
-    row_max = tl.max(m, 0)
-    shift = tl.where(row_max == -float("inf"), 0.0, row_max)
-    total = tl.sum(s * tl.exp2((m - shift) * LOG2E), 0)
-    lse = row_max + tl.log(tl.maximum(total, 1.0))  # total >= 1 unless all -inf
-    keys = tl.load(
-        part_key_ptr + part[:, None] * KP + slots[None, :],
-        mask=live[:, None] & (slots[None, :] < K),
-        other=SENTINEL,
-    )  # [SP, KP]
-    return _top_keys(tl.reshape(keys, [SP * KP]), slots, K), lse
 
 
 @triton.jit
@@ -214,20 +191,25 @@ def _topk_lse_merge_kernel(
 ):
     grid_dependency_wait(PDL)
     row = tl.program_id(0)
+    splits = tl.arange(0, SP)
     slots = tl.arange(0, KP)
-    best, lse = merge_partials(part_key_ptr, part_max_ptr, part_sum_ptr, n_splits, row, K, KP, SP)
-    tl.store(lse_ptr + row, lse)
-    store_keys(best, slots, vals_ptr + row * K, ids_ptr + row * K, K)
+    live = splits < n_splits
+    part = row * n_splits + splits
+    LOG2E: tl.constexpr = 1.4426950408889634
 
+    m = tl.load(part_max_ptr + part, mask=live, other=-float("inf"))
+    s = tl.load(part_sum_ptr + part, mask=live, other=0.0)
+    row_max = tl.max(m, 0)
+    shift = tl.where(row_max == -float("inf"), 0.0, row_max)
+    total = tl.sum(s * tl.exp2((m - shift) * LOG2E), 0)
+    tl.store(lse_ptr + row, row_max + tl.log(tl.maximum(total, 1.0)))  # total >= 1 unless all -inf
 
-class Partials(NamedTuple):
-    """Stage 1's output for stage 2 (`merge_launch` holds the merge kernel's constexprs and warps)."""
-
-    key: torch.Tensor  # [N * splits, KP] int64
-    max: torch.Tensor  # [N * splits] fp32
-    sum: torch.Tensor  # [N * splits] fp32
-    splits: int
-    merge_launch: dict
+    keys = tl.load(
+        part_key_ptr + part[:, None] * KP + slots[None, :],
+        mask=live[:, None] & (slots[None, :] < K),
+        other=SENTINEL,
+    )  # [SP, KP]
+    _store_sorted(tl.reshape(keys, [SP * KP]), slots, vals_ptr + row * K, ids_ptr + row * K, K)
 
 
 def split_plan(n_rows: int, vocab: int, device: torch.device, launch: TopKLaunch = LAUNCH) -> tuple[int, int]:
@@ -250,20 +232,6 @@ def topk_lse_triton(
     streaming geometry (benchmarks, tests); `pdl` launches both stages with programmatic dependent
     launch (kernels/pdl.py; sm_90+). No host syncs: safe to capture in a CUDA graph.
     """
-    vals, ids, lse, partials = topk_lse_split(logits, k, splits, launch, pdl=pdl)
-    if partials is not None:
-        _topk_lse_merge_kernel[(logits.shape[0],)](
-            partials.key, partials.max, partials.sum, partials.splits, vals, ids, lse, **partials.merge_launch,
-        )
-    return vals, ids, lse
-
-
-def topk_lse_split(
-    logits: torch.Tensor, k: int, splits: int | None = None, launch: TopKLaunch = LAUNCH, *, pdl: bool = False
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Partials | None]:
-    """Stage 1 of topk_lse_triton -> (vals, ids, lse: written when one split covers a row, else to be
-    filled by a stage-2 kernel from the Partials returned, else None). kernels/head_nodes.py merges
-    with the candidates' features in the same launch."""
     check_topk_lse_args(logits, k)
     check_pdl(pdl, logits, "topk_lse_triton")
     block = launch.block
@@ -277,7 +245,7 @@ def topk_lse_split(
     ids = torch.empty((n, k), dtype=torch.int64, device=dev)
     lse = torch.empty((n,), dtype=torch.float32, device=dev)
     if n == 0:
-        return vals, ids, lse, None
+        return vals, ids, lse
     if splits is None:
         splits, chunk = split_plan(n, vocab, dev, launch)
     else:
@@ -296,13 +264,15 @@ def topk_lse_split(
         K=k, KP=kp, R=block // group, G=group, TP=COLLECT_TILES, FINAL=final, PDL=pdl, launch_pdl=pdl,
         num_warps=launch.num_warps, **({"maxnreg": launch.maxnreg} if launch.maxnreg else {}),
     )
-    if final:
-        return vals, ids, lse, None
-    # One merge width per vocabulary, not per N: a constexpr that followed the batch size would
-    # compile a new kernel for every batch size the server meets (a stall on the serving path).
-    sp = triton.next_power_of_2(max(splits, triton.cdiv(triton.cdiv(vocab, block), MIN_TILES_PER_SPLIT)))
-    merge = dict(K=k, KP=kp, SP=sp, PDL=pdl, launch_pdl=pdl, num_warps=1 if sp * kp <= 512 else 4)  # 512 keys: 16 per lane of one warp
-    return vals, ids, lse, Partials(part_key, part_max, part_sum, splits, merge)
+    if not final:
+        # One merge width per vocabulary, not per N: a constexpr that followed the batch size would
+        # compile a new kernel for every batch size the server meets (a stall on the serving path).
+        sp = triton.next_power_of_2(max(splits, triton.cdiv(triton.cdiv(vocab, block), MIN_TILES_PER_SPLIT)))
+        _topk_lse_merge_kernel[(n,)](
+            part_key, part_max, part_sum, splits, vals, ids, lse,
+            K=k, KP=kp, SP=sp, PDL=pdl, launch_pdl=pdl, num_warps=1 if sp * kp <= 512 else 4,  # 512 keys: 16 per lane of one warp
+        )
+    return vals, ids, lse
 
 
 SWEEP = (  # the launches `bench_topk_lse(sweep=True)` times beside LAUNCH

@@ -14,8 +14,7 @@ projections are the head's own modules) and precomputes what is constant at serv
 
 Two implementations of the same math, chosen by `fused`:
   fused=False  PyTorch ops (the lattice layers run as LatticeLayer.forward).
-  fused=True   Triton epilogues (kernels/head_*.py): features+LayerNorm+up+SiLU in one kernel (from
-               logits, in the top-K's merge launch: candidates_up_triton),
+  fused=True   Triton epilogues (kernels/head_*.py): features+LayerNorm+up+SiLU in one kernel,
                gather+sum+RMSNorm node kernel, residual-add+RMSNorm (+ h*t) kernels, bias+SiLU,
                and one cosine-score kernel for start and pair factors that also runs the greedy
                walk (its last program per request); the lattice attention as one
@@ -204,18 +203,14 @@ class FastLiLiCorrSelect:
 
     def candidates(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor):
         """hidden [b, S, Hm], lm_head_weight [V, Hm] -> (vals fp32 [b, S, K], ids [b, S, K], lse fp32 [b, S])."""
-        b, s, _ = hidden.shape
-        return self._candidates_from_logits(self._logits(hidden, lm_head_weight), b, s)
-
-    def _logits(self, hidden, lm_head_weight):
-        """hidden [b, S, Hm] -> the slots' logits [b*S, V] in lm_head_weight's dtype."""
         b, s, hm = hidden.shape
         if lm_head_weight.dim() != 2 or lm_head_weight.shape != (self.token_table.shape[0], hm):
             raise ValueError(
                 f"select: lm_head_weight must be [{self.token_table.shape[0]}, {hm}] (vocabulary x hidden), "
                 f"got {tuple(lm_head_weight.shape)}."
             )
-        return F.linear(hidden.reshape(b * s, hm).to(lm_head_weight.dtype), lm_head_weight)
+        logits = F.linear(hidden.reshape(b * s, hm).to(lm_head_weight.dtype), lm_head_weight)  # [b*S, V]
+        return self._candidates_from_logits(logits, b, s)
 
     def _candidates_from_logits(self, logits, b, s):
         vals, ids, lse = topk_lse(logits, self.topk, pdl=self._pdl_at(b * s * self.topk))
@@ -275,9 +270,8 @@ class FastLiLiCorrSelect:
         pair = self.sigma * torch.matmul(out_vec[:, :-1], in_vec[:, 1:].transpose(-1, -2))
         return start, pair, lp
 
-    def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, walk: bool = False, features=None):
-        """-> (start, pair, log-probs [b, S, K], draft ids [b, S] from the cosine kernel's greedy walk if `walk` else None).
-        `features`: (log-probs fp32 [b*S, K], silu(up(LayerNorm(features))) [b*S*K, H]) if already computed."""
+    def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, walk: bool = False):
+        """-> (start, pair, log-probs [b, S, K], draft ids [b, S] from the cosine kernel's greedy walk if `walk` else None)."""
         b, s, k = vals.shape
         side = None
         if self.overlap:  # the projections off the critical path, each joined where first needed
@@ -292,19 +286,18 @@ class FastLiLiCorrSelect:
             t, anchor = self._anchor_projection(anchor_hidden)
         join_pass = (lambda: side.join(pass_ready, pass_proj)) if side is not None else None
         join_anchor = (lambda: side.join(anchor_ready, t, anchor)) if side is not None else None
-        lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj, join_pass, features)
+        lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj, join_pass)
         cat = self._layers_fused(x, xn, b, t, join_anchor)
         start, pair, draft = self._factors_fused(cat, anchor, b, s, ids if walk else None)
         return start, pair, lp.view(b, s, k), draft
 
-    def _nodes_fused(self, vals, ids, lse, pass_proj, join_pass=None, features=None):
-        """-> log-probs fp32 [b*S, K], residual stream x [b*L, H], first attention input [b*L, H].
-        `features`: (log-probs, feature up projection) from candidates_up_triton, else computed here."""
+    def _nodes_fused(self, vals, ids, lse, pass_proj, join_pass=None):
+        """-> log-probs fp32 [b*S, K], residual stream x [b*L, H], first attention input [b*L, H]."""
         from .kernels.head_nodes import confidence_up_triton, lattice_nodes_triton
         from .kernels.linear_norm import lattice_nodes_linear_triton
 
         b, s, k = vals.shape
-        lp, up = features or confidence_up_triton(
+        lp, up = confidence_up_triton(
             vals.reshape(b * s, k).float(), lse.reshape(b * s).float(), self.w_feat, self.b_feat, self.feat_ln_eps, self.dtype,
             pdl=self._pdl_at(b * s * k),
         )
@@ -477,28 +470,17 @@ class FastLiLiCorrSelect:
         b, s = self._check(hidden, anchor_hidden)
         if logits.dim() != 2 or logits.shape[0] != b * s or logits.shape[1] != self.token_table.shape[0]:
             raise ValueError(f"select: logits must be [{b * s}, {self.token_table.shape[0]}] (b*S x V), got {tuple(logits.shape)}.")
-        if not self.fused:
-            with torch.no_grad():
-                candidates = self._candidates_from_logits(logits, b, s)
-            return self.select_from_candidates(*candidates, hidden, anchor_hidden)
-        from .kernels.head_nodes import candidates_up_triton
-
-        k = self.topk
-        with torch.no_grad():  # the top-K merge and the candidates' features in one launch
-            vals, ids, lse, lp, up = candidates_up_triton(
-                logits, k, self.w_feat, self.b_feat, self.feat_ln_eps, self.dtype, pdl=self._pdl_at(b * s * k)
-            )
-            ids = ids.view(b, s, k)
-            lp, draft = self._scores_fused(vals.view(b, s, k), ids, lse.view(b, s), hidden, anchor_hidden, walk=True, features=(lp, up))[2:]
-        return draft, ids, lp
+        with torch.no_grad():
+            candidates = self._candidates_from_logits(logits, b, s)
+        return self.select_from_candidates(*candidates, hidden, anchor_hidden)
 
     def select(self, hidden: torch.Tensor, anchor_hidden: torch.Tensor, lm_head_weight: torch.Tensor):
         """hidden [b, S, Hm] drafter slot states, anchor_hidden [b, Hm], lm_head_weight [V, Hm]
         -> (draft token ids [b, S], candidate ids [b, S, K], candidate log-probs fp32 [b, S, K])."""
         self._check(hidden, anchor_hidden)
         with torch.no_grad():
-            logits = self._logits(hidden, lm_head_weight)
-        return self.select_from_logits(logits, hidden, anchor_hidden)
+            vals, ids, lse = self.candidates(hidden, lm_head_weight)
+        return self.select_from_candidates(vals, ids, lse, hidden, anchor_hidden)
 
     __call__ = select
 

@@ -285,28 +285,6 @@ def test_confidence_up_kernel_equals_folded_layernorm_mlp(seed):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("vocab", [20000, 40])  # several top-K splits per row (merge fused), or one
-def test_candidates_up_kernel_equals_topk_then_features(seed, vocab):
-    """The top-K merge and the features in one launch give the candidates of topk_lse and the
-    log-probs and features of confidence_up_triton, bit for bit."""
-    from sglang_lilicorr.kernels import topk_lse
-    from sglang_lilicorr.kernels.head_nodes import candidates_up_triton
-    from sglang_lilicorr.kernels.topk_lse_fused import topk_lse_split
-
-    head = make_head(SMALL, HM, seed)
-    fast = FastLiLiCorrSelect(head, embed_weight=torch.randn(VOCAB, HM), fused=True)
-    g = torch.Generator().manual_seed(seed)
-    logits = (torch.randn(7, vocab, generator=g) * 3).to(torch.bfloat16)
-    k = SMALL.candidate_topk
-    assert (topk_lse_split(logits, k)[3] is None) == (vocab == 40)
-    got = candidates_up_triton(logits, k, fast.w_feat, fast.b_feat, fast.feat_ln_eps, torch.float32)
-    vals, ids, lse = topk_lse(logits, k)
-    want = (vals, ids, lse, *confidence_up_triton(vals, lse, fast.w_feat, fast.b_feat, fast.feat_ln_eps, torch.float32))
-    for a, b in zip(got, want):
-        assert torch.equal(a, b)
-
-
-@needs_interpreter
 def test_node_and_norm_kernels_equal_torch(seed):
     g = torch.Generator().manual_seed(seed)
     b, s, k, h, v = 2, 3, 4, 48, 20  # h not a power of two: masked columns
@@ -407,7 +385,6 @@ walk_args = [i64, "*i32", i64, i32, i32, i32, i64]  # the cosine kernel's walk: 
 P = dict(PDL=True)  # as served on sm_90 (kernels/pdl.py)
 cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divisible by 16 at the paper config
     (head_nodes._confidence_up_kernel, [f32] * 5 + [bf, i32, i32, "fp32", "fp32", c, c, c], dict(KP=8, BLOCK_H=256, **P), 4, None, ()),
-    (head_nodes._candidates_up_kernel, [i64, f32, f32, i32, f32, i64, f32, f32, f32, f32, bf, i32, "fp32", "fp32", c, c, c, c, c], dict(K=8, KP=8, SP=32, BLOCK_H=256, **P), 1, None, ()),
     (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, i32, i32, i32, i32, "fp32", c, c, c], dict(ROWS=1, BLOCK_H=1024, **P), 4, None, ()),
     (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=True, ADD=True, **P), 4, None, ()),
     (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=False, ADD=False, PDL=False), 4, None, ()),
