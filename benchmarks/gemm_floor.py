@@ -163,31 +163,31 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "gemm_floor.json"))
     args = ap.parse_args(argv)
     if args.chain:
-        if args.smoke:
-            res = run_chain({"tiny": (96, 80)}, 20, args.chain, torch.float32, args.rep_ms, {"fp32": CONFIGS["fp32"]})
-        elif not torch.cuda.is_available():
-            print("gemm_floor --chain needs a CUDA GPU (--smoke: a CPU dry run)")
-            return 2
-        else:
-            res = run_chain(SHAPES, 120, args.chain, torch.bfloat16, args.rep_ms)
-            for r in res["rows"]:
-                best = min((r[f"{c}_us"], c) for c in CHAIN_CONFIGS if f"{c}_us" in r)
-                print(f"{r['gemm']:>9} {r['K']:>5}->{r['N']:<5} in a chain: cuBLAS {r['cublas_us']:5.2f} us, skinny {r['skinny_us']:5.2f} us, "
-                      f"best {best[1]} {best[0]:5.2f} us per launch")
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
-        return 0
+        def measure(shapes, m, dtype):
+            configs = {"fp32": CONFIGS["fp32"]} if dtype == torch.float32 else CHAIN_CONFIGS
+            return run_chain(shapes, m, args.chain, dtype, args.rep_ms, configs)
+
+        def summary(r):
+            best = min((r[f"{c}_us"], c) for c in CHAIN_CONFIGS if f"{c}_us" in r)
+            return (f"{r['gemm']:>9} {r['K']:>5}->{r['N']:<5} in a chain: cuBLAS {r['cublas_us']:5.2f} us, skinny {r['skinny_us']:5.2f} us, "
+                    f"best {best[1]} {best[0]:5.2f} us per launch")
+    else:
+        def measure(shapes, m, dtype):
+            return run(shapes, m, args.splits, dtype, args.rep_ms)
+
+        def summary(r):
+            best = min((r[f"splitk{s}_ms"], s) for s in args.splits)
+            return (f"{r['gemm']:>9} {r['K']:>5}->{r['N']:<5} floor {r.get('floor_ms', 0) * 1e3:6.1f} us  cuBLAS {r['cublas_ms'] * 1e3:6.1f} us  "
+                    f"split-K best {best[0] * 1e3:6.1f} us (splits {best[1]})")
     if args.smoke:
-        res = run({"tiny": (96, 80)}, 20, args.splits, torch.float32, args.rep_ms)
+        res = measure({"tiny": (96, 80)}, 20, torch.float32)
     elif not torch.cuda.is_available():
         print("gemm_floor needs a CUDA GPU (--smoke: a CPU dry run)")
         return 2
     else:
-        res = run(SHAPES, 120, args.splits, torch.bfloat16, args.rep_ms)
+        res = measure(SHAPES, 120, torch.bfloat16)
         for r in res["rows"]:
-            best = min((r[f"splitk{s}_ms"], s) for s in args.splits)
-            print(f"{r['gemm']:>9} {r['K']:>5}->{r['N']:<5} floor {r.get('floor_ms', 0) * 1e3:6.1f} us  cuBLAS {r['cublas_ms'] * 1e3:6.1f} us  "
-                  f"split-K best {best[0] * 1e3:6.1f} us (splits {best[1]})")
+            print(summary(r))
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
     return 0
