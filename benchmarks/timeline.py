@@ -17,6 +17,7 @@ import os
 import statistics
 import sys
 import tempfile
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -118,8 +119,7 @@ def main(argv=None) -> int:
         return 2
     res = run(args.geometry, args.bs, args.reps)
     print(format_timeline(res))
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+    Path(args.out).write_text(json.dumps(res, indent=1))
     return 0
 
 
