@@ -41,6 +41,7 @@ class CosineLaunch(NamedTuple):
 
 
 LAUNCH = CosineLaunch()
+WALK_MAX_K = 16  # the walk packs a factor's successors 4 bits per candidate into one int64
 
 
 @triton.jit
@@ -138,8 +139,8 @@ def lattice_cosine_walk_triton(
     """-> (start fp32 [b, K], pair fp32 [b, S-1, K, K], draft ids [b, S] int64: the ids of the
     candidates the greedy walk commits, as walk.greedy_walk + gather)."""
     b, s, k = edges.shape[:3]
-    if k > 16:
-        raise ValueError(f"lattice_cosine_walk_triton: K={k} candidates; the walk packs 4-bit successors, K <= 16")
+    if k > WALK_MAX_K:
+        raise ValueError(f"lattice_cosine_walk_triton: K={k} candidates; the walk packs 4-bit successors, K <= {WALK_MAX_K}")
     if tuple(ids.shape) != (b, s, k) or ids.device != edges.device:
         raise ValueError(f"lattice_cosine_walk_triton: ids {tuple(ids.shape)} on {ids.device} must be [b, S, K] = [{b}, {s}, {k}] on {edges.device}")
     if counters.dtype != torch.int32 or counters.dim() != 1 or counters.numel() < b or counters.device != edges.device:
@@ -163,20 +164,20 @@ def _launch_cosine(name, edges, anchor_out, sigma, eps, launch, pdl, walk=None):
     dev = edges.device
     start = torch.empty((b, k), dtype=torch.float32, device=dev)
     pair = torch.empty((b, max(s - 1, 0), k, k), dtype=torch.float32, device=dev)
-    draft = torch.empty((b, s), dtype=torch.int64, device=dev)
     kp = max(16, triton.next_power_of_2(k))
-    if walk is None:  # the walk's pointers are unused
-        ids, counters, succ, id_strides = draft, draft, draft, (0, 0, 0)
-    else:
-        (ids, counters), succ = walk, torch.empty((b, s), dtype=torch.int64, device=dev)
-        id_strides = ids.stride()
+    draft = None
+    walk_args = (start, start, start, 0, 0, 0, start)  # unused without the walk (start stands in for the pointers)
+    if walk is not None:
+        (ids, counters), draft = walk, torch.empty((b, s), dtype=torch.int64, device=dev)
+        succ = torch.empty((b, s), dtype=torch.int64, device=dev)
+        walk_args = (succ, counters, ids, *ids.stride(), draft)
     if b and s:
         block_d = max(16, min(triton.next_power_of_2(d), launch.block_d))
         f32 = edges.dtype == torch.float32 or not edges.is_cuda  # IEEE fp32 dots
         f32_dot = launch.f32_dot or f32
         _lattice_cosine_kernel[(b, s)](
             edges, anchor_out, anchor_out.stride(0), start, pair, s, k, d, float(sigma), float(eps),
-            succ, counters, ids, *id_strides, draft,
+            *walk_args,
             KP=kp, BLOCK_D=block_d, F32_DOT=f32_dot, PRECISION="ieee" if f32 else "tf32", PDL=pdl,
             WALK=walk is not None, SP=triton.next_power_of_2(s), launch_pdl=pdl,
             num_warps=launch.num_warps, num_stages=1 if f32_dot else launch.num_stages,  # fp32 tiles: no room to pipeline
