@@ -26,8 +26,9 @@ with the fused variant's and the built-in's kernels by GPU time (the SDPA backen
 Our variants (VARIANTS): torch (PyTorch ops on the precomputed buffers), fused (Triton epilogues),
 fused_overlap (fused + side stream for the pass/anchor projections), fused_overlap_pdl (+ programmatic
 dependent launch at every bs), fused_overlap_pdl_triton (+ the GEMMs of <= 512 rows as Triton GEMMs with
-their epilogues), served (the defaults: overlap, and PDL / Triton GEMMs where fast_head's measured
-tables take them), fused_overlap_norm / _nonorm
+their epilogues), served (the defaults: overlap, and PDL / Triton GEMMs / the lattice norms folded into
+the Triton GEMMs where fast_head's measured tables take them), served_unfolded (served without the folded
+norms), fused_overlap_norm / _nonorm
 (the residual add + RMSNorm in the out / FFN down GEMMs forced on / off; the others take
 kernels/linear_norm.py's table), and with --compile,
 compiled (torch.compile of the PyTorch variant). Checks in the same run: each variant's select
@@ -81,7 +82,8 @@ VARIANTS = {  # ours: FastLiLiCorrSelect options (norm_epilogue None = kernels/l
     "fused_overlap": dict(fused=True, overlap=True, pdl=False),  # the version-13 serving path
     "fused_overlap_pdl": dict(fused=True, overlap=True, pdl=True, triton_gemms=False),  # + PDL at every bs
     "fused_overlap_pdl_triton": dict(fused=True, overlap=True, pdl=True, triton_gemms=True),  # + the small-M GEMMs in Triton
-    "served": dict(fused=True),  # what the server runs: overlap, and PDL / Triton GEMMs by fast_head's tables
+    "served": dict(fused=True),  # what the server runs: overlap, and PDL / Triton GEMMs / folded norms by fast_head's tables
+    "served_unfolded": dict(fused=True, fold_norms=False),  # the same without the folded norms (version 15's served path)
     "fused_overlap_norm": dict(fused=True, overlap=True, pdl=False, norm_epilogue=True),  # the norm epilogue at every shape
     "fused_overlap_nonorm": dict(fused=True, overlap=True, pdl=False, norm_epilogue=False),  # ... at none
 }

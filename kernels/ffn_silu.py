@@ -4,7 +4,15 @@ FFN's up projection with bias + SiLU, and, at small M, the other GEMMs of the se
 Replaces F.silu(F.linear(x, W_up, b_up)) in SiluMLP at serving time (cuBLAS GEMM + a SiLU pass),
 the factor projection + per-request bias + SiLU (F.linear then row_bias_silu), and plain
 F.linear with bias where a chain of launches with programmatic dependent launch (kernels/pdl.py)
-beats cuBLAS:
+beats cuBLAS. At small M it also carries the lattice layer's norms and adds, so that each lattice
+GEMM is the layer's only launch around it (FastLiLiCorrSelect's fold_norms):
+  norm_eps   the pre-norm of the GEMM's input: each program sums the squares of its x rows as its K
+             loop streams them and scales its tile by rstd; the norm's gain is folded into the
+             weight (fold_norm_gain), since RMSNorm(x) @ W.T = rstd(x) * (x @ (W * g).T);
+  cross      the factor GEMM over concat[h, h * t] (t: the request's anchor state) without
+             materialising it: each K step also dots (x * t) with the weight's second half;
+  residual   the residual add into the stream (in place);
+  nodes      the lattice node sum (kernels/head_nodes.node_sum) with this GEMM as the feature term.
 
   x          [M, K]   rows = b * L lattice nodes; any row stride, unit stride along K
   weight     [N, K]   nn.Linear layout (out x in); any row stride, unit stride along K
@@ -12,7 +20,7 @@ beats cuBLAS:
   group_bias [G, N]   or None: row r also gets group_bias[r // rows_per_group] (unit column stride)
   out        [M, N]   act(x @ weight.T + bias + group_bias), contiguous, in x's dtype; act = SiLU or
                       identity; fp32 accumulation and epilogue, one rounding (PyTorch rounds after
-                      the GEMM and again after each elementwise op)
+                      the GEMM and again after each elementwise op); the residual / node sum after it
 
 Two kernels, the same epilogue:
   _linear_act_kernel      one program per [BLOCK_M, BLOCK_N] output tile, pointer loads (gemm_tile,
@@ -50,6 +58,7 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from .device import sm_count, sm_major
+from .head_nodes import node_sum
 from .pdl import check_pdl, grid_dependency_wait
 
 
@@ -136,16 +145,21 @@ def _epilogue(
 
 @triton.jit
 def gemm_tile(
-    x_ptr, w_ptr, rm, rn, M, N, K, stride_xm, stride_wn,
+    x_ptr, w_ptr, rm, rn, M, N, K, stride_xm, stride_wn, t_ptr, rows_per_req,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE_F32: tl.constexpr,
+    SUMSQ: tl.constexpr, CROSS: tl.constexpr,
 ):
-    """x[rm] @ weight[rn].T -> acc [BLOCK_M, BLOCK_N] fp32, by pointer loads. Rows and columns past
-    M, N are wrapped (index mod M, N) so the K loop loads without masks; the caller masks its store."""
+    """x[rm] @ weight[rn, :K].T, and with CROSS + (x[rm] * t[rm // rows_per_req]) @ weight[rn, K:2K].T
+    (t [b, K]; x * t rounded to x's dtype) -> (acc [BLOCK_M, BLOCK_N] fp32, the fp32 sum of squares of
+    each x row [BLOCK_M] with SUMSQ (zeros without)), by pointer loads. Rows and columns past M, N are
+    wrapped (index mod M, N) so the K loop loads without masks; the caller masks its store."""
     rk = tl.arange(0, BLOCK_K)
     am, bn = (rm % M).to(tl.int64), (rn % N).to(tl.int64)
     a_ptrs = x_ptr + am[:, None] * stride_xm + rk[None, :]  # [BLOCK_M, BLOCK_K]
     b_ptrs = w_ptr + bn[None, :] * stride_wn + rk[:, None]  # [BLOCK_K, BLOCK_N] = weight tile transposed
+    t_ptrs = t_ptr + (am // rows_per_req)[:, None] * K + rk[None, :]  # CROSS: [BLOCK_M, BLOCK_K] of t
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    sumsq = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
             a = tl.load(a_ptrs)
@@ -154,29 +168,59 @@ def gemm_tile(
             left = K - k * BLOCK_K
             a = tl.load(a_ptrs, mask=rk[None, :] < left, other=0.0)
             b = tl.load(b_ptrs, mask=rk[:, None] < left, other=0.0)
-        if IEEE_F32:  # fp32 inputs, or 16-bit ones under the interpreter: exact fp32 FMAs
-            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
+        if SUMSQ:
+            af = a.to(tl.float32)
+            sumsq += tl.sum(af * af, 1)
+        acc = _dot(a, b, acc, IEEE_F32)
+        if CROSS:
+            if EVEN_K:
+                t = tl.load(t_ptrs)
+                b2 = tl.load(b_ptrs + K)
+            else:
+                t = tl.load(t_ptrs, mask=rk[None, :] < left, other=0.0)
+                b2 = tl.load(b_ptrs + K, mask=rk[:, None] < left, other=0.0)
+            acc = _dot((a.to(tl.float32) * t.to(tl.float32)).to(a.dtype), b2, acc, IEEE_F32)
+            t_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
-    return acc
+    return acc, sumsq
+
+
+@triton.jit
+def _dot(a, b, acc, IEEE_F32: tl.constexpr):
+    if IEEE_F32:  # fp32 inputs, or 16-bit ones under the interpreter: exact fp32 FMAs
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
 
 
 @triton.jit
 def _linear_act_kernel(
-    x_ptr, w_ptr, b_ptr, gb_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om, gb_stride, rows_per_group,
-    HAS_BIAS: tl.constexpr, GROUP_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    x_ptr, w_ptr, b_ptr, gb_ptr, out_ptr, t_ptr, ids_ptr, table_ptr, pass_ptr, const_ptr,
+    M, N, K, stride_xm, stride_wn, stride_om, gb_stride, rows_per_group, rows_per_req, n_slots, n_cand, eps,
+    HAS_BIAS: tl.constexpr, GROUP_BIAS: tl.constexpr, SILU: tl.constexpr, NORM: tl.constexpr, CROSS: tl.constexpr,
+    RESIDUAL: tl.constexpr, NODES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, IEEE_F32: tl.constexpr, PDL: tl.constexpr,
 ):
     grid_dependency_wait(PDL)
     pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = gemm_tile(x_ptr, w_ptr, rm, rn, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE_F32)
+    acc, sumsq = gemm_tile(
+        x_ptr, w_ptr, rm, rn, M, N, K, stride_xm, stride_wn, t_ptr, rows_per_req,
+        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE_F32, NORM, CROSS,
+    )
+    if NORM:  # RMSNorm(x) @ W.T = rstd * (x @ (W * g).T): the norm's gain g is folded into the weight
+        acc = acc * (1.0 / tl.sqrt(sumsq / K + eps))[:, None]
     y = _epilogue(acc, rm, rn, M, N, b_ptr, gb_ptr, gb_stride, rows_per_group, HAS_BIAS, GROUP_BIAS, SILU)
     out = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
-    tl.store(out, y.to(out_ptr.dtype.element_ty), mask=(rm < M)[:, None] & (rn < N)[None, :])
+    live = rm < M
+    mask = live[:, None] & (rn < N)[None, :]
+    dtype = out_ptr.dtype.element_ty
+    if RESIDUAL:  # out += y, y rounded as F.linear returns it, the sum rounded as the residual add
+        y = tl.load(out, mask=mask, other=0.0).to(tl.float32) + y.to(dtype).to(tl.float32)
+    if NODES:  # out = the lattice node with y as its feature term
+        y = node_sum(y.to(dtype).to(tl.float32), rm.to(tl.int64), live, rn, mask, ids_ptr, table_ptr, pass_ptr, const_ptr, n_slots, n_cand, N)
+    tl.store(out, y.to(dtype), mask=mask)
 
 
 @triton.jit
@@ -202,15 +246,46 @@ def _linear_act_tma_kernel(
         out_desc.store([off_m, off_n], y.to(out_desc.dtype))
 
 
+class Nodes(NamedTuple):
+    """The lattice node assembly as a GEMM epilogue (the feature MLP's down projection, paper Section 3.2):
+    out = table[id] + pass_proj[slot] + (x @ weight.T) + node_const[slot, rank] (kernels/head_nodes.py)."""
+
+    ids: torch.Tensor  # [b, S, K] int64 candidate token ids; M = b * S * K rows, slot-major
+    table: torch.Tensor  # [V, N] projected token table
+    pass_proj: torch.Tensor  # [b, S, N] pass_hidden_proj without its bias
+    node_const: torch.Tensor  # [S_max, K, N] fp32 slot + rank embeddings + folded biases
+
+
 def linear_act_reference(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, silu: bool = False,
-    group_bias: torch.Tensor | None = None, rows_per_group: int = 1,
+    group_bias: torch.Tensor | None = None, rows_per_group: int = 1, norm_eps: float | None = None,
+    cross: torch.Tensor | None = None, residual: torch.Tensor | None = None, nodes: Nodes | None = None,
 ) -> torch.Tensor:
-    """PyTorch definition -> act(x @ weight.T + bias + group_bias[row // rows_per_group]) [M, N]."""
-    y = F.linear(x, weight, bias)
+    """PyTorch definition of linear_act_triton, in fp32, rounded to x's dtype after the activation:
+    a = x, or concat[x, x * t[row // (M / b)]] with cross (x * t rounded to x's dtype);
+    y = act(rstd(x) * (a @ weight.T) + bias + group_bias[row // rows_per_group]), rstd(x) = 1 / sqrt(mean(x^2) + eps)
+    with norm_eps, else 1; then residual += y (returned; in place), or the node sum with nodes."""
+    xf = x.float()
+    a = xf
+    if cross is not None:
+        t = cross.float().repeat_interleave(x.shape[0] // cross.shape[0], dim=0)
+        a = torch.cat([xf, (xf * t).to(x.dtype).float()], dim=1)
+    y = a @ weight.float().T
+    if norm_eps is not None:
+        y = y * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm_eps)
+    if bias is not None:
+        y = y + bias.float()
     if group_bias is not None:
-        y = (y.view(-1, rows_per_group, y.shape[-1]) + group_bias.unsqueeze(1)).view(y.shape)
-    return F.silu(y) if silu else y
+        y = (y.view(-1, rows_per_group, y.shape[-1]) + group_bias.float().unsqueeze(1)).view(y.shape)
+    y = (F.silu(y) if silu else y).to(x.dtype)
+    if residual is not None:
+        return residual.copy_((residual.float() + y.float()).to(residual.dtype))
+    if nodes is not None:
+        b, s, k = nodes.ids.shape
+        node = (nodes.table[nodes.ids].float() + nodes.pass_proj.float().unsqueeze(2)
+                + y.float().view(b, s, k, -1) + nodes.node_const[:s].float())
+        return node.to(nodes.table.dtype).view(b * s * k, -1)
+    return y
 
 
 def linear_silu_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -218,11 +293,12 @@ def linear_silu_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     return linear_act_reference(x, weight, bias, silu=True)
 
 
-def _check(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, group_bias, rows_per_group) -> None:
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+def _check(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, group_bias, rows_per_group, cross=None) -> None:
+    k_w = 2 * x.shape[-1] if cross is not None else x.shape[-1]
+    if x.dim() != 2 or weight.dim() != 2 or weight.shape[1] != k_w:
         raise ValueError(
             f"{name}: x {tuple(x.shape)} and weight {tuple(weight.shape)} must be [M, K] and [N, K] "
-            f"(nn.Linear layout) with the same K; reshape x to 2-D rows first"
+            f"(nn.Linear layout; [N, 2K] with cross) with the same K; reshape x to 2-D rows first"
         )
     if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"{name}: x dtype {x.dtype} unsupported; use bf16, fp16 or fp32")
@@ -255,26 +331,56 @@ def _check(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
         )
 
 
+def _check_epilogue(name: str, x, weight, cross, residual, nodes) -> None:
+    """The norm / cross / residual / node operands of linear_act_triton against x [M, K] and weight."""
+    (m, k), n = x.shape, weight.shape[0]
+    if residual is not None and nodes is not None:
+        raise ValueError(f"{name}: residual and nodes are two different outputs; pass one of them")
+    if cross is not None and (cross.dim() != 2 or cross.shape[1] != k or not cross.shape[0] or m % cross.shape[0]
+                              or not cross.is_contiguous() or cross.dtype != x.dtype or cross.device != x.device):
+        raise ValueError(
+            f"{name}: cross {tuple(cross.shape)} ({cross.dtype}) must be a contiguous [b, {k}] in x's dtype, b dividing the {m} rows"
+        )
+    if residual is not None and (tuple(residual.shape) != (m, n) or residual.stride(1) != 1
+                                 or residual.dtype != x.dtype or residual.device != x.device):
+        raise ValueError(f"{name}: residual {tuple(residual.shape)} ({residual.dtype}) must be [{m}, {n}] in x's dtype, unit column stride")
+    if nodes is not None:
+        b, s, kk = nodes.ids.shape
+        if (b * s * kk != m or tuple(nodes.pass_proj.shape) != (b, s, n) or nodes.table.dim() != 2 or nodes.table.shape[1] != n
+                or nodes.node_const.shape[1:] != (kk, n) or nodes.node_const.shape[0] < s or nodes.table.dtype != x.dtype or not nodes.table.is_contiguous()):
+            raise ValueError(
+                f"{name}: nodes ids {tuple(nodes.ids.shape)}, table {tuple(nodes.table.shape)}, pass_proj "
+                f"{tuple(nodes.pass_proj.shape)}, node_const {tuple(nodes.node_const.shape)} do not match {m} rows of width {n}"
+            )
+
+
 def linear_act_triton(
     x: torch.Tensor,  # [M, K], unit stride along K
-    weight: torch.Tensor,  # [N, K] (nn.Linear), unit stride along K
+    weight: torch.Tensor,  # [N, K] (nn.Linear; [N, 2K] with cross), unit stride along K
     bias: torch.Tensor | None = None,  # [N]
     *,
     silu: bool = False,
     group_bias: torch.Tensor | None = None,  # [M / rows_per_group, N]
     rows_per_group: int = 1,
+    norm_eps: float | None = None,  # RMS-normalise x's rows first (fold the norm's gain into weight: fold_norm_gain)
+    cross: torch.Tensor | None = None,  # [b, K] anchor state t: the GEMM runs over concat[x, x * t]
+    residual: torch.Tensor | None = None,  # [M, N]: add the result into it (in place) and return it
+    nodes: Nodes | None = None,  # the result is the lattice node sum with this GEMM as its feature term
     config: str | LaunchConfig | None = None,  # a CONFIGS key or a LaunchConfig; None: select_config(M, dtype, K)
     pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py; sm_90+)
     name: str = "linear_act_triton",
 ) -> torch.Tensor:
     """-> act(x @ weight.T + bias + group_bias[row // rows_per_group]) [M, N] in x's dtype (act: SiLU
-    with silu, else identity), fp32 accumulation and epilogue, one launch."""
-    _check(name, x, weight, bias, group_bias, rows_per_group)
+    with silu, else identity), fp32 accumulation and epilogue, one launch; the options as in
+    linear_act_reference (the pre-norm of the next GEMM, the residual add, the node sum: the lattice
+    layer's launches without their norm kernels)."""
+    _check(name, x, weight, bias, group_bias, rows_per_group, cross)
+    _check_epilogue(name, x, weight, cross, residual, nodes)
     check_pdl(pdl, x, name)
     if isinstance(config, str) and config not in CONFIGS:
         raise ValueError(f"{name}: config {config!r} unknown; use one of {sorted(CONFIGS)}")
     (m, k), n = x.shape, weight.shape[0]
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    out = residual if residual is not None else torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m and n:
         c = config if isinstance(config, LaunchConfig) else CONFIGS[config or select_config(m, x.dtype, k)]
         common = dict(
@@ -284,15 +390,33 @@ def linear_act_triton(
             BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m, PDL=pdl, launch_pdl=pdl,
             num_stages=c.num_stages, num_warps=c.num_warps,
         )
+        extras = norm_eps is not None or cross is not None or residual is not None or nodes is not None
+        if c.tma and extras:
+            raise ValueError(f"{name}: config {c} (TMA) has no norm / cross / residual / node epilogue; pass a non-TMA config")
         if c.tma:
             _launch_tma(name, x, weight, out, common)
         else:
+            ids, table, pass_proj, node_const = (
+                (nodes.ids.contiguous(), nodes.table, nodes.pass_proj.contiguous(), nodes.node_const.contiguous()) if nodes else (out,) * 4
+            )
             _linear_act_kernel[(triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n),)](
-                x_ptr=x, w_ptr=weight, out_ptr=out, M=m, N=n, K=k,
-                stride_xm=x.stride(0), stride_wn=weight.stride(0), stride_om=out.stride(0),
+                x_ptr=x, w_ptr=weight, out_ptr=out, t_ptr=x if cross is None else cross,
+                ids_ptr=ids, table_ptr=table, pass_ptr=pass_proj, const_ptr=node_const,
+                M=m, N=n, K=k, stride_xm=x.stride(0), stride_wn=weight.stride(0), stride_om=out.stride(0),
+                rows_per_req=1 if cross is None else m // cross.shape[0],
+                n_slots=nodes.ids.shape[1] if nodes else 1, n_cand=nodes.ids.shape[2] if nodes else 1,
+                eps=0.0 if norm_eps is None else float(norm_eps),
+                NORM=norm_eps is not None, CROSS=cross is not None, RESIDUAL=residual is not None, NODES=nodes is not None,
                 EVEN_K=k % c.block_k == 0, IEEE_F32=x.dtype == torch.float32 or not x.is_cuda, **common,
             )
     return out
+
+
+def fold_norm_gain(weight: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] (or [N, 2K] for a cross GEMM) with an RMSNorm's gain g [K] folded in along K
+    (computed in fp32, rounded once): RMSNorm(x) @ weight.T = rstd(x) * (x @ fold_norm_gain(weight, g).T)."""
+    g = norm_weight.float().repeat(weight.shape[1] // norm_weight.shape[0])
+    return (weight.float() * g).to(weight.dtype).contiguous()
 
 
 def linear_silu_triton(

@@ -64,25 +64,32 @@ def _confidence_up_kernel(
 
 
 @triton.jit
+def node_sum(feat, rows, live, cols, mask, ids_ptr, table_ptr, pass_ptr, const_ptr, n_slots, n_cand, H):
+    """feat [R, C] fp32 (the feature MLP's down projection, rounded as F.linear returns it) at node rows
+    (request * S + slot) * K + k (live: [R] rows < n_rows), columns cols -> the node [R, C] fp32 =
+    token_table[id] + pass_proj[slot] + feat + node_const[slot, k], summed in fp32 (rounded once by the caller)."""
+    grp = rows // n_cand
+    tok = tl.load(ids_ptr + rows, mask=live, other=0)
+    x = tl.load(table_ptr + tok[:, None] * H + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x += tl.load(pass_ptr + grp[:, None] * H + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x += feat
+    const_row = (grp % n_slots) * n_cand + rows % n_cand
+    return x + tl.load(const_ptr + const_row[:, None] * H + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _lattice_nodes_kernel(
     ids_ptr, table_ptr, pass_ptr, feat_ptr, const_ptr, norm_w_ptr, x_ptr, xn_ptr,
     n_rows, S, K, H, eps,
     ROWS: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
 ):
     grid_dependency_wait(PDL)
-    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # node rows = (request * S + slot) * K + k
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     rv = r < n_rows
-    k = r % K
-    grp = r // K
-    s = grp % S
-    tok = tl.load(ids_ptr + r, mask=rv, other=0)
     cols = tl.arange(0, BLOCK_H)
     m = rv[:, None] & (cols < H)[None, :]
-    x = tl.load(table_ptr + tok[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
-    x += tl.load(pass_ptr + grp[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
-    x += tl.load(feat_ptr + r[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
-    x += tl.load(const_ptr + (s * K + k)[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
-    x = x.to(x_ptr.dtype.element_ty)
+    feat = tl.load(feat_ptr + r[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    x = node_sum(feat, r, rv, cols, m, ids_ptr, table_ptr, pass_ptr, const_ptr, S, K, H).to(x_ptr.dtype.element_ty)
     tl.store(x_ptr + r[:, None] * H + cols[None, :], x, mask=m)
     xf = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, 1) / H + eps)

@@ -43,6 +43,7 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from .ffn_silu import gemm_tile
+from .head_nodes import node_sum
 from .head_norm import add_rmsnorm_triton, norm_store
 
 
@@ -103,7 +104,7 @@ def _linear_add_rmsnorm_kernel(
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = gemm_tile(a_ptr, w_ptr, rm, rn, M, N, K, stride_am, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE_F32)
+    acc = gemm_tile(a_ptr, w_ptr, rm, rn, M, N, K, stride_am, stride_wn, a_ptr, 1, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE_F32, False, False)[0]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     dtype = x_ptr.dtype.element_ty
@@ -112,14 +113,7 @@ def _linear_add_rmsnorm_kernel(
     at = rows[:, None] * N + rn[None, :]
     y = acc.to(dtype).to(tl.float32)  # the branch output, rounded as F.linear returns it
     if NODES:  # node = token_table[id] + pass_proj[slot] + feature down + node_const[slot, rank]
-        grp = rows // n_cand
-        tok = tl.load(ids_ptr + rows, mask=live, other=0)
-        const_row = (grp % n_slots) * n_cand + rows % n_cand
-        s = tl.load(table_ptr + tok[:, None] * N + rn[None, :], mask=m, other=0.0).to(tl.float32)
-        s += tl.load(pass_ptr + grp[:, None] * N + rn[None, :], mask=m, other=0.0).to(tl.float32)
-        s += y
-        s += tl.load(const_ptr + const_row[:, None] * N + rn[None, :], mask=m, other=0.0).to(tl.float32)
-        s = s.to(dtype)
+        s = node_sum(y, rows, live, rn, m, ids_ptr, table_ptr, pass_ptr, const_ptr, n_slots, n_cand, N).to(dtype)
     else:
         s = (tl.load(x_ptr + at, mask=m, other=0.0).to(tl.float32) + y).to(dtype)
     sf = tl.where(m, s.to(tl.float32), 0.0)  # wrapped rows / columns of the GEMM tile count nothing

@@ -31,6 +31,11 @@ early under PDL where cuBLAS kernels cannot. True / False force them; None (the 
 measured tables below, per head width, number of lattice rows of the call and GEMM shape.
 `norm_epilogue` forces those GEMM + norm epilogues (nodes, residual adds) on or off (None:
 kernels/linear_norm.py's measured table decides per shape).
+`fold_norms` (version 16) runs each lattice layer as its five Triton GEMMs and the attention, nothing
+between: each RMSNorm inside the GEMM that reads its output (rstd from the GEMM's own input rows, the
+gain folded into a copy of its weight: w_*_folded), the residual adds and the node sum in the epilogues
+of the GEMMs before them, and the output norm + concat[h, h*t] inside the factor GEMM
+(kernels/ffn_silu.py). True / False force it; None takes FOLD_NORMS_MAX_ROWS (where PDL is on).
 `fused_stages` cuts the fused path into projections / nodes / lattice / factors (with the walk) for
 per-stage timing (benchmarks/head_bench.py).
 Everything is static-shaped with no host syncs, so `select` can be captured in a CUDA graph.
@@ -55,6 +60,10 @@ TRITON_GEMM_MAX_ROWS = {256: 512, 1024: 128}  # ... the Triton GEMMs beat cuBLAS
 # and 1024 -> 2048 5.4 vs 5.75; cuBLAS keeps the QKV (6.35 vs 6.81) and the K = 2048 GEMMs (6.87 vs 6.98, skinny_wide_k).
 TRITON_GEMM_MAX_SHAPE = {1024: (1024, 2048)}
 TRITON_GEMM_ROWS_CAP = 512  # triton_gemms=True: GEMMs up to this many rows (the small-M launch configs)
+# head width -> the most lattice rows at which the lattice's RMSNorms run folded into its Triton GEMMs (the norm's
+# rstd from the GEMM's own A tiles, its gain in the weight, the residual adds and the node sum in epilogues: five
+# norm launches and the node kernel fewer); others: never. Version 16 (PERF_NOTES.md).
+FOLD_NORMS_MAX_ROWS = {256: 512, 1024: 128}
 
 
 def _norm_eps(norm: torch.nn.RMSNorm) -> float:
@@ -104,6 +113,7 @@ class FastLiLiCorrSelect:
         norm_epilogue: bool | None = None,  # node sum / residual add + RMSNorm in GEMM epilogues; None: where measured faster
         pdl: bool | None = None,  # programmatic dependent launch (fused, CUDA sm_90+); None: PDL_MAX_ROWS where supported
         triton_gemms: bool | None = None,  # small-M GEMMs in Triton (fused); None: TRITON_GEMM_MAX_ROWS with PDL
+        fold_norms: bool | None = None,  # the lattice's RMSNorms inside the Triton GEMMs (fused); None: FOLD_NORMS_MAX_ROWS
     ) -> None:
         if (embed_weight is None) == (token_table is None):
             raise ValueError("FastLiLiCorrSelect: pass exactly one of embed_weight=[V, Hm] or token_table=[V, H].")
@@ -135,7 +145,13 @@ class FastLiLiCorrSelect:
             )
         if triton_gemms and not self.fused:
             raise ValueError("FastLiLiCorrSelect(triton_gemms=True) needs the fused path (fused=True)")
-        self.pdl, self.triton_gemms = pdl, triton_gemms
+        if fold_norms and (not self.fused or norm_epilogue or triton_gemms is False):
+            raise ValueError(
+                f"FastLiLiCorrSelect(fold_norms=True) runs every lattice GEMM as a Triton GEMM with the norms folded in: "
+                f"it needs fused=True and excludes norm_epilogue=True / triton_gemms=False, got fused={self.fused}, "
+                f"norm_epilogue={norm_epilogue}, triton_gemms={triton_gemms}"
+            )
+        self.pdl, self.triton_gemms, self.fold_norms = pdl, triton_gemms, fold_norms
         # int32 zeros for the last-program counters (kernels/linear_norm.py's row tiles, the cosine kernel's
         # walk per request; this stream only, each kernel leaves them zero), sized up front so that a
         # CUDA-graph capture never reallocates them (4096 tiles of >= 16 rows: 65536 lattice rows, bs 546)
@@ -182,6 +198,13 @@ class FastLiLiCorrSelect:
         # the RMSNorm that follows each residual add: layer i's mlp_norm, then layer i+1's attn_norm / output_norm
         self._after_attn = [layer.mlp_norm for layer in layers]
         self._after_mlp = [layers[i + 1].attn_norm for i in range(len(layers) - 1)] + [head.output_norm]
+        if self.fused:  # fold_norms: each pre-norm's gain folded into the GEMM that reads it
+            from .kernels.ffn_silu import fold_norm_gain
+
+            with torch.no_grad():
+                self.w_qkv_folded = [fold_norm_gain(layer.attn.in_proj_weight, layer.attn_norm.weight) for layer in layers]
+                self.w_up_folded = [fold_norm_gain(layer.mlp.up_proj.weight, layer.mlp_norm.weight) for layer in layers]
+                self.w_factor_folded = fold_norm_gain(self.w_factor, head.output_norm.weight)
 
     # --- inputs ------------------------------------------------------------------------------
 
@@ -287,20 +310,31 @@ class FastLiLiCorrSelect:
         join_pass = (lambda: side.join(pass_ready, pass_proj)) if side is not None else None
         join_anchor = (lambda: side.join(anchor_ready, t, anchor)) if side is not None else None
         lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj, join_pass)
-        cat = self._layers_fused(x, xn, b, t, join_anchor)
-        start, pair, draft = self._factors_fused(cat, anchor, b, s, ids if walk else None)
+        if xn is None:  # folded norms: the layers update x, the factor GEMM normalises it and takes t (join there)
+            x = self._layers_fused(x, xn, b, t)
+            start, pair, draft = self._factors_fused(x, anchor, b, s, ids if walk else None, t, join_anchor)
+        else:
+            cat = self._layers_fused(x, xn, b, t, join_anchor)
+            start, pair, draft = self._factors_fused(cat, anchor, b, s, ids if walk else None)
         return start, pair, lp.view(b, s, k), draft
 
     def _nodes_fused(self, vals, ids, lse, pass_proj, join_pass=None):
-        """-> log-probs fp32 [b*S, K], residual stream x [b*L, H], first attention input [b*L, H]."""
+        """-> log-probs fp32 [b*S, K], residual stream x [b*L, H], first attention input [b*L, H]
+        (None where the norms fold into the GEMMs: _folds_norms)."""
+        from .kernels.ffn_silu import Nodes, linear_act_triton
         from .kernels.head_nodes import confidence_up_triton, lattice_nodes_triton
         from .kernels.linear_norm import lattice_nodes_linear_triton
 
         b, s, k = vals.shape
+        pdl = self._pdl_at(b * s * k)
         lp, up = confidence_up_triton(
-            vals.reshape(b * s, k).float(), lse.reshape(b * s).float(), self.w_feat, self.b_feat, self.feat_ln_eps, self.dtype,
-            pdl=self._pdl_at(b * s * k),
+            vals.reshape(b * s, k).float(), lse.reshape(b * s).float(), self.w_feat, self.b_feat, self.feat_ln_eps, self.dtype, pdl=pdl,
         )
+        if self._folds_norms(b * s * k):  # the node sum in the down GEMM's epilogue; QKV normalises
+            if join_pass is not None:
+                join_pass()
+            nodes = Nodes(ids, self.token_table, pass_proj, self.node_const)
+            return lp, linear_act_triton(up, self.w_down, nodes=nodes, pdl=pdl and join_pass is None), None
         norm = self.head.layers[0].attn_norm
         counters = self._norm_counters(up.shape[0], self.width)
         if counters is not None:  # the down GEMM with the node sum + norm in its epilogue
@@ -320,13 +354,25 @@ class FastLiLiCorrSelect:
         return lp, x, xn
 
     def _layers_fused(self, x, xn, b, t, join_anchor=None):
-        """Lattice transformer on x [b*L, H] (updated in place) -> concat[h, h*t] [b*L, 2H]."""
-        from .kernels.ffn_silu import linear_silu_triton, prefer_triton
+        """Lattice transformer on x [b*L, H] (updated in place) -> concat[h, h*t] [b*L, 2H]; with xn None
+        (folded norms) -> x, each norm inside the GEMM that reads it, each residual add in the GEMM before."""
+        from .kernels.ffn_silu import linear_act_triton, linear_silu_triton, prefer_triton
         from .kernels.lattice_attention import lattice_attention_triton
 
         n, pdl = x.shape[0] // b, self._pdl_at(x.shape[0])
         bias = self.attn_bias[..., :n, :n]  # [1, heads, n, n], 16-aligned rows: taken as is
         layers = self.head.layers
+        if xn is None:
+            for i, layer in enumerate(layers):
+                attn, mlp = layer.attn, layer.mlp
+                qkv = linear_act_triton(x, self.w_qkv_folded[i], attn.in_proj_bias, norm_eps=_norm_eps(layer.attn_norm), pdl=pdl)
+                attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=pdl)
+                linear_act_triton(attended, attn.out_proj.weight, attn.out_proj.bias, residual=x, pdl=pdl)
+                hidden = linear_act_triton(
+                    x, self.w_up_folded[i], mlp.up_proj.bias, silu=True, norm_eps=_norm_eps(layer.mlp_norm), pdl=pdl
+                )
+                linear_act_triton(hidden, mlp.down_proj.weight, mlp.down_proj.bias, residual=x, pdl=pdl)
+            return x
         for i, layer in enumerate(layers):
             attn = layer.attn
             qkv = self._linear(xn, attn.in_proj_weight, attn.in_proj_bias)  # [b*n, 3H]
@@ -378,15 +424,24 @@ class FastLiLiCorrSelect:
             self._row_counters = torch.zeros(need, dtype=torch.int32, device=self.device)
         return self._row_counters
 
-    def _factors_fused(self, cat, anchor, b, s, ids=None):
+    def _factors_fused(self, cat, anchor, b, s, ids=None, t=None, join_anchor=None):
         """concat[h, h*t] [b*L, 2H], anchor [b, D+H] -> (start fp32 [b, K], pair fp32 [b, S-1, K, K],
-        draft ids [b, S] walked in the cosine kernel if candidate `ids` [b, S, K] are given, else None)."""
+        draft ids [b, S] walked in the cosine kernel if candidate `ids` [b, S, K] are given, else None).
+        With the anchor state t [b, H] (folded norms), `cat` is the residual stream x [b*L, H]: the factor
+        GEMM normalises it and forms concat[h, h*t] itself, after `join_anchor` (the side stream's t)."""
         from .kernels.ffn_silu import linear_act_triton
         from .kernels.head_norm import row_bias_silu_triton
         from .kernels.head_scores import lattice_cosine_triton, lattice_cosine_walk_triton
 
         d, k, pdl = self.factor_dim, self.topk, self._pdl_at(cat.shape[0])
-        if self._gemm_in_triton(cat.shape[0], self.w_factor, absorbs_launch=True):  # the per-request bias + SiLU in its epilogue
+        if t is not None:
+            if join_anchor is not None:
+                join_anchor()
+            fused = linear_act_triton(
+                cat, self.w_factor_folded, silu=True, group_bias=anchor[:, d:], rows_per_group=s * k,
+                norm_eps=_norm_eps(self.head.output_norm), cross=t, pdl=pdl and join_anchor is None,
+            )
+        elif self._gemm_in_triton(cat.shape[0], self.w_factor, absorbs_launch=True):  # the per-request bias + SiLU in its epilogue
             fused = linear_act_triton(cat, self.w_factor, silu=True, group_bias=anchor[:, d:], rows_per_group=s * k, pdl=pdl)
         else:
             fused = row_bias_silu_triton(F.linear(cat, self.w_factor), anchor[:, d:], rows_per_group=s * k, pdl=pdl)  # [b*L, H]
@@ -395,6 +450,13 @@ class FastLiLiCorrSelect:
             return (*lattice_cosine_triton(edges, anchor[:, :d], self.sigma, self.vector_eps, pdl=pdl), None)
         counters = self._counters(b)
         return lattice_cosine_walk_triton(edges, anchor[:, :d], self.sigma, self.vector_eps, ids, counters, pdl=pdl)
+
+    def _folds_norms(self, rows: int) -> bool:
+        """Whether a call with `rows` lattice rows folds the lattice's norms into its Triton GEMMs (see fold_norms)."""
+        if self.fold_norms is not None:
+            return self.fold_norms
+        return (self.fused and not self.norm_epilogue and self.triton_gemms is not False and self._pdl_at(rows)
+                and rows <= FOLD_NORMS_MAX_ROWS.get(self.width, 0))
 
     def _pdl_at(self, rows: int) -> bool:
         """Whether a call with `rows` lattice rows launches its Triton kernels with PDL (see pdl)."""
@@ -433,11 +495,12 @@ class FastLiLiCorrSelect:
             pass_proj, (t, anchor) = self._pass_projection(pass_hidden), self._anchor_projection(anchor_hidden)
             lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj)
             cat = self._layers_fused(x.clone(), xn, b, t)
+        t_factor = t if xn is None else None  # folded norms: the factor GEMM takes x and t
         stages = {
             "projections": lambda: (self._pass_projection(pass_hidden), self._anchor_projection(anchor_hidden)),
             "nodes": lambda: self._nodes_fused(vals, ids, lse, pass_proj),
             "lattice": lambda: self._layers_fused(x, xn, b, t),
-            "factors": lambda: self._factors_fused(cat, anchor, b, s, ids),  # with the walk, as served
+            "factors": lambda: self._factors_fused(cat, anchor, b, s, ids, t_factor),  # with the walk, as served
         }
         return {name: torch.no_grad()(fn) for name, fn in stages.items()}
 

@@ -82,23 +82,35 @@ def assert_select_matches(fast, head, hidden, anchor, lm_head, atol, min_clear=1
 
 
 @pytest.mark.parametrize(
-    "fused, norm_epilogue, triton_gemms",
+    "fused, norm_epilogue, triton_gemms, fold_norms",
     [
-        (False, None, None),
-        pytest.param(True, False, None, marks=needs_interpreter),
-        pytest.param(True, True, None, marks=needs_interpreter),
-        pytest.param(True, False, True, marks=needs_interpreter),  # every GEMM a Triton GEMM with its epilogue
+        (False, None, None, None),
+        pytest.param(True, False, None, None, marks=needs_interpreter),
+        pytest.param(True, True, None, None, marks=needs_interpreter),
+        pytest.param(True, False, True, False, marks=needs_interpreter),  # every GEMM a Triton GEMM with its epilogue
+        pytest.param(True, None, None, True, marks=needs_interpreter),  # ... and the norms folded into them
     ],
 )
 @pytest.mark.parametrize("slots", [SMALL.num_slots, 2])
-def test_select_fp32_equals_reference(seed, monkeypatch, fused, norm_epilogue, triton_gemms, slots):
+def test_select_fp32_equals_reference(seed, monkeypatch, fused, norm_epilogue, triton_gemms, fold_norms, slots):
     if not fused:  # the PyTorch path end to end (top-K and walk references too)
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     head = make_head(SMALL, HM, seed)
     hidden, anchor, lm_head, embed = make_inputs(4, slots, HM, VOCAB, seed)
-    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=fused, norm_epilogue=norm_epilogue, triton_gemms=triton_gemms)
+    fast = FastLiLiCorrSelect(
+        head, embed_weight=embed, fused=fused, norm_epilogue=norm_epilogue, triton_gemms=triton_gemms, fold_norms=fold_norms
+    )
     assert fast.fused == fused and not fast._pdl_at(1) and fast._gemm_in_triton(1, fast.w_pass) == bool(triton_gemms)
+    assert fast._folds_norms(1) == bool(fold_norms)  # off the tables without PDL
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-4)
+
+
+def test_fold_norms_conflicts_are_named(seed):
+    head = make_head(SMALL, HM, seed)
+    embed = make_inputs(1, 2, HM, VOCAB, seed)[3]
+    for kw in (dict(fused=False), dict(norm_epilogue=True), dict(triton_gemms=False)):
+        with pytest.raises(ValueError, match=r"fold_norms=True\) runs every lattice GEMM as a Triton GEMM"):
+            FastLiLiCorrSelect(head, embed_weight=embed, fold_norms=True, **kw)
 
 
 @needs_interpreter
@@ -128,10 +140,11 @@ def test_select_bf16_within_tolerance(seed):
 
 
 @needs_interpreter
-def test_fused_stages_compose_to_the_scores(seed):
+@pytest.mark.parametrize("fold_norms", [None, True])
+def test_fused_stages_compose_to_the_scores(seed, fold_norms):
     head = make_head(SMALL, HM, seed)
     hidden, anchor, lm_head, embed = make_inputs(3, SMALL.num_slots, HM, VOCAB, seed)
-    fast = FastLiLiCorrSelect(head, embed_weight=embed)
+    fast = FastLiLiCorrSelect(head, embed_weight=embed, fold_norms=fold_norms)
     vals, ids, lse = fast.candidates(hidden, lm_head)
     start, pair, lp = fast.lattice_scores(vals, ids, lse, hidden, anchor)
     stages = fast.fused_stages(vals, ids, lse, hidden, anchor)
@@ -141,7 +154,8 @@ def test_fused_stages_compose_to_the_scores(seed):
     assert torch.equal(stages["nodes"]()[0], lp.flatten(0, 1))
     assert torch.equal(draft, fast.walk(start, pair, ids))
     assert torch.equal(draft, fast.select_from_candidates(vals, ids, lse, hidden, anchor)[0])
-    assert stages["lattice"]().shape == (3 * SMALL.num_slots * SMALL.candidate_topk, 2 * head.width)
+    factor_input = 1 if fold_norms else 2  # folded: the residual stream, normalised by the factor GEMM
+    assert stages["lattice"]().shape == (3 * SMALL.num_slots * SMALL.candidate_topk, factor_input * head.width)
     with pytest.raises(ValueError, match="fused=True"):
         FastLiLiCorrSelect(head, embed_weight=embed, fused=False).fused_stages(vals, ids, lse, hidden, anchor)
 
@@ -441,18 +455,20 @@ def _replay_equals_eager(fast, *inputs):
         assert torch.equal(e, c)
 
 
-GPU_PATHS = [  # overlap, norm_epilogue, pdl (the default on sm_90), triton_gemms
-    (False, None, False, False), (True, None, False, False), (False, True, False, False), (True, False, False, False),
-    (False, None, True, False), (True, None, True, False), (True, None, True, True),
+GPU_PATHS = [  # overlap, norm_epilogue, pdl (the default on sm_90), triton_gemms, fold_norms
+    (False, None, False, False, None), (True, None, False, False, None), (False, True, False, False, None),
+    (True, False, False, False, None), (False, None, True, False, None), (True, None, True, False, None),
+    (True, None, True, True, False), (True, None, True, None, True), (False, None, False, None, True),
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 def test_gpu_paper_config_bs1_served_tables_fp32(monkeypatch):
-    """bs 1 (120 lattice rows) with the served defaults: on sm_90, PDL and the bs-1 Triton GEMMs of the
-    shape table, the factor GEMM with its bias + SiLU epilogue; fp32 (TF32 off): the draft tokens are
-    the greedy walk of the kernel's own scores, which match the reference's; graph replay == eager."""
+    """bs 1 (120 lattice rows) with the served defaults: on sm_90, PDL, the lattice norms folded into
+    Triton GEMMs (the factor GEMM with its norm, h*t, bias + SiLU), the out|in GEMM by the shape table;
+    fp32 (TF32 off): the draft tokens are the greedy walk of the kernel's own scores, which match the
+    reference's; graph replay == eager."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     cfg, hm, vocab = LiLiCorrConfig(), 4096, 32000
@@ -461,8 +477,8 @@ def test_gpu_paper_config_bs1_served_tables_fp32(monkeypatch):
     lm_head *= 0.1
     fast = FastLiLiCorrSelect(head, embed_weight=embed)
     rows = cfg.num_slots * cfg.candidate_topk
-    if fast._can_pdl:  # the tables this test is about
-        assert fast._gemm_in_triton(rows, fast.w_edge) and fast._gemm_in_triton(rows, fast.w_factor, absorbs_launch=True)
+    if fast._can_pdl:  # the tables this test is about: the norms folded into Triton GEMMs, the rest by shape
+        assert fast._folds_norms(rows) and fast._gemm_in_triton(rows, fast.w_edge)
         assert not fast._gemm_in_triton(rows, head.layers[0].attn.in_proj_weight)
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-3, min_clear=0)
     _replay_equals_eager(fast, hidden, anchor, lm_head)
@@ -470,8 +486,8 @@ def test_gpu_paper_config_bs1_served_tables_fp32(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("overlap, norm_epilogue, pdl, triton_gemms", GPU_PATHS)
-def test_gpu_paper_config_fp32_equals_reference(overlap, norm_epilogue, pdl, triton_gemms, monkeypatch):
+@pytest.mark.parametrize("overlap, norm_epilogue, pdl, triton_gemms, fold_norms", GPU_PATHS)
+def test_gpu_paper_config_fp32_equals_reference(overlap, norm_epilogue, pdl, triton_gemms, fold_norms, monkeypatch):
     """fp32 on CUDA (TF32 off): scores agree to ~1e-4, so nearly every request is clear of
     near-ties and the draft tokens must equal the reference's."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
@@ -481,7 +497,8 @@ def test_gpu_paper_config_fp32_equals_reference(overlap, norm_epilogue, pdl, tri
     hidden, anchor, lm_head, embed = make_inputs(b, cfg.num_slots, hm, vocab, 0, device="cuda")
     lm_head *= 0.1
     fast = FastLiLiCorrSelect(
-        head, embed_weight=embed, fused=True, overlap=overlap, norm_epilogue=norm_epilogue, pdl=pdl, triton_gemms=triton_gemms
+        head, embed_weight=embed, fused=True, overlap=overlap, norm_epilogue=norm_epilogue, pdl=pdl, triton_gemms=triton_gemms,
+        fold_norms=fold_norms,
     )
     assert fast.pdl == pdl
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-3, min_clear=b // 2)
@@ -490,9 +507,9 @@ def test_gpu_paper_config_fp32_equals_reference(overlap, norm_epilogue, pdl, tri
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("overlap, norm_epilogue, pdl, triton_gemms", GPU_PATHS)
+@pytest.mark.parametrize("overlap, norm_epilogue, pdl, triton_gemms, fold_norms", GPU_PATHS)
 @pytest.mark.parametrize("width", [1024, 256])  # the paper head; the testbed's (rows in one 256-wide tile)
-def test_gpu_paper_config_bf16_graph_replay(overlap, norm_epilogue, pdl, triton_gemms, width):
+def test_gpu_paper_config_bf16_graph_replay(overlap, norm_epilogue, pdl, triton_gemms, fold_norms, width):
     """bf16 at paper scale: random weights near-tie almost every request, so the tokens are only
     checked where clear (none required); scores within tolerance; replay equals eager exactly."""
     cfg, hm, vocab, b = LiLiCorrConfig(hidden_size=width, factor_dim=width), 4096, 32000, 4
@@ -500,7 +517,8 @@ def test_gpu_paper_config_bf16_graph_replay(overlap, norm_epilogue, pdl, triton_
     hidden, anchor, lm_head, embed = make_inputs(b, cfg.num_slots, hm, vocab, 0, dtype=torch.bfloat16, device="cuda")
     lm_head *= 0.1
     fast = FastLiLiCorrSelect(
-        head, embed_weight=embed, fused=True, overlap=overlap, norm_epilogue=norm_epilogue, pdl=pdl, triton_gemms=triton_gemms
+        head, embed_weight=embed, fused=True, overlap=overlap, norm_epilogue=norm_epilogue, pdl=pdl, triton_gemms=triton_gemms,
+        fold_norms=fold_norms,
     )
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=0.25, min_clear=0)
     _replay_equals_eager(fast, hidden, anchor, lm_head)

@@ -19,7 +19,9 @@ from sglang_lilicorr.kernels.ffn_silu import (
     CONFIG_BY_ROWS,
     CONFIGS,
     LaunchConfig,
+    Nodes,
     bench_linear_silu,
+    fold_norm_gain,
     format_bench,
     linear_act_reference,
     linear_act_triton,
@@ -65,6 +67,70 @@ def test_linear_act_with_group_bias_matches_reference(gen, silu, config):
     ref = linear_act_reference(x, weight, bias, silu=silu, group_bias=group_bias, rows_per_group=10)
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(linear_act_triton(x, weight, config=config), F.linear(x, weight), atol=1e-4, rtol=1e-4)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("config", ["skinny", LaunchConfig(16, 16, 16, 8, 1, 4)])
+@pytest.mark.parametrize("k", [48, 40])  # BLOCK_K divides K / masked last K step (skinny: one partial step)
+def test_folded_norm_and_cross_match_rmsnorm_then_linear(gen, config, k):
+    """norm_eps with the gain folded into the weight (fold_norm_gain) equals the RMSNorm then the GEMM;
+    with cross, the GEMM over concat[RMSNorm(x), RMSNorm(x) * t] (3 requests of 10 rows)."""
+    x, g, t = torch.randn(30, k, generator=gen), 1 + 0.1 * torch.randn(k, generator=gen), torch.randn(3, k, generator=gen)
+    weight, bias = torch.randn(24, 2 * k, generator=gen) / k**0.5, torch.randn(24, generator=gen)
+    h = F.rms_norm(x, (k,), g, 1e-5)
+    plain = linear_act_triton(x, fold_norm_gain(weight[:, :k].contiguous(), g), bias, norm_eps=1e-5, config=config)
+    torch.testing.assert_close(plain, F.linear(h, weight[:, :k], bias), atol=1e-4, rtol=1e-4)
+    group_bias = torch.randn(3, 24, generator=gen)
+    crossed = linear_act_triton(x, fold_norm_gain(weight, g), silu=True, group_bias=group_bias, rows_per_group=10,
+                                norm_eps=1e-5, cross=t, config=config)
+    cat = torch.cat([h, h * t.repeat_interleave(10, 0)], dim=1)
+    ref = F.silu(F.linear(cat, weight) + group_bias.repeat_interleave(10, 0))
+    torch.testing.assert_close(crossed, ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        crossed, linear_act_reference(x, fold_norm_gain(weight, g), silu=True, group_bias=group_bias, rows_per_group=10, norm_eps=1e-5, cross=t),
+        atol=1e-4, rtol=1e-4,
+    )
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_residual_and_node_epilogues_match_reference(gen, dtype):
+    """residual: x += a @ W.T + b in place, rounded like F.linear then the add; nodes: the node sum of
+    kernels/head_nodes.py with the GEMM as its feature term (2 requests, 3 slots of 4 candidates)."""
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    a, weight, bias = (torch.randn(24, 40, generator=gen).to(dtype), (torch.randn(16, 40, generator=gen) / 7).to(dtype),
+                       torch.randn(16, generator=gen).to(dtype))
+    x = torch.randn(24, 16, generator=gen).to(dtype)
+    expect = linear_act_reference(a, weight, bias, residual=x.clone())
+    out = linear_act_triton(a, weight, bias, residual=x, config="skinny")
+    assert out.data_ptr() == x.data_ptr()
+    torch.testing.assert_close(x, expect, **tol)
+    nodes = Nodes(torch.randint(0, 50, (2, 3, 4), generator=gen), torch.randn(50, 16, generator=gen).to(dtype),
+                  torch.randn(2, 3, 16, generator=gen).to(dtype), torch.randn(5, 4, 16, generator=gen))
+    node = linear_act_triton(a, weight, nodes=nodes, config="skinny")
+    torch.testing.assert_close(node, linear_act_reference(a, weight, nodes=nodes), **tol)
+    feat = F.linear(a.float(), weight.float()).to(dtype).float().view(2, 3, 4, 16)
+    by_hand = nodes.table[nodes.ids].float() + nodes.pass_proj.float().unsqueeze(2) + feat + nodes.node_const[:3]
+    torch.testing.assert_close(node, by_hand.to(dtype).view(24, 16), **tol)
+
+
+def test_bad_epilogue_operands_raise():
+    dev = "cuda" if CUDA else "cpu"
+    x, weight = torch.zeros(30, 16, device=dev), torch.zeros(8, 16, device=dev)
+    with pytest.raises(ValueError, match=r"\[N, 2K\] with cross"):
+        linear_act_triton(x, weight, cross=torch.zeros(3, 16, device=dev))
+    with pytest.raises(ValueError, match=r"cross \(7, 16\)"):
+        linear_act_triton(x, torch.zeros(8, 32, device=dev), cross=torch.zeros(7, 16, device=dev))
+    with pytest.raises(ValueError, match=r"residual \(30, 7\)"):
+        linear_act_triton(x, weight, residual=torch.zeros(30, 7, device=dev))
+    nodes = Nodes(torch.zeros(2, 3, 4, dtype=torch.int64, device=dev), torch.zeros(50, 8, device=dev),
+                  torch.zeros(2, 3, 8, device=dev), torch.zeros(3, 4, 8, device=dev))
+    with pytest.raises(ValueError, match="do not match 30 rows of width 8"):
+        linear_act_triton(x, weight, nodes=nodes)
+    with pytest.raises(ValueError, match="residual and nodes are two different outputs"):
+        linear_act_triton(x[:24], weight, residual=torch.zeros(24, 8, device=dev), nodes=nodes)
+    with pytest.raises(ValueError, match=r"\(TMA\) has no norm"):
+        linear_act_triton(x, weight, norm_eps=1e-5, config="tma_large")
 
 
 def test_bad_group_bias_raises():
@@ -173,9 +239,21 @@ for name, c in fs.CONFIGS.items():
                   aligned=(3, 4, 6, 7, 8), num_warps=c.num_warps, num_stages=c.num_stages)
         if "cp.async.bulk.tensor" not in r["ptx"]:
             sys.exit(f"{name} does not load by TMA")
-    else:
-        r = build(fs._linear_act_kernel, [t] * 5 + ["i32"] * 8 + ["constexpr"] * 10, dict(EVEN_K=True, IEEE_F32=name == "fp32", **tiles),
-                  aligned=(0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11), num_warps=c.num_warps, num_stages=c.num_stages)  # pointers, N, K, strides
+    else:  # pointers (x, w, b, group bias, out, t, ids, table, pass_proj, node_const), N, K, strides aligned
+        types = [t] * 6 + ["*i64", t, t, "*fp32"] + ["i32"] * 11 + ["fp32"] + ["constexpr"] * 14
+        aligned = tuple(range(10)) + (11, 12, 13, 14, 15)
+        plain = dict(NORM=False, CROSS=False, RESIDUAL=False, NODES=False)
+        r = build(fs._linear_act_kernel, types, dict(EVEN_K=True, IEEE_F32=name == "fp32", **plain, **tiles),
+                  aligned=aligned, num_warps=c.num_warps, num_stages=c.num_stages)
+        if name in small_m:  # the folded-norm lattice GEMMs (FastLiLiCorrSelect.fold_norms) at the rows they run at
+            cross = name not in fs.WIDE_K_CONFIG.values()  # the factor GEMM's K (the head width) stays below WIDE_K
+            for extra in (dict(NORM=True, CROSS=cross, RESIDUAL=False, NODES=False),  # QKV, FFN up; the factor GEMM
+                          dict(NORM=False, CROSS=False, RESIDUAL=True, NODES=False), dict(NORM=False, CROSS=False, RESIDUAL=False, NODES=True)):
+                f = build(fs._linear_act_kernel, types, dict(EVEN_K=True, IEEE_F32=name == "fp32", **extra, **tiles),
+                          aligned=aligned, num_warps=c.num_warps, num_stages=c.num_stages)
+                print(name, extra, "registers", f["registers"], "spill bytes", f["spills"])
+                if f["spills"] or "griddepcontrol.wait" not in f["ptx"]:
+                    sys.exit(f"{name} {extra} spills {f['spills']} bytes or does not wait on the previous grid")
     if "griddepcontrol.wait" not in r["ptx"]:
         sys.exit(f"{name} with PDL=True does not wait on the previous grid")
     print(name, c, "registers", r["registers"], "spill bytes", r["spills"], "smem", r["shared"])
