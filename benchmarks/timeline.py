@@ -1,9 +1,10 @@
 """Where the time of one served select goes: the kernel timeline of its CUDA-graph replay.
 
-  python3 -m sglang_lilicorr.benchmarks.timeline [--geometry paper] [--bs 1] [--reps 20] [--out timeline.json]
+  python3 -m sglang_lilicorr.benchmarks.timeline [--geometry paper] [--bs 1] [--reps 20] [--unfolded] [--out timeline.json]
 
 Builds the served select path (`FastLiLiCorrSelect` with its defaults, head_bench's trained-like
-weights), captures `select_from_logits` (post-logits: top-K/LSE + head + walk) in a CUDA graph, and
+weights; --unfolded: without the folded norms, fold_norms=False), captures `select_from_logits`
+(post-logits: top-K/LSE + head + walk) in a CUDA graph, and
 records `reps` replays with torch.profiler. Per kernel of the replay, in launch order: its stream,
 median start (us after the replay's first kernel starts), median duration, and median idle time on
 its stream before it (since that stream's previous kernel ended, or since the replay began). The
@@ -60,7 +61,7 @@ def timeline(replays: list[list[dict]]) -> dict:
     return {"kernels": rows, "wall_us": med(walls), "main_busy_us": med(busy), "main_idle_us": med(idle), "replays": len(replays)}
 
 
-def run(geometry: str, bs: int, reps: int) -> dict:
+def run(geometry: str, bs: int, reps: int, unfolded: bool = False) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from sglang_lilicorr.benchmarks.head_bench import GEOMETRIES, build_ours, make_inputs
@@ -72,7 +73,7 @@ def run(geometry: str, bs: int, reps: int) -> dict:
     g = torch.Generator().manual_seed(0)
     embed = (torch.randn(geo.V, geo.HM, generator=g) * 0.02).to(dev, dtype)
     lm_head = (torch.randn(geo.V, geo.HM, generator=g) / geo.HM**0.5).to(dev, dtype)
-    fast = FastLiLiCorrSelect(head, embed_weight=embed)
+    fast = FastLiLiCorrSelect(head, embed_weight=embed, **({"fold_norms": False} if unfolded else {}))
     hidden, anchor = make_inputs(geo, bs, dev, dtype)
     logits = F.linear(hidden.reshape(bs * geo.S, geo.HM), lm_head)
     graph, _ = capture(lambda: fast.select_from_logits(logits, hidden, anchor))
@@ -95,7 +96,7 @@ def run(geometry: str, bs: int, reps: int) -> dict:
         with open(path) as f:
             trace = json.load(f)
     res = timeline(replay_rows(trace, n_kernels))
-    return {"card": torch.cuda.get_device_name(), "geometry": geometry, "bs": bs, "kernels_per_replay": n_kernels, **res}
+    return {"card": torch.cuda.get_device_name(), "geometry": geometry, "bs": bs, "unfolded": unfolded, "kernels_per_replay": n_kernels, **res}
 
 
 def format_timeline(res: dict) -> str:
@@ -112,12 +113,13 @@ def main(argv=None) -> int:
     ap.add_argument("--geometry", choices=("paper", "testbed"), default="paper")
     ap.add_argument("--bs", type=int, default=1)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--unfolded", action="store_true", help="the served path without the folded norms (fold_norms=False)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "timeline.json"))
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("timeline needs a CUDA GPU")
         return 2
-    res = run(args.geometry, args.bs, args.reps)
+    res = run(args.geometry, args.bs, args.reps, args.unfolded)
     print(format_timeline(res))
     Path(args.out).write_text(json.dumps(res, indent=1))
     return 0

@@ -6,19 +6,22 @@ the factor projection + per-request bias + SiLU (F.linear then row_bias_silu), a
 F.linear with bias where a chain of launches with programmatic dependent launch (kernels/pdl.py)
 beats cuBLAS. At small M it also carries the lattice layer's norms and adds, so that each lattice
 GEMM is the layer's only launch around it (FastLiLiCorrSelect's fold_norms):
-  norm_eps   the pre-norm of the GEMM's input: each program sums the squares of its x rows as its K
-             loop streams them and scales its tile by rstd; the norm's gain is folded into the
-             weight (fold_norm_gain), since RMSNorm(x) @ W.T = rstd(x) * (x @ (W * g).T);
-  cross      the factor GEMM over concat[h, h * t] (t: the request's anchor state) without
-             materialising it: each K step also dots (x * t) with the weight's second half;
   residual   the residual add into the stream (in place);
-  nodes      the lattice node sum (kernels/head_nodes.node_sum) with this GEMM as the feature term.
+  nodes      the lattice node sum (kernels/head_nodes.node_sum) with this GEMM as the feature term;
+  sumsq_out  the output rows' sums of squares, one partial per SUMSQ_GROUP columns (in the epilogue,
+             where the rows are in registers anyway);
+  norm       the pre-norm of the GEMM's input: rstd per row from those partials scales the tile; the
+             norm's gain is folded into the weight (fold_norm_gain): RMSNorm(x) @ W.T = rstd * (x @ (W * g).T);
+  cross      also writes out * t (t: the request's anchor state), the factor GEMM's h * t up to the
+             output norm's rstd and gain, which that GEMM applies to concat[x, x * t].
+Nothing is added to the K loop: a register pass over its A tiles (sums of squares, x * t) made the
+bs-1 select's eleven GEMMs take 88.9 us of GPU time against 63 us for the ten before (PERF_NOTES.md, version 16).
 
   x          [M, K]   rows = b * L lattice nodes; any row stride, unit stride along K
   weight     [N, K]   nn.Linear layout (out x in); any row stride, unit stride along K
   bias       [N]      or None
   group_bias [G, N]   or None: row r also gets group_bias[r // rows_per_group] (unit column stride)
-  out        [M, N]   act(x @ weight.T + bias + group_bias), contiguous, in x's dtype; act = SiLU or
+  out        [M, N]   act(x @ weight.T + bias + group_bias), in x's dtype (new and contiguous, or given); act = SiLU or
                       identity; fp32 accumulation and epilogue, one rounding (PyTorch rounds after
                       the GEMM and again after each elementwise op); the residual / node sum after it
 
@@ -98,6 +101,7 @@ def _band(m: int) -> tuple:
     return next(row for row in CONFIG_BY_ROWS if row[0] is None or m <= row[0])
 
 
+SUMSQ_GROUP = tl.constexpr(16)  # columns per partial sum of squares (sumsq_out / norm); every BLOCK_N is a multiple
 WIDE_K = 2048  # from this K on, a band's config gives way to its WIDE_K_CONFIG (H100, version 15: K = 2048 at M = 120
 WIDE_K_CONFIG = {"skinny": "skinny_wide_k"}  # in chains of 16 with PDL, 6.98 us vs skinny's 7.31: h100_gemm_chain_v15)
 
@@ -145,21 +149,16 @@ def _epilogue(
 
 @triton.jit
 def gemm_tile(
-    x_ptr, w_ptr, rm, rn, M, N, K, stride_xm, stride_wn, t_ptr, rows_per_req,
+    x_ptr, w_ptr, rm, rn, M, N, K, stride_xm, stride_wn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE_F32: tl.constexpr,
-    SUMSQ: tl.constexpr, CROSS: tl.constexpr,
 ):
-    """x[rm] @ weight[rn, :K].T, and with CROSS + (x[rm] * t[rm // rows_per_req]) @ weight[rn, K:2K].T
-    (t [b, K]; x * t rounded to x's dtype) -> (acc [BLOCK_M, BLOCK_N] fp32, the fp32 sum of squares of
-    each x row [BLOCK_M] with SUMSQ (zeros without)), by pointer loads. Rows and columns past M, N are
-    wrapped (index mod M, N) so the K loop loads without masks; the caller masks its store."""
+    """x[rm] @ weight[rn].T -> acc [BLOCK_M, BLOCK_N] fp32, by pointer loads. Rows and columns past
+    M, N are wrapped (index mod M, N) so the K loop loads without masks; the caller masks its store."""
     rk = tl.arange(0, BLOCK_K)
     am, bn = (rm % M).to(tl.int64), (rn % N).to(tl.int64)
     a_ptrs = x_ptr + am[:, None] * stride_xm + rk[None, :]  # [BLOCK_M, BLOCK_K]
     b_ptrs = w_ptr + bn[None, :] * stride_wn + rk[:, None]  # [BLOCK_K, BLOCK_N] = weight tile transposed
-    t_ptrs = t_ptr + (am // rows_per_req)[:, None] * K + rk[None, :]  # CROSS: [BLOCK_M, BLOCK_K] of t
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    sumsq = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
             a = tl.load(a_ptrs)
@@ -168,59 +167,69 @@ def gemm_tile(
             left = K - k * BLOCK_K
             a = tl.load(a_ptrs, mask=rk[None, :] < left, other=0.0)
             b = tl.load(b_ptrs, mask=rk[:, None] < left, other=0.0)
-        if SUMSQ:
-            af = a.to(tl.float32)
-            sumsq += tl.sum(af * af, 1)
-        acc = _dot(a, b, acc, IEEE_F32)
-        if CROSS:
-            if EVEN_K:
-                t = tl.load(t_ptrs)
-                b2 = tl.load(b_ptrs + K)
-            else:
-                t = tl.load(t_ptrs, mask=rk[None, :] < left, other=0.0)
-                b2 = tl.load(b_ptrs + K, mask=rk[:, None] < left, other=0.0)
-            acc = _dot((a.to(tl.float32) * t.to(tl.float32)).to(a.dtype), b2, acc, IEEE_F32)
-            t_ptrs += BLOCK_K
+        if IEEE_F32:  # fp32 inputs, or 16-bit ones under the interpreter: exact fp32 FMAs
+            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
-    return acc, sumsq
+    return acc
 
 
 @triton.jit
-def _dot(a, b, acc, IEEE_F32: tl.constexpr):
-    if IEEE_F32:  # fp32 inputs, or 16-bit ones under the interpreter: exact fp32 FMAs
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    return tl.dot(a, b, acc)
+def _row_rstd(ss_ptr, rm, M, n_parts, eps, NORM_WIDTH, PARTS: tl.constexpr):
+    """[BLOCK_M] 1 / sqrt(mean(x^2) + eps) of rows rm from their partial sums of squares ss [M, n_parts]
+    (one per SUMSQ_GROUP columns), summed in a fixed order."""
+    parts = tl.arange(0, PARTS)
+    at = ss_ptr + (rm % M).to(tl.int64)[:, None] * n_parts + parts[None, :]
+    sumsq = tl.sum(tl.load(at, mask=(parts < n_parts)[None, :], other=0.0), 1)
+    return 1.0 / tl.sqrt(sumsq / NORM_WIDTH + eps)
+
+
+@triton.jit
+def _store_sumsq(v, rm, pid_n, live, M, n_parts, ss_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """v [BLOCK_M, BLOCK_N] fp32 (zero outside the output) -> its rows' sums of squares per group of
+    SUMSQ_GROUP columns, stored at ss[rm, pid_n * BLOCK_N / SUMSQ_GROUP + j]."""
+    GROUPS: tl.constexpr = BLOCK_N // SUMSQ_GROUP
+    part = tl.sum(tl.reshape(v * v, [BLOCK_M, GROUPS, SUMSQ_GROUP]), 2)  # [BLOCK_M, GROUPS]
+    cols = pid_n * GROUPS + tl.arange(0, GROUPS)
+    at = ss_ptr + rm.to(tl.int64)[:, None] * n_parts + cols[None, :]
+    tl.store(at, part, mask=live[:, None] & (cols < n_parts)[None, :])
 
 
 @triton.jit
 def _linear_act_kernel(
-    x_ptr, w_ptr, b_ptr, gb_ptr, out_ptr, t_ptr, ids_ptr, table_ptr, pass_ptr, const_ptr,
-    M, N, K, stride_xm, stride_wn, stride_om, gb_stride, rows_per_group, rows_per_req, n_slots, n_cand, eps,
-    HAS_BIAS: tl.constexpr, GROUP_BIAS: tl.constexpr, SILU: tl.constexpr, NORM: tl.constexpr, CROSS: tl.constexpr,
-    RESIDUAL: tl.constexpr, NODES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, IEEE_F32: tl.constexpr, PDL: tl.constexpr,
+    x_ptr, w_ptr, b_ptr, gb_ptr, out_ptr, ss_in_ptr, ss_out_ptr, t_ptr, xt_ptr, ids_ptr, table_ptr, pass_ptr, const_ptr,
+    M, N, K, stride_xm, stride_wn, stride_om, gb_stride, rows_per_group, rows_per_req, n_slots, n_cand,
+    n_parts_in, norm_width, eps,
+    HAS_BIAS: tl.constexpr, GROUP_BIAS: tl.constexpr, SILU: tl.constexpr, NORM: tl.constexpr, PARTS_IN: tl.constexpr,
+    RESIDUAL: tl.constexpr, NODES: tl.constexpr, SUMSQ_OUT: tl.constexpr, CROSS_OUT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr, IEEE_F32: tl.constexpr, PDL: tl.constexpr,
 ):
     grid_dependency_wait(PDL)
     pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc, sumsq = gemm_tile(
-        x_ptr, w_ptr, rm, rn, M, N, K, stride_xm, stride_wn, t_ptr, rows_per_req,
-        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE_F32, NORM, CROSS,
-    )
-    if NORM:  # RMSNorm(x) @ W.T = rstd * (x @ (W * g).T): the norm's gain g is folded into the weight
-        acc = acc * (1.0 / tl.sqrt(sumsq / K + eps))[:, None]
+    acc = gemm_tile(x_ptr, w_ptr, rm, rn, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE_F32)
+    if NORM:  # RMSNorm(x) @ W.T = rstd * (x @ (W * g).T): the gain g folded into the weight
+        acc = acc * _row_rstd(ss_in_ptr, rm, M, n_parts_in, eps, norm_width, PARTS_IN)[:, None]
     y = _epilogue(acc, rm, rn, M, N, b_ptr, gb_ptr, gb_stride, rows_per_group, HAS_BIAS, GROUP_BIAS, SILU)
-    out = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
     live = rm < M
     mask = live[:, None] & (rn < N)[None, :]
+    at = rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
     dtype = out_ptr.dtype.element_ty
     if RESIDUAL:  # out += y, y rounded as F.linear returns it, the sum rounded as the residual add
-        y = tl.load(out, mask=mask, other=0.0).to(tl.float32) + y.to(dtype).to(tl.float32)
+        y = tl.load(out_ptr + at, mask=mask, other=0.0).to(tl.float32) + y.to(dtype).to(tl.float32)
     if NODES:  # out = the lattice node with y as its feature term
         y = node_sum(y.to(dtype).to(tl.float32), rm.to(tl.int64), live, rn, mask, ids_ptr, table_ptr, pass_ptr, const_ptr, n_slots, n_cand, N)
-    tl.store(out, y.to(dtype), mask=mask)
+    y = y.to(dtype)
+    tl.store(out_ptr + at, y, mask=mask)
+    if SUMSQ_OUT:  # the next GEMM's norm of these rows
+        _store_sumsq(tl.where(mask, y.to(tl.float32), 0.0), rm, pid_n, live, M, tl.cdiv(N, SUMSQ_GROUP), ss_out_ptr, BLOCK_M, BLOCK_N)
+    if CROSS_OUT:  # x * t, the numerator of the factor input's h * t (the norm's rstd and gain come later)
+        t = tl.load(t_ptr + (rm // rows_per_req).to(tl.int64)[:, None] * N + rn[None, :], mask=mask, other=0.0)
+        tl.store(xt_ptr + at, (y.to(tl.float32) * t.to(tl.float32)).to(dtype), mask=mask)
 
 
 @triton.jit
@@ -258,34 +267,32 @@ class Nodes(NamedTuple):
 
 def linear_act_reference(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, silu: bool = False,
-    group_bias: torch.Tensor | None = None, rows_per_group: int = 1, norm_eps: float | None = None,
-    cross: torch.Tensor | None = None, residual: torch.Tensor | None = None, nodes: Nodes | None = None,
+    group_bias: torch.Tensor | None = None, rows_per_group: int = 1, norm_eps: float | None = None, norm_width: int | None = None,
+    residual: torch.Tensor | None = None, nodes: Nodes | None = None, cross: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """PyTorch definition of linear_act_triton, in fp32, rounded to x's dtype after the activation:
-    a = x, or concat[x, x * t[row // (M / b)]] with cross (x * t rounded to x's dtype);
-    y = act(rstd(x) * (a @ weight.T) + bias + group_bias[row // rows_per_group]), rstd(x) = 1 / sqrt(mean(x^2) + eps)
-    with norm_eps, else 1; then residual += y (returned; in place), or the node sum with nodes."""
+    y = act(rstd * (x @ weight.T) + bias + group_bias[row // rows_per_group]), rstd = 1 / sqrt(mean(x[:, :w]^2)
+    + eps) over the first w = norm_width (default all) columns of x with norm_eps, else 1; then residual
+    += y (returned, in place) or the node sum with nodes. With cross (t [b, N]) -> (out, out * t[row // (M / b)])."""
     xf = x.float()
-    a = xf
-    if cross is not None:
-        t = cross.float().repeat_interleave(x.shape[0] // cross.shape[0], dim=0)
-        a = torch.cat([xf, (xf * t).to(x.dtype).float()], dim=1)
-    y = a @ weight.float().T
+    y = xf @ weight.float().T
     if norm_eps is not None:
-        y = y * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm_eps)
+        y = y * torch.rsqrt(xf[:, : norm_width or x.shape[1]].pow(2).mean(-1, keepdim=True) + norm_eps)
     if bias is not None:
         y = y + bias.float()
     if group_bias is not None:
         y = (y.view(-1, rows_per_group, y.shape[-1]) + group_bias.float().unsqueeze(1)).view(y.shape)
     y = (F.silu(y) if silu else y).to(x.dtype)
     if residual is not None:
-        return residual.copy_((residual.float() + y.float()).to(residual.dtype))
-    if nodes is not None:
+        y = residual.copy_((residual.float() + y.float()).to(residual.dtype))
+    elif nodes is not None:
         b, s, k = nodes.ids.shape
         node = (nodes.table[nodes.ids].float() + nodes.pass_proj.float().unsqueeze(2)
                 + y.float().view(b, s, k, -1) + nodes.node_const[:s].float())
-        return node.to(nodes.table.dtype).view(b * s * k, -1)
-    return y
+        y = node.to(nodes.table.dtype).view(b * s * k, -1)
+    if cross is None:
+        return y
+    return y, (y.float() * cross.float().repeat_interleave(y.shape[0] // cross.shape[0], dim=0)).to(y.dtype)
 
 
 def linear_silu_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -293,12 +300,11 @@ def linear_silu_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     return linear_act_reference(x, weight, bias, silu=True)
 
 
-def _check(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, group_bias, rows_per_group, cross=None) -> None:
-    k_w = 2 * x.shape[-1] if cross is not None else x.shape[-1]
-    if x.dim() != 2 or weight.dim() != 2 or weight.shape[1] != k_w:
+def _check(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, group_bias, rows_per_group) -> None:
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(
             f"{name}: x {tuple(x.shape)} and weight {tuple(weight.shape)} must be [M, K] and [N, K] "
-            f"(nn.Linear layout; [N, 2K] with cross) with the same K; reshape x to 2-D rows first"
+            f"(nn.Linear layout) with the same K; reshape x to 2-D rows first"
         )
     if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"{name}: x dtype {x.dtype} unsupported; use bf16, fp16 or fp32")
@@ -331,23 +337,47 @@ def _check(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
         )
 
 
-def _check_epilogue(name: str, x, weight, cross, residual, nodes) -> None:
-    """The norm / cross / residual / node operands of linear_act_triton against x [M, K] and weight."""
-    (m, k), n = x.shape, weight.shape[0]
-    if residual is not None and nodes is not None:
-        raise ValueError(f"{name}: residual and nodes are two different outputs; pass one of them")
-    if cross is not None and (cross.dim() != 2 or cross.shape[1] != k or not cross.shape[0] or m % cross.shape[0]
-                              or not cross.is_contiguous() or cross.dtype != x.dtype or cross.device != x.device):
+def sumsq_parts(rows: int, width: int, device) -> torch.Tensor:
+    """An fp32 buffer for the partial sums of squares of `rows` rows of `width` columns (sumsq_out, norm)."""
+    return torch.empty((rows, triton.cdiv(width, SUMSQ_GROUP.value)), dtype=torch.float32, device=device)
+
+
+def _check_tensor(name: str, what: str, t: torch.Tensor, shape: tuple, dtype: torch.dtype, device) -> None:
+    if tuple(t.shape) != shape or t.stride(-1) != 1 or t.dtype != dtype or t.device != device:
         raise ValueError(
-            f"{name}: cross {tuple(cross.shape)} ({cross.dtype}) must be a contiguous [b, {k}] in x's dtype, b dividing the {m} rows"
+            f"{name}: {what} is {tuple(t.shape)} {t.dtype} on {t.device} (strides {t.stride()}); it must be "
+            f"{list(shape)} {dtype} on {device} with unit column stride"
         )
-    if residual is not None and (tuple(residual.shape) != (m, n) or residual.stride(1) != 1
-                                 or residual.dtype != x.dtype or residual.device != x.device):
-        raise ValueError(f"{name}: residual {tuple(residual.shape)} ({residual.dtype}) must be [{m}, {n}] in x's dtype, unit column stride")
+
+
+def _check_epilogue(name: str, x, weight, norm, norm_width, residual, nodes, out, sumsq_out, cross) -> None:
+    """The norm / residual / node / extra outputs of linear_act_triton against x [M, K] and weight [N, K]."""
+    (m, k), n = x.shape, weight.shape[0]
+    if residual is not None and (nodes is not None or out is not None):
+        raise ValueError(f"{name}: residual is the output; pass it without nodes / out")
+    if norm is not None:
+        width = norm_width or k
+        if not 0 < width <= k:
+            raise ValueError(f"{name}: norm_width {norm_width} must be in 1..{k} (x's columns)")
+        _check_tensor(name, "norm's sum-of-squares partials", norm[0], (m, -(-width // SUMSQ_GROUP.value)), torch.float32, x.device)
+    for what, t in (("residual", residual), ("out", out)):
+        if t is not None:
+            _check_tensor(name, what, t, (m, n), x.dtype, x.device)
+    if sumsq_out is not None:
+        _check_tensor(name, "sumsq_out", sumsq_out, (m, -(-n // SUMSQ_GROUP.value)), torch.float32, x.device)
+    if cross is not None:
+        t, xt = cross
+        if t.dim() != 2 or t.shape[1] != n or not t.shape[0] or m % t.shape[0]:
+            raise ValueError(f"{name}: cross t {tuple(t.shape)} must be [b, {n}], b dividing the {m} rows")
+        _check_tensor(name, "cross t", t.contiguous(), tuple(t.shape), x.dtype, x.device)
+        _check_tensor(name, "cross output", xt, (m, n), x.dtype, x.device)
+        if xt.stride(0) != (out if out is not None else residual if residual is not None else xt.new_empty(m, n)).stride(0):
+            raise ValueError(f"{name}: the cross output must share the output's row stride (e.g. two halves of one buffer)")
     if nodes is not None:
         b, s, kk = nodes.ids.shape
         if (b * s * kk != m or tuple(nodes.pass_proj.shape) != (b, s, n) or nodes.table.dim() != 2 or nodes.table.shape[1] != n
-                or nodes.node_const.shape[1:] != (kk, n) or nodes.node_const.shape[0] < s or nodes.table.dtype != x.dtype or not nodes.table.is_contiguous()):
+                or nodes.node_const.shape[1:] != (kk, n) or nodes.node_const.shape[0] < s or nodes.table.dtype != x.dtype
+                or not nodes.table.is_contiguous()):
             raise ValueError(
                 f"{name}: nodes ids {tuple(nodes.ids.shape)}, table {tuple(nodes.table.shape)}, pass_proj "
                 f"{tuple(nodes.pass_proj.shape)}, node_const {tuple(nodes.node_const.shape)} do not match {m} rows of width {n}"
@@ -356,31 +386,37 @@ def _check_epilogue(name: str, x, weight, cross, residual, nodes) -> None:
 
 def linear_act_triton(
     x: torch.Tensor,  # [M, K], unit stride along K
-    weight: torch.Tensor,  # [N, K] (nn.Linear; [N, 2K] with cross), unit stride along K
+    weight: torch.Tensor,  # [N, K] (nn.Linear), unit stride along K
     bias: torch.Tensor | None = None,  # [N]
     *,
     silu: bool = False,
     group_bias: torch.Tensor | None = None,  # [M / rows_per_group, N]
     rows_per_group: int = 1,
-    norm_eps: float | None = None,  # RMS-normalise x's rows first (fold the norm's gain into weight: fold_norm_gain)
-    cross: torch.Tensor | None = None,  # [b, K] anchor state t: the GEMM runs over concat[x, x * t]
+    norm: tuple[torch.Tensor, float] | None = None,  # (sum-of-squares partials of x's rows [M, cdiv(w, 16)], eps)
+    norm_width: int | None = None,  # w: x's first columns that the norm covers (default all K)
     residual: torch.Tensor | None = None,  # [M, N]: add the result into it (in place) and return it
     nodes: Nodes | None = None,  # the result is the lattice node sum with this GEMM as its feature term
+    out: torch.Tensor | None = None,  # [M, N] where to write the result (unit column stride); None: a new tensor
+    sumsq_out: torch.Tensor | None = None,  # [M, cdiv(N, 16)] fp32: the result rows' partial sums of squares
+    cross: tuple[torch.Tensor, torch.Tensor] | None = None,  # (t [b, N], xt [M, N]): also xt = result * t per request
     config: str | LaunchConfig | None = None,  # a CONFIGS key or a LaunchConfig; None: select_config(M, dtype, K)
     pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py; sm_90+)
     name: str = "linear_act_triton",
 ) -> torch.Tensor:
     """-> act(x @ weight.T + bias + group_bias[row // rows_per_group]) [M, N] in x's dtype (act: SiLU
     with silu, else identity), fp32 accumulation and epilogue, one launch; the options as in
-    linear_act_reference (the pre-norm of the next GEMM, the residual add, the node sum: the lattice
-    layer's launches without their norm kernels)."""
-    _check(name, x, weight, bias, group_bias, rows_per_group, cross)
-    _check_epilogue(name, x, weight, cross, residual, nodes)
+    linear_act_reference (the layer's pre-norm, the residual add, the node sum), and the outputs the
+    next GEMM's norm needs (sumsq_out) or the factor GEMM's h * t (cross)."""
+    _check(name, x, weight, bias, group_bias, rows_per_group)
+    _check_epilogue(name, x, weight, norm, norm_width, residual, nodes, out, sumsq_out, cross)
     check_pdl(pdl, x, name)
     if isinstance(config, str) and config not in CONFIGS:
         raise ValueError(f"{name}: config {config!r} unknown; use one of {sorted(CONFIGS)}")
     (m, k), n = x.shape, weight.shape[0]
-    out = residual if residual is not None else torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if residual is not None:
+        out = residual
+    elif out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m and n:
         c = config if isinstance(config, LaunchConfig) else CONFIGS[config or select_config(m, x.dtype, k)]
         common = dict(
@@ -390,31 +426,36 @@ def linear_act_triton(
             BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m, PDL=pdl, launch_pdl=pdl,
             num_stages=c.num_stages, num_warps=c.num_warps,
         )
-        extras = norm_eps is not None or cross is not None or residual is not None or nodes is not None
-        if c.tma and extras:
-            raise ValueError(f"{name}: config {c} (TMA) has no norm / cross / residual / node epilogue; pass a non-TMA config")
+        extras = (norm, residual, nodes, sumsq_out, cross)
+        plain = all(e is None for e in extras) and out.is_contiguous()
+        if c.tma and not plain:
+            raise ValueError(f"{name}: config {c} (TMA) has no norm / residual / node / extra-output epilogue; pass a non-TMA config")
         if c.tma:
             _launch_tma(name, x, weight, out, common)
         else:
             ids, table, pass_proj, node_const = (
                 (nodes.ids.contiguous(), nodes.table, nodes.pass_proj.contiguous(), nodes.node_const.contiguous()) if nodes else (out,) * 4
             )
+            t, xt = (cross[0].contiguous(), cross[1]) if cross is not None else (out, out)
+            n_parts_in = norm[0].shape[1] if norm is not None else 1
             _linear_act_kernel[(triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n),)](
-                x_ptr=x, w_ptr=weight, out_ptr=out, t_ptr=x if cross is None else cross,
+                x_ptr=x, w_ptr=weight, out_ptr=out, ss_in_ptr=out if norm is None else norm[0],
+                ss_out_ptr=out if sumsq_out is None else sumsq_out, t_ptr=t, xt_ptr=xt,
                 ids_ptr=ids, table_ptr=table, pass_ptr=pass_proj, const_ptr=node_const,
                 M=m, N=n, K=k, stride_xm=x.stride(0), stride_wn=weight.stride(0), stride_om=out.stride(0),
-                rows_per_req=1 if cross is None else m // cross.shape[0],
+                rows_per_req=1 if cross is None else m // t.shape[0],
                 n_slots=nodes.ids.shape[1] if nodes else 1, n_cand=nodes.ids.shape[2] if nodes else 1,
-                eps=0.0 if norm_eps is None else float(norm_eps),
-                NORM=norm_eps is not None, CROSS=cross is not None, RESIDUAL=residual is not None, NODES=nodes is not None,
+                n_parts_in=n_parts_in, norm_width=norm_width or k, eps=0.0 if norm is None else float(norm[1]),
+                NORM=norm is not None, PARTS_IN=triton.next_power_of_2(n_parts_in), RESIDUAL=residual is not None,
+                NODES=nodes is not None, SUMSQ_OUT=sumsq_out is not None, CROSS_OUT=cross is not None,
                 EVEN_K=k % c.block_k == 0, IEEE_F32=x.dtype == torch.float32 or not x.is_cuda, **common,
             )
     return out
 
 
 def fold_norm_gain(weight: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
-    """weight [N, K] (or [N, 2K] for a cross GEMM) with an RMSNorm's gain g [K] folded in along K
-    (computed in fp32, rounded once): RMSNorm(x) @ weight.T = rstd(x) * (x @ fold_norm_gain(weight, g).T)."""
+    """weight [N, K] (K a multiple of the norm's width w: [N, 2w] for the factor GEMM over concat[h, h*t])
+    with an RMSNorm's gain g [w] folded in along K (fp32, rounded once): RMSNorm(x) @ W.T = rstd(x) * (x @ (W * g).T)."""
     g = norm_weight.float().repeat(weight.shape[1] // norm_weight.shape[0])
     return (weight.float() * g).to(weight.dtype).contiguous()
 

@@ -104,7 +104,7 @@ def _linear_add_rmsnorm_kernel(
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = gemm_tile(a_ptr, w_ptr, rm, rn, M, N, K, stride_am, stride_wn, a_ptr, 1, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE_F32, False, False)[0]
+    acc = gemm_tile(a_ptr, w_ptr, rm, rn, M, N, K, stride_am, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE_F32)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     dtype = x_ptr.dtype.element_ty

@@ -32,10 +32,11 @@ measured tables below, per head width, number of lattice rows of the call and GE
 `norm_epilogue` forces those GEMM + norm epilogues (nodes, residual adds) on or off (None:
 kernels/linear_norm.py's measured table decides per shape).
 `fold_norms` (version 16) runs each lattice layer as its five Triton GEMMs and the attention, nothing
-between: each RMSNorm inside the GEMM that reads its output (rstd from the GEMM's own input rows, the
-gain folded into a copy of its weight: w_*_folded), the residual adds and the node sum in the epilogues
-of the GEMMs before them, and the output norm + concat[h, h*t] inside the factor GEMM
-(kernels/ffn_silu.py). True / False force it; None takes FOLD_NORMS_MAX_ROWS (where PDL is on).
+between (kernels/ffn_silu.py): the residual adds and the node sum in the epilogues of the GEMMs that
+produce them, which also write their rows' partial sums of squares; each RMSNorm inside the GEMM that
+reads its output (rstd per row from those partials, the gain folded into a copy of its weight:
+w_*_folded); the last add also writes x * t, so the factor GEMM applies the output norm to concat[x, x*t].
+True / False force it; None takes FOLD_NORMS_MAX_ROWS (where PDL is on).
 `fused_stages` cuts the fused path into projections / nodes / lattice / factors (with the walk) for
 per-stage timing (benchmarks/head_bench.py).
 Everything is static-shaped with no host syncs, so `select` can be captured in a CUDA graph.
@@ -63,7 +64,7 @@ TRITON_GEMM_ROWS_CAP = 512  # triton_gemms=True: GEMMs up to this many rows (the
 # head width -> the most lattice rows at which the lattice's RMSNorms run folded into its Triton GEMMs (the norm's
 # rstd from the GEMM's own A tiles, its gain in the weight, the residual adds and the node sum in epilogues: five
 # norm launches and the node kernel fewer); others: never. Version 16 (PERF_NOTES.md).
-FOLD_NORMS_MAX_ROWS = {256: 512, 1024: 128}
+FOLD_NORMS_MAX_ROWS = {256: 128, 1024: 128}  # (at 240-480 rows the node epilogue spills in the 64 x 128 tiles there)
 
 
 def _norm_eps(norm: torch.nn.RMSNorm) -> float:
@@ -310,18 +311,16 @@ class FastLiLiCorrSelect:
         join_pass = (lambda: side.join(pass_ready, pass_proj)) if side is not None else None
         join_anchor = (lambda: side.join(anchor_ready, t, anchor)) if side is not None else None
         lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj, join_pass)
-        if xn is None:  # folded norms: the layers update x, the factor GEMM normalises it and takes t (join there)
-            x = self._layers_fused(x, xn, b, t)
-            start, pair, draft = self._factors_fused(x, anchor, b, s, ids if walk else None, t, join_anchor)
-        else:
-            cat = self._layers_fused(x, xn, b, t, join_anchor)
-            start, pair, draft = self._factors_fused(cat, anchor, b, s, ids if walk else None)
+        cat, sumsq = self._layers_fused(x, xn, b, t, join_anchor)
+        start, pair, draft = self._factors_fused(cat, sumsq, anchor, b, s, ids if walk else None)
         return start, pair, lp.view(b, s, k), draft
 
     def _nodes_fused(self, vals, ids, lse, pass_proj, join_pass=None):
-        """-> log-probs fp32 [b*S, K], residual stream x [b*L, H], first attention input [b*L, H]
-        (None where the norms fold into the GEMMs: _folds_norms)."""
-        from .kernels.ffn_silu import Nodes, linear_act_triton
+        """-> log-probs fp32 [b*S, K], residual stream x [b*L, H], first attention input [b*L, H]. Where the
+        norms fold into the GEMMs (_folds_norms): x is a [b*L, 2H] buffer whose first half is the residual
+        stream (the last layer writes x * t into the second), and the sums of squares of its rows stand
+        in for the attention input (fp32 [b*L, H / 16], kernels/ffn_silu.py)."""
+        from .kernels.ffn_silu import Nodes, linear_act_triton, sumsq_parts
         from .kernels.head_nodes import confidence_up_triton, lattice_nodes_triton
         from .kernels.linear_norm import lattice_nodes_linear_triton
 
@@ -330,11 +329,14 @@ class FastLiLiCorrSelect:
         lp, up = confidence_up_triton(
             vals.reshape(b * s, k).float(), lse.reshape(b * s).float(), self.w_feat, self.b_feat, self.feat_ln_eps, self.dtype, pdl=pdl,
         )
-        if self._folds_norms(b * s * k):  # the node sum in the down GEMM's epilogue; QKV normalises
+        if self._folds_norms(b * s * k):  # the node sum in the down GEMM's epilogue
             if join_pass is not None:
                 join_pass()
+            rows, h = b * s * k, self.width
+            cat, sumsq = torch.empty((rows, 2 * h), dtype=self.dtype, device=self.device), sumsq_parts(rows, h, self.device)
             nodes = Nodes(ids, self.token_table, pass_proj, self.node_const)
-            return lp, linear_act_triton(up, self.w_down, nodes=nodes, pdl=pdl and join_pass is None), None
+            linear_act_triton(up, self.w_down, nodes=nodes, out=cat[:, :h], sumsq_out=sumsq, pdl=pdl and join_pass is None)
+            return lp, cat, sumsq
         norm = self.head.layers[0].attn_norm
         counters = self._norm_counters(up.shape[0], self.width)
         if counters is not None:  # the down GEMM with the node sum + norm in its epilogue
@@ -354,25 +356,17 @@ class FastLiLiCorrSelect:
         return lp, x, xn
 
     def _layers_fused(self, x, xn, b, t, join_anchor=None):
-        """Lattice transformer on x [b*L, H] (updated in place) -> concat[h, h*t] [b*L, 2H]; with xn None
-        (folded norms) -> x, each norm inside the GEMM that reads it, each residual add in the GEMM before."""
-        from .kernels.ffn_silu import linear_act_triton, linear_silu_triton, prefer_triton
+        """Lattice transformer on x [b*L, H] (updated in place) -> (concat[h, h*t] [b*L, 2H], None); with
+        folded norms (x, xn as _nodes_fused gives them) -> (x: [x, x * t], the sums of squares of x's rows),
+        each norm inside the GEMM that reads it, each residual add in the GEMM before (_layers_folded)."""
+        from .kernels.ffn_silu import linear_silu_triton, prefer_triton
         from .kernels.lattice_attention import lattice_attention_triton
 
+        if self._folds_norms(x.shape[0]):
+            return self._layers_folded(x, xn, b, t, join_anchor)
         n, pdl = x.shape[0] // b, self._pdl_at(x.shape[0])
         bias = self.attn_bias[..., :n, :n]  # [1, heads, n, n], 16-aligned rows: taken as is
         layers = self.head.layers
-        if xn is None:
-            for i, layer in enumerate(layers):
-                attn, mlp = layer.attn, layer.mlp
-                qkv = linear_act_triton(x, self.w_qkv_folded[i], attn.in_proj_bias, norm_eps=_norm_eps(layer.attn_norm), pdl=pdl)
-                attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=pdl)
-                linear_act_triton(attended, attn.out_proj.weight, attn.out_proj.bias, residual=x, pdl=pdl)
-                hidden = linear_act_triton(
-                    x, self.w_up_folded[i], mlp.up_proj.bias, silu=True, norm_eps=_norm_eps(layer.mlp_norm), pdl=pdl
-                )
-                linear_act_triton(hidden, mlp.down_proj.weight, mlp.down_proj.bias, residual=x, pdl=pdl)
-            return x
         for i, layer in enumerate(layers):
             attn = layer.attn
             qkv = self._linear(xn, attn.in_proj_weight, attn.in_proj_bias)  # [b*n, 3H]
@@ -388,7 +382,38 @@ class FastLiLiCorrSelect:
             if joined:
                 join_anchor()
             xn = self._residual_norm(x, hidden, mlp.down_proj, self._after_mlp[i], cross=t if last else None, joined=joined)
-        return xn
+        return xn, None
+
+    def _layers_folded(self, cat, sumsq, b, t, join_anchor=None):
+        """The lattice layers as five Triton GEMMs + the attention each: cat [b*L, 2H] holds the residual
+        stream x in its first half, sumsq [b*L, H / 16] its rows' partial sums of squares; every GEMM
+        that adds into x writes them anew for the next one's norm, and the last also writes x * t into
+        cat's second half -> (cat, sumsq of the final x)."""
+        from .kernels.ffn_silu import linear_act_triton, sumsq_parts
+        from .kernels.lattice_attention import lattice_attention_triton
+
+        rows, h = cat.shape[0], self.width
+        n, pdl, x = rows // b, self._pdl_at(rows), cat[:, :h]
+        bias = self.attn_bias[..., :n, :n]
+        layers = self.head.layers
+        for i, layer in enumerate(layers):
+            attn, mlp = layer.attn, layer.mlp
+            qkv = linear_act_triton(x, self.w_qkv_folded[i], attn.in_proj_bias, norm=(sumsq, _norm_eps(layer.attn_norm)), pdl=pdl)
+            attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=pdl)
+            sumsq = sumsq_parts(rows, h, self.device)
+            linear_act_triton(attended, attn.out_proj.weight, attn.out_proj.bias, residual=x, sumsq_out=sumsq, pdl=pdl)
+            norm = (sumsq, _norm_eps(layer.mlp_norm))
+            hidden = linear_act_triton(x, self.w_up_folded[i], mlp.up_proj.bias, silu=True, norm=norm, pdl=pdl)
+            last = i == len(layers) - 1
+            joined = last and join_anchor is not None
+            if joined:
+                join_anchor()
+            sumsq = sumsq_parts(rows, h, self.device)
+            linear_act_triton(
+                hidden, mlp.down_proj.weight, mlp.down_proj.bias, residual=x, sumsq_out=sumsq,
+                cross=(t, cat[:, h:]) if last else None, pdl=pdl and not joined,
+            )
+        return cat, sumsq
 
     def _residual_norm(self, x, branch, linear: torch.nn.Linear, norm: torch.nn.RMSNorm, cross=None, joined=False):
         """x += linear(branch) (in place; not with cross) -> RMSNorm(x) [rows, H], or concat[h, h*t]
@@ -424,22 +449,21 @@ class FastLiLiCorrSelect:
             self._row_counters = torch.zeros(need, dtype=torch.int32, device=self.device)
         return self._row_counters
 
-    def _factors_fused(self, cat, anchor, b, s, ids=None, t=None, join_anchor=None):
+    def _factors_fused(self, cat, sumsq, anchor, b, s, ids=None):
         """concat[h, h*t] [b*L, 2H], anchor [b, D+H] -> (start fp32 [b, K], pair fp32 [b, S-1, K, K],
         draft ids [b, S] walked in the cosine kernel if candidate `ids` [b, S, K] are given, else None).
-        With the anchor state t [b, H] (folded norms), `cat` is the residual stream x [b*L, H]: the factor
-        GEMM normalises it and forms concat[h, h*t] itself, after `join_anchor` (the side stream's t)."""
+        With folded norms `cat` is [x, x * t] and sumsq the sums of squares of x's rows (_layers_folded):
+        the factor GEMM applies the output norm (its rstd per row, its gain in w_factor_folded)."""
         from .kernels.ffn_silu import linear_act_triton
         from .kernels.head_norm import row_bias_silu_triton
         from .kernels.head_scores import lattice_cosine_triton, lattice_cosine_walk_triton
 
         d, k, pdl = self.factor_dim, self.topk, self._pdl_at(cat.shape[0])
-        if t is not None:
-            if join_anchor is not None:
-                join_anchor()
+        if sumsq is not None:
+            norm = (sumsq, _norm_eps(self.head.output_norm))
             fused = linear_act_triton(
                 cat, self.w_factor_folded, silu=True, group_bias=anchor[:, d:], rows_per_group=s * k,
-                norm_eps=_norm_eps(self.head.output_norm), cross=t, pdl=pdl and join_anchor is None,
+                norm=norm, norm_width=self.width, pdl=pdl,
             )
         elif self._gemm_in_triton(cat.shape[0], self.w_factor, absorbs_launch=True):  # the per-request bias + SiLU in its epilogue
             fused = linear_act_triton(cat, self.w_factor, silu=True, group_bias=anchor[:, d:], rows_per_group=s * k, pdl=pdl)
@@ -494,13 +518,12 @@ class FastLiLiCorrSelect:
         with torch.no_grad():
             pass_proj, (t, anchor) = self._pass_projection(pass_hidden), self._anchor_projection(anchor_hidden)
             lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj)
-            cat = self._layers_fused(x.clone(), xn, b, t)
-        t_factor = t if xn is None else None  # folded norms: the factor GEMM takes x and t
+            cat, sumsq = self._layers_fused(x.clone(), xn, b, t)
         stages = {
             "projections": lambda: (self._pass_projection(pass_hidden), self._anchor_projection(anchor_hidden)),
             "nodes": lambda: self._nodes_fused(vals, ids, lse, pass_proj),
             "lattice": lambda: self._layers_fused(x, xn, b, t),
-            "factors": lambda: self._factors_fused(cat, anchor, b, s, ids, t_factor),  # with the walk, as served
+            "factors": lambda: self._factors_fused(cat, sumsq, anchor, b, s, ids),  # with the walk, as served
         }
         return {name: torch.no_grad()(fn) for name, fn in stages.items()}
 

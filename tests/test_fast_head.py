@@ -154,8 +154,8 @@ def test_fused_stages_compose_to_the_scores(seed, fold_norms):
     assert torch.equal(stages["nodes"]()[0], lp.flatten(0, 1))
     assert torch.equal(draft, fast.walk(start, pair, ids))
     assert torch.equal(draft, fast.select_from_candidates(vals, ids, lse, hidden, anchor)[0])
-    factor_input = 1 if fold_norms else 2  # folded: the residual stream, normalised by the factor GEMM
-    assert stages["lattice"]().shape == (3 * SMALL.num_slots * SMALL.candidate_topk, factor_input * head.width)
+    cat, sumsq = stages["lattice"]()  # folded: [x, x * t] and the sums of squares of x's rows
+    assert cat.shape == (3 * SMALL.num_slots * SMALL.candidate_topk, 2 * head.width) and (sumsq is None) == (not fold_norms)
     with pytest.raises(ValueError, match="fused=True"):
         FastLiLiCorrSelect(head, embed_weight=embed, fused=False).fused_stages(vals, ids, lse, hidden, anchor)
 

@@ -69,68 +69,88 @@ def test_linear_act_with_group_bias_matches_reference(gen, silu, config):
     torch.testing.assert_close(linear_act_triton(x, weight, config=config), F.linear(x, weight), atol=1e-4, rtol=1e-4)
 
 
+def _sumsq(x: torch.Tensor) -> torch.Tensor:
+    """The partial sums of squares a producer GEMM writes (sumsq_out): one per 16 columns."""
+    xf = F.pad(x.float(), (0, -x.shape[1] % 16))
+    return xf.pow(2).view(x.shape[0], -1, 16).sum(-1)
+
+
 @needs_interpreter
 @pytest.mark.parametrize("config", ["skinny", LaunchConfig(16, 16, 16, 8, 1, 4)])
-@pytest.mark.parametrize("k", [48, 40])  # BLOCK_K divides K / masked last K step (skinny: one partial step)
-def test_folded_norm_and_cross_match_rmsnorm_then_linear(gen, config, k):
-    """norm_eps with the gain folded into the weight (fold_norm_gain) equals the RMSNorm then the GEMM;
-    with cross, the GEMM over concat[RMSNorm(x), RMSNorm(x) * t] (3 requests of 10 rows)."""
+@pytest.mark.parametrize("k", [48, 40])  # BLOCK_K divides K / masked last K step; 40: a partial group of 16
+def test_folded_norm_matches_rmsnorm_then_linear(gen, config, k):
+    """norm (rstd from the rows' partial sums of squares) with the gain folded into the weight
+    (fold_norm_gain) equals the RMSNorm then the GEMM; with norm_width, the factor GEMM over
+    concat[x, x * t] equals the one over concat[h, h * t] (3 requests of 10 rows)."""
     x, g, t = torch.randn(30, k, generator=gen), 1 + 0.1 * torch.randn(k, generator=gen), torch.randn(3, k, generator=gen)
     weight, bias = torch.randn(24, 2 * k, generator=gen) / k**0.5, torch.randn(24, generator=gen)
     h = F.rms_norm(x, (k,), g, 1e-5)
-    plain = linear_act_triton(x, fold_norm_gain(weight[:, :k].contiguous(), g), bias, norm_eps=1e-5, config=config)
+    plain = linear_act_triton(x, fold_norm_gain(weight[:, :k].contiguous(), g), bias, norm=(_sumsq(x), 1e-5), config=config)
     torch.testing.assert_close(plain, F.linear(h, weight[:, :k], bias), atol=1e-4, rtol=1e-4)
     group_bias = torch.randn(3, 24, generator=gen)
-    crossed = linear_act_triton(x, fold_norm_gain(weight, g), silu=True, group_bias=group_bias, rows_per_group=10,
-                                norm_eps=1e-5, cross=t, config=config)
-    cat = torch.cat([h, h * t.repeat_interleave(10, 0)], dim=1)
-    ref = F.silu(F.linear(cat, weight) + group_bias.repeat_interleave(10, 0))
+    cat = torch.cat([x, x * t.repeat_interleave(10, 0)], dim=1)
+    crossed = linear_act_triton(cat, fold_norm_gain(weight, g), silu=True, group_bias=group_bias, rows_per_group=10,
+                                norm=(_sumsq(x), 1e-5), norm_width=k, config=config)
+    ref = F.silu(F.linear(torch.cat([h, h * t.repeat_interleave(10, 0)], dim=1), weight) + group_bias.repeat_interleave(10, 0))
     torch.testing.assert_close(crossed, ref, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(
-        crossed, linear_act_reference(x, fold_norm_gain(weight, g), silu=True, group_bias=group_bias, rows_per_group=10, norm_eps=1e-5, cross=t),
-        atol=1e-4, rtol=1e-4,
-    )
+    by_definition = linear_act_reference(cat, fold_norm_gain(weight, g), silu=True, group_bias=group_bias, rows_per_group=10,
+                                         norm_eps=1e-5, norm_width=k)
+    torch.testing.assert_close(crossed, by_definition, atol=1e-4, rtol=1e-4)
 
 
 @needs_interpreter
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_residual_and_node_epilogues_match_reference(gen, dtype):
-    """residual: x += a @ W.T + b in place, rounded like F.linear then the add; nodes: the node sum of
-    kernels/head_nodes.py with the GEMM as its feature term (2 requests, 3 slots of 4 candidates)."""
+@pytest.mark.parametrize("config", ["skinny", LaunchConfig(16, 16, 16, 8, 1, 4)])
+def test_residual_node_and_output_epilogues_match_reference(gen, dtype, config):
+    """residual: x += a @ W.T + b in place (x a view with row stride 2N: the first half of [x, x * t]),
+    rounded like F.linear then the add, with the sums of squares of the new rows and x * t per request;
+    nodes: the node sum of kernels/head_nodes.py with the GEMM as its feature term (2 requests, 3 slots
+    of 4 candidates), into a given output."""
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
-    a, weight, bias = (torch.randn(24, 40, generator=gen).to(dtype), (torch.randn(16, 40, generator=gen) / 7).to(dtype),
-                       torch.randn(16, generator=gen).to(dtype))
-    x = torch.randn(24, 16, generator=gen).to(dtype)
-    expect = linear_act_reference(a, weight, bias, residual=x.clone())
-    out = linear_act_triton(a, weight, bias, residual=x, config="skinny")
+    a, weight, bias = (torch.randn(24, 40, generator=gen).to(dtype), (torch.randn(40, 40, generator=gen) / 7).to(dtype),
+                       torch.randn(40, generator=gen).to(dtype))
+    cat, t = torch.randn(24, 80, generator=gen).to(dtype), torch.randn(2, 40, generator=gen).to(dtype)
+    x = cat[:, :40]
+    expect = linear_act_reference(a, weight, bias, residual=x.clone(), cross=t)[0]
+    sumsq = torch.empty(24, 3)
+    out = linear_act_triton(a, weight, bias, residual=x, sumsq_out=sumsq, cross=(t, cat[:, 40:]), config=config)
     assert out.data_ptr() == x.data_ptr()
     torch.testing.assert_close(x, expect, **tol)
-    nodes = Nodes(torch.randint(0, 50, (2, 3, 4), generator=gen), torch.randn(50, 16, generator=gen).to(dtype),
-                  torch.randn(2, 3, 16, generator=gen).to(dtype), torch.randn(5, 4, 16, generator=gen))
-    node = linear_act_triton(a, weight, nodes=nodes, config="skinny")
+    xt = (x.float() * t.float().repeat_interleave(12, 0)).to(dtype)  # of the rows it stored, rounded once
+    torch.testing.assert_close(cat[:, 40:], xt, atol=1e-6, rtol=1e-6 if dtype == torch.float32 else 2**-7)  # (1 ulp)
+    torch.testing.assert_close(sumsq, _sumsq(x), atol=1e-4, rtol=1e-5)  # of the rounded rows it stored
+    nodes = Nodes(torch.randint(0, 50, (2, 3, 4), generator=gen), torch.randn(50, 40, generator=gen).to(dtype),
+                  torch.randn(2, 3, 40, generator=gen).to(dtype), torch.randn(5, 4, 40, generator=gen))
+    node = linear_act_triton(a, weight, nodes=nodes, out=torch.empty(24, 80, dtype=dtype)[:, :40], config=config)
     torch.testing.assert_close(node, linear_act_reference(a, weight, nodes=nodes), **tol)
-    feat = F.linear(a.float(), weight.float()).to(dtype).float().view(2, 3, 4, 16)
+    feat = F.linear(a.float(), weight.float()).to(dtype).float().view(2, 3, 4, 40)
     by_hand = nodes.table[nodes.ids].float() + nodes.pass_proj.float().unsqueeze(2) + feat + nodes.node_const[:3]
-    torch.testing.assert_close(node, by_hand.to(dtype).view(24, 16), **tol)
+    torch.testing.assert_close(node, by_hand.to(dtype).view(24, 40), **tol)
 
 
 def test_bad_epilogue_operands_raise():
     dev = "cuda" if CUDA else "cpu"
     x, weight = torch.zeros(30, 16, device=dev), torch.zeros(8, 16, device=dev)
-    with pytest.raises(ValueError, match=r"\[N, 2K\] with cross"):
-        linear_act_triton(x, weight, cross=torch.zeros(3, 16, device=dev))
-    with pytest.raises(ValueError, match=r"cross \(7, 16\)"):
-        linear_act_triton(x, torch.zeros(8, 32, device=dev), cross=torch.zeros(7, 16, device=dev))
-    with pytest.raises(ValueError, match=r"residual \(30, 7\)"):
+    with pytest.raises(ValueError, match=r"norm's sum-of-squares partials is \(30, 2\) .* must be \[30, 1\]"):
+        linear_act_triton(x, weight, norm=(torch.zeros(30, 2, device=dev), 1e-5))
+    with pytest.raises(ValueError, match=r"norm_width 20 must be in 1..16"):
+        linear_act_triton(x, weight, norm=(torch.zeros(30, 2, device=dev), 1e-5), norm_width=20)
+    with pytest.raises(ValueError, match=r"residual is \(30, 7\)"):
         linear_act_triton(x, weight, residual=torch.zeros(30, 7, device=dev))
+    with pytest.raises(ValueError, match=r"sumsq_out is \(30, 1\) torch.float16"):
+        linear_act_triton(x, weight, sumsq_out=torch.zeros(30, 1, device=dev, dtype=torch.float16))
+    with pytest.raises(ValueError, match=r"cross t \(7, 8\) must be \[b, 8\]"):
+        linear_act_triton(x, weight, cross=(torch.zeros(7, 8, device=dev), torch.zeros(30, 8, device=dev)))
+    with pytest.raises(ValueError, match="share the output's row stride"):
+        linear_act_triton(x, weight, cross=(torch.zeros(3, 8, device=dev), torch.zeros(30, 16, device=dev)[:, :8]))
     nodes = Nodes(torch.zeros(2, 3, 4, dtype=torch.int64, device=dev), torch.zeros(50, 8, device=dev),
                   torch.zeros(2, 3, 8, device=dev), torch.zeros(3, 4, 8, device=dev))
     with pytest.raises(ValueError, match="do not match 30 rows of width 8"):
         linear_act_triton(x, weight, nodes=nodes)
-    with pytest.raises(ValueError, match="residual and nodes are two different outputs"):
+    with pytest.raises(ValueError, match="residual is the output; pass it without nodes / out"):
         linear_act_triton(x[:24], weight, residual=torch.zeros(24, 8, device=dev), nodes=nodes)
     with pytest.raises(ValueError, match=r"\(TMA\) has no norm"):
-        linear_act_triton(x, weight, norm_eps=1e-5, config="tma_large")
+        linear_act_triton(x, weight, sumsq_out=torch.zeros(30, 1, device=dev), config="tma_large")
 
 
 def test_bad_group_bias_raises():
@@ -223,10 +243,15 @@ _AOT = """
 import sys
 from sm90_build import build
 from sglang_lilicorr.kernels import ffn_silu as fs
-from sglang_lilicorr.fast_head import TRITON_GEMM_ROWS_CAP
+from sglang_lilicorr.fast_head import FOLD_NORMS_MAX_ROWS, TRITON_GEMM_ROWS_CAP
 
-small_m = {cfg for rows, cfg, _ in fs.CONFIG_BY_ROWS if rows is not None and rows <= TRITON_GEMM_ROWS_CAP}
-small_m |= {fs.WIDE_K_CONFIG[cfg] for cfg in small_m if cfg in fs.WIDE_K_CONFIG}
+
+def configs_up_to(bound):
+    names = {cfg for rows, cfg, _ in fs.CONFIG_BY_ROWS if rows is not None and rows <= bound}
+    return names | {fs.WIDE_K_CONFIG[cfg] for cfg in names if cfg in fs.WIDE_K_CONFIG}
+
+
+small_m, folded = configs_up_to(TRITON_GEMM_ROWS_CAP), configs_up_to(max(FOLD_NORMS_MAX_ROWS.values()))
 for name, c in fs.CONFIGS.items():
     t = "*fp32" if name == "fp32" else "*bf16"
     # under PDL, with the factor projection's epilogue (bias, per-request bias, SiLU: the most a kernel
@@ -239,17 +264,17 @@ for name, c in fs.CONFIGS.items():
                   aligned=(3, 4, 6, 7, 8), num_warps=c.num_warps, num_stages=c.num_stages)
         if "cp.async.bulk.tensor" not in r["ptx"]:
             sys.exit(f"{name} does not load by TMA")
-    else:  # pointers (x, w, b, group bias, out, t, ids, table, pass_proj, node_const), N, K, strides aligned
-        types = [t] * 6 + ["*i64", t, t, "*fp32"] + ["i32"] * 11 + ["fp32"] + ["constexpr"] * 14
-        aligned = tuple(range(10)) + (11, 12, 13, 14, 15)
-        plain = dict(NORM=False, CROSS=False, RESIDUAL=False, NODES=False)
+    else:  # pointers (x, w, b, group bias, out, sums of squares in / out, t, x * t, ids, table, pass_proj, node_const),
+        # then N, K and the strides aligned
+        types = [t] * 5 + ["*fp32"] * 2 + [t] * 2 + ["*i64", t, t, "*fp32"] + ["i32"] * 13 + ["fp32"] * 2 + ["constexpr"] * 18
+        aligned = tuple(range(13)) + (14, 15, 16, 17, 18)
+        plain = dict(NORM=False, PARTS_IN=1, RESIDUAL=False, NODES=False, SUMSQ_OUT=False, CROSS_OUT=False)
         r = build(fs._linear_act_kernel, types, dict(EVEN_K=True, IEEE_F32=name == "fp32", **plain, **tiles),
                   aligned=aligned, num_warps=c.num_warps, num_stages=c.num_stages)
-        if name in small_m:  # the folded-norm lattice GEMMs (FastLiLiCorrSelect.fold_norms) at the rows they run at
-            cross = name not in fs.WIDE_K_CONFIG.values()  # the factor GEMM's K (the head width) stays below WIDE_K
-            for extra in (dict(NORM=True, CROSS=cross, RESIDUAL=False, NODES=False),  # QKV, FFN up; the factor GEMM
-                          dict(NORM=False, CROSS=False, RESIDUAL=True, NODES=False), dict(NORM=False, CROSS=False, RESIDUAL=False, NODES=True)):
-                f = build(fs._linear_act_kernel, types, dict(EVEN_K=True, IEEE_F32=name == "fp32", **extra, **tiles),
+        if name in folded:  # the folded-norm lattice GEMMs (FastLiLiCorrSelect.fold_norms) at the rows they run at
+            for extra in (dict(plain, NORM=True, PARTS_IN=64),  # QKV, FFN up, the factor GEMM
+                          dict(plain, RESIDUAL=True, SUMSQ_OUT=True, CROSS_OUT=True), dict(plain, NODES=True, SUMSQ_OUT=True)):
+                f = build(fs._linear_act_kernel, types, dict(EVEN_K=True, IEEE_F32=False, **extra, **tiles),
                           aligned=aligned, num_warps=c.num_warps, num_stages=c.num_stages)
                 print(name, extra, "registers", f["registers"], "spill bytes", f["spills"])
                 if f["spills"] or "griddepcontrol.wait" not in f["ptx"]:
