@@ -7,9 +7,8 @@ F.linear with bias where a chain of launches with programmatic dependent launch 
 beats cuBLAS. At small M it also carries the lattice layer's norms and adds, so that each lattice
 GEMM is the layer's only launch around it (FastLiLiCorrSelect's fold_norms):
   residual   the residual add into the stream (in place);
-  nodes      the lattice node sum (kernels/head_nodes.node_sum) with this GEMM as the feature term;
-  sumsq_out  the output rows' sums of squares, one partial per SUMSQ_GROUP columns (in the epilogue,
-             where the rows are in registers anyway);
+  sumsq_out  the output rows' sums of squares, one partial per SUMSQ_GROUP columns (kernels/head_norm.py;
+             in the epilogue, where the rows are in registers anyway);
   norm       the pre-norm of the GEMM's input: rstd per row from those partials scales the tile; the
              norm's gain is folded into the weight (fold_norm_gain): RMSNorm(x) @ W.T = rstd * (x @ (W * g).T);
   cross      also writes out * t (t: the request's anchor state), the factor GEMM's h * t up to the
@@ -61,8 +60,8 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from .device import sm_count, sm_major
-from .head_nodes import node_sum
-from .pdl import check_pdl, grid_dependency_wait
+from .head_norm import SUMSQ_GROUP, row_rstd, store_sumsq
+from .pdl import check_pdl, grid_dependency_wait, pdl_launch
 
 
 class LaunchConfig(NamedTuple):
@@ -101,7 +100,6 @@ def _band(m: int) -> tuple:
     return next(row for row in CONFIG_BY_ROWS if row[0] is None or m <= row[0])
 
 
-SUMSQ_GROUP = tl.constexpr(16)  # columns per partial sum of squares (sumsq_out / norm); every BLOCK_N is a multiple
 WIDE_K = 2048  # from this K on, a band's config gives way to its WIDE_K_CONFIG (H100, version 15: K = 2048 at M = 120
 WIDE_K_CONFIG = {"skinny": "skinny_wide_k"}  # in chains of 16 with PDL, 6.98 us vs skinny's 7.31: h100_gemm_chain_v15)
 
@@ -177,33 +175,11 @@ def gemm_tile(
 
 
 @triton.jit
-def _row_rstd(ss_ptr, rm, M, n_parts, eps, NORM_WIDTH, PARTS: tl.constexpr):
-    """[BLOCK_M] 1 / sqrt(mean(x^2) + eps) of rows rm from their partial sums of squares ss [M, n_parts]
-    (one per SUMSQ_GROUP columns), summed in a fixed order."""
-    parts = tl.arange(0, PARTS)
-    at = ss_ptr + (rm % M).to(tl.int64)[:, None] * n_parts + parts[None, :]
-    sumsq = tl.sum(tl.load(at, mask=(parts < n_parts)[None, :], other=0.0), 1)
-    return 1.0 / tl.sqrt(sumsq / NORM_WIDTH + eps)
-
-
-@triton.jit
-def _store_sumsq(v, rm, pid_n, live, M, n_parts, ss_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """v [BLOCK_M, BLOCK_N] fp32 (zero outside the output) -> its rows' sums of squares per group of
-    SUMSQ_GROUP columns, stored at ss[rm, pid_n * BLOCK_N / SUMSQ_GROUP + j]."""
-    GROUPS: tl.constexpr = BLOCK_N // SUMSQ_GROUP
-    part = tl.sum(tl.reshape(v * v, [BLOCK_M, GROUPS, SUMSQ_GROUP]), 2)  # [BLOCK_M, GROUPS]
-    cols = pid_n * GROUPS + tl.arange(0, GROUPS)
-    at = ss_ptr + rm.to(tl.int64)[:, None] * n_parts + cols[None, :]
-    tl.store(at, part, mask=live[:, None] & (cols < n_parts)[None, :])
-
-
-@triton.jit
 def _linear_act_kernel(
-    x_ptr, w_ptr, b_ptr, gb_ptr, out_ptr, ss_in_ptr, ss_out_ptr, t_ptr, xt_ptr, ids_ptr, table_ptr, pass_ptr, const_ptr,
-    M, N, K, stride_xm, stride_wn, stride_om, gb_stride, rows_per_group, rows_per_req, n_slots, n_cand,
-    n_parts_in, norm_width, eps,
+    x_ptr, w_ptr, b_ptr, gb_ptr, out_ptr, ss_in_ptr, ss_out_ptr, t_ptr, xt_ptr,
+    M, N, K, stride_xm, stride_wn, stride_om, gb_stride, rows_per_group, rows_per_req, n_parts_in, norm_width, eps,
     HAS_BIAS: tl.constexpr, GROUP_BIAS: tl.constexpr, SILU: tl.constexpr, NORM: tl.constexpr, PARTS_IN: tl.constexpr,
-    RESIDUAL: tl.constexpr, NODES: tl.constexpr, SUMSQ_OUT: tl.constexpr, CROSS_OUT: tl.constexpr,
+    RESIDUAL: tl.constexpr, SUMSQ_OUT: tl.constexpr, CROSS_OUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, IEEE_F32: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -213,7 +189,7 @@ def _linear_act_kernel(
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = gemm_tile(x_ptr, w_ptr, rm, rn, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE_F32)
     if NORM:  # RMSNorm(x) @ W.T = rstd * (x @ (W * g).T): the gain g folded into the weight
-        acc = acc * _row_rstd(ss_in_ptr, rm, M, n_parts_in, eps, norm_width, PARTS_IN)[:, None]
+        acc = acc * row_rstd(ss_in_ptr, rm % M, n_parts_in, eps, norm_width, PARTS_IN)[:, None]
     y = _epilogue(acc, rm, rn, M, N, b_ptr, gb_ptr, gb_stride, rows_per_group, HAS_BIAS, GROUP_BIAS, SILU)
     live = rm < M
     mask = live[:, None] & (rn < N)[None, :]
@@ -221,12 +197,10 @@ def _linear_act_kernel(
     dtype = out_ptr.dtype.element_ty
     if RESIDUAL:  # out += y, y rounded as F.linear returns it, the sum rounded as the residual add
         y = tl.load(out_ptr + at, mask=mask, other=0.0).to(tl.float32) + y.to(dtype).to(tl.float32)
-    if NODES:  # out = the lattice node with y as its feature term
-        y = node_sum(y.to(dtype).to(tl.float32), rm.to(tl.int64), live, rn, mask, ids_ptr, table_ptr, pass_ptr, const_ptr, n_slots, n_cand, N)
     y = y.to(dtype)
     tl.store(out_ptr + at, y, mask=mask)
-    if SUMSQ_OUT:  # the next GEMM's norm of these rows
-        _store_sumsq(tl.where(mask, y.to(tl.float32), 0.0), rm, pid_n, live, M, tl.cdiv(N, SUMSQ_GROUP), ss_out_ptr, BLOCK_M, BLOCK_N)
+    if SUMSQ_OUT:  # for the next GEMM's norm of these rows
+        store_sumsq(tl.where(mask, y.to(tl.float32), 0.0), rm, pid_n, live, tl.cdiv(N, SUMSQ_GROUP), ss_out_ptr, BLOCK_M, BLOCK_N)
     if CROSS_OUT:  # x * t, the numerator of the factor input's h * t (the norm's rstd and gain come later)
         t = tl.load(t_ptr + (rm // rows_per_req).to(tl.int64)[:, None] * N + rn[None, :], mask=mask, other=0.0)
         tl.store(xt_ptr + at, (y.to(tl.float32) * t.to(tl.float32)).to(dtype), mask=mask)
@@ -255,25 +229,15 @@ def _linear_act_tma_kernel(
         out_desc.store([off_m, off_n], y.to(out_desc.dtype))
 
 
-class Nodes(NamedTuple):
-    """The lattice node assembly as a GEMM epilogue (the feature MLP's down projection, paper Section 3.2):
-    out = table[id] + pass_proj[slot] + (x @ weight.T) + node_const[slot, rank] (kernels/head_nodes.py)."""
-
-    ids: torch.Tensor  # [b, S, K] int64 candidate token ids; M = b * S * K rows, slot-major
-    table: torch.Tensor  # [V, N] projected token table
-    pass_proj: torch.Tensor  # [b, S, N] pass_hidden_proj without its bias
-    node_const: torch.Tensor  # [S_max, K, N] fp32 slot + rank embeddings + folded biases
-
-
 def linear_act_reference(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, silu: bool = False,
     group_bias: torch.Tensor | None = None, rows_per_group: int = 1, norm_eps: float | None = None, norm_width: int | None = None,
-    residual: torch.Tensor | None = None, nodes: Nodes | None = None, cross: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None, cross: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """PyTorch definition of linear_act_triton, in fp32, rounded to x's dtype after the activation:
     y = act(rstd * (x @ weight.T) + bias + group_bias[row // rows_per_group]), rstd = 1 / sqrt(mean(x[:, :w]^2)
     + eps) over the first w = norm_width (default all) columns of x with norm_eps, else 1; then residual
-    += y (returned, in place) or the node sum with nodes. With cross (t [b, N]) -> (out, out * t[row // (M / b)])."""
+    += y (returned, in place). With cross (t [b, N]) -> (that, that * t[row // (M / b)])."""
     xf = x.float()
     y = xf @ weight.float().T
     if norm_eps is not None:
@@ -285,11 +249,6 @@ def linear_act_reference(
     y = (F.silu(y) if silu else y).to(x.dtype)
     if residual is not None:
         y = residual.copy_((residual.float() + y.float()).to(residual.dtype))
-    elif nodes is not None:
-        b, s, k = nodes.ids.shape
-        node = (nodes.table[nodes.ids].float() + nodes.pass_proj.float().unsqueeze(2)
-                + y.float().view(b, s, k, -1) + nodes.node_const[:s].float())
-        y = node.to(nodes.table.dtype).view(b * s * k, -1)
     if cross is None:
         return y
     return y, (y.float() * cross.float().repeat_interleave(y.shape[0] // cross.shape[0], dim=0)).to(y.dtype)
@@ -337,11 +296,6 @@ def _check(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
         )
 
 
-def sumsq_parts(rows: int, width: int, device) -> torch.Tensor:
-    """An fp32 buffer for the partial sums of squares of `rows` rows of `width` columns (sumsq_out, norm)."""
-    return torch.empty((rows, triton.cdiv(width, SUMSQ_GROUP.value)), dtype=torch.float32, device=device)
-
-
 def _check_tensor(name: str, what: str, t: torch.Tensor, shape: tuple, dtype: torch.dtype, device) -> None:
     if tuple(t.shape) != shape or t.stride(-1) != 1 or t.dtype != dtype or t.device != device:
         raise ValueError(
@@ -350,11 +304,11 @@ def _check_tensor(name: str, what: str, t: torch.Tensor, shape: tuple, dtype: to
         )
 
 
-def _check_epilogue(name: str, x, weight, norm, norm_width, residual, nodes, out, sumsq_out, cross) -> None:
-    """The norm / residual / node / extra outputs of linear_act_triton against x [M, K] and weight [N, K]."""
+def _check_epilogue(name: str, x, weight, norm, norm_width, residual, out, sumsq_out, cross) -> None:
+    """The norm / residual / extra outputs of linear_act_triton against x [M, K] and weight [N, K]."""
     (m, k), n = x.shape, weight.shape[0]
-    if residual is not None and (nodes is not None or out is not None):
-        raise ValueError(f"{name}: residual is the output; pass it without nodes / out")
+    if residual is not None and out is not None:
+        raise ValueError(f"{name}: residual is the output; pass it without out")
     if norm is not None:
         width = norm_width or k
         if not 0 < width <= k:
@@ -373,15 +327,6 @@ def _check_epilogue(name: str, x, weight, norm, norm_width, residual, nodes, out
         _check_tensor(name, "cross output", xt, (m, n), x.dtype, x.device)
         if xt.stride(0) != (out if out is not None else residual if residual is not None else xt.new_empty(m, n)).stride(0):
             raise ValueError(f"{name}: the cross output must share the output's row stride (e.g. two halves of one buffer)")
-    if nodes is not None:
-        b, s, kk = nodes.ids.shape
-        if (b * s * kk != m or tuple(nodes.pass_proj.shape) != (b, s, n) or nodes.table.dim() != 2 or nodes.table.shape[1] != n
-                or nodes.node_const.shape[1:] != (kk, n) or nodes.node_const.shape[0] < s or nodes.table.dtype != x.dtype
-                or not nodes.table.is_contiguous()):
-            raise ValueError(
-                f"{name}: nodes ids {tuple(nodes.ids.shape)}, table {tuple(nodes.table.shape)}, pass_proj "
-                f"{tuple(nodes.pass_proj.shape)}, node_const {tuple(nodes.node_const.shape)} do not match {m} rows of width {n}"
-            )
 
 
 def linear_act_triton(
@@ -395,20 +340,20 @@ def linear_act_triton(
     norm: tuple[torch.Tensor, float] | None = None,  # (sum-of-squares partials of x's rows [M, cdiv(w, 16)], eps)
     norm_width: int | None = None,  # w: x's first columns that the norm covers (default all K)
     residual: torch.Tensor | None = None,  # [M, N]: add the result into it (in place) and return it
-    nodes: Nodes | None = None,  # the result is the lattice node sum with this GEMM as its feature term
     out: torch.Tensor | None = None,  # [M, N] where to write the result (unit column stride); None: a new tensor
     sumsq_out: torch.Tensor | None = None,  # [M, cdiv(N, 16)] fp32: the result rows' partial sums of squares
     cross: tuple[torch.Tensor, torch.Tensor] | None = None,  # (t [b, N], xt [M, N]): also xt = result * t per request
     config: str | LaunchConfig | None = None,  # a CONFIGS key or a LaunchConfig; None: select_config(M, dtype, K)
     pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py; sm_90+)
+    launch_pdl: bool | None = None,  # False: a PDL kernel launched in full order (after a stream join); None: pdl
     name: str = "linear_act_triton",
 ) -> torch.Tensor:
     """-> act(x @ weight.T + bias + group_bias[row // rows_per_group]) [M, N] in x's dtype (act: SiLU
     with silu, else identity), fp32 accumulation and epilogue, one launch; the options as in
-    linear_act_reference (the layer's pre-norm, the residual add, the node sum), and the outputs the
-    next GEMM's norm needs (sumsq_out) or the factor GEMM's h * t (cross)."""
+    linear_act_reference (the layer's pre-norm, the residual add), and the outputs the next GEMM's
+    norm needs (sumsq_out) or the factor GEMM's h * t (cross)."""
     _check(name, x, weight, bias, group_bias, rows_per_group)
-    _check_epilogue(name, x, weight, norm, norm_width, residual, nodes, out, sumsq_out, cross)
+    _check_epilogue(name, x, weight, norm, norm_width, residual, out, sumsq_out, cross)
     check_pdl(pdl, x, name)
     if isinstance(config, str) and config not in CONFIGS:
         raise ValueError(f"{name}: config {config!r} unknown; use one of {sorted(CONFIGS)}")
@@ -423,31 +368,26 @@ def linear_act_triton(
             b_ptr=out if bias is None else bias, gb_ptr=out if group_bias is None else group_bias,
             gb_stride=0 if group_bias is None else group_bias.stride(0), rows_per_group=rows_per_group,
             HAS_BIAS=bias is not None, GROUP_BIAS=group_bias is not None, SILU=silu,
-            BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m, PDL=pdl, launch_pdl=pdl,
+            BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m, **pdl_launch(pdl, launch_pdl),
             num_stages=c.num_stages, num_warps=c.num_warps,
         )
-        extras = (norm, residual, nodes, sumsq_out, cross)
+        extras = (norm, residual, sumsq_out, cross)
         plain = all(e is None for e in extras) and out.is_contiguous()
         if c.tma and not plain:
-            raise ValueError(f"{name}: config {c} (TMA) has no norm / residual / node / extra-output epilogue; pass a non-TMA config")
+            raise ValueError(f"{name}: config {c} (TMA) has no norm / residual / extra-output epilogue; pass a non-TMA config")
         if c.tma:
             _launch_tma(name, x, weight, out, common)
         else:
-            ids, table, pass_proj, node_const = (
-                (nodes.ids.contiguous(), nodes.table, nodes.pass_proj.contiguous(), nodes.node_const.contiguous()) if nodes else (out,) * 4
-            )
             t, xt = (cross[0].contiguous(), cross[1]) if cross is not None else (out, out)
             n_parts_in = norm[0].shape[1] if norm is not None else 1
             _linear_act_kernel[(triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n),)](
                 x_ptr=x, w_ptr=weight, out_ptr=out, ss_in_ptr=out if norm is None else norm[0],
                 ss_out_ptr=out if sumsq_out is None else sumsq_out, t_ptr=t, xt_ptr=xt,
-                ids_ptr=ids, table_ptr=table, pass_ptr=pass_proj, const_ptr=node_const,
                 M=m, N=n, K=k, stride_xm=x.stride(0), stride_wn=weight.stride(0), stride_om=out.stride(0),
                 rows_per_req=1 if cross is None else m // t.shape[0],
-                n_slots=nodes.ids.shape[1] if nodes else 1, n_cand=nodes.ids.shape[2] if nodes else 1,
                 n_parts_in=n_parts_in, norm_width=norm_width or k, eps=0.0 if norm is None else float(norm[1]),
                 NORM=norm is not None, PARTS_IN=triton.next_power_of_2(n_parts_in), RESIDUAL=residual is not None,
-                NODES=nodes is not None, SUMSQ_OUT=sumsq_out is not None, CROSS_OUT=cross is not None,
+                SUMSQ_OUT=sumsq_out is not None, CROSS_OUT=cross is not None,
                 EVEN_K=k % c.block_k == 0, IEEE_F32=x.dtype == torch.float32 or not x.is_cuda, **common,
             )
     return out

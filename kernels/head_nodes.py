@@ -7,7 +7,9 @@ Two row kernels around the feature MLP's down projection (a cuBLAS GEMM):
                          (w_feat = up.weight * ln.weight, b_feat = up.weight @ ln.bias + up.bias).
   lattice_nodes_triton   node = token_table[id] + pass_proj[slot] + feat_down[node] + node_const[slot, k]
                          (node_const: slot + rank embeddings and the folded biases), written as the
-                         residual stream and, RMS-normalised, as the first layer's attention input.
+                         residual stream and, RMS-normalised, as the first layer's attention input
+                         (or, with the norms folded into the GEMMs, the rows' partial sums of
+                         squares that the QKV GEMM's norm reads: kernels/head_norm.store_sumsq).
 
 Both run one program per row; no host syncs (CUDA-graph capturable).
 """
@@ -18,8 +20,8 @@ import triton
 import triton.language as tl
 
 from .device import rows_per_program
-from .head_norm import norm_store
-from .pdl import check_pdl, grid_dependency_wait
+from .head_norm import SUMSQ_GROUP, norm_store, store_sumsq
+from .pdl import check_pdl, grid_dependency_wait, pdl_launch
 
 NUM_FEATURES = 5  # log p, p, log p - log p_top, rank / (K-1), is-top-1 (sglang_lilicorr.head)
 
@@ -79,9 +81,9 @@ def node_sum(feat, rows, live, cols, mask, ids_ptr, table_ptr, pass_ptr, const_p
 
 @triton.jit
 def _lattice_nodes_kernel(
-    ids_ptr, table_ptr, pass_ptr, feat_ptr, const_ptr, norm_w_ptr, x_ptr, xn_ptr,
-    n_rows, S, K, H, eps,
-    ROWS: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
+    ids_ptr, table_ptr, pass_ptr, feat_ptr, const_ptr, norm_w_ptr, x_ptr, xn_ptr, ss_ptr,
+    n_rows, S, K, H, x_stride, eps,
+    ROWS: tl.constexpr, BLOCK_H: tl.constexpr, SUMSQ: tl.constexpr, PDL: tl.constexpr,
 ):
     grid_dependency_wait(PDL)
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
@@ -90,10 +92,13 @@ def _lattice_nodes_kernel(
     m = rv[:, None] & (cols < H)[None, :]
     feat = tl.load(feat_ptr + r[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
     x = node_sum(feat, r, rv, cols, m, ids_ptr, table_ptr, pass_ptr, const_ptr, S, K, H).to(x_ptr.dtype.element_ty)
-    tl.store(x_ptr + r[:, None] * H + cols[None, :], x, mask=m)
-    xf = x.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, 1) / H + eps)
-    norm_store(xf, rstd, r, cols, m, H, norm_w_ptr, xn_ptr, H, xn_ptr, 1, False)
+    tl.store(x_ptr + r[:, None] * x_stride + cols[None, :], x, mask=m)
+    xf = tl.where(m, x.to(tl.float32), 0.0)
+    if SUMSQ:  # the first norm is left to the QKV GEMM (folded norms)
+        store_sumsq(xf, r, 0, rv, tl.cdiv(H, SUMSQ_GROUP), ss_ptr, ROWS, BLOCK_H)
+    else:
+        rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, 1) / H + eps)
+        norm_store(xf, rstd, r, cols, m, H, norm_w_ptr, xn_ptr, H, xn_ptr, 1, False)
 
 
 def _row_warps(block: int) -> int:
@@ -130,19 +135,30 @@ def lattice_nodes_triton(
     node_const: torch.Tensor,  # [S_max, K, H] fp32 embeddings + folded biases
     norm_weight: torch.Tensor,  # [H] first layer's attention RMSNorm weight
     eps: float,
-    *, pdl: bool = False,
+    *,
+    out: torch.Tensor | None = None,  # [b*S*K, H] where to write x (unit column stride); None: a new tensor
+    sumsq_out: torch.Tensor | None = None,  # fp32 [b*S*K, cdiv(H, 16)]: x's partial sums of squares instead of the norm
+    pdl: bool = False,
+    launch_pdl: bool | None = None,  # False: launched in full order (after a stream join); None: pdl
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (residual stream x [b*S*K, H], RMSNorm(x) [b*S*K, H]), both in table's dtype."""
+    """-> (residual stream x [b*S*K, H], RMSNorm(x) [b*S*K, H]), both in table's dtype; with sumsq_out
+    (the norm folded into the QKV GEMM, kernels/ffn_silu.py) -> (x, sumsq_out)."""
     check_pdl(pdl, table, "lattice_nodes_triton")
     b, s, k = ids.shape
     h = table.shape[1]
     rows = b * s * k
-    x = torch.empty((rows, h), dtype=table.dtype, device=table.device)
-    xn = torch.empty_like(x)
+    x = torch.empty((rows, h), dtype=table.dtype, device=table.device) if out is None else out
+    if tuple(x.shape) != (rows, h) or x.stride(1) != 1 or x.dtype != table.dtype:
+        raise ValueError(f"lattice_nodes_triton: out {tuple(x.shape)} {x.dtype} must be [{rows}, {h}] {table.dtype}, unit column stride")
+    parts = triton.cdiv(h, SUMSQ_GROUP.value)
+    if sumsq_out is not None and (tuple(sumsq_out.shape) != (rows, parts) or sumsq_out.dtype != torch.float32 or not sumsq_out.is_contiguous()):
+        raise ValueError(f"lattice_nodes_triton: sumsq_out {tuple(sumsq_out.shape)} {sumsq_out.dtype} must be a contiguous fp32 [{rows}, {parts}]")
+    xn = torch.empty((rows, h), dtype=table.dtype, device=table.device) if sumsq_out is None else sumsq_out
     if rows:
-        block_h, per = triton.next_power_of_2(h), rows_per_program(x)
+        block_h, per = max(triton.next_power_of_2(h), SUMSQ_GROUP.value), rows_per_program(x)
         _lattice_nodes_kernel[(triton.cdiv(rows, per),)](
             ids.contiguous(), table.contiguous(), pass_proj.contiguous(), feat.contiguous(), node_const.contiguous(),
-            norm_weight, x, xn, rows, s, k, h, float(eps), ROWS=per, BLOCK_H=block_h, PDL=pdl, launch_pdl=pdl, num_warps=_row_warps(block_h),
+            norm_weight, x, xn, xn, rows, s, k, h, x.stride(0), float(eps), ROWS=per, BLOCK_H=block_h,
+            SUMSQ=sumsq_out is not None, **pdl_launch(pdl, launch_pdl), num_warps=_row_warps(block_h),
         )
     return x, xn

@@ -35,6 +35,35 @@ def norm_store(sf, rstd, rows, cols, mask, H, w_ptr, out_ptr, out_stride, cross_
         tl.store(out + H, (n.to(tl.float32) * t).to(dtype), mask=mask)
 
 
+SUMSQ_GROUP = tl.constexpr(16)  # columns per partial sum of squares (a row's norm left to the GEMM that reads it)
+
+
+@triton.jit
+def store_sumsq(v, rows, pid_n, live, n_parts, ss_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """v [BLOCK_M, BLOCK_N] fp32 (zero outside the rows' values), the column block pid_n of rows `rows`
+    -> their sums of squares per SUMSQ_GROUP columns at ss[rows, pid_n * BLOCK_N / SUMSQ_GROUP + j]
+    (ss [M, n_parts] fp32, n_parts = cdiv(width, SUMSQ_GROUP))."""
+    GROUPS: tl.constexpr = BLOCK_N // SUMSQ_GROUP
+    part = tl.sum(tl.reshape(v * v, [BLOCK_M, GROUPS, SUMSQ_GROUP]), 2)  # [BLOCK_M, GROUPS]
+    cols = pid_n * GROUPS + tl.arange(0, GROUPS)
+    tl.store(ss_ptr + rows.to(tl.int64)[:, None] * n_parts + cols[None, :], part, mask=live[:, None] & (cols < n_parts)[None, :])
+
+
+@triton.jit
+def row_rstd(ss_ptr, rows, n_parts, eps, width, PARTS: tl.constexpr):
+    """[R] 1 / sqrt(mean(x^2) + eps) of rows `rows` of width `width` from their partial sums of squares
+    (store_sumsq; PARTS >= n_parts a power of two), summed in a fixed order."""
+    parts = tl.arange(0, PARTS)
+    at = ss_ptr + rows.to(tl.int64)[:, None] * n_parts + parts[None, :]
+    sumsq = tl.sum(tl.load(at, mask=(parts < n_parts)[None, :], other=0.0), 1)
+    return 1.0 / tl.sqrt(sumsq / width + eps)
+
+
+def sumsq_parts(rows: int, width: int, device) -> torch.Tensor:
+    """An fp32 buffer [rows, cdiv(width, SUMSQ_GROUP)] for store_sumsq / row_rstd."""
+    return torch.empty((rows, triton.cdiv(width, SUMSQ_GROUP.value)), dtype=torch.float32, device=device)
+
+
 @triton.jit
 def _add_rmsnorm_kernel(
     x_ptr, y_ptr, w_ptr, out_ptr, out_stride, cross_ptr, rows_per_req, n_rows, H, eps,

@@ -44,3 +44,11 @@ def check_pdl(pdl: bool, t: torch.Tensor, name: str) -> None:
         raise ValueError(
             f"{name}: pdl=True needs a CUDA device of compute capability 9.0+ (Hopper), got {t.device}; pass pdl=False"
         )
+
+
+def pdl_launch(pdl: bool, launch_pdl: bool | None = None) -> dict:
+    """A kernel's PDL constexpr and launch option: with pdl it waits on its predecessor and releases its
+    successor; launch_pdl=False launches it in full stream order all the same (the first kernel after a
+    wait on another stream: its griddepcontrol.wait returns at once, and its successor may still start
+    early). None: launch_pdl = pdl."""
+    return {"PDL": pdl, "launch_pdl": pdl if launch_pdl is None else pdl and launch_pdl}

@@ -319,9 +319,9 @@ class FastLiLiCorrSelect:
         """-> log-probs fp32 [b*S, K], residual stream x [b*L, H], first attention input [b*L, H]. Where the
         norms fold into the GEMMs (_folds_norms): x is a [b*L, 2H] buffer whose first half is the residual
         stream (the last layer writes x * t into the second), and the sums of squares of its rows stand
-        in for the attention input (fp32 [b*L, H / 16], kernels/ffn_silu.py)."""
-        from .kernels.ffn_silu import Nodes, linear_act_triton, sumsq_parts
+        in for the attention input (fp32 [b*L, H / 16], kernels/head_norm.py)."""
         from .kernels.head_nodes import confidence_up_triton, lattice_nodes_triton
+        from .kernels.head_norm import sumsq_parts
         from .kernels.linear_norm import lattice_nodes_linear_triton
 
         b, s, k = vals.shape
@@ -329,16 +329,9 @@ class FastLiLiCorrSelect:
         lp, up = confidence_up_triton(
             vals.reshape(b * s, k).float(), lse.reshape(b * s).float(), self.w_feat, self.b_feat, self.feat_ln_eps, self.dtype, pdl=pdl,
         )
-        if self._folds_norms(b * s * k):  # the node sum in the down GEMM's epilogue
-            if join_pass is not None:
-                join_pass()
-            rows, h = b * s * k, self.width
-            cat, sumsq = torch.empty((rows, 2 * h), dtype=self.dtype, device=self.device), sumsq_parts(rows, h, self.device)
-            nodes = Nodes(ids, self.token_table, pass_proj, self.node_const)
-            linear_act_triton(up, self.w_down, nodes=nodes, out=cat[:, :h], sumsq_out=sumsq, pdl=pdl and join_pass is None)
-            return lp, cat, sumsq
-        norm = self.head.layers[0].attn_norm
-        counters = self._norm_counters(up.shape[0], self.width)
+        norm, rows, h = self.head.layers[0].attn_norm, b * s * k, self.width
+        folds = self._folds_norms(rows)
+        counters = None if folds else self._norm_counters(rows, h)
         if counters is not None:  # the down GEMM with the node sum + norm in its epilogue
             if join_pass is not None:
                 join_pass()
@@ -349,11 +342,13 @@ class FastLiLiCorrSelect:
         feat = self._linear(up, self.w_down)  # [b*S*K, H]
         if join_pass is not None:
             join_pass()
+        cat = torch.empty((rows, 2 * h), dtype=self.dtype, device=self.device) if folds else None
+        folded = dict(out=cat[:, :h], sumsq_out=sumsq_parts(rows, h, self.device)) if folds else {}  # the norm left to QKV
         x, xn = lattice_nodes_triton(
-            ids, self.token_table, pass_proj, feat, self.node_const, norm.weight, _norm_eps(norm),
-            pdl=self._pdl_at(b * s * k) and join_pass is None,  # the first launch after a join waits in full
+            ids, self.token_table, pass_proj, feat, self.node_const, norm.weight, _norm_eps(norm), **folded,
+            pdl=pdl, launch_pdl=join_pass is None,  # the first launch after a join waits in full
         )
-        return lp, x, xn
+        return lp, (cat if folds else x), xn
 
     def _layers_fused(self, x, xn, b, t, join_anchor=None):
         """Lattice transformer on x [b*L, H] (updated in place) -> (concat[h, h*t] [b*L, 2H], None); with
@@ -389,7 +384,8 @@ class FastLiLiCorrSelect:
         stream x in its first half, sumsq [b*L, H / 16] its rows' partial sums of squares; every GEMM
         that adds into x writes them anew for the next one's norm, and the last also writes x * t into
         cat's second half -> (cat, sumsq of the final x)."""
-        from .kernels.ffn_silu import linear_act_triton, sumsq_parts
+        from .kernels.ffn_silu import linear_act_triton
+        from .kernels.head_norm import sumsq_parts
         from .kernels.lattice_attention import lattice_attention_triton
 
         rows, h = cat.shape[0], self.width
@@ -411,7 +407,7 @@ class FastLiLiCorrSelect:
             sumsq = sumsq_parts(rows, h, self.device)
             linear_act_triton(
                 hidden, mlp.down_proj.weight, mlp.down_proj.bias, residual=x, sumsq_out=sumsq,
-                cross=(t, cat[:, h:]) if last else None, pdl=pdl and not joined,
+                cross=(t, cat[:, h:]) if last else None, pdl=pdl, launch_pdl=not joined,
             )
         return cat, sumsq
 
@@ -425,7 +421,7 @@ class FastLiLiCorrSelect:
 
         counters = self._norm_counters(*x.shape)
         if counters is None:
-            y = self._linear(branch, linear.weight, linear.bias, pdl=not joined)
+            y = self._linear(branch, linear.weight, linear.bias, launch_pdl=not joined)
             return add_rmsnorm_triton(x, y, norm.weight, _norm_eps(norm), cross=cross, pdl=self._pdl_at(x.shape[0]))
         return linear_add_rmsnorm_triton(branch, linear.weight, linear.bias, x, norm.weight, _norm_eps(norm), counters, cross)
 
@@ -498,14 +494,14 @@ class FastLiLiCorrSelect:
         max_k, max_n = (k, n) if absorbs_launch else TRITON_GEMM_MAX_SHAPE.get(self.width, (k, n))
         return self._pdl_at(rows) and rows <= TRITON_GEMM_MAX_ROWS.get(self.width, 0) and k <= max_k and n <= max_n
 
-    def _linear(self, x, weight, bias=None, pdl=True):
-        """x @ weight.T + bias on the main stream: a Triton GEMM (launched with PDL unless `pdl` is
-        False, e.g. right after a stream join) where _gemm_in_triton, else cuBLAS."""
+    def _linear(self, x, weight, bias=None, launch_pdl=True):
+        """x @ weight.T + bias on the main stream: a Triton GEMM (with PDL where _pdl_at, launched in full
+        order with launch_pdl=False, e.g. right after a stream join) where _gemm_in_triton, else cuBLAS."""
         if not self._gemm_in_triton(x.shape[0], weight):
             return F.linear(x, weight, bias)
         from .kernels.ffn_silu import linear_act_triton
 
-        return linear_act_triton(x, weight, bias, pdl=self._pdl_at(x.shape[0]) and pdl)
+        return linear_act_triton(x, weight, bias, pdl=self._pdl_at(x.shape[0]), launch_pdl=launch_pdl)
 
     def fused_stages(self, vals, ids, lse, pass_hidden, anchor_hidden) -> dict:
         """The fused path (without the side stream) cut into its stages, name -> zero-argument call

@@ -310,6 +310,13 @@ def test_node_and_norm_kernels_equal_torch(seed):
     ref = (table[ids] + pass_proj[:, :, None] + feat.view(b, s, k, h) + const[:s]).reshape(-1, h)
     torch.testing.assert_close(x, ref)
     torch.testing.assert_close(xn, F.rms_norm(ref, (h,), w, 1e-6))
+    cat, sumsq = torch.zeros(b * s * k, 2 * h), torch.empty(b * s * k, 3)  # folded norms: x into [x, .], partials
+    x2, parts = lattice_nodes_triton(ids, table, pass_proj, feat, const, w, 1e-6, out=cat[:, :h], sumsq_out=sumsq)
+    assert x2.data_ptr() == cat.data_ptr() and parts is sumsq and not cat[:, h:].any()
+    torch.testing.assert_close(cat[:, :h], ref)
+    torch.testing.assert_close(sumsq, ref.pow(2).view(-1, 3, 16).sum(-1))
+    with pytest.raises(ValueError, match=r"sumsq_out \(24, 2\) torch.float32 must be a contiguous fp32 \[24, 3\]"):
+        lattice_nodes_triton(ids, table, pass_proj, feat, const, w, 1e-6, sumsq_out=torch.empty(24, 2))
 
     torch.testing.assert_close(rmsnorm_triton(x, w, 1e-6), F.rms_norm(x, (h,), w, 1e-6))
     y, t = torch.randn_like(x), torch.randn(b, h, generator=g)
@@ -399,7 +406,8 @@ walk_args = [i64, "*i32", i64, i32, i32, i32, i64]  # the cosine kernel's walk: 
 P = dict(PDL=True)  # as served on sm_90 (kernels/pdl.py)
 cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divisible by 16 at the paper config
     (head_nodes._confidence_up_kernel, [f32] * 5 + [bf, i32, i32, "fp32", "fp32", c, c, c], dict(KP=8, BLOCK_H=256, **P), 4, None, ()),
-    (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, i32, i32, i32, i32, "fp32", c, c, c], dict(ROWS=1, BLOCK_H=1024, **P), 4, None, ()),
+    (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, f32] + [i32] * 5 + ["fp32", c, c, c, c], dict(ROWS=1, BLOCK_H=1024, SUMSQ=False, **P), 4, None, ()),
+    (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, f32] + [i32] * 5 + ["fp32", c, c, c, c], dict(ROWS=1, BLOCK_H=1024, SUMSQ=True, **P), 4, None, ()),
     (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=True, ADD=True, **P), 4, None, ()),
     (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=False, ADD=False, PDL=False), 4, None, ()),
     (head_norm._row_bias_silu_kernel, [bf, bf, i32, i32, i32, i32, c, c, c], dict(ROWS=1, BLOCK_N=1024, **P), 4, None, ()),

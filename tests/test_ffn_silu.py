@@ -19,7 +19,6 @@ from sglang_lilicorr.kernels.ffn_silu import (
     CONFIG_BY_ROWS,
     CONFIGS,
     LaunchConfig,
-    Nodes,
     bench_linear_silu,
     fold_norm_gain,
     format_bench,
@@ -101,11 +100,10 @@ def test_folded_norm_matches_rmsnorm_then_linear(gen, config, k):
 @needs_interpreter
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("config", ["skinny", LaunchConfig(16, 16, 16, 8, 1, 4)])
-def test_residual_node_and_output_epilogues_match_reference(gen, dtype, config):
+def test_residual_and_extra_outputs_match_reference(gen, dtype, config):
     """residual: x += a @ W.T + b in place (x a view with row stride 2N: the first half of [x, x * t]),
-    rounded like F.linear then the add, with the sums of squares of the new rows and x * t per request;
-    nodes: the node sum of kernels/head_nodes.py with the GEMM as its feature term (2 requests, 3 slots
-    of 4 candidates), into a given output."""
+    rounded like F.linear then the add, with the sums of squares of the new rows (sumsq_out) and
+    x * t per request (cross, 2 requests of 12 rows) beside it."""
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     a, weight, bias = (torch.randn(24, 40, generator=gen).to(dtype), (torch.randn(40, 40, generator=gen) / 7).to(dtype),
                        torch.randn(40, generator=gen).to(dtype))
@@ -119,13 +117,8 @@ def test_residual_node_and_output_epilogues_match_reference(gen, dtype, config):
     xt = (x.float() * t.float().repeat_interleave(12, 0)).to(dtype)  # of the rows it stored, rounded once
     torch.testing.assert_close(cat[:, 40:], xt, atol=1e-6, rtol=1e-6 if dtype == torch.float32 else 2**-7)  # (1 ulp)
     torch.testing.assert_close(sumsq, _sumsq(x), atol=1e-4, rtol=1e-5)  # of the rounded rows it stored
-    nodes = Nodes(torch.randint(0, 50, (2, 3, 4), generator=gen), torch.randn(50, 40, generator=gen).to(dtype),
-                  torch.randn(2, 3, 40, generator=gen).to(dtype), torch.randn(5, 4, 40, generator=gen))
-    node = linear_act_triton(a, weight, nodes=nodes, out=torch.empty(24, 80, dtype=dtype)[:, :40], config=config)
-    torch.testing.assert_close(node, linear_act_reference(a, weight, nodes=nodes), **tol)
-    feat = F.linear(a.float(), weight.float()).to(dtype).float().view(2, 3, 4, 40)
-    by_hand = nodes.table[nodes.ids].float() + nodes.pass_proj.float().unsqueeze(2) + feat + nodes.node_const[:3]
-    torch.testing.assert_close(node, by_hand.to(dtype).view(24, 40), **tol)
+    plain = linear_act_triton(a, weight, bias, out=torch.empty(24, 80, dtype=dtype)[:, 40:], config=config)
+    torch.testing.assert_close(plain, linear_act_reference(a, weight, bias), **tol)
 
 
 def test_bad_epilogue_operands_raise():
@@ -143,12 +136,8 @@ def test_bad_epilogue_operands_raise():
         linear_act_triton(x, weight, cross=(torch.zeros(7, 8, device=dev), torch.zeros(30, 8, device=dev)))
     with pytest.raises(ValueError, match="share the output's row stride"):
         linear_act_triton(x, weight, cross=(torch.zeros(3, 8, device=dev), torch.zeros(30, 16, device=dev)[:, :8]))
-    nodes = Nodes(torch.zeros(2, 3, 4, dtype=torch.int64, device=dev), torch.zeros(50, 8, device=dev),
-                  torch.zeros(2, 3, 8, device=dev), torch.zeros(3, 4, 8, device=dev))
-    with pytest.raises(ValueError, match="do not match 30 rows of width 8"):
-        linear_act_triton(x, weight, nodes=nodes)
-    with pytest.raises(ValueError, match="residual is the output; pass it without nodes / out"):
-        linear_act_triton(x[:24], weight, residual=torch.zeros(24, 8, device=dev), nodes=nodes)
+    with pytest.raises(ValueError, match="residual is the output; pass it without out"):
+        linear_act_triton(x, weight, residual=torch.zeros(30, 8, device=dev), out=torch.zeros(30, 8, device=dev))
     with pytest.raises(ValueError, match=r"\(TMA\) has no norm"):
         linear_act_triton(x, weight, sumsq_out=torch.zeros(30, 1, device=dev), config="tma_large")
 
@@ -264,16 +253,15 @@ for name, c in fs.CONFIGS.items():
                   aligned=(3, 4, 6, 7, 8), num_warps=c.num_warps, num_stages=c.num_stages)
         if "cp.async.bulk.tensor" not in r["ptx"]:
             sys.exit(f"{name} does not load by TMA")
-    else:  # pointers (x, w, b, group bias, out, sums of squares in / out, t, x * t, ids, table, pass_proj, node_const),
-        # then N, K and the strides aligned
-        types = [t] * 5 + ["*fp32"] * 2 + [t] * 2 + ["*i64", t, t, "*fp32"] + ["i32"] * 13 + ["fp32"] * 2 + ["constexpr"] * 18
-        aligned = tuple(range(13)) + (14, 15, 16, 17, 18)
-        plain = dict(NORM=False, PARTS_IN=1, RESIDUAL=False, NODES=False, SUMSQ_OUT=False, CROSS_OUT=False)
+    else:  # pointers (x, w, b, group bias, out, sums of squares in / out, t, x * t), then N, K and the strides aligned
+        types = [t] * 5 + ["*fp32"] * 2 + [t] * 2 + ["i32"] * 11 + ["fp32"] + ["constexpr"] * 16
+        aligned = tuple(range(9)) + (10, 11, 12, 13, 14)
+        plain = dict(NORM=False, PARTS_IN=1, RESIDUAL=False, SUMSQ_OUT=False, CROSS_OUT=False)
         r = build(fs._linear_act_kernel, types, dict(EVEN_K=True, IEEE_F32=name == "fp32", **plain, **tiles),
                   aligned=aligned, num_warps=c.num_warps, num_stages=c.num_stages)
         if name in folded:  # the folded-norm lattice GEMMs (FastLiLiCorrSelect.fold_norms) at the rows they run at
             for extra in (dict(plain, NORM=True, PARTS_IN=64),  # QKV, FFN up, the factor GEMM
-                          dict(plain, RESIDUAL=True, SUMSQ_OUT=True, CROSS_OUT=True), dict(plain, NODES=True, SUMSQ_OUT=True)):
+                          dict(plain, RESIDUAL=True, SUMSQ_OUT=True, CROSS_OUT=True)):
                 f = build(fs._linear_act_kernel, types, dict(EVEN_K=True, IEEE_F32=False, **extra, **tiles),
                           aligned=aligned, num_warps=c.num_warps, num_stages=c.num_stages)
                 print(name, extra, "registers", f["registers"], "spill bytes", f["spills"])
