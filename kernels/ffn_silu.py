@@ -104,6 +104,9 @@ WIDE_K = 2048  # from this K on, a band's config gives way to its WIDE_K_CONFIG 
 WIDE_K_CONFIG = {"skinny": "skinny_wide_k"}  # in chains of 16 with PDL, 6.98 us vs skinny's 7.31: h100_gemm_chain_v15)
 
 
+WITHOUT_TMA = {"tma_large": "large", "tma_medium": "medium", "tma_wide_k": "medium"}  # for the epilogues TMA stores lack
+
+
 def select_config(m: int, dtype: torch.dtype, k: int = 0) -> str:
     """Name of the launch config for M rows of `dtype` by K (fp32 has its own small-tile config)."""
     if dtype == torch.float32:
@@ -362,8 +365,13 @@ def linear_act_triton(
         out = residual
     elif out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    plain = all(e is None for e in (norm, residual, sumsq_out, cross)) and out.is_contiguous()
     if m and n:
-        c = config if isinstance(config, LaunchConfig) else CONFIGS[config or select_config(m, x.dtype, k)]
+        if isinstance(config, LaunchConfig):
+            c = config
+        else:  # the selected config, or its non-TMA twin where an epilogue needs pointer stores
+            chosen = config or select_config(m, x.dtype, k)
+            c = CONFIGS[chosen if plain or config else WITHOUT_TMA.get(chosen, chosen)]
         common = dict(
             b_ptr=out if bias is None else bias, gb_ptr=out if group_bias is None else group_bias,
             gb_stride=0 if group_bias is None else group_bias.stride(0), rows_per_group=rows_per_group,
@@ -371,8 +379,6 @@ def linear_act_triton(
             BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m, **pdl_launch(pdl, launch_pdl),
             num_stages=c.num_stages, num_warps=c.num_warps,
         )
-        extras = (norm, residual, sumsq_out, cross)
-        plain = all(e is None for e in extras) and out.is_contiguous()
         if c.tma and not plain:
             raise ValueError(f"{name}: config {c} (TMA) has no norm / residual / extra-output epilogue; pass a non-TMA config")
         if c.tma:
