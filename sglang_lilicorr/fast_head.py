@@ -61,10 +61,11 @@ TRITON_GEMM_MAX_ROWS = {256: 512, 1024: 128}  # ... the Triton GEMMs beat cuBLAS
 # and 1024 -> 2048 5.4 vs 5.75; cuBLAS keeps the QKV (6.35 vs 6.81) and the K = 2048 GEMMs (6.87 vs 6.98, skinny_wide_k).
 TRITON_GEMM_MAX_SHAPE = {1024: (1024, 2048)}
 TRITON_GEMM_ROWS_CAP = 512  # triton_gemms=True: GEMMs up to this many rows (the small-M launch configs)
-# head width -> the most lattice rows at which the lattice's RMSNorms run folded into its Triton GEMMs (the norm's
-# rstd from the GEMM's own A tiles, its gain in the weight, the residual adds and the node sum in epilogues: five
-# norm launches and the node kernel fewer); others: never. Version 16 (PERF_NOTES.md).
-FOLD_NORMS_MAX_ROWS = {256: 128, 1024: 128}  # (at 240-480 rows the node epilogue spills in the 64 x 128 tiles there)
+# head width -> the most lattice rows at which the lattice's RMSNorms run folded into its Triton GEMMs (five norm
+# launches fewer; fold_norms); others: never. H100, version 16 (benchmarks/results/h100_head_bench_fold_0a138f1):
+# post-logits folded / not, ms, paper head bs 1 0.123 / 0.128, bs 4 0.185 / 0.157; testbed head bs 1 0.070 / 0.077,
+# bs 4 0.090 / 0.092, bs 16 0.160 / 0.128.
+FOLD_NORMS_MAX_ROWS = {256: 512, 1024: 128}
 
 
 def _norm_eps(norm: torch.nn.RMSNorm) -> float:

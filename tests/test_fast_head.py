@@ -206,16 +206,22 @@ def test_pdl_and_triton_gemm_tables_follow_width_and_rows(seed, monkeypatch):
 
     assert not fast._pdl_at(120) and not fast._gemm_in_triton(120, w(1024, 1024))  # no sm_90 here
     fast._can_pdl = True  # as on an H100
-    fast.width = 256  # the testbed head: PDL and Triton GEMMs of every shape up to bs 4 (480 rows)
+    fast.fused = True  # (the tables below are the fused path's)
+    fast.width = 256  # the testbed head: PDL, Triton GEMMs of every shape and folded norms up to bs 4 (480 rows)
     assert fast._pdl_at(480) and fast._gemm_in_triton(480, w(512, 768)) and not fast._pdl_at(1920)
     assert not fast._gemm_in_triton(1920, w(256, 256))
+    assert fast._folds_norms(480) and not fast._folds_norms(1920)
     fast.width = 1024  # the paper head: PDL at every size; Triton GEMMs at bs 1 up to K 1024 and N 2048
     assert fast._pdl_at(3840) and fast._gemm_in_triton(120, w(1024, 1024)) and fast._gemm_in_triton(120, w(1024, 2048))
     assert not fast._gemm_in_triton(120, w(1024, 3072)) and not fast._gemm_in_triton(120, w(2048, 1024))
     assert fast._gemm_in_triton(120, w(2048, 1024), absorbs_launch=True)  # the factor GEMM with its bias + SiLU
     assert not fast._gemm_in_triton(480, w(2048, 1024), absorbs_launch=True)
     assert not fast._gemm_in_triton(480, w(1024, 1024))
-    fast.pdl, fast.triton_gemms = False, True
+    assert fast._folds_norms(120) and not fast._folds_norms(480)  # the paper head folds at bs 1 only
+    fast.norm_epilogue = True
+    assert not fast._folds_norms(120)  # the norm epilogues forced on take the norms
+    fast.norm_epilogue, fast.pdl, fast.triton_gemms = None, False, True
+    assert not fast._folds_norms(120)  # no PDL: not folded unless fold_norms=True
     assert not fast._pdl_at(120) and fast._gemm_in_triton(480, w(2048, 3072)) and not fast._gemm_in_triton(600, w(8, 8))
 
 
