@@ -22,7 +22,7 @@ bs-1 select's eleven GEMMs take 88.9 us of GPU time against 63 us for the ten be
   group_bias [G, N]   or None: row r also gets group_bias[r // rows_per_group] (unit column stride)
   out        [M, N]   act(x @ weight.T + bias + group_bias), in x's dtype (new and contiguous, or given); act = SiLU or
                       identity; fp32 accumulation and epilogue, one rounding (PyTorch rounds after
-                      the GEMM and again after each elementwise op); the residual / node sum after it
+                      the GEMM and again after each elementwise op); the residual add after it
 
 Two kernels, the same epilogue:
   _linear_act_kernel      one program per [BLOCK_M, BLOCK_N] output tile, pointer loads (gemm_tile,

@@ -32,10 +32,11 @@ measured tables below, per head width, number of lattice rows of the call and GE
 `norm_epilogue` forces those GEMM + norm epilogues (nodes, residual adds) on or off (None:
 kernels/linear_norm.py's measured table decides per shape).
 `fold_norms` (version 16) runs each lattice layer as its five Triton GEMMs and the attention, nothing
-between (kernels/ffn_silu.py): the residual adds and the node sum in the epilogues of the GEMMs that
-produce them, which also write their rows' partial sums of squares; each RMSNorm inside the GEMM that
-reads its output (rstd per row from those partials, the gain folded into a copy of its weight:
-w_*_folded); the last add also writes x * t, so the factor GEMM applies the output norm to concat[x, x*t].
+between (kernels/ffn_silu.py): the residual adds in the epilogues of the GEMMs that produce the
+branches, which also write their rows' partial sums of squares (as does the node kernel); each RMSNorm
+inside the GEMM that reads its output (rstd per row from those partials, the gain folded into a copy
+of its weight: w_*_folded); the last add also writes x * t, so the factor GEMM applies the output norm
+to concat[x, x*t].
 True / False force it; None takes FOLD_NORMS_MAX_ROWS (where PDL is on).
 `fused_stages` cuts the fused path into projections / nodes / lattice / factors (with the walk) for
 per-stage timing (benchmarks/head_bench.py).
@@ -62,7 +63,7 @@ TRITON_GEMM_MAX_ROWS = {256: 512, 1024: 128}  # ... the Triton GEMMs beat cuBLAS
 TRITON_GEMM_MAX_SHAPE = {1024: (1024, 2048)}
 TRITON_GEMM_ROWS_CAP = 512  # triton_gemms=True: GEMMs up to this many rows (the small-M launch configs)
 # head width -> the most lattice rows at which the lattice's RMSNorms run folded into its Triton GEMMs (five norm
-# launches fewer; fold_norms); others: never. H100, version 16 (benchmarks/results/h100_head_bench_fold_0a138f1):
+# launches fewer; fold_norms); others: never. H100, version 16 (benchmarks/results/h100_fold_v16/head_bench_*_0a138f1.log):
 # post-logits folded / not, ms, paper head bs 1 0.123 / 0.128, bs 4 0.185 / 0.157; testbed head bs 1 0.070 / 0.077,
 # bs 4 0.090 / 0.092, bs 16 0.160 / 0.128.
 FOLD_NORMS_MAX_ROWS = {256: 512, 1024: 128}
@@ -200,7 +201,8 @@ class FastLiLiCorrSelect:
         # the RMSNorm that follows each residual add: layer i's mlp_norm, then layer i+1's attn_norm / output_norm
         self._after_attn = [layer.mlp_norm for layer in layers]
         self._after_mlp = [layers[i + 1].attn_norm for i in range(len(layers) - 1)] + [head.output_norm]
-        if self.fused:  # fold_norms: each pre-norm's gain folded into the GEMM that reads it
+        if self.fused and fold_norms is not False and (fold_norms or self.width in FOLD_NORMS_MAX_ROWS):
+            # fold_norms: each pre-norm's gain folded into a copy of the weight of the GEMM that reads it
             from .kernels.ffn_silu import fold_norm_gain
 
             with torch.no_grad():
