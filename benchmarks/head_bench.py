@@ -2,6 +2,7 @@
 side by side in one process on one GPU, with the same weights and inputs.
 
   source .dev/bin/install.sh && python3 -m sglang_lilicorr.benchmarks.head_bench --out $OUT/head_bench.json
+  python3 -m sglang_lilicorr.benchmarks.head_bench --plot results/X.json    (any machine: X.png beside it)
 
 `--geometry testbed` times the shipped SmolLM2 draft's head instead (width 256, 4 heads, d_e 256,
 hidden 576, vocabulary 49152; the targets are the paper config's). Paper config: block 16 (S = 15 slots), K = 8, head width 1024, 2 layers, 8 heads, FFN 2048,
@@ -48,6 +49,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 import traceback
 
 import torch
@@ -566,7 +568,16 @@ def main(argv=None) -> int:
     ap.add_argument("--rep-ms", type=int, default=200, help="do_bench repetition time per measurement (ms)")
     ap.add_argument("--smoke", action="store_true", help="tiny config, runs on CPU too: a dry run of this script")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "head_bench.json"), help="JSON output file")
+    ap.add_argument("--plot", nargs="+", metavar="JSON", help="draw earlier results (no GPU): each X.json -> X.png")
     args = ap.parse_args(argv)
+    if args.plot:
+        from .plots import plot_head_bench
+
+        for path in args.plot:
+            res = json.loads(Path(path).read_text())
+            card = next((c for c in TARGET_BS1_MS if c in res.get("meta", {}).get("gpu", "")), None)
+            log(f"wrote {plot_head_bench(res, Path(path).with_suffix('.png'), TARGET_RATIO, TARGET_BS1_MS.get(card))}")
+        return 0
     if not torch.cuda.is_available() and not args.smoke:
         log("head_bench needs a CUDA GPU (run it on the device machine; see benchmarks/PERF_NOTES.md); --smoke runs a CPU dry run.")
         return 2

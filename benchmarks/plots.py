@@ -130,3 +130,42 @@ def plot_all(cells: Sequence[dict], baseline: Optional[str], out_dir: Path) -> L
             for conc in sorted({c["concurrency"] for c in mine if c["temperature"] == t and c["group"] == ALL and c.get("runs", 1) > 1}):
                 paths.append(plot_repeated_runs(cells, d, t, conc, baseline, out_dir))
     return paths
+
+
+def plot_head_bench(res: dict, out_path: Path, target_ratio: float, target_bs1_ms: Optional[float]) -> Path:
+    """A head_bench result (its JSON) -> one figure: post-logits ms vs batch size for each of our variants
+    and SGLang's built-in head, with the issue's bounds (target_ratio x the built-in, the bs-1 target),
+    and top-K/LSE ms vs batch size (ours, the built-in kernel, torch)."""
+    plt = pyplot()
+    rows = sorted(res["rows"], key=lambda r: r["bs"])
+    meta = res.get("meta", {})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    bs = [r["bs"] for r in rows]
+    variants = sorted({k[len("post_logits_"):] for r in rows for k in r if k.startswith("post_logits_")} - {"builtin"})
+    for i, name in enumerate(["builtin"] + variants):
+        pts = [(r["bs"], r[f"post_logits_{name}"]) for r in rows if r.get(f"post_logits_{name}") is not None]
+        left.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=f"C{i}", label=name,
+                  linestyle="--" if name == "builtin" else "-")
+    bound = [(r["bs"], target_ratio * r["post_logits_builtin"]) for r in rows if r.get("post_logits_builtin") is not None]
+    left.plot([p[0] for p in bound], [p[1] for p in bound], color="gray", linestyle=":", label=f"{target_ratio:g} x built-in")
+    if target_bs1_ms is not None:
+        left.scatter([1], [target_bs1_ms], marker="*", s=120, color="black", zorder=5, label=f"bs-1 target {target_bs1_ms:g} ms")
+    left.set_ylabel("ms per block (top-K/LSE + head + walk)")
+    left.set_title("post-logits select")
+    for i, (key, label) in enumerate((("topk_lse_ours", "ours"), ("topk_lse_builtin", "built-in kernel"), ("topk_lse_torch", "torch"))):
+        pts = [(r["bs"], r[key]) for r in rows if r.get(key) is not None]
+        right.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=f"C{i}", label=label)
+    right.set_yscale("log")
+    right.set_ylabel("ms per block")
+    right.set_title("top-K + logsumexp")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(bs, [str(b) for b in bs])
+        ax.set_xlabel("batch size (requests)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{meta.get('gpu', '?')}, {meta.get('geometry', '?')} head, commit {meta.get('git_commit', '?')}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=120)
+    plt.close(fig)
+    return Path(out_path)

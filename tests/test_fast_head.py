@@ -259,6 +259,7 @@ def test_head_bench_smoke_runs_and_checks(tmp_path, monkeypatch):
     row = res["rows"][0]
     for key in ("topk_lse_ours", "topk_lse_builtin", "head_walk_torch", "head_walk_builtin", "post_logits_torch", "select_builtin"):
         assert row[key] > 0
+    assert head_bench.main(["--plot", str(out)]) == 0 and out.with_suffix(".png").stat().st_size > 10_000  # the figure
 
 
 # --- kernels against their PyTorch definitions ---------------------------------------------------
