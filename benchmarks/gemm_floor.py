@@ -21,7 +21,8 @@ under the Triton interpreter at tiny shapes (a dry run; tests/test_gemm_floor.py
 16 launches (each its own weight, 16 x the weight bytes, so the weights stream from HBM as in the head),
 us per launch, for cuBLAS and for each of CHAIN_CONFIGS, the launch configs of kernels/ffn_silu.py's
 linear_act_triton at M = 120, launched with programmatic dependent launch as the select path does
-(PERF_NOTES.md version 15).
+(PERF_NOTES.md version 15), so that each prefetches its weight into L2 while the one before runs (version 17);
+`skinny_no_prefetch` is the served config without that prefetch.
 """
 from __future__ import annotations
 
@@ -118,8 +119,9 @@ def run(shapes: dict, m: int, splits_list, dtype, rep_ms: int) -> dict:
 
 
 def run_chain(shapes: dict, m: int, n_chain: int, dtype, rep_ms: int, configs: dict = CHAIN_CONFIGS) -> dict:
-    """-> {card, rows: [{gemm, K, N, M, cublas_us, <config>_us, <config>_max_err}]}: us per launch in a
-    chain of n_chain launches (each its own weight), Triton configs with PDL where the GPU has it."""
+    """-> {card, rows: [{gemm, K, N, M, cublas_us, <config>_us, <config>_max_err, skinny_no_prefetch_us}]}: us per
+    launch in a chain of n_chain launches (each its own weight), Triton configs with PDL where the GPU has it
+    (each launched early, so it prefetches its weight into L2 first; the served config also without that)."""
     from sglang_lilicorr.kernels.ffn_silu import linear_act_triton
     from sglang_lilicorr.kernels.graph_timing import graph_ms
     from sglang_lilicorr.kernels.pdl import pdl_supported
@@ -137,9 +139,12 @@ def run_chain(shapes: dict, m: int, n_chain: int, dtype, rep_ms: int, configs: d
         row = {"gemm": name, "K": k, "N": n, "M": m, "chain": n_chain, "pdl": pdl}
         if cuda:
             row["cublas_us"] = graph_ms(lambda: [F.linear(x, w) for w in ws][-1], rep_ms)[0] * 1e3 / n_chain
-        for cname, cfg in configs.items():
-            def chain(cfg=cfg):
-                return [linear_act_triton(x, w, config=cfg, pdl=pdl) for w in ws][-1]
+        runs = {cname: (cfg, None) for cname, cfg in configs.items()}
+        if pdl and "skinny" in configs:
+            runs["skinny_no_prefetch"] = (configs["skinny"], False)
+        for cname, (cfg, prefetch) in runs.items():
+            def chain(cfg=cfg, prefetch=prefetch):
+                return [linear_act_triton(x, w, config=cfg, pdl=pdl, prefetch=prefetch) for w in ws][-1]
 
             try:  # a config may not fit the card (shared memory): recorded, not fatal
                 ms, out = graph_ms(chain, rep_ms) if cuda else (None, chain())
@@ -169,8 +174,8 @@ def main(argv=None) -> int:
 
         def summary(r):
             best = min((r[f"{c}_us"], c) for c in CHAIN_CONFIGS if f"{c}_us" in r)
-            return (f"{r['gemm']:>9} {r['K']:>5}->{r['N']:<5} in a chain: cuBLAS {r['cublas_us']:5.2f} us, skinny {r['skinny_us']:5.2f} us, "
-                    f"best {best[1]} {best[0]:5.2f} us per launch")
+            return (f"{r['gemm']:>9} {r['K']:>5}->{r['N']:<5} in a chain: cuBLAS {r['cublas_us']:5.2f} us, skinny {r['skinny_us']:5.2f} us "
+                    f"(without its weight prefetch {r.get('skinny_no_prefetch_us', float('nan')):5.2f}), best {best[1]} {best[0]:5.2f} us per launch")
     else:
         def measure(shapes, m, dtype):
             return run(shapes, m, args.splits, dtype, args.rep_ms)

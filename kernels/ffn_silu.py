@@ -15,6 +15,8 @@ GEMM is the layer's only launch around it (FastLiLiCorrSelect's fold_norms):
              output norm's rstd and gain, which that GEMM applies to concat[x, x * t].
 Nothing is added to the K loop: a register pass over its A tiles (sums of squares, x * t) made the
 bs-1 select's eleven GEMMs take 88.9 us of GPU time against 63 us for the ten before (PERF_NOTES.md, version 16).
+Launched early under PDL (kernels/pdl.py), the programs of the first row tile fetch their weight slice
+into L2 before they wait on the previous kernel (kernels/prefetch.py; `prefetch`, PERF_NOTES.md version 17).
 
   x          [M, K]   rows = b * L lattice nodes; any row stride, unit stride along K
   weight     [N, K]   nn.Linear layout (out x in); any row stride, unit stride along K
@@ -62,6 +64,7 @@ from triton.runtime.interpreter import InterpretedFunction
 from .device import sm_count, sm_major
 from .head_norm import SUMSQ_GROUP, row_rstd, store_sumsq
 from .pdl import check_pdl, grid_dependency_wait, pdl_launch
+from .prefetch import lines_per_row, prefetch_rows_l2
 
 
 class LaunchConfig(NamedTuple):
@@ -184,12 +187,15 @@ def _linear_act_kernel(
     HAS_BIAS: tl.constexpr, GROUP_BIAS: tl.constexpr, SILU: tl.constexpr, NORM: tl.constexpr, PARTS_IN: tl.constexpr,
     RESIDUAL: tl.constexpr, SUMSQ_OUT: tl.constexpr, CROSS_OUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EVEN_K: tl.constexpr, IEEE_F32: tl.constexpr, PDL: tl.constexpr,
+    EVEN_K: tl.constexpr, IEEE_F32: tl.constexpr, PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
 ):
-    grid_dependency_wait(PDL)
     pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if PREFETCH_LINES:  # launched early under PDL: the first row tile's programs pull the weight slice into L2
+        if pid_m == 0:
+            prefetch_rows_l2(w_ptr, rn % N, K, stride_wn, PREFETCH_LINES)
+    grid_dependency_wait(PDL)
     acc = gemm_tile(x_ptr, w_ptr, rm, rn, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE_F32)
     if NORM:  # RMSNorm(x) @ W.T = rstd * (x @ (W * g).T): the gain g folded into the weight
         acc = acc * row_rstd(ss_in_ptr, rm % M, n_parts_in, eps, norm_width, PARTS_IN)[:, None]
@@ -350,15 +356,23 @@ def linear_act_triton(
     config: str | LaunchConfig | None = None,  # a CONFIGS key or a LaunchConfig; None: select_config(M, dtype, K)
     pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py; sm_90+)
     launch_pdl: bool | None = None,  # False: a PDL kernel launched in full order (after a stream join); None: pdl
+    prefetch: bool | None = None,  # the weight into L2 before the PDL wait (kernels/prefetch.py); None: when launched early
     name: str = "linear_act_triton",
 ) -> torch.Tensor:
     """-> act(x @ weight.T + bias + group_bias[row // rows_per_group]) [M, N] in x's dtype (act: SiLU
     with silu, else identity), fp32 accumulation and epilogue, one launch; the options as in
     linear_act_reference (the layer's pre-norm, the residual add), and the outputs the next GEMM's
-    norm needs (sumsq_out) or the factor GEMM's h * t (cross)."""
+    norm needs (sumsq_out) or the factor GEMM's h * t (cross). Launched early under PDL, the programs
+    of the first row tile fetch the weight into L2 before waiting on the previous kernel (prefetch)."""
     _check(name, x, weight, bias, group_bias, rows_per_group)
     _check_epilogue(name, x, weight, norm, norm_width, residual, out, sumsq_out, cross)
     check_pdl(pdl, x, name)
+    early = pdl_launch(pdl, launch_pdl)["launch_pdl"]
+    if prefetch and not early:
+        raise ValueError(
+            f"{name}: prefetch=True fetches the weight while the previous kernel runs, which needs a launch with PDL "
+            f"(pdl=True, launch_pdl not False); got pdl={pdl}, launch_pdl={launch_pdl}"
+        )
     if isinstance(config, str) and config not in CONFIGS:
         raise ValueError(f"{name}: config {config!r} unknown; use one of {sorted(CONFIGS)}")
     (m, k), n = x.shape, weight.shape[0]
@@ -382,6 +396,8 @@ def linear_act_triton(
         )
         if c.tma and not plain:
             raise ValueError(f"{name}: config {c} (TMA) has no norm / residual / extra-output epilogue; pass a non-TMA config")
+        if c.tma and prefetch:
+            raise ValueError(f"{name}: config {c} (TMA) has no weight prefetch; pass a non-TMA config or prefetch=None")
         if c.tma:
             _launch_tma(name, x, weight, out, common)
         else:
@@ -395,7 +411,8 @@ def linear_act_triton(
                 n_parts_in=n_parts_in, norm_width=norm_width or k, eps=0.0 if norm is None else float(norm[1]),
                 NORM=norm is not None, PARTS_IN=triton.next_power_of_2(n_parts_in), RESIDUAL=residual is not None,
                 SUMSQ_OUT=sumsq_out is not None, CROSS_OUT=cross is not None,
-                EVEN_K=k % c.block_k == 0, IEEE_F32=x.dtype == torch.float32 or not x.is_cuda, **common,
+                EVEN_K=k % c.block_k == 0, IEEE_F32=x.dtype == torch.float32 or not x.is_cuda,
+                PREFETCH_LINES=lines_per_row(c.block_n, c.num_warps) if early and prefetch is not False else 0, **common,
             )
     return out
 
@@ -409,10 +426,10 @@ def fold_norm_gain(weight: torch.Tensor, norm_weight: torch.Tensor) -> torch.Ten
 
 def linear_silu_triton(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-    config: str | LaunchConfig | None = None, pdl: bool = False,
+    config: str | LaunchConfig | None = None, pdl: bool = False, prefetch: bool | None = None,
 ) -> torch.Tensor:
     """-> silu(x @ weight.T + bias) [M, N] in x's dtype (the FFN up projection), one launch."""
-    return linear_act_triton(x, weight, bias, silu=True, config=config, pdl=pdl, name="linear_silu_triton")
+    return linear_act_triton(x, weight, bias, silu=True, config=config, pdl=pdl, prefetch=prefetch, name="linear_silu_triton")
 
 
 def _launch_tma(name: str, x, weight, out, common: dict) -> None:

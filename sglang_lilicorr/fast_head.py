@@ -23,7 +23,8 @@ Two implementations of the same math, chosen by `fused`:
                FFN down GEMMs with the residual add + RMSNorm epilogue and the feature down GEMM
                with the node assembly + RMSNorm epilogue (kernels/linear_norm.py) where their
                measured tables prefer them; cuBLAS GEMMs between.
-`overlap=True` (CUDA, fused) runs the pass and anchor projections on a side stream.
+`overlap=True` (CUDA, fused) runs the pass and anchor projections on a side stream, forked before the
+top-K (select / select_from_logits) so that they overlap it.
 `pdl` launches every Triton kernel of the main stream with programmatic dependent launch
 (kernels/pdl.py; CUDA sm_90+, fused), and `triton_gemms` runs the head's GEMMs of at most
 TRITON_GEMM_MAX_ROWS rows as Triton GEMMs with their epilogues (kernels/ffn_silu.py), which can start
@@ -38,6 +39,8 @@ inside the GEMM that reads its output (rstd per row from those partials, the gai
 of its weight: w_*_folded); the last add also writes x * t, so the factor GEMM applies the output norm
 to concat[x, x*t].
 True / False force it; None takes FOLD_NORMS_MAX_ROWS (where PDL is on).
+`prefetch_weights` (version 17): each Triton GEMM launched early under PDL fetches its weight slice into
+L2 before it waits on the kernel before it (kernels/prefetch.py); False turns that off.
 `fused_stages` cuts the fused path into projections / nodes / lattice / factors (with the walk) for
 per-stage timing (benchmarks/head_bench.py).
 Everything is static-shaped with no host syncs, so `select` can be captured in a CUDA graph.
@@ -117,6 +120,7 @@ class FastLiLiCorrSelect:
         pdl: bool | None = None,  # programmatic dependent launch (fused, CUDA sm_90+); None: PDL_MAX_ROWS where supported
         triton_gemms: bool | None = None,  # small-M GEMMs in Triton (fused); None: TRITON_GEMM_MAX_ROWS with PDL
         fold_norms: bool | None = None,  # the lattice's RMSNorms inside the Triton GEMMs (fused); None: FOLD_NORMS_MAX_ROWS
+        prefetch_weights: bool = True,  # Triton GEMMs launched early under PDL fetch their weight into L2 first
     ) -> None:
         if (embed_weight is None) == (token_table is None):
             raise ValueError("FastLiLiCorrSelect: pass exactly one of embed_weight=[V, Hm] or token_table=[V, H].")
@@ -155,6 +159,7 @@ class FastLiLiCorrSelect:
                 f"norm_epilogue={norm_epilogue}, triton_gemms={triton_gemms}"
             )
         self.pdl, self.triton_gemms, self.fold_norms = pdl, triton_gemms, fold_norms
+        self._prefetch = None if prefetch_weights else False  # linear_act_triton's prefetch: None = when launched early
         # int32 zeros for the last-program counters (kernels/linear_norm.py's row tiles, the cosine kernel's
         # walk per request; this stream only, each kernel leaves them zero), sized up front so that a
         # CUDA-graph capture never reallocates them (4096 tiles of >= 16 rows: 65536 lattice rows, bs 546)
@@ -230,14 +235,18 @@ class FastLiLiCorrSelect:
 
     def candidates(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor):
         """hidden [b, S, Hm], lm_head_weight [V, Hm] -> (vals fp32 [b, S, K], ids [b, S, K], lse fp32 [b, S])."""
+        b, s, _ = hidden.shape
+        return self._candidates_from_logits(self._logits(hidden, lm_head_weight), b, s)
+
+    def _logits(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
+        """hidden [b, S, Hm] -> the slots' logits [b*S, V] by the target's LM head."""
         b, s, hm = hidden.shape
         if lm_head_weight.dim() != 2 or lm_head_weight.shape != (self.token_table.shape[0], hm):
             raise ValueError(
                 f"select: lm_head_weight must be [{self.token_table.shape[0]}, {hm}] (vocabulary x hidden), "
                 f"got {tuple(lm_head_weight.shape)}."
             )
-        logits = F.linear(hidden.reshape(b * s, hm).to(lm_head_weight.dtype), lm_head_weight)  # [b*S, V]
-        return self._candidates_from_logits(logits, b, s)
+        return F.linear(hidden.reshape(b * s, hm).to(lm_head_weight.dtype), lm_head_weight)
 
     def _candidates_from_logits(self, logits, b, s):
         vals, ids, lse = topk_lse(logits, self.topk, pdl=self._pdl_at(b * s * self.topk))
@@ -297,22 +306,25 @@ class FastLiLiCorrSelect:
         pair = self.sigma * torch.matmul(out_vec[:, :-1], in_vec[:, 1:].transpose(-1, -2))
         return start, pair, lp
 
-    def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, walk: bool = False):
-        """-> (start, pair, log-probs [b, S, K], draft ids [b, S] from the cosine kernel's greedy walk if `walk` else None)."""
-        b, s, k = vals.shape
-        side = None
-        if self.overlap:  # the projections off the critical path, each joined where first needed
-            side = _SideStream(self._side)
-            with side:
-                pass_proj = self._pass_projection(pass_hidden)
-                pass_ready = side.record()
-                t, anchor = self._anchor_projection(anchor_hidden)
-                anchor_ready = side.record()
-        else:
+    def _projections(self, pass_hidden, anchor_hidden) -> tuple:
+        """-> (pass projection, t, anchor, join_pass, join_anchor): with overlap both projections run on the
+        side stream, forked here (before the top-K where the caller has logits) and each joined where first
+        needed by calling its join (None without overlap)."""
+        if not self.overlap:
+            return self._pass_projection(pass_hidden), *self._anchor_projection(anchor_hidden), None, None
+        side = _SideStream(self._side)
+        with side:
             pass_proj = self._pass_projection(pass_hidden)
+            pass_ready = side.record()
             t, anchor = self._anchor_projection(anchor_hidden)
-        join_pass = (lambda: side.join(pass_ready, pass_proj)) if side is not None else None
-        join_anchor = (lambda: side.join(anchor_ready, t, anchor)) if side is not None else None
+            anchor_ready = side.record()
+        return pass_proj, t, anchor, lambda: side.join(pass_ready, pass_proj), lambda: side.join(anchor_ready, t, anchor)
+
+    def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, walk: bool = False, projections=None):
+        """-> (start, pair, log-probs [b, S, K], draft ids [b, S] from the cosine kernel's greedy walk if `walk` else None).
+        `projections`: _projections' result if already forked (else forked here)."""
+        b, s, k = vals.shape
+        pass_proj, t, anchor, join_pass, join_anchor = projections or self._projections(pass_hidden, anchor_hidden)
         lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj, join_pass)
         cat, sumsq = self._layers_fused(x, xn, b, t, join_anchor)
         start, pair, draft = self._factors_fused(cat, sumsq, anchor, b, s, ids if walk else None)
@@ -372,7 +384,7 @@ class FastLiLiCorrSelect:
             xn = self._residual_norm(x, attended, attn.out_proj, self._after_attn[i])
             mlp = layer.mlp
             if prefer_triton(xn.shape[0]) or self._gemm_in_triton(xn.shape[0], mlp.up_proj.weight):  # up GEMM with bias + SiLU in its epilogue
-                hidden = linear_silu_triton(xn, mlp.up_proj.weight, mlp.up_proj.bias, pdl=pdl)
+                hidden = linear_silu_triton(xn, mlp.up_proj.weight, mlp.up_proj.bias, pdl=pdl, prefetch=self._prefetch)
             else:
                 hidden = F.silu(mlp.up_proj(xn))
             last = i == len(layers) - 1
@@ -392,17 +404,18 @@ class FastLiLiCorrSelect:
         from .kernels.lattice_attention import lattice_attention_triton
 
         rows, h = cat.shape[0], self.width
-        n, pdl, x = rows // b, self._pdl_at(rows), cat[:, :h]
+        n, x = rows // b, cat[:, :h]
+        launch = dict(pdl=self._pdl_at(rows), prefetch=self._prefetch)
         bias = self.attn_bias[..., :n, :n]
         layers = self.head.layers
         for i, layer in enumerate(layers):
             attn, mlp = layer.attn, layer.mlp
-            qkv = linear_act_triton(x, self.w_qkv_folded[i], attn.in_proj_bias, norm=(sumsq, _norm_eps(layer.attn_norm)), pdl=pdl)
-            attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=pdl)
+            qkv = linear_act_triton(x, self.w_qkv_folded[i], attn.in_proj_bias, norm=(sumsq, _norm_eps(layer.attn_norm)), **launch)
+            attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=launch["pdl"])
             sumsq = sumsq_parts(rows, h, self.device)
-            linear_act_triton(attended, attn.out_proj.weight, attn.out_proj.bias, residual=x, sumsq_out=sumsq, pdl=pdl)
+            linear_act_triton(attended, attn.out_proj.weight, attn.out_proj.bias, residual=x, sumsq_out=sumsq, **launch)
             norm = (sumsq, _norm_eps(layer.mlp_norm))
-            hidden = linear_act_triton(x, self.w_up_folded[i], mlp.up_proj.bias, silu=True, norm=norm, pdl=pdl)
+            hidden = linear_act_triton(x, self.w_up_folded[i], mlp.up_proj.bias, silu=True, norm=norm, **launch)
             last = i == len(layers) - 1
             joined = last and join_anchor is not None
             if joined:
@@ -410,7 +423,7 @@ class FastLiLiCorrSelect:
             sumsq = sumsq_parts(rows, h, self.device)
             linear_act_triton(
                 hidden, mlp.down_proj.weight, mlp.down_proj.bias, residual=x, sumsq_out=sumsq,
-                cross=(t, cat[:, h:]) if last else None, pdl=pdl, launch_pdl=not joined,
+                cross=(t, cat[:, h:]) if last else None, launch_pdl=not joined, **launch,
             )
         return cat, sumsq
 
@@ -462,10 +475,12 @@ class FastLiLiCorrSelect:
             norm = (sumsq, _norm_eps(self.head.output_norm))
             fused = linear_act_triton(
                 cat, self.w_factor_folded, silu=True, group_bias=anchor[:, d:], rows_per_group=s * k,
-                norm=norm, norm_width=self.width, pdl=pdl,
+                norm=norm, norm_width=self.width, pdl=pdl, prefetch=self._prefetch,
             )
         elif self._gemm_in_triton(cat.shape[0], self.w_factor, absorbs_launch=True):  # the per-request bias + SiLU in its epilogue
-            fused = linear_act_triton(cat, self.w_factor, silu=True, group_bias=anchor[:, d:], rows_per_group=s * k, pdl=pdl)
+            fused = linear_act_triton(
+                cat, self.w_factor, silu=True, group_bias=anchor[:, d:], rows_per_group=s * k, pdl=pdl, prefetch=self._prefetch,
+            )
         else:
             fused = row_bias_silu_triton(F.linear(cat, self.w_factor), anchor[:, d:], rows_per_group=s * k, pdl=pdl)  # [b*L, H]
         edges = self._linear(fused, self.w_edge, self.b_edge).view(b, s, k, 2 * d)
@@ -504,7 +519,7 @@ class FastLiLiCorrSelect:
             return F.linear(x, weight, bias)
         from .kernels.ffn_silu import linear_act_triton
 
-        return linear_act_triton(x, weight, bias, pdl=self._pdl_at(x.shape[0]), launch_pdl=launch_pdl)
+        return linear_act_triton(x, weight, bias, pdl=self._pdl_at(x.shape[0]), launch_pdl=launch_pdl, prefetch=self._prefetch)
 
     def fused_stages(self, vals, ids, lse, pass_hidden, anchor_hidden) -> dict:
         """The fused path (without the side stream) cut into its stages, name -> zero-argument call
@@ -538,7 +553,7 @@ class FastLiLiCorrSelect:
 
     # --- entry points ------------------------------------------------------------------------
 
-    def select_from_candidates(self, vals, ids, lse, pass_hidden, anchor_hidden):
+    def select_from_candidates(self, vals, ids, lse, pass_hidden, anchor_hidden, projections=None):
         """Head + walk on given candidates -> (draft ids [b, S], ids [b, S, K], log-probs fp32 [b, S, K]).
         The fused path walks inside its cosine kernel (kernels/head_scores.py)."""
         if not self.fused:
@@ -546,26 +561,27 @@ class FastLiLiCorrSelect:
             return self.walk(start, pair, ids), ids, lp
         self._check_candidates(vals, ids, lse, pass_hidden, anchor_hidden)
         with torch.no_grad():
-            lp, draft = self._scores_fused(vals, ids, lse, pass_hidden, anchor_hidden, walk=True)[2:]
+            lp, draft = self._scores_fused(vals, ids, lse, pass_hidden, anchor_hidden, walk=True, projections=projections)[2:]
         return draft, ids, lp
 
     def select_from_logits(self, logits: torch.Tensor, hidden: torch.Tensor, anchor_hidden: torch.Tensor):
         """logits [b*S, V] of the slots -> top-K/LSE + head + walk -> (draft ids [b, S], ids [b, S, K],
-        log-probs fp32 [b, S, K])."""
+        log-probs fp32 [b, S, K]). The fused path forks the projections before the top-K, which they overlap."""
         b, s = self._check(hidden, anchor_hidden)
         if logits.dim() != 2 or logits.shape[0] != b * s or logits.shape[1] != self.token_table.shape[0]:
             raise ValueError(f"select: logits must be [{b * s}, {self.token_table.shape[0]}] (b*S x V), got {tuple(logits.shape)}.")
         with torch.no_grad():
+            projections = self._projections(hidden, anchor_hidden) if self.fused else None
             candidates = self._candidates_from_logits(logits, b, s)
-        return self.select_from_candidates(*candidates, hidden, anchor_hidden)
+        return self.select_from_candidates(*candidates, hidden, anchor_hidden, projections)
 
     def select(self, hidden: torch.Tensor, anchor_hidden: torch.Tensor, lm_head_weight: torch.Tensor):
         """hidden [b, S, Hm] drafter slot states, anchor_hidden [b, Hm], lm_head_weight [V, Hm]
         -> (draft token ids [b, S], candidate ids [b, S, K], candidate log-probs fp32 [b, S, K])."""
         self._check(hidden, anchor_hidden)
         with torch.no_grad():
-            vals, ids, lse = self.candidates(hidden, lm_head_weight)
-        return self.select_from_candidates(vals, ids, lse, hidden, anchor_hidden)
+            logits = self._logits(hidden, lm_head_weight)
+        return self.select_from_logits(logits, hidden, anchor_hidden)
 
     __call__ = select
 

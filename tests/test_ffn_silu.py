@@ -222,6 +222,13 @@ def test_unknown_config_raises():
         linear_silu_triton(torch.zeros(4, 16, device=dev), torch.zeros(8, 16, device=dev), config="huge")
 
 
+def test_prefetch_needs_an_early_launch():
+    """The weight prefetch runs while the previous kernel does: prefetch=True without a PDL launch is refused."""
+    x, w = torch.zeros(4, 16), torch.zeros(8, 16)
+    with pytest.raises(ValueError, match=r"prefetch=True .* needs a launch with PDL \(pdl=True"):
+        linear_act_triton(x, w, prefetch=True)
+
+
 @needs_interpreter
 def test_tma_config_off_gpu_raises():
     with pytest.raises(ValueError, match="TMA configs need 16-bit CUDA tensors"):
@@ -232,6 +239,7 @@ _AOT = """
 import sys
 from sm90_build import build
 from sglang_lilicorr.kernels import ffn_silu as fs
+from sglang_lilicorr.kernels.prefetch import lines_per_row
 from sglang_lilicorr.fast_head import FOLD_NORMS_MAX_ROWS, TRITON_GEMM_ROWS_CAP
 
 
@@ -254,19 +262,25 @@ for name, c in fs.CONFIGS.items():
         if "cp.async.bulk.tensor" not in r["ptx"]:
             sys.exit(f"{name} does not load by TMA")
     else:  # pointers (x, w, b, group bias, out, sums of squares in / out, t, x * t), then N, K and the strides aligned
-        types = [t] * 5 + ["*fp32"] * 2 + [t] * 2 + ["i32"] * 11 + ["fp32"] + ["constexpr"] * 16
+        types = [t] * 5 + ["*fp32"] * 2 + [t] * 2 + ["i32"] * 11 + ["fp32"] + ["constexpr"] * 17
         aligned = tuple(range(9)) + (10, 11, 12, 13, 14)
         plain = dict(NORM=False, PARTS_IN=1, RESIDUAL=False, SUMSQ_OUT=False, CROSS_OUT=False)
-        r = build(fs._linear_act_kernel, types, dict(EVEN_K=True, IEEE_F32=name == "fp32", **plain, **tiles),
+        r = build(fs._linear_act_kernel, types, dict(EVEN_K=True, IEEE_F32=name == "fp32", PREFETCH_LINES=0, **plain, **tiles),
                   aligned=aligned, num_warps=c.num_warps, num_stages=c.num_stages)
-        if name in folded:  # the folded-norm lattice GEMMs (FastLiLiCorrSelect.fold_norms) at the rows they run at
+        if "prefetch.global.L2" in r["ptx"]:
+            sys.exit(f"{name} with PREFETCH_LINES=0 prefetches")
+        if name in folded:  # the folded-norm lattice GEMMs (FastLiLiCorrSelect.fold_norms) at the rows they run at,
+            lines = lines_per_row(c.block_n, c.num_warps)  # launched early: the weight prefetched before the wait
             for extra in (dict(plain, NORM=True, PARTS_IN=64),  # QKV, FFN up, the factor GEMM
                           dict(plain, RESIDUAL=True, SUMSQ_OUT=True, CROSS_OUT=True)):
-                f = build(fs._linear_act_kernel, types, dict(EVEN_K=True, IEEE_F32=False, **extra, **tiles),
+                f = build(fs._linear_act_kernel, types, dict(EVEN_K=True, IEEE_F32=False, PREFETCH_LINES=lines, **extra, **tiles),
                           aligned=aligned, num_warps=c.num_warps, num_stages=c.num_stages)
                 print(name, extra, "registers", f["registers"], "spill bytes", f["spills"])
                 if f["spills"] or "griddepcontrol.wait" not in f["ptx"]:
                     sys.exit(f"{name} {extra} spills {f['spills']} bytes or does not wait on the previous grid")
+                ptx = f["ptx"]
+                if "prefetch.global.L2::evict_last" not in ptx or ptx.index("prefetch.global.L2") > ptx.index("griddepcontrol.wait"):
+                    sys.exit(f"{name} {extra}: no L2 prefetch of the weight before the wait on the previous grid")
     if "griddepcontrol.wait" not in r["ptx"]:
         sys.exit(f"{name} with PDL=True does not wait on the previous grid")
     print(name, c, "registers", r["registers"], "spill bytes", r["spills"], "smem", r["shared"])
@@ -320,6 +334,32 @@ def test_gpu_tma_configs(config, m):
     eager = linear_silu_triton(x, weight, bias, config=config)
     torch.testing.assert_close(eager, F.silu(F.linear(x, weight, bias)), atol=2e-2, rtol=2e-2)
     assert torch.equal(graph_replay(lambda: linear_silu_triton(x, weight, bias, config=config)), eager)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA or INTERPRETER, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("k, n", [(1024, 3072), (2048, 1024)])
+def test_gpu_weight_prefetch_changes_no_value(k, n):
+    """A chain of PDL launches at M = 120 (the bs-1 lattice), each prefetching its weight into L2 before
+    its wait: bit-equal to the same chain without the prefetch, eager and in graph replay."""
+    from sglang_lilicorr.kernels.pdl import pdl_supported
+
+    g = torch.Generator(device="cuda").manual_seed(k + n)
+    x = torch.randn(120, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    if not pdl_supported(x):
+        pytest.skip("PDL (and so the prefetch) needs sm_90+")
+    ws = [(torch.randn(n, k, device="cuda", generator=g) / k**0.5).bfloat16() for _ in range(4)]
+    w_back = (torch.randn(k, n, device="cuda", generator=g) / n**0.5).bfloat16()
+
+    def chain(prefetch):
+        y = x
+        for w in ws:
+            y = linear_act_triton(linear_act_triton(y, w, pdl=True, prefetch=prefetch), w_back, pdl=True, prefetch=prefetch)
+        return y
+
+    plain = chain(False)
+    assert torch.equal(chain(None), plain)
+    assert torch.equal(graph_replay(lambda: chain(None)), plain)
 
 
 @pytest.mark.gpu
