@@ -35,7 +35,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .pdl import check_pdl, grid_dependency_wait
+from .pdl import check_pdl, grid_dependency_wait, pdl_launch
 
 MAX_NODES = 256  # one key tile per request: S [BLOCK_M, LP] fp32 must stay in registers
 BLOCK_M = 64
@@ -134,6 +134,7 @@ def lattice_attention_triton(
     block_m: int | None = None,  # query rows per program (power of two, 16..LP); None: by batch size
     num_warps: int = NUM_WARPS,
     pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py)
+    launch_pdl: bool | None = None,  # False: launched in full order all the same (after a stream join); None: pdl
 ) -> torch.Tensor:
     """-> softmax(scale * q k^T + bias) v as out [b*L, H] in qkv's dtype (o.transpose(1, 2) layout)."""
     check_pdl(pdl, qkv, "lattice_attention_triton")
@@ -158,6 +159,6 @@ def lattice_attention_triton(
         _lattice_attention_kernel[(b, heads, triton.cdiv(length, block_m))](
             qkv, qkv.stride(0), bias, bias.stride(0), bias.stride(1), out, length, width, dh, qk_scale,
             LP=lp, DP=dp, BLOCK_M=block_m, IEEE=f32_dot or qkv.dtype == torch.float32, F32_DOT=f32_dot,
-            PDL=pdl, launch_pdl=pdl, num_warps=num_warps,
+            **pdl_launch(pdl, launch_pdl), num_warps=num_warps,
         )
     return out

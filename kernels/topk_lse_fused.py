@@ -48,7 +48,9 @@ class TopKLaunch(NamedTuple):
 
 
 LAUNCH = TopKLaunch()  # H200 sweep, b16a836 (benchmarks/results/h200_topk_sweep_b16a836.txt)
-MIN_TILES_PER_SPLIT = 8  # small N: fewer, longer splits keep the merge's input small
+MIN_TILES_PER_SPLIT = 8  # small N: fewer, longer splits keep the merge's input small ...
+FEW_ROWS, MIN_TILES_FEW_ROWS = 16, 4  # ... but N <= 16 (bs 1) takes runs of 4 tiles: 38 splits at the paper vocab, 17.6-17.9
+# vs 18.9-19.0 us for 19 (H100, two calls: benchmarks/results/h100_prefetch_v17/head_bench_paper_*.log); at N = 60, 38 lose
 COLLECT_TILES = 8  # tiles at a chunk's start whose sub-tile maxima are ranked at once (a power of two)
 
 
@@ -212,14 +214,19 @@ def _topk_lse_merge_kernel(
     _store_sorted(tl.reshape(keys, [SP * KP]), slots, vals_ptr + row * K, ids_ptr + row * K, K)
 
 
+def min_tiles(n_rows: int) -> int:
+    """The shortest run of tiles per split for N rows (MIN_TILES_PER_SPLIT, or MIN_TILES_FEW_ROWS up to FEW_ROWS)."""
+    return MIN_TILES_FEW_ROWS if n_rows <= FEW_ROWS else MIN_TILES_PER_SPLIT
+
+
 def split_plan(n_rows: int, vocab: int, device: torch.device, launch: TopKLaunch = LAUNCH) -> tuple[int, int]:
     """(splits per row, logits per split), from N: about one wave of split programs on the GPU
-    (launch.programs_per_sm per SM), each a run of >= MIN_TILES_PER_SPLIT whole tiles. Paper vocab
-    on 132 SMs, 1024-logit tiles, 16 programs per SM: N = 15 -> 19 splits of 8 tiles; 60 -> 19 of 8;
+    (launch.programs_per_sm per SM), each a run of >= min_tiles(N) whole tiles. Paper vocab
+    on 132 SMs, 1024-logit tiles, 16 programs per SM: N = 15 -> 38 splits of 4 tiles; 60 -> 19 of 8;
     240 -> 8 of 19; 480 -> 4 of 38; N > 1056 -> 1 (no merge)."""
     tiles = triton.cdiv(vocab, launch.block)
     want = max(1, launch.programs_per_sm * sm_count(device) // n_rows)  # CPU interpreter: 1 SM, a few splits
-    tiles_per_split = max(triton.cdiv(tiles, min(want, tiles)), min(MIN_TILES_PER_SPLIT, tiles))
+    tiles_per_split = max(triton.cdiv(tiles, min(want, tiles)), min(min_tiles(n_rows), tiles))
     return triton.cdiv(tiles, tiles_per_split), tiles_per_split * launch.block
 
 
@@ -265,9 +272,9 @@ def topk_lse_triton(
         num_warps=launch.num_warps, **({"maxnreg": launch.maxnreg} if launch.maxnreg else {}),
     )
     if not final:
-        # One merge width per vocabulary, not per N: a constexpr that followed the batch size would
-        # compile a new kernel for every batch size the server meets (a stall on the serving path).
-        sp = triton.next_power_of_2(max(splits, triton.cdiv(triton.cdiv(vocab, block), MIN_TILES_PER_SPLIT)))
+        # Two merge widths per vocabulary (N <= FEW_ROWS and above), not one per N: a constexpr that followed
+        # the batch size would compile a new kernel for every batch size the server meets (a stall on the serving path).
+        sp = triton.next_power_of_2(max(splits, triton.cdiv(triton.cdiv(vocab, block), min_tiles(n))))
         _topk_lse_merge_kernel[(n,)](
             part_key, part_max, part_sum, splits, vals, ids, lse,
             K=k, KP=kp, SP=sp, PDL=pdl, launch_pdl=pdl, num_warps=1 if sp * kp <= 512 else 4,  # 512 keys: 16 per lane of one warp

@@ -23,8 +23,7 @@ Two implementations of the same math, chosen by `fused`:
                FFN down GEMMs with the residual add + RMSNorm epilogue and the feature down GEMM
                with the node assembly + RMSNorm epilogue (kernels/linear_norm.py) where their
                measured tables prefer them; cuBLAS GEMMs between.
-`overlap=True` (CUDA, fused) runs the pass and anchor projections on a side stream, forked before the
-top-K (select / select_from_logits) so that they overlap it.
+`overlap=True` (CUDA, fused) runs the pass and anchor projections on a side stream.
 `pdl` launches every Triton kernel of the main stream with programmatic dependent launch
 (kernels/pdl.py; CUDA sm_90+, fused), and `triton_gemms` runs the head's GEMMs of at most
 TRITON_GEMM_MAX_ROWS rows as Triton GEMMs with their epilogues (kernels/ffn_silu.py), which can start
@@ -235,18 +234,14 @@ class FastLiLiCorrSelect:
 
     def candidates(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor):
         """hidden [b, S, Hm], lm_head_weight [V, Hm] -> (vals fp32 [b, S, K], ids [b, S, K], lse fp32 [b, S])."""
-        b, s, _ = hidden.shape
-        return self._candidates_from_logits(self._logits(hidden, lm_head_weight), b, s)
-
-    def _logits(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
-        """hidden [b, S, Hm] -> the slots' logits [b*S, V] by the target's LM head."""
         b, s, hm = hidden.shape
         if lm_head_weight.dim() != 2 or lm_head_weight.shape != (self.token_table.shape[0], hm):
             raise ValueError(
                 f"select: lm_head_weight must be [{self.token_table.shape[0]}, {hm}] (vocabulary x hidden), "
                 f"got {tuple(lm_head_weight.shape)}."
             )
-        return F.linear(hidden.reshape(b * s, hm).to(lm_head_weight.dtype), lm_head_weight)
+        logits = F.linear(hidden.reshape(b * s, hm).to(lm_head_weight.dtype), lm_head_weight)  # [b*S, V]
+        return self._candidates_from_logits(logits, b, s)
 
     def _candidates_from_logits(self, logits, b, s):
         vals, ids, lse = topk_lse(logits, self.topk, pdl=self._pdl_at(b * s * self.topk))
@@ -308,8 +303,8 @@ class FastLiLiCorrSelect:
 
     def _projections(self, pass_hidden, anchor_hidden) -> tuple:
         """-> (pass projection, t, anchor, join_pass, join_anchor): with overlap both projections run on the
-        side stream, forked here (before the top-K where the caller has logits) and each joined where first
-        needed by calling its join (None without overlap)."""
+        side stream, forked here, and each is joined where first needed by calling its join (None without
+        overlap). (Forked before the top-K instead, they slowed it down from bs 4 on: PERF_NOTES.md version 17.)"""
         if not self.overlap:
             return self._pass_projection(pass_hidden), *self._anchor_projection(anchor_hidden), None, None
         side = _SideStream(self._side)
@@ -320,11 +315,10 @@ class FastLiLiCorrSelect:
             anchor_ready = side.record()
         return pass_proj, t, anchor, lambda: side.join(pass_ready, pass_proj), lambda: side.join(anchor_ready, t, anchor)
 
-    def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, walk: bool = False, projections=None):
-        """-> (start, pair, log-probs [b, S, K], draft ids [b, S] from the cosine kernel's greedy walk if `walk` else None).
-        `projections`: _projections' result if already forked (else forked here)."""
+    def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, walk: bool = False):
+        """-> (start, pair, log-probs [b, S, K], draft ids [b, S] from the cosine kernel's greedy walk if `walk` else None)."""
         b, s, k = vals.shape
-        pass_proj, t, anchor, join_pass, join_anchor = projections or self._projections(pass_hidden, anchor_hidden)
+        pass_proj, t, anchor, join_pass, join_anchor = self._projections(pass_hidden, anchor_hidden)
         lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj, join_pass)
         cat, sumsq = self._layers_fused(x, xn, b, t, join_anchor)
         start, pair, draft = self._factors_fused(cat, sumsq, anchor, b, s, ids if walk else None)
@@ -380,18 +374,18 @@ class FastLiLiCorrSelect:
         for i, layer in enumerate(layers):
             attn = layer.attn
             qkv = self._linear(xn, attn.in_proj_weight, attn.in_proj_bias)  # [b*n, 3H]
-            attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=pdl)
+            last = i == len(layers) - 1
+            joined = last and join_anchor is not None
+            if joined:  # t for the last FFN down; the attention has no weight to prefetch, so it takes the full-order launch
+                join_anchor()
+            attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=pdl, launch_pdl=not joined)
             xn = self._residual_norm(x, attended, attn.out_proj, self._after_attn[i])
             mlp = layer.mlp
             if prefer_triton(xn.shape[0]) or self._gemm_in_triton(xn.shape[0], mlp.up_proj.weight):  # up GEMM with bias + SiLU in its epilogue
                 hidden = linear_silu_triton(xn, mlp.up_proj.weight, mlp.up_proj.bias, pdl=pdl, prefetch=self._prefetch)
             else:
                 hidden = F.silu(mlp.up_proj(xn))
-            last = i == len(layers) - 1
-            joined = last and join_anchor is not None
-            if joined:
-                join_anchor()
-            xn = self._residual_norm(x, hidden, mlp.down_proj, self._after_mlp[i], cross=t if last else None, joined=joined)
+            xn = self._residual_norm(x, hidden, mlp.down_proj, self._after_mlp[i], cross=t if last else None)
         return xn, None
 
     def _layers_folded(self, cat, sumsq, b, t, join_anchor=None):
@@ -411,33 +405,32 @@ class FastLiLiCorrSelect:
         for i, layer in enumerate(layers):
             attn, mlp = layer.attn, layer.mlp
             qkv = linear_act_triton(x, self.w_qkv_folded[i], attn.in_proj_bias, norm=(sumsq, _norm_eps(layer.attn_norm)), **launch)
-            attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=launch["pdl"])
+            last = i == len(layers) - 1
+            joined = last and join_anchor is not None
+            if joined:  # as in _layers_fused: the attention after the join, every GEMM launched early
+                join_anchor()
+            attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=launch["pdl"], launch_pdl=not joined)
             sumsq = sumsq_parts(rows, h, self.device)
             linear_act_triton(attended, attn.out_proj.weight, attn.out_proj.bias, residual=x, sumsq_out=sumsq, **launch)
             norm = (sumsq, _norm_eps(layer.mlp_norm))
             hidden = linear_act_triton(x, self.w_up_folded[i], mlp.up_proj.bias, silu=True, norm=norm, **launch)
-            last = i == len(layers) - 1
-            joined = last and join_anchor is not None
-            if joined:
-                join_anchor()
             sumsq = sumsq_parts(rows, h, self.device)
             linear_act_triton(
                 hidden, mlp.down_proj.weight, mlp.down_proj.bias, residual=x, sumsq_out=sumsq,
-                cross=(t, cat[:, h:]) if last else None, launch_pdl=not joined, **launch,
+                cross=(t, cat[:, h:]) if last else None, **launch,
             )
         return cat, sumsq
 
-    def _residual_norm(self, x, branch, linear: torch.nn.Linear, norm: torch.nn.RMSNorm, cross=None, joined=False):
+    def _residual_norm(self, x, branch, linear: torch.nn.Linear, norm: torch.nn.RMSNorm, cross=None):
         """x += linear(branch) (in place; not with cross) -> RMSNorm(x) [rows, H], or concat[h, h*t]
         [rows, 2H] with cross (the anchor state t): one GEMM with the add + norm in its epilogue
-        where _norm_counters says so, else the GEMM (self._linear) + add_rmsnorm_triton. `joined`:
-        the side stream was just joined (the GEMM then launches without PDL)."""
+        where _norm_counters says so, else the GEMM (self._linear) + add_rmsnorm_triton."""
         from .kernels.head_norm import add_rmsnorm_triton
         from .kernels.linear_norm import linear_add_rmsnorm_triton
 
         counters = self._norm_counters(*x.shape)
         if counters is None:
-            y = self._linear(branch, linear.weight, linear.bias, launch_pdl=not joined)
+            y = self._linear(branch, linear.weight, linear.bias)
             return add_rmsnorm_triton(x, y, norm.weight, _norm_eps(norm), cross=cross, pdl=self._pdl_at(x.shape[0]))
         return linear_add_rmsnorm_triton(branch, linear.weight, linear.bias, x, norm.weight, _norm_eps(norm), counters, cross)
 
@@ -512,14 +505,13 @@ class FastLiLiCorrSelect:
         max_k, max_n = (k, n) if absorbs_launch else TRITON_GEMM_MAX_SHAPE.get(self.width, (k, n))
         return self._pdl_at(rows) and rows <= TRITON_GEMM_MAX_ROWS.get(self.width, 0) and k <= max_k and n <= max_n
 
-    def _linear(self, x, weight, bias=None, launch_pdl=True):
-        """x @ weight.T + bias on the main stream: a Triton GEMM (with PDL where _pdl_at, launched in full
-        order with launch_pdl=False, e.g. right after a stream join) where _gemm_in_triton, else cuBLAS."""
+    def _linear(self, x, weight, bias=None):
+        """x @ weight.T + bias on the main stream: a Triton GEMM (with PDL where _pdl_at) where _gemm_in_triton, else cuBLAS."""
         if not self._gemm_in_triton(x.shape[0], weight):
             return F.linear(x, weight, bias)
         from .kernels.ffn_silu import linear_act_triton
 
-        return linear_act_triton(x, weight, bias, pdl=self._pdl_at(x.shape[0]), launch_pdl=launch_pdl, prefetch=self._prefetch)
+        return linear_act_triton(x, weight, bias, pdl=self._pdl_at(x.shape[0]), prefetch=self._prefetch)
 
     def fused_stages(self, vals, ids, lse, pass_hidden, anchor_hidden) -> dict:
         """The fused path (without the side stream) cut into its stages, name -> zero-argument call
@@ -553,7 +545,7 @@ class FastLiLiCorrSelect:
 
     # --- entry points ------------------------------------------------------------------------
 
-    def select_from_candidates(self, vals, ids, lse, pass_hidden, anchor_hidden, projections=None):
+    def select_from_candidates(self, vals, ids, lse, pass_hidden, anchor_hidden):
         """Head + walk on given candidates -> (draft ids [b, S], ids [b, S, K], log-probs fp32 [b, S, K]).
         The fused path walks inside its cosine kernel (kernels/head_scores.py)."""
         if not self.fused:
@@ -561,27 +553,26 @@ class FastLiLiCorrSelect:
             return self.walk(start, pair, ids), ids, lp
         self._check_candidates(vals, ids, lse, pass_hidden, anchor_hidden)
         with torch.no_grad():
-            lp, draft = self._scores_fused(vals, ids, lse, pass_hidden, anchor_hidden, walk=True, projections=projections)[2:]
+            lp, draft = self._scores_fused(vals, ids, lse, pass_hidden, anchor_hidden, walk=True)[2:]
         return draft, ids, lp
 
     def select_from_logits(self, logits: torch.Tensor, hidden: torch.Tensor, anchor_hidden: torch.Tensor):
         """logits [b*S, V] of the slots -> top-K/LSE + head + walk -> (draft ids [b, S], ids [b, S, K],
-        log-probs fp32 [b, S, K]). The fused path forks the projections before the top-K, which they overlap."""
+        log-probs fp32 [b, S, K])."""
         b, s = self._check(hidden, anchor_hidden)
         if logits.dim() != 2 or logits.shape[0] != b * s or logits.shape[1] != self.token_table.shape[0]:
             raise ValueError(f"select: logits must be [{b * s}, {self.token_table.shape[0]}] (b*S x V), got {tuple(logits.shape)}.")
         with torch.no_grad():
-            projections = self._projections(hidden, anchor_hidden) if self.fused else None
             candidates = self._candidates_from_logits(logits, b, s)
-        return self.select_from_candidates(*candidates, hidden, anchor_hidden, projections)
+        return self.select_from_candidates(*candidates, hidden, anchor_hidden)
 
     def select(self, hidden: torch.Tensor, anchor_hidden: torch.Tensor, lm_head_weight: torch.Tensor):
         """hidden [b, S, Hm] drafter slot states, anchor_hidden [b, Hm], lm_head_weight [V, Hm]
         -> (draft token ids [b, S], candidate ids [b, S, K], candidate log-probs fp32 [b, S, K])."""
         self._check(hidden, anchor_hidden)
         with torch.no_grad():
-            logits = self._logits(hidden, lm_head_weight)
-        return self.select_from_logits(logits, hidden, anchor_hidden)
+            vals, ids, lse = self.candidates(hidden, lm_head_weight)
+        return self.select_from_candidates(vals, ids, lse, hidden, anchor_hidden)
 
     __call__ = select
 
