@@ -88,7 +88,7 @@ VARIANTS = {  # ours: FastLiLiCorrSelect options (norm_epilogue None = kernels/l
     "served": dict(fused=True),  # what the server runs: overlap, and PDL / Triton GEMMs / folded norms by fast_head's tables
     "served_unfolded": dict(fused=True, fold_norms=False),  # the same without the folded norms (version 15's served path)
     "served_folded": dict(fused=True, fold_norms=True),  # ... with them at every bs
-    "served_no_prefetch": dict(fused=True, prefetch_weights=False),  # served without the GEMMs' L2 weight prefetch (version 16's)
+    "served_no_prefetch": dict(fused=True, prefetch_weights=False),  # served without the GEMMs' L2 weight prefetch (version 17's A/B)
     "fused_overlap_norm": dict(fused=True, overlap=True, pdl=False, norm_epilogue=True),  # the norm epilogue at every shape
     "fused_overlap_nonorm": dict(fused=True, overlap=True, pdl=False, norm_epilogue=False),  # ... at none
 }

@@ -50,7 +50,7 @@ class TopKLaunch(NamedTuple):
 LAUNCH = TopKLaunch()  # H200 sweep, b16a836 (benchmarks/results/h200_topk_sweep_b16a836.txt)
 MIN_TILES_PER_SPLIT = 8  # small N: fewer, longer splits keep the merge's input small ...
 FEW_ROWS, MIN_TILES_FEW_ROWS = 16, 4  # ... but N <= 16 (bs 1) takes runs of 4 tiles: 38 splits at the paper vocab, 17.6-17.9
-# vs 18.9-19.0 us for 19 (H100, two calls: benchmarks/results/h100_prefetch_v17/head_bench_paper_*.log); at N = 60, 38 lose
+# vs 18.9-19.0 us for 19 (H100, two calls: benchmarks/results/h100_prefetch_v17/call_{a,b}/head_bench_paper_*.log); at N = 60, 38 lose
 COLLECT_TILES = 8  # tiles at a chunk's start whose sub-tile maxima are ranked at once (a power of two)
 
 

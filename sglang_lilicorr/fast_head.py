@@ -62,6 +62,8 @@ TRITON_GEMM_MAX_ROWS = {256: 512, 1024: 128}  # ... the Triton GEMMs beat cuBLAS
 # head width -> (largest K, largest N) of the GEMMs that go to Triton there; absent: every shape. The paper head
 # at bs 1 (version 15, benchmarks/results/h100_gemm_chain_v15): in chains, 1024 -> 1024 4.85 us vs cuBLAS 5.56
 # and 1024 -> 2048 5.4 vs 5.75; cuBLAS keeps the QKV (6.35 vs 6.81) and the K = 2048 GEMMs (6.87 vs 6.98, skinny_wide_k).
+# (With version 17's weight prefetch every lattice shape beats cuBLAS in those chains; the table serves only the
+# unfolded bs-1 path, fold_norms=False, which was not re-measured.)
 TRITON_GEMM_MAX_SHAPE = {1024: (1024, 2048)}
 TRITON_GEMM_ROWS_CAP = 512  # triton_gemms=True: GEMMs up to this many rows (the small-M launch configs)
 # head width -> the most lattice rows at which the lattice's RMSNorms run folded into its Triton GEMMs (five norm
