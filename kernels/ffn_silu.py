@@ -367,7 +367,8 @@ def linear_act_triton(
     _check(name, x, weight, bias, group_bias, rows_per_group)
     _check_epilogue(name, x, weight, norm, norm_width, residual, out, sumsq_out, cross)
     check_pdl(pdl, x, name)
-    early = pdl_launch(pdl, launch_pdl)["launch_pdl"]
+    launch = pdl_launch(pdl, launch_pdl)
+    early = launch["launch_pdl"]
     if prefetch and not early:
         raise ValueError(
             f"{name}: prefetch=True fetches the weight while the previous kernel runs, which needs a launch with PDL "
@@ -391,7 +392,7 @@ def linear_act_triton(
             b_ptr=out if bias is None else bias, gb_ptr=out if group_bias is None else group_bias,
             gb_stride=0 if group_bias is None else group_bias.stride(0), rows_per_group=rows_per_group,
             HAS_BIAS=bias is not None, GROUP_BIAS=group_bias is not None, SILU=silu,
-            BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m, **pdl_launch(pdl, launch_pdl),
+            BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m, **launch,
             num_stages=c.num_stages, num_warps=c.num_warps,
         )
         if c.tma and not plain:
