@@ -14,8 +14,7 @@ GEMM is the layer's only launch around it (FastLiLiCorrSelect's fold_norms):
   cross      also writes out * t (t: the request's anchor state), the factor GEMM's h * t up to the
              output norm's rstd and gain, which that GEMM applies to concat[x, x * t].
   nodes      the feature MLP's down GEMM writes the lattice nodes instead of its product: token_table[id] +
-             pass_proj[slot] + product + node_const[slot, rank] (kernels/head_nodes.node_sum), the pass
-             projection as split-K partials that it sums (kernels/split_k.py).
+             pass_proj[slot] + product + node_const[slot, rank] (kernels/head_nodes.node_sum).
 Nothing is added to the K loop: a register pass over its A tiles (sums of squares, x * t) made the
 bs-1 select's eleven GEMMs take 88.9 us of GPU time against 63 us for the ten before (PERF_NOTES.md, version 16).
 Launched early under PDL (kernels/pdl.py), the programs of the first row tile fetch their weight slice
@@ -189,9 +188,9 @@ def _linear_act_kernel(
     x_ptr, w_ptr, b_ptr, gb_ptr, out_ptr, ss_in_ptr, ss_out_ptr, t_ptr, xt_ptr,
     ids_ptr, table_ptr, pass_ptr, const_ptr,  # NODES only (head_nodes.node_sum)
     M, N, K, stride_xm, stride_wn, stride_om, gb_stride, rows_per_group, rows_per_req, n_parts_in, norm_width, eps,
-    pass_stride, n_slots, n_cand,
+    n_slots, n_cand,
     HAS_BIAS: tl.constexpr, GROUP_BIAS: tl.constexpr, SILU: tl.constexpr, NORM: tl.constexpr, PARTS_IN: tl.constexpr,
-    RESIDUAL: tl.constexpr, SUMSQ_OUT: tl.constexpr, CROSS_OUT: tl.constexpr, NODES: tl.constexpr, PASS_PARTS: tl.constexpr,
+    RESIDUAL: tl.constexpr, SUMSQ_OUT: tl.constexpr, CROSS_OUT: tl.constexpr, NODES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, IEEE_F32: tl.constexpr, PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
 ):
@@ -211,8 +210,7 @@ def _linear_act_kernel(
     at = rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
     dtype = out_ptr.dtype.element_ty
     if NODES:  # the feature down GEMM: node = token_table[id] + pass_proj[slot] + y + node_const[slot, rank]
-        y = node_sum(y.to(dtype).to(tl.float32), rm, live, rn, mask, ids_ptr, table_ptr, pass_ptr, pass_stride,
-                     const_ptr, n_slots, n_cand, N, PASS_PARTS)
+        y = node_sum(y.to(dtype).to(tl.float32), rm, live, rn, mask, ids_ptr, table_ptr, pass_ptr, const_ptr, n_slots, n_cand, N)
     if RESIDUAL:  # out += y, y rounded as F.linear returns it, the sum rounded as the residual add
         y = tl.load(out_ptr + at, mask=mask, other=0.0).to(tl.float32) + y.to(dtype).to(tl.float32)
     y = y.to(dtype)
@@ -256,8 +254,8 @@ def linear_act_reference(
     y = act(rstd * (x @ weight.T) + bias + group_bias[row // rows_per_group]), rstd = 1 / sqrt(mean(x[:, :w]^2)
     + eps) over the first w = norm_width (default all) columns of x with norm_eps, else 1; then residual
     += y (returned, in place). With cross (t [b, N]) -> (that, that * t[row // (M / b)]). With nodes
-    (ids [b, S, K], table [V, N], pass partials [P, b*S, N], node_const [S_max, K, N]) -> the lattice nodes
-    table[id] + sum of the partials (rounded to x's dtype) + y + node_const[slot, rank], rounded once."""
+    (ids [b, S, K], table [V, N], pass_proj [b, S, N], node_const [S_max, K, N]) -> the lattice nodes
+    table[id] + pass_proj[slot] + y + node_const[slot, rank], rounded once."""
     xf = x.float()
     y = xf @ weight.float().T
     if norm_eps is not None:
@@ -268,9 +266,9 @@ def linear_act_reference(
         y = (y.view(-1, rows_per_group, y.shape[-1]) + group_bias.float().unsqueeze(1)).view(y.shape)
     y = (F.silu(y) if silu else y).to(x.dtype)
     if nodes is not None:
-        ids, table, parts, const = nodes
+        ids, table, pass_proj, const = nodes
         b, s, k = ids.shape
-        proj = parts.float().sum(0).to(x.dtype).float().view(b, s, 1, -1)
+        proj = pass_proj.float().view(b, s, 1, -1)
         y = (table[ids].float() + proj + y.float().view(b, s, k, -1) + const[:s].float()).to(x.dtype).view(y.shape)
     if residual is not None:
         y = residual.copy_((residual.float() + y.float()).to(residual.dtype))
@@ -360,13 +358,15 @@ def _check_epilogue(name: str, x, weight, norm, norm_width, residual, out, sumsq
 
 
 def _check_nodes(name: str, nodes: tuple, m: int, n: int, device) -> None:
-    """nodes = (ids [b, S, K] int64, table [V, N], pass partials [P, b*S, N], node_const fp32 [S_max, K, N])."""
-    ids, table, parts, const = nodes
+    """nodes = (ids [b, S, K] int64, table [V, N], pass_proj [b, S, N], node_const fp32 [S_max, K, N])."""
+    ids, table, pass_proj, const = nodes
     if ids.dim() != 3 or ids.numel() != m or ids.dtype != torch.int64:
         raise ValueError(f"{name}: node ids {tuple(ids.shape)} {ids.dtype} must be int64 [b, S, K] over the {m} rows")
     b, s, k = ids.shape
-    if table.dim() != 2 or table.shape[1] != n or parts.dim() != 3 or tuple(parts.shape[1:]) != (b * s, n):
-        raise ValueError(f"{name}: node table {tuple(table.shape)} / pass partials {tuple(parts.shape)} must be [V, {n}] / [P, {b * s}, {n}]")
+    if table.dim() != 2 or table.shape[1] != n or tuple(pass_proj.shape) != (b, s, n):
+        raise ValueError(f"{name}: node table {tuple(table.shape)} / pass_proj {tuple(pass_proj.shape)} must be [V, {n}] / [{b}, {s}, {n}]")
+    if table.dtype != pass_proj.dtype:
+        raise ValueError(f"{name}: node table is {table.dtype} but pass_proj {pass_proj.dtype}; cast one")
     if const.dim() != 3 or const.shape[0] < s or tuple(const.shape[1:]) != (k, n) or const.dtype != torch.float32:
         raise ValueError(f"{name}: node_const {tuple(const.shape)} {const.dtype} must be fp32 [>= {s}, {k}, {n}]")
     if any(t.device != device or not t.is_contiguous() for t in nodes):
@@ -387,7 +387,7 @@ def linear_act_triton(
     out: torch.Tensor | None = None,  # [M, N] where to write the result (unit column stride); None: a new tensor
     sumsq_out: torch.Tensor | None = None,  # [M, cdiv(N, 16)] fp32: the result rows' partial sums of squares
     cross: tuple[torch.Tensor, torch.Tensor] | None = None,  # (t [b, N], xt [M, N]): also xt = result * t per request
-    nodes: tuple | None = None,  # (ids [b, S, K], table [V, N], pass partials [P, b*S, N], node_const [S_max, K, N]): the lattice nodes
+    nodes: tuple | None = None,  # (ids [b, S, K], table [V, N], pass_proj [b, S, N], node_const [S_max, K, N]): the lattice nodes
     config: str | LaunchConfig | None = None,  # a CONFIGS key or a LaunchConfig; None: select_config(M, dtype, K)
     pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py; sm_90+)
     launch_pdl: bool | None = None,  # False: a PDL kernel launched in full order (after a stream join); None: pdl
@@ -439,13 +439,13 @@ def linear_act_triton(
         else:
             t, xt = (cross[0].contiguous(), cross[1]) if cross is not None else (out, out)
             n_parts_in = norm[0].shape[1] if norm is not None else 1
-            ids, table, parts, const = nodes if nodes is not None else (out, out, out, out)
-            (n_parts, n_slots, n_cand) = (parts.shape[0], *ids.shape[1:]) if nodes is not None else (1, 1, 1)
+            ids, table, pass_proj, const = nodes if nodes is not None else (out, out, out, out)
+            n_slots, n_cand = ids.shape[1:] if nodes is not None else (1, 1)
             _linear_act_kernel[(triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n),)](
                 x_ptr=x, w_ptr=weight, out_ptr=out, ss_in_ptr=out if norm is None else norm[0],
                 ss_out_ptr=out if sumsq_out is None else sumsq_out, t_ptr=t, xt_ptr=xt,
-                ids_ptr=ids, table_ptr=table, pass_ptr=parts, const_ptr=const, pass_stride=parts[0].numel(),
-                n_slots=n_slots, n_cand=n_cand, NODES=nodes is not None, PASS_PARTS=n_parts,
+                ids_ptr=ids, table_ptr=table, pass_ptr=pass_proj, const_ptr=const,
+                n_slots=n_slots, n_cand=n_cand, NODES=nodes is not None,
                 M=m, N=n, K=k, stride_xm=x.stride(0), stride_wn=weight.stride(0), stride_om=out.stride(0),
                 rows_per_req=1 if cross is None else m // t.shape[0],
                 n_parts_in=n_parts_in, norm_width=norm_width or k, eps=0.0 if norm is None else float(norm[1]),

@@ -14,7 +14,7 @@ Two row kernels around the feature MLP's down projection (a cuBLAS GEMM):
 Both run one program per row; no host syncs (CUDA-graph capturable). Their bodies are jit helpers that
 other epilogues share: `confidence_up` runs in the top-K merge kernel (kernels/topk_lse_fused.py,
 topk_lse_confidence_triton) and `node_sum` in the feature down GEMM (kernels/ffn_silu.py, `nodes`;
-kernels/linear_norm.py), which can read the pass projection as split-K partials (kernels/split_k.py).
+kernels/linear_norm.py).
 """
 from __future__ import annotations
 
@@ -82,22 +82,14 @@ def _confidence_up_kernel(
 
 
 @triton.jit
-def node_sum(
-    feat, rows, live, cols, mask, ids_ptr, table_ptr, pass_ptr, pass_stride, const_ptr, n_slots, n_cand, H,
-    PASS_PARTS: tl.constexpr,
-):
+def node_sum(feat, rows, live, cols, mask, ids_ptr, table_ptr, pass_ptr, const_ptr, n_slots, n_cand, H):
     """feat [R, C] fp32 (the feature MLP's down projection, rounded as F.linear returns it) at node rows
     (request * S + slot) * K + k (live: [R] rows < n_rows), columns cols -> the node [R, C] fp32 =
-    token_table[id] + pass_proj[slot] + feat + node_const[slot, k], summed in fp32 (rounded once by the caller).
-    pass_proj is the sum of PASS_PARTS partials pass_stride apart (split-K, kernels/split_k.py; one: the
-    projection itself), in order, rounded to the table's dtype as F.linear returns it."""
+    token_table[id] + pass_proj[slot] + feat + node_const[slot, k], summed in fp32 (rounded once by the caller)."""
     grp = rows // n_cand
     tok = tl.load(ids_ptr + rows, mask=live, other=0)
     x = tl.load(table_ptr + tok[:, None] * H + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    proj = tl.load(pass_ptr + grp[:, None] * H + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    for part in range(1, PASS_PARTS):  # a loop, not unrolled: one partial tile in registers at a time
-        proj += tl.load(pass_ptr + part * pass_stride + grp[:, None] * H + cols[None, :], mask=mask, other=0.0)
-    x += proj.to(table_ptr.dtype.element_ty).to(tl.float32)
+    x += tl.load(pass_ptr + grp[:, None] * H + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     x += feat
     const_row = (grp % n_slots) * n_cand + rows % n_cand
     return x + tl.load(const_ptr + const_row[:, None] * H + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -115,7 +107,7 @@ def _lattice_nodes_kernel(
     cols = tl.arange(0, BLOCK_H)
     m = rv[:, None] & (cols < H)[None, :]
     feat = tl.load(feat_ptr + r[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
-    x = node_sum(feat, r, rv, cols, m, ids_ptr, table_ptr, pass_ptr, 0, const_ptr, S, K, H, 1).to(x_ptr.dtype.element_ty)
+    x = node_sum(feat, r, rv, cols, m, ids_ptr, table_ptr, pass_ptr, const_ptr, S, K, H).to(x_ptr.dtype.element_ty)
     tl.store(x_ptr + r[:, None] * x_stride + cols[None, :], x, mask=m)
     xf = tl.where(m, x.to(tl.float32), 0.0)
     if SUMSQ:  # the first norm is left to the QKV GEMM (folded norms)

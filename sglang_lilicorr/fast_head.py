@@ -42,9 +42,9 @@ True / False force it; None takes FOLD_NORMS_MAX_ROWS (where PDL is on).
 L2 before it waits on the kernel before it (kernels/prefetch.py); False turns that off.
 Version 18: on the fused path the top-K merge also runs the confidence MLP's up projection
 (kernels/topk_lse_fused.topk_lse_confidence_triton; select_from_candidates, given candidates, runs it
-as its own kernel), and where the norms fold the nodes are the epilogue of the feature down GEMM, which
-sums the pass projection's split-K partials (kernels/split_k.py: a Triton GEMM on the side stream
-instead of cuBLAS split-K + its reduce kernel): two launches fewer before the lattice.
+as its own kernel); where the norms fold, the nodes are the epilogue of the feature down GEMM, the pass
+projection is a Triton split-K GEMM reducing in its own launch (kernels/split_k.py) where K is long, and
+`fork_pass_early` forks it before the top-K (None: FORK_PASS_EARLY_MAX_ROWS).
 `fused_stages` cuts the fused path into projections / nodes / lattice / factors (with the walk) for
 per-stage timing (benchmarks/head_bench.py).
 Everything is static-shaped with no host syncs, so `select` can be captured in a CUDA graph.
@@ -76,9 +76,10 @@ TRITON_GEMM_ROWS_CAP = 512  # triton_gemms=True: GEMMs up to this many rows (the
 # post-logits folded / not, ms, paper head bs 1 0.123 / 0.128, bs 4 0.185 / 0.157; testbed head bs 1 0.070 / 0.077,
 # bs 4 0.090 / 0.092, bs 16 0.160 / 0.128.
 FOLD_NORMS_MAX_ROWS = {256: 512, 1024: 128}
-# head width -> the most lattice rows at which select_from_logits forks the pass projection before the top-K (the
-# node GEMM waits for it); others: never. Not measured yet (version 18): empty.
-FORK_PASS_EARLY_MAX_ROWS: dict[int, int] = {}
+# head width -> the most lattice rows at which select_from_logits forks the pass projection before the top-K (where the
+# norms fold, the node GEMM waits for it); others: never. H100, version 18 call A (benchmarks/results/h100_v18/call_a):
+# post-logits forked before / after the top-K, ms, paper bs 1 0.124 / 0.130; testbed bs 1 0.070 / 0.078, bs 4 0.090 / 0.105.
+FORK_PASS_EARLY_MAX_ROWS = {256: 512, 1024: 128}
 
 
 def _norm_eps(norm: torch.nn.RMSNorm) -> float:
@@ -180,6 +181,7 @@ class FastLiLiCorrSelect:
         # walk per request; this stream only, each kernel leaves them zero), sized up front so that a
         # CUDA-graph capture never reallocates them (4096 tiles of >= 16 rows: 65536 lattice rows, bs 546)
         self._row_counters = torch.zeros(4096, dtype=torch.int32, device=self.device) if self.fused else None
+        self._pass_counters = torch.zeros(256, dtype=torch.int32, device=self.device) if self.fused else None  # 256 tiles: bs 68
 
         with torch.no_grad():
             if token_table is None:
@@ -280,16 +282,19 @@ class FastLiLiCorrSelect:
         return vals.view(b, s, k), ids.view(b, s, k), lse.view(b, s), confidence
 
     def _pass_projection(self, pass_hidden):
-        """-> pass_hidden_proj without its bias (folded into node_const): [b, S, H] (F.linear), or, where the
-        norms fold into the Triton GEMMs (_folds_norms), fp32 split-K partials [P, b*S, H] (kernels/split_k.py)
-        that the node epilogue of the feature down GEMM sums."""
+        """-> pass_hidden_proj without its bias (folded into node_const) [b, S, H]: F.linear, or where the norms
+        fold into the Triton GEMMs (_folds_norms) and K is long enough to split, a Triton split-K GEMM that
+        reduces its parts in the same launch (kernels/split_k.py; cuBLAS takes a split-K GEMM + a reduce kernel)."""
+        from .kernels.split_k import part_plan
+
         b, s, hm = pass_hidden.shape
         x = pass_hidden.to(self.dtype)
-        if not self._folds_norms(b * s * self.topk):
+        if not (self._folds_norms(b * s * self.topk) and part_plan(hm)[0] > 1):
             return F.linear(x, self.w_pass)
-        from .kernels.split_k import linear_split_k_triton
+        from .kernels.split_k import linear_split_k_triton, output_tiles
 
-        return linear_split_k_triton(x.reshape(b * s, hm), self.w_pass)
+        counters = self._counters(output_tiles(b * s, self.width), "_pass_counters")
+        return linear_split_k_triton(x.reshape(b * s, hm), self.w_pass, counters).view(b, s, self.width)
 
     def _anchor_projection(self, anchor_hidden):
         """-> anchor state t [b, H] and [anchor_out | W_t t + b] [b, D+H] (one GEMM on t)."""
@@ -395,7 +400,7 @@ class FastLiLiCorrSelect:
             if join_pass is not None:
                 join_pass()
             cat, sumsq = torch.empty((rows, 2 * h), dtype=self.dtype, device=self.device), sumsq_parts(rows, h, self.device)
-            nodes = (ids.contiguous(), self.token_table, pass_proj.view(-1, b * s, h), self.node_const)
+            nodes = (ids.contiguous(), self.token_table, pass_proj, self.node_const)
             linear_act_triton(
                 up, self.w_down, nodes=nodes, out=cat[:, :h], sumsq_out=sumsq,
                 pdl=pdl, launch_pdl=join_pass is None, prefetch=self._prefetch,  # the first launch after a join waits in full
@@ -502,16 +507,19 @@ class FastLiLiCorrSelect:
             return None
         return self._counters(row_tiles(rows, h, self.dtype))
 
-    def _counters(self, need: int) -> torch.Tensor:
-        """The int32 zero counters of this stream's last-program kernels (row tiles, requests), >= need entries."""
-        if self._row_counters.numel() < need:
-            if self._row_counters.is_cuda and torch.cuda.is_current_stream_capturing():
+    def _counters(self, need: int, name: str = "_row_counters") -> torch.Tensor:
+        """The int32 zero counters of the last-program kernels (row tiles, requests; `_pass_counters`: the pass
+        projection's output tiles, on the side stream), >= need entries."""
+        counters = getattr(self, name)
+        if counters.numel() < need:
+            if counters.is_cuda and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError(
-                    f"select: this batch needs {need} kernel counters, more than the {self._row_counters.numel()} "
+                    f"select: this batch needs {need} kernel counters, more than the {counters.numel()} "
                     f"allocated; run one eager select at this batch size before capturing a CUDA graph of it"
                 )
-            self._row_counters = torch.zeros(need, dtype=torch.int32, device=self.device)
-        return self._row_counters
+            counters = torch.zeros(need, dtype=torch.int32, device=self.device)
+            setattr(self, name, counters)
+        return counters
 
     def _factors_fused(self, cat, sumsq, anchor, b, s, ids=None):
         """concat[h, h*t] [b*L, 2H], anchor [b, D+H] -> (start fp32 [b, K], pair fp32 [b, S-1, K, K],

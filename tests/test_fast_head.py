@@ -336,8 +336,8 @@ def test_topk_merge_runs_the_confidence_up_bit_for_bit(seed, n, splits, monkeypa
 
 @needs_interpreter
 def test_select_folded_sums_a_split_k_pass_projection(seed, monkeypatch):
-    """The folded path's pass projection in several split-K parts (the plan shrunk to this head's
-    hidden size 24: parts of 16 + 8) still selects as the reference does."""
+    """The folded path's pass projection as a Triton split-K GEMM (the plan shrunk to this head's
+    hidden size 24: parts of 16 + 8, reduced in the launch) still selects as the reference does."""
     from sglang_lilicorr.kernels import split_k
 
     monkeypatch.setattr(split_k, "MIN_K_PER_PART", 8)
@@ -345,7 +345,9 @@ def test_select_folded_sums_a_split_k_pass_projection(seed, monkeypatch):
     head = make_head(SMALL, HM, seed)
     hidden, anchor, lm_head, embed = make_inputs(3, SMALL.num_slots, HM, VOCAB, seed)
     fast = FastLiLiCorrSelect(head, embed_weight=embed, fold_norms=True)
-    assert fast._pass_projection(hidden).shape == (2, 3 * SMALL.num_slots, head.width)
+    assert split_k.part_plan(HM)[0] == 2 and fast._folds_norms(3 * SMALL.num_slots * SMALL.candidate_topk)
+    torch.testing.assert_close(fast._pass_projection(hidden), F.linear(hidden, fast.w_pass), atol=1e-5, rtol=1e-5)
+    assert not fast._pass_counters.any()
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-4)
 
 
