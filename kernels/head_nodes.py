@@ -11,10 +11,7 @@ Two row kernels around the feature MLP's down projection (a cuBLAS GEMM):
                          (or, with the norms folded into the GEMMs, the rows' partial sums of
                          squares that the QKV GEMM's norm reads: kernels/head_norm.store_sumsq).
 
-Both run one program per row; no host syncs (CUDA-graph capturable). Their bodies are jit helpers that
-other epilogues share: `confidence_up` runs in the top-K merge kernel (kernels/topk_lse_fused.py,
-topk_lse_confidence_triton) and `node_sum` in the feature down GEMM (kernels/ffn_silu.py, `nodes`;
-kernels/linear_norm.py).
+Both run one program per row; no host syncs (CUDA-graph capturable).
 """
 from __future__ import annotations
 
@@ -30,40 +27,6 @@ NUM_FEATURES = 5  # log p, p, log p - log p_top, rank / (K-1), is-top-1 (sglang_
 
 
 @triton.jit
-def confidence_up(v, lse, ks, kv, cols, cv, w_ptr, b_ptr, ln_eps, rank_div, out_ptr):
-    """One (request, slot) group: v [KP] fp32 top-K values (descending; lanes ks >= K off in kv), lse its
-    logsumexp, columns cols [BLOCK_H] (cv: < H) -> (log-probs [KP] fp32, silu(w_feat @ LayerNorm(features)
-    + b_feat) [KP, BLOCK_H] fp32), the features rounded to out_ptr's dtype as the reference feeds LayerNorm."""
-    lp = v - lse
-    top = tl.max(tl.where(kv, lp, -float("inf")), 0)
-    dtype = out_ptr.dtype.element_ty
-    f0 = lp.to(dtype).to(tl.float32)
-    f1 = tl.exp(lp).to(dtype).to(tl.float32)
-    f2 = (lp - top).to(dtype).to(tl.float32)
-    f3 = (ks.to(tl.float32) / rank_div).to(dtype).to(tl.float32)
-    f4 = (ks == 0).to(tl.float32)
-    mean = (f0 + f1 + f2 + f3 + f4) / 5.0
-    d0, d1, d2, d3, d4 = f0 - mean, f1 - mean, f2 - mean, f3 - mean, f4 - mean
-    rstd = 1.0 / tl.sqrt((d0 * d0 + d1 * d1 + d2 * d2 + d3 * d3 + d4 * d4) / 5.0 + ln_eps)
-    acc = tl.load(b_ptr + cols, mask=cv, other=0.0)[None, :] + tl.zeros((v.shape[0], cols.shape[0]), tl.float32)
-    acc += (d0 * rstd)[:, None] * tl.load(w_ptr + cols * 5 + 0, mask=cv, other=0.0)[None, :]
-    acc += (d1 * rstd)[:, None] * tl.load(w_ptr + cols * 5 + 1, mask=cv, other=0.0)[None, :]
-    acc += (d2 * rstd)[:, None] * tl.load(w_ptr + cols * 5 + 2, mask=cv, other=0.0)[None, :]
-    acc += (d3 * rstd)[:, None] * tl.load(w_ptr + cols * 5 + 3, mask=cv, other=0.0)[None, :]
-    acc += (d4 * rstd)[:, None] * tl.load(w_ptr + cols * 5 + 4, mask=cv, other=0.0)[None, :]
-    return lp, acc / (1.0 + tl.exp(-acc))  # SiLU
-
-
-@triton.jit
-def store_confidence_up(g, hb, lp, act, ks, kv, cols, cv, K, H, lp_ptr, out_ptr):
-    """Group g's log-probs (by its first column block hb == 0) and its [KP, BLOCK_H] block of the up output."""
-    if hb == 0:
-        tl.store(lp_ptr + g * K + ks, lp, mask=kv)
-    rows = g * K + ks
-    tl.store(out_ptr + rows[:, None] * H + cols[None, :], act.to(out_ptr.dtype.element_ty), mask=kv[:, None] & cv[None, :])
-
-
-@triton.jit
 def _confidence_up_kernel(
     vals_ptr, lse_ptr, w_ptr, b_ptr, lp_ptr, out_ptr,  # [G, K] f32, [G] f32, [H, 5] f32, [H] f32, [G, K] f32, [G*K, H]
     K, H, ln_eps, rank_div,  # rank_div = max(K - 1, 1)
@@ -74,11 +37,32 @@ def _confidence_up_kernel(
     hb = tl.program_id(1)
     ks = tl.arange(0, KP)
     kv = ks < K
+    v = tl.load(vals_ptr + g * K + ks, mask=kv, other=0.0)
+    lp = v - tl.load(lse_ptr + g)
+    if hb == 0:
+        tl.store(lp_ptr + g * K + ks, lp, mask=kv)
+    top = tl.max(tl.where(kv, lp, -float("inf")), 0)
+    dtype = out_ptr.dtype.element_ty
+    # the five features, rounded to the head's dtype as the reference feeds LayerNorm
+    f0 = lp.to(dtype).to(tl.float32)
+    f1 = tl.exp(lp).to(dtype).to(tl.float32)
+    f2 = (lp - top).to(dtype).to(tl.float32)
+    f3 = (ks.to(tl.float32) / rank_div).to(dtype).to(tl.float32)
+    f4 = (ks == 0).to(tl.float32)
+    mean = (f0 + f1 + f2 + f3 + f4) / 5.0
+    d0, d1, d2, d3, d4 = f0 - mean, f1 - mean, f2 - mean, f3 - mean, f4 - mean
+    rstd = 1.0 / tl.sqrt((d0 * d0 + d1 * d1 + d2 * d2 + d3 * d3 + d4 * d4) / 5.0 + ln_eps)
     cols = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     cv = cols < H
-    v = tl.load(vals_ptr + g * K + ks, mask=kv, other=0.0)
-    lp, act = confidence_up(v, tl.load(lse_ptr + g), ks, kv, cols, cv, w_ptr, b_ptr, ln_eps, rank_div, out_ptr)
-    store_confidence_up(g, hb, lp, act, ks, kv, cols, cv, K, H, lp_ptr, out_ptr)
+    acc = tl.load(b_ptr + cols, mask=cv, other=0.0)[None, :] + tl.zeros((KP, BLOCK_H), tl.float32)
+    acc += (d0 * rstd)[:, None] * tl.load(w_ptr + cols * 5 + 0, mask=cv, other=0.0)[None, :]
+    acc += (d1 * rstd)[:, None] * tl.load(w_ptr + cols * 5 + 1, mask=cv, other=0.0)[None, :]
+    acc += (d2 * rstd)[:, None] * tl.load(w_ptr + cols * 5 + 2, mask=cv, other=0.0)[None, :]
+    acc += (d3 * rstd)[:, None] * tl.load(w_ptr + cols * 5 + 3, mask=cv, other=0.0)[None, :]
+    acc += (d4 * rstd)[:, None] * tl.load(w_ptr + cols * 5 + 4, mask=cv, other=0.0)[None, :]
+    act = acc / (1.0 + tl.exp(-acc))  # SiLU
+    rows = g * K + ks
+    tl.store(out_ptr + rows[:, None] * H + cols[None, :], act.to(dtype), mask=kv[:, None] & cv[None, :])
 
 
 @triton.jit

@@ -13,9 +13,7 @@ Stage 1 ("split") streams one chunk of one row once, in tiles of R sub-tiles x G
   hits) to take the exact top-K. The K best elements of the chunk lie in its K best sub-tiles: a
   sub-tile ranked below K others holds nothing better than their K maxima.
 Stage 2 ("merge") combines the per-chunk partials of a row. With one chunk per row the split
-kernel finishes the row itself and stage 2 is not launched. `topk_lse_confidence_triton` also runs
-the head's confidence MLP up to its hidden layer in the merge (kernels/head_nodes.confidence_up),
-one program per (row, column block), each merging the row alike. (Merging in the split kernel, by the
+kernel finishes the row itself and stage 2 is not launched. (Merging in the split kernel, by the
 row's last split program to arrive, measured no faster on an H200: PERF_NOTES.md, version 9.)
 
 Ordering keys: every element gets a unique int64 key whose order is "larger value first, then
@@ -33,7 +31,6 @@ import triton
 import triton.language as tl
 
 from .device import sm_count
-from .head_nodes import NUM_FEATURES, confidence_up, confidence_up_triton, store_confidence_up
 from .pdl import check_pdl, grid_dependency_wait
 from .topk_lse import check_topk_lse_args, topk_lse_reference
 
@@ -192,13 +189,10 @@ def _topk_lse_split_kernel(
 def _topk_lse_merge_kernel(
     part_key_ptr, part_max_ptr, part_sum_ptr, n_splits,  # partials of stage 1
     vals_ptr, ids_ptr, lse_ptr,  # [N, K] fp32, [N, K] int64, [N] fp32
-    lp_ptr, up_ptr, w_ptr, b_ptr, H, ln_eps, rank_div,  # UP: head_nodes.confidence_up's outputs and weights
     K: tl.constexpr, KP: tl.constexpr, SP: tl.constexpr, PDL: tl.constexpr,  # SP: splits rounded up to a power of 2
-    UP: tl.constexpr, BLOCK_H: tl.constexpr,  # UP: grid (N, cdiv(H, BLOCK_H)), each program one column block of up
 ):
     grid_dependency_wait(PDL)
     row = tl.program_id(0)
-    hb = tl.program_id(1)  # the programs of a row merge alike; the first stores the merge
     splits = tl.arange(0, SP)
     slots = tl.arange(0, KP)
     live = splits < n_splits
@@ -210,25 +204,14 @@ def _topk_lse_merge_kernel(
     row_max = tl.max(m, 0)
     shift = tl.where(row_max == -float("inf"), 0.0, row_max)
     total = tl.sum(s * tl.exp2((m - shift) * LOG2E), 0)
-    lse = row_max + tl.log(tl.maximum(total, 1.0))  # total >= 1 unless all -inf
+    tl.store(lse_ptr + row, row_max + tl.log(tl.maximum(total, 1.0)))  # total >= 1 unless all -inf
 
     keys = tl.load(
         part_key_ptr + part[:, None] * KP + slots[None, :],
         mask=live[:, None] & (slots[None, :] < K),
         other=SENTINEL,
     )  # [SP, KP]
-    best = _top_keys(tl.reshape(keys, [SP * KP]), slots, K)
-    if hb == 0:
-        tl.store(lse_ptr + row, lse)
-        tl.store(vals_ptr + row * K + slots, _key_value(best), mask=slots < K)
-        tl.store(ids_ptr + row * K + slots, _key_index(best), mask=slots < K)
-    if UP:  # the candidates' confidence features -> the feature MLP's up projection + SiLU (head_nodes.py)
-        kv = slots < K
-        cols = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-        cv = cols < H
-        v = tl.where(kv, _key_value(best), 0.0)
-        lp, act = confidence_up(v, lse, slots, kv, cols, cv, w_ptr, b_ptr, ln_eps, rank_div, up_ptr)
-        store_confidence_up(row, hb, lp, act, slots, kv, cols, cv, K, H, lp_ptr, up_ptr)
+    _store_sorted(tl.reshape(keys, [SP * KP]), slots, vals_ptr + row * K, ids_ptr + row * K, K)
 
 
 def min_tiles(n_rows: int) -> int:
@@ -253,41 +236,15 @@ def topk_lse_triton(
     """logits [N, V] -> (vals fp32 [N, k] descending, ids int64 [N, k], lse fp32 [N]).
 
     Ties go to the lowest index. `splits` overrides the number of chunks per row and `launch` the
-    streaming geometry (benchmarks, tests); `pdl` launches both stages with programmatic dependent
-    launch (kernels/pdl.py; sm_90+). No host syncs: safe to capture in a CUDA graph.
+    streaming geometry (benchmarks, tests); `pdl` builds both stages for programmatic dependent
+    launch (kernels/pdl.py; sm_90+): the split kernel launched early, the merge in full stream order
+    (it still lets the next kernel launch early). No host syncs: safe to capture in a CUDA graph.
     """
-    return _topk_lse_launch(logits, k, splits, launch, pdl, None)[:3]
-
-
-class Confidence(NamedTuple):
-    """The LiLiCorr head's confidence MLP up to its hidden layer (kernels/head_nodes.confidence_up_triton)."""
-
-    w_feat: torch.Tensor  # [H, 5] fp32, the feature LayerNorm's affine folded in
-    b_feat: torch.Tensor  # [H] fp32
-    ln_eps: float
-    dtype: torch.dtype  # of the up output
-
-
-UP_BLOCK_H = 128  # up columns per merge program: 8 programs per row at width 1024
-
-
-def topk_lse_confidence_triton(
-    logits: torch.Tensor, k: int, confidence: Confidence, *, pdl: bool = False
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """logits [N, V] of the slots (N = b * S) -> (vals, ids, lse as topk_lse_triton, log-probs fp32 [N, k],
-    silu(w_feat @ LayerNorm(features) + b_feat) [N * k, H]): topk_lse_triton then
-    head_nodes.confidence_up_triton, with the second in the merge kernel (one launch fewer) wherever the
-    rows are merged; with one chunk per row (N > 1056 at the paper vocabulary) it is its own launch."""
-    return _topk_lse_launch(logits, k, None, LAUNCH, pdl, confidence)
-
-
-def _topk_lse_launch(logits, k, splits, launch, pdl, confidence):
-    name = "topk_lse_triton" if confidence is None else "topk_lse_confidence_triton"
     check_topk_lse_args(logits, k)
-    check_pdl(pdl, logits, name)
+    check_pdl(pdl, logits, "topk_lse_triton")
     block = launch.block
     if block < 16 or block & (block - 1):
-        raise ValueError(f"{name}: launch.block must be a power of two >= 16, got {block}")
+        raise ValueError(f"topk_lse_triton: launch.block must be a power of two >= 16, got {block}")
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     n, vocab = logits.shape
@@ -295,13 +252,8 @@ def _topk_lse_launch(logits, k, splits, launch, pdl, confidence):
     vals = torch.empty((n, k), dtype=torch.float32, device=dev)
     ids = torch.empty((n, k), dtype=torch.int64, device=dev)
     lse = torch.empty((n,), dtype=torch.float32, device=dev)
-    up = lp = None
-    if confidence is not None:
-        h = _check_confidence(name, confidence, dev)
-        lp = torch.empty((n, k), dtype=torch.float32, device=dev)
-        up = torch.empty((n * k, h), dtype=confidence.dtype, device=dev)
     if n == 0:
-        return vals, ids, lse, lp, up
+        return vals, ids, lse
     if splits is None:
         splits, chunk = split_plan(n, vocab, dev, launch)
     else:
@@ -320,33 +272,18 @@ def _topk_lse_launch(logits, k, splits, launch, pdl, confidence):
         K=k, KP=kp, R=block // group, G=group, TP=COLLECT_TILES, FINAL=final, PDL=pdl, launch_pdl=pdl,
         num_warps=launch.num_warps, **({"maxnreg": launch.maxnreg} if launch.maxnreg else {}),
     )
-    if final and confidence is not None:
-        lp, up = confidence_up_triton(vals, lse, confidence.w_feat, confidence.b_feat, confidence.ln_eps, confidence.dtype, pdl=pdl)
-    elif not final:
+    if not final:
         # Two merge widths per vocabulary (N <= FEW_ROWS and above), not one per N: a constexpr that followed
         # the batch size would compile a new kernel for every batch size the server meets (a stall on the serving path).
         sp = triton.next_power_of_2(max(splits, triton.cdiv(triton.cdiv(vocab, block), min_tiles(n))))
-        w_feat, b_feat, ln_eps, _ = confidence if confidence is not None else (vals, vals, 0.0, None)
-        h = up.shape[1] if confidence is not None else 1
-        _topk_lse_merge_kernel[(n, triton.cdiv(h, UP_BLOCK_H) if confidence is not None else 1)](
+        # Under PDL the merge still releases the next kernel early, but is itself launched in full stream order: launched
+        # early, its programs sit through the whole split stream and the select took 1.5-5.6 us longer (H100, version 18:
+        # benchmarks/results/h100_v18/call_d).
+        _topk_lse_merge_kernel[(n,)](
             part_key, part_max, part_sum, splits, vals, ids, lse,
-            vals if lp is None else lp, vals if up is None else up, w_feat, b_feat, h, float(ln_eps), float(max(k - 1, 1)),
-            K=k, KP=kp, SP=sp, PDL=pdl, UP=confidence is not None, BLOCK_H=UP_BLOCK_H,
-            launch_pdl=pdl, num_warps=1 if sp * kp <= 512 else 4,  # 512 keys: 16 per lane of one warp
+            K=k, KP=kp, SP=sp, PDL=pdl, launch_pdl=False, num_warps=1 if sp * kp <= 512 else 4,  # 512 keys: 16 per lane of one warp
         )
-    return vals, ids, lse, lp, up
-
-
-def _check_confidence(name: str, confidence: Confidence, device) -> int:
-    """-> the up output's width H, after checking the weights' shapes, dtypes and device."""
-    w, b = confidence.w_feat, confidence.b_feat
-    if w.dim() != 2 or w.shape[1] != NUM_FEATURES or tuple(b.shape) != (w.shape[0],):
-        raise ValueError(f"{name}: confidence weights w_feat {tuple(w.shape)} / b_feat {tuple(b.shape)} must be [H, {NUM_FEATURES}] / [H]")
-    if w.dtype != torch.float32 or b.dtype != torch.float32 or not (w.is_contiguous() and b.is_contiguous()):
-        raise ValueError(f"{name}: confidence weights must be contiguous fp32 (the folded LayerNorm affine), got {w.dtype} / {b.dtype}")
-    if w.device != device or b.device != device:
-        raise ValueError(f"{name}: confidence weights are on {w.device} but the logits on {device}; move them there")
-    return w.shape[0]
+    return vals, ids, lse
 
 
 SWEEP = (  # the launches `bench_topk_lse(sweep=True)` times beside LAUNCH

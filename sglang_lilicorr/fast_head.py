@@ -40,11 +40,6 @@ to concat[x, x*t].
 True / False force it; None takes FOLD_NORMS_MAX_ROWS (where PDL is on).
 `prefetch_weights` (version 17): each Triton GEMM launched early under PDL fetches its weight slice into
 L2 before it waits on the kernel before it (kernels/prefetch.py); False turns that off.
-Version 18: on the fused path the top-K merge also runs the confidence MLP's up projection
-(kernels/topk_lse_fused.topk_lse_confidence_triton; select_from_candidates, given candidates, runs it
-as its own kernel); where the norms fold, the nodes are the epilogue of the feature down GEMM, the pass
-projection is a Triton split-K GEMM reducing in its own launch (kernels/split_k.py) where K is long, and
-`fork_pass_early` forks it before the top-K (None: FORK_PASS_EARLY_MAX_ROWS).
 `fused_stages` cuts the fused path into projections / nodes / lattice / factors (with the walk) for
 per-stage timing (benchmarks/head_bench.py).
 Everything is static-shaped with no host syncs, so `select` can be captured in a CUDA graph.
@@ -76,10 +71,6 @@ TRITON_GEMM_ROWS_CAP = 512  # triton_gemms=True: GEMMs up to this many rows (the
 # post-logits folded / not, ms, paper head bs 1 0.123 / 0.128, bs 4 0.185 / 0.157; testbed head bs 1 0.070 / 0.077,
 # bs 4 0.090 / 0.092, bs 16 0.160 / 0.128.
 FOLD_NORMS_MAX_ROWS = {256: 512, 1024: 128}
-# head width -> the most lattice rows at which select_from_logits forks the pass projection before the top-K (where the
-# norms fold, the node GEMM waits for it); others: never. H100, version 18 call A (benchmarks/results/h100_v18/call_a):
-# post-logits forked before / after the top-K, ms, paper bs 1 0.124 / 0.130; testbed bs 1 0.070 / 0.078, bs 4 0.090 / 0.105.
-FORK_PASS_EARLY_MAX_ROWS = {256: 512, 1024: 128}
 
 
 def _norm_eps(norm: torch.nn.RMSNorm) -> float:
@@ -131,7 +122,6 @@ class FastLiLiCorrSelect:
         triton_gemms: bool | None = None,  # small-M GEMMs in Triton (fused); None: TRITON_GEMM_MAX_ROWS with PDL
         fold_norms: bool | None = None,  # the lattice's RMSNorms inside the Triton GEMMs (fused); None: FOLD_NORMS_MAX_ROWS
         prefetch_weights: bool = True,  # Triton GEMMs launched early under PDL fetch their weight into L2 first
-        fork_pass_early: bool | None = None,  # the pass projection forked before the top-K (overlap); None: FORK_PASS_EARLY_MAX_ROWS
     ) -> None:
         if (embed_weight is None) == (token_table is None):
             raise ValueError("FastLiLiCorrSelect: pass exactly one of embed_weight=[V, Hm] or token_table=[V, H].")
@@ -152,12 +142,6 @@ class FastLiLiCorrSelect:
             )
         self.overlap = self.fused and w.is_cuda and (overlap is None or bool(overlap))
         self._side = torch.cuda.Stream(device=self.device) if self.overlap else None
-        if fork_pass_early and not self.overlap:
-            raise ValueError(
-                f"FastLiLiCorrSelect(fork_pass_early=True) forks the pass projection onto the side stream, which needs "
-                f"overlap (the fused path on CUDA), got fused={self.fused}, overlap={overlap} on {w.device}; pass None or False"
-            )
-        self.fork_pass_early = fork_pass_early
         self.norm_epilogue = norm_epilogue
         from .kernels.pdl import pdl_supported
 
@@ -181,7 +165,6 @@ class FastLiLiCorrSelect:
         # walk per request; this stream only, each kernel leaves them zero), sized up front so that a
         # CUDA-graph capture never reallocates them (4096 tiles of >= 16 rows: 65536 lattice rows, bs 546)
         self._row_counters = torch.zeros(4096, dtype=torch.int32, device=self.device) if self.fused else None
-        self._pass_counters = torch.zeros(256, dtype=torch.int32, device=self.device) if self.fused else None  # 256 tiles: bs 68
 
         with torch.no_grad():
             if token_table is None:
@@ -253,48 +236,22 @@ class FastLiLiCorrSelect:
 
     def candidates(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor):
         """hidden [b, S, Hm], lm_head_weight [V, Hm] -> (vals fp32 [b, S, K], ids [b, S, K], lse fp32 [b, S])."""
-        return self._candidates_from_logits(self._logits(hidden, lm_head_weight), *hidden.shape[:2])[:3]
-
-    def _logits(self, hidden, lm_head_weight):
-        """hidden [b, S, Hm], lm_head_weight [V, Hm] -> the slots' logits [b*S, V]."""
         b, s, hm = hidden.shape
         if lm_head_weight.dim() != 2 or lm_head_weight.shape != (self.token_table.shape[0], hm):
             raise ValueError(
                 f"select: lm_head_weight must be [{self.token_table.shape[0]}, {hm}] (vocabulary x hidden), "
                 f"got {tuple(lm_head_weight.shape)}."
             )
-        return F.linear(hidden.reshape(b * s, hm).to(lm_head_weight.dtype), lm_head_weight)
+        logits = F.linear(hidden.reshape(b * s, hm).to(lm_head_weight.dtype), lm_head_weight)  # [b*S, V]
+        return self._candidates_from_logits(logits, b, s)
 
     def _candidates_from_logits(self, logits, b, s):
-        """-> (vals [b, S, K], ids [b, S, K], lse [b, S], confidence): on the fused path the top-K merge also
-        runs the confidence MLP's up projection (kernels/topk_lse_fused.topk_lse_confidence_triton), and
-        confidence = (log-probs fp32 [b*S, K], up [b*S*K, H]) for the node stage; None on the PyTorch path."""
-        k, pdl = self.topk, self._pdl_at(b * s * self.topk)
-        confidence = None
-        if self.fused:
-            from .kernels.topk_lse_fused import Confidence, topk_lse_confidence_triton
-
-            weights = Confidence(self.w_feat, self.b_feat, self.feat_ln_eps, self.dtype)
-            vals, ids, lse, lp, up = topk_lse_confidence_triton(logits, k, weights, pdl=pdl)
-            confidence = (lp, up)
-        else:
-            vals, ids, lse = topk_lse(logits, k, pdl=pdl)
-        return vals.view(b, s, k), ids.view(b, s, k), lse.view(b, s), confidence
+        vals, ids, lse = topk_lse(logits, self.topk, pdl=self._pdl_at(b * s * self.topk))
+        return vals.view(b, s, self.topk), ids.view(b, s, self.topk), lse.view(b, s)
 
     def _pass_projection(self, pass_hidden):
-        """-> pass_hidden_proj without its bias (folded into node_const) [b, S, H]: F.linear, or where the norms
-        fold into the Triton GEMMs (_folds_norms) and K is long enough to split, a Triton split-K GEMM that
-        reduces its parts in the same launch (kernels/split_k.py; cuBLAS takes a split-K GEMM + a reduce kernel)."""
-        from .kernels.split_k import part_plan
-
-        b, s, hm = pass_hidden.shape
-        x = pass_hidden.to(self.dtype)
-        if not (self._folds_norms(b * s * self.topk) and part_plan(hm)[0] > 1):
-            return F.linear(x, self.w_pass)
-        from .kernels.split_k import linear_split_k_triton, output_tiles
-
-        counters = self._counters(output_tiles(b * s, self.width), "_pass_counters")
-        return linear_split_k_triton(x.reshape(b * s, hm), self.w_pass, counters).view(b, s, self.width)
+        """-> pass_hidden_proj without its bias (folded into node_const) [b, S, H]."""
+        return F.linear(pass_hidden.to(self.dtype), self.w_pass)
 
     def _anchor_projection(self, anchor_hidden):
         """-> anchor state t [b, H] and [anchor_out | W_t t + b] [b, D+H] (one GEMM on t)."""
@@ -346,67 +303,46 @@ class FastLiLiCorrSelect:
         pair = self.sigma * torch.matmul(out_vec[:, :-1], in_vec[:, 1:].transpose(-1, -2))
         return start, pair, lp
 
-    def _on_side(self, fn, *args) -> tuple:
-        """fn(*args) -> (its output, join): with overlap it runs on the side stream, forked here, and join()
-        makes the current stream wait for it where first needed; without overlap it runs here (join None).
-        The projections fork after the top-K (forked before it, both slowed it down from bs 4 on:
-        PERF_NOTES.md version 17), the pass projection before it where _forks_pass_early says so."""
+    def _projections(self, pass_hidden, anchor_hidden) -> tuple:
+        """-> (pass projection, t, anchor, join_pass, join_anchor): with overlap both projections run on the
+        side stream, forked here, and each is joined where first needed by calling its join (None without
+        overlap). (Forked before the top-K instead, they slowed it down from bs 4 on: PERF_NOTES.md version 17.)"""
         if not self.overlap:
-            return fn(*args), None
+            return self._pass_projection(pass_hidden), *self._anchor_projection(anchor_hidden), None, None
         side = _SideStream(self._side)
         with side:
-            out = fn(*args)
-            ready = side.record()
-        return out, lambda: side.join(ready, *(out if isinstance(out, tuple) else (out,)))
+            pass_proj = self._pass_projection(pass_hidden)
+            pass_ready = side.record()
+            t, anchor = self._anchor_projection(anchor_hidden)
+            anchor_ready = side.record()
+        return pass_proj, t, anchor, lambda: side.join(pass_ready, pass_proj), lambda: side.join(anchor_ready, t, anchor)
 
-    def _forks_pass_early(self, rows: int) -> bool:
-        """Whether a select from logits with `rows` lattice rows forks the pass projection before the top-K."""
-        if self.fork_pass_early is not None:
-            return self.fork_pass_early
-        return self.overlap and rows <= FORK_PASS_EARLY_MAX_ROWS.get(self.width, 0)
-
-    def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, walk: bool = False, confidence=None, pass_fork=None):
-        """-> (start, pair, log-probs [b, S, K], draft ids [b, S] from the cosine kernel's greedy walk if `walk` else None);
-        `confidence` as _candidates_from_logits gives it (else the node stage computes it); `pass_fork` the pass
-        projection's (output, join) where it was forked before the top-K."""
+    def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, walk: bool = False):
+        """-> (start, pair, log-probs [b, S, K], draft ids [b, S] from the cosine kernel's greedy walk if `walk` else None)."""
         b, s, k = vals.shape
-        pass_proj, join_pass = pass_fork or self._on_side(self._pass_projection, pass_hidden)
-        (t, anchor), join_anchor = self._on_side(self._anchor_projection, anchor_hidden)
-        lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj, join_pass, confidence)
+        pass_proj, t, anchor, join_pass, join_anchor = self._projections(pass_hidden, anchor_hidden)
+        lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj, join_pass)
         cat, sumsq = self._layers_fused(x, xn, b, t, join_anchor)
         start, pair, draft = self._factors_fused(cat, sumsq, anchor, b, s, ids if walk else None)
         return start, pair, lp.view(b, s, k), draft
 
-    def _nodes_fused(self, vals, ids, lse, pass_proj, join_pass=None, confidence=None):
+    def _nodes_fused(self, vals, ids, lse, pass_proj, join_pass=None):
         """-> log-probs fp32 [b*S, K], residual stream x [b*L, H], first attention input [b*L, H]. Where the
         norms fold into the GEMMs (_folds_norms): x is a [b*L, 2H] buffer whose first half is the residual
         stream (the last layer writes x * t into the second), and the sums of squares of its rows stand
-        in for the attention input (fp32 [b*L, H / 16], kernels/head_norm.py); the nodes are then the
-        epilogue of the feature down GEMM, which sums the pass projection's split-K partials.
-        `confidence` = (log-probs, up) from the top-K merge, else computed here."""
-        from .kernels.ffn_silu import linear_act_triton
+        in for the attention input (fp32 [b*L, H / 16], kernels/head_norm.py)."""
         from .kernels.head_nodes import confidence_up_triton, lattice_nodes_triton
         from .kernels.head_norm import sumsq_parts
         from .kernels.linear_norm import lattice_nodes_linear_triton
 
         b, s, k = vals.shape
         pdl = self._pdl_at(b * s * k)
-        lp, up = confidence if confidence is not None else confidence_up_triton(
+        lp, up = confidence_up_triton(
             vals.reshape(b * s, k).float(), lse.reshape(b * s).float(), self.w_feat, self.b_feat, self.feat_ln_eps, self.dtype, pdl=pdl,
         )
         norm, rows, h = self.head.layers[0].attn_norm, b * s * k, self.width
         folds = self._folds_norms(rows)
-        if folds:  # the down GEMM writes the nodes into the residual half of cat and their sums of squares for QKV's norm
-            if join_pass is not None:
-                join_pass()
-            cat, sumsq = torch.empty((rows, 2 * h), dtype=self.dtype, device=self.device), sumsq_parts(rows, h, self.device)
-            nodes = (ids.contiguous(), self.token_table, pass_proj, self.node_const)
-            linear_act_triton(
-                up, self.w_down, nodes=nodes, out=cat[:, :h], sumsq_out=sumsq,
-                pdl=pdl, launch_pdl=join_pass is None, prefetch=self._prefetch,  # the first launch after a join waits in full
-            )
-            return lp, cat, sumsq
-        counters = self._norm_counters(rows, h)
+        counters = None if folds else self._norm_counters(rows, h)
         if counters is not None:  # the down GEMM with the node sum + norm in its epilogue
             if join_pass is not None:
                 join_pass()
@@ -417,11 +353,13 @@ class FastLiLiCorrSelect:
         feat = self._linear(up, self.w_down)  # [b*S*K, H]
         if join_pass is not None:
             join_pass()
+        cat = torch.empty((rows, 2 * h), dtype=self.dtype, device=self.device) if folds else None
+        folded = dict(out=cat[:, :h], sumsq_out=sumsq_parts(rows, h, self.device)) if folds else {}  # the norm left to QKV
         x, xn = lattice_nodes_triton(
-            ids, self.token_table, pass_proj, feat, self.node_const, norm.weight, _norm_eps(norm),
+            ids, self.token_table, pass_proj, feat, self.node_const, norm.weight, _norm_eps(norm), **folded,
             pdl=pdl, launch_pdl=join_pass is None,  # the first launch after a join waits in full
         )
-        return lp, x, xn
+        return lp, (cat if folds else x), xn
 
     def _layers_fused(self, x, xn, b, t, join_anchor=None):
         """Lattice transformer on x [b*L, H] (updated in place) -> (concat[h, h*t] [b*L, 2H], None); with
@@ -507,19 +445,16 @@ class FastLiLiCorrSelect:
             return None
         return self._counters(row_tiles(rows, h, self.dtype))
 
-    def _counters(self, need: int, name: str = "_row_counters") -> torch.Tensor:
-        """The int32 zero counters of the last-program kernels (row tiles, requests; `_pass_counters`: the pass
-        projection's output tiles, on the side stream), >= need entries."""
-        counters = getattr(self, name)
-        if counters.numel() < need:
-            if counters.is_cuda and torch.cuda.is_current_stream_capturing():
+    def _counters(self, need: int) -> torch.Tensor:
+        """The int32 zero counters of this stream's last-program kernels (row tiles, requests), >= need entries."""
+        if self._row_counters.numel() < need:
+            if self._row_counters.is_cuda and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError(
-                    f"select: this batch needs {need} kernel counters, more than the {counters.numel()} "
+                    f"select: this batch needs {need} kernel counters, more than the {self._row_counters.numel()} "
                     f"allocated; run one eager select at this batch size before capturing a CUDA graph of it"
                 )
-            counters = torch.zeros(need, dtype=torch.int32, device=self.device)
-            setattr(self, name, counters)
-        return counters
+            self._row_counters = torch.zeros(need, dtype=torch.int32, device=self.device)
+        return self._row_counters
 
     def _factors_fused(self, cat, sumsq, anchor, b, s, ids=None):
         """concat[h, h*t] [b*L, 2H], anchor [b, D+H] -> (start fp32 [b, K], pair fp32 [b, S-1, K, K],
@@ -615,15 +550,12 @@ class FastLiLiCorrSelect:
     def select_from_candidates(self, vals, ids, lse, pass_hidden, anchor_hidden):
         """Head + walk on given candidates -> (draft ids [b, S], ids [b, S, K], log-probs fp32 [b, S, K]).
         The fused path walks inside its cosine kernel (kernels/head_scores.py)."""
-        return self._select_candidates(vals, ids, lse, pass_hidden, anchor_hidden)
-
-    def _select_candidates(self, vals, ids, lse, pass_hidden, anchor_hidden, confidence=None, pass_fork=None):
         if not self.fused:
             start, pair, lp = self.lattice_scores(vals, ids, lse, pass_hidden, anchor_hidden)
             return self.walk(start, pair, ids), ids, lp
         self._check_candidates(vals, ids, lse, pass_hidden, anchor_hidden)
         with torch.no_grad():
-            lp, draft = self._scores_fused(vals, ids, lse, pass_hidden, anchor_hidden, True, confidence, pass_fork)[2:]
+            lp, draft = self._scores_fused(vals, ids, lse, pass_hidden, anchor_hidden, walk=True)[2:]
         return draft, ids, lp
 
     def select_from_logits(self, logits: torch.Tensor, hidden: torch.Tensor, anchor_hidden: torch.Tensor):
@@ -633,18 +565,16 @@ class FastLiLiCorrSelect:
         if logits.dim() != 2 or logits.shape[0] != b * s or logits.shape[1] != self.token_table.shape[0]:
             raise ValueError(f"select: logits must be [{b * s}, {self.token_table.shape[0]}] (b*S x V), got {tuple(logits.shape)}.")
         with torch.no_grad():
-            early = self.fused and self._forks_pass_early(b * s * self.topk)
-            pass_fork = self._on_side(self._pass_projection, hidden) if early else None
             candidates = self._candidates_from_logits(logits, b, s)
-        return self._select_candidates(*candidates[:3], hidden, anchor_hidden, candidates[3], pass_fork)
+        return self.select_from_candidates(*candidates, hidden, anchor_hidden)
 
     def select(self, hidden: torch.Tensor, anchor_hidden: torch.Tensor, lm_head_weight: torch.Tensor):
         """hidden [b, S, Hm] drafter slot states, anchor_hidden [b, Hm], lm_head_weight [V, Hm]
         -> (draft token ids [b, S], candidate ids [b, S, K], candidate log-probs fp32 [b, S, K])."""
         self._check(hidden, anchor_hidden)
         with torch.no_grad():
-            logits = self._logits(hidden, lm_head_weight)
-        return self.select_from_logits(logits, hidden, anchor_hidden)
+            vals, ids, lse = self.candidates(hidden, lm_head_weight)
+        return self.select_from_candidates(vals, ids, lse, hidden, anchor_hidden)
 
     __call__ = select
 

@@ -108,8 +108,6 @@ def test_select_fp32_equals_reference(seed, monkeypatch, fused, norm_epilogue, t
 def test_fold_norms_conflicts_are_named(seed):
     head = make_head(SMALL, HM, seed)
     embed = make_inputs(1, 2, HM, VOCAB, seed)[3]
-    with pytest.raises(ValueError, match=r"fork_pass_early=True\) forks the pass projection onto the side stream, which needs overlap"):
-        FastLiLiCorrSelect(head, embed_weight=embed, fork_pass_early=True)  # no side stream off CUDA
     for kw in (dict(fused=False), dict(norm_epilogue=True), dict(triton_gemms=False)):
         with pytest.raises(ValueError, match=r"fold_norms=True\) runs every lattice GEMM as a Triton GEMM"):
             FastLiLiCorrSelect(head, embed_weight=embed, fold_norms=True, **kw)
@@ -308,50 +306,6 @@ def test_confidence_up_kernel_equals_folded_layernorm_mlp(seed):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("n, splits", [(7, 3), (7, 1), (2, 5)])
-def test_topk_merge_runs_the_confidence_up_bit_for_bit(seed, n, splits, monkeypatch):
-    """topk_lse_confidence_triton: the merge kernel's confidence MLP (one program per row and column
-    block) writes what topk_lse_triton + confidence_up_triton write, bit for bit; with one chunk per row
-    (no merge) the second runs as its own kernel."""
-    from sglang_lilicorr.kernels import topk_lse_fused as tk
-
-    head = make_head(SMALL, HM, seed)
-    fast = FastLiLiCorrSelect(head, embed_weight=torch.randn(VOCAB, HM), fused=True)
-    monkeypatch.setattr(tk, "UP_BLOCK_H", 16)  # width 32: two column blocks per row
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(n, 600, generator=g) * 3
-    monkeypatch.setattr(tk, "split_plan", lambda rows, vocab, dev, launch=tk.LAUNCH: (splits, -(-vocab // (splits * launch.block)) * launch.block))
-    weights = tk.Confidence(fast.w_feat, fast.b_feat, fast.feat_ln_eps, torch.float32)
-    k = SMALL.candidate_topk
-    vals, ids, lse, lp, up = tk.topk_lse_confidence_triton(logits, k, weights)
-    r_vals, r_ids, r_lse = tk.topk_lse_triton(logits, k, splits=splits)
-    r_lp, r_up = confidence_up_triton(r_vals, r_lse, fast.w_feat, fast.b_feat, fast.feat_ln_eps, torch.float32)
-    for got, want in ((vals, r_vals), (ids, r_ids), (lse, r_lse), (lp, r_lp), (up, r_up)):
-        assert torch.equal(got, want)
-    with pytest.raises(ValueError, match=r"confidence weights must be contiguous fp32"):
-        tk.topk_lse_confidence_triton(logits, k, weights._replace(w_feat=fast.w_feat.double()))
-    with pytest.raises(ValueError, match=r"w_feat \(32, 4\) / b_feat \(32,\) must be \[H, 5\] / \[H\]"):
-        tk.topk_lse_confidence_triton(logits, k, weights._replace(w_feat=fast.w_feat[:, :4]))
-
-
-@needs_interpreter
-def test_select_folded_sums_a_split_k_pass_projection(seed, monkeypatch):
-    """The folded path's pass projection as a Triton split-K GEMM (the plan shrunk to this head's
-    hidden size 24: parts of 16 + 8, reduced in the launch) still selects as the reference does."""
-    from sglang_lilicorr.kernels import split_k
-
-    monkeypatch.setattr(split_k, "MIN_K_PER_PART", 8)
-    monkeypatch.setattr(split_k, "BLOCK_K", 16)
-    head = make_head(SMALL, HM, seed)
-    hidden, anchor, lm_head, embed = make_inputs(3, SMALL.num_slots, HM, VOCAB, seed)
-    fast = FastLiLiCorrSelect(head, embed_weight=embed, fold_norms=True)
-    assert split_k.part_plan(HM)[0] == 2 and fast._folds_norms(3 * SMALL.num_slots * SMALL.candidate_topk)
-    torch.testing.assert_close(fast._pass_projection(hidden), F.linear(hidden, fast.w_pass), atol=1e-5, rtol=1e-5)
-    assert not fast._pass_counters.any()
-    assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-4)
-
-
-@needs_interpreter
 def test_node_and_norm_kernels_equal_torch(seed):
     g = torch.Generator().manual_seed(seed)
     b, s, k, h, v = 2, 3, 4, 48, 20  # h not a power of two: masked columns
@@ -455,7 +409,6 @@ bf, f32, i32, i64, c = "*bf16", "*fp32", "i32", "*i64", "constexpr"
 L, CL = tk.LAUNCH, head_scores.LAUNCH
 R, G = L.block // tk.GROUP, tk.GROUP
 split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 7
-merge = [i64, f32, f32, i32, f32, i64, f32, f32, bf, f32, f32, i32, "fp32", "fp32"] + [c] * 6  # + the confidence up's outputs, weights
 walk_args = [i64, "*i32", i64, i32, i32, i32, i64]  # the cosine kernel's walk: successors, counters, ids + strides, draft
 P = dict(PDL=True)  # as served on sm_90 (kernels/pdl.py)
 cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divisible by 16 at the paper config
@@ -470,9 +423,8 @@ cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divis
     (walk._greedy_walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c], dict(KP=8, SP=16, GATHER=True, **P), 1, None, ()),
     (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=tk.COLLECT_TILES, FINAL=False, **P), L.num_warps, L.maxnreg, range(10)),
     (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=tk.COLLECT_TILES, FINAL=True, PDL=False), L.num_warps, L.maxnreg, range(10)),
-    (tk._topk_lse_merge_kernel, merge, dict(K=8, KP=8, SP=64, UP=False, BLOCK_H=tk.UP_BLOCK_H, **P), 1, None, (0, 1, 2, 4, 5, 6)),
-    (tk._topk_lse_merge_kernel, merge, dict(K=8, KP=8, SP=128, UP=False, BLOCK_H=tk.UP_BLOCK_H, PDL=False), 4, None, (0, 1, 2, 4, 5, 6)),
-    (tk._topk_lse_merge_kernel, merge, dict(K=8, KP=8, SP=64, UP=True, BLOCK_H=tk.UP_BLOCK_H, **P), 1, None, (0, 1, 2, 4, 5, 6, 7, 8, 9, 10)),
+    (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32, c, c, c, c], dict(K=8, KP=8, SP=64, **P), 1, None, (0, 1, 2, 4, 5, 6)),
+    (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32, c, c, c, c], dict(K=8, KP=8, SP=128, PDL=False), 4, None, (0, 1, 2, 4, 5, 6)),
 ]
 for fn, types, consts, warps, maxnreg, aligned in cases:
     stages = {"num_stages": 1 if consts["F32_DOT"] else CL.num_stages} if fn is head_scores._lattice_cosine_kernel else {}
@@ -551,22 +503,19 @@ def test_gpu_paper_config_bs1_served_tables_fp32(monkeypatch):
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("b", [1, 4])
 @pytest.mark.parametrize("width", [1024, 256])
-@pytest.mark.parametrize("option", [dict(prefetch_weights=False), dict(fork_pass_early=True), dict(fork_pass_early=False)])
-def test_gpu_served_launch_options_change_no_value(b, width, option):
-    """The served defaults against the same with the GEMMs' L2 weight prefetch off (prefetch_weights) or
-    the pass projection forked before / after the top-K: the same draft tokens, candidates and log-probs
-    bit for bit (bf16), eager and in graph replay."""
+def test_gpu_served_weight_prefetch_changes_no_value(b, width):
+    """The served defaults with and without the GEMMs' L2 weight prefetch (prefetch_weights): the same
+    draft tokens, candidates and log-probs bit for bit (bf16), eager and in graph replay."""
     cfg, hm, vocab = LiLiCorrConfig(hidden_size=width, factor_dim=width), 4096, 32000
     head = make_head(cfg, hm, 0, dtype=torch.bfloat16, device="cuda")
     hidden, anchor, lm_head, embed = make_inputs(b, cfg.num_slots, hm, vocab, 0, dtype=torch.bfloat16, device="cuda")
     lm_head *= 0.1
     with torch.no_grad():
         table = head.token_table(embed)
-    served, plain = FastLiLiCorrSelect(head, token_table=table), FastLiLiCorrSelect(head, token_table=table, **option)
+    served, plain = (FastLiLiCorrSelect(head, token_table=table, prefetch_weights=p) for p in (True, False))
     for got, want in zip(served.select(hidden, anchor, lm_head), plain.select(hidden, anchor, lm_head)):
         assert torch.equal(got, want)
     _replay_equals_eager(served, hidden, anchor, lm_head)
-    _replay_equals_eager(plain, hidden, anchor, lm_head)
 
 
 @pytest.mark.gpu
