@@ -30,8 +30,7 @@ dependent launch at every bs), fused_overlap_pdl_triton (+ the GEMMs of <= 512 r
 their epilogues), served (the defaults: overlap, and PDL / Triton GEMMs / the lattice norms folded into
 the Triton GEMMs where fast_head's measured tables take them), served_unfolded / served_folded (served
 without the folded norms / with them at every bs), served_no_prefetch (served without the Triton GEMMs'
-L2 prefetch of their weights, prefetch_weights=False), served_fork_late (the pass projection forked after
-the top-K at every bs, fork_pass_early=False), fused_overlap_norm / _nonorm
+L2 prefetch of their weights, prefetch_weights=False), fused_overlap_norm / _nonorm
 (the residual add + RMSNorm in the out / FFN down GEMMs forced on / off; the others take
 kernels/linear_norm.py's table), and with --compile,
 compiled (torch.compile of the PyTorch variant). Checks in the same run: each variant's select
@@ -90,7 +89,6 @@ VARIANTS = {  # ours: FastLiLiCorrSelect options (norm_epilogue None = kernels/l
     "served_unfolded": dict(fused=True, fold_norms=False),  # the same without the folded norms (version 15's served path)
     "served_folded": dict(fused=True, fold_norms=True),  # ... with them at every bs
     "served_no_prefetch": dict(fused=True, prefetch_weights=False),  # served without the GEMMs' L2 weight prefetch (version 17's A/B)
-    "served_fork_late": dict(fused=True, fork_pass_early=False),  # served with the pass projection forked after the top-K (version 18's A/B)
     "fused_overlap_norm": dict(fused=True, overlap=True, pdl=False, norm_epilogue=True),  # the norm epilogue at every shape
     "fused_overlap_nonorm": dict(fused=True, overlap=True, pdl=False, norm_epilogue=False),  # ... at none
 }

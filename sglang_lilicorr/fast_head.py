@@ -40,9 +40,6 @@ to concat[x, x*t].
 True / False force it; None takes FOLD_NORMS_MAX_ROWS (where PDL is on).
 `prefetch_weights` (version 17): each Triton GEMM launched early under PDL fetches its weight slice into
 L2 before it waits on the kernel before it (kernels/prefetch.py); False turns that off.
-`fork_pass_early` (version 18): select_from_logits (and select) fork the pass projection onto the side stream
-before the top-K instead of after it; None takes FORK_PASS_EARLY_MAX_ROWS. ATTENTION_FULL_ORDER_MAX_ROWS
-launches the lattice attention in full order where an early launch measured slower.
 `fused_stages` cuts the fused path into projections / nodes / lattice / factors (with the walk) for
 per-stage timing (benchmarks/head_bench.py).
 Everything is static-shaped with no host syncs, so `select` can be captured in a CUDA graph.
@@ -74,11 +71,6 @@ TRITON_GEMM_ROWS_CAP = 512  # triton_gemms=True: GEMMs up to this many rows (the
 # post-logits folded / not, ms, paper head bs 1 0.123 / 0.128, bs 4 0.185 / 0.157; testbed head bs 1 0.070 / 0.077,
 # bs 4 0.090 / 0.092, bs 16 0.160 / 0.128.
 FOLD_NORMS_MAX_ROWS = {256: 512, 1024: 128}
-# head width -> the most lattice rows at which ... (others: never). H100, version 18 (benchmarks/results/h100_v18/call_f, post-logits
-# medians of 4 interleaved rounds, us): at paper bs 1 -2.6 / -1.8 us, at paper bs 4 and testbed bs 1 / 4 +4.0-4.8 / +0.5-1.0 us.
-FORK_PASS_EARLY_MAX_ROWS = {1024: 128}  # ... select_from_logits forks the pass projection before the top-K (the node kernel waits for it)
-ATTENTION_FULL_ORDER_MAX_ROWS = {1024: 128}  # ... the lattice attention launches in full order (launched early behind the QKV GEMM,
-# the first one took 2.3 us longer than the second, which follows a stream join, in every bs-1 timeline)
 
 
 def _norm_eps(norm: torch.nn.RMSNorm) -> float:
@@ -130,7 +122,6 @@ class FastLiLiCorrSelect:
         triton_gemms: bool | None = None,  # small-M GEMMs in Triton (fused); None: TRITON_GEMM_MAX_ROWS with PDL
         fold_norms: bool | None = None,  # the lattice's RMSNorms inside the Triton GEMMs (fused); None: FOLD_NORMS_MAX_ROWS
         prefetch_weights: bool = True,  # Triton GEMMs launched early under PDL fetch their weight into L2 first
-        fork_pass_early: bool | None = None,  # the pass projection forked before the top-K (overlap); None: FORK_PASS_EARLY_MAX_ROWS
     ) -> None:
         if (embed_weight is None) == (token_table is None):
             raise ValueError("FastLiLiCorrSelect: pass exactly one of embed_weight=[V, Hm] or token_table=[V, H].")
@@ -151,12 +142,6 @@ class FastLiLiCorrSelect:
             )
         self.overlap = self.fused and w.is_cuda and (overlap is None or bool(overlap))
         self._side = torch.cuda.Stream(device=self.device) if self.overlap else None
-        if fork_pass_early and not self.overlap:
-            raise ValueError(
-                f"FastLiLiCorrSelect(fork_pass_early=True) forks the pass projection onto the side stream, which needs "
-                f"overlap (the fused path on CUDA), got fused={self.fused}, overlap={overlap} on {w.device}; pass None or False"
-            )
-        self.fork_pass_early = fork_pass_early
         self.norm_epilogue = norm_epilogue
         from .kernels.pdl import pdl_supported
 
@@ -251,17 +236,14 @@ class FastLiLiCorrSelect:
 
     def candidates(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor):
         """hidden [b, S, Hm], lm_head_weight [V, Hm] -> (vals fp32 [b, S, K], ids [b, S, K], lse fp32 [b, S])."""
-        return self._candidates_from_logits(self._logits(hidden, lm_head_weight), *hidden.shape[:2])
-
-    def _logits(self, hidden, lm_head_weight):
-        """hidden [b, S, Hm], lm_head_weight [V, Hm] -> the slots' logits [b*S, V]."""
         b, s, hm = hidden.shape
         if lm_head_weight.dim() != 2 or lm_head_weight.shape != (self.token_table.shape[0], hm):
             raise ValueError(
                 f"select: lm_head_weight must be [{self.token_table.shape[0]}, {hm}] (vocabulary x hidden), "
                 f"got {tuple(lm_head_weight.shape)}."
             )
-        return F.linear(hidden.reshape(b * s, hm).to(lm_head_weight.dtype), lm_head_weight)
+        logits = F.linear(hidden.reshape(b * s, hm).to(lm_head_weight.dtype), lm_head_weight)  # [b*S, V]
+        return self._candidates_from_logits(logits, b, s)
 
     def _candidates_from_logits(self, logits, b, s):
         vals, ids, lse = topk_lse(logits, self.topk, pdl=self._pdl_at(b * s * self.topk))
@@ -321,42 +303,24 @@ class FastLiLiCorrSelect:
         pair = self.sigma * torch.matmul(out_vec[:, :-1], in_vec[:, 1:].transpose(-1, -2))
         return start, pair, lp
 
-    def _projections(self, pass_hidden, anchor_hidden, pass_fork=None) -> tuple:
+    def _projections(self, pass_hidden, anchor_hidden) -> tuple:
         """-> (pass projection, t, anchor, join_pass, join_anchor): with overlap both projections run on the
         side stream, forked here, and each is joined where first needed by calling its join (None without
-        overlap). `pass_fork`: the pass projection and its join where _fork_pass forked it before the top-K.
-        (Both forked before the top-K, they slowed it down from bs 4 on: PERF_NOTES.md version 17.)"""
+        overlap). (Forked before the top-K instead, they slowed it down from bs 4 on: PERF_NOTES.md version 17.)"""
         if not self.overlap:
             return self._pass_projection(pass_hidden), *self._anchor_projection(anchor_hidden), None, None
         side = _SideStream(self._side)
         with side:
-            if pass_fork is None:
-                pass_proj = self._pass_projection(pass_hidden)
-                pass_ready = side.record()
-                pass_fork = pass_proj, lambda: side.join(pass_ready, pass_proj)
+            pass_proj = self._pass_projection(pass_hidden)
+            pass_ready = side.record()
             t, anchor = self._anchor_projection(anchor_hidden)
             anchor_ready = side.record()
-        return pass_fork[0], t, anchor, pass_fork[1], lambda: side.join(anchor_ready, t, anchor)
+        return pass_proj, t, anchor, lambda: side.join(pass_ready, pass_proj), lambda: side.join(anchor_ready, t, anchor)
 
-    def _fork_pass(self, pass_hidden) -> tuple:
-        """-> (pass projection, join): forked onto the side stream here, before the top-K, where _forks_pass_early says so."""
-        side = _SideStream(self._side)
-        with side:
-            pass_proj = self._pass_projection(pass_hidden)
-            ready = side.record()
-        return pass_proj, lambda: side.join(ready, pass_proj)
-
-    def _forks_pass_early(self, rows: int) -> bool:
-        """Whether a select from logits with `rows` lattice rows forks the pass projection before the top-K."""
-        if self.fork_pass_early is not None:
-            return self.fork_pass_early
-        return self.overlap and rows <= FORK_PASS_EARLY_MAX_ROWS.get(self.width, 0)
-
-    def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, walk: bool = False, pass_fork=None):
-        """-> (start, pair, log-probs [b, S, K], draft ids [b, S] from the cosine kernel's greedy walk if `walk` else None);
-        `pass_fork` as _projections takes it."""
+    def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, walk: bool = False):
+        """-> (start, pair, log-probs [b, S, K], draft ids [b, S] from the cosine kernel's greedy walk if `walk` else None)."""
         b, s, k = vals.shape
-        pass_proj, t, anchor, join_pass, join_anchor = self._projections(pass_hidden, anchor_hidden, pass_fork)
+        pass_proj, t, anchor, join_pass, join_anchor = self._projections(pass_hidden, anchor_hidden)
         lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj, join_pass)
         cat, sumsq = self._layers_fused(x, xn, b, t, join_anchor)
         start, pair, draft = self._factors_fused(cat, sumsq, anchor, b, s, ids if walk else None)
@@ -416,7 +380,7 @@ class FastLiLiCorrSelect:
             joined = last and join_anchor is not None
             if joined:  # t for the last FFN down; the attention has no weight to prefetch, so it takes the full-order launch
                 join_anchor()
-            attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=pdl, launch_pdl=self._attention_early(x.shape[0], joined))
+            attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=pdl, launch_pdl=not joined)
             xn = self._residual_norm(x, attended, attn.out_proj, self._after_attn[i])
             mlp = layer.mlp
             if prefer_triton(xn.shape[0]) or self._gemm_in_triton(xn.shape[0], mlp.up_proj.weight):  # up GEMM with bias + SiLU in its epilogue
@@ -447,7 +411,7 @@ class FastLiLiCorrSelect:
             joined = last and join_anchor is not None
             if joined:  # as in _layers_fused: the attention after the join, every GEMM launched early
                 join_anchor()
-            attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=launch["pdl"], launch_pdl=self._attention_early(rows, joined))
+            attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=launch["pdl"], launch_pdl=not joined)
             sumsq = sumsq_parts(rows, h, self.device)
             linear_act_triton(attended, attn.out_proj.weight, attn.out_proj.bias, residual=x, sumsq_out=sumsq, **launch)
             norm = (sumsq, _norm_eps(layer.mlp_norm))
@@ -527,11 +491,6 @@ class FastLiLiCorrSelect:
         return (self.fused and not self.norm_epilogue and self.triton_gemms is not False and self._pdl_at(rows)
                 and rows <= FOLD_NORMS_MAX_ROWS.get(self.width, 0))
 
-    def _attention_early(self, rows: int, joined: bool) -> bool:
-        """Whether the lattice attention of a call with `rows` lattice rows launches early under PDL: not right
-        after a stream join, nor where ATTENTION_FULL_ORDER_MAX_ROWS says it loses."""
-        return not joined and rows > ATTENTION_FULL_ORDER_MAX_ROWS.get(self.width, 0)
-
     def _pdl_at(self, rows: int) -> bool:
         """Whether a call with `rows` lattice rows launches its Triton kernels with PDL (see pdl)."""
         if self.pdl is not None:
@@ -591,15 +550,12 @@ class FastLiLiCorrSelect:
     def select_from_candidates(self, vals, ids, lse, pass_hidden, anchor_hidden):
         """Head + walk on given candidates -> (draft ids [b, S], ids [b, S, K], log-probs fp32 [b, S, K]).
         The fused path walks inside its cosine kernel (kernels/head_scores.py)."""
-        return self._select_candidates(vals, ids, lse, pass_hidden, anchor_hidden)
-
-    def _select_candidates(self, vals, ids, lse, pass_hidden, anchor_hidden, pass_fork=None):
         if not self.fused:
             start, pair, lp = self.lattice_scores(vals, ids, lse, pass_hidden, anchor_hidden)
             return self.walk(start, pair, ids), ids, lp
         self._check_candidates(vals, ids, lse, pass_hidden, anchor_hidden)
         with torch.no_grad():
-            lp, draft = self._scores_fused(vals, ids, lse, pass_hidden, anchor_hidden, walk=True, pass_fork=pass_fork)[2:]
+            lp, draft = self._scores_fused(vals, ids, lse, pass_hidden, anchor_hidden, walk=True)[2:]
         return draft, ids, lp
 
     def select_from_logits(self, logits: torch.Tensor, hidden: torch.Tensor, anchor_hidden: torch.Tensor):
@@ -609,17 +565,16 @@ class FastLiLiCorrSelect:
         if logits.dim() != 2 or logits.shape[0] != b * s or logits.shape[1] != self.token_table.shape[0]:
             raise ValueError(f"select: logits must be [{b * s}, {self.token_table.shape[0]}] (b*S x V), got {tuple(logits.shape)}.")
         with torch.no_grad():
-            pass_fork = self._fork_pass(hidden) if self.fused and self._forks_pass_early(b * s * self.topk) else None
             candidates = self._candidates_from_logits(logits, b, s)
-        return self._select_candidates(*candidates, hidden, anchor_hidden, pass_fork)
+        return self.select_from_candidates(*candidates, hidden, anchor_hidden)
 
     def select(self, hidden: torch.Tensor, anchor_hidden: torch.Tensor, lm_head_weight: torch.Tensor):
         """hidden [b, S, Hm] drafter slot states, anchor_hidden [b, Hm], lm_head_weight [V, Hm]
         -> (draft token ids [b, S], candidate ids [b, S, K], candidate log-probs fp32 [b, S, K])."""
         self._check(hidden, anchor_hidden)
         with torch.no_grad():
-            logits = self._logits(hidden, lm_head_weight)
-        return self.select_from_logits(logits, hidden, anchor_hidden)
+            vals, ids, lse = self.candidates(hidden, lm_head_weight)
+        return self.select_from_candidates(vals, ids, lse, hidden, anchor_hidden)
 
     __call__ = select
 

@@ -108,8 +108,6 @@ def test_select_fp32_equals_reference(seed, monkeypatch, fused, norm_epilogue, t
 def test_fold_norms_conflicts_are_named(seed):
     head = make_head(SMALL, HM, seed)
     embed = make_inputs(1, 2, HM, VOCAB, seed)[3]
-    with pytest.raises(ValueError, match=r"fork_pass_early=True\) forks the pass projection onto the side stream, which needs overlap"):
-        FastLiLiCorrSelect(head, embed_weight=embed, fork_pass_early=True)  # no side stream off CUDA
     for kw in (dict(fused=False), dict(norm_epilogue=True), dict(triton_gemms=False)):
         with pytest.raises(ValueError, match=r"fold_norms=True\) runs every lattice GEMM as a Triton GEMM"):
             FastLiLiCorrSelect(head, embed_weight=embed, fold_norms=True, **kw)
@@ -220,14 +218,6 @@ def test_pdl_and_triton_gemm_tables_follow_width_and_rows(seed, monkeypatch):
     assert not fast._gemm_in_triton(480, w(2048, 1024), absorbs_launch=True)
     assert not fast._gemm_in_triton(480, w(1024, 1024))
     assert fast._folds_norms(120) and not fast._folds_norms(480)  # the paper head folds at bs 1 only
-    assert not fast._attention_early(120, False) and fast._attention_early(480, False) and not fast._attention_early(480, True)
-    assert not fast._forks_pass_early(120)  # no side stream (overlap) here
-    fast.overlap = True
-    assert fast._forks_pass_early(120) and not fast._forks_pass_early(480)  # the paper head at bs 1 only
-    fast.width = 256
-    assert not fast._forks_pass_early(120) and fast._attention_early(120, False)  # the testbed head: neither
-    fast.fork_pass_early, fast.width = False, 1024
-    assert not fast._forks_pass_early(120)  # forced off
     fast.norm_epilogue = True
     assert not fast._folds_norms(120)  # the norm epilogues forced on take the norms
     fast.norm_epilogue, fast.pdl, fast.triton_gemms = None, False, True
@@ -513,22 +503,19 @@ def test_gpu_paper_config_bs1_served_tables_fp32(monkeypatch):
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("b", [1, 4])
 @pytest.mark.parametrize("width", [1024, 256])
-@pytest.mark.parametrize("option", [dict(prefetch_weights=False), dict(fork_pass_early=True), dict(fork_pass_early=False)])
-def test_gpu_served_launch_options_change_no_value(b, width, option):
-    """The served defaults against the same with the GEMMs' L2 weight prefetch off (prefetch_weights) or
-    the pass projection forked before / after the top-K (fork_pass_early): the same draft tokens,
-    candidates and log-probs bit for bit (bf16), eager and in graph replay."""
+def test_gpu_served_weight_prefetch_changes_no_value(b, width):
+    """The served defaults with and without the GEMMs' L2 weight prefetch (prefetch_weights): the same
+    draft tokens, candidates and log-probs bit for bit (bf16), eager and in graph replay."""
     cfg, hm, vocab = LiLiCorrConfig(hidden_size=width, factor_dim=width), 4096, 32000
     head = make_head(cfg, hm, 0, dtype=torch.bfloat16, device="cuda")
     hidden, anchor, lm_head, embed = make_inputs(b, cfg.num_slots, hm, vocab, 0, dtype=torch.bfloat16, device="cuda")
     lm_head *= 0.1
     with torch.no_grad():
         table = head.token_table(embed)
-    served, plain = FastLiLiCorrSelect(head, token_table=table), FastLiLiCorrSelect(head, token_table=table, **option)
+    served, plain = (FastLiLiCorrSelect(head, token_table=table, prefetch_weights=p) for p in (True, False))
     for got, want in zip(served.select(hidden, anchor, lm_head), plain.select(hidden, anchor, lm_head)):
         assert torch.equal(got, want)
     _replay_equals_eager(served, hidden, anchor, lm_head)
-    _replay_equals_eager(plain, hidden, anchor, lm_head)
 
 
 @pytest.mark.gpu
