@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .device import sm_count
-from .pdl import check_pdl, grid_dependency_wait
+from .pdl import check_pdl, grid_dependency_wait, pdl_launch
 from .topk_lse import check_topk_lse_args, topk_lse_reference
 
 SENTINEL = tl.constexpr(-(2**63))  # below every ordering key
@@ -281,7 +281,7 @@ def topk_lse_triton(
         # benchmarks/results/h100_v18/call_d).
         _topk_lse_merge_kernel[(n,)](
             part_key, part_max, part_sum, splits, vals, ids, lse,
-            K=k, KP=kp, SP=sp, PDL=pdl, launch_pdl=False, num_warps=1 if sp * kp <= 512 else 4,  # 512 keys: 16 per lane of one warp
+            K=k, KP=kp, SP=sp, **pdl_launch(pdl, launch_pdl=False), num_warps=1 if sp * kp <= 512 else 4,  # 512 keys: 16 per lane of one warp
         )
     return vals, ids, lse
 
