@@ -13,6 +13,8 @@ GEMM is the layer's only launch around it (FastLiLiCorrSelect's fold_norms):
              norm's gain is folded into the weight (fold_norm_gain): RMSNorm(x) @ W.T = rstd * (x @ (W * g).T);
   cross      also writes out * t (t: the request's anchor state), the factor GEMM's h * t up to the
              output norm's rstd and gain, which that GEMM applies to concat[x, x * t].
+  nodes      the feature MLP's down GEMM writes the lattice nodes instead of its product: token_table[id] +
+             pass_proj[slot] + product + node_const[slot, rank] (kernels/head_nodes.node_sum).
 Nothing is added to the K loop: a register pass over its A tiles (sums of squares, x * t) made the
 bs-1 select's eleven GEMMs take 88.9 us of GPU time against 63 us for the ten before (PERF_NOTES.md, version 16).
 Launched early under PDL (kernels/pdl.py), the programs of the first row tile fetch their weight slice
@@ -62,6 +64,7 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from .device import sm_count, sm_major
+from .head_nodes import node_sum
 from .head_norm import SUMSQ_GROUP, row_rstd, store_sumsq
 from .pdl import check_pdl, grid_dependency_wait, pdl_launch
 from .prefetch import lines_per_row, prefetch_rows_l2
@@ -183,9 +186,11 @@ def gemm_tile(
 @triton.jit
 def _linear_act_kernel(
     x_ptr, w_ptr, b_ptr, gb_ptr, out_ptr, ss_in_ptr, ss_out_ptr, t_ptr, xt_ptr,
+    ids_ptr, table_ptr, pass_ptr, const_ptr,  # NODES only (head_nodes.node_sum)
     M, N, K, stride_xm, stride_wn, stride_om, gb_stride, rows_per_group, rows_per_req, n_parts_in, norm_width, eps,
+    n_slots, n_cand,
     HAS_BIAS: tl.constexpr, GROUP_BIAS: tl.constexpr, SILU: tl.constexpr, NORM: tl.constexpr, PARTS_IN: tl.constexpr,
-    RESIDUAL: tl.constexpr, SUMSQ_OUT: tl.constexpr, CROSS_OUT: tl.constexpr,
+    RESIDUAL: tl.constexpr, SUMSQ_OUT: tl.constexpr, CROSS_OUT: tl.constexpr, NODES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, IEEE_F32: tl.constexpr, PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
 ):
@@ -204,6 +209,8 @@ def _linear_act_kernel(
     mask = live[:, None] & (rn < N)[None, :]
     at = rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
     dtype = out_ptr.dtype.element_ty
+    if NODES:  # the feature down GEMM: node = token_table[id] + pass_proj[slot] + y + node_const[slot, rank]
+        y = node_sum(y.to(dtype).to(tl.float32), rm, live, rn, mask, ids_ptr, table_ptr, pass_ptr, const_ptr, n_slots, n_cand, N)
     if RESIDUAL:  # out += y, y rounded as F.linear returns it, the sum rounded as the residual add
         y = tl.load(out_ptr + at, mask=mask, other=0.0).to(tl.float32) + y.to(dtype).to(tl.float32)
     y = y.to(dtype)
@@ -241,12 +248,14 @@ def _linear_act_tma_kernel(
 def linear_act_reference(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, silu: bool = False,
     group_bias: torch.Tensor | None = None, rows_per_group: int = 1, norm_eps: float | None = None, norm_width: int | None = None,
-    residual: torch.Tensor | None = None, cross: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None, cross: torch.Tensor | None = None, nodes: tuple | None = None,
 ) -> torch.Tensor:
     """PyTorch definition of linear_act_triton, in fp32, rounded to x's dtype after the activation:
     y = act(rstd * (x @ weight.T) + bias + group_bias[row // rows_per_group]), rstd = 1 / sqrt(mean(x[:, :w]^2)
     + eps) over the first w = norm_width (default all) columns of x with norm_eps, else 1; then residual
-    += y (returned, in place). With cross (t [b, N]) -> (that, that * t[row // (M / b)])."""
+    += y (returned, in place). With cross (t [b, N]) -> (that, that * t[row // (M / b)]). With nodes
+    (ids [b, S, K], table [V, N], pass_proj [b, S, N], node_const [S_max, K, N]) -> the lattice nodes
+    table[id] + pass_proj[slot] + y + node_const[slot, rank], rounded once."""
     xf = x.float()
     y = xf @ weight.float().T
     if norm_eps is not None:
@@ -256,6 +265,11 @@ def linear_act_reference(
     if group_bias is not None:
         y = (y.view(-1, rows_per_group, y.shape[-1]) + group_bias.float().unsqueeze(1)).view(y.shape)
     y = (F.silu(y) if silu else y).to(x.dtype)
+    if nodes is not None:
+        ids, table, pass_proj, const = nodes
+        b, s, k = ids.shape
+        proj = pass_proj.float().view(b, s, 1, -1)
+        y = (table[ids].float() + proj + y.float().view(b, s, k, -1) + const[:s].float()).to(x.dtype).view(y.shape)
     if residual is not None:
         y = residual.copy_((residual.float() + y.float()).to(residual.dtype))
     if cross is None:
@@ -313,11 +327,15 @@ def _check_tensor(name: str, what: str, t: torch.Tensor, shape: tuple, dtype: to
         )
 
 
-def _check_epilogue(name: str, x, weight, norm, norm_width, residual, out, sumsq_out, cross) -> None:
-    """The norm / residual / extra outputs of linear_act_triton against x [M, K] and weight [N, K]."""
+def _check_epilogue(name: str, x, weight, norm, norm_width, residual, out, sumsq_out, cross, nodes) -> None:
+    """The norm / residual / node / extra outputs of linear_act_triton against x [M, K] and weight [N, K]."""
     (m, k), n = x.shape, weight.shape[0]
     if residual is not None and out is not None:
         raise ValueError(f"{name}: residual is the output; pass it without out")
+    if nodes is not None:
+        _check_nodes(name, nodes, m, n, x.device)
+        if residual is not None:
+            raise ValueError(f"{name}: nodes and residual are two sums into the output; pass one")
     if norm is not None:
         width = norm_width or k
         if not 0 < width <= k:
@@ -339,6 +357,22 @@ def _check_epilogue(name: str, x, weight, norm, norm_width, residual, out, sumsq
             raise ValueError(f"{name}: the cross output must share the output's row stride (e.g. two halves of one buffer)")
 
 
+def _check_nodes(name: str, nodes: tuple, m: int, n: int, device) -> None:
+    """nodes = (ids [b, S, K] int64, table [V, N], pass_proj [b, S, N], node_const fp32 [S_max, K, N])."""
+    ids, table, pass_proj, const = nodes
+    if ids.dim() != 3 or ids.numel() != m or ids.dtype != torch.int64:
+        raise ValueError(f"{name}: node ids {tuple(ids.shape)} {ids.dtype} must be int64 [b, S, K] over the {m} rows")
+    b, s, k = ids.shape
+    if table.dim() != 2 or table.shape[1] != n or tuple(pass_proj.shape) != (b, s, n):
+        raise ValueError(f"{name}: node table {tuple(table.shape)} / pass_proj {tuple(pass_proj.shape)} must be [V, {n}] / [{b}, {s}, {n}]")
+    if table.dtype != pass_proj.dtype:
+        raise ValueError(f"{name}: node table is {table.dtype} but pass_proj {pass_proj.dtype}; cast one")
+    if const.dim() != 3 or const.shape[0] < s or tuple(const.shape[1:]) != (k, n) or const.dtype != torch.float32:
+        raise ValueError(f"{name}: node_const {tuple(const.shape)} {const.dtype} must be fp32 [>= {s}, {k}, {n}]")
+    if any(t.device != device or not t.is_contiguous() for t in nodes):
+        raise ValueError(f"{name}: the node tensors must be contiguous and on {device}")
+
+
 def linear_act_triton(
     x: torch.Tensor,  # [M, K], unit stride along K
     weight: torch.Tensor,  # [N, K] (nn.Linear), unit stride along K
@@ -353,6 +387,7 @@ def linear_act_triton(
     out: torch.Tensor | None = None,  # [M, N] where to write the result (unit column stride); None: a new tensor
     sumsq_out: torch.Tensor | None = None,  # [M, cdiv(N, 16)] fp32: the result rows' partial sums of squares
     cross: tuple[torch.Tensor, torch.Tensor] | None = None,  # (t [b, N], xt [M, N]): also xt = result * t per request
+    nodes: tuple | None = None,  # (ids [b, S, K], table [V, N], pass_proj [b, S, N], node_const [S_max, K, N]): the lattice nodes
     config: str | LaunchConfig | None = None,  # a CONFIGS key or a LaunchConfig; None: select_config(M, dtype, K)
     pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py; sm_90+)
     launch_pdl: bool | None = None,  # False: a PDL kernel launched in full order (after a stream join); None: pdl
@@ -361,11 +396,11 @@ def linear_act_triton(
 ) -> torch.Tensor:
     """-> act(x @ weight.T + bias + group_bias[row // rows_per_group]) [M, N] in x's dtype (act: SiLU
     with silu, else identity), fp32 accumulation and epilogue, one launch; the options as in
-    linear_act_reference (the layer's pre-norm, the residual add), and the outputs the next GEMM's
-    norm needs (sumsq_out) or the factor GEMM's h * t (cross). Launched early under PDL, the programs
+    linear_act_reference (the layer's pre-norm, the residual add, the node assembly), and the outputs the
+    next GEMM's norm needs (sumsq_out) or the factor GEMM's h * t (cross). Launched early under PDL, the programs
     of the first row tile fetch the weight into L2 before waiting on the previous kernel (prefetch)."""
     _check(name, x, weight, bias, group_bias, rows_per_group)
-    _check_epilogue(name, x, weight, norm, norm_width, residual, out, sumsq_out, cross)
+    _check_epilogue(name, x, weight, norm, norm_width, residual, out, sumsq_out, cross, nodes)
     check_pdl(pdl, x, name)
     launch = pdl_launch(pdl, launch_pdl)
     early = launch["launch_pdl"]
@@ -381,7 +416,7 @@ def linear_act_triton(
         out = residual
     elif out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    plain = all(e is None for e in (norm, residual, sumsq_out, cross)) and out.is_contiguous()
+    plain = all(e is None for e in (norm, residual, sumsq_out, cross, nodes)) and out.is_contiguous()
     if m and n:
         if isinstance(config, LaunchConfig):
             c = config
@@ -404,9 +439,13 @@ def linear_act_triton(
         else:
             t, xt = (cross[0].contiguous(), cross[1]) if cross is not None else (out, out)
             n_parts_in = norm[0].shape[1] if norm is not None else 1
+            ids, table, pass_proj, const = nodes if nodes is not None else (out, out, out, out)
+            n_slots, n_cand = ids.shape[1:] if nodes is not None else (1, 1)
             _linear_act_kernel[(triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n),)](
                 x_ptr=x, w_ptr=weight, out_ptr=out, ss_in_ptr=out if norm is None else norm[0],
                 ss_out_ptr=out if sumsq_out is None else sumsq_out, t_ptr=t, xt_ptr=xt,
+                ids_ptr=ids, table_ptr=table, pass_ptr=pass_proj, const_ptr=const,
+                n_slots=n_slots, n_cand=n_cand, NODES=nodes is not None,
                 M=m, N=n, K=k, stride_xm=x.stride(0), stride_wn=weight.stride(0), stride_om=out.stride(0),
                 rows_per_req=1 if cross is None else m // t.shape[0],
                 n_parts_in=n_parts_in, norm_width=norm_width or k, eps=0.0 if norm is None else float(norm[1]),

@@ -16,6 +16,11 @@ Stage 2 ("merge") combines the per-chunk partials of a row. With one chunk per r
 kernel finishes the row itself and stage 2 is not launched. (Merging in the split kernel, by the
 row's last split program to arrive, measured no faster on an H200: PERF_NOTES.md, version 9.)
 
+Beside the kernel before it (`beside=True`, under PDL): the split kernel reads only the logits, so it may run
+while the kernel launched just before it (a projection the select needs later, which reads none of the split's
+outputs) still computes. Its programs then do their whole chunk first and wait on that kernel only at their end,
+so the split's completion, which the merge waits for in full stream order, still implies the earlier kernel's.
+
 Ordering keys: every element gets a unique int64 key whose order is "larger value first, then
 lower index first" (the float's bits mapped to an order-preserving int32 in the high word,
 2^31-1-index in the low word), so top-K is "the K largest keys" with no tie special cases and
@@ -120,9 +125,10 @@ def _topk_lse_split_kernel(
     part_key_ptr, part_max_ptr, part_sum_ptr,  # [N, SPLITS, KP] int64, [N, SPLITS] fp32 x2
     vals_ptr, ids_ptr, lse_ptr,  # [N, K] fp32, [N, K] int64, [N] fp32 (written when FINAL)
     K: tl.constexpr, KP: tl.constexpr, R: tl.constexpr, G: tl.constexpr, TP: tl.constexpr,  # TP: tiles collected first
-    FINAL: tl.constexpr, PDL: tl.constexpr,
+    FINAL: tl.constexpr, PDL: tl.constexpr, BESIDE: tl.constexpr,  # BESIDE: wait on the previous kernel at the end
 ):
-    grid_dependency_wait(PDL)
+    if not BESIDE:
+        grid_dependency_wait(PDL)
     row = tl.program_id(0)
     split = tl.program_id(1)
     n_splits = tl.num_programs(1)
@@ -183,6 +189,8 @@ def _topk_lse_split_kernel(
         tl.store(part_key_ptr + part * KP + slots, _top_keys(keys, slots, K))
         tl.store(part_max_ptr + part, run_max)
         tl.store(part_sum_ptr + part, run_sum)
+    if BESIDE:  # the chunk is done: now the previous kernel, so that this kernel ends after it
+        grid_dependency_wait(PDL)
 
 
 @triton.jit
@@ -231,17 +239,23 @@ def split_plan(n_rows: int, vocab: int, device: torch.device, launch: TopKLaunch
 
 
 def topk_lse_triton(
-    logits: torch.Tensor, k: int, splits: int | None = None, launch: TopKLaunch = LAUNCH, *, pdl: bool = False
+    logits: torch.Tensor, k: int, splits: int | None = None, launch: TopKLaunch = LAUNCH, *, pdl: bool = False,
+    beside: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """logits [N, V] -> (vals fp32 [N, k] descending, ids int64 [N, k], lse fp32 [N]).
 
     Ties go to the lowest index. `splits` overrides the number of chunks per row and `launch` the
     streaming geometry (benchmarks, tests); `pdl` builds both stages for programmatic dependent
     launch (kernels/pdl.py; sm_90+): the split kernel launched early, the merge in full stream order
-    (it still lets the next kernel launch early). No host syncs: safe to capture in a CUDA graph.
+    (it still lets the next kernel launch early). `beside` (needs pdl) runs the split kernel beside the
+    kernel launched before it, waiting on it at its end (module docstring): that kernel must not write
+    the logits, and its inputs must stay allocated until this call returns. No host syncs: safe to
+    capture in a CUDA graph.
     """
     check_topk_lse_args(logits, k)
     check_pdl(pdl, logits, "topk_lse_triton")
+    if beside and not pdl:
+        raise ValueError("topk_lse_triton: beside=True runs the split kernel beside the previous one under PDL; pass pdl=True")
     block = launch.block
     if block < 16 or block & (block - 1):
         raise ValueError(f"topk_lse_triton: launch.block must be a power of two >= 16, got {block}")
@@ -269,7 +283,7 @@ def topk_lse_triton(
     _topk_lse_split_kernel[(n, splits)](
         logits, logits.stride(0), vocab, chunk,
         part_key, part_max, part_sum, vals, ids, lse,
-        K=k, KP=kp, R=block // group, G=group, TP=COLLECT_TILES, FINAL=final, PDL=pdl, launch_pdl=pdl,
+        K=k, KP=kp, R=block // group, G=group, TP=COLLECT_TILES, FINAL=final, PDL=pdl, BESIDE=beside, launch_pdl=pdl,
         num_warps=launch.num_warps, **({"maxnreg": launch.maxnreg} if launch.maxnreg else {}),
     )
     if not final:

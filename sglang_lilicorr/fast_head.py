@@ -40,6 +40,11 @@ to concat[x, x*t].
 True / False force it; None takes FOLD_NORMS_MAX_ROWS (where PDL is on).
 `prefetch_weights` (version 17): each Triton GEMM launched early under PDL fetches its weight slice into
 L2 before it waits on the kernel before it (kernels/prefetch.py); False turns that off.
+`pass_beside_topk` (version 19): select_from_logits (and select) run the pass projection on the main stream as a
+Triton GEMM launched just before the top-K, whose split kernel runs beside it under PDL and waits on it only at its end
+(kernels/topk_lse_fused.py): no side-stream join before the nodes, so every kernel after the top-K launches early.
+There, with folded norms, `nodes_in_gemm` makes the node assembly the feature down GEMM's epilogue (one launch fewer).
+True / False force them; None takes PASS_BESIDE_TOPK_MAX_ROWS (where PDL is on and the norms fold).
 `fused_stages` cuts the fused path into projections / nodes / lattice / factors (with the walk) for
 per-stage timing (benchmarks/head_bench.py).
 Everything is static-shaped with no host syncs, so `select` can be captured in a CUDA graph.
@@ -71,6 +76,9 @@ TRITON_GEMM_ROWS_CAP = 512  # triton_gemms=True: GEMMs up to this many rows (the
 # post-logits folded / not, ms, paper head bs 1 0.123 / 0.128, bs 4 0.185 / 0.157; testbed head bs 1 0.070 / 0.077,
 # bs 4 0.090 / 0.092, bs 16 0.160 / 0.128.
 FOLD_NORMS_MAX_ROWS = {256: 512, 1024: 128}
+# head width -> the most lattice rows at which select_from_logits runs the pass projection beside the top-K, with the
+# nodes in the feature down GEMM (pass_beside_topk, nodes_in_gemm); others: never. H100, version 19 (PERF_NOTES.md).
+PASS_BESIDE_TOPK_MAX_ROWS = {256: 512, 1024: 128}
 
 
 def _norm_eps(norm: torch.nn.RMSNorm) -> float:
@@ -122,6 +130,8 @@ class FastLiLiCorrSelect:
         triton_gemms: bool | None = None,  # small-M GEMMs in Triton (fused); None: TRITON_GEMM_MAX_ROWS with PDL
         fold_norms: bool | None = None,  # the lattice's RMSNorms inside the Triton GEMMs (fused); None: FOLD_NORMS_MAX_ROWS
         prefetch_weights: bool = True,  # Triton GEMMs launched early under PDL fetch their weight into L2 first
+        pass_beside_topk: bool | None = None,  # the pass projection on the main stream beside the top-K; None: PASS_BESIDE_TOPK_MAX_ROWS
+        nodes_in_gemm: bool | None = None,  # there, the nodes as the feature down GEMM's epilogue (folded norms); None: with it
     ) -> None:
         if (embed_weight is None) == (token_table is None):
             raise ValueError("FastLiLiCorrSelect: pass exactly one of embed_weight=[V, Hm] or token_table=[V, H].")
@@ -159,7 +169,14 @@ class FastLiLiCorrSelect:
                 f"it needs fused=True and excludes norm_epilogue=True / triton_gemms=False, got fused={self.fused}, "
                 f"norm_epilogue={norm_epilogue}, triton_gemms={triton_gemms}"
             )
+        if (pass_beside_topk or nodes_in_gemm) and (not self._can_pdl or pdl is False or fold_norms is False):
+            raise ValueError(
+                f"FastLiLiCorrSelect(pass_beside_topk / nodes_in_gemm=True) runs the pass projection beside the top-K under PDL "
+                f"and the nodes in the folded-norm feature GEMM: it needs the fused path on a CUDA sm_90+ device with pdl and "
+                f"fold_norms not False, got fused={self.fused} on {w.device}, pdl={pdl}, fold_norms={fold_norms}; pass None or False"
+            )
         self.pdl, self.triton_gemms, self.fold_norms = pdl, triton_gemms, fold_norms
+        self.pass_beside_topk, self.nodes_in_gemm = pass_beside_topk, nodes_in_gemm
         self._prefetch = None if prefetch_weights else False  # linear_act_triton's prefetch: None = when launched early
         # int32 zeros for the last-program counters (kernels/linear_norm.py's row tiles, the cosine kernel's
         # walk per request; this stream only, each kernel leaves them zero), sized up front so that a
@@ -236,22 +253,40 @@ class FastLiLiCorrSelect:
 
     def candidates(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor):
         """hidden [b, S, Hm], lm_head_weight [V, Hm] -> (vals fp32 [b, S, K], ids [b, S, K], lse fp32 [b, S])."""
+        return self._candidates_from_logits(self._logits(hidden, lm_head_weight), *hidden.shape[:2])
+
+    def _logits(self, hidden, lm_head_weight):
+        """hidden [b, S, Hm], lm_head_weight [V, Hm] -> the slots' logits [b*S, V]."""
         b, s, hm = hidden.shape
         if lm_head_weight.dim() != 2 or lm_head_weight.shape != (self.token_table.shape[0], hm):
             raise ValueError(
                 f"select: lm_head_weight must be [{self.token_table.shape[0]}, {hm}] (vocabulary x hidden), "
                 f"got {tuple(lm_head_weight.shape)}."
             )
-        logits = F.linear(hidden.reshape(b * s, hm).to(lm_head_weight.dtype), lm_head_weight)  # [b*S, V]
-        return self._candidates_from_logits(logits, b, s)
+        return F.linear(hidden.reshape(b * s, hm).to(lm_head_weight.dtype), lm_head_weight)
 
-    def _candidates_from_logits(self, logits, b, s):
-        vals, ids, lse = topk_lse(logits, self.topk, pdl=self._pdl_at(b * s * self.topk))
+    def _candidates_from_logits(self, logits, b, s, beside: bool = False):
+        """`beside`: the top-K split runs beside the kernel launched before it (_pass_beside_topk)."""
+        vals, ids, lse = topk_lse(logits, self.topk, pdl=self._pdl_at(b * s * self.topk), beside=beside)
         return vals.view(b, s, self.topk), ids.view(b, s, self.topk), lse.view(b, s)
 
-    def _pass_projection(self, pass_hidden):
-        """-> pass_hidden_proj without its bias (folded into node_const) [b, S, H]."""
-        return F.linear(pass_hidden.to(self.dtype), self.w_pass)
+    def _pass_projection(self, pass_hidden, pdl: bool = False):
+        """-> pass_hidden_proj without its bias (folded into node_const) [b, S, H]: where the select runs it beside
+        the top-K (_passes_beside_topk) a Triton GEMM, launched there with PDL (`pdl`), so that lattice_scores gets
+        the same bits; else cuBLAS."""
+        b, s, hm = pass_hidden.shape
+        x = pass_hidden.to(self.dtype)
+        if not self._passes_beside_topk(b * s * self.topk):
+            return F.linear(x, self.w_pass)
+        from .kernels.ffn_silu import linear_act_triton
+
+        return linear_act_triton(x.reshape(b * s, hm), self.w_pass, pdl=pdl, prefetch=self._prefetch).view(b, s, -1)
+
+    def _passes_beside_topk(self, rows: int) -> bool:
+        """Whether a select from logits with `rows` lattice rows runs the pass projection beside the top-K."""
+        if self.pass_beside_topk is not None:
+            return self.pass_beside_topk
+        return self._can_pdl and self._folds_norms(rows) and rows <= PASS_BESIDE_TOPK_MAX_ROWS.get(self.width, 0)
 
     def _anchor_projection(self, anchor_hidden):
         """-> anchor state t [b, H] and [anchor_out | W_t t + b] [b, D+H] (one GEMM on t)."""
@@ -303,34 +338,43 @@ class FastLiLiCorrSelect:
         pair = self.sigma * torch.matmul(out_vec[:, :-1], in_vec[:, 1:].transpose(-1, -2))
         return start, pair, lp
 
-    def _projections(self, pass_hidden, anchor_hidden) -> tuple:
+    def _projections(self, pass_hidden, anchor_hidden, pass_proj=None) -> tuple:
         """-> (pass projection, t, anchor, join_pass, join_anchor): with overlap both projections run on the
         side stream, forked here, and each is joined where first needed by calling its join (None without
-        overlap). (Forked before the top-K instead, they slowed it down from bs 4 on: PERF_NOTES.md version 17.)"""
+        overlap). (Forked before the top-K instead, they slowed it down from bs 4 on: PERF_NOTES.md version 17.)
+        A given `pass_proj` (made on the main stream: _pass_beside_topk) is taken as is, with no join."""
         if not self.overlap:
-            return self._pass_projection(pass_hidden), *self._anchor_projection(anchor_hidden), None, None
+            proj = self._pass_projection(pass_hidden) if pass_proj is None else pass_proj
+            return proj, *self._anchor_projection(anchor_hidden), None, None
         side = _SideStream(self._side)
         with side:
-            pass_proj = self._pass_projection(pass_hidden)
-            pass_ready = side.record()
+            if pass_proj is None:
+                pass_proj = self._pass_projection(pass_hidden)
+                pass_ready = side.record()
+            else:
+                pass_ready = None
             t, anchor = self._anchor_projection(anchor_hidden)
             anchor_ready = side.record()
-        return pass_proj, t, anchor, lambda: side.join(pass_ready, pass_proj), lambda: side.join(anchor_ready, t, anchor)
+        join_pass = None if pass_ready is None else lambda: side.join(pass_ready, pass_proj)
+        return pass_proj, t, anchor, join_pass, lambda: side.join(anchor_ready, t, anchor)
 
-    def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, walk: bool = False):
-        """-> (start, pair, log-probs [b, S, K], draft ids [b, S] from the cosine kernel's greedy walk if `walk` else None)."""
+    def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, walk: bool = False, pass_proj=None):
+        """-> (start, pair, log-probs [b, S, K], draft ids [b, S] from the cosine kernel's greedy walk if `walk` else None);
+        `pass_proj`: the pass projection made on the main stream before the top-K (_pass_beside_topk), else None."""
         b, s, k = vals.shape
-        pass_proj, t, anchor, join_pass, join_anchor = self._projections(pass_hidden, anchor_hidden)
-        lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj, join_pass)
+        beside = pass_proj is not None
+        pass_proj, t, anchor, join_pass, join_anchor = self._projections(pass_hidden, anchor_hidden, pass_proj)
+        lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj, join_pass, node_gemm=beside and self.nodes_in_gemm is not False)
         cat, sumsq = self._layers_fused(x, xn, b, t, join_anchor)
         start, pair, draft = self._factors_fused(cat, sumsq, anchor, b, s, ids if walk else None)
         return start, pair, lp.view(b, s, k), draft
 
-    def _nodes_fused(self, vals, ids, lse, pass_proj, join_pass=None):
+    def _nodes_fused(self, vals, ids, lse, pass_proj, join_pass=None, node_gemm: bool = False):
         """-> log-probs fp32 [b*S, K], residual stream x [b*L, H], first attention input [b*L, H]. Where the
         norms fold into the GEMMs (_folds_norms): x is a [b*L, 2H] buffer whose first half is the residual
         stream (the last layer writes x * t into the second), and the sums of squares of its rows stand
-        in for the attention input (fp32 [b*L, H / 16], kernels/head_norm.py)."""
+        in for the attention input (fp32 [b*L, H / 16], kernels/head_norm.py); there `node_gemm` (the pass
+        projection on the main stream, no join) makes the nodes the feature down GEMM's epilogue."""
         from .kernels.head_nodes import confidence_up_triton, lattice_nodes_triton
         from .kernels.head_norm import sumsq_parts
         from .kernels.linear_norm import lattice_nodes_linear_triton
@@ -350,6 +394,13 @@ class FastLiLiCorrSelect:
                 up, self.w_down, ids, self.token_table, pass_proj, self.node_const, norm.weight, _norm_eps(norm), counters
             )
             return lp, x, xn
+        if folds and node_gemm:  # launched early: the pass projection is this stream's, made before the top-K
+            from .kernels.ffn_silu import linear_act_triton
+
+            cat, sumsq = torch.empty((rows, 2 * h), dtype=self.dtype, device=self.device), sumsq_parts(rows, h, self.device)
+            nodes = (ids.contiguous(), self.token_table, pass_proj.contiguous(), self.node_const)
+            linear_act_triton(up, self.w_down, nodes=nodes, out=cat[:, :h], sumsq_out=sumsq, pdl=pdl, prefetch=self._prefetch)
+            return lp, cat, sumsq
         feat = self._linear(up, self.w_down)  # [b*S*K, H]
         if join_pass is not None:
             join_pass()
@@ -558,6 +609,19 @@ class FastLiLiCorrSelect:
             lp, draft = self._scores_fused(vals, ids, lse, pass_hidden, anchor_hidden, walk=True)[2:]
         return draft, ids, lp
 
+    def _select_fused_from_logits(self, logits, hidden, anchor_hidden, b, s):
+        """select_from_logits on the fused path, with the pass projection beside the top-K where _passes_beside_topk."""
+        pass_proj = None
+        if self._passes_beside_topk(b * s * self.topk):
+            # the top-K split writes its buffers while this GEMM may still read its input, so the input (a copy if
+            # hidden is not already the head's dtype and contiguous) stays allocated until the top-K is launched
+            pass_input = hidden.to(self.dtype).contiguous()
+            pass_proj = self._pass_projection(pass_input, pdl=True)
+        vals, ids, lse = self._candidates_from_logits(logits, b, s, beside=pass_proj is not None)
+        pass_input = None  # the top-K is launched: the input may go back to the allocator (stream-ordered)
+        lp, draft = self._scores_fused(vals, ids, lse, hidden, anchor_hidden, walk=True, pass_proj=pass_proj)[2:]
+        return draft, ids, lp
+
     def select_from_logits(self, logits: torch.Tensor, hidden: torch.Tensor, anchor_hidden: torch.Tensor):
         """logits [b*S, V] of the slots -> top-K/LSE + head + walk -> (draft ids [b, S], ids [b, S, K],
         log-probs fp32 [b, S, K])."""
@@ -565,6 +629,8 @@ class FastLiLiCorrSelect:
         if logits.dim() != 2 or logits.shape[0] != b * s or logits.shape[1] != self.token_table.shape[0]:
             raise ValueError(f"select: logits must be [{b * s}, {self.token_table.shape[0]}] (b*S x V), got {tuple(logits.shape)}.")
         with torch.no_grad():
+            if self.fused:
+                return self._select_fused_from_logits(logits, hidden, anchor_hidden, b, s)
             candidates = self._candidates_from_logits(logits, b, s)
         return self.select_from_candidates(*candidates, hidden, anchor_hidden)
 
@@ -573,6 +639,8 @@ class FastLiLiCorrSelect:
         -> (draft token ids [b, S], candidate ids [b, S, K], candidate log-probs fp32 [b, S, K])."""
         self._check(hidden, anchor_hidden)
         with torch.no_grad():
+            if self.fused:
+                return self.select_from_logits(self._logits(hidden, lm_head_weight), hidden, anchor_hidden)
             vals, ids, lse = self.candidates(hidden, lm_head_weight)
         return self.select_from_candidates(vals, ids, lse, hidden, anchor_hidden)
 

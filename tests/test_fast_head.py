@@ -218,11 +218,26 @@ def test_pdl_and_triton_gemm_tables_follow_width_and_rows(seed, monkeypatch):
     assert not fast._gemm_in_triton(480, w(2048, 1024), absorbs_launch=True)
     assert not fast._gemm_in_triton(480, w(1024, 1024))
     assert fast._folds_norms(120) and not fast._folds_norms(480)  # the paper head folds at bs 1 only
+    assert fast._passes_beside_topk(120) and not fast._passes_beside_topk(480)  # the pass beside the top-K: where it folds
+    fast.width = 256
+    assert fast._passes_beside_topk(480) and not fast._passes_beside_topk(1920)
+    fast.width = 1024
     fast.norm_epilogue = True
     assert not fast._folds_norms(120)  # the norm epilogues forced on take the norms
     fast.norm_epilogue, fast.pdl, fast.triton_gemms = None, False, True
     assert not fast._folds_norms(120)  # no PDL: not folded unless fold_norms=True
     assert not fast._pdl_at(120) and fast._gemm_in_triton(480, w(2048, 3072)) and not fast._gemm_in_triton(600, w(8, 8))
+
+
+def test_pass_beside_topk_needs_pdl_and_folded_norms(seed):
+    """pass_beside_topk / nodes_in_gemm run under PDL with the folded norms: elsewhere they are refused by name."""
+    head = make_head(SMALL, HM, seed)
+    embed = make_inputs(1, SMALL.num_slots, HM, VOCAB, seed)[3]
+    for kw in (dict(pass_beside_topk=True), dict(nodes_in_gemm=True)):
+        with pytest.raises(ValueError, match=r"pass_beside_topk / nodes_in_gemm=True\) runs the pass projection beside the top-K"):
+            FastLiLiCorrSelect(head, embed_weight=embed, **kw)
+    fast = FastLiLiCorrSelect(head, embed_weight=embed, pass_beside_topk=False)
+    assert not fast._passes_beside_topk(1)
 
 
 @needs_interpreter
@@ -233,6 +248,8 @@ def test_pdl_off_sm90_is_refused_by_each_kernel():
         add_rmsnorm_triton(x, x.clone(), torch.ones(16), 1e-6, pdl=True)
     with pytest.raises(ValueError, match="topk_lse_triton: pdl=True"):
         topk_lse_triton(x, 2, pdl=True)
+    with pytest.raises(ValueError, match="topk_lse_triton: beside=True runs the split kernel beside the previous one under PDL"):
+        topk_lse_triton(x, 2, beside=True)
 
 
 def test_greedy_margin_is_the_smallest_gap_on_the_greedy_path():
@@ -408,7 +425,7 @@ from sglang_lilicorr.kernels import head_nodes, head_norm, head_scores, topk_lse
 bf, f32, i32, i64, c = "*bf16", "*fp32", "i32", "*i64", "constexpr"
 L, CL = tk.LAUNCH, head_scores.LAUNCH
 R, G = L.block // tk.GROUP, tk.GROUP
-split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 7
+split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 8
 walk_args = [i64, "*i32", i64, i32, i32, i32, i64]  # the cosine kernel's walk: successors, counters, ids + strides, draft
 P = dict(PDL=True)  # as served on sm_90 (kernels/pdl.py)
 cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divisible by 16 at the paper config
@@ -421,8 +438,9 @@ cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divis
     (head_scores._lattice_cosine_kernel, [bf, bf, i32, f32, f32, i32, i32, i32, "fp32", "fp32"] + walk_args + [c] * 7, dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, **P), CL.num_warps, None, (0, 1, 2, 7)),
     (head_scores._lattice_cosine_kernel, [f32, f32, i32, f32, f32, i32, i32, i32, "fp32", "fp32"] + walk_args + [c] * 7, dict(KP=16, BLOCK_D=128, F32_DOT=True, PRECISION="ieee", WALK=False, SP=16, PDL=False), 4, None, (0, 1, 2, 7)),
     (walk._greedy_walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c], dict(KP=8, SP=16, GATHER=True, **P), 1, None, ()),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=tk.COLLECT_TILES, FINAL=False, **P), L.num_warps, L.maxnreg, range(10)),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=tk.COLLECT_TILES, FINAL=True, PDL=False), L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=tk.COLLECT_TILES, FINAL=False, BESIDE=False, **P), L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=tk.COLLECT_TILES, FINAL=False, BESIDE=True, **P), L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=tk.COLLECT_TILES, FINAL=True, BESIDE=False, PDL=False), L.num_warps, L.maxnreg, range(10)),
     (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32, c, c, c, c], dict(K=8, KP=8, SP=64, **P), 1, None, (0, 1, 2, 4, 5, 6)),
     (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32, c, c, c, c], dict(K=8, KP=8, SP=128, PDL=False), 4, None, (0, 1, 2, 4, 5, 6)),
 ]
@@ -516,6 +534,28 @@ def test_gpu_served_weight_prefetch_changes_no_value(b, width):
     for got, want in zip(served.select(hidden, anchor, lm_head), plain.select(hidden, anchor, lm_head)):
         assert torch.equal(got, want)
     _replay_equals_eager(served, hidden, anchor, lm_head)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("b", [1, 4])
+@pytest.mark.parametrize("width", [1024, 256])
+def test_gpu_pass_beside_topk_and_nodes_in_gemm(b, width):
+    """The pass projection beside the top-K (forced on at every size here) with the nodes in the feature
+    down GEMM's epilogue or in their own kernel: the same bits (the same GEMM tiles, the sum rounded once),
+    eager and in graph replay; against the reference within tolerance (bf16)."""
+    cfg, hm, vocab = LiLiCorrConfig(hidden_size=width, factor_dim=width), 4096, 32000
+    head = make_head(cfg, hm, 0, dtype=torch.bfloat16, device="cuda")
+    hidden, anchor, lm_head, embed = make_inputs(b, cfg.num_slots, hm, vocab, 0, dtype=torch.bfloat16, device="cuda")
+    lm_head *= 0.1
+    with torch.no_grad():
+        table = head.token_table(embed)
+    kw = dict(token_table=table, fold_norms=True, pass_beside_topk=True)
+    in_gemm, apart = (FastLiLiCorrSelect(head, nodes_in_gemm=n, **kw) for n in (True, False))
+    for got, want in zip(in_gemm.select(hidden, anchor, lm_head), apart.select(hidden, anchor, lm_head)):
+        assert torch.equal(got, want)
+    assert_select_matches(in_gemm, head, hidden, anchor, lm_head, atol=0.25, min_clear=0)
+    _replay_equals_eager(in_gemm, hidden, anchor, lm_head)
 
 
 @pytest.mark.gpu
