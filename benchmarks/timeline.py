@@ -1,9 +1,9 @@
 """Where the time of one served select goes: the kernel timeline of its CUDA-graph replay.
 
-  python3 -m sglang_lilicorr.benchmarks.timeline [--geometry paper] [--bs 1] [--reps 20] [--unfolded] [--out timeline.json]
+  python3 -m sglang_lilicorr.benchmarks.timeline [--geometry paper] [--bs 1] [--reps 20] [--variant served] [--out timeline.json]
 
 Builds the served select path (`FastLiLiCorrSelect` with its defaults, head_bench's trained-like
-weights; --unfolded: without the folded norms, fold_norms=False), captures `select_from_logits`
+weights; --variant: another of head_bench's VARIANTS, e.g. served_unfolded without the folded norms), captures `select_from_logits`
 (post-logits: top-K/LSE + head + walk) in a CUDA graph, and
 records `reps` replays with torch.profiler. Per kernel of the replay, in launch order: its stream,
 median start (us after the replay's first kernel starts), median duration, and median idle time on
@@ -61,10 +61,10 @@ def timeline(replays: list[list[dict]]) -> dict:
     return {"kernels": rows, "wall_us": med(walls), "main_busy_us": med(busy), "main_idle_us": med(idle), "replays": len(replays)}
 
 
-def run(geometry: str, bs: int, reps: int, unfolded: bool = False) -> dict:
+def run(geometry: str, bs: int, reps: int, variant: str = "served") -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    from sglang_lilicorr.benchmarks.head_bench import GEOMETRIES, build_ours, make_inputs
+    from sglang_lilicorr.benchmarks.head_bench import GEOMETRIES, VARIANTS, build_ours, make_inputs
     from sglang_lilicorr.fast_head import FastLiLiCorrSelect
     from sglang_lilicorr.kernels.graph_timing import capture
 
@@ -73,7 +73,7 @@ def run(geometry: str, bs: int, reps: int, unfolded: bool = False) -> dict:
     g = torch.Generator().manual_seed(0)
     embed = (torch.randn(geo.V, geo.HM, generator=g) * 0.02).to(dev, dtype)
     lm_head = (torch.randn(geo.V, geo.HM, generator=g) / geo.HM**0.5).to(dev, dtype)
-    fast = FastLiLiCorrSelect(head, embed_weight=embed, **({"fold_norms": False} if unfolded else {}))
+    fast = FastLiLiCorrSelect(head, embed_weight=embed, **VARIANTS[variant])
     hidden, anchor = make_inputs(geo, bs, dev, dtype)
     logits = F.linear(hidden.reshape(bs * geo.S, geo.HM), lm_head)
     graph, _ = capture(lambda: fast.select_from_logits(logits, hidden, anchor))
@@ -96,7 +96,7 @@ def run(geometry: str, bs: int, reps: int, unfolded: bool = False) -> dict:
         with open(path) as f:
             trace = json.load(f)
     res = timeline(replay_rows(trace, n_kernels))
-    return {"card": torch.cuda.get_device_name(), "geometry": geometry, "bs": bs, "unfolded": unfolded, "kernels_per_replay": n_kernels, **res}
+    return {"card": torch.cuda.get_device_name(), "geometry": geometry, "bs": bs, "variant": variant, "kernels_per_replay": n_kernels, **res}
 
 
 def format_timeline(res: dict) -> str:
@@ -113,13 +113,17 @@ def main(argv=None) -> int:
     ap.add_argument("--geometry", choices=("paper", "testbed"), default="paper")
     ap.add_argument("--bs", type=int, default=1)
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--unfolded", action="store_true", help="the served path without the folded norms (fold_norms=False)")
+    ap.add_argument("--variant", default="served", help="one of head_bench's VARIANTS (FastLiLiCorrSelect options), e.g. served_unfolded")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "timeline.json"))
     args = ap.parse_args(argv)
+    from sglang_lilicorr.benchmarks.head_bench import VARIANTS
+
+    if args.variant not in VARIANTS:
+        ap.error(f"--variant {args.variant!r} unknown; use one of {sorted(VARIANTS)}")
     if not torch.cuda.is_available():
         print("timeline needs a CUDA GPU")
         return 2
-    res = run(args.geometry, args.bs, args.reps, args.unfolded)
+    res = run(args.geometry, args.bs, args.reps, args.variant)
     print(format_timeline(res))
     Path(args.out).write_text(json.dumps(res, indent=1))
     return 0

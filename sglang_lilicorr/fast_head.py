@@ -44,7 +44,8 @@ L2 before it waits on the kernel before it (kernels/prefetch.py); False turns th
 Triton GEMM launched just before the top-K, whose split kernel runs beside it under PDL and waits on it only at its end
 (kernels/topk_lse_fused.py): no side-stream join before the nodes, so every kernel after the top-K launches early.
 There, with folded norms, `nodes_in_gemm` makes the node assembly the feature down GEMM's epilogue (one launch fewer).
-True / False force them; None takes PASS_BESIDE_TOPK_MAX_ROWS (where PDL is on and the norms fold).
+True / False force them; None takes PASS_BESIDE_TOPK_MAX_ROWS (where PDL is on and the norms fold), empty until
+version 19 is measured on a GPU (PERF_NOTES.md).
 `fused_stages` cuts the fused path into projections / nodes / lattice / factors (with the walk) for
 per-stage timing (benchmarks/head_bench.py).
 Everything is static-shaped with no host syncs, so `select` can be captured in a CUDA graph.
@@ -77,8 +78,9 @@ TRITON_GEMM_ROWS_CAP = 512  # triton_gemms=True: GEMMs up to this many rows (the
 # bs 4 0.090 / 0.092, bs 16 0.160 / 0.128.
 FOLD_NORMS_MAX_ROWS = {256: 512, 1024: 128}
 # head width -> the most lattice rows at which select_from_logits runs the pass projection beside the top-K, with the
-# nodes in the feature down GEMM (pass_beside_topk, nodes_in_gemm); others: never. H100, version 19 (PERF_NOTES.md).
-PASS_BESIDE_TOPK_MAX_ROWS = {256: 512, 1024: 128}
+# nodes in the feature down GEMM (pass_beside_topk, nodes_in_gemm); others: never. Version 19 is built and tested on the
+# CPU (interpreter, sm_90 builds) but not yet timed or run on a GPU (PERF_NOTES.md): off until head_bench measures it.
+PASS_BESIDE_TOPK_MAX_ROWS: dict[int, int] = {}
 
 
 def _norm_eps(norm: torch.nn.RMSNorm) -> float:

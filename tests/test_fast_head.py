@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from sglang_lilicorr import fast_head
 from sglang_lilicorr.config import LiLiCorrConfig
 from sglang_lilicorr.fast_head import FastLiLiCorrSelect, greedy_margin, reference_select
 from sglang_lilicorr.head import LiLiCorrHead, confidence_features
@@ -218,10 +219,9 @@ def test_pdl_and_triton_gemm_tables_follow_width_and_rows(seed, monkeypatch):
     assert not fast._gemm_in_triton(480, w(2048, 1024), absorbs_launch=True)
     assert not fast._gemm_in_triton(480, w(1024, 1024))
     assert fast._folds_norms(120) and not fast._folds_norms(480)  # the paper head folds at bs 1 only
-    assert fast._passes_beside_topk(120) and not fast._passes_beside_topk(480)  # the pass beside the top-K: where it folds
-    fast.width = 256
-    assert fast._passes_beside_topk(480) and not fast._passes_beside_topk(1920)
-    fast.width = 1024
+    assert not fast._passes_beside_topk(120)  # the pass beside the top-K: off until measured (PASS_BESIDE_TOPK_MAX_ROWS)
+    monkeypatch.setitem(fast_head.PASS_BESIDE_TOPK_MAX_ROWS, 1024, 128)  # a table entry takes it where the norms fold
+    assert fast._passes_beside_topk(120) and not fast._passes_beside_topk(480)
     fast.norm_epilogue = True
     assert not fast._folds_norms(120)  # the norm epilogues forced on take the norms
     fast.norm_epilogue, fast.pdl, fast.triton_gemms = None, False, True

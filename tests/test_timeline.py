@@ -1,6 +1,8 @@
 """benchmarks/timeline.py on CPU: a synthetic chrome trace of two replays (two streams) gives the
 per-kernel medians, the idle time before each kernel on its stream, and the wall / busy / idle sums."""
-from sglang_lilicorr.benchmarks.timeline import format_timeline, replay_rows, timeline
+import pytest
+
+from sglang_lilicorr.benchmarks.timeline import format_timeline, main, replay_rows, timeline
 
 
 def _event(name, stream, ts, dur):
@@ -24,3 +26,9 @@ def test_timeline_of_two_replays():
     assert res["wall_us"] == 19.0 and res["main_busy_us"] == 16.0 and res["main_idle_us"] == 3.0
     text = format_timeline(res)
     assert "side_gemm" in text and "idle between them 3.0 us" in text
+
+
+def test_unknown_variant_is_named(capsys):
+    with pytest.raises(SystemExit):
+        main(["--variant", "servd"])
+    assert "--variant 'servd' unknown; use one of" in capsys.readouterr().err
