@@ -11,7 +11,8 @@ Two row kernels around the feature MLP's down projection (a cuBLAS GEMM):
                          (or, with the norms folded into the GEMMs, the rows' partial sums of
                          squares that the QKV GEMM's norm reads: kernels/head_norm.store_sumsq).
 
-Both run one program per row; no host syncs (CUDA-graph capturable).
+Both run one program per row; no host syncs (CUDA-graph capturable). The node sum (`node_sum`) is also
+the feature down GEMM's node epilogue (kernels/ffn_silu.py, `nodes`; FastLiLiCorrSelect's nodes_in_gemm).
 """
 from __future__ import annotations
 

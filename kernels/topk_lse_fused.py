@@ -20,6 +20,7 @@ Beside the kernel before it (`beside=True`, under PDL): the split kernel reads o
 while the kernel launched just before it (a projection the select needs later, which reads none of the split's
 outputs) still computes. Its programs then do their whole chunk first and wait on that kernel only at their end,
 so the split's completion, which the merge waits for in full stream order, still implies the earlier kernel's.
+Having not waited, it reads the logits through L2 only (`.cg` loads): no line of them can come from an SM's L1.
 
 Ordering keys: every element gets a unique int64 key whose order is "larger value first, then
 lower index first" (the float's bits mapped to an order-preserving int32 in the high word,
@@ -102,7 +103,7 @@ def _store_sorted(keys, slots, vals_ptr, ids_ptr, K: tl.constexpr):
 
 
 @triton.jit
-def _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK: tl.constexpr):
+def _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK: tl.constexpr, CACHE: tl.constexpr):
     """One tile of the stream: loads the next tile, folds this one (x_next) into the running
     max / sum of exponentials -> (next tile, [R] sub-tile maxima, tile max, run_max, run_sum)."""
     LOG2E: tl.constexpr = 1.4426950408889634
@@ -110,7 +111,7 @@ def _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK: tl.c
     # issue the next tile's load before this tile's reductions: two tiles in flight (a third
     # measured slower: more registers at the same occupancy, PERF_NOTES.md version 9)
     nxt = start + BLOCK + tile
-    x_next = tl.load(row_ptr + nxt, mask=nxt < hi, other=-float("inf"))
+    x_next = tl.load(row_ptr + nxt, mask=nxt < hi, other=-float("inf"), cache_modifier=CACHE)
     sub_max = tl.max(x, 1)  # [R]; masked logits are -inf, ranked after every real one
     tile_max = tl.max(sub_max, 0)
     new_max = tl.maximum(run_max, tile_max)
@@ -145,10 +146,11 @@ def _topk_lse_split_kernel(
     maxima = tl.full((TP, R), -float("inf"), tl.float32)  # [tile, sub-tile]
     run_max = tl.full((), -float("inf"), tl.float32)
     run_sum = tl.full((), 0.0, tl.float32)
-    x_next = tl.load(row_ptr + lo + tile, mask=lo + tile < hi, other=-float("inf"))
+    CACHE: tl.constexpr = ".cg" if BESIDE else ""  # not having waited: the logits from L2, never a stale L1 line
+    x_next = tl.load(row_ptr + lo + tile, mask=lo + tile < hi, other=-float("inf"), cache_modifier=CACHE)
     mid = tl.minimum(lo + TP * BLOCK, hi)
     for start in range(lo, mid, BLOCK):
-        x_next, sub_max, tile_max, run_max, run_sum = _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK)
+        x_next, sub_max, tile_max, run_max, run_sum = _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK, CACHE)
         maxima = tl.where(tiles[:, None] == (start - lo) // BLOCK, sub_max[None, :], maxima)
     live_tile = tiles[:, None] < tl.cdiv(mid - lo, BLOCK)
     sub_keys = tl.where(live_tile, _order_key(maxima, lo // G + tiles[:, None] * R + subs[None, :]), SENTINEL)
@@ -160,7 +162,7 @@ def _topk_lse_split_kernel(
     worst = tl.min(buf, 0)  # smallest key in the buffer: the one a better sub-tile evicts
     floor = tl.where(worst == SENTINEL, -float("inf"), _key_value(worst))  # tiles below it cannot enter
     for start in range(mid, hi, BLOCK):
-        x_next, sub_max, tile_max, run_max, run_sum = _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK)
+        x_next, sub_max, tile_max, run_max, run_sum = _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK, CACHE)
         if tile_max >= floor:
             keys = _order_key(sub_max, start // G + subs)
             n_better = tl.minimum(tl.sum((keys > worst).to(tl.int32), 0), K)
@@ -177,7 +179,7 @@ def _topk_lse_split_kernel(
     sub_start = (_key_index(buf) * G).to(tl.int32)  # [KP]
     offs = sub_start[:, None] + tl.arange(0, G)[None, :]  # [KP, G]
     inside = live[:, None] & (offs < hi)
-    x = tl.load(row_ptr + offs, mask=inside, other=-float("inf")).to(tl.float32)
+    x = tl.load(row_ptr + offs, mask=inside, other=-float("inf"), cache_modifier=CACHE).to(tl.float32)
     keys = tl.reshape(tl.where(inside, _order_key(x, offs), SENTINEL), [KP * G])
 
     if FINAL:

@@ -377,6 +377,7 @@ class FastLiLiCorrSelect:
         stream (the last layer writes x * t into the second), and the sums of squares of its rows stand
         in for the attention input (fp32 [b*L, H / 16], kernels/head_norm.py); there `node_gemm` (the pass
         projection on the main stream, no join) makes the nodes the feature down GEMM's epilogue."""
+        from .kernels.ffn_silu import linear_act_triton
         from .kernels.head_nodes import confidence_up_triton, lattice_nodes_triton
         from .kernels.head_norm import sumsq_parts
         from .kernels.linear_norm import lattice_nodes_linear_triton
@@ -397,8 +398,6 @@ class FastLiLiCorrSelect:
             )
             return lp, x, xn
         if folds and node_gemm:  # launched early: the pass projection is this stream's, made before the top-K
-            from .kernels.ffn_silu import linear_act_triton
-
             cat, sumsq = torch.empty((rows, 2 * h), dtype=self.dtype, device=self.device), sumsq_parts(rows, h, self.device)
             nodes = (ids.contiguous(), self.token_table, pass_proj.contiguous(), self.node_const)
             linear_act_triton(up, self.w_down, nodes=nodes, out=cat[:, :h], sumsq_out=sumsq, pdl=pdl, prefetch=self._prefetch)
@@ -642,7 +641,7 @@ class FastLiLiCorrSelect:
         self._check(hidden, anchor_hidden)
         with torch.no_grad():
             if self.fused:
-                return self.select_from_logits(self._logits(hidden, lm_head_weight), hidden, anchor_hidden)
+                return self._select_fused_from_logits(self._logits(hidden, lm_head_weight), hidden, anchor_hidden, *hidden.shape[:2])
             vals, ids, lse = self.candidates(hidden, lm_head_weight)
         return self.select_from_candidates(vals, ids, lse, hidden, anchor_hidden)
 

@@ -302,7 +302,7 @@ for name, c in fs.CONFIGS.items():
         if "cp.async.bulk.tensor" not in r["ptx"]:
             sys.exit(f"{name} does not load by TMA")
     else:  # pointers (x, w, b, group bias, out, sums of squares in / out, t, x * t), then N, K and the strides aligned
-        # ... then the node epilogue's ids, table, pass partials and node_const (kernels/head_nodes.node_sum)
+        # ... then the node epilogue's ids, table, pass projection and node_const (kernels/head_nodes.node_sum)
         types = [t] * 5 + ["*fp32"] * 2 + [t] * 2 + ["*i64", t, t, "*fp32"] + ["i32"] * 11 + ["fp32"] + ["i32"] * 2 + ["constexpr"] * 18
         aligned = tuple(range(13)) + (14, 15, 16, 17, 18)
         plain = dict(NORM=False, PARTS_IN=1, RESIDUAL=False, SUMSQ_OUT=False, CROSS_OUT=False, NODES=False)
