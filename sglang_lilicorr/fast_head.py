@@ -402,7 +402,8 @@ class FastLiLiCorrSelect:
             nodes = (ids.contiguous(), self.token_table, pass_proj.contiguous(), self.node_const)
             linear_act_triton(up, self.w_down, nodes=nodes, out=cat[:, :h], sumsq_out=sumsq, pdl=pdl, prefetch=self._prefetch)
             return lp, cat, sumsq
-        feat = self._linear(up, self.w_down)  # [b*S*K, H]
+        # [b*S*K, H]; where the norms fold, the Triton GEMM that carries the node epilogue above: the same bits either way
+        feat = linear_act_triton(up, self.w_down, pdl=pdl, prefetch=self._prefetch) if folds else self._linear(up, self.w_down)
         if join_pass is not None:
             join_pass()
         cat = torch.empty((rows, 2 * h), dtype=self.dtype, device=self.device) if folds else None

@@ -519,45 +519,32 @@ def test_gpu_paper_config_bs1_served_tables_fp32(monkeypatch):
     _replay_equals_eager(fast, hidden, anchor, lm_head)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("b", [1, 4])
-@pytest.mark.parametrize("width", [1024, 256])
-def test_gpu_served_weight_prefetch_changes_no_value(b, width):
-    """The served defaults with and without the GEMMs' L2 weight prefetch (prefetch_weights): the same
-    draft tokens, candidates and log-probs bit for bit (bf16), eager and in graph replay."""
-    cfg, hm, vocab = LiLiCorrConfig(hidden_size=width, factor_dim=width), 4096, 32000
-    head = make_head(cfg, hm, 0, dtype=torch.bfloat16, device="cuda")
-    hidden, anchor, lm_head, embed = make_inputs(b, cfg.num_slots, hm, vocab, 0, dtype=torch.bfloat16, device="cuda")
-    lm_head *= 0.1
-    with torch.no_grad():
-        table = head.token_table(embed)
-    served, plain = (FastLiLiCorrSelect(head, token_table=table, prefetch_weights=p) for p in (True, False))
-    for got, want in zip(served.select(hidden, anchor, lm_head), plain.select(hidden, anchor, lm_head)):
-        assert torch.equal(got, want)
-    _replay_equals_eager(served, hidden, anchor, lm_head)
+BEST = dict(fold_norms=True, pass_beside_topk=True)  # the pass projection beside the top-K (forced on at every size)
+BIT_EQUAL_OPTIONS = {  # name -> two FastLiLiCorrSelect option sets that must give the same bits (bf16)
+    "prefetch": ({}, dict(prefetch_weights=False)),  # the served defaults with and without the GEMMs' L2 weight prefetch
+    "nodes_in_gemm": (dict(BEST, nodes_in_gemm=True), dict(BEST, nodes_in_gemm=False)),  # same GEMM tiles, the sum rounded once
+}
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("b", [1, 4])
 @pytest.mark.parametrize("width", [1024, 256])
-def test_gpu_pass_beside_topk_and_nodes_in_gemm(b, width):
-    """The pass projection beside the top-K (forced on at every size here) with the nodes in the feature
-    down GEMM's epilogue or in their own kernel: the same bits (the same GEMM tiles, the sum rounded once),
-    eager and in graph replay; against the reference within tolerance (bf16)."""
+@pytest.mark.parametrize("options", list(BIT_EQUAL_OPTIONS))
+def test_gpu_options_that_change_no_value(options, b, width):
+    """Two option sets of BIT_EQUAL_OPTIONS: the same draft tokens, candidates and log-probs bit for bit (bf16);
+    the first against the reference within tolerance, and its graph replay equal to eager."""
     cfg, hm, vocab = LiLiCorrConfig(hidden_size=width, factor_dim=width), 4096, 32000
     head = make_head(cfg, hm, 0, dtype=torch.bfloat16, device="cuda")
     hidden, anchor, lm_head, embed = make_inputs(b, cfg.num_slots, hm, vocab, 0, dtype=torch.bfloat16, device="cuda")
     lm_head *= 0.1
     with torch.no_grad():
         table = head.token_table(embed)
-    kw = dict(token_table=table, fold_norms=True, pass_beside_topk=True)
-    in_gemm, apart = (FastLiLiCorrSelect(head, nodes_in_gemm=n, **kw) for n in (True, False))
-    for got, want in zip(in_gemm.select(hidden, anchor, lm_head), apart.select(hidden, anchor, lm_head)):
+    first, second = (FastLiLiCorrSelect(head, token_table=table, **kw) for kw in BIT_EQUAL_OPTIONS[options])
+    for got, want in zip(first.select(hidden, anchor, lm_head), second.select(hidden, anchor, lm_head)):
         assert torch.equal(got, want)
-    assert_select_matches(in_gemm, head, hidden, anchor, lm_head, atol=0.25, min_clear=0)
-    _replay_equals_eager(in_gemm, hidden, anchor, lm_head)
+    assert_select_matches(first, head, hidden, anchor, lm_head, atol=0.25, min_clear=0)
+    _replay_equals_eager(first, hidden, anchor, lm_head)
 
 
 @pytest.mark.gpu
