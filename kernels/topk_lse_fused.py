@@ -240,6 +240,12 @@ def split_plan(n_rows: int, vocab: int, device: torch.device, launch: TopKLaunch
     return triton.cdiv(tiles, tiles_per_split), tiles_per_split * launch.block
 
 
+def even_splits(vocab: int, splits: int, block: int) -> tuple[int, int]:
+    """(splits per row, logits per split) for about `splits` equal chunks of whole `block`-logit tiles."""
+    chunk = triton.cdiv(triton.cdiv(vocab, splits), block) * block
+    return triton.cdiv(vocab, chunk), chunk
+
+
 def topk_lse_triton(
     logits: torch.Tensor, k: int, splits: int | None = None, launch: TopKLaunch = LAUNCH, *, pdl: bool = False,
     beside: bool = False,
@@ -270,11 +276,7 @@ def topk_lse_triton(
     lse = torch.empty((n,), dtype=torch.float32, device=dev)
     if n == 0:
         return vals, ids, lse
-    if splits is None:
-        splits, chunk = split_plan(n, vocab, dev, launch)
-    else:
-        chunk = triton.cdiv(triton.cdiv(vocab, splits), block) * block
-        splits = triton.cdiv(vocab, chunk)
+    splits, chunk = split_plan(n, vocab, dev, launch) if splits is None else even_splits(vocab, splits, block)
     kp = triton.next_power_of_2(k)
     group = min(GROUP, block)
     final = splits == 1  # one chunk per row: the split kernel writes the outputs itself
@@ -310,9 +312,14 @@ SWEEP = (  # the launches `bench_topk_lse(sweep=True)` times beside LAUNCH
 )
 
 
-def bench_topk_lse(n_list=(15, 60, 240, 480), vocab: int = 151936, k: int = 8, *, sweep: bool = False, rep_ms: int = 100):
+def bench_topk_lse(
+    n_list=(15, 60, 240, 480), vocab: int = 151936, k: int = 8, *, sweep: bool = False, splits_list=(), rep_ms: int = 100,
+    pdl: bool = False,
+):
     """On CUDA, bf16 logits [N, V]: ms per call (graph replay, median) of topk_lse_triton with LAUNCH
-    (and with each SWEEP launch) and of torch.topk + logsumexp -> rows {N, launch, splits, ms, torch_ms}."""
+    (and with each SWEEP launch, and with LAUNCH at each of `splits_list` chunks per row instead of
+    split_plan's) and of torch.topk + logsumexp -> rows {N, launch, splits, ms, torch_ms, equal}.
+    `pdl`: the kernels launched as the select path launches them under PDL (sm_90+)."""
     from .graph_timing import graph_ms
 
     if not torch.cuda.is_available():
@@ -323,19 +330,27 @@ def bench_topk_lse(n_list=(15, 60, 240, 480), vocab: int = 151936, k: int = 8, *
         logits = torch.randn(n, vocab, device="cuda", dtype=torch.bfloat16, generator=gen) * 4
         torch_ms = graph_ms(lambda: (logits.float().topk(k, dim=-1), logits.float().logsumexp(-1)), rep_ms)[0]
         ref_vals, ref_ids, ref_lse = topk_lse_reference(logits, k)
-        for launch in (LAUNCH, *SWEEP) if sweep else (LAUNCH,):
-            ms, got = graph_ms(lambda: topk_lse_triton(logits, k, launch=launch), rep_ms)
+        runs = [(launch, None) for launch in ((LAUNCH, *SWEEP) if sweep else (LAUNCH,))]
+        runs += [(LAUNCH, splits) for splits in splits_list]
+        for launch, splits in runs:
+            ms, got = graph_ms(lambda: topk_lse_triton(logits, k, splits, launch=launch, pdl=pdl), rep_ms)
             vals, ids, lse = got
             same = torch.equal(ids, ref_ids) and torch.equal(vals, ref_vals) and bool(torch.allclose(lse, ref_lse, atol=1e-4))
-            rows.append(dict(N=n, launch=launch._asdict(), splits=split_plan(n, vocab, logits.device, launch)[0],
-                             ms=ms, torch_ms=torch_ms, equal=same))
+            planned = (split_plan(n, vocab, logits.device, launch) if splits is None else even_splits(vocab, splits, launch.block))[0]
+            rows.append(dict(N=n, launch=launch._asdict(), splits=planned, ms=ms, torch_ms=torch_ms, equal=same))
     return rows
 
 
 if __name__ == "__main__":
+    import argparse
     import json
-    import sys
 
+    ap = argparse.ArgumentParser(description="time topk_lse_triton against torch on bf16 logits [N, 151936] (CUDA)")
+    ap.add_argument("--sweep", action="store_true", help="also every SWEEP launch")
+    ap.add_argument("--n", type=int, nargs="+", default=[15, 60, 240, 480], help="rows N")
+    ap.add_argument("--splits", type=int, nargs="*", default=[], help="also LAUNCH at these chunks per row")
+    ap.add_argument("--pdl", action="store_true", help="launched as the select path does under PDL (sm_90+)")
+    args = ap.parse_args()
     print(f"{torch.cuda.get_device_name()}, V = 151936, K = 8, bf16, triton {triton.__version__}, torch {torch.__version__}")
-    for r in bench_topk_lse(sweep="--sweep" in sys.argv):
+    for r in bench_topk_lse(args.n, sweep=args.sweep, splits_list=args.splits, pdl=args.pdl):
         print(json.dumps(r), flush=True)
