@@ -64,8 +64,8 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from .device import sm_count, sm_major
-from .head_nodes import node_sum
-from .head_norm import SUMSQ_GROUP, row_rstd, store_sumsq
+from .head_nodes import node_const_rows, node_ids, node_pass_rows, node_sum, node_sum_in_order
+from .head_norm import SUMSQ_GROUP, load_sumsq, row_rstd, store_sumsq
 from .pdl import check_pdl, grid_dependency_wait, pdl_launch
 from .prefetch import lines_per_row, prefetch_rows_l2
 
@@ -138,17 +138,26 @@ def _tile_coords(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP
 
 
 @triton.jit
-def _epilogue(
-    acc, rm, rn, M, N, b_ptr, gb_ptr, gb_stride, rows_per_group,
-    HAS_BIAS: tl.constexpr, GROUP_BIAS: tl.constexpr, SILU: tl.constexpr,
-):
-    """acc [BLOCK_M, BLOCK_N] fp32 at rows rm, columns rn (+ bias[col]) (+ group_bias[row // rows_per_group, col])
-    -> SiLU of that (SILU) or that, fp32."""
+def _bias_tile(b_ptr, rn, N, HAS_BIAS: tl.constexpr):
+    """bias[rn] as fp32 [1, BLOCK_N] (HAS_BIAS; else a placeholder the epilogue does not read): a constant,
+    so the pointer kernel loads it before its PDL wait."""
+    return tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :] if HAS_BIAS else 0.0
+
+
+@triton.jit
+def _group_bias_tile(gb_ptr, rm, rn, M, N, gb_stride, rows_per_group, GROUP_BIAS: tl.constexpr):
+    """group_bias[rm // rows_per_group, rn] as loaded [BLOCK_M, BLOCK_N] (GROUP_BIAS; else a placeholder)."""
+    at = gb_ptr + ((rm % M) // rows_per_group).to(tl.int64)[:, None] * gb_stride + rn[None, :]
+    return tl.load(at, mask=(rn < N)[None, :], other=0.0) if GROUP_BIAS else 0.0
+
+
+@triton.jit
+def _epilogue(acc, bias, group_bias, HAS_BIAS: tl.constexpr, GROUP_BIAS: tl.constexpr, SILU: tl.constexpr):
+    """acc [BLOCK_M, BLOCK_N] fp32 (+ bias, _bias_tile) (+ group_bias, _group_bias_tile) -> SiLU of that (SILU) or that, fp32."""
     if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        acc += bias
     if GROUP_BIAS:
-        at = gb_ptr + ((rm % M) // rows_per_group).to(tl.int64)[:, None] * gb_stride + rn[None, :]
-        acc += tl.load(at, mask=(rn < N)[None, :], other=0.0).to(tl.float32)
+        acc += group_bias.to(tl.float32)
     if SILU:
         acc = acc / (1.0 + tl.exp(-acc))
     return acc
@@ -183,6 +192,32 @@ def gemm_tile(
     return acc
 
 
+EARLY_OPERANDS_MAX_TILE = tl.constexpr(2048)  # tile elements up to which the epilogue's operands load before the K loop
+
+
+@triton.jit
+def _written_operands(
+    gb_ptr, ss_in_ptr, ids_ptr, pass_ptr, out_ptr, t_ptr, rm, rn, live, mask, at, M, N, gb_stride, rows_per_group,
+    n_parts_in, n_cand, rows_per_req, GROUP_BIAS: tl.constexpr, NORM: tl.constexpr, PARTS_IN: tl.constexpr,
+    NODES: tl.constexpr, RESIDUAL: tl.constexpr, CROSS_OUT: tl.constexpr,
+):
+    """The epilogue's operands that earlier kernels wrote, as loaded (placeholders where off): (group bias,
+    the input rows' sum-of-squares partials, node token ids, node pass projection, the residual, t)."""
+    group_bias = _group_bias_tile(gb_ptr, rm, rn, M, N, gb_stride, rows_per_group, GROUP_BIAS)
+    parts = load_sumsq(ss_in_ptr, rm % M, n_parts_in, PARTS_IN) if NORM else 0.0
+    tok = node_ids(rm, live, ids_ptr) if NODES else 0
+    proj = node_pass_rows(rm, rn, mask, pass_ptr, n_cand, N) if NODES else 0.0
+    old = tl.load(out_ptr + at, mask=mask, other=0.0) if RESIDUAL else 0.0
+    t = _cross_tile(t_ptr, rm, rn, mask, N, rows_per_req) if CROSS_OUT else 0.0
+    return group_bias, parts, tok, proj, old, t
+
+
+@triton.jit
+def _cross_tile(t_ptr, rm, rn, mask, N, rows_per_req):
+    """t[rm // rows_per_req, rn] as loaded (the request's anchor state, for the cross output x * t)."""
+    return tl.load(t_ptr + (rm // rows_per_req).to(tl.int64)[:, None] * N + rn[None, :], mask=mask, other=0.0)
+
+
 @triton.jit
 def _linear_act_kernel(
     x_ptr, w_ptr, b_ptr, gb_ptr, out_ptr, ss_in_ptr, ss_out_ptr, t_ptr, xt_ptr,
@@ -197,28 +232,49 @@ def _linear_act_kernel(
     pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if PREFETCH_LINES:  # launched early under PDL: the first row tile's programs pull the weight slice into L2
-        if pid_m == 0:
-            prefetch_rows_l2(w_ptr, rn % N, K, stride_wn, PREFETCH_LINES)
-    grid_dependency_wait(PDL)
-    acc = gemm_tile(x_ptr, w_ptr, rm, rn, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE_F32)
-    if NORM:  # RMSNorm(x) @ W.T = rstd * (x @ (W * g).T): the gain g folded into the weight
-        acc = acc * row_rstd(ss_in_ptr, rm % M, n_parts_in, eps, norm_width, PARTS_IN)[:, None]
-    y = _epilogue(acc, rm, rn, M, N, b_ptr, gb_ptr, gb_stride, rows_per_group, HAS_BIAS, GROUP_BIAS, SILU)
     live = rm < M
     mask = live[:, None] & (rn < N)[None, :]
     at = rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
     dtype = out_ptr.dtype.element_ty
+    if PREFETCH_LINES:  # launched early under PDL: the first row tile's programs pull the weight slice into L2
+        if pid_m == 0:
+            prefetch_rows_l2(w_ptr, rn % N, K, stride_wn, PREFETCH_LINES)
+    # The epilogue's operands issued early and used late, so that their latency hides behind the PDL wait and the
+    # K loop instead of following the loop: the constants before the wait, what earlier kernels wrote before the
+    # loop. Only in small tiles (the bs-1 configs): held across the loop, a larger tile's would spill.
+    EARLY: tl.constexpr = BLOCK_M * BLOCK_N <= EARLY_OPERANDS_MAX_TILE
+    bias = _bias_tile(b_ptr, rn, N, HAS_BIAS)
+    const = node_const_rows(rm, rn, mask, const_ptr, n_slots, n_cand, N) if NODES and EARLY else 0.0
+    grid_dependency_wait(PDL)
+    if EARLY:
+        group_bias, parts, tok, proj, old, t = _written_operands(
+            gb_ptr, ss_in_ptr, ids_ptr, pass_ptr, out_ptr, t_ptr, rm, rn, live, mask, at, M, N, gb_stride, rows_per_group,
+            n_parts_in, n_cand, rows_per_req, GROUP_BIAS, NORM, PARTS_IN, NODES, RESIDUAL, CROSS_OUT)
+    acc = gemm_tile(x_ptr, w_ptr, rm, rn, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE_F32)
+    if not EARLY:  # after the loop; the residual, t and the node operands each where it is used (fewer live registers)
+        group_bias, parts, tok, proj, old, t = _written_operands(
+            gb_ptr, ss_in_ptr, ids_ptr, pass_ptr, out_ptr, t_ptr, rm, rn, live, mask, at, M, N, gb_stride, rows_per_group,
+            n_parts_in, n_cand, rows_per_req, GROUP_BIAS, NORM, PARTS_IN, False, False, False)
+    if NORM:  # RMSNorm(x) @ W.T = rstd * (x @ (W * g).T): the gain g folded into the weight
+        acc = acc * row_rstd(parts, eps, norm_width)[:, None]
+    y = _epilogue(acc, bias, group_bias, HAS_BIAS, GROUP_BIAS, SILU)
     if NODES:  # the feature down GEMM: node = token_table[id] + pass_proj[slot] + y + node_const[slot, rank]
-        y = node_sum(y.to(dtype).to(tl.float32), rm, live, rn, mask, ids_ptr, table_ptr, pass_ptr, const_ptr, n_slots, n_cand, N)
+        feat = y.to(dtype).to(tl.float32)
+        if EARLY:
+            y = node_sum(feat, tok, proj, const, rn, mask, table_ptr, N)
+        else:
+            y = node_sum_in_order(feat, rm, live, rn, mask, ids_ptr, table_ptr, pass_ptr, const_ptr, n_slots, n_cand, N)
     if RESIDUAL:  # out += y, y rounded as F.linear returns it, the sum rounded as the residual add
-        y = tl.load(out_ptr + at, mask=mask, other=0.0).to(tl.float32) + y.to(dtype).to(tl.float32)
+        if not EARLY:
+            old = tl.load(out_ptr + at, mask=mask, other=0.0)
+        y = old.to(tl.float32) + y.to(dtype).to(tl.float32)
     y = y.to(dtype)
     tl.store(out_ptr + at, y, mask=mask)
     if SUMSQ_OUT:  # for the next GEMM's norm of these rows
         store_sumsq(tl.where(mask, y.to(tl.float32), 0.0), rm, pid_n, live, tl.cdiv(N, SUMSQ_GROUP), ss_out_ptr, BLOCK_M, BLOCK_N)
     if CROSS_OUT:  # x * t, the numerator of the factor input's h * t (the norm's rstd and gain come later)
-        t = tl.load(t_ptr + (rm // rows_per_req).to(tl.int64)[:, None] * N + rn[None, :], mask=mask, other=0.0)
+        if not EARLY:
+            t = _cross_tile(t_ptr, rm, rn, mask, N, rows_per_req)
         tl.store(xt_ptr + at, (y.to(tl.float32) * t.to(tl.float32)).to(dtype), mask=mask)
 
 
@@ -241,7 +297,8 @@ def _linear_act_tma_kernel(
             b = w_desc.load([off_n, k * BLOCK_K])  # [BLOCK_N, BLOCK_K]
             acc = tl.dot(a, b.T, acc)
         rm, rn = off_m + tl.arange(0, BLOCK_M), off_n + tl.arange(0, BLOCK_N)
-        y = _epilogue(acc, rm, rn, M, N, b_ptr, gb_ptr, gb_stride, rows_per_group, HAS_BIAS, GROUP_BIAS, SILU)
+        group_bias = _group_bias_tile(gb_ptr, rm, rn, M, N, gb_stride, rows_per_group, GROUP_BIAS)
+        y = _epilogue(acc, _bias_tile(b_ptr, rn, N, HAS_BIAS), group_bias, HAS_BIAS, GROUP_BIAS, SILU)
         out_desc.store([off_m, off_n], y.to(out_desc.dtype))
 
 
@@ -389,7 +446,7 @@ def linear_act_triton(
     cross: tuple[torch.Tensor, torch.Tensor] | None = None,  # (t [b, N], xt [M, N]): also xt = result * t per request
     nodes: tuple | None = None,  # (ids [b, S, K], table [V, N], pass_proj [b, S, N], node_const [S_max, K, N]): the lattice nodes
     config: str | LaunchConfig | None = None,  # a CONFIGS key or a LaunchConfig; None: select_config(M, dtype, K)
-    pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py; sm_90+)
+    pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py; sm_90+); `bias` is then read before the wait: a constant
     launch_pdl: bool | None = None,  # False: a PDL kernel launched in full order (after a stream join); None: pdl
     prefetch: bool | None = None,  # the weight into L2 before the PDL wait (kernels/prefetch.py); None: when launched early
     name: str = "linear_act_triton",

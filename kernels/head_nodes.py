@@ -11,8 +11,8 @@ Two row kernels around the feature MLP's down projection (a cuBLAS GEMM):
                          (or, with the norms folded into the GEMMs, the rows' partial sums of
                          squares that the QKV GEMM's norm reads: kernels/head_norm.store_sumsq).
 
-Both run one program per row; no host syncs (CUDA-graph capturable). The node sum (`node_sum`) is also
-the feature down GEMM's node epilogue (kernels/ffn_silu.py, `nodes`; FastLiLiCorrSelect's nodes_in_gemm).
+Both run one program per row; no host syncs (CUDA-graph capturable). The node sum (`node_sum`, `node_sum_in_order`) is
+also the feature down GEMM's node epilogue (kernels/ffn_silu.py, `nodes`; FastLiLiCorrSelect's nodes_in_gemm).
 """
 from __future__ import annotations
 
@@ -33,11 +33,20 @@ def _confidence_up_kernel(
     K, H, ln_eps, rank_div,  # rank_div = max(K - 1, 1)
     KP: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
 ):
-    grid_dependency_wait(PDL)
     g = tl.program_id(0)  # one (request, slot) group of K candidates
     hb = tl.program_id(1)
     ks = tl.arange(0, KP)
     kv = ks < K
+    cols = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    cv = cols < H
+    # the folded LayerNorm + up projection's weights are constants: loaded before the wait, in flight across it
+    bias = tl.load(b_ptr + cols, mask=cv, other=0.0)[None, :]
+    w0 = tl.load(w_ptr + cols * 5 + 0, mask=cv, other=0.0)[None, :]
+    w1 = tl.load(w_ptr + cols * 5 + 1, mask=cv, other=0.0)[None, :]
+    w2 = tl.load(w_ptr + cols * 5 + 2, mask=cv, other=0.0)[None, :]
+    w3 = tl.load(w_ptr + cols * 5 + 3, mask=cv, other=0.0)[None, :]
+    w4 = tl.load(w_ptr + cols * 5 + 4, mask=cv, other=0.0)[None, :]
+    grid_dependency_wait(PDL)
     v = tl.load(vals_ptr + g * K + ks, mask=kv, other=0.0)
     lp = v - tl.load(lse_ptr + g)
     if hb == 0:
@@ -53,31 +62,56 @@ def _confidence_up_kernel(
     mean = (f0 + f1 + f2 + f3 + f4) / 5.0
     d0, d1, d2, d3, d4 = f0 - mean, f1 - mean, f2 - mean, f3 - mean, f4 - mean
     rstd = 1.0 / tl.sqrt((d0 * d0 + d1 * d1 + d2 * d2 + d3 * d3 + d4 * d4) / 5.0 + ln_eps)
-    cols = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    cv = cols < H
-    acc = tl.load(b_ptr + cols, mask=cv, other=0.0)[None, :] + tl.zeros((KP, BLOCK_H), tl.float32)
-    acc += (d0 * rstd)[:, None] * tl.load(w_ptr + cols * 5 + 0, mask=cv, other=0.0)[None, :]
-    acc += (d1 * rstd)[:, None] * tl.load(w_ptr + cols * 5 + 1, mask=cv, other=0.0)[None, :]
-    acc += (d2 * rstd)[:, None] * tl.load(w_ptr + cols * 5 + 2, mask=cv, other=0.0)[None, :]
-    acc += (d3 * rstd)[:, None] * tl.load(w_ptr + cols * 5 + 3, mask=cv, other=0.0)[None, :]
-    acc += (d4 * rstd)[:, None] * tl.load(w_ptr + cols * 5 + 4, mask=cv, other=0.0)[None, :]
+    acc = bias + tl.zeros((KP, BLOCK_H), tl.float32)
+    acc += (d0 * rstd)[:, None] * w0
+    acc += (d1 * rstd)[:, None] * w1
+    acc += (d2 * rstd)[:, None] * w2
+    acc += (d3 * rstd)[:, None] * w3
+    acc += (d4 * rstd)[:, None] * w4
     act = acc / (1.0 + tl.exp(-acc))  # SiLU
     rows = g * K + ks
     tl.store(out_ptr + rows[:, None] * H + cols[None, :], act.to(dtype), mask=kv[:, None] & cv[None, :])
 
 
 @triton.jit
-def node_sum(feat, rows, live, cols, mask, ids_ptr, table_ptr, pass_ptr, const_ptr, n_slots, n_cand, H):
-    """feat [R, C] fp32 (the feature MLP's down projection, rounded as F.linear returns it) at node rows
-    (request * S + slot) * K + k (live: [R] rows < n_rows), columns cols -> the node [R, C] fp32 =
-    token_table[id] + pass_proj[slot] + feat + node_const[slot, k], summed in fp32 (rounded once by the caller)."""
-    grp = rows // n_cand
-    tok = tl.load(ids_ptr + rows, mask=live, other=0)
+def node_ids(rows, live, ids_ptr):
+    """[R] candidate token ids of node rows (request * S + slot) * K + k (live: rows < n_rows)."""
+    return tl.load(ids_ptr + rows, mask=live, other=0)
+
+
+@triton.jit
+def node_pass_rows(rows, cols, mask, pass_ptr, n_cand, H):
+    """pass_proj[request, slot] [R, C] at node rows, columns cols, as loaded."""
+    return tl.load(pass_ptr + (rows // n_cand)[:, None] * H + cols[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def node_const_rows(rows, cols, mask, const_ptr, n_slots, n_cand, H):
+    """node_const[slot, k] [R, C] at node rows, columns cols, as loaded: a constant, so a kernel launched early under
+    PDL may load it before its wait."""
+    const_row = ((rows // n_cand) % n_slots) * n_cand + rows % n_cand
+    return tl.load(const_ptr + const_row[:, None] * H + cols[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def node_sum(feat, tok, proj, const, cols, mask, table_ptr, H):
+    """feat [R, C] fp32 (the feature MLP's down projection, rounded as F.linear returns it), the rows' token ids,
+    pass projection and node constants as loaded (node_ids, node_pass_rows, node_const_rows: issued early, e.g.
+    before a GEMM's K loop), columns cols -> the node [R, C] fp32 = token_table[id] + pass_proj[slot] + feat +
+    node_const[slot, k], summed in fp32 (rounded once by the caller)."""
     x = tl.load(table_ptr + tok[:, None] * H + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    x += tl.load(pass_ptr + grp[:, None] * H + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x += proj.to(tl.float32)
     x += feat
-    const_row = (grp % n_slots) * n_cand + rows % n_cand
-    return x + tl.load(const_ptr + const_row[:, None] * H + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    return x + const.to(tl.float32)
+
+
+@triton.jit
+def node_sum_in_order(feat, rows, live, cols, mask, ids_ptr, table_ptr, pass_ptr, const_ptr, n_slots, n_cand, H):
+    """node_sum with each load where the sum needs it (fewer live registers in large tiles)."""
+    x = tl.load(table_ptr + node_ids(rows, live, ids_ptr)[:, None] * H + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x += node_pass_rows(rows, cols, mask, pass_ptr, n_cand, H).to(tl.float32)
+    x += feat
+    return x + node_const_rows(rows, cols, mask, const_ptr, n_slots, n_cand, H).to(tl.float32)
 
 
 @triton.jit
@@ -92,7 +126,7 @@ def _lattice_nodes_kernel(
     cols = tl.arange(0, BLOCK_H)
     m = rv[:, None] & (cols < H)[None, :]
     feat = tl.load(feat_ptr + r[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
-    x = node_sum(feat, r, rv, cols, m, ids_ptr, table_ptr, pass_ptr, const_ptr, S, K, H).to(x_ptr.dtype.element_ty)
+    x = node_sum_in_order(feat, r, rv, cols, m, ids_ptr, table_ptr, pass_ptr, const_ptr, S, K, H).to(x_ptr.dtype.element_ty)
     tl.store(x_ptr + r[:, None] * x_stride + cols[None, :], x, mask=m)
     xf = tl.where(m, x.to(tl.float32), 0.0)
     if SUMSQ:  # the first norm is left to the QKV GEMM (folded norms)
@@ -112,7 +146,8 @@ def confidence_up_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """vals fp32 [G, K] (descending), lse fp32 [G], w_feat fp32 [H, 5], b_feat fp32 [H]
     -> (log-probs fp32 [G, K], silu(w_feat @ LayerNorm(features) + b_feat) [G*K, H] in dtype).
-    `pdl`: programmatic dependent launch (kernels/pdl.py), here and in every kernel of this folder."""
+    `pdl`: programmatic dependent launch (kernels/pdl.py), here and in every kernel of this folder; w_feat and b_feat
+    are then read before the wait (constants, not the output of the kernel before)."""
     check_pdl(pdl, vals, "confidence_up_triton")
     g, k = vals.shape
     h = w_feat.shape[0]

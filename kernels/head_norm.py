@@ -50,13 +50,17 @@ def store_sumsq(v, rows, pid_n, live, n_parts, ss_ptr, BLOCK_M: tl.constexpr, BL
 
 
 @triton.jit
-def row_rstd(ss_ptr, rows, n_parts, eps, width, PARTS: tl.constexpr):
-    """[R] 1 / sqrt(mean(x^2) + eps) of rows `rows` of width `width` from their partial sums of squares
-    (store_sumsq; PARTS >= n_parts a power of two), summed in a fixed order."""
+def load_sumsq(ss_ptr, rows, n_parts, PARTS: tl.constexpr):
+    """The partial sums of squares of rows `rows` (store_sumsq) as loaded, [R, PARTS] fp32 (PARTS >= n_parts a
+    power of two, zeros past n_parts): a load to issue early and reduce late (row_rstd)."""
     parts = tl.arange(0, PARTS)
-    at = ss_ptr + rows.to(tl.int64)[:, None] * n_parts + parts[None, :]
-    sumsq = tl.sum(tl.load(at, mask=(parts < n_parts)[None, :], other=0.0), 1)
-    return 1.0 / tl.sqrt(sumsq / width + eps)
+    return tl.load(ss_ptr + rows.to(tl.int64)[:, None] * n_parts + parts[None, :], mask=(parts < n_parts)[None, :], other=0.0)
+
+
+@triton.jit
+def row_rstd(parts, eps, width):
+    """[R] 1 / sqrt(mean(x^2) + eps) of rows of width `width` from their loaded partials (load_sumsq), summed in a fixed order."""
+    return 1.0 / tl.sqrt(tl.sum(parts, 1) / width + eps)
 
 
 def sumsq_parts(rows: int, width: int, device) -> torch.Tensor:

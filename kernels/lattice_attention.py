@@ -49,13 +49,18 @@ def _lattice_attention_kernel(
     L, H, DH, qk_scale,
     LP: tl.constexpr, DP: tl.constexpr, BLOCK_M: tl.constexpr, IEEE: tl.constexpr, F32_DOT: tl.constexpr, PDL: tl.constexpr,
 ):
-    grid_dependency_wait(PDL)
     req = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)  # query nodes of this program
     keys = tl.arange(0, LP)
     d = tl.arange(0, DP)
     rv, kv, dv = rows < L, keys < L, d < DH
+    # the lattice bias is a constant: loaded before the wait, its latency hidden behind the kernel before
+    bias = tl.load(
+        bias_ptr + head * bias_head_stride + rows[:, None] * bias_row_stride + keys[None, :],
+        mask=rv[:, None] & kv[None, :], other=0.0,
+    )
+    grid_dependency_wait(PDL)
     base = qkv_ptr + req * L * qkv_stride + head * DH  # q of (request, head); k at + H, v at + 2H
     q = tl.load(base + rows[:, None] * qkv_stride + d[None, :], mask=rv[:, None] & dv[None, :], other=0.0)
     kv_at = base + keys[:, None] * qkv_stride + d[None, :]
@@ -69,11 +74,7 @@ def _lattice_attention_kernel(
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
     else:
         s = tl.dot(q, tl.trans(k))  # [BLOCK_M, LP] fp32
-    bias = tl.load(
-        bias_ptr + head * bias_head_stride + rows[:, None] * bias_row_stride + keys[None, :],
-        mask=rv[:, None] & kv[None, :], other=0.0,
-    ).to(tl.float32)
-    s = s * qk_scale + bias  # SDPA: the scores are scaled, then the mask is added
+    s = s * qk_scale + bias.to(tl.float32)  # SDPA: the scores are scaled, then the mask is added
     s = tl.where(kv[None, :], s, float("-inf"))  # padded keys; padded query rows stay finite
     m = tl.max(s, 1)
     p = tl.exp2((s - m[:, None]) * 1.4426950408889634)  # [BLOCK_M, LP] in [0, 1]
@@ -133,7 +134,7 @@ def lattice_attention_triton(
     *,
     block_m: int | None = None,  # query rows per program (power of two, 16..LP); None: by batch size
     num_warps: int = NUM_WARPS,
-    pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py)
+    pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py); `bias` is then read before the wait: a constant
     launch_pdl: bool | None = None,  # False: launched in full order all the same (after a stream join); None: pdl
 ) -> torch.Tensor:
     """-> softmax(scale * q k^T + bias) v as out [b*L, H] in qkv's dtype (o.transpose(1, 2) layout)."""

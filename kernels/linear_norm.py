@@ -43,7 +43,7 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from .ffn_silu import gemm_tile
-from .head_nodes import node_sum
+from .head_nodes import node_sum_in_order
 from .head_norm import add_rmsnorm_triton, norm_store
 
 
@@ -113,7 +113,7 @@ def _linear_add_rmsnorm_kernel(
     at = rows[:, None] * N + rn[None, :]
     y = acc.to(dtype).to(tl.float32)  # the branch output, rounded as F.linear returns it
     if NODES:  # node = token_table[id] + pass_proj[slot] + feature down + node_const[slot, rank]
-        s = node_sum(y, rows, live, rn, m, ids_ptr, table_ptr, pass_ptr, const_ptr, n_slots, n_cand, N).to(dtype)
+        s = node_sum_in_order(y, rows, live, rn, m, ids_ptr, table_ptr, pass_ptr, const_ptr, n_slots, n_cand, N).to(dtype)
     else:
         s = (tl.load(x_ptr + at, mask=m, other=0.0).to(tl.float32) + y).to(dtype)
     sf = tl.where(m, s.to(tl.float32), 0.0)  # wrapped rows / columns of the GEMM tile count nothing

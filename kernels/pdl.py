@@ -11,8 +11,14 @@ is still running. Its programs first call `grid_dependency_wait(PDL)`:
                                     start overlap this kernel's work.
 
 Each kernel of the select path therefore runs as soon as its input is ready, with the next launch
-already under way. Kernels that are not launched this way (cuBLAS, PyTorch) keep full stream
-order around them; with PDL=False both instructions compile away. Measured on an H100 in a CUDA
+already under way. Two exceptions read before the wait:
+  - constants (a weight, a bias, a table: nothing any kernel writes), so that their latency hides behind the
+    kernel before (kernels/prefetch.py for whole weights; the epilogue operands of kernels/ffn_silu.py, the
+    lattice bias, the confidence MLP's weights);
+  - the top-K split kernel beside the pass projection (kernels/topk_lse_fused.py, `beside`): it reads only
+    what was written before that kernel started, and waits at its end instead.
+Kernels that are not launched this way (cuBLAS, PyTorch) keep full stream order around them; with PDL=False
+both instructions compile away. Measured on an H100 in a CUDA
 graph (benchmarks/PERF_NOTES.md, version 14): 0.4-0.7 us less per kernel boundary.
 """
 from __future__ import annotations

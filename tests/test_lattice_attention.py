@@ -150,6 +150,8 @@ for block_m, warps, dp in [(la.BLOCK_M, la.NUM_WARPS, 128), (128, 8, 128), (la.B
         sys.exit(f"BLOCK_M={block_m} num_warps={warps} does not use wgmma")
     if "griddepcontrol.wait" not in r["ptx"]:
         sys.exit("PDL=True does not wait on the previous grid")
+    if "ld.global" not in r["ptx"][: r["ptx"].index("griddepcontrol.wait")]:
+        sys.exit("the lattice bias (a constant) is not loaded before the wait")
 print("compiled 3")
 """
 
@@ -157,7 +159,7 @@ print("compiled 3")
 def test_kernel_compiles_for_sm90_without_spills(sm90_triton):
     """The paper shape (L = 120 -> LP = 128, dh = 128, bf16) lowered to sm_90 in a fresh process:
     the default launch (BLOCK_M = 64, 4 warps) and the alternative (128, 8 warps) use wgmma and do
-    not spill; so does the shipped SmolLM2 head's dh = 64."""
+    not spill, and load the lattice bias before the PDL wait; so does the shipped SmolLM2 head's dh = 64."""
     assert "compiled 3" in check_in_fresh_process(_AOT, sm90_triton)
 
 
