@@ -120,13 +120,15 @@ def _lattice_nodes_kernel(
     n_rows, S, K, H, x_stride, eps,
     ROWS: tl.constexpr, BLOCK_H: tl.constexpr, SUMSQ: tl.constexpr, PDL: tl.constexpr,
 ):
-    grid_dependency_wait(PDL)
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     rv = r < n_rows
     cols = tl.arange(0, BLOCK_H)
     m = rv[:, None] & (cols < H)[None, :]
+    const = node_const_rows(r, cols, m, const_ptr, S, K, H)  # a constant (fp32, cold): loaded before the wait
+    grid_dependency_wait(PDL)
     feat = tl.load(feat_ptr + r[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
-    x = node_sum_in_order(feat, r, rv, cols, m, ids_ptr, table_ptr, pass_ptr, const_ptr, S, K, H).to(x_ptr.dtype.element_ty)
+    tok, proj = node_ids(r, rv, ids_ptr), node_pass_rows(r, cols, m, pass_ptr, K, H)
+    x = node_sum(feat, tok, proj, const, cols, m, table_ptr, H).to(x_ptr.dtype.element_ty)
     tl.store(x_ptr + r[:, None] * x_stride + cols[None, :], x, mask=m)
     xf = tl.where(m, x.to(tl.float32), 0.0)
     if SUMSQ:  # the first norm is left to the QKV GEMM (folded norms)

@@ -451,8 +451,9 @@ for fn, types, consts, warps, maxnreg, aligned in cases:
     wide = any("ld.global" in line and ".v4" in line for line in r["ptx"].splitlines())
     if fn is tk._topk_lse_split_kernel and not wide:
         sys.exit("the top-K split kernel does not use 16-byte loads")
-    if fn is head_nodes._confidence_up_kernel and "ld.global" not in r["ptx"][: r["ptx"].index("griddepcontrol.wait")]:
-        sys.exit("the confidence MLP's weights (constants) are not loaded before the wait")
+    if fn in (head_nodes._confidence_up_kernel, head_nodes._lattice_nodes_kernel) and consts["PDL"]:
+        if "ld.global" not in r["ptx"][: r["ptx"].index("griddepcontrol.wait")]:
+            sys.exit(f"{fn.__name__}: its constants (weights, node_const) are not loaded before the wait")
     if fn is tk._topk_lse_split_kernel and consts["BESIDE"] != any(".cg" in l for l in r["ptx"].splitlines() if "ld.global" in l):
         sys.exit("the top-K split kernel reads the logits through L1 beside the previous kernel (or bypasses it otherwise)")
     if consts.get("F32_DOT") is False and "cp.async" not in r["ptx"]:
