@@ -384,8 +384,9 @@ class FastLiLiCorrSelect:
 
         b, s, k = vals.shape
         pdl = self._pdl_at(b * s * k)
-        lp, up = confidence_up_triton(
+        lp, up = confidence_up_triton(  # (and the candidates' token-table rows into L2 for the node gather)
             vals.reshape(b * s, k).float(), lse.reshape(b * s).float(), self.w_feat, self.b_feat, self.feat_ln_eps, self.dtype, pdl=pdl,
+            prefetch_table=(ids.contiguous(), self.token_table),
         )
         norm, rows, h = self.head.layers[0].attn_norm, b * s * k, self.width
         folds = self._folds_norms(rows)

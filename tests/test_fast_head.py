@@ -429,7 +429,7 @@ split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 8
 walk_args = [i64, "*i32", i64, i32, i32, i32, i64]  # the cosine kernel's walk: successors, counters, ids + strides, draft
 P = dict(PDL=True)  # as served on sm_90 (kernels/pdl.py)
 cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divisible by 16 at the paper config
-    (head_nodes._confidence_up_kernel, [f32] * 5 + [bf, i32, i32, "fp32", "fp32", c, c, c], dict(KP=8, BLOCK_H=256, **P), 4, None, ()),
+    (head_nodes._confidence_up_kernel, [f32] * 5 + [bf, i64, bf, i32, i32, "fp32", "fp32", c, c, c, c], dict(KP=8, BLOCK_H=256, TABLE_LINE=64, **P), 4, None, ()),
     (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, f32] + [i32] * 5 + ["fp32", c, c, c, c], dict(ROWS=1, BLOCK_H=1024, SUMSQ=False, **P), 4, None, ()),
     (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, f32] + [i32] * 5 + ["fp32", c, c, c, c], dict(ROWS=1, BLOCK_H=1024, SUMSQ=True, **P), 4, None, ()),
     (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=True, ADD=True, **P), 4, None, ()),
@@ -451,6 +451,8 @@ for fn, types, consts, warps, maxnreg, aligned in cases:
     wide = any("ld.global" in line and ".v4" in line for line in r["ptx"].splitlines())
     if fn is tk._topk_lse_split_kernel and not wide:
         sys.exit("the top-K split kernel does not use 16-byte loads")
+    if fn is head_nodes._confidence_up_kernel and "prefetch.global.L2" not in r["ptx"][r["ptx"].index("griddepcontrol.wait"):]:
+        sys.exit("the confidence kernel does not prefetch the candidates' table rows (after its wait: the ids are the merge's)")
     if fn in (head_nodes._confidence_up_kernel, head_nodes._lattice_nodes_kernel) and consts["PDL"]:
         if "ld.global" not in r["ptx"][: r["ptx"].index("griddepcontrol.wait")]:
             sys.exit(f"{fn.__name__}: its constants (weights, node_const) are not loaded before the wait")
