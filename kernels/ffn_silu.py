@@ -19,6 +19,9 @@ Nothing is added to the K loop: a register pass over its A tiles (sums of square
 bs-1 select's eleven GEMMs take 88.9 us of GPU time against 63 us for the ten before (PERF_NOTES.md, version 16).
 Launched early under PDL (kernels/pdl.py), the programs of the first row tile fetch their weight slice
 into L2 before they wait on the previous kernel (kernels/prefetch.py; `prefetch`, PERF_NOTES.md version 17).
+In small tiles (EARLY_OPERANDS_MAX_TILE: the bs-1 configs) the epilogue's operands load early and are used late:
+the bias before the PDL wait, what earlier kernels wrote (residual, t, the norm's partials, the per-request bias,
+the node ids and pass rows) before the K loop (PERF_NOTES.md version 20).
 
   x          [M, K]   rows = b * L lattice nodes; any row stride, unit stride along K
   weight     [N, K]   nn.Linear layout (out x in); any row stride, unit stride along K
