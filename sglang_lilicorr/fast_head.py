@@ -132,7 +132,7 @@ class FastLiLiCorrSelect:
         triton_gemms: bool | None = None,  # small-M GEMMs in Triton (fused); None: TRITON_GEMM_MAX_ROWS with PDL
         fold_norms: bool | None = None,  # the lattice's RMSNorms inside the Triton GEMMs (fused); None: FOLD_NORMS_MAX_ROWS
         prefetch_weights: bool = True,  # Triton GEMMs launched early under PDL fetch their weight into L2 first
-        pass_beside_topk: bool | None = None,  # the pass projection on the main stream beside the top-K; None: PASS_BESIDE_TOPK_MAX_ROWS
+        pass_beside_topk: bool | None = None,  # the pass projection beside the top-K (True: where PDL is on); None: PASS_BESIDE_TOPK_MAX_ROWS
         nodes_in_gemm: bool | None = None,  # there, the nodes as the feature down GEMM's epilogue (folded norms); None: with it
     ) -> None:
         if (embed_weight is None) == (token_table is None):
@@ -285,9 +285,10 @@ class FastLiLiCorrSelect:
         return linear_act_triton(x.reshape(b * s, hm), self.w_pass, pdl=pdl, prefetch=self._prefetch).view(b, s, -1)
 
     def _passes_beside_topk(self, rows: int) -> bool:
-        """Whether a select from logits with `rows` lattice rows runs the pass projection beside the top-K."""
+        """Whether a select from logits with `rows` lattice rows runs the pass projection beside the top-K: forced by
+        pass_beside_topk wherever PDL is on at that size (the top-K needs it to run beside), else by the table."""
         if self.pass_beside_topk is not None:
-            return self.pass_beside_topk
+            return self.pass_beside_topk and self._pdl_at(rows)
         return self._can_pdl and self._folds_norms(rows) and rows <= PASS_BESIDE_TOPK_MAX_ROWS.get(self.width, 0)
 
     def _anchor_projection(self, anchor_hidden):

@@ -222,6 +222,9 @@ def test_pdl_and_triton_gemm_tables_follow_width_and_rows(seed, monkeypatch):
     assert not fast._passes_beside_topk(120)  # the pass beside the top-K: off until measured (PASS_BESIDE_TOPK_MAX_ROWS)
     monkeypatch.setitem(fast_head.PASS_BESIDE_TOPK_MAX_ROWS, 1024, 128)  # a table entry takes it where the norms fold
     assert fast._passes_beside_topk(120) and not fast._passes_beside_topk(480)
+    fast.width, fast.pass_beside_topk = 256, True  # forced: wherever PDL is on (the testbed head: up to 512 rows)
+    assert fast._passes_beside_topk(480) and not fast._passes_beside_topk(1920)
+    fast.width, fast.pass_beside_topk = 1024, None
     fast.norm_epilogue = True
     assert not fast._folds_norms(120)  # the norm epilogues forced on take the norms
     fast.norm_epilogue, fast.pdl, fast.triton_gemms = None, False, True
