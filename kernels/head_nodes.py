@@ -31,7 +31,7 @@ NUM_FEATURES = 5  # log p, p, log p - log p_top, rank / (K-1), is-top-1 (sglang_
 @triton.jit
 def _confidence_up_kernel(
     vals_ptr, lse_ptr, w_ptr, b_ptr, lp_ptr, out_ptr,  # [G, K] f32, [G] f32, [H, 5] f32, [H] f32, [G, K] f32, [G*K, H]
-    ids_ptr, table_ptr,  # PREFETCH_TABLE: candidate ids [G, K], token table [V, H]
+    ids_ptr, table_ptr,  # TABLE_LINE > 0: candidate ids [G, K], token table [V, H]
     K, H, ln_eps, rank_div,  # rank_div = max(K - 1, 1)
     KP: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
     TABLE_LINE: tl.constexpr,  # > 0: prefetch the candidates' table rows, TABLE_LINE elements per 128-byte line (<= BLOCK_H)
@@ -101,12 +101,18 @@ def node_const_rows(rows, cols, mask, const_ptr, n_slots, n_cand, H):
 
 
 @triton.jit
+def table_rows(tok, cols, mask, table_ptr, H):
+    """token_table[tok] [R, C] at columns cols, in fp32 (the node's gather)."""
+    return tl.load(table_ptr + tok[:, None] * H + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def node_sum(feat, tok, proj, const, cols, mask, table_ptr, H):
     """feat [R, C] fp32 (the feature MLP's down projection, rounded as F.linear returns it), the rows' token ids,
     pass projection and node constants as loaded (node_ids, node_pass_rows, node_const_rows: issued early, e.g.
     before a GEMM's K loop), columns cols -> the node [R, C] fp32 = token_table[id] + pass_proj[slot] + feat +
     node_const[slot, k], summed in fp32 (rounded once by the caller)."""
-    x = tl.load(table_ptr + tok[:, None] * H + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x = table_rows(tok, cols, mask, table_ptr, H)
     x += proj.to(tl.float32)
     x += feat
     return x + const.to(tl.float32)
@@ -115,7 +121,7 @@ def node_sum(feat, tok, proj, const, cols, mask, table_ptr, H):
 @triton.jit
 def node_sum_in_order(feat, rows, live, cols, mask, ids_ptr, table_ptr, pass_ptr, const_ptr, n_slots, n_cand, H):
     """node_sum with each load where the sum needs it (fewer live registers in large tiles)."""
-    x = tl.load(table_ptr + node_ids(rows, live, ids_ptr)[:, None] * H + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x = table_rows(node_ids(rows, live, ids_ptr), cols, mask, table_ptr, H)
     x += node_pass_rows(rows, cols, mask, pass_ptr, n_cand, H).to(tl.float32)
     x += feat
     return x + node_const_rows(rows, cols, mask, const_ptr, n_slots, n_cand, H).to(tl.float32)
