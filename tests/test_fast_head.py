@@ -225,6 +225,10 @@ def test_pdl_and_triton_gemm_tables_follow_width_and_rows(seed, monkeypatch):
     fast.width, fast.pass_beside_topk = 256, True  # forced: wherever PDL is on (the testbed head: up to 512 rows)
     assert fast._passes_beside_topk(480) and not fast._passes_beside_topk(1920)
     fast.width, fast.pass_beside_topk = 1024, None
+    assert fast._prefetches_table(480) and not fast._prefetches_table(1920)  # the table prefetch: bs <= 4
+    fast.prefetch_table = True
+    assert fast._prefetches_table(3840)
+    fast.prefetch_table = None
     fast.norm_epilogue = True
     assert not fast._folds_norms(120)  # the norm epilogues forced on take the norms
     fast.norm_epilogue, fast.pdl, fast.triton_gemms = None, False, True
@@ -529,7 +533,8 @@ def test_gpu_paper_config_bs1_served_tables_fp32(monkeypatch):
 
 BEST = dict(fold_norms=True, pass_beside_topk=True)  # the pass projection beside the top-K (forced on at every size)
 BIT_EQUAL_OPTIONS = {  # name -> two FastLiLiCorrSelect option sets that must give the same bits (bf16)
-    "prefetch": ({}, dict(prefetch_weights=False)),  # the served defaults with and without the GEMMs' L2 weight prefetch
+    "prefetch": ({}, dict(prefetch_weights=False, prefetch_table=False)),  # the served defaults, with and without the L2 prefetches
+    "table_prefetch": (dict(prefetch_table=True), dict(prefetch_table=False)),  # the token-table prefetch at any size
     "nodes_in_gemm": (dict(BEST, nodes_in_gemm=True), dict(BEST, nodes_in_gemm=False)),  # same GEMM tiles, the sum rounded once
 }
 
