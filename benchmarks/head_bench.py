@@ -90,8 +90,6 @@ VARIANTS = {  # ours: FastLiLiCorrSelect options (norm_epilogue None = kernels/l
     "served_unfolded": dict(fused=True, fold_norms=False),  # the same without the folded norms (version 15's served path)
     "served_folded": dict(fused=True, fold_norms=True),  # ... with them at every bs
     "served_no_prefetch": dict(fused=True, prefetch_weights=False),  # served without the GEMMs' L2 weight prefetch (version 17's A/B)
-    "served_table_prefetch": dict(fused=True, prefetch_table=True),  # served with the token-table prefetch at every bs (version 20)
-    "served_no_table_prefetch": dict(fused=True, prefetch_table=False),  # ... at none
     "served_pass_beside": dict(fused=True, pass_beside_topk=True),  # served with the pass projection beside the top-K (version 19)
     "served_pass_beside_nodes_apart": dict(fused=True, pass_beside_topk=True, nodes_in_gemm=False),  # ... the nodes in their own kernel
     "fused_overlap_norm": dict(fused=True, overlap=True, pdl=False, norm_epilogue=True),  # the norm epilogue at every shape

@@ -23,7 +23,6 @@ import triton.language as tl
 from .device import rows_per_program
 from .head_norm import SUMSQ_GROUP, norm_store, store_sumsq
 from .pdl import check_pdl, grid_dependency_wait, pdl_launch
-from .prefetch import LINE_BYTES, prefetch_l2
 
 NUM_FEATURES = 5  # log p, p, log p - log p_top, rank / (K-1), is-top-1 (sglang_lilicorr.head)
 
@@ -31,10 +30,8 @@ NUM_FEATURES = 5  # log p, p, log p - log p_top, rank / (K-1), is-top-1 (sglang_
 @triton.jit
 def _confidence_up_kernel(
     vals_ptr, lse_ptr, w_ptr, b_ptr, lp_ptr, out_ptr,  # [G, K] f32, [G] f32, [H, 5] f32, [H] f32, [G, K] f32, [G*K, H]
-    ids_ptr, table_ptr,  # TABLE_LINE > 0: candidate ids [G, K], token table [V, H]
     K, H, ln_eps, rank_div,  # rank_div = max(K - 1, 1)
     KP: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
-    TABLE_LINE: tl.constexpr,  # > 0: prefetch the candidates' table rows, TABLE_LINE elements per 128-byte line (<= BLOCK_H)
 ):
     g = tl.program_id(0)  # one (request, slot) group of K candidates
     hb = tl.program_id(1)
@@ -50,10 +47,6 @@ def _confidence_up_kernel(
     w3 = tl.load(w_ptr + cols * 5 + 3, mask=cv, other=0.0)[None, :]
     w4 = tl.load(w_ptr + cols * 5 + 4, mask=cv, other=0.0)[None, :]
     grid_dependency_wait(PDL)
-    if TABLE_LINE:  # this block's columns of the candidates' token-table rows into L2: the node stage gathers them
-        tok = tl.load(ids_ptr + g * K + ks, mask=kv, other=0).to(tl.int64)
-        lines = tl.minimum(hb * BLOCK_H + tl.arange(0, BLOCK_H // TABLE_LINE) * TABLE_LINE, H - 1)
-        prefetch_l2(table_ptr + tok[:, None] * H + lines[None, :])
     v = tl.load(vals_ptr + g * K + ks, mask=kv, other=0.0)
     lp = v - tl.load(lse_ptr + g)
     if hb == 0:
@@ -157,12 +150,10 @@ def _row_warps(block: int) -> int:
 
 def confidence_up_triton(
     vals: torch.Tensor, lse: torch.Tensor, w_feat: torch.Tensor, b_feat: torch.Tensor, ln_eps: float, dtype: torch.dtype,
-    *, pdl: bool = False, prefetch_table: tuple[torch.Tensor, torch.Tensor] | None = None,
+    *, pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """vals fp32 [G, K] (descending), lse fp32 [G], w_feat fp32 [H, 5], b_feat fp32 [H]
     -> (log-probs fp32 [G, K], silu(w_feat @ LayerNorm(features) + b_feat) [G*K, H] in dtype).
-    `prefetch_table` = (candidate ids [G, K] or [b, S, K], token table [V, H]): on CUDA, the candidates' table rows are
-    also prefetched into L2 (a hint: no value changes), so that the node stage's gather of them hits L2.
     `pdl`: programmatic dependent launch (kernels/pdl.py), here and in every kernel of this folder; w_feat and b_feat
     are then read before the wait (constants, not the output of the kernel before)."""
     check_pdl(pdl, vals, "confidence_up_triton")
@@ -172,18 +163,10 @@ def confidence_up_triton(
     lp = torch.empty((g, k), dtype=torch.float32, device=vals.device)
     out = torch.empty((g * k, h), dtype=dtype, device=vals.device)
     block_h = min(triton.next_power_of_2(h), 256)
-    ids, table = prefetch_table if prefetch_table is not None else (lp, lp)
-    prefetch = prefetch_table is not None and vals.is_cuda  # (inline PTX: not under the interpreter)
-    if prefetch and (ids.numel() != g * k or table.dim() != 2 or table.shape[1] != h or not ids.is_contiguous()):
-        raise ValueError(
-            f"confidence_up_triton: prefetch_table ids {tuple(ids.shape)} / table {tuple(table.shape)} must be "
-            f"contiguous ids of the {g} x {k} candidates and a [V, {h}] table"
-        )
     if g:
         _confidence_up_kernel[(g, triton.cdiv(h, block_h))](
-            vals, lse, w_feat.contiguous(), b_feat.contiguous(), lp, out, ids, table, k, h, float(ln_eps), float(max(k - 1, 1)),
+            vals, lse, w_feat.contiguous(), b_feat.contiguous(), lp, out, k, h, float(ln_eps), float(max(k - 1, 1)),
             KP=triton.next_power_of_2(k), BLOCK_H=block_h, PDL=pdl, launch_pdl=pdl, num_warps=4,
-            TABLE_LINE=min(LINE_BYTES.value // table.element_size(), block_h) if prefetch else 0,
         )
     return lp, out
 

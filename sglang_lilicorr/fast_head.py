@@ -40,15 +40,11 @@ to concat[x, x*t].
 True / False force it; None takes FOLD_NORMS_MAX_ROWS (where PDL is on).
 `prefetch_weights` (version 17): each Triton GEMM launched early under PDL fetches its weight slice into
 L2 before it waits on the kernel before it (kernels/prefetch.py); False turns that off.
-`prefetch_table` (version 20): the confidence kernel, the first with the candidate ids, fetches their token-table rows
-into L2 for the node gather a kernel later (a hint: no value changes). True / False force it; None takes
-TABLE_PREFETCH_MAX_ROWS.
 `pass_beside_topk` (version 19): select_from_logits (and select) run the pass projection on the main stream as a
 Triton GEMM launched just before the top-K, whose split kernel runs beside it under PDL and waits on it only at its end
 (kernels/topk_lse_fused.py): no side-stream join before the nodes, so every kernel after the top-K launches early.
 There, with folded norms, `nodes_in_gemm` makes the node assembly the feature down GEMM's epilogue (one launch fewer).
-True / False force them; None takes PASS_BESIDE_TOPK_MAX_ROWS (where PDL is on and the norms fold), empty until
-version 19 is measured on a GPU (PERF_NOTES.md).
+True / False force them; None takes PASS_BESIDE_TOPK_MAX_ROWS (where PDL is on and the norms fold).
 `fused_stages` cuts the fused path into projections / nodes / lattice / factors (with the walk) for
 per-stage timing (benchmarks/head_bench.py).
 Everything is static-shaped with no host syncs, so `select` can be captured in a CUDA graph.
@@ -81,12 +77,10 @@ TRITON_GEMM_ROWS_CAP = 512  # triton_gemms=True: GEMMs up to this many rows (the
 # bs 4 0.090 / 0.092, bs 16 0.160 / 0.128.
 FOLD_NORMS_MAX_ROWS = {256: 512, 1024: 128}
 # head width -> the most lattice rows at which select_from_logits runs the pass projection beside the top-K, with the
-# nodes in the feature down GEMM (pass_beside_topk, nodes_in_gemm); others: never. Version 19 is built and tested on the
-# CPU (interpreter, sm_90 builds) but not yet timed or run on a GPU (PERF_NOTES.md): off until head_bench measures it.
-PASS_BESIDE_TOPK_MAX_ROWS: dict[int, int] = {}
-# the most lattice rows at which the confidence kernel prefetches the candidates' token-table rows (prefetch_table):
-# bs <= 4 at S = 15, K = 8, where the node gather waits on latency; above, the gather streams at HBM speed anyway.
-TABLE_PREFETCH_MAX_ROWS = 480
+# nodes in the feature down GEMM (pass_beside_topk, nodes_in_gemm); others: never. Version 19 (PERF_NOTES.md), post-logits
+# beside / not, ms: paper head bs 1 0.1062 / 0.1084 (H100), 0.1026 / 0.1041 (H200); testbed head bs 1 0.0578 / 0.0588,
+# 0.0574 / 0.0582; at bs 4 it loses on both cards and heads (+1.3 to +1.9 us).
+PASS_BESIDE_TOPK_MAX_ROWS = {256: 120, 1024: 120}
 
 
 def _norm_eps(norm: torch.nn.RMSNorm) -> float:
@@ -140,7 +134,6 @@ class FastLiLiCorrSelect:
         prefetch_weights: bool = True,  # Triton GEMMs launched early under PDL fetch their weight into L2 first
         pass_beside_topk: bool | None = None,  # the pass projection beside the top-K (True: where PDL is on); None: PASS_BESIDE_TOPK_MAX_ROWS
         nodes_in_gemm: bool | None = None,  # there, the nodes as the feature down GEMM's epilogue (folded norms); None: with it
-        prefetch_table: bool | None = None,  # the candidates' token-table rows into L2 before the node gather; None: TABLE_PREFETCH_MAX_ROWS
     ) -> None:
         if (embed_weight is None) == (token_table is None):
             raise ValueError("FastLiLiCorrSelect: pass exactly one of embed_weight=[V, Hm] or token_table=[V, H].")
@@ -187,7 +180,6 @@ class FastLiLiCorrSelect:
         self.pdl, self.triton_gemms, self.fold_norms = pdl, triton_gemms, fold_norms
         self.pass_beside_topk, self.nodes_in_gemm = pass_beside_topk, nodes_in_gemm
         self._prefetch = None if prefetch_weights else False  # linear_act_triton's prefetch: None = when launched early
-        self.prefetch_table = prefetch_table
         # int32 zeros for the last-program counters (kernels/linear_norm.py's row tiles, the cosine kernel's
         # walk per request; this stream only, each kernel leaves them zero), sized up front so that a
         # CUDA-graph capture never reallocates them (4096 tiles of >= 16 rows: 65536 lattice rows, bs 546)
@@ -299,10 +291,6 @@ class FastLiLiCorrSelect:
             return self.pass_beside_topk and self._pdl_at(rows)
         return self._can_pdl and self._folds_norms(rows) and rows <= PASS_BESIDE_TOPK_MAX_ROWS.get(self.width, 0)
 
-    def _prefetches_table(self, rows: int) -> bool:
-        """Whether the confidence kernel of a select with `rows` lattice rows prefetches their token-table rows."""
-        return rows <= TABLE_PREFETCH_MAX_ROWS if self.prefetch_table is None else self.prefetch_table
-
     def _anchor_projection(self, anchor_hidden):
         """-> anchor state t [b, H] and [anchor_out | W_t t + b] [b, D+H] (one GEMM on t)."""
         t = self.head.context_proj(anchor_hidden.to(self.dtype))
@@ -397,9 +385,8 @@ class FastLiLiCorrSelect:
 
         b, s, k = vals.shape
         pdl = self._pdl_at(b * s * k)
-        lp, up = confidence_up_triton(  # (and the candidates' token-table rows into L2 for the node gather)
-            vals.reshape(b * s, k).float(), lse.reshape(b * s).float(), self.w_feat, self.b_feat, self.feat_ln_eps, self.dtype, pdl=pdl,
-            prefetch_table=(ids.contiguous(), self.token_table) if self._prefetches_table(b * s * k) else None,
+        lp, up = confidence_up_triton(
+            vals.reshape(b * s, k).float(), lse.reshape(b * s).float(), self.w_feat, self.b_feat, self.feat_ln_eps, self.dtype, pdl=pdl
         )
         norm, rows, h = self.head.layers[0].attn_norm, b * s * k, self.width
         folds = self._folds_norms(rows)

@@ -219,16 +219,10 @@ def test_pdl_and_triton_gemm_tables_follow_width_and_rows(seed, monkeypatch):
     assert not fast._gemm_in_triton(480, w(2048, 1024), absorbs_launch=True)
     assert not fast._gemm_in_triton(480, w(1024, 1024))
     assert fast._folds_norms(120) and not fast._folds_norms(480)  # the paper head folds at bs 1 only
-    assert not fast._passes_beside_topk(120)  # the pass beside the top-K: off until measured (PASS_BESIDE_TOPK_MAX_ROWS)
-    monkeypatch.setitem(fast_head.PASS_BESIDE_TOPK_MAX_ROWS, 1024, 128)  # a table entry takes it where the norms fold
-    assert fast._passes_beside_topk(120) and not fast._passes_beside_topk(480)
+    assert fast._passes_beside_topk(120) and not fast._passes_beside_topk(480)  # the pass beside the top-K at bs 1
     fast.width, fast.pass_beside_topk = 256, True  # forced: wherever PDL is on (the testbed head: up to 512 rows)
     assert fast._passes_beside_topk(480) and not fast._passes_beside_topk(1920)
     fast.width, fast.pass_beside_topk = 1024, None
-    assert fast._prefetches_table(480) and not fast._prefetches_table(1920)  # the table prefetch: bs <= 4
-    fast.prefetch_table = True
-    assert fast._prefetches_table(3840)
-    fast.prefetch_table = None
     fast.norm_epilogue = True
     assert not fast._folds_norms(120)  # the norm epilogues forced on take the norms
     fast.norm_epilogue, fast.pdl, fast.triton_gemms = None, False, True
@@ -436,7 +430,7 @@ split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 8
 walk_args = [i64, "*i32", i64, i32, i32, i32, i64]  # the cosine kernel's walk: successors, counters, ids + strides, draft
 P = dict(PDL=True)  # as served on sm_90 (kernels/pdl.py)
 cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divisible by 16 at the paper config
-    (head_nodes._confidence_up_kernel, [f32] * 5 + [bf, i64, bf, i32, i32, "fp32", "fp32", c, c, c, c], dict(KP=8, BLOCK_H=256, TABLE_LINE=64, **P), 4, None, ()),
+    (head_nodes._confidence_up_kernel, [f32] * 5 + [bf, i32, i32, "fp32", "fp32", c, c, c, c], dict(KP=8, BLOCK_H=256, **P), 4, None, ()),
     (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, f32] + [i32] * 5 + ["fp32", c, c, c, c], dict(ROWS=1, BLOCK_H=1024, SUMSQ=False, **P), 4, None, ()),
     (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, f32] + [i32] * 5 + ["fp32", c, c, c, c], dict(ROWS=1, BLOCK_H=1024, SUMSQ=True, **P), 4, None, ()),
     (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=True, ADD=True, **P), 4, None, ()),
@@ -458,8 +452,6 @@ for fn, types, consts, warps, maxnreg, aligned in cases:
     wide = any("ld.global" in line and ".v4" in line for line in r["ptx"].splitlines())
     if fn is tk._topk_lse_split_kernel and not wide:
         sys.exit("the top-K split kernel does not use 16-byte loads")
-    if fn is head_nodes._confidence_up_kernel and "prefetch.global.L2" not in r["ptx"][r["ptx"].index("griddepcontrol.wait"):]:
-        sys.exit("the confidence kernel does not prefetch the candidates' table rows (after its wait: the ids are the merge's)")
     if fn in (head_nodes._confidence_up_kernel, head_nodes._lattice_nodes_kernel) and consts["PDL"]:
         if "ld.global" not in r["ptx"][: r["ptx"].index("griddepcontrol.wait")]:
             sys.exit(f"{fn.__name__}: its constants (weights, node_const) are not loaded before the wait")
@@ -533,8 +525,7 @@ def test_gpu_paper_config_bs1_served_tables_fp32(monkeypatch):
 
 BEST = dict(fold_norms=True, pass_beside_topk=True)  # the pass projection beside the top-K (forced on at every size)
 BIT_EQUAL_OPTIONS = {  # name -> two FastLiLiCorrSelect option sets that must give the same bits (bf16)
-    "prefetch": ({}, dict(prefetch_weights=False, prefetch_table=False)),  # the served defaults, with and without the L2 prefetches
-    "table_prefetch": (dict(prefetch_table=True), dict(prefetch_table=False)),  # the token-table prefetch at any size
+    "prefetch": ({}, dict(prefetch_weights=False)),  # the served defaults with and without the GEMMs' L2 weight prefetch
     "nodes_in_gemm": (dict(BEST, nodes_in_gemm=True), dict(BEST, nodes_in_gemm=False)),  # same GEMM tiles, the sum rounded once
 }
 
