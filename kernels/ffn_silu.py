@@ -21,7 +21,7 @@ Launched early under PDL (kernels/pdl.py), the programs of the first row tile fe
 into L2 before they wait on the previous kernel (kernels/prefetch.py; `prefetch`, PERF_NOTES.md version 17).
 In small tiles (EARLY_OPERANDS_MAX_TILE: the bs-1 configs) the epilogue's operands load early and are used late:
 the bias before the PDL wait, what earlier kernels wrote (residual, t, the norm's partials, the per-request bias,
-the node ids, their token-table rows and pass rows) before the K loop (PERF_NOTES.md versions 20, 21).
+the node ids and pass rows) before the K loop (PERF_NOTES.md version 20).
 
   x          [M, K]   rows = b * L lattice nodes; any row stride, unit stride along K
   weight     [N, K]   nn.Linear layout (out x in); any row stride, unit stride along K
@@ -67,7 +67,7 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from .device import sm_count, sm_major
-from .head_nodes import node_const_rows, node_ids, node_pass_rows, node_sum, node_sum_in_order, table_rows
+from .head_nodes import node_const_rows, node_ids, node_pass_rows, node_sum, node_sum_in_order
 from .head_norm import SUMSQ_GROUP, load_sumsq, row_rstd, store_sumsq
 from .pdl import check_pdl, grid_dependency_wait, pdl_launch
 from .prefetch import lines_per_row, prefetch_rows_l2
@@ -200,19 +200,19 @@ EARLY_OPERANDS_MAX_TILE = tl.constexpr(2048)  # tile elements up to which the ep
 
 @triton.jit
 def _written_operands(
-    gb_ptr, ss_in_ptr, ids_ptr, table_ptr, pass_ptr, out_ptr, t_ptr, rm, rn, live, mask, at, M, N, gb_stride, rows_per_group,
+    gb_ptr, ss_in_ptr, ids_ptr, pass_ptr, out_ptr, t_ptr, rm, rn, live, mask, at, M, N, gb_stride, rows_per_group,
     n_parts_in, n_cand, rows_per_req, GROUP_BIAS: tl.constexpr, NORM: tl.constexpr, PARTS_IN: tl.constexpr,
     NODES: tl.constexpr, RESIDUAL: tl.constexpr, CROSS_OUT: tl.constexpr,
 ):
     """The epilogue's operands that earlier kernels wrote, as loaded (placeholders where off): (group bias,
-    the input rows' sum-of-squares partials, node token-table rows, node pass projection, the residual, t)."""
+    the input rows' sum-of-squares partials, node token ids, node pass projection, the residual, t)."""
     group_bias = _group_bias_tile(gb_ptr, rm, rn, M, N, gb_stride, rows_per_group, GROUP_BIAS)
     parts = load_sumsq(ss_in_ptr, rm % M, n_parts_in, PARTS_IN) if NORM else 0.0
-    tab = table_rows(node_ids(rm, live, ids_ptr), rn, mask, table_ptr, N) if NODES else 0.0
+    tok = node_ids(rm, live, ids_ptr) if NODES else 0
     proj = node_pass_rows(rm, rn, mask, pass_ptr, n_cand, N) if NODES else 0.0
     old = tl.load(out_ptr + at, mask=mask, other=0.0) if RESIDUAL else 0.0
     t = _cross_tile(t_ptr, rm, rn, mask, N, rows_per_req) if CROSS_OUT else 0.0
-    return group_bias, parts, tab, proj, old, t
+    return group_bias, parts, tok, proj, old, t
 
 
 @triton.jit
@@ -250,21 +250,21 @@ def _linear_act_kernel(
     const = node_const_rows(rm, rn, mask, const_ptr, n_slots, n_cand, N) if NODES and EARLY else 0.0
     grid_dependency_wait(PDL)
     if EARLY:
-        group_bias, parts, tab, proj, old, t = _written_operands(
-            gb_ptr, ss_in_ptr, ids_ptr, table_ptr, pass_ptr, out_ptr, t_ptr, rm, rn, live, mask, at, M, N, gb_stride,
-            rows_per_group, n_parts_in, n_cand, rows_per_req, GROUP_BIAS, NORM, PARTS_IN, NODES, RESIDUAL, CROSS_OUT)
+        group_bias, parts, tok, proj, old, t = _written_operands(
+            gb_ptr, ss_in_ptr, ids_ptr, pass_ptr, out_ptr, t_ptr, rm, rn, live, mask, at, M, N, gb_stride, rows_per_group,
+            n_parts_in, n_cand, rows_per_req, GROUP_BIAS, NORM, PARTS_IN, NODES, RESIDUAL, CROSS_OUT)
     acc = gemm_tile(x_ptr, w_ptr, rm, rn, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE_F32)
     if not EARLY:  # after the loop; the residual, t and the node operands each where it is used (fewer live registers)
-        group_bias, parts, tab, proj, old, t = _written_operands(
-            gb_ptr, ss_in_ptr, ids_ptr, table_ptr, pass_ptr, out_ptr, t_ptr, rm, rn, live, mask, at, M, N, gb_stride,
-            rows_per_group, n_parts_in, n_cand, rows_per_req, GROUP_BIAS, NORM, PARTS_IN, False, False, False)
+        group_bias, parts, tok, proj, old, t = _written_operands(
+            gb_ptr, ss_in_ptr, ids_ptr, pass_ptr, out_ptr, t_ptr, rm, rn, live, mask, at, M, N, gb_stride, rows_per_group,
+            n_parts_in, n_cand, rows_per_req, GROUP_BIAS, NORM, PARTS_IN, False, False, False)
     if NORM:  # RMSNorm(x) @ W.T = rstd * (x @ (W * g).T): the gain g folded into the weight
         acc = acc * row_rstd(parts, eps, norm_width)[:, None]
     y = _epilogue(acc, bias, group_bias, HAS_BIAS, GROUP_BIAS, SILU)
     if NODES:  # the feature down GEMM: node = token_table[id] + pass_proj[slot] + y + node_const[slot, rank]
         feat = y.to(dtype).to(tl.float32)
         if EARLY:
-            y = node_sum(feat, tab, proj, const)
+            y = node_sum(feat, tok, proj, const, rn, mask, table_ptr, N)
         else:
             y = node_sum_in_order(feat, rm, live, rn, mask, ids_ptr, table_ptr, pass_ptr, const_ptr, n_slots, n_cand, N)
     if RESIDUAL:  # out += y, y rounded as F.linear returns it, the sum rounded as the residual add

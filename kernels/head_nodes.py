@@ -95,17 +95,17 @@ def node_const_rows(rows, cols, mask, const_ptr, n_slots, n_cand, H):
 
 @triton.jit
 def table_rows(tok, cols, mask, table_ptr, H):
-    """token_table[tok] [R, C] at columns cols, as loaded (the node's gather)."""
-    return tl.load(table_ptr + tok[:, None] * H + cols[None, :], mask=mask, other=0.0)
+    """token_table[tok] [R, C] at columns cols, in fp32 (the node's gather)."""
+    return tl.load(table_ptr + tok[:, None] * H + cols[None, :], mask=mask, other=0.0).to(tl.float32)
 
 
 @triton.jit
-def node_sum(feat, tab, proj, const):
-    """feat [R, C] fp32 (the feature MLP's down projection, rounded as F.linear returns it), the rows' token-table
-    rows, pass projection and node constants as loaded (table_rows, node_pass_rows, node_const_rows: issued early,
-    e.g. before a GEMM's K loop) -> the node [R, C] fp32 = token_table[id] + pass_proj[slot] + feat +
+def node_sum(feat, tok, proj, const, cols, mask, table_ptr, H):
+    """feat [R, C] fp32 (the feature MLP's down projection, rounded as F.linear returns it), the rows' token ids,
+    pass projection and node constants as loaded (node_ids, node_pass_rows, node_const_rows: issued early, e.g.
+    before a GEMM's K loop), columns cols -> the node [R, C] fp32 = token_table[id] + pass_proj[slot] + feat +
     node_const[slot, k], summed in fp32 (rounded once by the caller)."""
-    x = tab.to(tl.float32)
+    x = table_rows(tok, cols, mask, table_ptr, H)
     x += proj.to(tl.float32)
     x += feat
     return x + const.to(tl.float32)
@@ -114,7 +114,7 @@ def node_sum(feat, tab, proj, const):
 @triton.jit
 def node_sum_in_order(feat, rows, live, cols, mask, ids_ptr, table_ptr, pass_ptr, const_ptr, n_slots, n_cand, H):
     """node_sum with each load where the sum needs it (fewer live registers in large tiles)."""
-    x = table_rows(node_ids(rows, live, ids_ptr), cols, mask, table_ptr, H).to(tl.float32)
+    x = table_rows(node_ids(rows, live, ids_ptr), cols, mask, table_ptr, H)
     x += node_pass_rows(rows, cols, mask, pass_ptr, n_cand, H).to(tl.float32)
     x += feat
     return x + node_const_rows(rows, cols, mask, const_ptr, n_slots, n_cand, H).to(tl.float32)
@@ -133,8 +133,8 @@ def _lattice_nodes_kernel(
     const = node_const_rows(r, cols, m, const_ptr, S, K, H)  # a constant (fp32, cold): loaded before the wait
     grid_dependency_wait(PDL)
     feat = tl.load(feat_ptr + r[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
-    tab, proj = table_rows(node_ids(r, rv, ids_ptr), cols, m, table_ptr, H), node_pass_rows(r, cols, m, pass_ptr, K, H)
-    x = node_sum(feat, tab, proj, const).to(x_ptr.dtype.element_ty)
+    tok, proj = node_ids(r, rv, ids_ptr), node_pass_rows(r, cols, m, pass_ptr, K, H)
+    x = node_sum(feat, tok, proj, const, cols, m, table_ptr, H).to(x_ptr.dtype.element_ty)
     tl.store(x_ptr + r[:, None] * x_stride + cols[None, :], x, mask=m)
     xf = tl.where(m, x.to(tl.float32), 0.0)
     if SUMSQ:  # the first norm is left to the QKV GEMM (folded norms)
