@@ -13,7 +13,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sglang_lilicorr import fast_head
 from sglang_lilicorr.config import LiLiCorrConfig
 from sglang_lilicorr.fast_head import FastLiLiCorrSelect, greedy_margin, reference_select
 from sglang_lilicorr.head import LiLiCorrHead, confidence_features
