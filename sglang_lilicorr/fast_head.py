@@ -39,17 +39,13 @@ of its weight: w_*_folded); the last add also writes x * t, so the factor GEMM a
 to concat[x, x*t].
 True / False force it; None takes FOLD_NORMS_MAX_ROWS (where PDL is on).
 `prefetch_weights` (version 17): each Triton GEMM launched early under PDL fetches its weight slice into
-L2 before it waits on the kernel before it (kernels/prefetch.py); False turns that off.
+L2 before it waits on the kernel before it (kernels/prefetch.py); False turns that off. The pass projection
+beside the top-K, the select's first kernel, never does (version 22).
 `pass_beside_topk` (version 19): select_from_logits (and select) run the pass projection on the main stream as a
 Triton GEMM launched just before the top-K, whose split kernel runs beside it under PDL and waits on it only at its end
 (kernels/topk_lse_fused.py): no side-stream join before the nodes, so every kernel after the top-K launches early.
 There, with folded norms, `nodes_in_gemm` makes the node assembly the feature down GEMM's epilogue (one launch fewer).
 True / False force them; None takes PASS_BESIDE_TOPK_MAX_ROWS (where PDL is on and the norms fold).
-`request_factor_weight` (version 22): with one request (b = 1) and folded norms, the factor GEMM over concat[x, x * t]
-becomes a GEMM over x alone (K = H instead of 2H) by the request's own factor weight W_h + W_ht diag(t) (the output
-norm's gain folded in), built from t on the side stream beside the lattice (one elementwise kernel, rounded once); the
-last FFN down then writes no x * t. Its rounding differs from the two-half GEMM's (within the same tolerances).
-True / False force it at b = 1 where the norms fold; None takes REQUEST_FACTOR_WEIGHT_MAX_ROWS.
 `fused_stages` cuts the fused path into projections / nodes / lattice / factors (with the walk) for
 per-stage timing (benchmarks/head_bench.py).
 Everything is static-shaped with no host syncs, so `select` can be captured in a CUDA graph.
@@ -86,9 +82,6 @@ FOLD_NORMS_MAX_ROWS = {256: 512, 1024: 128}
 # beside / not, ms: paper head bs 1 0.1062 / 0.1084 (H100), 0.1026 / 0.1041 (H200); testbed head bs 1 0.0578 / 0.0588,
 # 0.0574 / 0.0582; at bs 4 it loses on both cards and heads (+1.3 to +1.9 us).
 PASS_BESIDE_TOPK_MAX_ROWS = {256: 120, 1024: 120}
-# head width -> the most lattice rows at which a one-request call (b = 1) with folded norms runs the factor GEMM over x
-# alone, by the request's own factor weight (request_factor_weight); others: never. Version 22 (PERF_NOTES.md).
-REQUEST_FACTOR_WEIGHT_MAX_ROWS = {256: 120, 1024: 120}
 
 
 def _norm_eps(norm: torch.nn.RMSNorm) -> float:
@@ -142,7 +135,6 @@ class FastLiLiCorrSelect:
         prefetch_weights: bool = True,  # Triton GEMMs launched early under PDL fetch their weight into L2 first
         pass_beside_topk: bool | None = None,  # the pass projection beside the top-K (True: where PDL is on); None: PASS_BESIDE_TOPK_MAX_ROWS
         nodes_in_gemm: bool | None = None,  # there, the nodes as the feature down GEMM's epilogue (folded norms); None: with it
-        request_factor_weight: bool | None = None,  # b = 1, folded norms: the factor GEMM over x by W_h + W_ht diag(t); None: table
     ) -> None:
         if (embed_weight is None) == (token_table is None):
             raise ValueError("FastLiLiCorrSelect: pass exactly one of embed_weight=[V, Hm] or token_table=[V, H].")
@@ -186,13 +178,7 @@ class FastLiLiCorrSelect:
                 f"and the nodes in the folded-norm feature GEMM: it needs the fused path on a CUDA sm_90+ device with pdl and "
                 f"fold_norms not False, got fused={self.fused} on {w.device}, pdl={pdl}, fold_norms={fold_norms}; pass None or False"
             )
-        if request_factor_weight and (not self.fused or fold_norms is False):
-            raise ValueError(
-                f"FastLiLiCorrSelect(request_factor_weight=True) replaces the folded-norm factor GEMM: it needs fused=True and "
-                f"fold_norms not False, got fused={self.fused}, fold_norms={fold_norms}; pass None or False"
-            )
         self.pdl, self.triton_gemms, self.fold_norms = pdl, triton_gemms, fold_norms
-        self.request_factor_weight = request_factor_weight
         self.pass_beside_topk, self.nodes_in_gemm = pass_beside_topk, nodes_in_gemm
         self._prefetch = None if prefetch_weights else False  # linear_act_triton's prefetch: None = when launched early
         # int32 zeros for the last-program counters (kernels/linear_norm.py's row tiles, the cosine kernel's
@@ -298,7 +284,7 @@ class FastLiLiCorrSelect:
         from .kernels.ffn_silu import linear_act_triton
 
         # No weight prefetch: launched first in the select, its wait overlaps nothing, and a prefetch ahead of it only
-        # delays its release of the top-K split beside it (-1.3 us at paper bs 1, H100: PERF_NOTES.md version 22).
+        # delays its release of the top-K split beside it (-1.4 us at paper bs 1, H100: PERF_NOTES.md version 22).
         return linear_act_triton(x.reshape(b * s, hm), self.w_pass, pdl=pdl, prefetch=False).view(b, s, -1)
 
     def _passes_beside_topk(self, rows: int) -> bool:
@@ -318,25 +304,6 @@ class FastLiLiCorrSelect:
         else:
             t = self.head.anchor_norm(t)
         return t, F.linear(t, self.w_anchor, self.b_anchor)
-
-    def _request_factor_weight(self, b: int, rows: int) -> bool:
-        """Whether a call of b requests, `rows` lattice rows, runs the factor GEMM by the request's own weight (see
-        request_factor_weight): one request, folded norms."""
-        if b != 1 or not self._folds_norms(rows):
-            return False
-        if self.request_factor_weight is not None:
-            return self.request_factor_weight
-        return rows <= REQUEST_FACTOR_WEIGHT_MAX_ROWS.get(self.width, 0)
-
-    def _anchor_side(self, anchor_hidden, request_weight: bool) -> tuple:
-        """-> (t, anchor, the request's factor weight or None): _anchor_projection, then with `request_weight` (b = 1)
-        W_h + W_ht diag(t) [H, H] from the folded factor weight [W_h | W_ht] (output norm's gain in), rounded once:
-        rstd * (concat[x, x * t] @ [W_h | W_ht].T) = rstd * (x @ (W_h + W_ht diag(t)).T)."""
-        t, anchor = self._anchor_projection(anchor_hidden)
-        if not request_weight:
-            return t, anchor, None
-        h = self.width
-        return t, anchor, torch.addcmul(self.w_factor_folded[:, :h], self.w_factor_folded[:, h:], t)
 
     def lattice_scores(self, vals, ids, lse, pass_hidden, anchor_hidden):
         """Candidates + drafter states -> (start fp32 [b, K], pair fp32 [b, S-1, K, K], log-probs fp32 [b, S, K])."""
@@ -377,15 +344,14 @@ class FastLiLiCorrSelect:
         pair = self.sigma * torch.matmul(out_vec[:, :-1], in_vec[:, 1:].transpose(-1, -2))
         return start, pair, lp
 
-    def _projections(self, pass_hidden, anchor_hidden, pass_proj=None, request_weight: bool = False) -> tuple:
-        """-> (pass projection, t, anchor, request factor weight or None, join_pass, join_anchor): with overlap both
-        projections (and the factor weight: _anchor_side) run on the side stream, forked here, and each is joined where
-        first needed by calling its join (None without overlap). (Forked before the top-K instead, they slowed it down
-        from bs 4 on: PERF_NOTES.md version 17; at bs 1 the graph ran the side branch first: version 22.)
+    def _projections(self, pass_hidden, anchor_hidden, pass_proj=None) -> tuple:
+        """-> (pass projection, t, anchor, join_pass, join_anchor): with overlap both projections run on the
+        side stream, forked here, and each is joined where first needed by calling its join (None without
+        overlap). (Forked before the top-K instead, they slowed it down from bs 4 on: PERF_NOTES.md version 17.)
         A given `pass_proj` (made on the main stream: _pass_beside_topk) is taken as is, with no join."""
         if not self.overlap:
             proj = self._pass_projection(pass_hidden) if pass_proj is None else pass_proj
-            return proj, *self._anchor_side(anchor_hidden, request_weight), None, None
+            return proj, *self._anchor_projection(anchor_hidden), None, None
         side = _SideStream(self._side)
         with side:
             if pass_proj is None:
@@ -393,22 +359,20 @@ class FastLiLiCorrSelect:
                 pass_ready = side.record()
             else:
                 pass_ready = None
-            t, anchor, weight = self._anchor_side(anchor_hidden, request_weight)
+            t, anchor = self._anchor_projection(anchor_hidden)
             anchor_ready = side.record()
         join_pass = None if pass_ready is None else lambda: side.join(pass_ready, pass_proj)
-        made = (t, anchor) if weight is None else (t, anchor, weight)
-        return pass_proj, t, anchor, weight, join_pass, lambda: side.join(anchor_ready, *made)
+        return pass_proj, t, anchor, join_pass, lambda: side.join(anchor_ready, t, anchor)
 
     def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, walk: bool = False, pass_proj=None):
         """-> (start, pair, log-probs [b, S, K], draft ids [b, S] from the cosine kernel's greedy walk if `walk` else None);
         `pass_proj`: the pass projection made on the main stream before the top-K (_pass_beside_topk), else None."""
         b, s, k = vals.shape
         beside = pass_proj is not None
-        request_weight = self._request_factor_weight(b, b * s * k)
-        pass_proj, t, anchor, weight, join_pass, join_anchor = self._projections(pass_hidden, anchor_hidden, pass_proj, request_weight)
+        pass_proj, t, anchor, join_pass, join_anchor = self._projections(pass_hidden, anchor_hidden, pass_proj)
         lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj, join_pass, node_gemm=beside and self.nodes_in_gemm is not False)
-        cat, sumsq = self._layers_fused(x, xn, b, None if request_weight else t, join_anchor)  # t: for x * t
-        start, pair, draft = self._factors_fused(cat, sumsq, anchor, b, s, ids if walk else None, weight)
+        cat, sumsq = self._layers_fused(x, xn, b, t, join_anchor)
+        start, pair, draft = self._factors_fused(cat, sumsq, anchor, b, s, ids if walk else None)
         return start, pair, lp.view(b, s, k), draft
 
     def _nodes_fused(self, vals, ids, lse, pass_proj, join_pass=None, node_gemm: bool = False):
@@ -512,7 +476,7 @@ class FastLiLiCorrSelect:
             sumsq = sumsq_parts(rows, h, self.device)
             linear_act_triton(
                 hidden, mlp.down_proj.weight, mlp.down_proj.bias, residual=x, sumsq_out=sumsq,
-                cross=(t, cat[:, h:]) if last and t is not None else None, **launch,
+                cross=(t, cat[:, h:]) if last else None, **launch,
             )
         return cat, sumsq
 
@@ -549,23 +513,17 @@ class FastLiLiCorrSelect:
             self._row_counters = torch.zeros(need, dtype=torch.int32, device=self.device)
         return self._row_counters
 
-    def _factors_fused(self, cat, sumsq, anchor, b, s, ids=None, weight=None):
+    def _factors_fused(self, cat, sumsq, anchor, b, s, ids=None):
         """concat[h, h*t] [b*L, 2H], anchor [b, D+H] -> (start fp32 [b, K], pair fp32 [b, S-1, K, K],
         draft ids [b, S] walked in the cosine kernel if candidate `ids` [b, S, K] are given, else None).
         With folded norms `cat` is [x, x * t] and sumsq the sums of squares of x's rows (_layers_folded):
-        the factor GEMM applies the output norm (its rstd per row, its gain in w_factor_folded); given the
-        request's factor `weight` [H, H] (b = 1: _anchor_side), it reads x alone and cat's second half is unused."""
+        the factor GEMM applies the output norm (its rstd per row, its gain in w_factor_folded)."""
         from .kernels.ffn_silu import linear_act_triton
         from .kernels.head_norm import row_bias_silu_triton
         from .kernels.head_scores import lattice_cosine_triton, lattice_cosine_walk_triton
 
         d, k, pdl = self.factor_dim, self.topk, self._pdl_at(cat.shape[0])
-        if weight is not None:
-            fused = linear_act_triton(
-                cat[:, : self.width], weight, silu=True, group_bias=anchor[:, d:], rows_per_group=s * k,
-                norm=(sumsq, _norm_eps(self.head.output_norm)), pdl=pdl, prefetch=self._prefetch,
-            )
-        elif sumsq is not None:
+        if sumsq is not None:
             norm = (sumsq, _norm_eps(self.head.output_norm))
             fused = linear_act_triton(
                 cat, self.w_factor_folded, silu=True, group_bias=anchor[:, d:], rows_per_group=s * k,
@@ -622,17 +580,15 @@ class FastLiLiCorrSelect:
         if not self.fused:
             raise ValueError("fused_stages: this FastLiLiCorrSelect runs the PyTorch path; build it with fused=True.")
         b, s = self._check(pass_hidden, anchor_hidden)
-        request_weight = self._request_factor_weight(b, b * s * self.topk)
         with torch.no_grad():
-            pass_proj, (t, anchor, weight) = self._pass_projection(pass_hidden), self._anchor_side(anchor_hidden, request_weight)
-            t_cross = None if request_weight else t
+            pass_proj, (t, anchor) = self._pass_projection(pass_hidden), self._anchor_projection(anchor_hidden)
             lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj)
-            cat, sumsq = self._layers_fused(x.clone(), xn, b, t_cross)
+            cat, sumsq = self._layers_fused(x.clone(), xn, b, t)
         stages = {
-            "projections": lambda: (self._pass_projection(pass_hidden), self._anchor_side(anchor_hidden, request_weight)),
+            "projections": lambda: (self._pass_projection(pass_hidden), self._anchor_projection(anchor_hidden)),
             "nodes": lambda: self._nodes_fused(vals, ids, lse, pass_proj),
-            "lattice": lambda: self._layers_fused(x, xn, b, t_cross),
-            "factors": lambda: self._factors_fused(cat, sumsq, anchor, b, s, ids, weight),  # with the walk, as served
+            "lattice": lambda: self._layers_fused(x, xn, b, t),
+            "factors": lambda: self._factors_fused(cat, sumsq, anchor, b, s, ids),  # with the walk, as served
         }
         return {name: torch.no_grad()(fn) for name, fn in stages.items()}
 

@@ -241,35 +241,6 @@ def test_pass_beside_topk_needs_pdl_and_folded_norms(seed):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("slots", [SMALL.num_slots, 2])
-def test_request_factor_weight_equals_reference_and_the_two_half_gemm(seed, slots):
-    """One request with folded norms: the factor GEMM over x by W_h + W_ht diag(t) gives the reference's scores (fp32)
-    and those of the GEMM over concat[x, x * t] (up to rounding); the last FFN down then writes no x * t."""
-    head = make_head(SMALL, HM, seed)
-    hidden, anchor, lm_head, embed = make_inputs(1, slots, HM, VOCAB, seed)
-    fast, halves = (FastLiLiCorrSelect(head, embed_weight=embed, fold_norms=True, request_factor_weight=on) for on in (True, False))
-    rows = slots * SMALL.candidate_topk
-    assert fast._request_factor_weight(1, rows) and not fast._request_factor_weight(2, 2 * rows)
-    assert not halves._request_factor_weight(1, rows)
-    assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-4)
-    candidates = fast.candidates(hidden, lm_head)
-    start, pair, _ = fast.lattice_scores(*candidates, hidden, anchor)
-    h_start, h_pair, _ = halves.lattice_scores(*candidates, hidden, anchor)
-    torch.testing.assert_close(start, h_start, atol=1e-4, rtol=0)
-    torch.testing.assert_close(pair, h_pair, atol=1e-4, rtol=0)
-    stages = fast.fused_stages(*candidates, hidden, anchor)  # the stages take the same weight
-    assert torch.equal(stages["factors"]()[1], pair)
-
-
-def test_request_factor_weight_needs_folded_norms(seed):
-    head = make_head(SMALL, HM, seed)
-    embed = make_inputs(1, SMALL.num_slots, HM, VOCAB, seed)[3]
-    for kw in (dict(fused=False), dict(fold_norms=False)):
-        with pytest.raises(ValueError, match=r"request_factor_weight=True\) replaces the folded-norm factor GEMM"):
-            FastLiLiCorrSelect(head, embed_weight=embed, request_factor_weight=True, **kw)
-
-
-@needs_interpreter
 def test_pdl_off_sm90_is_refused_by_each_kernel():
     """pdl=True compiles griddepcontrol (sm_90+ PTX): off such a device each wrapper says so."""
     x = torch.randn(4, 16)
