@@ -22,7 +22,7 @@ import triton.language as tl
 
 from .device import rows_per_program
 from .head_norm import SUMSQ_GROUP, norm_store, store_sumsq
-from .pdl import check_pdl, grid_dependency_wait, pdl_launch
+from .pdl import check_pdl, check_release_early, grid_dependency_wait, pdl_launch, early_release, dependency_wait
 
 NUM_FEATURES = 5  # log p, p, log p - log p_top, rank / (K-1), is-top-1 (sglang_lilicorr.head)
 
@@ -31,8 +31,9 @@ NUM_FEATURES = 5  # log p, p, log p - log p_top, rank / (K-1), is-top-1 (sglang_
 def _confidence_up_kernel(
     vals_ptr, lse_ptr, w_ptr, b_ptr, lp_ptr, out_ptr,  # [G, K] f32, [G] f32, [H, 5] f32, [H] f32, [G, K] f32, [G*K, H]
     K, H, ln_eps, rank_div,  # rank_div = max(K - 1, 1)
-    KP: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
+    KP: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr, RELEASE_EARLY: tl.constexpr,
 ):
+    early_release(PDL, RELEASE_EARLY)
     g = tl.program_id(0)  # one (request, slot) group of K candidates
     hb = tl.program_id(1)
     ks = tl.arange(0, KP)
@@ -46,7 +47,7 @@ def _confidence_up_kernel(
     w2 = tl.load(w_ptr + cols * 5 + 2, mask=cv, other=0.0)[None, :]
     w3 = tl.load(w_ptr + cols * 5 + 3, mask=cv, other=0.0)[None, :]
     w4 = tl.load(w_ptr + cols * 5 + 4, mask=cv, other=0.0)[None, :]
-    grid_dependency_wait(PDL)
+    dependency_wait(PDL, RELEASE_EARLY)
     v = tl.load(vals_ptr + g * K + ks, mask=kv, other=0.0)
     lp = v - tl.load(lse_ptr + g)
     if hb == 0:
@@ -150,13 +151,15 @@ def _row_warps(block: int) -> int:
 
 def confidence_up_triton(
     vals: torch.Tensor, lse: torch.Tensor, w_feat: torch.Tensor, b_feat: torch.Tensor, ln_eps: float, dtype: torch.dtype,
-    *, pdl: bool = False,
+    *, pdl: bool = False, release_early: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """vals fp32 [G, K] (descending), lse fp32 [G], w_feat fp32 [H, 5], b_feat fp32 [H]
     -> (log-probs fp32 [G, K], silu(w_feat @ LayerNorm(features) + b_feat) [G*K, H] in dtype).
     `pdl`: programmatic dependent launch (kernels/pdl.py), here and in every kernel of this folder; w_feat and b_feat
-    are then read before the wait (constants, not the output of the kernel before)."""
+    are then read before the wait (constants, not the output of the kernel before). `release_early` (with pdl): the
+    next kernel is released at this kernel's start (kernels/pdl.dependency_wait)."""
     check_pdl(pdl, vals, "confidence_up_triton")
+    check_release_early(release_early, pdl, "confidence_up_triton")
     g, k = vals.shape
     h = w_feat.shape[0]
     vals, lse = vals.contiguous(), lse.contiguous()
@@ -166,7 +169,7 @@ def confidence_up_triton(
     if g:
         _confidence_up_kernel[(g, triton.cdiv(h, block_h))](
             vals, lse, w_feat.contiguous(), b_feat.contiguous(), lp, out, k, h, float(ln_eps), float(max(k - 1, 1)),
-            KP=triton.next_power_of_2(k), BLOCK_H=block_h, PDL=pdl, launch_pdl=pdl, num_warps=4,
+            KP=triton.next_power_of_2(k), BLOCK_H=block_h, PDL=pdl, RELEASE_EARLY=release_early, launch_pdl=pdl, num_warps=4,
         )
     return lp, out
 

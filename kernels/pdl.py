@@ -17,6 +17,9 @@ already under way. Two exceptions read before the wait:
     lattice bias, the confidence MLP's weights);
   - the top-K split kernel beside the pass projection (kernels/topk_lse_fused.py, `beside`): it reads only
     what was written before that kernel started, and waits at its end instead.
+Two short kernels can release the next one at their start instead (`release_early`: the confidence kernel before the
+feature GEMM with the nodes, the lattice attention before the out projection), so that the next kernel's prologue has
+more lead (PERF_NOTES.md, version 23).
 Kernels that are not launched this way (cuBLAS, PyTorch) keep full stream order around them; with PDL=False
 both instructions compile away. Measured on an H100 in a CUDA
 graph (benchmarks/PERF_NOTES.md, version 14): 0.4-0.7 us less per kernel boundary.
@@ -39,6 +42,27 @@ def grid_dependency_wait(PDL: tl.constexpr):
         gdc_launch_dependents()
 
 
+@triton.jit
+def dependency_wait(PDL: tl.constexpr, RELEASE_EARLY: tl.constexpr):
+    """With RELEASE_EARLY, a short kernel's programs release the next kernel at their start, then (at the place of
+    grid_dependency_wait) only wait: the next kernel launches a whole kernel earlier, so its prologue (its weight's L2
+    prefetch, its constant operands) has this kernel's runtime and its wait as lead. One level only: the next kernel
+    releases its own successor after its wait as usual. Without RELEASE_EARLY: grid_dependency_wait."""
+    if RELEASE_EARLY:
+        if PDL:
+            gdc_wait()
+    else:
+        grid_dependency_wait(PDL)
+
+
+@triton.jit
+def early_release(PDL: tl.constexpr, RELEASE_EARLY: tl.constexpr):
+    """The start of a kernel that ends with dependency_wait: releases the next kernel now (RELEASE_EARLY and PDL)."""
+    if RELEASE_EARLY:
+        if PDL:
+            gdc_launch_dependents()
+
+
 def pdl_supported(t: torch.Tensor) -> bool:
     """Whether kernels on t's device can be launched with PDL: CUDA sm_90+ (not the interpreter)."""
     return t.is_cuda and sm_major(t.device) >= 9
@@ -50,6 +74,12 @@ def check_pdl(pdl: bool, t: torch.Tensor, name: str) -> None:
         raise ValueError(
             f"{name}: pdl=True needs a CUDA device of compute capability 9.0+ (Hopper), got {t.device}; pass pdl=False"
         )
+
+
+def check_release_early(release_early: bool, pdl: bool, name: str) -> None:
+    """A clear error for release_early=True without PDL (there is no early launch to release)."""
+    if release_early and not pdl:
+        raise ValueError(f"{name}: release_early=True releases the next kernel of a PDL chain; it needs pdl=True")
 
 
 def pdl_launch(pdl: bool, launch_pdl: bool | None = None) -> dict:

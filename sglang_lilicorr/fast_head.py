@@ -46,6 +46,10 @@ Triton GEMM launched just before the top-K, whose split kernel runs beside it un
 (kernels/topk_lse_fused.py): no side-stream join before the nodes, so every kernel after the top-K launches early.
 There, with folded norms, `nodes_in_gemm` makes the node assembly the feature down GEMM's epilogue (one launch fewer).
 True / False force them; None takes PASS_BESIDE_TOPK_MAX_ROWS (where PDL is on and the norms fold).
+`release_early` (version 23): under PDL the confidence kernel and the lattice attention, short kernels, release the
+next kernel at their start instead of after their wait, so that the feature GEMM (with the nodes) and the out
+projection fetch their weight and constants a kernel earlier. True / False force it where PDL is on; None takes
+RELEASE_EARLY_MAX_ROWS.
 `fused_stages` cuts the fused path into projections / nodes / lattice / factors (with the walk) for
 per-stage timing (benchmarks/head_bench.py).
 Everything is static-shaped with no host syncs, so `select` can be captured in a CUDA graph.
@@ -82,6 +86,9 @@ FOLD_NORMS_MAX_ROWS = {256: 512, 1024: 128}
 # beside / not, ms: paper head bs 1 0.1062 / 0.1084 (H100), 0.1026 / 0.1041 (H200); testbed head bs 1 0.0578 / 0.0588,
 # 0.0574 / 0.0582; at bs 4 it loses on both cards and heads (+1.3 to +1.9 us).
 PASS_BESIDE_TOPK_MAX_ROWS = {256: 120, 1024: 120}
+# head width -> the most lattice rows at which the confidence kernel and the lattice attention release the next kernel
+# at their start (release_early, kernels/pdl.py); others: never. Version 23 (PERF_NOTES.md).
+RELEASE_EARLY_MAX_ROWS = {256: 120, 1024: 120}
 
 
 def _norm_eps(norm: torch.nn.RMSNorm) -> float:
@@ -135,6 +142,7 @@ class FastLiLiCorrSelect:
         prefetch_weights: bool = True,  # Triton GEMMs launched early under PDL fetch their weight into L2 first
         pass_beside_topk: bool | None = None,  # the pass projection beside the top-K (True: where PDL is on); None: PASS_BESIDE_TOPK_MAX_ROWS
         nodes_in_gemm: bool | None = None,  # there, the nodes as the feature down GEMM's epilogue (folded norms); None: with it
+        release_early: bool | None = None,  # confidence kernel and attention release the next kernel at their start; None: table
     ) -> None:
         if (embed_weight is None) == (token_table is None):
             raise ValueError("FastLiLiCorrSelect: pass exactly one of embed_weight=[V, Hm] or token_table=[V, H].")
@@ -179,7 +187,7 @@ class FastLiLiCorrSelect:
                 f"fold_norms not False, got fused={self.fused} on {w.device}, pdl={pdl}, fold_norms={fold_norms}; pass None or False"
             )
         self.pdl, self.triton_gemms, self.fold_norms = pdl, triton_gemms, fold_norms
-        self.pass_beside_topk, self.nodes_in_gemm = pass_beside_topk, nodes_in_gemm
+        self.pass_beside_topk, self.nodes_in_gemm, self.release_early = pass_beside_topk, nodes_in_gemm, release_early
         self._prefetch = None if prefetch_weights else False  # linear_act_triton's prefetch: None = when launched early
         # int32 zeros for the last-program counters (kernels/linear_norm.py's row tiles, the cosine kernel's
         # walk per request; this stream only, each kernel leaves them zero), sized up front so that a
@@ -389,7 +397,8 @@ class FastLiLiCorrSelect:
         b, s, k = vals.shape
         pdl = self._pdl_at(b * s * k)
         lp, up = confidence_up_triton(
-            vals.reshape(b * s, k).float(), lse.reshape(b * s).float(), self.w_feat, self.b_feat, self.feat_ln_eps, self.dtype, pdl=pdl
+            vals.reshape(b * s, k).float(), lse.reshape(b * s).float(), self.w_feat, self.b_feat, self.feat_ln_eps, self.dtype,
+            pdl=pdl, release_early=self._releases_early(b * s * k),
         )
         norm, rows, h = self.head.layers[0].attn_norm, b * s * k, self.width
         folds = self._folds_norms(rows)
@@ -437,7 +446,9 @@ class FastLiLiCorrSelect:
             joined = last and join_anchor is not None
             if joined:  # t for the last FFN down; the attention has no weight to prefetch, so it takes the full-order launch
                 join_anchor()
-            attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=pdl, launch_pdl=not joined)
+            attended = lattice_attention_triton(
+                qkv, bias, attn.num_heads, pdl=pdl, launch_pdl=not joined, release_early=self._releases_early(x.shape[0])
+            )
             xn = self._residual_norm(x, attended, attn.out_proj, self._after_attn[i])
             mlp = layer.mlp
             if prefer_triton(xn.shape[0]) or self._gemm_in_triton(xn.shape[0], mlp.up_proj.weight):  # up GEMM with bias + SiLU in its epilogue
@@ -468,7 +479,9 @@ class FastLiLiCorrSelect:
             joined = last and join_anchor is not None
             if joined:  # as in _layers_fused: the attention after the join, every GEMM launched early
                 join_anchor()
-            attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=launch["pdl"], launch_pdl=not joined)
+            attended = lattice_attention_triton(
+                qkv, bias, attn.num_heads, pdl=launch["pdl"], launch_pdl=not joined, release_early=self._releases_early(rows)
+            )
             sumsq = sumsq_parts(rows, h, self.device)
             linear_act_triton(attended, attn.out_proj.weight, attn.out_proj.bias, residual=x, sumsq_out=sumsq, **launch)
             norm = (sumsq, _norm_eps(layer.mlp_norm))
@@ -547,6 +560,15 @@ class FastLiLiCorrSelect:
             return self.fold_norms
         return (self.fused and not self.norm_epilogue and self.triton_gemms is not False and self._pdl_at(rows)
                 and rows <= FOLD_NORMS_MAX_ROWS.get(self.width, 0))
+
+    def _releases_early(self, rows: int) -> bool:
+        """Whether a call with `rows` lattice rows has its confidence kernel and attention release the next kernel at
+        their start (see release_early): only under PDL."""
+        if not self._pdl_at(rows):
+            return False
+        if self.release_early is not None:
+            return self.release_early
+        return rows <= RELEASE_EARLY_MAX_ROWS.get(self.width, 0)
 
     def _pdl_at(self, rows: int) -> bool:
         """Whether a call with `rows` lattice rows launches its Triton kernels with PDL (see pdl)."""

@@ -21,6 +21,7 @@ from sglang_lilicorr.kernels import topk_lse_triton
 from sglang_lilicorr.kernels.head_nodes import confidence_up_triton, lattice_nodes_triton
 from sglang_lilicorr.kernels.head_norm import add_rmsnorm_triton, rmsnorm_triton, row_bias_silu_triton
 from sglang_lilicorr.kernels.head_scores import lattice_cosine_triton
+from sglang_lilicorr.kernels.lattice_attention import lattice_attention_triton
 
 from sm90_build import check_in_fresh_process
 from triton_mode import CUDA, INTERPRETER, needs_interpreter
@@ -250,6 +251,10 @@ def test_pdl_off_sm90_is_refused_by_each_kernel():
         topk_lse_triton(x, 2, pdl=True)
     with pytest.raises(ValueError, match="topk_lse_triton: beside=True runs the split kernel beside the previous one under PDL"):
         topk_lse_triton(x, 2, beside=True)
+    with pytest.raises(ValueError, match="confidence_up_triton: release_early=True releases the next kernel of a PDL chain"):
+        confidence_up_triton(torch.randn(2, 4), torch.randn(2), torch.randn(16, 5), torch.randn(16), 1e-5, torch.float32, release_early=True)
+    with pytest.raises(ValueError, match="lattice_attention_triton: release_early=True releases the next kernel of a PDL chain"):
+        lattice_attention_triton(torch.randn(8, 48), torch.zeros(2, 8, 8), 2, release_early=True)
 
 
 def test_greedy_margin_is_the_smallest_gap_on_the_greedy_path():
@@ -429,7 +434,8 @@ split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 8
 walk_args = [i64, "*i32", i64, i32, i32, i32, i64]  # the cosine kernel's walk: successors, counters, ids + strides, draft
 P = dict(PDL=True)  # as served on sm_90 (kernels/pdl.py)
 cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divisible by 16 at the paper config
-    (head_nodes._confidence_up_kernel, [f32] * 5 + [bf, i32, i32, "fp32", "fp32", c, c, c, c], dict(KP=8, BLOCK_H=256, **P), 4, None, ()),
+    (head_nodes._confidence_up_kernel, [f32] * 5 + [bf, i32, i32, "fp32", "fp32", c, c, c, c, c], dict(KP=8, BLOCK_H=256, RELEASE_EARLY=False, **P), 4, None, ()),
+    (head_nodes._confidence_up_kernel, [f32] * 5 + [bf, i32, i32, "fp32", "fp32", c, c, c, c, c], dict(KP=8, BLOCK_H=256, RELEASE_EARLY=True, **P), 4, None, ()),
     (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, f32] + [i32] * 5 + ["fp32", c, c, c, c], dict(ROWS=1, BLOCK_H=1024, SUMSQ=False, **P), 4, None, ()),
     (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, f32] + [i32] * 5 + ["fp32", c, c, c, c], dict(ROWS=1, BLOCK_H=1024, SUMSQ=True, **P), 4, None, ()),
     (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=True, ADD=True, **P), 4, None, ()),
@@ -454,6 +460,9 @@ for fn, types, consts, warps, maxnreg, aligned in cases:
     if fn in (head_nodes._confidence_up_kernel, head_nodes._lattice_nodes_kernel) and consts["PDL"]:
         if "ld.global" not in r["ptx"][: r["ptx"].index("griddepcontrol.wait")]:
             sys.exit(f"{fn.__name__}: its constants (weights, node_const) are not loaded before the wait")
+    if consts.get("RELEASE_EARLY"):  # the next kernel released first thing, before the constants' loads and the wait
+        if r["ptx"].count("griddepcontrol.launch_dependents") != 1 or r["ptx"].index("griddepcontrol.launch_dependents") > r["ptx"].index("ld.global"):
+            sys.exit(f"{fn.__name__} {consts}: the next kernel is not released once, before the loads")
     if fn is tk._topk_lse_split_kernel and consts["BESIDE"] != any(".cg" in l for l in r["ptx"].splitlines() if "ld.global" in l):
         sys.exit("the top-K split kernel reads the logits through L1 beside the previous kernel (or bypasses it otherwise)")
     if consts.get("F32_DOT") is False and "cp.async" not in r["ptx"]:
@@ -526,6 +535,7 @@ BEST = dict(fold_norms=True, pass_beside_topk=True)  # the pass projection besid
 BIT_EQUAL_OPTIONS = {  # name -> two FastLiLiCorrSelect option sets that must give the same bits (bf16)
     "prefetch": ({}, dict(prefetch_weights=False)),  # the served defaults with and without the GEMMs' L2 weight prefetch
     "nodes_in_gemm": (dict(BEST, nodes_in_gemm=True), dict(BEST, nodes_in_gemm=False)),  # same GEMM tiles, the sum rounded once
+    "release_early": ({}, dict(release_early=False)),  # the served defaults (b = 1: released early) and without
 }
 
 
