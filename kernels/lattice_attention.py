@@ -35,7 +35,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .pdl import check_pdl, check_release_early, pdl_launch, early_release, dependency_wait
+from .pdl import check_pdl, grid_dependency_wait, pdl_launch
 
 MAX_NODES = 256  # one key tile per request: S [BLOCK_M, LP] fp32 must stay in registers
 BLOCK_M = 64
@@ -48,9 +48,7 @@ def _lattice_attention_kernel(
     qkv_ptr, qkv_stride, bias_ptr, bias_head_stride, bias_row_stride, out_ptr,
     L, H, DH, qk_scale,
     LP: tl.constexpr, DP: tl.constexpr, BLOCK_M: tl.constexpr, IEEE: tl.constexpr, F32_DOT: tl.constexpr, PDL: tl.constexpr,
-    RELEASE_EARLY: tl.constexpr,
 ):
-    early_release(PDL, RELEASE_EARLY)
     req = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)  # query nodes of this program
@@ -62,7 +60,7 @@ def _lattice_attention_kernel(
         bias_ptr + head * bias_head_stride + rows[:, None] * bias_row_stride + keys[None, :],
         mask=rv[:, None] & kv[None, :], other=0.0,
     )
-    dependency_wait(PDL, RELEASE_EARLY)
+    grid_dependency_wait(PDL)
     base = qkv_ptr + req * L * qkv_stride + head * DH  # q of (request, head); k at + H, v at + 2H
     q = tl.load(base + rows[:, None] * qkv_stride + d[None, :], mask=rv[:, None] & dv[None, :], other=0.0)
     kv_at = base + keys[:, None] * qkv_stride + d[None, :]
@@ -138,11 +136,9 @@ def lattice_attention_triton(
     num_warps: int = NUM_WARPS,
     pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py); `bias` is then read before the wait: a constant
     launch_pdl: bool | None = None,  # False: launched in full order all the same (after a stream join); None: pdl
-    release_early: bool = False,  # with pdl: the next kernel released at this one's start (kernels/pdl.dependency_wait)
 ) -> torch.Tensor:
     """-> softmax(scale * q k^T + bias) v as out [b*L, H] in qkv's dtype (o.transpose(1, 2) layout)."""
     check_pdl(pdl, qkv, "lattice_attention_triton")
-    check_release_early(release_early, pdl, "lattice_attention_triton")
     b, length, width, dh, bias = _lattice_shapes(qkv, bias, heads, "lattice_attention_triton")
     if qkv.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"lattice_attention_triton: qkv dtype {qkv.dtype} unsupported; use bf16, fp16 or fp32")
@@ -164,6 +160,6 @@ def lattice_attention_triton(
         _lattice_attention_kernel[(b, heads, triton.cdiv(length, block_m))](
             qkv, qkv.stride(0), bias, bias.stride(0), bias.stride(1), out, length, width, dh, qk_scale,
             LP=lp, DP=dp, BLOCK_M=block_m, IEEE=f32_dot or qkv.dtype == torch.float32, F32_DOT=f32_dot,
-            **pdl_launch(pdl, launch_pdl), RELEASE_EARLY=release_early, num_warps=num_warps,
+            **pdl_launch(pdl, launch_pdl), num_warps=num_warps,
         )
     return out

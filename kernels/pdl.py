@@ -17,9 +17,8 @@ already under way. Two exceptions read before the wait:
     lattice bias, the confidence MLP's weights);
   - the top-K split kernel beside the pass projection (kernels/topk_lse_fused.py, `beside`): it reads only
     what was written before that kernel started, and waits at its end instead.
-Two short kernels can release the next one at their start instead (`release_early`: the confidence kernel before the
-feature GEMM with the nodes, the lattice attention before the out projection), so that the next kernel's prologue has
-more lead (PERF_NOTES.md, version 23).
+A short kernel can release the next one at its start instead (`release_early`: the confidence kernel before the
+feature GEMM with the nodes), so that the next kernel's prologue has more lead (PERF_NOTES.md, version 23).
 Kernels that are not launched this way (cuBLAS, PyTorch) keep full stream order around them; with PDL=False
 both instructions compile away. Measured on an H100 in a CUDA
 graph (benchmarks/PERF_NOTES.md, version 14): 0.4-0.7 us less per kernel boundary.

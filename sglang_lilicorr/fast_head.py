@@ -46,10 +46,9 @@ Triton GEMM launched just before the top-K, whose split kernel runs beside it un
 (kernels/topk_lse_fused.py): no side-stream join before the nodes, so every kernel after the top-K launches early.
 There, with folded norms, `nodes_in_gemm` makes the node assembly the feature down GEMM's epilogue (one launch fewer).
 True / False force them; None takes PASS_BESIDE_TOPK_MAX_ROWS (where PDL is on and the norms fold).
-`release_early` (version 23): under PDL the confidence kernel and the lattice attention, short kernels, release the
-next kernel at their start instead of after their wait, so that the feature GEMM (with the nodes) and the out
-projection fetch their weight and constants a kernel earlier. True / False force it where PDL is on; None takes
-RELEASE_EARLY_MAX_ROWS.
+`release_early` (version 23): under PDL the confidence kernel, a short one, releases the next kernel at its start
+instead of after its wait, so that the feature GEMM (with the nodes) fetches its weight and constants a kernel earlier.
+True / False force it where PDL is on; None takes RELEASE_EARLY_MAX_ROWS.
 `fused_stages` cuts the fused path into projections / nodes / lattice / factors (with the walk) for
 per-stage timing (benchmarks/head_bench.py).
 Everything is static-shaped with no host syncs, so `select` can be captured in a CUDA graph.
@@ -86,8 +85,9 @@ FOLD_NORMS_MAX_ROWS = {256: 512, 1024: 128}
 # beside / not, ms: paper head bs 1 0.1062 / 0.1084 (H100), 0.1026 / 0.1041 (H200); testbed head bs 1 0.0578 / 0.0588,
 # 0.0574 / 0.0582; at bs 4 it loses on both cards and heads (+1.3 to +1.9 us).
 PASS_BESIDE_TOPK_MAX_ROWS = {256: 120, 1024: 120}
-# head width -> the most lattice rows at which the confidence kernel and the lattice attention release the next kernel
-# at their start (release_early, kernels/pdl.py); others: never. Version 23 (PERF_NOTES.md).
+# head width -> the most lattice rows at which the confidence kernel releases the feature GEMM at its start (release_early,
+# kernels/pdl.py); others: never. Version 23 (PERF_NOTES.md): paper head bs 1 -1.0 us (H100); testbed head +-0.2 us.
+# (The lattice attention released early measured +1.1 us.)
 RELEASE_EARLY_MAX_ROWS = {256: 120, 1024: 120}
 
 
@@ -142,7 +142,7 @@ class FastLiLiCorrSelect:
         prefetch_weights: bool = True,  # Triton GEMMs launched early under PDL fetch their weight into L2 first
         pass_beside_topk: bool | None = None,  # the pass projection beside the top-K (True: where PDL is on); None: PASS_BESIDE_TOPK_MAX_ROWS
         nodes_in_gemm: bool | None = None,  # there, the nodes as the feature down GEMM's epilogue (folded norms); None: with it
-        release_early: bool | None = None,  # confidence kernel and attention release the next kernel at their start; None: table
+        release_early: bool | None = None,  # the confidence kernel releases the next kernel at its start; None: table
     ) -> None:
         if (embed_weight is None) == (token_table is None):
             raise ValueError("FastLiLiCorrSelect: pass exactly one of embed_weight=[V, Hm] or token_table=[V, H].")
@@ -446,9 +446,7 @@ class FastLiLiCorrSelect:
             joined = last and join_anchor is not None
             if joined:  # t for the last FFN down; the attention has no weight to prefetch, so it takes the full-order launch
                 join_anchor()
-            attended = lattice_attention_triton(
-                qkv, bias, attn.num_heads, pdl=pdl, launch_pdl=not joined, release_early=self._releases_early(x.shape[0])
-            )
+            attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=pdl, launch_pdl=not joined)
             xn = self._residual_norm(x, attended, attn.out_proj, self._after_attn[i])
             mlp = layer.mlp
             if prefer_triton(xn.shape[0]) or self._gemm_in_triton(xn.shape[0], mlp.up_proj.weight):  # up GEMM with bias + SiLU in its epilogue
@@ -479,9 +477,7 @@ class FastLiLiCorrSelect:
             joined = last and join_anchor is not None
             if joined:  # as in _layers_fused: the attention after the join, every GEMM launched early
                 join_anchor()
-            attended = lattice_attention_triton(
-                qkv, bias, attn.num_heads, pdl=launch["pdl"], launch_pdl=not joined, release_early=self._releases_early(rows)
-            )
+            attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=launch["pdl"], launch_pdl=not joined)
             sumsq = sumsq_parts(rows, h, self.device)
             linear_act_triton(attended, attn.out_proj.weight, attn.out_proj.bias, residual=x, sumsq_out=sumsq, **launch)
             norm = (sumsq, _norm_eps(layer.mlp_norm))
@@ -562,8 +558,8 @@ class FastLiLiCorrSelect:
                 and rows <= FOLD_NORMS_MAX_ROWS.get(self.width, 0))
 
     def _releases_early(self, rows: int) -> bool:
-        """Whether a call with `rows` lattice rows has its confidence kernel and attention release the next kernel at
-        their start (see release_early): only under PDL."""
+        """Whether a call with `rows` lattice rows has its confidence kernel release the next kernel at its start (see
+        release_early): only under PDL."""
         if not self._pdl_at(rows):
             return False
         if self.release_early is not None:

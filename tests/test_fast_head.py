@@ -21,7 +21,6 @@ from sglang_lilicorr.kernels import topk_lse_triton
 from sglang_lilicorr.kernels.head_nodes import confidence_up_triton, lattice_nodes_triton
 from sglang_lilicorr.kernels.head_norm import add_rmsnorm_triton, rmsnorm_triton, row_bias_silu_triton
 from sglang_lilicorr.kernels.head_scores import lattice_cosine_triton
-from sglang_lilicorr.kernels.lattice_attention import lattice_attention_triton
 
 from sm90_build import check_in_fresh_process
 from triton_mode import CUDA, INTERPRETER, needs_interpreter
@@ -220,6 +219,10 @@ def test_pdl_and_triton_gemm_tables_follow_width_and_rows(seed, monkeypatch):
     assert not fast._gemm_in_triton(480, w(1024, 1024))
     assert fast._folds_norms(120) and not fast._folds_norms(480)  # the paper head folds at bs 1 only
     assert fast._passes_beside_topk(120) and not fast._passes_beside_topk(480)  # the pass beside the top-K at bs 1
+    assert fast._releases_early(120) and not fast._releases_early(480)  # the confidence kernel's early release at bs 1
+    fast.release_early = False
+    assert not fast._releases_early(120)
+    fast.release_early = None
     fast.width, fast.pass_beside_topk = 256, True  # forced: wherever PDL is on (the testbed head: up to 512 rows)
     assert fast._passes_beside_topk(480) and not fast._passes_beside_topk(1920)
     fast.width, fast.pass_beside_topk = 1024, None
@@ -228,6 +231,7 @@ def test_pdl_and_triton_gemm_tables_follow_width_and_rows(seed, monkeypatch):
     fast.norm_epilogue, fast.pdl, fast.triton_gemms = None, False, True
     assert not fast._folds_norms(120)  # no PDL: not folded unless fold_norms=True
     assert not fast._pdl_at(120) and fast._gemm_in_triton(480, w(2048, 3072)) and not fast._gemm_in_triton(600, w(8, 8))
+    assert not fast._releases_early(120)  # no PDL, no early release
 
 
 def test_pass_beside_topk_needs_pdl_and_folded_norms(seed):
@@ -253,8 +257,6 @@ def test_pdl_off_sm90_is_refused_by_each_kernel():
         topk_lse_triton(x, 2, beside=True)
     with pytest.raises(ValueError, match="confidence_up_triton: release_early=True releases the next kernel of a PDL chain"):
         confidence_up_triton(torch.randn(2, 4), torch.randn(2), torch.randn(16, 5), torch.randn(16), 1e-5, torch.float32, release_early=True)
-    with pytest.raises(ValueError, match="lattice_attention_triton: release_early=True releases the next kernel of a PDL chain"):
-        lattice_attention_triton(torch.randn(8, 48), torch.zeros(2, 8, 8), 2, release_early=True)
 
 
 def test_greedy_margin_is_the_smallest_gap_on_the_greedy_path():
