@@ -48,7 +48,7 @@ There, with folded norms, `nodes_in_gemm` makes the node assembly the feature do
 True / False force them; None takes PASS_BESIDE_TOPK_MAX_ROWS (where PDL is on and the norms fold).
 `release_early` (version 23): under PDL the confidence kernel, a short one, releases the next kernel at its start
 instead of after its wait, so that the feature GEMM (with the nodes) fetches its weight and constants a kernel earlier.
-True / False force it where PDL is on; None takes RELEASE_EARLY_MAX_ROWS.
+True / False force it at every size where PDL is on (True needs PDL); None takes RELEASE_EARLY_MAX_ROWS.
 `fused_stages` cuts the fused path into projections / nodes / lattice / factors (with the walk) for
 per-stage timing (benchmarks/head_bench.py).
 Everything is static-shaped with no host syncs, so `select` can be captured in a CUDA graph.
@@ -185,6 +185,11 @@ class FastLiLiCorrSelect:
                 f"FastLiLiCorrSelect(pass_beside_topk / nodes_in_gemm=True) runs the pass projection beside the top-K under PDL "
                 f"and the nodes in the folded-norm feature GEMM: it needs the fused path on a CUDA sm_90+ device with pdl and "
                 f"fold_norms not False, got fused={self.fused} on {w.device}, pdl={pdl}, fold_norms={fold_norms}; pass None or False"
+            )
+        if release_early and (not self._can_pdl or pdl is False):
+            raise ValueError(
+                f"FastLiLiCorrSelect(release_early=True) releases the next kernel of a PDL chain early: it needs the fused path "
+                f"on a CUDA sm_90+ device with pdl not False, got fused={self.fused} on {w.device}, pdl={pdl}; pass None or False"
             )
         self.pdl, self.triton_gemms, self.fold_norms = pdl, triton_gemms, fold_norms
         self.pass_beside_topk, self.nodes_in_gemm, self.release_early = pass_beside_topk, nodes_in_gemm, release_early

@@ -243,6 +243,8 @@ def test_pass_beside_topk_needs_pdl_and_folded_norms(seed):
             FastLiLiCorrSelect(head, embed_weight=embed, **kw)
     fast = FastLiLiCorrSelect(head, embed_weight=embed, pass_beside_topk=False)
     assert not fast._passes_beside_topk(1)
+    with pytest.raises(ValueError, match=r"release_early=True\) releases the next kernel of a PDL chain early"):
+        FastLiLiCorrSelect(head, embed_weight=embed, release_early=True)
 
 
 @needs_interpreter
