@@ -22,7 +22,7 @@ import triton.language as tl
 
 from .device import rows_per_program
 from .head_norm import SUMSQ_GROUP, norm_store, store_sumsq
-from .pdl import check_pdl, check_release_early, grid_dependency_wait, pdl_launch, early_release, dependency_wait
+from .pdl import check_pdl, check_release_early, dependency_wait, early_release, grid_dependency_wait, pdl_launch
 
 NUM_FEATURES = 5  # log p, p, log p - log p_top, rank / (K-1), is-top-1 (sglang_lilicorr.head)
 
