@@ -48,6 +48,7 @@ SiLU (the select path has its own table for the other GEMMs: sglang_lilicorr/fas
 on the serving GPU. Paper shape of the FFN up: K = 1024, N = 2048, M = 120 * b.
   skinny  64 x 32 tiles, BLOCK_K 128, 4 warps: 128 programs at M = 120 (one wave on 132 SMs); latency-bound.
           From K = 2048 on, skinny_wide_k: 64 x 16 tiles, BLOCK_K 256 (WIDE_K_CONFIG).
+  narrow  64 x 16 tiles, BLOCK_K 128: skinny with twice the programs, taken by name only (fast_head's NARROW_TILES).
   small   64 x 128, BLOCK_K 64, 4 warps, 4 stages.
   medium  128 x 128, BLOCK_K 64, 8 warps, 4 stages.      large  128 x 256, BLOCK_K 64, 8 warps, 3 stages.
   tma_*   the persistent TMA kernel at the large / medium tiles, or 128 x 128 with BLOCK_K 128.
@@ -86,6 +87,7 @@ class LaunchConfig(NamedTuple):
 CONFIGS = {
     "skinny": LaunchConfig(64, 32, 128, 8, 4, 4),
     "skinny_wide_k": LaunchConfig(64, 16, 256, 8, 3, 4),  # skinny's rows at K >= WIDE_K: twice the programs, half the K steps
+    "narrow": LaunchConfig(64, 16, 128, 8, 4, 4),  # skinny's rows and K steps, twice the programs (fast_head's NARROW_TILES)
     "small": LaunchConfig(64, 128, 64, 8, 4, 4),
     "medium": LaunchConfig(128, 128, 64, 8, 4, 8),
     "large": LaunchConfig(128, 256, 64, 8, 3, 8),

@@ -49,6 +49,10 @@ True / False force them; None takes PASS_BESIDE_TOPK_MAX_ROWS (where PDL is on a
 `release_early` (version 23): under PDL the confidence kernel, a short one, releases the next kernel at its start
 instead of after its wait, so that the feature GEMM (with the nodes) fetches its weight and constants a kernel earlier.
 True / False force it at every size where PDL is on (True needs PDL); None takes RELEASE_EARLY_MAX_ROWS.
+`narrow_tiles` (version 25): the Triton GEMMs that NARROW_TILES names per head width run 64 x 16 tiles (ffn_silu's
+"narrow" config: twice the programs of the 64 x 32 "skinny" tiles, the same bits) at bs 1, where more programs stream
+the weight sooner. True runs every role of NARROW_ROLES narrow at every size (needs the fused path); False: none;
+16-bit heads only (an fp32 head keeps ffn_silu's fp32 config).
 `fused_stages` cuts the fused path into projections / nodes / lattice / factors (with the walk) for
 per-stage timing (benchmarks/head_bench.py).
 Everything is static-shaped with no host syncs, so `select` can be captured in a CUDA graph.
@@ -89,6 +93,13 @@ PASS_BESIDE_TOPK_MAX_ROWS = {256: 120, 1024: 120}
 # kernels/pdl.py); others: never. Version 23 (PERF_NOTES.md): paper head bs 1 -1.0 us (H100); testbed head +-0.2 us.
 # (The lattice attention released early measured +1.1 us.)
 RELEASE_EARLY_MAX_ROWS = {256: 120, 1024: 120}
+# head width -> (the most lattice rows, the GEMM roles that run narrow tiles there); others: none. Version 25
+# (PERF_NOTES.md), H100, bs 1, in-call medians of 7 interleaved rounds against the "skinny" tiles: paper head -1.5 us
+# (the nodes and out|in GEMMs; QKV, out and FFN down lose 1.7-5.7 us narrow), testbed head -1.7 us (nodes, out, FFN up,
+# factor). The roles: nodes = the feature down GEMM with the node epilogue, out_proj / ffn_up of each lattice layer,
+# factor, out_in = the out|in vector GEMM.
+NARROW_TILES = {1024: (120, ("nodes", "out_in")), 256: (120, ("nodes", "out_proj", "ffn_up", "factor"))}
+NARROW_ROLES = ("nodes", "out_proj", "ffn_up", "factor", "out_in")
 
 
 def _norm_eps(norm: torch.nn.RMSNorm) -> float:
@@ -143,6 +154,7 @@ class FastLiLiCorrSelect:
         pass_beside_topk: bool | None = None,  # the pass projection beside the top-K (True: where PDL is on); None: PASS_BESIDE_TOPK_MAX_ROWS
         nodes_in_gemm: bool | None = None,  # there, the nodes as the feature down GEMM's epilogue (folded norms); None: with it
         release_early: bool | None = None,  # the confidence kernel releases the next kernel at its start; None: table
+        narrow_tiles: bool | None = None,  # 64 x 16 tiles for the GEMM roles of NARROW_TILES; None: that table
     ) -> None:
         if (embed_weight is None) == (token_table is None):
             raise ValueError("FastLiLiCorrSelect: pass exactly one of embed_weight=[V, Hm] or token_table=[V, H].")
@@ -191,6 +203,12 @@ class FastLiLiCorrSelect:
                 f"FastLiLiCorrSelect(release_early=True) releases the next kernel of a PDL chain early: it needs the fused path "
                 f"on a CUDA sm_90+ device with pdl not False, got fused={self.fused} on {w.device}, pdl={pdl}; pass None or False"
             )
+        if narrow_tiles and not self.fused:
+            raise ValueError(
+                f"FastLiLiCorrSelect(narrow_tiles=True) sets the tiles of the head's Triton GEMMs: it needs the fused path "
+                f"(fused=True on CUDA, or CPU with TRITON_INTERPRET=1), got fused={self.fused} on {w.device}; pass None or False"
+            )
+        self.narrow_tiles = narrow_tiles
         self.pdl, self.triton_gemms, self.fold_norms = pdl, triton_gemms, fold_norms
         self.pass_beside_topk, self.nodes_in_gemm, self.release_early = pass_beside_topk, nodes_in_gemm, release_early
         self._prefetch = None if prefetch_weights else False  # linear_act_triton's prefetch: None = when launched early
@@ -418,7 +436,10 @@ class FastLiLiCorrSelect:
         if folds and node_gemm:  # launched early: the pass projection is this stream's, made before the top-K
             cat, sumsq = torch.empty((rows, 2 * h), dtype=self.dtype, device=self.device), sumsq_parts(rows, h, self.device)
             nodes = (ids.contiguous(), self.token_table, pass_proj.contiguous(), self.node_const)
-            linear_act_triton(up, self.w_down, nodes=nodes, out=cat[:, :h], sumsq_out=sumsq, pdl=pdl, prefetch=self._prefetch)
+            linear_act_triton(
+                up, self.w_down, nodes=nodes, out=cat[:, :h], sumsq_out=sumsq, pdl=pdl, prefetch=self._prefetch,
+                config=self._tiles("nodes", rows),
+            )
             return lp, cat, sumsq
         # [b*S*K, H]; where the norms fold, the Triton GEMM that carries the node epilogue above: the same bits either way
         feat = linear_act_triton(up, self.w_down, pdl=pdl, prefetch=self._prefetch) if folds else self._linear(up, self.w_down)
@@ -484,9 +505,14 @@ class FastLiLiCorrSelect:
                 join_anchor()
             attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=launch["pdl"], launch_pdl=not joined)
             sumsq = sumsq_parts(rows, h, self.device)
-            linear_act_triton(attended, attn.out_proj.weight, attn.out_proj.bias, residual=x, sumsq_out=sumsq, **launch)
+            linear_act_triton(
+                attended, attn.out_proj.weight, attn.out_proj.bias, residual=x, sumsq_out=sumsq,
+                config=self._tiles("out_proj", rows), **launch,
+            )
             norm = (sumsq, _norm_eps(layer.mlp_norm))
-            hidden = linear_act_triton(x, self.w_up_folded[i], mlp.up_proj.bias, silu=True, norm=norm, **launch)
+            hidden = linear_act_triton(
+                x, self.w_up_folded[i], mlp.up_proj.bias, silu=True, norm=norm, config=self._tiles("ffn_up", rows), **launch
+            )
             sumsq = sumsq_parts(rows, h, self.device)
             linear_act_triton(
                 hidden, mlp.down_proj.weight, mlp.down_proj.bias, residual=x, sumsq_out=sumsq,
@@ -541,7 +567,7 @@ class FastLiLiCorrSelect:
             norm = (sumsq, _norm_eps(self.head.output_norm))
             fused = linear_act_triton(
                 cat, self.w_factor_folded, silu=True, group_bias=anchor[:, d:], rows_per_group=s * k,
-                norm=norm, norm_width=self.width, pdl=pdl, prefetch=self._prefetch,
+                norm=norm, norm_width=self.width, pdl=pdl, prefetch=self._prefetch, config=self._tiles("factor", cat.shape[0]),
             )
         elif self._gemm_in_triton(cat.shape[0], self.w_factor, absorbs_launch=True):  # the per-request bias + SiLU in its epilogue
             fused = linear_act_triton(
@@ -549,7 +575,7 @@ class FastLiLiCorrSelect:
             )
         else:
             fused = row_bias_silu_triton(F.linear(cat, self.w_factor), anchor[:, d:], rows_per_group=s * k, pdl=pdl)  # [b*L, H]
-        edges = self._linear(fused, self.w_edge, self.b_edge).view(b, s, k, 2 * d)
+        edges = self._linear(fused, self.w_edge, self.b_edge, config=self._tiles("out_in", cat.shape[0])).view(b, s, k, 2 * d)
         if ids is None:
             return (*lattice_cosine_triton(edges, anchor[:, :d], self.sigma, self.vector_eps, pdl=pdl), None)
         counters = self._counters(b)
@@ -571,6 +597,16 @@ class FastLiLiCorrSelect:
             return self.release_early
         return rows <= RELEASE_EARLY_MAX_ROWS.get(self.width, 0)
 
+    def _tiles(self, role: str, rows: int) -> str | None:
+        """The launch config of the Triton GEMM `role` (NARROW_ROLES) at `rows` lattice rows: "narrow" where narrow_tiles
+        or NARROW_TILES say so, else None (ffn_silu's config by M and dtype: fp32 keeps its own)."""
+        if self.dtype == torch.float32:
+            return None
+        if self.narrow_tiles is not None:
+            return "narrow" if self.narrow_tiles else None
+        max_rows, roles = NARROW_TILES.get(self.width, (0, ()))
+        return "narrow" if rows <= max_rows and role in roles else None
+
     def _pdl_at(self, rows: int) -> bool:
         """Whether a call with `rows` lattice rows launches its Triton kernels with PDL (see pdl)."""
         if self.pdl is not None:
@@ -587,13 +623,14 @@ class FastLiLiCorrSelect:
         max_k, max_n = (k, n) if absorbs_launch else TRITON_GEMM_MAX_SHAPE.get(self.width, (k, n))
         return self._pdl_at(rows) and rows <= TRITON_GEMM_MAX_ROWS.get(self.width, 0) and k <= max_k and n <= max_n
 
-    def _linear(self, x, weight, bias=None):
-        """x @ weight.T + bias on the main stream: a Triton GEMM (with PDL where _pdl_at) where _gemm_in_triton, else cuBLAS."""
+    def _linear(self, x, weight, bias=None, config: str | None = None):
+        """x @ weight.T + bias on the main stream: a Triton GEMM (with PDL where _pdl_at; `config` its tiles, None: by M)
+        where _gemm_in_triton, else cuBLAS."""
         if not self._gemm_in_triton(x.shape[0], weight):
             return F.linear(x, weight, bias)
         from .kernels.ffn_silu import linear_act_triton
 
-        return linear_act_triton(x, weight, bias, pdl=self._pdl_at(x.shape[0]), prefetch=self._prefetch)
+        return linear_act_triton(x, weight, bias, pdl=self._pdl_at(x.shape[0]), prefetch=self._prefetch, config=config)
 
     def fused_stages(self, vals, ids, lse, pass_hidden, anchor_hidden) -> dict:
         """The fused path (without the side stream) cut into its stages, name -> zero-argument call

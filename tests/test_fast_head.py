@@ -140,6 +140,21 @@ def test_select_bf16_within_tolerance(seed):
 
 
 @needs_interpreter
+def test_narrow_tiles_give_the_same_bits(seed):
+    """narrow_tiles=True (64 x 16 tiles for every GEMM role of NARROW_ROLES, bf16) equals the default tiles bit for bit;
+    off the fused path it is refused by name."""
+    head = make_head(SMALL, HM, seed, dtype=torch.bfloat16)
+    hidden, anchor, lm_head, embed = make_inputs(3, SMALL.num_slots, HM, VOCAB, seed, dtype=torch.bfloat16)
+    with torch.no_grad():
+        table = head.token_table(embed)
+    narrow, default = (FastLiLiCorrSelect(head, token_table=table, fold_norms=True, narrow_tiles=n) for n in (True, False))
+    for got, want in zip(narrow.select(hidden, anchor, lm_head), default.select(hidden, anchor, lm_head)):
+        assert torch.equal(got, want)
+    with pytest.raises(ValueError, match=r"narrow_tiles=True\) sets the tiles of the head's Triton GEMMs: it needs the fused path"):
+        FastLiLiCorrSelect(head, token_table=table, fused=False, narrow_tiles=True)
+
+
+@needs_interpreter
 @pytest.mark.parametrize("fold_norms", [None, True])
 def test_fused_stages_compose_to_the_scores(seed, fold_norms):
     head = make_head(SMALL, HM, seed)
@@ -223,6 +238,17 @@ def test_pdl_and_triton_gemm_tables_follow_width_and_rows(seed, monkeypatch):
     fast.release_early = False
     assert not fast._releases_early(120)
     fast.release_early = None
+    assert fast._tiles("nodes", 120) is None  # an fp32 head keeps the fp32 config
+    fast.dtype = torch.bfloat16
+    assert [fast._tiles(r, 120) for r in ("nodes", "out_proj", "ffn_up", "factor", "out_in")] == ["narrow", None, None, None, "narrow"]
+    assert fast._tiles("nodes", 480) is None  # the paper head: narrow tiles at bs 1 only
+    fast.narrow_tiles = True
+    assert fast._tiles("out_proj", 480) == "narrow"
+    fast.narrow_tiles, fast.width = None, 256
+    assert [fast._tiles(r, 120) for r in ("nodes", "out_proj", "ffn_up", "factor", "out_in")] == ["narrow"] * 4 + [None]
+    fast.narrow_tiles = False
+    assert fast._tiles("nodes", 120) is None
+    fast.narrow_tiles, fast.dtype, fast.width = None, torch.float32, 1024
     fast.width, fast.pass_beside_topk = 256, True  # forced: wherever PDL is on (the testbed head: up to 512 rows)
     assert fast._passes_beside_topk(480) and not fast._passes_beside_topk(1920)
     fast.width, fast.pass_beside_topk = 1024, None
@@ -540,6 +566,7 @@ BIT_EQUAL_OPTIONS = {  # name -> two FastLiLiCorrSelect option sets that must gi
     "prefetch": ({}, dict(prefetch_weights=False)),  # the served defaults with and without the GEMMs' L2 weight prefetch
     "nodes_in_gemm": (dict(BEST, nodes_in_gemm=True), dict(BEST, nodes_in_gemm=False)),  # same GEMM tiles, the sum rounded once
     "release_early": ({}, dict(release_early=False)),  # the served defaults (b = 1: released early) and without
+    "narrow_tiles": ({}, dict(narrow_tiles=False)),  # the served defaults (b = 1: NARROW_TILES' roles narrow) and without
 }
 
 

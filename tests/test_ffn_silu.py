@@ -288,7 +288,8 @@ def configs_up_to(bound):
     return names | {fs.WIDE_K_CONFIG[cfg] for cfg in names if cfg in fs.WIDE_K_CONFIG}
 
 
-small_m, folded = configs_up_to(TRITON_GEMM_ROWS_CAP), configs_up_to(max(FOLD_NORMS_MAX_ROWS.values()))
+small_m = configs_up_to(TRITON_GEMM_ROWS_CAP)
+folded = configs_up_to(max(FOLD_NORMS_MAX_ROWS.values())) | {"narrow"}  # and fast_head's NARROW_TILES roles at bs 1
 for name, c in fs.CONFIGS.items():
     t = "*fp32" if name == "fp32" else "*bf16"
     # under PDL, with the factor projection's epilogue (bias, per-request bias, SiLU: the most a kernel
