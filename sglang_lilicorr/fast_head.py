@@ -51,8 +51,8 @@ instead of after its wait, so that the feature GEMM (with the nodes) fetches its
 True / False force it at every size where PDL is on (True needs PDL); None takes RELEASE_EARLY_MAX_ROWS.
 `narrow_tiles` (version 25): the Triton GEMMs that NARROW_TILES names per head width run 64 x 16 tiles (ffn_silu's
 "narrow" config: twice the programs of the 64 x 32 "skinny" tiles, the same bits) at bs 1, where more programs stream
-the weight sooner. True runs every role of NARROW_ROLES narrow at every size (needs the fused path); False: none;
-16-bit heads only (an fp32 head keeps ffn_silu's fp32 config).
+the weight sooner. True runs all five roles (see NARROW_TILES) narrow at every size, wherever they run as Triton GEMMs
+(needs the fused path and a 16-bit head: fp32 keeps ffn_silu's fp32 config); False: none.
 `fused_stages` cuts the fused path into projections / nodes / lattice / factors (with the walk) for
 per-stage timing (benchmarks/head_bench.py).
 Everything is static-shaped with no host syncs, so `select` can be captured in a CUDA graph.
@@ -99,7 +99,6 @@ RELEASE_EARLY_MAX_ROWS = {256: 120, 1024: 120}
 # factor). The roles: nodes = the feature down GEMM with the node epilogue, out_proj / ffn_up of each lattice layer,
 # factor, out_in = the out|in vector GEMM.
 NARROW_TILES = {1024: (120, ("nodes", "out_in")), 256: (120, ("nodes", "out_proj", "ffn_up", "factor"))}
-NARROW_ROLES = ("nodes", "out_proj", "ffn_up", "factor", "out_in")
 
 
 def _norm_eps(norm: torch.nn.RMSNorm) -> float:
@@ -203,10 +202,10 @@ class FastLiLiCorrSelect:
                 f"FastLiLiCorrSelect(release_early=True) releases the next kernel of a PDL chain early: it needs the fused path "
                 f"on a CUDA sm_90+ device with pdl not False, got fused={self.fused} on {w.device}, pdl={pdl}; pass None or False"
             )
-        if narrow_tiles and not self.fused:
+        if narrow_tiles and (not self.fused or self.dtype == torch.float32):
             raise ValueError(
-                f"FastLiLiCorrSelect(narrow_tiles=True) sets the tiles of the head's Triton GEMMs: it needs the fused path "
-                f"(fused=True on CUDA, or CPU with TRITON_INTERPRET=1), got fused={self.fused} on {w.device}; pass None or False"
+                f"FastLiLiCorrSelect(narrow_tiles=True) sets the tiles of a 16-bit head's Triton GEMMs: it needs the fused path "
+                f"and a bf16 / fp16 head, got fused={self.fused}, {self.dtype} on {w.device}; pass None or False"
             )
         self.narrow_tiles = narrow_tiles
         self.pdl, self.triton_gemms, self.fold_norms = pdl, triton_gemms, fold_norms
@@ -598,7 +597,7 @@ class FastLiLiCorrSelect:
         return rows <= RELEASE_EARLY_MAX_ROWS.get(self.width, 0)
 
     def _tiles(self, role: str, rows: int) -> str | None:
-        """The launch config of the Triton GEMM `role` (NARROW_ROLES) at `rows` lattice rows: "narrow" where narrow_tiles
+        """The launch config of the Triton GEMM `role` (a role of NARROW_TILES) at `rows` lattice rows: "narrow" where narrow_tiles
         or NARROW_TILES say so, else None (ffn_silu's config by M and dtype: fp32 keeps its own)."""
         if self.dtype == torch.float32:
             return None

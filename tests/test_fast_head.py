@@ -141,7 +141,7 @@ def test_select_bf16_within_tolerance(seed):
 
 @needs_interpreter
 def test_narrow_tiles_give_the_same_bits(seed):
-    """narrow_tiles=True (64 x 16 tiles for every GEMM role of NARROW_ROLES, bf16) equals the default tiles bit for bit;
+    """narrow_tiles=True (64 x 16 tiles for all five GEMM roles of NARROW_TILES, bf16) equals the default tiles bit for bit;
     off the fused path it is refused by name."""
     head = make_head(SMALL, HM, seed, dtype=torch.bfloat16)
     hidden, anchor, lm_head, embed = make_inputs(3, SMALL.num_slots, HM, VOCAB, seed, dtype=torch.bfloat16)
@@ -150,8 +150,9 @@ def test_narrow_tiles_give_the_same_bits(seed):
     narrow, default = (FastLiLiCorrSelect(head, token_table=table, fold_norms=True, narrow_tiles=n) for n in (True, False))
     for got, want in zip(narrow.select(hidden, anchor, lm_head), default.select(hidden, anchor, lm_head)):
         assert torch.equal(got, want)
-    with pytest.raises(ValueError, match=r"narrow_tiles=True\) sets the tiles of the head's Triton GEMMs: it needs the fused path"):
-        FastLiLiCorrSelect(head, token_table=table, fused=False, narrow_tiles=True)
+    for bad, kw in ((head, dict(fused=False)), (make_head(SMALL, HM, seed), {})):  # the PyTorch path; an fp32 head
+        with pytest.raises(ValueError, match=r"narrow_tiles=True\) sets the tiles of a 16-bit head's Triton GEMMs"):
+            FastLiLiCorrSelect(bad, token_table=table.to(bad.pass_hidden_proj.weight.dtype), narrow_tiles=True, **kw)
 
 
 @needs_interpreter
