@@ -53,6 +53,9 @@ True / False force it at every size where PDL is on (True needs PDL); None takes
 "narrow" config: twice the programs of the 64 x 32 "skinny" tiles, the same bits) at bs 1, where more programs stream
 the weight sooner. True runs all five roles (see NARROW_TILES) narrow at every size, wherever they run as Triton GEMMs
 (needs the fused path and a 16-bit head: fp32 keeps ffn_silu's fp32 config); False: none.
+`cosine_split` (version 26): the cosine + walk kernel cuts each factor's D columns over that many programs, whose partial
+Grams the factor's last program sums in a fixed order (kernels/head_scores.py); an int forces it (1: not split), None
+takes COSINE_SPLIT.
 `fused_stages` cuts the fused path into projections / nodes / lattice / factors (with the walk) for
 per-stage timing (benchmarks/head_bench.py).
 Everything is static-shaped with no host syncs, so `select` can be captured in a CUDA graph.
@@ -99,6 +102,10 @@ RELEASE_EARLY_MAX_ROWS = {256: 120, 1024: 120}
 # factor). The roles: nodes = the feature down GEMM with the node epilogue, out_proj / ffn_up of each lattice layer,
 # factor, out_in = the out|in vector GEMM.
 NARROW_TILES = {1024: (120, ("nodes", "out_in")), 256: (120, ("nodes", "out_proj", "ffn_up", "factor"))}
+# head width -> (the most lattice rows, programs per factor of the cosine + walk kernel there); others: 1. Version 26
+# (PERF_NOTES.md), H100, paper head bs 1: the D loop of 8 steps in one program is ~3 us of that kernel; cut over 8
+# programs, -1.2 us (2 / 4 programs: +0.4 / -0.4); the testbed head (D = 256, two steps) loses 0.7-1.6 us split.
+COSINE_SPLIT = {1024: (120, 8)}
 
 
 def _norm_eps(norm: torch.nn.RMSNorm) -> float:
@@ -154,6 +161,7 @@ class FastLiLiCorrSelect:
         nodes_in_gemm: bool | None = None,  # there, the nodes as the feature down GEMM's epilogue (folded norms); None: with it
         release_early: bool | None = None,  # the confidence kernel releases the next kernel at its start; None: table
         narrow_tiles: bool | None = None,  # 64 x 16 tiles for the GEMM roles of NARROW_TILES; None: that table
+        cosine_split: int | None = None,  # programs per factor in the cosine + walk kernel; None: COSINE_SPLIT
     ) -> None:
         if (embed_weight is None) == (token_table is None):
             raise ValueError("FastLiLiCorrSelect: pass exactly one of embed_weight=[V, Hm] or token_table=[V, H].")
@@ -207,7 +215,16 @@ class FastLiLiCorrSelect:
                 f"FastLiLiCorrSelect(narrow_tiles=True) sets the tiles of a 16-bit head's Triton GEMMs: it needs the fused path "
                 f"and a bf16 / fp16 head, got fused={self.fused}, {self.dtype} on {w.device}; pass None or False"
             )
-        self.narrow_tiles = narrow_tiles
+        if cosine_split is not None:
+            if not self.fused:
+                raise ValueError(
+                    f"FastLiLiCorrSelect(cosine_split={cosine_split!r}) sets the Triton cosine + walk kernel's launch: it needs "
+                    f"the fused path, got fused=False; pass None"
+                )
+            from .kernels.head_scores import LAUNCH, check_split
+
+            check_split("FastLiLiCorrSelect(cosine_split=...)", self.factor_dim, LAUNCH._replace(split=cosine_split))
+        self.narrow_tiles, self.cosine_split = narrow_tiles, cosine_split
         self.pdl, self.triton_gemms, self.fold_norms = pdl, triton_gemms, fold_norms
         self.pass_beside_topk, self.nodes_in_gemm, self.release_early = pass_beside_topk, nodes_in_gemm, release_early
         self._prefetch = None if prefetch_weights else False  # linear_act_triton's prefetch: None = when launched early
@@ -559,7 +576,7 @@ class FastLiLiCorrSelect:
         the factor GEMM applies the output norm (its rstd per row, its gain in w_factor_folded)."""
         from .kernels.ffn_silu import linear_act_triton
         from .kernels.head_norm import row_bias_silu_triton
-        from .kernels.head_scores import lattice_cosine_triton, lattice_cosine_walk_triton
+        from .kernels.head_scores import LAUNCH, lattice_cosine_triton, lattice_cosine_walk_triton, walk_counters
 
         d, k, pdl = self.factor_dim, self.topk, self._pdl_at(cat.shape[0])
         if sumsq is not None:
@@ -577,8 +594,9 @@ class FastLiLiCorrSelect:
         edges = self._linear(fused, self.w_edge, self.b_edge, config=self._tiles("out_in", cat.shape[0])).view(b, s, k, 2 * d)
         if ids is None:
             return (*lattice_cosine_triton(edges, anchor[:, :d], self.sigma, self.vector_eps, pdl=pdl), None)
-        counters = self._counters(b)
-        return lattice_cosine_walk_triton(edges, anchor[:, :d], self.sigma, self.vector_eps, ids, counters, pdl=pdl)
+        launch = LAUNCH._replace(split=self._cosine_split(cat.shape[0]))
+        counters = self._counters(walk_counters(b, s, launch))
+        return lattice_cosine_walk_triton(edges, anchor[:, :d], self.sigma, self.vector_eps, ids, counters, launch, pdl=pdl)
 
     def _folds_norms(self, rows: int) -> bool:
         """Whether a call with `rows` lattice rows folds the lattice's norms into its Triton GEMMs (see fold_norms)."""
@@ -605,6 +623,13 @@ class FastLiLiCorrSelect:
             return "narrow" if self.narrow_tiles else None
         max_rows, roles = NARROW_TILES.get(self.width, (0, ()))
         return "narrow" if rows <= max_rows and role in roles else None
+
+    def _cosine_split(self, rows: int) -> int:
+        """Programs per factor of the cosine + walk kernel at `rows` lattice rows (see cosine_split)."""
+        if self.cosine_split is not None:
+            return self.cosine_split
+        max_rows, split = COSINE_SPLIT.get(self.width, (0, 1))
+        return split if rows <= max_rows else 1
 
     def _pdl_at(self, rows: int) -> bool:
         """Whether a call with `rows` lattice rows launches its Triton kernels with PDL (see pdl)."""

@@ -140,6 +140,22 @@ def test_select_bf16_within_tolerance(seed):
 
 
 @needs_interpreter
+def test_cosine_split_select_equals_reference(seed):
+    """cosine_split=2 (a head with D = 256: two 128-column steps per factor, one per program) serves the reference's
+    select; a split that does not divide the steps, or off the fused path, is refused by name."""
+    cfg = dataclasses.replace(SMALL, factor_dim=256)
+    head = make_head(cfg, HM, seed)
+    hidden, anchor, lm_head, embed = make_inputs(3, cfg.num_slots, HM, VOCAB, seed)
+    fast = FastLiLiCorrSelect(head, embed_weight=embed, cosine_split=2)
+    assert fast._cosine_split(1) == 2
+    assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-4)
+    with pytest.raises(ValueError, match=r"cosine_split=\.\.\.\): split=3 cuts each factor's D = 256 columns"):
+        FastLiLiCorrSelect(head, embed_weight=embed, cosine_split=3)
+    with pytest.raises(ValueError, match=r"cosine_split=2\) sets the Triton cosine \+ walk kernel's launch: it needs the fused path"):
+        FastLiLiCorrSelect(head, embed_weight=embed, fused=False, cosine_split=2)
+
+
+@needs_interpreter
 def test_narrow_tiles_give_the_same_bits(seed):
     """narrow_tiles=True (64 x 16 tiles for all five GEMM roles of NARROW_TILES, bf16) equals the default tiles bit for bit;
     off the fused path it is refused by name."""
@@ -250,6 +266,10 @@ def test_pdl_and_triton_gemm_tables_follow_width_and_rows(seed, monkeypatch):
     fast.narrow_tiles = False
     assert fast._tiles("nodes", 120) is None
     fast.narrow_tiles, fast.dtype, fast.width = None, torch.float32, 1024
+    assert fast._cosine_split(120) == 8 and fast._cosine_split(480) == 1  # the paper head: D over 8 programs at bs 1
+    fast.width = 256
+    assert fast._cosine_split(120) == 1  # the testbed head: never
+    fast.width = 1024
     fast.width, fast.pass_beside_topk = 256, True  # forced: wherever PDL is on (the testbed head: up to 512 rows)
     assert fast._passes_beside_topk(480) and not fast._passes_beside_topk(1920)
     fast.width, fast.pass_beside_topk = 1024, None
@@ -439,6 +459,37 @@ def test_cosine_walk_kernel_equals_cosine_then_greedy_walk(seed, b, s, k):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("split", [2, 4])
+def test_cosine_walk_kernel_split_over_d_equals_one_program_per_factor(seed, split):
+    """launch.split programs per factor, each over D / split columns, their partial Grams summed by the factor's last
+    one: the scores of one program per factor (fp32, within summation order), the walk of its own scores, every
+    counter (per request and per factor) left zero and reusable."""
+    from sglang_lilicorr.kernels.head_scores import CosineLaunch, lattice_cosine_walk_triton, walk_counters
+    from sglang_lilicorr.walk import greedy_walk
+
+    g = torch.Generator().manual_seed(seed)
+    b, s, k, d = 2, 6, 4, 64
+    launch = CosineLaunch(block_d=16, split=split)  # four 16-column steps per factor
+    edges, anchor = torch.randn(b, s, k, 2 * d, generator=g), torch.randn(b, d, generator=g)
+    ids = torch.randint(0, 5000, (b, s, k), generator=g)
+    counters = torch.zeros(walk_counters(b, s, launch), dtype=torch.int32)
+    assert counters.numel() == b + b * s
+    for _ in range(2):
+        start, pair, draft = lattice_cosine_walk_triton(edges, anchor, 8.0, 1e-6, ids, counters, launch)
+        want_start, want_pair = lattice_cosine_triton(edges, anchor, 8.0, 1e-6, CosineLaunch(block_d=16))
+        torch.testing.assert_close(start, want_start, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(pair, want_pair, atol=1e-5, rtol=1e-5)
+        assert torch.equal(draft, ids.gather(2, greedy_walk(start, pair).unsqueeze(-1)).squeeze(-1))
+        assert not counters.any()
+    with pytest.raises(ValueError, match=r"counters must be int32 zeros with >= 14 entries"):
+        lattice_cosine_walk_triton(edges, anchor, 8.0, 1e-6, ids, torch.zeros(b, dtype=torch.int32), launch)
+    with pytest.raises(ValueError, match=r"split=3 cuts each factor's D = 64 columns .* a positive int dividing 4"):
+        lattice_cosine_walk_triton(edges, anchor, 8.0, 1e-6, ids, counters, CosineLaunch(block_d=16, split=3))
+    with pytest.raises(ValueError, match=r"above 1, the walk's launch"):
+        lattice_cosine_triton(edges, anchor, 8.0, 1e-6, launch)
+
+
+@needs_interpreter
 def test_cosine_walk_kernel_rejects_bad_ids_and_counters():
     from sglang_lilicorr.kernels.head_scores import lattice_cosine_walk_triton
 
@@ -463,6 +514,8 @@ L, CL = tk.LAUNCH, head_scores.LAUNCH
 R, G = L.block // tk.GROUP, tk.GROUP
 split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 8
 walk_args = [i64, "*i32", i64, i32, i32, i32, i64]  # the cosine kernel's walk: successors, counters, ids + strides, draft
+def cosine_args(t):  # edges, anchor (+ stride), start, pair, S, K, D, sigma, eps, the walk's, the split's (partials, counters)
+    return [t, t, i32, f32, f32, i32, i32, i32, "fp32", "fp32"] + walk_args + [f32, "*i32"] + [c] * 8
 P = dict(PDL=True)  # as served on sm_90 (kernels/pdl.py)
 cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divisible by 16 at the paper config
     (head_nodes._confidence_up_kernel, [f32] * 5 + [bf, i32, i32, "fp32", "fp32", c, c, c, c, c], dict(KP=8, BLOCK_H=256, RELEASE_EARLY=False, **P), 4, None, ()),
@@ -472,8 +525,9 @@ cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divis
     (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=True, ADD=True, **P), 4, None, ()),
     (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=False, ADD=False, PDL=False), 4, None, ()),
     (head_norm._row_bias_silu_kernel, [bf, bf, i32, i32, i32, i32, c, c, c], dict(ROWS=1, BLOCK_N=1024, **P), 4, None, ()),
-    (head_scores._lattice_cosine_kernel, [bf, bf, i32, f32, f32, i32, i32, i32, "fp32", "fp32"] + walk_args + [c] * 7, dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, **P), CL.num_warps, None, (0, 1, 2, 7)),
-    (head_scores._lattice_cosine_kernel, [f32, f32, i32, f32, f32, i32, i32, i32, "fp32", "fp32"] + walk_args + [c] * 7, dict(KP=16, BLOCK_D=128, F32_DOT=True, PRECISION="ieee", WALK=False, SP=16, PDL=False), 4, None, (0, 1, 2, 7)),
+    (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, SPLIT=1, **P), CL.num_warps, None, (0, 1, 2, 7)),
+    (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, SPLIT=8, **P), CL.num_warps, None, (0, 1, 2, 7)),
+    (head_scores._lattice_cosine_kernel, cosine_args(f32), dict(KP=16, BLOCK_D=128, F32_DOT=True, PRECISION="ieee", WALK=False, SP=16, SPLIT=1, PDL=False), 4, None, (0, 1, 2, 7)),
     (walk._greedy_walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c], dict(KP=8, SP=16, GATHER=True, **P), 1, None, ()),
     (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=tk.COLLECT_TILES, FINAL=False, BESIDE=False, **P), L.num_warps, L.maxnreg, range(10)),
     (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=tk.COLLECT_TILES, FINAL=False, BESIDE=True, **P), L.num_warps, L.maxnreg, range(10)),
