@@ -58,7 +58,7 @@ def _lattice_cosine_kernel(
     part_ptr, factor_count_ptr,  # SPLIT > 1: fp32 [b, S, SPLIT, 3, KP, KP] partial Grams, int32 [b * S] zeros
     KP: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
     WALK: tl.constexpr, SP: tl.constexpr,  # SP: S rounded up to a power of two
-    SPLIT: tl.constexpr,  # programs per factor, each over D / SPLIT columns (D a multiple of SPLIT * BLOCK_D)
+    SPLIT: tl.constexpr, STEPS: tl.constexpr,  # programs per factor, each over STEPS steps (D = SPLIT * STEPS * BLOCK_D)
 ):
     grid_dependency_wait(PDL)
     req = tl.program_id(0).to(tl.int64)
@@ -75,23 +75,34 @@ def _lattice_cosine_kernel(
     dot = tl.zeros((KP, KP), tl.float32)  # a b^T
     gram_a = tl.zeros((KP, KP), tl.float32)  # a a^T: squared norms on the diagonal
     gram_b = tl.zeros((KP, KP), tl.float32)
-    span = D // SPLIT
-    for d0 in range(part * span, part * span + span, BLOCK_D):
-        cols = d0 + tl.arange(0, BLOCK_D)
-        cv = cols < D
-        a = tl.load(a_rows[:, None] + cols[None, :], mask=a_live[:, None] & cv[None, :], other=0.0)
-        b = tl.load(in_rows[:, None] + cols[None, :], mask=kv[:, None] & cv[None, :], other=0.0)
-        if F32_DOT:
-            a, b = a.to(tl.float32), b.to(tl.float32)
-        dot = tl.dot(a, tl.trans(b), dot, input_precision=PRECISION)
-        gram_a = tl.dot(a, tl.trans(a), gram_a, input_precision=PRECISION)
-        gram_b = tl.dot(b, tl.trans(b), gram_b, input_precision=PRECISION)
+    if SPLIT > 1:  # this program's STEPS whole steps of the factor's D / SPLIT columns, unrolled
+        for step in tl.static_range(STEPS):
+            cols = (part * STEPS + step) * BLOCK_D + tl.arange(0, BLOCK_D)
+            dot, gram_a, gram_b = _gram_step(a_rows, in_rows, a_live, kv, cols, D, dot, gram_a, gram_b, F32_DOT, PRECISION)
+    else:  # all of D, the last step maybe partial
+        for d0 in range(0, D, BLOCK_D):
+            cols = d0 + tl.arange(0, BLOCK_D)
+            dot, gram_a, gram_b = _gram_step(a_rows, in_rows, a_live, kv, cols, D, dot, gram_a, gram_b, F32_DOT, PRECISION)
     last = True
     if SPLIT > 1:  # only the factor's last program to arrive goes on, with the sums of all SPLIT parts
         dot, gram_a, gram_b, last = _gram_sums(dot, gram_a, gram_b, ks, req * S + s, part, part_ptr, factor_count_ptr, KP, SPLIT)
     if last:
         _score_and_walk(dot, gram_a, gram_b, ks, kv, is_start, req, s, S, K, sigma, eps, start_ptr, pair_ptr,
                         succ_ptr, count_ptr, ids_ptr, id_b, id_s, id_k, draft_ptr, KP, WALK, SP)
+
+
+@triton.jit
+def _gram_step(a_rows, in_rows, a_live, kv, cols, D, dot, gram_a, gram_b, F32_DOT: tl.constexpr, PRECISION: tl.constexpr):
+    """One BLOCK_D-column step of the factor's three Grams: a b^T, a a^T, b b^T."""
+    cv = cols < D
+    a = tl.load(a_rows[:, None] + cols[None, :], mask=a_live[:, None] & cv[None, :], other=0.0)
+    b = tl.load(in_rows[:, None] + cols[None, :], mask=kv[:, None] & cv[None, :], other=0.0)
+    if F32_DOT:
+        a, b = a.to(tl.float32), b.to(tl.float32)
+    dot = tl.dot(a, tl.trans(b), dot, input_precision=PRECISION)
+    gram_a = tl.dot(a, tl.trans(a), gram_a, input_precision=PRECISION)
+    gram_b = tl.dot(b, tl.trans(b), gram_b, input_precision=PRECISION)
+    return dot, gram_a, gram_b
 
 
 @triton.jit
@@ -253,7 +264,7 @@ def _launch_cosine(name, edges, anchor_out, sigma, eps, launch, pdl, walk=None):
             edges, anchor_out, anchor_out.stride(0), start, pair, s, k, d, float(sigma), float(eps),
             *walk_args, *split_args,
             KP=kp, BLOCK_D=block_d, F32_DOT=f32_dot, PRECISION="ieee" if f32 else "tf32", PDL=pdl,
-            WALK=walk is not None, SP=triton.next_power_of_2(s), SPLIT=launch.split, launch_pdl=pdl,
+            WALK=walk is not None, SP=triton.next_power_of_2(s), SPLIT=launch.split, STEPS=d // (launch.split * block_d) if launch.split > 1 else 1, launch_pdl=pdl,
             num_warps=launch.num_warps, num_stages=1 if f32_dot else launch.num_stages,  # fp32 tiles: no room to pipeline
         )
     return start, pair, draft

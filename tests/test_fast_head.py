@@ -515,7 +515,7 @@ R, G = L.block // tk.GROUP, tk.GROUP
 split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 8
 walk_args = [i64, "*i32", i64, i32, i32, i32, i64]  # the cosine kernel's walk: successors, counters, ids + strides, draft
 def cosine_args(t):  # edges, anchor (+ stride), start, pair, S, K, D, sigma, eps, the walk's, the split's (partials, counters)
-    return [t, t, i32, f32, f32, i32, i32, i32, "fp32", "fp32"] + walk_args + [f32, "*i32"] + [c] * 8
+    return [t, t, i32, f32, f32, i32, i32, i32, "fp32", "fp32"] + walk_args + [f32, "*i32"] + [c] * 9
 P = dict(PDL=True)  # as served on sm_90 (kernels/pdl.py)
 cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divisible by 16 at the paper config
     (head_nodes._confidence_up_kernel, [f32] * 5 + [bf, i32, i32, "fp32", "fp32", c, c, c, c, c], dict(KP=8, BLOCK_H=256, RELEASE_EARLY=False, **P), 4, None, ()),
@@ -525,9 +525,9 @@ cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divis
     (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=True, ADD=True, **P), 4, None, ()),
     (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=False, ADD=False, PDL=False), 4, None, ()),
     (head_norm._row_bias_silu_kernel, [bf, bf, i32, i32, i32, i32, c, c, c], dict(ROWS=1, BLOCK_N=1024, **P), 4, None, ()),
-    (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, SPLIT=1, **P), CL.num_warps, None, (0, 1, 2, 7)),
-    (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, SPLIT=8, **P), CL.num_warps, None, (0, 1, 2, 7)),
-    (head_scores._lattice_cosine_kernel, cosine_args(f32), dict(KP=16, BLOCK_D=128, F32_DOT=True, PRECISION="ieee", WALK=False, SP=16, SPLIT=1, PDL=False), 4, None, (0, 1, 2, 7)),
+    (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, SPLIT=1, STEPS=1, **P), CL.num_warps, None, (0, 1, 2, 7)),
+    (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, SPLIT=8, STEPS=1, **P), CL.num_warps, None, (0, 1, 2, 7)),
+    (head_scores._lattice_cosine_kernel, cosine_args(f32), dict(KP=16, BLOCK_D=128, F32_DOT=True, PRECISION="ieee", WALK=False, SP=16, SPLIT=1, STEPS=1, PDL=False), 4, None, (0, 1, 2, 7)),
     (walk._greedy_walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c], dict(KP=8, SP=16, GATHER=True, **P), 1, None, ()),
     (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=tk.COLLECT_TILES, FINAL=False, BESIDE=False, **P), L.num_warps, L.maxnreg, range(10)),
     (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=tk.COLLECT_TILES, FINAL=False, BESIDE=True, **P), L.num_warps, L.maxnreg, range(10)),
@@ -550,7 +550,7 @@ for fn, types, consts, warps, maxnreg, aligned in cases:
             sys.exit(f"{fn.__name__} {consts}: the next kernel is not released once, before the loads")
     if fn is tk._topk_lse_split_kernel and consts["BESIDE"] != any(".cg" in l for l in r["ptx"].splitlines() if "ld.global" in l):
         sys.exit("the top-K split kernel reads the logits through L1 beside the previous kernel (or bypasses it otherwise)")
-    if consts.get("F32_DOT") is False and "cp.async" not in r["ptx"]:
+    if consts.get("F32_DOT") is False and consts["SPLIT"] == 1 and "cp.async" not in r["ptx"]:  # (split: unrolled steps)
         sys.exit("the cosine kernel's D loop is not pipelined (no cp.async)")
     if r["spills"]:
         sys.exit(f"{fn.__name__} {consts} spills {r['spills']} bytes")
