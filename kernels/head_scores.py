@@ -264,7 +264,8 @@ def _launch_cosine(name, edges, anchor_out, sigma, eps, launch, pdl, walk=None):
             edges, anchor_out, anchor_out.stride(0), start, pair, s, k, d, float(sigma), float(eps),
             *walk_args, *split_args,
             KP=kp, BLOCK_D=block_d, F32_DOT=f32_dot, PRECISION="ieee" if f32 else "tf32", PDL=pdl,
-            WALK=walk is not None, SP=triton.next_power_of_2(s), SPLIT=launch.split, STEPS=d // (launch.split * block_d) if launch.split > 1 else 1, launch_pdl=pdl,
+            WALK=walk is not None, SP=triton.next_power_of_2(s), launch_pdl=pdl,
+            SPLIT=launch.split, STEPS=d // (launch.split * block_d) if launch.split > 1 else 1,
             num_warps=launch.num_warps, num_stages=1 if f32_dot else launch.num_stages,  # fp32 tiles: no room to pipeline
         )
     return start, pair, draft
