@@ -102,9 +102,10 @@ RELEASE_EARLY_MAX_ROWS = {256: 120, 1024: 120}
 # factor). The roles: nodes = the feature down GEMM with the node epilogue, out_proj / ffn_up of each lattice layer,
 # factor, out_in = the out|in vector GEMM.
 NARROW_TILES = {1024: (120, ("nodes", "out_in")), 256: (120, ("nodes", "out_proj", "ffn_up", "factor"))}
-# head width -> (the most lattice rows, programs per factor of the cosine + walk kernel there); others: 1. Version 26
-# (PERF_NOTES.md), H100, paper head bs 1: the D loop of 8 steps in one program is ~3 us of that kernel; cut over 8
-# programs, -1.2 us (2 / 4 programs: +0.4 / -0.4); the testbed head (D = 256, two steps) loses 0.7-1.6 us split.
+# factor dimension D -> (the most lattice rows, programs per factor of the cosine + walk kernel there); others: 1 (the split
+# must cut D into whole 128-column steps, so it is keyed by D, not by the head width). Version 26 (PERF_NOTES.md), H100,
+# paper head (D = 1024) bs 1: the D loop of 8 steps in one program is ~3 us of that kernel; cut over 8 programs, -2.05 us
+# in-call (2 / 4 programs in the probe: +0.4 / -0.4); the testbed head (D = 256, two steps) loses 0.7-1.6 us split.
 COSINE_SPLIT = {1024: (120, 8)}
 
 
@@ -615,8 +616,8 @@ class FastLiLiCorrSelect:
         return rows <= RELEASE_EARLY_MAX_ROWS.get(self.width, 0)
 
     def _tiles(self, role: str, rows: int) -> str | None:
-        """The launch config of the Triton GEMM `role` (a role of NARROW_TILES) at `rows` lattice rows: "narrow" where narrow_tiles
-        or NARROW_TILES say so, else None (ffn_silu's config by M and dtype: fp32 keeps its own)."""
+        """The launch config of the Triton GEMM `role` (a role of NARROW_TILES) at `rows` lattice rows: "narrow" where
+        narrow_tiles or NARROW_TILES say so, else None (ffn_silu's config by M and dtype: fp32 keeps its own)."""
         if self.dtype == torch.float32:
             return None
         if self.narrow_tiles is not None:
@@ -628,7 +629,7 @@ class FastLiLiCorrSelect:
         """Programs per factor of the cosine + walk kernel at `rows` lattice rows (see cosine_split)."""
         if self.cosine_split is not None:
             return self.cosine_split
-        max_rows, split = COSINE_SPLIT.get(self.width, (0, 1))
+        max_rows, split = COSINE_SPLIT.get(self.factor_dim, (0, 1))
         return split if rows <= max_rows else 1
 
     def _pdl_at(self, rows: int) -> bool:

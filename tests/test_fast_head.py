@@ -266,10 +266,10 @@ def test_pdl_and_triton_gemm_tables_follow_width_and_rows(seed, monkeypatch):
     fast.narrow_tiles = False
     assert fast._tiles("nodes", 120) is None
     fast.narrow_tiles, fast.dtype, fast.width = None, torch.float32, 1024
+    fast.factor_dim = 1024  # the table goes by D (the split cuts D into whole steps), not by the head width
     assert fast._cosine_split(120) == 8 and fast._cosine_split(480) == 1  # the paper head: D over 8 programs at bs 1
-    fast.width = 256
-    assert fast._cosine_split(120) == 1  # the testbed head: never
-    fast.width = 1024
+    fast.factor_dim = 256
+    assert fast._cosine_split(120) == 1  # the testbed head's D (and a 1024-wide head with D = 256): never
     fast.width, fast.pass_beside_topk = 256, True  # forced: wherever PDL is on (the testbed head: up to 512 rows)
     assert fast._passes_beside_topk(480) and not fast._passes_beside_topk(1920)
     fast.width, fast.pass_beside_topk = 1024, None
