@@ -88,6 +88,7 @@ CONFIGS = {
     "skinny": LaunchConfig(64, 32, 128, 8, 4, 4),
     "skinny_wide_k": LaunchConfig(64, 16, 256, 8, 3, 4),  # skinny's rows at K >= WIDE_K: twice the programs, half the K steps
     "narrow": LaunchConfig(64, 16, 128, 8, 4, 4),  # skinny's rows and K steps, twice the programs (fast_head's NARROW_TILES)
+    "thin": LaunchConfig(16, 16, 256, 8, 4, 4),  # M <= 16 (one request's slots: fast_head's PASS_TILES), mma.sync tiles
     "small": LaunchConfig(64, 128, 64, 8, 4, 4),
     "medium": LaunchConfig(128, 128, 64, 8, 4, 8),
     "large": LaunchConfig(128, 256, 64, 8, 3, 8),

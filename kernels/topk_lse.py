@@ -43,14 +43,15 @@ def uses_triton(t: torch.Tensor) -> bool:
 
 
 def topk_lse(
-    logits: torch.Tensor, k: int, *, pdl: bool = False, beside: bool = False
+    logits: torch.Tensor, k: int, *, pdl: bool = False, beside: bool = False, launch: dict | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """logits [N, V] any float dtype -> (vals fp32 [N, k] descending, ids int64 [N, k], lse fp32 [N]).
     `pdl`: launch the Triton kernels with programmatic dependent launch (kernels/pdl.py; sm_90+);
-    `beside`: beside the kernel before it (topk_lse_fused.topk_lse_triton)."""
+    `beside`: beside the kernel before it; `launch`: TopKLaunch fields to change from its defaults (all three:
+    topk_lse_fused.topk_lse_triton)."""
     check_topk_lse_args(logits, k)
     if not uses_triton(logits):
         return topk_lse_reference(logits, k)
-    from .topk_lse_fused import topk_lse_triton  # imports triton only when it runs
+    from .topk_lse_fused import LAUNCH, topk_lse_triton  # imports triton only when it runs
 
-    return topk_lse_triton(logits, k, pdl=pdl, beside=beside)
+    return topk_lse_triton(logits, k, launch=LAUNCH._replace(**(launch or {})), pdl=pdl, beside=beside)

@@ -51,13 +51,15 @@ class TopKLaunch(NamedTuple):
     num_warps: int = 1  # one warp: every reduction is in-warp (shuffles, no barriers)
     programs_per_sm: int = 16  # the split grid aims at one wave of these per SM
     maxnreg: int | None = 128  # per thread (no spills on sm_90): 16 one-warp programs fit an SM's registers
+    group: int = GROUP  # logits per sub-tile (the chunk's end re-ranks the K best sub-tiles' K * group logits)
+    collect_tiles: int = 8  # tiles at a chunk's start whose sub-tile maxima are ranked at once (a power of two)
+    few_rows_tiles: int = 4  # the shortest run of tiles per split at N <= FEW_ROWS (bs 1)
 
 
 LAUNCH = TopKLaunch()  # H200 sweep, b16a836 (benchmarks/results/h200_topk_sweep_b16a836.txt)
 MIN_TILES_PER_SPLIT = 8  # small N: fewer, longer splits keep the merge's input small ...
-FEW_ROWS, MIN_TILES_FEW_ROWS = 16, 4  # ... but N <= 16 (bs 1) takes runs of 4 tiles: 38 splits at the paper vocab, 17.6-17.9
+FEW_ROWS = 16  # ... but N <= 16 (bs 1) takes runs of launch.few_rows_tiles: 4, 38 splits at the paper vocab, 17.6-17.9
 # vs 18.9-19.0 us for 19 (H100, two calls: benchmarks/results/h100_prefetch_v17/call_{a,b}/head_bench_paper_*.log); at N = 60, 38 lose
-COLLECT_TILES = 8  # tiles at a chunk's start whose sub-tile maxima are ranked at once (a power of two)
 
 
 @triton.jit
@@ -70,7 +72,7 @@ def _order_key(x, index):
 
 
 @triton.jit
-def _key_value(key):
+def key_value(key):
     """int64 keys -> their fp32 values."""
     bits = (key >> 32).to(tl.int32)
     bits = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
@@ -78,7 +80,7 @@ def _key_value(key):
 
 
 @triton.jit
-def _key_index(key):
+def key_index(key):
     """int64 keys -> their int64 indices."""
     return 0x7FFFFFFF - (key & 0x7FFFFFFF)
 
@@ -95,11 +97,10 @@ def _top_keys(keys, slots, K: tl.constexpr):
 
 
 @triton.jit
-def _store_sorted(keys, slots, vals_ptr, ids_ptr, K: tl.constexpr):
-    """Write the K largest of `keys` [T] in descending order to one vals/ids row."""
-    best_keys = _top_keys(keys, slots, K)
-    tl.store(vals_ptr + slots, _key_value(best_keys), mask=slots < K)
-    tl.store(ids_ptr + slots, _key_index(best_keys), mask=slots < K)
+def _store_keys(best_keys, slots, vals_ptr, ids_ptr, K: tl.constexpr):
+    """Write K keys [KP] (descending) as one vals/ids row."""
+    tl.store(vals_ptr + slots, key_value(best_keys), mask=slots < K)
+    tl.store(ids_ptr + slots, key_index(best_keys), mask=slots < K)
 
 
 @triton.jit
@@ -160,7 +161,7 @@ def _topk_lse_split_kernel(
     #    worst key skip; padding slots >= K hold int64 max (never "worst")
     buf = tl.where(slots < K, buf, 0x7FFFFFFFFFFFFFFF)
     worst = tl.min(buf, 0)  # smallest key in the buffer: the one a better sub-tile evicts
-    floor = tl.where(worst == SENTINEL, -float("inf"), _key_value(worst))  # tiles below it cannot enter
+    floor = tl.where(worst == SENTINEL, -float("inf"), key_value(worst))  # tiles below it cannot enter
     for start in range(mid, hi, BLOCK):
         x_next, sub_max, tile_max, run_max, run_sum = _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK, CACHE)
         if tile_max >= floor:
@@ -172,11 +173,11 @@ def _topk_lse_split_kernel(
                 buf = tl.where((slots == evict) & (best > worst), best, buf)
                 keys = tl.where(keys == best, SENTINEL, keys)
                 worst = tl.min(buf, 0)
-            floor = tl.where(worst == SENTINEL, -float("inf"), _key_value(worst))
+            floor = tl.where(worst == SENTINEL, -float("inf"), key_value(worst))
 
     # exact top-K among the chosen sub-tiles' logits (re-loaded: just streamed, so cache hits)
     live = (slots < K) & (buf != SENTINEL)
-    sub_start = (_key_index(buf) * G).to(tl.int32)  # [KP]
+    sub_start = (key_index(buf) * G).to(tl.int32)  # [KP]
     offs = sub_start[:, None] + tl.arange(0, G)[None, :]  # [KP, G]
     inside = live[:, None] & (offs < hi)
     x = tl.load(row_ptr + offs, mask=inside, other=-float("inf"), cache_modifier=CACHE).to(tl.float32)
@@ -185,7 +186,7 @@ def _topk_lse_split_kernel(
     if FINAL:
         # run_sum >= 1 whenever run_max is finite; an all -inf row gives -inf + log(1) = -inf
         tl.store(lse_ptr + row, run_max + tl.log(tl.maximum(run_sum, 1.0)))
-        _store_sorted(keys, slots, vals_ptr + row * K, ids_ptr + row * K, K)
+        _store_keys(_top_keys(keys, slots, K), slots, vals_ptr + row * K, ids_ptr + row * K, K)
     else:
         part = row * n_splits + split
         tl.store(part_key_ptr + part * KP + slots, _top_keys(keys, slots, K))
@@ -196,15 +197,11 @@ def _topk_lse_split_kernel(
 
 
 @triton.jit
-def _topk_lse_merge_kernel(
-    part_key_ptr, part_max_ptr, part_sum_ptr, n_splits,  # partials of stage 1
-    vals_ptr, ids_ptr, lse_ptr,  # [N, K] fp32, [N, K] int64, [N] fp32
-    K: tl.constexpr, KP: tl.constexpr, SP: tl.constexpr, PDL: tl.constexpr,  # SP: splits rounded up to a power of 2
-):
-    grid_dependency_wait(PDL)
-    row = tl.program_id(0)
+def merge_row(part_key_ptr, part_max_ptr, part_sum_ptr, n_splits, row, slots, K: tl.constexpr, KP: tl.constexpr,
+              SP: tl.constexpr):
+    """Stage 2 for one row: its n_splits partials -> (lse, the row's K best keys [KP] descending, SENTINEL past K).
+    The merge kernel's body, also run by a consumer that merges the partials itself (kernels/head_nodes.py)."""
     splits = tl.arange(0, SP)
-    slots = tl.arange(0, KP)
     live = splits < n_splits
     part = row * n_splits + splits
     LOG2E: tl.constexpr = 1.4426950408889634
@@ -214,19 +211,33 @@ def _topk_lse_merge_kernel(
     row_max = tl.max(m, 0)
     shift = tl.where(row_max == -float("inf"), 0.0, row_max)
     total = tl.sum(s * tl.exp2((m - shift) * LOG2E), 0)
-    tl.store(lse_ptr + row, row_max + tl.log(tl.maximum(total, 1.0)))  # total >= 1 unless all -inf
+    lse = row_max + tl.log(tl.maximum(total, 1.0))  # total >= 1 unless all -inf
 
     keys = tl.load(
         part_key_ptr + part[:, None] * KP + slots[None, :],
         mask=live[:, None] & (slots[None, :] < K),
         other=SENTINEL,
     )  # [SP, KP]
-    _store_sorted(tl.reshape(keys, [SP * KP]), slots, vals_ptr + row * K, ids_ptr + row * K, K)
+    return lse, _top_keys(tl.reshape(keys, [SP * KP]), slots, K)
 
 
-def min_tiles(n_rows: int) -> int:
-    """The shortest run of tiles per split for N rows (MIN_TILES_PER_SPLIT, or MIN_TILES_FEW_ROWS up to FEW_ROWS)."""
-    return MIN_TILES_FEW_ROWS if n_rows <= FEW_ROWS else MIN_TILES_PER_SPLIT
+@triton.jit
+def _topk_lse_merge_kernel(
+    part_key_ptr, part_max_ptr, part_sum_ptr, n_splits,  # partials of stage 1
+    vals_ptr, ids_ptr, lse_ptr,  # [N, K] fp32, [N, K] int64, [N] fp32
+    K: tl.constexpr, KP: tl.constexpr, SP: tl.constexpr, PDL: tl.constexpr,  # SP: splits rounded up to a power of 2
+):
+    grid_dependency_wait(PDL)
+    row = tl.program_id(0)
+    slots = tl.arange(0, KP)
+    lse, best_keys = merge_row(part_key_ptr, part_max_ptr, part_sum_ptr, n_splits, row, slots, K, KP, SP)
+    tl.store(lse_ptr + row, lse)
+    _store_keys(best_keys, slots, vals_ptr + row * K, ids_ptr + row * K, K)
+
+
+def min_tiles(n_rows: int, launch: TopKLaunch = LAUNCH) -> int:
+    """The shortest run of tiles per split for N rows (MIN_TILES_PER_SPLIT, or launch.few_rows_tiles up to FEW_ROWS)."""
+    return launch.few_rows_tiles if n_rows <= FEW_ROWS else MIN_TILES_PER_SPLIT
 
 
 def split_plan(n_rows: int, vocab: int, device: torch.device, launch: TopKLaunch = LAUNCH) -> tuple[int, int]:
@@ -236,7 +247,7 @@ def split_plan(n_rows: int, vocab: int, device: torch.device, launch: TopKLaunch
     240 -> 8 of 19; 480 -> 4 of 38; N > 1056 -> 1 (no merge)."""
     tiles = triton.cdiv(vocab, launch.block)
     want = max(1, launch.programs_per_sm * sm_count(device) // n_rows)  # CPU interpreter: 1 SM, a few splits
-    tiles_per_split = max(triton.cdiv(tiles, min(want, tiles)), min(min_tiles(n_rows), tiles))
+    tiles_per_split = max(triton.cdiv(tiles, min(want, tiles)), min(min_tiles(n_rows, launch), tiles))
     return triton.cdiv(tiles, tiles_per_split), tiles_per_split * launch.block
 
 
@@ -244,6 +255,18 @@ def even_splits(vocab: int, splits: int, block: int) -> tuple[int, int]:
     """(splits per row, logits per split) for about `splits` equal chunks of whole `block`-logit tiles."""
     chunk = triton.cdiv(triton.cdiv(vocab, splits), block) * block
     return triton.cdiv(vocab, chunk), chunk
+
+
+class TopKParts(NamedTuple):
+    """Stage 1's per-chunk partials of N rows, for a consumer that merges each row itself with merge_row (the
+    confidence kernel: kernels/head_nodes.py), so that stage 2 is not a launch of its own."""
+
+    keys: torch.Tensor  # int64 [N * splits, KP]: each chunk's K best keys
+    maxima: torch.Tensor  # fp32 [N * splits]: each chunk's running max ...
+    sums: torch.Tensor  # fp32 [N * splits]: ... and sum of exponentials
+    splits: int  # chunks per row
+    width: int  # SP, merge_row's constexpr: splits rounded up to a power of two
+    k: int
 
 
 def topk_lse_triton(
@@ -260,48 +283,70 @@ def topk_lse_triton(
     the logits, and its inputs must stay allocated until this call returns. No host syncs: safe to
     capture in a CUDA graph.
     """
+    (vals, ids, lse), parts = _split_stage("topk_lse_triton", logits, k, splits, launch, pdl, beside, final_ok=True)
+    if parts is not None and logits.shape[0]:
+        # Under PDL the merge still releases the next kernel early, but is itself launched in full stream order: launched
+        # early, its programs sit through the whole split stream and the select took 1.5-5.6 us longer (H100, version 18:
+        # benchmarks/results/h100_v18/call_d).
+        kp = parts.keys.shape[1]
+        _topk_lse_merge_kernel[(logits.shape[0],)](
+            parts.keys, parts.maxima, parts.sums, parts.splits, vals, ids, lse,
+            K=k, KP=kp, SP=parts.width, **pdl_launch(pdl, launch_pdl=False),
+            num_warps=1 if parts.width * kp <= 512 else 4,  # 512 keys: 16 per lane of one warp
+        )
+    return vals, ids, lse
+
+
+def topk_lse_parts(
+    logits: torch.Tensor, k: int, splits: int | None = None, launch: TopKLaunch = LAUNCH, *, pdl: bool = False,
+    beside: bool = False,
+) -> TopKParts:
+    """logits [N, V] -> stage 1 only: the per-chunk partials, which the consumer merges (merge_row) into what
+    topk_lse_triton returns, bit for bit. One chunk per row still goes through the partials. Arguments as
+    topk_lse_triton's."""
+    return _split_stage("topk_lse_parts", logits, k, splits, launch, pdl, beside, final_ok=False)[1]
+
+
+def _split_stage(name, logits, k, splits, launch, pdl, beside, final_ok: bool):
+    """Launch stage 1 -> ((vals, ids, lse), partials): with final_ok and one chunk per row the split kernel writes
+    the outputs itself and the partials are None; otherwise the outputs are left for the merge to write."""
     check_topk_lse_args(logits, k)
-    check_pdl(pdl, logits, "topk_lse_triton")
+    check_pdl(pdl, logits, name)
     if beside and not pdl:
-        raise ValueError("topk_lse_triton: beside=True runs the split kernel beside the previous one under PDL; pass pdl=True")
+        raise ValueError(f"{name}: beside=True runs the split kernel beside the previous one under PDL; pass pdl=True")
     block = launch.block
     if block < 16 or block & (block - 1):
-        raise ValueError(f"topk_lse_triton: launch.block must be a power of two >= 16, got {block}")
+        raise ValueError(f"{name}: launch.block must be a power of two >= 16, got {block}")
+    for field in ("group", "collect_tiles"):
+        value = getattr(launch, field)
+        if value < 1 or value & (value - 1):
+            raise ValueError(f"{name}: launch.{field} must be a power of two, got {value}")
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     n, vocab = logits.shape
     dev = logits.device
-    vals = torch.empty((n, k), dtype=torch.float32, device=dev)
-    ids = torch.empty((n, k), dtype=torch.int64, device=dev)
-    lse = torch.empty((n,), dtype=torch.float32, device=dev)
-    if n == 0:
-        return vals, ids, lse
+    outputs = (torch.empty((n, k), dtype=torch.float32, device=dev), torch.empty((n, k), dtype=torch.int64, device=dev),
+               torch.empty((n,), dtype=torch.float32, device=dev))
     splits, chunk = split_plan(n, vocab, dev, launch) if splits is None else even_splits(vocab, splits, block)
     kp = triton.next_power_of_2(k)
-    group = min(GROUP, block)
-    final = splits == 1  # one chunk per row: the split kernel writes the outputs itself
-    parts = 0 if final else n * splits
-    part_key = torch.empty((parts, kp), dtype=torch.int64, device=dev)
-    part_max = torch.empty((parts,), dtype=torch.float32, device=dev)
-    part_sum = torch.empty((parts,), dtype=torch.float32, device=dev)
-    _topk_lse_split_kernel[(n, splits)](
-        logits, logits.stride(0), vocab, chunk,
-        part_key, part_max, part_sum, vals, ids, lse,
-        K=k, KP=kp, R=block // group, G=group, TP=COLLECT_TILES, FINAL=final, PDL=pdl, BESIDE=beside, launch_pdl=pdl,
-        num_warps=launch.num_warps, **({"maxnreg": launch.maxnreg} if launch.maxnreg else {}),
+    final = splits == 1 and final_ok  # one chunk per row: the split kernel writes the outputs itself
+    rows = 0 if final else n * splits
+    # Two merge widths per vocabulary (N <= FEW_ROWS and above), not one per N: a constexpr that followed
+    # the batch size would compile a new kernel for every batch size the server meets (a stall on the serving path).
+    width = triton.next_power_of_2(max(splits, triton.cdiv(triton.cdiv(vocab, block), min_tiles(n, launch))))
+    parts = TopKParts(
+        torch.empty((rows, kp), dtype=torch.int64, device=dev), torch.empty((rows,), dtype=torch.float32, device=dev),
+        torch.empty((rows,), dtype=torch.float32, device=dev), splits, width, k,
     )
-    if not final:
-        # Two merge widths per vocabulary (N <= FEW_ROWS and above), not one per N: a constexpr that followed
-        # the batch size would compile a new kernel for every batch size the server meets (a stall on the serving path).
-        sp = triton.next_power_of_2(max(splits, triton.cdiv(triton.cdiv(vocab, block), min_tiles(n))))
-        # Under PDL the merge still releases the next kernel early, but is itself launched in full stream order: launched
-        # early, its programs sit through the whole split stream and the select took 1.5-5.6 us longer (H100, version 18:
-        # benchmarks/results/h100_v18/call_d).
-        _topk_lse_merge_kernel[(n,)](
-            part_key, part_max, part_sum, splits, vals, ids, lse,
-            K=k, KP=kp, SP=sp, **pdl_launch(pdl, launch_pdl=False), num_warps=1 if sp * kp <= 512 else 4,  # 512 keys: 16 per lane of one warp
+    if n:
+        group = min(launch.group, block)
+        _topk_lse_split_kernel[(n, splits)](
+            logits, logits.stride(0), vocab, chunk,
+            parts.keys, parts.maxima, parts.sums, *outputs,
+            K=k, KP=kp, R=block // group, G=group, TP=launch.collect_tiles, FINAL=final, PDL=pdl, BESIDE=beside, launch_pdl=pdl,
+            num_warps=launch.num_warps, **({"maxnreg": launch.maxnreg} if launch.maxnreg else {}),
         )
-    return vals, ids, lse
+    return outputs, None if final else parts
 
 
 SWEEP = (  # the launches `bench_topk_lse(sweep=True)` times beside LAUNCH

@@ -53,6 +53,11 @@ True / False force it at every size where PDL is on (True needs PDL); None takes
 "narrow" config: twice the programs of the 64 x 32 "skinny" tiles, the same bits) at bs 1, where more programs stream
 the weight sooner. True runs all five roles (see NARROW_TILES) narrow at every size, wherever they run as Triton GEMMs
 (needs the fused path and a 16-bit head: fp32 keeps ffn_silu's fp32 config); False: none.
+Version 27, at bs 1: `topk_launch` (TopKLaunch fields of the top-K split; None: TOPK_LAUNCH), `pass_tiles` (the
+ffn_silu config of the pass projection beside the top-K; False: by M; None: PASS_TILES) and `merge_in_confidence`
+(select_from_logits and select run only the top-K's split kernel, and the confidence kernel merges each row's partials
+itself, kernels/head_nodes.py `parts`: one launch fewer; True / False force it, None: MERGE_IN_CONFIDENCE_MAX_ROWS).
+All three give the same bits.
 `cosine_split` (version 26): the cosine + walk kernel cuts each factor's D columns over that many programs, whose partial
 Grams the factor's last program sums in a fixed order (kernels/head_scores.py); an int forces it (1: not split), None
 takes COSINE_SPLIT.
@@ -107,6 +112,18 @@ NARROW_TILES = {1024: (120, ("nodes", "out_in")), 256: (120, ("nodes", "out_proj
 # paper head (D = 1024) bs 1: the D loop of 8 steps in one program is ~3 us of that kernel; cut over 8 programs, -2.05 us
 # in-call (2 / 4 programs in the probe: +0.4 / -0.4); the testbed head (D = 256, two steps) loses 0.7-1.6 us split.
 COSINE_SPLIT = {1024: (120, 8)}
+# Version 27 (PERF_NOTES.md; H100, bs 1, medians of 9 interleaved rounds, the same bits as before), head width -> (the most
+# lattice rows, ...):
+# ... the top-K split's TopKLaunch fields there (topk_launch): sub-tiles of 32 logits (the chunk's end re-ranks 256
+# logits, not 512) and the first 4 tiles ranked at once (a chunk at bs 1 is 3-4 tiles), and on the testbed's vocabulary
+# chunks of 3 tiles (16 splits, not 12);
+TOPK_LAUNCH = {1024: (120, dict(group=32, collect_tiles=4)), 256: (120, dict(group=32, collect_tiles=4, few_rows_tiles=3))}
+# ... the pass projection beside the top-K in 16-row tiles (pass_tiles; its M is one request's 15 slots): paper head
+# -0.8 to -1.1 us alone, -1.95 with TOPK_LAUNCH; on the testbed head (K = 576) the same tiles measured +0.3 to +10 us;
+PASS_TILES = {1024: (120, "thin")}
+# ... where select_from_logits merges the top-K's partials in the confidence kernel (merge_in_confidence): testbed head
+# -2.5 us with its TOPK_LAUNCH (-1.6 without the merge); the paper head loses 0.5 with it.
+MERGE_IN_CONFIDENCE_MAX_ROWS = {256: 120}
 
 
 def _norm_eps(norm: torch.nn.RMSNorm) -> float:
@@ -163,6 +180,9 @@ class FastLiLiCorrSelect:
         release_early: bool | None = None,  # the confidence kernel releases the next kernel at its start; None: table
         narrow_tiles: bool | None = None,  # 64 x 16 tiles for the GEMM roles of NARROW_TILES; None: that table
         cosine_split: int | None = None,  # programs per factor in the cosine + walk kernel; None: COSINE_SPLIT
+        merge_in_confidence: bool | None = None,  # the top-K's merge inside the confidence kernel; None: table
+        topk_launch: dict | None = None,  # TopKLaunch fields for the top-K split at every size; None: TOPK_LAUNCH
+        pass_tiles: str | bool | None = None,  # ffn_silu config of the pass projection beside the top-K; None: PASS_TILES
     ) -> None:
         if (embed_weight is None) == (token_table is None):
             raise ValueError("FastLiLiCorrSelect: pass exactly one of embed_weight=[V, Hm] or token_table=[V, H].")
@@ -225,7 +245,29 @@ class FastLiLiCorrSelect:
             from .kernels.head_scores import LAUNCH, check_split
 
             check_split("FastLiLiCorrSelect(cosine_split=...)", self.factor_dim, LAUNCH._replace(split=cosine_split))
-        self.narrow_tiles, self.cosine_split = narrow_tiles, cosine_split
+        if merge_in_confidence and not self.fused:
+            raise ValueError(
+                "FastLiLiCorrSelect(merge_in_confidence=True) merges the Triton top-K's partials in the Triton confidence "
+                "kernel: it needs the fused path, got fused=False; pass None or False"
+            )
+        if pass_tiles and not self.fused:
+            raise ValueError(
+                f"FastLiLiCorrSelect(pass_tiles={pass_tiles!r}) sets the tiles of the Triton pass projection beside the top-K: "
+                f"it needs the fused path, got fused=False; pass None or False"
+            )
+        if isinstance(pass_tiles, str):
+            from .kernels.ffn_silu import CONFIGS
+
+            if pass_tiles not in CONFIGS:
+                raise ValueError(f"FastLiLiCorrSelect(pass_tiles={pass_tiles!r}): not an ffn_silu config; use one of {sorted(CONFIGS)}")
+        if topk_launch is not None:
+            from .kernels.topk_lse_fused import TopKLaunch
+
+            unknown = set(topk_launch) - set(TopKLaunch._fields)
+            if unknown:
+                raise ValueError(f"FastLiLiCorrSelect(topk_launch=...): {sorted(unknown)} are not TopKLaunch fields {TopKLaunch._fields}")
+        self.narrow_tiles, self.cosine_split, self.merge_in_confidence = narrow_tiles, cosine_split, merge_in_confidence
+        self.topk_launch, self.pass_tiles = topk_launch, pass_tiles
         self.pdl, self.triton_gemms, self.fold_norms = pdl, triton_gemms, fold_norms
         self.pass_beside_topk, self.nodes_in_gemm, self.release_early = pass_beside_topk, nodes_in_gemm, release_early
         self._prefetch = None if prefetch_weights else False  # linear_act_triton's prefetch: None = when launched early
@@ -318,7 +360,8 @@ class FastLiLiCorrSelect:
 
     def _candidates_from_logits(self, logits, b, s, beside: bool = False):
         """`beside`: the top-K split runs beside the kernel launched before it (_pass_beside_topk)."""
-        vals, ids, lse = topk_lse(logits, self.topk, pdl=self._pdl_at(b * s * self.topk), beside=beside)
+        rows = b * s * self.topk
+        vals, ids, lse = topk_lse(logits, self.topk, pdl=self._pdl_at(rows), beside=beside, launch=self._topk_launch(rows))
         return vals.view(b, s, self.topk), ids.view(b, s, self.topk), lse.view(b, s)
 
     def _pass_projection(self, pass_hidden, pdl: bool = False):
@@ -333,7 +376,9 @@ class FastLiLiCorrSelect:
 
         # No weight prefetch: launched first in the select, its wait overlaps nothing, and a prefetch ahead of it only
         # delays its release of the top-K split beside it (-1.4 us at paper bs 1, H100: PERF_NOTES.md version 22).
-        return linear_act_triton(x.reshape(b * s, hm), self.w_pass, pdl=pdl, prefetch=False).view(b, s, -1)
+        return linear_act_triton(
+            x.reshape(b * s, hm), self.w_pass, pdl=pdl, prefetch=False, config=self._pass_tiles(b * s * self.topk)
+        ).view(b, s, -1)
 
     def _passes_beside_topk(self, rows: int) -> bool:
         """Whether a select from logits with `rows` lattice rows runs the pass projection beside the top-K: forced by
@@ -412,33 +457,38 @@ class FastLiLiCorrSelect:
         join_pass = None if pass_ready is None else lambda: side.join(pass_ready, pass_proj)
         return pass_proj, t, anchor, join_pass, lambda: side.join(anchor_ready, t, anchor)
 
-    def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, walk: bool = False, pass_proj=None):
+    def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, walk: bool = False, pass_proj=None, parts=None):
         """-> (start, pair, log-probs [b, S, K], draft ids [b, S] from the cosine kernel's greedy walk if `walk` else None);
-        `pass_proj`: the pass projection made on the main stream before the top-K (_pass_beside_topk), else None."""
-        b, s, k = vals.shape
+        `pass_proj`: the pass projection made on the main stream before the top-K (_pass_beside_topk), else None;
+        `parts`: the top-K's partials instead of vals and lse (None), merged by the confidence kernel into `ids`."""
+        b, s, k = ids.shape
         beside = pass_proj is not None
         pass_proj, t, anchor, join_pass, join_anchor = self._projections(pass_hidden, anchor_hidden, pass_proj)
-        lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj, join_pass, node_gemm=beside and self.nodes_in_gemm is not False)
+        lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj, join_pass, node_gemm=beside and self.nodes_in_gemm is not False,
+                                      parts=parts)
         cat, sumsq = self._layers_fused(x, xn, b, t, join_anchor)
         start, pair, draft = self._factors_fused(cat, sumsq, anchor, b, s, ids if walk else None)
         return start, pair, lp.view(b, s, k), draft
 
-    def _nodes_fused(self, vals, ids, lse, pass_proj, join_pass=None, node_gemm: bool = False):
+    def _nodes_fused(self, vals, ids, lse, pass_proj, join_pass=None, node_gemm: bool = False, parts=None):
         """-> log-probs fp32 [b*S, K], residual stream x [b*L, H], first attention input [b*L, H]. Where the
         norms fold into the GEMMs (_folds_norms): x is a [b*L, 2H] buffer whose first half is the residual
         stream (the last layer writes x * t into the second), and the sums of squares of its rows stand
         in for the attention input (fp32 [b*L, H / 16], kernels/head_norm.py); there `node_gemm` (the pass
-        projection on the main stream, no join) makes the nodes the feature down GEMM's epilogue."""
+        projection on the main stream, no join) makes the nodes the feature down GEMM's epilogue. `parts` (vals and lse
+        None): the top-K's partials, which the confidence kernel merges, writing the ids into `ids`."""
         from .kernels.ffn_silu import linear_act_triton
         from .kernels.head_nodes import confidence_up_triton, lattice_nodes_triton
         from .kernels.head_norm import sumsq_parts
         from .kernels.linear_norm import lattice_nodes_linear_triton
 
-        b, s, k = vals.shape
+        b, s, k = ids.shape
         pdl = self._pdl_at(b * s * k)
+        if parts is None:
+            vals, lse = vals.reshape(b * s, k).float(), lse.reshape(b * s).float()
         lp, up = confidence_up_triton(
-            vals.reshape(b * s, k).float(), lse.reshape(b * s).float(), self.w_feat, self.b_feat, self.feat_ln_eps, self.dtype,
-            pdl=pdl, release_early=self._releases_early(b * s * k),
+            vals, lse, self.w_feat, self.b_feat, self.feat_ln_eps, self.dtype, pdl=pdl, release_early=self._releases_early(b * s * k),
+            parts=parts, ids_out=None if parts is None else ids,
         )
         norm, rows, h = self.head.layers[0].attn_norm, b * s * k, self.width
         folds = self._folds_norms(rows)
@@ -625,6 +675,29 @@ class FastLiLiCorrSelect:
         max_rows, roles = NARROW_TILES.get(self.width, (0, ()))
         return "narrow" if rows <= max_rows and role in roles else None
 
+    def _topk_launch(self, rows: int) -> dict:
+        """The TopKLaunch fields the top-K split takes at `rows` lattice rows (see topk_launch): {} keeps its defaults."""
+        if self.topk_launch is not None:
+            return self.topk_launch
+        max_rows, fields = TOPK_LAUNCH.get(self.width, (0, {}))
+        return fields if rows <= max_rows else {}
+
+    def _pass_tiles(self, rows: int) -> str | None:
+        """The ffn_silu config of the pass projection beside the top-K at `rows` lattice rows (see pass_tiles); None: by M."""
+        if self.dtype == torch.float32 or self.pass_tiles is False:
+            return None
+        if self.pass_tiles is not None:
+            return self.pass_tiles
+        max_rows, config = PASS_TILES.get(self.width, (0, None))
+        return config if rows <= max_rows else None
+
+    def _merges_in_confidence(self, rows: int) -> bool:
+        """Whether a select from logits with `rows` lattice rows merges the top-K in the confidence kernel (see
+        merge_in_confidence)."""
+        if self.merge_in_confidence is not None:
+            return self.merge_in_confidence
+        return rows <= MERGE_IN_CONFIDENCE_MAX_ROWS.get(self.width, 0)
+
     def _cosine_split(self, rows: int) -> int:
         """Programs per factor of the cosine + walk kernel at `rows` lattice rows (see cosine_split)."""
         if self.cosine_split is not None:
@@ -708,9 +781,18 @@ class FastLiLiCorrSelect:
             # hidden is not already the head's dtype and contiguous) stays allocated until the top-K is launched
             pass_input = hidden.to(self.dtype).contiguous()
             pass_proj = self._pass_projection(pass_input, pdl=True)
-        vals, ids, lse = self._candidates_from_logits(logits, b, s, beside=pass_proj is not None)
+        beside, parts = pass_proj is not None, None
+        if self._merges_in_confidence(b * s * self.topk):  # only the split kernel here: the confidence kernel merges
+            from .kernels.topk_lse_fused import LAUNCH, topk_lse_parts
+
+            rows = b * s * self.topk
+            launch = LAUNCH._replace(**self._topk_launch(rows))
+            parts = topk_lse_parts(logits, self.topk, launch=launch, pdl=self._pdl_at(rows), beside=beside)
+            vals, lse, ids = None, None, torch.empty((b, s, self.topk), dtype=torch.int64, device=self.device)
+        else:
+            vals, ids, lse = self._candidates_from_logits(logits, b, s, beside=beside)
         pass_input = None  # the top-K is launched: the input may go back to the allocator (stream-ordered)
-        lp, draft = self._scores_fused(vals, ids, lse, hidden, anchor_hidden, walk=True, pass_proj=pass_proj)[2:]
+        lp, draft = self._scores_fused(vals, ids, lse, hidden, anchor_hidden, walk=True, pass_proj=pass_proj, parts=parts)[2:]
         return draft, ids, lp
 
     def select_from_logits(self, logits: torch.Tensor, hidden: torch.Tensor, anchor_hidden: torch.Tensor):

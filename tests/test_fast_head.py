@@ -156,6 +156,76 @@ def test_cosine_split_select_equals_reference(seed):
 
 
 @needs_interpreter
+def test_merge_in_confidence_gives_the_same_bits(seed):
+    """merge_in_confidence=True (the top-K's partials merged in the confidence kernel, no merge launch) serves the
+    same bits as the merge kernel: draft, ids and log-probs; off the fused path it is refused by name."""
+    head = make_head(SMALL, HM, seed, dtype=torch.bfloat16)
+    hidden, anchor, lm_head, embed = make_inputs(3, SMALL.num_slots, HM, VOCAB, seed, dtype=torch.bfloat16)
+    merged = FastLiLiCorrSelect(head, embed_weight=embed, merge_in_confidence=True)
+    plain = FastLiLiCorrSelect(head, embed_weight=embed, merge_in_confidence=False)
+    assert merged._merges_in_confidence(10**6) and not plain._merges_in_confidence(1)
+    for got, want in zip(merged.select(hidden, anchor, lm_head), plain.select(hidden, anchor, lm_head)):
+        assert torch.equal(got, want)
+    assert_select_matches(merged, head, hidden, anchor, lm_head, atol=0.25)
+    with pytest.raises(ValueError, match=r"merge_in_confidence=True\) merges the Triton top-K's partials .* needs the fused path"):
+        FastLiLiCorrSelect(head, embed_weight=embed, fused=False, merge_in_confidence=True)
+
+
+@needs_interpreter
+def test_bs1_topk_launch_gives_the_same_bits(seed):
+    """topk_launch (the top-K split's sub-tiles, collected tiles and chunk length: fast_head's TOPK_LAUNCH at bs 1), with
+    and without the merge in the confidence kernel, serves the default launch's bits; unknown fields and pass tiles that
+    are no ffn_silu config are refused by name."""
+    head = make_head(SMALL, HM, seed, dtype=torch.bfloat16)
+    vocab = 40 * 64 + 9  # 40 sub-tiles of 64 logits
+    hidden, anchor, lm_head, embed = make_inputs(3, SMALL.num_slots, HM, vocab, seed, dtype=torch.bfloat16)
+    with torch.no_grad():
+        table = head.token_table(embed)
+    launch = dict(block=256, group=32, collect_tiles=4, few_rows_tiles=3)
+    want = FastLiLiCorrSelect(head, token_table=table, topk_launch=dict(block=256)).select(hidden, anchor, lm_head)
+    for merge in (False, True):
+        fast = FastLiLiCorrSelect(head, token_table=table, topk_launch=launch, merge_in_confidence=merge)
+        assert fast._topk_launch(10**6) == launch
+        for got, w in zip(fast.select(hidden, anchor, lm_head), want):
+            assert torch.equal(got, w)
+    with pytest.raises(ValueError, match=r"topk_launch=\.\.\.\): \['groups'\] are not TopKLaunch fields"):
+        FastLiLiCorrSelect(head, token_table=table, topk_launch=dict(groups=32))
+    with pytest.raises(ValueError, match=r"pass_tiles='thinner'\): not an ffn_silu config"):
+        FastLiLiCorrSelect(head, token_table=table, pass_tiles="thinner")
+    with pytest.raises(ValueError, match=r"pass_tiles='thin'\) sets the tiles .* needs the fused path"):
+        FastLiLiCorrSelect(head, token_table=table, fused=False, pass_tiles="thin")
+    with pytest.raises(ValueError, match=r"launch.group must be a power of two, got 48"):
+        FastLiLiCorrSelect(head, token_table=table, topk_launch=dict(group=48)).select(hidden, anchor, lm_head)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("splits", [1, 3])
+def test_confidence_kernel_merges_the_top_k_parts(seed, splits):
+    """confidence_up_triton(parts=topk_lse_parts(...)) equals topk_lse_triton + confidence_up_triton bit for bit (ids,
+    log-probs, activations), over several chunks per row; the two ways of passing candidates are exclusive."""
+    from sglang_lilicorr.kernels.topk_lse_fused import GROUP, TopKLaunch, topk_lse_parts
+
+    head = make_head(SMALL, HM, seed)
+    fast = FastLiLiCorrSelect(head, embed_weight=torch.randn(VOCAB, HM), fused=True)
+    g = torch.Generator().manual_seed(seed)
+    k, launch = SMALL.candidate_topk, TopKLaunch(block=2 * GROUP)
+    logits = torch.randn(5, 7 * 2 * GROUP + 3, generator=g).to(torch.bfloat16)
+    logits[1, 300:310] = 4.0  # ties across a chunk's sub-tiles
+    vals, ids, lse = topk_lse_triton(logits, k, splits=splits, launch=launch)
+    args = (fast.w_feat, fast.b_feat, fast.feat_ln_eps, torch.bfloat16)
+    lp, up = confidence_up_triton(vals, lse, *args)
+    parts = topk_lse_parts(logits, k, splits=splits, launch=launch)
+    assert parts.splits == splits and parts.keys.shape == (5 * splits, k)
+    m_ids = torch.empty(5, k, dtype=torch.int64)
+    m_lp, m_up = confidence_up_triton(None, None, *args, parts=parts, ids_out=m_ids)
+    assert torch.equal(m_ids, ids) and torch.equal(m_lp, lp) and torch.equal(m_up, up)
+    with pytest.raises(ValueError, match="confidence_up_triton: pass either vals and lse, or parts and ids_out"):
+        confidence_up_triton(vals, lse, *args, parts=parts, ids_out=m_ids)
+    with pytest.raises(ValueError, match=r"ids_out must be a contiguous int64 tensor of G \* K = 20 ids"):
+        confidence_up_triton(None, None, *args, parts=parts, ids_out=torch.empty(5, k, dtype=torch.int32))
+
+
+@needs_interpreter
 def test_narrow_tiles_give_the_same_bits(seed):
     """narrow_tiles=True (64 x 16 tiles for all five GEMM roles of NARROW_TILES, bf16) equals the default tiles bit for bit;
     off the fused path it is refused by name."""
@@ -259,6 +329,13 @@ def test_pdl_and_triton_gemm_tables_follow_width_and_rows(seed, monkeypatch):
     fast.dtype = torch.bfloat16
     assert [fast._tiles(r, 120) for r in ("nodes", "out_proj", "ffn_up", "factor", "out_in")] == ["narrow", None, None, None, "narrow"]
     assert fast._tiles("nodes", 480) is None  # the paper head: narrow tiles at bs 1 only
+    assert fast._pass_tiles(120) == "thin" and fast._pass_tiles(480) is None  # version 27, bs 1 only
+    assert fast._topk_launch(120) == dict(group=32, collect_tiles=4) and fast._topk_launch(480) == {}
+    assert not fast._merges_in_confidence(120)
+    fast.width = 256  # the testbed head: the merge in the confidence kernel and 3-tile chunks at bs 1, default pass tiles
+    assert fast._merges_in_confidence(120) and not fast._merges_in_confidence(480) and fast._pass_tiles(120) is None
+    assert fast._topk_launch(120) == dict(group=32, collect_tiles=4, few_rows_tiles=3)
+    fast.width = 1024
     fast.narrow_tiles = True
     assert fast._tiles("out_proj", 480) == "narrow"
     fast.narrow_tiles, fast.width = None, 256
@@ -340,17 +417,19 @@ def test_head_bench_smoke_runs_and_checks(tmp_path, monkeypatch):
 
 @needs_interpreter
 @pytest.mark.parametrize("splits, tiles", [(1, 3), (3, 3), (1, 21), (2, 21)])
-def test_topk_candidates_exact_when_the_best_share_a_subtile(seed, splits, tiles):
+@pytest.mark.parametrize("group, collect", [(64, 8), (32, 4)])  # the default launch, fast_head's TOPK_LAUNCH at bs 1
+def test_topk_candidates_exact_when_the_best_share_a_subtile(seed, splits, tiles, group, collect):
     """The top-K kernel ranks sub-tiles by their maximum and re-reads the K best: adversarial rows
     (all K best in one sub-tile, ascending / descending runs, ties across sub-tiles and at chunk
     edges, -inf padding) must still give the exact stable top-K, with chunks shorter and longer
     than the tiles it ranks at once (the rest through its K-best buffer)."""
     from sglang_lilicorr.kernels import topk_lse_reference
-    from sglang_lilicorr.kernels.topk_lse_fused import COLLECT_TILES, GROUP, TopKLaunch
+    from sglang_lilicorr.kernels.topk_lse_fused import TopKLaunch
 
     g = torch.Generator().manual_seed(seed)
+    GROUP = group
     vocab, k = tiles * 4 * GROUP + 5, 8  # tiles of 4 sub-tiles, the last one partial
-    assert (-(-(tiles + 1) // splits) > COLLECT_TILES) == (tiles > COLLECT_TILES)  # tiles per split
+    assert (-(-(tiles + 1) // splits) > collect) == (tiles > collect)  # tiles per split
     rows = torch.randn(6, vocab, generator=g)
     rows[0, 2 * GROUP : 2 * GROUP + k] = 10.0 + torch.arange(k)  # every winner in one sub-tile
     rows[1] = torch.arange(vocab).float()  # ascending: each tile beats the buffer
@@ -359,7 +438,7 @@ def test_topk_candidates_exact_when_the_best_share_a_subtile(seed, splits, tiles
     rows[4, -k:] = 9.0  # winners in the last, partial sub-tile
     rows[5, : vocab // 2] = float("-inf")
     rows = rows.to(torch.bfloat16)
-    vals, ids, lse = topk_lse_triton(rows, k, splits=splits, launch=TopKLaunch(block=4 * GROUP))
+    vals, ids, lse = topk_lse_triton(rows, k, splits=splits, launch=TopKLaunch(block=4 * GROUP, group=group, collect_tiles=collect))
     r_vals, r_ids, r_lse = topk_lse_reference(rows, k)
     assert torch.equal(ids, r_ids) and torch.equal(vals, r_vals)
     torch.testing.assert_close(lse, r_lse)
@@ -511,15 +590,18 @@ from sglang_lilicorr.kernels import head_nodes, head_norm, head_scores, topk_lse
 
 bf, f32, i32, i64, c = "*bf16", "*fp32", "i32", "*i64", "constexpr"
 L, CL = tk.LAUNCH, head_scores.LAUNCH
-R, G = L.block // tk.GROUP, tk.GROUP
+R, G = L.block // L.group, L.group
 split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 8
+confidence = [f32] * 5 + [bf, i64, f32, f32, i32, i64, i32, i32, "fp32", "fp32"] + [c] * 6  # + the merge's partials, ids
+ML = head_nodes.MERGE_LAUNCH
 walk_args = [i64, "*i32", i64, i32, i32, i32, i64]  # the cosine kernel's walk: successors, counters, ids + strides, draft
 def cosine_args(t):  # edges, anchor (+ stride), start, pair, S, K, D, sigma, eps, the walk's, the split's (partials, counters)
     return [t, t, i32, f32, f32, i32, i32, i32, "fp32", "fp32"] + walk_args + [f32, "*i32"] + [c] * 9
 P = dict(PDL=True)  # as served on sm_90 (kernels/pdl.py)
 cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divisible by 16 at the paper config
-    (head_nodes._confidence_up_kernel, [f32] * 5 + [bf, i32, i32, "fp32", "fp32", c, c, c, c, c], dict(KP=8, BLOCK_H=256, RELEASE_EARLY=False, **P), 4, None, ()),
-    (head_nodes._confidence_up_kernel, [f32] * 5 + [bf, i32, i32, "fp32", "fp32", c, c, c, c, c], dict(KP=8, BLOCK_H=256, RELEASE_EARLY=True, **P), 4, None, ()),
+    (head_nodes._confidence_up_kernel, confidence, dict(KP=8, BLOCK_H=256, RELEASE_EARLY=False, MERGE=False, SP=1, **P), 4, None, ()),
+    (head_nodes._confidence_up_kernel, confidence, dict(KP=8, BLOCK_H=256, RELEASE_EARLY=True, MERGE=False, SP=1, **P), 4, None, ()),
+    (head_nodes._confidence_up_kernel, confidence, dict(KP=8, BLOCK_H=ML.block_h, RELEASE_EARLY=True, MERGE=True, SP=64, **P), ML.num_warps, None, ()),
     (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, f32] + [i32] * 5 + ["fp32", c, c, c, c], dict(ROWS=1, BLOCK_H=1024, SUMSQ=False, **P), 4, None, ()),
     (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, f32] + [i32] * 5 + ["fp32", c, c, c, c], dict(ROWS=1, BLOCK_H=1024, SUMSQ=True, **P), 4, None, ()),
     (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=True, ADD=True, **P), 4, None, ()),
@@ -529,9 +611,10 @@ cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divis
     (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, SPLIT=8, STEPS=1, **P), CL.num_warps, None, (0, 1, 2, 7)),
     (head_scores._lattice_cosine_kernel, cosine_args(f32), dict(KP=16, BLOCK_D=128, F32_DOT=True, PRECISION="ieee", WALK=False, SP=16, SPLIT=1, STEPS=1, PDL=False), 4, None, (0, 1, 2, 7)),
     (walk._greedy_walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c], dict(KP=8, SP=16, GATHER=True, **P), 1, None, ()),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=tk.COLLECT_TILES, FINAL=False, BESIDE=False, **P), L.num_warps, L.maxnreg, range(10)),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=tk.COLLECT_TILES, FINAL=False, BESIDE=True, **P), L.num_warps, L.maxnreg, range(10)),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=tk.COLLECT_TILES, FINAL=True, BESIDE=False, PDL=False), L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, BESIDE=False, **P), L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, BESIDE=True, **P), L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=L.block // 32, G=32, TP=4, FINAL=False, BESIDE=True, **P), L.num_warps, L.maxnreg, range(10)),  # TOPK_LAUNCH at bs 1
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=True, BESIDE=False, PDL=False), L.num_warps, L.maxnreg, range(10)),
     (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32, c, c, c, c], dict(K=8, KP=8, SP=64, **P), 1, None, (0, 1, 2, 4, 5, 6)),
     (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32, c, c, c, c], dict(K=8, KP=8, SP=128, PDL=False), 4, None, (0, 1, 2, 4, 5, 6)),
 ]
