@@ -33,7 +33,8 @@ without the folded norms / with them at every bs), served_no_prefetch (served wi
 L2 prefetch of their weights, prefetch_weights=False), served_pass_beside / _nodes_apart (served with
 the pass projection beside the top-K at every bs, the nodes in the feature GEMM where the norms fold / in their own kernel),
 served_skinny_tiles (served without version 25's narrow GEMM tiles), served_cosine_unsplit (served with one
-cosine program per factor, as before version 26), served_v26 (served without version 27's bs-1 launches), fused_overlap_norm / _nonorm
+cosine program per factor, as before version 26), served_v26 (served without version 27's bs-1 launches), served_attention16 (16 query rows per
+attention program), fused_overlap_norm / _nonorm
 (the residual add + RMSNorm in the out / FFN down GEMMs forced on / off; the others take
 kernels/linear_norm.py's table), and with --compile,
 compiled (torch.compile of the PyTorch variant). Checks in the same run: each variant's select
@@ -98,6 +99,7 @@ VARIANTS = {  # ours: FastLiLiCorrSelect options (norm_epilogue None = kernels/l
     "served_cosine_unsplit": dict(fused=True, cosine_split=1),  # served with one cosine program per factor (before version 26)
     # served without version 27's bs-1 launches (the top-K split's, the pass projection's tiles, the merge in the confidence kernel)
     "served_v26": dict(fused=True, topk_launch={}, pass_tiles=False, merge_in_confidence=False),
+    "served_attention16": dict(fused=True, attention_block_m=16),  # served with 16 query rows per attention program (version 28's A/B)
     "fused_overlap_norm": dict(fused=True, overlap=True, pdl=False, norm_epilogue=True),  # the norm epilogue at every shape
     "fused_overlap_nonorm": dict(fused=True, overlap=True, pdl=False, norm_epilogue=False),  # ... at none
 }

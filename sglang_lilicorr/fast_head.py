@@ -57,7 +57,8 @@ Version 27, at bs 1: `topk_launch` (TopKLaunch fields of the top-K split; None: 
 ffn_silu config of the pass projection beside the top-K; False: by M; None: PASS_TILES) and `merge_in_confidence`
 (select_from_logits and select run only the top-K's split kernel, and the confidence kernel merges each row's partials
 itself, kernels/head_nodes.py `parts`: one launch fewer; True / False force it, None: MERGE_IN_CONFIDENCE_MAX_ROWS).
-All three give the same bits.
+All three give the same bits. `attention_block_m` (version 28): the lattice attention's query rows per program
+(None: ATTENTION_BLOCK_M, else the kernel's default by batch size).
 `cosine_split` (version 26): the cosine + walk kernel cuts each factor's D columns over that many programs, whose partial
 Grams the factor's last program sums in a fixed order (kernels/head_scores.py); an int forces it (1: not split), None
 takes COSINE_SPLIT.
@@ -124,6 +125,9 @@ PASS_TILES = {1024: (120, "thin")}
 # ... where select_from_logits merges the top-K's partials in the confidence kernel (merge_in_confidence): testbed head
 # -2.5 us with its TOPK_LAUNCH (-1.6 without the merge); the paper head loses 0.5 with it.
 MERGE_IN_CONFIDENCE_MAX_ROWS = {256: 120}
+# ... the lattice attention's query rows per program there (attention_block_m; the kernel's own default at bs 1 is 32).
+# Version 28 (PERF_NOTES.md): 16 measured -1.1 us paper / -1.5 testbed on an H200, 9 of 9 rounds each, the same bits.
+ATTENTION_BLOCK_M: dict[int, tuple[int, int]] = {}
 
 
 def _norm_eps(norm: torch.nn.RMSNorm) -> float:
@@ -183,6 +187,7 @@ class FastLiLiCorrSelect:
         merge_in_confidence: bool | None = None,  # the top-K's merge inside the confidence kernel; None: table
         topk_launch: dict | None = None,  # TopKLaunch fields for the top-K split at every size; None: TOPK_LAUNCH
         pass_tiles: str | bool | None = None,  # ffn_silu config of the pass projection beside the top-K; None: PASS_TILES
+        attention_block_m: int | None = None,  # query rows per lattice-attention program; None: ATTENTION_BLOCK_M
     ) -> None:
         if (embed_weight is None) == (token_table is None):
             raise ValueError("FastLiLiCorrSelect: pass exactly one of embed_weight=[V, Hm] or token_table=[V, H].")
@@ -267,7 +272,12 @@ class FastLiLiCorrSelect:
             if unknown:
                 raise ValueError(f"FastLiLiCorrSelect(topk_launch=...): {sorted(unknown)} are not TopKLaunch fields {TopKLaunch._fields}")
         self.narrow_tiles, self.cosine_split, self.merge_in_confidence = narrow_tiles, cosine_split, merge_in_confidence
-        self.topk_launch, self.pass_tiles = topk_launch, pass_tiles
+        if attention_block_m is not None and (not self.fused or attention_block_m < 16 or attention_block_m & (attention_block_m - 1)):
+            raise ValueError(
+                f"FastLiLiCorrSelect(attention_block_m={attention_block_m!r}) sets the Triton lattice attention's query rows per "
+                f"program: it needs the fused path and a power of two >= 16, got fused={self.fused}; pass None"
+            )
+        self.topk_launch, self.pass_tiles, self.attention_block_m = topk_launch, pass_tiles, attention_block_m
         self.pdl, self.triton_gemms, self.fold_norms = pdl, triton_gemms, fold_norms
         self.pass_beside_topk, self.nodes_in_gemm, self.release_early = pass_beside_topk, nodes_in_gemm, release_early
         self._prefetch = None if prefetch_weights else False  # linear_act_triton's prefetch: None = when launched early
@@ -539,7 +549,9 @@ class FastLiLiCorrSelect:
             joined = last and join_anchor is not None
             if joined:  # t for the last FFN down; the attention has no weight to prefetch, so it takes the full-order launch
                 join_anchor()
-            attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=pdl, launch_pdl=not joined)
+            attended = lattice_attention_triton(
+                qkv, bias, attn.num_heads, block_m=self._attention_block_m(x.shape[0]), pdl=pdl, launch_pdl=not joined
+            )
             xn = self._residual_norm(x, attended, attn.out_proj, self._after_attn[i])
             mlp = layer.mlp
             if prefer_triton(xn.shape[0]) or self._gemm_in_triton(xn.shape[0], mlp.up_proj.weight):  # up GEMM with bias + SiLU in its epilogue
@@ -570,7 +582,9 @@ class FastLiLiCorrSelect:
             joined = last and join_anchor is not None
             if joined:  # as in _layers_fused: the attention after the join, every GEMM launched early
                 join_anchor()
-            attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=launch["pdl"], launch_pdl=not joined)
+            attended = lattice_attention_triton(
+                qkv, bias, attn.num_heads, block_m=self._attention_block_m(rows), pdl=launch["pdl"], launch_pdl=not joined
+            )
             sumsq = sumsq_parts(rows, h, self.device)
             linear_act_triton(
                 attended, attn.out_proj.weight, attn.out_proj.bias, residual=x, sumsq_out=sumsq,
@@ -690,6 +704,14 @@ class FastLiLiCorrSelect:
             return self.pass_tiles
         max_rows, config = PASS_TILES.get(self.width, (0, None))
         return config if rows <= max_rows else None
+
+    def _attention_block_m(self, rows: int) -> int | None:
+        """Query rows per lattice-attention program at `rows` lattice rows (see attention_block_m); None: the kernel's
+        default by batch size."""
+        if self.attention_block_m is not None:
+            return self.attention_block_m
+        max_rows, block_m = ATTENTION_BLOCK_M.get(self.width, (0, None))
+        return block_m if rows <= max_rows else None
 
     def _merges_in_confidence(self, rows: int) -> bool:
         """Whether a select from logits with `rows` lattice rows merges the top-K in the confidence kernel (see

@@ -199,6 +199,23 @@ def test_bs1_topk_launch_gives_the_same_bits(seed):
 
 
 @needs_interpreter
+def test_attention_block_m_gives_the_same_bits(seed):
+    """attention_block_m=16 (16 query rows per lattice-attention program) serves the default blocks' bits (each query
+    row is computed alone); a block that is no power of two >= 16, or off the fused path, is refused by name."""
+    head = make_head(SMALL, HM, seed, dtype=torch.bfloat16)
+    hidden, anchor, lm_head, embed = make_inputs(2, SMALL.num_slots, HM, VOCAB, seed, dtype=torch.bfloat16)
+    with torch.no_grad():
+        table = head.token_table(embed)
+    small = FastLiLiCorrSelect(head, token_table=table, attention_block_m=16)
+    assert small._attention_block_m(10**6) == 16
+    for got, want in zip(small.select(hidden, anchor, lm_head), FastLiLiCorrSelect(head, token_table=table).select(hidden, anchor, lm_head)):
+        assert torch.equal(got, want)
+    for kw in (dict(attention_block_m=24), dict(attention_block_m=16, fused=False)):
+        with pytest.raises(ValueError, match=r"attention_block_m=\d+\) sets the Triton lattice attention's query rows"):
+            FastLiLiCorrSelect(head, token_table=table, **kw)
+
+
+@needs_interpreter
 @pytest.mark.parametrize("splits", [1, 3])
 def test_confidence_kernel_merges_the_top_k_parts(seed, splits):
     """confidence_up_triton(parts=topk_lse_parts(...)) equals topk_lse_triton + confidence_up_triton bit for bit (ids,

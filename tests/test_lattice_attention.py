@@ -140,13 +140,13 @@ from sm90_build import build
 from sglang_lilicorr.kernels import lattice_attention as la
 
 types = ["*bf16", "i32", "*bf16", "i32", "i32", "*bf16", "i32", "i32", "i32", "fp32"] + ["constexpr"] * 6
-for block_m, warps, dp in [(la.BLOCK_M, la.NUM_WARPS, 128), (128, 8, 128), (la.BLOCK_M, la.NUM_WARPS, 64)]:
+for block_m, warps, dp in [(la.BLOCK_M, la.NUM_WARPS, 128), (128, 8, 128), (la.BLOCK_M, la.NUM_WARPS, 64), (16, 4, 128), (16, 4, 64)]:
     consts = dict(LP=128, DP=dp, BLOCK_M=block_m, IEEE=False, F32_DOT=False, PDL=True)
     r = build(la._lattice_attention_kernel, types, consts, aligned=(0, 1, 2, 4, 5, 7, 8), num_warps=warps)  # pointers, strides, H, dh
     print(block_m, warps, dp, "registers", r["registers"], "spill bytes", r["spills"], "smem", r["shared"])
     if r["spills"]:
         sys.exit(f"BLOCK_M={block_m} num_warps={warps} spills {r['spills']} bytes")
-    if "wgmma.mma_async" not in r["ptx"]:
+    if block_m >= 64 and "wgmma.mma_async" not in r["ptx"]:  # (16-row blocks: mma.sync, below wgmma's 64 rows)
         sys.exit(f"BLOCK_M={block_m} num_warps={warps} does not use wgmma")
     if "griddepcontrol.wait" not in r["ptx"]:
         sys.exit("PDL=True does not wait on the previous grid")
@@ -168,10 +168,10 @@ def test_kernel_compiles_for_sm90_without_spills(sm90_triton):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA or INTERPRETER, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("launch", [{}, {"block_m": 128, "num_warps": 8}])
+@pytest.mark.parametrize("launch", [{}, {"block_m": 128, "num_warps": 8}, {"block_m": 16}])
 @pytest.mark.parametrize("b", [1, 4, 32])
 def test_gpu_paper_shape_bf16_matches_sdpa_and_graph_replay(b, launch):
-    """Default launch and the (128, 8 warps) alternative, against bf16 SDPA and fp32 SDPA;
+    """Default launch, the (128, 8 warps) alternative and 16-row blocks, against bf16 SDPA and fp32 SDPA;
     a CUDA-graph replay writes exactly the eager result."""
     heads, dh, length = 8, 128, 15 * 8
     g = torch.Generator(device="cuda").manual_seed(b)
