@@ -126,8 +126,9 @@ PASS_TILES = {1024: (120, "thin")}
 # -2.5 us with its TOPK_LAUNCH (-1.6 without the merge); the paper head loses 0.5 with it.
 MERGE_IN_CONFIDENCE_MAX_ROWS = {256: 120}
 # ... the lattice attention's query rows per program there (attention_block_m; the kernel's own default at bs 1 is 32).
-# Version 28 (PERF_NOTES.md): 16 measured -1.1 us paper / -1.5 testbed on an H200, 9 of 9 rounds each, the same bits.
-ATTENTION_BLOCK_M: dict[int, tuple[int, int]] = {}
+# Version 28 (PERF_NOTES.md), 16 rows against 32, 9 interleaved rounds: H100 paper -0.54 us (8 of 9), testbed -1.34
+# (9 of 9); H200 -1.12 / -1.54 (9 of 9); the same bits at bs 1 (select_digest, both heads; both block sizes take mma.sync).
+ATTENTION_BLOCK_M = {1024: (120, 16), 256: (120, 16)}
 
 
 def _norm_eps(norm: torch.nn.RMSNorm) -> float:

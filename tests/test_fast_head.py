@@ -352,7 +352,9 @@ def test_pdl_and_triton_gemm_tables_follow_width_and_rows(seed, monkeypatch):
     fast.width = 256  # the testbed head: the merge in the confidence kernel and 3-tile chunks at bs 1, default pass tiles
     assert fast._merges_in_confidence(120) and not fast._merges_in_confidence(480) and fast._pass_tiles(120) is None
     assert fast._topk_launch(120) == dict(group=32, collect_tiles=4, few_rows_tiles=3)
+    assert fast._attention_block_m(120) == 16 and fast._attention_block_m(480) is None  # version 28, both heads at bs 1
     fast.width = 1024
+    assert fast._attention_block_m(120) == 16 and fast._attention_block_m(480) is None
     fast.narrow_tiles = True
     assert fast._tiles("out_proj", 480) == "narrow"
     fast.narrow_tiles, fast.width = None, 256
