@@ -266,7 +266,7 @@ class TopKParts(NamedTuple):
     sums: torch.Tensor  # fp32 [N * splits]: ... and sum of exponentials
     splits: int  # chunks per row
     width: int  # SP, merge_row's constexpr: splits rounded up to a power of two
-    k: int
+    k: int  # candidates per row
 
 
 def topk_lse_triton(
@@ -321,13 +321,20 @@ def _split_stage(name, logits, k, splits, launch, pdl, beside, final_ok: bool):
         value = getattr(launch, field)
         if value < 1 or value & (value - 1):
             raise ValueError(f"{name}: launch.{field} must be a power of two, got {value}")
+    if launch.few_rows_tiles < 1:
+        raise ValueError(f"{name}: launch.few_rows_tiles must be >= 1, got {launch.few_rows_tiles}")
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     n, vocab = logits.shape
     dev = logits.device
     outputs = (torch.empty((n, k), dtype=torch.float32, device=dev), torch.empty((n, k), dtype=torch.int64, device=dev),
                torch.empty((n,), dtype=torch.float32, device=dev))
-    splits, chunk = split_plan(n, vocab, dev, launch) if splits is None else even_splits(vocab, splits, block)
+    if not n:  # no rows: nothing to launch (and no split plan for zero rows)
+        splits, chunk = 1, vocab
+    elif splits is None:
+        splits, chunk = split_plan(n, vocab, dev, launch)
+    else:
+        splits, chunk = even_splits(vocab, splits, block)
     kp = triton.next_power_of_2(k)
     final = splits == 1 and final_ok  # one chunk per row: the split kernel writes the outputs itself
     rows = 0 if final else n * splits

@@ -236,6 +236,10 @@ def test_confidence_kernel_merges_the_top_k_parts(seed, splits):
     m_ids = torch.empty(5, k, dtype=torch.int64)
     m_lp, m_up = confidence_up_triton(None, None, *args, parts=parts, ids_out=m_ids)
     assert torch.equal(m_ids, ids) and torch.equal(m_lp, lp) and torch.equal(m_up, up)
+    e_vals, e_ids, e_lse = topk_lse_triton(logits[:0], k)  # no rows: empty outputs, nothing launched
+    assert e_vals.shape == e_ids.shape == (0, k) and e_lse.shape == (0,)
+    e_lp, e_up = confidence_up_triton(None, None, *args, parts=topk_lse_parts(logits[:0], k), ids_out=m_ids[:0])
+    assert e_lp.shape == (0, k) and e_up.shape == (0, fast.w_feat.shape[0])
     with pytest.raises(ValueError, match="confidence_up_triton: pass either vals and lse, or parts and ids_out"):
         confidence_up_triton(vals, lse, *args, parts=parts, ids_out=m_ids)
     with pytest.raises(ValueError, match=r"ids_out must be a contiguous int64 tensor of G \* K = 20 ids"):
