@@ -375,6 +375,15 @@ class FastLiLiCorrSelect:
         vals, ids, lse = topk_lse(logits, self.topk, pdl=self._pdl_at(rows), beside=beside, launch=self._topk_launch(rows))
         return vals.view(b, s, self.topk), ids.view(b, s, self.topk), lse.view(b, s)
 
+    def _candidate_parts(self, logits, b, s, beside: bool):
+        """The top-K's split kernel only, as _candidates_from_logits launches it -> its partials (TopKParts), which the
+        confidence kernel merges (merge_in_confidence)."""
+        from .kernels.topk_lse_fused import LAUNCH, topk_lse_parts
+
+        rows = b * s * self.topk
+        launch = LAUNCH._replace(**self._topk_launch(rows))
+        return topk_lse_parts(logits, self.topk, launch=launch, pdl=self._pdl_at(rows), beside=beside)
+
     def _pass_projection(self, pass_hidden, pdl: bool = False):
         """-> pass_hidden_proj without its bias (folded into node_const) [b, S, H]: where the select runs it beside
         the top-K (_passes_beside_topk) a Triton GEMM, launched there with PDL (`pdl`), so that lattice_scores gets
@@ -806,11 +815,7 @@ class FastLiLiCorrSelect:
             pass_proj = self._pass_projection(pass_input, pdl=True)
         beside, parts = pass_proj is not None, None
         if self._merges_in_confidence(b * s * self.topk):  # only the split kernel here: the confidence kernel merges
-            from .kernels.topk_lse_fused import LAUNCH, topk_lse_parts
-
-            rows = b * s * self.topk
-            launch = LAUNCH._replace(**self._topk_launch(rows))
-            parts = topk_lse_parts(logits, self.topk, launch=launch, pdl=self._pdl_at(rows), beside=beside)
+            parts = self._candidate_parts(logits, b, s, beside)
             vals, lse, ids = None, None, torch.empty((b, s, self.topk), dtype=torch.int64, device=self.device)
         else:
             vals, ids, lse = self._candidates_from_logits(logits, b, s, beside=beside)
