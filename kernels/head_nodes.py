@@ -49,7 +49,7 @@ def _confidence_up_kernel(
     part_key_ptr, part_max_ptr, part_sum_ptr, n_splits, ids_ptr,  # MERGE: the top-K's partials (TopKParts) -> ids [G, K]
     K, H, ln_eps, rank_div,  # rank_div = max(K - 1, 1)
     KP: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr, RELEASE_EARLY: tl.constexpr,
-    MERGE: tl.constexpr, SP: tl.constexpr,  # SP: TopKParts.width
+    MERGE: tl.constexpr, SP: tl.constexpr, NARROW: tl.constexpr,  # SP, NARROW: TopKParts.width, .narrow
 ):
     early_release(PDL, RELEASE_EARLY)
     g = tl.program_id(0)  # one (request, slot) group of K candidates
@@ -68,7 +68,7 @@ def _confidence_up_kernel(
     dependency_wait(PDL, RELEASE_EARLY)
     if MERGE:  # the top-K's stage 2 for this row, in every column block (the first one stores the ids)
         # KP (a constexpr) rounds for K: the partials hold SENTINEL past K, so the first K keys are the same
-        lse, best = merge_row(part_key_ptr, part_max_ptr, part_sum_ptr, n_splits, g, ks, KP, KP, SP)
+        lse, best = merge_row(part_key_ptr, part_max_ptr, part_sum_ptr, n_splits, g, ks, KP, KP, SP, NARROW)
         v = tl.where(kv, key_value(best), 0.0)
         if hb == 0:
             tl.store(ids_ptr + g * K + ks, key_index(best), mask=kv)
@@ -213,7 +213,7 @@ def confidence_up_triton(
         _confidence_up_kernel[(g, triton.cdiv(h, block_h))](
             vals, lse, w_feat.contiguous(), b_feat.contiguous(), lp, out, *merged, k, h, float(ln_eps), float(max(k - 1, 1)),
             KP=triton.next_power_of_2(k), BLOCK_H=block_h, PDL=pdl, RELEASE_EARLY=release_early, MERGE=merge,
-            SP=parts.width if merge else 1, launch_pdl=pdl, num_warps=launch.num_warps,
+            SP=parts.width if merge else 1, NARROW=merge and parts.narrow, launch_pdl=pdl, num_warps=launch.num_warps,
         )
     return lp, out
 

@@ -27,6 +27,14 @@ lower index first" (the float's bits mapped to an order-preserving int32 in the 
 2^31-1-index in the low word), so top-K is "the K largest keys" with no tie special cases and
 -inf values are ordinary keys. SENTINEL (int64 min) is below every real key and marks an empty
 or removed slot. Sub-tile keys use the same map with the sub-tile's index.
+
+Narrow keys (`TopKLaunch.narrow_keys`, bf16 logits): a bf16 value's order needs only the top 16 bits of
+the map, so the ranking rounds run on int32 keys, (top 16 bits) << 16 | 2^16-1-index, with the index
+counted from the chunk's start (the split kernel, chunks of <= 2^16 logits) or the partial's position
+(the merge: splits in vocabulary order, each one's keys descending, so among equal values a lower
+position is a lower index). An int64 max is several instructions and two shuffles per step; the split
+kernel's ranking took 3.0 us on int64 keys and 0.9 on int32 (H100, bs 1, PERF_NOTES.md version 29).
+The chosen keys are widened back to int64 (the partials and the outputs do not change).
 """
 from __future__ import annotations
 
@@ -41,6 +49,8 @@ from .pdl import check_pdl, grid_dependency_wait, pdl_launch
 from .topk_lse import check_topk_lse_args, topk_lse_reference
 
 SENTINEL = tl.constexpr(-(2**63))  # below every ordering key
+NARROW_SENTINEL = tl.constexpr(-(2**31))  # ... of the narrow keys
+NARROW_SPAN = 2**16  # narrow keys: indices (chunk offsets, partial positions) below this
 GROUP = 64  # logits per sub-tile (128 bytes of bf16)
 
 
@@ -54,6 +64,7 @@ class TopKLaunch(NamedTuple):
     group: int = GROUP  # logits per sub-tile (the chunk's end re-ranks the K best sub-tiles' K * group logits)
     collect_tiles: int = 8  # tiles at a chunk's start whose sub-tile maxima are ranked at once (a power of two)
     few_rows_tiles: int = 4  # the shortest run of tiles per split at N <= FEW_ROWS (bs 1)
+    narrow_keys: bool = True  # bf16 logits: rank on int32 keys (module docstring)
 
 
 LAUNCH = TopKLaunch()  # H200 sweep, b16a836 (benchmarks/results/h200_topk_sweep_b16a836.txt)
@@ -63,12 +74,50 @@ FEW_ROWS = 16  # ... but N <= 16 (bs 1) takes runs of launch.few_rows_tiles: 4, 
 
 
 @triton.jit
-def _order_key(x, index):
-    """fp32, int32 (same shape) -> int64 keys: value descending, then index ascending."""
-    x = tl.where(x == 0.0, 0.0, x)  # -0.0 ties with +0.0, as in torch.sort
-    bits = x.to(tl.int32, bitcast=True)
-    bits = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    return (bits.to(tl.int64) << 32) | (0x7FFFFFFF - index).to(tl.int64)
+def _order_bits(x):
+    """fp32 -> int32 whose signed order is the values' (-0.0 ties with +0.0, as in torch.sort)."""
+    bits = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+
+
+@triton.jit
+def _order_key(x, index, NARROW: tl.constexpr):
+    """fp32, int32 (same shape) -> keys: value descending, then index ascending. Wide: int64. NARROW (bf16-exact
+    values, 0 <= index < NARROW_SPAN): int32, the top 16 order bits (a negative value's low 16 are all ones)."""
+    if NARROW:
+        key = (_order_bits(x) & -65536) | (0xFFFF - index)
+    else:
+        key = (_order_bits(x).to(tl.int64) << 32) | (0x7FFFFFFF - index).to(tl.int64)
+    return key
+
+
+@triton.jit
+def _bottom(NARROW: tl.constexpr):
+    """The key below every real key (an empty or removed slot) and the one above every real key."""
+    if NARROW:
+        low, high = tl.full((), NARROW_SENTINEL, tl.int32), tl.full((), 2**31 - 1, tl.int32)
+    else:
+        low, high = tl.full((), SENTINEL, tl.int64), tl.full((), 2**63 - 1, tl.int64)
+    return low, high
+
+
+@triton.jit
+def _narrow_index(key):
+    """narrow keys -> their int32 indices (chunk offsets or positions)."""
+    return 0xFFFF - (key & 0xFFFF)
+
+
+@triton.jit
+def _narrow_value(key):
+    """narrow keys -> their fp32 (bf16-exact) values."""
+    bits = key & -65536
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFF0000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _widen(key, origin):
+    """narrow keys (none the bottom key), indices counted from `origin` -> the int64 keys of the same elements."""
+    return _order_key(_narrow_value(key), origin + _narrow_index(key), False)
 
 
 @triton.jit
@@ -86,13 +135,32 @@ def key_index(key):
 
 
 @triton.jit
-def _top_keys(keys, slots, K: tl.constexpr):
-    """The K largest of `keys` [T], descending, in a [KP] vector (slots >= K: SENTINEL)."""
-    best_keys = tl.full(slots.shape, SENTINEL, tl.int64)
+def _key_value(key, NARROW: tl.constexpr):
+    if NARROW:
+        value = _narrow_value(key)
+    else:
+        value = key_value(key)
+    return value
+
+
+@triton.jit
+def _key_index(key, NARROW: tl.constexpr):
+    if NARROW:
+        index = _narrow_index(key)
+    else:
+        index = key_index(key)
+    return index
+
+
+@triton.jit
+def _top_keys(keys, slots, K: tl.constexpr, NARROW: tl.constexpr):
+    """The K largest of `keys` [T], descending, in a [KP] vector (slots >= K: the bottom key)."""
+    bottom, _ = _bottom(NARROW)
+    best_keys = tl.full(slots.shape, 0, keys.dtype) + bottom
     for i in tl.static_range(K):
         best = tl.max(keys, 0)
         best_keys = tl.where(slots == i, best, best_keys)
-        keys = tl.where(keys == best, SENTINEL, keys)
+        keys = tl.where(keys == best, bottom, keys)
     return best_keys
 
 
@@ -128,6 +196,7 @@ def _topk_lse_split_kernel(
     vals_ptr, ids_ptr, lse_ptr,  # [N, K] fp32, [N, K] int64, [N] fp32 (written when FINAL)
     K: tl.constexpr, KP: tl.constexpr, R: tl.constexpr, G: tl.constexpr, TP: tl.constexpr,  # TP: tiles collected first
     FINAL: tl.constexpr, PDL: tl.constexpr, BESIDE: tl.constexpr,  # BESIDE: wait on the previous kernel at the end
+    NARROW: tl.constexpr,  # narrow keys, indices counted from the chunk's start (bf16 logits, chunk <= NARROW_SPAN)
 ):
     if not BESIDE:
         grid_dependency_wait(PDL)
@@ -142,6 +211,11 @@ def _topk_lse_split_kernel(
     tile = subs[:, None] * G + tl.arange(0, G)[None, :]  # [R, G] offsets within a tile
     slots = tl.arange(0, KP)
     BLOCK: tl.constexpr = R * G
+    bottom, top = _bottom(NARROW)
+    if NARROW:
+        origin = lo  # where the keys' indices count from
+    else:
+        origin = lo * 0
 
     # 1) the first TP tiles: every sub-tile maximum kept, ranked once
     maxima = tl.full((TP, R), -float("inf"), tl.float32)  # [tile, sub-tile]
@@ -154,42 +228,45 @@ def _topk_lse_split_kernel(
         x_next, sub_max, tile_max, run_max, run_sum = _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK, CACHE)
         maxima = tl.where(tiles[:, None] == (start - lo) // BLOCK, sub_max[None, :], maxima)
     live_tile = tiles[:, None] < tl.cdiv(mid - lo, BLOCK)
-    sub_keys = tl.where(live_tile, _order_key(maxima, lo // G + tiles[:, None] * R + subs[None, :]), SENTINEL)
-    buf = _top_keys(tl.reshape(sub_keys, [TP * R]), slots, K)  # the K best so far, descending
+    sub_keys = tl.where(live_tile, _order_key(maxima, (lo - origin) // G + tiles[:, None] * R + subs[None, :], NARROW), bottom)
+    buf = _top_keys(tl.reshape(sub_keys, [TP * R]), slots, K, NARROW)  # the K best so far, descending
 
     # 2) the rest of the chunk: a K-best buffer of sub-tile keys (unsorted), which tiles below its
-    #    worst key skip; padding slots >= K hold int64 max (never "worst")
-    buf = tl.where(slots < K, buf, 0x7FFFFFFFFFFFFFFF)
+    #    worst key skip; padding slots >= K hold the top key (never "worst")
+    buf = tl.where(slots < K, buf, top)
     worst = tl.min(buf, 0)  # smallest key in the buffer: the one a better sub-tile evicts
-    floor = tl.where(worst == SENTINEL, -float("inf"), key_value(worst))  # tiles below it cannot enter
+    floor = tl.where(worst == bottom, -float("inf"), _key_value(worst, NARROW))  # tiles below it cannot enter
     for start in range(mid, hi, BLOCK):
         x_next, sub_max, tile_max, run_max, run_sum = _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK, CACHE)
         if tile_max >= floor:
-            keys = _order_key(sub_max, start // G + subs)
+            keys = _order_key(sub_max, (start - origin) // G + subs, NARROW)
             n_better = tl.minimum(tl.sum((keys > worst).to(tl.int32), 0), K)
             for _ in range(n_better):
                 best = tl.max(keys, 0)
                 evict = tl.min(tl.where(buf == worst, slots, KP), 0)
                 buf = tl.where((slots == evict) & (best > worst), best, buf)
-                keys = tl.where(keys == best, SENTINEL, keys)
+                keys = tl.where(keys == best, bottom, keys)
                 worst = tl.min(buf, 0)
-            floor = tl.where(worst == SENTINEL, -float("inf"), key_value(worst))
+            floor = tl.where(worst == bottom, -float("inf"), _key_value(worst, NARROW))
 
     # exact top-K among the chosen sub-tiles' logits (re-loaded: just streamed, so cache hits)
-    live = (slots < K) & (buf != SENTINEL)
-    sub_start = (key_index(buf) * G).to(tl.int32)  # [KP]
+    live = (slots < K) & (buf != bottom)
+    sub_start = origin + (_key_index(buf, NARROW) * G).to(tl.int32)  # [KP]
     offs = sub_start[:, None] + tl.arange(0, G)[None, :]  # [KP, G]
     inside = live[:, None] & (offs < hi)
     x = tl.load(row_ptr + offs, mask=inside, other=-float("inf"), cache_modifier=CACHE).to(tl.float32)
-    keys = tl.reshape(tl.where(inside, _order_key(x, offs), SENTINEL), [KP * G])
+    keys = tl.reshape(tl.where(inside, _order_key(x, offs - origin, NARROW), bottom), [KP * G])
+    best = _top_keys(keys, slots, K, NARROW)
+    if NARROW:
+        best = tl.where(best == bottom, SENTINEL, _widen(best, origin))
 
     if FINAL:
         # run_sum >= 1 whenever run_max is finite; an all -inf row gives -inf + log(1) = -inf
         tl.store(lse_ptr + row, run_max + tl.log(tl.maximum(run_sum, 1.0)))
-        _store_keys(_top_keys(keys, slots, K), slots, vals_ptr + row * K, ids_ptr + row * K, K)
+        _store_keys(best, slots, vals_ptr + row * K, ids_ptr + row * K, K)
     else:
         part = row * n_splits + split
-        tl.store(part_key_ptr + part * KP + slots, _top_keys(keys, slots, K))
+        tl.store(part_key_ptr + part * KP + slots, best)
         tl.store(part_max_ptr + part, run_max)
         tl.store(part_sum_ptr + part, run_sum)
     if BESIDE:  # the chunk is done: now the previous kernel, so that this kernel ends after it
@@ -198,9 +275,11 @@ def _topk_lse_split_kernel(
 
 @triton.jit
 def merge_row(part_key_ptr, part_max_ptr, part_sum_ptr, n_splits, row, slots, K: tl.constexpr, KP: tl.constexpr,
-              SP: tl.constexpr):
+              SP: tl.constexpr, NARROW: tl.constexpr):
     """Stage 2 for one row: its n_splits partials -> (lse, the row's K best keys [KP] descending, SENTINEL past K).
-    The merge kernel's body, also run by a consumer that merges the partials itself (kernels/head_nodes.py)."""
+    The merge kernel's body, also run by a consumer that merges the partials itself (kernels/head_nodes.py).
+    NARROW (TopKParts.narrow: bf16 values): ranked on narrow keys of the partials' positions, then the K chosen
+    partial keys re-loaded (just loaded: cache hits)."""
     splits = tl.arange(0, SP)
     live = splits < n_splits
     part = row * n_splits + splits
@@ -218,7 +297,16 @@ def merge_row(part_key_ptr, part_max_ptr, part_sum_ptr, n_splits, row, slots, K:
         mask=live[:, None] & (slots[None, :] < K),
         other=SENTINEL,
     )  # [SP, KP]
-    return lse, _top_keys(tl.reshape(keys, [SP * KP]), slots, K)
+    keys = tl.reshape(keys, [SP * KP])  # position split * KP + slot
+    if NARROW:
+        position = tl.arange(0, SP * KP)
+        narrow = tl.where(keys == SENTINEL, NARROW_SENTINEL, ((keys >> 32).to(tl.int32) & -65536) | (0xFFFF - position))
+        best = _top_keys(narrow, slots, K, True)
+        first = part_key_ptr + row * n_splits * KP  # the row's partials, by position
+        best = tl.load(first + _narrow_index(best), mask=best != NARROW_SENTINEL, other=SENTINEL)
+    else:
+        best = _top_keys(keys, slots, K, False)
+    return lse, best
 
 
 @triton.jit
@@ -226,11 +314,12 @@ def _topk_lse_merge_kernel(
     part_key_ptr, part_max_ptr, part_sum_ptr, n_splits,  # partials of stage 1
     vals_ptr, ids_ptr, lse_ptr,  # [N, K] fp32, [N, K] int64, [N] fp32
     K: tl.constexpr, KP: tl.constexpr, SP: tl.constexpr, PDL: tl.constexpr,  # SP: splits rounded up to a power of 2
+    NARROW: tl.constexpr,  # TopKParts.narrow
 ):
     grid_dependency_wait(PDL)
     row = tl.program_id(0)
     slots = tl.arange(0, KP)
-    lse, best_keys = merge_row(part_key_ptr, part_max_ptr, part_sum_ptr, n_splits, row, slots, K, KP, SP)
+    lse, best_keys = merge_row(part_key_ptr, part_max_ptr, part_sum_ptr, n_splits, row, slots, K, KP, SP, NARROW)
     tl.store(lse_ptr + row, lse)
     _store_keys(best_keys, slots, vals_ptr + row * K, ids_ptr + row * K, K)
 
@@ -267,6 +356,7 @@ class TopKParts(NamedTuple):
     splits: int  # chunks per row
     width: int  # SP, merge_row's constexpr: splits rounded up to a power of two
     k: int  # candidates per row
+    narrow: bool  # merge_row's NARROW: the values are bf16 (and the launch's narrow_keys is on)
 
 
 def topk_lse_triton(
@@ -291,7 +381,7 @@ def topk_lse_triton(
         kp = parts.keys.shape[1]
         _topk_lse_merge_kernel[(logits.shape[0],)](
             parts.keys, parts.maxima, parts.sums, parts.splits, vals, ids, lse,
-            K=k, KP=kp, SP=parts.width, **pdl_launch(pdl, launch_pdl=False),
+            K=k, KP=kp, SP=parts.width, NARROW=parts.narrow, **pdl_launch(pdl, launch_pdl=False),
             num_warps=1 if parts.width * kp <= 512 else 4,  # 512 keys: 16 per lane of one warp
         )
     return vals, ids, lse
@@ -341,16 +431,18 @@ def _split_stage(name, logits, k, splits, launch, pdl, beside, final_ok: bool):
     # Two merge widths per vocabulary (N <= FEW_ROWS and above), not one per N: a constexpr that followed
     # the batch size would compile a new kernel for every batch size the server meets (a stall on the serving path).
     width = triton.next_power_of_2(max(splits, triton.cdiv(triton.cdiv(vocab, block), min_tiles(n, launch))))
+    narrow = launch.narrow_keys and logits.dtype == torch.bfloat16 and width * kp <= NARROW_SPAN  # the merge's positions
     parts = TopKParts(
         torch.empty((rows, kp), dtype=torch.int64, device=dev), torch.empty((rows,), dtype=torch.float32, device=dev),
-        torch.empty((rows,), dtype=torch.float32, device=dev), splits, width, k,
+        torch.empty((rows,), dtype=torch.float32, device=dev), splits, width, k, narrow,
     )
     if n:
         group = min(launch.group, block)
         _topk_lse_split_kernel[(n, splits)](
             logits, logits.stride(0), vocab, chunk,
             parts.keys, parts.maxima, parts.sums, *outputs,
-            K=k, KP=kp, R=block // group, G=group, TP=launch.collect_tiles, FINAL=final, PDL=pdl, BESIDE=beside, launch_pdl=pdl,
+            K=k, KP=kp, R=block // group, G=group, TP=launch.collect_tiles, FINAL=final, PDL=pdl, BESIDE=beside,
+            NARROW=narrow and chunk <= NARROW_SPAN, launch_pdl=pdl,
             num_warps=launch.num_warps, **({"maxnreg": launch.maxnreg} if launch.maxnreg else {}),
         )
     return outputs, None if final else parts

@@ -615,17 +615,17 @@ from sglang_lilicorr.kernels import head_nodes, head_norm, head_scores, topk_lse
 bf, f32, i32, i64, c = "*bf16", "*fp32", "i32", "*i64", "constexpr"
 L, CL = tk.LAUNCH, head_scores.LAUNCH
 R, G = L.block // L.group, L.group
-split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 8
-confidence = [f32] * 5 + [bf, i64, f32, f32, i32, i64, i32, i32, "fp32", "fp32"] + [c] * 6  # + the merge's partials, ids
+split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 9
+confidence = [f32] * 5 + [bf, i64, f32, f32, i32, i64, i32, i32, "fp32", "fp32"] + [c] * 7  # + the merge's partials, ids
 ML = head_nodes.MERGE_LAUNCH
 walk_args = [i64, "*i32", i64, i32, i32, i32, i64]  # the cosine kernel's walk: successors, counters, ids + strides, draft
 def cosine_args(t):  # edges, anchor (+ stride), start, pair, S, K, D, sigma, eps, the walk's, the split's (partials, counters)
     return [t, t, i32, f32, f32, i32, i32, i32, "fp32", "fp32"] + walk_args + [f32, "*i32"] + [c] * 9
 P = dict(PDL=True)  # as served on sm_90 (kernels/pdl.py)
 cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divisible by 16 at the paper config
-    (head_nodes._confidence_up_kernel, confidence, dict(KP=8, BLOCK_H=256, RELEASE_EARLY=False, MERGE=False, SP=1, **P), 4, None, ()),
-    (head_nodes._confidence_up_kernel, confidence, dict(KP=8, BLOCK_H=256, RELEASE_EARLY=True, MERGE=False, SP=1, **P), 4, None, ()),
-    (head_nodes._confidence_up_kernel, confidence, dict(KP=8, BLOCK_H=ML.block_h, RELEASE_EARLY=True, MERGE=True, SP=64, **P), ML.num_warps, None, ()),
+    (head_nodes._confidence_up_kernel, confidence, dict(KP=8, BLOCK_H=256, RELEASE_EARLY=False, MERGE=False, SP=1, NARROW=False, **P), 4, None, ()),
+    (head_nodes._confidence_up_kernel, confidence, dict(KP=8, BLOCK_H=256, RELEASE_EARLY=True, MERGE=False, SP=1, NARROW=False, **P), 4, None, ()),
+    (head_nodes._confidence_up_kernel, confidence, dict(KP=8, BLOCK_H=ML.block_h, RELEASE_EARLY=True, MERGE=True, SP=64, NARROW=True, **P), ML.num_warps, None, ()),
     (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, f32] + [i32] * 5 + ["fp32", c, c, c, c], dict(ROWS=1, BLOCK_H=1024, SUMSQ=False, **P), 4, None, ()),
     (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, f32] + [i32] * 5 + ["fp32", c, c, c, c], dict(ROWS=1, BLOCK_H=1024, SUMSQ=True, **P), 4, None, ()),
     (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=True, ADD=True, **P), 4, None, ()),
@@ -635,12 +635,12 @@ cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divis
     (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, SPLIT=8, STEPS=1, **P), CL.num_warps, None, (0, 1, 2, 7)),
     (head_scores._lattice_cosine_kernel, cosine_args(f32), dict(KP=16, BLOCK_D=128, F32_DOT=True, PRECISION="ieee", WALK=False, SP=16, SPLIT=1, STEPS=1, PDL=False), 4, None, (0, 1, 2, 7)),
     (walk._greedy_walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c], dict(KP=8, SP=16, GATHER=True, **P), 1, None, ()),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, BESIDE=False, **P), L.num_warps, L.maxnreg, range(10)),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, BESIDE=True, **P), L.num_warps, L.maxnreg, range(10)),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=L.block // 32, G=32, TP=4, FINAL=False, BESIDE=True, **P), L.num_warps, L.maxnreg, range(10)),  # TOPK_LAUNCH at bs 1
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=True, BESIDE=False, PDL=False), L.num_warps, L.maxnreg, range(10)),
-    (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32, c, c, c, c], dict(K=8, KP=8, SP=64, **P), 1, None, (0, 1, 2, 4, 5, 6)),
-    (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32, c, c, c, c], dict(K=8, KP=8, SP=128, PDL=False), 4, None, (0, 1, 2, 4, 5, 6)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, BESIDE=False, NARROW=True, **P), L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, BESIDE=True, NARROW=False, **P), L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=L.block // 32, G=32, TP=4, FINAL=False, BESIDE=True, NARROW=True, **P), L.num_warps, L.maxnreg, range(10)),  # TOPK_LAUNCH at bs 1
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=True, BESIDE=False, NARROW=False, PDL=False), L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32] + [c] * 5, dict(K=8, KP=8, SP=64, NARROW=True, **P), 1, None, (0, 1, 2, 4, 5, 6)),
+    (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32] + [c] * 5, dict(K=8, KP=8, SP=128, NARROW=False, PDL=False), 4, None, (0, 1, 2, 4, 5, 6)),
 ]
 for fn, types, consts, warps, maxnreg, aligned in cases:
     stages = {"num_stages": 1 if consts["F32_DOT"] else CL.num_stages} if fn is head_scores._lattice_cosine_kernel else {}

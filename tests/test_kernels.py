@@ -76,6 +76,27 @@ def test_topk_lse_matches_reference(gen, device, vocab, k, dtype, splits, block)
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "vocab, splits, launch",
+    [
+        (4099, None, TopKLaunch(block=256)),  # several splits + the merge kernel
+        (6000, 2, TopKLaunch(block=256, collect_tiles=1)),  # most of each chunk through the K-best buffer
+        (70000, 1, TopKLaunch(block=2048)),  # one chunk longer than NARROW_SPAN: the split kernel on wide keys, no merge
+        (70000, 2, TopKLaunch(block=2048, group=32)),  # two chunks of 34816 logits: narrow split and merge
+    ],
+)
+def test_topk_lse_narrow_keys_equal_wide(gen, device, vocab, splits, launch):
+    """bf16 logits rank on int32 keys (TopKLaunch.narrow_keys, the default): the same bits as the int64 keys and the
+    reference, on rows of ties (across chunks too: the lower index wins), -inf, +-0.0, one value, all negative."""
+    rows = torch.cat([_logit_rows(gen, vocab), -(torch.randn(1, vocab, generator=gen) * 4).abs()]).to(torch.bfloat16)
+    narrow = topk_lse_triton(rows.to(device), 8, splits=splits, launch=launch)
+    wide = topk_lse_triton(rows.to(device), 8, splits=splits, launch=launch._replace(narrow_keys=False))
+    _assert_topk_lse(narrow, rows, 8)
+    for a, b in zip(narrow, wide):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_topk_lse_dispatch_on_strided_rows(gen, device):
     wide = _logit_rows(gen, 1500).to(torch.bfloat16)
     got = topk_lse(wide.to(device)[:, 3:1203], 8)  # rows 1500 apart, unaligned start
