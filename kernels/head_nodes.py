@@ -186,7 +186,8 @@ def confidence_up_triton(
     are then read before the wait (constants, not the output of the kernel before). `release_early` (with pdl): the
     next kernel is released at this kernel's start (kernels/pdl.dependency_wait).
     `parts` (topk_lse_parts's partials of G rows) instead of vals and lse: the kernel merges each row first, as the
-    top-K's merge kernel would (the same bits), and writes the rows' ids into `ids_out` (int64, G * K contiguous)."""
+    top-K's merge kernel would (the same arithmetic; the logsumexp's sum over chunks can round one fp32 ulp apart where
+    the two kernels order it differently, as measured at the testbed head above bs 1, not at bs 1), and writes the rows' ids into `ids_out` (int64, G * K contiguous)."""
     merge = parts is not None
     name = "confidence_up_triton"
     if merge != (vals is None and lse is None and ids_out is not None):

@@ -57,7 +57,11 @@ Version 27, at bs 1: `topk_launch` (TopKLaunch fields of the top-K split; None: 
 ffn_silu config of the pass projection beside the top-K; False: by M; None: PASS_TILES) and `merge_in_confidence`
 (select_from_logits and select run only the top-K's split kernel, and the confidence kernel merges each row's partials
 itself, kernels/head_nodes.py `parts`: one launch fewer; True / False force it, None: MERGE_IN_CONFIDENCE_MAX_ROWS).
-All three give the same bits. `attention_block_m` (version 28): the lattice attention's query rows per program
+At their tables' settings (bs 1) all three give the default path's bits (select_digest). Elsewhere the logsumexp
+may round one fp32 ulp apart: another chunk length sums the vocabulary in another order (the testbed head with 8-tile
+chunks at bs 1), and the merge inside the confidence kernel orders its sum over chunks as that kernel compiles it (the
+testbed head at bs 4 and 16: log-probs one ulp apart, features, ids and draft equal; PERF_NOTES.md, version 29).
+`attention_block_m` (version 28): the lattice attention's query rows per program
 (None: ATTENTION_BLOCK_M, else the kernel's default by batch size).
 `cosine_split` (version 26): the cosine + walk kernel cuts each factor's D columns over that many programs, whose partial
 Grams the factor's last program sums in a fixed order (kernels/head_scores.py); an int forces it (1: not split), None
