@@ -135,21 +135,13 @@ def key_index(key):
 
 
 @triton.jit
-def _key_value(key, NARROW: tl.constexpr):
+def _decode(key, NARROW: tl.constexpr):
+    """keys -> (their fp32 values, their indices), narrow or wide."""
     if NARROW:
-        value = _narrow_value(key)
+        value, index = _narrow_value(key), _narrow_index(key)
     else:
-        value = key_value(key)
-    return value
-
-
-@triton.jit
-def _key_index(key, NARROW: tl.constexpr):
-    if NARROW:
-        index = _narrow_index(key)
-    else:
-        index = key_index(key)
-    return index
+        value, index = key_value(key), key_index(key)
+    return value, index
 
 
 @triton.jit
@@ -235,7 +227,8 @@ def _topk_lse_split_kernel(
     #    worst key skip; padding slots >= K hold the top key (never "worst")
     buf = tl.where(slots < K, buf, top)
     worst = tl.min(buf, 0)  # smallest key in the buffer: the one a better sub-tile evicts
-    floor = tl.where(worst == bottom, -float("inf"), _key_value(worst, NARROW))  # tiles below it cannot enter
+    worst_value, _ = _decode(worst, NARROW)
+    floor = tl.where(worst == bottom, -float("inf"), worst_value)  # tiles below it cannot enter
     for start in range(mid, hi, BLOCK):
         x_next, sub_max, tile_max, run_max, run_sum = _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK, CACHE)
         if tile_max >= floor:
@@ -247,11 +240,13 @@ def _topk_lse_split_kernel(
                 buf = tl.where((slots == evict) & (best > worst), best, buf)
                 keys = tl.where(keys == best, bottom, keys)
                 worst = tl.min(buf, 0)
-            floor = tl.where(worst == bottom, -float("inf"), _key_value(worst, NARROW))
+            worst_value, _ = _decode(worst, NARROW)
+            floor = tl.where(worst == bottom, -float("inf"), worst_value)
 
     # exact top-K among the chosen sub-tiles' logits (re-loaded: just streamed, so cache hits)
     live = (slots < K) & (buf != bottom)
-    sub_start = origin + (_key_index(buf, NARROW) * G).to(tl.int32)  # [KP]
+    _, sub_index = _decode(buf, NARROW)
+    sub_start = origin + (sub_index * G).to(tl.int32)  # [KP]
     offs = sub_start[:, None] + tl.arange(0, G)[None, :]  # [KP, G]
     inside = live[:, None] & (offs < hi)
     x = tl.load(row_ptr + offs, mask=inside, other=-float("inf"), cache_modifier=CACHE).to(tl.float32)
