@@ -131,7 +131,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
     from .reference import speculative_decoder
     from .smollm2 import load_smollm2
-    from .train.export import load_draft
+    from .drafter import load_draft
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -83,7 +83,7 @@ def worker(rank: int, world: int, opts: dict) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from sglang_lilicorr.reference import speculative_decoder
-    from sglang_lilicorr.train.export import load_draft
+    from sglang_lilicorr.drafter import load_draft
     from training_prompts import stop_ids
 
     result_dir = Path(opts["result_dir"])

@@ -13,7 +13,7 @@ from sglang_lilicorr.reference import (
     greedy_verify,
     speculative_decoder,
 )
-from sglang_lilicorr.train.target import FrozenTarget
+from sglang_lilicorr.frozen_target import FrozenTarget
 
 VOCAB, HIDDEN, BLOCK = 96, 32, 5
 S = BLOCK - 1

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from sglang_lilicorr import checkpoint as ckpt
-from sglang_lilicorr.train.export import load_draft
+from sglang_lilicorr.drafter import load_draft
 from test_serving import draft_model_env  # noqa: F401  (fixture: CPU server args for SGLang's draft layers)
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"

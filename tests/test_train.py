@@ -9,10 +9,11 @@ from sglang_lilicorr.checkpoint import CheckpointError
 from sglang_lilicorr.drafter import DFlashDrafter, sample_anchors
 from sglang_lilicorr.head import LiLiCorrHead
 from sglang_lilicorr.train.data import DataError, collate, load_conversations, tokenize_conversation
-from sglang_lilicorr.train.export import export_checkpoint, load_draft
+from sglang_lilicorr.drafter import load_draft
+from sglang_lilicorr.train.export import export_checkpoint
 from sglang_lilicorr.train.joint import JointModel, acceptance_length
 from sglang_lilicorr.train.state import IncompatibleCheckpointError
-from sglang_lilicorr.train.target import FrozenTarget, TargetMismatchError
+from sglang_lilicorr.frozen_target import FrozenTarget, TargetMismatchError
 from sglang_lilicorr.train.trainer import TrainConfig, drafter_config_for, head_config_for, train
 
 

@@ -26,7 +26,7 @@ from torch import nn
 
 from ..drafter import DFlashDrafter
 from ..head import LiLiCorrHead
-from ..train.target import FrozenTarget
+from ..frozen_target import FrozenTarget
 from .propose import BlockProposer
 from .target import CachedTarget
 from .verify import greedy_verify, sample_token, sample_verify

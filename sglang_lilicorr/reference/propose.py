@@ -18,7 +18,7 @@ import torch
 from ..drafter import DFlashDrafter
 from ..head import LiLiCorrHead
 from ..kernels import topk_lse
-from ..train.target import FrozenTarget
+from ..frozen_target import FrozenTarget
 from ..walk import greedy_walk, viterbi
 
 WALKS = {"greedy": greedy_walk, "viterbi": viterbi}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from ..train.target import FrozenTarget
+from ..frozen_target import FrozenTarget
 
 
 class CachedTarget:

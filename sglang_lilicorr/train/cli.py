@@ -122,7 +122,8 @@ def _register_export(p: argparse.ArgumentParser) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from .export import export_checkpoint, load_draft
+    from ..drafter import load_draft
+    from .export import export_checkpoint
 
     path = export_checkpoint(args.checkpoint, args.out_dir, args.dtype)
     _, head = load_draft(path)  # strict reload: the export is usable as written

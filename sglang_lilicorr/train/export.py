@@ -1,5 +1,5 @@
 """`lilicorr export`: a training checkpoint -> an SGLang draft directory (config.json +
-model.safetensors), and its strict reload.
+model.safetensors), reloaded strictly by `drafter.load_draft`.
 
 Without a head the draft is a vanilla `DFlashDraftModel` (serve with --speculative-algorithm
 DFLASH); with one it declares `LiLiCorrDraftModel` and carries the head under `lilicorr.`.
@@ -8,20 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..checkpoint import (
-    CheckpointError,
-    DTYPES,
-    dtype_of,
-    has_head,
-    head_tensors_for_save,
-    load_strict,
-    new_head,
-    read_config,
-    read_tensors,
-    save_checkpoint,
-    split_head,
-    with_head,
-)
+from ..checkpoint import CheckpointError, DTYPES, head_tensors_for_save, save_checkpoint, split_head, with_head
 from ..drafter import DFlashDrafter, DrafterConfig, load_drafter_tensors
 from ..head import LiLiCorrHead
 from .state import read_training_checkpoint
@@ -49,21 +36,3 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, dtype: str = "bfl
     elif head_t:
         raise CheckpointError(f"{source}: holds head tensors but no head config; the checkpoint is inconsistent.")
     return save_checkpoint(out_dir, draft_config(drafter_cfg, head_cfg, dtype), out)
-
-
-def load_draft(directory: str | Path) -> tuple[DFlashDrafter, LiLiCorrHead | None]:
-    """Strict reload of an exported draft: every tensor present with the config's shapes and dtype."""
-    config = read_config(directory)
-    drafter_t, head_t = split_head(read_tensors(directory))
-    dtype = dtype_of(config)
-    drafter = DFlashDrafter(DrafterConfig.from_hf_config(config)).to(dtype)
-    where = f"{Path(directory) / 'model.safetensors'}"
-    bad = [k for k, v in drafter_t.items() if v.dtype != dtype]
-    if bad:
-        raise CheckpointError(f"{where}: tensor {bad[0]!r} is {drafter_t[bad[0]].dtype}, config torch_dtype says {dtype}.")
-    load_drafter_tensors(drafter, drafter_t, f"{where} (drafter)")
-    if has_head(config):
-        return drafter, load_strict(new_head(config), head_t, f"{where} (head)")
-    if head_t:
-        raise CheckpointError(f"{where}: has `lilicorr.` tensors but config.json declares no LiLiCorrDraftModel.")
-    return drafter, None

@@ -24,7 +24,7 @@ from ..head import LiLiCorrHead
 from ..losses import ObjectiveTerms, ObjectiveWeights, lilicorr_objective, slot_top1_accuracy
 from ..oracle import oracle_prefix_coverage
 from ..walk import greedy_walk
-from .target import FrozenTarget
+from ..frozen_target import FrozenTarget
 
 
 @dataclasses.dataclass

@@ -34,7 +34,7 @@ from .state import (
     save_training_checkpoint,
     trainable_tensors,
 )
-from .target import FrozenTarget
+from ..frozen_target import FrozenTarget
 
 
 @dataclasses.dataclass

@@ -1,0 +1,28 @@
+"""An exported draft directory (config.json + model.safetensors) loaded strictly: the DFlash
+drafter and, for a `LiLiCorrDraftModel`, its LiLiCorr head."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..checkpoint import CheckpointError, dtype_of, has_head, load_strict, new_head, read_config, read_tensors, split_head
+from ..head import LiLiCorrHead
+from .config import DrafterConfig
+from .model import DFlashDrafter, load_drafter_tensors
+
+
+def load_draft(directory: str | Path) -> tuple[DFlashDrafter, LiLiCorrHead | None]:
+    """Strict reload of an exported draft: every tensor present with the config's shapes and dtype."""
+    config = read_config(directory)
+    drafter_t, head_t = split_head(read_tensors(directory))
+    dtype = dtype_of(config)
+    drafter = DFlashDrafter(DrafterConfig.from_hf_config(config)).to(dtype)
+    where = f"{Path(directory) / 'model.safetensors'}"
+    bad = [k for k, v in drafter_t.items() if v.dtype != dtype]
+    if bad:
+        raise CheckpointError(f"{where}: tensor {bad[0]!r} is {drafter_t[bad[0]].dtype}, config torch_dtype says {dtype}.")
+    load_drafter_tensors(drafter, drafter_t, f"{where} (drafter)")
+    if has_head(config):
+        return drafter, load_strict(new_head(config), head_t, f"{where} (head)")
+    if head_t:
+        raise CheckpointError(f"{where}: has `lilicorr.` tensors but config.json declares no LiLiCorrDraftModel.")
+    return drafter, None
