@@ -220,7 +220,7 @@ def cmd_train(args) -> int:
 
 def cmd_export(args) -> int:
     from sglang_lilicorr.drafter import load_draft
-from sglang_lilicorr.train.export import export_checkpoint
+    from sglang_lilicorr.train.export import export_checkpoint
 
     names = list(VARIANTS) if args.variants == ["all"] else check_variants(args.variants)
     total = json.loads((Path(args.work) / "train_config.json").read_text())["max_steps"]
