@@ -56,7 +56,7 @@ SYSTEMS = {
     for s in (
         System("dflash", "dflash", "argmax", temperatures=(0.0, 1.0)),
         System("lilicorr", "lilicorr", "lilicorr", temperatures=(0.0, 1.0)),
-        System("lilicorr_viterbi", "lilicorr", "lilicorr", walk="viterbi"),
+        System("lilicorr_viterbi", "lilicorr", "lilicorr_viterbi", walk="viterbi"),
         System("no_dist", "no_dist", "lilicorr"),
         System("margin", "margin", "lilicorr"),
     )

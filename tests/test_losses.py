@@ -101,20 +101,31 @@ def test_dflash_weights_decay_as_stated():
     assert torch.allclose(w[1:] / w[:-1], torch.full((14,), math.exp(-1 / 7.0), dtype=F64))
 
 
-def test_dflash_block_ce_is_weighted_mean_over_valid_slots():
+def test_dflash_block_ce_is_weighted_sum_per_block_mean_over_blocks():
+    """Eq. 6: sum_s w_s CE_s within a block (not normalised by the weights), averaged over the
+    blocks that have a valid slot."""
     b = batch()
     valid = b["valid"].clone()
     valid[1, 3:] = False
+    valid[2] = False  # a block with no valid slot is not counted
     targets = torch.where(valid, b["targets"], -100)  # padding ids are ignored
     loss = dflash_block_ce(b["draft_logits"], targets, valid, beta=2.0)
     ce = torch.nn.functional.cross_entropy(
         b["draft_logits"].reshape(-1, V), b["targets"].reshape(-1), reduction="none").view(N, S)
     w = torch.exp(-torch.arange(S, dtype=F64) / 2.0).expand(N, S) * valid
-    assert torch.allclose(loss, (w * ce).sum() / w.sum())
-    # a single valid slot gives exactly that slot's cross-entropy, whatever its weight
+    assert torch.allclose(loss, (w * ce).sum() / (N - 1))
+    # a single valid slot s gives w_s times its cross-entropy
     one = torch.zeros_like(valid)
     one[2, 4] = True
-    assert torch.allclose(dflash_block_ce(b["draft_logits"], b["targets"], one), ce[2, 4])
+    assert torch.allclose(dflash_block_ce(b["draft_logits"], b["targets"], one, beta=2.0), math.exp(-4 / 2.0) * ce[2, 4])
+
+
+def test_dflash_block_ce_full_block_weighs_the_sum_of_the_weights():
+    """A block whose every slot has the same cross-entropy c costs c * sum_s w_s (~6.6 c at beta 7)."""
+    logits = torch.zeros(3, 15, 11, dtype=F64, requires_grad=True)  # uniform: CE = log 11 everywhere
+    loss = dflash_block_ce(logits, torch.zeros(3, 15, dtype=torch.long), torch.ones(3, 15, dtype=torch.bool), beta=7.0)
+    assert torch.allclose(loss, math.log(11) * dflash_slot_weights(15, 7.0, dtype=F64).sum())
+    assert 6.5 < dflash_slot_weights(15, 7.0, dtype=F64).sum().item() < 6.7
 
 
 def test_dflash_block_ce_empty_is_zero_with_finite_grad():

@@ -75,17 +75,24 @@ def block_layout(
     target_valid = supervised[:, :, 1:] & anchor_valid[:, :, None]
     targets = torch.where(target_valid, tokens[:, :, 1:], 0)
 
-    q = n * block_size
-    block_of_query = torch.arange(q, device=dev) // block_size  # [Q]
-    sees_context = torch.arange(t, device=dev)[None, None, :] < anchors[:, :, None]  # [b, N, T]
-    sees_context = (sees_context & anchor_valid[:, :, None]).repeat_interleave(block_size, dim=1)  # [b, Q, T]
-    same_block = (block_of_query[:, None] == block_of_query[None, :]).expand(b, q, q)
     return BlockLayout(
         anchors=anchors,
         anchor_valid=anchor_valid,
         block_ids=block_ids,
-        positions=pos.view(b, q),
+        positions=pos.view(b, n * block_size),
         targets=targets,
         target_valid=target_valid,
-        attend=torch.cat([sees_context, same_block], dim=2),
+        attend=block_attention(anchors, anchor_valid, t, block_size),
     )
+
+
+def block_attention(anchors: torch.Tensor, anchor_valid: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:
+    """Which key each block query sees: context keys before its anchor, then its own block
+    (bidirectionally), never another block. anchors, anchor_valid [b, N] -> [b, N*B, T + N*B] bool."""
+    b, n = anchors.shape
+    q, dev = n * block_size, anchors.device
+    block_of_query = torch.arange(q, device=dev) // block_size  # [Q]
+    sees_context = torch.arange(context_len, device=dev)[None, None, :] < anchors[:, :, None]  # [b, N, T]
+    sees_context = (sees_context & anchor_valid[:, :, None]).repeat_interleave(block_size, dim=1)  # [b, Q, T]
+    same_block = (block_of_query[:, None] == block_of_query[None, :]).expand(b, q, q)
+    return torch.cat([sees_context, same_block], dim=2)

@@ -157,9 +157,10 @@ def speculative_decoder(
     walk: str = "greedy",
     commit: str | None = None,
 ) -> SpeculativeDecoder:
-    """A decoder over an HF causal LM target; commits the LiLiCorr block when a head is given."""
+    """A decoder over an HF causal LM target; commits the LiLiCorr block (drafted by `walk`) when a
+    head is given, else the drafter's argmax block."""
     target = FrozenTarget(model, drafter.config.target_layer_ids)
-    proposer = BlockProposer(target, drafter, head, walk)
+    proposer = BlockProposer(target, drafter, head, (walk,))
     commit = commit or proposer.draft_names[-1]
     if commit not in proposer.draft_names:
         raise ValueError(f"commit={commit!r}: this drafter proposes {proposer.draft_names} (a head adds 'lilicorr').")

@@ -1,33 +1,44 @@
-"""Drafting one block: the DFlash drafter's argmax block and the LiLiCorr block (paper Sec. 3).
+"""Drafting blocks: the DFlash drafter's argmax block and the LiLiCorr block (paper Sec. 3).
 
-For a context of a committed tokens whose last one (the anchor, position a) the target has not
-run yet, and target features of positions 0..a-1:
-  context      = drafter.project_target_hidden(features)                     [1, a, Hm]
-  hidden       = drafter([anchor, mask x S] at positions a..a+S | context)   [1, B, Hm]
-  logits       = target LM head(hidden of slots 1..S)                         [S, V]
-  argmax block = logits.argmax(-1)                                            [S]
-  LiLiCorr     = top-K (topk_lse) -> head(start, pair) -> greedy walk / Viterbi
-                 -> the chosen candidate of each slot                         [S]
-The head's anchor input is the projected context of the token before the anchor (position a-1),
-as in training (`train/joint.py`).
+For anchors a_1..a_N of one sequence, each the position of a committed token whose target pass
+has not run yet, and target features of positions 0..T-1 (T >= every a_n):
+  context      = drafter.project_target_hidden(features)                     [1, T, Hm]
+  hidden       = drafter(block n = [x_{a_n}, mask x S] at a_n..a_n+S | context keys < a_n)
+                                                                              [1, N*B, Hm]
+  logits       = target LM head(hidden of slots 1..S)                         [N, S, V]
+  argmax block = logits.argmax(-1)                                            [N, S]
+  LiLiCorr     = top-K (topk_lse) -> head(start, pair) -> greedy walk and/or Viterbi
+                 -> the chosen candidate of each slot                         [N, S]
+Every block sees exactly what it would see when drafted alone at serving time, so one pass over
+many anchors (the replay, `replay.py`) and one anchor per call (the decoder) draft the same
+blocks. The head's anchor input is the projected context of the token before the anchor
+(position a - 1), as in training (`train/joint.py`).
 """
 from __future__ import annotations
 
 import torch
 
-from ..drafter import DFlashDrafter
+from ..drafter import DFlashDrafter, block_attention
+from ..frozen_target import FrozenTarget
 from ..head import LiLiCorrHead
 from ..kernels import topk_lse
-from ..frozen_target import FrozenTarget
 from ..walk import greedy_walk, viterbi
 
 WALKS = {"greedy": greedy_walk, "viterbi": viterbi}
+ANCHORS_PER_PASS = 64  # blocks drafted per drafter pass (bounds the [N, S, V] logits)
+
+
+def walk_draft_name(walk: str) -> str:
+    """Name of the LiLiCorr draft a walk commits: 'lilicorr' (greedy, the paper's) or 'lilicorr_<walk>'."""
+    return "lilicorr" if walk == "greedy" else f"lilicorr_{walk}"
 
 
 class BlockProposer:
-    def __init__(self, target: FrozenTarget, drafter: DFlashDrafter, head: LiLiCorrHead | None = None, walk: str = "greedy"):
-        if walk not in WALKS:
-            raise ValueError(f"walk={walk!r}: choose one of {sorted(WALKS)}.")
+    def __init__(self, target: FrozenTarget, drafter: DFlashDrafter, head: LiLiCorrHead | None = None,
+                 walks: tuple[str, ...] = ("greedy",)):
+        bad = [w for w in walks if w not in WALKS]
+        if bad or not walks:
+            raise ValueError(f"walk={bad[0] if bad else walks!r}: choose from {sorted(WALKS)}.")
         cfg = drafter.config
         target.check_fits(cfg.hidden_size, cfg.vocab_size)
         if head is not None and head.config.block_size != cfg.block_size:
@@ -35,35 +46,50 @@ class BlockProposer:
                 f"LiLiCorr head block_size={head.config.block_size} differs from the drafter's {cfg.block_size}: "
                 "the head must be trained for the drafter's block."
             )
-        self.target, self.drafter, self.head, self.walk = target, drafter.eval(), head, WALKS[walk]
+        self.target, self.drafter, self.head, self.walks = target, drafter.eval(), head, tuple(walks)
         self.block_size, self.mask_token_id = cfg.block_size, cfg.mask_token_id
 
     @property
     def draft_names(self) -> tuple[str, ...]:
-        return ("argmax",) if self.head is None else ("argmax", "lilicorr")
+        return ("argmax",) if self.head is None else ("argmax", *map(walk_draft_name, self.walks))
 
     @torch.no_grad()
     def __call__(self, features: torch.Tensor, anchor_token: int) -> dict[str, torch.Tensor]:
-        """features [1, a, n*Hm] of positions 0..a-1 -> {"argmax": [S], "lilicorr": [S]} token ids."""
+        """One block after the context: features [1, a, F] of positions 0..a-1, the anchor at a
+        -> {name: [S] token ids}."""
         a, dev = features.shape[1], features.device
         if a < 1:
             raise ValueError("BlockProposer: the context is empty; prefill at least one prompt token first.")
-        context = self.drafter.project_target_hidden(features)  # [1, a, Hm]
-        block = torch.full((1, self.block_size), self.mask_token_id, dtype=torch.long, device=dev)
-        block[0, 0] = anchor_token
-        positions = a + torch.arange(self.block_size, device=dev)[None]  # [1, B]
-        ctx_pos = torch.arange(a, device=dev)[None]  # [1, a]
-        attend = torch.ones(1, self.block_size, a + self.block_size, dtype=torch.bool, device=dev)
-        hidden = self.drafter(self.target.embed(block), positions, context, ctx_pos, attend)  # [1, B, Hm]
-        pass_hidden = hidden[:, 1:]  # [1, S, Hm]
-        logits = self.target.logits(pass_hidden[0]).float()  # [S, V]
+        drafts = self.blocks(features, torch.tensor([a], device=dev), torch.tensor([anchor_token], device=dev))
+        return {name: d[0] for name, d in drafts.items()}
+
+    @torch.no_grad()
+    def blocks(self, features: torch.Tensor, anchors: torch.Tensor, anchor_tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Blocks at many anchors of one sequence: features [1, T, F], anchors [N] (1 <= a <= T),
+        anchor_tokens [N] -> {name: [N, S] token ids}."""
+        context = self.drafter.project_target_hidden(features)  # [1, T, Hm]
+        parts = [self._blocks(context, a, x) for a, x in zip(anchors.split(ANCHORS_PER_PASS), anchor_tokens.split(ANCHORS_PER_PASS))]
+        return {name: torch.cat([p[name] for p in parts]) for name in self.draft_names}
+
+    def _blocks(self, context: torch.Tensor, anchors: torch.Tensor, anchor_tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        n, b, dev = anchors.shape[0], self.block_size, context.device
+        block = torch.full((n, b), self.mask_token_id, dtype=torch.long, device=dev)
+        block[:, 0] = anchor_tokens
+        positions = (anchors[:, None] + torch.arange(b, device=dev)).view(1, n * b)
+        ctx_pos = torch.arange(context.shape[1], device=dev)[None]
+        attend = block_attention(anchors[None], torch.ones(1, n, dtype=torch.bool, device=dev), context.shape[1], b)
+        hidden = self.drafter(self.target.embed(block.view(1, -1)), positions, context, ctx_pos, attend)
+        pass_hidden = hidden.view(n, b, -1)[:, 1:]  # [N, S, Hm]
+        logits = self.target.logits(pass_hidden).float()  # [N, S, V]
         drafts = {"argmax": logits.argmax(dim=-1)}
         if self.head is not None:
-            vals, ids, lse = topk_lse(logits, self.head.config.candidate_topk)  # [S, K], [S, K], [S]
-            cand_lp = vals - lse[:, None]  # log-softmax of the K candidates, descending
+            vals, ids, lse = topk_lse(logits.flatten(0, 1), self.head.config.candidate_topk)  # [N*S, K], [N*S]
+            cand_lp = (vals - lse[:, None]).view(n, -1, vals.shape[-1])  # log-softmax of the K candidates, descending
+            ids = ids.view(n, -1, ids.shape[-1])  # [N, S, K]
             head_dtype = next(self.head.parameters()).dtype
-            token_states = self.head.project_tokens(self.target.embed(ids).to(head_dtype))  # [S, K, H]
-            start, pair = self.head(token_states[None], cand_lp[None], pass_hidden, context[:, -1])
-            pick = self.walk(start, pair)[0]  # [S] candidate index per slot
-            drafts["lilicorr"] = ids.gather(1, pick[:, None]).squeeze(1)
+            token_states = self.head.project_tokens(self.target.embed(ids).to(head_dtype))  # [N, S, K, H]
+            start, pair = self.head(token_states, cand_lp, pass_hidden, context[0, anchors - 1])
+            for walk in self.walks:
+                pick = WALKS[walk](start, pair)  # [N, S] candidate index per slot
+                drafts[walk_draft_name(walk)] = ids.gather(-1, pick[..., None]).squeeze(-1)
         return drafts
