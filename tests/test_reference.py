@@ -21,19 +21,19 @@ PROMPT = [3, 17, 42, 8, 61, 23, 9]
 
 
 
-def tiny_target():
+def tiny_target(vocab: int = VOCAB):
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8, max_position_embeddings=512, tie_word_embeddings=False,
     )
     return LlamaForCausalLM(config).float().eval()
 
 
-def tiny_drafter():
+def tiny_drafter(vocab: int = VOCAB):
     torch.manual_seed(1)
     return DFlashDrafter(DrafterConfig(
-        hidden_size=HIDDEN, vocab_size=VOCAB, num_target_layers=4, target_layer_ids=(0, 2), mask_token_id=5,
+        hidden_size=HIDDEN, vocab_size=vocab, num_target_layers=4, target_layer_ids=(0, 2), mask_token_id=5,
         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64,
         block_size=BLOCK,
     )).eval()

@@ -1,0 +1,92 @@
+"""Exact acceptance replay: the tau a draft earns on outputs the target has already produced.
+
+A speculative decode emits exactly the target's own tokens. With a deterministic proposal d
+(the drafter's argmax block, or the LiLiCorr walk's), verification
+  T = 0   accepts d_k while d_k equals the target's greedy token;
+  T > 0   accepts d_k with probability p(d_k) and otherwise samples from p with d_k removed,
+          which is the same as sampling x ~ p and accepting iff x = d_k.
+So for an output o (greedy at T = 0, one sample of the target at T > 0) the blocks a decoder
+runs are fixed: a block anchored at output index i (o_i is the last committed token) accepts
+the longest prefix of its draft that equals o_{i+1..}, emits that prefix plus one target token,
+and the next block anchors at the last emitted token. The draft at anchor i depends only on the
+context, so it can be computed teacher-forced, for every anchor of an output in one batched
+pass (`BlockProposer.blocks`), and the walk of blocks is replayed from the per-anchor matches.
+The output's first token comes from the prefill; tau = completion tokens / verify blocks, as
+SGLang's `spec_accept_length` (and `decoder.DecodeResult.tau`).
+
+A turn is its prompt ids and its output ids (the end-of-turn token included when generated);
+multi-turn conversations are replayed turn by turn, each turn's prompt holding the earlier ones.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+import torch
+
+from ..frozen_target import FrozenTarget
+from .propose import BlockProposer
+
+
+@dataclasses.dataclass
+class TurnReplay:
+    completion_tokens: int
+    accepted: dict[str, list[int]]  # draft name -> drafted tokens accepted by each verify block, in order
+
+    def blocks(self, name: str) -> int:
+        return len(self.accepted[name])
+
+
+def matched_prefix(drafts: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+    """drafts [N, S] at anchors 0..N-1 of output [L] (N = L - 1) -> [N]: how many leading drafted
+    tokens equal the output's next tokens (a draft running past the output's end matches nothing there)."""
+    n, s = drafts.shape
+    idx = torch.arange(n, device=output.device)[:, None] + 1 + torch.arange(s, device=output.device)  # [N, S]
+    truth = torch.where(idx < output.shape[0], output[idx.clamp(max=output.shape[0] - 1)], -1)
+    return (drafts == truth).long().cumprod(dim=1).sum(dim=1)
+
+
+def walk_blocks(matched: Sequence[int], length: int) -> list[int]:
+    """Replay the block sequence over an output of `length` tokens from the per-anchor matches
+    -> accepted drafts per block. A block at anchor i emits min(m_i + 1, length - 1 - i) tokens."""
+    accepted, i = [], 0
+    while i < length - 1:
+        emitted = min(int(matched[i]) + 1, length - 1 - i)
+        accepted.append(emitted - 1)
+        i += emitted
+    return accepted
+
+
+class Replayer:
+    """Replays turns for several proposers over one frozen target (one target pass per turn)."""
+
+    def __init__(self, target: FrozenTarget, proposers: Mapping[str, BlockProposer]) -> None:
+        self.target, self.proposers = target, dict(proposers)
+        layers = {p.drafter.config.target_layer_ids for p in self.proposers.values()}
+        if len(layers) > 1:
+            raise ValueError(f"the drafts capture different target layers {sorted(layers)}; replay them separately.")
+
+    @torch.no_grad()
+    def turn(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> dict[str, TurnReplay]:
+        """-> {proposer label: TurnReplay over its drafts}."""
+        if not prompt_ids:
+            raise ValueError("replay: the prompt is empty; a turn needs at least one prompt token.")
+        dev = self.target.embedding.weight.device
+        n, length = len(prompt_ids), len(output_ids)
+        if length < 2:
+            return {label: TurnReplay(length, {name: [] for name in p.draft_names}) for label, p in self.proposers.items()}
+        ids = torch.tensor([list(prompt_ids) + list(output_ids[:-1])], device=dev)  # the last output token is no one's context
+        features, _ = self.target.run(ids, torch.ones_like(ids))  # [1, n + L - 1, F]
+        output = torch.tensor(list(output_ids), device=dev)
+        anchors = n + torch.arange(length - 1, device=dev)
+        out = {}
+        for label, proposer in self.proposers.items():
+            drafts = proposer.blocks(features, anchors, output[:-1])
+            out[label] = TurnReplay(length, {name: walk_blocks(matched_prefix(d, output).tolist(), length) for name, d in drafts.items()})
+        return out
+
+
+def pooled_tau(replays: Sequence[TurnReplay], name: str) -> float:
+    """Completion tokens / verify blocks over many turns (NaN when no turn ran a block)."""
+    blocks = sum(r.blocks(name) for r in replays)
+    return sum(r.completion_tokens for r in replays) / blocks if blocks else float("nan")
