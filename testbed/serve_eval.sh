@@ -16,8 +16,8 @@
 # Warm-up: before each (c, T, seed) run, `bench run --warmup WARMUP` sends max(WARMUP, c) unrecorded
 # requests in waves of c concurrent ones, so every decode batch size 1..c (and SGLang's per-shape
 # Triton compiles, ~1.1 s each) is met before timing. Sequential warm-up let the first system on a cold
-# machine pay those compiles inside its measured c = 8 phase (serve_eval_h200_2026-11-26_run2: lilicorr
-# aime2025 at 397 tok/s vs ~1600 for the later categories); with the waves the SYSTEMS order no longer
+# machine pay those compiles inside its measured c = 8 phase (H200, 4585638, in git history at
+# c745522:benchmarks/results/serve_eval_h200_2026-11-26_run2: lilicorr aime2025 at 397 tok/s vs ~1600 for the later categories); with the waves the SYSTEMS order no longer
 # matters for that, and it is kept as given.
 # STAGE_TIMING=1: each speculative server runs with LILICORR_STAGE_TIMING=$SERVE_EVAL_WORK/stages/<system>
 # (the plugin's stage timer, serving/stage_timer.py, writes stages-<pid>.json there) and
