@@ -77,6 +77,8 @@ def cmd_report(args) -> int:
         metrics.add_block_ratio(cells, args.block_ref)
         metrics.add_paired_ratios(cells, args.block_ref)  # repeated runs: each run's ratio, then mean and 95 % CI
     metrics.add_speedup(cells, args.baseline)
+    if args.baseline:
+        metrics.add_paired_ratios(cells, args.baseline, key="paired_speedup")  # each run's speedup, mean and 95 % CI
     markdown = tables.report(cells, args.baseline, args.block_ref)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -38,7 +38,8 @@ Its tau, block_ms and TPS are computed per seed and then averaged over seeds (st
 Repeated runs of the same cell (several results files: fresh servers, same prompts) are pooled by
 pool_runs: the mean over runs, the std across runs, "runs" = how many. With a reference system,
 add_paired_ratios also takes the runs as pairs: the ratio to the reference within each run, and the mean
-of those ratios with its 95 % t interval (`paired`).
+of those ratios with its 95 % t interval (`paired` against the --block-ref system, `paired_speedup` against
+the --baseline).
 """
 
 from __future__ import annotations
@@ -194,9 +195,9 @@ def mean_ci95(values: Sequence[float]) -> dict:
     return {"n": n, "mean": mean, "std": std, "lo": mean - half, "hi": mean + half}
 
 
-def add_paired_ratios(cells: List[dict], reference: str) -> List[dict]:
+def add_paired_ratios(cells: List[dict], reference: str, key: str = "paired") -> List[dict]:
     """Repeated runs taken as pairs: for a cell with per-run values (pool_runs) and a matching cell of
-    `reference`, the ratio of the two in each run both have (same run_ids) -> cell["paired"] =
+    `reference`, the ratio of the two in each run both have (same run_ids) -> cell[key] =
     {"tps": mean_ci95 of tps / reference tps, "block_ms": the same for ms per block, "runs": run_ids}.
     Pairing removes what moves a whole run (the machine, the order of the servers) from the comparison."""
     ref = {tuple(c[k] for k in MATCH_KEY): c for c in cells if c["system"] == reference}
@@ -213,7 +214,7 @@ def add_paired_ratios(cells: List[dict], reference: str) -> List[dict]:
             if ratios:
                 paired[name] = mean_ci95(ratios)
         if len(paired) > 1:
-            c["paired"] = paired
+            c[key] = paired
     return cells
 
 

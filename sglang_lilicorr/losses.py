@@ -116,17 +116,6 @@ def margin_hinge(z: torch.Tensor, gt_index: torch.Tensor, prefix: torch.Tensor, 
     return _prefix_mean((rho - gap).relu(), prefix)
 
 
-def slot_top1_accuracy(scores: torch.Tensor, gt_index: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Per-slot top-1 accuracy -> [S] fp32 (no grad): fraction of rows with mask[n, s] whose
-    argmax_k scores[n, s] is gt_index[n, s]; NaN at a slot with no masked-in row.
-    Pass z for the reranker, or the drafter's descending candidate log-probs for its own pick."""
-    expect(scores, "scores", (None, None, None), "float")
-    expect(gt_index, "gt_index", tuple(scores.shape[:2]), "int")
-    expect(mask, "mask", tuple(scores.shape[:2]), "bool")
-    hit = (scores.detach().argmax(dim=-1) == gt_index) & mask
-    return hit.sum(dim=0).float() / mask.sum(dim=0).float()
-
-
 @dataclasses.dataclass(frozen=True)
 class ObjectiveWeights:
     """Loss weights (paper Table hparams; App. G for the margin variant)."""

@@ -11,11 +11,13 @@ import json
 from pathlib import Path
 
 SETS = ("gsm8k", "humaneval", "aime2025", "gpqa", "writingbench")
+WHOLE_SETS = ("mtbench",)  # taken whole, multi-turn: FastChat's 80 two-turn questions
 DEFAULT_FILE = Path(__file__).resolve().parent / "eval_prompts.jsonl"
 
 
 def sample_sets(per_set: int, seed: int, max_chars: int, sets=SETS) -> list[dict]:
-    """Up to `per_set` single-turn prompts of at most `max_chars` characters per set."""
+    """Up to `per_set` single-turn prompts of at most `max_chars` characters per set of `sets`, then
+    every prompt of WHOLE_SETS (rows with `messages`: its user turns, played in order)."""
     from sglang_lilicorr.benchmarks.datasets import load_prompts, sample
 
     rows = []
@@ -23,6 +25,9 @@ def sample_sets(per_set: int, seed: int, max_chars: int, sets=SETS) -> list[dict
         _, prompts = load_prompts(name, limit=10**9)  # all of them; the sample is ours
         short = [p for p in prompts if len(p.turns) == 1 and len(p.turns[0]) <= max_chars]
         rows += [{"id": p.prompt_id, "set": name, "text": p.turns[0]} for p in sample(short, per_set, seed)]
+    for name in WHOLE_SETS:
+        _, prompts = load_prompts(name, limit=10**9)
+        rows += [{"id": p.prompt_id, "set": name, "messages": [{"role": "user", "content": t} for t in p.turns]} for p in prompts]
     return rows
 
 

@@ -14,7 +14,6 @@ from sglang_lilicorr.losses import (
     lilicorr_objective,
     margin_hinge,
     reranker_ce,
-    slot_top1_accuracy,
 )
 from sglang_lilicorr.oracle import (
     ObjectiveInputError,
@@ -324,17 +323,6 @@ def test_bf16_scores_are_computed_in_fp32():
 
 
 # --- metrics ---------------------------------------------------------------------------------
-
-def test_slot_top1_accuracy():
-    z = torch.tensor([[[0.0, 1.0], [2.0, 0.0]],
-                      [[3.0, 0.0], [0.0, 1.0]]])
-    gt = torch.tensor([[1, 0], [1, 0]])
-    mask = torch.tensor([[True, True], [True, False]])
-    assert slot_top1_accuracy(z, gt, mask).tolist() == [0.5, 1.0]
-    assert slot_top1_accuracy(z, gt, torch.zeros_like(mask)).isnan().all()
-
-
-# --- bad inputs ------------------------------------------------------------------------------
 
 def test_bad_inputs_raise_clear_errors():
     b = batch()

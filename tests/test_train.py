@@ -14,7 +14,8 @@ from sglang_lilicorr.train.export import export_checkpoint
 from sglang_lilicorr.train.joint import JointModel, acceptance_length
 from sglang_lilicorr.train.state import IncompatibleCheckpointError
 from sglang_lilicorr.frozen_target import FrozenTarget, TargetMismatchError
-from sglang_lilicorr.train.trainer import TrainConfig, drafter_config_for, head_config_for, train
+from sglang_lilicorr.train.config import TrainConfig
+from sglang_lilicorr.train.trainer import drafter_config_for, train
 
 
 WORDS = "the cat sat on a mat and one two three four five six seven dog ran far".split()
@@ -88,7 +89,7 @@ def build_joint(workspace, arch, gamma=0.25):
     tok = AutoTokenizer.from_pretrained(workspace[arch])
     cfg = tiny_cfg(workspace, workspace["root"] / "unused", target=workspace[arch], gamma=gamma)
     dcfg = drafter_config_for(model, tok, cfg)
-    hcfg = head_config_for(dcfg, cfg)
+    hcfg = cfg.head_config(dcfg.block_size, dcfg.rms_norm_eps)
     torch.manual_seed(0)
     head = None if hcfg is None else LiLiCorrHead(hcfg, dcfg.hidden_size)
     joint = JointModel(DFlashDrafter(dcfg), head, FrozenTarget(model, dcfg.target_layer_ids))
@@ -302,3 +303,88 @@ def test_context_features_are_hf_hidden_states_after_each_layer(workspace, arch)
     torch.testing.assert_close(target.candidate_log_probs(final.reshape(-1, final.shape[-1]), lse, cand), want)
     with pytest.raises(TargetMismatchError, match="capturable"):
         FrozenTarget(model, (5,))
+
+
+# --- a run that fails fast and keeps its last good state (issue: nothing lost, nothing silent) ----
+
+@pytest.mark.parametrize("flag,value,match", [
+    ("lr_drafter", float("nan"), "--lr-drafter nan"), ("lr_head", 1e6, "--lr-head 1000000.0"), ("batch_size", 0, "--batch-size 0"),
+    ("grad_accum", 0, "--grad-accum 0"), ("warmup_ratio", 1.5, "--warmup-ratio"), ("max_length", 4, "--max-length 4"),
+    ("beta", -1.0, "beta"),
+])
+def test_invalid_hyperparameters_are_refused_when_the_config_is_built(flag, value, match):
+    from sglang_lilicorr.train.config import TrainConfigError
+
+    with pytest.raises(TrainConfigError, match=match):
+        TrainConfig(target="t", data="d", output_dir="o", **{flag: value})
+
+
+def test_cli_refuses_bad_values_before_loading_anything(workspace, tmp_path, capsys):
+    import argparse
+
+    from sglang_lilicorr.train.cli import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["train", "--target", str(tmp_path / "nowhere"), "--data", "d", "--output-dir", str(tmp_path / "o"),
+                              "--lr-drafter", "nan"])
+    assert args.func(args) == 2
+    assert "error: --lr-drafter nan" in capsys.readouterr().err
+    args = parser.parse_args(["train", "--target", str(tmp_path / "nowhere"), "--data", "d", "--output-dir", str(tmp_path / "o")])
+    with pytest.raises(SystemExit, match="not a local model folder"):
+        args.func(args)
+    assert not (tmp_path / "o").exists()
+
+
+def test_non_finite_steps_are_skipped_then_stop_the_run_without_a_bad_checkpoint(workspace, tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    from sglang_lilicorr.train.trainer import TrainingDiverged
+
+    out = tmp_path / "run"
+    train(tiny_cfg(workspace, out, max_steps=2))  # a good checkpoint at step 2
+    original = JointModel.forward
+
+    def poisoned(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        result.terms.total = result.terms.total * float("nan")
+        return result
+
+    monkeypatch.setattr(JointModel, "forward", poisoned)
+    with pytest.raises(TrainingDiverged, match="3 steps with a non-finite loss"):
+        train(tiny_cfg(workspace, out, max_steps=8, max_bad_steps=3))
+    checkpoints = sorted((out / "checkpoints").iterdir())  # skipped steps leave the weights as they were
+    assert checkpoints and all(bool(t.isfinite().all()) for c in checkpoints for t in load_file(str(c / "trainable.safetensors")).values())
+
+
+def test_resume_cleans_orphans_falls_back_past_a_corrupt_checkpoint_and_logs_each_step_once(workspace, tmp_path, capsys):
+    out = tmp_path / "run"
+    train(tiny_cfg(workspace, out, max_steps=4))  # checkpoints at 2 and 4, both kept
+    (out / "checkpoints" / "step-00000004" / "trainable.safetensors").write_bytes(b"\x00" * 10)  # torn by a crash
+    orphan = out / "checkpoints" / ".step-00000006.x1y2"
+    orphan.mkdir()
+    (orphan / "half.bin").write_bytes(b"1")
+    metrics = train(tiny_cfg(workspace, out, max_steps=6))
+    err = capsys.readouterr().err
+    assert "step-00000004/trainable.safetensors: unreadable" in err and "Falling back to the checkpoint before it" in err
+    assert metrics["step"] == 6 and not orphan.exists()
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [2, 4, 6]
+
+
+def test_eval_replays_held_out_turns_snapshots_and_times_the_phases(workspace, tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(workspace["llama"])
+    held = tmp_path / "held.jsonl"
+    with open(held, "w") as f:
+        for i, reply in enumerate(["one two three four five six", "the cat sat on a mat and"]):
+            messages = [{"role": "user", "content": f"held {i}"}, {"role": "assistant", "content": reply}]
+            prompt = tok.apply_chat_template(messages[:1], tokenize=True, return_dict=False, add_generation_prompt=True)
+            output = tok.encode(reply, add_special_tokens=False) + [tok.eos_token_id]
+            f.write(json.dumps({"id": f"h{i}", "messages": messages, "turns": [{"prompt_ids": prompt, "output_ids": output}]}) + "\n")
+    out = tmp_path / "run"
+    metrics = train(tiny_cfg(workspace, out, eval_data=str(held), max_steps=4, eval_every=2, grad_accum=2, batch_size=1))
+    assert metrics["eval/tau_t0/argmax"] >= 1.0 and metrics["eval/tau_t0/lilicorr"] >= 1.0
+    assert {"time/target_ms", "time/drafter_ms", "time/head_ms", "time/backward_ms", "time/optimizer_ms", "time/wall_ms"} <= set(metrics)
+    assert sorted(p.name for p in (out / "snapshots").iterdir()) == ["step-00000002.safetensors", "step-00000004.safetensors"]

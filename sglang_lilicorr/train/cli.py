@@ -1,22 +1,26 @@
 """Subcommands `lilicorr regenerate | train | export` (registered by the top-level CLI).
 
-  lilicorr regenerate --target DIR --prompts P.jsonl --output TRAIN.jsonl [--exclude EVAL.jsonl]
-  lilicorr train --target DIR --data TRAIN.jsonl --output-dir RUN [--gamma 0.25 ...]
+  lilicorr regenerate --target DIR --recipe --output-dir DATA --exclude EVAL.jsonl [--magpie N --package N ...]
+  lilicorr regenerate --target DIR --prompts P.jsonl --output OUT.jsonl [--temperature 1 --seed 0]
+  lilicorr train --target DIR --data DATA/train.jsonl --eval-data DATA/heldout.jsonl --output-dir RUN [--gamma 0.25 ...]
       (multi-GPU: torchrun --nproc-per-node N -m sglang_lilicorr.cli train ...)
   lilicorr export RUN[/checkpoints/step-N] OUT_DIR [--dtype bfloat16]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import shlex
 import sys
+from pathlib import Path
 
 CHAT_KWARGS_HELP = 'JSON object passed to the chat template (default {"enable_thinking": false}: reasoning off)'
 
 
 def register(subparsers) -> None:
-    _register_regenerate(subparsers.add_parser("regenerate", help="target's own greedy answers to prompts -> training jsonl"))
+    _register_regenerate(subparsers.add_parser("regenerate", help="the target's own answers (and, with --recipe, its own prompts) -> training jsonl"))
     _register_train(subparsers.add_parser("train", help="train the DFlash drafter + LiLiCorr head jointly"))
     _register_export(subparsers.add_parser("export", help="training checkpoint -> SGLang draft directory"))
 
@@ -32,47 +36,110 @@ def json_object_arg(text: str) -> dict:
     return value
 
 
+def bounded(kind, low, high=None):
+    """argparse type: a `kind` number in [low, high]."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if not (value >= low and (high is None or value <= high)) or value != value:
+            raise argparse.ArgumentTypeError(f"{text} is outside [{low}, {'inf' if high is None else high}]")
+        return value
+    return parse
+
+
+def local_model_dir(path: str) -> str:
+    """A --target must be a local model folder (config.json inside): checked before any hub lookup."""
+    if not (Path(path) / "config.json").is_file():
+        raise SystemExit(f"error: --target {path}: not a local model folder with a config.json; pass the directory of the "
+                         "target's Hugging Face files (this tool never downloads).")
+    return path
+
+
 # --- regenerate ---------------------------------------------------------------------------
 
 
 def _register_regenerate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="HF model directory of the target")
-    p.add_argument("--prompts", required=True, help="jsonl of {'id'?, 'messages'} rows")
-    p.add_argument("--output", required=True, help="jsonl to append regenerated conversations to (resumable)")
-    p.add_argument("--exclude", help="evaluation prompts jsonl: these prompts are never written")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--prompts", help="prompt file: jsonl of {'id'?, 'messages'} rows (user turns are played in order)")
+    mode.add_argument("--recipe", action="store_true", help="build a training set: Magpie + standard-library prompts -> --output-dir")
+    p.add_argument("--output", help="with --prompts: jsonl the conversations are appended to (resumable)")
+    p.add_argument("--output-dir", help="with --recipe: directory for conversations, train/heldout splits and manifest.json")
+    p.add_argument("--exclude", help="evaluation prompts (jsonl with text / turns / messages): never trained on (required with --recipe)")
+    p.add_argument("--magpie", type=bounded(int, 0), default=36000, help="self-written conversations to attempt (recipe)")
+    p.add_argument("--package", type=bounded(int, 0), default=4000, help="standard-library prompts (recipe)")
+    p.add_argument("--second-turns", type=bounded(float, 0.0, 1.0), default=0.3, help="share of conversations given a second, self-written user turn (recipe)")
+    p.add_argument("--heldout", type=bounded(int, 0), default=256, help="conversations kept out of training (recipe)")
+    p.add_argument("--temperature", type=bounded(float, 0.0), default=0.0, help="replies' temperature (0 = greedy, as the paper)")
+    p.add_argument("--seed", type=bounded(int, 0), default=0)
+    p.add_argument("--max-new-tokens", type=bounded(int, 1), default=512, help="per reply")
     p.add_argument("--engine", choices=("auto", "sglang", "transformers"), default="auto",
-                   help="auto = SGLang's offline engine when CUDA is available, else transformers")
-    p.add_argument("--max-new-tokens", type=int, default=4096)
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--chat-template-kwargs", type=json_object_arg, default={"enable_thinking": False}, help=CHAT_KWARGS_HELP)
-    p.add_argument("--engine-kwargs", type=json_object_arg, default={}, help="JSON object of extra sglang.Engine arguments")
+                   help="auto = SGLang servers when CUDA is available, else transformers")
+    p.add_argument("--url", nargs="+", help="running SGLang servers to use instead of launching them")
+    p.add_argument("--servers", type=bounded(int, 1), help="SGLang servers to launch, one per GPU (default: every visible GPU)")
+    p.add_argument("--server-args", default="", help="extra `sglang.launch_server` arguments, one shell-quoted string")
+    p.add_argument("--concurrency", type=bounded(int, 1), default=256, help="requests in flight per server")
+    p.add_argument("--chunk", type=bounded(int, 1), default=4096, help="conversations generated between writes")
+    p.add_argument("--chat-template-kwargs", type=json_object_arg, default={}, help=CHAT_KWARGS_HELP)
     p.set_defaults(func=run_regenerate)
 
 
-def run_regenerate(args: argparse.Namespace) -> int:
+@contextlib.contextmanager
+def generator_for(args: argparse.Namespace, tokenizer, log_dir: Path):
     import torch
-    from transformers import AutoTokenizer
 
-    from .regenerate import regenerate, sglang_generator, transformers_generator
-
-    tokenizer = AutoTokenizer.from_pretrained(args.target)
     engine = args.engine
     if engine == "auto":
-        engine = "sglang" if torch.cuda.is_available() else "transformers"
-    shutdown = None
-    if engine == "sglang":
-        generate, shutdown = sglang_generator(args.target, args.max_new_tokens, **args.engine_kwargs)
-    else:
+        engine = "sglang" if (args.url or torch.cuda.is_available()) else "transformers"
+    if engine == "transformers":
         from transformers import AutoModelForCausalLM
 
+        from .engine import TransformersGenerator
+
         model = AutoModelForCausalLM.from_pretrained(args.target).eval()
-        generate = transformers_generator(model, tokenizer, args.max_new_tokens)
-    try:
-        counts = regenerate(args.prompts, args.output, tokenizer, generate, args.exclude, args.batch_size, args.chat_template_kwargs)
-    finally:
-        if shutdown is not None:
-            shutdown()
-    print(json.dumps(counts))
+        yield TransformersGenerator(model, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id), "transformers"
+        return
+    from .engine import SGLangServers
+
+    if args.url:
+        yield SGLangServers(args.url, args.concurrency), f"sglang servers {args.url}"
+        return
+    gpus = args.servers or max(1, torch.cuda.device_count())
+    with SGLangServers.launch(args.target, gpus, server_args=shlex.split(args.server_args), log_dir=log_dir,
+                              concurrency=args.concurrency) as servers:
+        yield servers, f"{gpus} sglang servers ({args.server_args or 'default arguments'})"
+
+
+def run_regenerate(args: argparse.Namespace) -> int:
+    from transformers import AutoTokenizer
+
+    from .regenerate import Settings, build_dataset, eval_guard, play, prompt_plans
+
+    local_model_dir(args.target)
+    if args.recipe and not (args.output_dir and args.exclude):
+        raise SystemExit("error: --recipe needs --output-dir (where the data goes) and --exclude (the evaluation prompts to keep out).")
+    if args.prompts and not args.output:
+        raise SystemExit("error: --prompts needs --output (the jsonl the conversations are appended to).")
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    settings = Settings(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed, chunk=args.chunk,
+                        chat_kwargs=args.chat_template_kwargs)
+    out = Path(args.output_dir) if args.recipe else Path(args.output)
+    plans = None if args.recipe else prompt_plans(args.prompts, eval_guard(args.exclude))  # bad input fails before any server starts
+    log_dir = (out if args.recipe else out.parent) / "logs"
+    with generator_for(args, tokenizer, log_dir) as (generator, engine):
+        if args.recipe:
+            result = build_dataset(out, tokenizer, generator, settings, magpie=args.magpie, package=args.package,
+                                   second_turn_share=args.second_turns, heldout=args.heldout, exclude=args.exclude,
+                                   describe={"command": "lilicorr " + " ".join(map(shlex.quote, sys.argv[1:])), "engine": engine,
+                                             "target": str(Path(args.target).resolve())})
+            print(json.dumps({k: result[k] for k in ("counts", "this_call")}))
+        else:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            stats = play(plans, out, tokenizer, generator, settings)
+            print(json.dumps({"generated_tokens": stats.generated_tokens, "tokens_per_s": round(stats.generated_tokens / max(stats.generate_seconds, 1e-9)),
+                              "dropped": stats.dropped, "engine": engine}))
     return 0
 
 
@@ -80,7 +147,7 @@ def run_regenerate(args: argparse.Namespace) -> int:
 
 
 def _register_train(p: argparse.ArgumentParser) -> None:
-    from .trainer import TrainConfig
+    from .config import TrainConfig
 
     required = {"target", "data", "output_dir"}
     for field in dataclasses.fields(TrainConfig):
@@ -97,16 +164,29 @@ def _register_train(p: argparse.ArgumentParser) -> None:
 
 
 def train_config_from_args(args: argparse.Namespace):
-    from .trainer import TrainConfig
+    """The run's TrainConfig; an out-of-range value raises TrainConfigError naming the flag."""
+    from .config import TrainConfig
 
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if getattr(args, f.name, None) is not None}
     return TrainConfig(**given)
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from .trainer import train
+    from .config import TrainConfigError
 
-    metrics = train(train_config_from_args(args))
+    try:
+        cfg = train_config_from_args(args)
+    except TrainConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    local_model_dir(cfg.target)
+    from .trainer import TrainingDiverged, train
+
+    try:
+        metrics = train(cfg)
+    except TrainingDiverged as e:
+        print(f"error: training stopped: {e}", file=sys.stderr)
+        return 1
     print(json.dumps(metrics))
     return 0
 

@@ -17,30 +17,9 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from ..drafter import eligible_anchors
+from ..jsonl import DataError, read_jsonl
 
 ROLES = ("system", "user", "assistant", "tool")
-
-
-class DataError(ValueError):
-    """A data file or row is malformed, or a dataset is empty."""
-
-
-def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, row) for every non-blank line; a bad line is a DataError naming file:line."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file.")
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{number}: not valid JSON ({e.msg}); each line must be one JSON object.") from e
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{number}: expected a JSON object with a 'messages' list, got {type(row).__name__}.")
-            yield number, row
 
 
 def checked_messages(row: Mapping[str, Any], where: str) -> list[dict[str, str]]:

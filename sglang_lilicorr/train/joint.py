@@ -20,32 +20,52 @@ import torch
 from torch import nn
 
 from ..drafter import DFlashDrafter, block_layout
+from ..frozen_target import FrozenTarget
 from ..head import LiLiCorrHead
-from ..losses import ObjectiveTerms, ObjectiveWeights, lilicorr_objective, slot_top1_accuracy
+from ..losses import ObjectiveTerms, ObjectiveWeights, lilicorr_objective
 from ..oracle import oracle_prefix_coverage
 from ..walk import greedy_walk
-from ..frozen_target import FrozenTarget
+from .timing import PhaseTimer
 
 
 @dataclasses.dataclass
 class JointOutput:
     terms: ObjectiveTerms
-    draft_top1: torch.Tensor  # [S] drafter argmax == ground truth, per slot
-    reranker_top1: torch.Tensor | None  # [S] on the oracle prefix
+    draft_hits: torch.Tensor  # [S] drafter argmax == ground truth, per slot (valid slots)
+    valid_counts: torch.Tensor  # [S] valid slots
+    reranker_hits: torch.Tensor | None  # [S] reranker argmax == ground truth on the oracle prefix
+    prefix_counts: torch.Tensor | None  # [S] oracle-prefix slots
     coverage: dict[str, torch.Tensor]  # oracle-prefix coverage (empty when gamma = 0)
     accept_draft: torch.Tensor  # [R] acceptance length of the drafter's argmax, greedy target
     accept_walk: torch.Tensor | None  # [R] acceptance length of the LiLiCorr greedy walk
 
+    @property
+    def blocks(self) -> int:
+        return int(self.accept_draft.shape[0])
+
     def metrics(self) -> dict[str, float]:
-        out = {f"loss/{k}": v for k, v in self.terms.scalars().items()}
-        for name, acc in (("draft", self.draft_top1), ("reranker", self.reranker_top1)):
-            if acc is not None:
-                out.update({f"top1_{name}/slot{s + 1}": float(a) for s, a in enumerate(acc.tolist())})
-        out.update({f"coverage/{k}": float(v) for k, v in self.coverage.items()})
-        out["accept_len/draft_argmax"] = float(self.accept_draft.float().mean())
-        if self.accept_walk is not None:
-            out["accept_len/lilicorr_walk"] = float(self.accept_walk.float().mean())
-        return out
+        return pooled_metrics([self])
+
+
+def pooled_metrics(outputs: list[JointOutput]) -> dict[str, float]:
+    """Metrics of several forwards as one: per-slot top-1 from summed hits, acceptance over all
+    blocks, losses and coverage weighted by each forward's blocks."""
+    weights = [max(o.blocks, 1) for o in outputs]
+    total = sum(weights)
+    out: dict[str, float] = {}
+    for o, w in zip(outputs, weights):
+        for k, v in o.terms.scalars().items():
+            out[f"loss/{k}"] = out.get(f"loss/{k}", 0.0) + v * w / total
+        for k, v in o.coverage.items():
+            out[f"coverage/{k}"] = out.get(f"coverage/{k}", 0.0) + float(v) * w / total
+    for name, hits, counts in (("draft", "draft_hits", "valid_counts"), ("reranker", "reranker_hits", "prefix_counts")):
+        if getattr(outputs[0], hits) is not None:
+            acc = sum(getattr(o, hits) for o in outputs) / sum(getattr(o, counts) for o in outputs).float()
+            out.update({f"top1_{name}/slot{s + 1}": float(a) for s, a in enumerate(acc.tolist())})
+    out["accept_len/draft_argmax"] = float(torch.cat([o.accept_draft for o in outputs]).float().mean())
+    if outputs[0].accept_walk is not None:
+        out["accept_len/lilicorr_walk"] = float(torch.cat([o.accept_walk for o in outputs]).float().mean())
+    return out
 
 
 def acceptance_length(drafted: torch.Tensor, greedy: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -62,7 +82,12 @@ class JointModel(nn.Module):
         super().__init__()
         self.drafter, self.head = drafter, head
         self.target = target
+        self.timer: PhaseTimer | None = None  # set by the trainer to time the forward's phases
         target.check_fits(drafter.config.hidden_size, drafter.config.vocab_size)
+
+    def mark(self, phase: str) -> None:
+        if self.timer is not None:
+            self.timer.mark(phase)
 
     def forward(
         self,
@@ -79,6 +104,7 @@ class JointModel(nn.Module):
         if weights.gamma > 0 and self.head is None:
             raise ValueError("gamma > 0 needs a LiLiCorr head; build the JointModel with one (or set gamma = 0).")
         features, final_hidden = self.target.run(input_ids, attention_mask)
+        self.mark("target")
         lay = block_layout(input_ids, loss_mask, anchors, anchor_valid, bsz, cfg.mask_token_id)
 
         context = self.drafter.project_target_hidden(features)  # [b, T, Hm]
@@ -100,11 +126,13 @@ class JointModel(nn.Module):
         lse, greedy = self.target.slot_targets(slot_rows)
         greedy = greedy.view(-1, slots)
 
-        draft_top1 = ((draft_logits.argmax(-1) == targets) & valid).sum(0).float() / valid.sum(0).float()
+        draft_hits = ((draft_logits.argmax(-1) == targets) & valid).sum(0).float()
         accept_draft = acceptance_length(draft_logits.argmax(-1), greedy, valid)
+        self.mark("drafter")
         if weights.gamma == 0:
             terms = lilicorr_objective(draft_logits, targets, valid, weights=weights)
-            return JointOutput(terms, draft_top1, None, {}, accept_draft, None)
+            self.mark("head")
+            return JointOutput(terms, draft_hits, valid.sum(0), None, None, {}, accept_draft, None)
 
         log_probs = draft_logits.log_softmax(dim=-1)
         cand_lp, cand_ids = log_probs.topk(self.head.config.candidate_topk, dim=-1)  # [R, S, K], ids fixed
@@ -115,9 +143,10 @@ class JointModel(nn.Module):
         terms = lilicorr_objective(
             draft_logits, targets, valid, cand_ids, start, pair, target_lp.view_as(cand_lp), weights
         )
-        reranker_top1 = slot_top1_accuracy(terms.z, terms.gt_index, terms.prefix)
+        reranker_hits = ((terms.z.detach().argmax(-1) == terms.gt_index) & terms.prefix).sum(0).float()
         walk_ids = cand_ids.gather(-1, greedy_walk(start.detach(), pair.detach()).unsqueeze(-1)).squeeze(-1)
+        self.mark("head")
         return JointOutput(
-            terms, draft_top1, reranker_top1, oracle_prefix_coverage(terms.prefix, valid),
+            terms, draft_hits, valid.sum(0), reranker_hits, terms.prefix.sum(0), oracle_prefix_coverage(terms.prefix, valid),
             accept_draft, acceptance_length(walk_ids, greedy, valid),
         )

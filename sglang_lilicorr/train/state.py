@@ -1,4 +1,4 @@
-"""Training checkpoints (resumable) and their strict reload.
+"""Training checkpoints (resumable), their strict reload, and the run's other files.
 
   OUTPUT/checkpoints/step-XXXXXXXX/
       train_state.json       step, epoch position, drafter config (SGLang config.json form),
@@ -6,15 +6,21 @@
       trainable.safetensors  drafter tensors (fp32 masters) and the head under `lilicorr.`
       optimizer.pt           optimizer + LR schedule state
   OUTPUT/latest              name of the newest complete checkpoint
+  OUTPUT/snapshots/step-XXXXXXXX.safetensors   bf16 trainable tensors at each eval step (curves)
+  OUTPUT/metrics.jsonl       one row per logging step
 
 Every directory is written under a temporary name and renamed when complete; `latest` is
-replaced atomically after it, so an interrupted save never looks like a checkpoint.
+replaced atomically after it, so an interrupted save never looks like a checkpoint. On resume
+(`resume_point`) the temporaries a kill left behind are removed, a latest checkpoint that does
+not load gives way to the newest one that does (with a warning), and metrics rows past the
+resumed step are dropped, so a resumed run logs every step once.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -75,6 +81,70 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return path
 
 
+def complete_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Complete checkpoints (their state file written), newest first."""
+    root = Path(output_dir) / "checkpoints"
+    found = [p for p in root.glob("step-*") if p.is_dir() and (p / STATE_FILE).is_file()] if root.is_dir() else []
+    return sorted(found, key=lambda p: p.name, reverse=True)
+
+
+def remove_orphans(output_dir: str | Path) -> list[Path]:
+    """Remove the temporaries an interrupted save left behind -> what was removed."""
+    out = Path(output_dir)
+    orphans = [p for p in (out / "checkpoints").glob(".step-*")] if (out / "checkpoints").is_dir() else []
+    orphans += [p for p in (out / "snapshots").glob(".*")] if (out / "snapshots").is_dir() else []
+    orphans += [p for p in [out / f".{LATEST}.tmp"] if p.exists()]
+    for p in orphans:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    return orphans
+
+
+def resume_point(output_dir: str | Path, warn=print) -> tuple[Path, tuple] | None:
+    """The newest checkpoint that loads, read (`read_training_checkpoint`), or None for a fresh
+    run. Orphans are removed first; a checkpoint that does not load is skipped with a warning."""
+    remove_orphans(output_dir)
+    for path in complete_checkpoints(output_dir):
+        try:
+            return path, read_training_checkpoint(path)
+        except CheckpointError as e:
+            warn(f"warning: {e} Falling back to the checkpoint before it.")
+    return None
+
+
+def prune_checkpoints(output_dir: str | Path, keep: int) -> None:
+    """Keep the `keep` newest complete checkpoints."""
+    for path in complete_checkpoints(output_dir)[keep:]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def save_snapshot(output_dir: str | Path, step: int, tensors: Mapping[str, torch.Tensor]) -> Path:
+    """bf16 trainable tensors at an eval step (what the curves are evaluated from), atomically."""
+    path = Path(output_dir) / "snapshots" / f"step-{step:08d}.safetensors"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file({k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in tensors.items()}, str(tmp))
+    os.replace(tmp, path)
+    return path
+
+
+def trim_metrics(path: str | Path, step: int) -> None:
+    """Drop metrics rows past `step` (re-run after a resume) and a torn last line."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
+            keep.append(line if line.endswith("\n") else line + "\n")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(keep), encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def read_training_checkpoint(path: str | Path) -> tuple[dict[str, Any], DrafterConfig, LiLiCorrConfig | None, dict[str, torch.Tensor]]:
     """-> (state json, drafter config, head config or None, tensors)."""
     path = Path(path)
@@ -82,16 +152,25 @@ def read_training_checkpoint(path: str | Path) -> tuple[dict[str, Any], DrafterC
         path = latest_checkpoint(path)
     try:
         state = json.loads((path / STATE_FILE).read_text())
-    except (FileNotFoundError, json.JSONDecodeError) as e:
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: not a training checkpoint ({e}); pass OUTPUT or OUTPUT/checkpoints/step-N.") from e
-    if state.get("format") != FORMAT:
-        raise CheckpointError(f"{path / STATE_FILE}: format {state.get('format')!r}, expected {FORMAT!r}.")
-    drafter = DrafterConfig.from_hf_config(state["drafter_config"])
-    head = head_config_from_keys(state["head_config"], drafter)
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path / STATE_FILE}: format {state.get('format') if isinstance(state, dict) else state!r}, expected {FORMAT!r}.")
+    missing = [k for k in ("step", "drafter_config", "head_config") if k not in state]
+    if missing:
+        raise CheckpointError(f"{path / STATE_FILE}: lacks {missing}; it was not written by `lilicorr train` (or was cut short).")
+    try:
+        drafter = DrafterConfig.from_hf_config(state["drafter_config"])
+        head = head_config_from_keys(state["head_config"], drafter)
+    except (ValueError, TypeError, KeyError) as e:
+        raise CheckpointError(f"{path / STATE_FILE}: drafter_config / head_config: {e}") from e
     try:
         tensors = load_file(str(path / TENSORS_FILE))
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path / TENSORS_FILE}: unreadable ({e}).") from e
+    except Exception as e:  # safetensors raises its own error types for truncated or foreign files
+        raise CheckpointError(f"{path / TENSORS_FILE}: unreadable ({type(e).__name__}: {e}).") from e
+    bad = [k for k, v in tensors.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise CheckpointError(f"{path / TENSORS_FILE}: tensor {bad[0]!r} holds NaN or Inf.")
     return state, drafter, head, tensors
 
 

@@ -1,19 +1,26 @@
 """`lilicorr train`: joint training of the DFlash drafter and the LiLiCorr head (paper Sec. 3.4,
 Table hparams), one GPU or data-parallel under torchrun (DDP, same code path; gloo on CPU).
 
-Optimisation: AdamW with two groups (drafter lr 6e-4 wd 0; head lr 1.5e-4 wd 0.01), cosine
-schedule with 4% linear warm-up, gradient-norm clip 1.0, bf16 autocast over fp32 master
-weights. gamma = 0 trains plain DFlash (no head is built and the export is a vanilla draft).
+Optimisation: AdamW with two groups (drafter, head), cosine schedule with linear warm-up,
+gradient-norm clip, bf16 autocast over fp32 master weights, optional gradient accumulation.
+gamma = 0 trains plain DFlash (no head is built and the export is a vanilla draft).
+
+Every `eval_every` steps the held-out conversations are evaluated (losses, per-slot top-1 of the
+drafter and the reranker, teacher-forced acceptance) and, when they carry the target's own ids
+(`lilicorr regenerate` output), replayed for the exact T = 0 tau of the argmax block and the
+LiLiCorr walk (`reference.replay`); the weights of that step are kept as a snapshot, so the
+curves can be evaluated again later. A step whose loss or gradient is not finite is skipped (no
+update); after `max_bad_steps` of them the run stops with `TrainingDiverged`, and no checkpoint
+ever holds a non-finite tensor.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -22,70 +29,28 @@ from torch.nn.parallel import DistributedDataParallel
 from ..checkpoint import split_head
 from ..config import LiLiCorrConfig
 from ..drafter import DFlashDrafter, DrafterConfig, default_target_layer_ids, load_drafter_tensors, sample_anchors
+from ..frozen_target import FrozenTarget
 from ..head import LiLiCorrHead
-from ..losses import ObjectiveWeights
-from .data import DataError, Example, collate, epoch_batches, load_conversations
-from .joint import JointModel
+from ..reference.propose import BlockProposer
+from ..reference.replay import Replayer, pooled_tau
+from .config import TrainConfig
+from .data import DataError, Example, collate, epoch_batches, load_conversations, read_jsonl
+from .joint import JointModel, pooled_metrics
 from .state import (
     OPTIMIZER_FILE,
     check_resume_compatible,
-    latest_checkpoint,
-    read_training_checkpoint,
+    prune_checkpoints,
+    resume_point,
+    save_snapshot,
     save_training_checkpoint,
     trainable_tensors,
+    trim_metrics,
 )
-from ..frozen_target import FrozenTarget
+from .timing import PhaseTimer
 
 
-@dataclasses.dataclass
-class TrainConfig:
-    target: str  # HF model directory (frozen target + its tokenizer)
-    data: str  # training conversations jsonl (from `lilicorr regenerate`)
-    output_dir: str
-    eval_data: str | None = None  # held-out conversations; default: hold out eval_examples of data
-    eval_examples: int = 8  # held-out conversations (taken from data when eval_data is unset); one eval batch
-    # drafter geometry
-    draft_layers: int = 1
-    num_context_features: int = 5
-    block_size: int = 16
-    mask_token: str | None = None  # default: the tokenizer's mask token
-    draft_intermediate_size: int = 0  # 0 = the target's
-    # head geometry (paper defaults); gamma = 0 builds none
-    candidate_topk: int = 8
-    head_hidden_size: int = 1024
-    head_layers: int = 2
-    head_heads: int = 8
-    head_mlp_ratio: float = 2.0
-    factor_dim: int = 1024
-    logit_scale: float = 8.0
-    # objective (Eq. 7; App. G margin)
-    beta: float = 7.0
-    gamma: float = 0.25
-    lam: float = 1.0
-    use_margin: bool = False
-    mu: float = 0.5
-    rho: float = 2.0
-    # optimisation
-    lr_drafter: float = 6e-4
-    wd_drafter: float = 0.0
-    lr_head: float = 1.5e-4
-    wd_head: float = 0.01
-    warmup_ratio: float = 0.04
-    grad_clip: float = 1.0
-    bf16: bool = True
-    epochs: int = 6
-    max_steps: int = 0  # > 0 caps the run
-    batch_size: int = 1  # per rank
-    max_length: int = 3072
-    num_anchors: int = 64  # blocks per sequence
-    seed: int = 0
-    log_every: int = 10
-    save_every: int = 500
-    resume: bool = True
-    chat_template_kwargs: dict[str, Any] = dataclasses.field(default_factory=lambda: {"enable_thinking": False})
-
-    def objective(self) -> ObjectiveWeights:
-        return ObjectiveWeights(beta=self.beta, gamma=self.gamma, lam=self.lam, use_margin=self.use_margin, mu=self.mu, rho=self.rho)
+class TrainingDiverged(RuntimeError):
+    """Too many steps had a non-finite loss or gradient; the last good checkpoint is kept."""
 
 
 # --- building blocks ---------------------------------------------------------------------
@@ -130,16 +95,6 @@ def drafter_config_for(model, tokenizer, cfg: TrainConfig) -> DrafterConfig:
     )
 
 
-def head_config_for(drafter: DrafterConfig, cfg: TrainConfig) -> LiLiCorrConfig | None:
-    if cfg.gamma == 0:
-        return None
-    return LiLiCorrConfig(
-        block_size=drafter.block_size, candidate_topk=cfg.candidate_topk, factor_dim=cfg.factor_dim,
-        logit_scale=cfg.logit_scale, num_layers=cfg.head_layers, hidden_size=cfg.head_hidden_size,
-        num_heads=cfg.head_heads, mlp_ratio=cfg.head_mlp_ratio, rms_norm_eps=drafter.rms_norm_eps,
-    )
-
-
 def build_optimizer(drafter: DFlashDrafter, head: LiLiCorrHead | None, cfg: TrainConfig) -> torch.optim.AdamW:
     groups = [{"params": list(drafter.parameters()), "lr": cfg.lr_drafter, "weight_decay": cfg.wd_drafter, "name": "drafter"}]
     if head is not None:
@@ -168,13 +123,25 @@ def load_target(path: str, device: torch.device, bf16: bool):
     return model, tokenizer
 
 
+def held_out_turns(path: str, limit: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, output ids) of the first `limit` held-out conversations' turns, when the rows
+    carry them (`lilicorr regenerate` output); [] otherwise."""
+    turns = []
+    for _, row in read_jsonl(path):
+        for t in row.get("turns") or []:
+            turns.append((list(t["prompt_ids"]), list(t["output_ids"])))
+        if len(turns) >= limit:
+            break
+    return turns[:limit]
+
+
 def split_eval(examples: list[Example], cfg: TrainConfig, tokenizer) -> tuple[list[Example], list[Example]]:
     if cfg.eval_data:
         held = load_conversations(cfg.eval_data, tokenizer, cfg.max_length, cfg.chat_template_kwargs)
         seen = {tuple(e.input_ids.tolist()) for e in examples}
         if any(tuple(e.input_ids.tolist()) in seen for e in held):
             raise DataError(f"{cfg.eval_data}: evaluation conversations also occur in {cfg.data}; held-out data must not be training data.")
-        return examples, held
+        return examples, held[: cfg.eval_examples]
     n = min(cfg.eval_examples, len(examples) - 1)
     if n <= 0:
         return examples, []
@@ -182,8 +149,16 @@ def split_eval(examples: list[Example], cfg: TrainConfig, tokenizer) -> tuple[li
 
 
 def anchors_for(batch: dict[str, torch.Tensor], num: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    anchors, valid = sample_anchors(batch["loss_mask"], num, torch.Generator().manual_seed(seed))
-    return anchors, valid
+    return sample_anchors(batch["loss_mask"], num, torch.Generator().manual_seed(seed))
+
+
+def finite_everywhere(flag: bool, world: int, device) -> bool:
+    """True when every rank's flag is True (a step is skipped on all ranks or on none)."""
+    if world == 1:
+        return flag
+    t = torch.tensor([0.0 if flag else 1.0], device=device)
+    dist.all_reduce(t)
+    return t.item() == 0
 
 
 # --- the loop ------------------------------------------------------------------------------
@@ -213,78 +188,137 @@ class Distributed:
             dist.barrier()
 
 
+class Evaluator:
+    """Held-out metrics at fixed anchors, pooled over micro-batches, plus the exact replay tau."""
+
+    def __init__(self, joint: JointModel, eval_set: list[Example], turns, cfg: TrainConfig, pad_id: int, autocast, device) -> None:
+        self.joint, self.cfg, self.autocast, self.device = joint, cfg, autocast, device
+        self.batches = [collate(eval_set[i : i + cfg.batch_size], pad_id) for i in range(0, len(eval_set), cfg.batch_size)]
+        self.turns = turns
+
+    @torch.no_grad()
+    def __call__(self, weights) -> dict[str, float]:
+        self.joint.eval()
+        outputs = []
+        with self.autocast:
+            for i, batch in enumerate(self.batches):
+                batch = {k: v.to(self.device) for k, v in batch.items()}
+                anchors, valid = anchors_for(batch, self.cfg.num_anchors, self.cfg.seed + i)
+                outputs.append(self.joint(batch["input_ids"], batch["attention_mask"], batch["loss_mask"],
+                                          anchors.to(self.device), valid.to(self.device), weights))
+            out = {f"eval/{k}": v for k, v in pooled_metrics(outputs).items()} if outputs else {}
+            if self.turns:
+                proposer = BlockProposer(self.joint.target, self.joint.drafter, self.joint.head)
+                replayer = Replayer(self.joint.target, {"draft": proposer})
+                replays = [replayer.turn(p, o)["draft"] for p, o in self.turns]
+                out.update({f"eval/tau_t0/{name}": pooled_tau(replays, name) for name in proposer.draft_names})
+        self.joint.train()
+        return out
+
+
 def train(cfg: TrainConfig) -> dict[str, float]:
     """Run (or resume) a training job; returns the last logged metrics."""
     env = Distributed()
     torch.manual_seed(cfg.seed)
     model, tokenizer = load_target(cfg.target, env.device, cfg.bf16)
     drafter_cfg = drafter_config_for(model, tokenizer, cfg)
-    head_cfg = head_config_for(drafter_cfg, cfg)
+    head_cfg = cfg.head_config(drafter_cfg.block_size, drafter_cfg.rms_norm_eps)
     target = FrozenTarget(model, drafter_cfg.target_layer_ids)
     examples = load_conversations(cfg.data, tokenizer, cfg.max_length, cfg.chat_template_kwargs)
     train_set, eval_set = split_eval(examples, cfg, tokenizer)
+    turns = held_out_turns(cfg.eval_data, cfg.eval_examples) if cfg.eval_data else []
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     drafter = DFlashDrafter(drafter_cfg).to(env.device)
     head = None if head_cfg is None else LiLiCorrHead(head_cfg, drafter_cfg.hidden_size).to(env.device)
     joint = JointModel(drafter, head, target)
     optimizer = build_optimizer(drafter, head, cfg)
-    per_epoch = len(epoch_batches(len(train_set), cfg.batch_size, cfg.seed, 0, env.rank, env.world))
+    per_rank_step = cfg.batch_size * cfg.grad_accum
+    per_epoch = len(epoch_batches(len(train_set), per_rank_step, cfg.seed, 0, env.rank, env.world))
     total = cfg.max_steps if cfg.max_steps > 0 else cfg.epochs * per_epoch
     scheduler = cosine_with_warmup(optimizer, total, cfg.warmup_ratio)
+    out_dir = Path(cfg.output_dir)
     step = 0
 
-    resume_from = latest_checkpoint(cfg.output_dir) if cfg.resume else None
-    if resume_from is not None:
-        state, _, _, tensors = read_training_checkpoint(resume_from)
-        check_resume_compatible(state, drafter_cfg, head_cfg, str(resume_from))
+    found = resume_point(out_dir, warn=lambda m: print(m, file=sys.stderr)) if cfg.resume else None
+    if found is not None:
+        path, (state, _, _, tensors) = found
+        check_resume_compatible(state, drafter_cfg, head_cfg, str(path))
         drafter_t, head_t = split_head(tensors)
-        load_drafter_tensors(drafter, drafter_t, str(resume_from))
+        load_drafter_tensors(drafter, drafter_t, str(path))
         if head is not None:
             head.load_state_dict(head_t, strict=True)
-        opt_state = torch.load(resume_from / OPTIMIZER_FILE, map_location=env.device, weights_only=True)
+        opt_state = torch.load(path / OPTIMIZER_FILE, map_location=env.device, weights_only=True)
         optimizer.load_state_dict(opt_state["optimizer"])
         scheduler.load_state_dict(opt_state["scheduler"])
         step = int(state["step"])
+    metrics_path = out_dir / "metrics.jsonl"
+    if env.main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        trim_metrics(metrics_path, step)
 
     trainable = DistributedDataParallel(joint, device_ids=[env.device.index] if env.device.type == "cuda" else None) if env.world > 1 else joint
     weights = cfg.objective()
-    eval_batch = collate(eval_set[: cfg.eval_examples], pad_id) if eval_set else None
-    metrics_path = Path(cfg.output_dir) / "metrics.jsonl"
-    if env.main:
-        Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
+    autocast = torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=cfg.bf16)
+    evaluate = Evaluator(joint, eval_set, turns, cfg, pad_id, autocast, env.device)
+    timer = PhaseTimer(env.device)
+    joint.timer = timer
+    eval_every = cfg.eval_every or cfg.log_every
     progress_bar = _progress(total, step, env.main)
     last: dict[str, float] = {}
-    tokens, window_start = 0, time.perf_counter()
-    autocast = torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=cfg.bf16)
+    tokens, bad, window_start = 0, 0, time.perf_counter()
 
     order: tuple[int, list[list[int]]] = (-1, [])  # (epoch, this rank's batches of it)
     while step < total:
         epoch, index = divmod(step, per_epoch)
         if order[0] != epoch:
-            order = (epoch, epoch_batches(len(train_set), cfg.batch_size, cfg.seed, epoch, env.rank, env.world))
-        batch_ids = order[1][index]
-        batch = {k: v.to(env.device) for k, v in collate([train_set[i] for i in batch_ids], pad_id).items()}
-        anchors, valid = anchors_for(batch, cfg.num_anchors, cfg.seed * 7919 + step * env.world + env.rank)
+            order = (epoch, epoch_batches(len(train_set), per_rank_step, cfg.seed, epoch, env.rank, env.world))
+        ids = order[1][index]
         trainable.train()
-        with autocast:
-            out = trainable(batch["input_ids"], batch["attention_mask"], batch["loss_mask"], anchors.to(env.device), valid.to(env.device), weights)
         optimizer.zero_grad(set_to_none=True)
-        out.terms.total.backward()
+        timer.start_step()
+        finite = True
+        for micro in range(cfg.grad_accum):
+            part = ids[micro * cfg.batch_size : (micro + 1) * cfg.batch_size]
+            batch = {k: v.to(env.device) for k, v in collate([train_set[i] for i in part], pad_id).items()}
+            anchors, valid = anchors_for(batch, cfg.num_anchors, cfg.seed * 7919 + (step * env.world + env.rank) * cfg.grad_accum + micro)
+            sync = micro == cfg.grad_accum - 1 or env.world == 1
+            with autocast, (trainable.no_sync() if not sync else _nothing()):
+                out = trainable(batch["input_ids"], batch["attention_mask"], batch["loss_mask"], anchors.to(env.device), valid.to(env.device), weights)
+            with (trainable.no_sync() if not sync else _nothing()):
+                (out.terms.total / cfg.grad_accum).backward()
+            timer.mark("backward")
+            finite &= bool(torch.isfinite(out.terms.total.detach()))
+            tokens += int(batch["attention_mask"].sum()) * env.world
         grad_norm = torch.nn.utils.clip_grad_norm_(joint.parameters(), cfg.grad_clip)
-        optimizer.step()
+        if finite_everywhere(finite and bool(torch.isfinite(grad_norm)), env.world, env.device):
+            optimizer.step()
+        else:
+            bad += 1
+            optimizer.zero_grad(set_to_none=True)
+            if env.main:
+                print(f"warning: step {step + 1}: non-finite loss or gradient, step skipped ({bad} of at most {cfg.max_bad_steps}).", file=sys.stderr)
+            if bad >= cfg.max_bad_steps:
+                raise TrainingDiverged(
+                    f"{bad} steps with a non-finite loss or gradient (last at step {step + 1}); the last good checkpoint is kept "
+                    f"in {out_dir}. Lower --lr-drafter / --lr-head (now {cfg.lr_drafter} / {cfg.lr_head}) or check the data."
+                )
         scheduler.step()
+        timer.mark("optimizer")
         step += 1
-        tokens += int(batch["attention_mask"].sum()) * env.world
         progress_bar.update(1)
 
         if step % cfg.log_every == 0 or step == total:
             elapsed = time.perf_counter() - window_start
-            last = {"step": step, "epoch": epoch, "grad_norm": float(grad_norm), "tokens_per_s": tokens / max(elapsed, 1e-9)}
+            steps_in_window = timer.steps
+            last = {"step": step, "epoch": epoch, "grad_norm": float(grad_norm), "tokens_per_s": tokens / max(elapsed, 1e-9),
+                    "skipped_steps": bad, "time/wall_ms": 1e3 * elapsed / max(steps_in_window, 1), **timer.window()}
             last.update({f"lr/{g['name']}": g["lr"] for g in optimizer.param_groups})
             last.update(out.metrics())
-            if eval_batch is not None:
-                last.update(evaluate(joint, eval_batch, cfg, weights, autocast, env.device))
+            if step % eval_every == 0 or step == total:
+                last.update(evaluate(weights))
+                if env.main:
+                    save_snapshot(out_dir, step, _trainable(drafter, head))
             if env.main:
                 progress_bar.set_postfix({"loss": f"{last['loss/total']:.3f}", "tau": f"{last['accept_len/draft_argmax']:.2f}"})
                 with metrics_path.open("a") as f:
@@ -294,24 +328,25 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         if step % cfg.save_every == 0 or step == total:
             if env.main:
                 save_training_checkpoint(
-                    cfg.output_dir, step, {"epoch": epoch, "batch": index + 1}, drafter_cfg, head_cfg,
-                    trainable_tensors(drafter.state_dict(), None if head is None else head.state_dict()),
+                    out_dir, step, {"epoch": epoch, "batch": index + 1}, drafter_cfg, head_cfg, _trainable(drafter, head),
                     {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
                 )
+                prune_checkpoints(out_dir, cfg.keep_checkpoints)
             env.barrier()
     progress_bar.close()
     return last
 
 
-@torch.no_grad()
-def evaluate(joint: JointModel, batch: dict[str, torch.Tensor], cfg: TrainConfig, weights, autocast, device) -> dict[str, float]:
-    """Held-out metrics with fixed anchors: acceptance length of argmax vs LiLiCorr walk, losses."""
-    joint.eval()
-    batch = {k: v.to(device) for k, v in batch.items()}
-    anchors, valid = anchors_for(batch, cfg.num_anchors, cfg.seed)
-    with autocast:
-        out = joint(batch["input_ids"], batch["attention_mask"], batch["loss_mask"], anchors.to(device), valid.to(device), weights)
-    return {f"eval/{k}": v for k, v in out.metrics().items()}
+def _trainable(drafter: DFlashDrafter, head: LiLiCorrHead | None) -> dict[str, torch.Tensor]:
+    return trainable_tensors(drafter.state_dict(), None if head is None else head.state_dict())
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
 
 def _progress(total: int, start: int, enabled: bool):

@@ -1,0 +1,136 @@
+"""`lilicorr replay`: tau of several drafts on the target's own outputs (`reference.replay`).
+
+  lilicorr replay --target DIR --outputs T0.jsonl T1_s0.jsonl ... --draft lilicorr=D1 --draft dflash=D2 --out REPORT
+
+Outputs are `lilicorr regenerate` files (rows with `turns` of prompt/output ids, `set`,
+`temperature`, `seed`). Every draft is replayed on every turn; a LiLiCorr draft yields three
+systems: NAME (greedy walk, as served), NAME_viterbi (the exact path maximiser) and NAME_argmax
+(the same drafter's argmax block). Writes REPORT/replay.jsonl (one row per turn and system) and
+REPORT/tau.json + tau.md: tau = completion tokens / verify blocks per (system, set, temperature),
+per seed and its mean and sample std over seeds; the set `average` is the mean of the sets' tau.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("replay", help="tau of drafts on the target's own outputs (exact replay, no decoding)")
+    p.add_argument("--target", required=True, help="HF model directory of the target")
+    p.add_argument("--outputs", nargs="+", required=True, help="`lilicorr regenerate` output files (rows with turns)")
+    p.add_argument("--draft", action="append", required=True, metavar="NAME=DIR", help="a draft directory to replay, named")
+    p.add_argument("--out", required=True, help="report directory")
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="target dtype on the GPU (CPU: float32)")
+    p.set_defaults(func=run_replay)
+
+
+def system_names(label: str, draft_names) -> dict[str, str]:
+    """Draft name of a proposer -> the system it reports as."""
+    if len(draft_names) == 1:
+        return {draft_names[0]: label}
+    return {"argmax": f"{label}_argmax", "lilicorr": label, "lilicorr_viterbi": f"{label}_viterbi"}
+
+
+def parse_drafts(items: list[str]) -> dict[str, str]:
+    drafts = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise SystemExit(f"error: --draft {item!r}: expected NAME=DIR, e.g. lilicorr=checkpoints/smollm2-lilicorr.")
+        if name in drafts:
+            raise SystemExit(f"error: --draft {name} given twice; name each draft once.")
+        drafts[name] = path
+    return drafts
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM
+    from tqdm.auto import tqdm
+
+    from ..drafter import load_draft
+    from ..frozen_target import FrozenTarget
+    from ..jsonl import read_jsonl
+    from .propose import BlockProposer
+    from .replay import Replayer
+
+    drafts = parse_drafts(args.draft)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if args.dtype == "bfloat16" and device.type == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(device).eval()
+    loaded = {name: load_draft(path) for name, path in drafts.items()}
+    layers = {d.config.target_layer_ids for d, _ in loaded.values()}
+    if len(layers) > 1:
+        raise SystemExit(f"error: the drafts capture different target layers {sorted(layers)}; replay them in separate calls.")
+    target = FrozenTarget(model, layers.pop())
+    proposers, names = {}, {}
+    for name, (drafter, head) in loaded.items():
+        proposers[name] = BlockProposer(target, drafter.to(device), None if head is None else head.to(device).eval(), ("greedy", "viterbi"))
+        names[name] = system_names(name, proposers[name].draft_names)
+    replayer = Replayer(target, proposers)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    records = []
+    rows = [(path, row) for path in args.outputs for _, row in read_jsonl(path)]
+    for path, row in tqdm(rows, desc="replay", dynamic_ncols=True):
+        if not row.get("turns"):
+            raise SystemExit(f"error: {path}: row {row.get('id')!r} has no `turns`; replay needs `lilicorr regenerate` output.")
+        for t, turn in enumerate(row["turns"]):
+            for label, result in replayer.turn(turn["prompt_ids"], turn["output_ids"]).items():
+                for draft, accepted in result.accepted.items():
+                    records.append({"id": row["id"], "set": row.get("set", Path(path).stem), "temperature": row.get("temperature", 0.0),
+                                    "seed": row.get("seed", 0), "turn": t, "system": names[label][draft],
+                                    "completion_tokens": result.completion_tokens, "accepted": accepted})
+    (out / "replay.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    cells = tau_cells(records)
+    (out / "tau.json").write_text(json.dumps({"target": args.target, "drafts": drafts, "outputs": args.outputs,
+                                              "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                                              "cells": cells}, indent=1) + "\n")
+    (out / "tau.md").write_text(tau_table(cells))
+    print(tau_table(cells))
+    return 0
+
+
+def tau_cells(records: list[dict]) -> list[dict]:
+    """(system, set, temperature) -> tau per seed (pooled over turns), mean and std over seeds; plus
+    the set `average` (mean over sets, per seed)."""
+    pooled: dict[tuple, list[int]] = {}
+    for r in records:
+        key = (r["system"], r["set"], r["temperature"], r["seed"])
+        tokens, blocks = pooled.get(key, [0, 0])
+        pooled[key] = [tokens + r["completion_tokens"], blocks + len(r["accepted"])]
+    per_seed: dict[tuple, dict[int, float]] = {}
+    for (system, group, temperature, seed), (tokens, blocks) in pooled.items():
+        if blocks:
+            per_seed.setdefault((system, group, temperature), {})[seed] = tokens / blocks
+    for (system, temperature) in {(k[0], k[2]) for k in per_seed}:
+        sets = [v for k, v in per_seed.items() if k[0] == system and k[2] == temperature]
+        seeds = set.intersection(*(set(v) for v in sets))
+        per_seed[(system, "average", temperature)] = {s: statistics.fmean(v[s] for v in sets) for s in sorted(seeds)}
+    cells = []
+    for (system, group, temperature), taus in sorted(per_seed.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][1] == "average", kv[0][1])):
+        values = list(taus.values())
+        cells.append({"system": system, "set": group, "temperature": temperature, "tau_per_seed": taus,
+                      "tau": statistics.fmean(values), "tau_std": statistics.stdev(values) if len(values) > 1 else None})
+    return cells
+
+
+def tau_table(cells: list[dict]) -> str:
+    systems = sorted({c["system"] for c in cells})
+    lines = []
+    for temperature in sorted({c["temperature"] for c in cells}):
+        sets = sorted({c["set"] for c in cells if c["temperature"] == temperature}, key=lambda s: (s == "average", s))
+        by = {(c["system"], c["set"]): c for c in cells if c["temperature"] == temperature}
+        lines += [f"T = {temperature:g} (tau = completion tokens / verify blocks; mean ± std over seeds)", "",
+                  "| set | " + " | ".join(systems) + " |", "|---|" + "---|" * len(systems)]
+        for group in sets:
+            row = []
+            for system in systems:
+                c = by.get((system, group))
+                row.append("--" if c is None else f"{c['tau']:.3f}" + (f" ± {c['tau_std']:.3f}" if c["tau_std"] is not None else ""))
+            lines.append(f"| {group} | " + " | ".join(row) + " |")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,116 @@
+"""TrainConfig: every knob of `lilicorr train`, validated when it is built (so the CLI refuses a
+bad value before any model is loaded). Head geometry defaults come from `LiLiCorrConfig` and the
+objective's from `ObjectiveWeights` (paper Table hparams); nothing is repeated here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from ..config import LiLiCorrConfig
+from ..losses import ObjectiveWeights
+
+_HEAD = LiLiCorrConfig()
+_OBJECTIVE = ObjectiveWeights()
+
+
+class TrainConfigError(ValueError):
+    """A training option is out of range; the message names the option and the fix."""
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    target: str  # HF model directory (frozen target + its tokenizer)
+    data: str  # training conversations jsonl (from `lilicorr regenerate`)
+    output_dir: str
+    eval_data: str | None = None  # held-out conversations; default: hold out eval_examples of data
+    eval_examples: int = 64  # held-out conversations evaluated at every eval step
+    # drafter geometry
+    draft_layers: int = 1
+    num_context_features: int = 5
+    block_size: int = _HEAD.block_size
+    mask_token: str | None = None  # default: the tokenizer's mask token
+    draft_intermediate_size: int = 0  # 0 = the target's
+    # head geometry; gamma = 0 builds none
+    candidate_topk: int = _HEAD.candidate_topk
+    head_hidden_size: int = _HEAD.hidden_size
+    head_layers: int = _HEAD.num_layers
+    head_heads: int = _HEAD.num_heads
+    head_mlp_ratio: float = _HEAD.mlp_ratio
+    factor_dim: int = _HEAD.factor_dim
+    logit_scale: float = _HEAD.logit_scale
+    # objective (Eq. 7; App. G margin)
+    beta: float = _OBJECTIVE.beta
+    gamma: float = _OBJECTIVE.gamma
+    lam: float = _OBJECTIVE.lam
+    use_margin: bool = _OBJECTIVE.use_margin
+    mu: float = _OBJECTIVE.mu
+    rho: float = _OBJECTIVE.rho
+    # optimisation
+    lr_drafter: float = 6e-4
+    wd_drafter: float = 0.0
+    lr_head: float = 1.5e-4
+    wd_head: float = 0.01
+    warmup_ratio: float = 0.04
+    grad_clip: float = 1.0
+    bf16: bool = True
+    epochs: int = 6
+    max_steps: int = 0  # > 0 caps the run
+    batch_size: int = 1  # sequences per rank and micro-step
+    grad_accum: int = 1  # micro-steps per optimizer step (global batch = batch_size * grad_accum * ranks)
+    max_length: int = 3072
+    num_anchors: int = 64  # blocks per sequence
+    seed: int = 0
+    log_every: int = 10
+    eval_every: int = 0  # held-out eval + curve snapshot every N steps (0 = at log steps)
+    save_every: int = 500
+    keep_checkpoints: int = 2  # resumable checkpoints kept (the newest; older ones are the fallback)
+    max_bad_steps: int = 10  # non-finite steps skipped before the run stops
+    resume: bool = True
+    chat_template_kwargs: dict[str, Any] = dataclasses.field(default_factory=lambda: {"enable_thinking": False})
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def objective(self) -> ObjectiveWeights:
+        return ObjectiveWeights(beta=self.beta, gamma=self.gamma, lam=self.lam, use_margin=self.use_margin, mu=self.mu, rho=self.rho)
+
+    def head_config(self, block_size: int, rms_norm_eps: float) -> LiLiCorrConfig | None:
+        """The head's geometry, or None for vanilla DFlash (gamma = 0)."""
+        if self.gamma == 0:
+            return None
+        return LiLiCorrConfig(
+            block_size=block_size, candidate_topk=self.candidate_topk, factor_dim=self.factor_dim,
+            logit_scale=self.logit_scale, num_layers=self.head_layers, hidden_size=self.head_hidden_size,
+            num_heads=self.head_heads, mlp_ratio=self.head_mlp_ratio, rms_norm_eps=rms_norm_eps,
+        )
+
+    def validate(self) -> None:
+        def need(ok: bool, name: str, what: str) -> None:
+            if not ok:
+                flag = "--" + name.replace("_", "-")
+                raise TrainConfigError(f"{flag} {getattr(self, name)!r}: expected {what}.")
+
+        for name in ("lr_drafter", "lr_head"):
+            value = getattr(self, name)
+            need(_number(value) and 0 < value <= 1, name, "a finite learning rate in (0, 1] (paper: 6e-4 drafter, 1.5e-4 head)")
+        for name in ("wd_drafter", "wd_head", "grad_clip"):
+            need(_number(getattr(self, name)) and getattr(self, name) >= 0, name, "a finite number >= 0")
+        need(_number(self.warmup_ratio) and 0 <= self.warmup_ratio < 1, "warmup_ratio", "a fraction in [0, 1) (paper: 0.04)")
+        for name in ("batch_size", "grad_accum", "epochs", "num_anchors", "log_every", "save_every", "keep_checkpoints",
+                     "max_bad_steps", "draft_layers", "num_context_features", "eval_examples"):
+            need(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, name, "an integer >= 1")
+        for name in ("max_steps", "eval_every", "draft_intermediate_size", "seed"):
+            need(isinstance(getattr(self, name), int) and getattr(self, name) >= 0, name, "an integer >= 0")
+        need(isinstance(self.max_length, int) and self.max_length >= self.block_size + 2, "max_length",
+             f"an integer >= block_size + 2 = {self.block_size + 2} (room for one block after a prompt token)")
+        try:
+            self.objective()
+            self.head_config(self.block_size, 1e-6)
+        except ValueError as e:  # the objective's and the head's own range checks, under the CLI's names
+            raise TrainConfigError(str(e)) from None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

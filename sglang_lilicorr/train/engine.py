@@ -1,0 +1,184 @@
+"""Generation backends for `lilicorr regenerate`: token ids in, token ids out.
+
+  SGLangServers        SGLang servers (one per GPU, launched here or reached by URL), driven
+                       through /generate with input ids at high concurrency; the data path.
+  TransformersGenerator a batched Hugging Face `generate` loop: CPU machines and tests.
+
+Both return, per prompt, the generated ids (the end-of-turn token included when the turn ended)
+and why generation stopped ("stop" or "length"). Requests at T > 0 carry their own seed, so a
+resumed run asks for the same samples again (SGLang's `sampling_seed`).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import NamedTuple, Protocol, Sequence
+
+
+class EngineError(RuntimeError):
+    """A generation server did not start or answered with an error."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    temperature: float
+    max_new_tokens: int
+    stop_token_ids: tuple[int, ...]
+
+
+class Completion(NamedTuple):
+    output_ids: list[int]
+    finish_reason: str  # "stop" (an end-of-turn id was generated) or "length"
+
+
+class Generator(Protocol):
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling, seeds: Sequence[int]) -> list[Completion]: ...
+
+
+def finish_reason(output_ids: Sequence[int], stop_token_ids: Sequence[int]) -> str:
+    return "stop" if output_ids and output_ids[-1] in stop_token_ids else "length"
+
+
+# --- SGLang servers ----------------------------------------------------------------------------
+
+
+class SGLangServers:
+    """Requests spread over servers round robin, `concurrency` in flight on each."""
+
+    def __init__(self, urls: Sequence[str], concurrency: int = 256, request_timeout: float = 600.0) -> None:
+        if not urls:
+            raise EngineError("no SGLang server URL given.")
+        self.urls, self.concurrency, self.request_timeout = [u.rstrip("/") for u in urls], concurrency, request_timeout
+        self.processes: list[subprocess.Popen] = []
+
+    @classmethod
+    def launch(cls, model_path: str, gpus: int, port0: int = 31000, server_args: Sequence[str] = (), log_dir: str | Path = ".",
+               startup_timeout: float = 900.0, concurrency: int = 256) -> "SGLangServers":
+        """Start one server per GPU (CUDA_VISIBLE_DEVICES = i, port port0 + i) and wait until all
+        answer /health. Call `close()` (or use `with`) to stop them."""
+        servers = cls([f"http://127.0.0.1:{port0 + i}" for i in range(gpus)], concurrency)
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        for i in range(gpus):
+            cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--host", "127.0.0.1",
+                   "--port", str(port0 + i), "--max-running-requests", str(concurrency), *server_args]
+            env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(i))
+            log = open(Path(log_dir) / f"server-{i}.log", "w")
+            servers.processes.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        try:
+            servers.wait_healthy(startup_timeout, log_dir)
+        except BaseException:
+            servers.close()
+            raise
+        return servers
+
+    def wait_healthy(self, timeout: float, log_dir: str | Path = ".") -> None:
+        end = time.time() + timeout
+        pending = list(range(len(self.urls)))
+        while pending:
+            for i in list(pending):
+                if self.processes and self.processes[i].poll() is not None:
+                    raise EngineError(f"SGLang server {i} exited during start-up (code {self.processes[i].returncode}); "
+                                      f"see {Path(log_dir) / f'server-{i}.log'}.")
+                try:
+                    with urllib.request.urlopen(self.urls[i] + "/health", timeout=5) as r:
+                        if r.status == 200:
+                            pending.remove(i)
+                except (urllib.error.URLError, OSError):
+                    pass
+            if pending and time.time() > end:
+                raise EngineError(f"SGLang servers {pending} not healthy after {timeout:.0f} s; see {log_dir}/server-*.log.")
+            if pending:
+                time.sleep(2)
+
+    def close(self) -> None:
+        for p in self.processes:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, 15)
+                except ProcessLookupError:
+                    pass
+        for p in self.processes:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, 9)
+        self.processes = []
+
+    def __enter__(self) -> "SGLangServers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling, seeds: Sequence[int]) -> list[Completion]:
+        return asyncio.run(self._generate(prompts, sampling, seeds))
+
+    async def _generate(self, prompts, sampling: Sampling, seeds) -> list[Completion]:
+        import aiohttp
+
+        limits = [asyncio.Semaphore(self.concurrency) for _ in self.urls]
+        timeout = aiohttp.ClientTimeout(total=self.request_timeout)
+        async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+            jobs = [self._one(session, limits[i % len(self.urls)], self.urls[i % len(self.urls)], p, sampling, s)
+                    for i, (p, s) in enumerate(zip(prompts, seeds))]
+            return list(await asyncio.gather(*jobs))
+
+    async def _one(self, session, limit, url, prompt, sampling: Sampling, seed: int) -> Completion:
+        params = {"temperature": sampling.temperature, "max_new_tokens": sampling.max_new_tokens,
+                  "stop_token_ids": list(sampling.stop_token_ids), "skip_special_tokens": False}
+        if sampling.temperature > 0:
+            params.update(sampling_seed=int(seed), top_p=1.0, top_k=-1)
+        body = {"input_ids": list(prompt), "sampling_params": params}
+        async with limit:
+            for attempt in range(3):
+                try:
+                    async with session.post(url + "/generate", json=body) as r:
+                        if r.status == 200:
+                            out = await r.json()
+                            ids = [int(t) for t in out["output_ids"]]
+                            return Completion(ids, finish_reason(ids, sampling.stop_token_ids))
+                        detail = (await r.text())[:300]
+                except (OSError, asyncio.TimeoutError) as e:
+                    detail = f"{type(e).__name__}: {e}"
+                await asyncio.sleep(1 + attempt)
+        raise EngineError(f"{url}/generate failed three times: {detail}")
+
+
+# --- transformers fallback -----------------------------------------------------------------------
+
+
+class TransformersGenerator:
+    """Hugging Face generate over left-padded batches (CPU, tests). At T > 0 each batch samples
+    under a torch seed taken from its first request's seed."""
+
+    def __init__(self, model, pad_token_id: int, batch_size: int = 16) -> None:
+        self.model, self.pad, self.batch_size = model, pad_token_id, batch_size
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling, seeds: Sequence[int]) -> list[Completion]:
+        import torch
+
+        out: list[Completion] = []
+        for start in range(0, len(prompts), self.batch_size):
+            batch = [list(p) for p in prompts[start : start + self.batch_size]]
+            width = max(map(len, batch))
+            x = torch.tensor([[self.pad] * (width - len(p)) + p for p in batch], device=self.model.device)
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=self.model.device)
+            kwargs = dict(do_sample=False)
+            if sampling.temperature > 0:
+                torch.manual_seed(int(seeds[start]))
+                kwargs = dict(do_sample=True, temperature=sampling.temperature, top_k=0, top_p=1.0)
+            with torch.no_grad():
+                y = self.model.generate(x, attention_mask=mask, max_new_tokens=sampling.max_new_tokens, pad_token_id=self.pad,
+                                        eos_token_id=list(sampling.stop_token_ids), **kwargs)
+            for row in y[:, width:].tolist():
+                ends = [i for i, t in enumerate(row) if t in sampling.stop_token_ids]
+                ids = row[: ends[0] + 1] if ends else row
+                out.append(Completion(ids, finish_reason(ids, sampling.stop_token_ids)))
+        return out
