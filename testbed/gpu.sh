@@ -1,8 +1,9 @@
 #!/bin/bash
-# Run a testbed step on the GPU machine after the device kit's `smol.sh install` and `smol.sh model`
-# calls (same warm machine): /tmp/site holds the bundle + this project, /tmp/smol/model the bf16 target.
-#   bash testbed/gpu.sh data && bash testbed/gpu.sh train all --minutes 6
-# Exit 3: a fresh machine (rerun the two smol.sh calls first).
+# Run a testbed step on the GPU machine after the device kit's install (`.dev/bin/smol.sh install`) and
+# model (`.dev/bin/smol.sh model`) steps on the same warm machine: /tmp/site holds the bundle + this
+# project, /tmp/smol/model the bf16 target. One call of the recipe in docs/DEVELOPING.md:
+#   bash testbed/gpu.sh data && bash testbed/gpu.sh sweep && bash testbed/gpu.sh train lilicorr dflash
+# Exit 3: a fresh machine (its install or target is missing: run the kit's two steps first).
 set -u -o pipefail
 SITE=${DEVICE_SITE:-/tmp/site}
 MODEL=${TESTBED_TARGET:-/tmp/smol/model}
@@ -12,6 +13,6 @@ if [ ! -f "$SITE/.device_manifest" ] || [ ! -f "$MODEL/config.json" ]; then
   exit 3
 fi
 case ":${PYTHONPATH:-}:" in *":$SITE:"*) ;; *) export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" ;; esac
-export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TQDM_DISABLE=1 \
+export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TQDM_MININTERVAL=30 \
        PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 exec python3 "$(dirname "$0")/run.py" --target "$MODEL" "$@"

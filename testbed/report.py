@@ -1,136 +1,129 @@
-"""Tables in the paper's layout from the evaluation rows (tau_eval.py), as markdown + JSON, and a
-bar plot of greedy tau per set and system (when matplotlib is installed).
+"""The testbed's results as the model card and checkpoints/results.json use them (the `tables` step).
 
-  main results   tau per set per system; T = 0, and T = 1 as mean ± sample std over seeds
-  decode rule    the LiLiCorr checkpoint decoded by the greedy walk vs exact Viterbi, T = 0
-  loss ablation  the objectives' tau per set, T = 0
-
-tau of a cell = sum of completion tokens / sum of verify blocks over the cell's prompts; at
-T = 1 it is computed per seed, then averaged. Only prompts finished by every system count. `lilicorr (argmax)` is the LiLiCorr checkpoint's
-own drafter block scored on the same greedy contexts (no head), counted like tau (prefill token
-included, i.e. the tau this block would have had on those contexts).
+Reads what the GPU steps wrote (or copies of it in one folder): the data manifest, the sweep
+rounds, the training plan and metrics, the replay's tau cells, the paired speed report and the
+server tau check. Writes RESULTS/results.json, RESULTS/tables.md and two plots: the curves
+(held-out T = 0 tau and per-slot top-1 against training steps) and served throughput against
+concurrency. Every piece is optional: a table is written for what is there.
 """
 from __future__ import annotations
 
 import json
-import math
-import statistics
-from collections import defaultdict
 from pathlib import Path
 
-from eval_sets import SETS
-from variants import SEEDS, VARIANT_LABELS
+from common import save_json
+from variants import VARIANT_LABELS
 
-SET_LABELS = {"gsm8k": "GSM8K", "humaneval": "HumanEval", "aime2025": "AIME 2025", "gpqa": "GPQA", "writingbench": "WritingBench"}
-MAIN_COLUMNS = ("lilicorr", "dflash")
-ABLATION_ROWS = (("no_dist", VARIANT_LABELS["no_dist"]), ("lilicorr", VARIANT_LABELS["lilicorr"]), ("margin", VARIANT_LABELS["margin"]))
+SETS = ("gsm8k", "humaneval", "aime2025", "gpqa", "writingbench", "mtbench", "average")
 
 
-def pooled(rows: list[dict], tokens=lambda r: r["tokens"], blocks=lambda r: r["blocks"]) -> float:
-    b = sum(blocks(r) for r in rows)
-    return sum(tokens(r) for r in rows) / b if b else math.nan
+def load(root: Path, name: str):
+    """The first file under root matching `name` (a glob), parsed; None when there is none."""
+    path = next(iter(sorted(root.rglob(name))), None)
+    if path is None:
+        return None
+    if name.endswith(".jsonl"):
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return json.loads(path.read_text())
 
 
-def complete_prompts(rows: list[dict]) -> list[dict]:
-    """Rows of the prompts every system finished (a time-capped evaluation may end mid-prompt), so
-    that all cells compare the same prompts."""
-    jobs = defaultdict(set)
-    for r in rows:
-        jobs[r["prompt_id"]].add(r["key"])
-    full = max((len(k) for k in jobs.values()), default=0)
-    return [r for r in rows if len(jobs[r["prompt_id"]]) == full]
-
-
-def cells(rows: list[dict]) -> dict:
-    """{(system, T, set|"average"): {"tau", "std", "n_prompts", "seeds"}}; 'average' is the mean over sets."""
-    rows = complete_prompts(rows)
-    by = defaultdict(list)
-    for r in rows:
-        by[(r["system"], float(r["temperature"]), r["set"], int(r["seed"]))].append(r)
-    # the LiLiCorr checkpoint's own argmax block on the greedy contexts
-    for (system, t, s, seed), rs in list(by.items()):
-        if system == "lilicorr" and t == 0:
-            by[("lilicorr_argmax", t, s, seed)] = [
-                {"tokens": 1 + r["draft_tokens"].get("argmax", 0), "blocks": r["draft_blocks"].get("argmax", 0)} for r in rs
-            ]
-    out = {}
-    for system, t in {(k[0], k[1]) for k in by}:
-        per_set = {}
-        for s in SETS:
-            seeds = sorted(seed for (sy, tt, ss, seed) in by if (sy, tt, ss) == (system, t, s))
-            if not seeds:
-                continue
-            taus = [pooled(by[(system, t, s, seed)]) for seed in seeds]
-            per_set[s] = {
-                "tau": statistics.fmean(taus), "std": statistics.stdev(taus) if len(taus) > 1 else None,
-                "n_prompts": len(by[(system, t, s, seeds[0])]), "seeds": seeds,
-            }
-            out[(system, t, s)] = per_set[s]
-        if per_set:
-            out[(system, t, "average")] = {"tau": statistics.fmean(c["tau"] for c in per_set.values()), "std": None,
-                                           "n_prompts": sum(c["n_prompts"] for c in per_set.values()), "seeds": None}
+def tau_summary(cells: list[dict]) -> dict:
+    """{set: {system: {tau_t0, tau_t1_mean, tau_t1_std, tau_t1_per_seed}}} from the replay's cells."""
+    out: dict = {}
+    for c in cells:
+        entry = out.setdefault(c["set"], {}).setdefault(c["system"], {})
+        if c["temperature"] == 0:
+            entry["tau_t0"] = round(c["tau"], 4)
+        else:
+            entry.update(tau_t1_mean=round(c["tau"], 4), tau_t1_std=None if c["tau_std"] is None else round(c["tau_std"], 4),
+                         tau_t1_per_seed={str(k): round(v, 4) for k, v in c["tau_per_seed"].items()})
     return out
 
 
-def fmt(cell: dict | None, digits: int = 3) -> str:
-    if cell is None or cell["tau"] != cell["tau"]:
-        return "–"
-    text = f"{cell['tau']:.{digits}f}"
-    return text + (f" ± {cell['std']:.{digits}f}" if cell.get("std") is not None else "")
+def decode_step_ms(rounds: list[list[dict]], c: int) -> float | None:
+    """ms per decode step of the target without speculation at concurrency c: request latency over
+    completion tokens (one token per step), pooled over the rounds' base records."""
+    latency = tokens = 0.0
+    for records in rounds:
+        for r in records:
+            if r.get("system") == "base" and r.get("concurrency") == c:
+                for t in r["turns"]:
+                    latency += t["end"] - t["start"]
+                    tokens += t["completion_tokens"]
+    return 1000 * latency / tokens if tokens else None
 
 
-def bold_best(values: list[str], taus: list[float]) -> list[str]:
-    finite = [t for t in taus if t == t]
-    best = max(finite) if finite else None
-    return [f"**{v}**" if best is not None and t == best and len(finite) > 1 else v for v, t in zip(values, taus)]
-
-
-def table(header: list[str], body: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body])
-
-
-def set_rows(c: dict, columns: list[str], t: float) -> list[list[str]]:
-    body = []
-    for s in list(SETS) + ["average"]:
-        if not any((col, t, s) in c for col in columns):
+def speed_summary(summary: dict | None, rounds: list[list[dict]]) -> dict:
+    """{c: {tok_s per system, speedup and ratio-to-dflash CIs, block ms over a decode step}}."""
+    if not summary:
+        return {}
+    out: dict = {}
+    for cell in summary["cells"]:
+        if cell["group"] != "all":
             continue
-        cs = [c.get((col, t, s)) for col in columns]
-        body.append([SET_LABELS.get(s, "Average")] + bold_best([fmt(x) for x in cs], [x["tau"] if x else math.nan for x in cs]))
-    return body
+        c = str(cell["concurrency"])
+        entry = out.setdefault(c, {"tok_s": {}, "tau": {}, "block_ms": {}, "tok_s_per_round": {}})
+        entry["tok_s"][cell["system"]] = round(cell["tps"], 1)
+        entry["tok_s_per_round"][cell["system"]] = cell.get("tps_per_run")
+        if cell.get("tau") is not None:
+            entry["tau"][cell["system"]] = round(cell["tau"], 3)
+            entry["block_ms"][cell["system"]] = round(cell["block_ms"], 3)
+        for key, name in (("paired_speedup", "speedup_vs_base"), ("paired", "ratio_vs_dflash")):
+            if cell.get(key, {}).get("tps"):
+                ci = cell[key]["tps"]
+                entry.setdefault(name, {})[cell["system"]] = {k: round(ci[k], 4) for k in ("mean", "lo", "hi", "n")}
+    for c, entry in out.items():
+        step = decode_step_ms(rounds, int(c))
+        entry["decode_step_ms"] = None if step is None else round(step, 3)
+        entry["block_over_decode_step"] = {s: round(ms / step, 3) for s, ms in entry["block_ms"].items()} if step else {}
+    return out
 
 
-def main_table(c: dict) -> str:
-    cols = list(MAIN_COLUMNS) + ["lilicorr_argmax"]
-    header = ["T", "Benchmark", "LiLiCorr", "Vanilla DFlash", "LiLiCorr ckpt, argmax block"]
-    body = [["0 (greedy)"] + r for r in set_rows(c, cols, 0.0)]
-    seeds = next((v["seeds"] for k, v in c.items() if k[1] == 1.0 and v["seeds"]), SEEDS)
-    body += [[f"1 (seeds {','.join(map(str, seeds))})"] + r + ["–"] for r in set_rows(c, list(MAIN_COLUMNS), 1.0)]
-    return table(header, body)
+def fmt(x, digits=3) -> str:
+    return "--" if x is None else f"{x:.{digits}f}"
 
 
-def decode_table(c: dict) -> str:
-    body = []
-    for s in list(SETS) + ["average"]:
-        g, v = c.get(("lilicorr", 0.0, s)), c.get(("lilicorr_viterbi", 0.0, s))
-        if g is None and v is None:
-            continue
-        delta = f"{100 * (v['tau'] - g['tau']) / g['tau']:+.2f}%" if g and v else "–"
-        body.append([SET_LABELS.get(s, "Average")] + bold_best([fmt(g), fmt(v)], [g["tau"] if g else math.nan, v["tau"] if v else math.nan]) + [delta])
-    return table(["Benchmark", "Greedy walk", "Exact (Viterbi)", "Δ"], body)
+def tau_tables(taus: dict) -> list[str]:
+    sets = [s for s in SETS if s in taus]
+    lines = ["### Acceptance length tau (exact replay of the target's own outputs; T = 1: mean ± std over seeds 0, 1, 2)", "",
+             "| T | set | LiLiCorr (greedy walk) | Vanilla DFlash | LiLiCorr ckpt, argmax block | LiLiCorr / DFlash |", "|---|---|---|---|---|---|"]
+    for t_key, label in (("tau_t0", "0"), ("tau_t1_mean", "1")):
+        for s in sets:
+            row = taus[s]
+            ours, theirs, argmax = (row.get(k, {}).get(t_key) for k in ("lilicorr", "dflash", "lilicorr_argmax"))
+            std = lambda k: (f" ± {row[k]['tau_t1_std']:.3f}" if t_key != "tau_t0" and row.get(k, {}).get("tau_t1_std") is not None else "")
+            ratio = f"{ours / theirs:.3f}x" if ours and theirs else "--"
+            lines.append(f"| {label} | {s} | {fmt(ours)}{std('lilicorr')} | {fmt(theirs)}{std('dflash')} | {fmt(argmax)} | {ratio} |")
+    lines += ["", "### Decode rule (same checkpoint, T = 0): greedy walk vs exact Viterbi", "", "| set | greedy walk | Viterbi | change |", "|---|---|---|---|"]
+    for s in sets:
+        g, v = (taus[s].get(k, {}).get("tau_t0") for k in ("lilicorr", "lilicorr_viterbi"))
+        lines.append(f"| {s} | {fmt(g)} | {fmt(v)} | {'--' if not (g and v) else f'{100 * (v / g - 1):+.2f} %'} |")
+    ablations = [v for v in ("no_dist", "margin") if any(v in taus[s] for s in sets)]
+    if ablations:
+        lines += ["", "### Loss ablation (T = 0)", "", "| objective | " + " | ".join(sets) + " |", "|---|" + "---|" * len(sets)]
+        for v in ("lilicorr", *ablations):
+            lines.append(f"| {VARIANT_LABELS[v]} | " + " | ".join(fmt(taus[s].get(v, {}).get("tau_t0")) for s in sets) + " |")
+    return lines
 
 
-def ablation_table(c: dict) -> str:
-    sets = [s for s in list(SETS) + ["average"] if any((n, 0.0, s) in c for n, _ in ABLATION_ROWS)]
-    body = [[label] + [fmt(c.get((n, 0.0, s))) for s in sets] for n, label in ABLATION_ROWS if any((n, 0.0, s) in c for s in sets)]
-    for j in range(len(sets)):  # bold the best per column
-        taus = [c[(n, 0.0, sets[j])]["tau"] if (n, 0.0, sets[j]) in c else math.nan for n, _ in ABLATION_ROWS if any((n, 0.0, s) in c for s in sets)]
-        for i, v in enumerate(bold_best([r[j + 1] for r in body], taus)):
-            body[i][j + 1] = v
-    return table(["Objective"] + [SET_LABELS.get(s, "Average") for s in sets], body)
+def speed_table(speed: dict) -> list[str]:
+    if not speed:
+        return []
+    lines = ["### Served throughput (greedy, paired alternating rounds; 95 % t intervals over rounds)", "",
+             "| c | no speculation tok/s | DFLASH tok/s | LILICORR tok/s | LILICORR speedup | DFLASH speedup | LILICORR / DFLASH | "
+             "tau L / D | block / decode step L / D |", "|---|---|---|---|---|---|---|---|---|"]
+    ci = lambda d: "--" if not d else f"{d['mean']:.3f} ({d['lo']:.3f}-{d['hi']:.3f})"
+    for c in sorted(speed, key=int):
+        e = speed[c]
+        lines.append(
+            f"| {c} | {fmt(e['tok_s'].get('base'), 0)} | {fmt(e['tok_s'].get('dflash'), 0)} | {fmt(e['tok_s'].get('lilicorr'), 0)} | "
+            f"{ci(e.get('speedup_vs_base', {}).get('lilicorr'))} | {ci(e.get('speedup_vs_base', {}).get('dflash'))} | "
+            f"{ci(e.get('ratio_vs_dflash', {}).get('lilicorr'))} | {fmt(e['tau'].get('lilicorr'), 2)} / {fmt(e['tau'].get('dflash'), 2)} | "
+            f"{fmt(e['block_over_decode_step'].get('lilicorr'), 2)} / {fmt(e['block_over_decode_step'].get('dflash'), 2)} |")
+    return lines
 
 
-def plot(c: dict, path: Path) -> Path | None:
+def curves(metrics: dict[str, list[dict]], path: Path) -> Path | None:
     try:
         import matplotlib
 
@@ -138,32 +131,58 @@ def plot(c: dict, path: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    systems = [s for s in ("dflash", "lilicorr_argmax", "no_dist", "lilicorr", "lilicorr_viterbi", "margin") if any((s, 0.0, x) in c for x in SETS)]
-    sets = [s for s in SETS if any((sy, 0.0, s) in c for sy in systems)]
-    fig, ax = plt.subplots(figsize=(1.6 * len(sets) + 2, 3.2))
-    width = 0.8 / max(1, len(systems))
-    for i, sy in enumerate(systems):
-        ax.bar([k + i * width for k in range(len(sets))], [c.get((sy, 0.0, s), {"tau": 0})["tau"] for s in sets], width, label=sy)
-    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(sets))], [SET_LABELS[s] for s in sets])
-    ax.set_ylabel("tau (greedy)")
-    ax.legend(fontsize=7, ncol=3)
+    runs = {v: [r for r in rows if "eval/loss/total" in r] for v, rows in metrics.items() if rows}
+    if not runs:
+        return None
+    fig, axes = plt.subplots(1, 1 + len(runs), figsize=(5 * (1 + len(runs)), 4))
+    for v, rows in runs.items():
+        steps = [r["step"] for r in rows]
+        for key, style in (("eval/tau_t0/lilicorr", "-"), ("eval/tau_t0/argmax", "--")):
+            if any(r.get(key) is not None for r in rows):
+                axes[0].plot(steps, [r.get(key) for r in rows], style, marker="o", label=f"{v}: {key.rsplit('/', 1)[1]}")
+    axes[0].set(xlabel="training step", ylabel="held-out tau, T = 0 (exact replay)", title="tau against training steps")
+    axes[0].legend(fontsize=8)
+    cmap = plt.get_cmap("viridis")
+    for ax, (v, rows) in zip(axes[1:], runs.items()):
+        steps = [r["step"] for r in rows]
+        for s in range(1, 16):
+            key = f"eval/top1_draft/slot{s}"
+            if any(key in r for r in rows):
+                ax.plot(steps, [r.get(key) for r in rows], color=cmap((s - 1) / 14), label=f"slot {s}" if s in (1, 5, 10, 15) else None)
+        ax.set(xlabel="training step", ylabel="held-out top-1 of the drafter", title=f"{v}: slot 1 (top) .. 15 (bottom)", ylim=(0, 1))
+        ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
-def write_tables(rows: list[dict], out_dir: Path, provenance: str) -> dict:
-    c = cells(rows)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    md = "\n\n".join([
-        f"tau = completion tokens / verify blocks (block-weighted); {provenance}",
-        "### Main results\n\n" + main_table(c),
-        "### Decode rule (same checkpoint, greedy)\n\n" + decode_table(c),
-        "### Loss ablation (greedy)\n\n" + ablation_table(c),
-    ]) + "\n"
-    (out_dir / "tables.md").write_text(md)
-    data = [{"system": k[0], "temperature": k[1], "set": k[2], **v} for k, v in sorted(c.items(), key=str)]
-    (out_dir / "tables.json").write_text(json.dumps({"provenance": provenance, "cells": data}, indent=1) + "\n")
-    png = plot(c, out_dir / "tau_greedy.png")
-    return {"markdown": str(out_dir / "tables.md"), "plot": str(png) if png else None, "cells": len(data)}
+def write(args) -> int:
+    root = Path(args.results or args.work)
+    tau = load(root, "tau.json")
+    summary, tau_check = load(root, "report/summary.json"), load(root, "tau_check/summary.json")
+    rounds = [[json.loads(line) for line in p.read_text().splitlines() if line.strip()] for p in sorted(root.rglob("round*.jsonl"))]
+    metrics = {v: load(root, f"metrics_{v}.jsonl") or [] for v in ("lilicorr", "dflash", "no_dist", "margin")}
+    taus = tau_summary(tau["cells"]) if tau else {}
+    speed = speed_summary(summary, rounds)
+    results = {
+        "sets": taus,
+        "tok_s": {c: e["tok_s"] for c, e in speed.items()},
+        "speed": speed,
+        "server_tau_t0": {f"{c['system']}/{c['group']}": round(c["tau"], 4) for c in (tau_check or {}).get("cells", []) if c.get("tau")},
+        "data": (load(root, "manifest.json") or {}).get("counts"),
+        "sweep": {name: (load(root, f"{name}.json") or {}).get("choice") for name in ("depth", "batch")},
+        "training": (load(root, "train_config.json") or {}).get("options"),
+        "final_metrics": {v: {k: rows[-1].get(k) for k in ("step", "tokens_per_s", "eval/tau_t0/lilicorr", "eval/tau_t0/argmax",
+                                                           "eval/top1_draft/slot1", "time/target_ms", "time/drafter_ms", "time/head_ms",
+                                                           "time/backward_ms", "time/optimizer_ms", "time/wall_ms")}
+                          for v, rows in metrics.items() if rows},
+        "provenance": {"replay_device": (tau or {}).get("device"), "outputs": (tau or {}).get("outputs")},
+    }
+    save_json(root / "results.json", results)
+    lines = tau_tables(taus) + [""] + speed_table(speed)
+    (root / "tables.md").write_text("\n".join(lines) + "\n")
+    plot = curves(metrics, root / "curves.png")
+    print("\n".join(lines))
+    print(f"wrote {root / 'results.json'}, {root / 'tables.md'}" + (f", {plot}" if plot else ""))
+    return 0

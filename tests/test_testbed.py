@@ -1,108 +1,176 @@
 """The testbed pipeline (testbed/run.py) end to end at toy scale on the CPU: a tiny random Llama
-target, a handful of prompts, a few training steps per variant, export, reference-decoder eval,
-tables. Plus the pieces that guard the experiment: disjoint training data, frozen settings."""
+target, the data recipe through the transformers engine, the sweep, background training, export,
+evaluation outputs, replay, the paired speed step against stand-in servers, and the tables."""
 import json
+import os
+import socket
 import sys
 from pathlib import Path
 
 import pytest
 
-TESTBED = Path(__file__).resolve().parent.parent / "testbed"
-sys.path.insert(0, str(TESTBED))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "testbed"))
 
 import run as testbed  # noqa: E402
-from training_prompts import disjoint, user_turn_prefix  # noqa: E402
+import speed  # noqa: E402
+import variants  # noqa: E402
 
 TOY = {"draft_intermediate_size": 64, "block_size": 4, "candidate_topk": 4, "head_hidden_size": 32, "head_layers": 1,
-       "head_heads": 4, "factor_dim": 16, "max_steps": 2, "batch_size": 2, "num_anchors": 4, "max_length": 256,
-       "save_every": 2, "log_every": 2, "eval_examples": 2, "mask_token": "<|mask|>"}
-EVAL = [("gsm8k", "Question: how many cats sat on the mat?"), ("humaneval", "def add(a, b):\n    return a + b"),
-        ("aime2025", "Find the sum of one two three."), ("gpqa", "Which dog ran far? (A) one (B) two"),
-        ("writingbench", "Write a story about a cat and a dog.")]
+       "head_heads": 4, "factor_dim": 16, "max_length": 128, "num_anchors": 4, "log_every": 2, "mask_token": "<|mask|>"}
+EVAL = [{"id": "gsm8k/0", "set": "gsm8k", "text": "how many cats sat on the mat"},
+        {"id": "writingbench/1", "set": "writingbench", "text": "write a story about a cat and a dog"},
+        {"id": "mtbench/81", "set": "mtbench", "messages": [{"role": "user", "content": "the dog ran far"},
+                                                           {"role": "user", "content": "now say it again"}]}]
+
+# Serves tests/stub_server.py on $PORT with GET /health; a speculative stand-in writes a stage-timing
+# file in serving/stage_timer.py's format where LILICORR_STAGE_TIMING says.
+LAUNCHER = """
+import json, os, sys
+from http.server import ThreadingHTTPServer
+sys.path.insert(0, {tests!r})
+from stub_server import StubServer
+spec = "--speculative-algorithm" in os.environ["SERVER_ARGS"]
+if os.environ.get("LILICORR_STAGE_TIMING"):
+    ms = lambda v: {{"count": 50, "mean": v, "median": v}}
+    sizes = os.environ["LILICORR_STAGE_TIMING_BS"].split(",")
+    doc = {{"system": {{"gpu": "stub"}}, "decode_steps": 50,
+           "stages": [{{"bs": int(b), "graph": True, "n_blocks": 50, "step_interval_ms": ms(10.0),
+                       "gpu_ms": {{"target_verify": ms(7.0), "draft_forward": ms(2.0)}}}} for b in sizes],
+           "proposal": {{"batch_sizes": {{b: {{"graph": {{"lm_head": 0.5, "spec_head": 0.1}}}} for b in sizes}}, "errors": []}}}}
+    with open(os.path.join(os.environ["LILICORR_STAGE_TIMING"], f"stages-{{os.getpid()}}.json"), "w") as f:
+        json.dump(doc, f)
+stub = StubServer(speculative=spec, accept=3, min_latency_s=0.002)
+class Handler(stub._handler()):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
+"""
 
 
-def cli(work, target, evals, *args):
-    return testbed.main(["--work", str(work), "--target", str(target), "--out", str(work / "OUT"), "--eval-prompts", str(evals), *args])
+def free_port_block(n: int) -> int:
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + n < 65536 and all(_free(port + i) for i in range(n)):
+            return port
+    pytest.skip("no block of free ports")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
 
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
-    import torch
     from test_train import make_target
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: one thread is many times faster on a shared CPU
     root = tmp_path_factory.mktemp("testbed")
     evals = root / "eval_prompts.jsonl"
-    evals.write_text("".join(json.dumps({"id": f"{s}/0", "set": s, "text": t}) + "\n" for s, t in EVAL))
-    yield root / "work", make_target(root / "target"), evals
-    torch.set_num_threads(threads)
+    evals.write_text("".join(json.dumps(r) + "\n" for r in EVAL))
+    return root / "work", make_target(root / "target"), evals
 
 
-def test_pipeline_end_to_end(toy):
+def cli(toy, *args):
     work, target, evals = toy
-    assert cli(work, target, evals, "data", "--self-prompts", "4", "--code-prompts", "4", "--prose-prompts", "2",
-               "--prompt-tokens", "8", "--max-new-tokens", "8", "--gen-batch", "8", "--stdlib-files", "60",
-               "--snippet-chars", "160") == 0
-    summary = json.loads((work / "data" / "data_summary.json").read_text())
-    assert summary["conversations"] >= 6 and summary["prompts"]["code"] == 4 and summary["prompts"]["prose"] == 2
-    trained = (work / "data" / "train.jsonl").read_text()
-    assert not any(json.dumps(t)[1:-1] in trained for _, t in EVAL)
-
     override = [f"--override={k}={json.dumps(v)}" for k, v in TOY.items()]
-    assert cli(work, target, evals, "train", "all", "--no-bf16", *override) == 0
-    status = json.loads((work / "train_summary.json").read_text())["variants"]
-    assert set(status) == {"dflash", "lilicorr", "no_dist", "margin"} and all(v["step"] == 2 and v["done"] for v in status.values())
-    assert all(len(list((work / "runs" / n / "checkpoints").iterdir())) == 1 for n in status)  # pruned to the latest
-    assert cli(work, target, evals, "train", "all", "--no-bf16", *override) == 0  # resumed: nothing left to do
-    with pytest.raises(SystemExit, match="variants must share them"):
-        cli(work, target, evals, "train", "dflash", "--no-bf16", *override, "--override=max_steps=3")
-
-    assert cli(work, target, evals, "export") == 0
-    assert cli(work, target, evals, "--out", str(work / "OUT2"), "export") == 0  # nothing new: nothing copied again
-    assert not (work / "OUT2").exists()
-    assert json.loads((work / "drafts" / "dflash" / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
-    assert json.loads((work / "drafts" / "lilicorr" / "config.json").read_text())["architectures"] == ["LiLiCorrDraftModel"]
-
-    assert cli(work, target, evals, "eval", "--per-set", "1", "--max-new-tokens", "6", "--workers", "1", "--seeds", "0", "1") == 0
-    rows = [json.loads(line) for line in (work / "eval" / "results-0.jsonl").read_text().splitlines()]
-    # per prompt: 5 systems at T=0 + (dflash, lilicorr) x 2 seeds at T=1
-    assert len(rows) == 5 * (5 + 2 * 2)
-    assert all(1 <= r["tokens"] <= 6 and r["tokens"] / max(r["blocks"], 1) <= TOY["block_size"] for r in rows)
-    greedy_lili = [r for r in rows if r["system"] == "lilicorr" and r["temperature"] == 0]
-    assert all(set(r["draft_tokens"]) == {"argmax", "lilicorr"} for r in greedy_lili)
-    assert cli(work, target, evals, "eval", "--per-set", "1", "--max-new-tokens", "6", "--workers", "1", "--seeds", "0", "1") == 0
-    assert len((work / "eval" / "results-0.jsonl").read_text().splitlines()) == len(rows)  # resume: nothing rerun
-
-    assert cli(work, target, evals, "tables") == 0
-    md = (work / "report" / "tables.md").read_text()
-    for heading in ("Main results", "Decode rule", "Loss ablation", "GSM8K", "WritingBench", "reference decoder"):
-        assert heading in md
-    cells = json.loads((work / "report" / "tables.json").read_text())["cells"]
-    t1 = [c for c in cells if c["system"] == "dflash" and c["temperature"] == 1.0 and c["set"] == "gsm8k"]
-    assert t1 and t1[0]["seeds"] == [0, 1] and t1[0]["std"] is not None
-    out = sorted(p.name for p in (work / "OUT").iterdir())
-    assert "testbed_results.tar.gz" in out and "draft_lilicorr.tar" in out and len(out) <= 8
+    return testbed.main(["--work", str(work), "--target", str(target), "--out", str(work / "OUT"), "--eval-prompts", str(evals),
+                         *override, *args])
 
 
-def test_training_prompts_are_disjoint_from_evaluation():
-    evaluation = ["Question: Janet has three ducks that lay sixteen eggs per day and she sells them."]
-    kept, dropped = disjoint(
-        ["Write a poem about the sea.", evaluation[0],
-         "Tell me why Janet has three ducks that lay sixteen eggs per day and she is happy."], evaluation)
-    assert kept == ["Write a poem about the sea."] and dropped == 2
-
-
-def test_user_turn_prefix_and_bad_settings(toy, tmp_path):
-    from transformers import AutoTokenizer
-
+def test_pipeline_end_to_end(toy, tmp_path, monkeypatch):
     work, target, evals = toy
-    assert user_turn_prefix(AutoTokenizer.from_pretrained(target)) == "[user]"
+    monkeypatch.setenv("TESTBED_ENGINE", "transformers")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert cli(toy, "data", "--magpie", "40", "--package", "6", "--heldout", "3", "--max-new-tokens", "12") == 0
+    manifest = json.loads((work / "data" / "manifest.json").read_text())
+    assert manifest["counts"]["conversations"] >= 6 and (work / "data" / "train.jsonl.tokens.pt").is_file()
+
+    monkeypatch.setattr(variants, "SWEEP_ROUNDS", {"depth": [dict(draft_layers=d, batch_size=2) for d in (1, 2)],
+                                                   "batch": [dict(batch_size=b) for b in (2, 4)]})
+    monkeypatch.setattr(testbed, "SWEEP_ROUNDS", variants.SWEEP_ROUNDS)
+    assert cli(toy, "sweep", "--minutes", "0.03") == 0
+    depth = json.loads((work / "sweep" / "depth.json").read_text())
+    assert len(depth["results"]) == 2 and all(r["returncode"] == 0 and r["tau"] >= 1 for r in depth["results"])
+    assert set(json.loads((work / "sweep" / "batch.json").read_text())["choice"]) == {"draft_layers", "batch_size"}
+
+    assert cli(toy, "train", "lilicorr", "dflash", "--minutes", "0.15", "--evals", "2") == 0
+    assert cli(toy, "wait", "--minutes", "5") == 0
+    plan = json.loads((work / "train_config.json").read_text())
+    for name in ("lilicorr", "dflash"):  # ended cleanly: at max_steps, or at max_minutes on this shared CPU
+        rows = [json.loads(line) for line in (work / "runs" / name / "metrics.jsonl").read_text().splitlines()]
+        assert rows[-1]["step"] == rows[-1]["total_steps"] <= plan["options"]["max_steps"], (work / "runs" / name / "train.log").read_text()[-2000:]
+        assert "eval/tau_t0/argmax" in rows[-1] and (work / "runs" / name / "snapshots").is_dir()
+    assert cli(toy, "export") == 0
+    assert json.loads((work / "drafts" / "dflash" / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
+
+    assert cli(toy, "evalgen", "--max-new-tokens", "8") == 0
+    outputs = sorted((work / "eval").glob("outputs_*.jsonl"))
+    assert [p.name for p in outputs] == ["outputs_T0_s0.jsonl", "outputs_T1_s0.jsonl", "outputs_T1_s1.jsonl", "outputs_T1_s2.jsonl"]
+    assert cli(toy, "replay", "--drafts", "lilicorr", "dflash") == 0
+    cells = json.loads((work / "replay" / "tau.json").read_text())["cells"]
+    systems = {c["system"] for c in cells}
+    assert systems == {"lilicorr", "lilicorr_viterbi", "lilicorr_argmax", "dflash"}
+    t1 = next(c for c in cells if c["system"] == "dflash" and c["set"] == "average" and c["temperature"] == 1.0)
+    assert sorted(t1["tau_per_seed"]) == ["0", "1", "2"] or sorted(t1["tau_per_seed"]) == [0, 1, 2]
+
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(LAUNCHER.format(tests=str(ROOT / "tests")))
+    monkeypatch.setenv("TESTBED_SPEED_LAUNCH", f"{sys.executable} {launcher}")
+    monkeypatch.setattr(speed, "PORT0", free_port_block(3))
+    assert cli(toy, "speed", "--concurrency", "1", "2", "--rounds", "2", "--max-tokens", "8") == 0
+    rounds = [[json.loads(line) for line in p.read_text().splitlines()] for p in sorted((work / "speed").glob("round*.jsonl"))]
+    assert len(rounds) == 2 and all({r["system"] for r in rs} == set(speed.SYSTEMS) for rs in rounds)
+    summary = json.loads((work / "speed" / "report" / "summary.json").read_text())
+    lili = next(c for c in summary["cells"] if c["system"] == "lilicorr" and c["group"] == "all" and c["concurrency"] == 1)
+    assert lili["paired_speedup"]["tps"]["n"] == 2 and lili["paired"]["tps"]["n"] == 2
+    assert (work / "speed" / "stages" / "c1" / "stages.md").is_file()
+
+    assert cli(toy, "tables") == 0
+    results = json.loads((work / "results.json").read_text())
+    assert {"lilicorr", "dflash"} <= set(results["sets"]["gsm8k"]) and "tau_t1_std" in results["sets"]["average"]["lilicorr"]
+    assert set(results["tok_s"]["1"]) == {"base", "dflash", "lilicorr"}
+    assert "Decode rule" in (work / "tables.md").read_text() and (work / "curves.png").is_file()
+    assert len(list((work / "OUT").iterdir())) <= 12
+
+
+def test_speed_order_rotates_and_prompts_are_long_form():
+    assert [speed.order(r) for r in (1, 2, 3)] == [["dflash", "lilicorr", "base"], ["lilicorr", "base", "dflash"],
+                                                   ["base", "dflash", "lilicorr"]]
+    rows = [{"id": f"writingbench/{i}", "set": "writingbench", "text": f"w{i}"} for i in range(24)]
+    rows += [{"id": f"mtbench/{i}", "set": "mtbench", "messages": [{"role": "user", "content": f"m{i}"}] * 2} for i in range(81, 161)]
+    chosen = speed.speed_prompts(rows)
+    assert len(chosen) == speed.SPEED_PROMPTS and chosen[-1]["id"] == "mtbench/88/1"
+    assert [speed.prompts_for(c) for c in (1, 4, 8, 32)] == [8, 16, 32, 32]
+
+
+def test_sweep_choice_keeps_to_shippable_depths_and_prefers_cheap_ties():
+    runs = [dict(draft_layers=1, batch_size=32, tau=2.00), dict(draft_layers=2, batch_size=32, tau=2.005),
+            dict(draft_layers=3, batch_size=32, tau=2.6), dict(draft_layers=2, batch_size=64, tau=None)]
+    assert variants.choose(runs, "depth") == runs[0]  # depth 3 would not ship; depth 2 is within 0.5 %
+    assert variants.drafts_bytes(2) <= variants.SHIP_LIMIT < variants.drafts_bytes(3)
+
+
+def test_bad_settings_are_named(toy, tmp_path):
+    _, target, evals = toy
+    fresh = (tmp_path / "work", target, evals)
+    (tmp_path / "work" / "data").mkdir(parents=True)
+    (tmp_path / "work" / "data" / "train.jsonl").write_text("")
     with pytest.raises(SystemExit, match="unknown key"):
-        cli(tmp_path, target, evals, "train", "dflash", "--override=widht=3")
+        cli(fresh, "--override=widht=3", "sweep")
     with pytest.raises(SystemExit, match="unknown variant"):
-        cli(tmp_path, target, evals, "train", "vanilla")
+        cli(fresh, "train", "vanilla")
     with pytest.raises(SystemExit, match="no training data"):
-        cli(tmp_path / "empty", target, evals, "train", "dflash")
+        testbed.main(["--work", str(tmp_path / "empty"), "--target", str(target), "sweep"])
+    with pytest.raises(SystemExit, match="no sweep result"):
+        cli(fresh, "train", "lilicorr")
     with pytest.raises(SystemExit, match="testbed/run.py prompts"):
-        cli(tmp_path, target, tmp_path / "missing.jsonl", "data")
+        testbed.eval_sets.read(tmp_path / "missing.jsonl")

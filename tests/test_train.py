@@ -388,3 +388,31 @@ def test_eval_replays_held_out_turns_snapshots_and_times_the_phases(workspace, t
     assert metrics["eval/tau_t0/argmax"] >= 1.0 and metrics["eval/tau_t0/lilicorr"] >= 1.0
     assert {"time/target_ms", "time/drafter_ms", "time/head_ms", "time/backward_ms", "time/optimizer_ms", "time/wall_ms"} <= set(metrics)
     assert sorted(p.name for p in (out / "snapshots").iterdir()) == ["step-00000002.safetensors", "step-00000004.safetensors"]
+
+
+def test_max_minutes_ends_the_run_evaluated_and_checkpointed(workspace, tmp_path):
+    out = tmp_path / "run"
+    metrics = train(tiny_cfg(workspace, out, max_steps=1000, max_minutes=1e-4, save_every=500, log_every=500))
+    assert metrics["step"] == metrics["total_steps"] < 1000 and "eval/loss/total" in metrics
+    assert (out / "latest").read_text().strip() == f"step-{metrics['step']:08d}"
+
+
+def test_conversations_are_cached_and_a_pool_tokenizes_the_same(workspace, tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from sglang_lilicorr.train import data
+
+    tok = AutoTokenizer.from_pretrained(workspace["llama"])
+    path = write_conversations(tmp_path / "c.jsonl", 12)
+    serial = load_conversations(path, tok, 64, {})
+    assert (tmp_path / "c.jsonl.tokens.pt").is_file()
+    monkeypatch.setattr(data, "_encode", lambda item: (_ for _ in ()).throw(AssertionError("tokenized again")))
+    cached = load_conversations(path, tok, 64, {})  # from the cache: nothing tokenized
+    assert all(torch.equal(a.input_ids, b.input_ids) and torch.equal(a.loss_mask, b.loss_mask) for a, b in zip(serial, cached))
+    monkeypatch.undo()
+    (tmp_path / "c.jsonl.tokens.pt").unlink()
+    monkeypatch.setattr(data, "POOL_MIN_ROWS", 4)
+    monkeypatch.setattr(data.os, "cpu_count", lambda: 3)
+    pooled = load_conversations(path, tok, 64, {})
+    assert len(pooled) == len(serial) and all(torch.equal(a.input_ids, b.input_ids) for a, b in zip(serial, pooled))
+    assert len(load_conversations(path, tok, 32, {})[0].input_ids) <= 32  # another max_length is another cache key

@@ -57,6 +57,7 @@ class TrainConfig:
     bf16: bool = True
     epochs: int = 6
     max_steps: int = 0  # > 0 caps the run
+    max_minutes: float = 0.0  # > 0: stop (evaluated, checkpointed) after this much wall time; the schedule is cut there
     batch_size: int = 1  # sequences per rank and micro-step
     grad_accum: int = 1  # micro-steps per optimizer step (global batch = batch_size * grad_accum * ranks)
     max_length: int = 3072
@@ -98,6 +99,7 @@ class TrainConfig:
         for name in ("wd_drafter", "wd_head", "grad_clip"):
             need(_number(getattr(self, name)) and getattr(self, name) >= 0, name, "a finite number >= 0")
         need(_number(self.warmup_ratio) and 0 <= self.warmup_ratio < 1, "warmup_ratio", "a fraction in [0, 1) (paper: 0.04)")
+        need(_number(self.max_minutes) and self.max_minutes >= 0, "max_minutes", "a number of minutes >= 0 (0 = no time limit)")
         for name in ("batch_size", "grad_accum", "epochs", "num_anchors", "log_every", "save_every", "keep_checkpoints",
                      "max_bad_steps", "draft_layers", "num_context_features", "eval_examples"):
             need(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, name, "an integer >= 1")

@@ -8,8 +8,11 @@ prefixes; a template that rewrites earlier turns is refused with the row named.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import hashlib
 import json
+import os
 import random
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -67,13 +70,30 @@ class Example:
 
 
 def load_conversations(path: str | Path, tokenizer, max_length: int, chat_kwargs: Mapping[str, Any]) -> list[Example]:
-    """Tokenized, truncated examples with at least one block anchor (two adjacent supervised tokens)."""
+    """Tokenized, truncated examples with at least one block anchor (two adjacent supervised tokens).
+    The result is cached beside the file (`<file>.tokens.pt`, keyed by the file's bytes, the tokenizer,
+    its chat template and these options), and large files are tokenized by a pool of processes."""
+    path = Path(path)
+    key = _cache_key(path, tokenizer, max_length, chat_kwargs)
+    cache = path.with_name(path.name + ".tokens.pt")
+    if cache.is_file():
+        try:
+            stored = torch.load(cache, weights_only=True)
+        except Exception:  # a torn or foreign cache is rebuilt
+            stored = None
+        if stored is not None and stored.get("key") == key:
+            return [Example(i.long(), m) for i, m in zip(stored["ids"].split(stored["lengths"].tolist()), stored["mask"].split(stored["lengths"].tolist()))]
+    rows = [(f"{path}:{number}", row) for number, row in read_jsonl(path)]
+    work = [(where, checked_messages(row, where)) for where, row in rows]
+    if len(work) >= POOL_MIN_ROWS and (os.cpu_count() or 1) > 2:
+        with concurrent.futures.ProcessPoolExecutor(min(32, os.cpu_count()), initializer=_set_worker, initargs=(tokenizer, chat_kwargs)) as pool:
+            encoded = list(pool.map(_encode, work, chunksize=256))
+    else:
+        _set_worker(tokenizer, chat_kwargs)
+        encoded = [_encode(w) for w in work]
     examples = []
-    for number, row in read_jsonl(path):
-        where = f"{path}:{number}"
-        ids, mask = tokenize_conversation(tokenizer, checked_messages(row, where), chat_kwargs, where)
-        ids, mask = ids[:max_length], mask[:max_length]
-        example = Example(torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.bool))
+    for ids, mask in encoded:
+        example = Example(torch.tensor(ids[:max_length], dtype=torch.long), torch.tensor(mask[:max_length], dtype=torch.bool))
         if eligible_anchors(example.loss_mask[None]).any():
             examples.append(example)
     if not examples:
@@ -81,7 +101,36 @@ def load_conversations(path: str | Path, tokenizer, max_length: int, chat_kwargs
             f"{path}: no usable training conversation (each needs an assistant turn of at least 2 tokens within "
             f"max_length={max_length}); run `lilicorr regenerate` first or check the file."
         )
+    lengths = torch.tensor([len(e.input_ids) for e in examples])
+    tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+    try:
+        torch.save({"key": key, "lengths": lengths, "ids": torch.cat([e.input_ids for e in examples]).int(),
+                    "mask": torch.cat([e.loss_mask for e in examples])}, tmp)
+        os.replace(tmp, cache)
+    except OSError:  # a read-only data folder: no cache, same examples
+        tmp.unlink(missing_ok=True)
     return examples
+
+
+POOL_MIN_ROWS = 2000  # files this long are tokenized by a process pool
+_WORKER: dict[str, Any] = {}
+
+
+def _set_worker(tokenizer, chat_kwargs: Mapping[str, Any]) -> None:
+    _WORKER.update(tokenizer=tokenizer, chat_kwargs=dict(chat_kwargs))
+
+
+def _encode(item: tuple[str, list[dict[str, str]]]) -> tuple[list[int], list[bool]]:
+    where, messages = item
+    return tokenize_conversation(_WORKER["tokenizer"], messages, _WORKER["chat_kwargs"], where)
+
+
+def _cache_key(path: Path, tokenizer, max_length: int, chat_kwargs: Mapping[str, Any]) -> str:
+    digest = hashlib.sha256(path.read_bytes() if path.is_file() else b"")
+    for part in (getattr(tokenizer, "name_or_path", ""), getattr(tokenizer, "chat_template", "") or "", len(tokenizer),
+                 max_length, json.dumps(dict(chat_kwargs), sort_keys=True)):
+        digest.update(str(part).encode() + b"\0")
+    return digest.hexdigest()
 
 
 def collate(examples: Sequence[Example], pad_id: int) -> dict[str, torch.Tensor]:

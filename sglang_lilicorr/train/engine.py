@@ -13,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import shlex
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import NamedTuple, Protocol, Sequence
+from typing import Mapping, NamedTuple, Protocol, Sequence
 
 
 class EngineError(RuntimeError):
@@ -31,6 +32,18 @@ class Sampling:
     temperature: float
     max_new_tokens: int
     stop_token_ids: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSpec:
+    """One `sglang.launch_server` process: what it serves, where, with which extra arguments."""
+
+    model_path: str
+    port: int
+    gpus: str  # CUDA_VISIBLE_DEVICES
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    name: str = ""  # names its log file (server-<name>.log); default its position
 
 
 class Completion(NamedTuple):
@@ -63,13 +76,22 @@ class SGLangServers:
                startup_timeout: float = 900.0, concurrency: int = 256) -> "SGLangServers":
         """Start one server per GPU (CUDA_VISIBLE_DEVICES = i, port port0 + i) and wait until all
         answer /health. Call `close()` (or use `with`) to stop them."""
-        servers = cls([f"http://127.0.0.1:{port0 + i}" for i in range(gpus)], concurrency)
+        specs = [ServerSpec(model_path, port0 + i, str(i), ("--max-running-requests", str(concurrency), *server_args)) for i in range(gpus)]
+        return cls.start(specs, log_dir, startup_timeout, concurrency)
+
+    @classmethod
+    def start(cls, specs: Sequence["ServerSpec"], log_dir: str | Path = ".", startup_timeout: float = 900.0,
+              concurrency: int = 256, launcher: Sequence[str] = ()) -> "SGLangServers":
+        """Start the servers `specs` describe, side by side, and wait until all answer /health.
+        `launcher` replaces `python -m sglang.launch_server ...` by a command that serves $PORT
+        (its env: PORT, SERVER_ARGS; tests start stand-ins this way)."""
+        servers = cls([f"http://127.0.0.1:{s.port}" for s in specs], concurrency)
         Path(log_dir).mkdir(parents=True, exist_ok=True)
-        for i in range(gpus):
-            cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--host", "127.0.0.1",
-                   "--port", str(port0 + i), "--max-running-requests", str(concurrency), *server_args]
-            env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(i))
-            log = open(Path(log_dir) / f"server-{i}.log", "w")
+        for i, spec in enumerate(specs):
+            cmd = list(launcher) or [sys.executable, "-m", "sglang.launch_server", "--model-path", spec.model_path,
+                                     "--host", "127.0.0.1", "--port", str(spec.port), *spec.args]
+            env = dict(os.environ, CUDA_VISIBLE_DEVICES=spec.gpus, PORT=str(spec.port), SERVER_ARGS=shlex.join(spec.args), **spec.env)
+            log = open(Path(log_dir) / f"server-{spec.name or i}.log", "w")
             servers.processes.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         try:
             servers.wait_healthy(startup_timeout, log_dir)
@@ -84,8 +106,8 @@ class SGLangServers:
         while pending:
             for i in list(pending):
                 if self.processes and self.processes[i].poll() is not None:
-                    raise EngineError(f"SGLang server {i} exited during start-up (code {self.processes[i].returncode}); "
-                                      f"see {Path(log_dir) / f'server-{i}.log'}.")
+                    raise EngineError(f"SGLang server {self.urls[i]} exited during start-up (code {self.processes[i].returncode}); "
+                                      f"see its log in {log_dir}.")
                 try:
                     with urllib.request.urlopen(self.urls[i] + "/health", timeout=5) as r:
                         if r.status == 200:

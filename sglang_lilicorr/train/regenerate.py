@@ -120,6 +120,7 @@ def play(plans: Sequence[Plan], output: Path, tokenizer, generator: Generator, s
     user turns that are cut off, duplicate (`seen`) or overlap `guard` end the conversation there
     (a conversation without a reply is dropped)."""
     stats = stats or Stats()
+    output.parent.mkdir(parents=True, exist_ok=True)
     dropped_path = output.with_name(output.name + ".dropped")
     done = done_ids(output) | done_ids(dropped_path)
     todo = [p for p in plans if p.id not in done]

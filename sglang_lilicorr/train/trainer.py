@@ -152,8 +152,8 @@ def anchors_for(batch: dict[str, torch.Tensor], num: int, seed: int) -> tuple[to
     return sample_anchors(batch["loss_mask"], num, torch.Generator().manual_seed(seed))
 
 
-def finite_everywhere(flag: bool, world: int, device) -> bool:
-    """True when every rank's flag is True (a step is skipped on all ranks or on none)."""
+def on_every_rank(flag: bool, world: int, device) -> bool:
+    """True when the flag is True on every rank (so all ranks skip a step, or stop, together)."""
     if world == 1:
         return flag
     t = torch.tensor([0.0 if flag else 1.0], device=device)
@@ -269,6 +269,7 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     tokens, bad, window_start = 0, 0, time.perf_counter()
 
     order: tuple[int, list[list[int]]] = (-1, [])  # (epoch, this rank's batches of it)
+    deadline = time.time() + 60 * cfg.max_minutes if cfg.max_minutes > 0 else None
     while step < total:
         epoch, index = divmod(step, per_epoch)
         if order[0] != epoch:
@@ -291,7 +292,7 @@ def train(cfg: TrainConfig) -> dict[str, float]:
             finite &= bool(torch.isfinite(out.terms.total.detach()))
             tokens += int(batch["attention_mask"].sum()) * env.world
         grad_norm = torch.nn.utils.clip_grad_norm_(joint.parameters(), cfg.grad_clip)
-        if finite_everywhere(finite and bool(torch.isfinite(grad_norm)), env.world, env.device):
+        if on_every_rank(finite and bool(torch.isfinite(grad_norm)), env.world, env.device):
             optimizer.step()
         else:
             bad += 1
@@ -307,16 +308,22 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         timer.mark("optimizer")
         step += 1
         progress_bar.update(1)
+        if deadline is not None and not on_every_rank(time.time() < deadline, env.world, env.device):
+            total = step  # the time budget ends the run here: last log, eval, snapshot and checkpoint
+            if env.main:
+                print(f"stopping at step {step}: --max-minutes {cfg.max_minutes} reached.", file=sys.stderr)
 
         if step % cfg.log_every == 0 or step == total:
             elapsed = time.perf_counter() - window_start
             steps_in_window = timer.steps
-            last = {"step": step, "epoch": epoch, "grad_norm": float(grad_norm), "tokens_per_s": tokens / max(elapsed, 1e-9),
+            last = {"step": step, "total_steps": total, "epoch": epoch, "grad_norm": float(grad_norm), "tokens_per_s": tokens / max(elapsed, 1e-9),
                     "skipped_steps": bad, "time/wall_ms": 1e3 * elapsed / max(steps_in_window, 1), **timer.window()}
             last.update({f"lr/{g['name']}": g["lr"] for g in optimizer.param_groups})
             last.update(out.metrics())
             if step % eval_every == 0 or step == total:
+                t_eval = time.perf_counter()
                 last.update(evaluate(weights))
+                last["time/eval_s"] = time.perf_counter() - t_eval
                 if env.main:
                     save_snapshot(out_dir, step, _trainable(drafter, head))
             if env.main:

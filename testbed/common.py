@@ -1,0 +1,38 @@
+"""Helpers the testbed's steps share: JSON written atomically, copies into $OUT, the GPUs."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+
+def save_json(path: Path, value) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def to_out(out: str | None, *paths: Path) -> None:
+    """Copy small files into $OUT (the device call brings them back)."""
+    if not out:
+        return
+    Path(out).mkdir(parents=True, exist_ok=True)
+    for p in paths:
+        if p.exists():
+            shutil.copy(p, Path(out) / p.name)
+            print(f"-> {Path(out) / p.name} ({p.stat().st_size / 2**20:.2f} MiB)")
+
+
+def gpus() -> int:
+    import torch
+
+    return max(1, torch.cuda.device_count())
+
+
+def device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"

@@ -1,0 +1,126 @@
+"""Served throughput of LILICORR, DFLASH and the target without speculation on one GPU, in paired,
+alternating rounds (the `speed` step of run.py).
+
+The three servers start once, side by side on GPU 0 (a quarter of its memory each), the speculative
+ones with the plugin's stage timer. For each concurrency c and round r every system plays the same
+long-form prompts (greedy, --max-tokens new tokens); the order rotates every round (base, dflash,
+lilicorr / dflash, lilicorr, base / lilicorr, base, dflash, ...), so no system is always first or
+last. Round r of every c writes WORK/speed/round<r>.jsonl with all three systems, so `lilicorr bench
+report` pairs them within each round: throughput ratios (to no speculation and to DFLASH) with 95 %
+t intervals over the rounds. Each (server, c) gets a warm-up before its first round. With
+--tau-check every evaluation prompt is then served once at c = 8 by the speculative servers (tau
+through the server, beside the replay's). Stage tables per c come from the stage timer's files.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+SYSTEMS = ("base", "dflash", "lilicorr")
+PORT0 = 32000
+SPEED_SETS = ("writingbench",)  # long-form prompts; MT-Bench's writing questions fill up to SPEED_PROMPTS
+SPEED_PROMPTS = 32
+
+
+def speed_prompts(eval_rows: list[dict]) -> list[dict]:
+    """The long-form prompt file: every single-turn writing prompt, then MT-Bench writing first turns."""
+    rows = [{"id": r["id"], "set": "speed", "text": r["text"]} for r in eval_rows if r["set"] in SPEED_SETS]
+    writing = [r for r in eval_rows if r["set"] == "mtbench" and 81 <= int(r["id"].split("/")[1]) <= 90]
+    rows += [{"id": r["id"] + "/1", "set": "speed", "text": r["messages"][0]["content"]} for r in writing]
+    return rows[:SPEED_PROMPTS]
+
+
+def prompts_for(c: int) -> int:
+    """Prompts per run at concurrency c: a few waves at low c, the whole file from c = 8."""
+    return min(SPEED_PROMPTS, max(8, 4 * c))
+
+
+def order(round_index: int) -> list[str]:
+    k = round_index % len(SYSTEMS)
+    return list(SYSTEMS[k:] + SYSTEMS[:k])
+
+
+def server_args(base_args: str, system: str, drafts: Path) -> tuple[str, ...]:
+    args = shlex.split(base_args)
+    for flag, value in (("--mem-fraction-static", "0.25"), ("--cuda-graph-max-bs-decode", "32")):
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    args += ["--max-running-requests", "32"]
+    if system != "base":
+        algorithm = "LILICORR" if system == "lilicorr" else "DFLASH"
+        args += ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(drafts / system),
+                 "--speculative-draft-attention-backend", "triton"]
+    return tuple(args)
+
+
+def bench(*argv: str) -> int:
+    return subprocess.call([sys.executable, "-m", "sglang_lilicorr.cli", "bench", *argv])
+
+
+def run(args, base_server_args: str) -> int:
+    import eval_sets
+    from common import save_json, to_out
+
+    from sglang_lilicorr.train.engine import SGLangServers, ServerSpec
+
+    work = Path(args.work) / "speed"
+    drafts = Path(args.work) / "drafts"
+    missing = [s for s in SYSTEMS[1:] if not (drafts / s / "config.json").is_file()]
+    if missing:
+        raise SystemExit(f"{drafts}: no exported draft for {missing}; run `export` first.")
+    rows = speed_prompts(eval_sets.read(Path(args.eval_prompts)))
+    for c in args.concurrency:
+        part = rows[: prompts_for(c)]
+        (work / f"prompts_c{c}.jsonl").parent.mkdir(parents=True, exist_ok=True)
+        (work / f"prompts_c{c}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    bs = ",".join(map(str, sorted(set(args.concurrency) | {8})))
+    specs = [ServerSpec(args.target, PORT0 + i, "0", server_args(base_server_args, s, drafts),
+                        {} if s == "base" else {"LILICORR_STAGE_TIMING": str(work / "stages" / s), "LILICORR_STAGE_TIMING_BS": bs}, s)
+             for i, s in enumerate(SYSTEMS)]
+    for s in SYSTEMS[1:]:
+        (work / "stages" / s).mkdir(parents=True, exist_ok=True)
+    url = {s: f"http://127.0.0.1:{PORT0 + i}" for i, s in enumerate(SYSTEMS)}
+    failed = []
+    launcher = shlex.split(os.environ.get("TESTBED_SPEED_LAUNCH", ""))  # tests: stand-ins that serve $PORT
+    with SGLangServers.start(specs, work / "logs", launcher=launcher):
+        for c in args.concurrency:
+            for r in range(1, args.rounds + 1):
+                for system in order(r):
+                    rc = bench("run", "--url", url[system], "--system", system, "--dataset", str(work / f"prompts_c{c}.jsonl"),
+                               "--results", str(work / f"round{r}.jsonl"), "--concurrency", str(c), "--temperature", "0",
+                               "--max-tokens", str(args.max_tokens), "--warmup", str(max(2, c) if r == 1 else 0),
+                               "--request-timeout", "300", "--no-progress")
+                    if rc:
+                        failed.append(f"{system} c={c} round {r}: exit {rc}")
+                print(f"[speed] c={c} round {r} done", flush=True)
+        if args.tau_check:
+            for system in SYSTEMS[1:]:
+                if bench("run", "--url", url[system], "--system", system, "--dataset", str(args.eval_prompts),
+                         "--results", str(work / "tau_check.jsonl"), "--concurrency", "8", "--temperature", "0",
+                         "--max-tokens", str(args.max_tokens), "--warmup", "0", "--request-timeout", "300", "--no-progress"):
+                    failed.append(f"{system} tau check")
+    rounds = sorted(str(p) for p in work.glob("round*.jsonl"))
+    rc = bench("report", *rounds, "--baseline", "base", "--block-ref", "dflash", "--out", str(work / "report"))
+    if args.tau_check and (work / "tau_check.jsonl").is_file():
+        rc |= bench("report", str(work / "tau_check.jsonl"), "--block-ref", "dflash", "--no-plots", "--out", str(work / "tau_check"))
+    for c in args.concurrency if all(list((work / "stages" / s).glob("*.json")) for s in SYSTEMS[1:]) else []:
+        rc |= bench("stages", "--timings", f"lilicorr={work / 'stages' / 'lilicorr'}", f"dflash={work / 'stages' / 'dflash'}",
+                    "--bs", str(c), "--out", str(work / "stages" / f"c{c}"))
+    save_json(work / "speed_run.json", {"concurrency": args.concurrency, "rounds": args.rounds, "max_tokens": args.max_tokens,
+                                        "failed": failed, "server_args": {s: " ".join(spec.args) for s, spec in zip(SYSTEMS, specs)}})
+    bundle = work / "speed_results.tar.gz"
+    with tarfile.open(bundle, "w:gz") as t:
+        for p in [*work.glob("round*.jsonl"), work / "tau_check.jsonl", work / "report", work / "tau_check", work / "stages",
+                  work / "speed_run.json", work / "logs"]:
+            if p.exists():
+                t.add(p, arcname=str(p.relative_to(work)))
+    to_out(args.out, bundle)
+    print("\n".join(failed) or "[speed] every run finished")
+    return 1 if failed or rc else 0
