@@ -72,6 +72,15 @@ def scale_and_schedule(args) -> dict:
     return options
 
 
+def enough_time(step: str, minutes: float) -> None:
+    """Refuse to start a step that would not finish inside the device call: $TESTBED_DEADLINE (epoch
+    seconds, set at the start of a call) less `minutes`. Exit 4: run the step in the next call."""
+    end = os.environ.get("TESTBED_DEADLINE")
+    if end and time.time() + 60 * minutes > float(end):
+        print(f"[{step}] {(float(end) - time.time()) / 60:.1f} min left in this call, {minutes:.1f} needed: run it in the next call.")
+        raise SystemExit(4)
+
+
 def cli_flags(options: dict) -> list[str]:
     """{name: value} -> lilicorr CLI flags (--name value; booleans as --name / --no-name)."""
     argv = []
@@ -170,6 +179,7 @@ def cmd_sweep(args) -> int:
             chosen.update(json.loads(done.read_text())["choice"])
             continue
         runs = [{**chosen, **c} for c in configs]
+        enough_time(f"sweep {name}", (args.minutes + 0.8) * -(-len(runs) // gpus()))
         results = []
         for wave in range(0, len(runs), gpus()):  # one run per GPU at a time
             procs = []
@@ -317,6 +327,7 @@ def cmd_evalgen(args) -> int:
 
     from sglang_lilicorr.train.regenerate import Settings, play, prompt_plans
 
+    enough_time("evalgen", 2.0)
     out = Path(args.work) / "eval"
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     plans = prompt_plans(args.eval_prompts)
@@ -366,6 +377,7 @@ def cmd_replay(args) -> int:
 def cmd_speed(args) -> int:
     import speed
 
+    enough_time("speed", 1.5 + 0.25 * args.rounds * len(args.concurrency))
     return speed.run(args, SERVER_ARGS)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import shlex
 import subprocess
@@ -77,32 +78,40 @@ class SGLangServers:
         """Start one server per GPU (CUDA_VISIBLE_DEVICES = i, port port0 + i) and wait until all
         answer /health. Call `close()` (or use `with`) to stop them."""
         specs = [ServerSpec(model_path, port0 + i, str(i), ("--max-running-requests", str(concurrency), *server_args)) for i in range(gpus)]
-        return cls.start(specs, log_dir, startup_timeout, concurrency)
+        return cls.start(specs, log_dir, startup_timeout, concurrency, warm_first=True)
 
     @classmethod
     def start(cls, specs: Sequence["ServerSpec"], log_dir: str | Path = ".", startup_timeout: float = 900.0,
-              concurrency: int = 256, launcher: Sequence[str] = ()) -> "SGLangServers":
+              concurrency: int = 256, launcher: Sequence[str] = (), warm_first: bool = False) -> "SGLangServers":
         """Start the servers `specs` describe, side by side, and wait until all answer /health.
-        `launcher` replaces `python -m sglang.launch_server ...` by a command that serves $PORT
-        (its env: PORT, SERVER_ARGS; tests start stand-ins this way)."""
+        warm_first: the first one alone until it is up (it fills SGLang's JIT kernel cache, which the
+        others then share instead of compiling the same kernels at once). `launcher` replaces
+        `python -m sglang.launch_server ...` by a command that serves $PORT (its env: PORT,
+        SERVER_ARGS; tests start stand-ins this way)."""
         servers = cls([f"http://127.0.0.1:{s.port}" for s in specs], concurrency)
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         for i, spec in enumerate(specs):
+            if warm_first and i == 1:
+                servers._wait_started(startup_timeout, log_dir)
             cmd = list(launcher) or [sys.executable, "-m", "sglang.launch_server", "--model-path", spec.model_path,
                                      "--host", "127.0.0.1", "--port", str(spec.port), *spec.args]
             env = dict(os.environ, CUDA_VISIBLE_DEVICES=spec.gpus, PORT=str(spec.port), SERVER_ARGS=shlex.join(spec.args), **spec.env)
             log = open(Path(log_dir) / f"server-{spec.name or i}.log", "w")
             servers.processes.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        try:
-            servers.wait_healthy(startup_timeout, log_dir)
-        except BaseException:
-            servers.close()
-            raise
+        servers._wait_started(startup_timeout, log_dir)
         return servers
 
-    def wait_healthy(self, timeout: float, log_dir: str | Path = ".") -> None:
+    def _wait_started(self, timeout: float, log_dir) -> None:
+        """Wait until the servers started so far answer; on failure stop them all."""
+        try:
+            self.wait_healthy(timeout, log_dir, upto=len(self.processes))
+        except BaseException:
+            self.close()
+            raise
+
+    def wait_healthy(self, timeout: float, log_dir: str | Path = ".", upto: int | None = None) -> None:
         end = time.time() + timeout
-        pending = list(range(len(self.urls)))
+        pending = list(range(len(self.urls) if upto is None else upto))
         while pending:
             for i in list(pending):
                 if self.processes and self.processes[i].poll() is not None:
@@ -153,6 +162,8 @@ class SGLangServers:
             return list(await asyncio.gather(*jobs))
 
     async def _one(self, session, limit, url, prompt, sampling: Sampling, seed: int) -> Completion:
+        import aiohttp
+
         params = {"temperature": sampling.temperature, "max_new_tokens": sampling.max_new_tokens,
                   "stop_token_ids": list(sampling.stop_token_ids), "skip_special_tokens": False}
         if sampling.temperature > 0:
@@ -162,12 +173,12 @@ class SGLangServers:
             for attempt in range(3):
                 try:
                     async with session.post(url + "/generate", json=body) as r:
-                        if r.status == 200:
-                            out = await r.json()
-                            ids = [int(t) for t in out["output_ids"]]
-                            return Completion(ids, finish_reason(ids, sampling.stop_token_ids))
-                        detail = (await r.text())[:300]
-                except (OSError, asyncio.TimeoutError) as e:
+                        text = await r.text()
+                    if r.status == 200:
+                        ids = [int(t) for t in json.loads(text)["output_ids"]]
+                        return Completion(ids, finish_reason(ids, sampling.stop_token_ids))
+                    detail = f"HTTP {r.status}: {text[:300]}"
+                except (OSError, asyncio.TimeoutError, aiohttp.ClientError, ValueError, KeyError, TypeError) as e:
                     detail = f"{type(e).__name__}: {e}"
                 await asyncio.sleep(1 + attempt)
         raise EngineError(f"{url}/generate failed three times: {detail}")
