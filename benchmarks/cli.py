@@ -11,27 +11,51 @@ Every leaf parser sets `func`; `args.func(args)` returns the exit code.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 from typing import List, Optional
 
 from . import datasets, metrics, plots, runner, stages, tables
-from .client import Sampling, ServerError
+from .client import Sampling
+from .metrics import ResultsError
+from ..cli import Parser, run as run_command
+from ..errors import UsageError
 from ..train.cli import json_object_arg
+
+SUMMARY_CELL_FIELDS = metrics.CELL_KEY + ("tps",)
 
 
 def load_cells(path: Path) -> List[dict]:
-    """Cells of a results .jsonl (aggregated here) or of a summary .json written by `bench report`."""
+    """Cells of a results .jsonl (aggregated here) or of a summary .json written by `bench report`;
+    a missing file is a UsageError, one with nothing to report a ResultsError."""
     path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"{path} is not a file", fix="pass results .jsonl files written by `lilicorr bench run` "
+                         "or a summary.json written by `lilicorr bench report`")
     if path.suffix == ".jsonl":
-        return metrics.aggregate(runner.read_results(path))
-    with path.open(encoding="utf-8") as f:
-        doc = json.load(f)
-    if "cells" not in doc:
-        raise ValueError(f"{path} is neither a results .jsonl nor a summary .json with `cells`.")
-    return doc["cells"]
+        records = runner.read_results(path)
+        if not records:
+            raise ResultsError("the results file holds no results", where=str(path), fix="run `lilicorr bench run` into it first")
+        return metrics.aggregate(records)
+    try:
+        doc = json.loads(path.read_bytes().decode("utf-8"))
+    except ValueError as e:  # not UTF-8, not JSON
+        raise ResultsError(f"not valid JSON ({e})", where=str(path), fix="pass a summary.json written by `lilicorr bench report`") from e
+    cells = doc.get("cells") if isinstance(doc, dict) else None
+    if not isinstance(cells, list) or not cells or not all(
+            isinstance(c, dict) and all(k in c for k in SUMMARY_CELL_FIELDS) for c in cells):
+        raise ResultsError(f"neither a results .jsonl nor a summary .json with `cells` (each with {list(SUMMARY_CELL_FIELDS)})",
+                           where=str(path), fix="pass what `lilicorr bench run` or `lilicorr bench report` wrote")
+    return cells
+
+
+def refuse_overwriting_inputs(inputs: List[Path], outputs: List[Path]) -> None:
+    """A report never writes over the files it reads."""
+    written = {p.resolve() for p in outputs}
+    clash = [str(p) for p in inputs if Path(p).resolve() in written]
+    if clash:
+        raise UsageError(f"{clash[0]} is an input and would be overwritten", fix="write the report to another --out")
 
 
 def cmd_run(args) -> int:
@@ -39,20 +63,15 @@ def cmd_run(args) -> int:
     try:
         loaded = [datasets.load_prompts(d, limit=args.limit, categories=args.category) for d in args.dataset]
     except (ValueError, OSError, ImportError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--dataset: {e}") from e
     prompts = dict(loaded)
     failed = 0
     for cfg in runner.sweep_configs(args.system, [n for n, _ in loaded], args.concurrency, args.temperature, args.seeds, args.max_tokens):
         sampling = Sampling(temperature=cfg.temperature, seed=cfg.seed, **sampling_kwargs)
-        try:
-            outcome = runner.run(
-                prompts[cfg.dataset], cfg, args.url, args.results, sampling, api=args.api, model=args.model,
-                warmup=args.warmup, show_progress=not args.no_progress, request_timeout=args.request_timeout,
-            )
-        except ServerError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
+        outcome = runner.run(
+            prompts[cfg.dataset], cfg, args.url, args.results, sampling, api=args.api, model=args.model,
+            warmup=args.warmup, show_progress=not args.no_progress, request_timeout=args.request_timeout,
+        )
         for prompt_id, error in outcome.failures[:3]:
             print(f"  failed {prompt_id}: {error}", file=sys.stderr)
         failed += len(outcome.failures)
@@ -67,18 +86,20 @@ def cmd_run(args) -> int:
 
 
 def cmd_report(args) -> int:
+    out = Path(args.out)
+    refuse_overwriting_inputs(args.results, [out / "summary.json", out / "report.md"])
     cells = metrics.pool_runs([load_cells(path) for path in args.results])  # a cell in several files: repeated runs
     if args.baseline and args.baseline not in {c["system"] for c in cells}:
-        raise SystemExit(f"--baseline {args.baseline!r} is not a system in the results: {sorted({c['system'] for c in cells})}.")
+        raise UsageError(f"--baseline {args.baseline!r} is not a system in the results", fix=f"pick one of {sorted({c['system'] for c in cells})}")
     if args.block_ref:
         speculative = sorted({c["system"] for c in cells if c.get("block_ms") is not None})
         if args.block_ref not in speculative:
-            raise SystemExit(f"--block-ref {args.block_ref!r} is not a speculative system (one with spec stats) in the results: {speculative}.")
+            raise UsageError(f"--block-ref {args.block_ref!r} is not a speculative system (one with spec stats) in the results",
+                             fix=f"pick one of {speculative}")
         metrics.add_block_ratio(cells, args.block_ref)
         metrics.add_paired_ratios(cells, args.block_ref)  # repeated runs: each run's ratio, then mean and 95 % CI
     metrics.add_speedup(cells, args.baseline)
     markdown = tables.report(cells, args.baseline, args.block_ref)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     summary = {"baseline": args.baseline, "block_ref": args.block_ref, "cells": cells}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -90,6 +111,8 @@ def cmd_report(args) -> int:
 
 
 def cmd_compare(args) -> int:
+    if args.out:
+        refuse_overwriting_inputs([args.base, args.spec], [args.out])
     rows = metrics.compare(load_cells(args.base), load_cells(args.spec))
     lines = ["| dataset | group | c | T | τ | ms / block | base TPS | TPS | speedup |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -104,7 +127,7 @@ def cmd_compare(args) -> int:
 
 def cmd_stages(args) -> int:
     if (args.stages is None) == (not args.timings):
-        raise SystemExit("bench stages: give exactly one of a stage-decomposition FILE or --timings SYSTEM=DIR ...")
+        raise UsageError("bench stages: give exactly one of a stage-decomposition FILE or --timings SYSTEM=DIR ...")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.stages is not None:
@@ -172,10 +195,9 @@ def register(subparsers) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="lilicorr")
+    parser = Parser(prog="lilicorr")
     register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return run_command(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

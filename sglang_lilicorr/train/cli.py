@@ -3,7 +3,7 @@
   lilicorr regenerate --target DIR --prompts P.jsonl --output TRAIN.jsonl [--exclude EVAL.jsonl]
   lilicorr train --target DIR --data TRAIN.jsonl --output-dir RUN [--gamma 0.25 ...]
       (multi-GPU: torchrun --nproc-per-node N -m sglang_lilicorr.cli train ...)
-  lilicorr export RUN[/checkpoints/step-N] OUT_DIR [--dtype bfloat16]
+  lilicorr export RUN[/checkpoints/step-N] OUT_DIR [--dtype bfloat16] [--force]
 """
 from __future__ import annotations
 
@@ -53,8 +53,10 @@ def run_regenerate(args: argparse.Namespace) -> int:
     import torch
     from transformers import AutoTokenizer
 
+    from ..frozen_target import local_model_dir
     from .regenerate import regenerate, sglang_generator, transformers_generator
 
+    local_model_dir(args.target)
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     engine = args.engine
     if engine == "auto":
@@ -116,8 +118,10 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _register_export(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="training output dir (latest checkpoint) or OUTPUT/checkpoints/step-N")
-    p.add_argument("out_dir", help="draft directory to write (config.json + model.safetensors)")
+    p.add_argument("out_dir", help="draft directory to write (config.json + model.safetensors): a new or empty folder, "
+                   "or an earlier export, which it replaces")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--force", action="store_true", help="replace OUT_DIR even if it holds other files (never a training run)")
     p.set_defaults(func=run_export)
 
 
@@ -125,7 +129,7 @@ def run_export(args: argparse.Namespace) -> int:
     from ..drafter import load_draft
     from .export import export_checkpoint
 
-    path = export_checkpoint(args.checkpoint, args.out_dir, args.dtype)
+    path = export_checkpoint(args.checkpoint, args.out_dir, args.dtype, force=args.force)
     _, head = load_draft(path)  # strict reload: the export is usable as written
     kind = "LiLiCorrDraftModel" if head is not None else "DFlashDraftModel"
     print(f"exported {kind} -> {path}", file=sys.stderr)
