@@ -48,22 +48,33 @@ def error_line(e: BaseException) -> str:
     elif isinstance(e, OSError):
         text = describe(e.strerror or str(e), e.filename, "check the path, its permissions and the free disk space")
     else:
-        frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
-        text = describe(f"unexpected {type(e).__name__}: {e}", frame and f"{frame.filename}:{frame.lineno}",
+        text = describe(f"unexpected {type(e).__name__}: {e}", raised_at(e),
                         "this is a bug; rerun with LILICORR_DEBUG=1 for the traceback and report it")
     return "error: " + " ".join(text.split())
+
+
+def raised_at(e: BaseException) -> str | None:
+    """file:line of the innermost frame of ours (sglang_lilicorr.*, past this module) that the exception
+    passed through, else of the innermost frame."""
+    frames = list(traceback.walk_tb(e.__traceback__))
+    modules = [frame.f_globals.get("__name__", "") for frame, _ in frames]
+    ours = [f for f, module in zip(frames, modules) if module.startswith("sglang_lilicorr.") and module != __name__]
+    if not frames:
+        return None
+    frame, line = (ours or frames)[-1]
+    return f"{frame.f_code.co_filename}:{line}"
 
 
 def run(args: argparse.Namespace) -> int:
     """Runs the parsed subcommand (`args.func`); an error ends it as one line and an exit code."""
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:
+    except (Exception, KeyboardInterrupt) as e:
         if os.environ.get("LILICORR_DEBUG") == "1":
             raise
+        if isinstance(e, KeyboardInterrupt):
+            print("error: interrupted", file=sys.stderr)
+            return 130
         print(error_line(e), file=sys.stderr)
         return e.exit_code if isinstance(e, LiLiCorrError) else 1
 
