@@ -247,6 +247,13 @@ def test_unsupported_option_is_named(extra, match, target, draft):
         resolve(target, *extra, draft=draft)
 
 
+def test_a_quantized_target_names_the_unquant_draft_fix(target, draft):
+    with pytest.raises(ServingConfigError, match="serves with --speculative-draft-model-quantization unquant"):
+        resolve(target, "--quantization", "fp8", draft=draft)  # the draft inherits fp8
+    cfg = resolve(target, "--quantization", "fp8", "--speculative-draft-model-quantization", "unquant", draft=draft)
+    assert cfg.quantization == "fp8" and cfg.speculative_draft_model_quantization is None
+
+
 @pytest.mark.parametrize(
     "extra, match",
     [
