@@ -6,7 +6,6 @@ run is reproducible; a few hundred examples each."""
 import json
 import struct
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -51,14 +50,18 @@ def file_bytes(lines: st.SearchStrategy, tail: st.SearchStrategy = st.binary(max
         lambda t: b"\n".join(t[0]) + (b"\n" if t[1] else b"") + t[2])
 
 
-@contextmanager
-def written(name: str, data: bytes):
-    """`data` as the file `name` in a fresh folder; checks the reader left it as it was."""
+def reads_or_raises(name: str, data: bytes, read, error: type = LiLiCorrError):
+    """read(path) of `data` written as the file `name` returns a value (returned here) or raises `error`
+    (None here); either way the file is left as it was."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / name
         path.write_bytes(data)
-        yield path
-        assert path.read_bytes() == data, "a reader wrote its input"
+        try:
+            return read(path)
+        except error:
+            return None
+        finally:
+            assert path.read_bytes() == data, "a reader wrote its input"
 
 
 # --- training JSONL (train/data.py, read-only here) -----------------------------------------------
@@ -80,11 +83,7 @@ def read_training(path):
 def test_training_jsonl_reader(data):
     from sglang_lilicorr.train.data import DataError
 
-    with written("train.jsonl", data) as path:
-        try:
-            read_training(path)
-        except DataError:
-            pass
+    reads_or_raises("train.jsonl", data, read_training, DataError)
 
 
 @pytest.mark.xfail(raises=UnicodeDecodeError, strict=True,
@@ -95,11 +94,7 @@ def test_training_jsonl_reader(data):
 def test_training_jsonl_reader_on_any_bytes(data):
     from sglang_lilicorr.train.data import DataError
 
-    with written("train.jsonl", data) as path:
-        try:
-            read_training(path)
-        except DataError:
-            pass
+    reads_or_raises("train.jsonl", data, read_training, DataError)
 
 
 # --- bench results files ----------------------------------------------------------------------------
@@ -114,16 +109,12 @@ result_lines = (mutated(RECORD, list(RECORD)).map(json_line) | json_values.map(j
 def test_results_reader(data):
     from sglang_lilicorr.benchmarks import metrics, runner
 
-    with written("r.jsonl", data) as path:
-        try:
-            records = runner.read_results(path)
-        except metrics.ResultsError:
-            return
-        assert all(isinstance(r, dict) for r in records)
-        try:
-            metrics.aggregate(records)
-        except metrics.ResultsError:
-            pass
+    records = reads_or_raises("r.jsonl", data, runner.read_results, metrics.ResultsError) or []
+    assert all(isinstance(r, dict) for r in records)
+    try:
+        metrics.aggregate(records)
+    except metrics.ResultsError:
+        pass
 
 
 # --- SPEED-Bench rows and prompt files ----------------------------------------------------------------
@@ -139,11 +130,7 @@ PROMPT_ROW = {"id": "a", "set": "s", "text": "hi", "messages": [{"role": "user",
 def test_speed_bench_reader(data, name):
     from sglang_lilicorr.benchmarks import speed_bench
 
-    with written(name, data) as path:
-        try:
-            speed_bench.load(path)
-        except LiLiCorrError:
-            pass
+    reads_or_raises(name, data, speed_bench.load)
 
 
 @SETTINGS
@@ -151,11 +138,7 @@ def test_speed_bench_reader(data, name):
 def test_prompt_file_reader(data):
     from sglang_lilicorr.benchmarks import prompt_file
 
-    with written("prompts.jsonl", data) as path:
-        try:
-            prompt_file.load(path)
-        except LiLiCorrError:
-            pass
+    reads_or_raises("prompts.jsonl", data, prompt_file.load)
 
 
 # --- draft config.json and model.safetensors headers ----------------------------------------------------
@@ -179,16 +162,15 @@ def test_draft_config_readers(data):
     from sglang_lilicorr.drafter import DrafterConfig
     from sglang_lilicorr.serving.draft_check import examine_draft
 
-    with tempfile.TemporaryDirectory() as folder:
-        (Path(folder) / "config.json").write_bytes(data)
-        report = examine_draft(folder)  # collects, never raises
+    def read(path):
+        report = examine_draft(path.parent)  # collects, never raises
         assert (report.spec is None) == bool(report.problems)
-        try:
-            config = checkpoint.read_config(folder)
-        except checkpoint.CheckpointError:
-            return
-        for parse in (checkpoint.has_head, checkpoint.lilicorr_config, checkpoint.block_size_of, checkpoint.dtype_of,
-                      DrafterConfig.from_hf_config):
+        return checkpoint.read_config(path.parent)
+
+    config = reads_or_raises("config.json", data, read, checkpoint.CheckpointError)
+    for parse in (checkpoint.has_head, checkpoint.lilicorr_config, checkpoint.block_size_of, checkpoint.dtype_of,
+                  DrafterConfig.from_hf_config):
+        if config is not None:
             try:
                 parse(config)
             except LiLiCorrError:
@@ -211,9 +193,5 @@ tensor_headers = st.fixed_dictionaries({}, optional={
 def test_draft_weights_reader(header, body, framed):
     from sglang_lilicorr import checkpoint
 
-    with tempfile.TemporaryDirectory() as folder:
-        (Path(folder) / "model.safetensors").write_bytes(safetensors_file(header, body) if framed else header + body)
-        try:
-            checkpoint.read_tensors(folder)
-        except checkpoint.CheckpointError:
-            pass
+    data = safetensors_file(header, body) if framed else header + body
+    reads_or_raises("model.safetensors", data, lambda path: checkpoint.read_tensors(path.parent), checkpoint.CheckpointError)
