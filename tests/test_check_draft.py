@@ -3,7 +3,6 @@ strict loader; prints what the draft is, or every problem at once (exit 1)."""
 import json
 
 import pytest
-import torch
 from safetensors.torch import load_file, save_file
 
 from sglang_lilicorr.cli import main
