@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
+from ..config import ConfigError, json_number
 from .client import Sampling, ServerError, SGLangClient
 from .metrics import ResultsError
 from .prompt import Prompt
@@ -66,9 +67,14 @@ TURN_FIELDS = {"completion_tokens": int, "start": float, "end": float}
 
 
 def _is(value, kind: type) -> bool:
-    """A JSON value of `kind` (int for float is fine, bool is neither)."""
-    kinds = (int, float) if kind is float else kind
-    return isinstance(value, kinds) and not (isinstance(value, bool) and kind in (int, float))
+    """A JSON value of `kind`; numbers as config.json_number reads them (an int is a float too, a bool neither)."""
+    if kind not in (int, float):
+        return isinstance(value, kind)
+    try:
+        json_number(value, kind, "")
+    except ConfigError:
+        return False
+    return True
 
 
 def check_record(record, where: str) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from typing import Any, Mapping
 
 from .errors import LiLiCorrError
@@ -21,11 +22,14 @@ def json_number(raw: Any, kind: type, field: str, error: type[Exception] = Confi
     """A number read from a JSON config: an integer (an int, or an integral float) for kind=int, any
     int or float for kind=float; anything else (a string, a bool, null, a list, inf for an int)
     raises `error` naming the field."""
-    number = isinstance(raw, (int, float)) and not isinstance(raw, bool)
-    if kind is int:
-        number = number and (isinstance(raw, int) or (math.isfinite(raw) and raw == int(raw)))
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        number = False
+    elif kind is int:
+        number = isinstance(raw, int) or (math.isfinite(raw) and raw.is_integer())
+    else:
+        number = isinstance(raw, float) or abs(raw) <= sys.float_info.max
     if not number:
-        raise error(f"{field}={raw!r} is not {'an integer' if kind is int else 'a number'}.")
+        raise error(f"{field}={raw!r:.40} is not {'an integer' if kind is int else 'a number'}.")
     return kind(raw)
 
 

@@ -16,7 +16,7 @@ from sglang_lilicorr.errors import LiLiCorrError
 
 SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
-scalars = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=12)
+scalars = st.none() | st.booleans() | st.integers() | st.integers(-(2**1100), 2**1100) | st.floats() | st.text(max_size=12)
 json_values = st.recursive(scalars, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
                            max_leaves=12)
 
