@@ -129,6 +129,8 @@ def cmd_compare(args) -> int:
 def cmd_stages(args) -> int:
     if (args.stages is None) == (not args.timings):
         raise UsageError("bench stages: give exactly one of a stage-decomposition FILE or --timings SYSTEM=DIR ...")
+    if args.stages is not None and not args.stages.is_file():
+        raise UsageError(f"{args.stages} is not a file", fix="pass a stage-decomposition JSON (schema: sglang_lilicorr.benchmarks.stages)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.stages is not None:

@@ -149,3 +149,15 @@ def test_a_bad_drafter_field_is_a_checkpoint_error(tmp_path):
     config["num_hidden_layers"] = "one"
     with pytest.raises(CheckpointError, match="num_hidden_layers='one' is not an integer"):
         load_draft(write_tiny_draft(tmp_path / "e", config=config))
+
+
+def test_train_with_batch_size_0_is_one_line(tmp_path, capsys):
+    from test_train import make_target, write_conversations
+
+    target, data = make_target(tmp_path / "target"), write_conversations(tmp_path / "train.jsonl", 4)
+    capsys.readouterr()
+    code = main(["train", "--target", target, "--data", data, "--output-dir", str(tmp_path / "run"), "--batch-size", "0",
+                 "--max-steps", "1", "--no-bf16"])
+    err = capsys.readouterr().err  # progress bars of the model load may come first
+    assert code in (1, 2) and err.splitlines()[-1].startswith("error: ") and "Traceback" not in err
+    assert not (tmp_path / "run" / "checkpoints").exists()
