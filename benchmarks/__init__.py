@@ -11,5 +11,6 @@ Modules, one concept each:
   tables       markdown tables in the paper's layouts
   plots        matplotlib figures
   stages       per-block stage decomposition: result schema, table, plot
+  load_faults  the server under load and faults (disconnects, over-long, invalid requests), then its KV pool
   cli          `lilicorr bench ...`
 """

@@ -1,37 +1,62 @@
-"""`lilicorr bench` subcommands: run, report, compare, stages.
+"""`lilicorr bench` subcommands: run, report, compare, stages, faults.
 
   lilicorr bench run --url http://127.0.0.1:30000 --system lilicorr --dataset gsm8k SPEED/qualitative.jsonl \
       --concurrency 1 2 4 8 16 32 --temperature 0 1 --seeds 0 1 2 --results runs/lilicorr.jsonl
   lilicorr bench report runs/ar.jsonl runs/dflash.jsonl runs/lilicorr.jsonl --baseline ar --block-ref dflash --out report/
   lilicorr bench compare runs/ar.jsonl runs/lilicorr.jsonl
   lilicorr bench stages stages.json --out report/
+  lilicorr bench faults --url http://127.0.0.1:30000 --clients 64 --duration 300 --expect-spec --out faults/
 
 Every leaf parser sets `func`; `args.func(args)` returns the exit code.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 from typing import List, Optional
 
-from . import datasets, metrics, plots, runner, stages, tables
-from .client import Sampling, ServerError
+from . import datasets, load_faults, metrics, plots, runner, stages, tables
+from .client import Sampling
+from .metrics import ResultsError
+from ..cli import Parser, run as run_command
+from ..errors import UsageError
 from ..train.cli import json_object_arg
+
+SUMMARY_CELL_FIELDS = metrics.CELL_KEY + ("tps",)
 
 
 def load_cells(path: Path) -> List[dict]:
-    """Cells of a results .jsonl (aggregated here) or of a summary .json written by `bench report`."""
+    """Cells of a results .jsonl (aggregated here) or of a summary .json written by `bench report`;
+    a missing file is a UsageError, one with nothing to report a ResultsError."""
     path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"{path} is not a file", fix="pass results .jsonl files written by `lilicorr bench run` "
+                         "or a summary.json written by `lilicorr bench report`")
     if path.suffix == ".jsonl":
-        return metrics.aggregate(runner.read_results(path))
-    with path.open(encoding="utf-8") as f:
-        doc = json.load(f)
-    if "cells" not in doc:
-        raise ValueError(f"{path} is neither a results .jsonl nor a summary .json with `cells`.")
-    return doc["cells"]
+        records = runner.read_results(path)
+        if not records:
+            raise ResultsError("the results file holds no results", where=str(path), fix="run `lilicorr bench run` into it first")
+        return metrics.aggregate(records)
+    try:
+        doc = json.loads(path.read_bytes().decode("utf-8"))
+    except ValueError as e:  # not UTF-8, not JSON
+        raise ResultsError(f"not valid JSON ({e})", where=str(path), fix="pass a summary.json written by `lilicorr bench report`") from e
+    cells = doc.get("cells") if isinstance(doc, dict) else None
+    if not isinstance(cells, list) or not cells or not all(
+            isinstance(c, dict) and all(k in c for k in SUMMARY_CELL_FIELDS) for c in cells):
+        raise ResultsError(f"neither a results .jsonl nor a summary .json with `cells` (each with {list(SUMMARY_CELL_FIELDS)})",
+                           where=str(path), fix="pass what `lilicorr bench run` or `lilicorr bench report` wrote")
+    return cells
+
+
+def refuse_overwriting_inputs(inputs: List[Path], outputs: List[Path]) -> None:
+    """A report never writes over the files it reads."""
+    written = {p.resolve() for p in outputs}
+    clash = [str(p) for p in inputs if Path(p).resolve() in written]
+    if clash:
+        raise UsageError(f"{clash[0]} is an input and would be overwritten", fix="write the report to another --out")
 
 
 def cmd_run(args) -> int:
@@ -39,20 +64,15 @@ def cmd_run(args) -> int:
     try:
         loaded = [datasets.load_prompts(d, limit=args.limit, categories=args.category) for d in args.dataset]
     except (ValueError, OSError, ImportError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--dataset: {e}") from e
     prompts = dict(loaded)
     failed = 0
     for cfg in runner.sweep_configs(args.system, [n for n, _ in loaded], args.concurrency, args.temperature, args.seeds, args.max_tokens):
         sampling = Sampling(temperature=cfg.temperature, seed=cfg.seed, **sampling_kwargs)
-        try:
-            outcome = runner.run(
-                prompts[cfg.dataset], cfg, args.url, args.results, sampling, api=args.api, model=args.model,
-                warmup=args.warmup, show_progress=not args.no_progress, request_timeout=args.request_timeout,
-            )
-        except ServerError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
+        outcome = runner.run(
+            prompts[cfg.dataset], cfg, args.url, args.results, sampling, api=args.api, model=args.model,
+            warmup=args.warmup, show_progress=not args.no_progress, request_timeout=args.request_timeout,
+        )
         for prompt_id, error in outcome.failures[:3]:
             print(f"  failed {prompt_id}: {error}", file=sys.stderr)
         failed += len(outcome.failures)
@@ -67,20 +87,22 @@ def cmd_run(args) -> int:
 
 
 def cmd_report(args) -> int:
+    out = Path(args.out)
+    refuse_overwriting_inputs(args.results, [out / "summary.json", out / "report.md"])
     cells = metrics.pool_runs([load_cells(path) for path in args.results])  # a cell in several files: repeated runs
     if args.baseline and args.baseline not in {c["system"] for c in cells}:
-        raise SystemExit(f"--baseline {args.baseline!r} is not a system in the results: {sorted({c['system'] for c in cells})}.")
+        raise UsageError(f"--baseline {args.baseline!r} is not a system in the results", fix=f"pick one of {sorted({c['system'] for c in cells})}")
     if args.block_ref:
         speculative = sorted({c["system"] for c in cells if c.get("block_ms") is not None})
         if args.block_ref not in speculative:
-            raise SystemExit(f"--block-ref {args.block_ref!r} is not a speculative system (one with spec stats) in the results: {speculative}.")
+            raise UsageError(f"--block-ref {args.block_ref!r} is not a speculative system (one with spec stats) in the results",
+                             fix=f"pick one of {speculative}")
         metrics.add_block_ratio(cells, args.block_ref)
         metrics.add_paired_ratios(cells, args.block_ref)  # repeated runs: each run's ratio, then mean and 95 % CI
     metrics.add_speedup(cells, args.baseline)
     if args.baseline:
         metrics.add_paired_ratios(cells, args.baseline, key="paired_speedup")  # each run's speedup, mean and 95 % CI
     markdown = tables.report(cells, args.baseline, args.block_ref)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     summary = {"baseline": args.baseline, "block_ref": args.block_ref, "cells": cells}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -92,6 +114,8 @@ def cmd_report(args) -> int:
 
 
 def cmd_compare(args) -> int:
+    if args.out:
+        refuse_overwriting_inputs([args.base, args.spec], [args.out])
     rows = metrics.compare(load_cells(args.base), load_cells(args.spec))
     lines = ["| dataset | group | c | T | τ | ms / block | base TPS | TPS | speedup |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -106,7 +130,9 @@ def cmd_compare(args) -> int:
 
 def cmd_stages(args) -> int:
     if (args.stages is None) == (not args.timings):
-        raise SystemExit("bench stages: give exactly one of a stage-decomposition FILE or --timings SYSTEM=DIR ...")
+        raise UsageError("bench stages: give exactly one of a stage-decomposition FILE or --timings SYSTEM=DIR ...")
+    if args.stages is not None and not args.stages.is_file():
+        raise UsageError(f"{args.stages} is not a file", fix="pass a stage-decomposition JSON (schema: sglang_lilicorr.benchmarks.stages)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.stages is not None:
@@ -122,8 +148,24 @@ def cmd_stages(args) -> int:
     return 0
 
 
+def cmd_faults(args) -> int:
+    if args.clients < 1 or args.duration <= 0:
+        raise UsageError(f"--clients {args.clients} --duration {args.duration}", fix="give at least one client and a positive duration")
+    config = load_faults.FaultConfig(
+        url=args.url, clients=args.clients, duration_s=args.duration, context_length=args.context_length,
+        max_tokens=args.max_tokens, prompt_words=tuple(args.prompt_words), expect_spec=args.expect_spec, model=args.model,
+        seed=args.seed, request_timeout_s=args.request_timeout, drain_timeout_s=args.drain_timeout,
+    )
+    summary = load_faults.run(config, args.out)
+    print(json.dumps({k: summary[k] for k in ("requests", "outcomes", "violations", "server", "ok")}))
+    for line in summary["first_violations"]:
+        print(f"  {line}", file=sys.stderr)
+    print(f"{'ok' if summary['ok'] else 'FAILED'}: {args.out / 'summary.json'}, {args.out / 'requests.jsonl'}")
+    return 0 if summary["ok"] else 1
+
+
 def register(subparsers) -> None:
-    """Adds `bench` with subcommands run / report / compare / stages."""
+    """Adds `bench` with subcommands run / report / compare / stages / faults."""
     bench = subparsers.add_parser("bench", help="benchmark an SGLang server (SPEED-Bench, GSM8K, ...) and report tau / TPS / speedup")
     sub = bench.add_subparsers(dest="bench_command", required=True)
 
@@ -172,12 +214,27 @@ def register(subparsers) -> None:
     stg.add_argument("--out", type=Path, default=Path("bench_report"))
     stg.set_defaults(func=cmd_stages)
 
+    flt = sub.add_parser("faults", help="load + faults (disconnects, over-long and invalid requests), then the server's health "
+                         "and KV pool (see benchmarks/load_faults.py)")
+    flt.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
+    flt.add_argument("--clients", type=int, default=64, help="concurrent clients, each sending requests back to back")
+    flt.add_argument("--duration", type=float, default=300.0, help="seconds of load")
+    flt.add_argument("--context-length", type=int, default=0, help="the server's context length (default: GET /v1/models)")
+    flt.add_argument("--max-tokens", type=int, default=128, help="max tokens of the normal requests")
+    flt.add_argument("--prompt-words", type=int, nargs="+", default=[16, 256, 1024], help="prompt lengths to mix")
+    flt.add_argument("--expect-spec", action="store_true", help="normal requests must report spec stats (spec_verify_ct)")
+    flt.add_argument("--model", default="default", help="`model` field of chat requests")
+    flt.add_argument("--seed", type=int, default=0)
+    flt.add_argument("--request-timeout", type=float, default=300.0, help="seconds one request may take")
+    flt.add_argument("--drain-timeout", type=float, default=60.0, help="seconds to wait for the KV pool to empty afterwards")
+    flt.add_argument("--out", type=Path, required=True, help="folder for summary.json and requests.jsonl")
+    flt.set_defaults(func=cmd_faults)
+
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="lilicorr")
+    parser = Parser(prog="lilicorr")
     register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return run_command(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

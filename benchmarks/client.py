@@ -22,10 +22,12 @@ import time
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from ..errors import LiLiCorrError
+
 API_PATHS = {"chat": "/v1/chat/completions", "generate": "/generate"}
 
 
-class ServerError(RuntimeError):
+class ServerError(LiLiCorrError, RuntimeError):
     """The server answered with an error status or an unexpected body."""
 
 

@@ -47,9 +47,15 @@ from __future__ import annotations
 import statistics
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ..errors import LiLiCorrError
+
 ALL = "all"
 CELL_KEY = ("system", "dataset", "group", "concurrency", "temperature")
 MATCH_KEY = ("dataset", "group", "concurrency", "temperature")  # a cell and its baseline share this
+
+
+class ResultsError(LiLiCorrError, ValueError):
+    """A results file (or a summary of one) cannot be read or holds nothing to report."""
 
 
 def _turns(records: Iterable[dict]) -> List[dict]:
@@ -94,7 +100,7 @@ def output_tps(records: Iterable[dict]) -> float:
     turns = _turns(records)
     seconds = busy_seconds((t["start"], t["end"]) for t in turns)
     if seconds <= 0:
-        raise ValueError("records span no time; cannot compute tokens per second.")
+        raise ResultsError("the records span no time; cannot compute tokens per second", fix="check their start/end times")
     return sum(t["completion_tokens"] for t in turns) / seconds
 
 
@@ -238,5 +244,6 @@ def compare(base_cells: List[dict], spec_cells: List[dict]) -> List[dict]:
         rows.append({**{k: c[k] for k in MATCH_KEY}, "base_system": b["system"], "system": c["system"],
                      "tau": c["tau"], "block_ms": c.get("block_ms"), "base_tps": b["tps"], "tps": c["tps"], "speedup": c["tps"] / b["tps"]})
     if not rows:
-        raise ValueError("No cell of the speculative results matches a baseline cell (same dataset, group, concurrency, temperature).")
+        raise ResultsError("no cell of the speculative results matches a baseline cell",
+                           fix="compare runs of the same dataset, group, concurrency and temperature")
     return rows

@@ -5,6 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Tuple
 
+from ..errors import LiLiCorrError
+
+
+class PromptError(LiLiCorrError, ValueError):
+    """A prompt has no id or an empty or blank turn."""
+
 
 @dataclass(frozen=True)
 class Prompt:
@@ -23,9 +29,9 @@ class Prompt:
 
     def __post_init__(self):
         if not self.prompt_id:
-            raise ValueError("Prompt.prompt_id is empty: every prompt needs a unique id for resume.")
+            raise PromptError("Prompt.prompt_id is empty: every prompt needs a unique id for resume.")
         if not self.turns or not all(isinstance(t, str) and t.strip() for t in self.turns):
-            raise ValueError(
+            raise PromptError(
                 f"Prompt {self.prompt_id!r} has an empty turn list or a blank turn; "
                 "every turn must be a non-empty string."
             )

@@ -14,11 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, List, Optional
 
+from ..errors import LiLiCorrError
 from .prompt import Prompt
 from .speed_bench import read_records
 
 
-class PromptFileError(ValueError):
+class PromptFileError(LiLiCorrError, ValueError):
     """A prompt file row lacks an id or a user turn, or repeats an id."""
 
 

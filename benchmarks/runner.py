@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
+from ..config import ConfigError, json_number
 from .client import Sampling, ServerError, SGLangClient
+from .metrics import ResultsError
 from .prompt import Prompt
 
 MAX_FAILURES = 20  # a run stops sending once this many prompts failed (server down, bad settings)
@@ -58,25 +61,102 @@ def record_key(record: dict) -> Tuple:
     return cfg.key, record["prompt_id"]
 
 
+RECORD_FIELDS = {"system": str, "dataset": str, "concurrency": int, "temperature": float, "seed": int, "max_tokens": int,
+                 "prompt_id": str, "category": str, "turns": list}
+TURN_FIELDS = {"completion_tokens": int, "start": float, "end": float}
+
+
+def _is(value, kind: type) -> bool:
+    """A JSON value of `kind`; numbers as config.json_number reads them (an int is a float too, a bool neither)."""
+    if kind not in (int, float):
+        return isinstance(value, kind)
+    try:
+        json_number(value, kind, "")
+    except ConfigError:
+        return False
+    return True
+
+
+def check_record(record, where: str) -> dict:
+    """A results line as `run` writes it: the run's config, prompt_id, category and non-empty turns
+    with token counts and times; raises ResultsError naming the first bad field."""
+    if not isinstance(record, dict):
+        raise ResultsError(f"a results line must be a JSON object, got {type(record).__name__}", where=where,
+                           fix="results files are written by `lilicorr bench run`")
+    for name, kind in RECORD_FIELDS.items():
+        if not _is(record.get(name), kind):
+            raise ResultsError(f"`{name}`={record.get(name)!r:.60} is not a {kind.__name__}", where=where,
+                               fix="fix or remove that line")
+    try:
+        record_key(record)
+    except ValueError as e:
+        raise ResultsError(str(e), where=where, fix="fix or remove that line") from e
+    if not record["turns"]:
+        raise ResultsError("`turns` is empty", where=where, fix="fix or remove that line")
+    for i, turn in enumerate(record["turns"]):
+        bad = [n for n, kind in TURN_FIELDS.items() if not (isinstance(turn, dict) and _is(turn.get(n), kind))]
+        if not bad and turn.get("spec_verify_ct") is not None and not _is(turn["spec_verify_ct"], int):
+            bad = ["spec_verify_ct"]
+        if bad or turn["end"] < turn["start"] or turn["completion_tokens"] < 0:
+            raise ResultsError(f"turns[{i}] needs completion_tokens >= 0, start <= end and an integer or null spec_verify_ct "
+                               f"(bad: {bad or ['start/end' if turn['end'] < turn['start'] else 'completion_tokens']})",
+                               where=where, fix="fix or remove that line")
+    return record
+
+
+def _json_line(line: bytes, where: str):
+    try:
+        return json.loads(line.decode("utf-8"))
+    except ValueError as e:  # not UTF-8, not JSON, an integer of more digits than Python parses
+        raise ResultsError(f"not valid JSON ({e})", where=where, fix="fix or remove that line") from e
+
+
+def _torn_tail(data: bytes) -> Optional[int]:
+    """Where the torn last line of a results file starts: a last line without its newline that is
+    not JSON (a run stopped mid-write); None if there is none."""
+    if not data or data.endswith(b"\n"):
+        return None
+    cut = data.rfind(b"\n") + 1
+    try:
+        _json_line(data[cut:], "")
+    except ResultsError:
+        return cut
+    return None
+
+
 def read_results(path: Path) -> List[dict]:
-    """All complete lines of a results file. A torn last line (a crash mid-write) is cut off the file."""
+    """Every record of a results file, checked (check_record); the file is only read. A torn last line
+    is left out with a warning on stderr; a complete last line without its newline counts as usual."""
     path = Path(path)
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        cut = data.rfind(b"\n") + 1
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ResultsError(f"cannot read the results file ({e.strerror or e})", where=str(path),
+                           fix="pass a .jsonl written by `lilicorr bench run`") from e
+    cut = _torn_tail(data)
+    if cut is not None:
+        lineno = data[:cut].count(b"\n") + 1
+        print(f"warning: {path}:{lineno} is a torn last line (no newline, not JSON: a run stopped mid-write); it is left "
+              "out. `lilicorr bench run` with the same --results cuts it and reruns that prompt.", file=sys.stderr)
+        data = data[:cut]
+    return [check_record(_json_line(line, f"{path}:{n}"), f"{path}:{n}")
+            for n, line in enumerate(data.split(b"\n"), 1) if line.strip()]
+
+
+def open_for_append(path: Path):
+    """The results file of a run, opened to append: a torn last line (_torn_tail) is cut with a warning,
+    a complete last line gets its newline."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = path.read_bytes() if path.exists() else b""
+    cut = _torn_tail(data)
+    if cut is not None:
+        print(f"warning: cutting the torn last line of {path} (a run stopped mid-write); its prompt runs again.", file=sys.stderr)
         with path.open("r+b") as f:
             f.truncate(cut)
-        data = data[:cut]
-    records = []
-    for lineno, line in enumerate(data.decode("utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno} is not valid JSON ({e}); fix or remove that line.") from e
-    return records
+    out = path.open("a", encoding="utf-8")
+    if data and cut is None and not data.endswith(b"\n"):
+        out.write("\n")
+    return out
 
 
 def phases(prompts: Sequence[Prompt]) -> List[Tuple[str, List[Prompt]]]:
@@ -172,7 +252,7 @@ async def run_async(
     import aiohttp
 
     results_path = Path(results_path)
-    results_path.parent.mkdir(parents=True, exist_ok=True)
+    open_for_append(results_path).close()  # the file exists, whole lines only
     done_ids: Set[str] = {pid for key, pid in map(record_key, read_results(results_path)) if key == config.key}
     todo = [p for p in prompts if p.prompt_id not in done_ids]
     outcome = RunOutcome(skipped=len(prompts) - len(todo))
@@ -190,7 +270,7 @@ async def run_async(
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             client = SGLangClient(session, url, sampling, api=api, model=model)
             await _warm_up(client, warmup_waves(todo, warmup, config.concurrency), url)
-            with results_path.open("a", encoding="utf-8") as out:
+            with open_for_append(results_path) as out:
                 for _, group in phases(todo):
                     await _run_phase(client, group, config, out, outcome, progress, max_failures)
     finally:

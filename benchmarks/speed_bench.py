@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 from typing import Iterable, List, Optional, Sequence
 
+from ..errors import LiLiCorrError
 from .prompt import Prompt
 
 PLACEHOLDER = "FULL BENCHMARK DATA SHOULD BE FETCHED FROM THE SOURCE USING SPECDEC_BENCH"
@@ -34,7 +35,7 @@ REBUILD_HINT = (
 )
 
 
-class SpeedBenchFormatError(ValueError):
+class SpeedBenchFormatError(LiLiCorrError, ValueError):
     """A SPEED-Bench file does not have the expected schema or still holds placeholder turns."""
 
 
@@ -53,18 +54,24 @@ def read_records(path: Path) -> List[dict]:
             raise ImportError(
                 f"Reading {path} needs pyarrow: `pip install pyarrow`, or convert the split to jsonl."
             ) from e
-        return pq.read_table(path).to_pylist()
+        try:
+            return pq.read_table(path).to_pylist()
+        except (ValueError, OSError) as e:  # pyarrow's ArrowInvalid / ArrowIOError
+            raise SpeedBenchFormatError(f"{path} is not a readable parquet file ({e}).") from e
     if path.suffix in (".jsonl", ".json"):
-        rows = []
-        with path.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as e:
-                        raise SpeedBenchFormatError(f"{path}:{lineno} is not valid JSON ({e}).") from e
-        return rows
+        return [_row(line, f"{path}:{lineno}") for lineno, line in enumerate(path.read_bytes().split(b"\n"), 1) if line.strip()]
     raise SpeedBenchFormatError(f"{path}: unsupported extension {path.suffix!r}; give a .parquet or .jsonl file.")
+
+
+def _row(line: bytes, where: str) -> dict:
+    """One jsonl line as a JSON object."""
+    try:
+        row = json.loads(line.decode("utf-8"))
+    except ValueError as e:  # not UTF-8, not JSON, an integer of more digits than Python parses
+        raise SpeedBenchFormatError(f"{where} is not valid JSON ({e}).") from e
+    if not isinstance(row, dict):
+        raise SpeedBenchFormatError(f"{where}: expected a JSON object (one record a line), got {type(row).__name__}.")
+    return row
 
 
 def _turns_of(row: dict, where: str) -> List[str]:
@@ -103,6 +110,8 @@ def validate(rows: Sequence[dict], split: str, where: str) -> None:
         turns = _turns_of(row, at)
         if any(PLACEHOLDER in t for t in turns):
             placeholders.append(qid)
+        if not isinstance(row["category"], str) or not row["category"]:
+            raise SpeedBenchFormatError(f"{at}: category {row['category']!r:.60} is not a non-empty string.")
         if split != "qualitative" and row["category"] not in ENTROPY_TIERS:
             raise SpeedBenchFormatError(
                 f"{at}: category {row['category']!r} is not an entropy tier {ENTROPY_TIERS}; is {where} really split {split}?"

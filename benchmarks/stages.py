@@ -26,6 +26,7 @@ import argparse
 import json
 from pathlib import Path
 
+from ..errors import LiLiCorrError
 from .plots import pyplot
 
 STAGES = {
@@ -37,7 +38,7 @@ STAGES = {
 }
 
 
-class StageSchemaError(ValueError):
+class StageSchemaError(LiLiCorrError, ValueError):
     """A stage-decomposition file does not follow the schema in this module's docstring."""
 
 
@@ -47,7 +48,7 @@ def validate(doc: dict) -> dict:
     if not isinstance(systems, list) or not systems:
         raise StageSchemaError("stage results need a non-empty `systems` list (see sglang_lilicorr.benchmarks.stages).")
     for i, s in enumerate(systems):
-        name = s.get("system")
+        name = s.get("system") if isinstance(s, dict) else None
         if not name:
             raise StageSchemaError(f"systems[{i}] has no `system` name.")
         stages = s.get("stages")
@@ -63,8 +64,11 @@ def validate(doc: dict) -> dict:
 
 
 def load(path: Path) -> dict:
-    with Path(path).open(encoding="utf-8") as f:
-        return validate(json.load(f))
+    try:
+        doc = json.loads(Path(path).read_bytes().decode("utf-8"))
+    except ValueError as e:  # not UTF-8, not JSON
+        raise StageSchemaError(f"{path} is not valid JSON ({e}).") from e
+    return validate(doc)
 
 
 def timings_arg(text: str) -> tuple:

@@ -22,7 +22,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .config import ConfigError, LiLiCorrConfig
+from .config import ConfigError, LiLiCorrConfig, json_number
+from .errors import LiLiCorrError
 from .head import LiLiCorrHead
 
 CONFIG_FILE = "config.json"
@@ -30,10 +31,11 @@ WEIGHTS_FILE = "model.safetensors"
 HEAD_PREFIX = "lilicorr."
 VANILLA_ARCH = "DFlashDraftModel"
 LILICORR_ARCH = "LiLiCorrDraftModel"
+ARCHITECTURES = (VANILLA_ARCH, LILICORR_ARCH)
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-class CheckpointError(ValueError):
+class CheckpointError(LiLiCorrError, ValueError):
     """A draft checkpoint is missing, corrupt or does not match what is being built."""
 
 
@@ -43,14 +45,29 @@ def read_config(directory: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"Draft checkpoint directory {str(path)!r} does not exist; pass the folder written by `lilicorr export`.")
     cfg_path = path / CONFIG_FILE
     try:
-        config = json.loads(cfg_path.read_text())
+        config = json.loads(cfg_path.read_text(encoding="utf-8"))
     except FileNotFoundError as e:
         raise CheckpointError(f"{cfg_path} is missing: a draft checkpoint needs config.json beside {WEIGHTS_FILE}.") from e
-    except json.JSONDecodeError as e:
+    except OSError as e:
+        raise CheckpointError(f"{cfg_path} cannot be read ({e}).") from e
+    except ValueError as e:  # not UTF-8, not JSON, an integer of more digits than Python parses
         raise CheckpointError(f"{cfg_path} is not valid JSON ({e}); re-export the checkpoint.") from e
     if not isinstance(config, dict) or not isinstance(config.get("dflash_config"), dict):
         raise CheckpointError(f"{cfg_path} has no `dflash_config` object: not a DFlash draft config.")
+    architecture_of(config, str(cfg_path))
     return config
+
+
+def architecture_of(config: Mapping[str, Any], where: str = "draft config") -> str:
+    """The architecture a draft config declares: `architectures` is [DFlashDraftModel] (a vanilla
+    drafter) or [LiLiCorrDraftModel] (with a LiLiCorr head)."""
+    declared = config.get("architectures")
+    if not (isinstance(declared, list) and len(declared) == 1 and declared[0] in ARCHITECTURES):
+        raise CheckpointError(
+            f"`architectures`={declared!r:.80} is not [{VANILLA_ARCH!r}] or [{LILICORR_ARCH!r}]", where=where,
+            fix="a draft config declares one of them (`lilicorr export` writes it); re-export the draft",
+        )
+    return declared[0]
 
 
 def block_size_of(config: Mapping[str, Any]) -> int:
@@ -62,13 +79,13 @@ def block_size_of(config: Mapping[str, Any]) -> int:
 
 def dtype_of(config: Mapping[str, Any]) -> torch.dtype:
     name = config.get("torch_dtype", config.get("dtype", "bfloat16"))
-    if name not in DTYPES:
+    if not isinstance(name, str) or name not in DTYPES:
         raise CheckpointError(f"draft config torch_dtype={name!r} is not one of {sorted(DTYPES)}.")
     return DTYPES[name]
 
 
 def has_head(config: Mapping[str, Any]) -> bool:
-    return LILICORR_ARCH in (config.get("architectures") or [])
+    return architecture_of(config) == LILICORR_ARCH
 
 
 def lilicorr_config(config: Mapping[str, Any]) -> LiLiCorrConfig:
@@ -80,7 +97,7 @@ def lilicorr_config(config: Mapping[str, Any]) -> LiLiCorrConfig:
         )
     try:
         return LiLiCorrConfig.from_dflash_config(
-            config["dflash_config"], block_size=block_size_of(config), rms_norm_eps=float(config.get("rms_norm_eps", 1e-6))
+            config["dflash_config"], block_size=block_size_of(config), rms_norm_eps=config.get("rms_norm_eps", 1e-6)
         )
     except ConfigError as e:
         raise CheckpointError(f"draft config: {e}") from e
@@ -146,7 +163,8 @@ def split_head(tensors: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Ten
 
 def new_head(config: Mapping[str, Any]) -> LiLiCorrHead:
     """An untrained LiLiCorrHead of the geometry and dtype a draft config declares."""
-    return LiLiCorrHead(lilicorr_config(config), model_hidden_size=int(config["hidden_size"])).to(dtype_of(config))
+    width = json_number(config.get("hidden_size"), int, "hidden_size", CheckpointError)
+    return LiLiCorrHead(lilicorr_config(config), model_hidden_size=width).to(dtype_of(config))
 
 
 def load_strict(head: LiLiCorrHead, head_tensors: Mapping[str, torch.Tensor], where: str) -> LiLiCorrHead:
@@ -164,20 +182,24 @@ def load_head(directory: str | os.PathLike) -> LiLiCorrHead:
 
 @contextlib.contextmanager
 def atomic_directory(target: str | os.PathLike) -> Iterator[Path]:
-    """Yield an empty temporary directory beside `target`; when the block completes it replaces
-    `target` in one rename, and when it fails it is removed: a half-written directory never
-    looks complete."""
+    """Yield an empty temporary directory beside `target`; when the block completes it takes
+    `target`'s place (an existing `target` is renamed aside first and removed after), and when it
+    fails it is removed and `target` is untouched: a half-written directory never looks complete."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         yield tmp
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    old = None
+    if target.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+        os.replace(target, old / target.name)
+    os.replace(tmp, target)
+    if old is not None:
+        shutil.rmtree(old)
 
 
 def save_checkpoint(directory: str | os.PathLike, config: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> Path:

@@ -5,14 +5,32 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from typing import Any, Mapping
+
+from .errors import LiLiCorrError
 
 # Widest candidate pool the fused top-K and walk kernels serve (one Triton lane group).
 MAX_CANDIDATE_TOPK = 16
 
 
-class ConfigError(ValueError):
+class ConfigError(LiLiCorrError, ValueError):
     """A LiLiCorr configuration field is missing or out of range."""
+
+
+def json_number(raw: Any, kind: type, field: str, error: type[Exception] = ConfigError) -> int | float:
+    """A number read from a JSON config: an integer (an int, or an integral float) for kind=int, any
+    int or float for kind=float; anything else (a string, a bool, null, a list, inf for an int)
+    raises `error` naming the field."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        number = False
+    elif kind is int:
+        number = isinstance(raw, int) or (math.isfinite(raw) and raw.is_integer())
+    else:
+        number = isinstance(raw, float) or abs(raw) <= sys.float_info.max
+    if not number:
+        raise error(f"{field}={raw!r:.40} is not {'an integer' if kind is int else 'a number'}.")
+    return kind(raw)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +105,7 @@ class LiLiCorrConfig:
         "vector_eps",
         "logit_scale",
     )
+    _FLOATS = ("mlp_ratio", "vector_eps", "logit_scale")
 
     def to_dflash_keys(self) -> dict[str, Any]:
         """The ``lilicorr_*`` entries of ``dflash_config`` (block size lives in ``block_size``)."""
@@ -94,6 +113,8 @@ class LiLiCorrConfig:
 
     @classmethod
     def from_dflash_config(cls, dflash_config: Mapping[str, Any], *, block_size: int, rms_norm_eps: float) -> "LiLiCorrConfig":
+        if not isinstance(dflash_config, Mapping):
+            raise ConfigError(f"dflash_config={dflash_config!r:.80} is not an object of lilicorr_* keys.")
         missing = [f"lilicorr_{n}" for n in cls._SERIALISED if f"lilicorr_{n}" not in dflash_config]
         if missing:
             raise ConfigError(
@@ -101,15 +122,8 @@ class LiLiCorrConfig:
                 "geometry key (export it with `lilicorr export`, or serve the draft with "
                 "--speculative-algorithm DFLASH if it has no LiLiCorr head)."
             )
-        fields = {}
-        for name in cls._SERIALISED:
-            raw = dflash_config[f"lilicorr_{name}"]
-            kind = float if name in ("mlp_ratio", "vector_eps", "logit_scale") else int
-            try:
-                value = kind(raw)
-            except (TypeError, ValueError) as e:
-                raise ConfigError(f"dflash_config.lilicorr_{name}={raw!r} is not a {kind.__name__}.") from e
-            if kind is int and value != raw:
-                raise ConfigError(f"dflash_config.lilicorr_{name}={raw!r} is not an integer.")
-            fields[name] = value
-        return cls(block_size=int(block_size), rms_norm_eps=float(rms_norm_eps), **fields)
+        fields = {
+            name: json_number(dflash_config[f"lilicorr_{name}"], float if name in cls._FLOATS else int, f"dflash_config.lilicorr_{name}")
+            for name in cls._SERIALISED
+        }
+        return cls(block_size=json_number(block_size, int, "block_size"), rms_norm_eps=json_number(rms_norm_eps, float, "rms_norm_eps"), **fields)

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from .errors import UsageError
+
 DEFAULT_DRAFT = Path(__file__).resolve().parent.parent / "checkpoints" / "smollm2-lilicorr"
 PROMPTS = (
     "What is the capital of France? Answer in one sentence.",
@@ -118,14 +120,11 @@ def print_report(reports: list[PromptReport], decode, quiet: bool, out=sys.stdou
 def run_demo(args: argparse.Namespace) -> int:
     if not (args.draft / "config.json").is_file():
         shipped = args.draft.resolve() == DEFAULT_DRAFT
-        print(
-            f"lilicorr demo: no draft checkpoint at {args.draft}"
-            + (" (the shipped SmolLM2 LiLiCorr draft is not in this checkout yet)" if shipped else "")
-            + ". Train and export one (`lilicorr train ...`, then `lilicorr export RUN_DIR OUT_DIR`) and pass "
-            "--draft OUT_DIR.",
-            file=sys.stderr,
+        raise UsageError(
+            f"no draft checkpoint at --draft {args.draft}"
+            + (" (the shipped SmolLM2 LiLiCorr draft is not in this checkout yet)" if shipped else ""),
+            fix="train and export one (`lilicorr train ...`, then `lilicorr export RUN_DIR OUT_DIR`) and pass --draft OUT_DIR",
         )
-        return 2
     import torch
     from tqdm import tqdm
 

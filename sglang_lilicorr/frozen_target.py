@@ -10,12 +10,27 @@ It supplies what serving-time SGLang gives the drafter and what the objective ne
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
+from .errors import LiLiCorrError, UsageError
 
-class TargetMismatchError(ValueError):
+
+class TargetMismatchError(LiLiCorrError, ValueError):
     """The target model does not fit the drafter (width, vocabulary, layers)."""
+
+
+def local_model_dir(path: str | Path, option: str = "--target") -> Path:
+    """`path` as a local Hugging Face model folder (config.json inside), checked before transformers
+    sees it: transformers takes any other string for a hub id and waits on the network to fail."""
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        found = "a folder without config.json" if folder.is_dir() else "not an existing folder"
+        raise UsageError(f"{option} {str(path)!r} is {found}", fix="pass the local folder of a Hugging Face model "
+                         "(download a hub model first, e.g. `hf download REPO --local-dir DIR`, and pass DIR)")
+    return folder
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:

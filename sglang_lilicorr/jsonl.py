@@ -5,8 +5,10 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
+from .errors import LiLiCorrError
 
-class DataError(ValueError):
+
+class DataError(LiLiCorrError, ValueError):
     """A data file or row is malformed, or a dataset is empty."""
 
 
@@ -25,8 +27,8 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 continue
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{number}: not valid JSON ({e.msg}); each line must be one JSON object.") from None
+            except ValueError as e:  # JSONDecodeError, and integers too long to convert
+                raise DataError(f"{path}:{number}: not valid JSON ({getattr(e, 'msg', e)}); each line must be one JSON object.") from None
             if not isinstance(row, dict):
                 raise DataError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}.")
             yield number, row

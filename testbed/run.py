@@ -306,7 +306,7 @@ def cmd_export(args) -> int:
         if not rows:
             print(f"[export] {name}: no metrics yet, skipped")
             continue
-        draft = export_checkpoint(run_dir, Path(args.work) / "drafts" / name, "bfloat16")
+        draft = export_checkpoint(run_dir, Path(args.work) / "drafts" / name, "bfloat16", force=True)
         load_draft(draft)
         save_json(draft / "testbed.json", {"variant": name, "objective": VARIANTS[name], "step": rows[-1]["step"],
                                            "total_steps": rows[-1].get("total_steps"), "train_config": plan["options"]})

@@ -9,6 +9,13 @@ n = max_tokens with ignore_eos, else min(max_tokens, 8 + len(last message) % 13)
 reports spec_verify_ct = ceil(n / accept) blocks and sleeps step_s per block; a plain (autoregressive)
 stub sleeps step_s per token and reports no spec stats. Every request is logged with the counts it
 returned and its arrival / finish times (time.time()), and the peak number of requests in flight is kept.
+
+Like SGLang it answers HTTP 400 to invalid sampling parameters (temperature < 0, top_p outside (0, 1],
+min_p outside [0, 1]) and to prompt words + max tokens beyond context_len, streams a chat reply with
+"stream": true (one server-sent event per word, then [DONE]; a client that hangs up is counted in
+`aborted`), and answers GET /health, /v1/models (max_model_len) and /v1/loads (num_running_reqs,
+num_waiting_reqs, num_used_tokens: prompt words + max tokens of each request in flight, kept after
+it ends when it was aborted and leak_on_abort is set).
 """
 
 from __future__ import annotations
@@ -21,9 +28,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class StubServer:
-    def __init__(self, speculative: bool = True, accept: int = 4, step_s: float = 0.001, min_latency_s: float = 0.02, fail_first: int = 0):
+    def __init__(self, speculative: bool = True, accept: int = 4, step_s: float = 0.001, min_latency_s: float = 0.02, fail_first: int = 0,
+                 context_len: int = 4096, leak_on_abort: bool = False):
         self.speculative, self.accept, self.step_s, self.min_latency_s = speculative, accept, step_s, min_latency_s
         self.fail_first = fail_first  # the first k requests answer HTTP 500
+        self.context_len, self.leak_on_abort = context_len, leak_on_abort
+        self.running, self.kv_used, self.aborted = 0, 0, 0
         self.log = []  # [{"path", "body", "completion_tokens", "spec_verify_ct", "text", "failed", "arrived", "finished"}], in finish order
         self.in_flight = 0
         self.max_in_flight = 0
@@ -107,6 +117,57 @@ class StubServer:
             with self._lock:
                 self.in_flight -= 1
 
+    def _rejection(self, body: dict):
+        """SGLang's 400 for invalid sampling parameters or a request longer than the context; None if valid."""
+        params = body.get("sampling_params", body)
+        if params.get("temperature", 0) < 0 or not 0 < params.get("top_p", 1) <= 1 or not 0 <= params.get("min_p", 0) <= 1:
+            return "invalid sampling parameters"
+        if self._tokens(body) > self.context_len:
+            return f"Requested token count exceeds the model's maximum context length of {self.context_len} tokens."
+        return None
+
+    @staticmethod
+    def _tokens(body: dict) -> int:
+        """Prompt words + max tokens: what a request holds in the KV pool."""
+        text = body.get("text") or " ".join(m["content"] for m in body.get("messages", []))
+        params = body.get("sampling_params", body)
+        return len(text.split()) + (params.get("max_new_tokens") or params.get("max_completion_tokens") or params.get("max_tokens") or 16)
+
+    def _hold(self, body: dict, delta: int, kv: bool = True):
+        """A request starts (delta 1) or ends (-1): the running count and, with kv, the KV tokens it holds."""
+        with self._lock:
+            self.running += delta
+            self.kv_used += delta * self._tokens(body) * kv
+
+    def _stream(self, handler, body: dict):
+        """A chat reply as server-sent events, one word each; a hang-up counts in `aborted`."""
+        last_user = [m["content"] for m in body["messages"] if m["role"] == "user"][-1]
+        text, _, _ = self._reply(last_user, body.get("max_completion_tokens") or 16, body.get("ignore_eos", False), len(self.log))
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+        handler.close_connection = True
+        self._hold(body, 1)
+        aborted = False
+        try:
+            for word in text.split():
+                chunk = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": word + " "}}]}
+                handler.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                handler.wfile.flush()
+                time.sleep(max(self.step_s, 0.005))
+            handler.wfile.write(b"data: [DONE]\n\n")
+            handler.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            aborted = True
+        with self._lock:
+            self.aborted += aborted
+        self._hold(body, -1, kv=not (aborted and self.leak_on_abort))
+
+    def _loads(self) -> dict:
+        with self._lock:
+            return {"loads": [{"dp_rank": 0, "num_running_reqs": self.running, "num_waiting_reqs": 0, "num_used_tokens": self.kv_used}]}
+
     def _handler(self):
         stub = self
 
@@ -115,7 +176,23 @@ class StubServer:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                status, payload = stub._answer(self.path, body)
+                rejection = stub._rejection(body)
+                if rejection:
+                    return self.send_json(400, {"object": "error", "message": rejection})
+                if body.get("stream"):
+                    return stub._stream(self, body)
+                stub._hold(body, 1)
+                try:
+                    self.send_json(*stub._answer(self.path, body))
+                finally:
+                    stub._hold(body, -1)
+
+            def do_GET(self):
+                pages = {"/health": {}, "/v1/models": {"data": [{"id": "default", "max_model_len": stub.context_len}]},
+                         "/v1/loads?include=core": stub._loads()}
+                self.send_json(*((200, pages[self.path]) if self.path in pages else (404, {"error": f"no route {self.path}"})))
+
+            def send_json(self, status: int, payload):
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from sglang_lilicorr import demo
+from sglang_lilicorr.cli import main
 from sglang_lilicorr.reference import BlockRecord, speculative_decoder
 from test_reference import PROMPT, VOCAB, tiny_drafter, tiny_head, tiny_target
 
@@ -47,11 +48,12 @@ def test_missing_checkpoint_says_so_before_any_download(tmp_path, monkeypatch, c
     import sglang_lilicorr.smollm2 as smollm2
 
     monkeypatch.setattr(smollm2, "ensure_smollm2", lambda *a, **k: pytest.fail("must not fetch the target"))
-    assert demo.run_demo(parse(["--draft", str(tmp_path / "nowhere")])) == 2
+    assert main(["demo", "--draft", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err
-    assert "no draft checkpoint" in err and "--draft" in err and "lilicorr export" in err
+    assert err.startswith("error: no draft checkpoint") and err.count("\n") == 1
+    assert "--draft" in err and "lilicorr export" in err
     monkeypatch.setattr(demo, "DEFAULT_DRAFT", tmp_path / "shipped")
-    assert demo.run_demo(parse(["--draft", str(tmp_path / "shipped")])) == 2
+    assert main(["demo", "--draft", str(tmp_path / "shipped")]) == 2
     assert "shipped SmolLM2 LiLiCorr draft is not in this checkout" in capsys.readouterr().err
 
 

@@ -22,7 +22,8 @@ from sglang.srt.server_args import prepare_server_args  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
 from sglang_lilicorr.checkpoint import head_tensors_for_save  # noqa: E402
-from sglang_lilicorr.serving.algorithm import ALGORITHM_NAME, LiLiCorrSpecAlgo  # noqa: E402
+from sglang_lilicorr.serving import ALGORITHM_NAME  # noqa: E402
+from sglang_lilicorr.serving.algorithm import LiLiCorrSpecAlgo  # noqa: E402
 from sglang_lilicorr.serving.plugin import register  # noqa: E402
 from sglang_lilicorr.serving.server_args import ServingConfigError  # noqa: E402
 
@@ -244,6 +245,13 @@ def test_draft_target_mismatch(overrides, match, draft, tmp_path):
 def test_unsupported_option_is_named(extra, match, target, draft):
     with pytest.raises(ServingConfigError, match=match):
         resolve(target, *extra, draft=draft)
+
+
+def test_a_quantized_target_names_the_unquant_draft_fix(target, draft):
+    with pytest.raises(ServingConfigError, match="serves with --speculative-draft-model-quantization unquant"):
+        resolve(target, "--quantization", "fp8", draft=draft)  # the draft inherits fp8
+    cfg = resolve(target, "--quantization", "fp8", "--speculative-draft-model-quantization", "unquant", draft=draft)
+    assert cfg.quantization == "fp8" and cfg.speculative_draft_model_quantization is None
 
 
 @pytest.mark.parametrize(

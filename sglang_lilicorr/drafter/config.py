@@ -11,11 +11,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-VANILLA_ARCHITECTURE = "DFlashDraftModel"
+from ..checkpoint import VANILLA_ARCH, CheckpointError, architecture_of
+from ..config import json_number
 
 
-class DrafterConfigError(ValueError):
-    """A drafter configuration field is missing, inconsistent or out of range."""
+class DrafterConfigError(CheckpointError):
+    """A drafter configuration field is missing, inconsistent or out of range (a CheckpointError:
+    loading a draft raises nothing else)."""
 
 
 def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
@@ -92,7 +94,7 @@ class DrafterConfig:
 
     def to_hf_config(self) -> dict[str, Any]:
         return {
-            "architectures": [VANILLA_ARCHITECTURE],
+            "architectures": [VANILLA_ARCH],
             "model_type": "qwen3",
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -121,6 +123,9 @@ class DrafterConfig:
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any]) -> "DrafterConfig":
+        if not isinstance(config, Mapping):
+            raise DrafterConfigError(f"draft config {config!r:.80} is not a JSON object.")
+        architecture_of(config)
         dflash = config.get("dflash_config")
         if not isinstance(dflash, Mapping):
             raise DrafterConfigError("draft config has no `dflash_config` object: not a DFlash draft config.")
@@ -133,21 +138,32 @@ class DrafterConfig:
             raise DrafterConfigError(f"draft config lacks {missing}.")
         if config.get("attention_bias"):
             raise DrafterConfigError("draft config has attention_bias=true: this drafter has bias-free projections.")
-        heads = int(config["num_attention_heads"])
+        layer_ids = dflash["target_layer_ids"]
+        if not isinstance(layer_ids, list):
+            raise DrafterConfigError(f"dflash_config.target_layer_ids={layer_ids!r:.80} is not a list of layer ids.")
+        mask_token = dflash.get("mask_token", cls.mask_token)
+        if not isinstance(mask_token, str):
+            raise DrafterConfigError(f"dflash_config.mask_token={mask_token!r:.80} is not a string.")
+
+        def number(mapping: Mapping[str, Any], key: str, kind: type, default: Any = None, field: str | None = None):
+            return json_number(mapping.get(key, default), kind, field or key, DrafterConfigError)
+
+        heads = number(config, "num_attention_heads", int)
+        hidden = number(config, "hidden_size", int)
         return cls(
-            hidden_size=int(config["hidden_size"]),
-            vocab_size=int(config["vocab_size"]),
-            num_target_layers=int(config["num_target_layers"]),
-            target_layer_ids=tuple(dflash["target_layer_ids"]),
-            mask_token_id=int(dflash["mask_token_id"]),
-            mask_token=str(dflash.get("mask_token", cls.mask_token)),
-            num_hidden_layers=int(config["num_hidden_layers"]),
+            hidden_size=hidden,
+            vocab_size=number(config, "vocab_size", int),
+            num_target_layers=number(config, "num_target_layers", int),
+            target_layer_ids=tuple(json_number(i, int, "dflash_config.target_layer_ids[]", DrafterConfigError) for i in layer_ids),
+            mask_token_id=number(dflash, "mask_token_id", int, field="dflash_config.mask_token_id"),
+            mask_token=mask_token,
+            num_hidden_layers=number(config, "num_hidden_layers", int),
             num_attention_heads=heads,
-            num_key_value_heads=int(config.get("num_key_value_heads", heads)),
-            head_dim=int(config.get("head_dim", int(config["hidden_size"]) // heads)),
-            intermediate_size=int(config["intermediate_size"]),
-            block_size=int(dflash.get("block_size", config.get("block_size", 16))),
-            rope_theta=float(config.get("rope_theta", 1_000_000.0)),
-            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-            max_position_embeddings=int(config.get("max_position_embeddings", 32768)),
+            num_key_value_heads=number(config, "num_key_value_heads", int, heads),
+            head_dim=number(config, "head_dim", int, hidden // heads if heads > 0 else 0),
+            intermediate_size=number(config, "intermediate_size", int),
+            block_size=number(dflash, "block_size", int, config.get("block_size", 16), "dflash_config.block_size"),
+            rope_theta=number(config, "rope_theta", float, 1_000_000.0),
+            rms_norm_eps=number(config, "rms_norm_eps", float, 1e-6),
+            max_position_embeddings=number(config, "max_position_embeddings", int, 32768),
         )

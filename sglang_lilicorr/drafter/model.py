@@ -15,11 +15,12 @@ import torch
 from torch import nn
 
 from ..checkpoint import check_tensors
+from ..errors import LiLiCorrError
 from .config import DrafterConfig
 from .layers import DraftLayer, RMSNorm
 
 
-class DrafterShapeError(ValueError):
+class DrafterShapeError(LiLiCorrError, ValueError):
     """An input handed to the drafter does not match its geometry."""
 
 

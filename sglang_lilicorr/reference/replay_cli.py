@@ -17,6 +17,10 @@ import statistics
 from pathlib import Path
 
 
+from ..errors import UsageError
+from ..jsonl import DataError
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("replay", help="tau of drafts on the target's own outputs (exact replay, no decoding)")
     p.add_argument("--target", required=True, help="HF model directory of the target")
@@ -39,9 +43,9 @@ def parse_drafts(items: list[str]) -> dict[str, str]:
     for item in items:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
-            raise SystemExit(f"error: --draft {item!r}: expected NAME=DIR, e.g. lilicorr=checkpoints/smollm2-lilicorr.")
+            raise UsageError(f"--draft {item!r} is not NAME=DIR", fix="e.g. --draft lilicorr=checkpoints/smollm2-lilicorr")
         if name in drafts:
-            raise SystemExit(f"error: --draft {name} given twice; name each draft once.")
+            raise UsageError(f"--draft {name} is given twice", fix="name each draft once")
         drafts[name] = path
     return drafts
 
@@ -64,7 +68,7 @@ def run_replay(args: argparse.Namespace) -> int:
     loaded = {name: load_draft(path) for name, path in drafts.items()}
     layers = {d.config.target_layer_ids for d, _ in loaded.values()}
     if len(layers) > 1:
-        raise SystemExit(f"error: the drafts capture different target layers {sorted(layers)}; replay them in separate calls.")
+        raise UsageError(f"the drafts capture different target layers {sorted(layers)}", fix="replay them in separate calls")
     target = FrozenTarget(model, layers.pop())
     proposers, names = {}, {}
     for name, (drafter, head) in loaded.items():
@@ -77,7 +81,7 @@ def run_replay(args: argparse.Namespace) -> int:
     rows = [(path, row) for path in args.outputs for _, row in read_jsonl(path)]
     for path, row in tqdm(rows, desc="replay", dynamic_ncols=True):
         if not row.get("turns"):
-            raise SystemExit(f"error: {path}: row {row.get('id')!r} has no `turns`; replay needs `lilicorr regenerate` output.")
+            raise DataError(f"row {row.get('id')!r} has no `turns`", where=str(path), fix="replay needs `lilicorr regenerate` output")
         for t, turn in enumerate(row["turns"]):
             for label, result in replayer.turn(turn["prompt_ids"], turn["output_ids"]).items():
                 for draft, accepted in result.accepted.items():

@@ -5,6 +5,7 @@ never draft):
   plugin.py      entry point `sglang.srt.plugins` -> register(): the algorithm, idempotently
   algorithm.py   LiLiCorrSpecAlgo, the CustomSpecAlgo that routes LILICORR down SGLang's DFlash paths
   server_args.py validation + resolution of the server arguments, before any process starts
+  draft_check.py the draft against the target, every problem collected (also `lilicorr check-draft`)
   models/        LiLiCorrDraftModel: SGLang's DFlashDraftModel + our head, strictly loaded
   proposer.py    the draft block: LM-head logits -> top-K/LSE -> head -> walk (CUDA-graph safe)
   worker.py      LiLiCorrWorker: SGLang's DFlash v2 worker with our proposer in the draft graph
@@ -12,3 +13,5 @@ GPU proof tools: gpu_check.sh (two device calls), gpu_client.py (load + spec-sta
 graph_check.py (the proposal alone in a CUDA graph), random_head.py (a random head on a DFlash draft).
 See README.md for every SGLang extension point used.
 """
+
+ALGORITHM_NAME = "LILICORR"  # --speculative-algorithm

@@ -15,8 +15,6 @@ from sglang.srt.speculative.spec_info import CustomSpecAlgo
 if TYPE_CHECKING:
     import torch
 
-ALGORITHM_NAME = "LILICORR"
-
 
 class LiLiCorrSpecAlgo(CustomSpecAlgo):
     # --- identity: a member of the DFlash family --------------------------------------

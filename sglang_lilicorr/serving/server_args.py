@@ -5,7 +5,8 @@ SGLang calls both hooks in the launcher, during `ServerArgs.resolve_once()`, wit
 stand-in `args` (reads see the resolution so far; plain attribute writes become declared
 resolutions):
   validate_server_args(args)  (CustomSpecAlgo.validate_server_args) runs first: raises
-                               ServingConfigError naming the option or file and the fix;
+                               ServingConfigError naming the option or file and the fix (the
+                               draft's checks are draft_check.py's, shared with `lilicorr check-draft`);
   resolve_server_args(args)   (CustomSpecAlgo.handle_server_args) then fixes the block size,
                                num_steps / eagle_topk = 1 and the max-running-requests default.
 """
@@ -13,130 +14,27 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-import torch
-
-from ..checkpoint import (
-    HEAD_PREFIX,
-    WEIGHTS_FILE,
-    CheckpointError,
-    has_head,
-    lilicorr_config,
-    read_config,
-)
-from ..config import LiLiCorrConfig
-from ..head import LiLiCorrHead
-from .algorithm import ALGORITHM_NAME
+from . import ALGORITHM_NAME
+from .draft_check import DraftSpec, ServingConfigError, TargetShape, inspect_draft
 
 logger = logging.getLogger(__name__)
 
-MAX_BLOCK_SIZE = 32  # B: the walk kernel unrolls S = B-1 slots; the head attends over S*K nodes
 DEFAULT_MAX_RUNNING_REQUESTS = 48  # SGLang's default for DFLASH, kept for LILICORR
 # Draft attention backends that run the DFlash drafter's non-causal block attention.
 DRAFT_ATTENTION_BACKENDS = ("flashinfer", "fa3", "fa4", "triton")
 
 
-class ServingConfigError(ValueError):
-    """A server option or the draft checkpoint cannot serve LILICORR; the message says the fix."""
-
-
-@dataclass(frozen=True)
-class DraftSpec:
-    """A validated LiLiCorr draft checkpoint (config only; weights load in the scheduler)."""
-
-    path: Path
-    config: Mapping[str, Any]
-    head: LiLiCorrConfig
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.config["hidden_size"])
-
-
-# --- the draft checkpoint -------------------------------------------------------------------
-
-
-def inspect_draft(path: str | None) -> DraftSpec:
-    """Read and validate the draft folder: a DFlash draft with a LiLiCorr head in SGLang's format."""
+def draft_path(args) -> str:
+    path = args.speculative_draft_model_path
     if path is None:
         raise ServingConfigError(
             f"--speculative-algorithm {ALGORITHM_NAME} needs --speculative-draft-model-path: the folder of a "
             'LiLiCorr draft (config.json with architectures ["LiLiCorrDraftModel"] + model.safetensors), '
             "as written by `lilicorr export`."
         )
-    folder = Path(path)
-    if not folder.is_dir():
-        raise ServingConfigError(
-            f"--speculative-draft-model-path {path!r} is not a local folder. {ALGORITHM_NAME} reads the draft "
-            "from disk: download it first (e.g. `huggingface-cli download REPO --local-dir DIR`) and pass DIR."
-        )
-    try:
-        config = read_config(folder)
-    except CheckpointError as e:
-        raise ServingConfigError(f"--speculative-draft-model-path: {e}") from e
-    if not has_head(config):
-        raise ServingConfigError(
-            f"--speculative-draft-model-path {path!r} declares architectures={config.get('architectures')!r}: "
-            f"a DFlash draft without a LiLiCorr head. Serve it with --speculative-algorithm DFLASH, or pass a "
-            'draft with architectures ["LiLiCorrDraftModel"] and the lilicorr_* keys in dflash_config.'
-        )
-    try:
-        head = lilicorr_config(config)
-    except CheckpointError as e:
-        raise ServingConfigError(f"--speculative-draft-model-path {path!r}: {e}") from e
-    if "hidden_size" not in config:
-        raise ServingConfigError(f"{folder / 'config.json'} has no hidden_size: not a DFlash draft config.")
-    if head.block_size > MAX_BLOCK_SIZE:
-        raise ServingConfigError(
-            f"draft block_size={head.block_size} is unsupported: {ALGORITHM_NAME} serves blocks of 2..{MAX_BLOCK_SIZE} "
-            "tokens (the paper uses 16); retrain or re-export the draft with a smaller block."
-        )
-    spec = DraftSpec(path=folder, config=config, head=head)
-    check_head_tensors(spec)
-    return spec
-
-
-def check_head_tensors(spec: DraftSpec) -> None:
-    """Names and shapes of the `lilicorr.` tensors against the declared geometry, from the
-    safetensors header alone (no weights are read)."""
-    from safetensors import safe_open
-
-    weights = spec.path / WEIGHTS_FILE
-    if not weights.is_file():
-        raise ServingConfigError(f"{weights} is missing: a draft checkpoint needs its weights beside config.json.")
-    with torch.device("meta"):
-        expected = {name: tuple(t.shape) for name, t in LiLiCorrHead(spec.head, spec.hidden_size).state_dict().items()}
-    try:
-        with safe_open(str(weights), framework="pt") as f:
-            found = {
-                k[len(HEAD_PREFIX):]: tuple(f.get_slice(k).get_shape()) for k in f.keys() if k.startswith(HEAD_PREFIX)
-            }
-    except Exception as e:  # safetensors raises its own error types for corrupt headers
-        raise ServingConfigError(f"{weights} is not a readable safetensors file ({e}); re-export the draft.") from e
-    if not found:
-        raise ServingConfigError(
-            f"{weights} holds no `{HEAD_PREFIX}` tensors although config.json declares a LiLiCorr head: "
-            "re-export the draft with its head, or serve it with --speculative-algorithm DFLASH."
-        )
-    missing = sorted(set(expected) - set(found))
-    extra = sorted(set(found) - set(expected))
-    wrong = sorted(n for n in set(expected) & set(found) if expected[n] != found[n])
-    if missing or extra or wrong:
-        detail = (
-            f"missing {[HEAD_PREFIX + n for n in missing[:3]]}" if missing
-            else f"unexpected {[HEAD_PREFIX + n for n in extra[:3]]}" if extra
-            else f"{HEAD_PREFIX}{wrong[0]} has shape {found[wrong[0]]}, expected {expected[wrong[0]]}"
-        )
-        raise ServingConfigError(
-            f"{weights}: the head tensors do not match the lilicorr_* geometry in config.json ({detail}); "
-            "the config and weights come from different exports."
-        )
-
-
-# --- the target ------------------------------------------------------------------------------
+    return path
 
 
 def target_text_config(args) -> Any:
@@ -150,22 +48,6 @@ def target_text_config(args) -> Any:
         model_override_args=json.loads(args.json_model_override_args or "{}"),
     )
     return get_hf_text_config(config)
-
-
-def check_draft_matches_target(spec: DraftSpec, target: Any) -> None:
-    hidden = int(getattr(target, "hidden_size"))
-    if spec.hidden_size != hidden:
-        raise ServingConfigError(
-            f"draft hidden_size={spec.hidden_size} but the target (--model-path) has hidden_size={hidden}: the "
-            "draft was trained for another target. Pass the target it was trained on, or a draft trained on this one."
-        )
-    vocab = int(getattr(target, "vocab_size"))
-    draft_vocab = spec.config.get("vocab_size")
-    if draft_vocab is not None and int(draft_vocab) != vocab:
-        raise ServingConfigError(
-            f"draft vocab_size={draft_vocab} but the target (--model-path) has vocab_size={vocab}: the head scores "
-            "target-vocabulary candidates, so draft and target must share a tokenizer. Use the matching target."
-        )
 
 
 # --- server options --------------------------------------------------------------------------
@@ -190,8 +72,10 @@ _UNSUPPORTED = (
      "drop it: the drafted block is a deterministic proposal, where token-wise verification is already exact"),
     ("--speculative-draft-window-size", lambda a: a.speculative_draft_window_size is not None,
      "drop it: LILICORR keeps the full draft KV cache"),
-    ("--speculative-draft-model-quantization", lambda a: a.speculative_draft_model_quantization is not None,
-     "drop it: LILICORR serves unquantized drafts"),
+    ("--speculative-draft-model-quantization (set, or inherited from --quantization)",
+     lambda a: a.speculative_draft_model_quantization is not None,
+     "LILICORR serves unquantized drafts; a quantized target (--quantization X) serves with "
+     "--speculative-draft-model-quantization unquant"),
     ("--enable-lora / --lora-paths", lambda a: bool(a.enable_lora) or bool(a.lora_paths),
      "serve LILICORR without LoRA adapters"),
     ("--speculative-accept-threshold-single/-acc != 1",
@@ -245,13 +129,13 @@ def check_block_size(spec: DraftSpec, args) -> None:
 def validate_server_args(args) -> None:
     check_options(args)
     check_draft_attention_backend(args)
-    spec = inspect_draft(args.speculative_draft_model_path)
+    path = draft_path(args)
+    spec = inspect_draft(path, TargetShape.of(target_text_config(args)))
     check_block_size(spec, args)
-    check_draft_matches_target(spec, target_text_config(args))
 
 
 def resolve_server_args(args) -> None:
-    spec = inspect_draft(args.speculative_draft_model_path)
+    spec = inspect_draft(draft_path(args))
     args.speculative_num_draft_tokens = spec.head.block_size
     args.speculative_num_steps = 1
     args.speculative_eagle_topk = 1

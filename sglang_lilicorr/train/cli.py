@@ -4,7 +4,7 @@
   lilicorr regenerate --target DIR --prompts P.jsonl --output OUT.jsonl [--temperature 1 --seed 0]
   lilicorr train --target DIR --data DATA/train.jsonl --eval-data DATA/heldout.jsonl --output-dir RUN [--gamma 0.25 ...]
       (multi-GPU: torchrun --nproc-per-node N -m sglang_lilicorr.cli train ...)
-  lilicorr export RUN[/checkpoints/step-N] OUT_DIR [--dtype bfloat16]
+  lilicorr export RUN[/checkpoints/step-N] OUT_DIR [--dtype bfloat16] [--force]
 """
 from __future__ import annotations
 
@@ -47,14 +47,6 @@ def bounded(kind, low, high=None):
             raise argparse.ArgumentTypeError(f"{text} is outside [{low}, {'inf' if high is None else high}]")
         return value
     return parse
-
-
-def local_model_dir(path: str) -> str:
-    """A --target must be a local model folder (config.json inside): checked before any hub lookup."""
-    if not (Path(path) / "config.json").is_file():
-        raise SystemExit(f"error: --target {path}: not a local model folder with a config.json; pass the directory of the "
-                         "target's Hugging Face files (this tool never downloads).")
-    return path
 
 
 # --- regenerate ---------------------------------------------------------------------------
@@ -115,13 +107,15 @@ def generator_for(args: argparse.Namespace, tokenizer, log_dir: Path):
 def run_regenerate(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
+    from ..errors import UsageError
+    from ..frozen_target import local_model_dir
     from .regenerate import Settings, build_dataset, eval_guard, play, prompt_plans
 
     local_model_dir(args.target)
     if args.recipe and not (args.output_dir and args.exclude):
-        raise SystemExit("error: --recipe needs --output-dir (where the data goes) and --exclude (the evaluation prompts to keep out).")
+        raise UsageError("--recipe needs --output-dir and --exclude", fix="pass where the data goes and the evaluation prompts to keep out")
     if args.prompts and not args.output:
-        raise SystemExit("error: --prompts needs --output (the jsonl the conversations are appended to).")
+        raise UsageError("--prompts needs --output", fix="pass the jsonl the conversations are appended to")
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     settings = Settings(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed, chunk=args.chunk,
                         chat_kwargs=args.chat_template_kwargs)
@@ -172,22 +166,12 @@ def train_config_from_args(args: argparse.Namespace):
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from .config import TrainConfigError
+    from ..frozen_target import local_model_dir
+    from .trainer import train
 
-    try:
-        cfg = train_config_from_args(args)
-    except TrainConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = train_config_from_args(args)  # an out-of-range value is a usage error before anything loads
     local_model_dir(cfg.target)
-    from .trainer import TrainingDiverged, train
-
-    try:
-        metrics = train(cfg)
-    except TrainingDiverged as e:
-        print(f"error: training stopped: {e}", file=sys.stderr)
-        return 1
-    print(json.dumps(metrics))
+    print(json.dumps(train(cfg)))
     return 0
 
 
@@ -196,8 +180,10 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _register_export(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="training output dir (latest checkpoint) or OUTPUT/checkpoints/step-N")
-    p.add_argument("out_dir", help="draft directory to write (config.json + model.safetensors)")
+    p.add_argument("out_dir", help="draft directory to write (config.json + model.safetensors): a new or empty folder, "
+                   "or an earlier export, which it replaces")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--force", action="store_true", help="replace OUT_DIR even if it holds other files (never a training run)")
     p.set_defaults(func=run_export)
 
 
@@ -205,7 +191,7 @@ def run_export(args: argparse.Namespace) -> int:
     from ..drafter import load_draft
     from .export import export_checkpoint
 
-    path = export_checkpoint(args.checkpoint, args.out_dir, args.dtype)
+    path = export_checkpoint(args.checkpoint, args.out_dir, args.dtype, force=args.force)
     _, head = load_draft(path)  # strict reload: the export is usable as written
     kind = "LiLiCorrDraftModel" if head is not None else "DFlashDraftModel"
     print(f"exported {kind} -> {path}", file=sys.stderr)

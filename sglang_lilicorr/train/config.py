@@ -9,13 +9,14 @@ import math
 from typing import Any
 
 from ..config import LiLiCorrConfig
+from ..errors import UsageError
 from ..losses import ObjectiveWeights
 
 _HEAD = LiLiCorrConfig()
 _OBJECTIVE = ObjectiveWeights()
 
 
-class TrainConfigError(ValueError):
+class TrainConfigError(UsageError):
     """A training option is out of range; the message names the option and the fix."""
 
 

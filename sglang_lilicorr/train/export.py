@@ -3,15 +3,65 @@ model.safetensors), reloaded strictly by `drafter.load_draft`.
 
 Without a head the draft is a vanilla `DFlashDraftModel` (serve with --speculative-algorithm
 DFLASH); with one it declares `LiLiCorrDraftModel` and carries the head under `lilicorr.`.
+
+Export writes only what it may replace (`check_destination`): a missing or empty folder, or an
+earlier export (exactly config.json + model.safetensors of a draft); a folder holding anything else
+only with force=True. Never a training run or a checkpoint, nor a folder inside one, nor the source
+or a folder that contains it, whatever `force` says. The new draft replaces the old in one rename.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from ..checkpoint import CheckpointError, DTYPES, head_tensors_for_save, save_checkpoint, split_head, with_head
+from ..checkpoint import (
+    CONFIG_FILE, DTYPES, WEIGHTS_FILE, CheckpointError, architecture_of, head_tensors_for_save, save_checkpoint, split_head,
+    with_head,
+)
 from ..drafter import DFlashDrafter, DrafterConfig, load_drafter_tensors
+from ..errors import UsageError
 from ..head import LiLiCorrHead
-from .state import read_training_checkpoint
+from .state import LATEST, STATE_FILE, read_training_checkpoint
+
+METRICS_FILE = "metrics.jsonl"  # the training log beside `latest` and checkpoints/
+
+
+def is_training_output(folder: Path) -> bool:
+    """A training run (its `latest`, metrics.jsonl or checkpoints/step-*) or one of its checkpoints."""
+    return ((folder / LATEST).is_file() or (folder / METRICS_FILE).is_file() or (folder / STATE_FILE).is_file()
+            or any((folder / "checkpoints").glob("step-*")))
+
+
+def is_earlier_export(folder: Path) -> bool:
+    """Exactly config.json + model.safetensors, the config a draft's."""
+    if {p.name for p in folder.iterdir()} != {CONFIG_FILE, WEIGHTS_FILE}:
+        return False
+    try:
+        architecture_of(json.loads((folder / CONFIG_FILE).read_bytes().decode("utf-8")))
+    except (ValueError, AttributeError):  # not JSON, not an object, not a draft's architectures
+        return False
+    return True
+
+
+def check_destination(out_dir: str | Path, source: str | Path, force: bool = False) -> None:
+    """Raises UsageError unless export may write out_dir (see the module docstring)."""
+    out, src = Path(out_dir).resolve(), Path(source).resolve()
+    if out == src or out in src.parents:
+        raise UsageError(f"{out_dir} is or contains the checkpoint being exported ({source})",
+                         fix="write the draft to a folder outside the training run")
+    inside = next((p for p in (out, *out.parents) if p.is_dir() and is_training_output(p)), None)
+    if inside is not None:
+        raise UsageError(f"{out_dir} is {'' if inside == out else 'inside '}a training run or checkpoint ({inside})",
+                         fix="write the draft to a folder outside any training run (--force does not change this)")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise UsageError(f"{out_dir} is a file", fix="pass a folder path for the draft")
+    if force or not any(out.iterdir()) or is_earlier_export(out):
+        return
+    held = sorted(p.name for p in out.iterdir())
+    raise UsageError(f"{out_dir} is not empty and is not an earlier export (it holds {held[:5]})",
+                     fix="pick a new or empty folder, or pass --force to replace this one")
 
 
 def draft_config(drafter: DrafterConfig, head, dtype: str) -> dict:
@@ -20,10 +70,11 @@ def draft_config(drafter: DrafterConfig, head, dtype: str) -> dict:
     return config if head is None else with_head(config, head)
 
 
-def export_checkpoint(source: str | Path, out_dir: str | Path, dtype: str = "bfloat16") -> Path:
+def export_checkpoint(source: str | Path, out_dir: str | Path, dtype: str = "bfloat16", force: bool = False) -> Path:
     """Training checkpoint (OUTPUT or OUTPUT/checkpoints/step-N) -> draft directory."""
     if dtype not in DTYPES:
-        raise ValueError(f"--dtype {dtype!r}: choose one of {sorted(DTYPES)}.")
+        raise UsageError(f"--dtype {dtype!r} is not a draft dtype", fix=f"choose one of {sorted(DTYPES)}")
+    check_destination(out_dir, source, force)
     _, drafter_cfg, head_cfg, tensors = read_training_checkpoint(source)
     drafter_t, head_t = split_head(tensors)
     drafter = DFlashDrafter(drafter_cfg)

@@ -27,8 +27,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ..checkpoint import split_head
-from ..config import LiLiCorrConfig
 from ..drafter import DFlashDrafter, DrafterConfig, default_target_layer_ids, load_drafter_tensors, sample_anchors
+from ..errors import LiLiCorrError
 from ..frozen_target import FrozenTarget
 from ..head import LiLiCorrHead
 from ..reference.propose import BlockProposer
@@ -49,7 +49,7 @@ from .state import (
 from .timing import PhaseTimer
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(LiLiCorrError, RuntimeError):
     """Too many steps had a non-finite loss or gradient; the last good checkpoint is kept."""
 
 

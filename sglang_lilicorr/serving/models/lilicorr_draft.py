@@ -31,8 +31,9 @@ class LiLiCorrDraftModel(DFlashDraftModel):
     def __init__(self, config, quant_config=None, prefix: str = "") -> None:
         if quant_config is not None:
             raise ServingConfigError(
-                "LILICORR serves unquantized drafts, but the draft loads with a quantization config; "
-                "drop --speculative-draft-model-quantization and any quantization_config in the draft's config.json."
+                "LILICORR serves unquantized drafts, but the draft loads with a quantization config; pass "
+                "--speculative-draft-model-quantization unquant (the draft inherits a quantized target's --quantization "
+                "otherwise) and drop any quantization_config in the draft's config.json."
             )
         super().__init__(config, quant_config=None, prefix=prefix)
         try:

@@ -1,0 +1,222 @@
+"""`lilicorr bench faults`: a server under load and faults, then a check that it is whole again.
+
+N concurrent clients (default 64) send requests back to back for a given duration against an
+OpenAI-compatible SGLang server. Each request is one of (seeded, per client):
+  normal      a prompt of mixed length (--prompt-words), half /v1/chat/completions, half /generate,
+              non-streaming; must complete (HTTP 200) with its stats present: /generate's `meta_info`,
+              the chat API's `usage`, and with --expect-spec the spec stats (`spec_verify_ct`)
+  disconnect  a quarter of them: a streaming chat request that we close after 1-4 chunks; must not
+              fail before it starts streaming
+  too_long    max_tokens as large as the whole context: must be rejected (HTTP 4xx), or complete
+              if the server truncates (--allow-auto-truncate-input)
+  bad_params  a negative temperature, top_p > 1 or min_p > 1: must be rejected (HTTP 4xx)
+Outcome of each request: completed, rejected (HTTP 4xx), disconnected (by us) or failed (HTTP 5xx,
+a broken connection, a missing stat), written one JSON line per request to OUT/requests.jsonl.
+
+Afterwards: GET /health must answer 200 (SGLang's scheduler checks its memory pools whenever it
+goes idle and, with SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE on, its default, dies on a leak), and
+the KV pool must return to empty: GET /v1/loads, polled until no request runs or waits, must report
+num_used_tokens == 0 (the tokens held by requests: SGLang counts them as max_total_num_tokens minus
+the free and the evictable radix-cache tokens, so cached prefixes do not count). OUT/summary.json
+holds the counts, the violations and these checks; exit 0 when everything held, 1 otherwise.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import List, Optional
+
+from ..errors import UsageError
+from .client import API_PATHS, Sampling, ServerError, chat_body, generate_body, parse_chat, parse_generate
+
+KINDS = ("normal", "disconnect", "too_long", "bad_params")
+KIND_WEIGHTS = (0.55, 0.25, 0.1, 0.1)
+BAD_PARAMS = ({"temperature": -1.0}, {"top_p": 1.5}, {"min_p": 2.0})
+
+
+@dataclass
+class Request:
+    client: int
+    index: int
+    kind: str
+    api: str
+    prompt_words: int
+    max_tokens: int
+    outcome: str = "failed"  # completed | rejected | disconnected | failed
+    status: Optional[int] = None
+    stats: bool = False  # meta_info / usage (and spec stats with --expect-spec) present
+    error: str = ""
+    start: float = 0.0
+    end: float = 0.0
+
+
+@dataclass(frozen=True)
+class FaultConfig:
+    url: str
+    clients: int = 64
+    duration_s: float = 300.0
+    context_length: int = 0  # 0: ask the server (GET /v1/models)
+    max_tokens: int = 128
+    prompt_words: tuple = (16, 256, 1024)
+    expect_spec: bool = False
+    model: str = "default"
+    seed: int = 0
+    request_timeout_s: float = 300.0
+    drain_timeout_s: float = 60.0
+
+
+def prompt(words: int, rng: random.Random) -> str:
+    return "Continue this list: " + " ".join(f"w{rng.randrange(1000)}" for _ in range(words))
+
+
+def plan(config: FaultConfig, client: int, index: int, rng: random.Random) -> tuple:
+    """(Request, request body) of one request of a client."""
+    kind = rng.choices(KINDS, KIND_WEIGHTS)[0]
+    api = "chat" if kind != "normal" or rng.random() < 0.5 else "generate"
+    words = rng.choice(config.prompt_words)
+    max_tokens = config.context_length if kind == "too_long" else config.max_tokens
+    messages = [{"role": "user", "content": prompt(words, rng)}]
+    sampling = Sampling(temperature=rng.choice((0.0, 1.0)), max_tokens=max_tokens, seed=rng.randrange(1 << 16))
+    body = chat_body(messages, sampling, config.model) if api == "chat" else generate_body(messages, sampling)
+    if kind == "disconnect":
+        body["stream"] = True
+    if kind == "bad_params":
+        body.update(rng.choice(BAD_PARAMS))
+    return Request(client, index, kind, api, words, max_tokens), body
+
+
+async def send(session, config: FaultConfig, request: Request, body: dict, rng: random.Random) -> None:
+    """Sends one request and records its outcome in `request`."""
+    import aiohttp
+
+    request.start = time.time()
+    try:
+        async with session.post(config.url.rstrip("/") + API_PATHS[request.api], json=body) as resp:
+            request.status = resp.status
+            if 400 <= resp.status < 500:
+                request.outcome, request.error = "rejected", (await resp.text())[:200]
+            elif resp.status != 200:
+                request.error = (await resp.text())[:200]
+            elif request.kind == "disconnect":
+                await read_then_close(resp, request, rng.randint(1, 4))
+            else:
+                check_stats(request, json.loads(await resp.text()), config.expect_spec)
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, ServerError) as e:
+        request.outcome, request.error = "failed", f"{type(e).__name__}: {e}"[:200]
+    request.end = time.time()
+
+
+async def read_then_close(resp, request: Request, chunks: int) -> None:
+    """Reads `chunks` server-sent events of a stream, then drops the connection."""
+    seen = 0
+    async for line in resp.content:
+        if line.strip() == b"data: [DONE]":
+            request.outcome = "completed"
+            return
+        seen += line.startswith(b"data:")
+        if seen >= chunks:
+            resp.close()
+            request.outcome = "disconnected"
+            return
+    request.outcome, request.error = "failed", "the stream ended without [DONE]"
+
+
+def check_stats(request: Request, payload, expect_spec: bool) -> None:
+    """A completed request with its stats (parse_* raises ServerError when they are missing)."""
+    _, _, verify_ct = (parse_chat if request.api == "chat" else parse_generate)(payload)
+    request.stats = verify_ct is not None or not expect_spec
+    request.outcome = "completed" if request.stats else "failed"
+    if not request.stats:
+        request.error = "no spec stats (spec_verify_ct) in the response"
+
+
+def violation(request: Request) -> Optional[str]:
+    """What went wrong with a request, given its kind; None if it behaved."""
+    allowed = {"normal": ("completed",), "disconnect": ("completed", "disconnected"),
+               "too_long": ("rejected", "completed"), "bad_params": ("rejected",)}[request.kind]
+    if request.outcome in allowed:
+        return None
+    return f"client {request.client} request {request.index} ({request.kind}, {request.api}): {request.outcome} {request.error}"
+
+
+async def client_loop(session, config: FaultConfig, client: int, deadline: float, out: List[Request]) -> None:
+    rng = random.Random(config.seed * 100_003 + client)
+    index = 0
+    while time.monotonic() < deadline:
+        request, body = plan(config, client, index, rng)
+        await send(session, config, request, body, rng)
+        out.append(request)
+        index += 1
+
+
+async def get_json(session, url: str):
+    async with session.get(url) as resp:
+        return resp.status, (json.loads(await resp.text()) if resp.status == 200 else None)
+
+
+async def server_state(session, config: FaultConfig) -> dict:
+    """/v1/loads polled until no request runs or waits and no KV token is held (drain_timeout_s at
+    most), then /health."""
+    import aiohttp
+
+    base = config.url.rstrip("/")
+    state = {"health": None, "kv_empty": False, "loads": None}
+    deadline = time.monotonic() + config.drain_timeout_s
+    try:
+        while not state["kv_empty"] and time.monotonic() < deadline:
+            status, doc = await get_json(session, base + "/v1/loads?include=core")
+            loads = (doc or {}).get("loads") or []
+            state["loads"] = loads or f"HTTP {status}"
+            state["kv_empty"] = bool(loads) and all(
+                load["num_running_reqs"] == 0 and load["num_waiting_reqs"] == 0 and load["num_used_tokens"] == 0 for load in loads)
+            if not state["kv_empty"]:
+                await asyncio.sleep(0.5)
+        async with session.get(base + "/health") as resp:
+            state["health"] = resp.status
+    except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, TypeError, ValueError) as e:
+        state["error"] = f"{type(e).__name__}: {e}"[:200]
+    return state
+
+
+async def context_length(session, config: FaultConfig) -> int:
+    status, doc = await get_json(session, config.url.rstrip("/") + "/v1/models")
+    try:
+        return int(doc["data"][0]["max_model_len"])
+    except (TypeError, KeyError, IndexError, ValueError) as e:
+        raise UsageError(f"{config.url}/v1/models (HTTP {status}) gives no max_model_len", fix="pass --context-length") from e
+
+
+async def run_async(config: FaultConfig) -> tuple:
+    """-> (summary dict, the requests)."""
+    import aiohttp
+
+    timeout = aiohttp.ClientTimeout(total=config.request_timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=config.clients)) as session:
+        if not config.context_length:
+            config = replace(config, context_length=await context_length(session, config))
+        requests: List[Request] = []
+        started = time.time()
+        deadline = time.monotonic() + config.duration_s
+        await asyncio.gather(*(client_loop(session, config, c, deadline, requests) for c in range(config.clients)))
+        state = await server_state(session, config)
+    violations = [v for v in map(violation, requests) if v]
+    counts = {k: {} for k in KINDS}
+    for r in requests:
+        counts[r.kind][r.outcome] = counts[r.kind].get(r.outcome, 0) + 1
+    ok = bool(requests) and not violations and state["health"] == 200 and state["kv_empty"]
+    summary = {"config": asdict(config), "started": started, "finished": time.time(), "requests": len(requests),
+               "outcomes": counts, "violations": len(violations), "first_violations": violations[:20], "server": state, "ok": ok}
+    return summary, requests
+
+
+def run(config: FaultConfig, out_dir: Path) -> dict:
+    """Runs the load, writes OUT/requests.jsonl and OUT/summary.json; returns the summary."""
+    summary, requests = asyncio.run(run_async(config))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "requests.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in requests))
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary

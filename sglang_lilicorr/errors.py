@@ -1,0 +1,33 @@
+"""LiLiCorrError: the base of every error the project raises on bad input it expects (a missing or
+corrupt file, a field out of range, a draft that does not fit its target, a wrong argument).
+
+`lilicorr` prints such an error as one line, `error: <what> (<where>): <fix>`, and exits with its
+`exit_code`: 2 for a usage error (an argument names something that cannot work), 1 otherwise.
+Each subclass keeps the builtin base it had (ValueError, RuntimeError) beside this one.
+"""
+from __future__ import annotations
+
+
+def describe(what: str, where: str | None = None, fix: str | None = None) -> str:
+    """`what (where): fix`, the parts that are given."""
+    text = f"{what} ({where})" if where else what
+    return f"{text}: {fix}" if fix else text
+
+
+class LiLiCorrError(Exception):
+    """Expected bad input; the message names what is wrong, where (file:line or field) and the fix.
+
+    LiLiCorrError("a whole message") or LiLiCorrError(what, where=..., fix=...).
+    """
+
+    exit_code = 1
+
+    def __init__(self, what: str, *, where: str | None = None, fix: str | None = None) -> None:
+        super().__init__(describe(what, where, fix))
+
+
+class UsageError(LiLiCorrError, ValueError):
+    """A command-line argument that cannot work (a path that is not there, a folder that must not be
+    written, a value out of range); `lilicorr` exits with 2."""
+
+    exit_code = 2

@@ -1,0 +1,207 @@
+"""What a LiLiCorr draft must be for a LILICORR server to serve it on a given target, checked from
+config.json and the safetensors header (no weights are read), every problem collected.
+
+One code path for both users: the server's pre-start validation (`server_args.validate_server_args`,
+through `inspect_draft`) raises the first problem; `lilicorr check-draft` prints them all. Imports
+no sglang, so the command runs offline without it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from ..checkpoint import HEAD_PREFIX, WEIGHTS_FILE, CheckpointError, dtype_of, has_head, lilicorr_config, read_config
+from ..config import LiLiCorrConfig, json_number
+from ..errors import LiLiCorrError
+from ..head import LiLiCorrHead
+from . import ALGORITHM_NAME
+
+MAX_BLOCK_SIZE = 32  # B: the walk kernel unrolls S = B-1 slots; the head attends over S*K nodes
+
+
+class ServingConfigError(LiLiCorrError, ValueError):
+    """A server option or the draft checkpoint cannot serve LILICORR; the message says the fix."""
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    """A validated LiLiCorr draft checkpoint (config only; weights load in the scheduler)."""
+
+    path: Path
+    config: Mapping[str, Any]
+    head: LiLiCorrConfig
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config["hidden_size"])
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    """What the draft must match in the target's (text) config: width, vocabulary, decoder layers."""
+
+    hidden_size: int
+    vocab_size: int
+    num_layers: int | None
+
+    @classmethod
+    def of(cls, config: Any) -> "TargetShape":
+        """From a Hugging Face config object or a config.json dict (its `text_config` if it has one)."""
+        def get(name):
+            return config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
+
+        if isinstance(config, Mapping) and isinstance(config.get("text_config"), Mapping):
+            return cls.of(config["text_config"])
+        layers = get("num_hidden_layers")
+        return cls(
+            hidden_size=json_number(get("hidden_size"), int, "target hidden_size", ServingConfigError),
+            vocab_size=json_number(get("vocab_size"), int, "target vocab_size", ServingConfigError),
+            num_layers=None if layers is None else json_number(layers, int, "target num_hidden_layers", ServingConfigError),
+        )
+
+
+@dataclass
+class DraftReport:
+    """The outcome of examine_draft: the spec when every check passed, else the problems found."""
+
+    spec: DraftSpec | None = None
+    problems: list[ServingConfigError] = field(default_factory=list)
+
+    def problem(self, message: str) -> None:
+        self.problems.append(ServingConfigError(message))
+
+
+def inspect_draft(path: str | Path, target: TargetShape | None = None, option: str = "--speculative-draft-model-path") -> DraftSpec:
+    """The validated draft, or its first problem raised (see examine_draft)."""
+    report = examine_draft(path, target, option)
+    if report.problems:
+        raise report.problems[0]
+    return report.spec
+
+
+def examine_draft(path: str | Path, target: TargetShape | None = None, option: str = "--speculative-draft-model-path") -> DraftReport:
+    """Every problem of the draft folder `path` (named `option` in messages) for LILICORR, and against
+    `target` when given: the folder and config.json, a LiLiCorr head with a servable geometry, the
+    dtype, the head tensors' names and shapes, and the target's width, vocabulary and layers."""
+    report = DraftReport()
+    folder = Path(path)
+    if not folder.is_dir():
+        report.problem(
+            f"{option} {str(path)!r} is not a local folder. {ALGORITHM_NAME} reads the draft "
+            "from disk: download it first (e.g. `huggingface-cli download REPO --local-dir DIR`) and pass DIR."
+        )
+        return report
+    try:
+        config = read_config(folder)
+    except CheckpointError as e:
+        report.problem(f"{option}: {e}")
+        return report
+    head = None
+    if not has_head(config):
+        report.problem(
+            f"{option} {str(path)!r} declares architectures={config.get('architectures')!r}: "
+            f"a DFlash draft without a LiLiCorr head. Serve it with --speculative-algorithm DFLASH, or pass a "
+            'draft with architectures ["LiLiCorrDraftModel"] and the lilicorr_* keys in dflash_config.'
+        )
+    else:
+        try:
+            head = lilicorr_config(config)
+        except CheckpointError as e:
+            report.problem(f"{option} {str(path)!r}: {e}")
+    hidden = config.get("hidden_size")
+    if not isinstance(hidden, int) or isinstance(hidden, bool) or hidden < 1:
+        report.problem(f"{folder / 'config.json'} has no positive integer hidden_size (got {hidden!r:.40}): not a DFlash draft config.")
+        hidden = None
+    if head is not None and head.block_size > MAX_BLOCK_SIZE:
+        report.problem(
+            f"draft block_size={head.block_size} is unsupported: {ALGORITHM_NAME} serves blocks of 2..{MAX_BLOCK_SIZE} "
+            "tokens (the paper uses 16); retrain or re-export the draft with a smaller block."
+        )
+    try:
+        dtype_of(config)
+    except CheckpointError as e:
+        report.problem(f"{folder / 'config.json'}: {e}")
+    if head is not None and hidden is not None:
+        _check_head_tensors(report, folder / WEIGHTS_FILE, head, hidden)
+    if target is not None:
+        _check_target(report, config, hidden, target)
+    if not report.problems:
+        report.spec = DraftSpec(path=folder, config=config, head=head)
+    return report
+
+
+def _check_head_tensors(report: DraftReport, weights: Path, head: LiLiCorrConfig, hidden: int) -> None:
+    """Names and shapes of the `lilicorr.` tensors against the declared geometry, from the safetensors
+    header alone."""
+    from safetensors import safe_open
+
+    if not weights.is_file():
+        report.problem(f"{weights} is missing: a draft checkpoint needs its weights beside config.json.")
+        return
+    with torch.device("meta"):
+        expected = {name: tuple(t.shape) for name, t in LiLiCorrHead(head, hidden).state_dict().items()}
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            found = {
+                k[len(HEAD_PREFIX):]: tuple(f.get_slice(k).get_shape()) for k in f.keys() if k.startswith(HEAD_PREFIX)
+            }
+    except Exception as e:  # safetensors raises its own error types for corrupt headers
+        report.problem(f"{weights} is not a readable safetensors file ({e}); re-export the draft.")
+        return
+    if not found:
+        report.problem(
+            f"{weights} holds no `{HEAD_PREFIX}` tensors although config.json declares a LiLiCorr head: "
+            "re-export the draft with its head, or serve it with --speculative-algorithm DFLASH."
+        )
+        return
+    missing = sorted(set(expected) - set(found))
+    extra = sorted(set(found) - set(expected))
+    wrong = sorted(n for n in set(expected) & set(found) if expected[n] != found[n])
+    if missing or extra or wrong:
+        detail = (
+            f"missing {[HEAD_PREFIX + n for n in missing[:3]]}" if missing
+            else f"unexpected {[HEAD_PREFIX + n for n in extra[:3]]}" if extra
+            else f"{HEAD_PREFIX}{wrong[0]} has shape {found[wrong[0]]}, expected {expected[wrong[0]]}"
+        )
+        report.problem(
+            f"{weights}: the head tensors do not match the lilicorr_* geometry in config.json ({detail}); "
+            "the config and weights come from different exports."
+        )
+
+
+def _check_target(report: DraftReport, config: Mapping[str, Any], hidden: int | None, target: TargetShape) -> None:
+    """The draft's width (hidden: its valid hidden_size or None), vocabulary, captured layers and mask
+    token against the target's."""
+    if hidden is not None and hidden != target.hidden_size:
+        report.problem(
+            f"draft hidden_size={hidden} but the target has hidden_size={target.hidden_size}: the "
+            "draft was trained for another target. Pass the target it was trained on, or a draft trained on this one."
+        )
+    vocab = config.get("vocab_size")
+    if vocab is not None and vocab != target.vocab_size:
+        report.problem(
+            f"draft vocab_size={vocab} but the target has vocab_size={target.vocab_size}: the head scores "
+            "target-vocabulary candidates, so draft and target must share a tokenizer. Use the matching target."
+        )
+    dflash = config["dflash_config"]
+    layer_ids = dflash.get("target_layer_ids")
+    if target.num_layers is not None:
+        n = target.num_layers
+        if not isinstance(layer_ids, list) or not layer_ids:
+            report.problem(f"draft dflash_config.target_layer_ids={layer_ids!r:.60} is not a non-empty list of target layer ids.")
+        else:
+            bad = [i for i in layer_ids if not (isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= n - 2)]
+            if bad:
+                report.problem(
+                    f"draft dflash_config.target_layer_ids has {bad[:5]}, not capturable layers of the {n}-layer target "
+                    f"(0..{n - 2}: the last layer's output is never captured): the draft was trained for another target."
+                )
+    mask = dflash.get("mask_token_id")
+    if not (isinstance(mask, int) and not isinstance(mask, bool) and 0 <= mask < target.vocab_size):
+        report.problem(
+            f"draft dflash_config.mask_token_id={mask!r:.40} is not a token id of the target's vocabulary "
+            f"[0, {target.vocab_size}); re-export the draft for this target."
+        )
