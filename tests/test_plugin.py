@@ -22,7 +22,8 @@ from sglang.srt.server_args import prepare_server_args  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
 from sglang_lilicorr.checkpoint import head_tensors_for_save  # noqa: E402
-from sglang_lilicorr.serving.algorithm import ALGORITHM_NAME, LiLiCorrSpecAlgo  # noqa: E402
+from sglang_lilicorr.serving import ALGORITHM_NAME  # noqa: E402
+from sglang_lilicorr.serving.algorithm import LiLiCorrSpecAlgo  # noqa: E402
 from sglang_lilicorr.serving.plugin import register  # noqa: E402
 from sglang_lilicorr.serving.server_args import ServingConfigError  # noqa: E402
 

@@ -11,3 +11,5 @@ never draft):
 The GPU proof tools (gpu_check.sh and the scripts it runs) live in tools/ at the top of the repository.
 See README.md for every SGLang extension point used.
 """
+
+ALGORITHM_NAME = "LILICORR"  # the name SGLang's --speculative-algorithm takes

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Optional
 
 from sglang.srt.speculative.spec_info import CustomSpecAlgo
 
+from .server_args import resolve_server_args
+
 if TYPE_CHECKING:
     import torch
-
-ALGORITHM_NAME = "LILICORR"
 
 
 class LiLiCorrSpecAlgo(CustomSpecAlgo):
@@ -63,6 +63,4 @@ class LiLiCorrSpecAlgo(CustomSpecAlgo):
 
     # --- ServerArgs resolution ------------------------------------------------------------
     def handle_server_args(self, server_args) -> None:
-        from .server_args import resolve_server_args
-
         resolve_server_args(server_args)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 
-from .algorithm import ALGORITHM_NAME, LiLiCorrSpecAlgo
+from . import ALGORITHM_NAME
+from .algorithm import LiLiCorrSpecAlgo
 
 
 def worker_factory(server_args) -> type:

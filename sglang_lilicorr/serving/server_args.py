@@ -29,7 +29,7 @@ from ..checkpoint import (
 )
 from ..config import LiLiCorrConfig
 from ..head import LiLiCorrHead
-from .algorithm import ALGORITHM_NAME
+from . import ALGORITHM_NAME
 
 logger = logging.getLogger(__name__)
 

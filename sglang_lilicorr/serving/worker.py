@@ -27,7 +27,7 @@ from sglang.srt.runtime_context import get_exec, get_parallel
 from sglang.srt.speculative.dflash_utils import is_dense_head_weight
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-from .algorithm import ALGORITHM_NAME
+from . import ALGORITHM_NAME
 from .models.lilicorr_draft import LiLiCorrDraftModel
 from .proposer import LiLiCorrProposer
 from .server_args import ServingConfigError
