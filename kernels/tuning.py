@@ -9,7 +9,7 @@
 Each measured value names the card and the commit that measured it (a `Measured` entry, or a comment);
 benchmarks/PERF_NOTES.md has the numbers. A head table maps the head width (the cosine split: the factor
 dimension D, which it cuts) to one `Measured` entry; select_plan.py says what a width without an entry
-takes. This module imports nothing, so every kernel module and the select's plan can read it.
+takes. This module imports nothing of ours, so every kernel module and the select's plan can read it.
 """
 from __future__ import annotations
 
@@ -156,6 +156,8 @@ class CosineLaunch(NamedTuple):
 
 
 class ConfidenceLaunch(NamedTuple):
+    """The kernel's first launch (aa070e5), not measured against others; the merge's below is."""
+
     block_h: int = 256  # the most columns per program (a power of two)
     num_warps: int = 4
 
