@@ -10,7 +10,9 @@ value), every F.linear (cuBLAS on a GPU) recorded by shapes, and the side stream
 CPU look like an sm_90 card with 132 SMs to the select and the kernels' host code (PDL, side stream, TMA, one row per
 program), so the trace is that of the served GPU path; mode `cpu` is the select as constructed on this machine (Triton
 under the interpreter); mode `torch` its PyTorch path. Nothing is computed: the outputs are garbage (integer ones
-zeros) and the run takes seconds. Two traces from two commits must be equal.
+zeros) and the run takes seconds. Two traces from two commits must be equal. It also runs the select as it was before
+its plans (c745522: keyword flags, `_SideStream`), the commit the plans were checked against: from a copy of that
+tree on PYTHONPATH (with kernels/ and benchmarks/ linked under sglang_lilicorr/).
 """
 from __future__ import annotations
 
