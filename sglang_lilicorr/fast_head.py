@@ -330,7 +330,8 @@ class FastLiLiCorrSelect(SelectConstants):
             fused = gemm_epilogue_triton(cat, self.w_factor_folded, norm=norm, norm_width=self.width, pdl=pdl,
                                          prefetch=self._prefetch(plan), config=plan.tiles.get("factor"), **group)
         elif "factor" in plan.triton_gemms:  # the per-request bias + SiLU in its epilogue
-            fused = self._gemm("factor", cat, self.w_factor, None, plan, **group)
+            fused = gemm_epilogue_triton(cat, self.w_factor, pdl=pdl, prefetch=self._prefetch(plan), config=plan.tiles.get("factor"),
+                                         **group)
         else:
             fused = head_norm.row_bias_silu_triton(F.linear(cat, self.w_factor), anchor[:, d:], rows_per_group=s * k, pdl=pdl)
         edges = self._gemm("out_in", fused, self.w_edge, self.b_edge, plan).view(b, s, k, 2 * d)
@@ -345,13 +346,12 @@ class FastLiLiCorrSelect(SelectConstants):
     def _prefetch(plan: SelectPlan) -> bool | None:  # gemm_epilogue_triton's prefetch: None = when launched early
         return None if plan.prefetch_weights else False
 
-    def _gemm(self, role: str, x, weight, bias, plan: SelectPlan, **epilogue):
-        """x @ weight.T + bias for the GEMM `role`: a Triton GEMM with `epilogue` (PDL and the role's tiles as the plan
-        says) where the plan runs that role in Triton, else cuBLAS (no epilogue: the caller's roles pass none there)."""
+    def _gemm(self, role: str, x, weight, bias, plan: SelectPlan):
+        """x @ weight.T + bias for the GEMM `role`: a Triton GEMM (PDL and the role's tiles as the plan says) where the
+        plan runs that role in Triton, else cuBLAS."""
         if role not in plan.triton_gemms:
             return F.linear(x, weight, bias)
-        return gemm_epilogue_triton(x, weight, bias, pdl=plan.pdl, prefetch=self._prefetch(plan), config=plan.tiles.get(role),
-                                    **epilogue)
+        return gemm_epilogue_triton(x, weight, bias, pdl=plan.pdl, prefetch=self._prefetch(plan), config=plan.tiles.get(role))
 
     def fused_stages(self, vals, ids, lse, pass_hidden, anchor_hidden) -> dict:
         """The fused path (without the side stream) cut into its stages, name -> zero-argument call
