@@ -10,7 +10,6 @@ setup(
     # kernels/ and benchmarks/ live at the top of the repo but install under our namespace:
     # a top-level `kernels` would shadow the PyPI package of that name that SGLang uses.
     package_dir={"sglang_lilicorr.kernels": "kernels", "sglang_lilicorr.benchmarks": "benchmarks"},
-    package_data={"sglang_lilicorr.serving": ["*.sh"]},
     install_requires=[
         "sglang==0.5.23",
         "torch==2.14.1",

@@ -1,5 +1,5 @@
 """How fast can the head's GEMMs go at bs = 1 (M = 120 lattice rows)? The measurement behind the bs = 1
-floor argument of PERF_NOTES.md (versions 12-13): at M = 120 every head GEMM is a weight stream, so
+floor argument of PERF_NOTES.md: at M = 120 every head GEMM is a weight stream, so
 its floor is weight bytes / HBM bandwidth, and the question is how close one launch gets.
 
   python3 -m sglang_lilicorr.benchmarks.gemm_floor [--out gemm_floor.json]
@@ -19,9 +19,9 @@ under the Triton interpreter at tiny shapes (a dry run; tests/test_gemm_floor.py
 
 `--chain` times the GEMMs as the head runs them, inside a chain instead of alone: per shape, a CUDA graph of
 16 launches (each its own weight, 16 x the weight bytes, so the weights stream from HBM as in the head),
-us per launch, for cuBLAS and for each of CHAIN_CONFIGS, the launch configs of kernels/ffn_silu.py's
-linear_act_triton at M = 120, launched with programmatic dependent launch as the select path does
-(PERF_NOTES.md version 15), so that each prefetches its weight into L2 while the one before runs (version 17);
+us per launch, for cuBLAS and for each of CHAIN_CONFIGS, launch configs of kernels/gemm_epilogue.py's
+gemm_epilogue_triton at M = 120, launched with programmatic dependent launch as the select path does, so that
+each prefetches its weight into L2 while the one before runs;
 `skinny_no_prefetch` is the served config without that prefetch.
 """
 from __future__ import annotations
@@ -36,21 +36,21 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from sglang_lilicorr.kernels.ffn_silu import CONFIGS, LaunchConfig
+from sglang_lilicorr.kernels.tuning import GEMM_CONFIGS, GemmLaunch
 
 SHAPES = {"qkv": (1024, 3072), "out": (1024, 1024), "ffn_up": (1024, 2048), "ffn_down": (2048, 1024),
           "factor": (2048, 1024), "out_in": (1024, 2048), "pass": (4096, 1024)}
 HBM_TB_S = {"H100": 3.35, "H200": 4.8}
 CHAIN_CONFIGS = {  # (block_m, block_n, block_k, group_m, stages, warps): the served `skinny`, then one row tile of 128
-    "skinny": CONFIGS["skinny"],
-    "m128_n32_k128": LaunchConfig(128, 32, 128, 1, 4, 4),
-    "m128_n32_k64": LaunchConfig(128, 32, 64, 1, 5, 4),
-    "m128_n16_k256": LaunchConfig(128, 16, 256, 1, 3, 4),
-    "m128_n64_k64": LaunchConfig(128, 64, 64, 1, 4, 4),
-    "m128_n64_k128": LaunchConfig(128, 64, 128, 1, 3, 4),
-    "m128_n64_k64_w8": LaunchConfig(128, 64, 64, 1, 4, 8),
-    "m64_n64_k64": LaunchConfig(64, 64, 64, 8, 4, 4),
-    "m64_n16_k256": LaunchConfig(64, 16, 256, 8, 3, 4),
+    "skinny": GEMM_CONFIGS["skinny"],
+    "m128_n32_k128": GemmLaunch(128, 32, 128, 1, 4, 4),
+    "m128_n32_k64": GemmLaunch(128, 32, 64, 1, 5, 4),
+    "m128_n16_k256": GemmLaunch(128, 16, 256, 1, 3, 4),
+    "m128_n64_k64": GemmLaunch(128, 64, 64, 1, 4, 4),
+    "m128_n64_k128": GemmLaunch(128, 64, 128, 1, 3, 4),
+    "m128_n64_k64_w8": GemmLaunch(128, 64, 64, 1, 4, 8),
+    "m64_n64_k64": GemmLaunch(64, 64, 64, 8, 4, 4),
+    "m64_n16_k256": GemmLaunch(64, 16, 256, 8, 3, 4),
 }
 
 
@@ -122,7 +122,7 @@ def run_chain(shapes: dict, m: int, n_chain: int, dtype, rep_ms: int, configs: d
     """-> {card, rows: [{gemm, K, N, M, cublas_us, <config>_us, <config>_max_err, skinny_no_prefetch_us}]}: us per
     launch in a chain of n_chain launches (each its own weight), Triton configs with PDL where the GPU has it
     (each launched early, so it prefetches its weight into L2 first; the served config also without that)."""
-    from sglang_lilicorr.kernels.ffn_silu import linear_act_triton
+    from sglang_lilicorr.kernels.gemm_epilogue import gemm_epilogue_triton
     from sglang_lilicorr.kernels.graph_timing import graph_ms
     from sglang_lilicorr.kernels.pdl import pdl_supported
 
@@ -144,7 +144,7 @@ def run_chain(shapes: dict, m: int, n_chain: int, dtype, rep_ms: int, configs: d
             runs["skinny_no_prefetch"] = (configs["skinny"], False)
         for cname, (cfg, prefetch) in runs.items():
             def chain(cfg=cfg, prefetch=prefetch):
-                return [linear_act_triton(x, w, config=cfg, pdl=pdl, prefetch=prefetch) for w in ws][-1]
+                return [gemm_epilogue_triton(x, w, config=cfg, pdl=pdl, prefetch=prefetch) for w in ws][-1]
 
             try:  # a config may not fit the card (shared memory): recorded, not fatal
                 ms, out = graph_ms(chain, rep_ms) if cuda else (None, chain())
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.chain:
         def measure(shapes, m, dtype):
-            configs = {"fp32": CONFIGS["fp32"]} if dtype == torch.float32 else CHAIN_CONFIGS
+            configs = {"fp32": GEMM_CONFIGS["fp32"]} if dtype == torch.float32 else CHAIN_CONFIGS
             return run_chain(shapes, m, args.chain, dtype, args.rep_ms, configs)
 
         def summary(r):

@@ -24,20 +24,18 @@ factors (fusion + out|in GEMMs + cosines with the walk). Kernel launches per cal
 activity, one eager call) for post_logits of each variant and the built-in and for each stage,
 with the fused variant's and the built-in's kernels by GPU time (the SDPA backend shows up here).
 
-Our variants (VARIANTS): torch (PyTorch ops on the precomputed buffers), fused (Triton epilogues),
-fused_overlap (fused + side stream for the pass/anchor projections), fused_overlap_pdl (+ programmatic
-dependent launch at every bs), fused_overlap_pdl_triton (+ the GEMMs of <= 512 rows as Triton GEMMs with
-their epilogues), served (the defaults: overlap, and PDL / Triton GEMMs / the lattice norms folded into
-the Triton GEMMs where fast_head's measured tables take them), served_unfolded / served_folded (served
-without the folded norms / with them at every bs), served_no_prefetch (served without the Triton GEMMs'
-L2 prefetch of their weights, prefetch_weights=False), served_pass_beside / _nodes_apart (served with
-the pass projection beside the top-K at every bs, the nodes in the feature GEMM where the norms fold / in their own kernel),
-served_skinny_tiles (served without version 25's narrow GEMM tiles), served_cosine_unsplit (served with one
-cosine program per factor, as before version 26), served_v26 (served without version 27's bs-1 launches), served_attention16 (16 query rows per
-attention program), fused_overlap_norm / _nonorm
-(the residual add + RMSNorm in the out / FFN down GEMMs forced on / off; the others take
-kernels/linear_norm.py's table), and with --compile,
-compiled (torch.compile of the PyTorch variant). Checks in the same run: each variant's select
+Our variants (VARIANTS: each builds the select's plans, sglang_lilicorr/select_plan.py, from the served ones):
+torch (PyTorch ops on the precomputed buffers), fused (Triton kernels, no side stream, no PDL), fused_overlap
+(+ the side stream for the pass / anchor projections), fused_overlap_pdl (+ PDL at every bs, cuBLAS GEMMs),
+fused_overlap_pdl_triton (+ every GEMM of <= SMALL_M rows a Triton GEMM with its epilogue), served (the plans of
+kernels/tuning.py: what the server runs; its plan per bs is written to the JSON), served_unfolded / served_folded
+(served without the folded norms / with them at every bs), served_no_prefetch (without the Triton GEMMs' L2 weight
+prefetch), served_pass_beside / _nodes_apart (the pass projection beside the top-K wherever PDL is on, the nodes in
+the feature GEMM where the norms fold / in their own kernel), served_skinny_tiles (every GEMM but the pass on its
+config by M), served_cosine_unsplit (one cosine program per factor), served_default_launches (the top-K's default
+launch, the pass projection's config by M, the top-K's own merge kernel), served_attention16 (16 query rows per
+attention program at every bs), fused_overlap_norm / _nonorm (the residual add + RMSNorm in the out / FFN down GEMMs
+at every shape / at none), and with --compile, compiled (torch.compile of the PyTorch variant). Checks in the same run: each variant's select
 against the reference (LiLiCorrHead.forward + walk.greedy_walk): candidate ids equal, log-probs
 close, score error, draft ids equal wherever the reference has no near-tie; graph replay equals
 eager; agreement with the built-in's draft ids (information). Every section is try/except-printed.
@@ -60,6 +58,9 @@ import traceback
 import torch
 import torch.nn.functional as F
 
+from sglang_lilicorr.kernels import tuning
+from sglang_lilicorr.kernels.tuning import ALL_GEMMS, TopKLaunch
+from sglang_lilicorr.select_plan import PYTORCH, Device, HeadGeometry, plans_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,26 +84,97 @@ TARGET_RATIO = 0.6  # post_logits, ours / built-in, every bs
 TARGET_TOPK_VS_BUILTIN, TARGET_TOPK_VS_TORCH = 1.2, 3.0  # speed-ups
 
 
-VARIANTS = {  # ours: FastLiLiCorrSelect options (norm_epilogue None = kernels/linear_norm.py's table)
-    "torch": dict(fused=False, overlap=False),
-    "fused": dict(fused=True, overlap=False, pdl=False),
-    "fused_overlap": dict(fused=True, overlap=True, pdl=False),  # the version-13 serving path
-    "fused_overlap_pdl": dict(fused=True, overlap=True, pdl=True, triton_gemms=False),  # + PDL at every bs
-    "fused_overlap_pdl_triton": dict(fused=True, overlap=True, pdl=True, triton_gemms=True),  # + the small-M GEMMs in Triton
-    "served": dict(fused=True),  # what the server runs: overlap, and PDL / Triton GEMMs / folded norms by fast_head's tables
-    "served_unfolded": dict(fused=True, fold_norms=False),  # the same without the folded norms (version 15's served path)
-    "served_folded": dict(fused=True, fold_norms=True),  # ... with them at every bs
-    "served_no_prefetch": dict(fused=True, prefetch_weights=False),  # served without the GEMMs' L2 weight prefetch (version 17's A/B)
-    "served_pass_beside": dict(fused=True, pass_beside_topk=True),  # served with the pass projection beside the top-K (version 19)
-    "served_pass_beside_nodes_apart": dict(fused=True, pass_beside_topk=True, nodes_in_gemm=False),  # ... the nodes in their own kernel
-    "served_skinny_tiles": dict(fused=True, narrow_tiles=False),  # served with every GEMM on its config by M (before version 25)
-    "served_cosine_unsplit": dict(fused=True, cosine_split=1),  # served with one cosine program per factor (before version 26)
-    # served without version 27's bs-1 launches (the top-K split's, the pass projection's tiles, the merge in the confidence kernel)
-    "served_v26": dict(fused=True, topk_launch={}, pass_tiles=False, merge_in_confidence=False),
-    "served_attention16": dict(fused=True, attention_block_m=16),  # served with 16 query rows per attention program (version 28's A/B)
-    "fused_overlap_norm": dict(fused=True, overlap=True, pdl=False, norm_epilogue=True),  # the norm epilogue at every shape
-    "fused_overlap_nonorm": dict(fused=True, overlap=True, pdl=False, norm_epilogue=False),  # ... at none
+SMALL_M = 512  # fused_overlap_pdl_triton: GEMMs up to this many rows in Triton (tuning.GEMM_CONFIG_BY_ROWS' small-M tiles)
+
+
+def _every(**changes):
+    """A variant: the served plans with `changes` at every batch size."""
+    return lambda geo, device: plans_for(geo, device).map(lambda plan, bound: dataclasses.replace(plan, **changes))
+
+
+def _on(**device):
+    """A variant: the plans of kernels/tuning.py for a device with these capabilities."""
+    return lambda geo, _: plans_for(geo, Device(**device))
+
+
+def _rows(geo, bound) -> int:
+    """Lattice rows of a bucket's largest batch (the last bucket, bound None: more than any table bound)."""
+    return (bound or 10**6) * geo.lattice_rows
+
+
+def _unfolded(plan, geo, bound, gemms=None):
+    """`plan` without the folded norms and what needs them (the pass beside the top-K, the folded GEMMs' tiles); the
+    norm epilogue by its kernel's table; Triton GEMMs `gemms` (None: the plan's), the FFN up also where its table
+    prefers Triton, at the bucket's rows."""
+    rows = _rows(geo, bound)
+    gemms = set(plan.triton_gemms if gemms is None else gemms) | ({"ffn_up"} if tuning.gemm_band(rows)[2] else set())
+    return dataclasses.replace(
+        plan, fold_norms=False, pass_beside_topk=False, nodes_in_gemm=False, norm_epilogue=tuning.norm_band(geo.width, rows)[3],
+        tiles={r: c for r, c in plan.tiles.items() if r == "out_in"}, triton_gemms=gemms,
+    )
+
+
+def _pdl_at_every_bs(small_m_in_triton: bool):
+    """A variant: PDL at every batch size, the served folded norms only with small_m_in_triton (which also runs every
+    GEMM of <= SMALL_M rows in Triton), else cuBLAS GEMMs (but the FFN up where its table prefers Triton)."""
+    def change(plan, bound, geo):
+        small = small_m_in_triton and _rows(geo, bound) <= SMALL_M
+        if small and plan.fold_norms:
+            return dataclasses.replace(plan, triton_gemms=ALL_GEMMS)
+        return dataclasses.replace(_unfolded(plan, geo, bound, ALL_GEMMS if small else ()), pdl=True)
+
+    return lambda geo, device: plans_for(geo, device).map(lambda plan, bound: change(plan, bound, geo))
+
+
+def _pass_beside(nodes_in_gemm: bool):
+    """A variant: the pass projection beside the top-K wherever PDL is on, the nodes in the feature GEMM (folded norms)
+    with nodes_in_gemm."""
+    return lambda geo, device: plans_for(geo, device).map(lambda plan, bound: dataclasses.replace(
+        plan, pass_beside_topk=plan.pdl, nodes_in_gemm=plan.pdl and plan.fold_norms and nodes_in_gemm))
+
+
+def _tiles(keep):
+    """A variant: the served plans with only the GEMM tiles whose role `keep` takes."""
+    return lambda geo, device: plans_for(geo, device).map(
+        lambda plan, bound: dataclasses.replace(plan, tiles={r: c for r, c in plan.tiles.items() if keep(r)}))
+
+
+VARIANTS = {  # ours: name -> (HeadGeometry, Device) -> SelectPlans
+    "torch": lambda geo, _: plans_for(geo, PYTORCH),
+    "fused": _on(triton=True, cuda=False, pdl=False),
+    "fused_overlap": _on(triton=True, cuda=True, pdl=False),
+    "fused_overlap_pdl": _pdl_at_every_bs(small_m_in_triton=False),
+    "fused_overlap_pdl_triton": _pdl_at_every_bs(small_m_in_triton=True),
+    "served": plans_for,  # what the server runs
+    "served_unfolded": lambda geo, device: plans_for(geo, device).map(lambda plan, bound: _unfolded(plan, geo, bound)),
+    "served_folded": _every(fold_norms=True, norm_epilogue=False),
+    "served_no_prefetch": _every(prefetch_weights=False),
+    "served_pass_beside": _pass_beside(nodes_in_gemm=True),
+    "served_pass_beside_nodes_apart": _pass_beside(nodes_in_gemm=False),
+    "served_skinny_tiles": _tiles(lambda role: role == "pass"),
+    "served_cosine_unsplit": _every(cosine_split=1),
+    "served_default_launches": lambda geo, device: _tiles(lambda role: role != "pass")(geo, device).map(
+        lambda plan, bound: dataclasses.replace(plan, topk_launch=TopKLaunch(), merge_in_confidence=False)),
+    "served_attention16": _every(attention_block_m=16),
+    "fused_overlap_norm": lambda geo, _: _on(triton=True, cuda=True, pdl=False)(geo, _).map(
+        lambda plan, bound: dataclasses.replace(plan, norm_epilogue=True)),
+    "fused_overlap_nonorm": lambda geo, _: _on(triton=True, cuda=True, pdl=False)(geo, _).map(
+        lambda plan, bound: dataclasses.replace(plan, norm_epilogue=False)),
 }
+
+
+def plan_json(plan) -> dict:
+    """A SelectPlan as JSON values."""
+    fields = dataclasses.asdict(plan)
+    return {**fields, "triton_gemms": sorted(plan.triton_gemms), "topk_launch": plan.topk_launch._asdict()}
+
+
+def build_variant(name: str, head, table):
+    """FastLiLiCorrSelect with the plans of VARIANTS[name] for this head on its device."""
+    from sglang_lilicorr.fast_head import FastLiLiCorrSelect
+
+    plans = VARIANTS[name](HeadGeometry.of(head), Device.of(head.pass_hidden_proj.weight))
+    return FastLiLiCorrSelect(head, token_table=table, plans=plans)
 
 
 def log(*a):
@@ -216,10 +288,10 @@ def dense_chain(fast, geo, bs, device, dtype):
 def dense_chain_pdl(fast, geo, bs, device, dtype):
     """The dense work on the critical path alone (dense_chain without the pass and anchor GEMMs, which
     the served path runs on a side stream), each op the fastest single launch we have for it under
-    programmatic dependent launch: Triton GEMMs (linear_act_triton) and lattice_attention_triton,
+    programmatic dependent launch: Triton GEMMs (gemm_epilogue_triton) and lattice_attention_triton,
     all with PDL. With top-K/LSE added, the floor of any design that runs the head one launch per
     GEMM and attention. Returns a zero-argument call (CUDA sm_90+)."""
-    from sglang_lilicorr.kernels.ffn_silu import linear_act_triton
+    from sglang_lilicorr.kernels.gemm_epilogue import gemm_epilogue_triton
     from sglang_lilicorr.kernels.lattice_attention import lattice_attention_triton
 
     L, H = geo.S * geo.K, fast.width
@@ -230,14 +302,14 @@ def dense_chain_pdl(fast, geo, bs, device, dtype):
 
     @torch.no_grad()
     def chain():
-        y = linear_act_triton(x, fast.w_down, pdl=True)
+        y = gemm_epilogue_triton(x, fast.w_down, pdl=True)
         for layer in head.layers:
-            qkv = linear_act_triton(y, layer.attn.in_proj_weight, layer.attn.in_proj_bias, pdl=True)
-            y = linear_act_triton(lattice_attention_triton(qkv, bias, layer.attn.num_heads, pdl=True),
-                                  layer.attn.out_proj.weight, layer.attn.out_proj.bias, pdl=True)
-            y = linear_act_triton(y, layer.mlp.up_proj.weight, layer.mlp.up_proj.bias, silu=True, pdl=True)
-            y = linear_act_triton(y, layer.mlp.down_proj.weight, layer.mlp.down_proj.bias, pdl=True)
-        return linear_act_triton(linear_act_triton(cat, fast.w_factor, pdl=True), fast.w_edge, fast.b_edge, pdl=True)
+            qkv = gemm_epilogue_triton(y, layer.attn.in_proj_weight, layer.attn.in_proj_bias, pdl=True)
+            y = gemm_epilogue_triton(lattice_attention_triton(qkv, bias, layer.attn.num_heads, pdl=True),
+                                     layer.attn.out_proj.weight, layer.attn.out_proj.bias, pdl=True)
+            y = gemm_epilogue_triton(y, layer.mlp.up_proj.weight, layer.mlp.up_proj.bias, silu=True, pdl=True)
+            y = gemm_epilogue_triton(y, layer.mlp.down_proj.weight, layer.mlp.down_proj.bias, pdl=True)
+        return gemm_epilogue_triton(gemm_epilogue_triton(cat, fast.w_factor, pdl=True), fast.w_edge, fast.b_edge, pdl=True)
 
     return chain
 
@@ -301,7 +373,8 @@ def kernel_profile(fn, reps=3):
 
 
 def run(args) -> dict:
-    from sglang_lilicorr.fast_head import FastLiLiCorrSelect, greedy_margin, reference_select
+    from sglang_lilicorr.fast_head import FastLiLiCorrSelect
+    from sglang_lilicorr.select_reference import greedy_margin, reference_select
     from sglang_lilicorr.kernels import topk_lse as topk_lse_ours  # the Triton kernel on CUDA
 
     geo = SMOKE if args.smoke else GEOMETRIES[args.geometry]
@@ -332,12 +405,14 @@ def run(args) -> dict:
     lm_head = (torch.randn(V, HM, generator=g) * 0.02).to(dev, dtype)
 
     variants = {}
-    for name, kw in VARIANTS.items():
+    for name in VARIANTS:
         if name in args.variants:
-            variants[name] = attempt(errors, f"build_{name}", lambda kw=kw: FastLiLiCorrSelect(head, token_table=table, **kw))
+            variants[name] = attempt(errors, f"build_{name}", lambda name=name: build_variant(name, head, table))
+    if "served" in variants:  # the plan the server runs at each bs
+        res["plans"] = {f"bs{bs}": plan_json(variants["served"].plan(bs)) for bs in args.bs}
     if args.compile:
         def compiled():
-            fast = FastLiLiCorrSelect(head, token_table=table, fused=False, overlap=False)
+            fast = build_variant("torch", head, table)
             fast._scores_torch = torch.compile(fast._scores_torch, dynamic=False)
             return fast
         variants["compiled"] = attempt(errors, "build_compiled", compiled)
@@ -416,7 +491,7 @@ def run(args) -> dict:
         if fast is not None:
             out = tb("floor_dense_chain", dense_chain(fast, geo, bs, dev, dtype))
             row["floor_dense_chain"] = out and out[0]
-            if fast._can_pdl:
+            if Device.of(table).pdl:
                 out = tb("floor_dense_chain_pdl", dense_chain_pdl(fast, geo, bs, dev, dtype))
                 row["floor_dense_chain_pdl"] = out and out[0]
         n_launches = launches.get("post_logits_fused")

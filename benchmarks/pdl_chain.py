@@ -1,12 +1,12 @@
 """What programmatic dependent launch (kernels/pdl.py) saves per kernel boundary: the measurement
-behind PERF_NOTES.md version 14.
+behind PERF_NOTES.md.
 
   python3 -m sglang_lilicorr.benchmarks.pdl_chain [--n 16] [--out pdl_chain.json]
 
 Chains of n dependent launches at the head's bs-1 shapes (M = 120 lattice rows, width 1024), each
 replayed as one CUDA graph (kernels/graph_timing.py), without and with PDL:
 
-  gemm    linear_act_triton 1024 -> 1024, each on the previous output
+  gemm    gemm_epilogue_triton 1024 -> 1024, each on the previous output
   norm    rmsnorm_triton, each on the previous output
   mixed   gemm then norm, alternating (2n launches: the lattice's GEMM + epilogue pattern)
   cublas  F.linear on the gemm chain (a cuBLAS kernel cannot launch early: the baseline)
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 def chains(m: int, h: int, n: int, device, dtype, seed: int = 0) -> tuple[dict, torch.Tensor]:
     """-> ({name: fn(pdl) -> last output}, the chain input x [m, h])."""
-    from sglang_lilicorr.kernels.ffn_silu import linear_act_triton
+    from sglang_lilicorr.kernels.gemm_epilogue import gemm_epilogue_triton
     from sglang_lilicorr.kernels.head_norm import rmsnorm_triton
 
     gen = torch.Generator().manual_seed(seed)
@@ -39,7 +39,7 @@ def chains(m: int, h: int, n: int, device, dtype, seed: int = 0) -> tuple[dict, 
     def gemm(pdl):
         y = x
         for w in weights:
-            y = linear_act_triton(y, w, pdl=pdl)
+            y = gemm_epilogue_triton(y, w, pdl=pdl)
         return y
 
     def norm(pdl):
@@ -51,7 +51,7 @@ def chains(m: int, h: int, n: int, device, dtype, seed: int = 0) -> tuple[dict, 
     def mixed(pdl):
         y = x
         for w in weights:
-            y = rmsnorm_triton(linear_act_triton(y, w, pdl=pdl), norm_w, 1e-6, pdl=pdl)
+            y = rmsnorm_triton(gemm_epilogue_triton(y, w, pdl=pdl), norm_w, 1e-6, pdl=pdl)
         return y
 
     def cublas(pdl):

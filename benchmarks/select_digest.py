@@ -4,10 +4,9 @@ between two commits (run it under each, the same card) or between two variants i
   python3 -m sglang_lilicorr.benchmarks.select_digest [--geometry paper] [--bs 1 4 16 32] [--variants served ...]
 
 head_bench's head (its trained-like weights, `build_ours`) and inputs (`make_inputs`) at each bs; for each of
-head_bench's VARIANTS, `select_from_logits` once eagerly and once replayed from a CUDA graph (where CUDA is
-there). One line per (variant, bs, mode): the sha256 of the draft ids, candidate ids and log-probs, as bytes.
-Kernel changes that only move loads (PERF_NOTES.md, version 20) or launch kernels elsewhere must keep every
-line. `--smoke`: head_bench's tiny geometry on the CPU (tests/test_select_digest.py).
+head_bench's VARIANTS (the select's plans), `select_from_logits` once eagerly and once replayed from a CUDA graph
+(where CUDA is there). One line per (variant, bs, mode): the sha256 of the draft ids, candidate ids and log-probs, as bytes.
+Kernel changes that only move loads or launch kernels elsewhere must keep every line. `--smoke`: head_bench's tiny geometry on the CPU (tests/test_select_digest.py).
 """
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ def digest(outputs) -> str:
 
 
 def run(geometry: str, bs_list, variants, smoke: bool = False) -> list[str]:
-    from sglang_lilicorr.benchmarks.head_bench import GEOMETRIES, SMOKE, VARIANTS, build_ours, make_inputs
-    from sglang_lilicorr.fast_head import FastLiLiCorrSelect
+    from sglang_lilicorr.benchmarks.head_bench import GEOMETRIES, SMOKE, build_ours, build_variant, make_inputs
     from sglang_lilicorr.kernels.graph_timing import capture
 
     geo = SMOKE if smoke else GEOMETRIES[geometry]
@@ -41,7 +39,7 @@ def run(geometry: str, bs_list, variants, smoke: bool = False) -> list[str]:
     lm_head = (torch.randn(geo.V, geo.HM, generator=g) * 0.02).to(dev, dtype)
     lines = []
     for name in variants:
-        fast = FastLiLiCorrSelect(head, token_table=table, **(VARIANTS[name] if cuda else dict(fused=False, overlap=False)))
+        fast = build_variant(name if cuda else "torch", head, table)
         for bs in bs_list:
             hidden, anchor = make_inputs(geo, bs, dev, dtype)
             logits = F.linear(hidden.reshape(bs * geo.S, geo.HM), lm_head)

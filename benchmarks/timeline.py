@@ -2,13 +2,13 @@
 
   python3 -m sglang_lilicorr.benchmarks.timeline [--geometry paper] [--bs 1] [--reps 20] [--variant served] [--out timeline.json]
 
-Builds the served select path (`FastLiLiCorrSelect` with its defaults, head_bench's trained-like
-weights; --variant: another of head_bench's VARIANTS, e.g. served_unfolded without the folded norms), captures `select_from_logits`
-(post-logits: top-K/LSE + head + walk) in a CUDA graph, and
+Builds the served select path (`FastLiLiCorrSelect` with its served plans, head_bench's trained-like weights;
+--variant: another of head_bench's VARIANTS, e.g. served_unfolded without the folded norms), captures
+`select_from_logits` (post-logits: top-K/LSE + head + walk) in a CUDA graph, and
 records `reps` replays with torch.profiler. Per kernel of the replay, in launch order: its stream,
 median start (us after the replay's first kernel starts), median duration, and median idle time on
 its stream before it (since that stream's previous kernel ended, or since the replay began). The
-sums split the replay's wall time into kernel time and boundaries (PERF_NOTES.md version 15).
+sums split the replay's wall time into kernel time and boundaries (PERF_NOTES.md).
 """
 from __future__ import annotations
 
@@ -64,8 +64,7 @@ def timeline(replays: list[list[dict]]) -> dict:
 def run(geometry: str, bs: int, reps: int, variant: str = "served") -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    from sglang_lilicorr.benchmarks.head_bench import GEOMETRIES, VARIANTS, build_ours, make_inputs
-    from sglang_lilicorr.fast_head import FastLiLiCorrSelect
+    from sglang_lilicorr.benchmarks.head_bench import GEOMETRIES, build_ours, build_variant, make_inputs
     from sglang_lilicorr.kernels.graph_timing import capture
 
     geo, dev, dtype = GEOMETRIES[geometry], "cuda", torch.bfloat16
@@ -73,7 +72,8 @@ def run(geometry: str, bs: int, reps: int, variant: str = "served") -> dict:
     g = torch.Generator().manual_seed(0)
     embed = (torch.randn(geo.V, geo.HM, generator=g) * 0.02).to(dev, dtype)
     lm_head = (torch.randn(geo.V, geo.HM, generator=g) / geo.HM**0.5).to(dev, dtype)
-    fast = FastLiLiCorrSelect(head, embed_weight=embed, **VARIANTS[variant])
+    with torch.no_grad():
+        fast = build_variant(variant, head, head.token_table(embed))
     hidden, anchor = make_inputs(geo, bs, dev, dtype)
     logits = F.linear(hidden.reshape(bs * geo.S, geo.HM), lm_head)
     graph, _ = capture(lambda: fast.select_from_logits(logits, hidden, anchor))
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     ap.add_argument("--geometry", choices=("paper", "testbed"), default="paper")
     ap.add_argument("--bs", type=int, default=1)
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--variant", default="served", help="one of head_bench's VARIANTS (FastLiLiCorrSelect options), e.g. served_unfolded")
+    ap.add_argument("--variant", default="served", help="one of head_bench's VARIANTS (the select's plans), e.g. served_unfolded")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "timeline.json"))
     args = ap.parse_args(argv)
     from sglang_lilicorr.benchmarks.head_bench import VARIANTS

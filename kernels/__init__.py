@@ -6,21 +6,25 @@
   the decoders of sglang_lilicorr.walk, one program per request.
 - lattice_attention_triton(qkv [b*L, 3H], bias [heads, L, L], heads) -> out [b*L, H]:
   the lattice transformer's self-attention on the packed QKV GEMM output (replaces SDPA).
-- linear_silu_triton(x [M, K], weight [N, K], bias [N] | None) -> silu(x @ weight.T + bias) [M, N]:
-  the lattice FFN's up projection with its bias + SiLU epilogue in one GEMM (prefer_triton(M) in ffn_silu).
+- gemm_epilogue_triton(x [M, K], weight [N, K], bias [N] | None, ...) -> [M, N]: a GEMM with its epilogue in one
+  launch (bias, SiLU, per-request bias, pre-norm, residual add, node assembly); linear_silu_triton is the lattice
+  FFN's up projection with bias + SiLU.
 - linear_add_rmsnorm_triton / lattice_nodes_linear_triton (linear_norm): a GEMM whose epilogue is the
-  residual add (or the node assembly) + RMSNorm (prefer_fused(N, M) in linear_norm).
-See README.md in this folder for launch geometry and references.
+  residual add (or the node assembly) + RMSNorm.
+Their launches come from kernels/tuning.py, which holds every measured launch table. See README.md in this folder
+for launch geometry and references.
 """
-from .topk_lse import MAX_TOPK, topk_lse, topk_lse_reference, uses_triton
+from .device import uses_triton
+from .topk_lse import topk_lse
+from .topk_reference import MAX_TOPK, topk_lse_reference
 
 _TRITON_ONLY = {
     "topk_lse_triton": "topk_lse_fused",
-    "TopKLaunch": "topk_lse_fused",
     "greedy_walk_triton": "walk",
     "viterbi_triton": "walk",
     "lattice_attention_triton": "lattice_attention",
-    "linear_silu_triton": "ffn_silu",
+    "gemm_epilogue_triton": "gemm_epilogue",
+    "linear_silu_triton": "gemm_epilogue",
     "linear_add_rmsnorm_triton": "linear_norm",
     "lattice_nodes_linear_triton": "linear_norm",
 }

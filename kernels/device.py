@@ -1,8 +1,9 @@
-"""Facts about the device a kernel launches on, looked up once per device (launches on the
+"""Facts about the device a kernel launches on; the driver's are looked up once per device (launches on the
 eager serving path must not query the driver each time)."""
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -25,3 +26,13 @@ def rows_per_program(t: torch.Tensor) -> int:
     """Rows of a row kernel per program: one on a GPU (parallelism at small batch); many under
     Triton's CPU interpreter, whose cost is per program."""
     return 1 if t.is_cuda else 16
+
+
+def uses_triton(t: torch.Tensor) -> bool:
+    """Whether the Triton path serves tensors on t's device (CUDA, or CPU under the interpreter)."""
+    return t.is_cuda or (t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def pdl_supported(t: torch.Tensor) -> bool:
+    """Whether kernels on t's device can be launched with PDL: CUDA sm_90+ (not the interpreter)."""
+    return t.is_cuda and sm_major(t.device) >= 9

@@ -14,11 +14,9 @@ Two row kernels around the feature MLP's down projection (a cuBLAS GEMM):
                          squares that the QKV GEMM's norm reads: kernels/head_norm.store_sumsq).
 
 Both run one program per row; no host syncs (CUDA-graph capturable). The node sum (`node_sum`, `node_sum_in_order`) is
-also the feature down GEMM's node epilogue (kernels/ffn_silu.py, `nodes`; FastLiLiCorrSelect's nodes_in_gemm).
+also the feature down GEMM's node epilogue (kernels/gemm_epilogue.py, `nodes`; the select plan's nodes_in_gemm).
 """
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 import triton
@@ -28,19 +26,11 @@ from .device import rows_per_program
 from .head_norm import SUMSQ_GROUP, norm_store, store_sumsq
 from .pdl import check_pdl, check_release_early, dependency_wait, early_release, grid_dependency_wait, pdl_launch
 from .topk_lse_fused import TopKParts, key_index, key_value, merge_row
+from .tuning import CONFIDENCE_MERGE_LAUNCH, ConfidenceLaunch
 
 NUM_FEATURES = 5  # log p, p, log p - log p_top, rank / (K-1), is-top-1 (sglang_lilicorr.head)
 
 
-class ConfidenceLaunch(NamedTuple):
-    block_h: int = 256  # the most columns per program (a power of two)
-    num_warps: int = 4
-
-
-LAUNCH = ConfidenceLaunch()
-# With the top-K's merge inside (parts=): one warp, whose reductions over the partials' keys stay in-warp, on 128 columns
-# (H100, version 27: testbed head bs 1 -0.6 us against 256 columns on 4 warps, paper head -0.2).
-MERGE_LAUNCH = ConfidenceLaunch(block_h=128, num_warps=1)
 
 
 @triton.jit
@@ -208,7 +198,7 @@ def confidence_up_triton(
     else:
         vals, lse = vals.contiguous(), lse.contiguous()
         merged = (lp, lp, lp, 0, lp)  # unused without the merge (lp stands in for the pointers)
-    launch = MERGE_LAUNCH if merge else LAUNCH
+    launch = CONFIDENCE_MERGE_LAUNCH if merge else ConfidenceLaunch()
     block_h = min(triton.next_power_of_2(h), launch.block_h)
     if g:
         _confidence_up_kernel[(g, triton.cdiv(h, block_h))](
@@ -234,7 +224,7 @@ def lattice_nodes_triton(
     launch_pdl: bool | None = None,  # False: launched in full order (after a stream join); None: pdl
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (residual stream x [b*S*K, H], RMSNorm(x) [b*S*K, H]), both in table's dtype; with sumsq_out
-    (the norm folded into the QKV GEMM, kernels/ffn_silu.py) -> (x, sumsq_out)."""
+    (the norm folded into the QKV GEMM, kernels/gemm_epilogue.py) -> (x, sumsq_out)."""
     check_pdl(pdl, table, "lattice_nodes_triton")
     b, s, k = ids.shape
     h = table.shape[1]

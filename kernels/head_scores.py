@@ -21,32 +21,22 @@ slot s-1's candidate i -> slot s's candidate; the anchor's row for s = 0) into o
 candidate (K <= 16), then counts itself done on a per-request counter; the request's last program
 loads the S words, follows the successors from the anchor through slot S (a shift and a mask per
 slot, no reduction), gathers the walked candidates' ids and resets the counter. One launch fewer
-on the critical path than cosine + walk kernel (PERF_NOTES.md, version 15).
+on the critical path than cosine + walk kernel (PERF_NOTES.md).
 
 With launch.split > 1 (the walk's launch only) each factor's D columns go to that many programs, whose loops are that
 many times shorter: each stores its three partial Grams, counts itself on a per-factor counter, and the factor's last
 program sums the parts in a fixed order (deterministic; the sums run in another order than one program's, so the
-scores may differ in the last fp32 bits), resets that counter and goes on as above (PERF_NOTES.md, version 26).
+scores may differ in the last fp32 bits), resets that counter and goes on as above (PERF_NOTES.md).
 """
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
 from .pdl import check_pdl, grid_dependency_wait
+from .tuning import CosineLaunch
 
-class CosineLaunch(NamedTuple):
-    block_d: int = 128  # D columns per step (a power of two)
-    num_warps: int = 4
-    num_stages: int = 3  # steps in flight (sm_90, bf16, 128 columns: 104 registers, 14 KiB shared)
-    f32_dot: bool = False  # 16-bit operands converted to fp32 (TF32 dots) before tl.dot: not pipelined
-    split: int = 1  # programs per factor, each over D / split columns; > 1: the walk's launch only (counters per factor)
-
-
-LAUNCH = CosineLaunch()
 WALK_MAX_K = 16  # the walk packs a factor's successors 4 bits per candidate into one int64
 
 
@@ -177,7 +167,7 @@ def lattice_cosine_triton(
     anchor_out: torch.Tensor,  # [b, D] anchor out head output (un-normalised), unit column stride
     sigma: float,
     eps: float,
-    launch: CosineLaunch = LAUNCH,
+    launch: CosineLaunch = CosineLaunch(),
     *, pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (start fp32 [b, K], pair fp32 [b, S-1, K, K])."""
@@ -191,7 +181,7 @@ def lattice_cosine_walk_triton(
     eps: float,
     ids: torch.Tensor,  # [b, S, K] candidate token ids
     counters: torch.Tensor,  # int32 zeros, >= walk_counters(b, S, launch) entries; left zero (reused across calls and replays)
-    launch: CosineLaunch = LAUNCH,
+    launch: CosineLaunch = CosineLaunch(),
     *, pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (start fp32 [b, K], pair fp32 [b, S-1, K, K], draft ids [b, S] int64: the ids of the
@@ -210,14 +200,10 @@ def lattice_cosine_walk_triton(
     return _launch_cosine("lattice_cosine_walk_triton", edges, anchor_out, sigma, eps, launch, pdl, (ids, counters))
 
 
-def _block_d(d: int, launch: CosineLaunch) -> int:
-    return max(16, min(triton.next_power_of_2(d), launch.block_d))
-
-
 def check_split(name: str, d: int, launch: CosineLaunch, walk: bool = True) -> None:
     """launch.split must be a positive int cutting D into whole steps, and > 1 only with the walk (its counters)."""
-    block_d = _block_d(d, launch)
-    if not isinstance(launch.split, int) or launch.split < 1 or (launch.split > 1 and (not walk or d % (launch.split * block_d))):
+    block_d = launch.step(d)
+    if not isinstance(launch.split, int) or launch.split < 1 or (launch.split > 1 and (not walk or not launch.cuts(d))):
         raise ValueError(
             f"{name}: split={launch.split!r} cuts each factor's D = {d} columns over that many programs in whole "
             f"{block_d}-column steps, with a counter per factor: it needs a positive int dividing {max(1, d // block_d)} and, "
@@ -225,7 +211,7 @@ def check_split(name: str, d: int, launch: CosineLaunch, walk: bool = True) -> N
         )
 
 
-def walk_counters(b: int, s: int, launch: CosineLaunch = LAUNCH) -> int:
+def walk_counters(b: int, s: int, launch: CosineLaunch = CosineLaunch()) -> int:
     """The int32 counters lattice_cosine_walk_triton needs: one per request, and with launch.split > 1 one per factor."""
     return b + (b * s if launch.split > 1 else 0)
 
@@ -247,7 +233,7 @@ def _launch_cosine(name, edges, anchor_out, sigma, eps, launch, pdl, walk=None):
     pair = torch.empty((b, max(s - 1, 0), k, k), dtype=torch.float32, device=dev)
     kp = max(16, triton.next_power_of_2(k))
     draft = None
-    block_d = _block_d(d, launch)
+    block_d = launch.step(d)
     check_split(name, d, launch, walk is not None)
     walk_args = (start, start, start, 0, 0, 0, start)  # unused without the walk (start stands in for the pointers)
     split_args = (start, start)  # unused at split 1
@@ -271,8 +257,8 @@ def _launch_cosine(name, edges, anchor_out, sigma, eps, launch, pdl, walk=None):
     return start, pair, draft
 
 
-SWEEP = (  # the launches `bench_lattice_cosine(sweep=True)` times beside LAUNCH
-    CosineLaunch(f32_dot=True),  # fp32 copies of the operands, as version 8 (then not pipelined)
+SWEEP = (  # the launches `bench_lattice_cosine(sweep=True)` times beside the default CosineLaunch()
+    CosineLaunch(f32_dot=True),  # fp32 copies of the operands (then not pipelined)
     CosineLaunch(num_stages=1),
     CosineLaunch(block_d=64, num_stages=4),
     CosineLaunch(block_d=128, num_stages=5),
@@ -283,7 +269,7 @@ SWEEP = (  # the launches `bench_lattice_cosine(sweep=True)` times beside LAUNCH
 
 def bench_lattice_cosine(bs_list=(1, 4, 16, 32), S: int = 15, K: int = 8, D: int = 1024, *, sweep: bool = False, rep_ms: int = 100):
     """On CUDA, bf16 edges [b, S, K, 2D] (paper geometry): ms per call (graph replay, median) of
-    lattice_cosine_triton with LAUNCH (and each SWEEP launch) -> rows {bs, launch, ms, max_err}
+    lattice_cosine_triton with the default launch (and each SWEEP launch) -> rows {bs, launch, ms, max_err}
     (max_err: against the fp32 F.normalize definition)."""
     import torch.nn.functional as F
 
@@ -299,7 +285,7 @@ def bench_lattice_cosine(bs_list=(1, 4, 16, 32), S: int = 15, K: int = 8, D: int
         out_v, in_v = F.normalize(edges.float().view(bs, S, K, 2, D), dim=-1).unbind(3)
         ref_start = 8.0 * torch.einsum("bd,bkd->bk", F.normalize(anchor.float(), dim=-1), in_v[:, 0])
         ref_pair = 8.0 * out_v[:, :-1] @ in_v[:, 1:].transpose(-1, -2)
-        for launch in (LAUNCH, *SWEEP) if sweep else (LAUNCH,):
+        for launch in (CosineLaunch(), *SWEEP) if sweep else (CosineLaunch(),):
             ms, (start, pair) = graph_ms(lambda: lattice_cosine_triton(edges, anchor, 8.0, 1e-6, launch), rep_ms)
             err = max(float((start - ref_start).abs().max()), float((pair - ref_pair).abs().max()))
             rows.append(dict(bs=bs, launch=launch._asdict(), ms=ms, max_err=err))

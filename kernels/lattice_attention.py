@@ -18,13 +18,13 @@ Under the CPU interpreter bf16 operands are dotted as fp32 copies (its tl.dot mu
 bits); bf16 products are exact in fp32, so this is the tensor-core result up to summation order.
 Only torch.empty and one launch: static-shaped, no host syncs, CUDA-graph capturable.
 
-Launch geometry: BLOCK_M = 64 query rows, num_warps = 4 (one warpgroup: Hopper's wgmma tile is
-64 rows per warpgroup). At the paper shape (LP = DP = 128, bf16) the sm_90 build uses wgmma, 142
-registers per thread, 80 KiB shared memory and no spills; BLOCK_M = 128 needs 8 warps (138 registers,
-no spills) where 4 warps spill (tests/test_lattice_attention.py checks both with ptxas). With
-L = 120 the default is 2 programs per (request, head): 16 at b = 1, 512 at b = 32; K and V of a head
-are read by both query blocks (the second read hits L2). fp32 inputs take IEEE FMA dots (exact, for
-tests; they spill, not a fast path). L > 128 (LP = 256) is correct but untuned.
+Launch geometry: `block_m` query rows per program, by default (kernels/tuning.py) 64 rows, or 32 at b <= 4 (more,
+smaller programs); num_warps = 4 (one warpgroup: Hopper's wgmma tile is 64 rows per warpgroup). At the paper shape
+(LP = DP = 128, bf16) the sm_90 build uses wgmma, 142 registers per thread, 80 KiB shared memory and no spills;
+BLOCK_M = 128 needs 8 warps (138 registers, no spills) where 4 warps spill (tests/test_lattice_attention.py checks
+both with ptxas). With L = 120 and 64 rows there are 2 programs per (request, head); K and V of a head are read by
+every query block of it (the later reads hit L2). fp32 inputs take IEEE FMA dots (exact, for tests; they spill, not
+a fast path). L > 128 (LP = 256) is correct but untuned.
 """
 from __future__ import annotations
 
@@ -36,10 +36,9 @@ import triton
 import triton.language as tl
 
 from .pdl import check_pdl, grid_dependency_wait, pdl_launch
+from .tuning import ATTENTION_BLOCK_M, ATTENTION_SMALL_BATCH, ATTENTION_SMALL_BATCH_BLOCK_M
 
 MAX_NODES = 256  # one key tile per request: S [BLOCK_M, LP] fp32 must stay in registers
-BLOCK_M = 64
-SMALL_BATCH_BLOCK_M, SMALL_BATCH = 32, 4  # b <= 4: more, smaller programs (H200, c89afbe: 4.3 vs 5.2 us at b = 1)
 NUM_WARPS = 4
 
 
@@ -149,7 +148,7 @@ def lattice_attention_triton(
         )
     lp, dp = max(16, triton.next_power_of_2(length)), max(16, triton.next_power_of_2(dh))
     if block_m is None:
-        block_m = SMALL_BATCH_BLOCK_M if b <= SMALL_BATCH else BLOCK_M
+        block_m = ATTENTION_SMALL_BATCH_BLOCK_M if b <= ATTENTION_SMALL_BATCH else ATTENTION_BLOCK_M
     if block_m < 16 or block_m & (block_m - 1):
         raise ValueError(f"lattice_attention_triton: block_m = {block_m} must be a power of two >= 16")
     block_m = min(block_m, lp)
@@ -163,3 +162,31 @@ def lattice_attention_triton(
             **pdl_launch(pdl, launch_pdl), num_warps=num_warps,
         )
     return out
+
+
+def bench_lattice_attention(bs_list=(1, 4, 32), launches=((64, 4), (128, 8), (32, 4), (16, 4)), *, rep_ms: int = 100):
+    """On CUDA, bf16 at the paper shape (8 heads of 128, L = 120): ms per call (graph replay, median) of
+    LatticeAttention's SDPA call and of this kernel at each (block_m, num_warps) -> rows {bs, launch, ms, sdpa_ms}."""
+    from .graph_timing import graph_ms
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("bench_lattice_attention: needs a CUDA device")
+    heads, dh, length = 8, 128, 120
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    bias = torch.randn(heads, length, length, device="cuda", dtype=torch.bfloat16, generator=gen)
+    rows = []
+    for bs in bs_list:
+        qkv = torch.randn(bs * length, 3 * heads * dh, device="cuda", dtype=torch.bfloat16, generator=gen)
+        sdpa_ms = graph_ms(lambda: lattice_attention_reference(qkv, bias, heads), rep_ms)[0]
+        for block_m, warps in launches:
+            ms = graph_ms(lambda: lattice_attention_triton(qkv, bias, heads, block_m=block_m, num_warps=warps), rep_ms)[0]
+            rows.append(dict(bs=bs, launch=dict(block_m=block_m, num_warps=warps), ms=ms, sdpa_ms=sdpa_ms))
+    return rows
+
+
+if __name__ == "__main__":
+    import json
+
+    print(f"{torch.cuda.get_device_name()}, 8 heads x 128, L = 120, bf16, triton {triton.__version__}")
+    for r in bench_lattice_attention():
+        print(json.dumps(r), flush=True)

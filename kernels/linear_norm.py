@@ -27,14 +27,12 @@ partials, no atomics.
 `counters` is an int32 buffer of zeros with at least cdiv(M, BLOCK_M) entries that only one stream
 uses (`FastLiLiCorrSelect` owns one); every launch leaves it zero.
 
-Launch configs from a static table by (N, M) (CONFIG_BY_SHAPE), with whether the fused kernel beats
-cuBLAS + add_rmsnorm_triton there (`prefer_fused`); `python -m sglang_lilicorr.kernels.linear_norm`
+Launch configs from a static table by (N, M) (tuning.NORM_CONFIG_BY_SHAPE, which also says where the fused kernel
+beats cuBLAS + add_rmsnorm_triton: the select's plan reads that); `python -m sglang_lilicorr.kernels.linear_norm`
 times both on the serving GPU. Under the CPU interpreter 16-bit operands are dotted as fp32 copies
 (gemm_tile). tests/test_linear_norm.py lowers every config to sm_90 under both Tritons.
 """
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -42,55 +40,21 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from .ffn_silu import gemm_tile
+from . import tuning
+from .gemm_epilogue import gemm_tile
 from .head_nodes import node_sum_in_order
 from .head_norm import add_rmsnorm_triton, norm_store
-
-
-class NormLaunch(NamedTuple):
-    block_m: int
-    block_n: int
-    block_k: int
-    num_stages: int
-    num_warps: int
-
-
-CONFIGS = {
-    "row16": NormLaunch(16, 256, 64, 3, 4),  # whole rows of width <= 256 (the testbed head)
-    "row32": NormLaunch(32, 256, 64, 3, 4),
-    "row64": NormLaunch(64, 256, 64, 3, 8),
-    "split64x32": NormLaunch(64, 32, 128, 4, 4),  # rows split over column tiles (width 1024)
-    "split64x64": NormLaunch(64, 64, 64, 4, 4),
-    "split128x64": NormLaunch(128, 64, 64, 4, 8),
-    "fp32": NormLaunch(16, 32, 32, 2, 4),  # fp32 inputs: exact IEEE FMA dots
-}
-
-# (largest N, largest M, config, prefer the fused kernel over cuBLAS + add_rmsnorm_triton);
-# the first row with N <= n_bound and M <= m_bound applies, None = unbounded.
-CONFIG_BY_SHAPE = (  # H100, 1002219 (bf16; speed-up over cuBLAS + add_rmsnorm_triton, K = N / 2N)
-    (256, 480, "row16", False),  # M = 120: 1.00 / 0.86; M = 480: 1.03 / 0.89
-    (256, None, "row16", True),  # M = 1920: 1.14 / 1.00; M = 3840: 1.21 / 1.08
-    (None, None, "row64", False),  # width 1024: 0.37-0.79 at every M (GEMM tiles that cover whole rows
-)  # or a fix-up over split rows lose more to cuBLAS than the saved launch)
-
-
-def _shape_row(n: int, m: int) -> tuple:
-    return next(r for r in CONFIG_BY_SHAPE if (r[0] is None or n <= r[0]) and (r[1] is None or m <= r[1]))
+from .tuning import NORM_CONFIGS
 
 
 def select_config(n: int, m: int, dtype: torch.dtype) -> str:
-    """Name of the launch config for an [M, N] output of `dtype` (fp32 has its own config)."""
-    return "fp32" if dtype == torch.float32 else _shape_row(n, m)[2]
-
-
-def prefer_fused(n: int, m: int) -> bool:
-    """Whether linear_add_rmsnorm_triton beats F.linear + add_rmsnorm_triton at [M, N] (measured)."""
-    return _shape_row(n, m)[3]
+    """Name of the launch config (tuning.NORM_CONFIGS) for an [M, N] output of `dtype` (fp32 has its own config)."""
+    return "fp32" if dtype == torch.float32 else tuning.norm_band(n, m)[2]
 
 
 def row_tiles(m: int, n: int, dtype: torch.dtype, config: str | None = None) -> int:
     """Counters a launch at [M, N] needs (its row tiles)."""
-    return triton.cdiv(m, CONFIGS[config or select_config(n, m, dtype)].block_m)
+    return triton.cdiv(m, NORM_CONFIGS[config or select_config(n, m, dtype)].block_m)
 
 
 @triton.jit
@@ -201,7 +165,7 @@ def linear_add_rmsnorm_triton(
     counters: torch.Tensor,  # int32 zeros, >= row_tiles(M, N, dtype, config) entries, left zero
     cross: torch.Tensor | None = None,  # [b, N] anchor state t, M = b * rows per request
     *,
-    config: str | None = None,  # a CONFIGS key; None: select_config(N, M, dtype)
+    config: str | None = None,  # a NORM_CONFIGS key; None: select_config(N, M, dtype)
 ) -> torch.Tensor:
     """-> RMSNorm(x + a @ weight.T + bias) * norm_weight [M, N], or concat[h, h * t] [M, 2N]; one launch."""
     _check(a, weight, bias, x, norm_weight, cross)
@@ -239,11 +203,11 @@ def lattice_nodes_linear_triton(
 
 def _launch(a, weight, bias, x, norm_weight, eps, counters, cross, config, nodes) -> torch.Tensor:
     """One launch of _linear_add_rmsnorm_kernel -> the normalised rows (x written in place)."""
-    if config is not None and config not in CONFIGS:
-        raise ValueError(f"linear_add_rmsnorm_triton: config {config!r} unknown; use one of {sorted(CONFIGS)}")
+    if config is not None and config not in NORM_CONFIGS:
+        raise ValueError(f"linear_add_rmsnorm_triton: config {config!r} unknown; use one of {sorted(NORM_CONFIGS)}")
     (m, k), n = a.shape, weight.shape[0]
     name = config or select_config(n, m, x.dtype)
-    c = CONFIGS[name]
+    c = NORM_CONFIGS[name]
     n_tiles, m_tiles = triton.cdiv(n, c.block_n), triton.cdiv(m, c.block_m)
     if n_tiles > 1 and (counters.dtype != torch.int32 or counters.numel() < m_tiles or counters.device != x.device):
         raise ValueError(
@@ -287,7 +251,7 @@ def bench_linear_norm(shapes=None, m_list=(120, 480, 1920, 3840), *, dtype=torch
             x = torch.randn(m, n, device="cuda", dtype=dtype, generator=gen)
             unfused = graph_ms(lambda: add_rmsnorm_triton(x, F.linear(a, weight, bias), norm_w, 1e-6), rep_ms)[0]
             chosen = select_config(n, m, dtype)
-            for name in (c for c in CONFIGS if c != "fp32"):
+            for name in (c for c in NORM_CONFIGS if c != "fp32"):
                 ms = graph_ms(lambda: linear_add_rmsnorm_triton(a, weight, bias, x, norm_w, 1e-6, counters, config=name), rep_ms)[0]
                 rows.append(dict(K=k, N=n, M=m, config=name + ("*" if name == chosen else ""), fused_ms=ms, unfused_ms=unfused, speedup=unfused / ms))
     return rows

@@ -13,15 +13,15 @@ is still running. Its programs first call `grid_dependency_wait(PDL)`:
 Each kernel of the select path therefore runs as soon as its input is ready, with the next launch
 already under way. Two exceptions read before the wait:
   - constants (a weight, a bias, a table: nothing any kernel writes), so that their latency hides behind the
-    kernel before (kernels/prefetch.py for whole weights; the epilogue operands of kernels/ffn_silu.py, the
+    kernel before (kernels/prefetch.py for whole weights; the epilogue operands of kernels/gemm_epilogue.py, the
     lattice bias, the confidence MLP's weights);
   - the top-K split kernel beside the pass projection (kernels/topk_lse_fused.py, `beside`): it reads only
     what was written before that kernel started, and waits at its end instead.
 A short kernel can release the next one at its start instead (`release_early`: the confidence kernel before the
-feature GEMM with the nodes), so that the next kernel's prologue has more lead (PERF_NOTES.md, version 23).
+feature GEMM with the nodes), so that the next kernel's prologue has more lead (PERF_NOTES.md).
 Kernels that are not launched this way (cuBLAS, PyTorch) keep full stream order around them; with PDL=False
 both instructions compile away. Measured on an H100 in a CUDA
-graph (benchmarks/PERF_NOTES.md, version 14): 0.4-0.7 us less per kernel boundary.
+graph (benchmarks/PERF_NOTES.md): 0.4-0.7 us less per kernel boundary.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .device import sm_major
+from .device import pdl_supported
 
 
 @triton.jit
@@ -60,11 +60,6 @@ def early_release(PDL: tl.constexpr, RELEASE_EARLY: tl.constexpr):
     if RELEASE_EARLY:
         if PDL:
             gdc_launch_dependents()
-
-
-def pdl_supported(t: torch.Tensor) -> bool:
-    """Whether kernels on t's device can be launched with PDL: CUDA sm_90+ (not the interpreter)."""
-    return t.is_cuda and sm_major(t.device) >= 9
 
 
 def check_pdl(pdl: bool, t: torch.Tensor, name: str) -> None:

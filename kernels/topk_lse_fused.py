@@ -7,14 +7,13 @@ Stage 1 ("split") streams one chunk of one row once, in tiles of R sub-tiles x G
     K-best buffer of sub-tile keys takes the rest, and only tiles that beat its worst key pay for
     an insertion (in-warp reductions, one chain per entering sub-tile). Ranking the first tiles
     at once spares the chunk's start, where nearly every sub-tile would enter, those chains; a
-    register per sub-tile for the whole chunk measured slower on long chunks (PERF_NOTES.md,
-    version 15).
+    register per sub-tile for the whole chunk measured slower on long chunks (PERF_NOTES.md).
   At the end of the chunk it re-loads the <= K chosen sub-tiles (K x G logits, just read: cache
   hits) to take the exact top-K. The K best elements of the chunk lie in its K best sub-tiles: a
   sub-tile ranked below K others holds nothing better than their K maxima.
 Stage 2 ("merge") combines the per-chunk partials of a row. With one chunk per row the split
 kernel finishes the row itself and stage 2 is not launched. (Merging in the split kernel, by the
-row's last split program to arrive, measured no faster on an H200: PERF_NOTES.md, version 9.)
+row's last split program to arrive, measured no faster on an H200: PERF_NOTES.md.)
 
 Beside the kernel before it (`beside=True`, under PDL): the split kernel reads only the logits, so it may run
 while the kernel launched just before it (a projection the select needs later, which reads none of the split's
@@ -33,7 +32,7 @@ the map, so the ranking rounds run on int32 keys, (top 16 bits) << 16 | 2^16-1-i
 counted from the chunk's start (the split kernel, chunks of <= 2^16 logits) or the partial's position
 (the merge: splits in vocabulary order, each one's keys descending, so among equal values a lower
 position is a lower index). An int64 max is several instructions and two shuffles per step; the split
-kernel's ranking took 3.0 us on int64 keys and 0.9 on int32 (H100, bs 1, PERF_NOTES.md version 29).
+kernel's ranking took 3.0 us on int64 keys and 0.9 on int32 (H100, bs 1, PERF_NOTES.md).
 The chosen keys are widened back to int64 (the partials and the outputs do not change).
 """
 from __future__ import annotations
@@ -46,31 +45,12 @@ import triton.language as tl
 
 from .device import sm_count
 from .pdl import check_pdl, grid_dependency_wait, pdl_launch
-from .topk_lse import check_topk_lse_args, topk_lse_reference
+from .topk_reference import check_topk_lse_args, topk_lse_reference
+from .tuning import TOPK_FEW_ROWS, TOPK_MIN_TILES_PER_SPLIT, TopKLaunch
 
 SENTINEL = tl.constexpr(-(2**63))  # below every ordering key
 NARROW_SENTINEL = tl.constexpr(-(2**31))  # ... of the narrow keys
 NARROW_SPAN = 2**16  # narrow keys: indices (chunk offsets, partial positions) below this
-GROUP = 64  # logits per sub-tile (128 bytes of bf16)
-
-
-class TopKLaunch(NamedTuple):
-    """How the split kernel streams the logits (sweep: `python -m sglang_lilicorr.kernels.topk_lse_fused`)."""
-
-    block: int = 1024  # logits per tile (a power of two >= 16): 32 per thread of one warp = four 16-byte loads
-    num_warps: int = 1  # one warp: every reduction is in-warp (shuffles, no barriers)
-    programs_per_sm: int = 16  # the split grid aims at one wave of these per SM
-    maxnreg: int | None = 128  # per thread (no spills on sm_90): 16 one-warp programs fit an SM's registers
-    group: int = GROUP  # logits per sub-tile (the chunk's end re-ranks the K best sub-tiles' K * group logits)
-    collect_tiles: int = 8  # tiles at a chunk's start whose sub-tile maxima are ranked at once (a power of two)
-    few_rows_tiles: int = 4  # the shortest run of tiles per split at N <= FEW_ROWS (bs 1)
-    narrow_keys: bool = True  # bf16 logits: rank on int32 keys (module docstring)
-
-
-LAUNCH = TopKLaunch()  # H200 sweep, b16a836 (benchmarks/results/h200_topk_sweep_b16a836.txt)
-MIN_TILES_PER_SPLIT = 8  # small N: fewer, longer splits keep the merge's input small ...
-FEW_ROWS = 16  # ... but N <= 16 (bs 1) takes runs of launch.few_rows_tiles: 4, 38 splits at the paper vocab, 17.6-17.9
-# vs 18.9-19.0 us for 19 (H100, two calls: benchmarks/results/h100_prefetch_v17/call_{a,b}/head_bench_paper_*.log); at N = 60, 38 lose
 
 
 @triton.jit
@@ -170,7 +150,7 @@ def _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK: tl.c
     LOG2E: tl.constexpr = 1.4426950408889634
     x = x_next.to(tl.float32)
     # issue the next tile's load before this tile's reductions: two tiles in flight (a third
-    # measured slower: more registers at the same occupancy, PERF_NOTES.md version 9)
+    # measured slower: more registers at the same occupancy, PERF_NOTES.md)
     nxt = start + BLOCK + tile
     x_next = tl.load(row_ptr + nxt, mask=nxt < hi, other=-float("inf"), cache_modifier=CACHE)
     sub_max = tl.max(x, 1)  # [R]; masked logits are -inf, ranked after every real one
@@ -319,12 +299,13 @@ def _topk_lse_merge_kernel(
     _store_keys(best_keys, slots, vals_ptr + row * K, ids_ptr + row * K, K)
 
 
-def min_tiles(n_rows: int, launch: TopKLaunch = LAUNCH) -> int:
-    """The shortest run of tiles per split for N rows (MIN_TILES_PER_SPLIT, or launch.few_rows_tiles up to FEW_ROWS)."""
-    return launch.few_rows_tiles if n_rows <= FEW_ROWS else MIN_TILES_PER_SPLIT
+def min_tiles(n_rows: int, launch: TopKLaunch = TopKLaunch()) -> int:
+    """The shortest run of tiles per split for N rows (TOPK_MIN_TILES_PER_SPLIT, or launch.few_rows_tiles up to
+    TOPK_FEW_ROWS)."""
+    return launch.few_rows_tiles if n_rows <= TOPK_FEW_ROWS else TOPK_MIN_TILES_PER_SPLIT
 
 
-def split_plan(n_rows: int, vocab: int, device: torch.device, launch: TopKLaunch = LAUNCH) -> tuple[int, int]:
+def split_plan(n_rows: int, vocab: int, device: torch.device, launch: TopKLaunch = TopKLaunch()) -> tuple[int, int]:
     """(splits per row, logits per split), from N: about one wave of split programs on the GPU
     (launch.programs_per_sm per SM), each a run of >= min_tiles(N) whole tiles. Paper vocab
     on 132 SMs, 1024-logit tiles, 16 programs per SM: N = 15 -> 38 splits of 4 tiles; 60 -> 19 of 8;
@@ -355,7 +336,7 @@ class TopKParts(NamedTuple):
 
 
 def topk_lse_triton(
-    logits: torch.Tensor, k: int, splits: int | None = None, launch: TopKLaunch = LAUNCH, *, pdl: bool = False,
+    logits: torch.Tensor, k: int, splits: int | None = None, launch: TopKLaunch = TopKLaunch(), *, pdl: bool = False,
     beside: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """logits [N, V] -> (vals fp32 [N, k] descending, ids int64 [N, k], lse fp32 [N]).
@@ -371,8 +352,7 @@ def topk_lse_triton(
     (vals, ids, lse), parts = _split_stage("topk_lse_triton", logits, k, splits, launch, pdl, beside, final_ok=True)
     if parts is not None and logits.shape[0]:
         # Under PDL the merge still releases the next kernel early, but is itself launched in full stream order: launched
-        # early, its programs sit through the whole split stream and the select took 1.5-5.6 us longer (H100, version 18:
-        # benchmarks/results/h100_v18/call_d).
+        # early, its programs sit through the whole split stream and the select took 1.5-5.6 us longer (H100, PERF_NOTES.md).
         kp = parts.keys.shape[1]
         _topk_lse_merge_kernel[(logits.shape[0],)](
             parts.keys, parts.maxima, parts.sums, parts.splits, vals, ids, lse,
@@ -383,7 +363,7 @@ def topk_lse_triton(
 
 
 def topk_lse_parts(
-    logits: torch.Tensor, k: int, splits: int | None = None, launch: TopKLaunch = LAUNCH, *, pdl: bool = False,
+    logits: torch.Tensor, k: int, splits: int | None = None, launch: TopKLaunch = TopKLaunch(), *, pdl: bool = False,
     beside: bool = False,
 ) -> TopKParts:
     """logits [N, V] -> stage 1 only: the per-chunk partials, which the consumer merges (merge_row) into what
@@ -423,7 +403,7 @@ def _split_stage(name, logits, k, splits, launch, pdl, beside, final_ok: bool):
     kp = triton.next_power_of_2(k)
     final = splits == 1 and final_ok  # one chunk per row: the split kernel writes the outputs itself
     rows = 0 if final else n * splits
-    # Two merge widths per vocabulary (N <= FEW_ROWS and above), not one per N: a constexpr that followed
+    # Two merge widths per vocabulary (N <= TOPK_FEW_ROWS and above), not one per N: a constexpr that followed
     # the batch size would compile a new kernel for every batch size the server meets (a stall on the serving path).
     width = triton.next_power_of_2(max(splits, triton.cdiv(triton.cdiv(vocab, block), min_tiles(n, launch))))
     narrow = launch.narrow_keys and logits.dtype == torch.bfloat16 and width * kp <= NARROW_SPAN  # the merge's positions
@@ -443,8 +423,8 @@ def _split_stage(name, logits, k, splits, launch, pdl, beside, final_ok: bool):
     return outputs, None if final else parts
 
 
-SWEEP = (  # the launches `bench_topk_lse(sweep=True)` times beside LAUNCH
-    TopKLaunch(block=512, maxnreg=64),  # the version-8 launch
+SWEEP = (  # the launches `bench_topk_lse(sweep=True)` times beside the default TopKLaunch()
+    TopKLaunch(block=512, maxnreg=64),  # 512-logit tiles in 64 registers
     TopKLaunch(programs_per_sm=8),
     TopKLaunch(programs_per_sm=24),  # 80 registers used: 25 one-warp programs fit an SM
     TopKLaunch(block=2048, maxnreg=255, programs_per_sm=8),
@@ -455,8 +435,8 @@ def bench_topk_lse(
     n_list=(15, 60, 240, 480), vocab: int = 151936, k: int = 8, *, sweep: bool = False, splits_list=(), rep_ms: int = 100,
     pdl: bool = False,
 ):
-    """On CUDA, bf16 logits [N, V]: ms per call (graph replay, median) of topk_lse_triton with LAUNCH
-    (and with each SWEEP launch, and with LAUNCH at each of `splits_list` chunks per row instead of
+    """On CUDA, bf16 logits [N, V]: ms per call (graph replay, median) of topk_lse_triton with the default launch
+    (and with each SWEEP launch, and with the default at each of `splits_list` chunks per row instead of
     split_plan's) and of torch.topk + logsumexp -> rows {N, launch, splits, ms, torch_ms, equal}.
     `pdl`: the kernels launched as the select path launches them under PDL (sm_90+)."""
     from .graph_timing import graph_ms
@@ -469,8 +449,8 @@ def bench_topk_lse(
         logits = torch.randn(n, vocab, device="cuda", dtype=torch.bfloat16, generator=gen) * 4
         torch_ms = graph_ms(lambda: (logits.float().topk(k, dim=-1), logits.float().logsumexp(-1)), rep_ms)[0]
         ref_vals, ref_ids, ref_lse = topk_lse_reference(logits, k)
-        runs = [(launch, None) for launch in ((LAUNCH, *SWEEP) if sweep else (LAUNCH,))]
-        runs += [(LAUNCH, splits) for splits in splits_list]
+        runs = [(launch, None) for launch in ((TopKLaunch(), *SWEEP) if sweep else (TopKLaunch(),))]
+        runs += [(TopKLaunch(), splits) for splits in splits_list]
         for launch, splits in runs:
             ms, got = graph_ms(lambda: topk_lse_triton(logits, k, splits, launch=launch, pdl=pdl), rep_ms)
             vals, ids, lse = got
@@ -487,7 +467,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="time topk_lse_triton against torch on bf16 logits [N, 151936] (CUDA)")
     ap.add_argument("--sweep", action="store_true", help="also every SWEEP launch")
     ap.add_argument("--n", type=int, nargs="+", default=[15, 60, 240, 480], help="rows N")
-    ap.add_argument("--splits", type=int, nargs="*", default=[], help="also LAUNCH at these chunks per row")
+    ap.add_argument("--splits", type=int, nargs="*", default=[], help="also the default launch at these chunks per row")
     ap.add_argument("--pdl", action="store_true", help="launched as the select path does under PDL (sm_90+)")
     args = ap.parse_args()
     print(f"{torch.cuda.get_device_name()}, V = 151936, K = 8, bf16, triton {triton.__version__}, torch {torch.__version__}")

@@ -13,7 +13,8 @@ import triton
 import triton.language as tl
 
 from .pdl import check_pdl, grid_dependency_wait
-from .topk_lse import MAX_TOPK, uses_triton
+from .device import uses_triton
+from .topk_reference import MAX_TOPK
 
 
 @triton.jit

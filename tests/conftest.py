@@ -1,5 +1,5 @@
 import os
-import time
+import random
 
 import pytest
 import torch
@@ -29,15 +29,26 @@ if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = saved
 
 
+SEED = int(os.environ.get("LILICORR_TEST_SEED", "0"))  # the inputs of every seeded test; replay a failure with its value
+
+
+def pytest_report_header(config):
+    return f"LILICORR_TEST_SEED={SEED} (set it to run the seeded tests on other inputs)"
+
+
+@pytest.fixture(autouse=True)
+def _seeded_global_rngs():
+    """Every test starts torch's and Python's global generators from the session's seed."""
+    random.seed(SEED)
+    torch.manual_seed(SEED)
+
+
 @pytest.fixture
 def seed(monkeypatch) -> int:
-    """A seed from the clock, printed with a failing test's output; the Triton paths see
-    TRITON_INTERPRET=1 on a CPU machine."""
+    """The session's seed (LILICORR_TEST_SEED, default 0); the Triton paths see TRITON_INTERPRET=1 on a CPU machine."""
     if not torch.cuda.is_available():
         monkeypatch.setenv("TRITON_INTERPRET", "1")
-    value = time.time_ns() % 2**31
-    print(f"seed={value}")
-    return value
+    return SEED
 
 
 @pytest.fixture

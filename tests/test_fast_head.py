@@ -1,9 +1,9 @@
-"""FastLiLiCorrSelect (serving select path) equals the reference head + greedy walk, and its
-Triton epilogues (kernels/head_*.py) equal their PyTorch definitions.
+"""FastLiLiCorrSelect (serving select path) equals the reference head + greedy walk under every plan its kernels
+serve, and its Triton epilogues (kernels/head_*.py) equal their PyTorch definitions.
 
 CPU: small configs; the Triton kernels run under Triton's interpreter (tests/conftest.py selects
 it before anything imports triton). GPU (`-m gpu`): the paper config in bf16, eager and CUDA-graph
-replay. Inputs are fresh each run; the seed is printed with a failing test's output.
+replay. Inputs come from the session's seed (tests/conftest.py, LILICORR_TEST_SEED).
 """
 from __future__ import annotations
 
@@ -14,13 +14,17 @@ import torch
 import torch.nn.functional as F
 
 from sglang_lilicorr.config import LiLiCorrConfig
-from sglang_lilicorr.fast_head import FastLiLiCorrSelect, greedy_margin, reference_select
+from sglang_lilicorr.fast_head import FastLiLiCorrSelect
 from sglang_lilicorr.head import LiLiCorrHead, confidence_features
-from sglang_lilicorr.walk import greedy_walk
+from sglang_lilicorr.kernel_counters import KernelCounters
 from sglang_lilicorr.kernels import topk_lse_triton
 from sglang_lilicorr.kernels.head_nodes import confidence_up_triton, lattice_nodes_triton
 from sglang_lilicorr.kernels.head_norm import add_rmsnorm_triton, rmsnorm_triton, row_bias_silu_triton
 from sglang_lilicorr.kernels.head_scores import lattice_cosine_triton
+from sglang_lilicorr.kernels.tuning import ALL_GEMMS, CosineLaunch, TopKLaunch
+from sglang_lilicorr.select_plan import PYTORCH, HeadGeometry, SelectPlan, SelectPlans, plans_for
+from sglang_lilicorr.select_reference import greedy_margin, reference_select
+from sglang_lilicorr.walk import greedy_walk
 
 from sm90_build import check_in_fresh_process
 from triton_mode import CUDA, INTERPRETER, needs_interpreter
@@ -53,6 +57,12 @@ def make_inputs(b, s, hm, vocab, seed, dtype=torch.float32, device="cpu"):
     return [t.to(device=device, dtype=dtype) for t in (hidden, anchor, lm_head, embed)]
 
 
+def select_with(head, plan: SelectPlan | None = None, **table) -> FastLiLiCorrSelect:
+    """The select of `head` with `plan` at every batch size (None: the plans of kernels/tuning.py for its device);
+    `table`: embed_weight= or token_table=."""
+    return FastLiLiCorrSelect(head, plans=None if plan is None else SelectPlans.every(plan), **table)
+
+
 def request_error(start, pair, r_start, r_pair):
     """[b] largest score difference of each request."""
     err = (start - r_start.float()).abs().amax(dim=-1)
@@ -78,56 +88,54 @@ def assert_select_matches(fast, head, hidden, anchor, lm_head, atol, min_clear=1
     assert tokens.shape == r_tokens.shape and tokens.dtype == torch.int64
 
 
+def assert_same_bits(first: FastLiLiCorrSelect, second: FastLiLiCorrSelect, *inputs) -> None:
+    """Draft ids, candidate ids and log-probs equal bit for bit."""
+    for got, want in zip(first.select(*inputs), second.select(*inputs)):
+        assert torch.equal(got, want)
+
+
 # --- end to end --------------------------------------------------------------------------------
 
+CPU_PLANS = {  # the Triton paths the interpreter runs (no PDL, no side stream there)
+    "triton": SelectPlan(),  # Triton kernels around cuBLAS GEMMs
+    "norm_epilogue": SelectPlan(norm_epilogue=True),  # the nodes and residual adds + RMSNorm in GEMM epilogues
+    "triton_gemms": SelectPlan(triton_gemms=ALL_GEMMS),  # every GEMM a Triton GEMM with its epilogue
+    "folded": SelectPlan(fold_norms=True),  # ... and the lattice's norms folded into them
+    "folded_triton_gemms": SelectPlan(fold_norms=True, triton_gemms=ALL_GEMMS),
+}
 
-@pytest.mark.parametrize(
-    "fused, norm_epilogue, triton_gemms, fold_norms",
-    [
-        (False, None, None, None),
-        pytest.param(True, False, None, None, marks=needs_interpreter),
-        pytest.param(True, True, None, None, marks=needs_interpreter),
-        pytest.param(True, False, True, False, marks=needs_interpreter),  # every GEMM a Triton GEMM with its epilogue
-        pytest.param(True, None, None, True, marks=needs_interpreter),  # ... and the norms folded into them
-    ],
-)
+
+@pytest.mark.parametrize("plan", [pytest.param(name, marks=needs_interpreter) for name in CPU_PLANS] + ["pytorch"])
 @pytest.mark.parametrize("slots", [SMALL.num_slots, 2])
-def test_select_fp32_equals_reference(seed, monkeypatch, fused, norm_epilogue, triton_gemms, fold_norms, slots):
-    if not fused:  # the PyTorch path end to end (top-K and walk references too)
+def test_select_fp32_equals_reference(seed, monkeypatch, plan, slots):
+    if plan == "pytorch":  # the PyTorch path end to end (top-K and walk references too)
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     head = make_head(SMALL, HM, seed)
     hidden, anchor, lm_head, embed = make_inputs(4, slots, HM, VOCAB, seed)
-    fast = FastLiLiCorrSelect(
-        head, embed_weight=embed, fused=fused, norm_epilogue=norm_epilogue, triton_gemms=triton_gemms, fold_norms=fold_norms
-    )
-    assert fast.fused == fused and not fast._pdl_at(1) and fast._gemm_in_triton(1, fast.w_pass) == bool(triton_gemms)
-    assert fast._folds_norms(1) == bool(fold_norms)  # off the tables without PDL
-    assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-4)
-
-
-def test_fold_norms_conflicts_are_named(seed):
-    head = make_head(SMALL, HM, seed)
-    embed = make_inputs(1, 2, HM, VOCAB, seed)[3]
-    for kw in (dict(fused=False), dict(norm_epilogue=True), dict(triton_gemms=False)):
-        with pytest.raises(ValueError, match=r"fold_norms=True\) runs every lattice GEMM as a Triton GEMM"):
-            FastLiLiCorrSelect(head, embed_weight=embed, fold_norms=True, **kw)
+    plans = plans_for(HeadGeometry.of(head), PYTORCH) if plan == "pytorch" else SelectPlans.every(CPU_PLANS[plan])
+    assert_select_matches(FastLiLiCorrSelect(head, embed_weight=embed, plans=plans), head, hidden, anchor, lm_head, atol=2e-4)
 
 
 @needs_interpreter
-def test_norm_epilogue_counters_grow_outside_a_capture(seed):
-    """The row-tile counters are sized at construction; a batch that needs more grows them (eager),
-    and the scores still equal those without the epilogue."""
+def test_norm_epilogue_gives_the_scores_of_the_norm_kernels(seed):
+    """The nodes and residual adds + RMSNorm in GEMM epilogues (row-tile counters, left zero) score as cuBLAS GEMMs
+    followed by the node and norm kernels."""
     head = make_head(SMALL, HM, seed)
     hidden, anchor, lm_head, embed = make_inputs(6, SMALL.num_slots, HM, VOCAB, seed)
-    fast = FastLiLiCorrSelect(head, embed_weight=embed, norm_epilogue=True)
-    fast._row_counters = torch.zeros(1, dtype=torch.int32)
+    fast = select_with(head, SelectPlan(norm_epilogue=True), embed_weight=embed)
     candidates = fast.candidates(hidden, lm_head)
     start, pair, _ = fast.lattice_scores(*candidates, hidden, anchor)
-    assert fast._row_counters.numel() > 1 and not fast._row_counters.any()
-    plain = FastLiLiCorrSelect(head, embed_weight=embed, norm_epilogue=False)
-    p_start, p_pair, _ = plain.lattice_scores(*candidates, hidden, anchor)
+    p_start, p_pair, _ = select_with(head, SelectPlan(), embed_weight=embed).lattice_scores(*candidates, hidden, anchor)
     torch.testing.assert_close(start, p_start, atol=1e-4, rtol=0)
     torch.testing.assert_close(pair, p_pair, atol=1e-4, rtol=0)
+
+
+def test_kernel_counters_grow_outside_a_capture():
+    """The counters are sized up front; a batch that needs more grows them to zeros (eager)."""
+    counters = KernelCounters("cpu", size=1)
+    assert counters.at_least(1).numel() == 1
+    grown = counters.at_least(5)
+    assert grown.shape == (5,) and grown.dtype == torch.int32 and not grown.any() and counters.at_least(3) is grown
 
 
 @needs_interpreter
@@ -135,85 +143,63 @@ def test_select_bf16_within_tolerance(seed):
     head = make_head(SMALL, HM, seed, dtype=torch.bfloat16)
     hidden, anchor, lm_head, embed = make_inputs(12, SMALL.num_slots, HM, VOCAB, seed, dtype=torch.bfloat16)
     fast = FastLiLiCorrSelect(head, embed_weight=embed)
-    assert fast.fused  # TRITON_INTERPRET=1 picks the Triton path on CPU
+    assert fast.plan(12).fused and fast.plan(1).fused  # TRITON_INTERPRET=1 picks the Triton path on CPU
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=0.25)
 
 
 @needs_interpreter
 def test_cosine_split_select_equals_reference(seed):
     """cosine_split=2 (a head with D = 256: two 128-column steps per factor, one per program) serves the reference's
-    select; a split that does not divide the steps, or off the fused path, is refused by name."""
+    select; a split that does not divide the steps is refused by name."""
     cfg = dataclasses.replace(SMALL, factor_dim=256)
     head = make_head(cfg, HM, seed)
     hidden, anchor, lm_head, embed = make_inputs(3, cfg.num_slots, HM, VOCAB, seed)
-    fast = FastLiLiCorrSelect(head, embed_weight=embed, cosine_split=2)
-    assert fast._cosine_split(1) == 2
-    assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-4)
-    with pytest.raises(ValueError, match=r"cosine_split=\.\.\.\): split=3 cuts each factor's D = 256 columns"):
-        FastLiLiCorrSelect(head, embed_weight=embed, cosine_split=3)
-    with pytest.raises(ValueError, match=r"cosine_split=2\) sets the Triton cosine \+ walk kernel's launch: it needs the fused path"):
-        FastLiLiCorrSelect(head, embed_weight=embed, fused=False, cosine_split=2)
+    assert_select_matches(select_with(head, SelectPlan(cosine_split=2), embed_weight=embed), head, hidden, anchor, lm_head,
+                          atol=2e-4)
+    with pytest.raises(ValueError, match=r"cosine_split=3 does not cut D = 256 into whole 128-column steps"):
+        select_with(head, SelectPlan(cosine_split=3), embed_weight=embed)
 
 
 @needs_interpreter
 def test_merge_in_confidence_gives_the_same_bits(seed):
-    """merge_in_confidence=True (the top-K's partials merged in the confidence kernel, no merge launch) serves the
-    same bits as the merge kernel: draft, ids and log-probs; off the fused path it is refused by name."""
+    """The top-K's partials merged in the confidence kernel (no merge launch) serve the same bits as the merge kernel:
+    draft, ids and log-probs."""
     head = make_head(SMALL, HM, seed, dtype=torch.bfloat16)
     # 12 requests, as test_select_bf16_within_tolerance: in bf16 a few requests can all sit within near-ties
     hidden, anchor, lm_head, embed = make_inputs(12, SMALL.num_slots, HM, VOCAB, seed, dtype=torch.bfloat16)
-    merged = FastLiLiCorrSelect(head, embed_weight=embed, merge_in_confidence=True)
-    plain = FastLiLiCorrSelect(head, embed_weight=embed, merge_in_confidence=False)
-    assert merged._merges_in_confidence(10**6) and not plain._merges_in_confidence(1)
-    for got, want in zip(merged.select(hidden, anchor, lm_head), plain.select(hidden, anchor, lm_head)):
-        assert torch.equal(got, want)
+    merged = select_with(head, SelectPlan(merge_in_confidence=True), embed_weight=embed)
+    assert_same_bits(merged, select_with(head, SelectPlan(), embed_weight=embed), hidden, anchor, lm_head)
     assert_select_matches(merged, head, hidden, anchor, lm_head, atol=0.25)
-    with pytest.raises(ValueError, match=r"merge_in_confidence=True\) merges the Triton top-K's partials .* needs the fused path"):
-        FastLiLiCorrSelect(head, embed_weight=embed, fused=False, merge_in_confidence=True)
 
 
 @needs_interpreter
 def test_bs1_topk_launch_gives_the_same_bits(seed):
-    """topk_launch (the top-K split's sub-tiles, collected tiles and chunk length: fast_head's TOPK_LAUNCH at bs 1), with
-    and without the merge in the confidence kernel, serves the default launch's bits; unknown fields and pass tiles that
-    are no ffn_silu config are refused by name."""
+    """The top-K split's launch of tuning.TOPK_SPLIT_LAUNCH (sub-tiles, collected tiles and chunk length), with and
+    without the merge in the confidence kernel, serves the default launch's bits; a launch the kernel cannot take is
+    refused by name."""
     head = make_head(SMALL, HM, seed, dtype=torch.bfloat16)
     vocab = 40 * 64 + 9  # 40 sub-tiles of 64 logits
     hidden, anchor, lm_head, embed = make_inputs(3, SMALL.num_slots, HM, vocab, seed, dtype=torch.bfloat16)
     with torch.no_grad():
         table = head.token_table(embed)
-    launch = dict(block=256, group=32, collect_tiles=4, few_rows_tiles=3)
-    want = FastLiLiCorrSelect(head, token_table=table, topk_launch=dict(block=256)).select(hidden, anchor, lm_head)
+    launch = TopKLaunch(block=256, group=32, collect_tiles=4, few_rows_tiles=3)
+    want = select_with(head, SelectPlan(topk_launch=TopKLaunch(block=256)), token_table=table)
     for merge in (False, True):
-        fast = FastLiLiCorrSelect(head, token_table=table, topk_launch=launch, merge_in_confidence=merge)
-        assert fast._topk_launch(10**6) == launch
-        for got, w in zip(fast.select(hidden, anchor, lm_head), want):
-            assert torch.equal(got, w)
-    with pytest.raises(ValueError, match=r"topk_launch=\.\.\.\): \['groups'\] are not TopKLaunch fields"):
-        FastLiLiCorrSelect(head, token_table=table, topk_launch=dict(groups=32))
-    with pytest.raises(ValueError, match=r"pass_tiles='thinner'\): not an ffn_silu config"):
-        FastLiLiCorrSelect(head, token_table=table, pass_tiles="thinner")
-    with pytest.raises(ValueError, match=r"pass_tiles='thin'\) sets the tiles .* needs the fused path"):
-        FastLiLiCorrSelect(head, token_table=table, fused=False, pass_tiles="thin")
+        fast = select_with(head, SelectPlan(topk_launch=launch, merge_in_confidence=merge), token_table=table)
+        assert_same_bits(fast, want, hidden, anchor, lm_head)
     with pytest.raises(ValueError, match=r"launch.group must be a power of two, got 48"):
-        FastLiLiCorrSelect(head, token_table=table, topk_launch=dict(group=48)).select(hidden, anchor, lm_head)
+        select_with(head, SelectPlan(topk_launch=TopKLaunch(group=48)), token_table=table).select(hidden, anchor, lm_head)
 
 
 @needs_interpreter
 def test_attention_block_m_gives_the_same_bits(seed):
-    """attention_block_m=16 (16 query rows per lattice-attention program) serves the default blocks' bits (each query
-    row is computed alone); a block that is no power of two >= 16, or off the fused path, is refused by name."""
+    """16 query rows per lattice-attention program serve the default blocks' bits (each query row is computed alone)."""
     head = make_head(SMALL, HM, seed, dtype=torch.bfloat16)
     hidden, anchor, lm_head, embed = make_inputs(2, SMALL.num_slots, HM, VOCAB, seed, dtype=torch.bfloat16)
     with torch.no_grad():
         table = head.token_table(embed)
-    small = FastLiLiCorrSelect(head, token_table=table, attention_block_m=16)
-    assert small._attention_block_m(10**6) == 16
-    for got, want in zip(small.select(hidden, anchor, lm_head), FastLiLiCorrSelect(head, token_table=table).select(hidden, anchor, lm_head)):
-        assert torch.equal(got, want)
-    for kw in (dict(attention_block_m=24), dict(attention_block_m=16, fused=False)):
-        with pytest.raises(ValueError, match=r"attention_block_m=\d+\) sets the Triton lattice attention's query rows"):
-            FastLiLiCorrSelect(head, token_table=table, **kw)
+    small = select_with(head, SelectPlan(attention_block_m=16), token_table=table)
+    assert_same_bits(small, select_with(head, SelectPlan(), token_table=table), hidden, anchor, lm_head)
 
 
 @needs_interpreter
@@ -221,13 +207,14 @@ def test_attention_block_m_gives_the_same_bits(seed):
 def test_confidence_kernel_merges_the_top_k_parts(seed, splits):
     """confidence_up_triton(parts=topk_lse_parts(...)) equals topk_lse_triton + confidence_up_triton bit for bit (ids,
     log-probs, activations), over several chunks per row; the two ways of passing candidates are exclusive."""
-    from sglang_lilicorr.kernels.topk_lse_fused import GROUP, TopKLaunch, topk_lse_parts
+    from sglang_lilicorr.kernels.topk_lse_fused import topk_lse_parts
 
     head = make_head(SMALL, HM, seed)
-    fast = FastLiLiCorrSelect(head, embed_weight=torch.randn(VOCAB, HM), fused=True)
+    fast = FastLiLiCorrSelect(head, embed_weight=torch.randn(VOCAB, HM))
     g = torch.Generator().manual_seed(seed)
-    k, launch = SMALL.candidate_topk, TopKLaunch(block=2 * GROUP)
-    logits = torch.randn(5, 7 * 2 * GROUP + 3, generator=g).to(torch.bfloat16)
+    group = TopKLaunch().group
+    k, launch = SMALL.candidate_topk, TopKLaunch(block=2 * group)
+    logits = torch.randn(5, 7 * 2 * group + 3, generator=g).to(torch.bfloat16)
     logits[1, 300:310] = 4.0  # ties across a chunk's sub-tiles
     vals, ids, lse = topk_lse_triton(logits, k, splits=splits, launch=launch)
     args = (fast.w_feat, fast.b_feat, fast.feat_ln_eps, torch.bfloat16)
@@ -249,26 +236,26 @@ def test_confidence_kernel_merges_the_top_k_parts(seed, splits):
 
 @needs_interpreter
 def test_narrow_tiles_give_the_same_bits(seed):
-    """narrow_tiles=True (64 x 16 tiles for all five GEMM roles of NARROW_TILES, bf16) equals the default tiles bit for bit;
-    off the fused path it is refused by name."""
+    """Every GEMM role in 64 x 16 tiles ("narrow", bf16, folded norms) equals the configs by M bit for bit; an fp32
+    head, whose GEMMs keep the fp32 config, refuses tiles by name."""
     head = make_head(SMALL, HM, seed, dtype=torch.bfloat16)
     hidden, anchor, lm_head, embed = make_inputs(3, SMALL.num_slots, HM, VOCAB, seed, dtype=torch.bfloat16)
     with torch.no_grad():
         table = head.token_table(embed)
-    narrow, default = (FastLiLiCorrSelect(head, token_table=table, fold_norms=True, narrow_tiles=n) for n in (True, False))
-    for got, want in zip(narrow.select(hidden, anchor, lm_head), default.select(hidden, anchor, lm_head)):
-        assert torch.equal(got, want)
-    for bad, kw in ((head, dict(fused=False)), (make_head(SMALL, HM, seed), {})):  # the PyTorch path; an fp32 head
-        with pytest.raises(ValueError, match=r"narrow_tiles=True\) sets the tiles of a 16-bit head's Triton GEMMs"):
-            FastLiLiCorrSelect(bad, token_table=table.to(bad.pass_hidden_proj.weight.dtype), narrow_tiles=True, **kw)
+    plain = SelectPlan(fold_norms=True, triton_gemms=ALL_GEMMS)
+    narrow = dataclasses.replace(plain, tiles={role: "narrow" for role in ALL_GEMMS})
+    assert_same_bits(select_with(head, narrow, token_table=table), select_with(head, plain, token_table=table),
+                     hidden, anchor, lm_head)
+    with pytest.raises(ValueError, match=r"an fp32 head keeps the fp32 config"):
+        select_with(make_head(SMALL, HM, seed), narrow, token_table=table.float())
 
 
 @needs_interpreter
-@pytest.mark.parametrize("fold_norms", [None, True])
+@pytest.mark.parametrize("fold_norms", [False, True])
 def test_fused_stages_compose_to_the_scores(seed, fold_norms):
     head = make_head(SMALL, HM, seed)
     hidden, anchor, lm_head, embed = make_inputs(3, SMALL.num_slots, HM, VOCAB, seed)
-    fast = FastLiLiCorrSelect(head, embed_weight=embed, fold_norms=fold_norms)
+    fast = select_with(head, SelectPlan(fold_norms=fold_norms), embed_weight=embed)
     vals, ids, lse = fast.candidates(hidden, lm_head)
     start, pair, lp = fast.lattice_scores(vals, ids, lse, hidden, anchor)
     stages = fast.fused_stages(vals, ids, lse, hidden, anchor)
@@ -280,8 +267,9 @@ def test_fused_stages_compose_to_the_scores(seed, fold_norms):
     assert torch.equal(draft, fast.select_from_candidates(vals, ids, lse, hidden, anchor)[0])
     cat, sumsq = stages["lattice"]()  # folded: [x, x * t] and the sums of squares of x's rows
     assert cat.shape == (3 * SMALL.num_slots * SMALL.candidate_topk, 2 * head.width) and (sumsq is None) == (not fold_norms)
-    with pytest.raises(ValueError, match="fused=True"):
-        FastLiLiCorrSelect(head, embed_weight=embed, fused=False).fused_stages(vals, ids, lse, hidden, anchor)
+    pytorch = FastLiLiCorrSelect(head, embed_weight=embed, plans=plans_for(HeadGeometry.of(head), PYTORCH))
+    with pytest.raises(ValueError, match=r"runs the PyTorch path \(fused=False\)"):
+        pytorch.fused_stages(vals, ids, lse, hidden, anchor)
 
 
 def test_select_without_token_proj_and_one_layer(seed, monkeypatch):
@@ -290,7 +278,7 @@ def test_select_without_token_proj_and_one_layer(seed, monkeypatch):
     head = make_head(cfg, 32, seed)
     assert head.token_proj is None
     hidden, anchor, lm_head, embed = make_inputs(4, cfg.num_slots, 32, VOCAB, seed)
-    fast = FastLiLiCorrSelect(head, token_table=head.token_table(embed), fused=False)
+    fast = FastLiLiCorrSelect(head, token_table=head.token_table(embed), plans=plans_for(HeadGeometry.of(head), PYTORCH))
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-4)
 
 
@@ -301,7 +289,7 @@ def test_bad_inputs_are_named(seed):
         FastLiLiCorrSelect(head)
     with pytest.raises(ValueError, match="token_table"):
         FastLiLiCorrSelect(head, token_table=torch.zeros(VOCAB, 7))
-    fast = FastLiLiCorrSelect(head, embed_weight=embed, fused=False)
+    fast = FastLiLiCorrSelect(head, embed_weight=embed, plans=plans_for(HeadGeometry.of(head), PYTORCH))
     with pytest.raises(ValueError, match=r"hidden must be \[b, S, 24\]"):
         fast.select(hidden[..., :5], anchor, lm_head)
     with pytest.raises(ValueError, match="slots"):
@@ -311,88 +299,11 @@ def test_bad_inputs_are_named(seed):
     with pytest.raises(ValueError, match="lm_head_weight"):
         fast.select(hidden, anchor, lm_head[:10])
     if not INTERPRETER:
-        with pytest.raises(ValueError, match="fused=False"):
-            FastLiLiCorrSelect(head, embed_weight=embed, fused=True)
-    with pytest.raises(ValueError, match=r"triton_gemms=True\) needs the fused path"):
-        FastLiLiCorrSelect(head, embed_weight=embed, fused=False, triton_gemms=True)
+        with pytest.raises(ValueError, match=r"\['fused'\] need a device with \['fused'\]"):
+            select_with(head, SelectPlan(), embed_weight=embed)
     if not CUDA:
-        with pytest.raises(ValueError, match=r"pdl=True\) needs the fused path on a CUDA device of compute capability 9.0\+"):
-            FastLiLiCorrSelect(head, embed_weight=embed, pdl=True)
-
-
-def test_pdl_and_triton_gemm_tables_follow_width_and_rows(seed, monkeypatch):
-    """None takes fast_head's measured tables per head width and lattice rows; True / False force."""
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    head = make_head(SMALL, HM, seed)
-    fast = FastLiLiCorrSelect(head, embed_weight=make_inputs(1, SMALL.num_slots, HM, VOCAB, seed)[3], fused=False)
-    def w(k, n):
-        return torch.empty(n, k)
-
-    assert not fast._pdl_at(120) and not fast._gemm_in_triton(120, w(1024, 1024))  # no sm_90 here
-    fast._can_pdl = True  # as on an H100
-    fast.fused = True  # (the tables below are the fused path's)
-    fast.width = 256  # the testbed head: PDL, Triton GEMMs of every shape and folded norms up to bs 4 (480 rows)
-    assert fast._pdl_at(480) and fast._gemm_in_triton(480, w(512, 768)) and not fast._pdl_at(1920)
-    assert not fast._gemm_in_triton(1920, w(256, 256))
-    assert fast._folds_norms(480) and not fast._folds_norms(1920)
-    fast.width = 1024  # the paper head: PDL at every size; Triton GEMMs at bs 1 up to K 1024 and N 2048
-    assert fast._pdl_at(3840) and fast._gemm_in_triton(120, w(1024, 1024)) and fast._gemm_in_triton(120, w(1024, 2048))
-    assert not fast._gemm_in_triton(120, w(1024, 3072)) and not fast._gemm_in_triton(120, w(2048, 1024))
-    assert fast._gemm_in_triton(120, w(2048, 1024), absorbs_launch=True)  # the factor GEMM with its bias + SiLU
-    assert not fast._gemm_in_triton(480, w(2048, 1024), absorbs_launch=True)
-    assert not fast._gemm_in_triton(480, w(1024, 1024))
-    assert fast._folds_norms(120) and not fast._folds_norms(480)  # the paper head folds at bs 1 only
-    assert fast._passes_beside_topk(120) and not fast._passes_beside_topk(480)  # the pass beside the top-K at bs 1
-    assert fast._releases_early(120) and not fast._releases_early(480)  # the confidence kernel's early release at bs 1
-    fast.release_early = False
-    assert not fast._releases_early(120)
-    fast.release_early = None
-    assert fast._tiles("nodes", 120) is None  # an fp32 head keeps the fp32 config
-    fast.dtype = torch.bfloat16
-    assert [fast._tiles(r, 120) for r in ("nodes", "out_proj", "ffn_up", "factor", "out_in")] == ["narrow", None, None, None, "narrow"]
-    assert fast._tiles("nodes", 480) is None  # the paper head: narrow tiles at bs 1 only
-    assert fast._pass_tiles(120) == "thin" and fast._pass_tiles(480) is None  # version 27, bs 1 only
-    assert fast._topk_launch(120) == dict(group=32, collect_tiles=4) and fast._topk_launch(480) == {}
-    assert not fast._merges_in_confidence(120)
-    fast.width = 256  # the testbed head: the merge in the confidence kernel and 3-tile chunks at bs 1, default pass tiles
-    assert fast._merges_in_confidence(120) and not fast._merges_in_confidence(480) and fast._pass_tiles(120) is None
-    assert fast._topk_launch(120) == dict(group=32, collect_tiles=4, few_rows_tiles=3)
-    assert fast._attention_block_m(120) == 16 and fast._attention_block_m(480) is None  # version 28, both heads at bs 1
-    fast.width = 1024
-    assert fast._attention_block_m(120) == 16 and fast._attention_block_m(480) is None
-    fast.narrow_tiles = True
-    assert fast._tiles("out_proj", 480) == "narrow"
-    fast.narrow_tiles, fast.width = None, 256
-    assert [fast._tiles(r, 120) for r in ("nodes", "out_proj", "ffn_up", "factor", "out_in")] == ["narrow"] * 4 + [None]
-    fast.narrow_tiles = False
-    assert fast._tiles("nodes", 120) is None
-    fast.narrow_tiles, fast.dtype, fast.width = None, torch.float32, 1024
-    fast.factor_dim = 1024  # the table goes by D (the split cuts D into whole steps), not by the head width
-    assert fast._cosine_split(120) == 8 and fast._cosine_split(480) == 1  # the paper head: D over 8 programs at bs 1
-    fast.factor_dim = 256
-    assert fast._cosine_split(120) == 1  # the testbed head's D (and a 1024-wide head with D = 256): never
-    fast.width, fast.pass_beside_topk = 256, True  # forced: wherever PDL is on (the testbed head: up to 512 rows)
-    assert fast._passes_beside_topk(480) and not fast._passes_beside_topk(1920)
-    fast.width, fast.pass_beside_topk = 1024, None
-    fast.norm_epilogue = True
-    assert not fast._folds_norms(120)  # the norm epilogues forced on take the norms
-    fast.norm_epilogue, fast.pdl, fast.triton_gemms = None, False, True
-    assert not fast._folds_norms(120)  # no PDL: not folded unless fold_norms=True
-    assert not fast._pdl_at(120) and fast._gemm_in_triton(480, w(2048, 3072)) and not fast._gemm_in_triton(600, w(8, 8))
-    assert not fast._releases_early(120)  # no PDL, no early release
-
-
-def test_pass_beside_topk_needs_pdl_and_folded_norms(seed):
-    """pass_beside_topk / nodes_in_gemm run under PDL with the folded norms: elsewhere they are refused by name."""
-    head = make_head(SMALL, HM, seed)
-    embed = make_inputs(1, SMALL.num_slots, HM, VOCAB, seed)[3]
-    for kw in (dict(pass_beside_topk=True), dict(nodes_in_gemm=True)):
-        with pytest.raises(ValueError, match=r"pass_beside_topk / nodes_in_gemm=True\) runs the pass projection beside the top-K"):
-            FastLiLiCorrSelect(head, embed_weight=embed, **kw)
-    fast = FastLiLiCorrSelect(head, embed_weight=embed, pass_beside_topk=False)
-    assert not fast._passes_beside_topk(1)
-    with pytest.raises(ValueError, match=r"release_early=True\) releases the next kernel of a PDL chain early"):
-        FastLiLiCorrSelect(head, embed_weight=embed, release_early=True)
+        with pytest.raises(ValueError, match=r"\['overlap', 'pdl'\] need a device with"):
+            select_with(head, SelectPlan(overlap=True, pdl=True), embed_weight=embed)
 
 
 @needs_interpreter
@@ -424,11 +335,12 @@ def test_head_bench_smoke_runs_and_checks(tmp_path, monkeypatch):
     from sglang_lilicorr.benchmarks import head_bench
 
     out = tmp_path / "bench.json"
-    head_bench.main(["--smoke", "--variants", "torch", "--bs", "2", "--out", str(out)])
+    head_bench.main(["--smoke", "--variants", "torch", "served", "--bs", "2", "--out", str(out)])
     import json
 
     res = json.loads(out.read_text())
     assert res["errors"] == {}
+    assert res["plans"]["bs2"]["fused"] is False  # the served plan on this CPU (no interpreter): the PyTorch path
     assert res["checks"]["bs2_torch_candidate_ids_equal"] and res["checks"]["bs2_torch_draft_ids_equal_where_clear"]
     row = res["rows"][0]
     for key in ("topk_lse_ours", "topk_lse_builtin", "head_walk_torch", "head_walk_builtin", "post_logits_torch", "select_builtin"):
@@ -441,14 +353,13 @@ def test_head_bench_smoke_runs_and_checks(tmp_path, monkeypatch):
 
 @needs_interpreter
 @pytest.mark.parametrize("splits, tiles", [(1, 3), (3, 3), (1, 21), (2, 21)])
-@pytest.mark.parametrize("group, collect", [(64, 8), (32, 4)])  # the default launch, fast_head's TOPK_LAUNCH at bs 1
+@pytest.mark.parametrize("group, collect", [(64, 8), (32, 4)])  # the default launch, tuning.TOPK_SPLIT_LAUNCH at bs 1
 def test_topk_candidates_exact_when_the_best_share_a_subtile(seed, splits, tiles, group, collect):
     """The top-K kernel ranks sub-tiles by their maximum and re-reads the K best: adversarial rows
     (all K best in one sub-tile, ascending / descending runs, ties across sub-tiles and at chunk
     edges, -inf padding) must still give the exact stable top-K, with chunks shorter and longer
     than the tiles it ranks at once (the rest through its K-best buffer)."""
     from sglang_lilicorr.kernels import topk_lse_reference
-    from sglang_lilicorr.kernels.topk_lse_fused import TopKLaunch
 
     g = torch.Generator().manual_seed(seed)
     GROUP = group
@@ -474,7 +385,7 @@ def test_confidence_up_kernel_equals_folded_layernorm_mlp(seed):
     g = torch.Generator().manual_seed(seed)
     vals = torch.randn(7, SMALL.candidate_topk, generator=g).sort(dim=-1, descending=True).values
     lse = vals.logsumexp(-1) + torch.rand(7, generator=g)
-    fast = FastLiLiCorrSelect(head, embed_weight=torch.randn(VOCAB, HM), fused=True)
+    fast = FastLiLiCorrSelect(head, embed_weight=torch.randn(VOCAB, HM))
     lp, up = confidence_up_triton(vals, lse, fast.w_feat, fast.b_feat, fast.feat_ln_eps, torch.float32)
     torch.testing.assert_close(lp, vals - lse[:, None])
     ref = F.silu(head.feature_mlp.up_proj(head.feature_norm(confidence_features(lp))))
@@ -521,8 +432,6 @@ def test_node_and_norm_kernels_equal_torch(seed):
 @pytest.mark.parametrize("k", [1, 4, 8])
 @pytest.mark.parametrize("block_d", [128, 1024])
 def test_cosine_kernel_equals_normalised_dot(seed, k, block_d):
-    from sglang_lilicorr.kernels.head_scores import CosineLaunch
-
     g = torch.Generator().manual_seed(seed)
     b, s, d = 3, 4, 140  # D in one step, or two 128-wide steps, the second partial
     edges = torch.randn(b, s, k, 2 * d, generator=g)
@@ -567,7 +476,7 @@ def test_cosine_walk_kernel_split_over_d_equals_one_program_per_factor(seed, spl
     """launch.split programs per factor, each over D / split columns, their partial Grams summed by the factor's last
     one: the scores of one program per factor (fp32, within summation order), the walk of its own scores, every
     counter (per request and per factor) left zero and reusable."""
-    from sglang_lilicorr.kernels.head_scores import CosineLaunch, lattice_cosine_walk_triton, walk_counters
+    from sglang_lilicorr.kernels.head_scores import lattice_cosine_walk_triton, walk_counters
     from sglang_lilicorr.walk import greedy_walk
 
     g = torch.Generator().manual_seed(seed)
@@ -610,14 +519,14 @@ def test_cosine_walk_kernel_rejects_bad_ids_and_counters():
 _AOT = """
 import sys
 from sm90_build import build
-from sglang_lilicorr.kernels import head_nodes, head_norm, head_scores, topk_lse_fused as tk, walk
+from sglang_lilicorr.kernels import head_nodes, head_norm, head_scores, topk_lse_fused as tk, tuning, walk
 
 bf, f32, i32, i64, c = "*bf16", "*fp32", "i32", "*i64", "constexpr"
-L, CL = tk.LAUNCH, head_scores.LAUNCH
+L, CL = tuning.TopKLaunch(), tuning.CosineLaunch()
 R, G = L.block // L.group, L.group
 split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 9
 confidence = [f32] * 5 + [bf, i64, f32, f32, i32, i64, i32, i32, "fp32", "fp32"] + [c] * 7  # + the merge's partials, ids
-ML = head_nodes.MERGE_LAUNCH
+ML = tuning.CONFIDENCE_MERGE_LAUNCH
 walk_args = [i64, "*i32", i64, i32, i32, i32, i64]  # the cosine kernel's walk: successors, counters, ids + strides, draft
 def cosine_args(t):  # edges, anchor (+ stride), start, pair, S, K, D, sigma, eps, the walk's, the split's (partials, counters)
     return [t, t, i32, f32, f32, i32, i32, i32, "fp32", "fp32"] + walk_args + [f32, "*i32"] + [c] * 9
@@ -637,7 +546,7 @@ cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divis
     (walk._greedy_walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c], dict(KP=8, SP=16, GATHER=True, **P), 1, None, ()),
     (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, BESIDE=False, NARROW=True, **P), L.num_warps, L.maxnreg, range(10)),
     (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, BESIDE=True, NARROW=False, **P), L.num_warps, L.maxnreg, range(10)),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=L.block // 32, G=32, TP=4, FINAL=False, BESIDE=True, NARROW=True, **P), L.num_warps, L.maxnreg, range(10)),  # TOPK_LAUNCH at bs 1
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=L.block // 32, G=32, TP=4, FINAL=False, BESIDE=True, NARROW=True, **P), L.num_warps, L.maxnreg, range(10)),  # TOPK_SPLIT_LAUNCH at bs 1
     (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=True, BESIDE=False, NARROW=False, PDL=False), L.num_warps, L.maxnreg, range(10)),
     (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32] + [c] * 5, dict(K=8, KP=8, SP=64, NARROW=True, **P), 1, None, (0, 1, 2, 4, 5, 6)),
     (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32] + [c] * 5, dict(K=8, KP=8, SP=128, NARROW=False, PDL=False), 4, None, (0, 1, 2, 4, 5, 6)),
@@ -694,20 +603,31 @@ def _replay_equals_eager(fast, *inputs):
         assert torch.equal(e, c)
 
 
-GPU_PATHS = [  # overlap, norm_epilogue, pdl (the default on sm_90), triton_gemms, fold_norms
-    (False, None, False, False, None), (True, None, False, False, None), (False, True, False, False, None),
-    (True, False, False, False, None), (False, None, True, False, None), (True, None, True, False, None),
-    (True, None, True, True, False), (True, None, True, None, True), (False, None, False, None, True),
-]
+GPU_PLANS = {  # the fused paths on CUDA, each at every batch size (PDL needs sm_90)
+    "plain": SelectPlan(),
+    "overlap": SelectPlan(overlap=True),
+    "norm_epilogue": SelectPlan(norm_epilogue=True),
+    "pdl": SelectPlan(pdl=True),
+    "overlap_pdl": SelectPlan(overlap=True, pdl=True),
+    "overlap_pdl_triton_gemms": SelectPlan(overlap=True, pdl=True, triton_gemms=ALL_GEMMS),
+    "overlap_pdl_folded": SelectPlan(overlap=True, pdl=True, triton_gemms=ALL_GEMMS, fold_norms=True),
+    "folded_without_pdl": SelectPlan(fold_norms=True),
+}
+
+
+def _gpu_select(head, plan_name: str, **table) -> FastLiLiCorrSelect:
+    plan = GPU_PLANS[plan_name]
+    if plan.pdl and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("PDL needs sm_90+")
+    return select_with(head, plan, **table)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 def test_gpu_paper_config_bs1_served_tables_fp32(monkeypatch):
-    """bs 1 (120 lattice rows) with the served defaults: on sm_90, PDL, the lattice norms folded into
-    Triton GEMMs (the factor GEMM with its norm, h*t, bias + SiLU), the out|in GEMM by the shape table;
-    fp32 (TF32 off): the draft tokens are the greedy walk of the kernel's own scores, which match the
-    reference's; graph replay == eager."""
+    """bs 1 (120 lattice rows) with the served plans: on sm_90, PDL, the lattice norms folded into Triton GEMMs (the
+    factor GEMM with its norm, h*t, bias + SiLU), the out|in GEMM in Triton, QKV on cuBLAS; fp32 (TF32 off): the draft
+    tokens are the greedy walk of the kernel's own scores, which match the reference's; graph replay == eager."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     cfg, hm, vocab = LiLiCorrConfig(), 4096, 32000
@@ -715,20 +635,25 @@ def test_gpu_paper_config_bs1_served_tables_fp32(monkeypatch):
     hidden, anchor, lm_head, embed = make_inputs(1, cfg.num_slots, hm, vocab, 0, device="cuda")
     lm_head *= 0.1
     fast = FastLiLiCorrSelect(head, embed_weight=embed)
-    rows = cfg.num_slots * cfg.candidate_topk
-    if fast._can_pdl:  # the tables this test is about: the norms folded into Triton GEMMs, the rest by shape
-        assert fast._folds_norms(rows) and fast._gemm_in_triton(rows, fast.w_edge)
-        assert not fast._gemm_in_triton(rows, head.layers[0].attn.in_proj_weight)
+    plan = fast.plan(1)
+    if plan.pdl:  # the tables this test is about
+        assert plan.fold_norms and "out_in" in plan.triton_gemms and "qkv" not in plan.triton_gemms
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-3, min_clear=0)
     _replay_equals_eager(fast, hidden, anchor, lm_head)
 
 
-BEST = dict(fold_norms=True, pass_beside_topk=True)  # the pass projection beside the top-K (forced on at every size)
-BIT_EQUAL_OPTIONS = {  # name -> two FastLiLiCorrSelect option sets that must give the same bits (bf16)
-    "prefetch": ({}, dict(prefetch_weights=False)),  # the served defaults with and without the GEMMs' L2 weight prefetch
-    "nodes_in_gemm": (dict(BEST, nodes_in_gemm=True), dict(BEST, nodes_in_gemm=False)),  # same GEMM tiles, the sum rounded once
-    "release_early": ({}, dict(release_early=False)),  # the served defaults (b = 1: released early) and without
-    "narrow_tiles": ({}, dict(narrow_tiles=False)),  # the served defaults (b = 1: NARROW_TILES' roles narrow) and without
+def _beside(nodes_in_gemm: bool):
+    """The served plans with the pass projection beside the top-K and the norms folded at every batch size."""
+    return lambda plan, bound: dataclasses.replace(plan, fold_norms=True, norm_epilogue=False, pass_beside_topk=True,
+                                                   nodes_in_gemm=nodes_in_gemm)
+
+
+BIT_EQUAL_PLANS = {  # name -> two changes of the served plans that must give the same bits (bf16)
+    "prefetch": (lambda plan, bound: plan, lambda plan, bound: dataclasses.replace(plan, prefetch_weights=False)),
+    "nodes_in_gemm": (_beside(True), _beside(False)),  # same GEMM tiles, the node sum rounded once
+    "release_early": (lambda plan, bound: plan, lambda plan, bound: dataclasses.replace(plan, release_early=False)),
+    "narrow_tiles": (lambda plan, bound: plan,  # the served (b = 1: tuning.GEMM_TILES' roles narrow) and configs by M
+                     lambda plan, bound: dataclasses.replace(plan, tiles={r: c for r, c in plan.tiles.items() if r == "pass"})),
 }
 
 
@@ -736,58 +661,53 @@ BIT_EQUAL_OPTIONS = {  # name -> two FastLiLiCorrSelect option sets that must gi
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("b", [1, 4])
 @pytest.mark.parametrize("width", [1024, 256])
-@pytest.mark.parametrize("options", list(BIT_EQUAL_OPTIONS))
-def test_gpu_options_that_change_no_value(options, b, width):
-    """Two option sets of BIT_EQUAL_OPTIONS: the same draft tokens, candidates and log-probs bit for bit (bf16);
-    the first against the reference within tolerance, and its graph replay equal to eager."""
+@pytest.mark.parametrize("changes", list(BIT_EQUAL_PLANS))
+def test_gpu_plans_that_change_no_value(changes, b, width):
+    """Two changes of the served plans (BIT_EQUAL_PLANS): the same draft tokens, candidates and log-probs bit for bit
+    (bf16); the first against the reference within tolerance, and its graph replay equal to eager."""
     cfg, hm, vocab = LiLiCorrConfig(hidden_size=width, factor_dim=width), 4096, 32000
     head = make_head(cfg, hm, 0, dtype=torch.bfloat16, device="cuda")
     hidden, anchor, lm_head, embed = make_inputs(b, cfg.num_slots, hm, vocab, 0, dtype=torch.bfloat16, device="cuda")
     lm_head *= 0.1
     with torch.no_grad():
         table = head.token_table(embed)
-    first, second = (FastLiLiCorrSelect(head, token_table=table, **kw) for kw in BIT_EQUAL_OPTIONS[options])
-    for got, want in zip(first.select(hidden, anchor, lm_head), second.select(hidden, anchor, lm_head)):
-        assert torch.equal(got, want)
+    served = FastLiLiCorrSelect(head, token_table=table).plans
+    if changes == "nodes_in_gemm" and not served.at(b).pdl:
+        pytest.skip("the pass projection beside the top-K needs PDL (sm_90+)")
+    first, second = (FastLiLiCorrSelect(head, token_table=table, plans=served.map(change)) for change in BIT_EQUAL_PLANS[changes])
+    assert_same_bits(first, second, hidden, anchor, lm_head)
     assert_select_matches(first, head, hidden, anchor, lm_head, atol=0.25, min_clear=0)
     _replay_equals_eager(first, hidden, anchor, lm_head)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("overlap, norm_epilogue, pdl, triton_gemms, fold_norms", GPU_PATHS)
-def test_gpu_paper_config_fp32_equals_reference(overlap, norm_epilogue, pdl, triton_gemms, fold_norms, monkeypatch):
+@pytest.mark.parametrize("plan", list(GPU_PLANS))
+def test_gpu_paper_config_fp32_equals_reference(plan, monkeypatch):
     """fp32 on CUDA (TF32 off): scores agree to ~1e-4, so nearly every request is clear of
     near-ties and the draft tokens must equal the reference's."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    cfg, hm, vocab, b = LiLiCorrConfig(), 4096, 32000, 4  # 480 lattice rows: the Triton GEMMs under pdl
+    cfg, hm, vocab, b = LiLiCorrConfig(), 4096, 32000, 4  # 480 lattice rows
     head = make_head(cfg, hm, 0, device="cuda")
     hidden, anchor, lm_head, embed = make_inputs(b, cfg.num_slots, hm, vocab, 0, device="cuda")
     lm_head *= 0.1
-    fast = FastLiLiCorrSelect(
-        head, embed_weight=embed, fused=True, overlap=overlap, norm_epilogue=norm_epilogue, pdl=pdl, triton_gemms=triton_gemms,
-        fold_norms=fold_norms,
-    )
-    assert fast.pdl == pdl
+    fast = _gpu_select(head, plan, embed_weight=embed)
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-3, min_clear=b // 2)
     _replay_equals_eager(fast, hidden, anchor, lm_head)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("overlap, norm_epilogue, pdl, triton_gemms, fold_norms", GPU_PATHS)
+@pytest.mark.parametrize("plan", list(GPU_PLANS))
 @pytest.mark.parametrize("width", [1024, 256])  # the paper head; the testbed's (rows in one 256-wide tile)
-def test_gpu_paper_config_bf16_graph_replay(overlap, norm_epilogue, pdl, triton_gemms, fold_norms, width):
+def test_gpu_paper_config_bf16_graph_replay(plan, width):
     """bf16 at paper scale: random weights near-tie almost every request, so the tokens are only
     checked where clear (none required); scores within tolerance; replay equals eager exactly."""
     cfg, hm, vocab, b = LiLiCorrConfig(hidden_size=width, factor_dim=width), 4096, 32000, 4
     head = make_head(cfg, hm, 0, dtype=torch.bfloat16, device="cuda")
     hidden, anchor, lm_head, embed = make_inputs(b, cfg.num_slots, hm, vocab, 0, dtype=torch.bfloat16, device="cuda")
     lm_head *= 0.1
-    fast = FastLiLiCorrSelect(
-        head, embed_weight=embed, fused=True, overlap=overlap, norm_epilogue=norm_epilogue, pdl=pdl, triton_gemms=triton_gemms,
-        fold_norms=fold_norms,
-    )
+    fast = _gpu_select(head, plan, embed_weight=embed)
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=0.25, min_clear=0)
     _replay_equals_eager(fast, hidden, anchor, lm_head)

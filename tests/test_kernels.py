@@ -1,8 +1,8 @@
 """The Triton kernels agree exactly with their PyTorch references.
 
 On a CPU-only machine the kernels run under Triton's interpreter (tests/conftest.py selects it
-before anything imports triton); with CUDA, the `gpu` cases run compiled. Inputs are fresh each
-run; the seed is printed with a failing test's output.
+before anything imports triton); with CUDA, the `gpu` cases run compiled. Inputs are drawn
+from the session's seed (LILICORR_TEST_SEED, tests/conftest.py).
 """
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import torch
 
 from sglang_lilicorr import walk
 from sglang_lilicorr.kernels import (
-    TopKLaunch,
     greedy_walk_triton,
     topk_lse,
     topk_lse_reference,
     topk_lse_triton,
     viterbi_triton,
 )
+from sglang_lilicorr.kernels.tuning import TopKLaunch
 
 from triton_mode import CUDA, INTERPRETER
 

@@ -4,7 +4,8 @@ definition: F.linear, the residual add in the stream's dtype, RMSNorm (and conca
 CPU: fp32 under Triton's interpreter, whole-row tiles and rows split over column tiles (the
 last-arriving program normalises; the counters are left zero), every config forced once, bad inputs
 named; an sm_90 compile of every config under both Tritons. GPU (`-m gpu`): bf16 at the paper's and
-the testbed's shapes, CUDA-graph replay, the counters across replays, and the benchmark table.
+the testbed's shapes, CUDA-graph replay, the counters across replays (timings: `python -m
+sglang_lilicorr.kernels.linear_norm` on the GPU).
 """
 from __future__ import annotations
 
@@ -14,18 +15,14 @@ import torch
 from sglang_lilicorr.kernels.head_nodes import lattice_nodes_triton
 from sglang_lilicorr.kernels.head_norm import add_rmsnorm_triton
 from sglang_lilicorr.kernels.linear_norm import (
-    CONFIG_BY_SHAPE,
-    CONFIGS,
-    bench_linear_norm,
-    format_bench,
     lattice_nodes_linear_reference,
     lattice_nodes_linear_triton,
     linear_add_rmsnorm_reference,
     linear_add_rmsnorm_triton,
-    prefer_fused,
     row_tiles,
     select_config,
 )
+from sglang_lilicorr.kernels.tuning import NORM_CONFIG_BY_SHAPE, NORM_CONFIGS, norm_band
 
 from sm90_build import check_in_fresh_process
 from triton_mode import CUDA, INTERPRETER, needs_interpreter
@@ -122,12 +119,12 @@ def test_nodes_bad_shapes_raise(gen):
 
 def test_config_table():
     """Every table row names a config; the selection covers every shape; fp32 has its own config."""
-    assert all(row[2] in CONFIGS for row in CONFIG_BY_SHAPE) and CONFIG_BY_SHAPE[-1][:2] == (None, None)
+    assert all(row[2] in NORM_CONFIGS for row in NORM_CONFIG_BY_SHAPE) and NORM_CONFIG_BY_SHAPE[-1][:2] == (None, None)
     for n in (32, 256, 257, 1024, 4096):
         for m in (1, 120, 1920, 10**6):
-            assert select_config(n, m, torch.bfloat16) in CONFIGS and isinstance(prefer_fused(n, m), bool)
+            assert select_config(n, m, torch.bfloat16) in NORM_CONFIGS and isinstance(norm_band(n, m)[3], bool)
     assert select_config(1024, 120, torch.float32) == "fp32"
-    assert row_tiles(120, 1024, torch.float32) == 120 // CONFIGS["fp32"].block_m + 1
+    assert row_tiles(120, 1024, torch.float32) == 120 // NORM_CONFIGS["fp32"].block_m + 1
 
 
 @needs_interpreter
@@ -157,11 +154,11 @@ def test_bad_inputs_raise(gen, change, match):
 _AOT = """
 import sys
 from sm90_build import build
-from sglang_lilicorr.kernels import linear_norm as ln
+from sglang_lilicorr.kernels import linear_norm as ln, tuning
 
 bf, f32, i32, c = "*bf16", "*fp32", "i32", "constexpr"
 count = 0
-for name, cfg in ln.CONFIGS.items():
+for name, cfg in tuning.NORM_CONFIGS.items():
     t = f32 if name == "fp32" else bf
     n_tiles = -(-1024 // cfg.block_n)  # the paper width: rows split over column tiles (one tile at 256 wide)
     for cross in (False, True, None):
@@ -189,7 +186,7 @@ def test_kernel_compiles_for_sm90_without_spills(sm90_triton):
     """Every config, residual (with and without cross) and node epilogues, at widths 1024 and 256,
     lowered to sm_90 in a fresh process: no spills, fits shared memory, the split-row kernels count
     with an atomic."""
-    assert f"compiled {len(CONFIGS) * 6}" in check_in_fresh_process(_AOT, sm90_triton)
+    assert f"compiled {len(NORM_CONFIGS) * 6}" in check_in_fresh_process(_AOT, sm90_triton)
 
 
 # --- GPU: bf16 at the served shapes, graph replay, counters across replays, bench table ------------
@@ -205,8 +202,8 @@ def test_gpu_served_shapes_bf16_and_graph_replay(k, n, m, cross):
     a graph replayed three times equals three eager launches (the counters reset every time)."""
     gen = torch.Generator().manual_seed(m + n + k)
     a, weight, bias, x, norm_w, t = _inputs(gen, m, k, n, torch.bfloat16, "cuda", b=m // 120 if cross else None)
-    counters = torch.zeros(max(row_tiles(m, n, torch.bfloat16, c) for c in CONFIGS), dtype=torch.int32, device="cuda")
-    for name in (c for c in CONFIGS if c != "fp32"):
+    counters = torch.zeros(max(row_tiles(m, n, torch.bfloat16, c) for c in NORM_CONFIGS), dtype=torch.int32, device="cuda")
+    for name in (c for c in NORM_CONFIGS if c != "fp32"):
         xs, x_ref = x.clone(), x.clone()
         out = linear_add_rmsnorm_triton(a, weight, bias, xs, norm_w, 1e-6, counters, t, config=name)
         ref = linear_add_rmsnorm_reference(a, weight, bias, x_ref, norm_w, 1e-6, t)
@@ -238,7 +235,7 @@ def test_gpu_nodes_bf16_and_graph_replay(h, b):
     args = args[:5] + (args[5].float(),) + args[6:]
     counters = torch.zeros(-(-b * 120 // 16), dtype=torch.int32, device="cuda")  # the smallest row tile is 16
     r_x, r_xn = lattice_nodes_linear_reference(*args, 1e-6)
-    for name in (c for c in CONFIGS if c != "fp32"):
+    for name in (c for c in NORM_CONFIGS if c != "fp32"):
         x, xn = lattice_nodes_linear_triton(*args, 1e-6, counters, config=name)
         torch.testing.assert_close(x, r_x, atol=3e-2, rtol=3e-2, msg=lambda s: f"{name}: {s}")
         torch.testing.assert_close(xn, r_xn, atol=3e-2, rtol=3e-2, msg=lambda s: f"{name}: {s}")
@@ -248,12 +245,3 @@ def test_gpu_nodes_bf16_and_graph_replay(h, b):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(g_x, x) and torch.equal(g_xn, xn) and not counters.any()
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not CUDA or INTERPRETER, reason="needs a CUDA GPU")
-def test_gpu_bench_table():
-    """Every 16-bit config against cuBLAS + add_rmsnorm at the served shapes; `pytest -s` prints it."""
-    rows = bench_linear_norm(rep_ms=40)
-    print("\n" + torch.cuda.get_device_name() + "\n" + format_bench(rows))
-    assert all(r["fused_ms"] > 0 and r["unfused_ms"] > 0 for r in rows)

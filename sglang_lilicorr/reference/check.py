@@ -96,7 +96,7 @@ def check_greedy(
 
 
 def served_greedy_records(path: str) -> list[dict]:
-    """Greedy records (temperature 0, no error) of a `serving.gpu_client` result file."""
+    """Greedy records (temperature 0, no error) of a tools/gpu_client.py result file."""
     records = json.loads(open(path).read())
     return [r for r in records if not r.get("error") and r["sampling"].get("temperature", 1.0) == 0]
 

@@ -9,9 +9,8 @@ never draft):
   models/        LiLiCorrDraftModel: SGLang's DFlashDraftModel + our head, strictly loaded
   proposer.py    the draft block: LM-head logits -> top-K/LSE -> head -> walk (CUDA-graph safe)
   worker.py      LiLiCorrWorker: SGLang's DFlash v2 worker with our proposer in the draft graph
-GPU proof tools: gpu_check.sh (two device calls), gpu_client.py (load + spec-stat checks),
-graph_check.py (the proposal alone in a CUDA graph), random_head.py (a random head on a DFlash draft).
+The GPU proof tools (gpu_check.sh and the scripts it runs) live in tools/ at the top of the repository.
 See README.md for every SGLang extension point used.
 """
 
-ALGORITHM_NAME = "LILICORR"  # --speculative-algorithm
+ALGORITHM_NAME = "LILICORR"  # the name SGLang's --speculative-algorithm takes

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Optional
 
 from sglang.srt.speculative.spec_info import CustomSpecAlgo
 
+from .server_args import resolve_server_args
+
 if TYPE_CHECKING:
     import torch
 
@@ -61,6 +63,4 @@ class LiLiCorrSpecAlgo(CustomSpecAlgo):
 
     # --- ServerArgs resolution ------------------------------------------------------------
     def handle_server_args(self, server_args) -> None:
-        from .server_args import resolve_server_args
-
         resolve_server_args(server_args)

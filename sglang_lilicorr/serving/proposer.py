@@ -21,6 +21,7 @@ import torch
 
 from ..fast_head import FastLiLiCorrSelect
 from ..head import LiLiCorrHead
+from ..select_plan import PYTORCH, HeadGeometry, plans_for
 
 
 def last_rows(*, num_rows: int, extend_lens: torch.Tensor | None, commit_lens: torch.Tensor | None) -> torch.Tensor:
@@ -55,8 +56,9 @@ class LiLiCorrProposer:
         self.slots = cfg.num_slots
         self.topk = cfg.candidate_topk
         self.lm_head_weight = lm_head_weight
-        # Triton epilogues only on CUDA: on CPU (tests, TRITON_INTERPRET=1) the PyTorch path is exact and fast.
-        self.select = FastLiLiCorrSelect(head, embed_weight=embed_weight[: lm_head_weight.shape[0]], fused=lm_head_weight.is_cuda)
+        # Triton kernels only on CUDA: on CPU (tests, TRITON_INTERPRET=1) the PyTorch path is exact and fast.
+        plans = None if lm_head_weight.is_cuda else plans_for(HeadGeometry.of(head), PYTORCH)
+        self.select = FastLiLiCorrSelect(head, embed_weight=embed_weight[: lm_head_weight.shape[0]], plans=plans)
         self.anchor_table: torch.Tensor | None = None  # [request slots, Hm]
         self.anchors: torch.Tensor | None = None  # [max rows, Hm]
         self.out: torch.Tensor | None = None  # [max rows * S] int64

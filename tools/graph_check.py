@@ -2,7 +2,7 @@
 SmolLM2 scale (Hm 576, V 49152), bf16, captured in a CUDA graph per batch size; the replay must
 equal the eager run, and the replay time is printed.
 
-  python -m sglang_lilicorr.serving.graph_check [--bs 1 4 16] [--hidden 576] [--vocab 49152]
+  python tools/graph_check.py [--bs 1 4 16] [--hidden 576] [--vocab 49152]   (with sglang_lilicorr installed)
 
 Prints one line per batch size, then GRAPH_CHECK PASS|FAIL (exit status 1 on FAIL).
 """
@@ -12,9 +12,9 @@ import argparse
 
 import torch
 
-from ..config import LiLiCorrConfig
-from ..head import LiLiCorrHead
-from .proposer import LiLiCorrProposer
+from sglang_lilicorr.config import LiLiCorrConfig
+from sglang_lilicorr.head import LiLiCorrHead
+from sglang_lilicorr.serving.proposer import LiLiCorrProposer
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,11 +1,12 @@
-"""The FFN up-projection GEMM with its bias + SiLU epilogue (kernels/ffn_silu.py) equals
-F.silu(F.linear(x, W_up, b_up)), SiluMLP's first half; its general form (linear_act_triton: plain,
-or with a per-request bias and SiLU as in the factor projection) equals linear_act_reference.
+"""The GEMM with its epilogue (kernels/gemm_epilogue.py) equals its PyTorch definition: as the FFN up projection
+with bias + SiLU (linear_silu_triton) F.silu(F.linear(x, W_up, b_up)), SiluMLP's first half; in general
+(gemm_epilogue_triton: plain, with a per-request bias and SiLU as in the factor projection, the folded norms, the
+residual add, the node assembly) gemm_epilogue_reference.
 
 CPU: small shapes with masked edges under Triton's interpreter (tests/conftest.py selects it before
 anything imports triton), fp32 to 1e-4, every launch config forced once; plus an sm_90 compile of
-every config (ptxas, no GPU needed). GPU (`-m gpu`): the paper shapes in bf16, CUDA-graph replay,
-and the benchmark table (printed with `pytest -s`).
+every config (ptxas, no GPU needed). GPU (`-m gpu`): the paper shapes in bf16, CUDA-graph replay (timings:
+`python -m sglang_lilicorr.kernels.gemm_epilogue` on the GPU).
 """
 from __future__ import annotations
 
@@ -15,18 +16,13 @@ import torch
 import torch.nn.functional as F
 
 from sglang_lilicorr.kernels import linear_silu_triton
-from sglang_lilicorr.kernels.ffn_silu import (
-    CONFIG_BY_ROWS,
-    CONFIGS,
-    LaunchConfig,
-    bench_linear_silu,
+from sglang_lilicorr.kernels.gemm_epilogue import (
     fold_norm_gain,
-    format_bench,
-    linear_act_reference,
-    linear_act_triton,
-    prefer_triton,
+    gemm_epilogue_reference,
+    gemm_epilogue_triton,
     select_config,
 )
+from sglang_lilicorr.kernels.tuning import GEMM_CONFIG_BY_ROWS, GEMM_CONFIGS, GemmLaunch, gemm_band
 from sglang_lilicorr.lattice import SiluMLP
 
 from sm90_build import check_in_fresh_process
@@ -38,7 +34,7 @@ from triton_mode import CUDA, INTERPRETER, graph_replay, needs_interpreter
     "m, k, n, config",
     [
         (7, 48, 40, "skinny"),  # K not a multiple of BLOCK_K, partial row and column tiles
-        (15, 600, 40, "thin"),  # the pass projection's 16-row tiles (fast_head's PASS_TILES): 15 rows, K over 2.3 steps
+        (15, 600, 40, "thin"),  # the pass projection's 16-row tiles (tuning.PASS_TILES): 15 rows, K over 2.3 steps
         (130, 64, 96, "small"),  # three row tiles, the last of 2 rows
         (130, 48, 96, "medium"),
         (130, 48, 96, "large"),
@@ -57,16 +53,16 @@ def test_matches_pytorch(gen, m, k, n, config, with_bias):
 
 @needs_interpreter
 @pytest.mark.parametrize("silu", [False, True])
-@pytest.mark.parametrize("config", ["skinny", LaunchConfig(16, 16, 16, 8, 1, 4)])
-def test_linear_act_with_group_bias_matches_reference(gen, silu, config):
+@pytest.mark.parametrize("config", ["skinny", GemmLaunch(16, 16, 16, 8, 1, 4)])
+def test_gemm_with_group_bias_matches_reference(gen, silu, config):
     """act(x @ W.T + b + group_bias[row // rows_per_group]): 3 groups of 10 rows (tiles straddle
     groups), the group bias a column slice of a wider buffer (as anchor[:, d:] in the head)."""
     x, weight = torch.randn(30, 48, generator=gen), torch.randn(40, 48, generator=gen) / 7
     bias, group_bias = torch.randn(40, generator=gen), torch.randn(3, 56, generator=gen)[:, 16:]
-    out = linear_act_triton(x, weight, bias, silu=silu, group_bias=group_bias, rows_per_group=10, config=config)
-    ref = linear_act_reference(x, weight, bias, silu=silu, group_bias=group_bias, rows_per_group=10)
+    out = gemm_epilogue_triton(x, weight, bias, silu=silu, group_bias=group_bias, rows_per_group=10, config=config)
+    ref = gemm_epilogue_reference(x, weight, bias, silu=silu, group_bias=group_bias, rows_per_group=10)
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(linear_act_triton(x, weight, config=config), F.linear(x, weight), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(gemm_epilogue_triton(x, weight, config=config), F.linear(x, weight), atol=1e-4, rtol=1e-4)
 
 
 def _sumsq(x: torch.Tensor) -> torch.Tensor:
@@ -76,7 +72,7 @@ def _sumsq(x: torch.Tensor) -> torch.Tensor:
 
 
 @needs_interpreter
-@pytest.mark.parametrize("config", ["skinny", LaunchConfig(16, 16, 16, 8, 1, 4)])
+@pytest.mark.parametrize("config", ["skinny", GemmLaunch(16, 16, 16, 8, 1, 4)])
 @pytest.mark.parametrize("k", [48, 40])  # BLOCK_K divides K / masked last K step; 40: a partial group of 16
 def test_folded_norm_matches_rmsnorm_then_linear(gen, config, k):
     """norm (rstd from the rows' partial sums of squares) with the gain folded into the weight
@@ -85,22 +81,22 @@ def test_folded_norm_matches_rmsnorm_then_linear(gen, config, k):
     x, g, t = torch.randn(30, k, generator=gen), 1 + 0.1 * torch.randn(k, generator=gen), torch.randn(3, k, generator=gen)
     weight, bias = torch.randn(24, 2 * k, generator=gen) / k**0.5, torch.randn(24, generator=gen)
     h = F.rms_norm(x, (k,), g, 1e-5)
-    plain = linear_act_triton(x, fold_norm_gain(weight[:, :k].contiguous(), g), bias, norm=(_sumsq(x), 1e-5), config=config)
+    plain = gemm_epilogue_triton(x, fold_norm_gain(weight[:, :k].contiguous(), g), bias, norm=(_sumsq(x), 1e-5), config=config)
     torch.testing.assert_close(plain, F.linear(h, weight[:, :k], bias), atol=1e-4, rtol=1e-4)
     group_bias = torch.randn(3, 24, generator=gen)
     cat = torch.cat([x, x * t.repeat_interleave(10, 0)], dim=1)
-    crossed = linear_act_triton(cat, fold_norm_gain(weight, g), silu=True, group_bias=group_bias, rows_per_group=10,
+    crossed = gemm_epilogue_triton(cat, fold_norm_gain(weight, g), silu=True, group_bias=group_bias, rows_per_group=10,
                                 norm=(_sumsq(x), 1e-5), norm_width=k, config=config)
     ref = F.silu(F.linear(torch.cat([h, h * t.repeat_interleave(10, 0)], dim=1), weight) + group_bias.repeat_interleave(10, 0))
     torch.testing.assert_close(crossed, ref, atol=1e-4, rtol=1e-4)
-    by_definition = linear_act_reference(cat, fold_norm_gain(weight, g), silu=True, group_bias=group_bias, rows_per_group=10,
+    by_definition = gemm_epilogue_reference(cat, fold_norm_gain(weight, g), silu=True, group_bias=group_bias, rows_per_group=10,
                                          norm_eps=1e-5, norm_width=k)
     torch.testing.assert_close(crossed, by_definition, atol=1e-4, rtol=1e-4)
 
 
 @needs_interpreter
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("config", ["skinny", LaunchConfig(16, 16, 16, 8, 1, 4)])
+@pytest.mark.parametrize("config", ["skinny", GemmLaunch(16, 16, 16, 8, 1, 4)])
 def test_residual_and_extra_outputs_match_reference(gen, dtype, config):
     """residual: x += a @ W.T + b in place (x a view with row stride 2N: the first half of [x, x * t]),
     rounded like F.linear then the add, with the sums of squares of the new rows (sumsq_out) and
@@ -110,16 +106,16 @@ def test_residual_and_extra_outputs_match_reference(gen, dtype, config):
                        torch.randn(40, generator=gen).to(dtype))
     cat, t = torch.randn(24, 80, generator=gen).to(dtype), torch.randn(2, 40, generator=gen).to(dtype)
     x = cat[:, :40]
-    expect = linear_act_reference(a, weight, bias, residual=x.clone(), cross=t)[0]
+    expect = gemm_epilogue_reference(a, weight, bias, residual=x.clone(), cross=t)[0]
     sumsq = torch.empty(24, 3)
-    out = linear_act_triton(a, weight, bias, residual=x, sumsq_out=sumsq, cross=(t, cat[:, 40:]), config=config)
+    out = gemm_epilogue_triton(a, weight, bias, residual=x, sumsq_out=sumsq, cross=(t, cat[:, 40:]), config=config)
     assert out.data_ptr() == x.data_ptr()
     torch.testing.assert_close(x, expect, **tol)
     xt = (x.float() * t.float().repeat_interleave(12, 0)).to(dtype)  # of the rows it stored, rounded once
     torch.testing.assert_close(cat[:, 40:], xt, atol=1e-6, rtol=1e-6 if dtype == torch.float32 else 2**-7)  # (1 ulp)
     torch.testing.assert_close(sumsq, _sumsq(x), atol=1e-4, rtol=1e-5)  # of the rounded rows it stored
-    plain = linear_act_triton(a, weight, bias, out=torch.empty(24, 80, dtype=dtype)[:, 40:], config=config)
-    torch.testing.assert_close(plain, linear_act_reference(a, weight, bias), **tol)
+    plain = gemm_epilogue_triton(a, weight, bias, out=torch.empty(24, 80, dtype=dtype)[:, 40:], config=config)
+    torch.testing.assert_close(plain, gemm_epilogue_reference(a, weight, bias), **tol)
 
 
 @needs_interpreter
@@ -135,13 +131,13 @@ def test_node_epilogue_equals_the_node_kernel_on_the_product(gen, dtype):
     table, const = torch.randn(v, h, generator=gen).to(dtype), torch.randn(s + 1, k, h, generator=gen)
     proj = torch.randn(b, s, h, generator=gen).to(dtype)
     cat, sumsq = torch.zeros(b * s * k, 2 * h, dtype=dtype), torch.empty(b * s * k, 3)
-    out = linear_act_triton(up, w_down, nodes=(ids, table, proj, const), out=cat[:, :h], sumsq_out=sumsq, config=LaunchConfig(16, 16, 16, 8, 1, 4))
+    out = gemm_epilogue_triton(up, w_down, nodes=(ids, table, proj, const), out=cat[:, :h], sumsq_out=sumsq, config=GemmLaunch(16, 16, 16, 8, 1, 4))
     assert out.data_ptr() == cat.data_ptr() and not cat[:, h:].any()
-    x, ref_sumsq = lattice_nodes_triton(ids, table, proj, linear_act_reference(up, w_down), const, torch.ones(h, dtype=dtype), 1e-6,
+    x, ref_sumsq = lattice_nodes_triton(ids, table, proj, gemm_epilogue_reference(up, w_down), const, torch.ones(h, dtype=dtype), 1e-6,
                                         sumsq_out=torch.empty(b * s * k, 3))
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(out, x, **tol)
-    torch.testing.assert_close(out, linear_act_reference(up, w_down, nodes=(ids, table, proj, const)), **tol)
+    torch.testing.assert_close(out, gemm_epilogue_reference(up, w_down, nodes=(ids, table, proj, const)), **tol)
     torch.testing.assert_close(sumsq, _sumsq(out), atol=1e-4, rtol=1e-5)  # of the rounded rows it stored
 
 
@@ -151,36 +147,36 @@ def test_bad_node_operands_raise():
     ids, table = torch.zeros(2, 3, 4, dtype=torch.int64, device=dev), torch.zeros(5, 8, device=dev)
     proj, const = torch.zeros(2, 3, 8, device=dev), torch.zeros(3, 4, 8, device=dev)
     with pytest.raises(ValueError, match=r"node ids \(2, 3, 5\) torch.int64 must be int64 \[b, S, K\] over the 24 rows"):
-        linear_act_triton(x, weight, nodes=(ids[..., :1].expand(2, 3, 5), table, proj, const))
+        gemm_epilogue_triton(x, weight, nodes=(ids[..., :1].expand(2, 3, 5), table, proj, const))
     with pytest.raises(ValueError, match=r"pass_proj \(2, 2, 8\) must be \[V, 8\] / \[2, 3, 8\]"):
-        linear_act_triton(x, weight, nodes=(ids, table, proj[:, :2], const))
+        gemm_epilogue_triton(x, weight, nodes=(ids, table, proj[:, :2], const))
     with pytest.raises(ValueError, match=r"node table is torch.float32 but pass_proj torch.float16"):
-        linear_act_triton(x, weight, nodes=(ids, table, proj.half(), const))
+        gemm_epilogue_triton(x, weight, nodes=(ids, table, proj.half(), const))
     with pytest.raises(ValueError, match=r"node_const \(3, 4, 8\) torch.float16 must be fp32"):
-        linear_act_triton(x, weight, nodes=(ids, table, proj, const.half()))
+        gemm_epilogue_triton(x, weight, nodes=(ids, table, proj, const.half()))
     with pytest.raises(ValueError, match="nodes and residual are two sums"):
-        linear_act_triton(x, weight, nodes=(ids, table, proj, const), residual=torch.zeros(24, 8, device=dev))
+        gemm_epilogue_triton(x, weight, nodes=(ids, table, proj, const), residual=torch.zeros(24, 8, device=dev))
 
 
 def test_bad_epilogue_operands_raise():
     dev = "cuda" if CUDA else "cpu"
     x, weight = torch.zeros(30, 16, device=dev), torch.zeros(8, 16, device=dev)
     with pytest.raises(ValueError, match=r"norm's sum-of-squares partials is \(30, 2\) .* must be \[30, 1\]"):
-        linear_act_triton(x, weight, norm=(torch.zeros(30, 2, device=dev), 1e-5))
+        gemm_epilogue_triton(x, weight, norm=(torch.zeros(30, 2, device=dev), 1e-5))
     with pytest.raises(ValueError, match=r"norm_width 20 must be in 1..16"):
-        linear_act_triton(x, weight, norm=(torch.zeros(30, 2, device=dev), 1e-5), norm_width=20)
+        gemm_epilogue_triton(x, weight, norm=(torch.zeros(30, 2, device=dev), 1e-5), norm_width=20)
     with pytest.raises(ValueError, match=r"residual is \(30, 7\)"):
-        linear_act_triton(x, weight, residual=torch.zeros(30, 7, device=dev))
+        gemm_epilogue_triton(x, weight, residual=torch.zeros(30, 7, device=dev))
     with pytest.raises(ValueError, match=r"sumsq_out is \(30, 1\) torch.float16"):
-        linear_act_triton(x, weight, sumsq_out=torch.zeros(30, 1, device=dev, dtype=torch.float16))
+        gemm_epilogue_triton(x, weight, sumsq_out=torch.zeros(30, 1, device=dev, dtype=torch.float16))
     with pytest.raises(ValueError, match=r"cross t \(7, 8\) must be \[b, 8\]"):
-        linear_act_triton(x, weight, cross=(torch.zeros(7, 8, device=dev), torch.zeros(30, 8, device=dev)))
+        gemm_epilogue_triton(x, weight, cross=(torch.zeros(7, 8, device=dev), torch.zeros(30, 8, device=dev)))
     with pytest.raises(ValueError, match="share the output's row stride"):
-        linear_act_triton(x, weight, cross=(torch.zeros(3, 8, device=dev), torch.zeros(30, 16, device=dev)[:, :8]))
+        gemm_epilogue_triton(x, weight, cross=(torch.zeros(3, 8, device=dev), torch.zeros(30, 16, device=dev)[:, :8]))
     with pytest.raises(ValueError, match="residual is the output; pass it without out"):
-        linear_act_triton(x, weight, residual=torch.zeros(30, 8, device=dev), out=torch.zeros(30, 8, device=dev))
+        gemm_epilogue_triton(x, weight, residual=torch.zeros(30, 8, device=dev), out=torch.zeros(30, 8, device=dev))
     with pytest.raises(ValueError, match=r"\(TMA\) has no norm"):
-        linear_act_triton(x, weight, sumsq_out=torch.zeros(30, 1, device=dev), config="tma_large")
+        gemm_epilogue_triton(x, weight, sumsq_out=torch.zeros(30, 1, device=dev), config="tma_large")
 
 
 def test_bad_group_bias_raises():
@@ -188,9 +184,9 @@ def test_bad_group_bias_raises():
     x, weight = torch.zeros(30, 16, device=dev), torch.zeros(8, 16, device=dev)
     for group_bias, rows in ((torch.zeros(3, 8, device=dev), 7), (torch.zeros(2, 8, device=dev), 10), (torch.zeros(8, 3, device=dev).t(), 10)):
         with pytest.raises(ValueError, match=r"group_bias .* must be \[M / rows_per_group, N\]"):
-            linear_act_triton(x, weight, group_bias=group_bias, rows_per_group=rows)
+            gemm_epilogue_triton(x, weight, group_bias=group_bias, rows_per_group=rows)
     with pytest.raises(ValueError, match="group_bias is torch.float64"):
-        linear_act_triton(x, weight, group_bias=torch.zeros(3, 8, device=dev, dtype=torch.float64), rows_per_group=10)
+        gemm_epilogue_triton(x, weight, group_bias=torch.zeros(3, 8, device=dev, dtype=torch.float64), rows_per_group=10)
 
 
 @needs_interpreter
@@ -200,7 +196,7 @@ def test_strided_rows_and_grouped_order(gen):
     x = torch.randn(300, 80, generator=gen)[:, :64]
     weight = torch.randn(50, 72, generator=gen)[:, :64]
     bias = torch.randn(50, generator=gen)
-    out = linear_silu_triton(x, weight, bias, config=LaunchConfig(16, 16, 16, 8, 1, 4))
+    out = linear_silu_triton(x, weight, bias, config=GemmLaunch(16, 16, 16, 8, 1, 4))
     torch.testing.assert_close(out, F.silu(F.linear(x, weight, bias)), atol=1e-4, rtol=1e-4)
 
 
@@ -222,13 +218,13 @@ def test_bf16_and_wiring_equals_silu_mlp(gen):
 
 def test_config_table():
     """Every row band names a known 16-bit config; the paper shapes pick skinny / small / large."""
-    assert all(name in CONFIGS and name != "fp32" for _, name, _ in CONFIG_BY_ROWS)
-    assert CONFIG_BY_ROWS[-1][0] is None  # the last band is unbounded
+    assert all(name in GEMM_CONFIGS and name != "fp32" for _, name, _ in GEMM_CONFIG_BY_ROWS)
+    assert GEMM_CONFIG_BY_ROWS[-1][0] is None  # the last band is unbounded
     assert [select_config(m, torch.bfloat16) for m in (120, 480, 960, 1920, 3840)] == ["skinny", "small", "tma_medium", "tma_large", "tma_large"]
     assert select_config(3840, torch.float32) == "fp32"
     assert select_config(120, torch.bfloat16, 2048) == "skinny_wide_k" and select_config(120, torch.bfloat16, 1024) == "skinny"
     assert select_config(480, torch.bfloat16, 4096) == "small" and select_config(120, torch.float32, 2048) == "fp32"
-    assert all(isinstance(prefer_triton(m), bool) for m in (1, 120, 480, 1920, 3840, 10**6))
+    assert all(isinstance(gemm_band(m)[2], bool) for m in (1, 120, 480, 1920, 3840, 10**6))
 
 
 def test_empty_rows():
@@ -267,7 +263,7 @@ def test_prefetch_needs_an_early_launch():
     """The weight prefetch runs while the previous kernel does: prefetch=True without a PDL launch is refused."""
     x, w = torch.zeros(4, 16), torch.zeros(8, 16)
     with pytest.raises(ValueError, match=r"prefetch=True .* needs a launch with PDL \(pdl=True"):
-        linear_act_triton(x, w, prefetch=True)
+        gemm_epilogue_triton(x, w, prefetch=True)
 
 
 @needs_interpreter
@@ -279,27 +275,32 @@ def test_tma_config_off_gpu_raises():
 _AOT = """
 import sys
 from sm90_build import build
-from sglang_lilicorr.kernels import ffn_silu as fs
+import torch
+from sglang_lilicorr.kernels import gemm_epilogue as ge, tuning
 from sglang_lilicorr.kernels.prefetch import lines_per_row
-from sglang_lilicorr.fast_head import FOLD_NORMS_MAX_ROWS, TRITON_GEMM_ROWS_CAP
+from sglang_lilicorr.select_plan import Device, HeadGeometry, plans_for
 
 
-def configs_up_to(bound):
-    names = {cfg for rows, cfg, _ in fs.CONFIG_BY_ROWS if rows is not None and rows <= bound}
-    return names | {fs.WIDE_K_CONFIG[cfg] for cfg in names if cfg in fs.WIDE_K_CONFIG}
+def served_configs(runs):  # the configs by M (and their wide-K twins) at the lattice rows where a served plan of the
+    # paper or the testbed head (on an sm_90 card) satisfies runs(plan)
+    geos = [HeadGeometry(width, width, 15, 8, torch.bfloat16) for width in (1024, 256)]
+    rows = [bound * geo.lattice_rows for geo in geos for bound, plan in plans_for(geo, Device(True, True, True)).buckets()
+            if bound and runs(plan)]
+    names = {tuning.gemm_band(m)[1] for m in range(1, max(rows) + 1)}
+    return names | {tuning.GEMM_WIDE_K_CONFIG[c] for c in names if c in tuning.GEMM_WIDE_K_CONFIG}
 
 
-small_m = configs_up_to(TRITON_GEMM_ROWS_CAP)
-folded = configs_up_to(max(FOLD_NORMS_MAX_ROWS.values())) | {"narrow"}  # and fast_head's NARROW_TILES roles at bs 1
-for name, c in fs.CONFIGS.items():
+small_m = served_configs(lambda plan: "factor" in plan.triton_gemms or plan.fold_norms)
+folded = served_configs(lambda plan: plan.fold_norms) | {"narrow"}  # and tuning.GEMM_TILES' narrow roles at bs 1
+for name, c in tuning.GEMM_CONFIGS.items():
     t = "*fp32" if name == "fp32" else "*bf16"
     # under PDL, with the factor projection's epilogue (bias, per-request bias, SiLU: the most a kernel
-    # carries) on the configs of the rows it runs at (<= TRITON_GEMM_ROWS_CAP), the FFN up's elsewhere
+    # carries) on the configs of the rows it runs at (small_m), the FFN up's elsewhere
     tiles = dict(HAS_BIAS=True, GROUP_BIAS=name in small_m, SILU=True, PDL=True,
                  BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m)
     if c.tma:  # descriptors of the x, weight and output tiles, then bias, group bias, M, N, K, its stride, rows per group
         descs = [f"tensordesc<bf16[{a}, {b}]>" for a, b in ((c.block_m, c.block_k), (c.block_n, c.block_k), (c.block_m, c.block_n))]
-        r = build(fs._linear_act_tma_kernel, descs + [t, t] + ["i32"] * 5 + ["constexpr"] * 9, dict(PROGRAMS=132, **tiles),
+        r = build(ge._gemm_tma_kernel, descs + [t, t] + ["i32"] * 5 + ["constexpr"] * 9, dict(PROGRAMS=132, **tiles),
                   aligned=(3, 4, 6, 7, 8), num_warps=c.num_warps, num_stages=c.num_stages)
         if "cp.async.bulk.tensor" not in r["ptx"]:
             sys.exit(f"{name} does not load by TMA")
@@ -308,16 +309,16 @@ for name, c in fs.CONFIGS.items():
         types = [t] * 5 + ["*fp32"] * 2 + [t] * 2 + ["*i64", t, t, "*fp32"] + ["i32"] * 11 + ["fp32"] + ["i32"] * 2 + ["constexpr"] * 18
         aligned = tuple(range(13)) + (14, 15, 16, 17, 18)
         plain = dict(NORM=False, PARTS_IN=1, RESIDUAL=False, SUMSQ_OUT=False, CROSS_OUT=False, NODES=False)
-        r = build(fs._linear_act_kernel, types, dict(EVEN_K=True, IEEE_F32=name == "fp32", PREFETCH_LINES=0, **plain, **tiles),
+        r = build(ge._gemm_kernel, types, dict(EVEN_K=True, IEEE_F32=name == "fp32", PREFETCH_LINES=0, **plain, **tiles),
                   aligned=aligned, num_warps=c.num_warps, num_stages=c.num_stages)
         if "prefetch.global.L2" in r["ptx"]:
             sys.exit(f"{name} with PREFETCH_LINES=0 prefetches")
-        if name in folded:  # the folded-norm lattice GEMMs (FastLiLiCorrSelect.fold_norms) at the rows they run at,
+        if name in folded:  # the folded-norm lattice GEMMs (the select plan's fold_norms) at the rows they run at,
             lines = lines_per_row(c.block_n, c.num_warps)  # launched early: the weight prefetched before the wait
             for extra in (dict(plain, NORM=True, PARTS_IN=64),  # QKV, FFN up, the factor GEMM
                           dict(plain, RESIDUAL=True, SUMSQ_OUT=True, CROSS_OUT=True),
                           dict(plain, NODES=True, SUMSQ_OUT=True)):  # the feature down GEMM's nodes
-                f = build(fs._linear_act_kernel, types, dict(EVEN_K=True, IEEE_F32=False, PREFETCH_LINES=lines, **extra, **tiles),
+                f = build(ge._gemm_kernel, types, dict(EVEN_K=True, IEEE_F32=False, PREFETCH_LINES=lines, **extra, **tiles),
                           aligned=aligned, num_warps=c.num_warps, num_stages=c.num_stages)
                 print(name, extra, "registers", f["registers"], "spill bytes", f["spills"])
                 if f["spills"] or "griddepcontrol.wait" not in f["ptx"]:
@@ -326,7 +327,7 @@ for name, c in fs.CONFIGS.items():
                 if "prefetch.global.L2::evict_last" not in ptx or ptx.index("prefetch.global.L2") > ptx.index("griddepcontrol.wait"):
                     sys.exit(f"{name} {extra}: no L2 prefetch of the weight before the wait on the previous grid")
                 loop = ptx.index("wgmma.mma_async")  # the K loop; in a small tile every epilogue operand loads before it
-                early = c.block_m * c.block_n <= fs.EARLY_OPERANDS_MAX_TILE.value  # (but the nodes' table gather, by the ids)
+                early = c.block_m * c.block_n <= tuning.EARLY_OPERANDS_MAX_TILE  # (but the nodes' table gather, by the ids)
                 if early and not extra["NODES"] and "ld.global" in ptx[loop:]:
                     sys.exit(f"{name} {extra}: {ptx[loop:].count('ld.global')} epilogue loads after the K loop")
                 if early and "ld.global" not in ptx[:ptx.index("griddepcontrol.wait")]:
@@ -340,17 +341,17 @@ for name, c in fs.CONFIGS.items():
         sys.exit(f"{name} needs {r['shared']} bytes of shared memory (sm_90 has 227 KiB per block)")
     if name not in ("fp32", "thin") and "wgmma.mma_async" not in r["ptx"]:  # (thin: 16-row tiles, below wgmma's 64)
         sys.exit(f"{name} does not use wgmma")
-print("compiled", len(fs.CONFIGS))
+print("compiled", len(tuning.GEMM_CONFIGS))
 """
 
 
 def test_kernel_compiles_for_sm90_without_spills(sm90_triton):
     """Every launch config lowered to sm_90 (bf16, fp32 for the fp32 config) in a fresh process:
     no register spills, fits shared memory, 16-bit configs use wgmma, TMA configs load by TMA."""
-    assert f"compiled {len(CONFIGS)}" in check_in_fresh_process(_AOT, sm90_triton)
+    assert f"compiled {len(GEMM_CONFIGS)}" in check_in_fresh_process(_AOT, sm90_triton)
 
 
-# --- GPU: paper shapes in bf16, graph replay, benchmark table ----------------------------------
+# --- GPU: paper shapes in bf16, graph replay ------------------------------------------------------
 
 
 @pytest.mark.gpu
@@ -372,7 +373,7 @@ def test_gpu_paper_shapes_bf16_and_graph_replay(m):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA or INTERPRETER, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("config", [name for name, c in CONFIGS.items() if c.tma])
+@pytest.mark.parametrize("config", [name for name, c in GEMM_CONFIGS.items() if c.tma])
 @pytest.mark.parametrize("m", [130, 3840])
 def test_gpu_tma_configs(config, m):
     """The persistent TMA kernel: partial row tiles (M = 130) and the paper's largest M, bf16 with
@@ -404,7 +405,7 @@ def test_gpu_weight_prefetch_changes_no_value(k, n):
     def chain(prefetch):
         y = x
         for w in ws:
-            y = linear_act_triton(linear_act_triton(y, w, pdl=True, prefetch=prefetch), w_back, pdl=True, prefetch=prefetch)
+            y = gemm_epilogue_triton(gemm_epilogue_triton(y, w, pdl=True, prefetch=prefetch), w_back, pdl=True, prefetch=prefetch)
         return y
 
     plain = chain(False)
@@ -419,13 +420,3 @@ def test_gpu_fp32_exact(monkeypatch):
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     x, weight, bias = torch.randn(480, 1024, device="cuda"), torch.randn(2048, 1024, device="cuda") / 32, torch.randn(2048, device="cuda")
     torch.testing.assert_close(linear_silu_triton(x, weight, bias), F.silu(F.linear(x, weight, bias)), atol=1e-4, rtol=1e-4)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not CUDA or INTERPRETER, reason="needs a CUDA GPU")
-def test_gpu_bench_table():
-    """Every 16-bit config at the paper M's against cuBLAS GEMM + SiLU (graph replay); `pytest -s` prints it."""
-    rows = bench_linear_silu(sweep=True, rep_ms=50)
-    print("\n" + torch.cuda.get_device_name() + "\n" + format_bench(rows))
-    tma = sum(c.tma for c in CONFIGS.values())  # not timed at M = 120
-    assert len(rows) == 5 * (len(CONFIGS) - 1) - tma and all(r["triton_ms"] > 0 and r["torch_ms"] > 0 for r in rows)

@@ -1,65 +1,52 @@
-"""The head's GEMMs with their elementwise epilogues in one Triton GEMM (paper App. A): the lattice
-FFN's up projection with bias + SiLU, and, at small M, the other GEMMs of the select path.
+"""A GEMM with its epilogue in one Triton kernel (paper App. A): every GEMM of the select path that the plan
+runs in Triton, with what follows it folded into the epilogue instead of a launch of its own.
 
-Replaces F.silu(F.linear(x, W_up, b_up)) in SiluMLP at serving time (cuBLAS GEMM + a SiLU pass),
-the factor projection + per-request bias + SiLU (F.linear then row_bias_silu), and plain
-F.linear with bias where a chain of launches with programmatic dependent launch (kernels/pdl.py)
-beats cuBLAS. At small M it also carries the lattice layer's norms and adds, so that each lattice
-GEMM is the layer's only launch around it (FastLiLiCorrSelect's fold_norms):
-  residual   the residual add into the stream (in place);
+  y = act(rstd * (x @ weight.T) + bias + group_bias[row // rows_per_group])     act: SiLU or identity
+  residual   out += y, the lattice's residual add (in place);
   sumsq_out  the output rows' sums of squares, one partial per SUMSQ_GROUP columns (kernels/head_norm.py;
-             in the epilogue, where the rows are in registers anyway);
+             in the epilogue, where the rows are in registers anyway), for the next GEMM's norm;
   norm       the pre-norm of the GEMM's input: rstd per row from those partials scales the tile; the
              norm's gain is folded into the weight (fold_norm_gain): RMSNorm(x) @ W.T = rstd * (x @ (W * g).T);
   cross      also writes out * t (t: the request's anchor state), the factor GEMM's h * t up to the
-             output norm's rstd and gain, which that GEMM applies to concat[x, x * t].
+             output norm's rstd and gain, which that GEMM applies to concat[x, x * t];
   nodes      the feature MLP's down GEMM writes the lattice nodes instead of its product: token_table[id] +
              pass_proj[slot] + product + node_const[slot, rank] (kernels/head_nodes.node_sum).
-Nothing is added to the K loop: a register pass over its A tiles (sums of squares, x * t) made the
-bs-1 select's eleven GEMMs take 88.9 us of GPU time against 63 us for the ten before (PERF_NOTES.md, version 16).
+Uses: the lattice FFN's up projection with bias + SiLU (linear_silu_triton), the factor projection with its
+per-request bias + SiLU, and, where the select folds the lattice's norms (sglang_lilicorr/select_plan.py), each
+lattice GEMM as the layer's only launch around it. Nothing is added to the K loop: a register pass over its A tiles
+(sums of squares, x * t) measured slower (benchmarks/PERF_NOTES.md).
 Launched early under PDL (kernels/pdl.py), the programs of the first row tile fetch their weight slice
-into L2 before they wait on the previous kernel (kernels/prefetch.py; `prefetch`, PERF_NOTES.md version 17).
-In small tiles (EARLY_OPERANDS_MAX_TILE: the bs-1 configs) the epilogue's operands load early and are used late:
+into L2 before they wait on the previous kernel (kernels/prefetch.py; `prefetch`). In small tiles
+(tuning.EARLY_OPERANDS_MAX_TILE: the bs-1 configs) the epilogue's operands load early and are used late:
 the bias before the PDL wait, what earlier kernels wrote (residual, t, the norm's partials, the per-request bias,
-the node ids and pass rows) before the K loop (PERF_NOTES.md version 20).
+the node ids and pass rows) before the K loop.
 
   x          [M, K]   rows = b * L lattice nodes; any row stride, unit stride along K
   weight     [N, K]   nn.Linear layout (out x in); any row stride, unit stride along K
   bias       [N]      or None
   group_bias [G, N]   or None: row r also gets group_bias[r // rows_per_group] (unit column stride)
-  out        [M, N]   act(x @ weight.T + bias + group_bias), in x's dtype (new and contiguous, or given); act = SiLU or
-                      identity; fp32 accumulation and epilogue, one rounding (PyTorch rounds after
-                      the GEMM and again after each elementwise op); the residual add after it
+  out        [M, N]   y in x's dtype (new and contiguous, or given); fp32 accumulation and epilogue, one rounding
+                      (PyTorch rounds after the GEMM and again after each elementwise op); the residual add after it
 
 Two kernels, the same epilogue:
-  _linear_act_kernel      one program per [BLOCK_M, BLOCK_N] output tile, pointer loads (gemm_tile,
-                          shared with kernels/linear_norm.py); rows and columns past M, N wrapped
-                          (index mod M, N) so the K loop loads without masks, the store masked;
-                          the K loop unmasked when BLOCK_K divides K.
-  _linear_act_tma_kernel  persistent (one program per SM striding over the tiles), x / weight
-                          tiles by TMA descriptors (zero-filled past the edges), the output by a
-                          TMA store (clipped); 16-bit CUDA tensors on sm_90+ only.
+  _gemm_kernel      one program per [BLOCK_M, BLOCK_N] output tile, pointer loads (gemm_tile,
+                    shared with kernels/linear_norm.py); rows and columns past M, N wrapped
+                    (index mod M, N) so the K loop loads without masks, the store masked;
+                    the K loop unmasked when BLOCK_K divides K.
+  _gemm_tma_kernel  persistent (one program per SM striding over the tiles), x / weight
+                    tiles by TMA descriptors (zero-filled past the edges), the output by a
+                    TMA store (clipped); 16-bit CUDA tensors on sm_90+, the bias / group bias / SiLU epilogue only.
 Both take tiles in grouped order (GROUP_M row tiles sweep the column tiles together) so the weight
 tiles a group reads stay in L2.
 
-Launch configs come from a static table chosen by M (CONFIG_BY_ROWS; no autotuning, so a CUDA graph
-can capture the first call). `prefer_triton(M)` says whether to take the FFN up kernel over cuBLAS +
-SiLU (the select path has its own table for the other GEMMs: sglang_lilicorr/fast_head.py); update the table from `python -m sglang_lilicorr.kernels.ffn_silu` and head_bench
-on the serving GPU. Paper shape of the FFN up: K = 1024, N = 2048, M = 120 * b.
-  skinny  64 x 32 tiles, BLOCK_K 128, 4 warps: 128 programs at M = 120 (one wave on 132 SMs); latency-bound.
-          From K = 2048 on, skinny_wide_k: 64 x 16 tiles, BLOCK_K 256 (WIDE_K_CONFIG).
-  narrow  64 x 16 tiles, BLOCK_K 128: skinny with twice the programs, taken by name only (fast_head's NARROW_TILES).
-  small   64 x 128, BLOCK_K 64, 4 warps, 4 stages.
-  medium  128 x 128, BLOCK_K 64, 8 warps, 4 stages.      large  128 x 256, BLOCK_K 64, 8 warps, 3 stages.
-  tma_*   the persistent TMA kernel at the large / medium tiles, or 128 x 128 with BLOCK_K 128.
-  fp32    fp32 inputs (exact IEEE FMA dots, for tests / the fp32 path): 64 x 64, BLOCK_K 32.
-Under the CPU interpreter bf16/fp16 operands are dotted as fp32 copies (its tl.dot multiplies raw
-16-bit patterns); 16-bit products are exact in fp32. tests/test_ffn_silu.py lowers every config to
-sm_90 (ptxas): no spills, wgmma, TMA where configured. Only torch.empty and one launch: CUDA-graph safe.
+Launch configs: a name of tuning.GEMM_CONFIGS, by default the band of tuning.GEMM_CONFIG_BY_ROWS that holds M
+(select_config; no autotuning, so a CUDA graph can capture the first call). `python -m
+sglang_lilicorr.kernels.gemm_epilogue` times every config against cuBLAS + SiLU at the paper's FFN up
+(K = 1024, N = 2048, M = 120 * b). Under the CPU interpreter bf16/fp16 operands are dotted as fp32 copies (its
+tl.dot multiplies raw 16-bit patterns); 16-bit products are exact in fp32. tests/test_gemm_epilogue.py lowers every
+config to sm_90 (ptxas): no spills, wgmma, TMA where configured. Only torch.empty and one launch: CUDA-graph safe.
 """
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -67,54 +54,13 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from . import tuning
 from .device import sm_count, sm_major
 from .head_nodes import node_const_rows, node_ids, node_pass_rows, node_sum, node_sum_in_order
 from .head_norm import SUMSQ_GROUP, load_sumsq, row_rstd, store_sumsq
 from .pdl import check_pdl, grid_dependency_wait, pdl_launch
 from .prefetch import lines_per_row, prefetch_rows_l2
-
-
-class LaunchConfig(NamedTuple):
-    block_m: int
-    block_n: int
-    block_k: int
-    group_m: int
-    num_stages: int
-    num_warps: int
-    tma: bool = False  # persistent TMA kernel: one program per SM, tiles by TMA descriptors (sm_90+)
-
-
-CONFIGS = {
-    "skinny": LaunchConfig(64, 32, 128, 8, 4, 4),
-    "skinny_wide_k": LaunchConfig(64, 16, 256, 8, 3, 4),  # skinny's rows at K >= WIDE_K: twice the programs, half the K steps
-    "narrow": LaunchConfig(64, 16, 128, 8, 4, 4),  # skinny's rows and K steps, twice the programs (fast_head's NARROW_TILES)
-    "thin": LaunchConfig(16, 16, 256, 8, 4, 4),  # M <= 16 (one request's slots: fast_head's PASS_TILES), mma.sync tiles
-    "small": LaunchConfig(64, 128, 64, 8, 4, 4),
-    "medium": LaunchConfig(128, 128, 64, 8, 4, 8),
-    "large": LaunchConfig(128, 256, 64, 8, 3, 8),
-    "tma_large": LaunchConfig(128, 256, 64, 8, 3, 8, tma=True),
-    "tma_medium": LaunchConfig(128, 128, 64, 8, 4, 8, tma=True),
-    "tma_wide_k": LaunchConfig(128, 128, 128, 8, 3, 8, tma=True),
-    "fp32": LaunchConfig(64, 64, 32, 8, 3, 4),
-}
-
-# (largest M of the row band, config for 16-bit inputs, prefer Triton over cuBLAS GEMM + SiLU);
-# the first band with M <= bound applies, None = unbounded
-CONFIG_BY_ROWS = (  # H200, b3b4862 (bf16, K = 1024, N = 2048; ms ours / cuBLAS + SiLU)
-    (128, "skinny", True),  # M = 120: 0.0096 / 0.0116
-    (512, "small", False),  # M = 480: 0.0134 / 0.0130
-    (1024, "tma_medium", True),  # M = 960: 0.0149 / 0.0167
-    (None, "tma_large", True),  # M = 1920: 0.0208 / 0.0239; M = 3840: 0.0351 / 0.0381
-)
-
-
-def _band(m: int) -> tuple:
-    return next(row for row in CONFIG_BY_ROWS if row[0] is None or m <= row[0])
-
-
-WIDE_K = 2048  # from this K on, a band's config gives way to its WIDE_K_CONFIG (H100, version 15: K = 2048 at M = 120
-WIDE_K_CONFIG = {"skinny": "skinny_wide_k"}  # in chains of 16 with PDL, 6.98 us vs skinny's 7.31: h100_gemm_chain_v15)
-
+from .tuning import GEMM_CONFIGS, GemmLaunch
 
 WITHOUT_TMA = {"tma_large": "large", "tma_medium": "medium", "tma_wide_k": "medium"}  # for the epilogues TMA stores lack
 
@@ -123,13 +69,8 @@ def select_config(m: int, dtype: torch.dtype, k: int = 0) -> str:
     """Name of the launch config for M rows of `dtype` by K (fp32 has its own small-tile config)."""
     if dtype == torch.float32:
         return "fp32"
-    name = _band(m)[1]
-    return WIDE_K_CONFIG.get(name, name) if k >= WIDE_K else name
-
-
-def prefer_triton(m: int) -> bool:
-    """Whether linear_silu_triton beats F.silu(F.linear(...)) at M rows (from bench_linear_silu)."""
-    return _band(m)[2]
+    name = tuning.gemm_band(m)[1]
+    return tuning.GEMM_WIDE_K_CONFIG.get(name, name) if k >= tuning.GEMM_WIDE_K else name
 
 
 @triton.jit
@@ -198,7 +139,7 @@ def gemm_tile(
     return acc
 
 
-EARLY_OPERANDS_MAX_TILE = tl.constexpr(2048)  # tile elements up to which the epilogue's operands load before the K loop
+EARLY_OPERANDS_MAX_TILE = tl.constexpr(tuning.EARLY_OPERANDS_MAX_TILE)
 
 
 @triton.jit
@@ -225,7 +166,7 @@ def _cross_tile(t_ptr, rm, rn, mask, N, rows_per_req):
 
 
 @triton.jit
-def _linear_act_kernel(
+def _gemm_kernel(
     x_ptr, w_ptr, b_ptr, gb_ptr, out_ptr, ss_in_ptr, ss_out_ptr, t_ptr, xt_ptr,
     ids_ptr, table_ptr, pass_ptr, const_ptr,  # NODES only (head_nodes.node_sum)
     M, N, K, stride_xm, stride_wn, stride_om, gb_stride, rows_per_group, rows_per_req, n_parts_in, norm_width, eps,
@@ -285,7 +226,7 @@ def _linear_act_kernel(
 
 
 @triton.jit
-def _linear_act_tma_kernel(
+def _gemm_tma_kernel(
     x_desc, w_desc, out_desc, b_ptr, gb_ptr, M, N, K, gb_stride, rows_per_group,
     HAS_BIAS: tl.constexpr, GROUP_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PROGRAMS: tl.constexpr, PDL: tl.constexpr,
@@ -308,12 +249,12 @@ def _linear_act_tma_kernel(
         out_desc.store([off_m, off_n], y.to(out_desc.dtype))
 
 
-def linear_act_reference(
+def gemm_epilogue_reference(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, silu: bool = False,
     group_bias: torch.Tensor | None = None, rows_per_group: int = 1, norm_eps: float | None = None, norm_width: int | None = None,
     residual: torch.Tensor | None = None, cross: torch.Tensor | None = None, nodes: tuple | None = None,
 ) -> torch.Tensor:
-    """PyTorch definition of linear_act_triton, in fp32, rounded to x's dtype after the activation:
+    """PyTorch definition of gemm_epilogue_triton, in fp32, rounded to x's dtype after the activation:
     y = act(rstd * (x @ weight.T) + bias + group_bias[row // rows_per_group]), rstd = 1 / sqrt(mean(x[:, :w]^2)
     + eps) over the first w = norm_width (default all) columns of x with norm_eps, else 1; then residual
     += y (returned, in place). With cross (t [b, N]) -> (that, that * t[row // (M / b)]). With nodes
@@ -342,7 +283,7 @@ def linear_act_reference(
 
 def linear_silu_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """PyTorch definition (SiluMLP's up_proj then SiLU) -> [M, N]."""
-    return linear_act_reference(x, weight, bias, silu=True)
+    return gemm_epilogue_reference(x, weight, bias, silu=True)
 
 
 def _check(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, group_bias, rows_per_group) -> None:
@@ -375,10 +316,10 @@ def _check(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
             raise ValueError(f"{name}: group_bias is {group_bias.dtype} on {group_bias.device}; cast / move it to x's")
     if weight.device != x.device or (bias is not None and bias.device != x.device):
         raise ValueError(f"{name}: weight / bias are not on x's device {x.device}; move them there")
-    if not x.is_cuda and not isinstance(_linear_act_kernel, InterpretedFunction):
+    if not x.is_cuda and not isinstance(_gemm_kernel, InterpretedFunction):
         raise ValueError(
             f"{name}: x is on {x.device}; Triton runs CUDA tensors, or CPU ones only with TRITON_INTERPRET=1 "
-            f"set before triton is imported; use linear_act_reference on CPU"
+            f"set before triton is imported; use gemm_epilogue_reference on CPU"
         )
 
 
@@ -391,7 +332,7 @@ def _check_tensor(name: str, what: str, t: torch.Tensor, shape: tuple, dtype: to
 
 
 def _check_epilogue(name: str, x, weight, norm, norm_width, residual, out, sumsq_out, cross, nodes) -> None:
-    """The norm / residual / node / extra outputs of linear_act_triton against x [M, K] and weight [N, K]."""
+    """The norm / residual / node / extra outputs of gemm_epilogue_triton against x [M, K] and weight [N, K]."""
     (m, k), n = x.shape, weight.shape[0]
     if residual is not None and out is not None:
         raise ValueError(f"{name}: residual is the output; pass it without out")
@@ -436,7 +377,7 @@ def _check_nodes(name: str, nodes: tuple, m: int, n: int, device) -> None:
         raise ValueError(f"{name}: the node tensors must be contiguous and on {device}")
 
 
-def linear_act_triton(
+def gemm_epilogue_triton(
     x: torch.Tensor,  # [M, K], unit stride along K
     weight: torch.Tensor,  # [N, K] (nn.Linear), unit stride along K
     bias: torch.Tensor | None = None,  # [N]
@@ -451,15 +392,15 @@ def linear_act_triton(
     sumsq_out: torch.Tensor | None = None,  # [M, cdiv(N, 16)] fp32: the result rows' partial sums of squares
     cross: tuple[torch.Tensor, torch.Tensor] | None = None,  # (t [b, N], xt [M, N]): also xt = result * t per request
     nodes: tuple | None = None,  # (ids [b, S, K], table [V, N], pass_proj [b, S, N], node_const [S_max, K, N]): the lattice nodes
-    config: str | LaunchConfig | None = None,  # a CONFIGS key or a LaunchConfig; None: select_config(M, dtype, K)
+    config: str | GemmLaunch | None = None,  # a GEMM_CONFIGS key or a GemmLaunch; None: select_config(M, dtype, K)
     pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py; sm_90+); `bias` is then read before the wait: a constant
     launch_pdl: bool | None = None,  # False: a PDL kernel launched in full order (after a stream join); None: pdl
     prefetch: bool | None = None,  # the weight into L2 before the PDL wait (kernels/prefetch.py); None: when launched early
-    name: str = "linear_act_triton",
+    name: str = "gemm_epilogue_triton",
 ) -> torch.Tensor:
     """-> act(x @ weight.T + bias + group_bias[row // rows_per_group]) [M, N] in x's dtype (act: SiLU
     with silu, else identity), fp32 accumulation and epilogue, one launch; the options as in
-    linear_act_reference (the layer's pre-norm, the residual add, the node assembly), and the outputs the
+    gemm_epilogue_reference (the layer's pre-norm, the residual add, the node assembly), and the outputs the
     next GEMM's norm needs (sumsq_out) or the factor GEMM's h * t (cross). Launched early under PDL, the programs
     of the first row tile fetch the weight into L2 before waiting on the previous kernel (prefetch)."""
     _check(name, x, weight, bias, group_bias, rows_per_group)
@@ -472,8 +413,8 @@ def linear_act_triton(
             f"{name}: prefetch=True fetches the weight while the previous kernel runs, which needs a launch with PDL "
             f"(pdl=True, launch_pdl not False); got pdl={pdl}, launch_pdl={launch_pdl}"
         )
-    if isinstance(config, str) and config not in CONFIGS:
-        raise ValueError(f"{name}: config {config!r} unknown; use one of {sorted(CONFIGS)}")
+    if isinstance(config, str) and config not in GEMM_CONFIGS:
+        raise ValueError(f"{name}: config {config!r} unknown; use one of {sorted(GEMM_CONFIGS)}")
     (m, k), n = x.shape, weight.shape[0]
     if residual is not None:
         out = residual
@@ -481,11 +422,11 @@ def linear_act_triton(
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     plain = all(e is None for e in (norm, residual, sumsq_out, cross, nodes)) and out.is_contiguous()
     if m and n:
-        if isinstance(config, LaunchConfig):
+        if isinstance(config, GemmLaunch):
             c = config
         else:  # the selected config, or its non-TMA twin where an epilogue needs pointer stores
             chosen = config or select_config(m, x.dtype, k)
-            c = CONFIGS[chosen if plain or config else WITHOUT_TMA.get(chosen, chosen)]
+            c = GEMM_CONFIGS[chosen if plain or config else WITHOUT_TMA.get(chosen, chosen)]
         common = dict(
             b_ptr=out if bias is None else bias, gb_ptr=out if group_bias is None else group_bias,
             gb_stride=0 if group_bias is None else group_bias.stride(0), rows_per_group=rows_per_group,
@@ -504,7 +445,7 @@ def linear_act_triton(
             n_parts_in = norm[0].shape[1] if norm is not None else 1
             ids, table, pass_proj, const = nodes if nodes is not None else (out, out, out, out)
             n_slots, n_cand = ids.shape[1:] if nodes is not None else (1, 1)
-            _linear_act_kernel[(triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n),)](
+            _gemm_kernel[(triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n),)](
                 x_ptr=x, w_ptr=weight, out_ptr=out, ss_in_ptr=out if norm is None else norm[0],
                 ss_out_ptr=out if sumsq_out is None else sumsq_out, t_ptr=t, xt_ptr=xt,
                 ids_ptr=ids, table_ptr=table, pass_ptr=pass_proj, const_ptr=const,
@@ -529,10 +470,10 @@ def fold_norm_gain(weight: torch.Tensor, norm_weight: torch.Tensor) -> torch.Ten
 
 def linear_silu_triton(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-    config: str | LaunchConfig | None = None, pdl: bool = False, prefetch: bool | None = None,
+    config: str | GemmLaunch | None = None, pdl: bool = False, prefetch: bool | None = None,
 ) -> torch.Tensor:
     """-> silu(x @ weight.T + bias) [M, N] in x's dtype (the FFN up projection), one launch."""
-    return linear_act_triton(x, weight, bias, silu=True, config=config, pdl=pdl, prefetch=prefetch, name="linear_silu_triton")
+    return gemm_epilogue_triton(x, weight, bias, silu=True, config=config, pdl=pdl, prefetch=prefetch, name="linear_silu_triton")
 
 
 def _launch_tma(name: str, x, weight, out, common: dict) -> None:
@@ -549,7 +490,7 @@ def _launch_tma(name: str, x, weight, out, common: dict) -> None:
     (m, k), n = x.shape, weight.shape[0]
     bm, bn, bk = common["BLOCK_M"], common["BLOCK_N"], common["BLOCK_K"]
     programs = min(sm_count(x.device), triton.cdiv(m, bm) * triton.cdiv(n, bn))
-    _linear_act_tma_kernel[(programs,)](
+    _gemm_tma_kernel[(programs,)](
         x_desc=TensorDescriptor.from_tensor(x, [bm, bk]), w_desc=TensorDescriptor.from_tensor(weight, [bn, bk]),
         out_desc=TensorDescriptor.from_tensor(out, [bm, bn]), M=m, N=n, K=k, PROGRAMS=programs, **common,
     )
@@ -575,7 +516,7 @@ def bench_linear_silu(
         x = torch.randn(m, K, device="cuda", dtype=dtype, generator=gen)
         torch_ms = graph_ms(lambda: linear_silu_reference(x, weight, bias), rep_ms)[0]
         chosen = select_config(m, dtype)
-        for name in [c for c in CONFIGS if c != "fp32" and (m > 128 or not CONFIGS[c].tma)] if sweep else [chosen]:
+        for name in [c for c in GEMM_CONFIGS if c != "fp32" and (m > 128 or not GEMM_CONFIGS[c].tma)] if sweep else [chosen]:
             ms = graph_ms(lambda: linear_silu_triton(x, weight, bias, config=name), rep_ms)[0]
             label = name + ("*" if sweep and name == chosen else "")
             rows.append(dict(M=m, config=label, triton_ms=ms, torch_ms=torch_ms, speedup=torch_ms / ms))

@@ -1,7 +1,7 @@
 """Give a DFlash draft a randomly initialised LiLiCorr head, for smoke tests of the serving path
 (no draft token is expected to be accepted: it exercises the plumbing, not the speed-up).
 
-  python -m sglang_lilicorr.serving.random_head DFLASH_DRAFT_DIR OUT_DIR [--seed 0]
+  python tools/random_head.py DFLASH_DRAFT_DIR OUT_DIR [--seed 0]   (with sglang_lilicorr installed)
                 [--topk 8] [--head-hidden 1024] [--layers 2] [--heads 8] [--factor-dim 1024]
 
 Writes OUT_DIR in SGLang's LiLiCorrDraftModel format: the drafter's tensors unchanged, the head
@@ -13,9 +13,11 @@ import argparse
 
 import torch
 
-from ..checkpoint import block_size_of, dtype_of, head_tensors_for_save, read_config, read_tensors, save_checkpoint, with_head
-from ..config import LiLiCorrConfig
-from ..head import LiLiCorrHead
+from sglang_lilicorr.checkpoint import (
+    block_size_of, dtype_of, head_tensors_for_save, read_config, read_tensors, save_checkpoint, with_head,
+)
+from sglang_lilicorr.config import LiLiCorrConfig
+from sglang_lilicorr.head import LiLiCorrHead
 
 
 def add_random_head(src: str, out: str, *, seed: int = 0, **geometry) -> LiLiCorrConfig:

@@ -6,9 +6,9 @@
 #
 # CPU side, once, from the project root:   bash ../shared/device/prepare.sh --smol
 # call 1, carry [".dev/whl", ".dev/pkgs", ".dev/bin", ".dev/manifest.txt", ".dev/smolA"], timeout_s 300:
-#     bash sglang_lilicorr/serving/gpu_check.sh install
+#     bash tools/gpu_check.sh install
 # call 2 (at once), carry [".dev/smolB", ".dev/bin"], timeout_s 600:
-#     bash sglang_lilicorr/serving/gpu_check.sh model,lilicorr,check
+#     bash tools/gpu_check.sh model,lilicorr,check
 #   (add ",base" after "model" for a no-speculation control server: about 60 s more)
 #
 # Steps (comma-separated, run in this order):
@@ -32,7 +32,8 @@
 # Exit status: 0 when every step asked for passed; 3 when call 2 lands on a fresh machine (redo both).
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+TOOLS=$ROOT/tools
 DEV=$ROOT/.dev
 B=$DEV/bin
 SITE=${DEVICE_SITE:-/tmp/site}
@@ -62,7 +63,7 @@ if has install; then
   timeout 240 python3 -c "import gguf, sglang_lilicorr.serving.worker as w, sglang_lilicorr.kernels as k; print('LILICORR worker imports ok:', w.LiLiCorrWorker.__mro__[1].__name__)" \
     2>&1 | tail -n 5 | tee -a "$S" || fails+=(imports)
   say "proposal alone in a CUDA graph (graph_check.py)"
-  timeout 180 python3 -m sglang_lilicorr.serving.graph_check 2>&1 | tail -n 6 | tee -a "$S" || fails+=(graph_check)
+  timeout 180 python3 "$TOOLS/graph_check.py" 2>&1 | tail -n 6 | tee -a "$S" || fails+=(graph_check)
 else
   if [ ! -f "$SITE/.device_manifest" ]; then
     echo "gpu_check.sh: $SITE holds no install: a fresh machine, not the one call 1 set up. Run call 1 again, then call 2 at once." >&2
@@ -85,7 +86,7 @@ if has model; then
       D=$LILICORR_DRAFT; [[ $D == /* ]] || D=$ROOT/$D
       cp -r "$D" "$W/lilicorr_draft" && say "serving the trained draft $D"
     else
-      timeout 120 python3 -m sglang_lilicorr.serving.random_head "$W/draft" "$W/lilicorr_draft" 2>&1 | tail -n 2 | tee -a "$S"
+      timeout 120 python3 "$TOOLS/random_head.py" "$W/draft" "$W/lilicorr_draft" 2>&1 | tail -n 2 | tee -a "$S"
     fi
     python3 -c "from sglang_lilicorr.checkpoint import vanilla_copy as v; v('$W/lilicorr_draft', '$W/dflash_draft')" \
       && say "the same drafter without its head -> $W/dflash_draft (served by the dflash step)"
@@ -115,7 +116,7 @@ serve() {  # serve NAME PORT CLIENT_ARGS -- SERVER_ARGS: client results in $O/NA
   say "$name: startup $((SECONDS - t)) s, up=$up"
   if [ $up = 1 ]; then
     # shellcheck disable=SC2086
-    timeout 300 python3 -m sglang_lilicorr.serving.gpu_client "$port" "$W/model" "$O/$name.json" $client_args 2>&1 \
+    timeout 300 python3 "$TOOLS/gpu_client.py" "$port" "$W/model" "$O/$name.json" $client_args 2>&1 \
       | tee -a "$S" && rc=0
   fi
   kill -TERM -- -"$spid" 2>/dev/null

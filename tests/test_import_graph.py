@@ -1,0 +1,81 @@
+"""The import graph of our modules (every import, at module level or in a function, read from the source): no
+circles, and the kernels import nothing of ours outside kernels/ (shared/notes/architecture.md)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = {"sglang_lilicorr": ROOT / "sglang_lilicorr", "sglang_lilicorr.kernels": ROOT / "kernels",
+            "sglang_lilicorr.benchmarks": ROOT / "benchmarks"}  # kernels/ and benchmarks/ install under our name
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if "results" not in parts:
+                found[".".join([package] + [p for p in parts if p != "__init__"])] = path
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the modules of ours it imports (a package's __init__ only where it is imported by name)."""
+    mods = modules()
+    graph = {name: set() for name in mods}
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]) if node.level else ""
+                module = ".".join(p for p in (base, node.module) if p)
+                targets = [f"{module}.{a.name}" if f"{module}.{a.name}" in mods else module for a in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in mods:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, found = {}, {}, [], []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles():
+    graph = import_graph()
+    assert "sglang_lilicorr.fast_head" in graph and "sglang_lilicorr.kernels.tuning" in graph["sglang_lilicorr.fast_head"]
+    assert circles(graph) == []
+    assert circles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+
+
+def test_kernels_import_only_kernels():
+    for name, imports in import_graph().items():
+        if name.startswith("sglang_lilicorr.kernels"):
+            assert all(m.startswith("sglang_lilicorr.kernels") for m in imports), (name, imports)
