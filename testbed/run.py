@@ -358,7 +358,8 @@ def cmd_replay(args) -> int:
         argv = ["replay", "--target", args.target, "--outputs", str(path), "--out", str(report)]
         for n in names:
             argv += ["--draft", f"{n}={drafts / n}"]
-        jobs.append((path.stem, start(lilicorr(*argv), report / "replay.log", [i % gpus()])))
+        gpu_ids = args.gpu_ids or list(range(gpus()))
+        jobs.append((path.stem, start(lilicorr(*argv), report / "replay.log", [gpu_ids[i % len(gpu_ids)]])))
     for stem, proc in jobs:
         if proc.wait():
             print(f"[replay] {stem}: exit {proc.returncode}\n{tail(root / stem / 'replay.log', 8)}")
@@ -439,6 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("replay", help="tau of the exported drafts on the evaluation outputs")
     s.add_argument("--drafts", nargs="+", default=["lilicorr", "dflash", "no_dist", "margin"])
+    s.add_argument("--gpu-ids", type=int, nargs="+", help="GPUs the replay processes share (default: all)")
     s.set_defaults(func=cmd_replay)
 
     s = sub.add_parser("speed", help="served throughput in paired, alternating rounds (speed.py)")
