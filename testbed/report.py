@@ -124,6 +124,9 @@ def speed_table(speed: dict) -> list[str]:
 
 
 def curves(metrics: dict[str, list[dict]], path: Path) -> Path | None:
+    """Left: tokens per block against steps, on each logging step's training batch (teacher-forced,
+    random anchors; lines) and on the held-out outputs (exact replay; markers). Then per variant the
+    drafter's per-slot top-1 against steps: held-out where evaluated, else on the training batches."""
     try:
         import matplotlib
 
@@ -131,26 +134,31 @@ def curves(metrics: dict[str, list[dict]], path: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    runs = {v: [r for r in rows if "eval/loss/total" in r] for v, rows in metrics.items() if rows}
+    runs = {v: rows for v, rows in metrics.items() if rows}
     if not runs:
         return None
-    fig, axes = plt.subplots(1, 1 + len(runs), figsize=(5 * (1 + len(runs)), 4))
-    for v, rows in runs.items():
-        steps = [r["step"] for r in rows]
-        for key, style in (("eval/tau_t0/lilicorr", "-"), ("eval/tau_t0/argmax", "--")):
-            if any(r.get(key) is not None for r in rows):
-                axes[0].plot(steps, [r.get(key) for r in rows], style, marker="o", label=f"{v}: {key.rsplit('/', 1)[1]}")
-    axes[0].set(xlabel="training step", ylabel="held-out tau, T = 0 (exact replay)", title="tau against training steps")
-    axes[0].legend(fontsize=8)
+    fig, axes = plt.subplots(1, 1 + len(runs), figsize=(5.5 * (1 + len(runs)), 4.2))
+    colors = plt.get_cmap("tab10")
+    for i, (v, rows) in enumerate(runs.items()):
+        for key, held, style in (("accept_len/lilicorr_walk", "eval/tau_t0/lilicorr", "-"), ("accept_len/draft_argmax", "eval/tau_t0/argmax", "--")):
+            train = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+            if train:
+                axes[0].plot(*zip(*train), style, color=colors(2 * i + (style == "--")), label=f"{v}: {key.rsplit('/', 1)[1]} (training batch)")
+            evals = [(r["step"], r[held]) for r in rows if r.get(held) is not None]
+            if evals:
+                axes[0].plot(*zip(*evals), "o", color=colors(2 * i + (style == "--")), label=f"{v}: {held.rsplit('/', 1)[1]} (held-out tau)")
+    axes[0].set(xlabel="training step", ylabel="tokens per block (T = 0)", title="acceptance against training steps")
+    axes[0].legend(fontsize=7)
     cmap = plt.get_cmap("viridis")
     for ax, (v, rows) in zip(axes[1:], runs.items()):
-        steps = [r["step"] for r in rows]
+        prefix = "eval/top1_draft" if sum("eval/top1_draft/slot1" in r for r in rows) > 2 else "top1_draft"
         for s in range(1, 16):
-            key = f"eval/top1_draft/slot{s}"
-            if any(key in r for r in rows):
-                ax.plot(steps, [r.get(key) for r in rows], color=cmap((s - 1) / 14), label=f"slot {s}" if s in (1, 5, 10, 15) else None)
-        ax.set(xlabel="training step", ylabel="held-out top-1 of the drafter", title=f"{v}: slot 1 (top) .. 15 (bottom)", ylim=(0, 1))
-        ax.legend(fontsize=8)
+            points = [(r["step"], r[f"{prefix}/slot{s}"]) for r in rows if r.get(f"{prefix}/slot{s}") is not None]
+            if points:
+                ax.plot(*zip(*points), color=cmap((s - 1) / 14), label=f"slot {s}" if s in (1, 5, 10, 15) else None)
+        where = "held-out" if prefix.startswith("eval") else "training batch"
+        ax.set(xlabel="training step", ylabel=f"drafter top-1 ({where})", title=f"{v}: per-slot top-1, slot 1 (top) .. 15", ylim=(0, 1))
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -13,6 +13,7 @@ through the server, beside the replay's). Stage tables per c come from the stage
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -47,7 +48,7 @@ def order(round_index: int) -> list[str]:
 
 def server_args(base_args: str, system: str, drafts: Path) -> tuple[str, ...]:
     args = shlex.split(base_args)
-    for flag, value in (("--mem-fraction-static", "0.25"), ("--cuda-graph-max-bs-decode", "32")):
+    for flag, value in (("--mem-fraction-static", "0.2"), ("--cuda-graph-max-bs-decode", "32")):
         if flag in args:
             args[args.index(flag) + 1] = value
         else:
@@ -89,7 +90,9 @@ def run(args, base_server_args: str) -> int:
     url = {s: f"http://127.0.0.1:{PORT0 + i}" for i, s in enumerate(SYSTEMS)}
     failed = []
     launcher = shlex.split(os.environ.get("TESTBED_SPEED_LAUNCH", ""))  # tests: stand-ins that serve $PORT
-    with SGLangServers.start(specs, work / "logs", launcher=launcher):
+    with contextlib.ExitStack() as stack:
+        for spec in specs:  # one at a time: servers sizing their KV pools at once on one GPU race for its memory
+            stack.enter_context(SGLangServers.start([spec], work / "logs", launcher=launcher))
         for c in args.concurrency:
             for r in range(1, args.rounds + 1):
                 for system in order(r):

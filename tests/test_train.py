@@ -378,10 +378,12 @@ def test_eval_replays_held_out_turns_snapshots_and_times_the_phases(workspace, t
             output = tok.encode(reply, add_special_tokens=False) + [tok.eos_token_id]
             f.write(json.dumps({"id": f"h{i}", "messages": messages, "turns": [{"prompt_ids": prompt, "output_ids": output}]}) + "\n")
     out = tmp_path / "run"
-    metrics = train(tiny_cfg(workspace, out, eval_data=str(held), max_steps=4, eval_every=2, grad_accum=2, batch_size=1))
+    metrics = train(tiny_cfg(workspace, out, eval_data=str(held), max_steps=4, eval_every=2, log_every=3, grad_accum=2, batch_size=1))
     assert metrics["eval/tau_t0/argmax"] >= 1.0 and metrics["eval/tau_t0/lilicorr"] >= 1.0
     assert {"time/target_ms", "time/drafter_ms", "time/head_ms", "time/backward_ms", "time/optimizer_ms", "time/wall_ms"} <= set(metrics)
     assert sorted(p.name for p in (out / "snapshots").iterdir()) == ["step-00000002.safetensors", "step-00000004.safetensors"]
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == [2, 3, 4] and ["eval/tau_t0/argmax" in r for r in logged] == [True, False, True]
 
 
 def test_max_minutes_ends_the_run_evaluated_and_checkpointed(workspace, tmp_path):

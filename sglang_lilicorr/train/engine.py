@@ -97,7 +97,8 @@ class SGLangServers:
                                      "--host", "127.0.0.1", "--port", str(spec.port), *spec.args]
             env = dict(os.environ, CUDA_VISIBLE_DEVICES=spec.gpus, PORT=str(spec.port), SERVER_ARGS=shlex.join(spec.args), **spec.env)
             log = open(Path(log_dir) / f"server-{spec.name or i}.log", "w")
-            servers.processes.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            # cwd: the log folder, never a checkout whose plain sglang_lilicorr/ would shadow the installed one
+            servers.processes.append(subprocess.Popen(cmd, env=env, cwd=log_dir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         servers._wait_started(startup_timeout, log_dir)
         return servers
 

@@ -313,14 +313,15 @@ def train(cfg: TrainConfig) -> dict[str, float]:
             if env.main:
                 print(f"stopping at step {step}: --max-minutes {cfg.max_minutes} reached.", file=sys.stderr)
 
-        if step % cfg.log_every == 0 or step == total:
+        evaluating = step % eval_every == 0 or step == total
+        if step % cfg.log_every == 0 or evaluating:
             elapsed = time.perf_counter() - window_start
             steps_in_window = timer.steps
             last = {"step": step, "total_steps": total, "epoch": epoch, "grad_norm": float(grad_norm), "tokens_per_s": tokens / max(elapsed, 1e-9),
                     "skipped_steps": bad, "time/wall_ms": 1e3 * elapsed / max(steps_in_window, 1), **timer.window()}
             last.update({f"lr/{g['name']}": g["lr"] for g in optimizer.param_groups})
             last.update(out.metrics())
-            if step % eval_every == 0 or step == total:
+            if evaluating:
                 t_eval = time.perf_counter()
                 last.update(evaluate(weights))
                 last["time/eval_s"] = time.perf_counter() - t_eval
