@@ -29,7 +29,23 @@ def test_a_servable_draft_is_described(tmp_path, target, capsys):
     assert f"drafter: hidden {HIDDEN}, vocab {VOCAB}, 1 layer(s) of 4 heads (2 kv) x 16" in out
     assert f"target layers [1, 2] of {TARGET_LAYERS}, mask token" in out and "(id 3)" in out
     assert "head: K=8, width 64 (the drafter's), 1 layer(s) of 4 heads, d_e 32, sigma 8" in out
-    assert f"hidden {HIDDEN}, vocab {VOCAB}, {TARGET_LAYERS} layers" in out and "--speculative-algorithm LILICORR" in out
+    assert "rope: theta 1e+06, scaling default; positions up to 512" in out
+    assert f"hidden {HIDDEN}, vocab {VOCAB}, {TARGET_LAYERS} layers, context 512" in out
+    assert "--speculative-algorithm LILICORR" in out
+
+
+def test_the_rope_scaling_found_is_printed(tmp_path, target, capsys):
+    config = {**draft_config(), "rope_parameters": {"rope_theta": 1e5, "rope_type": "yarn", "factor": 4.0,
+                                                    "original_max_position_embeddings": 128}}
+    code, out, errors = check(capsys, write_tiny_draft(tmp_path / "d", config=config), target)
+    assert code == 0 and not errors
+    assert "rope: theta 100000, scaling yarn x4 from 128 positions; positions up to 512" in out
+
+
+def test_a_draft_shorter_than_the_target_context_is_a_problem(tmp_path, target, capsys):
+    config = {**draft_config(), "max_position_embeddings": 256}
+    code, _, errors = check(capsys, write_tiny_draft(tmp_path / "d", config=config), target)
+    assert code == 1 and len(errors) == 1 and "draft max_position_embeddings=256 is below the 512-token context" in errors[0]
 
 
 def test_every_problem_is_listed_at_once(tmp_path, target, capsys):

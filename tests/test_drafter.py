@@ -7,10 +7,13 @@ from sglang_lilicorr.drafter import (
     DrafterConfig,
     DrafterConfigError,
     DrafterShapeError,
+    RopeScaling,
     block_layout,
     default_target_layer_ids,
     sample_anchors,
 )
+
+YARN = RopeScaling("yarn", factor=4.0, original_max_position_embeddings=64)
 
 
 
@@ -43,6 +46,61 @@ def test_config_roundtrip_and_sglang_parses_it():
     assert parsed.block_size == 4 and parsed.target_layer_ids == [1, 3] and parsed.mask_token_id == 5
     assert parsed.resolve_target_layer_ids(target_num_layers=6) == [1, 3]
     assert hf["architectures"] == ["DFlashDraftModel"] and hf["model_type"] == "qwen3"
+
+
+def test_yarn_config_round_trips_as_sglang_reads_it(tmp_path):
+    """Our config.json, parsed the way SGLang's DFlash attention parses it (transformers AutoConfig ->
+    get_rope_config), names YaRN with our factor and original length; and it reads back equal."""
+    import json
+
+    from sglang.srt.utils.hf_transformers.common import get_context_length, get_rope_config
+    from transformers import AutoConfig
+
+    cfg = tiny_config(rope_scaling=YARN, max_position_embeddings=512)
+    hf = cfg.to_hf_config()
+    assert hf["rope_parameters"] == {"rope_theta": 10000.0, "rope_type": "yarn", "factor": 4.0,
+                                     "original_max_position_embeddings": 64}
+    assert DrafterConfig.from_hf_config(hf) == cfg
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    parsed = AutoConfig.from_pretrained(tmp_path)
+    theta, rope = get_rope_config(parsed)
+    assert theta == 10000.0
+    assert (rope["rope_type"], rope["factor"], rope["original_max_position_embeddings"]) == ("yarn", 4.0, 64)
+    assert get_context_length(parsed) == 512  # SGLang's draft context: max_position_embeddings
+    assert DrafterConfig.from_hf_config(parsed.to_dict()) == cfg  # as transformers writes it back
+
+
+def test_default_rope_config_json_is_byte_identical_to_the_shipped_drafts():
+    import json
+    from pathlib import Path
+
+    from sglang_lilicorr.checkpoint import lilicorr_config
+    from sglang_lilicorr.train.export import draft_config
+
+    for name in ("smollm2-dflash", "smollm2-lilicorr"):
+        path = Path(__file__).resolve().parents[1] / "checkpoints" / name / "config.json"
+        shipped = json.loads(path.read_text())
+        cfg = DrafterConfig.from_hf_config(shipped)
+        assert cfg.rope_scaling == RopeScaling()
+        head = lilicorr_config(shipped) if "lilicorr" in name else None
+        written = json.dumps(draft_config(cfg, head, shipped["torch_dtype"]), indent=2, sort_keys=True) + "\n"
+        assert written == path.read_text(), name
+
+
+@pytest.mark.parametrize("rope, match", [
+    ({"rope_type": "llama3", "factor": 8.0}, "rope_type='llama3' is not supported"),
+    ({"rope_type": "yarn", "factor": 4.0}, "lacks 'original_max_position_embeddings'"),
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 16}, r"\['beta_fast'\]"),
+    ({"rope_type": "yarn", "factor": 1.0, "original_max_position_embeddings": 64}, "factor=1.0 must be a finite number > 1"),
+    ({"rope_type": "yarn", "factor": "4", "original_max_position_embeddings": 64}, "rope_parameters.factor='4' is not a number"),
+    ({"rope_type": "default", "factor": 4.0}, r"\['factor'\]"),
+    ([1, 2], "is not a JSON object"),
+], ids=["llama3", "no-original", "beta", "factor-1", "factor-str", "default-factor", "list"])
+def test_unsupported_rope_parameters_are_named(rope, match):
+    hf = tiny_config().to_hf_config()
+    hf["rope_parameters"] = rope
+    with pytest.raises(DrafterConfigError, match=match):
+        DrafterConfig.from_hf_config(hf)
 
 
 def test_bad_configs_name_the_field():
@@ -106,8 +164,7 @@ def test_batched_blocks_equal_serving_blocks():
 
 
 def test_rope_uses_absolute_positions_like_sglang():
-    pytest.importorskip("sglang")
-    from sglang_lilicorr.drafter.layers import apply_rope
+    from sglang_lilicorr.drafter.rope import apply_rope
 
     x = torch.randn(1, 3, 2, 8)
     pos = torch.tensor([[0, 5, 17]])
@@ -116,6 +173,70 @@ def test_rope_uses_absolute_positions_like_sglang():
     cos, sin = torch.cat([ang.cos()] * 2, -1)[:, None], torch.cat([ang.sin()] * 2, -1)[:, None]
     rot = torch.cat([-x[0, ..., 4:], x[0, ..., :4]], -1)
     torch.testing.assert_close(apply_rope(x, pos, 10000.0)[0], x[0] * cos + rot * sin)
+
+
+def test_default_rope_is_bit_identical_to_plain_rope(gen):
+    from sglang_lilicorr.drafter.rope import apply_rope
+
+    x = torch.randn(2, 5, 3, 16, generator=gen).bfloat16()
+    pos = torch.randint(0, 40000, (2, 5), generator=gen)
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16))  # plain RoPE, fp32
+    angle = pos.to(torch.float32)[..., None] * inv_freq
+    cos, sin = angle.cos()[:, :, None, :], angle.sin()[:, :, None, :]
+    x1, x2 = x.float().chunk(2, dim=-1)
+    want = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).bfloat16()
+    assert torch.equal(apply_rope(x, pos, 1e6), want)
+    assert torch.equal(apply_rope(x, pos, 1e6, RopeScaling()), want)
+
+
+def stub_vllm_rotary_op() -> None:
+    """SGLang's rotary layer imports vllm's op on a machine without CUDA; it is never called on CPU."""
+    import sys
+    import types
+
+    sys.modules.setdefault("vllm", types.ModuleType("vllm"))
+    if "vllm._custom_ops" not in sys.modules:
+        ops = types.ModuleType("vllm._custom_ops")
+        ops.rotary_embedding = None
+        sys.modules["vllm._custom_ops"] = ops
+
+
+def sglang_rope_of(config: DrafterConfig, tmp_path):
+    """SGLang's rotary embedding for our exported config, built as its DFlash attention builds it:
+    config.json -> transformers AutoConfig -> get_rope_config -> get_rope."""
+    import json
+
+    from sglang.srt.layers.rotary_embedding import get_rope
+    from sglang.srt.utils.hf_transformers.common import get_rope_config
+    from transformers import AutoConfig
+
+    stub_vllm_rotary_op()
+    (tmp_path / "config.json").write_text(json.dumps(config.to_hf_config()))
+    hf = AutoConfig.from_pretrained(tmp_path)
+    theta, rope_scaling = get_rope_config(hf)
+    return get_rope(config.head_dim, config.head_dim, hf.max_position_embeddings, theta, True, rope_scaling, torch.float32)
+
+
+@pytest.mark.parametrize("scaling", [RopeScaling(), YARN], ids=["default", "yarn"])
+def test_rope_matches_sglang_rotary_embedding(scaling, tmp_path, gen):
+    """Against SGLang's own rotary class (YaRNScalingRotaryEmbedding for yarn) on fresh inputs, at
+    positions up to 6x the YaRN original length (past original x factor, where SGLang extends its cache)."""
+    pytest.importorskip("sglang")
+    from sglang_lilicorr.drafter.rope import apply_rope
+
+    cfg = tiny_config(head_dim=16, rope_scaling=scaling)
+    rope = sglang_rope_of(cfg, tmp_path)
+    assert type(rope).__name__ == ("YaRNScalingRotaryEmbedding" if scaling.is_yarn else "RotaryEmbedding")
+    n, heads, kv_heads = 48, cfg.num_attention_heads, cfg.num_key_value_heads
+    pos = torch.randint(0, 6 * 64, (n,), generator=gen)
+    rope._ensure_cos_sin_cache_length(int(pos.max()))  # SGLang reserves the serving context the same way
+    q = torch.randn(n, heads * 16, generator=gen)
+    k = torch.randn(n, kv_heads * 16, generator=gen)
+    want_q, want_k = rope.forward_native(pos, q.clone(), k.clone())
+    got_q = apply_rope(q.view(1, n, heads, 16), pos[None], cfg.rope_theta, scaling)
+    got_k = apply_rope(k.view(1, n, kv_heads, 16), pos[None], cfg.rope_theta, scaling)
+    torch.testing.assert_close(got_q.reshape(n, -1), want_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_k.reshape(n, -1), want_k, rtol=1e-5, atol=1e-5)
 
 
 def test_mismatched_target_width_is_a_clear_error():
@@ -145,25 +266,22 @@ class _ContextAttention(torch.nn.Module):
         return out.transpose(0, 1).reshape(-1, self.heads * d)
 
 
-def test_matches_sglang_dflash_draft_model(tmp_path):
+@pytest.mark.parametrize("scaling", [RopeScaling(), RopeScaling("yarn", factor=2.0, original_max_position_embeddings=8)],
+                         ids=["default", "yarn"])
+def test_matches_sglang_dflash_draft_model(scaling, tmp_path):
     """Our drafter's block hidden states equal SGLang's DFlashDraftModel's, loaded from our tensors,
-    with SGLang's serving-time context path (project_target_hidden -> kv_proj_only -> k_norm -> RoPE)."""
+    with SGLang's serving-time context path (project_target_hidden -> kv_proj_only -> k_norm -> RoPE);
+    with YaRN, the block runs past the original length."""
     import json
-    import sys
-    import types
 
     pytest.importorskip("sglang")
-    sys.modules.setdefault("vllm", types.ModuleType("vllm"))
-    if "vllm._custom_ops" not in sys.modules:
-        ops = types.ModuleType("vllm._custom_ops")
-        ops.rotary_embedding = None  # imported by the rotary layer, never called on CPU
-        sys.modules["vllm._custom_ops"] = ops
+    stub_vllm_rotary_op()
     from sglang.srt.models.dflash import DFlashDraftModel
     from sglang.srt.runtime_context import get_parallel, publish
     from sglang.srt.server_args import ServerArgs
     from transformers import AutoConfig
 
-    cfg = tiny_config()
+    cfg = tiny_config(rope_scaling=scaling)
     target_dir = tmp_path / "target"
     target_dir.mkdir()
     (target_dir / "config.json").write_text(json.dumps({

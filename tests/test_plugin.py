@@ -226,6 +226,22 @@ def test_draft_target_mismatch(overrides, match, draft, tmp_path):
         resolve(write_tiny_target(tmp_path / "t", **overrides), draft=draft)
 
 
+def test_a_draft_shorter_than_the_served_context_is_refused_before_serving(target, tmp_path, monkeypatch):
+    """SGLang gives the draft worker the target's context length and refuses to start a draft whose
+    max_position_embeddings is shorter; we say so first, with the fixes. Positions past the draft's
+    trained length are not checked: the draft proposes there (acceptance drops, outputs stay exact)."""
+    monkeypatch.delenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", raising=False)
+    short = edited_draft(tmp_path / "d", config={**draft_config(), "max_position_embeddings": 256})  # the target: 512
+    with pytest.raises(ServingConfigError, match="draft max_position_embeddings=256 is below the 512-token context "
+                                                 ".* serve with --context-length 256, or set SGLANG_ALLOW_OVERWRITE_LONGER"):
+        resolve(target, draft=short)
+    with pytest.raises(ServingConfigError, match="below the 300-token context"):
+        resolve(target, "--context-length", 300, draft=short)
+    resolve(target, "--context-length", 256, draft=short)
+    monkeypatch.setenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")  # SGLang stretches the draft to the context
+    resolve(target, draft=short)
+
+
 @pytest.mark.parametrize(
     "extra, match",
     [

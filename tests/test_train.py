@@ -185,6 +185,42 @@ def test_resume_continues_and_refuses_incompatible(workspace, tmp_path):
         train(tiny_cfg(workspace, out, max_steps=6, gamma=0.0))
 
 
+def test_yarn_trains_exports_reloads_and_resumes_only_with_the_same_rope(workspace, tmp_path, capsys):
+    """`lilicorr train --rope-scaling yarn` (2 steps) -> export -> the draft reloads with the same YaRN
+    rope, written as SGLang reads it; a run with other rope settings does not resume from it."""
+    import argparse
+
+    from sglang_lilicorr.drafter import RopeScaling
+    from sglang_lilicorr.train.cli import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command", required=True))
+    run_dir, draft = tmp_path / "run", tmp_path / "draft"
+    tiny = ["--no-bf16", "--block-size", "4", "--candidate-topk", "4", "--head-hidden-size", "32", "--head-layers", "1",
+            "--head-heads", "4", "--factor-dim", "16", "--num-anchors", "4", "--batch-size", "2", "--max-length", "64",
+            "--eval-examples", "2", "--chat-template-kwargs", "{}"]
+    args = parser.parse_args(["train", "--target", workspace["qwen3"], "--data", workspace["data"], "--output-dir",
+                              str(run_dir), "--max-steps", "2", "--rope-scaling", "yarn", "--rope-factor", "4", *tiny])
+    assert args.func(args) == 0
+    args = parser.parse_args(["export", str(run_dir), str(draft)])
+    assert args.func(args) == 0
+    drafter, head = load_draft(draft)
+    with open(f"{workspace['qwen3']}/config.json") as f:
+        target_positions = json.load(f)["max_position_embeddings"]
+    assert drafter.config.rope_scaling == RopeScaling("yarn", 4.0, target_positions)  # default: the target's length
+    config = json.loads((draft / "config.json").read_text())
+    assert config["rope_parameters"] == {"rope_theta": drafter.config.rope_theta, "rope_type": "yarn", "factor": 4.0,
+                                         "original_max_position_embeddings": target_positions}
+    capsys.readouterr()
+
+    base = dict(target=workspace["qwen3"], max_steps=4, max_length=64)
+    for rope in (dict(), dict(rope_scaling="yarn", rope_factor=2.0),
+                 dict(rope_scaling="yarn", rope_factor=4.0, rope_original_max_position=256)):
+        with pytest.raises(IncompatibleCheckpointError, match="rope_scaling"):
+            train(tiny_cfg(workspace, run_dir, **base, **rope))
+    assert train(tiny_cfg(workspace, run_dir, **base, rope_scaling="yarn", rope_factor=4.0))["step"] == 4
+
+
 def test_cli_train_export_and_strict_reload_rejects_tampering(workspace, tmp_path):
     import argparse
 
@@ -311,12 +347,24 @@ def test_context_features_are_hf_hidden_states_after_each_layer(workspace, arch)
     ("lr_drafter", float("nan"), "--lr-drafter nan"), ("lr_head", 1e6, "--lr-head 1000000.0"), ("batch_size", 0, "--batch-size 0"),
     ("grad_accum", 0, "--grad-accum 0"), ("warmup_ratio", 1.5, "--warmup-ratio"), ("max_length", 4, "--max-length 4"),
     ("beta", -1.0, "beta"),
+    ("rope_scaling", "ntk", "--rope-scaling 'ntk': expected one of default, yarn"),
+    ("rope_factor", 4.0, "--rope-factor scales the rope only with --rope-scaling yarn"),
+    ("rope_original_max_position", 4096, "--rope-original-max-position scales the rope only with --rope-scaling yarn"),
+    ("rope_original_max_position", -1, "--rope-original-max-position -1"),
 ])
 def test_invalid_hyperparameters_are_refused_when_the_config_is_built(flag, value, match):
     from sglang_lilicorr.train.config import TrainConfigError
 
     with pytest.raises(TrainConfigError, match=match):
         TrainConfig(target="t", data="d", output_dir="o", **{flag: value})
+
+
+@pytest.mark.parametrize("factor", [1.0, 0.5, float("inf")])
+def test_yarn_needs_a_factor_above_one(factor):
+    from sglang_lilicorr.train.config import TrainConfigError
+
+    with pytest.raises(TrainConfigError, match=f"--rope-factor {factor}: --rope-scaling yarn needs a factor > 1"):
+        TrainConfig(target="t", data="d", output_dir="o", rope_scaling="yarn", rope_factor=factor)
 
 
 def test_cli_refuses_bad_values_before_loading_anything(workspace, tmp_path, capsys):

@@ -5,10 +5,17 @@ config.json that SGLang 0.5.23's `DFlashDraftModel` reads (Qwen3-style layers, `
 Target layer convention (SGLang's `build_target_layer_ids`): id i names the OUTPUT of target
 decoder layer i (HF `hidden_states[i + 1]`); with one feature the middle layer n // 2, else
 `n_features` ids spread evenly over [1, n - 3], rounded.
+
+Rope scaling is written as transformers v5's `rope_parameters` object, which SGLang 0.5.23's
+DFlash attention reads (`get_rope_config(config)` -> `get_rope(..., rope_scaling=...)`):
+  default  {"rope_theta", "rope_type": "default"}
+  YaRN     {"rope_theta", "rope_type": "yarn", "factor", "original_max_position_embeddings"}
+(SGLang's YaRN defaults for every other key: beta_fast 32, beta_slow 1, attention factor 1).
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Mapping
 
 from ..checkpoint import VANILLA_ARCH, CheckpointError, architecture_of
@@ -37,6 +44,84 @@ def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[
     return [int(round(first + i * (last - first) / (num_features - 1))) for i in range(num_features)]
 
 
+ROPE_TYPES = ("default", "yarn")
+_ROPE_KEYS = {"default": {"rope_theta", "rope_type"},
+              "yarn": {"rope_theta", "rope_type", "factor", "original_max_position_embeddings"}}
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """How the drafter's rotary embedding treats positions: "default" (plain RoPE) or "yarn" (YaRN:
+    the low frequencies interpolated by `factor` beyond `original_max_position_embeddings`, cos and
+    sin scaled by 0.1 ln(factor) + 1; drafter/rope.py)."""
+
+    rope_type: str = "default"
+    factor: float = 1.0
+    original_max_position_embeddings: int | None = None  # yarn only
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in ROPE_TYPES:
+            raise DrafterConfigError(f"rope_type={self.rope_type!r} is not supported: the drafter's rope is one of {ROPE_TYPES}.")
+        factor, original = self.factor, self.original_max_position_embeddings
+        if self.rope_type == "default":
+            if factor != 1.0 or original is not None:
+                raise DrafterConfigError(
+                    f"default rope takes no factor or original length (got factor={factor!r}, "
+                    f"original_max_position_embeddings={original!r}); use rope_type 'yarn' to scale it.")
+            return
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (math.isfinite(factor) and factor > 1):
+            raise DrafterConfigError(f"yarn rope factor={factor!r} must be a finite number > 1 (1 is the default rope).")
+        if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+            raise DrafterConfigError(f"yarn rope original_max_position_embeddings={original!r} must be a positive integer.")
+        object.__setattr__(self, "factor", float(factor))
+
+    @property
+    def is_yarn(self) -> bool:
+        return self.rope_type == "yarn"
+
+    def to_rope_parameters(self, theta: float) -> dict[str, Any]:
+        """The `rope_parameters` object of config.json."""
+        params = {"rope_theta": theta, "rope_type": self.rope_type}
+        if self.is_yarn:
+            params.update(factor=self.factor, original_max_position_embeddings=self.original_max_position_embeddings)
+        return params
+
+    @classmethod
+    def from_rope_parameters(cls, params: Any) -> "RopeScaling":
+        """From config.json's `rope_parameters` (or v4 `rope_scaling`) object; None = default rope."""
+        if params is None:
+            return cls()
+        if not isinstance(params, Mapping):
+            raise DrafterConfigError(f"draft config rope_parameters={params!r:.60} is not a JSON object.")
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        if rope_type not in ROPE_TYPES:
+            raise DrafterConfigError(
+                f"draft config rope_type={rope_type!r:.40} is not supported: the drafter serves {ROPE_TYPES} rope "
+                "(`lilicorr train --rope-scaling yarn` writes YaRN); re-export the draft.")
+        extra = sorted(set(params) - _ROPE_KEYS[rope_type] - {"type"})
+        if extra:
+            raise DrafterConfigError(
+                f"draft config rope_parameters has {extra[:3]}, which this drafter does not apply ({rope_type} rope "
+                f"takes {sorted(_ROPE_KEYS[rope_type])}); re-export the draft with `lilicorr export`.")
+        if rope_type == "default":
+            return cls()
+        for key in ("factor", "original_max_position_embeddings"):
+            if key not in params:
+                raise DrafterConfigError(f"draft config yarn rope_parameters lacks {key!r}; re-export the draft.")
+        return cls(
+            rope_type="yarn",
+            factor=json_number(params["factor"], float, "rope_parameters.factor", DrafterConfigError),
+            original_max_position_embeddings=json_number(
+                params["original_max_position_embeddings"], int, "rope_parameters.original_max_position_embeddings",
+                DrafterConfigError),
+        )
+
+    def describe(self) -> str:
+        if not self.is_yarn:
+            return "default"
+        return f"yarn x{self.factor:g} from {self.original_max_position_embeddings} positions"
+
+
 @dataclasses.dataclass(frozen=True)
 class DrafterConfig:
     hidden_size: int  # must equal the target's (shared embedding and LM head)
@@ -53,7 +138,8 @@ class DrafterConfig:
     block_size: int = 16
     rope_theta: float = 1_000_000.0
     rms_norm_eps: float = 1e-6
-    max_position_embeddings: int = 32768
+    max_position_embeddings: int = 32768  # positions it may be served at: the target's
+    rope_scaling: RopeScaling = RopeScaling()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
@@ -89,6 +175,7 @@ class DrafterConfig:
              f"mask_token_id={self.mask_token_id} must be a token id of the target vocabulary [0, {self.vocab_size})")
         need(isinstance(self.mask_token, str) and bool(self.mask_token), "mask_token must be a non-empty string")
         need(self.rope_theta > 0 and self.rms_norm_eps > 0, "rope_theta and rms_norm_eps must be positive")
+        need(isinstance(self.rope_scaling, RopeScaling), f"rope_scaling={self.rope_scaling!r:.60} must be a RopeScaling")
 
     # --- config.json (SGLang DFlashDraftModel format) ------------------------------------
 
@@ -107,7 +194,7 @@ class DrafterConfig:
             "vocab_size": self.vocab_size,
             "max_position_embeddings": self.max_position_embeddings,
             "rope_theta": self.rope_theta,
-            "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"},
+            "rope_parameters": self.rope_scaling.to_rope_parameters(self.rope_theta),
             "attention_bias": False,
             "tie_word_embeddings": False,
             "torch_dtype": "bfloat16",
@@ -150,6 +237,11 @@ class DrafterConfig:
 
         heads = number(config, "num_attention_heads", int)
         hidden = number(config, "hidden_size", int)
+        rope = config.get("rope_parameters", config.get("rope_scaling"))  # v5 spelling, else v4
+        if isinstance(rope, Mapping) and "rope_theta" in rope:  # where SGLang's get_rope_config reads it first
+            theta = number(rope, "rope_theta", float, field="rope_parameters.rope_theta")
+        else:
+            theta = number(config, "rope_theta", float, 1_000_000.0)
         return cls(
             hidden_size=hidden,
             vocab_size=number(config, "vocab_size", int),
@@ -163,7 +255,8 @@ class DrafterConfig:
             head_dim=number(config, "head_dim", int, hidden // heads if heads > 0 else 0),
             intermediate_size=number(config, "intermediate_size", int),
             block_size=number(dflash, "block_size", int, config.get("block_size", 16), "dflash_config.block_size"),
-            rope_theta=number(config, "rope_theta", float, 1_000_000.0),
+            rope_theta=theta,
             rms_norm_eps=number(config, "rms_norm_eps", float, 1e-6),
             max_position_embeddings=number(config, "max_position_embeddings", int, 32768),
+            rope_scaling=RopeScaling.from_rope_parameters(rope),
         )

@@ -5,8 +5,8 @@ Each layer's attention sees two kinds of keys/values:
                  through k_proj / v_proj, per-head k_norm, and RoPE at the context token's position;
   block keys     the block's own states (after input_layernorm), same projections and norms.
 Queries come from the block only. Which query sees which key is the caller's boolean mask.
-RoPE is the rotate-half ("neox") form at absolute positions, computed in fp32, as SGLang's
-`get_rope(..., is_neox_style=True)`. Tensor names are those of SGLang 0.5.23's checkpoint format.
+RoPE (rope.py, default or YaRN) is the rotate-half ("neox") form at absolute positions, computed in
+fp32, as SGLang's `get_rope(..., is_neox_style=True)`. Tensor names are those of SGLang 0.5.23's checkpoint format.
 
 Shapes: b batch, Q block tokens, T context tokens, H hidden, h heads, g kv heads, D head dim.
 """
@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import DrafterConfig
+from .rope import apply_rope
 
 
 class RMSNorm(nn.Module):
@@ -33,22 +34,12 @@ class RMSNorm(nn.Module):
         return (x32 * self.weight.float()).to(x.dtype)
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate-half RoPE. x [b, L, heads, D], positions [b, L] int -> same shape and dtype."""
-    d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))  # [D/2]
-    angle = positions.to(torch.float32)[..., None] * inv_freq  # [b, L, D/2]
-    cos, sin = angle.cos()[:, :, None, :], angle.sin()[:, :, None, :]  # [b, L, 1, D/2]
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
-
-
 class DraftAttention(nn.Module):
     def __init__(self, config: DrafterConfig) -> None:
         super().__init__()
         h, d = config.hidden_size, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, d
-        self.rope_theta = config.rope_theta
+        self.rope_theta, self.rope_scaling = config.rope_theta, config.rope_scaling
         self.q_proj = nn.Linear(h, self.num_heads * d, bias=False)
         self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=False)
         self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=False)
@@ -61,7 +52,7 @@ class DraftAttention(nn.Module):
         b, n, _ = x.shape
         k = self.k_norm(self.k_proj(x).view(b, n, self.num_kv_heads, self.head_dim))
         v = self.v_proj(x).view(b, n, self.num_kv_heads, self.head_dim)
-        return apply_rope(k, positions, self.rope_theta), v
+        return apply_rope(k, positions, self.rope_theta, self.rope_scaling), v
 
     def forward(
         self,
@@ -73,7 +64,7 @@ class DraftAttention(nn.Module):
     ) -> torch.Tensor:
         b, q_len, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, q_len, self.num_heads, self.head_dim))
-        q = apply_rope(q, positions, self.rope_theta)
+        q = apply_rope(q, positions, self.rope_theta, self.rope_scaling)
         k_ctx, v_ctx = self.keys_values(context, context_positions)
         k_blk, v_blk = self.keys_values(x, positions)
         # GQA by repeating K/V heads: keeps the masked memory-efficient SDPA kernel eligible on GPU

@@ -6,6 +6,7 @@ never draft):
   algorithm.py   LiLiCorrSpecAlgo, the CustomSpecAlgo that routes LILICORR down SGLang's DFlash paths
   server_args.py validation + resolution of the server arguments, before any process starts
   draft_check.py the draft against the target, every problem collected (also `lilicorr check-draft`)
+  verification.py which verification serves T = 0 / T > 0 (start-up line), LILICORR_T_GT_0's refusals
   models/        LiLiCorrDraftModel: SGLang's DFlashDraftModel + our head, strictly loaded
   proposer.py    the draft block: LM-head logits -> top-K/LSE -> head -> walk (CUDA-graph safe)
   worker.py      LiLiCorrWorker: SGLang's DFlash v2 worker with our proposer in the draft graph

@@ -41,25 +41,30 @@ class DraftSpec:
 
 @dataclass(frozen=True)
 class TargetShape:
-    """What the draft must match in the target's (text) config: width, vocabulary, decoder layers."""
+    """What the draft must match in the target's (text) config: width, vocabulary, decoder layers, and
+    the context it is served at (None: no requirement)."""
 
     hidden_size: int
     vocab_size: int
     num_layers: int | None
+    context_length: int | None = None
 
     @classmethod
     def of(cls, config: Any) -> "TargetShape":
-        """From a Hugging Face config object or a config.json dict (its `text_config` if it has one)."""
+        """From a Hugging Face config object or a config.json dict (its `text_config` if it has one); the
+        context is the target's max_position_embeddings, the server's default context length."""
         def get(name):
             return config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
 
         if isinstance(config, Mapping) and isinstance(config.get("text_config"), Mapping):
             return cls.of(config["text_config"])
-        layers = get("num_hidden_layers")
+        layers, positions = get("num_hidden_layers"), get("max_position_embeddings")
         return cls(
             hidden_size=json_number(get("hidden_size"), int, "target hidden_size", ServingConfigError),
             vocab_size=json_number(get("vocab_size"), int, "target vocab_size", ServingConfigError),
             num_layers=None if layers is None else json_number(layers, int, "target num_hidden_layers", ServingConfigError),
+            context_length=None if positions is None else json_number(
+                positions, int, "target max_position_embeddings", ServingConfigError),
         )
 
 
@@ -173,8 +178,8 @@ def _check_head_tensors(report: DraftReport, weights: Path, head: LiLiCorrConfig
 
 
 def _check_target(report: DraftReport, config: Mapping[str, Any], hidden: int | None, target: TargetShape) -> None:
-    """The draft's width (hidden: its valid hidden_size or None), vocabulary, captured layers and mask
-    token against the target's."""
+    """The draft's width (hidden: its valid hidden_size or None), vocabulary, captured layers, mask
+    token and positions against the target's."""
     if hidden is not None and hidden != target.hidden_size:
         report.problem(
             f"draft hidden_size={hidden} but the target has hidden_size={target.hidden_size}: the "
@@ -204,4 +209,13 @@ def _check_target(report: DraftReport, config: Mapping[str, Any], hidden: int | 
         report.problem(
             f"draft dflash_config.mask_token_id={mask!r:.40} is not a token id of the target's vocabulary "
             f"[0, {target.vocab_size}); re-export the draft for this target."
+        )
+    positions = config.get("max_position_embeddings")
+    if target.context_length is not None and isinstance(positions, int) and positions < target.context_length:
+        report.problem(
+            f"draft max_position_embeddings={positions} is below the {target.context_length}-token context it would "
+            "serve (--context-length, by default the target's max_position_embeddings): SGLang refuses to start such a "
+            "draft. Re-export it with `lilicorr export` (it writes the target's max_position_embeddings), serve with "
+            f"--context-length {positions}, or set SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 to serve it past that "
+            "length (it still proposes there; acceptance drops, outputs stay exact)."
         )

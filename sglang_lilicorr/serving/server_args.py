@@ -6,18 +6,22 @@ stand-in `args` (reads see the resolution so far; plain attribute writes become 
 resolutions):
   validate_server_args(args)  (CustomSpecAlgo.validate_server_args) runs first: raises
                                ServingConfigError naming the option or file and the fix (the
-                               draft's checks are draft_check.py's, shared with `lilicorr check-draft`);
+                               draft's checks are draft_check.py's, shared with `lilicorr check-draft`,
+                               run against the context length this server serves; LILICORR_T_GT_0's
+                               are verification.py's);
   resolve_server_args(args)   (CustomSpecAlgo.handle_server_args) then fixes the block size,
                                num_steps / eagle_topk = 1 and the max-running-requests default.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from typing import Any
 
 from . import ALGORITHM_NAME
 from .draft_check import DraftSpec, ServingConfigError, TargetShape, inspect_draft
+from .verification import check_before_start
 
 logger = logging.getLogger(__name__)
 
@@ -126,11 +130,24 @@ def check_block_size(spec: DraftSpec, args) -> None:
 # --- the two hooks ---------------------------------------------------------------------------
 
 
+def served_target(args) -> TargetShape:
+    """The target as this server serves it: its shape, and the context length the draft must cover (the
+    one SGLang gives the draft worker: --context-length, else the target's own) unless
+    SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN lets SGLang stretch a shorter draft to it."""
+    from sglang.srt.environ import envs
+    from sglang.srt.utils.hf_transformers.common import get_context_length
+
+    text = target_text_config(args)
+    context = None if envs.SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN.get() else int(args.context_length or get_context_length(text))
+    return dataclasses.replace(TargetShape.of(text), context_length=context)
+
+
 def validate_server_args(args) -> None:
     check_options(args)
     check_draft_attention_backend(args)
+    check_before_start()
     path = draft_path(args)
-    spec = inspect_draft(path, TargetShape.of(target_text_config(args)))
+    spec = inspect_draft(path, served_target(args))
     check_block_size(spec, args)
 
 

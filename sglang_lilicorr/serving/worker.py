@@ -5,7 +5,8 @@ What it inherits unchanged from DFlashWorkerV2: target prefill with aux-hidden c
 KV cache, the block draft forward (a TARGET_VERIFY-shaped pass, CUDA-graph captured per batch
 size), target verification (greedy: longest prefix matching the target argmax; T > 0: SGLang's
 exact rejection sampling with the drafted block as a deterministic proposal, q = 1 on each
-drafted token), acceptance, commit and the per-request spec stats in `meta_info`.
+drafted token, where SGLang has it: verification.py says which at start-up, and refuses what it
+cannot verify), acceptance, commit and the per-request spec stats in `meta_info`.
 
 What it overrides (all methods of the DFlash worker, no SGLang source touched):
   _maybe_build_draft_sampler     -> our LiLiCorrProposer: SGLang captures it into the draft graph
@@ -31,6 +32,7 @@ from . import ALGORITHM_NAME
 from .models.lilicorr_draft import LiLiCorrDraftModel
 from .proposer import LiLiCorrProposer
 from .server_args import ServingConfigError
+from .verification import Verification, install_request_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +83,10 @@ class LiLiCorrWorker(DFlashWorkerV2):
             "%s worker ready: block_size=%d, K=%d, head width=%d.",
             ALGORITHM_NAME, self.proposer.block_size, self.proposer.topk, self.draft_model.lilicorr_head.width,
         )
+        self.verification = Verification.detect()
+        logger.log(logging.INFO if self.verification.exact_sampling else logging.WARNING, self.verification.startup_line())
+        if self.verification.refuses_sampled:
+            install_request_refusal(self.verification)
 
     def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
         super().alloc_memory_pool(

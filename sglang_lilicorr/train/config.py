@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from ..config import LiLiCorrConfig
+from ..drafter.config import ROPE_TYPES, RopeScaling
 from ..errors import UsageError
 from ..losses import ObjectiveWeights
 
@@ -33,6 +34,9 @@ class TrainConfig:
     block_size: int = _HEAD.block_size
     mask_token: str | None = None  # default: the tokenizer's mask token
     draft_intermediate_size: int = 0  # 0 = the target's
+    rope_scaling: str = "default"  # the drafter's rope: default, or yarn (long inputs)
+    rope_factor: float = 1.0  # yarn: how far the rope is stretched (> 1)
+    rope_original_max_position: int = 0  # yarn: the length it is stretched from (0 = the target's max_position_embeddings)
     # head geometry; gamma = 0 builds none
     candidate_topk: int = _HEAD.candidate_topk
     head_hidden_size: int = _HEAD.hidden_size
@@ -106,6 +110,7 @@ class TrainConfig:
             need(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, name, "an integer >= 1")
         for name in ("max_steps", "eval_every", "draft_intermediate_size", "seed"):
             need(isinstance(getattr(self, name), int) and getattr(self, name) >= 0, name, "an integer >= 0")
+        self.validate_rope()
         need(isinstance(self.max_length, int) and self.max_length >= self.block_size + 2, "max_length",
              f"an integer >= block_size + 2 = {self.block_size + 2} (room for one block after a prompt token)")
         try:
@@ -113,6 +118,30 @@ class TrainConfig:
             self.head_config(self.block_size, 1e-6)
         except ValueError as e:  # the objective's and the head's own range checks, under the CLI's names
             raise TrainConfigError(str(e)) from None
+
+
+    def validate_rope(self) -> None:
+        if self.rope_scaling not in ROPE_TYPES:
+            raise TrainConfigError(f"--rope-scaling {self.rope_scaling!r}: expected one of {', '.join(ROPE_TYPES)}.")
+        if not isinstance(self.rope_original_max_position, int) or self.rope_original_max_position < 0:
+            raise TrainConfigError(f"--rope-original-max-position {self.rope_original_max_position!r}: expected an integer "
+                                   ">= 0 (0 = the target's max_position_embeddings).")
+        if self.rope_scaling == "yarn":
+            if not (_number(self.rope_factor) and self.rope_factor > 1):
+                raise TrainConfigError(f"--rope-factor {self.rope_factor!r}: --rope-scaling yarn needs a factor > 1 "
+                                       "(e.g. 4 serves 4x the original length).")
+            return
+        if self.rope_factor != 1.0 or self.rope_original_max_position:
+            given = "--rope-factor" if self.rope_factor != 1.0 else "--rope-original-max-position"
+            raise TrainConfigError(f"{given} scales the rope only with --rope-scaling yarn: add --rope-scaling yarn, "
+                                   f"or drop {given}.")
+
+    def drafter_rope(self, target_max_positions: int) -> RopeScaling:
+        """The drafter's rope scaling for a target of `target_max_positions` positions."""
+        if self.rope_scaling == "default":
+            return RopeScaling()
+        return RopeScaling("yarn", factor=self.rope_factor,
+                           original_max_position_embeddings=self.rope_original_max_position or target_max_positions)
 
 
 def _number(value: Any) -> bool:

@@ -67,7 +67,8 @@ def resolve_mask_token(tokenizer, name: str | None, vocab_size: int) -> tuple[st
 
 
 def drafter_config_for(model, tokenizer, cfg: TrainConfig) -> DrafterConfig:
-    """Drafter geometry from the target's config (width, heads, rope) and the run's options."""
+    """Drafter geometry from the target's config (width, heads, rope, max positions) and the run's options
+    (the rope's scaling among them)."""
     tc = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     n_layers = int(tc.num_hidden_layers)
     hidden = int(tc.hidden_size)
@@ -76,6 +77,7 @@ def drafter_config_for(model, tokenizer, cfg: TrainConfig) -> DrafterConfig:
     theta = float(rope.get("rope_theta", getattr(tc, "rope_theta", 1_000_000.0)))
     mask_name, mask_id = resolve_mask_token(tokenizer, cfg.mask_token, model.get_output_embeddings().weight.shape[0])
     features = min(cfg.num_context_features, max(1, n_layers - 3))
+    max_positions = int(getattr(tc, "max_position_embeddings", 32768))
     return DrafterConfig(
         hidden_size=hidden,
         vocab_size=int(model.get_output_embeddings().weight.shape[0]),
@@ -91,7 +93,8 @@ def drafter_config_for(model, tokenizer, cfg: TrainConfig) -> DrafterConfig:
         block_size=cfg.block_size,
         rope_theta=theta,
         rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-6)),
-        max_position_embeddings=int(getattr(tc, "max_position_embeddings", 32768)),
+        max_position_embeddings=max_positions,
+        rope_scaling=cfg.drafter_rope(max_positions),
     )
 
 
