@@ -27,11 +27,13 @@
 #             ulps of the top logit allowed; byte-equal fraction against base.json) over every greedy response; the log must
 #             show our proposal captured in the draft CUDA graph and the draft graph capture itself
 # Env: SMOL_WORK (/tmp/smol), DEVICE_SITE (/tmp/site), TIMEOUT (server start limit, 330 s), GRAPH_BS (16),
-#   EXTRA_ARGS (appended to the LILICORR server's args), LILICORR_DRAFT (see model).
+#   EXTRA_ARGS (appended to the LILICORR server's args), LILICORR_DRAFT (see model),
+#   LILICORR_T_GT_0 (allow-greedy here: gpu_client.py sends T = 1 requests, which a server without flashinfer
+#   verifies greedily; the check judges only the greedy responses; see sglang_lilicorr/serving/README.md).
 # Output in $OUT (<= 7 files): {lilicorr,dflash,base}.{json,log}, summary.txt.
 # Exit status: 0 when every step asked for passed; 3 when call 2 lands on a fresh machine (redo both).
 set -u -o pipefail
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 LILICORR_T_GT_0=${LILICORR_T_GT_0:-allow-greedy}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TOOLS=$ROOT/tools
 DEV=$ROOT/.dev
