@@ -1,4 +1,5 @@
 """SGLangServers, the data path of `lilicorr regenerate`, against stand-in /generate servers."""
+import asyncio
 import json
 import socket
 import sys
@@ -28,6 +29,14 @@ class H(BaseHTTPRequestHandler):
     def log_message(self, *a): pass
 ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()
 """
+
+
+def generate(servers, prompts, sampling, seeds):
+    """The completions of several requests sent at once through one session."""
+    async def run():
+        async with servers.session() as complete:
+            return await asyncio.gather(*(complete(p, sampling, s) for p, s in zip(prompts, seeds)))
+    return asyncio.run(run())
 
 
 def free_ports(n):
@@ -71,14 +80,14 @@ def flaky_server():
 def test_requests_carry_ids_params_and_seeds_and_a_failure_is_retried(flaky_server):
     url, seen = flaky_server
     servers = SGLangServers([url], concurrency=2)
-    out = servers.generate([[1, 2], [3]], Sampling(1.0, 16, (EOS,)), seeds=[11, 12])
+    out = generate(servers, [[1, 2], [3]], Sampling(1.0, 16, (EOS,)), seeds=[11, 12])
     assert [o.output_ids for o in out] == [[7, 8, EOS]] * 2 and all(o.finish_reason == "stop" for o in out)
     bodies = sorted(seen[1:], key=lambda b: b["input_ids"])
     assert [b["input_ids"] for b in bodies] == [[1, 2], [3]]
     params = bodies[0]["sampling_params"]
     assert params["temperature"] == 1.0 and params["stop_token_ids"] == [EOS] and params["sampling_seed"] in (11, 12)
     assert params["top_p"] == 1.0 and params["top_k"] == -1  # the untruncated distribution
-    greedy = servers.generate([[5]], Sampling(0.0, 16, (EOS,)), seeds=[0])
+    greedy = generate(servers, [[5]], Sampling(0.0, 16, (EOS,)), seeds=[0])
     assert "sampling_seed" not in seen[-1]["sampling_params"] and greedy[0].output_ids[-1] == EOS
 
 
@@ -88,7 +97,8 @@ def test_started_servers_spread_requests_and_stop(tmp_path):
     ports = free_ports(2)
     specs = [ServerSpec("model", port, str(i), ("--flag", str(i)), name=f"s{i}") for i, port in enumerate(ports)]
     with SGLangServers.start(specs, tmp_path / "logs", startup_timeout=60, launcher=[sys.executable, str(script)], warm_first=True) as servers:
-        out = servers.generate([[10], [20], [30], [40]], Sampling(0.0, 3, (EOS,)), seeds=[0] * 4)
+        assert servers.capacity == 2 * 256
+        out = generate(servers, [[10], [20], [30], [40]], Sampling(0.0, 3, (EOS,)), seeds=[0] * 4)
         processes = list(servers.processes)
     assert [o.output_ids for o in out] == [[11, 11, 11], [21, 21, 21], [31, 31, 31], [41, 41, 41]]
     assert all(o.finish_reason == "length" for o in out)

@@ -1,5 +1,7 @@
 """`lilicorr regenerate`: the target's own answers (and, in the recipe, its own user turns),
 resumable, evaluation prompts kept out, every turn's ids recorded."""
+import asyncio
+import contextlib
 import json
 
 import pytest
@@ -28,25 +30,29 @@ def tokenizer():
 
 class FakeEngine:
     """User turns (T = 1) are one of a few 'questions' picked by the seed (so some repeat); replies
-    say how long their prompt was. Every completion ends with the end-of-turn id."""
+    say how long their prompt was. Every completion ends with the end-of-turn id unless its seed
+    is in `cut_off`. `calls` records each request's temperature."""
 
     QUESTIONS = ["the cat sat on a mat", "one dog ran far", "two three four five", "six seven dog", "the cat ran"]
+    capacity = 4
 
     def __init__(self, tokenizer, cut_off=()):
         self.tok, self.calls, self.cut_off = tokenizer, [], set(cut_off)
 
-    def generate(self, prompts, sampling, seeds):
-        self.calls.append((len(prompts), sampling.temperature))
-        out = []
-        for prompt, seed in zip(prompts, seeds):
+    @contextlib.asynccontextmanager
+    async def session(self):
+        async def complete(prompt, sampling, seed):
+            self.calls.append(sampling.temperature)
+            await asyncio.sleep(0)  # conversations interleave, as with servers
             if sampling.temperature > 0:
                 text = self.QUESTIONS[seed % len(self.QUESTIONS)]
             else:
                 text = " ".join(["one"] * (len(prompt) % 5 + 1))
             ids = self.tok.encode(text, add_special_tokens=False)
             stop = [] if seed in self.cut_off else [self.tok.eos_token_id]
-            out.append(Completion(ids + stop, "stop" if stop else "length"))
-        return out
+            return Completion(ids + stop, "stop" if stop else "length")
+
+        yield complete
 
 
 def rows_of(path):
@@ -58,7 +64,7 @@ def test_play_records_messages_and_exact_turn_ids(tmp_path, tokenizer):
     out = tmp_path / "out.jsonl"
     play(plans, out, tokenizer, FakeEngine(tokenizer), Settings())
     rows = rows_of(out)
-    assert [r["id"] for r in rows] == ["p0", "p1"]
+    assert sorted(r["id"] for r in rows) == ["p0", "p1"]
     for r in rows:
         (turn,) = r["turns"]
         assert turn["prompt_ids"] == tokenizer.apply_chat_template(r["messages"][:1], tokenize=True, return_dict=False, add_generation_prompt=True)
@@ -81,11 +87,11 @@ def test_resume_skips_done_and_cuts_a_torn_line(tmp_path, tokenizer):
     out = tmp_path / "train.jsonl"
     out.write_text(json.dumps({"id": "p0", "messages": []}) + "\n" + '{"id": "p1", "mess')  # interrupted write
     engine = FakeEngine(tokenizer)
-    play(plans, out, tokenizer, engine, Settings(chunk=2))
-    assert engine.calls == [(2, 0.0), (1, 0.0)]  # p1..p3 in chunks of 2
-    assert [r["id"] for r in rows_of(out)] == ["p0", "p1", "p2", "p3"]
     play(plans, out, tokenizer, engine, Settings())
-    assert len(engine.calls) == 2  # all done: nothing generated
+    assert engine.calls == [0.0, 0.0, 0.0]  # p1..p3 answered
+    assert sorted(r["id"] for r in rows_of(out)) == ["p0", "p1", "p2", "p3"]
+    play(plans, out, tokenizer, engine, Settings())
+    assert len(engine.calls) == 3  # all done: nothing generated
 
 
 def test_prompt_files_that_overlap_the_evaluation_are_refused_by_line(tmp_path):
@@ -114,7 +120,7 @@ def test_recipe_builds_deduplicated_disjoint_data_with_a_manifest(tmp_path, toke
     evaluation.write_text(json.dumps({"id": "e", "set": "x", "text": "six seven dog"}) + "\n")
     engine = FakeEngine(tokenizer, cut_off={request_seed(0, "magpie-3", 0, "user")})
     out = tmp_path / "data"
-    manifest = build_dataset(out, tokenizer, engine, Settings(chunk=8), magpie=30, package=6, second_turn_share=0.5,
+    manifest = build_dataset(out, tokenizer, engine, Settings(), magpie=30, package=6, second_turn_share=0.5,
                              heldout=3, exclude=evaluation)
     rows = rows_of(out / "conversations.jsonl")
     users = [m["content"] for r in rows for m in r["messages"] if m["role"] == "user"]
@@ -133,7 +139,7 @@ def test_recipe_builds_deduplicated_disjoint_data_with_a_manifest(tmp_path, toke
     # a second call resumes: nothing is generated again, the same data comes out
     before = (out / "train.jsonl").read_bytes()
     again = FakeEngine(tokenizer)
-    build_dataset(out, tokenizer, again, Settings(chunk=8), magpie=30, package=6, second_turn_share=0.5, heldout=3, exclude=evaluation)
+    build_dataset(out, tokenizer, again, Settings(), magpie=30, package=6, second_turn_share=0.5, heldout=3, exclude=evaluation)
     assert again.calls == [] and (out / "train.jsonl").read_bytes() == before
 
 

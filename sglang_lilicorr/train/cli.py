@@ -73,7 +73,6 @@ def _register_regenerate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--servers", type=bounded(int, 1), help="SGLang servers to launch, one per GPU (default: every visible GPU)")
     p.add_argument("--server-args", default="", help="extra `sglang.launch_server` arguments, one shell-quoted string")
     p.add_argument("--concurrency", type=bounded(int, 1), default=256, help="requests in flight per server")
-    p.add_argument("--chunk", type=bounded(int, 1), default=4096, help="conversations generated between writes")
     p.add_argument("--chat-template-kwargs", type=json_object_arg, default={}, help=CHAT_KWARGS_HELP)
     p.set_defaults(func=run_regenerate)
 
@@ -117,7 +116,7 @@ def run_regenerate(args: argparse.Namespace) -> int:
     if args.prompts and not args.output:
         raise UsageError("--prompts needs --output", fix="pass the jsonl the conversations are appended to")
     tokenizer = AutoTokenizer.from_pretrained(args.target)
-    settings = Settings(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed, chunk=args.chunk,
+    settings = Settings(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
                         chat_kwargs=args.chat_template_kwargs)
     out = Path(args.output_dir) if args.recipe else Path(args.output)
     plans = None if args.recipe else prompt_plans(args.prompts, eval_guard(args.exclude))  # bad input fails before any server starts

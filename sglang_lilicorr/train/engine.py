@@ -4,14 +4,19 @@
                        through /generate with input ids at high concurrency; the data path.
   TransformersGenerator a batched Hugging Face `generate` loop: CPU machines and tests.
 
-Both return, per prompt, the generated ids (the end-of-turn token included when the turn ended)
-and why generation stopped ("stop" or "length"). Requests at T > 0 carry their own seed, so a
-resumed run asks for the same samples again (SGLang's `sampling_seed`).
+Both answer one request at a time, asynchronously (`session()` yields `complete(prompt ids,
+sampling, seed)`), so a caller keeps `capacity` requests in flight and each conversation moves on
+as soon as its own turn is back: no batch waits for its slowest member. A completion is the
+generated ids (the end-of-turn token included when the turn ended) and why generation stopped
+("stop" or "length"). Requests at T > 0 carry their own seed, so a resumed run asks for the same
+samples again (SGLang's `sampling_seed`).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import shlex
@@ -21,7 +26,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Mapping, NamedTuple, Protocol, Sequence
+from typing import AsyncContextManager, Awaitable, Callable, Mapping, NamedTuple, Protocol, Sequence
 
 
 class EngineError(RuntimeError):
@@ -52,8 +57,13 @@ class Completion(NamedTuple):
     finish_reason: str  # "stop" (an end-of-turn id was generated) or "length"
 
 
+Complete = Callable[[Sequence[int], Sampling, int], Awaitable[Completion]]  # (prompt ids, sampling, seed) -> completion
+
+
 class Generator(Protocol):
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling, seeds: Sequence[int]) -> list[Completion]: ...
+    capacity: int  # requests worth keeping in flight
+
+    def session(self) -> AsyncContextManager[Complete]: ...
 
 
 def finish_reason(output_ids: Sequence[int], stop_token_ids: Sequence[int]) -> str:
@@ -64,7 +74,7 @@ def finish_reason(output_ids: Sequence[int], stop_token_ids: Sequence[int]) -> s
 
 
 class SGLangServers:
-    """Requests spread over servers round robin, `concurrency` in flight on each."""
+    """SGLang servers, launched here (`launch`, `start`) or reached by URL, and the requests to them."""
 
     def __init__(self, urls: Sequence[str], concurrency: int = 256, request_timeout: float = 600.0) -> None:
         if not urls:
@@ -149,20 +159,28 @@ class SGLangServers:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling, seeds: Sequence[int]) -> list[Completion]:
-        return asyncio.run(self._generate(prompts, sampling, seeds))
+    @property
+    def capacity(self) -> int:
+        return self.concurrency * len(self.urls)
 
-    async def _generate(self, prompts, sampling: Sampling, seeds) -> list[Completion]:
+    @contextlib.asynccontextmanager
+    async def session(self):
+        """`complete` for this event loop: requests go to the servers round robin, `concurrency` in
+        flight on each."""
         import aiohttp
 
         limits = [asyncio.Semaphore(self.concurrency) for _ in self.urls]
+        turn = itertools.count()
         timeout = aiohttp.ClientTimeout(total=self.request_timeout)
-        async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
-            jobs = [self._one(session, limits[i % len(self.urls)], self.urls[i % len(self.urls)], p, sampling, s)
-                    for i, (p, s) in enumerate(zip(prompts, seeds))]
-            return list(await asyncio.gather(*jobs))
+        async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
+            async def complete(prompt: Sequence[int], sampling: Sampling, seed: int) -> Completion:
+                i = next(turn) % len(self.urls)
+                async with limits[i]:
+                    return await self._post(http, self.urls[i], prompt, sampling, seed)
 
-    async def _one(self, session, limit, url, prompt, sampling: Sampling, seed: int) -> Completion:
+            yield complete
+
+    async def _post(self, http, url: str, prompt: Sequence[int], sampling: Sampling, seed: int) -> Completion:
         import aiohttp
 
         params = {"temperature": sampling.temperature, "max_new_tokens": sampling.max_new_tokens,
@@ -170,18 +188,17 @@ class SGLangServers:
         if sampling.temperature > 0:
             params.update(sampling_seed=int(seed), top_p=1.0, top_k=-1)
         body = {"input_ids": list(prompt), "sampling_params": params}
-        async with limit:
-            for attempt in range(3):
-                try:
-                    async with session.post(url + "/generate", json=body) as r:
-                        text = await r.text()
-                    if r.status == 200:
-                        ids = [int(t) for t in json.loads(text)["output_ids"]]
-                        return Completion(ids, finish_reason(ids, sampling.stop_token_ids))
-                    detail = f"HTTP {r.status}: {text[:300]}"
-                except (OSError, asyncio.TimeoutError, aiohttp.ClientError, ValueError, KeyError, TypeError) as e:
-                    detail = f"{type(e).__name__}: {e}"
-                await asyncio.sleep(1 + attempt)
+        for attempt in range(3):
+            try:
+                async with http.post(url + "/generate", json=body) as r:
+                    text = await r.text()
+                if r.status == 200:
+                    ids = [int(t) for t in json.loads(text)["output_ids"]]
+                    return Completion(ids, finish_reason(ids, sampling.stop_token_ids))
+                detail = f"HTTP {r.status}: {text[:300]}"
+            except (OSError, asyncio.TimeoutError, aiohttp.ClientError, ValueError, KeyError, TypeError) as e:
+                detail = f"{type(e).__name__}: {e}"
+            await asyncio.sleep(1 + attempt)
         raise EngineError(f"{url}/generate failed three times: {detail}")
 
 
@@ -189,30 +206,32 @@ class SGLangServers:
 
 
 class TransformersGenerator:
-    """Hugging Face generate over left-padded batches (CPU, tests). At T > 0 each batch samples
-    under a torch seed taken from its first request's seed."""
+    """Hugging Face generate, one request at a time (CPU, tests); at T > 0 under the request's seed."""
 
-    def __init__(self, model, pad_token_id: int, batch_size: int = 16) -> None:
-        self.model, self.pad, self.batch_size = model, pad_token_id, batch_size
+    capacity = 1
 
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling, seeds: Sequence[int]) -> list[Completion]:
+    def __init__(self, model, pad_token_id: int) -> None:
+        self.model, self.pad = model, pad_token_id
+
+    @contextlib.asynccontextmanager
+    async def session(self):
+        async def complete(prompt: Sequence[int], sampling: Sampling, seed: int) -> Completion:
+            return self._generate(prompt, sampling, seed)
+
+        yield complete
+
+    def _generate(self, prompt: Sequence[int], sampling: Sampling, seed: int) -> Completion:
         import torch
 
-        out: list[Completion] = []
-        for start in range(0, len(prompts), self.batch_size):
-            batch = [list(p) for p in prompts[start : start + self.batch_size]]
-            width = max(map(len, batch))
-            x = torch.tensor([[self.pad] * (width - len(p)) + p for p in batch], device=self.model.device)
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=self.model.device)
-            kwargs = dict(do_sample=False)
-            if sampling.temperature > 0:
-                torch.manual_seed(int(seeds[start]))
-                kwargs = dict(do_sample=True, temperature=sampling.temperature, top_k=0, top_p=1.0)
-            with torch.no_grad():
-                y = self.model.generate(x, attention_mask=mask, max_new_tokens=sampling.max_new_tokens, pad_token_id=self.pad,
-                                        eos_token_id=list(sampling.stop_token_ids), **kwargs)
-            for row in y[:, width:].tolist():
-                ends = [i for i, t in enumerate(row) if t in sampling.stop_token_ids]
-                ids = row[: ends[0] + 1] if ends else row
-                out.append(Completion(ids, finish_reason(ids, sampling.stop_token_ids)))
-        return out
+        x = torch.tensor([list(prompt)], device=self.model.device)
+        kwargs = dict(do_sample=False)
+        if sampling.temperature > 0:
+            torch.manual_seed(int(seed))
+            kwargs = dict(do_sample=True, temperature=sampling.temperature, top_k=0, top_p=1.0)
+        with torch.no_grad():
+            y = self.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=sampling.max_new_tokens,
+                                    pad_token_id=self.pad, eos_token_id=list(sampling.stop_token_ids), **kwargs)
+        row = y[0, x.shape[1]:].tolist()
+        ends = [i for i, t in enumerate(row) if t in sampling.stop_token_ids]
+        ids = row[: ends[0] + 1] if ends else row
+        return Completion(ids, finish_reason(ids, sampling.stop_token_ids))

@@ -10,12 +10,13 @@ Two modes, one driver (`play`):
                 split; a manifest (counts, tokens, throughput, sha256 of every file).
 Output rows: {"id", "source", "messages", "turns": [{"prompt_ids", "output_ids", "finish_reason"}],
 "temperature", "seed"}: `messages` trains the drafter, `turns` holds the exact ids the target saw
-and produced (what `reference.replay` replays). Files are appended a chunk of conversations at a
-time, so an interrupted run resumes where it stopped (ids already written are skipped; a torn last
-line is cut off; conversations dropped on the way are recorded too, and not redone).
+and produced (what `reference.replay` replays). A conversation is appended as soon as it is
+finished, so an interrupted run resumes where it stopped (ids already written are skipped; a torn
+last line is cut off; conversations dropped on the way are recorded too, and not redone).
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
@@ -58,7 +59,6 @@ class Settings:
     max_new_tokens: int = 512  # per reply
     user_max_new_tokens: int = 160  # per self-written user turn (T = 1)
     seed: int = 0
-    chunk: int = 4096  # conversations per write
     chat_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -67,7 +67,7 @@ class Stats:
     """What a run generated and dropped, for the manifest."""
 
     generated_tokens: int = 0
-    generate_seconds: float = 0.0
+    generate_seconds: float = 0.0  # wall time of the generation (requests overlap)
     dropped: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def drop(self, reason: str, n: int = 1) -> None:
@@ -103,89 +103,115 @@ def done_ids(path: Path) -> set[str]:
     return done
 
 
-def append_rows(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
-    with path.open("a", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
 # --- the driver ----------------------------------------------------------------------------------
 
 
 def play(plans: Sequence[Plan], output: Path, tokenizer, generator: Generator, settings: Settings,
          guard: EvalGuard | None = None, seen: set[str] | None = None, stats: Stats | None = None) -> Stats:
-    """Play every plan not yet in `output` (or its `.dropped` file), a chunk at a time. Self-written
-    user turns that are cut off, duplicate (`seen`) or overlap `guard` end the conversation there
-    (a conversation without a reply is dropped)."""
+    """Play every plan not yet in `output` (or its `.dropped` file). Conversations run side by side,
+    `generator.capacity` at a time, each on to its next turn as soon as its last one is back; a
+    finished one is appended at once. Self-written user turns that are cut off, duplicate (`seen`) or
+    overlap `guard` end the conversation there (a conversation without a reply is dropped)."""
     stats = stats or Stats()
     output.parent.mkdir(parents=True, exist_ok=True)
     dropped_path = output.with_name(output.name + ".dropped")
     done = done_ids(output) | done_ids(dropped_path)
     todo = [p for p in plans if p.id not in done]
-    stops = end_of_turn_ids(tokenizer)
-    reply = Sampling(settings.temperature, settings.max_new_tokens, tuple(stops))
-    user = Sampling(1.0, settings.user_max_new_tokens, tuple(stops))
-    from tqdm.auto import tqdm
-
-    with tqdm(total=len(todo), desc=f"regenerate {output.name}", dynamic_ncols=True) as bar:
-        for start in range(0, len(todo), settings.chunk):
-            chunk = todo[start : start + settings.chunk]
-            rows, lost = _play_chunk(chunk, tokenizer, generator, reply, user, settings, guard, seen, stats)
-            append_rows(output, rows)
-            append_rows(dropped_path, lost)
-            bar.update(len(chunk))
+    stops = tuple(end_of_turn_ids(tokenizer))
+    conversation = Conversation(tokenizer, Sampling(settings.temperature, settings.max_new_tokens, stops),
+                                Sampling(1.0, settings.user_max_new_tokens, stops), settings, guard, seen, stats)
+    t0 = time.perf_counter()
+    with RowWriter(output) as rows, RowWriter(dropped_path) as dropped:
+        asyncio.run(_play_all(todo, conversation, generator, rows, dropped, output.name))
+    stats.generate_seconds += time.perf_counter() - t0
     return stats
 
 
-def _generate(generator: Generator, prompts: list[list[int]], sampling: Sampling, seeds: list[int], stats: Stats):
-    t0 = time.perf_counter()
-    outs = generator.generate(prompts, sampling, seeds) if prompts else []
-    stats.generate_seconds += time.perf_counter() - t0
-    stats.generated_tokens += sum(len(o.output_ids) for o in outs)
-    return outs
+async def _play_all(todo: Sequence[Plan], conversation: "Conversation", generator: Generator, rows, dropped, name: str) -> None:
+    from tqdm.auto import tqdm
+
+    slots = asyncio.Semaphore(generator.capacity)
+    with tqdm(total=len(todo), desc=f"regenerate {name}", dynamic_ncols=True) as bar:
+        async with generator.session() as complete:
+            async def one(plan: Plan) -> None:
+                async with slots:
+                    row, lost = await conversation.play(plan, complete)
+                (rows if row else dropped).add(row or lost)
+                bar.update(1)
+
+            await asyncio.gather(*(one(p) for p in todo))
 
 
-def _play_chunk(chunk, tokenizer, generator, reply: Sampling, user: Sampling, settings: Settings, guard, seen, stats):
-    rows = {p.id: {"id": p.id, "source": p.source, **p.meta, "messages": [], "turns": [], "temperature": settings.temperature,
-                   "seed": settings.seed} for p in chunk}
-    stopped: dict[str, str] = {}  # conversation -> why its next user turn could not be played
-    no_guard = EvalGuard(set(), set())
-    for t in range(max(len(p.user_turns) for p in chunk)):
-        playing = [p for p in chunk if p.id not in stopped and t < len(p.user_turns)]
-        # 1. user turns: given, or written by the target (T = 1, its own template's user prefix)
-        written = [p for p in playing if isinstance(p.user_turns[t], Magpie)]
-        prefixes = [tokenizer(user_turn_prefix(tokenizer, rows[p.id]["messages"], p.user_turns[t].system), add_special_tokens=False)["input_ids"]
-                    for p in written]
-        outs = _generate(generator, prefixes, user, [request_seed(settings.seed, p.id, t, "user") for p in written], stats)
-        texts = {p.id: p.user_turns[t] for p in playing if isinstance(p.user_turns[t], str)}
-        for p, out in zip(written, outs):
-            text = tokenizer.decode(out.output_ids, skip_special_tokens=True).strip()
-            reason = "user_turn_cut_off" if out.finish_reason != "stop" else None
-            if reason is None and seen is not None:
-                kept, why = dedup_and_guard([text], guard or no_guard, seen)
-                reason = None if kept else f"user_turn_{next(k for k, v in why.items() if v)}"
-            if reason is None:
-                texts[p.id] = text
-            else:
-                stats.drop(reason)
-                stopped[p.id] = reason
-        # 2. the target's replies
-        answering = [p for p in playing if p.id in texts]
-        prompts = []
-        for p in answering:
-            rows[p.id]["messages"].append({"role": "user", "content": texts[p.id]})
-            prompts.append(list(tokenizer.apply_chat_template(rows[p.id]["messages"], tokenize=True, return_dict=False,
-                                                              add_generation_prompt=True, **settings.chat_kwargs)))
-        seeds = [request_seed(settings.seed, p.id, t, "assistant") for p in answering]
-        for p, ids, out in zip(answering, prompts, _generate(generator, prompts, reply, seeds, stats)):
-            row = rows[p.id]
-            row["messages"].append({"role": "assistant", "content": tokenizer.decode(out.output_ids, skip_special_tokens=True)})
-            row["turns"].append({"prompt_ids": ids, "output_ids": out.output_ids, "finish_reason": out.finish_reason})
-    kept = [r for r in rows.values() if r["turns"]]
-    lost = [{"id": r["id"], "reason": stopped[r["id"]]} for r in rows.values() if not r["turns"]]
-    return kept, lost
+class RowWriter:
+    """Appends JSON rows to a file, flushed to disk every `every` rows and at the end."""
+
+    def __init__(self, path: Path, every: int = 256) -> None:
+        self.path, self.every, self.pending = path, every, 0
+
+    def __enter__(self) -> "RowWriter":
+        self.f = self.path.open("a", encoding="utf-8")
+        return self
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        self.f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self.pending += 1
+        if self.pending >= self.every:
+            self.sync()
+
+    def sync(self) -> None:
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.pending = 0
+
+    def __exit__(self, *exc) -> None:
+        self.sync()
+        self.f.close()
+
+
+@dataclasses.dataclass
+class Conversation:
+    """How one plan is played: its user turns (given, or written by the target at T = 1 from its own
+    template's user prefix) each answered by the target."""
+
+    tokenizer: Any
+    reply: Sampling
+    user: Sampling
+    settings: Settings
+    guard: EvalGuard | None
+    seen: set[str] | None
+    stats: Stats
+
+    async def play(self, plan: Plan, complete) -> tuple[dict | None, dict | None]:
+        """-> (its row, None), or (None, why it was dropped) when no turn was answered."""
+        tok, settings = self.tokenizer, self.settings
+        row = {"id": plan.id, "source": plan.source, **plan.meta, "messages": [], "turns": [], "temperature": settings.temperature,
+               "seed": settings.seed}
+        for t, turn in enumerate(plan.user_turns):
+            if isinstance(turn, Magpie):
+                prefix = tok(user_turn_prefix(tok, row["messages"], turn.system), add_special_tokens=False)["input_ids"]
+                out = await self._complete(complete, prefix, self.user, request_seed(settings.seed, plan.id, t, "user"))
+                text, reason = tok.decode(out.output_ids, skip_special_tokens=True).strip(), None
+                if out.finish_reason != "stop":
+                    reason = "user_turn_cut_off"
+                elif self.seen is not None:
+                    kept, why = dedup_and_guard([text], self.guard or EvalGuard(set(), set()), self.seen)
+                    reason = None if kept else f"user_turn_{next(k for k, v in why.items() if v)}"
+                if reason is not None:
+                    self.stats.drop(reason)
+                    return (row, None) if row["turns"] else (None, {"id": plan.id, "reason": reason})
+                turn = text
+            row["messages"].append({"role": "user", "content": turn})
+            prompt = list(tok.apply_chat_template(row["messages"], tokenize=True, return_dict=False, add_generation_prompt=True,
+                                                  **settings.chat_kwargs))
+            out = await self._complete(complete, prompt, self.reply, request_seed(settings.seed, plan.id, t, "assistant"))
+            row["messages"].append({"role": "assistant", "content": tok.decode(out.output_ids, skip_special_tokens=True)})
+            row["turns"].append({"prompt_ids": prompt, "output_ids": out.output_ids, "finish_reason": out.finish_reason})
+        return row, None
+
+    async def _complete(self, complete, prompt, sampling: Sampling, seed: int):
+        out = await complete(prompt, sampling, seed)
+        self.stats.generated_tokens += len(out.output_ids)
+        return out
 
 
 # --- prompt files --------------------------------------------------------------------------------
