@@ -15,6 +15,7 @@ ever holds a non-finite tensor.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -286,10 +287,10 @@ def train(cfg: TrainConfig) -> dict[str, float]:
             part = ids[micro * cfg.batch_size : (micro + 1) * cfg.batch_size]
             batch = {k: v.to(env.device) for k, v in collate([train_set[i] for i in part], pad_id).items()}
             anchors, valid = anchors_for(batch, cfg.num_anchors, cfg.seed * 7919 + (step * env.world + env.rank) * cfg.grad_accum + micro)
-            sync = micro == cfg.grad_accum - 1 or env.world == 1
-            with autocast, (trainable.no_sync() if not sync else _nothing()):
-                out = trainable(batch["input_ids"], batch["attention_mask"], batch["loss_mask"], anchors.to(env.device), valid.to(env.device), weights)
-            with (trainable.no_sync() if not sync else _nothing()):
+            sync = micro == cfg.grad_accum - 1 or env.world == 1  # DDP reduces gradients on the last micro-step only
+            with contextlib.nullcontext() if sync else trainable.no_sync():
+                with autocast:
+                    out = trainable(batch["input_ids"], batch["attention_mask"], batch["loss_mask"], anchors.to(env.device), valid.to(env.device), weights)
                 (out.terms.total / cfg.grad_accum).backward()
             timer.mark("backward")
             finite &= bool(torch.isfinite(out.terms.total.detach()))
@@ -350,14 +351,6 @@ def train(cfg: TrainConfig) -> dict[str, float]:
 
 def _trainable(drafter: DFlashDrafter, head: LiLiCorrHead | None) -> dict[str, torch.Tensor]:
     return trainable_tensors(drafter.state_dict(), None if head is None else head.state_dict())
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _progress(total: int, start: int, enabled: bool):
