@@ -25,12 +25,13 @@ import random
 import sys
 import time
 import zlib
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from .data import DataError, checked_messages, read_jsonl
 from .engine import Generator, Sampling
-from .prompts import STEERING, EvalGuard, normalised, dedup_and_guard, end_of_turn_ids, package_prompts, steering_plan, user_turn_prefix
+from .prompts import STEERING, EvalGuard, dedup_and_guard, end_of_turn_ids, normalised, package_prompts, steering_plan, user_turn_prefix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,8 +71,8 @@ class Stats:
     generate_seconds: float = 0.0  # wall time of the generation (requests overlap)
     dropped: dict[str, int] = dataclasses.field(default_factory=dict)
 
-    def drop(self, reason: str, n: int = 1) -> None:
-        self.dropped[reason] = self.dropped.get(reason, 0) + n
+    def drop(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
 
 
 def request_seed(seed: int, conversation: str, turn: int, role: str) -> int:
@@ -309,8 +310,8 @@ def build_dataset(out_dir: str | Path, tokenizer, generator: Generator, settings
         staged = out / f".{name}.tmp"
         staged.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in part), encoding="utf-8")
         os.replace(staged, out / name)
-    dropped = [row for _, row in read_jsonl(conversations.with_name(conversations.name + ".dropped"))] \
-        if conversations.with_name(conversations.name + ".dropped").exists() else []
+    dropped_path = conversations.with_name(conversations.name + ".dropped")
+    dropped = [row for _, row in read_jsonl(dropped_path)] if dropped_path.exists() else []
     manifest = {
         **dict(describe),
         "seed": settings.seed, "sampling": {"replies": {"temperature": settings.temperature, "max_new_tokens": settings.max_new_tokens},
@@ -330,17 +331,11 @@ def build_dataset(out_dir: str | Path, tokenizer, generator: Generator, settings
 
 
 def conversation_counts(rows: list[dict], dropped: list[dict]) -> dict:
-    by_source: dict[str, int] = {}
-    for r in rows:
-        by_source[r["source"]] = by_source.get(r["source"], 0) + 1
-    reasons: dict[str, int] = {}
-    for d in dropped:
-        reasons[d["reason"]] = reasons.get(d["reason"], 0) + 1
     turns = [t for r in rows for t in r["turns"]]
     return {
-        "conversations": len(rows), "by_source": by_source, "two_turn": sum(len(r["turns"]) > 1 for r in rows),
+        "conversations": len(rows), "by_source": dict(Counter(r["source"] for r in rows)), "two_turn": sum(len(r["turns"]) > 1 for r in rows),
         "assistant_turns": len(turns), "reply_tokens": sum(len(t["output_ids"]) for t in turns),
         "prompt_tokens_last_turn": sum(len(r["turns"][-1]["prompt_ids"]) for r in rows),
         "replies_cut_at_max_new_tokens": sum(t["finish_reason"] == "length" for t in turns),
-        "dropped_conversations": reasons,
+        "dropped_conversations": dict(Counter(d["reason"] for d in dropped)),
     }
