@@ -38,17 +38,17 @@ class TrainConfig:
     rope_factor: float = 1.0  # yarn: how far the rope is stretched (> 1)
     rope_original_max_position: int = 0  # yarn: the length it is stretched from (0 = the target's max_position_embeddings)
     # head geometry; gamma = 0 builds none
-    candidate_topk: int = _HEAD.candidate_topk
-    head_hidden_size: int = _HEAD.hidden_size
+    candidate_topk: int = _HEAD.candidate_topk  # K
+    head_hidden_size: int = _HEAD.hidden_size  # the lattice transformer's width
     head_layers: int = _HEAD.num_layers
     head_heads: int = _HEAD.num_heads
-    head_mlp_ratio: float = _HEAD.mlp_ratio
-    factor_dim: int = _HEAD.factor_dim
-    logit_scale: float = _HEAD.logit_scale
+    head_mlp_ratio: float = _HEAD.mlp_ratio  # FFN width / head width
+    factor_dim: int = _HEAD.factor_dim  # d_e
+    logit_scale: float = _HEAD.logit_scale  # sigma
     # objective (Eq. 7; App. G margin)
-    beta: float = _OBJECTIVE.beta
-    gamma: float = _OBJECTIVE.gamma
-    lam: float = _OBJECTIVE.lam
+    beta: float = _OBJECTIVE.beta  # DFlash decay
+    gamma: float = _OBJECTIVE.gamma  # reranker weight; 0 = vanilla DFlash
+    lam: float = _OBJECTIVE.lam  # lambda, the distractor's weight
     use_margin: bool = _OBJECTIVE.use_margin
     mu: float = _OBJECTIVE.mu
     rho: float = _OBJECTIVE.rho
