@@ -460,3 +460,11 @@ def test_conversations_are_cached_and_a_pool_tokenizes_the_same(workspace, tmp_p
     pooled = load_conversations(path, tok, 64, {})
     assert len(pooled) == len(serial) and all(torch.equal(a.input_ids, b.input_ids) for a, b in zip(serial, pooled))
     assert len(load_conversations(path, tok, 32, {})[0].input_ids) <= 32  # another max_length is another cache key
+
+
+def test_training_data_that_overlaps_the_evaluation_prompts_is_refused_by_line(workspace, tmp_path):
+    evaluation = tmp_path / "eval.jsonl"
+    evaluation.write_text(json.dumps({"id": "e", "set": "x", "text": "Count 3"}) + "\n")  # equal once normalised
+    with pytest.raises(DataError, match=r"train.jsonl:4: a user turn equals an evaluation prompt"):
+        train(tiny_cfg(workspace, tmp_path / "run", exclude=str(evaluation)))
+    assert not (tmp_path / "run").exists()  # refused before anything loads or is written

@@ -108,7 +108,8 @@ def run_regenerate(args: argparse.Namespace) -> int:
 
     from ..errors import UsageError
     from ..frozen_target import local_model_dir
-    from .regenerate import Settings, build_dataset, eval_guard, play, prompt_plans
+    from .prompts import eval_guard
+    from .regenerate import Settings, build_dataset, play, prompt_plans
 
     local_model_dir(args.target)
     if args.recipe and not (args.output_dir and args.exclude):

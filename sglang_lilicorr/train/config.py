@@ -28,6 +28,7 @@ class TrainConfig:
     output_dir: str
     eval_data: str | None = None  # held-out conversations; default: hold out eval_examples of data
     eval_examples: int = 64  # held-out conversations evaluated at every eval step
+    exclude: str | None = None  # evaluation prompts (jsonl): a training conversation that overlaps one is refused
     # drafter geometry
     draft_layers: int = 1
     num_context_features: int = 5

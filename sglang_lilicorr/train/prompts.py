@@ -20,7 +20,9 @@ import re
 import sysconfig
 import textwrap
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..jsonl import DataError, read_jsonl
 
 SENTINEL = "\x00USER-TURN\x00"
 SHINGLE = 8  # words
@@ -162,3 +164,31 @@ def dedup_and_guard(texts: Iterable[str], guard: EvalGuard, seen: set[str]) -> t
             seen.add(key)
             kept.append(text)
     return kept, dropped
+
+
+def user_texts(row: Mapping[str, Any]) -> list[str]:
+    """The user turns of a prompt or evaluation row: `text`, `turns` (strings) or user `messages`."""
+    if isinstance(row.get("text"), str):
+        return [row["text"]]
+    if isinstance(row.get("turns"), list) and all(isinstance(t, str) for t in row["turns"]):
+        return list(row["turns"])
+    return [m["content"] for m in row.get("messages") or [] if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str)]
+
+
+def eval_guard(path: str | Path | None) -> EvalGuard | None:
+    """The evaluation prompts of a prompt file (text / turns / messages rows) as a guard."""
+    if path is None:
+        return None
+    texts = [t for _, row in read_jsonl(path) for t in user_texts(row)]
+    if not texts:
+        raise DataError(f"{path}: no evaluation prompts in it (rows need `text`, `turns` or user `messages`).")
+    return EvalGuard.of(texts)
+
+
+def check_disjoint(path: str | Path, guard: EvalGuard) -> None:
+    """Refuse a conversations file with a user turn that overlaps an evaluation prompt, naming its line."""
+    for number, row in read_jsonl(path):
+        hit = next((t for t in user_texts(row) if guard.overlaps(t)), None)
+        if hit is not None:
+            raise DataError(f"{path}:{number}: a user turn equals an evaluation prompt or shares an 8-word shingle with one "
+                            f"({hit[:60]!r}...); remove it (training on evaluation prompts inflates tau).")

@@ -31,7 +31,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from .data import DataError, checked_messages, read_jsonl
 from .engine import Generator, Sampling
-from .prompts import STEERING, EvalGuard, dedup_and_guard, end_of_turn_ids, normalised, package_prompts, steering_plan, user_turn_prefix
+from .prompts import (
+    STEERING, EvalGuard, dedup_and_guard, end_of_turn_ids, eval_guard, normalised, package_prompts, steering_plan, user_texts,
+    user_turn_prefix,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,25 +219,6 @@ class Conversation:
 
 
 # --- prompt files --------------------------------------------------------------------------------
-
-
-def user_texts(row: Mapping[str, Any]) -> list[str]:
-    """The user turns of a prompt or evaluation row: `text`, `turns` (strings) or user `messages`."""
-    if isinstance(row.get("text"), str):
-        return [row["text"]]
-    if isinstance(row.get("turns"), list) and all(isinstance(t, str) for t in row["turns"]):
-        return list(row["turns"])
-    return [m["content"] for m in row.get("messages") or [] if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str)]
-
-
-def eval_guard(path: str | Path | None) -> EvalGuard | None:
-    """The evaluation prompts of a prompt file (text / turns / messages rows) as a guard."""
-    if path is None:
-        return None
-    texts = [t for _, row in read_jsonl(path) for t in user_texts(row)]
-    if not texts:
-        raise DataError(f"{path}: no evaluation prompts in it (rows need `text`, `turns` or user `messages`).")
-    return EvalGuard.of(texts)
 
 
 def prompt_plans(path: str | Path, guard: EvalGuard | None = None) -> list[Plan]:

@@ -37,6 +37,7 @@ from ..reference.replay import Replayer, pooled_tau
 from .config import TrainConfig
 from .data import DataError, Example, collate, epoch_batches, load_conversations, read_jsonl
 from .joint import JointModel, pooled_metrics
+from .prompts import check_disjoint, eval_guard
 from .state import (
     OPTIMIZER_FILE,
     check_resume_compatible,
@@ -222,6 +223,8 @@ class Evaluator:
 
 def train(cfg: TrainConfig) -> dict[str, float]:
     """Run (or resume) a training job; returns the last logged metrics."""
+    if cfg.exclude:  # before anything loads: evaluation prompts must not be training data
+        check_disjoint(cfg.data, eval_guard(cfg.exclude))
     env = Distributed()
     torch.manual_seed(cfg.seed)
     model, tokenizer = load_target(cfg.target, env.device, cfg.bf16)
