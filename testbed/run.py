@@ -167,7 +167,7 @@ def data_files(args) -> tuple[Path, Path]:
 
 def run_options(args, **extra) -> dict:
     train, held = data_files(args)
-    return {"target": args.target, "data": str(train), "eval_data": str(held), **scale_and_schedule(args), **extra}
+    return {"target": args.target, "data": str(train), "eval_data": str(held), "exclude": args.eval_prompts, **scale_and_schedule(args), **extra}
 
 
 def cmd_sweep(args) -> int:
@@ -246,8 +246,8 @@ def cmd_train(args) -> int:
             print(f"[train] {name}: already running")
             continue
         train, held = data_files(args)
-        options = {"target": args.target, "data": str(train), "eval_data": str(held), "output_dir": str(run_dir),
-                   **plan["options"], **VARIANTS[name]}
+        options = {"target": args.target, "data": str(train), "eval_data": str(held), "exclude": args.eval_prompts,
+                   "output_dir": str(run_dir), **plan["options"], **VARIANTS[name]}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(per_gpu), "--master-port", str(29500 + i),
                "-m", "sglang_lilicorr.cli", "train", *cli_flags(options)]
         proc = start(cmd, run_dir / "train.log", list(range(i * per_gpu, (i + 1) * per_gpu)))
