@@ -144,7 +144,7 @@ def test_train_report(tmp_path, capsys):
 
 
 def test_serve_lib_starts_awaits_and_stops_a_server(tmp_path):
-    """tools/serve_lib.sh (gpu_check.sh, tp_check.sh) against a stand-in `python3 -m sglang.launch_server` that
+    """tools/check_lib.sh (gpu_check.sh, tp_check.sh) against a stand-in `python3 -m sglang.launch_server` that
     answers /health: up, then its whole process group stopped; a server that exits at once is reported."""
     fake = tmp_path / "bin" / "python3"
     fake.parent.mkdir()
@@ -160,8 +160,8 @@ http.server.HTTPServer(('127.0.0.1', $port), H).serve_forever()"
 """)
     fake.chmod(0o755)
     script = f"""
-say() {{ echo "$*"; }}
-source {TOOLS / 'serve_lib.sh'}
+S={tmp_path / 'summary.txt'}
+source {TOOLS / 'check_lib.sh'}
 start_server fake 29447 {tmp_path / 'fake.log'} --model-path m && echo UP
 stop_server; alive "$SERVER_PID" || echo STOPPED
 start_server broken 29448 {tmp_path / 'broken.log'} --fail || echo REFUSED
@@ -171,3 +171,4 @@ stop_server
     out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120).stdout
     assert "fake: startup" in out and "up=1" in out and "UP" in out and "STOPPED" in out
     assert "broken: server exited during startup" in out and "REFUSED" in out
+    assert "up=1" in (tmp_path / "summary.txt").read_text()  # `say` writes the summary too

@@ -44,13 +44,8 @@ O=${OUT:-/tmp/lilicorr_out}
 S=$O/summary.txt
 GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
 STEPS=${1:-install}
-read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
 mkdir -p "$O" "$W"
-T0=$SECONDS
-say() { echo "[t+$((SECONDS - T0))s] $*" | tee -a "$S"; }
-has() { [[ ",$STEPS," == *",$1,"* ]]; }
-source "$TOOLS/serve_lib.sh"
-fails=()
+source "$TOOLS/check_lib.sh"
 cd /tmp || exit 1  # not the checkout: its plain sglang_lilicorr/ would shadow the installed package (kernels/ maps in at install)
 
 if has install; then

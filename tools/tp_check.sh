@@ -41,13 +41,8 @@ W=${W:-/tmp/tpcheck}
 O=${OUT:-/tmp/tpcheck_out}
 S=$O/summary.txt
 STEPS=${1:-install}
-read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
 mkdir -p "$O" "$W/logs"
-T0=$SECONDS
-say() { echo "[t+$((SECONDS - T0))s] $*" | tee -a "$S"; }
-has() { [[ ",$STEPS," == *",$1,"* ]]; }
-source "$TOOLS/serve_lib.sh"
-fails=()
+source "$TOOLS/check_lib.sh"
 cd /tmp || exit 1  # not the checkout: its plain sglang_lilicorr/ would shadow the installed package
 
 if has install; then

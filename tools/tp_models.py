@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+OPTIONS = dict(seed=0, vocab=32000, hidden=1024, layers=8, heads=16, kv_heads=8, intermediate=2816, conversations=4000)
 SPECIALS = ["<|endoftext|>", "<|mask|>"]
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|endoftext|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
@@ -105,14 +106,8 @@ def write_conversations(path: Path, n: int, chunk_chars: int = 3000) -> int:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--vocab", type=int, default=32000)
-    p.add_argument("--hidden", type=int, default=1024)
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--intermediate", type=int, default=2816)
-    p.add_argument("--conversations", type=int, default=4000)
+    for name, default in OPTIONS.items():
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=default)
     a = p.parse_args(argv)
     out = Path(a.out)
     model, tokenizer = write_target(out / "target", a)

@@ -1,5 +1,11 @@
-# Shell functions of the GPU checks (gpu_check.sh, tp_check.sh), which source this file after defining `say`: the
-# device kit's install of an earlier call, and an SGLang server started, awaited and stopped in its own process group.
+# The start of the GPU checks (gpu_check.sh, tp_check.sh), sourced once they set STEPS (comma-separated steps) and
+# S (their summary file): step selection, the summary log, the fail list, EXTRA (EXTRA_ARGS split), the device kit's
+# install of an earlier call, and an SGLang server started, awaited and stopped in its own process group.
+T0=$SECONDS
+fails=()
+read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
+say() { echo "[t+$((SECONDS - T0))s] $*" | tee -a "$S"; }
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
 
 use_install() {  # use_install SCRIPT: the kit's install in $SITE made by an earlier call on this machine, or exit 3
   if [ ! -f "$SITE/.device_manifest" ]; then
