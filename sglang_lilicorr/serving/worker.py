@@ -8,6 +8,10 @@ exact rejection sampling with the drafted block as a deterministic proposal, q =
 drafted token, where SGLang has it: verification.py says which at start-up, and refuses what it
 cannot verify), acceptance, commit and the per-request spec stats in `meta_info`.
 
+Under --tp-size N each rank proposes from its shard of the target's LM head: the top-K/LSE is merged over the TP
+group (vocab_parallel.py, one all-gather), the head and walk run replicated on the merged candidates, and the token
+table is built from the input embedding gathered once (`full_embedding`). README section "Tensor parallelism".
+
 What it overrides (all methods of the DFlash worker, no SGLang source touched):
   _maybe_build_draft_sampler     -> our LiLiCorrProposer: SGLang captures it into the draft graph
   _greedy_sample_from_vocab_parallel_head
