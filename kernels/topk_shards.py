@@ -22,8 +22,6 @@ from __future__ import annotations
 import torch
 
 from .topk_lse import topk_lse
-from .topk_reference import check_topk_lse_args
-from .tuning import TopKLaunch
 
 SENTINEL = -(2**63)  # below every ordering key: an empty slot of a shard with fewer than k entries
 _LOW = 0x7FFFFFFF  # the low word holds 2^31-1 - id
@@ -47,13 +45,10 @@ def key_ids(keys: torch.Tensor) -> torch.Tensor:
     return _LOW - (keys & _LOW)
 
 
-def shard_partials(
-    logits: torch.Tensor, k: int, vocab_start: int, *, out: torch.Tensor | None = None, pdl: bool = False,
-    launch: TopKLaunch = TopKLaunch(),
-) -> torch.Tensor:
+def shard_partials(logits: torch.Tensor, k: int, vocab_start: int, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """logits [N, n] of one shard (global ids vocab_start .. vocab_start + n - 1; n may be below k, or 0)
     -> partials int64 [N, k + 1] (written into `out` if given): the shard's k best keys, descending (SENTINEL past
-    its n entries), then its logsumexp's fp32 bits. `pdl` / `launch`: topk_lse's."""
+    its n entries), then its logsumexp's fp32 bits."""
     if logits.dim() != 2 or not logits.is_floating_point():
         raise ValueError(f"shard_partials: logits must be a float [N, n] shard, got {tuple(logits.shape)} {logits.dtype}")
     n_rows, n = logits.shape
@@ -66,8 +61,7 @@ def shard_partials(
         out[:, :k].fill_(SENTINEL)
         out[:, k].copy_(_lse_bits(torch.full((n_rows,), float("-inf"), device=logits.device)))
         return out
-    check_topk_lse_args(logits, local)
-    vals, ids, lse = topk_lse(logits, local, pdl=pdl, launch=launch)
+    vals, ids, lse = topk_lse(logits, local)
     out[:, :local].copy_(order_keys(vals, ids + vocab_start))
     out[:, local:k].fill_(SENTINEL)
     out[:, k].copy_(_lse_bits(lse))
