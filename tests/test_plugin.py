@@ -273,10 +273,11 @@ def test_a_quantized_target_names_the_unquant_draft_fix(target, draft):
     "extra, match",
     [
         (["--attn-dp-size", 2, "--tp-size", 2], "attn-dp-size"),
+        (["--attn-cp-size", 2, "--tp-size", 2], "attn-cp-size"),
         (["--disaggregation-mode", "prefill"], "disaggregation"),
         (["--speculative-use-block-verification"], "block-verification"),
     ],
-    ids=["dp-attention", "disaggregation", "block-verification"],
+    ids=["dp-attention", "context-parallel", "disaggregation", "block-verification"],
 )
 def test_unsupported_option_refused_by_us_or_sglang(extra, match, target, draft):
     """Options SGLang may reject itself before our validator runs: either way, before serving,

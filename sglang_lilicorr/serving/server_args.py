@@ -62,8 +62,9 @@ _UNSUPPORTED = (
     ("--attn-dp-size > 1 / --enable-dp-attention", lambda a: bool(a.enable_dp_attention) or (a.attn_dp_size or 1) > 1,
      "serve without DP attention: --tp-size N shards the model over N GPUs, --dp-size N runs N replicas"),
     ("--pp-size > 1", lambda a: a.pp_size != 1,
-     "serve with --pp-size 1 (the draft runs beside the last stage's hidden states); use --tp-size N to spread the model"),
-    ("--attn-cp-size > 1", lambda a: a.attn_cp_size != 1, "serve with --attn-cp-size 1; use --tp-size N to spread the model"),
+     "serve with --pp-size 1 (SGLang's DFLASH refuses pipeline parallelism too); --tp-size N spreads the model over N GPUs"),
+    ("--attn-cp-size > 1", lambda a: a.attn_cp_size != 1,
+     "serve with --attn-cp-size 1; --tp-size N spreads the model over N GPUs"),
     ("--disaggregation-mode", lambda a: a.disaggregation_mode not in (None, "null"),
      "serve LILICORR without prefill/decode disaggregation"),
     ("--enable-unified-memory", lambda a: bool(a.enable_unified_memory), "drop --enable-unified-memory"),
@@ -129,6 +130,7 @@ def tensor_parallel_problems(heads: int, kv_heads: int, intermediate: int, tp_si
 
 
 def check_tensor_parallel(spec: DraftSpec, tp_size: int) -> None:
+    """--tp-size against the draft's heads, KV heads and MLP width; the message lists the TP sizes that fit."""
     config = spec.config
     heads = int(config["num_attention_heads"])
     kv_heads, intermediate = int(config.get("num_key_value_heads") or heads), int(config["intermediate_size"])
