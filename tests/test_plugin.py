@@ -245,7 +245,6 @@ def test_a_draft_shorter_than_the_served_context_is_refused_before_serving(targe
 @pytest.mark.parametrize(
     "extra, match",
     [
-        (["--tp-size", 2], "--tp-size > 1"),
         (["--pp-size", 2], "--pp-size > 1"),
         (["--enable-mixed-chunk"], "--enable-mixed-chunk"),
         (["--speculative-num-draft-tokens", 8], "differs from the draft's block_size=16"),
@@ -274,13 +273,51 @@ def test_a_quantized_target_names_the_unquant_draft_fix(target, draft):
     "extra, match",
     [
         (["--attn-dp-size", 2, "--tp-size", 2], "attn-dp-size"),
+        (["--attn-cp-size", 2, "--tp-size", 2], "attn-cp-size"),
         (["--disaggregation-mode", "prefill"], "disaggregation"),
         (["--speculative-use-block-verification"], "block-verification"),
     ],
-    ids=["dp-attention", "disaggregation", "block-verification"],
+    ids=["dp-attention", "context-parallel", "disaggregation", "block-verification"],
 )
 def test_unsupported_option_refused_by_us_or_sglang(extra, match, target, draft):
     """Options SGLang may reject itself before our validator runs: either way, before serving,
     with the option named."""
     with pytest.raises(ValueError, match=match):
         resolve(target, *extra, draft=draft)
+
+
+# --- tensor parallelism and replicas ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_tensor_parallel_is_served(tp, target, draft):
+    """The tiny draft (4 heads, 2 KV heads, intermediate 128) shards over 2 and 4 ranks, as SGLang's DFlash draft needs."""
+    cfg = resolve(target, "--tp-size", tp, draft=draft)
+    assert cfg.tp_size == tp and cfg.speculative_algorithm == ALGORITHM_NAME
+
+
+@pytest.mark.parametrize(
+    "tp, config, match",
+    [
+        (3, {}, r"--tp-size 3 does not fit the draft.*num_attention_heads=4 is not divisible by 3.*--tp-size in \[1, 2, 4\]"),
+        (8, {}, r"num_attention_heads=4 is not divisible by 8"),
+        (2, {"num_key_value_heads": 3, "num_attention_heads": 6}, r"num_key_value_heads=3 neither divides nor is divisible by 2"),
+        (4, {"intermediate_size": 98}, r"intermediate_size=98 is not divisible by 4 \(lilicorr train --draft-intermediate-size\)"),
+    ],
+    ids=["heads-3", "heads-8", "kv-heads", "intermediate"],
+)
+def test_a_draft_that_does_not_shard_over_the_tp_ranks_is_refused(tp, config, match, target, tmp_path):
+    folder = edited_draft(tmp_path / "d", config={**draft_config(), **config})
+    with pytest.raises(ServingConfigError, match=match):
+        resolve(target, "--tp-size", tp, draft=folder)
+
+
+def test_data_parallel_replicas_are_served(target, draft):
+    """--dp-size N without DP attention: N independent replicas (SGLang's data-parallel controller), each a whole
+    LILICORR server with its own draft; nothing in the worker depends on the replica."""
+    cfg = resolve(target, "--dp-size", 2, draft=draft)
+    assert cfg.dp_size == 2 and not cfg.enable_dp_attention and cfg.attn_dp_size == 1
+    cfg = resolve(target, "--dp-size", 2, "--tp-size", 2, draft=draft)
+    assert (cfg.dp_size, cfg.tp_size) == (2, 2)
+    with pytest.raises(ValueError, match="attn-dp-size"):
+        resolve(target, "--dp-size", 2, "--tp-size", 2, "--enable-dp-attention", draft=draft)

@@ -334,15 +334,52 @@ def test_append_publishes_each_requests_anchor_from_the_appends_own_projection(m
 
 def test_target_lm_head_must_be_dense_and_unpadded():
     from sglang_lilicorr.serving.server_args import ServingConfigError
-    from sglang_lilicorr.serving.worker import dense_lm_head_weight
+    from sglang_lilicorr.serving.worker import lm_head_rows
 
     head = types.SimpleNamespace(weight=torch.zeros(VOCAB + 64, HIDDEN, dtype=torch.bfloat16))
-    assert dense_lm_head_weight(head, VOCAB).shape == (VOCAB, HIDDEN)  # padding rows dropped
+    rows, shard = lm_head_rows(head, VOCAB, tp_group=None)
+    assert rows.shape == (VOCAB, HIDDEN) and shard is None  # padding rows dropped
     with pytest.raises(ServingConfigError, match="quantized"):
-        dense_lm_head_weight(types.SimpleNamespace(weight=torch.zeros(VOCAB, HIDDEN, dtype=torch.int8)), VOCAB)
+        lm_head_rows(types.SimpleNamespace(weight=torch.zeros(VOCAB, HIDDEN, dtype=torch.int8)), VOCAB, None)
     added = types.SimpleNamespace(weight=head.weight, shard_indices=types.SimpleNamespace(num_added_elements=4))
     with pytest.raises(ServingConfigError, match="added vocabulary"):
-        dense_lm_head_weight(added, VOCAB)
+        lm_head_rows(added, VOCAB, None)
+    with pytest.raises(ServingConfigError, match="64 rows for a 256-token vocabulary"):
+        lm_head_rows(types.SimpleNamespace(weight=head.weight[:64]), VOCAB, None)
+
+
+def shard_indices(start: int, size: int, padded: int):
+    """SGLang's VocabParallelEmbeddingShardIndices fields the worker reads (no added vocabulary)."""
+    return types.SimpleNamespace(org_vocab_start_index=start, num_org_elements=size, num_org_elements_padded=padded,
+                                 num_added_elements=0)
+
+
+def test_vocabulary_parallel_lm_head_and_embedding_on_a_tp_rank():
+    """Rank 2 of 4 over a 200-token vocabulary padded to 256 (64 per rank): its LM head rows 128..191 with their
+    shard; the input embedding gathered over the TP group to every row of the vocabulary."""
+    from sglang_lilicorr.serving.server_args import ServingConfigError
+    from sglang_lilicorr.serving.worker import full_embedding, lm_head_rows
+
+    vocab, gathered = 200, []
+    full = torch.randn(256, HIDDEN).bfloat16()
+    group = types.SimpleNamespace(world_size=4, all_gather_into_tensor=lambda out, inp: None,
+                                  all_gather=lambda w, dim: gathered.append(w) or full)
+    lm = types.SimpleNamespace(weight=full[128:192], shard_indices=shard_indices(128, 64, 64))
+    rows, shard = lm_head_rows(lm, vocab, group)
+    assert rows.shape == (64, HIDDEN) and (shard.start, shard.size, shard.vocab_size, shard.ranks) == (128, 64, 200, 4)
+    assert shard.gather is group.all_gather_into_tensor
+    last = types.SimpleNamespace(weight=full[192:], shard_indices=shard_indices(192, 8, 64))
+    assert lm_head_rows(last, vocab, group)[0].shape == (8, HIDDEN)  # rank 3: the 8 real rows, padding dropped
+    embed = types.SimpleNamespace(weight=full[128:192], shard_indices=shard_indices(128, 64, 64), tp_group=group)
+    assert full_embedding(embed, vocab) is full and gathered[0] is embed.weight
+    whole = types.SimpleNamespace(weight=full[:vocab])  # a replicated embedding is taken as is
+    assert full_embedding(whole, vocab) is whole.weight
+    with pytest.raises(ServingConfigError, match="no input embedding"):
+        full_embedding(types.SimpleNamespace(), vocab)
+    quantized = types.SimpleNamespace(weight=full[128:192].to(torch.int8), shard_indices=shard_indices(128, 64, 64),
+                                      tp_group=group)
+    with pytest.raises(ServingConfigError, match="--tp-size 1"):
+        full_embedding(quantized, vocab)
 
 
 def test_static_buffers_take_writes_in_and_out_of_inference_mode():

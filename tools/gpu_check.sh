@@ -44,12 +44,8 @@ O=${OUT:-/tmp/lilicorr_out}
 S=$O/summary.txt
 GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
 STEPS=${1:-install}
-read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
 mkdir -p "$O" "$W"
-T0=$SECONDS
-say() { echo "[t+$((SECONDS - T0))s] $*" | tee -a "$S"; }
-has() { [[ ",$STEPS," == *",$1,"* ]]; }
-fails=()
+source "$TOOLS/check_lib.sh"
 cd /tmp || exit 1  # not the checkout: its plain sglang_lilicorr/ would shadow the installed package (kernels/ maps in at install)
 
 if has install; then
@@ -67,12 +63,7 @@ if has install; then
   say "proposal alone in a CUDA graph (graph_check.py)"
   timeout 180 python3 "$TOOLS/graph_check.py" 2>&1 | tail -n 6 | tee -a "$S" || fails+=(graph_check)
 else
-  if [ ! -f "$SITE/.device_manifest" ]; then
-    echo "gpu_check.sh: $SITE holds no install: a fresh machine, not the one call 1 set up. Run call 1 again, then call 2 at once." >&2
-    exit 3
-  fi
-  case ":${PYTHONPATH:-}:" in *":$SITE:"*) ;; *) export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" ;; esac
-  export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
+  use_install gpu_check.sh
 fi
 
 if has model; then
@@ -98,32 +89,18 @@ if has model; then
   fi
 fi
 
-alive() {  # alive PGID: some process of the group is running (zombies, not yet reaped, do not count)
-  ps -eo pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ {found = 1} END {exit !found}'
-}
 serve() {  # serve NAME PORT CLIENT_ARGS -- SERVER_ARGS: client results in $O/NAME.json, server log in $O/NAME.log
   local name=$1 port=$2 client_args=$3; shift 4
   [ -f "$W/model/config.json" ] || { say "no converted model in $W/model (run the model step)"; return 1; }
-  local log=$O/$name.log rc=1 up=0 t
-  setsid python3 -m sglang.launch_server --model-path "$W/model" --host 127.0.0.1 --port "$port" \
+  local log=$O/$name.log rc=1
+  if start_server "$name" "$port" "$log" --model-path "$W/model" \
     --attention-backend triton --sampling-backend pytorch --grammar-backend none \
-    --mem-fraction-static 0.3 --context-length 2048 --cuda-graph-backend-prefill disabled "$@" > "$log" 2>&1 &
-  local spid=$!
-  t=$SECONDS
-  while (( SECONDS - t < ${TIMEOUT:-330} )); do
-    kill -0 "$spid" 2>/dev/null || { say "$name: server exited during startup"; break; }
-    curl -sf -m 2 "http://127.0.0.1:$port/health" >/dev/null 2>&1 && { up=1; break; }
-    sleep 2
-  done
-  say "$name: startup $((SECONDS - t)) s, up=$up"
-  if [ $up = 1 ]; then
+    --mem-fraction-static 0.3 --context-length 2048 --cuda-graph-backend-prefill disabled "$@"; then
     # shellcheck disable=SC2086
     timeout 300 python3 "$TOOLS/gpu_client.py" "$port" "$W/model" "$O/$name.json" $client_args 2>&1 \
       | tee -a "$S" && rc=0
   fi
-  kill -TERM -- -"$spid" 2>/dev/null
-  for _ in $(seq 20); do alive "$spid" || break; sleep 1; done
-  kill -KILL -- -"$spid" 2>/dev/null; wait "$spid" 2>/dev/null
+  stop_server
   if [ $rc != 0 ]; then
     { echo "--- $name: first traceback / last lines of $log"; grep -m1 -A40 Traceback "$log" | cut -c1-300
       tail -n 25 "$log" | cut -c1-300; } | tee -a "$S"

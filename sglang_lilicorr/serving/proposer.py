@@ -9,6 +9,9 @@ same head module that training uses: on CUDA our Triton kernels (fused top-K/LSE
 lattice-attention and cosine kernels, greedy walk) around cuBLAS GEMMs; elsewhere the PyTorch path. Every step
 is static-shaped and sync-free, so the proposal is captured in SGLang's draft CUDA graph right
 after the draft forward (SGLang calls `__call__` from a capture tail hook and reads `out`).
+Under tensor parallelism (`vocab`: this rank's shard of the LM head) the top-K/LSE is vocabulary-parallel
+(vocab_parallel.py: one all-gather, an exact merge) and the head and walk run on its candidates, replicated on
+every rank: the same inputs on every rank, so the same draft.
 
 The anchor is the drafter-projected target state (fc + hidden_norm) at the last verified token of
 each request. It is kept per request-pool slot (`anchor_table`), published after every prefill
@@ -22,6 +25,7 @@ import torch
 from ..fast_head import FastLiLiCorrSelect
 from ..head import LiLiCorrHead
 from ..select_plan import PYTORCH, HeadGeometry, plans_for
+from .vocab_parallel import ShardedCandidates, VocabShard
 
 
 def last_rows(*, num_rows: int, extend_lens: torch.Tensor | None, commit_lens: torch.Tensor | None) -> torch.Tensor:
@@ -45,9 +49,10 @@ class LiLiCorrProposer:
         self,
         *,
         head: LiLiCorrHead,
-        lm_head_weight: torch.Tensor,  # [V, Hm], the target's real vocabulary rows (no padding)
-        embed_weight: torch.Tensor,  # [V', Hm], V' >= V, the target's input embedding table
+        lm_head_weight: torch.Tensor,  # [V, Hm] the target's real vocabulary rows (no padding); [vocab.size, Hm] its shard
+        embed_weight: torch.Tensor,  # [V', Hm], V' >= V, the target's input embedding table (the whole vocabulary)
         block_size: int,
+        vocab: VocabShard | None = None,  # under tensor parallelism: which rows lm_head_weight holds
     ) -> None:
         cfg = head.config
         if int(block_size) != cfg.block_size:
@@ -56,9 +61,11 @@ class LiLiCorrProposer:
         self.slots = cfg.num_slots
         self.topk = cfg.candidate_topk
         self.lm_head_weight = lm_head_weight
+        self.sharded = None if vocab is None else ShardedCandidates(lm_head_weight, vocab, self.topk)
+        vocab_size = lm_head_weight.shape[0] if vocab is None else vocab.vocab_size
         # Triton kernels only on CUDA: on CPU (tests, TRITON_INTERPRET=1) the PyTorch path is exact and fast.
         plans = None if lm_head_weight.is_cuda else plans_for(HeadGeometry.of(head), PYTORCH)
-        self.select = FastLiLiCorrSelect(head, embed_weight=embed_weight[: lm_head_weight.shape[0]], plans=plans)
+        self.select = FastLiLiCorrSelect(head, embed_weight=embed_weight[:vocab_size], plans=plans)
         self.anchor_table: torch.Tensor | None = None  # [request slots, Hm]
         self.anchors: torch.Tensor | None = None  # [max rows, Hm]
         self.out: torch.Tensor | None = None  # [max rows * S] int64
@@ -75,6 +82,8 @@ class LiLiCorrProposer:
             self.anchors = torch.zeros((int(max_rows), hm), dtype=dtype, device=device)
             self.out = torch.zeros((int(max_rows) * self.slots,), dtype=torch.int64, device=device)
             self.block_row_before = torch.arange(int(max_rows), dtype=torch.int64, device=device) * self.block_size - 1
+        if self.sharded is not None:
+            self.sharded.allocate(int(max_rows) * self.slots)
 
     # --- anchors --------------------------------------------------------------------------
 
@@ -105,7 +114,10 @@ class LiLiCorrProposer:
     @torch.inference_mode()
     def propose(self, pass_hidden: torch.Tensor, anchor_hidden: torch.Tensor) -> torch.Tensor:
         """pass_hidden [b, S, Hm], anchor_hidden [b, Hm] -> draft tokens [b, S] int64."""
-        draft, _, _ = self.select(pass_hidden, anchor_hidden, self.lm_head_weight)
+        if self.sharded is None:
+            draft, _, _ = self.select(pass_hidden, anchor_hidden, self.lm_head_weight)
+        else:
+            draft, _, _ = self.select.select_from_candidates(*self.sharded(pass_hidden), pass_hidden, anchor_hidden)
         return draft
 
     def __call__(self, hidden_states: torch.Tensor, input_ids: torch.Tensor | None = None) -> None:

@@ -60,11 +60,11 @@ def target_text_config(args) -> Any:
 # has not been built or tested for; SGLang's own checks would fail later and less clearly.
 _UNSUPPORTED = (
     ("--attn-dp-size > 1 / --enable-dp-attention", lambda a: bool(a.enable_dp_attention) or (a.attn_dp_size or 1) > 1,
-     "serve without DP attention (one server per GPU behind a router scales out instead)"),
-    ("--tp-size > 1", lambda a: a.tp_size != 1,
-     "the fused top-K reads the whole LM head on one GPU; serve with --tp-size 1 (or use DFLASH)"),
-    ("--pp-size > 1", lambda a: a.pp_size != 1, "serve with --pp-size 1"),
-    ("--attn-cp-size > 1", lambda a: a.attn_cp_size != 1, "serve with --attn-cp-size 1"),
+     "serve without DP attention: --tp-size N shards the model over N GPUs, --dp-size N runs N replicas"),
+    ("--pp-size > 1", lambda a: a.pp_size != 1,
+     "serve with --pp-size 1 (SGLang's DFLASH refuses pipeline parallelism too); --tp-size N spreads the model over N GPUs"),
+    ("--attn-cp-size > 1", lambda a: a.attn_cp_size != 1,
+     "serve with --attn-cp-size 1; --tp-size N spreads the model over N GPUs"),
     ("--disaggregation-mode", lambda a: a.disaggregation_mode not in (None, "null"),
      "serve LILICORR without prefill/decode disaggregation"),
     ("--enable-unified-memory", lambda a: bool(a.enable_unified_memory), "drop --enable-unified-memory"),
@@ -117,6 +117,32 @@ def check_draft_attention_backend(args) -> None:
         )
 
 
+def tensor_parallel_problems(heads: int, kv_heads: int, intermediate: int, tp_size: int) -> list[str]:
+    """Why each draft shape that SGLang's DFlash draft shards over the TP ranks does not fit tp_size (its attention
+    asserts the heads, its MLP the intermediate size); [] when all fit."""
+    kv_fits = kv_heads % tp_size == 0 if kv_heads >= tp_size else tp_size % kv_heads == 0
+    return [
+        *([f"num_attention_heads={heads} is not divisible by {tp_size}"] if heads % tp_size else []),
+        *([f"num_key_value_heads={kv_heads} neither divides nor is divisible by {tp_size}"] if not kv_fits else []),
+        *([f"intermediate_size={intermediate} is not divisible by {tp_size} (lilicorr train --draft-intermediate-size)"]
+          if intermediate % tp_size else []),
+    ]
+
+
+def check_tensor_parallel(spec: DraftSpec, tp_size: int) -> None:
+    """--tp-size against the draft's heads, KV heads and MLP width; the message lists the TP sizes that fit."""
+    config = spec.config
+    heads = int(config["num_attention_heads"])
+    kv_heads, intermediate = int(config.get("num_key_value_heads") or heads), int(config["intermediate_size"])
+    problems = tensor_parallel_problems(heads, kv_heads, intermediate, tp_size)
+    if problems:
+        fits = [n for n in range(1, heads + 1) if not tensor_parallel_problems(heads, kv_heads, intermediate, n)]
+        raise ServingConfigError(
+            f"--tp-size {tp_size} does not fit the draft, which SGLang's DFlash draft shards over the TP ranks: "
+            f"{'; '.join(problems)}. Serve with --tp-size in {fits}, or with a draft whose shapes divide by {tp_size}."
+        )
+
+
 def check_block_size(spec: DraftSpec, args) -> None:
     for option, value in (("--speculative-num-draft-tokens", args.speculative_num_draft_tokens),
                           ("--speculative-dflash-block-size", args.speculative_dflash_block_size)):
@@ -148,6 +174,7 @@ def validate_server_args(args) -> None:
     check_before_start()
     path = draft_path(args)
     spec = inspect_draft(path, served_target(args))
+    check_tensor_parallel(spec, int(args.tp_size))
     check_block_size(spec, args)
 
 

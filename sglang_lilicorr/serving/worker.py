@@ -8,6 +8,10 @@ exact rejection sampling with the drafted block as a deterministic proposal, q =
 drafted token, where SGLang has it: verification.py says which at start-up, and refuses what it
 cannot verify), acceptance, commit and the per-request spec stats in `meta_info`.
 
+Under --tp-size N each rank proposes from its shard of the target's LM head: the top-K/LSE is merged over the TP
+group (vocab_parallel.py, one all-gather), the head and walk run replicated on the merged candidates, and the token
+table is built from the input embedding gathered once (`full_embedding`). README section "Tensor parallelism".
+
 What it overrides (all methods of the DFlash worker, no SGLang source touched):
   _maybe_build_draft_sampler     -> our LiLiCorrProposer: SGLang captures it into the draft graph
   _greedy_sample_from_vocab_parallel_head
@@ -33,12 +37,14 @@ from .models.lilicorr_draft import LiLiCorrDraftModel
 from .proposer import LiLiCorrProposer
 from .server_args import ServingConfigError
 from .verification import Verification, install_request_refusal
+from .vocab_parallel import VocabShard
 
 logger = logging.getLogger(__name__)
 
 
-def dense_lm_head_weight(lm_head, vocab_size: int) -> torch.Tensor:
-    """The target LM head's [V, Hm] weight over the real vocabulary (padding rows dropped)."""
+def lm_head_rows(lm_head, vocab_size: int, tp_group) -> tuple[torch.Tensor, VocabShard | None]:
+    """This rank's rows of the target LM head over the real vocabulary (padding rows dropped): [V, Hm] and None
+    where the rank holds the whole vocabulary; under tensor parallelism its shard [n, Hm] and which ids it holds."""
     weight = getattr(lm_head, "weight", None)
     if not is_dense_head_weight(weight):
         raise ServingConfigError(
@@ -50,9 +56,32 @@ def dense_lm_head_weight(lm_head, vocab_size: int) -> torch.Tensor:
         raise ServingConfigError(
             f"{ALGORITHM_NAME} does not support an added vocabulary on the target LM head (LoRA extra vocab)."
         )
+    if shard is not None and int(shard.num_org_elements) < vocab_size:  # vocabulary-parallel: rank r's contiguous ids
+        start, size = int(shard.org_vocab_start_index), int(shard.num_org_elements)
+        return weight[:size], VocabShard(start, size, vocab_size, int(tp_group.world_size), tp_group.all_gather_into_tensor)
     if weight.shape[0] < vocab_size:
         raise ServingConfigError(f"target LM head has {weight.shape[0]} rows for a {vocab_size}-token vocabulary.")
-    return weight[:vocab_size]
+    return weight[:vocab_size], None
+
+
+def full_embedding(embed, vocab_size: int) -> torch.Tensor:
+    """The target's input embedding over the whole vocabulary [>= V, Hm] (the head's token table reads every row):
+    a vocabulary-parallel one is all-gathered over its TP group, once (rank r's padded rows follow rank r - 1's)."""
+    weight = getattr(embed, "weight", None)
+    if weight is None:
+        raise ServingConfigError(f"{ALGORITHM_NAME}: the target exposes no input embedding table.")
+    shard = getattr(embed, "shard_indices", None)
+    if shard is not None and int(shard.num_org_elements) < vocab_size:
+        if int(shard.num_added_elements) != 0 or not is_dense_head_weight(weight):
+            raise ServingConfigError(
+                f"{ALGORITHM_NAME}: the target's vocabulary-parallel input embedding is quantized or holds an added "
+                "vocabulary; serve this target with --tp-size 1 or use DFLASH."
+            )
+        with torch.no_grad():
+            weight = embed.tp_group.all_gather(weight, dim=0)  # [ranks * padded shard, Hm]: global ids in order
+    if weight.shape[0] < vocab_size:
+        raise ServingConfigError(f"the target's input embedding has {weight.shape[0]} rows for a {vocab_size}-token vocabulary.")
+    return weight
 
 
 class LiLiCorrWorker(DFlashWorkerV2):
@@ -63,25 +92,24 @@ class LiLiCorrWorker(DFlashWorkerV2):
                 f"{ALGORITHM_NAME}: the draft loaded as {type(self.draft_model).__name__}, not LiLiCorrDraftModel; "
                 'its config.json must declare architectures ["LiLiCorrDraftModel"].'
             )
-        if get_parallel().tp_size != 1:
-            raise ServingConfigError(f"{ALGORITHM_NAME} serves with --tp-size 1 only.")
         target_model = self.model_runner.model
-        embed = target_model.get_input_embeddings()
-        if getattr(embed, "weight", None) is None:
-            raise ServingConfigError(f"{ALGORITHM_NAME}: the target exposes no input embedding table.")
+        vocab_size = int(self.model_runner.model_config.vocab_size)
+        lm_head_weight, vocab = lm_head_rows(unwrap_lora_layer(target_model.lm_head), vocab_size, get_parallel().tp_group)
         self.proposer = LiLiCorrProposer(
             head=self.draft_model.lilicorr_head,
-            lm_head_weight=dense_lm_head_weight(
-                unwrap_lora_layer(target_model.lm_head), int(self.model_runner.model_config.vocab_size)
-            ),
-            embed_weight=embed.weight,
+            lm_head_weight=lm_head_weight,
+            embed_weight=full_embedding(target_model.get_input_embeddings(), vocab_size),
             block_size=int(self.block_size),
+            vocab=vocab,
         )
         self._batch_slots: torch.Tensor | None = None  # req_pool_indices of the batch in flight
         self._warned_eager = False
         logger.info(
-            "%s worker ready: block_size=%d, K=%d, head width=%d.",
+            "%s worker ready: block_size=%d, K=%d, head width=%d, %s.",
             ALGORITHM_NAME, self.proposer.block_size, self.proposer.topk, self.draft_model.lilicorr_head.width,
+            "whole LM head on this rank" if vocab is None else
+            f"LM head ids {vocab.start}..{vocab.start + vocab.size - 1} of {vocab.vocab_size} on this rank, top-K/LSE merged "
+            f"over {vocab.ranks} ranks, head and walk replicated",
         )
         self.verification = Verification.detect()
         logger.log(logging.INFO if self.verification.exact_sampling else logging.WARNING, self.verification.startup_line())

@@ -69,10 +69,13 @@ class Example:
     loss_mask: torch.Tensor  # [T] bool
 
 
-def load_conversations(path: str | Path, tokenizer, max_length: int, chat_kwargs: Mapping[str, Any]) -> list[Example]:
+def load_conversations(
+    path: str | Path, tokenizer, max_length: int, chat_kwargs: Mapping[str, Any], write_cache: bool = True
+) -> list[Example]:
     """Tokenized, truncated examples with at least one block anchor (two adjacent supervised tokens).
     The result is cached beside the file (`<file>.tokens.pt`, keyed by the file's bytes, the tokenizer,
-    its chat template and these options), and large files are tokenized by a pool of processes."""
+    its chat template and these options; written only with `write_cache`: by one process of a
+    data-parallel run), and large files are tokenized by a pool of processes."""
     path = Path(path)
     key = _cache_key(path, tokenizer, max_length, chat_kwargs)
     cache = path.with_name(path.name + ".tokens.pt")
@@ -101,6 +104,8 @@ def load_conversations(path: str | Path, tokenizer, max_length: int, chat_kwargs
             f"{path}: no usable training conversation (each needs an assistant turn of at least 2 tokens within "
             f"max_length={max_length}); run `lilicorr regenerate` first or check the file."
         )
+    if not write_cache:
+        return examples
     lengths = torch.tensor([len(e.input_ids) for e in examples])
     tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
     try:

@@ -47,25 +47,40 @@ class JointOutput:
         return pooled_metrics([self])
 
 
-def pooled_metrics(outputs: list[JointOutput]) -> dict[str, float]:
-    """Metrics of several forwards as one: per-slot top-1 from summed hits, acceptance over all
-    blocks, losses and coverage weighted by each forward's blocks."""
-    weights = [max(o.blocks, 1) for o in outputs]
-    total = sum(weights)
-    out: dict[str, float] = {}
-    for o, w in zip(outputs, weights):
+def metric_sums(outputs: list[JointOutput]) -> dict[str, tuple[float, float]]:
+    """Every metric of several forwards as (numerator, denominator) sums, which forwards on other ranks add to:
+    losses and coverage weighted by each forward's blocks, per-slot top-1 as hits over counts, acceptance over
+    blocks."""
+    sums: dict[str, tuple[float, float]] = {}
+
+    def add(name: str, numerator: float, denominator: float) -> None:
+        n, d = sums.get(name, (0.0, 0.0))
+        sums[name] = (n + numerator, d + denominator)
+
+    for o in outputs:
+        w = max(o.blocks, 1)
         for k, v in o.terms.scalars().items():
-            out[f"loss/{k}"] = out.get(f"loss/{k}", 0.0) + v * w / total
+            add(f"loss/{k}", v * w, w)
         for k, v in o.coverage.items():
-            out[f"coverage/{k}"] = out.get(f"coverage/{k}", 0.0) + float(v) * w / total
-    for name, hits, counts in (("draft", "draft_hits", "valid_counts"), ("reranker", "reranker_hits", "prefix_counts")):
-        if getattr(outputs[0], hits) is not None:
-            acc = sum(getattr(o, hits) for o in outputs) / sum(getattr(o, counts) for o in outputs).float()
-            out.update({f"top1_{name}/slot{s + 1}": float(a) for s, a in enumerate(acc.tolist())})
-    out["accept_len/draft_argmax"] = float(torch.cat([o.accept_draft for o in outputs]).float().mean())
-    if outputs[0].accept_walk is not None:
-        out["accept_len/lilicorr_walk"] = float(torch.cat([o.accept_walk for o in outputs]).float().mean())
-    return out
+            add(f"coverage/{k}", float(v) * w, w)
+        for name, hits, counts in (("draft", o.draft_hits, o.valid_counts), ("reranker", o.reranker_hits, o.prefix_counts)):
+            if hits is not None:
+                for s, (h, c) in enumerate(zip(hits.tolist(), counts.tolist())):
+                    add(f"top1_{name}/slot{s + 1}", h, c)
+        for name, accept in (("draft_argmax", o.accept_draft), ("lilicorr_walk", o.accept_walk)):
+            if accept is not None:
+                add(f"accept_len/{name}", float(accept.sum()), accept.numel())
+    return sums
+
+
+def ratios(sums: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """metric_sums -> the metrics (NaN where nothing was counted)."""
+    return {k: n / d if d else float("nan") for k, (n, d) in sums.items()}
+
+
+def pooled_metrics(outputs: list[JointOutput]) -> dict[str, float]:
+    """Metrics of several forwards as one (metric_sums)."""
+    return ratios(metric_sums(outputs))
 
 
 def acceptance_length(drafted: torch.Tensor, greedy: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

@@ -11,9 +11,9 @@
 
 Every directory is written under a temporary name and renamed when complete; `latest` is
 replaced atomically after it, so an interrupted save never looks like a checkpoint. On resume
-(`resume_point`) the temporaries a kill left behind are removed, a latest checkpoint that does
-not load gives way to the newest one that does (with a warning), and metrics rows past the
-resumed step are dropped, so a resumed run logs every step once.
+the temporaries a kill left behind are removed (`remove_orphans`, by rank 0 alone), a latest
+checkpoint that does not load gives way to the newest one that does (`resume_point`, with a
+warning), and metrics rows past the resumed step are dropped, so a resumed run logs every step once.
 """
 from __future__ import annotations
 
@@ -101,8 +101,8 @@ def remove_orphans(output_dir: str | Path) -> list[Path]:
 
 def resume_point(output_dir: str | Path, warn=print) -> tuple[Path, tuple] | None:
     """The newest checkpoint that loads, read (`read_training_checkpoint`), or None for a fresh
-    run. Orphans are removed first; a checkpoint that does not load is skipped with a warning."""
-    remove_orphans(output_dir)
+    run; a checkpoint that does not load is skipped with a warning. Reads only: the process that
+    writes the run removes the orphans first (`remove_orphans`)."""
     for path in complete_checkpoints(output_dir):
         try:
             return path, read_training_checkpoint(path)

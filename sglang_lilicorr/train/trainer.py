@@ -5,6 +5,14 @@ Optimisation: AdamW with two groups (drafter, head), cosine schedule with linear
 gradient-norm clip, bf16 autocast over fp32 master weights, optional gradient accumulation.
 gamma = 0 trains plain DFlash (no head is built and the export is a vanilla draft).
 
+The global batch of a step is batch_size x grad_accum x ranks sequences, cut into grad_accum x ranks
+micro-batches: micro-batch j = rank + ranks * micro holds the step's sequences j, j + G, j + 2G, ...
+(G = grad_accum x ranks) and draws its anchors from seed step * G + j, so any split of one global batch
+between ranks and accumulation trains on the same micro-batches and the same gradient (the mean of their
+objectives), up to float summation order. Its logged training metrics are pooled over the whole global
+batch (every micro-batch of every rank, weighted by blocks), and tokens/s counts every rank's tokens.
+Only rank 0 writes: checkpoints, snapshots, metrics, and the clean-up of an interrupted save.
+
 Every `eval_every` steps the held-out conversations are evaluated (losses, per-slot top-1 of the
 drafter and the reranker, teacher-forced acceptance) and, when they carry the target's own ids
 (`lilicorr regenerate` output), replayed for the exact T = 0 tau of the argmax block and the
@@ -36,12 +44,13 @@ from ..reference.propose import BlockProposer
 from ..reference.replay import Replayer, pooled_tau
 from .config import TrainConfig
 from .data import DataError, Example, collate, epoch_batches, load_conversations, read_jsonl
-from .joint import JointModel, pooled_metrics
+from .joint import JointModel, metric_sums, pooled_metrics, ratios
 from .prompts import check_disjoint, eval_guard
 from .state import (
     OPTIMIZER_FILE,
     check_resume_compatible,
     prune_checkpoints,
+    remove_orphans,
     resume_point,
     save_snapshot,
     save_training_checkpoint,
@@ -140,9 +149,9 @@ def held_out_turns(path: str, limit: int) -> list[tuple[list[int], list[int]]]:
     return turns[:limit]
 
 
-def split_eval(examples: list[Example], cfg: TrainConfig, tokenizer) -> tuple[list[Example], list[Example]]:
+def split_eval(examples: list[Example], cfg: TrainConfig, tokenizer, write_cache: bool) -> tuple[list[Example], list[Example]]:
     if cfg.eval_data:
-        held = load_conversations(cfg.eval_data, tokenizer, cfg.max_length, cfg.chat_template_kwargs)
+        held = load_conversations(cfg.eval_data, tokenizer, cfg.max_length, cfg.chat_template_kwargs, write_cache)
         seen = {tuple(e.input_ids.tolist()) for e in examples}
         if any(tuple(e.input_ids.tolist()) in seen for e in held):
             raise DataError(f"{cfg.eval_data}: evaluation conversations also occur in {cfg.data}; held-out data must not be training data.")
@@ -164,6 +173,19 @@ def on_every_rank(flag: bool, world: int, device) -> bool:
     t = torch.tensor([0.0 if flag else 1.0], device=device)
     dist.all_reduce(t)
     return t.item() == 0
+
+
+def global_batch_metrics(outputs: list, tokens: int, env: "Distributed") -> tuple[dict[str, float], int]:
+    """This rank's micro-batch outputs of a step and its token count since the last log -> the step's metrics pooled
+    over every rank's micro-batches (their metric_sums added in one all-reduce) and every rank's tokens."""
+    sums = metric_sums(outputs)
+    if env.world > 1:
+        names = sorted(sums)
+        flat = torch.tensor([x for n in names for x in sums[n]] + [float(tokens)], dtype=torch.float64, device=env.device)
+        dist.all_reduce(flat)
+        values = flat.tolist()
+        sums, tokens = {n: (values[2 * i], values[2 * i + 1]) for i, n in enumerate(names)}, int(values[-1])
+    return ratios(sums), tokens
 
 
 # --- the loop ------------------------------------------------------------------------------
@@ -231,8 +253,8 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     drafter_cfg = drafter_config_for(model, tokenizer, cfg)
     head_cfg = cfg.head_config(drafter_cfg.block_size, drafter_cfg.rms_norm_eps)
     target = FrozenTarget(model, drafter_cfg.target_layer_ids)
-    examples = load_conversations(cfg.data, tokenizer, cfg.max_length, cfg.chat_template_kwargs)
-    train_set, eval_set = split_eval(examples, cfg, tokenizer)
+    examples = load_conversations(cfg.data, tokenizer, cfg.max_length, cfg.chat_template_kwargs, write_cache=env.main)
+    train_set, eval_set = split_eval(examples, cfg, tokenizer, write_cache=env.main)
     turns = held_out_turns(cfg.eval_data, cfg.eval_examples) if cfg.eval_data else []
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
@@ -247,6 +269,9 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     out_dir = Path(cfg.output_dir)
     step = 0
 
+    if cfg.resume and env.main:
+        remove_orphans(out_dir)  # what a kill mid-save left behind; the other ranks wait, then read
+    env.barrier()
     found = resume_point(out_dir, warn=lambda m: print(m, file=sys.stderr)) if cfg.resume else None
     if found is not None:
         path, (state, _, _, tensors) = found
@@ -285,11 +310,11 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         trainable.train()
         optimizer.zero_grad(set_to_none=True)
         timer.start_step()
-        finite = True
+        finite, outputs = True, []
         for micro in range(cfg.grad_accum):
-            part = ids[micro * cfg.batch_size : (micro + 1) * cfg.batch_size]
+            part = ids[micro :: cfg.grad_accum]  # global micro-batch env.rank + env.world * micro (module docstring)
             batch = {k: v.to(env.device) for k, v in collate([train_set[i] for i in part], pad_id).items()}
-            anchors, valid = anchors_for(batch, cfg.num_anchors, cfg.seed * 7919 + (step * env.world + env.rank) * cfg.grad_accum + micro)
+            anchors, valid = anchors_for(batch, cfg.num_anchors, cfg.seed * 7919 + (step * cfg.grad_accum + micro) * env.world + env.rank)
             sync = micro == cfg.grad_accum - 1 or env.world == 1  # DDP reduces gradients on the last micro-step only
             with contextlib.nullcontext() if sync else trainable.no_sync():
                 with autocast:
@@ -297,7 +322,8 @@ def train(cfg: TrainConfig) -> dict[str, float]:
                 (out.terms.total / cfg.grad_accum).backward()
             timer.mark("backward")
             finite &= bool(torch.isfinite(out.terms.total.detach()))
-            tokens += int(batch["attention_mask"].sum()) * env.world
+            tokens += int(batch["attention_mask"].sum())
+            outputs.append(out)
         grad_norm = torch.nn.utils.clip_grad_norm_(joint.parameters(), cfg.grad_clip)
         if on_every_rank(finite and bool(torch.isfinite(grad_norm)), env.world, env.device):
             optimizer.step()
@@ -324,10 +350,11 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         if step % cfg.log_every == 0 or evaluating:
             elapsed = time.perf_counter() - window_start
             steps_in_window = timer.steps
+            step_metrics, tokens = global_batch_metrics(outputs, tokens, env)
             last = {"step": step, "total_steps": total, "epoch": epoch, "grad_norm": float(grad_norm), "tokens_per_s": tokens / max(elapsed, 1e-9),
                     "skipped_steps": bad, "time/wall_ms": 1e3 * elapsed / max(steps_in_window, 1), **timer.window()}
             last.update({f"lr/{g['name']}": g["lr"] for g in optimizer.param_groups})
-            last.update(out.metrics())
+            last.update(step_metrics)
             if evaluating:
                 t_eval = time.perf_counter()
                 last.update(evaluate(weights))

@@ -1,0 +1,85 @@
+"""Top-K + logsumexp of logits rows whose vocabulary is split into contiguous shards, one per tensor-parallel rank
+(SGLang's vocabulary-parallel LM head), merged exactly into what `topk_lse` gives on the whole row.
+
+Each rank turns its shard's logits [N, n] into *partials* [N, k + 1] int64 (`shard_partials`): its k best
+elements as ordering keys (the keys of `topk_lse_fused.py`: the fp32 value's order-preserving bits in the high word,
+2^31-1-global id in the low word, so "larger value first, then lower global id first" is "larger key first", and
+-0.0 ties with +0.0) and its shard's logsumexp (fp32 bits) in the last column. One all-gather of the partials
+(k + 1 int64 per row per rank) gives every rank the same [ranks, N, k + 1] tensor, which `merge_partials` turns
+into (vals, ids, lse) on every rank alike: the k largest keys of all ranks and the logsumexp of the ranks' lse.
+
+Exactness: the global top-k is among the union of the shards' top-k (an element ranked below k others of its own
+shard is ranked below them globally), and keys are unique, so vals and ids equal the unsharded `topk_lse`'s bit for
+bit, ties across shard borders included. The lse is the same quantity summed in another order: equal to the
+unsharded one within fp32 rounding (exact where it is -inf). A shard with fewer than k real entries (the last ranks
+of a small vocabulary, SGLang's padding dropped) fills its partials with SENTINEL keys, below every real key; the
+merge never returns one while the whole vocabulary holds at least k entries.
+
+torch ops only, static shapes, no host syncs: capturable in a CUDA graph with the all-gather between the two calls.
+"""
+from __future__ import annotations
+
+import torch
+
+from .topk_lse import topk_lse
+
+SENTINEL = -(2**63)  # below every ordering key: an empty slot of a shard with fewer than k entries
+_LOW = 0x7FFFFFFF  # the low word holds 2^31-1 - id
+
+
+def order_keys(vals: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """vals fp32, ids int64 (same shape; ids < 2^31) -> int64 keys, larger = ranked first."""
+    bits = torch.where(vals == 0, torch.zeros_like(vals), vals).view(torch.int32)  # -0.0 ties with +0.0
+    bits = torch.where(bits >= 0, bits, bits ^ _LOW)
+    return (bits.to(torch.int64) << 32) | (_LOW - ids)
+
+
+def key_values(keys: torch.Tensor) -> torch.Tensor:
+    """int64 keys -> their fp32 values."""
+    bits = (keys >> 32).to(torch.int32)
+    return torch.where(bits >= 0, bits, bits ^ _LOW).view(torch.float32)
+
+
+def key_ids(keys: torch.Tensor) -> torch.Tensor:
+    """int64 keys -> their int64 ids."""
+    return _LOW - (keys & _LOW)
+
+
+def shard_partials(logits: torch.Tensor, k: int, vocab_start: int, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """logits [N, n] of one shard (global ids vocab_start .. vocab_start + n - 1; n may be below k, or 0)
+    -> partials int64 [N, k + 1] (written into `out` if given): the shard's k best keys, descending (SENTINEL past
+    its n entries), then its logsumexp's fp32 bits."""
+    if logits.dim() != 2 or not logits.is_floating_point():
+        raise ValueError(f"shard_partials: logits must be a float [N, n] shard, got {tuple(logits.shape)} {logits.dtype}")
+    n_rows, n = logits.shape
+    if out is None:
+        out = torch.empty((n_rows, k + 1), dtype=torch.int64, device=logits.device)
+    elif out.shape != (n_rows, k + 1) or out.dtype != torch.int64:
+        raise ValueError(f"shard_partials: out must be int64 [{n_rows}, {k + 1}], got {tuple(out.shape)} {out.dtype}")
+    local = min(k, n)
+    if local == 0:  # no entry of the vocabulary on this shard
+        out[:, :k].fill_(SENTINEL)
+        out[:, k].copy_(_lse_bits(torch.full((n_rows,), float("-inf"), device=logits.device)))
+        return out
+    vals, ids, lse = topk_lse(logits, local)
+    out[:, :local].copy_(order_keys(vals, ids + vocab_start))
+    out[:, local:k].fill_(SENTINEL)
+    out[:, k].copy_(_lse_bits(lse))
+    return out
+
+
+def merge_partials(gathered: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """gathered int64 [ranks, N, k + 1] (every rank's `shard_partials`, in any rank order) -> (vals fp32 [N, k]
+    descending, ids int64 [N, k], lse fp32 [N]): what topk_lse gives on the unsharded rows."""
+    if gathered.dim() != 3 or gathered.shape[2] != k + 1 or gathered.dtype != torch.int64:
+        raise ValueError(f"merge_partials: gathered must be int64 [ranks, N, {k + 1}], got {tuple(gathered.shape)} {gathered.dtype}")
+    ranks, n_rows = gathered.shape[:2]
+    keys = gathered[:, :, :k].permute(1, 0, 2).reshape(n_rows, ranks * k)
+    top = torch.topk(keys, k, dim=1).values  # unique keys: one order, descending
+    lse = torch.logsumexp(gathered[:, :, k].to(torch.int32).view(torch.float32), dim=0)
+    return key_values(top), key_ids(top), lse
+
+
+def _lse_bits(lse: torch.Tensor) -> torch.Tensor:
+    """fp32 [N] -> int64 [N] holding its bits (sign-extended; `merge_partials` reads the low 32)."""
+    return lse.float().view(torch.int32).to(torch.int64)

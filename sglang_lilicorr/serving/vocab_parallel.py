@@ -1,0 +1,74 @@
+"""The candidates of the draft block under tensor parallelism, where each rank holds a contiguous shard of the
+target's LM head (SGLang's vocabulary-parallel head, padding rows dropped):
+
+  pass_hidden [b, S, Hm] --this rank's LM head rows--> logits [b*S, n] --top-K/LSE--> partials [b*S, K+1]
+  --all-gather over the TP group--> [ranks, b*S, K+1] --merge--> vals [b, S, K], ids [b, S, K], lse [b, S]
+
+on every rank alike, equal to the TP = 1 candidates (kernels/topk_shards.py: vals and ids bit for bit, lse within
+fp32 rounding). One all-gather of K + 1 int64 per slot per rank; the head and walk then run replicated on every
+rank. The gather is the TP group's `all_gather_into_tensor(out, inp)` (SGLang's, which its DFlash draft sampler
+also calls inside the draft CUDA graph); its output and the partials are static buffers, so replays reuse them.
+Imports no sglang: the tests run it on gloo ranks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..kernels.topk_shards import merge_partials, shard_partials
+
+Gather = Callable[[torch.Tensor, torch.Tensor], None]  # all_gather_into_tensor(out [ranks * n, ...], inp [n, ...])
+
+
+@dataclass(frozen=True)
+class VocabShard:
+    """This rank's part of the LM head's vocabulary: global ids start .. start + size - 1 of vocab_size."""
+
+    start: int
+    size: int
+    vocab_size: int
+    ranks: int
+    gather: Gather
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.start and 0 <= self.size and self.start + self.size <= self.vocab_size and self.ranks >= 1):
+            raise ValueError(
+                f"VocabShard: ids {self.start}..{self.start + self.size - 1} of a {self.vocab_size}-token vocabulary "
+                f"over {self.ranks} ranks is not a shard of it."
+            )
+
+
+class ShardedCandidates:
+    """candidates(pass_hidden [b, S, Hm]) -> (vals fp32 [b, S, K], ids int64 [b, S, K], lse fp32 [b, S])."""
+
+    def __init__(self, weight: torch.Tensor, shard: VocabShard, topk: int) -> None:
+        if weight.dim() != 2 or weight.shape[0] != shard.size:
+            raise ValueError(f"ShardedCandidates: the LM head shard is {tuple(weight.shape)}, expected [{shard.size}, Hm].")
+        if topk > shard.vocab_size:
+            raise ValueError(f"ShardedCandidates: K={topk} candidates from a {shard.vocab_size}-token vocabulary.")
+        self.weight, self.shard, self.topk = weight, shard, topk
+        self.partials: torch.Tensor | None = None  # [max slots, K+1] int64
+        self.gathered: torch.Tensor | None = None  # [ranks * max slots, K+1] int64
+
+    def allocate(self, max_slots: int) -> None:
+        """Static buffers for calls of at most max_slots = rows * S slots."""
+        shape, device = (int(max_slots), self.topk + 1), self.weight.device
+        with torch.inference_mode(False):
+            self.partials = torch.empty(shape, dtype=torch.int64, device=device)
+            self.gathered = torch.empty((self.shard.ranks * shape[0], shape[1]), dtype=torch.int64, device=device)
+
+    def __call__(self, pass_hidden: torch.Tensor):
+        b, s, hm = pass_hidden.shape
+        n = b * s
+        if self.partials is None or n > self.partials.shape[0]:
+            raise RuntimeError(f"ShardedCandidates: {n} slots, but allocate() sized it for "
+                               f"{0 if self.partials is None else self.partials.shape[0]}.")
+        logits = F.linear(pass_hidden.reshape(n, hm).to(self.weight.dtype), self.weight)  # [b*S, n_shard]
+        partials = shard_partials(logits, self.topk, self.shard.start, out=self.partials[:n])
+        gathered = self.gathered[: self.shard.ranks * n]
+        self.shard.gather(gathered, partials)
+        vals, ids, lse = merge_partials(gathered.view(self.shard.ranks, n, self.topk + 1), self.topk)
+        return vals.view(b, s, self.topk), ids.view(b, s, self.topk), lse.view(b, s)

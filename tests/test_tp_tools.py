@@ -1,0 +1,174 @@
+"""The multi-GPU check's tools on CPU (tools/tp_check.sh runs them on the GPU machine): tp_models.py writes a target
+and drafts that SGLang's resolution serves at TP = 1, 2, 4 and 8 and that `lilicorr train` trains under torchrun; the
+proposal probe records a worker's first blocks; tp_compare.py's reports and verdicts."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOLS = ROOT / "tools"
+sys.path.insert(0, str(TOOLS))
+
+import tp_compare  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """tp_models.py at a small width, with its default head counts (16 heads, 8 KV heads, MLP 2816)."""
+    import tp_models
+
+    out = tmp_path_factory.mktemp("tp_models")
+    tp_models.main([str(out), "--vocab", "1024", "--hidden", "128", "--layers", "4", "--conversations", "24"])
+    return out
+
+
+def test_models_are_served_at_every_tp_degree(models):
+    pytest.importorskip("sglang")
+    from test_plugin import resolve
+
+    from sglang_lilicorr.serving.draft_check import TargetShape, examine_draft
+    from sglang_lilicorr.serving.plugin import register
+
+    register()
+    target = json.loads((models / "target" / "config.json").read_text())
+    assert not examine_draft(models / "lilicorr_draft", TargetShape.of(target)).problems
+    for tp in (1, 2, 4, 8):
+        assert resolve(models / "target", "--tp-size", tp, draft=models / "lilicorr_draft").tp_size == tp
+    assert json.loads((models / "dflash_draft" / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
+    rows = [json.loads(line) for line in (models / "conversations.jsonl").read_text().splitlines()]
+    assert len(rows) == 24 and rows[0]["messages"][1]["role"] == "assistant"
+
+
+def test_the_plans_training_command_runs_under_torchrun(models, tmp_path):
+    """The GPU plan's `torchrun ... -m sglang_lilicorr.cli train` on the tp_models output, on 2 gloo ranks."""
+    run = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29431", "-m", "sglang_lilicorr.cli",
+         "train", "--target", str(models / "target"), "--data", str(models / "conversations.jsonl"), "--output-dir", str(run),
+         "--batch-size", "1", "--grad-accum", "2", "--max-steps", "2", "--max-length", "96", "--log-every", "1",
+         "--eval-examples", "2", "--mask-token", "<|mask|>", "--no-bf16", "--head-hidden-size", "32", "--head-layers", "1",
+         "--head-heads", "4", "--factor-dim", "16", "--num-anchors", "4"],
+        check=True, capture_output=True, timeout=600, env=env, cwd=tmp_path,
+    )
+    rows = tp_compare.jsonl(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2] and rows[-1]["tokens_per_s"] > 0
+
+
+def test_probe_records_the_first_block_after_each_prefill(tmp_path, monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("proposal_probe", TOOLS / "proposal_probe" / "sitecustomize.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)  # inactive here: no LILICORR_PROBE_DIR in this process
+
+    pytest.importorskip("sglang")
+    import sglang.srt.runtime_context as runtime
+
+    monkeypatch.setattr(runtime, "get_parallel", lambda: types.SimpleNamespace(tp_rank=1))
+
+    class Worker:
+        def __init__(self):
+            self.proposer = types.SimpleNamespace(out=torch.arange(12), slots=3)
+
+        def forward_batch_generation(self, batch):
+            return "result"
+
+    def batch(mode: str, size: int = 1):
+        forward = types.SimpleNamespace(is_extend=lambda: mode == "extend", is_idle=lambda: mode == "idle")
+        return types.SimpleNamespace(forward_mode=forward, is_extend_in_batch=False, req_pool_indices=list(range(size)))
+
+    probe.record_first_blocks(Worker, str(tmp_path))
+    worker = Worker()
+    for mode in ("extend", "decode", "decode", "extend", "idle", "decode"):
+        assert worker.forward_batch_generation(batch(mode)) == "result"
+        worker.proposer.out = worker.proposer.out + 100
+    rows = tp_compare.jsonl(tmp_path / "proposals_rank1.jsonl")
+    assert [r["request"] for r in rows] == [0, 1] and rows[0]["draft"] == [100, 101, 102] and rows[1]["draft"] == [500, 501, 502]
+
+
+def test_probe_installs_itself_in_a_process_that_imports_the_worker(tmp_path):
+    pytest.importorskip("sglang")
+    env = dict(os.environ, LILICORR_PROBE_DIR=str(tmp_path / "probe"),
+               PYTHONPATH=os.pathsep.join([str(TOOLS / "proposal_probe"), os.environ.get("PYTHONPATH", "")]))
+    code = "import sglang_lilicorr.serving.worker as w; print(w.LiLiCorrWorker.forward_batch_generation.__module__)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600, check=True)
+    assert out.stdout.strip() == "sitecustomize" and (tmp_path / "probe").is_dir()
+
+
+def write_probe(folder: Path, rank: int, blocks: list[list[int]]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [{"request": i, "batch": 1, "draft": b} for i, b in enumerate(blocks)] + [{"request": 9, "batch": 4, "draft": [0]}]
+    (folder / f"proposals_rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def client_records(accept: float, verify_ct: int, tokens: int) -> list[dict]:
+    meta = {"spec_verify_ct": verify_ct, "spec_accept_length": accept, "completion_tokens": tokens}
+    return [{"phase": "greedy", "meta": meta, "latency_s": 0.5, "error": None},
+            {"phase": "concurrent4", "meta": meta, "latency_s": 2.0, "error": None},
+            {"phase": "concurrent4", "meta": meta, "latency_s": 1.0, "error": None}]
+
+
+def test_serve_report(tmp_path, capsys):
+    write_probe(tmp_path / "tp1", 0, [[1, 2], [3, 4]])
+    for rank in range(2):
+        write_probe(tmp_path / "tp2", rank, [[1, 2], [3, 5]])
+    (tmp_path / "lilicorr_tp1.json").write_text(json.dumps(client_records(1.5, 10, 20)))
+    assert tp_compare.serve_report(tmp_path, [1, 2])
+    text = capsys.readouterr().out
+    assert "RANKS_AGREE PASS" in text and "TP 2 vs TP 1: 1/2 identical, slots 3/4" in text
+    assert "| lilicorr | 1 | 1.500 | 50.00 | c4: 20 |" in text and "no dflash_tp2.json" in text
+    write_probe(tmp_path / "tp2", 1, [[1, 2], [3, 6]])  # rank 1 drafts another second block
+    assert not tp_compare.serve_report(tmp_path, [1, 2])
+    assert "ranks differ on 1 blocks (rank, request) [(1, 1)]" in capsys.readouterr().out
+
+
+def test_train_report(tmp_path, capsys):
+    for name, rate, shift in (("gpu1", 100.0, 0.0), ("gpu2", 190.0, 0.01)):
+        rows = [{"step": s, "loss/total": 5.0 - s + shift, "tokens_per_s": rate, "eval/loss/total": 4.0 if s == 2 else None}
+                for s in (1, 2)]
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert tp_compare.train_report([tmp_path / "gpu1", tmp_path / "gpu2"], tmp_path / "curves.png")
+    text = capsys.readouterr().out
+    assert "| 0.01 | 0 | 190 | 1.90x |" in text and (tmp_path / "curves.png").stat().st_size > 0
+    assert not tp_compare.train_report([tmp_path / "gpu1", tmp_path / "missing"], None)
+
+
+def test_serve_lib_starts_awaits_and_stops_a_server(tmp_path):
+    """tools/check_lib.sh (gpu_check.sh, tp_check.sh) against a stand-in `python3 -m sglang.launch_server` that
+    answers /health: up, then its whole process group stopped; a server that exits at once is reported."""
+    fake = tmp_path / "bin" / "python3"
+    fake.parent.mkdir()
+    fake.write_text(f"""#!/bin/bash
+[[ "$*" == *--fail* ]] && exit 1
+port=$(echo "$@" | sed 's/.*--port \\([0-9]*\\).*/\\1/')
+exec {sys.executable} -c "
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+http.server.HTTPServer(('127.0.0.1', $port), H).serve_forever()"
+""")
+    fake.chmod(0o755)
+    script = f"""
+S={tmp_path / 'summary.txt'}
+source {TOOLS / 'check_lib.sh'}
+start_server fake 29447 {tmp_path / 'fake.log'} --model-path m && echo UP
+stop_server; alive "$SERVER_PID" || echo STOPPED
+start_server broken 29448 {tmp_path / 'broken.log'} --fail || echo REFUSED
+stop_server
+"""
+    env = dict(os.environ, PATH=f"{fake.parent}{os.pathsep}{os.environ['PATH']}", TIMEOUT="60")
+    out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120).stdout
+    assert "fake: startup" in out and "up=1" in out and "UP" in out and "STOPPED" in out
+    assert "broken: server exited during startup" in out and "REFUSED" in out
+    assert "up=1" in (tmp_path / "summary.txt").read_text()  # `say` writes the summary too

@@ -1,0 +1,239 @@
+"""Vocabulary-parallel top-K + logsumexp (kernels/topk_shards.py) and the LILICORR proposal under tensor
+parallelism (serving/vocab_parallel.py), against the unsharded ones.
+
+Shards follow SGLang's vocabulary-parallel layout (VocabParallelEmbedding: the vocabulary padded, cut into equal
+contiguous ranges, padding rows dropped), so small vocabularies give the last ranks fewer than K rows, or none.
+The multi-rank tests spawn 2, 3 and 4 gloo processes (as torchrun would); the Triton kernel runs under the
+interpreter there, as on this CPU machine's other kernel tests.
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from sglang_lilicorr.kernels import topk_lse
+from sglang_lilicorr.kernels.topk_reference import merge_topk_lse_reference, sharded_topk_lse_reference, topk_lse_reference
+from sglang_lilicorr.kernels.topk_shards import SENTINEL, merge_partials, shard_partials
+
+NEG_INF = float("-inf")
+K = 8
+HIDDEN = 64
+
+
+def shard_bounds(vocab: int, ranks: int) -> list[int]:
+    """Start of each rank's real vocabulary rows, then V: SGLang 0.5.23's VocabParallelEmbedding layout (the padded
+    vocabulary cut into equal ranges; ranks whose range starts past V hold no real row)."""
+    from sglang.srt.layers.vocab_parallel_embedding import DEFAULT_VOCAB_PADDING_SIZE, VocabParallelEmbedding, pad_vocab_size
+
+    pad = DEFAULT_VOCAB_PADDING_SIZE
+    if pad_vocab_size(vocab, pad) % ranks:
+        pad *= ranks  # as VocabParallelEmbedding.__init__ widens the padding
+    padded = pad_vocab_size(vocab, pad)
+    shards = [VocabParallelEmbedding._get_indices(padded, padded, vocab, vocab, r, ranks) for r in range(ranks)]
+    return [s.org_vocab_start_index for s in shards] + [vocab]
+
+
+def adversarial_rows(vocab: int, bounds: list[int], seed: int) -> torch.Tensor:
+    """fp32 [10, V]: normal; equal everywhere; all -inf; fewer than K finite (all in the last non-empty shard); the
+    row maximum tied across every shard border; one shard with fewer than K finite values; +-0.0 ties; coarse ties;
+    equal values on both sides of each border below the maximum; huge magnitudes."""
+    g = torch.Generator().manual_seed(seed)
+    rows = [torch.randn(vocab, generator=g) * 4, torch.full((vocab,), 0.75), torch.full((vocab,), NEG_INF)]
+    last = max(i for i in range(len(bounds) - 1) if bounds[i + 1] > bounds[i])
+    sparse = torch.full((vocab,), NEG_INF)
+    sparse[bounds[last]: bounds[last] + 3] = torch.tensor([1.0, 2.0, 1.0])[: bounds[last + 1] - bounds[last]]
+    border = torch.randn(vocab, generator=g)
+    few = torch.randn(vocab, generator=g)
+    inner = [b for b in bounds[1:-1] if 0 < b < vocab]
+    for b in inner:
+        border[b - 1] = border[b] = 9.0  # the same maximum on both sides of each border
+        few[b - 1] = few[b] = 0.5
+    few[bounds[0]: bounds[1]] = NEG_INF
+    few[bounds[0]: bounds[0] + 2] = 3.0  # rank 0: 2 finite values, tied
+    zeros = torch.zeros(vocab)
+    zeros[torch.randperm(vocab, generator=g)[: vocab // 2]] = -0.0
+    coarse = torch.randint(-4, 2, (vocab,), generator=g).float()
+    huge = torch.randn(vocab, generator=g) * 3e4
+    return torch.stack([rows[0], rows[1], rows[2], sparse, border, few, zeros, coarse, huge, -rows[0]])
+
+
+def assert_same_candidates(got, want, *, lse_exact: bool) -> None:
+    """vals and ids equal bit for bit (-0.0 read as +0.0, as the ordering keys read it); lse within fp32 rounding."""
+    (vals, ids, lse), (ref_vals, ref_ids, ref_lse) = got, want
+    assert torch.equal(ids, ref_ids)
+    assert torch.equal((vals + 0.0).view(torch.int32), (ref_vals + 0.0).view(torch.int32))  # -0.0 + 0.0 = +0.0
+    if lse_exact:
+        assert torch.equal(lse.view(torch.int32), ref_lse.view(torch.int32))
+    else:
+        assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+        torch.testing.assert_close(lse, ref_lse, rtol=2e-6, atol=2e-6)
+
+
+# --- one process: the partials and the merge ---------------------------------------------------
+
+
+def sharded(logits: torch.Tensor, bounds: list[int], rank_order=slice(None)):
+    """Every shard's partials, merged as a rank does after the all-gather (in rank order, or `rank_order`)."""
+    parts = [shard_partials(logits[:, lo:hi], K, lo) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    return merge_partials(torch.stack(parts[rank_order]), K)
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sharded_kernel_equals_the_unsharded_kernel(seed, ranks, dtype):
+    vocab = 196  # SGLang's layout: 3 ranks -> the last holds no row; 4 ranks -> the last holds 4 < K
+    bounds = shard_bounds(vocab, ranks)
+    logits = adversarial_rows(vocab, bounds, seed).to(dtype)
+    merged = sharded(logits, bounds)
+    assert_same_candidates(merged, topk_lse(logits, K), lse_exact=False)  # the Triton kernel on the whole rows
+    assert_same_candidates(merged, sharded_topk_lse_reference(logits, K, bounds), lse_exact=False)
+    assert_same_candidates(sharded(logits, bounds, slice(None, None, -1)), merged, lse_exact=False)  # any rank order
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_served_merge_equals_the_reference_merge(monkeypatch, ranks, dtype):
+    """On the same per-shard results (the PyTorch top-K here) the served merge and the reference merge agree bit
+    for bit, lse included; and the merged reference is the unsharded reference."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # topk_lse takes the PyTorch definition
+    vocab = 196
+    bounds = shard_bounds(vocab, ranks)
+    logits = adversarial_rows(vocab, bounds, seed=ranks).to(dtype)
+    reference = sharded_topk_lse_reference(logits, K, bounds)
+    assert_same_candidates(sharded(logits, bounds), reference, lse_exact=True)
+    assert_same_candidates(reference, topk_lse_reference(logits, K), lse_exact=False)
+
+
+def test_padding_columns_holding_minus_inf_change_nothing(seed):
+    """A rank that keeps its padded range (padding logits set to -inf, ids past V) merges to the same result as one
+    that drops the padding rows: padding keys rank below every real key."""
+    vocab, ranks = 196, 4
+    bounds = shard_bounds(vocab, ranks)
+    width = 256 // ranks  # the padded range of each rank
+    logits = adversarial_rows(vocab, bounds, seed)
+    padded = torch.full((logits.shape[0], width * ranks), NEG_INF)
+    padded[:, :vocab] = logits
+    dropped = sharded(logits, bounds)
+    kept = merge_partials(torch.stack([shard_partials(padded[:, r * width:(r + 1) * width], K, r * width) for r in range(ranks)]), K)
+    assert_same_candidates(kept, dropped, lse_exact=True)
+    assert int(kept[1].max()) < vocab
+
+
+def test_partials_of_small_and_empty_shards():
+    """K = 4 over ids 10..14: a shard of 3, an empty one, a shard of 2; row 1 all -inf."""
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.5, 3.0], [NEG_INF] * 5])
+    first = shard_partials(logits[:, :3], 4, vocab_start=10)
+    assert first.shape == (2, 5) and first.dtype == torch.int64
+    assert (first[:, 3] == SENTINEL).all()  # 3 entries: the fourth slot is empty
+    empty = shard_partials(logits[:, 3:3], 4, vocab_start=13)
+    assert (empty[:, :4] == SENTINEL).all()
+    last = shard_partials(logits[:, 3:], 4, vocab_start=13)
+    vals, ids, lse = merge_partials(torch.stack([first, empty, last]), 4)
+    assert ids.tolist() == [[11, 12, 14, 10], [10, 11, 12, 13]] and vals[0].tolist() == [3.0, 3.0, 3.0, 1.0]
+    assert lse[1].item() == NEG_INF and torch.isclose(lse[0], torch.logsumexp(logits[0], 0))
+    out = torch.empty(2, 5, dtype=torch.int64)
+    assert shard_partials(logits[:, :3], 4, 10, out=out) is out and torch.equal(out, first)
+
+
+def test_bad_partials_are_named():
+    with pytest.raises(ValueError, match="float \\[N, n\\] shard"):
+        shard_partials(torch.zeros(3, dtype=torch.int64), 2, 0)
+    with pytest.raises(ValueError, match="out must be int64 \\[2, 3\\]"):
+        shard_partials(torch.zeros(2, 5), 2, 0, out=torch.empty(2, 2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="int64 \\[ranks, N, 3\\]"):
+        merge_partials(torch.zeros(2, 4, 5, dtype=torch.int64), 2)
+    with pytest.raises(ValueError, match="do not split"):
+        sharded_topk_lse_reference(torch.zeros(2, 10), 2, [0, 6, 4, 10])
+
+
+def test_reference_merge_breaks_ties_by_global_id():
+    shards = [(torch.tensor([[2.0, 1.0]]), torch.tensor([[7, 5]]), torch.tensor([0.0])),
+              (torch.tensor([[2.0, 2.0]]), torch.tensor([[3, 9]]), torch.tensor([1.0]))]
+    vals, ids, lse = merge_topk_lse_reference(shards, 3)
+    assert ids.tolist() == [[3, 7, 9]] and vals.tolist() == [[2.0, 2.0, 2.0]]
+    assert torch.isclose(lse, torch.logsumexp(torch.tensor([0.0, 1.0]), 0))
+
+
+# --- 2, 3 and 4 gloo ranks ---------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gather(out: torch.Tensor, inp: torch.Tensor) -> None:
+    import torch.distributed as dist
+
+    dist.all_gather_single(out, inp)
+
+
+def _rank(rank: int, ranks: int, port: int, seed: int, bounds: list[int]) -> None:
+    import torch.distributed as dist
+
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=ranks)
+    try:
+        _check_top_k_on_rank(rank, ranks, seed, bounds)
+        _check_proposal_on_rank(rank, ranks, seed, bounds)
+    finally:
+        dist.destroy_process_group()
+
+
+def _check_top_k_on_rank(rank: int, ranks: int, seed: int, bounds: list[int]) -> None:
+    """This rank's shard -> partials -> one all-gather -> merge: the unsharded top-K bit for bit, on every rank."""
+    vocab = bounds[-1]
+    lo, hi = bounds[rank], bounds[rank + 1]
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = adversarial_rows(vocab, bounds, seed).to(dtype)  # the same rows on every rank (seeded)
+        parts = shard_partials(logits[:, lo:hi], K, lo)
+        gathered = torch.empty((ranks * parts.shape[0], K + 1), dtype=torch.int64)
+        gather(gathered, parts)
+        merged = merge_partials(gathered.view(ranks, -1, K + 1), K)
+        assert_same_candidates(merged, topk_lse(logits, K), lse_exact=False)
+        assert_same_candidates(merged, sharded_topk_lse_reference(logits, K, bounds), lse_exact=False)
+
+
+def _check_proposal_on_rank(rank: int, ranks: int, seed: int, bounds: list[int]) -> None:
+    """The served proposal with this rank's LM head shard (ShardedCandidates through LiLiCorrProposer) drafts what
+    the TP = 1 proposer drafts, with the same candidates."""
+    from sglang_lilicorr.config import LiLiCorrConfig
+    from sglang_lilicorr.head import LiLiCorrHead
+    from sglang_lilicorr.serving.proposer import LiLiCorrProposer
+    from sglang_lilicorr.serving.vocab_parallel import VocabShard
+
+    vocab, lo, hi = bounds[-1], bounds[rank], bounds[rank + 1]
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    head = LiLiCorrHead(LiLiCorrConfig(block_size=16, candidate_topk=K, hidden_size=0, num_layers=1, num_heads=4,
+                                       factor_dim=32), HIDDEN)
+    lm = torch.randn(vocab, HIDDEN, generator=g)
+    embed = torch.randn(vocab, HIDDEN, generator=g)
+    hidden = torch.randn(3 * 16, HIDDEN, generator=g)
+    anchors = torch.randn(3, HIDDEN, generator=g)
+    whole = LiLiCorrProposer(head=head, lm_head_weight=lm, embed_weight=embed, block_size=16)
+    shard = LiLiCorrProposer(head=head, lm_head_weight=lm[lo:hi], embed_weight=embed, block_size=16,
+                             vocab=VocabShard(lo, hi - lo, vocab, ranks, gather))
+    pass_hidden = hidden.view(3, 16, HIDDEN)[:, 1:]
+    for p in (whole, shard):
+        p.allocate(num_request_slots=4, max_rows=3)
+        p.publish_anchors(anchors, torch.tensor([0, 1, 2]))
+        p.stage_anchors(torch.tensor([2, 0, 1]))
+        p(hidden)
+    vals, ids, lse = shard.sharded(pass_hidden)
+    want = whole.select.candidates(pass_hidden, lm)
+    assert torch.equal(ids, want[1])
+    torch.testing.assert_close(vals, want[0], rtol=1e-6, atol=1e-6)  # the logits of a row shard: GEMM rounding
+    torch.testing.assert_close(lse, want[2], rtol=2e-6, atol=2e-6)
+    assert torch.equal(shard.out, whole.out)
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_gloo_ranks_merge_to_the_unsharded_top_k_and_proposal(seed, ranks):
+    mp.spawn(_rank, args=(ranks, free_port(), seed, shard_bounds(196, ranks)), nprocs=ranks, join=True)

@@ -1,0 +1,43 @@
+# The start of the GPU checks (gpu_check.sh, tp_check.sh), sourced once they set STEPS (comma-separated steps) and
+# S (their summary file): step selection, the summary log, the fail list, EXTRA (EXTRA_ARGS split), the device kit's
+# install of an earlier call, and an SGLang server started, awaited and stopped in its own process group.
+T0=$SECONDS
+fails=()
+read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
+say() { echo "[t+$((SECONDS - T0))s] $*" | tee -a "$S"; }
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+
+use_install() {  # use_install SCRIPT: the kit's install in $SITE made by an earlier call on this machine, or exit 3
+  if [ ! -f "$SITE/.device_manifest" ]; then
+    echo "$1: $SITE holds no install: a fresh machine, not the one the install call set up. Run that call again, then the others at once." >&2
+    exit 3
+  fi
+  case ":${PYTHONPATH:-}:" in *":$SITE:"*) ;; *) export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" ;; esac
+  export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
+}
+
+alive() {  # alive PGID: some process of the group is running (zombies, not yet reaped, do not count)
+  ps -eo pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ {found = 1} END {exit !found}'
+}
+
+start_server() {  # start_server NAME PORT LOG SERVER_ARGS...: sglang.launch_server in its own session (SERVER_PID), then
+                  # /health awaited up to $TIMEOUT s (330); status 0 when the server is up
+  local name=$1 port=$2 log=$3 t up=0
+  shift 3
+  setsid python3 -m sglang.launch_server --host 127.0.0.1 --port "$port" "$@" > "$log" 2>&1 &
+  SERVER_PID=$!
+  t=$SECONDS
+  while (( SECONDS - t < ${TIMEOUT:-330} )); do
+    kill -0 "$SERVER_PID" 2>/dev/null || { say "$name: server exited during startup"; break; }
+    curl -sf -m 2 "http://127.0.0.1:$port/health" >/dev/null 2>&1 && { up=1; break; }
+    sleep 2
+  done
+  say "$name: startup $((SECONDS - t)) s, up=$up"
+  [ $up = 1 ]
+}
+
+stop_server() {  # the process group of the last start_server: TERM, KILL after 20 s
+  kill -TERM -- -"$SERVER_PID" 2>/dev/null
+  for _ in $(seq 20); do alive "$SERVER_PID" || break; sleep 1; done
+  kill -KILL -- -"$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null
+}

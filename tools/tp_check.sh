@@ -1,0 +1,119 @@
+#!/bin/bash
+# Multi-GPU checks on the lent machine (nvidia-h100-x4): LILICORR under tensor parallelism (TP = 1, 2, 4, beside
+# DFLASH at the same TP) and `lilicorr train` over NCCL on 1, 2 and 4 GPUs at one global batch. The models are the
+# seeded random target + drafts of tools/tp_models.py, written on the machine (no carry beyond the device kit).
+#
+# CPU side, once, from the project root:   bash ../shared/device/prepare.sh
+# Calls, back to back on one warm machine (kind nvidia-h100-x4), carry [".dev/whl", ".dev/pkgs", ".dev/bin",
+# ".dev/manifest.txt"] on the first (the others find the install in place; exit 3 if not: start again), timeout_s 600:
+#     bash tools/tp_check.sh install,models,serve1
+#     bash tools/tp_check.sh serve2
+#     bash tools/tp_check.sh serve4
+#     bash tools/tp_check.sh compare,check
+#     bash tools/tp_check.sh train1
+#     bash tools/tp_check.sh train2
+#     bash tools/tp_check.sh train4,trainreport
+#
+# Steps (comma-separated, run in this order):
+#   install      the device kit's install.sh (bundle, patches, this project)
+#   models       python3 tools/tp_models.py $W: target, lilicorr_draft, dflash_draft, conversations.jsonl
+#   serveN       TP = N (N in 1 2 4 8): a LILICORR server with the proposal probe (tools/proposal_probe: the first
+#                block each rank drafts, $W/tpN/proposals_rank*.jsonl), gpu_client.py (24 greedy prompts one at a
+#                time, then 1, 4, 16 concurrent) -> $O/lilicorr_tpN.json; then DFLASH with the same drafter ->
+#                $O/dflash_tpN.json. Logs: $W/logs/
+#   compare      tp_compare.py serve: every rank drafted the same first blocks (RANKS_AGREE), the first blocks of
+#                TP = 2, 4 against TP = 1, accepted length, ms per block and tokens/s per algorithm and TP
+#   check        sglang_lilicorr.reference.check on every greedy response (teacher-forced float32 target)
+#   trainN       torchrun --nproc-per-node N -m sglang_lilicorr.cli train, global batch 32 (8 x 4/N x N), TRAIN_STEPS
+#                steps -> $W/train_gpuN (metrics.jsonl copied to $O/train_gpuN.jsonl)
+#   trainreport  tp_compare.py train over the runs made: loss curves against 1 GPU, tokens/s and scaling, curves.png
+# Env: W (/tmp/tpcheck), DEVICE_SITE (/tmp/site), TIMEOUT (server start limit, 330 s), TRAIN_STEPS (200),
+#   EXTRA_ARGS (appended to every server's args).
+# Output in $OUT (<= 8 files): summary.txt, lilicorr_tpN.json / dflash_tpN.json of the serve steps run in the call,
+#   train_gpuN.jsonl, curves.png.
+set -u -o pipefail
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false LILICORR_T_GT_0=allow-greedy
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+TOOLS=$ROOT/tools
+B=$ROOT/.dev/bin
+SITE=${DEVICE_SITE:-/tmp/site}
+W=${W:-/tmp/tpcheck}
+O=${OUT:-/tmp/tpcheck_out}
+S=$O/summary.txt
+STEPS=${1:-install}
+mkdir -p "$O" "$W/logs"
+source "$TOOLS/check_lib.sh"
+cd /tmp || exit 1  # not the checkout: its plain sglang_lilicorr/ would shadow the installed package
+
+if has install; then
+  say "== install"
+  source "$B/install.sh" > "$W/install.txt" 2>&1 || { tail -n 20 "$W/install.txt" | tee -a "$S"; exit 1; }
+  tail -n 3 "$W/install.txt" | tee -a "$S"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$S"
+else
+  use_install tp_check.sh
+fi
+
+if has models; then
+  say "== models"
+  timeout 300 python3 "$TOOLS/tp_models.py" "$W" 2>&1 | grep -v "it/s" | tail -n 2 | tee -a "$S" || fails+=(models)
+fi
+
+serve() {  # serve NAME PORT -- SERVER_ARGS: client results in $O/NAME.json (and $W), server log in $W/logs/NAME.log
+  local name=$1 port=$2; shift 3
+  [ -f "$W/target/config.json" ] || { say "no target in $W/target (run the models step)"; return 1; }
+  local log=$W/logs/$name.log rc=1
+  if start_server "$name" "$port" "$log" --model-path "$W/target" --attention-backend triton --sampling-backend pytorch \
+    --grammar-backend none --disable-custom-all-reduce --mem-fraction-static 0.5 --context-length 2048 \
+    --max-running-requests 32 --cuda-graph-max-bs-decode 16 --cuda-graph-backend-prefill disabled "$@" "${EXTRA[@]}"; then
+    timeout 240 python3 "$TOOLS/gpu_client.py" "$port" "$W/target" "$O/$name.json" --greedy 24 --sampled 0 \
+      --concurrency 1 4 16 2>&1 | tail -n 6 | tee -a "$S" && rc=0 && cp "$O/$name.json" "$W/"
+  fi
+  stop_server
+  grep -E "LILICORR|Capture draft|Traceback|Error" "$log" | cut -c1-300 | head -n 12 | tee -a "$S"
+  return $rc
+}
+
+for n in 1 2 4 8; do
+  has "serve$n" || continue
+  say "== serve at TP = $n"
+  rm -rf "$W/tp$n"
+  LILICORR_PROBE_DIR=$W/tp$n PYTHONPATH="$TOOLS/proposal_probe:$PYTHONPATH" \
+    serve "lilicorr_tp$n" $((30100 + n)) -- --tp-size "$n" --speculative-algorithm LILICORR \
+    --speculative-draft-model-path "$W/lilicorr_draft" --speculative-draft-attention-backend triton || fails+=("lilicorr_tp$n")
+  serve "dflash_tp$n" $((30200 + n)) -- --tp-size "$n" --speculative-algorithm DFLASH \
+    --speculative-draft-model-path "$W/dflash_draft" --speculative-draft-attention-backend triton || fails+=("dflash_tp$n")
+done
+
+if has compare; then
+  say "== compare (the serve steps of earlier calls left their results in $W)"
+  degrees=(); for n in 1 2 4 8; do [ -d "$W/tp$n" ] && degrees+=("$n"); done
+  python3 "$TOOLS/tp_compare.py" serve "$W" --tp "${degrees[@]}" 2>&1 | tee -a "$S" || fails+=(ranks_agree)
+fi
+
+if has check; then
+  say "== check"
+  R=(); for n in 1 2 4 8; do for a in lilicorr dflash; do [ -s "$W/${a}_tp$n.json" ] && R+=("$W/${a}_tp$n.json"); done; done
+  timeout 300 python3 -m sglang_lilicorr.reference.check "$W/target" "${R[@]}" 2>&1 | grep -v "Loading weights\|Warning" \
+    | tail -n 20 | tee -a "$S"
+  grep -q "GREEDY_CHECK PASS" "$S" || fails+=(greedy_check)
+fi
+
+runs=()
+for n in 1 2 4; do
+  has "train$n" || continue
+  say "== train on $n GPU(s): batch 8 x accumulation $((4 / n)) x $n ranks"
+  rm -rf "$W/train_gpu$n"
+  timeout 580 torchrun --nproc-per-node "$n" --master-port $((29500 + n)) -m sglang_lilicorr.cli train \
+    --target "$W/target" --data "$W/conversations.jsonl" --output-dir "$W/train_gpu$n" --batch-size 8 \
+    --grad-accum $((4 / n)) --max-steps "${TRAIN_STEPS:-200}" --max-length 1024 --log-every 10 --eval-every 50 \
+    --save-every 100 --eval-examples 32 --mask-token "<|mask|>" > "$W/logs/train_gpu$n.log" 2>&1 || fails+=("train$n")
+  tail -n 3 "$W/logs/train_gpu$n.log" | cut -c1-300 | tee -a "$S"
+  cp "$W/train_gpu$n/metrics.jsonl" "$O/train_gpu$n.jsonl" 2>/dev/null
+done
+if has trainreport; then
+  for n in 1 2 4; do [ -s "$W/train_gpu$n/metrics.jsonl" ] && runs+=("$W/train_gpu$n"); done
+  python3 "$TOOLS/tp_compare.py" train "${runs[@]}" --plot "$O/curves.png" 2>&1 | tee -a "$S" || fails+=(trainreport)
+fi
+say "done; failed: ${fails[*]:-none}"
+[ ${#fails[@]} = 0 ]

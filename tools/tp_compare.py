@@ -1,0 +1,141 @@
+"""Reports of the multi-GPU checks (tools/tp_check.sh):
+
+  python tools/tp_compare.py serve DIR [--tp 1 2 4]
+      DIR/tp{N}/proposals_rank{R}.jsonl (the proposal probe) and DIR/{lilicorr,dflash}_tp{N}.json (gpu_client.py):
+      - RANKS_AGREE PASS|FAIL: at each TP degree every rank drafted the same first block of every request (each rank
+        must commit the same draft);
+      - the first blocks of TP = N against TP = 1 (the first degree given): identical blocks and slots;
+      - per algorithm and TP: mean accepted length and wall per verified block (the sequential requests), and
+        tokens/s of each concurrent phase (completion tokens / the phase's longest latency).
+  python tools/tp_compare.py train RUN [RUN ...] [--plot curves.png]
+      `lilicorr train` output folders at one global batch (e.g. 1, 2, 4 GPUs): per logged step the largest
+      difference of loss/total and eval/loss/total against the first run, mean tokens/s (the first logged window,
+      start-up included, left out) and its ratio to the first run's; --plot draws the loss curves.
+Exit status 1 when a check fails (ranks disagree, a run or file is missing).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def first_blocks(folder: Path) -> dict[int, list[list[int]]]:
+    """rank -> the first blocks it drafted for requests served one at a time, in request order."""
+    return {int(p.stem.removeprefix("proposals_rank")): [r["draft"] for r in jsonl(p) if r["batch"] == 1]
+            for p in sorted(folder.glob("proposals_rank*.jsonl"))}
+
+
+def served(path: Path) -> dict[str, float] | None:
+    """gpu_client.py records -> accepted length and ms per verified block of the sequential greedy requests, and
+    tokens/s of each concurrent phase."""
+    if not path.is_file():
+        return None
+    records = [r for r in json.loads(path.read_text()) if not r.get("error")]
+    greedy = [r for r in records if r["phase"] == "greedy" and r["meta"].get("spec_verify_ct")]
+    out = {}
+    if greedy:
+        out["accept_len"] = sum(r["meta"]["spec_accept_length"] for r in greedy) / len(greedy)
+        out["ms_per_block"] = 1e3 * sum(r["latency_s"] / r["meta"]["spec_verify_ct"] for r in greedy) / len(greedy)
+    for phase in sorted({r["phase"] for r in records if r["phase"].startswith("concurrent")}, key=lambda p: int(p[10:])):
+        rows = [r for r in records if r["phase"] == phase]
+        tokens = sum(r["meta"].get("completion_tokens", 0) for r in rows)
+        out[f"tok_s_c{phase[10:]}"] = tokens / max(max(r["latency_s"] for r in rows), 1e-9)
+    return out
+
+
+def serve_report(folder: Path, degrees: list[int]) -> bool:
+    ok = True
+    blocks = {n: first_blocks(folder / f"tp{n}") for n in degrees}
+    for n, ranks in blocks.items():
+        if len(ranks) != n or not ranks.get(0):
+            print(f"TP {n}: proposals of {sorted(ranks)} ranks in {folder / f'tp{n}'}, expected {n} (was the probe on?)")
+            ok = False
+            continue
+        differ = [(r, i) for r, rows in ranks.items() for i, (a, b) in enumerate(zip(rows, ranks[0])) if a != b]
+        short = [r for r, rows in ranks.items() if len(rows) != len(ranks[0])]
+        print(f"TP {n}: {len(ranks[0])} first blocks on each of {n} ranks; ranks differ on {len(differ)} blocks"
+              f"{f' (rank, request) {differ[:5]}' if differ else ''}{f'; ranks {short} hold another count' if short else ''}")
+        ok &= not differ and not short
+    print("RANKS_AGREE", "PASS" if ok else "FAIL")
+    base = blocks[degrees[0]].get(0, [])
+    for n in degrees[1:]:
+        other = blocks[n].get(0, [])
+        pairs = list(zip(base, other))
+        same = sum(a == b for a, b in pairs)
+        slots = sum(x == y for a, b in pairs for x, y in zip(a, b))
+        total = sum(len(a) for a, _ in pairs)
+        first = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
+        print(f"first blocks, TP {n} vs TP {degrees[0]}: {same}/{len(pairs)} identical, slots {slots}/{total}"
+              f"{'' if first is None else f'; first difference at request {first}: {pairs[first][1]} vs {pairs[first][0]}'}")
+    print("\n| algorithm | TP | accept length | ms / block (bs 1) | tokens/s by concurrency |\n|---|---|---|---|---|")
+    for algo in ("lilicorr", "dflash"):
+        for n in degrees:
+            stats = served(folder / f"{algo}_tp{n}.json")
+            if stats is None:
+                print(f"| {algo} | {n} | - | - | no {algo}_tp{n}.json |")
+                continue
+            rates = ", ".join(f"c{k[7:]}: {v:.0f}" for k, v in stats.items() if k.startswith("tok_s_c"))
+            print(f"| {algo} | {n} | {stats.get('accept_len', float('nan')):.3f} | {stats.get('ms_per_block', float('nan')):.2f} | {rates} |")
+    return ok
+
+
+def train_report(runs: list[Path], plot: Path | None) -> bool:
+    logs = {run: jsonl(run / "metrics.jsonl") for run in runs}
+    missing = [str(run) for run, rows in logs.items() if not rows]
+    if missing:
+        print(f"no metrics.jsonl rows in {missing}")
+        return False
+    base = {r["step"]: r for r in logs[runs[0]]}
+    rate0 = None
+    print("| run | steps | max |d loss/total| | max |d eval/loss/total| | tokens/s | vs first |\n|---|---|---|---|---|---|")
+    for run, rows in logs.items():
+        diffs = {name: max((abs(r[name] - base[r["step"]][name]) for r in rows
+                            if r["step"] in base and r.get(name) is not None and base[r["step"]].get(name) is not None),
+                           default=float("nan"))
+                 for name in ("loss/total", "eval/loss/total")}
+        rates = [r["tokens_per_s"] for r in rows[1:]] or [rows[0]["tokens_per_s"]]
+        rate = sum(rates) / len(rates)
+        rate0 = rate0 or rate
+        print(f"| {run} | {rows[-1]['step']} | {diffs['loss/total']:.4g} | {diffs['eval/loss/total']:.4g} | {rate:.0f} | "
+              f"{rate / rate0:.2f}x |")
+    if plot is not None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for run, rows in logs.items():
+            ax.plot([r["step"] for r in rows], [r["loss/total"] for r in rows], label=f"{run.name} train")
+            held = [r for r in rows if r.get("eval/loss/total") is not None]
+            ax.plot([r["step"] for r in held], [r["eval/loss/total"] for r in held], "o--", label=f"{run.name} held-out")
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss/total")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(plot, dpi=120)
+        print(f"curves -> {plot}")
+    return True
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    s = sub.add_parser("serve")
+    s.add_argument("dir", type=Path)
+    s.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4])
+    t = sub.add_parser("train")
+    t.add_argument("runs", type=Path, nargs="+")
+    t.add_argument("--plot", type=Path)
+    a = p.parse_args(argv)
+    ok = serve_report(a.dir, a.tp) if a.what == "serve" else train_report(a.runs, a.plot)
+    raise SystemExit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
