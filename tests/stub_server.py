@@ -2,7 +2,8 @@
 
 Threaded http.server on 127.0.0.1 and a free port. It answers POST /v1/chat/completions and
 POST /generate in the shape SGLang 0.5.23 uses: chat -> choices / usage / sglext.spec_tokens_details
-(only when the request asks `return_spec_tokens_details`); generate -> text / meta_info.
+(only when the request asks `return_spec_tokens_details`); generate (`text` or `input_ids`) -> text /
+output_ids / meta_info.
 
 Replies are deterministic: "reply <k> to <first words of the last user message>" padded to n tokens,
 n = max_tokens with ignore_eos, else min(max_tokens, 8 + len(last message) % 13). A speculative stub
@@ -87,7 +88,8 @@ class StubServer:
                 text, n, blocks = self._reply(last_user, max_tokens, body.get("ignore_eos", False), k)
             elif path == "/generate":
                 params = body.get("sampling_params", {})
-                text, n, blocks = self._reply(body["text"].split("\n\n")[-1], params.get("max_new_tokens", 16), params.get("ignore_eos", False), k)
+                prompt = body["text"].split("\n\n")[-1] if "text" in body else f"ids {len(body['input_ids'])}"
+                text, n, blocks = self._reply(prompt, params.get("max_new_tokens", 16), params.get("ignore_eos", False), k)
             else:
                 return 404, {"error": f"no route {path}"}
             time.sleep(max(self.min_latency_s, self.step_s * (blocks if self.speculative else n)))
@@ -97,7 +99,7 @@ class StubServer:
             if fail:
                 return 500, {"object": "error", "message": "stub: injected failure"}
             if path == "/generate":
-                meta = {"id": f"req-{k}", "finish_reason": {"type": "length", "length": n}, "prompt_tokens": len(body["text"].split()),
+                meta = {"id": f"req-{k}", "finish_reason": {"type": "length", "length": n}, "prompt_tokens": self._prompt_tokens(body),
                         "completion_tokens": n, "cached_tokens": 0, "e2e_latency": 0.0}
                 if self.speculative:
                     meta.update(self._spec_details(n, blocks))
@@ -127,11 +129,17 @@ class StubServer:
         return None
 
     @staticmethod
-    def _tokens(body: dict) -> int:
-        """Prompt words + max tokens: what a request holds in the KV pool."""
-        text = body.get("text") or " ".join(m["content"] for m in body.get("messages", []))
+    def _prompt_tokens(body: dict) -> int:
+        """Prompt words, or the number of input_ids."""
+        if "input_ids" in body:
+            return len(body["input_ids"])
+        return len((body.get("text") or " ".join(m["content"] for m in body.get("messages", []))).split())
+
+    @classmethod
+    def _tokens(cls, body: dict) -> int:
+        """Prompt tokens + max tokens: what a request holds in the KV pool."""
         params = body.get("sampling_params", body)
-        return len(text.split()) + (params.get("max_new_tokens") or params.get("max_completion_tokens") or params.get("max_tokens") or 16)
+        return cls._prompt_tokens(body) + (params.get("max_new_tokens") or params.get("max_completion_tokens") or params.get("max_tokens") or 16)
 
     def _hold(self, body: dict, delta: int, kv: bool = True):
         """A request starts (delta 1) or ends (-1): the running count and, with kv, the KV tokens it holds."""
