@@ -143,8 +143,10 @@ def test_pipeline_end_to_end(toy, tmp_path, monkeypatch):
 
 
 def test_speed_order_rotates_and_prompts_are_long_form():
-    assert [speed.order(r) for r in (1, 2, 3)] == [["dflash", "lilicorr", "base"], ["lilicorr", "base", "dflash"],
-                                                   ["base", "dflash", "lilicorr"]]
+    from sglang_lilicorr.benchmarks.paired import rotation
+
+    assert [rotation(speed.SYSTEMS, r) for r in (1, 2, 3)] == [["dflash", "lilicorr", "base"], ["lilicorr", "base", "dflash"],
+                                                               ["base", "dflash", "lilicorr"]]
     rows = [{"id": f"writingbench/{i}", "set": "writingbench", "text": f"w{i}"} for i in range(24)]
     rows += [{"id": f"mtbench/{i}", "set": "mtbench", "messages": [{"role": "user", "content": f"m{i}"}] * 2} for i in range(81, 161)]
     chosen = speed.speed_prompts(rows)
