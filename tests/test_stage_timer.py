@@ -550,3 +550,16 @@ def test_cli_stages_from_server_timings(tmp_path, capsys):
     assert "exactly one" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["bench", "stages", "--timings", "no-equals-sign", "--out", str(out)])
+
+
+def test_forced_acceptance_is_noted_under_the_table_and_the_plain_step_is_read():
+    forced = timings_doc(7.5, 2.1, 0.5, 0.3, 11.0)
+    forced["system"]["forced_commit_len"] = 7.0
+    doc = stages.from_timings({"lilicorr": forced, "dflash": timings_doc(7.4, 1.8, 0.5, 0.05, 10.0)})
+    assert [s["forced_commit_len"] for s in doc["systems"]] == [7.0, None]
+    assert "every block committed 7 tokens" in stages.table(doc)
+    assert "Forced" not in stages.table(stages.from_timings({"dflash": timings_doc(7.4, 1.8, 0.5, 0.05, 10.0)}))
+    plain = timings_doc(6.0, 0.0, 0.0, 0.0, 6.5, bs=4)
+    assert stages.plain_step_ms(plain, 4) == 6.5
+    with pytest.raises(stages.StageSchemaError, match=r"plain decode step \(bs=8, graph\)"):
+        stages.plain_step_ms(plain, 8)
