@@ -61,9 +61,10 @@ def bench(*argv: str) -> int:
 
 def run(args, base_server_args: str) -> int:
     import eval_sets
-    from common import save_json, to_out
+    from common import to_out
 
     from sglang_lilicorr.benchmarks import paired, prompt_file
+    from sglang_lilicorr.jsonl import save_json
     from sglang_lilicorr.train.engine import SGLangServers, ServerSpec
 
     work = Path(args.work) / "speed"

@@ -1,6 +1,7 @@
 """A stand-in for an SGLang server, for CPU tests of the benchmark harness.
 
-Threaded http.server on 127.0.0.1 and a free port. It answers POST /v1/chat/completions and
+Threaded http.server on 127.0.0.1 and a free port (or a given one: `serve_forever` makes it a
+stand-in server process; `free_port_block` finds ports for several). It answers POST /v1/chat/completions and
 POST /generate in the shape SGLang 0.5.23 uses: chat -> choices / usage / sglext.spec_tokens_details
 (only when the request asks `return_spec_tokens_details`); generate (`text` or `input_ids`) -> text /
 output_ids / meta_info.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,7 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class StubServer:
     def __init__(self, speculative: bool = True, accept: int = 4, step_s: float = 0.001, min_latency_s: float = 0.02, fail_first: int = 0,
-                 context_len: int = 4096, leak_on_abort: bool = False):
+                 context_len: int = 4096, leak_on_abort: bool = False, port: int = 0):
         self.speculative, self.accept, self.step_s, self.min_latency_s = speculative, accept, step_s, min_latency_s
         self.fail_first = fail_first  # the first k requests answer HTTP 500
         self.context_len, self.leak_on_abort = context_len, leak_on_abort
@@ -39,7 +41,7 @@ class StubServer:
         self.in_flight = 0
         self.max_in_flight = 0
         self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 
@@ -51,6 +53,10 @@ class StubServer:
     def __enter__(self):
         self._thread.start()
         return self
+
+    def serve_forever(self) -> None:
+        """Serves in this thread until the process is killed (a stand-in server process)."""
+        self._httpd.serve_forever()
 
     def __exit__(self, *exc):
         self._httpd.shutdown()
@@ -212,3 +218,25 @@ class StubServer:
                 pass
 
         return Handler
+
+
+def free_port_block(n: int) -> int:
+    """The first of n consecutive loopback ports that are free now (stand-in servers bind them)."""
+    import pytest
+
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + n < 65536 and all(_free(port + i) for i in range(n)):
+            return port
+    pytest.skip("no block of free ports")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
