@@ -25,7 +25,9 @@ and packs WORK/<phase> into $OUT/scale_<phase>.tar.gz (written whole or not at a
   base   the target without speculation, stage timer on (the plain decode step): the same rounds
   eager  the three speculative servers without decode CUDA graphs: one round per c (the eager stages)
 A phase the deadline leaves no time for is skipped (exit 4: run it in the next call); inside a phase the
-rounds stop before one that would not finish. tools/scale_gpu.sh runs this on the lent GPU machine.
+rounds stop before one that would not finish. A phase an earlier call on the same machine measured whole
+is not run again (its bundle is packed again); one cut short resumes its runs (benchmarks/paired.py).
+tools/scale_gpu.sh runs this on the lent GPU machine.
 """
 from __future__ import annotations
 
@@ -230,6 +232,15 @@ def run_phase(work: Path, phase: Phase, out: Path, deadline: paired.Deadline, *,
     return failures
 
 
+def measured(work: Path, phase: Phase) -> bool:
+    """Whether an earlier call on this machine measured the whole phase (its phase.json: every round, no failure)."""
+    done = Path(work) / phase.name / "phase.json"
+    if not done.is_file():
+        return False
+    record = json.loads(done.read_text())
+    return not record["failures"] and len(record["rounds_written"]) == phase.rounds
+
+
 # --- command line --------------------------------------------------------------------------
 
 
@@ -246,6 +257,9 @@ def cmd_run(args) -> int:
     skipped, failed = [], False
     for name in args.phases:
         phase = PHASES[name]
+        if measured(Path(args.work), phase):
+            print(f"[{name}] measured in an earlier call: {pack(Path(args.work) / name, Path(args.out) / f'scale_{name}.tar.gz')}")
+            continue
         if not deadline.allows(phase.budget_s):
             print(f"[{name}] {deadline.left():.0f} s left, the phase needs up to {phase.budget_s:.0f} s: run it in the next call.")
             skipped.append(name)

@@ -206,12 +206,25 @@ def test_a_summary_of_the_graph_phase_alone_names_what_is_missing(bundles, tmp_p
     assert scale_report.main([str(tmp_path), "--out", str(tmp_path / "r")]) == 2
 
 
-def test_the_deadline_skips_a_phase_it_leaves_no_time_for(built, tmp_path, capsys):
+def fresh_work(built: Path, tmp_path: Path) -> Path:
+    """A WORK with the built inputs and no phase (a phase run again in the same WORK resumes its runs)."""
+    work = tmp_path / "work"
+    for part in ("target", "drafts"):
+        shutil.copytree(built / part, work / part)
+    shutil.copy(built / "build.json", work / "build.json")
+    return work
+
+
+def test_the_deadline_skips_a_phase_it_leaves_no_time_for(built, bundles, tmp_path, capsys):
     import time
 
     out = tmp_path / "OUT"
-    code = scale.main(["run", "--work", str(built), "--phases", "base", "--out", str(out), "--deadline", str(time.time() + 60)])
+    code = scale.main(["run", "--work", str(fresh_work(built, tmp_path)), "--phases", "base", "--out", str(out),
+                       "--deadline", str(time.time() + 60)])
     assert code == 4 and not out.exists() and "run it in the next call" in capsys.readouterr().out
+    assert scale.main(["run", "--work", str(built), "--phases", "base,graph", "--out", str(out), "--deadline", str(time.time() + 60)]) == 0
+    assert capsys.readouterr().out.count("measured in an earlier call") == 2  # packed again, not run again
+    assert sorted(p.name for p in out.iterdir()) == ["scale_base.tar.gz", "scale_graph.tar.gz"]
     with pytest.raises(SystemExit, match="run `build` first"):
         scale.main(["run", "--work", str(tmp_path), "--phases", "graph", "--out", str(out)])
     with pytest.raises(SystemExit):
@@ -219,10 +232,7 @@ def test_the_deadline_skips_a_phase_it_leaves_no_time_for(built, tmp_path, capsy
 
 
 def test_a_server_that_fails_to_start_leaves_its_log_in_the_bundle(built, tmp_path, monkeypatch, capsys):
-    work = tmp_path / "work"  # a fresh WORK: a phase run again in the same one resumes its runs
-    for part in ("target", "drafts"):
-        shutil.copytree(built / part, work / part)
-    shutil.copy(built / "build.json", work / "build.json")
+    work = fresh_work(built, tmp_path)
     crash = tmp_path / "crash.py"
     crash.write_text("import sys\nprint('Traceback (most recent call last):')\nprint('ValueError: no flashinfer here')\nsys.exit(3)\n")
     monkeypatch.setenv("SCALE_LAUNCH", f"{sys.executable} {crash}")

@@ -4,13 +4,15 @@
 #
 # CPU side, once, from the project root:   bash ../shared/device/prepare.sh      (no --smol)
 # call 1, carry [".dev/whl", ".dev/pkgs", ".dev/bin", ".dev/manifest.txt"], timeout_s 600:
-#     bash tools/scale_gpu.sh graph
+#     bash tools/scale_gpu.sh graph,base
 # call 2 (right after; same carry), timeout_s 600:
 #     bash tools/scale_gpu.sh base,eager
 # Each call installs the kit (quick on a warm machine), builds the target config and the drafts (skipped
 # when /tmp/scale holds them), then runs the phases; each phase packs $OUT/scale_<phase>.tar.gz when done.
 # The deadline is the call's start + SCALE_BUDGET_S (570 s): a phase it leaves no time for is skipped
-# (exit 4: run it in the next call), and the rounds of a phase stop before one that would not finish.
+# (exit 4: run it in the next call), and the rounds of a phase stop before one that would not finish. A
+# phase measured whole by an earlier call on the same machine is only packed again (base in call 2 when
+# call 1 had time for it); one cut short resumes.
 # On the CPU machine: python -m sglang_lilicorr.benchmarks.scale_report scale_*.tar.gz --out DIR
 # Exit: 0 every phase measured; 1 a failure (the bundle holds the servers' logs); 4 a phase left for later.
 set -u -o pipefail
