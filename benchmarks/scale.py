@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from ..jsonl import save_json
-from . import paired, prompt_file
+from . import paired, prompt_file, stages
 
 # Qwen3-8B's config.json (the public one), all a dummy-weight target needs.
 QWEN3_8B = {
@@ -181,6 +181,21 @@ def first_traceback(log_dir: Path, lines: int = 30) -> str:
     return "\n".join(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-10:]) for p in sorted(Path(log_dir).glob("server-*.log")))
 
 
+def brief(root: Path, systems: Sequence[str]) -> list[str]:
+    """One line per (system, batch size, graph flag) the stage timer recorded: median wall per step."""
+    lines = []
+    for system in systems:
+        folder = Path(root) / "stages" / system
+        if not list(folder.glob("stages-*.json")):
+            lines.append(f"{system}: no stage timings")
+            continue
+        for row in stages.load_timings(folder)["stages"]:
+            wall = row["step_interval_ms"]["median"]
+            lines.append(f"{system} bs={row['bs']} {'graph' if row['graph'] else 'eager'}: "
+                         f"{'--' if wall is None else f'{wall:.2f}'} ms per step over {row['n_blocks']} steps")
+    return lines
+
+
 def pack(folder: Path, bundle: Path) -> Path:
     """folder -> bundle (tar.gz), written beside and renamed into place: whole or absent."""
     bundle.parent.mkdir(parents=True, exist_ok=True)
@@ -220,6 +235,8 @@ def run_phase(work: Path, phase: Phase, out: Path, deadline: paired.Deadline, *,
         failures.append(f"servers: {e}")
         log(first_traceback(root / "logs"))
     rounds = paired.merge_rounds(root, phase.systems, todo, phase.rounds)
+    for line in brief(root, phase.systems):
+        log(f"[{phase.name}] {line}")
     save_json(root / "phase.json", {
         "phase": dataclasses.asdict(phase), "rounds_written": [p.name for p in rounds], "failures": failures,
         "seconds": round(time.time() - t0, 1), "forced_commit_len": FORCED_COMMIT,

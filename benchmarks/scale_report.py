@@ -92,6 +92,13 @@ def _ratio(x: Optional[float], y: Optional[float]) -> Optional[float]:
     return x / y if x is not None and y else None
 
 
+def raw_medians(timed: Optional[dict], c: int) -> Optional[dict]:
+    """{"gpu_ms": {stage: median}, "host_ms": {...}} of the graph-captured steps at batch c, as recorded
+    (the host side shows what the scheduler and the worker's Python add to a block)."""
+    row = next((r for r in (timed or {}).get("stages", []) if r["bs"] == c and r["graph"]), None)
+    return None if row is None else {kind: {k: v["median"] for k, v in row[kind].items()} for kind in ("gpu_ms", "host_ms")}
+
+
 def system_entry(system: str, c: int, graph: Optional[dict], eager: Optional[dict], step: Optional[float], cell: Optional[dict]) -> dict:
     head = (lambda row: None if row is None else (0.0 if system == "dflash" else row["stages"]["spec_head"]))
     per_block = None if graph is None else graph["per_block_wall"]
@@ -167,7 +174,8 @@ def summarize(phases: dict[str, Path], *, mem_fraction: float = 0.85, request_to
             except stages.StageSchemaError as e:
                 missing.append(str(e))
         for s in SYSTEMS:
-            systems[s][str(c)] = system_entry(s, c, rows[s, "graph"], rows[s, "eager"], step, cells.get((s, c)))
+            systems[s][str(c)] = {**system_entry(s, c, rows[s, "graph"], rows[s, "eager"], step, cells.get((s, c))),
+                                  "recorded": raw_medians(timed[s], c)}
         base_cell = cells.get(("base", c))
         base_out[str(c)] = {"decode_step_ms": step, "tok_s": None if base_cell is None else base_cell["tps"],
                             "tok_s_per_round": None if base_cell is None else base_cell.get("tps_per_run")}
@@ -201,7 +209,8 @@ def _ci(ci: Optional[dict]) -> str:
 
 def markdown(doc: dict, tables: dict) -> str:
     systems, base = doc["systems"], doc["base"]
-    lines = [f"# Cost at Qwen3-8B scale ({doc['card'] or 'unknown card'})", ""]
+    lines = [f"# Cost at Qwen3-8B scale ({doc['card'] or 'unknown card'})", "",
+             "Made by: " + "; ".join(f"{name}: `{info['command']}` ({info['seconds']} s)" for name, info in doc["phases"].items()), ""]
     for c, table in tables.items():
         share = systems["lilicorr"][str(c)]["head_share"]
         lines += [f"## c = {c}: ms per block", "", stages.table(table).rstrip(), "",

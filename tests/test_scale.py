@@ -1,6 +1,8 @@
 """The Qwen3-8B-scale cost benchmark (benchmarks/scale.py, scale_report.py) on the CPU: the inputs it
 builds (at toy width), its server arguments, its phases against stand-in servers that write stage-timer
 files, the deadline guard, and summary.json / cost.md / cost.png from the bundles."""
+import contextlib
+import io
 import json
 import shutil
 import sys
@@ -140,14 +142,18 @@ def bundles(built, tmp_path_factory):
     mp.setattr(scale, "PORT0", free_port_block(3))
     fast = {1: 2, 4: 4, 16: 16, 32: 32}
     mp.setattr(scale, "PHASES", {n: scale.Phase(p.name, p.systems, p.eager, p.rounds, fast, p.budget_s) for n, p in scale.PHASES.items()})
+    printed = io.StringIO()
     try:
-        assert scale.main(["run", "--work", str(built), "--phases", "graph,base,eager", "--out", str(out)]) == 0
+        with contextlib.redirect_stdout(printed):
+            assert scale.main(["run", "--work", str(built), "--phases", "graph,base,eager", "--out", str(out)]) == 0
     finally:
         mp.undo()
+    (out.parent / "printed.txt").write_text(printed.getvalue())
     return out
 
 
 def test_phases_pack_whole_bundles_of_paired_rounds(bundles):
+    printed_phases = (bundles.parent / "printed.txt").read_text()
     assert sorted(p.name for p in bundles.iterdir()) == ["scale_base.tar.gz", "scale_eager.tar.gz", "scale_graph.tar.gz"]
     with tarfile.open(bundles / "scale_graph.tar.gz") as t:
         names = t.getnames()
@@ -155,6 +161,7 @@ def test_phases_pack_whole_bundles_of_paired_rounds(bundles):
         round1 = [json.loads(line) for line in t.extractfile("graph/round1.jsonl").read().splitlines()]
     assert {"graph/round1.jsonl", "graph/round2.jsonl", "graph/round3.jsonl"} <= set(names)
     assert phase["failures"] == [] and phase["rounds_written"] == ["round1.jsonl", "round2.jsonl", "round3.jsonl"]
+    assert "[graph] lilicorr bs=1 graph: 10.01 ms per step over 90 steps" in printed_phases
     assert "SGLANG_SIMULATE_ACC_LEN" in phase["server_env"]["builtin"] and "LILICORR" in phase["server_args"]["lilicorr"]
     assert {(r["system"], r["concurrency"]) for r in round1} == {(s, c) for s in scale.SYSTEMS for c in scale.CONCURRENCY}
     assert all(t["completion_tokens"] == scale.MAX_TOKENS for r in round1 for t in r["turns"])
@@ -179,6 +186,7 @@ def test_summary_has_every_system_and_concurrency(bundles, tmp_path):
     assert doc["systems"]["builtin"]["1"]["head_ms_eager"] == pytest.approx(1.05)
     assert doc["systems"]["lilicorr"]["4"]["tok_s_vs_builtin"]["n"] == 3 and doc["systems"]["builtin"]["4"]["tok_s_vs_dflash"]["n"] == 3
     assert doc["base"]["16"]["tok_s"] > 0 and doc["systems"]["lilicorr"]["1"]["head_share"] == pytest.approx(0.12 / 10.01)
+    assert doc["systems"]["builtin"]["4"]["recorded"]["host_ms"]["target_verify"] == pytest.approx(0.7 * 10.4)
     targets = doc["targets"]
     assert targets["head_share_c1_le_1.5pct"]["met"] is True and targets["lilicorr_block_le_builtin"]["met"] is True
     assert targets["lilicorr_block_le_1.01x_dflash"]["met"] is True
