@@ -370,7 +370,8 @@ def memory_info(target_runner, *, draft_model=None, draft_runner=None) -> dict:
     """What a server holds on the GPU, GiB: target weights, draft weights (its head included) and the
     head alone (ours: `lilicorr_head`; SGLang's built-in: `lilicorr`), the KV pools of target and draft;
     the pool's size in tokens, the free memory before the weights loaded, the card's memory."""
-    head = None if draft_model is None else (getattr(draft_model, "lilicorr_head", None) or getattr(draft_model, "lilicorr", None))
+    heads = [getattr(draft_model, name, None) for name in ("lilicorr_head", "lilicorr")]
+    head = next((h for h in heads if h is not None), None)
     pools = [getattr(getattr(r, "token_to_kv_pool", None), "mem_usage", None) for r in (target_runner, draft_runner) if r is not None]
     return {
         "target_gib": module_gib(target_runner.model),
