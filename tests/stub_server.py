@@ -30,6 +30,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # listen backlog: a wave of c = 32 connections at once must not be reset (the default is 5)
+
+
 class StubServer:
     def __init__(self, speculative: bool = True, accept: int = 4, step_s: float = 0.001, min_latency_s: float = 0.02, fail_first: int = 0,
                  context_len: int = 4096, leak_on_abort: bool = False, port: int = 0):
@@ -41,8 +46,7 @@ class StubServer:
         self.in_flight = 0
         self.max_in_flight = 0
         self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
-        self._httpd.daemon_threads = True
+        self._httpd = _Server(("127.0.0.1", port), self._handler())
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 
     @property

@@ -145,7 +145,8 @@ def bundles(built, tmp_path_factory):
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed):
-            assert scale.main(["run", "--work", str(built), "--phases", "graph,base,eager", "--out", str(out)]) == 0
+            code = scale.main(["run", "--work", str(built), "--phases", "graph,base,eager", "--out", str(out)])
+        assert code == 0, printed.getvalue()[-6000:]
     finally:
         mp.undo()
     (out.parent / "printed.txt").write_text(printed.getvalue())
