@@ -66,6 +66,10 @@ def cmd_run(args) -> int:
     except (ValueError, OSError, ImportError) as e:
         raise UsageError(f"--dataset: {e}") from e
     prompts = dict(loaded)
+    multi_turn = [p.prompt_id for _, ps in loaded for p in ps if len(p.turns) > 1] if args.api == "ids" else []
+    if multi_turn:
+        raise UsageError(f"--api ids plays single-turn prompts only; {multi_turn[0]!r} has several turns",
+                         fix="pass single-turn prompts, or use --api chat / generate against a server with a tokenizer")
     failed = 0
     for cfg in runner.sweep_configs(args.system, [n for n, _ in loaded], args.concurrency, args.temperature, args.seeds, args.max_tokens):
         sampling = Sampling(temperature=cfg.temperature, seed=cfg.seed, **sampling_kwargs)
@@ -178,7 +182,8 @@ def register(subparsers) -> None:
     run.add_argument("--temperature", type=float, nargs="+", default=[0.0])
     run.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds for T > 0 (T = 0 runs the first only)")
     run.add_argument("--max-tokens", type=int, default=1024)
-    run.add_argument("--api", choices=["chat", "generate"], default="chat", help="chat: server applies the chat template (default)")
+    run.add_argument("--api", choices=["chat", "generate", "ids"], default="chat", help="chat: server applies the chat template (default); "
+                     "generate: raw text to /generate; ids: the prompt's bytes as token ids to /generate (--skip-tokenizer-init servers)")
     run.add_argument("--model", default="default", help="`model` field of chat requests")
     run.add_argument("--limit", type=int, help="seeded sample of this many prompts per dataset")
     run.add_argument("--category", nargs="+", help="SPEED-Bench categories / entropy tiers (or prompt-file sets) to keep")

@@ -11,6 +11,10 @@ manager's meta_info):
 * api="generate": POST /generate with raw `text` (no chat template; turns and replies joined by blank
   lines), for base models. `meta_info` carries completion_tokens and, when speculating,
   spec_verify_ct.
+* api="ids": POST /generate with `input_ids`, for servers started with `--skip-tokenizer-init` (a
+  target with random weights and no tokenizer): the prompt's UTF-8 bytes are the ids (each < 256, a
+  token of any vocabulary), so a prompt of n ASCII characters is n tokens. The reply comes back as
+  `output_ids` (no text), so only single-turn prompts can be played.
 
 Both report the same two counters, which are all that tau needs (see metrics.py).
 """
@@ -24,7 +28,7 @@ from typing import List, Optional
 
 from ..errors import LiLiCorrError
 
-API_PATHS = {"chat": "/v1/chat/completions", "generate": "/generate"}
+API_PATHS = {"chat": "/v1/chat/completions", "generate": "/generate", "ids": "/generate"}
 
 
 class ServerError(LiLiCorrError, RuntimeError):
@@ -68,11 +72,23 @@ def chat_body(messages: List[dict], sampling: Sampling, model: str) -> dict:
     return body
 
 
-def generate_body(messages: List[dict], sampling: Sampling) -> dict:
+def sampling_params(sampling: Sampling) -> dict:
+    """/generate's `sampling_params`."""
     params = {"temperature": sampling.temperature, "max_new_tokens": sampling.max_tokens, "ignore_eos": sampling.ignore_eos}
     if sampling.seed is not None:
         params["sampling_seed"] = sampling.seed
-    return {"text": "\n\n".join(m["content"] for m in messages), "sampling_params": params}
+    return params
+
+
+def generate_body(messages: List[dict], sampling: Sampling) -> dict:
+    return {"text": "\n\n".join(m["content"] for m in messages), "sampling_params": sampling_params(sampling)}
+
+
+def ids_body(messages: List[dict], sampling: Sampling) -> dict:
+    """A single-turn prompt as token ids: its UTF-8 bytes."""
+    if len(messages) != 1:
+        raise ValueError(f"api 'ids' plays single-turn prompts only (no tokenizer renders a reply into the next turn); got {len(messages)} messages.")
+    return {"input_ids": list(messages[0]["content"].encode("utf-8")), "sampling_params": sampling_params(sampling)}
 
 
 def _verify_ct(stats: Optional[dict]) -> Optional[int]:
@@ -93,15 +109,20 @@ def parse_chat(payload: dict) -> tuple:
     return text, tokens, _verify_ct(details)
 
 
-def parse_generate(payload: dict) -> tuple:
-    """(text, completion_tokens, spec_verify_ct) of a /generate response."""
+def parse_generate(payload: dict, text_field: str = "text") -> tuple:
+    """(text, completion_tokens, spec_verify_ct) of a /generate response; the text is `text_field`
+    ("output_ids" for api ids: the ids, as text)."""
     if isinstance(payload, list):
         payload = payload[0]
     try:
         meta = payload["meta_info"]
-        return payload["text"], int(meta["completion_tokens"]), _verify_ct(meta)
+        return str(payload[text_field]), int(meta["completion_tokens"]), _verify_ct(meta)
     except (KeyError, TypeError) as e:
-        raise ServerError(f"/generate response lacks text or meta_info.completion_tokens: {str(payload)[:200]}") from e
+        raise ServerError(f"/generate response lacks {text_field} or meta_info.completion_tokens: {str(payload)[:200]}") from e
+
+
+def parse_ids(payload: dict) -> tuple:
+    return parse_generate(payload, "output_ids")
 
 
 class SGLangClient:
@@ -113,11 +134,16 @@ class SGLangClient:
         self.session, self.sampling, self.api, self.model = session, sampling, api, model
         self.endpoint = url.rstrip("/") + API_PATHS[api]
 
-    async def turn(self, messages: List[dict]) -> TurnResult:
+    def request(self, messages: List[dict]) -> tuple:
+        """(request body, response parser) of one turn."""
         if self.api == "chat":
-            body, parse = chat_body(messages, self.sampling, self.model), parse_chat
-        else:
-            body, parse = generate_body(messages, self.sampling), parse_generate
+            return chat_body(messages, self.sampling, self.model), parse_chat
+        if self.api == "ids":
+            return ids_body(messages, self.sampling), parse_ids
+        return generate_body(messages, self.sampling), parse_generate
+
+    async def turn(self, messages: List[dict]) -> TurnResult:
+        body, parse = self.request(messages)
         start, t0 = time.time(), time.perf_counter()
         async with self.session.post(self.endpoint, json=body) as resp:
             raw = await resp.text()

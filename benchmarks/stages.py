@@ -18,6 +18,9 @@ Schema (JSON), milliseconds per verification block:
   draft_backbone = GPU ms of the draft forward (+ eager proposal) - lm_head - spec_head, floored at 0
   accept         = per_block_wall - the four above, floored at 0 (accept, draft KV append, host gaps)
   per_block_wall = host interval between consecutive decode-step starts
+Each system also keeps `forced_commit_len` (tokens every block committed under SGLang's
+SGLANG_SIMULATE_ACC_LEN knob; null when blocks committed what verification accepted), which the table
+notes. `plain_step_ms` reads the decode step of a server without speculation from the same files.
 """
 
 from __future__ import annotations
@@ -95,15 +98,28 @@ def _median(gpu_ms: dict, stage: str, where: str) -> float:
     return float(value)
 
 
-def _system_row(name: str, timings: dict, bs: int, graph: bool) -> dict:
-    variant = "graph" if graph else "eager"
-    where = f"{name} (bs={bs}, {variant})"
+def _step_row(timings: dict, bs: int, graph: bool, where: str) -> dict:
     rows = [r for r in timings.get("stages", []) if r["bs"] == bs and bool(r["graph"]) == graph]
     if not rows:
         have = sorted((r["bs"], "graph" if r["graph"] else "eager") for r in timings.get("stages", []))
         raise StageSchemaError(f"{where}: no decode steps recorded at this batch size and graph flag; recorded: {have}. "
                                "Pick --bs / --eager to match, or run that concurrency.")
-    row = rows[0]
+    return rows[0]
+
+
+def plain_step_ms(timings: dict, bs: int, graph: bool = True) -> float:
+    """Median decode-step wall (host interval between step starts) of a server without speculation."""
+    where = f"plain decode step (bs={bs}, {'graph' if graph else 'eager'})"
+    wall = _step_row(timings, int(bs), bool(graph), where)["step_interval_ms"].get("median")
+    if wall is None:
+        raise StageSchemaError(f"{where}: fewer than two consecutive decode steps; send longer requests.")
+    return float(wall)
+
+
+def _system_row(name: str, timings: dict, bs: int, graph: bool) -> dict:
+    variant = "graph" if graph else "eager"
+    where = f"{name} (bs={bs}, {variant})"
+    row = _step_row(timings, bs, graph, where)
     proposal = ((timings.get("proposal") or {}).get("batch_sizes") or {}).get(str(bs), {}).get(variant)
     if not proposal or "lm_head" not in proposal or "spec_head" not in proposal:
         errors = (timings.get("proposal") or {}).get("errors")
@@ -119,6 +135,7 @@ def _system_row(name: str, timings: dict, bs: int, graph: bool) -> dict:
     backbone = max(0.0, draft - lm_head - spec_head)
     accept = max(0.0, wall - verify - backbone - lm_head - spec_head)
     return {"system": name, "variant": variant, "n_blocks": row["n_blocks"], "per_block_wall": float(wall),
+            "forced_commit_len": (timings.get("system") or {}).get("forced_commit_len"),
             "stages": {"target_verify": verify, "draft_backbone": backbone, "lm_head": lm_head, "spec_head": spec_head, "accept": accept}}
 
 
@@ -146,14 +163,16 @@ def table(doc: dict) -> str:
             vals = [f"**{v}**" if s["stages"][key] == lowest_head else v for v, s in zip(vals, systems)]
         lines.append(f"| {label} | " + " | ".join(vals) + " |")
     lines.append("| Per-block wall | " + " | ".join(f"{s['per_block_wall']:.2f}" for s in systems) + " |")
+    forced = sorted({s["forced_commit_len"] for s in systems if s.get("forced_commit_len")})
+    if forced:
+        lines += ["", f"Forced acceptance: every block committed {' / '.join(f'{n:g}' for n in forced)} tokens "
+                  "(SGLang's SGLANG_SIMULATE_ACC_LEN), whatever verification accepted."]
     return "\n".join(lines) + "\n"
 
 
-def plot(doc: dict, out_path: Path) -> Path:
-    """Stacked horizontal bars, one per system, one segment per stage."""
-    plt = pyplot()
+def draw(ax, doc: dict) -> None:
+    """Stacked horizontal bars on `ax`, one per system, one segment per stage."""
     systems = validate(doc)["systems"]
-    fig, ax = plt.subplots(figsize=(7.0, 0.6 * len(systems) + 1.4))
     left = [0.0] * len(systems)
     labels = [_column(s) for s in systems]
     for key, label in STAGES.items():
@@ -162,6 +181,13 @@ def plot(doc: dict, out_path: Path) -> Path:
         left = [a + b for a, b in zip(left, widths)]
     ax.set_xlabel("ms per verification block")
     ax.invert_yaxis()
+
+
+def plot(doc: dict, out_path: Path) -> Path:
+    """draw() as a figure of its own."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.0, 0.6 * len(validate(doc)["systems"]) + 1.4))
+    draw(ax, doc)
     ax.legend(fontsize=7, ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1.0))
     fig.tight_layout()
     out_path = Path(out_path)

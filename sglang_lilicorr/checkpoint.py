@@ -215,3 +215,16 @@ def save_checkpoint(directory: str | os.PathLike, config: Mapping[str, Any], ten
 
 def head_tensors_for_save(head: LiLiCorrHead) -> dict[str, torch.Tensor]:
     return {HEAD_PREFIX + k: v for k, v in head.state_dict().items()}
+
+
+def add_random_head(source: str | os.PathLike, target: str | os.PathLike, *, seed: int = 0, **geometry) -> LiLiCorrConfig:
+    """`target` = the DFlash draft at `source` with a randomly initialised LiLiCorr head of `geometry`
+    (LiLiCorrConfig fields; block size and eps from the draft): a LiLiCorrDraftModel checkpoint that
+    measures and smoke-tests the serving path (no draft token is expected to be accepted)."""
+    config = read_config(source)
+    head_config = LiLiCorrConfig(block_size=block_size_of(config), rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), **geometry)
+    torch.manual_seed(seed)
+    head = LiLiCorrHead(head_config, model_hidden_size=int(config["hidden_size"])).to(dtype_of(config))
+    drafter, _ = split_head(read_tensors(source))
+    save_checkpoint(target, with_head(config, head_config), {**drafter, **head_tensors_for_save(head)})
+    return head_config

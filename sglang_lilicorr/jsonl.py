@@ -1,7 +1,9 @@
-"""JSON-lines files: one JSON object per line, every error naming the file and line."""
+"""JSON files: JSON lines (one object per line, every error naming the file and line) read, and a JSON
+document written whole."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -32,3 +34,13 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if not isinstance(row, dict):
                 raise DataError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}.")
             yield number, row
+
+
+def save_json(path: str | Path, value) -> Path:
+    """`value` as indented JSON, written beside and renamed into place: the file is whole or absent."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+    return path

@@ -1,18 +1,8 @@
-"""Helpers the testbed's steps share: JSON written atomically, copies into $OUT, the GPUs."""
+"""Helpers the testbed's steps share: copies into $OUT, the GPUs."""
 from __future__ import annotations
 
-import json
-import os
 import shutil
 from pathlib import Path
-
-
-def save_json(path: Path, value) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
-    return path
 
 
 def to_out(out: str | None, *paths: Path) -> None:

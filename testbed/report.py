@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from common import save_json
+from sglang_lilicorr.jsonl import save_json
 from variants import VARIANT_LABELS
 
 SETS = ("gsm8k", "humaneval", "aime2025", "gpqa", "writingbench", "mtbench", "average")

@@ -31,8 +31,10 @@ import time
 from pathlib import Path
 
 import eval_sets
-from common import device_name, gpus, save_json, to_out
+from common import device_name, gpus, to_out
 from variants import SCALE, SCHEDULE, SWEEP_ROUNDS, VARIANTS, choose
+
+from sglang_lilicorr.jsonl import save_json
 
 # SGLang flags the GPU machine's kit needs (no flashinfer, no flash-attention; ../shared/device).
 SERVER_ARGS = os.environ.get("TESTBED_SERVER_ARGS", "--attention-backend triton --sampling-backend pytorch --grammar-backend none "

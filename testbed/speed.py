@@ -1,14 +1,13 @@
 """Served throughput of LILICORR, DFLASH and the target without speculation on one GPU, in paired,
-alternating rounds (the `speed` step of run.py).
+alternating rounds (the `speed` step of run.py; sglang_lilicorr.benchmarks.paired).
 
 The three servers start once, side by side on GPU 0 (a quarter of its memory each), the speculative
 ones with the plugin's stage timer. For each concurrency c and round r every system plays the same
-long-form prompts (greedy, --max-tokens new tokens); the order rotates every round (base, dflash,
-lilicorr / dflash, lilicorr, base / lilicorr, base, dflash, ...), so no system is always first or
-last. Round r of every c writes WORK/speed/round<r>.jsonl with all three systems, so `lilicorr bench
-report` pairs them within each round: throughput ratios (to no speculation and to DFLASH) with 95 %
-t intervals over the rounds. Each (server, c) gets a warm-up before its first round. With
---tau-check every evaluation prompt is then served once at c = 8 by the speculative servers (tau
+long-form prompts (greedy, --max-tokens new tokens), the order rotating every round, so no system is
+always first or last; round r of every c goes to WORK/speed/round<r>.jsonl with all three systems, and
+`lilicorr bench report` pairs them within each round: throughput ratios (to no speculation and to
+DFLASH) with 95 % t intervals over the rounds. Each (server, c) gets a warm-up before its first round.
+With --tau-check every evaluation prompt is then served once at c = 8 by the speculative servers (tau
 through the server, beside the replay's). Stage tables per c come from the stage timer's files.
 """
 from __future__ import annotations
@@ -41,11 +40,6 @@ def prompts_for(c: int) -> int:
     return min(SPEED_PROMPTS, max(8, 4 * c))
 
 
-def order(round_index: int) -> list[str]:
-    k = round_index % len(SYSTEMS)
-    return list(SYSTEMS[k:] + SYSTEMS[:k])
-
-
 def server_args(base_args: str, system: str, drafts: Path) -> tuple[str, ...]:
     args = shlex.split(base_args)
     for flag, value in (("--mem-fraction-static", "0.2"), ("--cuda-graph-max-bs-decode", "32")):
@@ -67,8 +61,10 @@ def bench(*argv: str) -> int:
 
 def run(args, base_server_args: str) -> int:
     import eval_sets
-    from common import save_json, to_out
+    from common import to_out
 
+    from sglang_lilicorr.benchmarks import paired, prompt_file
+    from sglang_lilicorr.jsonl import save_json
     from sglang_lilicorr.train.engine import SGLangServers, ServerSpec
 
     work = Path(args.work) / "speed"
@@ -77,10 +73,10 @@ def run(args, base_server_args: str) -> int:
     if missing:
         raise SystemExit(f"{drafts}: no exported draft for {missing}; run `export` first.")
     rows = speed_prompts(eval_sets.read(Path(args.eval_prompts)))
-    for c in args.concurrency:
-        part = rows[: prompts_for(c)]
-        (work / f"prompts_c{c}.jsonl").parent.mkdir(parents=True, exist_ok=True)
-        (work / f"prompts_c{c}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    every = prompt_file.load(work / "prompts.jsonl")
+    prompts = {c: every[: prompts_for(c)] for c in args.concurrency}
     bs = ",".join(map(str, sorted(set(args.concurrency) | {8})))
     specs = [ServerSpec(args.target, PORT0 + i, "0", server_args(base_server_args, s, drafts),
                         {} if s == "base" else {"LILICORR_STAGE_TIMING": str(work / "stages" / s), "LILICORR_STAGE_TIMING_BS": bs}, s)
@@ -93,23 +89,15 @@ def run(args, base_server_args: str) -> int:
     with contextlib.ExitStack() as stack:
         for spec in specs:  # one at a time: servers sizing their KV pools at once on one GPU race for its memory
             stack.enter_context(SGLangServers.start([spec], work / "logs", launcher=launcher))
-        for c in args.concurrency:
-            for r in range(1, args.rounds + 1):
-                for system in order(r):
-                    rc = bench("run", "--url", url[system], "--system", system, "--dataset", str(work / f"prompts_c{c}.jsonl"),
-                               "--results", str(work / f"round{r}.jsonl"), "--concurrency", str(c), "--temperature", "0",
-                               "--max-tokens", str(args.max_tokens), "--warmup", str(max(2, c) if r == 1 else 0),
-                               "--request-timeout", "300", "--no-progress")
-                    if rc:
-                        failed.append(f"{system} c={c} round {r}: exit {rc}")
-                print(f"[speed] c={c} round {r} done", flush=True)
+        failed += paired.play_rounds(url, prompts, paired.RoundPlan("speed", args.max_tokens, rounds=args.rounds), work,
+                                     log=lambda line: print(line, flush=True))
         if args.tau_check:
             for system in SYSTEMS[1:]:
                 if bench("run", "--url", url[system], "--system", system, "--dataset", str(args.eval_prompts),
                          "--results", str(work / "tau_check.jsonl"), "--concurrency", "8", "--temperature", "0",
                          "--max-tokens", str(args.max_tokens), "--warmup", "0", "--request-timeout", "300", "--no-progress"):
                     failed.append(f"{system} tau check")
-    rounds = sorted(str(p) for p in work.glob("round*.jsonl"))
+    rounds = [str(p) for p in paired.merge_rounds(work, SYSTEMS, prompts, args.rounds)]
     rc = bench("report", *rounds, "--baseline", "base", "--block-ref", "dflash", "--out", str(work / "report"))
     if args.tau_check and (work / "tau_check.jsonl").is_file():
         rc |= bench("report", str(work / "tau_check.jsonl"), "--block-ref", "dflash", "--no-plots", "--out", str(work / "tau_check"))

@@ -1,8 +1,10 @@
 """A stand-in for an SGLang server, for CPU tests of the benchmark harness.
 
-Threaded http.server on 127.0.0.1 and a free port. It answers POST /v1/chat/completions and
+Threaded http.server on 127.0.0.1 and a free port (or a given one: `serve_forever` makes it a
+stand-in server process; `free_port_block` finds ports for several). It answers POST /v1/chat/completions and
 POST /generate in the shape SGLang 0.5.23 uses: chat -> choices / usage / sglext.spec_tokens_details
-(only when the request asks `return_spec_tokens_details`); generate -> text / meta_info.
+(only when the request asks `return_spec_tokens_details`); generate (`text` or `input_ids`) -> text /
+output_ids / meta_info.
 
 Replies are deterministic: "reply <k> to <first words of the last user message>" padded to n tokens,
 n = max_tokens with ignore_eos, else min(max_tokens, 8 + len(last message) % 13). A speculative stub
@@ -22,14 +24,20 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # listen backlog: a wave of c = 32 connections at once must not be reset (the default is 5)
+
+
 class StubServer:
     def __init__(self, speculative: bool = True, accept: int = 4, step_s: float = 0.001, min_latency_s: float = 0.02, fail_first: int = 0,
-                 context_len: int = 4096, leak_on_abort: bool = False):
+                 context_len: int = 4096, leak_on_abort: bool = False, port: int = 0):
         self.speculative, self.accept, self.step_s, self.min_latency_s = speculative, accept, step_s, min_latency_s
         self.fail_first = fail_first  # the first k requests answer HTTP 500
         self.context_len, self.leak_on_abort = context_len, leak_on_abort
@@ -38,8 +46,7 @@ class StubServer:
         self.in_flight = 0
         self.max_in_flight = 0
         self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._httpd.daemon_threads = True
+        self._httpd = _Server(("127.0.0.1", port), self._handler())
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 
     @property
@@ -50,6 +57,10 @@ class StubServer:
     def __enter__(self):
         self._thread.start()
         return self
+
+    def serve_forever(self) -> None:
+        """Serves in this thread until the process is killed (a stand-in server process)."""
+        self._httpd.serve_forever()
 
     def __exit__(self, *exc):
         self._httpd.shutdown()
@@ -87,7 +98,8 @@ class StubServer:
                 text, n, blocks = self._reply(last_user, max_tokens, body.get("ignore_eos", False), k)
             elif path == "/generate":
                 params = body.get("sampling_params", {})
-                text, n, blocks = self._reply(body["text"].split("\n\n")[-1], params.get("max_new_tokens", 16), params.get("ignore_eos", False), k)
+                prompt = body["text"].split("\n\n")[-1] if "text" in body else f"ids {len(body['input_ids'])}"
+                text, n, blocks = self._reply(prompt, params.get("max_new_tokens", 16), params.get("ignore_eos", False), k)
             else:
                 return 404, {"error": f"no route {path}"}
             time.sleep(max(self.min_latency_s, self.step_s * (blocks if self.speculative else n)))
@@ -97,7 +109,7 @@ class StubServer:
             if fail:
                 return 500, {"object": "error", "message": "stub: injected failure"}
             if path == "/generate":
-                meta = {"id": f"req-{k}", "finish_reason": {"type": "length", "length": n}, "prompt_tokens": len(body["text"].split()),
+                meta = {"id": f"req-{k}", "finish_reason": {"type": "length", "length": n}, "prompt_tokens": self._prompt_tokens(body),
                         "completion_tokens": n, "cached_tokens": 0, "e2e_latency": 0.0}
                 if self.speculative:
                     meta.update(self._spec_details(n, blocks))
@@ -127,11 +139,17 @@ class StubServer:
         return None
 
     @staticmethod
-    def _tokens(body: dict) -> int:
-        """Prompt words + max tokens: what a request holds in the KV pool."""
-        text = body.get("text") or " ".join(m["content"] for m in body.get("messages", []))
+    def _prompt_tokens(body: dict) -> int:
+        """Prompt words, or the number of input_ids."""
+        if "input_ids" in body:
+            return len(body["input_ids"])
+        return len((body.get("text") or " ".join(m["content"] for m in body.get("messages", []))).split())
+
+    @classmethod
+    def _tokens(cls, body: dict) -> int:
+        """Prompt tokens + max tokens: what a request holds in the KV pool."""
         params = body.get("sampling_params", body)
-        return len(text.split()) + (params.get("max_new_tokens") or params.get("max_completion_tokens") or params.get("max_tokens") or 16)
+        return cls._prompt_tokens(body) + (params.get("max_new_tokens") or params.get("max_completion_tokens") or params.get("max_tokens") or 16)
 
     def _hold(self, body: dict, delta: int, kv: bool = True):
         """A request starts (delta 1) or ends (-1): the running count and, with kv, the KV tokens it holds."""
@@ -204,3 +222,25 @@ class StubServer:
                 pass
 
         return Handler
+
+
+def free_port_block(n: int) -> int:
+    """The first of n consecutive loopback ports that are free now (stand-in servers bind them)."""
+    import pytest
+
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + n < 65536 and all(_free(port + i) for i in range(n)):
+            return port
+    pytest.skip("no block of free ports")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False

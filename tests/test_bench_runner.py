@@ -193,3 +193,21 @@ def test_cli_says_when_the_server_is_unreachable(tmp_path, capsys):
     code = cli.main(["bench", "run", "--url", f"http://127.0.0.1:{port}", "--system", "s", "--dataset", THROUGHPUT,
                      "--results", str(tmp_path / "r.jsonl"), "--no-progress"])
     assert code == 1 and "is the server up?" in capsys.readouterr().err
+
+
+def test_ids_api_sends_the_prompt_bytes_as_token_ids(tmp_path):
+    prompts = [Prompt("p0", "c", ("ab\u00e9",)), Prompt("p1", "c", ("xyz",))]
+    with StubServer(accept=3) as stub:
+        outcome = _run(stub, prompts, tmp_path / "r.jsonl", api="ids", max_tokens=9)
+    assert outcome.done == 2 and not outcome.failures
+    bodies = {tuple(e["body"]["input_ids"]) for e in stub.log}
+    assert bodies == {(97, 98, 0xC3, 0xA9), (120, 121, 122)} and all("text" not in e["body"] for e in stub.log)
+    assert all(e["body"]["sampling_params"]["max_new_tokens"] == 9 for e in stub.log)
+    records = runner.read_results(tmp_path / "r.jsonl")
+    assert all(t["spec_verify_ct"] == 3 and t["text"] == str(list(range(9))) for r in records for t in r["turns"])
+
+
+def test_ids_api_refuses_multi_turn_prompts(tmp_path, capsys):
+    code = cli.main(["bench", "run", "--url", "http://127.0.0.1:9", "--system", "s", "--dataset", QUALITATIVE, "--api", "ids",
+                     "--results", str(tmp_path / "r.jsonl")])
+    assert code == 2 and "--api ids plays single-turn prompts only" in capsys.readouterr().err

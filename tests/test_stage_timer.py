@@ -14,6 +14,8 @@ from test_serving import make_proposer
 
 pytest.importorskip("sglang")
 
+from sglang.srt.managers.tp_worker import TpModelWorker  # noqa: E402
+from sglang.srt.speculative import dflash_worker_v2  # noqa: E402
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2  # noqa: E402
 
 from sglang_lilicorr.benchmarks import cli, stages  # noqa: E402
@@ -299,6 +301,7 @@ def test_microbench_on_cuda_times_eager_and_graph(lilicorr):
 
 def test_plugin_installs_the_timer_only_with_the_env(monkeypatch, tmp_path):
     monkeypatch.setattr(DFlashWorkerV2, "__init__", DFlashWorkerV2.__init__)  # restored after the test
+    monkeypatch.setattr(TpModelWorker, "__init__", TpModelWorker.__init__)
     monkeypatch.delenv(stage_timer.ENV_DIR, raising=False)
     original = DFlashWorkerV2.__init__
     register()
@@ -309,8 +312,9 @@ def test_plugin_installs_the_timer_only_with_the_env(monkeypatch, tmp_path):
     patched = DFlashWorkerV2.__init__
     register()  # every SGLang process calls it; installing twice would time twice
     assert DFlashWorkerV2.__init__ is patched
+    assert TpModelWorker.__init__._stage_timing_original is not None  # the plain decode step of a server without speculation
     stage_timer.uninstall()
-    assert DFlashWorkerV2.__init__ is original
+    assert DFlashWorkerV2.__init__ is original and getattr(TpModelWorker.__init__, "_stage_timing_original", None) is None
 
 
 def test_installed_timer_wraps_every_dflash_family_worker(monkeypatch, tmp_path):
@@ -328,7 +332,9 @@ def test_installed_timer_wraps_every_dflash_family_worker(monkeypatch, tmp_path)
         init_cuda_graphs = Worker.init_cuda_graphs
 
     monkeypatch.setattr(DFlashWorkerV2, "__init__", fake_init)
+    monkeypatch.setattr(TpModelWorker, "__init__", TpModelWorker.__init__)
     monkeypatch.setattr(stage_timer, "proposal_microbench", lambda w: {"batch_sizes": {}, "errors": ["skipped"]})
+    monkeypatch.setattr(stage_timer, "dflash_memory", lambda w: {"draft_gib": 1.5})
     assert stage_timer.install(tmp_path)
     assert not stage_timer.install(tmp_path)
     worker = FakeDFlash(SimpleNamespace(speculative_algorithm="DFLASH"), 0, 0, Target(Clock()))
@@ -344,6 +350,142 @@ def test_installed_timer_wraps_every_dflash_family_worker(monkeypatch, tmp_path)
     assert doc["stages"][0]["n_blocks"] == 3
     assert doc["stages"][0]["gpu_ms"]["target_verify"]["count"] == 3
     assert doc["proposal"] == {"batch_sizes": {}, "errors": ["skipped"]}
+    assert doc["memory"]["draft_gib"] == 1.5 and doc["system"]["forced_commit_len"] is None
+
+
+def test_a_server_without_speculation_times_its_plain_decode_steps(monkeypatch, tmp_path):
+    clock = Clock()
+
+    def fake_init(self, server_args, gpu_id, nccl_port, is_draft_worker=False, **kwargs):
+        self._model_runner = SimpleNamespace(model=torch.nn.Linear(4, 8, bias=False), max_total_num_tokens=64, pre_model_load_memory=70.0)
+
+    class FakeTarget(TpModelWorker):
+        def forward_batch_generation(self, batch, forward_batch=None, **kwargs):
+            clock.advance(3.0 if batch.forward_mode.is_extend() else 2.0)
+            return SimpleNamespace(can_run_cuda_graph=len(batch.seq_lens) <= 4)
+
+    monkeypatch.setattr(TpModelWorker, "__init__", fake_init)
+    monkeypatch.setattr(DFlashWorkerV2, "__init__", DFlashWorkerV2.__init__)
+    recorder_cls = stage_timer.StageRecorder
+    monkeypatch.setattr(stage_timer, "StageRecorder", lambda out, info: recorder_cls(out, info=info, events=Events(clock), clock=clock))
+    assert stage_timer.install(tmp_path)
+    try:
+        assert not hasattr(FakeTarget(SimpleNamespace(speculative_algorithm="DFLASH"), 0, 0), "stage_recorder")  # a verify target
+        assert not hasattr(FakeTarget(SimpleNamespace(speculative_algorithm=None), 0, 0, True), "stage_recorder")  # a draft
+        worker = FakeTarget(SimpleNamespace(speculative_algorithm=None), 0, 0)
+    finally:
+        stage_timer.uninstall()
+    worker.forward_batch_generation(batch(4, extend=True))
+    for bs in (4, 4, 4, 8, 8):
+        worker.forward_batch_generation(batch(bs))
+        clock.advance(0.5)
+    doc = json.loads(worker.stage_recorder.dump().read_text())
+    rows = {(r["bs"], r["graph"]): r for r in doc["stages"]}
+    assert rows[4, True]["n_blocks"] == 3 and rows[8, False]["n_blocks"] == 2
+    assert rows[4, True]["step_interval_ms"]["median"] == pytest.approx(2.5) and rows[4, True]["gpu_ms"]["step"]["median"] == pytest.approx(2.0)
+    assert doc["system"]["algorithm"] == "None" and doc["system"]["block_size"] is None
+    assert doc["memory"]["target_gib"] == pytest.approx(32 * 4 / stage_timer.GIB) and doc["memory"]["max_total_num_tokens"] == 64
+
+
+def test_forced_acceptance_is_read_from_sglangs_knob(monkeypatch):
+    monkeypatch.delenv("SGLANG_SIMULATE_ACC_LEN", raising=False)
+    assert stage_timer.forced_commit_len() is None
+    monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "7")
+    assert stage_timer.forced_commit_len() == 7.0
+    assert stage_timer.system_info(SimpleNamespace(speculative_algorithm="LILICORR"), 16)["forced_commit_len"] == 7.0
+
+
+def test_memory_counts_each_storage_once_and_leaves_out_the_targets():
+    target = torch.nn.Sequential(torch.nn.Linear(8, 16, bias=False))  # 128 elements
+    draft = torch.nn.Module()
+    draft.fc = torch.nn.Linear(8, 8, bias=False)  # 64
+    draft.lm_head = target[0]  # borrowed from the target (SGLang's built-in sets draft.lm_head)
+    draft.lilicorr = torch.nn.Linear(4, 4, bias=False)  # 16: the built-in head
+    draft.register_buffer("table", torch.zeros(10, dtype=torch.bfloat16))  # 20 bytes
+    pool = lambda gib: SimpleNamespace(token_to_kv_pool=SimpleNamespace(mem_usage=gib))  # noqa: E731
+    runner = SimpleNamespace(model=target, max_total_num_tokens=1000, pre_model_load_memory=75.0, **vars(pool(2.0)))
+    mem = stage_timer.memory_info(runner, draft_model=draft, draft_runner=pool(0.5))
+    assert mem["target_gib"] * stage_timer.GIB == 128 * 4 and mem["draft_gib"] * stage_timer.GIB == (64 + 16) * 4 + 20
+    assert mem["head_gib"] * stage_timer.GIB == 16 * 4 and mem["kv_pool_gib"] == 2.5
+    assert (mem["max_total_num_tokens"], mem["pre_load_free_gib"]) == (1000, 75.0)
+    draft.lilicorr_head, draft.lilicorr = torch.nn.Linear(2, 2, bias=False), None  # ours
+    assert stage_timer.memory_info(runner, draft_model=draft)["head_gib"] * stage_timer.GIB == 16
+    assert stage_timer.memory_info(SimpleNamespace(model=target))["kv_pool_gib"] is None
+    assert stage_timer.best_effort("memory", lambda: 1 / 0) == {"error": "ZeroDivisionError: division by zero"}
+
+
+def test_builtin_head_is_timed_as_the_proposal_less_the_gemm(monkeypatch):
+    from sglang.srt.speculative import lilicorr_utils
+
+    calls = []
+
+    class Sampler:  # SGLang's LiLiCorrDraftSampler: what the built-in draft graph captures
+        def set_anchor(self, rows, bs):
+            calls.append(("anchor", tuple(rows.shape), bs))
+
+        def __call__(self, hidden_states, input_ids=None):
+            calls.append(("sampler", tuple(hidden_states.shape)))
+
+    def propose(*, head, draft_hidden, lm_head, embed_tokens, anchor, **kwargs):
+        calls.append(("eager", tuple(draft_hidden.shape), tuple(anchor.shape)))
+        return torch.zeros(1), None, None
+
+    monkeypatch.setattr(lilicorr_utils, "propose_lilicorr_block", propose)
+    target = SimpleNamespace(lm_head=torch.nn.Linear(6, 20, bias=False), get_input_embeddings=lambda: torch.nn.Embedding(20, 6))
+    worker = SimpleNamespace(block_size=4, lilicorr=SimpleNamespace(context_proj=SimpleNamespace(input_size=5)), _draft_sampler=Sampler(),
+                             target_worker=SimpleNamespace(model_runner=SimpleNamespace(model=target, model_config=SimpleNamespace(vocab_size=18))))
+    ms = {"lm_head": 0.5, "proposal": 0.8}
+
+    def time_ms(fn, *, graph):
+        fn()
+        return ms["proposal"] if calls and calls[-1][0] in ("sampler", "eager") else ms["lm_head"]
+
+    result = stage_timer.proposal_microbench(worker, batch_sizes=[2], time_ms=time_ms)
+    assert result["errors"] == []
+    for variant in ("eager", "graph"):
+        assert result["batch_sizes"]["2"][variant] == pytest.approx({"lm_head": 0.5, "proposal": 0.8, "spec_head": 0.3})
+    assert ("eager", (2, 4, 6), (2, 5)) in calls and ("anchor", (2, 5), 2) in calls and ("sampler", (8, 6)) in calls
+
+
+def test_builtin_eager_proposal_is_a_draft_sample_span(monkeypatch, tmp_path):
+    monkeypatch.setattr(dflash_worker_v2, "propose_lilicorr_block", dflash_worker_v2.propose_lilicorr_block)  # restored after
+    clock = Clock()
+
+    class BuiltinWorker(Worker):
+        def __init__(self, clock):
+            super().__init__(clock)
+            self.lilicorr = object()
+
+        def forward_batch_generation(self, batch, on_publish=None):
+            self.draft_model_runner.graph = False
+            self.draft_model_runner.forward(None)
+            dflash_worker_v2.propose_lilicorr_block()  # the call DFlashWorkerV2 makes, through its module global
+            self.target_worker.forward_batch_generation(batch=None, forward_batch=1, is_verify=True)
+            self._accept_block()
+            return "decode"
+
+    def propose():
+        clock.advance(0.4)
+
+    monkeypatch.setattr(dflash_worker_v2, "propose_lilicorr_block", propose)
+    worker = BuiltinWorker(clock)
+    recorder = stage_timer.StageRecorder(tmp_path, events=Events(clock), clock=clock)
+    stage_timer.attach(worker, recorder)
+    run_steps(worker, clock, 2)
+    (row,) = recorder.document()["stages"]
+    assert row["graph"] is False and row["gpu_ms"]["draft_sample"]["median"] == pytest.approx(0.4)
+
+
+def test_graph_capture_records_the_memory_it_took(tmp_path, monkeypatch):
+    free = iter([10.0, 7.5])
+    monkeypatch.setattr(stage_timer, "free_gib", lambda: next(free))
+    clock = Clock()
+    worker = Worker(clock)
+    recorder = stage_timer.StageRecorder(tmp_path, events=Events(clock), clock=clock)
+    stage_timer.attach(worker, recorder, memory=lambda w: {"draft_gib": 2.0})
+    worker.init_cuda_graphs()
+    memory = json.loads(recorder.path.read_text())["memory"]
+    assert memory == {"draft_gib": 2.0, "free_after_graphs_gib": 7.5, "graphs_gib": 2.5}
 
 
 # --- from_timings and the CLI ---------------------------------------------------------------
@@ -408,3 +550,16 @@ def test_cli_stages_from_server_timings(tmp_path, capsys):
     assert "exactly one" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["bench", "stages", "--timings", "no-equals-sign", "--out", str(out)])
+
+
+def test_forced_acceptance_is_noted_under_the_table_and_the_plain_step_is_read():
+    forced = timings_doc(7.5, 2.1, 0.5, 0.3, 11.0)
+    forced["system"]["forced_commit_len"] = 7.0
+    doc = stages.from_timings({"lilicorr": forced, "dflash": timings_doc(7.4, 1.8, 0.5, 0.05, 10.0)})
+    assert [s["forced_commit_len"] for s in doc["systems"]] == [7.0, None]
+    assert "every block committed 7 tokens" in stages.table(doc)
+    assert "Forced" not in stages.table(stages.from_timings({"dflash": timings_doc(7.4, 1.8, 0.5, 0.05, 10.0)}))
+    plain = timings_doc(6.0, 0.0, 0.0, 0.0, 6.5, bs=4)
+    assert stages.plain_step_ms(plain, 4) == 6.5
+    with pytest.raises(stages.StageSchemaError, match=r"plain decode step \(bs=8, graph\)"):
+        stages.plain_step_ms(plain, 8)

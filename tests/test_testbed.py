@@ -3,7 +3,6 @@ target, the data recipe through the transformers engine, the sweep, background t
 evaluation outputs, replay, the paired speed step against stand-in servers, and the tables."""
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ sys.path.insert(0, str(ROOT / "testbed"))
 import run as testbed  # noqa: E402
 import speed  # noqa: E402
 import variants  # noqa: E402
+from stub_server import free_port_block  # noqa: E402
 
 TOY = {"draft_intermediate_size": 64, "block_size": 4, "candidate_topk": 4, "head_hidden_size": 32, "head_layers": 1,
        "head_heads": 4, "factor_dim": 16, "max_length": 128, "num_anchors": 4, "log_every": 2, "mask_token": "<|mask|>"}
@@ -27,7 +27,6 @@ EVAL = [{"id": "gsm8k/0", "set": "gsm8k", "text": "how many cats sat on the mat"
 # file in serving/stage_timer.py's format where LILICORR_STAGE_TIMING says.
 LAUNCHER = """
 import json, os, sys
-from http.server import ThreadingHTTPServer
 sys.path.insert(0, {tests!r})
 from stub_server import StubServer
 spec = "--speculative-algorithm" in os.environ["SERVER_ARGS"]
@@ -40,33 +39,9 @@ if os.environ.get("LILICORR_STAGE_TIMING"):
            "proposal": {{"batch_sizes": {{b: {{"graph": {{"lm_head": 0.5, "spec_head": 0.1}}}} for b in sizes}}, "errors": []}}}}
     with open(os.path.join(os.environ["LILICORR_STAGE_TIMING"], f"stages-{{os.getpid()}}.json"), "w") as f:
         json.dump(doc, f)
-stub = StubServer(speculative=spec, accept=3, min_latency_s=0.002)
-class Handler(stub._handler()):
-    def do_GET(self):
-        self.send_response(200 if self.path == "/health" else 404)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
+stub = StubServer(speculative=spec, accept=3, min_latency_s=0.002, port=int(os.environ["PORT"]))
+stub.serve_forever()
 """
-
-
-def free_port_block(n: int) -> int:
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + n < 65536 and all(_free(port + i) for i in range(n)):
-            return port
-    pytest.skip("no block of free ports")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 @pytest.fixture(scope="module")
@@ -143,8 +118,10 @@ def test_pipeline_end_to_end(toy, tmp_path, monkeypatch):
 
 
 def test_speed_order_rotates_and_prompts_are_long_form():
-    assert [speed.order(r) for r in (1, 2, 3)] == [["dflash", "lilicorr", "base"], ["lilicorr", "base", "dflash"],
-                                                   ["base", "dflash", "lilicorr"]]
+    from sglang_lilicorr.benchmarks.paired import rotation
+
+    assert [rotation(speed.SYSTEMS, r) for r in (1, 2, 3)] == [["dflash", "lilicorr", "base"], ["lilicorr", "base", "dflash"],
+                                                               ["base", "dflash", "lilicorr"]]
     rows = [{"id": f"writingbench/{i}", "set": "writingbench", "text": f"w{i}"} for i in range(24)]
     rows += [{"id": f"mtbench/{i}", "set": "mtbench", "messages": [{"role": "user", "content": f"m{i}"}] * 2} for i in range(81, 161)]
     chosen = speed.speed_prompts(rows)

@@ -4,32 +4,15 @@
   python tools/random_head.py DFLASH_DRAFT_DIR OUT_DIR [--seed 0]   (with sglang_lilicorr installed)
                 [--topk 8] [--head-hidden 1024] [--layers 2] [--heads 8] [--factor-dim 1024]
 
-Writes OUT_DIR in SGLang's LiLiCorrDraftModel format: the drafter's tensors unchanged, the head
-under `lilicorr.`, config.json with architectures ["LiLiCorrDraftModel"] and the lilicorr_* keys.
+Writes OUT_DIR in SGLang's LiLiCorrDraftModel format (sglang_lilicorr.checkpoint.add_random_head): the
+drafter's tensors unchanged, the head under `lilicorr.`, config.json with architectures
+["LiLiCorrDraftModel"] and the lilicorr_* keys.
 """
 from __future__ import annotations
 
 import argparse
 
-import torch
-
-from sglang_lilicorr.checkpoint import (
-    block_size_of, dtype_of, head_tensors_for_save, read_config, read_tensors, save_checkpoint, with_head,
-)
-from sglang_lilicorr.config import LiLiCorrConfig
-from sglang_lilicorr.head import LiLiCorrHead
-
-
-def add_random_head(src: str, out: str, *, seed: int = 0, **geometry) -> LiLiCorrConfig:
-    config = read_config(src)
-    head_config = LiLiCorrConfig(
-        block_size=block_size_of(config), rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), **geometry
-    )
-    torch.manual_seed(seed)
-    head = LiLiCorrHead(head_config, model_hidden_size=int(config["hidden_size"])).to(dtype_of(config))
-    tensors = {k: v for k, v in read_tensors(src).items() if not k.startswith("lilicorr.")}
-    save_checkpoint(out, with_head(config, head_config), {**tensors, **head_tensors_for_save(head)})
-    return head_config
+from sglang_lilicorr.checkpoint import add_random_head
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,15 +1,21 @@
 """Opt-in per-stage timing of DFlash-family decode steps inside a real SGLang server (paper Table cost).
 
 Enabled by `LILICORR_STAGE_TIMING=<dir>` (plugin.register calls `install`). Every DFlashWorkerV2
-built afterwards -- SGLang's DFLASH worker and our LiLiCorrWorker alike -- gets its instance
-attributes wrapped right after construction, so subclass overrides are inside the measured spans:
+built afterwards -- SGLang's DFLASH worker (with or without its built-in LiLiCorr head) and our
+LiLiCorrWorker alike -- gets its instance attributes wrapped right after construction, so subclass
+overrides are inside the measured spans:
 
   step          forward_batch_generation of a decode step (not extend / idle)
   draft_forward draft_model_runner.forward (records the ModelRunnerOutput's `can_run_graph`)
-  draft_sample  _greedy_sample_from_vocab_parallel_head (the eager proposal, graph-off batches only)
+  draft_sample  the eager proposal, graph-off batches only: _greedy_sample_from_vocab_parallel_head
+                (DFLASH, LILICORR) or SGLang's propose_lilicorr_block (the built-in head)
   target_verify target_worker.forward_batch_generation(..., is_verify=True)
   accept        _accept_block
   kv_append     _append_target_hidden_to_draft_kv_by_loc (decode steps only)
+
+In a server without speculation the target's TpModelWorker is wrapped instead: `step` is its decode
+forward_batch_generation and the graph flag its `can_run_cuda_graph` (the plain decode step beside
+which a block is weighed).
 
 Each span records a GPU interval (a pair of CUDA events on the current stream, resolved lazily with
 `event.query()`: no host sync on the serving path) and a host interval (perf_counter). The host
@@ -20,8 +26,13 @@ included); an interval with a prefill in between is dropped. Everything is keyed
 
 Right after the worker's CUDA graphs are captured, `proposal_microbench` times the LM-head GEMM,
 the speculative head on its logits and the whole proposal, eager and CUDA-graph-captured, at each
-decode graph batch size up to 64, and 1 (`LILICORR_STAGE_TIMING_BS=1,4` overrides the list). Any failure there is
-logged and recorded in the JSON; serving goes on.
+decode graph batch size up to 64, and 1 (`LILICORR_STAGE_TIMING_BS=1,4` overrides the list). SGLang's
+built-in head takes the drafter's states, not logits: its head is the proposal less the GEMM. Any
+failure there is logged and recorded in the JSON; serving goes on.
+
+The JSON's `system` also says whether blocks commit a forced number of tokens (SGLang's own
+`SGLANG_SIMULATE_ACC_LEN` benchmark knob: `forced_commit_len`), and `memory` what the server holds on
+the GPU (weights of the target, the draft and its head, KV pools, what graph capture took).
 """
 from __future__ import annotations
 
@@ -47,6 +58,7 @@ DUMP_EVERY = 100  # decode steps between periodic dumps (servers may be SIGKILLe
 MAX_SAMPLES = 20000  # per series kept for the median; count and mean use every sample
 MICROBENCH_MAX_BS = 64  # default cap on the captured batch sizes the micro-benchmark visits
 STAGES = ("step", "draft_forward", "draft_sample", "target_verify", "accept", "kv_append")
+GIB = float(1 << 30)
 
 
 # --- clocks ---------------------------------------------------------------------------------
@@ -127,6 +139,7 @@ class StageRecorder:
         self.clock = clock
         self.dump_every = int(dump_every)
         self.proposal: dict | None = None
+        self.memory: dict | None = None
         self.decode_steps = 0
         self._step: _Step | None = None
         self._pending: list[_Step] = []
@@ -201,7 +214,7 @@ class StageRecorder:
                 "host_ms": {s: v.summary() for s, v in self._host[key].items()},
             })
         return {"system": self.info, "pid": os.getpid(), "decode_steps": self.decode_steps,
-                "pending_steps": len(self._pending), "stages": rows, "proposal": self.proposal}
+                "pending_steps": len(self._pending), "stages": rows, "proposal": self.proposal, "memory": self.memory}
 
     def dump(self, *, final: bool = False) -> Path:
         """Writes the JSON atomically (a kill mid-write leaves the previous dump). `final` (exit)
@@ -226,6 +239,8 @@ class StageRecorder:
 
 
 def is_decode(batch) -> bool:
+    if batch is None:  # a forward handed over as a ForwardBatch (a verify pass): not a scheduler step
+        return False
     mode = batch.forward_mode
     return not (mode.is_extend() or bool(getattr(batch, "is_extend_in_batch", False)) or mode.is_idle())
 
@@ -243,21 +258,60 @@ def _spanned(recorder: StageRecorder, stage: str):
     return make
 
 
-def attach(worker, recorder: StageRecorder, *, microbench: Callable | None = None) -> StageRecorder:
-    """Wraps the decode-step stages of one DFlash-family worker instance (see the module docstring).
-    `microbench(worker)` runs after `init_cuda_graphs`; its result goes to the JSON's `proposal`."""
-
-    def step(fn):
+def _decode_steps(recorder: StageRecorder, graph_of: Callable | None = None):
+    """forward_batch_generation timed as one step per decode batch; graph_of(result) gives the graph flag."""
+    def make(fn):
         def run(batch, *args, **kwargs):
             if not is_decode(batch):
                 recorder.other_forward()
                 return fn(batch, *args, **kwargs)
             recorder.begin_step(len(batch.seq_lens))
             try:
-                return fn(batch, *args, **kwargs)
+                out = fn(batch, *args, **kwargs)
+                if graph_of is not None:
+                    recorder.set_graph(graph_of(out))
+                return out
             finally:
                 recorder.end_step()
         return run
+    return make
+
+
+def best_effort(what: str, fn: Callable, *args) -> dict:
+    """fn(*args), or {"error": ...} (logged): a measurement never stops a server."""
+    try:
+        return fn(*args)
+    except Exception as e:
+        logger.warning("stage timing: %s failed: %s: %s", what, type(e).__name__, e)
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def free_gib() -> float | None:
+    return torch.cuda.mem_get_info()[0] / GIB if torch.cuda.is_available() else None
+
+
+def _after_init(recorder: StageRecorder, worker, memory: Callable | None, microbench: Callable | None):
+    """Wraps init_cuda_graphs: what the capture took from free GPU memory, then `memory(worker)` and
+    `microbench(worker)` into the JSON."""
+    def make(fn):
+        def run(*args, **kwargs):
+            before = free_gib()
+            out = fn(*args, **kwargs)
+            after = free_gib()
+            if memory is not None:
+                recorder.memory = {**best_effort("memory", memory, worker), "free_after_graphs_gib": after,
+                                   "graphs_gib": None if after is None else before - after}
+            if microbench is not None:
+                recorder.proposal = microbench(worker)
+            recorder.safe_dump()
+            return out
+        return run
+    return make
+
+
+def attach(worker, recorder: StageRecorder, *, microbench: Callable | None = None, memory: Callable | None = None) -> StageRecorder:
+    """Wraps the decode-step stages of one DFlash-family worker instance (see the module docstring).
+    After `init_cuda_graphs`, `memory(worker)` and `microbench(worker)` go to the JSON's `memory` and `proposal`."""
 
     def draft_forward(fn):
         def run(*args, **kwargs):
@@ -275,23 +329,63 @@ def attach(worker, recorder: StageRecorder, *, microbench: Callable | None = Non
                 return fn(*args, **kwargs)
         return run
 
-    def graphs(fn):
-        def run(*args, **kwargs):
-            out = fn(*args, **kwargs)
-            if microbench is not None:
-                recorder.proposal = microbench(worker)
-                recorder.safe_dump()
-            return out
-        return run
-
-    _wrap(worker, "forward_batch_generation", step)
+    _wrap(worker, "forward_batch_generation", _decode_steps(recorder))
     _wrap(worker.draft_model_runner, "forward", draft_forward)
     _wrap(worker.target_worker, "forward_batch_generation", verify)
     _wrap(worker, "_greedy_sample_from_vocab_parallel_head", _spanned(recorder, "draft_sample"))
+    if vars(worker).get("lilicorr") is not None:  # SGLang's built-in head proposes eagerly through a module function
+        from sglang.srt.speculative import dflash_worker_v2
+
+        _wrap(dflash_worker_v2, "propose_lilicorr_block", _spanned(recorder, "draft_sample"))
     _wrap(worker, "_accept_block", _spanned(recorder, "accept"))
     _wrap(worker, "_append_target_hidden_to_draft_kv_by_loc", _spanned(recorder, "kv_append"))
-    _wrap(worker, "init_cuda_graphs", graphs)
+    _wrap(worker, "init_cuda_graphs", _after_init(recorder, worker, memory, microbench))
     return recorder
+
+
+def attach_plain(worker, recorder: StageRecorder) -> StageRecorder:
+    """Wraps the decode steps of a target served without speculation (its TpModelWorker instance)."""
+    _wrap(worker, "forward_batch_generation", _decode_steps(recorder, lambda out: getattr(out, "can_run_cuda_graph", None)))
+    return recorder
+
+
+# --- memory ---------------------------------------------------------------------------------
+
+
+def _tensors(module) -> list[torch.Tensor]:
+    return [*module.parameters(), *module.buffers()] if module is not None else []
+
+
+def module_gib(module, *, exclude=None) -> float | None:
+    """GiB of a module's parameters and buffers, each storage once, leaving out those `exclude` holds
+    too (a draft that borrows the target's LM head). None without a module."""
+    if module is None:
+        return None
+    skip = {t.data_ptr() for t in _tensors(exclude)}
+    sizes = {t.data_ptr(): t.numel() * t.element_size() for t in _tensors(module) if t.data_ptr() not in skip}
+    return sum(sizes.values()) / GIB
+
+
+def memory_info(target_runner, *, draft_model=None, draft_runner=None) -> dict:
+    """What a server holds on the GPU, GiB: target weights, draft weights (its head included) and the
+    head alone (ours: `lilicorr_head`; SGLang's built-in: `lilicorr`), the KV pools of target and draft;
+    the pool's size in tokens, the free memory before the weights loaded, the card's memory."""
+    heads = [getattr(draft_model, name, None) for name in ("lilicorr_head", "lilicorr")]
+    head = next((h for h in heads if h is not None), None)
+    pools = [getattr(getattr(r, "token_to_kv_pool", None), "mem_usage", None) for r in (target_runner, draft_runner) if r is not None]
+    return {
+        "target_gib": module_gib(target_runner.model),
+        "draft_gib": module_gib(draft_model, exclude=target_runner.model),
+        "head_gib": module_gib(head),
+        "kv_pool_gib": None if None in pools else float(sum(pools)),
+        "max_total_num_tokens": getattr(target_runner, "max_total_num_tokens", None),
+        "pre_load_free_gib": getattr(target_runner, "pre_model_load_memory", None),
+        "device_gib": torch.cuda.mem_get_info()[1] / GIB if torch.cuda.is_available() else None,
+    }
+
+
+def dflash_memory(worker) -> dict:
+    return memory_info(worker.target_worker.model_runner, draft_model=worker.draft_model, draft_runner=worker.draft_model_runner)
 
 
 # --- proposal micro-benchmark ---------------------------------------------------------------
@@ -322,13 +416,17 @@ def cuda_time_ms(fn: Callable[[], object], *, graph: bool, warmup: int = 5, iter
     return statistics.median(start.elapsed_time(end) for start, end in marks)
 
 
+def _random(g: torch.Generator, shape: tuple, like: torch.Tensor) -> torch.Tensor:
+    return torch.randn(shape, generator=g, device=like.device).to(like.dtype)
+
+
 def proposal_parts(*, lm_head_weight: torch.Tensor, block_size: int, bs: int, proposer=None, seed: int = 0) -> dict:
     """Closures over random drafter states of bs requests: lm_head (the [bs*S, Hm] x [Hm, V] GEMM),
     spec_head (on those logits: DFLASH argmax; LILICORR top-K/LSE + head + walk) and proposal (both)."""
     w = lm_head_weight  # [V, Hm]
     s, hm = int(block_size) - 1, w.shape[1]
     g = torch.Generator(device=w.device).manual_seed(seed)
-    hidden = torch.randn((bs, s, hm), generator=g, device=w.device).to(w.dtype)  # [bs, S, Hm]
+    hidden = _random(g, (bs, s, hm), w)  # [bs, S, Hm]
     rows = hidden.view(bs * s, hm)
 
     def lm_head():
@@ -337,11 +435,36 @@ def proposal_parts(*, lm_head_weight: torch.Tensor, block_size: int, bs: int, pr
     logits = lm_head()
     if proposer is None:  # DFLASH: greedy draft tokens
         return {"lm_head": lm_head, "spec_head": lambda: logits.argmax(-1), "proposal": lambda: lm_head().argmax(-1)}
-    anchor = torch.randn((bs, hm), generator=g, device=w.device).to(w.dtype)  # [bs, Hm]
+    anchor = _random(g, (bs, hm), w)  # [bs, Hm]
     def spec_head():
         return proposer.select.select_from_logits(logits, hidden, anchor)[0]
 
     return {"lm_head": lm_head, "spec_head": spec_head, "proposal": lambda: proposer.propose(hidden, anchor)}
+
+
+def builtin_parts(worker, *, bs: int, graph: bool, seed: int = 0) -> dict:
+    """SGLang's built-in LiLiCorr head (a DFLASH worker whose draft carries one): lm_head (the same GEMM)
+    and proposal, random drafter states of bs requests -> draft tokens, through SGLang's draft sampler
+    (what its draft graph captures) for the graph variant, else its eager propose_lilicorr_block. The
+    head takes the drafter's states, not logits: its time is proposal - lm_head."""
+    from sglang.srt.lora.layers import unwrap_lora_layer
+    from sglang.srt.speculative.lilicorr_utils import propose_lilicorr_block, target_input_embeddings
+
+    w, b = worker_lm_head_weight(worker), int(worker.block_size)
+    head, target = worker.lilicorr, worker.target_worker.model_runner.model
+    g = torch.Generator(device=w.device).manual_seed(seed)
+    hidden = _random(g, (bs, b, w.shape[1]), w)  # [bs, B, Hm]: slot 0, then the drafted slots
+    anchor = _random(g, (bs, int(head.context_proj.input_size)), w)
+    rows = hidden[:, 1:].reshape(bs * (b - 1), w.shape[1])
+    sampler = vars(worker).get("_draft_sampler")
+    if graph and sampler is not None:
+        sampler.set_anchor(anchor, bs)
+        proposal = lambda: sampler(hidden.view(bs * b, -1))  # noqa: E731
+    else:
+        lm_head, embed = unwrap_lora_layer(target.lm_head), target_input_embeddings(target)
+        proposal = lambda: propose_lilicorr_block(  # noqa: E731
+            head=head, draft_hidden=hidden, lm_head=lm_head, embed_tokens=embed, anchor=anchor)[0]
+    return {"lm_head": lambda: F.linear(rows, w), "proposal": proposal}
 
 
 def microbench_batch_sizes() -> list[int]:
@@ -369,8 +492,8 @@ def worker_lm_head_weight(worker) -> torch.Tensor:
 
 
 def proposal_microbench(worker, *, batch_sizes: list[int] | None = None, time_ms: Callable = cuda_time_ms) -> dict:
-    """{"batch_sizes": {bs: {"eager"|"graph": {"lm_head", "spec_head", "proposal": ms}}}, "errors": [...]}.
-    Never raises: each failure is logged and recorded."""
+    """{"batch_sizes": {bs: {"eager"|"graph": {"lm_head", "spec_head", "proposal": ms}}}, "errors": [...]}
+    (the built-in head's spec_head: proposal - lm_head). Never raises: each failure is logged and recorded."""
     result: dict = {"batch_sizes": {}, "errors": []}
 
     def fail(where: str, e: Exception) -> None:
@@ -380,26 +503,31 @@ def proposal_microbench(worker, *, batch_sizes: list[int] | None = None, time_ms
     try:
         sizes = batch_sizes if batch_sizes is not None else microbench_batch_sizes()
         weight, proposer = worker_lm_head_weight(worker), vars(worker).get("proposer")
+        builtin = vars(worker).get("lilicorr") is not None
         block_size = int(worker.block_size)
     except Exception as e:
         fail("setup", e)
         return result
     for bs in sizes:
         with torch.inference_mode():
-            try:
-                parts = proposal_parts(lm_head_weight=weight, block_size=block_size, bs=bs, proposer=proposer)
-            except Exception as e:
-                fail(f"bs={bs}", e)
-                continue
             for variant in ("eager", "graph"):
+                try:
+                    parts = (builtin_parts(worker, bs=bs, graph=variant == "graph") if builtin else
+                             proposal_parts(lm_head_weight=weight, block_size=block_size, bs=bs, proposer=proposer))
+                except Exception as e:
+                    fail(f"bs={bs} {variant}", e)
+                    continue
+                times = {}
                 for part, fn in parts.items():
                     try:
-                        ms = time_ms(fn, graph=variant == "graph")
+                        times[part] = time_ms(fn, graph=variant == "graph")
                     except Exception as e:
                         fail(f"bs={bs} {variant} {part}", e)
-                        continue
-                    result["batch_sizes"].setdefault(str(bs), {}).setdefault(variant, {})[part] = ms
-            del parts
+                if "spec_head" not in parts and {"lm_head", "proposal"} <= set(times):
+                    times["spec_head"] = max(0.0, times["proposal"] - times["lm_head"])
+                if times:
+                    result["batch_sizes"].setdefault(str(bs), {})[variant] = times
+                del parts
         if weight.is_cuda:
             torch.cuda.empty_cache()
     logger.info("stage timing: proposal micro-benchmark at batch sizes %s: %s", sizes, result["batch_sizes"])
@@ -409,12 +537,22 @@ def proposal_microbench(worker, *, batch_sizes: list[int] | None = None, time_ms
 # --- installation ---------------------------------------------------------------------------
 
 
-def system_info(worker, server_args) -> dict:
+def forced_commit_len() -> float | None:
+    """Tokens every block commits under SGLang's SGLANG_SIMULATE_ACC_LEN benchmark knob (its DFlash
+    worker overrides the accepted length after verification); None when the knob is off."""
+    from sglang.srt.environ import envs
+
+    value = float(envs.SGLANG_SIMULATE_ACC_LEN.get())
+    return value if value > 0 else None
+
+
+def system_info(server_args, block_size: int | None = None) -> dict:
     from importlib.metadata import version
 
     info = {
         "algorithm": str(getattr(server_args, "speculative_algorithm", None)),
-        "block_size": int(worker.block_size),
+        "block_size": block_size,
+        "forced_commit_len": forced_commit_len(),
         "torch": torch.__version__,
         "sglang": version("sglang"),
     }
@@ -423,12 +561,10 @@ def system_info(worker, server_args) -> dict:
     return info
 
 
-def install(out_dir) -> bool:
-    """Makes every DFlashWorkerV2 built from now on in this process record its stages into out_dir.
-    Idempotent; returns whether it patched."""
-    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
-
-    original = DFlashWorkerV2.__init__
+def _patch_init(cls, timed: Callable) -> bool:
+    """From now on every cls.__init__ ends with timed(worker, server_args, args, kwargs), which returns
+    the worker's StageRecorder or None (not timed). Idempotent; returns whether it patched."""
+    original = cls.__init__
     if getattr(original, "_stage_timing_original", None) is not None:
         return False
 
@@ -436,25 +572,50 @@ def install(out_dir) -> bool:
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
         try:
-            server_args = kwargs["server_args"] if "server_args" in kwargs else args[0]
-            recorder = StageRecorder(out_dir, info=system_info(self, server_args))
-            # late-bound, so tests can stub the micro-benchmark
-            self.stage_recorder = attach(self, recorder, microbench=lambda worker: proposal_microbench(worker))
+            recorder = timed(self, kwargs["server_args"] if "server_args" in kwargs else args[0], args, kwargs)
         except Exception as e:  # measurement must never stop a server
             logger.warning("stage timing: could not wrap %s, serving untimed: %s: %s", type(self).__name__, type(e).__name__, e)
             return
-        atexit.register(recorder.safe_dump, final=True)
-        logger.info("stage timing: recording decode stages of %s into %s", type(self).__name__, recorder.path)
+        if recorder is not None:
+            self.stage_recorder = recorder
+            atexit.register(recorder.safe_dump, final=True)
+            logger.info("stage timing: recording decode stages of %s into %s", type(self).__name__, recorder.path)
 
     __init__._stage_timing_original = original
-    DFlashWorkerV2.__init__ = __init__
-    logger.info("stage timing on (%s=%s): DFlash-family workers record per-stage times.", ENV_DIR, out_dir)
+    cls.__init__ = __init__
     return True
 
 
-def uninstall() -> None:
+def install(out_dir) -> bool:
+    """Makes every DFlashWorkerV2 built from now on in this process, and the TpModelWorker of a server
+    without speculation, record its stages into out_dir. Idempotent; returns whether it patched."""
+    from sglang.srt.managers.tp_worker import TpModelWorker
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-    original = getattr(DFlashWorkerV2.__init__, "_stage_timing_original", None)
-    if original is not None:
-        DFlashWorkerV2.__init__ = original
+    def dflash(worker, server_args, args, kwargs):
+        recorder = StageRecorder(out_dir, info=system_info(server_args, int(worker.block_size)))
+        # late-bound, so tests can stub them
+        return attach(worker, recorder, microbench=lambda w: proposal_microbench(w), memory=lambda w: dflash_memory(w))
+
+    def plain(worker, server_args, args, kwargs):
+        draft = kwargs.get("is_draft_worker", args[3] if len(args) > 3 else False)
+        if draft or getattr(server_args, "speculative_algorithm", None) is not None:
+            return None  # part of a speculative server: its DFlash worker is timed
+        recorder = attach_plain(worker, StageRecorder(out_dir, info=system_info(server_args)))
+        recorder.memory = {**best_effort("memory", memory_info, worker.model_runner), "free_after_init_gib": free_gib()}
+        return recorder
+
+    patched = [_patch_init(DFlashWorkerV2, dflash), _patch_init(TpModelWorker, plain)]
+    if any(patched):
+        logger.info("stage timing on (%s=%s): DFlash-family workers and plain decode steps record per-stage times.", ENV_DIR, out_dir)
+    return any(patched)
+
+
+def uninstall() -> None:
+    from sglang.srt.managers.tp_worker import TpModelWorker
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    for cls in (DFlashWorkerV2, TpModelWorker):
+        original = getattr(cls.__init__, "_stage_timing_original", None)
+        if original is not None:
+            cls.__init__ = original

@@ -1,0 +1,80 @@
+"""Paired, alternating rounds (benchmarks/paired.py) against stand-in servers: the rotation, the runs each
+round plays, whole cells only in the merged round files, and the deadline that stops before a round."""
+import json
+
+import pytest
+
+pytest.importorskip("aiohttp")
+
+from stub_server import StubServer
+
+from sglang_lilicorr.benchmarks import cli, paired, runner
+from sglang_lilicorr.benchmarks.prompt import Prompt
+
+PROMPTS = {1: [Prompt(f"p{i}", "all", (f"prompt {i}",)) for i in range(2)], 2: [Prompt(f"p{i}", "all", (f"prompt {i}",)) for i in range(4)]}
+
+
+def test_rotation_moves_every_system_through_every_place():
+    orders = [paired.rotation(["a", "b", "c"], r) for r in range(3)]
+    assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
+    assert all(sorted(o[i] for o in orders) == ["a", "b", "c"] for i in range(3))
+
+
+def test_rounds_alternate_the_servers_and_merge_into_paired_runs(tmp_path):
+    with StubServer(accept=2, min_latency_s=0.002) as a, StubServer(accept=4, min_latency_s=0.002) as b:
+        urls = {"a": a.url, "b": b.url}
+        plan = paired.RoundPlan("toy", max_tokens=8, rounds=2, api="ids", ignore_eos=True, warmup=1)
+        assert paired.play_rounds(urls, PROMPTS, plan, tmp_path, log=lambda line: None) == []
+    measured = [e for e in a.log + b.log if e["completion_tokens"] == 8]
+    assert len(measured) == len(a.log) + len(b.log) and all(e["body"]["sampling_params"]["ignore_eos"] for e in measured)
+    assert len(a.log) == (1 + 2 * 2) + (2 + 4 * 2)  # c=1: a warm-up wave of 1, 2 prompts x 2 rounds; c=2: a wave of 2, 4 x 2
+    files = paired.merge_rounds(tmp_path, ["a", "b"], PROMPTS, 2)
+    assert [f.name for f in files] == ["round1.jsonl", "round2.jsonl"]
+    rows = runner.read_results(files[0])
+    assert {(r["system"], r["concurrency"]) for r in rows} == {(s, c) for s in "ab" for c in (1, 2)} and len(rows) == 12
+    out = tmp_path / "report"
+    assert cli.main(["bench", "report", *map(str, files), "--block-ref", "a", "--out", str(out), "--no-plots"]) == 0
+    cells = json.loads((out / "summary.json").read_text())["cells"]
+    b1 = next(c for c in cells if c["system"] == "b" and c["concurrency"] == 1)
+    assert b1["paired"]["tps"]["n"] == 2 and b1["tau"] == pytest.approx(4.0)
+
+
+def test_a_cell_some_system_did_not_finish_is_left_out_whole(tmp_path):
+    with StubServer(min_latency_s=0.002) as a, StubServer(min_latency_s=0.002) as b:
+        plan = paired.RoundPlan("toy", max_tokens=4, rounds=1, warmup=0)
+        paired.play_rounds({"a": a.url, "b": b.url}, PROMPTS, plan, tmp_path, log=lambda line: None)
+    cut = paired.run_path(tmp_path, 2, 1, "b")
+    cut.write_text("".join(cut.read_text().splitlines(keepends=True)[:3]))  # b stopped after 3 of 4 prompts at c=2
+    (round1,) = paired.merge_rounds(tmp_path, ["a", "b"], PROMPTS, 1)
+    assert {r["concurrency"] for r in runner.read_results(round1)} == {1}
+    cut.write_text("")
+    paired.run_path(tmp_path, 1, 1, "a").unlink()
+    assert paired.merge_rounds(tmp_path, ["a", "b"], PROMPTS, 1) == [] and not round1.exists()
+
+
+def test_the_deadline_stops_before_a_round_it_leaves_no_time_for(tmp_path):
+    now = [0.0]
+    deadline = paired.Deadline(100.0, clock=lambda: now[0])
+    assert deadline.left() == 100.0 and paired.Deadline(None).allows(1e9)
+    lines = []
+    with StubServer(min_latency_s=0.002) as a:
+        plan = paired.RoundPlan("toy", max_tokens=4, rounds=3, warmup=0, reserve_s=30.0)
+        now[0] = 60.0  # 40 s left, 30 kept in reserve: the first round (no estimate yet) still fits
+        failures = paired.play_rounds({"a": a.url}, {1: PROMPTS[1]}, plan, tmp_path, deadline=deadline, log=lines.append)
+        assert failures == [] and len(a.log) == 6
+        now[0] = 75.0  # 25 s left: not even the reserve
+        failures = paired.play_rounds({"a": a.url}, {1: PROMPTS[1], 2: PROMPTS[2]}, plan, tmp_path, deadline=deadline, log=lines.append)
+    assert failures == ["deadline: from c=1 round 1 on not played"] and len(a.log) == 6
+    assert "stopping before c=1 round 1: 25 s left" in lines[-1]
+
+
+def test_a_server_that_is_gone_is_recorded_and_the_others_go_on(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with StubServer(min_latency_s=0.002) as a:
+        failures = paired.play_rounds({"a": a.url, "gone": dead}, {1: PROMPTS[1]}, paired.RoundPlan("toy", 4, rounds=1),
+                                      tmp_path, log=lambda line: None)
+    assert len(failures) == 1 and failures[0].startswith("gone c=1 round 1: ServerError") and len(a.log) == 2 + 2

@@ -1,0 +1,253 @@
+"""The Qwen3-8B-scale cost benchmark (benchmarks/scale.py, scale_report.py) on the CPU: the inputs it
+builds (at toy width), its server arguments, its phases against stand-in servers that write stage-timer
+files, the deadline guard, and summary.json / cost.md / cost.png from the bundles."""
+import contextlib
+import io
+import json
+import shutil
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("aiohttp")
+
+from stub_server import free_port_block
+
+from sglang_lilicorr import cli as lilicorr_cli
+from sglang_lilicorr.benchmarks import scale, scale_report
+from sglang_lilicorr.errors import UsageError
+
+TESTS = Path(__file__).resolve().parent
+TOY = {**scale.QWEN3_8B, "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+       "head_dim": 16, "vocab_size": 300, "max_position_embeddings": 4096}
+TOY_HEAD = {"candidate_topk": 4, "hidden_size": 32, "num_layers": 1, "num_heads": 4, "factor_dim": 16}
+
+# Serves tests/stub_server.py on $PORT and, like a server with the plugin's stage timer, writes a
+# stages-<pid>.json into $LILICORR_STAGE_TIMING: per-block stages (speculative) or plain decode steps.
+BLOCK_MS = {"lilicorr": 10.0, "dflash": 9.95, "builtin": 10.4}
+HEAD_MS = {"lilicorr": 0.12, "dflash": 0.02, "builtin": 0.35}
+LAUNCHER = """
+import json, os, sys
+sys.path.insert(0, {tests!r})
+from stub_server import StubServer
+args = os.environ["SERVER_ARGS"]
+spec, eager = "--speculative-algorithm" in args, "--cuda-graph-backend-decode disabled" in args
+folder = os.environ["LILICORR_STAGE_TIMING"]
+system = os.path.basename(folder)
+ms = lambda v: {{"count": 90, "mean": v, "median": v}}
+block = {block_ms}.get(system, 7.0) * (2.5 if eager else 1.0)
+head = {head_ms}.get(system, 0.0) * (3.0 if eager else 1.0)
+sizes = [int(b) for b in os.environ["LILICORR_STAGE_TIMING_BS"].split(",")]
+gpu = {{"step": ms(block - 0.5)}}
+if spec:
+    gpu.update(target_verify=ms(0.7 * block), draft_forward=ms(0.15 * block if eager else 0.15 * block + 0.5 + head))
+    if eager:
+        gpu["draft_sample"] = ms(0.5 + head)
+rows = [{{"bs": b, "graph": not eager, "n_blocks": 90, "step_interval_ms": ms(block + b / 100), "gpu_ms": gpu, "host_ms": gpu}} for b in sizes]
+variant = "eager" if eager else "graph"
+doc = {{"system": {{"gpu": "Stub H100", "forced_commit_len": float(os.environ["SGLANG_SIMULATE_ACC_LEN"]) if spec else None}},
+       "decode_steps": 90 * len(sizes), "stages": rows,
+       "proposal": {{"batch_sizes": {{str(b): {{variant: {{"lm_head": 0.5, "spec_head": head, "proposal": 0.5 + head}}}} for b in sizes}}, "errors": []}}
+                    if spec else None,
+       "memory": {{"target_gib": 15.26, "draft_gib": 2.03 if spec else None, "head_gib": 0.07 if system != "dflash" and spec else None,
+                  "kv_pool_gib": 3.75, "max_total_num_tokens": 24576, "pre_load_free_gib": 78.5 if system in ("lilicorr", "base") else 50.0,
+                  "free_after_graphs_gib": 54.0, "graphs_gib": 1.2 if not eager else 0.0}}}}
+with open(os.path.join(folder, f"stages-{{os.getpid()}}.json"), "w") as f:
+    json.dump(doc, f)
+stub = StubServer(speculative=spec, accept=7, step_s=0.0002 * (3 if system == "builtin" else 1), min_latency_s=0.001, port=int(os.environ["PORT"]))
+stub.serve_forever()
+"""
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    work = tmp_path_factory.mktemp("scale")
+    scale.build(work, target=TOY, layers=2, mask_token_id=299, head=TOY_HEAD, log=lambda line: None)
+    return work
+
+
+def test_build_writes_servable_drafts_of_the_targets_shape(built, capsys):
+    from sglang_lilicorr.drafter import load_draft
+
+    target = json.loads((built / "target" / "config.json").read_text())
+    assert target["architectures"] == ["Qwen3ForCausalLM"] and target["num_hidden_layers"] == 36
+    dflash = json.loads((built / "drafts" / "dflash" / "config.json").read_text())
+    assert dflash["architectures"] == ["DFlashDraftModel"] and dflash["num_hidden_layers"] == 2
+    assert dflash["dflash_config"]["target_layer_ids"] == [1, 9, 17, 25, 33] and dflash["block_size"] == 16
+    drafter, head = load_draft(built / "drafts" / "lilicorr")
+    plain, none = load_draft(built / "drafts" / "dflash")
+    assert none is None and head.config.candidate_topk == 4 and drafter.config == plain.config
+    assert all((drafter.state_dict()[k] == v).all() for k, v in plain.state_dict().items())  # the same drafter
+    assert lilicorr_cli.main(["check-draft", str(built / "drafts" / "lilicorr"), "--target", str(built / "target")]) == 0
+    assert "ok: serve with" in capsys.readouterr().out
+    stamp = (built / "build.json").read_text()
+    lines = []
+    scale.build(built, target=TOY, layers=2, mask_token_id=299, head=TOY_HEAD, log=lines.append)
+    assert lines == [f"[build] {built}: built already"] and (built / "build.json").read_text() == stamp
+
+
+def test_the_paper_geometry():
+    from sglang.srt.speculative.dflash_utils import build_target_layer_ids
+
+    config = scale.drafter_config(scale.QWEN3_8B, layers=scale.DRAFT_LAYERS, mask_token_id=scale.QWEN3_MASK_TOKEN_ID)
+    assert list(config.target_layer_ids) == build_target_layer_ids(36, 5)
+    assert (config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.intermediate_size,
+            config.vocab_size, config.block_size) == (4096, 32, 8, 128, 12288, 151936, 16)
+    import torch
+
+    from sglang_lilicorr.config import LiLiCorrConfig
+    from sglang_lilicorr.head import LiLiCorrHead
+
+    with torch.device("meta"):
+        head = LiLiCorrHead(LiLiCorrConfig(block_size=16, **scale.PAPER_HEAD), model_hidden_size=4096)
+    assert round(sum(p.numel() for p in head.parameters()) / 1e6, 2) == 36.76  # the paper's Table hparams, 8B
+    assert head.config.ffn_width(4096) == 2048
+
+
+def test_server_arguments_of_each_system(tmp_path):
+    lil = scale.server_args("lilicorr", tmp_path, eager=False)
+    assert lil[lil.index("--speculative-algorithm") + 1] == "LILICORR" and lil[lil.index("--load-format") + 1] == "dummy"
+    assert "--skip-tokenizer-init" in lil and lil[lil.index("--speculative-draft-load-format") + 1] == "safetensors"
+    blt, dfl = scale.server_args("builtin", tmp_path, eager=True), scale.server_args("dflash", tmp_path, eager=False)
+    assert blt[blt.index("--speculative-algorithm") + 1] == "DFLASH" and blt[blt.index("--speculative-draft-model-path") + 1].endswith("lilicorr")
+    assert dfl[dfl.index("--speculative-draft-model-path") + 1].endswith("dflash") and "disabled" not in dfl[dfl.index("--cuda-graph-backend-prefill") + 2:]
+    assert blt[blt.index("--cuda-graph-backend-decode") + 1] == "disabled"
+    assert "--speculative-algorithm" not in scale.server_args("base", tmp_path, eager=False)
+    assert scale.server_env("lilicorr", tmp_path)["SGLANG_SIMULATE_ACC_LEN"] == "7" and "SGLANG_SIMULATE_ACC_LEN" not in scale.server_env("base", tmp_path)
+    texts = [r["text"] for r in scale.prompts(3)]
+    assert len(set(texts)) == 3 and all(len(t.encode()) == scale.PROMPT_TOKENS for t in texts)
+
+
+def test_sglang_parses_the_server_arguments(tmp_path, built):
+    from sglang.srt.server_args import prepare_server_args
+
+    from sglang_lilicorr.serving.plugin import register
+
+    register()  # the LILICORR name, as in every SGLang process
+    for system in ("base", "dflash", "lilicorr"):
+        args = prepare_server_args(["--model-path", str(built / "target"), *scale.server_args(system, built, eager=system == "dflash")])
+        assert args.load_format == "dummy" and args.skip_tokenizer_init and args.max_total_tokens == 24576
+
+
+@pytest.fixture(scope="module")
+def bundles(built, tmp_path_factory):
+    """The three phases against stand-ins; returns the $OUT folder."""
+    out = tmp_path_factory.mktemp("OUT")
+    launcher = tmp_path_factory.mktemp("launch") / "launcher.py"
+    launcher.write_text(LAUNCHER.format(tests=str(TESTS), block_ms=BLOCK_MS, head_ms=HEAD_MS))
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SCALE_LAUNCH", f"{sys.executable} {launcher}")
+    mp.setattr(scale, "PORT0", free_port_block(3))
+    fast = {1: 2, 4: 4, 16: 16, 32: 32}
+    mp.setattr(scale, "PHASES", {n: scale.Phase(p.name, p.systems, p.eager, p.rounds, fast, p.budget_s) for n, p in scale.PHASES.items()})
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            code = scale.main(["run", "--work", str(built), "--phases", "graph,base,eager", "--out", str(out)])
+        assert code == 0, printed.getvalue()[-6000:]
+    finally:
+        mp.undo()
+    (out.parent / "printed.txt").write_text(printed.getvalue())
+    return out
+
+
+def test_phases_pack_whole_bundles_of_paired_rounds(bundles):
+    printed_phases = (bundles.parent / "printed.txt").read_text()
+    assert sorted(p.name for p in bundles.iterdir()) == ["scale_base.tar.gz", "scale_eager.tar.gz", "scale_graph.tar.gz"]
+    with tarfile.open(bundles / "scale_graph.tar.gz") as t:
+        names = t.getnames()
+        phase = json.loads(t.extractfile("graph/phase.json").read())
+        round1 = [json.loads(line) for line in t.extractfile("graph/round1.jsonl").read().splitlines()]
+    assert {"graph/round1.jsonl", "graph/round2.jsonl", "graph/round3.jsonl"} <= set(names)
+    assert phase["failures"] == [] and phase["rounds_written"] == ["round1.jsonl", "round2.jsonl", "round3.jsonl"]
+    assert "[graph] lilicorr bs=1 graph: 10.01 ms per step over 90 steps" in printed_phases
+    assert "SGLANG_SIMULATE_ACC_LEN" in phase["server_env"]["builtin"] and "LILICORR" in phase["server_args"]["lilicorr"]
+    assert {(r["system"], r["concurrency"]) for r in round1} == {(s, c) for s in scale.SYSTEMS for c in scale.CONCURRENCY}
+    assert all(t["completion_tokens"] == scale.MAX_TOKENS for r in round1 for t in r["turns"])
+    assert not [p for p in bundles.iterdir() if p.name.startswith(".")]  # no temporary left behind
+
+
+def test_summary_has_every_system_and_concurrency(bundles, tmp_path):
+    out = tmp_path / "results"
+    assert scale_report.main([*map(str, sorted(bundles.iterdir())), "--out", str(out)]) == 0
+    doc = json.loads((out / "summary.json").read_text())
+    assert doc["card"] == "Stub H100" and doc["missing"] == []
+    for s in scale.SYSTEMS:
+        for c in ("1", "4", "16", "32"):
+            e = doc["systems"][s][c]
+            assert {"per_block_ms", "head_ms", "decode_step_ms", "tok_s"} <= set(e) and None not in (e["per_block_ms"], e["head_ms"], e["decode_step_ms"], e["tok_s"])
+            assert e["per_block_ms"] == pytest.approx(BLOCK_MS[s] + int(c) / 100)
+            assert e["decode_step_ms"] == pytest.approx(7.0 + int(c) / 100) and e["forced_commit_len"] == 7.0
+            assert e["per_block_ms_eager"] == pytest.approx(2.5 * BLOCK_MS[s] + int(c) / 100)
+            assert e["projected_speedup"] == pytest.approx(scale_report.PAPER_TAU[s] * e["decode_step_ms"] / e["per_block_ms"])
+            assert len(e["tok_s_per_round"]) == 3 and e["speedup_measured"] > 0
+    assert doc["systems"]["dflash"]["1"]["head_ms"] == 0.0 and doc["systems"]["lilicorr"]["1"]["head_ms"] == pytest.approx(0.12)
+    assert doc["systems"]["builtin"]["1"]["head_ms_eager"] == pytest.approx(1.05)
+    assert doc["systems"]["lilicorr"]["4"]["tok_s_vs_builtin"]["n"] == 3 and doc["systems"]["builtin"]["4"]["tok_s_vs_dflash"]["n"] == 3
+    assert doc["base"]["16"]["tok_s"] > 0 and doc["systems"]["lilicorr"]["1"]["head_share"] == pytest.approx(0.12 / 10.01)
+    assert doc["systems"]["builtin"]["4"]["recorded"]["host_ms"]["target_verify"] == pytest.approx(0.7 * 10.4)
+    targets = doc["targets"]
+    assert targets["head_share_c1_le_1.5pct"]["met"] is True and targets["lilicorr_block_le_builtin"]["met"] is True
+    assert targets["lilicorr_block_le_1.01x_dflash"]["met"] is True
+    mem = doc["memory"]["lilicorr"]
+    assert mem["kv_bytes_per_token"] == pytest.approx(3.75 * 2**30 / 24576) and doc["memory_derivation"]["free_before_load_gib"] == 78.5
+    pool = int((0.85 * 78.5 - 15.26 - 2.03) * 2**30 / mem["kv_bytes_per_token"])
+    assert mem["pool_tokens_at_fraction"] == pool and mem["largest_batch"] == pool // (4096 + 16)
+    assert doc["memory"]["base"]["largest_batch"] == int((0.85 * 78.5 - 15.26) * 2**30 / mem["kv_bytes_per_token"]) // 4096
+    text = (out / "cost.md").read_text()
+    assert "| Stage (ms / block) | dflash (graph) | lilicorr (eager) | lilicorr (graph) | builtin (eager) | builtin (graph) |" in text
+    assert "every block committed 7 tokens" in text and "Plain decode step of the same target: 7.01 ms" in text
+    assert (out / "cost.png").stat().st_size > 0
+
+
+def test_a_summary_of_the_graph_phase_alone_names_what_is_missing(bundles, tmp_path):
+    doc, tables = scale_report.summarize(scale_report.phase_folders([bundles / "scale_graph.tar.gz"], tmp_path))
+    e = doc["systems"]["lilicorr"]["1"]
+    assert e["per_block_ms"] is not None and e["decode_step_ms"] is None and e["per_block_ms_eager"] is None
+    assert any("eager: no stage timings" in m for m in doc["missing"]) and doc["targets"]["head_share_c1_le_1.5pct"]["met"] is True
+    assert [s["variant"] for s in tables[1]["systems"]] == ["graph", "graph", "graph"]
+    with pytest.raises(UsageError, match="given twice"):
+        scale_report.phase_folders([bundles / "scale_graph.tar.gz", bundles / "scale_graph.tar.gz"], tmp_path / "x")
+    with pytest.raises(UsageError, match="holds no phase folder"):
+        scale_report.phase_folders([tmp_path / "empty"], tmp_path)
+    assert scale_report.main([str(tmp_path), "--out", str(tmp_path / "r")]) == 2
+
+
+def fresh_work(built: Path, tmp_path: Path) -> Path:
+    """A WORK with the built inputs and no phase (a phase run again in the same WORK resumes its runs)."""
+    work = tmp_path / "work"
+    for part in ("target", "drafts"):
+        shutil.copytree(built / part, work / part)
+    shutil.copy(built / "build.json", work / "build.json")
+    return work
+
+
+def test_the_deadline_skips_a_phase_it_leaves_no_time_for(built, bundles, tmp_path, capsys):
+    import time
+
+    out = tmp_path / "OUT"
+    code = scale.main(["run", "--work", str(fresh_work(built, tmp_path)), "--phases", "base", "--out", str(out),
+                       "--deadline", str(time.time() + 60)])
+    assert code == 4 and not out.exists() and "run it in the next call" in capsys.readouterr().out
+    assert scale.main(["run", "--work", str(built), "--phases", "base,graph", "--out", str(out), "--deadline", str(time.time() + 60)]) == 0
+    assert capsys.readouterr().out.count("measured in an earlier call") == 2  # packed again, not run again
+    assert sorted(p.name for p in out.iterdir()) == ["scale_base.tar.gz", "scale_graph.tar.gz"]
+    with pytest.raises(SystemExit, match="run `build` first"):
+        scale.main(["run", "--work", str(tmp_path), "--phases", "graph", "--out", str(out)])
+    with pytest.raises(SystemExit):
+        scale.main(["run", "--work", str(built), "--phases", "graph,warp", "--out", str(out)])
+
+
+def test_a_server_that_fails_to_start_leaves_its_log_in_the_bundle(built, tmp_path, monkeypatch, capsys):
+    work = fresh_work(built, tmp_path)
+    crash = tmp_path / "crash.py"
+    crash.write_text("import sys\nprint('Traceback (most recent call last):')\nprint('ValueError: no flashinfer here')\nsys.exit(3)\n")
+    monkeypatch.setenv("SCALE_LAUNCH", f"{sys.executable} {crash}")
+    monkeypatch.setattr(scale, "PORT0", free_port_block(1))
+    assert scale.main(["run", "--work", str(work), "--phases", "base", "--out", str(tmp_path / "OUT")]) == 1
+    printed = capsys.readouterr().out
+    assert "ValueError: no flashinfer here" in printed and "servers: SGLang server" in printed
+    with tarfile.open(tmp_path / "OUT" / "scale_base.tar.gz") as t:
+        assert "base/logs/server-base.log" in t.getnames() and not [n for n in t.getnames() if n.startswith("base/round")]
