@@ -479,16 +479,18 @@ def microbench_batch_sizes() -> list[int]:
 
 
 def worker_lm_head_weight(worker) -> torch.Tensor:
-    """[V, Hm]: the proposer's (LILICORR) or the target's dense LM head over the real vocabulary."""
+    """[V, Hm]: the proposer's (LILICORR) or the target's dense LM head over the real vocabulary (under
+    tensor parallelism, this rank's shard of it)."""
     proposer = vars(worker).get("proposer")
     if proposer is not None:
         return proposer.lm_head_weight
     from sglang.srt.lora.layers import unwrap_lora_layer
 
-    from .worker import dense_lm_head_weight
+    from .worker import lm_head_rows
 
     runner = worker.target_worker.model_runner
-    return dense_lm_head_weight(unwrap_lora_layer(runner.model.lm_head), int(runner.model_config.vocab_size))
+    rows, _ = lm_head_rows(unwrap_lora_layer(runner.model.lm_head), int(runner.model_config.vocab_size), tp_group=None)
+    return rows
 
 
 def proposal_microbench(worker, *, batch_sizes: list[int] | None = None, time_ms: Callable = cuda_time_ms) -> dict:
