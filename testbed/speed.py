@@ -1,7 +1,7 @@
 """Served throughput of LILICORR, DFLASH and the target without speculation on one GPU, in paired,
 alternating rounds (the `speed` step of run.py; sglang_lilicorr.benchmarks.paired).
 
-The three servers start once, side by side on GPU 0 (a quarter of its memory each), the speculative
+The three servers start once, side by side on GPU 0 (KV pools of KV_TOKENS each), the speculative
 ones with the plugin's stage timer. For each concurrency c and round r every system plays the same
 long-form prompts (greedy, --max-tokens new tokens), the order rotating every round, so no system is
 always first or last; round r of every c goes to WORK/speed/round<r>.jsonl with all three systems, and
@@ -25,6 +25,7 @@ SYSTEMS = ("base", "dflash", "lilicorr")
 PORT0 = 32000
 SPEED_SETS = ("writingbench",)  # long-form prompts; MT-Bench's writing questions fill up to SPEED_PROMPTS
 SPEED_PROMPTS = 32
+KV_TOKENS = 65536  # per server: 32 requests of <= 2k tokens; a fixed size, so servers starting together do not race for memory
 
 
 def speed_prompts(eval_rows: list[dict]) -> list[dict]:
@@ -42,12 +43,12 @@ def prompts_for(c: int) -> int:
 
 def server_args(base_args: str, system: str, drafts: Path) -> tuple[str, ...]:
     args = shlex.split(base_args)
-    for flag, value in (("--mem-fraction-static", "0.2"), ("--cuda-graph-max-bs-decode", "32")):
+    for flag, value in (("--mem-fraction-static", "0.9"), ("--cuda-graph-max-bs-decode", "32")):
         if flag in args:
             args[args.index(flag) + 1] = value
         else:
             args += [flag, value]
-    args += ["--max-running-requests", "32"]
+    args += ["--max-running-requests", "32", "--max-total-tokens", str(KV_TOKENS)]
     if system != "base":
         algorithm = "LILICORR" if system == "lilicorr" else "DFLASH"
         args += ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(drafts / system),
@@ -87,8 +88,7 @@ def run(args, base_server_args: str) -> int:
     failed = []
     launcher = shlex.split(os.environ.get("TESTBED_SPEED_LAUNCH", ""))  # tests: stand-ins that serve $PORT
     with contextlib.ExitStack() as stack:
-        for spec in specs:  # one at a time: servers sizing their KV pools at once on one GPU race for its memory
-            stack.enter_context(SGLangServers.start([spec], work / "logs", launcher=launcher))
+        stack.enter_context(SGLangServers.start(specs, work / "logs", launcher=launcher, warm_first=True))
         failed += paired.play_rounds(url, prompts, paired.RoundPlan("speed", args.max_tokens, rounds=args.rounds), work,
                                      log=lambda line: print(line, flush=True))
         if args.tau_check:

@@ -151,3 +151,25 @@ def test_bad_settings_are_named(toy, tmp_path):
         cli(fresh, "train", "lilicorr")
     with pytest.raises(SystemExit, match="testbed/run.py prompts"):
         testbed.eval_sets.read(tmp_path / "missing.jsonl")
+
+
+def test_train_with_init_starts_each_variant_from_its_draft(toy, tmp_path, monkeypatch):
+    """`train ... --init DIR`: the plan records DIR/<variant> and each run gets --init-from it."""
+    _, target, evals = toy
+    work = tmp_path / "work"
+    (work / "data").mkdir(parents=True)
+    (work / "data" / "train.jsonl").write_text("")
+    pick = {"draft_layers": 2, "batch_size": 4, "step_ms": 100.0, "eval_s": 1.0}
+    (work / "sweep").mkdir()
+    (work / "sweep" / "batch.json").write_text(json.dumps({"choice": {"draft_layers": 2, "batch_size": 4}, "results": [pick]}))
+    started = []
+
+    class Proc:
+        pid = 2**22 + 1  # no such process: `train` again would start it anew
+
+    monkeypatch.setattr(testbed, "start", lambda cmd, log, gpus=None: started.append(cmd) or Proc())
+    assert cli((work, target, evals), "train", "lilicorr", "dflash", "--minutes", "1", "--init", str(tmp_path / "drafts")) == 0
+    plan = json.loads((work / "train_config.json").read_text())
+    assert plan["init"] == {n: str(tmp_path / "drafts" / n) for n in ("lilicorr", "dflash")}
+    for cmd, name in zip(started, ("lilicorr", "dflash")):
+        assert cmd[cmd.index("--init-from") + 1] == str(tmp_path / "drafts" / name)

@@ -185,6 +185,31 @@ def test_resume_continues_and_refuses_incompatible(workspace, tmp_path):
         train(tiny_cfg(workspace, out, max_steps=6, gamma=0.0))
 
 
+def test_init_from_an_export_starts_from_its_weights_and_refuses_another_geometry(workspace, tmp_path):
+    """--init-from DRAFT: step 0 holds the draft's weights (bf16 export -> fp32 masters), the step count
+    and optimizer start fresh; a draft of another geometry, or no draft folder, is refused by name."""
+    from sglang_lilicorr.checkpoint import read_tensors
+    from sglang_lilicorr.train.config import TrainConfigError
+    from sglang_lilicorr.train.state import read_training_checkpoint
+
+    train(tiny_cfg(workspace, tmp_path / "first", max_steps=3))
+    draft = export_checkpoint(tmp_path / "first", tmp_path / "draft")
+    exported = read_tensors(draft)
+    metrics = train(tiny_cfg(workspace, tmp_path / "second", max_steps=1, init_from=str(draft), lr_drafter=1e-12, lr_head=1e-12,
+                             warmup_ratio=0.0))
+    assert metrics["step"] == 1
+    _, _, _, tensors = read_training_checkpoint(tmp_path / "second")
+    assert tensors.keys() == exported.keys()
+    for name, value in exported.items():  # one step at lr 1e-12 moves nothing a bf16 rounding shows
+        assert torch.equal(tensors[name].to(torch.bfloat16), value), name
+    with pytest.raises(IncompatibleCheckpointError, match="init-from .*num_hidden_layers"):
+        train(tiny_cfg(workspace, tmp_path / "third", max_steps=1, init_from=str(draft), draft_layers=2))
+    with pytest.raises(IncompatibleCheckpointError, match="init-from .*head differs"):
+        train(tiny_cfg(workspace, tmp_path / "third", max_steps=1, init_from=str(draft), gamma=0.0))
+    with pytest.raises(TrainConfigError, match="--init-from .*exported draft folder"):
+        tiny_cfg(workspace, tmp_path / "third", init_from=str(tmp_path / "first"))
+
+
 def test_yarn_trains_exports_reloads_and_resumes_only_with_the_same_rope(workspace, tmp_path, capsys):
     """`lilicorr train --rope-scaling yarn` (2 steps) -> export -> the draft reloads with the same YaRN
     rope, written as SGLang reads it; a run with other rope settings does not resume from it."""

@@ -112,3 +112,16 @@ def test_a_server_that_dies_at_start_up_is_named(tmp_path):
     spec = ServerSpec("model", free_ports(1)[0], "0")
     with pytest.raises(EngineError, match="exited during start-up"):
         SGLangServers.start([spec], tmp_path, startup_timeout=30, launcher=[sys.executable, str(tmp_path / "dead.py")])
+
+
+@pytest.mark.parametrize("visible, gpus, expected", [(None, 2, ["0", "1"]), ("1", 1, ["1"]), ("2,3", 2, ["2", "3"])])
+def test_launch_puts_one_server_on_each_visible_gpu(monkeypatch, visible, gpus, expected):
+    """Server i runs on the i-th GPU this process may use (CUDA_VISIBLE_DEVICES), not on physical GPU i."""
+    seen = []
+    monkeypatch.setattr(SGLangServers, "start", classmethod(lambda cls, specs, *a, **k: seen.extend(specs)))
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    SGLangServers.launch("/m", gpus)
+    assert [s.gpus for s in seen] == expected

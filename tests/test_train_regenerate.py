@@ -94,6 +94,18 @@ def test_resume_skips_done_and_cuts_a_torn_line(tmp_path, tokenizer):
     assert len(engine.calls) == 3  # all done: nothing generated
 
 
+def test_past_until_no_conversation_starts_and_a_later_call_plays_them(tmp_path, tokenizer):
+    import time
+
+    plans = prompt_plans(write_prompts(tmp_path / "p.jsonl", ["a", "b", "c"]))
+    out, engine = tmp_path / "o.jsonl", FakeEngine(tokenizer)
+    stats = play(plans, out, tokenizer, engine, Settings(), until=time.time() - 1)
+    assert stats.unplayed == 3 and engine.calls == [] and not out.read_text()
+    assert not (tmp_path / "o.jsonl.dropped").read_text()  # not dropped: a later call plays them
+    stats = play(plans, out, tokenizer, engine, Settings(), until=time.time() + 60)
+    assert stats.unplayed == 0 and sorted(r["id"] for r in rows_of(out)) == ["p0", "p1", "p2"]
+
+
 def test_prompt_files_that_overlap_the_evaluation_are_refused_by_line(tmp_path):
     evaluation = write_prompts(tmp_path / "eval.jsonl", ["Write a story about a cat who learns to fly over the sea"])
     guard = EvalGuard.of([json.loads(line)["messages"][0]["content"] for line in open(evaluation)])

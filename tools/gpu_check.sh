@@ -23,6 +23,10 @@
 #             4, 8, 16, 32 concurrent requests mixing T=0 and T=1 -> $OUT/lilicorr.json; its log ->
 #             $OUT/lilicorr.log. Draft graphs cover bs <= 16 (GRAPH_BS), so 32 also runs the eager path
 #   dflash    the same drafter without its head under --speculative-algorithm DFLASH -> $OUT/dflash.json
+#   faults    a LILICORR server (64 running requests) under `lilicorr bench faults` for FAULTS_SECONDS (300): 64 clients,
+#             mixed lengths, disconnects, over-long and invalid requests; then /health and the KV pool back to empty;
+#             the server log must name no traceback and no leak -> $OUT/faults.{log,tar.gz}. FAULTS_MEM (0.3) sets
+#             --mem-fraction-static (lower it to share the GPU)
 #   check     sglang_lilicorr.reference.check (float32 teacher-forced target; near-ties within TOL_ULPS=2 bf16
 #             ulps of the top logit allowed; byte-equal fraction against base.json) over every greedy response; the log must
 #             show our proposal captured in the draft CUDA graph and the draft graph capture itself
@@ -127,6 +131,25 @@ if has dflash; then
   serve dflash 30012 "" -- --max-running-requests 32 --cuda-graph-max-bs-decode "${GRAPH_BS:-16}" \
     --speculative-algorithm DFLASH --speculative-draft-model-path "$W/dflash_draft" \
     --speculative-draft-attention-backend triton || fails+=(dflash)
+fi
+
+if has faults; then
+  say "== faults: LILICORR under load and faults for ${FAULTS_SECONDS:-300} s (lilicorr bench faults, 64 clients)"
+  L=$O/faults.log; F=$W/faults; rm -rf "$F"
+  if start_server faults 30013 "$L" --model-path "$W/model" --attention-backend triton --sampling-backend pytorch \
+    --grammar-backend none --mem-fraction-static "${FAULTS_MEM:-0.3}" --context-length 2048 --cuda-graph-backend-prefill disabled \
+    --max-running-requests 64 --cuda-graph-max-bs-decode "${GRAPH_BS:-16}" --speculative-algorithm LILICORR \
+    --speculative-draft-model-path "$W/lilicorr_draft" --speculative-draft-attention-backend triton "${EXTRA[@]}"; then
+    timeout $(( ${FAULTS_SECONDS:-300} + 300 )) python3 -m sglang_lilicorr.cli bench faults --url http://127.0.0.1:30013 \
+      --clients 64 --duration "${FAULTS_SECONDS:-300}" --expect-spec --out "$F" 2>&1 | tail -n 20 | tee -a "$S"
+    [ "${PIPESTATUS[0]}" = 0 ] || fails+=(faults)
+  else
+    fails+=(faults)
+  fi
+  stop_server
+  say "server log: $(grep -c Traceback "$L") tracebacks, $(grep -ci "leak" "$L") lines naming a leak"
+  grep -qi "leak\|Traceback" "$L" && fails+=(faults_log)
+  [ -d "$F" ] && tar -czf "$O/faults.tar.gz" -C "$W" faults
 fi
 
 if has check; then

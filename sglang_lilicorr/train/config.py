@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 from typing import Any
 
 from ..config import LiLiCorrConfig
@@ -75,6 +76,7 @@ class TrainConfig:
     keep_checkpoints: int = 2  # resumable checkpoints kept (the newest; older ones are the fallback)
     max_bad_steps: int = 10  # non-finite steps skipped before the run stops
     resume: bool = True
+    init_from: str | None = None  # an exported draft whose weights start the run (a resumed run ignores it)
     chat_template_kwargs: dict[str, Any] = dataclasses.field(default_factory=lambda: {"enable_thinking": False})
 
     def __post_init__(self) -> None:
@@ -112,6 +114,8 @@ class TrainConfig:
         for name in ("max_steps", "eval_every", "draft_intermediate_size", "seed"):
             need(isinstance(getattr(self, name), int) and getattr(self, name) >= 0, name, "an integer >= 0")
         self.validate_rope()
+        need(self.init_from is None or (Path(self.init_from) / "config.json").is_file(), "init_from",
+             "an exported draft folder (config.json + model.safetensors, from `lilicorr export`)")
         need(isinstance(self.max_length, int) and self.max_length >= self.block_size + 2, "max_length",
              f"an integer >= block_size + 2 = {self.block_size + 2} (room for one block after a prompt token)")
         try:

@@ -85,9 +85,11 @@ class SGLangServers:
     @classmethod
     def launch(cls, model_path: str, gpus: int, port0: int = 31000, server_args: Sequence[str] = (), log_dir: str | Path = ".",
                startup_timeout: float = 900.0, concurrency: int = 256) -> "SGLangServers":
-        """Start one server per GPU (CUDA_VISIBLE_DEVICES = i, port port0 + i) and wait until all
-        answer /health. Call `close()` (or use `with`) to stop them."""
-        specs = [ServerSpec(model_path, port0 + i, str(i), ("--max-running-requests", str(concurrency), *server_args)) for i in range(gpus)]
+        """Start one server per GPU (the i-th of this process's CUDA_VISIBLE_DEVICES, or GPU i; port
+        port0 + i) and wait until all answer /health. Call `close()` (or use `with`) to stop them."""
+        visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+        ids = visible[:gpus] if len(visible) >= gpus else [str(i) for i in range(gpus)]
+        specs = [ServerSpec(model_path, port0 + i, ids[i], ("--max-running-requests", str(concurrency), *server_args)) for i in range(gpus)]
         return cls.start(specs, log_dir, startup_timeout, concurrency, warm_first=True)
 
     @classmethod

@@ -27,9 +27,12 @@ from typing import Any, Mapping
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..checkpoint import HEAD_PREFIX, CheckpointError, atomic_directory
+from ..checkpoint import (
+    HEAD_PREFIX, WEIGHTS_FILE, CheckpointError, atomic_directory, has_head, lilicorr_config, load_strict, read_config, read_tensors,
+    split_head,
+)
 from ..config import LiLiCorrConfig
-from ..drafter import DrafterConfig
+from ..drafter import DrafterConfig, load_drafter_tensors
 
 STATE_FILE, TENSORS_FILE, OPTIMIZER_FILE, LATEST = "train_state.json", "trainable.safetensors", "optimizer.pt", "latest"
 FORMAT = "lilicorr-train-v1"
@@ -175,21 +178,41 @@ def read_training_checkpoint(path: str | Path) -> tuple[dict[str, Any], DrafterC
 
 
 def check_resume_compatible(state: Mapping[str, Any], drafter: DrafterConfig, head: LiLiCorrConfig | None, where: str) -> None:
-    saved_d = DrafterConfig.from_hf_config(state["drafter_config"])
+    check_same_geometry(state["drafter_config"], state["head_config"], drafter, head, where, "resume")
+
+
+def check_same_geometry(saved_drafter: Mapping[str, Any], saved_head: Mapping[str, Any] | None, drafter: DrafterConfig,
+                        head: LiLiCorrConfig | None, where: str, action: str) -> None:
+    """Raises IncompatibleCheckpointError unless the saved drafter config (SGLang config.json form) and
+    head keys (`lilicorr_*`, or None) are this run's."""
+    saved_d = DrafterConfig.from_hf_config(saved_drafter)
     if saved_d != drafter:
         diff = [f.name for f in dataclasses.fields(drafter) if getattr(saved_d, f.name) != getattr(drafter, f.name)]
         raise IncompatibleCheckpointError(
-            f"{where}: cannot resume, the drafter differs in {diff} (checkpoint "
+            f"{where}: cannot {action}, the drafter differs in {diff} (checkpoint "
             f"{[getattr(saved_d, n) for n in diff]} vs this run {[getattr(drafter, n) for n in diff]}); "
             "use the same settings or a new --output-dir."
         )
-    saved_h = state["head_config"]
     run_h = None if head is None else head.to_dflash_keys()
-    if saved_h != run_h:
+    if saved_head != run_h:
         raise IncompatibleCheckpointError(
-            f"{where}: cannot resume, the LiLiCorr head differs (checkpoint {saved_h}, this run {run_h}); "
-            "gamma > 0 needs the same head geometry, gamma = 0 has none. Use a new --output-dir."
+            f"{where}: cannot {action}, the LiLiCorr head differs (checkpoint {saved_head}, this run {run_h}); "
+            "gamma > 0 needs the same head geometry, gamma = 0 has none. Use the same settings or a new --output-dir."
         )
+
+
+def load_draft_weights(directory: str | Path, drafter, head, drafter_cfg: DrafterConfig, head_cfg: LiLiCorrConfig | None) -> None:
+    """Start a run from an exported draft: its weights (as fp32 masters), not its step or optimizer.
+    The draft must have this run's drafter and head geometry."""
+    config = read_config(directory)
+    saved_head = lilicorr_config(config).to_dflash_keys() if has_head(config) else None
+    check_same_geometry(config, saved_head, drafter_cfg, head_cfg, f"--init-from {directory}", "start from it")
+    drafter_t, head_t = split_head(read_tensors(directory))
+    where = str(Path(directory) / WEIGHTS_FILE)
+    load_drafter_tensors(drafter, drafter_t, f"{where} (drafter)")
+    if head is not None:
+        masters = head.state_dict()
+        load_strict(head, {k: v.to(masters[k].dtype) if k in masters else v for k, v in head_t.items()}, f"{where} (head)")
 
 
 def trainable_tensors(drafter_state: Mapping[str, torch.Tensor], head_state: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:

@@ -9,7 +9,9 @@ The global batch of a step is batch_size x grad_accum x ranks sequences, cut int
 micro-batches: micro-batch j = rank + ranks * micro holds the step's sequences j, j + G, j + 2G, ...
 (G = grad_accum x ranks) and draws its anchors from seed step * G + j, so any split of one global batch
 between ranks and accumulation trains on the same micro-batches and the same gradient (the mean of their
-objectives), up to float summation order. Its logged training metrics are pooled over the whole global
+objectives), up to float summation order. A run may start from an exported draft's weights
+(`init_from`, same geometry; a fresh optimizer and schedule); a resumable checkpoint in its output
+folder takes precedence. Its logged training metrics are pooled over the whole global
 batch (every micro-batch of every rank, weighted by blocks), and tokens/s counts every rank's tokens.
 Only rank 0 writes: checkpoints, snapshots, metrics, and the clean-up of an interrupted save.
 
@@ -49,6 +51,7 @@ from .prompts import check_disjoint, eval_guard
 from .state import (
     OPTIMIZER_FILE,
     check_resume_compatible,
+    load_draft_weights,
     prune_checkpoints,
     remove_orphans,
     resume_point,
@@ -284,6 +287,8 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         optimizer.load_state_dict(opt_state["optimizer"])
         scheduler.load_state_dict(opt_state["scheduler"])
         step = int(state["step"])
+    elif cfg.init_from:
+        load_draft_weights(cfg.init_from, drafter, head, drafter_cfg, head_cfg)
     metrics_path = out_dir / "metrics.jsonl"
     if env.main:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,75 @@
+#!/bin/bash
+# The device calls of a SmolLM2 training session on one host with 2 GPUs (nvidia-h100-x2), back to back on one
+# warm machine (docs/DEVELOPING.md, "Training the SmolLM2 drafts"). Each call: bash testbed/calls.sh CALL.
+#   install  carry .dev/{whl,pkgs,bin,manifest.txt,smolA}: the device kit, this project, part_a of the GGUF
+#   data     carry .dev/{smolB,bin}: the target (bf16), the sweep's choice of the last run (testbed/results/SWEEP),
+#            then `data` for DATA_MINUTES (the set closes at what was generated)
+#   train    carry .dev/ckpt (the shipped drafts' weights): both variants from the shipped drafts (`train --init`),
+#            one GPU each, for TRAIN_MINUTES; beside them on GPU 1 the evaluation outputs (`evalgen`) and the server
+#            under load and faults (tools/gpu_check.sh faults, the shipped LiLiCorr draft); then `wait`
+#   measure  `export`; on GPU 0 `speed`; beside it on GPU 1 `replay` and the served greedy check of the new
+#            LiLiCorr draft (tools/gpu_check.sh lilicorr,check)
+# What comes back: at most 8 files (the device's limit): results.tar.gz holds everything small, large files come in
+# parts of 12 MB (cat PART_* > FILE). Every call sets TESTBED_DEADLINE from CALL_SECONDS (570).
+set -u -o pipefail
+CALL=${1:?usage: bash testbed/calls.sh install|data|train|measure}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+export TESTBED_DEADLINE=$(( $(date +%s) + ${CALL_SECONDS:-570} )) PYTHONUNBUFFERED=1
+RET=${OUT:-/tmp/lilicorr_out}
+export OUT=/tmp/calls/$CALL  # the steps copy into here; pack() moves it into $RET
+rm -rf "$OUT" && mkdir -p "$OUT"
+SWEEP=$ROOT/testbed/results/h200x4_2026-11-27
+# servers that share a GPU with training: fixed KV pools instead of a share of the memory
+SHARED_SERVER_ARGS="--attention-backend triton --sampling-backend pytorch --grammar-backend none --mem-fraction-static 0.9 \
+--max-total-tokens 131072 --context-length 4096 --cuda-graph-max-bs-decode 256 --cuda-graph-backend-prefill disabled"
+log() { echo "[calls $CALL $(date +%H:%M:%S)] $*"; }
+quiet() { grep -v "it/s\]\|s/it\]\|Loading weights\|Warning" | tail -n "${1:-25}"; }
+
+pack() {  # $OUT -> $RET: files over 15 MB in 12 MB parts, everything else in results.tar.gz
+  mkdir -p "$RET"
+  find "$OUT" -type f -size +15M | while read -r f; do split -b 12000000 -d "$f" "$RET/$(basename "$f").part_" && rm "$f"; done
+  tar -czf "$RET/results.tar.gz" -C "$OUT" . && ls -l "$RET"
+}
+trap pack EXIT
+
+case $CALL in
+install)
+  bash "$ROOT/.dev/bin/smol.sh" install 2>&1 | tail -n 8
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  ;;
+data)
+  bash "$ROOT/.dev/bin/smol.sh" model 2>&1 | tail -n 4
+  mkdir -p /tmp/testbed/sweep && cp "$SWEEP/depth.json" "$SWEEP/batch.json" /tmp/testbed/sweep/
+  log "data for ${DATA_MINUTES:-4} minutes"
+  bash "$ROOT/testbed/gpu.sh" data --seed "${DATA_SEED:-1}" --minutes "${DATA_MINUTES:-4}" 2>&1 | quiet 30
+  cp /tmp/testbed/data/logs/*.log "$OUT/" 2>/dev/null
+  ;;
+train)
+  for v in lilicorr dflash; do
+    mkdir -p "/tmp/init/$v" && cp "$ROOT/checkpoints/smollm2-$v/config.json" "/tmp/init/$v/" \
+      && cp "$ROOT/.dev/ckpt/$v.safetensors" "/tmp/init/$v/model.safetensors" || { log "no .dev/ckpt/$v.safetensors: carry .dev/ckpt"; exit 1; }
+  done
+  bash "$ROOT/testbed/gpu.sh" train lilicorr dflash --minutes "${TRAIN_MINUTES:-7}" --max-minutes "${TRAIN_CAP:-8.3}" \
+    --evals "${TRAIN_EVALS:-6}" --init /tmp/init 2>&1 | quiet
+  rm -rf /tmp/smol/lilicorr_draft && cp -r /tmp/init/lilicorr /tmp/smol/lilicorr_draft
+  (CUDA_VISIBLE_DEVICES=1 FAULTS_MEM=0.9 EXTRA_ARGS="--max-total-tokens 131072" OUT=$OUT/faults setsid \
+     bash "$ROOT/tools/gpu_check.sh" faults > /tmp/calls/faults.txt 2>&1 &)
+  CUDA_VISIBLE_DEVICES=1 TESTBED_SERVER_ARGS=$SHARED_SERVER_ARGS bash "$ROOT/testbed/gpu.sh" evalgen 2>&1 | quiet
+  while pgrep -f "gpu_check.sh faults" > /dev/null && (( $(date +%s) < TESTBED_DEADLINE - 30 )); do sleep 10; done
+  tail -n 25 /tmp/calls/faults.txt
+  bash "$ROOT/testbed/gpu.sh" wait --minutes $(( (TESTBED_DEADLINE - $(date +%s) - 40) / 60 )) 2>&1 | tail -n 4
+  ;;
+measure)
+  bash "$ROOT/testbed/gpu.sh" wait --minutes 3 2>&1 | tail -n 3 && bash "$ROOT/testbed/gpu.sh" export 2>&1 | quiet 6
+  (
+    bash "$ROOT/testbed/gpu.sh" replay --drafts lilicorr dflash --gpu-ids 1 2>&1 | quiet 40
+    rm -rf /tmp/smol/lilicorr_draft && cp -r /tmp/testbed/drafts/lilicorr /tmp/smol/lilicorr_draft
+    CUDA_VISIBLE_DEVICES=1 OUT=$OUT/served bash "$ROOT/tools/gpu_check.sh" lilicorr,check 2>&1 | tail -n 12
+  ) > /tmp/calls/side.txt 2>&1 &
+  side=$!
+  bash "$ROOT/testbed/gpu.sh" speed ${SPEED_ARGS:-} 2>&1 | quiet 60
+  wait $side
+  cat /tmp/calls/side.txt
+  ;;
+*) echo "unknown call $CALL: install, data, train or measure" >&2; exit 2 ;;
+esac
