@@ -2,7 +2,8 @@
 
 N concurrent clients (default 64) send requests back to back for a given duration against an
 OpenAI-compatible SGLang server. Each request is one of (seeded, per client):
-  normal      a prompt of mixed length (--prompt-words), half /v1/chat/completions, half /generate,
+  normal      a prompt of mixed length (--prompt-words, cut to what fits the context with max_tokens),
+              half /v1/chat/completions, half /generate,
               non-streaming; must complete (HTTP 200) with its stats present: /generate's `meta_info`,
               the chat API's `usage`, and with --expect-spec the spec stats (`spec_verify_ct`)
   disconnect  a quarter of them: a streaming chat request that we close after 1-4 chunks; must not
@@ -69,15 +70,25 @@ class FaultConfig:
     drain_timeout_s: float = 60.0
 
 
+TOKENS_PER_WORD = 5  # a prompt word "w<0-999>" and its space: at most 5 tokens under any byte-level BPE
+TEMPLATE_TOKENS = 64  # the instruction and the chat template around the words
+
+
 def prompt(words: int, rng: random.Random) -> str:
     return "Continue this list: " + " ".join(f"w{rng.randrange(1000)}" for _ in range(words))
+
+
+def fitting_words(config: FaultConfig) -> int:
+    """The most prompt words whose request (prompt + max_tokens) still fits the server's context, so
+    every request but the `too_long` ones is one the server must serve."""
+    return max(1, (config.context_length - config.max_tokens - TEMPLATE_TOKENS) // TOKENS_PER_WORD)
 
 
 def plan(config: FaultConfig, client: int, index: int, rng: random.Random) -> tuple:
     """(Request, request body) of one request of a client."""
     kind = rng.choices(KINDS, KIND_WEIGHTS)[0]
     api = "chat" if kind != "normal" or rng.random() < 0.5 else "generate"
-    words = rng.choice(config.prompt_words)
+    words = min(rng.choice(config.prompt_words), fitting_words(config))
     max_tokens = config.context_length if kind == "too_long" else config.max_tokens
     messages = [{"role": "user", "content": prompt(words, rng)}]
     sampling = Sampling(temperature=rng.choice((0.0, 1.0)), max_tokens=max_tokens, seed=rng.randrange(1 << 16))

@@ -56,8 +56,9 @@ def server_args(base_args: str, system: str, drafts: Path) -> tuple[str, ...]:
     return tuple(args)
 
 
-def bench(*argv: str) -> int:
-    return subprocess.call([sys.executable, "-m", "sglang_lilicorr.cli", "bench", *argv])
+def bench(*argv: str, cwd: Path) -> int:
+    """`lilicorr bench ...` run from `cwd`, never the checkout (its plain sglang_lilicorr/ lacks the installed kernels/)."""
+    return subprocess.call([sys.executable, "-m", "sglang_lilicorr.cli", "bench", *argv], cwd=cwd)
 
 
 def run(args, base_server_args: str) -> int:
@@ -95,15 +96,15 @@ def run(args, base_server_args: str) -> int:
             for system in SYSTEMS[1:]:
                 if bench("run", "--url", url[system], "--system", system, "--dataset", str(args.eval_prompts),
                          "--results", str(work / "tau_check.jsonl"), "--concurrency", "8", "--temperature", "0",
-                         "--max-tokens", str(args.max_tokens), "--warmup", "0", "--request-timeout", "300", "--no-progress"):
+                         "--max-tokens", str(args.max_tokens), "--warmup", "0", "--request-timeout", "300", "--no-progress", cwd=work):
                     failed.append(f"{system} tau check")
     rounds = [str(p) for p in paired.merge_rounds(work, SYSTEMS, prompts, args.rounds)]
-    rc = bench("report", *rounds, "--baseline", "base", "--block-ref", "dflash", "--out", str(work / "report"))
+    rc = bench("report", *rounds, "--baseline", "base", "--block-ref", "dflash", "--out", str(work / "report"), cwd=work)
     if args.tau_check and (work / "tau_check.jsonl").is_file():
-        rc |= bench("report", str(work / "tau_check.jsonl"), "--block-ref", "dflash", "--no-plots", "--out", str(work / "tau_check"))
+        rc |= bench("report", str(work / "tau_check.jsonl"), "--block-ref", "dflash", "--no-plots", "--out", str(work / "tau_check"), cwd=work)
     for c in args.concurrency if all(list((work / "stages" / s).glob("*.json")) for s in SYSTEMS[1:]) else []:
         rc |= bench("stages", "--timings", f"lilicorr={work / 'stages' / 'lilicorr'}", f"dflash={work / 'stages' / 'dflash'}",
-                    "--bs", str(c), "--out", str(work / "stages" / f"c{c}"))
+                    "--bs", str(c), "--out", str(work / "stages" / f"c{c}"), cwd=work)
     save_json(work / "speed_run.json", {"concurrency": args.concurrency, "rounds": args.rounds, "max_tokens": args.max_tokens,
                                         "failed": failed, "server_args": {s: " ".join(spec.args) for s, spec in zip(SYSTEMS, specs)}})
     bundle = work / "speed_results.tar.gz"

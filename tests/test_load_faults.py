@@ -74,3 +74,18 @@ def test_every_kind_is_planned_with_its_fault():
             assert body["max_completion_tokens"] == 512
         if request.kind == "bad_params":
             assert body.get("temperature", 0) < 0 or body.get("top_p", 1) > 1 or body.get("min_p", 0) > 1
+
+
+def test_prompts_are_cut_to_fit_the_context():
+    """A --prompt-words length the context cannot hold (1024 words ~ 4k tokens in a 2k context) is cut,
+    so only the too_long requests ask for more than the server holds."""
+    from test_train import make_tokenizer
+
+    tok = make_tokenizer()
+    config = load_faults.FaultConfig(url="http://127.0.0.1:9", context_length=2048, max_tokens=128, prompt_words=(1024,))
+    rng = random.Random(0)
+    for _ in range(20):
+        request, body = load_faults.plan(config, 0, 0, rng)
+        assert request.prompt_words == load_faults.fitting_words(config) < 1024
+        text = body["messages"][0]["content"] if "messages" in body else body["text"]
+        assert len(tok.encode(text)) + load_faults.TEMPLATE_TOKENS + config.max_tokens <= config.context_length

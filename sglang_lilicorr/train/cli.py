@@ -14,6 +14,7 @@ import dataclasses
 import json
 import shlex
 import sys
+import time
 from pathlib import Path
 
 CHAT_KWARGS_HELP = 'JSON object passed to the chat template (default {"enable_thinking": false}: reasoning off)'
@@ -64,6 +65,8 @@ def _register_regenerate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--package", type=bounded(int, 0), default=4000, help="standard-library prompts (recipe)")
     p.add_argument("--second-turns", type=bounded(float, 0.0, 1.0), default=0.3, help="share of conversations given a second, self-written user turn (recipe)")
     p.add_argument("--heldout", type=bounded(int, 0), default=256, help="conversations kept out of training (recipe)")
+    p.add_argument("--minutes", type=bounded(float, 0.0), default=0.0, help="start no conversation after this many minutes; "
+                   "the set closes at what was generated, a later run plays the rest (recipe; 0: no limit)")
     p.add_argument("--temperature", type=bounded(float, 0.0), default=0.0, help="replies' temperature (0 = greedy, as the paper)")
     p.add_argument("--seed", type=bounded(int, 0), default=0)
     p.add_argument("--max-new-tokens", type=bounded(int, 1), default=512, help="per reply")
@@ -126,6 +129,7 @@ def run_regenerate(args: argparse.Namespace) -> int:
         if args.recipe:
             result = build_dataset(out, tokenizer, generator, settings, magpie=args.magpie, package=args.package,
                                    second_turn_share=args.second_turns, heldout=args.heldout, exclude=args.exclude,
+                                   until=time.time() + 60 * args.minutes if args.minutes else None,
                                    describe={"command": "lilicorr " + " ".join(map(shlex.quote, sys.argv[1:])), "engine": engine,
                                              "target": str(Path(args.target).resolve())})
             print(json.dumps({k: result[k] for k in ("counts", "this_call")}))
