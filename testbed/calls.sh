@@ -2,7 +2,7 @@
 # The device calls of a SmolLM2 training session on one host with 2 GPUs (nvidia-h100-x2), back to back on one
 # warm machine (docs/DEVELOPING.md, "Training the SmolLM2 drafts"). Each call: bash testbed/calls.sh CALL.
 #   install  carry .dev/{whl,pkgs,bin,manifest.txt,smolA}: the device kit, this project, part_a of the GGUF
-#   data     carry .dev/{smolB,bin}: the target (bf16), the sweep's choice of the last run (testbed/results/SWEEP),
+#   data     carry .dev/{smolB,bin}: the target (bf16), the sweep choice of testbed/results/h200x4_2026-11-27,
 #            then `data` for DATA_MINUTES (the set closes at what was generated)
 #   train    carry .dev/ckpt (the shipped drafts' weights): both variants from the shipped drafts (`train --init`),
 #            one GPU each, for TRAIN_MINUTES; beside them on GPU 1 the evaluation outputs (`evalgen`) and the server
