@@ -1,13 +1,14 @@
 #!/bin/bash
 # The device calls of a SmolLM2 training session on one host with 2 GPUs (nvidia-h100-x2), back to back on one
 # warm machine (docs/DEVELOPING.md, "Training the SmolLM2 drafts"). Each call: bash testbed/calls.sh CALL.
-#   install  carry .dev/{whl,pkgs,bin,manifest.txt,smolA}: the device kit, this project, part_a of the GGUF
+#   install  carry .dev/{whl,pkgs,bin,manifest.txt,smolA}: the device kit, this project, part_a of the GGUF; on an
+#            H100 also tools/select_check.sh (the served select's digests and head_bench against the H100 reference)
 #   data     carry .dev/{smolB,bin}: the target (bf16), the sweep choice of testbed/results/h200x4_2026-11-27,
 #            then `data` for DATA_MINUTES (the set closes at what was generated)
 #   train    carry .dev/ckpt (the shipped drafts' weights): both variants from the shipped drafts (`train --init`),
-#            one GPU each, for TRAIN_MINUTES; beside them on GPU 1 the evaluation outputs (`evalgen`) and the server
-#            under load and faults (tools/gpu_check.sh faults, the shipped LiLiCorr draft); then `wait`
-#   measure  `export`; on GPU 0 `speed`; beside it on GPU 1 `replay` and the served greedy check of the new
+#            one GPU each, for TRAIN_MINUTES; beside them on GPU 1 the evaluation outputs (`evalgen`); then `wait`
+#   measure  `export`; on GPU 0 `speed` (tau through the servers on every set unless SPEED_ARGS=--no-tau-check);
+#            beside it on GPU 1 `replay` and the served greedy check of the new
 #            LiLiCorr draft (tools/gpu_check.sh lilicorr,check)
 # What comes back: at most 8 files (the device's limit): results.tar.gz holds everything small, large files come in
 # parts of 12 MB (cat PART_* > FILE). Every call sets TESTBED_DEADLINE from CALL_SECONDS (570).
@@ -36,6 +37,9 @@ case $CALL in
 install)
   bash "$ROOT/.dev/bin/smol.sh" install 2>&1 | tail -n 8
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  if nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | grep -q H100; then
+    bash "$ROOT/tools/select_check.sh" "$OUT/select" 0 2>&1 | tail -n 8
+  fi
   ;;
 data)
   bash "$ROOT/.dev/bin/smol.sh" model 2>&1 | tail -n 4
@@ -51,12 +55,7 @@ train)
   done
   bash "$ROOT/testbed/gpu.sh" train lilicorr dflash --minutes "${TRAIN_MINUTES:-7}" --max-minutes "${TRAIN_CAP:-8.3}" \
     --evals "${TRAIN_EVALS:-6}" --init /tmp/init 2>&1 | quiet
-  rm -rf /tmp/smol/lilicorr_draft && cp -r /tmp/init/lilicorr /tmp/smol/lilicorr_draft
-  (CUDA_VISIBLE_DEVICES=1 FAULTS_MEM=0.9 EXTRA_ARGS="--max-total-tokens 131072" OUT=$OUT/faults setsid \
-     bash "$ROOT/tools/gpu_check.sh" faults > /tmp/calls/faults.txt 2>&1 &)
   CUDA_VISIBLE_DEVICES=1 TESTBED_SERVER_ARGS=$SHARED_SERVER_ARGS bash "$ROOT/testbed/gpu.sh" evalgen 2>&1 | quiet
-  while pgrep -f "gpu_check.sh faults" > /dev/null && (( $(date +%s) < TESTBED_DEADLINE - 30 )); do sleep 10; done
-  tail -n 25 /tmp/calls/faults.txt
   bash "$ROOT/testbed/gpu.sh" wait --minutes $(( (TESTBED_DEADLINE - $(date +%s) - 40) / 60 )) 2>&1 | tail -n 4
   ;;
 measure)

@@ -123,10 +123,26 @@ def speed_table(speed: dict) -> list[str]:
     return lines
 
 
-def curves(metrics: dict[str, list[dict]], path: Path) -> Path | None:
+def lineage(earlier: list[dict[str, list[dict]]], metrics: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], list[int]]:
+    """Warm-started runs as one curve: each run's metrics (earlier runs first, then `metrics`) with its steps
+    shifted past the previous run's last step. Returns the joined rows per variant and the steps where a run
+    began (after the first)."""
+    joined: dict[str, list[dict]] = {}
+    starts: list[int] = []
+    for run in [*earlier, metrics]:
+        offset = max((rows[-1]["step"] for rows in joined.values() if rows), default=0)
+        if offset and any(run.values()):
+            starts.append(offset)
+        for v, rows in run.items():
+            joined.setdefault(v, []).extend({**r, "step": r["step"] + offset} for r in rows)
+    return joined, starts
+
+
+def curves(metrics: dict[str, list[dict]], path: Path, run_starts: list[int] = ()) -> Path | None:
     """Left: tokens per block against steps, on each logging step's training batch (teacher-forced,
     random anchors; lines) and on the held-out outputs (exact replay; markers). Then per variant the
-    drafter's per-slot top-1 against steps: held-out where evaluated, else on the training batches."""
+    drafter's per-slot top-1 against steps: held-out where evaluated, else on the training batches.
+    run_starts: steps where a warm-started run began on new data (its own held-out split): dotted lines."""
     try:
         import matplotlib
 
@@ -159,6 +175,36 @@ def curves(metrics: dict[str, list[dict]], path: Path) -> Path | None:
         where = "held-out" if prefix.startswith("eval") else "training batch"
         ax.set(xlabel="training step", ylabel=f"drafter top-1 ({where})", title=f"{v}: per-slot top-1, slot 1 (top) .. 15", ylim=(0, 1))
         ax.legend(fontsize=7)
+    for ax in axes:
+        for step in run_starts:
+            ax.axvline(step, color="grey", linestyle=":", linewidth=1)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def tau_by_run(points: list[tuple[int, dict]], path: Path) -> Path | None:
+    """Average T = 0 tau over the evaluation sets at the end of each run of a warm-started lineage, against the
+    training steps so far (log scale): points [(steps, {system: tau})], oldest first."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(5.5, 4.2))
+    for system, label in (("lilicorr", "LiLiCorr (greedy walk)"), ("dflash", "vanilla DFlash")):
+        xy = [(steps, taus[system]) for steps, taus in points if taus.get(system)]
+        if xy:
+            ax.plot(*zip(*xy), "o-", label=label)
+            for x, y in xy:
+                ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(4, -12), fontsize=7)
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="training steps so far (log scale)", ylabel="tau, T = 0, average of the evaluation sets",
+           title="evaluation-set tau at the end of each run")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -170,7 +216,13 @@ def write(args) -> int:
     tau = load(root, "tau.json")
     summary, tau_check = load(root, "report/summary.json"), load(root, "tau_check/summary.json")
     rounds = [[json.loads(line) for line in p.read_text().splitlines() if line.strip()] for p in sorted(root.rglob("round*.jsonl"))]
-    metrics = {v: load(root, f"metrics_{v}.jsonl") or [] for v in ("lilicorr", "dflash", "no_dist", "margin")}
+    variants = ("lilicorr", "dflash", "no_dist", "margin")
+    metrics = {v: load(root, f"metrics_{v}.jsonl") or [] for v in variants}
+    earlier = [{v: load(Path(d), f"metrics_{v}.jsonl") or [] for v in variants} for d in args.after or []]
+    for d, run in zip(args.after or [], earlier):
+        if not any(run.values()):
+            raise SystemExit(f"tables --after {d}: no metrics_<variant>.jsonl there; name the result folders of the earlier runs.")
+    history, run_starts = lineage(earlier, metrics)
     taus = tau_summary(tau["cells"]) if tau else {}
     speed = speed_summary(summary, rounds)
     results = {
@@ -190,7 +242,12 @@ def write(args) -> int:
     save_json(root / "results.json", results)
     lines = tau_tables(taus) + [""] + speed_table(speed)
     (root / "tables.md").write_text("\n".join(lines) + "\n")
-    plot = curves(metrics, root / "curves.png")
+    plot = curves(history, root / "curves.png", run_starts)
+    if args.after:
+        ends = [*run_starts, max((rows[-1]["step"] for rows in history.values() if rows), default=0)]
+        averages = [{v: c.get("tau_t0") for v, c in ((load(Path(d), "results.json") or {}).get("sets", {}).get("average") or {}).items()}
+                    for d in args.after] + [{v: c.get("tau_t0") for v, c in (taus.get("average") or {}).items()}]
+        tau_by_run(list(zip(ends, averages)), root / "tau_by_run.png")
     print("\n".join(lines))
     print(f"wrote {root / 'results.json'}, {root / 'tables.md'}" + (f", {plot}" if plot else ""))
     return 0

@@ -462,6 +462,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("tables", help="results.json, tables and curves from what the steps wrote")
     s.add_argument("--results", default=None, help="folder holding the fetched results (default: WORK)")
+    s.add_argument("--after", nargs="+", metavar="DIR", help="result folders of the earlier runs these drafts were warm-started "
+                   "from, oldest first: the curves continue their steps")
     s.set_defaults(func=cmd_tables)
     return p
 

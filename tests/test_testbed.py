@@ -173,3 +173,28 @@ def test_train_with_init_starts_each_variant_from_its_draft(toy, tmp_path, monke
     assert plan["init"] == {n: str(tmp_path / "drafts" / n) for n in ("lilicorr", "dflash")}
     for cmd, name in zip(started, ("lilicorr", "dflash")):
         assert cmd[cmd.index("--init-from") + 1] == str(tmp_path / "drafts" / name)
+
+
+def test_tables_continue_the_curves_of_warm_started_runs(tmp_path):
+    """`tables --after EARLIER...`: each run's steps follow the last one's; the evaluation-set tau of every run is
+    drawn against the steps so far; a folder without metrics is named."""
+    import report
+
+    def run_folder(name, steps, tau):
+        d = tmp_path / name
+        d.mkdir()
+        for v in ("lilicorr", "dflash"):
+            rows = [{"step": s, "eval/tau_t0/argmax": 1.5, "eval/top1_draft/slot1": 0.5} for s in steps]
+            (d / f"metrics_{v}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        cells = [{"set": s, "system": v, "temperature": 0, "tau": tau} for v in ("lilicorr", "dflash") for s in ("gsm8k", "average")]
+        (d / "tau.json").write_text(json.dumps({"cells": cells}))
+        return d
+
+    first, second = run_folder("first", [10, 20], 1.8), run_folder("second", [5, 15], 2.0)
+    joined, starts = report.lineage([{"lilicorr": [{"step": 10}, {"step": 20}]}], {"lilicorr": [{"step": 5}]})
+    assert [r["step"] for r in joined["lilicorr"]] == [10, 20, 25] and starts == [20]
+    assert testbed.main(["tables", "--results", str(first)]) == 0  # the earlier run's results.json
+    assert testbed.main(["tables", "--results", str(second), "--after", str(first)]) == 0
+    assert (second / "curves.png").is_file() and (second / "tau_by_run.png").is_file()
+    with pytest.raises(SystemExit, match="no metrics_<variant>.jsonl"):
+        testbed.main(["tables", "--results", str(second), "--after", str(tmp_path / "missing")])
