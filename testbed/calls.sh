@@ -10,10 +10,14 @@
 #   measure  `export`; on GPU 0 `speed` (tau through the servers on every set unless SPEED_ARGS=--no-tau-check);
 #            beside it on GPU 1 `replay` and the served greedy check of the new
 #            LiLiCorr draft (tools/gpu_check.sh lilicorr,check)
+# The shipped drafts' speed alone (one GPU, e.g. nvidia-h100-x1): `install`, then
+#   model    carry .dev/{smolB,bin}: the target (bf16)
+#   speed    carry .dev/ckpt: the shipped drafts as WORK/drafts, then `speed` on GPU 0 (as in `measure`)
 # What comes back: at most 8 files (the device's limit): results.tar.gz holds everything small, large files come in
 # parts of 12 MB (cat PART_* > FILE). Every call sets TESTBED_DEADLINE from CALL_SECONDS (570).
 set -u -o pipefail
-CALL=${1:?usage: bash testbed/calls.sh install|data|train|measure}
+CALL=${1:?usage: bash testbed/calls.sh install|data|train|measure|model|speed}
+case $CALL in install|data|train|measure|model|speed) ;; *) echo "unknown call $CALL: install, data, train, measure, model or speed" >&2; exit 2 ;; esac
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 export TESTBED_DEADLINE=$(( $(date +%s) + ${CALL_SECONDS:-570} )) PYTHONUNBUFFERED=1
 RET=${OUT:-/tmp/lilicorr_out}
@@ -48,6 +52,16 @@ data)
   bash "$ROOT/testbed/gpu.sh" data --seed "${DATA_SEED:-1}" --minutes "${DATA_MINUTES:-4}" 2>&1 | quiet 30
   cp /tmp/testbed/data/logs/*.log "$OUT/" 2>/dev/null
   ;;
+model)
+  bash "$ROOT/.dev/bin/smol.sh" model 2>&1 | tail -n 4
+  ;;
+speed)
+  for v in lilicorr dflash; do
+    mkdir -p "/tmp/testbed/drafts/$v" && cp "$ROOT/checkpoints/smollm2-$v/config.json" "/tmp/testbed/drafts/$v/" \
+      && cp "$ROOT/.dev/ckpt/$v.safetensors" "/tmp/testbed/drafts/$v/model.safetensors" || { log "no .dev/ckpt/$v.safetensors: carry .dev/ckpt"; exit 1; }
+  done
+  bash "$ROOT/testbed/gpu.sh" speed ${SPEED_ARGS:-} 2>&1 | quiet 60
+  ;;
 train)
   for v in lilicorr dflash; do
     mkdir -p "/tmp/init/$v" && cp "$ROOT/checkpoints/smollm2-$v/config.json" "/tmp/init/$v/" \
@@ -70,5 +84,4 @@ measure)
   wait $side
   cat /tmp/calls/side.txt
   ;;
-*) echo "unknown call $CALL: install, data, train or measure" >&2; exit 2 ;;
 esac
