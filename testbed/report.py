@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sglang_lilicorr.benchmarks.plots import pyplot
 from sglang_lilicorr.jsonl import save_json
 from variants import VARIANT_LABELS
 
@@ -123,6 +124,14 @@ def speed_table(speed: dict) -> list[str]:
     return lines
 
 
+def optional_pyplot():
+    """matplotlib's pyplot (Agg), or None where matplotlib is not installed: the plots are optional."""
+    try:
+        return pyplot()
+    except ImportError:
+        return None
+
+
 def lineage(earlier: list[dict[str, list[dict]]], metrics: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], list[int]]:
     """Warm-started runs as one curve: each run's metrics (earlier runs first, then `metrics`) with its steps
     shifted past the previous run's last step. Returns the joined rows per variant and the steps where a run
@@ -143,12 +152,8 @@ def curves(metrics: dict[str, list[dict]], path: Path, run_starts: list[int] = (
     random anchors; lines) and on the held-out outputs (exact replay; markers). Then per variant the
     drafter's per-slot top-1 against steps: held-out where evaluated, else on the training batches.
     run_starts: steps where a warm-started run began on new data (its own held-out split): dotted lines."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = optional_pyplot()
+    if plt is None:
         return None
     runs = {v: rows for v, rows in metrics.items() if rows}
     if not runs:
@@ -187,12 +192,8 @@ def curves(metrics: dict[str, list[dict]], path: Path, run_starts: list[int] = (
 def tau_by_run(points: list[tuple[int, dict]], path: Path) -> Path | None:
     """Average T = 0 tau over the evaluation sets at the end of each run of a warm-started lineage, against the
     training steps so far (log scale): points [(steps, {system: tau})], oldest first."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = optional_pyplot()
+    if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(5.5, 4.2))
     for system, label in (("lilicorr", "LiLiCorr (greedy walk)"), ("dflash", "vanilla DFlash")):
