@@ -37,6 +37,13 @@ pack() {  # $OUT -> $RET: files over 15 MB in 12 MB parts, everything else in re
 }
 trap pack EXIT
 
+shipped_drafts() {  # the shipped drafts (config from the checkout, weights carried in .dev/ckpt) -> $1/<variant>
+  for v in lilicorr dflash; do
+    mkdir -p "$1/$v" && cp "$ROOT/checkpoints/smollm2-$v/config.json" "$1/$v/" \
+      && cp "$ROOT/.dev/ckpt/$v.safetensors" "$1/$v/model.safetensors" || { log "no .dev/ckpt/$v.safetensors: carry .dev/ckpt"; exit 1; }
+  done
+}
+
 case $CALL in
 install)
   bash "$ROOT/.dev/bin/smol.sh" install 2>&1 | tail -n 8
@@ -56,17 +63,11 @@ model)
   bash "$ROOT/.dev/bin/smol.sh" model 2>&1 | tail -n 4
   ;;
 speed)
-  for v in lilicorr dflash; do
-    mkdir -p "/tmp/testbed/drafts/$v" && cp "$ROOT/checkpoints/smollm2-$v/config.json" "/tmp/testbed/drafts/$v/" \
-      && cp "$ROOT/.dev/ckpt/$v.safetensors" "/tmp/testbed/drafts/$v/model.safetensors" || { log "no .dev/ckpt/$v.safetensors: carry .dev/ckpt"; exit 1; }
-  done
+  shipped_drafts /tmp/testbed/drafts
   bash "$ROOT/testbed/gpu.sh" speed ${SPEED_ARGS:-} 2>&1 | quiet 60
   ;;
 train)
-  for v in lilicorr dflash; do
-    mkdir -p "/tmp/init/$v" && cp "$ROOT/checkpoints/smollm2-$v/config.json" "/tmp/init/$v/" \
-      && cp "$ROOT/.dev/ckpt/$v.safetensors" "/tmp/init/$v/model.safetensors" || { log "no .dev/ckpt/$v.safetensors: carry .dev/ckpt"; exit 1; }
-  done
+  shipped_drafts /tmp/init
   bash "$ROOT/testbed/gpu.sh" train lilicorr dflash --minutes "${TRAIN_MINUTES:-7}" --max-minutes "${TRAIN_CAP:-8.3}" \
     --evals "${TRAIN_EVALS:-6}" --init /tmp/init 2>&1 | quiet
   CUDA_VISIBLE_DEVICES=1 TESTBED_SERVER_ARGS=$SHARED_SERVER_ARGS bash "$ROOT/testbed/gpu.sh" evalgen 2>&1 | quiet
