@@ -244,11 +244,12 @@ def write(args) -> int:
     lines = tau_tables(taus) + [""] + speed_table(speed)
     (root / "tables.md").write_text("\n".join(lines) + "\n")
     plot = curves(history, root / "curves.png", run_starts)
+    plots = [plot]
     if args.after:
         ends = [*run_starts, max((rows[-1]["step"] for rows in history.values() if rows), default=0)]
-        averages = [{v: c.get("tau_t0") for v, c in ((load(Path(d), "results.json") or {}).get("sets", {}).get("average") or {}).items()}
-                    for d in args.after] + [{v: c.get("tau_t0") for v, c in (taus.get("average") or {}).items()}]
-        tau_by_run(list(zip(ends, averages)), root / "tau_by_run.png")
+        sets_by_run = [(load(Path(d), "results.json") or {}).get("sets", {}) for d in args.after] + [taus]
+        averages = [{v: c.get("tau_t0") for v, c in (sets.get("average") or {}).items()} for sets in sets_by_run]
+        plots.append(tau_by_run(list(zip(ends, averages)), root / "tau_by_run.png"))
     print("\n".join(lines))
-    print(f"wrote {root / 'results.json'}, {root / 'tables.md'}" + (f", {plot}" if plot else ""))
+    print(f"wrote {root / 'results.json'}, {root / 'tables.md'}" + "".join(f", {p}" for p in plots if p))
     return 0
