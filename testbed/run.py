@@ -382,7 +382,9 @@ def cmd_replay(args) -> int:
 def cmd_speed(args) -> int:
     import speed
 
-    enough_time("speed", 1.5 + 0.25 * args.rounds * len(args.concurrency))
+    if args.profile_steps < 0:
+        raise SystemExit(f"--profile-steps must be >= 0 (0: no profile), got {args.profile_steps}")
+    enough_time("speed", 1.5 + 0.25 * args.rounds * len(args.concurrency) + (1.0 if args.profile_steps else 0.0))
     return speed.run(args, SERVER_ARGS)
 
 
@@ -458,6 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-tokens", type=int, default=256)
     s.add_argument("--tau-check", action=argparse.BooleanOptionalAction, default=True,
                    help="also serve every eval prompt once at c = 8 (tau through the server)")
+    s.add_argument("--profile-steps", type=int, default=12, help="forward passes profiled per server at c = 1 (0: no profile)")
     s.set_defaults(func=cmd_speed)
 
     s = sub.add_parser("tables", help="results.json, tables and curves from what the steps wrote")

@@ -8,7 +8,9 @@ always first or last; round r of every c goes to WORK/speed/round<r>.jsonl with 
 `lilicorr bench report` pairs them within each round: throughput ratios (to no speculation and to
 DFLASH) with 95 % t intervals over the rounds. Each (server, c) gets a warm-up before its first round.
 With --tau-check every evaluation prompt is then served once at c = 8 by the speculative servers (tau
-through the server, beside the replay's). Stage tables per c come from the stage timer's files.
+through the server, beside the replay's). Stage tables per c come from the stage timer's files. Last, each
+server is profiled for --profile-steps forward passes at c = 1 (benchmarks/step_profile.py: where a block's
+time goes, LILICORR beside DFLASH and a plain decode step) -> WORK/speed/profile/{summary.json, profile.md}.
 """
 from __future__ import annotations
 
@@ -56,6 +58,27 @@ def server_args(base_args: str, system: str, drafts: Path) -> tuple[str, ...]:
     return tuple(args)
 
 
+def profile_systems(urls: dict, root: Path, steps: int, prompt: str) -> list[str]:
+    """One c = 1 torch-profiler window of `steps` forward passes per server -> root/summary.json, root/profile.md
+    (LILICORR first, so the report's Python-frame differences read LILICORR - DFLASH); the failures."""
+    from sglang_lilicorr.benchmarks import step_profile
+    from sglang_lilicorr.jsonl import save_json
+
+    summaries, failed = {}, []
+    for system in ("lilicorr", "dflash", "base"):
+        try:
+            trace = step_profile.record(urls[system], root / system, steps, prompt)
+            if trace is None:
+                raise ValueError("the server wrote no trace")
+            summaries[system] = step_profile.summarize(trace, steps)
+        except (OSError, ValueError) as e:
+            failed.append(f"{system} profile: {e}")
+    if summaries:
+        save_json(root / "summary.json", summaries)
+        (root / "profile.md").write_text(step_profile.compare(summaries))
+    return failed
+
+
 def bench(*argv: str, cwd: Path) -> int:
     """`lilicorr bench ...` run from `cwd`, never the checkout (its plain sglang_lilicorr/ lacks the installed kernels/)."""
     return subprocess.call([sys.executable, "-m", "sglang_lilicorr.cli", "bench", *argv], cwd=cwd)
@@ -98,6 +121,8 @@ def run(args, base_server_args: str) -> int:
                          "--results", str(work / "tau_check.jsonl"), "--concurrency", "8", "--temperature", "0",
                          "--max-tokens", str(args.max_tokens), "--warmup", "0", "--request-timeout", "300", "--no-progress", cwd=work):
                     failed.append(f"{system} tau check")
+        if args.profile_steps:
+            failed += profile_systems(url, work / "profile", args.profile_steps, rows[0]["text"])
     rounds = [str(p) for p in paired.merge_rounds(work, SYSTEMS, prompts, args.rounds)]
     rc = bench("report", *rounds, "--baseline", "base", "--block-ref", "dflash", "--out", str(work / "report"), cwd=work)
     if args.tau_check and (work / "tau_check.jsonl").is_file():
@@ -110,7 +135,7 @@ def run(args, base_server_args: str) -> int:
     bundle = work / "speed_results.tar.gz"
     with tarfile.open(bundle, "w:gz") as t:
         for p in [*work.glob("round*.jsonl"), work / "tau_check.jsonl", work / "report", work / "tau_check", work / "stages",
-                  work / "speed_run.json", work / "logs"]:
+                  work / "speed_run.json", work / "logs", work / "profile"]:
             if p.exists():
                 t.add(p, arcname=str(p.relative_to(work)))
     to_out(args.out, bundle)

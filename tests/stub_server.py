@@ -17,17 +17,36 @@ min_p outside [0, 1]) and to prompt words + max tokens beyond context_len, strea
 "stream": true (one server-sent event per word, then [DONE]; a client that hangs up is counted in
 `aborted`), and answers GET /health, /v1/models (max_model_len) and /v1/loads (num_running_reqs,
 num_waiting_reqs, num_used_tokens: prompt words + max tokens of each request in flight, kept after
-it ends when it was aborted and leak_on_abort is set).
+it ends when it was aborted and leak_on_abort is set). POST /start_profile writes a small chrome trace into the
+request's output_dir (`STUB_TRACE_STEP` per profiled step: a kernel, a graph launch and a Python frame).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+# One profiled step of the stub's trace (microseconds): 400 us of kernels in a 1000 us step.
+STUB_TRACE_STEP = [
+    {"ph": "X", "cat": "kernel", "name": "stub_verify", "ts": 0, "dur": 300},
+    {"ph": "X", "cat": "kernel", "name": "stub_draft", "ts": 500, "dur": 100},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 0, "dur": 20},
+    {"ph": "X", "cat": "python_function", "name": "worker.py(1): forward_batch_generation", "ts": 0, "dur": 900},
+    {"ph": "X", "cat": "kernel", "name": "stub_accept", "ts": 900, "dur": 100},
+]
+
+
+def write_stub_trace(path: Path, steps: int) -> None:
+    events = [dict(e, ts=e["ts"] + 1000 * k) for k in range(steps) for e in STUB_TRACE_STEP]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
 
 
 class _Server(ThreadingHTTPServer):
@@ -199,6 +218,9 @@ class StubServer:
                     return self.send_json(400, {"object": "error", "message": rejection})
                 if body.get("stream"):
                     return stub._stream(self, body)
+                if self.path == "/start_profile":
+                    write_stub_trace(Path(body["output_dir"]) / f"{body.get('profile_prefix', '')}-stub-TP-0.trace.json.gz", body["num_steps"])
+                    return self.send_json(200, {"success": True})
                 stub._hold(body, 1)
                 try:
                     self.send_json(*stub._answer(self.path, body))

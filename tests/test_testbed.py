@@ -108,6 +108,9 @@ def test_pipeline_end_to_end(toy, tmp_path, monkeypatch):
     lili = next(c for c in summary["cells"] if c["system"] == "lilicorr" and c["group"] == "all" and c["concurrency"] == 1)
     assert lili["paired_speedup"]["tps"]["n"] == 2 and lili["paired"]["tps"]["n"] == 2
     assert (work / "speed" / "stages" / "c1" / "stages.md").is_file()
+    profiles = json.loads((work / "speed" / "profile" / "summary.json").read_text())
+    assert list(profiles) == ["lilicorr", "dflash", "base"] and profiles["dflash"]["steps"] == 12
+    assert "Python frames: lilicorr - dflash" in (work / "speed" / "profile" / "profile.md").read_text()
 
     assert cli(toy, "tables") == 0
     results = json.loads((work / "results.json").read_text())

@@ -1,0 +1,149 @@
+"""Where a served decode step's time goes: a torch-profiler trace of a few steps of a running SGLang server at
+c = 1, summarised per step, and systems compared side by side (the `speed` step's profile).
+
+`record(url, out_dir, steps)` sends one long greedy request (/generate, ignore_eos), asks the server to profile the
+next `steps` forward passes through SGLang's /start_profile (CPU + GPU activities, Python stacks), and returns the
+trace SGLang writes when they are done. At c = 1 every profiled forward pass of a speculative server is one block
+(draft + verify + accept), of a plain server one decode step.
+
+`summarize(trace, steps)` reads the trace (chrome JSON, gzipped) and reports per step:
+  wall_ms       first to last GPU activity of the window, / steps (the per-block wall, scheduler gaps included)
+  gpu_busy_ms   the union of kernel, memcpy and memset intervals, / steps; gpu_idle_ms = wall - busy
+  kernels       kernel launches; `top_kernels` by GPU time
+  runtime       CUDA runtime / driver calls by name (count and host ms): graph launches, copies, synchronizations
+  python        Python functions by inclusive host ms (the server's own frames: which method the host time is in)
+The profiler's Python tracing slows the host side: compare systems within one profile run, not with the served
+throughput. `compare` lines the systems up and lists the Python frames whose time differs most.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+import time
+import urllib.request
+from collections import defaultdict
+from pathlib import Path
+from typing import Mapping, Optional
+
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
+TOP = 15  # rows per table in the report
+PYTHON_MIN_MS = 0.005  # Python frames kept in the summary: at least this much host time per step
+NAME_CHARS = 90
+
+
+def _post(url: str, path: str, body: dict, timeout: float) -> dict:
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        text = r.read().decode() or "{}"
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return {"text": text}
+
+
+def record(url: str, out_dir: Path, steps: int, prompt: str, *, max_new_tokens: int = 1536, lead_s: float = 0.5,
+           wait_s: float = 120.0) -> Optional[Path]:
+    """Profile `steps` forward passes of the server at `url` in the middle of one greedy request; the trace path, or
+    None when no trace appeared within wait_s after the request ended."""
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    body = {"text": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}}
+    request = threading.Thread(target=_post, args=(url, "/generate", body, 600.0), daemon=True)
+    request.start()
+    time.sleep(lead_s)  # past the prefill: the profiled passes are decode steps
+    _post(url, "/start_profile", {"output_dir": str(out_dir), "num_steps": int(steps), "activities": ["CPU", "GPU"],
+                                  "with_stack": True, "profile_prefix": "step"}, 120.0)
+    request.join()
+    end = time.time() + wait_s
+    while time.time() < end:
+        traces = sorted(out_dir.rglob("*.trace.json.gz"))
+        if traces:
+            time.sleep(1.0)  # the exporter may still be writing
+            return traces[0]
+        time.sleep(1.0)
+    return None
+
+
+def _union_ms(intervals: list[tuple[float, float]]) -> float:
+    """Total length (ms) of the union of [start, end) intervals given in microseconds."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total / 1000.0
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= NAME_CHARS else name[: NAME_CHARS - 3] + "..."
+
+
+def _table(groups: Mapping[str, list[float]], steps: int, min_ms: float = 0.0) -> list[dict]:
+    """[{name, per_step (calls), ms (per step)}] by time, those of at least min_ms per step."""
+    rows = [{"name": _short(n), "per_step": round(len(d) / steps, 2), "ms": round(sum(d) / 1000.0 / steps, 4)} for n, d in groups.items()]
+    return sorted((r for r in rows if r["ms"] >= min_ms), key=lambda r: -r["ms"])
+
+
+def summarize(trace: Path, steps: int) -> dict:
+    """Per-step figures of a profiled window of `steps` forward passes (module docstring)."""
+    with gzip.open(trace, "rt") as f:
+        events = [e for e in json.load(f).get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    gpu = [e for e in events if e.get("cat") in GPU_CATS]
+    if not gpu:
+        raise ValueError(f"{trace}: no GPU activity in the trace (was the GPU activity profiled?)")
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    spans = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in gpu]
+    wall_ms = (max(end for _, end in spans) - min(start for start, _ in spans)) / 1000.0
+    busy_ms = _union_ms(spans)
+    kernels, runtime, python = defaultdict(list), defaultdict(list), defaultdict(list)
+    for e in events:
+        cat, dur = e.get("cat"), float(e["dur"])
+        if cat == "kernel":
+            kernels[e["name"]].append(dur)
+        elif cat in RUNTIME_CATS:
+            runtime[e["name"]].append(dur)
+        elif cat == "python_function":
+            python[e["name"]].append(dur)
+    return {
+        "trace": Path(trace).name,
+        "steps": steps,
+        "wall_ms": round(wall_ms / steps, 4),
+        "gpu_busy_ms": round(busy_ms / steps, 4),
+        "gpu_idle_ms": round((wall_ms - busy_ms) / steps, 4),
+        "kernels": round(sum(len(d) for d in kernels.values()) / steps, 2),
+        "top_kernels": _table(kernels, steps)[:TOP],
+        "runtime": _table(runtime, steps),
+        "python": _table(python, steps, PYTHON_MIN_MS),
+    }
+
+
+def python_differences(summaries: Mapping[str, dict], a: str, b: str) -> list[dict]:
+    """The Python frames whose host ms per step differ most between systems a and b."""
+    ms = {s: {r["name"]: r["ms"] for r in summaries[s]["python"]} for s in (a, b)}
+    rows = [{"name": n, a: ms[a].get(n, 0.0), b: ms[b].get(n, 0.0), "diff": round(ms[a].get(n, 0.0) - ms[b].get(n, 0.0), 4)}
+            for n in set(ms[a]) | set(ms[b])]
+    return sorted(rows, key=lambda r: -abs(r["diff"]))[:TOP]
+
+
+def compare(summaries: Mapping[str, dict]) -> str:
+    """Markdown: the per-step figures of every system, each system's top kernels / runtime calls / Python frames,
+    and the Python frames that differ most between the first two systems."""
+    systems = list(summaries)
+    lines = ["| per step | " + " | ".join(systems) + " |", "|---|" + "---|" * len(systems)]
+    for key, label in (("wall_ms", "wall (ms)"), ("gpu_busy_ms", "GPU busy (ms)"), ("gpu_idle_ms", "GPU idle (ms)"),
+                       ("kernels", "kernel launches")):
+        lines.append(f"| {label} | " + " | ".join(f"{summaries[s][key]}" for s in systems) + " |")
+    for s in systems:
+        for key, label in (("top_kernels", "kernels by GPU time"), ("runtime", "CUDA runtime calls by host time"),
+                           ("python", "Python frames by inclusive host time")):
+            lines += ["", f"**{s}: {label}** (per step)", "", "| name | calls | ms |", "|---|---|---|"]
+            lines += [f"| `{r['name']}` | {r['per_step']} | {r['ms']} |" for r in summaries[s][key][:TOP]]
+    if len(systems) >= 2:
+        a, b = systems[:2]
+        lines += ["", f"**Python frames: {a} - {b}** (host ms per step)", "", f"| name | {a} | {b} | difference |", "|---|---|---|---|"]
+        lines += [f"| `{r['name']}` | {r[a]} | {r[b]} | {r['diff']} |" for r in python_differences(summaries, a, b)]
+    return "\n".join(lines) + "\n"
+

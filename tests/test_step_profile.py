@@ -1,0 +1,60 @@
+"""benchmarks/step_profile.py: per-step figures of a profiled window, the systems' comparison, and the record
+call against a stand-in server."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+from stub_server import StubServer, write_stub_trace
+
+from sglang_lilicorr.benchmarks import step_profile
+
+
+def test_summary_per_step(tmp_path):
+    trace = tmp_path / "t.trace.json.gz"
+    write_stub_trace(trace, steps=3)  # per step: 1000 us from first to last GPU activity, 500 us of kernels
+    s = step_profile.summarize(trace, steps=3)
+    assert (s["wall_ms"], s["gpu_busy_ms"], s["gpu_idle_ms"], s["kernels"]) == (1.0, 0.5, 0.5, 3.0)
+    assert s["top_kernels"][0] == {"name": "stub_verify", "per_step": 1.0, "ms": 0.3}
+    assert s["runtime"] == [{"name": "cudaGraphLaunch", "per_step": 1.0, "ms": 0.02}]
+    assert s["python"][0]["ms"] == 0.9
+
+
+def test_busy_time_is_the_union_of_overlapping_activity(tmp_path):
+    events = [{"ph": "X", "cat": "kernel", "name": "a", "ts": 0, "dur": 100},
+              {"ph": "X", "cat": "kernel", "name": "b", "ts": 50, "dur": 100},  # another stream, overlapping a
+              {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH", "ts": 400, "dur": 100}]
+    trace = tmp_path / "t.trace.json.gz"
+    with gzip.open(trace, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    s = step_profile.summarize(trace, steps=1)
+    assert (s["wall_ms"], s["gpu_busy_ms"], s["gpu_idle_ms"], s["kernels"]) == (0.5, 0.25, 0.25, 2.0)
+
+
+def test_a_trace_without_gpu_activity_is_named(tmp_path):
+    trace = tmp_path / "cpu_only.trace.json.gz"
+    with gzip.open(trace, "wt") as f:
+        json.dump({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 0, "dur": 5}]}, f)
+    with pytest.raises(ValueError, match="cpu_only.trace.json.gz: no GPU activity"):
+        step_profile.summarize(trace, steps=4)
+
+
+def test_compare_lists_the_frames_that_differ(tmp_path):
+    write_stub_trace(tmp_path / "a.trace.json.gz", steps=2)
+    a = step_profile.summarize(tmp_path / "a.trace.json.gz", steps=2)
+    b = json.loads(json.dumps(a))
+    b["python"][0]["ms"] = 0.6
+    rows = step_profile.python_differences({"lilicorr": a, "dflash": b}, "lilicorr", "dflash")
+    assert rows[0]["diff"] == pytest.approx(0.3)
+    text = step_profile.compare({"lilicorr": a, "dflash": b})
+    assert "| wall (ms) | 1.0 | 1.0 |" in text and "Python frames: lilicorr - dflash" in text
+
+
+def test_record_profiles_a_running_request(tmp_path):
+    with StubServer(step_s=0.0) as stub:
+        trace = step_profile.record(stub.url, tmp_path / "lilicorr", steps=5, prompt="Write a poem.", lead_s=0.0, wait_s=5.0)
+    assert trace is not None and trace.parent == (tmp_path / "lilicorr").resolve()
+    assert step_profile.summarize(trace, steps=5)["kernels"] == 3.0
+    generate = next(r["body"] for r in stub.log if r["path"] == "/generate")
+    assert generate["sampling_params"] == {"temperature": 0.0, "max_new_tokens": 1536, "ignore_eos": True}
