@@ -81,9 +81,9 @@ class Phase:
 
 RUN_PROMPTS = {1: 3, 4: 8, 16: 16, 32: 32}
 PHASES = {
-    "graph": Phase("graph", SYSTEMS, eager=False, rounds=3, prompts=RUN_PROMPTS, budget_s=360),
-    "base": Phase("base", ("base",), eager=False, rounds=3, prompts=RUN_PROMPTS, budget_s=150),
-    "eager": Phase("eager", SYSTEMS, eager=True, rounds=1, prompts={1: 2, 4: 4, 16: 16, 32: 32}, budget_s=200),
+    "graph": Phase("graph", SYSTEMS, eager=False, rounds=8, prompts=RUN_PROMPTS, budget_s=430),
+    "base": Phase("base", ("base",), eager=False, rounds=8, prompts=RUN_PROMPTS, budget_s=180),
+    "eager": Phase("eager", SYSTEMS, eager=True, rounds=1, prompts={1: 2, 4: 4, 16: 16, 32: 32}, budget_s=250),
 }
 
 
