@@ -3,6 +3,9 @@
 # install of an earlier call, and an SGLang server started, awaited and stopped in its own process group.
 T0=$SECONDS
 fails=()
+# flashinfer, where present, is tools/flashinfer_headers.py's headers-only package: SGLang must not pick flashinfer
+# kernels for its layers and sampling (is_flashinfer_available); its DFlash sampling verify finds the headers regardless.
+export SGLANG_IS_FLASHINFER_AVAILABLE=false
 read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
 say() { echo "[t+$((SECONDS - T0))s] $*" | tee -a "$S"; }
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
@@ -14,6 +17,13 @@ use_install() {  # use_install SCRIPT: the kit's install in $SITE made by an ear
   fi
   case ":${PYTHONPATH:-}:" in *":$SITE:"*) ;; *) export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" ;; esac
   export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
+}
+
+install_flashinfer_headers() {  # .dev/flashinfer/flashinfer (tools/flashinfer_headers.py), where carried, into $SITE
+  if [ -d "$1/flashinfer/flashinfer" ]; then
+    rm -rf "$SITE/flashinfer" && cp -r "$1/flashinfer/flashinfer" "$SITE/" \
+      && say "flashinfer headers installed ($(wc -l < "$SITE/flashinfer/HEADERS_ONLY") files): SGLang verifies T > 0 by rejection sampling"
+  fi
 }
 
 alive() {  # alive PGID: some process of the group is running (zombies, not yet reaped, do not count)

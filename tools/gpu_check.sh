@@ -7,6 +7,7 @@
 # CPU side, once, from the project root:   bash ../shared/device/prepare.sh --smol
 # call 1, carry [".dev/whl", ".dev/pkgs", ".dev/bin", ".dev/manifest.txt", ".dev/smolA"], timeout_s 300:
 #     bash tools/gpu_check.sh install
+#   (carry also ".dev/flashinfer", from tools/flashinfer_headers.py, for T > 0 verified by rejection sampling)
 # call 2 (at once), carry [".dev/smolB", ".dev/bin"], timeout_s 600:
 #     bash tools/gpu_check.sh model,lilicorr,check
 #   (add ",base" after "model" for a no-speculation control server: about 60 s more)
@@ -58,6 +59,7 @@ if has install; then
   tee -a "$S" < "$W/install.txt"
   [ $rc = 0 ] || exit 1
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$S"
+  install_flashinfer_headers "$DEV"
   if [ -f "$DEV/smolA/part_a" ]; then cp "$DEV/smolA/part_a" "$W/part_a"
   else say "no .dev/smolA/part_a: carry .dev/smolA in this call"; fails+=(part_a); fi
   python3 -c "from importlib.metadata import entry_points as e; eps=[x.value for x in e(group='sglang.srt.plugins') if x.name=='lilicorr']; print('entry point:', eps); assert eps" 2>&1 | tee -a "$S" || fails+=(entry_point)
