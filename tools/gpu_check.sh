@@ -28,6 +28,10 @@
 #             mixed lengths, disconnects, over-long and invalid requests; then /health and the KV pool back to empty;
 #             the server log must name no traceback and no leak -> $OUT/faults.{log,tar.gz}. FAULTS_MEM (0.3) sets
 #             --mem-fraction-static (lower it to share the GPU)
+#   sampling  T > 0 exactness (needs the flashinfer headers: carry .dev/flashinfer in the install call): base, DFLASH and
+#             LILICORR servers in turn, SAMPLING_N (2000) seeded requests per prompt of tools/sampling_prompts.jsonl at
+#             T = SAMPLING_T (1), 16 new tokens (benchmarks/sampling_exactness.py), then a chi-square test per position
+#             of the target's probability integral transform (reference/sampled_check.py) -> $OUT/sampling_summary.json
 #   check     sglang_lilicorr.reference.check (float32 teacher-forced target; near-ties within TOL_ULPS=2 bf16
 #             ulps of the top logit allowed; byte-equal fraction against base.json) over every greedy response; the log must
 #             show our proposal captured in the draft CUDA graph and the draft graph capture itself
@@ -35,7 +39,7 @@
 #   EXTRA_ARGS (appended to the LILICORR server's args), LILICORR_DRAFT (see model),
 #   LILICORR_T_GT_0 (allow-greedy here: gpu_client.py sends T = 1 requests, which a server without flashinfer
 #   verifies greedily; the check judges only the greedy responses; see sglang_lilicorr/serving/README.md).
-# Output in $OUT (<= 7 files): {lilicorr,dflash,base}.{json,log}, summary.txt.
+# Output in $OUT (<= 8 files): {lilicorr,dflash,base}.{json,log}, summary.txt, sampling_summary.json.
 # Exit status: 0 when every step asked for passed; 3 when call 2 lands on a fresh machine (redo both).
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 LILICORR_T_GT_0=${LILICORR_T_GT_0:-allow-greedy}
@@ -152,6 +156,34 @@ if has faults; then
   say "server log: $(grep -c Traceback "$L") tracebacks, $(grep -ci "leak" "$L") lines naming a leak"
   grep -qi "leak\|Traceback" "$L" && fails+=(faults_log)
   [ -d "$F" ] && tar -czf "$O/faults.tar.gz" -C "$W" faults
+fi
+
+if has sampling; then  # needs the flashinfer headers (install step with .dev/flashinfer carried)
+  say "== sampling: T = ${SAMPLING_T:-1} exactness, ${SAMPLING_N:-2000} seeded requests per prompt, base / dflash / lilicorr"
+  D=$W/sampling; mkdir -p "$D"
+  for n in base dflash lilicorr; do
+    case $n in
+      base) SPEC=() ;;
+      dflash) SPEC=(--speculative-algorithm DFLASH --speculative-draft-model-path "$W/dflash_draft" --speculative-draft-attention-backend triton) ;;
+      lilicorr) SPEC=(--speculative-algorithm LILICORR --speculative-draft-model-path "$W/lilicorr_draft" --speculative-draft-attention-backend triton) ;;
+    esac
+    # refuse-start: a LILICORR server that could only verify T > 0 greedily does not start
+    if LILICORR_T_GT_0=refuse-start start_server "sampling_$n" 30014 "$D/$n.log" --model-path "$W/model" --attention-backend triton \
+      --sampling-backend pytorch --grammar-backend none --mem-fraction-static 0.3 --context-length 2048 \
+      --cuda-graph-backend-prefill disabled --max-running-requests 32 --cuda-graph-max-bs-decode "${GRAPH_BS:-16}" "${SPEC[@]}"; then
+      grep -m2 -E "LILICORR verification|non-greedy verification" "$D/$n.log" | cut -c1-300 | tee -a "$S"
+      timeout "${SAMPLING_SECONDS:-240}" python3 -m sglang_lilicorr.benchmarks.sampling_exactness --url http://127.0.0.1:30014 \
+        --system "$n" --prompts "$TOOLS/sampling_prompts.jsonl" --tokenizer "$W/model" --requests "${SAMPLING_N:-2000}" \
+        --max-new-tokens 16 --temperature "${SAMPLING_T:-1}" --out "$D/$n.jsonl" 2>&1 | tail -n 2 | tee -a "$S"
+      [ "${PIPESTATUS[0]}" = 0 ] || fails+=("sampling_$n")
+    else
+      grep -m1 -A20 Traceback "$D/$n.log" | cut -c1-300 | tee -a "$S"; fails+=("sampling_$n")
+    fi
+    stop_server
+  done
+  timeout 600 python3 -m sglang_lilicorr.reference.sampled_check "$W/model" "$D"/*.jsonl --out "$O/sampling_summary.json" 2>&1 \
+    | grep -v "Loading weights\|Warning" | tail -n 6 | tee -a "$S"
+  [ "${PIPESTATUS[0]}" = 0 ] || fails+=(sampled_check)
 fi
 
 if has check; then

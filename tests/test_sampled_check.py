@@ -1,0 +1,82 @@
+"""The exactness check at T > 0: sampled outputs against the target's softmax by the randomized probability integral
+transform (reference/sampled_check.py), and the seeded, resumable collection of sampled outputs from a server
+(benchmarks/sampling_exactness.py)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from stub_server import StubServer
+from test_reference import PROMPT, tiny_target
+
+from sglang_lilicorr.benchmarks import sampling_exactness
+from sglang_lilicorr.reference import sampled_check
+
+STEPS = 3
+
+
+def ancestral(model, temperature: float, n: int) -> list[dict]:
+    """n outputs of STEPS tokens drawn from the float32 model at `temperature`, recorded as sampled at T = 1."""
+    g = torch.Generator().manual_seed(1)
+    records = []
+    with torch.no_grad():
+        for seed in range(n):
+            ids = list(PROMPT)
+            for _ in range(STEPS):
+                logits = model(input_ids=torch.tensor([ids])).logits[0, -1].double()
+                ids.append(int(torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=g)))
+            records.append({"input_ids": PROMPT, "output_ids": ids[len(PROMPT):], "temperature": 1.0, "seed": seed})
+    return records
+
+
+def sharp_target():
+    """The tiny target with logits spread over several nats (a random init's are nearly uniform)."""
+    model = tiny_target()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40.0)
+    return model
+
+
+def test_exact_samples_pass_and_a_wrong_temperature_fails():
+    model = sharp_target()
+    exact = sampled_check.position_pvalues(model, ancestral(model, 1.0, 300), positions=[1, 2, 3])
+    assert all(cell["n"] == 300 and cell["p"] > 0.01 for cell in exact.values()), exact
+    cold = sampled_check.position_pvalues(model, ancestral(model, 0.5, 300), positions=[1, 2, 3])
+    assert all(cell["p"] < 1e-3 for cell in cold.values()), cold
+
+
+def test_chi_square_of_uniform_values():
+    grid = [(k + 0.5) / 200 for k in range(200)]
+    assert sampled_check.chi_square_uniform(grid) == {"n": 200, "chi2": 0.0, "dof": 19, "p": pytest.approx(1.0)}
+    assert sampled_check.chi_square_uniform([0.01] * 200)["p"] < 1e-12
+    with pytest.raises(ValueError, match="send at least 100 requests"):
+        sampled_check.chi_square_uniform(grid[:50])
+
+
+def test_records_and_prompts_name_the_bad_line(tmp_path):
+    records = tmp_path / "r.jsonl"
+    records.write_text('{"system": "base", "input_ids": [1], "output_ids": [2], "temperature": 1, "seed": 0}\n{"system": "base"}\n')
+    with pytest.raises(ValueError, match="r.jsonl:2: not a sampled-output record"):
+        sampled_check.read_records([records])
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "a", "messages": [{"role": "user", "content": "hi"}]}\n')
+    with pytest.raises(ValueError, match="p.jsonl:1: .*pass --tokenizer"):
+        sampling_exactness.read_prompts(prompts, None)
+
+
+def test_collect_is_seeded_and_resumes(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "a", "input_ids": [5, 6, 7]}\n{"prompt": "b", "input_ids": [8]}\n')
+    out = tmp_path / "records.jsonl"
+    with StubServer(speculative=True, step_s=0.0, min_latency_s=0.0) as stub:
+        argv = ["--url", stub.url, "--system", "lilicorr", "--prompts", str(prompts), "--requests", "3", "--max-new-tokens", "4",
+                "--out", str(out), "--concurrency", "4"]
+        assert sampling_exactness.main(argv) == 0
+        assert sampling_exactness.main(argv) == 0  # resumed: nothing left to send
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted((r["prompt"], r["seed"]) for r in rows) == [(p, s) for p in "ab" for s in range(3)]
+    assert all(len(r["output_ids"]) == 4 and r["system"] == "lilicorr" for r in rows)
+    bodies = [r["body"] for r in stub.log]
+    assert len(bodies) == 6 and {b["sampling_params"]["sampling_seed"] for b in bodies} == {0, 1, 2}
+    assert all(b["sampling_params"]["ignore_eos"] and b["sampling_params"]["temperature"] == 1.0 for b in bodies)
