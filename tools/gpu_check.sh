@@ -31,7 +31,10 @@
 #   sampling  T > 0 exactness (needs the flashinfer headers: carry .dev/flashinfer in the install call): base, DFLASH and
 #             LILICORR servers in turn, SAMPLING_N (2000) seeded requests per prompt of tools/sampling_prompts.jsonl at
 #             T = SAMPLING_T (1), 16 new tokens (benchmarks/sampling_exactness.py), then a chi-square test per position
-#             of the target's probability integral transform (reference/sampled_check.py) -> $OUT/sampling_summary.json
+#             of the target's probability integral transform (reference/sampled_check.py) -> $OUT/sampling_summary.json;
+#             and tau at T = 1 through the DFLASH and LILICORR servers on every eval prompt, seeds SAMPLING_TAU_SEEDS
+#             ("0 1 2"; empty: none) -> $OUT/sampling_tau_t1.json (`bench report` summary). With LILICORR_DRAFT set to a
+#             trained draft, DFLASH serves that drafter without its head (the replay's "argmax block" column)
 #   check     sglang_lilicorr.reference.check (float32 teacher-forced target; near-ties within TOL_ULPS=2 bf16
 #             ulps of the top logit allowed; byte-equal fraction against base.json) over every greedy response; the log must
 #             show our proposal captured in the draft CUDA graph and the draft graph capture itself
@@ -39,7 +42,8 @@
 #   EXTRA_ARGS (appended to the LILICORR server's args), LILICORR_DRAFT (see model),
 #   LILICORR_T_GT_0 (allow-greedy here: gpu_client.py sends T = 1 requests, which a server without flashinfer
 #   verifies greedily; the check judges only the greedy responses; see sglang_lilicorr/serving/README.md).
-# Output in $OUT (<= 8 files): {lilicorr,dflash,base}.{json,log}, summary.txt, sampling_summary.json.
+# Output in $OUT (<= 8 files): {lilicorr,dflash,base}.{json,log}, summary.txt; the sampling step's
+#   sampling_summary.json and sampling_tau_t1.json (run it in a call of its own: `model,sampling`).
 # Exit status: 0 when every step asked for passed; 3 when call 2 lands on a fresh machine (redo both).
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 LILICORR_T_GT_0=${LILICORR_T_GT_0:-allow-greedy}
@@ -176,12 +180,25 @@ if has sampling; then  # needs the flashinfer headers (install step with .dev/fl
         --system "$n" --prompts "$TOOLS/sampling_prompts.jsonl" --tokenizer "$W/model" --requests "${SAMPLING_N:-2000}" \
         --max-new-tokens 16 --temperature "${SAMPLING_T:-1}" --out "$D/$n.jsonl" 2>&1 | tail -n 2 | tee -a "$S"
       [ "${PIPESTATUS[0]}" = 0 ] || fails+=("sampling_$n")
+      if [ "$n" != base ] && [ -n "${SAMPLING_TAU_SEEDS-0 1 2}" ]; then  # tau at T = 1 through the server, every eval prompt
+        # shellcheck disable=SC2086
+        timeout 300 python3 -m sglang_lilicorr.cli bench run --url http://127.0.0.1:30014 --system "$n" \
+          --dataset "$ROOT/testbed/eval_prompts.jsonl" --results "$D/tau_t1.jsonl" --concurrency 32 --temperature 1 \
+          --seeds ${SAMPLING_TAU_SEEDS-0 1 2} --max-tokens 256 --warmup 0 --no-progress 2>&1 | tail -n 2 | tee -a "$S"
+        [ "${PIPESTATUS[0]}" = 0 ] || fails+=("tau_t1_$n")
+      fi
     else
       grep -m1 -A20 Traceback "$D/$n.log" | cut -c1-300 | tee -a "$S"; fails+=("sampling_$n")
     fi
     stop_server
   done
-  timeout 600 python3 -m sglang_lilicorr.reference.sampled_check "$W/model" "$D"/*.jsonl --out "$O/sampling_summary.json" 2>&1 \
+  if [ -s "$D/tau_t1.jsonl" ]; then
+    python3 -m sglang_lilicorr.cli bench report "$D/tau_t1.jsonl" --block-ref dflash --no-plots --out "$D/tau_t1_report" 2>&1 \
+      | grep -A8 "concurrency 32" | tee -a "$S"
+    cp "$D/tau_t1_report/summary.json" "$O/sampling_tau_t1.json" || fails+=(tau_t1_report)
+  fi
+  R=(); for n in base dflash lilicorr; do [ -s "$D/$n.jsonl" ] && R+=("$D/$n.jsonl"); done
+  timeout 600 python3 -m sglang_lilicorr.reference.sampled_check "$W/model" "${R[@]}" --out "$O/sampling_summary.json" 2>&1 \
     | grep -v "Loading weights\|Warning" | tail -n 6 | tee -a "$S"
   [ "${PIPESTATUS[0]}" = 0 ] || fails+=(sampled_check)
 fi
