@@ -1,10 +1,11 @@
 """Where a served decode step's time goes: a torch-profiler trace of a few steps of a running SGLang server at
 c = 1, summarised per step, and systems compared side by side (the `speed` step's profile).
 
-`record(url, out_dir, steps)` sends one long greedy request (/generate, ignore_eos), asks the server to profile the
-next `steps` forward passes through SGLang's /start_profile (CPU + GPU activities, Python stacks), and returns the
-trace SGLang writes when they are done. At c = 1 every profiled forward pass of a speculative server is one block
-(draft + verify + accept), of a plain server one decode step.
+`record(url, out_dir, steps)` streams one long greedy request (/generate, ignore_eos) and, once it has produced
+`lead_tokens` tokens, asks the server to profile the next `steps` forward passes through SGLang's /start_profile
+(CPU + GPU activities, Python stacks); it returns the trace SGLang writes when they are done. Every system is so
+profiled at the same context, within one block (attention's cost grows with it). At c = 1 every profiled forward
+pass of a speculative server is one block (draft + verify + accept), of a plain server one decode step.
 
 `summarize(trace, steps)` reads the trace (chrome JSON, gzipped) and reports per step:
   wall_ms       first to last GPU activity of the window, / steps (the per-block wall, scheduler gaps included)
@@ -43,19 +44,29 @@ def _post(url: str, path: str, body: dict, timeout: float) -> dict:
         return {"text": text}
 
 
-def record(url: str, out_dir: Path, steps: int, prompt: str, *, max_new_tokens: int = 1536, lead_s: float = 0.5,
+def record(url: str, out_dir: Path, steps: int, prompt: str, *, max_new_tokens: int = 1024, lead_tokens: int = 128,
            wait_s: float = 120.0) -> Optional[Path]:
-    """Profile `steps` forward passes of the server at `url` in the middle of one greedy request; the trace path, or
-    None when no trace appeared within wait_s after the request ended."""
+    """Profile `steps` forward passes of the server at `url` once one streamed greedy request has produced
+    `lead_tokens` tokens; the trace path, or None when the request ended before that or no trace appeared within
+    wait_s after it ended."""
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    body = {"text": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}}
-    request = threading.Thread(target=_post, args=(url, "/generate", body, 600.0), daemon=True)
-    request.start()
-    time.sleep(lead_s)  # past the prefill: the profiled passes are decode steps
-    _post(url, "/start_profile", {"output_dir": str(out_dir), "num_steps": int(steps), "activities": ["CPU", "GPU"],
-                                  "with_stack": True, "profile_prefix": "step"}, 120.0)
-    request.join()
+    body = {"text": prompt, "stream": True,
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}}
+    profile = {"output_dir": str(out_dir), "num_steps": int(steps), "activities": ["CPU", "GPU"], "with_stack": True,
+               "profile_prefix": "step"}
+    req = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    started = None
+    with urllib.request.urlopen(req, timeout=600.0) as stream:
+        for raw in stream:  # keep reading to the end: the profiled steps run while the request does
+            line = raw.decode().strip()
+            if started is None and line.startswith("data:") and line != "data: [DONE]":
+                if json.loads(line[5:]).get("meta_info", {}).get("completion_tokens", 0) >= lead_tokens:
+                    started = threading.Thread(target=_post, args=(url, "/start_profile", profile, 120.0), daemon=True)
+                    started.start()
+    if started is None:
+        return None
+    started.join()
     end = time.time() + wait_s
     while time.time() < end:
         traces = sorted(out_dir.rglob("*.trace.json.gz"))

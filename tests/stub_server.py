@@ -201,6 +201,28 @@ class StubServer:
             self.aborted += aborted
         self._hold(body, -1, kv=not (aborted and self.leak_on_abort))
 
+    def _stream_generate(self, handler, body: dict):
+        """A /generate reply as server-sent events, one block (`accept` tokens, or one without speculation) each,
+        meta_info.completion_tokens counting up as SGLang's does."""
+        params = body.get("sampling_params", {})
+        _, n, _ = self._reply("stream", params.get("max_new_tokens", 16), params.get("ignore_eos", False), len(self.log))
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+        handler.close_connection = True
+        step = self.accept if self.speculative else 1
+        for k in range(step, n + step, step):
+            chunk = {"text": "w " * min(k, n), "meta_info": {"completion_tokens": min(k, n)}}
+            handler.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            handler.wfile.flush()
+            time.sleep(self.step_s)
+        handler.wfile.write(b"data: [DONE]\n\n")
+        handler.wfile.flush()
+        with self._lock:
+            self.log.append({"path": "/generate", "body": body, "completion_tokens": n, "spec_verify_ct": None, "text": "",
+                             "failed": False, "arrived": time.time(), "finished": time.time()})
+
     def _loads(self) -> dict:
         with self._lock:
             return {"loads": [{"dp_rank": 0, "num_running_reqs": self.running, "num_waiting_reqs": 0, "num_used_tokens": self.kv_used}]}
@@ -216,6 +238,8 @@ class StubServer:
                 rejection = stub._rejection(body)
                 if rejection:
                     return self.send_json(400, {"object": "error", "message": rejection})
+                if body.get("stream") and self.path == "/generate":
+                    return stub._stream_generate(self, body)
                 if body.get("stream"):
                     return stub._stream(self, body)
                 if self.path == "/start_profile":

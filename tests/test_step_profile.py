@@ -1,5 +1,5 @@
 """benchmarks/step_profile.py: per-step figures of a profiled window, the systems' comparison, and the record
-call against a stand-in server."""
+call against a stand-in server (the profile starts once the streamed request has produced the lead tokens)."""
 from __future__ import annotations
 
 import gzip
@@ -53,8 +53,14 @@ def test_compare_lists_the_frames_that_differ(tmp_path):
 
 def test_record_profiles_a_running_request(tmp_path):
     with StubServer(step_s=0.0) as stub:
-        trace = step_profile.record(stub.url, tmp_path / "lilicorr", steps=5, prompt="Write a poem.", lead_s=0.0, wait_s=5.0)
+        trace = step_profile.record(stub.url, tmp_path / "lilicorr", steps=5, prompt="Write a poem.", lead_tokens=8, wait_s=5.0)
     assert trace is not None and trace.parent == (tmp_path / "lilicorr").resolve()
     assert step_profile.summarize(trace, steps=5)["kernels"] == 3.0
     generate = next(r["body"] for r in stub.log if r["path"] == "/generate")
-    assert generate["sampling_params"] == {"temperature": 0.0, "max_new_tokens": 1536, "ignore_eos": True}
+    assert generate["stream"] and generate["sampling_params"] == {"temperature": 0.0, "max_new_tokens": 1024, "ignore_eos": True}
+
+
+def test_a_request_shorter_than_the_lead_is_not_profiled(tmp_path):
+    with StubServer(step_s=0.0) as stub:
+        trace = step_profile.record(stub.url, tmp_path / "dflash", steps=5, prompt="Hi.", max_new_tokens=4, lead_tokens=128, wait_s=1.0)
+    assert trace is None and not list((tmp_path / "dflash").rglob("*.gz"))
