@@ -241,7 +241,7 @@ def write(args) -> int:
         "provenance": {"replay_device": (tau or {}).get("device"), "outputs": (tau or {}).get("outputs")},
     }
     save_json(root / "results.json", results)
-    lines = tau_tables(taus) + [""] + speed_table(speed)
+    lines = (tau_tables(taus) + [""] if taus else []) + speed_table(speed)
     (root / "tables.md").write_text("\n".join(lines) + "\n")
     plot = curves(history, root / "curves.png", run_starts)
     plots = [plot]
