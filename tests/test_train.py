@@ -202,6 +202,8 @@ def test_init_from_an_export_starts_from_its_weights_and_refuses_another_geometr
     assert tensors.keys() == exported.keys()
     for name, value in exported.items():  # one step at lr 1e-12 moves nothing a bf16 rounding shows
         assert torch.equal(tensors[name].to(torch.bfloat16), value), name
+    yarn = train(tiny_cfg(workspace, tmp_path / "yarn", max_steps=1, init_from=str(draft), rope_scaling="yarn", rope_factor=2.0))
+    assert yarn["step"] == 1  # a YaRN run starts from a plain-RoPE draft: the rope shapes no tensor
     with pytest.raises(IncompatibleCheckpointError, match="init-from .*num_hidden_layers"):
         train(tiny_cfg(workspace, tmp_path / "third", max_steps=1, init_from=str(draft), draft_layers=2))
     with pytest.raises(IncompatibleCheckpointError, match="init-from .*head differs"):

@@ -182,10 +182,13 @@ def check_resume_compatible(state: Mapping[str, Any], drafter: DrafterConfig, he
 
 
 def check_same_geometry(saved_drafter: Mapping[str, Any], saved_head: Mapping[str, Any] | None, drafter: DrafterConfig,
-                        head: LiLiCorrConfig | None, where: str, action: str) -> None:
+                        head: LiLiCorrConfig | None, where: str, action: str, rope_may_differ: bool = False) -> None:
     """Raises IncompatibleCheckpointError unless the saved drafter config (SGLang config.json form) and
-    head keys (`lilicorr_*`, or None) are this run's."""
+    head keys (`lilicorr_*`, or None) are this run's; with rope_may_differ the rope's scaling (which shapes no
+    tensor) may be another."""
     saved_d = DrafterConfig.from_hf_config(saved_drafter)
+    if rope_may_differ:
+        saved_d = dataclasses.replace(saved_d, rope_scaling=drafter.rope_scaling)
     if saved_d != drafter:
         diff = [f.name for f in dataclasses.fields(drafter) if getattr(saved_d, f.name) != getattr(drafter, f.name)]
         raise IncompatibleCheckpointError(
@@ -203,10 +206,11 @@ def check_same_geometry(saved_drafter: Mapping[str, Any], saved_head: Mapping[st
 
 def load_draft_weights(directory: str | Path, drafter, head, drafter_cfg: DrafterConfig, head_cfg: LiLiCorrConfig | None) -> None:
     """Start a run from an exported draft: its weights (as fp32 masters), not its step or optimizer.
-    The draft must have this run's drafter and head geometry."""
+    The draft must have this run's drafter and head geometry; its rope scaling may differ (a YaRN run may start
+    from a plain-RoPE draft: the paper's extension to long inputs)."""
     config = read_config(directory)
     saved_head = lilicorr_config(config).to_dflash_keys() if has_head(config) else None
-    check_same_geometry(config, saved_head, drafter_cfg, head_cfg, f"--init-from {directory}", "start from it")
+    check_same_geometry(config, saved_head, drafter_cfg, head_cfg, f"--init-from {directory}", "start from it", rope_may_differ=True)
     drafter_t, head_t = split_head(read_tensors(directory))
     where = str(Path(directory) / WEIGHTS_FILE)
     load_drafter_tensors(drafter, drafter_t, f"{where} (drafter)")
