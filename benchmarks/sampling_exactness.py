@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import threading
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from .client import post_json
 
 
 def read_prompts(path: Path, tokenizer_dir: str | None) -> list[dict]:
@@ -57,10 +58,8 @@ def done(out: Path) -> set[tuple[str, int]]:
 def generate(url: str, input_ids: list[int], seed: int, temperature: float, max_new_tokens: int, timeout: float = 300.0) -> list[int]:
     body = {"input_ids": input_ids, "sampling_params": {"temperature": temperature, "max_new_tokens": max_new_tokens,
                                                          "ignore_eos": True, "sampling_seed": seed}}
-    req = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        payload = json.loads(r.read())
-    if not isinstance(payload, dict) or not isinstance(payload.get("output_ids"), list):
+    payload = post_json(url, "/generate", body, timeout)
+    if not isinstance(payload.get("output_ids"), list):
         raise ValueError(f"{url}/generate answered without output_ids: {str(payload)[:200]}")
     return payload["output_ids"]
 

@@ -27,21 +27,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Mapping, Optional
 
+from .client import post_json
+
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
 TOP = 15  # rows per table in the report
 PYTHON_MIN_MS = 0.005  # Python frames kept in the summary: at least this much host time per step
 NAME_CHARS = 90
-
-
-def _post(url: str, path: str, body: dict, timeout: float) -> dict:
-    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        text = r.read().decode() or "{}"
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return {"text": text}
 
 
 def record(url: str, out_dir: Path, steps: int, prompt: str, *, max_new_tokens: int = 1024, lead_tokens: int = 128,
@@ -62,7 +54,7 @@ def record(url: str, out_dir: Path, steps: int, prompt: str, *, max_new_tokens: 
             line = raw.decode().strip()
             if started is None and line.startswith("data:") and line != "data: [DONE]":
                 if json.loads(line[5:]).get("meta_info", {}).get("completion_tokens", 0) >= lead_tokens:
-                    started = threading.Thread(target=_post, args=(url, "/start_profile", profile, 120.0), daemon=True)
+                    started = threading.Thread(target=post_json, args=(url, "/start_profile", profile, 120.0), daemon=True)
                     started.start()
     if started is None:
         return None

@@ -26,3 +26,14 @@ def device_name() -> str:
     import torch
 
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def set_flags(args: list[str], flags: dict[str, str]) -> list[str]:
+    """Server arguments with each --flag's value replaced where present, appended where not."""
+    args = list(args)
+    for flag, value in flags.items():
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    return args

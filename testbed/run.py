@@ -10,6 +10,8 @@
   replay    tau of every draft on those outputs (exact replay), one process per GPU
   speed     served throughput: LILICORR vs DFLASH vs no speculation, paired rounds (speed.py)
   tables    checkpoints/results.json fields, tables and curves (report.py)
+  long-pack   (with --long) WORK0's conversations packed into long ones in WORK/data (long_inputs.py)
+  long-serve  (with --long) each exported long draft served at 1K / 4K / 8K input tokens: tau, tokens/s, failures
 
 On the GPU machine run them through `bash testbed/gpu.sh STEP ...` (the device kit's environment).
 WORK defaults to /tmp/testbed, the target to /tmp/smol/model; $OUT receives small copies. Every step
@@ -31,8 +33,9 @@ import time
 from pathlib import Path
 
 import eval_sets
-from common import device_name, gpus, to_out
-from variants import SCALE, SCHEDULE, SWEEP_ROUNDS, VARIANTS, choose
+import long_inputs
+from common import device_name, gpus, set_flags, to_out
+from variants import LONG, SCALE, SCHEDULE, SWEEP_ROUNDS, VARIANTS, choose
 
 from sglang_lilicorr.jsonl import save_json
 
@@ -64,8 +67,8 @@ def generator(args, log_dir: Path, tokenizer):
 
 
 def scale_and_schedule(args) -> dict:
-    """SCALE + SCHEDULE with --override KEY=JSON applied (tests shrink the models this way)."""
-    options = {**SCALE, **SCHEDULE}
+    """SCALE + SCHEDULE (+ LONG with --long) with --override KEY=JSON applied (tests shrink the models this way)."""
+    options = {**SCALE, **SCHEDULE, **(LONG if getattr(args, "long", False) else {})}
     for item in args.override or []:
         key, _, value = item.partition("=")
         if key not in options:
@@ -388,6 +391,84 @@ def cmd_speed(args) -> int:
     return speed.run(args, SERVER_ARGS)
 
 
+# --- long inputs ---------------------------------------------------------------------------------------
+
+LONG_PORT0 = 32100
+
+
+def cmd_long_pack(args) -> int:
+    from transformers import AutoTokenizer
+
+    from sglang_lilicorr.jsonl import read_jsonl
+    from sglang_lilicorr.train.config import TrainConfig
+    from sglang_lilicorr.train.data import checked_messages, render
+
+    source, out = Path(args.source) / "data", Path(args.work) / "data"
+    if not args.long:
+        raise SystemExit("long-pack belongs to the long-input lineage: pass --long (and a --work of its own).")
+    if source.resolve() == out.resolve():
+        raise SystemExit(f"long-pack --source {args.source}: that is this --work; pack into another work folder.")
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    chat_kwargs = TrainConfig.__dataclass_fields__["chat_template_kwargs"].default_factory()
+    out.mkdir(parents=True, exist_ok=True)
+    counts = {}
+    for name in ("train.jsonl", "heldout.jsonl"):
+        if not (source / name).is_file():
+            raise SystemExit(f"{source / name}: no conversations; run the `data` step in {args.source} first.")
+        rows = [{"messages": checked_messages(row, f"{source / name}:{k}")} for k, row in read_jsonl(source / name)]
+        lengths = [len(render(tokenizer, r["messages"], False, chat_kwargs)) for r in rows]
+        packed = long_inputs.pack(rows, lengths, args.min_tokens, args.seed)
+        eval_sets.write(packed, out / name)
+        counts[name] = {"conversations": len(rows), "packed": len(packed), "tokens": sum(lengths)}
+    save_json(out / "manifest.json", {"source": str(source), "min_tokens": args.min_tokens, "seed": args.seed, "counts": counts})
+    print(json.dumps(counts))
+    to_out(args.out, out / "manifest.json")
+    return 0
+
+
+def cmd_long_serve(args) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from sglang_lilicorr.benchmarks.client import post_json
+    from sglang_lilicorr.reference.check import check_greedy
+    from sglang_lilicorr.train.engine import SGLangServers, ServerSpec
+
+    drafts, root = Path(args.work) / "drafts", Path(args.work) / "long"
+    missing = [v for v in args.variants if not (drafts / v / "config.json").is_file()]
+    if missing:
+        raise SystemExit(f"{drafts}: no exported draft for {missing}; run `--long train` and `export` first.")
+    enough_time("long-serve", 4.0 + 0.5 * len(args.variants) * len(args.lengths))
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    render = lambda content: list(tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=True,  # noqa: E731
+                                                                add_generation_prompt=True, return_dict=False))
+    sources = long_inputs.stdlib_sources(min_chars=6 * max(args.lengths))
+    prompts = long_inputs.long_prompts(render, sources, args.lengths, args.per_length)
+    root.mkdir(parents=True, exist_ok=True)
+    eval_sets.write(prompts, root / "prompts.jsonl")
+    # side by side on GPU 0, each with a fixed KV pool (c whole contexts), so servers starting together do not race for memory
+    base = set_flags(shlex.split(SERVER_ARGS), {"--context-length": str(long_inputs.TARGET_CONTEXT), "--mem-fraction-static": "0.9",
+                                                "--max-running-requests": str(args.concurrency),
+                                                "--max-total-tokens": str(args.concurrency * long_inputs.TARGET_CONTEXT)})
+    specs = [ServerSpec(args.target, LONG_PORT0 + i, "0", (*base, "--speculative-algorithm", "LILICORR", "--speculative-draft-model-path",
+                                                           str(drafts / v), "--speculative-draft-attention-backend", "triton"), {}, v)
+             for i, v in enumerate(args.variants)]
+    launcher = shlex.split(os.environ.get("TESTBED_SERVER_LAUNCH", ""))  # tests: stand-ins that serve $PORT
+    with SGLangServers.start(specs, root / "logs", launcher=launcher, warm_first=True):
+        records = [r for i, v in enumerate(args.variants)
+                   for r in long_inputs.serve(f"http://127.0.0.1:{LONG_PORT0 + i}", v, prompts, args.concurrency, post_json)]
+    eval_sets.write(records, root / "records.jsonl")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(device).eval()
+    summary = long_inputs.summarize(records, lambda r: len(check_greedy(model, r["input_ids"], r["output_ids"], tol_ulps=2.0).failures))
+    save_json(root / "summary.json", {"lengths": list(args.lengths), "per_length": args.per_length, "concurrency": args.concurrency,
+                                      "max_new_tokens": long_inputs.MAX_NEW_TOKENS, "device": device_name(),
+                                      "server_args": {s.name: " ".join(s.args) for s in specs}, "drafts": summary})
+    print(json.dumps(summary, indent=1))
+    to_out(args.out, root / "summary.json")
+    return 0
+
+
 def cmd_tables(args) -> int:
     import report
 
@@ -404,6 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=os.environ.get("OUT"), help="copy small results here (default $OUT)")
     p.add_argument("--eval-prompts", default=str(eval_sets.DEFAULT_FILE))
     p.add_argument("--override", action="append", help="KEY=JSON over variants.SCALE / SCHEDULE (tests shrink the models)")
+    p.add_argument("--long", action="store_true", help="the long-input lineage: variants.LONG over the schedule (use a --work of its own)")
     sub = p.add_subparsers(dest="step", required=True)
 
     s = sub.add_parser("prompts", help="CPU machine: sample the evaluation sets into testbed/eval_prompts.jsonl")
@@ -462,6 +544,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also serve every eval prompt once at c = 8 (tau through the server)")
     s.add_argument("--profile-steps", type=int, default=12, help="forward passes profiled per server at c = 1 (0: no profile)")
     s.set_defaults(func=cmd_speed)
+
+    s = sub.add_parser("long-pack", help="(--long) WORK0's conversations packed into long ones in WORK/data")
+    s.add_argument("--source", required=True, help="the work folder whose `data` step wrote the conversations")
+    s.add_argument("--min-tokens", type=int, default=3584, help="each packed conversation renders to at least this many tokens")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=cmd_long_pack)
+
+    s = sub.add_parser("long-serve", help="(--long) each exported long draft served at long inputs: tau, tokens/s, failures")
+    s.add_argument("--variants", nargs="+", default=["lilicorr", "margin"])
+    s.add_argument("--lengths", type=int, nargs="+", default=list(long_inputs.LENGTHS))
+    s.add_argument("--per-length", type=int, default=8)
+    s.add_argument("--concurrency", type=int, default=4)
+    s.set_defaults(func=cmd_long_serve)
 
     s = sub.add_parser("tables", help="results.json, tables and curves from what the steps wrote")
     s.add_argument("--results", default=None, help="folder holding the fetched results (default: WORK)")

@@ -44,12 +44,9 @@ def prompts_for(c: int) -> int:
 
 
 def server_args(base_args: str, system: str, drafts: Path) -> tuple[str, ...]:
-    args = shlex.split(base_args)
-    for flag, value in (("--mem-fraction-static", "0.9"), ("--cuda-graph-max-bs-decode", "32")):
-        if flag in args:
-            args[args.index(flag) + 1] = value
-        else:
-            args += [flag, value]
+    from common import set_flags
+
+    args = set_flags(shlex.split(base_args), {"--mem-fraction-static": "0.9", "--cuda-graph-max-bs-decode": "32"})
     args += ["--max-running-requests", "32", "--max-total-tokens", str(KV_TOKENS)]
     if system != "base":
         algorithm = "LILICORR" if system == "lilicorr" else "DFLASH"
@@ -110,7 +107,7 @@ def run(args, base_server_args: str) -> int:
         (work / "stages" / s).mkdir(parents=True, exist_ok=True)
     url = {s: f"http://127.0.0.1:{PORT0 + i}" for i, s in enumerate(SYSTEMS)}
     failed = []
-    launcher = shlex.split(os.environ.get("TESTBED_SPEED_LAUNCH", ""))  # tests: stand-ins that serve $PORT
+    launcher = shlex.split(os.environ.get("TESTBED_SERVER_LAUNCH", ""))  # tests: stand-ins that serve $PORT
     with contextlib.ExitStack() as stack:
         stack.enter_context(SGLangServers.start(specs, work / "logs", launcher=launcher, warm_first=True))
         failed += paired.play_rounds(url, prompts, paired.RoundPlan("speed", args.max_tokens, rounds=args.rounds), work,

@@ -99,7 +99,7 @@ def test_pipeline_end_to_end(toy, tmp_path, monkeypatch):
 
     launcher = tmp_path / "launcher.py"
     launcher.write_text(LAUNCHER.format(tests=str(ROOT / "tests")))
-    monkeypatch.setenv("TESTBED_SPEED_LAUNCH", f"{sys.executable} {launcher}")
+    monkeypatch.setenv("TESTBED_SERVER_LAUNCH", f"{sys.executable} {launcher}")
     monkeypatch.setattr(speed, "PORT0", free_port_block(3))
     assert cli(toy, "speed", "--concurrency", "1", "2", "--rounds", "2", "--max-tokens", "8") == 0
     rounds = [[json.loads(line) for line in p.read_text().splitlines()] for p in sorted((work / "speed").glob("round*.jsonl"))]
