@@ -80,3 +80,27 @@ def test_collect_is_seeded_and_resumes(tmp_path):
     bodies = [r["body"] for r in stub.log]
     assert len(bodies) == 6 and {b["sampling_params"]["sampling_seed"] for b in bodies} == {0, 1, 2}
     assert all(b["sampling_params"]["ignore_eos"] and b["sampling_params"]["temperature"] == 1.0 for b in bodies)
+
+
+def test_summary_names_each_servers_verification_and_tau_per_seed(tmp_path):
+    from test_train import make_target
+    from transformers import AutoModelForCausalLM
+
+    target = make_target(tmp_path / "target")
+    model = AutoModelForCausalLM.from_pretrained(target).float().eval()
+    records = tmp_path / "lilicorr.jsonl"
+    records.write_text("".join(json.dumps({"system": "lilicorr", **r}) + "\n" for r in ancestral(model, 1.0, 120)))
+    log = tmp_path / "lilicorr.log"
+    log.write_text("loading\n[2026] LILICORR verification: T = 0 greedy; T > 0 exact rejection sampling (SGLang's kernel)\nready\n")
+    tau = tmp_path / "tau_t1.jsonl"
+    turn = lambda n, b: {"completion_tokens": n, "spec_verify_ct": b, "start": 0.0, "end": 1.0}  # noqa: E731
+    tau.write_text("".join(json.dumps({"system": "lilicorr", "seed": s, "turns": [turn(30, 10), turn(10, 10)]}) + "\n" for s in (0, 1)))
+    out = tmp_path / "summary.json"
+    assert sampled_check.main([target, str(records), "--positions", "1", "3", "--startup-log", f"lilicorr={log}",
+                               "--tau-records", str(tau), "--out", str(out)]) == 0
+    summary = json.loads(out.read_text())["lilicorr"]
+    assert set(summary["positions"]) == {"1", "3"} and summary["positions"]["1"]["n"] == 120
+    assert summary["verification"].startswith("[2026] LILICORR verification: T = 0 greedy")
+    assert summary["tau_t1"] == {"0": 2.0, "1": 2.0}
+    with pytest.raises(SystemExit):
+        sampled_check.main([target, str(records), "--startup-log", "lilicorr", "--out", str(out)])

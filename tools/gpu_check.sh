@@ -31,9 +31,9 @@
 #   sampling  T > 0 exactness (needs the flashinfer headers: carry .dev/flashinfer in the install call): base, DFLASH and
 #             LILICORR servers in turn, SAMPLING_N (2000) seeded requests per prompt of tools/sampling_prompts.jsonl at
 #             T = SAMPLING_T (1), 16 new tokens (benchmarks/sampling_exactness.py), then a chi-square test per position
-#             of the target's probability integral transform (reference/sampled_check.py) -> $OUT/sampling_summary.json;
-#             and tau at T = 1 through the DFLASH and LILICORR servers on every eval prompt, seeds SAMPLING_TAU_SEEDS
-#             ("0 1 2"; empty: none) -> $OUT/sampling_tau_t1.json (`bench report` summary). With LILICORR_DRAFT set to a
+#             of the target's probability integral transform (reference/sampled_check.py), with each server's
+#             verification line and tau at T = 1 through the DFLASH and LILICORR servers on every eval prompt for seeds
+#             SAMPLING_TAU_SEEDS ("0 1 2"; empty: none) -> $OUT/sampling_summary.json. With LILICORR_DRAFT set to a
 #             trained draft, DFLASH serves that drafter without its head (the replay's "argmax block" column)
 #   check     sglang_lilicorr.reference.check (float32 teacher-forced target; near-ties within TOL_ULPS=2 bf16
 #             ulps of the top logit allowed; byte-equal fraction against base.json) over every greedy response; the log must
@@ -42,8 +42,7 @@
 #   EXTRA_ARGS (appended to the LILICORR server's args), LILICORR_DRAFT (see model),
 #   LILICORR_T_GT_0 (allow-greedy here: gpu_client.py sends T = 1 requests, which a server without flashinfer
 #   verifies greedily; the check judges only the greedy responses; see sglang_lilicorr/serving/README.md).
-# Output in $OUT (<= 8 files): {lilicorr,dflash,base}.{json,log}, summary.txt; the sampling step's
-#   sampling_summary.json and sampling_tau_t1.json (run it in a call of its own: `model,sampling`).
+# Output in $OUT (<= 8 files): {lilicorr,dflash,base}.{json,log}, summary.txt, sampling_summary.json (the sampling step).
 # Exit status: 0 when every step asked for passed; 3 when call 2 lands on a fresh machine (redo both).
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 LILICORR_T_GT_0=${LILICORR_T_GT_0:-allow-greedy}
@@ -192,13 +191,9 @@ if has sampling; then  # needs the flashinfer headers (install step with .dev/fl
     fi
     stop_server
   done
-  if [ -s "$D/tau_t1.jsonl" ]; then
-    python3 -m sglang_lilicorr.cli bench report "$D/tau_t1.jsonl" --block-ref dflash --no-plots --out "$D/tau_t1_report" 2>&1 \
-      | grep -A8 "concurrency 32" | tee -a "$S"
-    cp "$D/tau_t1_report/summary.json" "$O/sampling_tau_t1.json" || fails+=(tau_t1_report)
-  fi
-  R=(); for n in base dflash lilicorr; do [ -s "$D/$n.jsonl" ] && R+=("$D/$n.jsonl"); done
-  timeout 600 python3 -m sglang_lilicorr.reference.sampled_check "$W/model" "${R[@]}" --out "$O/sampling_summary.json" 2>&1 \
+  R=(); X=(); for n in base dflash lilicorr; do [ -s "$D/$n.jsonl" ] && R+=("$D/$n.jsonl") && X+=(--startup-log "$n=$D/$n.log"); done
+  [ -s "$D/tau_t1.jsonl" ] && X+=(--tau-records "$D/tau_t1.jsonl")
+  timeout 600 python3 -m sglang_lilicorr.reference.sampled_check "$W/model" "${R[@]}" "${X[@]}" --out "$O/sampling_summary.json" 2>&1 \
     | grep -v "Loading weights\|Warning" | tail -n 6 | tee -a "$S"
   [ "${PIPESTATUS[0]}" = 0 ] || fails+=(sampled_check)
 fi
