@@ -11,14 +11,19 @@
 # call 2 (at once), carry [".dev/smolB", ".dev/bin"], timeout_s 600:
 #     bash tools/gpu_check.sh model,lilicorr,check
 #   (add ",base" after "model" for a no-speculation control server: about 60 s more)
+# T > 0 with the shipped draft: install (carry .dev/flashinfer too), `model` (carry .dev/smolB, .dev/bin; the checkpoints'
+# weights moved out as for every call carrying .dev/smol*), then, with checkpoints/ restored, carry [".dev/bin"]:
+#     LILICORR_DRAFT=checkpoints/smollm2-lilicorr bash tools/gpu_check.sh draft,sampling
 #
 # Steps (comma-separated, run in this order):
 #   install   install.sh (bundle, patches, this project -> its sglang.srt.plugins entry point), keep
 #             part_a outside the checkout, check the entry point and import the worker once, and run
 #             graph_check.py (our proposal alone, captured in a CUDA graph: replay == eager, timing)
-#   model     reassemble + sha256 + convert the GGUF; random 1-layer DFlash draft (toolkit); add a random
-#             LiLiCorr head (paper geometry) -> $W/lilicorr_draft. LILICORR_DRAFT=DIR serves a trained
-#             draft instead (a folder in the checkout, e.g. checkpoints/smol_lilicorr, or an absolute path)
+#   model     reassemble + sha256 + convert the GGUF; random 1-layer DFlash draft (toolkit); then the `draft` step
+#   draft     a random LiLiCorr head (paper geometry) on that drafter -> $W/lilicorr_draft, or LILICORR_DRAFT=DIR, a
+#             trained draft (a folder in the checkout, e.g. checkpoints/smollm2-lilicorr, or an absolute path); the
+#             same drafter without its head -> $W/dflash_draft. Alone, in a call after `model`, it serves a trained
+#             draft that could not travel beside .dev/smolB (64 MiB)
 #   base      server without speculation + the same client -> $OUT/base.json (control, optional)
 #   lilicorr  server with LILICORR; gpu_client.py: 56 greedy + 6 T=1 prompts one at a time, then 1, 2,
 #             4, 8, 16, 32 concurrent requests mixing T=0 and T=1 -> $OUT/lilicorr.json; its log ->
@@ -85,21 +90,26 @@ if has model; then
   mkdir -p "$W/gguf"
   if [ -f "$A" ] && [ -f "$DEV/smolB/part_b" ] && cat "$A" "$DEV/smolB/part_b" > "$W/gguf/$GGUF" \
      && (cd "$W/gguf" && sha256sum -c "$DEV/smolB/gguf.sha256"); then
-    rm -rf "$W/model" "$W/draft" "$W/lilicorr_draft"
+    rm -rf "$W/model" "$W/draft"
     timeout 240 python3 "$B/smol_convert.py" "$W/gguf/$GGUF" "$W/model" 2>&1 | grep -iv "warn\|it/s\]" | tail -n 3
     timeout 60 python3 "$B/random_dflash_draft.py" "$W/draft" 1 0 2>&1 | tail -n 1
-    if [ -n "${LILICORR_DRAFT:-}" ]; then
-      D=$LILICORR_DRAFT; [[ $D == /* ]] || D=$ROOT/$D
-      cp -r "$D" "$W/lilicorr_draft" && say "serving the trained draft $D"
-    else
-      timeout 120 python3 "$TOOLS/random_head.py" "$W/draft" "$W/lilicorr_draft" 2>&1 | tail -n 2 | tee -a "$S"
-    fi
-    python3 -c "from sglang_lilicorr.checkpoint import vanilla_copy as v; v('$W/lilicorr_draft', '$W/dflash_draft')" \
-      && say "the same drafter without its head -> $W/dflash_draft (served by the dflash step)"
-    [ -f "$W/model/config.json" ] && [ -f "$W/lilicorr_draft/config.json" ] || fails+=(model)
+    [ -f "$W/model/config.json" ] || fails+=(model)
   else
     say "reassembly failed (part_a: $A; carry .dev/smolB in this call)"; fails+=(model)
   fi
+fi
+
+if has model || has draft; then  # the served drafts; `draft` alone rebuilds them in a later call (a trained draft travels then)
+  rm -rf "$W/lilicorr_draft" "$W/dflash_draft"
+  if [ -n "${LILICORR_DRAFT:-}" ]; then
+    D=$LILICORR_DRAFT; [[ $D == /* ]] || D=$ROOT/$D
+    cp -r "$D" "$W/lilicorr_draft" && say "serving the trained draft $D"
+  else
+    timeout 120 python3 "$TOOLS/random_head.py" "$W/draft" "$W/lilicorr_draft" 2>&1 | tail -n 2 | tee -a "$S"
+  fi
+  python3 -c "from sglang_lilicorr.checkpoint import vanilla_copy as v; v('$W/lilicorr_draft', '$W/dflash_draft')" \
+    && say "the same drafter without its head -> $W/dflash_draft (served by the dflash step)"
+  [ -f "$W/lilicorr_draft/model.safetensors" ] || fails+=(draft)
 fi
 
 serve() {  # serve NAME PORT CLIENT_ARGS -- SERVER_ARGS: client results in $O/NAME.json, server log in $O/NAME.log
