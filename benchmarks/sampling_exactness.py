@@ -1,11 +1,19 @@
-"""Seeded sampled requests for the exactness check at T > 0 (sglang_lilicorr.reference.sampled_check): every prompt
-is sent `--requests` times at `--temperature` with sampling_seed 0, 1, ... (POST /generate, token ids in and out,
-ignore_eos, `--max-new-tokens`), and each answer appended to a JSONL file as {system, prompt, input_ids,
-output_ids, seed, temperature}. A (prompt, seed) already in the file is not sent again, so an interrupted run
-resumes. Prompts: a JSONL file of {prompt, input_ids}, or {prompt, messages} with --tokenizer (its chat template).
+"""The exactness check at T > 0, against a server: seeded sampled requests, then the check of
+sglang_lilicorr.reference.sampled_check over them.
 
-  python -m sglang_lilicorr.benchmarks.sampling_exactness --url URL --system lilicorr --prompts P.jsonl \\
+collect   every prompt is sent `--requests` times at `--temperature` with sampling_seed 0, 1, ... (POST /generate,
+          token ids in and out, ignore_eos, `--max-new-tokens`), each answer appended to a JSONL file as {system,
+          prompt, input_ids, output_ids, seed, temperature}. A (prompt, seed) already in the file is not sent again,
+          so an interrupted run resumes. Prompts: a JSONL file of {prompt, input_ids}, or {prompt, messages} with
+          --tokenizer (its chat template).
+check     per system: `positions` (n, chi2, dof and the p-value of every tested position), `verification` (the
+          server's start-up line naming its verification, from --startup-log) and `tau_t1` (tokens per verify block
+          per seed, from `lilicorr bench run` results at T > 0, --tau-records) -> one summary JSON.
+
+  python -m sglang_lilicorr.benchmarks.sampling_exactness collect --url URL --system lilicorr --prompts P.jsonl \\
       --tokenizer TARGET_DIR --requests 2000 --max-new-tokens 16 --out records.jsonl
+  python -m sglang_lilicorr.benchmarks.sampling_exactness check TARGET_DIR records.jsonl [...] --out summary.json \\
+      [--startup-log SYSTEM=SERVER_LOG ...] [--tau-records BENCH_RUN_RESULTS.jsonl]
 """
 from __future__ import annotations
 
@@ -16,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .client import post_json
+from .metrics import tau
+from .runner import read_results
 
 
 def read_prompts(path: Path, tokenizer_dir: str | None) -> list[dict]:
@@ -85,18 +95,24 @@ def collect(url: str, system: str, prompts: list[dict], requests: int, max_new_t
     return len(todo)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sglang_lilicorr.benchmarks.sampling_exactness", description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", required=True)
-    p.add_argument("--system", required=True, help="names the records: lilicorr, dflash, base")
-    p.add_argument("--prompts", type=Path, required=True)
-    p.add_argument("--tokenizer", help="the target's folder, for prompts given as messages")
-    p.add_argument("--requests", type=int, default=2000, help="seeds per prompt")
-    p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args(argv)
+def startup_verification(log: Path) -> str | None:
+    """The first line of a server log that names its verification (LILICORR's start-up line; the kit's DFLASH fallback)."""
+    for line in Path(log).read_text(errors="replace").splitlines():
+        if "verification" in line.lower():
+            return line.strip()[-300:]
+    return None
+
+
+def tau_per_seed(results: Path) -> dict[str, dict[str, float]]:
+    """{system: {seed: tokens per verify block}} of `lilicorr bench run` results."""
+    groups: dict = {}
+    for r in read_results(results):
+        groups.setdefault(r["system"], {}).setdefault(str(r["seed"]), []).append(r)
+    return {system: {seed: round(tau(rs), 4) for seed, rs in sorted(seeds.items()) if tau(rs) is not None}
+            for system, seeds in groups.items()}
+
+
+def cmd_collect(p: argparse.ArgumentParser, args) -> int:
     if args.temperature <= 0 or args.requests < 1 or args.max_new_tokens < 1:
         p.error("--temperature must be > 0 and --requests, --max-new-tokens >= 1")
     try:
@@ -106,6 +122,59 @@ def main(argv=None) -> int:
     sent = collect(args.url, args.system, prompts, args.requests, args.max_new_tokens, args.temperature, args.out, args.concurrency)
     print(f"{args.system}: {sent} requests sent, {len(done(args.out))} recorded in {args.out}")
     return 0
+
+
+def cmd_check(p: argparse.ArgumentParser, args) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ..reference.sampled_check import position_pvalues, read_records
+
+    if min(args.positions) < 1:
+        p.error(f"--positions count from 1, got {args.positions}")
+    logs = dict(item.partition("=")[::2] for item in args.startup_log)
+    if any(not name or not path for name, path in logs.items()):
+        p.error(f"--startup-log takes SYSTEM=LOG, got {args.startup_log}")
+    try:
+        systems = read_records(args.records)
+        verification = {name: startup_verification(Path(path)) for name, path in logs.items()}
+        taus = tau_per_seed(args.tau_records) if args.tau_records else {}
+    except (OSError, ValueError) as e:
+        p.error(str(e))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(device).eval()
+    summary = {system: {"positions": position_pvalues(model, records, args.positions, args.seed),
+                        "verification": verification.get(system), "tau_t1": taus.get(system, {})} for system, records in systems.items()}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(summary, indent=1) + "\n")
+    for system, cells in summary.items():
+        print(system, " ".join(f"pos {j}: p = {c['p']:.3g} (n = {c['n']})" for j, c in cells["positions"].items()), cells["tau_t1"])
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m sglang_lilicorr.benchmarks.sampling_exactness", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("collect", help="seeded sampled requests -> records JSONL (resumable)")
+    c.add_argument("--url", required=True)
+    c.add_argument("--system", required=True, help="names the records: lilicorr, dflash, base")
+    c.add_argument("--prompts", type=Path, required=True)
+    c.add_argument("--tokenizer", help="the target's folder, for prompts given as messages")
+    c.add_argument("--requests", type=int, default=2000, help="seeds per prompt")
+    c.add_argument("--max-new-tokens", type=int, default=16)
+    c.add_argument("--temperature", type=float, default=1.0)
+    c.add_argument("--concurrency", type=int, default=32)
+    c.add_argument("--out", type=Path, required=True)
+    k = sub.add_parser("check", help="the chi-square test per position, verification lines and tau per seed -> summary JSON")
+    k.add_argument("target", help="the target's HF folder")
+    k.add_argument("records", nargs="+", type=Path, help="JSONL files of sampled outputs (collect)")
+    k.add_argument("--positions", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    k.add_argument("--seed", type=int, default=0, help="seed of the probability integral transform's V draws")
+    k.add_argument("--startup-log", action="append", default=[], metavar="SYSTEM=LOG", help="a server's log: its verification line")
+    k.add_argument("--tau-records", type=Path, help="`lilicorr bench run` results at T > 0: tau per system and seed")
+    k.add_argument("--out", type=Path, required=True, help="summary JSON (module docstring)")
+    args = p.parse_args(argv)
+    return {"collect": cmd_collect, "check": cmd_check}[args.command](p, args)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from .client import post_json
+from .metrics import busy_seconds
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
@@ -69,16 +70,6 @@ def record(url: str, out_dir: Path, steps: int, prompt: str, *, max_new_tokens: 
     return None
 
 
-def _union_ms(intervals: list[tuple[float, float]]) -> float:
-    """Total length (ms) of the union of [start, end) intervals given in microseconds."""
-    total, reach = 0.0, float("-inf")
-    for start, end in sorted(intervals):
-        if end > reach:
-            total += end - max(start, reach)
-            reach = end
-    return total / 1000.0
-
-
 def _short(name: str) -> str:
     return name if len(name) <= NAME_CHARS else name[: NAME_CHARS - 3] + "..."
 
@@ -100,7 +91,7 @@ def summarize(trace: Path, steps: int) -> dict:
         raise ValueError(f"steps must be >= 1, got {steps}")
     spans = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in gpu]
     wall_ms = (max(end for _, end in spans) - min(start for start, _ in spans)) / 1000.0
-    busy_ms = _union_ms(spans)
+    busy_ms = busy_seconds(spans) / 1000.0  # spans in microseconds
     kernels, runtime, python = defaultdict(list), defaultdict(list), defaultdict(list)
     for e in events:
         cat, dur = e.get("cat"), float(e["dur"])

@@ -1,6 +1,6 @@
 """The exactness check at T > 0: sampled outputs against the target's softmax by the randomized probability integral
-transform (reference/sampled_check.py), and the seeded, resumable collection of sampled outputs from a server
-(benchmarks/sampling_exactness.py)."""
+transform (reference/sampled_check.py), and against a server (benchmarks/sampling_exactness.py): the seeded,
+resumable collection of sampled outputs and the summary with each server's verification line and tau per seed."""
 from __future__ import annotations
 
 import json
@@ -70,7 +70,7 @@ def test_collect_is_seeded_and_resumes(tmp_path):
     prompts.write_text('{"prompt": "a", "input_ids": [5, 6, 7]}\n{"prompt": "b", "input_ids": [8]}\n')
     out = tmp_path / "records.jsonl"
     with StubServer(speculative=True, step_s=0.0, min_latency_s=0.0) as stub:
-        argv = ["--url", stub.url, "--system", "lilicorr", "--prompts", str(prompts), "--requests", "3", "--max-new-tokens", "4",
+        argv = ["collect", "--url", stub.url, "--system", "lilicorr", "--prompts", str(prompts), "--requests", "3", "--max-new-tokens", "4",
                 "--out", str(out), "--concurrency", "4"]
         assert sampling_exactness.main(argv) == 0
         assert sampling_exactness.main(argv) == 0  # resumed: nothing left to send
@@ -94,13 +94,15 @@ def test_summary_names_each_servers_verification_and_tau_per_seed(tmp_path):
     log.write_text("loading\n[2026] LILICORR verification: T = 0 greedy; T > 0 exact rejection sampling (SGLang's kernel)\nready\n")
     tau = tmp_path / "tau_t1.jsonl"
     turn = lambda n, b: {"completion_tokens": n, "spec_verify_ct": b, "start": 0.0, "end": 1.0}  # noqa: E731
-    tau.write_text("".join(json.dumps({"system": "lilicorr", "seed": s, "turns": [turn(30, 10), turn(10, 10)]}) + "\n" for s in (0, 1)))
+    run = {"system": "lilicorr", "dataset": "eval", "concurrency": 32, "temperature": 1.0, "max_tokens": 256, "category": "all"}
+    tau.write_text("".join(json.dumps({**run, "seed": s, "prompt_id": f"p{k}", "turns": [turn(30, 10) if k else turn(10, 10)]}) + "\n"
+                           for s in (0, 1) for k in (0, 1)))
     out = tmp_path / "summary.json"
-    assert sampled_check.main([target, str(records), "--positions", "1", "3", "--startup-log", f"lilicorr={log}",
-                               "--tau-records", str(tau), "--out", str(out)]) == 0
+    assert sampling_exactness.main(["check", target, str(records), "--positions", "1", "3", "--startup-log", f"lilicorr={log}",
+                                    "--tau-records", str(tau), "--out", str(out)]) == 0
     summary = json.loads(out.read_text())["lilicorr"]
     assert set(summary["positions"]) == {"1", "3"} and summary["positions"]["1"]["n"] == 120
     assert summary["verification"].startswith("[2026] LILICORR verification: T = 0 greedy")
     assert summary["tau_t1"] == {"0": 2.0, "1": 2.0}
     with pytest.raises(SystemExit):
-        sampled_check.main([target, str(records), "--startup-log", "lilicorr", "--out", str(out)])
+        sampling_exactness.main(["check", target, str(records), "--startup-log", "lilicorr", "--out", str(out)])

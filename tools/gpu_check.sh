@@ -36,7 +36,7 @@
 #   sampling  T > 0 exactness (needs the flashinfer headers: carry .dev/flashinfer in the install call): base, DFLASH and
 #             LILICORR servers in turn, SAMPLING_N (2000) seeded requests per prompt of tools/sampling_prompts.jsonl at
 #             T = SAMPLING_T (1), 16 new tokens (benchmarks/sampling_exactness.py), then a chi-square test per position
-#             of the target's probability integral transform (reference/sampled_check.py), with each server's
+#             of the target's probability integral transform (sampling_exactness check), with each server's
 #             verification line and tau at T = 1 through the DFLASH and LILICORR servers on every eval prompt for seeds
 #             SAMPLING_TAU_SEEDS ("0 1 2"; empty: none) -> $OUT/sampling_summary.json. With LILICORR_DRAFT set to a
 #             trained draft, DFLASH serves that drafter without its head (the replay's "argmax block" column)
@@ -185,7 +185,7 @@ if has sampling; then  # needs the flashinfer headers (install step with .dev/fl
       --sampling-backend pytorch --grammar-backend none --mem-fraction-static 0.3 --context-length 2048 \
       --cuda-graph-backend-prefill disabled --max-running-requests 32 --cuda-graph-max-bs-decode "${GRAPH_BS:-16}" "${SPEC[@]}"; then
       grep -m2 -E "LILICORR verification|non-greedy verification" "$D/$n.log" | cut -c1-300 | tee -a "$S"
-      timeout "${SAMPLING_SECONDS:-240}" python3 -m sglang_lilicorr.benchmarks.sampling_exactness --url http://127.0.0.1:30014 \
+      timeout "${SAMPLING_SECONDS:-240}" python3 -m sglang_lilicorr.benchmarks.sampling_exactness collect --url http://127.0.0.1:30014 \
         --system "$n" --prompts "$TOOLS/sampling_prompts.jsonl" --tokenizer "$W/model" --requests "${SAMPLING_N:-2000}" \
         --max-new-tokens 16 --temperature "${SAMPLING_T:-1}" --out "$D/$n.jsonl" 2>&1 | tail -n 2 | tee -a "$S"
       [ "${PIPESTATUS[0]}" = 0 ] || fails+=("sampling_$n")
@@ -203,7 +203,7 @@ if has sampling; then  # needs the flashinfer headers (install step with .dev/fl
   done
   R=(); X=(); for n in base dflash lilicorr; do [ -s "$D/$n.jsonl" ] && R+=("$D/$n.jsonl") && X+=(--startup-log "$n=$D/$n.log"); done
   [ -s "$D/tau_t1.jsonl" ] && X+=(--tau-records "$D/tau_t1.jsonl")
-  timeout 600 python3 -m sglang_lilicorr.reference.sampled_check "$W/model" "${R[@]}" "${X[@]}" --out "$O/sampling_summary.json" 2>&1 \
+  timeout 600 python3 -m sglang_lilicorr.benchmarks.sampling_exactness check "$W/model" "${R[@]}" "${X[@]}" --out "$O/sampling_summary.json" 2>&1 \
     | grep -v "Loading weights\|Warning" | tail -n 6 | tee -a "$S"
   [ "${PIPESTATUS[0]}" = 0 ] || fails+=(sampled_check)
 fi

@@ -8,20 +8,12 @@ chi-square test over BINS equal bins: one p-value per position, whatever path le
 (TF32 off); a server's bf16 rounding moves p slightly, and the check of a server without speculation shows how much
 that alone moves the p-values.
 
-  python -m sglang_lilicorr.reference.sampled_check TARGET_DIR records.jsonl [...] --positions 1 2 4 8 16 --out summary.json \
-      [--startup-log SYSTEM=SERVER_LOG ...] [--tau-records BENCH_RUN_RESULTS.jsonl]
-
-The summary, per system: `positions` (n, chi2, dof and the p-value of every tested position), `verification` (the
-server's start-up line naming its verification, from --startup-log) and `tau_t1` (tokens per verify block per seed,
-from `lilicorr bench run` results at T > 0, --tau-records).
-
-Records (benchmarks/sampling_exactness.py writes them): one JSON object per line with system, input_ids (the
-prompt), output_ids, seed and temperature. Position 1 is the token sampled after the prompt's prefill; the later
-ones come through speculative verification.
+Records (benchmarks/sampling_exactness.py writes them and runs this check, `check`): one JSON object per line with
+system, input_ids (the prompt), output_ids, seed and temperature. Position 1 is the token sampled after the prompt's
+prefill; the later ones come through speculative verification.
 """
 from __future__ import annotations
 
-import argparse
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -103,70 +95,3 @@ def read_records(paths: list[Path]) -> dict[str, list[dict]]:
                 raise ValueError(f"{path}:{k}: not a sampled-output record ({e}); expected system, input_ids, output_ids, "
                                  "temperature and seed (benchmarks/sampling_exactness.py writes them).") from e
     return dict(systems)
-
-
-def startup_verification(log: Path) -> str | None:
-    """The first line of a server log that names its verification (LILICORR's start-up line; the kit's DFLASH fallback)."""
-    for line in Path(log).read_text(errors="replace").splitlines():
-        if "verification" in line.lower():
-            return line.strip()[-300:]
-    return None
-
-
-def tau_per_seed(results: Path) -> dict[str, dict[str, float]]:
-    """{system: {seed: tokens per verify block}} of `lilicorr bench run` results (turns with spec_verify_ct)."""
-    sums = defaultdict(lambda: [0, 0])
-    for k, line in enumerate(Path(results).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line)
-            for turn in r["turns"]:
-                if turn.get("spec_verify_ct"):
-                    cell = sums[(r["system"], str(r["seed"]))]
-                    cell[0] += int(turn["completion_tokens"])
-                    cell[1] += int(turn["spec_verify_ct"])
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"{results}:{k}: not a `lilicorr bench run` results line ({e}).") from e
-    out = defaultdict(dict)
-    for (system, seed), (tokens, blocks) in sorted(sums.items()):
-        out[system][seed] = round(tokens / blocks, 4)
-    return dict(out)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sglang_lilicorr.reference.sampled_check", description=__doc__.split("\n\n")[0])
-    p.add_argument("target", help="the target's HF folder")
-    p.add_argument("records", nargs="+", type=Path, help="JSONL files of sampled outputs")
-    p.add_argument("--positions", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    p.add_argument("--seed", type=int, default=0, help="seed of the V draws")
-    p.add_argument("--startup-log", action="append", default=[], metavar="SYSTEM=LOG", help="a server's log: its verification line")
-    p.add_argument("--tau-records", type=Path, help="`lilicorr bench run` results at T > 0: tau per system and seed")
-    p.add_argument("--out", type=Path, required=True, help="summary JSON (module docstring)")
-    args = p.parse_args(argv)
-    if min(args.positions) < 1:
-        p.error(f"--positions count from 1, got {args.positions}")
-    logs = dict(item.partition("=")[::2] for item in args.startup_log)
-    if any(not name or not path for name, path in logs.items()):
-        p.error(f"--startup-log takes SYSTEM=LOG, got {args.startup_log}")
-    try:
-        systems = read_records(args.records)
-        verification = {name: startup_verification(Path(path)) for name, path in logs.items()}
-        tau = tau_per_seed(args.tau_records) if args.tau_records else {}
-    except (OSError, ValueError) as e:
-        p.error(str(e))
-    from transformers import AutoModelForCausalLM
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(device).eval()
-    summary = {system: {"positions": position_pvalues(model, records, args.positions, args.seed),
-                        "verification": verification.get(system), "tau_t1": tau.get(system, {})} for system, records in systems.items()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(summary, indent=1) + "\n")
-    for system, cells in summary.items():
-        print(system, " ".join(f"pos {j}: p = {c['p']:.3g} (n = {c['n']})" for j, c in cells["positions"].items()), cells["tau_t1"])
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
