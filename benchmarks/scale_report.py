@@ -7,7 +7,7 @@
                 walk; 0 for dflash, whose argmax is no head), decode_step_ms (the plain target's decode
                 step at the same batch), tok_s (mean over the paired rounds); then the eager figures, the
                 stages, throughput ratios with 95 % intervals, the projected speedup, memory, the targets
-  cost.md       the paper's Table cost per concurrency, throughput, memory, targets
+  cost.md       the paper's Table cost per concurrency, throughput, memory, prefill forwards, targets
   cost.png      the stage bars, one panel per concurrency
 
 Projected speedup over no speculation = tau x decode_step_ms / per_block_ms at the paper's tau (PAPER_TAU,
@@ -195,6 +195,7 @@ def summarize(phases: dict[str, Path], *, mem_fraction: float = 0.85, request_to
         "card": card, "phases": phase_info, "paper_tau": PAPER_TAU,
         "memory_derivation": {"mem_fraction_static": mem_fraction, "request_tokens": request_tokens, "free_before_load_gib": pre_empty},
         "systems": systems, "base": base_out, "memory": memory, "targets": targets(systems), "missing": missing,
+        "prefill": {s: (t or {}).get("prefill") for s, t in (*timed.items(), ("base", timed_base))},
     }
     return doc, tables
 
@@ -232,6 +233,12 @@ def markdown(doc: dict, tables: dict) -> str:
         m = m or {}
         lines.append(f"| {s} | {_fmt(m.get('draft_gib'), '.3f')} | {_fmt(m.get('head_gib'), '.3f')} | {_fmt(m.get('graphs_gib'), '.3f')} | "
                      f"{_fmt(m.get('kv_bytes_per_token'), '.0f')} | {m.get('largest_batch', '--')} |")
+    prefills = {s: p for s, p in doc.get("prefill", {}).items() if p and p.get("count")}
+    if prefills:
+        lines += ["", "## Prefill forwards (stage timer, every one the servers ran: warm-up and rounds)", "",
+                  "| system | prefills | requests per prefill | GPU ms (mean / median) | host ms (mean) |", "|---|---|---|---|---|"]
+        lines += [f"| {s} | {p['count']} | {_fmt(p['requests']['mean'], '.1f')} | {_fmt(p['gpu_ms']['mean'])} / "
+                  f"{_fmt(p['gpu_ms']['median'])} | {_fmt(p['host_ms']['mean'])} |" for s, p in prefills.items()]
     lines += ["", "## Targets", ""]
     lines += [f"- {name}: {'met' if t['met'] else 'not met' if t['met'] is False else 'not measured'} ({t['values']})"
               for name, t in doc["targets"].items()]

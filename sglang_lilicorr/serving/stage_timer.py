@@ -30,6 +30,9 @@ decode graph batch size up to 64, and 1 (`LILICORR_STAGE_TIMING_BS=1,4` override
 built-in head takes the drafter's states, not logits: its head is the proposal less the GEMM. Any
 failure there is logged and recorded in the JSON; serving goes on.
 
+A prefill (extend) forward is timed whole, by the same two clocks, into `prefill` (count, requests per
+prefill, GPU and host ms): what a run spends outside its decode steps.
+
 The JSON's `system` also says whether blocks commit a forced number of tokens (SGLang's own
 `SGLANG_SIMULATE_ACC_LEN` benchmark knob: `forced_commit_len`), and `memory` what the server holds on
 the GPU (weights of the target, the draft and its head, KV pools, what graph capture took).
@@ -148,12 +151,25 @@ class StageRecorder:
         self._host: dict[tuple[int, bool], dict[str, Series]] = {}
         self._interval: dict[tuple[int, bool], Series] = {}
         self._last: tuple[float, tuple[int, bool]] | None = None  # (host start, key) of the previous decode step
+        self._prefill: tuple | None = None  # (requests, start event, host start) of the prefill in flight
+        self._pending_prefills: list[tuple] = []  # (requests, start event, end event, host ms)
+        self._prefills = {"requests": Series(), "gpu_ms": Series(), "host_ms": Series()}
 
     # --- serving path (no host syncs) -----------------------------------------------------
 
     def other_forward(self) -> None:
         """A prefill (or idle) forward: the next decode-step interval would include it."""
         self._last = None
+
+    def begin_prefill(self, requests: int) -> None:
+        self.other_forward()
+        self._prefill = (int(requests), self.events.record(), self.clock())
+
+    def end_prefill(self) -> None:
+        prefill, self._prefill = self._prefill, None
+        if prefill is not None:
+            requests, start, host0 = prefill
+            self._pending_prefills.append((requests, start, self.events.record(), (self.clock() - host0) * 1e3))
 
     def begin_step(self, bs: int) -> None:
         now = self.clock()
@@ -193,6 +209,10 @@ class StageRecorder:
         """Folds in every finished step, oldest first; stops at the first one still on the GPU."""
         while self._pending and all(self.events.ready(end) for _, end, _ in self._pending[0].spans.values()):
             self._fold(self._pending.pop(0))
+        while self._pending_prefills and self.events.ready(self._pending_prefills[0][2]):
+            requests, start, end, host_ms = self._pending_prefills.pop(0)
+            for name, value in (("requests", requests), ("gpu_ms", self.events.elapsed_ms(start, end)), ("host_ms", host_ms)):
+                self._prefills[name].add(value)
 
     def _fold(self, step: _Step) -> None:
         key = (step.bs, bool(step.graph))
@@ -214,12 +234,14 @@ class StageRecorder:
                 "host_ms": {s: v.summary() for s, v in self._host[key].items()},
             })
         return {"system": self.info, "pid": os.getpid(), "decode_steps": self.decode_steps,
-                "pending_steps": len(self._pending), "stages": rows, "proposal": self.proposal, "memory": self.memory}
+                "pending_steps": len(self._pending), "stages": rows,
+                "prefill": {"count": self._prefills["gpu_ms"].count, **{k: v.summary() for k, v in self._prefills.items()}},
+                "proposal": self.proposal, "memory": self.memory}
 
     def dump(self, *, final: bool = False) -> Path:
         """Writes the JSON atomically (a kill mid-write leaves the previous dump). `final` (exit)
         waits for the GPU so the last steps count."""
-        if final and isinstance(self.events, CudaEvents) and self._pending:
+        if final and isinstance(self.events, CudaEvents) and (self._pending or self._pending_prefills):
             torch.cuda.synchronize()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".json.tmp")
@@ -259,12 +281,19 @@ def _spanned(recorder: StageRecorder, stage: str):
 
 
 def _decode_steps(recorder: StageRecorder, graph_of: Callable | None = None):
-    """forward_batch_generation timed as one step per decode batch; graph_of(result) gives the graph flag."""
+    """forward_batch_generation timed as one step per decode batch and whole per prefill; graph_of(result)
+    gives the graph flag."""
     def make(fn):
         def run(batch, *args, **kwargs):
             if not is_decode(batch):
-                recorder.other_forward()
-                return fn(batch, *args, **kwargs)
+                if batch is None or batch.forward_mode.is_idle():
+                    recorder.other_forward()
+                    return fn(batch, *args, **kwargs)
+                recorder.begin_prefill(len(batch.seq_lens))
+                try:
+                    return fn(batch, *args, **kwargs)
+                finally:
+                    recorder.end_prefill()
             recorder.begin_step(len(batch.seq_lens))
             try:
                 out = fn(batch, *args, **kwargs)
