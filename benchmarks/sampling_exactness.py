@@ -5,7 +5,9 @@ collect   every prompt is sent `--requests` times at `--temperature` with sampli
           token ids in and out, ignore_eos, `--max-new-tokens`), each answer appended to a JSONL file as {system,
           prompt, input_ids, output_ids, seed, temperature}. A (prompt, seed) already in the file is not sent again,
           so an interrupted run resumes. Prompts: a JSONL file of {prompt, input_ids}, or {prompt, messages} with
-          --tokenizer (its chat template).
+          --tokenizer (its chat template). SGLang 0.5.23 applies sampling_seed only under
+          --enable-deterministic-inference; without it every request draws from the server's generator, which is what
+          the test needs (independent draws); the seed names the record.
 check     per system: `positions` (n, chi2, dof and the p-value of every tested position), `verification` (the
           server's start-up line naming its verification, from --startup-log) and `tau_t1` (tokens per verify block
           per seed, from `lilicorr bench run` results at T > 0, --tau-records) -> one summary JSON.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import threading
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -47,7 +50,8 @@ def read_prompts(path: Path, tokenizer_dir: str | None) -> list[dict]:
                     from transformers import AutoTokenizer
 
                     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-                ids = list(tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=True))
+                encoded = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=True)
+                ids = [int(t) for t in (encoded["input_ids"] if isinstance(encoded, Mapping) else encoded)]  # transformers 5: a BatchEncoding
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{path}:{k}: not a prompt row ({e}); expected {{prompt, input_ids}} or {{prompt, messages}}.") from e
         if not ids:

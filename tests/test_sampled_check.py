@@ -65,6 +65,21 @@ def test_records_and_prompts_name_the_bad_line(tmp_path):
         sampling_exactness.read_prompts(prompts, None)
 
 
+@pytest.mark.parametrize("as_dict", [True, False])
+def test_prompts_from_messages_are_the_chat_templates_token_ids(tmp_path, monkeypatch, as_dict):
+    import transformers
+
+    class Tokenizer:  # transformers 5 returns a BatchEncoding from tokenize=True; older ones a list of ids
+        def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+            ids = [1, 2, len(messages[0]["content"])]
+            return transformers.BatchEncoding({"input_ids": ids, "attention_mask": [1] * 3}) if as_dict else ids
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda folder: Tokenizer())
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "a", "messages": [{"role": "user", "content": "hi"}]}\n')
+    assert sampling_exactness.read_prompts(prompts, "TARGET") == [{"prompt": "a", "input_ids": [1, 2, 2]}]
+
+
 def test_collect_is_seeded_and_resumes(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "a", "input_ids": [5, 6, 7]}\n{"prompt": "b", "input_ids": [8]}\n')

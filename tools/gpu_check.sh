@@ -37,8 +37,10 @@
 #             LILICORR servers in turn, SAMPLING_N (2000) seeded requests per prompt of tools/sampling_prompts.jsonl at
 #             T = SAMPLING_T (1), 16 new tokens (benchmarks/sampling_exactness.py), then a chi-square test per position
 #             of the target's probability integral transform (sampling_exactness check), with each server's
-#             verification line and tau at T = 1 through the DFLASH and LILICORR servers on every eval prompt for seeds
-#             SAMPLING_TAU_SEEDS ("0 1 2"; empty: none) -> $OUT/sampling_summary.json. With LILICORR_DRAFT set to a
+#             verification line and tau at T = 1 through the DFLASH and LILICORR servers on the eval prompts for seeds
+#             SAMPLING_TAU_SEEDS ("0 1 2"; empty: none; SAMPLING_TAU_LIMIT (8) prompts per set) -> $OUT/sampling_summary.json
+#             over the systems collected so far on the machine. SAMPLING_SYSTEMS ("base dflash lilicorr") splits it over
+#             calls: about 3 minutes per system. With LILICORR_DRAFT set to a
 #             trained draft, DFLASH serves that drafter without its head (the replay's "argmax block" column)
 #   check     sglang_lilicorr.reference.check (float32 teacher-forced target; near-ties within TOL_ULPS=2 bf16
 #             ulps of the top logit allowed; byte-equal fraction against base.json) over every greedy response; the log must
@@ -174,7 +176,7 @@ fi
 if has sampling; then  # needs the flashinfer headers (install step with .dev/flashinfer carried)
   say "== sampling: T = ${SAMPLING_T:-1} exactness, ${SAMPLING_N:-2000} seeded requests per prompt, base / dflash / lilicorr"
   D=$W/sampling; mkdir -p "$D"
-  for n in base dflash lilicorr; do
+  for n in ${SAMPLING_SYSTEMS:-base dflash lilicorr}; do
     case $n in
       base) SPEC=() ;;
       dflash) SPEC=(--speculative-algorithm DFLASH --speculative-draft-model-path "$W/dflash_draft" --speculative-draft-attention-backend triton) ;;
@@ -182,17 +184,17 @@ if has sampling; then  # needs the flashinfer headers (install step with .dev/fl
     esac
     # refuse-start: a LILICORR server that could only verify T > 0 greedily does not start
     if LILICORR_T_GT_0=refuse-start start_server "sampling_$n" 30014 "$D/$n.log" --model-path "$W/model" --attention-backend triton \
-      --sampling-backend pytorch --grammar-backend none --mem-fraction-static 0.3 --context-length 2048 \
+      --sampling-backend pytorch --grammar-backend none --mem-fraction-static 0.3 --context-length 4096 \
       --cuda-graph-backend-prefill disabled --max-running-requests 32 --cuda-graph-max-bs-decode "${GRAPH_BS:-16}" "${SPEC[@]}"; then
       grep -m2 -E "LILICORR verification|non-greedy verification" "$D/$n.log" | cut -c1-300 | tee -a "$S"
       timeout "${SAMPLING_SECONDS:-240}" python3 -m sglang_lilicorr.benchmarks.sampling_exactness collect --url http://127.0.0.1:30014 \
         --system "$n" --prompts "$TOOLS/sampling_prompts.jsonl" --tokenizer "$W/model" --requests "${SAMPLING_N:-2000}" \
         --max-new-tokens 16 --temperature "${SAMPLING_T:-1}" --out "$D/$n.jsonl" 2>&1 | tail -n 2 | tee -a "$S"
       [ "${PIPESTATUS[0]}" = 0 ] || fails+=("sampling_$n")
-      if [ "$n" != base ] && [ -n "${SAMPLING_TAU_SEEDS-0 1 2}" ]; then  # tau at T = 1 through the server, every eval prompt
+      if [ "$n" != base ] && [ -n "${SAMPLING_TAU_SEEDS-0 1 2}" ]; then  # tau at T = 1 through the server, eval prompts
         # shellcheck disable=SC2086
         timeout 300 python3 -m sglang_lilicorr.cli bench run --url http://127.0.0.1:30014 --system "$n" \
-          --dataset "$ROOT/testbed/eval_prompts.jsonl" --results "$D/tau_t1.jsonl" --concurrency 32 --temperature 1 \
+          --dataset "$ROOT/testbed/eval_prompts.jsonl" --limit "${SAMPLING_TAU_LIMIT:-8}" --results "$D/tau_t1.jsonl" --concurrency 32 --temperature 1 \
           --seeds ${SAMPLING_TAU_SEEDS-0 1 2} --max-tokens 256 --warmup 0 --no-progress 2>&1 | tail -n 2 | tee -a "$S"
         [ "${PIPESTATUS[0]}" = 0 ] || fails+=("tau_t1_$n")
       fi
