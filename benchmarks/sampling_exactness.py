@@ -99,12 +99,25 @@ def collect(url: str, system: str, prompts: list[dict], requests: int, max_new_t
     return len(todo)
 
 
-def startup_verification(log: Path) -> str | None:
-    """The first line of a server log that names its verification (LILICORR's start-up line; the kit's DFLASH fallback)."""
-    for line in Path(log).read_text(errors="replace").splitlines():
-        if "verification" in line.lower():
-            return line.strip()[-300:]
-    return None
+VERIFICATION_LINES = (  # (what a server log says, first match wins): the line itself is the summary's `verification`
+    "LILICORR verification",  # our worker's start-up line (serving/verification.py)
+    "DFLASH non-greedy verification is unavailable",  # the device kit's greedy fallback (no sampling verifier)
+    "DFLASH sampling pre-warm",  # SGLang's DFlash sampling verifier, warmed at start-up: T > 0 by rejection sampling
+)
+
+
+NO_SPECULATION = "no speculative verification named: SGLang's sampler alone"
+
+
+def startup_verification(log: Path) -> str:
+    """The line of a server log that names its verification (VERIFICATION_LINES, in that order), or NO_SPECULATION
+    (a server without speculation)."""
+    lines = Path(log).read_text(errors="replace").splitlines()
+    for marker in VERIFICATION_LINES:
+        found = next((line.strip()[-300:] for line in lines if marker in line), None)
+        if found is not None:
+            return found
+    return NO_SPECULATION
 
 
 def tau_per_seed(results: Path) -> dict[str, dict[str, float]]:

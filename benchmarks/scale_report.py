@@ -236,9 +236,10 @@ def markdown(doc: dict, tables: dict) -> str:
     prefills = {s: p for s, p in doc.get("prefill", {}).items() if p and p.get("count")}
     if prefills:
         lines += ["", "## Prefill forwards (stage timer, every one the servers ran: warm-up and rounds)", "",
-                  "| system | prefills | requests per prefill | GPU ms (mean / median) | host ms (mean) |", "|---|---|---|---|---|"]
+                  "| system | prefills | requests per prefill | GPU ms (mean / median / max) | host ms (mean) |", "|---|---|---|---|---|"]
         lines += [f"| {s} | {p['count']} | {_fmt(p['requests']['mean'], '.1f')} | {_fmt(p['gpu_ms']['mean'])} / "
-                  f"{_fmt(p['gpu_ms']['median'])} | {_fmt(p['host_ms']['mean'])} |" for s, p in prefills.items()]
+                  f"{_fmt(p['gpu_ms']['median'])} / {_fmt(p['gpu_ms'].get('max'))} | {_fmt(p['host_ms']['mean'])} |"
+                  for s, p in prefills.items()]
     lines += ["", "## Targets", ""]
     lines += [f"- {name}: {'met' if t['met'] else 'not met' if t['met'] is False else 'not measured'} ({t['values']})"
               for name, t in doc["targets"].items()]

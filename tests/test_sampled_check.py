@@ -106,7 +106,8 @@ def test_summary_names_each_servers_verification_and_tau_per_seed(tmp_path):
     records = tmp_path / "lilicorr.jsonl"
     records.write_text("".join(json.dumps({"system": "lilicorr", **r}) + "\n" for r in ancestral(model, 1.0, 120)))
     log = tmp_path / "lilicorr.log"
-    log.write_text("loading\n[2026] LILICORR verification: T = 0 greedy; T > 0 exact rejection sampling (SGLang's kernel)\nready\n")
+    log.write_text("server_args={'speculative_verification': None}\n[2026] DFLASH sampling pre-warm: bs=16\n"
+                   "[2026] LILICORR verification: T = 0 greedy; T > 0 exact rejection sampling (SGLang's kernel)\nready\n")
     tau = tmp_path / "tau_t1.jsonl"
     turn = lambda n, b: {"completion_tokens": n, "spec_verify_ct": b, "start": 0.0, "end": 1.0}  # noqa: E731
     run = {"system": "lilicorr", "dataset": "eval", "concurrency": 32, "temperature": 1.0, "max_tokens": 256, "category": "all"}
@@ -121,3 +122,15 @@ def test_summary_names_each_servers_verification_and_tau_per_seed(tmp_path):
     assert summary["tau_t1"] == {"0": 2.0, "1": 2.0}
     with pytest.raises(SystemExit):
         sampling_exactness.main(["check", target, str(records), "--startup-log", "lilicorr", "--out", str(out)])
+
+
+def test_startup_verification_names_the_verifier_not_the_server_args(tmp_path):
+    logs = {"dflash": "server_args={'x_verification': 1}\n[t] DFLASH sampling pre-warm: bs=16\n",
+            "fallback": "[t] DFLASH non-greedy verification is unavailable on this build/device; falling back to greedy\n",
+            "base": "server_args={'speculative_verification': None}\nready\n"}
+    found = {}
+    for name, text in logs.items():
+        (tmp_path / name).write_text(text)
+        found[name] = sampling_exactness.startup_verification(tmp_path / name)
+    assert found["dflash"] == "[t] DFLASH sampling pre-warm: bs=16" and found["fallback"].startswith("[t] DFLASH non-greedy")
+    assert found["base"] == sampling_exactness.NO_SPECULATION

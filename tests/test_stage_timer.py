@@ -232,10 +232,10 @@ def test_periodic_dump_and_atomic_file(tmp_path):
 
 def test_series_statistics():
     s = stage_timer.Series()
-    assert s.summary() == {"count": 0, "mean": None, "median": None}
+    assert s.summary() == {"count": 0, "mean": None, "median": None, "max": None}
     for v in (1.0, 2.0, 10.0, 3.0):
         s.add(v)
-    assert s.summary() == {"count": 4, "mean": 4.0, "median": 2.5}
+    assert s.summary() == {"count": 4, "mean": 4.0, "median": 2.5, "max": 10.0}
 
 
 def test_microbench_runs_after_graph_capture_and_is_recorded(tmp_path):

@@ -11,9 +11,12 @@
 # call 2 (at once), carry [".dev/smolB", ".dev/bin"], timeout_s 600:
 #     bash tools/gpu_check.sh model,lilicorr,check
 #   (add ",base" after "model" for a no-speculation control server: about 60 s more)
-# T > 0 with the shipped draft: install (carry .dev/flashinfer too), `model` (carry .dev/smolB, .dev/bin; the checkpoints'
-# weights moved out as for every call carrying .dev/smol*), then, with checkpoints/ restored, carry [".dev/bin"]:
-#     LILICORR_DRAFT=checkpoints/smollm2-lilicorr bash tools/gpu_check.sh draft,sampling
+# T > 0 with the shipped draft, one system per call: install (carry .dev/flashinfer too), then
+#     SAMPLING_SYSTEMS=base bash tools/gpu_check.sh model,sampling          (carry .dev/smolB, .dev/bin; the checkpoints'
+#                                                                             weights moved out, as for every .dev/smol* call)
+# and with checkpoints/ restored, carry [".dev/bin"]:
+#     SAMPLING_SYSTEMS=dflash LILICORR_DRAFT=checkpoints/smollm2-lilicorr bash tools/gpu_check.sh draft,sampling
+#     SAMPLING_SYSTEMS=lilicorr bash tools/gpu_check.sh sampling
 #
 # Steps (comma-separated, run in this order):
 #   install   install.sh (bundle, patches, this project -> its sglang.srt.plugins entry point), keep
@@ -38,9 +41,9 @@
 #             T = SAMPLING_T (1), 16 new tokens (benchmarks/sampling_exactness.py), then a chi-square test per position
 #             of the target's probability integral transform (sampling_exactness check), with each server's
 #             verification line and tau at T = 1 through the DFLASH and LILICORR servers on the eval prompts for seeds
-#             SAMPLING_TAU_SEEDS ("0 1 2"; empty: none; SAMPLING_TAU_LIMIT (8) prompts per set) -> $OUT/sampling_summary.json
+#             SAMPLING_TAU_SEEDS ("0 1 2"; empty: none; all 200 prompts, ~5 min a system, or a seeded SAMPLING_TAU_LIMIT of them) -> $OUT/sampling_summary.json
 #             over the systems collected so far on the machine. SAMPLING_SYSTEMS ("base dflash lilicorr") splits it over
-#             calls: about 3 minutes per system. With LILICORR_DRAFT set to a
+#             calls: about 3 minutes per system without tau. With LILICORR_DRAFT set to a
 #             trained draft, DFLASH serves that drafter without its head (the replay's "argmax block" column)
 #   check     sglang_lilicorr.reference.check (float32 teacher-forced target; near-ties within TOL_ULPS=2 bf16
 #             ulps of the top logit allowed; byte-equal fraction against base.json) over every greedy response; the log must
@@ -194,7 +197,7 @@ if has sampling; then  # needs the flashinfer headers (install step with .dev/fl
       if [ "$n" != base ] && [ -n "${SAMPLING_TAU_SEEDS-0 1 2}" ]; then  # tau at T = 1 through the server, eval prompts
         # shellcheck disable=SC2086
         timeout 300 python3 -m sglang_lilicorr.cli bench run --url http://127.0.0.1:30014 --system "$n" \
-          --dataset "$ROOT/testbed/eval_prompts.jsonl" --limit "${SAMPLING_TAU_LIMIT:-8}" --results "$D/tau_t1.jsonl" --concurrency 32 --temperature 1 \
+          --dataset "$ROOT/testbed/eval_prompts.jsonl" ${SAMPLING_TAU_LIMIT:+--limit "$SAMPLING_TAU_LIMIT"} --results "$D/tau_t1.jsonl" --concurrency 32 --temperature 1 \
           --seeds ${SAMPLING_TAU_SEEDS-0 1 2} --max-tokens 256 --warmup 0 --no-progress 2>&1 | tail -n 2 | tee -a "$S"
         [ "${PIPESTATUS[0]}" = 0 ] || fails+=("tau_t1_$n")
       fi

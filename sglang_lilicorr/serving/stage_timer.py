@@ -103,23 +103,25 @@ def default_events():
 
 
 class Series:
-    """Running count and mean over every sample; median over the first MAX_SAMPLES."""
+    """Running count, mean and max over every sample; median over the first MAX_SAMPLES."""
 
     def __init__(self) -> None:
         self.count = 0
         self.total = 0.0
+        self.max: float | None = None
         self.samples: list[float] = []
 
     def add(self, value: float) -> None:
         self.count += 1
         self.total += value
+        self.max = value if self.max is None else max(self.max, value)
         if len(self.samples) < MAX_SAMPLES:
             self.samples.append(value)
 
     def summary(self) -> dict:
         if not self.count:
-            return {"count": 0, "mean": None, "median": None}
-        return {"count": self.count, "mean": self.total / self.count, "median": statistics.median(self.samples)}
+            return {"count": 0, "mean": None, "median": None, "max": None}
+        return {"count": self.count, "mean": self.total / self.count, "median": statistics.median(self.samples), "max": self.max}
 
 
 class _Step:
