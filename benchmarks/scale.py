@@ -24,6 +24,8 @@ and packs WORK/<phase> into $OUT/scale_<phase>.tar.gz (written whole or not at a
          paired alternating rounds (benchmarks/paired.py) at c = 1, 4, 16, 32
   base   the target without speculation, stage timer on (the plain decode step): the same rounds
   eager  the three speculative servers without decode CUDA graphs: one round per c (the eager stages)
+  tput   LILICORR and the built-in alone, graph-captured, 1,024-token outputs: the same paired rounds, four times
+         the decode per run, so rare prefill stalls weigh a quarter as much in the throughput ratio
 A phase the deadline leaves no time for is skipped (exit 4: run it in the next call); inside a phase the
 rounds stop before one that would not finish. A phase an earlier call on the same machine measured whole
 is not run again (its bundle is packed again); one cut short resumes its runs (benchmarks/paired.py).
@@ -65,6 +67,7 @@ SYSTEMS = ("lilicorr", "dflash", "builtin")
 CONCURRENCY = (1, 4, 16, 32)
 PROMPT_TOKENS = 256
 MAX_TOKENS = 256
+KV_TOKENS = 24576
 PORT0 = 33000
 RESERVE_S = 45.0  # kept after the last round: stopping servers, packing the bundle
 
@@ -77,6 +80,8 @@ class Phase:
     rounds: int
     prompts: Mapping[int, int]  # c -> prompts per run
     budget_s: float  # the longest it may take, server start-up included (H100, warm JIT cache after the first server)
+    max_tokens: int = MAX_TOKENS  # new tokens per request
+    kv_tokens: int = KV_TOKENS  # each server's KV pool (--max-total-tokens): c = 32 requests of prompt + max_tokens fit
 
 
 RUN_PROMPTS = {1: 3, 4: 8, 16: 16, 32: 32}
@@ -84,6 +89,8 @@ PHASES = {
     "graph": Phase("graph", SYSTEMS, eager=False, rounds=8, prompts=RUN_PROMPTS, budget_s=430),
     "base": Phase("base", ("base",), eager=False, rounds=8, prompts=RUN_PROMPTS, budget_s=180),
     "eager": Phase("eager", SYSTEMS, eager=True, rounds=1, prompts={1: 2, 4: 4, 16: 16, 32: 32}, budget_s=250),
+    "tput": Phase("tput", ("lilicorr", "builtin"), eager=False, rounds=8, prompts=RUN_PROMPTS, budget_s=450, max_tokens=1024,
+                  kv_tokens=49152),
 }
 
 
@@ -150,12 +157,12 @@ def prompts(count: int) -> list[dict]:
 SERVE = ("--load-format", "dummy", "--skip-tokenizer-init", "--attention-backend", "triton", "--sampling-backend", "pytorch",
          "--grammar-backend", "none", "--context-length", "4096", "--max-running-requests", str(max(CONCURRENCY)),
          "--cuda-graph-bs-decode", *map(str, CONCURRENCY), "--cuda-graph-backend-prefill", "disabled",
-         # side by side: each server's KV pool capped (c = 32 requests of <= 1k tokens fit), the rest is headroom
-         "--mem-fraction-static", "0.9", "--max-total-tokens", "24576")
+         "--mem-fraction-static", "0.9")
 
 
-def server_args(system: str, work: Path, *, eager: bool) -> tuple[str, ...]:
-    args = list(SERVE) + (["--cuda-graph-backend-decode", "disabled"] if eager else [])
+def server_args(system: str, work: Path, *, eager: bool, kv_tokens: int = KV_TOKENS) -> tuple[str, ...]:
+    # side by side: each server's KV pool capped at kv_tokens (the phase's c = 32 requests fit), the rest is headroom
+    args = list(SERVE) + ["--max-total-tokens", str(kv_tokens)] + (["--cuda-graph-backend-decode", "disabled"] if eager else [])
     if system != "base":
         draft = "dflash" if system == "dflash" else "lilicorr"  # the built-in is DFLASH serving the LiLiCorr draft
         args += ["--speculative-algorithm", "LILICORR" if system == "lilicorr" else "DFLASH",
@@ -216,7 +223,8 @@ def run_phase(work: Path, phase: Phase, out: Path, deadline: paired.Deadline, *,
     (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     every = prompt_file.load(root / "prompts.jsonl")
     todo = {c: every[:n] for c, n in phase.prompts.items()}
-    specs = [ServerSpec(str(Path(work) / "target"), PORT0 + i, "0", server_args(s, work, eager=phase.eager), server_env(s, root), s)
+    specs = [ServerSpec(str(Path(work) / "target"), PORT0 + i, "0", server_args(s, work, eager=phase.eager, kv_tokens=phase.kv_tokens),
+                        server_env(s, root), s)
              for i, s in enumerate(phase.systems)]
     for s in phase.systems:
         (root / "stages" / s).mkdir(parents=True, exist_ok=True)
@@ -228,7 +236,7 @@ def run_phase(work: Path, phase: Phase, out: Path, deadline: paired.Deadline, *,
                 stack.enter_context(SGLangServers.start([spec], root / "logs", startup_timeout=timeout, launcher=launcher))
                 log(f"[{phase.name}] {spec.name} up at t+{time.time() - t0:.0f} s")
             urls = {s: f"http://127.0.0.1:{spec.port}" for s, spec in zip(phase.systems, specs)}
-            plan = paired.RoundPlan("scale", MAX_TOKENS, rounds=phase.rounds, api="ids", ignore_eos=True, request_timeout=120.0,
+            plan = paired.RoundPlan("scale", phase.max_tokens, rounds=phase.rounds, api="ids", ignore_eos=True, request_timeout=120.0,
                                     reserve_s=RESERVE_S)
             failures += paired.play_rounds(urls, todo, plan, root, deadline=deadline, log=log)
     except EngineError as e:
@@ -240,7 +248,7 @@ def run_phase(work: Path, phase: Phase, out: Path, deadline: paired.Deadline, *,
     save_json(root / "phase.json", {
         "phase": dataclasses.asdict(phase), "rounds_written": [p.name for p in rounds], "failures": failures,
         "seconds": round(time.time() - t0, 1), "forced_commit_len": FORCED_COMMIT,
-        "prompt_tokens": PROMPT_TOKENS, "max_tokens": MAX_TOKENS, "command": shlex.join(sys.argv),
+        "prompt_tokens": PROMPT_TOKENS, "max_tokens": phase.max_tokens, "command": shlex.join(sys.argv),
         "server_args": {s: shlex.join(spec.args) for s, spec in zip(phase.systems, specs)},
         "server_env": {s: spec.env for s, spec in zip(phase.systems, specs)},
     })

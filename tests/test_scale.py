@@ -2,6 +2,7 @@
 builds (at toy width), its server arguments, its phases against stand-in servers that write stage-timer
 files, the deadline guard, and summary.json / cost.md / cost.png from the bundles."""
 import contextlib
+import dataclasses
 import io
 import json
 import shutil
@@ -142,11 +143,11 @@ def bundles(built, tmp_path_factory):
     mp.setenv("SCALE_LAUNCH", f"{sys.executable} {launcher}")
     mp.setattr(scale, "PORT0", free_port_block(3))
     fast = {1: 2, 4: 4, 16: 16, 32: 32}
-    mp.setattr(scale, "PHASES", {n: scale.Phase(p.name, p.systems, p.eager, p.rounds, fast, p.budget_s) for n, p in scale.PHASES.items()})
+    mp.setattr(scale, "PHASES", {n: dataclasses.replace(p, prompts=fast) for n, p in scale.PHASES.items()})
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed):
-            code = scale.main(["run", "--work", str(built), "--phases", "graph,base,eager", "--out", str(out)])
+            code = scale.main(["run", "--work", str(built), "--phases", "graph,base,eager,tput", "--out", str(out)])
         assert code == 0, printed.getvalue()[-6000:]
     finally:
         mp.undo()
@@ -156,7 +157,7 @@ def bundles(built, tmp_path_factory):
 
 def test_phases_pack_whole_bundles_of_paired_rounds(bundles):
     printed_phases = (bundles.parent / "printed.txt").read_text()
-    assert sorted(p.name for p in bundles.iterdir()) == ["scale_base.tar.gz", "scale_eager.tar.gz", "scale_graph.tar.gz"]
+    assert sorted(p.name for p in bundles.iterdir()) == ["scale_base.tar.gz", "scale_eager.tar.gz", "scale_graph.tar.gz", "scale_tput.tar.gz"]
     with tarfile.open(bundles / "scale_graph.tar.gz") as t:
         names = t.getnames()
         phase = json.loads(t.extractfile("graph/phase.json").read())
@@ -168,6 +169,11 @@ def test_phases_pack_whole_bundles_of_paired_rounds(bundles):
     assert "SGLANG_SIMULATE_ACC_LEN" in phase["server_env"]["builtin"] and "LILICORR" in phase["server_args"]["lilicorr"]
     assert {(r["system"], r["concurrency"]) for r in round1} == {(s, c) for s in scale.SYSTEMS for c in scale.CONCURRENCY}
     assert all(t["completion_tokens"] == scale.MAX_TOKENS for r in round1 for t in r["turns"])
+    with tarfile.open(bundles / "scale_tput.tar.gz") as t:
+        tput = json.loads(t.extractfile("tput/phase.json").read())
+        long_round = [json.loads(line) for line in t.extractfile("tput/round1.jsonl").read().splitlines()]
+    assert tput["max_tokens"] == 1024 and "--max-total-tokens 49152" in tput["server_args"]["lilicorr"]
+    assert {r["system"] for r in long_round} == {"lilicorr", "builtin"} and all(t["completion_tokens"] == 1024 for r in long_round for t in r["turns"])
     assert not [p for p in bundles.iterdir() if p.name.startswith(".")]  # no temporary left behind
 
 
@@ -203,6 +209,10 @@ def test_summary_has_every_system_and_concurrency(bundles, tmp_path):
     assert "| Stage (ms / block) | dflash (graph) | lilicorr (eager) | lilicorr (graph) | builtin (eager) | builtin (graph) |" in text
     assert "every block committed 7 tokens" in text and "Plain decode step of the same target: 7.01 ms" in text
     assert doc["prefill"]["lilicorr"]["gpu_ms"]["mean"] == 35.0 and doc["prefill"]["base"]["count"] == 12
+    long_runs = doc["tok_s_1024"]  # the tput phase: its 1,024-token rounds decide the throughput target
+    assert set(long_runs) == {"1", "4", "16", "32"} and set(long_runs["4"]["tok_s"]) == {"lilicorr", "builtin"}
+    assert targets["lilicorr_tok_s_ge_builtin_ci_lo"]["values"]["4"] == long_runs["4"]["tok_s_vs_builtin"]["lo"]
+    assert "Throughput with 1,024-token outputs" in text
     assert "| lilicorr | 12 | 4.0 | 35.00 / 35.00 / -- | 2.00 |" in text
     assert (out / "cost.png").stat().st_size > 0
 
