@@ -13,11 +13,18 @@
 # The shipped drafts' speed alone (one GPU, e.g. nvidia-h100-x1): `install`, then
 #   model    carry .dev/{smolB,bin}: the target (bf16)
 #   speed    carry .dev/ckpt: the shipped drafts as WORK/drafts, then `speed` on GPU 0 (as in `measure`)
+# The long-input lineage (issue 28; one GPU is enough): `install`, `data`, then
+#   long-train    carry .dev/ckpt: the conversations packed to >= 3,584 tokens in /tmp/testbed_long (long-pack), the
+#                 LiLiCorr draft trained on them from the shipped one in both objectives (lilicorr, margin: variants.LONG,
+#                 max_length 4096, YaRN x2), side by side (sharing the GPU where there is one), TRAIN_MINUTES (6) each
+#   long-measure  `export`, then `long-serve`: each draft at 1,024 / 4,096 / 7,936 input tokens, tau, tokens/s, failures
+#                 (errors and the fp32 check) -> long/summary.json
 # What comes back: at most 8 files (the device's limit): results.tar.gz holds everything small, large files come in
 # parts of 12 MB (cat PART_* > FILE). Every call sets TESTBED_DEADLINE from CALL_SECONDS (570).
 set -u -o pipefail
-CALL=${1:?usage: bash testbed/calls.sh install|data|train|measure|model|speed}
-case $CALL in install|data|train|measure|model|speed) ;; *) echo "unknown call $CALL: install, data, train, measure, model or speed" >&2; exit 2 ;; esac
+CALL=${1:?usage: bash testbed/calls.sh install|data|train|measure|model|speed|long-train|long-measure}
+case $CALL in install|data|train|measure|model|speed|long-train|long-measure) ;;
+  *) echo "unknown call $CALL: install, data, train, measure, model, speed, long-train or long-measure" >&2; exit 2 ;; esac
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 export TESTBED_DEADLINE=$(( $(date +%s) + ${CALL_SECONDS:-570} )) PYTHONUNBUFFERED=1
 RET=${OUT:-/tmp/lilicorr_out}
@@ -72,6 +79,19 @@ train)
     --evals "${TRAIN_EVALS:-6}" --init /tmp/init 2>&1 | quiet
   CUDA_VISIBLE_DEVICES=1 TESTBED_SERVER_ARGS=$SHARED_SERVER_ARGS bash "$ROOT/testbed/gpu.sh" evalgen 2>&1 | quiet
   bash "$ROOT/testbed/gpu.sh" wait --minutes $(( (TESTBED_DEADLINE - $(date +%s) - 40) / 60 )) 2>&1 | tail -n 4
+  ;;
+long-train)
+  shipped_drafts /tmp/init && rm -rf /tmp/init/margin && cp -r /tmp/init/lilicorr /tmp/init/margin
+  mkdir -p /tmp/testbed_long/sweep && cp "$SWEEP/depth.json" "$SWEEP/batch.json" /tmp/testbed_long/sweep/
+  bash "$ROOT/testbed/gpu.sh" --long --work /tmp/testbed_long long-pack --source /tmp/testbed 2>&1 | quiet 4
+  bash "$ROOT/testbed/gpu.sh" --long --work /tmp/testbed_long train lilicorr margin --minutes "${TRAIN_MINUTES:-6}" \
+    --max-minutes "${TRAIN_CAP:-7.5}" --evals "${TRAIN_EVALS:-4}" --init /tmp/init 2>&1 | quiet
+  bash "$ROOT/testbed/gpu.sh" --long --work /tmp/testbed_long wait --minutes $(( (TESTBED_DEADLINE - $(date +%s) - 40) / 60 )) 2>&1 | tail -n 4
+  ;;
+long-measure)
+  bash "$ROOT/testbed/gpu.sh" --long --work /tmp/testbed_long wait --minutes 2 2>&1 | tail -n 3
+  bash "$ROOT/testbed/gpu.sh" --long --work /tmp/testbed_long export 2>&1 | quiet 6
+  bash "$ROOT/testbed/gpu.sh" --long --work /tmp/testbed_long long-serve --variants lilicorr margin 2>&1 | quiet 30
   ;;
 measure)
   bash "$ROOT/testbed/gpu.sh" wait --minutes 3 2>&1 | tail -n 3 && bash "$ROOT/testbed/gpu.sh" export 2>&1 | quiet 6

@@ -237,11 +237,12 @@ def cmd_train(args) -> int:
         plan = json.loads(frozen.read_text())
     else:  # steps from the sweep's measured step time, less the evaluations, for --minutes per run
         per_gpu = max(1, gpus() // len(names))
+        share = min(1.0, gpus() / len(names))  # fewer GPUs than variants: they share, each at about that share of a GPU
         seconds = 60 * args.minutes - args.evals * (pick.get("eval_s") or 0.0)
-        steps = max(args.evals, int(RATE_MARGIN * seconds * 1000 / pick["step_ms"]))
+        steps = max(args.evals, int(RATE_MARGIN * share * seconds * 1000 / pick["step_ms"]))
         plan = {"options": {**scale_and_schedule(args), **choice, "max_steps": steps, "eval_every": max(1, steps // args.evals),
                             "save_every": max(1, steps // 4), "max_minutes": args.max_minutes or round(args.minutes * 2, 2)},
-                "gpus_per_variant": per_gpu, "variants": names, "minutes": args.minutes, "sweep_pick": pick, "device": device_name(),
+                "gpus_per_variant": per_gpu, "gpus": gpus(), "variants": names, "minutes": args.minutes, "sweep_pick": pick, "device": device_name(),
                 "init": args.init and {n: str(Path(args.init) / n) for n in names}}
         save_json(frozen, plan)
     per_gpu = plan["gpus_per_variant"]
@@ -257,8 +258,9 @@ def cmd_train(args) -> int:
                    "init_from": (plan.get("init") or {}).get(name)}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(per_gpu), "--master-port", str(29500 + i),
                "-m", "sglang_lilicorr.cli", "train", *cli_flags(options)]
-        proc = start(cmd, run_dir / "train.log", list(range(i * per_gpu, (i + 1) * per_gpu)))
-        save_json(launch, {"pid": proc.pid, "cmd": cmd, "gpus": list(range(i * per_gpu, (i + 1) * per_gpu)), "started": time.time()})
+        ids = [(i * per_gpu + k) % max(1, plan.get("gpus", gpus())) for k in range(per_gpu)]  # shared round-robin when short
+        proc = start(cmd, run_dir / "train.log", ids)
+        save_json(launch, {"pid": proc.pid, "cmd": cmd, "gpus": ids, "started": time.time()})
         print(f"[train] {name}: {plan['options']['max_steps']} steps on {per_gpu} GPU(s), pid {proc.pid}")
     to_out(args.out, frozen)
     return 0

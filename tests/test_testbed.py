@@ -170,12 +170,17 @@ def test_train_with_init_starts_each_variant_from_its_draft(toy, tmp_path, monke
     class Proc:
         pid = 2**22 + 1  # no such process: `train` again would start it anew
 
-    monkeypatch.setattr(testbed, "start", lambda cmd, log, gpus=None: started.append(cmd) or Proc())
+    devices = []
+    monkeypatch.setattr(testbed, "start", lambda cmd, log, gpus=None: started.append(cmd) or devices.append(gpus) or Proc())
+    monkeypatch.setattr(testbed, "gpus", lambda: 1)  # one GPU, two variants: they share it
     assert cli((work, target, evals), "train", "lilicorr", "dflash", "--minutes", "1", "--init", str(tmp_path / "drafts")) == 0
     plan = json.loads((work / "train_config.json").read_text())
     assert plan["init"] == {n: str(tmp_path / "drafts" / n) for n in ("lilicorr", "dflash")}
     for cmd, name in zip(started, ("lilicorr", "dflash")):
         assert cmd[cmd.index("--init-from") + 1] == str(tmp_path / "drafts" / name)
+    assert devices == [[0], [0]]
+    alone = int(testbed.RATE_MARGIN * (60 - 8 * 1.0) * 1000 / 100.0)  # the steps one run alone would take in a minute
+    assert plan["options"]["max_steps"] == int(testbed.RATE_MARGIN * 0.5 * (60 - 8 * 1.0) * 1000 / 100.0) < alone
 
 
 def test_tables_continue_the_curves_of_warm_started_runs(tmp_path):
