@@ -9,10 +9,11 @@
 #     bash tools/tp_check.sh install,models,serve1
 #     bash tools/tp_check.sh serve2
 #     bash tools/tp_check.sh serve4
-#     bash tools/tp_check.sh compare,check
+#     bash tools/tp_check.sh dp2,compare,check
 #     bash tools/tp_check.sh train1
 #     bash tools/tp_check.sh train2
-#     bash tools/tp_check.sh train4,trainreport
+#     bash tools/tp_check.sh train4
+#     bash tools/tp_check.sh resume2,trainreport
 #
 # Steps (comma-separated, run in this order):
 #   install      the device kit's install.sh (bundle, patches, this project)
@@ -21,11 +22,16 @@
 #                block each rank drafts, $W/tpN/proposals_rank*.jsonl), gpu_client.py (24 greedy prompts one at a
 #                time, then 1, 4, 16 concurrent) -> $O/lilicorr_tpN.json; then DFLASH with the same drafter ->
 #                $O/dflash_tpN.json. Logs: $W/logs/
+#   dp2          --dp-size 2: two LILICORR replicas (one GPU each) through the same client -> $O/lilicorr_dp2.json (the
+#                check step judges its greedy responses too)
 #   compare      tp_compare.py serve: every rank drafted the same first blocks (RANKS_AGREE), the first blocks of
 #                TP = 2, 4 against TP = 1, accepted length, ms per block and tokens/s per algorithm and TP
 #   check        sglang_lilicorr.reference.check on every greedy response (teacher-forced float32 target)
 #   trainN       torchrun --nproc-per-node N -m sglang_lilicorr.cli train, global batch 32 (8 x 4/N x N), TRAIN_STEPS
 #                steps -> $W/train_gpuN (metrics.jsonl copied to $O/train_gpuN.jsonl)
+#   resume2      train2's run killed (SIGKILL, every rank) once past step RESUME_AT (120), then the same command again: it
+#                resumes from its last checkpoint (every TRAIN_STEPS / 4 steps); the run's files listed (rank 0 writes them) ->
+#                $O/train_gpu2_resumed.jsonl, beside the others in trainreport
 #   trainreport  tp_compare.py train over the runs made: loss curves against 1 GPU, tokens/s and scaling, curves.png
 # Env: W (/tmp/tpcheck), DEVICE_SITE (/tmp/site), TIMEOUT (server start limit, 330 s), TRAIN_STEPS (200),
 #   EXTRA_ARGS (appended to every server's args).
@@ -85,6 +91,12 @@ for n in 1 2 4 8; do
     --speculative-draft-model-path "$W/dflash_draft" --speculative-draft-attention-backend triton || fails+=("dflash_tp$n")
 done
 
+if has dp2; then
+  say "== --dp-size 2: two LILICORR replicas, one GPU each"
+  serve lilicorr_dp2 30302 -- --dp-size 2 --speculative-algorithm LILICORR --speculative-draft-model-path "$W/lilicorr_draft" \
+    --speculative-draft-attention-backend triton || fails+=(lilicorr_dp2)
+fi
+
 if has compare; then
   say "== compare (the serve steps of earlier calls left their results in $W)"
   degrees=(); for n in 1 2 4 8; do [ -d "$W/tp$n" ] && degrees+=("$n"); done
@@ -94,25 +106,47 @@ fi
 if has check; then
   say "== check"
   R=(); for n in 1 2 4 8; do for a in lilicorr dflash; do [ -s "$W/${a}_tp$n.json" ] && R+=("$W/${a}_tp$n.json"); done; done
+  [ -s "$W/lilicorr_dp2.json" ] && R+=("$W/lilicorr_dp2.json")
   timeout 300 python3 -m sglang_lilicorr.reference.check "$W/target" "${R[@]}" 2>&1 | grep -v "Loading weights\|Warning" \
     | tail -n 20 | tee -a "$S"
   grep -q "GREEDY_CHECK PASS" "$S" || fails+=(greedy_check)
 fi
+
+train() {  # train NAME N: `lilicorr train` on N GPUs, global batch 32 (8 x 4/N x N), into $W/NAME (resumes what is there)
+  torchrun --nproc-per-node "$2" --master-port $((29500 + $2)) -m sglang_lilicorr.cli train \
+    --target "$W/target" --data "$W/conversations.jsonl" --output-dir "$W/$1" --batch-size 8 \
+    --grad-accum $((4 / $2)) --max-steps "${TRAIN_STEPS:-200}" --max-length 1024 --log-every 10 --eval-every 50 \
+    --save-every $(( ${TRAIN_STEPS:-200} / 4 )) --eval-examples 32 --mask-token "<|mask|>"
+}
 
 runs=()
 for n in 1 2 4; do
   has "train$n" || continue
   say "== train on $n GPU(s): batch 8 x accumulation $((4 / n)) x $n ranks"
   rm -rf "$W/train_gpu$n"
-  timeout 580 torchrun --nproc-per-node "$n" --master-port $((29500 + n)) -m sglang_lilicorr.cli train \
-    --target "$W/target" --data "$W/conversations.jsonl" --output-dir "$W/train_gpu$n" --batch-size 8 \
-    --grad-accum $((4 / n)) --max-steps "${TRAIN_STEPS:-200}" --max-length 1024 --log-every 10 --eval-every 50 \
-    --save-every 100 --eval-examples 32 --mask-token "<|mask|>" > "$W/logs/train_gpu$n.log" 2>&1 || fails+=("train$n")
+  timeout 580 bash -c "$(declare -f train); W=$W; train train_gpu$n $n" > "$W/logs/train_gpu$n.log" 2>&1 || fails+=("train$n")
   tail -n 3 "$W/logs/train_gpu$n.log" | cut -c1-300 | tee -a "$S"
   cp "$W/train_gpu$n/metrics.jsonl" "$O/train_gpu$n.jsonl" 2>/dev/null
 done
+if has resume2; then  # killed (SIGKILL, every rank) once past step RESUME_AT, then the same command again
+  say "== train on 2 GPUs, killed past step ${RESUME_AT:-120}, resumed"
+  R=$W/train_gpu2_resumed; rm -rf "$R"
+  setsid bash -c "$(declare -f train); W=$W; train train_gpu2_resumed 2" > "$W/logs/resume_a.log" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    last=$(tail -n 1 "$R/metrics.jsonl" 2>/dev/null | python3 -c 'import json,sys; print(json.loads(sys.stdin.read() or "{}").get("step", 0))' 2>/dev/null)
+    [ "${last:-0}" -ge "${RESUME_AT:-120}" ] && { kill -9 -- -"$pid"; say "killed at step $last"; break; }
+    sleep 2
+  done
+  wait "$pid" 2>/dev/null
+  timeout 400 bash -c "$(declare -f train); W=$W; train train_gpu2_resumed 2" > "$W/logs/resume_b.log" 2>&1 || fails+=(resume2)
+  grep -m2 -i "resum" "$W/logs/resume_b.log" | cut -c1-200 | tee -a "$S"
+  say "files of the run (rank 0 writes; no per-rank checkpoint): $(cd "$R" && find . -type f | sort | tr '\n' ' ' | cut -c1-600)"
+  cp "$R/metrics.jsonl" "$O/train_gpu2_resumed.jsonl" 2>/dev/null
+fi
 if has trainreport; then
   for n in 1 2 4; do [ -s "$W/train_gpu$n/metrics.jsonl" ] && runs+=("$W/train_gpu$n"); done
+  [ -s "$W/train_gpu2_resumed/metrics.jsonl" ] && runs+=("$W/train_gpu2_resumed")
   python3 "$TOOLS/tp_compare.py" train "${runs[@]}" --plot "$O/curves.png" 2>&1 | tee -a "$S" || fails+=(trainreport)
 fi
 say "done; failed: ${fails[*]:-none}"
