@@ -174,11 +174,13 @@ def test_train_export_reload_and_sglang_accepts(workspace, tmp_path):
     parse_dflash_draft_config(draft_hf_config=config)
 
 
-def test_resume_continues_and_refuses_incompatible(workspace, tmp_path):
+def test_resume_continues_and_refuses_incompatible(workspace, tmp_path, capsys):
     out = tmp_path / "run"
     train(tiny_cfg(workspace, out, max_steps=2))
+    capsys.readouterr()
     metrics = train(tiny_cfg(workspace, out, max_steps=4))
     assert metrics["step"] == 4 and (out / "latest").read_text().strip() == "step-00000004"
+    assert f"resumed from {out / 'checkpoints' / 'step-00000002'} at step 2" in capsys.readouterr().err
     with pytest.raises(IncompatibleCheckpointError, match="num_hidden_layers"):
         train(tiny_cfg(workspace, out, max_steps=6, draft_layers=2))
     with pytest.raises(IncompatibleCheckpointError, match="head differs"):

@@ -287,6 +287,8 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         optimizer.load_state_dict(opt_state["optimizer"])
         scheduler.load_state_dict(opt_state["scheduler"])
         step = int(state["step"])
+        if env.main:
+            print(f"resumed from {path} at step {step}", file=sys.stderr)
     elif cfg.init_from:
         load_draft_weights(cfg.init_from, drafter, head, drafter_cfg, head_cfg)
     metrics_path = out_dir / "metrics.jsonl"
