@@ -248,11 +248,11 @@ def markdown(doc: dict, tables: dict) -> str:
         m = m or {}
         lines.append(f"| {s} | {_fmt(m.get('draft_gib'), '.3f')} | {_fmt(m.get('head_gib'), '.3f')} | {_fmt(m.get('graphs_gib'), '.3f')} | "
                      f"{_fmt(m.get('kv_bytes_per_token'), '.0f')} | {m.get('largest_batch', '--')} |")
-    prefills = {s: p for s, p in doc.get("prefill", {}).items() if p and p.get("count")}
+    prefills = {s: p for s, p in doc.get("prefill", {}).items() if p and p["gpu_ms"]["count"]}
     if prefills:
         lines += ["", "## Prefill forwards (stage timer, every one the servers ran: warm-up and rounds)", "",
                   "| system | prefills | requests per prefill | GPU ms (mean / median / max) | host ms (mean) |", "|---|---|---|---|---|"]
-        lines += [f"| {s} | {p['count']} | {_fmt(p['requests']['mean'], '.1f')} | {_fmt(p['gpu_ms']['mean'])} / "
+        lines += [f"| {s} | {p['gpu_ms']['count']} | {_fmt(p['requests']['mean'], '.1f')} | {_fmt(p['gpu_ms']['mean'])} / "
                   f"{_fmt(p['gpu_ms']['median'])} / {_fmt(p['gpu_ms'].get('max'))} | {_fmt(p['host_ms']['mean'])} |"
                   for s, p in prefills.items()]
     lines += ["", "## Targets", ""]

@@ -50,7 +50,7 @@ rows = [{{"bs": b, "graph": not eager, "n_blocks": 90, "step_interval_ms": ms(bl
 variant = "eager" if eager else "graph"
 doc = {{"system": {{"gpu": "Stub H100", "forced_commit_len": float(os.environ["SGLANG_SIMULATE_ACC_LEN"]) if spec else None}},
        "decode_steps": 90 * len(sizes), "stages": rows,
-       "prefill": {{"count": 12, "requests": ms(4.0), "gpu_ms": ms(30.0 + (5.0 if system == "lilicorr" else 0.0)), "host_ms": ms(2.0)}},
+       "prefill": {{"requests": ms(4.0), "gpu_ms": ms(30.0 + (5.0 if system == "lilicorr" else 0.0)), "host_ms": ms(2.0)}},
        "proposal": {{"batch_sizes": {{str(b): {{variant: {{"lm_head": 0.5, "spec_head": head, "proposal": 0.5 + head}}}} for b in sizes}}, "errors": []}}
                     if spec else None,
        "memory": {{"target_gib": 15.26, "draft_gib": 2.03 if spec else None, "head_gib": 0.07 if system != "dflash" and spec else None,
@@ -208,12 +208,12 @@ def test_summary_has_every_system_and_concurrency(bundles, tmp_path):
     text = (out / "cost.md").read_text()
     assert "| Stage (ms / block) | dflash (graph) | lilicorr (eager) | lilicorr (graph) | builtin (eager) | builtin (graph) |" in text
     assert "every block committed 7 tokens" in text and "Plain decode step of the same target: 7.01 ms" in text
-    assert doc["prefill"]["lilicorr"]["gpu_ms"]["mean"] == 35.0 and doc["prefill"]["base"]["count"] == 12
+    assert doc["prefill"]["lilicorr"]["gpu_ms"]["mean"] == 35.0 and doc["prefill"]["base"]["gpu_ms"]["count"] == 90
     long_runs = doc["tok_s_1024"]  # the tput phase: its 1,024-token rounds decide the throughput target
     assert set(long_runs) == {"1", "4", "16", "32"} and set(long_runs["4"]["tok_s"]) == {"lilicorr", "builtin"}
     assert targets["lilicorr_tok_s_ge_builtin_ci_lo"]["values"]["4"] == long_runs["4"]["tok_s_vs_builtin"]["lo"]
     assert "Throughput with 1,024-token outputs" in text
-    assert "| lilicorr | 12 | 4.0 | 35.00 / 35.00 / -- | 2.00 |" in text
+    assert "| lilicorr | 90 | 4.0 | 35.00 / 35.00 / -- | 2.00 |" in text
     assert (out / "cost.png").stat().st_size > 0
 
 

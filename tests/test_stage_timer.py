@@ -197,14 +197,14 @@ def test_each_prefill_is_timed_whole_and_an_idle_forward_is_not(tmp_path):
         worker.forward_batch_generation(batch(bs, extend=True))
     idle = SimpleNamespace(forward_mode=Mode(idle=True), is_extend_in_batch=False, seq_lens=torch.zeros(0))
     worker.forward_batch_generation(idle)
-    assert recorder.document()["prefill"]["count"] == 2
+    assert recorder.document()["prefill"]["gpu_ms"]["count"] == 2
     events.done = False  # a prefill still on the GPU is not folded in
     worker.forward_batch_generation(batch(7, extend=True))
-    assert recorder.document()["prefill"]["count"] == 2
+    assert recorder.document()["prefill"]["gpu_ms"]["count"] == 2
     events.done = True
     prefill = recorder.document()["prefill"]
     whole = 0.75 + 3.0 + MS["kv_append"]  # the subclass, the target's extend, the draft-KV append
-    assert prefill["count"] == 3 and prefill["requests"]["mean"] == pytest.approx(5.0)
+    assert prefill["gpu_ms"]["count"] == 3 and prefill["requests"]["mean"] == pytest.approx(5.0)
     assert prefill["gpu_ms"]["median"] == pytest.approx(whole) and prefill["host_ms"]["mean"] == pytest.approx(whole)
     assert recorder.document()["decode_steps"] == 0
 

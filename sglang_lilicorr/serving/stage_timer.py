@@ -237,7 +237,7 @@ class StageRecorder:
             })
         return {"system": self.info, "pid": os.getpid(), "decode_steps": self.decode_steps,
                 "pending_steps": len(self._pending), "stages": rows,
-                "prefill": {"count": self._prefills["gpu_ms"].count, **{k: v.summary() for k, v in self._prefills.items()}},
+                "prefill": {k: v.summary() for k, v in self._prefills.items()},
                 "proposal": self.proposal, "memory": self.memory}
 
     def dump(self, *, final: bool = False) -> Path:
