@@ -17,8 +17,11 @@
 #   long-train    carry .dev/ckpt: the conversations packed to >= 3,584 tokens in /tmp/testbed_long (long-pack), the
 #                 LiLiCorr draft trained on them from the shipped one in both objectives (lilicorr, margin: variants.LONG,
 #                 max_length 4096, YaRN x2), side by side (sharing the GPU where there is one), TRAIN_MINUTES (6) each
-#   long-measure  `export`, then `long-serve`: each draft at 1,024 / 4,096 / 7,936 input tokens, tau, tokens/s, failures
-#                 (errors and the fp32 check) -> long/summary.json
+#   long-measure  `export` (the shipped DFlash draft beside the long drafts), then `long-serve`: each long draft, SGLang's
+#                 DFLASH and no speculation at 1,024 / 4,096 / 7,936 input tokens, tau, tokens/s, failures (errors and
+#                 the fp32 check), every not-argmax token's deficit -> long/summary.json, not_argmax.jsonl, records.jsonl.
+#                 Drafts of an earlier run instead (a fresh machine after `install` and `model`): carry .dev/long holding
+#                 draft_NAME.tar files (as `export` writes them; dflash among them): they are unpacked, nothing trained
 # What comes back: at most 8 files (the device's limit): results.tar.gz holds everything small, large files come in
 # parts of 12 MB (cat PART_* > FILE). Every call sets TESTBED_DEADLINE from CALL_SECONDS (570).
 set -u -o pipefail
@@ -89,9 +92,16 @@ long-train)
   bash "$ROOT/testbed/gpu.sh" --long --work /tmp/testbed_long wait --minutes $(( (TESTBED_DEADLINE - $(date +%s) - 40) / 60 )) 2>&1 | tail -n 4
   ;;
 long-measure)
-  bash "$ROOT/testbed/gpu.sh" --long --work /tmp/testbed_long wait --minutes 2 2>&1 | tail -n 3
-  bash "$ROOT/testbed/gpu.sh" --long --work /tmp/testbed_long export 2>&1 | quiet 6
-  bash "$ROOT/testbed/gpu.sh" --long --work /tmp/testbed_long long-serve --variants lilicorr margin 2>&1 | quiet 30
+  D=/tmp/testbed_long/drafts && mkdir -p $D
+  if compgen -G "$ROOT/.dev/long/draft_*.tar" > /dev/null; then
+    for t in "$ROOT"/.dev/long/draft_*.tar; do tar -xf "$t" -C $D || exit 1; done
+  else
+    bash "$ROOT/testbed/gpu.sh" --long --work /tmp/testbed_long wait --minutes 2 2>&1 | tail -n 3
+    bash "$ROOT/testbed/gpu.sh" --long --work /tmp/testbed_long export 2>&1 | quiet 6
+    rm -rf $D/dflash && cp -r /tmp/init/dflash $D/dflash
+  fi
+  ls $D
+  bash "$ROOT/testbed/gpu.sh" --long --work /tmp/testbed_long long-serve 2>&1 | quiet 45
   ;;
 measure)
   bash "$ROOT/testbed/gpu.sh" wait --minutes 3 2>&1 | tail -n 3 && bash "$ROOT/testbed/gpu.sh" export 2>&1 | quiet 6

@@ -37,3 +37,13 @@ def set_flags(args: list[str], flags: dict[str, str]) -> list[str]:
         else:
             args += [flag, value]
     return args
+
+
+def speculation_args(system: str, drafts: Path) -> list[str]:
+    """The server flags that speculate with drafts/SYSTEM: none for `base` (plain decoding), SGLang's own DFLASH
+    for `dflash`, this plugin's LILICORR for any other name."""
+    if system == "base":
+        return []
+    algorithm = "DFLASH" if system == "dflash" else "LILICORR"
+    return ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(drafts / system),
+            "--speculative-draft-attention-backend", "triton"]

@@ -10,10 +10,12 @@ variants.LONG (max_length 4096, YaRN factor 2 from 4,096 positions: served to th
             lengths add up to at least min_tokens (a later conversation's system turn is dropped)
   prompts   Python standard-library modules (packaged text, no evaluation set) as "read this module" chat prompts
             whose rendered length is `length` tokens (within LENGTH_SLACK below it)
-  serve     each draft behind a LILICORR server, every prompt greedy through /generate (token ids in and out) at
-            concurrency c, one length after another: records in reference.check's shape (`served_greedy_records`)
-  summarize per draft and length: tau (tokens per verify block), tokens/s, failures (a request that failed, or a
-            token that is not the fp32 target's greedy choice within 2 bf16 ulps)
+  serve     each variant behind its server (a long draft under LILICORR; the baselines `dflash`, SGLang's DFLASH, and
+            `base`, no speculation: the same bf16 target, so their near-ties show what the serving precision flips), every
+            prompt greedy through /generate (token ids in and out) at concurrency c, one length after another: records
+            in reference.check's shape (`served_greedy_records`)
+  summarize per variant and length: tau (tokens per verify block), tokens/s, failures (a request that failed, or a
+            token that is not the fp32 target's greedy choice within 2 bf16 ulps), and every not-argmax token's deficit
 """
 from __future__ import annotations
 
@@ -22,7 +24,10 @@ import sysconfig
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
+
+if TYPE_CHECKING:
+    from sglang_lilicorr.reference.check import GreedyReport
 
 LENGTHS = (1024, 4096, 7936)  # "8K": 7,936 input + MAX_NEW_TOKENS = SmolLM2's 8,192 positions
 MAX_NEW_TOKENS = 256
@@ -109,10 +114,13 @@ def serve(url: str, draft: str, prompts: Sequence[dict], concurrency: int, post:
     return records
 
 
-def summarize(records: Sequence[dict], check_fails: Callable[[dict], int]) -> dict:
-    """{draft: {length: {n, tau, tok_s, failures, not_greedy}}}; check_fails(record) -> its tokens that are not the
-    target's greedy choice (reference.check)."""
+def summarize(records: Sequence[dict], check: Callable[[dict], "GreedyReport"]) -> tuple[dict, list[dict]]:
+    """({draft: {length: cell}}, the not-argmax tokens): check(record) is reference.check's teacher-forced report.
+    A cell: n, tau, tok_s, failures (requests that failed or hold a token past the check's tolerance), not_greedy
+    (those of them that failed the check), not_argmax_tokens (every emitted token that is not the fp32 argmax,
+    near-ties included) and worst_deficit_ulps (the largest of their logit deficits, in bf16 ulps of the top logit)."""
     out: dict = {}
+    mismatches: list[dict] = []
     for draft in sorted({r["draft"] for r in records}):
         for length in sorted({r["length"] for r in records if r["draft"] == draft}):
             cell = [r for r in records if r["draft"] == draft and r["length"] == length]
@@ -120,9 +128,16 @@ def summarize(records: Sequence[dict], check_fails: Callable[[dict], int]) -> di
             tokens = sum(r["completion_tokens"] for r in ok)
             blocks = sum(r["spec_verify_ct"] or 0 for r in ok)
             wall = max(r["end"] for r in cell) - min(r["start"] for r in cell)
-            not_greedy = sum(check_fails(r) > 0 for r in ok)
+            reports = [check(r) for r in ok]
+            not_greedy = sum(not report.ok for report in reports)
+            found = [{"draft": draft, "length": length, "prompt": r["prompt"], "position": m.position, "emitted": m.emitted,
+                      "argmax": m.argmax, "deficit": round(m.deficit, 5), "deficit_ulps": round(m.deficit_ulps, 3),
+                      "past_tolerance": m.deficit > m.tol}
+                     for r, report in zip(ok, reports) for m in report.not_argmax]
+            mismatches += found
             out.setdefault(draft, {})[str(length)] = {
                 "n": len(cell), "tau": round(tokens / blocks, 4) if blocks else None,
                 "tok_s": round(tokens / wall, 1) if wall > 0 else None,
-                "failures": len(cell) - len(ok) + not_greedy, "not_greedy": not_greedy}
-    return out
+                "failures": len(cell) - len(ok) + not_greedy, "not_greedy": not_greedy, "not_argmax_tokens": len(found),
+                "worst_deficit_ulps": max((m["deficit_ulps"] for m in found), default=0.0)}
+    return out, mismatches

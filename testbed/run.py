@@ -34,7 +34,7 @@ from pathlib import Path
 
 import eval_sets
 import long_inputs
-from common import device_name, gpus, set_flags, to_out
+from common import device_name, gpus, set_flags, speculation_args, to_out
 from variants import LONG, SCALE, SCHEDULE, SWEEP_ROUNDS, VARIANTS, choose
 
 from sglang_lilicorr.jsonl import save_json
@@ -437,10 +437,11 @@ def cmd_long_serve(args) -> int:
     from sglang_lilicorr.train.engine import SGLangServers, ServerSpec
 
     drafts, root = Path(args.work) / "drafts", Path(args.work) / "long"
-    missing = [v for v in args.variants if not (drafts / v / "config.json").is_file()]
+    missing = [v for v in args.variants if v != "base" and not (drafts / v / "config.json").is_file()]
     if missing:
-        raise SystemExit(f"{drafts}: no exported draft for {missing}; run `--long train` and `export` first.")
-    enough_time("long-serve", 4.0 + 0.5 * len(args.variants) * len(args.lengths))
+        raise SystemExit(f"{drafts}: no draft for {missing}; run `--long train` and `export` for a long-trained variant, "
+                         "or copy a draft folder there (dflash: a DFlash draft, e.g. the shipped checkpoints/smollm2-dflash).")
+    enough_time("long-serve", 3.0 + 0.25 * len(args.variants) * len(args.lengths))
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     render = lambda content: list(tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=True,  # noqa: E731
                                                                 add_generation_prompt=True, return_dict=False))
@@ -452,9 +453,7 @@ def cmd_long_serve(args) -> int:
     base = set_flags(shlex.split(SERVER_ARGS), {"--context-length": str(long_inputs.TARGET_CONTEXT), "--mem-fraction-static": "0.9",
                                                 "--max-running-requests": str(args.concurrency),
                                                 "--max-total-tokens": str(args.concurrency * long_inputs.TARGET_CONTEXT)})
-    specs = [ServerSpec(args.target, LONG_PORT0 + i, "0", (*base, "--speculative-algorithm", "LILICORR", "--speculative-draft-model-path",
-                                                           str(drafts / v), "--speculative-draft-attention-backend", "triton"), {}, v)
-             for i, v in enumerate(args.variants)]
+    specs = [ServerSpec(args.target, LONG_PORT0 + i, "0", (*base, *speculation_args(v, drafts)), {}, v) for i, v in enumerate(args.variants)]
     launcher = shlex.split(os.environ.get("TESTBED_SERVER_LAUNCH", ""))  # tests: stand-ins that serve $PORT
     with SGLangServers.start(specs, root / "logs", launcher=launcher, warm_first=True):
         records = [r for i, v in enumerate(args.variants)
@@ -462,12 +461,13 @@ def cmd_long_serve(args) -> int:
     eval_sets.write(records, root / "records.jsonl")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(device).eval()
-    summary = long_inputs.summarize(records, lambda r: len(check_greedy(model, r["input_ids"], r["output_ids"], tol_ulps=2.0).failures))
+    summary, mismatches = long_inputs.summarize(records, lambda r: check_greedy(model, r["input_ids"], r["output_ids"], tol_ulps=2.0))
+    eval_sets.write(mismatches, root / "not_argmax.jsonl")
     save_json(root / "summary.json", {"lengths": list(args.lengths), "per_length": args.per_length, "concurrency": args.concurrency,
                                       "max_new_tokens": long_inputs.MAX_NEW_TOKENS, "device": device_name(),
                                       "server_args": {s.name: " ".join(s.args) for s in specs}, "drafts": summary})
     print(json.dumps(summary, indent=1))
-    to_out(args.out, root / "summary.json")
+    to_out(args.out, root / "summary.json", root / "not_argmax.jsonl", root / "records.jsonl")
     return 0
 
 
@@ -554,7 +554,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_long_pack)
 
     s = sub.add_parser("long-serve", help="(--long) each exported long draft served at long inputs: tau, tokens/s, failures")
-    s.add_argument("--variants", nargs="+", default=["lilicorr", "margin"])
+    s.add_argument("--variants", nargs="+", default=["lilicorr", "margin", "dflash", "base"],
+                   help="drafts in WORK/drafts (dflash: served by SGLang's DFLASH) and base (no speculation)")
     s.add_argument("--lengths", type=int, nargs="+", default=list(long_inputs.LENGTHS))
     s.add_argument("--per-length", type=int, default=8)
     s.add_argument("--concurrency", type=int, default=4)

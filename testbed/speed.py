@@ -44,15 +44,10 @@ def prompts_for(c: int) -> int:
 
 
 def server_args(base_args: str, system: str, drafts: Path) -> tuple[str, ...]:
-    from common import set_flags
+    from common import set_flags, speculation_args
 
     args = set_flags(shlex.split(base_args), {"--mem-fraction-static": "0.9", "--cuda-graph-max-bs-decode": "32"})
-    args += ["--max-running-requests", "32", "--max-total-tokens", str(KV_TOKENS)]
-    if system != "base":
-        algorithm = "LILICORR" if system == "lilicorr" else "DFLASH"
-        args += ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(drafts / system),
-                 "--speculative-draft-attention-backend", "triton"]
-    return tuple(args)
+    return (*args, "--max-running-requests", "32", "--max-total-tokens", str(KV_TOKENS), *speculation_args(system, drafts))
 
 
 def profile_systems(urls: dict, root: Path, steps: int, prompt: str) -> list[str]:

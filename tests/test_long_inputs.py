@@ -16,6 +16,8 @@ from stub_server import free_port_block  # noqa: E402
 from test_testbed import LAUNCHER  # noqa: E402
 from test_train import make_target, write_conversations  # noqa: E402
 
+from sglang_lilicorr.reference.check import GreedyReport, Mismatch  # noqa: E402
+
 
 def conversation(i, system=False):
     messages = [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]
@@ -47,14 +49,23 @@ def test_prompts_are_cut_to_their_length():
 
 def test_summary_per_draft_and_length():
     def record(draft, length, tokens, blocks, start, end, error=None):
-        return {"draft": draft, "length": length, "completion_tokens": tokens, "spec_verify_ct": blocks, "start": start,
-                "end": end, "error": error, "input_ids": [1], "output_ids": [2] * tokens}
+        return {"draft": draft, "length": length, "prompt": f"p{tokens}", "completion_tokens": tokens, "spec_verify_ct": blocks,
+                "start": start, "end": end, "error": error, "input_ids": [1], "output_ids": [2] * tokens}
+
+    def check(r):  # the 20-token output: one token past the tolerance (3 ulps) and one near-tie (0.5 ulp)
+        ulp = 0.125
+        found = [Mismatch(4, 2, 7, 3 * ulp, 2 * ulp, ulp), Mismatch(9, 2, 8, ulp / 2, 2 * ulp, ulp)] if r["completion_tokens"] == 20 else []
+        return GreedyReport(r["completion_tokens"], found, 0.0, 0)
     records = [record("lilicorr", 1024, 30, 10, 0.0, 1.0), record("lilicorr", 1024, 20, 10, 0.5, 2.0),
                record("lilicorr", 4096, 0, 0, 3.0, 4.0, error="HTTPError: 500"), record("margin", 1024, 40, 10, 0.0, 1.0)]
-    summary = long_inputs.summarize(records, check_fails=lambda r: int(r["completion_tokens"] == 20))
-    assert summary["lilicorr"]["1024"] == {"n": 2, "tau": 2.5, "tok_s": 25.0, "failures": 1, "not_greedy": 1}
-    assert summary["lilicorr"]["4096"] == {"n": 1, "tau": None, "tok_s": 0.0, "failures": 1, "not_greedy": 0}
+    summary, mismatches = long_inputs.summarize(records, check)
+    assert summary["lilicorr"]["1024"] == {"n": 2, "tau": 2.5, "tok_s": 25.0, "failures": 1, "not_greedy": 1,
+                                           "not_argmax_tokens": 2, "worst_deficit_ulps": 3.0}
+    assert summary["lilicorr"]["4096"] == {"n": 1, "tau": None, "tok_s": 0.0, "failures": 1, "not_greedy": 0,
+                                           "not_argmax_tokens": 0, "worst_deficit_ulps": 0.0}
     assert summary["margin"]["1024"]["tau"] == 4.0
+    assert [(m["prompt"], m["position"], m["deficit_ulps"], m["past_tolerance"]) for m in mismatches] == [
+        ("p20", 4, 3.0, True), ("p20", 9, 0.5, False)]
 
 
 def test_long_pack_and_long_serve_at_toy_scale(tmp_path, monkeypatch):
@@ -73,18 +84,23 @@ def test_long_pack_and_long_serve_at_toy_scale(tmp_path, monkeypatch):
     assert manifest["counts"]["train.jsonl"]["conversations"] == 30 and 1 <= manifest["counts"]["train.jsonl"]["packed"] < 30
     assert testbed.scale_and_schedule(testbed.build_parser().parse_args([*base, "--long", "long-pack", "--source", "x"]))["rope_scaling"] == "yarn"
 
-    with pytest.raises(SystemExit, match="no exported draft for"):
+    with pytest.raises(SystemExit, match="no draft for"):
         testbed.main([*base, "--long", "long-serve"])
     for variant in ("lilicorr", "margin"):
         (long / "drafts" / variant).mkdir(parents=True)
         (long / "drafts" / variant / "config.json").write_text("{}")
+    with pytest.raises(SystemExit, match=r"no draft for \['dflash'\].*copy a draft folder there"):
+        testbed.main([*base, "--long", "long-serve"])
     launcher = tmp_path / "launcher.py"
     launcher.write_text(LAUNCHER.format(tests=str(ROOT / "tests")))
     monkeypatch.setenv("TESTBED_SERVER_LAUNCH", f"{sys.executable} {launcher}")
-    monkeypatch.setattr(testbed, "LONG_PORT0", free_port_block(2))
-    assert testbed.main([*base, "--long", "long-serve", "--lengths", "256", "512", "--per-length", "2", "--concurrency", "2"]) == 0
+    monkeypatch.setattr(testbed, "LONG_PORT0", free_port_block(3))
+    assert testbed.main([*base, "--long", "long-serve", "--variants", "lilicorr", "margin", "base", "--lengths", "256", "512",
+                         "--per-length", "2", "--concurrency", "2"]) == 0
     summary = json.loads((long / "long" / "summary.json").read_text())
-    assert set(summary["drafts"]) == {"lilicorr", "margin"} and set(summary["drafts"]["margin"]) == {"256", "512"}
+    assert set(summary["drafts"]) == {"lilicorr", "margin", "base"} and set(summary["drafts"]["margin"]) == {"256", "512"}
+    assert "--speculative-algorithm" not in summary["server_args"]["base"]
+    assert (tmp_path / "OUT" / "not_argmax.jsonl").is_file() and (tmp_path / "OUT" / "records.jsonl").is_file()
     cell = summary["drafts"]["lilicorr"]["512"]
     assert cell["n"] == 2 and cell["tau"] > 1 and cell["failures"] == cell["not_greedy"]  # the stand-in's tokens are not greedy
     assert "--context-length 8192" in summary["server_args"]["lilicorr"] and (tmp_path / "OUT" / "summary.json").is_file()

@@ -31,6 +31,11 @@ class Mismatch:
     argmax: int
     deficit: float  # top logit - emitted token's logit
     tol: float
+    ulp: float  # one bf16 ulp of the top logit
+
+    @property
+    def deficit_ulps(self) -> float:
+        return self.deficit / self.ulp
 
 
 @dataclasses.dataclass
@@ -86,8 +91,9 @@ def check_greedy(
     top2 = logits.topk(2, dim=-1) if logits.shape[-1] > 1 else logits.topk(1, dim=-1)
     deficit = (top2.values[:, 0] - logits[torch.arange(len(out)), torch.tensor(out)]).tolist()
     gaps = (top2.values[:, 0] - top2.values[:, -1]).tolist()
+    ulps = [bf16_ulp(v) for v in top2.values[:, 0].tolist()]
     bad = [
-        Mismatch(k, t, int(top2.indices[k, 0]), deficit[k], tol_ulps * bf16_ulp(top2.values[k, 0]) if tol is None else float(tol))
+        Mismatch(k, t, int(top2.indices[k, 0]), deficit[k], tol_ulps * ulps[k] if tol is None else float(tol), ulps[k])
         for k, t in enumerate(out)
         if deficit[k] > 0
     ]
