@@ -141,3 +141,39 @@ def summarize(records: Sequence[dict], check: Callable[[dict], "GreedyReport"]) 
                 "failures": len(cell) - len(ok) + not_greedy, "not_greedy": not_greedy, "not_argmax_tokens": len(found),
                 "worst_deficit_ulps": max((m["deficit_ulps"] for m in found), default=0.0)}
     return out, mismatches
+
+
+def plot(summary: dict, path: Path) -> Path:
+    """tau, tokens/s and requests with a token past the check's tolerance against input length, a line per variant
+    (summary: long-serve's summary.json)."""
+    from sglang_lilicorr.benchmarks.plots import pyplot
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    for i, (variant, cells) in enumerate(sorted(summary["drafts"].items())):
+        lengths = sorted(cells, key=int)
+        for ax, key in zip(axes, ("tau", "tok_s", "not_greedy")):
+            pts = [(int(n), cells[n][key]) for n in lengths if cells[n][key] is not None]
+            if pts:
+                ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=variant, color=f"C{i}")
+    for ax, label in zip(axes, ("tau (tokens per verify block)", "output tokens / s", "requests not greedy (of %d)" % summary["per_length"])):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(summary["lengths"], [str(n) for n in summary["lengths"]])
+        ax.set_xlabel("input tokens")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    fig.suptitle(f"long inputs, c = {summary['concurrency']}, {summary['max_new_tokens']} new tokens, {summary['device']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+if __name__ == "__main__":  # python testbed/long_inputs.py SUMMARY.json OUT.png: the plot of an earlier long-serve
+    import json
+    import sys
+
+    if len(sys.argv) != 3:
+        raise SystemExit("usage: python testbed/long_inputs.py SUMMARY.json OUT.png")
+    print(plot(json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])))

@@ -449,10 +449,10 @@ def cmd_long_serve(args) -> int:
     prompts = long_inputs.long_prompts(render, sources, args.lengths, args.per_length)
     root.mkdir(parents=True, exist_ok=True)
     eval_sets.write(prompts, root / "prompts.jsonl")
-    # side by side on GPU 0, each with a fixed KV pool (c whole contexts), so servers starting together do not race for memory
+    # side by side on GPU 0, each with a fixed KV pool (default: c whole contexts), so servers starting together do not race for memory
+    kv_tokens = args.kv_tokens or args.concurrency * long_inputs.TARGET_CONTEXT
     base = set_flags(shlex.split(SERVER_ARGS), {"--context-length": str(long_inputs.TARGET_CONTEXT), "--mem-fraction-static": "0.9",
-                                                "--max-running-requests": str(args.concurrency),
-                                                "--max-total-tokens": str(args.concurrency * long_inputs.TARGET_CONTEXT)})
+                                                "--max-running-requests": str(args.concurrency), "--max-total-tokens": str(kv_tokens)})
     specs = [ServerSpec(args.target, LONG_PORT0 + i, "0", (*base, *speculation_args(v, drafts)), {}, v) for i, v in enumerate(args.variants)]
     launcher = shlex.split(os.environ.get("TESTBED_SERVER_LAUNCH", ""))  # tests: stand-ins that serve $PORT
     with SGLangServers.start(specs, root / "logs", launcher=launcher, warm_first=True):
@@ -467,7 +467,8 @@ def cmd_long_serve(args) -> int:
                                       "max_new_tokens": long_inputs.MAX_NEW_TOKENS, "device": device_name(),
                                       "server_args": {s.name: " ".join(s.args) for s in specs}, "drafts": summary})
     print(json.dumps(summary, indent=1))
-    to_out(args.out, root / "summary.json", root / "not_argmax.jsonl", root / "records.jsonl")
+    long_inputs.plot(json.loads((root / "summary.json").read_text()), root / "summary.png")
+    to_out(args.out, root / "summary.json", root / "summary.png", root / "not_argmax.jsonl", root / "records.jsonl", *sorted((root / "logs").glob("*.log")))
     return 0
 
 
@@ -559,6 +560,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lengths", type=int, nargs="+", default=list(long_inputs.LENGTHS))
     s.add_argument("--per-length", type=int, default=8)
     s.add_argument("--concurrency", type=int, default=4)
+    s.add_argument("--kv-tokens", type=int, default=None, help="each server's KV pool in tokens (default: concurrency x 8,192)")
     s.set_defaults(func=cmd_long_serve)
 
     s = sub.add_parser("tables", help="results.json, tables and curves from what the steps wrote")

@@ -100,7 +100,7 @@ def test_long_pack_and_long_serve_at_toy_scale(tmp_path, monkeypatch):
     summary = json.loads((long / "long" / "summary.json").read_text())
     assert set(summary["drafts"]) == {"lilicorr", "margin", "base"} and set(summary["drafts"]["margin"]) == {"256", "512"}
     assert "--speculative-algorithm" not in summary["server_args"]["base"]
-    assert (tmp_path / "OUT" / "not_argmax.jsonl").is_file() and (tmp_path / "OUT" / "records.jsonl").is_file()
+    assert all((tmp_path / "OUT" / f).is_file() for f in ("not_argmax.jsonl", "records.jsonl", "summary.png"))
     cell = summary["drafts"]["lilicorr"]["512"]
     assert cell["n"] == 2 and cell["tau"] > 1 and cell["failures"] == cell["not_greedy"]  # the stand-in's tokens are not greedy
     assert "--context-length 8192" in summary["server_args"]["lilicorr"] and (tmp_path / "OUT" / "summary.json").is_file()

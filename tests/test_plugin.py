@@ -126,16 +126,21 @@ def test_resolution_keeps_explicit_matching_values(target, draft):
     assert (cfg.speculative_num_draft_tokens, cfg.max_running_requests) == (16, 5)
 
 
-def test_worker_factory_returns_our_worker_and_draft_class(target, draft):
+def test_worker_factory_returns_our_worker_and_draft_class(target, draft, monkeypatch):
+    from sglang.srt.mem_cache import kv_cache_configurator
     from sglang.srt.models.registry import ModelRegistry
 
     from sglang_lilicorr.serving.models.lilicorr_draft import LiLiCorrDraftModel
     from sglang_lilicorr.serving.worker import LiLiCorrWorker
 
+    # the factory widens the req_to_token rows for the process (kv_rows.py); undone after the test
+    monkeypatch.setattr(kv_cache_configurator, "get_req_to_token_extra_context_len",
+                        kv_cache_configurator.get_req_to_token_extra_context_len)
     sa = server_args(target, draft=draft)
     sa.resolve_once()
     assert SpeculativeAlgorithm.from_string("lilicorr").create_worker(sa) is LiLiCorrWorker
     assert ModelRegistry.resolve_model_cls(["LiLiCorrDraftModel"])[0] is LiLiCorrDraftModel
+    assert kv_cache_configurator.get_req_to_token_extra_context_len.lilicorr_widened
 
 
 def test_cpu_device_is_refused_like_dflash(target, draft):

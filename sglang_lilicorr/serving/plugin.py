@@ -16,10 +16,12 @@ from .algorithm import LiLiCorrSpecAlgo
 
 def worker_factory(server_args) -> type:
     """SGLang's WorkerFactory: the worker class for one scheduler process."""
+    from .kv_rows import widen_rows
     from .models import register_draft_model
     from .worker import LiLiCorrWorker
 
     register_draft_model()
+    widen_rows()  # before the scheduler builds the pools (kv_rows.py says why)
     return LiLiCorrWorker
 
 

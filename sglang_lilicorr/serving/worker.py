@@ -19,6 +19,7 @@ What it overrides (all methods of the DFlash worker, no SGLang source touched):
   _append_target_hidden_to_draft_kv_by_loc
                                  -> also publishes each request's anchor: its last verified row of
                                     the context projection the append computes (draft model keeps it)
+  alloc_memory_pool              -> also checks the req_to_token rows hold the verify-block reservation (kv_rows.py)
   forward_batch_generation       -> records the batch's request slots and stages their anchors
   init_cuda_graphs               -> warns when the proposal cannot be captured (graphs disabled)
 """
@@ -28,11 +29,13 @@ import logging
 
 import torch
 from sglang.srt.lora.layers import unwrap_lora_layer
+from sglang.srt.mem_cache.allocation_sizing import get_alloc_page_size
 from sglang.srt.runtime_context import get_exec, get_parallel
 from sglang.srt.speculative.dflash_utils import is_dense_head_weight
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
 from . import ALGORITHM_NAME
+from .kv_rows import check_rows
 from .models.lilicorr_draft import LiLiCorrDraftModel
 from .proposer import LiLiCorrProposer
 from .server_args import ServingConfigError
@@ -123,6 +126,8 @@ class LiLiCorrWorker(DFlashWorkerV2):
             token_to_kv_pool_allocator=token_to_kv_pool_allocator,
         )
         pool = req_to_token_pool if req_to_token_pool is not None else self.model_runner.req_to_token_pool
+        check_rows(int(pool.req_to_token.shape[1]), int(self.model_runner.model_config.context_len), int(self.block_size),
+                   int(get_alloc_page_size()))
         request_slots = int(pool.req_to_token.shape[0])
         graph_bs = [int(b) for b in (get_exec().graph.cuda_graph_config.decode.bs or []) if int(b) > 0]
         self.proposer.allocate(num_request_slots=request_slots, max_rows=max([request_slots, *graph_bs]))
