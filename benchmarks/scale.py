@@ -239,6 +239,7 @@ def run_phase(work: Path, phase: Phase, out: Path, deadline: paired.Deadline, *,
             plan = paired.RoundPlan("scale", phase.max_tokens, rounds=phase.rounds, api="ids", ignore_eos=True, request_timeout=120.0,
                                     reserve_s=RESERVE_S)
             failures += paired.play_rounds(urls, todo, plan, root, deadline=deadline, log=log)
+            failures += flush_stage_timers(urls)
     except EngineError as e:
         failures.append(f"servers: {e}")
         log(first_traceback(root / "logs"))
@@ -255,6 +256,22 @@ def run_phase(work: Path, phase: Phase, out: Path, deadline: paired.Deadline, *,
     bundle = pack(root, Path(out) / f"scale_{phase.name}.tar.gz")
     log(f"[{phase.name}] {len(rounds)} round file(s), {len(failures)} failure(s), {time.time() - t0:.0f} s -> {bundle}")
     return failures
+
+
+def flush_stage_timers(urls: Mapping[str, str]) -> list[str]:
+    """After the rounds: one prefill-only request per server, past the stage timer's idle time, so each writes the
+    decode steps since its last dump (the servers are then killed, which skips their exit dump). The failures."""
+    from ..serving.stage_timer import IDLE_DUMP_S
+    from .client import post_json
+
+    time.sleep(IDLE_DUMP_S + 0.5)
+    failed = []
+    for system, url in urls.items():
+        try:
+            post_json(url, "/generate", {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1}}, timeout=60.0)
+        except Exception as e:  # noqa: BLE001 -- reported with the phase's failures
+            failed.append(f"{system}: the stage-timer flush failed: {type(e).__name__}: {e}"[:300])
+    return failed
 
 
 def measured(work: Path, phase: Phase) -> bool:

@@ -230,6 +230,21 @@ def test_periodic_dump_and_atomic_file(tmp_path):
     assert list(recorder.path.parent.iterdir()) == [recorder.path]  # no temp file left behind
 
 
+def test_a_prefill_after_an_idle_second_flushes_the_last_steps(tmp_path):
+    worker, recorder, clock, _ = timed(tmp_path / "out", dump_every=100)
+    run_steps(worker, clock, 3)
+    worker.forward_batch_generation(batch(1, extend=True))  # a prefill right after the steps: no dump mid-run
+    assert not recorder.path.exists()
+    run_steps(worker, clock, 2)
+    clock.advance(1000 * stage_timer.IDLE_DUMP_S)
+    worker.forward_batch_generation(batch(1, extend=True))  # the client's flush after a run
+    assert json.loads(recorder.path.read_text())["decode_steps"] == 5
+    recorder.path.unlink()
+    clock.advance(1000 * stage_timer.IDLE_DUMP_S)
+    worker.forward_batch_generation(batch(1, extend=True))  # nothing new since: no dump
+    assert not recorder.path.exists()
+
+
 def test_series_statistics():
     s = stage_timer.Series()
     assert s.summary() == {"count": 0, "mean": None, "median": None, "max": None}

@@ -22,7 +22,9 @@ Each span records a GPU interval (a pair of CUDA events on the current stream, r
 interval between consecutive decode-step starts is the true per-block wall (scheduler overhead
 included); an interval with a prefill in between is dropped. Everything is keyed by batch size
 (requests) and the draft graph flag, aggregated (count, mean, median) and written to
-`<dir>/stages-<pid>.json` every `DUMP_EVERY` decode steps and at exit.
+`<dir>/stages-<pid>.json` every `DUMP_EVERY` decode steps, at the first prefill after `IDLE_DUMP_S` without
+a decode step (a client flushes the last steps of a run that way: servers stopped by SIGKILL never reach their
+exit dump), and at exit.
 
 Right after the worker's CUDA graphs are captured, `proposal_microbench` times the LM-head GEMM,
 the speculative head on its logits and the whole proposal, eager and CUDA-graph-captured, at each
@@ -58,6 +60,7 @@ logger = logging.getLogger(__name__)
 ENV_DIR = "LILICORR_STAGE_TIMING"
 ENV_BS = "LILICORR_STAGE_TIMING_BS"
 DUMP_EVERY = 100  # decode steps between periodic dumps (servers may be SIGKILLed)
+IDLE_DUMP_S = 1.0  # a prefill this long after the last decode step dumps first (never within a run of steps)
 MAX_SAMPLES = 20000  # per series kept for the median; count and mean use every sample
 MICROBENCH_MAX_BS = 64  # default cap on the captured batch sizes the micro-benchmark visits
 STAGES = ("step", "draft_forward", "draft_sample", "target_verify", "accept", "kv_append")
@@ -146,6 +149,8 @@ class StageRecorder:
         self.proposal: dict | None = None
         self.memory: dict | None = None
         self.decode_steps = 0
+        self._dumped_steps = 0  # decode_steps at the last dump
+        self._last_step_end: float | None = None  # host time the last decode step ended
         self._step: _Step | None = None
         self._pending: list[_Step] = []
         # keyed by (batch size, draft graph flag), then stage
@@ -165,6 +170,9 @@ class StageRecorder:
 
     def begin_prefill(self, requests: int) -> None:
         self.other_forward()
+        idle = self._last_step_end is not None and self.clock() - self._last_step_end >= IDLE_DUMP_S
+        if idle and self.decode_steps > self._dumped_steps:
+            self.safe_dump()
         self._prefill = (int(requests), self.events.record(), self.clock())
 
     def end_prefill(self) -> None:
@@ -203,6 +211,7 @@ class StageRecorder:
         step.spans["step"] = (step.start, self.events.record(), (self.clock() - step.host_start) * 1e3)
         self._pending.append(step)
         self._last = (step.host_start, (step.bs, bool(step.graph)))
+        self._last_step_end = self.clock()
         self.decode_steps += 1
         if self.dump_every > 0 and self.decode_steps % self.dump_every == 0:
             self.safe_dump()
@@ -249,6 +258,7 @@ class StageRecorder:
         tmp = self.path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(self.document(), indent=1))
         os.replace(tmp, self.path)
+        self._dumped_steps = self.decode_steps
         return self.path
 
     def safe_dump(self, *, final: bool = False) -> None:
