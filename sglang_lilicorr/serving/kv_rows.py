@@ -4,9 +4,9 @@ SGLang's DFlash decode, which LILICORR runs, reserves KV slots two verify blocks
 length (`DFlashDraftInputV2.prepare_for_decode`: reserve = 2 x block size, rounded up to a page) and writes their
 slot ids into the request's row of the req_to_token table with no bound at the row's end. SGLang 0.5.23 gives a row
 4 + block size columns beyond the context length at page size 1 (`allocation_sizing.
-get_req_to_token_extra_context_len`), so a request within two blocks of the context end writes past its row into
-the first columns of the next request's row: that request's first KV slots then point at other tokens, and its
-outputs stop being the target's greedy choice (benchmarks/results/long-inputs: 7,936-token inputs at an 8,192-token
+get_req_to_token_extra_context_len`), so a request within block - 4 tokens (12) of the context end writes past its
+row into the first columns of the next request's row: that request's first KV slots then point at other tokens,
+and its outputs stop being the target's greedy choice (benchmarks/results/long-inputs: 7,936-token inputs at an 8,192-token
 context, under SGLang's DFLASH and LILICORR alike).
 
 `widen_rows()` makes SGLang's pool builder give every row room for the whole reservation. The plugin calls it when
