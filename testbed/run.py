@@ -463,11 +463,12 @@ def cmd_long_serve(args) -> int:
     model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(device).eval()
     summary, mismatches = long_inputs.summarize(records, lambda r: check_greedy(model, r["input_ids"], r["output_ids"], tol_ulps=2.0))
     eval_sets.write(mismatches, root / "not_argmax.jsonl")
-    save_json(root / "summary.json", {"lengths": list(args.lengths), "per_length": args.per_length, "concurrency": args.concurrency,
-                                      "max_new_tokens": long_inputs.MAX_NEW_TOKENS, "device": device_name(),
-                                      "server_args": {s.name: " ".join(s.args) for s in specs}, "drafts": summary})
+    document = {"lengths": list(args.lengths), "per_length": args.per_length, "concurrency": args.concurrency,
+                "max_new_tokens": long_inputs.MAX_NEW_TOKENS, "device": device_name(),
+                "server_args": {s.name: " ".join(s.args) for s in specs}, "drafts": summary}
+    save_json(root / "summary.json", document)
     print(json.dumps(summary, indent=1))
-    long_inputs.plot(json.loads((root / "summary.json").read_text()), root / "summary.png")
+    long_inputs.plot(document, root / "summary.png")
     to_out(args.out, root / "summary.json", root / "summary.png", root / "not_argmax.jsonl", root / "records.jsonl", *sorted((root / "logs").glob("*.log")))
     return 0
 
