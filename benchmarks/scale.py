@@ -268,7 +268,9 @@ def flush_stage_timers(urls: Mapping[str, str]) -> list[str]:
     failed = []
     for system, url in urls.items():
         try:
-            post_json(url, "/generate", {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1}}, timeout=60.0)
+            # greedy: LILICORR refuses temperature > 0 where only the greedy verification is available
+            request = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+            post_json(url, "/generate", request, timeout=60.0)
         except Exception as e:  # noqa: BLE001 -- reported with the phase's failures
             failed.append(f"{system}: the stage-timer flush failed: {type(e).__name__}: {e}"[:300])
     return failed

@@ -266,3 +266,16 @@ def test_a_server_that_fails_to_start_leaves_its_log_in_the_bundle(built, tmp_pa
     assert "ValueError: no flashinfer here" in printed and "servers: SGLang server" in printed
     with tarfile.open(tmp_path / "OUT" / "scale_base.tar.gz") as t:
         assert "base/logs/server-base.log" in t.getnames() and not [n for n in t.getnames() if n.startswith("base/round")]
+
+
+def test_the_stage_timer_flush_sends_a_greedy_request(monkeypatch):
+    # LILICORR answers HTTP 400 to temperature > 0 where only the greedy verification exists (the GPU machine)
+    from sglang_lilicorr.benchmarks import client
+    from sglang_lilicorr.serving import stage_timer
+
+    sent = []
+    monkeypatch.setattr(stage_timer, "IDLE_DUMP_S", 0.0)
+    monkeypatch.setattr(client, "post_json", lambda url, path, body, timeout: sent.append((url, path, body)))
+    assert scale.flush_stage_timers({"lilicorr": "http://a", "dflash": "http://b"}) == []
+    assert [(url, path) for url, path, _ in sent] == [("http://a", "/generate"), ("http://b", "/generate")]
+    assert all(body["sampling_params"]["temperature"] == 0.0 for _, _, body in sent)
