@@ -4,16 +4,9 @@
 # seeded random target + drafts of tools/tp_models.py, written on the machine (no carry beyond the device kit).
 #
 # CPU side, once, from the project root:   bash ../shared/device/prepare.sh
-# Calls, back to back on one warm machine (kind nvidia-h100-x4), carry [".dev/whl", ".dev/pkgs", ".dev/bin",
-# ".dev/manifest.txt"] on the first (the others find the install in place; exit 3 if not: start again), timeout_s 600:
-#     bash tools/tp_check.sh install,models,serve1
-#     bash tools/tp_check.sh serve2
-#     bash tools/tp_check.sh serve4
-#     bash tools/tp_check.sh dp2,compare,check
-#     bash tools/tp_check.sh train1
-#     bash tools/tp_check.sh train2
-#     bash tools/tp_check.sh train4
-#     bash tools/tp_check.sh resume2,trainreport
+# The calls (four, back to back on one warm nvidia-h100-x4, steps side by side on disjoint GPUs where they can be)
+# are tools/tp_calls.sh's; a single step runs as `bash tools/tp_check.sh STEPS` on a machine the install step set up.
+# Steps of one invocation share $S; invocations side by side set TAG (summary_TAG.txt) and CUDA_VISIBLE_DEVICES.
 #
 # Steps (comma-separated, run in this order):
 #   install      the device kit's install.sh (bundle, patches, this project)
@@ -35,7 +28,7 @@
 #   trainreport  tp_compare.py train over the runs made: loss curves against 1 GPU, tokens/s and scaling, curves.png
 # Env: W (/tmp/tpcheck), DEVICE_SITE (/tmp/site), TIMEOUT (server start limit, 330 s), TRAIN_STEPS (200),
 #   EXTRA_ARGS (appended to every server's args).
-# Output in $OUT (<= 8 files): summary.txt, lilicorr_tpN.json / dflash_tpN.json of the serve steps run in the call,
+# Output in $OUT: summary.txt (summary_TAG.txt), lilicorr_tpN.json / dflash_tpN.json of the serve steps run in the call,
 #   train_gpuN.jsonl, curves.png.
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false LILICORR_T_GT_0=allow-greedy
@@ -45,7 +38,7 @@ B=$ROOT/.dev/bin
 SITE=${DEVICE_SITE:-/tmp/site}
 W=${W:-/tmp/tpcheck}
 O=${OUT:-/tmp/tpcheck_out}
-S=$O/summary.txt
+S=$O/summary${TAG:+_$TAG}.txt
 STEPS=${1:-install}
 mkdir -p "$O" "$W/logs"
 source "$TOOLS/check_lib.sh"

@@ -1,0 +1,43 @@
+#!/bin/bash
+# Issue 29's GPU plan: tools/tp_check.sh's steps as four calls, back to back on one warm nvidia-h100-x4, steps on
+# disjoint GPUs side by side where they can be (each at most 600 s; the first carries the device kit):
+#     bash tools/tp_calls.sh 1   # carry [".dev/whl", ".dev/pkgs", ".dev/bin", ".dev/manifest.txt"]: install, models;
+#                                #   then TP = 1 (GPU 0) | TP = 2 (GPUs 1, 2) | train on 1 GPU (GPU 3)
+#     bash tools/tp_calls.sh 2   # TP = 4 (every GPU)
+#     bash tools/tp_calls.sh 3   # --dp-size 2 (GPUs 0, 1) | train on 2 GPUs (GPUs 2, 3); then train on 4 GPUs
+#     bash tools/tp_calls.sh 4   # train on 2 GPUs killed and resumed; compare, check, trainreport
+# Each call returns $OUT/callN.tar.gz (its summaries, client results, metrics, curves.png and $W/logs) and prints
+# its summaries. Env: TRAIN_STEPS (120; every train step the same), RESUME_AT (70), and tp_check.sh's.
+# Exit: 0 when every step of the call passed.
+set -u -o pipefail
+CALL=${1:?usage: bash tools/tp_calls.sh 1|2|3|4}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CHECK=$ROOT/tools/tp_check.sh
+RET=${OUT:-/tmp/tp_calls_out}
+export OUT=/tmp/tp_calls/call$CALL W=${W:-/tmp/tpcheck} TRAIN_STEPS=${TRAIN_STEPS:-120} RESUME_AT=${RESUME_AT:-70}
+rm -rf "$OUT" && mkdir -p "$OUT" "$RET"
+rc=0
+
+side_by_side() {  # side_by_side "GPUS TAG STEPS" ...: one tp_check.sh per argument, at once; rc 1 if any failed
+  local pids=() spec gpus tag steps
+  for spec in "$@"; do
+    read -r gpus tag steps <<< "$spec"
+    CUDA_VISIBLE_DEVICES=$gpus TAG=$tag bash "$CHECK" "$steps" > "$OUT/stdout_$tag.txt" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+}
+
+case $CALL in
+1) bash "$CHECK" install,models || { tar -czf "$RET/call1.tar.gz" -C "$OUT" .; cat "$OUT"/summary*.txt; exit 1; }
+   side_by_side "0 tp1 serve1" "1,2 tp2 serve2" "3 train1 train1" ;;
+2) bash "$CHECK" serve4 || rc=1 ;;
+3) side_by_side "0,1 dp2 dp2" "2,3 train2 train2"
+   bash "$CHECK" train4 || rc=1 ;;
+4) bash "$CHECK" resume2,compare,check,trainreport || rc=1 ;;
+*) echo "tp_calls.sh: unknown call $CALL: 1, 2, 3 or 4" >&2; exit 2 ;;
+esac
+mkdir -p "$OUT/logs" && cp "$W"/logs/*.log "$OUT/logs/" 2>/dev/null
+tar -czf "$RET/call$CALL.tar.gz" -C "$OUT" . && ls -l "$RET"
+for f in "$OUT"/summary*.txt; do echo "--- $(basename "$f")"; cut -c1-400 "$f"; done
+exit $rc
