@@ -6,11 +6,13 @@
 #     bash tools/tp_calls.sh 2   # TP = 4 (every GPU)
 #     bash tools/tp_calls.sh 3   # --dp-size 2 (GPUs 0, 1) | train on 2 GPUs (GPUs 2, 3); then train on 4 GPUs
 #     bash tools/tp_calls.sh 4   # train on 2 GPUs killed and resumed; compare, check, trainreport
+#     bash tools/tp_calls.sh scaling  # carry the kit, on a fresh machine: install, models, nccl, then train on 4, 2
+#                                      #   and 1 GPU(s) one after another, nothing beside them; trainreport
 # Each call returns $OUT/callN.tar.gz (its summaries, client results, metrics, curves.png and $W/logs) and prints
 # its summaries. Env: TRAIN_STEPS (120; every train step the same), RESUME_AT (70), and tp_check.sh's.
 # Exit: 0 when every step of the call passed.
 set -u -o pipefail
-CALL=${1:?usage: bash tools/tp_calls.sh 1|2|3|4}
+CALL=${1:?usage: bash tools/tp_calls.sh 1|2|3|4|scaling}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CHECK=$ROOT/tools/tp_check.sh
 RET=${OUT:-/tmp/tp_calls_out}
@@ -35,7 +37,8 @@ case $CALL in
 3) side_by_side "0,1 dp2 dp2" "2,3 train2 train2"
    bash "$CHECK" train4 || rc=1 ;;
 4) bash "$CHECK" resume2,compare,check,trainreport || rc=1 ;;
-*) echo "tp_calls.sh: unknown call $CALL: 1, 2, 3 or 4" >&2; exit 2 ;;
+scaling) bash "$CHECK" install,models,nccl,train4,train2,train1,trainreport || rc=1 ;;
+*) echo "tp_calls.sh: unknown call $CALL: 1, 2, 3, 4 or scaling" >&2; exit 2 ;;
 esac
 mkdir -p "$OUT/logs" && cp "$W"/logs/*.log "$OUT/logs/" 2>/dev/null
 tar -czf "$RET/call$CALL.tar.gz" -C "$OUT" . && ls -l "$RET"

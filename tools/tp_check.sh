@@ -20,6 +20,7 @@
 #   compare      tp_compare.py serve: every rank drafted the same first blocks (RANKS_AGREE), the first blocks of
 #                TP = 2, 4 against TP = 1, accepted length, ms per block and tokens/s per algorithm and TP
 #   check        sglang_lilicorr.reference.check on every greedy response (teacher-forced float32 target)
+#   nccl         tools/nccl_bench.py on 2 and 4 GPUs: all-reduce ms and bus bandwidth, the transports NCCL chose
 #   trainN       torchrun --nproc-per-node N -m sglang_lilicorr.cli train, global batch 32 (8 x 4/N x N), TRAIN_STEPS
 #                steps -> $W/train_gpuN (metrics.jsonl copied to $O/train_gpuN.jsonl)
 #   resume2      train2's run killed (SIGKILL, every rank) once past step RESUME_AT (120), then the same command again: it
@@ -105,6 +106,16 @@ if has check; then
   grep -q "GREEDY_CHECK PASS" "$S" || fails+=(greedy_check)
 fi
 
+if has nccl; then
+  say "== NCCL all-reduce between the GPUs (NCCL_DEBUG=INFO transport lines in $W/logs/nccl_gpuN.log)"
+  for n in 2 4; do
+    NCCL_DEBUG=INFO timeout 120 torchrun --nproc-per-node "$n" --master-port $((29600 + n)) "$TOOLS/nccl_bench.py" \
+      > "$W/logs/nccl_gpu$n.log" 2>&1 || fails+=("nccl$n")
+    grep "NCCL all-reduce" "$W/logs/nccl_gpu$n.log" | tee -a "$S"
+    grep -o "via [A-Za-z/]*" "$W/logs/nccl_gpu$n.log" | sort | uniq -c | tee -a "$S"
+  done
+fi
+
 train() {  # train NAME N: `lilicorr train` on N GPUs, global batch 32 (8 x 4/N x N), into $W/NAME (resumes what is there)
   torchrun --nproc-per-node "$2" --master-port $((29500 + $2)) -m sglang_lilicorr.cli train \
     --target "$W/target" --data "$W/conversations.jsonl" --output-dir "$W/$1" --batch-size 8 \
@@ -128,7 +139,8 @@ if has resume2; then  # killed (SIGKILL, every rank) once past step RESUME_AT, t
   pid=$!
   while kill -0 "$pid" 2>/dev/null; do
     last=$(tail -n 1 "$R/metrics.jsonl" 2>/dev/null | python3 -c 'import json,sys; print(json.loads(sys.stdin.read() or "{}").get("step", 0))' 2>/dev/null)
-    [ "${last:-0}" -ge "${RESUME_AT:-120}" ] && { kill -9 -- -"$pid"; say "killed at step $last"; break; }
+    # torchrun's workers leave the group it started in: every process of the run goes, by its output folder
+    [ "${last:-0}" -ge "${RESUME_AT:-120}" ] && { kill -9 -- -"$pid"; pkill -9 -f -- "--output-dir $R( |$)"; say "killed at step $last"; break; }
     sleep 2
   done
   wait "$pid" 2>/dev/null
