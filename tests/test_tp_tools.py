@@ -1,6 +1,6 @@
 """The multi-GPU check's tools on CPU (tools/tp_check.sh runs them on the GPU machine): tp_models.py writes a target
 and drafts that SGLang's resolution serves at TP = 1, 2, 4 and 8 and that `lilicorr train` trains under torchrun; the
-proposal probe records a worker's first blocks; tp_compare.py's reports and verdicts."""
+proposal record (LILICORR_PROPOSAL_RECORD) keeps a worker's first blocks; tp_compare.py's reports and verdicts."""
 from __future__ import annotations
 
 import json
@@ -63,15 +63,11 @@ def test_the_plans_training_command_runs_under_torchrun(models, tmp_path):
     assert [r["step"] for r in rows] == [1, 2] and rows[-1]["tokens_per_s"] > 0
 
 
-def test_probe_records_the_first_block_after_each_prefill(tmp_path, monkeypatch):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("proposal_probe", TOOLS / "proposal_probe" / "sitecustomize.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)  # inactive here: no LILICORR_PROBE_DIR in this process
-
+def test_proposal_record_keeps_the_first_block_of_each_request_served_alone(tmp_path, monkeypatch):
     pytest.importorskip("sglang")
     import sglang.srt.runtime_context as runtime
+
+    from sglang_lilicorr.serving import proposal_record
 
     monkeypatch.setattr(runtime, "get_parallel", lambda: types.SimpleNamespace(tp_rank=1))
 
@@ -82,26 +78,41 @@ def test_probe_records_the_first_block_after_each_prefill(tmp_path, monkeypatch)
         def forward_batch_generation(self, batch):
             return "result"
 
-    def batch(mode: str, size: int = 1):
+    def batch(mode: str, *rids: str):
         forward = types.SimpleNamespace(is_extend=lambda: mode == "extend", is_idle=lambda: mode == "idle")
-        return types.SimpleNamespace(forward_mode=forward, is_extend_in_batch=False, req_pool_indices=list(range(size)))
+        return types.SimpleNamespace(forward_mode=forward, is_extend_in_batch=False, reqs=[types.SimpleNamespace(rid=r) for r in rids])
 
-    probe.record_first_blocks(Worker, str(tmp_path))
+    proposal_record.install(Worker, str(tmp_path))
+    proposal_record.install(Worker, str(tmp_path / "again"))  # once per class: the second install keeps the first
     worker = Worker()
-    for mode in ("extend", "decode", "decode", "extend", "idle", "decode"):
-        assert worker.forward_batch_generation(batch(mode)) == "result"
+    steps = [("extend", "a"), ("decode", "a"), ("decode", "a"), ("extend", "b"), ("idle",), ("decode", "b"),
+             ("decode", "c", "d"), ("decode", "c")]
+    for mode, *rids in steps:
+        assert worker.forward_batch_generation(batch(mode, *rids)) == "result"
         worker.proposer.out = worker.proposer.out + 100
     rows = tp_compare.jsonl(tmp_path / "proposals_rank1.jsonl")
-    assert [r["request"] for r in rows] == [0, 1] and rows[0]["draft"] == [100, 101, 102] and rows[1]["draft"] == [500, 501, 502]
+    assert [(r["request"], r["rid"]) for r in rows] == [(0, "a"), (1, "b"), (2, "c")]
+    assert [r["draft"] for r in rows] == [[100, 101, 102], [500, 501, 502], [700, 701, 702]]
+    assert not (tmp_path / "again").exists()
 
 
-def test_probe_installs_itself_in_a_process_that_imports_the_worker(tmp_path):
+def test_the_worker_factory_installs_the_record_only_when_asked(tmp_path, monkeypatch):
     pytest.importorskip("sglang")
-    env = dict(os.environ, LILICORR_PROBE_DIR=str(tmp_path / "probe"),
-               PYTHONPATH=os.pathsep.join([str(TOOLS / "proposal_probe"), os.environ.get("PYTHONPATH", "")]))
-    code = "import sglang_lilicorr.serving.worker as w; print(w.LiLiCorrWorker.forward_batch_generation.__module__)"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600, check=True)
-    assert out.stdout.strip() == "sitecustomize" and (tmp_path / "probe").is_dir()
+    from sglang_lilicorr.serving import kv_rows, plugin
+
+    monkeypatch.setattr(kv_rows, "widen_rows", lambda: None)
+    monkeypatch.delenv(plugin.PROPOSAL_RECORD, raising=False)
+    worker_cls = plugin.worker_factory(types.SimpleNamespace())
+    assert getattr(worker_cls, "_proposal_record_dir", None) is None
+    plain = worker_cls.forward_batch_generation
+    monkeypatch.setenv(plugin.PROPOSAL_RECORD, str(tmp_path / "record"))
+    try:
+        assert plugin.worker_factory(types.SimpleNamespace()) is worker_cls
+        assert worker_cls._proposal_record_dir == str(tmp_path / "record") and (tmp_path / "record").is_dir()
+        assert worker_cls.forward_batch_generation is not plain
+    finally:  # the class is shared by the whole test session
+        worker_cls.forward_batch_generation = plain
+        del worker_cls._proposal_record_dir
 
 
 def write_probe(folder: Path, rank: int, blocks: list[list[int]]) -> None:
@@ -133,13 +144,14 @@ def test_serve_report(tmp_path, capsys):
 
 def test_train_report(tmp_path, capsys):
     for name, rate, shift in (("gpu1", 100.0, 0.0), ("gpu2", 190.0, 0.01)):
-        rows = [{"step": s, "loss/total": 5.0 - s + shift, "tokens_per_s": rate, "eval/loss/total": 4.0 if s == 2 else None}
-                for s in (1, 2)]
+        # windows: warm-up (not counted), two steady ones, one with a checkpoint save (the median skips it)
+        rows = [{"step": s, "loss/total": 5.0 - s + shift, "tokens_per_s": r, "eval/loss/total": 4.0 if s == 2 else None,
+                 "time/backward_ms": 20.0 * s} for s, r in ((1, rate / 10), (2, rate), (3, rate), (4, rate / 4))]
         (tmp_path / name).mkdir()
         (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert tp_compare.train_report([tmp_path / "gpu1", tmp_path / "gpu2"], tmp_path / "curves.png")
     text = capsys.readouterr().out
-    assert "| 0.01 | 0 | 190 | 1.90x |" in text and (tmp_path / "curves.png").stat().st_size > 0
+    assert "| 0.01 | 0 | 190; 142 | 1.90x | nan / nan / nan / 80 / nan / nan |" in text and (tmp_path / "curves.png").stat().st_size > 0
     assert not tp_compare.train_report([tmp_path / "gpu1", tmp_path / "missing"], None)
 
 

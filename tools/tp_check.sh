@@ -11,7 +11,7 @@
 # Steps (comma-separated, run in this order):
 #   install      the device kit's install.sh (bundle, patches, this project)
 #   models       python3 tools/tp_models.py $W: target, lilicorr_draft, dflash_draft, conversations.jsonl
-#   serveN       TP = N (N in 1 2 4 8): a LILICORR server with the proposal probe (tools/proposal_probe: the first
+#   serveN       TP = N (N in 1 2 4 8): a LILICORR server recording proposals (LILICORR_PROPOSAL_RECORD: the first
 #                block each rank drafts, $W/tpN/proposals_rank*.jsonl), gpu_client.py (24 greedy prompts one at a
 #                time, then 1, 4, 16 concurrent) -> $O/lilicorr_tpN.json; then DFLASH with the same drafter ->
 #                $O/dflash_tpN.json. Logs: $W/logs/
@@ -78,7 +78,7 @@ for n in 1 2 4 8; do
   has "serve$n" || continue
   say "== serve at TP = $n"
   rm -rf "$W/tp$n"
-  LILICORR_PROBE_DIR=$W/tp$n PYTHONPATH="$TOOLS/proposal_probe:$PYTHONPATH" \
+  LILICORR_PROPOSAL_RECORD=$W/tp$n \
     serve "lilicorr_tp$n" $((30100 + n)) -- --tp-size "$n" --speculative-algorithm LILICORR \
     --speculative-draft-model-path "$W/lilicorr_draft" --speculative-draft-attention-backend triton || fails+=("lilicorr_tp$n")
   serve "dflash_tp$n" $((30200 + n)) -- --tp-size "$n" --speculative-algorithm DFLASH \

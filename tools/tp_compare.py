@@ -1,7 +1,7 @@
 """Reports of the multi-GPU checks (tools/tp_check.sh):
 
   python tools/tp_compare.py serve DIR [--tp 1 2 4]
-      DIR/tp{N}/proposals_rank{R}.jsonl (the proposal probe) and DIR/{lilicorr,dflash}_tp{N}.json (gpu_client.py):
+      DIR/tp{N}/proposals_rank{R}.jsonl (LILICORR_PROPOSAL_RECORD) and DIR/{lilicorr,dflash}_tp{N}.json (gpu_client.py):
       - RANKS_AGREE PASS|FAIL: at each TP degree every rank drafted the same first block of every request (each rank
         must commit the same draft);
       - the first blocks of TP = N against TP = 1 (the first degree given): identical blocks and slots;
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 
@@ -53,7 +54,7 @@ def serve_report(folder: Path, degrees: list[int]) -> bool:
     blocks = {n: first_blocks(folder / f"tp{n}") for n in degrees}
     for n, ranks in blocks.items():
         if len(ranks) != n or not ranks.get(0):
-            print(f"TP {n}: proposals of {sorted(ranks)} ranks in {folder / f'tp{n}'}, expected {n} (was the probe on?)")
+            print(f"TP {n}: proposals of {sorted(ranks)} ranks in {folder / f'tp{n}'}, expected {n} (was LILICORR_PROPOSAL_RECORD set?)")
             ok = False
             continue
         differ = [(r, i) for r, rows in ranks.items() for i, (a, b) in enumerate(zip(rows, ranks[0])) if a != b]
@@ -84,6 +85,9 @@ def serve_report(folder: Path, degrees: list[int]) -> bool:
     return ok
 
 
+PHASES = ("target", "drafter", "head", "backward", "optimizer", "wall")  # `lilicorr train`'s time/<phase>_ms
+
+
 def train_report(runs: list[Path], plot: Path | None) -> bool:
     logs = {run: jsonl(run / "metrics.jsonl") for run in runs}
     missing = [str(run) for run, rows in logs.items() if not rows]
@@ -92,17 +96,19 @@ def train_report(runs: list[Path], plot: Path | None) -> bool:
         return False
     base = {r["step"]: r for r in logs[runs[0]]}
     rate0 = None
-    print("| run | steps | max |d loss/total| | max |d eval/loss/total| | tokens/s | vs first |\n|---|---|---|---|---|---|")
+    print("| run | steps | max |d loss/total| | max |d eval/loss/total| | tokens/s (median; mean) | vs first | ms per step, "
+          "last window: " + " / ".join(PHASES) + " |\n|---|---|---|---|---|---|---|")
     for run, rows in logs.items():
         diffs = {name: max((abs(r[name] - base[r["step"]][name]) for r in rows
                             if r["step"] in base and r.get(name) is not None and base[r["step"]].get(name) is not None),
                            default=float("nan"))
                  for name in ("loss/total", "eval/loss/total")}
-        rates = [r["tokens_per_s"] for r in rows[1:]] or [rows[0]["tokens_per_s"]]
-        rate = sum(rates) / len(rates)
+        rates = [r["tokens_per_s"] for r in rows[1:]] or [rows[0]["tokens_per_s"]]  # the first window holds the warm-up
+        rate = statistics.median(rates)  # windows with a checkpoint save in them are slower: the median skips them
         rate0 = rate0 or rate
-        print(f"| {run} | {rows[-1]['step']} | {diffs['loss/total']:.4g} | {diffs['eval/loss/total']:.4g} | {rate:.0f} | "
-              f"{rate / rate0:.2f}x |")
+        phases = " / ".join(f"{rows[-1].get(f'time/{name}_ms', float('nan')):.0f}" for name in PHASES)
+        print(f"| {run} | {rows[-1]['step']} | {diffs['loss/total']:.4g} | {diffs['eval/loss/total']:.4g} | {rate:.0f}; "
+              f"{statistics.mean(rates):.0f} | {rate / rate0:.2f}x | {phases} |")
     if plot is not None:
         import matplotlib
 

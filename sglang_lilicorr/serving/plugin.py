@@ -12,6 +12,7 @@ import os
 
 from . import ALGORITHM_NAME
 from .algorithm import LiLiCorrSpecAlgo
+from .proposal_record import ENV_DIR as PROPOSAL_RECORD
 
 
 def worker_factory(server_args) -> type:
@@ -22,6 +23,10 @@ def worker_factory(server_args) -> type:
 
     register_draft_model()
     widen_rows()  # before the scheduler builds the pools (kv_rows.py says why)
+    if os.environ.get(PROPOSAL_RECORD):  # opt-in: the first block of each request (tools/tp_check.sh)
+        from .proposal_record import install
+
+        install(LiLiCorrWorker, os.environ[PROPOSAL_RECORD])
     return LiLiCorrWorker
 
 

@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import os
 import shlex
 import sys
 import time
@@ -175,7 +176,9 @@ def run_train(args: argparse.Namespace) -> int:
 
     cfg = train_config_from_args(args)  # an out-of-range value is a usage error before anything loads
     local_model_dir(cfg.target)
-    print(json.dumps(train(cfg)))
+    metrics = train(cfg)
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank returns the same pooled metrics
+        print(json.dumps(metrics))
     return 0
 
 
