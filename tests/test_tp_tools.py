@@ -63,6 +63,34 @@ def test_the_plans_training_command_runs_under_torchrun(models, tmp_path):
     assert [r["step"] for r in rows] == [1, 2] and rows[-1]["tokens_per_s"] > 0
 
 
+def test_train_profile_writes_each_ranks_window(models, tmp_path):
+    """tools/train_profile.py around the plan's training command, 2 gloo ranks: one table per rank, the run as usual."""
+    run, out = tmp_path / "run", tmp_path / "profile"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29433",
+         str(TOOLS / "train_profile.py"), "--window", "1", "2", "--out", str(out), "--",
+         "--target", str(models / "target"), "--data", str(models / "conversations.jsonl"), "--output-dir", str(run),
+         "--batch-size", "1", "--max-steps", "4", "--max-length", "96", "--log-every", "2", "--eval-examples", "2",
+         "--mask-token", "<|mask|>", "--no-bf16", "--head-hidden-size", "32", "--head-layers", "1", "--head-heads", "4",
+         "--factor-dim", "16", "--num-anchors", "4"],
+        check=True, capture_output=True, timeout=600, env=env, cwd=tmp_path,
+    )
+    for rank in (0, 1):
+        text = (out / f"rank{rank}.txt").read_text()
+        assert text.startswith(f"rank {rank}: steps 2..3, ") and "ms per step (wall)" in text and "aten::" in text
+    assert [r["step"] for r in tp_compare.jsonl(run / "metrics.jsonl")] == [2, 4]
+
+
+def test_train_profile_refuses_a_command_line_without_its_separator(capsys):
+    import train_profile
+
+    assert train_profile.main(["--window", "1", "2", "--out", "x", "--target", "t"]) == 2
+    assert "no `--` before the training arguments" in capsys.readouterr().err
+    assert train_profile.main(["--window", "0", "2", "--out", "x", "--"]) == 2
+    assert "START and COUNT must be >= 1" in capsys.readouterr().err
+
+
 def test_proposal_record_keeps_the_first_block_of_each_request_served_alone(tmp_path, monkeypatch):
     pytest.importorskip("sglang")
     import sglang.srt.runtime_context as runtime

@@ -1,18 +1,17 @@
 #!/bin/bash
-# Issue 29's GPU plan: tools/tp_check.sh's steps as four calls, back to back on one warm nvidia-h100-x4, steps on
-# disjoint GPUs side by side where they can be (each at most 600 s; the first carries the device kit):
+# Issue 29's GPU plan: tools/tp_check.sh's steps as four calls, back to back on one warm nvidia-h100-x4 (about 20
+# minutes held), servers on disjoint GPUs side by side, training alone (each call at most 600 s; the first carries
+# the device kit):
 #     bash tools/tp_calls.sh 1   # carry [".dev/whl", ".dev/pkgs", ".dev/bin", ".dev/manifest.txt"]: install, models;
-#                                #   then TP = 1 (GPU 0) | TP = 2 (GPUs 1, 2) | train on 1 GPU (GPU 3)
-#     bash tools/tp_calls.sh 2   # TP = 4 (every GPU)
-#     bash tools/tp_calls.sh 3   # --dp-size 2 (GPUs 0, 1) | train on 2 GPUs (GPUs 2, 3); then train on 4 GPUs
-#     bash tools/tp_calls.sh 4   # train on 2 GPUs killed and resumed; compare, check, trainreport
-#     bash tools/tp_calls.sh scaling  # carry the kit, on a fresh machine: install, models, nccl, then train on 4, 2
-#                                      #   and 1 GPU(s) one after another, nothing beside them; trainreport
-# Each call returns $OUT/callN.tar.gz (its summaries, client results, metrics, curves.png and $W/logs) and prints
-# its summaries. Env: TRAIN_STEPS (120; every train step the same), RESUME_AT (70), and tp_check.sh's.
+#                                #   then TP = 1 (GPU 0) | TP = 2 (GPUs 1, 2)                                 ~320 s
+#     bash tools/tp_calls.sh 2   # TP = 4 (every GPU); --dp-size 2                                            ~340 s
+#     bash tools/tp_calls.sh 3   # compare, check; NCCL all-reduce; train on 1, 2, 4 GPUs alone; trainreport ~330 s
+#     bash tools/tp_calls.sh 4   # train on 2 GPUs killed and resumed; profile training on 1 and 4 GPUs     ~220 s
+# Each call returns $OUT/callN.tar.gz (its summaries, client results, metrics, profiles, curves.png and $W/logs)
+# and prints its summaries. Env: TRAIN_STEPS (120; every train step the same), RESUME_AT (70), and tp_check.sh's.
 # Exit: 0 when every step of the call passed.
 set -u -o pipefail
-CALL=${1:?usage: bash tools/tp_calls.sh 1|2|3|4|scaling}
+CALL=${1:?usage: bash tools/tp_calls.sh 1|2|3|4}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CHECK=$ROOT/tools/tp_check.sh
 RET=${OUT:-/tmp/tp_calls_out}
@@ -32,13 +31,11 @@ side_by_side() {  # side_by_side "GPUS TAG STEPS" ...: one tp_check.sh per argum
 
 case $CALL in
 1) bash "$CHECK" install,models || { tar -czf "$RET/call1.tar.gz" -C "$OUT" .; cat "$OUT"/summary*.txt; exit 1; }
-   side_by_side "0 tp1 serve1" "1,2 tp2 serve2" "3 train1 train1" ;;
-2) bash "$CHECK" serve4 || rc=1 ;;
-3) side_by_side "0,1 dp2 dp2" "2,3 train2 train2"
-   bash "$CHECK" train4 || rc=1 ;;
-4) bash "$CHECK" resume2,compare,check,trainreport || rc=1 ;;
-scaling) bash "$CHECK" install,models,nccl,train4,train2,train1,trainreport || rc=1 ;;
-*) echo "tp_calls.sh: unknown call $CALL: 1, 2, 3, 4 or scaling" >&2; exit 2 ;;
+   side_by_side "0 tp1 serve1" "1,2 tp2 serve2" ;;
+2) bash "$CHECK" serve4,dp2 || rc=1 ;;
+3) bash "$CHECK" compare,check,nccl,train1,train2,train4,trainreport || rc=1 ;;
+4) bash "$CHECK" resume2,profile1,profile4,trainreport || rc=1 ;;
+*) echo "tp_calls.sh: unknown call $CALL: 1, 2, 3 or 4" >&2; exit 2 ;;
 esac
 mkdir -p "$OUT/logs" && cp "$W"/logs/*.log "$OUT/logs/" 2>/dev/null
 tar -czf "$RET/call$CALL.tar.gz" -C "$OUT" . && ls -l "$RET"

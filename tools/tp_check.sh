@@ -26,6 +26,7 @@
 #   resume2      train2's run killed (SIGKILL, every rank) once past step RESUME_AT (120), then the same command again: it
 #                resumes from its last checkpoint (every TRAIN_STEPS / 4 steps); the run's files listed (rank 0 writes them) ->
 #                $O/train_gpu2_resumed.jsonl, beside the others in trainreport
+#   profileN     (N in 1 4) steps 21-23 of a 30-step run under tools/train_profile.py -> $O/profile_gpuN/rank*.txt
 #   trainreport  tp_compare.py train over the runs made: loss curves against 1 GPU, tokens/s and scaling, curves.png
 # Env: W (/tmp/tpcheck), DEVICE_SITE (/tmp/site), TIMEOUT (server start limit, 330 s), TRAIN_STEPS (200),
 #   EXTRA_ARGS (appended to every server's args).
@@ -116,11 +117,15 @@ if has nccl; then
   done
 fi
 
-train() {  # train NAME N: `lilicorr train` on N GPUs, global batch 32 (8 x 4/N x N), into $W/NAME (resumes what is there)
-  torchrun --nproc-per-node "$2" --master-port $((29500 + $2)) -m sglang_lilicorr.cli train \
-    --target "$W/target" --data "$W/conversations.jsonl" --output-dir "$W/$1" --batch-size 8 \
-    --grad-accum $((4 / $2)) --max-steps "${TRAIN_STEPS:-200}" --max-length 1024 --log-every 10 --eval-every 50 \
-    --save-every $(( ${TRAIN_STEPS:-200} / 4 )) --eval-examples 32 --mask-token "<|mask|>"
+train_args() {  # train_args NAME N: the plan's `lilicorr train` arguments into TRAIN_ARGS: N GPUs, global batch 32
+                #   (8 x 4/N x N), into $W/NAME (resumes what is there)
+  TRAIN_ARGS=(--target "$W/target" --data "$W/conversations.jsonl" --output-dir "$W/$1" --batch-size 8
+    --grad-accum $((4 / $2)) --max-steps "${TRAIN_STEPS:-200}" --max-length 1024 --log-every 10 --eval-every 50
+    --save-every $(( ${TRAIN_STEPS:-200} / 4 )) --eval-examples 32 --mask-token "<|mask|>")
+}
+train() {  # train NAME N: `lilicorr train` on N GPUs
+  train_args "$1" "$2"
+  torchrun --nproc-per-node "$2" --master-port $((29500 + $2)) -m sglang_lilicorr.cli train "${TRAIN_ARGS[@]}"
 }
 
 runs=()
@@ -128,14 +133,14 @@ for n in 1 2 4; do
   has "train$n" || continue
   say "== train on $n GPU(s): batch 8 x accumulation $((4 / n)) x $n ranks"
   rm -rf "$W/train_gpu$n"
-  timeout 580 bash -c "$(declare -f train); W=$W; train train_gpu$n $n" > "$W/logs/train_gpu$n.log" 2>&1 || fails+=("train$n")
+  timeout 580 bash -c "$(declare -f train_args train); W=$W; train train_gpu$n $n" > "$W/logs/train_gpu$n.log" 2>&1 || fails+=("train$n")
   tail -n 3 "$W/logs/train_gpu$n.log" | cut -c1-300 | tee -a "$S"
   cp "$W/train_gpu$n/metrics.jsonl" "$O/train_gpu$n.jsonl" 2>/dev/null
 done
 if has resume2; then  # killed (SIGKILL, every rank) once past step RESUME_AT, then the same command again
   say "== train on 2 GPUs, killed past step ${RESUME_AT:-120}, resumed"
   R=$W/train_gpu2_resumed; rm -rf "$R"
-  setsid bash -c "$(declare -f train); W=$W; train train_gpu2_resumed 2" > "$W/logs/resume_a.log" 2>&1 &
+  setsid bash -c "$(declare -f train_args train); W=$W; train train_gpu2_resumed 2" > "$W/logs/resume_a.log" 2>&1 &
   pid=$!
   while kill -0 "$pid" 2>/dev/null; do
     last=$(tail -n 1 "$R/metrics.jsonl" 2>/dev/null | python3 -c 'import json,sys; print(json.loads(sys.stdin.read() or "{}").get("step", 0))' 2>/dev/null)
@@ -144,11 +149,21 @@ if has resume2; then  # killed (SIGKILL, every rank) once past step RESUME_AT, t
     sleep 2
   done
   wait "$pid" 2>/dev/null
-  timeout 400 bash -c "$(declare -f train); W=$W; train train_gpu2_resumed 2" > "$W/logs/resume_b.log" 2>&1 || fails+=(resume2)
+  timeout 400 bash -c "$(declare -f train_args train); W=$W; train train_gpu2_resumed 2" > "$W/logs/resume_b.log" 2>&1 || fails+=(resume2)
   grep -m2 -i "resum" "$W/logs/resume_b.log" | cut -c1-200 | tee -a "$S"
   say "files of the run (rank 0 writes; no per-rank checkpoint): $(cd "$R" && find . -type f | sort | tr '\n' ' ' | cut -c1-600)"
   cp "$R/metrics.jsonl" "$O/train_gpu2_resumed.jsonl" 2>/dev/null
 fi
+for n in 1 4; do  # steps 21-23 of a 30-step run under tools/train_profile.py: each rank's ops and kernels
+  has "profile$n" || continue
+  say "== profile training on $n GPU(s): steps 21-23"
+  rm -rf "$W/profile_gpu$n"
+  train_args "profile_gpu$n" "$n"
+  timeout 300 torchrun --nproc-per-node "$n" --master-port $((29700 + n)) "$TOOLS/train_profile.py" --window 20 3 \
+    --out "$O/profile_gpu$n" -- "${TRAIN_ARGS[@]}" --max-steps 30 --save-every 1000 > "$W/logs/profile_gpu$n.log" 2>&1 \
+    || fails+=("profile$n")
+  head -n 1 "$O"/profile_gpu"$n"/rank*.txt 2>/dev/null | grep rank | tee -a "$S"
+done
 if has trainreport; then
   for n in 1 2 4; do [ -s "$W/train_gpu$n/metrics.jsonl" ] && runs+=("$W/train_gpu$n"); done
   [ -s "$W/train_gpu2_resumed/metrics.jsonl" ] && runs+=("$W/train_gpu2_resumed")

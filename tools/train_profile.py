@@ -1,0 +1,88 @@
+"""Where a training step's time goes on each rank: `lilicorr train` with a torch-profiler window over a few steps.
+
+  torchrun --nproc-per-node N tools/train_profile.py --window START COUNT --out DIR -- TRAIN_ARGS...
+
+TRAIN_ARGS are `lilicorr train`'s (without `train`). The window opens at the start of step START + 1 and closes at
+the start of step START + COUNT + 1 (steps counted from this run's first, resumed or not), so it holds COUNT whole
+steps and the run must go past step START + COUNT (`--max-steps`). Each rank writes DIR/rank{R}.txt: the wall time
+per step of the window, then the CPU ops and the CUDA kernels by their total time (`key_averages`, top 25 each).
+The run's outputs are `lilicorr train`'s.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from sglang_lilicorr import cli
+from sglang_lilicorr.train import timing
+
+
+class Window:
+    """Starts and stops one profiler at given step starts (PhaseTimer.start_step runs once per step)."""
+
+    def __init__(self, start: int, count: int, out: Path, rank: int) -> None:
+        self.start, self.count, self.out, self.rank = start, count, out, rank
+        self.steps = 0
+        self.prof: profile | None = None
+        self.t0 = 0.0
+
+    def on_step(self) -> None:
+        if self.steps == self.start:
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+            self.prof = profile(activities=activities)
+            self.prof.__enter__()
+            self.t0 = time.perf_counter()
+        elif self.prof is not None and self.steps == self.start + self.count:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            wall = time.perf_counter() - self.t0
+            self.prof.__exit__(None, None, None)
+            self.write(wall)
+            self.prof = None
+        self.steps += 1
+
+    def write(self, wall: float) -> None:
+        events = self.prof.key_averages()
+        lines = [f"rank {self.rank}: steps {self.start + 1}..{self.start + self.count}, "
+                 f"{1e3 * wall / self.count:.1f} ms per step (wall)", "",
+                 events.table(sort_by="cpu_time_total", row_limit=25)]
+        if torch.cuda.is_available():
+            lines += ["", events.table(sort_by="cuda_time_total", row_limit=25)]
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / f"rank{self.rank}.txt").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" not in argv:
+        print("error: no `--` before the training arguments: train_profile.py --window START COUNT --out DIR -- "
+              "TRAIN_ARGS (lilicorr train's)", file=sys.stderr)
+        return 2
+    cut = argv.index("--")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--window", type=int, nargs=2, metavar=("START", "COUNT"), required=True)
+    p.add_argument("--out", type=Path, required=True)
+    a = p.parse_args(argv[:cut])
+    if a.window[0] < 1 or a.window[1] < 1:
+        print(f"error: --window {a.window[0]} {a.window[1]}: START and COUNT must be >= 1 (step 1 holds the warm-up)",
+              file=sys.stderr)
+        return 2
+    window = Window(a.window[0], a.window[1], a.out, int(os.environ.get("RANK", "0")))
+    start_step = timing.PhaseTimer.start_step
+
+    def start_step_profiled(self) -> None:
+        window.on_step()
+        start_step(self)
+
+    timing.PhaseTimer.start_step = start_step_profiled
+    return cli.main(["train", *argv[cut + 1:]])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
