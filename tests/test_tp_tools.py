@@ -79,6 +79,7 @@ def test_train_profile_writes_each_ranks_window(models, tmp_path):
     for rank in (0, 1):
         text = (out / f"rank{rank}.txt").read_text()
         assert text.startswith(f"rank {rank}: steps 2..3, ") and "ms per step (wall)" in text and "aten::" in text
+        assert int(text.split("(wall), ")[1].split(" aten ops")[0]) > 100
     assert [r["step"] for r in tp_compare.jsonl(run / "metrics.jsonl")] == [2, 4]
 
 

@@ -4,8 +4,10 @@
 
 TRAIN_ARGS are `lilicorr train`'s (without `train`). The window opens at the start of step START + 1 and closes at
 the start of step START + COUNT + 1 (steps counted from this run's first, resumed or not), so it holds COUNT whole
-steps and the run must go past step START + COUNT (`--max-steps`). Each rank writes DIR/rank{R}.txt: the wall time
-per step of the window, then the CPU ops and the CUDA kernels by their total time (`key_averages`, top 25 each).
+steps and the run must go past step START + COUNT (`--max-steps`). Each rank writes DIR/rank{R}.txt: the wall time,
+the aten ops launched and the host reads of a tensor per step of the window (on a GPU each op costs host time to
+launch, each read a sync), then the CPU ops and the CUDA kernels by their total time (`key_averages`, top 25 each).
+Without torchrun it profiles one process (rank 0).
 The run's outputs are `lilicorr train`'s.
 """
 from __future__ import annotations
@@ -49,8 +51,11 @@ class Window:
 
     def write(self, wall: float) -> None:
         events = self.prof.key_averages()
+        ops = sum(e.count for e in events if e.key.startswith("aten::")) / self.count
+        syncs = sum(e.count for e in events if e.key == "aten::_local_scalar_dense") / self.count
         lines = [f"rank {self.rank}: steps {self.start + 1}..{self.start + self.count}, "
-                 f"{1e3 * wall / self.count:.1f} ms per step (wall)", "",
+                 f"{1e3 * wall / self.count:.1f} ms per step (wall), {ops:.0f} aten ops and {syncs:.0f} host reads of a "
+                 "tensor (.item() and the like) per step", "",
                  events.table(sort_by="cpu_time_total", row_limit=25)]
         if torch.cuda.is_available():
             lines += ["", events.table(sort_by="cuda_time_total", row_limit=25)]
