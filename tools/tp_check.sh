@@ -31,7 +31,7 @@
 # Env: W (/tmp/tpcheck), DEVICE_SITE (/tmp/site), TIMEOUT (server start limit, 330 s), TRAIN_STEPS (200),
 #   EXTRA_ARGS (appended to every server's args).
 # Output in $OUT: summary.txt (summary_TAG.txt), lilicorr_tpN.json / dflash_tpN.json of the serve steps run in the call,
-#   train_gpuN.jsonl, curves.png.
+#   train_gpuN.jsonl, profile_gpuN/, curves.png.
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false LILICORR_T_GT_0=allow-greedy
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
