@@ -6,8 +6,8 @@ slot ids into the request's row of the req_to_token table with no bound at the r
 4 + block size columns beyond the context length at page size 1 (`allocation_sizing.
 get_req_to_token_extra_context_len`), so a request within block - 4 tokens (12) of the context end writes past its
 row into the first columns of the next request's row: that request's first KV slots then point at other tokens,
-and its outputs stop being the target's greedy choice (benchmarks/results/long-inputs: 7,936-token inputs at an 8,192-token
-context, under SGLang's DFLASH and LILICORR alike).
+and its outputs stop being the target's greedy choice (benchmarks/results/long-inputs: 7,936-token inputs at an
+8,192-token context, under SGLang's DFLASH and LILICORR alike).
 
 `widen_rows()` makes SGLang's pool builder give every row room for the whole reservation. The plugin calls it when
 SGLang asks for the LILICORR worker class, in the scheduler process, before the pools are built; `check_rows` then
