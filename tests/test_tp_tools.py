@@ -3,6 +3,7 @@ and drafts that SGLang's resolution serves at TP = 1, 2, 4 and 8 and that `lilic
 proposal record (LILICORR_PROPOSAL_RECORD) keeps a worker's first blocks; tp_compare.py's reports and verdicts."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -64,7 +65,8 @@ def test_the_plans_training_command_runs_under_torchrun(models, tmp_path):
 
 
 def test_train_profile_writes_each_ranks_window(models, tmp_path):
-    """tools/train_profile.py around the plan's training command, 2 gloo ranks: one table per rank, the run as usual."""
+    """tools/train_profile.py around the plan's training command, 2 gloo ranks: one table and one timeline (with the
+    trainer's phase marks) per rank, the run as usual."""
     run, out = tmp_path / "run", tmp_path / "profile"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     subprocess.run(
@@ -80,6 +82,11 @@ def test_train_profile_writes_each_ranks_window(models, tmp_path):
         text = (out / f"rank{rank}.txt").read_text()
         assert text.startswith(f"rank {rank}: steps 2..3, ") and "ms per step (wall)" in text and "aten::" in text
         assert int(text.split("(wall), ")[1].split(" aten ops")[0]) > 100
+        with gzip.open(out / f"rank{rank}.trace.json.gz", "rt") as f:
+            names = [e.get("name", "") for e in json.load(f)["traceEvents"]]
+        # the window's two steps, each cut by its phases' marks (the held-out pass after step 2 marks its forwards)
+        assert names.count("mark:start") == names.count("mark:optimizer") == 2 and names.count("mark:backward") >= 2
+        assert names.count("mark:target") == names.count("mark:head") > names.count("mark:backward")
     assert [r["step"] for r in tp_compare.jsonl(run / "metrics.jsonl")] == [2, 4]
 
 

@@ -20,16 +20,18 @@
 #   compare      tp_compare.py serve: every rank drafted the same first blocks (RANKS_AGREE), the first blocks of
 #                TP = 2, 4 against TP = 1, accepted length, ms per block and tokens/s per algorithm and TP
 #   check        sglang_lilicorr.reference.check on every greedy response (teacher-forced float32 target)
-#   nccl         tools/nccl_bench.py on 2 and 4 GPUs: all-reduce ms and bus bandwidth, the transports NCCL chose
+#   nccl         tools/nccl_bench.py on 2, 4 and 8 GPUs (as many as the machine has): all-reduce ms and bus bandwidth,
+#                the transports NCCL chose
 #   trainN       torchrun --nproc-per-node N -m sglang_lilicorr.cli train, global batch 32 (8 x 4/N x N), TRAIN_STEPS
-#                steps -> $W/train_gpuN (metrics.jsonl copied to $O/train_gpuN.jsonl)
+#                steps, one checkpoint at the end -> $W/train_gpuN (metrics.jsonl copied to $O/train_gpuN.jsonl)
 #   resume2      train2's run killed (SIGKILL, every rank) once past step RESUME_AT (120), then the same command again: it
 #                resumes from its last checkpoint (every TRAIN_STEPS / 4 steps); the run's files listed (rank 0 writes them) ->
 #                $O/train_gpu2_resumed.jsonl, beside the others in trainreport
-#   profileN     (N in 1 4) steps 21-23 of a 30-step run under tools/train_profile.py -> $O/profile_gpuN/rank*.txt
+#   profileN     (N in 1 2 4 8) steps 21-23 of a 30-step run under tools/train_profile.py -> $O/profile_gpuN/rank*.txt
+#                and rank*.trace.json.gz (the window's timeline, for chrome://tracing or tools/trace_phases.py)
 #   trainreport  tp_compare.py train over the runs made: loss curves against 1 GPU, tokens/s and scaling, curves.png
-# Env: W (/tmp/tpcheck), DEVICE_SITE (/tmp/site), TIMEOUT (server start limit, 330 s), TRAIN_STEPS (200),
-#   EXTRA_ARGS (appended to every server's args).
+# Env: W (/tmp/tpcheck), DEVICE_SITE (/tmp/site), TIMEOUT (server start limit, 330 s), TRAIN_STEPS (200), SERVE_DFLASH
+#   (1; 0: the serve steps start LILICORR only), EXTRA_ARGS (appended to every server's args).
 # Output in $OUT: summary.txt (summary_TAG.txt), lilicorr_tpN.json / dflash_tpN.json of the serve steps run in the call,
 #   train_gpuN.jsonl, profile_gpuN/, curves.png.
 set -u -o pipefail
@@ -82,6 +84,7 @@ for n in 1 2 4 8; do
   LILICORR_PROPOSAL_RECORD=$W/tp$n \
     serve "lilicorr_tp$n" $((30100 + n)) -- --tp-size "$n" --speculative-algorithm LILICORR \
     --speculative-draft-model-path "$W/lilicorr_draft" --speculative-draft-attention-backend triton || fails+=("lilicorr_tp$n")
+  [ "${SERVE_DFLASH:-1}" = 1 ] || continue
   serve "dflash_tp$n" $((30200 + n)) -- --tp-size "$n" --speculative-algorithm DFLASH \
     --speculative-draft-model-path "$W/dflash_draft" --speculative-draft-attention-backend triton || fails+=("dflash_tp$n")
 done
@@ -109,7 +112,8 @@ fi
 
 if has nccl; then
   say "== NCCL all-reduce between the GPUs (NCCL_DEBUG=INFO transport lines in $W/logs/nccl_gpuN.log)"
-  for n in 2 4; do
+  for n in 2 4 8; do
+    (( n <= $(nvidia-smi -L | wc -l) )) || break
     NCCL_DEBUG=INFO timeout 120 torchrun --nproc-per-node "$n" --master-port $((29600 + n)) "$TOOLS/nccl_bench.py" \
       > "$W/logs/nccl_gpu$n.log" 2>&1 || fails+=("nccl$n")
     grep "NCCL all-reduce" "$W/logs/nccl_gpu$n.log" | tee -a "$S"
@@ -117,14 +121,15 @@ if has nccl; then
   done
 fi
 
-train_args() {  # train_args NAME N: the plan's `lilicorr train` arguments into TRAIN_ARGS: N GPUs, global batch 32
-                #   (8 x 4/N x N), into $W/NAME (resumes what is there)
+train_args() {  # train_args NAME N [SAVE_EVERY]: the plan's `lilicorr train` arguments into TRAIN_ARGS: N GPUs, global
+                #   batch 32 (8 x 4/N x N), into $W/NAME (resumes what is there), a checkpoint every SAVE_EVERY steps
+                #   (TRAIN_STEPS / 4)
   TRAIN_ARGS=(--target "$W/target" --data "$W/conversations.jsonl" --output-dir "$W/$1" --batch-size 8
     --grad-accum $((4 / $2)) --max-steps "${TRAIN_STEPS:-200}" --max-length 1024 --log-every 10 --eval-every 50
-    --save-every $(( ${TRAIN_STEPS:-200} / 4 )) --eval-examples 32 --mask-token "<|mask|>")
+    --save-every "${3:-$(( ${TRAIN_STEPS:-200} / 4 ))}" --eval-examples 32 --mask-token "<|mask|>")
 }
-train() {  # train NAME N: `lilicorr train` on N GPUs
-  train_args "$1" "$2"
+train() {  # train NAME N [SAVE_EVERY]: `lilicorr train` on N GPUs
+  train_args "$@"
   torchrun --nproc-per-node "$2" --master-port $((29500 + $2)) -m sglang_lilicorr.cli train "${TRAIN_ARGS[@]}"
 }
 
@@ -133,7 +138,8 @@ for n in 1 2 4; do
   has "train$n" || continue
   say "== train on $n GPU(s): batch 8 x accumulation $((4 / n)) x $n ranks"
   rm -rf "$W/train_gpu$n"
-  timeout 580 bash -c "$(declare -f train_args train); W=$W; train train_gpu$n $n" > "$W/logs/train_gpu$n.log" 2>&1 || fails+=("train$n")
+  # one checkpoint, at the end: rank 0's writes would land in the timed windows
+  timeout 580 bash -c "$(declare -f train_args train); W=$W; train train_gpu$n $n ${TRAIN_STEPS:-200}" > "$W/logs/train_gpu$n.log" 2>&1 || fails+=("train$n")
   tail -n 3 "$W/logs/train_gpu$n.log" | cut -c1-300 | tee -a "$S"
   cp "$W/train_gpu$n/metrics.jsonl" "$O/train_gpu$n.jsonl" 2>/dev/null
 done
@@ -154,7 +160,7 @@ if has resume2; then  # killed (SIGKILL, every rank) once past step RESUME_AT, t
   say "files of the run (rank 0 writes; no per-rank checkpoint): $(cd "$R" && find . -type f | sort | tr '\n' ' ' | cut -c1-600)"
   cp "$R/metrics.jsonl" "$O/train_gpu2_resumed.jsonl" 2>/dev/null
 fi
-for n in 1 4; do  # steps 21-23 of a 30-step run under tools/train_profile.py: each rank's ops and kernels
+for n in 1 2 4 8; do  # steps 21-23 of a 30-step run under tools/train_profile.py: each rank's ops, kernels, trace
   has "profile$n" || continue
   say "== profile training on $n GPU(s): steps 21-23"
   rm -rf "$W/profile_gpu$n"

@@ -6,14 +6,18 @@ TRAIN_ARGS are `lilicorr train`'s (without `train`). The window opens at the sta
 the start of step START + COUNT + 1 (steps counted from this run's first, resumed or not), so it holds COUNT whole
 steps and the run must go past step START + COUNT (`--max-steps`). Each rank writes DIR/rank{R}.txt: the wall time,
 the aten ops launched and the host reads of a tensor per step of the window (on a GPU each op costs host time to
-launch, each read a sync), then the CPU ops and the CUDA kernels by their total time (`key_averages`, top 25 each).
+launch, each read a sync), then the CPU ops and the CUDA kernels by their total time (`key_averages`, top 25 each),
+and DIR/rank{R}.trace.json.gz, the window's timeline (chrome://tracing, Perfetto) with a zero-length CPU range
+`mark:PHASE` where PhaseTimer ends each trainer phase (`mark:start` at a step's start).
 Without torchrun it profiles one process (rank 0).
 The run's outputs are `lilicorr train`'s.
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -49,6 +53,13 @@ class Window:
             self.prof = None
         self.steps += 1
 
+    def on_mark(self, phase: str) -> None:
+        """PhaseTimer marks the end of `phase` (or a step's start, "start"): a zero-length CPU range `mark:PHASE` in
+        the trace, so a reader can cut the timeline into the trainer's phases."""
+        if self.prof is not None:
+            with torch.profiler.record_function(f"mark:{phase}"):
+                pass
+
     def write(self, wall: float) -> None:
         events = self.prof.key_averages()
         ops = sum(e.count for e in events if e.key.startswith("aten::")) / self.count
@@ -61,6 +72,11 @@ class Window:
             lines += ["", events.table(sort_by="cuda_time_total", row_limit=25)]
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / f"rank{self.rank}.txt").write_text("\n".join(lines) + "\n")
+        trace = self.out / f"rank{self.rank}.trace.json"
+        self.prof.export_chrome_trace(str(trace))
+        with trace.open("rb") as src, gzip.open(f"{trace}.gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        trace.unlink()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,13 +95,18 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     window = Window(a.window[0], a.window[1], a.out, int(os.environ.get("RANK", "0")))
-    start_step = timing.PhaseTimer.start_step
+    start_step, mark = timing.PhaseTimer.start_step, timing.PhaseTimer.mark
 
     def start_step_profiled(self) -> None:
         window.on_step()
+        window.on_mark("start")
         start_step(self)
 
-    timing.PhaseTimer.start_step = start_step_profiled
+    def mark_profiled(self, phase: str) -> None:
+        window.on_mark(phase)
+        mark(self, phase)
+
+    timing.PhaseTimer.start_step, timing.PhaseTimer.mark = start_step_profiled, mark_profiled
     return cli.main(["train", *argv[cut + 1:]])
 
 
