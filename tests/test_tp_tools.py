@@ -112,11 +112,14 @@ def test_proposal_record_keeps_the_first_block_of_each_request_served_alone(tmp_
             self.proposer = types.SimpleNamespace(out=torch.arange(12), slots=3)
 
         def forward_batch_generation(self, batch):
+            batch.forward_mode = mode_of("verify")  # as SGLang's DFlash worker does to a decode batch
             return "result"
 
+    def mode_of(mode: str):  # ForwardMode.is_extend() holds for TARGET_VERIFY
+        return types.SimpleNamespace(is_extend=lambda: mode in ("extend", "verify"), is_idle=lambda: mode == "idle")
+
     def batch(mode: str, *rids: str):
-        forward = types.SimpleNamespace(is_extend=lambda: mode == "extend", is_idle=lambda: mode == "idle")
-        return types.SimpleNamespace(forward_mode=forward, is_extend_in_batch=False, reqs=[types.SimpleNamespace(rid=r) for r in rids])
+        return types.SimpleNamespace(forward_mode=mode_of(mode), is_extend_in_batch=False, reqs=[types.SimpleNamespace(rid=r) for r in rids])
 
     proposal_record.install(Worker, str(tmp_path))
     proposal_record.install(Worker, str(tmp_path / "again"))  # once per class: the second install keeps the first

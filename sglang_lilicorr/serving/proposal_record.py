@@ -24,9 +24,11 @@ def install(worker_cls: type, directory: str) -> None:
     forward = worker_cls.forward_batch_generation
 
     def forward_batch_generation(self, batch, *args, **kwargs):
-        result = forward(self, batch, *args, **kwargs)
+        # judged before the forward: the worker turns a decode batch's mode into TARGET_VERIFY, an extend mode
         mode = batch.forward_mode
-        if mode.is_extend() or mode.is_idle() or batch.is_extend_in_batch or len(batch.reqs) != 1:
+        alone = not (mode.is_extend() or mode.is_idle() or batch.is_extend_in_batch) and len(batch.reqs) == 1
+        result = forward(self, batch, *args, **kwargs)
+        if not alone:
             return result
         recorded = self.__dict__.setdefault("_recorded_rids", set())
         rid = batch.reqs[0].rid
