@@ -133,6 +133,29 @@ def test_joint_training_loss_falls_and_reranker_gradient_reaches_drafter(workspa
     assert not any(p.requires_grad for p in joint.target.model.parameters())
 
 
+def test_batches_are_padded_to_a_length_multiple_that_changes_no_loss_or_gradient(workspace):
+    """collate rounds T up to LENGTH_MULTIPLE (few shapes: cuDNN attention plans are built per shape); the masked
+    padding leaves every loss term and gradient as it is without it."""
+    from sglang_lilicorr.train.data import LENGTH_MULTIPLE
+
+    joint, batch, anchors, valid, weights = build_joint(workspace, "llama")
+    longest = int(batch["attention_mask"].sum(1).max())
+    assert batch["input_ids"].shape[1] == -(-longest // LENGTH_MULTIPLE) * LENGTH_MULTIPLE > longest
+    tight = {k: v[:, :longest] for k, v in batch.items()}
+    results = []
+    for b in (batch, tight):
+        joint.zero_grad()
+        out = run(joint, b, anchors, valid, weights)
+        out.terms.total.backward()
+        results.append((out.terms, {n: p.grad.clone() for n, p in joint.named_parameters() if p.grad is not None}))
+    (padded, g_padded), (unpadded, g_unpadded) = results
+    for term in ("total", "dflash", "ce", "dist"):
+        torch.testing.assert_close(getattr(padded, term), getattr(unpadded, term), rtol=1e-5, atol=1e-6)
+    assert g_padded.keys() == g_unpadded.keys() and g_padded
+    for name in g_padded:
+        torch.testing.assert_close(g_padded[name], g_unpadded[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_gamma_zero_is_plain_dflash(workspace):
     joint, batch, anchors, valid, weights = build_joint(workspace, "llama", gamma=0.0)
     assert joint.head is None

@@ -7,16 +7,16 @@
 #     bash tools/tp_calls.sh 2   # TP = 4 (every GPU); --dp-size 2                                            ~340 s
 #     bash tools/tp_calls.sh 3   # compare, check; NCCL all-reduce; train on 1, 2, 4 GPUs alone; trainreport ~330 s
 #     bash tools/tp_calls.sh 4   # train on 2 GPUs killed and resumed; profile training on 1 and 4 GPUs     ~220 s
-# nvidia-h100-x2 (about 17 minutes held; LILICORR alone at TP = 1 and 2, DFLASH beside it measured on x4):
-#     bash tools/tp_calls.sh x2-train    # install, models; NCCL; train on 1, 2 GPUs alone; profile both    ~450 s
-#     bash tools/tp_calls.sh x2-serve2   # TP = 2 with the proposal record                                 ~230 s
-#     bash tools/tp_calls.sh x2-serve1   # TP = 1 with the proposal record; compare, check                 ~260 s
-#     bash tools/tp_calls.sh x2-resume   # install, models; train on 1, 2 GPUs; killed and resumed; report ~450 s
+# nvidia-h100-x2 (about 12 minutes held; LILICORR alone at TP = 1 and 2, DFLASH beside it measured on x4):
+#     bash tools/tp_calls.sh x2-train    # install, models; NCCL; train on 1, 2 GPUs alone; profile both    ~250 s
+#     bash tools/tp_calls.sh x2-serve2   # TP = 2 with the proposal record                                 ~150 s
+#     bash tools/tp_calls.sh x2-serve1   # TP = 1 with the proposal record; compare, check; train on 2 GPUs
+#                                        #   killed and resumed; trainreport                                ~200 s
 # Each call returns $OUT/callN.tar.gz (its summaries, client results, metrics, profiles, curves.png and $W/logs)
 # and prints its summaries. Env: TRAIN_STEPS (120; every train step the same), RESUME_AT (70), and tp_check.sh's.
 # Exit: 0 when every step of the call passed.
 set -u -o pipefail
-CALL=${1:?usage: bash tools/tp_calls.sh 1|2|3|4|x2-train|x2-serve2|x2-serve1|x2-resume}
+CALL=${1:?usage: bash tools/tp_calls.sh 1|2|3|4|x2-train|x2-serve2|x2-serve1}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CHECK=$ROOT/tools/tp_check.sh
 RET=${OUT:-/tmp/tp_calls_out}
@@ -42,9 +42,8 @@ case $CALL in
 4) bash "$CHECK" resume2,profile1,profile4,trainreport || rc=1 ;;
 x2-train) bash "$CHECK" install,models,nccl,train1,train2,profile1,profile2,trainreport || rc=1 ;;
 x2-serve2) SERVE_DFLASH=0 bash "$CHECK" serve2 || rc=1 ;;
-x2-serve1) SERVE_DFLASH=0 bash "$CHECK" serve1,compare,check || rc=1 ;;
-x2-resume) bash "$CHECK" install,models,train1,train2,resume2,trainreport || rc=1 ;;
-*) echo "tp_calls.sh: unknown call $CALL: 1, 2, 3, 4, x2-train, x2-serve2, x2-serve1 or x2-resume" >&2; exit 2 ;;
+x2-serve1) SERVE_DFLASH=0 bash "$CHECK" serve1,compare,check,resume2,trainreport || rc=1 ;;
+*) echo "tp_calls.sh: unknown call $CALL: 1, 2, 3, 4, x2-train, x2-serve2 or x2-serve1" >&2; exit 2 ;;
 esac
 mkdir -p "$OUT/logs" && cp "$W"/logs/*.log "$OUT/logs/" 2>/dev/null
 tar -czf "$RET/call$CALL.tar.gz" -C "$OUT" . && ls -l "$RET"

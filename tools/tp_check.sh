@@ -28,7 +28,7 @@
 #                resumes from its last checkpoint (every TRAIN_STEPS / 4 steps); the run's files listed (rank 0 writes them) ->
 #                $O/train_gpu2_resumed.jsonl, beside the others in trainreport
 #   profileN     (N in 1 2 4 8) steps 21-23 of a 30-step run under tools/train_profile.py -> $O/profile_gpuN/rank*.txt
-#                and rank*.trace.json.gz (the window's timeline, for chrome://tracing or tools/trace_phases.py)
+#                and rank*.trace.json.gz (the window's timeline with the trainer's phase marks: chrome://tracing, Perfetto)
 #   trainreport  tp_compare.py train over the runs made: loss curves against 1 GPU, tokens/s and scaling, curves.png
 # Env: W (/tmp/tpcheck), DEVICE_SITE (/tmp/site), TIMEOUT (server start limit, 330 s), TRAIN_STEPS (200), SERVE_DFLASH
 #   (1; 0: the serve steps start LILICORR only), EXTRA_ARGS (appended to every server's args).

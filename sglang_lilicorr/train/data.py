@@ -138,9 +138,16 @@ def _cache_key(path: Path, tokenizer, max_length: int, chat_kwargs: Mapping[str,
     return digest.hexdigest()
 
 
+LENGTH_MULTIPLE = 64  # batches padded to a multiple of this length: a handful of shapes, not one per batch
+
+
 def collate(examples: Sequence[Example], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded batch: input_ids, attention_mask [b, T] int64; loss_mask [b, T] bool."""
-    t = max(len(e.input_ids) for e in examples)
+    """Right-padded batch: input_ids, attention_mask [b, T] int64; loss_mask [b, T] bool, T the longest example
+    rounded up to a multiple of LENGTH_MULTIPLE. Every new T costs host time: on a GPU, cuDNN attention builds a
+    plan for each new shape (40-60 ms, forward and backward each), which at one T per batch made training
+    host-bound (benchmarks/results/multi-gpu/). The padding is masked: a token's outputs do not depend on it."""
+    longest = max(len(e.input_ids) for e in examples)
+    t = -(-longest // LENGTH_MULTIPLE) * LENGTH_MULTIPLE
     ids = torch.full((len(examples), t), pad_id, dtype=torch.long)
     attn = torch.zeros((len(examples), t), dtype=torch.long)
     loss = torch.zeros((len(examples), t), dtype=torch.bool)
