@@ -170,7 +170,7 @@ def free_port() -> int:
 def gather(out: torch.Tensor, inp: torch.Tensor) -> None:
     import torch.distributed as dist
 
-    dist.all_gather_single(out, inp)
+    dist.all_gather_into_tensor(out, inp)
 
 
 def _rank(rank: int, ranks: int, port: int, seed: int, bounds: list[int]) -> None:
@@ -200,9 +200,10 @@ def _check_top_k_on_rank(rank: int, ranks: int, seed: int, bounds: list[int]) ->
         assert_same_candidates(merged, sharded_topk_lse_reference(logits, K, bounds), lse_exact=False)
 
 
-def _check_proposal_on_rank(rank: int, ranks: int, seed: int, bounds: list[int]) -> None:
+def _check_proposal_on_rank(rank: int, ranks: int, seed: int, bounds: list[int], device: str = "cpu",
+                            dtype: torch.dtype = torch.float32, hidden_size: int = HIDDEN, rows: int = 3, head_kw=None) -> None:
     """The served proposal with this rank's LM head shard (ShardedCandidates through LiLiCorrProposer) drafts what
-    the TP = 1 proposer drafts, with the same candidates."""
+    the TP = 1 proposer drafts, with the same candidates, and what every other rank drafts."""
     from sglang_lilicorr.config import LiLiCorrConfig
     from sglang_lilicorr.head import LiLiCorrHead
     from sglang_lilicorr.serving.proposer import LiLiCorrProposer
@@ -211,20 +212,20 @@ def _check_proposal_on_rank(rank: int, ranks: int, seed: int, bounds: list[int])
     vocab, lo, hi = bounds[-1], bounds[rank], bounds[rank + 1]
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    head = LiLiCorrHead(LiLiCorrConfig(block_size=16, candidate_topk=K, hidden_size=0, num_layers=1, num_heads=4,
-                                       factor_dim=32), HIDDEN)
-    lm = torch.randn(vocab, HIDDEN, generator=g)
-    embed = torch.randn(vocab, HIDDEN, generator=g)
-    hidden = torch.randn(3 * 16, HIDDEN, generator=g)
-    anchors = torch.randn(3, HIDDEN, generator=g)
+    head_kw = head_kw or dict(hidden_size=0, num_layers=1, num_heads=4, factor_dim=32)
+    head = LiLiCorrHead(LiLiCorrConfig(block_size=16, candidate_topk=K, **head_kw), hidden_size).to(device, dtype).eval()
+    lm, embed = (torch.randn(vocab, hidden_size, generator=g).to(device, dtype) for _ in range(2))
+    hidden = torch.randn(rows * 16, hidden_size, generator=g).to(device, dtype)
+    anchors = torch.randn(rows, hidden_size, generator=g).to(device, dtype)
     whole = LiLiCorrProposer(head=head, lm_head_weight=lm, embed_weight=embed, block_size=16)
     shard = LiLiCorrProposer(head=head, lm_head_weight=lm[lo:hi], embed_weight=embed, block_size=16,
                              vocab=VocabShard(lo, hi - lo, vocab, ranks, gather))
-    pass_hidden = hidden.view(3, 16, HIDDEN)[:, 1:]
+    pass_hidden = hidden.view(rows, 16, hidden_size)[:, 1:]
+    slots = torch.arange(rows, device=device)
     for p in (whole, shard):
-        p.allocate(num_request_slots=4, max_rows=3)
-        p.publish_anchors(anchors, torch.tensor([0, 1, 2]))
-        p.stage_anchors(torch.tensor([2, 0, 1]))
+        p.allocate(num_request_slots=rows + 1, max_rows=rows)
+        p.publish_anchors(anchors, slots)
+        p.stage_anchors(slots.roll(1))
         p(hidden)
     vals, ids, lse = shard.sharded(pass_hidden)
     want = whole.select.candidates(pass_hidden, lm)
@@ -232,8 +233,36 @@ def _check_proposal_on_rank(rank: int, ranks: int, seed: int, bounds: list[int])
     torch.testing.assert_close(vals, want[0], rtol=1e-6, atol=1e-6)  # the logits of a row shard: GEMM rounding
     torch.testing.assert_close(lse, want[2], rtol=2e-6, atol=2e-6)
     assert torch.equal(shard.out, whole.out)
+    every = torch.empty((ranks * shard.out.numel(),), dtype=shard.out.dtype, device=device)
+    gather(every, shard.out)
+    assert all(torch.equal(block, shard.out) for block in every.view(ranks, -1))
 
 
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_gloo_ranks_merge_to_the_unsharded_top_k_and_proposal(seed, ranks):
     mp.spawn(_rank, args=(ranks, free_port(), seed, shard_bounds(196, ranks)), nprocs=ranks, join=True)
+
+
+# --- 2 GPUs over NCCL ----------------------------------------------------------------------------
+
+
+def _nccl_rank(rank: int, ranks: int, port: int, seed: int, bounds: list[int]) -> None:
+    import torch.distributed as dist
+
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=ranks, device_id=torch.device("cuda", rank))
+    try:  # the served geometry of tools/tp_models.py's draft: bf16, Hm 1024, vocabulary 32,000, the default head
+        _check_proposal_on_rank(rank, ranks, seed, bounds, device=f"cuda:{rank}", dtype=torch.bfloat16,
+                                hidden_size=1024, rows=16, head_kw={})
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+def test_nccl_ranks_draft_the_tp1_proposal_with_the_gpu_kernels(seed):
+    """On 2 GPUs, the Triton kernels and NCCL's all-gather: each rank's shard merges to the unsharded candidates,
+    and every rank drafts the TP = 1 proposal of the same inputs."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    mp.spawn(_nccl_rank, args=(2, free_port(), seed, shard_bounds(32000, 2)), nprocs=2, join=True)

@@ -128,11 +128,12 @@ class JointModel(nn.Module):
         hidden = self.drafter(embeds, lay.positions, context, ctx_pos, lay.attend)
         hidden = hidden.view(b, -1, bsz, hidden.shape[-1])
 
-        rows = lay.anchor_valid  # [b, N] -> R valid blocks
-        pass_hidden = hidden[:, :, 1:][rows]  # [R, S, Hm]
-        targets, valid = lay.targets[rows], lay.target_valid[rows]  # [R, S]
-        seq = torch.arange(b, device=input_ids.device)[:, None].expand_as(rows)[rows]  # [R]
-        anchor_pos = lay.anchors[rows]  # [R]
+        # the R valid blocks as (sequence, anchor) indices: one host read here; indexing by a boolean mask would read
+        # again at each use and in its backward (a sync in the middle of the backward pass)
+        seq, block = lay.anchor_valid.nonzero(as_tuple=True)  # [R], [R]
+        pass_hidden = hidden[seq, block, 1:]  # [R, S, Hm]
+        targets, valid = lay.targets[seq, block], lay.target_valid[seq, block]  # [R, S]
+        anchor_pos = lay.anchors[seq, block]  # [R]
         draft_logits = self.target.logits(pass_hidden).float()  # [R, S, V]
 
         # the greedy target's teacher-forced choice at slot s: its distribution at anchor + s - 1
