@@ -18,6 +18,7 @@ import torch.multiprocessing as mp
 from sglang_lilicorr.kernels import topk_lse
 from sglang_lilicorr.kernels.topk_reference import merge_topk_lse_reference, sharded_topk_lse_reference, topk_lse_reference
 from sglang_lilicorr.kernels.topk_shards import SENTINEL, merge_partials, shard_partials
+from sglang_lilicorr.walk import greedy_walk
 
 NEG_INF = float("-inf")
 K = 8
@@ -200,10 +201,33 @@ def _check_top_k_on_rank(rank: int, ranks: int, seed: int, bounds: list[int]) ->
         assert_same_candidates(merged, sharded_topk_lse_reference(logits, K, bounds), lse_exact=False)
 
 
+NEAR_TIE = 0.05  # pair-score margin: 1-ulp (fp32) LSE differences moved the served-geometry bf16 head's scores by up
+#                  to 0.005 (seed 1 on the CPU, where the shard's walk then took another token at one slot)
+
+
+def assert_walks_differ_only_at_near_ties(got: torch.Tensor, start, pair, ids) -> None:
+    """got [b, S] against the greedy walk over (start, pair) of candidates ids [b, S, K]: in each row, up to its first
+    differing slot the same tokens, and there the walk's best score within NEAR_TIE of the score of got's token."""
+    path = greedy_walk(start, pair)  # [b, S] candidate ranks
+    want = ids.gather(2, path.unsqueeze(-1)).squeeze(-1)
+    for r in range(got.shape[0]):
+        differ = (got[r] != want[r]).nonzero().flatten()
+        if differ.numel() == 0:
+            continue
+        s = int(differ[0])
+        scores = start[r] if s == 0 else pair[r, s - 1, path[r, s - 1]]  # [K]
+        choice = (ids[r, s] == got[r, s]).nonzero().flatten()
+        assert choice.numel() == 1, f"row {r} slot {s}: token {int(got[r, s])} is not one of the slot's candidates"
+        margin = float(scores[path[r, s]] - scores[choice[0]])
+        assert 0 <= margin < NEAR_TIE, f"row {r} slot {s}: the walk's choice leads by {margin:.4f}, not a near-tie"
+
+
 def _check_proposal_on_rank(rank: int, ranks: int, seed: int, bounds: list[int], device: str = "cpu",
                             dtype: torch.dtype = torch.float32, hidden_size: int = HIDDEN, rows: int = 3, head_kw=None) -> None:
-    """The served proposal with this rank's LM head shard (ShardedCandidates through LiLiCorrProposer) drafts what
-    the TP = 1 proposer drafts, with the same candidates, and what every other rank drafts."""
+    """The served proposal with this rank's LM head shard (ShardedCandidates through LiLiCorrProposer): the TP = 1
+    candidates (ids and values bit for bit, the LSE merged in another order: within fp32 rounding), the TP = 1 head's
+    draft of those candidates bit for bit on every rank, and the TP = 1 proposal up to near-ties of its walk (the LSE's
+    last bit moves a bf16 head's scores by ~1e-3)."""
     from sglang_lilicorr.config import LiLiCorrConfig
     from sglang_lilicorr.head import LiLiCorrHead
     from sglang_lilicorr.serving.proposer import LiLiCorrProposer
@@ -232,7 +256,11 @@ def _check_proposal_on_rank(rank: int, ranks: int, seed: int, bounds: list[int],
     assert torch.equal(ids, want[1])
     torch.testing.assert_close(vals, want[0], rtol=1e-6, atol=1e-6)  # the logits of a row shard: GEMM rounding
     torch.testing.assert_close(lse, want[2], rtol=2e-6, atol=2e-6)
-    assert torch.equal(shard.out, whole.out)
+    staged = whole.anchors[:rows]
+    draft = shard.out.view(rows, -1)
+    assert torch.equal(draft, whole.select.select_from_candidates(vals, ids, lse, pass_hidden, staged)[0])
+    start, pair, _ = whole.select.lattice_scores(*want, pass_hidden, staged)
+    assert_walks_differ_only_at_near_ties(draft, start, pair, want[1])
     every = torch.empty((ranks * shard.out.numel(),), dtype=shard.out.dtype, device=device)
     gather(every, shard.out)
     assert all(torch.equal(block, shard.out) for block in every.view(ranks, -1))
@@ -243,26 +271,34 @@ def test_gloo_ranks_merge_to_the_unsharded_top_k_and_proposal(seed, ranks):
     mp.spawn(_rank, args=(ranks, free_port(), seed, shard_bounds(196, ranks)), nprocs=ranks, join=True)
 
 
-# --- 2 GPUs over NCCL ----------------------------------------------------------------------------
+# --- the served geometry: 2 gloo ranks on the CPU, 2 GPUs over NCCL ----------------------------------
 
 
-def _nccl_rank(rank: int, ranks: int, port: int, seed: int, bounds: list[int]) -> None:
+def _served_geometry_rank(rank: int, ranks: int, port: int, seed: int, bounds: list[int], backend: str) -> None:
     import torch.distributed as dist
 
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=ranks, device_id=torch.device("cuda", rank))
-    try:  # the served geometry of tools/tp_models.py's draft: bf16, Hm 1024, vocabulary 32,000, the default head
-        _check_proposal_on_rank(rank, ranks, seed, bounds, device=f"cuda:{rank}", dtype=torch.bfloat16,
-                                hidden_size=1024, rows=16, head_kw={})
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", rank=rank, world_size=ranks, device_id=torch.device("cuda", rank))
+    else:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", rank=rank, world_size=ranks)
+    gpu = backend == "nccl"
+    try:  # tools/tp_models.py's draft: bf16, Hm 1024, vocabulary 32,000, the default head; 16 requests (4 on the CPU)
+        _check_proposal_on_rank(rank, ranks, seed, bounds, device=f"cuda:{rank}" if gpu else "cpu", dtype=torch.bfloat16,
+                                hidden_size=1024, rows=16 if gpu else 4, head_kw={})
     finally:
         dist.destroy_process_group()
 
 
+def test_gloo_ranks_propose_at_the_served_geometry(seed):
+    mp.spawn(_served_geometry_rank, args=(2, free_port(), seed, shard_bounds(32000, 2), "gloo"), nprocs=2, join=True)
+
+
 @pytest.mark.gpu
-def test_nccl_ranks_draft_the_tp1_proposal_with_the_gpu_kernels(seed):
-    """On 2 GPUs, the Triton kernels and NCCL's all-gather: each rank's shard merges to the unsharded candidates,
-    and every rank drafts the TP = 1 proposal of the same inputs."""
+def test_nccl_ranks_propose_with_the_gpu_kernels(seed):
+    """On 2 GPUs, the Triton kernels and NCCL's all-gather, at the served geometry."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    mp.spawn(_nccl_rank, args=(2, free_port(), seed, shard_bounds(32000, 2)), nprocs=2, join=True)
+    mp.spawn(_served_geometry_rank, args=(2, free_port(), seed, shard_bounds(32000, 2), "nccl"), nprocs=2, join=True)

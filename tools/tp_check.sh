@@ -12,9 +12,9 @@
 #   install      the device kit's install.sh (bundle, patches, this project)
 #   models       python3 tools/tp_models.py $W: target, lilicorr_draft, dflash_draft, conversations.jsonl
 #   serveN       TP = N (N in 1 2 4 8): a LILICORR server recording proposals (LILICORR_PROPOSAL_RECORD: the first
-#                block each rank drafts, $W/tpN/proposals_rank*.jsonl), gpu_client.py (24 greedy prompts one at a
-#                time, then 1, 4, 16 concurrent) -> $O/lilicorr_tpN.json; then DFLASH with the same drafter ->
-#                $O/dflash_tpN.json. Logs: $W/logs/
+#                block each rank drafts, $W/tpN/proposals_rank*.jsonl, copied to $O/tpN_proposals_rank*.jsonl),
+#                gpu_client.py (24 greedy prompts one at a time, then 1, 4, 16 concurrent) -> $O/lilicorr_tpN.json;
+#                then DFLASH with the same drafter -> $O/dflash_tpN.json. Logs: $W/logs/
 #   dp2          --dp-size 2: two LILICORR replicas (one GPU each) through the same client -> $O/lilicorr_dp2.json (the
 #                check step judges its greedy responses too)
 #   compare      tp_compare.py serve: every rank drafted the same first blocks (RANKS_AGREE), the first blocks of
@@ -84,6 +84,7 @@ for n in 1 2 4 8; do
   LILICORR_PROPOSAL_RECORD=$W/tp$n \
     serve "lilicorr_tp$n" $((30100 + n)) -- --tp-size "$n" --speculative-algorithm LILICORR \
     --speculative-draft-model-path "$W/lilicorr_draft" --speculative-draft-attention-backend triton || fails+=("lilicorr_tp$n")
+  for f in "$W/tp$n"/proposals_rank*.jsonl; do [ -f "$f" ] && cp "$f" "$O/tp${n}_$(basename "$f")"; done
   [ "${SERVE_DFLASH:-1}" = 1 ] || continue
   serve "dflash_tp$n" $((30200 + n)) -- --tp-size "$n" --speculative-algorithm DFLASH \
     --speculative-draft-model-path "$W/dflash_draft" --speculative-draft-attention-backend triton || fails+=("dflash_tp$n")
