@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -190,7 +191,9 @@ def test_train_report(tmp_path, capsys):
         (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert tp_compare.train_report([tmp_path / "gpu1", tmp_path / "gpu2"], tmp_path / "curves.png")
     text = capsys.readouterr().out
-    assert "| 0.01 | 0 | 190; 142 | 1.90x | nan / nan / nan / 80 / nan / nan |" in text and (tmp_path / "curves.png").stat().st_size > 0
+    row = re.search(r"\| 0\.01 \| 0 \| 190; 142 \| 1\.90x \[([\d.]+), ([\d.]+)\] \| nan / nan / nan / 80 / nan / nan \|", text)
+    assert row and float(row[1]) <= 1.9 <= float(row[2])  # the ratio of the mean rates, inside its bootstrap interval
+    assert "| 100; 75 | 1.00x |" in text and (tmp_path / "curves.png").stat().st_size > 0  # the first run: no interval
     assert not tp_compare.train_report([tmp_path / "gpu1", tmp_path / "missing"], None)
 
 

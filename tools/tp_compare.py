@@ -10,13 +10,15 @@
   python tools/tp_compare.py train RUN [RUN ...] [--plot curves.png]
       `lilicorr train` output folders at one global batch (e.g. 1, 2, 4 GPUs): per logged step the largest
       difference of loss/total and eval/loss/total against the first run, mean tokens/s (the first logged window,
-      start-up included, left out) and its ratio to the first run's; --plot draws the loss curves.
+      start-up included, left out) and its ratio to the first run's (with a bootstrap 95 % interval over the
+      windows); --plot draws the loss curves.
 Exit status 1 when a check fails (ranks disagree, a run or file is missing).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 from pathlib import Path
 
@@ -88,6 +90,14 @@ def serve_report(folder: Path, degrees: list[int]) -> bool:
 PHASES = ("target", "drafter", "head", "backward", "optimizer", "wall")  # `lilicorr train`'s time/<phase>_ms
 
 
+def ratio_ci95(num: list[float], den: list[float], resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """Bootstrap 95 % interval of mean(num) / mean(den), the two samples resampled independently (seeded)."""
+    rng = random.Random(seed)
+    ratios = sorted(statistics.fmean(rng.choices(num, k=len(num))) / statistics.fmean(rng.choices(den, k=len(den)))
+                    for _ in range(resamples))
+    return ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples)]
+
+
 def train_report(runs: list[Path], plot: Path | None) -> bool:
     logs = {run: jsonl(run / "metrics.jsonl") for run in runs}
     missing = [str(run) for run, rows in logs.items() if not rows]
@@ -95,7 +105,7 @@ def train_report(runs: list[Path], plot: Path | None) -> bool:
         print(f"no metrics.jsonl rows in {missing}")
         return False
     base = {r["step"]: r for r in logs[runs[0]]}
-    rate0 = None
+    rate0, rates0 = None, None
     print("| run | steps | max |d loss/total| | max |d eval/loss/total| | tokens/s (median; mean) | vs first | ms per step, "
           "last window: " + " / ".join(PHASES) + " |\n|---|---|---|---|---|---|---|")
     for run, rows in logs.items():
@@ -105,10 +115,12 @@ def train_report(runs: list[Path], plot: Path | None) -> bool:
                  for name in ("loss/total", "eval/loss/total")}
         rates = [r["tokens_per_s"] for r in rows[1:]] or [rows[0]["tokens_per_s"]]  # the first window holds the warm-up
         rate = statistics.median(rates)  # windows with a checkpoint save in them are slower: the median skips them
-        rate0 = rate0 or rate
+        rate0, rates0 = rate0 or rate, rates0 or rates
+        # the windows' spread: a bootstrap interval of the ratio of mean tokens/s
+        ci = "" if rates is rates0 else " [{:.2f}, {:.2f}]".format(*ratio_ci95(rates, rates0))
         phases = " / ".join(f"{rows[-1].get(f'time/{name}_ms', float('nan')):.0f}" for name in PHASES)
         print(f"| {run} | {rows[-1]['step']} | {diffs['loss/total']:.4g} | {diffs['eval/loss/total']:.4g} | {rate:.0f}; "
-              f"{statistics.mean(rates):.0f} | {rate / rate0:.2f}x | {phases} |")
+              f"{statistics.mean(rates):.0f} | {rate / rate0:.2f}x{ci} | {phases} |")
     if plot is not None:
         import matplotlib
 
