@@ -297,8 +297,10 @@ def test_gloo_ranks_propose_at_the_served_geometry(seed):
 
 
 @pytest.mark.gpu
-def test_nccl_ranks_propose_with_the_gpu_kernels(seed):
-    """On 2 GPUs, the Triton kernels and NCCL's all-gather, at the served geometry."""
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 GPUs")
-    mp.spawn(_served_geometry_rank, args=(2, free_port(), seed, shard_bounds(32000, 2), "nccl"), nprocs=2, join=True)
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_nccl_ranks_propose_with_the_gpu_kernels(seed, ranks):
+    """On 2 and 4 GPUs, the Triton kernels and NCCL's all-gather, at the served geometry."""
+    if torch.cuda.device_count() < ranks:
+        pytest.skip(f"needs {ranks} GPUs")
+    mp.spawn(_served_geometry_rank, args=(ranks, free_port(), seed, shard_bounds(32000, ranks), "nccl"), nprocs=ranks,
+             join=True)

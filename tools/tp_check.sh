@@ -15,8 +15,8 @@
 #                block each rank drafts, $W/tpN/proposals_rank*.jsonl, copied to $O/tpN_proposals_rank*.jsonl),
 #                gpu_client.py (24 greedy prompts one at a time, then 1, 4, 16 concurrent) -> $O/lilicorr_tpN.json;
 #                then DFLASH with the same drafter -> $O/dflash_tpN.json. Logs: $W/logs/
-#   dp2          --dp-size 2: two LILICORR replicas (one GPU each) through the same client -> $O/lilicorr_dp2.json (the
-#                check step judges its greedy responses too)
+#   dpN          --dp-size N (N in 2 4): N LILICORR replicas (one GPU each) through the same client -> $O/lilicorr_dpN.json
+#                (the check step judges its greedy responses too)
 #   compare      tp_compare.py serve: every rank drafted the same first blocks (RANKS_AGREE), the first blocks of
 #                TP = 2, 4 against TP = 1, accepted length, ms per block and tokens/s per algorithm and TP
 #   check        sglang_lilicorr.reference.check on every greedy response (teacher-forced float32 target)
@@ -24,12 +24,13 @@
 #                the transports NCCL chose
 #   trainN       torchrun --nproc-per-node N -m sglang_lilicorr.cli train, global batch 32 (8 x 4/N x N), TRAIN_STEPS
 #                steps, one checkpoint at the end -> $W/train_gpuN (metrics.jsonl copied to $O/train_gpuN.jsonl)
-#   resume2      train2's run killed (SIGKILL, every rank) once past step RESUME_AT (120), then the same command again: it
+#   resumeN      (N in 2 4) trainN's run killed (SIGKILL, every rank) once past step RESUME_AT (120), then the same command again: it
 #                resumes from its last checkpoint (every TRAIN_STEPS / 4 steps); the run's files listed (rank 0 writes them) ->
-#                $O/train_gpu2_resumed.jsonl, beside the others in trainreport
+#                $O/train_gpuN_resumed.jsonl, beside the others in trainreport
 #   profileN     (N in 1 2 4 8) steps 21-23 of a 30-step run under tools/train_profile.py -> $O/profile_gpuN/rank*.txt
 #                and rank*.trace.json.gz (the window's timeline with the trainer's phase marks: chrome://tracing, Perfetto)
 #   trainreport  tp_compare.py train over the runs made: loss curves against 1 GPU, tokens/s and scaling, curves.png
+#   vptest       scripts/gpu_tests.sh tests/test_vocab_parallel.py (NCCL proposal on 2 and 4 GPUs) -> $O/gpu_tests_vocab_parallel.txt
 # Env: W (/tmp/tpcheck), DEVICE_SITE (/tmp/site), TIMEOUT (server start limit, 330 s), TRAIN_STEPS (200), SERVE_DFLASH
 #   (1; 0: the serve steps start LILICORR only), EXTRA_ARGS (appended to every server's args).
 # Output in $OUT: summary.txt (summary_TAG.txt), lilicorr_tpN.json / dflash_tpN.json of the serve steps run in the call,
@@ -90,11 +91,12 @@ for n in 1 2 4 8; do
     --speculative-draft-model-path "$W/dflash_draft" --speculative-draft-attention-backend triton || fails+=("dflash_tp$n")
 done
 
-if has dp2; then
-  say "== --dp-size 2: two LILICORR replicas, one GPU each"
-  serve lilicorr_dp2 30302 -- --dp-size 2 --speculative-algorithm LILICORR --speculative-draft-model-path "$W/lilicorr_draft" \
-    --speculative-draft-attention-backend triton || fails+=(lilicorr_dp2)
-fi
+for n in 2 4; do
+  has "dp$n" || continue
+  say "== --dp-size $n: $n LILICORR replicas, one GPU each"
+  serve "lilicorr_dp$n" $((30300 + n)) -- --dp-size "$n" --speculative-algorithm LILICORR \
+    --speculative-draft-model-path "$W/lilicorr_draft" --speculative-draft-attention-backend triton || fails+=("lilicorr_dp$n")
+done
 
 if has compare; then
   say "== compare (the serve steps of earlier calls left their results in $W)"
@@ -105,7 +107,7 @@ fi
 if has check; then
   say "== check"
   R=(); for n in 1 2 4 8; do for a in lilicorr dflash; do [ -s "$W/${a}_tp$n.json" ] && R+=("$W/${a}_tp$n.json"); done; done
-  [ -s "$W/lilicorr_dp2.json" ] && R+=("$W/lilicorr_dp2.json")
+  for n in 2 4; do [ -s "$W/lilicorr_dp$n.json" ] && R+=("$W/lilicorr_dp$n.json"); done
   timeout 300 python3 -m sglang_lilicorr.reference.check "$W/target" "${R[@]}" 2>&1 | grep -v "Loading weights\|Warning" \
     | tail -n 20 | tee -a "$S"
   grep -q "GREEDY_CHECK PASS" "$S" || fails+=(greedy_check)
@@ -144,10 +146,11 @@ for n in 1 2 4; do
   tail -n 3 "$W/logs/train_gpu$n.log" | cut -c1-300 | tee -a "$S"
   cp "$W/train_gpu$n/metrics.jsonl" "$O/train_gpu$n.jsonl" 2>/dev/null
 done
-if has resume2; then  # killed (SIGKILL, every rank) once past step RESUME_AT, then the same command again
-  say "== train on 2 GPUs, killed past step ${RESUME_AT:-120}, resumed"
-  R=$W/train_gpu2_resumed; rm -rf "$R"
-  setsid bash -c "$(declare -f train_args train); W=$W; train train_gpu2_resumed 2" > "$W/logs/resume_a.log" 2>&1 &
+for n in 2 4; do  # resumeN: killed (SIGKILL, every rank) once past step RESUME_AT, then the same command again
+  has "resume$n" || continue
+  say "== train on $n GPUs, killed past step ${RESUME_AT:-120}, resumed"
+  R=$W/train_gpu${n}_resumed; rm -rf "$R"
+  setsid bash -c "$(declare -f train_args train); W=$W; train train_gpu${n}_resumed $n" > "$W/logs/resume${n}_a.log" 2>&1 &
   pid=$!
   while kill -0 "$pid" 2>/dev/null; do
     last=$(tail -n 1 "$R/metrics.jsonl" 2>/dev/null | python3 -c 'import json,sys; print(json.loads(sys.stdin.read() or "{}").get("step", 0))' 2>/dev/null)
@@ -156,11 +159,11 @@ if has resume2; then  # killed (SIGKILL, every rank) once past step RESUME_AT, t
     sleep 2
   done
   wait "$pid" 2>/dev/null
-  timeout 400 bash -c "$(declare -f train_args train); W=$W; train train_gpu2_resumed 2" > "$W/logs/resume_b.log" 2>&1 || fails+=(resume2)
-  grep -m2 -i "resum" "$W/logs/resume_b.log" | cut -c1-200 | tee -a "$S"
+  timeout 400 bash -c "$(declare -f train_args train); W=$W; train train_gpu${n}_resumed $n" > "$W/logs/resume${n}_b.log" 2>&1 || fails+=("resume$n")
+  grep -m2 -i "resum" "$W/logs/resume${n}_b.log" | cut -c1-200 | tee -a "$S"
   say "files of the run (rank 0 writes; no per-rank checkpoint): $(cd "$R" && find . -type f | sort | tr '\n' ' ' | cut -c1-600)"
-  cp "$R/metrics.jsonl" "$O/train_gpu2_resumed.jsonl" 2>/dev/null
-fi
+  cp "$R/metrics.jsonl" "$O/train_gpu${n}_resumed.jsonl" 2>/dev/null
+done
 for n in 1 2 4 8; do  # steps 21-23 of a 30-step run under tools/train_profile.py: each rank's ops, kernels, trace
   has "profile$n" || continue
   say "== profile training on $n GPU(s): steps 21-23"
@@ -173,8 +176,14 @@ for n in 1 2 4 8; do  # steps 21-23 of a 30-step run under tools/train_profile.p
 done
 if has trainreport; then
   for n in 1 2 4; do [ -s "$W/train_gpu$n/metrics.jsonl" ] && runs+=("$W/train_gpu$n"); done
-  [ -s "$W/train_gpu2_resumed/metrics.jsonl" ] && runs+=("$W/train_gpu2_resumed")
+  for n in 2 4; do [ -s "$W/train_gpu${n}_resumed/metrics.jsonl" ] && runs+=("$W/train_gpu${n}_resumed"); done
   python3 "$TOOLS/tp_compare.py" train "${runs[@]}" --plot "$O/curves.png" 2>&1 | tee -a "$S" || fails+=(trainreport)
+fi
+if has vptest; then  # the NCCL vocabulary-parallel proposal test on 2 and 4 GPUs (as many as the machine has)
+  say "== GPU tests: tests/test_vocab_parallel.py"
+  timeout 300 bash "$ROOT/scripts/gpu_tests.sh" "$ROOT/tests/test_vocab_parallel.py" > "$O/gpu_tests_vocab_parallel.txt" 2>&1 \
+    || fails+=(vptest)
+  tail -n 3 "$O/gpu_tests_vocab_parallel.txt" | tee -a "$S"
 fi
 say "done; failed: ${fails[*]:-none}"
 [ ${#fails[@]} = 0 ]
