@@ -226,3 +226,33 @@ stop_server
     assert "fake: startup" in out and "up=1" in out and "UP" in out and "STOPPED" in out
     assert "broken: server exited during startup" in out and "REFUSED" in out
     assert "up=1" in (tmp_path / "summary.txt").read_text()  # `say` writes the summary too
+
+
+def test_summary_merges_the_scaling_and_the_ranks_verdict(tmp_path, capsys):
+    """--summary: train writes train_scaling (the ...gpuN runs' median tokens/s over ...gpu1's, metrics.jsonl files
+    accepted as runs) with each figure's card and commit; serve writes tpN_ranks_agree; other keys are kept."""
+    for name, rate in (("train_gpu1", 100.0), ("train_gpu2", 184.0), ("train_gpu2_resumed", 150.0)):
+        rows = [{"step": s, "loss/total": 5.0 - s, "tokens_per_s": r} for s, r in ((1, 10.0), (2, rate), (3, rate))]
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "summary.json"
+    out.write_text(json.dumps({"train_scaling": {"4": 3.76}, "train_scaling_runs": {"4": {"commit": "b"}}, "note": "kept"}))
+    runs = [str(tmp_path / f"{n}.jsonl") for n in ("train_gpu1", "train_gpu2", "train_gpu2_resumed")]
+    with pytest.raises(SystemExit) as e:
+        tp_compare.main(["train", *runs, "--summary", str(out), "--card", "2 x H200", "--commit", "a"])
+    assert e.value.code == 0 and "| 184; 184 | 1.84x [" in capsys.readouterr().out
+    for rank in range(4):
+        write_probe(tmp_path / "tp4", rank, [[1, 2], [3, 4]])
+    with pytest.raises(SystemExit) as e:
+        tp_compare.main(["serve", str(tmp_path), "--tp", "4", "--summary", str(out), "--card", "4 x H100", "--commit", "b"])
+    assert e.value.code == 0
+    data = json.loads(out.read_text())
+    assert list(data)[:4] == ["train_scaling", "tp4_ranks_agree", "card", "commit"]  # the required keys first
+    assert data["train_scaling"] == {"2": 1.84, "4": 3.76} and data["tp4_ranks_agree"] is True  # the resumed run left out
+    assert (data["card"], data["commit"], data["note"]) == ("4 x H100", "b", "kept")
+    run2 = data["train_scaling_runs"]["2"]
+    assert (run2["card"], run2["commit"], run2["tokens_per_s_median"], run2["tokens_per_s_median_1gpu"]) == ("2 x H200", "a", 184, 100)
+    assert data["train_scaling_runs"]["4"] == {"commit": "b"}
+    write_probe(tmp_path / "tp4", 3, [[1, 2], [3, 5]])  # rank 3 drafts another block
+    with pytest.raises(SystemExit) as e:
+        tp_compare.main(["serve", str(tmp_path), "--tp", "4", "--summary", str(out)])
+    assert e.value.code == 1 and json.loads(out.read_text())["tp4_ranks_agree"] is False

@@ -1,17 +1,24 @@
 """Reports of the multi-GPU checks (tools/tp_check.sh):
 
-  python tools/tp_compare.py serve DIR [--tp 1 2 4]
+  python tools/tp_compare.py serve DIR [--tp 1 2 4] [--summary FILE --card CARD --commit COMMIT]
       DIR/tp{N}/proposals_rank{R}.jsonl (LILICORR_PROPOSAL_RECORD) and DIR/{lilicorr,dflash}_tp{N}.json (gpu_client.py):
       - RANKS_AGREE PASS|FAIL: at each TP degree every rank drafted the same first block of every request (each rank
         must commit the same draft);
       - the first blocks of TP = N against TP = 1 (the first degree given): identical blocks and slots;
       - per algorithm and TP: mean accepted length and wall per verified block (the sequential requests), and
         tokens/s of each concurrent phase (completion tokens / the phase's longest latency).
-  python tools/tp_compare.py train RUN [RUN ...] [--plot curves.png]
-      `lilicorr train` output folders at one global batch (e.g. 1, 2, 4 GPUs): per logged step the largest
+  python tools/tp_compare.py train RUN [RUN ...] [--plot curves.png] [--summary FILE --card CARD --commit COMMIT]
+      `lilicorr train` output folders (or their metrics.jsonl files, as kept under benchmarks/results/multi-gpu/)
+      at one global batch (e.g. 1, 2, 4 GPUs): per logged step the largest
       difference of loss/total and eval/loss/total against the first run, mean tokens/s (the first logged window,
       start-up included, left out) and its ratio to the first run's (with a bootstrap 95 % interval over the
       windows); --plot draws the loss curves.
+--summary FILE merges the verdicts into a JSON file (benchmarks/results/multi-gpu/summary.json), keeping its other
+keys: serve writes "tpN_ranks_agree" for each degree whose record was found; train writes "train_scaling": {"N":
+tokens/s of the run named ...gpuN over the first run's (which must be ...gpu1; runs named otherwise, e.g. a resumed
+one, are left out), rounded to 0.01} and, per N, "train_scaling_runs" (card, commit, the interval, both medians).
+--card and --commit name where the figures were measured: written beside each figure and as the file's "card" and
+"commit" (the latest merged).
 Exit status 1 when a check fails (ranks disagree, a run or file is missing).
 """
 from __future__ import annotations
@@ -19,11 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import statistics
 from pathlib import Path
 
 
 def jsonl(path: Path) -> list[dict]:
+    """The rows of a JSON-lines file ([] when it is not there)."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
@@ -51,7 +60,22 @@ def served(path: Path) -> dict[str, float] | None:
     return out
 
 
-def serve_report(folder: Path, degrees: list[int]) -> bool:
+def merge_summary(path: Path, updates: dict, card: str | None, commit: str | None) -> None:
+    """Merge `updates` into the JSON object at `path` (nested dicts merged one level deep); the required keys first."""
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    for key, value in updates.items():
+        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
+    for key, value in (("card", card), ("commit", commit)):
+        if value is not None:
+            data[key] = value
+    first = ["train_scaling", *sorted(k for k in data if k.endswith("_ranks_agree")), "card", "commit"]
+    ordered = {k: data[k] for k in first if k in data} | {k: v for k, v in data.items() if k not in first}
+    path.write_text(json.dumps(ordered, indent=2) + "\n")
+    print(f"summary -> {path}")
+
+
+def serve_report(folder: Path, degrees: list[int], summary: dict | None = None) -> bool:
+    """Print the serve report; `summary` (when given) receives tpN_ranks_agree for each degree whose record was found."""
     ok = True
     blocks = {n: first_blocks(folder / f"tp{n}") for n in degrees}
     for n, ranks in blocks.items():
@@ -64,6 +88,8 @@ def serve_report(folder: Path, degrees: list[int]) -> bool:
         print(f"TP {n}: {len(ranks[0])} first blocks on each of {n} ranks; ranks differ on {len(differ)} blocks"
               f"{f' (rank, request) {differ[:5]}' if differ else ''}{f'; ranks {short} hold another count' if short else ''}")
         ok &= not differ and not short
+        if summary is not None:
+            summary[f"tp{n}_ranks_agree"] = not differ and not short
     print("RANKS_AGREE", "PASS" if ok else "FAIL")
     base = blocks[degrees[0]].get(0, [])
     for n in degrees[1:]:
@@ -98,8 +124,20 @@ def ratio_ci95(num: list[float], den: list[float], resamples: int = 10_000, seed
     return ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples)]
 
 
-def train_report(runs: list[Path], plot: Path | None) -> bool:
-    logs = {run: jsonl(run / "metrics.jsonl") for run in runs}
+def run_name(run: Path) -> str:
+    return run.stem if run.suffix == ".jsonl" else run.name
+
+
+def gpus_of(run: Path) -> int | None:
+    """N of a run named ...gpuN (train_gpu4, train_gpu4.jsonl); None for another name (train_gpu4_resumed)."""
+    m = re.search(r"gpu(\d+)$", run_name(run))
+    return int(m[1]) if m else None
+
+
+def train_report(runs: list[Path], plot: Path | None, summary: dict | None = None, card: str | None = None,
+                 commit: str | None = None) -> bool:
+    """Print the train report; `summary` (when given) receives train_scaling and train_scaling_runs."""
+    logs = {run: jsonl(run if run.suffix == ".jsonl" else run / "metrics.jsonl") for run in runs}
     missing = [str(run) for run, rows in logs.items() if not rows]
     if missing:
         print(f"no metrics.jsonl rows in {missing}")
@@ -117,7 +155,17 @@ def train_report(runs: list[Path], plot: Path | None) -> bool:
         rate = statistics.median(rates)  # windows with a checkpoint save in them are slower: the median skips them
         rate0, rates0 = rate0 or rate, rates0 or rates
         # the windows' spread: a bootstrap interval of the ratio of mean tokens/s
-        ci = "" if rates is rates0 else " [{:.2f}, {:.2f}]".format(*ratio_ci95(rates, rates0))
+        interval = None if rates is rates0 else ratio_ci95(rates, rates0)
+        ci = "" if interval is None else " [{:.2f}, {:.2f}]".format(*interval)
+        n = gpus_of(run)
+        if summary is not None and interval is not None and n is not None:
+            if gpus_of(runs[0]) != 1:
+                print(f"--summary: the first run ({run_name(runs[0])}) is not named ...gpu1: no train_scaling written")
+            else:
+                summary.setdefault("train_scaling", {})[str(n)] = round(rate / rate0, 2)
+                summary.setdefault("train_scaling_runs", {})[str(n)] = {
+                    "card": card, "commit": commit, "ci95": [round(interval[0], 2), round(interval[1], 2)],
+                    "tokens_per_s_median": round(rate), "tokens_per_s_median_1gpu": round(rate0), "steps": rows[-1]["step"]}
         phases = " / ".join(f"{rows[-1].get(f'time/{name}_ms', float('nan')):.0f}" for name in PHASES)
         print(f"| {run} | {rows[-1]['step']} | {diffs['loss/total']:.4g} | {diffs['eval/loss/total']:.4g} | {rate:.0f}; "
               f"{statistics.mean(rates):.0f} | {rate / rate0:.2f}x{ci} | {phases} |")
@@ -129,9 +177,9 @@ def train_report(runs: list[Path], plot: Path | None) -> bool:
 
         fig, ax = plt.subplots(figsize=(7, 4))
         for run, rows in logs.items():
-            ax.plot([r["step"] for r in rows], [r["loss/total"] for r in rows], label=f"{run.name} train")
+            ax.plot([r["step"] for r in rows], [r["loss/total"] for r in rows], label=f"{run_name(run)} train")
             held = [r for r in rows if r.get("eval/loss/total") is not None]
-            ax.plot([r["step"] for r in held], [r["eval/loss/total"] for r in held], "o--", label=f"{run.name} held-out")
+            ax.plot([r["step"] for r in held], [r["eval/loss/total"] for r in held], "o--", label=f"{run_name(run)} held-out")
         ax.set_xlabel("step")
         ax.set_ylabel("loss/total")
         ax.legend()
@@ -150,8 +198,18 @@ def main(argv: list[str] | None = None) -> None:
     t = sub.add_parser("train")
     t.add_argument("runs", type=Path, nargs="+")
     t.add_argument("--plot", type=Path)
+    for q in (s, t):
+        q.add_argument("--summary", type=Path, help="merge the verdicts into this JSON file")
+        q.add_argument("--card", help="the card the runs were measured on (written with --summary)")
+        q.add_argument("--commit", help="the commit the runs were measured at (written with --summary)")
     a = p.parse_args(argv)
-    ok = serve_report(a.dir, a.tp) if a.what == "serve" else train_report(a.runs, a.plot)
+    summary = {} if a.summary else None
+    if a.what == "serve":
+        ok = serve_report(a.dir, a.tp, summary)
+    else:
+        ok = train_report(a.runs, a.plot, summary, a.card, a.commit)
+    if a.summary and summary:
+        merge_summary(a.summary, summary, a.card, a.commit)
     raise SystemExit(0 if ok else 1)
 
 
