@@ -7,7 +7,7 @@
 #     bash tools/tp_calls.sh 2   # TP = 4 (every GPU); --dp-size 2                                            ~340 s
 #     bash tools/tp_calls.sh 3   # compare, check; NCCL all-reduce; train on 1, 2, 4 GPUs alone; trainreport ~330 s
 #     bash tools/tp_calls.sh 4   # train on 2 GPUs killed and resumed; profile training on 1 and 4 GPUs     ~220 s
-# nvidia-h100-x4, issue 43's reruns (about 13 minutes held):
+# nvidia-h100-x4, issue 43's reruns (about 13 minutes held; 558 s and 222 s on 4 x H100 at 337b0ae):
 #     bash tools/tp_calls.sh x4-serve    # install, models; TP = 4 with the proposal record; --dp-size 2, 4; compare, check
 #     bash tools/tp_calls.sh x4-train    # train on 1 and 4 GPUs alone; 4 GPUs killed and resumed; trainreport; the NCCL
 #                                        #   vocabulary-parallel proposal test on 2 and 4 GPUs
