@@ -60,10 +60,12 @@ def run_path(work: Path, c: int, r: int, system: str) -> Path:
 
 
 def play_rounds(urls: Mapping[str, str], prompts: Mapping[int, Sequence[Prompt]], plan: RoundPlan, work: Path, *,
-                deadline: Optional[Deadline] = None, log: Callable[[str], None] = print) -> list[str]:
+                deadline: Optional[Deadline] = None, log: Callable[[str], None] = print,
+                watch: Optional[Callable[[str, int, int], Callable[[], None]]] = None) -> list[str]:
     """Plays every (c, round, system) of `prompts` ({c: prompts}) against `urls` ({system: url}), greedy.
     Before each round it checks that the deadline leaves the longest round so far plus plan.reserve_s;
-    if not, it stops there. Returns what failed or was left out, one line each."""
+    if not, it stops there. `watch(system, c, round)`, where given, is called before each run and returns what to
+    call after it (e.g. the CPU the idle servers spent meanwhile). Returns what failed or was left out, one line each."""
     systems, failures, longest = list(urls), [], 0.0
     for c, todo in prompts.items():
         for r in range(1, plan.rounds + 1):
@@ -73,6 +75,7 @@ def play_rounds(urls: Mapping[str, str], prompts: Mapping[int, Sequence[Prompt]]
             t0 = time.time()
             for system in rotation(systems, r):
                 config = runner.RunConfig(system, plan.dataset, c, 0.0, 0, plan.max_tokens)
+                done = watch(system, c, r) if watch is not None else (lambda: None)
                 try:
                     outcome = runner.run(todo, config, urls[system], run_path(work, c, r, system),
                                          Sampling(max_tokens=plan.max_tokens, ignore_eos=plan.ignore_eos), api=plan.api,
@@ -80,6 +83,8 @@ def play_rounds(urls: Mapping[str, str], prompts: Mapping[int, Sequence[Prompt]]
                 except Exception as e:  # a server that went away: record it, the other systems' rounds go on
                     failures.append(f"{system} c={c} round {r}: {type(e).__name__}: {e}")
                     continue
+                finally:
+                    done()
                 failures += [f"{system} c={c} round {r}: {len(outcome.failures)} prompt(s) failed, first {pid}: {err}"
                              for pid, err in outcome.failures[:1]]
             longest = max(longest, time.time() - t0)

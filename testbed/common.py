@@ -41,9 +41,11 @@ def set_flags(args: list[str], flags: dict[str, str]) -> list[str]:
 
 def speculation_args(system: str, drafts: Path) -> list[str]:
     """The server flags that speculate with drafts/SYSTEM: none for `base` (plain decoding), SGLang's own DFLASH
-    for `dflash`, this plugin's LILICORR for any other name."""
+    for `dflash`, SGLang's DFLASH with its built-in LiLiCorr head on drafts/lilicorr for `builtin`, this plugin's
+    LILICORR for any other name."""
     if system == "base":
         return []
-    algorithm = "DFLASH" if system == "dflash" else "LILICORR"
-    return ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(drafts / system),
+    algorithm = "DFLASH" if system in ("dflash", "builtin") else "LILICORR"
+    draft = drafts / ("lilicorr" if system == "builtin" else system)
+    return ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(draft),
             "--speculative-draft-attention-backend", "triton"]

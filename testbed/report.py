@@ -1,8 +1,8 @@
 """The testbed's results as the model card and checkpoints/results.json use them (the `tables` step).
 
 Reads what the GPU steps wrote (or copies of it in one folder): the data manifest, the sweep
-rounds, the training plan and metrics, the replay's tau cells, the paired speed report and the
-server tau check. Writes RESULTS/results.json, RESULTS/tables.md and two plots: the curves
+rounds, the training plan and metrics, the replay's tau cells, the served-speed summaries (one per
+graph setting) and the server tau check. Writes RESULTS/results.json, RESULTS/tables.md and two plots: the curves
 (held-out T = 0 tau and per-slot top-1 against training steps) and served throughput against
 concurrency. Every piece is optional: a table is written for what is there.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sglang_lilicorr.benchmarks import serve_speed
 from sglang_lilicorr.benchmarks.plots import pyplot
 from sglang_lilicorr.jsonl import save_json
 from variants import VARIANT_LABELS
@@ -41,43 +42,9 @@ def tau_summary(cells: list[dict]) -> dict:
     return out
 
 
-def decode_step_ms(rounds: list[list[dict]], c: int) -> float | None:
-    """ms per decode step of the target without speculation at concurrency c: request latency over
-    completion tokens (one token per step), pooled over the rounds' base records."""
-    latency = tokens = 0.0
-    for records in rounds:
-        for r in records:
-            if r.get("system") == "base" and r.get("concurrency") == c:
-                for t in r["turns"]:
-                    latency += t["end"] - t["start"]
-                    tokens += t["completion_tokens"]
-    return 1000 * latency / tokens if tokens else None
-
-
-def speed_summary(summary: dict | None, rounds: list[list[dict]]) -> dict:
-    """{c: {tok_s per system, speedup and ratio-to-dflash CIs, block ms over a decode step}}."""
-    if not summary:
-        return {}
-    out: dict = {}
-    for cell in summary["cells"]:
-        if cell["group"] != "all":
-            continue
-        c = str(cell["concurrency"])
-        entry = out.setdefault(c, {"tok_s": {}, "tau": {}, "block_ms": {}, "tok_s_per_round": {}})
-        entry["tok_s"][cell["system"]] = round(cell["tps"], 1)
-        entry["tok_s_per_round"][cell["system"]] = cell.get("tps_per_run")
-        if cell.get("tau") is not None:
-            entry["tau"][cell["system"]] = round(cell["tau"], 3)
-            entry["block_ms"][cell["system"]] = round(cell["block_ms"], 3)
-        for key, name in (("paired_speedup", "speedup_vs_base"), ("paired", "ratio_vs_dflash")):
-            if cell.get(key, {}).get("tps"):
-                ci = cell[key]["tps"]
-                entry.setdefault(name, {})[cell["system"]] = {k: round(ci[k], 4) for k in ("mean", "lo", "hi", "n")}
-    for c, entry in out.items():
-        step = decode_step_ms(rounds, int(c))
-        entry["decode_step_ms"] = None if step is None else round(step, 3)
-        entry["block_over_decode_step"] = {s: round(ms / step, 3) for s, ms in entry["block_ms"].items()} if step else {}
-    return out
+def speed_results(root: Path) -> dict:
+    """{setting: serve_speed summary} of every speed_summary.json under root (the speed step's, per setting)."""
+    return {doc["setting"]: doc["summary"] for doc in (json.loads(p.read_text()) for p in sorted(root.rglob("speed_summary.json")))}
 
 
 def fmt(x, digits=3) -> str:
@@ -110,17 +77,9 @@ def tau_tables(taus: dict) -> list[str]:
 def speed_table(speed: dict) -> list[str]:
     if not speed:
         return []
-    lines = ["### Served throughput (greedy, paired alternating rounds; 95 % t intervals over rounds)", "",
-             "| c | no speculation tok/s | DFLASH tok/s | LILICORR tok/s | LILICORR speedup | DFLASH speedup | LILICORR / DFLASH | "
-             "tau L / D | block / decode step L / D |", "|---|---|---|---|---|---|---|---|---|"]
-    ci = lambda d: "--" if not d else f"{d['mean']:.3f} ({d['lo']:.3f}-{d['hi']:.3f})"
-    for c in sorted(speed, key=int):
-        e = speed[c]
-        lines.append(
-            f"| {c} | {fmt(e['tok_s'].get('base'), 0)} | {fmt(e['tok_s'].get('dflash'), 0)} | {fmt(e['tok_s'].get('lilicorr'), 0)} | "
-            f"{ci(e.get('speedup_vs_base', {}).get('lilicorr'))} | {ci(e.get('speedup_vs_base', {}).get('dflash'))} | "
-            f"{ci(e.get('ratio_vs_dflash', {}).get('lilicorr'))} | {fmt(e['tau'].get('lilicorr'), 2)} / {fmt(e['tau'].get('dflash'), 2)} | "
-            f"{fmt(e['block_over_decode_step'].get('lilicorr'), 2)} / {fmt(e['block_over_decode_step'].get('dflash'), 2)} |")
+    lines = ["### Served throughput (greedy, paired rotated rounds, no instrumentation; 95 % t intervals over rounds)", ""]
+    for setting, summary in speed.items():
+        lines += [serve_speed.table(summary, setting), ""]
     return lines
 
 
@@ -215,8 +174,7 @@ def tau_by_run(points: list[tuple[int, dict]], path: Path) -> Path | None:
 def write(args) -> int:
     root = Path(args.results or args.work)
     tau = load(root, "tau.json")
-    summary, tau_check = load(root, "report/summary.json"), load(root, "tau_check/summary.json")
-    rounds = [[json.loads(line) for line in p.read_text().splitlines() if line.strip()] for p in sorted(root.rglob("round*.jsonl"))]
+    tau_check = load(root, "tau_check/summary.json")
     variants = ("lilicorr", "dflash", "no_dist", "margin")
     metrics = {v: load(root, f"metrics_{v}.jsonl") or [] for v in variants}
     earlier = [{v: load(Path(d), f"metrics_{v}.jsonl") or [] for v in variants} for d in args.after or []]
@@ -225,10 +183,10 @@ def write(args) -> int:
             raise SystemExit(f"tables --after {d}: no metrics_<variant>.jsonl there; name the result folders of the earlier runs.")
     history, run_starts = lineage(earlier, metrics)
     taus = tau_summary(tau["cells"]) if tau else {}
-    speed = speed_summary(summary, rounds)
+    speed = speed_results(root)
     results = {
         "sets": taus,
-        "tok_s": {c: e["tok_s"] for c, e in speed.items()},
+        "tok_s": {c: {s: e[s] for s in serve_speed.SYSTEMS} for c, e in speed.get("graphs32", {}).items()},
         "speed": speed,
         "server_tau_t0": {f"{c['system']}/{c['group']}": round(c["tau"], 4) for c in (tau_check or {}).get("cells", []) if c.get("tau")},
         "data": (load(root, "manifest.json") or {}).get("counts"),
@@ -244,7 +202,7 @@ def write(args) -> int:
     lines = (tau_tables(taus) + [""] if taus else []) + speed_table(speed)
     (root / "tables.md").write_text("\n".join(lines) + "\n")
     plot = curves(history, root / "curves.png", run_starts)
-    plots = [plot]
+    plots = [plot, serve_speed.plot(speed, root / "speed.png") if speed else None]
     if args.after:
         ends = [*run_starts, max((rows[-1]["step"] for rows in history.values() if rows), default=0)]
         sets_by_run = [(load(Path(d), "results.json") or {}).get("sets", {}) for d in args.after] + [taus]

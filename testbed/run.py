@@ -8,7 +8,7 @@
   export    final checkpoints -> WORK/drafts/<variant>, copies to $OUT
   evalgen   the target's own outputs on the eval prompts: T = 0, and T = 1 under seeds 0, 1, 2
   replay    tau of every draft on those outputs (exact replay), one process per GPU
-  speed     served throughput: LILICORR vs DFLASH vs no speculation, paired rounds (speed.py)
+  speed     served speed: LILICORR vs the built-in LiLiCorr vs DFLASH vs no speculation, paired rounds (speed.py)
   tables    checkpoints/results.json fields, tables and curves (report.py)
   long-pack   (with --long) WORK0's conversations packed into long ones in WORK/data (long_inputs.py)
   long-serve  (with --long) each exported long draft served at 1K / 4K / 8K input tokens: tau, tokens/s, failures
@@ -389,7 +389,8 @@ def cmd_speed(args) -> int:
 
     if args.profile_steps < 0:
         raise SystemExit(f"--profile-steps must be >= 0 (0: no profile), got {args.profile_steps}")
-    enough_time("speed", 1.5 + 0.25 * args.rounds * len(args.concurrency) + (1.0 if args.profile_steps else 0.0))
+    cells = len(args.concurrency or speed.DEFAULT_CONCURRENCY[args.setting])
+    enough_time("speed", 2.5 + 0.2 * args.rounds * cells + (0.5 if args.profile_steps else 0.0))
     return speed.run(args, SERVER_ARGS)
 
 
@@ -540,13 +541,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--gpu-ids", type=int, nargs="+", help="GPUs the replay processes share (default: all)")
     s.set_defaults(func=cmd_replay)
 
-    s = sub.add_parser("speed", help="served throughput in paired, alternating rounds (speed.py)")
-    s.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16, 32])
-    s.add_argument("--rounds", type=int, default=3)
+    s = sub.add_parser("speed", help="served speed: four servers in paired, rotated rounds, no instrumentation (speed.py)")
+    s.add_argument("--setting", choices=("graphs32", "graphs16"), default="graphs32",
+                   help="CUDA graphs up to batch 32, or to 16 (c = 32 then runs the eager path)")
+    s.add_argument("--concurrency", type=int, nargs="+", help="default: 1 4 8 16 32 (graphs32), 32 (graphs16)")
+    s.add_argument("--rounds", type=int, default=5)
     s.add_argument("--max-tokens", type=int, default=256)
-    s.add_argument("--tau-check", action=argparse.BooleanOptionalAction, default=True,
-                   help="also serve every eval prompt once at c = 8 (tau through the server)")
-    s.add_argument("--profile-steps", type=int, default=12, help="forward passes profiled per server at c = 1 (0: no profile)")
+    s.add_argument("--profile-steps", type=int, default=12,
+                   help="forward passes profiled per server at c = 1 after the rounds, in their own pass (0: no profile)")
     s.set_defaults(func=cmd_speed)
 
     s = sub.add_parser("long-pack", help="(--long) WORK0's conversations packed into long ones in WORK/data")

@@ -1,16 +1,18 @@
-"""Served throughput of LILICORR, DFLASH and the target without speculation on one GPU, in paired,
-alternating rounds (the `speed` step of run.py; sglang_lilicorr.benchmarks.paired).
+"""Served speed as a user gets it (the `speed` step of run.py; issue 39): no speculation, SGLang's DFLASH (the shipped
+DFlash draft), SGLang's built-in LiLiCorr head (DFLASH serving our LiLiCorr draft) and LILICORR (the same draft), in
+paired, rotated rounds on one GPU (sglang_lilicorr.benchmarks.paired, serve_speed).
 
-The three servers start once, side by side on GPU 0 (KV pools of KV_TOKENS each), the speculative
-ones with the plugin's stage timer. For each concurrency c and round r every system plays the same
-long-form prompts (greedy, --max-tokens new tokens), the order rotating every round, so no system is
-always first or last; round r of every c goes to WORK/speed/round<r>.jsonl with all three systems, and
-`lilicorr bench report` pairs them within each round: throughput ratios (to no speculation and to
-DFLASH) with 95 % t intervals over the rounds. Each (server, c) gets a warm-up before its first round.
-With --tau-check every evaluation prompt is then served once at c = 8 by the speculative servers (tau
-through the server, beside the replay's). Stage tables per c come from the stage timer's files. Last, each
-server is profiled for --profile-steps forward passes at c = 1 (benchmarks/step_profile.py: where a block's
-time goes, LILICORR beside DFLASH and a plain decode step) -> WORK/speed/profile/{summary.json, profile.md}.
+The four servers start once, side by side on GPU 0 (KV pools of KV_TOKENS each), with SGLang's --sleep-on-idle: an
+idle server blocks instead of spinning, and the step records the CPU seconds every idle server spent while another
+one played (idle_cpu_s in speed_run.json: the evidence that they do not disturb each other). No stage timer,
+profiler or recorder runs in the throughput rounds. For each concurrency c and round r every system plays the same
+long-form prompts (greedy, --max-tokens new tokens, ignore_eos off), the order rotating every round; round r of
+every c goes to WORK/speed/SETTING/round<r>.jsonl. --setting graphs32 captures CUDA graphs up to batch 32 (every c
+graph-replayed); graphs16 stops them at 16, so c = 32 runs the eager path. Then, in their own pass, each server is
+profiled for --profile-steps forward passes at c = 1 (benchmarks/step_profile.py: the host and GPU timeline of the
+same steps, LILICORR beside the built-in). Writes speed_summary.json (serve_speed.summarize: tok/s, paired ratios
+with 95 % intervals, tau, per c), speed_table.md, speed.png, the graph-capture seconds of every server, and `lilicorr
+bench report`'s tables.
 """
 from __future__ import annotations
 
@@ -23,8 +25,11 @@ import sys
 import tarfile
 from pathlib import Path
 
-SYSTEMS = ("base", "dflash", "lilicorr")
+from sglang_lilicorr.benchmarks.serve_speed import SYSTEMS
+
 PORT0 = 32000
+SETTINGS = {"graphs32": 32, "graphs16": 16}  # --cuda-graph-max-bs-decode of each setting
+DEFAULT_CONCURRENCY = {"graphs32": [1, 4, 8, 16, 32], "graphs16": [32]}
 SPEED_SETS = ("writingbench",)  # long-form prompts; MT-Bench's writing questions fill up to SPEED_PROMPTS
 SPEED_PROMPTS = 32
 KV_TOKENS = 65536  # per server: 32 requests of <= 2k tokens; a fixed size, so servers starting together do not race for memory
@@ -43,21 +48,41 @@ def prompts_for(c: int) -> int:
     return min(SPEED_PROMPTS, max(8, 4 * c))
 
 
-def server_args(base_args: str, system: str, drafts: Path) -> tuple[str, ...]:
+def server_args(base_args: str, system: str, drafts: Path, graphs_to: int) -> tuple[str, ...]:
     from common import set_flags, speculation_args
 
-    args = set_flags(shlex.split(base_args), {"--mem-fraction-static": "0.9", "--cuda-graph-max-bs-decode": "32"})
-    return (*args, "--max-running-requests", "32", "--max-total-tokens", str(KV_TOKENS), *speculation_args(system, drafts))
+    args = set_flags(shlex.split(base_args), {"--mem-fraction-static": "0.9", "--cuda-graph-max-bs-decode": str(graphs_to)})
+    return (*args, "--max-running-requests", "32", "--max-total-tokens", str(KV_TOKENS), "--sleep-on-idle",
+            *speculation_args(system, drafts))
+
+
+class IdleWatch:
+    """CPU seconds each idle server's process tree spends while another server plays (serve_speed.process_tree_cpu_s)."""
+
+    def __init__(self, pids: dict) -> None:
+        self.pids, self.spent = pids, {s: 0.0 for s in pids}
+
+    def __call__(self, playing: str, c: int, r: int):
+        from sglang_lilicorr.benchmarks.serve_speed import process_tree_cpu_s
+
+        idle = {s: pid for s, pid in self.pids.items() if s != playing}
+        before = {s: process_tree_cpu_s(pid) for s, pid in idle.items()}
+
+        def done() -> None:
+            for s, pid in idle.items():
+                self.spent[s] += process_tree_cpu_s(pid) - before[s]
+
+        return done
 
 
 def profile_systems(urls: dict, root: Path, steps: int, prompt: str) -> list[str]:
     """One c = 1 torch-profiler window of `steps` forward passes per server -> root/summary.json, root/profile.md
-    (LILICORR first, so the report's Python-frame differences read LILICORR - DFLASH); the failures."""
+    (LILICORR first, so the report's Python-frame differences read LILICORR - built-in); the failures."""
     from sglang_lilicorr.benchmarks import step_profile
     from sglang_lilicorr.jsonl import save_json
 
     summaries, failed = {}, []
-    for system in ("lilicorr", "dflash", "base"):
+    for system in ("lilicorr", "builtin", "dflash", "base"):
         try:
             trace = step_profile.record(urls[system], root / system, steps, prompt)
             if trace is None:
@@ -80,54 +105,52 @@ def run(args, base_server_args: str) -> int:
     import eval_sets
     from common import to_out
 
-    from sglang_lilicorr.benchmarks import paired, prompt_file
+    from sglang_lilicorr.benchmarks import paired, prompt_file, serve_speed
     from sglang_lilicorr.jsonl import save_json
     from sglang_lilicorr.train.engine import SGLangServers, ServerSpec
 
-    work = Path(args.work) / "speed"
+    work = Path(args.work) / "speed" / args.setting
     drafts = Path(args.work) / "drafts"
-    missing = [s for s in SYSTEMS[1:] if not (drafts / s / "config.json").is_file()]
+    missing = [s for s in ("dflash", "lilicorr") if not (drafts / s / "config.json").is_file()]
     if missing:
         raise SystemExit(f"{drafts}: no exported draft for {missing}; run `export` first.")
+    concurrency = args.concurrency or DEFAULT_CONCURRENCY[args.setting]
     rows = speed_prompts(eval_sets.read(Path(args.eval_prompts)))
     work.mkdir(parents=True, exist_ok=True)
     (work / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     every = prompt_file.load(work / "prompts.jsonl")
-    prompts = {c: every[: prompts_for(c)] for c in args.concurrency}
-    bs = ",".join(map(str, sorted(set(args.concurrency) | {8})))
-    specs = [ServerSpec(args.target, PORT0 + i, "0", server_args(base_server_args, s, drafts),
-                        {} if s == "base" else {"LILICORR_STAGE_TIMING": str(work / "stages" / s), "LILICORR_STAGE_TIMING_BS": bs}, s)
+    prompts = {c: every[: prompts_for(c)] for c in concurrency}
+    specs = [ServerSpec(args.target, PORT0 + i, "0", server_args(base_server_args, s, drafts, SETTINGS[args.setting]), {}, s)
              for i, s in enumerate(SYSTEMS)]
-    for s in SYSTEMS[1:]:
-        (work / "stages" / s).mkdir(parents=True, exist_ok=True)
     url = {s: f"http://127.0.0.1:{PORT0 + i}" for i, s in enumerate(SYSTEMS)}
     failed = []
     launcher = shlex.split(os.environ.get("TESTBED_SERVER_LAUNCH", ""))  # tests: stand-ins that serve $PORT
     with contextlib.ExitStack() as stack:
-        stack.enter_context(SGLangServers.start(specs, work / "logs", launcher=launcher, warm_first=True))
+        servers = stack.enter_context(SGLangServers.start(specs, work / "logs", launcher=launcher, warm_first=True))
+        watch = IdleWatch({s: p.pid for s, p in zip(SYSTEMS, servers.processes)})
         failed += paired.play_rounds(url, prompts, paired.RoundPlan("speed", args.max_tokens, rounds=args.rounds), work,
-                                     log=lambda line: print(line, flush=True))
-        if args.tau_check:
-            for system in SYSTEMS[1:]:
-                if bench("run", "--url", url[system], "--system", system, "--dataset", str(args.eval_prompts),
-                         "--results", str(work / "tau_check.jsonl"), "--concurrency", "8", "--temperature", "0",
-                         "--max-tokens", str(args.max_tokens), "--warmup", "0", "--request-timeout", "300", "--no-progress", cwd=work):
-                    failed.append(f"{system} tau check")
+                                     log=lambda line: print(line, flush=True), watch=watch)
         if args.profile_steps:
             failed += profile_systems(url, work / "profile", args.profile_steps, rows[0]["text"])
     rounds = [str(p) for p in paired.merge_rounds(work, SYSTEMS, prompts, args.rounds)]
+    summary = serve_speed.summarize([[json.loads(line) for line in Path(p).read_text().splitlines() if line.strip()]
+                                     for p in rounds])
+    capture = {s: serve_speed.capture_seconds((work / "logs" / f"server-{s}.log").read_text(errors="replace"))
+               for s in SYSTEMS if (work / "logs" / f"server-{s}.log").is_file()}
+    save_json(work / "speed_summary.json", {"setting": args.setting, "graphs_to": SETTINGS[args.setting], "summary": summary,
+                                            "capture_s": capture, "idle_cpu_s": {s: round(v, 2) for s, v in watch.spent.items()}})
+    (work / "speed_table.md").write_text(serve_speed.table(summary, f"{args.setting} (CUDA graphs to batch {SETTINGS[args.setting]})"))
+    if summary:
+        serve_speed.plot({args.setting: summary}, work / "speed.png")
+    print((work / "speed_table.md").read_text())
     rc = bench("report", *rounds, "--baseline", "base", "--block-ref", "dflash", "--out", str(work / "report"), cwd=work)
-    if args.tau_check and (work / "tau_check.jsonl").is_file():
-        rc |= bench("report", str(work / "tau_check.jsonl"), "--block-ref", "dflash", "--no-plots", "--out", str(work / "tau_check"), cwd=work)
-    for c in args.concurrency if all(list((work / "stages" / s).glob("*.json")) for s in SYSTEMS[1:]) else []:
-        rc |= bench("stages", "--timings", f"lilicorr={work / 'stages' / 'lilicorr'}", f"dflash={work / 'stages' / 'dflash'}",
-                    "--bs", str(c), "--out", str(work / "stages" / f"c{c}"), cwd=work)
-    save_json(work / "speed_run.json", {"concurrency": args.concurrency, "rounds": args.rounds, "max_tokens": args.max_tokens,
-                                        "failed": failed, "server_args": {s: " ".join(spec.args) for s, spec in zip(SYSTEMS, specs)}})
-    bundle = work / "speed_results.tar.gz"
+    save_json(work / "speed_run.json", {"setting": args.setting, "concurrency": concurrency, "rounds": args.rounds,
+                                        "max_tokens": args.max_tokens, "failed": failed,
+                                        "server_args": {s: " ".join(spec.args) for s, spec in zip(SYSTEMS, specs)}})
+    bundle = work / f"speed_{args.setting}.tar.gz"
     with tarfile.open(bundle, "w:gz") as t:
-        for p in [*work.glob("round*.jsonl"), work / "tau_check.jsonl", work / "report", work / "tau_check", work / "stages",
-                  work / "speed_run.json", work / "logs", work / "profile"]:
+        for p in [*work.glob("round*.jsonl"), work / "report", work / "speed_summary.json", work / "speed_table.md",
+                  work / "speed.png", work / "speed_run.json", work / "logs", work / "profile"]:
             if p.exists():
                 t.add(p, arcname=str(p.relative_to(work)))
     to_out(args.out, bundle)

@@ -195,6 +195,46 @@ def test_proposal_on_cuda_matches_cpu_and_replays_in_a_cuda_graph():
     assert agree >= 0.9, agree
 
 
+def test_warm_runs_every_batch_size_and_eager_batches_keep_their_proposal(monkeypatch):
+    """warm: the proposal once at every batch size up to the buffers' rows (no graphs on the CPU); propose_eager then
+    proposes exactly what propose does for the staged anchors."""
+    proposer, head, lm, embed = make_proposer(max_rows=5)
+    seen = []
+    direct = proposer.propose
+    monkeypatch.setattr(proposer, "propose", lambda h, a: seen.append(h.shape[0]) or direct(h, a))
+    proposer.warm(graph_batch_sizes=[1, 2], capture=True)
+    assert seen == [1, 2, 3, 4, 5] and proposer.eager_graphs == {} and proposer.eager_in.shape == (5, proposer.slots, HIDDEN)
+    g = torch.Generator().manual_seed(6)
+    pass_hidden = torch.randn(3, proposer.slots, HIDDEN, generator=g)
+    anchors = torch.randn(3, HIDDEN, generator=g)
+    proposer.publish_anchors(anchors, torch.tensor([0, 1, 2]))
+    proposer.stage_anchors(torch.tensor([2, 0, 1]))
+    want = reference_block(head, lm, embed[:VOCAB], pass_hidden, anchors[[2, 0, 1]])
+    assert torch.equal(proposer.propose_eager(pass_hidden), want)
+
+
+@pytest.mark.gpu
+def test_eager_batches_replay_graphs_that_propose_as_the_direct_call():
+    """Above the draft graphs' largest batch, warm captures graphs every EAGER_BUCKET requests and at the last row;
+    each batch size replays the smallest that holds it, with the direct call's drafts."""
+    from sglang_lilicorr.serving.proposer import EAGER_BUCKET, LiLiCorrProposer
+
+    _, head, lm, embed = make_proposer()
+    dev = torch.device("cuda")
+    gpu = LiLiCorrProposer(head=copy.deepcopy(head).to(dev), lm_head_weight=lm.to(dev), embed_weight=embed.to(dev), block_size=16)
+    rows = 3 * EAGER_BUCKET + 3
+    gpu.allocate(num_request_slots=rows, max_rows=rows)
+    gpu.warm(graph_batch_sizes=[1, 2, 4, EAGER_BUCKET], capture=True)
+    assert sorted(gpu.eager_graphs) == [2 * EAGER_BUCKET, 3 * EAGER_BUCKET, rows]
+    g = torch.Generator().manual_seed(7)
+    gpu.publish_anchors(torch.randn(rows, HIDDEN, generator=g).to(dev), torch.arange(rows, device=dev))
+    gpu.stage_anchors(torch.arange(rows, device=dev).flip(0))
+    for b in (EAGER_BUCKET + 1, 2 * EAGER_BUCKET, 2 * EAGER_BUCKET + 5, rows):
+        pass_hidden = torch.randn(b, gpu.slots, HIDDEN, generator=g).to(dev)
+        want = gpu.propose(pass_hidden, gpu.anchors[:b]).clone()
+        assert torch.equal(gpu.propose_eager(pass_hidden), want), b
+
+
 # --- strict draft loading (builds SGLang's DFlashDraftModel on CPU) --------------------------
 
 

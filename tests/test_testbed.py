@@ -23,22 +23,12 @@ EVAL = [{"id": "gsm8k/0", "set": "gsm8k", "text": "how many cats sat on the mat"
         {"id": "mtbench/81", "set": "mtbench", "messages": [{"role": "user", "content": "the dog ran far"},
                                                            {"role": "user", "content": "now say it again"}]}]
 
-# Serves tests/stub_server.py on $PORT with GET /health; a speculative stand-in writes a stage-timing
-# file in serving/stage_timer.py's format where LILICORR_STAGE_TIMING says.
+# Serves tests/stub_server.py on $PORT with GET /health.
 LAUNCHER = """
-import json, os, sys
+import os, sys
 sys.path.insert(0, {tests!r})
 from stub_server import StubServer
 spec = "--speculative-algorithm" in os.environ["SERVER_ARGS"]
-if os.environ.get("LILICORR_STAGE_TIMING"):
-    ms = lambda v: {{"count": 50, "mean": v, "median": v}}
-    sizes = os.environ["LILICORR_STAGE_TIMING_BS"].split(",")
-    doc = {{"system": {{"gpu": "stub"}}, "decode_steps": 50,
-           "stages": [{{"bs": int(b), "graph": True, "n_blocks": 50, "step_interval_ms": ms(10.0),
-                       "gpu_ms": {{"target_verify": ms(7.0), "draft_forward": ms(2.0)}}}} for b in sizes],
-           "proposal": {{"batch_sizes": {{b: {{"graph": {{"lm_head": 0.5, "spec_head": 0.1}}}} for b in sizes}}, "errors": []}}}}
-    with open(os.path.join(os.environ["LILICORR_STAGE_TIMING"], f"stages-{{os.getpid()}}.json"), "w") as f:
-        json.dump(doc, f)
 stub = StubServer(speculative=spec, accept=3, min_latency_s=0.002, port=int(os.environ["PORT"]))
 stub.serve_forever()
 """
@@ -100,22 +90,29 @@ def test_pipeline_end_to_end(toy, tmp_path, monkeypatch):
     launcher = tmp_path / "launcher.py"
     launcher.write_text(LAUNCHER.format(tests=str(ROOT / "tests")))
     monkeypatch.setenv("TESTBED_SERVER_LAUNCH", f"{sys.executable} {launcher}")
-    monkeypatch.setattr(speed, "PORT0", free_port_block(3))
+    monkeypatch.setattr(speed, "PORT0", free_port_block(4))
     assert cli(toy, "speed", "--concurrency", "1", "2", "--rounds", "2", "--max-tokens", "8") == 0
-    rounds = [[json.loads(line) for line in p.read_text().splitlines()] for p in sorted((work / "speed").glob("round*.jsonl"))]
+    runs = work / "speed" / "graphs32"
+    rounds = [[json.loads(line) for line in p.read_text().splitlines()] for p in sorted(runs.glob("round*.jsonl"))]
     assert len(rounds) == 2 and all({r["system"] for r in rs} == set(speed.SYSTEMS) for rs in rounds)
-    summary = json.loads((work / "speed" / "report" / "summary.json").read_text())
-    lili = next(c for c in summary["cells"] if c["system"] == "lilicorr" and c["group"] == "all" and c["concurrency"] == 1)
-    assert lili["paired_speedup"]["tps"]["n"] == 2 and lili["paired"]["tps"]["n"] == 2
-    assert (work / "speed" / "stages" / "c1" / "stages.md").is_file()
-    profiles = json.loads((work / "speed" / "profile" / "summary.json").read_text())
-    assert list(profiles) == ["lilicorr", "dflash", "base"] and profiles["dflash"]["steps"] == 12
-    assert "Python frames: lilicorr - dflash" in (work / "speed" / "profile" / "profile.md").read_text()
+    doc = json.loads((runs / "speed_summary.json").read_text())
+    one = doc["summary"]["1"]
+    assert one["rounds"] == 2 and set(one["tau"]) == {"dflash", "builtin", "lilicorr"}
+    lo_mean_hi = one["lilicorr_vs_builtin"]
+    assert lo_mean_hi[1] <= lo_mean_hi[0] <= lo_mean_hi[2] and one["lilicorr"] > 0
+    assert set(doc["idle_cpu_s"]) == set(speed.SYSTEMS) and doc["graphs_to"] == 32
+    assert "lilicorr / builtin" in (runs / "speed_table.md").read_text() and (runs / "speed.png").is_file()
+    args = json.loads((runs / "speed_run.json").read_text())["server_args"]
+    assert all("--sleep-on-idle" in a and "--cuda-graph-max-bs-decode 32" in a for a in args.values())
+    assert "--speculative-algorithm DFLASH" in args["builtin"] and "drafts/lilicorr" in args["builtin"]
+    profiles = json.loads((runs / "profile" / "summary.json").read_text())
+    assert list(profiles) == ["lilicorr", "builtin", "dflash", "base"] and profiles["dflash"]["steps"] == 12
+    assert "Python frames: lilicorr - builtin" in (runs / "profile" / "profile.md").read_text()
 
     assert cli(toy, "tables") == 0
     results = json.loads((work / "results.json").read_text())
     assert {"lilicorr", "dflash"} <= set(results["sets"]["gsm8k"]) and "tau_t1_std" in results["sets"]["average"]["lilicorr"]
-    assert set(results["tok_s"]["1"]) == {"base", "dflash", "lilicorr"}
+    assert set(results["tok_s"]["1"]) == set(speed.SYSTEMS) and (work / "speed.png").is_file()
     assert "Decode rule" in (work / "tables.md").read_text() and (work / "curves.png").is_file()
     assert len(list((work / "OUT").iterdir())) <= 12
 
@@ -123,8 +120,10 @@ def test_pipeline_end_to_end(toy, tmp_path, monkeypatch):
 def test_speed_order_rotates_and_prompts_are_long_form():
     from sglang_lilicorr.benchmarks.paired import rotation
 
-    assert [rotation(speed.SYSTEMS, r) for r in (1, 2, 3)] == [["dflash", "lilicorr", "base"], ["lilicorr", "base", "dflash"],
-                                                               ["base", "dflash", "lilicorr"]]
+    assert [rotation(speed.SYSTEMS, r) for r in (1, 2, 3, 4)] == [["dflash", "builtin", "lilicorr", "base"],
+                                                                  ["builtin", "lilicorr", "base", "dflash"],
+                                                                  ["lilicorr", "base", "dflash", "builtin"],
+                                                                  ["base", "dflash", "builtin", "lilicorr"]]
     rows = [{"id": f"writingbench/{i}", "set": "writingbench", "text": f"w{i}"} for i in range(24)]
     rows += [{"id": f"mtbench/{i}", "set": "mtbench", "messages": [{"role": "user", "content": f"m{i}"}] * 2} for i in range(81, 161)]
     chosen = speed.speed_prompts(rows)

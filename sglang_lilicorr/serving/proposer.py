@@ -13,6 +13,11 @@ Under tensor parallelism (`vocab`: this rank's shard of the LM head) the top-K/L
 (vocab_parallel.py: one all-gather, an exact merge) and the head and walk run on its candidates, replicated on
 every rank: the same inputs on every rank, so the same draft.
 
+A batch larger than SGLang's largest draft graph runs the draft pass eagerly, and the proposal after it
+(`propose_eager`) replays a CUDA graph of its own, captured at start-up for buckets of EAGER_BUCKET requests up to
+the request pool (`warm`); before that, `warm` runs the proposal once at every batch size a server can meet, so no
+kernel is compiled while a request waits.
+
 The anchor is the drafter-projected target state (fc + hidden_norm) at the last verified token of
 each request. It is kept per request-pool slot (`anchor_table`), published after every prefill
 and verify, and staged into the batch's row order (`anchors`) before each draft pass, so batch
@@ -26,6 +31,8 @@ from ..fast_head import FastLiLiCorrSelect
 from ..head import LiLiCorrHead
 from ..select_plan import PYTORCH, HeadGeometry, plans_for
 from .vocab_parallel import ShardedCandidates, VocabShard
+
+EAGER_BUCKET = 8  # requests between the eager proposal's graph sizes above the largest draft graph
 
 
 def last_rows(*, num_rows: int, extend_lens: torch.Tensor | None, commit_lens: torch.Tensor | None) -> torch.Tensor:
@@ -70,6 +77,8 @@ class LiLiCorrProposer:
         self.anchors: torch.Tensor | None = None  # [max rows, Hm]
         self.out: torch.Tensor | None = None  # [max rows * S] int64
         self.block_row_before: torch.Tensor | None = None  # [max rows] int64: r * B - 1, verify's row base
+        self.eager_in: torch.Tensor | None = None  # [max rows, S, Hm] the eager graphs' input
+        self.eager_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # bucket (requests) -> graph writing out[: bucket * S]
 
     def allocate(self, *, num_request_slots: int, max_rows: int) -> None:
         """Static buffers, once SGLang's request pool exists: req_pool_indices < num_request_slots,
@@ -119,6 +128,39 @@ class LiLiCorrProposer:
         else:
             draft, _, _ = self.select.select_from_candidates(*self.sharded(pass_hidden), pass_hidden, anchor_hidden)
         return draft
+
+    def propose_eager(self, pass_hidden: torch.Tensor) -> torch.Tensor:
+        """The proposal of a batch the draft graphs do not cover: pass_hidden [b, S, Hm] -> draft tokens [b, S], through
+        the smallest eager graph that holds b requests (the staged anchors of rows 0..b-1), or directly."""
+        b = pass_hidden.shape[0]
+        bucket = min((n for n in self.eager_graphs if n >= b), default=None)
+        if bucket is None:
+            return self.propose(pass_hidden, self.anchors[:b])
+        self.eager_in[:b].copy_(pass_hidden)
+        self.eager_graphs[bucket].replay()
+        return self.out[: b * self.slots].view(b, self.slots)
+
+    def warm(self, *, graph_batch_sizes: list[int], capture: bool) -> None:
+        """Before serving (after the draft graphs): the proposal once at every batch size up to the buffers' rows, so
+        every kernel a batch can need is built now; with `capture` (CUDA, whole vocabulary on this rank), CUDA graphs of
+        the proposal for the batches above the largest draft graph, every EAGER_BUCKET requests and at the last row."""
+        rows, device = self.anchors.shape[0], self.lm_head_weight.device
+        with torch.inference_mode(False):
+            self.eager_in = torch.zeros((rows, self.slots, self.lm_head_weight.shape[1]), dtype=self.lm_head_weight.dtype,
+                                        device=device)
+        for b in range(1, rows + 1):
+            self.propose(self.eager_in[:b], self.anchors[:b])
+        if not (capture and device.type == "cuda" and self.sharded is None):
+            return
+        top = max(graph_batch_sizes, default=0)
+        buckets = sorted({*range(top + EAGER_BUCKET, rows, EAGER_BUCKET), rows} - set(range(top + 1)), reverse=True)
+        torch.cuda.synchronize(device)
+        pool = torch.cuda.graph_pool_handle()
+        for b in buckets:  # largest first: the smaller graphs reuse its memory
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.out[: b * self.slots].copy_(self.propose(self.eager_in[:b], self.anchors[:b]).reshape(-1))
+            self.eager_graphs[b] = graph
 
     def __call__(self, hidden_states: torch.Tensor, input_ids: torch.Tensor | None = None) -> None:
         """SGLang's draft-sampler protocol: hidden_states [b*B, Hm] of the draft block (slot 0 =

@@ -21,7 +21,8 @@ What it overrides (all methods of the DFlash worker, no SGLang source touched):
                                     the context projection the append computes (draft model keeps it)
   alloc_memory_pool              -> also checks the req_to_token rows hold the verify-block reservation (kv_rows.py)
   forward_batch_generation       -> records the batch's request slots and stages their anchors
-  init_cuda_graphs               -> warns when the proposal cannot be captured (graphs disabled)
+  init_cuda_graphs               -> warms the proposal at every batch size and captures its eager-batch graphs
+                                    (proposer.warm); warns when the proposal cannot be captured (graphs disabled)
 """
 from __future__ import annotations
 
@@ -145,6 +146,11 @@ class LiLiCorrWorker(DFlashWorkerV2):
 
     def init_cuda_graphs(self) -> None:
         super().init_cuda_graphs()
+        graph_bs = [int(b) for b in (get_exec().graph.cuda_graph_config.decode.bs or []) if int(b) > 0]
+        self.proposer.warm(graph_batch_sizes=graph_bs if self._draft_sampler is not None else [],
+                           capture=self._draft_sampler is not None)
+        logger.info("%s: the proposal warmed at batch sizes 1..%d; eager batches replay graphs of %s requests.",
+                    ALGORITHM_NAME, self.proposer.anchors.shape[0], sorted(self.proposer.eager_graphs) or "no")
         if self._draft_sampler is None:
             logger.warning(
                 "%s: the draft CUDA graph is disabled (see the DFLASH message above, or "
@@ -188,4 +194,4 @@ class LiLiCorrWorker(DFlashWorkerV2):
                 "(raise --cuda-graph-max-bs-decode to capture it).", ALGORITHM_NAME, b,
             )
             self._warned_eager = True
-        return self.proposer.propose(hidden_states.view(b, slots, -1), self.proposer.anchors[:b]).reshape(-1)
+        return self.proposer.propose_eager(hidden_states.view(b, slots, -1)).reshape(-1)

@@ -1,0 +1,144 @@
+"""Served speed as a user gets it: the summary of paired, rotated throughput rounds of four servers (no speculation,
+SGLang's DFLASH, SGLang's built-in LiLiCorr head on our draft, and LILICORR on the same draft), at each concurrency
+and in two CUDA-graph settings (graphs up to the largest concurrency; graphs to 16, so c = 32 runs the eager path).
+
+  summarize(rounds, systems) -> {c: {system: tok/s, "<a>_vs_<b>": [mean, lo, hi], "tau": {system: tau}}}
+  table(summary) -> markdown;  plot(summary, path)
+
+`rounds` holds, per round, the records of every system at every c (testbed/speed.py writes them: WORK/round<r>.jsonl).
+Tokens/s of a run is output tokens per busy second of its requests (metrics.output_tps); a ratio is taken within each
+round and its mean comes with the two-sided 95 % t interval over the rounds (metrics.mean_ci95), so what moves a whole
+round (the machine, the order of the servers) cancels. tau is the block-weighted accepted length over all rounds.
+
+Servers that are up but idle must not disturb the one being measured: they run with SGLang's --sleep-on-idle, and
+`process_tree_cpu_s` lets the driver record the CPU seconds each idle server spent while another one played.
+"""
+from __future__ import annotations
+
+import os
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+from .metrics import block_ms, mean_ci95, output_tps, tau
+
+SYSTEMS = ("base", "dflash", "builtin", "lilicorr")
+RATIOS = (("lilicorr", "builtin"), ("lilicorr", "dflash"), ("builtin", "dflash"), ("lilicorr", "base"), ("dflash", "base"))
+LABELS = {"base": "no speculation", "dflash": "DFLASH", "builtin": "built-in LiLiCorr", "lilicorr": "LILICORR"}
+
+
+def _interval(values: Sequence[float]) -> list:
+    ci = mean_ci95(values)
+    return [round(ci["mean"], 4), round(ci["lo"], 4), round(ci["hi"], 4)]
+
+
+def summarize(rounds: Sequence[Iterable[dict]], systems: Sequence[str] = SYSTEMS) -> dict:
+    """Per concurrency (str keys): mean tok/s of each system over the rounds, the paired ratios of RATIOS (those whose
+    systems both ran) as [mean, lo, hi], tau per speculative system, and the rounds counted."""
+    per = defaultdict(lambda: defaultdict(dict))  # c -> system -> round -> records
+    for r, records in enumerate(rounds):
+        for rec in records:
+            per[int(rec["concurrency"])][rec["system"]].setdefault(r, []).append(rec)
+    out = {}
+    for c in sorted(per):
+        cell = per[c]
+        runs = sorted(set.intersection(*(set(cell[s]) for s in systems))) if all(s in cell for s in systems) else []
+        if not runs:
+            continue
+        tps = {s: {r: output_tps(cell[s][r]) for r in runs} for s in systems}
+        entry = {s: round(sum(tps[s].values()) / len(runs), 1) for s in systems}
+        for a, b in RATIOS:
+            if a in tps and b in tps:
+                entry[f"{a}_vs_{b}"] = _interval([tps[a][r] / tps[b][r] for r in runs])
+        pooled = {s: [rec for r in runs for rec in cell[s][r]] for s in systems}
+        entry["tau"] = {s: round(t, 3) for s in systems if (t := tau(pooled[s])) is not None}
+        step = decode_step_ms(pooled.get("base", []))
+        entry["decode_step_ms"] = None if step is None else round(step, 3)
+        entry["block_over_decode"] = {s: round(ms / step, 3) for s in systems if step and (ms := block_ms(pooled[s])) is not None}
+        entry["tok_s_per_round"] = {s: [round(tps[s][r], 1) for r in runs] for s in systems}
+        entry["rounds"] = len(runs)
+        out[str(c)] = entry
+    return out
+
+
+def decode_step_ms(records: Iterable[dict]) -> float | None:
+    """ms per decode step without speculation: request latency over completion tokens (one token per step)."""
+    turns = [t for r in records for t in r["turns"]]
+    tokens = sum(t["completion_tokens"] for t in turns)
+    return 1000 * sum(t["end"] - t["start"] for t in turns) / tokens if tokens else None
+
+
+def table(summary: Mapping[str, dict], title: str = "") -> str:
+    """A markdown table of one setting's summary: tok/s per system, the paired ratios with their intervals, tau."""
+    ratios = [f"{a}_vs_{b}" for a, b in RATIOS]
+    head = ["c", *(f"{LABELS[s]} tok/s" for s in SYSTEMS), *(r.replace("_vs_", " / ") for r in ratios), "tau D / B / L",
+            "block / decode step D / B / L", "rounds"]
+    lines = ([f"**{title}**", ""] if title else []) + ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c, e in summary.items():
+        cells = [c, *(f"{e.get(s, float('nan')):.0f}" for s in SYSTEMS)]
+        cells += [f"{e[r][0]:.3f} [{e[r][1]:.3f}, {e[r][2]:.3f}]" if r in e else "-" for r in ratios]
+        for key in ("tau", "block_over_decode"):
+            cells.append(" / ".join(f"{e[key].get(s, float('nan')):.2f}" for s in ("dflash", "builtin", "lilicorr")))
+        cells.append(str(e["rounds"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(settings: Mapping[str, Mapping[str, dict]], path: Path) -> Path:
+    """Tokens/s by concurrency per system (left) and LILICORR's paired ratios with their intervals (right), one line
+    style per setting."""
+    from .plots import pyplot
+
+    plt = pyplot()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    for style, (setting, summary) in zip(("-o", "--s", ":^"), settings.items()):
+        cs = [int(c) for c in summary]
+        for i, s in enumerate(SYSTEMS):
+            ax.plot(cs, [summary[str(c)][s] for c in cs], style, color=f"C{i}", label=f"{LABELS[s]} ({setting})")
+        for i, key in enumerate(("lilicorr_vs_builtin", "lilicorr_vs_dflash")):
+            ys = [summary[str(c)][key] for c in cs]
+            bx.errorbar(cs, [y[0] for y in ys], yerr=[[y[0] - y[1] for y in ys], [y[2] - y[0] for y in ys]], fmt=style,
+                        color=f"C{i + 4}", capsize=3, label=f"{key.replace('_vs_', ' / ')} ({setting})")
+    ax.set(xscale="log", xlabel="concurrency", ylabel="output tokens/s", title="served throughput")
+    bx.axhline(1.0, color="grey", lw=0.8)
+    bx.set(xscale="log", xlabel="concurrency", ylabel="ratio (paired, 95 % CI)", title="LILICORR against")
+    ax.legend(fontsize=7)
+    bx.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+CAPTURE_LINE = re.compile(r"Capture (\w+ \w+) CUDA graph end\..*?elapsed=([0-9.]+) s")
+
+
+def capture_seconds(log_text: str) -> dict:
+    """Graph-capture seconds a server's log reports, by SGLang's name of the graph set ("target decode", "draft
+    verify", ...), and their sum under "total"."""
+    out = {}
+    for m in CAPTURE_LINE.finditer(log_text):
+        out[m.group(1)] = round(out.get(m.group(1), 0.0) + float(m.group(2)), 2)
+    return {**out, "total": round(sum(out.values()), 2)} if out else {}
+
+
+def process_tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) spent so far by `pid` and every process below it (Linux /proc; 0 elsewhere)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    children = defaultdict(list)
+    stats = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        stats[int(d.name)] = fields
+        children[int(fields[1])].append(int(d.name))
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        if p in stats:
+            total += int(stats[p][11]) + int(stats[p][12])  # utime, stime (fields 14, 15 of stat)
+        todo += children.get(p, [])
+    return total / tick
