@@ -4,6 +4,9 @@ and in two CUDA-graph settings (graphs up to the largest concurrency; graphs to 
 
   summarize(rounds, systems) -> {c: {system: tok/s, "<a>_vs_<b>": [mean, lo, hi], "tau": {system: tau}}}
   table(summary) -> markdown;  plot(summary, path)
+  python -m sglang_lilicorr.benchmarks.serve_speed --graphs DIR [--eager DIR] --card CARD --commit C --out OUT
+      the speed step's folders of both settings (WORK/speed/graphs32, graphs16) -> OUT/summary.json (per c, "eager":
+      graphs to 16 at c = 32, "startup_s": graph capture per system), OUT/table.md, OUT/speed.png
 
 `rounds` holds, per round, the records of every system at every c (testbed/speed.py writes them: WORK/round<r>.jsonl).
 Tokens/s of a run is output tokens per busy second of its requests (metrics.output_tps); a ratio is taken within each
@@ -15,6 +18,8 @@ Servers that are up but idle must not disturb the one being measured: they run w
 """
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import re
 from collections import defaultdict
@@ -112,15 +117,20 @@ def plot(settings: Mapping[str, Mapping[str, dict]], path: Path) -> Path:
 
 
 CAPTURE_LINE = re.compile(r"Capture (\w+ \w+) CUDA graph end\..*?elapsed=([0-9.]+) s")
+SCHEDULER_LINE = re.compile(r"Engine startup timings \(s\):.*?scheduler_e2e=([0-9.]+)")
 
 
 def capture_seconds(log_text: str) -> dict:
-    """Graph-capture seconds a server's log reports, by SGLang's name of the graph set ("target decode", "draft
-    verify", ...), and their sum under "total"."""
+    """Start-up seconds a server's log reports: graph capture by SGLang's name of the graph set ("target decode", "draft
+    verify", ...), their sum under "total", and the scheduler's whole start-up ("scheduler_e2e": weights, pools, graphs
+    and LILICORR's proposal warm-up)."""
     out = {}
     for m in CAPTURE_LINE.finditer(log_text):
         out[m.group(1)] = round(out.get(m.group(1), 0.0) + float(m.group(2)), 2)
-    return {**out, "total": round(sum(out.values()), 2)} if out else {}
+    if out:
+        out["total"] = round(sum(out.values()), 2)
+    scheduler = SCHEDULER_LINE.search(log_text)
+    return {**out, "scheduler_e2e": float(scheduler.group(1))} if scheduler else out
 
 
 def process_tree_cpu_s(pid: int) -> float:
@@ -142,3 +152,47 @@ def process_tree_cpu_s(pid: int) -> float:
             total += int(stats[p][11]) + int(stats[p][12])  # utime, stime (fields 14, 15 of stat)
         todo += children.get(p, [])
     return total / tick
+
+
+def report(graphs: dict, eager: dict | None, card: str, commit: str) -> dict:
+    """The results file: graphs' summary per c, `eager` (the eager setting at c = 32), `startup_s` (graph capture
+    seconds and the scheduler's whole start-up per system, in the setting's first call: a cold Triton and JIT cache),
+    card and commit."""
+    keep = (*SYSTEMS, "lilicorr_vs_builtin", "lilicorr_vs_dflash", "tau", "block_over_decode", "rounds")
+    out = {c: {k: e[k] for k in keep if k in e} for c, e in graphs["summary"].items()}
+    if eager and "32" in eager["summary"]:
+        out["eager"] = {k: eager["summary"]["32"][k] for k in keep if k in eager["summary"]["32"]}
+    first = next(iter(graphs.get("capture_s", {}).values()), {})
+    out["startup_s"] = {s: {"graph_capture": first[s].get("total"), "scheduler": first[s].get("scheduler_e2e")}
+                        for s in SYSTEMS if s in first}
+    return {**out, "card": card, "commit": commit}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Served-speed results of the testbed's speed step (module docstring).")
+    p.add_argument("--graphs", type=Path, required=True, help="the graphs32 setting's folder (its speed_summary.json)")
+    p.add_argument("--eager", type=Path, help="the graphs16 setting's folder")
+    p.add_argument("--card", required=True)
+    p.add_argument("--commit", required=True)
+    p.add_argument("--out", type=Path, required=True)
+    a = p.parse_args(argv)
+    docs = {}
+    for name, folder in (("graphs", a.graphs), ("eager", a.eager)):
+        if folder is not None:
+            path = folder / "speed_summary.json"
+            if not path.is_file():
+                p.error(f"--{name} {folder}: no speed_summary.json there; pass the speed step's folder of that setting")
+            docs[name] = json.loads(path.read_text())
+    a.out.mkdir(parents=True, exist_ok=True)
+    result = report(docs["graphs"], docs.get("eager"), a.card, a.commit)
+    (a.out / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
+    settings = {doc["setting"]: doc["summary"] for doc in docs.values()}
+    text = "".join(table(summary, f"{setting} ({a.card}, {a.commit})") + "\n" for setting, summary in settings.items())
+    (a.out / "table.md").write_text(text)
+    plot(settings, a.out / "speed.png")
+    print(text + f"-> {a.out}/summary.json, table.md, speed.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

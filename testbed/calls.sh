@@ -7,12 +7,19 @@
 #            then `data` for DATA_MINUTES (the set closes at what was generated)
 #   train    carry .dev/ckpt (the shipped drafts' weights): both variants from the shipped drafts (`train --init`),
 #            one GPU each, for TRAIN_MINUTES; beside them on GPU 1 the evaluation outputs (`evalgen`); then `wait`
-#   measure  `export`; on GPU 0 `speed` (tau through the servers on every set unless SPEED_ARGS=--no-tau-check);
+#   measure  `export`; on GPU 0 `speed` (SPEED_ARGS, default "--tau-check --concurrency 8 --rounds 3": tau through the
+#            servers on every set, one paired concurrency);
 #            beside it on GPU 1 `replay` and the served greedy check of the new
 #            LiLiCorr draft (tools/gpu_check.sh lilicorr,check)
-# The shipped drafts' speed alone (one GPU, e.g. nvidia-h100-x1): `install`, then
+# The shipped drafts' served speed (issue 39's benchmark; one GPU, nvidia-h100-x1): `install`, then
 #   model    carry .dev/{smolB,bin}: the target (bf16)
-#   speed    carry .dev/ckpt: the shipped drafts as WORK/drafts, then `speed` on GPU 0 (as in `measure`)
+#   speed    carry .dev/ckpt: the shipped drafts as WORK/drafts, then `speed $SPEED_ARGS` on GPU 0. The whole benchmark is
+#            three speed calls back to back (a setting's calls add up; each stops its rounds before the deadline):
+#              SPEED_ARGS="--concurrency 1 4 8"         ~520 s (cold start-up ~220 s, then ~100 s per concurrency)
+#              SPEED_ARGS="--concurrency 16 32"         ~330 s (with the profile pass)
+#              SPEED_ARGS="--setting graphs16"          ~250 s (c = 32 on the eager path)
+#            then on the CPU machine `python -m sglang_lilicorr.benchmarks.serve_speed --graphs DIR/graphs32 --eager
+#            DIR/graphs16 --card CARD --commit C --out benchmarks/results/serve-speed/NAME` (benchmarks/README.md)
 # The long-input lineage (issue 28; one GPU is enough): `install`, `data`, then
 #   long-train    carry .dev/ckpt: the conversations packed to >= 3,584 tokens in /tmp/testbed_long (long-pack), the
 #                 LiLiCorr draft trained on them from the shipped one in both objectives (lilicorr, margin: variants.LONG,
@@ -111,7 +118,7 @@ measure)
     CUDA_VISIBLE_DEVICES=1 OUT=$OUT/served bash "$ROOT/tools/gpu_check.sh" lilicorr,check 2>&1 | tail -n 12
   ) > /tmp/calls/side.txt 2>&1 &
   side=$!
-  bash "$ROOT/testbed/gpu.sh" speed ${SPEED_ARGS:-} 2>&1 | quiet 60
+  bash "$ROOT/testbed/gpu.sh" speed ${SPEED_ARGS:---tau-check --concurrency 8 --rounds 3} 2>&1 | quiet 60
   wait $side
   cat /tmp/calls/side.txt
   ;;

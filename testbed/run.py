@@ -547,6 +547,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--concurrency", type=int, nargs="+", help="default: 1 4 8 16 32 (graphs32), 32 (graphs16)")
     s.add_argument("--rounds", type=int, default=5)
     s.add_argument("--max-tokens", type=int, default=256)
+    s.add_argument("--tau-check", action="store_true", help="after the rounds, serve every eval prompt once at c = 8 (tau "
+                   "through the server)")
     s.add_argument("--profile-steps", type=int, default=12,
                    help="forward passes profiled per server at c = 1 after the rounds, in their own pass (0: no profile)")
     s.set_defaults(func=cmd_speed)

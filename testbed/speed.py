@@ -4,13 +4,16 @@ paired, rotated rounds on one GPU (sglang_lilicorr.benchmarks.paired, serve_spee
 
 The four servers start once, side by side on GPU 0 (KV pools of KV_TOKENS each), with SGLang's --sleep-on-idle: an
 idle server blocks instead of spinning, and the step records the CPU seconds every idle server spent while another
-one played (idle_cpu_s in speed_run.json: the evidence that they do not disturb each other). No stage timer,
+one played (idle_cpu_s in speed_summary.json: the evidence that they do not disturb each other). No stage timer,
 profiler or recorder runs in the throughput rounds. For each concurrency c and round r every system plays the same
 long-form prompts (greedy, --max-tokens new tokens, ignore_eos off), the order rotating every round; round r of
 every c goes to WORK/speed/SETTING/round<r>.jsonl. --setting graphs32 captures CUDA graphs up to batch 32 (every c
 graph-replayed); graphs16 stops them at 16, so c = 32 runs the eager path. Then, in their own pass, each server is
-profiled for --profile-steps forward passes at c = 1 (benchmarks/step_profile.py: the host and GPU timeline of the
-same steps, LILICORR beside the built-in). Writes speed_summary.json (serve_speed.summarize: tok/s, paired ratios
+profiled for --profile-steps forward passes at c = 1 (with --tau-check, every evaluation prompt is first served
+once at c = 8 by the speculative servers: tau through the server, beside the replay's) (benchmarks/step_profile.py: the host and GPU timeline of the
+same steps, LILICORR beside the built-in), where $TESTBED_DEADLINE still leaves time for it. A setting may take several
+device calls (--concurrency a few at a time): each call's rounds stop before the deadline, and the summary takes every
+concurrency the setting's calls played. Writes speed_summary.json (serve_speed.summarize: tok/s, paired ratios
 with 95 % intervals, tau, per c), speed_table.md, speed.png, the graph-capture seconds of every server, and `lilicorr
 bench report`'s tables.
 """
@@ -120,6 +123,11 @@ def run(args, base_server_args: str) -> int:
     (work / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     every = prompt_file.load(work / "prompts.jsonl")
     prompts = {c: every[: prompts_for(c)] for c in concurrency}
+    # the concurrencies earlier calls of this setting played count too (a setting may take several device calls)
+    played = {int(p.name.split("_")[0][1:]) for p in (work / "runs").glob("c*_r*_*.jsonl")} if (work / "runs").is_dir() else set()
+    every_c = {c: every[: prompts_for(c)] for c in sorted(played | set(concurrency))}
+    deadline = paired.Deadline(float(os.environ["TESTBED_DEADLINE"])) if os.environ.get("TESTBED_DEADLINE") else None
+    after_rounds_s = 60.0 + (45.0 if args.profile_steps else 0.0)  # the profile pass, the report, stopping the servers
     specs = [ServerSpec(args.target, PORT0 + i, "0", server_args(base_server_args, s, drafts, SETTINGS[args.setting]), {}, s)
              for i, s in enumerate(SYSTEMS)]
     url = {s: f"http://127.0.0.1:{PORT0 + i}" for i, s in enumerate(SYSTEMS)}
@@ -128,28 +136,41 @@ def run(args, base_server_args: str) -> int:
     with contextlib.ExitStack() as stack:
         servers = stack.enter_context(SGLangServers.start(specs, work / "logs", launcher=launcher, warm_first=True))
         watch = IdleWatch({s: p.pid for s, p in zip(SYSTEMS, servers.processes)})
-        failed += paired.play_rounds(url, prompts, paired.RoundPlan("speed", args.max_tokens, rounds=args.rounds), work,
-                                     log=lambda line: print(line, flush=True), watch=watch)
-        if args.profile_steps:
+        plan = paired.RoundPlan("speed", args.max_tokens, rounds=args.rounds, reserve_s=after_rounds_s)
+        failed += paired.play_rounds(url, prompts, plan, work, deadline=deadline, log=lambda line: print(line, flush=True),
+                                     watch=watch)
+        if args.tau_check:
+            for system in SYSTEMS[1:]:
+                if bench("run", "--url", url[system], "--system", system, "--dataset", str(args.eval_prompts),
+                         "--results", str(work / "tau_check.jsonl"), "--concurrency", "8", "--temperature", "0",
+                         "--max-tokens", str(args.max_tokens), "--warmup", "0", "--request-timeout", "300", "--no-progress", cwd=work):
+                    failed.append(f"{system} tau check")
+        if args.profile_steps and (deadline is None or deadline.allows(after_rounds_s)):
             failed += profile_systems(url, work / "profile", args.profile_steps, rows[0]["text"])
-    rounds = [str(p) for p in paired.merge_rounds(work, SYSTEMS, prompts, args.rounds)]
+    rounds = [str(p) for p in paired.merge_rounds(work, SYSTEMS, every_c, args.rounds)]
     summary = serve_speed.summarize([[json.loads(line) for line in Path(p).read_text().splitlines() if line.strip()]
                                      for p in rounds])
+    call = "c=" + ",".join(map(str, concurrency))  # per call of this setting: its servers' start-up and idle CPU
+    earlier = json.loads((work / "speed_summary.json").read_text()) if (work / "speed_summary.json").is_file() else {}
     capture = {s: serve_speed.capture_seconds((work / "logs" / f"server-{s}.log").read_text(errors="replace"))
                for s in SYSTEMS if (work / "logs" / f"server-{s}.log").is_file()}
-    save_json(work / "speed_summary.json", {"setting": args.setting, "graphs_to": SETTINGS[args.setting], "summary": summary,
-                                            "capture_s": capture, "idle_cpu_s": {s: round(v, 2) for s, v in watch.spent.items()}})
+    save_json(work / "speed_summary.json", {
+        "setting": args.setting, "graphs_to": SETTINGS[args.setting], "summary": summary,
+        "capture_s": {**earlier.get("capture_s", {}), call: capture},
+        "idle_cpu_s": {**earlier.get("idle_cpu_s", {}), call: {s: round(v, 2) for s, v in watch.spent.items()}}})
     (work / "speed_table.md").write_text(serve_speed.table(summary, f"{args.setting} (CUDA graphs to batch {SETTINGS[args.setting]})"))
     if summary:
         serve_speed.plot({args.setting: summary}, work / "speed.png")
     print((work / "speed_table.md").read_text())
     rc = bench("report", *rounds, "--baseline", "base", "--block-ref", "dflash", "--out", str(work / "report"), cwd=work)
+    if args.tau_check and (work / "tau_check.jsonl").is_file():
+        rc |= bench("report", str(work / "tau_check.jsonl"), "--block-ref", "dflash", "--no-plots", "--out", str(work / "tau_check"), cwd=work)
     save_json(work / "speed_run.json", {"setting": args.setting, "concurrency": concurrency, "rounds": args.rounds,
                                         "max_tokens": args.max_tokens, "failed": failed,
                                         "server_args": {s: " ".join(spec.args) for s, spec in zip(SYSTEMS, specs)}})
     bundle = work / f"speed_{args.setting}.tar.gz"
     with tarfile.open(bundle, "w:gz") as t:
-        for p in [*work.glob("round*.jsonl"), work / "report", work / "speed_summary.json", work / "speed_table.md",
+        for p in [*work.glob("round*.jsonl"), work / "report", work / "tau_check.jsonl", work / "tau_check", work / "speed_summary.json", work / "speed_table.md",
                   work / "speed.png", work / "speed_run.json", work / "logs", work / "profile"]:
             if p.exists():
                 t.add(p, arcname=str(p.relative_to(work)))

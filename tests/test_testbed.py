@@ -100,13 +100,17 @@ def test_pipeline_end_to_end(toy, tmp_path, monkeypatch):
     assert one["rounds"] == 2 and set(one["tau"]) == {"dflash", "builtin", "lilicorr"}
     lo_mean_hi = one["lilicorr_vs_builtin"]
     assert lo_mean_hi[1] <= lo_mean_hi[0] <= lo_mean_hi[2] and one["lilicorr"] > 0
-    assert set(doc["idle_cpu_s"]) == set(speed.SYSTEMS) and doc["graphs_to"] == 32
+    assert set(doc["idle_cpu_s"]["c=1,2"]) == set(speed.SYSTEMS) and doc["graphs_to"] == 32
     assert "lilicorr / builtin" in (runs / "speed_table.md").read_text() and (runs / "speed.png").is_file()
     args = json.loads((runs / "speed_run.json").read_text())["server_args"]
     assert all("--sleep-on-idle" in a and "--cuda-graph-max-bs-decode 32" in a for a in args.values())
     assert "--speculative-algorithm DFLASH" in args["builtin"] and "drafts/lilicorr" in args["builtin"]
     profiles = json.loads((runs / "profile" / "summary.json").read_text())
     assert list(profiles) == ["lilicorr", "builtin", "dflash", "base"] and profiles["dflash"]["steps"] == 12
+    # a second call of the setting adds its concurrencies to the summary (a setting may take several device calls)
+    assert cli(toy, "speed", "--concurrency", "3", "--rounds", "2", "--max-tokens", "8", "--profile-steps", "0") == 0
+    doc = json.loads((runs / "speed_summary.json").read_text())
+    assert sorted(doc["summary"], key=int) == ["1", "2", "3"] and sorted(doc["idle_cpu_s"]) == ["c=1,2", "c=3"]
     assert "Python frames: lilicorr - builtin" in (runs / "profile" / "profile.md").read_text()
 
     assert cli(toy, "tables") == 0

@@ -1,0 +1,92 @@
+"""The served-speed summary (benchmarks/serve_speed.py): paired ratios within rounds, tau, the start-up lines of
+SGLang's logs, the results file, and the idle servers' CPU accounting."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from sglang_lilicorr.benchmarks import serve_speed
+
+
+def record(system: str, c: int, tokens: int, seconds: float, blocks: int | None) -> dict:
+    turn = {"completion_tokens": tokens, "spec_verify_ct": blocks, "start": 0.0, "end": seconds, "text": ""}
+    return {"system": system, "concurrency": c, "dataset": "speed", "prompt_id": "p", "turns": [turn]}
+
+
+def rounds_of(speeds: dict, c: int = 1) -> list[list[dict]]:
+    """speeds: {system: [tok/s of round 0, round 1, ...]} -> the rounds' records (100 tokens each, 4 per block)."""
+    n = len(next(iter(speeds.values())))
+    return [[record(s, c, 100, 100 / v[r], None if s == "base" else 25) for s, v in speeds.items()] for r in range(n)]
+
+
+def test_ratios_are_paired_within_rounds_with_t_intervals():
+    speeds = {"base": [100, 50, 100], "dflash": [100, 50, 100], "builtin": [200, 100, 200], "lilicorr": [220, 110, 220]}
+    summary = serve_speed.summarize(rounds_of(speeds))["1"]
+    assert summary["rounds"] == 3 and summary["lilicorr"] == pytest.approx(550 / 3, abs=0.1)
+    # the whole second round ran at half speed: paired ratios do not move, so their interval is a point
+    assert summary["lilicorr_vs_builtin"] == [1.1, 1.1, 1.1]
+    assert summary["lilicorr_vs_dflash"] == [2.2, 2.2, 2.2]
+    assert summary["tau"] == {"dflash": 4.0, "builtin": 4.0, "lilicorr": 4.0}
+    # latency per block pooled over the rounds, over latency per token of no speculation pooled the same way
+    block, step = (100 / 220 + 100 / 110 + 100 / 220) / 75, (1.0 + 2.0 + 1.0) / 300
+    assert summary["block_over_decode"]["lilicorr"] == pytest.approx(block / step, abs=1e-3)
+    noisy = serve_speed.summarize(rounds_of({**speeds, "lilicorr": [220, 100, 180]}))["1"]["lilicorr_vs_builtin"]
+    assert noisy[1] < noisy[0] < noisy[2] and noisy[0] == pytest.approx((1.1 + 1.0 + 0.9) / 3, abs=1e-4)
+
+
+def test_a_concurrency_missing_a_system_is_left_out():
+    rounds = rounds_of({"base": [100], "dflash": [100], "builtin": [100], "lilicorr": [100]})
+    rounds[0] += [record("lilicorr", 8, 100, 1.0, 25)]  # c = 8 has only one system
+    assert list(serve_speed.summarize(rounds)) == ["1"]
+
+
+def test_table_and_plot(tmp_path):
+    summary = serve_speed.summarize(rounds_of({"base": [100, 90], "dflash": [80, 70], "builtin": [90, 80], "lilicorr": [95, 85]}))
+    text = serve_speed.table(summary, "graphs32")
+    assert "**graphs32**" in text and "| 1 | 95 | 75 | 85 | 90 |" in text and "lilicorr / builtin" in text
+    assert serve_speed.plot({"graphs32": summary}, tmp_path / "s.png").is_file()
+
+
+LOG = """[x] Capture target verify CUDA graph end. bs=[1, 2], elapsed=9.27 s, mem usage=2.53 GB, avail mem=70.14 GB.
+[x] Capture draft verify CUDA graph end. bs=[1, 2], elapsed=44.40 s, mem usage=0.21 GB, avail mem=67.62 GB.
+[x] Engine startup timings (s): load_weight=0.55, kv_cache_allocation=1.86, scheduler_e2e=77.41, cuda_graph={prefill=0.00}
+"""
+
+
+def test_start_up_seconds_from_sglangs_log_lines():
+    assert serve_speed.capture_seconds(LOG) == {"target verify": 9.27, "draft verify": 44.4, "total": 53.67, "scheduler_e2e": 77.41}
+    assert serve_speed.capture_seconds("no such lines") == {}
+
+
+def test_results_file_from_both_settings(tmp_path):
+    graphs = serve_speed.summarize(rounds_of({"base": [100, 90], "dflash": [80, 70], "builtin": [90, 80], "lilicorr": [95, 85]}))
+    eager = serve_speed.summarize(rounds_of({"base": [10, 9], "dflash": [8, 7], "builtin": [6, 5], "lilicorr": [7, 6]}, c=32))
+    for name, setting, summary in (("g", "graphs32", graphs), ("e", "graphs16", eager)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "speed_summary.json").write_text(json.dumps({
+            "setting": setting, "summary": summary, "capture_s": {"c=1": {"lilicorr": serve_speed.capture_seconds(LOG)}}}))
+    assert serve_speed.main(["--graphs", str(tmp_path / "g"), "--eager", str(tmp_path / "e"), "--card", "H100",
+                             "--commit", "abc", "--out", str(tmp_path / "out")]) == 0
+    doc = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert doc["card"] == "H100" and doc["commit"] == "abc" and doc["1"]["lilicorr"] == 90.0
+    assert doc["eager"]["lilicorr_vs_dflash"][0] == pytest.approx((7 / 8 + 6 / 7) / 2, abs=1e-4)
+    assert doc["startup_s"] == {"lilicorr": {"graph_capture": 53.67, "scheduler": 77.41}}
+    assert (tmp_path / "out" / "speed.png").is_file() and "graphs16" in (tmp_path / "out" / "table.md").read_text()
+    with pytest.raises(SystemExit):
+        serve_speed.main(["--graphs", str(tmp_path), "--card", "x", "--commit", "y", "--out", str(tmp_path / "o2")])
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux /proc")
+def test_process_tree_cpu_counts_a_busy_child():
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 0.6: pass\nprint(1)"],
+                             stdout=subprocess.PIPE)
+    before = serve_speed.process_tree_cpu_s(os.getpid())
+    child.stdout.read()  # the child has spun ~0.6 s of CPU and is still alive until waited on
+    spent = serve_speed.process_tree_cpu_s(os.getpid()) - before
+    child.wait()
+    assert spent >= 0.2
