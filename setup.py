@@ -25,6 +25,10 @@ setup(
     extras_require={"test": ["pytest>=8"]},
     entry_points={
         "console_scripts": ["lilicorr = sglang_lilicorr.cli:main"],
-        "sglang.srt.plugins": ["lilicorr = sglang_lilicorr.serving.plugin:register"],
+        "sglang.srt.plugins": [
+            "lilicorr = sglang_lilicorr.serving.plugin:register",
+            # opt-in timing and recording (LILICORR_STAGE_TIMING, LILICORR_PROPOSAL_RECORD); nothing without them
+            "lilicorr_instrumentation = sglang_lilicorr.instrumentation.plugin:register",
+        ],
     },
 )

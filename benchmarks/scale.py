@@ -261,7 +261,7 @@ def run_phase(work: Path, phase: Phase, out: Path, deadline: paired.Deadline, *,
 def flush_stage_timers(urls: Mapping[str, str]) -> list[str]:
     """After the rounds: one prefill-only request per server, past the stage timer's idle time, so each writes the
     decode steps since its last dump (the servers are then killed, which skips their exit dump). The failures."""
-    from ..serving.stage_timer import IDLE_DUMP_S
+    from ..instrumentation.stage_timer import IDLE_DUMP_S
     from .client import post_json
 
     time.sleep(IDLE_DUMP_S + 0.5)

@@ -79,3 +79,13 @@ def test_kernels_import_only_kernels():
     for name, imports in import_graph().items():
         if name.startswith("sglang_lilicorr.kernels"):
             assert all(m.startswith("sglang_lilicorr.kernels") for m in imports), (name, imports)
+
+
+def test_serving_holds_no_instrumentation():
+    """The plugin's serving path imports no timer or recorder: those live in sglang_lilicorr.instrumentation, which
+    SGLang loads through an entry point of its own."""
+    graph = import_graph()
+    assert "sglang_lilicorr.instrumentation.stage_timer" in graph
+    for name, imports in graph.items():
+        if name.startswith("sglang_lilicorr.serving"):
+            assert not any(m.startswith("sglang_lilicorr.instrumentation") for m in imports), (name, imports)

@@ -1,4 +1,4 @@
-"""Per-stage decode timing (serving/stage_timer.py) on CPU: a fake DFlash-family worker with an
+"""Per-stage decode timing (instrumentation/stage_timer.py) on CPU: a fake DFlash-family worker with an
 injected clock and injected (lazily resolving) events, the JSON it writes, the proposal
 micro-benchmark's parts, the plugin's opt-in install, and `from_timings` / `bench stages --timings`."""
 from __future__ import annotations
@@ -19,8 +19,8 @@ from sglang.srt.speculative import dflash_worker_v2  # noqa: E402
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2  # noqa: E402
 
 from sglang_lilicorr.benchmarks import cli, stages  # noqa: E402
-from sglang_lilicorr.serving import stage_timer  # noqa: E402
-from sglang_lilicorr.serving.plugin import register  # noqa: E402
+from sglang_lilicorr.instrumentation import stage_timer  # noqa: E402
+from sglang_lilicorr.instrumentation.plugin import register  # noqa: E402
 
 # --- fakes ----------------------------------------------------------------------------------
 

@@ -104,7 +104,7 @@ def test_proposal_record_keeps_the_first_block_of_each_request_served_alone(tmp_
     pytest.importorskip("sglang")
     import sglang.srt.runtime_context as runtime
 
-    from sglang_lilicorr.serving import proposal_record
+    from sglang_lilicorr.instrumentation import proposal_record
 
     monkeypatch.setattr(runtime, "get_parallel", lambda: types.SimpleNamespace(tp_rank=1))
 
@@ -136,23 +136,25 @@ def test_proposal_record_keeps_the_first_block_of_each_request_served_alone(tmp_
     assert not (tmp_path / "again").exists()
 
 
-def test_the_worker_factory_installs_the_record_only_when_asked(tmp_path, monkeypatch):
+def test_the_instrumentation_plugin_installs_the_record_only_when_asked(tmp_path, monkeypatch):
     pytest.importorskip("sglang")
-    from sglang_lilicorr.serving import kv_rows, plugin
+    from sglang_lilicorr.instrumentation import plugin
+    from sglang_lilicorr.serving.worker import LiLiCorrWorker
 
-    monkeypatch.setattr(kv_rows, "widen_rows", lambda: None)
     monkeypatch.delenv(plugin.PROPOSAL_RECORD, raising=False)
-    worker_cls = plugin.worker_factory(types.SimpleNamespace())
-    assert getattr(worker_cls, "_proposal_record_dir", None) is None
-    plain = worker_cls.forward_batch_generation
+    monkeypatch.delenv(plugin.STAGE_TIMING, raising=False)
+    plain = LiLiCorrWorker.forward_batch_generation
+    plugin.register()
+    assert getattr(LiLiCorrWorker, "_proposal_record_dir", None) is None and LiLiCorrWorker.forward_batch_generation is plain
     monkeypatch.setenv(plugin.PROPOSAL_RECORD, str(tmp_path / "record"))
     try:
-        assert plugin.worker_factory(types.SimpleNamespace()) is worker_cls
-        assert worker_cls._proposal_record_dir == str(tmp_path / "record") and (tmp_path / "record").is_dir()
-        assert worker_cls.forward_batch_generation is not plain
+        plugin.register()
+        plugin.register()  # every SGLang process calls it: the class is wrapped once
+        assert LiLiCorrWorker._proposal_record_dir == str(tmp_path / "record") and (tmp_path / "record").is_dir()
+        assert LiLiCorrWorker.forward_batch_generation is not plain
     finally:  # the class is shared by the whole test session
-        worker_cls.forward_batch_generation = plain
-        del worker_cls._proposal_record_dir
+        LiLiCorrWorker.forward_batch_generation = plain
+        del LiLiCorrWorker._proposal_record_dir
 
 
 def write_probe(folder: Path, rank: int, blocks: list[list[int]]) -> None:

@@ -8,11 +8,8 @@ the worker class.
 """
 from __future__ import annotations
 
-import os
-
 from . import ALGORITHM_NAME
 from .algorithm import LiLiCorrSpecAlgo
-from .proposal_record import ENV_DIR as PROPOSAL_RECORD
 
 
 def worker_factory(server_args) -> type:
@@ -23,10 +20,6 @@ def worker_factory(server_args) -> type:
 
     register_draft_model()
     widen_rows()  # before the scheduler builds the pools (kv_rows.py says why)
-    if os.environ.get(PROPOSAL_RECORD):  # opt-in: the first block of each request (tools/tp_check.sh)
-        from .proposal_record import install
-
-        install(LiLiCorrWorker, os.environ[PROPOSAL_RECORD])
     return LiLiCorrWorker
 
 
@@ -38,11 +31,6 @@ def validate(server_args) -> None:
 
 def register() -> None:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    if os.environ.get("LILICORR_STAGE_TIMING"):  # opt-in per-stage timing (benchmarks, paper Table cost)
-        from .stage_timer import install
-
-        install(os.environ["LILICORR_STAGE_TIMING"])
 
     try:
         existing = SpeculativeAlgorithm.from_string(ALGORITHM_NAME)

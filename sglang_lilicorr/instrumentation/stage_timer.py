@@ -1,6 +1,6 @@
 """Opt-in per-stage timing of DFlash-family decode steps inside a real SGLang server (paper Table cost).
 
-Enabled by `LILICORR_STAGE_TIMING=<dir>` (plugin.register calls `install`). Every DFlashWorkerV2
+Enabled by `LILICORR_STAGE_TIMING=<dir>` (the instrumentation plugin's `register` calls `install`). Every DFlashWorkerV2
 built afterwards -- SGLang's DFLASH worker (with or without its built-in LiLiCorr head) and our
 LiLiCorrWorker alike -- gets its instance attributes wrapped right after construction, so subclass
 overrides are inside the measured spans:
@@ -527,7 +527,7 @@ def worker_lm_head_weight(worker) -> torch.Tensor:
         return proposer.lm_head_weight
     from sglang.srt.lora.layers import unwrap_lora_layer
 
-    from .worker import lm_head_rows
+    from ..serving.worker import lm_head_rows
 
     runner = worker.target_worker.model_runner
     rows, _ = lm_head_rows(unwrap_lora_layer(runner.model.lm_head), int(runner.model_config.vocab_size), tp_group=None)
