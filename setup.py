@@ -5,11 +5,7 @@ setup(
     version="0.1.0",
     description="LiLiCorr speculative decoding for SGLang: head, kernels, training, plugin, benchmarks",
     python_requires=">=3.10",
-    packages=find_packages(include=["sglang_lilicorr", "sglang_lilicorr.*"])
-    + ["sglang_lilicorr.kernels", "sglang_lilicorr.benchmarks"],
-    # kernels/ and benchmarks/ live at the top of the repo but install under our namespace:
-    # a top-level `kernels` would shadow the PyPI package of that name that SGLang uses.
-    package_dir={"sglang_lilicorr.kernels": "kernels", "sglang_lilicorr.benchmarks": "benchmarks"},
+    packages=find_packages(include=["sglang_lilicorr", "sglang_lilicorr.*"]),
     install_requires=[
         "sglang==0.5.23",
         "torch==2.14.1",

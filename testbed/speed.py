@@ -100,7 +100,7 @@ def profile_systems(urls: dict, root: Path, steps: int, prompt: str) -> list[str
 
 
 def bench(*argv: str, cwd: Path) -> int:
-    """`lilicorr bench ...` run from `cwd`, never the checkout (its plain sglang_lilicorr/ lacks the installed kernels/)."""
+    """`lilicorr bench ...` run from `cwd`."""
     return subprocess.call([sys.executable, "-m", "sglang_lilicorr.cli", "bench", *argv], cwd=cwd)
 
 

@@ -6,8 +6,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = {"sglang_lilicorr": ROOT / "sglang_lilicorr", "sglang_lilicorr.kernels": ROOT / "kernels",
-            "sglang_lilicorr.benchmarks": ROOT / "benchmarks"}  # kernels/ and benchmarks/ install under our name
+PACKAGES = {"sglang_lilicorr": ROOT / "sglang_lilicorr"}
 
 
 def modules() -> dict[str, Path]:

@@ -68,7 +68,7 @@ GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
 STEPS=${1:-install}
 mkdir -p "$O" "$W"
 source "$TOOLS/check_lib.sh"
-cd /tmp || exit 1  # not the checkout: its plain sglang_lilicorr/ would shadow the installed package (kernels/ maps in at install)
+cd /tmp || exit 1  # outside the checkout: the installed package is the one imported
 
 if has install; then
   say "== install"
