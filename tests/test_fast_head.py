@@ -14,16 +14,16 @@ import torch
 import torch.nn.functional as F
 
 from sglang_lilicorr.config import LiLiCorrConfig
-from sglang_lilicorr.fast_head import FastLiLiCorrSelect
+from sglang_lilicorr.fast_path.select import FastLiLiCorrSelect
 from sglang_lilicorr.head import LiLiCorrHead, confidence_features
-from sglang_lilicorr.kernel_counters import KernelCounters
+from sglang_lilicorr.fast_path.counters import KernelCounters
 from sglang_lilicorr.kernels import topk_lse_triton
 from sglang_lilicorr.kernels.head_nodes import confidence_up_triton, lattice_nodes_triton
 from sglang_lilicorr.kernels.head_norm import add_rmsnorm_triton, rmsnorm_triton, row_bias_silu_triton
 from sglang_lilicorr.kernels.head_scores import lattice_cosine_triton
 from sglang_lilicorr.kernels.tuning import ALL_GEMMS, CosineLaunch, TopKLaunch
-from sglang_lilicorr.select_plan import PYTORCH, HeadGeometry, SelectPlan, SelectPlans, plans_for
-from sglang_lilicorr.select_reference import greedy_margin, reference_select
+from sglang_lilicorr.fast_path.plan import PYTORCH, HeadGeometry, SelectPlan, SelectPlans, plans_for
+from sglang_lilicorr.fast_path.reference import greedy_margin, reference_select
 from sglang_lilicorr.walk import greedy_walk
 
 from sm90_build import check_in_fresh_process

@@ -278,7 +278,7 @@ from sm90_build import build
 import torch
 from sglang_lilicorr.kernels import gemm_epilogue as ge, tuning
 from sglang_lilicorr.kernels.prefetch import lines_per_row
-from sglang_lilicorr.select_plan import Device, HeadGeometry, plans_for
+from sglang_lilicorr.fast_path.plan import Device, HeadGeometry, plans_for
 
 
 def served_configs(runs):  # the configs by M (and their wide-K twins) at the lattice rows where a served plan of the

@@ -22,7 +22,7 @@ from triton_mode import CUDA, INTERPRETER, graph_replay, needs_interpreter
 
 
 def _padded_bias(heads: int, length: int, gen=None, device="cpu", dtype=torch.float32) -> torch.Tensor:
-    """Random finite bias as fast_head stores it: a [1, heads, L, L] view of rows padded to 16."""
+    """Random finite bias as the select stores it: a [1, heads, L, L] view of rows padded to 16."""
     pad = -(-length // 16) * 16
     full = torch.randn(1, heads, length, pad, generator=gen).to(device, dtype)
     return full[..., :length]

@@ -1,4 +1,4 @@
-"""The select's plans (sglang_lilicorr/select_plan.py): what kernels/tuning.py's tables resolve to for the two
+"""The select's plans (sglang_lilicorr/fast_path/plan.py): what kernels/tuning.py's tables resolve to for the two
 measured heads (the served choices before the tables moved into one module, pinned here), the buckets, the rule for
 unmeasured geometry, and the plans the select refuses by name."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from sglang_lilicorr.kernels import tuning
 from sglang_lilicorr.kernels.tuning import ALL_GEMMS, TopKLaunch
-from sglang_lilicorr.select_plan import PYTORCH, Device, HeadGeometry, SelectPlan, SelectPlans, batch_bounds, plan_for, plans_for
+from sglang_lilicorr.fast_path.plan import PYTORCH, Device, HeadGeometry, SelectPlan, SelectPlans, batch_bounds, plan_for, plans_for
 
 H100 = Device(triton=True, cuda=True, pdl=True)
 INTERPRETER = Device(triton=True, cuda=False, pdl=False)

@@ -134,7 +134,8 @@ def patched(mode: str):
 
 
 def select_modules():
-    names = ("sglang_lilicorr.fast_head", "sglang_lilicorr.select_plan")
+    names = ("sglang_lilicorr.fast_path.select", "sglang_lilicorr.fast_path.plan",  # and the flat modules of older trees
+             "sglang_lilicorr.fast_head", "sglang_lilicorr.select_plan")
     found = []
     for name in names:
         try:
@@ -146,7 +147,10 @@ def select_modules():
 
 def build(geometry: str, mode: str):
     from sglang_lilicorr.benchmarks.head_bench import GEOMETRIES, build_ours
-    from sglang_lilicorr.fast_head import FastLiLiCorrSelect
+    try:
+        from sglang_lilicorr.fast_path.select import FastLiLiCorrSelect
+    except ImportError:  # an older tree (the reference commit)
+        from sglang_lilicorr.fast_head import FastLiLiCorrSelect
 
     geo = GEOMETRIES[geometry]
     head = build_ours(geo, "cpu", torch.bfloat16)
@@ -171,7 +175,7 @@ def attempt(call) -> None:
 def pytorch_path(head) -> dict:
     """FastLiLiCorrSelect's arguments for the PyTorch path: its plans, or (before the plans) fused=False."""
     try:
-        from sglang_lilicorr.select_plan import PYTORCH, HeadGeometry, plans_for
+        from sglang_lilicorr.fast_path.plan import PYTORCH, HeadGeometry, plans_for
     except ImportError:
         return dict(fused=False)
     return dict(plans=plans_for(HeadGeometry.of(head), PYTORCH))

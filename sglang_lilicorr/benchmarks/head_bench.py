@@ -24,7 +24,7 @@ factors (fusion + out|in GEMMs + cosines with the walk). Kernel launches per cal
 activity, one eager call) for post_logits of each variant and the built-in and for each stage,
 with the fused variant's and the built-in's kernels by GPU time (the SDPA backend shows up here).
 
-Our variants (VARIANTS: each builds the select's plans, sglang_lilicorr/select_plan.py, from the served ones):
+Our variants (VARIANTS: each builds the select's plans, sglang_lilicorr/fast_path/plan.py, from the served ones):
 torch (PyTorch ops on the precomputed buffers), fused (Triton kernels, no side stream, no PDL), fused_overlap
 (+ the side stream for the pass / anchor projections), fused_overlap_pdl (+ PDL at every bs, cuBLAS GEMMs),
 fused_overlap_pdl_triton (+ every GEMM of <= SMALL_M rows a Triton GEMM with its epilogue), served (the plans of
@@ -60,7 +60,7 @@ import torch.nn.functional as F
 
 from sglang_lilicorr.kernels import tuning
 from sglang_lilicorr.kernels.tuning import ALL_GEMMS, TopKLaunch
-from sglang_lilicorr.select_plan import PYTORCH, Device, HeadGeometry, plans_for
+from sglang_lilicorr.fast_path.plan import PYTORCH, Device, HeadGeometry, plans_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,7 +171,7 @@ def plan_json(plan) -> dict:
 
 def build_variant(name: str, head, table):
     """FastLiLiCorrSelect with the plans of VARIANTS[name] for this head on its device."""
-    from sglang_lilicorr.fast_head import FastLiLiCorrSelect
+    from sglang_lilicorr.fast_path.select import FastLiLiCorrSelect
 
     plans = VARIANTS[name](HeadGeometry.of(head), Device.of(head.pass_hidden_proj.weight))
     return FastLiLiCorrSelect(head, token_table=table, plans=plans)
@@ -373,8 +373,8 @@ def kernel_profile(fn, reps=3):
 
 
 def run(args) -> dict:
-    from sglang_lilicorr.fast_head import FastLiLiCorrSelect
-    from sglang_lilicorr.select_reference import greedy_margin, reference_select
+    from sglang_lilicorr.fast_path.select import FastLiLiCorrSelect
+    from sglang_lilicorr.fast_path.reference import greedy_margin, reference_select
     from sglang_lilicorr.kernels import topk_lse as topk_lse_ours  # the Triton kernel on CUDA
 
     geo = SMOKE if args.smoke else GEOMETRIES[args.geometry]

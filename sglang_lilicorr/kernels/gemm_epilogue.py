@@ -12,7 +12,7 @@ runs in Triton, with what follows it folded into the epilogue instead of a launc
   nodes      the feature MLP's down GEMM writes the lattice nodes instead of its product: token_table[id] +
              pass_proj[slot] + product + node_const[slot, rank] (kernels/head_nodes.node_sum).
 Uses: the lattice FFN's up projection with bias + SiLU (linear_silu_triton), the factor projection with its
-per-request bias + SiLU, and, where the select folds the lattice's norms (sglang_lilicorr/select_plan.py), each
+per-request bias + SiLU, and, where the select folds the lattice's norms (sglang_lilicorr/fast_path/plan.py), each
 lattice GEMM as the layer's only launch around it. Nothing is added to the K loop: a register pass over its A tiles
 (sums of squares, x * t) measured slower (benchmarks/PERF_NOTES.md).
 Launched early under PDL (kernels/pdl.py), the programs of the first row tile fetch their weight slice

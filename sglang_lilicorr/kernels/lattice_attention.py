@@ -5,7 +5,7 @@ Replaces F.scaled_dot_product_attention in LatticeAttention on the packed QKV GE
   qkv  [b*L, 3H]      F.linear(x, in_proj_weight, in_proj_bias); row = request * L + node, columns
                       q | k | v, each [heads, dh] head-major (LatticeAttention's view(n, L, 3, heads, dh))
   bias [heads, L, L]  additive float bias (lattice_attention_bias), any row stride, unit column stride;
-                      fast_head's [1, heads, L, L] view with 16-aligned rows is accepted as is
+                      the select's [1, heads, L, L] view with 16-aligned rows is accepted as is
   out  [b*L, H]       softmax(scale * q k^T + bias) v, in the layout o.transpose(1, 2).reshape(b*L, H)
                       takes, so out_proj consumes it with no copy
 
@@ -99,7 +99,7 @@ def _lattice_shapes(qkv: torch.Tensor, bias: torch.Tensor, heads: int, name: str
     if not isinstance(heads, int) or heads < 1 or width % heads:
         raise ValueError(f"{name}: H = {width} (qkv width {3 * width} / 3) is not divisible by heads = {heads!r}")
     if bias.dim() == 4 and bias.shape[0] == 1:
-        bias = bias[0]  # fast_head's [1, heads, L, L] view
+        bias = bias[0]  # the select's [1, heads, L, L] view
     length = bias.shape[-1] if bias.dim() == 3 else 0
     if bias.dim() != 3 or bias.shape != (heads, length, length) or bias.stride(-1) != 1 or not bias.is_floating_point():
         raise ValueError(

@@ -4,11 +4,11 @@
                    ConfidenceLaunch), with the measured defaults the kernels take when a caller passes none;
   kernel tables    a kernel's launch by the shape of its operands (GEMM rows, output width, batch size);
   head tables      what the select path does per head width and batch size, resolved into one plan per
-                   batch-size bucket by sglang_lilicorr/select_plan.py (`plan_for`).
+                   batch-size bucket by sglang_lilicorr/fast_path/plan.py (`plan_for`).
 
 Each measured value names the card and the commit that measured it (a `Measured` entry, or a comment);
 benchmarks/PERF_NOTES.md has the numbers. A head table maps the head width (the cosine split: the factor
-dimension D, which it cuts) to one `Measured` entry; select_plan.py says what a width without an entry
+dimension D, which it cuts) to one `Measured` entry; fast_path/plan.py says what a width without an entry
 takes. This module imports nothing of ours, so every kernel module and the select's plan can read it.
 """
 from __future__ import annotations
@@ -174,7 +174,7 @@ ATTENTION_SMALL_BATCH, ATTENTION_SMALL_BATCH_BLOCK_M = 4, 32  # ... b <= 4: more
 # 4.3 vs 5.2 us at b = 1)
 
 
-# --- head tables: head width -> Measured (select_plan.py resolves them per batch size) -----------------------
+# --- head tables: head width -> Measured (fast_path/plan.py resolves them per batch size) -----------------------
 # Roles of the select's GEMMs: pass (pass_hidden_proj, beside the top-K), nodes (the feature down GEMM with the node
 # assembly in its epilogue), feature_down (without it), per lattice layer qkv / out_proj / ffn_up / ffn_down, factor
 # (factor_input_proj with its per-request bias + SiLU), out_in (out_head | in_head).

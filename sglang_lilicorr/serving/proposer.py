@@ -4,7 +4,7 @@
   log-probs [b, S, K] --head(token table[ids], log-probs, pass_hidden, anchor)--> start [b, K],
   pair [b, S-1, K, K] --greedy walk--> idx [b, S] --gather--> draft tokens [b, S]
 
-The whole chain is `FastLiLiCorrSelect` (sglang_lilicorr/fast_head.py), the serving path of the
+The whole chain is `FastLiLiCorrSelect` (sglang_lilicorr/fast_path/select.py), the serving path of the
 same head module that training uses: on CUDA our Triton kernels (fused top-K/LSE, node, norm,
 lattice-attention and cosine kernels, greedy walk) around cuBLAS GEMMs; elsewhere the PyTorch path. Every step
 is static-shaped and sync-free, so the proposal is captured in SGLang's draft CUDA graph right
@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import torch
 
-from ..fast_head import FastLiLiCorrSelect
+from ..fast_path.select import FastLiLiCorrSelect
 from ..head import LiLiCorrHead
-from ..select_plan import PYTORCH, HeadGeometry, plans_for
+from ..fast_path.plan import PYTORCH, HeadGeometry, plans_for
 from .vocab_parallel import ShardedCandidates, VocabShard
 
 EAGER_BUCKET = 8  # requests between the eager proposal's graph sizes above the largest draft graph

@@ -2,9 +2,9 @@
 LM-head logits -> fused top-K + logsumexp -> token-table gather -> head -> greedy walk.
 
 `FastLiLiCorrSelect` wraps a `LiLiCorrHead` (same weights; the lattice layers, norms and projections are the
-head's own modules) with the constants the serving path precomputes from it (select_constants.py).
+head's own modules) with the constants the serving path precomputes from it (constants.py).
 
-How a call runs is its plan (sglang_lilicorr/select_plan.py: which kernels, with which launches), one per
+How a call runs is its plan (plan.py: which kernels, with which launches), one per
 batch-size bucket, resolved at construction from kernels/tuning.py's measured tables (or given: `plans`) and taken
 by the call's batch size. fused=False runs PyTorch ops (the lattice layers as LatticeLayer.forward); fused=True runs
 Triton kernels around the GEMMs: features + LayerNorm + up + SiLU in one kernel, the node kernel (gather + sum +
@@ -25,21 +25,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .head import LiLiCorrHead, confidence_features
-from .kernel_counters import KernelCounters
-from .kernels import head_nodes, head_norm, head_scores
-from .kernels.device import uses_triton
-from .kernels.gemm_epilogue import gemm_epilogue_triton, linear_silu_triton
-from .kernels.lattice_attention import lattice_attention_triton
-from .kernels.linear_norm import lattice_nodes_linear_triton, linear_add_rmsnorm_triton, row_tiles
-from .kernels.topk_lse import topk_lse
-from .kernels.topk_lse_fused import topk_lse_parts
-from .kernels.tuning import CosineLaunch
-from .kernels.walk import greedy_walk_triton
-from .select_constants import SelectConstants
-from .select_plan import Device, HeadGeometry, SelectPlan, SelectPlans, plans_for
+from ..head import LiLiCorrHead, confidence_features
+from .counters import KernelCounters
+from ..kernels import head_nodes, head_norm, head_scores
+from ..kernels.device import uses_triton
+from ..kernels.gemm_epilogue import gemm_epilogue_triton, linear_silu_triton
+from ..kernels.lattice_attention import lattice_attention_triton
+from ..kernels.linear_norm import lattice_nodes_linear_triton, linear_add_rmsnorm_triton, row_tiles
+from ..kernels.topk_lse import topk_lse
+from ..kernels.topk_lse_fused import topk_lse_parts
+from ..kernels.tuning import CosineLaunch
+from ..kernels.walk import greedy_walk_triton
+from .constants import SelectConstants
+from .plan import Device, HeadGeometry, SelectPlan, SelectPlans, plans_for
 from .side_stream import SideStream
-from .walk import greedy_walk
+from ..walk import greedy_walk
 
 
 def _norm_eps(norm: torch.nn.RMSNorm) -> float:

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .kernels import tuning
-from .kernels.device import pdl_supported, uses_triton
-from .kernels.tuning import ALL_GEMMS, GEMM_CONFIGS, CosineLaunch, Measured, TopKLaunch
+from ..kernels import tuning
+from ..kernels.device import pdl_supported, uses_triton
+from ..kernels.tuning import ALL_GEMMS, GEMM_CONFIGS, CosineLaunch, Measured, TopKLaunch
 
 GEMM_ROLES = ("pass", "nodes", *ALL_GEMMS)  # roles a launch config can be set for (kernels/tuning.py)
 

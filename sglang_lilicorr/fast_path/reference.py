@@ -4,9 +4,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .head import LiLiCorrHead
-from .kernels.topk_reference import topk_lse_reference
-from .walk import greedy_walk
+from ..head import LiLiCorrHead
+from ..kernels.topk_reference import topk_lse_reference
+from ..walk import greedy_walk
 
 
 def reference_select(head: LiLiCorrHead, token_table, hidden, anchor_hidden, lm_head_weight):

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from .head import LiLiCorrHead
-from .kernels.gemm_epilogue import fold_norm_gain
-from .lattice import lattice_attention_bias
+from ..head import LiLiCorrHead
+from ..kernels.gemm_epilogue import fold_norm_gain
+from ..lattice import lattice_attention_bias
 
 
 class SelectConstants:
