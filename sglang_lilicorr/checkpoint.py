@@ -10,21 +10,20 @@ Every check raises CheckpointError naming the file, tensor or field and what was
 """
 from __future__ import annotations
 
-import contextlib
+import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from .config import ConfigError, LiLiCorrConfig, json_number
 from .errors import LiLiCorrError
 from .head import LiLiCorrHead
+from .ownership import atomic_directory, atomic_file  # noqa: F401 (atomic_directory: re-exported)
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -32,6 +31,7 @@ HEAD_PREFIX = "lilicorr."
 VANILLA_ARCH = "DFlashDraftModel"
 LILICORR_ARCH = "LiLiCorrDraftModel"
 ARCHITECTURES = (VANILLA_ARCH, LILICORR_ARCH)
+CHECKSUM_KEY = "lilicorr_sha256"  # safetensors metadata: tensor_digest of the file's tensors
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -123,14 +123,49 @@ def vanilla_copy(source: str | os.PathLike, target: str | os.PathLike) -> Path:
     return save_checkpoint(target, config, drafter)
 
 
+def tensor_digest(tensors: Mapping[str, torch.Tensor]) -> str:
+    """sha256 over every tensor's name, dtype, shape and bytes, in name order (independent of the file layout)."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous().cpu()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def save_tensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor]) -> Path:
+    """A safetensors file, atomically, with its tensor_digest in the metadata (SGLang and safetensors ignore it;
+    tensor names and data are as before)."""
+    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    with atomic_file(path) as tmp:
+        save_file(tensors, str(tmp), metadata={CHECKSUM_KEY: tensor_digest(tensors)})
+    return Path(path)
+
+
+def load_tensors(path: str | os.PathLike, fix: str) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, checked against the digest in its metadata when it has one (files
+    written before the digest have none); a truncated, foreign or altered file raises CheckpointError."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing", fix=fix)
+    try:
+        with safe_open(str(path), "pt") as f:
+            stored = (f.metadata() or {}).get(CHECKSUM_KEY)
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{path} is truncated, corrupt or not a safetensors file ({' '.join(str(e).split())[:200]})",
+                              fix=fix) from e
+    if stored is not None and stored != tensor_digest(tensors):
+        raise CheckpointError(f"{path} does not match its checksum ({CHECKSUM_KEY} in its metadata): its bytes changed "
+                              "after it was written", fix=fix)
+    return tensors
+
+
 def read_tensors(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
     path = Path(directory) / WEIGHTS_FILE
     if not path.is_file():
         raise CheckpointError(f"{path} is missing: a draft checkpoint needs its weights beside {CONFIG_FILE}.")
-    try:
-        return load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{path} is corrupt or not a safetensors file ({e}); re-export the checkpoint.") from e
+    return load_tensors(path, fix="re-export the checkpoint")
 
 
 def check_tensors(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.Tensor], where: str) -> None:
@@ -180,37 +215,22 @@ def load_head(directory: str | os.PathLike) -> LiLiCorrHead:
     return load_strict(head, head_tensors, f"{Path(directory) / WEIGHTS_FILE} (head)")
 
 
-@contextlib.contextmanager
-def atomic_directory(target: str | os.PathLike) -> Iterator[Path]:
-    """Yield an empty temporary directory beside `target`; when the block completes it takes
-    `target`'s place (an existing `target` is renamed aside first and removed after), and when it
-    fails it is removed and `target` is untouched: a half-written directory never looks complete."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = None
-    if target.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
-        os.replace(target, old / target.name)
-    os.replace(tmp, target)
-    if old is not None:
-        shutil.rmtree(old)
-
-
 def save_checkpoint(directory: str | os.PathLike, config: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> Path:
     """Write config.json + model.safetensors atomically."""
     for name, t in tensors.items():
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise CheckpointError(f"refusing to save tensor {name!r}: it holds NaN or Inf values.")
     with atomic_directory(directory) as tmp:
-        (tmp / CONFIG_FILE).write_text(json.dumps(dict(config), indent=2, sort_keys=True) + "\n")
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp / WEIGHTS_FILE))
+        write_checkpoint_files(tmp, config, tensors)
     return Path(directory)
+
+
+def write_checkpoint_files(directory: str | os.PathLike, config: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> None:
+    """config.json + model.safetensors into an existing folder, each file atomically (weights first), nothing else
+    touched."""
+    save_tensors(Path(directory) / WEIGHTS_FILE, tensors)
+    with atomic_file(Path(directory) / CONFIG_FILE) as tmp:
+        tmp.write_text(json.dumps(dict(config), indent=2, sort_keys=True) + "\n")
 
 
 def head_tensors_for_save(head: LiLiCorrHead) -> dict[str, torch.Tensor]:
