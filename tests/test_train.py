@@ -270,7 +270,9 @@ def test_yarn_trains_exports_reloads_and_resumes_only_with_the_same_rope(workspa
                  dict(rope_scaling="yarn", rope_factor=4.0, rope_original_max_position=256)):
         with pytest.raises(IncompatibleCheckpointError, match="rope_scaling"):
             train(tiny_cfg(workspace, run_dir, **base, **rope))
-    assert train(tiny_cfg(workspace, run_dir, **base, rope_scaling="yarn", rope_factor=4.0))["step"] == 4
+    with pytest.raises(IncompatibleCheckpointError, match="num_anchors"):  # the CLI run's other settings
+        train(tiny_cfg(workspace, run_dir, **base, rope_scaling="yarn", rope_factor=4.0))
+    assert train(tiny_cfg(workspace, run_dir, **base, rope_scaling="yarn", rope_factor=4.0, resume_with_changes=True))["step"] == 4
 
 
 def test_cli_train_export_and_strict_reload_rejects_tampering(workspace, tmp_path):
@@ -286,7 +288,7 @@ def test_cli_train_export_and_strict_reload_rejects_tampering(workspace, tmp_pat
     args = parser.parse_args([
         "train", "--target", workspace["llama"], "--data", workspace["data"], "--output-dir", str(run_dir),
         "--max-steps", "2", "--no-bf16", "--block-size", "4", "--candidate-topk", "4", "--head-hidden-size", "32",
-        "--head-layers", "1", "--head-heads", "4", "--factor-dim", "16", "--num-anchors", "4", "--gamma", "0.5",
+        "--head-layers", "1", "--head-heads", "4", "--factor-dim", "16", "--num-anchors", "4", "--gamma", "0.5", "--eval-examples", "2",
         "--use-margin", "--chat-template-kwargs", "{}",
     ])
     assert args.gamma == 0.5 and args.use_margin is True and args.bf16 is False and args.max_steps == 2
@@ -460,7 +462,7 @@ def test_resume_cleans_orphans_falls_back_past_a_corrupt_checkpoint_and_logs_eac
     (orphan / "half.bin").write_bytes(b"1")
     metrics = train(tiny_cfg(workspace, out, max_steps=6))
     err = capsys.readouterr().err
-    assert "step-00000004/trainable.safetensors: unreadable" in err and "Falling back to the checkpoint before it" in err
+    assert "step-00000004/trainable.safetensors is truncated, corrupt" in err and "Falling back to the checkpoint before it" in err
     assert metrics["step"] == 6 and not orphan.exists()
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [2, 4, 6]

@@ -21,6 +21,7 @@ import torch
 
 from ..drafter import eligible_anchors
 from ..jsonl import DataError, read_jsonl
+from ..ownership import atomic_file
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -79,12 +80,14 @@ def load_conversations(
     path = Path(path)
     key = _cache_key(path, tokenizer, max_length, chat_kwargs)
     cache = path.with_name(path.name + ".tokens.pt")
+    ours = not cache.exists()  # a file of that name that is not a cache of ours is neither read nor replaced
     if cache.is_file():
         try:
             stored = torch.load(cache, weights_only=True)
-        except Exception:  # a torn or foreign cache is rebuilt
+        except Exception:  # caches are written whole (atomic_file): a file that does not load is not ours
             stored = None
-        if stored is not None and stored.get("key") == key:
+        ours = isinstance(stored, dict) and isinstance(stored.get("key"), str)
+        if ours and stored.get("key") == key:
             return [Example(i.long(), m) for i, m in zip(stored["ids"].split(stored["lengths"].tolist()), stored["mask"].split(stored["lengths"].tolist()))]
     rows = [(f"{path}:{number}", row) for number, row in read_jsonl(path)]
     work = [(where, checked_messages(row, where)) for where, row in rows]
@@ -104,16 +107,15 @@ def load_conversations(
             f"{path}: no usable training conversation (each needs an assistant turn of at least 2 tokens within "
             f"max_length={max_length}); run `lilicorr regenerate` first or check the file."
         )
-    if not write_cache:
+    if not (write_cache and ours):
         return examples
     lengths = torch.tensor([len(e.input_ids) for e in examples])
-    tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
     try:
-        torch.save({"key": key, "lengths": lengths, "ids": torch.cat([e.input_ids for e in examples]).int(),
-                    "mask": torch.cat([e.loss_mask for e in examples])}, tmp)
-        os.replace(tmp, cache)
+        with atomic_file(cache) as tmp:
+            torch.save({"key": key, "lengths": lengths, "ids": torch.cat([e.input_ids for e in examples]).int(),
+                        "mask": torch.cat([e.loss_mask for e in examples])}, tmp)
     except OSError:  # a read-only data folder: no cache, same examples
-        tmp.unlink(missing_ok=True)
+        pass
     return examples
 
 
