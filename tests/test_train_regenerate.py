@@ -85,7 +85,7 @@ def test_multi_turn_prompts_are_played_turn_by_turn(tmp_path, tokenizer):
 def test_resume_skips_done_and_cuts_a_torn_line(tmp_path, tokenizer):
     plans = prompt_plans(write_prompts(tmp_path / "p.jsonl", ["a", "b", "c", "d"]))
     out = tmp_path / "train.jsonl"
-    out.write_text(json.dumps({"id": "p0", "messages": []}) + "\n" + '{"id": "p1", "mess')  # interrupted write
+    out.write_text(json.dumps({"id": "p0", "messages": [], "turns": []}) + "\n" + '{"id": "p1", "mess')  # interrupted write
     engine = FakeEngine(tokenizer)
     play(plans, out, tokenizer, engine, Settings())
     assert engine.calls == [0.0, 0.0, 0.0]  # p1..p3 answered
