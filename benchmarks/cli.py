@@ -21,7 +21,7 @@ from . import datasets, load_faults, metrics, plots, runner, stages, tables
 from .client import Sampling
 from .metrics import ResultsError
 from ..cli import Parser, run as run_command
-from ..errors import UsageError
+from ..errors import LiLiCorrError, UsageError
 from ..train.cli import json_object_arg
 
 SUMMARY_CELL_FIELDS = metrics.CELL_KEY + ("tps",)
@@ -61,9 +61,13 @@ def refuse_overwriting_inputs(inputs: List[Path], outputs: List[Path]) -> None:
 
 def cmd_run(args) -> int:
     sampling_kwargs = {"max_tokens": args.max_tokens, "ignore_eos": args.ignore_eos, "chat_template_kwargs": args.chat_template_kwargs}
+    runner.sweep_configs(args.system, ["-"], args.concurrency, args.temperature, args.seeds, args.max_tokens)  # values out of range: exit 2
+    runner.check_results_file(args.results)  # before any server is asked or a byte written: it is a results file, or new
     try:
         loaded = [datasets.load_prompts(d, limit=args.limit, categories=args.category) for d in args.dataset]
-    except (ValueError, OSError, ImportError) as e:
+    except LiLiCorrError:  # bad content of a prompt file: exit 1
+        raise
+    except (ValueError, OSError, ImportError) as e:  # a missing file, an unknown name: an argument that cannot work
         raise UsageError(f"--dataset: {e}") from e
     prompts = dict(loaded)
     multi_turn = [p.prompt_id for _, ps in loaded for p in ps if len(p.turns) > 1] if args.api == "ids" else []

@@ -109,7 +109,7 @@ def test_a_prompt_file_that_is_not_utf8_names_the_file(tmp_path, capsys):
     bad = tmp_path / "prompts.jsonl"
     bad.write_bytes(b'{"id": "a", "text": "caf\xe9"}\n')
     assert main(["bench", "run", "--url", "http://127.0.0.1:9", "--system", "s", "--dataset", str(bad),
-                 "--results", str(tmp_path / "r.jsonl"), "--no-progress"]) == 2
+                 "--results", str(tmp_path / "r.jsonl"), "--no-progress"]) == 1  # bad content: 1, as train --data
     assert "prompts.jsonl:1 is not valid JSON" in one_line(capsys)
 
 
