@@ -20,6 +20,7 @@ from typing import List, Optional
 from . import datasets, load_faults, metrics, plots, runner, stages, tables
 from .client import Sampling
 from .metrics import ResultsError
+from .. import ownership
 from ..cli import Parser, run as run_command
 from ..errors import LiLiCorrError, UsageError
 from ..train.cli import json_object_arg
@@ -94,9 +95,24 @@ def cmd_run(args) -> int:
     return 0
 
 
+REPORT_FILES = ("summary.json", "report.md", "*.png")
+STAGES_FILES = ("stages.json", "stages.md", "stages.png")
+FAULTS_FILES = ("summary.json", "requests.jsonl")
+
+
+def is_compare_rows(path: Path) -> bool:
+    """A file `bench compare --out` wrote: a JSON list of rows with a speedup."""
+    try:
+        rows = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(rows, list) and all(isinstance(r, dict) and "speedup" in r for r in rows)
+
+
 def cmd_report(args) -> int:
     out = Path(args.out)
     refuse_overwriting_inputs(args.results, [out / "summary.json", out / "report.md"])
+    ownership.claim_report_folder(out, REPORT_FILES, create=False)
     cells = metrics.pool_runs([load_cells(path) for path in args.results])  # a cell in several files: repeated runs
     if args.baseline and args.baseline not in {c["system"] for c in cells}:
         raise UsageError(f"--baseline {args.baseline!r} is not a system in the results", fix=f"pick one of {sorted({c['system'] for c in cells})}")
@@ -111,10 +127,10 @@ def cmd_report(args) -> int:
     if args.baseline:
         metrics.add_paired_ratios(cells, args.baseline, key="paired_speedup")  # each run's speedup, mean and 95 % CI
     markdown = tables.report(cells, args.baseline, args.block_ref)
-    out.mkdir(parents=True, exist_ok=True)
+    ownership.claim_report_folder(out, REPORT_FILES)
     summary = {"baseline": args.baseline, "block_ref": args.block_ref, "cells": cells}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    (out / "report.md").write_text(markdown)
+    ownership.write_atomic(out / "summary.json", json.dumps(summary, indent=1))
+    ownership.write_atomic(out / "report.md", markdown)
     pngs = [] if args.no_plots else plots.plot_all(cells, args.baseline, out)
     print(markdown)
     print(f"wrote {out / 'summary.json'}, {out / 'report.md'} and {len(pngs)} plot(s)")
@@ -124,6 +140,7 @@ def cmd_report(args) -> int:
 def cmd_compare(args) -> int:
     if args.out:
         refuse_overwriting_inputs([args.base, args.spec], [args.out])
+        ownership.claim_file(args.out, is_compare_rows, "rows written by `bench compare --out`", "--out")
     rows = metrics.compare(load_cells(args.base), load_cells(args.spec))
     lines = ["| dataset | group | c | T | τ | ms / block | base TPS | TPS | speedup |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -132,7 +149,7 @@ def cmd_compare(args) -> int:
         lines.append(f"| {r['dataset']} | {r['group']} | {r['concurrency']} | {r['temperature']:g} | {tau} | {block} | {r['base_tps']:.0f} | {r['tps']:.0f} | {r['speedup']:.2f}x |")
     print("\n".join(lines))
     if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1))
+        ownership.write_atomic(args.out, json.dumps(rows, indent=1))
     return 0
 
 
@@ -141,16 +158,15 @@ def cmd_stages(args) -> int:
         raise UsageError("bench stages: give exactly one of a stage-decomposition FILE or --timings SYSTEM=DIR ...")
     if args.stages is not None and not args.stages.is_file():
         raise UsageError(f"{args.stages} is not a file", fix="pass a stage-decomposition JSON (schema: sglang_lilicorr.benchmarks.stages)")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = ownership.claim_report_folder(args.out, STAGES_FILES)
     if args.stages is not None:
         doc = stages.load(args.stages)
     else:
         timings = {system: stages.load_timings(folder) for system, folder in args.timings}
         doc = stages.from_timings(timings, bs=args.bs, graph=not args.eager)
-        (out / "stages.json").write_text(json.dumps(doc, indent=1))
+        ownership.write_atomic(out / "stages.json", json.dumps(doc, indent=1))
     markdown = stages.table(doc)
-    (out / "stages.md").write_text(markdown)
+    ownership.write_atomic(out / "stages.md", markdown)
     stages.plot(doc, out / "stages.png")
     print(markdown)
     return 0
@@ -159,6 +175,7 @@ def cmd_stages(args) -> int:
 def cmd_faults(args) -> int:
     if args.clients < 1 or args.duration <= 0:
         raise UsageError(f"--clients {args.clients} --duration {args.duration}", fix="give at least one client and a positive duration")
+    ownership.claim_report_folder(args.out, FAULTS_FILES)  # before the load starts
     config = load_faults.FaultConfig(
         url=args.url, clients=args.clients, duration_s=args.duration, context_length=args.context_length,
         max_tokens=args.max_tokens, prompt_words=tuple(args.prompt_words), expect_spec=args.expect_spec, model=args.model,

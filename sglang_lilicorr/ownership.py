@@ -15,6 +15,7 @@ nothing else, and the next writer of the same place removes them (`remove_tempor
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import os
 import secrets
@@ -150,6 +151,22 @@ def claim_folder(folder: str | os.PathLike, kind: str, option: str, recognise: C
         path.mkdir(parents=True, exist_ok=True)
         mark(path, kind)
     return state
+
+
+def claim_report_folder(folder: str | os.PathLike, writes: tuple[str, ...], create: bool = True) -> Path:
+    """--out of a command that writes report files (`writes`: their names or glob patterns): new, empty, marked
+    as a report, or holding only such files (a report of before the markers) -> the folder."""
+    claim_folder(folder, "report", "--out", recognise=lambda p: all(any(fnmatch.fnmatch(n, w) for w in writes) for n in held(p)),
+                 create=create, fix="pick a new or empty folder, or an earlier report's folder (reports are written nowhere else)")
+    return Path(folder)
+
+
+def claim_file(path: str | os.PathLike, recognise: Callable[[Path], bool], what: str, option: str) -> Path:
+    """A file a command replaces whole: it must be missing, empty or `what` (`recognise`); else NotOursError."""
+    path = Path(path)
+    if path.is_dir() or (path.exists() and path.stat().st_size and not recognise(path)):
+        raise NotOursError(f"{path} is not {what}", where=option, fix=f"pass a new file or {what}; this one is left as it is")
+    return path
 
 
 # --- append-only JSON-lines files ---------------------------------------------------------------------

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..jsonl import DataError
+from ..ownership import claim_report_folder, write_atomic
 
 
 def register(subparsers) -> None:
@@ -62,6 +63,7 @@ def run_replay(args: argparse.Namespace) -> int:
     from .replay import Replayer
 
     drafts = parse_drafts(args.draft)
+    out = claim_report_folder(args.out, ("replay.jsonl", "tau.json", "tau.md"), create=False)  # before anything loads
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if args.dtype == "bfloat16" and device.type == "cuda" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(device).eval()
@@ -75,8 +77,7 @@ def run_replay(args: argparse.Namespace) -> int:
         proposers[name] = BlockProposer(target, drafter.to(device), None if head is None else head.to(device).eval(), ("greedy", "viterbi"))
         names[name] = system_names(name, proposers[name].draft_names)
     replayer = Replayer(target, proposers)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    claim_report_folder(out, ("replay.jsonl", "tau.json", "tau.md"))
     records = []
     rows = [(path, row) for path in args.outputs for _, row in read_jsonl(path)]
     for path, row in tqdm(rows, desc="replay", dynamic_ncols=True):
@@ -88,12 +89,12 @@ def run_replay(args: argparse.Namespace) -> int:
                     records.append({"id": row["id"], "set": row.get("set", Path(path).stem), "temperature": row.get("temperature", 0.0),
                                     "seed": row.get("seed", 0), "turn": t, "system": names[label][draft],
                                     "completion_tokens": result.completion_tokens, "accepted": accepted})
-    (out / "replay.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_atomic(out / "replay.jsonl", "".join(json.dumps(r) + "\n" for r in records))
     cells = tau_cells(records)
-    (out / "tau.json").write_text(json.dumps({"target": args.target, "drafts": drafts, "outputs": args.outputs,
+    write_atomic(out / "tau.json", json.dumps({"target": args.target, "drafts": drafts, "outputs": args.outputs,
                                               "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                                               "cells": cells}, indent=1) + "\n")
-    (out / "tau.md").write_text(tau_table(cells))
+    write_atomic(out / "tau.md", tau_table(cells))
     print(tau_table(cells))
     return 0
 
