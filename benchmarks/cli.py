@@ -95,11 +95,6 @@ def cmd_run(args) -> int:
     return 0
 
 
-REPORT_FILES = ("summary.json", "report.md", "*.png")
-STAGES_FILES = ("stages.json", "stages.md", "stages.png")
-FAULTS_FILES = ("summary.json", "requests.jsonl")
-
-
 def is_compare_rows(path: Path) -> bool:
     """A file `bench compare --out` wrote: a JSON list of rows with a speedup."""
     try:
@@ -112,7 +107,7 @@ def is_compare_rows(path: Path) -> bool:
 def cmd_report(args) -> int:
     out = Path(args.out)
     refuse_overwriting_inputs(args.results, [out / "summary.json", out / "report.md"])
-    ownership.claim_report_folder(out, REPORT_FILES, create=False)
+    ownership.claim_report_folder(out, create=False)
     cells = metrics.pool_runs([load_cells(path) for path in args.results])  # a cell in several files: repeated runs
     if args.baseline and args.baseline not in {c["system"] for c in cells}:
         raise UsageError(f"--baseline {args.baseline!r} is not a system in the results", fix=f"pick one of {sorted({c['system'] for c in cells})}")
@@ -127,7 +122,7 @@ def cmd_report(args) -> int:
     if args.baseline:
         metrics.add_paired_ratios(cells, args.baseline, key="paired_speedup")  # each run's speedup, mean and 95 % CI
     markdown = tables.report(cells, args.baseline, args.block_ref)
-    ownership.claim_report_folder(out, REPORT_FILES)
+    ownership.claim_report_folder(out)
     summary = {"baseline": args.baseline, "block_ref": args.block_ref, "cells": cells}
     ownership.write_atomic(out / "summary.json", json.dumps(summary, indent=1))
     ownership.write_atomic(out / "report.md", markdown)
@@ -158,7 +153,7 @@ def cmd_stages(args) -> int:
         raise UsageError("bench stages: give exactly one of a stage-decomposition FILE or --timings SYSTEM=DIR ...")
     if args.stages is not None and not args.stages.is_file():
         raise UsageError(f"{args.stages} is not a file", fix="pass a stage-decomposition JSON (schema: sglang_lilicorr.benchmarks.stages)")
-    out = ownership.claim_report_folder(args.out, STAGES_FILES)
+    out = ownership.claim_report_folder(args.out)
     if args.stages is not None:
         doc = stages.load(args.stages)
     else:
@@ -175,7 +170,7 @@ def cmd_stages(args) -> int:
 def cmd_faults(args) -> int:
     if args.clients < 1 or args.duration <= 0:
         raise UsageError(f"--clients {args.clients} --duration {args.duration}", fix="give at least one client and a positive duration")
-    ownership.claim_report_folder(args.out, FAULTS_FILES)  # before the load starts
+    ownership.claim_report_folder(args.out)  # before the load starts
     config = load_faults.FaultConfig(
         url=args.url, clients=args.clients, duration_s=args.duration, context_length=args.context_length,
         max_tokens=args.max_tokens, prompt_words=tuple(args.prompt_words), expect_spec=args.expect_spec, model=args.model,

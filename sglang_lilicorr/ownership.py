@@ -15,7 +15,6 @@ nothing else, and the next writer of the same place removes them (`remove_tempor
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import json
 import os
 import secrets
@@ -126,8 +125,9 @@ def mark(folder: str | os.PathLike, kind: str) -> None:
 
 
 def held(folder: Path) -> list[str]:
-    """What a folder holds, but for its marker and temporaries."""
-    return sorted(p.name for p in folder.iterdir() if p.name != MARKER and not is_temporary(p))
+    """What a folder holds, but for its marker (when it is one of ours) and temporaries."""
+    ours = marked_kind(folder) is not None
+    return sorted(p.name for p in folder.iterdir() if not (p.name == MARKER and ours) and not is_temporary(p))
 
 
 def claim_folder(folder: str | os.PathLike, kind: str, option: str, recognise: Callable[[Path], bool] | None = None,
@@ -153,11 +153,11 @@ def claim_folder(folder: str | os.PathLike, kind: str, option: str, recognise: C
     return state
 
 
-def claim_report_folder(folder: str | os.PathLike, writes: tuple[str, ...], create: bool = True) -> Path:
-    """--out of a command that writes report files (`writes`: their names or glob patterns): new, empty, marked
-    as a report, or holding only such files (a report of before the markers) -> the folder."""
-    claim_folder(folder, "report", "--out", recognise=lambda p: all(any(fnmatch.fnmatch(n, w) for w in writes) for n in held(p)),
-                 create=create, fix="pick a new or empty folder, or an earlier report's folder (reports are written nowhere else)")
+def claim_report_folder(folder: str | os.PathLike, create: bool = True) -> Path:
+    """--out of a command that writes a report: new, empty, or marked as a report by an earlier one -> the folder.
+    (A folder of a report written before the markers is not recognised: a summary.json alone says too little.)"""
+    claim_folder(folder, "report", "--out", create=create,
+                 fix="pick a new or empty folder, or an earlier report's folder (reports are written nowhere else)")
     return Path(folder)
 
 

@@ -63,7 +63,7 @@ def run_replay(args: argparse.Namespace) -> int:
     from .replay import Replayer
 
     drafts = parse_drafts(args.draft)
-    out = claim_report_folder(args.out, ("replay.jsonl", "tau.json", "tau.md"), create=False)  # before anything loads
+    out = claim_report_folder(args.out, create=False)  # before anything loads
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if args.dtype == "bfloat16" and device.type == "cuda" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(device).eval()
@@ -77,7 +77,7 @@ def run_replay(args: argparse.Namespace) -> int:
         proposers[name] = BlockProposer(target, drafter.to(device), None if head is None else head.to(device).eval(), ("greedy", "viterbi"))
         names[name] = system_names(name, proposers[name].draft_names)
     replayer = Replayer(target, proposers)
-    claim_report_folder(out, ("replay.jsonl", "tau.json", "tau.md"))
+    claim_report_folder(out)
     records = []
     rows = [(path, row) for path in args.outputs for _, row in read_jsonl(path)]
     for path, row in tqdm(rows, desc="replay", dynamic_ncols=True):
