@@ -82,8 +82,15 @@ def save_training_checkpoint(
             "sha256": {OPTIMIZER_FILE: hashlib.sha256(buffer.getvalue()).hexdigest()},
         }
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")  # last: its presence marks a complete checkpoint
-    write_atomic(Path(output_dir) / LATEST, final.name + "\n")
+    point_latest(output_dir, final)
     return final
+
+
+def point_latest(output_dir: str | Path, checkpoint: Path) -> None:
+    """`latest` names `checkpoint` (replaced atomically; a kill between a checkpoint and its pointer is mended on resume)."""
+    pointer = Path(output_dir) / LATEST
+    if not pointer.is_file() or pointer.read_text().strip() != checkpoint.name:
+        write_atomic(pointer, checkpoint.name + "\n")
 
 
 def latest_checkpoint(output_dir: str | Path) -> Path | None:

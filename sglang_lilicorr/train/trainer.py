@@ -54,6 +54,7 @@ from .state import (
     LATEST,
     STATE_FILE,
     check_resume_compatible,
+    point_latest,
     load_draft_weights,
     prune_checkpoints,
     remove_orphans,
@@ -328,6 +329,7 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         scheduler.load_state_dict(opt_state["scheduler"])
         step = int(state["step"])
         if env.main:
+            point_latest(out_dir, path)
             print(f"resumed from {path} at step {step}", file=sys.stderr)
     elif cfg.init_from:
         load_draft_weights(cfg.init_from, drafter, head, drafter_cfg, head_cfg)
