@@ -37,6 +37,10 @@ from .prompt import Prompt
 MAX_FAILURES = 20  # a run stops sending once this many prompts failed (server down, bad settings)
 
 
+class RunFailed(ServerError):
+    """Prompts of a run failed (exit 1); what was recorded stays, a rerun retries the rest."""
+
+
 @dataclass(frozen=True)
 class RunConfig:
     system: str
@@ -236,7 +240,8 @@ async def _warm_up(client: SGLangClient, waves: List[List[Prompt]], url: str) ->
         answers = await asyncio.gather(*(client.turn([{"role": "user", "content": p.turns[0]}]) for p in wave), return_exceptions=True)
         for e in answers:
             if isinstance(e, (aiohttp.ClientError, asyncio.TimeoutError)):
-                raise ServerError(f"warm-up request to {url} failed ({type(e).__name__}: {e}); is the server up?") from e
+                raise ServerError(f"a warm-up request failed ({type(e).__name__}: {e})", where=url,
+                                  fix="start the server, or check --url") from e
             if isinstance(e, BaseException):
                 raise e
 

@@ -70,7 +70,7 @@ def load(path: Path) -> dict:
     try:
         doc = json.loads(Path(path).read_bytes().decode("utf-8"))
     except ValueError as e:  # not UTF-8, not JSON
-        raise StageSchemaError(f"{path} is not valid JSON ({e}).") from e
+        raise StageSchemaError(f"not valid JSON ({e})", where=str(path), fix="pass a stage-decomposition JSON") from e
     return validate(doc)
 
 

@@ -46,6 +46,8 @@ def error_line(e: BaseException) -> str:
     """The one line `lilicorr` prints for an error that ends a subcommand."""
     if isinstance(e, LiLiCorrError):
         text = str(e)
+    elif isinstance(e, ConnectionError):  # a server that is not there (aiohttp's connector errors are OSErrors too)
+        text = describe(e.strerror or str(e), e.filename, "check that the server is up and the URL")
     elif isinstance(e, OSError):
         text = describe(e.strerror or str(e), e.filename, "check the path, its permissions and the free disk space")
     else:

@@ -28,7 +28,7 @@ def local_model_dir(path: str | Path, option: str = "--target") -> Path:
     folder = Path(path)
     if not (folder / "config.json").is_file():
         found = "a folder without config.json" if folder.is_dir() else "not an existing folder"
-        raise UsageError(f"{option} {str(path)!r} is {found}", fix="pass the local folder of a Hugging Face model "
+        raise UsageError(f"{str(path)!r} is {found}", where=option, fix="pass the local folder of a Hugging Face model "
                          "(download a hub model first, e.g. `hf download REPO --local-dir DIR`, and pass DIR)")
     return folder
 

@@ -27,7 +27,7 @@ from .errors import LiLiCorrError, UsageError
 
 MARKER = ".lilicorr.json"
 TMP_TAG = ".lilicorr-tmp-"
-KINDS = {"run": "a training run (`lilicorr train`)", "dataset": "a data set made by `lilicorr regenerate --recipe`",
+KINDS = {"run": "a training run", "dataset": "a data set made by `lilicorr regenerate --recipe`",
          "report": "a report folder written by lilicorr", "export": "a draft written by `lilicorr export`"}
 
 
@@ -143,7 +143,7 @@ def claim_folder(folder: str | os.PathLike, kind: str, option: str, recognise: C
     it and leaves the marker. Anything else raises NotOursError naming what it holds; nothing is touched."""
     path = Path(folder)
     if path.exists() and not path.is_dir():
-        raise NotOursError(f"{option} {folder} is a file, not a folder", fix="pass a new or empty folder")
+        raise NotOursError(f"{folder} is a file, not a folder", where=option, fix="pass a new or empty folder")
     state = "new" if not path.exists() else "empty" if not held(path) else None
     if state is None:
         found = marked_kind(path)
@@ -151,9 +151,9 @@ def claim_folder(folder: str | os.PathLike, kind: str, option: str, recognise: C
             state = "ours"
         else:
             what = f"it is {KINDS[found]}" if found else f"it holds {held(path)[:5]}"
-            raise NotOursError(f"{option} {folder} is not empty and is not {KINDS[kind]} ({what})",
-                               fix=fix or f"pick a new or empty folder; {KINDS[kind].split(' (')[0]} is written only there "
-                                          "or over one of its own kind")
+            raise NotOursError(f"{folder} is not empty and is not {KINDS[kind]}, {what}", where=option,
+                               fix=fix or f"pick a new or empty folder; {KINDS[kind]} is written only there or over one "
+                                          "of its own kind")
     if create:
         path.mkdir(parents=True, exist_ok=True)
         mark(path, kind)
@@ -189,7 +189,7 @@ def jsonl_for_append(path: str | os.PathLike, is_record: Callable[[object], bool
     if not path.exists():
         return None
     if not path.is_file():
-        raise NotOursError(f"{option} {path} is not a file", fix=f"pass {what} or a new file")
+        raise NotOursError(f"{path} is not a file", where=option, fix=f"pass {what} or a new file")
     data = path.read_bytes()
     lines = data.split(b"\n")
     last = lines.pop()  # b"" when the file ends with a newline
@@ -205,13 +205,13 @@ def jsonl_for_append(path: str | os.PathLike, is_record: Callable[[object], bool
             continue
         if _record_or_none(line, is_record) is None:
             if first:
-                raise NotOursError(f"{option} {path} is not {what} (line {number} is not one of its records)",
+                raise NotOursError(f"{path} is not {what}: line {number} is not one of its records", where=option,
                                    fix=f"pass {what} or a new file; this file is left as it is")
             raise error(f"line {number} is not {what}'s record", where=f"{path}:{number}",
                         fix="fix or remove that line (the file was not changed)")
         first = False
     if torn is not None and first:
-        raise NotOursError(f"{option} {path} is not {what} (its only line is not one of its records)",
+        raise NotOursError(f"{path} is not {what}: its only line is not one of its records", where=option,
                            fix=f"pass {what} or a new file; this file is left as it is")
     return torn
 

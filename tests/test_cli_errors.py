@@ -83,7 +83,7 @@ def test_a_target_that_is_not_a_local_folder_fails_at_once(tmp_path, capsys, mon
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
     assert main(["regenerate", "--target", "org/not-here", "--prompts", str(prompts), "--output", str(tmp_path / "o.jsonl")]) == 2
-    assert "--target 'org/not-here' is not an existing folder" in one_line(capsys)
+    assert "'org/not-here' is not an existing folder (--target)" in one_line(capsys)
     assert main(["check-draft", str(tmp_path), "--target", str(tmp_path)]) == 2
     assert "a folder without config.json" in one_line(capsys)
 

@@ -60,7 +60,7 @@ def test_a_foreign_folder_needs_force(run, tmp_path):
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "ideas.txt").write_text("keep me")
-    with pytest.raises(UsageError, match=r"not empty and is not an earlier export \(it holds \['ideas.txt'\]\).*--force"):
+    with pytest.raises(UsageError, match=r"not empty and is not an earlier export, it holds \['ideas.txt'\].*--force"):
         export_checkpoint(run, notes)
     assert (notes / "ideas.txt").read_text() == "keep me"
     export_checkpoint(run, notes, force=True)

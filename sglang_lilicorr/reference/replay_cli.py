@@ -44,9 +44,12 @@ def parse_drafts(items: list[str]) -> dict[str, str]:
     for item in items:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
-            raise UsageError(f"--draft {item!r} is not NAME=DIR", fix="e.g. --draft lilicorr=checkpoints/smollm2-lilicorr")
+            raise UsageError(f"--draft {item!r} is not NAME=DIR", where="--draft", fix="e.g. --draft lilicorr=checkpoints/smollm2-lilicorr")
         if name in drafts:
-            raise UsageError(f"--draft {name} is given twice", fix="name each draft once")
+            raise UsageError(f"--draft {name} is given twice", where="--draft", fix="name each draft once")
+        if not (Path(path) / "config.json").is_file():
+            raise UsageError(f"{path!r} is not a draft folder (no config.json)", where=f"--draft {name}",
+                             fix="pass a folder written by `lilicorr export`")
         drafts[name] = path
     return drafts
 
@@ -62,7 +65,10 @@ def run_replay(args: argparse.Namespace) -> int:
     from .propose import BlockProposer
     from .replay import Replayer
 
+    from ..frozen_target import local_model_dir
+
     drafts = parse_drafts(args.draft)
+    local_model_dir(args.target)
     out = claim_report_folder(args.out, create=False)  # before anything loads
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if args.dtype == "bfloat16" and device.type == "cuda" else torch.float32
@@ -70,7 +76,7 @@ def run_replay(args: argparse.Namespace) -> int:
     loaded = {name: load_draft(path) for name, path in drafts.items()}
     layers = {d.config.target_layer_ids for d, _ in loaded.values()}
     if len(layers) > 1:
-        raise UsageError(f"the drafts capture different target layers {sorted(layers)}", fix="replay them in separate calls")
+        raise UsageError(f"the drafts capture different target layers {sorted(layers)}", where="--draft", fix="replay them in separate calls")
     target = FrozenTarget(model, layers.pop())
     proposers, names = {}, {}
     for name, (drafter, head) in loaded.items():

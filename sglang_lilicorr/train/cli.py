@@ -117,9 +117,9 @@ def run_regenerate(args: argparse.Namespace) -> int:
 
     local_model_dir(args.target)
     if args.recipe and not (args.output_dir and args.exclude):
-        raise UsageError("--recipe needs --output-dir and --exclude", fix="pass where the data goes and the evaluation prompts to keep out")
+        raise UsageError("--recipe needs --output-dir and --exclude", where="--recipe", fix="pass where the data goes and the evaluation prompts to keep out")
     if args.prompts and not args.output:
-        raise UsageError("--prompts needs --output", fix="pass the jsonl the conversations are appended to")
+        raise UsageError("--prompts needs --output", where="--prompts", fix="pass the jsonl the conversations are appended to")
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     settings = Settings(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
                         chat_kwargs=args.chat_template_kwargs)

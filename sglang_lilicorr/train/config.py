@@ -100,7 +100,7 @@ class TrainConfig:
         def need(ok: bool, name: str, what: str) -> None:
             if not ok:
                 flag = "--" + name.replace("_", "-")
-                raise TrainConfigError(f"{flag} {getattr(self, name)!r} is out of range", where=flag, fix=f"pass {what}")
+                raise TrainConfigError(f"{flag} {getattr(self, name)!r} is not {what}", where=flag, fix="see `lilicorr train --help`")
 
         for name in ("lr_drafter", "lr_head"):
             value = getattr(self, name)
@@ -128,19 +128,20 @@ class TrainConfig:
 
     def validate_rope(self) -> None:
         if self.rope_scaling not in ROPE_TYPES:
-            raise TrainConfigError(f"--rope-scaling {self.rope_scaling!r}: expected one of {', '.join(ROPE_TYPES)}.")
+            raise TrainConfigError(f"--rope-scaling {self.rope_scaling!r}: expected one of {', '.join(ROPE_TYPES)}", where="--rope-scaling",
+                                   fix="pass default, or yarn for long inputs")
         if not isinstance(self.rope_original_max_position, int) or self.rope_original_max_position < 0:
-            raise TrainConfigError(f"--rope-original-max-position {self.rope_original_max_position!r}: expected an integer "
-                                   ">= 0 (0 = the target's max_position_embeddings).")
+            raise TrainConfigError(f"--rope-original-max-position {self.rope_original_max_position!r}: expected an integer >= 0",
+                                   where="--rope-original-max-position", fix="0 = the target's max_position_embeddings")
         if self.rope_scaling == "yarn":
             if not (_number(self.rope_factor) and self.rope_factor > 1):
-                raise TrainConfigError(f"--rope-factor {self.rope_factor!r}: --rope-scaling yarn needs a factor > 1 "
-                                       "(e.g. 4 serves 4x the original length).")
+                raise TrainConfigError(f"--rope-factor {self.rope_factor!r}: --rope-scaling yarn needs a factor > 1",
+                                       where="--rope-factor", fix="e.g. 4 serves 4x the original length")
             return
         if self.rope_factor != 1.0 or self.rope_original_max_position:
             given = "--rope-factor" if self.rope_factor != 1.0 else "--rope-original-max-position"
-            raise TrainConfigError(f"{given} scales the rope only with --rope-scaling yarn: add --rope-scaling yarn, "
-                                   f"or drop {given}.")
+            raise TrainConfigError(f"{given} scales the rope only with --rope-scaling yarn", where=given,
+                                   fix=f"add --rope-scaling yarn, or drop {given}")
 
     def check_paths(self) -> None:
         """The input files exist (a usage error, exit 2, before anything loads)."""

@@ -29,11 +29,13 @@ ROLES = ("system", "user", "assistant", "tool")
 def checked_messages(row: Mapping[str, Any], where: str) -> list[dict[str, str]]:
     messages = row.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise DataError(f"{where}: 'messages' must be a non-empty list of {{'role', 'content'}} objects.")
+        raise DataError("'messages' must be a non-empty list of {'role', 'content'} objects", where=where,
+                        fix="give each row `messages`: [{\"role\": ..., \"content\": ...}, ...]")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            raise DataError(f"{where}: messages[{i}] must be {{'role': one of {ROLES}, 'content': str}}, got {m!r:.120}.")
+            raise DataError(f"messages[{i}] must be {{'role': one of {ROLES}, 'content': str}}, got {m!r:.120}", where=where,
+                            fix="fix or remove that row")
         out.append({"role": m["role"], "content": m["content"]})
     return out
 
@@ -104,8 +106,8 @@ def load_conversations(
             examples.append(example)
     if not examples:
         raise DataError(
-            f"{path}: no usable training conversation (each needs an assistant turn of at least 2 tokens within "
-            f"max_length={max_length}); run `lilicorr regenerate` first or check the file."
+            f"no usable training conversation (each needs an assistant turn of at least 2 tokens within "
+            f"max_length={max_length})", where=str(path), fix="run `lilicorr regenerate` first or check the file"
         )
     if not (write_cache and ours):
         return examples

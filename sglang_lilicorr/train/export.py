@@ -54,31 +54,42 @@ def check_destination(out_dir: str | Path, source: str | Path, force: bool = Fal
     or "existing" (write the two files into it)."""
     out, src = Path(out_dir).resolve(), Path(source).resolve()
     if out == src or out in src.parents:
-        raise UsageError(f"{out_dir} is or contains the checkpoint being exported ({source})",
+        raise UsageError(f"{out_dir} is or contains the checkpoint being exported ({source})", where="OUT_DIR",
                          fix="write the draft to a folder outside the training run")
     inside = next((p for p in (out, *out.parents) if p.is_dir() and is_training_output(p)), None)
     if inside is not None:
-        raise NotOursError(f"{out_dir} is {'' if inside == out else 'inside '}a training run or checkpoint ({inside})",
+        raise NotOursError(f"{out_dir} is {'' if inside == out else 'inside '}a training run or checkpoint, {inside}", where="OUT_DIR",
                            fix="write the draft to a folder outside any training run (--force does not change this)")
     if not out.exists():
         return "new"
     if not out.is_dir():
-        raise NotOursError(f"{out_dir} is a file", fix="pass a folder path for the draft")
+        raise NotOursError(f"{out_dir} is a file", where="OUT_DIR", fix="pass a folder path for the draft")
     kind = marked_kind(out)
     if kind is not None:
-        raise NotOursError(f"{out_dir} is a {kind} folder written by lilicorr, not a draft",
+        raise NotOursError(f"{out_dir} is a {kind} folder written by lilicorr, not a draft", where="OUT_DIR",
                            fix="pick a new or empty folder (--force does not change this)")
     if not held(out) or is_earlier_export(out):
         return "existing"
     if not force:
-        raise NotOursError(f"{out_dir} is not empty and is not an earlier export (it holds {held(out)[:5]})",
+        raise NotOursError(f"{out_dir} is not empty and is not an earlier export, it holds {held(out)[:5]}", where="OUT_DIR",
                            fix="pick a new or empty folder, or pass --force to write the draft's config.json and "
                                "model.safetensors beside those files (--force deletes nothing)")
     foreign = [n for n in (CONFIG_FILE, WEIGHTS_FILE) if (out / n).exists()]
     if foreign and not is_draft_config(out / CONFIG_FILE):
-        raise NotOursError(f"{out_dir} holds a {' and '.join(foreign)} that is not a draft's (a model folder?)",
+        raise NotOursError(f"{out_dir} holds a {' and '.join(foreign)} that is not a draft's (a model folder?)", where="OUT_DIR",
                            fix="pick a new or empty folder; --force never replaces files that are not a draft's")
     return "existing"
+
+
+def check_source(source: str | Path) -> None:
+    """CHECKPOINT must name a training run or one of its checkpoints (an argument that cannot work otherwise: exit 2;
+    a damaged one is a CheckpointError, exit 1, when it is read)."""
+    src = Path(source)
+    if not ((src / LATEST).is_file() or (src / STATE_FILE).is_file()):
+        found = "not an existing folder" if not src.is_dir() else "a draft, not a training run" if is_draft_config(src / CONFIG_FILE) \
+            else "not a training run or checkpoint"
+        raise UsageError(f"{str(source)!r} is {found}", where="CHECKPOINT",
+                         fix="pass a `lilicorr train` --output-dir (its latest checkpoint) or OUTPUT/checkpoints/step-N")
 
 
 def draft_config(drafter: DrafterConfig, head, dtype: str) -> dict:
@@ -91,6 +102,7 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, dtype: str = "bfl
     """Training checkpoint (OUTPUT or OUTPUT/checkpoints/step-N) -> draft directory."""
     if dtype not in DTYPES:
         raise UsageError(f"--dtype {dtype!r} is not a draft dtype", fix=f"choose one of {sorted(DTYPES)}")
+    check_source(source)
     where = check_destination(out_dir, source, force)
     _, drafter_cfg, head_cfg, tensors = read_training_checkpoint(source)
     drafter_t, head_t = split_head(tensors)

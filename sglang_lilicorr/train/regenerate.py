@@ -256,18 +256,18 @@ def prompt_plans(path: str | Path, guard: EvalGuard | None = None) -> list[Plan]
         where = f"{path}:{number}"
         turns = [m["content"] for m in checked_messages(row, where) if m["role"] == "user"] if "messages" in row else user_texts(row)
         if not turns or not all(t.strip() for t in turns):
-            raise DataError(f"{where}: no user turn to answer; give `messages` with user messages, `turns` or `text`.")
+            raise DataError("no user turn to answer", where=where, fix="give `messages` with user messages, `turns` or `text`")
         rid = str(row.get("id", f"line-{number}"))
         if rid in ids:
-            raise DataError(f"{where}: duplicate id {rid!r}; ids must be unique for resuming.")
+            raise DataError(f"duplicate id {rid!r}", where=where, fix="ids must be unique for resuming")
         hit = next((t for t in turns if guard is not None and guard.overlaps(t)), None)
         if hit is not None:
-            raise DataError(f"{where}: this prompt equals an evaluation prompt or shares an 8-word shingle with one "
-                            f"({hit[:60]!r}...); remove it (training on evaluation prompts inflates tau).")
+            raise DataError(f"this prompt equals an evaluation prompt or shares an 8-word shingle with one ({hit[:60]!r}...)",
+                            where=where, fix="remove it (training on evaluation prompts inflates tau)")
         ids.add(rid)
         plans.append(Plan(rid, "file", turns, {"set": row["set"]} if isinstance(row.get("set"), str) else {}))
     if not plans:
-        raise DataError(f"{path}: no prompt rows.")
+        raise DataError("no prompt rows", where=str(path), fix="give one row a prompt: {\"id\", \"messages\" | \"text\"}")
     return plans
 
 
@@ -317,7 +317,7 @@ def build_dataset(out_dir: str | Path, tokenizer, generator: Generator, settings
     stats = play(plans, conversations, tokenizer, generator, settings, guard, seen, until=until)
     rows = [row for _, row in read_jsonl(conversations)]
     if not rows:
-        raise DataError(f"{conversations}: the recipe produced no conversation; see {conversations}.dropped for why.")
+        raise DataError("the recipe produced no conversation", where=str(conversations), fix=f"see {conversations}.dropped for why")
     train, held = split_heldout(rows, heldout, settings.seed)
     for name, part in (("train.jsonl", train), ("heldout.jsonl", held)):
         write_atomic(out / name, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in part))

@@ -200,7 +200,7 @@ def read_training_checkpoint(path: str | Path) -> tuple[dict[str, Any], DrafterC
     try:
         state = json.loads((path / STATE_FILE).read_text())
     except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not a training checkpoint ({e}); pass OUTPUT or OUTPUT/checkpoints/step-N.") from e
+        raise CheckpointError(f"not a training checkpoint ({e})", where=str(path), fix="pass OUTPUT or OUTPUT/checkpoints/step-N") from e
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path / STATE_FILE}: format {state.get('format') if isinstance(state, dict) else state!r}, expected {FORMAT!r}.")
     missing = [k for k in ("step", "drafter_config", "head_config") if k not in state]
@@ -252,15 +252,15 @@ def check_same_geometry(saved_drafter: Mapping[str, Any], saved_head: Mapping[st
     if saved_d != drafter:
         diff = [f.name for f in dataclasses.fields(drafter) if getattr(saved_d, f.name) != getattr(drafter, f.name)]
         raise IncompatibleCheckpointError(
-            f"{where}: cannot {action}, the drafter differs in {diff} (checkpoint "
-            f"{[getattr(saved_d, n) for n in diff]} vs this run {[getattr(drafter, n) for n in diff]}); "
-            "use the same settings or a new --output-dir."
+            f"cannot {action}, the drafter differs in {diff} (checkpoint "
+            f"{[getattr(saved_d, n) for n in diff]} vs this run {[getattr(drafter, n) for n in diff]})", where=where,
+            fix="use the same settings or a new --output-dir"
         )
     run_h = None if head is None else head.to_dflash_keys()
     if saved_head != run_h:
         raise IncompatibleCheckpointError(
-            f"{where}: cannot {action}, the LiLiCorr head differs (checkpoint {saved_head}, this run {run_h}); "
-            "gamma > 0 needs the same head geometry, gamma = 0 has none. Use the same settings or a new --output-dir."
+            f"cannot {action}, the LiLiCorr head differs (checkpoint {saved_head}, this run {run_h})", where=where,
+            fix="gamma > 0 needs the same head geometry, gamma = 0 has none: use the same settings or a new --output-dir"
         )
 
 

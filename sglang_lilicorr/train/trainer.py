@@ -77,10 +77,12 @@ class TrainingDiverged(LiLiCorrError, RuntimeError):
 def resolve_mask_token(tokenizer, name: str | None, vocab_size: int) -> tuple[str, int]:
     name = name or getattr(tokenizer, "mask_token", None)
     if not name:
-        raise DataError("the tokenizer has no mask token: pass --mask-token with an existing special token (SmolLM2: <empty_output>).")
+        raise TrainConfigError("the tokenizer has no mask token", where="--mask-token",
+                               fix="pass --mask-token with an existing special token (SmolLM2: <empty_output>)")
     token_id = tokenizer.convert_tokens_to_ids(name)
     if token_id is None or token_id == getattr(tokenizer, "unk_token_id", None) or not 0 <= token_id < vocab_size:
-        raise DataError(f"mask token {name!r} is not a single token of the target vocabulary ({vocab_size}); pick one that is.")
+        raise TrainConfigError(f"mask token {name!r} is not a single token of the target vocabulary ({vocab_size})",
+                               where="--mask-token", fix="pick a special token of the target's tokenizer")
     return name, int(token_id)
 
 
@@ -192,7 +194,8 @@ def split_eval(examples: list[Example], cfg: TrainConfig, tokenizer, write_cache
         held = load_conversations(cfg.eval_data, tokenizer, cfg.max_length, cfg.chat_template_kwargs, write_cache)
         seen = {tuple(e.input_ids.tolist()) for e in examples}
         if any(tuple(e.input_ids.tolist()) in seen for e in held):
-            raise DataError(f"{cfg.eval_data}: evaluation conversations also occur in {cfg.data}; held-out data must not be training data.")
+            raise DataError(f"evaluation conversations also occur in {cfg.data}", where=cfg.eval_data,
+                            fix="held-out data must not be training data: pass another --eval-data")
         return examples, held[: cfg.eval_examples]
     if cfg.eval_examples > len(examples) // 2:
         raise TrainConfigError(
