@@ -189,3 +189,23 @@ def test_resume_refuses_other_data_or_settings_unless_told(ws, tmp_path, capsys)
     assert snapshot(run) == before
     assert main(train_args(ws, run, "--max-steps", "4", "--resume-with-changes", data=ws["other_data"])) == 0
     assert (run / "latest").read_text().strip() == "step-00000004"
+
+
+def test_the_checksum_lives_in_the_safetensors_metadata_and_tensors_are_unchanged(ws, tmp_path):
+    """Stock loaders read an export as before: the same tensor names, shapes and data; the checksum is metadata."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from sglang_lilicorr.checkpoint import CHECKSUM_KEY, tensor_digest
+    from sglang_lilicorr.drafter import load_draft
+
+    run = tmp_path / "run"
+    assert main(train_args(ws, run, "--max-steps", "1")) == 0
+    assert main(["export", str(run), str(tmp_path / "draft")]) == 0
+    weights = tmp_path / "draft" / "model.safetensors"
+    tensors = load_file(str(weights))
+    with safe_open(str(weights), "pt") as f:
+        assert f.metadata()[CHECKSUM_KEY] == tensor_digest(tensors)
+    drafter, head = load_draft(tmp_path / "draft")
+    expected = {**drafter.state_dict(), **{f"lilicorr.{k}": v for k, v in head.state_dict().items()}}
+    assert sorted(tensors) == sorted(expected) and all(torch.equal(tensors[k], expected[k]) for k in tensors)

@@ -90,15 +90,39 @@ def test_regenerate_recipe_output_dir(ws, files):
         "--package", "0", "--heldout", "0", "--max-new-tokens", "2", "--engine", "transformers"]))
 
 
-@SETTINGS
-@given(files=FOLDER)
-def test_report_out_dirs(ws, files):
+def results_file(ws) -> Path:
     results = ws["root"] / "results.jsonl"
     if not results.exists():
         record = {"system": "s", "dataset": "d", "concurrency": 1, "temperature": 0.0, "seed": 0, "max_tokens": 8, "prompt_id": "a",
                   "category": "c", "turns": [{"completion_tokens": 4, "start": 0.0, "end": 1.0, "spec_verify_ct": 2}]}
         results.write_text(json.dumps(record) + "\n")
-    run_in_fresh(ws["root"], files, lambda out: main(["bench", "report", str(results), "--no-plots", "--out", str(out)]))
+    return results
+
+
+@SETTINGS
+@given(files=FOLDER, command=st.sampled_from(["report", "faults", "replay"]))
+def test_report_out_dirs(ws, files, command):
+    draft = ws["root"] / "draft"
+    if command == "replay" and not draft.exists():
+        assert main(["export", str(ws["run"]), str(draft)]) == 0
+    argv = {"report": lambda out: ["bench", "report", str(results_file(ws)), "--no-plots", "--out", str(out)],
+            "faults": lambda out: ["bench", "faults", "--url", "http://127.0.0.1:9", "--duration", "0.2", "--clients", "1", "--out", str(out)],
+            "replay": lambda out: ["replay", "--target", ws["target"], "--draft", f"d={draft}", "--outputs", ws["data"], "--out", str(out)],
+            }[command]
+    run_in_fresh(ws["root"], files, lambda out: main(argv(out)))
+
+
+@SETTINGS
+@given(data=BYTES)
+def test_compare_out_file(ws, data):
+    work = Path(tempfile.mkdtemp(dir=ws["root"]))
+    try:
+        out = work / "rows.json"
+        out.write_bytes(data)
+        main(["bench", "compare", str(results_file(ws)), str(results_file(ws)), "--out", str(out)])
+        assert out.read_bytes() == data or not data  # an empty file may be written; anything else is left as it was
+    finally:
+        shutil.rmtree(work)
 
 
 @SETTINGS
