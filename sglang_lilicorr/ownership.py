@@ -140,7 +140,8 @@ def held(folder: Path) -> list[str]:
 def claim_folder(folder: str | os.PathLike, kind: str, option: str, recognise: Callable[[Path], bool] | None = None,
                  create: bool = True, fix: str | None = None) -> str:
     """Make sure `folder` may be written by a command of `kind` -> "new", "empty" or "ours"; with `create`, creates
-    it and leaves the marker. Anything else raises NotOursError naming what it holds; nothing is touched."""
+    it, removes the temporaries a killed writer left in it and leaves the marker. Anything else raises NotOursError
+    naming what it holds; nothing is touched."""
     path = Path(folder)
     if path.exists() and not path.is_dir():
         raise NotOursError(f"{folder} is a file, not a folder", where=option, fix="pass a new or empty folder")
@@ -156,6 +157,7 @@ def claim_folder(folder: str | os.PathLike, kind: str, option: str, recognise: C
                                           "of its own kind")
     if create:
         path.mkdir(parents=True, exist_ok=True)
+        remove_temporaries(path)  # what a killed writer of this folder left (only names of temporary_name)
         mark(path, kind)
     return state
 

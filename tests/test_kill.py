@@ -20,7 +20,7 @@ from test_train import make_target, write_conversations
 
 HARNESS = Path(__file__).parent / "kill_harness.py"
 # write points of each command as measured (tests/kill_harness.py prints them): the kill lands within them
-POINTS = {"train": 17, "export": 5, "regenerate": 4}
+POINTS = {"train": 17, "export": 5, "regenerate": 4, "recipe": 16}
 
 
 def lilicorr(at: int, sig: str, *args) -> subprocess.CompletedProcess:
@@ -118,3 +118,22 @@ def test_a_killed_regenerate_keeps_every_row_it_had(ws, tmp_path, sig):
     assert lilicorr(10**6, sig, *args).returncode == 0
     ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
     assert sorted(ids) == ["p0", "p1", "p2"] and not temporaries(tmp_path)
+
+
+def test_a_killed_recipe_leaves_whole_files_and_resumes(ws, tmp_path):
+    exclude = tmp_path / "eval.jsonl"
+    exclude.write_text('{"id": "e", "text": "what is two plus two"}\n')
+    data = tmp_path / "data"
+    args = ["regenerate", "--target", ws["target"], "--recipe", "--output-dir", data, "--exclude", exclude, "--magpie", "3",
+            "--package", "2", "--heldout", "1", "--max-new-tokens", "3", "--engine", "transformers"]
+    result = lilicorr(point("recipe", "SIGKILL"), "SIGKILL", *args)
+    assert killed(result, "SIGKILL"), result.stderr[-2000:]
+    for name in ("train.jsonl", "heldout.jsonl", "manifest.json", "conversations.jsonl"):  # absent or whole
+        if (data / name).exists():
+            text = (data / name).read_text()
+            json.loads(text) if name.endswith(".json") else [json.loads(line) for line in text.splitlines()]
+    assert lilicorr(10**6, "SIGKILL", *args).returncode == 0
+    manifest = json.loads((data / "manifest.json").read_text())
+    rows = (data / "conversations.jsonl").read_text().splitlines()
+    assert manifest["counts"]["conversations"] == len(rows) == len({json.loads(r)["id"] for r in rows})
+    assert not temporaries(tmp_path)
