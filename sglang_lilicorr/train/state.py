@@ -99,7 +99,8 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
         return None
     path = Path(output_dir) / "checkpoints" / pointer.read_text().strip()
     if not (path / STATE_FILE).is_file():
-        raise CheckpointError(f"{pointer} names {path}, which is not a complete training checkpoint; delete {pointer} to start over.")
+        raise CheckpointError(f"`latest` names {path.name}, which is not a complete training checkpoint", where=str(pointer),
+                              fix="pass OUTPUT/checkpoints/step-N of a complete one")
     return path
 
 
@@ -162,6 +163,21 @@ def read_optimizer_state(path: str | Path, map_location="cpu") -> dict:
     if not (isinstance(state, dict) and "optimizer" in state and "scheduler" in state):
         raise CheckpointError(f"{where} holds no optimizer and scheduler state", fix="use an earlier checkpoint")
     return state
+
+
+def set_aside_newer(output_dir: str | Path, resumed: Path) -> list[Path]:
+    """Checkpoints newer than the one a run resumed from did not load: renamed `bad-step-N` (kept, never counted,
+    resumed from or pruned) -> their new paths."""
+    moved = []
+    for path in complete_checkpoints(output_dir):
+        if path.name > resumed.name:
+            target = path.with_name(f"bad-{path.name}")
+            n = 1
+            while target.exists():
+                target, n = path.with_name(f"bad-{path.name}.{n}"), n + 1
+            path.rename(target)
+            moved.append(target)
+    return moved
 
 
 def prune_checkpoints(output_dir: str | Path, keep: int) -> None:

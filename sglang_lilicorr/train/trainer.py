@@ -55,6 +55,7 @@ from .state import (
     STATE_FILE,
     check_resume_compatible,
     point_latest,
+    set_aside_newer,
     load_draft_weights,
     prune_checkpoints,
     remove_orphans,
@@ -331,7 +332,10 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         optimizer.load_state_dict(opt_state["optimizer"])
         scheduler.load_state_dict(opt_state["scheduler"])
         step = int(state["step"])
+        env.barrier()  # every rank has read its checkpoint
         if env.main:
+            for bad in set_aside_newer(out_dir, path):
+                print(f"warning: kept the checkpoint that did not load as {bad}", file=sys.stderr)
             point_latest(out_dir, path)
             print(f"resumed from {path} at step {step}", file=sys.stderr)
     elif cfg.init_from:
