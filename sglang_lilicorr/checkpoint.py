@@ -42,18 +42,20 @@ class CheckpointError(LiLiCorrError, ValueError):
 def read_config(directory: str | os.PathLike) -> dict[str, Any]:
     path = Path(directory)
     if not path.is_dir():
-        raise CheckpointError(f"Draft checkpoint directory {str(path)!r} does not exist; pass the folder written by `lilicorr export`.")
+        raise CheckpointError(f"draft checkpoint directory {str(path)!r} does not exist", where=str(path),
+                              fix="pass the folder written by `lilicorr export`")
     cfg_path = path / CONFIG_FILE
     try:
         config = json.loads(cfg_path.read_text(encoding="utf-8"))
     except FileNotFoundError as e:
-        raise CheckpointError(f"{cfg_path} is missing: a draft checkpoint needs config.json beside {WEIGHTS_FILE}.") from e
+        raise CheckpointError(f"config.json is missing: a draft checkpoint needs it beside {WEIGHTS_FILE}", where=str(cfg_path),
+                              fix="pass the folder written by `lilicorr export`") from e
     except OSError as e:
-        raise CheckpointError(f"{cfg_path} cannot be read ({e}).") from e
+        raise CheckpointError(f"cannot be read ({e})", where=str(cfg_path), fix="check the file and its permissions") from e
     except ValueError as e:  # not UTF-8, not JSON, an integer of more digits than Python parses
-        raise CheckpointError(f"{cfg_path} is not valid JSON ({e}); re-export the checkpoint.") from e
+        raise CheckpointError(f"not valid JSON ({e})", where=str(cfg_path), fix="re-export the checkpoint") from e
     if not isinstance(config, dict) or not isinstance(config.get("dflash_config"), dict):
-        raise CheckpointError(f"{cfg_path} has no `dflash_config` object: not a DFlash draft config.")
+        raise CheckpointError("no `dflash_config` object: not a DFlash draft config", where=str(cfg_path), fix="re-export the draft")
     architecture_of(config, str(cfg_path))
     return config
 
@@ -73,14 +75,14 @@ def architecture_of(config: Mapping[str, Any], where: str = "draft config") -> s
 def block_size_of(config: Mapping[str, Any]) -> int:
     size = config["dflash_config"].get("block_size", config.get("block_size"))
     if not isinstance(size, int) or isinstance(size, bool):
-        raise CheckpointError(f"draft config has no integer block_size (dflash_config.block_size={size!r}).")
+        raise CheckpointError(f"no integer block_size ({size!r})", where="dflash_config.block_size", fix="re-export the draft")
     return size
 
 
 def dtype_of(config: Mapping[str, Any]) -> torch.dtype:
     name = config.get("torch_dtype", config.get("dtype", "bfloat16"))
     if not isinstance(name, str) or name not in DTYPES:
-        raise CheckpointError(f"draft config torch_dtype={name!r} is not one of {sorted(DTYPES)}.")
+        raise CheckpointError(f"torch_dtype={name!r} is not one of {sorted(DTYPES)}", where="torch_dtype", fix="re-export the draft")
     return DTYPES[name]
 
 
@@ -92,15 +94,15 @@ def lilicorr_config(config: Mapping[str, Any]) -> LiLiCorrConfig:
     """The head geometry declared by a draft config (raises if the draft has no LiLiCorr head)."""
     if not has_head(config):
         raise CheckpointError(
-            f"draft declares architectures={config.get('architectures')!r}, not [{LILICORR_ARCH!r}]: "
-            "it has no LiLiCorr head. Serve it with --speculative-algorithm DFLASH, or export one with a head."
+            f"draft declares architectures={config.get('architectures')!r}, not [{LILICORR_ARCH!r}]: it has no LiLiCorr head",
+            where="architectures", fix="serve it with --speculative-algorithm DFLASH, or export one with a head"
         )
     try:
         return LiLiCorrConfig.from_dflash_config(
             config["dflash_config"], block_size=block_size_of(config), rms_norm_eps=config.get("rms_norm_eps", 1e-6)
         )
     except ConfigError as e:
-        raise CheckpointError(f"draft config: {e}") from e
+        raise CheckpointError(f"draft config: {e}", where="dflash_config", fix="re-export the draft") from e
 
 
 def with_head(config: Mapping[str, Any], head_config: LiLiCorrConfig) -> dict[str, Any]:
@@ -148,24 +150,25 @@ def load_tensors(path: str | os.PathLike, fix: str) -> dict[str, torch.Tensor]:
     written before the digest have none); a truncated, foreign or altered file raises CheckpointError."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"{path} is missing", fix=fix)
+        raise CheckpointError("the file is missing", where=str(path), fix=fix)
     try:
         with safe_open(str(path), "pt") as f:
             stored = (f.metadata() or {}).get(CHECKSUM_KEY)
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"{path} is truncated, corrupt or not a safetensors file ({' '.join(str(e).split())[:200]})",
-                              fix=fix) from e
+        raise CheckpointError(f"truncated, corrupt or not a safetensors file ({' '.join(str(e).split())[:200]})",
+                              where=str(path), fix=fix) from e
     if stored is not None and stored != tensor_digest(tensors):
-        raise CheckpointError(f"{path} does not match its checksum ({CHECKSUM_KEY} in its metadata): its bytes changed "
-                              "after it was written", fix=fix)
+        raise CheckpointError(f"does not match its checksum ({CHECKSUM_KEY} in its metadata): its bytes changed after it "
+                              "was written", where=str(path), fix=fix)
     return tensors
 
 
 def read_tensors(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
     path = Path(directory) / WEIGHTS_FILE
     if not path.is_file():
-        raise CheckpointError(f"{path} is missing: a draft checkpoint needs its weights beside {CONFIG_FILE}.")
+        raise CheckpointError(f"{WEIGHTS_FILE} is missing: a draft checkpoint needs its weights beside {CONFIG_FILE}", where=str(path),
+                              fix="re-export the checkpoint")
     return load_tensors(path, fix="re-export the checkpoint")
 
 
@@ -174,20 +177,23 @@ def check_tensors(expected: Mapping[str, torch.Tensor], found: Mapping[str, torc
     missing = sorted(set(expected) - set(found))
     extra = sorted(set(found) - set(expected))
     if missing:
-        raise CheckpointError(f"{where}: missing tensor {missing[0]!r} ({len(missing)} missing in all: {missing[:5]}).")
+        raise CheckpointError(f"missing tensor {missing[0]!r} ({len(missing)} missing in all: {missing[:5]})", where=where,
+                              fix="re-export the draft")
     if extra:
         raise CheckpointError(
-            f"{where}: unexpected tensor {extra[0]!r} ({len(extra)} extra in all: {extra[:5]}); "
-            "the config's geometry does not describe these weights."
+            f"unexpected tensor {extra[0]!r} ({len(extra)} extra in all: {extra[:5]})", where=where,
+            fix="the config's geometry does not describe these weights: re-export the draft"
         )
     for name, ref in expected.items():
         got = found[name]
         if tuple(got.shape) != tuple(ref.shape):
-            raise CheckpointError(f"{where}: tensor {name!r} has shape {tuple(got.shape)}, expected {tuple(ref.shape)}.")
+            raise CheckpointError(f"tensor {name!r} has shape {tuple(got.shape)}, expected {tuple(ref.shape)}", where=where,
+                                  fix="re-export the draft")
         if got.dtype != ref.dtype:
-            raise CheckpointError(f"{where}: tensor {name!r} has dtype {got.dtype}, expected {ref.dtype} (config torch_dtype).")
+            raise CheckpointError(f"tensor {name!r} has dtype {got.dtype}, expected {ref.dtype} (config torch_dtype)", where=where,
+                                  fix="re-export the draft")
         if got.is_floating_point() and not bool(torch.isfinite(got).all()):
-            raise CheckpointError(f"{where}: tensor {name!r} holds NaN or Inf values.")
+            raise CheckpointError(f"tensor {name!r} holds NaN or Inf values", where=where, fix="export an earlier checkpoint")
 
 
 def split_head(tensors: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:

@@ -167,14 +167,14 @@ def test_flipped_bytes_are_caught_on_export_and_resume_falls_back(ws, tmp_path, 
     rows = metrics_rows(run)
     assert main(train_args(ws, run, "--max-steps", "6")) == 0
     err = capsys.readouterr().err
-    assert "step-00000004/trainable.safetensors does not match its checksum" in err and "step-00000002" in err
+    assert "does not match its checksum" in err and "step-00000004/trainable.safetensors)" in err and "step-00000002" in err
     assert [json.loads(r)["step"] for r in metrics_rows(run)] == [1, 2, 3, 4, 5, 6] and metrics_rows(run)[:2] == rows[:2]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["bad-step-00000004", "step-00000004", "step-00000006"]
     optimizer = run / "checkpoints" / "step-00000006" / "optimizer.pt"
     optimizer.write_bytes(optimizer.read_bytes()[:100])  # truncated: the run falls back to step 4
     assert main(train_args(ws, run, "--max-steps", "8")) == 0
     err = capsys.readouterr().err
-    assert "step-00000006/optimizer.pt does not match the sha256" in err and "unexpected" not in err
+    assert "does not match the sha256" in err and "step-00000006/optimizer.pt)" in err and "unexpected" not in err
 
 
 def test_resume_refuses_other_data_or_settings_unless_told(ws, tmp_path, capsys):

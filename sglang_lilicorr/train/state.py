@@ -151,17 +151,17 @@ def read_optimizer_state(path: str | Path, map_location="cpu") -> dict:
         data = where.read_bytes()
         expected = json.loads((path / STATE_FILE).read_text()).get("sha256", {}).get(OPTIMIZER_FILE)
     except (OSError, ValueError, AttributeError) as e:
-        raise CheckpointError(f"{where} cannot be read ({e})", fix="use an earlier checkpoint") from e
+        raise CheckpointError(f"cannot be read ({e})", where=str(where), fix="use an earlier checkpoint") from e
     if expected is not None and hashlib.sha256(data).hexdigest() != expected:
-        raise CheckpointError(f"{where} does not match the sha256 in {STATE_FILE}: it changed after it was written",
+        raise CheckpointError(f"does not match the sha256 in {STATE_FILE}: it changed after it was written", where=str(where),
                               fix="use an earlier checkpoint")
     try:
         state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except Exception as e:  # torch raises several types for a truncated or foreign pickle
-        raise CheckpointError(f"{where} is truncated or not an optimizer state ({type(e).__name__})",
+        raise CheckpointError(f"truncated or not an optimizer state ({type(e).__name__})", where=str(where),
                               fix="use an earlier checkpoint") from e
     if not (isinstance(state, dict) and "optimizer" in state and "scheduler" in state):
-        raise CheckpointError(f"{where} holds no optimizer and scheduler state", fix="use an earlier checkpoint")
+        raise CheckpointError("holds no optimizer and scheduler state", where=str(where), fix="use an earlier checkpoint")
     return state
 
 
@@ -218,15 +218,18 @@ def read_training_checkpoint(path: str | Path) -> tuple[dict[str, Any], DrafterC
     except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"not a training checkpoint ({e})", where=str(path), fix="pass OUTPUT or OUTPUT/checkpoints/step-N") from e
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise CheckpointError(f"{path / STATE_FILE}: format {state.get('format') if isinstance(state, dict) else state!r}, expected {FORMAT!r}.")
+        raise CheckpointError(f"format {state.get('format') if isinstance(state, dict) else state!r}, expected {FORMAT!r}",
+                              where=str(path / STATE_FILE), fix="pass a checkpoint written by `lilicorr train`")
     missing = [k for k in ("step", "drafter_config", "head_config") if k not in state]
     if missing:
-        raise CheckpointError(f"{path / STATE_FILE}: lacks {missing}; it was not written by `lilicorr train` (or was cut short).")
+        raise CheckpointError(f"lacks {missing}", where=str(path / STATE_FILE),
+                              fix="it was not written by `lilicorr train` (or was cut short): use an earlier checkpoint")
     try:
         drafter = DrafterConfig.from_hf_config(state["drafter_config"])
         head = head_config_from_keys(state["head_config"], drafter)
     except (ValueError, TypeError, KeyError) as e:
-        raise CheckpointError(f"{path / STATE_FILE}: drafter_config / head_config: {e}") from e
+        raise CheckpointError(f"drafter_config / head_config: {e}", where=str(path / STATE_FILE),
+                              fix="use an earlier checkpoint") from e
     tensors = load_tensors(path / TENSORS_FILE, fix="use an earlier checkpoint (OUTPUT/checkpoints/step-N)")
     bad = [k for k, v in tensors.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
     if bad:
