@@ -75,6 +75,14 @@ def cases() -> dict:
         "replay draft missing": (["replay", "--target", f"{R}/target", "--draft", f"a={R}/none", "--outputs", f"{R}/data.jsonl", "--out", f"{R}/rp3"], 2),
         "replay target missing": (["replay", "--target", f"{R}/none", "--draft", f"a={R}/okdraft", "--outputs", f"{R}/data.jsonl", "--out", f"{R}/rp4"], 2),
         "replay no turns": (["replay", "--target", f"{R}/target", "--draft", f"a={R}/okdraft", "--outputs", f"{R}/data.jsonl", "--out", f"{R}/rp5"], 1),
+        "replay bad turns": (["replay", "--target", f"{R}/target", "--draft", f"a={R}/okdraft", "--outputs", f"{R}/badrows.jsonl", "--out", f"{R}/rp6"], 1),
+        "replay damaged draft": (["replay", "--target", f"{R}/target", "--draft", f"a={R}/baddraft", "--outputs", f"{R}/badrows.jsonl", "--out", f"{R}/rp7"], 1),
+        "train target bad config": (T(target=f"{R}/badcfg"), 2),
+        "train target no weights": (T(target=f"{R}/noweights"), 2),
+        "train rows of wrong types": (T(data=f"{R}/weird.jsonl"), 1),
+        "train init-from damaged draft": (T("--init-from", f"{R}/baddraft"), 1),
+        "regen target bad config": (["regenerate", "--target", f"{R}/badcfg", "--prompts", f"{R}/p.jsonl", "--output", f"{R}/o9.jsonl", "--engine", "transformers"], 2),
+        "demo draft missing": (["demo", "--draft", f"{R}/none"], 2),
     }
 
 
@@ -92,7 +100,16 @@ def workspace(tmp_path_factory):
     (root / "p.jsonl").write_text('{"id": "a", "text": "hi"}\n')
     (root / "afile").write_text("x")
     (root / "nocfg").mkdir()
+    (root / "badcfg").mkdir()
+    (root / "badcfg" / "config.json").write_text("{garbage")
+    (root / "noweights").mkdir()
+    (root / "noweights" / "config.json").write_text((root / "target" / "config.json").read_text())
+    (root / "badrows.jsonl").write_text('{"id": "x", "messages": [{"role": "user", "content": "hi"}], "turns": [{"prompt_ids": "x"}]}\n')
+    (root / "weird.jsonl").write_text('{"messages": [{"role": "user", "content": 5}]}\n')
     assert main(T(out=f"{R}/okrun")) == 0 and main(["export", f"{R}/okrun", f"{R}/okdraft"]) == 0
+    (root / "baddraft").mkdir()
+    (root / "baddraft" / "config.json").write_text((root / "okdraft" / "config.json").read_text())
+    (root / "baddraft" / "model.safetensors").write_bytes(b"\x00" * 50)
     return cases()
 
 

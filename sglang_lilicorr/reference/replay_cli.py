@@ -65,14 +65,15 @@ def run_replay(args: argparse.Namespace) -> int:
     from .propose import BlockProposer
     from .replay import Replayer
 
-    from ..frozen_target import local_model_dir
+    from ..frozen_target import loading_target, local_model_dir
 
     drafts = parse_drafts(args.draft)
     local_model_dir(args.target)
     out = claim_report_folder(args.out, create=False)  # before anything loads
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if args.dtype == "bfloat16" and device.type == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(device).eval()
+    with loading_target(args.target):
+        model = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(device).eval()
     loaded = {name: load_draft(path) for name, path in drafts.items()}
     layers = {d.config.target_layer_ids for d, _ in loaded.values()}
     if len(layers) > 1:
@@ -89,6 +90,10 @@ def run_replay(args: argparse.Namespace) -> int:
     for path, row in tqdm(rows, desc="replay", dynamic_ncols=True):
         if not row.get("turns"):
             raise DataError(f"row {row.get('id')!r} has no `turns`", where=str(path), fix="replay needs `lilicorr regenerate` output")
+        if not all(isinstance(t, dict) and all(isinstance(t.get(k), list) and t[k] and all(isinstance(i, int) for i in t[k])
+                                               for k in ("prompt_ids", "output_ids")) for t in row["turns"]):
+            raise DataError(f"row {row.get('id')!r}: every turn needs non-empty `prompt_ids` and `output_ids` lists of token ids",
+                            where=str(path), fix="replay needs `lilicorr regenerate` output")
         for t, turn in enumerate(row["turns"]):
             for label, result in replayer.turn(turn["prompt_ids"], turn["output_ids"]).items():
                 for draft, accepted in result.accepted.items():

@@ -93,7 +93,10 @@ def generator_for(args: argparse.Namespace, tokenizer, log_dir: Path):
 
         from .engine import TransformersGenerator
 
-        model = AutoModelForCausalLM.from_pretrained(args.target).eval()
+        from ..frozen_target import loading_target
+
+        with loading_target(args.target):
+            model = AutoModelForCausalLM.from_pretrained(args.target).eval()
         yield TransformersGenerator(model, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id), "transformers"
         return
     from .engine import SGLangServers
@@ -111,7 +114,7 @@ def run_regenerate(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from ..errors import UsageError
-    from ..frozen_target import local_model_dir
+    from ..frozen_target import loading_target, local_model_dir
     from .prompts import eval_guard
     from .regenerate import Settings, build_dataset, check_rows_file, claim_dataset_dir, play, prompt_plans
 
@@ -120,7 +123,8 @@ def run_regenerate(args: argparse.Namespace) -> int:
         raise UsageError("--recipe needs --output-dir and --exclude", where="--recipe", fix="pass where the data goes and the evaluation prompts to keep out")
     if args.prompts and not args.output:
         raise UsageError("--prompts needs --output", where="--prompts", fix="pass the jsonl the conversations are appended to")
-    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    with loading_target(args.target):
+        tokenizer = AutoTokenizer.from_pretrained(args.target)
     settings = Settings(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
                         chat_kwargs=args.chat_template_kwargs)
     out = Path(args.output_dir) if args.recipe else Path(args.output)

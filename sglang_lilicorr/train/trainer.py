@@ -41,7 +41,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ..checkpoint import split_head
 from ..drafter import DFlashDrafter, DrafterConfig, default_target_layer_ids, load_drafter_tensors, sample_anchors
 from ..errors import LiLiCorrError
-from ..frozen_target import FrozenTarget
+from ..frozen_target import FrozenTarget, loading_target
 from ..head import LiLiCorrHead
 from ..ownership import claim_folder
 from ..reference.propose import BlockProposer
@@ -142,8 +142,9 @@ def load_target(path: str, device: torch.device, bf16: bool):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = torch.bfloat16 if bf16 and device.type == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    with loading_target(path):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+        tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer
 
 
