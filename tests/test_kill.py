@@ -137,3 +137,16 @@ def test_a_killed_recipe_leaves_whole_files_and_resumes(ws, tmp_path):
     rows = (data / "conversations.jsonl").read_text().splitlines()
     assert manifest["counts"]["conversations"] == len(rows) == len({json.loads(r)["id"] for r in rows})
     assert not temporaries(tmp_path)
+
+
+def test_a_killed_export_into_a_new_folder_leaves_none_or_a_whole_draft(ws, tmp_path):
+    from sglang_lilicorr.drafter import load_draft
+
+    run, draft = tmp_path / "run", tmp_path / "drafts" / "new"
+    assert main(train_args(ws, run, 1)) == 0
+    result = lilicorr(point("export", "SIGKILL"), "SIGKILL", "export", run, draft)
+    assert killed(result, "SIGKILL"), result.stderr[-2000:]
+    if draft.exists():
+        load_draft(draft)  # appeared whole
+    assert lilicorr(10**6, "SIGKILL", "export", run, draft).returncode == 0
+    assert sorted(snapshot(draft)) == ["config.json", "model.safetensors"] and not temporaries(tmp_path)
