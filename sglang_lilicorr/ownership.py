@@ -72,17 +72,20 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
-        os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask())  # as a plainly written file
+        os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_UMASK)  # as a plainly written file
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 
 
-def _umask() -> int:
+def _read_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+_UMASK = _read_umask()  # read once, at import: setting it back and forth later would race with other threads
 
 
 def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
