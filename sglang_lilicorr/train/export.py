@@ -58,7 +58,8 @@ def check_destination(out_dir: str | Path, source: str | Path, force: bool = Fal
                          fix="write the draft to a folder outside the training run")
     inside = next((p for p in (out, *out.parents) if p.is_dir() and is_training_output(p)), None)
     if inside is not None:
-        raise NotOursError(f"{out_dir} is {'' if inside == out else 'inside '}a training run or checkpoint, {inside}", where="OUT_DIR",
+        raise NotOursError(f"{out_dir} is a training run or checkpoint" if inside == out else
+                           f"{out_dir} is inside a training run or checkpoint, {inside}", where="OUT_DIR",
                            fix="write the draft to a folder outside any training run (--force does not change this)")
     if not out.exists():
         return "new"

@@ -137,7 +137,7 @@ def resume_point(output_dir: str | Path, warn=print, map_location="cpu") -> tupl
                 warn(f"warning: {e} Falling back to the checkpoint before it, {found[i + 1].name}.")
             else:
                 raise CheckpointError(
-                    f"no checkpoint of this run loads ({len(found)} tried; the oldest, {path.name}: {e})", where=str(output_dir),
+                    f"no checkpoint of this run loads ({len(found)} tried; {e.where or path.name}: {e.what})", where=str(output_dir),
                     fix="nothing was changed; move the run aside, or pass --no-resume to start it over from step 0 in this folder"
                 ) from e
     return None
