@@ -66,14 +66,31 @@ def run_in_fresh(tmp_root: Path, files: dict, command) -> None:
         shutil.rmtree(work)
 
 
+TRAIN_FLAGS = ["--no-bf16", "--block-size", "4", "--candidate-topk", "4", "--head-hidden-size", "32", "--head-layers", "1",
+               "--head-heads", "4", "--factor-dim", "16", "--num-anchors", "4", "--batch-size", "2", "--max-length", "64",
+               "--eval-examples", "2", "--chat-template-kwargs", "{}", "--max-steps", "1"]
+
+
 @SETTINGS
 @given(files=FOLDER)
 def test_train_output_dir(ws, files):
-    flags = ["--no-bf16", "--block-size", "4", "--candidate-topk", "4", "--head-hidden-size", "32", "--head-layers", "1",
-             "--head-heads", "4", "--factor-dim", "16", "--num-anchors", "4", "--batch-size", "2", "--max-length", "64",
-             "--eval-examples", "2", "--chat-template-kwargs", "{}", "--max-steps", "1"]
     run_in_fresh(ws["root"], files, lambda out: main(["train", "--target", ws["target"], "--data", ws["data"],
-                                                      "--output-dir", str(out), *flags]))
+                                                      "--output-dir", str(out), *TRAIN_FLAGS]))
+
+
+OTHERS = st.dictionaries(st.sampled_from(["notes.txt", ".hidden", "snapshots/.keep", "snapshots/mine.safetensors", "sub/data.bin",
+                                          "checkpoints/README", "train.log"]), BYTES, min_size=1, max_size=4)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(files=OTHERS)
+def test_train_in_its_own_run_touches_only_its_files(ws, files):
+    """A run folder (marked) with the user's files beside the run's: training writes its own files only."""
+    def command(out):
+        ownership.mark(out, "run")  # a run of ours that the user put files into
+        return main(["train", "--target", ws["target"], "--data", ws["data"], "--output-dir", str(out), *TRAIN_FLAGS])
+
+    run_in_fresh(ws["root"], files, lambda out: (lambda code: code if code == 0 else pytest.fail(f"exit {code}"))(command(out)))
 
 
 @SETTINGS
