@@ -76,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
         if os.environ.get("LILICORR_DEBUG") == "1":
             raise
         if isinstance(e, KeyboardInterrupt):
-            print("error: interrupted", file=sys.stderr)
+            print("error: interrupted (SIGINT): every file is whole, as before or as written; rerun the same command to go on",
+                  file=sys.stderr)
             return 130
         print(error_line(e), file=sys.stderr)
         return e.exit_code if isinstance(e, LiLiCorrError) else 1
