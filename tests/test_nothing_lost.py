@@ -209,3 +209,12 @@ def test_the_checksum_lives_in_the_safetensors_metadata_and_tensors_are_unchange
     drafter, head = load_draft(tmp_path / "draft")
     expected = {**drafter.state_dict(), **{f"lilicorr.{k}": v for k, v in head.state_dict().items()}}
     assert sorted(tensors) == sorted(expected) and all(torch.equal(tensors[k], expected[k]) for k in tensors)
+
+
+def test_a_foreign_file_where_the_token_cache_goes_is_left_alone(ws, tmp_path):
+    data = tmp_path / "conversations.jsonl"
+    data.write_text(Path(ws["data"]).read_text())
+    cache = tmp_path / "conversations.jsonl.tokens.pt"
+    cache.write_bytes(b"my own file, not a cache")
+    assert main(train_args(ws, tmp_path / "run", "--max-steps", "1", data=str(data))) == 0
+    assert cache.read_bytes() == b"my own file, not a cache"

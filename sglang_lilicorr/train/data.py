@@ -78,7 +78,8 @@ def load_conversations(
     """Tokenized, truncated examples with at least one block anchor (two adjacent supervised tokens).
     The result is cached beside the file (`<file>.tokens.pt`, keyed by the file's bytes, the tokenizer,
     its chat template and these options; written only with `write_cache`: by one process of a
-    data-parallel run), and large files are tokenized by a pool of processes."""
+    data-parallel run; a file of that name that is not a cache of ours is neither read nor replaced), and large
+    files are tokenized by a pool of processes."""
     path = Path(path)
     key = _cache_key(path, tokenizer, max_length, chat_kwargs)
     cache = path.with_name(path.name + ".tokens.pt")
