@@ -113,11 +113,12 @@ def start(cmd: list[str], log: Path, gpu_ids: list[int] | None = None) -> subpro
 
 
 def run_folder(path: Path, kind: str = "run") -> Path:
-    """The folder of a training run (or a replay report), claimed as one (ownership.py) before the log of the command
-    that writes it goes in: `lilicorr train` and `replay` write only into a new or empty folder or one of their kind."""
+    """The folder of a training run (or a data set, a replay report), claimed as one (ownership.py) before the logs of
+    the command that writes it go in: lilicorr writes only into a new or empty folder or one of its kind."""
     from sglang_lilicorr.ownership import claim_folder
+    from sglang_lilicorr.train.regenerate import is_recipe_dir
 
-    claim_folder(path, kind, "--output-dir" if kind == "run" else "--out")
+    claim_folder(path, kind, "--out" if kind == "report" else "--output-dir", recognise=is_recipe_dir if kind == "dataset" else None)
     return path
 
 
@@ -151,7 +152,7 @@ def cmd_data(args) -> int:
     from sglang_lilicorr.train.data import load_conversations
     from sglang_lilicorr.train.regenerate import Settings, build_dataset
 
-    out = Path(args.work) / "data"
+    out = run_folder(Path(args.work) / "data", "dataset")  # claimed before the servers' logs go in
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     with generator(args, out / "logs", tokenizer) as (engine, described):
         manifest = build_dataset(out, tokenizer, engine, Settings(max_new_tokens=args.max_new_tokens, seed=args.seed),

@@ -218,3 +218,26 @@ def test_a_foreign_file_where_the_token_cache_goes_is_left_alone(ws, tmp_path):
     cache.write_bytes(b"my own file, not a cache")
     assert main(train_args(ws, tmp_path / "run", "--max-steps", "1", data=str(data))) == 0
     assert cache.read_bytes() == b"my own file, not a cache"
+
+
+def test_regenerate_claims_its_folder_before_the_servers_write_their_logs(ws, tmp_path, monkeypatch):
+    """On a GPU the servers' logs go into OUTPUT/logs first: the folder is the data set's by then."""
+    import contextlib
+
+    from sglang_lilicorr.train import cli as train_cli
+
+    real = train_cli.generator_for
+
+    @contextlib.contextmanager
+    def with_logs(args, tokenizer, log_dir):
+        log_dir.mkdir(parents=True)
+        (log_dir / "server-0.log").write_text("started")
+        with real(args, tokenizer, log_dir) as pair:
+            yield pair
+
+    monkeypatch.setattr(train_cli, "generator_for", with_logs)
+    exclude = tmp_path / "eval.jsonl"
+    exclude.write_text('{"id": "e", "text": "what is two plus two"}\n')
+    assert main(["regenerate", "--target", ws["target"], "--recipe", "--output-dir", str(tmp_path / "data"), "--exclude", str(exclude),
+                 "--magpie", "2", "--package", "0", "--heldout", "0", "--max-new-tokens", "2", "--engine", "transformers"]) == 0
+    assert (tmp_path / "data" / "manifest.json").is_file() and (tmp_path / "data" / "logs" / "server-0.log").is_file()

@@ -134,6 +134,8 @@ def run_regenerate(args: argparse.Namespace) -> int:
     else:
         check_rows_file(out)
     plans = None if args.recipe else prompt_plans(args.prompts, eval_guard(args.exclude))
+    if args.recipe:
+        claim_dataset_dir(out)  # marked before the servers' logs go into it
     log_dir = out / "logs" if args.recipe else out.with_name(out.name + ".logs")
     with generator_for(args, tokenizer, log_dir) as (generator, engine):
         if args.recipe:
