@@ -166,12 +166,14 @@ def cmd_stages(args) -> int:
                          fix="see `lilicorr bench stages --help`")
     if args.stages is not None and not args.stages.is_file():
         raise UsageError(f"{args.stages} is not a file", where="FILE", fix="pass a stage-decomposition JSON (schema: sglang_lilicorr.benchmarks.stages)")
-    out = ownership.claim_report_folder(args.out)
+    out = ownership.claim_report_folder(args.out, create=False)
     if args.stages is not None:
         doc = stages.load(args.stages)
     else:
         timings = {system: stages.load_timings(folder) for system, folder in args.timings}
         doc = stages.from_timings(timings, bs=args.bs, graph=not args.eager)
+    ownership.claim_report_folder(out)  # the inputs read: now the folder is made and marked
+    if args.stages is None:
         ownership.write_atomic(out / "stages.json", json.dumps(doc, indent=1))
     markdown = stages.table(doc)
     ownership.write_atomic(out / "stages.md", markdown)
