@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from .cli import error_line
-from .errors import LiLiCorrError
+from .errors import LiLiCorrError, UsageError
 
 
 def register(subparsers) -> None:
@@ -61,6 +61,10 @@ def run_check_draft(args: argparse.Namespace) -> int:
     from .serving.draft_check import TargetShape, examine_draft
 
     shape = TargetShape.of(target_config(args.target))
+    if not (args.draft / "config.json").is_file():
+        found = "a folder without config.json" if args.draft.is_dir() else "not an existing folder"
+        raise UsageError(f"{str(args.draft)!r} is {found}", where="DRAFT",
+                         fix="pass a draft folder (config.json + model.safetensors, as `lilicorr export` writes it)")
     report = examine_draft(args.draft, shape, option="DRAFT")
     problems: list[LiLiCorrError] = list(report.problems)
     drafter = None

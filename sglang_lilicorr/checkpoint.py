@@ -10,21 +10,20 @@ Every check raises CheckpointError naming the file, tensor or field and what was
 """
 from __future__ import annotations
 
-import contextlib
+import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from .config import ConfigError, LiLiCorrConfig, json_number
 from .errors import LiLiCorrError
 from .head import LiLiCorrHead
+from .ownership import atomic_directory, atomic_file  # noqa: F401 (atomic_directory: re-exported)
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -32,6 +31,7 @@ HEAD_PREFIX = "lilicorr."
 VANILLA_ARCH = "DFlashDraftModel"
 LILICORR_ARCH = "LiLiCorrDraftModel"
 ARCHITECTURES = (VANILLA_ARCH, LILICORR_ARCH)
+CHECKSUM_KEY = "lilicorr_sha256"  # safetensors metadata: tensor_digest of the file's tensors
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -42,18 +42,20 @@ class CheckpointError(LiLiCorrError, ValueError):
 def read_config(directory: str | os.PathLike) -> dict[str, Any]:
     path = Path(directory)
     if not path.is_dir():
-        raise CheckpointError(f"Draft checkpoint directory {str(path)!r} does not exist; pass the folder written by `lilicorr export`.")
+        raise CheckpointError(f"draft checkpoint directory {str(path)!r} does not exist", where=str(path),
+                              fix="pass the folder written by `lilicorr export`")
     cfg_path = path / CONFIG_FILE
     try:
         config = json.loads(cfg_path.read_text(encoding="utf-8"))
     except FileNotFoundError as e:
-        raise CheckpointError(f"{cfg_path} is missing: a draft checkpoint needs config.json beside {WEIGHTS_FILE}.") from e
+        raise CheckpointError(f"config.json is missing: a draft checkpoint needs it beside {WEIGHTS_FILE}", where=str(cfg_path),
+                              fix="pass the folder written by `lilicorr export`") from e
     except OSError as e:
-        raise CheckpointError(f"{cfg_path} cannot be read ({e}).") from e
+        raise CheckpointError(f"cannot be read ({e})", where=str(cfg_path), fix="check the file and its permissions") from e
     except ValueError as e:  # not UTF-8, not JSON, an integer of more digits than Python parses
-        raise CheckpointError(f"{cfg_path} is not valid JSON ({e}); re-export the checkpoint.") from e
+        raise CheckpointError(f"not valid JSON ({e})", where=str(cfg_path), fix="re-export the checkpoint") from e
     if not isinstance(config, dict) or not isinstance(config.get("dflash_config"), dict):
-        raise CheckpointError(f"{cfg_path} has no `dflash_config` object: not a DFlash draft config.")
+        raise CheckpointError("no `dflash_config` object: not a DFlash draft config", where=str(cfg_path), fix="re-export the draft")
     architecture_of(config, str(cfg_path))
     return config
 
@@ -73,14 +75,14 @@ def architecture_of(config: Mapping[str, Any], where: str = "draft config") -> s
 def block_size_of(config: Mapping[str, Any]) -> int:
     size = config["dflash_config"].get("block_size", config.get("block_size"))
     if not isinstance(size, int) or isinstance(size, bool):
-        raise CheckpointError(f"draft config has no integer block_size (dflash_config.block_size={size!r}).")
+        raise CheckpointError(f"no integer block_size ({size!r})", where="dflash_config.block_size", fix="re-export the draft")
     return size
 
 
 def dtype_of(config: Mapping[str, Any]) -> torch.dtype:
     name = config.get("torch_dtype", config.get("dtype", "bfloat16"))
     if not isinstance(name, str) or name not in DTYPES:
-        raise CheckpointError(f"draft config torch_dtype={name!r} is not one of {sorted(DTYPES)}.")
+        raise CheckpointError(f"torch_dtype={name!r} is not one of {sorted(DTYPES)}", where="torch_dtype", fix="re-export the draft")
     return DTYPES[name]
 
 
@@ -92,15 +94,15 @@ def lilicorr_config(config: Mapping[str, Any]) -> LiLiCorrConfig:
     """The head geometry declared by a draft config (raises if the draft has no LiLiCorr head)."""
     if not has_head(config):
         raise CheckpointError(
-            f"draft declares architectures={config.get('architectures')!r}, not [{LILICORR_ARCH!r}]: "
-            "it has no LiLiCorr head. Serve it with --speculative-algorithm DFLASH, or export one with a head."
+            f"draft declares architectures={config.get('architectures')!r}, not [{LILICORR_ARCH!r}]: it has no LiLiCorr head",
+            where="architectures", fix="serve it with --speculative-algorithm DFLASH, or export one with a head"
         )
     try:
         return LiLiCorrConfig.from_dflash_config(
             config["dflash_config"], block_size=block_size_of(config), rms_norm_eps=config.get("rms_norm_eps", 1e-6)
         )
     except ConfigError as e:
-        raise CheckpointError(f"draft config: {e}") from e
+        raise CheckpointError(f"draft config: {e}", where="dflash_config", fix="re-export the draft") from e
 
 
 def with_head(config: Mapping[str, Any], head_config: LiLiCorrConfig) -> dict[str, Any]:
@@ -123,14 +125,51 @@ def vanilla_copy(source: str | os.PathLike, target: str | os.PathLike) -> Path:
     return save_checkpoint(target, config, drafter)
 
 
+def tensor_digest(tensors: Mapping[str, torch.Tensor]) -> str:
+    """sha256 over every tensor's name, dtype, shape and bytes, in name order (independent of the file layout)."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous().cpu()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy())  # the tensor's bytes, not copied
+    return h.hexdigest()
+
+
+def save_tensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor]) -> Path:
+    """A safetensors file, atomically, with its tensor_digest in the metadata (SGLang and safetensors ignore it;
+    tensor names and data are as before)."""
+    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    with atomic_file(path) as tmp:
+        save_file(tensors, str(tmp), metadata={CHECKSUM_KEY: tensor_digest(tensors)})
+    return Path(path)
+
+
+def load_tensors(path: str | os.PathLike, fix: str) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, checked against the digest in its metadata when it has one (files
+    written before the digest have none); a truncated, foreign or altered file raises CheckpointError."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError("the file is missing", where=str(path), fix=fix)
+    try:
+        with safe_open(str(path), "pt") as f:
+            stored = (f.metadata() or {}).get(CHECKSUM_KEY)
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"truncated, corrupt or not a safetensors file ({' '.join(str(e).split())[:200]})",
+                              where=str(path), fix=fix) from e
+    if stored is not None and stored != tensor_digest(tensors):
+        raise CheckpointError(f"does not match its checksum ({CHECKSUM_KEY} in its metadata): its bytes changed after it "
+                              "was written", where=str(path), fix=fix)
+    return tensors
+
+
 def read_tensors(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
     path = Path(directory) / WEIGHTS_FILE
     if not path.is_file():
-        raise CheckpointError(f"{path} is missing: a draft checkpoint needs its weights beside {CONFIG_FILE}.")
-    try:
-        return load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{path} is corrupt or not a safetensors file ({e}); re-export the checkpoint.") from e
+        raise CheckpointError(f"{WEIGHTS_FILE} is missing: a draft checkpoint needs its weights beside {CONFIG_FILE}", where=str(path),
+                              fix="re-export the checkpoint")
+    return load_tensors(path, fix="re-export the checkpoint")
 
 
 def check_tensors(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.Tensor], where: str) -> None:
@@ -138,20 +177,23 @@ def check_tensors(expected: Mapping[str, torch.Tensor], found: Mapping[str, torc
     missing = sorted(set(expected) - set(found))
     extra = sorted(set(found) - set(expected))
     if missing:
-        raise CheckpointError(f"{where}: missing tensor {missing[0]!r} ({len(missing)} missing in all: {missing[:5]}).")
+        raise CheckpointError(f"missing tensor {missing[0]!r} ({len(missing)} missing in all: {missing[:5]})", where=where,
+                              fix="re-export the draft")
     if extra:
         raise CheckpointError(
-            f"{where}: unexpected tensor {extra[0]!r} ({len(extra)} extra in all: {extra[:5]}); "
-            "the config's geometry does not describe these weights."
+            f"unexpected tensor {extra[0]!r} ({len(extra)} extra in all: {extra[:5]})", where=where,
+            fix="the config's geometry does not describe these weights: re-export the draft"
         )
     for name, ref in expected.items():
         got = found[name]
         if tuple(got.shape) != tuple(ref.shape):
-            raise CheckpointError(f"{where}: tensor {name!r} has shape {tuple(got.shape)}, expected {tuple(ref.shape)}.")
+            raise CheckpointError(f"tensor {name!r} has shape {tuple(got.shape)}, expected {tuple(ref.shape)}", where=where,
+                                  fix="re-export the draft")
         if got.dtype != ref.dtype:
-            raise CheckpointError(f"{where}: tensor {name!r} has dtype {got.dtype}, expected {ref.dtype} (config torch_dtype).")
+            raise CheckpointError(f"tensor {name!r} has dtype {got.dtype}, expected {ref.dtype} (config torch_dtype)", where=where,
+                                  fix="re-export the draft")
         if got.is_floating_point() and not bool(torch.isfinite(got).all()):
-            raise CheckpointError(f"{where}: tensor {name!r} holds NaN or Inf values.")
+            raise CheckpointError(f"tensor {name!r} holds NaN or Inf values", where=where, fix="export an earlier checkpoint")
 
 
 def split_head(tensors: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -180,37 +222,22 @@ def load_head(directory: str | os.PathLike) -> LiLiCorrHead:
     return load_strict(head, head_tensors, f"{Path(directory) / WEIGHTS_FILE} (head)")
 
 
-@contextlib.contextmanager
-def atomic_directory(target: str | os.PathLike) -> Iterator[Path]:
-    """Yield an empty temporary directory beside `target`; when the block completes it takes
-    `target`'s place (an existing `target` is renamed aside first and removed after), and when it
-    fails it is removed and `target` is untouched: a half-written directory never looks complete."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = None
-    if target.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
-        os.replace(target, old / target.name)
-    os.replace(tmp, target)
-    if old is not None:
-        shutil.rmtree(old)
-
-
 def save_checkpoint(directory: str | os.PathLike, config: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> Path:
     """Write config.json + model.safetensors atomically."""
     for name, t in tensors.items():
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise CheckpointError(f"refusing to save tensor {name!r}: it holds NaN or Inf values.")
     with atomic_directory(directory) as tmp:
-        (tmp / CONFIG_FILE).write_text(json.dumps(dict(config), indent=2, sort_keys=True) + "\n")
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp / WEIGHTS_FILE))
+        write_checkpoint_files(tmp, config, tensors)
     return Path(directory)
+
+
+def write_checkpoint_files(directory: str | os.PathLike, config: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> None:
+    """config.json + model.safetensors into an existing folder, each file atomically (weights first), nothing else
+    touched."""
+    save_tensors(Path(directory) / WEIGHTS_FILE, tensors)
+    with atomic_file(Path(directory) / CONFIG_FILE) as tmp:
+        tmp.write_text(json.dumps(dict(config), indent=2, sort_keys=True) + "\n")
 
 
 def head_tensors_for_save(head: LiLiCorrHead) -> dict[str, torch.Tensor]:

@@ -46,6 +46,8 @@ def error_line(e: BaseException) -> str:
     """The one line `lilicorr` prints for an error that ends a subcommand."""
     if isinstance(e, LiLiCorrError):
         text = str(e)
+    elif isinstance(e, ConnectionError):  # a server that is not there (aiohttp's connector errors are OSErrors too)
+        text = describe(e.strerror or str(e), e.filename, "check that the server is up and the URL")
     elif isinstance(e, OSError):
         text = describe(e.strerror or str(e), e.filename, "check the path, its permissions and the free disk space")
     else:
@@ -74,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
         if os.environ.get("LILICORR_DEBUG") == "1":
             raise
         if isinstance(e, KeyboardInterrupt):
-            print("error: interrupted", file=sys.stderr)
+            print("error: interrupted (SIGINT): every file is whole, as before or as written; rerun the same command to go on",
+                  file=sys.stderr)
             return 130
         print(error_line(e), file=sys.stderr)
         return e.exit_code if isinstance(e, LiLiCorrError) else 1

@@ -121,8 +121,8 @@ def run_demo(args: argparse.Namespace) -> int:
     if not (args.draft / "config.json").is_file():
         shipped = args.draft.resolve() == DEFAULT_DRAFT
         raise UsageError(
-            f"no draft checkpoint at --draft {args.draft}"
-            + (" (the shipped SmolLM2 LiLiCorr draft is not in this checkout yet)" if shipped else ""),
+            f"no draft checkpoint at {args.draft}"
+            + (", the shipped SmolLM2 LiLiCorr draft is not in this checkout yet" if shipped else ""), where="--draft",
             fix="train and export one (`lilicorr train ...`, then `lilicorr export RUN_DIR OUT_DIR`) and pass --draft OUT_DIR",
         )
     import torch

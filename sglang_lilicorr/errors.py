@@ -23,7 +23,20 @@ class LiLiCorrError(Exception):
     exit_code = 1
 
     def __init__(self, what: str, *, where: str | None = None, fix: str | None = None) -> None:
+        self.what, self.where, self.fix = what, where, fix
         super().__init__(describe(what, where, fix))
+
+    def located(self, where: str) -> "LiLiCorrError":
+        """This error naming `where` when it names no place (a whole message "what; fix." split at its first "; "),
+        of the same type; itself when it names one."""
+        if self.where is not None or type(self).__init__ is not LiLiCorrError.__init__:
+            return self
+        what, fix = self.what, self.fix
+        if fix is None and "; " in what:
+            what, fix = what.split("; ", 1)
+        located = type(self).__new__(type(self))
+        LiLiCorrError.__init__(located, what.rstrip(". "), where=where, fix=None if fix is None else fix.rstrip(". "))
+        return located
 
 
 class UsageError(LiLiCorrError, ValueError):

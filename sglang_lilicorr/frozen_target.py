@@ -10,7 +10,9 @@ It supplies what serving-time SGLang gives the drafter and what the objective ne
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -28,9 +30,22 @@ def local_model_dir(path: str | Path, option: str = "--target") -> Path:
     folder = Path(path)
     if not (folder / "config.json").is_file():
         found = "a folder without config.json" if folder.is_dir() else "not an existing folder"
-        raise UsageError(f"{option} {str(path)!r} is {found}", fix="pass the local folder of a Hugging Face model "
+        raise UsageError(f"{str(path)!r} is {found}", where=option, fix="pass the local folder of a Hugging Face model "
                          "(download a hub model first, e.g. `hf download REPO --local-dir DIR`, and pass DIR)")
     return folder
+
+
+@contextlib.contextmanager
+def loading_target(path: str | Path, option: str = "--target") -> Iterator[None]:
+    """Around transformers' from_pretrained of a target folder: a folder it cannot load (a config that is not JSON, no
+    weights, no tokenizer) is an argument that cannot work (UsageError, exit 2), not an unexpected error."""
+    try:
+        yield
+    except (OSError, ValueError) as e:
+        if isinstance(e, LiLiCorrError):
+            raise
+        raise UsageError(f"cannot load {str(path)!r} as a model ({' '.join(str(e).split())[:200]})", where=option,
+                         fix="pass the local folder of a Hugging Face model: config.json, tokenizer and weights") from e
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import shutil
+import socket
 from pathlib import Path
 
 
@@ -14,6 +15,13 @@ def to_out(out: str | None, *paths: Path) -> None:
         if p.exists():
             shutil.copy(p, Path(out) / p.name)
             print(f"-> {Path(out) / p.name} ({p.stat().st_size / 2**20:.2f} MiB)")
+
+
+def free_port() -> int:
+    """A loopback port that is free now (the OS picks it): for a torchrun rendezvous, never a fixed one."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def gpus() -> int:

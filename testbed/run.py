@@ -34,7 +34,7 @@ from pathlib import Path
 
 import eval_sets
 import long_inputs
-from common import device_name, gpus, set_flags, speculation_args, to_out
+from common import device_name, free_port, gpus, set_flags, speculation_args, to_out
 from variants import LONG, SCALE, SCHEDULE, SWEEP_ROUNDS, VARIANTS, choose
 
 from sglang_lilicorr.jsonl import save_json
@@ -112,6 +112,16 @@ def start(cmd: list[str], log: Path, gpu_ids: list[int] | None = None) -> subpro
     return subprocess.Popen(cmd, env=env, cwd=log.parent, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def run_folder(path: Path, kind: str = "run") -> Path:
+    """The folder of a training run (or a data set, a replay report), claimed as one (ownership.py) before the logs of
+    the command that writes it go in: lilicorr writes only into a new or empty folder or one of its kind."""
+    from sglang_lilicorr.ownership import claim_folder
+    from sglang_lilicorr.train.regenerate import is_recipe_dir
+
+    claim_folder(path, kind, "--out" if kind == "report" else "--output-dir", recognise=is_recipe_dir if kind == "dataset" else None)
+    return path
+
+
 def metrics_rows(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
@@ -142,7 +152,7 @@ def cmd_data(args) -> int:
     from sglang_lilicorr.train.data import load_conversations
     from sglang_lilicorr.train.regenerate import Settings, build_dataset
 
-    out = Path(args.work) / "data"
+    out = run_folder(Path(args.work) / "data", "dataset")  # claimed before the servers' logs go in
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     with generator(args, out / "logs", tokenizer) as (engine, described):
         manifest = build_dataset(out, tokenizer, engine, Settings(max_new_tokens=args.max_new_tokens, seed=args.seed),
@@ -192,7 +202,7 @@ def cmd_sweep(args) -> int:
                 label = "_".join(f"{k}{v}" for k, v in sorted(run.items()))
                 options = run_options(args, **VARIANTS["lilicorr"], **run, output_dir=str(root / name / label), max_steps=100_000,
                                       warmup_ratio=0.0005, max_minutes=args.minutes, eval_every=10**9, save_every=10**9, resume=False)
-                procs.append((run, label, start(lilicorr("train", *cli_flags(options)), root / name / label / "train.log", [i])))
+                procs.append((run, label, start(lilicorr("train", *cli_flags(options)), run_folder(root / name / label) / "train.log", [i])))
             for run, label, proc in procs:
                 proc.wait()
                 rows = metrics_rows(root / name / label)
@@ -256,10 +266,10 @@ def cmd_train(args) -> int:
         options = {"target": args.target, "data": str(train), "eval_data": str(held), "exclude": args.eval_prompts,
                    "output_dir": str(run_dir), **plan["options"], **VARIANTS[name],
                    "init_from": (plan.get("init") or {}).get(name)}
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(per_gpu), "--master-port", str(29500 + i),
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(per_gpu), "--master-port", str(free_port()),
                "-m", "sglang_lilicorr.cli", "train", *cli_flags(options)]
         ids = [(i * per_gpu + k) % max(1, plan.get("gpus", gpus())) for k in range(per_gpu)]  # shared round-robin when short
-        proc = start(cmd, run_dir / "train.log", ids)
+        proc = start(cmd, run_folder(run_dir) / "train.log", ids)
         save_json(launch, {"pid": proc.pid, "cmd": cmd, "gpus": ids, "started": time.time()})
         print(f"[train] {name}: {plan['options']['max_steps']} steps on {per_gpu} GPU(s), pid {proc.pid}")
     to_out(args.out, frozen)
@@ -368,7 +378,7 @@ def cmd_replay(args) -> int:
         for n in names:
             argv += ["--draft", f"{n}={drafts / n}"]
         gpu_ids = args.gpu_ids or list(range(gpus()))
-        jobs.append((path.stem, start(lilicorr(*argv), report / "replay.log", [gpu_ids[i % len(gpu_ids)]])))
+        jobs.append((path.stem, start(lilicorr(*argv), run_folder(report, "report") / "replay.log", [gpu_ids[i % len(gpu_ids)]])))
     for stem, proc in jobs:
         if proc.wait():
             print(f"[replay] {stem}: exit {proc.returncode}\n{tail(root / stem / 'replay.log', 8)}")

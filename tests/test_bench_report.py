@@ -20,9 +20,10 @@ def lines(*records) -> bytes:
 
 @pytest.fixture
 def report_dir(tmp_path):
-    """A report folder holding a good earlier report."""
-    out = tmp_path / "report"
-    out.mkdir()
+    """A report folder holding a good earlier report (marked as one, as `bench report` leaves it)."""
+    from sglang_lilicorr.ownership import claim_report_folder
+
+    out = claim_report_folder(tmp_path / "report")
     (out / "summary.json").write_text('{"cells": ["the good report"]}')
     (out / "report.md").write_text("the good report")
     return out

@@ -95,7 +95,7 @@ def test_warmup_failure_says_the_server_is_down(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cfg = runner.RunConfig("s", "d", 4, 0.0, 0, 8)
-    with pytest.raises(runner.ServerError, match="warm-up request .* failed .* is the server up"):
+    with pytest.raises(runner.ServerError, match="a warm-up request failed .* start the server"):
         runner.run([Prompt("p0", "c", ("x",))], cfg, f"http://127.0.0.1:{port}", tmp_path / "r.jsonl", Sampling(), warmup=1, show_progress=False)
 
 
@@ -192,7 +192,7 @@ def test_cli_says_when_the_server_is_unreachable(tmp_path, capsys):
         port = s.getsockname()[1]
     code = cli.main(["bench", "run", "--url", f"http://127.0.0.1:{port}", "--system", "s", "--dataset", THROUGHPUT,
                      "--results", str(tmp_path / "r.jsonl"), "--no-progress"])
-    assert code == 1 and "is the server up?" in capsys.readouterr().err
+    assert code == 1 and "start the server, or check --url" in capsys.readouterr().err
 
 
 def test_ids_api_sends_the_prompt_bytes_as_token_ids(tmp_path):

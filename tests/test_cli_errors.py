@@ -83,7 +83,7 @@ def test_a_target_that_is_not_a_local_folder_fails_at_once(tmp_path, capsys, mon
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
     assert main(["regenerate", "--target", "org/not-here", "--prompts", str(prompts), "--output", str(tmp_path / "o.jsonl")]) == 2
-    assert "--target 'org/not-here' is not an existing folder" in one_line(capsys)
+    assert "'org/not-here' is not an existing folder (--target)" in one_line(capsys)
     assert main(["check-draft", str(tmp_path), "--target", str(tmp_path)]) == 2
     assert "a folder without config.json" in one_line(capsys)
 
@@ -109,8 +109,8 @@ def test_a_prompt_file_that_is_not_utf8_names_the_file(tmp_path, capsys):
     bad = tmp_path / "prompts.jsonl"
     bad.write_bytes(b'{"id": "a", "text": "caf\xe9"}\n')
     assert main(["bench", "run", "--url", "http://127.0.0.1:9", "--system", "s", "--dataset", str(bad),
-                 "--results", str(tmp_path / "r.jsonl"), "--no-progress"]) == 2
-    assert "prompts.jsonl:1 is not valid JSON" in one_line(capsys)
+                 "--results", str(tmp_path / "r.jsonl"), "--no-progress"]) == 1  # bad content: 1, as train --data
+    assert "not valid JSON" in (line := one_line(capsys)) and "prompts.jsonl:1)" in line
 
 
 def test_a_draft_without_architectures_is_refused_naming_the_field(tmp_path):

@@ -1,5 +1,6 @@
 """`lilicorr export` writes only what it may replace: a new or empty folder or an earlier export;
-a foreign folder only with --force; never a training run, a folder inside one, or the run it reads.
+a foreign folder only with --force, which writes the draft's two files beside what is there and deletes nothing;
+never a training run, a folder inside one, a model folder, or the run it reads.
 The runs here are written by train/state.py directly (no training), so each test takes a second."""
 import json
 from pathlib import Path
@@ -59,11 +60,45 @@ def test_a_foreign_folder_needs_force(run, tmp_path):
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "ideas.txt").write_text("keep me")
-    with pytest.raises(UsageError, match=r"not empty and is not an earlier export \(it holds \['ideas.txt'\]\).*--force"):
+    with pytest.raises(UsageError, match=r"not empty and is not an earlier export, it holds \['ideas.txt'\].*--force"):
         export_checkpoint(run, notes)
     assert (notes / "ideas.txt").read_text() == "keep me"
     export_checkpoint(run, notes, force=True)
-    assert sorted(p.name for p in notes.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in notes.iterdir()) == ["config.json", "ideas.txt", "model.safetensors"]
+    assert (notes / "ideas.txt").read_text() == "keep me"  # --force deletes nothing
+
+
+def test_force_never_deletes_a_run_or_a_model_folder_it_holds(run, tmp_path, capsys):
+    """Issue 40, case 1: `export RUN ws --force` where ws/ holds another training run, or is a model folder."""
+    ws = tmp_path / "ws"
+    write_run(ws / "other-run")
+    (ws / "notes.txt").write_text("mine")
+    before = snapshot(ws)
+    assert main(["export", str(run), str(ws), "--force"]) == 0
+    after = snapshot(ws)
+    assert {k: v for k, v in after.items() if k in before} == before  # every file it held is as it was
+    assert sorted(set(after) - set(before)) == ["config.json", "model.safetensors"]
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    (model / "model.safetensors").write_bytes(b"weights")
+    before = snapshot(model)
+    capsys.readouterr()
+    assert main(["export", str(run), str(model), "--force"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "not a draft's" in err
+    assert snapshot(model) == before
+
+
+def test_export_into_the_current_folder_leaves_no_temporaries(run, tmp_path, monkeypatch):
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert main(["export", str(run), "."]) == 0
+    assert sorted(p.name for p in here.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here", "run"]
+    assert main(["export", str(run), "."]) == 0  # over its own earlier export
+    assert load_draft(here)[1] is not None
 
 
 def test_an_export_with_a_foreign_file_beside_it_is_foreign(run, tmp_path):
@@ -118,4 +153,4 @@ def test_cli_export_into_a_foreign_folder_names_force(run, tmp_path, capsys):
     assert main(["export", str(run), str(tmp_path / "notes")]) == 2
     assert "--force" in capsys.readouterr().err
     assert main(["export", str(run), str(tmp_path / "notes"), "--force"]) == 0
-    assert load_draft(tmp_path / "notes")[1] is not None
+    assert load_draft(tmp_path / "notes")[1] is not None and (tmp_path / "notes" / "a.txt").read_text() == "x"

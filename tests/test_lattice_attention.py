@@ -1,5 +1,5 @@
 """The lattice self-attention kernel (kernels/lattice_attention.py) equals SDPA on LatticeAttention's
-q, k, v views of the packed QKV GEMM output, with fast_head's padded-row bias view.
+q, k, v views of the packed QKV GEMM output, with the select's padded-row bias view.
 
 CPU: small shapes under Triton's interpreter (tests/conftest.py selects it before anything imports
 triton), fp32 to ~1e-4; plus an sm_90 compile of the paper-shape kernel (ptxas, no GPU needed).

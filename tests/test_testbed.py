@@ -51,7 +51,26 @@ def cli(toy, *args):
                          *override, *args])
 
 
-def test_pipeline_end_to_end(toy, tmp_path, monkeypatch):
+@pytest.fixture
+def ports_29500_taken():
+    """The ports torchrun takes by default held by someone else: the testbed asks the OS for free ones."""
+    import socket
+
+    held = []
+    for port in (29500, 29501):
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+            s.listen()
+            held.append(s)
+        except OSError:  # already taken: as good for this test
+            s.close()
+    yield
+    for s in held:
+        s.close()
+
+
+def test_pipeline_end_to_end(toy, tmp_path, monkeypatch, ports_29500_taken):
     work, target, evals = toy
     monkeypatch.setenv("TESTBED_ENGINE", "transformers")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

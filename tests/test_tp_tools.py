@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from stub_server import free_port_block
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ROOT / "tools"
@@ -54,7 +55,7 @@ def test_the_plans_training_command_runs_under_torchrun(models, tmp_path):
     run = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29431", "-m", "sglang_lilicorr.cli",
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port_block(1)), "-m", "sglang_lilicorr.cli",
          "train", "--target", str(models / "target"), "--data", str(models / "conversations.jsonl"), "--output-dir", str(run),
          "--batch-size", "1", "--grad-accum", "2", "--max-steps", "2", "--max-length", "96", "--log-every", "1",
          "--eval-examples", "2", "--mask-token", "<|mask|>", "--no-bf16", "--head-hidden-size", "32", "--head-layers", "1",
@@ -71,7 +72,7 @@ def test_train_profile_writes_each_ranks_window(models, tmp_path):
     run, out = tmp_path / "run", tmp_path / "profile"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29433",
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port_block(1)),
          str(TOOLS / "train_profile.py"), "--window", "1", "2", "--out", str(out), "--",
          "--target", str(models / "target"), "--data", str(models / "conversations.jsonl"), "--output-dir", str(run),
          "--batch-size", "1", "--max-steps", "4", "--max-length", "96", "--log-every", "2", "--eval-examples", "2",

@@ -81,7 +81,7 @@ def record_writes(log: list, root: str) -> None:
     folder on import (/tmp/torchinductor_$USER) in every process."""
     import safetensors.torch
 
-    from sglang_lilicorr.train import state
+    from sglang_lilicorr import checkpoint
 
     flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
@@ -95,7 +95,7 @@ def record_writes(log: list, root: str) -> None:
             log.append((event, str(args[0])))
 
     sys.addaudithook(hook)
-    for module, name in ((state, "save_file"), (safetensors.torch, "save_file"), (torch, "save")):
+    for module, name in ((checkpoint, "save_file"), (safetensors.torch, "save_file"), (torch, "save")):
         original = getattr(module, name)
         setattr(module, name, lambda *a, _name=name, _original=original, **k: (log.append((_name, str(a[1:2]))), _original(*a, **k))[1])
 

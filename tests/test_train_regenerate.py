@@ -85,7 +85,7 @@ def test_multi_turn_prompts_are_played_turn_by_turn(tmp_path, tokenizer):
 def test_resume_skips_done_and_cuts_a_torn_line(tmp_path, tokenizer):
     plans = prompt_plans(write_prompts(tmp_path / "p.jsonl", ["a", "b", "c", "d"]))
     out = tmp_path / "train.jsonl"
-    out.write_text(json.dumps({"id": "p0", "messages": []}) + "\n" + '{"id": "p1", "mess')  # interrupted write
+    out.write_text(json.dumps({"id": "p0", "messages": [], "turns": []}) + "\n" + '{"id": "p1", "mess')  # interrupted write
     engine = FakeEngine(tokenizer)
     play(plans, out, tokenizer, engine, Settings())
     assert engine.calls == [0.0, 0.0, 0.0]  # p1..p3 answered
@@ -110,12 +110,12 @@ def test_prompt_files_that_overlap_the_evaluation_are_refused_by_line(tmp_path):
     evaluation = write_prompts(tmp_path / "eval.jsonl", ["Write a story about a cat who learns to fly over the sea"])
     guard = EvalGuard.of([json.loads(line)["messages"][0]["content"] for line in open(evaluation)])
     prompts = write_prompts(tmp_path / "p.jsonl", ["keep me", "please write a story about a cat who learns to fly over the sea today"])
-    with pytest.raises(DataError, match=r"p.jsonl:2: this prompt equals an evaluation prompt or shares an 8-word shingle"):
+    with pytest.raises(DataError, match=r"this prompt equals an evaluation prompt or shares an 8-word shingle.*p.jsonl:2"):
         prompt_plans(prompts, guard)
 
 
 def test_malformed_prompts_are_named(tmp_path):
-    with pytest.raises(DataError, match="p.jsonl:2: not valid JSON"):
+    with pytest.raises(DataError, match="not valid JSON.*p.jsonl:2"):
         prompt_plans(write_prompts(tmp_path / "p.jsonl", ["a"], ["{oops"]))
     with pytest.raises(DataError, match="no user turn"):
         prompt_plans(write_prompts(tmp_path / "p.jsonl", [], ['{"messages": [{"role": "system", "content": "x"}]}']))
@@ -123,7 +123,7 @@ def test_malformed_prompts_are_named(tmp_path):
         prompt_plans(write_prompts(tmp_path / "p.jsonl", [], ['{"id": 1, "messages": [{"role": "user", "content": "x"}]}'] * 2))
     with pytest.raises(DataError, match="no prompt rows"):
         prompt_plans(write_prompts(tmp_path / "p.jsonl", []))
-    with pytest.raises(DataError, match="no such file"):
+    with pytest.raises(DataError, match="is not an existing file"):
         prompt_plans(tmp_path / "missing.jsonl")
 
 

@@ -20,8 +20,9 @@ from typing import List, Optional
 from . import datasets, load_faults, metrics, plots, runner, stages, tables
 from .client import Sampling
 from .metrics import ResultsError
+from .. import ownership
 from ..cli import Parser, run as run_command
-from ..errors import UsageError
+from ..errors import LiLiCorrError, UsageError
 from ..train.cli import json_object_arg
 
 SUMMARY_CELL_FIELDS = metrics.CELL_KEY + ("tps",)
@@ -32,7 +33,7 @@ def load_cells(path: Path) -> List[dict]:
     a missing file is a UsageError, one with nothing to report a ResultsError."""
     path = Path(path)
     if not path.is_file():
-        raise UsageError(f"{path} is not a file", fix="pass results .jsonl files written by `lilicorr bench run` "
+        raise UsageError(f"{path} is not a file", where=str(path), fix="pass results .jsonl files written by `lilicorr bench run` "
                          "or a summary.json written by `lilicorr bench report`")
     if path.suffix == ".jsonl":
         records = runner.read_results(path)
@@ -56,15 +57,20 @@ def refuse_overwriting_inputs(inputs: List[Path], outputs: List[Path]) -> None:
     written = {p.resolve() for p in outputs}
     clash = [str(p) for p in inputs if Path(p).resolve() in written]
     if clash:
-        raise UsageError(f"{clash[0]} is an input and would be overwritten", fix="write the report to another --out")
+        raise UsageError(f"{clash[0]} is an input and would be overwritten", where="--out", fix="write the report to another --out")
 
 
 def cmd_run(args) -> int:
     sampling_kwargs = {"max_tokens": args.max_tokens, "ignore_eos": args.ignore_eos, "chat_template_kwargs": args.chat_template_kwargs}
+    runner.sweep_configs(args.system, ["-"], args.concurrency, args.temperature, args.seeds, args.max_tokens)  # values out of range: exit 2
+    check_run_args(args)
+    runner.check_results_file(args.results)  # before any server is asked or a byte written: it is a results file, or new
     try:
         loaded = [datasets.load_prompts(d, limit=args.limit, categories=args.category) for d in args.dataset]
-    except (ValueError, OSError, ImportError) as e:
-        raise UsageError(f"--dataset: {e}") from e
+    except LiLiCorrError:  # bad content of a prompt file: exit 1
+        raise
+    except (ValueError, OSError, ImportError) as e:  # a missing file, an unknown name: an argument that cannot work
+        raise UsageError(" ".join(str(e).split()).rstrip("."), where="--dataset", fix="see `lilicorr bench run --help`") from e
     prompts = dict(loaded)
     multi_turn = [p.prompt_id for _, ps in loaded for p in ps if len(p.turns) > 1] if args.api == "ids" else []
     if multi_turn:
@@ -84,15 +90,36 @@ def cmd_run(args) -> int:
             print(f"stopping the sweep: {len(outcome.failures)} failures in one run; check the server at {args.url}.", file=sys.stderr)
             break
     if failed:
-        print(f"{failed} prompt(s) failed and were not recorded; rerun the same command to retry them.", file=sys.stderr)
-        return 1
+        raise runner.RunFailed(f"{failed} prompt(s) failed and were not recorded", where=args.url,
+                               fix="check the server; rerun the same command to retry them")
     print(f"results in {args.results}")
     return 0
+
+
+def is_compare_rows(path: Path) -> bool:
+    """A file `bench compare --out` wrote: a JSON list of rows with a speedup."""
+    try:
+        rows = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(rows, list) and all(isinstance(r, dict) and "speedup" in r for r in rows)
+
+
+def check_run_args(args) -> None:
+    """`bench run` values that cannot work (exit 2), before anything is read or sent."""
+    if not args.url.startswith(("http://", "https://")):
+        raise UsageError(f"{args.url!r} is not an http(s) URL", where="--url", fix="e.g. --url http://127.0.0.1:30000")
+    for flag, value, ok, what in (("--limit", args.limit, args.limit is None or args.limit >= 1, ">= 1"),
+                                  ("--warmup", args.warmup, args.warmup >= 0, ">= 0"),
+                                  ("--request-timeout", args.request_timeout, args.request_timeout > 0, "> 0")):
+        if not ok:
+            raise UsageError(f"{value} is out of range", where=flag, fix=f"pass a value {what}")
 
 
 def cmd_report(args) -> int:
     out = Path(args.out)
     refuse_overwriting_inputs(args.results, [out / "summary.json", out / "report.md"])
+    ownership.claim_report_folder(out, create=False)
     cells = metrics.pool_runs([load_cells(path) for path in args.results])  # a cell in several files: repeated runs
     if args.baseline and args.baseline not in {c["system"] for c in cells}:
         raise UsageError(f"--baseline {args.baseline!r} is not a system in the results", fix=f"pick one of {sorted({c['system'] for c in cells})}")
@@ -107,10 +134,10 @@ def cmd_report(args) -> int:
     if args.baseline:
         metrics.add_paired_ratios(cells, args.baseline, key="paired_speedup")  # each run's speedup, mean and 95 % CI
     markdown = tables.report(cells, args.baseline, args.block_ref)
-    out.mkdir(parents=True, exist_ok=True)
+    ownership.claim_report_folder(out)
     summary = {"baseline": args.baseline, "block_ref": args.block_ref, "cells": cells}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    (out / "report.md").write_text(markdown)
+    ownership.write_atomic(out / "summary.json", json.dumps(summary, indent=1))
+    ownership.write_atomic(out / "report.md", markdown)
     pngs = [] if args.no_plots else plots.plot_all(cells, args.baseline, out)
     print(markdown)
     print(f"wrote {out / 'summary.json'}, {out / 'report.md'} and {len(pngs)} plot(s)")
@@ -120,6 +147,7 @@ def cmd_report(args) -> int:
 def cmd_compare(args) -> int:
     if args.out:
         refuse_overwriting_inputs([args.base, args.spec], [args.out])
+        ownership.claim_file(args.out, is_compare_rows, "rows written by `bench compare --out`", "--out")
     rows = metrics.compare(load_cells(args.base), load_cells(args.spec))
     lines = ["| dataset | group | c | T | τ | ms / block | base TPS | TPS | speedup |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -128,25 +156,27 @@ def cmd_compare(args) -> int:
         lines.append(f"| {r['dataset']} | {r['group']} | {r['concurrency']} | {r['temperature']:g} | {tau} | {block} | {r['base_tps']:.0f} | {r['tps']:.0f} | {r['speedup']:.2f}x |")
     print("\n".join(lines))
     if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1))
+        ownership.write_atomic(args.out, json.dumps(rows, indent=1))
     return 0
 
 
 def cmd_stages(args) -> int:
     if (args.stages is None) == (not args.timings):
-        raise UsageError("bench stages: give exactly one of a stage-decomposition FILE or --timings SYSTEM=DIR ...")
+        raise UsageError("give exactly one of a stage-decomposition FILE or --timings SYSTEM=DIR ...", where="bench stages",
+                         fix="see `lilicorr bench stages --help`")
     if args.stages is not None and not args.stages.is_file():
-        raise UsageError(f"{args.stages} is not a file", fix="pass a stage-decomposition JSON (schema: sglang_lilicorr.benchmarks.stages)")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+        raise UsageError(f"{args.stages} is not a file", where="FILE", fix="pass a stage-decomposition JSON (schema: sglang_lilicorr.benchmarks.stages)")
+    out = ownership.claim_report_folder(args.out, create=False)
     if args.stages is not None:
         doc = stages.load(args.stages)
     else:
         timings = {system: stages.load_timings(folder) for system, folder in args.timings}
         doc = stages.from_timings(timings, bs=args.bs, graph=not args.eager)
-        (out / "stages.json").write_text(json.dumps(doc, indent=1))
+    ownership.claim_report_folder(out)  # the inputs read: now the folder is made and marked
+    if args.stages is None:
+        ownership.write_atomic(out / "stages.json", json.dumps(doc, indent=1))
     markdown = stages.table(doc)
-    (out / "stages.md").write_text(markdown)
+    ownership.write_atomic(out / "stages.md", markdown)
     stages.plot(doc, out / "stages.png")
     print(markdown)
     return 0
@@ -154,7 +184,9 @@ def cmd_stages(args) -> int:
 
 def cmd_faults(args) -> int:
     if args.clients < 1 or args.duration <= 0:
-        raise UsageError(f"--clients {args.clients} --duration {args.duration}", fix="give at least one client and a positive duration")
+        raise UsageError(f"--clients {args.clients} --duration {args.duration} cannot run", where="--clients / --duration",
+                         fix="give at least one client and a positive duration")
+    ownership.claim_report_folder(args.out)  # before the load starts
     config = load_faults.FaultConfig(
         url=args.url, clients=args.clients, duration_s=args.duration, context_length=args.context_length,
         max_tokens=args.max_tokens, prompt_words=tuple(args.prompt_words), expect_spec=args.expect_spec, model=args.model,

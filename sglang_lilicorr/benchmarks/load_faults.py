@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from ..errors import UsageError
+from ..ownership import write_atomic
 from .client import API_PATHS, Sampling, ServerError, chat_body, generate_body, parse_chat, parse_generate
 
 KINDS = ("normal", "disconnect", "too_long", "bad_params")
@@ -228,6 +229,6 @@ def run(config: FaultConfig, out_dir: Path) -> dict:
     """Runs the load, writes OUT/requests.jsonl and OUT/summary.json; returns the summary."""
     summary, requests = asyncio.run(run_async(config))
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "requests.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in requests))
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_atomic(out_dir / "requests.jsonl", "".join(json.dumps(asdict(r)) + "\n" for r in requests))
+    write_atomic(out_dir / "summary.json", json.dumps(summary, indent=1))
     return summary

@@ -29,7 +29,7 @@ def _turns(row: dict, where: str) -> tuple:
     messages = row.get("messages")
     if isinstance(messages, list) and messages and all(isinstance(m, dict) and m.get("role") == "user" for m in messages):
         return tuple(m.get("content") for m in messages)
-    raise PromptFileError(f"{where}: give the prompt as `text` (a string) or `messages` (a list of {{role: user, content}} dicts).")
+    raise PromptFileError(f"give the prompt as `text` (a string) or `messages` (a list of {{role: user, content}} dicts)", where=where, fix="fix or remove that record")
 
 
 def load(path: Path, categories: Optional[Iterable[str]] = None) -> List[Prompt]:
@@ -50,9 +50,9 @@ def load(path: Path, categories: Optional[Iterable[str]] = None) -> List[Prompt]
             )
         prompt_id = str(row.get("id") or "")
         if not prompt_id:
-            raise PromptFileError(f"{where}: every row needs a non-empty `id`.")
+            raise PromptFileError("every row needs a non-empty `id`", where=where, fix="fix or remove that record")
         if prompt_id in seen:
-            raise PromptFileError(f"{where}: duplicate id {prompt_id!r}.")
+            raise PromptFileError(f"duplicate id {prompt_id!r}", where=where, fix="fix or remove that record")
         seen.add(prompt_id)
         group = str(row.get("set") or row.get("category") or path.stem)
         prompts.append(Prompt(prompt_id=prompt_id, category=group, turns=_turns(row, where), source=f"file/{path.name}"))

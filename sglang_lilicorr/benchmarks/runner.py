@@ -7,7 +7,9 @@ category's throughput is measured on its own (the isolated per-category protocol
 
 Every finished prompt is appended as one json line to the results file (flushed at once); a rerun
 with the same file skips the prompts it already holds, so an interrupted sweep resumes where it
-stopped. Failed prompts are not written and are retried on the next run.
+stopped. Failed prompts are not written and are retried on the next run. The file must be new, empty or a
+results file (every line a record, `check_results_file`), checked before a byte is written; a torn last line is
+cut only in such a file.
 
 Warm-up. Before a run's measured phases, unrecorded warm-up requests (the first turns of the run's
 prompts, cycled) go out in waves of c concurrent requests, ceil(max(warmup, c) / c) waves. Requests of
@@ -25,12 +27,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
+from .. import ownership
 from ..config import ConfigError, json_number
+from ..errors import UsageError
 from .client import Sampling, ServerError, SGLangClient
 from .metrics import ResultsError
 from .prompt import Prompt
 
 MAX_FAILURES = 20  # a run stops sending once this many prompts failed (server down, bad settings)
+
+
+class RunFailed(ServerError):
+    """Prompts of a run failed (exit 1); what was recorded stays, a rerun retries the rest."""
 
 
 @dataclass(frozen=True)
@@ -43,12 +51,10 @@ class RunConfig:
     max_tokens: int
 
     def __post_init__(self):
-        if self.concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}.")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}.")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}.")
+        for name, ok, what in (("concurrency", self.concurrency >= 1, ">= 1"), ("temperature", self.temperature >= 0, ">= 0"),
+                               ("max_tokens", self.max_tokens >= 1, ">= 1")):
+            if not ok:
+                raise UsageError(f"{getattr(self, name)} is out of range", where=f"--{name.replace('_', '-')}", fix=f"pass a value {what}")
 
     @property
     def key(self) -> Tuple:
@@ -143,20 +149,27 @@ def read_results(path: Path) -> List[dict]:
             for n, line in enumerate(data.split(b"\n"), 1) if line.strip()]
 
 
+RESULTS = "a results file of `lilicorr bench run`"
+
+
+def is_record(value) -> bool:
+    try:
+        check_record(value, "")
+    except ResultsError:
+        return False
+    return True
+
+
+def check_results_file(path: Path) -> Optional[int]:
+    """--results must be missing, empty or a results file (ownership.jsonl_for_append); reads only -> where a torn
+    last line starts, else None."""
+    return ownership.jsonl_for_append(path, is_record, RESULTS, "--results", ResultsError)
+
+
 def open_for_append(path: Path):
-    """The results file of a run, opened to append: a torn last line (_torn_tail) is cut with a warning,
+    """The results file of a run, checked to be one, opened to append: a torn last line is cut with a warning,
     a complete last line gets its newline."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = path.read_bytes() if path.exists() else b""
-    cut = _torn_tail(data)
-    if cut is not None:
-        print(f"warning: cutting the torn last line of {path} (a run stopped mid-write); its prompt runs again.", file=sys.stderr)
-        with path.open("r+b") as f:
-            f.truncate(cut)
-    out = path.open("a", encoding="utf-8")
-    if data and cut is None and not data.endswith(b"\n"):
-        out.write("\n")
-    return out
+    return ownership.open_for_append(path, check_results_file(path), RESULTS)
 
 
 def phases(prompts: Sequence[Prompt]) -> List[Tuple[str, List[Prompt]]]:
@@ -227,7 +240,8 @@ async def _warm_up(client: SGLangClient, waves: List[List[Prompt]], url: str) ->
         answers = await asyncio.gather(*(client.turn([{"role": "user", "content": p.turns[0]}]) for p in wave), return_exceptions=True)
         for e in answers:
             if isinstance(e, (aiohttp.ClientError, asyncio.TimeoutError)):
-                raise ServerError(f"warm-up request to {url} failed ({type(e).__name__}: {e}); is the server up?") from e
+                raise ServerError(f"a warm-up request failed ({type(e).__name__}: {e})", where=url,
+                                  fix="start the server, or check --url") from e
             if isinstance(e, BaseException):
                 raise e
 

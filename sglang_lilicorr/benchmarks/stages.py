@@ -70,7 +70,7 @@ def load(path: Path) -> dict:
     try:
         doc = json.loads(Path(path).read_bytes().decode("utf-8"))
     except ValueError as e:  # not UTF-8, not JSON
-        raise StageSchemaError(f"{path} is not valid JSON ({e}).") from e
+        raise StageSchemaError(f"not valid JSON ({e})", where=str(path), fix="pass a stage-decomposition JSON") from e
     return validate(doc)
 
 
@@ -94,7 +94,7 @@ def load_timings(folder: Path) -> dict:
 def _median(gpu_ms: dict, stage: str, where: str) -> float:
     value = (gpu_ms.get(stage) or {}).get("median")
     if value is None:
-        raise StageSchemaError(f"{where}: no `{stage}` samples; the server recorded no such stage at this batch size.")
+        raise StageSchemaError(f"no `{stage}` samples", where=where, fix="the server recorded no such stage at this batch size")
     return float(value)
 
 
@@ -112,7 +112,7 @@ def plain_step_ms(timings: dict, bs: int, graph: bool = True) -> float:
     where = f"plain decode step (bs={bs}, {'graph' if graph else 'eager'})"
     wall = _step_row(timings, int(bs), bool(graph), where)["step_interval_ms"].get("median")
     if wall is None:
-        raise StageSchemaError(f"{where}: fewer than two consecutive decode steps; send longer requests.")
+        raise StageSchemaError("fewer than two consecutive decode steps", where=where, fix="send longer requests")
     return float(wall)
 
 
@@ -127,7 +127,7 @@ def _system_row(name: str, timings: dict, bs: int, graph: bool) -> dict:
                                "set LILICORR_STAGE_TIMING_BS to include it.")
     wall = row["step_interval_ms"].get("median")
     if wall is None:
-        raise StageSchemaError(f"{where}: fewer than two consecutive decode steps; send longer requests.")
+        raise StageSchemaError("fewer than two consecutive decode steps", where=where, fix="send longer requests")
     gpu = row["gpu_ms"]
     verify = _median(gpu, "target_verify", where)
     draft = _median(gpu, "draft_forward", where) + (_median(gpu, "draft_sample", where) if "draft_sample" in gpu else 0.0)

@@ -14,15 +14,21 @@ def load_draft(directory: str | Path) -> tuple[DFlashDrafter, LiLiCorrHead | Non
     """Strict reload of an exported draft: every tensor present with the config's shapes and dtype."""
     config = read_config(directory)
     drafter_t, head_t = split_head(read_tensors(directory))
-    dtype = dtype_of(config)
-    drafter = DFlashDrafter(DrafterConfig.from_hf_config(config)).to(dtype)
+    try:  # a config field that is missing or out of range: named with the file that holds it
+        dtype = dtype_of(config)
+        drafter = DFlashDrafter(DrafterConfig.from_hf_config(config)).to(dtype)
+        head = new_head(config) if has_head(config) else None
+    except CheckpointError as e:
+        raise e.located(str(Path(directory) / "config.json")) from e
     where = f"{Path(directory) / 'model.safetensors'}"
     bad = [k for k, v in drafter_t.items() if v.dtype != dtype]
     if bad:
-        raise CheckpointError(f"{where}: tensor {bad[0]!r} is {drafter_t[bad[0]].dtype}, config torch_dtype says {dtype}.")
+        raise CheckpointError(f"tensor {bad[0]!r} is {drafter_t[bad[0]].dtype}, config torch_dtype says {dtype}", where=where,
+                              fix="re-export the draft")
     load_drafter_tensors(drafter, drafter_t, f"{where} (drafter)")
-    if has_head(config):
-        return drafter, load_strict(new_head(config), head_t, f"{where} (head)")
+    if head is not None:
+        return drafter, load_strict(head, head_t, f"{where} (head)")
     if head_t:
-        raise CheckpointError(f"{where}: has `lilicorr.` tensors but config.json declares no LiLiCorrDraftModel.")
+        raise CheckpointError("has `lilicorr.` tensors but config.json declares no LiLiCorrDraftModel", where=where,
+                              fix="re-export the draft")
     return drafter, None

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..jsonl import DataError
+from ..ownership import claim_report_folder, write_atomic
 
 
 def register(subparsers) -> None:
@@ -43,9 +44,12 @@ def parse_drafts(items: list[str]) -> dict[str, str]:
     for item in items:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
-            raise UsageError(f"--draft {item!r} is not NAME=DIR", fix="e.g. --draft lilicorr=checkpoints/smollm2-lilicorr")
+            raise UsageError(f"--draft {item!r} is not NAME=DIR", where="--draft", fix="e.g. --draft lilicorr=checkpoints/smollm2-lilicorr")
         if name in drafts:
-            raise UsageError(f"--draft {name} is given twice", fix="name each draft once")
+            raise UsageError(f"--draft {name} is given twice", where="--draft", fix="name each draft once")
+        if not (Path(path) / "config.json").is_file():
+            raise UsageError(f"{path!r} is not a draft folder (no config.json)", where=f"--draft {name}",
+                             fix="pass a folder written by `lilicorr export`")
         drafts[name] = path
     return drafts
 
@@ -61,39 +65,47 @@ def run_replay(args: argparse.Namespace) -> int:
     from .propose import BlockProposer
     from .replay import Replayer
 
+    from ..frozen_target import loading_target, local_model_dir
+
     drafts = parse_drafts(args.draft)
+    local_model_dir(args.target)
+    out = claim_report_folder(args.out, create=False)  # before anything loads
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if args.dtype == "bfloat16" and device.type == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(device).eval()
+    with loading_target(args.target):
+        model = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(device).eval()
     loaded = {name: load_draft(path) for name, path in drafts.items()}
     layers = {d.config.target_layer_ids for d, _ in loaded.values()}
     if len(layers) > 1:
-        raise UsageError(f"the drafts capture different target layers {sorted(layers)}", fix="replay them in separate calls")
+        raise UsageError(f"the drafts capture different target layers {sorted(layers)}", where="--draft", fix="replay them in separate calls")
     target = FrozenTarget(model, layers.pop())
     proposers, names = {}, {}
     for name, (drafter, head) in loaded.items():
         proposers[name] = BlockProposer(target, drafter.to(device), None if head is None else head.to(device).eval(), ("greedy", "viterbi"))
         names[name] = system_names(name, proposers[name].draft_names)
     replayer = Replayer(target, proposers)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    claim_report_folder(out)
     records = []
     rows = [(path, row) for path in args.outputs for _, row in read_jsonl(path)]
     for path, row in tqdm(rows, desc="replay", dynamic_ncols=True):
         if not row.get("turns"):
             raise DataError(f"row {row.get('id')!r} has no `turns`", where=str(path), fix="replay needs `lilicorr regenerate` output")
+        if not all(isinstance(t, dict) and all(isinstance(t.get(k), list) and t[k] and all(isinstance(i, int) for i in t[k])
+                                               for k in ("prompt_ids", "output_ids")) for t in row["turns"]):
+            raise DataError(f"row {row.get('id')!r}: every turn needs non-empty `prompt_ids` and `output_ids` lists of token ids",
+                            where=str(path), fix="replay needs `lilicorr regenerate` output")
         for t, turn in enumerate(row["turns"]):
             for label, result in replayer.turn(turn["prompt_ids"], turn["output_ids"]).items():
                 for draft, accepted in result.accepted.items():
                     records.append({"id": row["id"], "set": row.get("set", Path(path).stem), "temperature": row.get("temperature", 0.0),
                                     "seed": row.get("seed", 0), "turn": t, "system": names[label][draft],
                                     "completion_tokens": result.completion_tokens, "accepted": accepted})
-    (out / "replay.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_atomic(out / "replay.jsonl", "".join(json.dumps(r) + "\n" for r in records))
     cells = tau_cells(records)
-    (out / "tau.json").write_text(json.dumps({"target": args.target, "drafts": drafts, "outputs": args.outputs,
+    write_atomic(out / "tau.json", json.dumps({"target": args.target, "drafts": drafts, "outputs": args.outputs,
                                               "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                                               "cells": cells}, indent=1) + "\n")
-    (out / "tau.md").write_text(tau_table(cells))
+    write_atomic(out / "tau.md", tau_table(cells))
     print(tau_table(cells))
     return 0
 

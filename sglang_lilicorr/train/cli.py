@@ -93,7 +93,10 @@ def generator_for(args: argparse.Namespace, tokenizer, log_dir: Path):
 
         from .engine import TransformersGenerator
 
-        model = AutoModelForCausalLM.from_pretrained(args.target).eval()
+        from ..frozen_target import loading_target
+
+        with loading_target(args.target):
+            model = AutoModelForCausalLM.from_pretrained(args.target).eval()
         yield TransformersGenerator(model, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id), "transformers"
         return
     from .engine import SGLangServers
@@ -111,21 +114,29 @@ def run_regenerate(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from ..errors import UsageError
-    from ..frozen_target import local_model_dir
+    from ..frozen_target import loading_target, local_model_dir
     from .prompts import eval_guard
-    from .regenerate import Settings, build_dataset, play, prompt_plans
+    from .regenerate import Settings, build_dataset, check_rows_file, claim_dataset_dir, play, prompt_plans
 
     local_model_dir(args.target)
     if args.recipe and not (args.output_dir and args.exclude):
-        raise UsageError("--recipe needs --output-dir and --exclude", fix="pass where the data goes and the evaluation prompts to keep out")
+        raise UsageError("--recipe needs --output-dir and --exclude", where="--recipe", fix="pass where the data goes and the evaluation prompts to keep out")
     if args.prompts and not args.output:
-        raise UsageError("--prompts needs --output", fix="pass the jsonl the conversations are appended to")
-    tokenizer = AutoTokenizer.from_pretrained(args.target)
+        raise UsageError("--prompts needs --output", where="--prompts", fix="pass the jsonl the conversations are appended to")
+    with loading_target(args.target):
+        tokenizer = AutoTokenizer.from_pretrained(args.target)
     settings = Settings(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
                         chat_kwargs=args.chat_template_kwargs)
     out = Path(args.output_dir) if args.recipe else Path(args.output)
-    plans = None if args.recipe else prompt_plans(args.prompts, eval_guard(args.exclude))  # bad input fails before any server starts
-    log_dir = (out if args.recipe else out.parent) / "logs"
+    # bad input and a destination that is not ours fail before any server starts or anything is written
+    if args.recipe:
+        claim_dataset_dir(out, create=False)
+    else:
+        check_rows_file(out)
+    plans = None if args.recipe else prompt_plans(args.prompts, eval_guard(args.exclude))
+    if args.recipe:
+        claim_dataset_dir(out)  # marked before the servers' logs go into it
+    log_dir = out / "logs" if args.recipe else out.with_name(out.name + ".logs")
     with generator_for(args, tokenizer, log_dir) as (generator, engine):
         if args.recipe:
             result = build_dataset(out, tokenizer, generator, settings, magpie=args.magpie, package=args.package,
@@ -190,7 +201,8 @@ def _register_export(p: argparse.ArgumentParser) -> None:
     p.add_argument("out_dir", help="draft directory to write (config.json + model.safetensors): a new or empty folder, "
                    "or an earlier export, which it replaces")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
-    p.add_argument("--force", action="store_true", help="replace OUT_DIR even if it holds other files (never a training run)")
+    p.add_argument("--force", action="store_true", help="write the draft's two files into OUT_DIR although it holds other files, "
+                   "which are kept (--force deletes nothing; never into a training run, a model folder or over files not a draft's)")
     p.set_defaults(func=run_export)
 
 

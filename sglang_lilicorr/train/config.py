@@ -76,6 +76,7 @@ class TrainConfig:
     keep_checkpoints: int = 2  # resumable checkpoints kept (the newest; older ones are the fallback)
     max_bad_steps: int = 10  # non-finite steps skipped before the run stops
     resume: bool = True
+    resume_with_changes: bool = False  # resume although the data or a setting differs from the checkpoint's
     init_from: str | None = None  # an exported draft whose weights start the run (a resumed run ignores it)
     chat_template_kwargs: dict[str, Any] = dataclasses.field(default_factory=lambda: {"enable_thinking": False})
 
@@ -99,7 +100,7 @@ class TrainConfig:
         def need(ok: bool, name: str, what: str) -> None:
             if not ok:
                 flag = "--" + name.replace("_", "-")
-                raise TrainConfigError(f"{flag} {getattr(self, name)!r}: expected {what}.")
+                raise TrainConfigError(f"{flag} {getattr(self, name)!r} is not {what}", where=flag, fix="see `lilicorr train --help`")
 
         for name in ("lr_drafter", "lr_head"):
             value = getattr(self, name)
@@ -127,19 +128,38 @@ class TrainConfig:
 
     def validate_rope(self) -> None:
         if self.rope_scaling not in ROPE_TYPES:
-            raise TrainConfigError(f"--rope-scaling {self.rope_scaling!r}: expected one of {', '.join(ROPE_TYPES)}.")
+            raise TrainConfigError(f"--rope-scaling {self.rope_scaling!r}: expected one of {', '.join(ROPE_TYPES)}", where="--rope-scaling",
+                                   fix="pass default, or yarn for long inputs")
         if not isinstance(self.rope_original_max_position, int) or self.rope_original_max_position < 0:
-            raise TrainConfigError(f"--rope-original-max-position {self.rope_original_max_position!r}: expected an integer "
-                                   ">= 0 (0 = the target's max_position_embeddings).")
+            raise TrainConfigError(f"--rope-original-max-position {self.rope_original_max_position!r}: expected an integer >= 0",
+                                   where="--rope-original-max-position", fix="0 = the target's max_position_embeddings")
         if self.rope_scaling == "yarn":
             if not (_number(self.rope_factor) and self.rope_factor > 1):
-                raise TrainConfigError(f"--rope-factor {self.rope_factor!r}: --rope-scaling yarn needs a factor > 1 "
-                                       "(e.g. 4 serves 4x the original length).")
+                raise TrainConfigError(f"--rope-factor {self.rope_factor!r}: --rope-scaling yarn needs a factor > 1",
+                                       where="--rope-factor", fix="e.g. 4 serves 4x the original length")
             return
         if self.rope_factor != 1.0 or self.rope_original_max_position:
             given = "--rope-factor" if self.rope_factor != 1.0 else "--rope-original-max-position"
-            raise TrainConfigError(f"{given} scales the rope only with --rope-scaling yarn: add --rope-scaling yarn, "
-                                   f"or drop {given}.")
+            raise TrainConfigError(f"{given} scales the rope only with --rope-scaling yarn", where=given,
+                                   fix=f"add --rope-scaling yarn, or drop {given}")
+
+    def check_paths(self) -> None:
+        """The input files exist (a usage error, exit 2, before anything loads)."""
+        for name in ("data", "eval_data", "exclude"):
+            value = getattr(self, name)
+            if value is not None and not Path(value).is_file():
+                flag = "--" + name.replace("_", "-")
+                raise TrainConfigError(f"{value!r} is not an existing file", where=flag,
+                                       fix="pass a jsonl of conversations (`lilicorr regenerate` writes them)")
+
+    # What a resumed run must share with its checkpoint (besides the geometry, checked on its own): the data
+    # (by sha256, trainer.run_identity) and every setting that shapes the updates. Not compared: where things go,
+    # how long the run goes on (max_steps, epochs, max_minutes) and how often it logs, evaluates and saves.
+    NOT_COMPARED = ("target", "data", "eval_data", "output_dir", "exclude", "epochs", "max_steps", "max_minutes", "log_every",
+                    "eval_every", "save_every", "keep_checkpoints", "max_bad_steps", "resume", "resume_with_changes", "init_from")
+
+    def resumed_settings(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in self.NOT_COMPARED}
 
     def drafter_rope(self, target_max_positions: int) -> RopeScaling:
         """The drafter's rope scaling for a target of `target_max_positions` positions."""

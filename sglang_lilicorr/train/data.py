@@ -21,6 +21,7 @@ import torch
 
 from ..drafter import eligible_anchors
 from ..jsonl import DataError, read_jsonl
+from ..ownership import atomic_file
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -28,11 +29,13 @@ ROLES = ("system", "user", "assistant", "tool")
 def checked_messages(row: Mapping[str, Any], where: str) -> list[dict[str, str]]:
     messages = row.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise DataError(f"{where}: 'messages' must be a non-empty list of {{'role', 'content'}} objects.")
+        raise DataError("'messages' must be a non-empty list of {'role', 'content'} objects", where=where,
+                        fix="give each row `messages`: [{\"role\": ..., \"content\": ...}, ...]")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            raise DataError(f"{where}: messages[{i}] must be {{'role': one of {ROLES}, 'content': str}}, got {m!r:.120}.")
+            raise DataError(f"messages[{i}] must be {{'role': one of {ROLES}, 'content': str}}, got {m!r:.120}", where=where,
+                            fix="fix or remove that row")
         out.append({"role": m["role"], "content": m["content"]})
     return out
 
@@ -75,16 +78,19 @@ def load_conversations(
     """Tokenized, truncated examples with at least one block anchor (two adjacent supervised tokens).
     The result is cached beside the file (`<file>.tokens.pt`, keyed by the file's bytes, the tokenizer,
     its chat template and these options; written only with `write_cache`: by one process of a
-    data-parallel run), and large files are tokenized by a pool of processes."""
+    data-parallel run; a file of that name that is not a cache of ours is neither read nor replaced), and large
+    files are tokenized by a pool of processes."""
     path = Path(path)
     key = _cache_key(path, tokenizer, max_length, chat_kwargs)
     cache = path.with_name(path.name + ".tokens.pt")
+    ours = not cache.exists()  # a file of that name that is not a cache of ours is neither read nor replaced
     if cache.is_file():
         try:
             stored = torch.load(cache, weights_only=True)
-        except Exception:  # a torn or foreign cache is rebuilt
+        except Exception:  # caches are written whole (atomic_file): a file that does not load is not ours
             stored = None
-        if stored is not None and stored.get("key") == key:
+        ours = isinstance(stored, dict) and isinstance(stored.get("key"), str)
+        if ours and stored.get("key") == key:
             return [Example(i.long(), m) for i, m in zip(stored["ids"].split(stored["lengths"].tolist()), stored["mask"].split(stored["lengths"].tolist()))]
     rows = [(f"{path}:{number}", row) for number, row in read_jsonl(path)]
     work = [(where, checked_messages(row, where)) for where, row in rows]
@@ -101,19 +107,18 @@ def load_conversations(
             examples.append(example)
     if not examples:
         raise DataError(
-            f"{path}: no usable training conversation (each needs an assistant turn of at least 2 tokens within "
-            f"max_length={max_length}); run `lilicorr regenerate` first or check the file."
+            f"no usable training conversation (each needs an assistant turn of at least 2 tokens within "
+            f"max_length={max_length})", where=str(path), fix="run `lilicorr regenerate` first or check the file"
         )
-    if not write_cache:
+    if not (write_cache and ours):
         return examples
     lengths = torch.tensor([len(e.input_ids) for e in examples])
-    tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
     try:
-        torch.save({"key": key, "lengths": lengths, "ids": torch.cat([e.input_ids for e in examples]).int(),
-                    "mask": torch.cat([e.loss_mask for e in examples])}, tmp)
-        os.replace(tmp, cache)
+        with atomic_file(cache) as tmp:
+            torch.save({"key": key, "lengths": lengths, "ids": torch.cat([e.input_ids for e in examples]).int(),
+                        "mask": torch.cat([e.loss_mask for e in examples])}, tmp)
     except OSError:  # a read-only data folder: no cache, same examples
-        tmp.unlink(missing_ok=True)
+        pass
     return examples
 
 

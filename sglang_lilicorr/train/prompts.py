@@ -181,7 +181,7 @@ def eval_guard(path: str | Path | None) -> EvalGuard | None:
         return None
     texts = [t for _, row in read_jsonl(path) for t in user_texts(row)]
     if not texts:
-        raise DataError(f"{path}: no evaluation prompts in it (rows need `text`, `turns` or user `messages`).")
+        raise DataError("no evaluation prompts in it", where=str(path), fix="rows need `text`, `turns` or user `messages`")
     return EvalGuard.of(texts)
 
 
@@ -190,5 +190,5 @@ def check_disjoint(path: str | Path, guard: EvalGuard) -> None:
     for number, row in read_jsonl(path):
         hit = next((t for t in user_texts(row) if guard.overlaps(t)), None)
         if hit is not None:
-            raise DataError(f"{path}:{number}: a user turn equals an evaluation prompt or shares an 8-word shingle with one "
-                            f"({hit[:60]!r}...); remove it (training on evaluation prompts inflates tau).")
+            raise DataError(f"a user turn equals an evaluation prompt or shares an 8-word shingle with one ({hit[:60]!r}...)",
+                            where=f"{path}:{number}", fix="remove it (training on evaluation prompts inflates tau)")

@@ -13,6 +13,10 @@ Output rows: {"id", "source", "messages", "turns": [{"prompt_ids", "output_ids",
 and produced (what `reference.replay` replays). A conversation is appended as soon as it is
 finished, so an interrupted run resumes where it stopped (ids already written are skipped; a torn
 last line is cut off; conversations dropped on the way are recorded too, and not redone).
+It writes only what is its own (ownership.py): an --output file that is new, empty or of regenerated rows (checked
+before a byte is written; a torn last line is cut only there), a --output-dir that is new, empty or a data set of
+the recipe (marked, or with the recipe's manifest.json); train.jsonl, heldout.jsonl and manifest.json are replaced
+whole.
 """
 from __future__ import annotations
 
@@ -22,13 +26,13 @@ import hashlib
 import json
 import os
 import random
-import sys
 import time
 import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..ownership import claim_folder, jsonl_for_append, open_for_append, write_atomic
 from .data import DataError, checked_messages, read_jsonl
 from .engine import Generator, Sampling
 from .prompts import (
@@ -87,25 +91,40 @@ def request_seed(seed: int, conversation: str, turn: int, role: str) -> int:
 # --- resumable jsonl output --------------------------------------------------------------------
 
 
+ROWS = "a file of `lilicorr regenerate` rows"
+
+
+def is_row(value) -> bool:
+    """A line of a regenerate output: a conversation ({"id", "messages", "turns"}) or a dropped one ({"id", "reason"})."""
+    return isinstance(value, dict) and "id" in value and (
+        isinstance(value.get("turns"), list) and isinstance(value.get("messages"), list) or isinstance(value.get("reason"), str))
+
+
+def check_rows_file(path: Path) -> int | None:
+    """`path` (and its `.dropped` file) must be new, empty or of regenerated rows; reads only -> a torn tail's offset."""
+    jsonl_for_append(path.with_name(path.name + ".dropped"), is_row, ROWS, "--output", DataError)
+    return jsonl_for_append(path, is_row, ROWS, "--output", DataError)
+
+
+def is_recipe_dir(folder: Path) -> bool:
+    """A data set the recipe wrote before data sets carried a marker: its manifest names the recipe."""
+    try:
+        return "recipe" in json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def claim_dataset_dir(folder: Path, create: bool = True) -> None:
+    claim_folder(folder, "dataset", "--output-dir", recognise=is_recipe_dir, create=create,
+                 fix="pick a new or empty folder, or a data set of the recipe to resume it (regenerate writes nowhere else)")
+
+
 def done_ids(path: Path) -> set[str]:
-    """Ids already written; a torn last line (interrupted write) is cut off."""
+    """Ids already written (the file checked to be ours first); a torn last line (interrupted write) is cut off."""
     if not path.exists():
         return set()
-    done, good_end = set(), 0
-    with path.open("rb") as f:
-        for number, line in enumerate(f, 1):
-            try:
-                done.add(str(json.loads(line)["id"]))
-            except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
-                if line.endswith(b"\n"):
-                    raise DataError(f"{path}:{number}: a complete line is not a regenerated row; move the file aside.") from None
-                print(f"warning: {path}:{number}: a torn last line (an interrupted write) is dropped and regenerated.", file=sys.stderr)
-                break
-            good_end += len(line)
-    if good_end != path.stat().st_size:
-        with path.open("r+b") as f:
-            f.truncate(good_end)
-    return done
+    open_for_append(path, jsonl_for_append(path, is_row, ROWS, "--output", DataError), ROWS).close()
+    return {str(row["id"]) for _, row in read_jsonl(path)}
 
 
 # --- the driver ----------------------------------------------------------------------------------
@@ -161,7 +180,7 @@ class RowWriter:
         self.path, self.every, self.pending = path, every, 0
 
     def __enter__(self) -> "RowWriter":
-        self.f = self.path.open("a", encoding="utf-8")
+        self.f = open_for_append(self.path, jsonl_for_append(self.path, is_row, ROWS, "--output", DataError), ROWS)
         return self
 
     def add(self, row: Mapping[str, Any]) -> None:
@@ -237,18 +256,18 @@ def prompt_plans(path: str | Path, guard: EvalGuard | None = None) -> list[Plan]
         where = f"{path}:{number}"
         turns = [m["content"] for m in checked_messages(row, where) if m["role"] == "user"] if "messages" in row else user_texts(row)
         if not turns or not all(t.strip() for t in turns):
-            raise DataError(f"{where}: no user turn to answer; give `messages` with user messages, `turns` or `text`.")
+            raise DataError("no user turn to answer", where=where, fix="give `messages` with user messages, `turns` or `text`")
         rid = str(row.get("id", f"line-{number}"))
         if rid in ids:
-            raise DataError(f"{where}: duplicate id {rid!r}; ids must be unique for resuming.")
+            raise DataError(f"duplicate id {rid!r}", where=where, fix="ids must be unique for resuming")
         hit = next((t for t in turns if guard is not None and guard.overlaps(t)), None)
         if hit is not None:
-            raise DataError(f"{where}: this prompt equals an evaluation prompt or shares an 8-word shingle with one "
-                            f"({hit[:60]!r}...); remove it (training on evaluation prompts inflates tau).")
+            raise DataError(f"this prompt equals an evaluation prompt or shares an 8-word shingle with one ({hit[:60]!r}...)",
+                            where=where, fix="remove it (training on evaluation prompts inflates tau)")
         ids.add(rid)
         plans.append(Plan(rid, "file", turns, {"set": row["set"]} if isinstance(row.get("set"), str) else {}))
     if not plans:
-        raise DataError(f"{path}: no prompt rows.")
+        raise DataError("no prompt rows", where=str(path), fix="give one row a prompt: {\"id\", \"messages\" | \"text\"}")
     return plans
 
 
@@ -285,7 +304,7 @@ def build_dataset(out_dir: str | Path, tokenizer, generator: Generator, settings
     """The recipe: DIR/conversations.jsonl (resumable) -> DIR/train.jsonl + DIR/heldout.jsonl + DIR/manifest.json.
     With `until` (epoch seconds) the set closes at what was generated by then (`this_call.unplayed`)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    claim_dataset_dir(out)
     guard = eval_guard(exclude)
     conversations = out / "conversations.jsonl"
     seen: set[str] = set()
@@ -298,12 +317,10 @@ def build_dataset(out_dir: str | Path, tokenizer, generator: Generator, settings
     stats = play(plans, conversations, tokenizer, generator, settings, guard, seen, until=until)
     rows = [row for _, row in read_jsonl(conversations)]
     if not rows:
-        raise DataError(f"{conversations}: the recipe produced no conversation; see {conversations}.dropped for why.")
+        raise DataError("the recipe produced no conversation", where=str(conversations), fix=f"see {conversations}.dropped for why")
     train, held = split_heldout(rows, heldout, settings.seed)
     for name, part in (("train.jsonl", train), ("heldout.jsonl", held)):
-        staged = out / f".{name}.tmp"
-        staged.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in part), encoding="utf-8")
-        os.replace(staged, out / name)
+        write_atomic(out / name, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in part))
     dropped_path = conversations.with_name(conversations.name + ".dropped")
     dropped = [row for _, row in read_jsonl(dropped_path)] if dropped_path.exists() else []
     manifest = {
@@ -318,9 +335,7 @@ def build_dataset(out_dir: str | Path, tokenizer, generator: Generator, settings
                       "tokens_per_s": round(stats.generated_tokens / max(stats.generate_seconds, 1e-9)), "wall_seconds": round(time.perf_counter() - t0, 1)},
         "files": {name: file_entry(out / name) for name in ("conversations.jsonl", "train.jsonl", "heldout.jsonl")},
     }
-    staged = out / ".manifest.json.tmp"
-    staged.write_text(json.dumps(manifest, indent=1) + "\n")
-    os.replace(staged, out / "manifest.json")
+    write_atomic(out / "manifest.json", json.dumps(manifest, indent=1) + "\n")
     return manifest
 
 

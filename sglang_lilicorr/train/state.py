@@ -1,36 +1,42 @@
 """Training checkpoints (resumable), their strict reload, and the run's other files.
 
+  OUTPUT/.lilicorr.json      the marker of a training run (ownership.py): train writes only into a new or empty
+                             folder or a run
   OUTPUT/checkpoints/step-XXXXXXXX/
       train_state.json       step, epoch position, drafter config (SGLang config.json form),
-                             head geometry (dflash `lilicorr_*` keys or null)
-      trainable.safetensors  drafter tensors (fp32 masters) and the head under `lilicorr.`
+                             head geometry (dflash `lilicorr_*` keys or null), the run's data and settings
+                             (`run`, compared on resume) and the sha256 of optimizer.pt
+      trainable.safetensors  drafter tensors (fp32 masters) and the head under `lilicorr.`, their checksum in
+                             the safetensors metadata
       optimizer.pt           optimizer + LR schedule state
   OUTPUT/latest              name of the newest complete checkpoint
   OUTPUT/snapshots/step-XXXXXXXX.safetensors   bf16 trainable tensors at each eval step (curves)
   OUTPUT/metrics.jsonl       one row per logging step
 
-Every directory is written under a temporary name and renamed when complete; `latest` is
+Every file and directory is written under a temporary name and renamed when complete; `latest` is
 replaced atomically after it, so an interrupted save never looks like a checkpoint. On resume
 the temporaries a kill left behind are removed (`remove_orphans`, by rank 0 alone), a latest
-checkpoint that does not load gives way to the newest one that does (`resume_point`, with a
-warning), and metrics rows past the resumed step are dropped, so a resumed run logs every step once.
+checkpoint that does not load or does not match its checksums gives way to the newest one that does
+(`resume_point`, with a warning); when checkpoints exist and none loads the run stops with one line (never a
+silent restart from step 0). Metrics rows past the resumed step are dropped, so a resumed run logs every step once.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import io
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from ..checkpoint import (
-    HEAD_PREFIX, WEIGHTS_FILE, CheckpointError, atomic_directory, has_head, lilicorr_config, load_strict, read_config, read_tensors,
-    split_head,
+    HEAD_PREFIX, WEIGHTS_FILE, CheckpointError, atomic_directory, has_head, lilicorr_config, load_strict, load_tensors, read_config,
+    read_tensors, save_tensors, split_head,
 )
+from ..ownership import remove_temporaries, write_atomic
 from ..config import LiLiCorrConfig
 from ..drafter import DrafterConfig, load_drafter_tensors
 
@@ -39,7 +45,10 @@ FORMAT = "lilicorr-train-v1"
 
 
 class IncompatibleCheckpointError(CheckpointError):
-    """A training checkpoint does not match the run that tries to resume from it."""
+    """A training checkpoint does not match the run that tries to resume (or start) from it: the arguments
+    cannot work with that folder (exit 2)."""
+
+    exit_code = 2
 
 
 def head_config_from_keys(keys: Mapping[str, Any] | None, drafter: DrafterConfig) -> LiLiCorrConfig | None:
@@ -56,22 +65,32 @@ def save_training_checkpoint(
     head_config: LiLiCorrConfig | None,
     tensors: Mapping[str, torch.Tensor],
     optimizer_state: Mapping[str, Any],
+    run: Mapping[str, Any] | None = None,
 ) -> Path:
+    """`run`: what the run trains on and how (`trainer.run_identity`), compared when it resumes."""
     final = Path(output_dir) / "checkpoints" / f"step-{step:08d}"
     with atomic_directory(final) as tmp:
+        save_tensors(tmp / TENSORS_FILE, {k: v.float() for k, v in tensors.items()})
+        buffer = io.BytesIO()
+        torch.save(dict(optimizer_state), buffer)
+        (tmp / OPTIMIZER_FILE).write_bytes(buffer.getvalue())
         state = {
             "format": FORMAT, "step": step, "progress": dict(progress),
             "drafter_config": drafter_config.to_hf_config(),
             "head_config": None if head_config is None else head_config.to_dflash_keys(),
+            "run": None if run is None else dict(run),
+            "sha256": {OPTIMIZER_FILE: hashlib.sha256(buffer.getvalue()).hexdigest()},
         }
-        (tmp / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
-        save_file({k: v.detach().float().contiguous().cpu() for k, v in tensors.items()}, str(tmp / TENSORS_FILE))
-        torch.save(dict(optimizer_state), tmp / OPTIMIZER_FILE)
-    pointer = Path(output_dir) / LATEST
-    pointer_tmp = pointer.with_name(f".{LATEST}.tmp")
-    pointer_tmp.write_text(final.name + "\n")
-    os.replace(pointer_tmp, pointer)
+        (tmp / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")  # last: its presence marks a complete checkpoint
+    point_latest(output_dir, final)
     return final
+
+
+def point_latest(output_dir: str | Path, checkpoint: Path) -> None:
+    """`latest` names `checkpoint` (replaced atomically; a kill between a checkpoint and its pointer is mended on resume)."""
+    pointer = Path(output_dir) / LATEST
+    if not pointer.is_file() or pointer.read_text().strip() != checkpoint.name:
+        write_atomic(pointer, checkpoint.name + "\n")
 
 
 def latest_checkpoint(output_dir: str | Path) -> Path | None:
@@ -80,7 +99,8 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
         return None
     path = Path(output_dir) / "checkpoints" / pointer.read_text().strip()
     if not (path / STATE_FILE).is_file():
-        raise CheckpointError(f"{pointer} names {path}, which is not a complete training checkpoint; delete {pointer} to start over.")
+        raise CheckpointError(f"`latest` names {path.name}, which is not a complete training checkpoint", where=str(pointer),
+                              fix="pass OUTPUT/checkpoints/step-N of a complete one")
     return path
 
 
@@ -92,26 +112,72 @@ def complete_checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def remove_orphans(output_dir: str | Path) -> list[Path]:
-    """Remove the temporaries an interrupted save left behind -> what was removed."""
+    """Remove the temporaries an interrupted save left behind in a run (ownership.temporary_name, and the
+    names of runs written before it: `.step-*` checkpoint folders, `.*.tmp` files) -> what was removed."""
     out = Path(output_dir)
-    orphans = [p for p in (out / "checkpoints").glob(".step-*")] if (out / "checkpoints").is_dir() else []
-    orphans += [p for p in (out / "snapshots").glob(".*")] if (out / "snapshots").is_dir() else []
-    orphans += [p for p in [out / f".{LATEST}.tmp"] if p.exists()]
-    for p in orphans:
+    found = [p for folder in (out, out / "checkpoints", out / "snapshots") for p in remove_temporaries(folder)]
+    legacy = list((out / "checkpoints").glob(".step-*")) + list((out / "snapshots").glob(".step-*.safetensors.tmp"))
+    legacy += [p for p in [out / f".{LATEST}.tmp", out / ".metrics.jsonl.tmp"] if p.exists()]
+    for p in legacy:
         shutil.rmtree(p) if p.is_dir() else p.unlink()
-    return orphans
+    return found + legacy
 
 
-def resume_point(output_dir: str | Path, warn=print) -> tuple[Path, tuple] | None:
-    """The newest checkpoint that loads, read (`read_training_checkpoint`), or None for a fresh
-    run; a checkpoint that does not load is skipped with a warning. Reads only: the process that
-    writes the run removes the orphans first (`remove_orphans`)."""
-    for path in complete_checkpoints(output_dir):
+def resume_point(output_dir: str | Path, warn=print, map_location="cpu") -> tuple[Path, tuple, dict] | None:
+    """The newest checkpoint that loads and matches its checksums -> (its path, `read_training_checkpoint`, its
+    optimizer state), or None when the run has no checkpoint; a checkpoint that does not load is skipped with a
+    warning, and when none loads CheckpointError ends the run (the checkpoints and metrics are kept). Reads only:
+    the process that writes the run removes the orphans first (`remove_orphans`)."""
+    found = complete_checkpoints(output_dir)
+    for i, path in enumerate(found):
         try:
-            return path, read_training_checkpoint(path)
+            return path, read_training_checkpoint(path), read_optimizer_state(path, map_location)
         except CheckpointError as e:
-            warn(f"warning: {e} Falling back to the checkpoint before it.")
+            if i + 1 < len(found):
+                warn(f"warning: {e} Falling back to the checkpoint before it, {found[i + 1].name}.")
+            else:
+                raise CheckpointError(
+                    f"no checkpoint of this run loads ({len(found)} tried; {e.where or path.name}: {e.what})", where=str(output_dir),
+                    fix="nothing was changed; move the run aside, or pass --no-resume to start it over from step 0 in this folder"
+                ) from e
     return None
+
+
+def read_optimizer_state(path: str | Path, map_location="cpu") -> dict:
+    """optimizer.pt of a checkpoint, checked against the sha256 in its train_state.json (when it has one)."""
+    path = Path(path)
+    where = path / OPTIMIZER_FILE
+    try:
+        data = where.read_bytes()
+        expected = json.loads((path / STATE_FILE).read_text()).get("sha256", {}).get(OPTIMIZER_FILE)
+    except (OSError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"cannot be read ({e})", where=str(where), fix="use an earlier checkpoint") from e
+    if expected is not None and hashlib.sha256(data).hexdigest() != expected:
+        raise CheckpointError(f"does not match the sha256 in {STATE_FILE}: it changed after it was written", where=str(where),
+                              fix="use an earlier checkpoint")
+    try:
+        state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+    except Exception as e:  # torch raises several types for a truncated or foreign pickle
+        raise CheckpointError(f"truncated or not an optimizer state ({type(e).__name__})", where=str(where),
+                              fix="use an earlier checkpoint") from e
+    if not (isinstance(state, dict) and "optimizer" in state and "scheduler" in state):
+        raise CheckpointError("holds no optimizer and scheduler state", where=str(where), fix="use an earlier checkpoint")
+    return state
+
+
+def set_aside_newer(output_dir: str | Path, resumed: Path) -> list[Path]:
+    """Checkpoints newer than the one a run resumed from did not load: renamed `bad-step-N` (kept, never counted,
+    resumed from or pruned) -> their new paths."""
+    moved = []
+    for path in complete_checkpoints(output_dir):
+        if path.name > resumed.name:
+            target = path.with_name(f"bad-{path.name}")
+            n = 1
+            while target.exists():
+                target, n = path.with_name(f"bad-{path.name}.{n}"), n + 1
+            path.rename(target)
+            moved.append(target)
+    return moved
 
 
 def prune_checkpoints(output_dir: str | Path, keep: int) -> None:
@@ -123,11 +189,7 @@ def prune_checkpoints(output_dir: str | Path, keep: int) -> None:
 def save_snapshot(output_dir: str | Path, step: int, tensors: Mapping[str, torch.Tensor]) -> Path:
     """bf16 trainable tensors at an eval step (what the curves are evaluated from), atomically."""
     path = Path(output_dir) / "snapshots" / f"step-{step:08d}.safetensors"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file({k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in tensors.items()}, str(tmp))
-    os.replace(tmp, path)
-    return path
+    return save_tensors(path, {k: v.detach().to(torch.bfloat16) for k, v in tensors.items()})
 
 
 def trim_metrics(path: str | Path, step: int) -> None:
@@ -143,9 +205,7 @@ def trim_metrics(path: str | Path, step: int) -> None:
             continue
         if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
             keep.append(line if line.endswith("\n") else line + "\n")
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(keep), encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, "".join(keep))
 
 
 def read_training_checkpoint(path: str | Path) -> tuple[dict[str, Any], DrafterConfig, LiLiCorrConfig | None, dict[str, torch.Tensor]]:
@@ -156,29 +216,48 @@ def read_training_checkpoint(path: str | Path) -> tuple[dict[str, Any], DrafterC
     try:
         state = json.loads((path / STATE_FILE).read_text())
     except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not a training checkpoint ({e}); pass OUTPUT or OUTPUT/checkpoints/step-N.") from e
+        raise CheckpointError(f"not a training checkpoint ({e})", where=str(path), fix="pass OUTPUT or OUTPUT/checkpoints/step-N") from e
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise CheckpointError(f"{path / STATE_FILE}: format {state.get('format') if isinstance(state, dict) else state!r}, expected {FORMAT!r}.")
+        raise CheckpointError(f"format {state.get('format') if isinstance(state, dict) else state!r}, expected {FORMAT!r}",
+                              where=str(path / STATE_FILE), fix="pass a checkpoint written by `lilicorr train`")
     missing = [k for k in ("step", "drafter_config", "head_config") if k not in state]
     if missing:
-        raise CheckpointError(f"{path / STATE_FILE}: lacks {missing}; it was not written by `lilicorr train` (or was cut short).")
+        raise CheckpointError(f"lacks {missing}", where=str(path / STATE_FILE),
+                              fix="it was not written by `lilicorr train` (or was cut short): use an earlier checkpoint")
     try:
         drafter = DrafterConfig.from_hf_config(state["drafter_config"])
         head = head_config_from_keys(state["head_config"], drafter)
     except (ValueError, TypeError, KeyError) as e:
-        raise CheckpointError(f"{path / STATE_FILE}: drafter_config / head_config: {e}") from e
-    try:
-        tensors = load_file(str(path / TENSORS_FILE))
-    except Exception as e:  # safetensors raises its own error types for truncated or foreign files
-        raise CheckpointError(f"{path / TENSORS_FILE}: unreadable ({type(e).__name__}: {e}).") from e
+        raise CheckpointError(f"drafter_config / head_config: {e}", where=str(path / STATE_FILE),
+                              fix="use an earlier checkpoint") from e
+    tensors = load_tensors(path / TENSORS_FILE, fix="use an earlier checkpoint (OUTPUT/checkpoints/step-N)")
     bad = [k for k, v in tensors.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
     if bad:
         raise CheckpointError(f"{path / TENSORS_FILE}: tensor {bad[0]!r} holds NaN or Inf.")
     return state, drafter, head, tensors
 
 
-def check_resume_compatible(state: Mapping[str, Any], drafter: DrafterConfig, head: LiLiCorrConfig | None, where: str) -> None:
+def check_resume_compatible(state: Mapping[str, Any], drafter: DrafterConfig, head: LiLiCorrConfig | None, where: str,
+                            run: Mapping[str, Any] | None = None) -> None:
+    """The checkpoint's geometry must be this run's; with `run` (trainer.run_identity) its data and settings too
+    (checkpoints written before they were recorded are not compared)."""
     check_same_geometry(state["drafter_config"], state["head_config"], drafter, head, where, "resume")
+    saved = state.get("run")
+    if run is None or not isinstance(saved, dict):
+        return
+    current = json.loads(json.dumps(dict(run)))
+    diff = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+    if diff:
+        shown = ", ".join(f"{k}: {_short(saved.get(k))} -> {_short(current.get(k))}" for k in diff[:3])
+        raise IncompatibleCheckpointError(
+            f"cannot resume: this run's {diff} differ from the checkpoint's ({shown}{', ...' if len(diff) > 3 else ''})",
+            where=where, fix="pass the run's own --data and settings, a new --output-dir, or --resume-with-changes to "
+                             "continue this run with the new ones")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def check_same_geometry(saved_drafter: Mapping[str, Any], saved_head: Mapping[str, Any] | None, drafter: DrafterConfig,
@@ -192,15 +271,15 @@ def check_same_geometry(saved_drafter: Mapping[str, Any], saved_head: Mapping[st
     if saved_d != drafter:
         diff = [f.name for f in dataclasses.fields(drafter) if getattr(saved_d, f.name) != getattr(drafter, f.name)]
         raise IncompatibleCheckpointError(
-            f"{where}: cannot {action}, the drafter differs in {diff} (checkpoint "
-            f"{[getattr(saved_d, n) for n in diff]} vs this run {[getattr(drafter, n) for n in diff]}); "
-            "use the same settings or a new --output-dir."
+            f"cannot {action}, the drafter differs in {diff} (checkpoint "
+            f"{[getattr(saved_d, n) for n in diff]} vs this run {[getattr(drafter, n) for n in diff]})", where=where,
+            fix="use the same settings or a new --output-dir"
         )
     run_h = None if head is None else head.to_dflash_keys()
     if saved_head != run_h:
         raise IncompatibleCheckpointError(
-            f"{where}: cannot {action}, the LiLiCorr head differs (checkpoint {saved_head}, this run {run_h}); "
-            "gamma > 0 needs the same head geometry, gamma = 0 has none. Use the same settings or a new --output-dir."
+            f"cannot {action}, the LiLiCorr head differs (checkpoint {saved_head}, this run {run_h})", where=where,
+            fix="gamma > 0 needs the same head geometry, gamma = 0 has none: use the same settings or a new --output-dir"
         )
 
 

@@ -26,6 +26,7 @@ ever holds a non-finite tensor.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -40,17 +41,21 @@ from torch.nn.parallel import DistributedDataParallel
 from ..checkpoint import split_head
 from ..drafter import DFlashDrafter, DrafterConfig, default_target_layer_ids, load_drafter_tensors, sample_anchors
 from ..errors import LiLiCorrError
-from ..frozen_target import FrozenTarget
+from ..frozen_target import FrozenTarget, loading_target
 from ..head import LiLiCorrHead
+from ..ownership import claim_folder
 from ..reference.propose import BlockProposer
 from ..reference.replay import Replayer, pooled_tau
-from .config import TrainConfig
+from .config import TrainConfig, TrainConfigError
 from .data import DataError, Example, collate, epoch_batches, load_conversations, read_jsonl
 from .joint import JointModel, metric_sums, pooled_metrics, ratios
 from .prompts import check_disjoint, eval_guard
 from .state import (
-    OPTIMIZER_FILE,
+    LATEST,
+    STATE_FILE,
     check_resume_compatible,
+    point_latest,
+    set_aside_newer,
     load_draft_weights,
     prune_checkpoints,
     remove_orphans,
@@ -73,10 +78,12 @@ class TrainingDiverged(LiLiCorrError, RuntimeError):
 def resolve_mask_token(tokenizer, name: str | None, vocab_size: int) -> tuple[str, int]:
     name = name or getattr(tokenizer, "mask_token", None)
     if not name:
-        raise DataError("the tokenizer has no mask token: pass --mask-token with an existing special token (SmolLM2: <empty_output>).")
+        raise TrainConfigError("the tokenizer has no mask token", where="--mask-token",
+                               fix="pass --mask-token with an existing special token (SmolLM2: <empty_output>)")
     token_id = tokenizer.convert_tokens_to_ids(name)
     if token_id is None or token_id == getattr(tokenizer, "unk_token_id", None) or not 0 <= token_id < vocab_size:
-        raise DataError(f"mask token {name!r} is not a single token of the target vocabulary ({vocab_size}); pick one that is.")
+        raise TrainConfigError(f"mask token {name!r} is not a single token of the target vocabulary ({vocab_size})",
+                               where="--mask-token", fix="pick a special token of the target's tokenizer")
     return name, int(token_id)
 
 
@@ -135,8 +142,9 @@ def load_target(path: str, device: torch.device, bf16: bool):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = torch.bfloat16 if bf16 and device.type == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    with loading_target(path):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+        tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer
 
 
@@ -152,16 +160,50 @@ def held_out_turns(path: str, limit: int) -> list[tuple[list[int], list[int]]]:
     return turns[:limit]
 
 
+def is_run_folder(folder: Path) -> bool:
+    """A training run written before runs carried a marker: `latest` naming one of its checkpoints."""
+    try:
+        name = (folder / LATEST).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return False
+    return name.startswith("step-") and (folder / "checkpoints" / name / STATE_FILE).is_file()
+
+
+def claim_output_dir(cfg: TrainConfig, create: bool) -> None:
+    """--output-dir must be new, empty or a training run: train never writes into a folder it did not create."""
+    claim_folder(cfg.output_dir, "run", "--output-dir", recognise=is_run_folder, create=create,
+                 fix="pick a new or empty folder, or a run's own folder to resume it (train never writes elsewhere)")
+
+
+def file_digest(path: str | None) -> str | None:
+    if path is None:
+        return None
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def run_identity(cfg: TrainConfig) -> dict:
+    """What a checkpoint records of its run and a resume compares: the data's bytes and the settings that shape
+    the updates (TrainConfig.resumed_settings)."""
+    return {"data_sha256": file_digest(cfg.data), "eval_data_sha256": file_digest(cfg.eval_data), **cfg.resumed_settings()}
+
+
 def split_eval(examples: list[Example], cfg: TrainConfig, tokenizer, write_cache: bool) -> tuple[list[Example], list[Example]]:
     if cfg.eval_data:
         held = load_conversations(cfg.eval_data, tokenizer, cfg.max_length, cfg.chat_template_kwargs, write_cache)
         seen = {tuple(e.input_ids.tolist()) for e in examples}
         if any(tuple(e.input_ids.tolist()) in seen for e in held):
-            raise DataError(f"{cfg.eval_data}: evaluation conversations also occur in {cfg.data}; held-out data must not be training data.")
+            raise DataError(f"evaluation conversations also occur in {cfg.data}", where=cfg.eval_data,
+                            fix="held-out data must not be training data: pass another --eval-data")
         return examples, held[: cfg.eval_examples]
-    n = min(cfg.eval_examples, len(examples) - 1)
-    if n <= 0:
-        return examples, []
+    if cfg.eval_examples > len(examples) // 2:
+        raise TrainConfigError(
+            f"--eval-examples {cfg.eval_examples} would hold out more than half of the {len(examples)} usable conversations",
+            where=cfg.data, fix=f"pass --eval-examples {max(1, len(examples) // 2)} or less, or --eval-data with held-out conversations")
+    n = cfg.eval_examples
     return examples[:-n], examples[-n:]
 
 
@@ -248,7 +290,9 @@ class Evaluator:
 
 def train(cfg: TrainConfig) -> dict[str, float]:
     """Run (or resume) a training job; returns the last logged metrics."""
-    if cfg.exclude:  # before anything loads: evaluation prompts must not be training data
+    cfg.check_paths()
+    claim_output_dir(cfg, create=False)  # before anything loads or is written (every rank: they fail alike)
+    if cfg.exclude:  # evaluation prompts must not be training data
         check_disjoint(cfg.data, eval_guard(cfg.exclude))
     env = Distributed()
     torch.manual_seed(cfg.seed)
@@ -272,28 +316,36 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     out_dir = Path(cfg.output_dir)
     step = 0
 
-    if cfg.resume and env.main:
-        remove_orphans(out_dir)  # what a kill mid-save left behind; the other ranks wait, then read
+    identity = run_identity(cfg)
+    if env.main:
+        claim_output_dir(cfg, create=True)
+        if cfg.resume:
+            remove_orphans(out_dir)  # what a kill mid-save left behind; the other ranks wait, then read
     env.barrier()
-    found = resume_point(out_dir, warn=lambda m: print(m, file=sys.stderr)) if cfg.resume else None
+    found = resume_point(out_dir, warn=lambda m: print(m, file=sys.stderr), map_location=env.device) if cfg.resume else None
     if found is not None:
-        path, (state, _, _, tensors) = found
-        check_resume_compatible(state, drafter_cfg, head_cfg, str(path))
+        path, (state, _, _, tensors), opt_state = found
+        check_resume_compatible(state, drafter_cfg, head_cfg, str(path), None if cfg.resume_with_changes else identity)
         drafter_t, head_t = split_head(tensors)
         load_drafter_tensors(drafter, drafter_t, str(path))
         if head is not None:
             head.load_state_dict(head_t, strict=True)
-        opt_state = torch.load(path / OPTIMIZER_FILE, map_location=env.device, weights_only=True)
         optimizer.load_state_dict(opt_state["optimizer"])
         scheduler.load_state_dict(opt_state["scheduler"])
         step = int(state["step"])
+        env.barrier()  # every rank has read its checkpoint
         if env.main:
+            for bad in set_aside_newer(out_dir, path):
+                print(f"warning: kept the checkpoint that did not load as {bad}", file=sys.stderr)
+            point_latest(out_dir, path)
             print(f"resumed from {path} at step {step}", file=sys.stderr)
     elif cfg.init_from:
         load_draft_weights(cfg.init_from, drafter, head, drafter_cfg, head_cfg)
     metrics_path = out_dir / "metrics.jsonl"
     if env.main:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        if found is None and cfg.resume and metrics_path.is_file() and metrics_path.stat().st_size:
+            print(f"warning: {out_dir} has logged metrics but no checkpoint yet: the run starts over from step 0 and logs "
+                  "those steps again.", file=sys.stderr)
         trim_metrics(metrics_path, step)
 
     trainable = DistributedDataParallel(joint, device_ids=[env.device.index] if env.device.type == "cuda" else None) if env.world > 1 else joint
@@ -378,7 +430,7 @@ def train(cfg: TrainConfig) -> dict[str, float]:
             if env.main:
                 save_training_checkpoint(
                     out_dir, step, {"epoch": epoch, "batch": index + 1}, drafter_cfg, head_cfg, _trainable(drafter, head),
-                    {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
+                    {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, identity,
                 )
                 prune_checkpoints(out_dir, cfg.keep_checkpoints)
             env.barrier()

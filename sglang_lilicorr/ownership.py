@@ -1,0 +1,253 @@
+"""What a command may write: only a new folder, an empty one, or one it recognises as its own kind; and
+writes that are whole or absent.
+
+Kinds: `run` (`lilicorr train --output-dir`), `dataset` (`lilicorr regenerate --recipe --output-dir`), `report`
+(`bench report`, `replay`, `bench faults` --out) carry a marker, `.lilicorr.json` ({"kind": ...}), written when
+the folder is claimed; an `export` (config.json + model.safetensors of a draft) is recognised by its content, so
+that it stays a plain SGLang draft folder. Writers pass a `recognise` function for folders of their kind made
+before markers existed. Append-only files (bench results, regenerated rows) are checked line by line
+(`jsonl_for_append`) before a byte is written, and a torn last line is cut only in a file that is recognisably
+of that kind.
+
+Temporary files and folders are named `.<name>.lilicorr-tmp-<random>` beside what they become: a kill leaves
+nothing else, and the next writer of the same place removes them (`remove_temporaries`), never anything else.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import sys
+from pathlib import Path
+from typing import Callable, Iterator
+
+from .errors import LiLiCorrError, UsageError
+
+MARKER = ".lilicorr.json"
+TMP_TAG = ".lilicorr-tmp-"
+KINDS = {"run": "a training run", "dataset": "a data set made by `lilicorr regenerate --recipe`",
+         "report": "a report folder written by lilicorr", "export": "a draft written by `lilicorr export`"}
+
+
+class NotOursError(UsageError):
+    """A command was pointed at a folder or file it did not write and must not change (exit 2)."""
+
+
+# --- temporaries and atomic writes -------------------------------------------------------------------
+
+
+def temporary_name(final: str | os.PathLike) -> Path:
+    """A fresh hidden name beside `final` that `remove_temporaries` recognises."""
+    final = Path(os.path.abspath(final))
+    return final.parent / f".{final.name}{TMP_TAG}{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def is_temporary(path: Path) -> bool:
+    return path.name.startswith(".") and TMP_TAG in path.name
+
+
+def remove_temporaries(folder: str | os.PathLike, of: str | None = None) -> list[Path]:
+    """Remove what an interrupted write left in `folder` (only names made by `temporary_name`; with `of`, only
+    those of that final name) -> what was removed."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    prefix = None if of is None else f".{of}{TMP_TAG}"
+    found = [p for p in folder.iterdir() if is_temporary(p) and (prefix is None or p.name.startswith(prefix))]
+    for p in found:
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+    return found
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; when the block completes it replaces `path` (flushed to disk first),
+    when it fails (or is interrupted) it is removed and `path` is untouched."""
+    path = Path(os.path.abspath(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_name(path)
+    try:
+        yield tmp
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_UMASK)  # as a plainly written file
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _read_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()  # read once, at import: setting it back and forth later would race with other threads
+
+
+def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
+    """`data` written to `path` whole or not at all."""
+    with atomic_file(path) as tmp:
+        tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+    return Path(path)
+
+
+@contextlib.contextmanager
+def atomic_directory(target: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty temporary directory beside `target`; when the block completes it takes `target`'s place
+    (an existing `target`, which the caller has checked is its own, is renamed aside first and removed after);
+    when it fails it is removed and `target` is untouched: a half-written directory never looks complete."""
+    target = Path(os.path.abspath(target))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_name(target)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = temporary_name(target) if target.exists() else None
+    if old is not None:
+        os.replace(target, old)
+    os.replace(tmp, target)
+    if old is not None:
+        shutil.rmtree(old)
+
+
+# --- folders: new, empty, or ours ----------------------------------------------------------------------
+
+
+def marked_kind(folder: str | os.PathLike) -> str | None:
+    """The kind a folder's marker declares, or None."""
+    try:
+        value = json.loads((Path(folder) / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value.get("kind") if isinstance(value, dict) and value.get("kind") in KINDS else None
+
+
+def mark(folder: str | os.PathLike, kind: str) -> None:
+    if marked_kind(folder) != kind:
+        write_atomic(Path(folder) / MARKER, json.dumps({"kind": kind, "written_by": "lilicorr"}) + "\n")
+
+
+def held(folder: Path) -> list[str]:
+    """What a folder holds, but for its marker (when it is one of ours) and temporaries."""
+    ours = marked_kind(folder) is not None
+    return sorted(p.name for p in folder.iterdir() if not (p.name == MARKER and ours) and not is_temporary(p))
+
+
+def claim_folder(folder: str | os.PathLike, kind: str, option: str, recognise: Callable[[Path], bool] | None = None,
+                 create: bool = True, fix: str | None = None) -> str:
+    """Make sure `folder` may be written by a command of `kind` -> "new", "empty" or "ours"; with `create`, creates
+    it, removes the temporaries a killed writer left in it and leaves the marker. Anything else raises NotOursError
+    naming what it holds; nothing is touched."""
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        raise NotOursError(f"{folder} is a file, not a folder", where=option, fix="pass a new or empty folder")
+    state = "new" if not path.exists() else "empty" if not held(path) else None
+    if state is None:
+        found = marked_kind(path)
+        if found == kind or (found is None and recognise is not None and recognise(path)):
+            state = "ours"
+        else:
+            what = f"it is {KINDS[found]}" if found else f"it holds {held(path)[:5]}"
+            raise NotOursError(f"{folder} is not empty and is not {KINDS[kind]}, {what}", where=option,
+                               fix=fix or f"pick a new or empty folder; {KINDS[kind]} is written only there or over one "
+                                          "of its own kind")
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
+        remove_temporaries(path)  # what a killed writer of this folder left (only names of temporary_name)
+        mark(path, kind)
+    return state
+
+
+def claim_report_folder(folder: str | os.PathLike, create: bool = True) -> Path:
+    """--out of a command that writes a report: new, empty, or marked as a report by an earlier one -> the folder.
+    (A folder of a report written before the markers is not recognised: a summary.json alone says too little.)"""
+    claim_folder(folder, "report", "--out", create=create,
+                 fix="pick a new or empty folder, or an earlier report's folder (reports are written nowhere else)")
+    return Path(folder)
+
+
+def claim_file(path: str | os.PathLike, recognise: Callable[[Path], bool], what: str, option: str) -> Path:
+    """A file a command replaces whole: it must be missing, empty or `what` (`recognise`); else NotOursError."""
+    path = Path(path)
+    if path.is_dir() or (path.exists() and path.stat().st_size and not recognise(path)):
+        raise NotOursError(f"{path} is not {what}", where=option, fix=f"pass a new file or {what}; this one is left as it is")
+    return path
+
+
+# --- append-only JSON-lines files ---------------------------------------------------------------------
+
+
+def jsonl_for_append(path: str | os.PathLike, is_record: Callable[[object], bool], what: str, option: str,
+                     error: type[LiLiCorrError] = LiLiCorrError) -> int | None:
+    """Check that `path` is missing, empty or a JSON-lines file of `what` (every complete line a record,
+    `is_record`), reading only -> the offset of a torn last line to cut (a last line without its newline that is
+    not JSON), else None. A file whose first line is not a record is not ours: NotOursError (exit 2), nothing
+    touched; a later bad line is bad content of ours: `error` (exit 1)."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    if not path.is_file():
+        raise NotOursError(f"{path} is not a file", where=option, fix=f"pass {what} or a new file")
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    last = lines.pop()  # b"" when the file ends with a newline
+    torn = None
+    if last.strip():
+        if _record_or_none(last, is_record) is not None or not lines:
+            lines.append(last)  # a whole last line without its newline (or the only line: must be a record)
+        else:
+            torn = len(data) - len(last)
+    first = True
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if _record_or_none(line, is_record) is None:
+            if first:
+                raise NotOursError(f"{path} is not {what}: line {number} is not one of its records", where=option,
+                                   fix=f"pass {what} or a new file; this file is left as it is")
+            raise error(f"line {number} is not {what}'s record", where=f"{path}:{number}",
+                        fix="fix or remove that line (the file was not changed)")
+        first = False
+    if torn is not None and first:
+        raise NotOursError(f"{path} is not {what}: its only line is not one of its records", where=option,
+                           fix=f"pass {what} or a new file; this file is left as it is")
+    return torn
+
+
+def _record_or_none(line: bytes, is_record: Callable[[object], bool]):
+    try:
+        value = json.loads(line.decode("utf-8"))
+    except ValueError:
+        return None
+    return value if is_record(value) else None
+
+
+def open_for_append(path: str | os.PathLike, torn: int | None, what: str):
+    """`path` (checked by `jsonl_for_append`, `torn` its result) opened to append text: a torn last line cut with a
+    warning, a whole last line without its newline given one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if torn is not None:
+        print(f"warning: cutting the torn last line of {path} (an interrupted write of {what}); it is written again.",
+              file=sys.stderr)
+        with path.open("r+b") as f:
+            f.truncate(torn)
+    needs_newline = path.exists() and path.stat().st_size > 0 and not _ends_with_newline(path)
+    out = path.open("a", encoding="utf-8")
+    if needs_newline:
+        out.write("\n")
+        out.flush()
+    return out
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with path.open("rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
