@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from .cli import error_line
+from .cli_args import error_line
 from .errors import LiLiCorrError, UsageError
 
 

@@ -21,9 +21,8 @@ from . import datasets, load_faults, metrics, plots, runner, stages, tables
 from .client import Sampling
 from .metrics import ResultsError
 from .. import ownership
-from ..cli import Parser, run as run_command
+from ..cli_args import Parser, json_object_arg, run as run_command
 from ..errors import LiLiCorrError, UsageError
-from ..train.cli import json_object_arg
 
 SUMMARY_CELL_FIELDS = metrics.CELL_KEY + ("tps",)
 

@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..cli_args import json_object_arg
+
 CHAT_KWARGS_HELP = 'JSON object passed to the chat template (default {"enable_thinking": false}: reasoning off)'
 
 
@@ -25,17 +27,6 @@ def register(subparsers) -> None:
     _register_regenerate(subparsers.add_parser("regenerate", help="the target's own answers (and, with --recipe, its own prompts) -> training jsonl"))
     _register_train(subparsers.add_parser("train", help="train the DFlash drafter + LiLiCorr head jointly"))
     _register_export(subparsers.add_parser("export", help="training checkpoint -> SGLang draft directory"))
-
-
-def json_object_arg(text: str) -> dict:
-    """argparse type: a JSON object, e.g. '{"enable_thinking": false}'."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not JSON: {e}") from e
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object, e.g. '{\"enable_thinking\": false}'")
-    return value
 
 
 def bounded(kind, low, high=None):
