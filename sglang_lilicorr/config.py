@@ -9,9 +9,7 @@ import sys
 from typing import Any, Mapping
 
 from .errors import LiLiCorrError
-
-# Widest candidate pool the fused top-K and walk kernels serve (one Triton lane group).
-MAX_CANDIDATE_TOPK = 16
+from .kernels.topk_reference import MAX_TOPK as MAX_CANDIDATE_TOPK  # the fused top-K and walk kernels' lane group
 
 
 class ConfigError(LiLiCorrError, ValueError):

@@ -187,6 +187,10 @@ def test_walk_kernels_reject_bad_input(monkeypatch):
         greedy_walk_triton(start, torch.zeros(2, 3, 4, 4))
     with pytest.raises(ValueError, match=r"ids \(2, 4, 3\).*must be \[b, S, K\]"):
         greedy_walk_triton(start, torch.zeros(2, 3, 4, 4), torch.zeros(2, 4, 3, dtype=torch.int64))
+    from sglang_lilicorr.kernels.walk import MAX_BLOCK_SIZE
+
+    with pytest.raises(ValueError, match=f"S={MAX_BLOCK_SIZE} slots; the kernel serves 1..{MAX_BLOCK_SIZE - 1}"):
+        greedy_walk_triton(start, torch.zeros(2, MAX_BLOCK_SIZE - 1, 4, 4))  # a block of B + 1 tokens
 
 
 @pytest.mark.gpu

@@ -16,6 +16,8 @@ from .pdl import check_pdl, grid_dependency_wait
 from .device import uses_triton
 from .topk_reference import MAX_TOPK
 
+MAX_BLOCK_SIZE = 32  # B = anchor + S slots: one program unrolls the S <= 31 slots of a request's lattice
+
 
 @triton.jit
 def _first_argmax(x, lanes, valid):
@@ -106,6 +108,9 @@ def _check_lattice(name: str, start: torch.Tensor, pair: torch.Tensor) -> None:
         )
     if not 1 <= k <= MAX_TOPK:
         raise ValueError(f"{name}: K={k} candidates per slot; the kernel serves 1..{MAX_TOPK}")
+    if not 1 <= pair.shape[1] + 1 <= MAX_BLOCK_SIZE - 1:
+        raise ValueError(f"{name}: S={pair.shape[1] + 1} slots; the kernel serves 1..{MAX_BLOCK_SIZE - 1} (blocks of at "
+                         f"most {MAX_BLOCK_SIZE} tokens)")
     if not (start.is_floating_point() and pair.is_floating_point()):
         raise TypeError(f"{name}: scores must be floating point, got {start.dtype} and {pair.dtype}")
     if start.device != pair.device or not uses_triton(start):

@@ -17,9 +17,8 @@ from ..checkpoint import HEAD_PREFIX, WEIGHTS_FILE, CheckpointError, dtype_of, h
 from ..config import LiLiCorrConfig, json_number
 from ..errors import LiLiCorrError
 from ..head import LiLiCorrHead
+from ..kernels.walk import MAX_BLOCK_SIZE
 from . import ALGORITHM_NAME
-
-MAX_BLOCK_SIZE = 32  # B: the walk kernel unrolls S = B-1 slots; the head attends over S*K nodes
 
 
 class ServingConfigError(LiLiCorrError, ValueError):
