@@ -51,7 +51,6 @@ class SelectConstants:
                 + mlp.down_proj.bias.float()
                 + head.pass_hidden_proj.bias.float()
             ).contiguous()  # [S, K, H] fp32
-            self.node_const_model = self.node_const.to(self.dtype)
 
             n_max = self.num_slots * self.topk
             pad = -(-n_max // 16) * 16

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..head import LiLiCorrHead, confidence_features
+from ..head import LiLiCorrHead
 from .counters import KernelCounters
 from ..kernels import head_nodes, head_norm, head_scores
 from ..kernels.device import uses_triton
@@ -148,30 +148,13 @@ class FastLiLiCorrSelect(SelectConstants):
         with torch.no_grad():
             if plan.fused:
                 return self._scores_fused(vals, ids, lse, pass_hidden, anchor_hidden, plan)[:3]
-            return self._scores_torch(vals, ids, lse, pass_hidden, anchor_hidden, plan)
+            return self._scores_torch(vals, ids, lse, pass_hidden, anchor_hidden)
 
-    def _scores_torch(self, vals, ids, lse, pass_hidden, anchor_hidden, plan: SelectPlan):
-        b, s, k = vals.shape
-        h, d, n = self.width, self.factor_dim, s * self.topk
+    def _scores_torch(self, vals, ids, lse, pass_hidden, anchor_hidden):
+        """The PyTorch route: the trained head's own forward (the code training runs) on the token table's rows."""
         lp = vals.float() - lse.float().unsqueeze(-1)  # [b, S, K]
-        feats = F.layer_norm(confidence_features(lp).to(self.dtype).float(), (5,), eps=self.feat_ln_eps)
-        feat = F.linear(F.silu(F.linear(feats, self.w_feat, self.b_feat)).to(self.dtype), self.w_down)
-        pass_proj = self._pass_projection(pass_hidden, plan)
-        t, anchor = self._anchor_projection(anchor_hidden, plan)
-        x = self.token_table[ids] + pass_proj.unsqueeze(2) + feat + self.node_const_model[:s]  # [b, S, K, H]
-        x = x.reshape(b, n, h)
-        bias = self.attn_bias[..., :n, :n]
-        for layer in self.head.layers:
-            x = layer(x, bias)
-        x = self.head.output_norm(x)
-        tt = t.unsqueeze(1)
-        fused = F.silu(F.linear(torch.cat([x, x * tt], dim=-1), self.w_factor) + anchor[:, None, d:])
-        edges = F.linear(fused, self.w_edge, self.b_edge).view(b, s, k, 2, d).float()
-        out_vec, in_vec = F.normalize(edges, dim=-1, eps=self.vector_eps).unbind(3)
-        anchor_out = F.normalize(anchor[:, :d].float(), dim=-1, eps=self.vector_eps)
-        start = self.sigma * torch.einsum("bd,bkd->bk", anchor_out, in_vec[:, 0])
-        pair = self.sigma * torch.matmul(out_vec[:, :-1], in_vec[:, 1:].transpose(-1, -2))
-        return start, pair, lp
+        start, pair = self.head(self.token_table[ids], lp, pass_hidden, anchor_hidden)
+        return start.float(), pair.float(), lp
 
     def _projections(self, pass_hidden, anchor_hidden, plan: SelectPlan, pass_proj=None) -> tuple:
         """-> (pass projection, t, anchor, join_pass, join_anchor): with the plan's overlap both projections run on the
