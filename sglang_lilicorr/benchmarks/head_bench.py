@@ -373,7 +373,6 @@ def kernel_profile(fn, reps=3):
 
 
 def run(args) -> dict:
-    from sglang_lilicorr.fast_path.select import FastLiLiCorrSelect
     from sglang_lilicorr.fast_path.reference import greedy_margin, reference_select
     from sglang_lilicorr.kernels import topk_lse as topk_lse_ours  # the Triton kernel on CUDA
 

@@ -21,6 +21,14 @@ def pyplot():
     return plt
 
 
+def save(fig, path: Path) -> Path:
+    """Lay out, write (120 dpi) and close a figure."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    pyplot().close(fig)
+    return Path(path)
+
+
 def _colors(cells: Sequence[dict], baseline: Optional[str]) -> dict:
     """One fixed color per system across all figures."""
     return {s: f"C{i}" for i, s in enumerate(systems_of(cells, baseline))}
@@ -51,11 +59,7 @@ def plot_vs_concurrency(cells: Sequence[dict], dataset: str, temperature: float,
         ax.set_title(f"{dataset} {g}, T={temperature:g}")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(out_dir) / f"{_slug(metric, 'vs_concurrency', dataset, f'T{temperature:g}')}.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, Path(out_dir) / f"{_slug(metric, 'vs_concurrency', dataset, f'T{temperature:g}')}.png")
 
 
 def plot_tau_by_category(cells: Sequence[dict], dataset: str, temperature: float, concurrency: int, baseline: Optional[str], out_dir: Path) -> Path:
@@ -77,11 +81,7 @@ def plot_tau_by_category(cells: Sequence[dict], dataset: str, temperature: float
     ax.set_title(f"{dataset}, T={temperature:g}, c={concurrency}")
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    path = Path(out_dir) / f"{_slug('tau_by_category', dataset, f'T{temperature:g}', f'c{concurrency}')}.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, Path(out_dir) / f"{_slug('tau_by_category', dataset, f'T{temperature:g}', f'c{concurrency}')}.png")
 
 
 def plot_repeated_runs(cells: Sequence[dict], dataset: str, temperature: float, concurrency: int, baseline: Optional[str], out_dir: Path) -> Path:
@@ -104,11 +104,7 @@ def plot_repeated_runs(cells: Sequence[dict], dataset: str, temperature: float, 
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle(f"{dataset}, T={temperature:g}, c={concurrency}: each run (dots) and the mean (bars)", fontsize=10)
-    fig.tight_layout()
-    path = Path(out_dir) / f"{_slug('runs', dataset, f'T{temperature:g}', f'c{concurrency}')}.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, Path(out_dir) / f"{_slug('runs', dataset, f'T{temperature:g}', f'c{concurrency}')}.png")
 
 
 def plot_all(cells: Sequence[dict], baseline: Optional[str], out_dir: Path) -> List[Path]:
@@ -165,7 +161,4 @@ def plot_head_bench(res: dict, out_path: Path, target_ratio: float, target_bs1_m
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"{meta.get('gpu', '?')}, {meta.get('geometry', '?')} head, commit {meta.get('git_commit', '?')}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out_path, dpi=120)
-    plt.close(fig)
-    return Path(out_path)
+    return save(fig, out_path)

@@ -29,7 +29,7 @@ def _turns(row: dict, where: str) -> tuple:
     messages = row.get("messages")
     if isinstance(messages, list) and messages and all(isinstance(m, dict) and m.get("role") == "user" for m in messages):
         return tuple(m.get("content") for m in messages)
-    raise PromptFileError(f"give the prompt as `text` (a string) or `messages` (a list of {{role: user, content}} dicts)", where=where, fix="fix or remove that record")
+    raise PromptFileError("give the prompt as `text` (a string) or `messages` (a list of {role: user, content} dicts)", where=where, fix="fix or remove that record")
 
 
 def load(path: Path, categories: Optional[Iterable[str]] = None) -> List[Prompt]:

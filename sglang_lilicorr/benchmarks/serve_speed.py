@@ -93,7 +93,7 @@ def table(summary: Mapping[str, dict], title: str = "") -> str:
 def plot(settings: Mapping[str, Mapping[str, dict]], path: Path) -> Path:
     """Tokens/s by concurrency per system (left) and LILICORR's paired ratios with their intervals (right), one line
     style per setting."""
-    from .plots import pyplot
+    from .plots import pyplot, save
 
     plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
@@ -110,10 +110,7 @@ def plot(settings: Mapping[str, Mapping[str, dict]], path: Path) -> Path:
     bx.set(xscale="log", xlabel="concurrency", ylabel="ratio (paired, 95 % CI)", title="LILICORR against")
     ax.legend(fontsize=7)
     bx.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save(fig, path)
 
 
 CAPTURE_LINE = re.compile(r"Capture (\w+ \w+) CUDA graph end\..*?elapsed=([0-9.]+) s")

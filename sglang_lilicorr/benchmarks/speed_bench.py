@@ -83,7 +83,7 @@ def _turns_of(row: dict, where: str) -> List[str]:
         if not isinstance(messages, list) or not all(
             isinstance(m, dict) and m.get("role") == "user" for m in messages
         ):
-            raise SpeedBenchFormatError(f"`messages` must be a list of {{role: user, content}} dicts", where=where, fix="fix or remove that record")
+            raise SpeedBenchFormatError("`messages` must be a list of {role: user, content} dicts", where=where, fix="fix or remove that record")
         turns = [m.get("content") for m in messages]
     else:
         raise SpeedBenchFormatError("record has neither `turns` nor `messages`", where=where, fix="fix or remove that record")
