@@ -2,7 +2,6 @@
 target, the data recipe through the transformers engine, the sweep, background training, export,
 evaluation outputs, replay, the paired speed step against stand-in servers, and the tables."""
 import json
-import os
 import sys
 from pathlib import Path
 

@@ -15,7 +15,7 @@ import json
 import os
 import random
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 

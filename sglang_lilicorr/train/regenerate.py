@@ -30,7 +30,7 @@ import time
 import zlib
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..ownership import claim_folder, jsonl_for_append, open_for_append, write_atomic
 from .data import DataError, checked_messages, read_jsonl
