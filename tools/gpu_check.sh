@@ -38,7 +38,7 @@
 #             --mem-fraction-static (lower it to share the GPU)
 #   sampling  T > 0 exactness (needs the flashinfer headers: carry .dev/flashinfer in the install call): base, DFLASH and
 #             LILICORR servers in turn, SAMPLING_N (2000) seeded requests per prompt of tools/sampling_prompts.jsonl at
-#             T = SAMPLING_T (1), 16 new tokens (benchmarks/sampling_exactness.py), then a chi-square test per position
+#             T = SAMPLING_T (1), 16 new tokens (sglang_lilicorr/benchmarks/sampling_exactness.py), then a chi-square test per position
 #             of the target's probability integral transform (sampling_exactness check), with each server's
 #             verification line and tau at T = 1 through the DFLASH and LILICORR servers on the eval prompts for seeds
 #             SAMPLING_TAU_SEEDS ("0 1 2"; empty: none; all 200 prompts, ~5 min a system, or a seeded SAMPLING_TAU_LIMIT of them) -> $OUT/sampling_summary.json
