@@ -196,14 +196,16 @@ def test_proposal_on_cuda_matches_cpu_and_replays_in_a_cuda_graph():
 
 
 def test_warm_runs_every_batch_size_and_eager_batches_keep_their_proposal(monkeypatch):
-    """warm: the proposal once at every batch size up to the buffers' rows (no graphs on the CPU); propose_eager then
-    proposes exactly what propose does for the staged anchors."""
+    """warm: with no capture (the CPU), the proposal once at every batch size above the draft graphs, up to the buffers'
+    rows (every size where there are no draft graphs); propose_eager then proposes exactly what propose does for the
+    staged anchors."""
     proposer, head, lm, embed = make_proposer(max_rows=5)
     seen = []
     direct = proposer.propose
     monkeypatch.setattr(proposer, "propose", lambda h, a: seen.append(h.shape[0]) or direct(h, a))
-    proposer.warm(graph_batch_sizes=[1, 2], capture=True)
-    assert seen == [1, 2, 3, 4, 5] and proposer.eager_graphs == {} and proposer.eager_in.shape == (5, proposer.slots, HIDDEN)
+    assert proposer.warm(graph_batch_sizes=[1, 2], capture=True) == [3, 4, 5] and seen == [3, 4, 5]
+    assert proposer.eager_graphs == {} and proposer.eager_in.shape == (5, proposer.slots, HIDDEN)
+    assert proposer.warm(graph_batch_sizes=[], capture=False) == [1, 2, 3, 4, 5]
     g = torch.Generator().manual_seed(6)
     pass_hidden = torch.randn(3, proposer.slots, HIDDEN, generator=g)
     anchors = torch.randn(3, HIDDEN, generator=g)

@@ -15,8 +15,8 @@ every rank: the same inputs on every rank, so the same draft.
 
 A batch larger than SGLang's largest draft graph runs the draft pass eagerly, and the proposal after it
 (`propose_eager`) replays a CUDA graph of its own, captured at start-up for buckets of EAGER_BUCKET requests up to
-the request pool (`warm`); before that, `warm` runs the proposal once at every batch size a server can meet, so no
-kernel is compiled while a request waits.
+the request pool (`warm`), or, where it cannot capture, runs the proposal that `warm` ran once at start-up at each
+such batch size: no kernel is compiled while a request waits.
 
 The anchor is the drafter-projected target state (fc + hidden_norm) at the last verified token of
 each request. It is kept per request-pool slot (`anchor_table`), published after every prefill
@@ -140,27 +140,32 @@ class LiLiCorrProposer:
         self.eager_graphs[bucket].replay()
         return self.out[: b * self.slots].view(b, self.slots)
 
-    def warm(self, *, graph_batch_sizes: list[int], capture: bool) -> None:
-        """Before serving (after the draft graphs): the proposal once at every batch size up to the buffers' rows, so
-        every kernel a batch can need is built now; with `capture` (CUDA, whole vocabulary on this rank), CUDA graphs of
-        the proposal for the batches above the largest draft graph, every EAGER_BUCKET requests and at the last row."""
+    def warm(self, *, graph_batch_sizes: list[int], capture: bool) -> list[int]:
+        """Before serving (after the draft graphs), for the batches no draft graph covers (above the largest, or every
+        batch where there are none): with `capture` (CUDA, whole vocabulary on this rank), CUDA graphs of the proposal
+        every EAGER_BUCKET requests and at the last row; otherwise the proposal at each such batch size. Each size runs
+        once first, so every kernel such a batch needs is built before a request waits. Returns the sizes run."""
         rows, device = self.anchors.shape[0], self.lm_head_weight.device
         with torch.inference_mode(False):
             self.eager_in = torch.zeros((rows, self.slots, self.lm_head_weight.shape[1]), dtype=self.lm_head_weight.dtype,
                                         device=device)
-        for b in range(1, rows + 1):
-            self.propose(self.eager_in[:b], self.anchors[:b])
-        if not (capture and device.type == "cuda" and self.sharded is None):
-            return
         top = max(graph_batch_sizes, default=0)
-        buckets = sorted({*range(top + EAGER_BUCKET, rows, EAGER_BUCKET), rows} - set(range(top + 1)), reverse=True)
-        torch.cuda.synchronize(device)
-        pool = torch.cuda.graph_pool_handle()
-        for b in buckets:  # largest first: the smaller graphs reuse its memory
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.out[: b * self.slots].copy_(self.propose(self.eager_in[:b], self.anchors[:b]).reshape(-1))
-            self.eager_graphs[b] = graph
+        capture = capture and device.type == "cuda" and self.sharded is None
+        if capture:
+            sizes = sorted({*range(top + EAGER_BUCKET, rows, EAGER_BUCKET), rows} - set(range(top + 1)))
+        else:
+            sizes = list(range(top + 1, rows + 1))
+        for b in sizes:
+            self.propose(self.eager_in[:b], self.anchors[:b])
+        if capture and sizes:
+            torch.cuda.synchronize(device)
+            pool = torch.cuda.graph_pool_handle()
+            for b in reversed(sizes):  # largest first: the smaller graphs reuse its memory
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.out[: b * self.slots].copy_(self.propose(self.eager_in[:b], self.anchors[:b]).reshape(-1))
+                self.eager_graphs[b] = graph
+        return sizes
 
     def __call__(self, hidden_states: torch.Tensor, input_ids: torch.Tensor | None = None) -> None:
         """SGLang's draft-sampler protocol: hidden_states [b*B, Hm] of the draft block (slot 0 =

@@ -147,10 +147,10 @@ class LiLiCorrWorker(DFlashWorkerV2):
     def init_cuda_graphs(self) -> None:
         super().init_cuda_graphs()
         graph_bs = [int(b) for b in (get_exec().graph.cuda_graph_config.decode.bs or []) if int(b) > 0]
-        self.proposer.warm(graph_batch_sizes=graph_bs if self._draft_sampler is not None else [],
-                           capture=self._draft_sampler is not None)
-        logger.info("%s: the proposal warmed at batch sizes 1..%d; eager batches replay graphs of %s requests.",
-                    ALGORITHM_NAME, self.proposer.anchors.shape[0], sorted(self.proposer.eager_graphs) or "no")
+        warmed = self.proposer.warm(graph_batch_sizes=graph_bs if self._draft_sampler is not None else [],
+                                    capture=self._draft_sampler is not None)
+        logger.info("%s: the proposal warmed at %s batch sizes above the draft graphs; eager batches replay graphs of %s "
+                    "requests.", ALGORITHM_NAME, len(warmed), sorted(self.proposer.eager_graphs) or "no")
         if self._draft_sampler is None:
             logger.warning(
                 "%s: the draft CUDA graph is disabled (see the DFLASH message above, or "
