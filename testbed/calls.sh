@@ -15,8 +15,8 @@
 #   model    carry .dev/{smolB,bin}: the target (bf16)
 #   speed    carry .dev/ckpt: the shipped drafts as WORK/drafts, then `speed $SPEED_ARGS` on GPU 0. The whole benchmark is
 #            three speed calls back to back (a setting's calls add up; each stops its rounds before the deadline):
-#              SPEED_ARGS="--concurrency 1 4 8"         ~520 s (cold start-up ~220 s, then ~100 s per concurrency)
-#              SPEED_ARGS="--concurrency 16 32"         ~330 s (with the profile pass)
+#              SPEED_ARGS="--concurrency 1 4"           ~520 s (cold start-up ~220 s; c = 1 ~200 s, c = 4 ~90 s)
+#              SPEED_ARGS="--concurrency 8 16 32"       ~430 s (with the profile pass)
 #              SPEED_ARGS="--setting graphs16"          ~250 s (c = 32 on the eager path)
 #            then on the CPU machine `python -m sglang_lilicorr.benchmarks.serve_speed --graphs DIR/graphs32 --eager
 #            DIR/graphs16 --card CARD --commit C --out benchmarks/results/serve-speed/NAME` (benchmarks/README.md)

@@ -47,8 +47,9 @@ def speed_prompts(eval_rows: list[dict]) -> list[dict]:
 
 
 def prompts_for(c: int) -> int:
-    """Prompts per run at concurrency c: a few waves at low c, the whole file from c = 8."""
-    return min(SPEED_PROMPTS, max(8, 4 * c))
+    """Prompts per run at concurrency c: 16 at c <= 4 (request-to-request host jitter is of the order of the effects
+    measured at c = 1), the whole file from c = 8."""
+    return min(SPEED_PROMPTS, max(16, 4 * c))
 
 
 def server_args(base_args: str, system: str, drafts: Path, graphs_to: int) -> tuple[str, ...]:

@@ -150,7 +150,7 @@ def test_speed_order_rotates_and_prompts_are_long_form():
     rows += [{"id": f"mtbench/{i}", "set": "mtbench", "messages": [{"role": "user", "content": f"m{i}"}] * 2} for i in range(81, 161)]
     chosen = speed.speed_prompts(rows)
     assert len(chosen) == speed.SPEED_PROMPTS and chosen[-1]["id"] == "mtbench/88/1"
-    assert [speed.prompts_for(c) for c in (1, 4, 8, 32)] == [8, 16, 32, 32]
+    assert [speed.prompts_for(c) for c in (1, 4, 8, 32)] == [16, 16, 32, 32]
 
 
 def test_sweep_choice_keeps_to_shippable_depths_and_prefers_cheap_ties():
