@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import torch
 
+from ..fast_path.plan import PYTORCH, HeadGeometry, plans_for
 from ..fast_path.select import FastLiLiCorrSelect
 from ..head import LiLiCorrHead
-from ..fast_path.plan import PYTORCH, HeadGeometry, plans_for
 from .vocab_parallel import ShardedCandidates, VocabShard
 
 EAGER_BUCKET = 8  # requests between the eager proposal's graph sizes above the largest draft graph

@@ -21,8 +21,8 @@ What it overrides (all methods of the DFlash worker, no SGLang source touched):
                                     the context projection the append computes (draft model keeps it)
   alloc_memory_pool              -> also checks the req_to_token rows hold the verify-block reservation (kv_rows.py)
   forward_batch_generation       -> records the batch's request slots and stages their anchors
-  init_cuda_graphs               -> warms the proposal at every batch size and captures its eager-batch graphs
-                                    (proposer.warm); warns when the proposal cannot be captured (graphs disabled)
+  init_cuda_graphs               -> warms the proposal for the batches no draft graph covers and captures their
+                                    graphs (proposer.warm); warns when the proposal cannot be captured (graphs disabled)
 """
 from __future__ import annotations
 
@@ -88,6 +88,11 @@ def full_embedding(embed, vocab_size: int) -> torch.Tensor:
     return weight
 
 
+def draft_graph_batch_sizes() -> list[int]:
+    """The batch sizes SGLang captures draft (and decode) CUDA graphs for."""
+    return [int(b) for b in (get_exec().graph.cuda_graph_config.decode.bs or []) if int(b) > 0]
+
+
 class LiLiCorrWorker(DFlashWorkerV2):
     def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
@@ -130,8 +135,7 @@ class LiLiCorrWorker(DFlashWorkerV2):
         check_rows(int(pool.req_to_token.shape[1]), int(self.model_runner.model_config.context_len), int(self.block_size),
                    int(get_alloc_page_size()))
         request_slots = int(pool.req_to_token.shape[0])
-        graph_bs = [int(b) for b in (get_exec().graph.cuda_graph_config.decode.bs or []) if int(b) > 0]
-        self.proposer.allocate(num_request_slots=request_slots, max_rows=max([request_slots, *graph_bs]))
+        self.proposer.allocate(num_request_slots=request_slots, max_rows=max([request_slots, *draft_graph_batch_sizes()]))
 
     # --- CUDA graphs ------------------------------------------------------------------------
 
@@ -140,15 +144,14 @@ class LiLiCorrWorker(DFlashWorkerV2):
         # the returned object runs inside every captured draft forward.
         logger.info(
             "%s: draft pass + top-K/LSE + head + walk captured together in the draft CUDA graph "
-            "(batch sizes %s).", ALGORITHM_NAME, sorted(get_exec().graph.cuda_graph_config.decode.bs or []),
+            "(batch sizes %s).", ALGORITHM_NAME, sorted(draft_graph_batch_sizes()),
         )
         return self.proposer
 
     def init_cuda_graphs(self) -> None:
         super().init_cuda_graphs()
-        graph_bs = [int(b) for b in (get_exec().graph.cuda_graph_config.decode.bs or []) if int(b) > 0]
-        warmed = self.proposer.warm(graph_batch_sizes=graph_bs if self._draft_sampler is not None else [],
-                                    capture=self._draft_sampler is not None)
+        captured = self._draft_sampler is not None
+        warmed = self.proposer.warm(graph_batch_sizes=draft_graph_batch_sizes() if captured else [], capture=captured)
         logger.info("%s: the proposal warmed at %s batch sizes above the draft graphs; eager batches replay graphs of %s "
                     "requests.", ALGORITHM_NAME, len(warmed), sorted(self.proposer.eager_graphs) or "no")
         if self._draft_sampler is None:
