@@ -342,3 +342,68 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ObjectiveInputError, match="rho"):
         margin_hinge(torch.zeros(1, 1, 2), torch.zeros(1, 1, dtype=torch.int64),
                      torch.ones(1, 1, dtype=torch.bool), rho=0.0)
+
+
+# --- parameters off their symmetric defaults (issue 45) -----------------------------------------
+
+def test_paper_defaults():
+    assert ObjectiveWeights() == ObjectiveWeights(beta=7.0, gamma=0.25, lam=1.0, use_margin=False, mu=0.5, rho=2.0)
+    b = batch()
+    assert torch.equal(dflash_block_ce(b["draft_logits"], b["targets"], b["valid"]),
+                       dflash_block_ce(b["draft_logits"], b["targets"], b["valid"], beta=7.0))
+    z, gt, prefix, _ = single_slot([1.0, 2.5, 1.8, -1.0], g=1)
+    assert margin_hinge(z, gt, prefix).item() == pytest.approx(1.3)
+
+
+@pytest.mark.parametrize("gamma,lam,mu,rho,beta", [(0.4, 0.7, 0.3, 1.5, 3.0), (1.3, 0.0, 0.8, 0.4, 11.0),
+                                                   (0.1, 2.0, 0.0, 2.5, 0.5), (0.7, 0.2, 1.0, 3.0, 7.0)])
+def test_total_formulas_off_the_defaults(gamma, lam, mu, rho, beta):
+    """mu away from 0.5 tells (1 - mu) CE from mu CE; every weight reaches the total with its own value."""
+    b = batch(seed=3)
+    out = lilicorr_objective(**b, weights=ObjectiveWeights(gamma=gamma, lam=lam, beta=beta))
+    m = lilicorr_objective(**b, weights=ObjectiveWeights(gamma=gamma, lam=lam, use_margin=True, mu=mu, rho=rho, beta=beta))
+    gt, prefix = oracle_prefix(b["candidate_ids"], b["targets"], b["valid"])
+    z = teacher_forced_scores(b["start"], b["pair"], gt)
+    dflash = dflash_block_ce(b["draft_logits"], b["targets"], b["valid"], beta=beta)
+    ce, dist = reranker_ce(z, gt, prefix), distractor_penalty(z, gt, b["target_log_probs"], prefix)
+    margin = margin_hinge(z, gt, prefix, rho=rho)
+    assert torch.allclose(out.total, dflash + gamma * (ce + lam * dist))
+    assert torch.allclose(m.total, dflash + gamma * ((1 - mu) * ce + lam * dist + mu * margin))
+    assert torch.allclose(m.margin, margin) and torch.equal(m.gt_index, gt) and torch.equal(m.prefix, prefix)
+    assert m.scalars() == pytest.approx({"total": m.total.item(), "dflash": dflash.item(), "ce": ce.item(),
+                                         "dist": dist.item(), "margin": margin.item()})
+
+
+def test_single_slot_values_by_hand():
+    """CE, distractor and hinge of one slot computed by hand, rho off 2 and a log q with a zero-probability
+    candidate (floored at LOG_Q_FLOOR)."""
+    from sglang_lilicorr.losses import LOG_Q_FLOOR
+
+    zr = [0.3, -0.2, 1.1, 0.4]
+    z, gt, prefix, log_q = single_slot(zr, 2, [-2.0, -math.inf, -0.5, -0.1])
+    p = torch.tensor(zr, dtype=F64).softmax(-1)
+    assert reranker_ce(z, gt, prefix).item() == pytest.approx(-math.log(p[2].item()))
+    cost = [1.5, -0.5 - LOG_Q_FLOOR, 0.0, 0.0]  # relu(log q_g - log q_k)
+    assert distractor_penalty(z, gt, log_q, prefix).item() == pytest.approx(sum(pi * c for pi, c in zip(p.tolist(), cost)))
+    assert LOG_Q_FLOOR == -1.0e4
+    assert margin_hinge(z, gt, prefix, rho=1.0).item() == pytest.approx(1.0 - 0.7)
+    assert margin_hinge(z, gt, prefix, rho=0.5).item() == 0.0
+    # a negative ground-truth index (off the prefix) is clamped, never used
+    z2, _, _, _ = single_slot(zr, 0)
+    assert reranker_ce(z2, torch.tensor([[-1]]), torch.zeros(1, 1, dtype=torch.bool)).item() == 0.0
+
+
+@pytest.mark.parametrize("name,bad,good", [("beta", 0.0, 1e-3), ("gamma", -0.1, 0.0), ("lam", -0.1, 0.0),
+                                           ("mu", -0.1, 0.0), ("mu", 1.1, 1.0), ("rho", 0.0, 1e-3),
+                                           ("beta", math.inf, 7.0), ("lam", math.nan, 1.0)])
+def test_each_weight_refusal(name, bad, good):
+    with pytest.raises(ObjectiveInputError, match=f"ObjectiveWeights.{name}="):
+        ObjectiveWeights(**{name: bad})
+    assert getattr(ObjectiveWeights(**{name: good}), name) == good
+
+
+def test_slot_weights_refuse_a_non_positive_beta():
+    for beta in (0.0, -1.0, math.nan):
+        with pytest.raises(ObjectiveInputError, match="beta"):
+            dflash_slot_weights(3, beta)
+    assert dflash_slot_weights(3, 0.5, dtype=F64).tolist() == pytest.approx([1.0, math.exp(-2.0), math.exp(-4.0)])
