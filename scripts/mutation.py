@@ -41,7 +41,7 @@ MODULES: dict[str, list[str]] = {
     "train/export": ["tests/test_export_safety.py"],
     "train/state": ["tests/test_export_safety.py"],
     "serving/verification": ["tests/test_verification.py"],
-    "serving/server_args": ["tests/test_plugin.py"],
+    "serving/server_args": ["tests/test_server_args.py", "tests/test_plugin.py"],
     "serving/kv_rows": ["tests/test_kv_rows.py"],
     "serving/vocab_parallel": ["tests/test_vocab_parallel.py"],
     "reference/check": ["tests/test_reference_check.py", "tests/test_reference.py"],
