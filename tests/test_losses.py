@@ -407,3 +407,40 @@ def test_slot_weights_refuse_a_non_positive_beta():
         with pytest.raises(ObjectiveInputError, match="beta"):
             dflash_slot_weights(3, beta)
     assert dflash_slot_weights(3, 0.5, dtype=F64).tolist() == pytest.approx([1.0, math.exp(-2.0), math.exp(-4.0)])
+
+
+# --- oracle.py: each input refusal, and the edges of coverage and teacher forcing ---------------
+
+def test_expect_refuses_each_way_a_tensor_can_be_wrong():
+    from sglang_lilicorr.oracle import expect
+
+    expect(torch.zeros(2, 3, dtype=torch.int32), "x", (2, None), "int")
+    expect(torch.zeros(2, 3), "x", (None, 3))
+    for bad, shape, kind, match in (
+        ([1, 2], (2,), None, "x: expected a torch.Tensor, got list"),
+        (torch.zeros(2, 3), (2, 3, 1), None, r"x: expected shape \[2, 3, 1\], got \[2, 3\]"),
+        (torch.zeros(2, 3), (None, 4), None, r"x: expected shape \[\*, 4\], got \[2, 3\]"),
+        (torch.zeros(2, 3), (2, 3), "int", "expected a int tensor, got dtype torch.float32"),
+        (torch.zeros(2, dtype=torch.bool), (2,), "int", "expected a int tensor"),
+        (torch.zeros(2, dtype=torch.complex64), (2,), "int", "expected a int tensor"),
+        (torch.zeros(2, dtype=torch.int64), (2,), "bool", "expected a bool tensor"),
+        (torch.zeros(2, dtype=torch.int64), (2,), "float", "expected a float tensor"),
+    ):
+        with pytest.raises(ObjectiveInputError, match=match):
+            expect(bad, "x", shape, kind)
+
+
+def test_coverage_edges_and_teacher_forcing_off_the_prefix():
+    cov = oracle_prefix_coverage(torch.zeros(0, 3, dtype=torch.bool), torch.zeros(0, 3, dtype=torch.bool))
+    assert cov["mean_prefix_len"].item() == 0.0 and cov["supervised_fraction"].item() == 0.0
+    prefix = torch.tensor([[True, False, False], [True, True, False]])
+    cov = oracle_prefix_coverage(prefix, torch.tensor([[True, True, False], [True, True, True]]))
+    assert cov["mean_prefix_len"].item() == 1.5 and cov["supervised_fraction"].item() == pytest.approx(3 / 5)
+    start = torch.arange(6, dtype=torch.float32).view(2, 3)
+    pair = torch.arange(2 * 2 * 3 * 3, dtype=F64).view(2, 2, 3, 3)
+    z = teacher_forced_scores(start, pair, torch.tensor([[2, -1, 1], [0, 1, 2]]))
+    assert z.dtype == F64
+    assert z[0].tolist() == [[0.0, 1.0, 2.0], pair[0, 0, 2].tolist(), pair[0, 1, 0].tolist()]  # -1 reads row 0
+    assert z[1].tolist() == [[3.0, 4.0, 5.0], pair[1, 0, 0].tolist(), pair[1, 1, 1].tolist()]
+    gt, prefix = oracle_prefix(torch.tensor([[[4, 5], [6, 7]]]), torch.tensor([[5, 6]]), torch.tensor([[False, True]]))
+    assert gt.tolist() == [[-1, 0]] and prefix.tolist() == [[False, False]]  # an invalid slot is not covered
