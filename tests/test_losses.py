@@ -444,3 +444,16 @@ def test_coverage_edges_and_teacher_forcing_off_the_prefix():
     assert z[1].tolist() == [[3.0, 4.0, 5.0], pair[1, 0, 0].tolist(), pair[1, 1, 1].tolist()]
     gt, prefix = oracle_prefix(torch.tensor([[[4, 5], [6, 7]]]), torch.tensor([[5, 6]]), torch.tensor([[False, True]]))
     assert gt.tolist() == [[-1, 0]] and prefix.tolist() == [[False, False]]  # an invalid slot is not covered
+
+
+def test_validated_weights_cannot_change_and_padding_ids_need_not_be_tokens():
+    import dataclasses
+
+    w = ObjectiveWeights(mu=0.3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        w.mu = 7.0  # would skip the validation
+    # padding slots may hold any id, even where the vocabulary has a single token (id 0)
+    logits = torch.tensor([[[2.0], [5.0]]], dtype=F64, requires_grad=True)
+    loss = dflash_block_ce(logits, torch.tensor([[0, 123]]), torch.tensor([[True, False]]))
+    loss.backward()
+    assert loss.item() == 0.0 and torch.isfinite(logits.grad).all()
