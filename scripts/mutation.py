@@ -213,6 +213,33 @@ def run_module(module: str, shadow: Path, equivalent: dict, only: set[str] | Non
     }
 
 
+def merge_summary(path: Path, results: dict) -> None:
+    """Merge {module: result} into the summary JSON at `path` (modules not in `results` keep their last run), under
+    an exclusive lock so that two runs may share one file."""
+    import fcntl
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    with open(path.with_name(f".{path.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        summary = json.loads(path.read_text()) if path.exists() else {}
+        summary.setdefault("modules", {})
+        for m, r in results.items():
+            r.setdefault("commit", commit)
+            r.setdefault("run_at", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+            summary["modules"][m] = r
+        summary["tool"] = {"name": TOOL, "version": TOOL_VERSION, "python": sys.version.split()[0]}
+        summary["not_run"] = [m for m in MODULES if m not in summary["modules"]]
+        for m, r in summary["modules"].items():
+            denom = r["generated"] - r["equivalent"]
+            r["score"] = round(r["killed"] / denom, 4) if denom else None
+        done = summary["modules"].values()
+        k = sum(r["killed"] for r in done)
+        d = sum(r["generated"] - r["equivalent"] for r in done)
+        summary["overall_of_run_modules"] = {"killed": k, "generated_minus_equivalent": d,
+                                             "score": round(k / d, 4) if d else None}
+        path.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="scripts/mutation.sh", description=__doc__.split("\n\n")[0])
     p.add_argument("modules", nargs="*", help=f"modules to mutate (default: all): {', '.join(MODULES)}")
@@ -251,21 +278,7 @@ def main(argv=None) -> int:
             print(f"{m}: generated {r['generated']}, killed {r['killed']}, equivalent {r['equivalent']}, "
                   f"surviving {r['surviving']}, score {r['killed'] / denom if denom else 1:.3f}", flush=True)
     if a.summary and not a.only:
-        path = Path(a.summary)
-        summary = json.loads(path.read_text()) if path.exists() else {}
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        summary.setdefault("modules", {})
-        for m, r in results.items():
-            r["commit"] = commit
-            r["run_at"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-            summary["modules"][m] = r
-        summary["tool"] = {"name": TOOL, "version": TOOL_VERSION, "python": sys.version.split()[0]}
-        summary["not_run"] = [m for m in MODULES if m not in summary["modules"]]
-        done = summary["modules"].values()
-        k = sum(r["killed"] for r in done)
-        d = sum(r["generated"] - r["equivalent"] for r in done)
-        summary["overall_of_run_modules"] = {"killed": k, "generated_minus_equivalent": d, "score": round(k / d, 4) if d else None}
-        path.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+        merge_summary(Path(a.summary), results)
     return 0 if all(r["surviving"] == 0 for r in results.values()) else 1
 
 
