@@ -210,3 +210,15 @@ def test_position_pvalues_group_batch_and_skip_short_outputs(monkeypatch):
     g = torch.Generator().manual_seed(0)
     first = real(Bigram(), [0], [[1, 2, 0]] * 4, 0.5, g)
     assert out["3"]["u"][:4] == [row[2] for row in first] and out["1"]["u"][:4] == [row[0] for row in first]
+
+
+def test_pit_pass_runs_without_tf32_and_restores_it():
+    from test_reference_check import Bigram
+
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        sampled_check.pit_values(Bigram(), [0], [[1]], 1.0, torch.Generator())
+        assert Bigram.calls[-1][2] is False and torch.backends.cuda.matmul.allow_tf32 is True
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
