@@ -43,7 +43,7 @@ MODULES: dict[str, list[str]] = {
     "serving/verification": ["tests/test_verification.py"],
     "serving/server_args": ["tests/test_server_args.py", "tests/test_plugin.py"],
     "serving/kv_rows": ["tests/test_kv_rows.py"],
-    "serving/vocab_parallel": ["tests/test_vocab_parallel.py"],
+    "serving/vocab_parallel": ["tests/test_vocab_parallel_served.py", "tests/test_vocab_parallel.py"],
     "reference/check": ["tests/test_reference_check.py", "tests/test_reference.py"],
     "reference/sampled_check": ["tests/test_sampled_check.py"],
     "benchmarks/metrics": ["tests/test_bench_metrics.py"],
@@ -277,8 +277,8 @@ def main(argv=None) -> int:
             denom = r["generated"] - r["equivalent"]
             print(f"{m}: generated {r['generated']}, killed {r['killed']}, equivalent {r['equivalent']}, "
                   f"surviving {r['surviving']}, score {r['killed'] / denom if denom else 1:.3f}", flush=True)
-    if a.summary and not a.only:
-        merge_summary(Path(a.summary), results)
+            if a.summary and not a.only:  # after each module: a run cut short keeps what it finished
+                merge_summary(Path(a.summary), {m: r})
     return 0 if all(r["surviving"] == 0 for r in results.values()) else 1
 
 
