@@ -155,7 +155,8 @@ def test_cli_counts_and_exit_codes(tmp_path, capsys, cli):
     assert check.main(["model", good, near]) == 1
     out = capsys.readouterr().out
     assert f"{near}: {'p' * 59 + 'Q'!r}: FAIL: 2 tokens, 1 not" in out
-    assert f"{near}: 1 greedy responses, 2 tokens, 1 with a token that is not the target's greedy choice beyond 2 bf16" in out
+    assert (f"{near}: 1 greedy responses, 2 tokens, 1 with a token that is not the target's greedy choice beyond 2 bf16 "
+            "ulp, 0 near-tie tokens within it") in out
     assert out.strip().endswith("GREEDY_CHECK FAIL")
     assert check.main(["model", near, "--tol-ulps", "3", "--dtype", "float64"]) == 0
     out = capsys.readouterr().out
@@ -165,10 +166,11 @@ def test_cli_counts_and_exit_codes(tmp_path, capsys, cli):
 
 
 def test_cli_baseline_byte_equality(tmp_path, capsys, cli):
-    served = records(tmp_path, "s.json", [rec("x", [0], [1, 2, 0]), rec("y", [3], [4, 0]), rec("w", [2], [0])])
+    served = records(tmp_path, "s.json", [rec("x", [0], [1, 2, 0]), rec("y", [3], [4, 0]), rec("w", [2], [0]),
+                                          rec("u", [4], [0])])
     base = records(tmp_path, "b.json", [rec("x", [0], [1, 2, 0]), rec("y", [3], [4, 1]), rec("v", [2], [0]),
-                                        rec("w", [2], [0], error="lost")])
+                                        rec("w", [2], [0], error="lost"), rec("u", [4], [0])])
     assert check.main(["model", served, "--baseline", base]) == 0
-    assert "; byte-equal with the baseline on 1/2" in capsys.readouterr().out
+    assert "; byte-equal with the baseline on 2/3" in capsys.readouterr().out
     assert check.main(["model", served]) == 0
     assert "byte-equal" not in capsys.readouterr().out
