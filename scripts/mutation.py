@@ -240,12 +240,56 @@ def merge_summary(path: Path, results: dict) -> None:
         path.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
 
 
+def recheck(path: Path, modules: list[str], equivalent: dict) -> int:
+    """Rerun the surviving mutants of `modules` that the summary at `path` lists; update it."""
+    summary = json.loads(path.read_text())
+    left = 0
+    with tempfile.TemporaryDirectory(prefix="lilicorr-mutation-") as tmp:
+        shadow = make_shadow(Path(tmp))
+        for m in modules:
+            old = summary["modules"][m]
+            equiv = equivalent.get(m, {})
+            now_equiv = [i for i in old["surviving_mutants"] if i in equiv]
+            ids = [i for i in old["surviving_mutants"] if i not in equiv]
+            r = run_module(m, shadow, equivalent, set(ids), lambda s: print(s, flush=True)) if ids else None
+            still = r["surviving_mutants"] if r else []
+            new = dict(old, surviving_mutants=still, surviving=len(still),
+                       killed=old["killed"] + len(ids) - len(still),
+                       equivalent=old["equivalent"] + len(now_equiv),
+                       equivalent_mutants=old["equivalent_mutants"] + [{"id": i, "reason": equiv[i]} for i in now_equiv])
+            new.setdefault("rechecks", []).append({
+                "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip(),
+                "rerun": ids, "now_equivalent": now_equiv, "still_surviving": still})
+            print(f"{m}: rechecked {len(ids)} survivors, {len(still)} still survive; {len(now_equiv)} now listed equivalent")
+            left += len(still)
+            summary["modules"][m] = new
+            merge_summary(path, {m: new})
+    return 0 if left == 0 else 1
+
+
+def make_shadow(shadow: Path) -> Path:
+    """The shadow tree: a copy of the package, every other top-level entry a link to the working tree; the tests run
+    from it (python -m puts the current folder first on sys.path, so its package is the one imported)."""
+    shutil.copytree(ROOT / PACKAGE, shadow / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
+    for entry in ROOT.iterdir():
+        if entry.name not in (PACKAGE, ".git"):
+            (shadow / entry.name).symlink_to(entry)
+    where = subprocess.run([sys.executable, "-c", f"import {PACKAGE}; print({PACKAGE}.__file__)"], cwd=shadow,
+                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(shadow))).stdout
+    if not where.startswith(str(shadow)):
+        raise SystemExit(f"the shadow package is not the one imported ({where.strip()}): check PYTHONPATH")
+    return shadow
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="scripts/mutation.sh", description=__doc__.split("\n\n")[0])
     p.add_argument("modules", nargs="*", help=f"modules to mutate (default: all): {', '.join(MODULES)}")
     p.add_argument("--list", action="store_true", help="list each module's mutants and exit")
     p.add_argument("--only", nargs="*", help="run only these mutant ids (one module)")
     p.add_argument("--summary", help="merge the results into this JSON file (e.g. tests/mutation/summary.json)")
+    p.add_argument("--recheck", action="store_true",
+                   help="with --summary: rerun only the mutants the summary lists as surviving (after new tests or "
+                        "equivalence entries) and update their counts; the other mutants keep their last verdict")
     a = p.parse_args(argv)
     modules = a.modules or list(MODULES)
     unknown = [m for m in modules if m not in MODULES]
@@ -257,19 +301,11 @@ def main(argv=None) -> int:
                 print(f"{m} {mid}")
         return 0
     equivalent = json.loads(EQUIVALENT.read_text()) if EQUIVALENT.exists() else {}
+    if a.recheck:
+        return recheck(Path(a.summary), modules, equivalent)
     results = {}
     with tempfile.TemporaryDirectory(prefix="lilicorr-mutation-") as tmp:
-        shadow = Path(tmp)
-        # the shadow tree: a copy of the package, every other top-level entry a link to the working tree; the
-        # tests run from it (python -m puts the current folder first on sys.path, so its package is the one imported)
-        shutil.copytree(ROOT / PACKAGE, shadow / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
-        for entry in ROOT.iterdir():
-            if entry.name not in (PACKAGE, ".git"):
-                (shadow / entry.name).symlink_to(entry)
-        where = subprocess.run([sys.executable, "-c", f"import {PACKAGE}; print({PACKAGE}.__file__)"], cwd=shadow,
-                               capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(shadow))).stdout
-        if not where.startswith(str(shadow)):
-            raise SystemExit(f"the shadow package is not the one imported ({where.strip()}): check PYTHONPATH")
+        shadow = make_shadow(Path(tmp))
         for m in modules:
             results[m] = run_module(m, shadow, equivalent, set(a.only) if a.only else None,
                                     lambda s: print(s, flush=True))
