@@ -100,9 +100,19 @@ def test_the_pass_runs_in_the_requested_precision_without_tf32_and_leaves_the_mo
         torch.backends.cuda.matmul.allow_tf32 = saved
 
 
+class Positional(Bigram):
+    """A one-token vocabulary whose logit grows with the position (so positions are told apart)."""
+
+    def forward(self, input_ids, use_cache=True):
+        steps = torch.arange(input_ids.shape[1], dtype=self.table.dtype)
+        return type("Out", (), {"logits": (self.table[input_ids].squeeze(-1) * steps).unsqueeze(-1)})()
+
+
 def test_a_one_token_vocabulary_has_zero_gap():
     r = check_greedy(Bigram([[1.0]]), [0, 0], [0, 0])
     assert r.ok and (r.min_top2_gap, r.min_gap_position) == (0.0, 0)
+    r = check_greedy(Positional([[3.0]]), [0, 0], [0, 0, 0])
+    assert r.ok and r.not_argmax == [] and (r.num_tokens, r.min_top2_gap, r.min_gap_position) == (3, 0.0, 0)
 
 
 def test_report_properties():
