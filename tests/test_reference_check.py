@@ -28,7 +28,7 @@ class Bigram(nn.Module):
         self.table = nn.Parameter(torch.tensor(table))
 
     def forward(self, input_ids, use_cache=True):
-        Bigram.calls.append((self, self.table.dtype, torch.backends.cuda.matmul.allow_tf32))
+        Bigram.calls.append((self, self.table.dtype, torch.backends.cuda.matmul.allow_tf32, use_cache))
         return type("Out", (), {"logits": self.table[input_ids]})()
 
 
@@ -85,8 +85,8 @@ def test_the_pass_runs_in_the_requested_precision_without_tf32_and_leaves_the_mo
     check_greedy(m, [0], [1])
     assert Bigram.calls[-1][0] is m and Bigram.calls[-1][1] == torch.float32
     check_greedy(m, [0], [1], dtype=torch.float64)
-    who, dtype, tf32 = Bigram.calls[-1]
-    assert who is not m and dtype == torch.float64 and tf32 is False
+    who, dtype, tf32, use_cache = Bigram.calls[-1]
+    assert who is not m and dtype == torch.float64 and tf32 is False and use_cache is False  # one pass: no KV cache
     assert m.table.dtype == torch.float32  # a copy was converted, not the caller's model
     m64 = Bigram().double()
     check_greedy(m64, [0], [1], dtype=torch.float64)
