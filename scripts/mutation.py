@@ -219,7 +219,8 @@ def merge_summary(path: Path, results: dict) -> None:
     import fcntl
 
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    with open(path.with_name(f".{path.name}.lock"), "w") as lock:
+    lock_path = Path(tempfile.gettempdir()) / f"lilicorr-mutation-{abs(hash(str(path.resolve())))}.lock"
+    with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         summary = json.loads(path.read_text()) if path.exists() else {}
         summary.setdefault("modules", {})
