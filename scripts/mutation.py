@@ -17,6 +17,7 @@ import argparse
 import ast
 import copy
 import datetime
+import hashlib
 import json
 import os
 import shutil
@@ -219,7 +220,7 @@ def merge_summary(path: Path, results: dict) -> None:
     import fcntl
 
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    lock_path = Path(tempfile.gettempdir()) / f"lilicorr-mutation-{abs(hash(str(path.resolve())))}.lock"
+    lock_path = Path(tempfile.gettempdir()) / f"lilicorr-mutation-{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]}.lock"
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         summary = json.loads(path.read_text()) if path.exists() else {}
