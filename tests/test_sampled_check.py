@@ -182,6 +182,7 @@ def test_chi_square_values_between_and_at_the_bounds():
     with pytest.raises(ValueError, match="99 values for 20 bins; send at least 100"):
         sampled_check.chi_square_uniform([0.5] * 99)
     assert sampled_check.chi_square_uniform([0.05] * 15, bins=3)["chi2"] == 30.0
+    assert sampled_check.chi_square_uniform([0.1] * 8 + [0.5] * 5 + [0.9] * 4, bins=3)["chi2"] == 1.529  # 26/17, 3 decimals
 
 
 def test_position_pvalues_group_batch_and_skip_short_outputs(monkeypatch):
