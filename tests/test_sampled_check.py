@@ -221,5 +221,6 @@ def test_pit_pass_runs_without_tf32_and_restores_it():
         torch.backends.cuda.matmul.allow_tf32 = True
         sampled_check.pit_values(Bigram(), [0], [[1]], 1.0, torch.Generator())
         assert Bigram.calls[-1][2] is False and torch.backends.cuda.matmul.allow_tf32 is True
+        assert Bigram.calls[-1][3] is False  # one pass over whole outputs: no KV cache
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
