@@ -74,3 +74,15 @@ def test_tensor_parallel_messages():
     assert server_args.tensor_parallel_problems(8, 2, 64, 2) == []  # kv == tp
     assert server_args.tensor_parallel_problems(8, 8, 63, 1) == []
     assert server_args.tensor_parallel_problems(9, 3, 64, 3) == ["intermediate_size=64 is not divisible by 3 (lilicorr train --draft-intermediate-size)"]
+
+
+@pytest.mark.parametrize("prefill, attention, want", [("fa3", "flashinfer", "fa3"), (None, "fa4", "fa4"),
+                                                      ("trtllm_mha", "fa3", "triton"), (None, None, "triton")])
+def test_the_draft_takes_the_prefill_backend_first(prefill, attention, want, monkeypatch):
+    spec = types.SimpleNamespace(head=types.SimpleNamespace(block_size=16))
+    monkeypatch.setattr(server_args, "inspect_draft", lambda path: spec)
+    args = types.SimpleNamespace(speculative_draft_model_path="d", speculative_draft_attention_backend=None,
+                                 prefill_attention_backend=prefill, attention_backend=attention, max_running_requests=None)
+    server_args.resolve_server_args(args)
+    assert (args.speculative_draft_attention_backend, args.speculative_num_draft_tokens, args.max_running_requests) == (want, 16, 48)
+    assert (args.speculative_num_steps, args.speculative_eagle_topk) == (1, 1)
