@@ -186,3 +186,18 @@ def test_stage_table_and_plot(tmp_path):
     bad = {"systems": [{"system": "x", "stages": {"target_verify": 1.0}}]}
     with pytest.raises(stages.StageSchemaError, match="exactly the keys"):
         stages.validate(bad)
+
+
+@pytest.mark.parametrize("n,t", [(2, 12.706), (3, 4.303), (11, 2.228), (12, 2.228), (16, 2.131), (25, 2.086),
+                                 (40, 2.042), (61, 2.000), (200, 2.000)])
+def test_t_interval_on_table_rows_between_them_and_above_the_last(n, t):
+    """Degrees of freedom between rows take the row below and above the last row the last one: the interval is
+    never narrower than the exact t interval (t(0.975, dof) decreases with dof)."""
+    import statistics
+
+    values = [1.0 + 0.37 * ((7 * k) % 5) + 0.01 * k for k in range(n)]
+    got = metrics.mean_ci95(values)
+    mean, std = statistics.fmean(values), statistics.stdev(values)
+    half = t * std / n**0.5
+    assert got == {"n": n, "mean": pytest.approx(mean), "std": pytest.approx(std), "lo": pytest.approx(mean - half),
+                   "hi": pytest.approx(mean + half)}

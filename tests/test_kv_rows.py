@@ -41,3 +41,20 @@ def test_check_rows_names_the_width_and_the_fix():
     kv_rows.check_rows(CONTEXT + 36, CONTEXT, BLOCK, 1)
     with pytest.raises(ServingConfigError, match=r"rows hold 8212 token slots.*reserves up to 8228.*--context-length at most 8176"):
         kv_rows.check_rows(CONTEXT + 20, CONTEXT, BLOCK, 1)
+
+
+@pytest.mark.parametrize("block,page", [(16, 1), (16, 16), (8, 64), (5, 3)])
+def test_headroom_values_and_the_check_boundary_at_page_sizes_above_1(block, page, monkeypatch):
+    need = 4 + 2 * block + page - 1
+    assert kv_rows.needed_headroom(block, page) == need
+    worst = max(allocation_sizing.page_aligned_decode_alloc_lens([request_at(c)], reserve=2 * block, page_size=page)[1][0]
+                for c in range(CONTEXT - 2 * page, CONTEXT + 1))
+    assert worst <= CONTEXT + need  # SGLang's reservation at any committed length up to the context end fits
+    kv_rows.check_rows(CONTEXT + need, CONTEXT, block, page)  # exactly enough
+    with pytest.raises(ServingConfigError, match=f"rows hold {CONTEXT + need - 1} token slots.*reserves up to {CONTEXT + need}"):
+        kv_rows.check_rows(CONTEXT + need - 1, CONTEXT, block, page)
+    monkeypatch.setattr(kv_cache_configurator, "get_req_to_token_extra_context_len", lambda: 4 + block)
+    monkeypatch.setattr("sglang.srt.runtime_context.get_spec", lambda: types.SimpleNamespace(speculative_num_draft_tokens=block))
+    monkeypatch.setattr(allocation_sizing, "get_alloc_page_size", lambda: page)
+    kv_rows.widen_rows()
+    assert kv_cache_configurator.get_req_to_token_extra_context_len() == need

@@ -342,3 +342,118 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ObjectiveInputError, match="rho"):
         margin_hinge(torch.zeros(1, 1, 2), torch.zeros(1, 1, dtype=torch.int64),
                      torch.ones(1, 1, dtype=torch.bool), rho=0.0)
+
+
+# --- parameters off their symmetric defaults (issue 45) -----------------------------------------
+
+def test_paper_defaults():
+    assert ObjectiveWeights() == ObjectiveWeights(beta=7.0, gamma=0.25, lam=1.0, use_margin=False, mu=0.5, rho=2.0)
+    b = batch()
+    assert torch.equal(dflash_block_ce(b["draft_logits"], b["targets"], b["valid"]),
+                       dflash_block_ce(b["draft_logits"], b["targets"], b["valid"], beta=7.0))
+    z, gt, prefix, _ = single_slot([1.0, 2.5, 1.8, -1.0], g=1)
+    assert margin_hinge(z, gt, prefix).item() == pytest.approx(1.3)
+
+
+@pytest.mark.parametrize("gamma,lam,mu,rho,beta", [(0.4, 0.7, 0.3, 1.5, 3.0), (1.3, 0.0, 0.8, 0.4, 11.0),
+                                                   (0.1, 2.0, 0.0, 2.5, 0.5), (0.7, 0.2, 1.0, 3.0, 7.0)])
+def test_total_formulas_off_the_defaults(gamma, lam, mu, rho, beta):
+    """mu away from 0.5 tells (1 - mu) CE from mu CE; every weight reaches the total with its own value."""
+    b = batch(seed=3)
+    out = lilicorr_objective(**b, weights=ObjectiveWeights(gamma=gamma, lam=lam, beta=beta))
+    m = lilicorr_objective(**b, weights=ObjectiveWeights(gamma=gamma, lam=lam, use_margin=True, mu=mu, rho=rho, beta=beta))
+    gt, prefix = oracle_prefix(b["candidate_ids"], b["targets"], b["valid"])
+    z = teacher_forced_scores(b["start"], b["pair"], gt)
+    dflash = dflash_block_ce(b["draft_logits"], b["targets"], b["valid"], beta=beta)
+    ce, dist = reranker_ce(z, gt, prefix), distractor_penalty(z, gt, b["target_log_probs"], prefix)
+    margin = margin_hinge(z, gt, prefix, rho=rho)
+    assert torch.allclose(out.total, dflash + gamma * (ce + lam * dist))
+    assert torch.allclose(m.total, dflash + gamma * ((1 - mu) * ce + lam * dist + mu * margin))
+    assert torch.allclose(m.margin, margin) and torch.equal(m.gt_index, gt) and torch.equal(m.prefix, prefix)
+    assert m.scalars() == pytest.approx({"total": m.total.item(), "dflash": dflash.item(), "ce": ce.item(),
+                                         "dist": dist.item(), "margin": margin.item()})
+
+
+def test_single_slot_values_by_hand():
+    """CE, distractor and hinge of one slot computed by hand, rho off 2 and a log q with a zero-probability
+    candidate (floored at LOG_Q_FLOOR)."""
+    from sglang_lilicorr.losses import LOG_Q_FLOOR
+
+    zr = [0.3, -0.2, 1.1, 0.4]
+    z, gt, prefix, log_q = single_slot(zr, 2, [-2.0, -math.inf, -0.5, -0.1])
+    p = torch.tensor(zr, dtype=F64).softmax(-1)
+    assert reranker_ce(z, gt, prefix).item() == pytest.approx(-math.log(p[2].item()))
+    cost = [1.5, -0.5 - LOG_Q_FLOOR, 0.0, 0.0]  # relu(log q_g - log q_k)
+    assert distractor_penalty(z, gt, log_q, prefix).item() == pytest.approx(sum(pi * c for pi, c in zip(p.tolist(), cost)))
+    assert LOG_Q_FLOOR == -1.0e4
+    assert margin_hinge(z, gt, prefix, rho=1.0).item() == pytest.approx(1.0 - 0.7)
+    assert margin_hinge(z, gt, prefix, rho=0.5).item() == 0.0
+    # a negative ground-truth index (off the prefix) is clamped, never used
+    z2, _, _, _ = single_slot(zr, 0)
+    assert reranker_ce(z2, torch.tensor([[-1]]), torch.zeros(1, 1, dtype=torch.bool)).item() == 0.0
+
+
+@pytest.mark.parametrize("name,bad,good", [("beta", 0.0, 1e-3), ("gamma", -0.1, 0.0), ("lam", -0.1, 0.0),
+                                           ("mu", -0.1, 0.0), ("mu", 1.1, 1.0), ("rho", 0.0, 1e-3),
+                                           ("beta", math.inf, 7.0), ("lam", math.nan, 1.0)])
+def test_each_weight_refusal(name, bad, good):
+    with pytest.raises(ObjectiveInputError, match=f"ObjectiveWeights.{name}="):
+        ObjectiveWeights(**{name: bad})
+    assert getattr(ObjectiveWeights(**{name: good}), name) == good
+
+
+def test_slot_weights_refuse_a_non_positive_beta():
+    for beta in (0.0, -1.0, math.nan):
+        with pytest.raises(ObjectiveInputError, match="beta"):
+            dflash_slot_weights(3, beta)
+    assert dflash_slot_weights(3, 0.5, dtype=F64).tolist() == pytest.approx([1.0, math.exp(-2.0), math.exp(-4.0)])
+
+
+# --- oracle.py: each input refusal, and the edges of coverage and teacher forcing ---------------
+
+def test_expect_refuses_each_way_a_tensor_can_be_wrong():
+    from sglang_lilicorr.oracle import expect
+
+    expect(torch.zeros(2, 3, dtype=torch.int32), "x", (2, None), "int")
+    expect(torch.zeros(2, 3), "x", (None, 3))
+    for bad, shape, kind, match in (
+        ([1, 2], (2,), None, "x: expected a torch.Tensor, got list"),
+        (torch.zeros(2, 3), (2, 3, 1), None, r"x: expected shape \[2, 3, 1\], got \[2, 3\]"),
+        (torch.zeros(2, 3), (None, 4), None, r"x: expected shape \[\*, 4\], got \[2, 3\]"),
+        (torch.zeros(2, 3), (2, 3), "int", "expected a int tensor, got dtype torch.float32"),
+        (torch.zeros(2, dtype=torch.bool), (2,), "int", "expected a int tensor"),
+        (torch.zeros(2, dtype=torch.complex64), (2,), "int", "expected a int tensor"),
+        (torch.zeros(2, dtype=torch.int64), (2,), "bool", "expected a bool tensor"),
+        (torch.zeros(2, dtype=torch.int64), (2,), "float", "expected a float tensor"),
+    ):
+        with pytest.raises(ObjectiveInputError, match=match):
+            expect(bad, "x", shape, kind)
+
+
+def test_coverage_edges_and_teacher_forcing_off_the_prefix():
+    cov = oracle_prefix_coverage(torch.zeros(0, 3, dtype=torch.bool), torch.zeros(0, 3, dtype=torch.bool))
+    assert cov["mean_prefix_len"].item() == 0.0 and cov["supervised_fraction"].item() == 0.0
+    prefix = torch.tensor([[True, False, False], [True, True, False]])
+    cov = oracle_prefix_coverage(prefix, torch.tensor([[True, True, False], [True, True, True]]))
+    assert cov["mean_prefix_len"].item() == 1.5 and cov["supervised_fraction"].item() == pytest.approx(3 / 5)
+    start = torch.arange(6, dtype=torch.float32).view(2, 3)
+    pair = torch.arange(2 * 2 * 3 * 3, dtype=F64).view(2, 2, 3, 3)
+    z = teacher_forced_scores(start, pair, torch.tensor([[2, -1, 1], [0, 1, 2]]))
+    assert z.dtype == F64
+    assert z[0].tolist() == [[0.0, 1.0, 2.0], pair[0, 0, 2].tolist(), pair[0, 1, 0].tolist()]  # -1 reads row 0
+    assert z[1].tolist() == [[3.0, 4.0, 5.0], pair[1, 0, 0].tolist(), pair[1, 1, 1].tolist()]
+    gt, prefix = oracle_prefix(torch.tensor([[[4, 5], [6, 7]]]), torch.tensor([[5, 6]]), torch.tensor([[False, True]]))
+    assert gt.tolist() == [[-1, 0]] and prefix.tolist() == [[False, False]]  # an invalid slot is not covered
+
+
+def test_validated_weights_cannot_change_and_padding_ids_need_not_be_tokens():
+    import dataclasses
+
+    w = ObjectiveWeights(mu=0.3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        w.mu = 7.0  # would skip the validation
+    # padding slots may hold any id, even where the vocabulary has a single token (id 0)
+    logits = torch.tensor([[[2.0], [5.0]]], dtype=F64, requires_grad=True)
+    loss = dflash_block_ce(logits, torch.tensor([[0, 123]]), torch.tensor([[True, False]]))
+    loss.backward()
+    assert loss.item() == 0.0 and torch.isfinite(logits.grad).all()

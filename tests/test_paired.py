@@ -78,3 +78,17 @@ def test_a_server_that_is_gone_is_recorded_and_the_others_go_on(tmp_path):
         failures = paired.play_rounds({"a": a.url, "gone": dead}, {1: PROMPTS[1]}, paired.RoundPlan("toy", 4, rounds=1),
                                       tmp_path, log=lambda line: None)
     assert len(failures) == 1 and failures[0].startswith("gone c=1 round 1: ServerError") and len(a.log) == 2 + 2
+
+
+def test_rotation_of_rounds_past_the_systems_and_the_deadline_boundary():
+    assert paired.rotation(["a", "b"], 5) == ["b", "a"] and paired.rotation(["a", "b", "c", "d"], 6) == ["c", "d", "a", "b"]
+    assert paired.rotation(["a"], 3) == ["a"]
+    deadline = paired.Deadline(50.0, clock=lambda: 20.0)
+    assert deadline.left() == 30.0 and deadline.allows(30.0) and not deadline.allows(30.5)
+    assert paired.Deadline(None).left() == float("inf")
+
+
+def test_round_plan_defaults():
+    plan = paired.RoundPlan("toy", 8)
+    assert (plan.rounds, plan.api, plan.ignore_eos, plan.warmup, plan.request_timeout, plan.reserve_s) == (3, "chat", False, 2, 300.0, 0.0)
+    assert paired.run_path("w", 4, 2, "s").as_posix() == "w/runs/c4_r2_s.jsonl"

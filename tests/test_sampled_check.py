@@ -134,3 +134,93 @@ def test_startup_verification_names_the_verifier_not_the_server_args(tmp_path):
         found[name] = sampling_exactness.startup_verification(tmp_path / name)
     assert found["dflash"] == "[t] DFLASH sampling pre-warm: bs=16" and found["fallback"].startswith("[t] DFLASH non-greedy")
     assert found["base"] == sampling_exactness.NO_SPECULATION
+
+
+# --- exact values off T = 1 and at sample sizes off the boundary (issue 45) -----------------------------------
+
+def test_pit_values_by_hand_at_temperatures_off_1():
+    import math
+
+    from test_reference_check import TABLE, Bigram
+
+    outputs = [[1, 3, 4], [2, 0, 1], [4, 4, 0]]
+    for temperature in (0.6, 1.7):
+        g = torch.Generator().manual_seed(7)
+        u = sampled_check.pit_values(Bigram(), [3, 0], outputs, temperature, g)
+        v = torch.rand(3, 3, 1, generator=torch.Generator().manual_seed(7), dtype=torch.float64).squeeze(-1).tolist()
+        for b, out in enumerate(outputs):
+            ctx = [0] + out[:-1]
+            for j, x in enumerate(out):
+                p = torch.softmax(torch.tensor(TABLE[ctx[j]], dtype=torch.float64) / temperature, -1).tolist()
+                assert u[b][j] == pytest.approx(sum(p[:x]) + v[b][j] * p[x], abs=1e-12)
+                assert 0.0 <= u[b][j] <= 1.0
+        assert not math.isclose(u[0][1], sampled_check.pit_values(Bigram(), [3, 0], outputs, 1.0,
+                                                                   torch.Generator().manual_seed(7))[0][1])
+
+
+def test_pit_values_refusals():
+    from test_reference_check import Bigram
+
+    g = torch.Generator()
+    for prompt, outputs in (([], [[1]]), ([0], []), ([0], [[]]), ([0], [[1], [1, 2]])):
+        with pytest.raises(ValueError, match="outputs of one length >= 1"):
+            sampled_check.pit_values(Bigram(), prompt, outputs, 1.0, g)
+    for temperature in (0.0, -0.5):
+        with pytest.raises(ValueError, match="temperature must be > 0"):
+            sampled_check.pit_values(Bigram(), [0], [[1]], temperature, g)
+
+
+def test_chi_square_values_between_and_at_the_bounds():
+    import math
+
+    u = [0.1] * 8 + [0.3] * 4 + [0.6] * 4 + [1.0] * 4  # 20 values, 4 bins: counts 8, 4, 4, 4 (1.0 in the last bin)
+    r = sampled_check.chi_square_uniform(u, bins=4)
+    x = (9 + 1 + 1 + 1) / 5
+    sf3 = math.erfc(math.sqrt(x / 2)) + math.sqrt(2 * x / math.pi) * math.exp(-x / 2)  # chi-square survival, 3 dof
+    assert (r["n"], r["chi2"], r["dof"]) == (20, 2.4, 3) and r["p"] == pytest.approx(sf3, rel=1e-9)
+    assert sampled_check.chi_square_uniform([0.5] * 100)["dof"] == 19  # exactly 5 per bin: enough
+    with pytest.raises(ValueError, match="99 values for 20 bins; send at least 100"):
+        sampled_check.chi_square_uniform([0.5] * 99)
+    assert sampled_check.chi_square_uniform([0.05] * 15, bins=3)["chi2"] == 30.0
+    assert sampled_check.chi_square_uniform([0.1] * 8 + [0.5] * 5 + [0.9] * 4, bins=3)["chi2"] == 1.529  # 26/17, 3 decimals
+
+
+def test_position_pvalues_group_batch_and_skip_short_outputs(monkeypatch):
+    """Positions count from 1; a position past an output's length is skipped; prompts, lengths and temperatures are
+    separate groups; more than BATCH outputs go in several passes."""
+    from test_reference_check import Bigram
+
+    monkeypatch.setattr(sampled_check, "BATCH", 4)
+    seen = []
+    real = sampled_check.pit_values
+
+    def spy(model, prompt, outputs, temperature, generator):
+        seen.append((tuple(prompt), len(outputs), len(outputs[0]), temperature))
+        return real(model, prompt, outputs, temperature, generator)
+
+    monkeypatch.setattr(sampled_check, "pit_values", spy)
+    recs = ([{"input_ids": [0], "output_ids": [1, 2, 0], "temperature": 0.5}] * 6
+            + [{"input_ids": [0], "output_ids": [1], "temperature": 0.5}] * 3
+            + [{"input_ids": [2], "output_ids": [0, 1, 2], "temperature": 0.5}] * 2
+            + [{"input_ids": [0], "output_ids": [1, 2, 0], "temperature": 2}] * 1)
+    monkeypatch.setattr(sampled_check, "chi_square_uniform", lambda u: {"n": len(u), "u": u})
+    out = sampled_check.position_pvalues(Bigram(), recs, positions=[1, 3])
+    assert sorted(seen) == sorted([((0,), 4, 3, 0.5), ((0,), 2, 3, 0.5), ((0,), 3, 1, 0.5), ((2,), 2, 3, 0.5),
+                                   ((0,), 1, 3, 2.0)])
+    assert out["1"]["n"] == 12 and out["3"]["n"] == 9
+    g = torch.Generator().manual_seed(0)
+    first = real(Bigram(), [0], [[1, 2, 0]] * 4, 0.5, g)
+    assert out["3"]["u"][:4] == [row[2] for row in first] and out["1"]["u"][:4] == [row[0] for row in first]
+
+
+def test_pit_pass_runs_without_tf32_and_restores_it():
+    from test_reference_check import Bigram
+
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        sampled_check.pit_values(Bigram(), [0], [[1]], 1.0, torch.Generator())
+        assert Bigram.calls[-1][2] is False and torch.backends.cuda.matmul.allow_tf32 is True
+        assert Bigram.calls[-1][3] is False  # one pass over whole outputs: no KV cache
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved

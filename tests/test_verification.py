@@ -111,3 +111,12 @@ def test_refuse_start_refuses_only_a_server_without_exact_sampling(target, draft
     monkeypatch.setenv(verification.ENV, "strict")
     with pytest.raises(ServingConfigError, match="LILICORR_T_GT_0='strict'"):
         resolve(target, draft=draft)
+
+
+def test_the_decision_cannot_be_changed_after_start_up():
+    """The worker reads one Verification for the server's life: it is frozen."""
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        FALLBACK.policy = "allow-greedy"
+    assert FALLBACK.refuses_sampled

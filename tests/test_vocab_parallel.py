@@ -304,3 +304,4 @@ def test_nccl_ranks_propose_with_the_gpu_kernels(seed, ranks):
         pytest.skip(f"needs {ranks} GPUs")
     mp.spawn(_served_geometry_rank, args=(ranks, free_port(), seed, shard_bounds(32000, ranks), "nccl"), nprocs=ranks,
              join=True)
+

@@ -1,0 +1,88 @@
+"""serving/server_args.py's refusals one at a time, on a plain namespace (no SGLang resolution): every unsupported
+option has its own test, flipped alone from a server the checks accept, and the values at each check's edge pass."""
+import types
+
+import pytest
+
+from sglang_lilicorr.serving import server_args
+from sglang_lilicorr.serving.draft_check import ServingConfigError
+
+
+def accepted(**over):
+    base = dict(device="cuda", enable_dp_attention=False, attn_dp_size=None, pp_size=1, attn_cp_size=1,
+                disaggregation_mode="null", enable_unified_memory=False, enable_mixed_chunk=False,
+                enable_two_batch_overlap=False, speculative_adaptive=False, speculative_use_block_verification=False,
+                speculative_draft_window_size=None, speculative_draft_model_quantization=None, enable_lora=False,
+                lora_paths=None, speculative_accept_threshold_single=1.0, speculative_accept_threshold_acc=1.0,
+                speculative_num_steps=None, speculative_eagle_topk=None, speculative_draft_attention_backend=None)
+    base.update(over)
+    return types.SimpleNamespace(**base)
+
+
+@pytest.mark.parametrize("over", [{}, {"device": "cuda:1"}, {"attn_dp_size": 1}, {"disaggregation_mode": None},
+                                  {"speculative_num_steps": 1, "speculative_eagle_topk": 1}, {"lora_paths": []}])
+def test_a_plain_cuda_server_passes(over):
+    server_args.check_options(accepted(**over))
+
+
+@pytest.mark.parametrize("over, match", [
+    ({"enable_dp_attention": True}, "--attn-dp-size > 1 / --enable-dp-attention"),
+    ({"attn_dp_size": 2}, "--attn-dp-size > 1"),
+    ({"pp_size": 2}, "--pp-size > 1"),
+    ({"attn_cp_size": 2}, "--attn-cp-size > 1"),
+    ({"disaggregation_mode": "decode"}, "--disaggregation-mode is not supported"),
+    ({"enable_unified_memory": True}, "drop --enable-unified-memory"),
+    ({"enable_mixed_chunk": True}, "drop --enable-mixed-chunk"),
+    ({"enable_two_batch_overlap": True}, "drop --enable-two-batch-overlap"),
+    ({"speculative_adaptive": True}, "--speculative-adaptive is not supported"),
+    ({"speculative_use_block_verification": True}, "--speculative-use-block-verification is not supported"),
+    ({"speculative_draft_window_size": 64}, "--speculative-draft-window-size is not supported"),
+    ({"speculative_draft_model_quantization": "fp8"}, "--speculative-draft-model-quantization unquant"),
+    ({"enable_lora": True}, "--enable-lora / --lora-paths"),
+    ({"lora_paths": ["a"]}, "--enable-lora / --lora-paths"),
+    ({"speculative_accept_threshold_single": 0.9}, "--speculative-accept-threshold-single/-acc != 1"),
+    ({"speculative_accept_threshold_acc": 0.5}, "--speculative-accept-threshold-single/-acc != 1"),
+    ({"speculative_num_steps": 2}, "--speculative-num-steps 2 is not supported"),
+    ({"speculative_eagle_topk": 4}, "--speculative-eagle-topk 4 is not supported"),
+    ({"device": "cpu"}, "runs on CUDA GPUs only, got --device 'cpu'"),
+    ({"device": None}, "runs on CUDA GPUs only, got --device None"),
+])
+def test_each_unsupported_option_is_refused_alone(over, match):
+    with pytest.raises(ServingConfigError, match=match.replace("(", r"\(")):
+        server_args.check_options(accepted(**over))
+
+
+@pytest.mark.parametrize("backend", server_args.DRAFT_ATTENTION_BACKENDS + (None,))
+def test_draft_attention_backends(backend):
+    server_args.check_draft_attention_backend(accepted(speculative_draft_attention_backend=backend))
+    with pytest.raises(ServingConfigError, match="trtllm_mha is not supported.*pick one of flashinfer, fa3, fa4, triton"):
+        server_args.check_draft_attention_backend(accepted(speculative_draft_attention_backend="trtllm_mha"))
+
+
+def test_missing_draft_path_is_named():
+    with pytest.raises(ServingConfigError, match="needs --speculative-draft-model-path"):
+        server_args.draft_path(types.SimpleNamespace(speculative_draft_model_path=None))
+    assert server_args.draft_path(types.SimpleNamespace(speculative_draft_model_path="d")) == "d"
+
+
+def test_tensor_parallel_messages():
+    assert server_args.tensor_parallel_problems(6, 6, 102, 4) == [
+        "num_attention_heads=6 is not divisible by 4", "num_key_value_heads=6 neither divides nor is divisible by 4",
+        "intermediate_size=102 is not divisible by 4 (lilicorr train --draft-intermediate-size)"]
+    assert server_args.tensor_parallel_problems(8, 2, 64, 4) == []  # 4 % 2 == 0
+    assert server_args.tensor_parallel_problems(8, 3, 64, 2) == ["num_key_value_heads=3 neither divides nor is divisible by 2"]
+    assert server_args.tensor_parallel_problems(8, 2, 64, 2) == []  # kv == tp
+    assert server_args.tensor_parallel_problems(8, 8, 63, 1) == []
+    assert server_args.tensor_parallel_problems(9, 3, 64, 3) == ["intermediate_size=64 is not divisible by 3 (lilicorr train --draft-intermediate-size)"]
+
+
+@pytest.mark.parametrize("prefill, attention, want", [("fa3", "flashinfer", "fa3"), (None, "fa4", "fa4"),
+                                                      ("trtllm_mha", "fa3", "triton"), (None, None, "triton")])
+def test_the_draft_takes_the_prefill_backend_first(prefill, attention, want, monkeypatch):
+    spec = types.SimpleNamespace(head=types.SimpleNamespace(block_size=16))
+    monkeypatch.setattr(server_args, "inspect_draft", lambda path: spec)
+    args = types.SimpleNamespace(speculative_draft_model_path="d", speculative_draft_attention_backend=None,
+                                 prefill_attention_backend=prefill, attention_backend=attention, max_running_requests=None)
+    server_args.resolve_server_args(args)
+    assert (args.speculative_draft_attention_backend, args.speculative_num_draft_tokens, args.max_running_requests) == (want, 16, 48)
+    assert (args.speculative_num_steps, args.speculative_eagle_topk) == (1, 1)

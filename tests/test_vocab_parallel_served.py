@@ -1,0 +1,65 @@
+"""serving/vocab_parallel.py in one process (no gloo ranks: fast): the served candidates of one rank, the other ranks'
+partials put in by its gather, against the unsharded top-K; each shard and head refusal."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_lilicorr.kernels.topk_shards import shard_partials
+from sglang_lilicorr.serving.vocab_parallel import ShardedCandidates, VocabShard
+
+
+def test_served_candidates_in_one_process_equal_the_unsharded_top_k():
+    """ShardedCandidates of the last of 3 ranks (a start above 0), the other ranks' partials put in by its gather:
+    vals and ids equal the unsharded top-K, lse the full logsumexp; then the buffers are reused for fewer slots."""
+    g = torch.Generator().manual_seed(5)
+    vocab, hm, b, s, k = 37, 16, 2, 3, 5
+    head = torch.randn(vocab, hm, generator=g)
+    bounds = [0, 13, 26, vocab]
+
+    def run(hidden, rank, max_slots=b * s):
+        n = hidden.shape[0] * hidden.shape[1]
+        logits = hidden.reshape(n, hm) @ head.T
+        others = [shard_partials(logits[:, bounds[r]:bounds[r + 1]].contiguous(), k, bounds[r]) for r in range(3)]
+
+        def gather(out, inp):
+            for r in range(3):
+                out[r * n:(r + 1) * n] = inp if r == rank else others[r]
+        lo, hi = bounds[rank], bounds[rank + 1]
+        cands = ShardedCandidates(head[lo:hi].clone(), VocabShard(lo, hi - lo, vocab, 3, gather), k)
+        cands.allocate(max_slots)
+        vals, ids, lse = cands(hidden)
+        top = logits.topk(k, dim=-1)
+        assert torch.equal(ids.reshape(n, k), top.indices)
+        torch.testing.assert_close(vals.reshape(n, k), top.values)
+        torch.testing.assert_close(lse.reshape(n), logits.logsumexp(-1))
+        assert vals.shape == (hidden.shape[0], hidden.shape[1], k) and lse.shape == hidden.shape[:2]
+        return cands
+
+    for rank in (2, 1):
+        run(torch.randn(b, s, hm, generator=g), rank)
+    cands = run(torch.randn(1, s, hm, generator=g), 1)  # fewer slots than allocated
+    with pytest.raises(RuntimeError, match="7 slots, but allocate\\(\\) sized it for 6"):
+        cands(torch.randn(1, 7, hm))
+    fresh = ShardedCandidates(head[:13], VocabShard(0, 13, vocab, 3, None), k)
+    with pytest.raises(RuntimeError, match="1 slots, but allocate\\(\\) sized it for 0"):
+        fresh(torch.randn(1, 1, hm))
+
+
+@pytest.mark.parametrize("start,size,vocab,ranks", [(-1, 5, 10, 2), (0, -1, 10, 2), (6, 5, 10, 2), (0, 10, 10, 0)])
+def test_each_shard_refusal(start, size, vocab, ranks):
+    with pytest.raises(ValueError, match="is not a shard of it"):
+        VocabShard(start, size, vocab, ranks, None)
+
+
+def test_shard_edges_and_head_refusals():
+    VocabShard(0, 0, 10, 1, None)  # an empty shard
+    VocabShard(5, 5, 10, 2, None)  # the last rows, exactly
+    shard = VocabShard(5, 5, 10, 2, None)
+    with pytest.raises(ValueError, match=r"is \(4, 3\), expected \[5, Hm\]"):
+        ShardedCandidates(torch.zeros(4, 3), shard, 3)
+    with pytest.raises(ValueError, match=r"is \(5,\), expected"):
+        ShardedCandidates(torch.zeros(5), shard, 3)
+    with pytest.raises(ValueError, match="K=11 candidates from a 10-token vocabulary"):
+        ShardedCandidates(torch.zeros(5, 3), shard, 11)
+    assert ShardedCandidates(torch.zeros(5, 3), shard, 10).topk == 10
