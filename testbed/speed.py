@@ -125,7 +125,7 @@ def run(args, base_server_args: str) -> int:
     every = prompt_file.load(work / "prompts.jsonl")
     prompts = {c: every[: prompts_for(c)] for c in concurrency}
     # the concurrencies earlier calls of this setting played count too (a setting may take several device calls)
-    played = {int(p.name.split("_")[0][1:]) for p in (work / "runs").glob("c*_r*_*.jsonl")} if (work / "runs").is_dir() else set()
+    played = {int(p.name.split("_")[0][1:]) for p in (work / "runs").glob("c*_r*_*.jsonl")}
     every_c = {c: every[: prompts_for(c)] for c in sorted(played | set(concurrency))}
     deadline = paired.Deadline(float(os.environ["TESTBED_DEADLINE"])) if os.environ.get("TESTBED_DEADLINE") else None
     after_rounds_s = 60.0 + (45.0 if args.profile_steps else 0.0)  # the profile pass, the report, stopping the servers
