@@ -21,6 +21,7 @@ What it overrides (all methods of the DFlash worker, no SGLang source touched):
                                     the context projection the append computes (draft model keeps it)
   alloc_memory_pool              -> also checks the req_to_token rows hold the verify-block reservation (kv_rows.py)
   forward_batch_generation       -> records the batch's request slots and stages their anchors
+  init_attention_backends        -> also picks the target verify's attention kernel (verify_attention.py)
   init_cuda_graphs               -> warms the proposal for the batches no draft graph covers and captures their
                                     graphs (proposer.warm); warns when the proposal cannot be captured (graphs disabled)
 """
@@ -41,6 +42,7 @@ from .models.lilicorr_draft import LiLiCorrDraftModel
 from .proposer import LiLiCorrProposer
 from .server_args import ServingConfigError
 from .verification import Verification, install_request_refusal
+from .verify_attention import configure as configure_verify_attention
 from .vocab_parallel import VocabShard
 
 logger = logging.getLogger(__name__)
@@ -86,6 +88,16 @@ def full_embedding(embed, vocab_size: int) -> torch.Tensor:
     if weight.shape[0] < vocab_size:
         raise ServingConfigError(f"the target's input embedding has {weight.shape[0]} rows for a {vocab_size}-token vocabulary.")
     return weight
+
+
+def target_attention_backends(model_runner) -> list:
+    """The target's attention backends: the runner's, its decode one, and the two a hybrid backend wraps."""
+    found = []
+    for backend in (getattr(model_runner, "attn_backend", None), getattr(model_runner, "decode_attn_backend", None)):
+        for b in (backend, getattr(backend, "prefill_backend", None), getattr(backend, "decode_backend", None)):
+            if b is not None and all(b is not f for f in found):
+                found.append(b)
+    return found
 
 
 def draft_graph_batch_sizes() -> list[int]:
@@ -136,6 +148,12 @@ class LiLiCorrWorker(DFlashWorkerV2):
                    int(get_alloc_page_size()))
         request_slots = int(pool.req_to_token.shape[0])
         self.proposer.allocate(num_request_slots=request_slots, max_rows=max([request_slots, *draft_graph_batch_sizes()]))
+
+    def init_attention_backends(self):
+        super().init_attention_backends()
+        # The target's backends exist now; its verify graphs are captured later (init_cuda_graphs).
+        query_heads = int(self.model_runner.model_config.num_attention_heads) // int(get_parallel().attn_tp_size)
+        logger.info(configure_verify_attention(target_attention_backends(self.model_runner), query_heads))
 
     # --- CUDA graphs ------------------------------------------------------------------------
 

@@ -1,0 +1,135 @@
+"""serving/verify_attention.py: which verify attention a LILICORR target runs, and that SGLang's split-KV verify
+kernel, as the plugin runs it, computes the prefill kernel's attention (both kernels under Triton's interpreter, in a
+subprocess: SGLang's kernel modules must be imported with TRITON_INTERPRET=1 set)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("sglang")
+
+from sglang.srt.layers.attention.triton_backend import TritonAttnBackend  # noqa: E402
+
+from sglang_lilicorr.serving import verify_attention as va  # noqa: E402
+from sglang_lilicorr.serving.draft_check import ServingConfigError  # noqa: E402
+from sglang_lilicorr.serving.worker import target_attention_backends  # noqa: E402
+
+
+def triton_backend(topk: int = 1) -> TritonAttnBackend:
+    backend = object.__new__(TritonAttnBackend)  # the attributes configure reads and writes, no GPU
+    backend.topk, backend.use_verify_splitkv = topk, False
+    return backend
+
+
+def test_the_setting_is_checked_and_defaults_to_auto(monkeypatch):
+    monkeypatch.delenv(va.ENV, raising=False)
+    assert va.choice() == va.AUTO
+    monkeypatch.setenv(va.ENV, "splitkv")
+    with pytest.raises(ServingConfigError, match="LILICORR_VERIFY_ATTENTION='splitkv'.*auto, split-kv, extend"):
+        va.choice()
+
+
+@pytest.mark.parametrize("setting, heads, expected", [
+    ("auto", 9, True), ("auto", 16, True), ("auto", 17, False), ("auto", 32, False),
+    ("split-kv", 32, True), ("extend", 9, False),
+])
+def test_which_targets_get_the_split_kv_kernel(setting, heads, expected):
+    assert va.wanted(setting, heads) is expected
+
+
+def test_configure_switches_only_triton_backends_of_a_chain(monkeypatch):
+    monkeypatch.setattr(va, "zero_scratch", lambda: None)
+    ours, other, tree = triton_backend(), object(), triton_backend(topk=4)
+    line = va.configure([ours, other, tree], 9, va.AUTO)
+    assert ours.use_verify_splitkv and not tree.use_verify_splitkv
+    assert "split-KV verify kernel" in line and "9 query heads" in line
+
+
+def test_configure_leaves_sglangs_kernel_where_not_asked_or_not_triton(monkeypatch):
+    monkeypatch.setattr(va, "zero_scratch", lambda: None)
+    backend = triton_backend()
+    assert "prefill kernel" in va.configure([backend], 32, va.AUTO) and not backend.use_verify_splitkv
+    assert "prefill kernel" in va.configure([backend], 9, va.EXTEND) and not backend.use_verify_splitkv
+    line = va.configure([object()], 9, va.SPLIT_KV)
+    assert "applies to SGLang's Triton backend only" in line and "object" in line
+
+
+def test_target_attention_backends_unwraps_a_hybrid_backend_once():
+    class Hybrid:
+        def __init__(self, prefill, decode):
+            self.prefill_backend, self.decode_backend = prefill, decode
+
+    prefill, decode = object(), object()
+    hybrid = Hybrid(prefill, decode)
+
+    class Runner:
+        attn_backend, decode_attn_backend = hybrid, decode
+
+    assert target_attention_backends(Runner()) == [hybrid, prefill, decode]
+
+
+# Both kernels on one random verify batch (B = 16 queries a request, SmolLM2's 9 / 3 heads of 64), against an fp32
+# reference; the scratch buffers start as NaN (what uninitialized memory may hold), and the split-KV kernel runs as the
+# plugin runs it (`zero_scratch`) or as SGLang allocates it. Prints one JSON line.
+KERNELS = textwrap.dedent("""
+    import json, os, sys
+    os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+    from sglang.kernels.ops.attention import verify_splitkv
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+    if sys.argv[1] == "zeroed":
+        from sglang_lilicorr.serving.verify_attention import zero_scratch
+        zero_scratch()
+    empty = torch.empty
+    torch.empty = lambda *a, **k: empty(*a, **k).fill_(float("nan"))  # uninitialized memory at its worst
+    g = torch.Generator().manual_seed(int(sys.argv[2]))
+    B, hq, hkv, d, prefix = 16, 9, 3, 64, [37, 70]  # prefixes shorter than the kernel's splits
+    pool = sum(prefix) + 8
+    rand = lambda *s: torch.randn(*s, generator=g).half()
+    kbuf, vbuf = rand(pool, hkv, d), rand(pool, hkv, d)
+    q, k, v = rand(2 * B, hq, d), rand(2 * B, hkv, d), rand(2 * B, hkv, d)
+    kv_indptr = torch.tensor([0, prefix[0], sum(prefix)], dtype=torch.int32)
+    kv_indices = torch.randperm(pool, generator=g)[: sum(prefix)]
+    qo_indptr = torch.arange(0, 2 * B + 1, B, dtype=torch.int32)
+    ref = torch.empty(2 * B, hq, d)
+    for b, n in enumerate(prefix):
+        idx = kv_indices[kv_indptr[b]: kv_indptr[b + 1]]
+        keys = torch.cat([kbuf[idx], k[b * B:(b + 1) * B]]).float()
+        values = torch.cat([vbuf[idx], v[b * B:(b + 1) * B]]).float()
+        allowed = torch.ones(B, n + B, dtype=torch.bool)
+        allowed[:, n:] = torch.tril(torch.ones(B, B, dtype=torch.bool))
+        for h in range(hq):
+            s = q[b * B:(b + 1) * B, h].float() @ keys[:, h // 3].T / d ** 0.5
+            ref[b * B:(b + 1) * B, h] = torch.softmax(s.masked_fill(~allowed, float("-inf")), -1) @ values[:, h // 3]
+    out = {}
+    for name in ("extend", "split_kv"):
+        o = torch.zeros_like(q)
+        args = (q, k, v, o, kbuf, vbuf, qo_indptr, kv_indptr, kv_indices, None, True, None, B, 1.0, 1.0)
+        if name == "extend":
+            extend_attention_fwd(*args)
+        else:
+            assert verify_splitkv.verify_splitkv_fwd(*args)
+        out[name] = (o.float() - ref).abs().nan_to_num(nan=float("inf")).max().item()
+    print(json.dumps(out))
+""")
+
+
+def run_kernels(mode: str, seed: int) -> dict:
+    import json
+
+    done = subprocess.run([sys.executable, "-c", KERNELS, mode, str(seed)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_split_kv_verify_equals_the_prefill_kernel_with_zeroed_scratch(seed):
+    errors = run_kernels("zeroed", seed)
+    assert errors["extend"] < 2e-3 and errors["split_kv"] < 2e-3, errors
+
+
+def test_split_kv_verify_without_zeroed_scratch_is_not_finite(seed):
+    """Why zero_scratch exists: SGLang's allocation alone leaves NaN in a request whose prefix leaves a split empty."""
+    assert run_kernels("sglang", seed)["split_kv"] == float("inf")
