@@ -29,7 +29,7 @@ and packs WORK/<phase> into $OUT/scale_<phase>.tar.gz (written whole or not at a
 A phase the deadline leaves no time for is skipped (exit 4: run it in the next call); inside a phase the
 rounds stop before one that would not finish. A phase an earlier call on the same machine measured whole
 is not run again (its bundle is packed again); one cut short resumes its runs (benchmarks/paired.py).
-tools/scale_gpu.sh runs this on the lent GPU machine.
+tools/device/scale_gpu.sh runs this on the lent GPU machine.
 """
 from __future__ import annotations
 

@@ -6,17 +6,17 @@
 #
 # CPU side, once, from the project root:   bash ../shared/device/prepare.sh --smol
 # call 1, carry [".dev/whl", ".dev/pkgs", ".dev/bin", ".dev/manifest.txt", ".dev/smolA"], timeout_s 300:
-#     bash tools/gpu_check.sh install
+#     bash tools/device/gpu_check.sh install
 #   (carry also ".dev/flashinfer", from tools/flashinfer_headers.py, for T > 0 verified by rejection sampling)
 # call 2 (at once), carry [".dev/smolB", ".dev/bin"], timeout_s 600:
-#     bash tools/gpu_check.sh model,lilicorr,check
+#     bash tools/device/gpu_check.sh model,lilicorr,check
 #   (add ",base" after "model" for a no-speculation control server: about 60 s more)
 # T > 0 with the shipped draft, one system per call: install (carry .dev/flashinfer too), then
-#     SAMPLING_SYSTEMS=base bash tools/gpu_check.sh model,sampling          (carry .dev/smolB, .dev/bin; the checkpoints'
+#     SAMPLING_SYSTEMS=base bash tools/device/gpu_check.sh model,sampling          (carry .dev/smolB, .dev/bin; the checkpoints'
 #                                                                             weights moved out, as for every .dev/smol* call)
 # and with checkpoints/ restored, carry [".dev/bin"]:
-#     SAMPLING_SYSTEMS=dflash LILICORR_DRAFT=checkpoints/smollm2-lilicorr bash tools/gpu_check.sh draft,sampling
-#     SAMPLING_SYSTEMS=lilicorr bash tools/gpu_check.sh sampling
+#     SAMPLING_SYSTEMS=dflash LILICORR_DRAFT=checkpoints/smollm2-lilicorr bash tools/device/gpu_check.sh draft,sampling
+#     SAMPLING_SYSTEMS=lilicorr bash tools/device/gpu_check.sh sampling
 #
 # Steps (comma-separated, run in this order):
 #   install   install.sh (bundle, patches, this project -> its sglang.srt.plugins entry point), keep
@@ -56,7 +56,7 @@
 # Exit status: 0 when every step asked for passed; 3 when call 2 lands on a fresh machine (redo both).
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 LILICORR_T_GT_0=${LILICORR_T_GT_0:-allow-greedy}
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 TOOLS=$ROOT/tools
 DEV=$ROOT/.dev
 B=$DEV/bin
@@ -67,7 +67,7 @@ S=$O/summary.txt
 GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
 STEPS=${1:-install}
 mkdir -p "$O" "$W"
-source "$TOOLS/check_lib.sh"
+source "$ROOT/tools/device/check_lib.sh"
 cd /tmp || exit 1  # outside the checkout: the installed package is the one imported
 
 if has install; then

@@ -4,9 +4,9 @@
 #
 # CPU side, once, from the project root:   bash ../shared/device/prepare.sh      (no --smol)
 # calls right after each other, each carrying [".dev/whl", ".dev/pkgs", ".dev/bin", ".dev/manifest.txt"], timeout_s 600:
-#     bash tools/scale_gpu.sh graph          # ~430 s
-#     bash tools/scale_gpu.sh base,eager     # ~440 s
-#     bash tools/scale_gpu.sh tput           # ~420 s: LILICORR and the built-in, 1,024-token outputs
+#     bash tools/device/scale_gpu.sh graph          # ~430 s
+#     bash tools/device/scale_gpu.sh base,eager     # ~440 s
+#     bash tools/device/scale_gpu.sh tput           # ~420 s: LILICORR and the built-in, 1,024-token outputs
 # Each call installs the kit (quick on a warm machine), builds the target config and the drafts (skipped
 # when /tmp/scale holds them), then runs the phases; each phase packs $OUT/scale_<phase>.tar.gz when done.
 # The deadline is the call's start + SCALE_BUDGET_S (570 s): a phase it leaves no time for is skipped
@@ -16,10 +16,10 @@
 # Exit: 0 every phase measured; 1 a failure (the bundle holds the servers' logs); 4 a phase left for later.
 set -u -o pipefail
 DEADLINE=$(( $(date +%s) + ${SCALE_BUDGET_S:-570} ))
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 W=${SCALE_WORK:-/tmp/scale}
 O=${OUT:-/tmp/scale_out}
-PHASES=${1:?usage: bash tools/scale_gpu.sh PHASES (graph, base, eager, tput; comma-separated)}
+PHASES=${1:?usage: bash tools/device/scale_gpu.sh PHASES (graph, base, eager, tput; comma-separated)}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$O" "$W"
 cd "$ROOT" || exit 1

@@ -1,13 +1,13 @@
 #!/bin/bash
 # Has a change moved the served select's bits or its time? On the GPU machine, after the device kit's install:
-#   bash tools/select_check.sh OUT_DIR [GPU]
+#   bash tools/device/select_check.sh OUT_DIR [GPU]
 # select_digest for both heads, compared line by line with the stored reference digests
 # (benchmarks/results/h100_v29/head_bench_v29/digest_*_a195fbb.txt, H100; digests are per card), then head_bench's
 # served variant for both heads (post-logits ms beside SGLang's built-in head). Prints MATCH / DIFF per head and
 # the head_bench rows; exit 1 when a digest differs. GPU picks the card (default 0).
 set -u -o pipefail
-O=${1:?usage: bash tools/select_check.sh OUT_DIR [GPU]}
-R=$(cd "$(dirname "$0")/.." && pwd)
+O=${1:?usage: bash tools/device/select_check.sh OUT_DIR [GPU]}
+R=$(cd "$(dirname "$0")/../.." && pwd)
 SITE=${DEVICE_SITE:-/tmp/site}
 mkdir -p "$O"
 export CUDA_VISIBLE_DEVICES=${2:-0} PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python PYTHONUNBUFFERED=1

@@ -1,8 +1,8 @@
 #!/bin/bash
 # The device calls of a SmolLM2 training session on one host with 2 GPUs (nvidia-h100-x2), back to back on one
-# warm machine (docs/DEVELOPING.md, "Training the SmolLM2 drafts"). Each call: bash testbed/calls.sh CALL.
+# warm machine (docs/DEVELOPING.md, "Training the SmolLM2 drafts"). Each call: bash tools/device/testbed_calls.sh CALL.
 #   install  carry .dev/{whl,pkgs,bin,manifest.txt,smolA}: the device kit, this project, part_a of the GGUF; on an
-#            H100 also tools/select_check.sh (the served select's digests and head_bench against the H100 reference)
+#            H100 also tools/device/select_check.sh (the served select's digests and head_bench against the H100 reference)
 #   data     carry .dev/{smolB,bin}: the target (bf16), the sweep choice of testbed/results/h200x4_2026-11-27,
 #            then `data` for DATA_MINUTES (the set closes at what was generated)
 #   train    carry .dev/ckpt (the shipped drafts' weights): both variants from the shipped drafts (`train --init`),
@@ -10,7 +10,7 @@
 #   measure  `export`; on GPU 0 `speed` (SPEED_ARGS, default "--tau-check --concurrency 8 --rounds 3": tau through the
 #            servers on every set, one paired concurrency);
 #            beside it on GPU 1 `replay` and the served greedy check of the new
-#            LiLiCorr draft (tools/gpu_check.sh lilicorr,check)
+#            LiLiCorr draft (tools/device/gpu_check.sh lilicorr,check)
 # The shipped drafts' served speed (issue 39's benchmark; one GPU, nvidia-h100-x1): `install`, then
 #   model    carry .dev/{smolB,bin}: the target (bf16)
 #   speed    carry .dev/ckpt: the shipped drafts as WORK/drafts, then `speed $SPEED_ARGS` on GPU 0. The whole benchmark is
@@ -30,12 +30,13 @@
 #                 Drafts of an earlier run instead (a fresh machine after `install` and `model`): carry .dev/long holding
 #                 draft_NAME.tar files (as `export` writes them; dflash among them): they are unpacked, nothing trained
 # What comes back: at most 8 files (the device's limit): results.tar.gz holds everything small, large files come in
-# parts of 12 MB (cat PART_* > FILE). Every call sets TESTBED_DEADLINE from CALL_SECONDS (570).
+# parts of 12 MB (cat PART_* > FILE). Every call sets TESTBED_DEADLINE from CALL_SECONDS (570): the testbed's steps read
+# it from the environment (the one setting they take that way), so a step that would not finish exits 4.
 set -u -o pipefail
-CALL=${1:?usage: bash testbed/calls.sh install|data|train|measure|model|speed|long-train|long-measure}
+CALL=${1:?usage: bash tools/device/testbed_calls.sh install|data|train|measure|model|speed|long-train|long-measure}
 case $CALL in install|data|train|measure|model|speed|long-train|long-measure) ;;
   *) echo "unknown call $CALL: install, data, train, measure, model, speed, long-train or long-measure" >&2; exit 2 ;; esac
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 export TESTBED_DEADLINE=$(( $(date +%s) + ${CALL_SECONDS:-570} )) PYTHONUNBUFFERED=1
 RET=${OUT:-/tmp/lilicorr_out}
 export OUT=/tmp/calls/$CALL  # the steps copy into here; pack() moves it into $RET
@@ -66,14 +67,14 @@ install)
   bash "$ROOT/.dev/bin/smol.sh" install 2>&1 | tail -n 8
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   if nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | grep -q H100; then
-    bash "$ROOT/tools/select_check.sh" "$OUT/select" 0 2>&1 | tail -n 8
+    bash "$ROOT/tools/device/select_check.sh" "$OUT/select" 0 2>&1 | tail -n 8
   fi
   ;;
 data)
   bash "$ROOT/.dev/bin/smol.sh" model 2>&1 | tail -n 4
   mkdir -p /tmp/testbed/sweep && cp "$SWEEP/depth.json" "$SWEEP/batch.json" /tmp/testbed/sweep/
   log "data for ${DATA_MINUTES:-4} minutes"
-  bash "$ROOT/testbed/gpu.sh" data --seed "${DATA_SEED:-1}" --minutes "${DATA_MINUTES:-4}" 2>&1 | quiet 30
+  bash "$ROOT/tools/device/testbed.sh" data --seed "${DATA_SEED:-1}" --minutes "${DATA_MINUTES:-4}" 2>&1 | quiet 30
   cp /tmp/testbed/data/logs/*.log "$OUT/" 2>/dev/null
   ;;
 model)
@@ -81,44 +82,44 @@ model)
   ;;
 speed)
   shipped_drafts /tmp/testbed/drafts
-  bash "$ROOT/testbed/gpu.sh" speed ${SPEED_ARGS:-} 2>&1 | quiet 60
+  bash "$ROOT/tools/device/testbed.sh" speed ${SPEED_ARGS:-} 2>&1 | quiet 60
   ;;
 train)
   shipped_drafts /tmp/init
-  bash "$ROOT/testbed/gpu.sh" train lilicorr dflash --minutes "${TRAIN_MINUTES:-7}" --max-minutes "${TRAIN_CAP:-8.3}" \
+  bash "$ROOT/tools/device/testbed.sh" train lilicorr dflash --minutes "${TRAIN_MINUTES:-7}" --max-minutes "${TRAIN_CAP:-8.3}" \
     --evals "${TRAIN_EVALS:-6}" --init /tmp/init 2>&1 | quiet
-  CUDA_VISIBLE_DEVICES=1 TESTBED_SERVER_ARGS=$SHARED_SERVER_ARGS bash "$ROOT/testbed/gpu.sh" evalgen 2>&1 | quiet
-  bash "$ROOT/testbed/gpu.sh" wait --minutes $(( (TESTBED_DEADLINE - $(date +%s) - 40) / 60 )) 2>&1 | tail -n 4
+  CUDA_VISIBLE_DEVICES=1 bash "$ROOT/tools/device/testbed.sh" --server-args "$SHARED_SERVER_ARGS" evalgen 2>&1 | quiet
+  bash "$ROOT/tools/device/testbed.sh" wait --minutes $(( (TESTBED_DEADLINE - $(date +%s) - 40) / 60 )) 2>&1 | tail -n 4
   ;;
 long-train)
   shipped_drafts /tmp/init && rm -rf /tmp/init/margin && cp -r /tmp/init/lilicorr /tmp/init/margin
   mkdir -p /tmp/testbed_long/sweep && cp "$SWEEP/depth.json" "$SWEEP/batch.json" /tmp/testbed_long/sweep/
-  bash "$ROOT/testbed/gpu.sh" --long --work /tmp/testbed_long long-pack --source /tmp/testbed 2>&1 | quiet 4
-  bash "$ROOT/testbed/gpu.sh" --long --work /tmp/testbed_long train lilicorr margin --minutes "${TRAIN_MINUTES:-6}" \
+  bash "$ROOT/tools/device/testbed.sh" --long --work /tmp/testbed_long long-pack --source /tmp/testbed 2>&1 | quiet 4
+  bash "$ROOT/tools/device/testbed.sh" --long --work /tmp/testbed_long train lilicorr margin --minutes "${TRAIN_MINUTES:-6}" \
     --max-minutes "${TRAIN_CAP:-7.5}" --evals "${TRAIN_EVALS:-4}" --init /tmp/init 2>&1 | quiet
-  bash "$ROOT/testbed/gpu.sh" --long --work /tmp/testbed_long wait --minutes $(( (TESTBED_DEADLINE - $(date +%s) - 40) / 60 )) 2>&1 | tail -n 4
+  bash "$ROOT/tools/device/testbed.sh" --long --work /tmp/testbed_long wait --minutes $(( (TESTBED_DEADLINE - $(date +%s) - 40) / 60 )) 2>&1 | tail -n 4
   ;;
 long-measure)
   D=/tmp/testbed_long/drafts && mkdir -p $D
   if compgen -G "$ROOT/.dev/long/draft_*.tar" > /dev/null; then
     for t in "$ROOT"/.dev/long/draft_*.tar; do tar -xf "$t" -C $D || exit 1; done
   else
-    bash "$ROOT/testbed/gpu.sh" --long --work /tmp/testbed_long wait --minutes 2 2>&1 | tail -n 3
-    bash "$ROOT/testbed/gpu.sh" --long --work /tmp/testbed_long export 2>&1 | quiet 6
+    bash "$ROOT/tools/device/testbed.sh" --long --work /tmp/testbed_long wait --minutes 2 2>&1 | tail -n 3
+    bash "$ROOT/tools/device/testbed.sh" --long --work /tmp/testbed_long export 2>&1 | quiet 6
     rm -rf $D/dflash && cp -r /tmp/init/dflash $D/dflash
   fi
   ls $D
-  bash "$ROOT/testbed/gpu.sh" --long --work /tmp/testbed_long long-serve 2>&1 | quiet 45
+  bash "$ROOT/tools/device/testbed.sh" --long --work /tmp/testbed_long long-serve 2>&1 | quiet 45
   ;;
 measure)
-  bash "$ROOT/testbed/gpu.sh" wait --minutes 3 2>&1 | tail -n 3 && bash "$ROOT/testbed/gpu.sh" export 2>&1 | quiet 6
+  bash "$ROOT/tools/device/testbed.sh" wait --minutes 3 2>&1 | tail -n 3 && bash "$ROOT/tools/device/testbed.sh" export 2>&1 | quiet 6
   (
-    bash "$ROOT/testbed/gpu.sh" replay --drafts lilicorr dflash --gpu-ids 1 2>&1 | quiet 40
+    bash "$ROOT/tools/device/testbed.sh" replay --drafts lilicorr dflash --gpu-ids 1 2>&1 | quiet 40
     rm -rf /tmp/smol/lilicorr_draft && cp -r /tmp/testbed/drafts/lilicorr /tmp/smol/lilicorr_draft
-    CUDA_VISIBLE_DEVICES=1 OUT=$OUT/served bash "$ROOT/tools/gpu_check.sh" lilicorr,check 2>&1 | tail -n 12
+    CUDA_VISIBLE_DEVICES=1 OUT=$OUT/served bash "$ROOT/tools/device/gpu_check.sh" lilicorr,check 2>&1 | tail -n 12
   ) > /tmp/calls/side.txt 2>&1 &
   side=$!
-  bash "$ROOT/testbed/gpu.sh" speed ${SPEED_ARGS:---tau-check --concurrency 8 --rounds 3} 2>&1 | quiet 60
+  bash "$ROOT/tools/device/testbed.sh" speed ${SPEED_ARGS:---tau-check --concurrency 8 --rounds 3} 2>&1 | quiet 60
   wait $side
   cat /tmp/calls/side.txt
   ;;

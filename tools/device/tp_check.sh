@@ -5,7 +5,7 @@
 #
 # CPU side, once, from the project root:   bash ../shared/device/prepare.sh
 # The calls (four, back to back on one warm nvidia-h100-x4, steps side by side on disjoint GPUs where they can be)
-# are tools/tp_calls.sh's; a single step runs as `bash tools/tp_check.sh STEPS` on a machine the install step set up.
+# are tools/device/tp_calls.sh's; a single step runs as `bash tools/device/tp_check.sh STEPS` on a machine the install step set up.
 # Steps of one invocation share $S; invocations side by side set TAG (summary_TAG.txt) and CUDA_VISIBLE_DEVICES.
 #
 # Steps (comma-separated, run in this order):
@@ -37,7 +37,7 @@
 #   train_gpuN.jsonl, profile_gpuN/, curves.png.
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false LILICORR_T_GT_0=allow-greedy
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 TOOLS=$ROOT/tools
 B=$ROOT/.dev/bin
 SITE=${DEVICE_SITE:-/tmp/site}
@@ -46,7 +46,7 @@ O=${OUT:-/tmp/tpcheck_out}
 S=$O/summary${TAG:+_$TAG}.txt
 STEPS=${1:-install}
 mkdir -p "$O" "$W/logs"
-source "$TOOLS/check_lib.sh"
+source "$ROOT/tools/device/check_lib.sh"
 cd /tmp || exit 1  # not the checkout: its plain sglang_lilicorr/ would shadow the installed package
 
 if has install; then
