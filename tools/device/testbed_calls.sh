@@ -3,7 +3,7 @@
 # warm machine (docs/DEVELOPING.md, "Training the SmolLM2 drafts"). Each call: bash tools/device/testbed_calls.sh CALL.
 #   install  carry .dev/{whl,pkgs,bin,manifest.txt,smolA}: the device kit, this project, part_a of the GGUF; on an
 #            H100 also tools/device/select_check.sh (the served select's digests and head_bench against the H100 reference)
-#   data     carry .dev/{smolB,bin}: the target (bf16), the sweep choice of testbed/results/h200x4_2026-11-27,
+#   data     carry .dev/{smolB,bin}: the target (bf16), the sweep choice of benchmarks/results/testbed/h200x4_3f0f2a6,
 #            then `data` for DATA_MINUTES (the set closes at what was generated)
 #   train    carry .dev/ckpt (the shipped drafts' weights): both variants from the shipped drafts (`train --init`),
 #            one GPU each, for TRAIN_MINUTES; beside them on GPU 1 the evaluation outputs (`evalgen`); then `wait`
@@ -19,7 +19,7 @@
 #              SPEED_ARGS="--concurrency 8 16 32"       ~430 s (with the profile pass)
 #              SPEED_ARGS="--setting graphs16"          ~250 s (c = 32 on the eager path)
 #            then on the CPU machine `python -m sglang_lilicorr.benchmarks.serve_speed --graphs DIR/graphs32 --eager
-#            DIR/graphs16 --card CARD --commit C --out benchmarks/results/serve-speed/NAME` (benchmarks/README.md)
+#            DIR/graphs16 --card CARD --commit C --out benchmarks/results/serve-speed/CARD_COMMIT` (benchmarks/README.md)
 # The long-input lineage (issue 28; one GPU is enough): `install`, `data`, then
 #   long-train    carry .dev/ckpt: the conversations packed to >= 3,584 tokens in /tmp/testbed_long (long-pack), the
 #                 LiLiCorr draft trained on them from the shipped one in both objectives (lilicorr, margin: variants.LONG,
@@ -41,7 +41,7 @@ export TESTBED_DEADLINE=$(( $(date +%s) + ${CALL_SECONDS:-570} )) PYTHONUNBUFFER
 RET=${OUT:-/tmp/lilicorr_out}
 export OUT=/tmp/calls/$CALL  # the steps copy into here; pack() moves it into $RET
 rm -rf "$OUT" && mkdir -p "$OUT"
-SWEEP=$ROOT/testbed/results/h200x4_2026-11-27
+SWEEP=$ROOT/benchmarks/results/testbed/h200x4_3f0f2a6
 # servers that share a GPU with training: fixed KV pools instead of a share of the memory
 SHARED_SERVER_ARGS="--attention-backend triton --sampling-backend pytorch --grammar-backend none --mem-fraction-static 0.9 \
 --max-total-tokens 131072 --context-length 4096 --cuda-graph-max-bs-decode 256 --cuda-graph-backend-prefill disabled"
