@@ -74,7 +74,7 @@ def cmd_tables(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m testbed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", default="/tmp/testbed", help="work directory (default /tmp/testbed)")
     p.add_argument("--target", default="/tmp/smol/model", help="HF folder of the target")
     p.add_argument("--out", default=os.environ.get("OUT"), help="copy small results here (default $OUT)")
