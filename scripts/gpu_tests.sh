@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The GPU-marked tests (`-m gpu`) on the GPU machine, after the SGLang bundle and this project are
-# installed there (`source .dev/bin/install.sh`, or `bash tools/gpu_check.sh install`).
-# Runs from /tmp so that the installed package is imported, not the checkout's plain sglang_lilicorr/
-# folder (which lacks the kernels the install maps in). Extra arguments go to pytest, e.g. a test file.
+# The GPU-marked tests (`-m gpu`) on a machine with a CUDA GPU, once SGLang and this project are installed there
+# (`pip install -e .`; on this project's lent GPU machine the device kit's `source .dev/bin/install.sh`, tools/device/).
+# Runs from /tmp so that the installed package is the one imported, not the checkout's sglang_lilicorr/ folder.
+# Extra arguments go to pytest, e.g. a test file.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd /tmp

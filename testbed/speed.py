@@ -53,7 +53,7 @@ def prompts_for(c: int) -> int:
 
 
 def server_args(base_args: str, system: str, drafts: Path, graphs_to: int) -> tuple[str, ...]:
-    from common import set_flags, speculation_args
+    from .common import set_flags, speculation_args
 
     args = set_flags(shlex.split(base_args), {"--mem-fraction-static": "0.9", "--cuda-graph-max-bs-decode": str(graphs_to)})
     return (*args, "--max-running-requests", "32", "--max-total-tokens", str(KV_TOKENS), "--sleep-on-idle",
@@ -106,8 +106,8 @@ def bench(*argv: str, cwd: Path) -> int:
 
 
 def run(args, base_server_args: str) -> int:
-    import eval_sets
-    from common import to_out
+    from . import eval_sets
+    from .common import to_out
 
     from sglang_lilicorr.benchmarks import paired, prompt_file, serve_speed
     from sglang_lilicorr.jsonl import save_json

@@ -21,7 +21,7 @@ SCALE = dict(
 # 1.5e-4: the run is ~10^3x shorter than the paper's six epochs over 1.4 M conversations.
 SCHEDULE = dict(max_length=1024, num_anchors=32, lr_drafter=6e-4, lr_head=5e-4, warmup_ratio=0.04, seed=0, log_every=25,
                 keep_checkpoints=2, rope_scaling="default", rope_factor=1.0, rope_original_max_position=0)
-# The long-input lineage (`run.py --long`, long_inputs.py): packed conversations up to 4,096 tokens, the drafter's rope
+# The long-input lineage (`python -m testbed --long`, long_inputs.py): packed conversations up to 4,096 tokens, the drafter's rope
 # stretched by YaRN from 4,096 positions to the target's 8,192.
 LONG = dict(max_length=4096, rope_scaling="yarn", rope_factor=2.0, rope_original_max_position=4096)
 

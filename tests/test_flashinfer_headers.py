@@ -1,5 +1,5 @@
 """tools/flashinfer_headers.py: the include closure of sampling.cuh from a flashinfer-python wheel as a headers-only
-package SGLang's JIT finds (and nothing else of flashinfer), its clear errors, and check_lib.sh installing it."""
+package SGLang's JIT finds (and nothing else of flashinfer), its clear errors, and tools/device/check_lib.sh installing it."""
 from __future__ import annotations
 
 import os
@@ -84,7 +84,7 @@ def test_check_lib_installs_carried_headers(tmp_path):
     flashinfer_headers.main([str(fake_wheel(tmp_path / "w.whl")), "--out", str(dev / "flashinfer")])
     site = tmp_path / "site"
     site.mkdir()
-    script = f"S={tmp_path / 'summary.txt'}; SITE={site}; source {ROOT / 'tools' / 'check_lib.sh'}; install_flashinfer_headers {dev}; " \
+    script = f"S={tmp_path / 'summary.txt'}; SITE={site}; source {ROOT / 'tools' / 'device' / 'check_lib.sh'}; install_flashinfer_headers {dev}; " \
              "echo flag=$SGLANG_IS_FLASHINFER_AVAILABLE"
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60).stdout
     assert "flashinfer headers installed (4 files)" in out and "flag=false" in out

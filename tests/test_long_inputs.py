@@ -1,4 +1,4 @@
-"""The long-input lineage of the testbed (testbed/long_inputs.py, run.py --long): packing conversations, long
+"""The long-input lineage of the testbed (testbed/long_inputs.py, `python -m testbed --long`): packing conversations, long
 prompts cut to a token length, the per-draft and per-length summary, and long-pack / long-serve at toy scale against
 stand-in servers."""
 import json
@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "testbed"))
+sys.path.insert(0, str(ROOT))
 
-import long_inputs  # noqa: E402
-import run as testbed  # noqa: E402
+import testbed.run as testbed  # noqa: E402
 from stub_server import free_port_block  # noqa: E402
 from test_testbed import LAUNCHER  # noqa: E402
 from test_train import make_target, write_conversations  # noqa: E402
+from testbed import common, long_inputs, long_serve  # noqa: E402
 
 from sglang_lilicorr.reference.check import GreedyReport, Mismatch  # noqa: E402
 
@@ -82,7 +82,7 @@ def test_long_pack_and_long_serve_at_toy_scale(tmp_path, monkeypatch):
     assert testbed.main([*base, "--long", "long-pack", "--source", str(first), "--min-tokens", "60"]) == 0
     manifest = json.loads((long / "data" / "manifest.json").read_text())
     assert manifest["counts"]["train.jsonl"]["conversations"] == 30 and 1 <= manifest["counts"]["train.jsonl"]["packed"] < 30
-    assert testbed.scale_and_schedule(testbed.build_parser().parse_args([*base, "--long", "long-pack", "--source", "x"]))["rope_scaling"] == "yarn"
+    assert common.scale_and_schedule(testbed.build_parser().parse_args([*base, "--long", "long-pack", "--source", "x"]))["rope_scaling"] == "yarn"
 
     with pytest.raises(SystemExit, match="no draft for"):
         testbed.main([*base, "--long", "long-serve"])
@@ -93,9 +93,9 @@ def test_long_pack_and_long_serve_at_toy_scale(tmp_path, monkeypatch):
         testbed.main([*base, "--long", "long-serve"])
     launcher = tmp_path / "launcher.py"
     launcher.write_text(LAUNCHER.format(tests=str(ROOT / "tests")))
-    monkeypatch.setenv("TESTBED_SERVER_LAUNCH", f"{sys.executable} {launcher}")
-    monkeypatch.setattr(testbed, "LONG_PORT0", free_port_block(3))
-    assert testbed.main([*base, "--long", "long-serve", "--variants", "lilicorr", "margin", "base", "--lengths", "256", "512",
+    monkeypatch.setattr(long_serve, "LONG_PORT0", free_port_block(3))
+    assert testbed.main([*base, f"--server-launch={sys.executable} {launcher}", "--long", "long-serve",
+                         "--variants", "lilicorr", "margin", "base", "--lengths", "256", "512",
                          "--per-length", "2", "--concurrency", "2"]) == 0
     summary = json.loads((long / "long" / "summary.json").read_text())
     assert set(summary["drafts"]) == {"lilicorr", "margin", "base"} and set(summary["drafts"]["margin"]) == {"256", "512"}

@@ -1,4 +1,4 @@
-"""The testbed pipeline (testbed/run.py) end to end at toy scale on the CPU: a tiny random Llama
+"""The testbed pipeline (`python -m testbed`) end to end at toy scale on the CPU: a tiny random Llama
 target, the data recipe through the transformers engine, the sweep, background training, export,
 evaluation outputs, replay, the paired speed step against stand-in servers, and the tables."""
 import json
@@ -8,12 +8,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "testbed"))
+sys.path.insert(0, str(ROOT))
 
-import run as testbed  # noqa: E402
-import speed  # noqa: E402
-import variants  # noqa: E402
+import testbed.run as testbed  # noqa: E402
 from stub_server import free_port_block  # noqa: E402
+from testbed import report, speed, sweep, train, variants  # noqa: E402
 
 TOY = {"draft_intermediate_size": 64, "block_size": 4, "candidate_topk": 4, "head_hidden_size": 32, "head_layers": 1,
        "head_heads": 4, "factor_dim": 16, "max_length": 128, "num_anchors": 4, "log_every": 2, "mask_token": "<|mask|>"}
@@ -71,15 +70,14 @@ def ports_29500_taken():
 
 def test_pipeline_end_to_end(toy, tmp_path, monkeypatch, ports_29500_taken):
     work, target, evals = toy
-    monkeypatch.setenv("TESTBED_ENGINE", "transformers")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    assert cli(toy, "data", "--magpie", "40", "--package", "6", "--heldout", "3", "--max-new-tokens", "12") == 0
+    assert cli(toy, "--engine", "transformers", "data", "--magpie", "40", "--package", "6", "--heldout", "3", "--max-new-tokens", "12") == 0
     manifest = json.loads((work / "data" / "manifest.json").read_text())
     assert manifest["counts"]["conversations"] >= 6 and (work / "data" / "train.jsonl.tokens.pt").is_file()
 
     monkeypatch.setattr(variants, "SWEEP_ROUNDS", {"depth": [dict(draft_layers=d, batch_size=2) for d in (1, 2)],
                                                    "batch": [dict(batch_size=b) for b in (2, 4)]})
-    monkeypatch.setattr(testbed, "SWEEP_ROUNDS", variants.SWEEP_ROUNDS)
+    monkeypatch.setattr(sweep, "SWEEP_ROUNDS", variants.SWEEP_ROUNDS)
     assert cli(toy, "sweep", "--minutes", "0.03") == 0
     depth = json.loads((work / "sweep" / "depth.json").read_text())
     assert len(depth["results"]) == 2 and all(r["returncode"] == 0 and r["tau"] >= 1 for r in depth["results"])
@@ -95,7 +93,7 @@ def test_pipeline_end_to_end(toy, tmp_path, monkeypatch, ports_29500_taken):
     assert cli(toy, "export") == 0
     assert json.loads((work / "drafts" / "dflash" / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
 
-    assert cli(toy, "evalgen", "--max-new-tokens", "8") == 0
+    assert cli(toy, "--engine", "transformers", "evalgen", "--max-new-tokens", "8") == 0
     outputs = sorted((work / "eval").glob("outputs_*.jsonl"))
     assert [p.name for p in outputs] == ["outputs_T0_s0.jsonl", "outputs_T1_s0.jsonl", "outputs_T1_s1.jsonl", "outputs_T1_s2.jsonl"]
     assert cli(toy, "replay", "--drafts", "lilicorr", "dflash") == 0
@@ -107,9 +105,9 @@ def test_pipeline_end_to_end(toy, tmp_path, monkeypatch, ports_29500_taken):
 
     launcher = tmp_path / "launcher.py"
     launcher.write_text(LAUNCHER.format(tests=str(ROOT / "tests")))
-    monkeypatch.setenv("TESTBED_SERVER_LAUNCH", f"{sys.executable} {launcher}")
+    launch = f"--server-launch={sys.executable} {launcher}"
     monkeypatch.setattr(speed, "PORT0", free_port_block(4))
-    assert cli(toy, "speed", "--concurrency", "1", "2", "--rounds", "2", "--max-tokens", "8") == 0
+    assert cli(toy, launch, "speed", "--concurrency", "1", "2", "--rounds", "2", "--max-tokens", "8") == 0
     runs = work / "speed" / "graphs32"
     rounds = [[json.loads(line) for line in p.read_text().splitlines()] for p in sorted(runs.glob("round*.jsonl"))]
     assert len(rounds) == 2 and all({r["system"] for r in rs} == set(speed.SYSTEMS) for rs in rounds)
@@ -126,7 +124,7 @@ def test_pipeline_end_to_end(toy, tmp_path, monkeypatch, ports_29500_taken):
     profiles = json.loads((runs / "profile" / "summary.json").read_text())
     assert list(profiles) == ["lilicorr", "builtin", "dflash", "base"] and profiles["dflash"]["steps"] == 12
     # a second call of the setting adds its concurrencies to the summary (a setting may take several device calls)
-    assert cli(toy, "speed", "--concurrency", "3", "--rounds", "2", "--max-tokens", "8", "--profile-steps", "0") == 0
+    assert cli(toy, launch, "speed", "--concurrency", "3", "--rounds", "2", "--max-tokens", "8", "--profile-steps", "0") == 0
     doc = json.loads((runs / "speed_summary.json").read_text())
     assert sorted(doc["summary"], key=int) == ["1", "2", "3"] and sorted(doc["idle_cpu_s"]) == ["c=1,2", "c=3"]
     assert "Python frames: lilicorr - builtin" in (runs / "profile" / "profile.md").read_text()
@@ -173,7 +171,7 @@ def test_bad_settings_are_named(toy, tmp_path):
         testbed.main(["--work", str(tmp_path / "empty"), "--target", str(target), "sweep"])
     with pytest.raises(SystemExit, match="no sweep result"):
         cli(fresh, "train", "lilicorr")
-    with pytest.raises(SystemExit, match="testbed/run.py prompts"):
+    with pytest.raises(SystemExit, match="python -m testbed prompts"):
         testbed.eval_sets.read(tmp_path / "missing.jsonl")
 
 
@@ -192,22 +190,21 @@ def test_train_with_init_starts_each_variant_from_its_draft(toy, tmp_path, monke
         pid = 2**22 + 1  # no such process: `train` again would start it anew
 
     devices = []
-    monkeypatch.setattr(testbed, "start", lambda cmd, log, gpus=None: started.append(cmd) or devices.append(gpus) or Proc())
-    monkeypatch.setattr(testbed, "gpus", lambda: 1)  # one GPU, two variants: they share it
+    monkeypatch.setattr(train, "start", lambda cmd, log, gpus=None: started.append(cmd) or devices.append(gpus) or Proc())
+    monkeypatch.setattr(train, "gpus", lambda: 1)  # one GPU, two variants: they share it
     assert cli((work, target, evals), "train", "lilicorr", "dflash", "--minutes", "1", "--init", str(tmp_path / "drafts")) == 0
     plan = json.loads((work / "train_config.json").read_text())
     assert plan["init"] == {n: str(tmp_path / "drafts" / n) for n in ("lilicorr", "dflash")}
     for cmd, name in zip(started, ("lilicorr", "dflash")):
         assert cmd[cmd.index("--init-from") + 1] == str(tmp_path / "drafts" / name)
     assert devices == [[0], [0]]
-    alone = int(testbed.RATE_MARGIN * (60 - 8 * 1.0) * 1000 / 100.0)  # the steps one run alone would take in a minute
-    assert plan["options"]["max_steps"] == int(testbed.RATE_MARGIN * 0.5 * (60 - 8 * 1.0) * 1000 / 100.0) < alone
+    alone = int(train.RATE_MARGIN * (60 - 8 * 1.0) * 1000 / 100.0)  # the steps one run alone would take in a minute
+    assert plan["options"]["max_steps"] == int(train.RATE_MARGIN * 0.5 * (60 - 8 * 1.0) * 1000 / 100.0) < alone
 
 
 def test_tables_continue_the_curves_of_warm_started_runs(tmp_path):
     """`tables --after EARLIER...`: each run's steps follow the last one's; the evaluation-set tau of every run is
     drawn against the steps so far; a folder without metrics is named."""
-    import report
 
     def run_folder(name, steps, tau):
         d = tmp_path / name

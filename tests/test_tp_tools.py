@@ -1,4 +1,4 @@
-"""The multi-GPU check's tools on CPU (tools/tp_check.sh runs them on the GPU machine): tp_models.py writes a target
+"""The multi-GPU check's tools on CPU (tools/device/tp_check.sh runs them on the GPU machine): tp_models.py writes a target
 and drafts that SGLang's resolution serves at TP = 1, 2, 4 and 8 and that `lilicorr train` trains under torchrun; the
 proposal record (LILICORR_PROPOSAL_RECORD) keeps a worker's first blocks; tp_compare.py's reports and verdicts."""
 from __future__ import annotations
@@ -201,7 +201,7 @@ def test_train_report(tmp_path, capsys):
 
 
 def test_serve_lib_starts_awaits_and_stops_a_server(tmp_path):
-    """tools/check_lib.sh (gpu_check.sh, tp_check.sh) against a stand-in `python3 -m sglang.launch_server` that
+    """tools/device/check_lib.sh (gpu_check.sh, tp_check.sh) against a stand-in `python3 -m sglang.launch_server` that
     answers /health: up, then its whole process group stopped; a server that exits at once is reported."""
     fake = tmp_path / "bin" / "python3"
     fake.parent.mkdir()
@@ -218,7 +218,7 @@ http.server.HTTPServer(('127.0.0.1', $port), H).serve_forever()"
     fake.chmod(0o755)
     script = f"""
 S={tmp_path / 'summary.txt'}
-source {TOOLS / 'check_lib.sh'}
+source {TOOLS / 'device' / 'check_lib.sh'}
 start_server fake 29447 {tmp_path / 'fake.log'} --model-path m && echo UP
 stop_server; alive "$SERVER_PID" || echo STOPPED
 start_server broken 29448 {tmp_path / 'broken.log'} --fail || echo REFUSED

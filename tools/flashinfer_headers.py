@@ -10,7 +10,7 @@ data/cutlass/tools/util/include and data/spdlog/include to exist). This writes O
 no Python API, data/include/flashinfer/ with the include closure of sampling.cuh taken from the wheel, the four
 other folders empty, and HEADERS_ONLY (the marker that lets a later run replace it).
 
-On the GPU machine `tools/check_lib.sh` (use_flashinfer_headers) copies it into the kit's site folder and sets
+On the GPU machine `tools/device/check_lib.sh` (use_flashinfer_headers) copies it into the kit's site folder and sets
 SGLANG_IS_FLASHINFER_AVAILABLE=false: SGLang's is_flashinfer_available(), which would pick flashinfer kernels for
 layers and sampling, stays False, while the DFlash verifier finds the headers and the kit's patched renorm, which
 cannot import flashinfer.sampling, takes its torch fallbacks.

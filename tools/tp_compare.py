@@ -1,4 +1,4 @@
-"""Reports of the multi-GPU checks (tools/tp_check.sh):
+"""Reports of the multi-GPU checks (tools/device/tp_check.sh):
 
   python tools/tp_compare.py serve DIR [--tp 1 2 4] [--summary FILE --card CARD --commit COMMIT]
       DIR/tp{N}/proposals_rank{R}.jsonl (LILICORR_PROPOSAL_RECORD) and DIR/{lilicorr,dflash}_tp{N}.json (gpu_client.py):

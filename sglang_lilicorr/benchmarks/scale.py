@@ -16,7 +16,7 @@ work of a block that accepted 6. The stage timer records the setting (`forced_co
 
   python -m sglang_lilicorr.benchmarks.scale build --work W
   python -m sglang_lilicorr.benchmarks.scale run --work W --phases graph --out $OUT --deadline EPOCH
-  python -m sglang_lilicorr.benchmarks.scale_report BUNDLE_OR_DIR ... --out benchmarks/results/scale-qwen3-8b   (CPU)
+  python -m sglang_lilicorr.benchmarks.scale_report BUNDLE_OR_DIR ... --out benchmarks/results/scale-qwen3-8b/CARD_COMMIT   (CPU)
 
 Phases (PHASES); each starts its servers one after another (side by side on GPU 0), measures, stops them
 and packs WORK/<phase> into $OUT/scale_<phase>.tar.gz (written whole or not at all):
@@ -29,7 +29,7 @@ and packs WORK/<phase> into $OUT/scale_<phase>.tar.gz (written whole or not at a
 A phase the deadline leaves no time for is skipped (exit 4: run it in the next call); inside a phase the
 rounds stop before one that would not finish. A phase an earlier call on the same machine measured whole
 is not run again (its bundle is packed again); one cut short resumes its runs (benchmarks/paired.py).
-tools/scale_gpu.sh runs this on the lent GPU machine.
+tools/device/scale_gpu.sh runs this on the lent GPU machine.
 """
 from __future__ import annotations
 

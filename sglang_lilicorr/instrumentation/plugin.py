@@ -3,7 +3,7 @@
 SGLang calls `register()` in every process it starts. It installs the stage timer when LILICORR_STAGE_TIMING names a
 folder (it wraps SGLang's DFlash and plain decode workers as they are built: benchmarks/README.md, "Stage
 decomposition") and the proposal record when LILICORR_PROPOSAL_RECORD does (it wraps LILICORR's worker class:
-tools/tp_check.sh); with neither set it imports nothing and changes nothing. Both are idempotent.
+tools/device/tp_check.sh); with neither set it imports nothing and changes nothing. Both are idempotent.
 """
 from __future__ import annotations
 

@@ -1,0 +1,22 @@
+#!/bin/bash
+# Run a testbed step on the GPU machine after the device kit's install (`.dev/bin/smol.sh install`) and
+# model (`.dev/bin/smol.sh model`) steps on the same warm machine: /tmp/site holds the bundle + this
+# project, /tmp/smol/model the bf16 target. One call of the recipe in docs/DEVELOPING.md:
+#   bash tools/device/testbed.sh data && bash tools/device/testbed.sh sweep && bash tools/device/testbed.sh train lilicorr dflash
+# = `python -m testbed --target /tmp/smol/model STEP ...` with the kit's site first on the path (python -P: the checkout's
+# own sglang_lilicorr/ does not shadow the installed copy; the checkout's root only adds `testbed`).
+# Exit 3: a fresh machine (its install or target is missing: run the kit's two steps first).
+set -u -o pipefail
+SITE=${DEVICE_SITE:-/tmp/site}
+MODEL=/tmp/smol/model
+if [ ! -f "$SITE/.device_manifest" ] || [ ! -f "$MODEL/config.json" ]; then
+  echo "tools/device/testbed.sh: no install in $SITE or no converted target in $MODEL: a fresh machine." >&2
+  echo "tools/device/testbed.sh: run 'bash .dev/bin/smol.sh install' and 'bash .dev/bin/smol.sh model' first (back to back)." >&2
+  exit 3
+fi
+case ":${PYTHONPATH:-}:" in *":$SITE:"*) ;; *) export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" ;; esac
+export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TQDM_MININTERVAL=30 \
+       PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+export PYTHONPATH="$PYTHONPATH:$ROOT"
+exec python3 -P -m testbed --target "$MODEL" "$@"

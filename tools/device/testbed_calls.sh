@@ -1,0 +1,126 @@
+#!/bin/bash
+# The device calls of a SmolLM2 training session on one host with 2 GPUs (nvidia-h100-x2), back to back on one
+# warm machine (docs/DEVELOPING.md, "Training the SmolLM2 drafts"). Each call: bash tools/device/testbed_calls.sh CALL.
+#   install  carry .dev/{whl,pkgs,bin,manifest.txt,smolA}: the device kit, this project, part_a of the GGUF; on an
+#            H100 also tools/device/select_check.sh (the served select's digests and head_bench against the H100 reference)
+#   data     carry .dev/{smolB,bin}: the target (bf16), the sweep choice of benchmarks/results/testbed/h200x4_3f0f2a6,
+#            then `data` for DATA_MINUTES (the set closes at what was generated)
+#   train    carry .dev/ckpt (the shipped drafts' weights): both variants from the shipped drafts (`train --init`),
+#            one GPU each, for TRAIN_MINUTES; beside them on GPU 1 the evaluation outputs (`evalgen`); then `wait`
+#   measure  `export`; on GPU 0 `speed` (SPEED_ARGS, default "--tau-check --concurrency 8 --rounds 3": tau through the
+#            servers on every set, one paired concurrency);
+#            beside it on GPU 1 `replay` and the served greedy check of the new
+#            LiLiCorr draft (tools/device/gpu_check.sh lilicorr,check)
+# The shipped drafts' served speed (issue 39's benchmark; one GPU, nvidia-h100-x1): `install`, then
+#   model    carry .dev/{smolB,bin}: the target (bf16)
+#   speed    carry .dev/ckpt: the shipped drafts as WORK/drafts, then `speed $SPEED_ARGS` on GPU 0. The whole benchmark is
+#            three speed calls back to back (a setting's calls add up; each stops its rounds before the deadline):
+#              SPEED_ARGS="--concurrency 1 4"           ~520 s (cold start-up ~220 s; c = 1 ~200 s, c = 4 ~90 s)
+#              SPEED_ARGS="--concurrency 8 16 32"       ~430 s (with the profile pass)
+#              SPEED_ARGS="--setting graphs16"          ~250 s (c = 32 on the eager path)
+#            then on the CPU machine `python -m sglang_lilicorr.benchmarks.serve_speed --graphs DIR/graphs32 --eager
+#            DIR/graphs16 --card CARD --commit C --out benchmarks/results/serve-speed/CARD_COMMIT` (benchmarks/README.md)
+# The long-input lineage (issue 28; one GPU is enough): `install`, `data`, then
+#   long-train    carry .dev/ckpt: the conversations packed to >= 3,584 tokens in /tmp/testbed_long (long-pack), the
+#                 LiLiCorr draft trained on them from the shipped one in both objectives (lilicorr, margin: variants.LONG,
+#                 max_length 4096, YaRN x2), side by side (sharing the GPU where there is one), TRAIN_MINUTES (6) each
+#   long-measure  `export` (the shipped DFlash draft beside the long drafts), then `long-serve`: each long draft, SGLang's
+#                 DFLASH and no speculation at 1,024 / 4,096 / 7,936 input tokens, tau, tokens/s, failures (errors and
+#                 the fp32 check), every not-argmax token's deficit -> long/summary.json, not_argmax.jsonl, records.jsonl.
+#                 Drafts of an earlier run instead (a fresh machine after `install` and `model`): carry .dev/long holding
+#                 draft_NAME.tar files (as `export` writes them; dflash among them): they are unpacked, nothing trained
+# What comes back: at most 8 files (the device's limit): results.tar.gz holds everything small, large files come in
+# parts of 12 MB (cat PART_* > FILE). Every call sets TESTBED_DEADLINE from CALL_SECONDS (570): the testbed's steps read
+# it from the environment (the one setting they take that way), so a step that would not finish exits 4.
+set -u -o pipefail
+CALL=${1:?usage: bash tools/device/testbed_calls.sh install|data|train|measure|model|speed|long-train|long-measure}
+case $CALL in install|data|train|measure|model|speed|long-train|long-measure) ;;
+  *) echo "unknown call $CALL: install, data, train, measure, model, speed, long-train or long-measure" >&2; exit 2 ;; esac
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+export TESTBED_DEADLINE=$(( $(date +%s) + ${CALL_SECONDS:-570} )) PYTHONUNBUFFERED=1
+RET=${OUT:-/tmp/lilicorr_out}
+export OUT=/tmp/calls/$CALL  # the steps copy into here; pack() moves it into $RET
+rm -rf "$OUT" && mkdir -p "$OUT"
+SWEEP=$ROOT/benchmarks/results/testbed/h200x4_3f0f2a6
+# servers that share a GPU with training: fixed KV pools instead of a share of the memory
+SHARED_SERVER_ARGS="--attention-backend triton --sampling-backend pytorch --grammar-backend none --mem-fraction-static 0.9 \
+--max-total-tokens 131072 --context-length 4096 --cuda-graph-max-bs-decode 256 --cuda-graph-backend-prefill disabled"
+log() { echo "[calls $CALL $(date +%H:%M:%S)] $*"; }
+quiet() { grep -v "it/s\]\|s/it\]\|Loading weights\|Warning" | tail -n "${1:-25}"; }
+
+pack() {  # $OUT -> $RET: files over 15 MB in 12 MB parts, everything else in results.tar.gz
+  mkdir -p "$RET"
+  find "$OUT" -type f -size +15M | while read -r f; do split -b 12000000 -d "$f" "$RET/$(basename "$f").part_" && rm "$f"; done
+  tar -czf "$RET/results.tar.gz" -C "$OUT" . && ls -l "$RET"
+}
+trap pack EXIT
+
+shipped_drafts() {  # the shipped drafts (config from the checkout, weights carried in .dev/ckpt) -> $1/<variant>
+  for v in lilicorr dflash; do
+    mkdir -p "$1/$v" && cp "$ROOT/checkpoints/smollm2-$v/config.json" "$1/$v/" \
+      && cp "$ROOT/.dev/ckpt/$v.safetensors" "$1/$v/model.safetensors" || { log "no .dev/ckpt/$v.safetensors: carry .dev/ckpt"; exit 1; }
+  done
+}
+
+case $CALL in
+install)
+  bash "$ROOT/.dev/bin/smol.sh" install 2>&1 | tail -n 8
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  if nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | grep -q H100; then
+    bash "$ROOT/tools/device/select_check.sh" "$OUT/select" 0 2>&1 | tail -n 8
+  fi
+  ;;
+data)
+  bash "$ROOT/.dev/bin/smol.sh" model 2>&1 | tail -n 4
+  mkdir -p /tmp/testbed/sweep && cp "$SWEEP/depth.json" "$SWEEP/batch.json" /tmp/testbed/sweep/
+  log "data for ${DATA_MINUTES:-4} minutes"
+  bash "$ROOT/tools/device/testbed.sh" data --seed "${DATA_SEED:-1}" --minutes "${DATA_MINUTES:-4}" 2>&1 | quiet 30
+  cp /tmp/testbed/data/logs/*.log "$OUT/" 2>/dev/null
+  ;;
+model)
+  bash "$ROOT/.dev/bin/smol.sh" model 2>&1 | tail -n 4
+  ;;
+speed)
+  shipped_drafts /tmp/testbed/drafts
+  bash "$ROOT/tools/device/testbed.sh" speed ${SPEED_ARGS:-} 2>&1 | quiet 60
+  ;;
+train)
+  shipped_drafts /tmp/init
+  bash "$ROOT/tools/device/testbed.sh" train lilicorr dflash --minutes "${TRAIN_MINUTES:-7}" --max-minutes "${TRAIN_CAP:-8.3}" \
+    --evals "${TRAIN_EVALS:-6}" --init /tmp/init 2>&1 | quiet
+  CUDA_VISIBLE_DEVICES=1 bash "$ROOT/tools/device/testbed.sh" --server-args "$SHARED_SERVER_ARGS" evalgen 2>&1 | quiet
+  bash "$ROOT/tools/device/testbed.sh" wait --minutes $(( (TESTBED_DEADLINE - $(date +%s) - 40) / 60 )) 2>&1 | tail -n 4
+  ;;
+long-train)
+  shipped_drafts /tmp/init && rm -rf /tmp/init/margin && cp -r /tmp/init/lilicorr /tmp/init/margin
+  mkdir -p /tmp/testbed_long/sweep && cp "$SWEEP/depth.json" "$SWEEP/batch.json" /tmp/testbed_long/sweep/
+  bash "$ROOT/tools/device/testbed.sh" --long --work /tmp/testbed_long long-pack --source /tmp/testbed 2>&1 | quiet 4
+  bash "$ROOT/tools/device/testbed.sh" --long --work /tmp/testbed_long train lilicorr margin --minutes "${TRAIN_MINUTES:-6}" \
+    --max-minutes "${TRAIN_CAP:-7.5}" --evals "${TRAIN_EVALS:-4}" --init /tmp/init 2>&1 | quiet
+  bash "$ROOT/tools/device/testbed.sh" --long --work /tmp/testbed_long wait --minutes $(( (TESTBED_DEADLINE - $(date +%s) - 40) / 60 )) 2>&1 | tail -n 4
+  ;;
+long-measure)
+  D=/tmp/testbed_long/drafts && mkdir -p $D
+  if compgen -G "$ROOT/.dev/long/draft_*.tar" > /dev/null; then
+    for t in "$ROOT"/.dev/long/draft_*.tar; do tar -xf "$t" -C $D || exit 1; done
+  else
+    bash "$ROOT/tools/device/testbed.sh" --long --work /tmp/testbed_long wait --minutes 2 2>&1 | tail -n 3
+    bash "$ROOT/tools/device/testbed.sh" --long --work /tmp/testbed_long export 2>&1 | quiet 6
+    rm -rf $D/dflash && cp -r /tmp/init/dflash $D/dflash
+  fi
+  ls $D
+  bash "$ROOT/tools/device/testbed.sh" --long --work /tmp/testbed_long long-serve 2>&1 | quiet 45
+  ;;
+measure)
+  bash "$ROOT/tools/device/testbed.sh" wait --minutes 3 2>&1 | tail -n 3 && bash "$ROOT/tools/device/testbed.sh" export 2>&1 | quiet 6
+  (
+    bash "$ROOT/tools/device/testbed.sh" replay --drafts lilicorr dflash --gpu-ids 1 2>&1 | quiet 40
+    rm -rf /tmp/smol/lilicorr_draft && cp -r /tmp/testbed/drafts/lilicorr /tmp/smol/lilicorr_draft
+    CUDA_VISIBLE_DEVICES=1 OUT=$OUT/served bash "$ROOT/tools/device/gpu_check.sh" lilicorr,check 2>&1 | tail -n 12
+  ) > /tmp/calls/side.txt 2>&1 &
+  side=$!
+  bash "$ROOT/tools/device/testbed.sh" speed ${SPEED_ARGS:---tau-check --concurrency 8 --rounds 3} 2>&1 | quiet 60
+  wait $side
+  cat /tmp/calls/side.txt
+  ;;
+esac
