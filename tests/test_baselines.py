@@ -143,7 +143,7 @@ def test_corrector_objective_terms():
     w = ObjectiveWeights(gamma=0.5)
     plain = corrector_objective(draft, step, targets, valid, w)
     first_skipped = corrector_objective(draft, step, targets, valid, w, corrected_from=1)
-    assert float(first_skipped.ce) < float(plain.ce) and plain.confidence is None
+    assert float(first_skipped.ce.detach()) < float(plain.ce.detach()) and plain.confidence is None
     torch.testing.assert_close(plain.total, plain.dflash + 0.5 * plain.ce)
     conf = torch.zeros(3, 4, requires_grad=True)
     with_conf = corrector_objective(draft, step, targets, valid, w, confidence=conf)
