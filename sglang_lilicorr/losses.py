@@ -8,6 +8,13 @@
   L = L_dflash + gamma * (L_CE + lambda * L_dist)                                  (Eq. 7)
   L = L_dflash + gamma * ((1 - mu) L_CE + lambda * L_dist + mu * L_margin)       (margin variant)
 
+The two baselines' heads (`baselines/`) correct whole-vocabulary step logits instead (`corrector_objective`):
+  L = L_dflash + gamma * (L_step + L_conf)
+  L_step    Eq. 6's decayed block cross-entropy of the corrected step logits, teacher-forced on the ground truth,
+            over the slots the head corrects (Domino: 2..S, slot 1 being the base argmax; DSpark: 1..S)
+  L_conf    DSpark only: binary cross-entropy of the confidence head against "the step's argmax is the ground
+            truth", the acceptance of a slot whose prefix was accepted, mean over valid slots
+
 The three reranker terms average over the oracle-prefix slots |S| of the whole batch
 (see ``oracle.py``); an empty prefix gives exactly 0 with zero (finite) gradient.
 Shapes: N rows (blocks), S drafted slots (B-1), K candidates, V vocabulary.
@@ -148,13 +155,14 @@ class ObjectiveTerms:
     ce: torch.Tensor | None = None
     dist: torch.Tensor | None = None
     margin: torch.Tensor | None = None
+    confidence: torch.Tensor | None = None  # DSpark's confidence BCE
     z: torch.Tensor | None = None  # [N, S, K] teacher-forced node scores
     gt_index: torch.Tensor | None = None  # [N, S]
     prefix: torch.Tensor | None = None  # [N, S] oracle prefix
 
     def scalars(self) -> dict[str, float]:
         """Loss values as floats for logging (terms not computed are left out)."""
-        names = ("total", "dflash", "ce", "dist", "margin")
+        names = ("total", "dflash", "ce", "dist", "margin", "confidence")
         return {k: float(getattr(self, k).detach()) for k in names if getattr(self, k) is not None}
 
 
@@ -197,3 +205,29 @@ def lilicorr_objective(
         total=dflash + weights.gamma * reranker, dflash=dflash, ce=ce, dist=dist, margin=margin,
         z=z, gt_index=gt_index, prefix=prefix,
     )
+
+
+def corrector_objective(
+    draft_logits: torch.Tensor,  # [N, S, V] drafter (base) logits at slots 1..S
+    step_logits: torch.Tensor,  # [N, S, V] the head's corrected logits, teacher-forced
+    targets: torch.Tensor,  # [N, S] ground-truth tokens
+    valid: torch.Tensor,  # [N, S] bool
+    weights: ObjectiveWeights,
+    corrected_from: int = 0,  # first slot index (0-based) the head corrects
+    confidence: torch.Tensor | None = None,  # [N, S] raw confidence logits (DSpark)
+) -> ObjectiveTerms:
+    """L_dflash + gamma * (L_step + L_conf) (module docstring); `ce` holds L_step. The paper gives every system the
+    drafter's own loss beside its head's (Sec. 4, Baselines); L_step takes Eq. 6's decay so a corrected slot weighs
+    what the drafter's does, and gamma (paper: 0.25) the reranker's weight, so one knob sets each head's share."""
+    dflash = dflash_block_ce(draft_logits, targets, valid, weights.beta)
+    head_valid = valid & (torch.arange(valid.shape[1], device=valid.device) >= corrected_from)
+    step = dflash_block_ce(step_logits, targets, head_valid, weights.beta)
+    head = step
+    conf = None
+    if confidence is not None:
+        expect(confidence, "confidence", tuple(targets.shape), "float")
+        accepted = (step_logits.detach().argmax(-1) == targets).to(torch.float32)
+        bce = F.binary_cross_entropy_with_logits(_at_least_fp32(confidence), accepted, reduction="none")
+        conf = torch.where(valid, bce, 0.0).sum() / valid.sum().clamp(min=1)
+        head = step + conf
+    return ObjectiveTerms(total=dflash + weights.gamma * head, dflash=dflash, ce=step, confidence=conf)

@@ -107,3 +107,20 @@ def test_a_run_cuts_only_its_own_torn_line_and_completes_a_whole_one(tmp_path):
     with runner.open_for_append(whole) as out:
         out.write(json.dumps(record("c")) + "\n")
     assert [r["prompt_id"] for r in runner.read_results(whole)] == ["a", "b", "c"]
+
+
+def test_the_baselines_are_columns_beside_the_other_systems(tmp_path, capsys):
+    """Rows of domino and dspark servers (issue 42) are read like any system's: one column each, side by side."""
+    files = []
+    for system, blocks in (("ar", None), ("dflash", 6), ("lilicorr", 4), ("domino", 5), ("dspark", 5), ("builtin", 4)):
+        row = {**record("a", blocks=blocks or 1), "system": system}
+        if blocks is None:
+            del row["turns"][0]["spec_verify_ct"]
+        files.append(tmp_path / f"{system}.jsonl")
+        files[-1].write_bytes(lines(row))
+    code, err = report(capsys, *files, "--baseline", "ar", "--block-ref", "dflash", "--out", tmp_path / "out")
+    assert code == 0, err
+    table = (tmp_path / "out" / "report.md").read_text()
+    header = next(line for line in table.splitlines() if line.startswith("| ") and "domino" in line)
+    assert [header.index(s) for s in ("ar (", "builtin", "dflash", "domino", "dspark", "lilicorr")] == sorted(
+        header.index(s) for s in ("ar (", "builtin", "dflash", "domino", "dspark", "lilicorr"))

@@ -103,3 +103,15 @@ def test_the_static_graph_is_the_runtime_graph():
     graph = import_graph()
     assert graph["sglang_lilicorr.cli_args"] <= {"sglang_lilicorr.errors"}
     assert [name for name, imports in graph.items() if "sglang_lilicorr.cli" in imports] == []
+
+
+def test_baselines_are_core():
+    """The Domino and DSpark heads (baselines/) sit in the core layer: train and reference import them, they import
+    nothing above the core (docs/ARCHITECTURE.md)."""
+    graph = import_graph()
+    above = ("sglang_lilicorr.train", "sglang_lilicorr.drafter", "sglang_lilicorr.reference", "sglang_lilicorr.serving",
+             "sglang_lilicorr.fast_path", "sglang_lilicorr.benchmarks", "sglang_lilicorr.cli")
+    assert "sglang_lilicorr.baselines.dspark" in graph["sglang_lilicorr.baselines"]
+    for name, imports in graph.items():
+        if name.startswith("sglang_lilicorr.baselines"):
+            assert not any(m.startswith(above) for m in imports), (name, imports)

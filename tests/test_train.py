@@ -335,7 +335,7 @@ def test_bad_inputs_are_named(workspace, tmp_path):
     with pytest.raises(TargetMismatchError, match="vocabulary"):
         JointModel(DFlashDrafter(joint.drafter.config.__class__(**{**vars(joint.drafter.config), "vocab_size": 400})), None,
                    FrozenTarget(model, (1, 2, 3)))
-    with pytest.raises(ValueError, match="gamma > 0 needs a LiLiCorr head"):
+    with pytest.raises(ValueError, match="gamma > 0 needs a head"):
         j = JointModel(joint.drafter, None, joint.target)
         _, batch, anchors, valid, weights = build_joint(workspace, "llama")
         run(j, batch, anchors, valid, weights)
@@ -469,17 +469,22 @@ def test_resume_cleans_orphans_falls_back_past_a_corrupt_checkpoint_and_logs_eac
     assert steps == [2, 4, 6]
 
 
-def test_eval_replays_held_out_turns_snapshots_and_times_the_phases(workspace, tmp_path):
+def write_held_out_turns(workspace, path):
+    """Two held-out conversations with the target's ids (as `lilicorr regenerate` writes them): the eval replays them."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(workspace["llama"])
-    held = tmp_path / "held.jsonl"
-    with open(held, "w") as f:
+    with open(path, "w") as f:
         for i, reply in enumerate(["one two three four five six", "the cat sat on a mat and"]):
             messages = [{"role": "user", "content": f"held {i}"}, {"role": "assistant", "content": reply}]
             prompt = tok.apply_chat_template(messages[:1], tokenize=True, return_dict=False, add_generation_prompt=True)
             output = tok.encode(reply, add_special_tokens=False) + [tok.eos_token_id]
             f.write(json.dumps({"id": f"h{i}", "messages": messages, "turns": [{"prompt_ids": prompt, "output_ids": output}]}) + "\n")
+    return path
+
+
+def test_eval_replays_held_out_turns_snapshots_and_times_the_phases(workspace, tmp_path):
+    held = write_held_out_turns(workspace, tmp_path / "held.jsonl")
     out = tmp_path / "run"
     metrics = train(tiny_cfg(workspace, out, eval_data=str(held), max_steps=4, eval_every=2, log_every=3, grad_accum=2, batch_size=1))
     assert metrics["eval/tau_t0/argmax"] >= 1.0 and metrics["eval/tau_t0/lilicorr"] >= 1.0
@@ -523,3 +528,36 @@ def test_training_data_that_overlaps_the_evaluation_prompts_is_refused_by_line(w
     with pytest.raises(DataError, match=r"a user turn equals an evaluation prompt.*train.jsonl:4"):
         train(tiny_cfg(workspace, tmp_path / "run", exclude=str(evaluation)))
     assert not (tmp_path / "run").exists()  # refused before anything loads or is written
+
+
+@pytest.mark.parametrize("head", ["domino", "dspark"])
+def test_baseline_heads_train_from_a_dflash_draft_export_and_resume_only_as_themselves(workspace, tmp_path, head, capsys):
+    """--head domino / dspark: trained jointly from a plain DFlash export (fresh head), the loss terms logged, the
+    free proposal's acceptance measured and replayed; exported as stock SGLang serves it; a resume with another head
+    is refused."""
+    from sglang_lilicorr.train.heads import load_corrector_draft
+
+    train(tiny_cfg(workspace, tmp_path / "dflash", head="none", max_steps=2))
+    init = export_checkpoint(tmp_path / "dflash", tmp_path / "dflash_draft")
+    held = write_held_out_turns(workspace, tmp_path / "held.jsonl")
+    cfg = tiny_cfg(workspace, tmp_path / "run", head=head, corrector_width=16, init_from=str(init), max_steps=2,
+                   markov_head_type="rnn", eval_data=str(held))
+    metrics = train(cfg)
+    assert math.isfinite(metrics["loss/ce"]) and metrics[f"accept_len/{head}"] >= 1.0
+    assert metrics[f"eval/tau_t0/{head}"] >= 1.0 and metrics["eval/tau_t0/argmax"] >= 1.0
+    assert ("loss/confidence" in metrics) == (head == "dspark") and "loss/dist" not in metrics
+    draft = export_checkpoint(tmp_path / "run", tmp_path / "draft")
+    drafter, module = load_corrector_draft(draft)
+    assert module.config.kind == head and drafter.config.block_size == 4
+    torch.testing.assert_close(drafter.fc.weight.float(), load_draft(init)[0].fc.weight.float(), rtol=0.1, atol=0.1)
+    with pytest.raises(IncompatibleCheckpointError, match="the head differs"):
+        train(tiny_cfg(workspace, tmp_path / "run", max_steps=3))
+    export_checkpoint(tmp_path / "run", tmp_path / "draft")  # an earlier export of its kind is replaced
+
+
+def test_head_flags_are_checked(workspace, tmp_path):
+    with pytest.raises(UsageError, match="--head 'medusa'"):
+        tiny_cfg(workspace, tmp_path / "x", head="medusa")
+    with pytest.raises(UsageError, match="--gamma 0.0 .*--head domino"):
+        tiny_cfg(workspace, tmp_path / "x", head="domino", gamma=0.0)
+    assert tiny_cfg(workspace, tmp_path / "x", head="none").head_config(4, 1e-6, 32) is None

@@ -9,6 +9,7 @@ has not run yet, and target features of positions 0..T-1 (T >= every a_n):
   argmax block = logits.argmax(-1)                                            [N, S]
   LiLiCorr     = top-K (topk_lse) -> head(start, pair) -> greedy walk and/or Viterbi
                  -> the chosen candidate of each slot                         [N, S]
+  Domino, DSpark = the head's greedy slot-by-slot correction of the logits (baselines/), named by its kind
 Every block sees exactly what it would see when drafted alone at serving time, so one pass over
 many anchors (the replay, `replay.py`) and one anchor per call (the decoder) draft the same
 blocks. The head's anchor input is the projected context of the token before the anchor
@@ -34,14 +35,14 @@ def walk_draft_name(walk: str) -> str:
 
 
 class BlockProposer:
-    def __init__(self, target: FrozenTarget, drafter: DFlashDrafter, head: LiLiCorrHead | None = None,
+    def __init__(self, target: FrozenTarget, drafter: DFlashDrafter, head: torch.nn.Module | None = None,
                  walks: tuple[str, ...] = ("greedy",)):
         bad = [w for w in walks if w not in WALKS]
         if bad or not walks:
             raise ValueError(f"walk={bad[0] if bad else walks!r}: choose from {sorted(WALKS)}.")
         cfg = drafter.config
         target.check_fits(cfg.hidden_size, cfg.vocab_size)
-        if head is not None and head.config.block_size != cfg.block_size:
+        if isinstance(head, LiLiCorrHead) and head.config.block_size != cfg.block_size:
             raise ValueError(
                 f"LiLiCorr head block_size={head.config.block_size} differs from the drafter's {cfg.block_size}: "
                 "the head must be trained for the drafter's block."
@@ -51,7 +52,9 @@ class BlockProposer:
 
     @property
     def draft_names(self) -> tuple[str, ...]:
-        return ("argmax",) if self.head is None else ("argmax", *map(walk_draft_name, self.walks))
+        if self.head is None:
+            return ("argmax",)
+        return ("argmax", *map(walk_draft_name, self.walks)) if isinstance(self.head, LiLiCorrHead) else ("argmax", self.head.config.kind)
 
     @torch.no_grad()
     def __call__(self, features: torch.Tensor, anchor_token: int) -> dict[str, torch.Tensor]:
@@ -82,7 +85,9 @@ class BlockProposer:
         pass_hidden = hidden.view(n, b, -1)[:, 1:]  # [N, S, Hm]
         logits = self.target.logits(pass_hidden).float()  # [N, S, V]
         drafts = {"argmax": logits.argmax(dim=-1)}
-        if self.head is not None:
+        if self.head is not None and not isinstance(self.head, LiLiCorrHead):  # a Domino or DSpark head
+            drafts[self.head.config.kind] = self.head(pass_hidden, logits, anchor_tokens, self.target.embed).ids
+        elif self.head is not None:
             vals, ids, lse = topk_lse(logits.flatten(0, 1), self.head.config.candidate_topk)  # [N*S, K], [N*S]
             cand_lp = (vals - lse[:, None]).view(n, -1, vals.shape[-1])  # log-softmax of the K candidates, descending
             ids = ids.view(n, -1, ids.shape[-1])  # [N, S, K]

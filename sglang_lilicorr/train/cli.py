@@ -25,7 +25,7 @@ CHAT_KWARGS_HELP = 'JSON object passed to the chat template (default {"enable_th
 
 def register(subparsers) -> None:
     _register_regenerate(subparsers.add_parser("regenerate", help="the target's own answers (and, with --recipe, its own prompts) -> training jsonl"))
-    _register_train(subparsers.add_parser("train", help="train the DFlash drafter + LiLiCorr head jointly"))
+    _register_train(subparsers.add_parser("train", help="train the DFlash drafter + a head (--head lilicorr, domino, dspark or none) jointly"))
     _register_export(subparsers.add_parser("export", help="training checkpoint -> SGLang draft directory"))
 
 
@@ -200,9 +200,11 @@ def _register_export(p: argparse.ArgumentParser) -> None:
 def run_export(args: argparse.Namespace) -> int:
     from ..drafter import load_draft
     from .export import export_checkpoint
+    from .heads import load_corrector_draft, read_corrector_draft
 
     path = export_checkpoint(args.checkpoint, args.out_dir, args.dtype, force=args.force)
-    _, head = load_draft(path)  # strict reload: the export is usable as written
-    kind = "LiLiCorrDraftModel" if head is not None else "DFlashDraftModel"
-    print(f"exported {kind} -> {path}", file=sys.stderr)
+    # strict reload: the export is usable as written
+    _, head = load_corrector_draft(path) if read_corrector_draft(path) is not None else load_draft(path)
+    architecture = json.loads((path / "config.json").read_text())["architectures"][0]
+    print(f"exported {architecture} ({type(head).__name__ if head is not None else 'no head'}) -> {path}", file=sys.stderr)
     return 0

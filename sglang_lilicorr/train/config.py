@@ -9,10 +9,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ..baselines import MARKOV_HEAD_TYPES, DominoConfig, DSparkConfig
 from ..config import LiLiCorrConfig
 from ..drafter.config import ROPE_TYPES, RopeScaling
 from ..errors import UsageError
 from ..losses import ObjectiveWeights
+from .heads import HEADS, HeadConfig
 
 _HEAD = LiLiCorrConfig()
 _OBJECTIVE = ObjectiveWeights()
@@ -39,7 +41,11 @@ class TrainConfig:
     rope_scaling: str = "default"  # the drafter's rope: default, or yarn (long inputs)
     rope_factor: float = 1.0  # yarn: how far the rope is stretched (> 1)
     rope_original_max_position: int = 0  # yarn: the length it is stretched from (0 = the target's max_position_embeddings)
-    # head geometry; gamma = 0 builds none
+    # the head trained beside the drafter (train/heads.py): lilicorr, domino, dspark or none (gamma = 0: none too)
+    head: str = "lilicorr"
+    corrector_width: int = 0  # domino: GRU and MLP width, dspark: Markov rank (0 = the drafter's hidden width)
+    markov_head_type: str = "vanilla"  # dspark: vanilla, gated or rnn
+    # LiLiCorr head geometry
     candidate_topk: int = _HEAD.candidate_topk  # K
     head_hidden_size: int = _HEAD.hidden_size  # the lattice transformer's width
     head_layers: int = _HEAD.num_layers
@@ -84,12 +90,18 @@ class TrainConfig:
         self.validate()
 
     def objective(self) -> ObjectiveWeights:
-        return ObjectiveWeights(beta=self.beta, gamma=self.gamma, lam=self.lam, use_margin=self.use_margin, mu=self.mu, rho=self.rho)
+        gamma = 0.0 if self.head == "none" else self.gamma  # no head: the drafter's loss alone
+        return ObjectiveWeights(beta=self.beta, gamma=gamma, lam=self.lam, use_margin=self.use_margin, mu=self.mu, rho=self.rho)
 
-    def head_config(self, block_size: int, rms_norm_eps: float) -> LiLiCorrConfig | None:
-        """The head's geometry, or None for vanilla DFlash (gamma = 0)."""
-        if self.gamma == 0:
+    def head_config(self, block_size: int, rms_norm_eps: float, hidden_size: int = 0) -> HeadConfig | None:
+        """The head's geometry for a drafter of `hidden_size`, or None for vanilla DFlash (--head none, or gamma = 0)."""
+        if self.head == "none" or self.gamma == 0:
             return None
+        width = self.corrector_width or hidden_size
+        if self.head == "domino":
+            return DominoConfig(gru_hidden_dim=width, emb_dim=width)
+        if self.head == "dspark":
+            return DSparkConfig(markov_rank=width, markov_head_type=self.markov_head_type)
         return LiLiCorrConfig(
             block_size=block_size, candidate_topk=self.candidate_topk, factor_dim=self.factor_dim,
             logit_scale=self.logit_scale, num_layers=self.head_layers, hidden_size=self.head_hidden_size,
@@ -112,7 +124,9 @@ class TrainConfig:
         for name in ("batch_size", "grad_accum", "epochs", "num_anchors", "log_every", "save_every", "keep_checkpoints",
                      "max_bad_steps", "draft_layers", "num_context_features", "eval_examples"):
             need(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, name, "an integer >= 1")
-        for name in ("max_steps", "eval_every", "draft_intermediate_size", "seed"):
+        need(self.head in HEADS, "head", f"one of {', '.join(HEADS)}")
+        need(self.markov_head_type in MARKOV_HEAD_TYPES, "markov_head_type", f"one of {', '.join(MARKOV_HEAD_TYPES)}")
+        for name in ("max_steps", "eval_every", "draft_intermediate_size", "seed", "corrector_width"):
             need(isinstance(getattr(self, name), int) and getattr(self, name) >= 0, name, "an integer >= 0")
         self.validate_rope()
         need(self.init_from is None or (Path(self.init_from) / "config.json").is_file(), "init_from",
@@ -121,9 +135,11 @@ class TrainConfig:
              f"an integer >= block_size + 2 = {self.block_size + 2} (room for one block after a prompt token)")
         try:
             self.objective()
-            self.head_config(self.block_size, 1e-6)
+            self.head_config(self.block_size, 1e-6, hidden_size=1)
         except ValueError as e:  # the objective's and the head's own range checks, under the CLI's names
             raise TrainConfigError(str(e)) from None
+        need(self.gamma > 0 or self.head in ("lilicorr", "none"), "gamma",
+             f"> 0 with --head {self.head} (its head's weight; --head none trains plain DFlash)")
 
 
     def validate_rope(self) -> None:
@@ -157,6 +173,10 @@ class TrainConfig:
     # how long the run goes on (max_steps, epochs, max_minutes) and how often it logs, evaluates and saves.
     NOT_COMPARED = ("target", "data", "eval_data", "output_dir", "exclude", "epochs", "max_steps", "max_minutes", "log_every",
                     "eval_every", "save_every", "keep_checkpoints", "max_bad_steps", "resume", "resume_with_changes", "init_from")
+
+    # Settings added after runs were first checkpointed, with the value those runs trained with (a checkpoint that
+    # predates one compares as having it: state.check_resume_compatible).
+    ADDED = {"head": "lilicorr", "corrector_width": 0, "markov_head_type": "vanilla"}
 
     def resumed_settings(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in self.NOT_COMPARED}

@@ -2,7 +2,8 @@
 model.safetensors), reloaded strictly by `drafter.load_draft`.
 
 Without a head the draft is a vanilla `DFlashDraftModel` (serve with --speculative-algorithm
-DFLASH); with one it declares `LiLiCorrDraftModel` and carries the head under `lilicorr.`.
+DFLASH); with a LiLiCorr head it declares `LiLiCorrDraftModel` and carries the head under `lilicorr.`; a Domino
+or DSpark head is written as stock SGLang serves it (train/heads.py).
 
 Export writes only what it may replace (`check_destination`, the rule of ownership.py): a missing or
 empty folder, or an earlier export (config.json + model.safetensors of a draft, nothing else). A folder holding
@@ -17,14 +18,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..baselines import DSparkConfig
 from ..checkpoint import (
-    CONFIG_FILE, DTYPES, WEIGHTS_FILE, CheckpointError, architecture_of, head_tensors_for_save, save_checkpoint, split_head,
-    with_head, write_checkpoint_files,
+    CONFIG_FILE, DTYPES, WEIGHTS_FILE, CheckpointError, architecture_of, save_checkpoint, split_head, with_head,
+    write_checkpoint_files,
 )
+from ..config import LiLiCorrConfig
 from ..ownership import NotOursError, held, marked_kind, remove_temporaries
 from ..drafter import DFlashDrafter, DrafterConfig, load_drafter_tensors
 from ..errors import UsageError
-from ..head import LiLiCorrHead
+from .heads import HeadConfig, build_head, serving_tensors
 from .state import LATEST, STATE_FILE, read_training_checkpoint
 
 METRICS_FILE = "metrics.jsonl"  # the training log beside `latest` and checkpoints/
@@ -38,7 +41,9 @@ def is_training_output(folder: Path) -> bool:
 
 def is_draft_config(path: Path) -> bool:
     try:
-        architecture_of(json.loads(path.read_bytes().decode("utf-8")))
+        config = json.loads(path.read_bytes().decode("utf-8"))
+        if DSparkConfig.of_serving_config(config) is None:
+            architecture_of(config)
     except (OSError, ValueError, AttributeError):  # unreadable, not JSON, not an object, not a draft's architectures
         return False
     return True
@@ -93,10 +98,12 @@ def check_source(source: str | Path) -> None:
                          fix="pass a `lilicorr train` --output-dir (its latest checkpoint) or OUTPUT/checkpoints/step-N")
 
 
-def draft_config(drafter: DrafterConfig, head, dtype: str) -> dict:
+def draft_config(drafter: DrafterConfig, head: HeadConfig | None, dtype: str) -> dict:
     config = drafter.to_hf_config()
     config["torch_dtype"] = dtype
-    return config if head is None else with_head(config, head)
+    if head is None:
+        return config
+    return with_head(config, head) if isinstance(head, LiLiCorrConfig) else head.serving_config(config)
 
 
 def export_checkpoint(source: str | Path, out_dir: str | Path, dtype: str = "bfloat16", force: bool = False) -> Path:
@@ -111,9 +118,9 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, dtype: str = "bfl
     load_drafter_tensors(drafter, drafter_t, f"{source} (drafter)")
     out = {k: v.to(DTYPES[dtype]) for k, v in drafter.state_dict().items()}
     if head_cfg is not None:
-        head = LiLiCorrHead(head_cfg, drafter_cfg.hidden_size)
+        head = build_head(head_cfg, drafter_cfg)
         head.load_state_dict(head_t, strict=True)
-        out.update({k: v.to(DTYPES[dtype]) for k, v in head_tensors_for_save(head).items()})
+        out.update({k: v.to(DTYPES[dtype]) for k, v in serving_tensors(head).items()})
     elif head_t:
         raise CheckpointError(f"{source}: holds head tensors but no head config; the checkpoint is inconsistent.")
     config = draft_config(drafter_cfg, head_cfg, dtype)

@@ -1,4 +1,5 @@
-"""One joint forward of drafter + LiLiCorr head on a batch of sequences (paper Sec. 3.4, Eq. 7).
+"""One joint forward of drafter + head on a batch of sequences (paper Sec. 3.4, Eq. 7; the baselines' heads:
+losses.corrector_objective).
 
   target (frozen, teacher-forced) -> context features, final hidden states
   drafter over N blocks per sequence (block layout)  -> slot hidden states [R, S, Hm]
@@ -6,6 +7,8 @@
   top-K of the drafter log-softmax (indices fixed)   -> candidate ids / log-probs (with grad)
   head(project_tokens(frozen embeddings), log-probs, slot hidden, anchor hidden) -> start, pair
   objective: lilicorr_objective (gamma = 0: plain DFlash, no head)
+A Domino or DSpark head instead corrects the drafter logits slot by slot, teacher-forced on the ground truth
+(its step logits, losses.corrector_objective), and proposes freely for the acceptance metric.
 
 The anchor hidden is the drafter's projected target context (fc + hidden_norm) of the token just
 before the anchor: at serving time SGLang publishes the last committed row of the projected
@@ -19,10 +22,11 @@ import dataclasses
 import torch
 from torch import nn
 
+from ..baselines import DominoHead
 from ..drafter import DFlashDrafter, block_layout
 from ..frozen_target import FrozenTarget
 from ..head import LiLiCorrHead
-from ..losses import ObjectiveTerms, ObjectiveWeights, lilicorr_objective
+from ..losses import ObjectiveTerms, ObjectiveWeights, corrector_objective, lilicorr_objective
 from ..oracle import oracle_prefix_coverage
 from ..walk import greedy_walk
 from .timing import PhaseTimer
@@ -33,11 +37,12 @@ class JointOutput:
     terms: ObjectiveTerms
     draft_hits: torch.Tensor  # [S] drafter argmax == ground truth, per slot (valid slots)
     valid_counts: torch.Tensor  # [S] valid slots
-    reranker_hits: torch.Tensor | None  # [S] reranker argmax == ground truth on the oracle prefix
-    prefix_counts: torch.Tensor | None  # [S] oracle-prefix slots
-    coverage: dict[str, torch.Tensor]  # oracle-prefix coverage (empty when gamma = 0)
+    reranker_hits: torch.Tensor | None  # [S] head's argmax == ground truth (LiLiCorr: on the oracle prefix; teacher-forced)
+    prefix_counts: torch.Tensor | None  # [S] the slots reranker_hits counts over
+    coverage: dict[str, torch.Tensor]  # oracle-prefix coverage (empty without a LiLiCorr head)
     accept_draft: torch.Tensor  # [R] acceptance length of the drafter's argmax, greedy target
-    accept_walk: torch.Tensor | None  # [R] acceptance length of the LiLiCorr greedy walk
+    accept_walk: torch.Tensor | None  # [R] acceptance length of the head's proposal (LiLiCorr: its greedy walk)
+    head_name: str = "lilicorr_walk"  # the metric name of accept_walk: lilicorr_walk, domino or dspark
 
     @property
     def blocks(self) -> int:
@@ -67,7 +72,7 @@ def metric_sums(outputs: list[JointOutput]) -> dict[str, tuple[float, float]]:
             if hits is not None:
                 for s, (h, c) in enumerate(zip(hits.tolist(), counts.tolist())):
                     add(f"top1_{name}/slot{s + 1}", h, c)
-        for name, accept in (("draft_argmax", o.accept_draft), ("lilicorr_walk", o.accept_walk)):
+        for name, accept in (("draft_argmax", o.accept_draft), (o.head_name, o.accept_walk)):
             if accept is not None:
                 add(f"accept_len/{name}", float(accept.sum()), accept.numel())
     return sums
@@ -93,7 +98,7 @@ class JointModel(nn.Module):
     """The trainable modules (drafter, optional head); the frozen target is a plain attribute,
     not a submodule, so DDP and the optimizer never see its weights."""
 
-    def __init__(self, drafter: DFlashDrafter, head: LiLiCorrHead | None, target: FrozenTarget) -> None:
+    def __init__(self, drafter: DFlashDrafter, head: nn.Module | None, target: FrozenTarget) -> None:
         super().__init__()
         self.drafter, self.head = drafter, head
         self.target = target
@@ -117,7 +122,7 @@ class JointModel(nn.Module):
         b, t = input_ids.shape
         bsz, slots = cfg.block_size, cfg.num_slots
         if weights.gamma > 0 and self.head is None:
-            raise ValueError("gamma > 0 needs a LiLiCorr head; build the JointModel with one (or set gamma = 0).")
+            raise ValueError("gamma > 0 needs a head; build the JointModel with one (or set gamma = 0).")
         features, final_hidden = self.target.run(input_ids, attention_mask)
         self.mark("target")
         lay = block_layout(input_ids, loss_mask, anchors, anchor_valid, bsz, cfg.mask_token_id)
@@ -150,6 +155,10 @@ class JointModel(nn.Module):
             self.mark("head")
             return JointOutput(terms, draft_hits, valid.sum(0), None, None, {}, accept_draft, None)
 
+        if not isinstance(self.head, LiLiCorrHead):
+            anchor_ids = lay.block_ids[seq, block, 0]  # [R]
+            return self.corrector(pass_hidden, draft_logits, anchor_ids, targets, valid, greedy, weights, draft_hits, accept_draft)
+
         log_probs = draft_logits.log_softmax(dim=-1)
         cand_lp, cand_ids = log_probs.topk(self.head.config.candidate_topk, dim=-1)  # [R, S, K], ids fixed
         token_states = self.head.project_tokens(self.target.embed(cand_ids))
@@ -166,3 +175,16 @@ class JointModel(nn.Module):
             terms, draft_hits, valid.sum(0), reranker_hits, terms.prefix.sum(0), oracle_prefix_coverage(terms.prefix, valid),
             accept_draft, acceptance_length(walk_ids, greedy, valid),
         )
+
+    def corrector(self, pass_hidden, draft_logits, anchor_ids, targets, valid, greedy, weights, draft_hits, accept_draft) -> JointOutput:
+        """The Domino or DSpark head's part of the forward: teacher-forced step logits -> corrector_objective; its free
+        greedy proposal -> acceptance (shapes as in forward)."""
+        forced = self.head(pass_hidden, draft_logits, anchor_ids, self.target.embed, forced=targets)
+        first = 1 if isinstance(self.head, DominoHead) else 0  # Domino's slot 1 is the drafter's argmax
+        terms = corrector_objective(draft_logits, forced.logits, targets, valid, weights, first, forced.confidence)
+        with torch.no_grad():
+            free = self.head(pass_hidden, draft_logits, anchor_ids, self.target.embed)
+        hits = ((forced.ids == targets) & valid).sum(0).float()
+        self.mark("head")
+        return JointOutput(terms, draft_hits, valid.sum(0), hits, valid.sum(0), {}, accept_draft,
+                           acceptance_length(free.ids, greedy, valid), self.head.config.kind)

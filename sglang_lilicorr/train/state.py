@@ -4,9 +4,9 @@
                              folder or a run
   OUTPUT/checkpoints/step-XXXXXXXX/
       train_state.json       step, epoch position, drafter config (SGLang config.json form),
-                             head geometry (dflash `lilicorr_*` keys or null), the run's data and settings
+                             head geometry (heads.head_keys: LiLiCorr's `lilicorr_*` keys, a baseline's, or null), the run's data and settings
                              (`run`, compared on resume) and the sha256 of optimizer.pt
-      trainable.safetensors  drafter tensors (fp32 masters) and the head under `lilicorr.`, their checksum in
+      trainable.safetensors  drafter tensors (fp32 masters) and the head (any kind) under `lilicorr.`, their checksum in
                              the safetensors metadata
       optimizer.pt           optimizer + LR schedule state
   OUTPUT/latest              name of the newest complete checkpoint
@@ -37,8 +37,8 @@ from ..checkpoint import (
     read_tensors, save_tensors, split_head,
 )
 from ..ownership import remove_temporaries, write_atomic
-from ..config import LiLiCorrConfig
 from ..drafter import DrafterConfig, load_drafter_tensors
+from .heads import HeadConfig, head_config_from_keys, head_keys, read_corrector_draft
 
 STATE_FILE, TENSORS_FILE, OPTIMIZER_FILE, LATEST = "train_state.json", "trainable.safetensors", "optimizer.pt", "latest"
 FORMAT = "lilicorr-train-v1"
@@ -51,18 +51,12 @@ class IncompatibleCheckpointError(CheckpointError):
     exit_code = 2
 
 
-def head_config_from_keys(keys: Mapping[str, Any] | None, drafter: DrafterConfig) -> LiLiCorrConfig | None:
-    if keys is None:
-        return None
-    return LiLiCorrConfig.from_dflash_config(keys, block_size=drafter.block_size, rms_norm_eps=drafter.rms_norm_eps)
-
-
 def save_training_checkpoint(
     output_dir: str | Path,
     step: int,
     progress: Mapping[str, int],
     drafter_config: DrafterConfig,
-    head_config: LiLiCorrConfig | None,
+    head_config: HeadConfig | None,
     tensors: Mapping[str, torch.Tensor],
     optimizer_state: Mapping[str, Any],
     run: Mapping[str, Any] | None = None,
@@ -77,7 +71,7 @@ def save_training_checkpoint(
         state = {
             "format": FORMAT, "step": step, "progress": dict(progress),
             "drafter_config": drafter_config.to_hf_config(),
-            "head_config": None if head_config is None else head_config.to_dflash_keys(),
+            "head_config": head_keys(head_config),
             "run": None if run is None else dict(run),
             "sha256": {OPTIMIZER_FILE: hashlib.sha256(buffer.getvalue()).hexdigest()},
         }
@@ -208,7 +202,7 @@ def trim_metrics(path: str | Path, step: int) -> None:
     write_atomic(path, "".join(keep))
 
 
-def read_training_checkpoint(path: str | Path) -> tuple[dict[str, Any], DrafterConfig, LiLiCorrConfig | None, dict[str, torch.Tensor]]:
+def read_training_checkpoint(path: str | Path) -> tuple[dict[str, Any], DrafterConfig, HeadConfig | None, dict[str, torch.Tensor]]:
     """-> (state json, drafter config, head config or None, tensors)."""
     path = Path(path)
     if (path / LATEST).is_file() and not (path / STATE_FILE).is_file():
@@ -237,14 +231,16 @@ def read_training_checkpoint(path: str | Path) -> tuple[dict[str, Any], DrafterC
     return state, drafter, head, tensors
 
 
-def check_resume_compatible(state: Mapping[str, Any], drafter: DrafterConfig, head: LiLiCorrConfig | None, where: str,
-                            run: Mapping[str, Any] | None = None) -> None:
+def check_resume_compatible(state: Mapping[str, Any], drafter: DrafterConfig, head: HeadConfig | None, where: str,
+                            run: Mapping[str, Any] | None = None, added: Mapping[str, Any] | None = None) -> None:
     """The checkpoint's geometry must be this run's; with `run` (trainer.run_identity) its data and settings too
-    (checkpoints written before they were recorded are not compared)."""
+    (checkpoints written before they were recorded are not compared). `added`: settings introduced after some
+    checkpoints were written, with the value that reproduces what those runs did (a checkpoint without one had it)."""
     check_same_geometry(state["drafter_config"], state["head_config"], drafter, head, where, "resume")
     saved = state.get("run")
     if run is None or not isinstance(saved, dict):
         return
+    saved = {**(added or {}), **saved}
     current = json.loads(json.dumps(dict(run)))
     diff = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
     if diff:
@@ -261,9 +257,9 @@ def _short(value: Any) -> str:
 
 
 def check_same_geometry(saved_drafter: Mapping[str, Any], saved_head: Mapping[str, Any] | None, drafter: DrafterConfig,
-                        head: LiLiCorrConfig | None, where: str, action: str, rope_may_differ: bool = False) -> None:
+                        head: HeadConfig | None, where: str, action: str, rope_may_differ: bool = False) -> None:
     """Raises IncompatibleCheckpointError unless the saved drafter config (SGLang config.json form) and
-    head keys (`lilicorr_*`, or None) are this run's; with rope_may_differ the rope's scaling (which shapes no
+    head keys (heads.head_keys, or None) are this run's; with rope_may_differ the rope's scaling (which shapes no
     tensor) may be another."""
     saved_d = DrafterConfig.from_hf_config(saved_drafter)
     if rope_may_differ:
@@ -275,25 +271,33 @@ def check_same_geometry(saved_drafter: Mapping[str, Any], saved_head: Mapping[st
             f"{[getattr(saved_d, n) for n in diff]} vs this run {[getattr(drafter, n) for n in diff]})", where=where,
             fix="use the same settings or a new --output-dir"
         )
-    run_h = None if head is None else head.to_dflash_keys()
+    run_h = head_keys(head)
     if saved_head != run_h:
         raise IncompatibleCheckpointError(
-            f"cannot {action}, the LiLiCorr head differs (checkpoint {saved_head}, this run {run_h})", where=where,
-            fix="gamma > 0 needs the same head geometry, gamma = 0 has none: use the same settings or a new --output-dir"
+            f"cannot {action}, the head differs (checkpoint {saved_head}, this run {run_h})", where=where,
+            fix="use the same --head and head settings (gamma = 0 and --head none have none) or a new --output-dir"
         )
 
 
-def load_draft_weights(directory: str | Path, drafter, head, drafter_cfg: DrafterConfig, head_cfg: LiLiCorrConfig | None) -> None:
+def load_draft_weights(directory: str | Path, drafter, head, drafter_cfg: DrafterConfig, head_cfg: HeadConfig | None) -> None:
     """Start a run from an exported draft: its weights (as fp32 masters), not its step or optimizer.
-    The draft must have this run's drafter and head geometry; its rope scaling may differ (a YaRN run may start
-    from a plain-RoPE draft: the paper's extension to long inputs)."""
-    config = read_config(directory)
-    saved_head = lilicorr_config(config).to_dflash_keys() if has_head(config) else None
-    check_same_geometry(config, saved_head, drafter_cfg, head_cfg, f"--init-from {directory}", "start from it", rope_may_differ=True)
-    drafter_t, head_t = split_head(read_tensors(directory))
+    The draft must have this run's drafter geometry and either this run's head or none (a head-less DFlash draft
+    starts every head fresh: the paper's heads are all trained from a DFlash drafter); its rope scaling may differ
+    (a YaRN run may start from a plain-RoPE draft: the paper's extension to long inputs)."""
+    corrector = read_corrector_draft(directory)
+    if corrector is not None:
+        config, saved_head, drafter_t, head_t = corrector
+        config, saved_head = config.to_hf_config(), head_keys(saved_head)
+    else:
+        config = read_config(directory)
+        saved_head = lilicorr_config(config).to_dflash_keys() if has_head(config) else None
+        drafter_t, head_t = split_head(read_tensors(directory))
+    fresh_head = saved_head is None and head is not None
+    check_same_geometry(config, None if fresh_head else saved_head, drafter_cfg, None if fresh_head else head_cfg,
+                        f"--init-from {directory}", "start from it", rope_may_differ=True)
     where = str(Path(directory) / WEIGHTS_FILE)
     load_drafter_tensors(drafter, drafter_t, f"{where} (drafter)")
-    if head is not None:
+    if head is not None and not fresh_head:
         masters = head.state_dict()
         load_strict(head, {k: v.to(masters[k].dtype) if k in masters else v for k, v in head_t.items()}, f"{where} (head)")
 

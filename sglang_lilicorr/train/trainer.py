@@ -1,9 +1,9 @@
-"""`lilicorr train`: joint training of the DFlash drafter and the LiLiCorr head (paper Sec. 3.4,
-Table hparams), one GPU or data-parallel under torchrun (DDP, same code path; gloo on CPU).
+"""`lilicorr train`: joint training of the DFlash drafter and a head (LiLiCorr, or the baselines Domino and DSpark,
+train/heads.py; paper Sec. 3.4 and 4, Table hparams), one GPU or data-parallel under torchrun (DDP, same code path; gloo on CPU).
 
 Optimisation: AdamW with two groups (drafter, head), cosine schedule with linear warm-up,
 gradient-norm clip, bf16 autocast over fp32 master weights, optional gradient accumulation.
-gamma = 0 trains plain DFlash (no head is built and the export is a vanilla draft).
+--head none (or gamma = 0) trains plain DFlash (no head is built and the export is a vanilla draft).
 
 The global batch of a step is batch_size x grad_accum x ranks sequences, cut into grad_accum x ranks
 micro-batches: micro-batch j = rank + ranks * micro holds the step's sequences j, j + G, j + 2G, ...
@@ -42,12 +42,12 @@ from ..checkpoint import split_head
 from ..drafter import DFlashDrafter, DrafterConfig, default_target_layer_ids, load_drafter_tensors, sample_anchors
 from ..errors import LiLiCorrError
 from ..frozen_target import FrozenTarget, loading_target
-from ..head import LiLiCorrHead
 from ..ownership import claim_folder
 from ..reference.propose import BlockProposer
 from ..reference.replay import Replayer, pooled_tau
 from .config import TrainConfig, TrainConfigError
 from .data import DataError, Example, collate, epoch_batches, load_conversations, read_jsonl
+from .heads import Head, build_head
 from .joint import JointModel, metric_sums, pooled_metrics, ratios
 from .prompts import check_disjoint, eval_guard
 from .state import (
@@ -119,7 +119,7 @@ def drafter_config_for(model, tokenizer, cfg: TrainConfig) -> DrafterConfig:
     )
 
 
-def build_optimizer(drafter: DFlashDrafter, head: LiLiCorrHead | None, cfg: TrainConfig) -> torch.optim.AdamW:
+def build_optimizer(drafter: DFlashDrafter, head: Head | None, cfg: TrainConfig) -> torch.optim.AdamW:
     groups = [{"params": list(drafter.parameters()), "lr": cfg.lr_drafter, "weight_decay": cfg.wd_drafter, "name": "drafter"}]
     if head is not None:
         groups.append({"params": list(head.parameters()), "lr": cfg.lr_head, "weight_decay": cfg.wd_head, "name": "head"})
@@ -298,7 +298,7 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     torch.manual_seed(cfg.seed)
     model, tokenizer = load_target(cfg.target, env.device, cfg.bf16)
     drafter_cfg = drafter_config_for(model, tokenizer, cfg)
-    head_cfg = cfg.head_config(drafter_cfg.block_size, drafter_cfg.rms_norm_eps)
+    head_cfg = cfg.head_config(drafter_cfg.block_size, drafter_cfg.rms_norm_eps, drafter_cfg.hidden_size)
     target = FrozenTarget(model, drafter_cfg.target_layer_ids)
     examples = load_conversations(cfg.data, tokenizer, cfg.max_length, cfg.chat_template_kwargs, write_cache=env.main)
     train_set, eval_set = split_eval(examples, cfg, tokenizer, write_cache=env.main)
@@ -306,7 +306,7 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     drafter = DFlashDrafter(drafter_cfg).to(env.device)
-    head = None if head_cfg is None else LiLiCorrHead(head_cfg, drafter_cfg.hidden_size).to(env.device)
+    head = None if head_cfg is None else build_head(head_cfg, drafter_cfg).to(env.device)
     joint = JointModel(drafter, head, target)
     optimizer = build_optimizer(drafter, head, cfg)
     per_rank_step = cfg.batch_size * cfg.grad_accum
@@ -325,7 +325,7 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     found = resume_point(out_dir, warn=lambda m: print(m, file=sys.stderr), map_location=env.device) if cfg.resume else None
     if found is not None:
         path, (state, _, _, tensors), opt_state = found
-        check_resume_compatible(state, drafter_cfg, head_cfg, str(path), None if cfg.resume_with_changes else identity)
+        check_resume_compatible(state, drafter_cfg, head_cfg, str(path), None if cfg.resume_with_changes else identity, cfg.ADDED)
         drafter_t, head_t = split_head(tensors)
         load_drafter_tensors(drafter, drafter_t, str(path))
         if head is not None:
@@ -438,7 +438,7 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     return last
 
 
-def _trainable(drafter: DFlashDrafter, head: LiLiCorrHead | None) -> dict[str, torch.Tensor]:
+def _trainable(drafter: DFlashDrafter, head: Head | None) -> dict[str, torch.Tensor]:
     return trainable_tensors(drafter.state_dict(), None if head is None else head.state_dict())
 
 

@@ -1,0 +1,20 @@
+"""The two draft-time correctors the paper compares LiLiCorr against, as trainable heads whose tensors SGLang
+0.5.23 serves unchanged: Domino (`domino.DominoHead`, served as DFLASH with `projector_type` "domino") and DSpark
+(`dspark.DSparkHead`, served as DSPARK). Both read the DFlash drafter's slot hidden states and base logits and
+correct each slot from the tokens drafted before it, one slot at a time (`corrector.Proposal`).
+"""
+from typing import Any, Mapping
+
+from .corrector import Proposal
+from .domino import DominoConfig, DominoHead
+from .dspark import MARKOV_HEAD_TYPES, DSparkConfig, DSparkHead
+
+__all__ = ["Proposal", "corrector_config_from_keys", "DominoConfig", "DominoHead", "MARKOV_HEAD_TYPES", "DSparkConfig", "DSparkHead"]
+
+
+def corrector_config_from_keys(keys: Mapping[str, Any]) -> "DominoConfig | DSparkConfig | None":
+    """A corrector's config from the keys a training checkpoint saved (`to_keys()`), or None when they are LiLiCorr's."""
+    for kind in (DominoConfig, DSparkConfig):
+        if keys.get("kind") == kind.kind:
+            return kind.from_keys(keys)
+    return None

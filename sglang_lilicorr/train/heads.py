@@ -1,0 +1,99 @@
+"""The heads `lilicorr train --head` trains beside the DFlash drafter, and how each is built, saved and served.
+
+  lilicorr  LiLiCorrHead (head.py): LiLiCorrDraftModel, the head under `lilicorr.`
+  domino    DominoHead (baselines/domino.py): DFlashDraftModel with `projector_type` "domino" (serve: DFLASH)
+  dspark    DSparkHead (baselines/dspark.py): DSparkDraftModel (serve: --speculative-algorithm DSPARK)
+  none      no head: a plain DFlashDraftModel (serve: DFLASH)
+
+A training checkpoint keeps every head's tensors under `lilicorr.` and its geometry as `head_keys`; an export
+writes each head as its SGLang module reads it (LiLiCorr's under `lilicorr.`, the baselines' at their own names).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from ..baselines import DominoConfig, DominoHead, DSparkConfig, DSparkHead, corrector_config_from_keys
+from ..checkpoint import CONFIG_FILE, HEAD_PREFIX, WEIGHTS_FILE, CheckpointError, dtype_of, load_strict, read_tensors
+from ..config import ConfigError, LiLiCorrConfig
+from ..drafter import DFlashDrafter, DrafterConfig, load_drafter_tensors
+from ..head import LiLiCorrHead
+
+HEADS = ("lilicorr", "domino", "dspark", "none")
+HeadConfig = LiLiCorrConfig | DominoConfig | DSparkConfig
+Head = LiLiCorrHead | DominoHead | DSparkHead
+
+
+def build_head(config: HeadConfig | None, drafter: DrafterConfig) -> Head | None:
+    if config is None:
+        return None
+    if isinstance(config, LiLiCorrConfig):
+        return LiLiCorrHead(config, drafter.hidden_size)
+    cls = DominoHead if isinstance(config, DominoConfig) else DSparkHead
+    return cls(config, drafter.hidden_size, drafter.vocab_size)
+
+
+def head_keys(config: HeadConfig | None) -> dict[str, Any] | None:
+    """What a training checkpoint records of the head (compared on resume): LiLiCorr's `lilicorr_*` keys, a
+    baseline's `to_keys()` (with its `kind`), None without a head."""
+    if config is None:
+        return None
+    return config.to_dflash_keys() if isinstance(config, LiLiCorrConfig) else config.to_keys()
+
+
+def head_config_from_keys(keys: Mapping[str, Any] | None, drafter: DrafterConfig) -> HeadConfig | None:
+    if keys is None:
+        return None
+    return corrector_config_from_keys(keys) or LiLiCorrConfig.from_dflash_config(
+        keys, block_size=drafter.block_size, rms_norm_eps=drafter.rms_norm_eps)
+
+
+def serving_tensors(head: Head) -> dict[str, torch.Tensor]:
+    """The head's tensors under the names SGLang loads them by."""
+    prefix = HEAD_PREFIX if isinstance(head, LiLiCorrHead) else ""
+    return {prefix + k: v for k, v in head.state_dict().items()}
+
+
+def read_corrector_draft(directory: str | Path) -> tuple[DrafterConfig, DominoConfig | DSparkConfig, dict, dict] | None:
+    """An exported Domino or DSpark draft -> (drafter config, head config, drafter tensors, head tensors), or None
+    for any other folder (drafter.load_draft reads the others and names what is wrong with them)."""
+    try:
+        raw = json.loads((Path(directory) / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("dflash_config"), dict):
+        return None
+    try:
+        dspark = DSparkConfig.of_serving_config(raw)
+        head_cfg = dspark or DominoConfig.of_serving_config(raw)
+    except ConfigError as e:
+        raise CheckpointError(f"draft config: {e}", where=str(Path(directory) / CONFIG_FILE), fix="re-export the draft") from e
+    if head_cfg is None:
+        return None
+    config = DSparkConfig.drafter_config(raw) if dspark else raw
+    drafter_cfg = DrafterConfig.from_hf_config(config)
+    dtype = dtype_of(config)
+    tensors = read_tensors(directory)
+    bad = [k for k, v in tensors.items() if v.dtype != dtype]
+    if bad:
+        raise CheckpointError(f"tensor {bad[0]!r} is {tensors[bad[0]].dtype}, config torch_dtype says {dtype}",
+                              where=str(Path(directory) / WEIGHTS_FILE), fix="re-export the draft")
+    names = set(build_head(head_cfg, drafter_cfg).state_dict())
+    head_t = {k: v for k, v in tensors.items() if k in names}
+    return drafter_cfg, head_cfg, {k: v for k, v in tensors.items() if k not in names}, head_t
+
+
+def load_corrector_draft(directory: str | Path) -> tuple[DFlashDrafter, DominoHead | DSparkHead]:
+    """Strict reload of an exported Domino or DSpark draft: every tensor present, shaped as its config says."""
+    found = read_corrector_draft(directory)
+    if found is None:
+        raise CheckpointError("not a Domino or DSpark draft", where=str(directory), fix="read it with drafter.load_draft")
+    drafter_cfg, head_cfg, drafter_t, head_t = found
+    dtype = next(iter(drafter_t.values())).dtype
+    drafter = DFlashDrafter(drafter_cfg).to(dtype)
+    where = str(Path(directory) / WEIGHTS_FILE)
+    load_drafter_tensors(drafter, drafter_t, f"{where} (drafter)")
+    return drafter, load_strict(build_head(head_cfg, drafter_cfg).to(dtype), head_t, f"{where} (head)")
