@@ -23,7 +23,6 @@ past which a step that would not finish exits 4 instead of starting.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import signal
 import sys
@@ -42,20 +41,6 @@ from .train import cmd_train, cmd_wait
 from .variants import VARIANTS
 
 
-@contextlib.contextmanager
-def _environ(name: str, value: str):
-    """os.environ[name] = value for the block, as it was after (speed.py reads its stand-in launcher from there)."""
-    before = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
-
-
 def cmd_speed(args) -> int:
     from . import speed
 
@@ -63,8 +48,7 @@ def cmd_speed(args) -> int:
         raise SystemExit(f"--profile-steps must be >= 0 (0: no profile), got {args.profile_steps}")
     cells = len(args.concurrency or speed.DEFAULT_CONCURRENCY[args.setting])
     enough_time("speed", 2.5 + 0.2 * args.rounds * cells + (0.5 if args.profile_steps else 0.0))
-    with _environ("TESTBED_SERVER_LAUNCH", args.server_launch or ""):
-        return speed.run(args, args.server_args)
+    return speed.run(args, args.server_args)
 
 
 def cmd_tables(args) -> int:

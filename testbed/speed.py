@@ -133,7 +133,7 @@ def run(args, base_server_args: str) -> int:
              for i, s in enumerate(SYSTEMS)]
     url = {s: f"http://127.0.0.1:{PORT0 + i}" for i, s in enumerate(SYSTEMS)}
     failed = []
-    launcher = shlex.split(os.environ.get("TESTBED_SERVER_LAUNCH", ""))  # tests: stand-ins that serve $PORT
+    launcher = shlex.split(args.server_launch or "")  # tests: stand-ins that serve $PORT
     with contextlib.ExitStack() as stack:
         servers = stack.enter_context(SGLangServers.start(specs, work / "logs", launcher=launcher, warm_first=True))
         watch = IdleWatch({s: p.pid for s, p in zip(SYSTEMS, servers.processes)})

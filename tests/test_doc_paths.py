@@ -1,7 +1,6 @@
 """Every repository path the documents cite exists (scripts, modules, result folders and files), every result folder
 follows benchmarks/results/<topic>/<card>_<commit>[_<what>]/, and benchmarks/results/INDEX.md cites each of them, with
-nothing it cites missing. The documents: every tracked Markdown file but sglang_lilicorr/serving/README.md (which
-cites tools/gpu_check.sh and tools/tp_check.sh, now under tools/device/: its owners update it)."""
+nothing it cites missing. The documents: every tracked Markdown file."""
 from __future__ import annotations
 
 import glob
@@ -14,7 +13,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-SKIP = {"sglang_lilicorr/serving/README.md"}
 # a path from the repository's root: one of these top-level folders, then at least one more part
 CITED = re.compile(r"(?<![\w./$-])((?:benchmarks|testbed|tools|scripts|checkpoints|docs|tests|sglang_lilicorr)/[\w./{},*-]*[\w/}*])")
 # scripts that made old results, since removed: the result folders still cite them as their commands (each README
@@ -29,7 +27,7 @@ def tracked(pattern: str) -> list[str]:
 
 def documents() -> list[str]:
     """Tracked Markdown but the result records (a result folder's reports and tables: what a command wrote then)."""
-    return [p for p in tracked("*.md") if p not in SKIP and (ROOT / p).is_file()
+    return [p for p in tracked("*.md") if (ROOT / p).is_file()
             and (not p.startswith("benchmarks/results/") or Path(p).name in ("README.md", "INDEX.md"))]
 
 
