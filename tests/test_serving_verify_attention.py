@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 pytest.importorskip("sglang")
 
@@ -18,9 +19,9 @@ from sglang_lilicorr.serving.draft_check import ServingConfigError  # noqa: E402
 from sglang_lilicorr.serving.worker import target_attention_backends  # noqa: E402
 
 
-def triton_backend(topk: int = 1) -> TritonAttnBackend:
+def triton_backend(topk: int = 1, heads: int = 9) -> TritonAttnBackend:
     backend = object.__new__(TritonAttnBackend)  # the attributes configure reads and writes, no GPU
-    backend.topk, backend.use_verify_splitkv = topk, False
+    backend.topk, backend.num_head, backend.use_verify_splitkv = topk, heads, False
     return backend
 
 
@@ -40,21 +41,77 @@ def test_which_targets_get_the_split_kv_kernel(setting, heads, expected):
     assert va.wanted(setting, heads) is expected
 
 
-def test_configure_switches_only_triton_backends_of_a_chain(monkeypatch):
+@pytest.fixture
+def warmed(monkeypatch) -> list:
+    """configure's warm-up, recorded instead of run: the backends it warmed."""
+    calls = []
     monkeypatch.setattr(va, "zero_scratch", lambda: None)
+    monkeypatch.setattr(va, "warm", lambda backend, block_size, dtype: calls.append((backend, block_size)) or True)
+    return calls
+
+
+def test_configure_switches_the_warmed_triton_backends_of_a_chain(warmed, caplog):
     ours, other, tree = triton_backend(), object(), triton_backend(topk=4)
-    line = va.configure([ours, other, tree], 9, va.AUTO)
-    assert ours.use_verify_splitkv and not tree.use_verify_splitkv
-    assert "split-KV verify kernel" in line and "9 query heads" in line
+    with caplog.at_level("INFO"):
+        assert va.configure([ours, other, tree], 16, None, va.AUTO)
+    assert ours.use_verify_splitkv and not tree.use_verify_splitkv and warmed == [(ours, 16)]
+    assert "split-KV verify kernel, warmed" in caplog.text and "9 query heads" in caplog.text
 
 
-def test_configure_leaves_sglangs_kernel_where_not_asked_or_not_triton(monkeypatch):
+def test_configure_leaves_sglangs_kernel_where_not_asked_or_not_triton(warmed, caplog):
+    wide, narrow = triton_backend(heads=32), triton_backend()
+    with caplog.at_level("INFO"):
+        assert not va.configure([wide], 16, None, va.AUTO)
+        assert not va.configure([narrow], 16, None, va.EXTEND)
+        assert not va.configure([object()], 16, None, va.SPLIT_KV)
+    assert not wide.use_verify_splitkv and not narrow.use_verify_splitkv and warmed == []
+    assert "32 query heads" in caplog.text and "applies to SGLang's Triton backend only" in caplog.text
+
+
+@pytest.mark.parametrize("outcome", ["declines", "raises"])
+def test_a_kernel_that_declines_or_fails_its_warm_up_is_not_switched_on(monkeypatch, caplog, outcome):
+    def warm(backend, block_size, dtype):
+        if outcome == "raises":
+            raise RuntimeError("no sm_90 build")
+        return False
+
     monkeypatch.setattr(va, "zero_scratch", lambda: None)
+    monkeypatch.setattr(va, "warm", warm)
     backend = triton_backend()
-    assert "prefill kernel" in va.configure([backend], 32, va.AUTO) and not backend.use_verify_splitkv
-    assert "prefill kernel" in va.configure([backend], 9, va.EXTEND) and not backend.use_verify_splitkv
-    line = va.configure([object()], 9, va.SPLIT_KV)
-    assert "applies to SGLang's Triton backend only" in line and "object" in line
+    with caplog.at_level("INFO"):
+        assert not va.configure([backend], 16, None, va.AUTO)
+    assert not backend.use_verify_splitkv
+    assert ("failed its warm-up (RuntimeError: no sm_90 build)" if outcome == "raises" else "declines") in caplog.text
+
+
+def test_warm_runs_every_split_count_an_eager_verify_can_pick():
+    from sglang.kernels.ops.attention.verify_splitkv import MAX_N_SPLITS, MIN_N_SPLITS, choose_n_splits
+
+    class Pool:
+        start_layer = 3
+
+        def get_key_buffer(self, layer):
+            assert layer == 3
+            return torch.zeros(64, 3, 64)
+
+        get_value_buffer = get_key_buffer
+
+    seen = []
+
+    def fake_kernel(q, k, v, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, *rest, max_bs):
+        assert q.shape == (16, 9, 64) and k.shape == (16, 3, 64) and max_bs == 48
+        assert qo_indptr.tolist() == [0, 16] and kv_indptr.tolist() == [0, kv_indices.numel()]
+        seen.append(choose_n_splits(kv_indices.numel()))
+        return True
+
+    backend = triton_backend()
+    backend.num_kv_head, backend.token_to_kv_pool = 3, Pool()
+    backend.req_to_token_pool = type("R", (), {"size": 48})()
+    backend.verify_splitkv_fwd = fake_kernel
+    assert va.warm(backend, 16, torch.float32)
+    assert sorted(seen) == sorted(set(seen)) and min(seen) == MIN_N_SPLITS and max(seen) == MAX_N_SPLITS
+    backend.verify_splitkv_fwd = lambda *a, **k: False
+    assert not va.warm(backend, 16, torch.float32)
 
 
 def test_target_attention_backends_unwraps_a_hybrid_backend_once():

@@ -10,11 +10,14 @@ a logit cap, MLA, ragged verify lengths), and the backend then runs its prefill 
 
 LILICORR_VERIFY_ATTENTION picks it for the target of a LILICORR server:
   auto      (default) split-KV where the target has at most SPLITKV_MAX_QUERY_HEADS query heads per GPU: few
-            programs per request is where the prefill kernel leaves the GPU idle (measured: SmolLM2's 9 heads win
-            at every length; Qwen3-8B's 32 lose below ~1k tokens, benchmarks/results/verify_attention_h100/);
+            programs per request is where the prefill kernel leaves the GPU idle (the kernels alone, H100: SmolLM2's 9
+            heads 1.4-7.9x faster from 256 to 4k cached tokens; Qwen3-8B's 32 slower below ~1k,
+            benchmarks/results/verify-attention/h100_ee73f57/);
   split-kv  split-KV on any target;
   extend    SGLang's prefill kernel, as SGLang runs it.
-The worker applies it before the target-verify CUDA graphs are captured and says which in one start-up line.
+The worker applies it before the target-verify CUDA graphs are captured and says which in one start-up line. A
+verify the graphs do not cover (a batch above the captured sizes) runs eagerly and picks its split count from the
+batch's prefix lengths: `warm` runs every split count once at start-up, so none compiles while a request waits.
 
 The kernel merges per-split partial results, weighting a split with no keys (a prefix shorter than the splits) by
 zero, but it reads that split's partial output from scratch memory allocated uninitialized: 0 x NaN is NaN, and
@@ -24,6 +27,7 @@ then always leaves finite values behind), which tests/test_serving_verify_attent
 from __future__ import annotations
 
 import functools
+import logging
 import os
 
 from . import ALGORITHM_NAME
@@ -33,6 +37,8 @@ ENV = "LILICORR_VERIFY_ATTENTION"
 AUTO, SPLIT_KV, EXTEND = "auto", "split-kv", "extend"
 CHOICES = (AUTO, SPLIT_KV, EXTEND)
 SPLITKV_MAX_QUERY_HEADS = 16  # auto: split-KV up to this many query heads per GPU
+
+logger = logging.getLogger(__name__)
 
 
 def choice() -> str:
@@ -46,6 +52,42 @@ def choice() -> str:
 def wanted(setting: str, query_heads: int) -> bool:
     """Whether `setting` asks for the split-KV kernel on a target with `query_heads` query heads per GPU."""
     return setting == SPLIT_KV or (setting == AUTO and query_heads <= SPLITKV_MAX_QUERY_HEADS)
+
+
+def probe_lengths() -> list[int]:
+    """One prefix length per split count the kernel picks for an eager verify (from the batch's mean prefix)."""
+    from sglang.kernels.ops.attention.verify_splitkv import choose_n_splits
+
+    first = {}
+    for n in [1] + [2 ** k for k in range(1, 16)]:
+        first.setdefault(choose_n_splits(n), n)
+    return sorted(first.values())
+
+
+def warm(backend, block_size: int, dtype) -> bool:
+    """Run the split-KV verify once at every split count on a one-request block over zeros (the KV pool's first
+    layer, slot 0), so that no variant compiles while a request waits: a verify above the captured batch sizes runs
+    eagerly and picks its split count from the batch's prefix lengths. False where the kernel declines this target."""
+    import torch
+
+    pool = backend.token_to_kv_pool
+    k_buffer, v_buffer = pool.get_key_buffer(pool.start_layer), pool.get_value_buffer(pool.start_layer)
+    device, head_dim = k_buffer.device, int(k_buffer.shape[-1])
+    q = torch.zeros(block_size, backend.num_head, head_dim, dtype=dtype, device=device)
+    k = torch.zeros(block_size, backend.num_kv_head, head_dim, dtype=dtype, device=device)
+    v = torch.zeros(block_size, backend.num_kv_head, int(v_buffer.shape[-1]), dtype=dtype, device=device)
+    qo_indptr = torch.tensor([0, block_size], dtype=torch.int32, device=device)
+    for length in probe_lengths():
+        o = torch.zeros(block_size, backend.num_head, int(v_buffer.shape[-1]), dtype=dtype, device=device)
+        kv_indptr = torch.tensor([0, length], dtype=torch.int32, device=device)
+        kv_indices = torch.zeros(length, dtype=torch.int64, device=device)
+        if not backend.verify_splitkv_fwd(q, k, v, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, None, True,
+                                          None, block_size, 1.0, 1.0, head_dim ** -0.5,
+                                          max_bs=backend.req_to_token_pool.size):
+            return False
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return True
 
 
 def zero_scratch() -> None:
@@ -65,21 +107,36 @@ def zero_scratch() -> None:
     VerifySplitKV._alloc = zeroed
 
 
-def configure(backends: list, query_heads: int, setting: str | None = None) -> str:
+def configure(backends: list, block_size: int, dtype, setting: str | None = None) -> bool:
     """Switch the target's Triton attention backends (of `backends`, those the target runs) to the split-KV verify
-    kernel where `setting` (default: the environment's) asks for it; the start-up line that says what the verify runs."""
+    kernel, warmed, where `setting` (default: the environment's) asks for it, and log one start-up line that says what
+    the verify runs; whether it runs the split-KV kernel. Call it after the KV pool exists and before the target-verify
+    CUDA graphs are captured."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     setting = choice() if setting is None else setting
     prefix = f"{ALGORITHM_NAME}: target verify attention"
-    if not wanted(setting, query_heads):
-        return f"{prefix}: SGLang's prefill kernel ({ENV}={setting}, {query_heads} query heads per GPU)."
     triton = [b for b in backends if isinstance(b, TritonAttnBackend) and getattr(b, "topk", 1) == 1]
     if not triton:
         names = ", ".join(sorted({type(b).__name__ for b in backends})) or "none"
-        return f"{prefix}: the backend's own ({names}; {ENV}={setting} applies to SGLang's Triton backend only)."
+        logger.info("%s: the backend's own (%s; %s applies to SGLang's Triton backend only).", prefix, names, ENV)
+        return False
+    heads = int(triton[0].num_head)
+    if not wanted(setting, heads):
+        logger.info("%s: SGLang's prefill kernel (%s=%s, %d query heads per GPU).", prefix, ENV, setting, heads)
+        return False
     zero_scratch()
+    try:
+        ready = all(warm(backend, block_size, dtype) for backend in triton)
+    except Exception as e:  # a kernel that cannot build or run here: the verify keeps SGLang's prefill kernel
+        logger.warning("%s: SGLang's prefill kernel; its split-KV verify kernel failed its warm-up (%s: %s).",
+                       prefix, type(e).__name__, e)
+        return False
+    if not ready:
+        logger.info("%s: SGLang's prefill kernel; its split-KV verify kernel declines this target's attention.", prefix)
+        return False
     for backend in triton:
         backend.use_verify_splitkv = True
-    return (f"{prefix}: SGLang's split-KV verify kernel ({ENV}={setting}, {query_heads} query heads per GPU; "
-            f"{ENV}={EXTEND} runs SGLang's prefill kernel).")
+    logger.info("%s: SGLang's split-KV verify kernel, warmed at %d split counts (%s=%s, %d query heads per GPU; "
+                "%s=%s runs SGLang's prefill kernel).", prefix, len(probe_lengths()), ENV, setting, heads, ENV, EXTEND)
+    return True

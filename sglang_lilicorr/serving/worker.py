@@ -152,8 +152,8 @@ class LiLiCorrWorker(DFlashWorkerV2):
     def init_attention_backends(self):
         super().init_attention_backends()
         # The target's backends exist now; its verify graphs are captured later (init_cuda_graphs).
-        query_heads = int(self.model_runner.model_config.num_attention_heads) // int(get_parallel().attn_tp_size)
-        logger.info(configure_verify_attention(target_attention_backends(self.model_runner), query_heads))
+        configure_verify_attention(target_attention_backends(self.model_runner), int(self.block_size),
+                                   self.model_runner.dtype)
 
     # --- CUDA graphs ------------------------------------------------------------------------
 
