@@ -64,3 +64,37 @@ def test_a_request_shorter_than_the_lead_is_not_profiled(tmp_path):
     with StubServer(step_s=0.0) as stub:
         trace = step_profile.record(stub.url, tmp_path / "dflash", steps=5, prompt="Hi.", max_new_tokens=4, lead_tokens=128, wait_s=1.0)
     assert trace is None and not list((tmp_path / "dflash").rglob("*.gz"))
+
+
+def speculative_steps(steps: int) -> list[dict]:
+    """Per step (1000 us apart): the draft graph (2 kernels, 0..100 us) launched at 0, the verify graph (3 kernels,
+    300..700 us) launched at 250, one eager kernel at 800 (10 us)."""
+    events = []
+    for i in range(steps):
+        t = 1000.0 * i
+        for corr, host, kernels in ((2 * i, t - 10, [(t, 50), (t + 50, 50)]),
+                                    (2 * i + 1, t + 250, [(t + 300, 100), (t + 400, 200), (t + 600, 100)])):
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": host, "dur": 5,
+                           "args": {"correlation": corr}})
+            events += [{"ph": "X", "cat": "kernel", "name": "k", "ts": ts, "dur": dur, "args": {"correlation": corr}}
+                       for ts, dur in kernels]
+        events.append({"ph": "X", "cat": "kernel", "name": "append", "ts": t + 800, "dur": 10, "args": {"correlation": 10_000 + i}})
+    return events
+
+
+def test_graph_segments_split_a_speculative_step():
+    seg = step_profile.graph_segments(speculative_steps(4))
+    assert seg == {"steps": 3, "draft_kernels": 2, "verify_kernels": 3, "draft_graph_ms": 0.1,
+                   "idle_draft_to_verify_ms": 0.2, "verify_graph_ms": 0.4, "idle_verify_to_next_draft_ms": 0.3,
+                   "host_draft_to_verify_launch_ms": 0.26, "eager_gpu_ms": 0.01}
+
+
+def test_graph_segments_need_a_draft_and_a_verify_graph(tmp_path):
+    one_graph = [e for e in speculative_steps(3) if e["args"]["correlation"] % 2 == 1 or e["name"] == "append"]
+    assert step_profile.graph_segments(one_graph) is None
+    trace = tmp_path / "s.trace.json.gz"
+    with gzip.open(trace, "wt") as f:
+        json.dump({"traceEvents": speculative_steps(3)}, f)
+    summary = step_profile.summarize(trace, steps=3)
+    assert summary["segments"]["verify_graph_ms"] == 0.4
+    assert "| verify_graph_ms (median) | 0.4 | 0.4 |" in step_profile.compare({"a": summary, "b": summary})

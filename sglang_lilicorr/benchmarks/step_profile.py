@@ -13,6 +13,8 @@ pass of a speculative server is one block (draft + verify + accept), of a plain 
   kernels       kernel launches; `top_kernels` by GPU time
   runtime       CUDA runtime / driver calls by name (count and host ms): graph launches, copies, synchronizations
   python        Python functions by inclusive host ms (the server's own frames: which method the host time is in)
+  segments      a speculative step's GPU timeline (`graph_segments`): the draft and verify CUDA graphs' spans, the GPU's
+                idle time between them and after the verify, the host time between their launches (medians over steps)
 The profiler's Python tracing slows the host side: compare systems within one profile run, not with the served
 throughput. `compare` lines the systems up and lists the Python frames whose time differs most.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import statistics
 import threading
 import time
 import urllib.request
@@ -35,6 +38,8 @@ RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
 TOP = 15  # rows per table in the report
 PYTHON_MIN_MS = 0.005  # Python frames kept in the summary: at least this much host time per step
 NAME_CHARS = 90
+SEGMENTS = ("draft_graph_ms", "idle_draft_to_verify_ms", "verify_graph_ms", "idle_verify_to_next_draft_ms",
+            "host_draft_to_verify_launch_ms", "eager_gpu_ms")  # graph_segments' rows in the comparison
 
 
 def record(url: str, out_dir: Path, steps: int, prompt: str, *, max_new_tokens: int = 1024, lead_tokens: int = 128,
@@ -80,6 +85,43 @@ def _table(groups: Mapping[str, list[float]], steps: int, min_ms: float = 0.0) -
     return sorted((r for r in rows if r["ms"] >= min_ms), key=lambda r: -r["ms"])
 
 
+def graph_segments(events: list[dict]) -> Optional[dict]:
+    """Medians over the window's steps (ms) of a speculative server's timeline at c = 1, where every step replays two
+    CUDA graphs: the draft graph (the one with fewer kernels) and the target's verify graph. A kernel belongs to the
+    graph launch whose correlation id it carries. None where the window has no such pair (no speculation, eager)."""
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("cat") in RUNTIME_CATS and e["name"] == "cudaGraphLaunch" and "correlation" in e.get("args", {})}
+    graphs, eager = defaultdict(list), []
+    for e in events:
+        if e.get("cat") in GPU_CATS:
+            corr = e.get("args", {}).get("correlation")
+            (graphs[corr] if corr in launches else eager).append(e)
+    spans = sorted(({"host": float(launches[c]["ts"]), "start": min(float(k["ts"]) for k in ks),
+                     "end": max(float(k["ts"]) + float(k["dur"]) for k in ks), "kernels": len(ks)}
+                    for c, ks in graphs.items()), key=lambda g: g["start"])
+    if len({g["kernels"] for g in spans}) != 2:
+        return None
+    fewer = min(g["kernels"] for g in spans)
+    drafts = [g for g in spans if g["kernels"] == fewer]
+    rows = defaultdict(list)
+    for draft, following in zip(drafts, drafts[1:]):
+        verify = [g for g in spans if g["kernels"] != fewer and draft["start"] < g["start"] < following["start"]]
+        if len(verify) != 1:
+            continue
+        verify = verify[0]
+        rows["draft_graph_ms"].append(draft["end"] - draft["start"])
+        rows["idle_draft_to_verify_ms"].append(verify["start"] - draft["end"])
+        rows["verify_graph_ms"].append(verify["end"] - verify["start"])
+        rows["idle_verify_to_next_draft_ms"].append(following["start"] - verify["end"])
+        rows["host_draft_to_verify_launch_ms"].append(verify["host"] - draft["host"])
+        rows["eager_gpu_ms"].append(sum(float(e["dur"]) for e in eager if draft["start"] <= float(e["ts"]) < following["start"]))
+    if not rows:
+        return None
+    out = {key: round(statistics.median(values) / 1000.0, 4) for key, values in rows.items()}
+    return {"steps": len(rows["draft_graph_ms"]), "draft_kernels": fewer,
+            "verify_kernels": max(g["kernels"] for g in spans), **out}
+
+
 def summarize(trace: Path, steps: int) -> dict:
     """Per-step figures of a profiled window of `steps` forward passes (module docstring)."""
     with gzip.open(trace, "rt") as f:
@@ -111,6 +153,7 @@ def summarize(trace: Path, steps: int) -> dict:
         "top_kernels": _table(kernels, steps)[:TOP],
         "runtime": _table(runtime, steps),
         "python": _table(python, steps, PYTHON_MIN_MS),
+        "segments": graph_segments(events),
     }
 
 
@@ -130,6 +173,9 @@ def compare(summaries: Mapping[str, dict]) -> str:
     for key, label in (("wall_ms", "wall (ms)"), ("gpu_busy_ms", "GPU busy (ms)"), ("gpu_idle_ms", "GPU idle (ms)"),
                        ("kernels", "kernel launches")):
         lines.append(f"| {label} | " + " | ".join(f"{summaries[s][key]}" for s in systems) + " |")
+    for key in SEGMENTS:
+        lines.append(f"| {key} (median) | " + " | ".join(
+            str((summaries[s].get("segments") or {}).get(key, "-")) for s in systems) + " |")
     for s in systems:
         for key, label in (("top_kernels", "kernels by GPU time"), ("runtime", "CUDA runtime calls by host time"),
                            ("python", "Python frames by inclusive host time")):
