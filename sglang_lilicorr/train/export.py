@@ -18,8 +18,8 @@ import json
 from pathlib import Path
 
 from ..checkpoint import (
-    CONFIG_FILE, DTYPES, WEIGHTS_FILE, CheckpointError, architecture_of, head_tensors_for_save, save_checkpoint, split_head,
-    with_head, write_checkpoint_files,
+    CONFIG_FILE, DTYPES, WEIGHTS_FILE, CheckpointError, architecture_of, head_tensors_for_save, load_strict, save_checkpoint,
+    split_head, with_head, write_checkpoint_files,
 )
 from ..ownership import NotOursError, held, marked_kind, remove_temporaries
 from ..drafter import DFlashDrafter, DrafterConfig, load_drafter_tensors
@@ -111,8 +111,8 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, dtype: str = "bfl
     load_drafter_tensors(drafter, drafter_t, f"{source} (drafter)")
     out = {k: v.to(DTYPES[dtype]) for k, v in drafter.state_dict().items()}
     if head_cfg is not None:
-        head = LiLiCorrHead(head_cfg, drafter_cfg.hidden_size)
-        head.load_state_dict(head_t, strict=True)
+        # strict, as for the drafter: a missing, extra or mis-shaped head tensor is a CheckpointError naming it
+        head = load_strict(LiLiCorrHead(head_cfg, drafter_cfg.hidden_size), head_t, f"{source} (head)")
         out.update({k: v.to(DTYPES[dtype]) for k, v in head_tensors_for_save(head).items()})
     elif head_t:
         raise CheckpointError(f"{source}: holds head tensors but no head config; the checkpoint is inconsistent.")
