@@ -267,3 +267,20 @@ def test_paired_ratios_skip_runs_without_the_value_on_either_side():
     paired = cells["sys"]["paired"]
     assert paired["runs"] == [0, 1, 2] and paired["tps"]["n"] == 3 and paired["tps"]["mean"] == pytest.approx(2.0)
     assert paired["block_ms"]["n"] == 1 and paired["block_ms"]["mean"] == pytest.approx(25.0 / 50.0)
+
+
+def test_a_summary_read_back_loses_its_own_comparisons():
+    """Found by mutation testing: pool_runs kept a summary cell's speedup, block_ratio and paired entries, so a report
+    of summaries written with --block-ref, made without it (or pooled with other runs), showed the old runs' paired
+    table against a reference it no longer had. They are dropped, and a report computes them again."""
+    def run(system, end):
+        return metrics.aggregate([_record(system=system, turns=((40, 10, 0.0, end),))])
+
+    old = metrics.pool_runs([run("ref", 0.4) + run("sys", 0.2), run("ref", 0.5) + run("sys", 0.2)])
+    old = metrics.add_speedup(metrics.add_paired_ratios(metrics.add_block_ratio(old, "ref"), "ref"), "ref")
+    assert "paired" in {c["system"]: c for c in old}["sys"]
+    for pooled in (metrics.pool_runs([old]), metrics.pool_runs([old, run("ref", 0.4) + run("sys", 0.4)])):
+        assert not any(k in c for c in pooled for k in metrics.COMPARISONS)
+        assert "Paired runs" not in tables.report(metrics.add_speedup(pooled, None), None)
+    (sys_cell,) = [c for c in metrics.pool_runs([old, run("sys", 0.4)]) if c["system"] == "sys"]
+    assert sys_cell["runs"] == 3 and sys_cell["tps_per_run"] == [pytest.approx(200.0), pytest.approx(100.0)]
