@@ -131,6 +131,8 @@ def test_one_seed_has_no_spread():
     assert (cell["tau"], cell["block_ms"], cell["tps"]) == (pytest.approx(4.0), pytest.approx(50.0), pytest.approx(80.0))
     assert (cell["tau_std"], cell["block_ms_std"], cell["tps_std"]) == (0.0, 0.0, 0.0)
     assert metrics._mean_std([None, 2.0, None]) == (2.0, 0.0) and metrics._mean_std([None]) == (None, None)
+    (plain,) = metrics.aggregate([_record(turns=((40, None, 1.0, 1.5), (20, 0, 2.0, 2.5)))])  # no spec stats
+    assert (plain["verify_blocks"], plain["completion_tokens"], plain["tau"], plain["block_ms"]) == (0, 60, None, None)
 
 
 def test_runs_the_reference_did_not_play_give_no_paired_entry():
