@@ -92,3 +92,25 @@ def test_round_plan_defaults():
     plan = paired.RoundPlan("toy", 8)
     assert (plan.rounds, plan.api, plan.ignore_eos, plan.warmup, plan.request_timeout, plan.reserve_s) == (3, "chat", False, 2, 300.0, 0.0)
     assert paired.run_path("w", 4, 2, "s").as_posix() == "w/runs/c4_r2_s.jsonl"
+
+
+def test_the_first_round_needs_only_the_reserve(tmp_path):
+    """Before any round has been timed the deadline must leave plan.reserve_s, no more: exactly that plays."""
+    now = [0.0]
+    with StubServer(min_latency_s=0.002) as a:
+        plan = paired.RoundPlan("toy", max_tokens=4, rounds=1, warmup=0, reserve_s=30.0)
+        assert paired.play_rounds({"a": a.url}, {1: PROMPTS[1]}, plan, tmp_path,
+                                  deadline=paired.Deadline(30.0, clock=lambda: now[0]), log=lambda line: None) == []
+        assert len(a.log) == 2
+        failures = paired.play_rounds({"a": a.url}, {1: PROMPTS[1]}, plan, tmp_path / "late",
+                                      deadline=paired.Deadline(29.5, clock=lambda: now[0]), log=lambda line: None)
+    assert failures == ["deadline: from c=1 round 1 on not played"] and len(a.log) == 2
+
+
+def test_a_round_plan_is_frozen():
+    import dataclasses
+
+    plan = paired.RoundPlan("toy", 8)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.rounds = 5
+    assert plan == paired.RoundPlan("toy", 8) and hash(plan) == hash(paired.RoundPlan("toy", 8))

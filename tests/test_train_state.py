@@ -273,3 +273,10 @@ def test_a_run_starts_from_an_export(tmp_path):
     state.load_draft_weights(plain, drafter, None, DRAFTER, None)
     with pytest.raises(state.IncompatibleCheckpointError, match=r"head differs \(checkpoint None, this run \{.*\(--init-from .*plain-draft\)"):
         state.load_draft_weights(plain, drafter, head, DRAFTER, HEAD)
+
+
+def test_a_folder_that_is_neither_a_run_nor_a_checkpoint(tmp_path):
+    with pytest.raises(CheckpointError, match="not a training checkpoint"):
+        state.read_training_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match="not a training checkpoint"):
+        state.read_training_checkpoint(tmp_path / "nowhere")
