@@ -225,3 +225,17 @@ def test_add_random_head_is_seeded_and_takes_the_draft_geometry(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a) and not all(torch.equal(a[k], c[k]) for k in a)
     assert torch.equal(a["fc.weight"], torch.ones(24, 48, dtype=torch.bfloat16))
     assert ckpt.load_head(tmp_path / "a").same_slot_bias.dtype == torch.bfloat16
+    ckpt.save_checkpoint(tmp_path / "no-eps", VANILLA | {"rms_norm_eps": None}, {"fc.weight": torch.ones(24, 48, dtype=torch.bfloat16)})
+    config = json.loads((tmp_path / "no-eps" / "config.json").read_text())
+    del config["rms_norm_eps"]
+    (tmp_path / "no-eps" / "config.json").write_text(json.dumps(config))
+    assert ckpt.add_random_head(tmp_path / "no-eps", tmp_path / "d", **geometry).rms_norm_eps == 1e-6
+
+
+def test_config_json_is_written_canonically(tmp_path):
+    """Sorted keys, two-space indent, a final newline: equal configs give equal bytes, whatever their key order."""
+    shuffled = dict(reversed(list(VANILLA.items())))
+    for name, config in (("a", VANILLA), ("b", shuffled)):
+        ckpt.save_checkpoint(tmp_path / name, config, {"fc.weight": torch.ones(2)})
+    text = (tmp_path / "a" / "config.json").read_text()
+    assert text == json.dumps(VANILLA, indent=2, sort_keys=True) + "\n" == (tmp_path / "b" / "config.json").read_text()

@@ -114,3 +114,15 @@ def test_a_round_plan_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.rounds = 5
     assert plan == paired.RoundPlan("toy", 8) and hash(plan) == hash(paired.RoundPlan("toy", 8))
+
+
+def test_rounds_are_recorded_greedy_at_seed_0_and_an_empty_work_merges_to_nothing(tmp_path):
+    assert paired.merge_rounds(tmp_path, ["a"], PROMPTS, 2) == []  # nothing played: no file, no error
+    with StubServer(min_latency_s=0.002) as a:
+        plan = paired.RoundPlan("toy", max_tokens=4, rounds=1, warmup=0)
+        assert paired.play_rounds({"a": a.url}, {1: PROMPTS[1]}, plan, tmp_path, log=lambda line: None) == []
+    rows = runner.read_results(paired.run_path(tmp_path, 1, 1, "a"))
+    assert {(r["system"], r["dataset"], r["concurrency"], r["temperature"], r["seed"], r["max_tokens"]) for r in rows} == \
+        {("a", "toy", 1, 0.0, 0, 4)}
+    (round1,) = paired.merge_rounds(tmp_path, ["a"], PROMPTS, 2)  # c=2 and round 2 never played: left out
+    assert round1.name == "round1.jsonl" and runner.read_results(round1) == rows

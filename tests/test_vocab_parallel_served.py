@@ -63,3 +63,13 @@ def test_shard_edges_and_head_refusals():
     with pytest.raises(ValueError, match="K=11 candidates from a 10-token vocabulary"):
         ShardedCandidates(torch.zeros(5, 3), shard, 11)
     assert ShardedCandidates(torch.zeros(5, 3), shard, 10).topk == 10
+
+
+def test_a_shard_is_frozen():
+    """The buffers and the merge are sized from the shard when ShardedCandidates is built: it cannot change after."""
+    import dataclasses
+
+    shard = VocabShard(5, 5, 10, 2, None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        shard.start = 0
+    assert (shard.start, shard.size, shard.vocab_size, shard.ranks) == (5, 5, 10, 2)
