@@ -126,3 +126,11 @@ def test_rounds_are_recorded_greedy_at_seed_0_and_an_empty_work_merges_to_nothin
         {("a", "toy", 1, 0.0, 0, 4)}
     (round1,) = paired.merge_rounds(tmp_path, ["a"], PROMPTS, 2)  # c=2 and round 2 never played: left out
     assert round1.name == "round1.jsonl" and runner.read_results(round1) == rows
+
+
+def test_prompts_that_fail_in_a_run_are_reported_with_the_first(tmp_path):
+    with StubServer(min_latency_s=0.002, fail_first=1) as a:
+        plan = paired.RoundPlan("toy", max_tokens=4, rounds=1, warmup=0)
+        failures = paired.play_rounds({"a": a.url}, {1: PROMPTS[1]}, plan, tmp_path, log=lambda line: None)
+    assert len(failures) == 1 and failures[0].startswith("a c=1 round 1: 1 prompt(s) failed, first p0: ")
+    assert paired.merge_rounds(tmp_path, ["a"], {1: PROMPTS[1]}, 1) == []  # the cell is not whole

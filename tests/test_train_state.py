@@ -280,3 +280,14 @@ def test_a_folder_that_is_neither_a_run_nor_a_checkpoint(tmp_path):
         state.read_training_checkpoint(tmp_path)
     with pytest.raises(CheckpointError, match="not a training checkpoint"):
         state.read_training_checkpoint(tmp_path / "nowhere")
+
+
+def test_a_yarn_run_starts_from_a_plain_rope_draft(tmp_path):
+    """The paper's extension to long inputs: the rope's scaling shapes no tensor, so --init-from takes a draft of
+    another rope; a resume does not (test_resume_refuses_another_geometry)."""
+    save(tmp_path / "run", 2, seed=5)
+    draft = export_checkpoint(tmp_path / "run", tmp_path / "draft", dtype="float32")
+    yarn = dataclasses.replace(DRAFTER, rope_scaling=RopeScaling("yarn", 4.0, 32768))
+    drafter, head = DFlashDrafter(yarn), LiLiCorrHead(HEAD, DRAFTER.hidden_size)
+    state.load_draft_weights(draft, drafter, head, yarn, HEAD)
+    assert torch.equal(drafter.state_dict()["fc.weight"], tensors(5)["fc.weight"])
