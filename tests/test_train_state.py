@@ -291,3 +291,13 @@ def test_a_yarn_run_starts_from_a_plain_rope_draft(tmp_path):
     drafter, head = DFlashDrafter(yarn), LiLiCorrHead(HEAD, DRAFTER.hidden_size)
     state.load_draft_weights(draft, drafter, head, yarn, HEAD)
     assert torch.equal(drafter.state_dict()["fc.weight"], tensors(5)["fc.weight"])
+
+
+def test_an_optimizer_state_holding_other_objects_is_not_unpickled(tmp_path):
+    """optimizer.pt is loaded with weights_only: a pickle of anything but tensors and plain containers (which could run
+    code when loaded) is refused, even with a matching sha256."""
+    from pathlib import PurePosixPath
+
+    path = save(tmp_path, 2, optimizer={"optimizer": {}, "scheduler": PurePosixPath("/x")})
+    with pytest.raises(CheckpointError, match="truncated or not an optimizer state"):
+        state.read_optimizer_state(path)
