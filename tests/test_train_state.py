@@ -301,3 +301,15 @@ def test_an_optimizer_state_holding_other_objects_is_not_unpickled(tmp_path):
     path = save(tmp_path, 2, optimizer={"optimizer": {}, "scheduler": PurePosixPath("/x")})
     with pytest.raises(CheckpointError, match="truncated or not an optimizer state"):
         state.read_optimizer_state(path)
+
+
+def test_prune_goes_on_past_a_checkpoint_that_vanished(tmp_path, monkeypatch):
+    """A checkpoint removed meanwhile (by hand, or by another process) does not stop the training that prunes."""
+    paths = [save(tmp_path, s) for s in (2, 3, 4)]
+    listed = state.complete_checkpoints(tmp_path)
+    import shutil
+
+    shutil.rmtree(paths[0])
+    monkeypatch.setattr(state, "complete_checkpoints", lambda output_dir: listed)
+    state.prune_checkpoints(tmp_path, 1)
+    assert not paths[1].exists() and paths[2].is_dir()
