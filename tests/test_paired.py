@@ -134,3 +134,14 @@ def test_prompts_that_fail_in_a_run_are_reported_with_the_first(tmp_path):
         failures = paired.play_rounds({"a": a.url}, {1: PROMPTS[1]}, plan, tmp_path, log=lambda line: None)
     assert len(failures) == 1 and failures[0].startswith("a c=1 round 1: 1 prompt(s) failed, first p0: ")
     assert paired.merge_rounds(tmp_path, ["a"], {1: PROMPTS[1]}, 1) == []  # the cell is not whole
+
+
+def test_rounds_report_only_through_log(tmp_path, capsys):
+    """play_rounds speaks through `log` alone (the runs' progress bars are off): one line per round."""
+    lines = []
+    with StubServer(min_latency_s=0.002) as a:
+        plan = paired.RoundPlan("toy", max_tokens=4, rounds=2, warmup=0)
+        assert paired.play_rounds({"a": a.url}, {1: PROMPTS[1]}, plan, tmp_path, log=lines.append) == []
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", "")
+    assert [line.split(" done in ")[0] for line in lines] == ["[rounds] c=1 round 1", "[rounds] c=1 round 2"]
