@@ -286,3 +286,11 @@ def test_a_summary_read_back_loses_its_own_comparisons():
         assert "Paired runs" not in tables.report(metrics.add_speedup(pooled, None), None)
     (sys_cell,) = [c for c in metrics.pool_runs([old, run("sys", 0.4)]) if c["system"] == "sys"]
     assert sys_cell["runs"] == 3 and sys_cell["tps_per_run"] == [pytest.approx(200.0), pytest.approx(100.0)]
+
+
+def test_cells_come_sorted_by_their_key_whatever_the_record_order():
+    recs = [_record(system="b", c=2), _record(system="b", c=1, seed=3), _record(system="a", c=8, t=1.0),
+            _record(system="a", c=8, t=0.0, seed=1)]
+    keys = [(c["system"], c["concurrency"], c["temperature"]) for c in metrics.aggregate(recs)]
+    assert keys == [("a", 8, 0.0), ("a", 8, 1.0), ("b", 1, 0.0), ("b", 2, 0.0)]
+    assert metrics.aggregate(recs[::-1]) == metrics.aggregate(recs)
