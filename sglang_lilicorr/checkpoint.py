@@ -209,7 +209,7 @@ def new_head(config: Mapping[str, Any]) -> LiLiCorrHead:
     return LiLiCorrHead(lilicorr_config(config), model_hidden_size=width).to(dtype_of(config))
 
 
-def load_strict(head: LiLiCorrHead, head_tensors: Mapping[str, torch.Tensor], where: str) -> LiLiCorrHead:
+def load_strict(head: torch.nn.Module, head_tensors: Mapping[str, torch.Tensor], where: str) -> torch.nn.Module:
     check_tensors(head.state_dict(), head_tensors, where)
     head.load_state_dict(head_tensors, strict=True)
     return head

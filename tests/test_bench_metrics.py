@@ -110,6 +110,47 @@ def test_busy_seconds_is_the_union_of_intervals():
         metrics.busy_seconds([(2, 1)])
 
 
+def test_busy_seconds_off_zero_and_at_the_edges():
+    """Intervals that do not start at 0 (a gap closes the interval before it), touching ones, empty ones."""
+    assert metrics.busy_seconds([(1.0, 2.0), (4.0, 6.0)]) == pytest.approx(3.0)
+    assert metrics.busy_seconds([(4.0, 6.0), (1.5, 2.0), (2.0, 3.0), (10.0, 10.5)]) == pytest.approx(4.0)
+    assert metrics.busy_seconds([(3.0, 3.0)]) == 0.0  # a request that took no time is not an error
+    assert metrics.busy_seconds([(1.0, 5.0), (2.0, 3.0), (7.0, 7.0)]) == pytest.approx(4.0)
+
+
+def test_tps_of_records_that_span_no_time_is_refused():
+    with pytest.raises(metrics.ResultsError, match="span no time"):
+        metrics.output_tps([_record(turns=((40, 10, 2.0, 2.0),))])
+    with pytest.raises(metrics.ResultsError, match="span no time"):
+        metrics.output_tps([])
+    assert metrics.output_tps([_record(turns=((30, 10, 2.0, 2.0), (30, 10, 2.0, 2.5)))]) == pytest.approx(120.0)
+
+
+def test_one_seed_has_no_spread():
+    (cell,) = metrics.aggregate([_record(turns=((40, 10, 1.0, 1.5),))])
+    assert (cell["tau"], cell["block_ms"], cell["tps"]) == (pytest.approx(4.0), pytest.approx(50.0), pytest.approx(80.0))
+    assert (cell["tau_std"], cell["block_ms_std"], cell["tps_std"]) == (0.0, 0.0, 0.0)
+    assert metrics._mean_std([None, 2.0, None]) == (2.0, 0.0) and metrics._mean_std([None]) == (None, None)
+    (plain,) = metrics.aggregate([_record(turns=((40, None, 1.0, 1.5), (20, 0, 2.0, 2.5)))])  # no spec stats
+    assert (plain["verify_blocks"], plain["completion_tokens"], plain["tau"], plain["block_ms"]) == (0, 60, None, None)
+
+
+def test_runs_the_reference_did_not_play_give_no_paired_entry():
+    """Pooled cells of two runs each, the reference's from other runs than the system's: no pair, no `paired`."""
+    def run(system, end):
+        return metrics.aggregate([_record(system=system, turns=((40, 10, 0.0, end),))])
+
+    cells = metrics.pool_runs([run("dflash", 0.4), run("dflash", 0.5), run("lilicorr", 0.2), run("lilicorr", 0.3)])
+    cells = metrics.add_paired_ratios(cells, "dflash")
+    assert not any("paired" in c for c in cells)
+    cells = metrics.add_paired_ratios(metrics.pool_runs([run("dflash", 0.4), run("dflash", 0.5)]) +
+                                      [{**c, "run_ids": [0, 1]} for c in metrics.pool_runs([run("lilicorr", 0.2),
+                                                                                         run("lilicorr", 0.25)])],
+                                      "dflash")
+    paired = {c["system"]: c for c in cells}["lilicorr"]["paired"]
+    assert paired["runs"] == [0, 1] and paired["tps"]["mean"] == pytest.approx((2.0 + 2.0) / 2)
+
+
 def test_tps_counts_overlapping_requests_once():
     recs = [_record(turns=((100, 25, 0.0, 2.0),)), _record(turns=((100, 25, 1.0, 3.0),))]
     assert metrics.output_tps(recs) == pytest.approx(200 / 3.0)
@@ -188,8 +229,10 @@ def test_stage_table_and_plot(tmp_path):
         stages.validate(bad)
 
 
-@pytest.mark.parametrize("n,t", [(2, 12.706), (3, 4.303), (11, 2.228), (12, 2.228), (16, 2.131), (25, 2.086),
-                                 (40, 2.042), (61, 2.000), (200, 2.000)])
+@pytest.mark.parametrize("n,t", [(2, 12.706), (3, 4.303), (4, 3.182), (5, 2.776), (6, 2.571), (7, 2.447), (8, 2.365),
+                                 (9, 2.306), (10, 2.262), (11, 2.228), (12, 2.228), (15, 2.228), (16, 2.131), (20, 2.131),
+                                 (21, 2.086), (25, 2.086), (30, 2.086), (31, 2.042), (40, 2.042), (60, 2.042), (61, 2.000),
+                                 (200, 2.000)])
 def test_t_interval_on_table_rows_between_them_and_above_the_last(n, t):
     """Degrees of freedom between rows take the row below and above the last row the last one: the interval is
     never narrower than the exact t interval (t(0.975, dof) decreases with dof)."""
@@ -201,3 +244,53 @@ def test_t_interval_on_table_rows_between_them_and_above_the_last(n, t):
     half = t * std / n**0.5
     assert got == {"n": n, "mean": pytest.approx(mean), "std": pytest.approx(std), "lo": pytest.approx(mean - half),
                    "hi": pytest.approx(mean + half)}
+
+
+def test_pooling_summary_cells_that_carry_only_the_key_and_tps():
+    """A summary .json cell needs only the cell key and tps (cli.SUMMARY_CELL_FIELDS): the counts it lacks pool to 0."""
+    def cell(tps, **more):
+        return {"system": "s", "dataset": "d", "group": "all", "concurrency": 1, "temperature": 0.0, "tps": tps, **more}
+
+    (pooled,) = metrics.pool_runs([[cell(10.0)], [cell(30.0, verify_blocks=None)]])
+    assert (pooled["n_prompts"], pooled["completion_tokens"], pooled["verify_blocks"]) == (0, 0, 0)
+    assert pooled["tps"] == pytest.approx(20.0) and pooled["tau"] is None and pooled["runs"] == 2
+    (pooled,) = metrics.pool_runs([[cell(10.0, n_prompts=3, verify_blocks=4)], [cell(30.0, n_prompts=5, verify_blocks=None)]])
+    assert (pooled["n_prompts"], pooled["verify_blocks"]) == (5, 4)
+
+
+def test_paired_ratios_skip_runs_without_the_value_on_either_side():
+    """block_ms is None in a run without spec stats: that run gives no block ratio (either side), the tps ratio stays."""
+    def run(system, end, spec=True):
+        return metrics.aggregate([_record(system=system, turns=((40, 10 if spec else None, 0.0, end),))])
+
+    runs = [run("ref", 0.4) + run("sys", 0.2, spec=False), run("ref", 0.4, spec=False) + run("sys", 0.2),
+            run("ref", 0.5) + run("sys", 0.25)]
+    cells = {c["system"]: c for c in metrics.add_paired_ratios(metrics.pool_runs(runs), "ref")}
+    paired = cells["sys"]["paired"]
+    assert paired["runs"] == [0, 1, 2] and paired["tps"]["n"] == 3 and paired["tps"]["mean"] == pytest.approx(2.0)
+    assert paired["block_ms"]["n"] == 1 and paired["block_ms"]["mean"] == pytest.approx(25.0 / 50.0)
+
+
+def test_a_summary_read_back_loses_its_own_comparisons():
+    """Found by mutation testing: pool_runs kept a summary cell's speedup, block_ratio and paired entries, so a report
+    of summaries written with --block-ref, made without it (or pooled with other runs), showed the old runs' paired
+    table against a reference it no longer had. They are dropped, and a report computes them again."""
+    def run(system, end):
+        return metrics.aggregate([_record(system=system, turns=((40, 10, 0.0, end),))])
+
+    old = metrics.pool_runs([run("ref", 0.4) + run("sys", 0.2), run("ref", 0.5) + run("sys", 0.2)])
+    old = metrics.add_speedup(metrics.add_paired_ratios(metrics.add_block_ratio(old, "ref"), "ref"), "ref")
+    assert "paired" in {c["system"]: c for c in old}["sys"]
+    for pooled in (metrics.pool_runs([old]), metrics.pool_runs([old, run("ref", 0.4) + run("sys", 0.4)])):
+        assert not any(k in c for c in pooled for k in metrics.COMPARISONS)
+        assert "Paired runs" not in tables.report(metrics.add_speedup(pooled, None), None)
+    (sys_cell,) = [c for c in metrics.pool_runs([old, run("sys", 0.4)]) if c["system"] == "sys"]
+    assert sys_cell["runs"] == 3 and sys_cell["tps_per_run"] == [pytest.approx(200.0), pytest.approx(100.0)]
+
+
+def test_cells_come_sorted_by_their_key_whatever_the_record_order():
+    recs = [_record(system="b", c=2), _record(system="b", c=1, seed=3), _record(system="a", c=8, t=1.0),
+            _record(system="a", c=8, t=0.0, seed=1)]
+    keys = [(c["system"], c["concurrency"], c["temperature"]) for c in metrics.aggregate(recs)]
+    assert keys == [("a", 8, 0.0), ("a", 8, 1.0), ("b", 1, 0.0), ("b", 2, 0.0)]
+    assert metrics.aggregate(recs[::-1]) == metrics.aggregate(recs)

@@ -37,13 +37,6 @@ def test_round_trip_is_exact(saved):
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temp dir left
 
 
-def test_sglang_parses_our_config(saved):
-    utils = pytest.importorskip("sglang.srt.speculative.lilicorr_utils")
-    path, _ = saved
-    parsed = utils.parse_lilicorr_draft_config(draft_hf_config=json.loads((path / "config.json").read_text()))
-    assert (parsed.candidate_topk, parsed.hidden_size, parsed.factor_dim, parsed.logit_scale) == (4, 32, 16, 8.0)
-
-
 def rewrite(path, mutate):
     tensors = load_file(str(path / "model.safetensors"))
     mutate(tensors)
@@ -109,3 +102,140 @@ def test_vanilla_copy_keeps_the_drafter_and_drops_the_head(saved, tmp_path):
     assert not [k for k in config["dflash_config"] if k.startswith("lilicorr_")]
     assert config["dflash_config"]["target_layer_ids"] == [1, 3]
     assert set(load_file(str(out / "model.safetensors"))) == {"fc.weight"}
+
+
+def write_config(folder, config) -> None:
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("config", [[1, 2], {"architectures": [ckpt.VANILLA_ARCH]},
+                                    {"architectures": [ckpt.VANILLA_ARCH], "dflash_config": [6]}])
+def test_a_config_without_a_dflash_config_object_is_refused(tmp_path, config):
+    write_config(tmp_path / "d", config)
+    with pytest.raises(ckpt.CheckpointError, match="no `dflash_config` object"):
+        ckpt.read_config(tmp_path / "d")
+
+
+def test_each_unreadable_config_is_named(tmp_path):
+    (tmp_path / "d").mkdir()
+    with pytest.raises(ckpt.CheckpointError, match="config.json is missing"):
+        ckpt.read_config(tmp_path / "d")
+    (tmp_path / "d" / "config.json").mkdir()  # not a file: cannot be read
+    with pytest.raises(ckpt.CheckpointError, match="cannot be read"):
+        ckpt.read_config(tmp_path / "d")
+    write_config(tmp_path / "e", VANILLA)
+    assert ckpt.read_config(tmp_path / "e") == VANILLA
+    with pytest.raises(ckpt.CheckpointError, match="model.safetensors is missing"):
+        ckpt.read_tensors(tmp_path / "e")
+
+
+@pytest.mark.parametrize("declared", [["LlamaForCausalLM"], [ckpt.VANILLA_ARCH, ckpt.LILICORR_ARCH], ckpt.LILICORR_ARCH, [], None])
+def test_each_foreign_architectures_is_refused(tmp_path, declared):
+    with pytest.raises(ckpt.CheckpointError, match="is not \\['DFlashDraftModel'\\] or \\['LiLiCorrDraftModel'\\]"):
+        ckpt.architecture_of({"architectures": declared})
+    write_config(tmp_path / "d", {**VANILLA, "architectures": declared})
+    with pytest.raises(ckpt.CheckpointError, match="architectures"):
+        ckpt.read_config(tmp_path / "d")
+    assert ckpt.architecture_of({"architectures": [ckpt.LILICORR_ARCH]}) == ckpt.LILICORR_ARCH
+    assert not ckpt.has_head(VANILLA) and ckpt.has_head({"architectures": [ckpt.LILICORR_ARCH]})
+
+
+def test_block_size_and_dtype_fields():
+    assert ckpt.block_size_of({"dflash_config": {"block_size": 8}, "block_size": 6}) == 8
+    assert ckpt.block_size_of({"dflash_config": {}, "block_size": 6}) == 6
+    for bad in (True, "16", 16.0, None):
+        with pytest.raises(ckpt.CheckpointError, match="no integer block_size"):
+            ckpt.block_size_of({"dflash_config": {"block_size": bad}})
+    assert ckpt.dtype_of({}) == torch.bfloat16
+    assert ckpt.dtype_of({"dtype": "float16"}) == torch.float16
+    assert ckpt.dtype_of({"torch_dtype": "float32", "dtype": "float16"}) == torch.float32
+    for bad in ("float64", 32, None):
+        with pytest.raises(ckpt.CheckpointError, match="is not one of \\['bfloat16', 'float16', 'float32'\\]"):
+            ckpt.dtype_of({"torch_dtype": bad})
+
+
+def test_the_head_config_takes_the_draft_eps_else_1e_6():
+    config = ckpt.with_head(VANILLA, HEAD_CFG)
+    assert ckpt.lilicorr_config({k: v for k, v in config.items() if k != "rms_norm_eps"}).rms_norm_eps == 1e-6
+    assert ckpt.lilicorr_config({**config, "rms_norm_eps": 1e-5}).rms_norm_eps == 1e-5
+    assert ckpt.lilicorr_config(config) == HEAD_CFG
+    with pytest.raises(ckpt.CheckpointError, match="draft config: .*lilicorr_factor_dim"):
+        ckpt.lilicorr_config({**config, "dflash_config": {k: v for k, v in config["dflash_config"].items()
+                                                         if k != "lilicorr_factor_dim"}})
+    with pytest.raises(ckpt.CheckpointError, match="hidden_size"):
+        ckpt.new_head({k: v for k, v in config.items() if k != "hidden_size"})
+    head = ckpt.new_head({**config, "torch_dtype": "float32"})
+    assert head.same_slot_bias.dtype == torch.float32 and ckpt.new_head(config).same_slot_bias.dtype == torch.bfloat16
+    assert VANILLA["architectures"] == [ckpt.VANILLA_ARCH] and "lilicorr_factor_dim" not in VANILLA["dflash_config"]
+
+
+def test_the_digest_covers_names_dtypes_shapes_and_bytes_in_any_order():
+    a = {"x": torch.arange(6, dtype=torch.float32), "y": torch.zeros(0), "z": torch.tensor([1, 2], dtype=torch.int64)}
+    digest = ckpt.tensor_digest(a)
+    assert digest == ckpt.tensor_digest(dict(reversed(list(a.items()))))
+    for changed in ({**a, "x": a["x"].reshape(2, 3)}, {**a, "x": a["x"].double()}, {**a, "x": a["x"] + 1},
+                    {"w": a["x"], "y": a["y"], "z": a["z"]}, {**a, "y": torch.zeros(0, 2)}):
+        assert ckpt.tensor_digest(changed) != digest
+    assert ckpt.tensor_digest({"x": a["x"][::2]}) == ckpt.tensor_digest({"x": a["x"][::2].clone()})
+
+
+def test_a_file_whose_bytes_changed_does_not_match_its_checksum(tmp_path):
+    path = ckpt.save_tensors(tmp_path / "t.safetensors", {"x": torch.arange(4, dtype=torch.float32)})
+    assert torch.equal(ckpt.load_tensors(path, fix="f")["x"], torch.arange(4, dtype=torch.float32))
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x40  # a bit of the last tensor byte
+    path.write_bytes(bytes(data))
+    with pytest.raises(ckpt.CheckpointError, match="does not match its checksum") as e:
+        ckpt.load_tensors(path, fix="re-export it")
+    assert e.value.fix == "re-export it" and e.value.where == str(path)
+    save_file({"x": torch.ones(2)}, str(tmp_path / "old.safetensors"))  # written before the digest: loads
+    assert torch.equal(ckpt.load_tensors(tmp_path / "old.safetensors", fix="f")["x"], torch.ones(2))
+    with pytest.raises(ckpt.CheckpointError, match="the file is missing"):
+        ckpt.load_tensors(tmp_path / "none.safetensors", fix="f")
+
+
+def test_check_tensors_lists_the_first_five_and_the_count():
+    expected = {f"t{i}": torch.zeros(2) for i in range(7)}
+    with pytest.raises(ckpt.CheckpointError, match=r"missing tensor 't0' \(7 missing in all: \['t0', 't1', 't2', 't3', 't4'\]\)"):
+        ckpt.check_tensors(expected, {}, "w")
+    with pytest.raises(ckpt.CheckpointError, match=r"unexpected tensor 'u0' \(6 extra in all: \['u0', 'u1', 'u2', 'u3', 'u4'\]\)"):
+        ckpt.check_tensors({}, {f"u{i}": torch.zeros(1) for i in range(6)}, "w")
+    ckpt.check_tensors({"i": torch.zeros(2, dtype=torch.int64)}, {"i": torch.tensor([5, -3])}, "w")  # ints: no finite check
+    with pytest.raises(ckpt.CheckpointError, match="'f' holds NaN or Inf"):
+        ckpt.check_tensors({"f": torch.zeros(2)}, {"f": torch.tensor([0.0, float("-inf")])}, "w")
+
+
+def test_split_head_and_integer_tensors_are_saved(tmp_path):
+    drafter, head = ckpt.split_head({"fc.weight": torch.ones(1), "lilicorr.a.b": torch.zeros(1), "xlilicorr.c": torch.ones(2)})
+    assert set(drafter) == {"fc.weight", "xlilicorr.c"} and set(head) == {"a.b"}
+    path = ckpt.save_checkpoint(tmp_path / "d", VANILLA, {"fc.weight": torch.ones(2), "ids": torch.tensor([7, 8])})
+    assert torch.equal(ckpt.read_tensors(path)["ids"], torch.tensor([7, 8]))
+
+
+def test_add_random_head_is_seeded_and_takes_the_draft_geometry(tmp_path):
+    config = {**VANILLA, "rms_norm_eps": 1e-5}
+    ckpt.save_checkpoint(tmp_path / "v", config, {"fc.weight": torch.ones(24, 48, dtype=torch.bfloat16)})
+    geometry = dict(candidate_topk=4, factor_dim=16, hidden_size=32, num_heads=4)
+    head_cfg = ckpt.add_random_head(tmp_path / "v", tmp_path / "a", **geometry)
+    assert (head_cfg.block_size, head_cfg.rms_norm_eps) == (6, 1e-5)
+    ckpt.add_random_head(tmp_path / "v", tmp_path / "b", seed=0, **geometry)
+    ckpt.add_random_head(tmp_path / "v", tmp_path / "c", seed=1, **geometry)
+    a, b, c = (ckpt.read_tensors(tmp_path / n) for n in "abc")
+    assert all(torch.equal(a[k], b[k]) for k in a) and not all(torch.equal(a[k], c[k]) for k in a)
+    assert torch.equal(a["fc.weight"], torch.ones(24, 48, dtype=torch.bfloat16))
+    assert ckpt.load_head(tmp_path / "a").same_slot_bias.dtype == torch.bfloat16
+    ckpt.save_checkpoint(tmp_path / "no-eps", VANILLA | {"rms_norm_eps": None}, {"fc.weight": torch.ones(24, 48, dtype=torch.bfloat16)})
+    config = json.loads((tmp_path / "no-eps" / "config.json").read_text())
+    del config["rms_norm_eps"]
+    (tmp_path / "no-eps" / "config.json").write_text(json.dumps(config))
+    assert ckpt.add_random_head(tmp_path / "no-eps", tmp_path / "d", **geometry).rms_norm_eps == 1e-6
+
+
+def test_config_json_is_written_canonically(tmp_path):
+    """Sorted keys, two-space indent, a final newline: equal configs give equal bytes, whatever their key order."""
+    shuffled = dict(reversed(list(VANILLA.items())))
+    for name, config in (("a", VANILLA), ("b", shuffled)):
+        ckpt.save_checkpoint(tmp_path / name, config, {"fc.weight": torch.ones(2)})
+    text = (tmp_path / "a" / "config.json").read_text()
+    assert text == json.dumps(VANILLA, indent=2, sort_keys=True) + "\n" == (tmp_path / "b" / "config.json").read_text()

@@ -154,3 +154,84 @@ def test_cli_export_into_a_foreign_folder_names_force(run, tmp_path, capsys):
     assert "--force" in capsys.readouterr().err
     assert main(["export", str(run), str(tmp_path / "notes"), "--force"]) == 0
     assert load_draft(tmp_path / "notes")[1] is not None and (tmp_path / "notes" / "a.txt").read_text() == "x"
+
+
+def test_check_destination_needs_force_by_default(run, tmp_path):
+    from sglang_lilicorr.train.export import check_destination
+
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a.txt").write_text("x")
+    with pytest.raises(UsageError, match="--force"):
+        check_destination(notes, run)
+    assert check_destination(notes, run, force=True) == "existing"
+    assert check_destination(tmp_path / "new", run) == "new"
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UsageError, match="is a file"):
+        check_destination(tmp_path / "file", run)
+
+
+@pytest.mark.parametrize("where", ["run", "step", "inside"])
+def test_a_run_and_a_folder_inside_one_are_told_apart(run, where):
+    from sglang_lilicorr.train.export import check_destination
+
+    other = write_run(run.parent / "other")
+    out = {"run": other, "step": other / "checkpoints" / "step-00000002", "inside": other / "draft"}[where]
+    with pytest.raises(UsageError) as e:
+        check_destination(out, run)
+    assert e.value.where == "OUT_DIR"
+    assert e.value.what == (f"{out} is inside a training run or checkpoint, {other}" if where == "inside"
+                            else f"{out} is a training run or checkpoint")
+
+
+@pytest.mark.parametrize("kind, found", [("missing", "not an existing folder"), ("plain", "not a training run or checkpoint"),
+                                         ("draft", "a draft, not a training run")])
+def test_each_source_that_is_not_a_run_is_named(run, tmp_path, kind, found):
+    source = {"missing": tmp_path / "nowhere", "plain": tmp_path / "plain", "draft": tmp_path / "draft"}[kind]
+    if kind == "plain":
+        source.mkdir()
+        (source / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    if kind == "draft":
+        export_checkpoint(run, source)
+    with pytest.raises(UsageError) as e:
+        export_checkpoint(source, tmp_path / "out")
+    assert e.value.exit_code == 2 and e.value.where == "CHECKPOINT" and e.value.what == f"{str(source)!r} is {found}"
+
+
+def rewrite_tensors(run: Path, change) -> None:
+    from sglang_lilicorr.checkpoint import load_tensors, save_tensors
+
+    path = run / "checkpoints" / "step-00000002" / "trainable.safetensors"
+    tensors = load_tensors(path, fix="")
+    change(tensors)
+    save_tensors(path, tensors)  # with its checksum: only the head is wrong
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t: t.pop("lilicorr.in_head.weight"), "missing tensor 'in_head.weight'"),
+    (lambda t: t.__setitem__("lilicorr.extra", torch.zeros(2)), "unexpected tensor 'extra'"),
+    (lambda t: t.__setitem__("lilicorr.same_slot_bias", torch.zeros(3)), r"'same_slot_bias' has shape \(3,\), expected \(4,\)"),
+])
+def test_a_head_that_does_not_match_its_config_is_a_checkpoint_error(run, tmp_path, change, message):
+    """Found by mutation testing: the head was loaded with load_state_dict, whose RuntimeError `lilicorr` reported as a
+    bug; it is now checked like the drafter, tensor by tensor, and nothing is written."""
+    from sglang_lilicorr.checkpoint import CheckpointError
+
+    rewrite_tensors(run, change)
+    with pytest.raises(CheckpointError, match=message):
+        export_checkpoint(run, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_head_tensors_without_a_head_config_are_refused(run, tmp_path):
+    from sglang_lilicorr.checkpoint import CheckpointError
+
+    meta_path = run / "checkpoints" / "step-00000002" / "train_state.json"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "head_config": None}))
+    with pytest.raises(CheckpointError, match="holds head tensors but no head config"):
+        export_checkpoint(run, tmp_path / "out")
+    rewrite_tensors(run, lambda t: [t.pop(k) for k in [k for k in t if k.startswith("lilicorr.")]])
+    draft = export_checkpoint(run, tmp_path / "out")  # a drafter alone: a vanilla DFlash draft
+    assert load_draft(draft)[1] is None
+    assert json.loads((draft / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]

@@ -92,3 +92,56 @@ def test_round_plan_defaults():
     plan = paired.RoundPlan("toy", 8)
     assert (plan.rounds, plan.api, plan.ignore_eos, plan.warmup, plan.request_timeout, plan.reserve_s) == (3, "chat", False, 2, 300.0, 0.0)
     assert paired.run_path("w", 4, 2, "s").as_posix() == "w/runs/c4_r2_s.jsonl"
+
+
+def test_the_first_round_needs_only_the_reserve(tmp_path):
+    """Before any round has been timed the deadline must leave plan.reserve_s, no more: exactly that plays."""
+    now = [0.0]
+    with StubServer(min_latency_s=0.002) as a:
+        plan = paired.RoundPlan("toy", max_tokens=4, rounds=1, warmup=0, reserve_s=30.0)
+        assert paired.play_rounds({"a": a.url}, {1: PROMPTS[1]}, plan, tmp_path,
+                                  deadline=paired.Deadline(30.0, clock=lambda: now[0]), log=lambda line: None) == []
+        assert len(a.log) == 2
+        failures = paired.play_rounds({"a": a.url}, {1: PROMPTS[1]}, plan, tmp_path / "late",
+                                      deadline=paired.Deadline(29.5, clock=lambda: now[0]), log=lambda line: None)
+    assert failures == ["deadline: from c=1 round 1 on not played"] and len(a.log) == 2
+
+
+def test_a_round_plan_is_frozen():
+    import dataclasses
+
+    plan = paired.RoundPlan("toy", 8)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.rounds = 5
+    assert plan == paired.RoundPlan("toy", 8) and hash(plan) == hash(paired.RoundPlan("toy", 8))
+
+
+def test_rounds_are_recorded_greedy_at_seed_0_and_an_empty_work_merges_to_nothing(tmp_path):
+    assert paired.merge_rounds(tmp_path, ["a"], PROMPTS, 2) == []  # nothing played: no file, no error
+    with StubServer(min_latency_s=0.002) as a:
+        plan = paired.RoundPlan("toy", max_tokens=4, rounds=1, warmup=0)
+        assert paired.play_rounds({"a": a.url}, {1: PROMPTS[1]}, plan, tmp_path, log=lambda line: None) == []
+    rows = runner.read_results(paired.run_path(tmp_path, 1, 1, "a"))
+    assert {(r["system"], r["dataset"], r["concurrency"], r["temperature"], r["seed"], r["max_tokens"]) for r in rows} == \
+        {("a", "toy", 1, 0.0, 0, 4)}
+    (round1,) = paired.merge_rounds(tmp_path, ["a"], PROMPTS, 2)  # c=2 and round 2 never played: left out
+    assert round1.name == "round1.jsonl" and runner.read_results(round1) == rows
+
+
+def test_prompts_that_fail_in_a_run_are_reported_with_the_first(tmp_path):
+    with StubServer(min_latency_s=0.002, fail_first=1) as a:
+        plan = paired.RoundPlan("toy", max_tokens=4, rounds=1, warmup=0)
+        failures = paired.play_rounds({"a": a.url}, {1: PROMPTS[1]}, plan, tmp_path, log=lambda line: None)
+    assert len(failures) == 1 and failures[0].startswith("a c=1 round 1: 1 prompt(s) failed, first p0: ")
+    assert paired.merge_rounds(tmp_path, ["a"], {1: PROMPTS[1]}, 1) == []  # the cell is not whole
+
+
+def test_rounds_report_only_through_log(tmp_path, capsys):
+    """play_rounds speaks through `log` alone (the runs' progress bars are off): one line per round."""
+    lines = []
+    with StubServer(min_latency_s=0.002) as a:
+        plan = paired.RoundPlan("toy", max_tokens=4, rounds=2, warmup=0)
+        assert paired.play_rounds({"a": a.url}, {1: PROMPTS[1]}, plan, tmp_path, log=lines.append) == []
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", "")
+    assert [line.split(" done in ")[0] for line in lines] == ["[rounds] c=1 round 1", "[rounds] c=1 round 2"]

@@ -86,3 +86,18 @@ def test_the_draft_takes_the_prefill_backend_first(prefill, attention, want, mon
     server_args.resolve_server_args(args)
     assert (args.speculative_draft_attention_backend, args.speculative_num_draft_tokens, args.max_running_requests) == (want, 16, 48)
     assert (args.speculative_num_steps, args.speculative_eagle_topk) == (1, 1)
+
+
+@pytest.mark.parametrize("override, want", [(None, (2, 512)), ("", (2, 512)), ("{}", (2, 512)),
+                                            ('{"num_hidden_layers": 3, "max_position_embeddings": 1024}', (3, 1024))])
+def test_the_target_config_takes_the_json_override(override, want, tmp_path):
+    """--json-model-override-args reaches the target's config the draft is checked against (its context length
+    included); none, or an empty string, overrides nothing."""
+    (tmp_path / "config.json").write_text(
+        '{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, '
+        '"num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256, '
+        '"max_position_embeddings": 512}')
+    args = types.SimpleNamespace(model_path=str(tmp_path), trust_remote_code=False, revision=None,
+                                 json_model_override_args=override)
+    text = server_args.target_text_config(args)
+    assert (text.num_hidden_layers, text.max_position_embeddings) == want

@@ -63,3 +63,40 @@ def test_shard_edges_and_head_refusals():
     with pytest.raises(ValueError, match="K=11 candidates from a 10-token vocabulary"):
         ShardedCandidates(torch.zeros(5, 3), shard, 11)
     assert ShardedCandidates(torch.zeros(5, 3), shard, 10).topk == 10
+
+
+def test_a_shard_is_frozen():
+    """The buffers and the merge are sized from the shard when ShardedCandidates is built: it cannot change after."""
+    import dataclasses
+
+    shard = VocabShard(5, 5, 10, 2, None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        shard.start = 0
+    assert (shard.start, shard.size, shard.vocab_size, shard.ranks) == (5, 5, 10, 2)
+
+
+def test_buffers_sized_for_more_slots_than_k_plus_1():
+    """allocate(max_slots) with max_slots far from K + 1 (the two sizes of the buffers): calls of up to max_slots slots
+    merge to the unsharded top-K, one more is refused."""
+    g = torch.Generator().manual_seed(9)
+    vocab, hm, k, max_slots = 20, 8, 3, 10
+    head = torch.randn(vocab, hm, generator=g)
+
+    for hidden in (torch.randn(2, 3, hm, generator=g), torch.randn(2, 5, hm, generator=g), torch.randn(1, 2, hm, generator=g)):
+        n = hidden.shape[0] * hidden.shape[1]
+        logits = hidden.reshape(n, hm) @ head.T
+        other = shard_partials(logits[:, :11].contiguous(), k, 0)
+
+        def gather(out, inp):
+            assert out.shape == (2 * n, k + 1)
+            out[:n], out[n:] = other, inp
+        cands = ShardedCandidates(head[11:].clone(), VocabShard(11, vocab - 11, vocab, 2, gather), k)
+        cands.allocate(max_slots)
+        assert cands.partials.shape == (max_slots, k + 1) and cands.gathered.shape == (2 * max_slots, k + 1)
+        vals, ids, lse = cands(hidden)
+        top = logits.topk(k, dim=-1)
+        assert torch.equal(ids.reshape(n, k), top.indices)
+        torch.testing.assert_close(vals.reshape(n, k), top.values)
+        torch.testing.assert_close(lse.reshape(n), logits.logsumexp(-1))
+    with pytest.raises(RuntimeError, match="11 slots, but allocate\\(\\) sized it for 10"):
+        cands(torch.randn(1, 11, hm))

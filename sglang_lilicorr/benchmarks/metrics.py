@@ -151,15 +151,23 @@ def aggregate(records: Iterable[dict]) -> List[dict]:
     return cells
 
 
+# what a report adds by comparing a cell with other systems' (add_speedup, add_block_ratio, add_paired_ratios): a
+# summary .json read back carries its own, which describe its runs and its --baseline / --block-ref, so pool_runs
+# drops them and the report computes them again for the pooled cells
+COMPARISONS = ("speedup", "block_ratio", "paired", "paired_speedup")
+
+
 def pool_runs(runs: Sequence[List[dict]]) -> List[dict]:
     """Cells of repeated runs (one list per results file) -> one cell per key: tau, block_ms and TPS
     averaged over the runs that have the cell, their std across those runs (a cell of one run keeps
     its own std across seeds) and each run's value (`*_per_run`), token and block counts summed,
-    "runs" = how many runs had it, "run_ids" = which (positions in `runs`, in `*_per_run`'s order)."""
+    "runs" = how many runs had it, "run_ids" = which (positions in `runs`, in `*_per_run`'s order). The comparisons
+    a summary's cells carry (COMPARISONS) are dropped."""
     by_key: Dict[Tuple, List[dict]] = {}
     for i, cells in enumerate(runs):
         for c in cells:
-            by_key.setdefault(tuple(c[k] for k in CELL_KEY), []).append({**c, "run_ids": [i]})
+            own = {k: v for k, v in c.items() if k not in COMPARISONS}
+            by_key.setdefault(tuple(c[k] for k in CELL_KEY), []).append({**own, "run_ids": [i]})
     pooled = []
     for same in by_key.values():
         if len(same) == 1:

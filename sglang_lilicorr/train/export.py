@@ -20,8 +20,8 @@ from pathlib import Path
 
 from ..baselines import DSparkConfig
 from ..checkpoint import (
-    CONFIG_FILE, DTYPES, WEIGHTS_FILE, CheckpointError, architecture_of, save_checkpoint, split_head, with_head,
-    write_checkpoint_files,
+    CONFIG_FILE, DTYPES, WEIGHTS_FILE, CheckpointError, architecture_of, load_strict, save_checkpoint, split_head,
+    with_head, write_checkpoint_files,
 )
 from ..config import LiLiCorrConfig
 from ..ownership import NotOursError, held, marked_kind, remove_temporaries
@@ -118,8 +118,8 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, dtype: str = "bfl
     load_drafter_tensors(drafter, drafter_t, f"{source} (drafter)")
     out = {k: v.to(DTYPES[dtype]) for k, v in drafter.state_dict().items()}
     if head_cfg is not None:
-        head = build_head(head_cfg, drafter_cfg)
-        head.load_state_dict(head_t, strict=True)
+        # strict, as for the drafter: a missing, extra or mis-shaped head tensor is a CheckpointError naming it
+        head = load_strict(build_head(head_cfg, drafter_cfg), head_t, f"{source} (head)")
         out.update({k: v.to(DTYPES[dtype]) for k, v in serving_tensors(head).items()})
     elif head_t:
         raise CheckpointError(f"{source}: holds head tensors but no head config; the checkpoint is inconsistent.")
