@@ -3,7 +3,8 @@
 Scores come from the head, already scaled by sigma:
   start [b, K]          z_1[k]      = sigma * cos(out_anchor, in_{1,k})
   pair  [b, S-1, K, K]  pair[:, s-1, i, j] = sigma * cos(out_{s,i}, in_{s+1,j}),  s = 1..S-1
-Both decoders return candidate indices [b, S] (int64). Ties go to the lowest index.
+Both decoders return candidate indices [b, S] (int64). Ties go to the lowest index. `WALKS` names them: the reference
+decoder, the replay and the server (LILICORR_WALK) choose a rule by these names.
 """
 from __future__ import annotations
 
@@ -43,3 +44,6 @@ def path_score(start: torch.Tensor, pair: torch.Tensor, idx: torch.Tensor) -> to
         slots = torch.arange(pair.shape[1], device=idx.device)[None, :]
         score = score + pair.float()[rows, slots, idx[:, :-1], idx[:, 1:]].sum(dim=1)
     return score
+
+
+WALKS = {"greedy": greedy_walk, "viterbi": viterbi}  # the decode rules by name; greedy is the paper's (and the default)

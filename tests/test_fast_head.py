@@ -24,7 +24,7 @@ from sglang_lilicorr.kernels.head_scores import lattice_cosine_triton
 from sglang_lilicorr.kernels.tuning import ALL_GEMMS, CosineLaunch, TopKLaunch
 from sglang_lilicorr.fast_path.plan import PYTORCH, HeadGeometry, SelectPlan, SelectPlans, plans_for
 from sglang_lilicorr.fast_path.reference import greedy_margin, reference_select
-from sglang_lilicorr.walk import greedy_walk
+from sglang_lilicorr.walk import greedy_walk, path_score, viterbi
 
 from sm90_build import check_in_fresh_process
 from triton_mode import CUDA, INTERPRETER, needs_interpreter
@@ -160,6 +160,41 @@ def test_cosine_split_select_equals_reference(seed):
         select_with(head, SelectPlan(cosine_split=3), embed_weight=embed)
 
 
+VITERBI_PLANS = {**CPU_PLANS, "merge_in_confidence": SelectPlan(merge_in_confidence=True),
+                 "cosine_split": SelectPlan(cosine_split=2)}  # the greedy walk's D split; Viterbi's cosine takes none
+
+
+@pytest.mark.parametrize("plan", [pytest.param(name, marks=needs_interpreter) for name in VITERBI_PLANS] + ["pytorch"])
+def test_viterbi_select_commits_the_viterbi_path_of_the_heads_scores(seed, monkeypatch, plan):
+    """walk="viterbi" (LILICORR_WALK=viterbi) commits walk.viterbi over the head's own start/pair with the ids gathered
+    (the reference decoder's Viterbi, reference/propose.py), through `select` (the draft graph's route) and
+    `select_from_candidates` (tensor parallel); candidates and log-probs are the greedy select's bits, and the two rules
+    commit other drafts on these inputs. The PyTorch path drafts reference_select's Viterbi exactly; a Triton path's
+    draft scores, under the reference's scores, within its score error of the reference's best path."""
+    cfg = dataclasses.replace(SMALL, factor_dim=256) if plan == "cosine_split" else SMALL
+    head = make_head(cfg, HM, seed)
+    hidden, anchor, lm_head, embed = make_inputs(6, cfg.num_slots, HM, VOCAB, seed)
+    if plan == "pytorch":  # top-K and the decoders: the PyTorch references
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+        plans = plans_for(HeadGeometry.of(head), PYTORCH)
+    else:
+        plans = SelectPlans.every(VITERBI_PLANS[plan])
+    fast = FastLiLiCorrSelect(head, embed_weight=embed, plans=plans, walk="viterbi")
+    tokens, ids, lp = fast.select(hidden, anchor, lm_head)
+    candidates = fast.candidates(hidden, lm_head)
+    start, pair, _ = fast.lattice_scores(*candidates, hidden, anchor)  # the head's scores, as the select computes them
+    path = viterbi(start, pair)
+    assert torch.equal(tokens, ids.gather(2, path.unsqueeze(-1)).squeeze(-1))
+    assert torch.equal(fast.select_from_candidates(*candidates, hidden, anchor)[0], tokens)
+    g_tokens, g_ids, g_lp = FastLiLiCorrSelect(head, embed_weight=embed, plans=plans).select(hidden, anchor, lm_head)
+    assert torch.equal(g_ids, ids) and torch.equal(g_lp, lp) and not torch.equal(g_tokens, tokens)
+    r_tokens, _, _, r_start, r_pair = reference_select(head, fast.token_table, hidden, anchor, lm_head, walk="viterbi")
+    if plan == "pytorch":
+        assert torch.equal(tokens, r_tokens)
+    slack = 2 * cfg.num_slots * request_error(start, pair, r_start, r_pair) + 1e-5
+    assert bool((path_score(r_start, r_pair, path) >= path_score(r_start, r_pair, viterbi(r_start, r_pair)) - slack).all())
+
+
 @needs_interpreter
 def test_merge_in_confidence_gives_the_same_bits(seed):
     """The top-K's partials merged in the confidence kernel (no merge launch) serve the same bits as the merge kernel:
@@ -289,6 +324,8 @@ def test_bad_inputs_are_named(seed):
         FastLiLiCorrSelect(head)
     with pytest.raises(ValueError, match="token_table"):
         FastLiLiCorrSelect(head, token_table=torch.zeros(VOCAB, 7))
+    with pytest.raises(ValueError, match="walk='beam' is not a decode rule; choose one of greedy, viterbi"):
+        FastLiLiCorrSelect(head, embed_weight=embed, walk="beam")
     fast = FastLiLiCorrSelect(head, embed_weight=embed, plans=plans_for(HeadGeometry.of(head), PYTORCH))
     with pytest.raises(ValueError, match=r"hidden must be \[b, S, 24\]"):
         fast.select(hidden[..., :5], anchor, lm_head)
@@ -543,7 +580,9 @@ cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divis
     (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, SPLIT=1, STEPS=1, **P), CL.num_warps, None, (0, 1, 2, 7)),
     (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, SPLIT=8, STEPS=1, **P), CL.num_warps, None, (0, 1, 2, 7)),
     (head_scores._lattice_cosine_kernel, cosine_args(f32), dict(KP=16, BLOCK_D=128, F32_DOT=True, PRECISION="ieee", WALK=False, SP=16, SPLIT=1, STEPS=1, PDL=False), 4, None, (0, 1, 2, 7)),
+    (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=False, SP=16, SPLIT=1, STEPS=1, **P), CL.num_warps, None, (0, 1, 2, 7)),  # LILICORR_WALK=viterbi
     (walk._greedy_walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c], dict(KP=8, SP=16, GATHER=True, **P), 1, None, ()),
+    (walk._viterbi_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c], dict(KP=8, SP=16, GATHER=True, **P), 1, None, ()),
     (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, BESIDE=False, NARROW=True, **P), L.num_warps, L.maxnreg, range(10)),
     (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, BESIDE=True, NARROW=False, **P), L.num_warps, L.maxnreg, range(10)),
     (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=L.block // 32, G=32, TP=4, FINAL=False, BESIDE=True, NARROW=True, **P), L.num_warps, L.maxnreg, range(10)),  # TOPK_SPLIT_LAUNCH at bs 1

@@ -162,10 +162,10 @@ def test_walk_kernels_match_reference(gen, device, decoder, b, slots, k, dtype):
     want = getattr(walk, decoder)(start, pair)
     assert got.dtype == torch.int64 and got.shape == (b, slots)
     assert torch.equal(got.cpu(), want), (got, want)
-    if decoder == "greedy_walk":  # with candidate ids: the walked candidates' ids, from the same kernel
-        ids = torch.randint(0, 1000, (b, slots, 2 * k), generator=gen)[..., ::2]  # strided [b, S, K]
-        tokens = greedy_walk_triton(start.to(device), pair.to(device), ids.to(device))
-        assert torch.equal(tokens.cpu(), ids.gather(2, want.unsqueeze(-1)).squeeze(-1))
+    # with candidate ids: the path's candidates' ids, from the same kernel
+    ids = torch.randint(0, 1000, (b, slots, 2 * k), generator=gen)[..., ::2]  # strided [b, S, K]
+    tokens = kernel(start.to(device), pair.to(device), ids.to(device))
+    assert torch.equal(tokens.cpu(), ids.gather(2, want.unsqueeze(-1)).squeeze(-1))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -185,8 +185,9 @@ def test_walk_kernels_reject_bad_input(monkeypatch):
         greedy_walk_triton(start[0], torch.zeros(2, 3, 4, 4))
     with pytest.raises(ValueError, match="CUDA device"):
         greedy_walk_triton(start, torch.zeros(2, 3, 4, 4))
-    with pytest.raises(ValueError, match=r"ids \(2, 4, 3\).*must be \[b, S, K\]"):
-        greedy_walk_triton(start, torch.zeros(2, 3, 4, 4), torch.zeros(2, 4, 3, dtype=torch.int64))
+    for kernel in (greedy_walk_triton, viterbi_triton):
+        with pytest.raises(ValueError, match=rf"{kernel.__name__}: ids \(2, 4, 3\).*must be \[b, S, K\]"):
+            kernel(start, torch.zeros(2, 3, 4, 4), torch.zeros(2, 4, 3, dtype=torch.int64))
     from sglang_lilicorr.kernels.walk import MAX_BLOCK_SIZE
 
     with pytest.raises(ValueError, match=f"S={MAX_BLOCK_SIZE} slots; the kernel serves 1..{MAX_BLOCK_SIZE - 1}"):

@@ -153,6 +153,20 @@ def test_cpu_device_is_refused_like_dflash(target, draft):
 # --- bad inputs -------------------------------------------------------------------------------
 
 
+def test_lilicorr_walk_is_checked_before_the_server_starts(target, draft, monkeypatch):
+    """LILICORR_WALK: greedy by default, viterbi served, anything else refused by name before any process starts."""
+    from sglang_lilicorr.serving.proposer import walk_rule
+
+    monkeypatch.delenv("LILICORR_WALK", raising=False)
+    assert walk_rule() == "greedy"
+    monkeypatch.setenv("LILICORR_WALK", "viterbi")
+    resolve(target, draft=draft)
+    assert walk_rule() == "viterbi"
+    monkeypatch.setenv("LILICORR_WALK", "beam")
+    with pytest.raises(ServingConfigError, match=r"^LILICORR_WALK='beam' is not a decode rule: set it to one of greedy, viterbi\.$"):
+        resolve(target, draft=draft)
+
+
 def edited_draft(folder, *, config=None, tensors=None):
     return write_tiny_draft(folder, config=config, tensors=tensors)
 

@@ -18,7 +18,7 @@ import torch
 from sglang_lilicorr.checkpoint import head_tensors_for_save, save_checkpoint
 from sglang_lilicorr.config import LiLiCorrConfig
 from sglang_lilicorr.head import LiLiCorrHead
-from sglang_lilicorr.walk import greedy_walk
+from sglang_lilicorr.walk import WALKS
 
 pytest.importorskip("sglang")
 
@@ -86,24 +86,24 @@ def write_tiny_draft(folder: Path, *, config: dict | None = None, tensors: dict 
 # --- the proposal ---------------------------------------------------------------------------
 
 
-def make_proposer(block_size: int = 16, max_rows: int = 4, slots: int = 8):
+def make_proposer(block_size: int = 16, max_rows: int = 4, slots: int = 8, walk: str = "greedy"):
     from sglang_lilicorr.serving.proposer import LiLiCorrProposer
 
     g = torch.Generator().manual_seed(1)
     head = tiny_head(block_size).float()
     lm = torch.randn(VOCAB, HIDDEN, generator=g)
     embed = torch.randn(VOCAB + 6, HIDDEN, generator=g)  # padded rows past V, as SGLang pads
-    proposer = LiLiCorrProposer(head=head, lm_head_weight=lm, embed_weight=embed, block_size=block_size)
+    proposer = LiLiCorrProposer(head=head, lm_head_weight=lm, embed_weight=embed, block_size=block_size, walk=walk)
     proposer.allocate(num_request_slots=slots, max_rows=max_rows)
     return proposer, head, lm, embed
 
 
-def reference_block(head, lm, embed, pass_hidden, anchor):
-    """The proposal written out with plain torch ops: full log-softmax, topk, head, walk."""
+def reference_block(head, lm, embed, pass_hidden, anchor, walk: str = "greedy"):
+    """The proposal written out with plain torch ops: full log-softmax, topk, head, the rule's decoder (walk.py)."""
     k = head.config.candidate_topk
     log_probs, ids = torch.log_softmax(pass_hidden @ lm.T, dim=-1).topk(k, dim=-1)
     start, pair = head(head.project_tokens(embed[ids]), log_probs, pass_hidden, anchor)
-    return ids.gather(2, greedy_walk(start, pair).unsqueeze(2)).squeeze(2)
+    return ids.gather(2, WALKS[walk](start, pair).unsqueeze(2)).squeeze(2)
 
 
 def test_proposal_matches_reference_and_follows_request_slots():
@@ -127,6 +127,32 @@ def test_proposal_matches_reference_and_follows_request_slots():
     proposer.stage_anchors(slots[order])
     again = proposer.propose(pass_hidden[order], proposer.anchors[:b])
     assert torch.equal(again, want[order])
+
+
+def test_viterbi_proposal_in_the_draft_graph_route_and_the_eager_one():
+    """walk="viterbi" (LILICORR_WALK=viterbi): the draft-graph protocol and the eager proposal (the graphs warm
+    captures run the same select) commit the Viterbi path of the head's scores, not the greedy walk's."""
+    proposer, head, lm, embed = make_proposer(max_rows=5, walk="viterbi")
+    b, s = 4, proposer.slots
+    g = torch.Generator().manual_seed(8)
+    hidden = torch.randn(b * proposer.block_size, HIDDEN, generator=g)
+    anchors = torch.randn(b, HIDDEN, generator=g)
+    proposer.publish_anchors(anchors, torch.arange(b))
+    proposer.stage_anchors(torch.arange(b))
+    proposer(hidden)
+    pass_hidden = hidden.view(b, proposer.block_size, HIDDEN)[:, 1:]
+    want = reference_block(head, lm, embed[:VOCAB], pass_hidden, anchors, walk="viterbi")
+    assert torch.equal(proposer.out[: b * s].view(b, s), want)
+    assert not torch.equal(want, reference_block(head, lm, embed[:VOCAB], pass_hidden, anchors))  # the rules part here
+    assert proposer.warm(graph_batch_sizes=[1, 2], capture=False) == [3, 4, 5]
+    assert torch.equal(proposer.propose_eager(pass_hidden), want)
+
+
+def test_start_up_line_says_which_rule_commits_the_block():
+    for walk, rule in (("greedy", "the greedy walk (each slot the best continuation of the slot before; the paper's rule)"),
+                       ("viterbi", "the Viterbi path (the exact maximiser of the block's start + pair scores)")):
+        assert make_proposer(walk=walk)[0].startup_line() == (
+            f"LILICORR: each drafted block is committed by {rule} (LILICORR_WALK={walk}; one of greedy, viterbi).")
 
 
 def test_anchor_changes_the_proposal_only_through_its_request():
@@ -166,12 +192,14 @@ def test_proposer_rejects_wrong_block_and_unallocated_use():
 
 
 @pytest.mark.gpu
-def test_proposal_on_cuda_matches_cpu_and_replays_in_a_cuda_graph():
-    proposer, head, lm, embed = make_proposer(max_rows=4)
+@pytest.mark.parametrize("walk", list(WALKS))
+def test_proposal_on_cuda_matches_cpu_and_replays_in_a_cuda_graph(walk):
+    proposer, head, lm, embed = make_proposer(max_rows=4, walk=walk)
     from sglang_lilicorr.serving.proposer import LiLiCorrProposer
 
     dev = torch.device("cuda")
-    gpu = LiLiCorrProposer(head=copy.deepcopy(head).to(dev), lm_head_weight=lm.to(dev), embed_weight=embed.to(dev), block_size=16)
+    gpu = LiLiCorrProposer(head=copy.deepcopy(head).to(dev), lm_head_weight=lm.to(dev), embed_weight=embed.to(dev), block_size=16,
+                           walk=walk)
     gpu.allocate(num_request_slots=8, max_rows=4)
     g = torch.Generator().manual_seed(4)
     hidden = torch.randn(4 * 16, HIDDEN, generator=g)
@@ -372,6 +400,34 @@ def test_append_publishes_each_requests_anchor_from_the_appends_own_projection(m
     commit = torch.tensor([16, 1, 7], dtype=torch.int32)
     assert torch.equal(proposer.anchor_rows(num_rows=48, extend_lens=None, commit_lens=commit),
                        last_rows(num_rows=48, extend_lens=None, commit_lens=commit))
+
+
+@pytest.mark.parametrize("walk", list(WALKS))
+def test_the_worker_builds_its_proposer_with_lilicorr_walk_and_says_so(walk, monkeypatch, caplog):
+    """LiLiCorrWorker.__init__ (SGLang's DFlash worker stood in for by the attributes it sets) proposes with the rule
+    LILICORR_WALK names and logs the proposer's start-up line."""
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from sglang_lilicorr.serving import worker as worker_module
+
+    head = tiny_head()
+    target = types.SimpleNamespace(lm_head=types.SimpleNamespace(weight=torch.zeros(VOCAB, HIDDEN)),
+                                   get_input_embeddings=lambda: types.SimpleNamespace(weight=torch.zeros(VOCAB, HIDDEN)))
+
+    def dflash_init(self, *args):
+        self.draft_model = types.SimpleNamespace(lilicorr_head=head)
+        self.model_runner = types.SimpleNamespace(model=target, model_config=types.SimpleNamespace(vocab_size=VOCAB))
+        self.block_size = 16
+
+    monkeypatch.setattr(DFlashWorkerV2, "__init__", dflash_init)
+    monkeypatch.setattr(worker_module, "LiLiCorrDraftModel", types.SimpleNamespace)
+    monkeypatch.setattr(worker_module, "get_parallel", lambda: types.SimpleNamespace(tp_group=None))
+    monkeypatch.setattr(worker_module, "install_request_refusal", lambda verification: None)
+    monkeypatch.setenv("LILICORR_WALK", walk)
+    with caplog.at_level("INFO", logger=worker_module.__name__):
+        worker = worker_module.LiLiCorrWorker(None, 0, 0, None)
+    assert worker.proposer.select.walk_rule == walk
+    assert worker.proposer.startup_line() in caplog.messages
 
 
 def test_target_lm_head_must_be_dense_and_unpadded():

@@ -6,12 +6,13 @@ import torch.nn.functional as F
 
 from ..head import LiLiCorrHead
 from ..kernels.topk_reference import topk_lse_reference
-from ..walk import greedy_walk
+from ..walk import WALKS
 
 
-def reference_select(head: LiLiCorrHead, token_table, hidden, anchor_hidden, lm_head_weight):
-    """The PyTorch definition `FastLiLiCorrSelect.select` must equal: LiLiCorrHead.forward + walk.greedy_walk
-    on the stable-sorted top-K of the logits. -> (draft ids, candidate ids, log-probs, start, pair)."""
+def reference_select(head: LiLiCorrHead, token_table, hidden, anchor_hidden, lm_head_weight, walk: str = "greedy"):
+    """The PyTorch definition `FastLiLiCorrSelect.select` must equal: LiLiCorrHead.forward + the select's rule
+    (walk.WALKS[walk]: greedy_walk, or viterbi) on the stable-sorted top-K of the logits.
+    -> (draft ids, candidate ids, log-probs, start, pair)."""
     b, s, hm = hidden.shape
     k = head.config.candidate_topk
     with torch.no_grad():
@@ -20,7 +21,7 @@ def reference_select(head: LiLiCorrHead, token_table, hidden, anchor_hidden, lm_
         lp = (vals - lse.unsqueeze(-1)).view(b, s, k)
         ids = ids.view(b, s, k)
         start, pair = head(token_table[ids], lp, hidden, anchor_hidden)
-        path = greedy_walk(start, pair)
+        path = WALKS[walk](start, pair)
     return ids.gather(2, path.unsqueeze(-1)).squeeze(-1), ids, lp, start, pair
 
 

@@ -1,5 +1,5 @@
 """Serving-time select path of a trained LiLiCorr head (paper Section 3, App. A/F):
-LM-head logits -> fused top-K + logsumexp -> token-table gather -> head -> greedy walk.
+LM-head logits -> fused top-K + logsumexp -> token-table gather -> head -> greedy walk (or Viterbi).
 
 `FastLiLiCorrSelect` wraps a `LiLiCorrHead` (same weights; the lattice layers, norms and projections are the
 head's own modules) with the constants the serving path precomputes from it (constants.py).
@@ -9,15 +9,17 @@ batch-size bucket, resolved at construction from kernels/tuning.py's measured ta
 by the call's batch size. fused=False runs PyTorch ops (the lattice layers as LatticeLayer.forward); fused=True runs
 Triton kernels around the GEMMs: features + LayerNorm + up + SiLU in one kernel, the node kernel (gather + sum +
 RMSNorm), residual add + RMSNorm (+ h*t), the lattice attention, and one cosine kernel for the start and pair factors
-that also runs the greedy walk (kernels/head_*.py, lattice_attention.py). The plan's other choices: Triton GEMMs with
-their epilogues (kernels/gemm_epilogue.py) or cuBLAS, per GEMM role; GEMM + residual add + RMSNorm kernels
-(kernels/linear_norm.py); the lattice's norms folded into its Triton GEMMs (each layer five GEMMs and the attention:
-the residual adds in the epilogues of the GEMMs that produce the branches, which also write their rows' partial sums
-of squares; each RMSNorm inside the GEMM that reads its output, its gain folded into a copy of the weight; the last
-add also writes x * t); PDL (kernels/pdl.py) with the GEMMs' weights prefetched into L2; the projections on a side
-stream; in select_from_logits the pass projection as a Triton GEMM that the top-K split runs beside, the nodes in the
-feature down GEMM's epilogue and the top-K's merge in the confidence kernel; GEMM tiles per role, the top-K's and
-the cosine kernel's launches, the attention's query rows per program.
+that also runs the greedy walk (kernels/head_*.py, lattice_attention.py). `walk` picks the rule that commits the block
+(walk.WALKS): the greedy walk (App. F, the paper's), or the exact Viterbi path, which the cosine kernel leaves to the
+Viterbi kernel (kernels/walk.py; the cosine launch then takes no D split); on the PyTorch path walk.py's decoders.
+The plan's other choices: Triton GEMMs with their epilogues (kernels/gemm_epilogue.py) or cuBLAS, per GEMM role; GEMM
++ residual add + RMSNorm kernels (kernels/linear_norm.py); the lattice's norms folded into its Triton GEMMs (each
+layer five GEMMs and the attention: the residual adds in the epilogues of the GEMMs that produce the branches, which
+also write their rows' partial sums of squares; each RMSNorm inside the GEMM that reads its output, its gain folded
+into a copy of the weight; the last add also writes x * t); PDL (kernels/pdl.py) with the GEMMs' weights prefetched
+into L2; the projections on a side stream; in select_from_logits the pass projection as a Triton GEMM that the top-K
+split runs beside, the nodes in the feature down GEMM's epilogue and the top-K's merge in the confidence kernel; GEMM
+tiles per role, the top-K's and the cosine kernel's launches, the attention's query rows per program.
 Everything is static-shaped with no host syncs, so `select` can be captured in a CUDA graph.
 """
 from __future__ import annotations
@@ -35,11 +37,13 @@ from ..kernels.linear_norm import lattice_nodes_linear_triton, linear_add_rmsnor
 from ..kernels.topk_lse import topk_lse
 from ..kernels.topk_lse_fused import topk_lse_parts
 from ..kernels.tuning import CosineLaunch
-from ..kernels.walk import greedy_walk_triton
+from ..kernels.walk import greedy_walk_triton, viterbi_triton
 from .constants import SelectConstants
 from .plan import Device, HeadGeometry, SelectPlan, SelectPlans, plans_for
 from .side_stream import SideStream
-from ..walk import greedy_walk
+from ..walk import WALKS
+
+WALK_KERNELS = {"greedy": greedy_walk_triton, "viterbi": viterbi_triton}  # walk.WALKS's rules in Triton, ids gathered
 
 
 def _norm_eps(norm: torch.nn.RMSNorm) -> float:
@@ -57,11 +61,15 @@ class FastLiLiCorrSelect(SelectConstants):
         embed_weight: torch.Tensor | None = None,  # [V, Hm] target input embedding
         token_table: torch.Tensor | None = None,  # [V, H] head.token_table(embed_weight), if already built
         plans: SelectPlans | None = None,  # None: plans_for(this head, its device), kernels/tuning.py's tables
+        walk: str = "greedy",  # the rule that commits the block (walk.WALKS): greedy, or viterbi (the exact path)
     ) -> None:
         if (embed_weight is None) == (token_table is None):
             raise ValueError("FastLiLiCorrSelect: pass exactly one of embed_weight=[V, Hm] or token_table=[V, H].")
         if not isinstance(head, LiLiCorrHead):
             raise TypeError(f"FastLiLiCorrSelect wraps a sglang_lilicorr.head.LiLiCorrHead, got {type(head).__name__}.")
+        if walk not in WALKS:
+            raise ValueError(f"FastLiLiCorrSelect: walk={walk!r} is not a decode rule; choose one of {', '.join(WALKS)}.")
+        self.walk_rule = walk
         self.geometry, device = HeadGeometry.of(head), Device.of(head.pass_hidden_proj.weight)
         self.plans = plans_for(self.geometry, device) if plans is None else plans
         for plan in self.plans.plans:
@@ -178,7 +186,7 @@ class FastLiLiCorrSelect(SelectConstants):
 
     def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, plan: SelectPlan, walk: bool = False, pass_proj=None,
                       parts=None):
-        """-> (start, pair, log-probs [b, S, K], draft ids [b, S] from the cosine kernel's greedy walk if `walk` else None);
+        """-> (start, pair, log-probs [b, S, K], draft ids [b, S] committed by the select's rule if `walk` else None);
         `pass_proj`: the pass projection made on the main stream beside the top-K, else None; `parts`: the top-K's
         partials instead of vals and lse (None), merged by the confidence kernel into `ids`."""
         b, s, k = ids.shape
@@ -303,7 +311,8 @@ class FastLiLiCorrSelect(SelectConstants):
 
     def _factors_fused(self, cat, sumsq, anchor, b, s, plan: SelectPlan, ids=None):
         """concat[h, h*t] [b*L, 2H], anchor [b, D+H] -> (start fp32 [b, K], pair fp32 [b, S-1, K, K],
-        draft ids [b, S] walked in the cosine kernel if candidate `ids` [b, S, K] are given, else None).
+        draft ids [b, S] committed by the select's rule if candidate `ids` [b, S, K] are given, else None: the greedy
+        walk in the cosine kernel, another rule's kernel after it).
         With folded norms `cat` is [x, x * t] and sumsq the sums of squares of x's rows (_layers_folded):
         the factor GEMM applies the output norm (its rstd per row, its gain in w_factor_folded)."""
         d, k, pdl = self.factor_dim, self.topk, plan.pdl
@@ -318,8 +327,9 @@ class FastLiLiCorrSelect(SelectConstants):
         else:
             fused = head_norm.row_bias_silu_triton(F.linear(cat, self.w_factor), anchor[:, d:], rows_per_group=s * k, pdl=pdl)
         edges = self._gemm("out_in", fused, self.w_edge, self.b_edge, plan).view(b, s, k, 2 * d)
-        if ids is None:
-            return (*head_scores.lattice_cosine_triton(edges, anchor[:, :d], self.sigma, self.vector_eps, pdl=pdl), None)
+        if ids is None or self.walk_rule != "greedy":  # the scores alone, then (with ids) the rule's kernel
+            start, pair = head_scores.lattice_cosine_triton(edges, anchor[:, :d], self.sigma, self.vector_eps, pdl=pdl)
+            return start, pair, None if ids is None else self.walk(start, pair, ids)
         launch = CosineLaunch(split=plan.cosine_split)
         counters = self._counters.at_least(head_scores.walk_counters(b, s, launch))
         return head_scores.lattice_cosine_walk_triton(edges, anchor[:, :d], self.sigma, self.vector_eps, ids, counters, launch,
@@ -357,22 +367,22 @@ class FastLiLiCorrSelect(SelectConstants):
             "projections": lambda: (self._pass_projection(pass_hidden, plan), self._anchor_projection(anchor_hidden, plan)),
             "nodes": lambda: self._nodes_fused(vals, ids, lse, pass_proj, plan),
             "lattice": lambda: lattice(x, xn),
-            "factors": lambda: self._factors_fused(cat, sumsq, anchor, b, s, plan, ids),  # with the walk, as served
+            "factors": lambda: self._factors_fused(cat, sumsq, anchor, b, s, plan, ids),  # with the commit, as served
         }
         return {name: torch.no_grad()(fn) for name, fn in stages.items()}
 
     def walk(self, start: torch.Tensor, pair: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Greedy walk (App. F) over the factors -> draft token ids [b, S]."""
-        if uses_triton(start):  # the gather of the walked ids in the same kernel
-            return greedy_walk_triton(start, pair, ids, pdl=self.plan(start.shape[0]).pdl)
-        path = greedy_walk(start, pair)
+        """The select's rule (greedy walk, App. F, or Viterbi) over the factors -> draft token ids [b, S]."""
+        if uses_triton(start):  # the gather of the committed ids in the same kernel
+            return WALK_KERNELS[self.walk_rule](start, pair, ids, pdl=self.plan(start.shape[0]).pdl)
+        path = WALKS[self.walk_rule](start, pair)
         return ids.gather(2, path.unsqueeze(-1)).squeeze(-1)
 
     # --- entry points ------------------------------------------------------------------------
 
     def select_from_candidates(self, vals, ids, lse, pass_hidden, anchor_hidden):
         """Head + walk on given candidates -> (draft ids [b, S], ids [b, S, K], log-probs fp32 [b, S, K]).
-        The fused path walks inside its cosine kernel (kernels/head_scores.py)."""
+        The fused path walks greedily inside its cosine kernel (kernels/head_scores.py)."""
         plan = self.plan(ids.shape[0])
         if not plan.fused:
             start, pair, lp = self.lattice_scores(vals, ids, lse, pass_hidden, anchor_hidden)

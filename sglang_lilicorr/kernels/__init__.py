@@ -4,7 +4,7 @@
   fused top-K + full-vocabulary logsumexp; Triton on CUDA, PyTorch reference elsewhere.
 - topk_shards.shard_partials / merge_partials: the same over a vocabulary split among tensor-parallel ranks (each
   rank's partials, one all-gather, an exact merge).
-- greedy_walk_triton / viterbi_triton(start [b, K], pair [b, S-1, K, K]) -> idx [b, S] int64:
+- greedy_walk_triton / viterbi_triton(start [b, K], pair [b, S-1, K, K][, ids [b, S, K]]) -> idx (or ids) [b, S] int64:
   the decoders of sglang_lilicorr.walk, one program per request.
 - lattice_attention_triton(qkv [b*L, 3H], bias [heads, L, L], heads) -> out [b*L, H]:
   the lattice transformer's self-attention on the packed QKV GEMM output (replaces SDPA).

@@ -4,7 +4,7 @@ exactly (ties go to the lowest index, -inf scores allowed).
 
   start [b, K]           z_1[k]
   pair  [b, S-1, K, K]   pair[:, s-1, i, j]: score of candidate i at slot s followed by j at slot s+1
-  ->    idx [b, S] int64 candidate index per slot
+  ->    idx [b, S] int64 candidate index per slot (given candidate ids [b, S, K]: their ids, gathered in the kernel)
 """
 from __future__ import annotations
 
@@ -33,6 +33,15 @@ def _start_row(start_ptr, req, st_b, st_k, lanes, valid):
 
 
 @triton.jit
+def _store_path(idx_ptr, req, S, steps, path, ids_ptr, id_b, id_s, id_k, GATHER: tl.constexpr):
+    """The request's path [SP] -> idx[req, :S]: the candidate indices, or with GATHER their ids."""
+    out = path.to(tl.int64)
+    if GATHER:
+        out = tl.load(ids_ptr + req * id_b + steps * id_s + path * id_k, mask=steps < S, other=0).to(tl.int64)
+    tl.store(idx_ptr + req * S + steps, out, mask=steps < S)
+
+
+@triton.jit
 def _greedy_walk_kernel(
     start_ptr, pair_ptr, idx_ptr, S, K,
     st_b, st_k, pr_b, pr_s, pr_i, pr_j,  # strides of start [b, K] and pair [b, S-1, K, K]
@@ -58,18 +67,16 @@ def _greedy_walk_kernel(
         row = tl.max(tl.where(rows[:, None] == (s - 1) * KP + cur, lattice, -float("inf")), 0)  # [KP]
         cur = _first_argmax(row, lanes, valid)
         path = tl.where(steps == s, cur, path)
-    out = path.to(tl.int64)
-    if GATHER:
-        out = tl.load(ids_ptr + req * id_b + steps * id_s + path * id_k, mask=steps < S, other=0).to(tl.int64)
-    tl.store(idx_ptr + req * S + steps, out, mask=steps < S)
+    _store_path(idx_ptr, req, S, steps, path, ids_ptr, id_b, id_s, id_k, GATHER)
 
 
 @triton.jit
 def _viterbi_kernel(
     start_ptr, pair_ptr, idx_ptr, S, K,
     st_b, st_k, pr_b, pr_s, pr_i, pr_j,  # strides of start [b, K] and pair [b, S-1, K, K]
+    ids_ptr, id_b, id_s, id_k,  # GATHER: candidate ids [b, S, K]; idx then receives ids[path]
     KP: tl.constexpr, SP: tl.constexpr,  # K and S rounded up to powers of two
-    PDL: tl.constexpr,
+    GATHER: tl.constexpr, PDL: tl.constexpr,
 ):
     grid_dependency_wait(PDL)
     req = tl.program_id(0).to(tl.int64)
@@ -93,7 +100,7 @@ def _viterbi_kernel(
         s = S - t
         cur = tl.sum(tl.where((steps[:, None] == s) & (lanes[None, :] == cur), back, 0), axis=None)
         path = tl.where(steps == s - 1, cur, path)
-    tl.store(idx_ptr + req * S + steps, path.to(tl.int64), mask=steps < S)
+    _store_path(idx_ptr, req, S, steps, path, ids_ptr, id_b, id_s, id_k, GATHER)
 
 
 def _check_lattice(name: str, start: torch.Tensor, pair: torch.Tensor) -> None:
@@ -120,7 +127,7 @@ def _check_lattice(name: str, start: torch.Tensor, pair: torch.Tensor) -> None:
         )
 
 
-def _launch(kernel, name: str, start: torch.Tensor, pair: torch.Tensor, pdl: bool = False, **gather) -> torch.Tensor:
+def _launch(kernel, name: str, start: torch.Tensor, pair: torch.Tensor, pdl: bool, **gather) -> torch.Tensor:
     _check_lattice(name, start, pair)
     check_pdl(pdl, start, name)
     b, k = start.shape
@@ -135,24 +142,30 @@ def _launch(kernel, name: str, start: torch.Tensor, pair: torch.Tensor, pdl: boo
     return idx
 
 
+def _decode(kernel, name: str, start: torch.Tensor, pair: torch.Tensor, ids: torch.Tensor | None, pdl: bool) -> torch.Tensor:
+    if ids is None:
+        return _launch(kernel, name, start, pair, pdl, ids_ptr=start, id_b=0, id_s=0, id_k=0, GATHER=False)
+    if ids.shape != (start.shape[0], pair.shape[1] + 1, start.shape[1]) or ids.device != start.device:
+        raise ValueError(
+            f"{name}: ids {tuple(ids.shape)} on {ids.device} must be [b, S, K] = "
+            f"[{start.shape[0]}, {pair.shape[1] + 1}, {start.shape[1]}] on {start.device}"
+        )
+    return _launch(kernel, name, start, pair, pdl, ids_ptr=ids, id_b=ids.stride(0), id_s=ids.stride(1), id_k=ids.stride(2),
+                   GATHER=True)
+
+
 def greedy_walk_triton(
     start: torch.Tensor, pair: torch.Tensor, ids: torch.Tensor | None = None, *, pdl: bool = False
 ) -> torch.Tensor:
     """Greedy walk: each slot takes the argmax continuation of the candidate just committed.
     -> candidate index per slot [b, S] int64, or with ids [b, S, K] the walked candidates' ids.
     `pdl`: programmatic dependent launch (kernels/pdl.py)."""
-    if ids is None:
-        return _launch(_greedy_walk_kernel, "greedy_walk_triton", start, pair, pdl,
-                       ids_ptr=start, id_b=0, id_s=0, id_k=0, GATHER=False)
-    if ids.shape != (start.shape[0], pair.shape[1] + 1, start.shape[1]) or ids.device != start.device:
-        raise ValueError(
-            f"greedy_walk_triton: ids {tuple(ids.shape)} on {ids.device} must be [b, S, K] = "
-            f"[{start.shape[0]}, {pair.shape[1] + 1}, {start.shape[1]}] on {start.device}"
-        )
-    return _launch(_greedy_walk_kernel, "greedy_walk_triton", start, pair, pdl,
-                   ids_ptr=ids, id_b=ids.stride(0), id_s=ids.stride(1), id_k=ids.stride(2), GATHER=True)
+    return _decode(_greedy_walk_kernel, "greedy_walk_triton", start, pair, ids, pdl)
 
 
-def viterbi_triton(start: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
-    """Exact maximiser of g(c) = z_1[c_1] + sum_s pair[s, c_s, c_{s+1}] (max-sum dynamic programme)."""
-    return _launch(_viterbi_kernel, "viterbi_triton", start, pair)
+def viterbi_triton(
+    start: torch.Tensor, pair: torch.Tensor, ids: torch.Tensor | None = None, *, pdl: bool = False
+) -> torch.Tensor:
+    """Exact maximiser of g(c) = z_1[c_1] + sum_s pair[s, c_s, c_{s+1}] (max-sum dynamic programme).
+    -> candidate index per slot [b, S] int64, or with ids [b, S, K] the path's candidates' ids; `pdl` as above."""
+    return _decode(_viterbi_kernel, "viterbi_triton", start, pair, ids, pdl)

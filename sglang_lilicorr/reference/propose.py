@@ -23,9 +23,7 @@ from ..drafter import DFlashDrafter, block_attention
 from ..frozen_target import FrozenTarget
 from ..head import LiLiCorrHead
 from ..kernels import topk_lse
-from ..walk import greedy_walk, viterbi
-
-WALKS = {"greedy": greedy_walk, "viterbi": viterbi}
+from ..walk import WALKS
 ANCHORS_PER_PASS = 64  # blocks drafted per drafter pass (bounds the [N, S, V] logits)
 
 

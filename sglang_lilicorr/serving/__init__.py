@@ -8,7 +8,7 @@ never draft):
   draft_check.py the draft against the target, every problem collected (also `lilicorr check-draft`)
   verification.py which verification serves T = 0 / T > 0 (start-up line), LILICORR_T_GT_0's refusals
   models/        LiLiCorrDraftModel: SGLang's DFlashDraftModel + our head, strictly loaded
-  proposer.py    the draft block: LM-head logits -> top-K/LSE -> head -> walk (CUDA-graph safe)
+  proposer.py    the draft block: LM-head logits -> top-K/LSE -> head -> walk (CUDA-graph safe); LILICORR_WALK
   vocab_parallel.py  under --tp-size N: this rank's LM head shard -> top-K/LSE partials -> one all-gather -> merge
   worker.py      LiLiCorrWorker: SGLang's DFlash v2 worker with our proposer in the draft graph
 The GPU proof tools (gpu_check.sh and the scripts it runs) live in tools/ at the top of the repository.

@@ -2,7 +2,7 @@
 
   pass_hidden [b, S, Hm] --LM head--> logits [b*S, V] --top-K/LSE--> candidate ids [b, S, K],
   log-probs [b, S, K] --head(token table[ids], log-probs, pass_hidden, anchor)--> start [b, K],
-  pair [b, S-1, K, K] --greedy walk--> idx [b, S] --gather--> draft tokens [b, S]
+  pair [b, S-1, K, K] --greedy walk (or Viterbi)--> idx [b, S] --gather--> draft tokens [b, S]
 
 The whole chain is `FastLiLiCorrSelect` (sglang_lilicorr/fast_path/select.py), the serving path of the
 same head module that training uses: on CUDA our Triton kernels (fused top-K/LSE, node, norm,
@@ -12,6 +12,11 @@ after the draft forward (SGLang calls `__call__` from a capture tail hook and re
 Under tensor parallelism (`vocab`: this rank's shard of the LM head) the top-K/LSE is vocabulary-parallel
 (vocab_parallel.py: one all-gather, an exact merge) and the head and walk run on its candidates, replicated on
 every rank: the same inputs on every rank, so the same draft.
+
+LILICORR_WALK (read by the launcher, checked before any process starts, and by the worker, which says it in one
+start-up line) picks the rule that commits the block: `greedy` (default, the paper's walk, inside the cosine kernel)
+or `viterbi` (the exact maximiser of the block's start + pair scores: the Viterbi kernel after the cosine kernel). The
+draft graphs and the eager graphs run the same select, so the same rule.
 
 A batch larger than SGLang's largest draft graph runs the draft pass eagerly, and the proposal after it
 (`propose_eager`) replays a CUDA graph of its own, captured at start-up for buckets of EAGER_BUCKET requests up to
@@ -25,14 +30,32 @@ filtering and merging never hand a request another request's anchor.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ..fast_path.plan import PYTORCH, HeadGeometry, plans_for
 from ..fast_path.select import FastLiLiCorrSelect
 from ..head import LiLiCorrHead
+from ..walk import WALKS
+from . import ALGORITHM_NAME
+from .draft_check import ServingConfigError
 from .vocab_parallel import ShardedCandidates, VocabShard
 
 EAGER_BUCKET = 8  # requests between the eager proposal's graph sizes above the largest draft graph
+WALK_ENV = "LILICORR_WALK"
+RULES = {  # what each of walk.WALKS commits, as the start-up line says it
+    "greedy": "the greedy walk (each slot the best continuation of the slot before; the paper's rule)",
+    "viterbi": "the Viterbi path (the exact maximiser of the block's start + pair scores)",
+}
+
+
+def walk_rule() -> str:
+    """LILICORR_WALK, checked: the rule that commits each drafted block (default greedy)."""
+    value = os.environ.get(WALK_ENV, "greedy")
+    if value not in WALKS:
+        raise ServingConfigError(f"{WALK_ENV}={value!r} is not a decode rule: set it to one of {', '.join(WALKS)}.")
+    return value
 
 
 def last_rows(*, num_rows: int, extend_lens: torch.Tensor | None, commit_lens: torch.Tensor | None) -> torch.Tensor:
@@ -60,6 +83,7 @@ class LiLiCorrProposer:
         embed_weight: torch.Tensor,  # [V', Hm], V' >= V, the target's input embedding table (the whole vocabulary)
         block_size: int,
         vocab: VocabShard | None = None,  # under tensor parallelism: which rows lm_head_weight holds
+        walk: str = "greedy",  # the rule that commits the block (walk.WALKS; the server's: walk_rule())
     ) -> None:
         cfg = head.config
         if int(block_size) != cfg.block_size:
@@ -72,13 +96,18 @@ class LiLiCorrProposer:
         vocab_size = lm_head_weight.shape[0] if vocab is None else vocab.vocab_size
         # Triton kernels only on CUDA: on CPU (tests, TRITON_INTERPRET=1) the PyTorch path is exact and fast.
         plans = None if lm_head_weight.is_cuda else plans_for(HeadGeometry.of(head), PYTORCH)
-        self.select = FastLiLiCorrSelect(head, embed_weight=embed_weight[:vocab_size], plans=plans)
+        self.select = FastLiLiCorrSelect(head, embed_weight=embed_weight[:vocab_size], plans=plans, walk=walk)
         self.anchor_table: torch.Tensor | None = None  # [request slots, Hm]
         self.anchors: torch.Tensor | None = None  # [max rows, Hm]
         self.out: torch.Tensor | None = None  # [max rows * S] int64
         self.block_row_before: torch.Tensor | None = None  # [max rows] int64: r * B - 1, verify's row base
         self.eager_in: torch.Tensor | None = None  # [max rows, S, Hm] the eager graphs' input
         self.eager_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # bucket (requests) -> graph writing out[: bucket * S]
+
+    def startup_line(self) -> str:
+        """Which rule commits the block, in one line."""
+        rule = self.select.walk_rule
+        return f"{ALGORITHM_NAME}: each drafted block is committed by {RULES[rule]} ({WALK_ENV}={rule}; one of {', '.join(WALKS)})."
 
     def allocate(self, *, num_request_slots: int, max_rows: int) -> None:
         """Static buffers, once SGLang's request pool exists: req_pool_indices < num_request_slots,

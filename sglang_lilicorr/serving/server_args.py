@@ -8,7 +8,8 @@ resolutions):
                                ServingConfigError naming the option or file and the fix (the
                                draft's checks are draft_check.py's, shared with `lilicorr check-draft`,
                                run against the context length this server serves; LILICORR_T_GT_0's
-                               are verification.py's, LILICORR_VERIFY_ATTENTION's verify_attention.py's);
+                               are verification.py's, LILICORR_VERIFY_ATTENTION's verify_attention.py's,
+                               LILICORR_WALK's proposer.py's);
   resolve_server_args(args)   (CustomSpecAlgo.handle_server_args) then fixes the block size,
                                num_steps / eagle_topk = 1 and the max-running-requests default.
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 from . import ALGORITHM_NAME
 from .draft_check import DraftSpec, ServingConfigError, TargetShape, inspect_draft
+from .proposer import walk_rule
 from .verification import check_before_start
 from .verify_attention import choice as verify_attention_choice
 
@@ -174,6 +176,7 @@ def validate_server_args(args) -> None:
     check_draft_attention_backend(args)
     check_before_start()
     verify_attention_choice()
+    walk_rule()
     path = draft_path(args)
     spec = inspect_draft(path, served_target(args))
     check_tensor_parallel(spec, int(args.tp_size))

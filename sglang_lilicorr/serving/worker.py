@@ -6,7 +6,8 @@ KV cache, the block draft forward (a TARGET_VERIFY-shaped pass, CUDA-graph captu
 size), target verification (greedy: longest prefix matching the target argmax; T > 0: SGLang's
 exact rejection sampling with the drafted block as a deterministic proposal, q = 1 on each
 drafted token, where SGLang has it: verification.py says which at start-up, and refuses what it
-cannot verify), acceptance, commit and the per-request spec stats in `meta_info`.
+cannot verify), acceptance, commit and the per-request spec stats in `meta_info`. Which rule commits the drafted
+block (the greedy walk, or Viterbi: LILICORR_WALK) is the proposer's; the worker says it in one start-up line.
 
 Under --tp-size N each rank proposes from its shard of the target's LM head: the top-K/LSE is merged over the TP
 group (vocab_parallel.py, one all-gather), the head and walk run replicated on the merged candidates, and the token
@@ -39,7 +40,7 @@ from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from . import ALGORITHM_NAME
 from .kv_rows import check_rows
 from .models.lilicorr_draft import LiLiCorrDraftModel
-from .proposer import LiLiCorrProposer
+from .proposer import LiLiCorrProposer, walk_rule
 from .server_args import ServingConfigError
 from .verification import Verification, install_request_refusal
 from .verify_attention import configure as configure_verify_attention
@@ -122,6 +123,7 @@ class LiLiCorrWorker(DFlashWorkerV2):
             embed_weight=full_embedding(target_model.get_input_embeddings(), vocab_size),
             block_size=int(self.block_size),
             vocab=vocab,
+            walk=walk_rule(),
         )
         self._batch_slots: torch.Tensor | None = None  # req_pool_indices of the batch in flight
         self._warned_eager = False
@@ -132,6 +134,7 @@ class LiLiCorrWorker(DFlashWorkerV2):
             f"LM head ids {vocab.start}..{vocab.start + vocab.size - 1} of {vocab.vocab_size} on this rank, top-K/LSE merged "
             f"over {vocab.ranks} ranks, head and walk replicated",
         )
+        logger.info(self.proposer.startup_line())
         self.verification = Verification.detect()
         logger.log(logging.INFO if self.verification.exact_sampling else logging.WARNING, self.verification.startup_line())
         if self.verification.refuses_sampled:
