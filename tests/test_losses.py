@@ -8,6 +8,7 @@ import torch
 
 from sglang_lilicorr.losses import (
     ObjectiveWeights,
+    corrector_objective,
     distractor_penalty,
     dflash_block_ce,
     dflash_slot_weights,
@@ -457,3 +458,50 @@ def test_validated_weights_cannot_change_and_padding_ids_need_not_be_tokens():
     loss = dflash_block_ce(logits, torch.tensor([[0, 123]]), torch.tensor([[True, False]]))
     loss.backward()
     assert loss.item() == 0.0 and torch.isfinite(logits.grad).all()
+
+
+def _corrector_case(gen):
+    n, s, v = 3, 5, 7  # N != S, so a mask built over the wrong axis cannot pass
+    draft = torch.randn(n, s, v, generator=gen)
+    step = torch.randn(n, s, v, generator=gen)
+    targets = torch.randint(0, v, (n, s), generator=gen)
+    targets[0, :3] = step[0, :3].argmax(-1)  # some slots the head gets right, so accepted holds both labels
+    valid = torch.ones(n, s, dtype=torch.bool)
+    valid[1, 3:] = False
+    valid[2, 0] = False
+    confidence = torch.randn(n, s, generator=gen)
+    return draft, step, targets, valid, confidence
+
+
+@pytest.mark.parametrize("corrected_from", [0, 1, 2])
+def test_corrector_objective_values(gen, corrected_from):
+    """L_dflash + gamma * (L_step + L_conf), each term computed here from its definition: L_step the decayed block CE
+    over the valid slots from `corrected_from` on, L_conf the mean over valid slots of the BCE of the confidence
+    against "the head's argmax is the target"."""
+    draft, step, targets, valid, confidence = _corrector_case(gen)
+    weights = ObjectiveWeights(gamma=0.3, beta=3.0)
+    slot = torch.arange(valid.shape[1])[None, :].expand_as(valid)
+    head_valid = valid & (slot >= corrected_from)
+    want_step = dflash_block_ce(step, targets, head_valid, weights.beta)
+    accepted = (step.argmax(-1) == targets).float()
+    bce = -(accepted * torch.nn.functional.logsigmoid(confidence) + (1 - accepted) * torch.nn.functional.logsigmoid(-confidence))
+    want_conf = bce[valid].mean()
+    want_dflash = dflash_block_ce(draft, targets, valid, weights.beta)
+
+    got = corrector_objective(draft, step, targets, valid, weights, corrected_from=corrected_from, confidence=confidence)
+    assert torch.allclose(got.dflash, want_dflash) and torch.allclose(got.ce, want_step)
+    assert torch.allclose(got.confidence, want_conf)
+    assert torch.allclose(got.total, want_dflash + 0.3 * (want_step + want_conf))
+    if corrected_from == 0:  # the default corrects every slot
+        default = corrector_objective(draft, step, targets, valid, weights, confidence=confidence)
+        assert torch.equal(default.ce, got.ce)
+
+    plain = corrector_objective(draft, step, targets, valid, weights, corrected_from=corrected_from)
+    assert plain.confidence is None and torch.allclose(plain.total, want_dflash + 0.3 * want_step)
+
+
+def test_corrector_objective_with_no_valid_slot_is_finite(gen):
+    draft, step, targets, valid, confidence = _corrector_case(gen)
+    none = torch.zeros_like(valid)
+    got = corrector_objective(draft, step, targets, none, ObjectiveWeights(), confidence=confidence)
+    assert torch.isfinite(got.total) and got.confidence.item() == 0.0
