@@ -8,6 +8,7 @@ concurrency. Every piece is optional: a table is written for what is there.
 """
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -21,13 +22,15 @@ SETS = ("gsm8k", "humaneval", "aime2025", "gpqa", "writingbench", "mtbench", "av
 
 
 def load(root: Path, name: str):
-    """The first file under root matching `name` (a glob), parsed; None when there is none."""
-    path = next(iter(sorted(root.rglob(name))), None)
+    """The first file under root matching `name` (a glob), or its gzipped copy (`name`.gz, as result folders keep
+    large logs), parsed; None when there is none."""
+    path = next(iter(sorted(root.rglob(name))), None) or next(iter(sorted(root.rglob(name + ".gz"))), None)
     if path is None:
         return None
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
     if name.endswith(".jsonl"):
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return json.loads(path.read_text())
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return json.loads(text)
 
 
 def tau_summary(cells: list[dict]) -> dict:

@@ -1,6 +1,7 @@
 """The testbed pipeline (`python -m testbed`) end to end at toy scale on the CPU: a tiny random Llama
 target, the data recipe through the transformers engine, the sweep, background training, export,
 evaluation outputs, replay, the paired speed step against stand-in servers, and the tables."""
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -224,3 +225,10 @@ def test_tables_continue_the_curves_of_warm_started_runs(tmp_path):
     assert (second / "curves.png").is_file() and (second / "tau_by_run.png").is_file()
     with pytest.raises(SystemExit, match="no metrics_<variant>.jsonl"):
         testbed.main(["tables", "--results", str(second), "--after", str(tmp_path / "missing")])
+    for v in ("lilicorr", "dflash"):  # a result folder keeps its logs gzipped: read the same
+        log = first / f"metrics_{v}.jsonl"
+        (first / f"metrics_{v}.jsonl.gz").write_bytes(gzip.compress(log.read_bytes()))
+        log.unlink()
+    assert report.load(first, "metrics_lilicorr.jsonl") == [{"step": s, "eval/tau_t0/argmax": 1.5,
+                                                            "eval/top1_draft/slot1": 0.5} for s in (10, 20)]
+    assert testbed.main(["tables", "--results", str(second), "--after", str(first)]) == 0
