@@ -581,8 +581,8 @@ cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divis
     (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, SPLIT=8, STEPS=1, **P), CL.num_warps, None, (0, 1, 2, 7)),
     (head_scores._lattice_cosine_kernel, cosine_args(f32), dict(KP=16, BLOCK_D=128, F32_DOT=True, PRECISION="ieee", WALK=False, SP=16, SPLIT=1, STEPS=1, PDL=False), 4, None, (0, 1, 2, 7)),
     (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=False, SP=16, SPLIT=1, STEPS=1, **P), CL.num_warps, None, (0, 1, 2, 7)),  # LILICORR_WALK=viterbi
-    (walk._greedy_walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c], dict(KP=8, SP=16, GATHER=True, **P), 1, None, ()),
-    (walk._viterbi_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c], dict(KP=8, SP=16, GATHER=True, **P), 1, None, ()),
+    (walk._walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c, c], dict(KP=8, SP=16, GATHER=True, VITERBI=False, **P), 1, None, ()),
+    (walk._walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c, c], dict(KP=8, SP=16, GATHER=True, VITERBI=True, **P), 1, None, ()),
     (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, BESIDE=False, NARROW=True, **P), L.num_warps, L.maxnreg, range(10)),
     (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, BESIDE=True, NARROW=False, **P), L.num_warps, L.maxnreg, range(10)),
     (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=L.block // 32, G=32, TP=4, FINAL=False, BESIDE=True, NARROW=True, **P), L.num_warps, L.maxnreg, range(10)),  # TOPK_SPLIT_LAUNCH at bs 1

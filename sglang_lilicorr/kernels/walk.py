@@ -42,18 +42,9 @@ def _store_path(idx_ptr, req, S, steps, path, ids_ptr, id_b, id_s, id_k, GATHER:
 
 
 @triton.jit
-def _greedy_walk_kernel(
-    start_ptr, pair_ptr, idx_ptr, S, K,
-    st_b, st_k, pr_b, pr_s, pr_i, pr_j,  # strides of start [b, K] and pair [b, S-1, K, K]
-    ids_ptr, id_b, id_s, id_k,  # GATHER: candidate ids [b, S, K]; idx then receives ids[path]
-    KP: tl.constexpr, SP: tl.constexpr,  # K and S rounded up to powers of two
-    GATHER: tl.constexpr, PDL: tl.constexpr,
-):
-    grid_dependency_wait(PDL)
-    req = tl.program_id(0).to(tl.int64)
-    lanes = tl.arange(0, KP)
-    valid = lanes < K
-    steps = tl.arange(0, SP)
+def _greedy_path(start_ptr, pair_ptr, req, S, K, st_b, st_k, pr_b, pr_s, pr_i, pr_j, lanes, valid, steps,
+                 KP: tl.constexpr, SP: tl.constexpr):
+    """The greedy walk's path [SP]: from the anchor's best candidate, each slot the best continuation of the last."""
     # the request's whole pair lattice in one load (independent of the path, so no dependent
     # global loads inside the walk): rows r = (s-1) * KP + i, columns j
     rows = tl.arange(0, SP * KP)
@@ -67,22 +58,13 @@ def _greedy_walk_kernel(
         row = tl.max(tl.where(rows[:, None] == (s - 1) * KP + cur, lattice, -float("inf")), 0)  # [KP]
         cur = _first_argmax(row, lanes, valid)
         path = tl.where(steps == s, cur, path)
-    _store_path(idx_ptr, req, S, steps, path, ids_ptr, id_b, id_s, id_k, GATHER)
+    return path
 
 
 @triton.jit
-def _viterbi_kernel(
-    start_ptr, pair_ptr, idx_ptr, S, K,
-    st_b, st_k, pr_b, pr_s, pr_i, pr_j,  # strides of start [b, K] and pair [b, S-1, K, K]
-    ids_ptr, id_b, id_s, id_k,  # GATHER: candidate ids [b, S, K]; idx then receives ids[path]
-    KP: tl.constexpr, SP: tl.constexpr,  # K and S rounded up to powers of two
-    GATHER: tl.constexpr, PDL: tl.constexpr,
-):
-    grid_dependency_wait(PDL)
-    req = tl.program_id(0).to(tl.int64)
-    lanes = tl.arange(0, KP)
-    valid = lanes < K
-    steps = tl.arange(0, SP)
+def _viterbi_path(start_ptr, pair_ptr, req, S, K, st_b, st_k, pr_b, pr_s, pr_i, pr_j, lanes, valid, steps,
+                  KP: tl.constexpr, SP: tl.constexpr):
+    """The Viterbi path [SP]: the max-sum dynamic programme forward, then its back-pointers from the last slot."""
     best = _start_row(start_ptr, req, st_b, st_k, lanes, valid)
     back = tl.zeros((SP, KP), dtype=tl.int32)  # back[s, j]: best predecessor of candidate j at slot s+1
     pair_ptr += req * pr_b
@@ -100,6 +82,27 @@ def _viterbi_kernel(
         s = S - t
         cur = tl.sum(tl.where((steps[:, None] == s) & (lanes[None, :] == cur), back, 0), axis=None)
         path = tl.where(steps == s - 1, cur, path)
+    return path
+
+
+@triton.jit
+def _walk_kernel(
+    start_ptr, pair_ptr, idx_ptr, S, K,
+    st_b, st_k, pr_b, pr_s, pr_i, pr_j,  # strides of start [b, K] and pair [b, S-1, K, K]
+    ids_ptr, id_b, id_s, id_k,  # GATHER: candidate ids [b, S, K]; idx then receives ids[path]
+    KP: tl.constexpr, SP: tl.constexpr,  # K and S rounded up to powers of two
+    GATHER: tl.constexpr, PDL: tl.constexpr,
+    VITERBI: tl.constexpr,  # the rule: the Viterbi path, else the greedy walk
+):
+    grid_dependency_wait(PDL)
+    req = tl.program_id(0).to(tl.int64)
+    lanes = tl.arange(0, KP)
+    valid = lanes < K
+    steps = tl.arange(0, SP)
+    if VITERBI:
+        path = _viterbi_path(start_ptr, pair_ptr, req, S, K, st_b, st_k, pr_b, pr_s, pr_i, pr_j, lanes, valid, steps, KP, SP)
+    else:
+        path = _greedy_path(start_ptr, pair_ptr, req, S, K, st_b, st_k, pr_b, pr_s, pr_i, pr_j, lanes, valid, steps, KP, SP)
     _store_path(idx_ptr, req, S, steps, path, ids_ptr, id_b, id_s, id_k, GATHER)
 
 
@@ -127,7 +130,7 @@ def _check_lattice(name: str, start: torch.Tensor, pair: torch.Tensor) -> None:
         )
 
 
-def _launch(kernel, name: str, start: torch.Tensor, pair: torch.Tensor, pdl: bool, **gather) -> torch.Tensor:
+def _launch(viterbi: bool, name: str, start: torch.Tensor, pair: torch.Tensor, pdl: bool, **gather) -> torch.Tensor:
     _check_lattice(name, start, pair)
     check_pdl(pdl, start, name)
     b, k = start.shape
@@ -135,22 +138,22 @@ def _launch(kernel, name: str, start: torch.Tensor, pair: torch.Tensor, pdl: boo
     idx = torch.empty((b, slots), dtype=torch.int64, device=start.device)
     if b:
         kp, sp = triton.next_power_of_2(k), triton.next_power_of_2(slots)
-        kernel[(b,)](
+        _walk_kernel[(b,)](
             start, pair, idx, slots, k, *start.stride(), *pair.stride(), **gather,
-            KP=kp, SP=sp, PDL=pdl, launch_pdl=pdl, num_warps=max(1, min(4, sp * kp * kp // 1024)),  # <= 32 lattice scores per thread
+            KP=kp, SP=sp, PDL=pdl, VITERBI=viterbi, launch_pdl=pdl, num_warps=max(1, min(4, sp * kp * kp // 1024)),  # <= 32 lattice scores per thread
         )
     return idx
 
 
-def _decode(kernel, name: str, start: torch.Tensor, pair: torch.Tensor, ids: torch.Tensor | None, pdl: bool) -> torch.Tensor:
+def _decode(viterbi: bool, name: str, start: torch.Tensor, pair: torch.Tensor, ids: torch.Tensor | None, pdl: bool) -> torch.Tensor:
     if ids is None:
-        return _launch(kernel, name, start, pair, pdl, ids_ptr=start, id_b=0, id_s=0, id_k=0, GATHER=False)
+        return _launch(viterbi, name, start, pair, pdl, ids_ptr=start, id_b=0, id_s=0, id_k=0, GATHER=False)
     if ids.shape != (start.shape[0], pair.shape[1] + 1, start.shape[1]) or ids.device != start.device:
         raise ValueError(
             f"{name}: ids {tuple(ids.shape)} on {ids.device} must be [b, S, K] = "
             f"[{start.shape[0]}, {pair.shape[1] + 1}, {start.shape[1]}] on {start.device}"
         )
-    return _launch(kernel, name, start, pair, pdl, ids_ptr=ids, id_b=ids.stride(0), id_s=ids.stride(1), id_k=ids.stride(2),
+    return _launch(viterbi, name, start, pair, pdl, ids_ptr=ids, id_b=ids.stride(0), id_s=ids.stride(1), id_k=ids.stride(2),
                    GATHER=True)
 
 
@@ -160,7 +163,7 @@ def greedy_walk_triton(
     """Greedy walk: each slot takes the argmax continuation of the candidate just committed.
     -> candidate index per slot [b, S] int64, or with ids [b, S, K] the walked candidates' ids.
     `pdl`: programmatic dependent launch (kernels/pdl.py)."""
-    return _decode(_greedy_walk_kernel, "greedy_walk_triton", start, pair, ids, pdl)
+    return _decode(False, "greedy_walk_triton", start, pair, ids, pdl)
 
 
 def viterbi_triton(
@@ -168,4 +171,4 @@ def viterbi_triton(
 ) -> torch.Tensor:
     """Exact maximiser of g(c) = z_1[c_1] + sum_s pair[s, c_s, c_{s+1}] (max-sum dynamic programme).
     -> candidate index per slot [b, S] int64, or with ids [b, S, K] the path's candidates' ids; `pdl` as above."""
-    return _decode(_viterbi_kernel, "viterbi_triton", start, pair, ids, pdl)
+    return _decode(True, "viterbi_triton", start, pair, ids, pdl)
