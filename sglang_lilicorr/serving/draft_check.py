@@ -7,6 +7,7 @@ no sglang, so the command runs offline without it.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -23,6 +24,15 @@ from . import ALGORITHM_NAME
 
 class ServingConfigError(LiLiCorrError, ValueError):
     """A server option or the draft checkpoint cannot serve LILICORR; the message says the fix."""
+
+
+def env_choice(name: str, choices, default: str, what: str) -> str:
+    """The plugin's environment option `name` (SGLang has no plugin command-line options): its value, `default` when
+    unset; ServingConfigError naming the value and the choices when it is not one of them."""
+    value = os.environ.get(name, default)
+    if value not in choices:
+        raise ServingConfigError(f"{name}={value!r} is not {what}: set it to one of {', '.join(choices)}.")
+    return value
 
 
 @dataclass(frozen=True)

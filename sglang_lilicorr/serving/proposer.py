@@ -30,8 +30,6 @@ filtering and merging never hand a request another request's anchor.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ..fast_path.plan import PYTORCH, HeadGeometry, plans_for
@@ -39,7 +37,7 @@ from ..fast_path.select import FastLiLiCorrSelect
 from ..head import LiLiCorrHead
 from ..walk import WALKS
 from . import ALGORITHM_NAME
-from .draft_check import ServingConfigError
+from .draft_check import env_choice
 from .vocab_parallel import ShardedCandidates, VocabShard
 
 EAGER_BUCKET = 8  # requests between the eager proposal's graph sizes above the largest draft graph
@@ -52,10 +50,7 @@ RULES = {  # what each of walk.WALKS commits, as the start-up line says it
 
 def walk_rule() -> str:
     """LILICORR_WALK, checked: the rule that commits each drafted block (default greedy)."""
-    value = os.environ.get(WALK_ENV, "greedy")
-    if value not in WALKS:
-        raise ServingConfigError(f"{WALK_ENV}={value!r} is not a decode rule: set it to one of {', '.join(WALKS)}.")
-    return value
+    return env_choice(WALK_ENV, WALKS, "greedy", "a decode rule")
 
 
 def last_rows(*, num_rows: int, extend_lens: torch.Tensor | None, commit_lens: torch.Tensor | None) -> torch.Tensor:

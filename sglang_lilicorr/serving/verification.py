@@ -20,11 +20,10 @@ the request is scheduled: once per request, never per block.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from . import ALGORITHM_NAME
-from .draft_check import ServingConfigError
+from .draft_check import ServingConfigError, env_choice
 
 ENV = "LILICORR_T_GT_0"
 REFUSE, ALLOW_GREEDY, REFUSE_START = "refuse", "allow-greedy", "refuse-start"
@@ -39,10 +38,7 @@ REQUEST_REFUSAL = (f"{ALGORITHM_NAME} refuses temperature > 0 on this server: {U
 
 def policy() -> str:
     """LILICORR_T_GT_0, checked."""
-    value = os.environ.get(ENV, REFUSE)
-    if value not in POLICIES:
-        raise ServingConfigError(f"{ENV}={value!r} is not a policy for temperature > 0: set it to one of {', '.join(POLICIES)}.")
-    return value
+    return env_choice(ENV, POLICIES, REFUSE, "a policy for temperature > 0")
 
 
 def sampled_verification_available() -> bool:

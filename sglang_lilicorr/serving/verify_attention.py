@@ -28,10 +28,9 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 
 from . import ALGORITHM_NAME
-from .draft_check import ServingConfigError
+from .draft_check import env_choice
 
 ENV = "LILICORR_VERIFY_ATTENTION"
 AUTO, SPLIT_KV, EXTEND = "auto", "split-kv", "extend"
@@ -43,10 +42,7 @@ logger = logging.getLogger(__name__)
 
 def choice() -> str:
     """LILICORR_VERIFY_ATTENTION, checked."""
-    value = os.environ.get(ENV, AUTO)
-    if value not in CHOICES:
-        raise ServingConfigError(f"{ENV}={value!r} is not a verify attention: set it to one of {', '.join(CHOICES)}.")
-    return value
+    return env_choice(ENV, CHOICES, AUTO, "a verify attention")
 
 
 def wanted(setting: str, query_heads: int) -> bool:
