@@ -57,16 +57,30 @@ def set_flags(args: list[str], flags: dict[str, str]) -> list[str]:
     return args
 
 
+# A speed system's verify-attention variant (serve_speed.VERIFY_SYSTEMS): the system it varies and its
+# LILICORR_VERIFY_ATTENTION (serving/verify_attention.py).
+VERIFY_VARIANTS = {"dflash_splitkv": ("dflash", "split-kv"), "lilicorr_extend": ("lilicorr", "extend")}
+
+
 def speculation_args(system: str, drafts: Path) -> list[str]:
     """The server flags that speculate with drafts/SYSTEM: none for `base` (plain decoding), SGLang's own DFLASH
     for `dflash`, SGLang's DFLASH with its built-in LiLiCorr head on drafts/lilicorr for `builtin`, this plugin's
-    LILICORR for any other name."""
+    LILICORR for any other name; a VERIFY_VARIANTS name as the system it varies."""
+    system = VERIFY_VARIANTS.get(system, (system,))[0]
     if system == "base":
         return []
     algorithm = "DFLASH" if system in ("dflash", "builtin") else "LILICORR"
     draft = drafts / ("lilicorr" if system == "builtin" else system)
     return ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(draft),
             "--speculative-draft-attention-backend", "triton"]
+
+
+def verify_env(system: str) -> dict:
+    """The environment a speed system's server adds: LILICORR_VERIFY_ATTENTION for a VERIFY_VARIANTS name, else
+    nothing (DFLASH as SGLang ships it, LILICORR on its default)."""
+    from sglang_lilicorr.serving.verify_attention import ENV
+
+    return {ENV: VERIFY_VARIANTS[system][1]} if system in VERIFY_VARIANTS else {}
 
 
 # SGLang flags the GPU machine's kit needs (no flashinfer, no flash-attention; ../shared/device): `--server-args`' default.

@@ -190,7 +190,7 @@ def write(args) -> int:
     speed = speed_results(root)
     results = {
         "sets": taus,
-        "tok_s": {c: {s: e[s] for s in serve_speed.SYSTEMS} for c, e in speed.get("graphs32", {}).items()},
+        "tok_s": {c: {s: e[s] for s in serve_speed.ALL_SYSTEMS if s in e} for c, e in speed.get("graphs32", {}).items()},
         "speed": speed,
         "server_tau_t0": {f"{c['system']}/{c['group']}": round(c["tau"], 4) for c in (tau_check or {}).get("cells", []) if c.get("tau")},
         "data": (load(root, "manifest.json") or {}).get("counts"),

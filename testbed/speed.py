@@ -1,8 +1,10 @@
 """Served speed as a user gets it (the `speed` step of run.py; issue 39): no speculation, SGLang's DFLASH (the shipped
-DFlash draft), SGLang's built-in LiLiCorr head (DFLASH serving our LiLiCorr draft) and LILICORR (the same draft), in
-paired, rotated rounds on one GPU (sglang_lilicorr.benchmarks.paired, serve_speed).
+DFlash draft), SGLang's built-in LiLiCorr head (DFLASH serving our LiLiCorr draft) and LILICORR (the same draft), and
+beside them the two verify-attention variants (serve_speed.VERIFY_SYSTEMS: DFLASH on SGLang's split-KV verify kernel,
+LILICORR on SGLang's prefill kernel), in paired, rotated rounds on one GPU (sglang_lilicorr.benchmarks.paired,
+serve_speed).
 
-The four servers start once, side by side on GPU 0 (KV pools of KV_TOKENS each), with SGLang's --sleep-on-idle: an
+The six servers start once, side by side on GPU 0 (KV pools of KV_TOKENS each), with SGLang's --sleep-on-idle: an
 idle server blocks instead of spinning, and the step records the CPU seconds every idle server spent while another
 one played (idle_cpu_s in speed_summary.json: the evidence that they do not disturb each other). No stage timer,
 profiler or recorder runs in the throughput rounds. For each concurrency c and round r every system plays the same
@@ -28,7 +30,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from sglang_lilicorr.benchmarks.serve_speed import SYSTEMS
+from sglang_lilicorr.benchmarks.serve_speed import ALL_SYSTEMS as SYSTEMS
 
 PORT0 = 32000
 SETTINGS = {"graphs32": 32, "graphs16": 16}  # --cuda-graph-max-bs-decode of each setting
@@ -107,7 +109,7 @@ def bench(*argv: str, cwd: Path) -> int:
 
 def run(args, base_server_args: str) -> int:
     from . import eval_sets
-    from .common import to_out
+    from .common import to_out, verify_env
 
     from sglang_lilicorr.benchmarks import paired, prompt_file, serve_speed
     from sglang_lilicorr.jsonl import save_json
@@ -129,8 +131,8 @@ def run(args, base_server_args: str) -> int:
     every_c = {c: every[: prompts_for(c)] for c in sorted(played | set(concurrency))}
     deadline = paired.Deadline(float(os.environ["TESTBED_DEADLINE"])) if os.environ.get("TESTBED_DEADLINE") else None
     after_rounds_s = 60.0 + (45.0 if args.profile_steps else 0.0)  # the profile pass, the report, stopping the servers
-    specs = [ServerSpec(args.target, PORT0 + i, "0", server_args(base_server_args, s, drafts, SETTINGS[args.setting]), {}, s)
-             for i, s in enumerate(SYSTEMS)]
+    specs = [ServerSpec(args.target, PORT0 + i, "0", server_args(base_server_args, s, drafts, SETTINGS[args.setting]),
+                        verify_env(s), s) for i, s in enumerate(SYSTEMS)]
     url = {s: f"http://127.0.0.1:{PORT0 + i}" for i, s in enumerate(SYSTEMS)}
     failed = []
     launcher = shlex.split(args.server_launch or "")  # tests: stand-ins that serve $PORT
@@ -168,7 +170,8 @@ def run(args, base_server_args: str) -> int:
         rc |= bench("report", str(work / "tau_check.jsonl"), "--block-ref", "dflash", "--no-plots", "--out", str(work / "tau_check"), cwd=work)
     save_json(work / "speed_run.json", {"setting": args.setting, "concurrency": concurrency, "rounds": args.rounds,
                                         "max_tokens": args.max_tokens, "failed": failed,
-                                        "server_args": {s: " ".join(spec.args) for s, spec in zip(SYSTEMS, specs)}})
+                                        "server_args": {s: " ".join(spec.args) for s, spec in zip(SYSTEMS, specs)},
+                                        "server_env": {s: dict(spec.env) for s, spec in zip(SYSTEMS, specs)}})
     bundle = work / f"speed_{args.setting}.tar.gz"
     with tarfile.open(bundle, "w:gz") as t:
         for p in [*work.glob("round*.jsonl"), work / "report", work / "tau_check.jsonl", work / "tau_check", work / "speed_summary.json", work / "speed_table.md",

@@ -42,6 +42,19 @@ def test_a_concurrency_missing_a_system_is_left_out():
     assert list(serve_speed.summarize(rounds)) == ["1"]
 
 
+def test_the_verify_variants_join_the_rounds_they_played_and_are_paired_like_the_rest(tmp_path):
+    four = {"base": [100, 50], "dflash": [100, 50], "builtin": [200, 100], "lilicorr": [240, 120]}
+    summary = serve_speed.summarize(rounds_of({**four, "dflash_splitkv": [150, 75], "lilicorr_extend": [200, 100]}))["1"]
+    assert summary["dflash_splitkv_vs_dflash"] == [1.5, 1.5, 1.5] and summary["lilicorr_vs_lilicorr_extend"] == [1.2, 1.2, 1.2]
+    assert summary["lilicorr_extend_vs_builtin"] == [1.0, 1.0, 1.0] and summary["lilicorr_vs_dflash_splitkv"] == [1.6, 1.6, 1.6]
+    assert set(summary["tau"]) == {"dflash", "builtin", "lilicorr", "dflash_splitkv", "lilicorr_extend"}
+    text = serve_speed.table({"1": summary})
+    assert "DFLASH split-KV verify tok/s" in text and "lilicorr / lilicorr_extend" in text
+    without = serve_speed.summarize(rounds_of(four))
+    assert "dflash_splitkv" not in serve_speed.table(without) and "lilicorr_extend" not in without["1"]["tau"]
+    assert serve_speed.plot({"graphs32": {"1": summary}}, tmp_path / "v.png").is_file()
+
+
 def test_table_and_plot(tmp_path):
     summary = serve_speed.summarize(rounds_of({"base": [100, 90], "dflash": [80, 70], "builtin": [90, 80], "lilicorr": [95, 85]}))
     text = serve_speed.table(summary, "graphs32")

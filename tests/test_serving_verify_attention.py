@@ -3,6 +3,7 @@ kernel, as the plugin runs it, computes the prefill kernel's attention (both ker
 subprocess: SGLang's kernel modules must be imported with TRITON_INTERPRET=1 set)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -16,7 +17,6 @@ from sglang.srt.layers.attention.triton_backend import TritonAttnBackend  # noqa
 
 from sglang_lilicorr.serving import verify_attention as va  # noqa: E402
 from sglang_lilicorr.serving.draft_check import ServingConfigError  # noqa: E402
-from sglang_lilicorr.serving.worker import target_attention_backends  # noqa: E402
 
 
 def triton_backend(topk: int = 1, heads: int = 9) -> TritonAttnBackend:
@@ -66,6 +66,47 @@ def test_configure_leaves_sglangs_kernel_where_not_asked_or_not_triton(warmed, c
         assert not va.configure([object()], 16, None, va.SPLIT_KV)
     assert not wide.use_verify_splitkv and not narrow.use_verify_splitkv and warmed == []
     assert "32 query heads" in caplog.text and "applies to SGLang's Triton backend only" in caplog.text
+
+
+def test_a_second_configure_keeps_the_first_choice_without_warming_again(warmed, caplog):
+    backend = triton_backend()
+    assert va.configure([backend], 16, None, va.SPLIT_KV)
+    with caplog.at_level("INFO"):
+        assert va.configure([backend], 16, None, va.EXTEND)  # the DFLASH hook ran first: LILICORR's own call keeps it
+    assert backend.use_verify_splitkv and warmed == [(backend, 16)] and caplog.text == ""
+    kept = triton_backend()
+    assert not va.configure([kept], 16, None, va.EXTEND) and not va.configure([kept], 16, None, va.SPLIT_KV)
+    assert not kept.use_verify_splitkv and warmed == [(backend, 16)]
+
+
+def test_the_dflash_hook_configures_the_workers_target_by_the_environment(warmed, monkeypatch):
+    backend = triton_backend()
+
+    class Worker:
+        block_size = 16
+        model_runner = type("Runner", (), {"attn_backend": backend, "dtype": torch.bfloat16})()
+
+    monkeypatch.setenv(va.ENV, va.SPLIT_KV)
+    assert va.after_dflash_init(None, Worker()) is None  # an AFTER hook that keeps the method's result
+    assert backend.use_verify_splitkv and warmed == [(backend, 16)]
+
+
+def test_the_plugin_hooks_sglangs_dflash_worker_only_where_the_setting_is_set():
+    """In a fresh interpreter, as SGLang's processes load plugins: the DFLASH worker's init_attention_backends is
+    wrapped with the verify attention hook when LILICORR_VERIFY_ATTENTION is set, and left as SGLang ships it when not."""
+    script = textwrap.dedent("""
+        from sglang.srt.plugins import load_plugins
+        from sglang.srt.plugins.hook_registry import HookRegistry
+        from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+        from sglang_lilicorr.serving import verify_attention as va
+        load_plugins()
+        hooks = [h for _, h, _ in HookRegistry._hooks.get(va.DFLASH_INIT, [])]
+        print(hasattr(DFlashWorkerV2.init_attention_backends, "__wrapped__"), hooks == [va.after_dflash_init])
+    """)
+    for env, expected in ((va.SPLIT_KV, "True True"), ("", "False False")):
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, va.ENV: env, "SGLANG_PLUGINS": "lilicorr"})
+        assert out.stdout.strip().splitlines()[-1:] == [expected], out.stderr[-2000:]
 
 
 @pytest.mark.parametrize("outcome", ["declines", "raises"])
@@ -125,7 +166,7 @@ def test_target_attention_backends_unwraps_a_hybrid_backend_once():
     class Runner:
         attn_backend, decode_attn_backend = hybrid, decode
 
-    assert target_attention_backends(Runner()) == [hybrid, prefill, decode]
+    assert va.target_attention_backends(Runner()) == [hybrid, prefill, decode]
 
 
 # Both kernels on one random verify batch (B = 16 queries a request, SmolLM2's 9 / 3 heads of 64), against an fp32

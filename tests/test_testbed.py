@@ -107,14 +107,14 @@ def test_pipeline_end_to_end(toy, tmp_path, monkeypatch, ports_29500_taken):
     launcher = tmp_path / "launcher.py"
     launcher.write_text(LAUNCHER.format(tests=str(ROOT / "tests")))
     launch = f"--server-launch={sys.executable} {launcher}"
-    monkeypatch.setattr(speed, "PORT0", free_port_block(4))
+    monkeypatch.setattr(speed, "PORT0", free_port_block(len(speed.SYSTEMS)))
     assert cli(toy, launch, "speed", "--concurrency", "1", "2", "--rounds", "2", "--max-tokens", "8") == 0
     runs = work / "speed" / "graphs32"
     rounds = [[json.loads(line) for line in p.read_text().splitlines()] for p in sorted(runs.glob("round*.jsonl"))]
     assert len(rounds) == 2 and all({r["system"] for r in rs} == set(speed.SYSTEMS) for rs in rounds)
     doc = json.loads((runs / "speed_summary.json").read_text())
     one = doc["summary"]["1"]
-    assert one["rounds"] == 2 and set(one["tau"]) == {"dflash", "builtin", "lilicorr"}
+    assert one["rounds"] == 2 and set(one["tau"]) == set(speed.SYSTEMS) - {"base"}
     lo_mean_hi = one["lilicorr_vs_builtin"]
     assert lo_mean_hi[1] <= lo_mean_hi[0] <= lo_mean_hi[2] and one["lilicorr"] > 0
     assert set(doc["idle_cpu_s"]["c=1,2"]) == set(speed.SYSTEMS) and doc["graphs_to"] == 32
@@ -122,6 +122,11 @@ def test_pipeline_end_to_end(toy, tmp_path, monkeypatch, ports_29500_taken):
     args = json.loads((runs / "speed_run.json").read_text())["server_args"]
     assert all("--sleep-on-idle" in a and "--cuda-graph-max-bs-decode 32" in a for a in args.values())
     assert "--speculative-algorithm DFLASH" in args["builtin"] and "drafts/lilicorr" in args["builtin"]
+    assert "--speculative-algorithm DFLASH" in args["dflash_splitkv"] and "drafts/dflash" in args["dflash_splitkv"]
+    assert "--speculative-algorithm LILICORR" in args["lilicorr_extend"] and "drafts/lilicorr" in args["lilicorr_extend"]
+    env = json.loads((runs / "speed_run.json").read_text())["server_env"]
+    assert env == {**{s: {} for s in speed.SYSTEMS}, "dflash_splitkv": {"LILICORR_VERIFY_ATTENTION": "split-kv"},
+                   "lilicorr_extend": {"LILICORR_VERIFY_ATTENTION": "extend"}}
     profiles = json.loads((runs / "profile" / "summary.json").read_text())
     assert list(profiles) == ["lilicorr", "builtin", "dflash", "base"] and profiles["dflash"]["steps"] == 12
     # a second call of the setting adds its concurrencies to the summary (a setting may take several device calls)
@@ -141,10 +146,9 @@ def test_pipeline_end_to_end(toy, tmp_path, monkeypatch, ports_29500_taken):
 def test_speed_order_rotates_and_prompts_are_long_form():
     from sglang_lilicorr.benchmarks.paired import rotation
 
-    assert [rotation(speed.SYSTEMS, r) for r in (1, 2, 3, 4)] == [["dflash", "builtin", "lilicorr", "base"],
-                                                                  ["builtin", "lilicorr", "base", "dflash"],
-                                                                  ["lilicorr", "base", "dflash", "builtin"],
-                                                                  ["base", "dflash", "builtin", "lilicorr"]]
+    systems = ["base", "dflash", "builtin", "lilicorr", "dflash_splitkv", "lilicorr_extend"]
+    assert list(speed.SYSTEMS) == systems
+    assert [rotation(speed.SYSTEMS, r) for r in (1, 6)] == [systems[1:] + systems[:1], systems]
     rows = [{"id": f"writingbench/{i}", "set": "writingbench", "text": f"w{i}"} for i in range(24)]
     rows += [{"id": f"mtbench/{i}", "set": "mtbench", "messages": [{"role": "user", "content": f"m{i}"}] * 2} for i in range(81, 161)]
     chosen = speed.speed_prompts(rows)

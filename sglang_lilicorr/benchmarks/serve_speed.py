@@ -1,8 +1,8 @@
 """Served speed as a user gets it: the summary of paired, rotated throughput rounds of four servers (no speculation,
-SGLang's DFLASH, SGLang's built-in LiLiCorr head on our draft, and LILICORR on the same draft), at each concurrency
-and in two CUDA-graph settings (graphs up to the largest concurrency; graphs to 16, so c = 32 runs the eager path).
+SGLang's DFLASH, SGLang's built-in LiLiCorr head on our draft, and LILICORR on the same draft) and, where they ran, the
+two verify-attention variants (VERIFY_SYSTEMS), at each concurrency and in two CUDA-graph settings (graphs up to the largest concurrency; graphs to 16, so c = 32 runs the eager path).
 
-  summarize(rounds, systems) -> {c: {system: tok/s, "<a>_vs_<b>": [mean, lo, hi], "tau": {system: tau}}}
+  summarize(rounds) -> {c: {system: tok/s, "<a>_vs_<b>": [mean, lo, hi], "tau": {system: tau}}}
   table(summary) -> markdown;  plot(summary, path)
   python -m sglang_lilicorr.benchmarks.serve_speed --graphs DIR [--eager DIR] --card CARD --commit C --out OUT
       the speed step's folders of both settings (WORK/speed/graphs32, graphs16) -> OUT/summary.json (per c, "eager":
@@ -28,9 +28,16 @@ from typing import Iterable, Mapping, Sequence
 
 from .metrics import block_ms, mean_ci95, output_tps, tau
 
-SYSTEMS = ("base", "dflash", "builtin", "lilicorr")
-RATIOS = (("lilicorr", "builtin"), ("lilicorr", "dflash"), ("builtin", "dflash"), ("lilicorr", "base"), ("dflash", "base"))
-LABELS = {"base": "no speculation", "dflash": "DFLASH", "builtin": "built-in LiLiCorr", "lilicorr": "LILICORR"}
+SYSTEMS = ("base", "dflash", "builtin", "lilicorr")  # every summarized cell has these four
+# The target verify's attention swapped (serving/verify_attention.py, LILICORR_VERIFY_ATTENTION): SGLang's DFLASH on
+# SGLang's split-KV verify kernel, LILICORR on SGLang's prefill kernel (the kernel the other two run).
+VERIFY_SYSTEMS = ("dflash_splitkv", "lilicorr_extend")
+ALL_SYSTEMS = (*SYSTEMS, *VERIFY_SYSTEMS)
+RATIOS = (("lilicorr", "builtin"), ("lilicorr", "dflash"), ("builtin", "dflash"), ("lilicorr", "base"), ("dflash", "base"),
+          ("dflash_splitkv", "dflash"), ("lilicorr", "lilicorr_extend"), ("lilicorr_extend", "builtin"),
+          ("lilicorr", "dflash_splitkv"))
+LABELS = {"base": "no speculation", "dflash": "DFLASH", "builtin": "built-in LiLiCorr", "lilicorr": "LILICORR",
+          "dflash_splitkv": "DFLASH split-KV verify", "lilicorr_extend": "LILICORR prefill-kernel verify"}
 
 
 def _interval(values: Sequence[float]) -> list:
@@ -38,9 +45,10 @@ def _interval(values: Sequence[float]) -> list:
     return [round(ci["mean"], 4), round(ci["lo"], 4), round(ci["hi"], 4)]
 
 
-def summarize(rounds: Sequence[Iterable[dict]], systems: Sequence[str] = SYSTEMS) -> dict:
-    """Per concurrency (str keys): mean tok/s of each system over the rounds, the paired ratios of RATIOS (those whose
-    systems both ran) as [mean, lo, hi], tau per speculative system, and the rounds counted."""
+def summarize(rounds: Sequence[Iterable[dict]]) -> dict:
+    """Per concurrency (str keys) where all of SYSTEMS ran: mean tok/s of each system that ran (SYSTEMS and any of
+    VERIFY_SYSTEMS) over the rounds all of them played, the paired ratios of RATIOS (those whose systems both ran) as
+    [mean, lo, hi], tau per speculative system, and the rounds counted."""
     per = defaultdict(lambda: defaultdict(dict))  # c -> system -> round -> records
     for r, records in enumerate(rounds):
         for rec in records:
@@ -48,7 +56,8 @@ def summarize(rounds: Sequence[Iterable[dict]], systems: Sequence[str] = SYSTEMS
     out = {}
     for c in sorted(per):
         cell = per[c]
-        runs = sorted(set.intersection(*(set(cell[s]) for s in systems))) if all(s in cell for s in systems) else []
+        systems = [s for s in ALL_SYSTEMS if s in cell]
+        runs = sorted(set.intersection(*(set(cell[s]) for s in systems))) if set(SYSTEMS) <= set(systems) else []
         if not runs:
             continue
         tps = {s: {r: output_tps(cell[s][r]) for r in runs} for s in systems}
@@ -74,14 +83,20 @@ def decode_step_ms(records: Iterable[dict]) -> float | None:
     return 1000 * sum(t["end"] - t["start"] for t in turns) / tokens if tokens else None
 
 
+def systems_in(summary: Mapping[str, dict]) -> list[str]:
+    """The systems of ALL_SYSTEMS that ran in some cell of a summary."""
+    return [s for s in ALL_SYSTEMS if any(s in e for e in summary.values())]
+
+
 def table(summary: Mapping[str, dict], title: str = "") -> str:
     """A markdown table of one setting's summary: tok/s per system, the paired ratios with their intervals, tau."""
-    ratios = [f"{a}_vs_{b}" for a, b in RATIOS]
-    head = ["c", *(f"{LABELS[s]} tok/s" for s in SYSTEMS), *(r.replace("_vs_", " / ") for r in ratios), "tau D / B / L",
+    systems = systems_in(summary)
+    ratios = [f"{a}_vs_{b}" for a, b in RATIOS if any(f"{a}_vs_{b}" in e for e in summary.values())]
+    head = ["c", *(f"{LABELS[s]} tok/s" for s in systems), *(r.replace("_vs_", " / ") for r in ratios), "tau D / B / L",
             "block / decode step D / B / L", "rounds"]
     lines = ([f"**{title}**", ""] if title else []) + ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c, e in summary.items():
-        cells = [c, *(f"{e.get(s, float('nan')):.0f}" for s in SYSTEMS)]
+        cells = [c, *(f"{e.get(s, float('nan')):.0f}" for s in systems)]
         cells += [f"{e[r][0]:.3f} [{e[r][1]:.3f}, {e[r][2]:.3f}]" if r in e else "-" for r in ratios]
         for key in ("tau", "block_over_decode"):
             cells.append(" / ".join(f"{e[key].get(s, float('nan')):.2f}" for s in ("dflash", "builtin", "lilicorr")))
@@ -99,12 +114,16 @@ def plot(settings: Mapping[str, Mapping[str, dict]], path: Path) -> Path:
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
     for style, (setting, summary) in zip(("-o", "--s", ":^"), settings.items()):
         cs = [int(c) for c in summary]
-        for i, s in enumerate(SYSTEMS):
-            ax.plot(cs, [summary[str(c)][s] for c in cs], style, color=f"C{i}", label=f"{LABELS[s]} ({setting})")
-        for i, key in enumerate(("lilicorr_vs_builtin", "lilicorr_vs_dflash")):
+        for i, s in enumerate(ALL_SYSTEMS):
+            if s in systems_in(summary):
+                ax.plot(cs, [summary[str(c)].get(s, float("nan")) for c in cs], style, color=f"C{i}",
+                        label=f"{LABELS[s]} ({setting})")
+        for i, key in enumerate(("lilicorr_vs_builtin", "lilicorr_vs_dflash", "lilicorr_extend_vs_builtin")):
+            if not all(key in summary[str(c)] for c in cs):
+                continue
             ys = [summary[str(c)][key] for c in cs]
             bx.errorbar(cs, [y[0] for y in ys], yerr=[[y[0] - y[1] for y in ys], [y[2] - y[0] for y in ys]], fmt=style,
-                        color=f"C{i + 4}", capsize=3, label=f"{key.replace('_vs_', ' / ')} ({setting})")
+                        color=f"C{i + len(ALL_SYSTEMS)}", capsize=3, label=f"{key.replace('_vs_', ' / ')} ({setting})")
     ax.set(xscale="log", xlabel="concurrency", ylabel="output tokens/s", title="served throughput")
     bx.axhline(1.0, color="grey", lw=0.8)
     bx.set(xscale="log", xlabel="concurrency", ylabel="ratio (paired, 95 % CI)", title="LILICORR against")
@@ -155,13 +174,13 @@ def report(graphs: dict, eager: dict | None, card: str, commit: str) -> dict:
     """The results file: graphs' summary per c, `eager` (the eager setting at c = 32), `startup_s` (graph capture
     seconds and the scheduler's whole start-up per system, in the setting's first call: a cold Triton and JIT cache),
     card and commit."""
-    keep = (*SYSTEMS, "lilicorr_vs_builtin", "lilicorr_vs_dflash", "tau", "block_over_decode", "rounds")
+    keep = (*ALL_SYSTEMS, *(f"{a}_vs_{b}" for a, b in RATIOS), "tau", "block_over_decode", "rounds")
     out = {c: {k: e[k] for k in keep if k in e} for c, e in graphs["summary"].items()}
     if eager and "32" in eager["summary"]:
         out["eager"] = {k: eager["summary"]["32"][k] for k in keep if k in eager["summary"]["32"]}
     first = next(iter(graphs.get("capture_s", {}).values()), {})
     out["startup_s"] = {s: {"graph_capture": first[s].get("total"), "scheduler": first[s].get("scheduler_e2e")}
-                        for s in SYSTEMS if s in first}
+                        for s in ALL_SYSTEMS if s in first}
     return {**out, "card": card, "commit": commit}
 
 

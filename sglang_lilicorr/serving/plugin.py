@@ -2,13 +2,17 @@
 `lilicorr = sglang_lilicorr.serving.plugin:register`).
 
 SGLang calls `register()` in every process it starts (launcher, tokenizer manager, scheduler,
-detokenizer), and tests may call it again: registration is idempotent. It registers the name only;
-the worker, draft model and kernels load in the scheduler process when SGLang asks the factory for
-the worker class.
+detokenizer), and tests may call it again: registration is idempotent. It registers the name; the
+worker, draft model and kernels load in the scheduler process when SGLang asks the factory for
+the worker class. Where LILICORR_VERIFY_ATTENTION is set it also registers, through SGLang's hook
+registry, the hook that gives SGLang's DFLASH servers the same verify attention (verify_attention.py).
 """
 from __future__ import annotations
 
+import os
+
 from . import ALGORITHM_NAME
+from . import verify_attention
 from .algorithm import LiLiCorrSpecAlgo
 
 
@@ -30,6 +34,25 @@ def validate(server_args) -> None:
 
 
 def register() -> None:
+    register_algorithm()
+    if os.environ.get(verify_attention.ENV):
+        register_dflash_verify_attention()
+
+
+def register_dflash_verify_attention() -> None:
+    """SGLang's DFLASH worker picks its verify attention by LILICORR_VERIFY_ATTENTION (applied by SGLang's
+    load_plugins after every plugin has run). Idempotent."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    if not _registered:
+        HookRegistry.register(verify_attention.DFLASH_INIT, verify_attention.after_dflash_init, HookType.AFTER)
+        _registered.add(verify_attention.DFLASH_INIT)
+
+
+_registered: set = set()  # the hook targets this process has registered
+
+
+def register_algorithm() -> None:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     try:

@@ -15,6 +15,9 @@ LILICORR_VERIFY_ATTENTION picks it for the target of a LILICORR server:
             benchmarks/results/verify-attention/h100_ee73f57/);
   split-kv  split-KV on any target;
   extend    SGLang's prefill kernel, as SGLang runs it.
+Set in the environment, it also picks the verify attention of SGLang's own DFLASH servers (the plugin registers
+`after_dflash_init` on SGLang's DFlashWorkerV2 through SGLang's hook registry), for comparisons on equal kernels;
+unset, a DFLASH server runs as SGLang ships it.
 The worker applies it before the target-verify CUDA graphs are captured and says which in one start-up line. A
 verify the graphs do not cover (a batch above the captured sizes) runs eagerly and picks its split count from the
 batch's prefix lengths: `warm` runs every split count once at start-up, so none compiles while a request waits.
@@ -36,6 +39,8 @@ ENV = "LILICORR_VERIFY_ATTENTION"
 AUTO, SPLIT_KV, EXTEND = "auto", "split-kv", "extend"
 CHOICES = (AUTO, SPLIT_KV, EXTEND)
 SPLITKV_MAX_QUERY_HEADS = 16  # auto: split-KV up to this many query heads per GPU
+DFLASH_INIT = "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2.init_attention_backends"
+CHOSEN = "lilicorr_verify_attention"  # a backend's attribute once configure has chosen for it: the setting
 
 logger = logging.getLogger(__name__)
 
@@ -103,16 +108,30 @@ def zero_scratch() -> None:
     VerifySplitKV._alloc = zeroed
 
 
+def target_attention_backends(model_runner) -> list:
+    """The target's attention backends: the runner's, its decode one, and the two a hybrid backend wraps."""
+    found = []
+    for backend in (getattr(model_runner, "attn_backend", None), getattr(model_runner, "decode_attn_backend", None)):
+        for b in (backend, getattr(backend, "prefill_backend", None), getattr(backend, "decode_backend", None)):
+            if b is not None and all(b is not f for f in found):
+                found.append(b)
+    return found
+
+
 def configure(backends: list, block_size: int, dtype, setting: str | None = None) -> bool:
     """Switch the target's Triton attention backends (of `backends`, those the target runs) to the split-KV verify
     kernel, warmed, where `setting` (default: the environment's) asks for it, and log one start-up line that says what
     the verify runs; whether it runs the split-KV kernel. Call it after the KV pool exists and before the target-verify
-    CUDA graphs are captured."""
+    CUDA graphs are captured. Backends it has chosen for already keep that choice (nothing is warmed or logged again)."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     setting = choice() if setting is None else setting
     prefix = f"{ALGORITHM_NAME}: target verify attention"
     triton = [b for b in backends if isinstance(b, TritonAttnBackend) and getattr(b, "topk", 1) == 1]
+    if triton and all(getattr(b, CHOSEN, None) for b in triton):
+        return bool(triton[0].use_verify_splitkv)
+    for backend in triton:
+        setattr(backend, CHOSEN, setting)
     if not triton:
         names = ", ".join(sorted({type(b).__name__ for b in backends})) or "none"
         logger.info("%s: the backend's own (%s; %s applies to SGLang's Triton backend only).", prefix, names, ENV)
@@ -136,3 +155,10 @@ def configure(backends: list, block_size: int, dtype, setting: str | None = None
     logger.info("%s: SGLang's split-KV verify kernel, warmed at %d split counts (%s=%s, %d query heads per GPU; "
                 "%s=%s runs SGLang's prefill kernel).", prefix, len(probe_lengths()), ENV, setting, heads, ENV, EXTEND)
     return True
+
+
+def after_dflash_init(result, worker, *args, **kwargs) -> None:
+    """SGLang hook-registry AFTER hook on DFlashWorkerV2.init_attention_backends (DFLASH_INIT; the plugin registers it
+    where LILICORR_VERIFY_ATTENTION is set): the DFLASH worker's target verify attention by the environment's setting.
+    A LILICORR worker runs it too (its init_attention_backends calls DFlashWorkerV2's), then its own call keeps it."""
+    configure(target_attention_backends(worker.model_runner), int(worker.block_size), worker.model_runner.dtype)

@@ -43,7 +43,7 @@ from .models.lilicorr_draft import LiLiCorrDraftModel
 from .proposer import LiLiCorrProposer, walk_rule
 from .server_args import ServingConfigError
 from .verification import Verification, install_request_refusal
-from .verify_attention import configure as configure_verify_attention
+from .verify_attention import configure as configure_verify_attention, target_attention_backends
 from .vocab_parallel import VocabShard
 
 logger = logging.getLogger(__name__)
@@ -89,16 +89,6 @@ def full_embedding(embed, vocab_size: int) -> torch.Tensor:
     if weight.shape[0] < vocab_size:
         raise ServingConfigError(f"the target's input embedding has {weight.shape[0]} rows for a {vocab_size}-token vocabulary.")
     return weight
-
-
-def target_attention_backends(model_runner) -> list:
-    """The target's attention backends: the runner's, its decode one, and the two a hybrid backend wraps."""
-    found = []
-    for backend in (getattr(model_runner, "attn_backend", None), getattr(model_runner, "decode_attn_backend", None)):
-        for b in (backend, getattr(backend, "prefill_backend", None), getattr(backend, "decode_backend", None)):
-            if b is not None and all(b is not f for f in found):
-                found.append(b)
-    return found
 
 
 def draft_graph_batch_sizes() -> list[int]:
