@@ -300,7 +300,7 @@ for name, c in tuning.GEMM_CONFIGS.items():
                  BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m)
     if c.tma:  # descriptors of the x, weight and output tiles, then bias, group bias, M, N, K, its stride, rows per group
         descs = [f"tensordesc<bf16[{a}, {b}]>" for a, b in ((c.block_m, c.block_k), (c.block_n, c.block_k), (c.block_m, c.block_n))]
-        r = build(ge._gemm_tma_kernel, descs + [t, t] + ["i32"] * 5 + ["constexpr"] * 9, dict(PROGRAMS=132, **tiles),
+        r = build(ge._gemm_tma_kernel, descs + [t, t] + ["i32"] * 5 + ["constexpr"] * 8, tiles,
                   aligned=(3, 4, 6, 7, 8), num_warps=c.num_warps, num_stages=c.num_stages)
         if "cp.async.bulk.tensor" not in r["ptx"]:
             sys.exit(f"{name} does not load by TMA")

@@ -165,7 +165,7 @@ def _cross_tile(t_ptr, rm, rn, mask, N, rows_per_req):
     return tl.load(t_ptr + (rm // rows_per_req).to(tl.int64)[:, None] * N + rn[None, :], mask=mask, other=0.0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # rows (b * L): bounds and wrapping only, so one build for every batch size
 def _gemm_kernel(
     x_ptr, w_ptr, b_ptr, gb_ptr, out_ptr, ss_in_ptr, ss_out_ptr, t_ptr, xt_ptr,
     ids_ptr, table_ptr, pass_ptr, const_ptr,  # NODES only (head_nodes.node_sum)
@@ -225,17 +225,17 @@ def _gemm_kernel(
         tl.store(xt_ptr + at, (y.to(tl.float32) * t.to(tl.float32)).to(dtype), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # as _gemm_kernel's; the program count is the grid's, not a constexpr
 def _gemm_tma_kernel(
     x_desc, w_desc, out_desc, b_ptr, gb_ptr, M, N, K, gb_stride, rows_per_group,
     HAS_BIAS: tl.constexpr, GROUP_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PROGRAMS: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Persistent: PROGRAMS programs stride over the output tiles; x / weight tiles arrive by TMA
+    """Persistent: the grid's programs stride over the output tiles; x / weight tiles arrive by TMA
     (rows and K past the tensor read as zeros), the output tile leaves by TMA (clipped at M, N)."""
     grid_dependency_wait(PDL)
     n_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-    for tile in tl.range(tl.program_id(0), n_tiles, PROGRAMS, flatten=True):
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), flatten=True):
         pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         off_m, off_n = pid_m * BLOCK_M, pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -480,7 +480,7 @@ def _launch_tma(name: str, x, weight, out, common: dict) -> None:
     """The persistent TMA kernel with `common` (epilogue, tiles, launch options): one program per SM."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    if not x.is_cuda or x.dtype == torch.float32 or sm_major(x.device) < 9:
+    if x.dtype == torch.float32 or sm_major(x.device) < 9:  # 0 off CUDA
         raise ValueError(
             f"{name}: TMA configs need 16-bit CUDA tensors on sm_90+, got {x.dtype} on {x.device}; "
             f"use a non-TMA config"
@@ -492,7 +492,7 @@ def _launch_tma(name: str, x, weight, out, common: dict) -> None:
     programs = min(sm_count(x.device), triton.cdiv(m, bm) * triton.cdiv(n, bn))
     _gemm_tma_kernel[(programs,)](
         x_desc=TensorDescriptor.from_tensor(x, [bm, bk]), w_desc=TensorDescriptor.from_tensor(weight, [bn, bk]),
-        out_desc=TensorDescriptor.from_tensor(out, [bm, bn]), M=m, N=n, K=k, PROGRAMS=programs, **common,
+        out_desc=TensorDescriptor.from_tensor(out, [bm, bn]), M=m, N=n, K=k, **common,
     )
 
 

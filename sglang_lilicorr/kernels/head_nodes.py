@@ -33,7 +33,7 @@ NUM_FEATURES = 5  # log p, p, log p - log p_top, rank / (K-1), is-top-1 (sglang_
 
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_splits"])  # the top-K's chunks per row, by batch size (merge_row's bound)
 def _confidence_up_kernel(
     vals_ptr, lse_ptr, w_ptr, b_ptr, lp_ptr, out_ptr,  # [G, K] f32, [G] f32, [H, 5] f32, [H] f32, [G, K] f32, [G*K, H]
     part_key_ptr, part_max_ptr, part_sum_ptr, n_splits, ids_ptr,  # MERGE: the top-K's partials (TopKParts) -> ids [G, K]
@@ -137,7 +137,7 @@ def node_sum_in_order(feat, rows, live, cols, mask, ids_ptr, table_ptr, pass_ptr
     return x + node_const_rows(rows, cols, mask, const_ptr, n_slots, n_cand, H).to(tl.float32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])  # a bound only: one build for every batch size
 def _lattice_nodes_kernel(
     ids_ptr, table_ptr, pass_ptr, feat_ptr, const_ptr, norm_w_ptr, x_ptr, xn_ptr, ss_ptr,
     n_rows, S, K, H, x_stride, eps,

@@ -68,7 +68,7 @@ def sumsq_parts(rows: int, width: int, device) -> torch.Tensor:
     return torch.empty((rows, triton.cdiv(width, SUMSQ_GROUP.value)), dtype=torch.float32, device=device)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])  # a bound only: one build for every batch size
 def _add_rmsnorm_kernel(
     x_ptr, y_ptr, w_ptr, out_ptr, out_stride, cross_ptr, rows_per_req, n_rows, H, eps,
     ROWS: tl.constexpr, BLOCK_H: tl.constexpr, CROSS: tl.constexpr, ADD: tl.constexpr, PDL: tl.constexpr,
@@ -89,7 +89,7 @@ def _add_rmsnorm_kernel(
     norm_store(sf, rstd, r, cols, m, H, w_ptr, out_ptr, out_stride, cross_ptr, rows_per_req, CROSS)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])
 def _row_bias_silu_kernel(
     pre_ptr, bias_ptr, bias_stride, rows_per_group, n_rows, N, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):

@@ -57,7 +57,7 @@ def row_tiles(m: int, n: int, dtype: torch.dtype, config: str | None = None) -> 
     return triton.cdiv(m, NORM_CONFIGS[config or select_config(n, m, dtype)].block_m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # rows (b * L): bounds and wrapping only, one build for every batch size
 def _linear_add_rmsnorm_kernel(
     a_ptr, w_ptr, bias_ptr, x_ptr, out_ptr, norm_w_ptr, cross_ptr, part_ptr, count_ptr,
     ids_ptr, table_ptr, pass_ptr, const_ptr,  # NODES only: the node sum replaces the residual stream

@@ -284,7 +284,7 @@ def merge_row(part_key_ptr, part_max_ptr, part_sum_ptr, n_splits, row, slots, K:
     return lse, best
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_splits"])  # chunks per row, by batch size (split_plan): a bound only
 def _topk_lse_merge_kernel(
     part_key_ptr, part_max_ptr, part_sum_ptr, n_splits,  # partials of stage 1
     vals_ptr, ids_ptr, lse_ptr,  # [N, K] fp32, [N, K] int64, [N] fp32
