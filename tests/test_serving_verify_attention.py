@@ -46,7 +46,7 @@ def warmed(monkeypatch) -> list:
     """configure's warm-up, recorded instead of run: the backends it warmed."""
     calls = []
     monkeypatch.setattr(va, "zero_scratch", lambda: None)
-    monkeypatch.setattr(va, "warm", lambda backend, block_size, dtype: calls.append((backend, block_size)) or True)
+    monkeypatch.setattr(va, "warm", lambda backend, block_size, dtype, lengths: calls.append((backend, block_size)) or True)
     return calls
 
 
@@ -68,6 +68,36 @@ def test_configure_leaves_sglangs_kernel_where_not_asked_or_not_triton(warmed, c
     assert "32 query heads" in caplog.text and "applies to SGLang's Triton backend only" in caplog.text
 
 
+def test_every_split_count_is_warmed_only_where_eager_verifies_can_occur(monkeypatch, caplog):
+    counts = []
+    monkeypatch.setattr(va, "zero_scratch", lambda: None)
+    monkeypatch.setattr(va, "warm", lambda backend, block_size, dtype, lengths: counts.append(len(lengths)) or True)
+    with caplog.at_level("INFO"):
+        assert va.configure([triton_backend()], 16, None, va.AUTO, eager=True)
+        assert va.configure([triton_backend()], 16, None, va.AUTO, eager=False)
+    assert counts == [len(va.probe_lengths()), 1] and len(va.probe_lengths()) == 3
+    assert "warmed at 3 of its 3 split counts (eager verifies can occur" in caplog.text
+    assert "warmed at 1 of its 3 split counts (every verify batch within the graphs" in caplog.text
+
+
+@pytest.mark.parametrize("backend_name, sizes, running, expected", [
+    ("FULL", [1, 2, 4, 32], 32, False), ("FULL", [1, 2, 4, 32], 33, True), ("FULL", [1, 16], 32, True),
+    ("FULL", [1, 16], None, True), ("FULL", [], 8, True), ("DISABLED", [1, 32], 8, True),
+])
+def test_eager_batches_are_possible_above_the_largest_graph_or_without_graphs(monkeypatch, backend_name, sizes, running,
+                                                                               expected):
+    import sglang.srt.runtime_context as runtime_context
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    from sglang_lilicorr.serving import graphs
+
+    decode = type("Decode", (), {"bs": sizes, "backend": getattr(Backend, backend_name)})()
+    context = type("Exec", (), {"graph": type("G", (), {"cuda_graph_config": type("C", (), {"decode": decode})()})()})()
+    monkeypatch.setattr(runtime_context, "get_exec", lambda: context)
+    assert graphs.graph_batch_sizes() == sizes
+    assert graphs.eager_batches_possible(running) is expected
+
+
 def test_a_second_configure_keeps_the_first_choice_without_warming_again(warmed, caplog):
     backend = triton_backend()
     assert va.configure([backend], 16, None, va.SPLIT_KV)
@@ -82,13 +112,18 @@ def test_a_second_configure_keeps_the_first_choice_without_warming_again(warmed,
 def test_the_dflash_hook_configures_the_workers_target_by_the_environment(warmed, monkeypatch):
     backend = triton_backend()
 
+    from sglang_lilicorr.serving import graphs
+
     class Worker:
         block_size = 16
         model_runner = type("Runner", (), {"attn_backend": backend, "dtype": torch.bfloat16})()
+        server_args = type("Args", (), {"max_running_requests": 48})()
 
+    asked = []
+    monkeypatch.setattr(graphs, "eager_batches_possible", lambda running: asked.append(running) or True)
     monkeypatch.setenv(va.ENV, va.SPLIT_KV)
     assert va.after_dflash_init(None, Worker()) is None  # an AFTER hook that keeps the method's result
-    assert backend.use_verify_splitkv and warmed == [(backend, 16)]
+    assert backend.use_verify_splitkv and warmed == [(backend, 16)] and asked == [48]
 
 
 def test_the_plugin_hooks_sglangs_dflash_worker_only_where_the_setting_is_set():
@@ -111,7 +146,7 @@ def test_the_plugin_hooks_sglangs_dflash_worker_only_where_the_setting_is_set():
 
 @pytest.mark.parametrize("outcome", ["declines", "raises"])
 def test_a_kernel_that_declines_or_fails_its_warm_up_is_not_switched_on(monkeypatch, caplog, outcome):
-    def warm(backend, block_size, dtype):
+    def warm(backend, block_size, dtype, lengths):
         if outcome == "raises":
             raise RuntimeError("no sm_90 build")
         return False
@@ -149,10 +184,10 @@ def test_warm_runs_every_split_count_an_eager_verify_can_pick():
     backend.num_kv_head, backend.token_to_kv_pool = 3, Pool()
     backend.req_to_token_pool = type("R", (), {"size": 48})()
     backend.verify_splitkv_fwd = fake_kernel
-    assert va.warm(backend, 16, torch.float32)
+    assert va.warm(backend, 16, torch.float32, va.probe_lengths())
     assert sorted(seen) == sorted(set(seen)) and min(seen) == MIN_N_SPLITS and max(seen) == MAX_N_SPLITS
     backend.verify_splitkv_fwd = lambda *a, **k: False
-    assert not va.warm(backend, 16, torch.float32)
+    assert not va.warm(backend, 16, torch.float32, va.probe_lengths())
 
 
 def test_target_attention_backends_unwraps_a_hybrid_backend_once():

@@ -20,7 +20,9 @@ Set in the environment, it also picks the verify attention of SGLang's own DFLAS
 unset, a DFLASH server runs as SGLang ships it.
 The worker applies it before the target-verify CUDA graphs are captured and says which in one start-up line. A
 verify the graphs do not cover (a batch above the captured sizes) runs eagerly and picks its split count from the
-batch's prefix lengths: `warm` runs every split count once at start-up, so none compiles while a request waits.
+batch's prefix lengths: where such a batch can occur (graphs off, or more running requests than the largest graph),
+`warm` runs every split count once at start-up, so none compiles while a request waits; elsewhere it runs one (the
+check that the kernel builds and runs here), since a captured graph's split count is built at its capture.
 
 The kernel merges per-split partial results, weighting a split with no keys (a prefix shorter than the splits) by
 zero, but it reads that split's partial output from scratch memory allocated uninitialized: 0 x NaN is NaN, and
@@ -65,10 +67,10 @@ def probe_lengths() -> list[int]:
     return sorted(first.values())
 
 
-def warm(backend, block_size: int, dtype) -> bool:
-    """Run the split-KV verify once at every split count on a one-request block over zeros (the KV pool's first
-    layer, slot 0), so that no variant compiles while a request waits: a verify above the captured batch sizes runs
-    eagerly and picks its split count from the batch's prefix lengths. False where the kernel declines this target."""
+def warm(backend, block_size: int, dtype, lengths: list[int]) -> bool:
+    """Run the split-KV verify once at each prefix length of `lengths` (probe_lengths: one per split count) on a
+    one-request block over zeros (the KV pool's first layer, slot 0), so that no such variant compiles while a request
+    waits. False where the kernel declines this target."""
     import torch
 
     pool = backend.token_to_kv_pool
@@ -78,7 +80,7 @@ def warm(backend, block_size: int, dtype) -> bool:
     k = torch.zeros(block_size, backend.num_kv_head, head_dim, dtype=dtype, device=device)
     v = torch.zeros(block_size, backend.num_kv_head, int(v_buffer.shape[-1]), dtype=dtype, device=device)
     qo_indptr = torch.tensor([0, block_size], dtype=torch.int32, device=device)
-    for length in probe_lengths():
+    for length in lengths:
         o = torch.zeros(block_size, backend.num_head, int(v_buffer.shape[-1]), dtype=dtype, device=device)
         kv_indptr = torch.tensor([0, length], dtype=torch.int32, device=device)
         kv_indices = torch.zeros(length, dtype=torch.int64, device=device)
@@ -118,11 +120,12 @@ def target_attention_backends(model_runner) -> list:
     return found
 
 
-def configure(backends: list, block_size: int, dtype, setting: str | None = None) -> bool:
+def configure(backends: list, block_size: int, dtype, setting: str | None = None, eager: bool = True) -> bool:
     """Switch the target's Triton attention backends (of `backends`, those the target runs) to the split-KV verify
-    kernel, warmed, where `setting` (default: the environment's) asks for it, and log one start-up line that says what
-    the verify runs; whether it runs the split-KV kernel. Call it after the KV pool exists and before the target-verify
-    CUDA graphs are captured. Backends it has chosen for already keep that choice (nothing is warmed or logged again)."""
+    kernel, warmed (at every split count where `eager` verifies, outside the graphs, can occur; else at one), where
+    `setting` (default: the environment's) asks for it, and log one start-up line that says what the verify runs;
+    whether it runs the split-KV kernel. Call it after the KV pool exists and before the target-verify CUDA graphs are
+    captured. Backends it has chosen for already keep that choice (nothing is warmed or logged again)."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     setting = choice() if setting is None else setting
@@ -141,8 +144,9 @@ def configure(backends: list, block_size: int, dtype, setting: str | None = None
         logger.info("%s: SGLang's prefill kernel (%s=%s, %d query heads per GPU).", prefix, ENV, setting, heads)
         return False
     zero_scratch()
+    lengths = probe_lengths() if eager else probe_lengths()[:1]
     try:
-        ready = all(warm(backend, block_size, dtype) for backend in triton)
+        ready = all(warm(backend, block_size, dtype, lengths) for backend in triton)
     except Exception as e:  # a kernel that cannot build or run here: the verify keeps SGLang's prefill kernel
         logger.warning("%s: SGLang's prefill kernel; its split-KV verify kernel failed its warm-up (%s: %s).",
                        prefix, type(e).__name__, e)
@@ -152,8 +156,10 @@ def configure(backends: list, block_size: int, dtype, setting: str | None = None
         return False
     for backend in triton:
         backend.use_verify_splitkv = True
-    logger.info("%s: SGLang's split-KV verify kernel, warmed at %d split counts (%s=%s, %d query heads per GPU; "
-                "%s=%s runs SGLang's prefill kernel).", prefix, len(probe_lengths()), ENV, setting, heads, ENV, EXTEND)
+    logger.info("%s: SGLang's split-KV verify kernel, warmed at %d of its %d split counts (%s; %s=%s, %d query heads "
+                "per GPU; %s=%s runs SGLang's prefill kernel).", prefix, len(lengths), len(probe_lengths()),
+                "eager verifies can occur" if eager else "every verify batch within the graphs", ENV, setting, heads,
+                ENV, EXTEND)
     return True
 
 
@@ -161,4 +167,7 @@ def after_dflash_init(result, worker, *args, **kwargs) -> None:
     """SGLang hook-registry AFTER hook on DFlashWorkerV2.init_attention_backends (DFLASH_INIT; the plugin registers it
     where LILICORR_VERIFY_ATTENTION is set): the DFLASH worker's target verify attention by the environment's setting.
     A LILICORR worker runs it too (its init_attention_backends calls DFlashWorkerV2's), then its own call keeps it."""
-    configure(target_attention_backends(worker.model_runner), int(worker.block_size), worker.model_runner.dtype)
+    from .graphs import eager_batches_possible
+
+    configure(target_attention_backends(worker.model_runner), int(worker.block_size), worker.model_runner.dtype,
+              eager=eager_batches_possible(worker.server_args.max_running_requests))

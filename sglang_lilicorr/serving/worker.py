@@ -33,11 +33,12 @@ import logging
 import torch
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.mem_cache.allocation_sizing import get_alloc_page_size
-from sglang.srt.runtime_context import get_exec, get_parallel
+from sglang.srt.runtime_context import get_parallel
 from sglang.srt.speculative.dflash_utils import is_dense_head_weight
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
 from . import ALGORITHM_NAME
+from .graphs import eager_batches_possible, graph_batch_sizes
 from .kv_rows import check_rows
 from .models.lilicorr_draft import LiLiCorrDraftModel
 from .proposer import LiLiCorrProposer, walk_rule
@@ -91,11 +92,6 @@ def full_embedding(embed, vocab_size: int) -> torch.Tensor:
     return weight
 
 
-def draft_graph_batch_sizes() -> list[int]:
-    """The batch sizes SGLang captures draft (and decode) CUDA graphs for."""
-    return [int(b) for b in (get_exec().graph.cuda_graph_config.decode.bs or []) if int(b) > 0]
-
-
 class LiLiCorrWorker(DFlashWorkerV2):
     def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
@@ -140,13 +136,13 @@ class LiLiCorrWorker(DFlashWorkerV2):
         check_rows(int(pool.req_to_token.shape[1]), int(self.model_runner.model_config.context_len), int(self.block_size),
                    int(get_alloc_page_size()))
         request_slots = int(pool.req_to_token.shape[0])
-        self.proposer.allocate(num_request_slots=request_slots, max_rows=max([request_slots, *draft_graph_batch_sizes()]))
+        self.proposer.allocate(num_request_slots=request_slots, max_rows=max([request_slots, *graph_batch_sizes()]))
 
     def init_attention_backends(self):
         super().init_attention_backends()
         # The target's backends exist now; its verify graphs are captured later (init_cuda_graphs).
         configure_verify_attention(target_attention_backends(self.model_runner), int(self.block_size),
-                                   self.model_runner.dtype)
+                                   self.model_runner.dtype, eager=eager_batches_possible(self.server_args.max_running_requests))
 
     # --- CUDA graphs ------------------------------------------------------------------------
 
@@ -155,14 +151,14 @@ class LiLiCorrWorker(DFlashWorkerV2):
         # the returned object runs inside every captured draft forward.
         logger.info(
             "%s: draft pass + top-K/LSE + head + walk captured together in the draft CUDA graph "
-            "(batch sizes %s).", ALGORITHM_NAME, sorted(draft_graph_batch_sizes()),
+            "(batch sizes %s).", ALGORITHM_NAME, sorted(graph_batch_sizes()),
         )
         return self.proposer
 
     def init_cuda_graphs(self) -> None:
         super().init_cuda_graphs()
         captured = self._draft_sampler is not None
-        warmed = self.proposer.warm(graph_batch_sizes=draft_graph_batch_sizes() if captured else [], capture=captured)
+        warmed = self.proposer.warm(graph_batch_sizes=graph_batch_sizes() if captured else [], capture=captured)
         logger.info("%s: the proposal warmed at %s batch sizes above the draft graphs; eager batches replay graphs of %s "
                     "requests.", ALGORITHM_NAME, len(warmed), sorted(self.proposer.eager_graphs) or "no")
         if self._draft_sampler is None:
