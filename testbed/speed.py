@@ -4,7 +4,8 @@ beside them the two verify-attention variants (serve_speed.VERIFY_SYSTEMS: DFLAS
 LILICORR on SGLang's prefill kernel), in paired, rotated rounds on one GPU (sglang_lilicorr.benchmarks.paired,
 serve_speed).
 
-The six servers start once, side by side on GPU 0 (KV pools of KV_TOKENS each), with SGLang's --sleep-on-idle: an
+The six servers start once, side by side on GPU 0 (KV pools of KV_TOKENS each, a Triton cache each, so every start-up
+on a fresh machine is cold), with SGLang's --sleep-on-idle: an
 idle server blocks instead of spinning, and the step records the CPU seconds every idle server spent while another
 one played (idle_cpu_s in speed_summary.json: the evidence that they do not disturb each other). No stage timer,
 profiler or recorder runs in the throughput rounds. For each concurrency c and round r every system plays the same
@@ -131,8 +132,11 @@ def run(args, base_server_args: str) -> int:
     every_c = {c: every[: prompts_for(c)] for c in sorted(played | set(concurrency))}
     deadline = paired.Deadline(float(os.environ["TESTBED_DEADLINE"])) if os.environ.get("TESTBED_DEADLINE") else None
     after_rounds_s = 60.0 + (45.0 if args.profile_steps else 0.0)  # the profile pass, the report, stopping the servers
+    # each server its own Triton cache: a server's start-up on a fresh machine compiles all it needs itself (the
+    # servers start together, and one would otherwise find kernels another had just built)
     specs = [ServerSpec(args.target, PORT0 + i, "0", server_args(base_server_args, s, drafts, SETTINGS[args.setting]),
-                        verify_env(s), s) for i, s in enumerate(SYSTEMS)]
+                        {**verify_env(s), "TRITON_CACHE_DIR": str(work.parent / "triton_cache" / s)}, s)
+             for i, s in enumerate(SYSTEMS)]
     url = {s: f"http://127.0.0.1:{PORT0 + i}" for i, s in enumerate(SYSTEMS)}
     failed = []
     launcher = shlex.split(args.server_launch or "")  # tests: stand-ins that serve $PORT

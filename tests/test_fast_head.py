@@ -682,9 +682,10 @@ def test_gpu_paper_config_bs1_served_tables_fp32(monkeypatch):
 
 
 def _beside(nodes_in_gemm: bool):
-    """The served plans with the pass projection beside the top-K and the norms folded at every batch size."""
+    """The served plans with the pass projection beside the top-K and the norms folded at every batch size under PDL
+    (the pass beside the top-K needs it; the buckets without PDL keep their plan)."""
     return lambda plan, bound: dataclasses.replace(plan, fold_norms=True, norm_epilogue=False, pass_beside_topk=True,
-                                                   nodes_in_gemm=nodes_in_gemm)
+                                                   nodes_in_gemm=nodes_in_gemm) if plan.pdl else plan
 
 
 BIT_EQUAL_PLANS = {  # name -> two changes of the served plans that must give the same bits (bf16)

@@ -125,6 +125,7 @@ def test_pipeline_end_to_end(toy, tmp_path, monkeypatch, ports_29500_taken):
     assert "--speculative-algorithm DFLASH" in args["dflash_splitkv"] and "drafts/dflash" in args["dflash_splitkv"]
     assert "--speculative-algorithm LILICORR" in args["lilicorr_extend"] and "drafts/lilicorr" in args["lilicorr_extend"]
     env = json.loads((runs / "speed_run.json").read_text())["server_env"]
+    assert {s: e.pop("TRITON_CACHE_DIR").split("/")[-2:] for s, e in env.items()} == {s: ["triton_cache", s] for s in speed.SYSTEMS}
     assert env == {**{s: {} for s in speed.SYSTEMS}, "dflash_splitkv": {"LILICORR_VERIFY_ATTENTION": "split-kv"},
                    "lilicorr_extend": {"LILICORR_VERIFY_ATTENTION": "extend"}}
     profiles = json.loads((runs / "profile" / "summary.json").read_text())

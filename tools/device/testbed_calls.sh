@@ -15,9 +15,9 @@
 #   model    carry .dev/{smolB,bin}: the target (bf16)
 #   speed    carry .dev/ckpt: the shipped drafts as WORK/drafts, then `speed $SPEED_ARGS` on GPU 0. The whole benchmark is
 #            three speed calls back to back (a setting's calls add up; each stops its rounds before the deadline):
-#              SPEED_ARGS="--concurrency 1 4"           ~520 s (cold start-up ~220 s; c = 1 ~200 s, c = 4 ~90 s)
-#              SPEED_ARGS="--concurrency 8 16 32"       ~430 s (with the profile pass)
-#              SPEED_ARGS="--setting graphs16"          ~250 s (c = 32 on the eager path)
+#              SPEED_ARGS="--concurrency 1"                           ~470 s on an H200 (cold start-up, six servers, 3 rounds)
+#              SPEED_ARGS="--concurrency 4 8 16 32 --profile-steps 0" ~510 s
+#              SPEED_ARGS="--setting graphs16 --profile-steps 0"      ~290 s (c = 32 on the eager path)
 #            then on the CPU machine `python -m sglang_lilicorr.benchmarks.serve_speed --graphs DIR/graphs32 --eager
 #            DIR/graphs16 --card CARD --commit C --out benchmarks/results/serve-speed/CARD_COMMIT` (benchmarks/README.md)
 # The long-input lineage (issue 28; one GPU is enough): `install`, `data`, then
