@@ -272,6 +272,7 @@ def test_a_draft_shorter_than_the_served_context_is_refused_before_serving(targe
         (["--speculative-eagle-topk", 4], "--speculative-eagle-topk 4"),
         (["--speculative-draft-window-size", 64], "--speculative-draft-window-size"),
         (["--speculative-draft-attention-backend", "trtllm_mha"], "trtllm_mha is not supported"),
+        (["--speculative-draft-attention-backend", "fa3"], "fa3: SGLang can run .* checked with triton only"),
         (["--speculative-adaptive"], "--speculative-adaptive"),
     ],
     ids=lambda v: v if isinstance(v, str) and v.startswith("--") else None,

@@ -52,10 +52,20 @@ def test_each_unsupported_option_is_refused_alone(over, match):
         server_args.check_options(accepted(**over))
 
 
-@pytest.mark.parametrize("backend", server_args.DRAFT_ATTENTION_BACKENDS + (None,))
-def test_draft_attention_backends(backend):
+@pytest.mark.parametrize("backend", ["triton", None])
+def test_the_served_draft_attention_backend_is_accepted(backend):
     server_args.check_draft_attention_backend(accepted(speculative_draft_attention_backend=backend))
-    with pytest.raises(ServingConfigError, match="trtllm_mha is not supported.*pick one of flashinfer, fa3, fa4, triton"):
+
+
+@pytest.mark.parametrize("backend", ["flashinfer", "fa3", "fa4"])
+def test_a_draft_attention_backend_never_served_is_refused_with_the_fix(backend):
+    with pytest.raises(ServingConfigError, match=f"{backend}: SGLang can run.*served and checked with triton only; drop "
+                                                 "the flag .*or pass triton"):
+        server_args.check_draft_attention_backend(accepted(speculative_draft_attention_backend=backend))
+
+
+def test_a_draft_attention_backend_without_block_attention_is_refused():
+    with pytest.raises(ServingConfigError, match="trtllm_mha is not supported.*bidirectionally.*pick triton"):
         server_args.check_draft_attention_backend(accepted(speculative_draft_attention_backend="trtllm_mha"))
 
 
@@ -76,9 +86,9 @@ def test_tensor_parallel_messages():
     assert server_args.tensor_parallel_problems(9, 3, 64, 3) == ["intermediate_size=64 is not divisible by 3 (lilicorr train --draft-intermediate-size)"]
 
 
-@pytest.mark.parametrize("prefill, attention, want", [("fa3", "flashinfer", "fa3"), (None, "fa4", "fa4"),
+@pytest.mark.parametrize("prefill, attention, want", [("fa3", "flashinfer", "triton"), (None, "fa4", "triton"),
                                                       ("trtllm_mha", "fa3", "triton"), (None, None, "triton")])
-def test_the_draft_takes_the_prefill_backend_first(prefill, attention, want, monkeypatch):
+def test_the_draft_runs_triton_whatever_the_targets_backend(prefill, attention, want, monkeypatch):
     spec = types.SimpleNamespace(head=types.SimpleNamespace(block_size=16))
     monkeypatch.setattr(server_args, "inspect_draft", lambda path: spec)
     args = types.SimpleNamespace(speculative_draft_model_path="d", speculative_draft_attention_backend=None,

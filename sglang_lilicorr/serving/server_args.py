@@ -29,8 +29,11 @@ from .verify_attention import choice as verify_attention_choice
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_RUNNING_REQUESTS = 48  # SGLang's default for DFLASH, kept for LILICORR
-# Draft attention backends that run the DFlash drafter's non-causal block attention.
+# Draft attention backends SGLang runs the DFlash drafter's non-causal block attention on ...
 DRAFT_ATTENTION_BACKENDS = ("flashinfer", "fa3", "fa4", "triton")
+# ... and those LILICORR has been served and checked on (greedy and T = 1, benchmarks/results/): the others are refused
+# until they are (the GPU machine's kit has neither flashinfer nor FA3/FA4).
+SERVED_DRAFT_ATTENTION_BACKENDS = ("triton",)
 
 
 def draft_path(args) -> str:
@@ -112,12 +115,19 @@ def check_options(args) -> None:
 
 def check_draft_attention_backend(args) -> None:
     backend = args.speculative_draft_attention_backend
-    if backend is not None and backend not in DRAFT_ATTENTION_BACKENDS:
+    if backend is None or backend in SERVED_DRAFT_ATTENTION_BACKENDS:
+        return
+    if backend in DRAFT_ATTENTION_BACKENDS:
         raise ServingConfigError(
-            f"--speculative-draft-attention-backend {backend} is not supported with --speculative-algorithm "
-            f"{ALGORITHM_NAME}: the drafter attends bidirectionally within its block; pick one of "
-            f"{', '.join(DRAFT_ATTENTION_BACKENDS)}."
+            f"--speculative-draft-attention-backend {backend}: SGLang can run the drafter's block attention on it, but "
+            f"{ALGORITHM_NAME} has been served and checked with {', '.join(SERVED_DRAFT_ATTENTION_BACKENDS)} only; drop "
+            f"the flag (the drafter then runs triton, whatever the target's backend) or pass triton."
         )
+    raise ServingConfigError(
+        f"--speculative-draft-attention-backend {backend} is not supported with --speculative-algorithm "
+        f"{ALGORITHM_NAME}: the drafter attends bidirectionally within its block; pick "
+        f"{', '.join(SERVED_DRAFT_ATTENTION_BACKENDS)}."
+    )
 
 
 def tensor_parallel_problems(heads: int, kv_heads: int, intermediate: int, tp_size: int) -> list[str]:
@@ -189,9 +199,7 @@ def resolve_server_args(args) -> None:
     args.speculative_num_steps = 1
     args.speculative_eagle_topk = 1
     if args.speculative_draft_attention_backend is None:
-        # The drafter takes the target's attention backend where it can run the block, else triton.
-        target = args.prefill_attention_backend or args.attention_backend
-        args.speculative_draft_attention_backend = target if target in DRAFT_ATTENTION_BACKENDS else "triton"
+        args.speculative_draft_attention_backend = SERVED_DRAFT_ATTENTION_BACKENDS[0]
     if args.max_running_requests is None:
         args.max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS
         logger.warning(
