@@ -22,10 +22,15 @@ def pyplot():
 
 
 def save(fig, path: Path) -> Path:
-    """Lay out, write (120 dpi) and close a figure."""
+    """Lay out, write (120 dpi; a PNG in 256 colours, a third of the bytes: committed plots ride every GPU call) and
+    close a figure."""
+    from PIL import Image
+
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     pyplot().close(fig)
+    if Path(path).suffix.lower() == ".png":
+        Image.open(path).convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
     return Path(path)
 
 
