@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# GPU side of flashinfer on the lent GPU machine (issue 44). NOT YET RUN ON A GPU. After the kit's install, in the
+# same call (carry [".dev/whl", ".dev/pkgs", ".dev/bin", ".dev/manifest.txt", ".dev/flashinfer"], about 30 MiB):
+#   source .dev/bin/install.sh && bash tools/device/flashinfer.sh
+# Steps (each fails loudly with one "flashinfer.sh: FAILED ..." line):
+#   1. installs .dev/flashinfer/whl's wheels into $SITE (default /tmp/site) where the import fails (pynvml, tabulate)
+#      or no ninja is on PATH; unpacks flashinfer_slim.tar.xz into $SITE/flashinfer (replacing a headers-only copy);
+#   2. checks `import flashinfer` with the image's torch 2.11;
+#   3. unpacks .dev/flashinfer/jit_cache.tar.gz, if carried, into flashinfer's cache
+#      ($FLASHINFER_WORKSPACE_BASE or $HOME)/.cache/flashinfer: later calls skip the build;
+#   4. JIT-builds and runs tools/device/flashinfer_warmup.py (decode, prefill paged causal and custom mask, ragged
+#      auto/FA3 and FA2, merge_state, sampling, top-k, append_paged_kv_cache at SmolLM2-135M's shapes), timed;
+#   5. packs the whole cache (objects and ninja logs too: flashinfer decides freshness by ninja, with absolute paths,
+#      so the next machine must use the same SITE and HOME) into $OUT/jit_cache.tar.gz (bring it back as .dev/flashinfer/jit_cache.tar.gz) and writes
+#      $OUT/flashinfer_warmup.txt.
+# Env: SITE, MAX_JOBS (ninja's parallel jobs; default the CPU count), FI_SKIP_PACK=1 (no tarball).
+set -uo pipefail
+fail() { echo "flashinfer.sh: FAILED: $*" >&2; exit 1; }
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+kit=$root/.dev/flashinfer
+SITE=${SITE:-${DEVICE_SITE:-/tmp/site}}
+OUT=${OUT:-/tmp/flashinfer_out}
+t_all=$SECONDS
+[ -f "$kit/flashinfer_slim.tar.xz" ] || fail "$kit/flashinfer_slim.tar.xz missing: run bash tools/device/flashinfer_kit.sh on the CPU machine and carry .dev/flashinfer"
+[ -d "$SITE/sglang" ] || fail "$SITE has no sglang: start the command with 'source .dev/bin/install.sh &&'"
+case ":${PYTHONPATH:-}:" in *":$SITE:"*) ;; *) export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" ;; esac
+mkdir -p "$OUT"
+log=$OUT/flashinfer_warmup.txt
+: > "$log"
+
+# 1) dependency wheels, only where missing (the image's own copies win), and the slim package
+for w in "$kit"/whl/*.whl; do
+  case "$(basename "$w")" in
+    nvidia_ml_py-*) need=$(python3 -c "import pynvml" 2>/dev/null || echo y) ;;
+    tabulate-*) need=$(python3 -c "import tabulate" 2>/dev/null || echo y) ;;
+    ninja-*) need=$(command -v ninja >/dev/null || echo y) ;;
+    *) need=y ;;
+  esac
+  if [ -n "$need" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" --upgrade "$w" >>"$log" 2>&1 \
+      || fail "pip install $(basename "$w") into $SITE failed (log $log)"
+    echo "flashinfer.sh: installed $(basename "$w")" | tee -a "$log"
+  fi
+done
+[ -x "$SITE/bin/ninja" ] && export PATH="$SITE/bin:$PATH"
+command -v ninja >/dev/null || fail "no ninja on PATH (flashinfer's JIT runs it); .dev/flashinfer/whl should carry one"
+command -v nvcc >/dev/null || [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] || fail "no nvcc (set CUDA_HOME)"
+t0=$SECONDS
+rm -rf "$SITE/flashinfer" "$SITE"/flashinfer_python-*.dist-info
+tar -C "$SITE" -xJf "$kit/flashinfer_slim.tar.xz" || fail "unpacking flashinfer_slim.tar.xz into $SITE failed"
+echo "flashinfer.sh: slim flashinfer unpacked into $SITE in $((SECONDS - t0)) s" | tee -a "$log"
+
+# 2) import
+t0=$SECONDS
+python3 -c "import torch, flashinfer, flashinfer.sampling, flashinfer.decode, flashinfer.prefill, flashinfer.cascade
+assert flashinfer.__file__.startswith('$SITE/'), flashinfer.__file__
+print(f'flashinfer.sh: import flashinfer {flashinfer.__version__} with torch {torch.__version__}, cuda {torch.version.cuda}')" \
+  2>&1 | tee -a "$log" | tail -n 1 | grep -q "^flashinfer.sh: import" \
+  || { tail -n 5 "$log" >&2; fail "import flashinfer failed (traceback above, log $log)"; }
+tail -n 1 "$log"; echo "flashinfer.sh: import took $((SECONDS - t0)) s" | tee -a "$log"
+
+# 3) carried JIT cache
+cache=${FLASHINFER_WORKSPACE_BASE:-$HOME}/.cache/flashinfer
+if [ -f "$kit/jit_cache.tar.gz" ]; then
+  mkdir -p "$cache" && tar -C "$cache" -xzf "$kit/jit_cache.tar.gz" || fail "unpacking .dev/flashinfer/jit_cache.tar.gz into $cache failed"
+  echo "flashinfer.sh: carried JIT cache unpacked into $cache ($(du -sh "$cache" | cut -f1))" | tee -a "$log"
+fi
+
+# 4) build and run every module once
+t0=$SECONDS
+export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+(cd /tmp && python3 "$root/tools/device/flashinfer_warmup.py") 2>&1 | tee -a "$log" | grep "^flashinfer_warmup" \
+  ; rc=${PIPESTATUS[0]}
+[ "$rc" = 0 ] || { grep -v "^flashinfer_warmup" "$log" | tail -n 30 >&2; fail "warm-up failed (exit $rc; log $log)"; }
+echo "flashinfer.sh: JIT build + warm-up took $((SECONDS - t0)) s (MAX_JOBS=$MAX_JOBS)" | tee -a "$log"
+
+# 5) the cache, to carry back
+if [ "${FI_SKIP_PACK:-0}" != 1 ]; then
+  [ -d "$cache" ] || fail "no JIT cache at $cache after the build"
+  tar -C "$cache" -czf "$OUT/jit_cache.tar.gz" . || fail "packing $cache failed"
+  echo "flashinfer.sh: $OUT/jit_cache.tar.gz $(du -h "$OUT/jit_cache.tar.gz" | cut -f1) (cache $(du -sh "$cache" | cut -f1)); bring it back as .dev/flashinfer/jit_cache.tar.gz" | tee -a "$log"
+fi
+echo "flashinfer.sh: done in $((SECONDS - t_all)) s" | tee -a "$log"

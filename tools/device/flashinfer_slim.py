@@ -1,0 +1,276 @@
+"""A slimmed flashinfer-python 0.7.2 for the lent GPU machine (issue 44): only what SGLang 0.5.23's flashinfer
+attention backend and flashinfer's sampling kernels JIT-compile, for SmolLM2-135M's shapes (bf16, head_dim 64).
+
+The wheel is 65 MB compressed and 453 MB unpacked (332 MB of it `flashinfer/data`: CUDA sources for every op and
+architecture, CUTLASS, CCCL); a device call carries at most 64 MiB. Kept:
+- every `.py` file of the package (`import flashinfer` imports most of them; 90 MB, about 7 MiB compressed), and the
+  small non-source files beside them (configs, jinja templates), except the MoE kernel-selection artifacts;
+- from `flashinfer/data`: the files the JIT modules below open while generating their sources (templates, csrc),
+  the `#include` closure of those sources over flashinfer's include path (`flashinfer/jit/cpp_ext.py`:
+  data/include, data/csrc, data/cutlass/include, data/cutlass/tools/util/include), and, whole, the vendored
+  CCCL include trees (data/cccl/{cub,libcudacxx/include,thrust}: flashinfer puts them before the CUDA toolkit's
+  own with -I, so a partial copy would mix two CCCL versions) and data/spdlog/include.
+Dropped: the rest of data/ (other ops' and architectures' sources, CUTLASS examples/python/tests, CCCL docs,
+benchmarks, python), `.cu`/`.cuh`/... sources under the package outside data/ (experimental kernels), the MoE
+artifacts, the dist-info RECORD (the wheel is not pip-installed; the slim tree is unpacked as is).
+
+The JIT modules (MODULES): batch decode with paged KV (SGLang's decode wrappers; tensor cores off at GQA group 3),
+batch prefill FA2 (paged and ragged: SGLang's prefill wrappers, `backend="fa2"`, and the speculative verify with a
+custom mask; flashinfer builds a primary module and an independent-stride paged one), batch prefill FA3 (SGLang's
+ragged wrapper is `backend="auto"`, which is FA3 on sm90 at head_dim 64), sampling (top-k/top-p renorm,
+top_k_top_p_sampling_from_probs, min_p), cascade (merge_state), page (append_paged_kv_cache) and top-k (DFlash's
+selector). Generating them needs no GPU: `specs` imports flashinfer and calls the generators under an audit hook that
+records every file they open.
+
+  python tools/device/flashinfer_slim.py specs PKG_PARENT WORKSPACE   # JSON: per module, name, sources, files opened
+  python tools/device/flashinfer_slim.py build WHEEL OUT_TAR          # writes the slim tree as OUT_TAR (tar, xz)
+  python tools/device/flashinfer_slim.py check TAR                    # every module's sources and includes present
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import posixpath
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+
+VERSION = "0.7.2"
+# SmolLM2-135M (target) and its drafts: bf16 q/kv/o, int32 indices, head_dim 64 (qk and vo), no RoPE in the kernel
+# (pos_encoding_mode 0), no sliding window, no logits soft-cap; the prefill modules also take use_fp16_qk_reduction.
+DTYPE_ARGS = ("bfloat16", "bfloat16", "bfloat16", "int32", 64, 64, 0, False, False)
+MODULES = ("decode", "prefill_fa2_primary", "prefill_fa2_paged_indep", "prefill_fa3",
+           "sampling", "cascade", "page", "topk")
+INCLUDE_LINE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
+SOURCE_EXT = (".cu", ".cuh", ".h", ".hpp", ".inl", ".cc", ".cpp", ".c", ".ptx", ".cubin", ".so", ".md")
+DROP_PREFIXES = ("flashinfer/fused_moe/backends/cudnn_frost/artifacts/",)
+WHOLE = ("flashinfer/data/cccl/cub/", "flashinfer/data/cccl/libcudacxx/include/", "flashinfer/data/cccl/thrust/",
+         "flashinfer/data/spdlog/include/")
+# flashinfer's include search order for data/ (jit/cpp_ext.py: CCCL with -I first, then the system includes)
+SEARCH = ("flashinfer/data/cccl/cub", "flashinfer/data/cccl/libcudacxx/include", "flashinfer/data/cccl/thrust",
+          "flashinfer/data/include", "flashinfer/data/csrc", "flashinfer/data/cutlass/include",
+          "flashinfer/data/cutlass/tools/util/include", "flashinfer/data/spdlog/include")
+
+
+def _specs_main(workspace: str) -> None:
+    """Run inside a python whose sys.path has the flashinfer to inspect first: print the MODULES' JSON."""
+    os.environ.setdefault("FLASHINFER_WORKSPACE_BASE", workspace)
+    os.environ.setdefault("FLASHINFER_CUDA_ARCH_LIST", "9.0a")  # no GPU needed to generate sources
+    opened: set[str] = set()
+
+    def hook(event, args):
+        if event == "open" and isinstance(args[0], (str, os.PathLike)):
+            opened.add(os.path.realpath(os.fspath(args[0])))
+
+    import torch
+    import flashinfer
+    from flashinfer.jit.attention import modules as m
+    from flashinfer.jit.cascade import gen_cascade_module
+    from flashinfer.jit.page import gen_page_module
+    from flashinfer.jit.sampling import gen_sampling_module
+    from flashinfer.jit.topk import gen_topk_module
+
+    root = os.path.realpath(os.path.dirname(os.path.dirname(flashinfer.__file__)))
+    a = tuple(getattr(torch, x) if isinstance(x, str) else x for x in DTYPE_ARGS)
+    gens = {
+        "decode": lambda: m.gen_batch_decode_module(*a),
+        "prefill_fa2_primary": lambda: m._gen_batch_prefill_primary_module("fa2", *a, False),
+        "prefill_fa2_paged_indep": lambda: m._gen_batch_prefill_independent_paged_module("fa2", *a, False),
+        "prefill_fa3": lambda: m.gen_batch_prefill_module("fa3", *a, False),
+        "sampling": gen_sampling_module, "cascade": gen_cascade_module, "page": gen_page_module,
+        "topk": gen_topk_module,
+    }
+    sys.addaudithook(hook)
+    out = {}
+    for key in MODULES:
+        opened.clear()
+        spec = gens[key]()
+        out[key] = {
+            "name": spec.name,
+            "sources": [os.path.realpath(p) for p in spec.sources],
+            "include_dirs": [os.path.realpath(p) for p in (spec.extra_include_dirs or [])],
+            "opened": sorted(os.path.relpath(p, root) for p in opened
+                             if p.startswith(root + os.sep) and os.path.isfile(p)),
+        }
+    json.dump({"root": root, "version": flashinfer.__version__, "modules": out}, sys.stdout, indent=1)
+
+
+def run_specs(pkg_parent: Path, workspace: Path, python: str = sys.executable) -> dict:
+    """The MODULES' specs, generated by a child python importing the flashinfer under pkg_parent."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(pkg_parent)] + [p for p in (os.environ.get("FI_SLIM_DEPS"),
+                                                                                         os.environ.get("PYTHONPATH")) if p]),
+               FLASHINFER_WORKSPACE_BASE=str(workspace))
+    r = subprocess.run([python, __file__, "_specs", str(workspace)], env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"flashinfer_slim: generating the JIT modules' sources failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout)
+
+
+def include_closure(start: dict[str, bytes], files: dict[str, bytes] | None, read) -> tuple[set[str], set[str]]:
+    """Package paths (flashinfer/data/...) reached from the start files' #includes; and the includes not found
+    there (from the CUDA toolkit, tvm-ffi, python or the system). start: {name: text}; read(path) -> bytes | None."""
+    found, outside, seen_local = set(), set(), set()
+    todo = [(name, name if name.startswith("flashinfer/") else None, text) for name, text in start.items()]
+    while todo:
+        name, pkgpath, text = todo.pop()
+        for kind, target in INCLUDE_LINE.findall(text.decode(errors="replace")):
+            candidates = []
+            if kind == '"' and pkgpath is None:  # a generated source: its own folder on disk first
+                local = os.path.join(os.path.dirname(name), target)
+                if os.path.isfile(local) and local not in seen_local:
+                    seen_local.add(local)
+                    todo.append((local, None, Path(local).read_bytes()))
+                    continue
+            if kind == '"' and pkgpath is not None:
+                candidates.append(posixpath.normpath(posixpath.join(posixpath.dirname(pkgpath), target)))
+            candidates += [posixpath.normpath(posixpath.join(d, target)) for d in SEARCH]
+            for c in candidates:
+                if c in found:
+                    break
+                data = read(c)
+                if data is not None:
+                    found.add(c)
+                    todo.append((c, c, data))
+                    break
+            else:
+                outside.add(target)
+    return found, outside
+
+
+def slim_names(names: list[str], specs: dict, read) -> tuple[list[str], dict]:
+    """The wheel members kept, and a report."""
+    keep = set()
+    for n in names:
+        if n.endswith("/") or not n.startswith("flashinfer/"):
+            continue
+        if n.startswith("flashinfer/data/"):
+            if n.startswith(WHOLE):
+                keep.add(n)
+            continue
+        if n.startswith(DROP_PREFIXES) or (n.endswith(SOURCE_EXT) and not n.endswith(".py")):
+            continue
+        keep.add(n)
+    start, opened = {}, set()
+    for mod in specs["modules"].values():
+        opened.update(o for o in mod["opened"] if o.startswith("flashinfer/"))
+        for s in mod["sources"]:
+            rel = os.path.relpath(s, specs["root"])
+            if rel.startswith("flashinfer/"):
+                opened.add(rel)
+            else:
+                start[s] = Path(s).read_bytes()
+    for o in sorted(opened):
+        data = read(o)
+        if data is None:
+            raise SystemExit(f"flashinfer_slim: {o} was opened by a generator but is not in the wheel")
+        start[o] = data
+    found, outside = include_closure(start, None, read)
+    keep |= opened | found
+    report = {"opened": sorted(opened), "closure": len(found), "outside": sorted(outside)}
+    return sorted(keep), report
+
+
+def build(wheel: Path, out_tar: Path, work: Path) -> dict:
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        version = re.search(r"^Version:\s*(\S+)", z.read(meta).decode(), re.M).group(1)
+        if version != VERSION:
+            raise SystemExit(f"flashinfer_slim: {wheel} is flashinfer-python {version}, SGLang 0.5.23 pins {VERSION}")
+        full = work / "full"
+        if not (full / "flashinfer" / "__init__.py").is_file():
+            z.extractall(full)
+        specs = run_specs(full, work / "ws")
+        names = z.namelist()
+        nameset = set(names)
+
+        def read(p):
+            return z.read(p) if p in nameset else None
+
+        keep, report = slim_names(names, specs, read)
+        keep_dist = [n for n in names if ".dist-info/" in n and not n.endswith("RECORD")]
+        tmp = out_tar.with_suffix(".tmp")
+        with tarfile.open(tmp, "w:xz", preset=6) as t:
+            for n in keep + keep_dist:
+                info = tarfile.TarInfo(n)
+                data = z.read(n)
+                info.size, info.mode, info.mtime = len(data), 0o644, 0
+                t.addfile(info, io.BytesIO(data))
+            listing = json.dumps({"version": VERSION, "modules": {k: {"name": v["name"], "opened": v["opened"]}
+                                                                  for k, v in specs["modules"].items()},
+                                  "outside_includes": report["outside"]}, indent=1).encode()
+            info = tarfile.TarInfo("flashinfer/SLIM.json")
+            info.size, info.mode, info.mtime = len(listing), 0o644, 0
+            t.addfile(info, io.BytesIO(listing))
+        os.replace(tmp, out_tar)
+        size_in = sum(z.getinfo(n).file_size for n in keep + keep_dist)
+    return {"files": len(keep) + len(keep_dist), "unpacked": size_in, "tar": out_tar.stat().st_size,
+            "opened": len(report["opened"]), "closure": report["closure"], "outside": report["outside"]}
+
+
+def check(tar: Path) -> list[str]:
+    """Unpack TAR into a temporary folder, generate the MODULES' sources from it, and return what is missing: a
+    module's source file, a file a generator opened outside the slim tree, or an #include that resolves in the
+    full wheel's layout but not in the slim tree (an include found nowhere is left to the CUDA toolkit)."""
+    problems = []
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        with tarfile.open(tar) as t:
+            t.extractall(d / "pkg", filter="data")
+        slim = json.loads((d / "pkg" / "flashinfer" / "SLIM.json").read_text())
+        specs = run_specs(d / "pkg", d / "ws")
+        if os.path.realpath(specs["root"]) != os.path.realpath(d / "pkg"):
+            problems.append(f"imported flashinfer from {specs['root']}, not from the slim tree")
+        for key in MODULES:
+            mod = specs["modules"][key]
+            for s in mod["sources"]:
+                if not Path(s).is_file():
+                    problems.append(f"{key}: source {s} missing")
+            for o in slim["modules"][key]["opened"]:
+                if not (d / "pkg" / o).is_file():
+                    problems.append(f"{key}: {o} (opened by its generator in the full wheel) missing")
+
+        def read(p):
+            f = d / "pkg" / p
+            return f.read_bytes() if f.is_file() else None
+
+        start = {}
+        for m in specs["modules"].values():
+            for s in m["sources"]:
+                rel = os.path.relpath(s, specs["root"])
+                start[rel if rel.startswith("flashinfer/") else s] = Path(s).read_bytes()
+        _, outside = include_closure(start, None, read)
+        for inc in sorted(set(outside) - set(slim["outside_includes"])):
+            problems.append(f"#include {inc} resolves in the full wheel but not in the slim tree")
+    return problems
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["_specs"]:
+        _specs_main(argv[1])
+        return 0
+    if argv[:1] == ["specs"] and len(argv) == 3:
+        json.dump(run_specs(Path(argv[1]), Path(argv[2])), sys.stdout, indent=1)
+        return 0
+    if argv[:1] == ["build"] and len(argv) == 3:
+        out = Path(argv[2])
+        with tempfile.TemporaryDirectory(dir=out.parent) as w:
+            r = build(Path(argv[1]), out, Path(w))
+        print(json.dumps(r))
+        return 0
+    if argv[:1] == ["check"] and len(argv) == 2:
+        problems = check(Path(argv[1]))
+        for p in problems:
+            print("flashinfer_slim: MISSING", p)
+        print(f"flashinfer_slim check: {len(MODULES)} modules, {len(problems)} problems")
+        return 1 if problems else 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
