@@ -416,17 +416,14 @@ def test_the_first_set_aside_name_is_dot_1(tmp_path):
 
 def test_trim_metrics_keeps_utf8_and_passes_over_torn_bytes(tmp_path):
     """A row holding non-ASCII text is kept as it is, under any locale; a line torn inside a character is dropped."""
-    import os
-    import subprocess
-    import sys
+    from ascii_locale import run_in_ascii_locale
 
     path = tmp_path / "metrics.jsonl"
     path.write_bytes('{"step": 1, "data": "données"}\n{"step": 2, "x": "é'.encode()[:-1])
     state.trim_metrics(path, 5)
     assert path.read_text(encoding="utf-8") == '{"step": 1, "data": "données"}\n'
     code = "import sys; from sglang_lilicorr.train.state import trim_metrics; trim_metrics(sys.argv[1], 5)"
-    env = dict(os.environ, LC_ALL="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0")
-    out = subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True)
+    out = run_in_ascii_locale(code, str(path))
     assert out.returncode == 0, out.stderr[-2000:]
     assert path.read_text(encoding="utf-8") == '{"step": 1, "data": "données"}\n'
 
