@@ -345,7 +345,8 @@ def test_the_config_is_read_as_utf8_whatever_the_locale(tmp_path):
     """An ASCII locale still reads a config holding non-ASCII text."""
     from ascii_locale import run_in_ascii_locale
 
-    write_config(tmp_path / "d", {**VANILLA, "note": "café"})
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "config.json").write_text(json.dumps({**VANILLA, "note": "café"}, ensure_ascii=False), encoding="utf-8")
     assert ckpt.read_config(tmp_path / "d")["note"] == "café"
     code = "import sys; from sglang_lilicorr.checkpoint import read_config; print(ascii(read_config(sys.argv[1])['note']))"
     out = run_in_ascii_locale(code, str(tmp_path / "d"))

@@ -191,6 +191,9 @@ def test_merge_keeps_utf8_text_whatever_the_locale(tmp_path):
     path = paired.run_path(tmp_path, 1, 1, "a")
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
     path.write_text("".join(json.dumps({**r, "note": "réponse"}, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    (merged,) = paired.merge_rounds(tmp_path, ["a"], {1: PROMPTS[1]}, 1)
+    assert merged.read_text(encoding="utf-8") == path.read_text(encoding="utf-8")
+    merged.unlink()
     code = ("import sys; from pathlib import Path; from sglang_lilicorr.benchmarks import paired; "
             "from sglang_lilicorr.benchmarks.prompt import Prompt; "
             "paired.merge_rounds(Path(sys.argv[1]), ['a'], {1: [Prompt(f'p{i}', 'all', ('x',)) for i in range(2)]}, 1)")

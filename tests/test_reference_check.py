@@ -259,3 +259,23 @@ def test_cli_fails_when_any_file_fails_and_prints_whole_lines(tmp_path, capsys, 
     assert capsys.readouterr().out.splitlines()[0] == (
         f"{good}: 1 greedy responses, 3 tokens, 0 with a token that is not the target's greedy choice beyond 2 bf16 ulp, "
         "0 near-tie tokens within it; byte-equal with the baseline on 1/1")
+
+
+def test_check_greedy_on_the_models_device_a_two_token_vocabulary_and_its_refusal():
+    """The ids go to the model's device (a meta model fails only where the logits are copied to the host); with two
+    tokens the top-2 gap is the gap between them; an empty prompt is refused in full."""
+    class OnMeta(Bigram):
+        def forward(self, input_ids, use_cache=True):
+            self.ids_device = input_ids.device.type
+            return super().forward(input_ids, use_cache)
+
+    model = OnMeta().to("meta")
+    with pytest.raises(NotImplementedError, match="Cannot copy out of meta tensor"):
+        check_greedy(model, [0], [1])
+    assert model.ids_device == "meta"
+    two = Bigram([[1.0, 3.5], [2.0, 1.25]])
+    report = check_greedy(two, [0], [1, 0])
+    assert (report.min_top2_gap, report.min_gap_position) == (0.75, 1) and report.ok
+    with pytest.raises(ValueError) as refused:
+        check_greedy(two, [], [1])
+    assert str(refused.value) == "check_greedy: the prompt is empty; the first output token needs a context."

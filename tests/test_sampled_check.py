@@ -264,9 +264,9 @@ def test_u_is_clamped_to_1_where_rounding_passes_it(monkeypatch):
 def test_chi_square_bins_in_float64_and_keeps_values_outside_0_1():
     """0.1499999999 is in bin 2 of 20 (it would be in bin 3 as a float32); values below 0 or from 1 on count in the
     end bins."""
-    u = [0.1499999999] * 5 + [-0.2] * 5 + [1.3] * 5 + [0.5] * 85
+    u = [0.1499999999] * 5 + [0.16] * 10 + [-0.2] * 5 + [1.3] * 5 + [0.5] * 75
     r = sampled_check.chi_square_uniform(u)
-    counts = [5, 0, 5] + [0] * 7 + [85] + [0] * 8 + [5]
+    counts = [5, 0, 5, 10] + [0] * 6 + [75] + [0] * 8 + [5]
     assert r["chi2"] == round(sum((c - 5) ** 2 / 5 for c in counts), 3)
 
 

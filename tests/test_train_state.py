@@ -428,6 +428,14 @@ def test_trim_metrics_keeps_utf8_and_passes_over_torn_bytes(tmp_path):
     assert path.read_text(encoding="utf-8") == '{"step": 1, "data": "données"}\n'
 
 
+def test_trim_metrics_keeps_rows_as_written_past_a_bad_line(tmp_path):
+    """A line that is not JSON in the middle is dropped and the rows after it kept, each ending in a newline."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1}\r\n{"st\n{"step": 2}\n{"step": 9}\n')
+    state.trim_metrics(path, 5)
+    assert path.read_bytes() == b'{"step": 1}\n{"step": 2}\n'
+
+
 def test_each_geometry_refusal_in_full(tmp_path):
     got_state = state.read_training_checkpoint(save(tmp_path, 2))[0]
     e = refusal(lambda: state.check_resume_compatible(got_state, dataclasses.replace(DRAFTER, intermediate_size=128), HEAD, "w"))
