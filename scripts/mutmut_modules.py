@@ -84,8 +84,18 @@ def git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def summarize(module: str, status: dict[str, str], listed: dict[str, dict]) -> dict:
-    """One module's entry of the summary; `listed` is its part of equivalent.json."""
+def revision(module: str) -> dict:
+    """The commit a run of `module` starts from, and the mapped files that differ from it (the run tests them as
+    they are)."""
+    tree = {"commit": git("rev-parse", "HEAD")}
+    uncommitted = git("status", "--porcelain", "--", source(module), *MODULES[module])
+    if uncommitted:
+        tree["uncommitted"] = [line[3:] for line in uncommitted.splitlines()]
+    return tree
+
+
+def summarize(module: str, status: dict[str, str], listed: dict[str, dict], tree: dict) -> dict:
+    """One module's entry of the summary; `listed` is its part of equivalent.json, `tree` its revision()."""
     killed, equivalent, surviving, killed_but_listed = 0, [], [], []
     for mutant, s in status.items():
         if s in KILLED:
@@ -107,12 +117,9 @@ def summarize(module: str, status: dict[str, str], listed: dict[str, dict]) -> d
         "surviving": len(surviving),
         "surviving_mutants": surviving,
         "statuses": {s: list(status.values()).count(s) for s in sorted(set(status.values()))},
-        "commit": git("rev-parse", "HEAD"),
+        **tree,
         "run_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
-    uncommitted = git("status", "--porcelain", "--", source(module), *tests)
-    if uncommitted:  # the run tested these as they were, not as at `commit`
-        result["uncommitted"] = [line[3:] for line in uncommitted.splitlines()]
     if stale:  # no longer generated, or the id now names another mutation: look again, then re-key or drop
         result["stale_equivalent_ids"] = stale
     if killed_but_listed:  # a test tells them apart: the listed reason is wrong
@@ -172,13 +179,14 @@ def main(argv=None) -> int:
     clean = True
     for module in modules:
         shutil.rmtree("mutants", ignore_errors=True)  # every verdict from this run (mutmut keeps old ones otherwise)
+        tree = revision(module)
         child = [sys.executable, __file__, "--mutmut-run", module, "--max-children", str(a.max_children)]
         if subprocess.run(child + (["--only", *a.only] if a.only else [])).returncode != 0:
             raise SystemExit(f"{module}: mutmut failed (its output is above)")
         if a.only:
             return 0
         status = statuses(module)
-        r = summarize(module, status, equivalent.get(module, {}))
+        r = summarize(module, status, equivalent.get(module, {}), tree)
         write_summary({module: r})  # after each module: a run cut short keeps what it finished
         report(module, r, status)
         clean = clean and r["surviving"] == 0 and not {"stale_equivalent_ids", "killed_but_listed_equivalent"} & set(r)
