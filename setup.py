@@ -18,7 +18,8 @@ setup(
         "aiohttp",
         "gguf",
     ],
-    extras_require={"test": ["pytest>=8"]},
+    # mutation: scripts/mutation.sh (docs/MUTATION.md); it reads mutmut 3.8's results files, hence the exact pin
+    extras_require={"test": ["pytest>=8"], "mutation": ["mutmut==3.8.1"]},
     entry_points={
         "console_scripts": ["lilicorr = sglang_lilicorr.cli:main"],
         "sglang.srt.plugins": [

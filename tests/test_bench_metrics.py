@@ -294,3 +294,58 @@ def test_cells_come_sorted_by_their_key_whatever_the_record_order():
     keys = [(c["system"], c["concurrency"], c["temperature"]) for c in metrics.aggregate(recs)]
     assert keys == [("a", 8, 0.0), ("a", 8, 1.0), ("b", 1, 0.0), ("b", 2, 0.0)]
     assert metrics.aggregate(recs[::-1]) == metrics.aggregate(recs)
+
+
+# --- what mutation testing found untested: touching intervals exactly, text order, pooled keys, pairs, compare ------
+
+def test_touching_intervals_measure_as_one():
+    """(0.1, 0.2) then (0.2, 1.1): 1.1 - 0.1 = 1.0, where (0.2 - 0.1) + (1.1 - 0.2) rounds to 1.0000000000000002."""
+    assert metrics.busy_seconds([(0.1, 0.2), (0.2, 1.1)]) == 1.1 - 0.1
+    with pytest.raises(ValueError) as refused:
+        metrics.busy_seconds([(2.0, 1.0)])
+    assert str(refused.value) == "interval ends before it starts: (2.0, 1.0)."
+    with pytest.raises(metrics.ResultsError) as refused:
+        metrics.output_tps([])
+    assert str(refused.value) == "the records span no time; cannot compute tokens per second: check their start/end times"
+
+
+def test_cells_sort_by_the_text_of_their_key():
+    """Concurrency 16 before 4 (text order: a key may hold values of different types)."""
+    cells = metrics.aggregate([_record(c=4), _record(c=16)])
+    assert [c["concurrency"] for c in cells] == [16, 4] and [c["n_prompts"] for c in cells] == [1, 1]
+
+
+def test_pooled_cells_keep_their_runs_and_union_their_seeds():
+    first = metrics.aggregate([_record(seed=0), _record(seed=2)])
+    second = metrics.aggregate([_record(seed=1), _record(seed=2)])
+    (pooled,) = metrics.pool_runs([first, second])
+    assert pooled["seeds"] == [0, 1, 2] and pooled["runs"] == 2
+    (again,) = metrics.pool_runs([[pooled]])  # a pooled cell read back alone keeps its count of runs
+    assert again["runs"] == 2
+
+
+def test_pairs_need_per_run_values_on_both_sides_and_a_value():
+    def run(system, end, spec=True):
+        return metrics.aggregate([_record(system=system, turns=((40, 10 if spec else None, 0.0, end),))])
+
+    pooled = metrics.pool_runs([run("sys", 0.2), run("sys", 0.25)])
+    one_ref = [{**c, "run_ids": [0]} for c in metrics.pool_runs([run("ref", 0.4)])]  # the reference from one run
+    assert not any("paired" in c for c in metrics.add_paired_ratios(pooled + one_ref, "ref"))
+    assert not any("paired" in c for c in metrics.add_paired_ratios(pooled, "ref"))  # no reference cell at all
+    plain = metrics.pool_runs([run("ref", 0.4, False) + run("sys", 0.2, False), run("ref", 0.5, False) + run("sys", 0.2, False)])
+    paired = {c["system"]: c for c in metrics.add_paired_ratios(plain, "ref")}["sys"]["paired"]
+    assert set(paired) == {"runs", "tps"} and paired["tps"]["mean"] == pytest.approx((2.0 + 2.5) / 2)
+
+
+def test_compare_rows_in_full_past_an_unmatched_cell():
+    base = metrics.aggregate([_record(system="ar", turns=((40, None, 0.0, 2.0),))])
+    spec = metrics.aggregate([_record(system="spec", dataset="other"), _record(system="spec", turns=((40, 10, 0.0, 0.5),))])
+    assert [c["dataset"] for c in spec] == ["d", "other"]
+    spec = spec[::-1]  # the unmatched cell first
+    assert metrics.compare(base, spec) == [{"dataset": "d", "group": "all", "concurrency": 1, "temperature": 0.0,
+                                            "base_system": "ar", "system": "spec", "tau": 4.0, "block_ms": 50.0,
+                                            "base_tps": 20.0, "tps": 80.0, "speedup": 4.0}]
+    with pytest.raises(metrics.ResultsError) as refused:
+        metrics.compare(base, spec[:1])
+    assert str(refused.value) == ("no cell of the speculative results matches a baseline cell: compare runs of the same "
+                                  "dataset, group, concurrency and temperature")

@@ -218,7 +218,7 @@ def test_add_random_head_is_seeded_and_takes_the_draft_geometry(tmp_path):
     ckpt.save_checkpoint(tmp_path / "v", config, {"fc.weight": torch.ones(24, 48, dtype=torch.bfloat16)})
     geometry = dict(candidate_topk=4, factor_dim=16, hidden_size=32, num_heads=4)
     head_cfg = ckpt.add_random_head(tmp_path / "v", tmp_path / "a", **geometry)
-    assert (head_cfg.block_size, head_cfg.rms_norm_eps) == (6, 1e-5)
+    assert head_cfg == LiLiCorrConfig(block_size=6, rms_norm_eps=1e-5, **geometry)
     ckpt.add_random_head(tmp_path / "v", tmp_path / "b", seed=0, **geometry)
     ckpt.add_random_head(tmp_path / "v", tmp_path / "c", seed=1, **geometry)
     a, b, c = (ckpt.read_tensors(tmp_path / n) for n in "abc")
@@ -239,3 +239,115 @@ def test_config_json_is_written_canonically(tmp_path):
         ckpt.save_checkpoint(tmp_path / name, config, {"fc.weight": torch.ones(2)})
     text = (tmp_path / "a" / "config.json").read_text()
     assert text == json.dumps(VANILLA, indent=2, sort_keys=True) + "\n" == (tmp_path / "b" / "config.json").read_text()
+
+
+# --- what mutation testing found untested: each refusal's whole message, `what (where): fix` ----------------
+
+REEXPORT = "re-export the draft"
+
+
+def refusal(call) -> ckpt.CheckpointError:
+    with pytest.raises(ckpt.CheckpointError) as refused:
+        call()
+    return refused.value
+
+
+def test_each_config_refusal_in_full(tmp_path):
+    d = tmp_path / "d"
+    assert str(refusal(lambda: ckpt.read_config(d))) == (
+        f"draft checkpoint directory {str(d)!r} does not exist ({d}): pass the folder written by `lilicorr export`")
+    d.mkdir()
+    cfg = d / "config.json"
+    assert str(refusal(lambda: ckpt.read_config(d))) == (
+        f"config.json is missing: a draft checkpoint needs it beside model.safetensors ({cfg}): pass the folder written "
+        "by `lilicorr export`")
+    cfg.mkdir()
+    e = refusal(lambda: ckpt.read_config(d))
+    assert e.what.startswith("cannot be read (") and (e.where, e.fix) == (str(cfg), "check the file and its permissions")
+    cfg.rmdir()
+    cfg.write_text("{not json")
+    e = refusal(lambda: ckpt.read_config(d))
+    assert e.what.startswith("not valid JSON (") and (e.where, e.fix) == (str(cfg), "re-export the checkpoint")
+    write_config(d, {"architectures": [ckpt.VANILLA_ARCH]})
+    assert str(refusal(lambda: ckpt.read_config(d))) == (
+        f"no `dflash_config` object: not a DFlash draft config ({cfg}): {REEXPORT}")
+    write_config(d, {**VANILLA, "architectures": ["X"]})
+    foreign = ("`architectures`=['X'] is not ['DFlashDraftModel'] or ['LiLiCorrDraftModel'] ({}): a draft config declares "
+               "one of them (`lilicorr export` writes it); re-export the draft")
+    assert str(refusal(lambda: ckpt.read_config(d))) == foreign.format(cfg)
+    assert str(refusal(lambda: ckpt.architecture_of({"architectures": ["X"]}))) == foreign.format("draft config")
+
+
+def test_each_field_refusal_in_full():
+    assert str(refusal(lambda: ckpt.block_size_of({"dflash_config": {"block_size": "6"}}))) == (
+        f"no integer block_size ('6') (dflash_config.block_size): {REEXPORT}")
+    assert str(refusal(lambda: ckpt.dtype_of({"torch_dtype": "int8"}))) == (
+        f"torch_dtype='int8' is not one of ['bfloat16', 'float16', 'float32'] (torch_dtype): {REEXPORT}")
+    assert str(refusal(lambda: ckpt.lilicorr_config(VANILLA))) == (
+        "draft declares architectures=['DFlashDraftModel'], not ['LiLiCorrDraftModel']: it has no LiLiCorr head "
+        "(architectures): serve it with --speculative-algorithm DFLASH, or export one with a head")
+    config = ckpt.with_head(VANILLA, HEAD_CFG)
+    config["dflash_config"]["lilicorr_candidate_topk"] = 6
+    e = refusal(lambda: ckpt.lilicorr_config(config))
+    assert e.what.startswith("draft config: ") and (e.where, e.fix) == ("dflash_config", REEXPORT)
+    no_width = {k: v for k, v in ckpt.with_head(VANILLA, HEAD_CFG).items() if k != "hidden_size"}
+    assert str(refusal(lambda: ckpt.new_head(no_width))) == "hidden_size=None is not an integer."
+
+
+def test_each_weights_file_refusal_in_full(tmp_path, monkeypatch):
+    write_config(tmp_path / "d", VANILLA)
+    weights = tmp_path / "d" / "model.safetensors"
+    assert str(refusal(lambda: ckpt.read_tensors(tmp_path / "d"))) == (
+        f"model.safetensors is missing: a draft checkpoint needs its weights beside config.json ({weights}): "
+        "re-export the checkpoint")
+    weights.write_bytes(b"garbage" * 10)
+    e = refusal(lambda: ckpt.read_tensors(tmp_path / "d"))
+    assert e.what.startswith("truncated, corrupt or not a safetensors file (") and (e.where, e.fix) == (
+        str(weights), "re-export the checkpoint")
+    assert str(refusal(lambda: ckpt.load_tensors(tmp_path / "none", fix="f"))) == f"the file is missing ({tmp_path / 'none'}): f"
+    path = ckpt.save_tensors(tmp_path / "t.safetensors", {"x": torch.arange(4, dtype=torch.float32)})
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x40
+    path.write_bytes(bytes(data))
+    assert str(refusal(lambda: ckpt.load_tensors(path, fix="f"))) == (
+        f"does not match its checksum (lilicorr_sha256 in its metadata): its bytes changed after it was written ({path}): f")
+
+    def unreadable(_):  # a long cause over several lines: one line of it, its first 200 characters
+        raise ValueError("bad\n  header " * 40)
+
+    monkeypatch.setattr(ckpt, "load_file", unreadable)
+    cause = " ".join(["bad header"] * 40)[:200]
+    assert str(refusal(lambda: ckpt.load_tensors(path, fix="f"))) == (
+        f"truncated, corrupt or not a safetensors file ({cause}) ({path}): f")
+
+
+@pytest.mark.parametrize("expected,found,what,fix", [
+    ({"a": torch.zeros(2)}, {}, "missing tensor 'a' (1 missing in all: ['a'])", REEXPORT),
+    ({}, {"b": torch.zeros(2)}, "unexpected tensor 'b' (1 extra in all: ['b'])",
+     "the config's geometry does not describe these weights: re-export the draft"),
+    ({"a": torch.zeros(2)}, {"a": torch.zeros(3)}, "tensor 'a' has shape (3,), expected (2,)", REEXPORT),
+    ({"a": torch.zeros(2)}, {"a": torch.zeros(2, dtype=torch.float16)},
+     "tensor 'a' has dtype torch.float16, expected torch.float32 (config torch_dtype)", REEXPORT),
+    ({"a": torch.zeros(2)}, {"a": torch.tensor([0.0, float("nan")])}, "tensor 'a' holds NaN or Inf values",
+     "export an earlier checkpoint"),
+])
+def test_each_tensor_refusal_in_full(expected, found, what, fix):
+    assert str(refusal(lambda: ckpt.check_tensors(expected, found, "w"))) == f"{what} (w): {fix}"
+
+
+def test_a_head_refusal_names_the_weights_file(saved):
+    path, _ = saved
+    rewrite(path, lambda t: t.pop("lilicorr.in_head.weight"))
+    assert refusal(lambda: ckpt.load_head(path)).where == f"{path / 'model.safetensors'} (head)"
+
+
+def test_the_config_is_read_as_utf8_whatever_the_locale(tmp_path):
+    """An ASCII locale still reads a config holding non-ASCII text."""
+    from ascii_locale import run_in_ascii_locale
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "config.json").write_text(json.dumps({**VANILLA, "note": "café"}, ensure_ascii=False), encoding="utf-8")
+    assert ckpt.read_config(tmp_path / "d")["note"] == "café"
+    code = "import sys; from sglang_lilicorr.checkpoint import read_config; print(ascii(read_config(sys.argv[1])['note']))"
+    out = run_in_ascii_locale(code, str(tmp_path / "d"))
+    assert out.stdout.strip() == ascii("café"), out.stderr[-2000:]

@@ -235,3 +235,127 @@ def test_head_tensors_without_a_head_config_are_refused(run, tmp_path):
     draft = export_checkpoint(run, tmp_path / "out")  # a drafter alone: a vanilla DFlash draft
     assert load_draft(draft)[1] is None
     assert json.loads((draft / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
+
+
+# --- what mutation testing found untested: each sign of a run, each refusal in full, the other heads' configs --------
+
+@pytest.mark.parametrize("sign", ["marker", "latest", "metrics", "state", "step"])
+def test_each_sign_of_a_training_run_alone_is_refused(run, tmp_path, sign):
+    from sglang_lilicorr.ownership import MARKER
+    from sglang_lilicorr.train.export import check_destination
+
+    out = tmp_path / "out"
+    out.mkdir()
+    path = {"marker": MARKER, "latest": "latest", "metrics": "metrics.jsonl", "state": "train_state.json",
+            "step": "checkpoints/step-00000001"}[sign]
+    (out / path).parent.mkdir(parents=True, exist_ok=True)
+    (out / path).write_text('{"kind": "run"}' if sign == "marker" else "x")
+    with pytest.raises(UsageError) as e:
+        check_destination(out, run, force=True)
+    assert (e.value.what, e.value.where, e.value.fix) == (
+        f"{out} is a training run or checkpoint", "OUT_DIR",
+        "write the draft to a folder outside any training run (--force does not change this)")
+    (out / path).unlink()
+    (out / "checkpoints" / "other").mkdir(parents=True, exist_ok=True)  # a folder of that name alone is no sign
+    assert check_destination(out, run, force=True) == "existing"
+
+
+def test_each_destination_refusal_in_full(run, tmp_path):
+    from sglang_lilicorr.ownership import MARKER
+    from sglang_lilicorr.train.export import check_destination
+
+    def refused(out, force=False):
+        with pytest.raises(UsageError) as e:
+            check_destination(out, run, force)
+        assert e.value.where == "OUT_DIR"
+        return e.value.what, e.value.fix
+
+    assert refused(run / "checkpoints" / "step-00000002" / "x") == (
+        f"{run / 'checkpoints' / 'step-00000002' / 'x'} is inside a training run or checkpoint, "
+        f"{run / 'checkpoints' / 'step-00000002'}",
+        "write the draft to a folder outside any training run (--force does not change this)")
+    step = run / "checkpoints" / "step-00000002"
+    with pytest.raises(UsageError) as e:
+        check_destination(step.parent, step)
+    assert (e.value.what, e.value.where, e.value.fix) == (
+        f"{step.parent} is or contains the checkpoint being exported ({step})", "OUT_DIR",
+        "write the draft to a folder outside the training run")
+    (tmp_path / "file").write_text("x")
+    assert refused(tmp_path / "file") == (f"{tmp_path / 'file'} is a file", "pass a folder path for the draft")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / MARKER).write_text('{"kind": "dataset"}')  # a folder of ours, empty but for its marker
+    assert refused(data, force=True) == (f"{data} is a dataset folder written by lilicorr, not a draft",
+                                         "pick a new or empty folder (--force does not change this)")
+    many = tmp_path / "many"
+    many.mkdir()
+    for i in range(7):
+        (many / f"f{i}").write_text("x")
+    assert refused(many) == (
+        f"{many} is not empty and is not an earlier export, it holds ['f0', 'f1', 'f2', 'f3', 'f4']",
+        "pick a new or empty folder, or pass --force to write the draft's config.json and model.safetensors beside "
+        "those files (--force deletes nothing)")
+    (many / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    (many / "model.safetensors").write_bytes(b"weights")
+    assert refused(many, force=True) == (
+        f"{many} holds a config.json and model.safetensors that is not a draft's (a model folder?)",
+        "pick a new or empty folder; --force never replaces files that are not a draft's")
+    (tmp_path / "empty").mkdir()
+    assert check_destination(tmp_path / "empty", run) == "existing"
+
+
+def test_force_writes_over_a_drafts_files_beside_others(run, tmp_path):
+    out = export_checkpoint(run, tmp_path / "draft")
+    (out / "notes.txt").write_text("mine")
+    assert export_checkpoint(run, out, dtype="float32", force=True) == out
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "float32"
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_the_dtype_reaches_the_config_and_the_tensors(run, tmp_path):
+    from safetensors.torch import load_file
+
+    out = export_checkpoint(run, tmp_path / "draft", dtype="float16")
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "float16"
+    assert {t.dtype for t in load_file(str(out / "model.safetensors")).values()} == {torch.float16}
+    with pytest.raises(UsageError) as e:
+        export_checkpoint(run, tmp_path / "other", dtype="float64")
+    assert str(e.value) == "--dtype 'float64' is not a draft dtype: choose one of ['bfloat16', 'float16', 'float32']"
+
+
+def test_a_new_folder_clears_only_its_own_leftovers(run, tmp_path):
+    """A killed export of tmp/draft leaves .draft.lilicorr-tmp-*; the next export of tmp/draft removes it, and not
+    the leftovers of another folder's write."""
+    mine, other = tmp_path / ".draft.lilicorr-tmp-1-aaaa", tmp_path / ".other.lilicorr-tmp-1-bbbb"
+    mine.mkdir()
+    other.mkdir()
+    export_checkpoint(run, tmp_path / "draft")
+    assert not mine.exists() and other.exists()
+
+
+def test_the_source_refusals_say_what_to_pass(tmp_path):
+    with pytest.raises(UsageError) as e:
+        export_checkpoint(tmp_path / "nowhere", tmp_path / "out")
+    assert e.value.fix == "pass a `lilicorr train` --output-dir (its latest checkpoint) or OUTPUT/checkpoints/step-N"
+
+
+def test_a_bad_tensor_is_named_with_its_part(tmp_path):
+    from sglang_lilicorr.checkpoint import CheckpointError
+
+    for part, name in (("drafter", "fc.weight"), ("head", "lilicorr.in_head.weight")):
+        run = write_run(tmp_path / part)
+        rewrite_tensors(run, lambda t: t.pop(name))
+        with pytest.raises(CheckpointError) as e:
+            export_checkpoint(run, tmp_path / "out")
+        assert e.value.where == f"{run} ({part})"
+
+
+@pytest.mark.parametrize("head", ["domino", "dspark"])
+def test_a_corrector_head_gets_its_serving_config(head):
+    from sglang_lilicorr.baselines import DominoConfig, DSparkConfig
+    from sglang_lilicorr.train.export import draft_config
+
+    config = DominoConfig(gru_hidden_dim=24, emb_dim=40) if head == "domino" else DSparkConfig(markov_rank=12)
+    out = draft_config(DRAFTER, config, "float32")
+    assert out == config.serving_config({**DRAFTER.to_hf_config(), "torch_dtype": "float32"})
+    assert type(config).of_serving_config(out) == config

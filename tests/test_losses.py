@@ -23,6 +23,8 @@ from sglang_lilicorr.oracle import (
     teacher_forced_scores,
 )
 
+from devices import DevicesMade
+
 N, S, K, V = 3, 5, 4, 11
 F64 = torch.float64
 
@@ -394,12 +396,17 @@ def test_single_slot_values_by_hand():
     assert reranker_ce(z2, torch.tensor([[-1]]), torch.zeros(1, 1, dtype=torch.bool)).item() == 0.0
 
 
+WANTED = {"beta": "> 0 (paper: 7.0)", "gamma": ">= 0 (paper: 0.25; 0 = plain DFlash)", "lam": ">= 0 (paper: 1.0)",
+          "mu": "in [0, 1] (paper: 0.5)", "rho": "> 0 (paper: 2.0)"}
+
+
 @pytest.mark.parametrize("name,bad,good", [("beta", 0.0, 1e-3), ("gamma", -0.1, 0.0), ("lam", -0.1, 0.0),
                                            ("mu", -0.1, 0.0), ("mu", 1.1, 1.0), ("rho", 0.0, 1e-3),
                                            ("beta", math.inf, 7.0), ("lam", math.nan, 1.0)])
 def test_each_weight_refusal(name, bad, good):
-    with pytest.raises(ObjectiveInputError, match=f"ObjectiveWeights.{name}="):
+    with pytest.raises(ObjectiveInputError) as refused:
         ObjectiveWeights(**{name: bad})
+    assert str(refused.value) == f"ObjectiveWeights.{name}={bad!r}: expected {WANTED[name]}."
     assert getattr(ObjectiveWeights(**{name: good}), name) == good
 
 
@@ -505,3 +512,125 @@ def test_corrector_objective_with_no_valid_slot_is_finite(gen):
     none = torch.zeros_like(valid)
     got = corrector_objective(draft, step, targets, none, ObjectiveWeights(), confidence=confidence)
     assert torch.isfinite(got.total) and got.confidence.item() == 0.0
+
+
+# --- what mutation testing found untested: each refusal's whole message, index dtypes, devices -------
+
+def _arguments():
+    """One valid value of every tensor argument of the loss and oracle functions."""
+    b = batch()
+    gt, prefix = oracle_prefix(b["candidate_ids"], b["targets"], b["valid"])
+    return dict(b, z=teacher_forced_scores(b["start"], b["pair"], gt), gt_index=gt, prefix=prefix,
+                step_logits=b["draft_logits"], confidence=torch.zeros(N, S, dtype=F64))
+
+
+CALLS = {
+    "dflash_block_ce": lambda a: dflash_block_ce(a["draft_logits"], a["targets"], a["valid"]),
+    "reranker_ce": lambda a: reranker_ce(a["z"], a["gt_index"], a["prefix"]),
+    "distractor_penalty": lambda a: distractor_penalty(a["z"], a["gt_index"], a["target_log_probs"], a["prefix"]),
+    "lilicorr_objective": lambda a: lilicorr_objective(a["draft_logits"], a["targets"], a["valid"], a["candidate_ids"],
+                                                       a["start"], a["pair"], a["target_log_probs"]),
+    "corrector_objective": lambda a: corrector_objective(a["draft_logits"], a["step_logits"], a["targets"], a["valid"],
+                                                         ObjectiveWeights(), confidence=a["confidence"]),
+    "oracle_prefix": lambda a: oracle_prefix(a["candidate_ids"], a["targets"], a["valid"]),
+    "teacher_forced_scores": lambda a: teacher_forced_scores(a["start"], a["pair"], a["gt_index"]),
+    "oracle_prefix_coverage": lambda a: oracle_prefix_coverage(a["prefix"], a["valid"]),
+}
+WRONG = {"float": torch.int64, "int": torch.float32, "bool": torch.uint8}  # a dtype each kind refuses
+
+
+@pytest.mark.parametrize("call,argument,kind", [
+    ("dflash_block_ce", "draft_logits", "float"), ("dflash_block_ce", "targets", "int"),
+    ("dflash_block_ce", "valid", "bool"), ("reranker_ce", "z", "float"), ("reranker_ce", "gt_index", "int"),
+    ("reranker_ce", "prefix", "bool"), ("distractor_penalty", "target_log_probs", "float"),
+    ("lilicorr_objective", "candidate_ids", "int"), ("lilicorr_objective", "start", "float"),
+    ("corrector_objective", "confidence", "float"), ("oracle_prefix", "candidate_ids", "int"),
+    ("oracle_prefix", "targets", "int"), ("oracle_prefix", "valid", "bool"), ("teacher_forced_scores", "start", "float"),
+    ("teacher_forced_scores", "pair", "float"), ("teacher_forced_scores", "gt_index", "int"),
+    ("oracle_prefix_coverage", "prefix", "bool"), ("oracle_prefix_coverage", "valid", "bool"),
+])
+def test_each_tensor_of_the_wrong_kind_is_refused_by_name(call, argument, kind):
+    a = _arguments()
+    a[argument] = a[argument].detach().to(WRONG[kind])
+    with pytest.raises(ObjectiveInputError) as refused:
+        CALLS[call](a)
+    name = {"draft_logits": "logits", "step_logits": "logits"}.get(argument, argument)
+    assert str(refused.value) == f"{name}: expected a {kind} tensor, got dtype {WRONG[kind]}; cast it first."
+
+
+def test_the_first_bad_argument_is_the_one_named():
+    a = _arguments()
+    a["candidate_ids"], a["start"] = a["candidate_ids"].float(), a["start"].detach().long()
+    with pytest.raises(ObjectiveInputError, match="^candidate_ids: expected a int tensor"):
+        CALLS["lilicorr_objective"](a)
+
+
+def test_whole_messages_of_a_shape_and_a_missing_input():
+    from sglang_lilicorr.oracle import expect
+
+    with pytest.raises(ObjectiveInputError) as refused:
+        expect(torch.zeros(2, 3), "x", (2, None, 1))
+    assert str(refused.value) == ("x: expected shape [2, *, 1], got [2, 3]; check the N (rows), S (drafted slots = "
+                                  "block_size-1) and K (candidates) axes.")
+    b = batch()
+    with pytest.raises(ObjectiveInputError) as refused:
+        lilicorr_objective(b["draft_logits"], b["targets"], b["valid"], start=b["start"], weights=ObjectiveWeights(gamma=0.5))
+    assert str(refused.value) == ("lilicorr_objective: gamma=0.5 needs candidate_ids, pair, target_log_probs; pass them or "
+                                  "set ObjectiveWeights(gamma=0) for plain DFlash.")
+
+
+def test_narrow_index_dtypes_give_the_int64_values():
+    """An int16 or int32 index tensor (the "int" kind) is widened before it indexes: the same values as int64."""
+    a = _arguments()
+    want = {name: CALLS[name](a) for name in ("dflash_block_ce", "reranker_ce", "distractor_penalty", "teacher_forced_scores")}
+    want["margin_hinge"] = margin_hinge(a["z"], a["gt_index"], a["prefix"], rho=1.5)
+    for dtype in (torch.int16, torch.int32):
+        narrow = dict(a, targets=a["targets"].to(dtype), gt_index=a["gt_index"].to(dtype))
+        for name in ("dflash_block_ce", "reranker_ce", "distractor_penalty", "teacher_forced_scores"):
+            assert torch.equal(CALLS[name](narrow), want[name]), (name, dtype)
+        assert torch.equal(margin_hinge(narrow["z"], narrow["gt_index"], narrow["prefix"], rho=1.5), want["margin_hinge"])
+
+
+def test_score_dtypes_follow_the_scores():
+    """teacher_forced_scores returns pair's dtype (start is cast to it); distractor_penalty computes in z's dtype
+    (fp32 log q for fp32 scores even when given fp64)."""
+    a = _arguments()
+    z = teacher_forced_scores(a["start"].detach(), a["pair"].detach().float(), a["gt_index"])
+    assert z.dtype == torch.float32 and torch.equal(z[:, 0], a["start"].detach().float())
+    omega = distractor_penalty(a["z"].detach().float(), a["gt_index"], a["target_log_probs"], a["prefix"])
+    assert omega.dtype == torch.float32
+
+
+def test_block_ce_weights_in_the_logits_dtype():
+    """fp64 logits get fp64 slot weights: the loss matches an fp64 computation to rounding, not to fp32's 1e-8."""
+    b = batch()
+    logits = b["draft_logits"].detach()
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, V), b["targets"].reshape(-1), reduction="none").view(N, S)
+    want = (ce * torch.exp(-torch.arange(S, dtype=F64) / 3.0)).sum() / N
+    torch.testing.assert_close(dflash_block_ce(logits, b["targets"], b["valid"], beta=3.0), want, rtol=1e-14, atol=0)
+
+
+def test_hinge_rival_is_per_slot():
+    z = torch.tensor([[[3.0, 1.0, 0.0], [0.0, 0.5, 4.0]]], dtype=F64)  # slot 2's rival 4.0 is above slot 1's (1.0)
+    gt, prefix = torch.tensor([[0, 1]]), torch.ones(1, 2, dtype=torch.bool)
+    assert margin_hinge(z, gt, prefix, rho=2.0).item() == pytest.approx((0.0 + 5.5) / 2)
+
+
+def test_means_over_a_single_valid_slot():
+    one = torch.tensor([[True, False]])
+    assert oracle_prefix_coverage(one, one)["supervised_fraction"].item() == 1.0
+    step = torch.tensor([[[2.0, 0.0], [0.0, 1.0]]])
+    out = corrector_objective(step, step, torch.tensor([[0, 0]]), one, ObjectiveWeights(), confidence=torch.tensor([[0.5, 9.0]]))
+    assert out.confidence.item() == pytest.approx(math.log1p(math.exp(-0.5)))  # slot 1 accepted: BCE(0.5, 1), alone
+
+
+def test_every_tensor_stays_on_the_inputs_device():
+    m = "meta"
+    logits, targets = torch.empty(2, 3, 5, device=m), torch.zeros(2, 3, dtype=torch.long, device=m)
+    valid = torch.ones(2, 3, dtype=torch.bool, device=m)
+    with DevicesMade() as made:
+        dflash_slot_weights(3, 7.0, device=m)
+        dflash_block_ce(logits, targets, valid)
+        corrector_objective(logits, logits, targets, valid, ObjectiveWeights(), corrected_from=1,
+                            confidence=torch.empty(2, 3, device=m))
+    assert made.devices == {m}

@@ -145,3 +145,58 @@ def test_rounds_report_only_through_log(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert (out, err) == ("", "")
     assert [line.split(" done in ")[0] for line in lines] == ["[rounds] c=1 round 1", "[rounds] c=1 round 2"]
+
+
+# --- what mutation testing found untested: watch, the runs' options, the first failure, the log, merge's edges ------
+
+def test_watch_is_called_around_each_run_and_the_runs_get_the_plans_timeout(tmp_path, monkeypatch):
+    calls = []
+
+    def run(todo, config, url, path, sampling, **kw):
+        calls.append(("run", config.system, config.concurrency, kw["warmup"], kw["request_timeout"]))
+        return runner.RunOutcome(failures=[("p0", "boom"), ("p1", "bang")])
+
+    def watch(system, c, r):
+        calls.append(("watch", system, c, r))
+        return lambda: calls.append(("done", system))
+
+    monkeypatch.setattr(runner, "run", run)
+    clock = iter([100.0])  # the round's start, then 2.5 s later
+    monkeypatch.setattr(paired.time, "time", lambda: next(clock, 102.5))
+    lines = []
+    plan = paired.RoundPlan("toy", max_tokens=4, rounds=1, warmup=3, request_timeout=12.5)
+    failures = paired.play_rounds({"a": "u"}, {2: PROMPTS[2]}, plan, tmp_path, log=lines.append, watch=watch)
+    assert calls == [("watch", "a", 2, 1), ("run", "a", 2, 3, 12.5), ("done", "a")]
+    assert failures == ["a c=2 round 1: 2 prompt(s) failed, first p0: boom"]
+    assert lines == ["[rounds] c=2 round 1 done in 2.5 s"]
+
+
+def test_merge_writes_each_whole_round_and_touches_no_other_round_file(tmp_path):
+    with StubServer(min_latency_s=0.002) as a:
+        plan = paired.RoundPlan("toy", max_tokens=4, rounds=2, warmup=0)
+        assert paired.play_rounds({"a": a.url}, {1: PROMPTS[1]}, plan, tmp_path, log=lambda line: None) == []
+    paired.run_path(tmp_path, 1, 1, "a").unlink()  # round 1 not whole: no file; round 2 still merged
+    for stray in ("round0.jsonl", "round3.jsonl"):
+        (tmp_path / stray).write_text("not ours\n")
+    assert paired.merge_rounds(tmp_path, ["a"], {1: PROMPTS[1]}, 2) == [tmp_path / "round2.jsonl"]
+    assert (tmp_path / "round0.jsonl").read_text() == (tmp_path / "round3.jsonl").read_text() == "not ours\n"
+
+
+def test_merge_keeps_utf8_text_whatever_the_locale(tmp_path):
+    from ascii_locale import run_in_ascii_locale
+
+    with StubServer(min_latency_s=0.002) as a:
+        plan = paired.RoundPlan("toy", max_tokens=4, rounds=1, warmup=0)
+        assert paired.play_rounds({"a": a.url}, {1: PROMPTS[1]}, plan, tmp_path, log=lambda line: None) == []
+    path = paired.run_path(tmp_path, 1, 1, "a")
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    path.write_text("".join(json.dumps({**r, "note": "réponse"}, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    (merged,) = paired.merge_rounds(tmp_path, ["a"], {1: PROMPTS[1]}, 1)
+    assert merged.read_text(encoding="utf-8") == path.read_text(encoding="utf-8")
+    merged.unlink()
+    code = ("import sys; from pathlib import Path; from sglang_lilicorr.benchmarks import paired; "
+            "from sglang_lilicorr.benchmarks.prompt import Prompt; "
+            "paired.merge_rounds(Path(sys.argv[1]), ['a'], {1: [Prompt(f'p{i}', 'all', ('x',)) for i in range(2)]}, 1)")
+    out = run_in_ascii_locale(code, str(tmp_path))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (tmp_path / "round1.jsonl").read_text(encoding="utf-8") == path.read_text(encoding="utf-8")

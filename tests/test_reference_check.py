@@ -184,3 +184,98 @@ def test_cli_baseline_byte_equality(tmp_path, capsys, cli):
     assert "; byte-equal with the baseline on 2/3" in capsys.readouterr().out
     assert check.main(["model", served]) == 0
     assert "byte-equal" not in capsys.readouterr().out
+
+
+# --- what mutation testing found untested: the CLI's help, choices, device, and each file's verdict ------------------
+
+HELP = """usage: python -m sglang_lilicorr.reference.check [-h] [--tol-ulps TOL_ULPS] [--baseline BASELINE]
+                                                 [--dtype {float32,float64}]
+                                                 model_dir results [results ...]
+
+Check every greedy response a server returned (gpu_client JSON files) against the target.
+
+positional arguments:
+  model_dir             the target's HF folder
+  results               gpu_client result files
+
+options:
+  -h, --help            show this help message and exit
+  --tol-ulps TOL_ULPS   near-tie tolerance in bf16 ulps of the top logit
+  --baseline BASELINE   a no-speculation result file: also report the byte-equal fraction against it
+  --dtype {float32,float64}
+"""
+
+
+def test_cli_help_and_the_dtype_choices(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")
+    with pytest.raises(SystemExit) as e:
+        check.main(["--help"])
+    assert e.value.code == 0 and capsys.readouterr().out == HELP
+    with pytest.raises(SystemExit) as e:
+        check.main(["model", "r.json", "--dtype", "float16"])
+    assert e.value.code == 2 and "argument --dtype: invalid choice: 'float16'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_cli_loads_the_model_on_the_gpu_when_there_is_one(tmp_path, capsys, monkeypatch, cuda):
+    import transformers
+
+    seen = []
+
+    class Placed(Bigram):
+        def to(self, *args, **kwargs):
+            if args and not isinstance(args[0], torch.dtype):  # a device: recorded, the model stays where it is
+                seen.append(("to", args[0]))
+                return self
+            return super().to(*args, **kwargs)
+
+    def from_pretrained(path, dtype=None):
+        seen.append(("load", path, dtype))
+        return Placed().to(dtype)
+
+    def spy(*args, **kwargs):
+        seen.append(("check", kwargs["dtype"]))
+        return greedy(*args, **kwargs)
+
+    greedy = check.check_greedy
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", staticmethod(from_pretrained))
+    monkeypatch.setattr(check, "check_greedy", spy)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    good = records(tmp_path, "good.json", [rec("x", [0], [1, 2, 0])])
+    assert check.main(["model-dir", good, "--dtype", "float32"]) == 0
+    assert check.main(["model-dir", good, "--dtype", "float64"]) == 0
+    device = "cuda" if cuda else "cpu"
+    assert seen == [("load", "model-dir", torch.float32), ("to", device), ("check", torch.float32),
+                    ("load", "model-dir", torch.float64), ("to", device), ("check", torch.float64)]
+    capsys.readouterr()
+
+
+def test_cli_fails_when_any_file_fails_and_prints_whole_lines(tmp_path, capsys, cli):
+    good = records(tmp_path, "good.json", [rec("x", [0], [1, 2, 0])])
+    near = records(tmp_path, "near.json", [rec("n", [0], [1, 3])])
+    assert check.main(["model", near, good]) == 1  # a later passing file does not clear an earlier failure
+    assert capsys.readouterr().out.strip().endswith("GREEDY_CHECK FAIL")
+    assert check.main(["model", good, "--baseline", good]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"{good}: 1 greedy responses, 3 tokens, 0 with a token that is not the target's greedy choice beyond 2 bf16 ulp, "
+        "0 near-tie tokens within it; byte-equal with the baseline on 1/1")
+
+
+def test_check_greedy_on_the_models_device_a_two_token_vocabulary_and_its_refusal():
+    """The ids go to the model's device (a meta model fails only where the logits are copied to the host); with two
+    tokens the top-2 gap is the gap between them; an empty prompt is refused in full."""
+    class OnMeta(Bigram):
+        def forward(self, input_ids, use_cache=True):
+            self.ids_device = input_ids.device.type
+            return super().forward(input_ids, use_cache)
+
+    model = OnMeta().to("meta")
+    with pytest.raises(NotImplementedError, match="Cannot copy out of meta tensor"):
+        check_greedy(model, [0], [1])
+    assert model.ids_device == "meta"
+    two = Bigram([[1.0, 3.5], [2.0, 1.25]])
+    report = check_greedy(two, [0], [1, 0])
+    assert (report.min_top2_gap, report.min_gap_position) == (0.75, 1) and report.ok
+    with pytest.raises(ValueError) as refused:
+        check_greedy(two, [], [1])
+    assert str(refused.value) == "check_greedy: the prompt is empty; the first output token needs a context."

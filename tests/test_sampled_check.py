@@ -224,3 +224,76 @@ def test_pit_pass_runs_without_tf32_and_restores_it():
         assert Bigram.calls[-1][3] is False  # one pass over whole outputs: no KV cache
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+# --- what mutation testing found untested: the device, the clamp at 1, binning in float64, seeds, blank lines -------
+
+def test_pit_values_stay_on_the_models_device():
+    """On a model on the meta device every tensor pit_values makes is meta: the values fail only where they are
+    copied to the host at the end."""
+    from test_reference_check import TABLE, Bigram
+
+    class OnMeta(Bigram):
+        def forward(self, input_ids, use_cache=True):
+            self.ids_device = input_ids.device.type
+            return super().forward(input_ids, use_cache)
+
+    model = OnMeta().to("meta")
+    model.table = torch.nn.Parameter(torch.tensor(TABLE).to("meta"))
+    with pytest.raises(NotImplementedError, match="Cannot copy out of meta tensor"):
+        sampled_check.pit_values(model, [0], [[1, 2]], 0.7, torch.Generator().manual_seed(0))
+    assert model.ids_device == "meta"
+
+
+def test_u_is_clamped_to_1_where_rounding_passes_it(monkeypatch):
+    """F(x - 1) + V p(x) <= 1 exactly, but the rounded cumulative sum of a softmax can end an ulp above 1: with V at
+    its largest (1 - 2^-53) the last token's u would be above 1."""
+    from test_reference_check import Bigram
+
+    table = [[0.0] * 7 for _ in range(7)]
+    table[0] = (torch.randn(7, generator=torch.Generator().manual_seed(10)) * 3).tolist()
+    p = torch.softmax(torch.tensor(table[0], dtype=torch.float64) / 0.7, -1)
+    assert torch.cumsum(p, -1)[-1].item() > 1.0  # the case this needs
+    top = 1.0 - 2.0 ** -53
+    monkeypatch.setattr(torch, "rand", lambda *shape, generator, dtype: torch.full(shape, top, dtype=dtype))
+    model = Bigram(table).double()
+    (u,) = sampled_check.pit_values(model, [0], [[6]], 0.7, torch.Generator())
+    assert u == [1.0]
+
+
+def test_chi_square_bins_in_float64_and_keeps_values_outside_0_1():
+    """0.1499999999 is in bin 2 of 20 (it would be in bin 3 as a float32); values below 0 or from 1 on count in the
+    end bins."""
+    u = [0.1499999999] * 5 + [0.16] * 10 + [-0.2] * 5 + [1.3] * 5 + [0.5] * 75
+    r = sampled_check.chi_square_uniform(u)
+    counts = [5, 0, 5, 10] + [0] * 6 + [75] + [0] * 8 + [5]
+    assert r["chi2"] == round(sum((c - 5) ** 2 / 5 for c in counts), 3)
+
+
+def test_position_pvalues_draw_from_their_own_seed():
+    """The V draws come from the seed argument's generator, not torch's global one."""
+    from test_reference_check import Bigram
+
+    recs = [{"input_ids": [0], "output_ids": [1, 2], "temperature": 0.8}] * 100
+    torch.manual_seed(1)
+    a = sampled_check.position_pvalues(Bigram(), recs, positions=[1, 2], seed=3)
+    torch.manual_seed(2)
+    assert sampled_check.position_pvalues(Bigram(), recs, positions=[1, 2], seed=3) == a
+    assert sampled_check.position_pvalues(Bigram(), recs, positions=[1, 2], seed=4) != a
+
+
+def test_records_pass_over_blank_lines_and_the_refusals_in_full(tmp_path):
+    from test_reference_check import Bigram
+
+    row = '{"system": "base", "input_ids": [1], "output_ids": [2], "temperature": 1, "seed": 0}\n'
+    path = tmp_path / "r.jsonl"
+    path.write_text(row + "\n  \n" + row.replace("base", "lilicorr"))
+    assert {k: len(v) for k, v in sampled_check.read_records([path]).items()} == {"base": 1, "lilicorr": 1}
+    path.write_text('{"system": "base"}\n')
+    with pytest.raises(ValueError) as refused:
+        sampled_check.read_records([path])
+    assert str(refused.value) == (f"{path}:1: not a sampled-output record ('input_ids'); expected system, input_ids, "
+                                  "output_ids, temperature and seed (benchmarks/sampling_exactness.py writes them).")
+    with pytest.raises(ValueError) as refused:
+        sampled_check.pit_values(Bigram(), [0], [], 1.0, torch.Generator())
+    assert str(refused.value) == "pit_values: a prompt and outputs of one length >= 1 are needed (ignore_eos requests)."

@@ -111,3 +111,58 @@ def test_the_target_config_takes_the_json_override(override, want, tmp_path):
                                  json_model_override_args=override)
     text = server_args.target_text_config(args)
     assert (text.num_hidden_layers, text.max_position_embeddings) == want
+
+
+# --- what mutation testing found untested: each refusal's whole message, the loader's options, the warning ------
+
+def message(call) -> str:
+    with pytest.raises(ServingConfigError) as refused:
+        call()
+    return str(refused.value)
+
+
+def test_each_refusal_in_full():
+    assert message(lambda: server_args.draft_path(types.SimpleNamespace(speculative_draft_model_path=None))) == (
+        "--speculative-algorithm LILICORR needs --speculative-draft-model-path: the folder of a LiLiCorr draft "
+        '(config.json with architectures ["LiLiCorrDraftModel"] + model.safetensors), as written by `lilicorr export`.')
+    assert message(lambda: server_args.check_options(accepted(device="cpu"))) == (
+        "--speculative-algorithm LILICORR runs on CUDA GPUs only, got --device 'cpu': serve on a CUDA device "
+        "(--device cuda), or without speculative decoding.")
+    assert message(lambda: server_args.check_options(accepted(speculative_num_steps=3))) == (
+        "--speculative-num-steps 3 is not supported with --speculative-algorithm LILICORR: it drafts one linear block "
+        "per step; drop the option (it resolves to 1).")
+    spec = types.SimpleNamespace(head=types.SimpleNamespace(block_size=16),
+                                 config={"num_attention_heads": 6, "num_key_value_heads": 6, "intermediate_size": 102})
+    for option in ("speculative_num_draft_tokens", "speculative_dflash_block_size"):
+        args = types.SimpleNamespace(**{"speculative_num_draft_tokens": None, "speculative_dflash_block_size": None,
+                                        option: 8})
+        flag = "--" + option.replace("_", "-")
+        assert message(lambda: server_args.check_block_size(spec, args)) == (
+            f"{flag} 8 differs from the draft's block_size=16: the LiLiCorr head is trained for 16-token blocks. "
+            f"Drop {flag} or set it to 16.")
+    assert message(lambda: server_args.check_tensor_parallel(spec, 4)) == (
+        "--tp-size 4 does not fit the draft, which SGLang's DFlash draft shards over the TP ranks: num_attention_heads=6 "
+        "is not divisible by 4; num_key_value_heads=6 neither divides nor is divisible by 4; intermediate_size=102 is "
+        "not divisible by 4 (lilicorr train --draft-intermediate-size). Serve with --tp-size in [1, 2, 3, 6], or with a "
+        "draft whose shapes divide by 4.")
+
+
+def test_the_target_is_loaded_with_the_servers_options(monkeypatch):
+    import sglang.srt.utils.hf_transformers.common as common
+    import sglang.srt.utils.hf_transformers.config as config
+
+    seen = {}
+    monkeypatch.setattr(config, "get_config", lambda path, **kw: seen.update(path=path, **kw) or "cfg")
+    monkeypatch.setattr(common, "get_hf_text_config", lambda c: ("text", c))
+    args = types.SimpleNamespace(model_path="m", trust_remote_code=True, revision="r1", json_model_override_args='{"a": 1}')
+    assert server_args.target_text_config(args) == ("text", "cfg")
+    assert seen == {"path": "m", "trust_remote_code": True, "revision": "r1", "model_override_args": {"a": 1}}
+
+
+def test_the_max_running_requests_default_is_said(monkeypatch, caplog):
+    monkeypatch.setattr(server_args, "inspect_draft", lambda path: types.SimpleNamespace(head=types.SimpleNamespace(block_size=16)))
+    args = types.SimpleNamespace(speculative_draft_model_path="d", speculative_draft_attention_backend="fa3",
+                                 prefill_attention_backend=None, attention_backend=None, max_running_requests=None)
+    with caplog.at_level("WARNING", logger=server_args.logger.name):
+        server_args.resolve_server_args(args)
+    assert caplog.messages == ["LILICORR: --max-running-requests defaults to 48, as for DFLASH; set it to override."]

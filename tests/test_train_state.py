@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -79,9 +80,11 @@ def test_latest_naming_an_incomplete_checkpoint_is_refused(tmp_path):
 def test_the_orphans_of_a_killed_save_are_removed(tmp_path):
     keep = save(tmp_path, 2)
     (tmp_path / "snapshots").mkdir()
-    made = [temporary_name(tmp_path / "checkpoints" / "step-00000004"), temporary_name(tmp_path / "snapshots" / "s")]
+    made = [temporary_name(tmp_path / "checkpoints" / "step-00000004"), temporary_name(tmp_path / "snapshots" / "s"),
+            temporary_name(tmp_path / "checkpoints" / "x")]  # a name no legacy pattern matches
     made[0].mkdir()
     made[1].write_text("x")
+    made[2].write_text("x")
     legacy = [tmp_path / "checkpoints" / ".step-00000006", tmp_path / "snapshots" / ".step-00000006.safetensors.tmp",
               tmp_path / ".latest.tmp", tmp_path / ".metrics.jsonl.tmp"]
     legacy[0].mkdir()
@@ -308,9 +311,179 @@ def test_prune_goes_on_past_a_checkpoint_that_vanished(tmp_path, monkeypatch):
     """A checkpoint removed meanwhile (by hand, or by another process) does not stop the training that prunes."""
     paths = [save(tmp_path, s) for s in (2, 3, 4)]
     listed = state.complete_checkpoints(tmp_path)
-    import shutil
-
     shutil.rmtree(paths[0])
     monkeypatch.setattr(state, "complete_checkpoints", lambda output_dir: listed)
     state.prune_checkpoints(tmp_path, 1)
     assert not paths[1].exists() and paths[2].is_dir()
+
+
+
+# --- what mutation testing found untested: the files' form, each refusal in full, corrector drafts, map_location ---
+
+def refusal(call) -> CheckpointError:
+    with pytest.raises(CheckpointError) as refused:
+        call()
+    return refused.value
+
+
+EARLIER = "use an earlier checkpoint"
+
+
+def test_the_state_file_is_indented_json(tmp_path):
+    path = save(tmp_path, 2)
+    text = (path / state.STATE_FILE).read_text()
+    assert text == json.dumps(json.loads(text), indent=2) + "\n"
+
+
+def test_each_checkpoint_refusal_in_full(tmp_path):
+    path = save(tmp_path, 2)
+    (tmp_path / state.LATEST).write_text("step-00000009\n")
+    assert str(refusal(lambda: state.latest_checkpoint(tmp_path))) == (
+        f"`latest` names step-00000009, which is not a complete training checkpoint ({tmp_path / state.LATEST}): "
+        "pass OUTPUT/checkpoints/step-N of a complete one")
+    meta_path = path / state.STATE_FILE
+    meta = json.loads(meta_path.read_text())
+    e = refusal(lambda: state.read_training_checkpoint(tmp_path / "nowhere"))
+    assert e.what.startswith("not a training checkpoint (") and (e.where, e.fix) == (
+        str(tmp_path / "nowhere"), "pass OUTPUT or OUTPUT/checkpoints/step-N")
+    for changed, what, fix in (
+        ({**meta, "format": "x"}, "format 'x', expected 'lilicorr-train-v1'", "pass a checkpoint written by `lilicorr train`"),
+        ({k: v for k, v in meta.items() if k != "step"}, "lacks ['step']",
+         "it was not written by `lilicorr train` (or was cut short): use an earlier checkpoint"),
+    ):
+        meta_path.write_text(json.dumps(changed))
+        assert str(refusal(lambda: state.read_training_checkpoint(path))) == f"{what} ({meta_path}): {fix}"
+    meta_path.write_text(json.dumps({**meta, "drafter_config": {"hidden_size": 32}}))
+    e = refusal(lambda: state.read_training_checkpoint(path))
+    assert e.what.startswith("drafter_config / head_config: ") and (e.where, e.fix) == (str(meta_path), EARLIER)
+    meta_path.write_text(json.dumps(meta))
+    (path / state.TENSORS_FILE).write_bytes(b"garbage")
+    assert refusal(lambda: state.read_training_checkpoint(path)).fix == "use an earlier checkpoint (OUTPUT/checkpoints/step-N)"
+
+
+def test_each_optimizer_refusal_in_full(tmp_path):
+    path = save(tmp_path, 2)
+    where = path / state.OPTIMIZER_FILE
+    corrupt(path)
+    assert str(refusal(lambda: state.read_optimizer_state(path))) == (
+        f"does not match the sha256 in train_state.json: it changed after it was written ({where}): {EARLIER}")
+    path = save(tmp_path, 3, optimizer={"optimizer": {}})
+    where = path / state.OPTIMIZER_FILE
+    assert str(refusal(lambda: state.read_optimizer_state(path))) == (
+        f"holds no optimizer and scheduler state ({where}): {EARLIER}")
+    meta = json.loads((path / state.STATE_FILE).read_text())
+    del meta["sha256"]
+    (path / state.STATE_FILE).write_text(json.dumps(meta))
+    where.write_bytes(b"not a pickle")
+    assert str(refusal(lambda: state.read_optimizer_state(path))) == (
+        f"truncated or not an optimizer state (UnpicklingError) ({where}): {EARLIER}")
+    where.unlink()
+    e = refusal(lambda: state.read_optimizer_state(path))
+    assert e.what.startswith("cannot be read (") and (e.where, e.fix) == (str(where), EARLIER)
+    for step in (2, 3):
+        shutil.rmtree(tmp_path / "checkpoints" / f"step-0000000{step}")
+    corrupt(save(tmp_path, 4))
+    e = refusal(lambda: state.resume_point(tmp_path))
+    assert (e.where, e.fix) == (str(tmp_path), "nothing was changed; move the run aside, or pass --no-resume to start "
+                                               "it over from step 0 in this folder")
+
+
+def test_optimizer_tensors_load_where_asked(tmp_path):
+    """On the CPU by default (a state saved from GPU tensors resumes anywhere), else at map_location."""
+    saved = {"optimizer": {"state": {0: {"exp_avg": torch.ones(2)}}, "param_groups": []}, "scheduler": {}}
+    path = save(tmp_path, 2, optimizer=saved)
+    assert state.read_optimizer_state(path)["optimizer"]["state"][0]["exp_avg"].device.type == "cpu"
+    assert state.resume_point(tmp_path)[2]["optimizer"]["state"][0]["exp_avg"].device.type == "cpu"
+    assert state.resume_point(tmp_path, map_location="meta")[2]["optimizer"]["state"][0]["exp_avg"].device.type == "meta"
+
+
+def test_weights_only_holds_whatever_the_environment_says(tmp_path, monkeypatch):
+    """torch.load's own default gives way to TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD; the explicit weights_only=True does not."""
+    from pathlib import PurePosixPath
+
+    path = save(tmp_path, 2, optimizer={"optimizer": {}, "scheduler": PurePosixPath("/x")})
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    with pytest.raises(CheckpointError, match="truncated or not an optimizer state"):
+        state.read_optimizer_state(path)
+
+
+def test_the_first_set_aside_name_is_dot_1(tmp_path):
+    two = save(tmp_path, 2)
+    save(tmp_path, 3)
+    (tmp_path / "checkpoints" / "bad-step-00000003").mkdir()
+    assert state.set_aside_newer(tmp_path, two) == [tmp_path / "checkpoints" / "bad-step-00000003.1"]
+
+
+def test_trim_metrics_keeps_utf8_and_passes_over_torn_bytes(tmp_path):
+    """A row holding non-ASCII text is kept as it is, under any locale; a line torn inside a character is dropped."""
+    from ascii_locale import run_in_ascii_locale
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes('{"step": 1, "data": "données"}\n{"step": 2, "x": "é'.encode()[:-1])
+    state.trim_metrics(path, 5)
+    assert path.read_text(encoding="utf-8") == '{"step": 1, "data": "données"}\n'
+    code = "import sys; from sglang_lilicorr.train.state import trim_metrics; trim_metrics(sys.argv[1], 5)"
+    out = run_in_ascii_locale(code, str(path))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert path.read_text(encoding="utf-8") == '{"step": 1, "data": "données"}\n'
+
+
+def test_trim_metrics_keeps_rows_as_written_past_a_bad_line(tmp_path):
+    """A line that is not JSON in the middle is dropped and the rows after it kept, each ending in a newline."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1}\r\n{"st\n{"step": 2}\n{"step": 9}\n')
+    state.trim_metrics(path, 5)
+    assert path.read_bytes() == b'{"step": 1}\n{"step": 2}\n'
+
+
+def test_each_geometry_refusal_in_full(tmp_path):
+    got_state = state.read_training_checkpoint(save(tmp_path, 2))[0]
+    e = refusal(lambda: state.check_resume_compatible(got_state, dataclasses.replace(DRAFTER, intermediate_size=128), HEAD, "w"))
+    assert (e.where, e.fix) == ("w", "use the same settings or a new --output-dir")
+    e = refusal(lambda: state.check_resume_compatible(got_state, DRAFTER, None, "w"))
+    assert (e.where, e.fix) == ("w", "use the same --head and head settings (gamma = 0 and --head none have none) or a "
+                                     "new --output-dir")
+    run = {"a": 1, "b": 2, "c": 3}
+    got_state = {**got_state, "run": run}
+    e = refusal(lambda: state.check_resume_compatible(got_state, DRAFTER, HEAD, "w", {"a": 0, "b": 0, "c": 0}))
+    assert e.what == "cannot resume: this run's ['a', 'b', 'c'] differ from the checkpoint's (a: 1 -> 0, b: 2 -> 0, c: 3 -> 0)"
+    assert e.fix == "pass the run's own --data and settings, a new --output-dir, or --resume-with-changes to continue " \
+                    "this run with the new ones"
+
+
+def test_each_init_from_refusal_names_the_draft(tmp_path):
+    from sglang_lilicorr.checkpoint import load_tensors, save_tensors
+
+    save(tmp_path / "run", 2)
+    draft = export_checkpoint(tmp_path / "run", tmp_path / "draft", dtype="float32")
+    drafter, head = DFlashDrafter(DRAFTER), LiLiCorrHead(HEAD, DRAFTER.hidden_size)
+    e = refusal(lambda: state.load_draft_weights(draft, drafter, None, DRAFTER, None))
+    assert e.where == f"--init-from {draft}"
+    weights = draft / "model.safetensors"
+    original = load_tensors(weights, fix="")
+    for part, change in (("drafter", lambda t: t.pop("fc.weight")),
+                         ("head", lambda t: t.__setitem__("lilicorr.extra", torch.zeros(2)))):
+        tensors = dict(original)
+        change(tensors)
+        save_tensors(weights, tensors)
+        e = refusal(lambda: state.load_draft_weights(draft, drafter, head, DRAFTER, HEAD))
+        assert e.where == f"{weights} ({part})"
+
+
+@pytest.mark.parametrize("kind", ["domino", "dspark"])
+def test_a_run_starts_from_a_corrector_draft(tmp_path, kind):
+    from sglang_lilicorr.baselines import DominoConfig, DSparkConfig
+    from sglang_lilicorr.train.heads import build_head
+
+    config = DominoConfig(gru_hidden_dim=8, emb_dim=16) if kind == "domino" else DSparkConfig(markov_rank=4)
+    torch.manual_seed(6)
+    saved_head = build_head(config, DRAFTER).state_dict()
+    state.save_training_checkpoint(tmp_path / "run", 2, {"epoch": 0, "index": 2}, DRAFTER, config,
+                                   state.trainable_tensors(DFlashDrafter(DRAFTER).state_dict(), saved_head), OPTIMIZER)
+    draft = export_checkpoint(tmp_path / "run", tmp_path / "draft", dtype="float32")
+    drafter, head = DFlashDrafter(DRAFTER), build_head(config, DRAFTER)
+    state.load_draft_weights(draft, drafter, head, DRAFTER, config)
+    assert all(torch.equal(v, saved_head[k]) for k, v in head.state_dict().items())
+    other = DominoConfig(gru_hidden_dim=4, emb_dim=16) if kind == "domino" else DSparkConfig(markov_rank=2)
+    with pytest.raises(state.IncompatibleCheckpointError, match="cannot start from it, the head differs"):
+        state.load_draft_weights(draft, drafter, build_head(other, DRAFTER), DRAFTER, other)

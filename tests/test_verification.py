@@ -90,6 +90,10 @@ def test_the_scheduler_aborts_refused_requests_at_admission(fresh_hooks):
 
     assert scheduler.validate_dflash_request(request(SAMPLED[0]), False) is None
     verification.install_request_refusal(FALLBACK)
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookSource, HookType
+
+    (hook_type, _, source), = HookRegistry._hooks[verification.REQUEST_CHECK]  # one AFTER hook, naming our plugin
+    assert (hook_type, source) == (HookType.AFTER, HookSource("lilicorr", "sglang-lilicorr"))
     assert scheduler.validate_dflash_request(request(SAMPLED[0]), False) == verification.REQUEST_REFUSAL
     for params in GREEDY:
         assert scheduler.validate_dflash_request(request(params), False) is None

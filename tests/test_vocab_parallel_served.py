@@ -100,3 +100,33 @@ def test_buffers_sized_for_more_slots_than_k_plus_1():
         torch.testing.assert_close(lse.reshape(n), logits.logsumexp(-1))
     with pytest.raises(RuntimeError, match="11 slots, but allocate\\(\\) sized it for 10"):
         cands(torch.randn(1, 11, hm))
+
+
+def test_the_static_buffers_are_what_the_gather_sees():
+    """The partials are written into the buffer allocate() made and the gather fills the other (a CUDA graph replays
+    them); both live on the LM head's device, None before allocate(); hidden states of another dtype are cast to the
+    head's."""
+    vocab, hm, k = 12, 4, 3
+    head = torch.randn(vocab, hm, generator=torch.Generator().manual_seed(2))
+    seen = []
+
+    def gather(out, inp):
+        seen.append((out.data_ptr(), inp.data_ptr()))
+        out.copy_(inp)
+    cands = ShardedCandidates(head, VocabShard(0, vocab, vocab, 1, gather), k)
+    assert cands.partials is None and cands.gathered is None
+    cands.allocate(4)
+    hidden = torch.randn(1, 2, hm, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    vals, ids, _ = cands(hidden)
+    assert seen == [(cands.gathered.data_ptr(), cands.partials.data_ptr())]
+    top = (hidden.float().reshape(2, hm) @ head.T).topk(k, dim=-1)
+    assert torch.equal(ids.reshape(2, k), top.indices) and vals.dtype == torch.float32
+    on_meta = ShardedCandidates(torch.empty(vocab, hm, device="meta"), VocabShard(0, vocab, vocab, 2, None), k)
+    on_meta.allocate(4)
+    assert on_meta.partials.device.type == on_meta.gathered.device.type == "meta"
+
+
+def test_a_shard_refusal_in_full():
+    with pytest.raises(ValueError) as refused:
+        VocabShard(6, 5, 10, 2, None)
+    assert str(refused.value) == "VocabShard: ids 6..10 of a 10-token vocabulary over 2 ranks is not a shard of it."

@@ -6,6 +6,8 @@ import torch
 
 from sglang_lilicorr.walk import greedy_walk, path_score, viterbi
 
+from devices import DevicesMade
+
 
 def lattice(b, s, k, seed):
     g = torch.Generator().manual_seed(seed)
@@ -59,3 +61,14 @@ def test_single_slot_block():
     start = torch.tensor([[0.1, 0.7, 0.2]])
     empty = torch.zeros(1, 0, 3, 3)
     assert greedy_walk(start, empty).tolist() == viterbi(start, empty).tolist() == [[1]]
+
+
+def test_every_tensor_stays_on_the_inputs_device():
+    """A helper tensor made on the host (an arange without device=) gives the same picks, but is copied to the GPU on
+    every call; on meta inputs every tensor the decoders make must be meta."""
+    start, pair = torch.empty(2, 4, device="meta"), torch.empty(2, 3, 4, 4, device="meta")
+    with DevicesMade() as made:
+        greedy_walk(start, pair)
+        viterbi(start, pair)
+        path_score(start, pair, torch.zeros(2, 4, dtype=torch.long, device="meta"))
+    assert made.devices == {"meta"}

@@ -61,7 +61,6 @@ class GreedyReport:
         )
 
 
-@torch.no_grad()
 def check_greedy(
     model: nn.Module,
     prompt_ids: list[int],
@@ -85,7 +84,8 @@ def check_greedy(
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        logits = ref.eval()(input_ids=ids, use_cache=False).logits[0, n - 1 : n + len(out) - 1].double().cpu()
+        with torch.no_grad():
+            logits = ref.eval()(input_ids=ids, use_cache=False).logits[0, n - 1 : n + len(out) - 1].double().cpu()
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     top2 = logits.topk(2, dim=-1) if logits.shape[-1] > 1 else logits.topk(1, dim=-1)

@@ -27,7 +27,6 @@ BINS = 20
 BATCH = 64  # records of one prompt teacher-forced together
 
 
-@torch.no_grad()
 def pit_values(model: nn.Module, input_ids: list[int], outputs: list[list[int]], temperature: float,
                generator: torch.Generator) -> list[list[float]]:
     """u of every emitted token (module docstring) of each output of one prompt (outputs of one length), from one
@@ -42,7 +41,8 @@ def pit_values(model: nn.Module, input_ids: list[int], outputs: list[list[int]],
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        logits = model(input_ids=ids, use_cache=False).logits[:, n - 1 : n + length - 1].double()  # [B, L, V]
+        with torch.no_grad():
+            logits = model(input_ids=ids, use_cache=False).logits[:, n - 1 : n + length - 1].double()  # [B, L, V]
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     p = torch.softmax(logits / temperature, dim=-1)

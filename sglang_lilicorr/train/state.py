@@ -192,13 +192,13 @@ def trim_metrics(path: str | Path, step: int) -> None:
     if not path.is_file():
         return
     keep = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True):
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue
         if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
-            keep.append(line if line.endswith("\n") else line + "\n")
+            keep.append(line + "\n")
     write_atomic(path, "".join(keep))
 
 
