@@ -101,6 +101,7 @@ def test_eager_batches_are_possible_above_the_largest_graph_or_without_graphs(mo
 def test_a_second_configure_keeps_the_first_choice_without_warming_again(warmed, caplog):
     backend = triton_backend()
     assert va.configure([backend], 16, None, va.SPLIT_KV)
+    caplog.clear()
     with caplog.at_level("INFO"):
         assert va.configure([backend], 16, None, va.EXTEND)  # the DFLASH hook ran first: LILICORR's own call keeps it
     assert backend.use_verify_splitkv and warmed == [(backend, 16)] and caplog.text == ""
