@@ -64,6 +64,14 @@ def test_a_draft_attention_backend_never_served_is_refused_with_the_fix(backend)
         server_args.check_draft_attention_backend(accepted(speculative_draft_attention_backend=backend))
 
 
+def test_the_refusals_name_every_served_backend(monkeypatch):
+    monkeypatch.setattr(server_args, "SERVED_DRAFT_ATTENTION_BACKENDS", ("triton", "flashinfer"))
+    with pytest.raises(ServingConfigError, match="checked with triton, flashinfer only"):
+        server_args.check_draft_attention_backend(accepted(speculative_draft_attention_backend="fa3"))
+    with pytest.raises(ServingConfigError, match=r"pick triton, flashinfer\.$"):
+        server_args.check_draft_attention_backend(accepted(speculative_draft_attention_backend="trtllm_mha"))
+
+
 def test_a_draft_attention_backend_without_block_attention_is_refused():
     with pytest.raises(ServingConfigError, match="trtllm_mha is not supported.*bidirectionally.*pick triton"):
         server_args.check_draft_attention_backend(accepted(speculative_draft_attention_backend="trtllm_mha"))
