@@ -21,7 +21,7 @@ from sglang_lilicorr.kernels import topk_lse_triton
 from sglang_lilicorr.kernels.head_nodes import confidence_up_triton, lattice_nodes_triton
 from sglang_lilicorr.kernels.head_norm import add_rmsnorm_triton, rmsnorm_triton, row_bias_silu_triton
 from sglang_lilicorr.kernels.head_scores import lattice_cosine_triton
-from sglang_lilicorr.kernels.tuning import ALL_GEMMS, CosineLaunch, TopKLaunch
+from sglang_lilicorr.kernels.tuning import CosineLaunch, TopKLaunch
 from sglang_lilicorr.fast_path.plan import PYTORCH, HeadGeometry, SelectPlan, SelectPlans, plans_for
 from sglang_lilicorr.fast_path.reference import greedy_margin, reference_select
 from sglang_lilicorr.walk import greedy_walk, path_score, viterbi
@@ -96,12 +96,9 @@ def assert_same_bits(first: FastLiLiCorrSelect, second: FastLiLiCorrSelect, *inp
 
 # --- end to end --------------------------------------------------------------------------------
 
-CPU_PLANS = {  # the Triton paths the interpreter runs (no PDL, no side stream there)
-    "triton": SelectPlan(),  # Triton kernels around cuBLAS GEMMs
-    "norm_epilogue": SelectPlan(norm_epilogue=True),  # the nodes and residual adds + RMSNorm in GEMM epilogues
-    "triton_gemms": SelectPlan(triton_gemms=ALL_GEMMS),  # every GEMM a Triton GEMM with its epilogue
-    "folded": SelectPlan(fold_norms=True),  # ... and the lattice's norms folded into them
-    "folded_triton_gemms": SelectPlan(fold_norms=True, triton_gemms=ALL_GEMMS),
+CPU_PLANS = {  # the fused routes the interpreter runs (no PDL, no side stream there)
+    "unfolded": SelectPlan(route="unfolded"),  # Triton kernels around cuBLAS GEMMs
+    "folded": SelectPlan(route="folded"),  # every GEMM a Triton GEMM with its epilogue, the lattice's norms in them
 }
 
 
@@ -114,20 +111,6 @@ def test_select_fp32_equals_reference(seed, monkeypatch, plan, slots):
     hidden, anchor, lm_head, embed = make_inputs(4, slots, HM, VOCAB, seed)
     plans = plans_for(HeadGeometry.of(head), PYTORCH) if plan == "pytorch" else SelectPlans.every(CPU_PLANS[plan])
     assert_select_matches(FastLiLiCorrSelect(head, embed_weight=embed, plans=plans), head, hidden, anchor, lm_head, atol=2e-4)
-
-
-@needs_interpreter
-def test_norm_epilogue_gives_the_scores_of_the_norm_kernels(seed):
-    """The nodes and residual adds + RMSNorm in GEMM epilogues (row-tile counters, left zero) score as cuBLAS GEMMs
-    followed by the node and norm kernels."""
-    head = make_head(SMALL, HM, seed)
-    hidden, anchor, lm_head, embed = make_inputs(6, SMALL.num_slots, HM, VOCAB, seed)
-    fast = select_with(head, SelectPlan(norm_epilogue=True), embed_weight=embed)
-    candidates = fast.candidates(hidden, lm_head)
-    start, pair, _ = fast.lattice_scores(*candidates, hidden, anchor)
-    p_start, p_pair, _ = select_with(head, SelectPlan(), embed_weight=embed).lattice_scores(*candidates, hidden, anchor)
-    torch.testing.assert_close(start, p_start, atol=1e-4, rtol=0)
-    torch.testing.assert_close(pair, p_pair, atol=1e-4, rtol=0)
 
 
 def test_kernel_counters_grow_outside_a_capture():
@@ -147,38 +130,21 @@ def test_select_bf16_within_tolerance(seed):
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=0.25)
 
 
-@needs_interpreter
-def test_cosine_split_select_equals_reference(seed):
-    """cosine_split=2 (a head with D = 256: two 128-column steps per factor, one per program) serves the reference's
-    select; a split that does not divide the steps is refused by name."""
-    cfg = dataclasses.replace(SMALL, factor_dim=256)
-    head = make_head(cfg, HM, seed)
-    hidden, anchor, lm_head, embed = make_inputs(3, cfg.num_slots, HM, VOCAB, seed)
-    assert_select_matches(select_with(head, SelectPlan(cosine_split=2), embed_weight=embed), head, hidden, anchor, lm_head,
-                          atol=2e-4)
-    with pytest.raises(ValueError, match=r"cosine_split=3 does not cut D = 256 into whole 128-column steps"):
-        select_with(head, SelectPlan(cosine_split=3), embed_weight=embed)
-
-
-VITERBI_PLANS = {**CPU_PLANS, "merge_in_confidence": SelectPlan(merge_in_confidence=True),
-                 "cosine_split": SelectPlan(cosine_split=2)}  # the greedy walk's D split; Viterbi's cosine takes none
-
-
-@pytest.mark.parametrize("plan", [pytest.param(name, marks=needs_interpreter) for name in VITERBI_PLANS] + ["pytorch"])
+@pytest.mark.parametrize("plan", [pytest.param(name, marks=needs_interpreter) for name in CPU_PLANS] + ["pytorch"])
 def test_viterbi_select_commits_the_viterbi_path_of_the_heads_scores(seed, monkeypatch, plan):
     """walk="viterbi" (LILICORR_WALK=viterbi) commits walk.viterbi over the head's own start/pair with the ids gathered
     (the reference decoder's Viterbi, reference/propose.py), through `select` (the draft graph's route) and
     `select_from_candidates` (tensor parallel); candidates and log-probs are the greedy select's bits, and the two rules
     commit other drafts on these inputs. The PyTorch path drafts reference_select's Viterbi exactly; a Triton path's
     draft scores, under the reference's scores, within its score error of the reference's best path."""
-    cfg = dataclasses.replace(SMALL, factor_dim=256) if plan == "cosine_split" else SMALL
+    cfg = SMALL
     head = make_head(cfg, HM, seed)
     hidden, anchor, lm_head, embed = make_inputs(6, cfg.num_slots, HM, VOCAB, seed)
     if plan == "pytorch":  # top-K and the decoders: the PyTorch references
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
         plans = plans_for(HeadGeometry.of(head), PYTORCH)
     else:
-        plans = SelectPlans.every(VITERBI_PLANS[plan])
+        plans = SelectPlans.every(CPU_PLANS[plan])
     fast = FastLiLiCorrSelect(head, embed_weight=embed, plans=plans, walk="viterbi")
     tokens, ids, lp = fast.select(hidden, anchor, lm_head)
     candidates = fast.candidates(hidden, lm_head)
@@ -193,48 +159,6 @@ def test_viterbi_select_commits_the_viterbi_path_of_the_heads_scores(seed, monke
         assert torch.equal(tokens, r_tokens)
     slack = 2 * cfg.num_slots * request_error(start, pair, r_start, r_pair) + 1e-5
     assert bool((path_score(r_start, r_pair, path) >= path_score(r_start, r_pair, viterbi(r_start, r_pair)) - slack).all())
-
-
-@needs_interpreter
-def test_merge_in_confidence_gives_the_same_bits(seed):
-    """The top-K's partials merged in the confidence kernel (no merge launch) serve the same bits as the merge kernel:
-    draft, ids and log-probs."""
-    head = make_head(SMALL, HM, seed, dtype=torch.bfloat16)
-    # 12 requests, as test_select_bf16_within_tolerance: in bf16 a few requests can all sit within near-ties
-    hidden, anchor, lm_head, embed = make_inputs(12, SMALL.num_slots, HM, VOCAB, seed, dtype=torch.bfloat16)
-    merged = select_with(head, SelectPlan(merge_in_confidence=True), embed_weight=embed)
-    assert_same_bits(merged, select_with(head, SelectPlan(), embed_weight=embed), hidden, anchor, lm_head)
-    assert_select_matches(merged, head, hidden, anchor, lm_head, atol=0.25)
-
-
-@needs_interpreter
-def test_bs1_topk_launch_gives_the_same_bits(seed):
-    """The top-K split's launch of tuning.TOPK_SPLIT_LAUNCH (sub-tiles, collected tiles and chunk length), with and
-    without the merge in the confidence kernel, serves the default launch's bits; a launch the kernel cannot take is
-    refused by name."""
-    head = make_head(SMALL, HM, seed, dtype=torch.bfloat16)
-    vocab = 40 * 64 + 9  # 40 sub-tiles of 64 logits
-    hidden, anchor, lm_head, embed = make_inputs(3, SMALL.num_slots, HM, vocab, seed, dtype=torch.bfloat16)
-    with torch.no_grad():
-        table = head.token_table(embed)
-    launch = TopKLaunch(block=256, group=32, collect_tiles=4, few_rows_tiles=3)
-    want = select_with(head, SelectPlan(topk_launch=TopKLaunch(block=256)), token_table=table)
-    for merge in (False, True):
-        fast = select_with(head, SelectPlan(topk_launch=launch, merge_in_confidence=merge), token_table=table)
-        assert_same_bits(fast, want, hidden, anchor, lm_head)
-    with pytest.raises(ValueError, match=r"launch.group must be a power of two, got 48"):
-        select_with(head, SelectPlan(topk_launch=TopKLaunch(group=48)), token_table=table).select(hidden, anchor, lm_head)
-
-
-@needs_interpreter
-def test_attention_block_m_gives_the_same_bits(seed):
-    """16 query rows per lattice-attention program serve the default blocks' bits (each query row is computed alone)."""
-    head = make_head(SMALL, HM, seed, dtype=torch.bfloat16)
-    hidden, anchor, lm_head, embed = make_inputs(2, SMALL.num_slots, HM, VOCAB, seed, dtype=torch.bfloat16)
-    with torch.no_grad():
-        table = head.token_table(embed)
-    small = select_with(head, SelectPlan(attention_block_m=16), token_table=table)
-    assert_same_bits(small, select_with(head, SelectPlan(), token_table=table), hidden, anchor, lm_head)
 
 
 @needs_interpreter
@@ -270,27 +194,11 @@ def test_confidence_kernel_merges_the_top_k_parts(seed, splits):
 
 
 @needs_interpreter
-def test_narrow_tiles_give_the_same_bits(seed):
-    """Every GEMM role in 64 x 16 tiles ("narrow", bf16, folded norms) equals the configs by M bit for bit; an fp32
-    head, whose GEMMs keep the fp32 config, refuses tiles by name."""
-    head = make_head(SMALL, HM, seed, dtype=torch.bfloat16)
-    hidden, anchor, lm_head, embed = make_inputs(3, SMALL.num_slots, HM, VOCAB, seed, dtype=torch.bfloat16)
-    with torch.no_grad():
-        table = head.token_table(embed)
-    plain = SelectPlan(fold_norms=True, triton_gemms=ALL_GEMMS)
-    narrow = dataclasses.replace(plain, tiles={role: "narrow" for role in ALL_GEMMS})
-    assert_same_bits(select_with(head, narrow, token_table=table), select_with(head, plain, token_table=table),
-                     hidden, anchor, lm_head)
-    with pytest.raises(ValueError, match=r"an fp32 head keeps the fp32 config"):
-        select_with(make_head(SMALL, HM, seed), narrow, token_table=table.float())
-
-
-@needs_interpreter
-@pytest.mark.parametrize("fold_norms", [False, True])
-def test_fused_stages_compose_to_the_scores(seed, fold_norms):
+@pytest.mark.parametrize("route", ["unfolded", "folded"])
+def test_fused_stages_compose_to_the_scores(seed, route):
     head = make_head(SMALL, HM, seed)
     hidden, anchor, lm_head, embed = make_inputs(3, SMALL.num_slots, HM, VOCAB, seed)
-    fast = select_with(head, SelectPlan(fold_norms=fold_norms), embed_weight=embed)
+    fast = select_with(head, SelectPlan(route=route), embed_weight=embed)
     vals, ids, lse = fast.candidates(hidden, lm_head)
     start, pair, lp = fast.lattice_scores(vals, ids, lse, hidden, anchor)
     stages = fast.fused_stages(vals, ids, lse, hidden, anchor)
@@ -301,9 +209,9 @@ def test_fused_stages_compose_to_the_scores(seed, fold_norms):
     assert torch.equal(draft, fast.walk(start, pair, ids))
     assert torch.equal(draft, fast.select_from_candidates(vals, ids, lse, hidden, anchor)[0])
     cat, sumsq = stages["lattice"]()  # folded: [x, x * t] and the sums of squares of x's rows
-    assert cat.shape == (3 * SMALL.num_slots * SMALL.candidate_topk, 2 * head.width) and (sumsq is None) == (not fold_norms)
+    assert cat.shape == (3 * SMALL.num_slots * SMALL.candidate_topk, 2 * head.width) and (sumsq is None) == (route == "unfolded")
     pytorch = FastLiLiCorrSelect(head, embed_weight=embed, plans=plans_for(HeadGeometry.of(head), PYTORCH))
-    with pytest.raises(ValueError, match=r"runs the PyTorch path \(fused=False\)"):
+    with pytest.raises(ValueError, match=r"runs the torch route"):
         pytorch.fused_stages(vals, ids, lse, hidden, anchor)
 
 
@@ -377,7 +285,7 @@ def test_head_bench_smoke_runs_and_checks(tmp_path, monkeypatch):
 
     res = json.loads(out.read_text())
     assert res["errors"] == {}
-    assert res["plans"]["bs2"]["fused"] is False  # the served plan on this CPU (no interpreter): the PyTorch path
+    assert res["plans"]["bs2"]["route"] == "torch"  # the served plan on this CPU (no interpreter): the PyTorch path
     assert res["checks"]["bs2_torch_candidate_ids_equal"] and res["checks"]["bs2_torch_draft_ids_equal_where_clear"]
     row = res["rows"][0]
     for key in ("topk_lse_ours", "topk_lse_builtin", "head_walk_torch", "head_walk_builtin", "post_logits_torch", "select_builtin"):
@@ -642,15 +550,12 @@ def _replay_equals_eager(fast, *inputs):
         assert torch.equal(e, c)
 
 
-GPU_PLANS = {  # the fused paths on CUDA, each at every batch size (PDL needs sm_90)
-    "plain": SelectPlan(),
-    "overlap": SelectPlan(overlap=True),
-    "norm_epilogue": SelectPlan(norm_epilogue=True),
-    "pdl": SelectPlan(pdl=True),
-    "overlap_pdl": SelectPlan(overlap=True, pdl=True),
-    "overlap_pdl_triton_gemms": SelectPlan(overlap=True, pdl=True, triton_gemms=ALL_GEMMS),
-    "overlap_pdl_folded": SelectPlan(overlap=True, pdl=True, triton_gemms=ALL_GEMMS, fold_norms=True),
-    "folded_without_pdl": SelectPlan(fold_norms=True),
+GPU_PLANS = {  # the fused routes on CUDA, each at every batch size (PDL needs sm_90)
+    "unfolded": SelectPlan(),
+    "unfolded_overlap": SelectPlan(overlap=True),
+    "unfolded_overlap_pdl": SelectPlan(overlap=True, pdl=True),
+    "folded": SelectPlan(route="folded"),
+    "folded_overlap_pdl": SelectPlan(route="folded", overlap=True, pdl=True),
 }
 
 
@@ -664,8 +569,8 @@ def _gpu_select(head, plan_name: str, **table) -> FastLiLiCorrSelect:
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 def test_gpu_paper_config_bs1_served_tables_fp32(monkeypatch):
-    """bs 1 (120 lattice rows) with the served plans: on sm_90, PDL, the lattice norms folded into Triton GEMMs (the
-    factor GEMM with its norm, h*t, bias + SiLU), the out|in GEMM in Triton, QKV on cuBLAS; fp32 (TF32 off): the draft
+    """bs 1 (120 lattice rows) with the served plans: on sm_90, the folded route under PDL (every GEMM in Triton, the
+    lattice norms folded into them, the factor GEMM with its norm, h*t, bias + SiLU); fp32 (TF32 off): the draft
     tokens are the greedy walk of the kernel's own scores, which match the reference's; graph replay == eager."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
@@ -676,24 +581,13 @@ def test_gpu_paper_config_bs1_served_tables_fp32(monkeypatch):
     fast = FastLiLiCorrSelect(head, embed_weight=embed)
     plan = fast.plan(1)
     if plan.pdl:  # the tables this test is about
-        assert plan.fold_norms and "out_in" in plan.triton_gemms and "qkv" not in plan.triton_gemms
+        assert plan.route == "folded"
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-3, min_clear=0)
     _replay_equals_eager(fast, hidden, anchor, lm_head)
 
 
-def _beside(nodes_in_gemm: bool):
-    """The served plans with the pass projection beside the top-K and the norms folded at every batch size under PDL
-    (the pass beside the top-K needs it; the buckets without PDL keep their plan)."""
-    return lambda plan, bound: dataclasses.replace(plan, fold_norms=True, norm_epilogue=False, pass_beside_topk=True,
-                                                   nodes_in_gemm=nodes_in_gemm) if plan.pdl else plan
-
-
 BIT_EQUAL_PLANS = {  # name -> two changes of the served plans that must give the same bits (bf16)
-    "prefetch": (lambda plan, bound: plan, lambda plan, bound: dataclasses.replace(plan, prefetch_weights=False)),
-    "nodes_in_gemm": (_beside(True), _beside(False)),  # same GEMM tiles, the node sum rounded once
-    "release_early": (lambda plan, bound: plan, lambda plan, bound: dataclasses.replace(plan, release_early=False)),
-    "narrow_tiles": (lambda plan, bound: plan,  # the served (b = 1: tuning.GEMM_TILES' roles narrow) and configs by M
-                     lambda plan, bound: dataclasses.replace(plan, tiles={r: c for r, c in plan.tiles.items() if r == "pass"})),
+    "overlap": (lambda plan, bound: plan, lambda plan, bound: dataclasses.replace(plan, overlap=False)),
 }
 
 
@@ -712,8 +606,6 @@ def test_gpu_plans_that_change_no_value(changes, b, width):
     with torch.no_grad():
         table = head.token_table(embed)
     served = FastLiLiCorrSelect(head, token_table=table).plans
-    if changes == "nodes_in_gemm" and not served.at(b).pdl:
-        pytest.skip("the pass projection beside the top-K needs PDL (sm_90+)")
     first, second = (FastLiLiCorrSelect(head, token_table=table, plans=served.map(change)) for change in BIT_EQUAL_PLANS[changes])
     assert_same_bits(first, second, hidden, anchor, lm_head)
     assert_select_matches(first, head, hidden, anchor, lm_head, atol=0.25, min_clear=0)

@@ -34,7 +34,6 @@ from triton_mode import CUDA, INTERPRETER, graph_replay, needs_interpreter
     "m, k, n, config",
     [
         (7, 48, 40, "skinny"),  # K not a multiple of BLOCK_K, partial row and column tiles
-        (15, 600, 40, "thin"),  # the pass projection's 16-row tiles (tuning.PASS_TILES): 15 rows, K over 2.3 steps
         (130, 64, 96, "small"),  # three row tiles, the last of 2 rows
         (130, 48, 96, "medium"),
         (130, 48, 96, "large"),
@@ -290,8 +289,8 @@ def served_configs(runs):  # the configs by M (and their wide-K twins) at the la
     return names | {tuning.GEMM_WIDE_K_CONFIG[c] for c in names if c in tuning.GEMM_WIDE_K_CONFIG}
 
 
-small_m = served_configs(lambda plan: "factor" in plan.triton_gemms or plan.fold_norms)
-folded = served_configs(lambda plan: plan.fold_norms) | {"narrow"}  # and tuning.GEMM_TILES' narrow roles at bs 1
+small_m = served_configs(lambda plan: plan.route == "folded")  # where the factor GEMM runs in Triton
+
 for name, c in tuning.GEMM_CONFIGS.items():
     t = "*fp32" if name == "fp32" else "*bf16"
     # under PDL, with the factor projection's epilogue (bias, per-request bias, SiLU: the most a kernel
@@ -313,7 +312,7 @@ for name, c in tuning.GEMM_CONFIGS.items():
                   aligned=aligned, num_warps=c.num_warps, num_stages=c.num_stages)
         if "prefetch.global.L2" in r["ptx"]:
             sys.exit(f"{name} with PREFETCH_LINES=0 prefetches")
-        if name in folded:  # the folded-norm lattice GEMMs (the select plan's fold_norms) at the rows they run at,
+        if name in small_m:  # the folded route's lattice GEMMs at the rows they run at,
             lines = lines_per_row(c.block_n, c.num_warps)  # launched early: the weight prefetched before the wait
             for extra in (dict(plain, NORM=True, PARTS_IN=64),  # QKV, FFN up, the factor GEMM
                           dict(plain, RESIDUAL=True, SUMSQ_OUT=True, CROSS_OUT=True),
@@ -339,7 +338,7 @@ for name, c in tuning.GEMM_CONFIGS.items():
         sys.exit(f"{name} spills {r['spills']} bytes")
     if r["shared"] > 227 * 1024:
         sys.exit(f"{name} needs {r['shared']} bytes of shared memory (sm_90 has 227 KiB per block)")
-    if name not in ("fp32", "thin") and "wgmma.mma_async" not in r["ptx"]:  # (thin: 16-row tiles, below wgmma's 64)
+    if name != "fp32" and "wgmma.mma_async" not in r["ptx"]:
         sys.exit(f"{name} does not use wgmma")
 print("compiled", len(tuning.GEMM_CONFIGS))
 """

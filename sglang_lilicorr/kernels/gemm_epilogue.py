@@ -29,8 +29,8 @@ the node ids and pass rows) before the K loop.
                       (PyTorch rounds after the GEMM and again after each elementwise op); the residual add after it
 
 Two kernels, the same epilogue:
-  _gemm_kernel      one program per [BLOCK_M, BLOCK_N] output tile, pointer loads (gemm_tile,
-                    shared with kernels/linear_norm.py); rows and columns past M, N wrapped
+  _gemm_kernel      one program per [BLOCK_M, BLOCK_N] output tile, pointer loads (gemm_tile);
+                    rows and columns past M, N wrapped
                     (index mod M, N) so the K loop loads without masks, the store masked;
                     the K loop unmasked when BLOCK_K divides K.
   _gemm_tma_kernel  persistent (one program per SM striding over the tiles), x / weight
