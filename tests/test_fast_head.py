@@ -162,38 +162,6 @@ def test_viterbi_select_commits_the_viterbi_path_of_the_heads_scores(seed, monke
 
 
 @needs_interpreter
-@pytest.mark.parametrize("splits", [1, 3])
-def test_confidence_kernel_merges_the_top_k_parts(seed, splits):
-    """confidence_up_triton(parts=topk_lse_parts(...)) equals topk_lse_triton + confidence_up_triton bit for bit (ids,
-    log-probs, activations), over several chunks per row; the two ways of passing candidates are exclusive."""
-    from sglang_lilicorr.kernels.topk_lse_fused import topk_lse_parts
-
-    head = make_head(SMALL, HM, seed)
-    fast = FastLiLiCorrSelect(head, embed_weight=torch.randn(VOCAB, HM))
-    g = torch.Generator().manual_seed(seed)
-    group = TopKLaunch().group
-    k, launch = SMALL.candidate_topk, TopKLaunch(block=2 * group)
-    logits = torch.randn(5, 7 * 2 * group + 3, generator=g).to(torch.bfloat16)
-    logits[1, 300:310] = 4.0  # ties across a chunk's sub-tiles
-    vals, ids, lse = topk_lse_triton(logits, k, splits=splits, launch=launch)
-    args = (fast.w_feat, fast.b_feat, fast.feat_ln_eps, torch.bfloat16)
-    lp, up = confidence_up_triton(vals, lse, *args)
-    parts = topk_lse_parts(logits, k, splits=splits, launch=launch)
-    assert parts.splits == splits and parts.keys.shape == (5 * splits, k)
-    m_ids = torch.empty(5, k, dtype=torch.int64)
-    m_lp, m_up = confidence_up_triton(None, None, *args, parts=parts, ids_out=m_ids)
-    assert torch.equal(m_ids, ids) and torch.equal(m_lp, lp) and torch.equal(m_up, up)
-    e_vals, e_ids, e_lse = topk_lse_triton(logits[:0], k)  # no rows: empty outputs, nothing launched
-    assert e_vals.shape == e_ids.shape == (0, k) and e_lse.shape == (0,)
-    e_lp, e_up = confidence_up_triton(None, None, *args, parts=topk_lse_parts(logits[:0], k), ids_out=m_ids[:0])
-    assert e_lp.shape == (0, k) and e_up.shape == (0, fast.w_feat.shape[0])
-    with pytest.raises(ValueError, match="confidence_up_triton: pass either vals and lse, or parts and ids_out"):
-        confidence_up_triton(vals, lse, *args, parts=parts, ids_out=m_ids)
-    with pytest.raises(ValueError, match=r"ids_out must be a contiguous int64 tensor of G \* K = 20 ids"):
-        confidence_up_triton(None, None, *args, parts=parts, ids_out=torch.empty(5, k, dtype=torch.int32))
-
-
-@needs_interpreter
 @pytest.mark.parametrize("route", ["unfolded", "folded"])
 def test_fused_stages_compose_to_the_scores(seed, route):
     head = make_head(SMALL, HM, seed)
@@ -259,10 +227,6 @@ def test_pdl_off_sm90_is_refused_by_each_kernel():
         add_rmsnorm_triton(x, x.clone(), torch.ones(16), 1e-6, pdl=True)
     with pytest.raises(ValueError, match="topk_lse_triton: pdl=True"):
         topk_lse_triton(x, 2, pdl=True)
-    with pytest.raises(ValueError, match="topk_lse_triton: beside=True runs the split kernel beside the previous one under PDL"):
-        topk_lse_triton(x, 2, beside=True)
-    with pytest.raises(ValueError, match="confidence_up_triton: release_early=True releases the next kernel of a PDL chain"):
-        confidence_up_triton(torch.randn(2, 4), torch.randn(2), torch.randn(16, 5), torch.randn(16), 1e-5, torch.float32, release_early=True)
 
 
 def test_greedy_margin_is_the_smallest_gap_on_the_greedy_path():
@@ -469,17 +433,14 @@ from sglang_lilicorr.kernels import head_nodes, head_norm, head_scores, topk_lse
 bf, f32, i32, i64, c = "*bf16", "*fp32", "i32", "*i64", "constexpr"
 L, CL = tuning.TopKLaunch(), tuning.CosineLaunch()
 R, G = L.block // L.group, L.group
-split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 9
-confidence = [f32] * 5 + [bf, i64, f32, f32, i32, i64, i32, i32, "fp32", "fp32"] + [c] * 7  # + the merge's partials, ids
-ML = tuning.CONFIDENCE_MERGE_LAUNCH
+split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 8
+confidence = [f32] * 5 + [bf, i32, i32, "fp32", "fp32"] + [c] * 3
 walk_args = [i64, "*i32", i64, i32, i32, i32, i64]  # the cosine kernel's walk: successors, counters, ids + strides, draft
 def cosine_args(t):  # edges, anchor (+ stride), start, pair, S, K, D, sigma, eps, the walk's, the split's (partials, counters)
     return [t, t, i32, f32, f32, i32, i32, i32, "fp32", "fp32"] + walk_args + [f32, "*i32"] + [c] * 9
 P = dict(PDL=True)  # as served on sm_90 (kernels/pdl.py)
 cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divisible by 16 at the paper config
-    (head_nodes._confidence_up_kernel, confidence, dict(KP=8, BLOCK_H=256, RELEASE_EARLY=False, MERGE=False, SP=1, NARROW=False, **P), 4, None, ()),
-    (head_nodes._confidence_up_kernel, confidence, dict(KP=8, BLOCK_H=256, RELEASE_EARLY=True, MERGE=False, SP=1, NARROW=False, **P), 4, None, ()),
-    (head_nodes._confidence_up_kernel, confidence, dict(KP=8, BLOCK_H=ML.block_h, RELEASE_EARLY=True, MERGE=True, SP=64, NARROW=True, **P), ML.num_warps, None, ()),
+    (head_nodes._confidence_up_kernel, confidence, dict(KP=8, BLOCK_H=256, **P), 4, None, ()),
     (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, f32] + [i32] * 5 + ["fp32", c, c, c, c], dict(ROWS=1, BLOCK_H=1024, SUMSQ=False, **P), 4, None, ()),
     (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, f32] + [i32] * 5 + ["fp32", c, c, c, c], dict(ROWS=1, BLOCK_H=1024, SUMSQ=True, **P), 4, None, ()),
     (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=True, ADD=True, **P), 4, None, ()),
@@ -491,10 +452,9 @@ cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divis
     (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=False, SP=16, SPLIT=1, STEPS=1, **P), CL.num_warps, None, (0, 1, 2, 7)),  # LILICORR_WALK=viterbi
     (walk._walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c, c], dict(KP=8, SP=16, GATHER=True, VITERBI=False, **P), 1, None, ()),
     (walk._walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c, c], dict(KP=8, SP=16, GATHER=True, VITERBI=True, **P), 1, None, ()),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, BESIDE=False, NARROW=True, **P), L.num_warps, L.maxnreg, range(10)),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, BESIDE=True, NARROW=False, **P), L.num_warps, L.maxnreg, range(10)),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=L.block // 32, G=32, TP=4, FINAL=False, BESIDE=True, NARROW=True, **P), L.num_warps, L.maxnreg, range(10)),  # TOPK_SPLIT_LAUNCH at bs 1
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=True, BESIDE=False, NARROW=False, PDL=False), L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, NARROW=True, **P), L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, NARROW=False, **P), L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=True, NARROW=False, PDL=False), L.num_warps, L.maxnreg, range(10)),
     (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32] + [c] * 5, dict(K=8, KP=8, SP=64, NARROW=True, **P), 1, None, (0, 1, 2, 4, 5, 6)),
     (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32] + [c] * 5, dict(K=8, KP=8, SP=128, NARROW=False, PDL=False), 4, None, (0, 1, 2, 4, 5, 6)),
 ]
@@ -508,11 +468,6 @@ for fn, types, consts, warps, maxnreg, aligned in cases:
     if fn in (head_nodes._confidence_up_kernel, head_nodes._lattice_nodes_kernel) and consts["PDL"]:
         if "ld.global" not in r["ptx"][: r["ptx"].index("griddepcontrol.wait")]:
             sys.exit(f"{fn.__name__}: its constants (weights, node_const) are not loaded before the wait")
-    if consts.get("RELEASE_EARLY"):  # the next kernel released first thing, before the constants' loads and the wait
-        if r["ptx"].count("griddepcontrol.launch_dependents") != 1 or r["ptx"].index("griddepcontrol.launch_dependents") > r["ptx"].index("ld.global"):
-            sys.exit(f"{fn.__name__} {consts}: the next kernel is not released once, before the loads")
-    if fn is tk._topk_lse_split_kernel and consts["BESIDE"] != any(".cg" in l for l in r["ptx"].splitlines() if "ld.global" in l):
-        sys.exit("the top-K split kernel reads the logits through L1 beside the previous kernel (or bypasses it otherwise)")
     if consts.get("F32_DOT") is False and consts["SPLIT"] == 1 and "cp.async" not in r["ptx"]:  # (split: unrolled steps)
         sys.exit("the cosine kernel's D loop is not pipelined (no cp.async)")
     if r["spills"]:

@@ -118,15 +118,12 @@ class CosineLaunch(NamedTuple):
 
 
 class ConfidenceLaunch(NamedTuple):
-    """The kernel's first launch (aa070e5), not measured against others; the merge's below is."""
+    """The kernel's first launch (aa070e5), not measured against others."""
 
     block_h: int = 256  # the most columns per program (a power of two)
     num_warps: int = 4
 
 
-# With the top-K's merge inside (parts=): one warp, whose reductions over the partials' keys stay in-warp, on 128
-# columns (H100, 7b9f8da: testbed head bs 1 -0.6 us against 256 columns on 4 warps, paper head -0.2).
-CONFIDENCE_MERGE_LAUNCH = ConfidenceLaunch(block_h=128, num_warps=1)
 
 
 # --- lattice attention (kernels/lattice_attention.py) ---------------------------------------------------------
