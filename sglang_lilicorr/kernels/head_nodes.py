@@ -105,22 +105,12 @@ def table_rows(tok, cols, mask, table_ptr, H):
 @triton.jit
 def node_sum(feat, tok, proj, const, cols, mask, table_ptr, H):
     """feat [R, C] fp32 (the feature MLP's down projection, rounded as F.linear returns it), the rows' token ids,
-    pass projection and node constants as loaded (node_ids, node_pass_rows, node_const_rows: issued early, e.g.
-    before a GEMM's K loop), columns cols -> the node [R, C] fp32 = token_table[id] + pass_proj[slot] + feat +
+    pass projection and node constants as loaded (node_ids, node_pass_rows, node_const_rows), columns cols -> the node [R, C] fp32 = token_table[id] + pass_proj[slot] + feat +
     node_const[slot, k], summed in fp32 (rounded once by the caller)."""
     x = table_rows(tok, cols, mask, table_ptr, H)
     x += proj.to(tl.float32)
     x += feat
     return x + const.to(tl.float32)
-
-
-@triton.jit
-def node_sum_in_order(feat, rows, live, cols, mask, ids_ptr, table_ptr, pass_ptr, const_ptr, n_slots, n_cand, H):
-    """node_sum with each load where the sum needs it (fewer live registers in large tiles)."""
-    x = table_rows(node_ids(rows, live, ids_ptr), cols, mask, table_ptr, H)
-    x += node_pass_rows(rows, cols, mask, pass_ptr, n_cand, H).to(tl.float32)
-    x += feat
-    return x + node_const_rows(rows, cols, mask, const_ptr, n_slots, n_cand, H).to(tl.float32)
 
 
 @triton.jit(do_not_specialize=["n_rows"])  # a bound only: one build for every batch size
