@@ -262,7 +262,7 @@ def test_head_bench_smoke_runs_and_checks(tmp_path, monkeypatch):
 
 @needs_interpreter
 @pytest.mark.parametrize("splits, tiles", [(1, 3), (3, 3), (1, 21), (2, 21)])
-@pytest.mark.parametrize("group, collect", [(64, 8), (32, 4)])  # the default launch, tuning.TOPK_SPLIT_LAUNCH at bs 1
+@pytest.mark.parametrize("group, collect", [(64, 8), (32, 4)])  # the default launch; shorter sub-tiles, fewer collected
 def test_topk_candidates_exact_when_the_best_share_a_subtile(seed, splits, tiles, group, collect):
     """The top-K kernel ranks sub-tiles by their maximum and re-reads the K best: adversarial rows
     (all K best in one sub-tile, ascending / descending runs, ties across sub-tiles and at chunk
@@ -380,37 +380,6 @@ def test_cosine_walk_kernel_equals_cosine_then_greedy_walk(seed, b, s, k):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("split", [2, 4])
-def test_cosine_walk_kernel_split_over_d_equals_one_program_per_factor(seed, split):
-    """launch.split programs per factor, each over D / split columns, their partial Grams summed by the factor's last
-    one: the scores of one program per factor (fp32, within summation order), the walk of its own scores, every
-    counter (per request and per factor) left zero and reusable."""
-    from sglang_lilicorr.kernels.head_scores import lattice_cosine_walk_triton, walk_counters
-    from sglang_lilicorr.walk import greedy_walk
-
-    g = torch.Generator().manual_seed(seed)
-    b, s, k, d = 2, 6, 4, 64
-    launch = CosineLaunch(block_d=16, split=split)  # four 16-column steps per factor
-    edges, anchor = torch.randn(b, s, k, 2 * d, generator=g), torch.randn(b, d, generator=g)
-    ids = torch.randint(0, 5000, (b, s, k), generator=g)
-    counters = torch.zeros(walk_counters(b, s, launch), dtype=torch.int32)
-    assert counters.numel() == b + b * s
-    for _ in range(2):
-        start, pair, draft = lattice_cosine_walk_triton(edges, anchor, 8.0, 1e-6, ids, counters, launch)
-        want_start, want_pair = lattice_cosine_triton(edges, anchor, 8.0, 1e-6, CosineLaunch(block_d=16))
-        torch.testing.assert_close(start, want_start, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(pair, want_pair, atol=1e-5, rtol=1e-5)
-        assert torch.equal(draft, ids.gather(2, greedy_walk(start, pair).unsqueeze(-1)).squeeze(-1))
-        assert not counters.any()
-    with pytest.raises(ValueError, match=r"counters must be int32 zeros with >= 14 entries"):
-        lattice_cosine_walk_triton(edges, anchor, 8.0, 1e-6, ids, torch.zeros(b, dtype=torch.int32), launch)
-    with pytest.raises(ValueError, match=r"split=3 cuts each factor's D = 64 columns .* a positive int dividing 4"):
-        lattice_cosine_walk_triton(edges, anchor, 8.0, 1e-6, ids, counters, CosineLaunch(block_d=16, split=3))
-    with pytest.raises(ValueError, match=r"above 1, the walk's launch"):
-        lattice_cosine_triton(edges, anchor, 8.0, 1e-6, launch)
-
-
-@needs_interpreter
 def test_cosine_walk_kernel_rejects_bad_ids_and_counters():
     from sglang_lilicorr.kernels.head_scores import lattice_cosine_walk_triton
 
@@ -436,8 +405,8 @@ R, G = L.block // L.group, L.group
 split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 8
 confidence = [f32] * 5 + [bf, i32, i32, "fp32", "fp32"] + [c] * 3
 walk_args = [i64, "*i32", i64, i32, i32, i32, i64]  # the cosine kernel's walk: successors, counters, ids + strides, draft
-def cosine_args(t):  # edges, anchor (+ stride), start, pair, S, K, D, sigma, eps, the walk's, the split's (partials, counters)
-    return [t, t, i32, f32, f32, i32, i32, i32, "fp32", "fp32"] + walk_args + [f32, "*i32"] + [c] * 9
+def cosine_args(t):  # edges, anchor (+ stride), start, pair, S, K, D, sigma, eps, the walk's
+    return [t, t, i32, f32, f32, i32, i32, i32, "fp32", "fp32"] + walk_args + [c] * 7
 P = dict(PDL=True)  # as served on sm_90 (kernels/pdl.py)
 cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divisible by 16 at the paper config
     (head_nodes._confidence_up_kernel, confidence, dict(KP=8, BLOCK_H=256, **P), 4, None, ()),
@@ -446,10 +415,9 @@ cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divis
     (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=True, ADD=True, **P), 4, None, ()),
     (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=False, ADD=False, PDL=False), 4, None, ()),
     (head_norm._row_bias_silu_kernel, [bf, bf, i32, i32, i32, i32, c, c, c], dict(ROWS=1, BLOCK_N=1024, **P), 4, None, ()),
-    (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, SPLIT=1, STEPS=1, **P), CL.num_warps, None, (0, 1, 2, 7)),
-    (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, SPLIT=8, STEPS=1, **P), CL.num_warps, None, (0, 1, 2, 7)),
-    (head_scores._lattice_cosine_kernel, cosine_args(f32), dict(KP=16, BLOCK_D=128, F32_DOT=True, PRECISION="ieee", WALK=False, SP=16, SPLIT=1, STEPS=1, PDL=False), 4, None, (0, 1, 2, 7)),
-    (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=False, SP=16, SPLIT=1, STEPS=1, **P), CL.num_warps, None, (0, 1, 2, 7)),  # LILICORR_WALK=viterbi
+    (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, **P), CL.num_warps, None, (0, 1, 2, 7)),
+    (head_scores._lattice_cosine_kernel, cosine_args(f32), dict(KP=16, BLOCK_D=128, F32_DOT=True, PRECISION="ieee", WALK=False, SP=16, PDL=False), 4, None, (0, 1, 2, 7)),
+    (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=False, SP=16, **P), CL.num_warps, None, (0, 1, 2, 7)),  # LILICORR_WALK=viterbi
     (walk._walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c, c], dict(KP=8, SP=16, GATHER=True, VITERBI=False, **P), 1, None, ()),
     (walk._walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c, c], dict(KP=8, SP=16, GATHER=True, VITERBI=True, **P), 1, None, ()),
     (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, NARROW=True, **P), L.num_warps, L.maxnreg, range(10)),
@@ -468,7 +436,7 @@ for fn, types, consts, warps, maxnreg, aligned in cases:
     if fn in (head_nodes._confidence_up_kernel, head_nodes._lattice_nodes_kernel) and consts["PDL"]:
         if "ld.global" not in r["ptx"][: r["ptx"].index("griddepcontrol.wait")]:
             sys.exit(f"{fn.__name__}: its constants (weights, node_const) are not loaded before the wait")
-    if consts.get("F32_DOT") is False and consts["SPLIT"] == 1 and "cp.async" not in r["ptx"]:  # (split: unrolled steps)
+    if consts.get("F32_DOT") is False and "cp.async" not in r["ptx"]:
         sys.exit("the cosine kernel's D loop is not pipelined (no cp.async)")
     if r["spills"]:
         sys.exit(f"{fn.__name__} {consts} spills {r['spills']} bytes")

@@ -32,7 +32,6 @@ from ..kernels import tuning
 from ..kernels.gemm_epilogue import gemm_epilogue_triton, linear_silu_triton
 from ..kernels.lattice_attention import lattice_attention_triton
 from ..kernels.topk_lse import topk_lse
-from ..kernels.tuning import CosineLaunch
 from ..kernels.walk import greedy_walk_triton, viterbi_triton
 from .constants import SelectConstants
 from .plan import Device, HeadGeometry, SelectPlan, SelectPlans, plans_for
@@ -275,9 +274,8 @@ class FastLiLiCorrSelect(SelectConstants):
         if ids is None or self.walk_rule != "greedy":  # the scores alone, then (with ids) the rule's kernel
             start, pair = head_scores.lattice_cosine_triton(edges, anchor[:, :d], self.sigma, self.vector_eps, pdl=pdl)
             return start, pair, None if ids is None else self.walk(start, pair, ids)
-        launch = CosineLaunch()
-        counters = self._counters.at_least(head_scores.walk_counters(b, s, launch))
-        return head_scores.lattice_cosine_walk_triton(edges, anchor[:, :d], self.sigma, self.vector_eps, ids, counters, launch,
+        counters = self._counters.at_least(b)  # one per request
+        return head_scores.lattice_cosine_walk_triton(edges, anchor[:, :d], self.sigma, self.vector_eps, ids, counters,
                                                       pdl=pdl)
 
     def fused_stages(self, vals, ids, lse, pass_hidden, anchor_hidden) -> dict:

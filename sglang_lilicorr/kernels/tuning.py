@@ -103,15 +103,10 @@ class CosineLaunch(NamedTuple):
     num_warps: int = 4
     num_stages: int = 3  # steps in flight (sm_90, bf16, 128 columns: 104 registers, 14 KiB shared)
     f32_dot: bool = False  # 16-bit operands converted to fp32 (TF32 dots) before tl.dot: not pipelined
-    split: int = 1  # programs per factor, each over D / split columns; > 1: the walk's launch only (counters per factor)
 
     def step(self, d: int) -> int:
         """Columns per step of a factor with D columns: block_d, or D rounded up to a power of two (>= 16) if smaller."""
         return max(16, min(1 << max(d - 1, 0).bit_length(), self.block_d))
-
-    def cuts(self, d: int) -> bool:
-        """Whether `split` programs per factor cut D into whole steps (split 1 always does)."""
-        return self.split == 1 or d % (self.split * self.step(d)) == 0
 
 
 # --- confidence features + up projection (kernels/head_nodes.py) ---------------------------------------------
