@@ -21,7 +21,7 @@ from sglang_lilicorr.kernels import topk_lse_triton
 from sglang_lilicorr.kernels.head_nodes import confidence_up_triton, lattice_nodes_triton
 from sglang_lilicorr.kernels.head_norm import add_rmsnorm_triton, rmsnorm_triton, row_bias_silu_triton
 from sglang_lilicorr.kernels.head_scores import lattice_cosine_triton
-from sglang_lilicorr.kernels.tuning import ALL_GEMMS, CosineLaunch, TopKLaunch
+from sglang_lilicorr.kernels.tuning import CosineLaunch, TopKLaunch
 from sglang_lilicorr.fast_path.plan import PYTORCH, HeadGeometry, SelectPlan, SelectPlans, plans_for
 from sglang_lilicorr.fast_path.reference import greedy_margin, reference_select
 from sglang_lilicorr.walk import greedy_walk, path_score, viterbi
@@ -96,12 +96,9 @@ def assert_same_bits(first: FastLiLiCorrSelect, second: FastLiLiCorrSelect, *inp
 
 # --- end to end --------------------------------------------------------------------------------
 
-CPU_PLANS = {  # the Triton paths the interpreter runs (no PDL, no side stream there)
-    "triton": SelectPlan(),  # Triton kernels around cuBLAS GEMMs
-    "norm_epilogue": SelectPlan(norm_epilogue=True),  # the nodes and residual adds + RMSNorm in GEMM epilogues
-    "triton_gemms": SelectPlan(triton_gemms=ALL_GEMMS),  # every GEMM a Triton GEMM with its epilogue
-    "folded": SelectPlan(fold_norms=True),  # ... and the lattice's norms folded into them
-    "folded_triton_gemms": SelectPlan(fold_norms=True, triton_gemms=ALL_GEMMS),
+CPU_PLANS = {  # the fused routes the interpreter runs (no PDL, no side stream there)
+    "unfolded": SelectPlan(route="unfolded"),  # Triton kernels around cuBLAS GEMMs
+    "folded": SelectPlan(route="folded"),  # every GEMM a Triton GEMM with its epilogue, the lattice's norms in them
 }
 
 
@@ -114,20 +111,6 @@ def test_select_fp32_equals_reference(seed, monkeypatch, plan, slots):
     hidden, anchor, lm_head, embed = make_inputs(4, slots, HM, VOCAB, seed)
     plans = plans_for(HeadGeometry.of(head), PYTORCH) if plan == "pytorch" else SelectPlans.every(CPU_PLANS[plan])
     assert_select_matches(FastLiLiCorrSelect(head, embed_weight=embed, plans=plans), head, hidden, anchor, lm_head, atol=2e-4)
-
-
-@needs_interpreter
-def test_norm_epilogue_gives_the_scores_of_the_norm_kernels(seed):
-    """The nodes and residual adds + RMSNorm in GEMM epilogues (row-tile counters, left zero) score as cuBLAS GEMMs
-    followed by the node and norm kernels."""
-    head = make_head(SMALL, HM, seed)
-    hidden, anchor, lm_head, embed = make_inputs(6, SMALL.num_slots, HM, VOCAB, seed)
-    fast = select_with(head, SelectPlan(norm_epilogue=True), embed_weight=embed)
-    candidates = fast.candidates(hidden, lm_head)
-    start, pair, _ = fast.lattice_scores(*candidates, hidden, anchor)
-    p_start, p_pair, _ = select_with(head, SelectPlan(), embed_weight=embed).lattice_scores(*candidates, hidden, anchor)
-    torch.testing.assert_close(start, p_start, atol=1e-4, rtol=0)
-    torch.testing.assert_close(pair, p_pair, atol=1e-4, rtol=0)
 
 
 def test_kernel_counters_grow_outside_a_capture():
@@ -147,38 +130,21 @@ def test_select_bf16_within_tolerance(seed):
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=0.25)
 
 
-@needs_interpreter
-def test_cosine_split_select_equals_reference(seed):
-    """cosine_split=2 (a head with D = 256: two 128-column steps per factor, one per program) serves the reference's
-    select; a split that does not divide the steps is refused by name."""
-    cfg = dataclasses.replace(SMALL, factor_dim=256)
-    head = make_head(cfg, HM, seed)
-    hidden, anchor, lm_head, embed = make_inputs(3, cfg.num_slots, HM, VOCAB, seed)
-    assert_select_matches(select_with(head, SelectPlan(cosine_split=2), embed_weight=embed), head, hidden, anchor, lm_head,
-                          atol=2e-4)
-    with pytest.raises(ValueError, match=r"cosine_split=3 does not cut D = 256 into whole 128-column steps"):
-        select_with(head, SelectPlan(cosine_split=3), embed_weight=embed)
-
-
-VITERBI_PLANS = {**CPU_PLANS, "merge_in_confidence": SelectPlan(merge_in_confidence=True),
-                 "cosine_split": SelectPlan(cosine_split=2)}  # the greedy walk's D split; Viterbi's cosine takes none
-
-
-@pytest.mark.parametrize("plan", [pytest.param(name, marks=needs_interpreter) for name in VITERBI_PLANS] + ["pytorch"])
+@pytest.mark.parametrize("plan", [pytest.param(name, marks=needs_interpreter) for name in CPU_PLANS] + ["pytorch"])
 def test_viterbi_select_commits_the_viterbi_path_of_the_heads_scores(seed, monkeypatch, plan):
     """walk="viterbi" (LILICORR_WALK=viterbi) commits walk.viterbi over the head's own start/pair with the ids gathered
     (the reference decoder's Viterbi, reference/propose.py), through `select` (the draft graph's route) and
     `select_from_candidates` (tensor parallel); candidates and log-probs are the greedy select's bits, and the two rules
     commit other drafts on these inputs. The PyTorch path drafts reference_select's Viterbi exactly; a Triton path's
     draft scores, under the reference's scores, within its score error of the reference's best path."""
-    cfg = dataclasses.replace(SMALL, factor_dim=256) if plan == "cosine_split" else SMALL
+    cfg = SMALL
     head = make_head(cfg, HM, seed)
     hidden, anchor, lm_head, embed = make_inputs(6, cfg.num_slots, HM, VOCAB, seed)
     if plan == "pytorch":  # top-K and the decoders: the PyTorch references
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
         plans = plans_for(HeadGeometry.of(head), PYTORCH)
     else:
-        plans = SelectPlans.every(VITERBI_PLANS[plan])
+        plans = SelectPlans.every(CPU_PLANS[plan])
     fast = FastLiLiCorrSelect(head, embed_weight=embed, plans=plans, walk="viterbi")
     tokens, ids, lp = fast.select(hidden, anchor, lm_head)
     candidates = fast.candidates(hidden, lm_head)
@@ -196,101 +162,11 @@ def test_viterbi_select_commits_the_viterbi_path_of_the_heads_scores(seed, monke
 
 
 @needs_interpreter
-def test_merge_in_confidence_gives_the_same_bits(seed):
-    """The top-K's partials merged in the confidence kernel (no merge launch) serve the same bits as the merge kernel:
-    draft, ids and log-probs."""
-    head = make_head(SMALL, HM, seed, dtype=torch.bfloat16)
-    # 12 requests, as test_select_bf16_within_tolerance: in bf16 a few requests can all sit within near-ties
-    hidden, anchor, lm_head, embed = make_inputs(12, SMALL.num_slots, HM, VOCAB, seed, dtype=torch.bfloat16)
-    merged = select_with(head, SelectPlan(merge_in_confidence=True), embed_weight=embed)
-    assert_same_bits(merged, select_with(head, SelectPlan(), embed_weight=embed), hidden, anchor, lm_head)
-    assert_select_matches(merged, head, hidden, anchor, lm_head, atol=0.25)
-
-
-@needs_interpreter
-def test_bs1_topk_launch_gives_the_same_bits(seed):
-    """The top-K split's launch of tuning.TOPK_SPLIT_LAUNCH (sub-tiles, collected tiles and chunk length), with and
-    without the merge in the confidence kernel, serves the default launch's bits; a launch the kernel cannot take is
-    refused by name."""
-    head = make_head(SMALL, HM, seed, dtype=torch.bfloat16)
-    vocab = 40 * 64 + 9  # 40 sub-tiles of 64 logits
-    hidden, anchor, lm_head, embed = make_inputs(3, SMALL.num_slots, HM, vocab, seed, dtype=torch.bfloat16)
-    with torch.no_grad():
-        table = head.token_table(embed)
-    launch = TopKLaunch(block=256, group=32, collect_tiles=4, few_rows_tiles=3)
-    want = select_with(head, SelectPlan(topk_launch=TopKLaunch(block=256)), token_table=table)
-    for merge in (False, True):
-        fast = select_with(head, SelectPlan(topk_launch=launch, merge_in_confidence=merge), token_table=table)
-        assert_same_bits(fast, want, hidden, anchor, lm_head)
-    with pytest.raises(ValueError, match=r"launch.group must be a power of two, got 48"):
-        select_with(head, SelectPlan(topk_launch=TopKLaunch(group=48)), token_table=table).select(hidden, anchor, lm_head)
-
-
-@needs_interpreter
-def test_attention_block_m_gives_the_same_bits(seed):
-    """16 query rows per lattice-attention program serve the default blocks' bits (each query row is computed alone)."""
-    head = make_head(SMALL, HM, seed, dtype=torch.bfloat16)
-    hidden, anchor, lm_head, embed = make_inputs(2, SMALL.num_slots, HM, VOCAB, seed, dtype=torch.bfloat16)
-    with torch.no_grad():
-        table = head.token_table(embed)
-    small = select_with(head, SelectPlan(attention_block_m=16), token_table=table)
-    assert_same_bits(small, select_with(head, SelectPlan(), token_table=table), hidden, anchor, lm_head)
-
-
-@needs_interpreter
-@pytest.mark.parametrize("splits", [1, 3])
-def test_confidence_kernel_merges_the_top_k_parts(seed, splits):
-    """confidence_up_triton(parts=topk_lse_parts(...)) equals topk_lse_triton + confidence_up_triton bit for bit (ids,
-    log-probs, activations), over several chunks per row; the two ways of passing candidates are exclusive."""
-    from sglang_lilicorr.kernels.topk_lse_fused import topk_lse_parts
-
-    head = make_head(SMALL, HM, seed)
-    fast = FastLiLiCorrSelect(head, embed_weight=torch.randn(VOCAB, HM))
-    g = torch.Generator().manual_seed(seed)
-    group = TopKLaunch().group
-    k, launch = SMALL.candidate_topk, TopKLaunch(block=2 * group)
-    logits = torch.randn(5, 7 * 2 * group + 3, generator=g).to(torch.bfloat16)
-    logits[1, 300:310] = 4.0  # ties across a chunk's sub-tiles
-    vals, ids, lse = topk_lse_triton(logits, k, splits=splits, launch=launch)
-    args = (fast.w_feat, fast.b_feat, fast.feat_ln_eps, torch.bfloat16)
-    lp, up = confidence_up_triton(vals, lse, *args)
-    parts = topk_lse_parts(logits, k, splits=splits, launch=launch)
-    assert parts.splits == splits and parts.keys.shape == (5 * splits, k)
-    m_ids = torch.empty(5, k, dtype=torch.int64)
-    m_lp, m_up = confidence_up_triton(None, None, *args, parts=parts, ids_out=m_ids)
-    assert torch.equal(m_ids, ids) and torch.equal(m_lp, lp) and torch.equal(m_up, up)
-    e_vals, e_ids, e_lse = topk_lse_triton(logits[:0], k)  # no rows: empty outputs, nothing launched
-    assert e_vals.shape == e_ids.shape == (0, k) and e_lse.shape == (0,)
-    e_lp, e_up = confidence_up_triton(None, None, *args, parts=topk_lse_parts(logits[:0], k), ids_out=m_ids[:0])
-    assert e_lp.shape == (0, k) and e_up.shape == (0, fast.w_feat.shape[0])
-    with pytest.raises(ValueError, match="confidence_up_triton: pass either vals and lse, or parts and ids_out"):
-        confidence_up_triton(vals, lse, *args, parts=parts, ids_out=m_ids)
-    with pytest.raises(ValueError, match=r"ids_out must be a contiguous int64 tensor of G \* K = 20 ids"):
-        confidence_up_triton(None, None, *args, parts=parts, ids_out=torch.empty(5, k, dtype=torch.int32))
-
-
-@needs_interpreter
-def test_narrow_tiles_give_the_same_bits(seed):
-    """Every GEMM role in 64 x 16 tiles ("narrow", bf16, folded norms) equals the configs by M bit for bit; an fp32
-    head, whose GEMMs keep the fp32 config, refuses tiles by name."""
-    head = make_head(SMALL, HM, seed, dtype=torch.bfloat16)
-    hidden, anchor, lm_head, embed = make_inputs(3, SMALL.num_slots, HM, VOCAB, seed, dtype=torch.bfloat16)
-    with torch.no_grad():
-        table = head.token_table(embed)
-    plain = SelectPlan(fold_norms=True, triton_gemms=ALL_GEMMS)
-    narrow = dataclasses.replace(plain, tiles={role: "narrow" for role in ALL_GEMMS})
-    assert_same_bits(select_with(head, narrow, token_table=table), select_with(head, plain, token_table=table),
-                     hidden, anchor, lm_head)
-    with pytest.raises(ValueError, match=r"an fp32 head keeps the fp32 config"):
-        select_with(make_head(SMALL, HM, seed), narrow, token_table=table.float())
-
-
-@needs_interpreter
-@pytest.mark.parametrize("fold_norms", [False, True])
-def test_fused_stages_compose_to_the_scores(seed, fold_norms):
+@pytest.mark.parametrize("route", ["unfolded", "folded"])
+def test_fused_stages_compose_to_the_scores(seed, route):
     head = make_head(SMALL, HM, seed)
     hidden, anchor, lm_head, embed = make_inputs(3, SMALL.num_slots, HM, VOCAB, seed)
-    fast = select_with(head, SelectPlan(fold_norms=fold_norms), embed_weight=embed)
+    fast = select_with(head, SelectPlan(route=route), embed_weight=embed)
     vals, ids, lse = fast.candidates(hidden, lm_head)
     start, pair, lp = fast.lattice_scores(vals, ids, lse, hidden, anchor)
     stages = fast.fused_stages(vals, ids, lse, hidden, anchor)
@@ -301,9 +177,9 @@ def test_fused_stages_compose_to_the_scores(seed, fold_norms):
     assert torch.equal(draft, fast.walk(start, pair, ids))
     assert torch.equal(draft, fast.select_from_candidates(vals, ids, lse, hidden, anchor)[0])
     cat, sumsq = stages["lattice"]()  # folded: [x, x * t] and the sums of squares of x's rows
-    assert cat.shape == (3 * SMALL.num_slots * SMALL.candidate_topk, 2 * head.width) and (sumsq is None) == (not fold_norms)
+    assert cat.shape == (3 * SMALL.num_slots * SMALL.candidate_topk, 2 * head.width) and (sumsq is None) == (route == "unfolded")
     pytorch = FastLiLiCorrSelect(head, embed_weight=embed, plans=plans_for(HeadGeometry.of(head), PYTORCH))
-    with pytest.raises(ValueError, match=r"runs the PyTorch path \(fused=False\)"):
+    with pytest.raises(ValueError, match=r"runs the torch route"):
         pytorch.fused_stages(vals, ids, lse, hidden, anchor)
 
 
@@ -351,10 +227,6 @@ def test_pdl_off_sm90_is_refused_by_each_kernel():
         add_rmsnorm_triton(x, x.clone(), torch.ones(16), 1e-6, pdl=True)
     with pytest.raises(ValueError, match="topk_lse_triton: pdl=True"):
         topk_lse_triton(x, 2, pdl=True)
-    with pytest.raises(ValueError, match="topk_lse_triton: beside=True runs the split kernel beside the previous one under PDL"):
-        topk_lse_triton(x, 2, beside=True)
-    with pytest.raises(ValueError, match="confidence_up_triton: release_early=True releases the next kernel of a PDL chain"):
-        confidence_up_triton(torch.randn(2, 4), torch.randn(2), torch.randn(16, 5), torch.randn(16), 1e-5, torch.float32, release_early=True)
 
 
 def test_greedy_margin_is_the_smallest_gap_on_the_greedy_path():
@@ -377,7 +249,7 @@ def test_head_bench_smoke_runs_and_checks(tmp_path, monkeypatch):
 
     res = json.loads(out.read_text())
     assert res["errors"] == {}
-    assert res["plans"]["bs2"]["fused"] is False  # the served plan on this CPU (no interpreter): the PyTorch path
+    assert res["plans"]["bs2"]["route"] == "torch"  # the served plan on this CPU (no interpreter): the PyTorch path
     assert res["checks"]["bs2_torch_candidate_ids_equal"] and res["checks"]["bs2_torch_draft_ids_equal_where_clear"]
     row = res["rows"][0]
     for key in ("topk_lse_ours", "topk_lse_builtin", "head_walk_torch", "head_walk_builtin", "post_logits_torch", "select_builtin"):
@@ -390,7 +262,7 @@ def test_head_bench_smoke_runs_and_checks(tmp_path, monkeypatch):
 
 @needs_interpreter
 @pytest.mark.parametrize("splits, tiles", [(1, 3), (3, 3), (1, 21), (2, 21)])
-@pytest.mark.parametrize("group, collect", [(64, 8), (32, 4)])  # the default launch, tuning.TOPK_SPLIT_LAUNCH at bs 1
+@pytest.mark.parametrize("group, collect", [(64, 8), (32, 4)])  # the default launch; shorter sub-tiles, fewer collected
 def test_topk_candidates_exact_when_the_best_share_a_subtile(seed, splits, tiles, group, collect):
     """The top-K kernel ranks sub-tiles by their maximum and re-reads the K best: adversarial rows
     (all K best in one sub-tile, ascending / descending runs, ties across sub-tiles and at chunk
@@ -508,37 +380,6 @@ def test_cosine_walk_kernel_equals_cosine_then_greedy_walk(seed, b, s, k):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("split", [2, 4])
-def test_cosine_walk_kernel_split_over_d_equals_one_program_per_factor(seed, split):
-    """launch.split programs per factor, each over D / split columns, their partial Grams summed by the factor's last
-    one: the scores of one program per factor (fp32, within summation order), the walk of its own scores, every
-    counter (per request and per factor) left zero and reusable."""
-    from sglang_lilicorr.kernels.head_scores import lattice_cosine_walk_triton, walk_counters
-    from sglang_lilicorr.walk import greedy_walk
-
-    g = torch.Generator().manual_seed(seed)
-    b, s, k, d = 2, 6, 4, 64
-    launch = CosineLaunch(block_d=16, split=split)  # four 16-column steps per factor
-    edges, anchor = torch.randn(b, s, k, 2 * d, generator=g), torch.randn(b, d, generator=g)
-    ids = torch.randint(0, 5000, (b, s, k), generator=g)
-    counters = torch.zeros(walk_counters(b, s, launch), dtype=torch.int32)
-    assert counters.numel() == b + b * s
-    for _ in range(2):
-        start, pair, draft = lattice_cosine_walk_triton(edges, anchor, 8.0, 1e-6, ids, counters, launch)
-        want_start, want_pair = lattice_cosine_triton(edges, anchor, 8.0, 1e-6, CosineLaunch(block_d=16))
-        torch.testing.assert_close(start, want_start, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(pair, want_pair, atol=1e-5, rtol=1e-5)
-        assert torch.equal(draft, ids.gather(2, greedy_walk(start, pair).unsqueeze(-1)).squeeze(-1))
-        assert not counters.any()
-    with pytest.raises(ValueError, match=r"counters must be int32 zeros with >= 14 entries"):
-        lattice_cosine_walk_triton(edges, anchor, 8.0, 1e-6, ids, torch.zeros(b, dtype=torch.int32), launch)
-    with pytest.raises(ValueError, match=r"split=3 cuts each factor's D = 64 columns .* a positive int dividing 4"):
-        lattice_cosine_walk_triton(edges, anchor, 8.0, 1e-6, ids, counters, CosineLaunch(block_d=16, split=3))
-    with pytest.raises(ValueError, match=r"above 1, the walk's launch"):
-        lattice_cosine_triton(edges, anchor, 8.0, 1e-6, launch)
-
-
-@needs_interpreter
 def test_cosine_walk_kernel_rejects_bad_ids_and_counters():
     from sglang_lilicorr.kernels.head_scores import lattice_cosine_walk_triton
 
@@ -561,32 +402,27 @@ from sglang_lilicorr.kernels import head_nodes, head_norm, head_scores, topk_lse
 bf, f32, i32, i64, c = "*bf16", "*fp32", "i32", "*i64", "constexpr"
 L, CL = tuning.TopKLaunch(), tuning.CosineLaunch()
 R, G = L.block // L.group, L.group
-split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 9
-confidence = [f32] * 5 + [bf, i64, f32, f32, i32, i64, i32, i32, "fp32", "fp32"] + [c] * 7  # + the merge's partials, ids
-ML = tuning.CONFIDENCE_MERGE_LAUNCH
+split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 8
+confidence = [f32] * 5 + [bf, i32, i32, "fp32", "fp32"] + [c] * 3
 walk_args = [i64, "*i32", i64, i32, i32, i32, i64]  # the cosine kernel's walk: successors, counters, ids + strides, draft
-def cosine_args(t):  # edges, anchor (+ stride), start, pair, S, K, D, sigma, eps, the walk's, the split's (partials, counters)
-    return [t, t, i32, f32, f32, i32, i32, i32, "fp32", "fp32"] + walk_args + [f32, "*i32"] + [c] * 9
+def cosine_args(t):  # edges, anchor (+ stride), start, pair, S, K, D, sigma, eps, the walk's
+    return [t, t, i32, f32, f32, i32, i32, i32, "fp32", "fp32"] + walk_args + [c] * 7
 P = dict(PDL=True)  # as served on sm_90 (kernels/pdl.py)
 cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divisible by 16 at the paper config
-    (head_nodes._confidence_up_kernel, confidence, dict(KP=8, BLOCK_H=256, RELEASE_EARLY=False, MERGE=False, SP=1, NARROW=False, **P), 4, None, ()),
-    (head_nodes._confidence_up_kernel, confidence, dict(KP=8, BLOCK_H=256, RELEASE_EARLY=True, MERGE=False, SP=1, NARROW=False, **P), 4, None, ()),
-    (head_nodes._confidence_up_kernel, confidence, dict(KP=8, BLOCK_H=ML.block_h, RELEASE_EARLY=True, MERGE=True, SP=64, NARROW=True, **P), ML.num_warps, None, ()),
+    (head_nodes._confidence_up_kernel, confidence, dict(KP=8, BLOCK_H=256, **P), 4, None, ()),
     (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, f32] + [i32] * 5 + ["fp32", c, c, c, c], dict(ROWS=1, BLOCK_H=1024, SUMSQ=False, **P), 4, None, ()),
     (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, f32] + [i32] * 5 + ["fp32", c, c, c, c], dict(ROWS=1, BLOCK_H=1024, SUMSQ=True, **P), 4, None, ()),
     (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=True, ADD=True, **P), 4, None, ()),
     (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=False, ADD=False, PDL=False), 4, None, ()),
     (head_norm._row_bias_silu_kernel, [bf, bf, i32, i32, i32, i32, c, c, c], dict(ROWS=1, BLOCK_N=1024, **P), 4, None, ()),
-    (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, SPLIT=1, STEPS=1, **P), CL.num_warps, None, (0, 1, 2, 7)),
-    (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, SPLIT=8, STEPS=1, **P), CL.num_warps, None, (0, 1, 2, 7)),
-    (head_scores._lattice_cosine_kernel, cosine_args(f32), dict(KP=16, BLOCK_D=128, F32_DOT=True, PRECISION="ieee", WALK=False, SP=16, SPLIT=1, STEPS=1, PDL=False), 4, None, (0, 1, 2, 7)),
-    (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=False, SP=16, SPLIT=1, STEPS=1, **P), CL.num_warps, None, (0, 1, 2, 7)),  # LILICORR_WALK=viterbi
+    (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, **P), CL.num_warps, None, (0, 1, 2, 7)),
+    (head_scores._lattice_cosine_kernel, cosine_args(f32), dict(KP=16, BLOCK_D=128, F32_DOT=True, PRECISION="ieee", WALK=False, SP=16, PDL=False), 4, None, (0, 1, 2, 7)),
+    (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=False, SP=16, **P), CL.num_warps, None, (0, 1, 2, 7)),  # LILICORR_WALK=viterbi
     (walk._walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c, c], dict(KP=8, SP=16, GATHER=True, VITERBI=False, **P), 1, None, ()),
     (walk._walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c, c], dict(KP=8, SP=16, GATHER=True, VITERBI=True, **P), 1, None, ()),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, BESIDE=False, NARROW=True, **P), L.num_warps, L.maxnreg, range(10)),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, BESIDE=True, NARROW=False, **P), L.num_warps, L.maxnreg, range(10)),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=L.block // 32, G=32, TP=4, FINAL=False, BESIDE=True, NARROW=True, **P), L.num_warps, L.maxnreg, range(10)),  # TOPK_SPLIT_LAUNCH at bs 1
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=True, BESIDE=False, NARROW=False, PDL=False), L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, NARROW=True, **P), L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, NARROW=False, **P), L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=True, NARROW=False, PDL=False), L.num_warps, L.maxnreg, range(10)),
     (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32] + [c] * 5, dict(K=8, KP=8, SP=64, NARROW=True, **P), 1, None, (0, 1, 2, 4, 5, 6)),
     (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32] + [c] * 5, dict(K=8, KP=8, SP=128, NARROW=False, PDL=False), 4, None, (0, 1, 2, 4, 5, 6)),
 ]
@@ -600,12 +436,7 @@ for fn, types, consts, warps, maxnreg, aligned in cases:
     if fn in (head_nodes._confidence_up_kernel, head_nodes._lattice_nodes_kernel) and consts["PDL"]:
         if "ld.global" not in r["ptx"][: r["ptx"].index("griddepcontrol.wait")]:
             sys.exit(f"{fn.__name__}: its constants (weights, node_const) are not loaded before the wait")
-    if consts.get("RELEASE_EARLY"):  # the next kernel released first thing, before the constants' loads and the wait
-        if r["ptx"].count("griddepcontrol.launch_dependents") != 1 or r["ptx"].index("griddepcontrol.launch_dependents") > r["ptx"].index("ld.global"):
-            sys.exit(f"{fn.__name__} {consts}: the next kernel is not released once, before the loads")
-    if fn is tk._topk_lse_split_kernel and consts["BESIDE"] != any(".cg" in l for l in r["ptx"].splitlines() if "ld.global" in l):
-        sys.exit("the top-K split kernel reads the logits through L1 beside the previous kernel (or bypasses it otherwise)")
-    if consts.get("F32_DOT") is False and consts["SPLIT"] == 1 and "cp.async" not in r["ptx"]:  # (split: unrolled steps)
+    if consts.get("F32_DOT") is False and "cp.async" not in r["ptx"]:
         sys.exit("the cosine kernel's D loop is not pipelined (no cp.async)")
     if r["spills"]:
         sys.exit(f"{fn.__name__} {consts} spills {r['spills']} bytes")
@@ -642,15 +473,12 @@ def _replay_equals_eager(fast, *inputs):
         assert torch.equal(e, c)
 
 
-GPU_PLANS = {  # the fused paths on CUDA, each at every batch size (PDL needs sm_90)
-    "plain": SelectPlan(),
-    "overlap": SelectPlan(overlap=True),
-    "norm_epilogue": SelectPlan(norm_epilogue=True),
-    "pdl": SelectPlan(pdl=True),
-    "overlap_pdl": SelectPlan(overlap=True, pdl=True),
-    "overlap_pdl_triton_gemms": SelectPlan(overlap=True, pdl=True, triton_gemms=ALL_GEMMS),
-    "overlap_pdl_folded": SelectPlan(overlap=True, pdl=True, triton_gemms=ALL_GEMMS, fold_norms=True),
-    "folded_without_pdl": SelectPlan(fold_norms=True),
+GPU_PLANS = {  # the fused routes on CUDA, each at every batch size (PDL needs sm_90)
+    "unfolded": SelectPlan(),
+    "unfolded_overlap": SelectPlan(overlap=True),
+    "unfolded_overlap_pdl": SelectPlan(overlap=True, pdl=True),
+    "folded": SelectPlan(route="folded"),
+    "folded_overlap_pdl": SelectPlan(route="folded", overlap=True, pdl=True),
 }
 
 
@@ -664,8 +492,8 @@ def _gpu_select(head, plan_name: str, **table) -> FastLiLiCorrSelect:
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 def test_gpu_paper_config_bs1_served_tables_fp32(monkeypatch):
-    """bs 1 (120 lattice rows) with the served plans: on sm_90, PDL, the lattice norms folded into Triton GEMMs (the
-    factor GEMM with its norm, h*t, bias + SiLU), the out|in GEMM in Triton, QKV on cuBLAS; fp32 (TF32 off): the draft
+    """bs 1 (120 lattice rows) with the served plans: on sm_90, the folded route under PDL (every GEMM in Triton, the
+    lattice norms folded into them, the factor GEMM with its norm, h*t, bias + SiLU); fp32 (TF32 off): the draft
     tokens are the greedy walk of the kernel's own scores, which match the reference's; graph replay == eager."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
@@ -676,24 +504,13 @@ def test_gpu_paper_config_bs1_served_tables_fp32(monkeypatch):
     fast = FastLiLiCorrSelect(head, embed_weight=embed)
     plan = fast.plan(1)
     if plan.pdl:  # the tables this test is about
-        assert plan.fold_norms and "out_in" in plan.triton_gemms and "qkv" not in plan.triton_gemms
+        assert plan.route == "folded"
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-3, min_clear=0)
     _replay_equals_eager(fast, hidden, anchor, lm_head)
 
 
-def _beside(nodes_in_gemm: bool):
-    """The served plans with the pass projection beside the top-K and the norms folded at every batch size under PDL
-    (the pass beside the top-K needs it; the buckets without PDL keep their plan)."""
-    return lambda plan, bound: dataclasses.replace(plan, fold_norms=True, norm_epilogue=False, pass_beside_topk=True,
-                                                   nodes_in_gemm=nodes_in_gemm) if plan.pdl else plan
-
-
 BIT_EQUAL_PLANS = {  # name -> two changes of the served plans that must give the same bits (bf16)
-    "prefetch": (lambda plan, bound: plan, lambda plan, bound: dataclasses.replace(plan, prefetch_weights=False)),
-    "nodes_in_gemm": (_beside(True), _beside(False)),  # same GEMM tiles, the node sum rounded once
-    "release_early": (lambda plan, bound: plan, lambda plan, bound: dataclasses.replace(plan, release_early=False)),
-    "narrow_tiles": (lambda plan, bound: plan,  # the served (b = 1: tuning.GEMM_TILES' roles narrow) and configs by M
-                     lambda plan, bound: dataclasses.replace(plan, tiles={r: c for r, c in plan.tiles.items() if r == "pass"})),
+    "overlap": (lambda plan, bound: plan, lambda plan, bound: dataclasses.replace(plan, overlap=False)),
 }
 
 
@@ -712,8 +529,6 @@ def test_gpu_plans_that_change_no_value(changes, b, width):
     with torch.no_grad():
         table = head.token_table(embed)
     served = FastLiLiCorrSelect(head, token_table=table).plans
-    if changes == "nodes_in_gemm" and not served.at(b).pdl:
-        pytest.skip("the pass projection beside the top-K needs PDL (sm_90+)")
     first, second = (FastLiLiCorrSelect(head, token_table=table, plans=served.map(change)) for change in BIT_EQUAL_PLANS[changes])
     assert_same_bits(first, second, hidden, anchor, lm_head)
     assert_select_matches(first, head, hidden, anchor, lm_head, atol=0.25, min_clear=0)

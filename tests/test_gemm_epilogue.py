@@ -1,7 +1,7 @@
 """The GEMM with its epilogue (kernels/gemm_epilogue.py) equals its PyTorch definition: as the FFN up projection
 with bias + SiLU (linear_silu_triton) F.silu(F.linear(x, W_up, b_up)), SiluMLP's first half; in general
 (gemm_epilogue_triton: plain, with a per-request bias and SiLU as in the factor projection, the folded norms, the
-residual add, the node assembly) gemm_epilogue_reference.
+residual add) gemm_epilogue_reference.
 
 CPU: small shapes with masked edges under Triton's interpreter (tests/conftest.py selects it before
 anything imports triton), fp32 to 1e-4, every launch config forced once; plus an sm_90 compile of
@@ -34,7 +34,6 @@ from triton_mode import CUDA, INTERPRETER, graph_replay, needs_interpreter
     "m, k, n, config",
     [
         (7, 48, 40, "skinny"),  # K not a multiple of BLOCK_K, partial row and column tiles
-        (15, 600, 40, "thin"),  # the pass projection's 16-row tiles (tuning.PASS_TILES): 15 rows, K over 2.3 steps
         (130, 64, 96, "small"),  # three row tiles, the last of 2 rows
         (130, 48, 96, "medium"),
         (130, 48, 96, "large"),
@@ -116,46 +115,6 @@ def test_residual_and_extra_outputs_match_reference(gen, dtype, config):
     torch.testing.assert_close(sumsq, _sumsq(x), atol=1e-4, rtol=1e-5)  # of the rounded rows it stored
     plain = gemm_epilogue_triton(a, weight, bias, out=torch.empty(24, 80, dtype=dtype)[:, 40:], config=config)
     torch.testing.assert_close(plain, gemm_epilogue_reference(a, weight, bias), **tol)
-
-
-@needs_interpreter
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_node_epilogue_equals_the_node_kernel_on_the_product(gen, dtype):
-    """nodes: the feature down GEMM writes the lattice nodes, table[id] + pass_proj[slot] + product +
-    node_const, and their sums of squares: what lattice_nodes_triton writes from F.linear's product."""
-    from sglang_lilicorr.kernels.head_nodes import lattice_nodes_triton
-
-    b, s, k, h, v = 2, 3, 4, 48, 20
-    ids = torch.randint(0, v, (b, s, k), generator=gen)
-    up, w_down = torch.randn(b * s * k, 40, generator=gen).to(dtype), (torch.randn(h, 40, generator=gen) / 7).to(dtype)
-    table, const = torch.randn(v, h, generator=gen).to(dtype), torch.randn(s + 1, k, h, generator=gen)
-    proj = torch.randn(b, s, h, generator=gen).to(dtype)
-    cat, sumsq = torch.zeros(b * s * k, 2 * h, dtype=dtype), torch.empty(b * s * k, 3)
-    out = gemm_epilogue_triton(up, w_down, nodes=(ids, table, proj, const), out=cat[:, :h], sumsq_out=sumsq, config=GemmLaunch(16, 16, 16, 8, 1, 4))
-    assert out.data_ptr() == cat.data_ptr() and not cat[:, h:].any()
-    x, ref_sumsq = lattice_nodes_triton(ids, table, proj, gemm_epilogue_reference(up, w_down), const, torch.ones(h, dtype=dtype), 1e-6,
-                                        sumsq_out=torch.empty(b * s * k, 3))
-    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(out, x, **tol)
-    torch.testing.assert_close(out, gemm_epilogue_reference(up, w_down, nodes=(ids, table, proj, const)), **tol)
-    torch.testing.assert_close(sumsq, _sumsq(out), atol=1e-4, rtol=1e-5)  # of the rounded rows it stored
-
-
-def test_bad_node_operands_raise():
-    dev = "cuda" if CUDA else "cpu"
-    x, weight = torch.zeros(24, 16, device=dev), torch.zeros(8, 16, device=dev)
-    ids, table = torch.zeros(2, 3, 4, dtype=torch.int64, device=dev), torch.zeros(5, 8, device=dev)
-    proj, const = torch.zeros(2, 3, 8, device=dev), torch.zeros(3, 4, 8, device=dev)
-    with pytest.raises(ValueError, match=r"node ids \(2, 3, 5\) torch.int64 must be int64 \[b, S, K\] over the 24 rows"):
-        gemm_epilogue_triton(x, weight, nodes=(ids[..., :1].expand(2, 3, 5), table, proj, const))
-    with pytest.raises(ValueError, match=r"pass_proj \(2, 2, 8\) must be \[V, 8\] / \[2, 3, 8\]"):
-        gemm_epilogue_triton(x, weight, nodes=(ids, table, proj[:, :2], const))
-    with pytest.raises(ValueError, match=r"node table is torch.float32 but pass_proj torch.float16"):
-        gemm_epilogue_triton(x, weight, nodes=(ids, table, proj.half(), const))
-    with pytest.raises(ValueError, match=r"node_const \(3, 4, 8\) torch.float16 must be fp32"):
-        gemm_epilogue_triton(x, weight, nodes=(ids, table, proj, const.half()))
-    with pytest.raises(ValueError, match="nodes and residual are two sums"):
-        gemm_epilogue_triton(x, weight, nodes=(ids, table, proj, const), residual=torch.zeros(24, 8, device=dev))
 
 
 def test_bad_epilogue_operands_raise():
@@ -290,8 +249,8 @@ def served_configs(runs):  # the configs by M (and their wide-K twins) at the la
     return names | {tuning.GEMM_WIDE_K_CONFIG[c] for c in names if c in tuning.GEMM_WIDE_K_CONFIG}
 
 
-small_m = served_configs(lambda plan: "factor" in plan.triton_gemms or plan.fold_norms)
-folded = served_configs(lambda plan: plan.fold_norms) | {"narrow"}  # and tuning.GEMM_TILES' narrow roles at bs 1
+small_m = served_configs(lambda plan: plan.route == "folded")  # where the factor GEMM runs in Triton
+
 for name, c in tuning.GEMM_CONFIGS.items():
     t = "*fp32" if name == "fp32" else "*bf16"
     # under PDL, with the factor projection's epilogue (bias, per-request bias, SiLU: the most a kernel
@@ -305,19 +264,17 @@ for name, c in tuning.GEMM_CONFIGS.items():
         if "cp.async.bulk.tensor" not in r["ptx"]:
             sys.exit(f"{name} does not load by TMA")
     else:  # pointers (x, w, b, group bias, out, sums of squares in / out, t, x * t), then N, K and the strides aligned
-        # ... then the node epilogue's ids, table, pass projection and node_const (kernels/head_nodes.node_sum)
-        types = [t] * 5 + ["*fp32"] * 2 + [t] * 2 + ["*i64", t, t, "*fp32"] + ["i32"] * 11 + ["fp32"] + ["i32"] * 2 + ["constexpr"] * 18
-        aligned = tuple(range(13)) + (14, 15, 16, 17, 18)
-        plain = dict(NORM=False, PARTS_IN=1, RESIDUAL=False, SUMSQ_OUT=False, CROSS_OUT=False, NODES=False)
+        types = [t] * 5 + ["*fp32"] * 2 + [t] * 2 + ["i32"] * 11 + ["fp32"] + ["constexpr"] * 17
+        aligned = tuple(range(9)) + (10, 11, 12, 13, 14)
+        plain = dict(NORM=False, PARTS_IN=1, RESIDUAL=False, SUMSQ_OUT=False, CROSS_OUT=False)
         r = build(ge._gemm_kernel, types, dict(EVEN_K=True, IEEE_F32=name == "fp32", PREFETCH_LINES=0, **plain, **tiles),
                   aligned=aligned, num_warps=c.num_warps, num_stages=c.num_stages)
         if "prefetch.global.L2" in r["ptx"]:
             sys.exit(f"{name} with PREFETCH_LINES=0 prefetches")
-        if name in folded:  # the folded-norm lattice GEMMs (the select plan's fold_norms) at the rows they run at,
+        if name in small_m:  # the folded route's lattice GEMMs at the rows they run at,
             lines = lines_per_row(c.block_n, c.num_warps)  # launched early: the weight prefetched before the wait
             for extra in (dict(plain, NORM=True, PARTS_IN=64),  # QKV, FFN up, the factor GEMM
-                          dict(plain, RESIDUAL=True, SUMSQ_OUT=True, CROSS_OUT=True),
-                          dict(plain, NODES=True, SUMSQ_OUT=True)):  # the feature down GEMM's nodes
+                          dict(plain, RESIDUAL=True, SUMSQ_OUT=True, CROSS_OUT=True)):
                 f = build(ge._gemm_kernel, types, dict(EVEN_K=True, IEEE_F32=False, PREFETCH_LINES=lines, **extra, **tiles),
                           aligned=aligned, num_warps=c.num_warps, num_stages=c.num_stages)
                 print(name, extra, "registers", f["registers"], "spill bytes", f["spills"])
@@ -327,8 +284,8 @@ for name, c in tuning.GEMM_CONFIGS.items():
                 if "prefetch.global.L2::evict_last" not in ptx or ptx.index("prefetch.global.L2") > ptx.index("griddepcontrol.wait"):
                     sys.exit(f"{name} {extra}: no L2 prefetch of the weight before the wait on the previous grid")
                 loop = ptx.index("wgmma.mma_async")  # the K loop; in a small tile every epilogue operand loads before it
-                early = c.block_m * c.block_n <= tuning.EARLY_OPERANDS_MAX_TILE  # (but the nodes' table gather, by the ids)
-                if early and not extra["NODES"] and "ld.global" in ptx[loop:]:
+                early = c.block_m * c.block_n <= tuning.EARLY_OPERANDS_MAX_TILE
+                if early and "ld.global" in ptx[loop:]:
                     sys.exit(f"{name} {extra}: {ptx[loop:].count('ld.global')} epilogue loads after the K loop")
                 if early and "ld.global" not in ptx[:ptx.index("griddepcontrol.wait")]:
                     sys.exit(f"{name} {extra}: the bias not loaded before the wait")
@@ -339,7 +296,7 @@ for name, c in tuning.GEMM_CONFIGS.items():
         sys.exit(f"{name} spills {r['spills']} bytes")
     if r["shared"] > 227 * 1024:
         sys.exit(f"{name} needs {r['shared']} bytes of shared memory (sm_90 has 227 KiB per block)")
-    if name not in ("fp32", "thin") and "wgmma.mma_async" not in r["ptx"]:  # (thin: 16-row tiles, below wgmma's 64)
+    if name != "fp32" and "wgmma.mma_async" not in r["ptx"]:
         sys.exit(f"{name} does not use wgmma")
 print("compiled", len(tuning.GEMM_CONFIGS))
 """

@@ -25,17 +25,11 @@ activity, one eager call) for post_logits of each variant and the built-in and f
 with the fused variant's and the built-in's kernels by GPU time (the SDPA backend shows up here).
 
 Our variants (VARIANTS: each builds the select's plans, sglang_lilicorr/fast_path/plan.py, from the served ones):
-torch (PyTorch ops on the precomputed buffers), fused (Triton kernels, no side stream, no PDL), fused_overlap
-(+ the side stream for the pass / anchor projections), fused_overlap_pdl (+ PDL at every bs, cuBLAS GEMMs),
-fused_overlap_pdl_triton (+ every GEMM of <= SMALL_M rows a Triton GEMM with its epilogue), served (the plans of
-kernels/tuning.py: what the server runs; its plan per bs is written to the JSON), served_unfolded / served_folded
-(served without the folded norms / with them at every bs), served_no_prefetch (without the Triton GEMMs' L2 weight
-prefetch), served_pass_beside / _nodes_apart (the pass projection beside the top-K wherever PDL is on, the nodes in
-the feature GEMM where the norms fold / in their own kernel), served_skinny_tiles (every GEMM but the pass on its
-config by M), served_cosine_unsplit (one cosine program per factor), served_default_launches (the top-K's default
-launch, the pass projection's config by M, the top-K's own merge kernel), served_attention16 (16 query rows per
-attention program at every bs), fused_overlap_norm / _nonorm (the residual add + RMSNorm in the out / FFN down GEMMs
-at every shape / at none), and with --compile, compiled (torch.compile of the PyTorch variant). Checks in the same run: each variant's select
+torch (the head's PyTorch forward on the precomputed buffers), fused (the unfolded route: Triton kernels around cuBLAS
+GEMMs, no side stream, no PDL), fused_overlap (+ the side stream for the pass / anchor projections),
+fused_overlap_pdl (+ PDL at every bs), served (the plans of kernels/tuning.py: what the server runs; its plan per bs
+is written to the JSON), served_unfolded / served_folded (served on the unfolded / folded route at every bs), and with
+--compile, compiled (torch.compile of the PyTorch variant). Checks in the same run: each variant's select
 against the reference (LiLiCorrHead.forward + walk.greedy_walk): candidate ids equal, log-probs
 close, score error, draft ids equal wherever the reference has no near-tie; graph replay equals
 eager; agreement with the built-in's draft ids (information). Every section is try/except-printed.
@@ -58,8 +52,6 @@ import traceback
 import torch
 import torch.nn.functional as F
 
-from sglang_lilicorr.kernels import tuning
-from sglang_lilicorr.kernels.tuning import ALL_GEMMS, TopKLaunch
 from sglang_lilicorr.fast_path.plan import PYTORCH, Device, HeadGeometry, plans_for
 
 
@@ -84,9 +76,6 @@ TARGET_RATIO = 0.6  # post_logits, ours / built-in, every bs
 TARGET_TOPK_VS_BUILTIN, TARGET_TOPK_VS_TORCH = 1.2, 3.0  # speed-ups
 
 
-SMALL_M = 512  # fused_overlap_pdl_triton: GEMMs up to this many rows in Triton (tuning.GEMM_CONFIG_BY_ROWS' small-M tiles)
-
-
 def _every(**changes):
     """A variant: the served plans with `changes` at every batch size."""
     return lambda geo, device: plans_for(geo, device).map(lambda plan, bound: dataclasses.replace(plan, **changes))
@@ -97,76 +86,20 @@ def _on(**device):
     return lambda geo, _: plans_for(geo, Device(**device))
 
 
-def _rows(geo, bound) -> int:
-    """Lattice rows of a bucket's largest batch (the last bucket, bound None: more than any table bound)."""
-    return (bound or 10**6) * geo.lattice_rows
-
-
-def _unfolded(plan, geo, bound, gemms=None):
-    """`plan` without the folded norms and what needs them (the pass beside the top-K, the folded GEMMs' tiles); the
-    norm epilogue by its kernel's table; Triton GEMMs `gemms` (None: the plan's), the FFN up also where its table
-    prefers Triton, at the bucket's rows."""
-    rows = _rows(geo, bound)
-    gemms = set(plan.triton_gemms if gemms is None else gemms) | ({"ffn_up"} if tuning.gemm_band(rows)[2] else set())
-    return dataclasses.replace(
-        plan, fold_norms=False, pass_beside_topk=False, nodes_in_gemm=False, norm_epilogue=tuning.norm_band(geo.width, rows)[3],
-        tiles={r: c for r, c in plan.tiles.items() if r == "out_in"}, triton_gemms=gemms,
-    )
-
-
-def _pdl_at_every_bs(small_m_in_triton: bool):
-    """A variant: PDL at every batch size, the served folded norms only with small_m_in_triton (which also runs every
-    GEMM of <= SMALL_M rows in Triton), else cuBLAS GEMMs (but the FFN up where its table prefers Triton)."""
-    def change(plan, bound, geo):
-        small = small_m_in_triton and _rows(geo, bound) <= SMALL_M
-        if small and plan.fold_norms:
-            return dataclasses.replace(plan, triton_gemms=ALL_GEMMS)
-        return dataclasses.replace(_unfolded(plan, geo, bound, ALL_GEMMS if small else ()), pdl=True)
-
-    return lambda geo, device: plans_for(geo, device).map(lambda plan, bound: change(plan, bound, geo))
-
-
-def _pass_beside(nodes_in_gemm: bool):
-    """A variant: the pass projection beside the top-K wherever PDL is on, the nodes in the feature GEMM (folded norms)
-    with nodes_in_gemm."""
-    return lambda geo, device: plans_for(geo, device).map(lambda plan, bound: dataclasses.replace(
-        plan, pass_beside_topk=plan.pdl, nodes_in_gemm=plan.pdl and plan.fold_norms and nodes_in_gemm))
-
-
-def _tiles(keep):
-    """A variant: the served plans with only the GEMM tiles whose role `keep` takes."""
-    return lambda geo, device: plans_for(geo, device).map(
-        lambda plan, bound: dataclasses.replace(plan, tiles={r: c for r, c in plan.tiles.items() if keep(r)}))
-
-
 VARIANTS = {  # ours: name -> (HeadGeometry, Device) -> SelectPlans
     "torch": lambda geo, _: plans_for(geo, PYTORCH),
     "fused": _on(triton=True, cuda=False, pdl=False),
     "fused_overlap": _on(triton=True, cuda=True, pdl=False),
-    "fused_overlap_pdl": _pdl_at_every_bs(small_m_in_triton=False),
-    "fused_overlap_pdl_triton": _pdl_at_every_bs(small_m_in_triton=True),
+    "fused_overlap_pdl": _every(route="unfolded", pdl=True),
     "served": plans_for,  # what the server runs
-    "served_unfolded": lambda geo, device: plans_for(geo, device).map(lambda plan, bound: _unfolded(plan, geo, bound)),
-    "served_folded": _every(fold_norms=True, norm_epilogue=False),
-    "served_no_prefetch": _every(prefetch_weights=False),
-    "served_pass_beside": _pass_beside(nodes_in_gemm=True),
-    "served_pass_beside_nodes_apart": _pass_beside(nodes_in_gemm=False),
-    "served_skinny_tiles": _tiles(lambda role: role == "pass"),
-    "served_cosine_unsplit": _every(cosine_split=1),
-    "served_default_launches": lambda geo, device: _tiles(lambda role: role != "pass")(geo, device).map(
-        lambda plan, bound: dataclasses.replace(plan, topk_launch=TopKLaunch(), merge_in_confidence=False)),
-    "served_attention16": _every(attention_block_m=16),
-    "fused_overlap_norm": lambda geo, _: _on(triton=True, cuda=True, pdl=False)(geo, _).map(
-        lambda plan, bound: dataclasses.replace(plan, norm_epilogue=True)),
-    "fused_overlap_nonorm": lambda geo, _: _on(triton=True, cuda=True, pdl=False)(geo, _).map(
-        lambda plan, bound: dataclasses.replace(plan, norm_epilogue=False)),
+    "served_unfolded": _every(route="unfolded"),
+    "served_folded": _every(route="folded"),
 }
 
 
 def plan_json(plan) -> dict:
     """A SelectPlan as JSON values."""
-    fields = dataclasses.asdict(plan)
-    return {**fields, "triton_gemms": sorted(plan.triton_gemms), "topk_launch": plan.topk_launch._asdict()}
+    return dataclasses.asdict(plan)
 
 
 def build_variant(name: str, head, table):
@@ -647,7 +580,7 @@ def failed_checks(checks) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="FastLiLiCorrSelect vs SGLang's built-in LiLiCorr head (one GPU, graph replay)")
     ap.add_argument("--bs", type=int, nargs="+", default=[1, 4, 16, 32], help="batch sizes (default 1 4 16 32)")
-    ap.add_argument("--variants", nargs="+", default=["torch", "fused", "fused_overlap", "fused_overlap_pdl", "fused_overlap_pdl_triton", "served"],
+    ap.add_argument("--variants", nargs="+", default=["torch", "fused", "fused_overlap", "fused_overlap_pdl", "served"],
                     choices=list(VARIANTS), help="our implementations to time (VARIANTS)")
     ap.add_argument("--geometry", choices=list(GEOMETRIES), default="paper",
                     help="head shapes: the paper's (the issue's targets) or the testbed draft's (information)")

@@ -1,6 +1,6 @@
-"""The int32 zero counters of the select's last-program kernels (kernels/linear_norm.py's row tiles, the cosine
-kernel's walk per request and split factors): one buffer per select, used by its stream only; every kernel leaves
-the counters it used at zero, so calls and CUDA-graph replays share it."""
+"""The int32 zero counters of the select's last-program kernel (the cosine kernel's walk, one per request): one buffer
+per select, used by its stream only; the kernel leaves the counters it used at zero, so calls and CUDA-graph replays
+share it."""
 from __future__ import annotations
 
 import torch
@@ -8,7 +8,7 @@ import torch
 
 class KernelCounters:
     def __init__(self, device, size: int = 4096) -> None:
-        """Sized up front (4096 row tiles of >= 16 rows: 65536 lattice rows), so that a CUDA-graph capture never
+        """Sized up front (4096: far more requests than a draft graph holds), so that a CUDA-graph capture never
         reallocates them."""
         self.buffer = torch.zeros(size, dtype=torch.int32, device=device)
 

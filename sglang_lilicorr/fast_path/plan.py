@@ -1,44 +1,44 @@
-"""The select's plan: which kernels `FastLiLiCorrSelect` runs for a head at a batch size, with which launches.
+"""The select's plan: which route `FastLiLiCorrSelect` runs for a head at a batch size, with which launches.
 
   plan_for(geometry, batch, device) -> SelectPlan   kernels/tuning.py's tables, resolved for one batch size
   plans_for(geometry, device) -> SelectPlans        the plan of every batch-size bucket of a head, resolved once
                                                     (FastLiLiCorrSelect does so at construction)
 
-A bucket is a range of batch sizes over which no table changes its answer: its bounds are the tables' batch bounds
-and the GEMM tables' row bounds in whole requests of the head's lattice (S x K rows per request), so one plan serves
-every batch of a bucket. Calls with fewer than S slots take the plan of their batch size.
+Three routes (issue 41: one PyTorch reference route and two fused ones):
+  torch     the trained head's own forward (LiLiCorrHead, the code training runs) on the token table's rows, with
+            walk.py's decoders: the reference, and what runs where Triton does not (no CUDA, no interpreter).
+  folded    small batches, where launch count dominates: every GEMM a Triton GEMM with its epilogue
+            (kernels/gemm_epilogue.py), each lattice RMSNorm folded into the GEMM that reads its output (five norm
+            launches fewer), under PDL. H100, 0a138f1, post-logits folded / unfolded (ms): paper head bs 1 0.123 /
+            0.128, bs 4 0.185 / 0.157; testbed head bs 1 0.070 / 0.077, bs 4 0.090 / 0.092, bs 16 0.160 / 0.128:
+            folded at bs <= 1 on the paper head (width 1024), bs <= 4 on the testbed head (256) (tuning.FOLD_NORMS).
+  unfolded  larger batches: cuBLAS GEMMs (the FFN up + SiLU a Triton GEMM where tuning.GEMM_CONFIG_BY_ROWS prefers it:
+            the persistent TMA kernel from 513 rows, version 10: bs 32 -8 us) between Triton kernels for the features,
+            nodes, residual add + RMSNorm, the lattice attention and the cosine + walk.
+The plan's other fields: pdl (programmatic dependent launch, sm_90+, -0.6 us per kernel boundary, pdl_chain; the
+testbed head loses 4-5 us with it from bs 16: tuning.PDL) and overlap (the pass and anchor projections on a side
+stream, CUDA). Retired for a few microseconds each at bs 1 (PERF_NOTES.md, "Routes"): the unfolded GEMM + norm
+epilogue (kernels/linear_norm.py, deleted: see 87d688b), the pass projection beside the top-K with the nodes in the feature GEMM, the
+confidence kernel's early release and top-K merge, per-role GEMM tiles, the top-K's bs-1 launch, the split cosine.
 
-How the tables resolve (plan_for), for a head of width H at batch size b on a device:
-  fused            Triton runs there (CUDA, or the CPU interpreter); else the PyTorch path, and nothing below but the
-                   top-K launch applies
-  overlap          on CUDA: the pass and anchor projections on a side stream
-  pdl              sm_90+, and b within PDL
-  triton_gemms     with PDL and b within TRITON_GEMMS: that entry's GEMM roles; the FFN up also wherever its GEMM +
-                   SiLU beats cuBLAS at b * S * K rows (tuning.GEMM_CONFIG_BY_ROWS)
-  fold_norms       with PDL and b within FOLD_NORMS
-  norm_epilogue    not folded, where tuning.NORM_CONFIG_BY_SHAPE prefers the GEMM + norm kernel at [b * S * K, H]
-  pass_beside_topk with the folded norms and b within PASS_BESIDE_TOPK; nodes_in_gemm with it
-  release_early    with PDL and b within RELEASE_EARLY
-  merge_in_confidence, cosine_split (by D), attention_block_m: b within their tables
-  tiles            16-bit heads only: GEMM_TILES where the norms fold, PASS_TILES where the pass runs beside the top-K
-  topk_launch      TopKLaunch() with TOPK_SPLIT_LAUNCH's fields where b is within it
-Unmeasured geometry: a table without an entry for the head's width (the cosine split: for D) takes the entry of the
-nearest measured one (by ratio; a tie goes to the smaller), bounds in batch sizes as they stand; what the shapes
-cannot hold is left out: a cosine split that does not cut D into whole steps is 1.
+A bucket is a range of batch sizes over which no table changes its answer: its bounds are the head tables' batch
+bounds and the GEMM table's row bounds in whole requests of the head's lattice (S x K rows per request), so one plan
+serves every batch of a bucket. Calls with fewer than S slots take the plan of their batch size. A head width
+without an entry in a head table takes the entry of the nearest measured one (by ratio; a tie goes to the smaller).
 """
 from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from ..kernels import tuning
 from ..kernels.device import pdl_supported, uses_triton
-from ..kernels.tuning import ALL_GEMMS, GEMM_CONFIGS, CosineLaunch, Measured, TopKLaunch
+from ..kernels.tuning import Measured
 
-GEMM_ROLES = ("pass", "nodes", *ALL_GEMMS)  # roles a launch config can be set for (kernels/tuning.py)
+ROUTES = ("torch", "folded", "unfolded")
 
 
 @dataclass(frozen=True)
@@ -80,69 +80,31 @@ PYTORCH = Device(triton=False, cuda=False, pdl=False)  # the PyTorch path on any
 
 @dataclass(frozen=True)
 class SelectPlan:
-    """How the select runs the calls of one batch-size bucket (module docstring). The defaults are the plain
-    Triton path: one launch per step, cuBLAS GEMMs, kernels at their own default launches."""
+    """How the select runs the calls of one batch-size bucket (module docstring). The default: the unfolded route,
+    one launch per step in stream order."""
 
-    fused: bool = True  # Triton kernels around the GEMMs (False: PyTorch ops; the top-K and walk kernels still run)
-    overlap: bool = False  # the pass and anchor projections on a side stream (CUDA)
+    route: str = "unfolded"  # ROUTES: torch (the head's own forward), folded, unfolded
     pdl: bool = False  # Triton kernels launched with programmatic dependent launch (CUDA sm_90+)
-    triton_gemms: frozenset = frozenset()  # GEMM roles (tuning.ALL_GEMMS) run as Triton GEMMs with their epilogues
-    norm_epilogue: bool = False  # unfolded: the nodes and each residual add + RMSNorm in kernels/linear_norm.py's GEMM
-    fold_norms: bool = False  # the lattice as Triton GEMMs, each RMSNorm inside the GEMM that reads its output
-    pass_beside_topk: bool = False  # the pass projection as a Triton GEMM that the top-K split runs beside
-    nodes_in_gemm: bool = False  # ... and the node assembly as the feature down GEMM's epilogue (folded norms)
-    release_early: bool = False  # the confidence kernel releases the next kernel at its start
-    merge_in_confidence: bool = False  # select_from_logits: the top-K's merge inside the confidence kernel
-    prefetch_weights: bool = True  # Triton GEMMs launched early fetch their weight into L2 before their wait
-    tiles: dict = field(default_factory=dict)  # GEMM role (GEMM_ROLES) -> tuning.GEMM_CONFIGS name; absent: by M
-    topk_launch: TopKLaunch = TopKLaunch()
-    cosine_split: int = 1  # programs per factor of the cosine + walk kernel
-    attention_block_m: int | None = None  # query rows per lattice-attention program; None: the kernel's default
+    overlap: bool = False  # the pass and anchor projections on a side stream (CUDA)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "triton_gemms", frozenset(self.triton_gemms))
-        problems = []
-        if not self.fused:
-            on = [name for name in ("overlap", "pdl", "triton_gemms", "norm_epilogue", "fold_norms", "pass_beside_topk",
-                                    "release_early", "merge_in_confidence", "tiles", "attention_block_m")
-                  if getattr(self, name)] + (["cosine_split"] if self.cosine_split != 1 else [])
-            if on:
-                problems.append(f"{on} set Triton kernels, but fused=False runs the PyTorch path")
-        if self.fold_norms and self.norm_epilogue:
-            problems.append("fold_norms and norm_epilogue both take the lattice's norms; pick one")
-        if self.pass_beside_topk and not self.pdl:
-            problems.append("pass_beside_topk runs the top-K beside the pass projection under PDL; it needs pdl")
-        if self.nodes_in_gemm and not (self.pass_beside_topk and self.fold_norms):
-            problems.append("nodes_in_gemm takes the pass projection made beside the top-K into the folded feature GEMM; "
-                            "it needs pass_beside_topk and fold_norms")
-        if self.release_early and not self.pdl:
-            problems.append("release_early releases the next kernel of a PDL chain; it needs pdl")
-        if not self.triton_gemms <= set(ALL_GEMMS):
-            problems.append(f"triton_gemms {sorted(self.triton_gemms - set(ALL_GEMMS))} are no GEMM roles {ALL_GEMMS}")
-        for role, config in self.tiles.items():
-            if role not in GEMM_ROLES or config not in GEMM_CONFIGS:
-                problems.append(f"tiles {role!r}: {config!r} needs a role of {GEMM_ROLES} and a config of {sorted(GEMM_CONFIGS)}")
-        if not isinstance(self.cosine_split, int) or self.cosine_split < 1:
-            problems.append(f"cosine_split={self.cosine_split!r} must be a positive int")
-        m = self.attention_block_m
-        if m is not None and (m < 16 or m & (m - 1)):
-            problems.append(f"attention_block_m={m!r} must be a power of two >= 16, or None")
-        if problems:
-            raise ValueError("SelectPlan: " + "; ".join(problems))
+        if self.route not in ROUTES:
+            raise ValueError(f"SelectPlan: route={self.route!r} is none of {ROUTES}")
+        if self.route == "torch" and (self.pdl or self.overlap):
+            raise ValueError("SelectPlan: pdl and overlap launch Triton kernels, but route='torch' runs the PyTorch path")
 
-    def check(self, geometry: HeadGeometry, device: Device) -> None:
-        """A clear error where this plan asks for what the head or the device cannot do."""
+    @property
+    def fused(self) -> bool:
+        """Triton kernels around the GEMMs (False: the head's PyTorch forward; the top-K and walk kernels still run)."""
+        return self.route != "torch"
+
+    def check(self, device: Device) -> None:
+        """A clear error where this plan asks for what the device cannot do."""
         needs = {"fused": device.triton, "overlap": device.cuda, "pdl": device.pdl}
         missing = [name for name, ok in needs.items() if getattr(self, name) and not ok]
         if missing:
             raise ValueError(f"SelectPlan: {missing} need a device with {missing} (this one has {device}); plan for it "
                              f"with plans_for(geometry, Device.of(tensor))")
-        if self.tiles and geometry.dtype == torch.float32:
-            raise ValueError(f"SelectPlan: tiles {self.tiles} set 16-bit GEMM configs; an fp32 head keeps the fp32 config")
-        launch = CosineLaunch(split=self.cosine_split)
-        if not launch.cuts(geometry.factor_dim):
-            raise ValueError(f"SelectPlan: cosine_split={self.cosine_split} does not cut D = {geometry.factor_dim} into "
-                             f"whole {launch.step(geometry.factor_dim)}-column steps; pick a divisor of their number")
 
 
 @dataclass(frozen=True)
@@ -170,7 +132,7 @@ class SelectPlans:
 
 
 def entry(table: dict, key: int) -> Measured:
-    """The table's entry for `key` (a head width, or D), else the nearest measured key's (by ratio, a tie to the smaller)."""
+    """The table's entry for `key` (a head width), else the nearest measured key's (by ratio, a tie to the smaller)."""
     if key in table:
         return table[key]
     return table[min(table, key=lambda k: (abs(math.log(k / key)), k))]
@@ -184,43 +146,18 @@ def _within(table: dict, key: int, batch: int):
 
 def plan_for(geometry: HeadGeometry, batch: int, device: Device) -> SelectPlan:
     """The plan of kernels/tuning.py's tables for `batch` requests of this head on this device (module docstring)."""
-    h, rows = geometry.width, batch * geometry.lattice_rows
-    topk_fields = _within(tuning.TOPK_SPLIT_LAUNCH, h, batch) or {}
     if not device.triton:
-        return SelectPlan(fused=False, topk_launch=TopKLaunch(**topk_fields))
-    pdl = device.pdl and bool(_within(tuning.PDL, h, batch))
-    roles = set(_within(tuning.TRITON_GEMMS, h, batch) or ()) if pdl else set()
-    if tuning.gemm_band(rows)[2]:
-        roles.add("ffn_up")
-    fold = pdl and bool(_within(tuning.FOLD_NORMS, h, batch))
-    beside = fold and bool(_within(tuning.PASS_BESIDE_TOPK, h, batch))
-    sixteen_bit = geometry.dtype != torch.float32
-    tiles = dict(_within(tuning.GEMM_TILES, h, batch) or {}) if fold and sixteen_bit else {}
-    pass_tiles = _within(tuning.PASS_TILES, h, batch) if beside and sixteen_bit else None
-    if pass_tiles:
-        tiles["pass"] = pass_tiles
-    split = _within(tuning.COSINE_SPLIT, geometry.factor_dim, batch) or 1
-    return SelectPlan(
-        fused=True, overlap=device.cuda, pdl=pdl, triton_gemms=frozenset(roles), fold_norms=fold,
-        norm_epilogue=not fold and tuning.norm_band(h, rows)[3], pass_beside_topk=beside, nodes_in_gemm=beside,
-        release_early=pdl and bool(_within(tuning.RELEASE_EARLY, h, batch)),
-        merge_in_confidence=bool(_within(tuning.MERGE_IN_CONFIDENCE, h, batch)), tiles=tiles,
-        topk_launch=TopKLaunch(**topk_fields),
-        cosine_split=split if CosineLaunch(split=split).cuts(geometry.factor_dim) else 1,
-        attention_block_m=_within(tuning.ATTENTION_ROWS, h, batch),
-    )
+        return SelectPlan(route="torch")
+    pdl = device.pdl and bool(_within(tuning.PDL, geometry.width, batch))
+    folded = pdl and bool(_within(tuning.FOLD_NORMS, geometry.width, batch))
+    return SelectPlan(route="folded" if folded else "unfolded", pdl=pdl, overlap=device.cuda)
 
 
 def batch_bounds(geometry: HeadGeometry) -> tuple:
-    """The largest batch size of each bucket but the last: the head tables' bounds for this head, and the GEMM tables'
+    """The largest batch size of each bucket but the last: the head tables' bounds for this head, and the GEMM table's
     row bounds in whole requests."""
-    head_tables = (tuning.PDL, tuning.TRITON_GEMMS, tuning.FOLD_NORMS, tuning.PASS_BESIDE_TOPK, tuning.RELEASE_EARLY,
-                   tuning.GEMM_TILES, tuning.PASS_TILES, tuning.TOPK_SPLIT_LAUNCH, tuning.MERGE_IN_CONFIDENCE,
-                   tuning.ATTENTION_ROWS)
-    bounds = {entry(table, geometry.width).max_batch for table in head_tables}
-    bounds.add(entry(tuning.COSINE_SPLIT, geometry.factor_dim).max_batch)
-    row_bounds = [row[0] for row in tuning.GEMM_CONFIG_BY_ROWS] + [row[1] for row in tuning.NORM_CONFIG_BY_SHAPE]
-    bounds.update(rows // geometry.lattice_rows for rows in row_bounds if rows is not None)
+    bounds = {entry(table, geometry.width).max_batch for table in (tuning.PDL, tuning.FOLD_NORMS)}
+    bounds.update(row[0] // geometry.lattice_rows for row in tuning.GEMM_CONFIG_BY_ROWS if row[0] is not None)
     return tuple(sorted(b for b in bounds if b))
 
 
@@ -229,4 +166,3 @@ def plans_for(geometry: HeadGeometry, device: Device) -> SelectPlans:
     bounds = batch_bounds(geometry)
     at = (*bounds, (bounds[-1] if bounds else 0) + 1)
     return SelectPlans(bounds, tuple(plan_for(geometry, b, device) for b in at))
-

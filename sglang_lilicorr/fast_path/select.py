@@ -4,22 +4,19 @@ LM-head logits -> fused top-K + logsumexp -> token-table gather -> head -> greed
 `FastLiLiCorrSelect` wraps a `LiLiCorrHead` (same weights; the lattice layers, norms and projections are the
 head's own modules) with the constants the serving path precomputes from it (constants.py).
 
-How a call runs is its plan (plan.py: which kernels, with which launches), one per
-batch-size bucket, resolved at construction from kernels/tuning.py's measured tables (or given: `plans`) and taken
-by the call's batch size. fused=False runs PyTorch ops (the lattice layers as LatticeLayer.forward); fused=True runs
-Triton kernels around the GEMMs: features + LayerNorm + up + SiLU in one kernel, the node kernel (gather + sum +
-RMSNorm), residual add + RMSNorm (+ h*t), the lattice attention, and one cosine kernel for the start and pair factors
-that also runs the greedy walk (kernels/head_*.py, lattice_attention.py). `walk` picks the rule that commits the block
-(walk.WALKS): the greedy walk (App. F, the paper's), or the exact Viterbi path, which the cosine kernel leaves to the
-Viterbi kernel (kernels/walk.py; the cosine launch then takes no D split); on the PyTorch path walk.py's decoders.
-The plan's other choices: Triton GEMMs with their epilogues (kernels/gemm_epilogue.py) or cuBLAS, per GEMM role; GEMM
-+ residual add + RMSNorm kernels (kernels/linear_norm.py); the lattice's norms folded into its Triton GEMMs (each
-layer five GEMMs and the attention: the residual adds in the epilogues of the GEMMs that produce the branches, which
-also write their rows' partial sums of squares; each RMSNorm inside the GEMM that reads its output, its gain folded
-into a copy of the weight; the last add also writes x * t); PDL (kernels/pdl.py) with the GEMMs' weights prefetched
-into L2; the projections on a side stream; in select_from_logits the pass projection as a Triton GEMM that the top-K
-split runs beside, the nodes in the feature down GEMM's epilogue and the top-K's merge in the confidence kernel; GEMM
-tiles per role, the top-K's and the cosine kernel's launches, the attention's query rows per program.
+How a call runs is its plan (plan.py: the route, PDL, the side stream), one per batch-size bucket, resolved at
+construction from kernels/tuning.py's measured tables (or given: `plans`) and taken by the call's batch size. The
+torch route runs the head's own forward (LiLiCorrHead, as training does); the fused routes run Triton kernels around
+the GEMMs: features + LayerNorm + up + SiLU in one kernel, the node kernel (gather + sum + RMSNorm), residual add +
+RMSNorm (+ h*t), the lattice attention, and one cosine kernel for the start and pair factors that also runs the greedy
+walk (kernels/head_*.py, lattice_attention.py). `walk` picks the rule that commits the block (walk.WALKS): the greedy
+walk (App. F, the paper's), or the exact Viterbi path, which the cosine kernel leaves to the Viterbi kernel
+(kernels/walk.py); on the torch route walk.py's decoders. The folded route runs every GEMM as a Triton GEMM with its
+epilogue (kernels/gemm_epilogue.py) and folds the lattice's norms into them (each layer five GEMMs and the attention:
+the residual adds in the epilogues of the GEMMs that produce the branches, which also write their rows' partial sums
+of squares; each RMSNorm inside the GEMM that reads its output, its gain folded into a copy of the weight; the last
+add also writes x * t); the unfolded route runs cuBLAS GEMMs (the FFN up + SiLU in Triton where its table prefers it)
+between the norm kernels. With PDL (kernels/pdl.py) early-launched Triton GEMMs prefetch their weights into L2.
 Everything is static-shaped with no host syncs, so `select` can be captured in a CUDA graph.
 """
 from __future__ import annotations
@@ -31,12 +28,10 @@ from ..head import LiLiCorrHead
 from .counters import KernelCounters
 from ..kernels import head_nodes, head_norm, head_scores
 from ..kernels.device import uses_triton
+from ..kernels import tuning
 from ..kernels.gemm_epilogue import gemm_epilogue_triton, linear_silu_triton
 from ..kernels.lattice_attention import lattice_attention_triton
-from ..kernels.linear_norm import lattice_nodes_linear_triton, linear_add_rmsnorm_triton, row_tiles
 from ..kernels.topk_lse import topk_lse
-from ..kernels.topk_lse_fused import topk_lse_parts
-from ..kernels.tuning import CosineLaunch
 from ..kernels.walk import greedy_walk_triton, viterbi_triton
 from .constants import SelectConstants
 from .plan import Device, HeadGeometry, SelectPlan, SelectPlans, plans_for
@@ -73,8 +68,8 @@ class FastLiLiCorrSelect(SelectConstants):
         self.geometry, device = HeadGeometry.of(head), Device.of(head.pass_hidden_proj.weight)
         self.plans = plans_for(self.geometry, device) if plans is None else plans
         for plan in self.plans.plans:
-            plan.check(self.geometry, device)
-        super().__init__(head, embed_weight, token_table, fold_norms=any(p.fold_norms for p in self.plans.plans))
+            plan.check(device)
+        super().__init__(head, embed_weight, token_table, fold_norms=any(p.route == "folded" for p in self.plans.plans))
         self._side = torch.cuda.Stream(device=self.device) if any(p.overlap for p in self.plans.plans) else None
         self._counters = KernelCounters(self.device) if any(p.fused for p in self.plans.plans) else None
 
@@ -123,22 +118,13 @@ class FastLiLiCorrSelect(SelectConstants):
             )
         return F.linear(hidden.reshape(b * s, hm).to(lm_head_weight.dtype), lm_head_weight)
 
-    def _candidates_from_logits(self, logits, b, s, plan: SelectPlan, beside: bool = False):
-        """`beside`: the top-K split runs beside the kernel launched before it (the pass projection)."""
-        vals, ids, lse = topk_lse(logits, self.topk, pdl=plan.pdl, beside=beside, launch=plan.topk_launch)
+    def _candidates_from_logits(self, logits, b, s, plan: SelectPlan):
+        vals, ids, lse = topk_lse(logits, self.topk, pdl=plan.pdl)
         return vals.view(b, s, self.topk), ids.view(b, s, self.topk), lse.view(b, s)
 
-    def _pass_projection(self, pass_hidden, plan: SelectPlan, pdl: bool = False):
-        """-> pass_hidden_proj without its bias (folded into node_const) [b, S, H]: where the plan runs it beside the
-        top-K a Triton GEMM, launched there with PDL (`pdl`), so that lattice_scores gets the same bits; else cuBLAS.
-        No weight prefetch: launched first in the select, its wait overlaps nothing, and a prefetch ahead of it only
-        delays its release of the top-K split beside it (-1.4 us at paper bs 1, H100: PERF_NOTES.md)."""
-        b, s, hm = pass_hidden.shape
-        x = pass_hidden.to(self.dtype)
-        if not plan.pass_beside_topk:
-            return F.linear(x, self.w_pass)
-        out = gemm_epilogue_triton(x.reshape(b * s, hm), self.w_pass, pdl=pdl, prefetch=False, config=plan.tiles.get("pass"))
-        return out.view(b, s, -1)
+    def _pass_projection(self, pass_hidden):
+        """-> pass_hidden_proj without its bias (folded into node_const) [b, S, H] (cuBLAS)."""
+        return F.linear(pass_hidden.to(self.dtype), self.w_pass)
 
     def _anchor_projection(self, anchor_hidden, plan: SelectPlan):
         """-> anchor state t [b, H] and [anchor_out | W_t t + b] [b, D+H] (one GEMM on t)."""
@@ -164,77 +150,46 @@ class FastLiLiCorrSelect(SelectConstants):
         start, pair = self.head(self.token_table[ids], lp, pass_hidden, anchor_hidden)
         return start.float(), pair.float(), lp
 
-    def _projections(self, pass_hidden, anchor_hidden, plan: SelectPlan, pass_proj=None) -> tuple:
+    def _projections(self, pass_hidden, anchor_hidden, plan: SelectPlan) -> tuple:
         """-> (pass projection, t, anchor, join_pass, join_anchor): with the plan's overlap both projections run on the
         side stream, forked here, and each is joined where first needed by calling its join (None without overlap).
-        (Forked before the top-K instead, they slowed it down from bs 4 on: PERF_NOTES.md.) A given `pass_proj` (made
-        on the main stream beside the top-K) is taken as is, with no join."""
+        (Forked before the top-K instead, they slowed it down from bs 4 on: PERF_NOTES.md.)"""
         if not plan.overlap:
-            proj = self._pass_projection(pass_hidden, plan) if pass_proj is None else pass_proj
-            return proj, *self._anchor_projection(anchor_hidden, plan), None, None
+            return self._pass_projection(pass_hidden), *self._anchor_projection(anchor_hidden, plan), None, None
         side = SideStream(self._side)
         with side:
-            if pass_proj is None:
-                pass_proj = self._pass_projection(pass_hidden, plan)
-                pass_ready = side.record()
-            else:
-                pass_ready = None
+            pass_proj = self._pass_projection(pass_hidden)
+            pass_ready = side.record()
             t, anchor = self._anchor_projection(anchor_hidden, plan)
             anchor_ready = side.record()
-        join_pass = None if pass_ready is None else lambda: side.join(pass_ready, pass_proj)
-        return pass_proj, t, anchor, join_pass, lambda: side.join(anchor_ready, t, anchor)
+        return pass_proj, t, anchor, lambda: side.join(pass_ready, pass_proj), lambda: side.join(anchor_ready, t, anchor)
 
-    def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, plan: SelectPlan, walk: bool = False, pass_proj=None,
-                      parts=None):
-        """-> (start, pair, log-probs [b, S, K], draft ids [b, S] committed by the select's rule if `walk` else None);
-        `pass_proj`: the pass projection made on the main stream beside the top-K, else None; `parts`: the top-K's
-        partials instead of vals and lse (None), merged by the confidence kernel into `ids`."""
+    def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, plan: SelectPlan, walk: bool = False):
+        """-> (start, pair, log-probs [b, S, K], draft ids [b, S] committed by the select's rule if `walk` else None)."""
         b, s, k = ids.shape
-        node_gemm = pass_proj is not None and plan.nodes_in_gemm
-        pass_proj, t, anchor, join_pass, join_anchor = self._projections(pass_hidden, anchor_hidden, plan, pass_proj)
-        lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj, plan, join_pass, node_gemm, parts)
-        if plan.fold_norms:
+        pass_proj, t, anchor, join_pass, join_anchor = self._projections(pass_hidden, anchor_hidden, plan)
+        lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj, plan, join_pass)
+        if plan.route == "folded":
             cat, sumsq = self._layers_folded(x, xn, b, t, plan, join_anchor)
         else:
             cat, sumsq = self._layers_fused(x, xn, b, t, plan, join_anchor), None
         start, pair, draft = self._factors_fused(cat, sumsq, anchor, b, s, plan, ids if walk else None)
         return start, pair, lp.view(b, s, k), draft
 
-    def _nodes_fused(self, vals, ids, lse, pass_proj, plan: SelectPlan, join_pass=None, node_gemm: bool = False, parts=None):
-        """-> log-probs fp32 [b*S, K], residual stream x [b*L, H], first attention input [b*L, H]. Where the norms fold
-        into the GEMMs: x is a [b*L, 2H] buffer whose first half is the residual stream (the last layer writes x * t
-        into the second), and the sums of squares of its rows stand in for the attention input (fp32 [b*L, H / 16],
-        kernels/head_norm.py); there `node_gemm` (the pass projection on the main stream, no join) makes the nodes the
-        feature down GEMM's epilogue. `parts` (vals and lse None): the top-K's partials, which the confidence kernel
-        merges, writing the ids into `ids`."""
+    def _nodes_fused(self, vals, ids, lse, pass_proj, plan: SelectPlan, join_pass=None):
+        """-> log-probs fp32 [b*S, K], residual stream x [b*L, H], first attention input [b*L, H]. On the folded route
+        x is a [b*L, 2H] buffer whose first half is the residual stream (the last layer writes x * t into the second),
+        and the sums of squares of its rows stand in for the attention input (fp32 [b*L, H / 16],
+        kernels/head_norm.py)."""
         b, s, k = ids.shape
         pdl, rows, h = plan.pdl, b * s * k, self.width
-        if parts is None:
-            vals, lse = vals.reshape(b * s, k).float(), lse.reshape(b * s).float()
-        lp, up = head_nodes.confidence_up_triton(
-            vals, lse, self.w_feat, self.b_feat, self.feat_ln_eps, self.dtype, pdl=pdl, release_early=plan.release_early,
-            parts=parts, ids_out=None if parts is None else ids,
-        )
-        norm, folds, prefetch = self.head.layers[0].attn_norm, plan.fold_norms, self._prefetch(plan)
-        if not folds and plan.norm_epilogue:  # the down GEMM with the node sum + norm in its epilogue
-            if join_pass is not None:
-                join_pass()
-            x, xn = lattice_nodes_linear_triton(
-                up, self.w_down, ids, self.token_table, pass_proj, self.node_const, norm.weight, _norm_eps(norm),
-                self._counters.at_least(row_tiles(rows, h, self.dtype)),
-            )
-            return lp, x, xn
-        if folds and node_gemm:  # launched early: the pass projection is this stream's, made before the top-K
-            cat, sumsq = torch.empty((rows, 2 * h), dtype=self.dtype, device=self.device), head_norm.sumsq_parts(rows, h, self.device)
-            nodes = (ids.contiguous(), self.token_table, pass_proj.contiguous(), self.node_const)
-            gemm_epilogue_triton(up, self.w_down, nodes=nodes, out=cat[:, :h], sumsq_out=sumsq, pdl=pdl, prefetch=prefetch,
-                                 config=plan.tiles.get("nodes"))
-            return lp, cat, sumsq
-        # [b*S*K, H]; where the norms fold, the Triton GEMM that carries the node epilogue above: the same bits either way
-        if folds:
-            feat = gemm_epilogue_triton(up, self.w_down, pdl=pdl, prefetch=prefetch, config=plan.tiles.get("feature_down"))
+        lp, up = head_nodes.confidence_up_triton(vals.reshape(b * s, k).float(), lse.reshape(b * s).float(), self.w_feat,
+                                                 self.b_feat, self.feat_ln_eps, self.dtype, pdl=pdl)
+        norm, folds = self.head.layers[0].attn_norm, plan.route == "folded"
+        if folds:  # [b*S*K, H]
+            feat = gemm_epilogue_triton(up, self.w_down, pdl=pdl)
         else:
-            feat = self._gemm("feature_down", up, self.w_down, None, plan)
+            feat = F.linear(up, self.w_down)
         if join_pass is not None:
             join_pass()
         cat = torch.empty((rows, 2 * h), dtype=self.dtype, device=self.device) if folds else None
@@ -246,105 +201,82 @@ class FastLiLiCorrSelect(SelectConstants):
         return lp, (cat if folds else x), xn
 
     def _layers_fused(self, x, xn, b, t, plan: SelectPlan, join_anchor=None):
-        """Lattice transformer on x [b*L, H] (updated in place) -> concat[h, h*t] [b*L, 2H]."""
+        """The unfolded route's lattice transformer on x [b*L, H] (updated in place) -> concat[h, h*t] [b*L, 2H]."""
         n, pdl = x.shape[0] // b, plan.pdl
         bias = self.attn_bias[..., :n, :n]  # [1, heads, n, n], 16-aligned rows: taken as is
         layers = self.head.layers
+        ffn_up_in_triton = tuning.gemm_band(x.shape[0])[2]  # the up GEMM with its bias + SiLU in its epilogue
         for i, layer in enumerate(layers):
             attn, mlp = layer.attn, layer.mlp
-            qkv = self._gemm("qkv", xn, attn.in_proj_weight, attn.in_proj_bias, plan)  # [b*n, 3H]
+            qkv = F.linear(xn, attn.in_proj_weight, attn.in_proj_bias)  # [b*n, 3H]
             joined = i == len(layers) - 1 and join_anchor is not None
             if joined:  # t for the last FFN down; the attention has no weight to prefetch, so it takes the full-order launch
                 join_anchor()
-            attended = lattice_attention_triton(qkv, bias, attn.num_heads, block_m=plan.attention_block_m, pdl=pdl,
-                                                launch_pdl=not joined)
-            xn = self._residual_norm(x, attended, "out_proj", attn.out_proj, self._after_attn[i], plan)
-            if "ffn_up" in plan.triton_gemms:  # the up GEMM with its bias + SiLU in its epilogue
-                hidden = linear_silu_triton(xn, mlp.up_proj.weight, mlp.up_proj.bias, pdl=pdl, prefetch=self._prefetch(plan),
-                                            config=plan.tiles.get("ffn_up"))
+            attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=pdl, launch_pdl=not joined)
+            xn = self._residual_norm(x, attended, attn.out_proj, self._after_attn[i], plan)
+            if ffn_up_in_triton:
+                hidden = linear_silu_triton(xn, mlp.up_proj.weight, mlp.up_proj.bias, pdl=pdl)
             else:
                 hidden = F.silu(mlp.up_proj(xn))
             cross = t if i == len(layers) - 1 else None
-            xn = self._residual_norm(x, hidden, "ffn_down", mlp.down_proj, self._after_mlp[i], plan, cross)
+            xn = self._residual_norm(x, hidden, mlp.down_proj, self._after_mlp[i], plan, cross)
         return xn
 
     def _layers_folded(self, cat, sumsq, b, t, plan: SelectPlan, join_anchor=None):
-        """The lattice layers as five Triton GEMMs + the attention each: cat [b*L, 2H] holds the residual
-        stream x in its first half, sumsq [b*L, H / 16] its rows' partial sums of squares; every GEMM
+        """The folded route's lattice layers as five Triton GEMMs + the attention each: cat [b*L, 2H] holds the
+        residual stream x in its first half, sumsq [b*L, H / 16] its rows' partial sums of squares; every GEMM
         that adds into x writes them anew for the next one's norm, and the last also writes x * t into
         cat's second half -> (cat, sumsq of the final x)."""
         rows, h = cat.shape[0], self.width
-        n, x = rows // b, cat[:, :h]
-        launch = dict(pdl=plan.pdl, prefetch=self._prefetch(plan))
+        n, x, pdl = rows // b, cat[:, :h], plan.pdl
         bias = self.attn_bias[..., :n, :n]
-        layers, tiles = self.head.layers, plan.tiles
+        layers = self.head.layers
         for i, layer in enumerate(layers):
             attn, mlp = layer.attn, layer.mlp
             qkv = gemm_epilogue_triton(x, self.w_qkv_folded[i], attn.in_proj_bias, norm=(sumsq, _norm_eps(layer.attn_norm)),
-                                       config=tiles.get("qkv"), **launch)
+                                       pdl=pdl)
             last = i == len(layers) - 1
             joined = last and join_anchor is not None
             if joined:  # as in _layers_fused: the attention after the join, every GEMM launched early
                 join_anchor()
-            attended = lattice_attention_triton(qkv, bias, attn.num_heads, block_m=plan.attention_block_m, pdl=plan.pdl,
-                                                launch_pdl=not joined)
+            attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=pdl, launch_pdl=not joined)
             sumsq = head_norm.sumsq_parts(rows, h, self.device)
-            gemm_epilogue_triton(attended, attn.out_proj.weight, attn.out_proj.bias, residual=x, sumsq_out=sumsq,
-                                 config=tiles.get("out_proj"), **launch)
+            gemm_epilogue_triton(attended, attn.out_proj.weight, attn.out_proj.bias, residual=x, sumsq_out=sumsq, pdl=pdl)
             norm = (sumsq, _norm_eps(layer.mlp_norm))
-            hidden = gemm_epilogue_triton(x, self.w_up_folded[i], mlp.up_proj.bias, silu=True, norm=norm,
-                                          config=tiles.get("ffn_up"), **launch)
+            hidden = gemm_epilogue_triton(x, self.w_up_folded[i], mlp.up_proj.bias, silu=True, norm=norm, pdl=pdl)
             sumsq = head_norm.sumsq_parts(rows, h, self.device)
             gemm_epilogue_triton(hidden, mlp.down_proj.weight, mlp.down_proj.bias, residual=x, sumsq_out=sumsq,
-                                 cross=(t, cat[:, h:]) if last else None, config=tiles.get("ffn_down"), **launch)
+                                 cross=(t, cat[:, h:]) if last else None, pdl=pdl)
         return cat, sumsq
 
-    def _residual_norm(self, x, branch, role: str, linear: torch.nn.Linear, norm: torch.nn.RMSNorm, plan: SelectPlan, cross=None):
-        """x += linear(branch) (in place; not with cross) -> RMSNorm(x) [rows, H], or concat[h, h*t]
-        [rows, 2H] with cross (the anchor state t): one GEMM with the add + norm in its epilogue
-        where the plan has norm_epilogue, else the GEMM (`role`) + add_rmsnorm_triton."""
-        if not plan.norm_epilogue:
-            y = self._gemm(role, branch, linear.weight, linear.bias, plan)
-            return head_norm.add_rmsnorm_triton(x, y, norm.weight, _norm_eps(norm), cross=cross, pdl=plan.pdl)
-        counters = self._counters.at_least(row_tiles(*x.shape, self.dtype))
-        return linear_add_rmsnorm_triton(branch, linear.weight, linear.bias, x, norm.weight, _norm_eps(norm), counters, cross)
+    def _residual_norm(self, x, branch, linear: torch.nn.Linear, norm: torch.nn.RMSNorm, plan: SelectPlan, cross=None):
+        """x += linear(branch) (in place; not with cross) -> RMSNorm(x) [rows, H], or concat[h, h*t] [rows, 2H] with
+        cross (the anchor state t): the cuBLAS GEMM + add_rmsnorm_triton."""
+        y = F.linear(branch, linear.weight, linear.bias)
+        return head_norm.add_rmsnorm_triton(x, y, norm.weight, _norm_eps(norm), cross=cross, pdl=plan.pdl)
 
     def _factors_fused(self, cat, sumsq, anchor, b, s, plan: SelectPlan, ids=None):
         """concat[h, h*t] [b*L, 2H], anchor [b, D+H] -> (start fp32 [b, K], pair fp32 [b, S-1, K, K],
         draft ids [b, S] committed by the select's rule if candidate `ids` [b, S, K] are given, else None: the greedy
         walk in the cosine kernel, another rule's kernel after it).
-        With folded norms `cat` is [x, x * t] and sumsq the sums of squares of x's rows (_layers_folded):
+        On the folded route `cat` is [x, x * t] and sumsq the sums of squares of x's rows (_layers_folded):
         the factor GEMM applies the output norm (its rstd per row, its gain in w_factor_folded)."""
         d, k, pdl = self.factor_dim, self.topk, plan.pdl
-        group = dict(silu=True, group_bias=anchor[:, d:], rows_per_group=s * k)  # the per-request bias + SiLU
-        if sumsq is not None:
+        if sumsq is not None:  # the per-request bias + SiLU in the GEMM's epilogue
             norm = (sumsq, _norm_eps(self.head.output_norm))
-            fused = gemm_epilogue_triton(cat, self.w_factor_folded, norm=norm, norm_width=self.width, pdl=pdl,
-                                         prefetch=self._prefetch(plan), config=plan.tiles.get("factor"), **group)
-        elif "factor" in plan.triton_gemms:  # the per-request bias + SiLU in its epilogue
-            fused = gemm_epilogue_triton(cat, self.w_factor, pdl=pdl, prefetch=self._prefetch(plan), config=plan.tiles.get("factor"),
-                                         **group)
+            fused = gemm_epilogue_triton(cat, self.w_factor_folded, norm=norm, norm_width=self.width, pdl=pdl, silu=True,
+                                         group_bias=anchor[:, d:], rows_per_group=s * k)
+            edges = gemm_epilogue_triton(fused, self.w_edge, self.b_edge, pdl=pdl)
         else:
             fused = head_norm.row_bias_silu_triton(F.linear(cat, self.w_factor), anchor[:, d:], rows_per_group=s * k, pdl=pdl)
-        edges = self._gemm("out_in", fused, self.w_edge, self.b_edge, plan).view(b, s, k, 2 * d)
+            edges = F.linear(fused, self.w_edge, self.b_edge)
+        edges = edges.view(b, s, k, 2 * d)
         if ids is None or self.walk_rule != "greedy":  # the scores alone, then (with ids) the rule's kernel
             start, pair = head_scores.lattice_cosine_triton(edges, anchor[:, :d], self.sigma, self.vector_eps, pdl=pdl)
             return start, pair, None if ids is None else self.walk(start, pair, ids)
-        launch = CosineLaunch(split=plan.cosine_split)
-        counters = self._counters.at_least(head_scores.walk_counters(b, s, launch))
-        return head_scores.lattice_cosine_walk_triton(edges, anchor[:, :d], self.sigma, self.vector_eps, ids, counters, launch,
+        counters = self._counters.at_least(b)  # one per request
+        return head_scores.lattice_cosine_walk_triton(edges, anchor[:, :d], self.sigma, self.vector_eps, ids, counters,
                                                       pdl=pdl)
-
-    @staticmethod
-    def _prefetch(plan: SelectPlan) -> bool | None:  # gemm_epilogue_triton's prefetch: None = when launched early
-        return None if plan.prefetch_weights else False
-
-    def _gemm(self, role: str, x, weight, bias, plan: SelectPlan):
-        """x @ weight.T + bias for the GEMM `role`: a Triton GEMM (PDL and the role's tiles as the plan says) where the
-        plan runs that role in Triton, else cuBLAS."""
-        if role not in plan.triton_gemms:
-            return F.linear(x, weight, bias)
-        return gemm_epilogue_triton(x, weight, bias, pdl=plan.pdl, prefetch=self._prefetch(plan), config=plan.tiles.get(role))
 
     def fused_stages(self, vals, ids, lse, pass_hidden, anchor_hidden) -> dict:
         """The fused path (without the side stream) cut into its stages, name -> zero-argument call
@@ -354,17 +286,19 @@ class FastLiLiCorrSelect(SelectConstants):
         b, s = self._check(pass_hidden, anchor_hidden)
         plan = self.plan(b)
         if not plan.fused:
-            raise ValueError("fused_stages: the plan at this batch size runs the PyTorch path (fused=False); give a fused plan.")
+            raise ValueError("fused_stages: the plan at this batch size runs the torch route; give a fused plan.")
 
         def lattice(x, xn):
-            return self._layers_folded(x, xn, b, t, plan) if plan.fold_norms else (self._layers_fused(x, xn, b, t, plan), None)
+            if plan.route == "folded":
+                return self._layers_folded(x, xn, b, t, plan)
+            return self._layers_fused(x, xn, b, t, plan), None
 
         with torch.no_grad():
-            pass_proj, (t, anchor) = self._pass_projection(pass_hidden, plan), self._anchor_projection(anchor_hidden, plan)
+            pass_proj, (t, anchor) = self._pass_projection(pass_hidden), self._anchor_projection(anchor_hidden, plan)
             lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj, plan)
             cat, sumsq = lattice(x.clone(), xn)
         stages = {
-            "projections": lambda: (self._pass_projection(pass_hidden, plan), self._anchor_projection(anchor_hidden, plan)),
+            "projections": lambda: (self._pass_projection(pass_hidden), self._anchor_projection(anchor_hidden, plan)),
             "nodes": lambda: self._nodes_fused(vals, ids, lse, pass_proj, plan),
             "lattice": lambda: lattice(x, xn),
             "factors": lambda: self._factors_fused(cat, sumsq, anchor, b, s, plan, ids),  # with the commit, as served
@@ -393,21 +327,10 @@ class FastLiLiCorrSelect(SelectConstants):
         return draft, ids, lp
 
     def _select_fused_from_logits(self, logits, hidden, anchor_hidden, b, s):
-        """select_from_logits on the fused path, with the pass projection beside the top-K where the plan says so."""
-        plan, pass_proj, parts = self.plan(b), None, None
-        if plan.pass_beside_topk:
-            # the top-K split writes its buffers while this GEMM may still read its input, so the input (a copy if
-            # hidden is not already the head's dtype and contiguous) stays allocated until the top-K is launched
-            pass_input = hidden.to(self.dtype).contiguous()
-            pass_proj = self._pass_projection(pass_input, plan, pdl=True)
-        beside = pass_proj is not None
-        if plan.merge_in_confidence:  # only the split kernel here: the confidence kernel merges
-            parts = topk_lse_parts(logits, self.topk, launch=plan.topk_launch, pdl=plan.pdl, beside=beside)
-            vals, lse, ids = None, None, torch.empty((b, s, self.topk), dtype=torch.int64, device=self.device)
-        else:
-            vals, ids, lse = self._candidates_from_logits(logits, b, s, plan, beside=beside)
-        pass_input = None  # the top-K is launched: the input may go back to the allocator (stream-ordered)
-        lp, draft = self._scores_fused(vals, ids, lse, hidden, anchor_hidden, plan, walk=True, pass_proj=pass_proj, parts=parts)[2:]
+        """select_from_logits on a fused route."""
+        plan = self.plan(b)
+        vals, ids, lse = self._candidates_from_logits(logits, b, s, plan)
+        lp, draft = self._scores_fused(vals, ids, lse, hidden, anchor_hidden, plan, walk=True)[2:]
         return draft, ids, lp
 
     def select_from_logits(self, logits: torch.Tensor, hidden: torch.Tensor, anchor_hidden: torch.Tensor):

@@ -11,8 +11,6 @@
 - gemm_epilogue_triton(x [M, K], weight [N, K], bias [N] | None, ...) -> [M, N]: a GEMM with its epilogue in one
   launch (bias, SiLU, per-request bias, pre-norm, residual add, node assembly); linear_silu_triton is the lattice
   FFN's up projection with bias + SiLU.
-- linear_add_rmsnorm_triton / lattice_nodes_linear_triton (linear_norm): a GEMM whose epilogue is the
-  residual add (or the node assembly) + RMSNorm.
 Their launches come from kernels/tuning.py, which holds every measured launch table. See README.md in this folder
 for launch geometry and references.
 """
@@ -27,8 +25,6 @@ _TRITON_ONLY = {
     "lattice_attention_triton": "lattice_attention",
     "gemm_epilogue_triton": "gemm_epilogue",
     "linear_silu_triton": "gemm_epilogue",
-    "linear_add_rmsnorm_triton": "linear_norm",
-    "lattice_nodes_linear_triton": "linear_norm",
 }
 
 __all__ = ["MAX_TOPK", "topk_lse", "topk_lse_reference", "uses_triton", *_TRITON_ONLY]

@@ -8,18 +8,16 @@ runs in Triton, with what follows it folded into the epilogue instead of a launc
   norm       the pre-norm of the GEMM's input: rstd per row from those partials scales the tile; the
              norm's gain is folded into the weight (fold_norm_gain): RMSNorm(x) @ W.T = rstd * (x @ (W * g).T);
   cross      also writes out * t (t: the request's anchor state), the factor GEMM's h * t up to the
-             output norm's rstd and gain, which that GEMM applies to concat[x, x * t];
-  nodes      the feature MLP's down GEMM writes the lattice nodes instead of its product: token_table[id] +
-             pass_proj[slot] + product + node_const[slot, rank] (kernels/head_nodes.node_sum).
-Uses: the lattice FFN's up projection with bias + SiLU (linear_silu_triton), the factor projection with its
-per-request bias + SiLU, and, where the select folds the lattice's norms (sglang_lilicorr/fast_path/plan.py), each
+             output norm's rstd and gain, which that GEMM applies to concat[x, x * t].
+Uses: the lattice FFN's up projection with bias + SiLU (linear_silu_triton), and, on the select's folded route
+(sglang_lilicorr/fast_path/plan.py), every head GEMM: the factor projection with its per-request bias + SiLU, each
 lattice GEMM as the layer's only launch around it. Nothing is added to the K loop: a register pass over its A tiles
 (sums of squares, x * t) measured slower (benchmarks/PERF_NOTES.md).
 Launched early under PDL (kernels/pdl.py), the programs of the first row tile fetch their weight slice
 into L2 before they wait on the previous kernel (kernels/prefetch.py; `prefetch`). In small tiles
 (tuning.EARLY_OPERANDS_MAX_TILE: the bs-1 configs) the epilogue's operands load early and are used late:
-the bias before the PDL wait, what earlier kernels wrote (residual, t, the norm's partials, the per-request bias,
-the node ids and pass rows) before the K loop.
+the bias before the PDL wait, what earlier kernels wrote (residual, t, the norm's partials, the per-request bias)
+before the K loop.
 
   x          [M, K]   rows = b * L lattice nodes; any row stride, unit stride along K
   weight     [N, K]   nn.Linear layout (out x in); any row stride, unit stride along K
@@ -29,8 +27,8 @@ the node ids and pass rows) before the K loop.
                       (PyTorch rounds after the GEMM and again after each elementwise op); the residual add after it
 
 Two kernels, the same epilogue:
-  _gemm_kernel      one program per [BLOCK_M, BLOCK_N] output tile, pointer loads (gemm_tile,
-                    shared with kernels/linear_norm.py); rows and columns past M, N wrapped
+  _gemm_kernel      one program per [BLOCK_M, BLOCK_N] output tile, pointer loads (gemm_tile);
+                    rows and columns past M, N wrapped
                     (index mod M, N) so the K loop loads without masks, the store masked;
                     the K loop unmasked when BLOCK_K divides K.
   _gemm_tma_kernel  persistent (one program per SM striding over the tiles), x / weight
@@ -56,7 +54,6 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from . import tuning
 from .device import sm_count, sm_major
-from .head_nodes import node_const_rows, node_ids, node_pass_rows, node_sum, node_sum_in_order
 from .head_norm import SUMSQ_GROUP, load_sumsq, row_rstd, store_sumsq
 from .pdl import check_pdl, grid_dependency_wait, pdl_launch
 from .prefetch import lines_per_row, prefetch_rows_l2
@@ -144,19 +141,17 @@ EARLY_OPERANDS_MAX_TILE = tl.constexpr(tuning.EARLY_OPERANDS_MAX_TILE)
 
 @triton.jit
 def _written_operands(
-    gb_ptr, ss_in_ptr, ids_ptr, pass_ptr, out_ptr, t_ptr, rm, rn, live, mask, at, M, N, gb_stride, rows_per_group,
-    n_parts_in, n_cand, rows_per_req, GROUP_BIAS: tl.constexpr, NORM: tl.constexpr, PARTS_IN: tl.constexpr,
-    NODES: tl.constexpr, RESIDUAL: tl.constexpr, CROSS_OUT: tl.constexpr,
+    gb_ptr, ss_in_ptr, out_ptr, t_ptr, rm, rn, mask, at, M, N, gb_stride, rows_per_group,
+    n_parts_in, rows_per_req, GROUP_BIAS: tl.constexpr, NORM: tl.constexpr, PARTS_IN: tl.constexpr,
+    RESIDUAL: tl.constexpr, CROSS_OUT: tl.constexpr,
 ):
     """The epilogue's operands that earlier kernels wrote, as loaded (placeholders where off): (group bias,
-    the input rows' sum-of-squares partials, node token ids, node pass projection, the residual, t)."""
+    the input rows' sum-of-squares partials, the residual, t)."""
     group_bias = _group_bias_tile(gb_ptr, rm, rn, M, N, gb_stride, rows_per_group, GROUP_BIAS)
     parts = load_sumsq(ss_in_ptr, rm % M, n_parts_in, PARTS_IN) if NORM else 0.0
-    tok = node_ids(rm, live, ids_ptr) if NODES else 0
-    proj = node_pass_rows(rm, rn, mask, pass_ptr, n_cand, N) if NODES else 0.0
     old = tl.load(out_ptr + at, mask=mask, other=0.0) if RESIDUAL else 0.0
     t = _cross_tile(t_ptr, rm, rn, mask, N, rows_per_req) if CROSS_OUT else 0.0
-    return group_bias, parts, tok, proj, old, t
+    return group_bias, parts, old, t
 
 
 @triton.jit
@@ -168,11 +163,9 @@ def _cross_tile(t_ptr, rm, rn, mask, N, rows_per_req):
 @triton.jit(do_not_specialize=["M"])  # rows (b * L): bounds and wrapping only, so one build for every batch size
 def _gemm_kernel(
     x_ptr, w_ptr, b_ptr, gb_ptr, out_ptr, ss_in_ptr, ss_out_ptr, t_ptr, xt_ptr,
-    ids_ptr, table_ptr, pass_ptr, const_ptr,  # NODES only (head_nodes.node_sum)
     M, N, K, stride_xm, stride_wn, stride_om, gb_stride, rows_per_group, rows_per_req, n_parts_in, norm_width, eps,
-    n_slots, n_cand,
     HAS_BIAS: tl.constexpr, GROUP_BIAS: tl.constexpr, SILU: tl.constexpr, NORM: tl.constexpr, PARTS_IN: tl.constexpr,
-    RESIDUAL: tl.constexpr, SUMSQ_OUT: tl.constexpr, CROSS_OUT: tl.constexpr, NODES: tl.constexpr,
+    RESIDUAL: tl.constexpr, SUMSQ_OUT: tl.constexpr, CROSS_OUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, IEEE_F32: tl.constexpr, PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
 ):
@@ -191,26 +184,19 @@ def _gemm_kernel(
     # loop. Only in small tiles (the bs-1 configs): held across the loop, a larger tile's would spill.
     EARLY: tl.constexpr = BLOCK_M * BLOCK_N <= EARLY_OPERANDS_MAX_TILE
     bias = _bias_tile(b_ptr, rn, N, HAS_BIAS)
-    const = node_const_rows(rm, rn, mask, const_ptr, n_slots, n_cand, N) if NODES and EARLY else 0.0
     grid_dependency_wait(PDL)
     if EARLY:
-        group_bias, parts, tok, proj, old, t = _written_operands(
-            gb_ptr, ss_in_ptr, ids_ptr, pass_ptr, out_ptr, t_ptr, rm, rn, live, mask, at, M, N, gb_stride, rows_per_group,
-            n_parts_in, n_cand, rows_per_req, GROUP_BIAS, NORM, PARTS_IN, NODES, RESIDUAL, CROSS_OUT)
+        group_bias, parts, old, t = _written_operands(
+            gb_ptr, ss_in_ptr, out_ptr, t_ptr, rm, rn, mask, at, M, N, gb_stride, rows_per_group,
+            n_parts_in, rows_per_req, GROUP_BIAS, NORM, PARTS_IN, RESIDUAL, CROSS_OUT)
     acc = gemm_tile(x_ptr, w_ptr, rm, rn, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE_F32)
-    if not EARLY:  # after the loop; the residual, t and the node operands each where it is used (fewer live registers)
-        group_bias, parts, tok, proj, old, t = _written_operands(
-            gb_ptr, ss_in_ptr, ids_ptr, pass_ptr, out_ptr, t_ptr, rm, rn, live, mask, at, M, N, gb_stride, rows_per_group,
-            n_parts_in, n_cand, rows_per_req, GROUP_BIAS, NORM, PARTS_IN, False, False, False)
+    if not EARLY:  # after the loop; the residual and t each where it is used (fewer live registers)
+        group_bias, parts, old, t = _written_operands(
+            gb_ptr, ss_in_ptr, out_ptr, t_ptr, rm, rn, mask, at, M, N, gb_stride, rows_per_group,
+            n_parts_in, rows_per_req, GROUP_BIAS, NORM, PARTS_IN, False, False)
     if NORM:  # RMSNorm(x) @ W.T = rstd * (x @ (W * g).T): the gain g folded into the weight
         acc = acc * row_rstd(parts, eps, norm_width)[:, None]
     y = _epilogue(acc, bias, group_bias, HAS_BIAS, GROUP_BIAS, SILU)
-    if NODES:  # the feature down GEMM: node = token_table[id] + pass_proj[slot] + y + node_const[slot, rank]
-        feat = y.to(dtype).to(tl.float32)
-        if EARLY:
-            y = node_sum(feat, tok, proj, const, rn, mask, table_ptr, N)
-        else:
-            y = node_sum_in_order(feat, rm, live, rn, mask, ids_ptr, table_ptr, pass_ptr, const_ptr, n_slots, n_cand, N)
     if RESIDUAL:  # out += y, y rounded as F.linear returns it, the sum rounded as the residual add
         if not EARLY:
             old = tl.load(out_ptr + at, mask=mask, other=0.0)
@@ -252,14 +238,12 @@ def _gemm_tma_kernel(
 def gemm_epilogue_reference(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, silu: bool = False,
     group_bias: torch.Tensor | None = None, rows_per_group: int = 1, norm_eps: float | None = None, norm_width: int | None = None,
-    residual: torch.Tensor | None = None, cross: torch.Tensor | None = None, nodes: tuple | None = None,
+    residual: torch.Tensor | None = None, cross: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """PyTorch definition of gemm_epilogue_triton, in fp32, rounded to x's dtype after the activation:
     y = act(rstd * (x @ weight.T) + bias + group_bias[row // rows_per_group]), rstd = 1 / sqrt(mean(x[:, :w]^2)
     + eps) over the first w = norm_width (default all) columns of x with norm_eps, else 1; then residual
-    += y (returned, in place). With cross (t [b, N]) -> (that, that * t[row // (M / b)]). With nodes
-    (ids [b, S, K], table [V, N], pass_proj [b, S, N], node_const [S_max, K, N]) -> the lattice nodes
-    table[id] + pass_proj[slot] + y + node_const[slot, rank], rounded once."""
+    += y (returned, in place). With cross (t [b, N]) -> (that, that * t[row // (M / b)])."""
     xf = x.float()
     y = xf @ weight.float().T
     if norm_eps is not None:
@@ -269,11 +253,6 @@ def gemm_epilogue_reference(
     if group_bias is not None:
         y = (y.view(-1, rows_per_group, y.shape[-1]) + group_bias.float().unsqueeze(1)).view(y.shape)
     y = (F.silu(y) if silu else y).to(x.dtype)
-    if nodes is not None:
-        ids, table, pass_proj, const = nodes
-        b, s, k = ids.shape
-        proj = pass_proj.float().view(b, s, 1, -1)
-        y = (table[ids].float() + proj + y.float().view(b, s, k, -1) + const[:s].float()).to(x.dtype).view(y.shape)
     if residual is not None:
         y = residual.copy_((residual.float() + y.float()).to(residual.dtype))
     if cross is None:
@@ -331,15 +310,11 @@ def _check_tensor(name: str, what: str, t: torch.Tensor, shape: tuple, dtype: to
         )
 
 
-def _check_epilogue(name: str, x, weight, norm, norm_width, residual, out, sumsq_out, cross, nodes) -> None:
-    """The norm / residual / node / extra outputs of gemm_epilogue_triton against x [M, K] and weight [N, K]."""
+def _check_epilogue(name: str, x, weight, norm, norm_width, residual, out, sumsq_out, cross) -> None:
+    """The norm / residual / extra outputs of gemm_epilogue_triton against x [M, K] and weight [N, K]."""
     (m, k), n = x.shape, weight.shape[0]
     if residual is not None and out is not None:
         raise ValueError(f"{name}: residual is the output; pass it without out")
-    if nodes is not None:
-        _check_nodes(name, nodes, m, n, x.device)
-        if residual is not None:
-            raise ValueError(f"{name}: nodes and residual are two sums into the output; pass one")
     if norm is not None:
         width = norm_width or k
         if not 0 < width <= k:
@@ -361,22 +336,6 @@ def _check_epilogue(name: str, x, weight, norm, norm_width, residual, out, sumsq
             raise ValueError(f"{name}: the cross output must share the output's row stride (e.g. two halves of one buffer)")
 
 
-def _check_nodes(name: str, nodes: tuple, m: int, n: int, device) -> None:
-    """nodes = (ids [b, S, K] int64, table [V, N], pass_proj [b, S, N], node_const fp32 [S_max, K, N])."""
-    ids, table, pass_proj, const = nodes
-    if ids.dim() != 3 or ids.numel() != m or ids.dtype != torch.int64:
-        raise ValueError(f"{name}: node ids {tuple(ids.shape)} {ids.dtype} must be int64 [b, S, K] over the {m} rows")
-    b, s, k = ids.shape
-    if table.dim() != 2 or table.shape[1] != n or tuple(pass_proj.shape) != (b, s, n):
-        raise ValueError(f"{name}: node table {tuple(table.shape)} / pass_proj {tuple(pass_proj.shape)} must be [V, {n}] / [{b}, {s}, {n}]")
-    if table.dtype != pass_proj.dtype:
-        raise ValueError(f"{name}: node table is {table.dtype} but pass_proj {pass_proj.dtype}; cast one")
-    if const.dim() != 3 or const.shape[0] < s or tuple(const.shape[1:]) != (k, n) or const.dtype != torch.float32:
-        raise ValueError(f"{name}: node_const {tuple(const.shape)} {const.dtype} must be fp32 [>= {s}, {k}, {n}]")
-    if any(t.device != device or not t.is_contiguous() for t in nodes):
-        raise ValueError(f"{name}: the node tensors must be contiguous and on {device}")
-
-
 def gemm_epilogue_triton(
     x: torch.Tensor,  # [M, K], unit stride along K
     weight: torch.Tensor,  # [N, K] (nn.Linear), unit stride along K
@@ -391,7 +350,6 @@ def gemm_epilogue_triton(
     out: torch.Tensor | None = None,  # [M, N] where to write the result (unit column stride); None: a new tensor
     sumsq_out: torch.Tensor | None = None,  # [M, cdiv(N, 16)] fp32: the result rows' partial sums of squares
     cross: tuple[torch.Tensor, torch.Tensor] | None = None,  # (t [b, N], xt [M, N]): also xt = result * t per request
-    nodes: tuple | None = None,  # (ids [b, S, K], table [V, N], pass_proj [b, S, N], node_const [S_max, K, N]): the lattice nodes
     config: str | GemmLaunch | None = None,  # a GEMM_CONFIGS key or a GemmLaunch; None: select_config(M, dtype, K)
     pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py; sm_90+); `bias` is then read before the wait: a constant
     launch_pdl: bool | None = None,  # False: a PDL kernel launched in full order (after a stream join); None: pdl
@@ -400,11 +358,11 @@ def gemm_epilogue_triton(
 ) -> torch.Tensor:
     """-> act(x @ weight.T + bias + group_bias[row // rows_per_group]) [M, N] in x's dtype (act: SiLU
     with silu, else identity), fp32 accumulation and epilogue, one launch; the options as in
-    gemm_epilogue_reference (the layer's pre-norm, the residual add, the node assembly), and the outputs the
+    gemm_epilogue_reference (the layer's pre-norm, the residual add), and the outputs the
     next GEMM's norm needs (sumsq_out) or the factor GEMM's h * t (cross). Launched early under PDL, the programs
     of the first row tile fetch the weight into L2 before waiting on the previous kernel (prefetch)."""
     _check(name, x, weight, bias, group_bias, rows_per_group)
-    _check_epilogue(name, x, weight, norm, norm_width, residual, out, sumsq_out, cross, nodes)
+    _check_epilogue(name, x, weight, norm, norm_width, residual, out, sumsq_out, cross)
     check_pdl(pdl, x, name)
     launch = pdl_launch(pdl, launch_pdl)
     early = launch["launch_pdl"]
@@ -420,7 +378,7 @@ def gemm_epilogue_triton(
         out = residual
     elif out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    plain = all(e is None for e in (norm, residual, sumsq_out, cross, nodes)) and out.is_contiguous()
+    plain = all(e is None for e in (norm, residual, sumsq_out, cross)) and out.is_contiguous()
     if m and n:
         if isinstance(config, GemmLaunch):
             c = config
@@ -443,13 +401,9 @@ def gemm_epilogue_triton(
         else:
             t, xt = (cross[0].contiguous(), cross[1]) if cross is not None else (out, out)
             n_parts_in = norm[0].shape[1] if norm is not None else 1
-            ids, table, pass_proj, const = nodes if nodes is not None else (out, out, out, out)
-            n_slots, n_cand = ids.shape[1:] if nodes is not None else (1, 1)
             _gemm_kernel[(triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n),)](
                 x_ptr=x, w_ptr=weight, out_ptr=out, ss_in_ptr=out if norm is None else norm[0],
                 ss_out_ptr=out if sumsq_out is None else sumsq_out, t_ptr=t, xt_ptr=xt,
-                ids_ptr=ids, table_ptr=table, pass_ptr=pass_proj, const_ptr=const,
-                n_slots=n_slots, n_cand=n_cand, NODES=nodes is not None,
                 M=m, N=n, K=k, stride_xm=x.stride(0), stride_wn=weight.stride(0), stride_om=out.stride(0),
                 rows_per_req=1 if cross is None else m // t.shape[0],
                 n_parts_in=n_parts_in, norm_width=norm_width or k, eps=0.0 if norm is None else float(norm[1]),

@@ -4,17 +4,14 @@ Two row kernels around the feature MLP's down projection (a cuBLAS GEMM):
 
   confidence_up_triton   top-K values + logsumexp -> log-probs and silu(up(LayerNorm(features)))
                          per candidate, with LayerNorm's affine folded into the up projection
-                         (w_feat = up.weight * ln.weight, b_feat = up.weight @ ln.bias + up.bias);
-                         or from the top-K's per-chunk partials (`parts`), each row merged first as the
-                         top-K's merge kernel would, its ids written: one launch fewer.
+                         (w_feat = up.weight * ln.weight, b_feat = up.weight @ ln.bias + up.bias).
   lattice_nodes_triton   node = token_table[id] + pass_proj[slot] + feat_down[node] + node_const[slot, k]
                          (node_const: slot + rank embeddings and the folded biases), written as the
                          residual stream and, RMS-normalised, as the first layer's attention input
                          (or, with the norms folded into the GEMMs, the rows' partial sums of
                          squares that the QKV GEMM's norm reads: kernels/head_norm.store_sumsq).
 
-Both run one program per row; no host syncs (CUDA-graph capturable). The node sum (`node_sum`, `node_sum_in_order`) is
-also the feature down GEMM's node epilogue (kernels/gemm_epilogue.py, `nodes`; the select plan's nodes_in_gemm).
+Both run one program per row; no host syncs (CUDA-graph capturable).
 """
 from __future__ import annotations
 
@@ -24,24 +21,20 @@ import triton.language as tl
 
 from .device import rows_per_program
 from .head_norm import SUMSQ_GROUP, norm_store, store_sumsq
-from .pdl import check_pdl, check_release_early, dependency_wait, early_release, grid_dependency_wait, pdl_launch
-from .topk_lse_fused import TopKParts, key_index, key_value, merge_row
-from .tuning import CONFIDENCE_MERGE_LAUNCH, ConfidenceLaunch
+from .pdl import check_pdl, grid_dependency_wait, pdl_launch
+from .tuning import ConfidenceLaunch
 
 NUM_FEATURES = 5  # log p, p, log p - log p_top, rank / (K-1), is-top-1 (sglang_lilicorr.head)
 
 
 
 
-@triton.jit(do_not_specialize=["n_splits"])  # the top-K's chunks per row, by batch size (merge_row's bound)
+@triton.jit
 def _confidence_up_kernel(
     vals_ptr, lse_ptr, w_ptr, b_ptr, lp_ptr, out_ptr,  # [G, K] f32, [G] f32, [H, 5] f32, [H] f32, [G, K] f32, [G*K, H]
-    part_key_ptr, part_max_ptr, part_sum_ptr, n_splits, ids_ptr,  # MERGE: the top-K's partials (TopKParts) -> ids [G, K]
     K, H, ln_eps, rank_div,  # rank_div = max(K - 1, 1)
-    KP: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr, RELEASE_EARLY: tl.constexpr,
-    MERGE: tl.constexpr, SP: tl.constexpr, NARROW: tl.constexpr,  # SP, NARROW: TopKParts.width, .narrow
+    KP: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
 ):
-    early_release(PDL, RELEASE_EARLY)
     g = tl.program_id(0)  # one (request, slot) group of K candidates
     hb = tl.program_id(1)
     ks = tl.arange(0, KP)
@@ -55,16 +48,9 @@ def _confidence_up_kernel(
     w2 = tl.load(w_ptr + cols * 5 + 2, mask=cv, other=0.0)[None, :]
     w3 = tl.load(w_ptr + cols * 5 + 3, mask=cv, other=0.0)[None, :]
     w4 = tl.load(w_ptr + cols * 5 + 4, mask=cv, other=0.0)[None, :]
-    dependency_wait(PDL, RELEASE_EARLY)
-    if MERGE:  # the top-K's stage 2 for this row, in every column block (the first one stores the ids)
-        # KP (a constexpr) rounds for K: the partials hold SENTINEL past K, so the first K keys are the same
-        lse, best = merge_row(part_key_ptr, part_max_ptr, part_sum_ptr, n_splits, g, ks, KP, KP, SP, NARROW)
-        v = tl.where(kv, key_value(best), 0.0)
-        if hb == 0:
-            tl.store(ids_ptr + g * K + ks, key_index(best), mask=kv)
-    else:
-        v = tl.load(vals_ptr + g * K + ks, mask=kv, other=0.0)
-        lse = tl.load(lse_ptr + g)
+    grid_dependency_wait(PDL)
+    v = tl.load(vals_ptr + g * K + ks, mask=kv, other=0.0)
+    lse = tl.load(lse_ptr + g)
     lp = v - lse
     if hb == 0:
         tl.store(lp_ptr + g * K + ks, lp, mask=kv)
@@ -119,22 +105,12 @@ def table_rows(tok, cols, mask, table_ptr, H):
 @triton.jit
 def node_sum(feat, tok, proj, const, cols, mask, table_ptr, H):
     """feat [R, C] fp32 (the feature MLP's down projection, rounded as F.linear returns it), the rows' token ids,
-    pass projection and node constants as loaded (node_ids, node_pass_rows, node_const_rows: issued early, e.g.
-    before a GEMM's K loop), columns cols -> the node [R, C] fp32 = token_table[id] + pass_proj[slot] + feat +
+    pass projection and node constants as loaded (node_ids, node_pass_rows, node_const_rows), columns cols -> the node [R, C] fp32 = token_table[id] + pass_proj[slot] + feat +
     node_const[slot, k], summed in fp32 (rounded once by the caller)."""
     x = table_rows(tok, cols, mask, table_ptr, H)
     x += proj.to(tl.float32)
     x += feat
     return x + const.to(tl.float32)
-
-
-@triton.jit
-def node_sum_in_order(feat, rows, live, cols, mask, ids_ptr, table_ptr, pass_ptr, const_ptr, n_slots, n_cand, H):
-    """node_sum with each load where the sum needs it (fewer live registers in large tiles)."""
-    x = table_rows(node_ids(rows, live, ids_ptr), cols, mask, table_ptr, H)
-    x += node_pass_rows(rows, cols, mask, pass_ptr, n_cand, H).to(tl.float32)
-    x += feat
-    return x + node_const_rows(rows, cols, mask, const_ptr, n_slots, n_cand, H).to(tl.float32)
 
 
 @triton.jit(do_not_specialize=["n_rows"])  # a bound only: one build for every batch size
@@ -166,45 +142,25 @@ def _row_warps(block: int) -> int:
 
 
 def confidence_up_triton(
-    vals: torch.Tensor | None, lse: torch.Tensor | None, w_feat: torch.Tensor, b_feat: torch.Tensor, ln_eps: float,
-    dtype: torch.dtype, *, pdl: bool = False, release_early: bool = False, parts: TopKParts | None = None,
-    ids_out: torch.Tensor | None = None,
+    vals: torch.Tensor, lse: torch.Tensor, w_feat: torch.Tensor, b_feat: torch.Tensor, ln_eps: float,
+    dtype: torch.dtype, *, pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """vals fp32 [G, K] (descending), lse fp32 [G], w_feat fp32 [H, 5], b_feat fp32 [H]
     -> (log-probs fp32 [G, K], silu(w_feat @ LayerNorm(features) + b_feat) [G*K, H] in dtype).
     `pdl`: programmatic dependent launch (kernels/pdl.py), here and in every kernel of this folder; w_feat and b_feat
-    are then read before the wait (constants, not the output of the kernel before). `release_early` (with pdl): the
-    next kernel is released at this kernel's start (kernels/pdl.dependency_wait).
-    `parts` (topk_lse_parts's partials of G rows) instead of vals and lse: the kernel merges each row first, as the
-    top-K's merge kernel would (the same arithmetic; the logsumexp's sum over chunks can round one fp32 ulp apart where
-    the two kernels order it differently, as measured at the testbed head above bs 1, not at bs 1), and writes the rows' ids into `ids_out` (int64, G * K contiguous)."""
-    merge = parts is not None
-    name = "confidence_up_triton"
-    if merge != (vals is None and lse is None and ids_out is not None):
-        raise ValueError(f"{name}: pass either vals and lse, or parts and ids_out (the top-K's partials, merged here)")
-    device = parts.keys.device if merge else vals.device
-    g, k = (parts.keys.shape[0] // max(parts.splits, 1), parts.k) if merge else vals.shape
-    check_pdl(pdl, w_feat, name)
-    check_release_early(release_early, pdl, name)
-    if merge and (ids_out.dtype != torch.int64 or not ids_out.is_contiguous() or ids_out.numel() != g * k):
-        raise ValueError(f"{name}: ids_out must be a contiguous int64 tensor of G * K = {g * k} ids, got "
-                         f"{ids_out.dtype} {tuple(ids_out.shape)}")
+    are then read before the wait (constants, not the output of the kernel before)."""
+    check_pdl(pdl, w_feat, "confidence_up_triton")
+    g, k = vals.shape
     h = w_feat.shape[0]
-    lp = torch.empty((g, k), dtype=torch.float32, device=device)
-    out = torch.empty((g * k, h), dtype=dtype, device=device)
-    if merge:
-        vals = lse = lp  # unused: the row is merged from the partials
-        merged = (parts.keys, parts.maxima, parts.sums, parts.splits, ids_out)
-    else:
-        vals, lse = vals.contiguous(), lse.contiguous()
-        merged = (lp, lp, lp, 0, lp)  # unused without the merge (lp stands in for the pointers)
-    launch = CONFIDENCE_MERGE_LAUNCH if merge else ConfidenceLaunch()
+    lp = torch.empty((g, k), dtype=torch.float32, device=vals.device)
+    out = torch.empty((g * k, h), dtype=dtype, device=vals.device)
+    launch = ConfidenceLaunch()
     block_h = min(triton.next_power_of_2(h), launch.block_h)
     if g:
         _confidence_up_kernel[(g, triton.cdiv(h, block_h))](
-            vals, lse, w_feat.contiguous(), b_feat.contiguous(), lp, out, *merged, k, h, float(ln_eps), float(max(k - 1, 1)),
-            KP=triton.next_power_of_2(k), BLOCK_H=block_h, PDL=pdl, RELEASE_EARLY=release_early, MERGE=merge,
-            SP=parts.width if merge else 1, NARROW=merge and parts.narrow, launch_pdl=pdl, num_warps=launch.num_warps,
+            vals.contiguous(), lse.contiguous(), w_feat.contiguous(), b_feat.contiguous(), lp, out, k, h, float(ln_eps),
+            float(max(k - 1, 1)), KP=triton.next_power_of_2(k), BLOCK_H=block_h, PDL=pdl, launch_pdl=pdl,
+            num_warps=launch.num_warps,
         )
     return lp, out
 

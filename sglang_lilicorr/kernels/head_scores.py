@@ -22,11 +22,6 @@ candidate (K <= 16), then counts itself done on a per-request counter; the reque
 loads the S words, follows the successors from the anchor through slot S (a shift and a mask per
 slot, no reduction), gathers the walked candidates' ids and resets the counter. One launch fewer
 on the critical path than cosine + walk kernel (PERF_NOTES.md).
-
-With launch.split > 1 (the walk's launch only) each factor's D columns go to that many programs, whose loops are that
-many times shorter: each stores its three partial Grams, counts itself on a per-factor counter, and the factor's last
-program sums the parts in a fixed order (deterministic; the sums run in another order than one program's, so the
-scores may differ in the last fp32 bits), resets that counter and goes on as above (PERF_NOTES.md).
 """
 from __future__ import annotations
 
@@ -45,15 +40,12 @@ def _lattice_cosine_kernel(
     edge_ptr, anchor_ptr, anchor_stride, start_ptr, pair_ptr,
     S, K, D, sigma, eps,
     succ_ptr, count_ptr, ids_ptr, id_b, id_s, id_k, draft_ptr,  # WALK: [b, S] int64, [b] int32, ids [b, S, K], [b, S]
-    part_ptr, factor_count_ptr,  # SPLIT > 1: fp32 [b, S, SPLIT, 3, KP, KP] partial Grams, int32 [b * S] zeros
     KP: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
     WALK: tl.constexpr, SP: tl.constexpr,  # SP: S rounded up to a power of two
-    SPLIT: tl.constexpr, STEPS: tl.constexpr,  # programs per factor, each over STEPS steps (D = SPLIT * STEPS * BLOCK_D)
 ):
     grid_dependency_wait(PDL)
     req = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
-    part = tl.program_id(2)
     ks = tl.arange(0, KP)  # KP >= 16: tl.dot's smallest tile
     kv = ks < K
     is_start = s == 0
@@ -65,20 +57,11 @@ def _lattice_cosine_kernel(
     dot = tl.zeros((KP, KP), tl.float32)  # a b^T
     gram_a = tl.zeros((KP, KP), tl.float32)  # a a^T: squared norms on the diagonal
     gram_b = tl.zeros((KP, KP), tl.float32)
-    if SPLIT > 1:  # this program's STEPS whole steps of the factor's D / SPLIT columns, unrolled
-        for step in tl.static_range(STEPS):
-            cols = (part * STEPS + step) * BLOCK_D + tl.arange(0, BLOCK_D)
-            dot, gram_a, gram_b = _gram_step(a_rows, in_rows, a_live, kv, cols, D, dot, gram_a, gram_b, F32_DOT, PRECISION)
-    else:  # all of D, the last step maybe partial
-        for d0 in range(0, D, BLOCK_D):
-            cols = d0 + tl.arange(0, BLOCK_D)
-            dot, gram_a, gram_b = _gram_step(a_rows, in_rows, a_live, kv, cols, D, dot, gram_a, gram_b, F32_DOT, PRECISION)
-    last = True
-    if SPLIT > 1:  # only the factor's last program to arrive goes on, with the sums of all SPLIT parts
-        dot, gram_a, gram_b, last = _gram_sums(dot, gram_a, gram_b, ks, req * S + s, part, part_ptr, factor_count_ptr, KP, SPLIT)
-    if last:
-        _score_and_walk(dot, gram_a, gram_b, ks, kv, is_start, req, s, S, K, sigma, eps, start_ptr, pair_ptr,
-                        succ_ptr, count_ptr, ids_ptr, id_b, id_s, id_k, draft_ptr, KP, WALK, SP)
+    for d0 in range(0, D, BLOCK_D):  # all of D, the last step maybe partial
+        cols = d0 + tl.arange(0, BLOCK_D)
+        dot, gram_a, gram_b = _gram_step(a_rows, in_rows, a_live, kv, cols, D, dot, gram_a, gram_b, F32_DOT, PRECISION)
+    _score_and_walk(dot, gram_a, gram_b, ks, kv, is_start, req, s, S, K, sigma, eps, start_ptr, pair_ptr,
+                    succ_ptr, count_ptr, ids_ptr, id_b, id_s, id_k, draft_ptr, KP, WALK, SP)
 
 
 @triton.jit
@@ -93,30 +76,6 @@ def _gram_step(a_rows, in_rows, a_live, kv, cols, D, dot, gram_a, gram_b, F32_DO
     gram_a = tl.dot(a, tl.trans(a), gram_a, input_precision=PRECISION)
     gram_b = tl.dot(b, tl.trans(b), gram_b, input_precision=PRECISION)
     return dot, gram_a, gram_b
-
-
-@triton.jit
-def _gram_sums(dot, gram_a, gram_b, ks, factor, part, part_ptr, factor_count_ptr, KP: tl.constexpr, SPLIT: tl.constexpr):
-    """Store this part's three [KP, KP] Grams and count it on the factor's counter -> the sums over the SPLIT parts in a
-    fixed order (deterministic) and whether this program is the factor's last (which also resets the counter)."""
-    offs = ks[:, None] * KP + ks[None, :]
-    mine = part_ptr + (factor * SPLIT + part) * (3 * KP * KP) + offs
-    tl.store(mine, dot)
-    tl.store(mine + KP * KP, gram_a)
-    tl.store(mine + 2 * KP * KP, gram_b)
-    tl.debug_barrier()  # every thread's stores precede the release below
-    last = tl.atomic_add(factor_count_ptr + factor, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
-    dot = tl.zeros((KP, KP), tl.float32)
-    gram_a = tl.zeros((KP, KP), tl.float32)
-    gram_b = tl.zeros((KP, KP), tl.float32)
-    if last:
-        for p in tl.static_range(SPLIT):
-            theirs = part_ptr + (factor * SPLIT + p) * (3 * KP * KP) + offs
-            dot += tl.load(theirs, cache_modifier=".cg")
-            gram_a += tl.load(theirs + KP * KP, cache_modifier=".cg")
-            gram_b += tl.load(theirs + 2 * KP * KP, cache_modifier=".cg")
-        tl.atomic_xchg(factor_count_ptr + factor, 0, sem="relaxed", scope="gpu")
-    return dot, gram_a, gram_b, last
 
 
 @triton.jit
@@ -180,16 +139,14 @@ def lattice_cosine_walk_triton(
     sigma: float,
     eps: float,
     ids: torch.Tensor,  # [b, S, K] candidate token ids
-    counters: torch.Tensor,  # int32 zeros, >= walk_counters(b, S, launch) entries; left zero (reused across calls and replays)
+    counters: torch.Tensor,  # int32 zeros, >= b entries (one per request); left zero (reused across calls and replays)
     launch: CosineLaunch = CosineLaunch(),
     *, pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (start fp32 [b, K], pair fp32 [b, S-1, K, K], draft ids [b, S] int64: the ids of the
-    candidates the greedy walk commits, as walk.greedy_walk + gather). With launch.split > 1 each factor's D columns
-    are cut over that many programs, whose partial Grams the factor's last one sums (a counter per factor after the b
-    per-request ones)."""
+    candidates the greedy walk commits, as walk.greedy_walk + gather)."""
     b, s, k = edges.shape[:3]
-    need = walk_counters(b, s, launch)
+    need = b
     if k > WALK_MAX_K:
         raise ValueError(f"lattice_cosine_walk_triton: K={k} candidates; the walk packs 4-bit successors, K <= {WALK_MAX_K}")
     if tuple(ids.shape) != (b, s, k) or ids.device != edges.device:
@@ -198,22 +155,6 @@ def lattice_cosine_walk_triton(
         raise ValueError(f"lattice_cosine_walk_triton: counters must be int32 zeros with >= {need} entries on {edges.device}, "
                          f"got {counters.dtype} {tuple(counters.shape)} on {counters.device}")
     return _launch_cosine("lattice_cosine_walk_triton", edges, anchor_out, sigma, eps, launch, pdl, (ids, counters))
-
-
-def check_split(name: str, d: int, launch: CosineLaunch, walk: bool = True) -> None:
-    """launch.split must be a positive int cutting D into whole steps, and > 1 only with the walk (its counters)."""
-    block_d = launch.step(d)
-    if not isinstance(launch.split, int) or launch.split < 1 or (launch.split > 1 and (not walk or not launch.cuts(d))):
-        raise ValueError(
-            f"{name}: split={launch.split!r} cuts each factor's D = {d} columns over that many programs in whole "
-            f"{block_d}-column steps, with a counter per factor: it needs a positive int dividing {max(1, d // block_d)} and, "
-            f"above 1, the walk's launch (lattice_cosine_walk_triton); pass split=1"
-        )
-
-
-def walk_counters(b: int, s: int, launch: CosineLaunch = CosineLaunch()) -> int:
-    """The int32 counters lattice_cosine_walk_triton needs: one per request, and with launch.split > 1 one per factor."""
-    return b + (b * s if launch.split > 1 else 0)
 
 
 def _launch_cosine(name, edges, anchor_out, sigma, eps, launch, pdl, walk=None):
@@ -234,24 +175,19 @@ def _launch_cosine(name, edges, anchor_out, sigma, eps, launch, pdl, walk=None):
     kp = max(16, triton.next_power_of_2(k))
     draft = None
     block_d = launch.step(d)
-    check_split(name, d, launch, walk is not None)
     walk_args = (start, start, start, 0, 0, 0, start)  # unused without the walk (start stands in for the pointers)
-    split_args = (start, start)  # unused at split 1
     if walk is not None:
         (ids, counters), draft = walk, torch.empty((b, s), dtype=torch.int64, device=dev)
         succ = torch.empty((b, s), dtype=torch.int64, device=dev)
         walk_args = (succ, counters, ids, *ids.stride(), draft)
-        if launch.split > 1:  # [b, S, split, 3, KP, KP] partial Grams; the factor counters after the b request ones
-            split_args = (torch.empty(b * s * launch.split * 3 * kp * kp, dtype=torch.float32, device=dev), counters[b:])
     if b and s:
         f32 = edges.dtype == torch.float32 or not edges.is_cuda  # IEEE fp32 dots
         f32_dot = launch.f32_dot or f32
-        _lattice_cosine_kernel[(b, s, launch.split)](
+        _lattice_cosine_kernel[(b, s)](
             edges, anchor_out, anchor_out.stride(0), start, pair, s, k, d, float(sigma), float(eps),
-            *walk_args, *split_args,
+            *walk_args,
             KP=kp, BLOCK_D=block_d, F32_DOT=f32_dot, PRECISION="ieee" if f32 else "tf32", PDL=pdl,
             WALK=walk is not None, SP=triton.next_power_of_2(s), launch_pdl=pdl,
-            SPLIT=launch.split, STEPS=d // (launch.split * block_d) if launch.split > 1 else 1,
             num_warps=launch.num_warps, num_stages=1 if f32_dot else launch.num_stages,  # fp32 tiles: no room to pipeline
         )
     return start, pair, draft

@@ -18,8 +18,8 @@ Under the CPU interpreter bf16 operands are dotted as fp32 copies (its tl.dot mu
 bits); bf16 products are exact in fp32, so this is the tensor-core result up to summation order.
 Only torch.empty and one launch: static-shaped, no host syncs, CUDA-graph capturable.
 
-Launch geometry: `block_m` query rows per program, by default (kernels/tuning.py) 64 rows, or 32 at b <= 4 (more,
-smaller programs); num_warps = 4 (one warpgroup: Hopper's wgmma tile is 64 rows per warpgroup). At the paper shape
+Launch geometry: `block_m` query rows per program, by default (kernels/tuning.py) 64 rows, or 32 at b <= 4 and 16 at
+b = 1 (more, smaller programs); num_warps = 4 (one warpgroup: Hopper's wgmma tile is 64 rows per warpgroup). At the paper shape
 (LP = DP = 128, bf16) the sm_90 build uses wgmma, 142 registers per thread, 80 KiB shared memory and no spills;
 BLOCK_M = 128 needs 8 warps (138 registers, no spills) where 4 warps spill (tests/test_lattice_attention.py checks
 both with ptxas). With L = 120 and 64 rows there are 2 programs per (request, head); K and V of a head are read by
@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from .pdl import check_pdl, grid_dependency_wait, pdl_launch
-from .tuning import ATTENTION_BLOCK_M, ATTENTION_SMALL_BATCH, ATTENTION_SMALL_BATCH_BLOCK_M
+from .tuning import ATTENTION_BLOCK_M, ATTENTION_ONE_REQUEST_BLOCK_M, ATTENTION_SMALL_BATCH, ATTENTION_SMALL_BATCH_BLOCK_M
 
 MAX_NODES = 256  # one key tile per request: S [BLOCK_M, LP] fp32 must stay in registers
 NUM_WARPS = 4
@@ -148,7 +148,8 @@ def lattice_attention_triton(
         )
     lp, dp = max(16, triton.next_power_of_2(length)), max(16, triton.next_power_of_2(dh))
     if block_m is None:
-        block_m = ATTENTION_SMALL_BATCH_BLOCK_M if b <= ATTENTION_SMALL_BATCH else ATTENTION_BLOCK_M
+        block_m = (ATTENTION_ONE_REQUEST_BLOCK_M if b == 1 else ATTENTION_SMALL_BATCH_BLOCK_M if b <= ATTENTION_SMALL_BATCH
+                   else ATTENTION_BLOCK_M)
     if block_m < 16 or block_m & (block_m - 1):
         raise ValueError(f"lattice_attention_triton: block_m = {block_m} must be a power of two >= 16")
     block_m = min(block_m, lp)

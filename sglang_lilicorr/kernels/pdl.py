@@ -11,14 +11,9 @@ is still running. Its programs first call `grid_dependency_wait(PDL)`:
                                     start overlap this kernel's work.
 
 Each kernel of the select path therefore runs as soon as its input is ready, with the next launch
-already under way. Two exceptions read before the wait:
-  - constants (a weight, a bias, a table: nothing any kernel writes), so that their latency hides behind the
-    kernel before (kernels/prefetch.py for whole weights; the epilogue operands of kernels/gemm_epilogue.py, the
-    lattice bias, the confidence MLP's weights);
-  - the top-K split kernel beside the pass projection (kernels/topk_lse_fused.py, `beside`): it reads only
-    what was written before that kernel started, and waits at its end instead.
-A short kernel can release the next one at its start instead (`release_early`: the confidence kernel before the
-feature GEMM with the nodes), so that the next kernel's prologue has more lead (PERF_NOTES.md).
+already under way. One exception reads before the wait: constants (a weight, a bias, a table: nothing any kernel
+writes), so that their latency hides behind the kernel before (kernels/prefetch.py for whole weights; the epilogue
+operands of kernels/gemm_epilogue.py, the lattice bias, the confidence MLP's weights).
 Kernels that are not launched this way (cuBLAS, PyTorch) keep full stream order around them; with PDL=False
 both instructions compile away. Measured on an H100 in a CUDA
 graph (benchmarks/PERF_NOTES.md): 0.4-0.7 us less per kernel boundary.
@@ -41,39 +36,12 @@ def grid_dependency_wait(PDL: tl.constexpr):
         gdc_launch_dependents()
 
 
-@triton.jit
-def dependency_wait(PDL: tl.constexpr, RELEASE_EARLY: tl.constexpr):
-    """With RELEASE_EARLY, a short kernel's programs release the next kernel at their start, then (at the place of
-    grid_dependency_wait) only wait: the next kernel launches a whole kernel earlier, so its prologue (its weight's L2
-    prefetch, its constant operands) has this kernel's runtime and its wait as lead. One level only: the next kernel
-    releases its own successor after its wait as usual. Without RELEASE_EARLY: grid_dependency_wait."""
-    if RELEASE_EARLY:
-        if PDL:
-            gdc_wait()
-    else:
-        grid_dependency_wait(PDL)
-
-
-@triton.jit
-def early_release(PDL: tl.constexpr, RELEASE_EARLY: tl.constexpr):
-    """The start of a kernel that ends with dependency_wait: releases the next kernel now (RELEASE_EARLY and PDL)."""
-    if RELEASE_EARLY:
-        if PDL:
-            gdc_launch_dependents()
-
-
 def check_pdl(pdl: bool, t: torch.Tensor, name: str) -> None:
     """A clear error for pdl=True where the device cannot launch that way."""
     if pdl and not pdl_supported(t):
         raise ValueError(
             f"{name}: pdl=True needs a CUDA device of compute capability 9.0+ (Hopper), got {t.device}; pass pdl=False"
         )
-
-
-def check_release_early(release_early: bool, pdl: bool, name: str) -> None:
-    """A clear error for release_early=True without PDL (there is no early launch to release)."""
-    if release_early and not pdl:
-        raise ValueError(f"{name}: release_early=True releases the next kernel of a PDL chain; it needs pdl=True")
 
 
 def pdl_launch(pdl: bool, launch_pdl: bool | None = None) -> dict:

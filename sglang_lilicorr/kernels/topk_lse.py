@@ -12,15 +12,14 @@ from .tuning import TopKLaunch
 
 
 def topk_lse(
-    logits: torch.Tensor, k: int, *, pdl: bool = False, beside: bool = False, launch: TopKLaunch = TopKLaunch()
+    logits: torch.Tensor, k: int, *, pdl: bool = False, launch: TopKLaunch = TopKLaunch()
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """logits [N, V] any float dtype -> (vals fp32 [N, k] descending, ids int64 [N, k], lse fp32 [N]).
     `pdl`: launch the Triton kernels with programmatic dependent launch (kernels/pdl.py; sm_90+);
-    `beside`: beside the kernel before it; `launch`: the split kernel's streaming (all three:
-    topk_lse_fused.topk_lse_triton)."""
+    `launch`: the split kernel's streaming (both: topk_lse_fused.topk_lse_triton)."""
     check_topk_lse_args(logits, k)
     if not uses_triton(logits):
         return topk_lse_reference(logits, k)
     from .topk_lse_fused import topk_lse_triton  # imports triton only when it runs
 
-    return topk_lse_triton(logits, k, launch=launch, pdl=pdl, beside=beside)
+    return topk_lse_triton(logits, k, launch=launch, pdl=pdl)

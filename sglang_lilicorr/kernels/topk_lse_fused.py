@@ -15,12 +15,6 @@ Stage 2 ("merge") combines the per-chunk partials of a row. With one chunk per r
 kernel finishes the row itself and stage 2 is not launched. (Merging in the split kernel, by the
 row's last split program to arrive, measured no faster on an H200: PERF_NOTES.md.)
 
-Beside the kernel before it (`beside=True`, under PDL): the split kernel reads only the logits, so it may run
-while the kernel launched just before it (a projection the select needs later, which reads none of the split's
-outputs) still computes. Its programs then do their whole chunk first and wait on that kernel only at their end,
-so the split's completion, which the merge waits for in full stream order, still implies the earlier kernel's.
-Having not waited, it reads the logits through L2 only (`.cg` loads): no line of them can come from an SM's L1.
-
 Ordering keys: every element gets a unique int64 key whose order is "larger value first, then
 lower index first" (the float's bits mapped to an order-preserving int32 in the high word,
 2^31-1-index in the low word), so top-K is "the K largest keys" with no tie special cases and
@@ -144,7 +138,7 @@ def _store_keys(best_keys, slots, vals_ptr, ids_ptr, K: tl.constexpr):
 
 
 @triton.jit
-def _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK: tl.constexpr, CACHE: tl.constexpr):
+def _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK: tl.constexpr):
     """One tile of the stream: loads the next tile, folds this one (x_next) into the running
     max / sum of exponentials -> (next tile, [R] sub-tile maxima, tile max, run_max, run_sum)."""
     LOG2E: tl.constexpr = 1.4426950408889634
@@ -152,7 +146,7 @@ def _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK: tl.c
     # issue the next tile's load before this tile's reductions: two tiles in flight (a third
     # measured slower: more registers at the same occupancy, PERF_NOTES.md)
     nxt = start + BLOCK + tile
-    x_next = tl.load(row_ptr + nxt, mask=nxt < hi, other=-float("inf"), cache_modifier=CACHE)
+    x_next = tl.load(row_ptr + nxt, mask=nxt < hi, other=-float("inf"))
     sub_max = tl.max(x, 1)  # [R]; masked logits are -inf, ranked after every real one
     tile_max = tl.max(sub_max, 0)
     new_max = tl.maximum(run_max, tile_max)
@@ -167,11 +161,10 @@ def _topk_lse_split_kernel(
     part_key_ptr, part_max_ptr, part_sum_ptr,  # [N, SPLITS, KP] int64, [N, SPLITS] fp32 x2
     vals_ptr, ids_ptr, lse_ptr,  # [N, K] fp32, [N, K] int64, [N] fp32 (written when FINAL)
     K: tl.constexpr, KP: tl.constexpr, R: tl.constexpr, G: tl.constexpr, TP: tl.constexpr,  # TP: tiles collected first
-    FINAL: tl.constexpr, PDL: tl.constexpr, BESIDE: tl.constexpr,  # BESIDE: wait on the previous kernel at the end
+    FINAL: tl.constexpr, PDL: tl.constexpr,
     NARROW: tl.constexpr,  # narrow keys, indices counted from the chunk's start (bf16 logits, chunk <= NARROW_SPAN)
 ):
-    if not BESIDE:
-        grid_dependency_wait(PDL)
+    grid_dependency_wait(PDL)
     row = tl.program_id(0)
     split = tl.program_id(1)
     n_splits = tl.num_programs(1)
@@ -193,11 +186,10 @@ def _topk_lse_split_kernel(
     maxima = tl.full((TP, R), -float("inf"), tl.float32)  # [tile, sub-tile]
     run_max = tl.full((), -float("inf"), tl.float32)
     run_sum = tl.full((), 0.0, tl.float32)
-    CACHE: tl.constexpr = ".cg" if BESIDE else ""  # not having waited: the logits from L2, never a stale L1 line
-    x_next = tl.load(row_ptr + lo + tile, mask=lo + tile < hi, other=-float("inf"), cache_modifier=CACHE)
+    x_next = tl.load(row_ptr + lo + tile, mask=lo + tile < hi, other=-float("inf"))
     mid = tl.minimum(lo + TP * BLOCK, hi)
     for start in range(lo, mid, BLOCK):
-        x_next, sub_max, tile_max, run_max, run_sum = _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK, CACHE)
+        x_next, sub_max, tile_max, run_max, run_sum = _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK)
         maxima = tl.where(tiles[:, None] == (start - lo) // BLOCK, sub_max[None, :], maxima)
     live_tile = tiles[:, None] < tl.cdiv(mid - lo, BLOCK)
     sub_keys = tl.where(live_tile, _order_key(maxima, (lo - origin) // G + tiles[:, None] * R + subs[None, :], NARROW), bottom)
@@ -210,7 +202,7 @@ def _topk_lse_split_kernel(
     worst_value, _ = _decode(worst, NARROW)
     floor = tl.where(worst == bottom, -float("inf"), worst_value)  # tiles below it cannot enter
     for start in range(mid, hi, BLOCK):
-        x_next, sub_max, tile_max, run_max, run_sum = _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK, CACHE)
+        x_next, sub_max, tile_max, run_max, run_sum = _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK)
         if tile_max >= floor:
             keys = _order_key(sub_max, (start - origin) // G + subs, NARROW)
             n_better = tl.minimum(tl.sum((keys > worst).to(tl.int32), 0), K)
@@ -229,7 +221,7 @@ def _topk_lse_split_kernel(
     sub_start = origin + (sub_index * G).to(tl.int32)  # [KP]
     offs = sub_start[:, None] + tl.arange(0, G)[None, :]  # [KP, G]
     inside = live[:, None] & (offs < hi)
-    x = tl.load(row_ptr + offs, mask=inside, other=-float("inf"), cache_modifier=CACHE).to(tl.float32)
+    x = tl.load(row_ptr + offs, mask=inside, other=-float("inf")).to(tl.float32)
     keys = tl.reshape(tl.where(inside, _order_key(x, offs - origin, NARROW), bottom), [KP * G])
     best = _top_keys(keys, slots, K, NARROW)
     if NARROW:
@@ -244,15 +236,12 @@ def _topk_lse_split_kernel(
         tl.store(part_key_ptr + part * KP + slots, best)
         tl.store(part_max_ptr + part, run_max)
         tl.store(part_sum_ptr + part, run_sum)
-    if BESIDE:  # the chunk is done: now the previous kernel, so that this kernel ends after it
-        grid_dependency_wait(PDL)
 
 
 @triton.jit
 def merge_row(part_key_ptr, part_max_ptr, part_sum_ptr, n_splits, row, slots, K: tl.constexpr, KP: tl.constexpr,
               SP: tl.constexpr, NARROW: tl.constexpr):
     """Stage 2 for one row: its n_splits partials -> (lse, the row's K best keys [KP] descending, SENTINEL past K).
-    The merge kernel's body, also run by a consumer that merges the partials itself (kernels/head_nodes.py).
     NARROW (TopKParts.narrow: bf16 values): ranked on narrow keys of the partials' positions, then the K chosen
     partial keys re-loaded (just loaded: cache hits)."""
     splits = tl.arange(0, SP)
@@ -323,8 +312,7 @@ def even_splits(vocab: int, splits: int, block: int) -> tuple[int, int]:
 
 
 class TopKParts(NamedTuple):
-    """Stage 1's per-chunk partials of N rows, for a consumer that merges each row itself with merge_row (the
-    confidence kernel: kernels/head_nodes.py), so that stage 2 is not a launch of its own."""
+    """Stage 1's per-chunk partials of N rows, which stage 2 merges (merge_row)."""
 
     keys: torch.Tensor  # int64 [N * splits, KP]: each chunk's K best keys
     maxima: torch.Tensor  # fp32 [N * splits]: each chunk's running max ...
@@ -337,19 +325,15 @@ class TopKParts(NamedTuple):
 
 def topk_lse_triton(
     logits: torch.Tensor, k: int, splits: int | None = None, launch: TopKLaunch = TopKLaunch(), *, pdl: bool = False,
-    beside: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """logits [N, V] -> (vals fp32 [N, k] descending, ids int64 [N, k], lse fp32 [N]).
 
     Ties go to the lowest index. `splits` overrides the number of chunks per row and `launch` the
     streaming geometry (benchmarks, tests); `pdl` builds both stages for programmatic dependent
     launch (kernels/pdl.py; sm_90+): the split kernel launched early, the merge in full stream order
-    (it still lets the next kernel launch early). `beside` (needs pdl) runs the split kernel beside the
-    kernel launched before it, waiting on it at its end (module docstring): that kernel must not write
-    the logits, and its inputs must stay allocated until this call returns. No host syncs: safe to
-    capture in a CUDA graph.
+    (it still lets the next kernel launch early). No host syncs: safe to capture in a CUDA graph.
     """
-    (vals, ids, lse), parts = _split_stage("topk_lse_triton", logits, k, splits, launch, pdl, beside, final_ok=True)
+    (vals, ids, lse), parts = _split_stage("topk_lse_triton", logits, k, splits, launch, pdl)
     if parts is not None and logits.shape[0]:
         # Under PDL the merge still releases the next kernel early, but is itself launched in full stream order: launched
         # early, its programs sit through the whole split stream and the select took 1.5-5.6 us longer (H100, PERF_NOTES.md).
@@ -362,23 +346,11 @@ def topk_lse_triton(
     return vals, ids, lse
 
 
-def topk_lse_parts(
-    logits: torch.Tensor, k: int, splits: int | None = None, launch: TopKLaunch = TopKLaunch(), *, pdl: bool = False,
-    beside: bool = False,
-) -> TopKParts:
-    """logits [N, V] -> stage 1 only: the per-chunk partials, which the consumer merges (merge_row) into what
-    topk_lse_triton returns, bit for bit. One chunk per row still goes through the partials. Arguments as
-    topk_lse_triton's."""
-    return _split_stage("topk_lse_parts", logits, k, splits, launch, pdl, beside, final_ok=False)[1]
-
-
-def _split_stage(name, logits, k, splits, launch, pdl, beside, final_ok: bool):
-    """Launch stage 1 -> ((vals, ids, lse), partials): with final_ok and one chunk per row the split kernel writes
-    the outputs itself and the partials are None; otherwise the outputs are left for the merge to write."""
+def _split_stage(name, logits, k, splits, launch, pdl):
+    """Launch stage 1 -> ((vals, ids, lse), partials): with one chunk per row the split kernel writes the outputs
+    itself and the partials are None; otherwise the outputs are left for the merge to write."""
     check_topk_lse_args(logits, k)
     check_pdl(pdl, logits, name)
-    if beside and not pdl:
-        raise ValueError(f"{name}: beside=True runs the split kernel beside the previous one under PDL; pass pdl=True")
     block = launch.block
     if block < 16 or block & (block - 1):
         raise ValueError(f"{name}: launch.block must be a power of two >= 16, got {block}")
@@ -401,7 +373,7 @@ def _split_stage(name, logits, k, splits, launch, pdl, beside, final_ok: bool):
     else:
         splits, chunk = even_splits(vocab, splits, block)
     kp = triton.next_power_of_2(k)
-    final = splits == 1 and final_ok  # one chunk per row: the split kernel writes the outputs itself
+    final = splits == 1  # one chunk per row: the split kernel writes the outputs itself
     rows = 0 if final else n * splits
     # Two merge widths per vocabulary (N <= TOPK_FEW_ROWS and above), not one per N: a constexpr that followed
     # the batch size would compile a new kernel for every batch size the server meets (a stall on the serving path).
@@ -416,7 +388,7 @@ def _split_stage(name, logits, k, splits, launch, pdl, beside, final_ok: bool):
         _topk_lse_split_kernel[(n, splits)](
             logits, logits.stride(0), vocab, chunk,
             parts.keys, parts.maxima, parts.sums, *outputs,
-            K=k, KP=kp, R=block // group, G=group, TP=launch.collect_tiles, FINAL=final, PDL=pdl, BESIDE=beside,
+            K=k, KP=kp, R=block // group, G=group, TP=launch.collect_tiles, FINAL=final, PDL=pdl,
             NARROW=narrow and chunk <= NARROW_SPAN, launch_pdl=pdl,
             num_warps=launch.num_warps, **({"maxnreg": launch.maxnreg} if launch.maxnreg else {}),
         )
