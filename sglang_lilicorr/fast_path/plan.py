@@ -17,9 +17,7 @@ Three routes (issue 41: one PyTorch reference route and two fused ones):
             nodes, residual add + RMSNorm, the lattice attention and the cosine + walk.
 The plan's other fields: pdl (programmatic dependent launch, sm_90+, -0.6 us per kernel boundary, pdl_chain; the
 testbed head loses 4-5 us with it from bs 16: tuning.PDL) and overlap (the pass and anchor projections on a side
-stream, CUDA). Retired for a few microseconds each at bs 1 (PERF_NOTES.md, "Routes"): the unfolded GEMM + norm
-epilogue (kernels/linear_norm.py, deleted: see 87d688b), the pass projection beside the top-K with the nodes in the feature GEMM, the
-confidence kernel's early release and top-K merge, per-role GEMM tiles, the top-K's bs-1 launch, the split cosine.
+stream, CUDA). Why only these two fused routes: benchmarks/PERF_NOTES.md, "Routes".
 
 A bucket is a range of batch sizes over which no table changes its answer: its bounds are the head tables' batch
 bounds and the GEMM table's row bounds in whole requests of the head's lattice (S x K rows per request), so one plan
