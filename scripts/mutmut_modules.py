@@ -11,6 +11,7 @@ match) and the reason.
 
 (scripts/mutation.sh runs it with the project's venv; docs/MUTATION.md.)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -139,14 +140,21 @@ def write_summary(results: dict[str, dict]) -> None:
         "tool": {"name": "mutmut", "version": version("mutmut"), "python": sys.version.split()[0]},
         "modules": modules,
         "not_run": [m for m in MODULES if m not in modules],
-        "overall_of_run_modules": {"killed": k, "generated_minus_equivalent": d, "score": round(k / d, 4) if d else None},
+        "overall_of_run_modules": {
+            "killed": k,
+            "generated_minus_equivalent": d,
+            "score": round(k / d, 4) if d else None,
+        },
     }
     SUMMARY.write_text(json.dumps(summary, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
 
 
 def report(module: str, r: dict, status: dict[str, str]) -> None:
-    print(f"{module}: generated {r['generated']}, killed {r['killed']}, equivalent {r['equivalent']}, "
-          f"surviving {r['surviving']}, score {r['score']}", flush=True)
+    print(
+        f"{module}: generated {r['generated']}, killed {r['killed']}, equivalent {r['equivalent']}, "
+        f"surviving {r['surviving']}, score {r['score']}",
+        flush=True,
+    )
     for mutant in r["surviving_mutants"]:
         print(f"  {mutant} ({status[mutant]})")
         for line in mutation(mutant, module):
@@ -160,9 +168,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="scripts/mutation.sh", description=__doc__.split("\n\n")[0])
     p.add_argument("modules", nargs="*", help=f"modules to mutate (default: all): {', '.join(MODULES)}")
     p.add_argument("--max-children", type=int, default=2, help="mutants run at once (default 2)")
-    p.add_argument("--only", nargs="+", default=[], metavar="MUTANT",
-                   help="run only these mutants (ids or globs, one module) and print their statuses; the summary is "
-                        "not written")
+    p.add_argument(
+        "--only",
+        nargs="+",
+        default=[],
+        metavar="MUTANT",
+        help="run only these mutants (ids or globs, one module) and print their statuses; the summary is not written",
+    )
     p.add_argument("--mutmut-run", help=argparse.SUPPRESS)  # the child process of one module
     a = p.parse_args(argv)
     os.chdir(ROOT)  # mutmut reads pyproject.toml and writes mutants/ in the working folder

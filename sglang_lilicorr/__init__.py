@@ -1,5 +1,6 @@
 """sglang-lilicorr: LiLiCorr speculative decoding for SGLang (head, walk, losses, kernels,
 checkpoints; the SGLang plugin lives in `sglang_lilicorr.serving`)."""
+
 from .config import LiLiCorrConfig
 from .head import LiLiCorrHead
 from .walk import greedy_walk, path_score, viterbi

@@ -3,6 +3,7 @@ GPU and no SGLang server: the checks a LILICORR server runs before it starts (se
 the same code), then the strict loader (`drafter.load_draft`: every tensor's name, shape, dtype and
 finiteness). Prints what the draft is, or every problem found, one `error:` line each; exit 0 / 1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,11 +17,17 @@ from .errors import LiLiCorrError, UsageError
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "check-draft", help="validate a draft against a target offline, with the LILICORR server's own checks",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "check-draft",
+        help="validate a draft against a target offline, with the LILICORR server's own checks",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("draft", type=Path, help="draft folder (config.json + model.safetensors), as `lilicorr export` writes it")
-    p.add_argument("--target", type=Path, required=True, help="local folder of the target model (its config.json is read)")
+    p.add_argument(
+        "draft", type=Path, help="draft folder (config.json + model.safetensors), as `lilicorr export` writes it"
+    )
+    p.add_argument(
+        "--target", type=Path, required=True, help="local folder of the target model (its config.json is read)"
+    )
     p.set_defaults(func=run_check_draft)
 
 
@@ -63,8 +70,11 @@ def run_check_draft(args: argparse.Namespace) -> int:
     shape = TargetShape.of(target_config(args.target))
     if not (args.draft / "config.json").is_file():
         found = "a folder without config.json" if args.draft.is_dir() else "not an existing folder"
-        raise UsageError(f"{str(args.draft)!r} is {found}", where="DRAFT",
-                         fix="pass a draft folder (config.json + model.safetensors, as `lilicorr export` writes it)")
+        raise UsageError(
+            f"{str(args.draft)!r} is {found}",
+            where="DRAFT",
+            fix="pass a draft folder (config.json + model.safetensors, as `lilicorr export` writes it)",
+        )
     report = examine_draft(args.draft, shape, option="DRAFT")
     problems: list[LiLiCorrError] = list(report.problems)
     drafter = None
@@ -76,7 +86,10 @@ def run_check_draft(args: argparse.Namespace) -> int:
     for problem in problems:
         print(error_line(problem), file=sys.stderr)
     if problems:
-        print(f"{args.draft}: {len(problems)} problem(s); LILICORR would refuse this draft on {args.target}.", file=sys.stderr)
+        print(
+            f"{args.draft}: {len(problems)} problem(s); LILICORR would refuse this draft on {args.target}.",
+            file=sys.stderr,
+        )
         return 1
     print("\n".join(describe_draft(report.spec, shape, drafter, args.target)))
     return 0

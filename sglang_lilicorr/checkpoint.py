@@ -8,6 +8,7 @@ A checkpoint is a directory with
                      `lilicorr.`
 Every check raises CheckpointError naming the file, tensor or field and what was expected.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -42,20 +43,30 @@ class CheckpointError(LiLiCorrError, ValueError):
 def read_config(directory: str | os.PathLike) -> dict[str, Any]:
     path = Path(directory)
     if not path.is_dir():
-        raise CheckpointError(f"draft checkpoint directory {str(path)!r} does not exist", where=str(path),
-                              fix="pass the folder written by `lilicorr export`")
+        raise CheckpointError(
+            f"draft checkpoint directory {str(path)!r} does not exist",
+            where=str(path),
+            fix="pass the folder written by `lilicorr export`",
+        )
     cfg_path = path / CONFIG_FILE
     try:
         config = json.loads(cfg_path.read_text(encoding="utf-8"))
     except FileNotFoundError as e:
-        raise CheckpointError(f"config.json is missing: a draft checkpoint needs it beside {WEIGHTS_FILE}", where=str(cfg_path),
-                              fix="pass the folder written by `lilicorr export`") from e
+        raise CheckpointError(
+            f"config.json is missing: a draft checkpoint needs it beside {WEIGHTS_FILE}",
+            where=str(cfg_path),
+            fix="pass the folder written by `lilicorr export`",
+        ) from e
     except OSError as e:
-        raise CheckpointError(f"cannot be read ({e})", where=str(cfg_path), fix="check the file and its permissions") from e
+        raise CheckpointError(
+            f"cannot be read ({e})", where=str(cfg_path), fix="check the file and its permissions"
+        ) from e
     except ValueError as e:  # not UTF-8, not JSON, an integer of more digits than Python parses
         raise CheckpointError(f"not valid JSON ({e})", where=str(cfg_path), fix="re-export the checkpoint") from e
     if not isinstance(config, dict) or not isinstance(config.get("dflash_config"), dict):
-        raise CheckpointError("no `dflash_config` object: not a DFlash draft config", where=str(cfg_path), fix="re-export the draft")
+        raise CheckpointError(
+            "no `dflash_config` object: not a DFlash draft config", where=str(cfg_path), fix="re-export the draft"
+        )
     architecture_of(config, str(cfg_path))
     return config
 
@@ -66,7 +77,8 @@ def architecture_of(config: Mapping[str, Any], where: str = "draft config") -> s
     declared = config.get("architectures")
     if not (isinstance(declared, list) and len(declared) == 1 and declared[0] in ARCHITECTURES):
         raise CheckpointError(
-            f"`architectures`={declared!r:.80} is not [{VANILLA_ARCH!r}] or [{LILICORR_ARCH!r}]", where=where,
+            f"`architectures`={declared!r:.80} is not [{VANILLA_ARCH!r}] or [{LILICORR_ARCH!r}]",
+            where=where,
             fix="a draft config declares one of them (`lilicorr export` writes it); re-export the draft",
         )
     return declared[0]
@@ -75,14 +87,18 @@ def architecture_of(config: Mapping[str, Any], where: str = "draft config") -> s
 def block_size_of(config: Mapping[str, Any]) -> int:
     size = config["dflash_config"].get("block_size", config.get("block_size"))
     if not isinstance(size, int) or isinstance(size, bool):
-        raise CheckpointError(f"no integer block_size ({size!r})", where="dflash_config.block_size", fix="re-export the draft")
+        raise CheckpointError(
+            f"no integer block_size ({size!r})", where="dflash_config.block_size", fix="re-export the draft"
+        )
     return size
 
 
 def dtype_of(config: Mapping[str, Any]) -> torch.dtype:
     name = config.get("torch_dtype", config.get("dtype", "bfloat16"))
     if not isinstance(name, str) or name not in DTYPES:
-        raise CheckpointError(f"torch_dtype={name!r} is not one of {sorted(DTYPES)}", where="torch_dtype", fix="re-export the draft")
+        raise CheckpointError(
+            f"torch_dtype={name!r} is not one of {sorted(DTYPES)}", where="torch_dtype", fix="re-export the draft"
+        )
     return DTYPES[name]
 
 
@@ -95,7 +111,8 @@ def lilicorr_config(config: Mapping[str, Any]) -> LiLiCorrConfig:
     if not has_head(config):
         raise CheckpointError(
             f"draft declares architectures={config.get('architectures')!r}, not [{LILICORR_ARCH!r}]: it has no LiLiCorr head",
-            where="architectures", fix="serve it with --speculative-algorithm DFLASH, or export one with a head"
+            where="architectures",
+            fix="serve it with --speculative-algorithm DFLASH, or export one with a head",
         )
     try:
         return LiLiCorrConfig.from_dflash_config(
@@ -109,7 +126,9 @@ def with_head(config: Mapping[str, Any], head_config: LiLiCorrConfig) -> dict[st
     """A copy of a vanilla DFlash draft config that declares a LiLiCorr head."""
     out = json.loads(json.dumps(dict(config)))
     if head_config.block_size != block_size_of(out):
-        raise CheckpointError(f"head block_size={head_config.block_size} differs from the drafter's {block_size_of(out)}.")
+        raise CheckpointError(
+            f"head block_size={head_config.block_size} differs from the drafter's {block_size_of(out)}."
+        )
     out["architectures"] = [LILICORR_ARCH]
     out["dflash_config"].update(head_config.to_dflash_keys())
     return out
@@ -156,19 +175,26 @@ def load_tensors(path: str | os.PathLike, fix: str) -> dict[str, torch.Tensor]:
             stored = (f.metadata() or {}).get(CHECKSUM_KEY)
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"truncated, corrupt or not a safetensors file ({' '.join(str(e).split())[:200]})",
-                              where=str(path), fix=fix) from e
+        raise CheckpointError(
+            f"truncated, corrupt or not a safetensors file ({' '.join(str(e).split())[:200]})", where=str(path), fix=fix
+        ) from e
     if stored is not None and stored != tensor_digest(tensors):
-        raise CheckpointError(f"does not match its checksum ({CHECKSUM_KEY} in its metadata): its bytes changed after it "
-                              "was written", where=str(path), fix=fix)
+        raise CheckpointError(
+            f"does not match its checksum ({CHECKSUM_KEY} in its metadata): its bytes changed after it was written",
+            where=str(path),
+            fix=fix,
+        )
     return tensors
 
 
 def read_tensors(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
     path = Path(directory) / WEIGHTS_FILE
     if not path.is_file():
-        raise CheckpointError(f"{WEIGHTS_FILE} is missing: a draft checkpoint needs its weights beside {CONFIG_FILE}", where=str(path),
-                              fix="re-export the checkpoint")
+        raise CheckpointError(
+            f"{WEIGHTS_FILE} is missing: a draft checkpoint needs its weights beside {CONFIG_FILE}",
+            where=str(path),
+            fix="re-export the checkpoint",
+        )
     return load_tensors(path, fix="re-export the checkpoint")
 
 
@@ -177,29 +203,41 @@ def check_tensors(expected: Mapping[str, torch.Tensor], found: Mapping[str, torc
     missing = sorted(set(expected) - set(found))
     extra = sorted(set(found) - set(expected))
     if missing:
-        raise CheckpointError(f"missing tensor {missing[0]!r} ({len(missing)} missing in all: {missing[:5]})", where=where,
-                              fix="re-export the draft")
+        raise CheckpointError(
+            f"missing tensor {missing[0]!r} ({len(missing)} missing in all: {missing[:5]})",
+            where=where,
+            fix="re-export the draft",
+        )
     if extra:
         raise CheckpointError(
-            f"unexpected tensor {extra[0]!r} ({len(extra)} extra in all: {extra[:5]})", where=where,
-            fix="the config's geometry does not describe these weights: re-export the draft"
+            f"unexpected tensor {extra[0]!r} ({len(extra)} extra in all: {extra[:5]})",
+            where=where,
+            fix="the config's geometry does not describe these weights: re-export the draft",
         )
     for name, ref in expected.items():
         got = found[name]
         if tuple(got.shape) != tuple(ref.shape):
-            raise CheckpointError(f"tensor {name!r} has shape {tuple(got.shape)}, expected {tuple(ref.shape)}", where=where,
-                                  fix="re-export the draft")
+            raise CheckpointError(
+                f"tensor {name!r} has shape {tuple(got.shape)}, expected {tuple(ref.shape)}",
+                where=where,
+                fix="re-export the draft",
+            )
         if got.dtype != ref.dtype:
-            raise CheckpointError(f"tensor {name!r} has dtype {got.dtype}, expected {ref.dtype} (config torch_dtype)", where=where,
-                                  fix="re-export the draft")
+            raise CheckpointError(
+                f"tensor {name!r} has dtype {got.dtype}, expected {ref.dtype} (config torch_dtype)",
+                where=where,
+                fix="re-export the draft",
+            )
         if got.is_floating_point() and not bool(torch.isfinite(got).all()):
-            raise CheckpointError(f"tensor {name!r} holds NaN or Inf values", where=where, fix="export an earlier checkpoint")
+            raise CheckpointError(
+                f"tensor {name!r} holds NaN or Inf values", where=where, fix="export an earlier checkpoint"
+            )
 
 
 def split_head(tensors: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(drafter tensors, head tensors without the `lilicorr.` prefix)."""
     drafter = {k: v for k, v in tensors.items() if not k.startswith(HEAD_PREFIX)}
-    head = {k[len(HEAD_PREFIX):]: v for k, v in tensors.items() if k.startswith(HEAD_PREFIX)}
+    head = {k[len(HEAD_PREFIX) :]: v for k, v in tensors.items() if k.startswith(HEAD_PREFIX)}
     return drafter, head
 
 
@@ -222,7 +260,9 @@ def load_head(directory: str | os.PathLike) -> LiLiCorrHead:
     return load_strict(head, head_tensors, f"{Path(directory) / WEIGHTS_FILE} (head)")
 
 
-def save_checkpoint(directory: str | os.PathLike, config: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> Path:
+def save_checkpoint(
+    directory: str | os.PathLike, config: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]
+) -> Path:
     """Write config.json + model.safetensors atomically."""
     for name, t in tensors.items():
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
@@ -232,7 +272,9 @@ def save_checkpoint(directory: str | os.PathLike, config: Mapping[str, Any], ten
     return Path(directory)
 
 
-def write_checkpoint_files(directory: str | os.PathLike, config: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> None:
+def write_checkpoint_files(
+    directory: str | os.PathLike, config: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]
+) -> None:
     """config.json + model.safetensors into an existing folder, each file atomically (weights first), nothing else
     touched."""
     save_tensors(Path(directory) / WEIGHTS_FILE, tensors)
@@ -244,12 +286,16 @@ def head_tensors_for_save(head: LiLiCorrHead) -> dict[str, torch.Tensor]:
     return {HEAD_PREFIX + k: v for k, v in head.state_dict().items()}
 
 
-def add_random_head(source: str | os.PathLike, target: str | os.PathLike, *, seed: int = 0, **geometry) -> LiLiCorrConfig:
+def add_random_head(
+    source: str | os.PathLike, target: str | os.PathLike, *, seed: int = 0, **geometry
+) -> LiLiCorrConfig:
     """`target` = the DFlash draft at `source` with a randomly initialised LiLiCorr head of `geometry`
     (LiLiCorrConfig fields; block size and eps from the draft): a LiLiCorrDraftModel checkpoint that
     measures and smoke-tests the serving path (no draft token is expected to be accepted)."""
     config = read_config(source)
-    head_config = LiLiCorrConfig(block_size=block_size_of(config), rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), **geometry)
+    head_config = LiLiCorrConfig(
+        block_size=block_size_of(config), rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), **geometry
+    )
     torch.manual_seed(seed)
     head = LiLiCorrHead(head_config, model_hidden_size=int(config["hidden_size"])).to(dtype_of(config))
     drafter, _ = split_head(read_tensors(source))

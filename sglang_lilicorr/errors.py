@@ -5,6 +5,7 @@ corrupt file, a field out of range, a draft that does not fit its target, a wron
 `exit_code`: 2 for a usage error (an argument names something that cannot work), 1 otherwise.
 Each subclass keeps the builtin base it had (ValueError, RuntimeError) beside this one.
 """
+
 from __future__ import annotations
 
 

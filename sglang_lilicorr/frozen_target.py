@@ -8,6 +8,7 @@ It supplies what serving-time SGLang gives the drafter and what the objective ne
                     reaching the drafter's hidden states)
   slot targets      log q of given candidates and the greedy token, at teacher-forced positions
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,8 +31,12 @@ def local_model_dir(path: str | Path, option: str = "--target") -> Path:
     folder = Path(path)
     if not (folder / "config.json").is_file():
         found = "a folder without config.json" if folder.is_dir() else "not an existing folder"
-        raise UsageError(f"{str(path)!r} is {found}", where=option, fix="pass the local folder of a Hugging Face model "
-                         "(download a hub model first, e.g. `hf download REPO --local-dir DIR`, and pass DIR)")
+        raise UsageError(
+            f"{str(path)!r} is {found}",
+            where=option,
+            fix="pass the local folder of a Hugging Face model "
+            "(download a hub model first, e.g. `hf download REPO --local-dir DIR`, and pass DIR)",
+        )
     return folder
 
 
@@ -44,8 +49,11 @@ def loading_target(path: str | Path, option: str = "--target") -> Iterator[None]
     except (OSError, ValueError) as e:
         if isinstance(e, LiLiCorrError):
             raise
-        raise UsageError(f"cannot load {str(path)!r} as a model ({' '.join(str(e).split())[:200]})", where=option,
-                         fix="pass the local folder of a Hugging Face model: config.json, tokenizer and weights") from e
+        raise UsageError(
+            f"cannot load {str(path)!r} as a model ({' '.join(str(e).split())[:200]})",
+            where=option,
+            fix="pass the local folder of a Hugging Face model: config.json, tokenizer and weights",
+        ) from e
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -67,7 +75,9 @@ class FrozenTarget:
         n = len(self.layers)
         bad = [i for i in target_layer_ids if not 0 <= i < n - 1]
         if bad:
-            raise TargetMismatchError(f"target_layer_ids {bad} do not name a capturable layer of this {n}-layer target (0..{n - 2}).")
+            raise TargetMismatchError(
+                f"target_layer_ids {bad} do not name a capturable layer of this {n}-layer target (0..{n - 2})."
+            )
         self.target_layer_ids = tuple(target_layer_ids)
         self.embedding = model.get_input_embeddings()
         self.lm_head = model.get_output_embeddings()
@@ -106,6 +116,7 @@ class FrozenTarget:
         def hook(index):
             def grab(_module, _args, output):
                 captured[index] = output[0] if isinstance(output, (tuple, list)) else output
+
             return grab
 
         handles = [self.layers[i].register_forward_hook(hook(i)) for i in set(self.target_layer_ids)]

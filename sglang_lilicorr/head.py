@@ -14,6 +14,7 @@ Hm drafter/target hidden width, H head width, d factor width):
 
 Parameter names are SGLang 0.5.23's (checkpoint tensors `lilicorr.<name>`).
 """
+
 from __future__ import annotations
 
 import torch
@@ -45,7 +46,9 @@ class LiLiCorrHead(nn.Module):
         hm, h = int(model_hidden_size), config.head_width(model_hidden_size)
         s_max, k, heads, eps = config.num_slots, config.candidate_topk, config.num_heads, config.rms_norm_eps
         if h % heads:
-            raise ValueError(f"LiLiCorr head width {h} (the drafter's, hidden_size=0) is not a multiple of num_heads={heads}.")
+            raise ValueError(
+                f"LiLiCorr head width {h} (the drafter's, hidden_size=0) is not a multiple of num_heads={heads}."
+            )
         self.model_hidden_size, self.width = hm, h
 
         # --- nodes: four summed terms of width H ---
@@ -58,9 +61,7 @@ class LiLiCorrHead(nn.Module):
         # --- lattice transformer ---
         self.relative_slot_bias = nn.Parameter(torch.zeros(heads, 2 * config.block_size - 1))
         self.same_slot_bias = nn.Parameter(torch.zeros(heads))
-        self.layers = nn.ModuleList(
-            LatticeLayer(h, heads, config.ffn_width(hm), eps) for _ in range(config.num_layers)
-        )
+        self.layers = nn.ModuleList(LatticeLayer(h, heads, config.ffn_width(hm), eps) for _ in range(config.num_layers))
         self.output_norm = nn.RMSNorm(h, eps=eps)
         # --- target state (the anchor) and fusion ---
         self.context_proj = nn.Linear(hm, h)

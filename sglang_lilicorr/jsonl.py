@@ -1,5 +1,6 @@
 """JSON files: JSON lines (one object per line, every error naming the file and line) read, and a JSON
 document written whole."""
+
 from __future__ import annotations
 
 import json
@@ -22,25 +23,37 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, row) for every non-blank line; a bad line is a DataError naming file:line."""
     path = Path(path)
     if not path.is_file():
-        raise MissingFileError(f"{str(path)!r} is not an existing file", where=str(path),
-                               fix="check the path (a jsonl file, one JSON object a line)")
+        raise MissingFileError(
+            f"{str(path)!r} is not an existing file",
+            where=str(path),
+            fix="check the path (a jsonl file, one JSON object a line)",
+        )
     with path.open("rb") as f:
         for number, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise DataError(f"not UTF-8 text ({e.reason} at byte {e.start})", where=f"{path}:{number}",
-                                fix="save the file as UTF-8") from None
+                raise DataError(
+                    f"not UTF-8 text ({e.reason} at byte {e.start})",
+                    where=f"{path}:{number}",
+                    fix="save the file as UTF-8",
+                ) from None
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except ValueError as e:  # JSONDecodeError, and integers too long to convert
-                raise DataError(f"not valid JSON ({getattr(e, 'msg', e)})", where=f"{path}:{number}",
-                                fix="each line must be one JSON object") from None
+                raise DataError(
+                    f"not valid JSON ({getattr(e, 'msg', e)})",
+                    where=f"{path}:{number}",
+                    fix="each line must be one JSON object",
+                ) from None
             if not isinstance(row, dict):
-                raise DataError(f"expected a JSON object, got {type(row).__name__}", where=f"{path}:{number}",
-                                fix="each line must be one JSON object")
+                raise DataError(
+                    f"expected a JSON object, got {type(row).__name__}",
+                    where=f"{path}:{number}",
+                    fix="each line must be one JSON object",
+                )
             yield number, row
 
 

@@ -5,6 +5,7 @@ the signed slot distance of a node pair, one marking pairs that share a slot.
 Parameter names follow SGLang 0.5.23's LiLiCorr head (`in_proj_weight` packs q, k, v like
 nn.MultiheadAttention) so checkpoints load both ways.
 """
+
 from __future__ import annotations
 
 import torch

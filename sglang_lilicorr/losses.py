@@ -19,6 +19,7 @@ The three reranker terms average over the oracle-prefix slots |S| of the whole b
 (see ``oracle.py``); an empty prefix gives exactly 0 with zero (finite) gradient.
 Shapes: N rows (blocks), S drafted slots (B-1), K candidates, V vocabulary.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,9 +62,9 @@ def dflash_block_ce(
     expect(targets, "targets", (n, s), "int")
     expect(valid, "valid", (n, s), "bool")
     safe_targets = torch.where(valid, targets, 0).to(torch.int64)
-    ce = F.cross_entropy(
-        _at_least_fp32(logits).reshape(n * s, v), safe_targets.reshape(-1), reduction="none"
-    ).view(n, s)
+    ce = F.cross_entropy(_at_least_fp32(logits).reshape(n * s, v), safe_targets.reshape(-1), reduction="none").view(
+        n, s
+    )
     weight = dflash_slot_weights(s, beta, logits.device, ce.dtype).expand(n, s)  # [N, S]
     per_block = torch.where(valid, ce * weight, 0.0).sum(dim=1)  # [N]
     return per_block.sum() / valid.any(dim=1).sum().clamp(min=1)
@@ -181,8 +182,16 @@ def lilicorr_objective(
     dflash = dflash_block_ce(draft_logits, targets, valid, weights.beta)
     if weights.gamma == 0:
         return ObjectiveTerms(total=dflash, dflash=dflash)
-    missing = [k for k, t in (("candidate_ids", candidate_ids), ("start", start), ("pair", pair),
-                              ("target_log_probs", target_log_probs)) if t is None]
+    missing = [
+        k
+        for k, t in (
+            ("candidate_ids", candidate_ids),
+            ("start", start),
+            ("pair", pair),
+            ("target_log_probs", target_log_probs),
+        )
+        if t is None
+    ]
     if missing:
         raise ObjectiveInputError(
             f"lilicorr_objective: gamma={weights.gamma} needs {', '.join(missing)}; "
@@ -202,8 +211,14 @@ def lilicorr_objective(
         margin = None
         reranker = ce + weights.lam * dist
     return ObjectiveTerms(
-        total=dflash + weights.gamma * reranker, dflash=dflash, ce=ce, dist=dist, margin=margin,
-        z=z, gt_index=gt_index, prefix=prefix,
+        total=dflash + weights.gamma * reranker,
+        dflash=dflash,
+        ce=ce,
+        dist=dist,
+        margin=margin,
+        z=z,
+        gt_index=gt_index,
+        prefix=prefix,
     )
 
 

@@ -11,6 +11,7 @@ which is only meaningful on the oracle prefix, where every g_{s-1} is in the poo
 
 Shapes: N rows (blocks), S drafted slots (B-1), K candidates per slot.
 """
+
 from __future__ import annotations
 
 import torch
@@ -49,7 +50,7 @@ def oracle_prefix(
     valid: torch.Tensor,  # [N, S] bool, slot lies inside the supervised sequence
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> gt_index [N, S] int64 (position of g_s among the K candidates, -1 if absent),
-          prefix   [N, S] bool  (slot is on the oracle prefix)."""
+    prefix   [N, S] bool  (slot is on the oracle prefix)."""
     expect(candidate_ids, "candidate_ids", (None, None, None), "int")
     n, s, _ = candidate_ids.shape
     expect(targets, "targets", (n, s), "int")

@@ -12,6 +12,7 @@ of that kind.
 Temporary files and folders are named `.<name>.lilicorr-tmp-<random>` beside what they become: a kill leaves
 nothing else, and the next writer of the same place removes them (`remove_temporaries`), never anything else.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,8 +28,12 @@ from .errors import LiLiCorrError, UsageError
 
 MARKER = ".lilicorr.json"
 TMP_TAG = ".lilicorr-tmp-"
-KINDS = {"run": "a training run", "dataset": "a data set made by `lilicorr regenerate --recipe`",
-         "report": "a report folder written by lilicorr", "export": "a draft written by `lilicorr export`"}
+KINDS = {
+    "run": "a training run",
+    "dataset": "a data set made by `lilicorr regenerate --recipe`",
+    "report": "a report folder written by lilicorr",
+    "export": "a draft written by `lilicorr export`",
+}
 
 
 class NotOursError(UsageError):
@@ -140,8 +145,14 @@ def held(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if not (p.name == MARKER and ours) and not is_temporary(p))
 
 
-def claim_folder(folder: str | os.PathLike, kind: str, option: str, recognise: Callable[[Path], bool] | None = None,
-                 create: bool = True, fix: str | None = None) -> str:
+def claim_folder(
+    folder: str | os.PathLike,
+    kind: str,
+    option: str,
+    recognise: Callable[[Path], bool] | None = None,
+    create: bool = True,
+    fix: str | None = None,
+) -> str:
     """Make sure `folder` may be written by a command of `kind` -> "new", "empty" or "ours"; with `create`, creates
     it, removes the temporaries a killed writer left in it and leaves the marker. Anything else raises NotOursError
     naming what it holds; nothing is touched."""
@@ -155,9 +166,12 @@ def claim_folder(folder: str | os.PathLike, kind: str, option: str, recognise: C
             state = "ours"
         else:
             what = f"it is {KINDS[found]}" if found else f"it holds {held(path)[:5]}"
-            raise NotOursError(f"{folder} is not empty and is not {KINDS[kind]}, {what}", where=option,
-                               fix=fix or f"pick a new or empty folder; {KINDS[kind]} is written only there or over one "
-                                          "of its own kind")
+            raise NotOursError(
+                f"{folder} is not empty and is not {KINDS[kind]}, {what}",
+                where=option,
+                fix=fix
+                or f"pick a new or empty folder; {KINDS[kind]} is written only there or over one of its own kind",
+            )
     if create:
         path.mkdir(parents=True, exist_ok=True)
         remove_temporaries(path)  # what a killed writer of this folder left (only names of temporary_name)
@@ -168,8 +182,13 @@ def claim_folder(folder: str | os.PathLike, kind: str, option: str, recognise: C
 def claim_report_folder(folder: str | os.PathLike, create: bool = True) -> Path:
     """--out of a command that writes a report: new, empty, or marked as a report by an earlier one -> the folder.
     (A folder of a report written before the markers is not recognised: a summary.json alone says too little.)"""
-    claim_folder(folder, "report", "--out", create=create,
-                 fix="pick a new or empty folder, or an earlier report's folder (reports are written nowhere else)")
+    claim_folder(
+        folder,
+        "report",
+        "--out",
+        create=create,
+        fix="pick a new or empty folder, or an earlier report's folder (reports are written nowhere else)",
+    )
     return Path(folder)
 
 
@@ -177,15 +196,22 @@ def claim_file(path: str | os.PathLike, recognise: Callable[[Path], bool], what:
     """A file a command replaces whole: it must be missing, empty or `what` (`recognise`); else NotOursError."""
     path = Path(path)
     if path.is_dir() or (path.exists() and path.stat().st_size and not recognise(path)):
-        raise NotOursError(f"{path} is not {what}", where=option, fix=f"pass a new file or {what}; this one is left as it is")
+        raise NotOursError(
+            f"{path} is not {what}", where=option, fix=f"pass a new file or {what}; this one is left as it is"
+        )
     return path
 
 
 # --- append-only JSON-lines files ---------------------------------------------------------------------
 
 
-def jsonl_for_append(path: str | os.PathLike, is_record: Callable[[object], bool], what: str, option: str,
-                     error: type[LiLiCorrError] = LiLiCorrError) -> int | None:
+def jsonl_for_append(
+    path: str | os.PathLike,
+    is_record: Callable[[object], bool],
+    what: str,
+    option: str,
+    error: type[LiLiCorrError] = LiLiCorrError,
+) -> int | None:
     """Check that `path` is missing, empty or a JSON-lines file of `what` (every complete line a record,
     `is_record`), reading only -> the offset of a torn last line to cut (a last line without its newline that is
     not JSON), else None. A file whose first line is not a record is not ours: NotOursError (exit 2), nothing
@@ -210,14 +236,23 @@ def jsonl_for_append(path: str | os.PathLike, is_record: Callable[[object], bool
             continue
         if _record_or_none(line, is_record) is None:
             if first:
-                raise NotOursError(f"{path} is not {what}: line {number} is not one of its records", where=option,
-                                   fix=f"pass {what} or a new file; this file is left as it is")
-            raise error(f"line {number} is not {what}'s record", where=f"{path}:{number}",
-                        fix="fix or remove that line (the file was not changed)")
+                raise NotOursError(
+                    f"{path} is not {what}: line {number} is not one of its records",
+                    where=option,
+                    fix=f"pass {what} or a new file; this file is left as it is",
+                )
+            raise error(
+                f"line {number} is not {what}'s record",
+                where=f"{path}:{number}",
+                fix="fix or remove that line (the file was not changed)",
+            )
         first = False
     if torn is not None and first:
-        raise NotOursError(f"{path} is not {what}: its only line is not one of its records", where=option,
-                           fix=f"pass {what} or a new file; this file is left as it is")
+        raise NotOursError(
+            f"{path} is not {what}: its only line is not one of its records",
+            where=option,
+            fix=f"pass {what} or a new file; this file is left as it is",
+        )
     return torn
 
 
@@ -235,8 +270,10 @@ def open_for_append(path: str | os.PathLike, torn: int | None, what: str):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if torn is not None:
-        print(f"warning: cutting the torn last line of {path} (an interrupted write of {what}); it is written again.",
-              file=sys.stderr)
+        print(
+            f"warning: cutting the torn last line of {path} (an interrupted write of {what}); it is written again.",
+            file=sys.stderr,
+        )
         with path.open("r+b") as f:
             f.truncate(torn)
     needs_newline = path.exists() and path.stat().st_size > 0 and not _ends_with_newline(path)

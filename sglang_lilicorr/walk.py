@@ -6,6 +6,7 @@ Scores come from the head, already scaled by sigma:
 Both decoders return candidate indices [b, S] (int64). Ties go to the lowest index. `WALKS` names them: the reference
 decoder, the replay and the server (LILICORR_WALK) choose a rule by these names.
 """
+
 from __future__ import annotations
 
 import torch

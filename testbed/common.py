@@ -1,5 +1,6 @@
 """Helpers the testbed's steps share: copies into $OUT, the GPUs, the target's generator, the run options, background
 processes and their folders, the device call's deadline ($TESTBED_DEADLINE)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -71,8 +72,14 @@ def speculation_args(system: str, drafts: Path) -> list[str]:
         return []
     algorithm = "DFLASH" if system in ("dflash", "builtin") else "LILICORR"
     draft = drafts / ("lilicorr" if system == "builtin" else system)
-    return ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(draft),
-            "--speculative-draft-attention-backend", "triton"]
+    return [
+        "--speculative-algorithm",
+        algorithm,
+        "--speculative-draft-model-path",
+        str(draft),
+        "--speculative-draft-attention-backend",
+        "triton",
+    ]
 
 
 def verify_env(system: str) -> dict:
@@ -84,9 +91,11 @@ def verify_env(system: str) -> dict:
 
 
 # SGLang flags the GPU machine's kit needs (no flashinfer, no flash-attention; ../shared/device): `--server-args`' default.
-SERVER_ARGS = ("--attention-backend triton --sampling-backend pytorch --grammar-backend none "
-               "--mem-fraction-static 0.85 --context-length 4096 --cuda-graph-max-bs-decode 256 "
-               "--cuda-graph-backend-prefill disabled")
+SERVER_ARGS = (
+    "--attention-backend triton --sampling-backend pytorch --grammar-backend none "
+    "--mem-fraction-static 0.85 --context-length 4096 --cuda-graph-max-bs-decode 256 "
+    "--cuda-graph-backend-prefill disabled"
+)
 
 
 @contextlib.contextmanager
@@ -97,15 +106,28 @@ def generator(args, log_dir: Path, tokenizer):
 
         from sglang_lilicorr.train.engine import TransformersGenerator
 
-        yield TransformersGenerator(AutoModelForCausalLM.from_pretrained(args.target).eval(), tokenizer.pad_token_id or 0), "transformers"
+        yield (
+            TransformersGenerator(
+                AutoModelForCausalLM.from_pretrained(args.target).eval(), tokenizer.pad_token_id or 0
+            ),
+            "transformers",
+        )
         return
     from sglang_lilicorr.train.engine import SGLangServers
 
     n = gpus()
     t0 = time.time()
-    with SGLangServers.launch(args.target, n, server_args=shlex.split(args.server_args), log_dir=log_dir,
-                              concurrency=getattr(args, "concurrency", 256)) as servers:
-        yield servers, f"{n} SGLang servers on {device_name()}, started in {time.time() - t0:.0f} s ({args.server_args})"
+    with SGLangServers.launch(
+        args.target,
+        n,
+        server_args=shlex.split(args.server_args),
+        log_dir=log_dir,
+        concurrency=getattr(args, "concurrency", 256),
+    ) as servers:
+        yield (
+            servers,
+            f"{n} SGLang servers on {device_name()}, started in {time.time() - t0:.0f} s ({args.server_args})",
+        )
 
 
 def scale_and_schedule(args) -> dict:
@@ -124,7 +146,9 @@ def enough_time(step: str, minutes: float) -> None:
     seconds, set at the start of a call) less `minutes`. Exit 4: run the step in the next call."""
     end = os.environ.get("TESTBED_DEADLINE")
     if end and time.time() + 60 * minutes > float(end):
-        print(f"[{step}] {(float(end) - time.time()) / 60:.1f} min left in this call, {minutes:.1f} needed: run it in the next call.")
+        print(
+            f"[{step}] {(float(end) - time.time()) / 60:.1f} min left in this call, {minutes:.1f} needed: run it in the next call."
+        )
         raise SystemExit(4)
 
 
@@ -151,7 +175,9 @@ def start(cmd: list[str], log: Path, gpu_ids: list[int] | None = None) -> subpro
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if gpu_ids is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
-    return subprocess.Popen(cmd, env=env, cwd=log.parent, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        cmd, env=env, cwd=log.parent, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def run_folder(path: Path, kind: str = "run") -> Path:
@@ -160,7 +186,12 @@ def run_folder(path: Path, kind: str = "run") -> Path:
     from sglang_lilicorr.ownership import claim_folder
     from sglang_lilicorr.train.regenerate import is_recipe_dir
 
-    claim_folder(path, kind, "--out" if kind == "report" else "--output-dir", recognise=is_recipe_dir if kind == "dataset" else None)
+    claim_folder(
+        path,
+        kind,
+        "--out" if kind == "report" else "--output-dir",
+        recognise=is_recipe_dir if kind == "dataset" else None,
+    )
     return path
 
 
@@ -182,7 +213,14 @@ def data_files(args) -> tuple[Path, Path]:
 
 def run_options(args, **extra) -> dict:
     train, held = data_files(args)
-    return {"target": args.target, "data": str(train), "eval_data": str(held), "exclude": args.eval_prompts, **scale_and_schedule(args), **extra}
+    return {
+        "target": args.target,
+        "data": str(train),
+        "eval_data": str(held),
+        "exclude": args.eval_prompts,
+        **scale_and_schedule(args),
+        **extra,
+    }
 
 
 def alive(pid: int) -> bool:

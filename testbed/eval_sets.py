@@ -5,6 +5,7 @@ The packages holding the sets are not on the GPU machine, so `python -m testbed 
 runs on the CPU machine and writes testbed/eval_prompts.jsonl ({"id", "set", "text"} rows),
 which travels with the checkout.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,10 @@ def sample_sets(per_set: int, seed: int, max_chars: int, sets=SETS) -> list[dict
         rows += [{"id": p.prompt_id, "set": name, "text": p.turns[0]} for p in sample(short, per_set, seed)]
     for name in WHOLE_SETS:
         _, prompts = load_prompts(name, limit=10**9)
-        rows += [{"id": p.prompt_id, "set": name, "messages": [{"role": "user", "content": t} for t in p.turns]} for p in prompts]
+        rows += [
+            {"id": p.prompt_id, "set": name, "messages": [{"role": "user", "content": t} for t in p.turns]}
+            for p in prompts
+        ]
     return rows
 
 

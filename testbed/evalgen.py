@@ -1,5 +1,6 @@
 """The `evalgen` step: the target's own outputs on the evaluation prompts, T = 0 and T = 1 under seeds 0, 1, 2
 (WORK/eval/outputs_T<t>_s<seed>.jsonl), through the same generator as `data`."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,7 +21,12 @@ def cmd_evalgen(args) -> int:
     plans = prompt_plans(args.eval_prompts)
     with generator(args, out / "logs", tokenizer) as (engine, described):
         for temperature, seed in EVAL_RUNS:
-            stats = play(plans, out / f"outputs_T{temperature:g}_s{seed}.jsonl", tokenizer, engine,
-                         Settings(temperature=temperature, seed=seed, max_new_tokens=args.max_new_tokens))
+            stats = play(
+                plans,
+                out / f"outputs_T{temperature:g}_s{seed}.jsonl",
+                tokenizer,
+                engine,
+                Settings(temperature=temperature, seed=seed, max_new_tokens=args.max_new_tokens),
+            )
             print(f"[evalgen] T={temperature:g} seed {seed}: {stats.generated_tokens} tokens this call ({described})")
     return 0

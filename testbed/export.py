@@ -1,5 +1,6 @@
 """The `export` step: each variant's final checkpoint -> WORK/drafts/<variant> (checked by loading it), a tarball and
 its metrics copied to $OUT."""
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,17 @@ def cmd_export(args) -> int:
             continue
         draft = export_checkpoint(run_dir, Path(args.work) / "drafts" / name, "bfloat16", force=True)
         load_draft(draft)
-        save_json(draft / "testbed.json", {"variant": name, "objective": VARIANTS[name], "init": (plan.get("init") or {}).get(name), "step": rows[-1]["step"],
-                                           "total_steps": rows[-1].get("total_steps"), "train_config": plan["options"]})
+        save_json(
+            draft / "testbed.json",
+            {
+                "variant": name,
+                "objective": VARIANTS[name],
+                "init": (plan.get("init") or {}).get(name),
+                "step": rows[-1]["step"],
+                "total_steps": rows[-1].get("total_steps"),
+                "train_config": plan["options"],
+            },
+        )
         tar = Path(args.work) / "drafts" / f"draft_{name}.tar"
         with tarfile.open(tar, "w") as t:
             t.add(draft, arcname=name)

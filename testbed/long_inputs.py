@@ -17,6 +17,7 @@ variants.LONG (max_length 4096, YaRN factor 2 from 4,096 positions: served to th
   summarize per variant and length: tau (tokens per verify block), tokens/s, failures (a request that failed, or a
             token that is not the fp32 target's greedy choice within 2 bf16 ulps), and every not-argmax token's deficit
 """
+
 from __future__ import annotations
 
 import random
@@ -56,7 +57,9 @@ def pack(rows: Sequence[dict], lengths: Sequence[int], min_tokens: int, seed: in
 def stdlib_sources(min_chars: int) -> list[tuple[str, str]]:
     """(module, source) of the standard library's top-level modules of at least min_chars characters, by name."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    return [(p.stem, text) for p in sorted(root.glob("*.py")) if len(text := p.read_text(errors="replace")) >= min_chars]
+    return [
+        (p.stem, text) for p in sorted(root.glob("*.py")) if len(text := p.read_text(errors="replace")) >= min_chars
+    ]
 
 
 def prompt_ids(render: Callable[[str], list[int]], source: str, length: int) -> list[int] | None:
@@ -74,8 +77,9 @@ def prompt_ids(render: Callable[[str], list[int]], source: str, length: int) -> 
     return ids if length - LENGTH_SLACK <= len(ids) <= length else None
 
 
-def long_prompts(render: Callable[[str], list[int]], sources: Sequence[tuple[str, str]], lengths: Sequence[int],
-                 per_length: int) -> list[dict]:
+def long_prompts(
+    render: Callable[[str], list[int]], sources: Sequence[tuple[str, str]], lengths: Sequence[int], per_length: int
+) -> list[dict]:
     """[{prompt, length, input_ids}]: per length, the first per_length sources that fill it."""
     rows = []
     for length in lengths:
@@ -93,15 +97,33 @@ def long_prompts(render: Callable[[str], list[int]], sources: Sequence[tuple[str
 def serve(url: str, draft: str, prompts: Sequence[dict], concurrency: int, post: Callable[..., dict]) -> list[dict]:
     """Every prompt greedy through /generate, one length after another, `concurrency` at a time: a record each
     (reference.check's served shape, plus length, completion_tokens, spec_verify_ct, start, end)."""
+
     def one(p: dict) -> dict:
-        record = {"draft": draft, "prompt": p["prompt"], "length": p["length"], "input_ids": p["input_ids"], "output_ids": [],
-                  "sampling": {"temperature": 0.0}, "error": None, "start": time.time()}
+        record = {
+            "draft": draft,
+            "prompt": p["prompt"],
+            "length": p["length"],
+            "input_ids": p["input_ids"],
+            "output_ids": [],
+            "sampling": {"temperature": 0.0},
+            "error": None,
+            "start": time.time(),
+        }
         try:
-            answer = post(url, "/generate", {"input_ids": p["input_ids"],
-                                             "sampling_params": {"temperature": 0.0, "max_new_tokens": MAX_NEW_TOKENS}})
+            answer = post(
+                url,
+                "/generate",
+                {
+                    "input_ids": p["input_ids"],
+                    "sampling_params": {"temperature": 0.0, "max_new_tokens": MAX_NEW_TOKENS},
+                },
+            )
             meta = answer["meta_info"]
-            record.update(output_ids=answer["output_ids"], completion_tokens=int(meta["completion_tokens"]),
-                          spec_verify_ct=meta.get("spec_verify_ct"))
+            record.update(
+                output_ids=answer["output_ids"],
+                completion_tokens=int(meta["completion_tokens"]),
+                spec_verify_ct=meta.get("spec_verify_ct"),
+            )
         except Exception as e:  # noqa: BLE001 -- a failed request is a result: counted, never fatal
             record["error"] = f"{type(e).__name__}: {e}"[:300]
         record["end"] = time.time()
@@ -130,16 +152,31 @@ def summarize(records: Sequence[dict], check: Callable[[dict], "GreedyReport"]) 
             wall = max(r["end"] for r in cell) - min(r["start"] for r in cell)
             reports = [check(r) for r in ok]
             not_greedy = sum(not report.ok for report in reports)
-            found = [{"draft": draft, "length": length, "prompt": r["prompt"], "position": m.position, "emitted": m.emitted,
-                      "argmax": m.argmax, "deficit": round(m.deficit, 5), "deficit_ulps": round(m.deficit_ulps, 3),
-                      "past_tolerance": m.deficit > m.tol}
-                     for r, report in zip(ok, reports) for m in report.not_argmax]
+            found = [
+                {
+                    "draft": draft,
+                    "length": length,
+                    "prompt": r["prompt"],
+                    "position": m.position,
+                    "emitted": m.emitted,
+                    "argmax": m.argmax,
+                    "deficit": round(m.deficit, 5),
+                    "deficit_ulps": round(m.deficit_ulps, 3),
+                    "past_tolerance": m.deficit > m.tol,
+                }
+                for r, report in zip(ok, reports)
+                for m in report.not_argmax
+            ]
             mismatches += found
             out.setdefault(draft, {})[str(length)] = {
-                "n": len(cell), "tau": round(tokens / blocks, 4) if blocks else None,
+                "n": len(cell),
+                "tau": round(tokens / blocks, 4) if blocks else None,
                 "tok_s": round(tokens / wall, 1) if wall > 0 else None,
-                "failures": len(cell) - len(ok) + not_greedy, "not_greedy": not_greedy, "not_argmax_tokens": len(found),
-                "worst_deficit_ulps": max((m["deficit_ulps"] for m in found), default=0.0)}
+                "failures": len(cell) - len(ok) + not_greedy,
+                "not_greedy": not_greedy,
+                "not_argmax_tokens": len(found),
+                "worst_deficit_ulps": max((m["deficit_ulps"] for m in found), default=0.0),
+            }
     return out, mismatches
 
 
@@ -156,14 +193,20 @@ def plot(summary: dict, path: Path) -> Path:
             pts = [(int(n), cells[n][key]) for n in lengths if cells[n][key] is not None]
             if pts:
                 ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=variant, color=f"C{i}")
-    for ax, label in zip(axes, ("tau (tokens per verify block)", "output tokens / s", "requests not greedy (of %d)" % summary["per_length"])):
+    for ax, label in zip(
+        axes,
+        ("tau (tokens per verify block)", "output tokens / s", "requests not greedy (of %d)" % summary["per_length"]),
+    ):
         ax.set_xscale("log", base=2)
         ax.set_xticks(summary["lengths"], [str(n) for n in summary["lengths"]])
         ax.set_xlabel("input tokens")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=8)
-    fig.suptitle(f"long inputs, c = {summary['concurrency']}, {summary['max_new_tokens']} new tokens, {summary['device']}", fontsize=10)
+    fig.suptitle(
+        f"long inputs, c = {summary['concurrency']}, {summary['max_new_tokens']} new tokens, {summary['device']}",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,4 +1,5 @@
 """The `long-pack` step (with --long): WORK0's conversations packed into long ones in WORK/data (long_inputs.pack)."""
+
 from __future__ import annotations
 
 import json
@@ -34,7 +35,10 @@ def cmd_long_pack(args) -> int:
         packed = long_inputs.pack(rows, lengths, args.min_tokens, args.seed)
         eval_sets.write(packed, out / name)
         counts[name] = {"conversations": len(rows), "packed": len(packed), "tokens": sum(lengths)}
-    save_json(out / "manifest.json", {"source": str(source), "min_tokens": args.min_tokens, "seed": args.seed, "counts": counts})
+    save_json(
+        out / "manifest.json",
+        {"source": str(source), "min_tokens": args.min_tokens, "seed": args.seed, "counts": counts},
+    )
     print(json.dumps(counts))
     to_out(args.out, out / "manifest.json")
     return 0

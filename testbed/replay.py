@@ -1,5 +1,6 @@
 """The `replay` step: tau of every exported draft on the evaluation outputs (exact replay), one process per GPU ->
 WORK/replay/tau.json, tau.md."""
+
 from __future__ import annotations
 
 import json
@@ -30,13 +31,21 @@ def cmd_replay(args) -> int:
         for n in names:
             argv += ["--draft", f"{n}={drafts / n}"]
         gpu_ids = args.gpu_ids or list(range(gpus()))
-        jobs.append((path.stem, start(lilicorr(*argv), run_folder(report, "report") / "replay.log", [gpu_ids[i % len(gpu_ids)]])))
+        jobs.append(
+            (
+                path.stem,
+                start(lilicorr(*argv), run_folder(report, "report") / "replay.log", [gpu_ids[i % len(gpu_ids)]]),
+            )
+        )
     for stem, proc in jobs:
         if proc.wait():
             print(f"[replay] {stem}: exit {proc.returncode}\n{tail(root / stem / 'replay.log', 8)}")
     records = [json.loads(line) for f in sorted(root.glob("*/replay.jsonl")) for line in f.read_text().splitlines()]
     cells = tau_cells(records)
-    save_json(root / "tau.json", {"device": device_name(), "drafts": names, "outputs": [p.name for p in outputs], "cells": cells})
+    save_json(
+        root / "tau.json",
+        {"device": device_name(), "drafts": names, "outputs": [p.name for p in outputs], "cells": cells},
+    )
     (root / "tau.md").write_text(tau_table(cells))
     print(tau_table(cells))
     to_out(args.out, root / "tau.json")

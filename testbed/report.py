@@ -6,6 +6,7 @@ graph setting) and the server tau check. Writes RESULTS/results.json, RESULTS/ta
 (held-out T = 0 tau and per-slot top-1 against training steps) and served throughput against
 concurrency. Every piece is optional: a table is written for what is there.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -41,14 +42,20 @@ def tau_summary(cells: list[dict]) -> dict:
         if c["temperature"] == 0:
             entry["tau_t0"] = round(c["tau"], 4)
         else:
-            entry.update(tau_t1_mean=round(c["tau"], 4), tau_t1_std=None if c["tau_std"] is None else round(c["tau_std"], 4),
-                         tau_t1_per_seed={str(k): round(v, 4) for k, v in c["tau_per_seed"].items()})
+            entry.update(
+                tau_t1_mean=round(c["tau"], 4),
+                tau_t1_std=None if c["tau_std"] is None else round(c["tau_std"], 4),
+                tau_t1_per_seed={str(k): round(v, 4) for k, v in c["tau_per_seed"].items()},
+            )
     return out
 
 
 def speed_results(root: Path) -> dict:
     """{setting: serve_speed summary} of every speed_summary.json under root (the speed step's, per setting)."""
-    return {doc["setting"]: doc["summary"] for doc in (json.loads(p.read_text()) for p in sorted(root.rglob("speed_summary.json")))}
+    return {
+        doc["setting"]: doc["summary"]
+        for doc in (json.loads(p.read_text()) for p in sorted(root.rglob("speed_summary.json")))
+    }
 
 
 def fmt(x, digits=3) -> str:
@@ -57,31 +64,58 @@ def fmt(x, digits=3) -> str:
 
 def tau_tables(taus: dict) -> list[str]:
     sets = [s for s in SETS if s in taus]
-    lines = ["### Acceptance length tau (exact replay of the target's own outputs; T = 1: mean ± std over seeds 0, 1, 2)", "",
-             "| T | set | LiLiCorr (greedy walk) | Vanilla DFlash | LiLiCorr ckpt, argmax block | LiLiCorr / DFlash |", "|---|---|---|---|---|---|"]
+    lines = [
+        "### Acceptance length tau (exact replay of the target's own outputs; T = 1: mean ± std over seeds 0, 1, 2)",
+        "",
+        "| T | set | LiLiCorr (greedy walk) | Vanilla DFlash | LiLiCorr ckpt, argmax block | LiLiCorr / DFlash |",
+        "|---|---|---|---|---|---|",
+    ]
     for t_key, label in (("tau_t0", "0"), ("tau_t1_mean", "1")):
         for s in sets:
             row = taus[s]
             ours, theirs, argmax = (row.get(k, {}).get(t_key) for k in ("lilicorr", "dflash", "lilicorr_argmax"))
-            std = lambda k: (f" ± {row[k]['tau_t1_std']:.3f}" if t_key != "tau_t0" and row.get(k, {}).get("tau_t1_std") is not None else "")
+            std = lambda k: (
+                f" ± {row[k]['tau_t1_std']:.3f}"
+                if t_key != "tau_t0" and row.get(k, {}).get("tau_t1_std") is not None
+                else ""
+            )
             ratio = f"{ours / theirs:.3f}x" if ours and theirs else "--"
-            lines.append(f"| {label} | {s} | {fmt(ours)}{std('lilicorr')} | {fmt(theirs)}{std('dflash')} | {fmt(argmax)} | {ratio} |")
-    lines += ["", "### Decode rule (same checkpoint, T = 0): greedy walk vs exact Viterbi", "", "| set | greedy walk | Viterbi | change |", "|---|---|---|---|"]
+            lines.append(
+                f"| {label} | {s} | {fmt(ours)}{std('lilicorr')} | {fmt(theirs)}{std('dflash')} | {fmt(argmax)} | {ratio} |"
+            )
+    lines += [
+        "",
+        "### Decode rule (same checkpoint, T = 0): greedy walk vs exact Viterbi",
+        "",
+        "| set | greedy walk | Viterbi | change |",
+        "|---|---|---|---|",
+    ]
     for s in sets:
         g, v = (taus[s].get(k, {}).get("tau_t0") for k in ("lilicorr", "lilicorr_viterbi"))
         lines.append(f"| {s} | {fmt(g)} | {fmt(v)} | {'--' if not (g and v) else f'{100 * (v / g - 1):+.2f} %'} |")
     ablations = [v for v in ("no_dist", "margin") if any(v in taus[s] for s in sets)]
     if ablations:
-        lines += ["", "### Loss ablation (T = 0)", "", "| objective | " + " | ".join(sets) + " |", "|---|" + "---|" * len(sets)]
+        lines += [
+            "",
+            "### Loss ablation (T = 0)",
+            "",
+            "| objective | " + " | ".join(sets) + " |",
+            "|---|" + "---|" * len(sets),
+        ]
         for v in ("lilicorr", *ablations):
-            lines.append(f"| {VARIANT_LABELS[v]} | " + " | ".join(fmt(taus[s].get(v, {}).get("tau_t0")) for s in sets) + " |")
+            lines.append(
+                f"| {VARIANT_LABELS[v]} | " + " | ".join(fmt(taus[s].get(v, {}).get("tau_t0")) for s in sets) + " |"
+            )
     return lines
 
 
 def speed_table(speed: dict) -> list[str]:
     if not speed:
         return []
-    lines = ["### Served throughput (greedy, paired rotated rounds, no instrumentation; 95 % t intervals over rounds)", ""]
+    lines = [
+        "### Served throughput (greedy, paired rotated rounds, no instrumentation; 95 % t intervals over rounds)",
+        "",
+    ]
     for setting, summary in speed.items():
         lines += [serve_speed.table(summary, setting), ""]
     return lines
@@ -95,7 +129,9 @@ def optional_pyplot():
         return None
 
 
-def lineage(earlier: list[dict[str, list[dict]]], metrics: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], list[int]]:
+def lineage(
+    earlier: list[dict[str, list[dict]]], metrics: dict[str, list[dict]]
+) -> tuple[dict[str, list[dict]], list[int]]:
     """Warm-started runs as one curve: each run's metrics (earlier runs first, then `metrics`) with its steps
     shifted past the previous run's last step. Returns the joined rows per variant and the steps where a run
     began (after the first)."""
@@ -124,13 +160,26 @@ def curves(metrics: dict[str, list[dict]], path: Path, run_starts: list[int] = (
     fig, axes = plt.subplots(1, 1 + len(runs), figsize=(5.5 * (1 + len(runs)), 4.2))
     colors = plt.get_cmap("tab10")
     for i, (v, rows) in enumerate(runs.items()):
-        for key, held, style in (("accept_len/lilicorr_walk", "eval/tau_t0/lilicorr", "-"), ("accept_len/draft_argmax", "eval/tau_t0/argmax", "--")):
+        for key, held, style in (
+            ("accept_len/lilicorr_walk", "eval/tau_t0/lilicorr", "-"),
+            ("accept_len/draft_argmax", "eval/tau_t0/argmax", "--"),
+        ):
             train = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
             if train:
-                axes[0].plot(*zip(*train), style, color=colors(2 * i + (style == "--")), label=f"{v}: {key.rsplit('/', 1)[1]} (training batch)")
+                axes[0].plot(
+                    *zip(*train),
+                    style,
+                    color=colors(2 * i + (style == "--")),
+                    label=f"{v}: {key.rsplit('/', 1)[1]} (training batch)",
+                )
             evals = [(r["step"], r[held]) for r in rows if r.get(held) is not None]
             if evals:
-                axes[0].plot(*zip(*evals), "o", color=colors(2 * i + (style == "--")), label=f"{v}: {held.rsplit('/', 1)[1]} (held-out tau)")
+                axes[0].plot(
+                    *zip(*evals),
+                    "o",
+                    color=colors(2 * i + (style == "--")),
+                    label=f"{v}: {held.rsplit('/', 1)[1]} (held-out tau)",
+                )
     axes[0].set(xlabel="training step", ylabel="tokens per block (T = 0)", title="acceptance against training steps")
     axes[0].legend(fontsize=7)
     cmap = plt.get_cmap("viridis")
@@ -141,7 +190,12 @@ def curves(metrics: dict[str, list[dict]], path: Path, run_starts: list[int] = (
             if points:
                 ax.plot(*zip(*points), color=cmap((s - 1) / 14), label=f"slot {s}" if s in (1, 5, 10, 15) else None)
         where = "held-out" if prefix.startswith("eval") else "training batch"
-        ax.set(xlabel="training step", ylabel=f"drafter top-1 ({where})", title=f"{v}: per-slot top-1, slot 1 (top) .. 15", ylim=(0, 1))
+        ax.set(
+            xlabel="training step",
+            ylabel=f"drafter top-1 ({where})",
+            title=f"{v}: per-slot top-1, slot 1 (top) .. 15",
+            ylim=(0, 1),
+        )
         ax.legend(fontsize=7)
     for ax in axes:
         for step in run_starts:
@@ -166,8 +220,11 @@ def tau_by_run(points: list[tuple[int, dict]], path: Path) -> Path | None:
             for x, y in xy:
                 ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(4, -12), fontsize=7)
     ax.set_xscale("log", base=2)
-    ax.set(xlabel="training steps so far (log scale)", ylabel="tau, T = 0, average of the evaluation sets",
-           title="evaluation-set tau at the end of each run")
+    ax.set(
+        xlabel="training steps so far (log scale)",
+        ylabel="tau, T = 0, average of the evaluation sets",
+        title="evaluation-set tau at the end of each run",
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -184,22 +241,46 @@ def write(args) -> int:
     earlier = [{v: load(Path(d), f"metrics_{v}.jsonl") or [] for v in variants} for d in args.after or []]
     for d, run in zip(args.after or [], earlier):
         if not any(run.values()):
-            raise SystemExit(f"tables --after {d}: no metrics_<variant>.jsonl there; name the result folders of the earlier runs.")
+            raise SystemExit(
+                f"tables --after {d}: no metrics_<variant>.jsonl there; name the result folders of the earlier runs."
+            )
     history, run_starts = lineage(earlier, metrics)
     taus = tau_summary(tau["cells"]) if tau else {}
     speed = speed_results(root)
     results = {
         "sets": taus,
-        "tok_s": {c: {s: e[s] for s in serve_speed.ALL_SYSTEMS if s in e} for c, e in speed.get("graphs32", {}).items()},
+        "tok_s": {
+            c: {s: e[s] for s in serve_speed.ALL_SYSTEMS if s in e} for c, e in speed.get("graphs32", {}).items()
+        },
         "speed": speed,
-        "server_tau_t0": {f"{c['system']}/{c['group']}": round(c["tau"], 4) for c in (tau_check or {}).get("cells", []) if c.get("tau")},
+        "server_tau_t0": {
+            f"{c['system']}/{c['group']}": round(c["tau"], 4)
+            for c in (tau_check or {}).get("cells", [])
+            if c.get("tau")
+        },
         "data": (load(root, "manifest.json") or {}).get("counts"),
         "sweep": {name: (load(root, f"{name}.json") or {}).get("choice") for name in ("depth", "batch")},
         "training": (load(root, "train_config.json") or {}).get("options"),
-        "final_metrics": {v: {k: rows[-1].get(k) for k in ("step", "tokens_per_s", "eval/tau_t0/lilicorr", "eval/tau_t0/argmax",
-                                                           "eval/top1_draft/slot1", "time/target_ms", "time/drafter_ms", "time/head_ms",
-                                                           "time/backward_ms", "time/optimizer_ms", "time/wall_ms")}
-                          for v, rows in metrics.items() if rows},
+        "final_metrics": {
+            v: {
+                k: rows[-1].get(k)
+                for k in (
+                    "step",
+                    "tokens_per_s",
+                    "eval/tau_t0/lilicorr",
+                    "eval/tau_t0/argmax",
+                    "eval/top1_draft/slot1",
+                    "time/target_ms",
+                    "time/drafter_ms",
+                    "time/head_ms",
+                    "time/backward_ms",
+                    "time/optimizer_ms",
+                    "time/wall_ms",
+                )
+            }
+            for v, rows in metrics.items()
+            if rows
+        },
         "provenance": {"replay_device": (tau or {}).get("device"), "outputs": (tau or {}).get("outputs")},
     }
     save_json(root / "results.json", results)

@@ -20,6 +20,7 @@ step finished is not redone. See variants.py for sizes, variants and the sweep. 
 environment, because a device call's wrapper sets it for every step of the call: TESTBED_DEADLINE (epoch seconds),
 past which a step that would not finish exits 4 instead of starting.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,19 +59,40 @@ def cmd_tables(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m testbed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m testbed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--work", default="/tmp/testbed", help="work directory (default /tmp/testbed)")
     p.add_argument("--target", default="/tmp/smol/model", help="HF folder of the target")
     p.add_argument("--out", default=os.environ.get("OUT"), help="copy small results here (default $OUT)")
     p.add_argument("--eval-prompts", default=str(eval_sets.DEFAULT_FILE))
-    p.add_argument("--override", action="append", help="KEY=JSON over variants.SCALE / SCHEDULE (tests shrink the models)")
-    p.add_argument("--long", action="store_true", help="the long-input lineage: variants.LONG over the schedule (use a --work of its own)")
-    p.add_argument("--server-args", default=SERVER_ARGS, help="the SGLang servers' arguments (default: what the GPU "
-                   "machine's kit needs); the `speed` and `long-serve` steps set their pools and graphs over them")
-    p.add_argument("--engine", choices=("sglang", "transformers"), default="sglang", help="what generates for `data` and "
-                   "`evalgen`: SGLang servers, one per GPU, or the target in this process through transformers (CPU)")
-    p.add_argument("--server-launch", metavar="CMD", help="tests: start each server of `speed` and `long-serve` with CMD "
-                   "(a stand-in that serves $PORT) instead of SGLang")
+    p.add_argument(
+        "--override", action="append", help="KEY=JSON over variants.SCALE / SCHEDULE (tests shrink the models)"
+    )
+    p.add_argument(
+        "--long",
+        action="store_true",
+        help="the long-input lineage: variants.LONG over the schedule (use a --work of its own)",
+    )
+    p.add_argument(
+        "--server-args",
+        default=SERVER_ARGS,
+        help="the SGLang servers' arguments (default: what the GPU "
+        "machine's kit needs); the `speed` and `long-serve` steps set their pools and graphs over them",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("sglang", "transformers"),
+        default="sglang",
+        help="what generates for `data` and "
+        "`evalgen`: SGLang servers, one per GPU, or the target in this process through transformers (CPU)",
+    )
+    p.add_argument(
+        "--server-launch",
+        metavar="CMD",
+        help="tests: start each server of `speed` and `long-serve` with CMD "
+        "(a stand-in that serves $PORT) instead of SGLang",
+    )
     sub = p.add_subparsers(dest="step", required=True)
 
     s = sub.add_parser("prompts", help="CPU machine: sample the evaluation sets into testbed/eval_prompts.jsonl")
@@ -87,8 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--heldout", type=int, default=256)
     s.add_argument("--max-new-tokens", type=int, default=512)
     s.add_argument("--concurrency", type=int, default=256, help="requests in flight per server")
-    s.add_argument("--minutes", type=float, default=0.0, help="start no conversation after this many minutes; the set "
-                   "closes at what was generated (0: play the whole recipe)")
+    s.add_argument(
+        "--minutes",
+        type=float,
+        default=0.0,
+        help="start no conversation after this many minutes; the set "
+        "closes at what was generated (0: play the whole recipe)",
+    )
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=cmd_data)
 
@@ -100,8 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("variants", nargs="+", help=f"of {sorted(VARIANTS)}")
     s.add_argument("--minutes", type=float, default=7.5, help="wall time each run is planned for")
     s.add_argument("--evals", type=int, default=8, help="held-out evaluations (curve points) per run")
-    s.add_argument("--max-minutes", type=float, default=0.0, help="hard wall-time cap of each run (the schedule is cut "
-                   "there; default twice --minutes)")
+    s.add_argument(
+        "--max-minutes",
+        type=float,
+        default=0.0,
+        help="hard wall-time cap of each run (the schedule is cut there; default twice --minutes)",
+    )
     s.add_argument("--init", help="start each variant from DIR/<variant>, an exported draft of the same geometry")
     s.set_defaults(func=cmd_train)
 
@@ -121,37 +152,65 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--gpu-ids", type=int, nargs="+", help="GPUs the replay processes share (default: all)")
     s.set_defaults(func=cmd_replay)
 
-    s = sub.add_parser("speed", help="served speed: four servers in paired, rotated rounds, no instrumentation (speed.py)")
-    s.add_argument("--setting", choices=("graphs32", "graphs16"), default="graphs32",
-                   help="CUDA graphs up to batch 32, or to 16 (c = 32 then runs the eager path)")
+    s = sub.add_parser(
+        "speed", help="served speed: four servers in paired, rotated rounds, no instrumentation (speed.py)"
+    )
+    s.add_argument(
+        "--setting",
+        choices=("graphs32", "graphs16"),
+        default="graphs32",
+        help="CUDA graphs up to batch 32, or to 16 (c = 32 then runs the eager path)",
+    )
     s.add_argument("--concurrency", type=int, nargs="+", help="default: 1 4 8 16 32 (graphs32), 32 (graphs16)")
     s.add_argument("--rounds", type=int, default=5)
     s.add_argument("--max-tokens", type=int, default=256)
-    s.add_argument("--tau-check", action="store_true", help="after the rounds, serve every eval prompt once at c = 8 (tau "
-                   "through the server)")
-    s.add_argument("--profile-steps", type=int, default=12,
-                   help="forward passes profiled per server at c = 1 after the rounds, in their own pass (0: no profile)")
+    s.add_argument(
+        "--tau-check",
+        action="store_true",
+        help="after the rounds, serve every eval prompt once at c = 8 (tau through the server)",
+    )
+    s.add_argument(
+        "--profile-steps",
+        type=int,
+        default=12,
+        help="forward passes profiled per server at c = 1 after the rounds, in their own pass (0: no profile)",
+    )
     s.set_defaults(func=cmd_speed)
 
     s = sub.add_parser("long-pack", help="(--long) WORK0's conversations packed into long ones in WORK/data")
     s.add_argument("--source", required=True, help="the work folder whose `data` step wrote the conversations")
-    s.add_argument("--min-tokens", type=int, default=3584, help="each packed conversation renders to at least this many tokens")
+    s.add_argument(
+        "--min-tokens", type=int, default=3584, help="each packed conversation renders to at least this many tokens"
+    )
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=cmd_long_pack)
 
-    s = sub.add_parser("long-serve", help="(--long) each exported long draft served at long inputs: tau, tokens/s, failures")
-    s.add_argument("--variants", nargs="+", default=["lilicorr", "margin", "dflash", "base"],
-                   help="drafts in WORK/drafts (dflash: served by SGLang's DFLASH) and base (no speculation)")
+    s = sub.add_parser(
+        "long-serve", help="(--long) each exported long draft served at long inputs: tau, tokens/s, failures"
+    )
+    s.add_argument(
+        "--variants",
+        nargs="+",
+        default=["lilicorr", "margin", "dflash", "base"],
+        help="drafts in WORK/drafts (dflash: served by SGLang's DFLASH) and base (no speculation)",
+    )
     s.add_argument("--lengths", type=int, nargs="+", default=list(long_inputs.LENGTHS))
     s.add_argument("--per-length", type=int, default=8)
     s.add_argument("--concurrency", type=int, default=4)
-    s.add_argument("--kv-tokens", type=int, default=None, help="each server's KV pool in tokens (default: concurrency x 8,192)")
+    s.add_argument(
+        "--kv-tokens", type=int, default=None, help="each server's KV pool in tokens (default: concurrency x 8,192)"
+    )
     s.set_defaults(func=cmd_long_serve)
 
     s = sub.add_parser("tables", help="results.json, tables and curves from what the steps wrote")
     s.add_argument("--results", default=None, help="folder holding the fetched results (default: WORK)")
-    s.add_argument("--after", nargs="+", metavar="DIR", help="result folders of the earlier runs these drafts were warm-started "
-                   "from, oldest first: the curves continue their steps")
+    s.add_argument(
+        "--after",
+        nargs="+",
+        metavar="DIR",
+        help="result folders of the earlier runs these drafts were warm-started "
+        "from, oldest first: the curves continue their steps",
+    )
     s.set_defaults(func=cmd_tables)
     return p
 

@@ -20,6 +20,7 @@ concurrency the setting's calls played. Writes speed_summary.json (serve_speed.s
 with 95 % intervals, tau, per c), speed_table.md, speed.png, the graph-capture seconds of every server, and `lilicorr
 bench report`'s tables.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,7 +39,9 @@ SETTINGS = {"graphs32": 32, "graphs16": 16}  # --cuda-graph-max-bs-decode of eac
 DEFAULT_CONCURRENCY = {"graphs32": [1, 4, 8, 16, 32], "graphs16": [32]}
 SPEED_SETS = ("writingbench",)  # long-form prompts; MT-Bench's writing questions fill up to SPEED_PROMPTS
 SPEED_PROMPTS = 32
-KV_TOKENS = 65536  # per server: 32 requests of <= 2k tokens; a fixed size, so servers starting together do not race for memory
+KV_TOKENS = (
+    65536  # per server: 32 requests of <= 2k tokens; a fixed size, so servers starting together do not race for memory
+)
 
 
 def speed_prompts(eval_rows: list[dict]) -> list[dict]:
@@ -58,9 +61,18 @@ def prompts_for(c: int) -> int:
 def server_args(base_args: str, system: str, drafts: Path, graphs_to: int) -> tuple[str, ...]:
     from .common import set_flags, speculation_args
 
-    args = set_flags(shlex.split(base_args), {"--mem-fraction-static": "0.9", "--cuda-graph-max-bs-decode": str(graphs_to)})
-    return (*args, "--max-running-requests", "32", "--max-total-tokens", str(KV_TOKENS), "--sleep-on-idle",
-            *speculation_args(system, drafts))
+    args = set_flags(
+        shlex.split(base_args), {"--mem-fraction-static": "0.9", "--cuda-graph-max-bs-decode": str(graphs_to)}
+    )
+    return (
+        *args,
+        "--max-running-requests",
+        "32",
+        "--max-total-tokens",
+        str(KV_TOKENS),
+        "--sleep-on-idle",
+        *speculation_args(system, drafts),
+    )
 
 
 class IdleWatch:
@@ -134,9 +146,17 @@ def run(args, base_server_args: str) -> int:
     after_rounds_s = 60.0 + (45.0 if args.profile_steps else 0.0)  # the profile pass, the report, stopping the servers
     # each server its own Triton cache: a server's start-up on a fresh machine compiles all it needs itself (the
     # servers start together, and one would otherwise find kernels another had just built)
-    specs = [ServerSpec(args.target, PORT0 + i, "0", server_args(base_server_args, s, drafts, SETTINGS[args.setting]),
-                        {**verify_env(s), "TRITON_CACHE_DIR": str(work.parent / "triton_cache" / s)}, s)
-             for i, s in enumerate(SYSTEMS)]
+    specs = [
+        ServerSpec(
+            args.target,
+            PORT0 + i,
+            "0",
+            server_args(base_server_args, s, drafts, SETTINGS[args.setting]),
+            {**verify_env(s), "TRITON_CACHE_DIR": str(work.parent / "triton_cache" / s)},
+            s,
+        )
+        for i, s in enumerate(SYSTEMS)
+    ]
     url = {s: f"http://127.0.0.1:{PORT0 + i}" for i, s in enumerate(SYSTEMS)}
     failed = []
     launcher = shlex.split(args.server_launch or "")  # tests: stand-ins that serve $PORT
@@ -144,42 +164,104 @@ def run(args, base_server_args: str) -> int:
         servers = stack.enter_context(SGLangServers.start(specs, work / "logs", launcher=launcher, warm_first=True))
         watch = IdleWatch({s: p.pid for s, p in zip(SYSTEMS, servers.processes)})
         plan = paired.RoundPlan("speed", args.max_tokens, rounds=args.rounds, reserve_s=after_rounds_s)
-        failed += paired.play_rounds(url, prompts, plan, work, deadline=deadline, log=lambda line: print(line, flush=True),
-                                     watch=watch)
+        failed += paired.play_rounds(
+            url, prompts, plan, work, deadline=deadline, log=lambda line: print(line, flush=True), watch=watch
+        )
         if args.tau_check:
             for system in SYSTEMS[1:]:
-                if bench("run", "--url", url[system], "--system", system, "--dataset", str(args.eval_prompts),
-                         "--results", str(work / "tau_check.jsonl"), "--concurrency", "8", "--temperature", "0",
-                         "--max-tokens", str(args.max_tokens), "--warmup", "0", "--request-timeout", "300", "--no-progress", cwd=work):
+                if bench(
+                    "run",
+                    "--url",
+                    url[system],
+                    "--system",
+                    system,
+                    "--dataset",
+                    str(args.eval_prompts),
+                    "--results",
+                    str(work / "tau_check.jsonl"),
+                    "--concurrency",
+                    "8",
+                    "--temperature",
+                    "0",
+                    "--max-tokens",
+                    str(args.max_tokens),
+                    "--warmup",
+                    "0",
+                    "--request-timeout",
+                    "300",
+                    "--no-progress",
+                    cwd=work,
+                ):
                     failed.append(f"{system} tau check")
         if args.profile_steps and (deadline is None or deadline.allows(after_rounds_s)):
             failed += profile_systems(url, work / "profile", args.profile_steps, rows[0]["text"])
     rounds = [str(p) for p in paired.merge_rounds(work, SYSTEMS, every_c, args.rounds)]
-    summary = serve_speed.summarize([[json.loads(line) for line in Path(p).read_text().splitlines() if line.strip()]
-                                     for p in rounds])
+    summary = serve_speed.summarize(
+        [[json.loads(line) for line in Path(p).read_text().splitlines() if line.strip()] for p in rounds]
+    )
     call = "c=" + ",".join(map(str, concurrency))  # per call of this setting: its servers' start-up and idle CPU
     earlier = json.loads((work / "speed_summary.json").read_text()) if (work / "speed_summary.json").is_file() else {}
-    capture = {s: serve_speed.capture_seconds((work / "logs" / f"server-{s}.log").read_text(errors="replace"))
-               for s in SYSTEMS if (work / "logs" / f"server-{s}.log").is_file()}
-    save_json(work / "speed_summary.json", {
-        "setting": args.setting, "graphs_to": SETTINGS[args.setting], "summary": summary,
-        "capture_s": {**earlier.get("capture_s", {}), call: capture},
-        "idle_cpu_s": {**earlier.get("idle_cpu_s", {}), call: {s: round(v, 2) for s, v in watch.spent.items()}}})
-    (work / "speed_table.md").write_text(serve_speed.table(summary, f"{args.setting} (CUDA graphs to batch {SETTINGS[args.setting]})"))
+    capture = {
+        s: serve_speed.capture_seconds((work / "logs" / f"server-{s}.log").read_text(errors="replace"))
+        for s in SYSTEMS
+        if (work / "logs" / f"server-{s}.log").is_file()
+    }
+    save_json(
+        work / "speed_summary.json",
+        {
+            "setting": args.setting,
+            "graphs_to": SETTINGS[args.setting],
+            "summary": summary,
+            "capture_s": {**earlier.get("capture_s", {}), call: capture},
+            "idle_cpu_s": {**earlier.get("idle_cpu_s", {}), call: {s: round(v, 2) for s, v in watch.spent.items()}},
+        },
+    )
+    (work / "speed_table.md").write_text(
+        serve_speed.table(summary, f"{args.setting} (CUDA graphs to batch {SETTINGS[args.setting]})")
+    )
     if summary:
         serve_speed.plot({args.setting: summary}, work / "speed.png")
     print((work / "speed_table.md").read_text())
-    rc = bench("report", *rounds, "--baseline", "base", "--block-ref", "dflash", "--out", str(work / "report"), cwd=work)
+    rc = bench(
+        "report", *rounds, "--baseline", "base", "--block-ref", "dflash", "--out", str(work / "report"), cwd=work
+    )
     if args.tau_check and (work / "tau_check.jsonl").is_file():
-        rc |= bench("report", str(work / "tau_check.jsonl"), "--block-ref", "dflash", "--no-plots", "--out", str(work / "tau_check"), cwd=work)
-    save_json(work / "speed_run.json", {"setting": args.setting, "concurrency": concurrency, "rounds": args.rounds,
-                                        "max_tokens": args.max_tokens, "failed": failed,
-                                        "server_args": {s: " ".join(spec.args) for s, spec in zip(SYSTEMS, specs)},
-                                        "server_env": {s: dict(spec.env) for s, spec in zip(SYSTEMS, specs)}})
+        rc |= bench(
+            "report",
+            str(work / "tau_check.jsonl"),
+            "--block-ref",
+            "dflash",
+            "--no-plots",
+            "--out",
+            str(work / "tau_check"),
+            cwd=work,
+        )
+    save_json(
+        work / "speed_run.json",
+        {
+            "setting": args.setting,
+            "concurrency": concurrency,
+            "rounds": args.rounds,
+            "max_tokens": args.max_tokens,
+            "failed": failed,
+            "server_args": {s: " ".join(spec.args) for s, spec in zip(SYSTEMS, specs)},
+            "server_env": {s: dict(spec.env) for s, spec in zip(SYSTEMS, specs)},
+        },
+    )
     bundle = work / f"speed_{args.setting}.tar.gz"
     with tarfile.open(bundle, "w:gz") as t:
-        for p in [*work.glob("round*.jsonl"), work / "report", work / "tau_check.jsonl", work / "tau_check", work / "speed_summary.json", work / "speed_table.md",
-                  work / "speed.png", work / "speed_run.json", work / "logs", work / "profile"]:
+        for p in [
+            *work.glob("round*.jsonl"),
+            work / "report",
+            work / "tau_check.jsonl",
+            work / "tau_check",
+            work / "speed_summary.json",
+            work / "speed_table.md",
+            work / "speed.png",
+            work / "speed_run.json",
+            work / "logs",
+            work / "profile",
+        ]:
             if p.exists():
                 t.add(p, arcname=str(p.relative_to(work)))
     to_out(args.out, bundle)

@@ -9,18 +9,38 @@ objective differs (paper Eq. 7; App. G margin):
                                            gamma * (1 + lambda) as `lilicorr` (App. ablation)
   margin    gamma = 0.25, lambda = 1, mu = 0.5, rho = 2   margin-hinge variant (App. G)
 """
+
 from __future__ import annotations
 
 # Drafter: Qwen3-style layers at the target's width (576), FFN 1024; head: width 256, FFN 512,
 # d_e 256, 2 layers, 4 heads, K = 8, B = 16. Depth and batch come from the sweep.
 SCALE = dict(
-    draft_intermediate_size=1024, block_size=16, num_context_features=5, mask_token="<empty_output>",
-    candidate_topk=8, head_hidden_size=256, head_layers=2, head_heads=4, head_mlp_ratio=2.0, factor_dim=256,
+    draft_intermediate_size=1024,
+    block_size=16,
+    num_context_features=5,
+    mask_token="<empty_output>",
+    candidate_topk=8,
+    head_hidden_size=256,
+    head_layers=2,
+    head_heads=4,
+    head_mlp_ratio=2.0,
+    factor_dim=256,
 )
 # Optimisation (identical for every variant). The head's learning rate is raised from the paper's
 # 1.5e-4: the run is ~10^3x shorter than the paper's six epochs over 1.4 M conversations.
-SCHEDULE = dict(max_length=1024, num_anchors=32, lr_drafter=6e-4, lr_head=5e-4, warmup_ratio=0.04, seed=0, log_every=25,
-                keep_checkpoints=2, rope_scaling="default", rope_factor=1.0, rope_original_max_position=0)
+SCHEDULE = dict(
+    max_length=1024,
+    num_anchors=32,
+    lr_drafter=6e-4,
+    lr_head=5e-4,
+    warmup_ratio=0.04,
+    seed=0,
+    log_every=25,
+    keep_checkpoints=2,
+    rope_scaling="default",
+    rope_factor=1.0,
+    rope_original_max_position=0,
+)
 # The long-input lineage (`python -m testbed --long`, long_inputs.py): packed conversations up to 4,096 tokens, the drafter's rope
 # stretched by YaRN from 4,096 positions to the target's 8,192.
 LONG = dict(max_length=4096, rope_scaling="yarn", rope_factor=2.0, rope_original_max_position=4096)

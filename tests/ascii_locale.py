@@ -1,5 +1,6 @@
 """run_in_ascii_locale: a Python child whose locale encoding is ASCII (LC_ALL=C without Python's UTF-8 mode), to
 check that a file is read and written as UTF-8 whatever the locale says."""
+
 import os
 import subprocess
 import sys

@@ -29,7 +29,9 @@ if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = saved
 
 
-SEED = int(os.environ.get("LILICORR_TEST_SEED", "0"))  # the inputs of every seeded test; replay a failure with its value
+SEED = int(
+    os.environ.get("LILICORR_TEST_SEED", "0")
+)  # the inputs of every seeded test; replay a failure with its value
 
 
 def pytest_report_header(config):
@@ -65,7 +67,9 @@ def sm90_triton(request) -> str:
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs a CUDA device (run on the GPU machine; results go in tests/gpu_results/)")
+    config.addinivalue_line(
+        "markers", "gpu: needs a CUDA device (run on the GPU machine; results go in tests/gpu_results/)"
+    )
     config.addinivalue_line("markers", "sglang: needs the sglang package importable")
 
 

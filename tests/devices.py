@@ -1,5 +1,6 @@
 """DevicesMade: the devices of the tensors code makes, to check that it keeps to its inputs' device on a CPU machine
 (run it on meta tensors: a helper made on the host, an arange without device=, shows up as a cpu tensor)."""
+
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -13,6 +14,7 @@ class DevicesMade(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        self.devices |= {t.device.type for t in (out if isinstance(out, (tuple, list)) else [out])
-                         if isinstance(t, torch.Tensor)}
+        self.devices |= {
+            t.device.type for t in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor)
+        }
         return out

@@ -4,6 +4,7 @@ would if it never gets there.
 
   python tests/kill_harness.py AT SIGKILL|SIGINT -- lilicorr arguments ...
 """
+
 import builtins
 import io
 import os
@@ -14,12 +15,19 @@ import sys
 
 def main() -> int:
     at, sig = int(sys.argv[1]), getattr(signal, sys.argv[2])
-    args = sys.argv[sys.argv.index("--") + 1:]
+    args = sys.argv[sys.argv.index("--") + 1 :]
     count = [0]
 
     def point() -> None:
         frame = sys._getframe(2)
-        while frame is not None and frame.f_globals.get("__name__") in ("pathlib", "os", "shutil", "io", "tempfile", "contextlib"):
+        while frame is not None and frame.f_globals.get("__name__") in (
+            "pathlib",
+            "os",
+            "shutil",
+            "io",
+            "tempfile",
+            "contextlib",
+        ):
             frame = frame.f_back  # through the standard library's wrappers to their caller
         if frame is None or not frame.f_globals.get("__name__", "").startswith("sglang_lilicorr"):
             return
@@ -32,6 +40,7 @@ def main() -> int:
             if writes(*a, **k):
                 point()
             return original(*a, **k)
+
         return hooked
 
     def opens_to_write(file, mode="r", *a, **k):

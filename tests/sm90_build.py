@@ -8,6 +8,7 @@ and the GPU image's (../shared/device/README.md), which scripts/install.sh pins 
 <venv>/device-triton. They differ in what their front ends accept (Triton 3.6 rejects a string
 default of a constexpr argument that 3.8 takes), so a kernel that builds here may not on the GPU.
 """
+
 import os
 import re
 import subprocess
@@ -27,7 +28,9 @@ def build(fn, types, constexprs, *, aligned=(), **options) -> dict:
     from triton.compiler import ASTSource
 
     source = ASTSource(
-        fn=fn, signature=dict(zip(fn.arg_names, types)), constexprs=constexprs,
+        fn=fn,
+        signature=dict(zip(fn.arg_names, types)),
+        constexprs=constexprs,
         attrs={(i,): [["tt.divisibility", 16]] for i in aligned},
     )
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
@@ -36,7 +39,9 @@ def build(fn, types, constexprs, *, aligned=(), **options) -> dict:
         path = os.path.join(tmp, "kernel.ptx")
         Path(path).write_text(ptx)
         info = subprocess.run(
-            [get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", path, "-o", path + ".cubin"], capture_output=True, text=True
+            [get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", path, "-o", path + ".cubin"],
+            capture_output=True,
+            text=True,
         ).stderr
     return {
         "ptx": ptx,

@@ -51,12 +51,23 @@ def write_stub_trace(path: Path, steps: int) -> None:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
-    request_queue_size = 256  # listen backlog: a wave of c = 32 connections at once must not be reset (the default is 5)
+    request_queue_size = (
+        256  # listen backlog: a wave of c = 32 connections at once must not be reset (the default is 5)
+    )
 
 
 class StubServer:
-    def __init__(self, speculative: bool = True, accept: int = 4, step_s: float = 0.001, min_latency_s: float = 0.02, fail_first: int = 0,
-                 context_len: int = 4096, leak_on_abort: bool = False, port: int = 0):
+    def __init__(
+        self,
+        speculative: bool = True,
+        accept: int = 4,
+        step_s: float = 0.001,
+        min_latency_s: float = 0.02,
+        fail_first: int = 0,
+        context_len: int = 4096,
+        leak_on_abort: bool = False,
+        port: int = 0,
+    ):
         self.speculative, self.accept, self.step_s, self.min_latency_s = speculative, accept, step_s, min_latency_s
         self.fail_first = fail_first  # the first k requests answer HTTP 500
         self.context_len, self.leak_on_abort = context_len, leak_on_abort
@@ -118,18 +129,36 @@ class StubServer:
             elif path == "/generate":
                 params = body.get("sampling_params", {})
                 prompt = body["text"].split("\n\n")[-1] if "text" in body else f"ids {len(body['input_ids'])}"
-                text, n, blocks = self._reply(prompt, params.get("max_new_tokens", 16), params.get("ignore_eos", False), k)
+                text, n, blocks = self._reply(
+                    prompt, params.get("max_new_tokens", 16), params.get("ignore_eos", False), k
+                )
             else:
                 return 404, {"error": f"no route {path}"}
             time.sleep(max(self.min_latency_s, self.step_s * (blocks if self.speculative else n)))
             with self._lock:
-                self.log.append({"path": path, "body": body, "completion_tokens": n, "spec_verify_ct": blocks, "text": text, "failed": fail,
-                                 "arrived": arrived, "finished": time.time()})
+                self.log.append(
+                    {
+                        "path": path,
+                        "body": body,
+                        "completion_tokens": n,
+                        "spec_verify_ct": blocks,
+                        "text": text,
+                        "failed": fail,
+                        "arrived": arrived,
+                        "finished": time.time(),
+                    }
+                )
             if fail:
                 return 500, {"object": "error", "message": "stub: injected failure"}
             if path == "/generate":
-                meta = {"id": f"req-{k}", "finish_reason": {"type": "length", "length": n}, "prompt_tokens": self._prompt_tokens(body),
-                        "completion_tokens": n, "cached_tokens": 0, "e2e_latency": 0.0}
+                meta = {
+                    "id": f"req-{k}",
+                    "finish_reason": {"type": "length", "length": n},
+                    "prompt_tokens": self._prompt_tokens(body),
+                    "completion_tokens": n,
+                    "cached_tokens": 0,
+                    "e2e_latency": 0.0,
+                }
                 if self.speculative:
                     meta.update(self._spec_details(n, blocks))
                 return 200, {"text": text, "output_ids": list(range(n)), "meta_info": meta}
@@ -138,8 +167,11 @@ class StubServer:
                 "object": "chat.completion",
                 "model": body.get("model", "default"),
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
-                "usage": {"prompt_tokens": sum(len(m["content"].split()) for m in body["messages"]), "completion_tokens": n,
-                          "total_tokens": n},
+                "usage": {
+                    "prompt_tokens": sum(len(m["content"].split()) for m in body["messages"]),
+                    "completion_tokens": n,
+                    "total_tokens": n,
+                },
             }
             if self.speculative and body.get("return_spec_tokens_details"):
                 payload["sglext"] = {"spec_tokens_details": self._spec_details(n, blocks)}
@@ -151,7 +183,11 @@ class StubServer:
     def _rejection(self, body: dict):
         """SGLang's 400 for invalid sampling parameters or a request longer than the context; None if valid."""
         params = body.get("sampling_params", body)
-        if params.get("temperature", 0) < 0 or not 0 < params.get("top_p", 1) <= 1 or not 0 <= params.get("min_p", 0) <= 1:
+        if (
+            params.get("temperature", 0) < 0
+            or not 0 < params.get("top_p", 1) <= 1
+            or not 0 <= params.get("min_p", 0) <= 1
+        ):
             return "invalid sampling parameters"
         if self._tokens(body) > self.context_len:
             return f"Requested token count exceeds the model's maximum context length of {self.context_len} tokens."
@@ -168,7 +204,9 @@ class StubServer:
     def _tokens(cls, body: dict) -> int:
         """Prompt tokens + max tokens: what a request holds in the KV pool."""
         params = body.get("sampling_params", body)
-        return cls._prompt_tokens(body) + (params.get("max_new_tokens") or params.get("max_completion_tokens") or params.get("max_tokens") or 16)
+        return cls._prompt_tokens(body) + (
+            params.get("max_new_tokens") or params.get("max_completion_tokens") or params.get("max_tokens") or 16
+        )
 
     def _hold(self, body: dict, delta: int, kv: bool = True):
         """A request starts (delta 1) or ends (-1): the running count and, with kv, the KV tokens it holds."""
@@ -179,7 +217,9 @@ class StubServer:
     def _stream(self, handler, body: dict):
         """A chat reply as server-sent events, one word each; a hang-up counts in `aborted`."""
         last_user = [m["content"] for m in body["messages"] if m["role"] == "user"][-1]
-        text, _, _ = self._reply(last_user, body.get("max_completion_tokens") or 16, body.get("ignore_eos", False), len(self.log))
+        text, _, _ = self._reply(
+            last_user, body.get("max_completion_tokens") or 16, body.get("ignore_eos", False), len(self.log)
+        )
         handler.send_response(200)
         handler.send_header("Content-Type", "text/event-stream")
         handler.send_header("Connection", "close")
@@ -205,7 +245,9 @@ class StubServer:
         """A /generate reply as server-sent events, one block (`accept` tokens, or one without speculation) each,
         meta_info.completion_tokens counting up as SGLang's does."""
         params = body.get("sampling_params", {})
-        _, n, _ = self._reply("stream", params.get("max_new_tokens", 16), params.get("ignore_eos", False), len(self.log))
+        _, n, _ = self._reply(
+            "stream", params.get("max_new_tokens", 16), params.get("ignore_eos", False), len(self.log)
+        )
         handler.send_response(200)
         handler.send_header("Content-Type", "text/event-stream")
         handler.send_header("Connection", "close")
@@ -220,12 +262,31 @@ class StubServer:
         handler.wfile.write(b"data: [DONE]\n\n")
         handler.wfile.flush()
         with self._lock:
-            self.log.append({"path": "/generate", "body": body, "completion_tokens": n, "spec_verify_ct": None, "text": "",
-                             "failed": False, "arrived": time.time(), "finished": time.time()})
+            self.log.append(
+                {
+                    "path": "/generate",
+                    "body": body,
+                    "completion_tokens": n,
+                    "spec_verify_ct": None,
+                    "text": "",
+                    "failed": False,
+                    "arrived": time.time(),
+                    "finished": time.time(),
+                }
+            )
 
     def _loads(self) -> dict:
         with self._lock:
-            return {"loads": [{"dp_rank": 0, "num_running_reqs": self.running, "num_waiting_reqs": 0, "num_used_tokens": self.kv_used}]}
+            return {
+                "loads": [
+                    {
+                        "dp_rank": 0,
+                        "num_running_reqs": self.running,
+                        "num_waiting_reqs": 0,
+                        "num_used_tokens": self.kv_used,
+                    }
+                ]
+            }
 
     def _handler(self):
         stub = self
@@ -243,7 +304,10 @@ class StubServer:
                 if body.get("stream"):
                     return stub._stream(self, body)
                 if self.path == "/start_profile":
-                    write_stub_trace(Path(body["output_dir"]) / f"{body.get('profile_prefix', '')}-stub-TP-0.trace.json.gz", body["num_steps"])
+                    write_stub_trace(
+                        Path(body["output_dir"]) / f"{body.get('profile_prefix', '')}-stub-TP-0.trace.json.gz",
+                        body["num_steps"],
+                    )
                     return self.send_json(200, {"success": True})
                 stub._hold(body, 1)
                 try:
@@ -252,9 +316,14 @@ class StubServer:
                     stub._hold(body, -1)
 
             def do_GET(self):
-                pages = {"/health": {}, "/v1/models": {"data": [{"id": "default", "max_model_len": stub.context_len}]},
-                         "/v1/loads?include=core": stub._loads()}
-                self.send_json(*((200, pages[self.path]) if self.path in pages else (404, {"error": f"no route {self.path}"})))
+                pages = {
+                    "/health": {},
+                    "/v1/models": {"data": [{"id": "default", "max_model_len": stub.context_len}]},
+                    "/v1/loads?include=core": stub._loads(),
+                }
+                self.send_json(
+                    *((200, pages[self.path]) if self.path in pages else (404, {"error": f"no route {self.path}"}))
+                )
 
             def send_json(self, status: int, payload):
                 data = json.dumps(payload).encode()

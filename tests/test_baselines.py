@@ -1,6 +1,7 @@
 """The Domino and DSpark heads against SGLang 0.5.23's own serving modules, on CPU: a small random draft of each kind,
 exported with our code (train.export.draft_config + train.heads.serving_tensors), loaded by SGLang's draft model
 (`load_weights`), proposes the same tokens (and DSpark the same confidences) as our reference."""
+
 import json
 
 import pytest
@@ -31,7 +32,9 @@ def export_tiny(tmp_path, head_config):
     """A random drafter + head exported as SGLang serves it -> (draft dir, our drafter, our head)."""
     cfg = tiny_config(block_size=BLOCK)
     drafter = randomise(DFlashDrafter(cfg), 1, 0.05)
-    head = randomise((DominoHead if isinstance(head_config, DominoConfig) else DSparkHead)(head_config, HIDDEN, VOCAB), 2)
+    head = randomise(
+        (DominoHead if isinstance(head_config, DominoConfig) else DSparkHead)(head_config, HIDDEN, VOCAB), 2
+    )
     draft = tmp_path / "draft"
     save_checkpoint(draft, draft_config(cfg, head_config, "float32"), {**drafter.state_dict(), **serving_tensors(head)})
     return draft, drafter, head
@@ -46,10 +49,23 @@ def sglang_draft(tmp_path, draft, model_cls):
 
     target = tmp_path / "target"
     target.mkdir()
-    (target / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HIDDEN, "intermediate_size": 64,
-        "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": VOCAB,
-        "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "torch_dtype": "float32"}))
+    (target / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": HIDDEN,
+                "intermediate_size": 64,
+                "num_hidden_layers": 6,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "vocab_size": VOCAB,
+                "max_position_embeddings": 512,
+                "rms_norm_eps": 1e-6,
+                "torch_dtype": "float32",
+            }
+        )
+    )
     publish(ServerArgs(model_path=str(target), device="cpu"), role="scheduler")
     theirs = model_cls(AutoConfig.from_pretrained(draft)).float()
     theirs.load_weights(iter(load_file(str(draft / "model.safetensors")).items()))
@@ -82,9 +98,17 @@ def test_domino_proposes_what_sglangs_rollout_proposes(tmp_path):
     hidden, lm_head, embedding, anchor = block_inputs()
     with torch.no_grad():
         want = domino_greedy_rollout(
-            draft_hidden=hidden, bonus_tokens=anchor, target_embedding=embedding, lm_head_weight=lm_head,
-            prefix_gru=theirs.prefix_gru, embed_proj=theirs.embed_proj, vocab_size=VOCAB, shift_label=False,
-            candidate_pool_size=0, in_cuda_graph=False)
+            draft_hidden=hidden,
+            bonus_tokens=anchor,
+            target_embedding=embedding,
+            lm_head_weight=lm_head,
+            prefix_gru=theirs.prefix_gru,
+            embed_proj=theirs.embed_proj,
+            vocab_size=VOCAB,
+            shift_label=False,
+            candidate_pool_size=0,
+            in_cuda_graph=False,
+        )
         got = ours(hidden[:, 1:], hidden[:, 1:] @ lm_head.T, anchor, embedding)
     assert torch.equal(got.ids, want)
     # teacher-forced on its own picks, the step logits are the free rollout's
@@ -107,7 +131,12 @@ def test_dspark_proposes_and_scores_what_sglangs_markov_block_does(tmp_path, mar
     from sglang.srt.speculative.dspark_components.dspark_draft import DraftNoise, draft_markov_block
 
     parsed = parse_dspark_draft_config(draft_hf_config=config)
-    assert (parsed.gamma, parsed.markov_rank, parsed.markov_head_type, parsed.mask_token_id) == (BLOCK - 1, 12, markov, 5)
+    assert (parsed.gamma, parsed.markov_rank, parsed.markov_head_type, parsed.mask_token_id) == (
+        BLOCK - 1,
+        12,
+        markov,
+        5,
+    )
     theirs = sglang_draft(tmp_path, draft, DSparkDraftModel)
     assert theirs.sample_from_anchor is False and theirs.gamma == BLOCK - 1
     hidden, lm_head, _, anchor = block_inputs()
@@ -120,11 +149,18 @@ def test_dspark_proposes_and_scores_what_sglangs_markov_block_does(tmp_path, mar
 
     with torch.no_grad():
         want, _ = draft_markov_block(
-            markov_head=theirs.markov_head, base_logits=base, anchor_tokens=anchor, draft_hidden=slots,
-            step_temperatures=torch.zeros(R), noise=DraftNoise(key=0, offset=torch.zeros(1, dtype=torch.int64)),
-            tp_sync=NoTensorParallel(), greedy_draft=True)
-        confidence, raw = theirs.confidence_head.predict(slots.reshape(R * (BLOCK - 1), -1), anchor_tokens=anchor,
-                                                         draft_tokens=want, markov_head=theirs.markov_head)
+            markov_head=theirs.markov_head,
+            base_logits=base,
+            anchor_tokens=anchor,
+            draft_hidden=slots,
+            step_temperatures=torch.zeros(R),
+            noise=DraftNoise(key=0, offset=torch.zeros(1, dtype=torch.int64)),
+            tp_sync=NoTensorParallel(),
+            greedy_draft=True,
+        )
+        confidence, raw = theirs.confidence_head.predict(
+            slots.reshape(R * (BLOCK - 1), -1), anchor_tokens=anchor, draft_tokens=want, markov_head=theirs.markov_head
+        )
         got = ours(slots, base, anchor)
     assert torch.equal(got.ids, want)
     torch.testing.assert_close(got.confidence, raw, rtol=1e-5, atol=1e-5)
@@ -152,11 +188,14 @@ def test_corrector_objective_terms():
     assert conf.grad is not None and float(conf.grad[2, 3]) == 0.0  # an invalid slot teaches nothing
 
 
-@pytest.mark.parametrize("bad, match", [
-    (lambda: DominoConfig(gru_hidden_dim=0, emb_dim=4), "gru_hidden_dim=0"),
-    (lambda: DSparkConfig(markov_rank=4, markov_head_type="lstm"), "markov_head_type='lstm'"),
-    (lambda: DSparkConfig.from_keys({"kind": "dspark", "markov_rank": "8"}), "markov_rank='8'"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (lambda: DominoConfig(gru_hidden_dim=0, emb_dim=4), "gru_hidden_dim=0"),
+        (lambda: DSparkConfig(markov_rank=4, markov_head_type="lstm"), "markov_head_type='lstm'"),
+        (lambda: DSparkConfig.from_keys({"kind": "dspark", "markov_rank": "8"}), "markov_rank='8'"),
+    ],
+)
 def test_bad_corrector_configs_are_named(bad, match):
     with pytest.raises(ConfigError, match=match):
         bad()

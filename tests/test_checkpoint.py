@@ -1,4 +1,5 @@
 """Checkpoint format: SGLang's LiLiCorrDraftModel layout, saved atomically, loaded strictly."""
+
 import json
 
 import pytest
@@ -11,8 +12,12 @@ from sglang_lilicorr.head import LiLiCorrHead
 
 HEAD_CFG = LiLiCorrConfig(block_size=6, candidate_topk=4, factor_dim=16, hidden_size=32, num_heads=4)
 VANILLA = {
-    "architectures": [ckpt.VANILLA_ARCH], "model_type": "qwen3", "hidden_size": 24, "rms_norm_eps": 1e-6,
-    "torch_dtype": "bfloat16", "block_size": 6,
+    "architectures": [ckpt.VANILLA_ARCH],
+    "model_type": "qwen3",
+    "hidden_size": 24,
+    "rms_norm_eps": 1e-6,
+    "torch_dtype": "bfloat16",
+    "block_size": 6,
     "dflash_config": {"block_size": 6, "target_layer_ids": [1, 3], "mask_token_id": 5},
 }
 
@@ -29,7 +34,10 @@ def test_round_trip_is_exact(saved):
     path, head = saved
     config = json.loads((path / "config.json").read_text())
     assert config["architectures"] == ["LiLiCorrDraftModel"]
-    assert config["dflash_config"]["lilicorr_candidate_topk"] == 4 and config["dflash_config"]["target_layer_ids"] == [1, 3]
+    assert config["dflash_config"]["lilicorr_candidate_topk"] == 4 and config["dflash_config"]["target_layer_ids"] == [
+        1,
+        3,
+    ]
     loaded = ckpt.load_head(path)
     for name, t in head.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], t), name
@@ -47,10 +55,19 @@ def rewrite(path, mutate):
     "mutate,message",
     [
         (lambda t: t.pop("lilicorr.in_head.weight"), "missing tensor 'in_head.weight'"),
-        (lambda t: t.__setitem__("lilicorr.extra.weight", torch.zeros(2, dtype=torch.bfloat16)), "unexpected tensor 'extra.weight'"),
-        (lambda t: t.__setitem__("lilicorr.out_head.bias", torch.zeros(15, dtype=torch.bfloat16)), r"'out_head.bias' has shape \(15,\), expected \(16,\)"),
+        (
+            lambda t: t.__setitem__("lilicorr.extra.weight", torch.zeros(2, dtype=torch.bfloat16)),
+            "unexpected tensor 'extra.weight'",
+        ),
+        (
+            lambda t: t.__setitem__("lilicorr.out_head.bias", torch.zeros(15, dtype=torch.bfloat16)),
+            r"'out_head.bias' has shape \(15,\), expected \(16,\)",
+        ),
         (lambda t: t.__setitem__("lilicorr.out_head.bias", torch.zeros(16)), "'out_head.bias' has dtype torch.float32"),
-        (lambda t: t.__setitem__("lilicorr.same_slot_bias", torch.full((4,), float("nan"), dtype=torch.bfloat16)), "'same_slot_bias' holds NaN"),
+        (
+            lambda t: t.__setitem__("lilicorr.same_slot_bias", torch.full((4,), float("nan"), dtype=torch.bfloat16)),
+            "'same_slot_bias' holds NaN",
+        ),
     ],
 )
 def test_strict_load_names_the_bad_tensor(saved, mutate, message):
@@ -109,8 +126,10 @@ def write_config(folder, config) -> None:
     (folder / "config.json").write_text(json.dumps(config))
 
 
-@pytest.mark.parametrize("config", [[1, 2], {"architectures": [ckpt.VANILLA_ARCH]},
-                                    {"architectures": [ckpt.VANILLA_ARCH], "dflash_config": [6]}])
+@pytest.mark.parametrize(
+    "config",
+    [[1, 2], {"architectures": [ckpt.VANILLA_ARCH]}, {"architectures": [ckpt.VANILLA_ARCH], "dflash_config": [6]}],
+)
 def test_a_config_without_a_dflash_config_object_is_refused(tmp_path, config):
     write_config(tmp_path / "d", config)
     with pytest.raises(ckpt.CheckpointError, match="no `dflash_config` object"):
@@ -130,7 +149,9 @@ def test_each_unreadable_config_is_named(tmp_path):
         ckpt.read_tensors(tmp_path / "e")
 
 
-@pytest.mark.parametrize("declared", [["LlamaForCausalLM"], [ckpt.VANILLA_ARCH, ckpt.LILICORR_ARCH], ckpt.LILICORR_ARCH, [], None])
+@pytest.mark.parametrize(
+    "declared", [["LlamaForCausalLM"], [ckpt.VANILLA_ARCH, ckpt.LILICORR_ARCH], ckpt.LILICORR_ARCH, [], None]
+)
 def test_each_foreign_architectures_is_refused(tmp_path, declared):
     with pytest.raises(ckpt.CheckpointError, match="is not \\['DFlashDraftModel'\\] or \\['LiLiCorrDraftModel'\\]"):
         ckpt.architecture_of({"architectures": declared})
@@ -161,8 +182,12 @@ def test_the_head_config_takes_the_draft_eps_else_1e_6():
     assert ckpt.lilicorr_config({**config, "rms_norm_eps": 1e-5}).rms_norm_eps == 1e-5
     assert ckpt.lilicorr_config(config) == HEAD_CFG
     with pytest.raises(ckpt.CheckpointError, match="draft config: .*lilicorr_factor_dim"):
-        ckpt.lilicorr_config({**config, "dflash_config": {k: v for k, v in config["dflash_config"].items()
-                                                         if k != "lilicorr_factor_dim"}})
+        ckpt.lilicorr_config(
+            {
+                **config,
+                "dflash_config": {k: v for k, v in config["dflash_config"].items() if k != "lilicorr_factor_dim"},
+            }
+        )
     with pytest.raises(ckpt.CheckpointError, match="hidden_size"):
         ckpt.new_head({k: v for k, v in config.items() if k != "hidden_size"})
     head = ckpt.new_head({**config, "torch_dtype": "float32"})
@@ -174,8 +199,13 @@ def test_the_digest_covers_names_dtypes_shapes_and_bytes_in_any_order():
     a = {"x": torch.arange(6, dtype=torch.float32), "y": torch.zeros(0), "z": torch.tensor([1, 2], dtype=torch.int64)}
     digest = ckpt.tensor_digest(a)
     assert digest == ckpt.tensor_digest(dict(reversed(list(a.items()))))
-    for changed in ({**a, "x": a["x"].reshape(2, 3)}, {**a, "x": a["x"].double()}, {**a, "x": a["x"] + 1},
-                    {"w": a["x"], "y": a["y"], "z": a["z"]}, {**a, "y": torch.zeros(0, 2)}):
+    for changed in (
+        {**a, "x": a["x"].reshape(2, 3)},
+        {**a, "x": a["x"].double()},
+        {**a, "x": a["x"] + 1},
+        {"w": a["x"], "y": a["y"], "z": a["z"]},
+        {**a, "y": torch.zeros(0, 2)},
+    ):
         assert ckpt.tensor_digest(changed) != digest
     assert ckpt.tensor_digest({"x": a["x"][::2]}) == ckpt.tensor_digest({"x": a["x"][::2].clone()})
 
@@ -197,17 +227,25 @@ def test_a_file_whose_bytes_changed_does_not_match_its_checksum(tmp_path):
 
 def test_check_tensors_lists_the_first_five_and_the_count():
     expected = {f"t{i}": torch.zeros(2) for i in range(7)}
-    with pytest.raises(ckpt.CheckpointError, match=r"missing tensor 't0' \(7 missing in all: \['t0', 't1', 't2', 't3', 't4'\]\)"):
+    with pytest.raises(
+        ckpt.CheckpointError, match=r"missing tensor 't0' \(7 missing in all: \['t0', 't1', 't2', 't3', 't4'\]\)"
+    ):
         ckpt.check_tensors(expected, {}, "w")
-    with pytest.raises(ckpt.CheckpointError, match=r"unexpected tensor 'u0' \(6 extra in all: \['u0', 'u1', 'u2', 'u3', 'u4'\]\)"):
+    with pytest.raises(
+        ckpt.CheckpointError, match=r"unexpected tensor 'u0' \(6 extra in all: \['u0', 'u1', 'u2', 'u3', 'u4'\]\)"
+    ):
         ckpt.check_tensors({}, {f"u{i}": torch.zeros(1) for i in range(6)}, "w")
-    ckpt.check_tensors({"i": torch.zeros(2, dtype=torch.int64)}, {"i": torch.tensor([5, -3])}, "w")  # ints: no finite check
+    ckpt.check_tensors(
+        {"i": torch.zeros(2, dtype=torch.int64)}, {"i": torch.tensor([5, -3])}, "w"
+    )  # ints: no finite check
     with pytest.raises(ckpt.CheckpointError, match="'f' holds NaN or Inf"):
         ckpt.check_tensors({"f": torch.zeros(2)}, {"f": torch.tensor([0.0, float("-inf")])}, "w")
 
 
 def test_split_head_and_integer_tensors_are_saved(tmp_path):
-    drafter, head = ckpt.split_head({"fc.weight": torch.ones(1), "lilicorr.a.b": torch.zeros(1), "xlilicorr.c": torch.ones(2)})
+    drafter, head = ckpt.split_head(
+        {"fc.weight": torch.ones(1), "lilicorr.a.b": torch.zeros(1), "xlilicorr.c": torch.ones(2)}
+    )
     assert set(drafter) == {"fc.weight", "xlilicorr.c"} and set(head) == {"a.b"}
     path = ckpt.save_checkpoint(tmp_path / "d", VANILLA, {"fc.weight": torch.ones(2), "ids": torch.tensor([7, 8])})
     assert torch.equal(ckpt.read_tensors(path)["ids"], torch.tensor([7, 8]))
@@ -225,7 +263,9 @@ def test_add_random_head_is_seeded_and_takes_the_draft_geometry(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a) and not all(torch.equal(a[k], c[k]) for k in a)
     assert torch.equal(a["fc.weight"], torch.ones(24, 48, dtype=torch.bfloat16))
     assert ckpt.load_head(tmp_path / "a").same_slot_bias.dtype == torch.bfloat16
-    ckpt.save_checkpoint(tmp_path / "no-eps", VANILLA | {"rms_norm_eps": None}, {"fc.weight": torch.ones(24, 48, dtype=torch.bfloat16)})
+    ckpt.save_checkpoint(
+        tmp_path / "no-eps", VANILLA | {"rms_norm_eps": None}, {"fc.weight": torch.ones(24, 48, dtype=torch.bfloat16)}
+    )
     config = json.loads((tmp_path / "no-eps" / "config.json").read_text())
     del config["rms_norm_eps"]
     (tmp_path / "no-eps" / "config.json").write_text(json.dumps(config))
@@ -255,37 +295,48 @@ def refusal(call) -> ckpt.CheckpointError:
 def test_each_config_refusal_in_full(tmp_path):
     d = tmp_path / "d"
     assert str(refusal(lambda: ckpt.read_config(d))) == (
-        f"draft checkpoint directory {str(d)!r} does not exist ({d}): pass the folder written by `lilicorr export`")
+        f"draft checkpoint directory {str(d)!r} does not exist ({d}): pass the folder written by `lilicorr export`"
+    )
     d.mkdir()
     cfg = d / "config.json"
     assert str(refusal(lambda: ckpt.read_config(d))) == (
         f"config.json is missing: a draft checkpoint needs it beside model.safetensors ({cfg}): pass the folder written "
-        "by `lilicorr export`")
+        "by `lilicorr export`"
+    )
     cfg.mkdir()
     e = refusal(lambda: ckpt.read_config(d))
-    assert e.what.startswith("cannot be read (") and (e.where, e.fix) == (str(cfg), "check the file and its permissions")
+    assert e.what.startswith("cannot be read (") and (e.where, e.fix) == (
+        str(cfg),
+        "check the file and its permissions",
+    )
     cfg.rmdir()
     cfg.write_text("{not json")
     e = refusal(lambda: ckpt.read_config(d))
     assert e.what.startswith("not valid JSON (") and (e.where, e.fix) == (str(cfg), "re-export the checkpoint")
     write_config(d, {"architectures": [ckpt.VANILLA_ARCH]})
     assert str(refusal(lambda: ckpt.read_config(d))) == (
-        f"no `dflash_config` object: not a DFlash draft config ({cfg}): {REEXPORT}")
+        f"no `dflash_config` object: not a DFlash draft config ({cfg}): {REEXPORT}"
+    )
     write_config(d, {**VANILLA, "architectures": ["X"]})
-    foreign = ("`architectures`=['X'] is not ['DFlashDraftModel'] or ['LiLiCorrDraftModel'] ({}): a draft config declares "
-               "one of them (`lilicorr export` writes it); re-export the draft")
+    foreign = (
+        "`architectures`=['X'] is not ['DFlashDraftModel'] or ['LiLiCorrDraftModel'] ({}): a draft config declares "
+        "one of them (`lilicorr export` writes it); re-export the draft"
+    )
     assert str(refusal(lambda: ckpt.read_config(d))) == foreign.format(cfg)
     assert str(refusal(lambda: ckpt.architecture_of({"architectures": ["X"]}))) == foreign.format("draft config")
 
 
 def test_each_field_refusal_in_full():
     assert str(refusal(lambda: ckpt.block_size_of({"dflash_config": {"block_size": "6"}}))) == (
-        f"no integer block_size ('6') (dflash_config.block_size): {REEXPORT}")
+        f"no integer block_size ('6') (dflash_config.block_size): {REEXPORT}"
+    )
     assert str(refusal(lambda: ckpt.dtype_of({"torch_dtype": "int8"}))) == (
-        f"torch_dtype='int8' is not one of ['bfloat16', 'float16', 'float32'] (torch_dtype): {REEXPORT}")
+        f"torch_dtype='int8' is not one of ['bfloat16', 'float16', 'float32'] (torch_dtype): {REEXPORT}"
+    )
     assert str(refusal(lambda: ckpt.lilicorr_config(VANILLA))) == (
         "draft declares architectures=['DFlashDraftModel'], not ['LiLiCorrDraftModel']: it has no LiLiCorr head "
-        "(architectures): serve it with --speculative-algorithm DFLASH, or export one with a head")
+        "(architectures): serve it with --speculative-algorithm DFLASH, or export one with a head"
+    )
     config = ckpt.with_head(VANILLA, HEAD_CFG)
     config["dflash_config"]["lilicorr_candidate_topk"] = 6
     e = refusal(lambda: ckpt.lilicorr_config(config))
@@ -299,18 +350,25 @@ def test_each_weights_file_refusal_in_full(tmp_path, monkeypatch):
     weights = tmp_path / "d" / "model.safetensors"
     assert str(refusal(lambda: ckpt.read_tensors(tmp_path / "d"))) == (
         f"model.safetensors is missing: a draft checkpoint needs its weights beside config.json ({weights}): "
-        "re-export the checkpoint")
+        "re-export the checkpoint"
+    )
     weights.write_bytes(b"garbage" * 10)
     e = refusal(lambda: ckpt.read_tensors(tmp_path / "d"))
     assert e.what.startswith("truncated, corrupt or not a safetensors file (") and (e.where, e.fix) == (
-        str(weights), "re-export the checkpoint")
-    assert str(refusal(lambda: ckpt.load_tensors(tmp_path / "none", fix="f"))) == f"the file is missing ({tmp_path / 'none'}): f"
+        str(weights),
+        "re-export the checkpoint",
+    )
+    assert (
+        str(refusal(lambda: ckpt.load_tensors(tmp_path / "none", fix="f")))
+        == f"the file is missing ({tmp_path / 'none'}): f"
+    )
     path = ckpt.save_tensors(tmp_path / "t.safetensors", {"x": torch.arange(4, dtype=torch.float32)})
     data = bytearray(path.read_bytes())
     data[-1] ^= 0x40
     path.write_bytes(bytes(data))
     assert str(refusal(lambda: ckpt.load_tensors(path, fix="f"))) == (
-        f"does not match its checksum (lilicorr_sha256 in its metadata): its bytes changed after it was written ({path}): f")
+        f"does not match its checksum (lilicorr_sha256 in its metadata): its bytes changed after it was written ({path}): f"
+    )
 
     def unreadable(_):  # a long cause over several lines: one line of it, its first 200 characters
         raise ValueError("bad\n  header " * 40)
@@ -318,19 +376,35 @@ def test_each_weights_file_refusal_in_full(tmp_path, monkeypatch):
     monkeypatch.setattr(ckpt, "load_file", unreadable)
     cause = " ".join(["bad header"] * 40)[:200]
     assert str(refusal(lambda: ckpt.load_tensors(path, fix="f"))) == (
-        f"truncated, corrupt or not a safetensors file ({cause}) ({path}): f")
+        f"truncated, corrupt or not a safetensors file ({cause}) ({path}): f"
+    )
 
 
-@pytest.mark.parametrize("expected,found,what,fix", [
-    ({"a": torch.zeros(2)}, {}, "missing tensor 'a' (1 missing in all: ['a'])", REEXPORT),
-    ({}, {"b": torch.zeros(2)}, "unexpected tensor 'b' (1 extra in all: ['b'])",
-     "the config's geometry does not describe these weights: re-export the draft"),
-    ({"a": torch.zeros(2)}, {"a": torch.zeros(3)}, "tensor 'a' has shape (3,), expected (2,)", REEXPORT),
-    ({"a": torch.zeros(2)}, {"a": torch.zeros(2, dtype=torch.float16)},
-     "tensor 'a' has dtype torch.float16, expected torch.float32 (config torch_dtype)", REEXPORT),
-    ({"a": torch.zeros(2)}, {"a": torch.tensor([0.0, float("nan")])}, "tensor 'a' holds NaN or Inf values",
-     "export an earlier checkpoint"),
-])
+@pytest.mark.parametrize(
+    "expected,found,what,fix",
+    [
+        ({"a": torch.zeros(2)}, {}, "missing tensor 'a' (1 missing in all: ['a'])", REEXPORT),
+        (
+            {},
+            {"b": torch.zeros(2)},
+            "unexpected tensor 'b' (1 extra in all: ['b'])",
+            "the config's geometry does not describe these weights: re-export the draft",
+        ),
+        ({"a": torch.zeros(2)}, {"a": torch.zeros(3)}, "tensor 'a' has shape (3,), expected (2,)", REEXPORT),
+        (
+            {"a": torch.zeros(2)},
+            {"a": torch.zeros(2, dtype=torch.float16)},
+            "tensor 'a' has dtype torch.float16, expected torch.float32 (config torch_dtype)",
+            REEXPORT,
+        ),
+        (
+            {"a": torch.zeros(2)},
+            {"a": torch.tensor([0.0, float("nan")])},
+            "tensor 'a' holds NaN or Inf values",
+            "export an earlier checkpoint",
+        ),
+    ],
+)
 def test_each_tensor_refusal_in_full(expected, found, what, fix):
     assert str(refusal(lambda: ckpt.check_tensors(expected, found, "w"))) == f"{what} (w): {fix}"
 
@@ -346,8 +420,12 @@ def test_the_config_is_read_as_utf8_whatever_the_locale(tmp_path):
     from ascii_locale import run_in_ascii_locale
 
     (tmp_path / "d").mkdir()
-    (tmp_path / "d" / "config.json").write_text(json.dumps({**VANILLA, "note": "café"}, ensure_ascii=False), encoding="utf-8")
+    (tmp_path / "d" / "config.json").write_text(
+        json.dumps({**VANILLA, "note": "café"}, ensure_ascii=False), encoding="utf-8"
+    )
     assert ckpt.read_config(tmp_path / "d")["note"] == "café"
-    code = "import sys; from sglang_lilicorr.checkpoint import read_config; print(ascii(read_config(sys.argv[1])['note']))"
+    code = (
+        "import sys; from sglang_lilicorr.checkpoint import read_config; print(ascii(read_config(sys.argv[1])['note']))"
+    )
     out = run_in_ascii_locale(code, str(tmp_path / "d"))
     assert out.stdout.strip() == ascii("café"), out.stderr[-2000:]

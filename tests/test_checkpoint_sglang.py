@@ -1,5 +1,6 @@
 """SGLang's own parser reads the draft config checkpoint.py writes (apart from tests/test_checkpoint.py: importing
 SGLang takes seconds, and that file is the one mutation testing of checkpoint.py runs)."""
+
 import json
 
 import pytest

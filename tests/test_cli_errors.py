@@ -1,5 +1,6 @@
 """One error style for every `lilicorr` subcommand: one line `error: <what> (<where>): <fix>` on stderr,
 exit 2 for usage errors and 1 for runtime errors, no traceback unless LILICORR_DEBUG=1."""
+
 import argparse
 import json
 
@@ -14,6 +15,7 @@ from test_export_safety import write_run
 def fails_with(exc: BaseException):
     def func(_args):
         raise exc
+
     return argparse.Namespace(func=func)
 
 
@@ -37,7 +39,11 @@ def test_an_unexpected_exception_is_one_line_naming_where(capsys, monkeypatch):
     monkeypatch.delenv("LILICORR_DEBUG", raising=False)
     assert run(fails_with(ZeroDivisionError("division by zero"))) == 1
     err = one_line(capsys)
-    assert "unexpected ZeroDivisionError: division by zero" in err and "test_cli_errors.py:" in err and "LILICORR_DEBUG=1" in err
+    assert (
+        "unexpected ZeroDivisionError: division by zero" in err
+        and "test_cli_errors.py:" in err
+        and "LILICORR_DEBUG=1" in err
+    )
 
 
 def test_debug_shows_the_traceback(monkeypatch):
@@ -59,9 +65,21 @@ def test_every_project_error_type_shares_the_base():
     from sglang_lilicorr.serving.draft_check import ServingConfigError
     from sglang_lilicorr.smollm2 import SmolLM2Error
 
-    for kind in (CheckpointError, ConfigError, DrafterConfigError, DrafterShapeError, TargetMismatchError, ObjectiveInputError,
-                 ServingConfigError, SmolLM2Error, ServerError, ResultsError, PromptFileError, SpeedBenchFormatError,
-                 StageSchemaError):
+    for kind in (
+        CheckpointError,
+        ConfigError,
+        DrafterConfigError,
+        DrafterShapeError,
+        TargetMismatchError,
+        ObjectiveInputError,
+        ServingConfigError,
+        SmolLM2Error,
+        ServerError,
+        ResultsError,
+        PromptFileError,
+        SpeedBenchFormatError,
+        StageSchemaError,
+    ):
         assert issubclass(kind, LiLiCorrError), kind
     assert issubclass(DrafterConfigError, CheckpointError)  # loading a draft raises CheckpointError only
 
@@ -82,7 +100,12 @@ def test_a_target_that_is_not_a_local_folder_fails_at_once(tmp_path, capsys, mon
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", no_hub)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
-    assert main(["regenerate", "--target", "org/not-here", "--prompts", str(prompts), "--output", str(tmp_path / "o.jsonl")]) == 2
+    assert (
+        main(
+            ["regenerate", "--target", "org/not-here", "--prompts", str(prompts), "--output", str(tmp_path / "o.jsonl")]
+        )
+        == 2
+    )
     assert "'org/not-here' is not an existing folder (--target)" in one_line(capsys)
     assert main(["check-draft", str(tmp_path), "--target", str(tmp_path)]) == 2
     assert "a folder without config.json" in one_line(capsys)
@@ -108,8 +131,24 @@ def test_export_of_a_bad_training_state_is_one_line(tmp_path, capsys):
 def test_a_prompt_file_that_is_not_utf8_names_the_file(tmp_path, capsys):
     bad = tmp_path / "prompts.jsonl"
     bad.write_bytes(b'{"id": "a", "text": "caf\xe9"}\n')
-    assert main(["bench", "run", "--url", "http://127.0.0.1:9", "--system", "s", "--dataset", str(bad),
-                 "--results", str(tmp_path / "r.jsonl"), "--no-progress"]) == 1  # bad content: 1, as train --data
+    assert (
+        main(
+            [
+                "bench",
+                "run",
+                "--url",
+                "http://127.0.0.1:9",
+                "--system",
+                "s",
+                "--dataset",
+                str(bad),
+                "--results",
+                str(tmp_path / "r.jsonl"),
+                "--no-progress",
+            ]
+        )
+        == 1
+    )  # bad content: 1, as train --data
     assert "not valid JSON" in (line := one_line(capsys)) and "prompts.jsonl:1)" in line
 
 
@@ -156,8 +195,22 @@ def test_train_with_batch_size_0_is_one_line(tmp_path, capsys):
 
     target, data = make_target(tmp_path / "target"), write_conversations(tmp_path / "train.jsonl", 4)
     capsys.readouterr()
-    code = main(["train", "--target", target, "--data", data, "--output-dir", str(tmp_path / "run"), "--batch-size", "0",
-                 "--max-steps", "1", "--no-bf16"])
+    code = main(
+        [
+            "train",
+            "--target",
+            target,
+            "--data",
+            data,
+            "--output-dir",
+            str(tmp_path / "run"),
+            "--batch-size",
+            "0",
+            "--max-steps",
+            "1",
+            "--no-bf16",
+        ]
+    )
     err = capsys.readouterr().err  # progress bars of the model load may come first
     assert code in (1, 2) and err.splitlines()[-1].startswith("error: ") and "Traceback" not in err
     assert not (tmp_path / "run" / "checkpoints").exists()

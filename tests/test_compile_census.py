@@ -1,5 +1,6 @@
 """The select path's Triton compiles over SGLang's captured batch sizes (benchmarks/compile_census.py): each distinct
 specialization key is one compile on a cold cache, and a server's draft-graph capture pays for all of them."""
+
 import pytest
 import torch
 
@@ -13,9 +14,16 @@ from triton_mode import needs_interpreter
 # batch-derived integers went to do_not_specialize and the TMA GEMM's program count to the grid (issue 39), 37 before
 # the select kept two fused routes (issue 41), 34 since.
 TESTBED_COMPILES = {
-    "_add_rmsnorm_kernel": 3, "_confidence_up_kernel": 2, "_gemm_kernel": 14, "_gemm_tma_kernel": 2,
-    "_lattice_attention_kernel": 3, "_lattice_cosine_kernel": 2, "_lattice_nodes_kernel": 2,
-    "_row_bias_silu_kernel": 1, "_topk_lse_merge_kernel": 3, "_topk_lse_split_kernel": 2,
+    "_add_rmsnorm_kernel": 3,
+    "_confidence_up_kernel": 2,
+    "_gemm_kernel": 14,
+    "_gemm_tma_kernel": 2,
+    "_lattice_attention_kernel": 3,
+    "_lattice_cosine_kernel": 2,
+    "_lattice_nodes_kernel": 2,
+    "_row_bias_silu_kernel": 1,
+    "_topk_lse_merge_kernel": 3,
+    "_topk_lse_split_kernel": 2,
 }
 
 
@@ -25,7 +33,9 @@ def test_launch_key_is_tritons_specialization(monkeypatch):
     x, bias = torch.empty(4, 16), torch.empty(1, 16)
     with recorded_launches() as launches:  # n_rows is in the kernel's do_not_specialize
         for rows_per_group, n_rows in ((16, 16), (16, 17), (17, 16), (1, 1)):
-            _row_bias_silu_kernel[(1,)](x, bias, 16, rows_per_group, n_rows, 16, ROWS=4, BLOCK_N=16, PDL=False, num_warps=4)
+            _row_bias_silu_kernel[(1,)](
+                x, bias, 16, rows_per_group, n_rows, 16, ROWS=4, BLOCK_N=16, PDL=False, num_warps=4
+            )
     keys = [{f[0]: f[1:] for f in key if len(f) == 3} for _, key in launches]
     assert keys[0] == keys[1]
     assert keys[0]["rows_per_group"] == ("i32", "D") and keys[2]["rows_per_group"] == ("i32", "")
@@ -44,10 +54,15 @@ def testbed_keys():
 def test_capture_compiles_at_most_the_established_count(testbed_keys):
     keys = testbed_keys
     counts = summary(keys)
-    grown = {name: (count, TESTBED_COMPILES.get(name, 0), first_seen(keys, name))
-             for name, count in counts.items() if name != "total" and count > TESTBED_COMPILES.get(name, 0)}
-    assert not grown, ("kernels compiled more often over batch sizes 1..32 than established (name: (keys, bound, batch "
-                       f"sizes that brought new keys)): {grown}; a batch-derived int or constexpr in their key?")
+    grown = {
+        name: (count, TESTBED_COMPILES.get(name, 0), first_seen(keys, name))
+        for name, count in counts.items()
+        if name != "total" and count > TESTBED_COMPILES.get(name, 0)
+    }
+    assert not grown, (
+        "kernels compiled more often over batch sizes 1..32 than established (name: (keys, bound, batch "
+        f"sizes that brought new keys)): {grown}; a batch-derived int or constexpr in their key?"
+    )
     assert counts["total"] <= sum(TESTBED_COMPILES.values())
 
 
@@ -56,8 +71,9 @@ def test_new_keys_only_where_a_plan_bucket_starts(testbed_keys):
     """Within a bucket of the plan (fast_path/plan.py: its tables and GEMM row bands) no key depends on the batch."""
     geo = GEOMETRIES["testbed"]
     config = LiLiCorrConfig(**geo.config)
-    bounds = batch_bounds(HeadGeometry(config.hidden_size, config.factor_dim, config.num_slots, config.candidate_topk,
-                                       torch.bfloat16))
+    bounds = batch_bounds(
+        HeadGeometry(config.hidden_size, config.factor_dim, config.num_slots, config.candidate_topk, torch.bfloat16)
+    )
     starts = {1} | {b + 1 for b in bounds}
     off = {name: sorted(set(first_seen(testbed_keys, name)) - starts) for name in testbed_keys}
     assert not any(off.values()), f"new compile keys inside a plan bucket (buckets start at {sorted(starts)}): {off}"

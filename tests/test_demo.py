@@ -1,5 +1,6 @@
 """`lilicorr demo`: argument wiring, the missing-checkpoint message, the block rendering, and one
 decode + report on the tiny models of test_reference (the real SmolLM2 run needs LILICORR_SLOW=1)."""
+
 import argparse
 import io
 import os
@@ -10,7 +11,6 @@ from sglang_lilicorr import demo
 from sglang_lilicorr.cli import main
 from sglang_lilicorr.reference import BlockRecord, speculative_decoder
 from test_reference import PROMPT, VOCAB, tiny_drafter, tiny_head, tiny_target
-
 
 
 def parse(argv):
@@ -58,7 +58,9 @@ def test_missing_checkpoint_says_so_before_any_download(tmp_path, monkeypatch, c
 
 
 def test_render_block_marks_the_accepted_tokens():
-    block = BlockRecord(12, {"argmax": [5, 6, 7], "lilicorr": [5, 8, 9]}, {"argmax": 1, "lilicorr": 3}, "lilicorr", [5, 8, 9, 4])
+    block = BlockRecord(
+        12, {"argmax": [5, 6, 7], "lilicorr": [5, 8, 9]}, {"argmax": 1, "lilicorr": 3}, "lilicorr", [5, 8, 9, 4]
+    )
     lines = demo.render_block(0, block, lambda ids: f"t{ids[0]}")
     assert "@   12" in lines[0] and "+4 tokens" in lines[0]
     assert "accepted  1/3  't5' | 't6' 't7'" in lines[1] and "accepted  3/3  't5' 't8' 't9' | " in lines[2]
@@ -88,11 +90,21 @@ def test_demo_on_smollm2_with_a_random_draft(tmp_path):
     from sglang_lilicorr.head import LiLiCorrHead
 
     cfg = DrafterConfig(
-        hidden_size=576, vocab_size=49152, num_target_layers=30, target_layer_ids=tuple(default_target_layer_ids(30, 5)),
-        mask_token_id=16, mask_token="<empty_output>", num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536,
+        hidden_size=576,
+        vocab_size=49152,
+        num_target_layers=30,
+        target_layer_ids=tuple(default_target_layer_ids(30, 5)),
+        mask_token_id=16,
+        mask_token="<empty_output>",
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        intermediate_size=1536,
     )
     head_cfg = LiLiCorrConfig(hidden_size=256, factor_dim=256, num_layers=1)
     tensors = {k: v.bfloat16() for k, v in DFlashDrafter(cfg).state_dict().items()}
     tensors.update({k: v.bfloat16() for k, v in head_tensors_for_save(LiLiCorrHead(head_cfg, 576)).items()})
     save_checkpoint(tmp_path / "draft", with_head(cfg.to_hf_config(), head_cfg), tensors)
-    assert demo.run_demo(parse(["--draft", str(tmp_path / "draft"), "--max-new-tokens", "6", "--prompt", "Hi", "--quiet"])) == 0
+    assert (
+        demo.run_demo(parse(["--draft", str(tmp_path / "draft"), "--max-new-tokens", "6", "--prompt", "Hi", "--quiet"]))
+        == 0
+    )

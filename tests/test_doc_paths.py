@@ -1,6 +1,7 @@
 """Every repository path the documents cite exists (scripts, modules, result folders and files), every result folder
 follows benchmarks/results/<topic>/<card>_<commit>[_<what>]/, and benchmarks/results/INDEX.md cites each of them, with
 nothing it cites missing. The documents: every tracked Markdown file."""
+
 from __future__ import annotations
 
 import glob
@@ -14,7 +15,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 # a path from the repository's root: one of these top-level folders, then at least one more part
-CITED = re.compile(r"(?<![\w./$-])((?:benchmarks|testbed|tools|scripts|checkpoints|docs|tests|sglang_lilicorr)/[\w./{},*-]*[\w/}*])")
+CITED = re.compile(
+    r"(?<![\w./$-])((?:benchmarks|testbed|tools|scripts|checkpoints|docs|tests|sglang_lilicorr)/[\w./{},*-]*[\w/}*])"
+)
 # scripts that made old results, since removed: the result folders still cite them as their commands (each README
 # says `git show COMMIT:PATH`); checked to be in history instead
 RETIRED = {"testbed/serve_eval.sh": "8874f4f^", "testbed/serve_pairs.sh": "8874f4f^"}
@@ -22,13 +25,19 @@ FOLDER = re.compile(r"[a-z0-9-]+/h[12]00(x\d)?_[0-9a-f]{7}(_[\w-]+)?")
 
 
 def tracked(pattern: str) -> list[str]:
-    return subprocess.run(["git", "ls-files", pattern], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    return subprocess.run(
+        ["git", "ls-files", pattern], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
 
 
 def documents() -> list[str]:
     """Tracked Markdown but the result records (a result folder's reports and tables: what a command wrote then)."""
-    return [p for p in tracked("*.md") if (ROOT / p).is_file()
-            and (not p.startswith("benchmarks/results/") or Path(p).name in ("README.md", "INDEX.md"))]
+    return [
+        p
+        for p in tracked("*.md")
+        if (ROOT / p).is_file()
+        and (not p.startswith("benchmarks/results/") or Path(p).name in ("README.md", "INDEX.md"))
+    ]
 
 
 def expand(path: str) -> list[str]:
@@ -40,16 +49,23 @@ def expand(path: str) -> list[str]:
 
 def exists(path: str, base: Path = ROOT) -> bool:
     if path in RETIRED:  # a clone without that history (shallow) cannot tell: accepted
-        have = subprocess.run(["git", "rev-parse", "-q", "--verify", f"{RETIRED[path]}^{{commit}}"], cwd=ROOT, capture_output=True)
-        return have.returncode != 0 or subprocess.run(["git", "cat-file", "-e", f"{RETIRED[path]}:{path}"], cwd=ROOT).returncode == 0
-    return any(glob.glob(str(root / p)) if "*" in p else (root / p).exists() for p in expand(path) for root in {ROOT, base})
+        have = subprocess.run(
+            ["git", "rev-parse", "-q", "--verify", f"{RETIRED[path]}^{{commit}}"], cwd=ROOT, capture_output=True
+        )
+        return (
+            have.returncode != 0
+            or subprocess.run(["git", "cat-file", "-e", f"{RETIRED[path]}:{path}"], cwd=ROOT).returncode == 0
+        )
+    return any(
+        glob.glob(str(root / p)) if "*" in p else (root / p).exists() for p in expand(path) for root in {ROOT, base}
+    )
 
 
 def cited(text: str) -> set[str]:
     """The repository paths of a text, less placeholders (`<card>`, NAME) and what `git show` / `git ls-tree` read
     from history."""
     text = re.sub(r"`git (show|ls-tree) [^`]*`", "", text)
-    found = {m.group(1).rstrip(".,") for m in CITED.finditer(text) if text[m.end():m.end() + 1] not in ("$", "-")}
+    found = {m.group(1).rstrip(".,") for m in CITED.finditer(text) if text[m.end() : m.end() + 1] not in ("$", "-")}
     return {p for p in found if "<" not in p and not re.search(r"(^|/)[A-Z][A-Z0-9_]+(/|$)", p)}
 
 

@@ -1,4 +1,5 @@
 """The trainable DFlash drafter: SGLang-compatible config and names, block masking, serving numerics."""
+
 import pytest
 import torch
 
@@ -16,11 +17,21 @@ from sglang_lilicorr.drafter import (
 YARN = RopeScaling("yarn", factor=4.0, original_max_position_embeddings=64)
 
 
-
 def tiny_config(**kw):
-    base = dict(hidden_size=32, vocab_size=64, num_target_layers=6, target_layer_ids=(1, 3), mask_token_id=5,
-                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                intermediate_size=48, block_size=4, rope_theta=10000.0)
+    base = dict(
+        hidden_size=32,
+        vocab_size=64,
+        num_target_layers=6,
+        target_layer_ids=(1, 3),
+        mask_token_id=5,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=48,
+        block_size=4,
+        rope_theta=10000.0,
+    )
     base.update(kw)
     return DrafterConfig(**base)
 
@@ -58,8 +69,12 @@ def test_yarn_config_round_trips_as_sglang_reads_it(tmp_path):
 
     cfg = tiny_config(rope_scaling=YARN, max_position_embeddings=512)
     hf = cfg.to_hf_config()
-    assert hf["rope_parameters"] == {"rope_theta": 10000.0, "rope_type": "yarn", "factor": 4.0,
-                                     "original_max_position_embeddings": 64}
+    assert hf["rope_parameters"] == {
+        "rope_theta": 10000.0,
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     assert DrafterConfig.from_hf_config(hf) == cfg
     (tmp_path / "config.json").write_text(json.dumps(hf))
     parsed = AutoConfig.from_pretrained(tmp_path)
@@ -87,15 +102,28 @@ def test_default_rope_config_json_is_byte_identical_to_the_shipped_drafts():
         assert written == path.read_text(), name
 
 
-@pytest.mark.parametrize("rope, match", [
-    ({"rope_type": "llama3", "factor": 8.0}, "rope_type='llama3' is not supported"),
-    ({"rope_type": "yarn", "factor": 4.0}, "lacks 'original_max_position_embeddings'"),
-    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 16}, r"\['beta_fast'\]"),
-    ({"rope_type": "yarn", "factor": 1.0, "original_max_position_embeddings": 64}, "factor=1.0 must be a finite number > 1"),
-    ({"rope_type": "yarn", "factor": "4", "original_max_position_embeddings": 64}, "rope_parameters.factor='4' is not a number"),
-    ({"rope_type": "default", "factor": 4.0}, r"\['factor'\]"),
-    ([1, 2], "is not a JSON object"),
-], ids=["llama3", "no-original", "beta", "factor-1", "factor-str", "default-factor", "list"])
+@pytest.mark.parametrize(
+    "rope, match",
+    [
+        ({"rope_type": "llama3", "factor": 8.0}, "rope_type='llama3' is not supported"),
+        ({"rope_type": "yarn", "factor": 4.0}, "lacks 'original_max_position_embeddings'"),
+        (
+            {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 16},
+            r"\['beta_fast'\]",
+        ),
+        (
+            {"rope_type": "yarn", "factor": 1.0, "original_max_position_embeddings": 64},
+            "factor=1.0 must be a finite number > 1",
+        ),
+        (
+            {"rope_type": "yarn", "factor": "4", "original_max_position_embeddings": 64},
+            "rope_parameters.factor='4' is not a number",
+        ),
+        ({"rope_type": "default", "factor": 4.0}, r"\['factor'\]"),
+        ([1, 2], "is not a JSON object"),
+    ],
+    ids=["llama3", "no-original", "beta", "factor-1", "factor-str", "default-factor", "list"],
+)
 def test_unsupported_rope_parameters_are_named(rope, match):
     hf = tiny_config().to_hf_config()
     hf["rope_parameters"] = rope
@@ -114,10 +142,19 @@ def test_bad_configs_name_the_field():
 
 def test_tensor_names_are_sglang_checkpoint_names():
     names = set(DFlashDrafter(tiny_config()).state_dict())
-    per_layer = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-                 "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
-                 "input_layernorm.weight", "post_attention_layernorm.weight",
-                 "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"]
+    per_layer = [
+        "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight",
+        "self_attn.o_proj.weight",
+        "self_attn.q_norm.weight",
+        "self_attn.k_norm.weight",
+        "input_layernorm.weight",
+        "post_attention_layernorm.weight",
+        "mlp.gate_proj.weight",
+        "mlp.up_proj.weight",
+        "mlp.down_proj.weight",
+    ]
     want = {f"layers.{i}.{p}" for i in range(2) for p in per_layer} | {"norm.weight", "fc.weight", "hidden_norm.weight"}
     assert names == want
     assert tuple(DFlashDrafter(tiny_config()).fc.weight.shape) == (32, 2 * 32)
@@ -214,7 +251,9 @@ def sglang_rope_of(config: DrafterConfig, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config.to_hf_config()))
     hf = AutoConfig.from_pretrained(tmp_path)
     theta, rope_scaling = get_rope_config(hf)
-    return get_rope(config.head_dim, config.head_dim, hf.max_position_embeddings, theta, True, rope_scaling, torch.float32)
+    return get_rope(
+        config.head_dim, config.head_dim, hf.max_position_embeddings, theta, True, rope_scaling, torch.float32
+    )
 
 
 @pytest.mark.parametrize("scaling", [RopeScaling(), YARN], ids=["default", "yarn"])
@@ -266,8 +305,11 @@ class _ContextAttention(torch.nn.Module):
         return out.transpose(0, 1).reshape(-1, self.heads * d)
 
 
-@pytest.mark.parametrize("scaling", [RopeScaling(), RopeScaling("yarn", factor=2.0, original_max_position_embeddings=8)],
-                         ids=["default", "yarn"])
+@pytest.mark.parametrize(
+    "scaling",
+    [RopeScaling(), RopeScaling("yarn", factor=2.0, original_max_position_embeddings=8)],
+    ids=["default", "yarn"],
+)
 def test_matches_sglang_dflash_draft_model(scaling, tmp_path):
     """Our drafter's block hidden states equal SGLang's DFlashDraftModel's, loaded from our tensors,
     with SGLang's serving-time context path (project_target_hidden -> kv_proj_only -> k_norm -> RoPE);
@@ -284,10 +326,23 @@ def test_matches_sglang_dflash_draft_model(scaling, tmp_path):
     cfg = tiny_config(rope_scaling=scaling)
     target_dir = tmp_path / "target"
     target_dir.mkdir()
-    (target_dir / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 64,
-        "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "torch_dtype": "float32"}))
+    (target_dir / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_hidden_layers": 6,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "vocab_size": 64,
+                "max_position_embeddings": 512,
+                "rms_norm_eps": 1e-6,
+                "torch_dtype": "float32",
+            }
+        )
+    )
     publish(ServerArgs(model_path=str(target_dir), device="cpu"), role="scheduler")
     draft_dir = tmp_path / "draft"
     draft_dir.mkdir()
@@ -317,7 +372,12 @@ def test_matches_sglang_dflash_draft_model(scaling, tmp_path):
             want = theirs(None, positions, None, input_embeds=embeds).hidden_states
 
         context = ours.project_target_hidden(features[None])
-        got = ours(embeds[None], positions[None], context[:, :anchor], ctx_pos[None],
-                   torch.ones(1, cfg.block_size, anchor + cfg.block_size, dtype=torch.bool))[0]
+        got = ours(
+            embeds[None],
+            positions[None],
+            context[:, :anchor],
+            ctx_pos[None],
+            torch.ones(1, cfg.block_size, anchor + cfg.block_size, dtype=torch.bool),
+        )[0]
     torch.testing.assert_close(context[0, :anchor], ctx, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -2,6 +2,7 @@
 a foreign folder only with --force, which writes the draft's two files beside what is there and deletes nothing;
 never a training run, a folder inside one, a model folder, or the run it reads.
 The runs here are written by train/state.py directly (no training), so each test takes a second."""
+
 import json
 from pathlib import Path
 
@@ -16,8 +17,18 @@ from sglang_lilicorr.head import LiLiCorrHead
 from sglang_lilicorr.train.export import export_checkpoint
 from sglang_lilicorr.train.state import save_training_checkpoint, trainable_tensors
 
-DRAFTER = DrafterConfig(hidden_size=32, vocab_size=64, num_target_layers=4, target_layer_ids=(1, 2), mask_token_id=3,
-                        num_attention_heads=4, num_key_value_heads=4, head_dim=8, intermediate_size=64, block_size=4)
+DRAFTER = DrafterConfig(
+    hidden_size=32,
+    vocab_size=64,
+    num_target_layers=4,
+    target_layer_ids=(1, 2),
+    mask_token_id=3,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    head_dim=8,
+    intermediate_size=64,
+    block_size=4,
+)
 HEAD = LiLiCorrConfig(block_size=4, candidate_topk=4, hidden_size=32, num_layers=1, num_heads=4, factor_dim=16)
 
 
@@ -113,8 +124,14 @@ def test_an_export_with_a_foreign_file_beside_it_is_foreign(run, tmp_path):
 @pytest.mark.parametrize("where", ["run", "checkpoints", "step", "inside", "parent", "other-run"])
 def test_never_into_or_over_a_training_run(run, tmp_path, where, force):
     other = write_run(tmp_path / "other")
-    out = {"run": run, "checkpoints": run / "checkpoints", "step": run / "checkpoints" / "step-00000002",
-           "inside": run / "draft", "parent": tmp_path, "other-run": other}[where]
+    out = {
+        "run": run,
+        "checkpoints": run / "checkpoints",
+        "step": run / "checkpoints" / "step-00000002",
+        "inside": run / "draft",
+        "parent": tmp_path,
+        "other-run": other,
+    }[where]
     before = snapshot(tmp_path)
     with pytest.raises(UsageError, match="training run|contains the checkpoint"):
         export_checkpoint(run, out, force=force)
@@ -180,12 +197,21 @@ def test_a_run_and_a_folder_inside_one_are_told_apart(run, where):
     with pytest.raises(UsageError) as e:
         check_destination(out, run)
     assert e.value.where == "OUT_DIR"
-    assert e.value.what == (f"{out} is inside a training run or checkpoint, {other}" if where == "inside"
-                            else f"{out} is a training run or checkpoint")
+    assert e.value.what == (
+        f"{out} is inside a training run or checkpoint, {other}"
+        if where == "inside"
+        else f"{out} is a training run or checkpoint"
+    )
 
 
-@pytest.mark.parametrize("kind, found", [("missing", "not an existing folder"), ("plain", "not a training run or checkpoint"),
-                                         ("draft", "a draft, not a training run")])
+@pytest.mark.parametrize(
+    "kind, found",
+    [
+        ("missing", "not an existing folder"),
+        ("plain", "not a training run or checkpoint"),
+        ("draft", "a draft, not a training run"),
+    ],
+)
 def test_each_source_that_is_not_a_run_is_named(run, tmp_path, kind, found):
     source = {"missing": tmp_path / "nowhere", "plain": tmp_path / "plain", "draft": tmp_path / "draft"}[kind]
     if kind == "plain":
@@ -207,11 +233,17 @@ def rewrite_tensors(run: Path, change) -> None:
     save_tensors(path, tensors)  # with its checksum: only the head is wrong
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda t: t.pop("lilicorr.in_head.weight"), "missing tensor 'in_head.weight'"),
-    (lambda t: t.__setitem__("lilicorr.extra", torch.zeros(2)), "unexpected tensor 'extra'"),
-    (lambda t: t.__setitem__("lilicorr.same_slot_bias", torch.zeros(3)), r"'same_slot_bias' has shape \(3,\), expected \(4,\)"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda t: t.pop("lilicorr.in_head.weight"), "missing tensor 'in_head.weight'"),
+        (lambda t: t.__setitem__("lilicorr.extra", torch.zeros(2)), "unexpected tensor 'extra'"),
+        (
+            lambda t: t.__setitem__("lilicorr.same_slot_bias", torch.zeros(3)),
+            r"'same_slot_bias' has shape \(3,\), expected \(4,\)",
+        ),
+    ],
+)
 def test_a_head_that_does_not_match_its_config_is_a_checkpoint_error(run, tmp_path, change, message):
     """Found by mutation testing: the head was loaded with load_state_dict, whose RuntimeError `lilicorr` reported as a
     bug; it is now checked like the drafter, tensor by tensor, and nothing is written."""
@@ -239,6 +271,7 @@ def test_head_tensors_without_a_head_config_are_refused(run, tmp_path):
 
 # --- what mutation testing found untested: each sign of a run, each refusal in full, the other heads' configs --------
 
+
 @pytest.mark.parametrize("sign", ["marker", "latest", "metrics", "state", "step"])
 def test_each_sign_of_a_training_run_alone_is_refused(run, tmp_path, sign):
     from sglang_lilicorr.ownership import MARKER
@@ -246,15 +279,22 @@ def test_each_sign_of_a_training_run_alone_is_refused(run, tmp_path, sign):
 
     out = tmp_path / "out"
     out.mkdir()
-    path = {"marker": MARKER, "latest": "latest", "metrics": "metrics.jsonl", "state": "train_state.json",
-            "step": "checkpoints/step-00000001"}[sign]
+    path = {
+        "marker": MARKER,
+        "latest": "latest",
+        "metrics": "metrics.jsonl",
+        "state": "train_state.json",
+        "step": "checkpoints/step-00000001",
+    }[sign]
     (out / path).parent.mkdir(parents=True, exist_ok=True)
     (out / path).write_text('{"kind": "run"}' if sign == "marker" else "x")
     with pytest.raises(UsageError) as e:
         check_destination(out, run, force=True)
     assert (e.value.what, e.value.where, e.value.fix) == (
-        f"{out} is a training run or checkpoint", "OUT_DIR",
-        "write the draft to a folder outside any training run (--force does not change this)")
+        f"{out} is a training run or checkpoint",
+        "OUT_DIR",
+        "write the draft to a folder outside any training run (--force does not change this)",
+    )
     (out / path).unlink()
     (out / "checkpoints" / "other").mkdir(parents=True, exist_ok=True)  # a folder of that name alone is no sign
     assert check_destination(out, run, force=True) == "existing"
@@ -273,20 +313,25 @@ def test_each_destination_refusal_in_full(run, tmp_path):
     assert refused(run / "checkpoints" / "step-00000002" / "x") == (
         f"{run / 'checkpoints' / 'step-00000002' / 'x'} is inside a training run or checkpoint, "
         f"{run / 'checkpoints' / 'step-00000002'}",
-        "write the draft to a folder outside any training run (--force does not change this)")
+        "write the draft to a folder outside any training run (--force does not change this)",
+    )
     step = run / "checkpoints" / "step-00000002"
     with pytest.raises(UsageError) as e:
         check_destination(step.parent, step)
     assert (e.value.what, e.value.where, e.value.fix) == (
-        f"{step.parent} is or contains the checkpoint being exported ({step})", "OUT_DIR",
-        "write the draft to a folder outside the training run")
+        f"{step.parent} is or contains the checkpoint being exported ({step})",
+        "OUT_DIR",
+        "write the draft to a folder outside the training run",
+    )
     (tmp_path / "file").write_text("x")
     assert refused(tmp_path / "file") == (f"{tmp_path / 'file'} is a file", "pass a folder path for the draft")
     data = tmp_path / "data"
     data.mkdir()
     (data / MARKER).write_text('{"kind": "dataset"}')  # a folder of ours, empty but for its marker
-    assert refused(data, force=True) == (f"{data} is a dataset folder written by lilicorr, not a draft",
-                                         "pick a new or empty folder (--force does not change this)")
+    assert refused(data, force=True) == (
+        f"{data} is a dataset folder written by lilicorr, not a draft",
+        "pick a new or empty folder (--force does not change this)",
+    )
     many = tmp_path / "many"
     many.mkdir()
     for i in range(7):
@@ -294,12 +339,14 @@ def test_each_destination_refusal_in_full(run, tmp_path):
     assert refused(many) == (
         f"{many} is not empty and is not an earlier export, it holds ['f0', 'f1', 'f2', 'f3', 'f4']",
         "pick a new or empty folder, or pass --force to write the draft's config.json and model.safetensors beside "
-        "those files (--force deletes nothing)")
+        "those files (--force deletes nothing)",
+    )
     (many / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
     (many / "model.safetensors").write_bytes(b"weights")
     assert refused(many, force=True) == (
         f"{many} holds a config.json and model.safetensors that is not a draft's (a model folder?)",
-        "pick a new or empty folder; --force never replaces files that are not a draft's")
+        "pick a new or empty folder; --force never replaces files that are not a draft's",
+    )
     (tmp_path / "empty").mkdir()
     assert check_destination(tmp_path / "empty", run) == "existing"
 

@@ -5,6 +5,7 @@ CPU: small configs; the Triton kernels run under Triton's interpreter (tests/con
 it before anything imports triton). GPU (`-m gpu`): the paper config in bf16, eager and CUDA-graph
 replay. Inputs come from the session's seed (tests/conftest.py, LILICORR_TEST_SEED).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -110,7 +111,9 @@ def test_select_fp32_equals_reference(seed, monkeypatch, plan, slots):
     head = make_head(SMALL, HM, seed)
     hidden, anchor, lm_head, embed = make_inputs(4, slots, HM, VOCAB, seed)
     plans = plans_for(HeadGeometry.of(head), PYTORCH) if plan == "pytorch" else SelectPlans.every(CPU_PLANS[plan])
-    assert_select_matches(FastLiLiCorrSelect(head, embed_weight=embed, plans=plans), head, hidden, anchor, lm_head, atol=2e-4)
+    assert_select_matches(
+        FastLiLiCorrSelect(head, embed_weight=embed, plans=plans), head, hidden, anchor, lm_head, atol=2e-4
+    )
 
 
 def test_kernel_counters_grow_outside_a_capture():
@@ -158,7 +161,9 @@ def test_viterbi_select_commits_the_viterbi_path_of_the_heads_scores(seed, monke
     if plan == "pytorch":
         assert torch.equal(tokens, r_tokens)
     slack = 2 * cfg.num_slots * request_error(start, pair, r_start, r_pair) + 1e-5
-    assert bool((path_score(r_start, r_pair, path) >= path_score(r_start, r_pair, viterbi(r_start, r_pair)) - slack).all())
+    assert bool(
+        (path_score(r_start, r_pair, path) >= path_score(r_start, r_pair, viterbi(r_start, r_pair)) - slack).all()
+    )
 
 
 @needs_interpreter
@@ -177,7 +182,9 @@ def test_fused_stages_compose_to_the_scores(seed, route):
     assert torch.equal(draft, fast.walk(start, pair, ids))
     assert torch.equal(draft, fast.select_from_candidates(vals, ids, lse, hidden, anchor)[0])
     cat, sumsq = stages["lattice"]()  # folded: [x, x * t] and the sums of squares of x's rows
-    assert cat.shape == (3 * SMALL.num_slots * SMALL.candidate_topk, 2 * head.width) and (sumsq is None) == (route == "unfolded")
+    assert cat.shape == (3 * SMALL.num_slots * SMALL.candidate_topk, 2 * head.width) and (sumsq is None) == (
+        route == "unfolded"
+    )
     pytorch = FastLiLiCorrSelect(head, embed_weight=embed, plans=plans_for(HeadGeometry.of(head), PYTORCH))
     with pytest.raises(ValueError, match=r"runs the torch route"):
         pytorch.fused_stages(vals, ids, lse, hidden, anchor)
@@ -189,7 +196,9 @@ def test_select_without_token_proj_and_one_layer(seed, monkeypatch):
     head = make_head(cfg, 32, seed)
     assert head.token_proj is None
     hidden, anchor, lm_head, embed = make_inputs(4, cfg.num_slots, 32, VOCAB, seed)
-    fast = FastLiLiCorrSelect(head, token_table=head.token_table(embed), plans=plans_for(HeadGeometry.of(head), PYTORCH))
+    fast = FastLiLiCorrSelect(
+        head, token_table=head.token_table(embed), plans=plans_for(HeadGeometry.of(head), PYTORCH)
+    )
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-4)
 
 
@@ -252,7 +261,14 @@ def test_head_bench_smoke_runs_and_checks(tmp_path, monkeypatch):
     assert res["plans"]["bs2"]["route"] == "torch"  # the served plan on this CPU (no interpreter): the PyTorch path
     assert res["checks"]["bs2_torch_candidate_ids_equal"] and res["checks"]["bs2_torch_draft_ids_equal_where_clear"]
     row = res["rows"][0]
-    for key in ("topk_lse_ours", "topk_lse_builtin", "head_walk_torch", "head_walk_builtin", "post_logits_torch", "select_builtin"):
+    for key in (
+        "topk_lse_ours",
+        "topk_lse_builtin",
+        "head_walk_torch",
+        "head_walk_builtin",
+        "post_logits_torch",
+        "select_builtin",
+    ):
         assert row[key] > 0
     assert head_bench.main(["--plot", str(out)]) == 0 and out.with_suffix(".png").stat().st_size > 10_000  # the figure
 
@@ -282,7 +298,9 @@ def test_topk_candidates_exact_when_the_best_share_a_subtile(seed, splits, tiles
     rows[4, -k:] = 9.0  # winners in the last, partial sub-tile
     rows[5, : vocab // 2] = float("-inf")
     rows = rows.to(torch.bfloat16)
-    vals, ids, lse = topk_lse_triton(rows, k, splits=splits, launch=TopKLaunch(block=4 * GROUP, group=group, collect_tiles=collect))
+    vals, ids, lse = topk_lse_triton(
+        rows, k, splits=splits, launch=TopKLaunch(block=4 * GROUP, group=group, collect_tiles=collect)
+    )
     r_vals, r_ids, r_lse = topk_lse_reference(rows, k)
     assert torch.equal(ids, r_ids) and torch.equal(vals, r_vals)
     torch.testing.assert_close(lse, r_lse)
@@ -529,7 +547,9 @@ def test_gpu_plans_that_change_no_value(changes, b, width):
     with torch.no_grad():
         table = head.token_table(embed)
     served = FastLiLiCorrSelect(head, token_table=table).plans
-    first, second = (FastLiLiCorrSelect(head, token_table=table, plans=served.map(change)) for change in BIT_EQUAL_PLANS[changes])
+    first, second = (
+        FastLiLiCorrSelect(head, token_table=table, plans=served.map(change)) for change in BIT_EQUAL_PLANS[changes]
+    )
     assert_same_bits(first, second, hidden, anchor, lm_head)
     assert_select_matches(first, head, hidden, anchor, lm_head, atol=0.25, min_clear=0)
     _replay_equals_eager(first, hidden, anchor, lm_head)

@@ -8,6 +8,7 @@ anything imports triton), fp32 to 1e-4, every launch config forced once; plus an
 every config (ptxas, no GPU needed). GPU (`-m gpu`): the paper shapes in bf16, CUDA-graph replay (timings:
 `python -m sglang_lilicorr.kernels.gemm_epilogue` on the GPU).
 """
+
 from __future__ import annotations
 
 
@@ -61,7 +62,9 @@ def test_gemm_with_group_bias_matches_reference(gen, silu, config):
     out = gemm_epilogue_triton(x, weight, bias, silu=silu, group_bias=group_bias, rows_per_group=10, config=config)
     ref = gemm_epilogue_reference(x, weight, bias, silu=silu, group_bias=group_bias, rows_per_group=10)
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(gemm_epilogue_triton(x, weight, config=config), F.linear(x, weight), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        gemm_epilogue_triton(x, weight, config=config), F.linear(x, weight), atol=1e-4, rtol=1e-4
+    )
 
 
 def _sumsq(x: torch.Tensor) -> torch.Tensor:
@@ -77,19 +80,36 @@ def test_folded_norm_matches_rmsnorm_then_linear(gen, config, k):
     """norm (rstd from the rows' partial sums of squares) with the gain folded into the weight
     (fold_norm_gain) equals the RMSNorm then the GEMM; with norm_width, the factor GEMM over
     concat[x, x * t] equals the one over concat[h, h * t] (3 requests of 10 rows)."""
-    x, g, t = torch.randn(30, k, generator=gen), 1 + 0.1 * torch.randn(k, generator=gen), torch.randn(3, k, generator=gen)
+    x, g, t = (
+        torch.randn(30, k, generator=gen),
+        1 + 0.1 * torch.randn(k, generator=gen),
+        torch.randn(3, k, generator=gen),
+    )
     weight, bias = torch.randn(24, 2 * k, generator=gen) / k**0.5, torch.randn(24, generator=gen)
     h = F.rms_norm(x, (k,), g, 1e-5)
-    plain = gemm_epilogue_triton(x, fold_norm_gain(weight[:, :k].contiguous(), g), bias, norm=(_sumsq(x), 1e-5), config=config)
+    plain = gemm_epilogue_triton(
+        x, fold_norm_gain(weight[:, :k].contiguous(), g), bias, norm=(_sumsq(x), 1e-5), config=config
+    )
     torch.testing.assert_close(plain, F.linear(h, weight[:, :k], bias), atol=1e-4, rtol=1e-4)
     group_bias = torch.randn(3, 24, generator=gen)
     cat = torch.cat([x, x * t.repeat_interleave(10, 0)], dim=1)
-    crossed = gemm_epilogue_triton(cat, fold_norm_gain(weight, g), silu=True, group_bias=group_bias, rows_per_group=10,
-                                norm=(_sumsq(x), 1e-5), norm_width=k, config=config)
-    ref = F.silu(F.linear(torch.cat([h, h * t.repeat_interleave(10, 0)], dim=1), weight) + group_bias.repeat_interleave(10, 0))
+    crossed = gemm_epilogue_triton(
+        cat,
+        fold_norm_gain(weight, g),
+        silu=True,
+        group_bias=group_bias,
+        rows_per_group=10,
+        norm=(_sumsq(x), 1e-5),
+        norm_width=k,
+        config=config,
+    )
+    ref = F.silu(
+        F.linear(torch.cat([h, h * t.repeat_interleave(10, 0)], dim=1), weight) + group_bias.repeat_interleave(10, 0)
+    )
     torch.testing.assert_close(crossed, ref, atol=1e-4, rtol=1e-4)
-    by_definition = gemm_epilogue_reference(cat, fold_norm_gain(weight, g), silu=True, group_bias=group_bias, rows_per_group=10,
-                                         norm_eps=1e-5, norm_width=k)
+    by_definition = gemm_epilogue_reference(
+        cat, fold_norm_gain(weight, g), silu=True, group_bias=group_bias, rows_per_group=10, norm_eps=1e-5, norm_width=k
+    )
     torch.testing.assert_close(crossed, by_definition, atol=1e-4, rtol=1e-4)
 
 
@@ -101,8 +121,11 @@ def test_residual_and_extra_outputs_match_reference(gen, dtype, config):
     rounded like F.linear then the add, with the sums of squares of the new rows (sumsq_out) and
     x * t per request (cross, 2 requests of 12 rows) beside it."""
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
-    a, weight, bias = (torch.randn(24, 40, generator=gen).to(dtype), (torch.randn(40, 40, generator=gen) / 7).to(dtype),
-                       torch.randn(40, generator=gen).to(dtype))
+    a, weight, bias = (
+        torch.randn(24, 40, generator=gen).to(dtype),
+        (torch.randn(40, 40, generator=gen) / 7).to(dtype),
+        torch.randn(40, generator=gen).to(dtype),
+    )
     cat, t = torch.randn(24, 80, generator=gen).to(dtype), torch.randn(2, 40, generator=gen).to(dtype)
     x = cat[:, :40]
     expect = gemm_epilogue_reference(a, weight, bias, residual=x.clone(), cross=t)[0]
@@ -141,11 +164,17 @@ def test_bad_epilogue_operands_raise():
 def test_bad_group_bias_raises():
     dev = "cuda" if CUDA else "cpu"
     x, weight = torch.zeros(30, 16, device=dev), torch.zeros(8, 16, device=dev)
-    for group_bias, rows in ((torch.zeros(3, 8, device=dev), 7), (torch.zeros(2, 8, device=dev), 10), (torch.zeros(8, 3, device=dev).t(), 10)):
+    for group_bias, rows in (
+        (torch.zeros(3, 8, device=dev), 7),
+        (torch.zeros(2, 8, device=dev), 10),
+        (torch.zeros(8, 3, device=dev).t(), 10),
+    ):
         with pytest.raises(ValueError, match=r"group_bias .* must be \[M / rows_per_group, N\]"):
             gemm_epilogue_triton(x, weight, group_bias=group_bias, rows_per_group=rows)
     with pytest.raises(ValueError, match="group_bias is torch.float64"):
-        gemm_epilogue_triton(x, weight, group_bias=torch.zeros(3, 8, device=dev, dtype=torch.float64), rows_per_group=10)
+        gemm_epilogue_triton(
+            x, weight, group_bias=torch.zeros(3, 8, device=dev, dtype=torch.float64), rows_per_group=10
+        )
 
 
 @needs_interpreter
@@ -179,9 +208,18 @@ def test_config_table():
     """Every row band names a known 16-bit config; the paper shapes pick skinny / small / large."""
     assert all(name in GEMM_CONFIGS and name != "fp32" for _, name, _ in GEMM_CONFIG_BY_ROWS)
     assert GEMM_CONFIG_BY_ROWS[-1][0] is None  # the last band is unbounded
-    assert [select_config(m, torch.bfloat16) for m in (120, 480, 960, 1920, 3840)] == ["skinny", "small", "tma_medium", "tma_large", "tma_large"]
+    assert [select_config(m, torch.bfloat16) for m in (120, 480, 960, 1920, 3840)] == [
+        "skinny",
+        "small",
+        "tma_medium",
+        "tma_large",
+        "tma_large",
+    ]
     assert select_config(3840, torch.float32) == "fp32"
-    assert select_config(120, torch.bfloat16, 2048) == "skinny_wide_k" and select_config(120, torch.bfloat16, 1024) == "skinny"
+    assert (
+        select_config(120, torch.bfloat16, 2048) == "skinny_wide_k"
+        and select_config(120, torch.bfloat16, 1024) == "skinny"
+    )
     assert select_config(480, torch.bfloat16, 4096) == "small" and select_config(120, torch.float32, 2048) == "fp32"
     assert all(isinstance(gemm_band(m)[2], bool) for m in (1, 120, 480, 1920, 3840, 10**6))
 
@@ -199,7 +237,12 @@ def test_empty_rows():
         (torch.zeros(4, 16), torch.zeros(8, 12), None, "same K"),
         (torch.zeros(4, 16), torch.zeros(8, 16), torch.zeros(7), r"must be \[N\] = \[8\]"),
         (torch.zeros(4, 16), torch.zeros(8, 16), torch.zeros(8, 1), r"must be \[N\] = \[8\]"),
-        (torch.zeros(4, 16, dtype=torch.int32), torch.zeros(8, 16, dtype=torch.int32), None, "dtype torch.int32 unsupported"),
+        (
+            torch.zeros(4, 16, dtype=torch.int32),
+            torch.zeros(8, 16, dtype=torch.int32),
+            None,
+            "dtype torch.int32 unsupported",
+        ),
         (torch.zeros(4, 16), torch.zeros(8, 16, dtype=torch.bfloat16), None, "cast the parameters"),
         (torch.zeros(4, 16), torch.zeros(8, 16), torch.zeros(8, dtype=torch.float16), "cast the parameters"),
         (torch.zeros(16, 4).t(), torch.zeros(8, 16), None, "unit stride along K"),
@@ -323,7 +366,9 @@ def test_gpu_paper_shapes_bf16_and_graph_replay(m):
     bias = torch.randn(2048, device="cuda", dtype=torch.bfloat16, generator=g)
     eager = linear_silu_triton(x, weight, bias)
     torch.testing.assert_close(eager, F.silu(F.linear(x, weight, bias)), atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(eager.float(), F.silu(F.linear(x.float(), weight.float(), bias.float())), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(
+        eager.float(), F.silu(F.linear(x.float(), weight.float(), bias.float())), atol=2e-2, rtol=2e-2
+    )
 
     assert torch.equal(graph_replay(lambda: linear_silu_triton(x, weight, bias)), eager)
 
@@ -362,7 +407,9 @@ def test_gpu_weight_prefetch_changes_no_value(k, n):
     def chain(prefetch):
         y = x
         for w in ws:
-            y = gemm_epilogue_triton(gemm_epilogue_triton(y, w, pdl=True, prefetch=prefetch), w_back, pdl=True, prefetch=prefetch)
+            y = gemm_epilogue_triton(
+                gemm_epilogue_triton(y, w, pdl=True, prefetch=prefetch), w_back, pdl=True, prefetch=prefetch
+            )
         return y
 
     plain = chain(False)
@@ -375,5 +422,11 @@ def test_gpu_weight_prefetch_changes_no_value(k, n):
 def test_gpu_fp32_exact(monkeypatch):
     """fp32 (IEEE FMA dots, TF32 off in the reference) to 1e-4, so the fp32 select path stays exact."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    x, weight, bias = torch.randn(480, 1024, device="cuda"), torch.randn(2048, 1024, device="cuda") / 32, torch.randn(2048, device="cuda")
-    torch.testing.assert_close(linear_silu_triton(x, weight, bias), F.silu(F.linear(x, weight, bias)), atol=1e-4, rtol=1e-4)
+    x, weight, bias = (
+        torch.randn(480, 1024, device="cuda"),
+        torch.randn(2048, 1024, device="cuda") / 32,
+        torch.randn(2048, device="cuda"),
+    )
+    torch.testing.assert_close(
+        linear_silu_triton(x, weight, bias), F.silu(F.linear(x, weight, bias)), atol=1e-4, rtol=1e-4
+    )

@@ -1,5 +1,6 @@
 """benchmarks/gemm_floor.py on CPU: the split-K probe GEMM equals F.linear (fp32, interpreter) and the
 script's dry run writes its table."""
+
 import json
 
 import pytest
@@ -15,7 +16,9 @@ def test_splitk_equals_linear(seed, gen, splits):
     from sglang_lilicorr.benchmarks.gemm_floor import splitk_linear
 
     x, w = torch.randn(37, 200, generator=gen), torch.randn(70, 200, generator=gen)
-    torch.testing.assert_close(splitk_linear(x, w, splits, block_n=32, block_k=32), F.linear(x, w), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        splitk_linear(x, w, splits, block_n=32, block_k=32), F.linear(x, w), atol=1e-4, rtol=1e-4
+    )
     with pytest.raises(ValueError, match="M <= 128"):
         splitk_linear(torch.randn(129, 200), w, splits)
 

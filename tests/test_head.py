@@ -1,5 +1,6 @@
 """The head: shapes, unit vectors, score bounds, batching, gradients, and equivalence with
 SGLang 0.5.23's own LiLiCorrHead (the upstream module as test oracle)."""
+
 import dataclasses
 
 import pytest
@@ -37,9 +38,20 @@ def test_paper_defaults():
 
 @pytest.mark.parametrize(
     "field,value",
-    [("block_size", 1), ("candidate_topk", 6), ("candidate_topk", 32), ("factor_dim", 0), ("num_layers", 0),
-     ("num_heads", 0), ("hidden_size", 30), ("logit_scale", 0.0), ("mlp_ratio", float("nan")), ("vector_eps", -1.0),
-     ("block_size", 16.0), ("num_layers", True)],
+    [
+        ("block_size", 1),
+        ("candidate_topk", 6),
+        ("candidate_topk", 32),
+        ("factor_dim", 0),
+        ("num_layers", 0),
+        ("num_heads", 0),
+        ("hidden_size", 30),
+        ("logit_scale", 0.0),
+        ("mlp_ratio", float("nan")),
+        ("vector_eps", -1.0),
+        ("block_size", 16.0),
+        ("num_layers", True),
+    ],
 )
 def test_config_rejects_out_of_range(field, value):
     with pytest.raises(ConfigError, match=field):
@@ -55,7 +67,9 @@ def test_config_round_trips_through_dflash_keys():
     with pytest.raises(ConfigError, match="lilicorr_vector_eps"):
         LiLiCorrConfig.from_dflash_config(keys, block_size=6, rms_norm_eps=1e-6)
     with pytest.raises(ConfigError, match="lilicorr_num_layers"):
-        LiLiCorrConfig.from_dflash_config({**cfg.to_dflash_keys(), "lilicorr_num_layers": 2.5}, block_size=6, rms_norm_eps=1e-6)
+        LiLiCorrConfig.from_dflash_config(
+            {**cfg.to_dflash_keys(), "lilicorr_num_layers": 2.5}, block_size=6, rms_norm_eps=1e-6
+        )
 
 
 def test_confidence_features():
@@ -134,12 +148,15 @@ def test_token_table_matches_projection():
 
 # --- equivalence with SGLang's own head -------------------------------------------------------
 
+
 def sglang_head(cfg, model_hidden):
     lilicorr = pytest.importorskip("sglang.srt.models.lilicorr", reason="sglang not installed")
     utils = pytest.importorskip("sglang.srt.speculative.lilicorr_utils")
-    keys = {k[len("lilicorr_"):]: v for k, v in cfg.to_dflash_keys().items()}
+    keys = {k[len("lilicorr_") :]: v for k, v in cfg.to_dflash_keys().items()}
     return lilicorr.LiLiCorrHead(
-        model_hidden_size=model_hidden, block_size=cfg.block_size, rms_norm_eps=cfg.rms_norm_eps,
+        model_hidden_size=model_hidden,
+        block_size=cfg.block_size,
+        rms_norm_eps=cfg.rms_norm_eps,
         config=utils.LiLiCorrConfig(**keys),
     )
 
@@ -161,8 +178,11 @@ def test_matches_sglang_lilicorr_head(hidden_size):
     start, pair = ours(ours.project_tokens(emb), lp, ph, anchor)
     with torch.no_grad():
         t_start, t_pair = theirs.score(
-            token_embeddings=emb[:, None], candidate_log_probs=lp[:, None], pass_hidden=ph[:, None],
-            anchor_hidden=anchor[:, None], anchor_valid=torch.ones(3, 1, dtype=torch.bool),
+            token_embeddings=emb[:, None],
+            candidate_log_probs=lp[:, None],
+            pass_hidden=ph[:, None],
+            anchor_hidden=anchor[:, None],
+            anchor_valid=torch.ones(3, 1, dtype=torch.bool),
         )
     sigma = cfg.logit_scale
     torch.testing.assert_close(start, sigma * t_start[:, 0].float(), atol=1e-4, rtol=1e-4)

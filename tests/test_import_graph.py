@@ -1,5 +1,6 @@
 """The import graph of our modules (every import, at module level or in a function, read from the source): no
 circles, and the kernels import nothing of ours outside kernels/ (shared/notes/architecture.md)."""
+
 from __future__ import annotations
 
 import ast
@@ -56,8 +57,8 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
             elif w in stack:
                 low[v] = min(low[v], index[w])
         if low[v] == index[v]:
-            component = stack[stack.index(v):]
-            del stack[stack.index(v):]
+            component = stack[stack.index(v) :]
+            del stack[stack.index(v) :]
             if len(component) > 1:
                 found.append(sorted(component))
 
@@ -69,7 +70,10 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_circles():
     graph = import_graph()
-    assert "sglang_lilicorr.fast_path.plan" in graph and "sglang_lilicorr.kernels.tuning" in graph["sglang_lilicorr.fast_path.plan"]
+    assert (
+        "sglang_lilicorr.fast_path.plan" in graph
+        and "sglang_lilicorr.kernels.tuning" in graph["sglang_lilicorr.fast_path.plan"]
+    )
     assert circles(graph) == []
     assert circles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
 
@@ -96,7 +100,11 @@ def test_the_static_graph_is_the_runtime_graph():
     the CLI is built from a leaf module: no job module imports the `lilicorr` entry module back."""
     for name, path in modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "import_module":
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "import_module"
+            ):
                 assert name == "sglang_lilicorr.kernels", (name, node.lineno)
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "__import__":
                 raise AssertionError((name, node.lineno))
@@ -109,8 +117,15 @@ def test_baselines_are_core():
     """The Domino and DSpark heads (baselines/) sit in the core layer: train and reference import them, they import
     nothing above the core (docs/ARCHITECTURE.md)."""
     graph = import_graph()
-    above = ("sglang_lilicorr.train", "sglang_lilicorr.drafter", "sglang_lilicorr.reference", "sglang_lilicorr.serving",
-             "sglang_lilicorr.fast_path", "sglang_lilicorr.benchmarks", "sglang_lilicorr.cli")
+    above = (
+        "sglang_lilicorr.train",
+        "sglang_lilicorr.drafter",
+        "sglang_lilicorr.reference",
+        "sglang_lilicorr.serving",
+        "sglang_lilicorr.fast_path",
+        "sglang_lilicorr.benchmarks",
+        "sglang_lilicorr.cli",
+    )
     assert "sglang_lilicorr.baselines.dspark" in graph["sglang_lilicorr.baselines"]
     for name, imports in graph.items():
         if name.startswith("sglang_lilicorr.baselines"):

@@ -4,6 +4,7 @@ On a CPU-only machine the kernels run under Triton's interpreter (tests/conftest
 before anything imports triton); with CUDA, the `gpu` cases run compiled. Inputs are drawn
 from the session's seed (LILICORR_TEST_SEED, tests/conftest.py).
 """
+
 from __future__ import annotations
 
 
@@ -25,9 +26,7 @@ from triton_mode import CUDA, INTERPRETER
 DEVICES = [
     pytest.param(
         "cpu",
-        marks=pytest.mark.skipif(
-            not INTERPRETER, reason="triton is in compiled mode (no CUDA here?)"
-        ),
+        marks=pytest.mark.skipif(not INTERPRETER, reason="triton is in compiled mode (no CUDA here?)"),
     ),
     pytest.param(
         "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not CUDA or INTERPRETER, reason="needs a CUDA GPU")]
@@ -81,7 +80,11 @@ def test_topk_lse_matches_reference(gen, device, vocab, k, dtype, splits, block)
     [
         (4099, None, TopKLaunch(block=256)),  # several splits + the merge kernel
         (6000, 2, TopKLaunch(block=256, collect_tiles=1)),  # most of each chunk through the K-best buffer
-        (70000, 1, TopKLaunch(block=2048)),  # one chunk longer than NARROW_SPAN: the split kernel on wide keys, no merge
+        (
+            70000,
+            1,
+            TopKLaunch(block=2048),
+        ),  # one chunk longer than NARROW_SPAN: the split kernel on wide keys, no merge
         (70000, 2, TopKLaunch(block=2048, group=32)),  # two chunks of 34816 logits: narrow split and merge
     ],
 )
@@ -207,4 +210,3 @@ def test_topk_lse_cuda_graph_full_vocab(gen, rows, vocab):
     logits.copy_((torch.randn(rows, vocab, generator=gen) * 3).to(torch.bfloat16).cuda())
     graph.replay()
     _assert_topk_lse(out, logits, 8)
-

@@ -2,6 +2,7 @@
 before the N-th replace / fsync / removal / file opened to write) leaves the old or the new state; after SIGINT no
 temporary is left, after SIGKILL the next run of the command removes them and completes (issue 40). The point is
 drawn from LILICORR_TEST_SEED; each case is one killed subprocess and at most one rerun."""
+
 import json
 import os
 import random
@@ -25,8 +26,13 @@ POINTS = {"train": 17, "export": 5, "regenerate": 4, "recipe": 16}
 
 def lilicorr(at: int, sig: str, *args) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).parent))
-    return subprocess.run([sys.executable, str(HARNESS), str(at), sig, "--", *map(str, args)], capture_output=True,
-                          text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(HARNESS), str(at), sig, "--", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def point(command: str, sig: str) -> int:
@@ -48,12 +54,27 @@ def ws(tmp_path_factory):
     root = tmp_path_factory.mktemp("kill")
     prompts = root / "p.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "text": f"count {i}"}) + "\n" for i in range(3)))
-    return {"root": root, "target": make_target(root / "target"), "data": write_conversations(root / "data.jsonl", 8),
-            "prompts": prompts}
+    return {
+        "root": root,
+        "target": make_target(root / "target"),
+        "data": write_conversations(root / "data.jsonl", 8),
+        "prompts": prompts,
+    }
 
 
 def train_args(ws, run, steps):
-    return ["train", "--target", ws["target"], "--data", ws["data"], "--output-dir", str(run), *F, "--max-steps", str(steps)]
+    return [
+        "train",
+        "--target",
+        ws["target"],
+        "--data",
+        ws["data"],
+        "--output-dir",
+        str(run),
+        *F,
+        "--max-steps",
+        str(steps),
+    ]
 
 
 def run_state(run: Path) -> tuple:
@@ -79,7 +100,9 @@ def test_a_killed_resume_leaves_the_old_or_the_new_run(ws, tmp_path, sig):
     steps, latest, logged = run_state(run)
     assert killed(result, sig), result.stderr[-2000:]
     assert set(old[0]) <= set(steps) <= {2, 4} and latest in ("step-00000002", "step-00000004")
-    assert logged[: len(old[2])] == old[2] and logged == list(range(1, len(logged) + 1))  # each step once, the old rows kept
+    assert logged[: len(old[2])] == old[2] and logged == list(
+        range(1, len(logged) + 1)
+    )  # each step once, the old rows kept
     if sig == "SIGINT":
         assert not temporaries(tmp_path)
     assert lilicorr(10**6, sig, *train_args(ws, run, 4)).returncode == 0  # the rerun resumes, cleans up, completes
@@ -108,8 +131,19 @@ def test_a_killed_export_leaves_the_old_or_the_new_draft(ws, tmp_path, sig):
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGINT"])
 def test_a_killed_regenerate_keeps_every_row_it_had(ws, tmp_path, sig):
     out = tmp_path / "out.jsonl"
-    args = ["regenerate", "--target", ws["target"], "--prompts", ws["prompts"], "--output", out, "--engine", "transformers",
-            "--max-new-tokens", "3"]
+    args = [
+        "regenerate",
+        "--target",
+        ws["target"],
+        "--prompts",
+        ws["prompts"],
+        "--output",
+        out,
+        "--engine",
+        "transformers",
+        "--max-new-tokens",
+        "3",
+    ]
     first = json.dumps({"id": "p0", "messages": [], "turns": []}) + "\n"
     out.write_text(first)
     result = lilicorr(point("regenerate", sig), sig, *args)
@@ -126,8 +160,26 @@ def test_a_killed_recipe_leaves_whole_files_and_resumes(ws, tmp_path):
     exclude = tmp_path / "eval.jsonl"
     exclude.write_text('{"id": "e", "text": "what is two plus two"}\n')
     data = tmp_path / "data"
-    args = ["regenerate", "--target", ws["target"], "--recipe", "--output-dir", data, "--exclude", exclude, "--magpie", "3",
-            "--package", "2", "--heldout", "1", "--max-new-tokens", "3", "--engine", "transformers"]
+    args = [
+        "regenerate",
+        "--target",
+        ws["target"],
+        "--recipe",
+        "--output-dir",
+        data,
+        "--exclude",
+        exclude,
+        "--magpie",
+        "3",
+        "--package",
+        "2",
+        "--heldout",
+        "1",
+        "--max-new-tokens",
+        "3",
+        "--engine",
+        "transformers",
+    ]
     result = lilicorr(point("recipe", "SIGKILL"), "SIGKILL", *args)
     assert killed(result, "SIGKILL"), result.stderr[-2000:]
     for name in ("train.jsonl", "heldout.jsonl", "manifest.json", "conversations.jsonl"):  # absent or whole

@@ -6,6 +6,7 @@ triton), fp32 to ~1e-4; plus an sm_90 compile of the paper-shape kernel (ptxas, 
 GPU (`-m gpu`): the paper shape in bf16 against cuDNN/flash SDPA, and CUDA-graph replay.
 Inputs come from the session's seed (LILICORR_TEST_SEED, tests/conftest.py).
 """
+
 from __future__ import annotations
 
 
@@ -195,4 +196,6 @@ def test_gpu_fp32_matches_sdpa_without_tf32(monkeypatch):
     heads, dh, length, b = 8, 128, 120, 4
     qkv = torch.randn(b * length, 3 * heads * dh, device="cuda")
     bias = _padded_bias(heads, length, device="cuda")
-    torch.testing.assert_close(lattice_attention_triton(qkv, bias, heads), _sdpa(qkv, bias, heads), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        lattice_attention_triton(qkv, bias, heads), _sdpa(qkv, bias, heads), atol=1e-4, rtol=1e-4
+    )

@@ -1,6 +1,7 @@
 """`lilicorr bench faults` against tests/stub_server.py (loopback only): every kind of request gets its
 outcome, the faults are told apart from failures, and a KV pool that does not return to empty fails
 the run."""
+
 import json
 import random
 
@@ -14,8 +15,28 @@ from sglang_lilicorr.benchmarks import cli, load_faults
 
 
 def faults(stub, out, *extra) -> int:
-    return cli.main(["bench", "faults", "--url", stub.url, "--clients", "8", "--duration", "1.5", "--prompt-words", "4", "64",
-                     "--max-tokens", "16", "--drain-timeout", "2", "--out", str(out), *map(str, extra)])
+    return cli.main(
+        [
+            "bench",
+            "faults",
+            "--url",
+            stub.url,
+            "--clients",
+            "8",
+            "--duration",
+            "1.5",
+            "--prompt-words",
+            "4",
+            "64",
+            "--max-tokens",
+            "16",
+            "--drain-timeout",
+            "2",
+            "--out",
+            str(out),
+            *map(str, extra),
+        ]
+    )
 
 
 def test_load_with_faults_passes_on_a_sound_server(tmp_path, capsys):
@@ -82,7 +103,9 @@ def test_prompts_are_cut_to_fit_the_context():
     from test_train import make_tokenizer
 
     tok = make_tokenizer()
-    config = load_faults.FaultConfig(url="http://127.0.0.1:9", context_length=2048, max_tokens=128, prompt_words=(1024,))
+    config = load_faults.FaultConfig(
+        url="http://127.0.0.1:9", context_length=2048, max_tokens=128, prompt_words=(1024,)
+    )
     rng = random.Random(0)
     for _ in range(20):
         request, body = load_faults.plan(config, 0, 0, rng)

@@ -1,4 +1,5 @@
 """The training objective (paper Eqs. 3-7, App. D identities, App. G hinge) and the oracle prefix."""
+
 from __future__ import annotations
 
 import math
@@ -56,27 +57,37 @@ def batch(seed: int = 0, dtype=F64):
     pair = torch.randn(N, S - 1, K, K, generator=g, dtype=dtype).requires_grad_(True)
     logits = torch.randn(N, S, V, generator=g, dtype=dtype).requires_grad_(True)
     log_q = torch.randn(N, S, K, generator=g, dtype=dtype).log_softmax(-1)
-    return dict(draft_logits=logits, targets=targets, valid=valid, candidate_ids=cand,
-                start=start, pair=pair, target_log_probs=log_q)
+    return dict(
+        draft_logits=logits,
+        targets=targets,
+        valid=valid,
+        candidate_ids=cand,
+        start=start,
+        pair=pair,
+        target_log_probs=log_q,
+    )
 
 
 # --- oracle prefix ---------------------------------------------------------------------------
 
+
 def test_oracle_prefix_hand_made():
-    cand = torch.tensor([[[5, 6], [7, 8], [9, 10]],
-                         [[5, 6], [7, 8], [9, 10]],
-                         [[5, 6], [7, 8], [9, 10]],
-                         [[5, 6], [7, 8], [9, 10]]])
-    targets = torch.tensor([[6, 7, 10],    # all covered
-                            [6, 1, 9],     # slot 2 misses -> slot 3 off the prefix though covered
-                            [0, 7, 10],    # first slot misses -> empty prefix
-                            [5, 8, 9]])    # covered, but slot 3 is padding
+    cand = torch.tensor(
+        [[[5, 6], [7, 8], [9, 10]], [[5, 6], [7, 8], [9, 10]], [[5, 6], [7, 8], [9, 10]], [[5, 6], [7, 8], [9, 10]]]
+    )
+    targets = torch.tensor(
+        [
+            [6, 7, 10],  # all covered
+            [6, 1, 9],  # slot 2 misses -> slot 3 off the prefix though covered
+            [0, 7, 10],  # first slot misses -> empty prefix
+            [5, 8, 9],
+        ]
+    )  # covered, but slot 3 is padding
     valid = torch.tensor([[True] * 3, [True] * 3, [True] * 3, [True, True, False]])
     gt, prefix = oracle_prefix(cand, targets, valid)
     assert gt.dtype == torch.int64
     assert gt.tolist() == [[1, 0, 1], [1, -1, 0], [-1, 0, 1], [0, 1, -1]]
-    assert prefix.tolist() == [[True, True, True], [True, False, False],
-                               [False, False, False], [True, True, False]]
+    assert prefix.tolist() == [[True, True, True], [True, False, False], [False, False, False], [True, True, False]]
     cov = oracle_prefix_coverage(prefix, valid)
     assert cov["mean_prefix_len"].item() == pytest.approx((3 + 1 + 0 + 2) / 4)
     assert cov["supervised_fraction"].item() == pytest.approx(6 / 11)
@@ -96,6 +107,7 @@ def test_teacher_forced_scores_follow_ground_truth_predecessor():
 
 # --- DFlash block cross-entropy (Eq. 6) ------------------------------------------------------
 
+
 def test_dflash_weights_decay_as_stated():
     w = dflash_slot_weights(15, 7.0, dtype=F64)
     assert w[0].item() == 1.0
@@ -113,13 +125,16 @@ def test_dflash_block_ce_is_weighted_sum_per_block_mean_over_blocks():
     targets = torch.where(valid, b["targets"], -100)  # padding ids are ignored
     loss = dflash_block_ce(b["draft_logits"], targets, valid, beta=2.0)
     ce = torch.nn.functional.cross_entropy(
-        b["draft_logits"].reshape(-1, V), b["targets"].reshape(-1), reduction="none").view(N, S)
+        b["draft_logits"].reshape(-1, V), b["targets"].reshape(-1), reduction="none"
+    ).view(N, S)
     w = torch.exp(-torch.arange(S, dtype=F64) / 2.0).expand(N, S) * valid
     assert torch.allclose(loss, (w * ce).sum() / (N - 1))
     # a single valid slot s gives w_s times its cross-entropy
     one = torch.zeros_like(valid)
     one[2, 4] = True
-    assert torch.allclose(dflash_block_ce(b["draft_logits"], b["targets"], one, beta=2.0), math.exp(-4 / 2.0) * ce[2, 4])
+    assert torch.allclose(
+        dflash_block_ce(b["draft_logits"], b["targets"], one, beta=2.0), math.exp(-4 / 2.0) * ce[2, 4]
+    )
 
 
 def test_dflash_block_ce_full_block_weighs_the_sum_of_the_weights():
@@ -140,13 +155,14 @@ def test_dflash_block_ce_empty_is_zero_with_finite_grad():
 
 # --- oracle-prefix masking -------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("use_margin", [False, True])
 def test_block_missing_first_slot_contributes_nothing(use_margin):
     b = batch()
     weights = ObjectiveWeights(use_margin=use_margin)
     full = lilicorr_objective(**b, weights=weights)
     assert not full.prefix[0].any()
-    reranker = (full.ce + full.dist + (full.margin if use_margin else 0))
+    reranker = full.ce + full.dist + (full.margin if use_margin else 0)
     reranker.backward()
     assert torch.equal(b["start"].grad[0], torch.zeros(K, dtype=F64))
     assert torch.equal(b["pair"].grad[0], torch.zeros(S - 1, K, K, dtype=F64))
@@ -192,6 +208,7 @@ def test_garbage_off_the_prefix_never_reaches_loss_or_gradient():
 
 # --- reranker cross-entropy (Eq. 3) ----------------------------------------------------------
 
+
 def test_ce_gradient_on_ground_truth_is_p_minus_one():
     z, gt, prefix, _ = single_slot([0.3, -1.2, 2.0, 0.7], g=1)
     loss = reranker_ce(z, gt, prefix)
@@ -203,6 +220,7 @@ def test_ce_gradient_on_ground_truth_is_p_minus_one():
 
 
 # --- distractor penalty (Eqs. 4-5, App. D) ---------------------------------------------------
+
 
 def test_distractor_gradient_equals_expected_target_cost_when_g_is_best():
     g = gen(1)
@@ -264,6 +282,7 @@ def test_zero_probability_candidate_stays_finite():
 
 # --- margin hinge (App. G) -------------------------------------------------------------------
 
+
 def test_hinge_inactive_once_gap_clears_rho():
     z, gt, prefix, _ = single_slot([1.0, 3.5, 1.5, -1.0], g=1)  # gap 2.0 = rho
     loss = margin_hinge(z, gt, prefix, rho=2.0)
@@ -287,6 +306,7 @@ def test_hinge_with_single_candidate_is_zero():
 
 
 # --- the total (Eq. 7 and the margin blend) --------------------------------------------------
+
 
 def test_gamma_zero_is_plain_dflash():
     b = batch()
@@ -327,6 +347,7 @@ def test_bf16_scores_are_computed_in_fp32():
 
 # --- metrics ---------------------------------------------------------------------------------
 
+
 def test_bad_inputs_raise_clear_errors():
     b = batch()
     with pytest.raises(ObjectiveInputError, match="pair: expected shape"):
@@ -336,35 +357,44 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ObjectiveInputError, match="targets: expected shape"):
         dflash_block_ce(b["draft_logits"], b["targets"][:, :-1], b["valid"])
     with pytest.raises(ObjectiveInputError, match="target_log_probs: expected shape"):
-        distractor_penalty(torch.zeros(N, S, K), torch.zeros(N, S, dtype=torch.int64),
-                           torch.zeros(N, S, K + 1), b["valid"])
+        distractor_penalty(
+            torch.zeros(N, S, K), torch.zeros(N, S, dtype=torch.int64), torch.zeros(N, S, K + 1), b["valid"]
+        )
     with pytest.raises(ObjectiveInputError, match="needs candidate_ids, start, pair, target_log_probs"):
         lilicorr_objective(b["draft_logits"], b["targets"], b["valid"])
     with pytest.raises(ObjectiveInputError, match="ObjectiveWeights.mu"):
         ObjectiveWeights(mu=1.5)
     with pytest.raises(ObjectiveInputError, match="rho"):
-        margin_hinge(torch.zeros(1, 1, 2), torch.zeros(1, 1, dtype=torch.int64),
-                     torch.ones(1, 1, dtype=torch.bool), rho=0.0)
+        margin_hinge(
+            torch.zeros(1, 1, 2), torch.zeros(1, 1, dtype=torch.int64), torch.ones(1, 1, dtype=torch.bool), rho=0.0
+        )
 
 
 # --- parameters off their symmetric defaults (issue 45) -----------------------------------------
 
+
 def test_paper_defaults():
     assert ObjectiveWeights() == ObjectiveWeights(beta=7.0, gamma=0.25, lam=1.0, use_margin=False, mu=0.5, rho=2.0)
     b = batch()
-    assert torch.equal(dflash_block_ce(b["draft_logits"], b["targets"], b["valid"]),
-                       dflash_block_ce(b["draft_logits"], b["targets"], b["valid"], beta=7.0))
+    assert torch.equal(
+        dflash_block_ce(b["draft_logits"], b["targets"], b["valid"]),
+        dflash_block_ce(b["draft_logits"], b["targets"], b["valid"], beta=7.0),
+    )
     z, gt, prefix, _ = single_slot([1.0, 2.5, 1.8, -1.0], g=1)
     assert margin_hinge(z, gt, prefix).item() == pytest.approx(1.3)
 
 
-@pytest.mark.parametrize("gamma,lam,mu,rho,beta", [(0.4, 0.7, 0.3, 1.5, 3.0), (1.3, 0.0, 0.8, 0.4, 11.0),
-                                                   (0.1, 2.0, 0.0, 2.5, 0.5), (0.7, 0.2, 1.0, 3.0, 7.0)])
+@pytest.mark.parametrize(
+    "gamma,lam,mu,rho,beta",
+    [(0.4, 0.7, 0.3, 1.5, 3.0), (1.3, 0.0, 0.8, 0.4, 11.0), (0.1, 2.0, 0.0, 2.5, 0.5), (0.7, 0.2, 1.0, 3.0, 7.0)],
+)
 def test_total_formulas_off_the_defaults(gamma, lam, mu, rho, beta):
     """mu away from 0.5 tells (1 - mu) CE from mu CE; every weight reaches the total with its own value."""
     b = batch(seed=3)
     out = lilicorr_objective(**b, weights=ObjectiveWeights(gamma=gamma, lam=lam, beta=beta))
-    m = lilicorr_objective(**b, weights=ObjectiveWeights(gamma=gamma, lam=lam, use_margin=True, mu=mu, rho=rho, beta=beta))
+    m = lilicorr_objective(
+        **b, weights=ObjectiveWeights(gamma=gamma, lam=lam, use_margin=True, mu=mu, rho=rho, beta=beta)
+    )
     gt, prefix = oracle_prefix(b["candidate_ids"], b["targets"], b["valid"])
     z = teacher_forced_scores(b["start"], b["pair"], gt)
     dflash = dflash_block_ce(b["draft_logits"], b["targets"], b["valid"], beta=beta)
@@ -373,8 +403,15 @@ def test_total_formulas_off_the_defaults(gamma, lam, mu, rho, beta):
     assert torch.allclose(out.total, dflash + gamma * (ce + lam * dist))
     assert torch.allclose(m.total, dflash + gamma * ((1 - mu) * ce + lam * dist + mu * margin))
     assert torch.allclose(m.margin, margin) and torch.equal(m.gt_index, gt) and torch.equal(m.prefix, prefix)
-    assert m.scalars() == pytest.approx({"total": m.total.item(), "dflash": dflash.item(), "ce": ce.item(),
-                                         "dist": dist.item(), "margin": margin.item()})
+    assert m.scalars() == pytest.approx(
+        {
+            "total": m.total.item(),
+            "dflash": dflash.item(),
+            "ce": ce.item(),
+            "dist": dist.item(),
+            "margin": margin.item(),
+        }
+    )
 
 
 def test_single_slot_values_by_hand():
@@ -387,7 +424,9 @@ def test_single_slot_values_by_hand():
     p = torch.tensor(zr, dtype=F64).softmax(-1)
     assert reranker_ce(z, gt, prefix).item() == pytest.approx(-math.log(p[2].item()))
     cost = [1.5, -0.5 - LOG_Q_FLOOR, 0.0, 0.0]  # relu(log q_g - log q_k)
-    assert distractor_penalty(z, gt, log_q, prefix).item() == pytest.approx(sum(pi * c for pi, c in zip(p.tolist(), cost)))
+    assert distractor_penalty(z, gt, log_q, prefix).item() == pytest.approx(
+        sum(pi * c for pi, c in zip(p.tolist(), cost))
+    )
     assert LOG_Q_FLOOR == -1.0e4
     assert margin_hinge(z, gt, prefix, rho=1.0).item() == pytest.approx(1.0 - 0.7)
     assert margin_hinge(z, gt, prefix, rho=0.5).item() == 0.0
@@ -396,13 +435,28 @@ def test_single_slot_values_by_hand():
     assert reranker_ce(z2, torch.tensor([[-1]]), torch.zeros(1, 1, dtype=torch.bool)).item() == 0.0
 
 
-WANTED = {"beta": "> 0 (paper: 7.0)", "gamma": ">= 0 (paper: 0.25; 0 = plain DFlash)", "lam": ">= 0 (paper: 1.0)",
-          "mu": "in [0, 1] (paper: 0.5)", "rho": "> 0 (paper: 2.0)"}
+WANTED = {
+    "beta": "> 0 (paper: 7.0)",
+    "gamma": ">= 0 (paper: 0.25; 0 = plain DFlash)",
+    "lam": ">= 0 (paper: 1.0)",
+    "mu": "in [0, 1] (paper: 0.5)",
+    "rho": "> 0 (paper: 2.0)",
+}
 
 
-@pytest.mark.parametrize("name,bad,good", [("beta", 0.0, 1e-3), ("gamma", -0.1, 0.0), ("lam", -0.1, 0.0),
-                                           ("mu", -0.1, 0.0), ("mu", 1.1, 1.0), ("rho", 0.0, 1e-3),
-                                           ("beta", math.inf, 7.0), ("lam", math.nan, 1.0)])
+@pytest.mark.parametrize(
+    "name,bad,good",
+    [
+        ("beta", 0.0, 1e-3),
+        ("gamma", -0.1, 0.0),
+        ("lam", -0.1, 0.0),
+        ("mu", -0.1, 0.0),
+        ("mu", 1.1, 1.0),
+        ("rho", 0.0, 1e-3),
+        ("beta", math.inf, 7.0),
+        ("lam", math.nan, 1.0),
+    ],
+)
 def test_each_weight_refusal(name, bad, good):
     with pytest.raises(ObjectiveInputError) as refused:
         ObjectiveWeights(**{name: bad})
@@ -418,6 +472,7 @@ def test_slot_weights_refuse_a_non_positive_beta():
 
 
 # --- oracle.py: each input refusal, and the edges of coverage and teacher forcing ---------------
+
 
 def test_expect_refuses_each_way_a_tensor_can_be_wrong():
     from sglang_lilicorr.oracle import expect
@@ -491,11 +546,16 @@ def test_corrector_objective_values(gen, corrected_from):
     head_valid = valid & (slot >= corrected_from)
     want_step = dflash_block_ce(step, targets, head_valid, weights.beta)
     accepted = (step.argmax(-1) == targets).float()
-    bce = -(accepted * torch.nn.functional.logsigmoid(confidence) + (1 - accepted) * torch.nn.functional.logsigmoid(-confidence))
+    bce = -(
+        accepted * torch.nn.functional.logsigmoid(confidence)
+        + (1 - accepted) * torch.nn.functional.logsigmoid(-confidence)
+    )
     want_conf = bce[valid].mean()
     want_dflash = dflash_block_ce(draft, targets, valid, weights.beta)
 
-    got = corrector_objective(draft, step, targets, valid, weights, corrected_from=corrected_from, confidence=confidence)
+    got = corrector_objective(
+        draft, step, targets, valid, weights, corrected_from=corrected_from, confidence=confidence
+    )
     assert torch.allclose(got.dflash, want_dflash) and torch.allclose(got.ce, want_step)
     assert torch.allclose(got.confidence, want_conf)
     assert torch.allclose(got.total, want_dflash + 0.3 * (want_step + want_conf))
@@ -516,22 +576,31 @@ def test_corrector_objective_with_no_valid_slot_is_finite(gen):
 
 # --- what mutation testing found untested: each refusal's whole message, index dtypes, devices -------
 
+
 def _arguments():
     """One valid value of every tensor argument of the loss and oracle functions."""
     b = batch()
     gt, prefix = oracle_prefix(b["candidate_ids"], b["targets"], b["valid"])
-    return dict(b, z=teacher_forced_scores(b["start"], b["pair"], gt), gt_index=gt, prefix=prefix,
-                step_logits=b["draft_logits"], confidence=torch.zeros(N, S, dtype=F64))
+    return dict(
+        b,
+        z=teacher_forced_scores(b["start"], b["pair"], gt),
+        gt_index=gt,
+        prefix=prefix,
+        step_logits=b["draft_logits"],
+        confidence=torch.zeros(N, S, dtype=F64),
+    )
 
 
 CALLS = {
     "dflash_block_ce": lambda a: dflash_block_ce(a["draft_logits"], a["targets"], a["valid"]),
     "reranker_ce": lambda a: reranker_ce(a["z"], a["gt_index"], a["prefix"]),
     "distractor_penalty": lambda a: distractor_penalty(a["z"], a["gt_index"], a["target_log_probs"], a["prefix"]),
-    "lilicorr_objective": lambda a: lilicorr_objective(a["draft_logits"], a["targets"], a["valid"], a["candidate_ids"],
-                                                       a["start"], a["pair"], a["target_log_probs"]),
-    "corrector_objective": lambda a: corrector_objective(a["draft_logits"], a["step_logits"], a["targets"], a["valid"],
-                                                         ObjectiveWeights(), confidence=a["confidence"]),
+    "lilicorr_objective": lambda a: lilicorr_objective(
+        a["draft_logits"], a["targets"], a["valid"], a["candidate_ids"], a["start"], a["pair"], a["target_log_probs"]
+    ),
+    "corrector_objective": lambda a: corrector_objective(
+        a["draft_logits"], a["step_logits"], a["targets"], a["valid"], ObjectiveWeights(), confidence=a["confidence"]
+    ),
     "oracle_prefix": lambda a: oracle_prefix(a["candidate_ids"], a["targets"], a["valid"]),
     "teacher_forced_scores": lambda a: teacher_forced_scores(a["start"], a["pair"], a["gt_index"]),
     "oracle_prefix_coverage": lambda a: oracle_prefix_coverage(a["prefix"], a["valid"]),
@@ -539,16 +608,29 @@ CALLS = {
 WRONG = {"float": torch.int64, "int": torch.float32, "bool": torch.uint8}  # a dtype each kind refuses
 
 
-@pytest.mark.parametrize("call,argument,kind", [
-    ("dflash_block_ce", "draft_logits", "float"), ("dflash_block_ce", "targets", "int"),
-    ("dflash_block_ce", "valid", "bool"), ("reranker_ce", "z", "float"), ("reranker_ce", "gt_index", "int"),
-    ("reranker_ce", "prefix", "bool"), ("distractor_penalty", "target_log_probs", "float"),
-    ("lilicorr_objective", "candidate_ids", "int"), ("lilicorr_objective", "start", "float"),
-    ("corrector_objective", "confidence", "float"), ("oracle_prefix", "candidate_ids", "int"),
-    ("oracle_prefix", "targets", "int"), ("oracle_prefix", "valid", "bool"), ("teacher_forced_scores", "start", "float"),
-    ("teacher_forced_scores", "pair", "float"), ("teacher_forced_scores", "gt_index", "int"),
-    ("oracle_prefix_coverage", "prefix", "bool"), ("oracle_prefix_coverage", "valid", "bool"),
-])
+@pytest.mark.parametrize(
+    "call,argument,kind",
+    [
+        ("dflash_block_ce", "draft_logits", "float"),
+        ("dflash_block_ce", "targets", "int"),
+        ("dflash_block_ce", "valid", "bool"),
+        ("reranker_ce", "z", "float"),
+        ("reranker_ce", "gt_index", "int"),
+        ("reranker_ce", "prefix", "bool"),
+        ("distractor_penalty", "target_log_probs", "float"),
+        ("lilicorr_objective", "candidate_ids", "int"),
+        ("lilicorr_objective", "start", "float"),
+        ("corrector_objective", "confidence", "float"),
+        ("oracle_prefix", "candidate_ids", "int"),
+        ("oracle_prefix", "targets", "int"),
+        ("oracle_prefix", "valid", "bool"),
+        ("teacher_forced_scores", "start", "float"),
+        ("teacher_forced_scores", "pair", "float"),
+        ("teacher_forced_scores", "gt_index", "int"),
+        ("oracle_prefix_coverage", "prefix", "bool"),
+        ("oracle_prefix_coverage", "valid", "bool"),
+    ],
+)
 def test_each_tensor_of_the_wrong_kind_is_refused_by_name(call, argument, kind):
     a = _arguments()
     a[argument] = a[argument].detach().to(WRONG[kind])
@@ -570,25 +652,36 @@ def test_whole_messages_of_a_shape_and_a_missing_input():
 
     with pytest.raises(ObjectiveInputError) as refused:
         expect(torch.zeros(2, 3), "x", (2, None, 1))
-    assert str(refused.value) == ("x: expected shape [2, *, 1], got [2, 3]; check the N (rows), S (drafted slots = "
-                                  "block_size-1) and K (candidates) axes.")
+    assert str(refused.value) == (
+        "x: expected shape [2, *, 1], got [2, 3]; check the N (rows), S (drafted slots = "
+        "block_size-1) and K (candidates) axes."
+    )
     b = batch()
     with pytest.raises(ObjectiveInputError) as refused:
-        lilicorr_objective(b["draft_logits"], b["targets"], b["valid"], start=b["start"], weights=ObjectiveWeights(gamma=0.5))
-    assert str(refused.value) == ("lilicorr_objective: gamma=0.5 needs candidate_ids, pair, target_log_probs; pass them or "
-                                  "set ObjectiveWeights(gamma=0) for plain DFlash.")
+        lilicorr_objective(
+            b["draft_logits"], b["targets"], b["valid"], start=b["start"], weights=ObjectiveWeights(gamma=0.5)
+        )
+    assert str(refused.value) == (
+        "lilicorr_objective: gamma=0.5 needs candidate_ids, pair, target_log_probs; pass them or "
+        "set ObjectiveWeights(gamma=0) for plain DFlash."
+    )
 
 
 def test_narrow_index_dtypes_give_the_int64_values():
     """An int16 or int32 index tensor (the "int" kind) is widened before it indexes: the same values as int64."""
     a = _arguments()
-    want = {name: CALLS[name](a) for name in ("dflash_block_ce", "reranker_ce", "distractor_penalty", "teacher_forced_scores")}
+    want = {
+        name: CALLS[name](a)
+        for name in ("dflash_block_ce", "reranker_ce", "distractor_penalty", "teacher_forced_scores")
+    }
     want["margin_hinge"] = margin_hinge(a["z"], a["gt_index"], a["prefix"], rho=1.5)
     for dtype in (torch.int16, torch.int32):
         narrow = dict(a, targets=a["targets"].to(dtype), gt_index=a["gt_index"].to(dtype))
         for name in ("dflash_block_ce", "reranker_ce", "distractor_penalty", "teacher_forced_scores"):
             assert torch.equal(CALLS[name](narrow), want[name]), (name, dtype)
-        assert torch.equal(margin_hinge(narrow["z"], narrow["gt_index"], narrow["prefix"], rho=1.5), want["margin_hinge"])
+        assert torch.equal(
+            margin_hinge(narrow["z"], narrow["gt_index"], narrow["prefix"], rho=1.5), want["margin_hinge"]
+        )
 
 
 def test_score_dtypes_follow_the_scores():
@@ -620,7 +713,9 @@ def test_means_over_a_single_valid_slot():
     one = torch.tensor([[True, False]])
     assert oracle_prefix_coverage(one, one)["supervised_fraction"].item() == 1.0
     step = torch.tensor([[[2.0, 0.0], [0.0, 1.0]]])
-    out = corrector_objective(step, step, torch.tensor([[0, 0]]), one, ObjectiveWeights(), confidence=torch.tensor([[0.5, 9.0]]))
+    out = corrector_objective(
+        step, step, torch.tensor([[0, 0]]), one, ObjectiveWeights(), confidence=torch.tensor([[0.5, 9.0]])
+    )
     assert out.confidence.item() == pytest.approx(math.log1p(math.exp(-0.5)))  # slot 1 accepted: BCE(0.5, 1), alone
 
 
@@ -631,6 +726,7 @@ def test_every_tensor_stays_on_the_inputs_device():
     with DevicesMade() as made:
         dflash_slot_weights(3, 7.0, device=m)
         dflash_block_ce(logits, targets, valid)
-        corrector_objective(logits, logits, targets, valid, ObjectiveWeights(), corrected_from=1,
-                            confidence=torch.empty(2, 3, device=m))
+        corrector_objective(
+            logits, logits, targets, valid, ObjectiveWeights(), corrected_from=1, confidence=torch.empty(2, 3, device=m)
+        )
     assert made.devices == {m}

@@ -1,6 +1,7 @@
 """Issue 40: no command deletes, truncates or takes over what it did not write. The five reproductions, each from a
 clean folder (`target/` a tiny model, `data.jsonl` a few conversations, F small training flags), the resume checks
 and the exit-code rule (2: an argument that cannot work; 1: bad content or a failed run), through `lilicorr`."""
+
 import json
 from pathlib import Path
 
@@ -11,16 +12,46 @@ from sglang_lilicorr.cli import main
 from test_export_safety import snapshot
 from test_train import make_target, write_conversations
 
-F = ["--no-bf16", "--block-size", "4", "--candidate-topk", "4", "--head-hidden-size", "32", "--head-layers", "1",
-     "--head-heads", "4", "--factor-dim", "16", "--num-anchors", "4", "--batch-size", "2", "--max-length", "64",
-     "--eval-examples", "2", "--chat-template-kwargs", "{}", "--log-every", "1", "--save-every", "2"]
+F = [
+    "--no-bf16",
+    "--block-size",
+    "4",
+    "--candidate-topk",
+    "4",
+    "--head-hidden-size",
+    "32",
+    "--head-layers",
+    "1",
+    "--head-heads",
+    "4",
+    "--factor-dim",
+    "16",
+    "--num-anchors",
+    "4",
+    "--batch-size",
+    "2",
+    "--max-length",
+    "64",
+    "--eval-examples",
+    "2",
+    "--chat-template-kwargs",
+    "{}",
+    "--log-every",
+    "1",
+    "--save-every",
+    "2",
+]
 
 
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory):
     root = tmp_path_factory.mktemp("lost")
-    return {"target": make_target(root / "target"), "data": write_conversations(root / "data.jsonl", 8),
-            "other_data": write_conversations(root / "other.jsonl", 8, seed=1), "root": root}
+    return {
+        "target": make_target(root / "target"),
+        "data": write_conversations(root / "data.jsonl", 8),
+        "other_data": write_conversations(root / "other.jsonl", 8, seed=1),
+        "root": root,
+    }
 
 
 def train_args(ws, out, *extra, data=None):
@@ -47,16 +78,32 @@ def shaped(line: str) -> bool:
 # --- 2. bench run --results a file that is not a results file, server down --------------------------------------
 
 
-@pytest.mark.parametrize("content", [b'{"not": "a result"}', b"one line of notes", b"\x00\x01safetensors\xff" * 40,
-                                     b'{"a": 1}\n{"b": 2}\n{"torn'], ids=["json", "text", "binary", "torn"])
+@pytest.mark.parametrize(
+    "content",
+    [b'{"not": "a result"}', b"one line of notes", b"\x00\x01safetensors\xff" * 40, b'{"a": 1}\n{"b": 2}\n{"torn'],
+    ids=["json", "text", "binary", "torn"],
+)
 def test_bench_run_never_touches_a_file_that_is_not_a_results_file(tmp_path, capsys, content):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"id": "a", "text": "hi"}\n')
     summary = tmp_path / "rep" / "summary.json"
     summary.parent.mkdir()
     summary.write_bytes(content)
-    code = main(["bench", "run", "--url", "http://127.0.0.1:9", "--system", "x", "--dataset", str(prompts),
-                 "--results", str(summary), "--no-progress"])
+    code = main(
+        [
+            "bench",
+            "run",
+            "--url",
+            "http://127.0.0.1:9",
+            "--system",
+            "x",
+            "--dataset",
+            str(prompts),
+            "--results",
+            str(summary),
+            "--no-progress",
+        ]
+    )
     line = error_line(capsys)
     assert code == 2 and "is not a results file" in line and shaped(line), line
     assert summary.read_bytes() == content
@@ -66,13 +113,41 @@ def test_bench_run_values_that_cannot_work_exit_2(tmp_path, capsys):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"id": "a", "text": "hi"}\n')
     for flag, value in (("--concurrency", "0"), ("--max-tokens", "0"), ("--temperature", "-1")):
-        code = main(["bench", "run", "--url", "http://127.0.0.1:9", "--system", "x", "--dataset", str(prompts),
-                     "--results", str(tmp_path / "r.jsonl"), flag, value, "--no-progress"])
+        code = main(
+            [
+                "bench",
+                "run",
+                "--url",
+                "http://127.0.0.1:9",
+                "--system",
+                "x",
+                "--dataset",
+                str(prompts),
+                "--results",
+                str(tmp_path / "r.jsonl"),
+                flag,
+                value,
+                "--no-progress",
+            ]
+        )
         line = error_line(capsys)
         assert code == 2 and flag in line and shaped(line), line
     assert not (tmp_path / "r.jsonl").exists()
-    code = main(["bench", "run", "--url", "http://127.0.0.1:9", "--system", "x", "--dataset", str(tmp_path / "none.jsonl"),
-                 "--results", str(tmp_path / "r.jsonl"), "--no-progress"])
+    code = main(
+        [
+            "bench",
+            "run",
+            "--url",
+            "http://127.0.0.1:9",
+            "--system",
+            "x",
+            "--dataset",
+            str(tmp_path / "none.jsonl"),
+            "--results",
+            str(tmp_path / "r.jsonl"),
+            "--no-progress",
+        ]
+    )
     assert code == 2 and "none.jsonl" in error_line(capsys)
 
 
@@ -89,7 +164,10 @@ def test_train_never_takes_over_a_folder_it_did_not_make(ws, tmp_path, capsys):
     code = main(train_args(ws, proj, "--max-steps", "2"))
     line = error_line(capsys)
     assert code == 2 and "is not a training run" in line and "metrics.jsonl" in line and shaped(line), line
-    assert snapshot(proj) == before and sorted(p.name for p in (proj / "snapshots").iterdir()) == [".keep", ".notes.tmp"]
+    assert snapshot(proj) == before and sorted(p.name for p in (proj / "snapshots").iterdir()) == [
+        ".keep",
+        ".notes.tmp",
+    ]
 
 
 def test_train_inputs_that_cannot_work_exit_2(ws, tmp_path, capsys):
@@ -117,8 +195,28 @@ def test_regenerate_never_replaces_a_data_file_it_did_not_write(ws, tmp_path, ca
     exclude = tmp_path / "eval.jsonl"
     exclude.write_text('{"id": "e", "text": "what is two plus two"}\n')
     before = snapshot(mydata)
-    code = main(["regenerate", "--target", ws["target"], "--recipe", "--output-dir", str(mydata), "--exclude", str(exclude),
-                 "--magpie", "2", "--package", "0", "--heldout", "0", "--max-new-tokens", "4", "--engine", "transformers"])
+    code = main(
+        [
+            "regenerate",
+            "--target",
+            ws["target"],
+            "--recipe",
+            "--output-dir",
+            str(mydata),
+            "--exclude",
+            str(exclude),
+            "--magpie",
+            "2",
+            "--package",
+            "0",
+            "--heldout",
+            "0",
+            "--max-new-tokens",
+            "4",
+            "--engine",
+            "transformers",
+        ]
+    )
     line = error_line(capsys)
     assert code == 2 and "is not a data set made by `lilicorr regenerate --recipe`" in line and shaped(line), line
     assert snapshot(mydata) == before
@@ -126,7 +224,19 @@ def test_regenerate_never_replaces_a_data_file_it_did_not_write(ws, tmp_path, ca
     notes.write_text("my notes, one line")
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "a", "text": "hi"}\n')
-    code = main(["regenerate", "--target", ws["target"], "--prompts", str(prompts), "--output", str(notes), "--engine", "transformers"])
+    code = main(
+        [
+            "regenerate",
+            "--target",
+            ws["target"],
+            "--prompts",
+            str(prompts),
+            "--output",
+            str(notes),
+            "--engine",
+            "transformers",
+        ]
+    )
     assert code == 2 and "is not a file of `lilicorr regenerate` rows" in error_line(capsys)
     assert notes.read_text() == "my notes, one line"
 
@@ -167,9 +277,19 @@ def test_flipped_bytes_are_caught_on_export_and_resume_falls_back(ws, tmp_path, 
     rows = metrics_rows(run)
     assert main(train_args(ws, run, "--max-steps", "6")) == 0
     err = capsys.readouterr().err
-    assert "does not match its checksum" in err and "step-00000004/trainable.safetensors)" in err and "step-00000002" in err
-    assert [json.loads(r)["step"] for r in metrics_rows(run)] == [1, 2, 3, 4, 5, 6] and metrics_rows(run)[:2] == rows[:2]
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["bad-step-00000004", "step-00000004", "step-00000006"]
+    assert (
+        "does not match its checksum" in err
+        and "step-00000004/trainable.safetensors)" in err
+        and "step-00000002" in err
+    )
+    assert [json.loads(r)["step"] for r in metrics_rows(run)] == [1, 2, 3, 4, 5, 6] and metrics_rows(run)[:2] == rows[
+        :2
+    ]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "bad-step-00000004",
+        "step-00000004",
+        "step-00000006",
+    ]
     optimizer = run / "checkpoints" / "step-00000006" / "optimizer.pt"
     optimizer.write_bytes(optimizer.read_bytes()[:100])  # truncated: the run falls back to step 4
     assert main(train_args(ws, run, "--max-steps", "8")) == 0
@@ -182,7 +302,10 @@ def test_resume_refuses_other_data_or_settings_unless_told(ws, tmp_path, capsys)
     assert main(train_args(ws, run, "--max-steps", "2")) == 0
     before = snapshot(run)
     capsys.readouterr()
-    for args in (train_args(ws, run, "--max-steps", "4", data=ws["other_data"]), train_args(ws, run, "--max-steps", "4", "--lr-head", "1e-3")):
+    for args in (
+        train_args(ws, run, "--max-steps", "4", data=ws["other_data"]),
+        train_args(ws, run, "--max-steps", "4", "--lr-head", "1e-3"),
+    ):
         code = main(args)
         line = error_line(capsys)
         assert code == 2 and "cannot resume" in line and "--resume-with-changes" in line and shaped(line), line
@@ -238,6 +361,29 @@ def test_regenerate_claims_its_folder_before_the_servers_write_their_logs(ws, tm
     monkeypatch.setattr(train_cli, "generator_for", with_logs)
     exclude = tmp_path / "eval.jsonl"
     exclude.write_text('{"id": "e", "text": "what is two plus two"}\n')
-    assert main(["regenerate", "--target", ws["target"], "--recipe", "--output-dir", str(tmp_path / "data"), "--exclude", str(exclude),
-                 "--magpie", "2", "--package", "0", "--heldout", "0", "--max-new-tokens", "2", "--engine", "transformers"]) == 0
+    assert (
+        main(
+            [
+                "regenerate",
+                "--target",
+                ws["target"],
+                "--recipe",
+                "--output-dir",
+                str(tmp_path / "data"),
+                "--exclude",
+                str(exclude),
+                "--magpie",
+                "2",
+                "--package",
+                "0",
+                "--heldout",
+                "0",
+                "--max-new-tokens",
+                "2",
+                "--engine",
+                "transformers",
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "data" / "manifest.json").is_file() and (tmp_path / "data" / "logs" / "server-0.log").is_file()

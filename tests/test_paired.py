@@ -1,5 +1,6 @@
 """Paired, alternating rounds (benchmarks/paired.py) against stand-in servers: the rotation, the runs each
 round plays, whole cells only in the merged round files, and the deadline that stops before a round."""
+
 import json
 
 import pytest
@@ -11,7 +12,10 @@ from stub_server import StubServer
 from sglang_lilicorr.benchmarks import cli, paired, runner
 from sglang_lilicorr.benchmarks.prompt import Prompt
 
-PROMPTS = {1: [Prompt(f"p{i}", "all", (f"prompt {i}",)) for i in range(2)], 2: [Prompt(f"p{i}", "all", (f"prompt {i}",)) for i in range(4)]}
+PROMPTS = {
+    1: [Prompt(f"p{i}", "all", (f"prompt {i}",)) for i in range(2)],
+    2: [Prompt(f"p{i}", "all", (f"prompt {i}",)) for i in range(4)],
+}
 
 
 def test_rotation_moves_every_system_through_every_place():
@@ -26,8 +30,12 @@ def test_rounds_alternate_the_servers_and_merge_into_paired_runs(tmp_path):
         plan = paired.RoundPlan("toy", max_tokens=8, rounds=2, api="ids", ignore_eos=True, warmup=1)
         assert paired.play_rounds(urls, PROMPTS, plan, tmp_path, log=lambda line: None) == []
     measured = [e for e in a.log + b.log if e["completion_tokens"] == 8]
-    assert len(measured) == len(a.log) + len(b.log) and all(e["body"]["sampling_params"]["ignore_eos"] for e in measured)
-    assert len(a.log) == (1 + 2 * 2) + (2 + 4 * 2)  # c=1: a warm-up wave of 1, 2 prompts x 2 rounds; c=2: a wave of 2, 4 x 2
+    assert len(measured) == len(a.log) + len(b.log) and all(
+        e["body"]["sampling_params"]["ignore_eos"] for e in measured
+    )
+    assert len(a.log) == (1 + 2 * 2) + (
+        2 + 4 * 2
+    )  # c=1: a warm-up wave of 1, 2 prompts x 2 rounds; c=2: a wave of 2, 4 x 2
     files = paired.merge_rounds(tmp_path, ["a", "b"], PROMPTS, 2)
     assert [f.name for f in files] == ["round1.jsonl", "round2.jsonl"]
     rows = runner.read_results(files[0])
@@ -60,10 +68,14 @@ def test_the_deadline_stops_before_a_round_it_leaves_no_time_for(tmp_path):
     with StubServer(min_latency_s=0.002) as a:
         plan = paired.RoundPlan("toy", max_tokens=4, rounds=3, warmup=0, reserve_s=30.0)
         now[0] = 60.0  # 40 s left, 30 kept in reserve: the first round (no estimate yet) still fits
-        failures = paired.play_rounds({"a": a.url}, {1: PROMPTS[1]}, plan, tmp_path, deadline=deadline, log=lines.append)
+        failures = paired.play_rounds(
+            {"a": a.url}, {1: PROMPTS[1]}, plan, tmp_path, deadline=deadline, log=lines.append
+        )
         assert failures == [] and len(a.log) == 6
         now[0] = 75.0  # 25 s left: not even the reserve
-        failures = paired.play_rounds({"a": a.url}, {1: PROMPTS[1], 2: PROMPTS[2]}, plan, tmp_path, deadline=deadline, log=lines.append)
+        failures = paired.play_rounds(
+            {"a": a.url}, {1: PROMPTS[1], 2: PROMPTS[2]}, plan, tmp_path, deadline=deadline, log=lines.append
+        )
     assert failures == ["deadline: from c=1 round 1 on not played"] and len(a.log) == 6
     assert "stopping before c=1 round 1: 25 s left" in lines[-1]
 
@@ -75,13 +87,23 @@ def test_a_server_that_is_gone_is_recorded_and_the_others_go_on(tmp_path):
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     with StubServer(min_latency_s=0.002) as a:
-        failures = paired.play_rounds({"a": a.url, "gone": dead}, {1: PROMPTS[1]}, paired.RoundPlan("toy", 4, rounds=1),
-                                      tmp_path, log=lambda line: None)
+        failures = paired.play_rounds(
+            {"a": a.url, "gone": dead},
+            {1: PROMPTS[1]},
+            paired.RoundPlan("toy", 4, rounds=1),
+            tmp_path,
+            log=lambda line: None,
+        )
     assert len(failures) == 1 and failures[0].startswith("gone c=1 round 1: ServerError") and len(a.log) == 2 + 2
 
 
 def test_rotation_of_rounds_past_the_systems_and_the_deadline_boundary():
-    assert paired.rotation(["a", "b"], 5) == ["b", "a"] and paired.rotation(["a", "b", "c", "d"], 6) == ["c", "d", "a", "b"]
+    assert paired.rotation(["a", "b"], 5) == ["b", "a"] and paired.rotation(["a", "b", "c", "d"], 6) == [
+        "c",
+        "d",
+        "a",
+        "b",
+    ]
     assert paired.rotation(["a"], 3) == ["a"]
     deadline = paired.Deadline(50.0, clock=lambda: 20.0)
     assert deadline.left() == 30.0 and deadline.allows(30.0) and not deadline.allows(30.5)
@@ -90,7 +112,14 @@ def test_rotation_of_rounds_past_the_systems_and_the_deadline_boundary():
 
 def test_round_plan_defaults():
     plan = paired.RoundPlan("toy", 8)
-    assert (plan.rounds, plan.api, plan.ignore_eos, plan.warmup, plan.request_timeout, plan.reserve_s) == (3, "chat", False, 2, 300.0, 0.0)
+    assert (plan.rounds, plan.api, plan.ignore_eos, plan.warmup, plan.request_timeout, plan.reserve_s) == (
+        3,
+        "chat",
+        False,
+        2,
+        300.0,
+        0.0,
+    )
     assert paired.run_path("w", 4, 2, "s").as_posix() == "w/runs/c4_r2_s.jsonl"
 
 
@@ -99,11 +128,26 @@ def test_the_first_round_needs_only_the_reserve(tmp_path):
     now = [0.0]
     with StubServer(min_latency_s=0.002) as a:
         plan = paired.RoundPlan("toy", max_tokens=4, rounds=1, warmup=0, reserve_s=30.0)
-        assert paired.play_rounds({"a": a.url}, {1: PROMPTS[1]}, plan, tmp_path,
-                                  deadline=paired.Deadline(30.0, clock=lambda: now[0]), log=lambda line: None) == []
+        assert (
+            paired.play_rounds(
+                {"a": a.url},
+                {1: PROMPTS[1]},
+                plan,
+                tmp_path,
+                deadline=paired.Deadline(30.0, clock=lambda: now[0]),
+                log=lambda line: None,
+            )
+            == []
+        )
         assert len(a.log) == 2
-        failures = paired.play_rounds({"a": a.url}, {1: PROMPTS[1]}, plan, tmp_path / "late",
-                                      deadline=paired.Deadline(29.5, clock=lambda: now[0]), log=lambda line: None)
+        failures = paired.play_rounds(
+            {"a": a.url},
+            {1: PROMPTS[1]},
+            plan,
+            tmp_path / "late",
+            deadline=paired.Deadline(29.5, clock=lambda: now[0]),
+            log=lambda line: None,
+        )
     assert failures == ["deadline: from c=1 round 1 on not played"] and len(a.log) == 2
 
 
@@ -122,8 +166,9 @@ def test_rounds_are_recorded_greedy_at_seed_0_and_an_empty_work_merges_to_nothin
         plan = paired.RoundPlan("toy", max_tokens=4, rounds=1, warmup=0)
         assert paired.play_rounds({"a": a.url}, {1: PROMPTS[1]}, plan, tmp_path, log=lambda line: None) == []
     rows = runner.read_results(paired.run_path(tmp_path, 1, 1, "a"))
-    assert {(r["system"], r["dataset"], r["concurrency"], r["temperature"], r["seed"], r["max_tokens"]) for r in rows} == \
-        {("a", "toy", 1, 0.0, 0, 4)}
+    assert {
+        (r["system"], r["dataset"], r["concurrency"], r["temperature"], r["seed"], r["max_tokens"]) for r in rows
+    } == {("a", "toy", 1, 0.0, 0, 4)}
     (round1,) = paired.merge_rounds(tmp_path, ["a"], PROMPTS, 2)  # c=2 and round 2 never played: left out
     assert round1.name == "round1.jsonl" and runner.read_results(round1) == rows
 
@@ -148,6 +193,7 @@ def test_rounds_report_only_through_log(tmp_path, capsys):
 
 
 # --- what mutation testing found untested: watch, the runs' options, the first failure, the log, merge's edges ------
+
 
 def test_watch_is_called_around_each_run_and_the_runs_get_the_plans_timeout(tmp_path, monkeypatch):
     calls = []
@@ -190,13 +236,17 @@ def test_merge_keeps_utf8_text_whatever_the_locale(tmp_path):
         assert paired.play_rounds({"a": a.url}, {1: PROMPTS[1]}, plan, tmp_path, log=lambda line: None) == []
     path = paired.run_path(tmp_path, 1, 1, "a")
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-    path.write_text("".join(json.dumps({**r, "note": "réponse"}, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    path.write_text(
+        "".join(json.dumps({**r, "note": "réponse"}, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8"
+    )
     (merged,) = paired.merge_rounds(tmp_path, ["a"], {1: PROMPTS[1]}, 1)
     assert merged.read_text(encoding="utf-8") == path.read_text(encoding="utf-8")
     merged.unlink()
-    code = ("import sys; from pathlib import Path; from sglang_lilicorr.benchmarks import paired; "
-            "from sglang_lilicorr.benchmarks.prompt import Prompt; "
-            "paired.merge_rounds(Path(sys.argv[1]), ['a'], {1: [Prompt(f'p{i}', 'all', ('x',)) for i in range(2)]}, 1)")
+    code = (
+        "import sys; from pathlib import Path; from sglang_lilicorr.benchmarks import paired; "
+        "from sglang_lilicorr.benchmarks.prompt import Prompt; "
+        "paired.merge_rounds(Path(sys.argv[1]), ['a'], {1: [Prompt(f'p{i}', 'all', ('x',)) for i in range(2)]}, 1)"
+    )
     out = run_in_ascii_locale(code, str(tmp_path))
     assert out.returncode == 0, out.stderr[-2000:]
     assert (tmp_path / "round1.jsonl").read_text(encoding="utf-8") == path.read_text(encoding="utf-8")

@@ -1,5 +1,6 @@
 """benchmarks/pdl_chain.py on CPU: its chains compute what they say (interpreter, fp32, no PDL) and the
 dry run writes its rows."""
+
 import json
 
 import torch

@@ -5,6 +5,7 @@ resolution up to where SGLang needs a GPU, with every bad input that is reachabl
 Resolution runs with --device cuda on this CPU machine: SGLang resolves arguments without
 touching a GPU, and DFlash-family resolution (ours and SGLang's DFLASH) refuses --device cpu.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -134,8 +135,11 @@ def test_worker_factory_returns_our_worker_and_draft_class(target, draft, monkey
     from sglang_lilicorr.serving.worker import LiLiCorrWorker
 
     # the factory widens the req_to_token rows for the process (kv_rows.py); undone after the test
-    monkeypatch.setattr(kv_cache_configurator, "get_req_to_token_extra_context_len",
-                        kv_cache_configurator.get_req_to_token_extra_context_len)
+    monkeypatch.setattr(
+        kv_cache_configurator,
+        "get_req_to_token_extra_context_len",
+        kv_cache_configurator.get_req_to_token_extra_context_len,
+    )
     sa = server_args(target, draft=draft)
     sa.resolve_once()
     assert SpeculativeAlgorithm.from_string("lilicorr").create_worker(sa) is LiLiCorrWorker
@@ -163,7 +167,9 @@ def test_lilicorr_walk_is_checked_before_the_server_starts(target, draft, monkey
     resolve(target, draft=draft)
     assert walk_rule() == "viterbi"
     monkeypatch.setenv("LILICORR_WALK", "beam")
-    with pytest.raises(ServingConfigError, match=r"^LILICORR_WALK='beam' is not a decode rule: set it to one of greedy, viterbi\.$"):
+    with pytest.raises(
+        ServingConfigError, match=r"^LILICORR_WALK='beam' is not a decode rule: set it to one of greedy, viterbi\.$"
+    ):
         resolve(target, draft=draft)
 
 
@@ -196,8 +202,10 @@ def missing_key(folder):
 
 
 BAD_DRAFTS = {
-    "no-head": (lambda f: edited_draft(f, config=draft_config(with_head=False), tensors=drafter_tensors()),
-                "use --speculative-algorithm DFLASH|Serve it with --speculative-algorithm DFLASH"),
+    "no-head": (
+        lambda f: edited_draft(f, config=draft_config(with_head=False), tensors=drafter_tensors()),
+        "use --speculative-algorithm DFLASH|Serve it with --speculative-algorithm DFLASH",
+    ),
     "topk-not-power-of-two": (lambda f: edited_draft(f, config=draft_config(candidate_topk=6)), "candidate_topk=6"),
     "topk-too-wide": (lambda f: edited_draft(f, config=draft_config(candidate_topk=32)), "candidate_topk=32"),
     "block-too-large": (lambda f: edited_draft(f, config=draft_config(block_size=64)), "block_size=64 is unsupported"),
@@ -236,8 +244,10 @@ def test_draft_path_must_be_a_local_folder(tmp_path):
 
 @pytest.mark.parametrize(
     "overrides, match",
-    [({"hidden_size": 128, "intermediate_size": 256}, "hidden_size=64 but the target"),
-     ({"vocab_size": 300}, "vocab_size=256 but the target")],
+    [
+        ({"hidden_size": 128, "intermediate_size": 256}, "hidden_size=64 but the target"),
+        ({"vocab_size": 300}, "vocab_size=256 but the target"),
+    ],
     ids=["hidden", "vocab"],
 )
 def test_draft_target_mismatch(overrides, match, draft, tmp_path):
@@ -251,8 +261,11 @@ def test_a_draft_shorter_than_the_served_context_is_refused_before_serving(targe
     trained length are not checked: the draft proposes there (acceptance drops, outputs stay exact)."""
     monkeypatch.delenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", raising=False)
     short = edited_draft(tmp_path / "d", config={**draft_config(), "max_position_embeddings": 256})  # the target: 512
-    with pytest.raises(ServingConfigError, match="draft max_position_embeddings=256 is below the 512-token context "
-                                                 ".* serve with --context-length 256, or set SGLANG_ALLOW_OVERWRITE_LONGER"):
+    with pytest.raises(
+        ServingConfigError,
+        match="draft max_position_embeddings=256 is below the 512-token context "
+        ".* serve with --context-length 256, or set SGLANG_ALLOW_OVERWRITE_LONGER",
+    ):
         resolve(target, draft=short)
     with pytest.raises(ServingConfigError, match="below the 300-token context"):
         resolve(target, "--context-length", 300, draft=short)
@@ -319,10 +332,22 @@ def test_tensor_parallel_is_served(tp, target, draft):
 @pytest.mark.parametrize(
     "tp, config, match",
     [
-        (3, {}, r"--tp-size 3 does not fit the draft.*num_attention_heads=4 is not divisible by 3.*--tp-size in \[1, 2, 4\]"),
+        (
+            3,
+            {},
+            r"--tp-size 3 does not fit the draft.*num_attention_heads=4 is not divisible by 3.*--tp-size in \[1, 2, 4\]",
+        ),
         (8, {}, r"num_attention_heads=4 is not divisible by 8"),
-        (2, {"num_key_value_heads": 3, "num_attention_heads": 6}, r"num_key_value_heads=3 neither divides nor is divisible by 2"),
-        (4, {"intermediate_size": 98}, r"intermediate_size=98 is not divisible by 4 \(lilicorr train --draft-intermediate-size\)"),
+        (
+            2,
+            {"num_key_value_heads": 3, "num_attention_heads": 6},
+            r"num_key_value_heads=3 neither divides nor is divisible by 2",
+        ),
+        (
+            4,
+            {"intermediate_size": 98},
+            r"intermediate_size=98 is not divisible by 4 \(lilicorr train --draft-intermediate-size\)",
+        ),
     ],
     ids=["heads-3", "heads-8", "kv-heads", "intermediate"],
 )

@@ -3,6 +3,7 @@ bench results files (runner.read_results), SPEED-Bench rows and prompt files, dr
 model.safetensors headers. Whatever bytes come in, a reader returns a value or raises the project's
 own error type (for data.py, its DataError), and never writes the file it reads. Derandomized, so a
 run is reproducible; a few hundred examples each."""
+
 import json
 import struct
 import tempfile
@@ -15,9 +16,12 @@ from sglang_lilicorr.errors import LiLiCorrError
 
 SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
-scalars = st.none() | st.booleans() | st.integers() | st.integers(-(2**1100), 2**1100) | st.floats() | st.text(max_size=12)
-json_values = st.recursive(scalars, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
-                           max_leaves=12)
+scalars = (
+    st.none() | st.booleans() | st.integers() | st.integers(-(2**1100), 2**1100) | st.floats() | st.text(max_size=12)
+)
+json_values = st.recursive(
+    scalars, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4), max_leaves=12
+)
 
 
 def json_line(value) -> bytes:
@@ -31,7 +35,9 @@ def mutated(base: dict, keys: list[str]):
     def apply(changes):
         out = json.loads(json.dumps(base))
         for key, value in changes.items():
-            where, name = (out.get("dflash_config"), key.split(".", 1)[1]) if key.startswith("dflash_config.") else (out, key)
+            where, name = (
+                (out.get("dflash_config"), key.split(".", 1)[1]) if key.startswith("dflash_config.") else (out, key)
+            )
             if not isinstance(where, dict):  # dflash_config itself was replaced
                 continue
             if value == "<delete>":
@@ -46,7 +52,8 @@ def mutated(base: dict, keys: list[str]):
 def file_bytes(lines: st.SearchStrategy, tail: st.SearchStrategy = st.binary(max_size=8)) -> st.SearchStrategy:
     """Lines joined by newlines, with or without the last one, sometimes with a torn tail."""
     return st.tuples(st.lists(lines, max_size=5), st.booleans(), tail).map(
-        lambda t: b"\n".join(t[0]) + (b"\n" if t[1] else b"") + t[2])
+        lambda t: b"\n".join(t[0]) + (b"\n" if t[1] else b"") + t[2]
+    )
 
 
 def reads_or_raises(name: str, data: bytes, read, error: type = LiLiCorrError):
@@ -65,10 +72,20 @@ def reads_or_raises(name: str, data: bytes, read, error: type = LiLiCorrError):
 
 # --- training JSONL (train/data.py, read-only here) -----------------------------------------------
 
-messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", "robot"]),
-                                           "content": st.text(max_size=10) | json_values}), max_size=3)
-training_lines = (st.builds(lambda m: json_line({"messages": m}), messages) | json_values.map(json_line)
-                  | st.text(max_size=20).map(str.encode))
+messages = st.lists(
+    st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["user", "assistant", "system", "robot"]),
+            "content": st.text(max_size=10) | json_values,
+        }
+    ),
+    max_size=3,
+)
+training_lines = (
+    st.builds(lambda m: json_line({"messages": m}), messages)
+    | json_values.map(json_line)
+    | st.text(max_size=20).map(str.encode)
+)
 
 
 def read_training(path):
@@ -95,9 +112,18 @@ def test_training_jsonl_reader_on_any_bytes(data):
 
 # --- bench results files ----------------------------------------------------------------------------
 
-RECORD = {"system": "s", "dataset": "d", "concurrency": 2, "temperature": 0.0, "seed": 0, "max_tokens": 8, "prompt_id": "p",
-          "category": "c", "turns": [{"completion_tokens": 8, "spec_verify_ct": 3, "start": 1.0, "end": 2.0, "text": "x"}]}
-result_lines = (mutated(RECORD, list(RECORD)).map(json_line) | json_values.map(json_line) | st.binary(max_size=24))
+RECORD = {
+    "system": "s",
+    "dataset": "d",
+    "concurrency": 2,
+    "temperature": 0.0,
+    "seed": 0,
+    "max_tokens": 8,
+    "prompt_id": "p",
+    "category": "c",
+    "turns": [{"completion_tokens": 8, "spec_verify_ct": 3, "start": 1.0, "end": 2.0, "text": "x"}],
+}
+result_lines = mutated(RECORD, list(RECORD)).map(json_line) | json_values.map(json_line) | st.binary(max_size=24)
 
 
 @SETTINGS
@@ -115,14 +141,26 @@ def test_results_reader(data):
 
 # --- SPEED-Bench rows and prompt files ----------------------------------------------------------------
 
-SPEED_ROW = {"question_id": "q1", "category": "coding", "sub_category": "x", "turns": ["hi"], "source": "s", "src_id": "1",
-             "difficulty": "easy", "multiturn": False}
+SPEED_ROW = {
+    "question_id": "q1",
+    "category": "coding",
+    "sub_category": "x",
+    "turns": ["hi"],
+    "source": "s",
+    "src_id": "1",
+    "difficulty": "easy",
+    "multiturn": False,
+}
 PROMPT_ROW = {"id": "a", "set": "s", "text": "hi", "messages": [{"role": "user", "content": "hi"}]}
 
 
 @SETTINGS
-@given(file_bytes(mutated(SPEED_ROW, list(SPEED_ROW)).map(json_line) | json_values.map(json_line) | st.binary(max_size=24)),
-       st.sampled_from(["qualitative.jsonl", "throughput_1k.jsonl"]))
+@given(
+    file_bytes(
+        mutated(SPEED_ROW, list(SPEED_ROW)).map(json_line) | json_values.map(json_line) | st.binary(max_size=24)
+    ),
+    st.sampled_from(["qualitative.jsonl", "throughput_1k.jsonl"]),
+)
 def test_speed_bench_reader(data, name):
     from sglang_lilicorr.benchmarks import speed_bench
 
@@ -130,7 +168,11 @@ def test_speed_bench_reader(data, name):
 
 
 @SETTINGS
-@given(file_bytes(mutated(PROMPT_ROW, list(PROMPT_ROW)).map(json_line) | json_values.map(json_line) | st.binary(max_size=24)))
+@given(
+    file_bytes(
+        mutated(PROMPT_ROW, list(PROMPT_ROW)).map(json_line) | json_values.map(json_line) | st.binary(max_size=24)
+    )
+)
 def test_prompt_file_reader(data):
     from sglang_lilicorr.benchmarks import prompt_file
 
@@ -146,9 +188,12 @@ def draft_config() -> dict:
     return draft_config()
 
 
-CONFIG_KEYS = [k for k in draft_config() if k != "dflash_config"] + ["dflash_config"] + [
-    f"dflash_config.{k}" for k in draft_config()["dflash_config"]]
-configs = (mutated(draft_config(), CONFIG_KEYS).map(json_line) | json_values.map(json_line) | st.binary(max_size=40))
+CONFIG_KEYS = (
+    [k for k in draft_config() if k != "dflash_config"]
+    + ["dflash_config"]
+    + [f"dflash_config.{k}" for k in draft_config()["dflash_config"]]
+)
+configs = mutated(draft_config(), CONFIG_KEYS).map(json_line) | json_values.map(json_line) | st.binary(max_size=40)
 
 
 @SETTINGS
@@ -164,8 +209,13 @@ def test_draft_config_readers(data):
         return checkpoint.read_config(path.parent)
 
     config = reads_or_raises("config.json", data, read, checkpoint.CheckpointError)
-    for parse in (checkpoint.has_head, checkpoint.lilicorr_config, checkpoint.block_size_of, checkpoint.dtype_of,
-                  DrafterConfig.from_hf_config):
+    for parse in (
+        checkpoint.has_head,
+        checkpoint.lilicorr_config,
+        checkpoint.block_size_of,
+        checkpoint.dtype_of,
+        DrafterConfig.from_hf_config,
+    ):
         if config is not None:
             try:
                 parse(config)
@@ -177,11 +227,19 @@ def safetensors_file(header: bytes, body: bytes) -> bytes:
     return struct.pack("<Q", len(header)) + header + body
 
 
-tensor_headers = st.fixed_dictionaries({}, optional={
-    "w": st.fixed_dictionaries({"dtype": st.sampled_from(["F32", "BF16", "I64", "X"]) | json_values,
-                                "shape": st.lists(st.integers(-1, 4), max_size=3) | json_values,
-                                "data_offsets": st.lists(st.integers(-1, 64), max_size=3) | json_values}),
-    "__metadata__": json_values})
+tensor_headers = st.fixed_dictionaries(
+    {},
+    optional={
+        "w": st.fixed_dictionaries(
+            {
+                "dtype": st.sampled_from(["F32", "BF16", "I64", "X"]) | json_values,
+                "shape": st.lists(st.integers(-1, 4), max_size=3) | json_values,
+                "data_offsets": st.lists(st.integers(-1, 64), max_size=3) | json_values,
+            }
+        ),
+        "__metadata__": json_values,
+    },
+)
 
 
 @SETTINGS
@@ -190,4 +248,6 @@ def test_draft_weights_reader(header, body, framed):
     from sglang_lilicorr import checkpoint
 
     data = safetensors_file(header, body) if framed else header + body
-    reads_or_raises("model.safetensors", data, lambda path: checkpoint.read_tensors(path.parent), checkpoint.CheckpointError)
+    reads_or_raises(
+        "model.safetensors", data, lambda path: checkpoint.read_tensors(path.parent), checkpoint.CheckpointError
+    )

@@ -1,5 +1,6 @@
 """The README's command blocks stay true: every `lilicorr ...` line of its bash blocks parses with the real CLI (each
 flag and choice exists), every repository path it names exists, and the scripts and modules it runs are there."""
+
 from __future__ import annotations
 
 import re
@@ -11,8 +12,14 @@ import pytest
 from sglang_lilicorr.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
-PLACEHOLDERS = {"$T": "/models/target", "T": "/models/target", "TARGET": "/models/target", "DRAFT_DIR": "/drafts/d",
-                "DRAFT": "/drafts/d", "...": ""}
+PLACEHOLDERS = {
+    "$T": "/models/target",
+    "T": "/models/target",
+    "TARGET": "/models/target",
+    "DRAFT_DIR": "/drafts/d",
+    "DRAFT": "/drafts/d",
+    "...": "",
+}
 
 
 def bash_commands(text: str) -> list[str]:

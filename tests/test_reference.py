@@ -1,4 +1,5 @@
 """The reference speculative decoder on a tiny random Llama target (CPU, fp32)."""
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -20,23 +21,39 @@ S = BLOCK - 1
 PROMPT = [3, 17, 42, 8, 61, 23, 9]
 
 
-
 def tiny_target(vocab: int = VOCAB):
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, max_position_embeddings=512, tie_word_embeddings=False,
+        vocab_size=vocab,
+        hidden_size=HIDDEN,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
     )
     return LlamaForCausalLM(config).float().eval()
 
 
 def tiny_drafter(vocab: int = VOCAB):
     torch.manual_seed(1)
-    return DFlashDrafter(DrafterConfig(
-        hidden_size=HIDDEN, vocab_size=vocab, num_target_layers=4, target_layer_ids=(0, 2), mask_token_id=5,
-        num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64,
-        block_size=BLOCK,
-    )).eval()
+    return DFlashDrafter(
+        DrafterConfig(
+            hidden_size=HIDDEN,
+            vocab_size=vocab,
+            num_target_layers=4,
+            target_layer_ids=(0, 2),
+            mask_token_id=5,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            intermediate_size=64,
+            block_size=BLOCK,
+        )
+    ).eval()
 
 
 def tiny_head():
@@ -65,7 +82,7 @@ def plain_greedy(model, prompt, n):
     ids = list(prompt)
     for _ in range(n):
         ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 @pytest.fixture(scope="module")
@@ -75,12 +92,14 @@ def reference_output(target):
 
 def oracle(full, wrong_slot=None):
     """A proposer that drafts the target's true greedy continuation (optionally wrong at one slot)."""
+
     def propose(features, anchor):
         a = features.shape[1]
         block = torch.tensor(full[a + 1 : a + 1 + S] + [0] * S)[:S]
         if wrong_slot is not None:
             block[wrong_slot] = (block[wrong_slot] + 1) % VOCAB
         return {"oracle": block}
+
     return propose
 
 
@@ -166,7 +185,9 @@ def test_stop_token_ends_decoding(target, drafter, reference_output):
 
 def test_sampling_decode_is_seeded_and_well_formed(target, drafter, head):
     runs = [
-        speculative_decoder(target, drafter, head).generate(PROMPT, 20, temperature=1.0, generator=torch.Generator().manual_seed(7))
+        speculative_decoder(target, drafter, head).generate(
+            PROMPT, 20, temperature=1.0, generator=torch.Generator().manual_seed(7)
+        )
         for _ in range(2)
     ]
     assert runs[0].output_ids == runs[1].output_ids and len(runs[0].output_ids) == 20
@@ -201,7 +222,10 @@ def test_check_greedy_flags_a_non_argmax_token(target, reference_output):
 def test_bad_configuration_is_reported(target, drafter, head):
     with pytest.raises(ValueError, match="commit='lilicorr'"):
         speculative_decoder(target, drafter, commit="lilicorr")
-    other = LiLiCorrHead(LiLiCorrConfig(block_size=BLOCK + 1, candidate_topk=4, factor_dim=8, num_layers=1, hidden_size=16, num_heads=2), HIDDEN)
+    other = LiLiCorrHead(
+        LiLiCorrConfig(block_size=BLOCK + 1, candidate_topk=4, factor_dim=8, num_layers=1, hidden_size=16, num_heads=2),
+        HIDDEN,
+    )
     with pytest.raises(ValueError, match="block_size"):
         BlockProposer(FrozenTarget(target, (0, 2)), drafter, other)
     with pytest.raises(ValueError, match="walk="):

@@ -1,5 +1,6 @@
 """reference/check.py on a bigram model whose logits are chosen exactly: deficits, tolerances in bf16 ulps
 (off the default 1 and 2), the top-2 gap, the float32/float64 pass, and the CLI's counts and exit code."""
+
 import json
 import math
 
@@ -56,7 +57,10 @@ def test_greedy_output_passes_with_the_smallest_gap_located():
     r = check_greedy(Bigram(), [3, 0], [1, 2, 0, 1])  # gaps 0.5, 2.5/16, 1, 0.5
     assert r.ok and r.not_argmax == [] and r.num_tokens == 4
     assert (r.min_top2_gap, r.min_gap_position) == (2.5 / 16, 1)
-    assert r.summary() == f"PASS: 4 tokens, 0 not the target's greedy choice, 0 near-ties within tol; smallest top-2 gap {2.5 / 16:.4f} at 1"
+    assert (
+        r.summary()
+        == f"PASS: 4 tokens, 0 not the target's greedy choice, 0 near-ties within tol; smallest top-2 gap {2.5 / 16:.4f} at 1"
+    )
 
 
 @pytest.mark.parametrize("tol_ulps,ok", [(1.0, False), (2.0, False), (2.5, True), (3.0, True)])
@@ -68,7 +72,9 @@ def test_tolerance_in_ulps(tol_ulps, ok):
     assert m.deficit_ulps == 2.5
     assert r.failures == ([] if ok else [m])
     near = 1 if ok else 0
-    assert r.summary().startswith(f"{'PASS' if ok else 'FAIL'}: 3 tokens, {1 - near} not the target's greedy choice, {near} near-ties")
+    assert r.summary().startswith(
+        f"{'PASS' if ok else 'FAIL'}: 3 tokens, {1 - near} not the target's greedy choice, {near} near-ties"
+    )
 
 
 def test_default_tolerance_is_one_ulp_and_an_explicit_tol_wins():
@@ -134,8 +140,13 @@ def rec(prompt, ids, out, temperature=0.0, error=None):
 
 
 def test_served_greedy_records_keep_temperature_zero_without_error(tmp_path):
-    rows = [rec("a", [0], [1]), rec("b", [0], [1], temperature=1.0), rec("c", [0], [1], temperature=None),
-            rec("d", [0], [1], error="boom"), rec("e", [0], [1], temperature=0.5)]
+    rows = [
+        rec("a", [0], [1]),
+        rec("b", [0], [1], temperature=1.0),
+        rec("c", [0], [1], temperature=None),
+        rec("d", [0], [1], error="boom"),
+        rec("e", [0], [1], temperature=0.5),
+    ]
     assert [r["prompt"] for r in served_greedy_records(records(tmp_path, "r.json", rows))] == ["a"]
 
 
@@ -155,31 +166,48 @@ def cli(monkeypatch):
 
 def test_cli_counts_and_exit_codes(tmp_path, capsys, cli):
     long_prompt = "p" * 59 + "QR"
-    good = records(tmp_path, "good.json", [rec("x", [0], [1, 2, 0]), rec("y", [3], [4, 0]),
-                                            rec("z", [0], [9], temperature=1.0)])
+    good = records(
+        tmp_path, "good.json", [rec("x", [0], [1, 2, 0]), rec("y", [3], [4, 0]), rec("z", [0], [9], temperature=1.0)]
+    )
     near = records(tmp_path, "near.json", [rec(long_prompt, [0], [1, 3])])  # 2.5 ulps: over the default 2
     assert check.main(["model", good]) == 0
     out = capsys.readouterr().out
-    assert f"{good}: 2 greedy responses, 5 tokens, 0 with a token" in out and "beyond 2 bf16 ulp, 0 near-tie tokens" in out
+    assert (
+        f"{good}: 2 greedy responses, 5 tokens, 0 with a token" in out and "beyond 2 bf16 ulp, 0 near-tie tokens" in out
+    )
     assert out.strip().endswith("GREEDY_CHECK PASS") and cli == [torch.float32]
     assert check.main(["model", good, near]) == 1
     out = capsys.readouterr().out
     assert f"{near}: {'p' * 59 + 'Q'!r}: FAIL: 2 tokens, 1 not" in out
-    assert (f"{near}: 1 greedy responses, 2 tokens, 1 with a token that is not the target's greedy choice beyond 2 bf16 "
-            "ulp, 0 near-tie tokens within it") in out
+    assert (
+        f"{near}: 1 greedy responses, 2 tokens, 1 with a token that is not the target's greedy choice beyond 2 bf16 "
+        "ulp, 0 near-tie tokens within it"
+    ) in out
     assert out.strip().endswith("GREEDY_CHECK FAIL")
     assert check.main(["model", near, "--tol-ulps", "3", "--dtype", "float64"]) == 0
     out = capsys.readouterr().out
-    assert "0 with a token" in out and "beyond 3 bf16 ulp, 1 near-tie tokens within it" in out and cli[-1] == torch.float64
+    assert (
+        "0 with a token" in out and "beyond 3 bf16 ulp, 1 near-tie tokens within it" in out and cli[-1] == torch.float64
+    )
     assert check.main(["model", near, good, "--tol-ulps", "2.5"]) == 0
     capsys.readouterr()
 
 
 def test_cli_baseline_byte_equality(tmp_path, capsys, cli):
-    served = records(tmp_path, "s.json", [rec("x", [0], [1, 2, 0]), rec("y", [3], [4, 0]), rec("w", [2], [0]),
-                                          rec("u", [4], [0])])
-    base = records(tmp_path, "b.json", [rec("x", [0], [1, 2, 0]), rec("y", [3], [4, 1]), rec("v", [2], [0]),
-                                        rec("w", [2], [0], error="lost"), rec("u", [4], [0])])
+    served = records(
+        tmp_path, "s.json", [rec("x", [0], [1, 2, 0]), rec("y", [3], [4, 0]), rec("w", [2], [0]), rec("u", [4], [0])]
+    )
+    base = records(
+        tmp_path,
+        "b.json",
+        [
+            rec("x", [0], [1, 2, 0]),
+            rec("y", [3], [4, 1]),
+            rec("v", [2], [0]),
+            rec("w", [2], [0], error="lost"),
+            rec("u", [4], [0]),
+        ],
+    )
     assert check.main(["model", served, "--baseline", base]) == 0
     assert "; byte-equal with the baseline on 2/3" in capsys.readouterr().out
     assert check.main(["model", served]) == 0
@@ -245,8 +273,14 @@ def test_cli_loads_the_model_on_the_gpu_when_there_is_one(tmp_path, capsys, monk
     assert check.main(["model-dir", good, "--dtype", "float32"]) == 0
     assert check.main(["model-dir", good, "--dtype", "float64"]) == 0
     device = "cuda" if cuda else "cpu"
-    assert seen == [("load", "model-dir", torch.float32), ("to", device), ("check", torch.float32),
-                    ("load", "model-dir", torch.float64), ("to", device), ("check", torch.float64)]
+    assert seen == [
+        ("load", "model-dir", torch.float32),
+        ("to", device),
+        ("check", torch.float32),
+        ("load", "model-dir", torch.float64),
+        ("to", device),
+        ("check", torch.float64),
+    ]
     capsys.readouterr()
 
 
@@ -258,12 +292,14 @@ def test_cli_fails_when_any_file_fails_and_prints_whole_lines(tmp_path, capsys, 
     assert check.main(["model", good, "--baseline", good]) == 0
     assert capsys.readouterr().out.splitlines()[0] == (
         f"{good}: 1 greedy responses, 3 tokens, 0 with a token that is not the target's greedy choice beyond 2 bf16 ulp, "
-        "0 near-tie tokens within it; byte-equal with the baseline on 1/1")
+        "0 near-tie tokens within it; byte-equal with the baseline on 1/1"
+    )
 
 
 def test_check_greedy_on_the_models_device_a_two_token_vocabulary_and_its_refusal():
     """The ids go to the model's device (a meta model fails only where the logits are copied to the host); with two
     tokens the top-2 gap is the gap between them; an empty prompt is refused in full."""
+
     class OnMeta(Bigram):
         def forward(self, input_ids, use_cache=True):
             self.ids_device = input_ids.device.type

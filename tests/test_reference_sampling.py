@@ -2,6 +2,7 @@
 
 Pearson chi-square against p at significance 0.001 (critical values tabulated, no scipy);
 bins expecting fewer than 5 draws are pooled."""
+
 import pytest
 import torch
 
@@ -9,7 +10,6 @@ from sglang_lilicorr.reference import sample_verify
 
 # upper 0.1% points of chi-square(df)
 CHI2_999 = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515, 6: 22.458, 7: 24.322}
-
 
 
 def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:

@@ -1,4 +1,5 @@
 """The acceptance replay reproduces the reference decoder's blocks exactly, at T = 0 and T = 1."""
+
 import pytest
 import torch
 
@@ -29,7 +30,10 @@ def test_matched_prefix_counts_leading_matches_and_stops_at_the_end():
 
 def test_walk_blocks_emits_accepted_plus_one_and_stops_at_the_length():
     # anchors 0..6 of a 8-token output
-    assert walk_blocks([2, 0, 0, 5, 0, 0, 1], 8) == [2, 3]  # 0 -> 3 -> 7 = the end (the block at 3 is capped: 4 tokens left)
+    assert walk_blocks([2, 0, 0, 5, 0, 0, 1], 8) == [
+        2,
+        3,
+    ]  # 0 -> 3 -> 7 = the end (the block at 3 is capped: 4 tokens left)
     assert walk_blocks([0] * 4, 5) == [0, 0, 0, 0]
     assert walk_blocks([], 1) == []
 
@@ -41,7 +45,9 @@ def test_replay_equals_the_decoder_block_for_block(models, commit, walk, tempera
     gen = torch.Generator().manual_seed(11)
     res = speculative_decoder(target, drafter, head, walk=walk, commit=commit).generate(PROMPT, 40, temperature, gen)
     frozen = FrozenTarget(target, drafter.config.target_layer_ids)
-    replay = Replayer(frozen, {"x": BlockProposer(frozen, drafter, head, ("greedy", "viterbi"))}).turn(PROMPT, res.output_ids)["x"]
+    replay = Replayer(frozen, {"x": BlockProposer(frozen, drafter, head, ("greedy", "viterbi"))}).turn(
+        PROMPT, res.output_ids
+    )["x"]
     assert replay.completion_tokens == len(res.output_ids)
     assert sum(b.accepted[commit] for b in res.blocks) >= 3  # the case is not trivial
     assert replay.accepted[commit] == [b.accepted[commit] for b in res.blocks]

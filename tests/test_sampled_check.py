@@ -1,6 +1,7 @@
 """The exactness check at T > 0: sampled outputs against the target's softmax by the randomized probability integral
 transform (reference/sampled_check.py), and against a server (benchmarks/sampling_exactness.py): the seeded,
 resumable collection of sampled outputs and the summary with each server's verification line and tau per seed."""
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,7 @@ def ancestral(model, temperature: float, n: int) -> list[dict]:
             for _ in range(STEPS):
                 logits = model(input_ids=torch.tensor([ids])).logits[0, -1].double()
                 ids.append(int(torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=g)))
-            records.append({"input_ids": PROMPT, "output_ids": ids[len(PROMPT):], "temperature": 1.0, "seed": seed})
+            records.append({"input_ids": PROMPT, "output_ids": ids[len(PROMPT) :], "temperature": 1.0, "seed": seed})
     return records
 
 
@@ -56,7 +57,9 @@ def test_chi_square_of_uniform_values():
 
 def test_records_and_prompts_name_the_bad_line(tmp_path):
     records = tmp_path / "r.jsonl"
-    records.write_text('{"system": "base", "input_ids": [1], "output_ids": [2], "temperature": 1, "seed": 0}\n{"system": "base"}\n')
+    records.write_text(
+        '{"system": "base", "input_ids": [1], "output_ids": [2], "temperature": 1, "seed": 0}\n{"system": "base"}\n'
+    )
     with pytest.raises(ValueError, match="r.jsonl:2: not a sampled-output record"):
         sampled_check.read_records([records])
     prompts = tmp_path / "p.jsonl"
@@ -85,8 +88,23 @@ def test_collect_is_seeded_and_resumes(tmp_path):
     prompts.write_text('{"prompt": "a", "input_ids": [5, 6, 7]}\n{"prompt": "b", "input_ids": [8]}\n')
     out = tmp_path / "records.jsonl"
     with StubServer(speculative=True, step_s=0.0, min_latency_s=0.0) as stub:
-        argv = ["collect", "--url", stub.url, "--system", "lilicorr", "--prompts", str(prompts), "--requests", "3", "--max-new-tokens", "4",
-                "--out", str(out), "--concurrency", "4"]
+        argv = [
+            "collect",
+            "--url",
+            stub.url,
+            "--system",
+            "lilicorr",
+            "--prompts",
+            str(prompts),
+            "--requests",
+            "3",
+            "--max-new-tokens",
+            "4",
+            "--out",
+            str(out),
+            "--concurrency",
+            "4",
+        ]
         assert sampling_exactness.main(argv) == 0
         assert sampling_exactness.main(argv) == 0  # resumed: nothing left to send
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -106,16 +124,47 @@ def test_summary_names_each_servers_verification_and_tau_per_seed(tmp_path):
     records = tmp_path / "lilicorr.jsonl"
     records.write_text("".join(json.dumps({"system": "lilicorr", **r}) + "\n" for r in ancestral(model, 1.0, 120)))
     log = tmp_path / "lilicorr.log"
-    log.write_text("server_args={'speculative_verification': None}\n[2026] DFLASH sampling pre-warm: bs=16\n"
-                   "[2026] LILICORR verification: T = 0 greedy; T > 0 exact rejection sampling (SGLang's kernel)\nready\n")
+    log.write_text(
+        "server_args={'speculative_verification': None}\n[2026] DFLASH sampling pre-warm: bs=16\n"
+        "[2026] LILICORR verification: T = 0 greedy; T > 0 exact rejection sampling (SGLang's kernel)\nready\n"
+    )
     tau = tmp_path / "tau_t1.jsonl"
     turn = lambda n, b: {"completion_tokens": n, "spec_verify_ct": b, "start": 0.0, "end": 1.0}  # noqa: E731
-    run = {"system": "lilicorr", "dataset": "eval", "concurrency": 32, "temperature": 1.0, "max_tokens": 256, "category": "all"}
-    tau.write_text("".join(json.dumps({**run, "seed": s, "prompt_id": f"p{k}", "turns": [turn(30, 10) if k else turn(10, 10)]}) + "\n"
-                           for s in (0, 1) for k in (0, 1)))
+    run = {
+        "system": "lilicorr",
+        "dataset": "eval",
+        "concurrency": 32,
+        "temperature": 1.0,
+        "max_tokens": 256,
+        "category": "all",
+    }
+    tau.write_text(
+        "".join(
+            json.dumps({**run, "seed": s, "prompt_id": f"p{k}", "turns": [turn(30, 10) if k else turn(10, 10)]}) + "\n"
+            for s in (0, 1)
+            for k in (0, 1)
+        )
+    )
     out = tmp_path / "summary.json"
-    assert sampling_exactness.main(["check", target, str(records), "--positions", "1", "3", "--startup-log", f"lilicorr={log}",
-                                    "--tau-records", str(tau), "--out", str(out)]) == 0
+    assert (
+        sampling_exactness.main(
+            [
+                "check",
+                target,
+                str(records),
+                "--positions",
+                "1",
+                "3",
+                "--startup-log",
+                f"lilicorr={log}",
+                "--tau-records",
+                str(tau),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     summary = json.loads(out.read_text())["lilicorr"]
     assert set(summary["positions"]) == {"1", "3"} and summary["positions"]["1"]["n"] == 120
     assert summary["verification"].startswith("[2026] LILICORR verification: T = 0 greedy")
@@ -125,18 +174,23 @@ def test_summary_names_each_servers_verification_and_tau_per_seed(tmp_path):
 
 
 def test_startup_verification_names_the_verifier_not_the_server_args(tmp_path):
-    logs = {"dflash": "server_args={'x_verification': 1}\n[t] DFLASH sampling pre-warm: bs=16\n",
-            "fallback": "[t] DFLASH non-greedy verification is unavailable on this build/device; falling back to greedy\n",
-            "base": "server_args={'speculative_verification': None}\nready\n"}
+    logs = {
+        "dflash": "server_args={'x_verification': 1}\n[t] DFLASH sampling pre-warm: bs=16\n",
+        "fallback": "[t] DFLASH non-greedy verification is unavailable on this build/device; falling back to greedy\n",
+        "base": "server_args={'speculative_verification': None}\nready\n",
+    }
     found = {}
     for name, text in logs.items():
         (tmp_path / name).write_text(text)
         found[name] = sampling_exactness.startup_verification(tmp_path / name)
-    assert found["dflash"] == "[t] DFLASH sampling pre-warm: bs=16" and found["fallback"].startswith("[t] DFLASH non-greedy")
+    assert found["dflash"] == "[t] DFLASH sampling pre-warm: bs=16" and found["fallback"].startswith(
+        "[t] DFLASH non-greedy"
+    )
     assert found["base"] == sampling_exactness.NO_SPECULATION
 
 
 # --- exact values off T = 1 and at sample sizes off the boundary (issue 45) -----------------------------------
+
 
 def test_pit_values_by_hand_at_temperatures_off_1():
     import math
@@ -154,8 +208,9 @@ def test_pit_values_by_hand_at_temperatures_off_1():
                 p = torch.softmax(torch.tensor(TABLE[ctx[j]], dtype=torch.float64) / temperature, -1).tolist()
                 assert u[b][j] == pytest.approx(sum(p[:x]) + v[b][j] * p[x], abs=1e-12)
                 assert 0.0 <= u[b][j] <= 1.0
-        assert not math.isclose(u[0][1], sampled_check.pit_values(Bigram(), [3, 0], outputs, 1.0,
-                                                                   torch.Generator().manual_seed(7))[0][1])
+        assert not math.isclose(
+            u[0][1], sampled_check.pit_values(Bigram(), [3, 0], outputs, 1.0, torch.Generator().manual_seed(7))[0][1]
+        )
 
 
 def test_pit_values_refusals():
@@ -182,7 +237,9 @@ def test_chi_square_values_between_and_at_the_bounds():
     with pytest.raises(ValueError, match="99 values for 20 bins; send at least 100"):
         sampled_check.chi_square_uniform([0.5] * 99)
     assert sampled_check.chi_square_uniform([0.05] * 15, bins=3)["chi2"] == 30.0
-    assert sampled_check.chi_square_uniform([0.1] * 8 + [0.5] * 5 + [0.9] * 4, bins=3)["chi2"] == 1.529  # 26/17, 3 decimals
+    assert (
+        sampled_check.chi_square_uniform([0.1] * 8 + [0.5] * 5 + [0.9] * 4, bins=3)["chi2"] == 1.529
+    )  # 26/17, 3 decimals
 
 
 def test_position_pvalues_group_batch_and_skip_short_outputs(monkeypatch):
@@ -199,14 +256,17 @@ def test_position_pvalues_group_batch_and_skip_short_outputs(monkeypatch):
         return real(model, prompt, outputs, temperature, generator)
 
     monkeypatch.setattr(sampled_check, "pit_values", spy)
-    recs = ([{"input_ids": [0], "output_ids": [1, 2, 0], "temperature": 0.5}] * 6
-            + [{"input_ids": [0], "output_ids": [1], "temperature": 0.5}] * 3
-            + [{"input_ids": [2], "output_ids": [0, 1, 2], "temperature": 0.5}] * 2
-            + [{"input_ids": [0], "output_ids": [1, 2, 0], "temperature": 2}] * 1)
+    recs = (
+        [{"input_ids": [0], "output_ids": [1, 2, 0], "temperature": 0.5}] * 6
+        + [{"input_ids": [0], "output_ids": [1], "temperature": 0.5}] * 3
+        + [{"input_ids": [2], "output_ids": [0, 1, 2], "temperature": 0.5}] * 2
+        + [{"input_ids": [0], "output_ids": [1, 2, 0], "temperature": 2}] * 1
+    )
     monkeypatch.setattr(sampled_check, "chi_square_uniform", lambda u: {"n": len(u), "u": u})
     out = sampled_check.position_pvalues(Bigram(), recs, positions=[1, 3])
-    assert sorted(seen) == sorted([((0,), 4, 3, 0.5), ((0,), 2, 3, 0.5), ((0,), 3, 1, 0.5), ((2,), 2, 3, 0.5),
-                                   ((0,), 1, 3, 2.0)])
+    assert sorted(seen) == sorted(
+        [((0,), 4, 3, 0.5), ((0,), 2, 3, 0.5), ((0,), 3, 1, 0.5), ((2,), 2, 3, 0.5), ((0,), 1, 3, 2.0)]
+    )
     assert out["1"]["n"] == 12 and out["3"]["n"] == 9
     g = torch.Generator().manual_seed(0)
     first = real(Bigram(), [0], [[1, 2, 0]] * 4, 0.5, g)
@@ -227,6 +287,7 @@ def test_pit_pass_runs_without_tf32_and_restores_it():
 
 
 # --- what mutation testing found untested: the device, the clamp at 1, binning in float64, seeds, blank lines -------
+
 
 def test_pit_values_stay_on_the_models_device():
     """On a model on the meta device every tensor pit_values makes is meta: the values fail only where they are
@@ -254,7 +315,7 @@ def test_u_is_clamped_to_1_where_rounding_passes_it(monkeypatch):
     table[0] = (torch.randn(7, generator=torch.Generator().manual_seed(10)) * 3).tolist()
     p = torch.softmax(torch.tensor(table[0], dtype=torch.float64) / 0.7, -1)
     assert torch.cumsum(p, -1)[-1].item() > 1.0  # the case this needs
-    top = 1.0 - 2.0 ** -53
+    top = 1.0 - 2.0**-53
     monkeypatch.setattr(torch, "rand", lambda *shape, generator, dtype: torch.full(shape, top, dtype=dtype))
     model = Bigram(table).double()
     (u,) = sampled_check.pit_values(model, [0], [[6]], 0.7, torch.Generator())
@@ -292,8 +353,10 @@ def test_records_pass_over_blank_lines_and_the_refusals_in_full(tmp_path):
     path.write_text('{"system": "base"}\n')
     with pytest.raises(ValueError) as refused:
         sampled_check.read_records([path])
-    assert str(refused.value) == (f"{path}:1: not a sampled-output record ('input_ids'); expected system, input_ids, "
-                                  "output_ids, temperature and seed (benchmarks/sampling_exactness.py writes them).")
+    assert str(refused.value) == (
+        f"{path}:1: not a sampled-output record ('input_ids'); expected system, input_ids, "
+        "output_ids, temperature and seed (benchmarks/sampling_exactness.py writes them)."
+    )
     with pytest.raises(ValueError) as refused:
         sampled_check.pit_values(Bigram(), [0], [], 1.0, torch.Generator())
     assert str(refused.value) == "pit_values: a prompt and outputs of one length >= 1 are needed (ignore_eos requests)."

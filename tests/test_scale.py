@@ -1,6 +1,7 @@
 """The Qwen3-8B-scale cost benchmark (benchmarks/scale.py, scale_report.py) on the CPU: the inputs it
 builds (at toy width), its server arguments, its phases against stand-in servers that write stage-timer
 files, the deadline guard, and summary.json / cost.md / cost.png from the bundles."""
+
 import contextlib
 import dataclasses
 import io
@@ -21,8 +22,16 @@ from sglang_lilicorr.benchmarks import scale, scale_report
 from sglang_lilicorr.errors import UsageError
 
 TESTS = Path(__file__).resolve().parent
-TOY = {**scale.QWEN3_8B, "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
-       "head_dim": 16, "vocab_size": 300, "max_position_embeddings": 4096}
+TOY = {
+    **scale.QWEN3_8B,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 300,
+    "max_position_embeddings": 4096,
+}
 TOY_HEAD = {"candidate_topk": 4, "hidden_size": 32, "num_layers": 1, "num_heads": 4, "factor_dim": 16}
 
 # Serves tests/stub_server.py on $PORT and, like a server with the plugin's stage timer, writes a
@@ -82,7 +91,9 @@ def test_build_writes_servable_drafts_of_the_targets_shape(built, capsys):
     plain, none = load_draft(built / "drafts" / "dflash")
     assert none is None and head.config.candidate_topk == 4 and drafter.config == plain.config
     assert all((drafter.state_dict()[k] == v).all() for k, v in plain.state_dict().items())  # the same drafter
-    assert lilicorr_cli.main(["check-draft", str(built / "drafts" / "lilicorr"), "--target", str(built / "target")]) == 0
+    assert (
+        lilicorr_cli.main(["check-draft", str(built / "drafts" / "lilicorr"), "--target", str(built / "target")]) == 0
+    )
     assert "ok: serve with" in capsys.readouterr().out
     stamp = (built / "build.json").read_text()
     lines = []
@@ -95,8 +106,15 @@ def test_the_paper_geometry():
 
     config = scale.drafter_config(scale.QWEN3_8B, layers=scale.DRAFT_LAYERS, mask_token_id=scale.QWEN3_MASK_TOKEN_ID)
     assert list(config.target_layer_ids) == build_target_layer_ids(36, 5)
-    assert (config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.intermediate_size,
-            config.vocab_size, config.block_size) == (4096, 32, 8, 128, 12288, 151936, 16)
+    assert (
+        config.hidden_size,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+        config.intermediate_size,
+        config.vocab_size,
+        config.block_size,
+    ) == (4096, 32, 8, 128, 12288, 151936, 16)
     import torch
 
     from sglang_lilicorr.config import LiLiCorrConfig
@@ -110,14 +128,23 @@ def test_the_paper_geometry():
 
 def test_server_arguments_of_each_system(tmp_path):
     lil = scale.server_args("lilicorr", tmp_path, eager=False)
-    assert lil[lil.index("--speculative-algorithm") + 1] == "LILICORR" and lil[lil.index("--load-format") + 1] == "dummy"
+    assert (
+        lil[lil.index("--speculative-algorithm") + 1] == "LILICORR" and lil[lil.index("--load-format") + 1] == "dummy"
+    )
     assert "--skip-tokenizer-init" in lil and lil[lil.index("--speculative-draft-load-format") + 1] == "safetensors"
     blt, dfl = scale.server_args("builtin", tmp_path, eager=True), scale.server_args("dflash", tmp_path, eager=False)
-    assert blt[blt.index("--speculative-algorithm") + 1] == "DFLASH" and blt[blt.index("--speculative-draft-model-path") + 1].endswith("lilicorr")
-    assert dfl[dfl.index("--speculative-draft-model-path") + 1].endswith("dflash") and "disabled" not in dfl[dfl.index("--cuda-graph-backend-prefill") + 2:]
+    assert blt[blt.index("--speculative-algorithm") + 1] == "DFLASH" and blt[
+        blt.index("--speculative-draft-model-path") + 1
+    ].endswith("lilicorr")
+    assert (
+        dfl[dfl.index("--speculative-draft-model-path") + 1].endswith("dflash")
+        and "disabled" not in dfl[dfl.index("--cuda-graph-backend-prefill") + 2 :]
+    )
     assert blt[blt.index("--cuda-graph-backend-decode") + 1] == "disabled"
     assert "--speculative-algorithm" not in scale.server_args("base", tmp_path, eager=False)
-    assert scale.server_env("lilicorr", tmp_path)["SGLANG_SIMULATE_ACC_LEN"] == "7" and "SGLANG_SIMULATE_ACC_LEN" not in scale.server_env("base", tmp_path)
+    assert scale.server_env("lilicorr", tmp_path)[
+        "SGLANG_SIMULATE_ACC_LEN"
+    ] == "7" and "SGLANG_SIMULATE_ACC_LEN" not in scale.server_env("base", tmp_path)
     texts = [r["text"] for r in scale.prompts(3)]
     assert len(set(texts)) == 3 and all(len(t.encode()) == scale.PROMPT_TOKENS for t in texts)
 
@@ -129,7 +156,9 @@ def test_sglang_parses_the_server_arguments(tmp_path, built):
 
     register()  # the LILICORR name, as in every SGLang process
     for system in ("base", "dflash", "lilicorr"):
-        args = prepare_server_args(["--model-path", str(built / "target"), *scale.server_args(system, built, eager=system == "dflash")])
+        args = prepare_server_args(
+            ["--model-path", str(built / "target"), *scale.server_args(system, built, eager=system == "dflash")]
+        )
         assert args.load_format == "dummy" and args.skip_tokenizer_init and args.max_total_tokens == 24576
 
 
@@ -157,7 +186,12 @@ def bundles(built, tmp_path_factory):
 
 def test_phases_pack_whole_bundles_of_paired_rounds(bundles):
     printed_phases = (bundles.parent / "printed.txt").read_text()
-    assert sorted(p.name for p in bundles.iterdir()) == ["scale_base.tar.gz", "scale_eager.tar.gz", "scale_graph.tar.gz", "scale_tput.tar.gz"]
+    assert sorted(p.name for p in bundles.iterdir()) == [
+        "scale_base.tar.gz",
+        "scale_eager.tar.gz",
+        "scale_graph.tar.gz",
+        "scale_tput.tar.gz",
+    ]
     with tarfile.open(bundles / "scale_graph.tar.gz") as t:
         names = t.getnames()
         phase = json.loads(t.extractfile("graph/phase.json").read())
@@ -166,14 +200,20 @@ def test_phases_pack_whole_bundles_of_paired_rounds(bundles):
     assert {f"graph/{r}" for r in rounds} <= set(names)
     assert phase["failures"] == [] and phase["rounds_written"] == rounds
     assert "[graph] lilicorr bs=1 graph: 10.01 ms per step over 90 steps" in printed_phases
-    assert "SGLANG_SIMULATE_ACC_LEN" in phase["server_env"]["builtin"] and "LILICORR" in phase["server_args"]["lilicorr"]
-    assert {(r["system"], r["concurrency"]) for r in round1} == {(s, c) for s in scale.SYSTEMS for c in scale.CONCURRENCY}
+    assert (
+        "SGLANG_SIMULATE_ACC_LEN" in phase["server_env"]["builtin"] and "LILICORR" in phase["server_args"]["lilicorr"]
+    )
+    assert {(r["system"], r["concurrency"]) for r in round1} == {
+        (s, c) for s in scale.SYSTEMS for c in scale.CONCURRENCY
+    }
     assert all(t["completion_tokens"] == scale.MAX_TOKENS for r in round1 for t in r["turns"])
     with tarfile.open(bundles / "scale_tput.tar.gz") as t:
         tput = json.loads(t.extractfile("tput/phase.json").read())
         long_round = [json.loads(line) for line in t.extractfile("tput/round1.jsonl").read().splitlines()]
     assert tput["max_tokens"] == 1024 and "--max-total-tokens 49152" in tput["server_args"]["lilicorr"]
-    assert {r["system"] for r in long_round} == {"lilicorr", "builtin"} and all(t["completion_tokens"] == 1024 for r in long_round for t in r["turns"])
+    assert {r["system"] for r in long_round} == {"lilicorr", "builtin"} and all(
+        t["completion_tokens"] == 1024 for r in long_round for t in r["turns"]
+    )
     assert not [p for p in bundles.iterdir() if p.name.startswith(".")]  # no temporary left behind
 
 
@@ -185,28 +225,50 @@ def test_summary_has_every_system_and_concurrency(bundles, tmp_path):
     for s in scale.SYSTEMS:
         for c in ("1", "4", "16", "32"):
             e = doc["systems"][s][c]
-            assert {"per_block_ms", "head_ms", "decode_step_ms", "tok_s"} <= set(e) and None not in (e["per_block_ms"], e["head_ms"], e["decode_step_ms"], e["tok_s"])
+            assert {"per_block_ms", "head_ms", "decode_step_ms", "tok_s"} <= set(e) and None not in (
+                e["per_block_ms"],
+                e["head_ms"],
+                e["decode_step_ms"],
+                e["tok_s"],
+            )
             assert e["per_block_ms"] == pytest.approx(BLOCK_MS[s] + int(c) / 100)
             assert e["decode_step_ms"] == pytest.approx(7.0 + int(c) / 100) and e["forced_commit_len"] == 7.0
             assert e["per_block_ms_eager"] == pytest.approx(2.5 * BLOCK_MS[s] + int(c) / 100)
-            assert e["projected_speedup"] == pytest.approx(scale_report.PAPER_TAU[s] * e["decode_step_ms"] / e["per_block_ms"])
+            assert e["projected_speedup"] == pytest.approx(
+                scale_report.PAPER_TAU[s] * e["decode_step_ms"] / e["per_block_ms"]
+            )
             assert len(e["tok_s_per_round"]) == scale.PHASES["graph"].rounds and e["speedup_measured"] > 0
-    assert doc["systems"]["dflash"]["1"]["head_ms"] == 0.0 and doc["systems"]["lilicorr"]["1"]["head_ms"] == pytest.approx(0.12)
+    assert doc["systems"]["dflash"]["1"]["head_ms"] == 0.0 and doc["systems"]["lilicorr"]["1"][
+        "head_ms"
+    ] == pytest.approx(0.12)
     assert doc["systems"]["builtin"]["1"]["head_ms_eager"] == pytest.approx(1.05)
     rounds = scale.PHASES["graph"].rounds
-    assert doc["systems"]["lilicorr"]["4"]["tok_s_vs_builtin"]["n"] == rounds and doc["systems"]["builtin"]["4"]["tok_s_vs_dflash"]["n"] == rounds
-    assert doc["base"]["16"]["tok_s"] > 0 and doc["systems"]["lilicorr"]["1"]["head_share"] == pytest.approx(0.12 / 10.01)
+    assert (
+        doc["systems"]["lilicorr"]["4"]["tok_s_vs_builtin"]["n"] == rounds
+        and doc["systems"]["builtin"]["4"]["tok_s_vs_dflash"]["n"] == rounds
+    )
+    assert doc["base"]["16"]["tok_s"] > 0 and doc["systems"]["lilicorr"]["1"]["head_share"] == pytest.approx(
+        0.12 / 10.01
+    )
     assert doc["systems"]["builtin"]["4"]["recorded"]["host_ms"]["target_verify"] == pytest.approx(0.7 * 10.4)
     targets = doc["targets"]
     assert targets["head_share_c1_le_1.5pct"]["met"] is True and targets["lilicorr_block_le_builtin"]["met"] is True
     assert targets["lilicorr_block_le_1.01x_dflash"]["met"] is True
     mem = doc["memory"]["lilicorr"]
-    assert mem["kv_bytes_per_token"] == pytest.approx(3.75 * 2**30 / 24576) and doc["memory_derivation"]["free_before_load_gib"] == 78.5
+    assert (
+        mem["kv_bytes_per_token"] == pytest.approx(3.75 * 2**30 / 24576)
+        and doc["memory_derivation"]["free_before_load_gib"] == 78.5
+    )
     pool = int((0.85 * 78.5 - 15.26 - 2.03) * 2**30 / mem["kv_bytes_per_token"])
     assert mem["pool_tokens_at_fraction"] == pool and mem["largest_batch"] == pool // (4096 + 16)
-    assert doc["memory"]["base"]["largest_batch"] == int((0.85 * 78.5 - 15.26) * 2**30 / mem["kv_bytes_per_token"]) // 4096
+    assert (
+        doc["memory"]["base"]["largest_batch"] == int((0.85 * 78.5 - 15.26) * 2**30 / mem["kv_bytes_per_token"]) // 4096
+    )
     text = (out / "cost.md").read_text()
-    assert "| Stage (ms / block) | dflash (graph) | lilicorr (eager) | lilicorr (graph) | builtin (eager) | builtin (graph) |" in text
+    assert (
+        "| Stage (ms / block) | dflash (graph) | lilicorr (eager) | lilicorr (graph) | builtin (eager) | builtin (graph) |"
+        in text
+    )
     assert "every block committed 7 tokens" in text and "Plain decode step of the same target: 7.01 ms" in text
     assert doc["prefill"]["lilicorr"]["gpu_ms"]["mean"] == 35.0 and doc["prefill"]["base"]["gpu_ms"]["count"] == 90
     long_runs = doc["tok_s_1024"]  # the tput phase: its 1,024-token rounds decide the throughput target
@@ -221,7 +283,10 @@ def test_a_summary_of_the_graph_phase_alone_names_what_is_missing(bundles, tmp_p
     doc, tables = scale_report.summarize(scale_report.phase_folders([bundles / "scale_graph.tar.gz"], tmp_path))
     e = doc["systems"]["lilicorr"]["1"]
     assert e["per_block_ms"] is not None and e["decode_step_ms"] is None and e["per_block_ms_eager"] is None
-    assert any("eager: no stage timings" in m for m in doc["missing"]) and doc["targets"]["head_share_c1_le_1.5pct"]["met"] is True
+    assert (
+        any("eager: no stage timings" in m for m in doc["missing"])
+        and doc["targets"]["head_share_c1_le_1.5pct"]["met"] is True
+    )
     assert [s["variant"] for s in tables[1]["systems"]] == ["graph", "graph", "graph"]
     with pytest.raises(UsageError, match="given twice"):
         scale_report.phase_folders([bundles / "scale_graph.tar.gz", bundles / "scale_graph.tar.gz"], tmp_path / "x")
@@ -243,10 +308,36 @@ def test_the_deadline_skips_a_phase_it_leaves_no_time_for(built, bundles, tmp_pa
     import time
 
     out = tmp_path / "OUT"
-    code = scale.main(["run", "--work", str(fresh_work(built, tmp_path)), "--phases", "base", "--out", str(out),
-                       "--deadline", str(time.time() + 60)])
+    code = scale.main(
+        [
+            "run",
+            "--work",
+            str(fresh_work(built, tmp_path)),
+            "--phases",
+            "base",
+            "--out",
+            str(out),
+            "--deadline",
+            str(time.time() + 60),
+        ]
+    )
     assert code == 4 and not out.exists() and "run it in the next call" in capsys.readouterr().out
-    assert scale.main(["run", "--work", str(built), "--phases", "base,graph", "--out", str(out), "--deadline", str(time.time() + 60)]) == 0
+    assert (
+        scale.main(
+            [
+                "run",
+                "--work",
+                str(built),
+                "--phases",
+                "base,graph",
+                "--out",
+                str(out),
+                "--deadline",
+                str(time.time() + 60),
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out.count("measured in an earlier call") == 2  # packed again, not run again
     assert sorted(p.name for p in out.iterdir()) == ["scale_base.tar.gz", "scale_graph.tar.gz"]
     with pytest.raises(SystemExit, match="run `build` first"):
@@ -258,14 +349,18 @@ def test_the_deadline_skips_a_phase_it_leaves_no_time_for(built, bundles, tmp_pa
 def test_a_server_that_fails_to_start_leaves_its_log_in_the_bundle(built, tmp_path, monkeypatch, capsys):
     work = fresh_work(built, tmp_path)
     crash = tmp_path / "crash.py"
-    crash.write_text("import sys\nprint('Traceback (most recent call last):')\nprint('ValueError: no flashinfer here')\nsys.exit(3)\n")
+    crash.write_text(
+        "import sys\nprint('Traceback (most recent call last):')\nprint('ValueError: no flashinfer here')\nsys.exit(3)\n"
+    )
     monkeypatch.setenv("SCALE_LAUNCH", f"{sys.executable} {crash}")
     monkeypatch.setattr(scale, "PORT0", free_port_block(1))
     assert scale.main(["run", "--work", str(work), "--phases", "base", "--out", str(tmp_path / "OUT")]) == 1
     printed = capsys.readouterr().out
     assert "ValueError: no flashinfer here" in printed and "servers: SGLang server" in printed
     with tarfile.open(tmp_path / "OUT" / "scale_base.tar.gz") as t:
-        assert "base/logs/server-base.log" in t.getnames() and not [n for n in t.getnames() if n.startswith("base/round")]
+        assert "base/logs/server-base.log" in t.getnames() and not [
+            n for n in t.getnames() if n.startswith("base/round")
+        ]
 
 
 def test_the_stage_timer_flush_sends_a_greedy_request(monkeypatch):

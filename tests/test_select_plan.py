@@ -1,5 +1,6 @@
 """The select's plans (sglang_lilicorr/fast_path/plan.py): what kernels/tuning.py's tables resolve to for the two
 measured heads, the buckets, the rule for unmeasured widths, and the plans the select refuses by name."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -7,7 +8,16 @@ import dataclasses
 import pytest
 import torch
 
-from sglang_lilicorr.fast_path.plan import PYTORCH, Device, HeadGeometry, SelectPlan, SelectPlans, batch_bounds, plan_for, plans_for
+from sglang_lilicorr.fast_path.plan import (
+    PYTORCH,
+    Device,
+    HeadGeometry,
+    SelectPlan,
+    SelectPlans,
+    batch_bounds,
+    plan_for,
+    plans_for,
+)
 
 H100 = Device(triton=True, cuda=True, pdl=True)
 INTERPRETER = Device(triton=True, cuda=False, pdl=False)
@@ -68,7 +78,10 @@ def test_unmeasured_widths_take_the_nearest_measured_entry():
     "fields, message",
     [
         (dict(route="fused"), r"route='fused' is none of \('torch', 'folded', 'unfolded'\)"),
-        (dict(route="torch", pdl=True), "pdl and overlap launch Triton kernels, but route='torch' runs the PyTorch path"),
+        (
+            dict(route="torch", pdl=True),
+            "pdl and overlap launch Triton kernels, but route='torch' runs the PyTorch path",
+        ),
     ],
 )
 def test_plans_that_cannot_run_are_named(fields, message):

@@ -1,5 +1,6 @@
 """The served-speed summary (benchmarks/serve_speed.py): paired ratios within rounds, tau, the start-up lines of
 SGLang's logs, the results file, and the idle servers' CPU accounting."""
+
 from __future__ import annotations
 
 import json
@@ -44,9 +45,19 @@ def test_a_concurrency_missing_a_system_is_left_out():
 
 def test_the_verify_variants_join_the_rounds_they_played_and_are_paired_like_the_rest(tmp_path):
     four = {"base": [100, 50], "dflash": [100, 50], "builtin": [200, 100], "lilicorr": [240, 120]}
-    summary = serve_speed.summarize(rounds_of({**four, "dflash_splitkv": [150, 75], "lilicorr_extend": [200, 100]}))["1"]
-    assert summary["dflash_splitkv_vs_dflash"] == [1.5, 1.5, 1.5] and summary["lilicorr_vs_lilicorr_extend"] == [1.2, 1.2, 1.2]
-    assert summary["lilicorr_extend_vs_builtin"] == [1.0, 1.0, 1.0] and summary["lilicorr_vs_dflash_splitkv"] == [1.6, 1.6, 1.6]
+    summary = serve_speed.summarize(rounds_of({**four, "dflash_splitkv": [150, 75], "lilicorr_extend": [200, 100]}))[
+        "1"
+    ]
+    assert summary["dflash_splitkv_vs_dflash"] == [1.5, 1.5, 1.5] and summary["lilicorr_vs_lilicorr_extend"] == [
+        1.2,
+        1.2,
+        1.2,
+    ]
+    assert summary["lilicorr_extend_vs_builtin"] == [1.0, 1.0, 1.0] and summary["lilicorr_vs_dflash_splitkv"] == [
+        1.6,
+        1.6,
+        1.6,
+    ]
     assert set(summary["tau"]) == {"dflash", "builtin", "lilicorr", "dflash_splitkv", "lilicorr_extend"}
     text = serve_speed.table({"1": summary})
     assert "DFLASH split-KV verify tok/s" in text and "lilicorr / lilicorr_extend" in text
@@ -56,7 +67,9 @@ def test_the_verify_variants_join_the_rounds_they_played_and_are_paired_like_the
 
 
 def test_table_and_plot(tmp_path):
-    summary = serve_speed.summarize(rounds_of({"base": [100, 90], "dflash": [80, 70], "builtin": [90, 80], "lilicorr": [95, 85]}))
+    summary = serve_speed.summarize(
+        rounds_of({"base": [100, 90], "dflash": [80, 70], "builtin": [90, 80], "lilicorr": [95, 85]})
+    )
     text = serve_speed.table(summary, "graphs32")
     assert "**graphs32**" in text and "| 1 | 95 | 75 | 85 | 90 |" in text and "lilicorr / builtin" in text
     assert serve_speed.plot({"graphs32": summary}, tmp_path / "s.png").is_file()
@@ -69,19 +82,50 @@ LOG = """[x] Capture target verify CUDA graph end. bs=[1, 2], elapsed=9.27 s, me
 
 
 def test_start_up_seconds_from_sglangs_log_lines():
-    assert serve_speed.capture_seconds(LOG) == {"target verify": 9.27, "draft verify": 44.4, "total": 53.67, "scheduler_e2e": 77.41}
+    assert serve_speed.capture_seconds(LOG) == {
+        "target verify": 9.27,
+        "draft verify": 44.4,
+        "total": 53.67,
+        "scheduler_e2e": 77.41,
+    }
     assert serve_speed.capture_seconds("no such lines") == {}
 
 
 def test_results_file_from_both_settings(tmp_path):
-    graphs = serve_speed.summarize(rounds_of({"base": [100, 90], "dflash": [80, 70], "builtin": [90, 80], "lilicorr": [95, 85]}))
-    eager = serve_speed.summarize(rounds_of({"base": [10, 9], "dflash": [8, 7], "builtin": [6, 5], "lilicorr": [7, 6]}, c=32))
+    graphs = serve_speed.summarize(
+        rounds_of({"base": [100, 90], "dflash": [80, 70], "builtin": [90, 80], "lilicorr": [95, 85]})
+    )
+    eager = serve_speed.summarize(
+        rounds_of({"base": [10, 9], "dflash": [8, 7], "builtin": [6, 5], "lilicorr": [7, 6]}, c=32)
+    )
     for name, setting, summary in (("g", "graphs32", graphs), ("e", "graphs16", eager)):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "speed_summary.json").write_text(json.dumps({
-            "setting": setting, "summary": summary, "capture_s": {"c=1": {"lilicorr": serve_speed.capture_seconds(LOG)}}}))
-    assert serve_speed.main(["--graphs", str(tmp_path / "g"), "--eager", str(tmp_path / "e"), "--card", "H100",
-                             "--commit", "abc", "--out", str(tmp_path / "out")]) == 0
+        (tmp_path / name / "speed_summary.json").write_text(
+            json.dumps(
+                {
+                    "setting": setting,
+                    "summary": summary,
+                    "capture_s": {"c=1": {"lilicorr": serve_speed.capture_seconds(LOG)}},
+                }
+            )
+        )
+    assert (
+        serve_speed.main(
+            [
+                "--graphs",
+                str(tmp_path / "g"),
+                "--eager",
+                str(tmp_path / "e"),
+                "--card",
+                "H100",
+                "--commit",
+                "abc",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 0
+    )
     doc = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert doc["card"] == "H100" and doc["commit"] == "abc" and doc["1"]["lilicorr"] == 90.0
     assert doc["eager"]["lilicorr_vs_dflash"][0] == pytest.approx((7 / 8 + 6 / 7) / 2, abs=1e-4)
@@ -96,8 +140,10 @@ def test_process_tree_cpu_counts_a_busy_child():
     import subprocess
     import sys
 
-    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 0.6: pass\nprint(1)"],
-                             stdout=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 0.6: pass\nprint(1)"],
+        stdout=subprocess.PIPE,
+    )
     before = serve_speed.process_tree_cpu_s(os.getpid())
     child.stdout.read()  # the child has spun ~0.6 s of CPU and is still alive until waited on
     spent = serve_speed.process_tree_cpu_s(os.getpid()) - before

@@ -4,6 +4,7 @@ strict loading of LiLiCorrDraftModel (SGLang's DFlashDraftModel + our head) from
 `write_tiny_target` / `write_tiny_draft` build the tiny Llama target config and LiLiCorr draft
 checkpoint that test_plugin.py uses too.
 """
+
 from __future__ import annotations
 
 import copy
@@ -29,9 +30,18 @@ HEAD_KEYS = dict(candidate_topk=8, hidden_size=0, num_layers=1, num_heads=4, fac
 def write_tiny_target(folder: Path, **overrides) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HIDDEN, "intermediate_size": 128,
-        "num_hidden_layers": TARGET_LAYERS, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": VOCAB,
-        "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16", "tie_word_embeddings": False,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": HIDDEN,
+        "intermediate_size": 128,
+        "num_hidden_layers": TARGET_LAYERS,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": VOCAB,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-5,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
     }
     (folder / "config.json").write_text(json.dumps({**config, **overrides}))
     return folder
@@ -41,13 +51,21 @@ def drafter_tensors(seed: int = 0) -> dict[str, torch.Tensor]:
     """One Qwen3-style DFlash layer at width 64 (names as SGLang's DFlash loader reads them)."""
     g = torch.Generator().manual_seed(seed)
     shapes = {
-        "self_attn.q_proj.weight": (64, 64), "self_attn.k_proj.weight": (32, 64), "self_attn.v_proj.weight": (32, 64),
-        "self_attn.o_proj.weight": (64, 64), "mlp.gate_proj.weight": (128, 64), "mlp.up_proj.weight": (128, 64),
+        "self_attn.q_proj.weight": (64, 64),
+        "self_attn.k_proj.weight": (32, 64),
+        "self_attn.v_proj.weight": (32, 64),
+        "self_attn.o_proj.weight": (64, 64),
+        "mlp.gate_proj.weight": (128, 64),
+        "mlp.up_proj.weight": (128, 64),
         "mlp.down_proj.weight": (64, 128),
     }
     t = {f"layers.0.{n}": (torch.randn(*s, generator=g) * 0.02).bfloat16() for n, s in shapes.items()}
-    for n, width in (("self_attn.q_norm", 16), ("self_attn.k_norm", 16), ("input_layernorm", 64),
-                     ("post_attention_layernorm", 64)):
+    for n, width in (
+        ("self_attn.q_norm", 16),
+        ("self_attn.k_norm", 16),
+        ("input_layernorm", 64),
+        ("post_attention_layernorm", 64),
+    ):
         t[f"layers.0.{n}.weight"] = torch.ones(width, dtype=torch.bfloat16)
     t["norm.weight"] = torch.ones(HIDDEN, dtype=torch.bfloat16)
     t["hidden_norm.weight"] = torch.ones(HIDDEN, dtype=torch.bfloat16)
@@ -62,10 +80,20 @@ def draft_config(block_size: int = 16, with_head: bool = True, **head_keys) -> d
         dflash.update({f"lilicorr_{k}": v for k, v in keys.items()})
         dflash.update({"lilicorr_mlp_ratio": 2.0, "lilicorr_vector_eps": 1e-6, "lilicorr_logit_scale": 8.0})
     return {
-        "architectures": ["LiLiCorrDraftModel" if with_head else "DFlashDraftModel"], "model_type": "qwen3",
-        "hidden_size": HIDDEN, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": VOCAB, "max_position_embeddings": 512,
-        "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16", "block_size": block_size, "num_target_layers": TARGET_LAYERS,
+        "architectures": ["LiLiCorrDraftModel" if with_head else "DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": HIDDEN,
+        "intermediate_size": 128,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "vocab_size": VOCAB,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-5,
+        "torch_dtype": "bfloat16",
+        "block_size": block_size,
+        "num_target_layers": TARGET_LAYERS,
         "dflash_config": dflash,
     }
 
@@ -149,10 +177,13 @@ def test_viterbi_proposal_in_the_draft_graph_route_and_the_eager_one():
 
 
 def test_start_up_line_says_which_rule_commits_the_block():
-    for walk, rule in (("greedy", "the greedy walk (each slot the best continuation of the slot before; the paper's rule)"),
-                       ("viterbi", "the Viterbi path (the exact maximiser of the block's start + pair scores)")):
+    for walk, rule in (
+        ("greedy", "the greedy walk (each slot the best continuation of the slot before; the paper's rule)"),
+        ("viterbi", "the Viterbi path (the exact maximiser of the block's start + pair scores)"),
+    ):
         assert make_proposer(walk=walk)[0].startup_line() == (
-            f"LILICORR: each drafted block is committed by {rule} (LILICORR_WALK={walk}; one of greedy, viterbi).")
+            f"LILICORR: each drafted block is committed by {rule} (LILICORR_WALK={walk}; one of greedy, viterbi)."
+        )
 
 
 def test_anchor_changes_the_proposal_only_through_its_request():
@@ -169,7 +200,11 @@ def test_anchor_changes_the_proposal_only_through_its_request():
 def test_last_rows_of_prefill_and_verify():
     from sglang_lilicorr.serving.proposer import last_rows
 
-    assert last_rows(num_rows=9, extend_lens=torch.tensor([4, 1, 4], dtype=torch.int32), commit_lens=None).tolist() == [3, 4, 8]
+    assert last_rows(num_rows=9, extend_lens=torch.tensor([4, 1, 4], dtype=torch.int32), commit_lens=None).tolist() == [
+        3,
+        4,
+        8,
+    ]
     # verify: 3 requests x block 16, committing 1, 16 and 5 rows
     rows = last_rows(num_rows=48, extend_lens=None, commit_lens=torch.tensor([1, 16, 5], dtype=torch.int32))
     assert rows.tolist() == [0, 31, 36]
@@ -182,8 +217,12 @@ def test_proposer_rejects_wrong_block_and_unallocated_use():
 
     head = tiny_head(16)
     with pytest.raises(ValueError, match="trained for 16"):
-        LiLiCorrProposer(head=head, lm_head_weight=torch.zeros(VOCAB, HIDDEN), embed_weight=torch.zeros(VOCAB, HIDDEN), block_size=8)
-    proposer = LiLiCorrProposer(head=head, lm_head_weight=torch.zeros(VOCAB, HIDDEN), embed_weight=torch.zeros(VOCAB, HIDDEN), block_size=16)
+        LiLiCorrProposer(
+            head=head, lm_head_weight=torch.zeros(VOCAB, HIDDEN), embed_weight=torch.zeros(VOCAB, HIDDEN), block_size=8
+        )
+    proposer = LiLiCorrProposer(
+        head=head, lm_head_weight=torch.zeros(VOCAB, HIDDEN), embed_weight=torch.zeros(VOCAB, HIDDEN), block_size=16
+    )
     with pytest.raises(RuntimeError, match="allocate"):
         proposer.stage_anchors(torch.tensor([0]))
     proposer.allocate(num_request_slots=4, max_rows=2)
@@ -198,8 +237,13 @@ def test_proposal_on_cuda_matches_cpu_and_replays_in_a_cuda_graph(walk):
     from sglang_lilicorr.serving.proposer import LiLiCorrProposer
 
     dev = torch.device("cuda")
-    gpu = LiLiCorrProposer(head=copy.deepcopy(head).to(dev), lm_head_weight=lm.to(dev), embed_weight=embed.to(dev), block_size=16,
-                           walk=walk)
+    gpu = LiLiCorrProposer(
+        head=copy.deepcopy(head).to(dev),
+        lm_head_weight=lm.to(dev),
+        embed_weight=embed.to(dev),
+        block_size=16,
+        walk=walk,
+    )
     gpu.allocate(num_request_slots=8, max_rows=4)
     g = torch.Generator().manual_seed(4)
     hidden = torch.randn(4 * 16, HIDDEN, generator=g)
@@ -251,7 +295,9 @@ def test_eager_batches_replay_graphs_that_propose_as_the_direct_call():
 
     _, head, lm, embed = make_proposer()
     dev = torch.device("cuda")
-    gpu = LiLiCorrProposer(head=copy.deepcopy(head).to(dev), lm_head_weight=lm.to(dev), embed_weight=embed.to(dev), block_size=16)
+    gpu = LiLiCorrProposer(
+        head=copy.deepcopy(head).to(dev), lm_head_weight=lm.to(dev), embed_weight=embed.to(dev), block_size=16
+    )
     rows = 3 * EAGER_BUCKET + 3
     gpu.allocate(num_request_slots=rows, max_rows=rows)
     gpu.warm(graph_batch_sizes=[1, 2, 4, EAGER_BUCKET], capture=True)
@@ -398,8 +444,10 @@ def test_append_publishes_each_requests_anchor_from_the_appends_own_projection(m
     assert len(appended) == 2 and draft.take_context_hidden() is None  # each projection is taken once
     # the static verify row base equals the general rule
     commit = torch.tensor([16, 1, 7], dtype=torch.int32)
-    assert torch.equal(proposer.anchor_rows(num_rows=48, extend_lens=None, commit_lens=commit),
-                       last_rows(num_rows=48, extend_lens=None, commit_lens=commit))
+    assert torch.equal(
+        proposer.anchor_rows(num_rows=48, extend_lens=None, commit_lens=commit),
+        last_rows(num_rows=48, extend_lens=None, commit_lens=commit),
+    )
 
 
 @pytest.mark.parametrize("walk", list(WALKS))
@@ -411,8 +459,10 @@ def test_the_worker_builds_its_proposer_with_lilicorr_walk_and_says_so(walk, mon
     from sglang_lilicorr.serving import worker as worker_module
 
     head = tiny_head()
-    target = types.SimpleNamespace(lm_head=types.SimpleNamespace(weight=torch.zeros(VOCAB, HIDDEN)),
-                                   get_input_embeddings=lambda: types.SimpleNamespace(weight=torch.zeros(VOCAB, HIDDEN)))
+    target = types.SimpleNamespace(
+        lm_head=types.SimpleNamespace(weight=torch.zeros(VOCAB, HIDDEN)),
+        get_input_embeddings=lambda: types.SimpleNamespace(weight=torch.zeros(VOCAB, HIDDEN)),
+    )
 
     def dflash_init(self, *args):
         self.draft_model = types.SimpleNamespace(lilicorr_head=head)
@@ -448,8 +498,9 @@ def test_target_lm_head_must_be_dense_and_unpadded():
 
 def shard_indices(start: int, size: int, padded: int):
     """SGLang's VocabParallelEmbeddingShardIndices fields the worker reads (no added vocabulary)."""
-    return types.SimpleNamespace(org_vocab_start_index=start, num_org_elements=size, num_org_elements_padded=padded,
-                                 num_added_elements=0)
+    return types.SimpleNamespace(
+        org_vocab_start_index=start, num_org_elements=size, num_org_elements_padded=padded, num_added_elements=0
+    )
 
 
 def test_vocabulary_parallel_lm_head_and_embedding_on_a_tp_rank():
@@ -460,8 +511,9 @@ def test_vocabulary_parallel_lm_head_and_embedding_on_a_tp_rank():
 
     vocab, gathered = 200, []
     full = torch.randn(256, HIDDEN).bfloat16()
-    group = types.SimpleNamespace(world_size=4, all_gather_into_tensor=lambda out, inp: None,
-                                  all_gather=lambda w, dim: gathered.append(w) or full)
+    group = types.SimpleNamespace(
+        world_size=4, all_gather_into_tensor=lambda out, inp: None, all_gather=lambda w, dim: gathered.append(w) or full
+    )
     lm = types.SimpleNamespace(weight=full[128:192], shard_indices=shard_indices(128, 64, 64))
     rows, shard = lm_head_rows(lm, vocab, group)
     assert rows.shape == (64, HIDDEN) and (shard.start, shard.size, shard.vocab_size, shard.ranks) == (128, 64, 200, 4)
@@ -474,8 +526,9 @@ def test_vocabulary_parallel_lm_head_and_embedding_on_a_tp_rank():
     assert full_embedding(whole, vocab) is whole.weight
     with pytest.raises(ServingConfigError, match="no input embedding"):
         full_embedding(types.SimpleNamespace(), vocab)
-    quantized = types.SimpleNamespace(weight=full[128:192].to(torch.int8), shard_indices=shard_indices(128, 64, 64),
-                                      tp_group=group)
+    quantized = types.SimpleNamespace(
+        weight=full[128:192].to(torch.int8), shard_indices=shard_indices(128, 64, 64), tp_group=group
+    )
     with pytest.raises(ServingConfigError, match="--tp-size 1"):
         full_embedding(quantized, vocab)
 

@@ -1,6 +1,7 @@
 """serving/verify_attention.py: which verify attention a LILICORR target runs, and that SGLang's split-KV verify
 kernel, as the plugin runs it, computes the prefill kernel's attention (both kernels under Triton's interpreter, in a
 subprocess: SGLang's kernel modules must be imported with TRITON_INTERPRET=1 set)."""
+
 from __future__ import annotations
 
 import os
@@ -33,10 +34,17 @@ def test_the_setting_is_checked_and_defaults_to_auto(monkeypatch):
         va.choice()
 
 
-@pytest.mark.parametrize("setting, heads, expected", [
-    ("auto", 9, True), ("auto", 16, True), ("auto", 17, False), ("auto", 32, False),
-    ("split-kv", 32, True), ("extend", 9, False),
-])
+@pytest.mark.parametrize(
+    "setting, heads, expected",
+    [
+        ("auto", 9, True),
+        ("auto", 16, True),
+        ("auto", 17, False),
+        ("auto", 32, False),
+        ("split-kv", 32, True),
+        ("extend", 9, False),
+    ],
+)
 def test_which_targets_get_the_split_kv_kernel(setting, heads, expected):
     assert va.wanted(setting, heads) is expected
 
@@ -46,7 +54,9 @@ def warmed(monkeypatch) -> list:
     """configure's warm-up, recorded instead of run: the backends it warmed."""
     calls = []
     monkeypatch.setattr(va, "zero_scratch", lambda: None)
-    monkeypatch.setattr(va, "warm", lambda backend, block_size, dtype, lengths: calls.append((backend, block_size)) or True)
+    monkeypatch.setattr(
+        va, "warm", lambda backend, block_size, dtype, lengths: calls.append((backend, block_size)) or True
+    )
     return calls
 
 
@@ -80,12 +90,20 @@ def test_every_split_count_is_warmed_only_where_eager_verifies_can_occur(monkeyp
     assert "warmed at 1 of its 3 split counts (every verify batch within the graphs" in caplog.text
 
 
-@pytest.mark.parametrize("backend_name, sizes, running, expected", [
-    ("FULL", [1, 2, 4, 32], 32, False), ("FULL", [1, 2, 4, 32], 33, True), ("FULL", [1, 16], 32, True),
-    ("FULL", [1, 16], None, True), ("FULL", [], 8, True), ("DISABLED", [1, 32], 8, True),
-])
-def test_eager_batches_are_possible_above_the_largest_graph_or_without_graphs(monkeypatch, backend_name, sizes, running,
-                                                                               expected):
+@pytest.mark.parametrize(
+    "backend_name, sizes, running, expected",
+    [
+        ("FULL", [1, 2, 4, 32], 32, False),
+        ("FULL", [1, 2, 4, 32], 33, True),
+        ("FULL", [1, 16], 32, True),
+        ("FULL", [1, 16], None, True),
+        ("FULL", [], 8, True),
+        ("DISABLED", [1, 32], 8, True),
+    ],
+)
+def test_eager_batches_are_possible_above_the_largest_graph_or_without_graphs(
+    monkeypatch, backend_name, sizes, running, expected
+):
     import sglang.srt.runtime_context as runtime_context
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
@@ -140,8 +158,13 @@ def test_the_plugin_hooks_sglangs_dflash_worker_only_where_the_setting_is_set():
         print(hasattr(DFlashWorkerV2.init_attention_backends, "__wrapped__"), hooks == [va.after_dflash_init])
     """)
     for env, expected in ((va.SPLIT_KV, "True True"), ("", "False False")):
-        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                             env={**os.environ, va.ENV: env, "SGLANG_PLUGINS": "lilicorr"})
+        out = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, va.ENV: env, "SGLANG_PLUGINS": "lilicorr"},
+        )
         assert out.stdout.strip().splitlines()[-1:] == [expected], out.stderr[-2000:]
 
 

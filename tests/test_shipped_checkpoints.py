@@ -1,5 +1,6 @@
 """The shipped SmolLM2 drafts (checkpoints/) load strictly in our loaders, in the LILICORR plugin's draft
 model, and in stock SGLang 0.5.23's own draft classes (DFlashDraftModel, LiLiCorrDraftModel)."""
+
 from pathlib import Path
 
 import pytest

@@ -1,5 +1,6 @@
 """SmolLM2 acquisition: fetch -> verify -> convert -> cache, with the network and the conversion
 injected (the real 93 MB download runs only with LILICORR_SLOW=1)."""
+
 import hashlib
 import json
 import os
@@ -103,8 +104,10 @@ def test_real_smollm2_answers_paris():
     import torch
 
     model, tok = smollm2.load_smollm2()  # the user cache: converted once
-    text = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=False)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=False
+    )
     ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
     out = model.generate(ids, max_new_tokens=12, do_sample=False)
-    assert "Paris" in tok.decode(out[0, ids.shape[1]:])
+    assert "Paris" in tok.decode(out[0, ids.shape[1] :])
     assert next(model.parameters()).dtype == torch.float32

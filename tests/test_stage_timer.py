@@ -1,6 +1,7 @@
 """Per-stage decode timing (instrumentation/stage_timer.py) on CPU: a fake DFlash-family worker with an
 injected clock and injected (lazily resolving) events, the JSON it writes, the proposal
 micro-benchmark's parts, the plugin's opt-in install, and `from_timings` / `bench stages --timings`."""
+
 from __future__ import annotations
 
 import json
@@ -139,8 +140,9 @@ def timed(tmp_path, worker_cls=SubWorker, dump_every=100, microbench=None):
     clock = Clock()
     events = Events(clock)
     worker = worker_cls(clock)
-    recorder = stage_timer.StageRecorder(tmp_path, info={"algorithm": "LILICORR"}, events=events, clock=clock,
-                                         dump_every=dump_every)
+    recorder = stage_timer.StageRecorder(
+        tmp_path, info={"algorithm": "LILICORR"}, events=events, clock=clock, dump_every=dump_every
+    )
     stage_timer.attach(worker, recorder, microbench=microbench)
     return worker, recorder, clock, events
 
@@ -270,7 +272,9 @@ def test_host_events_fallback():
     ev = stage_timer.HostEvents()
     a, b = ev.record(), ev.record()
     assert ev.ready(b) and ev.elapsed_ms(a, b) >= 0.0
-    assert isinstance(stage_timer.default_events(), stage_timer.CudaEvents if torch.cuda.is_available() else stage_timer.HostEvents)
+    assert isinstance(
+        stage_timer.default_events(), stage_timer.CudaEvents if torch.cuda.is_available() else stage_timer.HostEvents
+    )
 
 
 # --- the proposal micro-benchmark -----------------------------------------------------------
@@ -299,7 +303,9 @@ def test_microbench_records_each_failure_and_keeps_going():
     assert set(result["batch_sizes"]) == {"1", "2"}
     assert result["batch_sizes"]["2"]["eager"] == {"lm_head": 0.5, "spec_head": 0.5, "proposal": 0.5}
     assert len(result["errors"]) == 6 and all("no CUDA graphs" in e for e in result["errors"])
-    broken = stage_timer.proposal_microbench(SimpleNamespace(block_size=16, proposer=None), batch_sizes=[1], time_ms=host_time_ms)
+    broken = stage_timer.proposal_microbench(
+        SimpleNamespace(block_size=16, proposer=None), batch_sizes=[1], time_ms=host_time_ms
+    )
     assert broken["batch_sizes"] == {} and broken["errors"][0].startswith("setup:")  # no target LM head to read
 
 
@@ -315,11 +321,15 @@ def test_microbench_on_cuda_times_eager_and_graph(lilicorr):
     if lilicorr:
         from sglang_lilicorr.serving.proposer import LiLiCorrProposer
 
-        proposer = LiLiCorrProposer(head=head.cuda(), lm_head_weight=lm.cuda(), embed_weight=embed.cuda(), block_size=16)
+        proposer = LiLiCorrProposer(
+            head=head.cuda(), lm_head_weight=lm.cuda(), embed_weight=embed.cuda(), block_size=16
+        )
         worker = SimpleNamespace(block_size=16, proposer=proposer)
     else:  # DFLASH: the target's LM head, as the worker finds it
-        runner = SimpleNamespace(model=SimpleNamespace(lm_head=torch.nn.Linear(lm.shape[1], lm.shape[0] + 6, bias=False).cuda()),
-                                 model_config=SimpleNamespace(vocab_size=lm.shape[0]))
+        runner = SimpleNamespace(
+            model=SimpleNamespace(lm_head=torch.nn.Linear(lm.shape[1], lm.shape[0] + 6, bias=False).cuda()),
+            model_config=SimpleNamespace(vocab_size=lm.shape[0]),
+        )
         worker = SimpleNamespace(block_size=16, target_worker=SimpleNamespace(model_runner=runner))
     result = stage_timer.proposal_microbench(worker, batch_sizes=[1, 4])
     assert result["errors"] == []
@@ -345,9 +355,13 @@ def test_plugin_installs_the_timer_only_with_the_env(monkeypatch, tmp_path):
     patched = DFlashWorkerV2.__init__
     register()  # every SGLang process calls it; installing twice would time twice
     assert DFlashWorkerV2.__init__ is patched
-    assert TpModelWorker.__init__._stage_timing_original is not None  # the plain decode step of a server without speculation
+    assert (
+        TpModelWorker.__init__._stage_timing_original is not None
+    )  # the plain decode step of a server without speculation
     stage_timer.uninstall()
-    assert DFlashWorkerV2.__init__ is original and getattr(TpModelWorker.__init__, "_stage_timing_original", None) is None
+    assert (
+        DFlashWorkerV2.__init__ is original and getattr(TpModelWorker.__init__, "_stage_timing_original", None) is None
+    )
 
 
 def test_installed_timer_wraps_every_dflash_family_worker(monkeypatch, tmp_path):
@@ -390,7 +404,9 @@ def test_a_server_without_speculation_times_its_plain_decode_steps(monkeypatch, 
     clock = Clock()
 
     def fake_init(self, server_args, gpu_id, nccl_port, is_draft_worker=False, **kwargs):
-        self._model_runner = SimpleNamespace(model=torch.nn.Linear(4, 8, bias=False), max_total_num_tokens=64, pre_model_load_memory=70.0)
+        self._model_runner = SimpleNamespace(
+            model=torch.nn.Linear(4, 8, bias=False), max_total_num_tokens=64, pre_model_load_memory=70.0
+        )
 
     class FakeTarget(TpModelWorker):
         def forward_batch_generation(self, batch, forward_batch=None, **kwargs):
@@ -400,11 +416,17 @@ def test_a_server_without_speculation_times_its_plain_decode_steps(monkeypatch, 
     monkeypatch.setattr(TpModelWorker, "__init__", fake_init)
     monkeypatch.setattr(DFlashWorkerV2, "__init__", DFlashWorkerV2.__init__)
     recorder_cls = stage_timer.StageRecorder
-    monkeypatch.setattr(stage_timer, "StageRecorder", lambda out, info: recorder_cls(out, info=info, events=Events(clock), clock=clock))
+    monkeypatch.setattr(
+        stage_timer, "StageRecorder", lambda out, info: recorder_cls(out, info=info, events=Events(clock), clock=clock)
+    )
     assert stage_timer.install(tmp_path)
     try:
-        assert not hasattr(FakeTarget(SimpleNamespace(speculative_algorithm="DFLASH"), 0, 0), "stage_recorder")  # a verify target
-        assert not hasattr(FakeTarget(SimpleNamespace(speculative_algorithm=None), 0, 0, True), "stage_recorder")  # a draft
+        assert not hasattr(
+            FakeTarget(SimpleNamespace(speculative_algorithm="DFLASH"), 0, 0), "stage_recorder"
+        )  # a verify target
+        assert not hasattr(
+            FakeTarget(SimpleNamespace(speculative_algorithm=None), 0, 0, True), "stage_recorder"
+        )  # a draft
         worker = FakeTarget(SimpleNamespace(speculative_algorithm=None), 0, 0)
     finally:
         stage_timer.uninstall()
@@ -415,9 +437,14 @@ def test_a_server_without_speculation_times_its_plain_decode_steps(monkeypatch, 
     doc = json.loads(worker.stage_recorder.dump().read_text())
     rows = {(r["bs"], r["graph"]): r for r in doc["stages"]}
     assert rows[4, True]["n_blocks"] == 3 and rows[8, False]["n_blocks"] == 2
-    assert rows[4, True]["step_interval_ms"]["median"] == pytest.approx(2.5) and rows[4, True]["gpu_ms"]["step"]["median"] == pytest.approx(2.0)
+    assert rows[4, True]["step_interval_ms"]["median"] == pytest.approx(2.5) and rows[4, True]["gpu_ms"]["step"][
+        "median"
+    ] == pytest.approx(2.0)
     assert doc["system"]["algorithm"] == "None" and doc["system"]["block_size"] is None
-    assert doc["memory"]["target_gib"] == pytest.approx(32 * 4 / stage_timer.GIB) and doc["memory"]["max_total_num_tokens"] == 64
+    assert (
+        doc["memory"]["target_gib"] == pytest.approx(32 * 4 / stage_timer.GIB)
+        and doc["memory"]["max_total_num_tokens"] == 64
+    )
 
 
 def test_forced_acceptance_is_read_from_sglangs_knob(monkeypatch):
@@ -464,9 +491,17 @@ def test_builtin_head_is_timed_as_the_proposal_less_the_gemm(monkeypatch):
         return torch.zeros(1), None, None
 
     monkeypatch.setattr(lilicorr_utils, "propose_lilicorr_block", propose)
-    target = SimpleNamespace(lm_head=torch.nn.Linear(6, 20, bias=False), get_input_embeddings=lambda: torch.nn.Embedding(20, 6))
-    worker = SimpleNamespace(block_size=4, lilicorr=SimpleNamespace(context_proj=SimpleNamespace(input_size=5)), _draft_sampler=Sampler(),
-                             target_worker=SimpleNamespace(model_runner=SimpleNamespace(model=target, model_config=SimpleNamespace(vocab_size=18))))
+    target = SimpleNamespace(
+        lm_head=torch.nn.Linear(6, 20, bias=False), get_input_embeddings=lambda: torch.nn.Embedding(20, 6)
+    )
+    worker = SimpleNamespace(
+        block_size=4,
+        lilicorr=SimpleNamespace(context_proj=SimpleNamespace(input_size=5)),
+        _draft_sampler=Sampler(),
+        target_worker=SimpleNamespace(
+            model_runner=SimpleNamespace(model=target, model_config=SimpleNamespace(vocab_size=18))
+        ),
+    )
     ms = {"lm_head": 0.5, "proposal": 0.8}
 
     def time_ms(fn, *, graph):
@@ -481,7 +516,9 @@ def test_builtin_head_is_timed_as_the_proposal_less_the_gemm(monkeypatch):
 
 
 def test_builtin_eager_proposal_is_a_draft_sample_span(monkeypatch, tmp_path):
-    monkeypatch.setattr(dflash_worker_v2, "propose_lilicorr_block", dflash_worker_v2.propose_lilicorr_block)  # restored after
+    monkeypatch.setattr(
+        dflash_worker_v2, "propose_lilicorr_block", dflash_worker_v2.propose_lilicorr_block
+    )  # restored after
     clock = Clock()
 
     class BuiltinWorker(Worker):
@@ -525,28 +562,53 @@ def test_graph_capture_records_the_memory_it_took(tmp_path, monkeypatch):
 
 
 def timings_doc(verify, draft, lm_head, spec_head, wall, *, bs=1, graph=True, n=200, gpu="H100", draft_sample=None):
-    gpu_ms = {"step": {"count": n, "mean": wall, "median": wall}, "target_verify": {"count": n, "mean": verify, "median": verify},
-              "draft_forward": {"count": n, "mean": draft, "median": draft}}
+    gpu_ms = {
+        "step": {"count": n, "mean": wall, "median": wall},
+        "target_verify": {"count": n, "mean": verify, "median": verify},
+        "draft_forward": {"count": n, "mean": draft, "median": draft},
+    }
     if draft_sample is not None:
         gpu_ms["draft_sample"] = {"count": n, "mean": draft_sample, "median": draft_sample}
     variant = "graph" if graph else "eager"
-    return {"system": {"algorithm": "X", "gpu": gpu, "block_size": 16}, "decode_steps": n, "stages": [
-        {"bs": bs, "graph": graph, "n_blocks": n, "step_interval_ms": {"count": n - 1, "mean": wall + 1, "median": wall},
-         "gpu_ms": gpu_ms, "host_ms": gpu_ms}],
-        "proposal": {"batch_sizes": {str(bs): {variant: {"lm_head": lm_head, "spec_head": spec_head, "proposal": lm_head + spec_head}}}, "errors": []}}
+    return {
+        "system": {"algorithm": "X", "gpu": gpu, "block_size": 16},
+        "decode_steps": n,
+        "stages": [
+            {
+                "bs": bs,
+                "graph": graph,
+                "n_blocks": n,
+                "step_interval_ms": {"count": n - 1, "mean": wall + 1, "median": wall},
+                "gpu_ms": gpu_ms,
+                "host_ms": gpu_ms,
+            }
+        ],
+        "proposal": {
+            "batch_sizes": {
+                str(bs): {variant: {"lm_head": lm_head, "spec_head": spec_head, "proposal": lm_head + spec_head}}
+            },
+            "errors": [],
+        },
+    }
 
 
 def test_from_timings_decomposes_the_block():
-    doc = stages.from_timings({"lilicorr": timings_doc(7.5, 2.1, 0.5, 0.3, 11.0), "dflash": timings_doc(7.4, 1.8, 0.5, 0.05, 10.0)})
+    doc = stages.from_timings(
+        {"lilicorr": timings_doc(7.5, 2.1, 0.5, 0.3, 11.0), "dflash": timings_doc(7.4, 1.8, 0.5, 0.05, 10.0)}
+    )
     lil, dfl = doc["systems"]
     assert lil["system"] == "lilicorr" and lil["variant"] == "graph" and lil["n_blocks"] == 200
-    assert lil["stages"] == pytest.approx({"target_verify": 7.5, "draft_backbone": 1.3, "lm_head": 0.5, "spec_head": 0.3, "accept": 1.4})
+    assert lil["stages"] == pytest.approx(
+        {"target_verify": 7.5, "draft_backbone": 1.3, "lm_head": 0.5, "spec_head": 0.3, "accept": 1.4}
+    )
     assert lil["per_block_wall"] == 11.0 and sum(lil["stages"].values()) == pytest.approx(11.0)
     assert dfl["stages"]["draft_backbone"] == pytest.approx(1.25) and doc["device"] == "H100"
     # floors: a micro-benchmark larger than the in-server draft, a wall below the GPU stages
     floor = stages.from_timings({"x": timings_doc(7.0, 0.4, 0.5, 0.3, 6.0)})["systems"][0]["stages"]
     assert floor["draft_backbone"] == 0.0 and floor["accept"] == 0.0
-    eager = stages.from_timings({"x": timings_doc(7.0, 2.0, 0.6, 0.4, 12.0, graph=False, draft_sample=0.9)}, graph=False)
+    eager = stages.from_timings(
+        {"x": timings_doc(7.0, 2.0, 0.6, 0.4, 12.0, graph=False, draft_sample=0.9)}, graph=False
+    )
     assert eager["systems"][0]["variant"] == "eager"
     assert eager["systems"][0]["stages"]["draft_backbone"] == pytest.approx(2.0 + 0.9 - 1.0)
 
@@ -563,13 +625,24 @@ def test_from_timings_names_what_is_missing():
 
 
 def test_cli_stages_from_server_timings(tmp_path, capsys):
-    for name, doc, pid in (("lilicorr", timings_doc(7.5, 2.1, 0.5, 0.3, 11.0), 11), ("dflash", timings_doc(7.4, 1.8, 0.5, 0.05, 10.0), 12)):
+    for name, doc, pid in (
+        ("lilicorr", timings_doc(7.5, 2.1, 0.5, 0.3, 11.0), 11),
+        ("dflash", timings_doc(7.4, 1.8, 0.5, 0.05, 10.0), 12),
+    ):
         (tmp_path / name).mkdir()
         (tmp_path / name / f"stages-{pid}.json").write_text(json.dumps(doc))
     stale = timings_doc(9.0, 9.0, 0.5, 0.3, 30.0, n=5)  # an earlier, shorter server run in the same folder
     (tmp_path / "lilicorr" / "stages-10.json").write_text(json.dumps(stale))
     out = tmp_path / "report"
-    argv = ["bench", "stages", "--timings", f"lilicorr={tmp_path / 'lilicorr'}", f"dflash={tmp_path / 'dflash'}", "--out", str(out)]
+    argv = [
+        "bench",
+        "stages",
+        "--timings",
+        f"lilicorr={tmp_path / 'lilicorr'}",
+        f"dflash={tmp_path / 'dflash'}",
+        "--out",
+        str(out),
+    ]
     assert cli.main(argv) == 0
     doc = json.loads((out / "stages.json").read_text())
     assert [s["system"] for s in doc["systems"]] == ["lilicorr", "dflash"]

@@ -1,6 +1,7 @@
 """The testbed pipeline (`python -m testbed`) end to end at toy scale on the CPU: a tiny random Llama
 target, the data recipe through the transformers engine, the sweep, background training, export,
 evaluation outputs, replay, the paired speed step against stand-in servers, and the tables."""
+
 import gzip
 import json
 import sys
@@ -15,12 +16,28 @@ import testbed.run as testbed  # noqa: E402
 from stub_server import free_port_block  # noqa: E402
 from testbed import report, speed, sweep, train, variants  # noqa: E402
 
-TOY = {"draft_intermediate_size": 64, "block_size": 4, "candidate_topk": 4, "head_hidden_size": 32, "head_layers": 1,
-       "head_heads": 4, "factor_dim": 16, "max_length": 128, "num_anchors": 4, "log_every": 2, "mask_token": "<|mask|>"}
-EVAL = [{"id": "gsm8k/0", "set": "gsm8k", "text": "how many cats sat on the mat"},
-        {"id": "writingbench/1", "set": "writingbench", "text": "write a story about a cat and a dog"},
-        {"id": "mtbench/81", "set": "mtbench", "messages": [{"role": "user", "content": "the dog ran far"},
-                                                           {"role": "user", "content": "now say it again"}]}]
+TOY = {
+    "draft_intermediate_size": 64,
+    "block_size": 4,
+    "candidate_topk": 4,
+    "head_hidden_size": 32,
+    "head_layers": 1,
+    "head_heads": 4,
+    "factor_dim": 16,
+    "max_length": 128,
+    "num_anchors": 4,
+    "log_every": 2,
+    "mask_token": "<|mask|>",
+}
+EVAL = [
+    {"id": "gsm8k/0", "set": "gsm8k", "text": "how many cats sat on the mat"},
+    {"id": "writingbench/1", "set": "writingbench", "text": "write a story about a cat and a dog"},
+    {
+        "id": "mtbench/81",
+        "set": "mtbench",
+        "messages": [{"role": "user", "content": "the dog ran far"}, {"role": "user", "content": "now say it again"}],
+    },
+]
 
 # Serves tests/stub_server.py on $PORT with GET /health.
 LAUNCHER = """
@@ -46,8 +63,20 @@ def toy(tmp_path_factory):
 def cli(toy, *args):
     work, target, evals = toy
     override = [f"--override={k}={json.dumps(v)}" for k, v in TOY.items()]
-    return testbed.main(["--work", str(work), "--target", str(target), "--out", str(work / "OUT"), "--eval-prompts", str(evals),
-                         *override, *args])
+    return testbed.main(
+        [
+            "--work",
+            str(work),
+            "--target",
+            str(target),
+            "--out",
+            str(work / "OUT"),
+            "--eval-prompts",
+            str(evals),
+            *override,
+            *args,
+        ]
+    )
 
 
 @pytest.fixture
@@ -72,12 +101,31 @@ def ports_29500_taken():
 def test_pipeline_end_to_end(toy, tmp_path, monkeypatch, ports_29500_taken):
     work, target, evals = toy
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    assert cli(toy, "--engine", "transformers", "data", "--magpie", "40", "--package", "6", "--heldout", "3", "--max-new-tokens", "12") == 0
+    assert (
+        cli(
+            toy,
+            "--engine",
+            "transformers",
+            "data",
+            "--magpie",
+            "40",
+            "--package",
+            "6",
+            "--heldout",
+            "3",
+            "--max-new-tokens",
+            "12",
+        )
+        == 0
+    )
     manifest = json.loads((work / "data" / "manifest.json").read_text())
     assert manifest["counts"]["conversations"] >= 6 and (work / "data" / "train.jsonl.tokens.pt").is_file()
 
-    monkeypatch.setattr(variants, "SWEEP_ROUNDS", {"depth": [dict(draft_layers=d, batch_size=2) for d in (1, 2)],
-                                                   "batch": [dict(batch_size=b) for b in (2, 4)]})
+    monkeypatch.setattr(
+        variants,
+        "SWEEP_ROUNDS",
+        {"depth": [dict(draft_layers=d, batch_size=2) for d in (1, 2)], "batch": [dict(batch_size=b) for b in (2, 4)]},
+    )
     monkeypatch.setattr(sweep, "SWEEP_ROUNDS", variants.SWEEP_ROUNDS)
     assert cli(toy, "sweep", "--minutes", "0.03") == 0
     depth = json.loads((work / "sweep" / "depth.json").read_text())
@@ -89,14 +137,21 @@ def test_pipeline_end_to_end(toy, tmp_path, monkeypatch, ports_29500_taken):
     plan = json.loads((work / "train_config.json").read_text())
     for name in ("lilicorr", "dflash"):  # ended cleanly: at max_steps, or at max_minutes on this shared CPU
         rows = [json.loads(line) for line in (work / "runs" / name / "metrics.jsonl").read_text().splitlines()]
-        assert rows[-1]["step"] == rows[-1]["total_steps"] <= plan["options"]["max_steps"], (work / "runs" / name / "train.log").read_text()[-2000:]
+        assert rows[-1]["step"] == rows[-1]["total_steps"] <= plan["options"]["max_steps"], (
+            work / "runs" / name / "train.log"
+        ).read_text()[-2000:]
         assert "eval/tau_t0/argmax" in rows[-1] and (work / "runs" / name / "snapshots").is_dir()
     assert cli(toy, "export") == 0
     assert json.loads((work / "drafts" / "dflash" / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
 
     assert cli(toy, "--engine", "transformers", "evalgen", "--max-new-tokens", "8") == 0
     outputs = sorted((work / "eval").glob("outputs_*.jsonl"))
-    assert [p.name for p in outputs] == ["outputs_T0_s0.jsonl", "outputs_T1_s0.jsonl", "outputs_T1_s1.jsonl", "outputs_T1_s2.jsonl"]
+    assert [p.name for p in outputs] == [
+        "outputs_T0_s0.jsonl",
+        "outputs_T1_s0.jsonl",
+        "outputs_T1_s1.jsonl",
+        "outputs_T1_s2.jsonl",
+    ]
     assert cli(toy, "replay", "--drafts", "lilicorr", "dflash") == 0
     cells = json.loads((work / "replay" / "tau.json").read_text())["cells"]
     systems = {c["system"] for c in cells}
@@ -123,22 +178,34 @@ def test_pipeline_end_to_end(toy, tmp_path, monkeypatch, ports_29500_taken):
     assert all("--sleep-on-idle" in a and "--cuda-graph-max-bs-decode 32" in a for a in args.values())
     assert "--speculative-algorithm DFLASH" in args["builtin"] and "drafts/lilicorr" in args["builtin"]
     assert "--speculative-algorithm DFLASH" in args["dflash_splitkv"] and "drafts/dflash" in args["dflash_splitkv"]
-    assert "--speculative-algorithm LILICORR" in args["lilicorr_extend"] and "drafts/lilicorr" in args["lilicorr_extend"]
+    assert (
+        "--speculative-algorithm LILICORR" in args["lilicorr_extend"] and "drafts/lilicorr" in args["lilicorr_extend"]
+    )
     env = json.loads((runs / "speed_run.json").read_text())["server_env"]
-    assert {s: e.pop("TRITON_CACHE_DIR").split("/")[-2:] for s, e in env.items()} == {s: ["triton_cache", s] for s in speed.SYSTEMS}
-    assert env == {**{s: {} for s in speed.SYSTEMS}, "dflash_splitkv": {"LILICORR_VERIFY_ATTENTION": "split-kv"},
-                   "lilicorr_extend": {"LILICORR_VERIFY_ATTENTION": "extend"}}
+    assert {s: e.pop("TRITON_CACHE_DIR").split("/")[-2:] for s, e in env.items()} == {
+        s: ["triton_cache", s] for s in speed.SYSTEMS
+    }
+    assert env == {
+        **{s: {} for s in speed.SYSTEMS},
+        "dflash_splitkv": {"LILICORR_VERIFY_ATTENTION": "split-kv"},
+        "lilicorr_extend": {"LILICORR_VERIFY_ATTENTION": "extend"},
+    }
     profiles = json.loads((runs / "profile" / "summary.json").read_text())
     assert list(profiles) == ["lilicorr", "builtin", "dflash", "base"] and profiles["dflash"]["steps"] == 12
     # a second call of the setting adds its concurrencies to the summary (a setting may take several device calls)
-    assert cli(toy, launch, "speed", "--concurrency", "3", "--rounds", "2", "--max-tokens", "8", "--profile-steps", "0") == 0
+    assert (
+        cli(toy, launch, "speed", "--concurrency", "3", "--rounds", "2", "--max-tokens", "8", "--profile-steps", "0")
+        == 0
+    )
     doc = json.loads((runs / "speed_summary.json").read_text())
     assert sorted(doc["summary"], key=int) == ["1", "2", "3"] and sorted(doc["idle_cpu_s"]) == ["c=1,2", "c=3"]
     assert "Python frames: lilicorr - builtin" in (runs / "profile" / "profile.md").read_text()
 
     assert cli(toy, "tables") == 0
     results = json.loads((work / "results.json").read_text())
-    assert {"lilicorr", "dflash"} <= set(results["sets"]["gsm8k"]) and "tau_t1_std" in results["sets"]["average"]["lilicorr"]
+    assert {"lilicorr", "dflash"} <= set(results["sets"]["gsm8k"]) and "tau_t1_std" in results["sets"]["average"][
+        "lilicorr"
+    ]
     assert set(results["tok_s"]["1"]) == set(speed.SYSTEMS) and (work / "speed.png").is_file()
     assert "Decode rule" in (work / "tables.md").read_text() and (work / "curves.png").is_file()
     assert len(list((work / "OUT").iterdir())) <= 12
@@ -151,15 +218,22 @@ def test_speed_order_rotates_and_prompts_are_long_form():
     assert list(speed.SYSTEMS) == systems
     assert [rotation(speed.SYSTEMS, r) for r in (1, 6)] == [systems[1:] + systems[:1], systems]
     rows = [{"id": f"writingbench/{i}", "set": "writingbench", "text": f"w{i}"} for i in range(24)]
-    rows += [{"id": f"mtbench/{i}", "set": "mtbench", "messages": [{"role": "user", "content": f"m{i}"}] * 2} for i in range(81, 161)]
+    rows += [
+        {"id": f"mtbench/{i}", "set": "mtbench", "messages": [{"role": "user", "content": f"m{i}"}] * 2}
+        for i in range(81, 161)
+    ]
     chosen = speed.speed_prompts(rows)
     assert len(chosen) == speed.SPEED_PROMPTS and chosen[-1]["id"] == "mtbench/88/1"
     assert [speed.prompts_for(c) for c in (1, 4, 8, 32)] == [16, 16, 32, 32]
 
 
 def test_sweep_choice_keeps_to_shippable_depths_and_prefers_cheap_ties():
-    runs = [dict(draft_layers=1, batch_size=32, tau=2.00), dict(draft_layers=2, batch_size=32, tau=2.005),
-            dict(draft_layers=3, batch_size=32, tau=2.6), dict(draft_layers=2, batch_size=64, tau=None)]
+    runs = [
+        dict(draft_layers=1, batch_size=32, tau=2.00),
+        dict(draft_layers=2, batch_size=32, tau=2.005),
+        dict(draft_layers=3, batch_size=32, tau=2.6),
+        dict(draft_layers=2, batch_size=64, tau=None),
+    ]
     assert variants.choose(runs, "depth") == runs[0]  # depth 3 would not ship; depth 2 is within 0.5 %
     assert variants.drafts_bytes(2) <= variants.SHIP_LIMIT < variants.drafts_bytes(3)
 
@@ -189,16 +263,23 @@ def test_train_with_init_starts_each_variant_from_its_draft(toy, tmp_path, monke
     (work / "data" / "train.jsonl").write_text("")
     pick = {"draft_layers": 2, "batch_size": 4, "step_ms": 100.0, "eval_s": 1.0}
     (work / "sweep").mkdir()
-    (work / "sweep" / "batch.json").write_text(json.dumps({"choice": {"draft_layers": 2, "batch_size": 4}, "results": [pick]}))
+    (work / "sweep" / "batch.json").write_text(
+        json.dumps({"choice": {"draft_layers": 2, "batch_size": 4}, "results": [pick]})
+    )
     started = []
 
     class Proc:
         pid = 2**22 + 1  # no such process: `train` again would start it anew
 
     devices = []
-    monkeypatch.setattr(train, "start", lambda cmd, log, gpus=None: started.append(cmd) or devices.append(gpus) or Proc())
+    monkeypatch.setattr(
+        train, "start", lambda cmd, log, gpus=None: started.append(cmd) or devices.append(gpus) or Proc()
+    )
     monkeypatch.setattr(train, "gpus", lambda: 1)  # one GPU, two variants: they share it
-    assert cli((work, target, evals), "train", "lilicorr", "dflash", "--minutes", "1", "--init", str(tmp_path / "drafts")) == 0
+    assert (
+        cli((work, target, evals), "train", "lilicorr", "dflash", "--minutes", "1", "--init", str(tmp_path / "drafts"))
+        == 0
+    )
     plan = json.loads((work / "train_config.json").read_text())
     assert plan["init"] == {n: str(tmp_path / "drafts" / n) for n in ("lilicorr", "dflash")}
     for cmd, name in zip(started, ("lilicorr", "dflash")):
@@ -218,7 +299,11 @@ def test_tables_continue_the_curves_of_warm_started_runs(tmp_path):
         for v in ("lilicorr", "dflash"):
             rows = [{"step": s, "eval/tau_t0/argmax": 1.5, "eval/top1_draft/slot1": 0.5} for s in steps]
             (d / f"metrics_{v}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        cells = [{"set": s, "system": v, "temperature": 0, "tau": tau} for v in ("lilicorr", "dflash") for s in ("gsm8k", "average")]
+        cells = [
+            {"set": s, "system": v, "temperature": 0, "tau": tau}
+            for v in ("lilicorr", "dflash")
+            for s in ("gsm8k", "average")
+        ]
         (d / "tau.json").write_text(json.dumps({"cells": cells}))
         return d
 
@@ -234,6 +319,7 @@ def test_tables_continue_the_curves_of_warm_started_runs(tmp_path):
         log = first / f"metrics_{v}.jsonl"
         (first / f"metrics_{v}.jsonl.gz").write_bytes(gzip.compress(log.read_bytes()))
         log.unlink()
-    assert report.load(first, "metrics_lilicorr.jsonl") == [{"step": s, "eval/tau_t0/argmax": 1.5,
-                                                            "eval/top1_draft/slot1": 0.5} for s in (10, 20)]
+    assert report.load(first, "metrics_lilicorr.jsonl") == [
+        {"step": s, "eval/tau_t0/argmax": 1.5, "eval/top1_draft/slot1": 0.5} for s in (10, 20)
+    ]
     assert testbed.main(["tables", "--results", str(second), "--after", str(first)]) == 0

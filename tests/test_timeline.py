@@ -1,5 +1,6 @@
 """benchmarks/timeline.py on CPU: a synthetic chrome trace of two replays (two streams) gives the
 per-kernel medians, the idle time before each kernel on its stream, and the wall / busy / idle sums."""
+
 import pytest
 
 from sglang_lilicorr.benchmarks.timeline import format_timeline, main, replay_rows, timeline

@@ -1,6 +1,7 @@
 """The multi-GPU check's tools on CPU (tools/device/tp_check.sh runs them on the GPU machine): tp_models.py writes a target
 and drafts that SGLang's resolution serves at TP = 1, 2, 4 and 8 and that `lilicorr train` trains under torchrun; the
 proposal record (LILICORR_PROPOSAL_RECORD) keeps a worker's first blocks; tp_compare.py's reports and verdicts."""
+
 from __future__ import annotations
 
 import gzip
@@ -55,12 +56,54 @@ def test_the_plans_training_command_runs_under_torchrun(models, tmp_path):
     run = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port_block(1)), "-m", "sglang_lilicorr.cli",
-         "train", "--target", str(models / "target"), "--data", str(models / "conversations.jsonl"), "--output-dir", str(run),
-         "--batch-size", "1", "--grad-accum", "2", "--max-steps", "2", "--max-length", "96", "--log-every", "1",
-         "--eval-examples", "2", "--mask-token", "<|mask|>", "--no-bf16", "--head-hidden-size", "32", "--head-layers", "1",
-         "--head-heads", "4", "--factor-dim", "16", "--num-anchors", "4"],
-        check=True, capture_output=True, timeout=600, env=env, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port_block(1)),
+            "-m",
+            "sglang_lilicorr.cli",
+            "train",
+            "--target",
+            str(models / "target"),
+            "--data",
+            str(models / "conversations.jsonl"),
+            "--output-dir",
+            str(run),
+            "--batch-size",
+            "1",
+            "--grad-accum",
+            "2",
+            "--max-steps",
+            "2",
+            "--max-length",
+            "96",
+            "--log-every",
+            "1",
+            "--eval-examples",
+            "2",
+            "--mask-token",
+            "<|mask|>",
+            "--no-bf16",
+            "--head-hidden-size",
+            "32",
+            "--head-layers",
+            "1",
+            "--head-heads",
+            "4",
+            "--factor-dim",
+            "16",
+            "--num-anchors",
+            "4",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
+        env=env,
+        cwd=tmp_path,
     )
     rows = tp_compare.jsonl(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2] and rows[-1]["tokens_per_s"] > 0
@@ -72,13 +115,56 @@ def test_train_profile_writes_each_ranks_window(models, tmp_path):
     run, out = tmp_path / "run", tmp_path / "profile"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port_block(1)),
-         str(TOOLS / "train_profile.py"), "--window", "1", "2", "--out", str(out), "--",
-         "--target", str(models / "target"), "--data", str(models / "conversations.jsonl"), "--output-dir", str(run),
-         "--batch-size", "1", "--max-steps", "4", "--max-length", "96", "--log-every", "2", "--eval-examples", "2",
-         "--mask-token", "<|mask|>", "--no-bf16", "--head-hidden-size", "32", "--head-layers", "1", "--head-heads", "4",
-         "--factor-dim", "16", "--num-anchors", "4"],
-        check=True, capture_output=True, timeout=600, env=env, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port_block(1)),
+            str(TOOLS / "train_profile.py"),
+            "--window",
+            "1",
+            "2",
+            "--out",
+            str(out),
+            "--",
+            "--target",
+            str(models / "target"),
+            "--data",
+            str(models / "conversations.jsonl"),
+            "--output-dir",
+            str(run),
+            "--batch-size",
+            "1",
+            "--max-steps",
+            "4",
+            "--max-length",
+            "96",
+            "--log-every",
+            "2",
+            "--eval-examples",
+            "2",
+            "--mask-token",
+            "<|mask|>",
+            "--no-bf16",
+            "--head-hidden-size",
+            "32",
+            "--head-layers",
+            "1",
+            "--head-heads",
+            "4",
+            "--factor-dim",
+            "16",
+            "--num-anchors",
+            "4",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
+        env=env,
+        cwd=tmp_path,
     )
     for rank in (0, 1):
         text = (out / f"rank{rank}.txt").read_text()
@@ -121,13 +207,23 @@ def test_proposal_record_keeps_the_first_block_of_each_request_served_alone(tmp_
         return types.SimpleNamespace(is_extend=lambda: mode in ("extend", "verify"), is_idle=lambda: mode == "idle")
 
     def batch(mode: str, *rids: str):
-        return types.SimpleNamespace(forward_mode=mode_of(mode), is_extend_in_batch=False, reqs=[types.SimpleNamespace(rid=r) for r in rids])
+        return types.SimpleNamespace(
+            forward_mode=mode_of(mode), is_extend_in_batch=False, reqs=[types.SimpleNamespace(rid=r) for r in rids]
+        )
 
     proposal_record.install(Worker, str(tmp_path))
     proposal_record.install(Worker, str(tmp_path / "again"))  # once per class: the second install keeps the first
     worker = Worker()
-    steps = [("extend", "a"), ("decode", "a"), ("decode", "a"), ("extend", "b"), ("idle",), ("decode", "b"),
-             ("decode", "c", "d"), ("decode", "c")]
+    steps = [
+        ("extend", "a"),
+        ("decode", "a"),
+        ("decode", "a"),
+        ("extend", "b"),
+        ("idle",),
+        ("decode", "b"),
+        ("decode", "c", "d"),
+        ("decode", "c"),
+    ]
     for mode, *rids in steps:
         assert worker.forward_batch_generation(batch(mode, *rids)) == "result"
         worker.proposer.out = worker.proposer.out + 100
@@ -146,7 +242,10 @@ def test_the_instrumentation_plugin_installs_the_record_only_when_asked(tmp_path
     monkeypatch.delenv(plugin.STAGE_TIMING, raising=False)
     plain = LiLiCorrWorker.forward_batch_generation
     plugin.register()
-    assert getattr(LiLiCorrWorker, "_proposal_record_dir", None) is None and LiLiCorrWorker.forward_batch_generation is plain
+    assert (
+        getattr(LiLiCorrWorker, "_proposal_record_dir", None) is None
+        and LiLiCorrWorker.forward_batch_generation is plain
+    )
     monkeypatch.setenv(plugin.PROPOSAL_RECORD, str(tmp_path / "record"))
     try:
         plugin.register()
@@ -160,15 +259,19 @@ def test_the_instrumentation_plugin_installs_the_record_only_when_asked(tmp_path
 
 def write_probe(folder: Path, rank: int, blocks: list[list[int]]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    rows = [{"request": i, "batch": 1, "draft": b} for i, b in enumerate(blocks)] + [{"request": 9, "batch": 4, "draft": [0]}]
+    rows = [{"request": i, "batch": 1, "draft": b} for i, b in enumerate(blocks)] + [
+        {"request": 9, "batch": 4, "draft": [0]}
+    ]
     (folder / f"proposals_rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def client_records(accept: float, verify_ct: int, tokens: int) -> list[dict]:
     meta = {"spec_verify_ct": verify_ct, "spec_accept_length": accept, "completion_tokens": tokens}
-    return [{"phase": "greedy", "meta": meta, "latency_s": 0.5, "error": None},
-            {"phase": "concurrent4", "meta": meta, "latency_s": 2.0, "error": None},
-            {"phase": "concurrent4", "meta": meta, "latency_s": 1.0, "error": None}]
+    return [
+        {"phase": "greedy", "meta": meta, "latency_s": 0.5, "error": None},
+        {"phase": "concurrent4", "meta": meta, "latency_s": 2.0, "error": None},
+        {"phase": "concurrent4", "meta": meta, "latency_s": 1.0, "error": None},
+    ]
 
 
 def test_serve_report(tmp_path, capsys):
@@ -188,13 +291,23 @@ def test_serve_report(tmp_path, capsys):
 def test_train_report(tmp_path, capsys):
     for name, rate, shift in (("gpu1", 100.0, 0.0), ("gpu2", 190.0, 0.01)):
         # windows: warm-up (not counted), two steady ones, one with a checkpoint save (the median skips it)
-        rows = [{"step": s, "loss/total": 5.0 - s + shift, "tokens_per_s": r, "eval/loss/total": 4.0 if s == 2 else None,
-                 "time/backward_ms": 20.0 * s} for s, r in ((1, rate / 10), (2, rate), (3, rate), (4, rate / 4))]
+        rows = [
+            {
+                "step": s,
+                "loss/total": 5.0 - s + shift,
+                "tokens_per_s": r,
+                "eval/loss/total": 4.0 if s == 2 else None,
+                "time/backward_ms": 20.0 * s,
+            }
+            for s, r in ((1, rate / 10), (2, rate), (3, rate), (4, rate / 4))
+        ]
         (tmp_path / name).mkdir()
         (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert tp_compare.train_report([tmp_path / "gpu1", tmp_path / "gpu2"], tmp_path / "curves.png")
     text = capsys.readouterr().out
-    row = re.search(r"\| 0\.01 \| 0 \| 190; 142 \| 1\.90x \[([\d.]+), ([\d.]+)\] \| nan / nan / nan / 80 / nan / nan \|", text)
+    row = re.search(
+        r"\| 0\.01 \| 0 \| 190; 142 \| 1\.90x \[([\d.]+), ([\d.]+)\] \| nan / nan / nan / 80 / nan / nan \|", text
+    )
     assert row and float(row[1]) <= 1.9 <= float(row[2])  # the ratio of the mean rates, inside its bootstrap interval
     assert "| 100; 75 | 1.00x |" in text and (tmp_path / "curves.png").stat().st_size > 0  # the first run: no interval
     assert not tp_compare.train_report([tmp_path / "gpu1", tmp_path / "missing"], None)
@@ -217,11 +330,11 @@ http.server.HTTPServer(('127.0.0.1', $port), H).serve_forever()"
 """)
     fake.chmod(0o755)
     script = f"""
-S={tmp_path / 'summary.txt'}
-source {TOOLS / 'device' / 'check_lib.sh'}
-start_server fake 29447 {tmp_path / 'fake.log'} --model-path m && echo UP
+S={tmp_path / "summary.txt"}
+source {TOOLS / "device" / "check_lib.sh"}
+start_server fake 29447 {tmp_path / "fake.log"} --model-path m && echo UP
 stop_server; alive "$SERVER_PID" || echo STOPPED
-start_server broken 29448 {tmp_path / 'broken.log'} --fail || echo REFUSED
+start_server broken 29448 {tmp_path / "broken.log"} --fail || echo REFUSED
 stop_server
 """
     env = dict(os.environ, PATH=f"{fake.parent}{os.pathsep}{os.environ['PATH']}", TIMEOUT="60")
@@ -238,7 +351,9 @@ def test_summary_merges_the_scaling_and_the_ranks_verdict(tmp_path, capsys):
         rows = [{"step": s, "loss/total": 5.0 - s, "tokens_per_s": r} for s, r in ((1, 10.0), (2, rate), (3, rate))]
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "summary.json"
-    out.write_text(json.dumps({"train_scaling": {"4": 3.76}, "train_scaling_runs": {"4": {"commit": "b"}}, "note": "kept"}))
+    out.write_text(
+        json.dumps({"train_scaling": {"4": 3.76}, "train_scaling_runs": {"4": {"commit": "b"}}, "note": "kept"})
+    )
     runs = [str(tmp_path / f"{n}.jsonl") for n in ("train_gpu1", "train_gpu2", "train_gpu2_resumed")]
     with pytest.raises(SystemExit) as e:
         tp_compare.main(["train", *runs, "--summary", str(out), "--card", "2 x H200", "--commit", "a"])
@@ -246,14 +361,23 @@ def test_summary_merges_the_scaling_and_the_ranks_verdict(tmp_path, capsys):
     for rank in range(4):
         write_probe(tmp_path / "tp4", rank, [[1, 2], [3, 4]])
     with pytest.raises(SystemExit) as e:
-        tp_compare.main(["serve", str(tmp_path), "--tp", "4", "--summary", str(out), "--card", "4 x H100", "--commit", "b"])
+        tp_compare.main(
+            ["serve", str(tmp_path), "--tp", "4", "--summary", str(out), "--card", "4 x H100", "--commit", "b"]
+        )
     assert e.value.code == 0
     data = json.loads(out.read_text())
     assert list(data)[:4] == ["train_scaling", "tp4_ranks_agree", "card", "commit"]  # the required keys first
-    assert data["train_scaling"] == {"2": 1.84, "4": 3.76} and data["tp4_ranks_agree"] is True  # the resumed run left out
+    assert (
+        data["train_scaling"] == {"2": 1.84, "4": 3.76} and data["tp4_ranks_agree"] is True
+    )  # the resumed run left out
     assert (data["card"], data["commit"], data["note"]) == ("4 x H100", "b", "kept")
     run2 = data["train_scaling_runs"]["2"]
-    assert (run2["card"], run2["commit"], run2["tokens_per_s_median"], run2["tokens_per_s_median_1gpu"]) == ("2 x H200", "a", 184, 100)
+    assert (run2["card"], run2["commit"], run2["tokens_per_s_median"], run2["tokens_per_s_median_1gpu"]) == (
+        "2 x H200",
+        "a",
+        184,
+        100,
+    )
     assert data["train_scaling_runs"]["4"] == {"commit": "b"}
     write_probe(tmp_path / "tp4", 3, [[1, 2], [3, 5]])  # rank 3 drafts another block
     with pytest.raises(SystemExit) as e:

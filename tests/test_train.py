@@ -1,4 +1,5 @@
 """Joint training on CPU: tiny random Llama / Qwen3 targets, drafter + LiLiCorr head, export, reload."""
+
 import json
 import math
 
@@ -29,12 +30,18 @@ def make_tokenizer():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|pad|>", "<|eos|>", "<|mask|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|pad|>", "<|eos|>", "<|mask|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator([" ".join(WORDS)] * 5, trainer)
     out = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|eos|>", pad_token="<|pad|>", mask_token="<|mask|>")
-    out.chat_template = ("{% for m in messages %}[{{ m.role }}]{{ m.content }}<|eos|>{% endfor %}"
-                         "{% if add_generation_prompt %}[assistant]{% endif %}")
+    out.chat_template = (
+        "{% for m in messages %}[{{ m.role }}]{{ m.content }}<|eos|>{% endfor %}"
+        "{% if add_generation_prompt %}[assistant]{% endif %}"
+    )
     return out
 
 
@@ -43,9 +50,19 @@ def make_target(directory, arch="llama", seed=0):
 
     tok = make_tokenizer()
     cls, cfg_cls = {"llama": (LlamaForCausalLM, LlamaConfig), "qwen3": (Qwen3ForCausalLM, Qwen3Config)}[arch]
-    cfg = cfg_cls(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=6, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=8, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                  tie_word_embeddings=False, initializer_range=0.3)  # a peaked LM head: learnable in a few steps
+    cfg = cfg_cls(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=False,
+        initializer_range=0.3,
+    )  # a peaked LM head: learnable in a few steps
     torch.manual_seed(seed)
     cls(cfg).save_pretrained(directory)
     tok.save_pretrained(directory)
@@ -59,8 +76,18 @@ def write_conversations(path, n, seed=0):
         for i in range(n):
             start = int(torch.randint(0, len(WORDS), (1,), generator=rng))
             reply = " ".join(WORDS[(start + j) % len(WORDS)] for j in range(12))
-            f.write(json.dumps({"id": i, "messages": [{"role": "user", "content": f"count {i}"},
-                                                      {"role": "assistant", "content": reply}]}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "id": i,
+                        "messages": [
+                            {"role": "user", "content": f"count {i}"},
+                            {"role": "assistant", "content": reply},
+                        ],
+                    }
+                )
+                + "\n"
+            )
     return str(path)
 
 
@@ -76,9 +103,25 @@ def workspace(tmp_path_factory):
 
 
 def tiny_cfg(workspace, out, **kw):
-    base = dict(target=workspace["llama"], data=workspace["data"], output_dir=str(out), eval_examples=2, block_size=4,
-                candidate_topk=4, head_hidden_size=32, head_layers=1, head_heads=4, factor_dim=16, bf16=False,
-                max_steps=4, batch_size=2, num_anchors=6, log_every=2, save_every=2, max_length=64)
+    base = dict(
+        target=workspace["llama"],
+        data=workspace["data"],
+        output_dir=str(out),
+        eval_examples=2,
+        block_size=4,
+        candidate_topk=4,
+        head_hidden_size=32,
+        head_layers=1,
+        head_heads=4,
+        factor_dim=16,
+        bf16=False,
+        max_steps=4,
+        batch_size=2,
+        num_anchors=6,
+        log_every=2,
+        save_every=2,
+        max_length=64,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -118,8 +161,15 @@ def test_joint_training_loss_falls_and_reranker_gradient_reaches_drafter(workspa
     assert all(math.isfinite(v) for v in losses)
     assert losses[-1] < 0.8 * losses[0]
     m = out.metrics()
-    assert {"loss/dflash", "loss/ce", "loss/dist", "coverage/mean_prefix_len", "top1_draft/slot1",
-            "accept_len/draft_argmax", "accept_len/lilicorr_walk"} <= set(m)
+    assert {
+        "loss/dflash",
+        "loss/ce",
+        "loss/dist",
+        "coverage/mean_prefix_len",
+        "top1_draft/slot1",
+        "accept_len/draft_argmax",
+        "accept_len/lilicorr_walk",
+    } <= set(m)
     assert m["accept_len/draft_argmax"] >= 1.0
 
     # the reranker terms alone move the drafter (through candidate log-probs and slot hidden states)
@@ -194,7 +244,9 @@ def test_train_export_reload_and_sglang_accepts(workspace, tmp_path):
     vanilla = export_checkpoint(tmp_path / "vanilla", tmp_path / "vanilla_draft")
     assert load_draft(vanilla)[1] is None
     config = json.loads((vanilla / "config.json").read_text())
-    assert config["architectures"] == ["DFlashDraftModel"] and not any(k.startswith("lilicorr_") for k in config["dflash_config"])
+    assert config["architectures"] == ["DFlashDraftModel"] and not any(
+        k.startswith("lilicorr_") for k in config["dflash_config"]
+    )
     parse_dflash_draft_config(draft_hf_config=config)
 
 
@@ -221,14 +273,25 @@ def test_init_from_an_export_starts_from_its_weights_and_refuses_another_geometr
     train(tiny_cfg(workspace, tmp_path / "first", max_steps=3))
     draft = export_checkpoint(tmp_path / "first", tmp_path / "draft")
     exported = read_tensors(draft)
-    metrics = train(tiny_cfg(workspace, tmp_path / "second", max_steps=1, init_from=str(draft), lr_drafter=1e-12, lr_head=1e-12,
-                             warmup_ratio=0.0))
+    metrics = train(
+        tiny_cfg(
+            workspace,
+            tmp_path / "second",
+            max_steps=1,
+            init_from=str(draft),
+            lr_drafter=1e-12,
+            lr_head=1e-12,
+            warmup_ratio=0.0,
+        )
+    )
     assert metrics["step"] == 1
     _, _, _, tensors = read_training_checkpoint(tmp_path / "second")
     assert tensors.keys() == exported.keys()
     for name, value in exported.items():  # one step at lr 1e-12 moves nothing a bf16 rounding shows
         assert torch.equal(tensors[name].to(torch.bfloat16), value), name
-    yarn = train(tiny_cfg(workspace, tmp_path / "yarn", max_steps=1, init_from=str(draft), rope_scaling="yarn", rope_factor=2.0))
+    yarn = train(
+        tiny_cfg(workspace, tmp_path / "yarn", max_steps=1, init_from=str(draft), rope_scaling="yarn", rope_factor=2.0)
+    )
     assert yarn["step"] == 1  # a YaRN run starts from a plain-RoPE draft: the rope shapes no tensor
     with pytest.raises(IncompatibleCheckpointError, match="num_hidden_layers.*init-from"):
         train(tiny_cfg(workspace, tmp_path / "third", max_steps=1, init_from=str(draft), draft_layers=2))
@@ -249,11 +312,49 @@ def test_yarn_trains_exports_reloads_and_resumes_only_with_the_same_rope(workspa
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command", required=True))
     run_dir, draft = tmp_path / "run", tmp_path / "draft"
-    tiny = ["--no-bf16", "--block-size", "4", "--candidate-topk", "4", "--head-hidden-size", "32", "--head-layers", "1",
-            "--head-heads", "4", "--factor-dim", "16", "--num-anchors", "4", "--batch-size", "2", "--max-length", "64",
-            "--eval-examples", "2", "--chat-template-kwargs", "{}"]
-    args = parser.parse_args(["train", "--target", workspace["qwen3"], "--data", workspace["data"], "--output-dir",
-                              str(run_dir), "--max-steps", "2", "--rope-scaling", "yarn", "--rope-factor", "4", *tiny])
+    tiny = [
+        "--no-bf16",
+        "--block-size",
+        "4",
+        "--candidate-topk",
+        "4",
+        "--head-hidden-size",
+        "32",
+        "--head-layers",
+        "1",
+        "--head-heads",
+        "4",
+        "--factor-dim",
+        "16",
+        "--num-anchors",
+        "4",
+        "--batch-size",
+        "2",
+        "--max-length",
+        "64",
+        "--eval-examples",
+        "2",
+        "--chat-template-kwargs",
+        "{}",
+    ]
+    args = parser.parse_args(
+        [
+            "train",
+            "--target",
+            workspace["qwen3"],
+            "--data",
+            workspace["data"],
+            "--output-dir",
+            str(run_dir),
+            "--max-steps",
+            "2",
+            "--rope-scaling",
+            "yarn",
+            "--rope-factor",
+            "4",
+            *tiny,
+        ]
+    )
     assert args.func(args) == 0
     args = parser.parse_args(["export", str(run_dir), str(draft)])
     assert args.func(args) == 0
@@ -262,18 +363,30 @@ def test_yarn_trains_exports_reloads_and_resumes_only_with_the_same_rope(workspa
         target_positions = json.load(f)["max_position_embeddings"]
     assert drafter.config.rope_scaling == RopeScaling("yarn", 4.0, target_positions)  # default: the target's length
     config = json.loads((draft / "config.json").read_text())
-    assert config["rope_parameters"] == {"rope_theta": drafter.config.rope_theta, "rope_type": "yarn", "factor": 4.0,
-                                         "original_max_position_embeddings": target_positions}
+    assert config["rope_parameters"] == {
+        "rope_theta": drafter.config.rope_theta,
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": target_positions,
+    }
     capsys.readouterr()
 
     base = dict(target=workspace["qwen3"], max_steps=4, max_length=64)
-    for rope in (dict(), dict(rope_scaling="yarn", rope_factor=2.0),
-                 dict(rope_scaling="yarn", rope_factor=4.0, rope_original_max_position=256)):
+    for rope in (
+        dict(),
+        dict(rope_scaling="yarn", rope_factor=2.0),
+        dict(rope_scaling="yarn", rope_factor=4.0, rope_original_max_position=256),
+    ):
         with pytest.raises(IncompatibleCheckpointError, match="rope_scaling"):
             train(tiny_cfg(workspace, run_dir, **base, **rope))
     with pytest.raises(IncompatibleCheckpointError, match="num_anchors"):  # the CLI run's other settings
         train(tiny_cfg(workspace, run_dir, **base, rope_scaling="yarn", rope_factor=4.0))
-    assert train(tiny_cfg(workspace, run_dir, **base, rope_scaling="yarn", rope_factor=4.0, resume_with_changes=True))["step"] == 4
+    assert (
+        train(tiny_cfg(workspace, run_dir, **base, rope_scaling="yarn", rope_factor=4.0, resume_with_changes=True))[
+            "step"
+        ]
+        == 4
+    )
 
 
 def test_cli_train_export_and_strict_reload_rejects_tampering(workspace, tmp_path):
@@ -286,12 +399,41 @@ def test_cli_train_export_and_strict_reload_rejects_tampering(workspace, tmp_pat
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command", required=True))
     run_dir, draft = tmp_path / "run", tmp_path / "draft"
-    args = parser.parse_args([
-        "train", "--target", workspace["llama"], "--data", workspace["data"], "--output-dir", str(run_dir),
-        "--max-steps", "2", "--no-bf16", "--block-size", "4", "--candidate-topk", "4", "--head-hidden-size", "32",
-        "--head-layers", "1", "--head-heads", "4", "--factor-dim", "16", "--num-anchors", "4", "--gamma", "0.5", "--eval-examples", "2",
-        "--use-margin", "--chat-template-kwargs", "{}",
-    ])
+    args = parser.parse_args(
+        [
+            "train",
+            "--target",
+            workspace["llama"],
+            "--data",
+            workspace["data"],
+            "--output-dir",
+            str(run_dir),
+            "--max-steps",
+            "2",
+            "--no-bf16",
+            "--block-size",
+            "4",
+            "--candidate-topk",
+            "4",
+            "--head-hidden-size",
+            "32",
+            "--head-layers",
+            "1",
+            "--head-heads",
+            "4",
+            "--factor-dim",
+            "16",
+            "--num-anchors",
+            "4",
+            "--gamma",
+            "0.5",
+            "--eval-examples",
+            "2",
+            "--use-margin",
+            "--chat-template-kwargs",
+            "{}",
+        ]
+    )
     assert args.gamma == 0.5 and args.use_margin is True and args.bf16 is False and args.max_steps == 2
     assert args.func(args) == 0
     assert "loss/margin" in json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
@@ -323,18 +465,26 @@ def test_bad_inputs_are_named(workspace, tmp_path):
     with pytest.raises(DataError, match="no usable training conversation"):
         load_conversations(empty, tok, 64, {})
 
-    ids, mask = tokenize_conversation(tok, [{"role": "user", "content": "a"}, {"role": "assistant", "content": "the cat"}], {}, "x")
+    ids, mask = tokenize_conversation(
+        tok, [{"role": "user", "content": "a"}, {"role": "assistant", "content": "the cat"}], {}, "x"
+    )
     supervised = tok.decode([i for i, m in zip(ids, mask) if m])
     assert supervised == "the cat<|eos|>"
 
     model = AutoModelForCausalLM.from_pretrained(workspace["llama"])
     joint, *_ = build_joint(workspace, "llama")
     with pytest.raises(TargetMismatchError, match="hidden size"):
-        JointModel(DFlashDrafter(joint.drafter.config.__class__(**{**vars(joint.drafter.config), "hidden_size": 48})), None,
-                   FrozenTarget(model, (1, 2, 3)))
+        JointModel(
+            DFlashDrafter(joint.drafter.config.__class__(**{**vars(joint.drafter.config), "hidden_size": 48})),
+            None,
+            FrozenTarget(model, (1, 2, 3)),
+        )
     with pytest.raises(TargetMismatchError, match="vocabulary"):
-        JointModel(DFlashDrafter(joint.drafter.config.__class__(**{**vars(joint.drafter.config), "vocab_size": 400})), None,
-                   FrozenTarget(model, (1, 2, 3)))
+        JointModel(
+            DFlashDrafter(joint.drafter.config.__class__(**{**vars(joint.drafter.config), "vocab_size": 400})),
+            None,
+            FrozenTarget(model, (1, 2, 3)),
+        )
     with pytest.raises(ValueError, match="gamma > 0 needs a head"):
         j = JointModel(joint.drafter, None, joint.target)
         _, batch, anchors, valid, weights = build_joint(workspace, "llama")
@@ -398,15 +548,27 @@ def test_context_features_are_hf_hidden_states_after_each_layer(workspace, arch)
 
 # --- a run that fails fast and keeps its last good state (issue: nothing lost, nothing silent) ----
 
-@pytest.mark.parametrize("flag,value,match", [
-    ("lr_drafter", float("nan"), "--lr-drafter nan"), ("lr_head", 1e6, "--lr-head 1000000.0"), ("batch_size", 0, "--batch-size 0"),
-    ("grad_accum", 0, "--grad-accum 0"), ("warmup_ratio", 1.5, "--warmup-ratio"), ("max_length", 4, "--max-length 4"),
-    ("beta", -1.0, "beta"),
-    ("rope_scaling", "ntk", "--rope-scaling 'ntk': expected one of default, yarn"),
-    ("rope_factor", 4.0, "--rope-factor scales the rope only with --rope-scaling yarn"),
-    ("rope_original_max_position", 4096, "--rope-original-max-position scales the rope only with --rope-scaling yarn"),
-    ("rope_original_max_position", -1, "--rope-original-max-position -1"),
-])
+
+@pytest.mark.parametrize(
+    "flag,value,match",
+    [
+        ("lr_drafter", float("nan"), "--lr-drafter nan"),
+        ("lr_head", 1e6, "--lr-head 1000000.0"),
+        ("batch_size", 0, "--batch-size 0"),
+        ("grad_accum", 0, "--grad-accum 0"),
+        ("warmup_ratio", 1.5, "--warmup-ratio"),
+        ("max_length", 4, "--max-length 4"),
+        ("beta", -1.0, "beta"),
+        ("rope_scaling", "ntk", "--rope-scaling 'ntk': expected one of default, yarn"),
+        ("rope_factor", 4.0, "--rope-factor scales the rope only with --rope-scaling yarn"),
+        (
+            "rope_original_max_position",
+            4096,
+            "--rope-original-max-position scales the rope only with --rope-scaling yarn",
+        ),
+        ("rope_original_max_position", -1, "--rope-original-max-position -1"),
+    ],
+)
 def test_invalid_hyperparameters_are_refused_when_the_config_is_built(flag, value, match):
     from sglang_lilicorr.train.config import TrainConfigError
 
@@ -451,10 +613,14 @@ def test_non_finite_steps_are_skipped_then_stop_the_run_without_a_bad_checkpoint
     with pytest.raises(TrainingDiverged, match="3 steps with a non-finite loss"):
         train(tiny_cfg(workspace, out, max_steps=8, max_bad_steps=3))
     checkpoints = sorted((out / "checkpoints").iterdir())  # skipped steps leave the weights as they were
-    assert checkpoints and all(bool(t.isfinite().all()) for c in checkpoints for t in load_file(str(c / "trainable.safetensors")).values())
+    assert checkpoints and all(
+        bool(t.isfinite().all()) for c in checkpoints for t in load_file(str(c / "trainable.safetensors")).values()
+    )
 
 
-def test_resume_cleans_orphans_falls_back_past_a_corrupt_checkpoint_and_logs_each_step_once(workspace, tmp_path, capsys):
+def test_resume_cleans_orphans_falls_back_past_a_corrupt_checkpoint_and_logs_each_step_once(
+    workspace, tmp_path, capsys
+):
     out = tmp_path / "run"
     train(tiny_cfg(workspace, out, max_steps=4))  # checkpoints at 2 and 4, both kept
     (out / "checkpoints" / "step-00000004" / "trainable.safetensors").write_bytes(b"\x00" * 10)  # torn by a crash
@@ -463,7 +629,11 @@ def test_resume_cleans_orphans_falls_back_past_a_corrupt_checkpoint_and_logs_eac
     (orphan / "half.bin").write_bytes(b"1")
     metrics = train(tiny_cfg(workspace, out, max_steps=6))
     err = capsys.readouterr().err
-    assert "truncated, corrupt" in err and "step-00000004/trainable.safetensors)" in err and "Falling back to the checkpoint before it" in err
+    assert (
+        "truncated, corrupt" in err
+        and "step-00000004/trainable.safetensors)" in err
+        and "Falling back to the checkpoint before it" in err
+    )
     assert metrics["step"] == 6 and not orphan.exists()
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [2, 4, 6]
@@ -479,19 +649,42 @@ def write_held_out_turns(workspace, path):
             messages = [{"role": "user", "content": f"held {i}"}, {"role": "assistant", "content": reply}]
             prompt = tok.apply_chat_template(messages[:1], tokenize=True, return_dict=False, add_generation_prompt=True)
             output = tok.encode(reply, add_special_tokens=False) + [tok.eos_token_id]
-            f.write(json.dumps({"id": f"h{i}", "messages": messages, "turns": [{"prompt_ids": prompt, "output_ids": output}]}) + "\n")
+            f.write(
+                json.dumps(
+                    {"id": f"h{i}", "messages": messages, "turns": [{"prompt_ids": prompt, "output_ids": output}]}
+                )
+                + "\n"
+            )
     return path
 
 
 def test_eval_replays_held_out_turns_snapshots_and_times_the_phases(workspace, tmp_path):
     held = write_held_out_turns(workspace, tmp_path / "held.jsonl")
     out = tmp_path / "run"
-    metrics = train(tiny_cfg(workspace, out, eval_data=str(held), max_steps=4, eval_every=2, log_every=3, grad_accum=2, batch_size=1))
+    metrics = train(
+        tiny_cfg(
+            workspace, out, eval_data=str(held), max_steps=4, eval_every=2, log_every=3, grad_accum=2, batch_size=1
+        )
+    )
     assert metrics["eval/tau_t0/argmax"] >= 1.0 and metrics["eval/tau_t0/lilicorr"] >= 1.0
-    assert {"time/target_ms", "time/drafter_ms", "time/head_ms", "time/backward_ms", "time/optimizer_ms", "time/wall_ms"} <= set(metrics)
-    assert sorted(p.name for p in (out / "snapshots").iterdir()) == ["step-00000002.safetensors", "step-00000004.safetensors"]
+    assert {
+        "time/target_ms",
+        "time/drafter_ms",
+        "time/head_ms",
+        "time/backward_ms",
+        "time/optimizer_ms",
+        "time/wall_ms",
+    } <= set(metrics)
+    assert sorted(p.name for p in (out / "snapshots").iterdir()) == [
+        "step-00000002.safetensors",
+        "step-00000004.safetensors",
+    ]
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in logged] == [2, 3, 4] and ["eval/tau_t0/argmax" in r for r in logged] == [True, False, True]
+    assert [r["step"] for r in logged] == [2, 3, 4] and ["eval/tau_t0/argmax" in r for r in logged] == [
+        True,
+        False,
+        True,
+    ]
 
 
 def test_max_minutes_ends_the_run_evaluated_and_checkpointed(workspace, tmp_path):
@@ -512,7 +705,9 @@ def test_conversations_are_cached_and_a_pool_tokenizes_the_same(workspace, tmp_p
     assert (tmp_path / "c.jsonl.tokens.pt").is_file()
     monkeypatch.setattr(data, "_encode", lambda item: (_ for _ in ()).throw(AssertionError("tokenized again")))
     cached = load_conversations(path, tok, 64, {})  # from the cache: nothing tokenized
-    assert all(torch.equal(a.input_ids, b.input_ids) and torch.equal(a.loss_mask, b.loss_mask) for a, b in zip(serial, cached))
+    assert all(
+        torch.equal(a.input_ids, b.input_ids) and torch.equal(a.loss_mask, b.loss_mask) for a, b in zip(serial, cached)
+    )
     monkeypatch.undo()
     (tmp_path / "c.jsonl.tokens.pt").unlink()
     monkeypatch.setattr(data, "POOL_MIN_ROWS", 4)
@@ -531,7 +726,9 @@ def test_training_data_that_overlaps_the_evaluation_prompts_is_refused_by_line(w
 
 
 @pytest.mark.parametrize("head", ["domino", "dspark"])
-def test_baseline_heads_train_from_a_dflash_draft_export_and_resume_only_as_themselves(workspace, tmp_path, head, capsys):
+def test_baseline_heads_train_from_a_dflash_draft_export_and_resume_only_as_themselves(
+    workspace, tmp_path, head, capsys
+):
     """--head domino / dspark: trained jointly from a plain DFlash export (fresh head), the loss terms logged, the
     free proposal's acceptance measured and replayed; exported as stock SGLang serves it; a resume with another head
     is refused."""
@@ -540,8 +737,16 @@ def test_baseline_heads_train_from_a_dflash_draft_export_and_resume_only_as_them
     train(tiny_cfg(workspace, tmp_path / "dflash", head="none", max_steps=2))
     init = export_checkpoint(tmp_path / "dflash", tmp_path / "dflash_draft")
     held = write_held_out_turns(workspace, tmp_path / "held.jsonl")
-    cfg = tiny_cfg(workspace, tmp_path / "run", head=head, corrector_width=16, init_from=str(init), max_steps=2,
-                   markov_head_type="rnn", eval_data=str(held))
+    cfg = tiny_cfg(
+        workspace,
+        tmp_path / "run",
+        head=head,
+        corrector_width=16,
+        init_from=str(init),
+        max_steps=2,
+        markov_head_type="rnn",
+        eval_data=str(held),
+    )
     metrics = train(cfg)
     assert math.isfinite(metrics["loss/ce"]) and metrics[f"accept_len/{head}"] >= 1.0
     assert metrics[f"eval/tau_t0/{head}"] >= 1.0 and metrics["eval/tau_t0/argmax"] >= 1.0

@@ -1,6 +1,7 @@
 """Data-parallel training: the same `train` under two gloo processes (as torchrun sets them up): ranks in
 lockstep, gradient accumulation against more ranks at one global batch, resume after a killed rank, and
 rank 0 as the only writer."""
+
 import json
 import os
 import signal
@@ -28,8 +29,15 @@ def test_ranks_get_disjoint_batches_of_equal_count():
 
 
 def _worker(rank, world, port, cfg_kwargs, out):
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world),
-                       "RANK": str(rank), "LOCAL_RANK": str(rank)})
+    os.environ.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": str(world),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+        }
+    )
     torch.set_num_threads(1)
     from sglang_lilicorr.drafter import DFlashDrafter
     from sglang_lilicorr.train import trainer
@@ -54,9 +62,25 @@ def test_two_gloo_ranks_train_in_lockstep(tmp_path):
 
     target = make_target(tmp_path / "target")
     data = write_conversations(tmp_path / "train.jsonl", 10)
-    cfg = dict(target=target, data=data, output_dir=str(tmp_path / "run"), eval_examples=2, block_size=4, candidate_topk=4,
-               head_hidden_size=32, head_layers=1, head_heads=4, factor_dim=16, bf16=False, max_steps=2, batch_size=1,
-               num_anchors=4, log_every=1, save_every=2, max_length=48)
+    cfg = dict(
+        target=target,
+        data=data,
+        output_dir=str(tmp_path / "run"),
+        eval_examples=2,
+        block_size=4,
+        candidate_topk=4,
+        head_hidden_size=32,
+        head_layers=1,
+        head_heads=4,
+        factor_dim=16,
+        bf16=False,
+        max_steps=2,
+        batch_size=1,
+        num_anchors=4,
+        log_every=1,
+        save_every=2,
+        max_length=48,
+    )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -70,8 +94,19 @@ def test_two_gloo_ranks_train_in_lockstep(tmp_path):
 
 # --- one global batch, resume, one writer -------------------------------------------------------
 
-WRITE_EVENTS = ("os.mkdir", "os.rename", "os.remove", "os.rmdir", "shutil.rmtree", "os.truncate", "os.link",
-                "os.symlink", "shutil.copyfile", "shutil.move", "os.chmod")
+WRITE_EVENTS = (
+    "os.mkdir",
+    "os.rename",
+    "os.remove",
+    "os.rmdir",
+    "shutil.rmtree",
+    "os.truncate",
+    "os.link",
+    "os.symlink",
+    "shutil.copyfile",
+    "shutil.move",
+    "os.chmod",
+)
 
 
 def record_writes(log: list, root: str) -> None:
@@ -88,7 +123,9 @@ def record_writes(log: list, root: str) -> None:
     def hook(event, args):
         if event == "open":
             path, mode, open_flags = args
-            writing = (mode and any(c in mode for c in "wax+")) or (mode is None and isinstance(open_flags, int) and open_flags & flags)
+            writing = (mode and any(c in mode for c in "wax+")) or (
+                mode is None and isinstance(open_flags, int) and open_flags & flags
+            )
             if writing and str(path).startswith(root):
                 log.append((event, str(path)))
         elif event in WRITE_EVENTS and str(args[0]).startswith(root):
@@ -97,7 +134,11 @@ def record_writes(log: list, root: str) -> None:
     sys.addaudithook(hook)
     for module, name in ((checkpoint, "save_file"), (safetensors.torch, "save_file"), (torch, "save")):
         original = getattr(module, name)
-        setattr(module, name, lambda *a, _name=name, _original=original, **k: (log.append((_name, str(a[1:2]))), _original(*a, **k))[1])
+        setattr(
+            module,
+            name,
+            lambda *a, _name=name, _original=original, **k: (log.append((_name, str(a[1:2]))), _original(*a, **k))[1],
+        )
 
 
 class KilledAt:
@@ -124,8 +165,15 @@ def _run(rank, world, port, cfg_kwargs, kill_rank_at, root):
     """One rank of a run: rank 1 records its writes under `root` and fails if it made any; rank 0 starts 2 s late,
     so that rank 1 would be the first to write anything the run writes (a cache, a clean-up); `kill_rank_at` =
     (rank, step) kills that rank as that step starts."""
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world),
-                       "RANK": str(rank), "LOCAL_RANK": str(rank)})
+    os.environ.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": str(world),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+        }
+    )
     torch.set_num_threads(1)
     from sglang_lilicorr.train import trainer
 
@@ -158,9 +206,25 @@ def ddp_case(tmp_path_factory):
     from test_train import make_target, write_conversations
 
     root = tmp_path_factory.mktemp("ddp")
-    cfg = dict(target=make_target(root / "target"), data=write_conversations(root / "train.jsonl", 10), eval_examples=2,
-               block_size=4, candidate_topk=4, head_hidden_size=32, head_layers=1, head_heads=4, factor_dim=16, bf16=False,
-               max_steps=4, batch_size=2, num_anchors=4, log_every=1, eval_every=2, save_every=2, max_length=48)
+    cfg = dict(
+        target=make_target(root / "target"),
+        data=write_conversations(root / "train.jsonl", 10),
+        eval_examples=2,
+        block_size=4,
+        candidate_topk=4,
+        head_hidden_size=32,
+        head_layers=1,
+        head_heads=4,
+        factor_dim=16,
+        bf16=False,
+        max_steps=4,
+        batch_size=2,
+        num_anchors=4,
+        log_every=1,
+        eval_every=2,
+        save_every=2,
+        max_length=48,
+    )
     spawn_run(2, {**cfg, "output_dir": str(root / "two_ranks")})
     return root, cfg
 
@@ -182,8 +246,10 @@ def test_gradient_accumulation_equals_the_same_global_batch_over_more_ranks(ddp_
     root, cfg = ddp_case
     spawn_run(1, {**cfg, "output_dir": str(root / "accumulated"), "grad_accum": 2})
     drop = ("tokens_per_s", "time/")
-    two, one = ([{k: v for k, v in r.items() if not k.startswith(drop)} for r in metric_rows(root / run)]
-                for run in ("two_ranks", "accumulated"))
+    two, one = (
+        [{k: v for k, v in r.items() if not k.startswith(drop)} for r in metric_rows(root / run)]
+        for run in ("two_ranks", "accumulated")
+    )
     assert [r["step"] for r in one] == [1, 2, 3, 4] and "eval/loss/total" in one[1]
     assert one == two
     assert one[0]["loss/total"] != one[2]["loss/total"]  # the curve moves: the comparison means something

@@ -1,4 +1,5 @@
 """SGLangServers, the data path of `lilicorr regenerate`, against stand-in /generate servers."""
+
 import asyncio
 import json
 import socket
@@ -33,9 +34,11 @@ ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()
 
 def generate(servers, prompts, sampling, seeds):
     """The completions of several requests sent at once through one session."""
+
     async def run():
         async with servers.session() as complete:
             return await asyncio.gather(*(complete(p, sampling, s) for p, s in zip(prompts, seeds)))
+
     return asyncio.run(run())
 
 
@@ -96,7 +99,9 @@ def test_started_servers_spread_requests_and_stop(tmp_path):
     script.write_text(SERVER)
     ports = free_ports(2)
     specs = [ServerSpec("model", port, str(i), ("--flag", str(i)), name=f"s{i}") for i, port in enumerate(ports)]
-    with SGLangServers.start(specs, tmp_path / "logs", startup_timeout=60, launcher=[sys.executable, str(script)], warm_first=True) as servers:
+    with SGLangServers.start(
+        specs, tmp_path / "logs", startup_timeout=60, launcher=[sys.executable, str(script)], warm_first=True
+    ) as servers:
         assert servers.capacity == 2 * 256
         out = generate(servers, [[10], [20], [30], [40]], Sampling(0.0, 3, (EOS,)), seeds=[0] * 4)
         processes = list(servers.processes)

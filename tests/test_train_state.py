@@ -1,6 +1,7 @@
 """train/state.py directly (no training, tiny tensors: fast): the checkpoint files and their round trip, `latest`,
 the fallback of resume_point past checkpoints that do not load, the checkpoints set aside or pruned, the metrics
 trimmed on resume, and each refusal of a checkpoint that does not match the run (its own test)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,8 +22,18 @@ from sglang_lilicorr.ownership import temporary_name
 from sglang_lilicorr.train import state
 from sglang_lilicorr.train.export import export_checkpoint
 
-DRAFTER = DrafterConfig(hidden_size=32, vocab_size=64, num_target_layers=4, target_layer_ids=(1, 2), mask_token_id=3,
-                        num_attention_heads=4, num_key_value_heads=4, head_dim=8, intermediate_size=64, block_size=4)
+DRAFTER = DrafterConfig(
+    hidden_size=32,
+    vocab_size=64,
+    num_target_layers=4,
+    target_layer_ids=(1, 2),
+    mask_token_id=3,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    head_dim=8,
+    intermediate_size=64,
+    block_size=4,
+)
 HEAD = LiLiCorrConfig(block_size=4, candidate_topk=4, hidden_size=32, num_layers=1, num_heads=4, factor_dim=16)
 OPTIMIZER = {"optimizer": {"state": {}, "param_groups": [{"lr": 0.5}]}, "scheduler": {"last_epoch": 3}}
 
@@ -34,20 +45,27 @@ def tensors(seed: int = 0, head: bool = True) -> dict[str, torch.Tensor]:
 
 
 def save(run: Path, step: int, seed: int = 0, run_identity=None, optimizer=OPTIMIZER, head=HEAD) -> Path:
-    return state.save_training_checkpoint(run, step, {"epoch": 1, "index": step}, DRAFTER, head,
-                                          tensors(seed, head is not None), optimizer, run_identity)
+    return state.save_training_checkpoint(
+        run, step, {"epoch": 1, "index": step}, DRAFTER, head, tensors(seed, head is not None), optimizer, run_identity
+    )
 
 
 def test_a_checkpoint_round_trips_exactly(tmp_path):
     saved = tensors(3)
     bf16 = {k: v.to(torch.bfloat16) for k, v in saved.items()}
-    path = state.save_training_checkpoint(tmp_path, 7, {"epoch": 1, "index": 7}, DRAFTER, HEAD, bf16, OPTIMIZER, {"lr": 0.5})
+    path = state.save_training_checkpoint(
+        tmp_path, 7, {"epoch": 1, "index": 7}, DRAFTER, HEAD, bf16, OPTIMIZER, {"lr": 0.5}
+    )
     assert path == tmp_path / "checkpoints" / "step-00000007"
     assert sorted(p.name for p in path.iterdir()) == [state.OPTIMIZER_FILE, state.STATE_FILE, state.TENSORS_FILE]
     assert (tmp_path / state.LATEST).read_text() == "step-00000007\n"
     got_state, drafter, head, got = state.read_training_checkpoint(tmp_path)  # the run folder: through `latest`
-    assert (got_state["format"], got_state["step"], got_state["progress"], got_state["run"]) == \
-        (state.FORMAT, 7, {"epoch": 1, "index": 7}, {"lr": 0.5})
+    assert (got_state["format"], got_state["step"], got_state["progress"], got_state["run"]) == (
+        state.FORMAT,
+        7,
+        {"epoch": 1, "index": 7},
+        {"lr": 0.5},
+    )
     assert drafter == DRAFTER and head == HEAD
     assert set(got) == set(saved) and all(got[k].dtype == torch.float32 for k in got)  # fp32 masters on disk
     assert all(torch.equal(got[k], bf16[k].float()) for k in got)
@@ -80,13 +98,20 @@ def test_latest_naming_an_incomplete_checkpoint_is_refused(tmp_path):
 def test_the_orphans_of_a_killed_save_are_removed(tmp_path):
     keep = save(tmp_path, 2)
     (tmp_path / "snapshots").mkdir()
-    made = [temporary_name(tmp_path / "checkpoints" / "step-00000004"), temporary_name(tmp_path / "snapshots" / "s"),
-            temporary_name(tmp_path / "checkpoints" / "x")]  # a name no legacy pattern matches
+    made = [
+        temporary_name(tmp_path / "checkpoints" / "step-00000004"),
+        temporary_name(tmp_path / "snapshots" / "s"),
+        temporary_name(tmp_path / "checkpoints" / "x"),
+    ]  # a name no legacy pattern matches
     made[0].mkdir()
     made[1].write_text("x")
     made[2].write_text("x")
-    legacy = [tmp_path / "checkpoints" / ".step-00000006", tmp_path / "snapshots" / ".step-00000006.safetensors.tmp",
-              tmp_path / ".latest.tmp", tmp_path / ".metrics.jsonl.tmp"]
+    legacy = [
+        tmp_path / "checkpoints" / ".step-00000006",
+        tmp_path / "snapshots" / ".step-00000006.safetensors.tmp",
+        tmp_path / ".latest.tmp",
+        tmp_path / ".metrics.jsonl.tmp",
+    ]
     legacy[0].mkdir()
     for p in legacy[1:]:
         p.write_text("x")
@@ -119,7 +144,9 @@ def test_resume_stops_when_no_checkpoint_loads(tmp_path):
     for step in (2, 3):
         corrupt(save(tmp_path, step))
     warnings = []
-    with pytest.raises(CheckpointError, match=r"no checkpoint of this run loads \(2 tried; .*optimizer.pt: does not match"):
+    with pytest.raises(
+        CheckpointError, match=r"no checkpoint of this run loads \(2 tried; .*optimizer.pt: does not match"
+    ):
         state.resume_point(tmp_path, warn=warnings.append)
     assert len(warnings) == 1 and "step-00000002" in warnings[0]
     assert len(state.complete_checkpoints(tmp_path)) == 2  # nothing removed
@@ -173,7 +200,9 @@ def test_trim_metrics_keeps_the_rows_up_to_the_step(tmp_path):
     path = tmp_path / "metrics.jsonl"
     state.trim_metrics(path, 3)
     assert not path.exists()
-    path.write_text('{"step": 1}\n{"step": 2, "loss": 1}\n[1]\n{"step": "3"}\n{"step": 3}\n{"step": 4}\n{"step": 3}\n{"step"')
+    path.write_text(
+        '{"step": 1}\n{"step": 2, "loss": 1}\n[1]\n{"step": "3"}\n{"step": 3}\n{"step": 4}\n{"step": 3}\n{"step"'
+    )
     state.trim_metrics(path, 3)
     assert path.read_text() == '{"step": 1}\n{"step": 2, "loss": 1}\n{"step": 3}\n{"step": 3}\n'
     path.write_text('{"step": 1}\n{"step": 2}')  # a last line without its newline, kept
@@ -229,12 +258,17 @@ def test_resume_compares_the_run(tmp_path):
     state.check_resume_compatible(got_state, DRAFTER, HEAD, "w", run)
     state.check_resume_compatible(got_state, DRAFTER, HEAD, "w", None)  # nothing to compare
     state.check_resume_compatible({**got_state, "run": None}, DRAFTER, HEAD, "w", {"lr": 9})  # saved before `run`
-    with pytest.raises(state.IncompatibleCheckpointError, match=r"this run's \['lr'\] differ .*\(lr: 0.001 -> 0.002\) \(w\)") as e:
+    with pytest.raises(
+        state.IncompatibleCheckpointError, match=r"this run's \['lr'\] differ .*\(lr: 0.001 -> 0.002\) \(w\)"
+    ) as e:
         state.check_resume_compatible(got_state, DRAFTER, HEAD, "w", {**run, "lr": 0.002})
     assert e.value.exit_code == 2 and e.value.where == "w" and "--resume-with-changes" in e.value.fix
     more = {**run, "lr": 0.002, "seed": 1, "steps": 5, "gamma": 2.0}
-    with pytest.raises(state.IncompatibleCheckpointError, match=r"\['gamma', 'lr', 'seed', 'steps'\] differ .*"
-                                                               r"\(gamma: 1.0 -> 2.0, lr: 0.001 -> 0.002, seed: 0 -> 1, ...\)"):
+    with pytest.raises(
+        state.IncompatibleCheckpointError,
+        match=r"\['gamma', 'lr', 'seed', 'steps'\] differ .*"
+        r"\(gamma: 1.0 -> 2.0, lr: 0.001 -> 0.002, seed: 0 -> 1, ...\)",
+    ):
         state.check_resume_compatible(got_state, DRAFTER, HEAD, "w", more)
     with pytest.raises(state.IncompatibleCheckpointError, match=r"\['new'\] differ .*\(new: null -> 1\)"):
         state.check_resume_compatible(got_state, DRAFTER, HEAD, "w", {**run, "new": 1})
@@ -247,8 +281,10 @@ def test_resume_compares_the_run(tmp_path):
 def test_resume_refuses_another_geometry(tmp_path):
     got_state = state.read_training_checkpoint(save(tmp_path, 2))[0]
     wider = dataclasses.replace(DRAFTER, intermediate_size=128)
-    with pytest.raises(state.IncompatibleCheckpointError,
-                       match=r"cannot resume, the drafter differs in \['intermediate_size'\] \(checkpoint \[64\] vs this run \[128\]\)"):
+    with pytest.raises(
+        state.IncompatibleCheckpointError,
+        match=r"cannot resume, the drafter differs in \['intermediate_size'\] \(checkpoint \[64\] vs this run \[128\]\)",
+    ):
         state.check_resume_compatible(got_state, wider, HEAD, "w")
     with pytest.raises(state.IncompatibleCheckpointError, match="cannot resume, the head differs"):
         state.check_resume_compatible(got_state, DRAFTER, dataclasses.replace(HEAD, factor_dim=8), "w")
@@ -257,7 +293,9 @@ def test_resume_refuses_another_geometry(tmp_path):
     yarn = dataclasses.replace(DRAFTER, rope_scaling=RopeScaling("yarn", 4.0, 32768))
     with pytest.raises(state.IncompatibleCheckpointError, match=r"differs in \['rope_scaling'\]"):
         state.check_resume_compatible(got_state, yarn, HEAD, "w")
-    state.check_same_geometry(got_state["drafter_config"], got_state["head_config"], yarn, HEAD, "w", "start", rope_may_differ=True)
+    state.check_same_geometry(
+        got_state["drafter_config"], got_state["head_config"], yarn, HEAD, "w", "start", rope_may_differ=True
+    )
 
 
 def test_a_run_starts_from_an_export(tmp_path):
@@ -317,8 +355,8 @@ def test_prune_goes_on_past_a_checkpoint_that_vanished(tmp_path, monkeypatch):
     assert not paths[1].exists() and paths[2].is_dir()
 
 
-
 # --- what mutation testing found untested: the files' form, each refusal in full, corrector drafts, map_location ---
+
 
 def refusal(call) -> CheckpointError:
     with pytest.raises(CheckpointError) as refused:
@@ -340,16 +378,26 @@ def test_each_checkpoint_refusal_in_full(tmp_path):
     (tmp_path / state.LATEST).write_text("step-00000009\n")
     assert str(refusal(lambda: state.latest_checkpoint(tmp_path))) == (
         f"`latest` names step-00000009, which is not a complete training checkpoint ({tmp_path / state.LATEST}): "
-        "pass OUTPUT/checkpoints/step-N of a complete one")
+        "pass OUTPUT/checkpoints/step-N of a complete one"
+    )
     meta_path = path / state.STATE_FILE
     meta = json.loads(meta_path.read_text())
     e = refusal(lambda: state.read_training_checkpoint(tmp_path / "nowhere"))
     assert e.what.startswith("not a training checkpoint (") and (e.where, e.fix) == (
-        str(tmp_path / "nowhere"), "pass OUTPUT or OUTPUT/checkpoints/step-N")
+        str(tmp_path / "nowhere"),
+        "pass OUTPUT or OUTPUT/checkpoints/step-N",
+    )
     for changed, what, fix in (
-        ({**meta, "format": "x"}, "format 'x', expected 'lilicorr-train-v1'", "pass a checkpoint written by `lilicorr train`"),
-        ({k: v for k, v in meta.items() if k != "step"}, "lacks ['step']",
-         "it was not written by `lilicorr train` (or was cut short): use an earlier checkpoint"),
+        (
+            {**meta, "format": "x"},
+            "format 'x', expected 'lilicorr-train-v1'",
+            "pass a checkpoint written by `lilicorr train`",
+        ),
+        (
+            {k: v for k, v in meta.items() if k != "step"},
+            "lacks ['step']",
+            "it was not written by `lilicorr train` (or was cut short): use an earlier checkpoint",
+        ),
     ):
         meta_path.write_text(json.dumps(changed))
         assert str(refusal(lambda: state.read_training_checkpoint(path))) == f"{what} ({meta_path}): {fix}"
@@ -358,7 +406,10 @@ def test_each_checkpoint_refusal_in_full(tmp_path):
     assert e.what.startswith("drafter_config / head_config: ") and (e.where, e.fix) == (str(meta_path), EARLIER)
     meta_path.write_text(json.dumps(meta))
     (path / state.TENSORS_FILE).write_bytes(b"garbage")
-    assert refusal(lambda: state.read_training_checkpoint(path)).fix == "use an earlier checkpoint (OUTPUT/checkpoints/step-N)"
+    assert (
+        refusal(lambda: state.read_training_checkpoint(path)).fix
+        == "use an earlier checkpoint (OUTPUT/checkpoints/step-N)"
+    )
 
 
 def test_each_optimizer_refusal_in_full(tmp_path):
@@ -366,17 +417,20 @@ def test_each_optimizer_refusal_in_full(tmp_path):
     where = path / state.OPTIMIZER_FILE
     corrupt(path)
     assert str(refusal(lambda: state.read_optimizer_state(path))) == (
-        f"does not match the sha256 in train_state.json: it changed after it was written ({where}): {EARLIER}")
+        f"does not match the sha256 in train_state.json: it changed after it was written ({where}): {EARLIER}"
+    )
     path = save(tmp_path, 3, optimizer={"optimizer": {}})
     where = path / state.OPTIMIZER_FILE
     assert str(refusal(lambda: state.read_optimizer_state(path))) == (
-        f"holds no optimizer and scheduler state ({where}): {EARLIER}")
+        f"holds no optimizer and scheduler state ({where}): {EARLIER}"
+    )
     meta = json.loads((path / state.STATE_FILE).read_text())
     del meta["sha256"]
     (path / state.STATE_FILE).write_text(json.dumps(meta))
     where.write_bytes(b"not a pickle")
     assert str(refusal(lambda: state.read_optimizer_state(path))) == (
-        f"truncated or not an optimizer state (UnpicklingError) ({where}): {EARLIER}")
+        f"truncated or not an optimizer state (UnpicklingError) ({where}): {EARLIER}"
+    )
     where.unlink()
     e = refusal(lambda: state.read_optimizer_state(path))
     assert e.what.startswith("cannot be read (") and (e.where, e.fix) == (str(where), EARLIER)
@@ -384,8 +438,10 @@ def test_each_optimizer_refusal_in_full(tmp_path):
         shutil.rmtree(tmp_path / "checkpoints" / f"step-0000000{step}")
     corrupt(save(tmp_path, 4))
     e = refusal(lambda: state.resume_point(tmp_path))
-    assert (e.where, e.fix) == (str(tmp_path), "nothing was changed; move the run aside, or pass --no-resume to start "
-                                               "it over from step 0 in this folder")
+    assert (e.where, e.fix) == (
+        str(tmp_path),
+        "nothing was changed; move the run aside, or pass --no-resume to start it over from step 0 in this folder",
+    )
 
 
 def test_optimizer_tensors_load_where_asked(tmp_path):
@@ -394,7 +450,9 @@ def test_optimizer_tensors_load_where_asked(tmp_path):
     path = save(tmp_path, 2, optimizer=saved)
     assert state.read_optimizer_state(path)["optimizer"]["state"][0]["exp_avg"].device.type == "cpu"
     assert state.resume_point(tmp_path)[2]["optimizer"]["state"][0]["exp_avg"].device.type == "cpu"
-    assert state.resume_point(tmp_path, map_location="meta")[2]["optimizer"]["state"][0]["exp_avg"].device.type == "meta"
+    assert (
+        state.resume_point(tmp_path, map_location="meta")[2]["optimizer"]["state"][0]["exp_avg"].device.type == "meta"
+    )
 
 
 def test_weights_only_holds_whatever_the_environment_says(tmp_path, monkeypatch):
@@ -438,17 +496,26 @@ def test_trim_metrics_keeps_rows_as_written_past_a_bad_line(tmp_path):
 
 def test_each_geometry_refusal_in_full(tmp_path):
     got_state = state.read_training_checkpoint(save(tmp_path, 2))[0]
-    e = refusal(lambda: state.check_resume_compatible(got_state, dataclasses.replace(DRAFTER, intermediate_size=128), HEAD, "w"))
+    e = refusal(
+        lambda: state.check_resume_compatible(got_state, dataclasses.replace(DRAFTER, intermediate_size=128), HEAD, "w")
+    )
     assert (e.where, e.fix) == ("w", "use the same settings or a new --output-dir")
     e = refusal(lambda: state.check_resume_compatible(got_state, DRAFTER, None, "w"))
-    assert (e.where, e.fix) == ("w", "use the same --head and head settings (gamma = 0 and --head none have none) or a "
-                                     "new --output-dir")
+    assert (e.where, e.fix) == (
+        "w",
+        "use the same --head and head settings (gamma = 0 and --head none have none) or a new --output-dir",
+    )
     run = {"a": 1, "b": 2, "c": 3}
     got_state = {**got_state, "run": run}
     e = refusal(lambda: state.check_resume_compatible(got_state, DRAFTER, HEAD, "w", {"a": 0, "b": 0, "c": 0}))
-    assert e.what == "cannot resume: this run's ['a', 'b', 'c'] differ from the checkpoint's (a: 1 -> 0, b: 2 -> 0, c: 3 -> 0)"
-    assert e.fix == "pass the run's own --data and settings, a new --output-dir, or --resume-with-changes to continue " \
-                    "this run with the new ones"
+    assert (
+        e.what
+        == "cannot resume: this run's ['a', 'b', 'c'] differ from the checkpoint's (a: 1 -> 0, b: 2 -> 0, c: 3 -> 0)"
+    )
+    assert (
+        e.fix == "pass the run's own --data and settings, a new --output-dir, or --resume-with-changes to continue "
+        "this run with the new ones"
+    )
 
 
 def test_each_init_from_refusal_names_the_draft(tmp_path):
@@ -461,8 +528,10 @@ def test_each_init_from_refusal_names_the_draft(tmp_path):
     assert e.where == f"--init-from {draft}"
     weights = draft / "model.safetensors"
     original = load_tensors(weights, fix="")
-    for part, change in (("drafter", lambda t: t.pop("fc.weight")),
-                         ("head", lambda t: t.__setitem__("lilicorr.extra", torch.zeros(2)))):
+    for part, change in (
+        ("drafter", lambda t: t.pop("fc.weight")),
+        ("head", lambda t: t.__setitem__("lilicorr.extra", torch.zeros(2))),
+    ):
         tensors = dict(original)
         change(tensors)
         save_tensors(weights, tensors)
@@ -478,8 +547,15 @@ def test_a_run_starts_from_a_corrector_draft(tmp_path, kind):
     config = DominoConfig(gru_hidden_dim=8, emb_dim=16) if kind == "domino" else DSparkConfig(markov_rank=4)
     torch.manual_seed(6)
     saved_head = build_head(config, DRAFTER).state_dict()
-    state.save_training_checkpoint(tmp_path / "run", 2, {"epoch": 0, "index": 2}, DRAFTER, config,
-                                   state.trainable_tensors(DFlashDrafter(DRAFTER).state_dict(), saved_head), OPTIMIZER)
+    state.save_training_checkpoint(
+        tmp_path / "run",
+        2,
+        {"epoch": 0, "index": 2},
+        DRAFTER,
+        config,
+        state.trainable_tensors(DFlashDrafter(DRAFTER).state_dict(), saved_head),
+        OPTIMIZER,
+    )
     draft = export_checkpoint(tmp_path / "run", tmp_path / "draft", dtype="float32")
     drafter, head = DFlashDrafter(DRAFTER), build_head(config, DRAFTER)
     state.load_draft_weights(draft, drafter, head, DRAFTER, config)

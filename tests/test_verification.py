@@ -1,6 +1,7 @@
 """Which verification serves T > 0 (serving/verification.py), on CPU: the detection on both builds (SGLang's
 availability test monkeypatched), the start-up line, the refusal per request's sampling parameters, the
 hook through which SGLang's scheduler aborts a refused request, and LILICORR_T_GT_0=refuse-start."""
+
 from __future__ import annotations
 
 import types
@@ -18,8 +19,16 @@ from sglang_lilicorr.serving.verification import Verification  # noqa: E402
 from test_plugin import draft, registered, resolve, target  # noqa: E402,F401  (fixtures)
 
 EXACT, FALLBACK = Verification(True, "refuse"), Verification(False, "refuse")
-GREEDY = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.0, top_k=50), SamplingParams(temperature=0.7, top_k=1)]
-SAMPLED = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.6, top_p=0.9), SamplingParams(temperature=1.0, top_k=2)]
+GREEDY = [
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=0.0, top_k=50),
+    SamplingParams(temperature=0.7, top_k=1),
+]
+SAMPLED = [
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.6, top_p=0.9),
+    SamplingParams(temperature=1.0, top_k=2),
+]
 
 
 @pytest.fixture
@@ -42,10 +51,12 @@ def test_start_up_line_says_what_verifies_t_0_and_t_above_0():
     assert EXACT.startup_line() == t0 + "exact rejection sampling (SGLang's DFlash sampling verification)."
     assert FALLBACK.startup_line() == t0 + (
         "refused: each request is aborted, only SGLang's greedy fallback is available (LILICORR_T_GT_0=refuse; "
-        "install flashinfer for exact rejection sampling).")
+        "install flashinfer for exact rejection sampling)."
+    )
     assert Verification(False, "allow-greedy").startup_line() == t0 + (
         "GREEDY FALLBACK, not sampled from the target's distribution (LILICORR_T_GT_0=allow-greedy; "
-        "install flashinfer for exact rejection sampling).")
+        "install flashinfer for exact rejection sampling)."
+    )
 
 
 @pytest.mark.parametrize("params", GREEDY + SAMPLED, ids=lambda p: f"T{p.temperature}-k{p.top_k}")
@@ -62,7 +73,9 @@ def test_only_sampled_requests_are_refused_and_only_under_the_greedy_fallback(pa
 
 def test_a_policy_that_is_not_one_is_named(monkeypatch):
     monkeypatch.setenv(verification.ENV, "strict")
-    with pytest.raises(ServingConfigError, match="LILICORR_T_GT_0='strict' is not a policy .* refuse, allow-greedy, refuse-start"):
+    with pytest.raises(
+        ServingConfigError, match="LILICORR_T_GT_0='strict' is not a policy .* refuse, allow-greedy, refuse-start"
+    ):
         verification.policy()
 
 
@@ -92,19 +105,24 @@ def test_the_scheduler_aborts_refused_requests_at_admission(fresh_hooks):
     verification.install_request_refusal(FALLBACK)
     from sglang.srt.plugins.hook_registry import HookRegistry, HookSource, HookType
 
-    (hook_type, _, source), = HookRegistry._hooks[verification.REQUEST_CHECK]  # one AFTER hook, naming our plugin
+    ((hook_type, _, source),) = HookRegistry._hooks[verification.REQUEST_CHECK]  # one AFTER hook, naming our plugin
     assert (hook_type, source) == (HookType.AFTER, HookSource("lilicorr", "sglang-lilicorr"))
     assert scheduler.validate_dflash_request(request(SAMPLED[0]), False) == verification.REQUEST_REFUSAL
     for params in GREEDY:
         assert scheduler.validate_dflash_request(request(params), False) is None
-    assert "return_hidden_states" in scheduler.validate_dflash_request(request(GREEDY[0], hidden=True), True)  # SGLang's own
+    assert "return_hidden_states" in scheduler.validate_dflash_request(
+        request(GREEDY[0], hidden=True), True
+    )  # SGLang's own
 
 
 def test_refuse_start_refuses_only_a_server_without_exact_sampling(target, draft, sampling_verify, monkeypatch):  # noqa: F811
     monkeypatch.setenv(verification.ENV, "refuse-start")
     sampling_verify(False)
-    with pytest.raises(ServingConfigError, match="LILICORR_T_GT_0=refuse-start: SGLang's DFlash sampling verification .* "
-                                                 "Install flashinfer, or set LILICORR_T_GT_0=refuse"):
+    with pytest.raises(
+        ServingConfigError,
+        match="LILICORR_T_GT_0=refuse-start: SGLang's DFlash sampling verification .* "
+        "Install flashinfer, or set LILICORR_T_GT_0=refuse",
+    ):
         resolve(target, draft=draft)
     sampling_verify(True)
     resolve(target, draft=draft)

@@ -1,5 +1,6 @@
 """benchmarks/verify_attention.py on the CPU: the plot from a saved result, and its clear errors (the kernels
 themselves run on the GPU only)."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,12 @@ from sglang_lilicorr.benchmarks import verify_attention
 
 
 def test_plot_from_a_saved_result(tmp_path):
-    rows = [{"geometry": g, "bs": bs, "prefix": n, "speedup": 1.0 + bs / n} for g in verify_attention.GEOMETRIES
-            for bs in (1, 4) for n in (256, 1024)]
+    rows = [
+        {"geometry": g, "bs": bs, "prefix": n, "speedup": 1.0 + bs / n}
+        for g in verify_attention.GEOMETRIES
+        for bs in (1, 4)
+        for n in (256, 1024)
+    ]
     saved = tmp_path / "verify_attention.json"
     saved.write_text(json.dumps({"device": "stub", "rows": rows}))
     assert verify_attention.main(["--plot", str(saved), "--out", str(tmp_path / "out")]) == 0

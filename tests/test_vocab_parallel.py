@@ -6,6 +6,7 @@ contiguous ranges, padding rows dropped), so small vocabularies give the last ra
 The multi-rank tests spawn 2, 3 and 4 gloo processes (as torchrun would); the Triton kernel runs under the
 interpreter there, as on this CPU machine's other kernel tests.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,7 +17,11 @@ import torch
 import torch.multiprocessing as mp
 
 from sglang_lilicorr.kernels import topk_lse
-from sglang_lilicorr.kernels.topk_reference import merge_topk_lse_reference, sharded_topk_lse_reference, topk_lse_reference
+from sglang_lilicorr.kernels.topk_reference import (
+    merge_topk_lse_reference,
+    sharded_topk_lse_reference,
+    topk_lse_reference,
+)
 from sglang_lilicorr.kernels.topk_shards import SENTINEL, merge_partials, shard_partials
 from sglang_lilicorr.walk import greedy_walk
 
@@ -28,7 +33,11 @@ HIDDEN = 64
 def shard_bounds(vocab: int, ranks: int) -> list[int]:
     """Start of each rank's real vocabulary rows, then V: SGLang 0.5.23's VocabParallelEmbedding layout (the padded
     vocabulary cut into equal ranges; ranks whose range starts past V hold no real row)."""
-    from sglang.srt.layers.vocab_parallel_embedding import DEFAULT_VOCAB_PADDING_SIZE, VocabParallelEmbedding, pad_vocab_size
+    from sglang.srt.layers.vocab_parallel_embedding import (
+        DEFAULT_VOCAB_PADDING_SIZE,
+        VocabParallelEmbedding,
+        pad_vocab_size,
+    )
 
     pad = DEFAULT_VOCAB_PADDING_SIZE
     if pad_vocab_size(vocab, pad) % ranks:
@@ -46,15 +55,15 @@ def adversarial_rows(vocab: int, bounds: list[int], seed: int) -> torch.Tensor:
     rows = [torch.randn(vocab, generator=g) * 4, torch.full((vocab,), 0.75), torch.full((vocab,), NEG_INF)]
     last = max(i for i in range(len(bounds) - 1) if bounds[i + 1] > bounds[i])
     sparse = torch.full((vocab,), NEG_INF)
-    sparse[bounds[last]: bounds[last] + 3] = torch.tensor([1.0, 2.0, 1.0])[: bounds[last + 1] - bounds[last]]
+    sparse[bounds[last] : bounds[last] + 3] = torch.tensor([1.0, 2.0, 1.0])[: bounds[last + 1] - bounds[last]]
     border = torch.randn(vocab, generator=g)
     few = torch.randn(vocab, generator=g)
     inner = [b for b in bounds[1:-1] if 0 < b < vocab]
     for b in inner:
         border[b - 1] = border[b] = 9.0  # the same maximum on both sides of each border
         few[b - 1] = few[b] = 0.5
-    few[bounds[0]: bounds[1]] = NEG_INF
-    few[bounds[0]: bounds[0] + 2] = 3.0  # rank 0: 2 finite values, tied
+    few[bounds[0] : bounds[1]] = NEG_INF
+    few[bounds[0] : bounds[0] + 2] = 3.0  # rank 0: 2 finite values, tied
     zeros = torch.zeros(vocab)
     zeros[torch.randperm(vocab, generator=g)[: vocab // 2]] = -0.0
     coarse = torch.randint(-4, 2, (vocab,), generator=g).float()
@@ -119,7 +128,9 @@ def test_padding_columns_holding_minus_inf_change_nothing(seed):
     padded = torch.full((logits.shape[0], width * ranks), NEG_INF)
     padded[:, :vocab] = logits
     dropped = sharded(logits, bounds)
-    kept = merge_partials(torch.stack([shard_partials(padded[:, r * width:(r + 1) * width], K, r * width) for r in range(ranks)]), K)
+    kept = merge_partials(
+        torch.stack([shard_partials(padded[:, r * width : (r + 1) * width], K, r * width) for r in range(ranks)]), K
+    )
     assert_same_candidates(kept, dropped, lse_exact=True)
     assert int(kept[1].max()) < vocab
 
@@ -152,8 +163,10 @@ def test_bad_partials_are_named():
 
 
 def test_reference_merge_breaks_ties_by_global_id():
-    shards = [(torch.tensor([[2.0, 1.0]]), torch.tensor([[7, 5]]), torch.tensor([0.0])),
-              (torch.tensor([[2.0, 2.0]]), torch.tensor([[3, 9]]), torch.tensor([1.0]))]
+    shards = [
+        (torch.tensor([[2.0, 1.0]]), torch.tensor([[7, 5]]), torch.tensor([0.0])),
+        (torch.tensor([[2.0, 2.0]]), torch.tensor([[3, 9]]), torch.tensor([1.0])),
+    ]
     vals, ids, lse = merge_topk_lse_reference(shards, 3)
     assert ids.tolist() == [[3, 7, 9]] and vals.tolist() == [[2.0, 2.0, 2.0]]
     assert torch.isclose(lse, torch.logsumexp(torch.tensor([0.0, 1.0]), 0))
@@ -222,8 +235,17 @@ def assert_walks_differ_only_at_near_ties(got: torch.Tensor, start, pair, ids) -
         assert 0 <= margin < NEAR_TIE, f"row {r} slot {s}: the walk's choice leads by {margin:.4f}, not a near-tie"
 
 
-def _check_proposal_on_rank(rank: int, ranks: int, seed: int, bounds: list[int], device: str = "cpu",
-                            dtype: torch.dtype = torch.float32, hidden_size: int = HIDDEN, rows: int = 3, head_kw=None) -> None:
+def _check_proposal_on_rank(
+    rank: int,
+    ranks: int,
+    seed: int,
+    bounds: list[int],
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    hidden_size: int = HIDDEN,
+    rows: int = 3,
+    head_kw=None,
+) -> None:
     """The served proposal with this rank's LM head shard (ShardedCandidates through LiLiCorrProposer): the TP = 1
     candidates (ids and values bit for bit, the LSE merged in another order: within fp32 rounding), the TP = 1 head's
     draft of those candidates bit for bit on every rank, and the TP = 1 proposal up to near-ties of its walk (the LSE's
@@ -237,13 +259,20 @@ def _check_proposal_on_rank(rank: int, ranks: int, seed: int, bounds: list[int],
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     head_kw = dict(hidden_size=0, num_layers=1, num_heads=4, factor_dim=32) if head_kw is None else head_kw
-    head = LiLiCorrHead(LiLiCorrConfig(block_size=16, candidate_topk=K, **head_kw), hidden_size).to(device, dtype).eval()
+    head = (
+        LiLiCorrHead(LiLiCorrConfig(block_size=16, candidate_topk=K, **head_kw), hidden_size).to(device, dtype).eval()
+    )
     lm, embed = (torch.randn(vocab, hidden_size, generator=g).to(device, dtype) for _ in range(2))
     hidden = torch.randn(rows * 16, hidden_size, generator=g).to(device, dtype)
     anchors = torch.randn(rows, hidden_size, generator=g).to(device, dtype)
     whole = LiLiCorrProposer(head=head, lm_head_weight=lm, embed_weight=embed, block_size=16)
-    shard = LiLiCorrProposer(head=head, lm_head_weight=lm[lo:hi], embed_weight=embed, block_size=16,
-                             vocab=VocabShard(lo, hi - lo, vocab, ranks, gather))
+    shard = LiLiCorrProposer(
+        head=head,
+        lm_head_weight=lm[lo:hi],
+        embed_weight=embed,
+        block_size=16,
+        vocab=VocabShard(lo, hi - lo, vocab, ranks, gather),
+    )
     pass_hidden = hidden.view(rows, 16, hidden_size)[:, 1:]
     slots = torch.arange(rows, device=device)
     for p in (whole, shard):
@@ -286,8 +315,17 @@ def _served_geometry_rank(rank: int, ranks: int, port: int, seed: int, bounds: l
         dist.init_process_group("gloo", rank=rank, world_size=ranks)
     gpu = backend == "nccl"
     try:  # tools/tp_models.py's draft: bf16, Hm 1024, vocabulary 32,000, the default head; 16 requests (4 on the CPU)
-        _check_proposal_on_rank(rank, ranks, seed, bounds, device=f"cuda:{rank}" if gpu else "cpu", dtype=torch.bfloat16,
-                                hidden_size=1024, rows=16 if gpu else 4, head_kw={})
+        _check_proposal_on_rank(
+            rank,
+            ranks,
+            seed,
+            bounds,
+            device=f"cuda:{rank}" if gpu else "cpu",
+            dtype=torch.bfloat16,
+            hidden_size=1024,
+            rows=16 if gpu else 4,
+            head_kw={},
+        )
     finally:
         dist.destroy_process_group()
 
@@ -302,6 +340,9 @@ def test_nccl_ranks_propose_with_the_gpu_kernels(seed, ranks):
     """On 2 and 4 GPUs, the Triton kernels and NCCL's all-gather, at the served geometry."""
     if torch.cuda.device_count() < ranks:
         pytest.skip(f"needs {ranks} GPUs")
-    mp.spawn(_served_geometry_rank, args=(ranks, free_port(), seed, shard_bounds(32000, ranks), "nccl"), nprocs=ranks,
-             join=True)
-
+    mp.spawn(
+        _served_geometry_rank,
+        args=(ranks, free_port(), seed, shard_bounds(32000, ranks), "nccl"),
+        nprocs=ranks,
+        join=True,
+    )

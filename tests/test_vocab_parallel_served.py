@@ -1,5 +1,6 @@
 """serving/vocab_parallel.py in one process (no gloo ranks: fast): the served candidates of one rank, the other ranks'
 partials put in by its gather, against the unsharded top-K; each shard and head refusal."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,11 +21,12 @@ def test_served_candidates_in_one_process_equal_the_unsharded_top_k():
     def run(hidden, rank, max_slots=b * s):
         n = hidden.shape[0] * hidden.shape[1]
         logits = hidden.reshape(n, hm) @ head.T
-        others = [shard_partials(logits[:, bounds[r]:bounds[r + 1]].contiguous(), k, bounds[r]) for r in range(3)]
+        others = [shard_partials(logits[:, bounds[r] : bounds[r + 1]].contiguous(), k, bounds[r]) for r in range(3)]
 
         def gather(out, inp):
             for r in range(3):
-                out[r * n:(r + 1) * n] = inp if r == rank else others[r]
+                out[r * n : (r + 1) * n] = inp if r == rank else others[r]
+
         lo, hi = bounds[rank], bounds[rank + 1]
         cands = ShardedCandidates(head[lo:hi].clone(), VocabShard(lo, hi - lo, vocab, 3, gather), k)
         cands.allocate(max_slots)
@@ -82,7 +84,11 @@ def test_buffers_sized_for_more_slots_than_k_plus_1():
     vocab, hm, k, max_slots = 20, 8, 3, 10
     head = torch.randn(vocab, hm, generator=g)
 
-    for hidden in (torch.randn(2, 3, hm, generator=g), torch.randn(2, 5, hm, generator=g), torch.randn(1, 2, hm, generator=g)):
+    for hidden in (
+        torch.randn(2, 3, hm, generator=g),
+        torch.randn(2, 5, hm, generator=g),
+        torch.randn(1, 2, hm, generator=g),
+    ):
         n = hidden.shape[0] * hidden.shape[1]
         logits = hidden.reshape(n, hm) @ head.T
         other = shard_partials(logits[:, :11].contiguous(), k, 0)
@@ -90,6 +96,7 @@ def test_buffers_sized_for_more_slots_than_k_plus_1():
         def gather(out, inp):
             assert out.shape == (2 * n, k + 1)
             out[:n], out[n:] = other, inp
+
         cands = ShardedCandidates(head[11:].clone(), VocabShard(11, vocab - 11, vocab, 2, gather), k)
         cands.allocate(max_slots)
         assert cands.partials.shape == (max_slots, k + 1) and cands.gathered.shape == (2 * max_slots, k + 1)
@@ -113,6 +120,7 @@ def test_the_static_buffers_are_what_the_gather_sees():
     def gather(out, inp):
         seen.append((out.data_ptr(), inp.data_ptr()))
         out.copy_(inp)
+
     cands = ShardedCandidates(head, VocabShard(0, vocab, vocab, 1, gather), k)
     assert cands.partials is None and cands.gathered is None
     cands.allocate(4)

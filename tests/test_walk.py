@@ -1,4 +1,5 @@
 """Decoders: greedy walk (Eq. 8) and exact Viterbi (App. F) against brute force."""
+
 import itertools
 
 import pytest

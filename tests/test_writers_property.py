@@ -1,6 +1,7 @@
 """Every writer against random existing folder contents and random file bytes (hypothesis): whatever it answers,
 nothing it did not create changes (issue 40). Few examples each, so the suite keeps its time on 2 cores; replay a
 failure with the seed hypothesis prints."""
+
 import json
 import shutil
 import tempfile
@@ -15,14 +16,35 @@ from test_export_safety import snapshot, write_run
 from test_train import make_target, write_conversations
 
 # names a user's folder may well hold, the ones our writers write among them
-NAMES = ["metrics.jsonl", "latest", "config.json", "model.safetensors", "train.jsonl", "heldout.jsonl", "manifest.json",
-         "conversations.jsonl", "summary.json", "report.md", "notes.txt", ".hidden", ".lilicorr.json", "snapshots/.keep",
-         "checkpoints/step-00000002/train_state.json", "logs/server-0.log", "sub/data.bin"]
+NAMES = [
+    "metrics.jsonl",
+    "latest",
+    "config.json",
+    "model.safetensors",
+    "train.jsonl",
+    "heldout.jsonl",
+    "manifest.json",
+    "conversations.jsonl",
+    "summary.json",
+    "report.md",
+    "notes.txt",
+    ".hidden",
+    ".lilicorr.json",
+    "snapshots/.keep",
+    "checkpoints/step-00000002/train_state.json",
+    "logs/server-0.log",
+    "sub/data.bin",
+]
 BYTES = st.one_of(
     st.binary(max_size=64),
-    st.lists(st.dictionaries(st.sampled_from(["id", "step", "kind", "messages", "turns", "system"]),
-                             st.one_of(st.integers(), st.text(max_size=6), st.none()), max_size=3), max_size=3)
-    .map(lambda rows: "".join(json.dumps(r) + "\n" for r in rows).encode()),
+    st.lists(
+        st.dictionaries(
+            st.sampled_from(["id", "step", "kind", "messages", "turns", "system"]),
+            st.one_of(st.integers(), st.text(max_size=6), st.none()),
+            max_size=3,
+        ),
+        max_size=3,
+    ).map(lambda rows: "".join(json.dumps(r) + "\n" for r in rows).encode()),
 )
 FOLDER = st.dictionaries(st.sampled_from(NAMES), BYTES, min_size=1, max_size=5)
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
@@ -35,8 +57,14 @@ def ws(tmp_path_factory):
     exclude.write_text('{"id": "e", "text": "what is two plus two"}\n')
     prompts = root / "prompts.jsonl"
     prompts.write_text('{"id": "a", "text": "hi"}\n')
-    return {"target": make_target(root / "target"), "data": write_conversations(root / "data.jsonl", 8),
-            "run": write_run(root / "run"), "exclude": str(exclude), "prompts": str(prompts), "root": root}
+    return {
+        "target": make_target(root / "target"),
+        "data": write_conversations(root / "data.jsonl", 8),
+        "run": write_run(root / "run"),
+        "exclude": str(exclude),
+        "prompts": str(prompts),
+        "root": root,
+    }
 
 
 def fill(folder: Path, files: dict) -> dict:
@@ -66,31 +94,77 @@ def run_in_fresh(tmp_root: Path, files: dict, command) -> None:
         shutil.rmtree(work)
 
 
-TRAIN_FLAGS = ["--no-bf16", "--block-size", "4", "--candidate-topk", "4", "--head-hidden-size", "32", "--head-layers", "1",
-               "--head-heads", "4", "--factor-dim", "16", "--num-anchors", "4", "--batch-size", "2", "--max-length", "64",
-               "--eval-examples", "2", "--chat-template-kwargs", "{}", "--max-steps", "1"]
+TRAIN_FLAGS = [
+    "--no-bf16",
+    "--block-size",
+    "4",
+    "--candidate-topk",
+    "4",
+    "--head-hidden-size",
+    "32",
+    "--head-layers",
+    "1",
+    "--head-heads",
+    "4",
+    "--factor-dim",
+    "16",
+    "--num-anchors",
+    "4",
+    "--batch-size",
+    "2",
+    "--max-length",
+    "64",
+    "--eval-examples",
+    "2",
+    "--chat-template-kwargs",
+    "{}",
+    "--max-steps",
+    "1",
+]
 
 
 @SETTINGS
 @given(files=FOLDER)
 def test_train_output_dir(ws, files):
-    run_in_fresh(ws["root"], files, lambda out: main(["train", "--target", ws["target"], "--data", ws["data"],
-                                                      "--output-dir", str(out), *TRAIN_FLAGS]))
+    run_in_fresh(
+        ws["root"],
+        files,
+        lambda out: main(
+            ["train", "--target", ws["target"], "--data", ws["data"], "--output-dir", str(out), *TRAIN_FLAGS]
+        ),
+    )
 
 
-OTHERS = st.dictionaries(st.sampled_from(["notes.txt", ".hidden", "snapshots/.keep", "snapshots/mine.safetensors", "sub/data.bin",
-                                          "checkpoints/README", "train.log"]), BYTES, min_size=1, max_size=4)
+OTHERS = st.dictionaries(
+    st.sampled_from(
+        [
+            "notes.txt",
+            ".hidden",
+            "snapshots/.keep",
+            "snapshots/mine.safetensors",
+            "sub/data.bin",
+            "checkpoints/README",
+            "train.log",
+        ]
+    ),
+    BYTES,
+    min_size=1,
+    max_size=4,
+)
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(files=OTHERS)
 def test_train_in_its_own_run_touches_only_its_files(ws, files):
     """A run folder (marked) with the user's files beside the run's: training writes its own files only."""
+
     def command(out):
         ownership.mark(out, "run")  # a run of ours that the user put files into
         return main(["train", "--target", ws["target"], "--data", ws["data"], "--output-dir", str(out), *TRAIN_FLAGS])
 
-    run_in_fresh(ws["root"], files, lambda out: (lambda code: code if code == 0 else pytest.fail(f"exit {code}"))(command(out)))
+    run_in_fresh(
+        ws["root"], files, lambda out: (lambda code: code if code == 0 else pytest.fail(f"exit {code}"))(command(out))
+    )
 
 
 @SETTINGS
@@ -102,16 +176,48 @@ def test_export_out_dir(ws, files, force):
 @SETTINGS
 @given(files=FOLDER)
 def test_regenerate_recipe_output_dir(ws, files):
-    run_in_fresh(ws["root"], files, lambda out: main([
-        "regenerate", "--target", ws["target"], "--recipe", "--output-dir", str(out), "--exclude", ws["exclude"], "--magpie", "1",
-        "--package", "0", "--heldout", "0", "--max-new-tokens", "2", "--engine", "transformers"]))
+    run_in_fresh(
+        ws["root"],
+        files,
+        lambda out: main(
+            [
+                "regenerate",
+                "--target",
+                ws["target"],
+                "--recipe",
+                "--output-dir",
+                str(out),
+                "--exclude",
+                ws["exclude"],
+                "--magpie",
+                "1",
+                "--package",
+                "0",
+                "--heldout",
+                "0",
+                "--max-new-tokens",
+                "2",
+                "--engine",
+                "transformers",
+            ]
+        ),
+    )
 
 
 def results_file(ws) -> Path:
     results = ws["root"] / "results.jsonl"
     if not results.exists():
-        record = {"system": "s", "dataset": "d", "concurrency": 1, "temperature": 0.0, "seed": 0, "max_tokens": 8, "prompt_id": "a",
-                  "category": "c", "turns": [{"completion_tokens": 4, "start": 0.0, "end": 1.0, "spec_verify_ct": 2}]}
+        record = {
+            "system": "s",
+            "dataset": "d",
+            "concurrency": 1,
+            "temperature": 0.0,
+            "seed": 0,
+            "max_tokens": 8,
+            "prompt_id": "a",
+            "category": "c",
+            "turns": [{"completion_tokens": 4, "start": 0.0, "end": 1.0, "spec_verify_ct": 2}],
+        }
         results.write_text(json.dumps(record) + "\n")
     return results
 
@@ -122,10 +228,32 @@ def test_report_out_dirs(ws, files, command):
     draft = ws["root"] / "draft"
     if command == "replay" and not draft.exists():
         assert main(["export", str(ws["run"]), str(draft)]) == 0
-    argv = {"report": lambda out: ["bench", "report", str(results_file(ws)), "--no-plots", "--out", str(out)],
-            "faults": lambda out: ["bench", "faults", "--url", "http://127.0.0.1:9", "--duration", "0.2", "--clients", "1", "--out", str(out)],
-            "replay": lambda out: ["replay", "--target", ws["target"], "--draft", f"d={draft}", "--outputs", ws["data"], "--out", str(out)],
-            }[command]
+    argv = {
+        "report": lambda out: ["bench", "report", str(results_file(ws)), "--no-plots", "--out", str(out)],
+        "faults": lambda out: [
+            "bench",
+            "faults",
+            "--url",
+            "http://127.0.0.1:9",
+            "--duration",
+            "0.2",
+            "--clients",
+            "1",
+            "--out",
+            str(out),
+        ],
+        "replay": lambda out: [
+            "replay",
+            "--target",
+            ws["target"],
+            "--draft",
+            f"d={draft}",
+            "--outputs",
+            ws["data"],
+            "--out",
+            str(out),
+        ],
+    }[command]
     run_in_fresh(ws["root"], files, lambda out: main(argv(out)))
 
 
@@ -149,10 +277,38 @@ def test_append_files_results_and_rows(ws, data):
     work = Path(tempfile.mkdtemp(dir=ws["root"]))
     try:
         for name, command in (
-            ("results.jsonl", lambda f: ["bench", "run", "--url", "http://127.0.0.1:9", "--system", "x", "--dataset", ws["prompts"],
-                                         "--results", str(f), "--no-progress", "--warmup", "0"]),
-            ("rows.jsonl", lambda f: ["regenerate", "--target", ws["target"], "--prompts", str(f.parent / "none.jsonl"),
-                                      "--output", str(f), "--engine", "transformers"]),
+            (
+                "results.jsonl",
+                lambda f: [
+                    "bench",
+                    "run",
+                    "--url",
+                    "http://127.0.0.1:9",
+                    "--system",
+                    "x",
+                    "--dataset",
+                    ws["prompts"],
+                    "--results",
+                    str(f),
+                    "--no-progress",
+                    "--warmup",
+                    "0",
+                ],
+            ),
+            (
+                "rows.jsonl",
+                lambda f: [
+                    "regenerate",
+                    "--target",
+                    ws["target"],
+                    "--prompts",
+                    str(f.parent / "none.jsonl"),
+                    "--output",
+                    str(f),
+                    "--engine",
+                    "transformers",
+                ],
+            ),
         ):
             path = work / name
             path.write_bytes(data)

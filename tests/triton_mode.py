@@ -1,5 +1,6 @@
 """Where this test session runs the Triton kernels: compiled on a CUDA machine, under the
 interpreter on a CPU one (tests/conftest.py selects it before any kernel module is imported)."""
+
 import pytest
 import torch
 import triton.language as tl

@@ -19,6 +19,7 @@ cannot import flashinfer.sampling, takes its torch fallbacks.
       -d /tmp/fi flashinfer-python==0.7.2
   python tools/flashinfer_headers.py /tmp/fi/flashinfer_python-0.7.2-py3-none-any.whl --out .dev/flashinfer
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,7 +45,9 @@ class HeadersError(Exception):
 def wheel_version(wheel: zipfile.ZipFile) -> str:
     metadata = next((n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")), None)
     if metadata is None:
-        raise HeadersError(f"{wheel.filename}: no .dist-info/METADATA, not a wheel; download flashinfer-python=={VERSION}.")
+        raise HeadersError(
+            f"{wheel.filename}: no .dist-info/METADATA, not a wheel; download flashinfer-python=={VERSION}."
+        )
     found = re.search(r"^Version:\s*(\S+)", wheel.read(metadata).decode(), re.M)
     return found.group(1) if found else "unknown"
 
@@ -59,8 +62,10 @@ def include_closure(wheel: zipfile.ZipFile, roots=ROOTS) -> list[str]:
         if header in seen:
             continue
         if INCLUDE + header not in names:
-            raise HeadersError(f"{wheel.filename}: {INCLUDE + header} is included but not in the wheel; "
-                               f"use flashinfer-python=={VERSION}.")
+            raise HeadersError(
+                f"{wheel.filename}: {INCLUDE + header} is included but not in the wheel; "
+                f"use flashinfer-python=={VERSION}."
+            )
         seen.add(header)
         for kind, target in INCLUDE_LINE.findall(wheel.read(INCLUDE + header).decode(errors="replace")):
             if kind == '"':
@@ -79,8 +84,10 @@ def write(wheel_path: Path, out: Path) -> list[str]:
     with wheel:
         version = wheel_version(wheel)
         if version != VERSION:
-            raise HeadersError(f"{wheel_path}: flashinfer-python {version}, but SGLang 0.5.23 compiles against {VERSION}; "
-                               f"download flashinfer-python=={VERSION}.")
+            raise HeadersError(
+                f"{wheel_path}: flashinfer-python {version}, but SGLang 0.5.23 compiles against {VERSION}; "
+                f"download flashinfer-python=={VERSION}."
+            )
         headers = include_closure(wheel)
         package = out / "flashinfer"
         if package.exists() and not (package / MARKER).is_file():
@@ -92,7 +99,9 @@ def write(wheel_path: Path, out: Path) -> list[str]:
             target.write_bytes(wheel.read(INCLUDE + header))
     for folder in EMPTY:
         (package / "data" / folder).mkdir(parents=True, exist_ok=True)
-    (package / "__init__.py").write_text(f'"""flashinfer {VERSION} headers only (tools/flashinfer_headers.py): no Python API."""\n')
+    (package / "__init__.py").write_text(
+        f'"""flashinfer {VERSION} headers only (tools/flashinfer_headers.py): no Python API."""\n'
+    )
     (package / MARKER).write_text("".join(h + "\n" for h in headers))
     return headers
 

@@ -11,6 +11,7 @@ Checks, printed as `CLIENT_CHECK PASS|FAIL`: every request finished with output 
 speculative response carries SGLang's per-request spec stats (meta_info spec_verify_ct > 0,
 spec_accept_length, spec_num_proposed_drafts). Exit status 1 on FAIL.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,10 +22,34 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 TOPICS = [
-    "the moon", "volcanoes", "honey bees", "the Roman Empire", "photosynthesis", "black holes", "chess", "coffee",
-    "the Pacific Ocean", "penguins", "electric cars", "the printing press", "rainbows", "the human heart", "jazz",
-    "deserts", "Mount Everest", "the internet", "dinosaurs", "glaciers", "tea", "the Eiffel Tower", "octopuses",
-    "solar panels", "the Amazon rainforest", "bicycles", "thunderstorms", "the Great Wall of China",
+    "the moon",
+    "volcanoes",
+    "honey bees",
+    "the Roman Empire",
+    "photosynthesis",
+    "black holes",
+    "chess",
+    "coffee",
+    "the Pacific Ocean",
+    "penguins",
+    "electric cars",
+    "the printing press",
+    "rainbows",
+    "the human heart",
+    "jazz",
+    "deserts",
+    "Mount Everest",
+    "the internet",
+    "dinosaurs",
+    "glaciers",
+    "tea",
+    "the Eiffel Tower",
+    "octopuses",
+    "solar panels",
+    "the Amazon rainforest",
+    "bicycles",
+    "thunderstorms",
+    "the Great Wall of China",
 ]
 TEMPLATES = ["Write one sentence about {}.", "Give two facts about {}."]
 CODE = [
@@ -44,7 +69,8 @@ def prompts(n: int) -> list[str]:
 def generate(port: int, ids: list[int], sampling: dict, tries: int = 3) -> dict:
     """POST /generate; connection-level failures (reset, refused) are retried, HTTP errors are not."""
     req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/generate", headers={"Content-Type": "application/json"},
+        f"http://127.0.0.1:{port}/generate",
+        headers={"Content-Type": "application/json"},
         data=json.dumps({"input_ids": ids, "sampling_params": sampling}).encode(),
     )
     t = time.time()
@@ -64,10 +90,22 @@ def generate(port: int, ids: list[int], sampling: dict, tries: int = 3) -> dict:
 
 def record(phase: str, prompt: str, ids: list[int], sampling: dict, r: dict) -> dict:
     meta = r.get("meta_info", {})
-    keep = {k: v for k, v in meta.items()
-            if k.startswith("spec") or k in ("completion_tokens", "prompt_tokens", "finish_reason", "e2e_latency")}
-    return {"phase": phase, "prompt": prompt, "input_ids": ids, "sampling": sampling, "text": r.get("text"),
-            "output_ids": r.get("output_ids"), "meta": keep, "latency_s": r["_latency_s"], "error": r.get("error")}
+    keep = {
+        k: v
+        for k, v in meta.items()
+        if k.startswith("spec") or k in ("completion_tokens", "prompt_tokens", "finish_reason", "e2e_latency")
+    }
+    return {
+        "phase": phase,
+        "prompt": prompt,
+        "input_ids": ids,
+        "sampling": sampling,
+        "text": r.get("text"),
+        "output_ids": r.get("output_ids"),
+        "meta": keep,
+        "latency_s": r["_latency_s"],
+        "error": r.get("error"),
+    }
 
 
 def problems(rec: dict, speculative: bool) -> list[str]:
@@ -125,8 +163,10 @@ def main(argv: list[str] | None = None) -> None:
     spec = [r["meta"] for r in records if r["meta"].get("spec_verify_ct")]
     if spec:
         mean_accept = sum(m.get("spec_accept_length", 0) for m in spec) / len(spec)
-        print(f"spec stats on {len(spec)}/{len(records)} responses; mean spec_accept_length {mean_accept:.3f}; "
-              f"example meta_info: {json.dumps(spec[0])}")
+        print(
+            f"spec stats on {len(spec)}/{len(records)} responses; mean spec_accept_length {mean_accept:.3f}; "
+            f"example meta_info: {json.dumps(spec[0])}"
+        )
     print(f"{len(records)} responses ({sum(r['sampling']['temperature'] == 0 for r in records)} greedy) -> {a.out}")
     for i, phase, msg in bad[:10]:
         print(f"  record {i} ({phase}): {msg}")

@@ -6,6 +6,7 @@ equal the eager run, and the replay time is printed.
 
 Prints one line per batch size, then GRAPH_CHECK PASS|FAIL (exit status 1 on FAIL).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,11 @@ def main(argv: list[str] | None = None) -> None:
         end.record()
         torch.cuda.synchronize()
         ok &= same
-        print(f"bs={bs}: replay == eager: {same}; replay {start.elapsed_time(end) / 50:.3f} ms "
-              f"({torch.cuda.get_device_name()})", flush=True)
+        print(
+            f"bs={bs}: replay == eager: {same}; replay {start.elapsed_time(end) / 50:.3f} ms "
+            f"({torch.cuda.get_device_name()})",
+            flush=True,
+        )
     print("GRAPH_CHECK", "PASS" if ok else "FAIL")
     raise SystemExit(0 if ok else 1)
 

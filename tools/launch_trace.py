@@ -14,6 +14,7 @@ zeros) and the run takes seconds. Two traces from two commits must be equal. It 
 its plans (c745522: keyword flags, `_SideStream`), the commit the plans were checked against: from a copy of that
 tree on PYTHONPATH (with kernels/ and benchmarks/ linked under sglang_lilicorr/).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -118,8 +119,13 @@ def patched(mode: str):
             patch(module, "check_pdl", lambda pdl, t, name: None)
             patch(module, "pdl_supported", lambda t: True)
             patch(module, "rows_per_program", lambda t: 1)
-            patch(module, "_launch_tma", lambda name, x, weight, out, common: EVENTS.append(
-                ["tma", name, summary(x), summary(weight), summary(out), summary(common)]))
+            patch(
+                module,
+                "_launch_tma",
+                lambda name, x, weight, out, common: EVENTS.append(
+                    ["tma", name, summary(x), summary(weight), summary(out), summary(common)]
+                ),
+            )
         patch(torch.cuda, "Stream", lambda device=None: "side stream")
         for owner in selects:
             patch(owner, "_SideStream", FakeSideStream)
@@ -134,8 +140,12 @@ def patched(mode: str):
 
 
 def select_modules():
-    names = ("sglang_lilicorr.fast_path.select", "sglang_lilicorr.fast_path.plan",  # and the flat modules of older trees
-             "sglang_lilicorr.fast_head", "sglang_lilicorr.select_plan")
+    names = (
+        "sglang_lilicorr.fast_path.select",
+        "sglang_lilicorr.fast_path.plan",  # and the flat modules of older trees
+        "sglang_lilicorr.fast_head",
+        "sglang_lilicorr.select_plan",
+    )
     found = []
     for name in names:
         try:
@@ -147,6 +157,7 @@ def select_modules():
 
 def build(geometry: str, mode: str):
     from sglang_lilicorr.benchmarks.head_bench import GEOMETRIES, build_ours
+
     try:
         from sglang_lilicorr.fast_path.select import FastLiLiCorrSelect
     except ImportError:  # an older tree (the reference commit)

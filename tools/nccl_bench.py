@@ -7,6 +7,7 @@ Prints, on rank 0, one line per size: ms per all-reduce and the bus bandwidth (2
 figure nccl-tests and the device's KINDS.md report). 165 MiB is the fp32 gradient of tools/tp_models.py's LiLiCorr
 draft (43.3 M trainable parameters).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,9 @@ def main() -> None:
         ms = 1e3 * (time.perf_counter() - t0) / a.iters
         if dist.get_rank() == 0:
             bus = 2 * (world - 1) / world * x.numel() * 4 / (ms / 1e3) / 1e9
-            print(f"NCCL all-reduce {world} GPUs, {mib} MiB fp32: {ms:.2f} ms, bus bandwidth {bus:.0f} GB/s", flush=True)
+            print(
+                f"NCCL all-reduce {world} GPUs, {mib} MiB fp32: {ms:.2f} ms, bus bandwidth {bus:.0f} GB/s", flush=True
+            )
     dist.destroy_process_group()
 
 

@@ -8,6 +8,7 @@ Writes OUT_DIR in SGLang's LiLiCorrDraftModel format (sglang_lilicorr.checkpoint
 drafter's tensors unchanged, the head under `lilicorr.`, config.json with architectures
 ["LiLiCorrDraftModel"] and the lilicorr_* keys.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--factor-dim", type=int, default=1024)
     a = p.parse_args(argv)
     cfg = add_random_head(
-        a.src, a.out, seed=a.seed, candidate_topk=a.topk, hidden_size=a.head_hidden,
-        num_layers=a.layers, num_heads=a.heads, factor_dim=a.factor_dim,
+        a.src,
+        a.out,
+        seed=a.seed,
+        candidate_topk=a.topk,
+        hidden_size=a.head_hidden,
+        num_layers=a.layers,
+        num_heads=a.heads,
+        factor_dim=a.factor_dim,
     )
     print(f"random LiLiCorr draft -> {a.out}: {cfg}")
 

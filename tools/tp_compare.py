@@ -21,6 +21,7 @@ one, are left out), rounded to 0.01} and, per N, "train_scaling_runs" (card, com
 "commit" (the latest merged).
 Exit status 1 when a check fails (ranks disagree, a run or file is missing).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,10 @@ def jsonl(path: Path) -> list[dict]:
 
 def first_blocks(folder: Path) -> dict[int, list[list[int]]]:
     """rank -> the first blocks it drafted for requests served one at a time, in request order."""
-    return {int(p.stem.removeprefix("proposals_rank")): [r["draft"] for r in jsonl(p) if r["batch"] == 1]
-            for p in sorted(folder.glob("proposals_rank*.jsonl"))}
+    return {
+        int(p.stem.removeprefix("proposals_rank")): [r["draft"] for r in jsonl(p) if r["batch"] == 1]
+        for p in sorted(folder.glob("proposals_rank*.jsonl"))
+    }
 
 
 def served(path: Path) -> dict[str, float] | None:
@@ -53,7 +56,9 @@ def served(path: Path) -> dict[str, float] | None:
     if greedy:
         out["accept_len"] = sum(r["meta"]["spec_accept_length"] for r in greedy) / len(greedy)
         out["ms_per_block"] = 1e3 * sum(r["latency_s"] / r["meta"]["spec_verify_ct"] for r in greedy) / len(greedy)
-    for phase in sorted({r["phase"] for r in records if r["phase"].startswith("concurrent")}, key=lambda p: int(p[10:])):
+    for phase in sorted(
+        {r["phase"] for r in records if r["phase"].startswith("concurrent")}, key=lambda p: int(p[10:])
+    ):
         rows = [r for r in records if r["phase"] == phase]
         tokens = sum(r["meta"].get("completion_tokens", 0) for r in rows)
         out[f"tok_s_c{phase[10:]}"] = tokens / max(max(r["latency_s"] for r in rows), 1e-9)
@@ -80,13 +85,17 @@ def serve_report(folder: Path, degrees: list[int], summary: dict | None = None) 
     blocks = {n: first_blocks(folder / f"tp{n}") for n in degrees}
     for n, ranks in blocks.items():
         if len(ranks) != n or not ranks.get(0):
-            print(f"TP {n}: proposals of {sorted(ranks)} ranks in {folder / f'tp{n}'}, expected {n} (was LILICORR_PROPOSAL_RECORD set?)")
+            print(
+                f"TP {n}: proposals of {sorted(ranks)} ranks in {folder / f'tp{n}'}, expected {n} (was LILICORR_PROPOSAL_RECORD set?)"
+            )
             ok = False
             continue
         differ = [(r, i) for r, rows in ranks.items() for i, (a, b) in enumerate(zip(rows, ranks[0])) if a != b]
         short = [r for r, rows in ranks.items() if len(rows) != len(ranks[0])]
-        print(f"TP {n}: {len(ranks[0])} first blocks on each of {n} ranks; ranks differ on {len(differ)} blocks"
-              f"{f' (rank, request) {differ[:5]}' if differ else ''}{f'; ranks {short} hold another count' if short else ''}")
+        print(
+            f"TP {n}: {len(ranks[0])} first blocks on each of {n} ranks; ranks differ on {len(differ)} blocks"
+            f"{f' (rank, request) {differ[:5]}' if differ else ''}{f'; ranks {short} hold another count' if short else ''}"
+        )
         ok &= not differ and not short
         if summary is not None:
             summary[f"tp{n}_ranks_agree"] = not differ and not short
@@ -99,8 +108,10 @@ def serve_report(folder: Path, degrees: list[int], summary: dict | None = None) 
         slots = sum(x == y for a, b in pairs for x, y in zip(a, b))
         total = sum(len(a) for a, _ in pairs)
         first = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
-        print(f"first blocks, TP {n} vs TP {degrees[0]}: {same}/{len(pairs)} identical, slots {slots}/{total}"
-              f"{'' if first is None else f'; first difference at request {first}: {pairs[first][1]} vs {pairs[first][0]}'}")
+        print(
+            f"first blocks, TP {n} vs TP {degrees[0]}: {same}/{len(pairs)} identical, slots {slots}/{total}"
+            f"{'' if first is None else f'; first difference at request {first}: {pairs[first][1]} vs {pairs[first][0]}'}"
+        )
     print("\n| algorithm | TP | accept length | ms / block (bs 1) | tokens/s by concurrency |\n|---|---|---|---|---|")
     for algo in ("lilicorr", "dflash"):
         for n in degrees:
@@ -109,7 +120,9 @@ def serve_report(folder: Path, degrees: list[int], summary: dict | None = None) 
                 print(f"| {algo} | {n} | - | - | no {algo}_tp{n}.json |")
                 continue
             rates = ", ".join(f"c{k[7:]}: {v:.0f}" for k, v in stats.items() if k.startswith("tok_s_c"))
-            print(f"| {algo} | {n} | {stats.get('accept_len', float('nan')):.3f} | {stats.get('ms_per_block', float('nan')):.2f} | {rates} |")
+            print(
+                f"| {algo} | {n} | {stats.get('accept_len', float('nan')):.3f} | {stats.get('ms_per_block', float('nan')):.2f} | {rates} |"
+            )
     return ok
 
 
@@ -119,8 +132,10 @@ PHASES = ("target", "drafter", "head", "backward", "optimizer", "wall")  # `lili
 def ratio_ci95(num: list[float], den: list[float], resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
     """Bootstrap 95 % interval of mean(num) / mean(den), the two samples resampled independently (seeded)."""
     rng = random.Random(seed)
-    ratios = sorted(statistics.fmean(rng.choices(num, k=len(num))) / statistics.fmean(rng.choices(den, k=len(den)))
-                    for _ in range(resamples))
+    ratios = sorted(
+        statistics.fmean(rng.choices(num, k=len(num))) / statistics.fmean(rng.choices(den, k=len(den)))
+        for _ in range(resamples)
+    )
     return ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples)]
 
 
@@ -134,8 +149,9 @@ def gpus_of(run: Path) -> int | None:
     return int(m[1]) if m else None
 
 
-def train_report(runs: list[Path], plot: Path | None, summary: dict | None = None, card: str | None = None,
-                 commit: str | None = None) -> bool:
+def train_report(
+    runs: list[Path], plot: Path | None, summary: dict | None = None, card: str | None = None, commit: str | None = None
+) -> bool:
     """Print the train report; `summary` (when given) receives train_scaling and train_scaling_runs."""
     logs = {run: jsonl(run if run.suffix == ".jsonl" else run / "metrics.jsonl") for run in runs}
     missing = [str(run) for run, rows in logs.items() if not rows]
@@ -144,13 +160,22 @@ def train_report(runs: list[Path], plot: Path | None, summary: dict | None = Non
         return False
     base = {r["step"]: r for r in logs[runs[0]]}
     rate0, rates0 = None, None
-    print("| run | steps | max |d loss/total| | max |d eval/loss/total| | tokens/s (median; mean) | vs first | ms per step, "
-          "last window: " + " / ".join(PHASES) + " |\n|---|---|---|---|---|---|---|")
+    print(
+        "| run | steps | max |d loss/total| | max |d eval/loss/total| | tokens/s (median; mean) | vs first | ms per step, "
+        "last window: " + " / ".join(PHASES) + " |\n|---|---|---|---|---|---|---|"
+    )
     for run, rows in logs.items():
-        diffs = {name: max((abs(r[name] - base[r["step"]][name]) for r in rows
-                            if r["step"] in base and r.get(name) is not None and base[r["step"]].get(name) is not None),
-                           default=float("nan"))
-                 for name in ("loss/total", "eval/loss/total")}
+        diffs = {
+            name: max(
+                (
+                    abs(r[name] - base[r["step"]][name])
+                    for r in rows
+                    if r["step"] in base and r.get(name) is not None and base[r["step"]].get(name) is not None
+                ),
+                default=float("nan"),
+            )
+            for name in ("loss/total", "eval/loss/total")
+        }
         rates = [r["tokens_per_s"] for r in rows[1:]] or [rows[0]["tokens_per_s"]]  # the first window holds the warm-up
         rate = statistics.median(rates)  # windows with a checkpoint save in them are slower: the median skips them
         rate0, rates0 = rate0 or rate, rates0 or rates
@@ -164,11 +189,18 @@ def train_report(runs: list[Path], plot: Path | None, summary: dict | None = Non
             else:
                 summary.setdefault("train_scaling", {})[str(n)] = round(rate / rate0, 2)
                 summary.setdefault("train_scaling_runs", {})[str(n)] = {
-                    "card": card, "commit": commit, "ci95": [round(interval[0], 2), round(interval[1], 2)],
-                    "tokens_per_s_median": round(rate), "tokens_per_s_median_1gpu": round(rate0), "steps": rows[-1]["step"]}
+                    "card": card,
+                    "commit": commit,
+                    "ci95": [round(interval[0], 2), round(interval[1], 2)],
+                    "tokens_per_s_median": round(rate),
+                    "tokens_per_s_median_1gpu": round(rate0),
+                    "steps": rows[-1]["step"],
+                }
         phases = " / ".join(f"{rows[-1].get(f'time/{name}_ms', float('nan')):.0f}" for name in PHASES)
-        print(f"| {run} | {rows[-1]['step']} | {diffs['loss/total']:.4g} | {diffs['eval/loss/total']:.4g} | {rate:.0f}; "
-              f"{statistics.mean(rates):.0f} | {rate / rate0:.2f}x{ci} | {phases} |")
+        print(
+            f"| {run} | {rows[-1]['step']} | {diffs['loss/total']:.4g} | {diffs['eval/loss/total']:.4g} | {rate:.0f}; "
+            f"{statistics.mean(rates):.0f} | {rate / rate0:.2f}x{ci} | {phases} |"
+        )
     if plot is not None:
         import matplotlib
 
@@ -179,7 +211,12 @@ def train_report(runs: list[Path], plot: Path | None, summary: dict | None = Non
         for run, rows in logs.items():
             ax.plot([r["step"] for r in rows], [r["loss/total"] for r in rows], label=f"{run_name(run)} train")
             held = [r for r in rows if r.get("eval/loss/total") is not None]
-            ax.plot([r["step"] for r in held], [r["eval/loss/total"] for r in held], "o--", label=f"{run_name(run)} held-out")
+            ax.plot(
+                [r["step"] for r in held],
+                [r["eval/loss/total"] for r in held],
+                "o--",
+                label=f"{run_name(run)} held-out",
+            )
         ax.set_xlabel("step")
         ax.set_ylabel("loss/total")
         ax.legend()

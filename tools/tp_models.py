@@ -16,6 +16,7 @@ run of it writes the same files, and TP = 1, 2, 4 servers load the one folder it
 No draft token of a random draft is expected to be accepted: the serving check compares proposals and outputs across
 TP degrees and checks every greedy token, it does not measure a speed-up.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,10 @@ import torch
 
 OPTIONS = dict(seed=0, vocab=32000, hidden=1024, layers=8, heads=16, kv_heads=8, intermediate=2816, conversations=4000)
 SPECIALS = ["<|endoftext|>", "<|mask|>"]
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|endoftext|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|endoftext|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 
 
 def stdlib_files(limit: int | None = None) -> list[str]:
@@ -44,10 +47,16 @@ def write_tokenizer(out: Path, vocab: int):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=SPECIALS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train(stdlib_files(), trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=SPECIALS[0], pad_token=SPECIALS[0], mask_token=SPECIALS[1])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=SPECIALS[0], pad_token=SPECIALS[0], mask_token=SPECIALS[1]
+    )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
     return fast
@@ -58,9 +67,20 @@ def write_target(out: Path, a: argparse.Namespace):
 
     tokenizer = write_tokenizer(out, a.vocab)
     eos = tokenizer.convert_tokens_to_ids(SPECIALS[0])
-    config = LlamaConfig(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate, num_hidden_layers=a.layers,
-                         num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, max_position_embeddings=4096,
-                         rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
+    config = LlamaConfig(
+        vocab_size=a.vocab,
+        hidden_size=a.hidden,
+        intermediate_size=a.intermediate,
+        num_hidden_layers=a.layers,
+        num_attention_heads=a.heads,
+        num_key_value_heads=a.kv_heads,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        pad_token_id=eos,
+    )
     torch.manual_seed(a.seed)
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(out)
@@ -81,8 +101,11 @@ def write_drafts(out: Path, model, tokenizer, seed: int) -> None:
     torch.manual_seed(seed)
     drafter, head = DFlashDrafter(drafter_cfg), LiLiCorrHead(head_cfg, drafter_cfg.hidden_size)
     tensors = {**drafter.state_dict(), **head_tensors_for_save(head)}
-    save_checkpoint(out / "lilicorr_draft", draft_config(drafter_cfg, head_cfg, "bfloat16"),
-                    {k: v.to(torch.bfloat16) for k, v in tensors.items()})
+    save_checkpoint(
+        out / "lilicorr_draft",
+        draft_config(drafter_cfg, head_cfg, "bfloat16"),
+        {k: v.to(torch.bfloat16) for k, v in tensors.items()},
+    )
     vanilla_copy(out / "lilicorr_draft", out / "dflash_draft")
 
 
@@ -92,9 +115,18 @@ def write_conversations(path: Path, n: int, chunk_chars: int = 3000) -> int:
     for file in stdlib_files():
         text = Path(file).read_text(errors="replace")
         for k in range(0, len(text), chunk_chars):
-            rows.append({"id": len(rows), "messages": [
-                {"role": "user", "content": f"Show part {k // chunk_chars + 1} of the module {Path(file).name}."},
-                {"role": "assistant", "content": text[k:k + chunk_chars]}]})
+            rows.append(
+                {
+                    "id": len(rows),
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": f"Show part {k // chunk_chars + 1} of the module {Path(file).name}.",
+                        },
+                        {"role": "assistant", "content": text[k : k + chunk_chars]},
+                    ],
+                }
+            )
             if len(rows) == n:
                 break
         if len(rows) == n:
@@ -113,8 +145,10 @@ def main(argv: list[str] | None = None) -> None:
     model, tokenizer = write_target(out / "target", a)
     write_drafts(out, model, tokenizer, a.seed)
     n = write_conversations(out / "conversations.jsonl", a.conversations)
-    print(f"target ({sum(t.numel() for t in model.parameters()) / 1e6:.1f} M parameters, vocab {a.vocab}, {a.heads} heads, "
-          f"{a.kv_heads} KV heads), lilicorr_draft, dflash_draft, {n} conversations -> {out}")
+    print(
+        f"target ({sum(t.numel() for t in model.parameters()) / 1e6:.1f} M parameters, vocab {a.vocab}, {a.heads} heads, "
+        f"{a.kv_heads} KV heads), lilicorr_draft, dflash_draft, {n} conversations -> {out}"
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ and DIR/rank{R}.trace.json.gz, the window's timeline (chrome://tracing, Perfetto
 Without torchrun it profiles one process (rank 0).
 The run's outputs are `lilicorr train`'s.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,10 +65,13 @@ class Window:
         events = self.prof.key_averages()
         ops = sum(e.count for e in events if e.key.startswith("aten::")) / self.count
         syncs = sum(e.count for e in events if e.key == "aten::_local_scalar_dense") / self.count
-        lines = [f"rank {self.rank}: steps {self.start + 1}..{self.start + self.count}, "
-                 f"{1e3 * wall / self.count:.1f} ms per step (wall), {ops:.0f} aten ops and {syncs:.0f} host reads of a "
-                 "tensor (.item() and the like) per step", "",
-                 events.table(sort_by="cpu_time_total", row_limit=25)]
+        lines = [
+            f"rank {self.rank}: steps {self.start + 1}..{self.start + self.count}, "
+            f"{1e3 * wall / self.count:.1f} ms per step (wall), {ops:.0f} aten ops and {syncs:.0f} host reads of a "
+            "tensor (.item() and the like) per step",
+            "",
+            events.table(sort_by="cpu_time_total", row_limit=25),
+        ]
         if torch.cuda.is_available():
             lines += ["", events.table(sort_by="cuda_time_total", row_limit=25)]
         self.out.mkdir(parents=True, exist_ok=True)
@@ -82,8 +86,11 @@ class Window:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
-        print("error: no `--` before the training arguments: train_profile.py --window START COUNT --out DIR -- "
-              "TRAIN_ARGS (lilicorr train's)", file=sys.stderr)
+        print(
+            "error: no `--` before the training arguments: train_profile.py --window START COUNT --out DIR -- "
+            "TRAIN_ARGS (lilicorr train's)",
+            file=sys.stderr,
+        )
         return 2
     cut = argv.index("--")
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -91,8 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv[:cut])
     if a.window[0] < 1 or a.window[1] < 1:
-        print(f"error: --window {a.window[0]} {a.window[1]}: START and COUNT must be >= 1 (step 1 holds the warm-up)",
-              file=sys.stderr)
+        print(
+            f"error: --window {a.window[0]} {a.window[1]}: START and COUNT must be >= 1 (step 1 holds the warm-up)",
+            file=sys.stderr,
+        )
         return 2
     window = Window(a.window[0], a.window[1], a.out, int(os.environ.get("RANK", "0")))
     start_step, mark = timing.PhaseTimer.start_step, timing.PhaseTimer.mark
@@ -107,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         mark(self, phase)
 
     timing.PhaseTimer.start_step, timing.PhaseTimer.mark = start_step_profiled, mark_profiled
-    return cli.main(["train", *argv[cut + 1:]])
+    return cli.main(["train", *argv[cut + 1 :]])
 
 
 if __name__ == "__main__":

@@ -3,13 +3,22 @@
 (`dspark.DSparkHead`, served as DSPARK). Both read the DFlash drafter's slot hidden states and base logits and
 correct each slot from the tokens drafted before it, one slot at a time (`corrector.Proposal`).
 """
+
 from typing import Any, Mapping
 
 from .corrector import Proposal
 from .domino import DominoConfig, DominoHead
 from .dspark import MARKOV_HEAD_TYPES, DSparkConfig, DSparkHead
 
-__all__ = ["Proposal", "corrector_config_from_keys", "DominoConfig", "DominoHead", "MARKOV_HEAD_TYPES", "DSparkConfig", "DSparkHead"]
+__all__ = [
+    "Proposal",
+    "corrector_config_from_keys",
+    "DominoConfig",
+    "DominoHead",
+    "MARKOV_HEAD_TYPES",
+    "DSparkConfig",
+    "DSparkHead",
+]
 
 
 def corrector_config_from_keys(keys: Mapping[str, Any]) -> "DominoConfig | DSparkConfig | None":

@@ -5,6 +5,7 @@ Shapes: R blocks, S drafted slots (B - 1), V vocabulary, Hm drafter hidden width
 A step s (1..S) reads the token before it: the anchor for s = 1, else slot s - 1's token, which is the
 step's own pick at serving time and the given token (`forced`) when training teacher-forces the block.
 """
+
 from __future__ import annotations
 
 import dataclasses

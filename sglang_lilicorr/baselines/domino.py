@@ -11,6 +11,7 @@ E = emb_dim. The draft reads its slot hidden states from slots 1..S (`shift_labe
 SGLang scores a block-shared pool of candidates (`--speculative-domino-candidate-pool-size`, default 2048; 0 = the
 full vocabulary, which this reference computes).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,8 +46,13 @@ class DominoConfig:
     def serving_config(self, draft: Mapping[str, Any]) -> dict[str, Any]:
         """A DFlash draft config (DrafterConfig.to_hf_config form) -> the one SGLang serves this head from."""
         out = {**draft, "dflash_config": dict(draft["dflash_config"])}
-        out["dflash_config"].update(projector_type="domino", shift_label=False, pure_draft_prefix_len=1,
-                                    gru_hidden_dim=self.gru_hidden_dim, emb_dim=self.emb_dim)
+        out["dflash_config"].update(
+            projector_type="domino",
+            shift_label=False,
+            pure_draft_prefix_len=1,
+            gru_hidden_dim=self.gru_hidden_dim,
+            emb_dim=self.emb_dim,
+        )
         return out
 
     @classmethod
@@ -61,7 +67,9 @@ class DominoHead(nn.Module):
         self.config = config
         g, e = config.gru_hidden_dim, config.emb_dim
         self.prefix_gru = nn.GRU(hidden_size, g, num_layers=1, bias=False, batch_first=True)
-        self.embed_proj = nn.Sequential(nn.Linear(hidden_size + g, e, bias=False), nn.SiLU(), nn.Linear(e, vocab_size, bias=False))
+        self.embed_proj = nn.Sequential(
+            nn.Linear(hidden_size + g, e, bias=False), nn.SiLU(), nn.Linear(e, vocab_size, bias=False)
+        )
 
     def step_state(self, token_embedding: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
         """E[token] [R, Hm], h [R, G] or None (zeros) -> the next h [R, G]."""
@@ -72,8 +80,14 @@ class DominoHead(nn.Module):
         """z [R, Hm], h [R, G] -> the logit correction [R, V]."""
         return self.embed_proj(torch.cat([slot_hidden, state.to(slot_hidden.dtype)], dim=-1))
 
-    def forward(self, slot_hidden: torch.Tensor, base_logits: torch.Tensor, anchor: torch.Tensor, embed,
-                forced: torch.Tensor | None = None) -> Proposal:
+    def forward(
+        self,
+        slot_hidden: torch.Tensor,
+        base_logits: torch.Tensor,
+        anchor: torch.Tensor,
+        embed,
+        forced: torch.Tensor | None = None,
+    ) -> Proposal:
         """slot_hidden [R, S, Hm], base_logits [R, S, V], anchor [R] ids, embed: ids -> frozen embeddings;
         forced [R, S]: teacher-force the block on these tokens (training) -> Proposal. Slot 1 is the base argmax."""
         head_dtype = self.embed_proj[0].weight.dtype

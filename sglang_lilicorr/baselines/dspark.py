@@ -14,6 +14,7 @@ l_s, s = 1..S = gamma; y_0 = x_0):
 The draft is exported with `sample_from_anchor` false (the DFlash layout: slot hidden states 1..S, the anchor's
 row not sampled) and gamma = S (its `block_size`, SGLang's DSpark convention; the verify window is gamma + 1 = B).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,7 +40,9 @@ class DSparkConfig:
         if isinstance(self.markov_rank, bool) or not isinstance(self.markov_rank, int) or self.markov_rank < 1:
             raise ConfigError(f"DSpark markov_rank={self.markov_rank!r} is not an integer >= 1.")
         if self.markov_head_type not in MARKOV_HEAD_TYPES:
-            raise ConfigError(f"DSpark markov_head_type={self.markov_head_type!r} is not one of {', '.join(MARKOV_HEAD_TYPES)}.")
+            raise ConfigError(
+                f"DSpark markov_head_type={self.markov_head_type!r} is not one of {', '.join(MARKOV_HEAD_TYPES)}."
+            )
 
     def to_keys(self) -> dict[str, Any]:
         return {"kind": self.kind, "markov_rank": self.markov_rank, "markov_head_type": self.markov_head_type}
@@ -51,10 +54,17 @@ class DSparkConfig:
     def serving_config(self, draft: Mapping[str, Any]) -> dict[str, Any]:
         """A DFlash draft config (DrafterConfig.to_hf_config form) -> the one SGLang serves this head from."""
         gamma = int(draft["dflash_config"]["block_size"]) - 1
-        return {**draft, "architectures": [ARCHITECTURE], "block_size": gamma,
-                "dflash_config": {**draft["dflash_config"], "block_size": gamma},
-                "markov_rank": self.markov_rank, "markov_head_type": self.markov_head_type, "sample_from_anchor": False,
-                "enable_confidence_head": True, "confidence_head_with_markov": True}
+        return {
+            **draft,
+            "architectures": [ARCHITECTURE],
+            "block_size": gamma,
+            "dflash_config": {**draft["dflash_config"], "block_size": gamma},
+            "markov_rank": self.markov_rank,
+            "markov_head_type": self.markov_head_type,
+            "sample_from_anchor": False,
+            "enable_confidence_head": True,
+            "confidence_head_with_markov": True,
+        }
 
     @classmethod
     def of_serving_config(cls, config: Mapping[str, Any]) -> "DSparkConfig | None":
@@ -64,8 +74,12 @@ class DSparkConfig:
     def drafter_config(config: Mapping[str, Any]) -> dict[str, Any]:
         """The inverse of serving_config's drafter part: the DFlash draft config (block size B = gamma + 1)."""
         block = int(config["dflash_config"]["block_size"]) + 1
-        return {**config, "architectures": ["DFlashDraftModel"], "block_size": block,
-                "dflash_config": {**config["dflash_config"], "block_size": block}}
+        return {
+            **config,
+            "architectures": ["DFlashDraftModel"],
+            "block_size": block,
+            "dflash_config": {**config["dflash_config"], "block_size": block},
+        }
 
 
 class MarkovHead(nn.Module):
@@ -110,8 +124,14 @@ class DSparkHead(nn.Module):
         self.markov_head = MarkovHead(config, hidden_size, vocab_size)
         self.confidence_head = ConfidenceHead(config, hidden_size)
 
-    def forward(self, slot_hidden: torch.Tensor, base_logits: torch.Tensor, anchor: torch.Tensor, embed=None,
-                forced: torch.Tensor | None = None) -> Proposal:
+    def forward(
+        self,
+        slot_hidden: torch.Tensor,
+        base_logits: torch.Tensor,
+        anchor: torch.Tensor,
+        embed=None,
+        forced: torch.Tensor | None = None,
+    ) -> Proposal:
         """slot_hidden [R, S, Hm], base_logits [R, S, V], anchor [R] ids; forced [R, S]: teacher-force the block on
         these tokens (training) -> Proposal with the confidence of each picked slot. `embed` is unused (the Markov
         head embeds tokens itself); it keeps the correctors' call alike."""
@@ -128,4 +148,6 @@ class DSparkHead(nn.Module):
             prev = logits[-1].argmax(-1)
             picks.append(prev)
             embeddings.append(e)
-        return Proposal(torch.stack(logits, 1), torch.stack(picks, 1), self.confidence_head(z, torch.stack(embeddings, 1)))
+        return Proposal(
+            torch.stack(logits, 1), torch.stack(picks, 1), self.confidence_head(z, torch.stack(embeddings, 1))
+        )

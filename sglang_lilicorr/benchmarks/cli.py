@@ -32,22 +32,36 @@ def load_cells(path: Path) -> List[dict]:
     a missing file is a UsageError, one with nothing to report a ResultsError."""
     path = Path(path)
     if not path.is_file():
-        raise UsageError(f"{path} is not a file", where=str(path), fix="pass results .jsonl files written by `lilicorr bench run` "
-                         "or a summary.json written by `lilicorr bench report`")
+        raise UsageError(
+            f"{path} is not a file",
+            where=str(path),
+            fix="pass results .jsonl files written by `lilicorr bench run` "
+            "or a summary.json written by `lilicorr bench report`",
+        )
     if path.suffix == ".jsonl":
         records = runner.read_results(path)
         if not records:
-            raise ResultsError("the results file holds no results", where=str(path), fix="run `lilicorr bench run` into it first")
+            raise ResultsError(
+                "the results file holds no results", where=str(path), fix="run `lilicorr bench run` into it first"
+            )
         return metrics.aggregate(records)
     try:
         doc = json.loads(path.read_bytes().decode("utf-8"))
     except ValueError as e:  # not UTF-8, not JSON
-        raise ResultsError(f"not valid JSON ({e})", where=str(path), fix="pass a summary.json written by `lilicorr bench report`") from e
+        raise ResultsError(
+            f"not valid JSON ({e})", where=str(path), fix="pass a summary.json written by `lilicorr bench report`"
+        ) from e
     cells = doc.get("cells") if isinstance(doc, dict) else None
-    if not isinstance(cells, list) or not cells or not all(
-            isinstance(c, dict) and all(k in c for k in SUMMARY_CELL_FIELDS) for c in cells):
-        raise ResultsError(f"neither a results .jsonl nor a summary .json with `cells` (each with {list(SUMMARY_CELL_FIELDS)})",
-                           where=str(path), fix="pass what `lilicorr bench run` or `lilicorr bench report` wrote")
+    if (
+        not isinstance(cells, list)
+        or not cells
+        or not all(isinstance(c, dict) and all(k in c for k in SUMMARY_CELL_FIELDS) for c in cells)
+    ):
+        raise ResultsError(
+            f"neither a results .jsonl nor a summary .json with `cells` (each with {list(SUMMARY_CELL_FIELDS)})",
+            where=str(path),
+            fix="pass what `lilicorr bench run` or `lilicorr bench report` wrote",
+        )
     return cells
 
 
@@ -56,41 +70,71 @@ def refuse_overwriting_inputs(inputs: List[Path], outputs: List[Path]) -> None:
     written = {p.resolve() for p in outputs}
     clash = [str(p) for p in inputs if Path(p).resolve() in written]
     if clash:
-        raise UsageError(f"{clash[0]} is an input and would be overwritten", where="--out", fix="write the report to another --out")
+        raise UsageError(
+            f"{clash[0]} is an input and would be overwritten", where="--out", fix="write the report to another --out"
+        )
 
 
 def cmd_run(args) -> int:
-    sampling_kwargs = {"max_tokens": args.max_tokens, "ignore_eos": args.ignore_eos, "chat_template_kwargs": args.chat_template_kwargs}
-    runner.sweep_configs(args.system, ["-"], args.concurrency, args.temperature, args.seeds, args.max_tokens)  # values out of range: exit 2
+    sampling_kwargs = {
+        "max_tokens": args.max_tokens,
+        "ignore_eos": args.ignore_eos,
+        "chat_template_kwargs": args.chat_template_kwargs,
+    }
+    runner.sweep_configs(
+        args.system, ["-"], args.concurrency, args.temperature, args.seeds, args.max_tokens
+    )  # values out of range: exit 2
     check_run_args(args)
-    runner.check_results_file(args.results)  # before any server is asked or a byte written: it is a results file, or new
+    runner.check_results_file(
+        args.results
+    )  # before any server is asked or a byte written: it is a results file, or new
     try:
         loaded = [datasets.load_prompts(d, limit=args.limit, categories=args.category) for d in args.dataset]
     except LiLiCorrError:  # bad content of a prompt file: exit 1
         raise
     except (ValueError, OSError, ImportError) as e:  # a missing file, an unknown name: an argument that cannot work
-        raise UsageError(" ".join(str(e).split()).rstrip("."), where="--dataset", fix="see `lilicorr bench run --help`") from e
+        raise UsageError(
+            " ".join(str(e).split()).rstrip("."), where="--dataset", fix="see `lilicorr bench run --help`"
+        ) from e
     prompts = dict(loaded)
     multi_turn = [p.prompt_id for _, ps in loaded for p in ps if len(p.turns) > 1] if args.api == "ids" else []
     if multi_turn:
-        raise UsageError(f"--api ids plays single-turn prompts only; {multi_turn[0]!r} has several turns",
-                         fix="pass single-turn prompts, or use --api chat / generate against a server with a tokenizer")
+        raise UsageError(
+            f"--api ids plays single-turn prompts only; {multi_turn[0]!r} has several turns",
+            fix="pass single-turn prompts, or use --api chat / generate against a server with a tokenizer",
+        )
     failed = 0
-    for cfg in runner.sweep_configs(args.system, [n for n, _ in loaded], args.concurrency, args.temperature, args.seeds, args.max_tokens):
+    for cfg in runner.sweep_configs(
+        args.system, [n for n, _ in loaded], args.concurrency, args.temperature, args.seeds, args.max_tokens
+    ):
         sampling = Sampling(temperature=cfg.temperature, seed=cfg.seed, **sampling_kwargs)
         outcome = runner.run(
-            prompts[cfg.dataset], cfg, args.url, args.results, sampling, api=args.api, model=args.model,
-            warmup=args.warmup, show_progress=not args.no_progress, request_timeout=args.request_timeout,
+            prompts[cfg.dataset],
+            cfg,
+            args.url,
+            args.results,
+            sampling,
+            api=args.api,
+            model=args.model,
+            warmup=args.warmup,
+            show_progress=not args.no_progress,
+            request_timeout=args.request_timeout,
         )
         for prompt_id, error in outcome.failures[:3]:
             print(f"  failed {prompt_id}: {error}", file=sys.stderr)
         failed += len(outcome.failures)
         if len(outcome.failures) >= runner.MAX_FAILURES:
-            print(f"stopping the sweep: {len(outcome.failures)} failures in one run; check the server at {args.url}.", file=sys.stderr)
+            print(
+                f"stopping the sweep: {len(outcome.failures)} failures in one run; check the server at {args.url}.",
+                file=sys.stderr,
+            )
             break
     if failed:
-        raise runner.RunFailed(f"{failed} prompt(s) failed and were not recorded", where=args.url,
-                               fix="check the server; rerun the same command to retry them")
+        raise runner.RunFailed(
+            f"{failed} prompt(s) failed and were not recorded",
+            where=args.url,
+            fix="check the server; rerun the same command to retry them",
+        )
     print(f"results in {args.results}")
     return 0
 
@@ -108,9 +152,11 @@ def check_run_args(args) -> None:
     """`bench run` values that cannot work (exit 2), before anything is read or sent."""
     if not args.url.startswith(("http://", "https://")):
         raise UsageError(f"{args.url!r} is not an http(s) URL", where="--url", fix="e.g. --url http://127.0.0.1:30000")
-    for flag, value, ok, what in (("--limit", args.limit, args.limit is None or args.limit >= 1, ">= 1"),
-                                  ("--warmup", args.warmup, args.warmup >= 0, ">= 0"),
-                                  ("--request-timeout", args.request_timeout, args.request_timeout > 0, "> 0")):
+    for flag, value, ok, what in (
+        ("--limit", args.limit, args.limit is None or args.limit >= 1, ">= 1"),
+        ("--warmup", args.warmup, args.warmup >= 0, ">= 0"),
+        ("--request-timeout", args.request_timeout, args.request_timeout > 0, "> 0"),
+    ):
         if not ok:
             raise UsageError(f"{value} is out of range", where=flag, fix=f"pass a value {what}")
 
@@ -121,12 +167,17 @@ def cmd_report(args) -> int:
     ownership.claim_report_folder(out, create=False)
     cells = metrics.pool_runs([load_cells(path) for path in args.results])  # a cell in several files: repeated runs
     if args.baseline and args.baseline not in {c["system"] for c in cells}:
-        raise UsageError(f"--baseline {args.baseline!r} is not a system in the results", fix=f"pick one of {sorted({c['system'] for c in cells})}")
+        raise UsageError(
+            f"--baseline {args.baseline!r} is not a system in the results",
+            fix=f"pick one of {sorted({c['system'] for c in cells})}",
+        )
     if args.block_ref:
         speculative = sorted({c["system"] for c in cells if c.get("block_ms") is not None})
         if args.block_ref not in speculative:
-            raise UsageError(f"--block-ref {args.block_ref!r} is not a speculative system (one with spec stats) in the results",
-                             fix=f"pick one of {speculative}")
+            raise UsageError(
+                f"--block-ref {args.block_ref!r} is not a speculative system (one with spec stats) in the results",
+                fix=f"pick one of {speculative}",
+            )
         metrics.add_block_ratio(cells, args.block_ref)
         metrics.add_paired_ratios(cells, args.block_ref)  # repeated runs: each run's ratio, then mean and 95 % CI
     metrics.add_speedup(cells, args.baseline)
@@ -148,11 +199,16 @@ def cmd_compare(args) -> int:
         refuse_overwriting_inputs([args.base, args.spec], [args.out])
         ownership.claim_file(args.out, is_compare_rows, "rows written by `bench compare --out`", "--out")
     rows = metrics.compare(load_cells(args.base), load_cells(args.spec))
-    lines = ["| dataset | group | c | T | τ | ms / block | base TPS | TPS | speedup |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| dataset | group | c | T | τ | ms / block | base TPS | TPS | speedup |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         tau = "--" if r["tau"] is None else f"{r['tau']:.2f}"
         block = "--" if r.get("block_ms") is None else f"{r['block_ms']:.2f}"
-        lines.append(f"| {r['dataset']} | {r['group']} | {r['concurrency']} | {r['temperature']:g} | {tau} | {block} | {r['base_tps']:.0f} | {r['tps']:.0f} | {r['speedup']:.2f}x |")
+        lines.append(
+            f"| {r['dataset']} | {r['group']} | {r['concurrency']} | {r['temperature']:g} | {tau} | {block} | {r['base_tps']:.0f} | {r['tps']:.0f} | {r['speedup']:.2f}x |"
+        )
     print("\n".join(lines))
     if args.out:
         ownership.write_atomic(args.out, json.dumps(rows, indent=1))
@@ -161,10 +217,17 @@ def cmd_compare(args) -> int:
 
 def cmd_stages(args) -> int:
     if (args.stages is None) == (not args.timings):
-        raise UsageError("give exactly one of a stage-decomposition FILE or --timings SYSTEM=DIR ...", where="bench stages",
-                         fix="see `lilicorr bench stages --help`")
+        raise UsageError(
+            "give exactly one of a stage-decomposition FILE or --timings SYSTEM=DIR ...",
+            where="bench stages",
+            fix="see `lilicorr bench stages --help`",
+        )
     if args.stages is not None and not args.stages.is_file():
-        raise UsageError(f"{args.stages} is not a file", where="FILE", fix="pass a stage-decomposition JSON (schema: sglang_lilicorr.benchmarks.stages)")
+        raise UsageError(
+            f"{args.stages} is not a file",
+            where="FILE",
+            fix="pass a stage-decomposition JSON (schema: sglang_lilicorr.benchmarks.stages)",
+        )
     out = ownership.claim_report_folder(args.out, create=False)
     if args.stages is not None:
         doc = stages.load(args.stages)
@@ -183,13 +246,24 @@ def cmd_stages(args) -> int:
 
 def cmd_faults(args) -> int:
     if args.clients < 1 or args.duration <= 0:
-        raise UsageError(f"--clients {args.clients} --duration {args.duration} cannot run", where="--clients / --duration",
-                         fix="give at least one client and a positive duration")
+        raise UsageError(
+            f"--clients {args.clients} --duration {args.duration} cannot run",
+            where="--clients / --duration",
+            fix="give at least one client and a positive duration",
+        )
     ownership.claim_report_folder(args.out)  # before the load starts
     config = load_faults.FaultConfig(
-        url=args.url, clients=args.clients, duration_s=args.duration, context_length=args.context_length,
-        max_tokens=args.max_tokens, prompt_words=tuple(args.prompt_words), expect_spec=args.expect_spec, model=args.model,
-        seed=args.seed, request_timeout_s=args.request_timeout, drain_timeout_s=args.drain_timeout,
+        url=args.url,
+        clients=args.clients,
+        duration_s=args.duration,
+        context_length=args.context_length,
+        max_tokens=args.max_tokens,
+        prompt_words=tuple(args.prompt_words),
+        expect_spec=args.expect_spec,
+        model=args.model,
+        seed=args.seed,
+        request_timeout_s=args.request_timeout,
+        drain_timeout_s=args.drain_timeout,
     )
     summary = load_faults.run(config, args.out)
     print(json.dumps({k: summary[k] for k in ("requests", "outcomes", "violations", "server", "ok")}))
@@ -201,68 +275,121 @@ def cmd_faults(args) -> int:
 
 def register(subparsers) -> None:
     """Adds `bench` with subcommands run / report / compare / stages / faults."""
-    bench = subparsers.add_parser("bench", help="benchmark an SGLang server (SPEED-Bench, GSM8K, ...) and report tau / TPS / speedup")
+    bench = subparsers.add_parser(
+        "bench", help="benchmark an SGLang server (SPEED-Bench, GSM8K, ...) and report tau / TPS / speedup"
+    )
     sub = bench.add_subparsers(dest="bench_command", required=True)
 
     run = sub.add_parser("run", help="run prompts against a server; appends to a resumable results .jsonl")
     run.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
     run.add_argument("--system", required=True, help="label of what the server runs, e.g. ar, dflash, lilicorr")
-    run.add_argument("--dataset", nargs="+", required=True, help=f"{datasets.names()}, SPEED-Bench split files (.parquet/.jsonl) or prompt files (.jsonl, see prompt_file.py)")
+    run.add_argument(
+        "--dataset",
+        nargs="+",
+        required=True,
+        help=f"{datasets.names()}, SPEED-Bench split files (.parquet/.jsonl) or prompt files (.jsonl, see prompt_file.py)",
+    )
     run.add_argument("--results", type=Path, required=True, help="results .jsonl; rerunning skips prompts it holds")
     run.add_argument("--concurrency", type=int, nargs="+", default=[1])
     run.add_argument("--temperature", type=float, nargs="+", default=[0.0])
     run.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds for T > 0 (T = 0 runs the first only)")
     run.add_argument("--max-tokens", type=int, default=1024)
-    run.add_argument("--api", choices=["chat", "generate", "ids"], default="chat", help="chat: server applies the chat template (default); "
-                     "generate: raw text to /generate; ids: the prompt's bytes as token ids to /generate (--skip-tokenizer-init servers)")
+    run.add_argument(
+        "--api",
+        choices=["chat", "generate", "ids"],
+        default="chat",
+        help="chat: server applies the chat template (default); "
+        "generate: raw text to /generate; ids: the prompt's bytes as token ids to /generate (--skip-tokenizer-init servers)",
+    )
     run.add_argument("--model", default="default", help="`model` field of chat requests")
     run.add_argument("--limit", type=int, help="seeded sample of this many prompts per dataset")
-    run.add_argument("--category", nargs="+", help="SPEED-Bench categories / entropy tiers (or prompt-file sets) to keep")
-    run.add_argument("--warmup", type=int, default=2, metavar="N", help="unrecorded warm-up requests before each (c, T, seed) run: "
-                     "max(N, c) of them, rounded up to waves of c concurrent requests, so every batch size 1..c is met "
-                     "before timing; 0 sends none")
+    run.add_argument(
+        "--category", nargs="+", help="SPEED-Bench categories / entropy tiers (or prompt-file sets) to keep"
+    )
+    run.add_argument(
+        "--warmup",
+        type=int,
+        default=2,
+        metavar="N",
+        help="unrecorded warm-up requests before each (c, T, seed) run: "
+        "max(N, c) of them, rounded up to waves of c concurrent requests, so every batch size 1..c is met "
+        "before timing; 0 sends none",
+    )
     run.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
-    run.add_argument("--chat-template-kwargs", type=json_object_arg, default={}, help='e.g. \'{"enable_thinking": false}\'')
+    run.add_argument(
+        "--chat-template-kwargs", type=json_object_arg, default={}, help="e.g. '{\"enable_thinking\": false}'"
+    )
     run.add_argument("--request-timeout", type=float, default=3600.0, help="seconds to wait for one response")
     run.add_argument("--no-progress", action="store_true")
     run.set_defaults(func=cmd_run)
 
     rep = sub.add_parser("report", help="markdown tables, summary.json and plots from results files")
-    rep.add_argument("results", nargs="+", type=Path, help="results .jsonl or summary .json files; a cell in several of them "
-                     "is a repeated run: the report shows the mean over runs (summary.json keeps the std and the count)")
+    rep.add_argument(
+        "results",
+        nargs="+",
+        type=Path,
+        help="results .jsonl or summary .json files; a cell in several of them "
+        "is a repeated run: the report shows the mean over runs (summary.json keeps the std and the count)",
+    )
     rep.add_argument("--baseline", help="system served without speculation; speedups are over it")
-    rep.add_argument("--block-ref", help="speculative system (e.g. dflash) the per-block wall table divides the others' ms per block by")
+    rep.add_argument(
+        "--block-ref",
+        help="speculative system (e.g. dflash) the per-block wall table divides the others' ms per block by",
+    )
     rep.add_argument("--out", type=Path, default=Path("bench_report"))
     rep.add_argument("--no-plots", action="store_true")
     rep.set_defaults(func=cmd_report)
 
-    cmp_ = sub.add_parser("compare", help="speedup (and ms per verification block) of a speculative run over a baseline run")
+    cmp_ = sub.add_parser(
+        "compare", help="speedup (and ms per verification block) of a speculative run over a baseline run"
+    )
     cmp_.add_argument("base", type=Path, help="baseline results (.jsonl or summary .json)")
     cmp_.add_argument("spec", type=Path, help="speculative results (.jsonl or summary .json)")
     cmp_.add_argument("--out", type=Path, help="also write the rows as JSON")
     cmp_.set_defaults(func=cmd_compare)
 
-    stg = sub.add_parser("stages", help="per-block stage decomposition (table + plot) from a JSON or from servers' stage timings")
-    stg.add_argument("stages", type=Path, nargs="?", help="a stage-decomposition JSON (schema: sglang_lilicorr.benchmarks.stages)")
-    stg.add_argument("--timings", type=stages.timings_arg, nargs="+", metavar="SYSTEM=DIR", help="LILICORR_STAGE_TIMING folders of the servers, e.g. lilicorr=DIR dflash=DIR")
+    stg = sub.add_parser(
+        "stages", help="per-block stage decomposition (table + plot) from a JSON or from servers' stage timings"
+    )
+    stg.add_argument(
+        "stages", type=Path, nargs="?", help="a stage-decomposition JSON (schema: sglang_lilicorr.benchmarks.stages)"
+    )
+    stg.add_argument(
+        "--timings",
+        type=stages.timings_arg,
+        nargs="+",
+        metavar="SYSTEM=DIR",
+        help="LILICORR_STAGE_TIMING folders of the servers, e.g. lilicorr=DIR dflash=DIR",
+    )
     stg.add_argument("--bs", type=int, default=1, help="batch size (requests per decode step) to report")
-    stg.add_argument("--eager", action="store_true", help="report the eager (no draft CUDA graph) steps and micro-benchmarks")
+    stg.add_argument(
+        "--eager", action="store_true", help="report the eager (no draft CUDA graph) steps and micro-benchmarks"
+    )
     stg.add_argument("--out", type=Path, default=Path("bench_report"))
     stg.set_defaults(func=cmd_stages)
 
-    flt = sub.add_parser("faults", help="load + faults (disconnects, over-long and invalid requests), then the server's health "
-                         "and KV pool (see benchmarks/load_faults.py)")
+    flt = sub.add_parser(
+        "faults",
+        help="load + faults (disconnects, over-long and invalid requests), then the server's health "
+        "and KV pool (see benchmarks/load_faults.py)",
+    )
     flt.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
     flt.add_argument("--clients", type=int, default=64, help="concurrent clients, each sending requests back to back")
     flt.add_argument("--duration", type=float, default=300.0, help="seconds of load")
-    flt.add_argument("--context-length", type=int, default=0, help="the server's context length (default: GET /v1/models)")
+    flt.add_argument(
+        "--context-length", type=int, default=0, help="the server's context length (default: GET /v1/models)"
+    )
     flt.add_argument("--max-tokens", type=int, default=128, help="max tokens of the normal requests")
     flt.add_argument("--prompt-words", type=int, nargs="+", default=[16, 256, 1024], help="prompt lengths to mix")
-    flt.add_argument("--expect-spec", action="store_true", help="normal requests must report spec stats (spec_verify_ct)")
+    flt.add_argument(
+        "--expect-spec", action="store_true", help="normal requests must report spec stats (spec_verify_ct)"
+    )
     flt.add_argument("--model", default="default", help="`model` field of chat requests")
     flt.add_argument("--seed", type=int, default=0)
     flt.add_argument("--request-timeout", type=float, default=300.0, help="seconds one request may take")
-    flt.add_argument("--drain-timeout", type=float, default=60.0, help="seconds to wait for the KV pool to empty afterwards")
+    flt.add_argument(
+        "--drain-timeout", type=float, default=60.0, help="seconds to wait for the KV pool to empty afterwards"
+    )
     flt.add_argument("--out", type=Path, required=True, help="folder for summary.json and requests.jsonl")
     flt.set_defaults(func=cmd_faults)
 

@@ -59,7 +59,9 @@ class TurnResult:
 def post_json(url: str, path: str, body: dict, timeout: float = 300.0) -> dict:
     """One blocking POST of a JSON body (the tools that drive a server outside the async runner); the answer as
     JSON, or {"text": ...} where the server answered plain text."""
-    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=timeout) as r:
         text = r.read().decode() or "{}"
     try:
@@ -87,7 +89,11 @@ def chat_body(messages: List[dict], sampling: Sampling, model: str) -> dict:
 
 def sampling_params(sampling: Sampling) -> dict:
     """/generate's `sampling_params`."""
-    params = {"temperature": sampling.temperature, "max_new_tokens": sampling.max_tokens, "ignore_eos": sampling.ignore_eos}
+    params = {
+        "temperature": sampling.temperature,
+        "max_new_tokens": sampling.max_tokens,
+        "ignore_eos": sampling.ignore_eos,
+    }
     if sampling.seed is not None:
         params["sampling_seed"] = sampling.seed
     return params
@@ -100,7 +106,9 @@ def generate_body(messages: List[dict], sampling: Sampling) -> dict:
 def ids_body(messages: List[dict], sampling: Sampling) -> dict:
     """A single-turn prompt as token ids: its UTF-8 bytes."""
     if len(messages) != 1:
-        raise ValueError(f"api 'ids' plays single-turn prompts only (no tokenizer renders a reply into the next turn); got {len(messages)} messages.")
+        raise ValueError(
+            f"api 'ids' plays single-turn prompts only (no tokenizer renders a reply into the next turn); got {len(messages)} messages."
+        )
     return {"input_ids": list(messages[0]["content"].encode("utf-8")), "sampling_params": sampling_params(sampling)}
 
 
@@ -115,7 +123,9 @@ def parse_chat(payload: dict) -> tuple:
         text = payload["choices"][0]["message"].get("content") or ""
         tokens = int(payload["usage"]["completion_tokens"])
     except (KeyError, IndexError, TypeError) as e:
-        raise ServerError(f"chat response lacks choices[0].message or usage.completion_tokens: {str(payload)[:200]}") from e
+        raise ServerError(
+            f"chat response lacks choices[0].message or usage.completion_tokens: {str(payload)[:200]}"
+        ) from e
     details = (payload.get("sglext") or {}).get("spec_tokens_details")
     if isinstance(details, list):  # n > 1; we always send n = 1
         details = details[0] if details else None
@@ -131,7 +141,9 @@ def parse_generate(payload: dict, text_field: str = "text") -> tuple:
         meta = payload["meta_info"]
         return str(payload[text_field]), int(meta["completion_tokens"]), _verify_ct(meta)
     except (KeyError, TypeError) as e:
-        raise ServerError(f"/generate response lacks {text_field} or meta_info.completion_tokens: {str(payload)[:200]}") from e
+        raise ServerError(
+            f"/generate response lacks {text_field} or meta_info.completion_tokens: {str(payload)[:200]}"
+        ) from e
 
 
 def parse_ids(payload: dict) -> tuple:

@@ -15,6 +15,7 @@ and no side stream (on CUDA the first launch after each of its two joins is a la
 
   python -m sglang_lilicorr.benchmarks.compile_census [--geometry testbed|small] [--max-batch 32]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,9 +44,12 @@ class Geometry:
 
 
 GEOMETRIES = {  # testbed: checkpoints/smollm2-lilicorr/config.json; small: tests/test_fast_head.py's SMALL head
-    "testbed": Geometry(dict(block_size=16, candidate_topk=8, factor_dim=256, hidden_size=256, num_heads=4, num_layers=2),
-                        576, 49152),
-    "small": Geometry(dict(block_size=6, candidate_topk=4, factor_dim=16, hidden_size=32, num_heads=4, num_layers=2), 24, 64),
+    "testbed": Geometry(
+        dict(block_size=16, candidate_topk=8, factor_dim=256, hidden_size=256, num_heads=4, num_layers=2), 576, 49152
+    ),
+    "small": Geometry(
+        dict(block_size=6, candidate_topk=4, factor_dim=16, hidden_size=32, num_heads=4, num_layers=2), 24, 64
+    ),
 }
 
 
@@ -91,10 +95,15 @@ def as_h100():
     from ..fast_path import plan
     from ..kernels import gemm_epilogue, head_nodes, head_norm, pdl, topk_lse_fused
 
-    facts = [(plan, "pdl_supported", lambda t: True), (pdl, "pdl_supported", lambda t: True),
-             (topk_lse_fused, "sm_count", lambda d: H100_SMS), (gemm_epilogue, "sm_count", lambda d: H100_SMS),
-             (gemm_epilogue, "sm_major", lambda d: 9), (head_norm, "rows_per_program", lambda t: 1),
-             (head_nodes, "rows_per_program", lambda t: 1)]
+    facts = [
+        (plan, "pdl_supported", lambda t: True),
+        (pdl, "pdl_supported", lambda t: True),
+        (topk_lse_fused, "sm_count", lambda d: H100_SMS),
+        (gemm_epilogue, "sm_count", lambda d: H100_SMS),
+        (gemm_epilogue, "sm_major", lambda d: 9),
+        (head_norm, "rows_per_program", lambda t: 1),
+        (head_nodes, "rows_per_program", lambda t: 1),
+    ]
     with contextlib.ExitStack() as stack:
         for module, name, fact in facts:
             stack.enter_context(mock.patch.object(module, name, fact))
@@ -120,7 +129,9 @@ def census(geometry: Geometry, batch_sizes, dtype: torch.dtype = torch.bfloat16)
     from ..kernels import gemm_epilogue
 
     if not isinstance(gemm_epilogue._gemm_kernel, InterpretedFunction):
-        raise RuntimeError("compile_census: needs Triton's CPU interpreter (TRITON_INTERPRET=1 before triton is imported)")
+        raise RuntimeError(
+            "compile_census: needs Triton's CPU interpreter (TRITON_INTERPRET=1 before triton is imported)"
+        )
     keys: dict = defaultdict(dict)
     with as_h100(), mock.patch.dict(os.environ, TRITON_INTERPRET="1"):  # the select takes its Triton path on the CPU
         select = _select(geometry, dtype)
@@ -148,7 +159,9 @@ def first_seen(keys: dict, name: str) -> list:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description="distinct Triton compiles of the select path over the captured batch sizes")
+    ap = argparse.ArgumentParser(
+        description="distinct Triton compiles of the select path over the captured batch sizes"
+    )
     ap.add_argument("--geometry", choices=sorted(GEOMETRIES), default="testbed")
     ap.add_argument("--max-batch", type=int, default=32, help="batch sizes 1..this (SGLang's draft graphs: up to 32)")
     args = ap.parse_args(argv)

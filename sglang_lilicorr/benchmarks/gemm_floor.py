@@ -24,6 +24,7 @@ gemm_epilogue_triton at M = 120, launched with programmatic dependent launch as 
 each prefetches its weight into L2 while the one before runs;
 `skinny_no_prefetch` is the served config without that prefetch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,15 @@ import triton.language as tl
 
 from sglang_lilicorr.kernels.tuning import GEMM_CONFIGS, GemmLaunch
 
-SHAPES = {"qkv": (1024, 3072), "out": (1024, 1024), "ffn_up": (1024, 2048), "ffn_down": (2048, 1024),
-          "factor": (2048, 1024), "out_in": (1024, 2048), "pass": (4096, 1024)}
+SHAPES = {
+    "qkv": (1024, 3072),
+    "out": (1024, 1024),
+    "ffn_up": (1024, 2048),
+    "ffn_down": (2048, 1024),
+    "factor": (2048, 1024),
+    "out_in": (1024, 2048),
+    "pass": (4096, 1024),
+}
 HBM_TB_S = {"H100": 3.35, "H200": 4.8}
 CHAIN_CONFIGS = {  # (block_m, block_n, block_k, group_m, stages, warps): the served `skinny`, then one row tile of 128
     "skinny": GEMM_CONFIGS["skinny"],
@@ -55,8 +63,19 @@ CHAIN_CONFIGS = {  # (block_m, block_n, block_k, group_m, stages, warps): the se
 
 
 @triton.jit
-def _splitk_kernel(x_ptr, w_ptr, out_ptr, M, N, K, k_per_split,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE_F32: tl.constexpr):
+def _splitk_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    k_per_split,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    IEEE_F32: tl.constexpr,
+):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -76,17 +95,32 @@ def _splitk_kernel(x_ptr, w_ptr, out_ptr, M, N, K, k_per_split,
     tl.atomic_add(out_ptr + rm[:, None] * N + rn[None, :], acc, mask=mask, sem="relaxed")
 
 
-def splitk_linear(x: torch.Tensor, weight: torch.Tensor, splits: int, block_n: int = 64, block_k: int = 64) -> torch.Tensor:
+def splitk_linear(
+    x: torch.Tensor, weight: torch.Tensor, splits: int, block_n: int = 64, block_k: int = 64
+) -> torch.Tensor:
     """x [M <= 128, K] @ weight [N, K].T -> fp32 [M, N] (zeroed, then split-K partial tiles added atomically)."""
     m, k = x.shape
     n = weight.shape[0]
     if m > 128 or weight.shape[1] != k or not (x.is_contiguous() and weight.is_contiguous()):
-        raise ValueError(f"splitk_linear: x {tuple(x.shape)} (M <= 128) and weight {tuple(weight.shape)} must be contiguous with one K")
+        raise ValueError(
+            f"splitk_linear: x {tuple(x.shape)} (M <= 128) and weight {tuple(weight.shape)} must be contiguous with one K"
+        )
     out = torch.zeros((m, n), dtype=torch.float32, device=x.device)
     per = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
     _splitk_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, per))](
-        x, weight, out, m, n, k, per, BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=block_k,
-        IEEE_F32=x.dtype == torch.float32 or not x.is_cuda, num_warps=4, num_stages=3,
+        x,
+        weight,
+        out,
+        m,
+        n,
+        k,
+        per,
+        BLOCK_M=128,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        IEEE_F32=x.dtype == torch.float32 or not x.is_cuda,
+        num_warps=4,
+        num_stages=3,
     )
     return out
 
@@ -143,6 +177,7 @@ def run_chain(shapes: dict, m: int, n_chain: int, dtype, rep_ms: int, configs: d
         if pdl and "skinny" in configs:
             runs["skinny_no_prefetch"] = (configs["skinny"], False)
         for cname, (cfg, prefetch) in runs.items():
+
             def chain(cfg=cfg, prefetch=prefetch):
                 return [gemm_epilogue_triton(x, w, config=cfg, pdl=pdl, prefetch=prefetch) for w in ws][-1]
 
@@ -164,26 +199,35 @@ def main(argv=None) -> int:
     ap.add_argument("--splits", type=int, nargs="+", default=[2, 4, 8, 16])
     ap.add_argument("--rep-ms", type=int, default=100)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU under the Triton interpreter")
-    ap.add_argument("--chain", type=int, default=0, metavar="N", help="time chains of N launches per shape and config instead")
+    ap.add_argument(
+        "--chain", type=int, default=0, metavar="N", help="time chains of N launches per shape and config instead"
+    )
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "gemm_floor.json"))
     args = ap.parse_args(argv)
     if args.chain:
+
         def measure(shapes, m, dtype):
             configs = {"fp32": GEMM_CONFIGS["fp32"]} if dtype == torch.float32 else CHAIN_CONFIGS
             return run_chain(shapes, m, args.chain, dtype, args.rep_ms, configs)
 
         def summary(r):
             best = min((r[f"{c}_us"], c) for c in CHAIN_CONFIGS if f"{c}_us" in r)
-            return (f"{r['gemm']:>9} {r['K']:>5}->{r['N']:<5} in a chain: cuBLAS {r['cublas_us']:5.2f} us, skinny {r['skinny_us']:5.2f} us "
-                    f"(without its weight prefetch {r.get('skinny_no_prefetch_us', float('nan')):5.2f}), best {best[1]} {best[0]:5.2f} us per launch")
+            return (
+                f"{r['gemm']:>9} {r['K']:>5}->{r['N']:<5} in a chain: cuBLAS {r['cublas_us']:5.2f} us, skinny {r['skinny_us']:5.2f} us "
+                f"(without its weight prefetch {r.get('skinny_no_prefetch_us', float('nan')):5.2f}), best {best[1]} {best[0]:5.2f} us per launch"
+            )
     else:
+
         def measure(shapes, m, dtype):
             return run(shapes, m, args.splits, dtype, args.rep_ms)
 
         def summary(r):
             best = min((r[f"splitk{s}_ms"], s) for s in args.splits)
-            return (f"{r['gemm']:>9} {r['K']:>5}->{r['N']:<5} floor {r.get('floor_ms', 0) * 1e3:6.1f} us  cuBLAS {r['cublas_ms'] * 1e3:6.1f} us  "
-                    f"split-K best {best[0] * 1e3:6.1f} us (splits {best[1]})")
+            return (
+                f"{r['gemm']:>9} {r['K']:>5}->{r['N']:<5} floor {r.get('floor_ms', 0) * 1e3:6.1f} us  cuBLAS {r['cublas_ms'] * 1e3:6.1f} us  "
+                f"split-K best {best[0] * 1e3:6.1f} us (splits {best[1]})"
+            )
+
     if args.smoke:
         res = measure({"tiny": (96, 80)}, 20, torch.float32)
     elif not torch.cuda.is_available():

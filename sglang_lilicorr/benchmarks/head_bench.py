@@ -35,6 +35,7 @@ close, score error, draft ids equal wherever the reference has no near-tie; grap
 eager; agreement with the built-in's draft ids (information). Every section is try/except-printed.
 Writes JSON (card, date, git commit, rows, checks) to --out.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -145,8 +146,14 @@ def build_ours(geo, device, dtype, seed=0):
     from sglang_lilicorr.head import LiLiCorrHead
 
     torch.manual_seed(seed)
-    cfg = LiLiCorrConfig(block_size=geo.S + 1, candidate_topk=geo.K, factor_dim=geo.d, hidden_size=geo.H,
-                         num_heads=geo.heads, num_layers=geo.layers)
+    cfg = LiLiCorrConfig(
+        block_size=geo.S + 1,
+        candidate_topk=geo.K,
+        factor_dim=geo.d,
+        hidden_size=geo.H,
+        num_heads=geo.heads,
+        num_layers=geo.layers,
+    )
     head = LiLiCorrHead(cfg, model_hidden_size=geo.HM)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # trained-like scales: unit-variance activations, non-trivial norms and biases
@@ -169,11 +176,18 @@ def build_builtin(ours, device, dtype):
 
     cfg = ours.config
     theirs = BuiltinHead(
-        model_hidden_size=ours.model_hidden_size, block_size=cfg.block_size, rms_norm_eps=cfg.rms_norm_eps,
+        model_hidden_size=ours.model_hidden_size,
+        block_size=cfg.block_size,
+        rms_norm_eps=cfg.rms_norm_eps,
         config=BuiltinConfig(
-            candidate_topk=cfg.candidate_topk, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
-            num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_ratio, factor_dim=cfg.factor_dim,
-            vector_eps=cfg.vector_eps, logit_scale=cfg.logit_scale,
+            candidate_topk=cfg.candidate_topk,
+            hidden_size=cfg.hidden_size,
+            num_layers=cfg.num_layers,
+            num_heads=cfg.num_heads,
+            mlp_ratio=cfg.mlp_ratio,
+            factor_dim=cfg.factor_dim,
+            vector_eps=cfg.vector_eps,
+            logit_scale=cfg.logit_scale,
         ),
     )
     theirs.load_state_dict({k: v.float().cpu() for k, v in ours.state_dict().items()}, strict=True)
@@ -209,7 +223,9 @@ def dense_chain(fast, geo, bs, device, dtype):
         F.linear(F.linear(anchor_hidden, head.context_proj.weight), fast.w_anchor, fast.b_anchor)
         y = F.linear(x, fast.w_down)
         for layer in head.layers:
-            q, k, v = F.linear(y, layer.attn.in_proj_weight, layer.attn.in_proj_bias).view(bs, L, 3, heads, -1).unbind(2)
+            q, k, v = (
+                F.linear(y, layer.attn.in_proj_weight, layer.attn.in_proj_bias).view(bs, L, 3, heads, -1).unbind(2)
+            )
             o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias)
             y = layer.attn.out_proj(o.transpose(1, 2).reshape(bs * L, H))
             y = layer.mlp.down_proj(layer.mlp.up_proj(y))
@@ -238,11 +254,17 @@ def dense_chain_pdl(fast, geo, bs, device, dtype):
         y = gemm_epilogue_triton(x, fast.w_down, pdl=True)
         for layer in head.layers:
             qkv = gemm_epilogue_triton(y, layer.attn.in_proj_weight, layer.attn.in_proj_bias, pdl=True)
-            y = gemm_epilogue_triton(lattice_attention_triton(qkv, bias, layer.attn.num_heads, pdl=True),
-                                     layer.attn.out_proj.weight, layer.attn.out_proj.bias, pdl=True)
+            y = gemm_epilogue_triton(
+                lattice_attention_triton(qkv, bias, layer.attn.num_heads, pdl=True),
+                layer.attn.out_proj.weight,
+                layer.attn.out_proj.bias,
+                pdl=True,
+            )
             y = gemm_epilogue_triton(y, layer.mlp.up_proj.weight, layer.mlp.up_proj.bias, silu=True, pdl=True)
             y = gemm_epilogue_triton(y, layer.mlp.down_proj.weight, layer.mlp.down_proj.bias, pdl=True)
-        return gemm_epilogue_triton(gemm_epilogue_triton(cat, fast.w_factor, pdl=True), fast.w_edge, fast.b_edge, pdl=True)
+        return gemm_epilogue_triton(
+            gemm_epilogue_triton(cat, fast.w_factor, pdl=True), fast.w_edge, fast.b_edge, pdl=True
+        )
 
     return chain
 
@@ -318,13 +340,22 @@ def run(args) -> dict:
     res = {
         "meta": dict(
             gpu=torch.cuda.get_device_name(0) if cuda else "cpu (--smoke dry run)",
-            sms=torch.cuda.get_device_properties(0).multi_processor_count if cuda else None, torch=torch.__version__,
-            triton=triton.__version__, cuda=torch.version.cuda, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            git_commit=git_commit(), geometry="smoke" if args.smoke else args.geometry,
+            sms=torch.cuda.get_device_properties(0).multi_processor_count if cuda else None,
+            torch=torch.__version__,
+            triton=triton.__version__,
+            cuda=torch.version.cuda,
+            date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            git_commit=git_commit(),
+            geometry="smoke" if args.smoke else args.geometry,
             config=dict(dataclasses.asdict(geo), ffn=2 * geo.H, dtype=str(dtype)),
-            bs=args.bs, rep_ms=args.rep_ms,
+            bs=args.bs,
+            rep_ms=args.rep_ms,
         ),
-        "rows": [], "checks": {}, "errors": {}, "launches": {}, "kernels": {},
+        "rows": [],
+        "checks": {},
+        "errors": {},
+        "launches": {},
+        "kernels": {},
     }
     errors, checks = res["errors"], res["checks"]
     log("meta:", json.dumps(res["meta"]))
@@ -343,10 +374,12 @@ def run(args) -> dict:
     if "served" in variants:  # the plan the server runs at each bs
         res["plans"] = {f"bs{bs}": plan_json(variants["served"].plan(bs)) for bs in args.bs}
     if args.compile:
+
         def compiled():
             fast = build_variant("torch", head, table)
             fast._scores_torch = torch.compile(fast._scores_torch, dynamic=False)
             return fast
+
         variants["compiled"] = attempt(errors, "build_compiled", compiled)
     variants = {k: v for k, v in variants.items() if v is not None}
 
@@ -370,8 +403,10 @@ def run(args) -> dict:
                     res["kernels"][f"bs{bs}_{name}"] = prof[1]
 
         # ---- top-K + logsumexp
-        topk_fns = [("topk_lse_ours", lambda: topk_lse_ours(logits, K)),
-                    ("topk_lse_torch", lambda: (torch.topk(logits, K, dim=-1), torch.logsumexp(logits.float(), dim=-1)))]
+        topk_fns = [
+            ("topk_lse_ours", lambda: topk_lse_ours(logits, K)),
+            ("topk_lse_torch", lambda: (torch.topk(logits, K, dim=-1), torch.logsumexp(logits.float(), dim=-1))),
+        ]
         if builtin is not None:
             topk_fns.append(("topk_lse_builtin", lambda: lilicorr_topk_lse(logits, K)))
         for name, fn in topk_fns:
@@ -405,13 +440,19 @@ def run(args) -> dict:
             with torch.no_grad():  # head_walk = post_logits minus top-K's 1-2; select = post_logits + 1
                 count(f"post_logits_{vname}", post_logits, keep_kernels=vname in ("fused", "served"))
             if out is not None and ref is not None:
-                attempt(errors, f"bs{bs}_check_{vname}", lambda: check(
-                    checks, f"bs{bs}_{vname}", fast, out[1], ref, hidden, anchor, lm_head, greedy_margin))
+                attempt(
+                    errors,
+                    f"bs{bs}_check_{vname}",
+                    lambda: check(checks, f"bs{bs}_{vname}", fast, out[1], ref, hidden, anchor, lm_head, greedy_margin),
+                )
 
         # ---- per-stage split of the fused variant (each stage alone, graph replay)
         fast = variants.get("fused")
         if fast is not None:
-            stages = {"lm_head": lambda: F.linear(hidden.reshape(bs * S, HM), lm_head), "topk_lse": lambda: topk_lse_ours(logits, K)}
+            stages = {
+                "lm_head": lambda: F.linear(hidden.reshape(bs * S, HM), lm_head),
+                "topk_lse": lambda: topk_lse_ours(logits, K),
+            }
             more = attempt(errors, f"bs{bs}_stages", lambda: fast.fused_stages(vals, ids, lse, hidden, anchor))
             for name, fn in {**stages, **(more or {})}.items():
                 out = tb(f"stage_{name}", fn)
@@ -437,12 +478,20 @@ def run(args) -> dict:
             emb = table[ids]
             ones = torch.ones(bs, dtype=torch.bool, device=dev)
             walk_args = dict(
-                anchor_valid=ones, uniforms=torch.rand(bs, S, device=dev),
-                temperatures=torch.ones(bs, device=dev), greedy_mask=ones, already_projected=True,
+                anchor_valid=ones,
+                uniforms=torch.rand(bs, S, device=dev),
+                temperatures=torch.ones(bs, device=dev),
+                greedy_mask=ones,
+                already_projected=True,
             )
             sel = lambda e, i, l: builtin.select_with_proposal(  # noqa: E731
-                token_embeddings=e, candidate_tokens=i, candidate_log_probs=l, pass_hidden=hidden,
-                anchor_hidden=anchor, **walk_args)
+                token_embeddings=e,
+                candidate_tokens=i,
+                candidate_log_probs=l,
+                pass_hidden=hidden,
+                anchor_hidden=anchor,
+                **walk_args,
+            )
 
             def builtin_from_logits(lg):
                 v, i, l = lilicorr_topk_lse(lg, K)
@@ -475,7 +524,9 @@ def check(checks, key, fast, graph_out, ref, hidden, anchor, lm_head, greedy_mar
     checks[f"{key}_candidate_ids_equal"] = bool(torch.equal(ids, r_ids))
     checks[f"{key}_logprob_max_err"] = float((lp - r_lp).abs().max())
     start, pair, _ = fast.lattice_scores(*fast.candidates(hidden, lm_head), hidden, anchor)  # select's own scores
-    err = torch.maximum((start - r_start.float()).abs().amax(-1), (pair - r_pair.float()).abs().flatten(1).amax(-1))  # [b]
+    err = torch.maximum(
+        (start - r_start.float()).abs().amax(-1), (pair - r_pair.float()).abs().flatten(1).amax(-1)
+    )  # [b]
     checks[f"{key}_score_max_err"] = float(err.max())  # sigma-scaled cosines, |score| <= sigma = 8
     clear = greedy_margin(r_start, r_pair) > 2 * err  # a request whose path no score error can flip
     checks[f"{key}_clear_requests"] = int(clear.sum())
@@ -502,25 +553,36 @@ def report(res) -> list[str]:
     for stage in ("head_walk", "post_logits", "select"):
         names += sorted(k for k in keys if k.startswith(stage + "_") and not k.endswith("_builtin"))
         names += [f"{stage}_builtin"] if f"{stage}_builtin" in keys else []
-    log(f"\nhead_bench on {meta['gpu']} ({meta['date']}, commit {meta['git_commit']}): ms per block, CUDA-graph replay, median")
+    log(
+        f"\nhead_bench on {meta['gpu']} ({meta['date']}, commit {meta['git_commit']}): ms per block, CUDA-graph replay, median"
+    )
     log("| bs | " + " | ".join(names) + " |")
     log("|---" * (len(names) + 1) + "|")
     for r in rows:
         log(f"| {r['bs']} | " + " | ".join(fmt(r.get(n)) for n in names) + " |")
 
-    stage_names = [k for k in ("lm_head", "topk_lse", "projections", "nodes", "lattice", "factors") if f"stage_{k}" in keys]
+    stage_names = [
+        k for k in ("lm_head", "topk_lse", "projections", "nodes", "lattice", "factors") if f"stage_{k}" in keys
+    ]
     if stage_names:
         log("\nper-stage split, fused variant (each stage captured alone; ms) and the sum vs select_fused:")
-        log("| bs | " + " | ".join(stage_names) + " | sum | select_fused | floor_dense_chain | floor_dense_chain_pdl | floor_launches |")
+        log(
+            "| bs | "
+            + " | ".join(stage_names)
+            + " | sum | select_fused | floor_dense_chain | floor_dense_chain_pdl | floor_launches |"
+        )
         log("|---" * (len(stage_names) + 5) + "|")
         for r in rows:
             parts = [r.get(f"stage_{k}") for k in stage_names]
             total = sum(parts) if all(p is not None for p in parts) else None
-            log(f"| {r['bs']} | " + " | ".join(fmt(p) for p in parts)
+            log(
+                f"| {r['bs']} | "
+                + " | ".join(fmt(p) for p in parts)
                 + f" | {fmt(total)} | {fmt(r.get('select_fused'))} | {fmt(r.get('floor_dense_chain'))}"
-                + f" | {fmt(r.get('floor_dense_chain_pdl'))} | {fmt(r.get('floor_launches'))} |")
+                + f" | {fmt(r.get('floor_dense_chain_pdl'))} | {fmt(r.get('floor_launches'))} |"
+            )
     for r in rows:
-        sweep = {k[len("topk_splits_"):]: v for k, v in r.items() if k.startswith("topk_splits_")}
+        sweep = {k[len("topk_splits_") :]: v for k, v in r.items() if k.startswith("topk_splits_")}
         if sweep:
             log(f"top-K splits per row, bs={r['bs']}: " + ", ".join(f"{k} {fmt(v)}" for k, v in sweep.items()))
     for bs_key, counts in res.get("launches", {}).items():
@@ -531,17 +593,21 @@ def report(res) -> list[str]:
         for name, n, us in table[:14]:
             log(f"  {us:8.1f} us  x{n:g}  {name}")
 
-    variants = sorted({k[len("post_logits_"):] for r in rows for k in r if k.startswith("post_logits_")} - {"builtin"})
+    variants = sorted({k[len("post_logits_") :] for r in rows for k in r if k.startswith("post_logits_")} - {"builtin"})
     failed = []
     card = next((c for c in TARGET_BS1_MS if c in meta["gpu"]), None)
     if meta.get("geometry", "paper") != "paper":
-        log(f"\ngeometry {meta.get('geometry')}: the targets are set at the paper geometry; ratios below are information")
+        log(
+            f"\ngeometry {meta.get('geometry')}: the targets are set at the paper geometry; ratios below are information"
+        )
     log("\nratios (ours / built-in; < 1 is faster) and targets:")
     for r in rows:
         bs = r["bs"]
         t_up, t_torch, t_ours = r.get("topk_lse_builtin"), r.get("topk_lse_torch"), r.get("topk_lse_ours")
         sp_b, sp_t = ratio(t_up, t_ours), ratio(t_torch, t_ours)
-        line = [f"bs={bs}: topk_lse speed-up vs built-in {fmt(sp_b)}x (target {TARGET_TOPK_VS_BUILTIN}), vs torch {fmt(sp_t)}x (target {TARGET_TOPK_VS_TORCH})"]
+        line = [
+            f"bs={bs}: topk_lse speed-up vs built-in {fmt(sp_b)}x (target {TARGET_TOPK_VS_BUILTIN}), vs torch {fmt(sp_t)}x (target {TARGET_TOPK_VS_TORCH})"
+        ]
         if sp_b is not None and sp_b < TARGET_TOPK_VS_BUILTIN:
             failed.append(f"bs{bs}_topk_vs_builtin")
         if sp_t is not None and sp_t < TARGET_TOPK_VS_TORCH:
@@ -558,7 +624,9 @@ def report(res) -> list[str]:
         if q is not None and q > TARGET_RATIO:
             failed.append(f"bs{bs}_post_logits_ratio")
         if bs == 1 and card and best is not None:
-            line.append(f"  bs=1 target on {card}: <= {TARGET_BS1_MS[card]} ms -> {'met' if best <= TARGET_BS1_MS[card] else 'MISSED'}")
+            line.append(
+                f"  bs=1 target on {card}: <= {TARGET_BS1_MS[card]} ms -> {'met' if best <= TARGET_BS1_MS[card] else 'MISSED'}"
+            )
             if best > TARGET_BS1_MS[card]:
                 failed.append("bs1_post_logits_ms")
         log("\n".join(line))
@@ -578,16 +646,31 @@ def failed_checks(checks) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="FastLiLiCorrSelect vs SGLang's built-in LiLiCorr head (one GPU, graph replay)")
+    ap = argparse.ArgumentParser(
+        description="FastLiLiCorrSelect vs SGLang's built-in LiLiCorr head (one GPU, graph replay)"
+    )
     ap.add_argument("--bs", type=int, nargs="+", default=[1, 4, 16, 32], help="batch sizes (default 1 4 16 32)")
-    ap.add_argument("--variants", nargs="+", default=["torch", "fused", "fused_overlap", "fused_overlap_pdl", "served"],
-                    choices=list(VARIANTS), help="our implementations to time (VARIANTS)")
-    ap.add_argument("--geometry", choices=list(GEOMETRIES), default="paper",
-                    help="head shapes: the paper's (the issue's targets) or the testbed draft's (information)")
-    ap.add_argument("--compile", action="store_true", help="also time torch.compile of the PyTorch variant (slow to compile)")
+    ap.add_argument(
+        "--variants",
+        nargs="+",
+        default=["torch", "fused", "fused_overlap", "fused_overlap_pdl", "served"],
+        choices=list(VARIANTS),
+        help="our implementations to time (VARIANTS)",
+    )
+    ap.add_argument(
+        "--geometry",
+        choices=list(GEOMETRIES),
+        default="paper",
+        help="head shapes: the paper's (the issue's targets) or the testbed draft's (information)",
+    )
+    ap.add_argument(
+        "--compile", action="store_true", help="also time torch.compile of the PyTorch variant (slow to compile)"
+    )
     ap.add_argument("--rep-ms", type=int, default=200, help="do_bench repetition time per measurement (ms)")
     ap.add_argument("--smoke", action="store_true", help="tiny config, runs on CPU too: a dry run of this script")
-    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "head_bench.json"), help="JSON output file")
+    ap.add_argument(
+        "--out", default=os.path.join(os.environ.get("OUT", "."), "head_bench.json"), help="JSON output file"
+    )
     ap.add_argument("--plot", nargs="+", metavar="JSON", help="draw earlier results (no GPU): each X.json -> X.png")
     args = ap.parse_args(argv)
     if args.plot:
@@ -599,7 +682,9 @@ def main(argv=None) -> int:
             log(f"wrote {plot_head_bench(res, Path(path).with_suffix('.png'), TARGET_RATIO, TARGET_BS1_MS.get(card))}")
         return 0
     if not torch.cuda.is_available() and not args.smoke:
-        log("head_bench needs a CUDA GPU (run it on the device machine; see benchmarks/PERF_NOTES.md); --smoke runs a CPU dry run.")
+        log(
+            "head_bench needs a CUDA GPU (run it on the device machine; see benchmarks/PERF_NOTES.md); --smoke runs a CPU dry run."
+        )
         return 2
     if not torch.cuda.is_available() and "triton" not in sys.modules:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # --smoke on CPU: our Triton kernels under the interpreter

@@ -21,6 +21,7 @@ num_used_tokens == 0 (the tokens held by requests: SGLang counts them as max_tot
 the free and the evictable radix-cache tokens, so cached prefixes do not count). OUT/summary.json
 holds the counts, the violations and these checks; exit 0 when everything held, 1 otherwise.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -148,8 +149,12 @@ def check_stats(request: Request, payload, expect_spec: bool) -> None:
 
 def violation(request: Request) -> Optional[str]:
     """What went wrong with a request, given its kind; None if it behaved."""
-    allowed = {"normal": ("completed",), "disconnect": ("completed", "disconnected"),
-               "too_long": ("rejected", "completed"), "bad_params": ("rejected",)}[request.kind]
+    allowed = {
+        "normal": ("completed",),
+        "disconnect": ("completed", "disconnected"),
+        "too_long": ("rejected", "completed"),
+        "bad_params": ("rejected",),
+    }[request.kind]
     if request.outcome in allowed:
         return None
     return f"client {request.client} request {request.index} ({request.kind}, {request.api}): {request.outcome} {request.error}"
@@ -184,7 +189,9 @@ async def server_state(session, config: FaultConfig) -> dict:
             loads = (doc or {}).get("loads") or []
             state["loads"] = loads or f"HTTP {status}"
             state["kv_empty"] = bool(loads) and all(
-                load["num_running_reqs"] == 0 and load["num_waiting_reqs"] == 0 and load["num_used_tokens"] == 0 for load in loads)
+                load["num_running_reqs"] == 0 and load["num_waiting_reqs"] == 0 and load["num_used_tokens"] == 0
+                for load in loads
+            )
             if not state["kv_empty"]:
                 await asyncio.sleep(0.5)
         async with session.get(base + "/health") as resp:
@@ -199,7 +206,9 @@ async def context_length(session, config: FaultConfig) -> int:
     try:
         return int(doc["data"][0]["max_model_len"])
     except (TypeError, KeyError, IndexError, ValueError) as e:
-        raise UsageError(f"{config.url}/v1/models (HTTP {status}) gives no max_model_len", fix="pass --context-length") from e
+        raise UsageError(
+            f"{config.url}/v1/models (HTTP {status}) gives no max_model_len", fix="pass --context-length"
+        ) from e
 
 
 async def run_async(config: FaultConfig) -> tuple:
@@ -220,8 +229,17 @@ async def run_async(config: FaultConfig) -> tuple:
     for r in requests:
         counts[r.kind][r.outcome] = counts[r.kind].get(r.outcome, 0) + 1
     ok = bool(requests) and not violations and state["health"] == 200 and state["kv_empty"]
-    summary = {"config": asdict(config), "started": started, "finished": time.time(), "requests": len(requests),
-               "outcomes": counts, "violations": len(violations), "first_violations": violations[:20], "server": state, "ok": ok}
+    summary = {
+        "config": asdict(config),
+        "started": started,
+        "finished": time.time(),
+        "requests": len(requests),
+        "outcomes": counts,
+        "violations": len(violations),
+        "first_violations": violations[:20],
+        "server": state,
+        "ok": ok,
+    }
     return summary, requests
 
 

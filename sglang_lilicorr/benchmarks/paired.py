@@ -10,6 +10,7 @@ with every prompt, so a cell cut short (a deadline, a failure) is left out whole
 measured. The first round of each (server, c) starts with a warm-up (runner.warmup_waves).
 testbed/speed.py and benchmarks/scale.py measure throughput this way.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,9 +60,16 @@ def run_path(work: Path, c: int, r: int, system: str) -> Path:
     return Path(work) / "runs" / f"c{c}_r{r}_{system}.jsonl"
 
 
-def play_rounds(urls: Mapping[str, str], prompts: Mapping[int, Sequence[Prompt]], plan: RoundPlan, work: Path, *,
-                deadline: Optional[Deadline] = None, log: Callable[[str], None] = print,
-                watch: Optional[Callable[[str, int, int], Callable[[], None]]] = None) -> list[str]:
+def play_rounds(
+    urls: Mapping[str, str],
+    prompts: Mapping[int, Sequence[Prompt]],
+    plan: RoundPlan,
+    work: Path,
+    *,
+    deadline: Optional[Deadline] = None,
+    log: Callable[[str], None] = print,
+    watch: Optional[Callable[[str, int, int], Callable[[], None]]] = None,
+) -> list[str]:
     """Plays every (c, round, system) of `prompts` ({c: prompts}) against `urls` ({system: url}), greedy.
     Before each round it checks that the deadline leaves the longest round so far plus plan.reserve_s;
     if not, it stops there. `watch(system, c, round)`, where given, is called before each run and returns what to
@@ -70,29 +78,43 @@ def play_rounds(urls: Mapping[str, str], prompts: Mapping[int, Sequence[Prompt]]
     for c, todo in prompts.items():
         for r in range(1, plan.rounds + 1):
             if deadline is not None and not deadline.allows(longest + plan.reserve_s):
-                log(f"[rounds] stopping before c={c} round {r}: {deadline.left():.0f} s left, a round takes up to {longest:.0f} s")
+                log(
+                    f"[rounds] stopping before c={c} round {r}: {deadline.left():.0f} s left, a round takes up to {longest:.0f} s"
+                )
                 return failures + [f"deadline: from c={c} round {r} on not played"]
             t0 = time.time()
             for system in rotation(systems, r):
                 config = runner.RunConfig(system, plan.dataset, c, 0.0, 0, plan.max_tokens)
                 done = watch(system, c, r) if watch is not None else (lambda: None)
                 try:
-                    outcome = runner.run(todo, config, urls[system], run_path(work, c, r, system),
-                                         Sampling(max_tokens=plan.max_tokens, ignore_eos=plan.ignore_eos), api=plan.api,
-                                         warmup=plan.warmup if r == 1 else 0, show_progress=False, request_timeout=plan.request_timeout)
+                    outcome = runner.run(
+                        todo,
+                        config,
+                        urls[system],
+                        run_path(work, c, r, system),
+                        Sampling(max_tokens=plan.max_tokens, ignore_eos=plan.ignore_eos),
+                        api=plan.api,
+                        warmup=plan.warmup if r == 1 else 0,
+                        show_progress=False,
+                        request_timeout=plan.request_timeout,
+                    )
                 except Exception as e:  # a server that went away: record it, the other systems' rounds go on
                     failures.append(f"{system} c={c} round {r}: {type(e).__name__}: {e}")
                     continue
                 finally:
                     done()
-                failures += [f"{system} c={c} round {r}: {len(outcome.failures)} prompt(s) failed, first {pid}: {err}"
-                             for pid, err in outcome.failures[:1]]
+                failures += [
+                    f"{system} c={c} round {r}: {len(outcome.failures)} prompt(s) failed, first {pid}: {err}"
+                    for pid, err in outcome.failures[:1]
+                ]
             longest = max(longest, time.time() - t0)
             log(f"[rounds] c={c} round {r} done in {time.time() - t0:.1f} s")
     return failures
 
 
-def merge_rounds(work: Path, systems: Sequence[str], prompts: Mapping[int, Sequence[Prompt]], rounds: int) -> list[Path]:
+def merge_rounds(
+    work: Path, systems: Sequence[str], prompts: Mapping[int, Sequence[Prompt]], rounds: int
+) -> list[Path]:
     """WORK/round<r>.jsonl for every round with at least one complete cell: the lines of each (c, r) whose
     every system's run holds all of c's prompts (a round with none has no file). Returns the files."""
     written = []

@@ -15,6 +15,7 @@ It prints us per launch and the saving per boundary, and checks that every PDL c
 bytes of its plain twin. `--smoke` builds the chains at tiny shapes on CPU under the Triton interpreter
 (no PDL, no timing: tests/test_pdl_chain.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,18 +75,25 @@ def run(n: int, rep_ms: int) -> dict:
         row = {"chain": name, "launches": launches, "plain_us_per_launch": plain_ms * 1e3 / launches}
         if name != "cublas":
             pdl_ms, with_pdl = graph_ms(lambda: fn(True), rep_ms)
-            row |= {"pdl_us_per_launch": pdl_ms * 1e3 / launches, "saved_us_per_boundary": (plain_ms - pdl_ms) * 1e3 / (launches - 1),
-                    "pdl_equals_plain": bool(torch.equal(with_pdl, plain))}
+            row |= {
+                "pdl_us_per_launch": pdl_ms * 1e3 / launches,
+                "saved_us_per_boundary": (plain_ms - pdl_ms) * 1e3 / (launches - 1),
+                "pdl_equals_plain": bool(torch.equal(with_pdl, plain)),
+            }
         res["rows"].append(row)
         print(json.dumps(row), flush=True)
     return res
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="per-boundary saving of programmatic dependent launch at the head's bs-1 shapes")
+    ap = argparse.ArgumentParser(
+        description="per-boundary saving of programmatic dependent launch at the head's bs-1 shapes"
+    )
     ap.add_argument("--n", type=int, default=16, help="GEMMs (or norms) per chain")
     ap.add_argument("--rep-ms", type=int, default=100)
-    ap.add_argument("--smoke", action="store_true", help="build and run the chains at tiny shapes on CPU (interpreter, no PDL)")
+    ap.add_argument(
+        "--smoke", action="store_true", help="build and run the chains at tiny shapes on CPU (interpreter, no PDL)"
+    )
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "pdl_chain.json"))
     args = ap.parse_args(argv)
     if args.smoke:
@@ -97,9 +105,14 @@ def main(argv=None) -> int:
     else:
         res = run(args.n, args.rep_ms)
         for r in res["rows"]:
-            extra = "" if "pdl_us_per_launch" not in r else (
-                f" -> with PDL {r['pdl_us_per_launch']:.2f} us: {r['saved_us_per_boundary']:.2f} us saved per boundary"
-                f" (output equal: {r['pdl_equals_plain']})")
+            extra = (
+                ""
+                if "pdl_us_per_launch" not in r
+                else (
+                    f" -> with PDL {r['pdl_us_per_launch']:.2f} us: {r['saved_us_per_boundary']:.2f} us saved per boundary"
+                    f" (output equal: {r['pdl_equals_plain']})"
+                )
+            )
             print(f"{r['chain']:>7}: {r['launches']} launches, {r['plain_us_per_launch']:.2f} us each{extra}")
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)

@@ -43,7 +43,9 @@ def _slug(*parts) -> str:
     return "_".join(str(p).replace("/", "-").replace(" ", "-") for p in parts)
 
 
-def plot_vs_concurrency(cells: Sequence[dict], dataset: str, temperature: float, metric: str, baseline: Optional[str], out_dir: Path) -> Path:
+def plot_vs_concurrency(
+    cells: Sequence[dict], dataset: str, temperature: float, metric: str, baseline: Optional[str], out_dir: Path
+) -> Path:
     """metric ("tps" or "speedup") vs concurrency, one panel per group, one line per system."""
     plt = pyplot()
     mine = [c for c in cells if c["dataset"] == dataset and c["temperature"] == temperature]
@@ -53,7 +55,11 @@ def plot_vs_concurrency(cells: Sequence[dict], dataset: str, temperature: float,
     fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.4), squeeze=False)
     for ax, g in zip(axes[0], groups):
         for s in systems:
-            pts = sorted((c["concurrency"], c.get(metric)) for c in mine if c["system"] == s and c["group"] == g and c.get(metric) is not None)
+            pts = sorted(
+                (c["concurrency"], c.get(metric))
+                for c in mine
+                if c["system"] == s and c["group"] == g and c.get(metric) is not None
+            )
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=s, color=colors[s])
         ax.set_xscale("log", base=2)
@@ -67,10 +73,20 @@ def plot_vs_concurrency(cells: Sequence[dict], dataset: str, temperature: float,
     return save(fig, Path(out_dir) / f"{_slug(metric, 'vs_concurrency', dataset, f'T{temperature:g}')}.png")
 
 
-def plot_tau_by_category(cells: Sequence[dict], dataset: str, temperature: float, concurrency: int, baseline: Optional[str], out_dir: Path) -> Path:
+def plot_tau_by_category(
+    cells: Sequence[dict], dataset: str, temperature: float, concurrency: int, baseline: Optional[str], out_dir: Path
+) -> Path:
     """Grouped bars: tau per category, one bar per speculative system."""
     plt = pyplot()
-    mine = [c for c in cells if c["dataset"] == dataset and c["temperature"] == temperature and c["concurrency"] == concurrency and c["tau"] is not None and c["group"] != ALL]
+    mine = [
+        c
+        for c in cells
+        if c["dataset"] == dataset
+        and c["temperature"] == temperature
+        and c["concurrency"] == concurrency
+        and c["tau"] is not None
+        and c["group"] != ALL
+    ]
     groups = sorted({c["group"] for c in mine})
     systems = sorted({c["system"] for c in mine})
     width = 0.8 / max(len(systems), 1)
@@ -89,11 +105,20 @@ def plot_tau_by_category(cells: Sequence[dict], dataset: str, temperature: float
     return save(fig, Path(out_dir) / f"{_slug('tau_by_category', dataset, f'T{temperature:g}', f'c{concurrency}')}.png")
 
 
-def plot_repeated_runs(cells: Sequence[dict], dataset: str, temperature: float, concurrency: int, baseline: Optional[str], out_dir: Path) -> Path:
+def plot_repeated_runs(
+    cells: Sequence[dict], dataset: str, temperature: float, concurrency: int, baseline: Optional[str], out_dir: Path
+) -> Path:
     """Repeated runs (metrics.pool_runs) of group "all": per system, each run's TPS and ms per block
     as points beside the mean as a bar."""
     plt = pyplot()
-    mine = [c for c in cells if c["dataset"] == dataset and c["temperature"] == temperature and c["concurrency"] == concurrency and c["group"] == ALL]
+    mine = [
+        c
+        for c in cells
+        if c["dataset"] == dataset
+        and c["temperature"] == temperature
+        and c["concurrency"] == concurrency
+        and c["group"] == ALL
+    ]
     systems = systems_of(mine, baseline)
     colors = _colors(cells, baseline)
     fig, axes = plt.subplots(1, 2, figsize=(max(6.0, 1.6 * len(systems) * 2), 3.4))
@@ -126,9 +151,14 @@ def plot_all(cells: Sequence[dict], baseline: Optional[str], out_dir: Path) -> L
                 if any(c.get("speedup") is not None and c["system"] != baseline for c in mine):
                     paths.append(plot_vs_concurrency(cells, d, t, "speedup", baseline, out_dir))
             lowest = min(c["concurrency"] for c in mine if c["temperature"] == t)  # tau barely moves with c
-            if any(c["group"] != ALL and c["tau"] is not None and c["concurrency"] == lowest and c["temperature"] == t for c in mine):
+            if any(
+                c["group"] != ALL and c["tau"] is not None and c["concurrency"] == lowest and c["temperature"] == t
+                for c in mine
+            ):
                 paths.append(plot_tau_by_category(cells, d, t, lowest, baseline, out_dir))
-            for conc in sorted({c["concurrency"] for c in mine if c["temperature"] == t and c["group"] == ALL and c.get("runs", 1) > 1}):
+            for conc in sorted(
+                {c["concurrency"] for c in mine if c["temperature"] == t and c["group"] == ALL and c.get("runs", 1) > 1}
+            ):
                 paths.append(plot_repeated_runs(cells, d, t, conc, baseline, out_dir))
     return paths
 
@@ -142,18 +172,32 @@ def plot_head_bench(res: dict, out_path: Path, target_ratio: float, target_bs1_m
     meta = res.get("meta", {})
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     bs = [r["bs"] for r in rows]
-    variants = sorted({k[len("post_logits_"):] for r in rows for k in r if k.startswith("post_logits_")} - {"builtin"})
+    variants = sorted({k[len("post_logits_") :] for r in rows for k in r if k.startswith("post_logits_")} - {"builtin"})
     for i, name in enumerate(["builtin"] + variants):
         pts = [(r["bs"], r[f"post_logits_{name}"]) for r in rows if r.get(f"post_logits_{name}") is not None]
-        left.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=f"C{i}", label=name,
-                  linestyle="--" if name == "builtin" else "-")
-    bound = [(r["bs"], target_ratio * r["post_logits_builtin"]) for r in rows if r.get("post_logits_builtin") is not None]
-    left.plot([p[0] for p in bound], [p[1] for p in bound], color="gray", linestyle=":", label=f"{target_ratio:g} x built-in")
+        left.plot(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            marker="o",
+            color=f"C{i}",
+            label=name,
+            linestyle="--" if name == "builtin" else "-",
+        )
+    bound = [
+        (r["bs"], target_ratio * r["post_logits_builtin"]) for r in rows if r.get("post_logits_builtin") is not None
+    ]
+    left.plot(
+        [p[0] for p in bound], [p[1] for p in bound], color="gray", linestyle=":", label=f"{target_ratio:g} x built-in"
+    )
     if target_bs1_ms is not None:
-        left.scatter([1], [target_bs1_ms], marker="*", s=120, color="black", zorder=5, label=f"bs-1 target {target_bs1_ms:g} ms")
+        left.scatter(
+            [1], [target_bs1_ms], marker="*", s=120, color="black", zorder=5, label=f"bs-1 target {target_bs1_ms:g} ms"
+        )
     left.set_ylabel("ms per block (top-K/LSE + head + walk)")
     left.set_title("post-logits select")
-    for i, (key, label) in enumerate((("topk_lse_ours", "ours"), ("topk_lse_builtin", "built-in kernel"), ("topk_lse_torch", "torch"))):
+    for i, (key, label) in enumerate(
+        (("topk_lse_ours", "ours"), ("topk_lse_builtin", "built-in kernel"), ("topk_lse_torch", "torch"))
+    ):
         pts = [(r["bs"], r[key]) for r in rows if r.get(key) is not None]
         right.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=f"C{i}", label=label)
     right.set_yscale("log")
@@ -165,5 +209,7 @@ def plot_head_bench(res: dict, out_path: Path, target_ratio: float, target_bs1_m
         ax.set_xlabel("batch size (requests)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(f"{meta.get('gpu', '?')}, {meta.get('geometry', '?')} head, commit {meta.get('git_commit', '?')}", fontsize=9)
+    fig.suptitle(
+        f"{meta.get('gpu', '?')}, {meta.get('geometry', '?')} head, commit {meta.get('git_commit', '?')}", fontsize=9
+    )
     return save(fig, out_path)

@@ -27,9 +27,17 @@ def _turns(row: dict, where: str) -> tuple:
     if isinstance(row.get("text"), str):
         return (row["text"],)
     messages = row.get("messages")
-    if isinstance(messages, list) and messages and all(isinstance(m, dict) and m.get("role") == "user" for m in messages):
+    if (
+        isinstance(messages, list)
+        and messages
+        and all(isinstance(m, dict) and m.get("role") == "user" for m in messages)
+    ):
         return tuple(m.get("content") for m in messages)
-    raise PromptFileError("give the prompt as `text` (a string) or `messages` (a list of {role: user, content} dicts)", where=where, fix="fix or remove that record")
+    raise PromptFileError(
+        "give the prompt as `text` (a string) or `messages` (a list of {role: user, content} dicts)",
+        where=where,
+        fix="fix or remove that record",
+    )
 
 
 def load(path: Path, categories: Optional[Iterable[str]] = None) -> List[Prompt]:
@@ -55,10 +63,14 @@ def load(path: Path, categories: Optional[Iterable[str]] = None) -> List[Prompt]
             raise PromptFileError(f"duplicate id {prompt_id!r}", where=where, fix="fix or remove that record")
         seen.add(prompt_id)
         group = str(row.get("set") or row.get("category") or path.stem)
-        prompts.append(Prompt(prompt_id=prompt_id, category=group, turns=_turns(row, where), source=f"file/{path.name}"))
+        prompts.append(
+            Prompt(prompt_id=prompt_id, category=group, turns=_turns(row, where), source=f"file/{path.name}")
+        )
     if categories:
         unknown = set(categories) - {p.category for p in prompts}
         if unknown:
-            raise ValueError(f"{path}: no prompts in set(s) {sorted(unknown)}; it has {sorted({p.category for p in prompts})}.")
+            raise ValueError(
+                f"{path}: no prompts in set(s) {sorted(unknown)}; it has {sorted({p.category for p in prompts})}."
+            )
         prompts = [p for p in prompts if p.category in set(categories)]
     return prompts

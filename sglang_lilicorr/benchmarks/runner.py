@@ -51,10 +51,17 @@ class RunConfig:
     max_tokens: int
 
     def __post_init__(self):
-        for name, ok, what in (("concurrency", self.concurrency >= 1, ">= 1"), ("temperature", self.temperature >= 0, ">= 0"),
-                               ("max_tokens", self.max_tokens >= 1, ">= 1")):
+        for name, ok, what in (
+            ("concurrency", self.concurrency >= 1, ">= 1"),
+            ("temperature", self.temperature >= 0, ">= 0"),
+            ("max_tokens", self.max_tokens >= 1, ">= 1"),
+        ):
             if not ok:
-                raise UsageError(f"{getattr(self, name)} is out of range", where=f"--{name.replace('_', '-')}", fix=f"pass a value {what}")
+                raise UsageError(
+                    f"{getattr(self, name)} is out of range",
+                    where=f"--{name.replace('_', '-')}",
+                    fix=f"pass a value {what}",
+                )
 
     @property
     def key(self) -> Tuple:
@@ -67,8 +74,17 @@ def record_key(record: dict) -> Tuple:
     return cfg.key, record["prompt_id"]
 
 
-RECORD_FIELDS = {"system": str, "dataset": str, "concurrency": int, "temperature": float, "seed": int, "max_tokens": int,
-                 "prompt_id": str, "category": str, "turns": list}
+RECORD_FIELDS = {
+    "system": str,
+    "dataset": str,
+    "concurrency": int,
+    "temperature": float,
+    "seed": int,
+    "max_tokens": int,
+    "prompt_id": str,
+    "category": str,
+    "turns": list,
+}
 TURN_FIELDS = {"completion_tokens": int, "start": float, "end": float}
 
 
@@ -87,12 +103,18 @@ def check_record(record, where: str) -> dict:
     """A results line as `run` writes it: the run's config, prompt_id, category and non-empty turns
     with token counts and times; raises ResultsError naming the first bad field."""
     if not isinstance(record, dict):
-        raise ResultsError(f"a results line must be a JSON object, got {type(record).__name__}", where=where,
-                           fix="results files are written by `lilicorr bench run`")
+        raise ResultsError(
+            f"a results line must be a JSON object, got {type(record).__name__}",
+            where=where,
+            fix="results files are written by `lilicorr bench run`",
+        )
     for name, kind in RECORD_FIELDS.items():
         if not _is(record.get(name), kind):
-            raise ResultsError(f"`{name}`={record.get(name)!r:.60} is not a {kind.__name__}", where=where,
-                               fix="fix or remove that line")
+            raise ResultsError(
+                f"`{name}`={record.get(name)!r:.60} is not a {kind.__name__}",
+                where=where,
+                fix="fix or remove that line",
+            )
     try:
         record_key(record)
     except ValueError as e:
@@ -104,9 +126,12 @@ def check_record(record, where: str) -> dict:
         if not bad and turn.get("spec_verify_ct") is not None and not _is(turn["spec_verify_ct"], int):
             bad = ["spec_verify_ct"]
         if bad or turn["end"] < turn["start"] or turn["completion_tokens"] < 0:
-            raise ResultsError(f"turns[{i}] needs completion_tokens >= 0, start <= end and an integer or null spec_verify_ct "
-                               f"(bad: {bad or ['start/end' if turn['end'] < turn['start'] else 'completion_tokens']})",
-                               where=where, fix="fix or remove that line")
+            raise ResultsError(
+                f"turns[{i}] needs completion_tokens >= 0, start <= end and an integer or null spec_verify_ct "
+                f"(bad: {bad or ['start/end' if turn['end'] < turn['start'] else 'completion_tokens']})",
+                where=where,
+                fix="fix or remove that line",
+            )
     return record
 
 
@@ -137,16 +162,25 @@ def read_results(path: Path) -> List[dict]:
     try:
         data = path.read_bytes()
     except OSError as e:
-        raise ResultsError(f"cannot read the results file ({e.strerror or e})", where=str(path),
-                           fix="pass a .jsonl written by `lilicorr bench run`") from e
+        raise ResultsError(
+            f"cannot read the results file ({e.strerror or e})",
+            where=str(path),
+            fix="pass a .jsonl written by `lilicorr bench run`",
+        ) from e
     cut = _torn_tail(data)
     if cut is not None:
         lineno = data[:cut].count(b"\n") + 1
-        print(f"warning: {path}:{lineno} is a torn last line (no newline, not JSON: a run stopped mid-write); it is left "
-              "out. `lilicorr bench run` with the same --results cuts it and reruns that prompt.", file=sys.stderr)
+        print(
+            f"warning: {path}:{lineno} is a torn last line (no newline, not JSON: a run stopped mid-write); it is left "
+            "out. `lilicorr bench run` with the same --results cuts it and reruns that prompt.",
+            file=sys.stderr,
+        )
         data = data[:cut]
-    return [check_record(_json_line(line, f"{path}:{n}"), f"{path}:{n}")
-            for n, line in enumerate(data.split(b"\n"), 1) if line.strip()]
+    return [
+        check_record(_json_line(line, f"{path}:{n}"), f"{path}:{n}")
+        for n, line in enumerate(data.split(b"\n"), 1)
+        if line.strip()
+    ]
 
 
 RESULTS = "a results file of `lilicorr bench run`"
@@ -188,7 +222,13 @@ async def play(client: SGLangClient, prompt: Prompt) -> List[dict]:
         r = await client.turn(messages)
         messages.append({"role": "assistant", "content": r.text})
         turns.append(
-            {"completion_tokens": r.completion_tokens, "spec_verify_ct": r.spec_verify_ct, "start": r.start, "end": r.end, "text": r.text}
+            {
+                "completion_tokens": r.completion_tokens,
+                "spec_verify_ct": r.spec_verify_ct,
+                "start": r.start,
+                "end": r.end,
+                "text": r.text,
+            }
         )
     return turns
 
@@ -237,11 +277,16 @@ async def _warm_up(client: SGLangClient, waves: List[List[Prompt]], url: str) ->
     import aiohttp
 
     for wave in waves:
-        answers = await asyncio.gather(*(client.turn([{"role": "user", "content": p.turns[0]}]) for p in wave), return_exceptions=True)
+        answers = await asyncio.gather(
+            *(client.turn([{"role": "user", "content": p.turns[0]}]) for p in wave), return_exceptions=True
+        )
         for e in answers:
             if isinstance(e, (aiohttp.ClientError, asyncio.TimeoutError)):
-                raise ServerError(f"a warm-up request failed ({type(e).__name__}: {e})", where=url,
-                                  fix="start the server, or check --url") from e
+                raise ServerError(
+                    f"a warm-up request failed ({type(e).__name__}: {e})",
+                    where=url,
+                    fix="start the server, or check --url",
+                ) from e
             if isinstance(e, BaseException):
                 raise e
 
@@ -299,13 +344,18 @@ def run(*args, **kwargs) -> RunOutcome:
 
 
 def sweep_configs(
-    system: str, datasets: Iterable[str], concurrencies: Sequence[int], temperatures: Sequence[float], seeds: Sequence[int], max_tokens: int
+    system: str,
+    datasets: Iterable[str],
+    concurrencies: Sequence[int],
+    temperatures: Sequence[float],
+    seeds: Sequence[int],
+    max_tokens: int,
 ) -> List[RunConfig]:
     """The runs of a sweep. Greedy decoding (T = 0) is deterministic, so it runs the first seed only."""
     configs = []
     for dataset in datasets:
         for t in temperatures:
-            for seed in (seeds[:1] if t == 0 else seeds):
+            for seed in seeds[:1] if t == 0 else seeds:
                 for c in concurrencies:
                     configs.append(RunConfig(system, dataset, c, float(t), seed, max_tokens))
     return configs

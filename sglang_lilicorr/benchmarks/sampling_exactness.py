@@ -17,6 +17,7 @@ check     per system: `positions` (n, chi2, dof and the p-value of every tested 
   python -m sglang_lilicorr.benchmarks.sampling_exactness check TARGET_DIR records.jsonl [...] --out summary.json \\
       [--startup-log SYSTEM=SERVER_LOG ...] [--tau-records BENCH_RUN_RESULTS.jsonl]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,9 +52,13 @@ def read_prompts(path: Path, tokenizer_dir: str | None) -> list[dict]:
 
                     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
                 encoded = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=True)
-                ids = [int(t) for t in (encoded["input_ids"] if isinstance(encoded, Mapping) else encoded)]  # transformers 5: a BatchEncoding
+                ids = [
+                    int(t) for t in (encoded["input_ids"] if isinstance(encoded, Mapping) else encoded)
+                ]  # transformers 5: a BatchEncoding
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{path}:{k}: not a prompt row ({e}); expected {{prompt, input_ids}} or {{prompt, messages}}.") from e
+            raise ValueError(
+                f"{path}:{k}: not a prompt row ({e}); expected {{prompt, input_ids}} or {{prompt, messages}}."
+            ) from e
         if not ids:
             raise ValueError(f"{path}:{k}: the prompt {name!r} has no tokens.")
         rows.append({"prompt": name, "input_ids": ids})
@@ -69,17 +74,34 @@ def done(out: Path) -> set[tuple[str, int]]:
     return {(r["prompt"], int(r["seed"])) for r in map(json.loads, filter(str.strip, out.read_text().splitlines()))}
 
 
-def generate(url: str, input_ids: list[int], seed: int, temperature: float, max_new_tokens: int, timeout: float = 300.0) -> list[int]:
-    body = {"input_ids": input_ids, "sampling_params": {"temperature": temperature, "max_new_tokens": max_new_tokens,
-                                                         "ignore_eos": True, "sampling_seed": seed}}
+def generate(
+    url: str, input_ids: list[int], seed: int, temperature: float, max_new_tokens: int, timeout: float = 300.0
+) -> list[int]:
+    body = {
+        "input_ids": input_ids,
+        "sampling_params": {
+            "temperature": temperature,
+            "max_new_tokens": max_new_tokens,
+            "ignore_eos": True,
+            "sampling_seed": seed,
+        },
+    }
     payload = post_json(url, "/generate", body, timeout)
     if not isinstance(payload.get("output_ids"), list):
         raise ValueError(f"{url}/generate answered without output_ids: {str(payload)[:200]}")
     return payload["output_ids"]
 
 
-def collect(url: str, system: str, prompts: list[dict], requests: int, max_new_tokens: int, temperature: float, out: Path,
-            concurrency: int = 32) -> int:
+def collect(
+    url: str,
+    system: str,
+    prompts: list[dict],
+    requests: int,
+    max_new_tokens: int,
+    temperature: float,
+    out: Path,
+    concurrency: int = 32,
+) -> int:
     """Send every (prompt, seed) not yet in out and append the answers; the number sent."""
     recorded = done(out)
     todo = [(p, seed) for p in prompts for seed in range(requests) if (p["prompt"], seed) not in recorded]
@@ -89,8 +111,14 @@ def collect(url: str, system: str, prompts: list[dict], requests: int, max_new_t
     def one(item):
         prompt, seed = item
         output_ids = generate(url, prompt["input_ids"], seed, temperature, max_new_tokens)
-        record = {"system": system, "prompt": prompt["prompt"], "input_ids": prompt["input_ids"], "output_ids": output_ids,
-                  "seed": seed, "temperature": temperature}
+        record = {
+            "system": system,
+            "prompt": prompt["prompt"],
+            "input_ids": prompt["input_ids"],
+            "output_ids": output_ids,
+            "seed": seed,
+            "temperature": temperature,
+        }
         with lock, out.open("a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -125,8 +153,10 @@ def tau_per_seed(results: Path) -> dict[str, dict[str, float]]:
     groups: dict = {}
     for r in read_results(results):
         groups.setdefault(r["system"], {}).setdefault(str(r["seed"]), []).append(r)
-    return {system: {seed: round(tau(rs), 4) for seed, rs in sorted(seeds.items()) if tau(rs) is not None}
-            for system, seeds in groups.items()}
+    return {
+        system: {seed: round(tau(rs), 4) for seed, rs in sorted(seeds.items()) if tau(rs) is not None}
+        for system, seeds in groups.items()
+    }
 
 
 def cmd_collect(p: argparse.ArgumentParser, args) -> int:
@@ -136,7 +166,9 @@ def cmd_collect(p: argparse.ArgumentParser, args) -> int:
         prompts = read_prompts(args.prompts, args.tokenizer)
     except (OSError, ValueError) as e:
         p.error(str(e))
-    sent = collect(args.url, args.system, prompts, args.requests, args.max_new_tokens, args.temperature, args.out, args.concurrency)
+    sent = collect(
+        args.url, args.system, prompts, args.requests, args.max_new_tokens, args.temperature, args.out, args.concurrency
+    )
     print(f"{args.system}: {sent} requests sent, {len(done(args.out))} recorded in {args.out}")
     return 0
 
@@ -160,17 +192,29 @@ def cmd_check(p: argparse.ArgumentParser, args) -> int:
         p.error(str(e))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(device).eval()
-    summary = {system: {"positions": position_pvalues(model, records, args.positions, args.seed),
-                        "verification": verification.get(system), "tau_t1": taus.get(system, {})} for system, records in systems.items()}
+    summary = {
+        system: {
+            "positions": position_pvalues(model, records, args.positions, args.seed),
+            "verification": verification.get(system),
+            "tau_t1": taus.get(system, {}),
+        }
+        for system, records in systems.items()
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=1) + "\n")
     for system, cells in summary.items():
-        print(system, " ".join(f"pos {j}: p = {c['p']:.3g} (n = {c['n']})" for j, c in cells["positions"].items()), cells["tau_t1"])
+        print(
+            system,
+            " ".join(f"pos {j}: p = {c['p']:.3g} (n = {c['n']})" for j, c in cells["positions"].items()),
+            cells["tau_t1"],
+        )
     return 0
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sglang_lilicorr.benchmarks.sampling_exactness", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m sglang_lilicorr.benchmarks.sampling_exactness", description=__doc__.split("\n\n")[0]
+    )
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("collect", help="seeded sampled requests -> records JSONL (resumable)")
     c.add_argument("--url", required=True)
@@ -182,12 +226,16 @@ def main(argv=None) -> int:
     c.add_argument("--temperature", type=float, default=1.0)
     c.add_argument("--concurrency", type=int, default=32)
     c.add_argument("--out", type=Path, required=True)
-    k = sub.add_parser("check", help="the chi-square test per position, verification lines and tau per seed -> summary JSON")
+    k = sub.add_parser(
+        "check", help="the chi-square test per position, verification lines and tau per seed -> summary JSON"
+    )
     k.add_argument("target", help="the target's HF folder")
     k.add_argument("records", nargs="+", type=Path, help="JSONL files of sampled outputs (collect)")
     k.add_argument("--positions", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     k.add_argument("--seed", type=int, default=0, help="seed of the probability integral transform's V draws")
-    k.add_argument("--startup-log", action="append", default=[], metavar="SYSTEM=LOG", help="a server's log: its verification line")
+    k.add_argument(
+        "--startup-log", action="append", default=[], metavar="SYSTEM=LOG", help="a server's log: its verification line"
+    )
     k.add_argument("--tau-records", type=Path, help="`lilicorr bench run` results at T > 0: tau per system and seed")
     k.add_argument("--out", type=Path, required=True, help="summary JSON (module docstring)")
     args = p.parse_args(argv)

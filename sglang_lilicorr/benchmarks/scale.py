@@ -31,6 +31,7 @@ rounds stop before one that would not finish. A phase an earlier call on the sam
 is not run again (its bundle is packed again); one cut short resumes its runs (benchmarks/paired.py).
 tools/device/scale_gpu.sh runs this on the lent GPU machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,18 +51,44 @@ from . import paired, prompt_file, stages
 
 # Qwen3-8B's config.json (the public one), all a dummy-weight target needs.
 QWEN3_8B = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "torch_dtype": "bfloat16",
-    "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
-    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
-    "rope_theta": 1000000.0, "rope_scaling": None, "rms_norm_eps": 1e-06, "hidden_act": "silu", "attention_bias": False,
-    "attention_dropout": 0.0, "tie_word_embeddings": False, "bos_token_id": 151643, "eos_token_id": 151645,
-    "max_window_layers": 36, "sliding_window": None, "use_sliding_window": False, "use_cache": True,
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "torch_dtype": "bfloat16",
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1000000.0,
+    "rope_scaling": None,
+    "rms_norm_eps": 1e-06,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "tie_word_embeddings": False,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "max_window_layers": 36,
+    "sliding_window": None,
+    "use_sliding_window": False,
+    "use_cache": True,
 }
-QWEN3_MASK_TOKEN_ID = 151669  # the id Qwen3 DFlash drafters use for <|MASK|> (no tokenizer is loaded: the id alone serves)
+QWEN3_MASK_TOKEN_ID = (
+    151669  # the id Qwen3 DFlash drafters use for <|MASK|> (no tokenizer is loaded: the id alone serves)
+)
 DRAFT_LAYERS = 5  # z-lab's DFlash drafters for 8B-class Qwen targets (benchmarks/README.md, "Scale")
 CONTEXT_FEATURES = 5  # target layers the drafter reads: build_target_layer_ids(36, 5) = [1, 9, 17, 25, 33]
 BLOCK_SIZE = 16
-PAPER_HEAD = {"candidate_topk": 8, "hidden_size": 1024, "num_layers": 2, "num_heads": 8, "factor_dim": 1024}  # FFN 2 x 1024
+PAPER_HEAD = {
+    "candidate_topk": 8,
+    "hidden_size": 1024,
+    "num_layers": 2,
+    "num_heads": 8,
+    "factor_dim": 1024,
+}  # FFN 2 x 1024
 FORCED_COMMIT = 7  # tokens a block commits under SGLANG_SIMULATE_ACC_LEN: 6 accepted drafts + the bonus
 SYSTEMS = ("lilicorr", "dflash", "builtin")
 CONCURRENCY = (1, 4, 16, 32)
@@ -89,8 +116,16 @@ PHASES = {
     "graph": Phase("graph", SYSTEMS, eager=False, rounds=8, prompts=RUN_PROMPTS, budget_s=430),
     "base": Phase("base", ("base",), eager=False, rounds=8, prompts=RUN_PROMPTS, budget_s=180),
     "eager": Phase("eager", SYSTEMS, eager=True, rounds=1, prompts={1: 2, 4: 4, 16: 16, 32: 32}, budget_s=250),
-    "tput": Phase("tput", ("lilicorr", "builtin"), eager=False, rounds=8, prompts=RUN_PROMPTS, budget_s=450, max_tokens=1024,
-                  kv_tokens=49152),
+    "tput": Phase(
+        "tput",
+        ("lilicorr", "builtin"),
+        eager=False,
+        rounds=8,
+        prompts=RUN_PROMPTS,
+        budget_s=450,
+        max_tokens=1024,
+        kv_tokens=49152,
+    ),
 }
 
 
@@ -103,17 +138,34 @@ def drafter_config(target: Mapping, *, layers: int, mask_token_id: int):
 
     n = int(target["num_hidden_layers"])
     return DrafterConfig(
-        hidden_size=int(target["hidden_size"]), vocab_size=int(target["vocab_size"]), num_target_layers=n,
-        target_layer_ids=tuple(default_target_layer_ids(n, CONTEXT_FEATURES)), mask_token_id=mask_token_id,
-        num_hidden_layers=layers, num_attention_heads=int(target["num_attention_heads"]),
-        num_key_value_heads=int(target["num_key_value_heads"]), head_dim=int(target["head_dim"]),
-        intermediate_size=int(target["intermediate_size"]), block_size=BLOCK_SIZE, rope_theta=float(target["rope_theta"]),
-        rms_norm_eps=float(target["rms_norm_eps"]), max_position_embeddings=int(target["max_position_embeddings"]),
+        hidden_size=int(target["hidden_size"]),
+        vocab_size=int(target["vocab_size"]),
+        num_target_layers=n,
+        target_layer_ids=tuple(default_target_layer_ids(n, CONTEXT_FEATURES)),
+        mask_token_id=mask_token_id,
+        num_hidden_layers=layers,
+        num_attention_heads=int(target["num_attention_heads"]),
+        num_key_value_heads=int(target["num_key_value_heads"]),
+        head_dim=int(target["head_dim"]),
+        intermediate_size=int(target["intermediate_size"]),
+        block_size=BLOCK_SIZE,
+        rope_theta=float(target["rope_theta"]),
+        rms_norm_eps=float(target["rms_norm_eps"]),
+        max_position_embeddings=int(target["max_position_embeddings"]),
     )
 
 
-def build(work: Path, *, target: Mapping = QWEN3_8B, layers: int = DRAFT_LAYERS, mask_token_id: int = QWEN3_MASK_TOKEN_ID,
-          head: Mapping = PAPER_HEAD, seed: int = 0, device: Optional[str] = None, log=print) -> dict:
+def build(
+    work: Path,
+    *,
+    target: Mapping = QWEN3_8B,
+    layers: int = DRAFT_LAYERS,
+    mask_token_id: int = QWEN3_MASK_TOKEN_ID,
+    head: Mapping = PAPER_HEAD,
+    seed: int = 0,
+    device: Optional[str] = None,
+    log=print,
+) -> dict:
     """WORK/target/config.json, WORK/drafts/dflash (a random DFlashDraftModel) and WORK/drafts/lilicorr
     (the same drafter with a random head); nothing is rebuilt when WORK/build.json says it is there."""
     import torch
@@ -125,8 +177,11 @@ def build(work: Path, *, target: Mapping = QWEN3_8B, layers: int = DRAFT_LAYERS,
     config = drafter_config(target, layers=layers, mask_token_id=mask_token_id)
     stamp = {"target": dict(target), "drafter": config.to_hf_config(), "head": dict(head), "seed": seed}
     done = work / "build.json"
-    if done.is_file() and json.loads(done.read_text()) == stamp and all((work / "drafts" / d / "model.safetensors").is_file()
-                                                                       for d in ("dflash", "lilicorr")):
+    if (
+        done.is_file()
+        and json.loads(done.read_text()) == stamp
+        and all((work / "drafts" / d / "model.safetensors").is_file() for d in ("dflash", "lilicorr"))
+    ):
         log(f"[build] {work}: built already")
         return stamp
     t0 = time.time()
@@ -148,31 +203,65 @@ def build(work: Path, *, target: Mapping = QWEN3_8B, layers: int = DRAFT_LAYERS,
 def prompts(count: int) -> list[dict]:
     """`count` single-turn prompts of PROMPT_TOKENS ASCII characters (= token ids under --api ids), each distinct."""
     filler = "the quick brown fox jumps over the lazy dog "
-    return [{"id": f"p{i}", "set": "scale", "text": (f"{i:04d} " + filler * PROMPT_TOKENS)[:PROMPT_TOKENS]} for i in range(count)]
+    return [
+        {"id": f"p{i}", "set": "scale", "text": (f"{i:04d} " + filler * PROMPT_TOKENS)[:PROMPT_TOKENS]}
+        for i in range(count)
+    ]
 
 
 # --- servers -------------------------------------------------------------------------------
 
 
-SERVE = ("--load-format", "dummy", "--skip-tokenizer-init", "--attention-backend", "triton", "--sampling-backend", "pytorch",
-         "--grammar-backend", "none", "--context-length", "4096", "--max-running-requests", str(max(CONCURRENCY)),
-         "--cuda-graph-bs-decode", *map(str, CONCURRENCY), "--cuda-graph-backend-prefill", "disabled",
-         "--mem-fraction-static", "0.9")
+SERVE = (
+    "--load-format",
+    "dummy",
+    "--skip-tokenizer-init",
+    "--attention-backend",
+    "triton",
+    "--sampling-backend",
+    "pytorch",
+    "--grammar-backend",
+    "none",
+    "--context-length",
+    "4096",
+    "--max-running-requests",
+    str(max(CONCURRENCY)),
+    "--cuda-graph-bs-decode",
+    *map(str, CONCURRENCY),
+    "--cuda-graph-backend-prefill",
+    "disabled",
+    "--mem-fraction-static",
+    "0.9",
+)
 
 
 def server_args(system: str, work: Path, *, eager: bool, kv_tokens: int = KV_TOKENS) -> tuple[str, ...]:
     # side by side: each server's KV pool capped at kv_tokens (the phase's c = 32 requests fit), the rest is headroom
-    args = list(SERVE) + ["--max-total-tokens", str(kv_tokens)] + (["--cuda-graph-backend-decode", "disabled"] if eager else [])
+    args = (
+        list(SERVE)
+        + ["--max-total-tokens", str(kv_tokens)]
+        + (["--cuda-graph-backend-decode", "disabled"] if eager else [])
+    )
     if system != "base":
         draft = "dflash" if system == "dflash" else "lilicorr"  # the built-in is DFLASH serving the LiLiCorr draft
-        args += ["--speculative-algorithm", "LILICORR" if system == "lilicorr" else "DFLASH",
-                 "--speculative-draft-model-path", str(Path(work) / "drafts" / draft),
-                 "--speculative-draft-load-format", "safetensors", "--speculative-draft-attention-backend", "triton"]
+        args += [
+            "--speculative-algorithm",
+            "LILICORR" if system == "lilicorr" else "DFLASH",
+            "--speculative-draft-model-path",
+            str(Path(work) / "drafts" / draft),
+            "--speculative-draft-load-format",
+            "safetensors",
+            "--speculative-draft-attention-backend",
+            "triton",
+        ]
     return tuple(args)
 
 
 def server_env(system: str, root: Path) -> dict[str, str]:
-    env = {"LILICORR_STAGE_TIMING": str(root / "stages" / system), "LILICORR_STAGE_TIMING_BS": ",".join(map(str, CONCURRENCY))}
+    env = {
+        "LILICORR_STAGE_TIMING": str(root / "stages" / system),
+        "LILICORR_STAGE_TIMING_BS": ",".join(map(str, CONCURRENCY)),
+    }
     if system != "base":
         env["SGLANG_SIMULATE_ACC_LEN"] = str(FORCED_COMMIT)
     return env
@@ -184,8 +273,11 @@ def first_traceback(log_dir: Path, lines: int = 30) -> str:
         text = log.read_text(errors="replace").splitlines()
         start = next((i for i, line in enumerate(text) if line.startswith("Traceback")), None)
         if start is not None:
-            return f"--- {log.name}\n" + "\n".join(text[start:start + lines])
-    return "\n".join(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-10:]) for p in sorted(Path(log_dir).glob("server-*.log")))
+            return f"--- {log.name}\n" + "\n".join(text[start : start + lines])
+    return "\n".join(
+        f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-10:])
+        for p in sorted(Path(log_dir).glob("server-*.log"))
+    )
 
 
 def brief(root: Path, systems: Sequence[str]) -> list[str]:
@@ -198,8 +290,10 @@ def brief(root: Path, systems: Sequence[str]) -> list[str]:
             continue
         for row in stages.load_timings(folder)["stages"]:
             wall = row["step_interval_ms"]["median"]
-            lines.append(f"{system} bs={row['bs']} {'graph' if row['graph'] else 'eager'}: "
-                         f"{'--' if wall is None else f'{wall:.2f}'} ms per step over {row['n_blocks']} steps")
+            lines.append(
+                f"{system} bs={row['bs']} {'graph' if row['graph'] else 'eager'}: "
+                f"{'--' if wall is None else f'{wall:.2f}'} ms per step over {row['n_blocks']} steps"
+            )
     return lines
 
 
@@ -213,7 +307,9 @@ def pack(folder: Path, bundle: Path) -> Path:
     return bundle
 
 
-def run_phase(work: Path, phase: Phase, out: Path, deadline: paired.Deadline, *, launcher: Sequence[str] = (), log=print) -> list[str]:
+def run_phase(
+    work: Path, phase: Phase, out: Path, deadline: paired.Deadline, *, launcher: Sequence[str] = (), log=print
+) -> list[str]:
     """One phase (module docstring); returns its failures (empty: all of it measured)."""
     from ..train.engine import EngineError, SGLangServers, ServerSpec
 
@@ -223,9 +319,17 @@ def run_phase(work: Path, phase: Phase, out: Path, deadline: paired.Deadline, *,
     (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     every = prompt_file.load(root / "prompts.jsonl")
     todo = {c: every[:n] for c, n in phase.prompts.items()}
-    specs = [ServerSpec(str(Path(work) / "target"), PORT0 + i, "0", server_args(s, work, eager=phase.eager, kv_tokens=phase.kv_tokens),
-                        server_env(s, root), s)
-             for i, s in enumerate(phase.systems)]
+    specs = [
+        ServerSpec(
+            str(Path(work) / "target"),
+            PORT0 + i,
+            "0",
+            server_args(s, work, eager=phase.eager, kv_tokens=phase.kv_tokens),
+            server_env(s, root),
+            s,
+        )
+        for i, s in enumerate(phase.systems)
+    ]
     for s in phase.systems:
         (root / "stages" / s).mkdir(parents=True, exist_ok=True)
     t0, failures = time.time(), []
@@ -233,11 +337,20 @@ def run_phase(work: Path, phase: Phase, out: Path, deadline: paired.Deadline, *,
         with contextlib.ExitStack() as stack:
             for spec in specs:  # one at a time: each sizes its KV pool on what the earlier ones left
                 timeout = max(60.0, min(900.0, deadline.left() - RESERVE_S))
-                stack.enter_context(SGLangServers.start([spec], root / "logs", startup_timeout=timeout, launcher=launcher))
+                stack.enter_context(
+                    SGLangServers.start([spec], root / "logs", startup_timeout=timeout, launcher=launcher)
+                )
                 log(f"[{phase.name}] {spec.name} up at t+{time.time() - t0:.0f} s")
             urls = {s: f"http://127.0.0.1:{spec.port}" for s, spec in zip(phase.systems, specs)}
-            plan = paired.RoundPlan("scale", phase.max_tokens, rounds=phase.rounds, api="ids", ignore_eos=True, request_timeout=120.0,
-                                    reserve_s=RESERVE_S)
+            plan = paired.RoundPlan(
+                "scale",
+                phase.max_tokens,
+                rounds=phase.rounds,
+                api="ids",
+                ignore_eos=True,
+                request_timeout=120.0,
+                reserve_s=RESERVE_S,
+            )
             failures += paired.play_rounds(urls, todo, plan, root, deadline=deadline, log=log)
             failures += flush_stage_timers(urls)
     except EngineError as e:
@@ -246,13 +359,21 @@ def run_phase(work: Path, phase: Phase, out: Path, deadline: paired.Deadline, *,
     rounds = paired.merge_rounds(root, phase.systems, todo, phase.rounds)
     for line in brief(root, phase.systems):
         log(f"[{phase.name}] {line}")
-    save_json(root / "phase.json", {
-        "phase": dataclasses.asdict(phase), "rounds_written": [p.name for p in rounds], "failures": failures,
-        "seconds": round(time.time() - t0, 1), "forced_commit_len": FORCED_COMMIT,
-        "prompt_tokens": PROMPT_TOKENS, "max_tokens": phase.max_tokens, "command": shlex.join(sys.argv),
-        "server_args": {s: shlex.join(spec.args) for s, spec in zip(phase.systems, specs)},
-        "server_env": {s: spec.env for s, spec in zip(phase.systems, specs)},
-    })
+    save_json(
+        root / "phase.json",
+        {
+            "phase": dataclasses.asdict(phase),
+            "rounds_written": [p.name for p in rounds],
+            "failures": failures,
+            "seconds": round(time.time() - t0, 1),
+            "forced_commit_len": FORCED_COMMIT,
+            "prompt_tokens": PROMPT_TOKENS,
+            "max_tokens": phase.max_tokens,
+            "command": shlex.join(sys.argv),
+            "server_args": {s: shlex.join(spec.args) for s, spec in zip(phase.systems, specs)},
+            "server_env": {s: spec.env for s, spec in zip(phase.systems, specs)},
+        },
+    )
     bundle = pack(root, Path(out) / f"scale_{phase.name}.tar.gz")
     log(f"[{phase.name}] {len(rounds)} round file(s), {len(failures)} failure(s), {time.time() - t0:.0f} s -> {bundle}")
     return failures
@@ -302,10 +423,14 @@ def cmd_run(args) -> int:
     for name in args.phases:
         phase = PHASES[name]
         if measured(Path(args.work), phase):
-            print(f"[{name}] measured in an earlier call: {pack(Path(args.work) / name, Path(args.out) / f'scale_{name}.tar.gz')}")
+            print(
+                f"[{name}] measured in an earlier call: {pack(Path(args.work) / name, Path(args.out) / f'scale_{name}.tar.gz')}"
+            )
             continue
         if not deadline.allows(phase.budget_s):
-            print(f"[{name}] {deadline.left():.0f} s left, the phase needs up to {phase.budget_s:.0f} s: run it in the next call.")
+            print(
+                f"[{name}] {deadline.left():.0f} s left, the phase needs up to {phase.budget_s:.0f} s: run it in the next call."
+            )
             skipped.append(name)
             continue
         failures = run_phase(Path(args.work), phase, Path(args.out), deadline, launcher=launcher)
@@ -337,7 +462,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     r.add_argument("--work", default="/tmp/scale")
     r.add_argument("--phases", type=phase_list, required=True, help=f"comma-separated, from {list(PHASES)}")
     r.add_argument("--out", default=os.environ.get("OUT", "/tmp/scale_out"))
-    r.add_argument("--deadline", type=float, help="epoch seconds the call must end by (phases and rounds that would not fit are left out)")
+    r.add_argument(
+        "--deadline",
+        type=float,
+        help="epoch seconds the call must end by (phases and rounds that would not fit are left out)",
+    )
     r.set_defaults(func=cmd_run)
     args = p.parse_args(argv)
     return args.func(args)

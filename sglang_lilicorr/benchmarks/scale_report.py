@@ -19,6 +19,7 @@ Largest batch at --mem-fraction-static f, for requests of L tokens: SGLang sizes
 f x (free memory before loading) - weights, so pool tokens = (f x free - target - draft) / KV bytes per token
 (the pool's measured GiB over its tokens), and the batch = pool tokens // (L + block size).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,7 +39,13 @@ from .scale import BLOCK_SIZE, CONCURRENCY, SYSTEMS
 
 PAPER_TAU = {"lilicorr": 6.48, "builtin": 6.48, "dflash": 5.64}
 GIB = float(1 << 30)
-COLUMNS = (("dflash", "graph"), ("lilicorr", "eager"), ("lilicorr", "graph"), ("builtin", "eager"), ("builtin", "graph"))
+COLUMNS = (
+    ("dflash", "graph"),
+    ("lilicorr", "eager"),
+    ("lilicorr", "graph"),
+    ("builtin", "eager"),
+    ("builtin", "graph"),
+)
 
 
 def phase_folders(inputs: Sequence[Path], scratch: Path) -> dict[str, Path]:
@@ -52,12 +59,16 @@ def phase_folders(inputs: Sequence[Path], scratch: Path) -> dict[str, Path]:
         else:
             folders = [path] if (path / "phase.json").is_file() else [p.parent for p in path.glob("*/phase.json")]
         if not folders:
-            raise UsageError(f"{path} holds no phase folder (one with phase.json)",
-                             fix="pass the scale_<phase>.tar.gz bundles `scale run` wrote, or their unpacked folders")
+            raise UsageError(
+                f"{path} holds no phase folder (one with phase.json)",
+                fix="pass the scale_<phase>.tar.gz bundles `scale run` wrote, or their unpacked folders",
+            )
         for folder in folders:
             name = json.loads((folder / "phase.json").read_text())["phase"]["name"]
             if name in found:
-                raise UsageError(f"phase {name!r} given twice ({found[name]}, {folder})", fix="pass one bundle per phase")
+                raise UsageError(
+                    f"phase {name!r} given twice ({found[name]}, {folder})", fix="pass one bundle per phase"
+                )
             found[name] = folder
     return found
 
@@ -98,19 +109,32 @@ def raw_medians(timed: Optional[dict], c: int) -> Optional[dict]:
     """{"gpu_ms": {stage: median}, "host_ms": {...}} of the graph-captured steps at batch c, as recorded
     (the host side shows what the scheduler and the worker's Python add to a block)."""
     row = next((r for r in (timed or {}).get("stages", []) if r["bs"] == c and r["graph"]), None)
-    return None if row is None else {kind: {k: v["median"] for k, v in row[kind].items()} for kind in ("gpu_ms", "host_ms")}
+    return (
+        None
+        if row is None
+        else {kind: {k: v["median"] for k, v in row[kind].items()} for kind in ("gpu_ms", "host_ms")}
+    )
 
 
-def system_entry(system: str, c: int, graph: Optional[dict], eager: Optional[dict], step: Optional[float], cell: Optional[dict]) -> dict:
-    head = (lambda row: None if row is None else (0.0 if system == "dflash" else row["stages"]["spec_head"]))
+def system_entry(
+    system: str, c: int, graph: Optional[dict], eager: Optional[dict], step: Optional[float], cell: Optional[dict]
+) -> dict:
+    head = lambda row: None if row is None else (0.0 if system == "dflash" else row["stages"]["spec_head"])
     per_block = None if graph is None else graph["per_block_wall"]
     tps = None if cell is None else cell["tps"]
     return {
-        "per_block_ms": per_block, "head_ms": head(graph), "decode_step_ms": step, "tok_s": tps,
-        "per_block_ms_eager": None if eager is None else eager["per_block_wall"], "head_ms_eager": head(eager),
-        "stages_ms": None if graph is None else graph["stages"], "stages_ms_eager": None if eager is None else eager["stages"],
-        "n_blocks": None if graph is None else graph["n_blocks"], "forced_commit_len": None if graph is None else graph["forced_commit_len"],
-        "head_share": _ratio(head(graph), per_block), "block_over_decode_step": _ratio(per_block, step),
+        "per_block_ms": per_block,
+        "head_ms": head(graph),
+        "decode_step_ms": step,
+        "tok_s": tps,
+        "per_block_ms_eager": None if eager is None else eager["per_block_wall"],
+        "head_ms_eager": head(eager),
+        "stages_ms": None if graph is None else graph["stages"],
+        "stages_ms_eager": None if eager is None else eager["stages"],
+        "n_blocks": None if graph is None else graph["n_blocks"],
+        "forced_commit_len": None if graph is None else graph["forced_commit_len"],
+        "head_share": _ratio(head(graph), per_block),
+        "block_over_decode_step": _ratio(per_block, step),
         "projected_speedup": None if per_block is None or step is None else PAPER_TAU[system] * step / per_block,
         "tok_s_per_round": None if cell is None else cell.get("tps_per_run"),
         "tok_s_vs_builtin": None if cell is None else (cell.get("vs_builtin") or {}).get("tps"),
@@ -118,7 +142,9 @@ def system_entry(system: str, c: int, graph: Optional[dict], eager: Optional[dic
     }
 
 
-def memory_entry(timed: Optional[dict], pre_empty: Optional[float], block: int, mem_fraction: float, request_tokens: int) -> Optional[dict]:
+def memory_entry(
+    timed: Optional[dict], pre_empty: Optional[float], block: int, mem_fraction: float, request_tokens: int
+) -> Optional[dict]:
     mem = (timed or {}).get("memory")
     if not mem or "error" in mem:
         return mem
@@ -127,7 +153,9 @@ def memory_entry(timed: Optional[dict], pre_empty: Optional[float], block: int, 
     per_token = pool * GIB / tokens if pool and tokens else None
     weights = (mem.get("target_gib") or 0.0) + (mem.get("draft_gib") or 0.0)
     out["kv_bytes_per_token"] = per_token
-    out["server_gib"] = _diff(mem.get("pre_load_free_gib"), mem.get("free_after_graphs_gib", mem.get("free_after_init_gib")))
+    out["server_gib"] = _diff(
+        mem.get("pre_load_free_gib"), mem.get("free_after_graphs_gib", mem.get("free_after_init_gib"))
+    )
     if per_token and pre_empty:
         pool_tokens = max(0, int((mem_fraction * pre_empty - weights) * GIB / per_token))
         out.update(pool_tokens_at_fraction=pool_tokens, largest_batch=pool_tokens // (request_tokens + block))
@@ -140,7 +168,10 @@ def _diff(a: Optional[float], b: Optional[float]) -> Optional[float]:
 
 def _target(values: dict, ok) -> dict:
     known = {c: v for c, v in values.items() if v is not None}
-    return {"met": all(ok(v) for v in known.values()) if known and len(known) == len(values) else None, "values": values}
+    return {
+        "met": all(ok(v) for v in known.values()) if known and len(known) == len(values) else None,
+        "values": values,
+    }
 
 
 def targets(systems: dict, long_runs: dict) -> dict:
@@ -152,14 +183,23 @@ def targets(systems: dict, long_runs: dict) -> dict:
     vs_builtin = {c: (long_runs.get(c) or {}).get("tok_s_vs_builtin") or lil[c]["tok_s_vs_builtin"] for c in cs}
     return {
         "head_share_c1_le_1.5pct": _target({"1": lil.get("1", {}).get("head_share")}, lambda v: v <= 0.015),
-        "lilicorr_block_le_1.01x_dflash": _target({c: _ratio(lil[c]["per_block_ms"], dfl[c]["per_block_ms"]) for c in cs}, lambda v: v <= 1.01),
-        "lilicorr_block_le_builtin": _target({c: _ratio(lil[c]["per_block_ms"], blt[c]["per_block_ms"]) for c in cs}, lambda v: v <= 1.0),
+        "lilicorr_block_le_1.01x_dflash": _target(
+            {c: _ratio(lil[c]["per_block_ms"], dfl[c]["per_block_ms"]) for c in cs}, lambda v: v <= 1.01
+        ),
+        "lilicorr_block_le_builtin": _target(
+            {c: _ratio(lil[c]["per_block_ms"], blt[c]["per_block_ms"]) for c in cs}, lambda v: v <= 1.0
+        ),
         "lilicorr_tok_s_ge_builtin_ci_lo": _target({c: lo(vs_builtin[c]) for c in cs}, lambda v: v >= 1.0),
     }
 
 
-def summarize(phases: dict[str, Path], *, mem_fraction: float = 0.85, request_tokens: int = 4096,
-              concurrency: Sequence[int] = CONCURRENCY) -> tuple[dict, dict]:
+def summarize(
+    phases: dict[str, Path],
+    *,
+    mem_fraction: float = 0.85,
+    request_tokens: int = 4096,
+    concurrency: Sequence[int] = CONCURRENCY,
+) -> tuple[dict, dict]:
     """(summary.json's document, {c: the stage-decomposition document of Table cost's columns})."""
     missing: list[str] = []
     graph, eager, base = (phases.get(n) for n in ("graph", "eager", "base"))
@@ -167,15 +207,25 @@ def summarize(phases: dict[str, Path], *, mem_fraction: float = 0.85, request_to
     timed_eager = {s: timings(eager, s) for s in SYSTEMS}
     timed_base = timings(base, "base")
     cells = {(c["system"], c["concurrency"]): c for c in throughput_cells(phases) if c["group"] == metrics.ALL}
-    long_cells = {(c["system"], c["concurrency"]): c for c in throughput_cells(phases, ("tput",)) if c["group"] == metrics.ALL}
-    long_runs = {str(c): {"tok_s": {s: long_cells[s, c]["tps"] for s in ("lilicorr", "builtin") if (s, c) in long_cells},
-                          "tok_s_vs_builtin": (long_cells.get(("lilicorr", c)) or {}).get("vs_builtin", {}).get("tps")}
-                 for c in concurrency if ("lilicorr", c) in long_cells}
+    long_cells = {
+        (c["system"], c["concurrency"]): c for c in throughput_cells(phases, ("tput",)) if c["group"] == metrics.ALL
+    }
+    long_runs = {
+        str(c): {
+            "tok_s": {s: long_cells[s, c]["tps"] for s in ("lilicorr", "builtin") if (s, c) in long_cells},
+            "tok_s_vs_builtin": (long_cells.get(("lilicorr", c)) or {}).get("vs_builtin", {}).get("tps"),
+        }
+        for c in concurrency
+        if ("lilicorr", c) in long_cells
+    }
     systems: dict = {s: {} for s in SYSTEMS}
     base_out, tables = {}, {}
     for c in concurrency:
-        rows = {(s, v): stage_row((timed if v == "graph" else timed_eager)[s], s, c, v == "graph", missing)
-                for s in SYSTEMS for v in ("graph", "eager")}
+        rows = {
+            (s, v): stage_row((timed if v == "graph" else timed_eager)[s], s, c, v == "graph", missing)
+            for s in SYSTEMS
+            for v in ("graph", "eager")
+        }
         step = None
         if timed_base is not None:
             try:
@@ -183,11 +233,16 @@ def summarize(phases: dict[str, Path], *, mem_fraction: float = 0.85, request_to
             except stages.StageSchemaError as e:
                 missing.append(str(e))
         for s in SYSTEMS:
-            systems[s][str(c)] = {**system_entry(s, c, rows[s, "graph"], rows[s, "eager"], step, cells.get((s, c))),
-                                  "recorded": raw_medians(timed[s], c)}
+            systems[s][str(c)] = {
+                **system_entry(s, c, rows[s, "graph"], rows[s, "eager"], step, cells.get((s, c))),
+                "recorded": raw_medians(timed[s], c),
+            }
         base_cell = cells.get(("base", c))
-        base_out[str(c)] = {"decode_step_ms": step, "tok_s": None if base_cell is None else base_cell["tps"],
-                            "tok_s_per_round": None if base_cell is None else base_cell.get("tps_per_run")}
+        base_out[str(c)] = {
+            "decode_step_ms": step,
+            "tok_s": None if base_cell is None else base_cell["tps"],
+            "tok_s_per_round": None if base_cell is None else base_cell.get("tps_per_run"),
+        }
         for s in SYSTEMS:
             tps, base_tps = systems[s][str(c)]["tok_s"], base_out[str(c)]["tok_s"]
             systems[s][str(c)]["speedup_measured"] = _ratio(tps, base_tps)
@@ -201,9 +256,19 @@ def summarize(phases: dict[str, Path], *, mem_fraction: float = 0.85, request_to
     card = next(((t.get("system") or {}).get("gpu") for t in every if (t.get("system") or {}).get("gpu")), None)
     phase_info = {n: json.loads((f / "phase.json").read_text()) for n, f in phases.items()}
     doc = {
-        "card": card, "phases": phase_info, "paper_tau": PAPER_TAU,
-        "memory_derivation": {"mem_fraction_static": mem_fraction, "request_tokens": request_tokens, "free_before_load_gib": pre_empty},
-        "systems": systems, "base": base_out, "memory": memory, "targets": targets(systems, long_runs), "missing": missing,
+        "card": card,
+        "phases": phase_info,
+        "paper_tau": PAPER_TAU,
+        "memory_derivation": {
+            "mem_fraction_static": mem_fraction,
+            "request_tokens": request_tokens,
+            "free_before_load_gib": pre_empty,
+        },
+        "systems": systems,
+        "base": base_out,
+        "memory": memory,
+        "targets": targets(systems, long_runs),
+        "missing": missing,
         "tok_s_1024": long_runs,
         "prefill": {s: (t or {}).get("prefill") for s, t in (*timed.items(), ("base", timed_base))},
     }
@@ -220,44 +285,86 @@ def _ci(ci: Optional[dict]) -> str:
 
 def markdown(doc: dict, tables: dict) -> str:
     systems, base = doc["systems"], doc["base"]
-    lines = [f"# Cost at Qwen3-8B scale ({doc['card'] or 'unknown card'})", "",
-             "Made by: " + "; ".join(f"{name}: `{info['command']}` ({info['seconds']} s)" for name, info in doc["phases"].items()), ""]
+    lines = [
+        f"# Cost at Qwen3-8B scale ({doc['card'] or 'unknown card'})",
+        "",
+        "Made by: "
+        + "; ".join(f"{name}: `{info['command']}` ({info['seconds']} s)" for name, info in doc["phases"].items()),
+        "",
+    ]
     for c, table in tables.items():
         share = systems["lilicorr"][str(c)]["head_share"]
-        lines += [f"## c = {c}: ms per block", "", stages.table(table).rstrip(), "",
-                  f"Plain decode step of the same target: {_fmt(base[str(c)]['decode_step_ms'])} ms. LILICORR head share of its "
-                  f"graph-captured block: {_fmt(None if share is None else 100 * share)} %.", ""]
-    lines += ["## Throughput (tok/s, mean over paired rounds) and projected speedup", "",
-              "| c | no spec. | DFLASH | built-in | LILICORR | LILICORR / built-in (95 % CI) | LILICORR / DFLASH (95 % CI) | "
-              "projected speedup LILICORR / DFLASH / built-in |", "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## c = {c}: ms per block",
+            "",
+            stages.table(table).rstrip(),
+            "",
+            f"Plain decode step of the same target: {_fmt(base[str(c)]['decode_step_ms'])} ms. LILICORR head share of its "
+            f"graph-captured block: {_fmt(None if share is None else 100 * share)} %.",
+            "",
+        ]
+    lines += [
+        "## Throughput (tok/s, mean over paired rounds) and projected speedup",
+        "",
+        "| c | no spec. | DFLASH | built-in | LILICORR | LILICORR / built-in (95 % CI) | LILICORR / DFLASH (95 % CI) | "
+        "projected speedup LILICORR / DFLASH / built-in |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for c in base:
         e = {s: systems[s][c] for s in SYSTEMS}
-        lines.append(f"| {c} | {_fmt(base[c]['tok_s'], '.0f')} | {_fmt(e['dflash']['tok_s'], '.0f')} | {_fmt(e['builtin']['tok_s'], '.0f')} | "
-                     f"{_fmt(e['lilicorr']['tok_s'], '.0f')} | {_ci(e['lilicorr']['tok_s_vs_builtin'])} | {_ci(e['lilicorr']['tok_s_vs_dflash'])} | "
-                     + " / ".join(_fmt(e[s]["projected_speedup"]) for s in ("lilicorr", "dflash", "builtin")) + "x |")
+        lines.append(
+            f"| {c} | {_fmt(base[c]['tok_s'], '.0f')} | {_fmt(e['dflash']['tok_s'], '.0f')} | {_fmt(e['builtin']['tok_s'], '.0f')} | "
+            f"{_fmt(e['lilicorr']['tok_s'], '.0f')} | {_ci(e['lilicorr']['tok_s_vs_builtin'])} | {_ci(e['lilicorr']['tok_s_vs_dflash'])} | "
+            + " / ".join(_fmt(e[s]["projected_speedup"]) for s in ("lilicorr", "dflash", "builtin"))
+            + "x |"
+        )
     if doc.get("tok_s_1024"):
-        lines += ["", "Throughput with 1,024-token outputs (tput phase: LILICORR and the built-in alone, paired rounds):", "",
-                  "| c | built-in | LILICORR | LILICORR / built-in (95 % CI) |", "|---|---|---|---|"]
-        lines += [f"| {c} | {_fmt(r['tok_s'].get('builtin'), '.0f')} | {_fmt(r['tok_s'].get('lilicorr'), '.0f')} | "
-                  f"{_ci(r['tok_s_vs_builtin'])} |" for c, r in doc["tok_s_1024"].items()]
+        lines += [
+            "",
+            "Throughput with 1,024-token outputs (tput phase: LILICORR and the built-in alone, paired rounds):",
+            "",
+            "| c | built-in | LILICORR | LILICORR / built-in (95 % CI) |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {c} | {_fmt(r['tok_s'].get('builtin'), '.0f')} | {_fmt(r['tok_s'].get('lilicorr'), '.0f')} | "
+            f"{_ci(r['tok_s_vs_builtin'])} |"
+            for c, r in doc["tok_s_1024"].items()
+        ]
     d = doc["memory_derivation"]
-    lines += ["", f"## GPU memory (GiB) and the largest batch at --mem-fraction-static {d['mem_fraction_static']} "
-              f"({d['request_tokens']}-token requests)", "",
-              "| system | draft (with head) | head | CUDA graphs | KV bytes / token | largest batch |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        f"## GPU memory (GiB) and the largest batch at --mem-fraction-static {d['mem_fraction_static']} "
+        f"({d['request_tokens']}-token requests)",
+        "",
+        "| system | draft (with head) | head | CUDA graphs | KV bytes / token | largest batch |",
+        "|---|---|---|---|---|---|",
+    ]
     for s, m in doc["memory"].items():
         m = m or {}
-        lines.append(f"| {s} | {_fmt(m.get('draft_gib'), '.3f')} | {_fmt(m.get('head_gib'), '.3f')} | {_fmt(m.get('graphs_gib'), '.3f')} | "
-                     f"{_fmt(m.get('kv_bytes_per_token'), '.0f')} | {m.get('largest_batch', '--')} |")
+        lines.append(
+            f"| {s} | {_fmt(m.get('draft_gib'), '.3f')} | {_fmt(m.get('head_gib'), '.3f')} | {_fmt(m.get('graphs_gib'), '.3f')} | "
+            f"{_fmt(m.get('kv_bytes_per_token'), '.0f')} | {m.get('largest_batch', '--')} |"
+        )
     prefills = {s: p for s, p in doc.get("prefill", {}).items() if p and p["gpu_ms"]["count"]}
     if prefills:
-        lines += ["", "## Prefill forwards (stage timer, every one the servers ran: warm-up and rounds)", "",
-                  "| system | prefills | requests per prefill | GPU ms (mean / median / max) | host ms (mean) |", "|---|---|---|---|---|"]
-        lines += [f"| {s} | {p['gpu_ms']['count']} | {_fmt(p['requests']['mean'], '.1f')} | {_fmt(p['gpu_ms']['mean'])} / "
-                  f"{_fmt(p['gpu_ms']['median'])} / {_fmt(p['gpu_ms'].get('max'))} | {_fmt(p['host_ms']['mean'])} |"
-                  for s, p in prefills.items()]
+        lines += [
+            "",
+            "## Prefill forwards (stage timer, every one the servers ran: warm-up and rounds)",
+            "",
+            "| system | prefills | requests per prefill | GPU ms (mean / median / max) | host ms (mean) |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {s} | {p['gpu_ms']['count']} | {_fmt(p['requests']['mean'], '.1f')} | {_fmt(p['gpu_ms']['mean'])} / "
+            f"{_fmt(p['gpu_ms']['median'])} / {_fmt(p['gpu_ms'].get('max'))} | {_fmt(p['host_ms']['mean'])} |"
+            for s, p in prefills.items()
+        ]
     lines += ["", "## Targets", ""]
-    lines += [f"- {name}: {'met' if t['met'] else 'not met' if t['met'] is False else 'not measured'} ({t['values']})"
-              for name, t in doc["targets"].items()]
+    lines += [
+        f"- {name}: {'met' if t['met'] else 'not met' if t['met'] is False else 'not measured'} ({t['values']})"
+        for name, t in doc["targets"].items()
+    ]
     if doc["missing"]:
         lines += ["", "Not measured: " + "; ".join(doc["missing"])]
     return "\n".join(lines) + "\n"
@@ -291,11 +398,17 @@ def write(inputs: Sequence[Path], out: Path, **options) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sglang_lilicorr.benchmarks.scale_report", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m sglang_lilicorr.benchmarks.scale_report", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("inputs", nargs="+", type=Path, help="scale_<phase>.tar.gz bundles or unpacked phase folders")
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--mem-fraction", type=float, default=0.85, help="--mem-fraction-static the largest batch is derived at")
-    p.add_argument("--request-tokens", type=int, default=4096, help="tokens (prompt + output) of a request, for the largest batch")
+    p.add_argument(
+        "--mem-fraction", type=float, default=0.85, help="--mem-fraction-static the largest batch is derived at"
+    )
+    p.add_argument(
+        "--request-tokens", type=int, default=4096, help="tokens (prompt + output) of a request, for the largest batch"
+    )
     args = p.parse_args(argv)
     try:
         write(args.inputs, args.out, mem_fraction=args.mem_fraction, request_tokens=args.request_tokens)

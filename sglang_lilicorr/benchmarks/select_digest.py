@@ -8,6 +8,7 @@ head_bench's VARIANTS (the select's plans), `select_from_logits` once eagerly an
 (where CUDA is there). One line per (variant, bs, mode): the sha256 of the draft ids, candidate ids and log-probs, as bytes.
 Kernel changes that only move loads or launch kernels elsewhere must keep every line. `--smoke`: head_bench's tiny geometry on the CPU (tests/test_select_digest.py).
 """
+
 from __future__ import annotations
 
 import argparse

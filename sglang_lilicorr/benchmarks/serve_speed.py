@@ -16,6 +16,7 @@ round (the machine, the order of the servers) cancels. tau is the block-weighted
 Servers that are up but idle must not disturb the one being measured: they run with SGLang's --sleep-on-idle, and
 `process_tree_cpu_s` lets the driver record the CPU seconds each idle server spent while another one played.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,11 +34,25 @@ SYSTEMS = ("base", "dflash", "builtin", "lilicorr")  # every summarized cell has
 # SGLang's split-KV verify kernel, LILICORR on SGLang's prefill kernel (the kernel the other two run).
 VERIFY_SYSTEMS = ("dflash_splitkv", "lilicorr_extend")
 ALL_SYSTEMS = (*SYSTEMS, *VERIFY_SYSTEMS)
-RATIOS = (("lilicorr", "builtin"), ("lilicorr", "dflash"), ("builtin", "dflash"), ("lilicorr", "base"), ("dflash", "base"),
-          ("dflash_splitkv", "dflash"), ("lilicorr", "lilicorr_extend"), ("lilicorr_extend", "builtin"),
-          ("lilicorr", "dflash_splitkv"))
-LABELS = {"base": "no speculation", "dflash": "DFLASH", "builtin": "built-in LiLiCorr", "lilicorr": "LILICORR",
-          "dflash_splitkv": "DFLASH split-KV verify", "lilicorr_extend": "LILICORR prefill-kernel verify"}
+RATIOS = (
+    ("lilicorr", "builtin"),
+    ("lilicorr", "dflash"),
+    ("builtin", "dflash"),
+    ("lilicorr", "base"),
+    ("dflash", "base"),
+    ("dflash_splitkv", "dflash"),
+    ("lilicorr", "lilicorr_extend"),
+    ("lilicorr_extend", "builtin"),
+    ("lilicorr", "dflash_splitkv"),
+)
+LABELS = {
+    "base": "no speculation",
+    "dflash": "DFLASH",
+    "builtin": "built-in LiLiCorr",
+    "lilicorr": "LILICORR",
+    "dflash_splitkv": "DFLASH split-KV verify",
+    "lilicorr_extend": "LILICORR prefill-kernel verify",
+}
 
 
 def _interval(values: Sequence[float]) -> list:
@@ -69,7 +84,9 @@ def summarize(rounds: Sequence[Iterable[dict]]) -> dict:
         entry["tau"] = {s: round(t, 3) for s in systems if (t := tau(pooled[s])) is not None}
         step = decode_step_ms(pooled.get("base", []))
         entry["decode_step_ms"] = None if step is None else round(step, 3)
-        entry["block_over_decode"] = {s: round(ms / step, 3) for s in systems if step and (ms := block_ms(pooled[s])) is not None}
+        entry["block_over_decode"] = {
+            s: round(ms / step, 3) for s in systems if step and (ms := block_ms(pooled[s])) is not None
+        }
         entry["tok_s_per_round"] = {s: [round(tps[s][r], 1) for r in runs] for s in systems}
         entry["rounds"] = len(runs)
         out[str(c)] = entry
@@ -92,8 +109,14 @@ def table(summary: Mapping[str, dict], title: str = "") -> str:
     """A markdown table of one setting's summary: tok/s per system, the paired ratios with their intervals, tau."""
     systems = systems_in(summary)
     ratios = [f"{a}_vs_{b}" for a, b in RATIOS if any(f"{a}_vs_{b}" in e for e in summary.values())]
-    head = ["c", *(f"{LABELS[s]} tok/s" for s in systems), *(r.replace("_vs_", " / ") for r in ratios), "tau D / B / L",
-            "block / decode step D / B / L", "rounds"]
+    head = [
+        "c",
+        *(f"{LABELS[s]} tok/s" for s in systems),
+        *(r.replace("_vs_", " / ") for r in ratios),
+        "tau D / B / L",
+        "block / decode step D / B / L",
+        "rounds",
+    ]
     lines = ([f"**{title}**", ""] if title else []) + ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c, e in summary.items():
         cells = [c, *(f"{e.get(s, float('nan')):.0f}" for s in systems)]
@@ -116,14 +139,26 @@ def plot(settings: Mapping[str, Mapping[str, dict]], path: Path) -> Path:
         cs = [int(c) for c in summary]
         for i, s in enumerate(ALL_SYSTEMS):
             if s in systems_in(summary):
-                ax.plot(cs, [summary[str(c)].get(s, float("nan")) for c in cs], style, color=f"C{i}",
-                        label=f"{LABELS[s]} ({setting})")
+                ax.plot(
+                    cs,
+                    [summary[str(c)].get(s, float("nan")) for c in cs],
+                    style,
+                    color=f"C{i}",
+                    label=f"{LABELS[s]} ({setting})",
+                )
         for i, key in enumerate(("lilicorr_vs_builtin", "lilicorr_vs_dflash", "lilicorr_extend_vs_builtin")):
             if not all(key in summary[str(c)] for c in cs):
                 continue
             ys = [summary[str(c)][key] for c in cs]
-            bx.errorbar(cs, [y[0] for y in ys], yerr=[[y[0] - y[1] for y in ys], [y[2] - y[0] for y in ys]], fmt=style,
-                        color=f"C{i + len(ALL_SYSTEMS)}", capsize=3, label=f"{key.replace('_vs_', ' / ')} ({setting})")
+            bx.errorbar(
+                cs,
+                [y[0] for y in ys],
+                yerr=[[y[0] - y[1] for y in ys], [y[2] - y[0] for y in ys]],
+                fmt=style,
+                color=f"C{i + len(ALL_SYSTEMS)}",
+                capsize=3,
+                label=f"{key.replace('_vs_', ' / ')} ({setting})",
+            )
     ax.set(xscale="log", xlabel="concurrency", ylabel="output tokens/s", title="served throughput")
     bx.axhline(1.0, color="grey", lw=0.8)
     bx.set(xscale="log", xlabel="concurrency", ylabel="ratio (paired, 95 % CI)", title="LILICORR against")
@@ -179,8 +214,11 @@ def report(graphs: dict, eager: dict | None, card: str, commit: str) -> dict:
     if eager and "32" in eager["summary"]:
         out["eager"] = {k: eager["summary"]["32"][k] for k in keep if k in eager["summary"]["32"]}
     first = next(iter(graphs.get("capture_s", {}).values()), {})
-    out["startup_s"] = {s: {"graph_capture": first[s].get("total"), "scheduler": first[s].get("scheduler_e2e")}
-                        for s in ALL_SYSTEMS if s in first}
+    out["startup_s"] = {
+        s: {"graph_capture": first[s].get("total"), "scheduler": first[s].get("scheduler_e2e")}
+        for s in ALL_SYSTEMS
+        if s in first
+    }
     return {**out, "card": card, "commit": commit}
 
 

@@ -57,10 +57,18 @@ def read_records(path: Path) -> List[dict]:
         try:
             return pq.read_table(path).to_pylist()
         except (ValueError, OSError) as e:  # pyarrow's ArrowInvalid / ArrowIOError
-            raise SpeedBenchFormatError(f"not a readable parquet file ({e})", where=str(path), fix="pass a SPEED-Bench split file") from e
+            raise SpeedBenchFormatError(
+                f"not a readable parquet file ({e})", where=str(path), fix="pass a SPEED-Bench split file"
+            ) from e
     if path.suffix in (".jsonl", ".json"):
-        return [_row(line, f"{path}:{lineno}") for lineno, line in enumerate(path.read_bytes().split(b"\n"), 1) if line.strip()]
-    raise SpeedBenchFormatError(f"unsupported extension {path.suffix!r}", where=str(path), fix="give a .parquet or .jsonl file")
+        return [
+            _row(line, f"{path}:{lineno}")
+            for lineno, line in enumerate(path.read_bytes().split(b"\n"), 1)
+            if line.strip()
+        ]
+    raise SpeedBenchFormatError(
+        f"unsupported extension {path.suffix!r}", where=str(path), fix="give a .parquet or .jsonl file"
+    )
 
 
 def _row(line: bytes, where: str) -> dict:
@@ -70,7 +78,11 @@ def _row(line: bytes, where: str) -> dict:
     except ValueError as e:  # not UTF-8, not JSON, an integer of more digits than Python parses
         raise SpeedBenchFormatError(f"not valid JSON ({e})", where=where, fix="fix or remove that record") from e
     if not isinstance(row, dict):
-        raise SpeedBenchFormatError(f"expected a JSON object (one record a line), got {type(row).__name__}", where=where, fix="fix or remove that record")
+        raise SpeedBenchFormatError(
+            f"expected a JSON object (one record a line), got {type(row).__name__}",
+            where=where,
+            fix="fix or remove that record",
+        )
     return row
 
 
@@ -80,15 +92,21 @@ def _turns_of(row: dict, where: str) -> List[str]:
         turns = row["turns"]
     elif "messages" in row:
         messages = row["messages"]
-        if not isinstance(messages, list) or not all(
-            isinstance(m, dict) and m.get("role") == "user" for m in messages
-        ):
-            raise SpeedBenchFormatError("`messages` must be a list of {role: user, content} dicts", where=where, fix="fix or remove that record")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and m.get("role") == "user" for m in messages):
+            raise SpeedBenchFormatError(
+                "`messages` must be a list of {role: user, content} dicts", where=where, fix="fix or remove that record"
+            )
         turns = [m.get("content") for m in messages]
     else:
-        raise SpeedBenchFormatError("record has neither `turns` nor `messages`", where=where, fix="fix or remove that record")
+        raise SpeedBenchFormatError(
+            "record has neither `turns` nor `messages`", where=where, fix="fix or remove that record"
+        )
     if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
-        raise SpeedBenchFormatError(f"turns must be a non-empty list of non-empty strings, got {turns!r:.80}", where=where, fix="fix or remove that record")
+        raise SpeedBenchFormatError(
+            f"turns must be a non-empty list of non-empty strings, got {turns!r:.80}",
+            where=where,
+            fix="fix or remove that record",
+        )
     return turns
 
 
@@ -102,7 +120,11 @@ def validate(rows: Sequence[dict], split: str, where: str) -> None:
         at = f"{where} record {i}"
         missing = [k for k in REQUIRED_FIELDS if k not in row]
         if missing:
-            raise SpeedBenchFormatError(f"missing field(s) {missing}", where=at, fix=f"expected the SPEED-Bench schema {REQUIRED_FIELDS + ('turns',)}")
+            raise SpeedBenchFormatError(
+                f"missing field(s) {missing}",
+                where=at,
+                fix=f"expected the SPEED-Bench schema {REQUIRED_FIELDS + ('turns',)}",
+            )
         qid = str(row["question_id"])
         if qid in seen:
             raise SpeedBenchFormatError(f"duplicate question_id {qid!r}", where=at, fix="fix or remove that record")
@@ -111,7 +133,9 @@ def validate(rows: Sequence[dict], split: str, where: str) -> None:
         if any(PLACEHOLDER in t for t in turns):
             placeholders.append(qid)
         if not isinstance(row["category"], str) or not row["category"]:
-            raise SpeedBenchFormatError(f"category {row['category']!r:.60} is not a non-empty string", where=at, fix="fix or remove that record")
+            raise SpeedBenchFormatError(
+                f"category {row['category']!r:.60} is not a non-empty string", where=at, fix="fix or remove that record"
+            )
         if split != "qualitative" and row["category"] not in ENTROPY_TIERS:
             raise SpeedBenchFormatError(
                 f"{at}: category {row['category']!r} is not an entropy tier {ENTROPY_TIERS}; is {where} really split {split}?"

@@ -57,10 +57,14 @@ def validate(doc: dict) -> dict:
         stages = s.get("stages")
         if not isinstance(stages, dict) or set(stages) != set(STAGES):
             got = sorted(stages) if isinstance(stages, dict) else stages
-            raise StageSchemaError(f"systems[{i}] ({name}): `stages` must have exactly the keys {list(STAGES)}, got {got}.")
+            raise StageSchemaError(
+                f"systems[{i}] ({name}): `stages` must have exactly the keys {list(STAGES)}, got {got}."
+            )
         for k, v in stages.items():
             if not isinstance(v, (int, float)) or v < 0:
-                raise StageSchemaError(f"systems[{i}] ({name}): stage {k} must be a non-negative number of ms, got {v!r}.")
+                raise StageSchemaError(
+                    f"systems[{i}] ({name}): stage {k} must be a non-negative number of ms, got {v!r}."
+                )
         s.setdefault("variant", "")
         s.setdefault("per_block_wall", sum(stages.values()))
     return doc
@@ -86,7 +90,9 @@ def load_timings(folder: Path) -> dict:
     """The stage-timing JSON of one server: of the stages-<pid>.json in folder, the one with the most decode steps."""
     files = sorted(Path(folder).glob("stages-*.json"))
     if not files:
-        raise StageSchemaError(f"no stages-<pid>.json in {folder}: serve with LILICORR_STAGE_TIMING={folder} and send requests first.")
+        raise StageSchemaError(
+            f"no stages-<pid>.json in {folder}: serve with LILICORR_STAGE_TIMING={folder} and send requests first."
+        )
     docs = [json.loads(f.read_text(encoding="utf-8")) for f in files]
     return max(docs, key=lambda d: d.get("decode_steps", 0))
 
@@ -94,7 +100,9 @@ def load_timings(folder: Path) -> dict:
 def _median(gpu_ms: dict, stage: str, where: str) -> float:
     value = (gpu_ms.get(stage) or {}).get("median")
     if value is None:
-        raise StageSchemaError(f"no `{stage}` samples", where=where, fix="the server recorded no such stage at this batch size")
+        raise StageSchemaError(
+            f"no `{stage}` samples", where=where, fix="the server recorded no such stage at this batch size"
+        )
     return float(value)
 
 
@@ -102,8 +110,10 @@ def _step_row(timings: dict, bs: int, graph: bool, where: str) -> dict:
     rows = [r for r in timings.get("stages", []) if r["bs"] == bs and bool(r["graph"]) == graph]
     if not rows:
         have = sorted((r["bs"], "graph" if r["graph"] else "eager") for r in timings.get("stages", []))
-        raise StageSchemaError(f"{where}: no decode steps recorded at this batch size and graph flag; recorded: {have}. "
-                               "Pick --bs / --eager to match, or run that concurrency.")
+        raise StageSchemaError(
+            f"{where}: no decode steps recorded at this batch size and graph flag; recorded: {have}. "
+            "Pick --bs / --eager to match, or run that concurrency."
+        )
     return rows[0]
 
 
@@ -123,20 +133,35 @@ def _system_row(name: str, timings: dict, bs: int, graph: bool) -> dict:
     proposal = ((timings.get("proposal") or {}).get("batch_sizes") or {}).get(str(bs), {}).get(variant)
     if not proposal or "lm_head" not in proposal or "spec_head" not in proposal:
         errors = (timings.get("proposal") or {}).get("errors")
-        raise StageSchemaError(f"{where}: no proposal micro-benchmark at this batch size (errors: {errors}); "
-                               "set LILICORR_STAGE_TIMING_BS to include it.")
+        raise StageSchemaError(
+            f"{where}: no proposal micro-benchmark at this batch size (errors: {errors}); "
+            "set LILICORR_STAGE_TIMING_BS to include it."
+        )
     wall = row["step_interval_ms"].get("median")
     if wall is None:
         raise StageSchemaError("fewer than two consecutive decode steps", where=where, fix="send longer requests")
     gpu = row["gpu_ms"]
     verify = _median(gpu, "target_verify", where)
-    draft = _median(gpu, "draft_forward", where) + (_median(gpu, "draft_sample", where) if "draft_sample" in gpu else 0.0)
+    draft = _median(gpu, "draft_forward", where) + (
+        _median(gpu, "draft_sample", where) if "draft_sample" in gpu else 0.0
+    )
     lm_head, spec_head = float(proposal["lm_head"]), float(proposal["spec_head"])
     backbone = max(0.0, draft - lm_head - spec_head)
     accept = max(0.0, wall - verify - backbone - lm_head - spec_head)
-    return {"system": name, "variant": variant, "n_blocks": row["n_blocks"], "per_block_wall": float(wall),
-            "forced_commit_len": (timings.get("system") or {}).get("forced_commit_len"),
-            "stages": {"target_verify": verify, "draft_backbone": backbone, "lm_head": lm_head, "spec_head": spec_head, "accept": accept}}
+    return {
+        "system": name,
+        "variant": variant,
+        "n_blocks": row["n_blocks"],
+        "per_block_wall": float(wall),
+        "forced_commit_len": (timings.get("system") or {}).get("forced_commit_len"),
+        "stages": {
+            "target_verify": verify,
+            "draft_backbone": backbone,
+            "lm_head": lm_head,
+            "spec_head": spec_head,
+            "accept": accept,
+        },
+    }
 
 
 def from_timings(docs_by_system: dict, bs: int = 1, graph: bool = True) -> dict:
@@ -145,7 +170,9 @@ def from_timings(docs_by_system: dict, bs: int = 1, graph: bool = True) -> dict:
         raise StageSchemaError("from_timings needs at least one system=timings pair.")
     systems = [_system_row(name, doc, int(bs), bool(graph)) for name, doc in docs_by_system.items()]
     first = next(iter(docs_by_system.values())).get("system") or {}
-    return validate({"benchmark": "serving", "device": first.get("gpu", "unknown"), "batch_size": int(bs), "systems": systems})
+    return validate(
+        {"benchmark": "serving", "device": first.get("gpu", "unknown"), "batch_size": int(bs), "systems": systems}
+    )
 
 
 def _column(s: dict) -> str:
@@ -156,7 +183,10 @@ def table(doc: dict) -> str:
     """Stages x systems markdown table, ms per block, lowest speculative-head cost in bold."""
     systems = validate(doc)["systems"]
     lowest_head = min(s["stages"]["spec_head"] for s in systems)
-    lines = ["| Stage (ms / block) | " + " | ".join(_column(s) for s in systems) + " |", "|---|" + "---|" * len(systems)]
+    lines = [
+        "| Stage (ms / block) | " + " | ".join(_column(s) for s in systems) + " |",
+        "|---|" + "---|" * len(systems),
+    ]
     for key, label in STAGES.items():
         vals = [f"{s['stages'][key]:.2f}" for s in systems]
         if key == "spec_head" and len(systems) > 1:
@@ -165,8 +195,11 @@ def table(doc: dict) -> str:
     lines.append("| Per-block wall | " + " | ".join(f"{s['per_block_wall']:.2f}" for s in systems) + " |")
     forced = sorted({s["forced_commit_len"] for s in systems if s.get("forced_commit_len")})
     if forced:
-        lines += ["", f"Forced acceptance: every block committed {' / '.join(f'{n:g}' for n in forced)} tokens "
-                  "(SGLang's SGLANG_SIMULATE_ACC_LEN), whatever verification accepted."]
+        lines += [
+            "",
+            f"Forced acceptance: every block committed {' / '.join(f'{n:g}' for n in forced)} tokens "
+            "(SGLang's SGLANG_SIMULATE_ACC_LEN), whatever verification accepted.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -195,4 +228,3 @@ def plot(doc: dict, out_path: Path) -> Path:
     fig.savefig(out_path, dpi=120)
     plt.close(fig)
     return out_path
-

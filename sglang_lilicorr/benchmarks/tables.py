@@ -41,11 +41,19 @@ def _value(cell: Optional[dict], part: str) -> Optional[float]:
 def _format(part: str, value: Optional[float], bold: bool) -> str:
     if value is None:
         return "--"
-    text = {"tau": f"{value:.2f}", "tps": f"{value:.0f}", "speedup": f"{value:.2f}x", "block_ms": f"{value:.2f}", "block_ratio": f"{value:.2f}x"}[part]
+    text = {
+        "tau": f"{value:.2f}",
+        "tps": f"{value:.0f}",
+        "speedup": f"{value:.2f}x",
+        "block_ms": f"{value:.2f}",
+        "block_ratio": f"{value:.2f}x",
+    }[part]
     return f"**{text}**" if bold else text
 
 
-def _row(cells_by_system: Dict[str, Optional[dict]], systems: Sequence[str], baseline: Optional[str], parts) -> List[str]:
+def _row(
+    cells_by_system: Dict[str, Optional[dict]], systems: Sequence[str], baseline: Optional[str], parts
+) -> List[str]:
     """One table row's cell texts; best speculative value per part in bold (highest, or lowest for LOWER_IS_BETTER)."""
     spec = [s for s in systems if s != baseline]
     best = {}
@@ -60,7 +68,11 @@ def _row(cells_by_system: Dict[str, Optional[dict]], systems: Sequence[str], bas
         if cell is None:
             out.append("--")
             continue
-        out.append(" / ".join(_format(p, cell.get(p), s != baseline and best[p] is not None and cell.get(p) == best[p]) for p in shown))
+        out.append(
+            " / ".join(
+                _format(p, cell.get(p), s != baseline and best[p] is not None and cell.get(p) == best[p]) for p in shown
+            )
+        )
     return out
 
 
@@ -70,7 +82,13 @@ def _render(title_cols: Tuple[str, str], systems, baseline, parts, blocks, names
     lines = ["| " + " | ".join(list(title_cols) + heads) + " |", "|" + "---|" * (2 + len(systems))]
     for block_label, rows in blocks:
         for i, (row_label, by_system) in enumerate(rows):
-            lines.append("| " + " | ".join([block_label if i == 0 else "", str(row_label)] + _row(by_system, systems, baseline, parts)) + " |")
+            lines.append(
+                "| "
+                + " | ".join(
+                    [block_label if i == 0 else "", str(row_label)] + _row(by_system, systems, baseline, parts)
+                )
+                + " |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -127,7 +145,10 @@ def concurrency_table(cells: Sequence[dict], dataset: str, baseline: Optional[st
     groups = sorted({c["group"] for c in mine} - {ALL}) or [ALL]
     blocks = []
     for g in groups:
-        rows = [(c, {s: idx.get((s, dataset, g, c, temperature)) for s in systems}) for c in sorted({c["concurrency"] for c in mine})]
+        rows = [
+            (c, {s: idx.get((s, dataset, g, c, temperature)) for s in systems})
+            for c in sorted({c["concurrency"] for c in mine})
+        ]
         blocks.append((f"{dataset}, {g}", rows))
     return _render(("", "c"), systems, baseline, PARTS_FULL, blocks)
 
@@ -158,13 +179,20 @@ def block_table(cells: Sequence[dict], concurrency: int, reference: Optional[str
 def paired_table(cells: Sequence[dict], reference: str) -> str:
     """Group "all" cells carrying metrics.add_paired_ratios' `paired`: per (dataset, c, T) and system,
     the runs paired with the reference, the mean TPS ratio and per-block-wall ratio with 95 % t intervals."""
-    rows = ["| Benchmark | c | T | system | pairs | TPS / ref (95 % CI) | ms per block / ref (95 % CI) |", "|---|---|---|---|---|---|---|"]
-    for c in sorted((c for c in cells if c["group"] == ALL and c.get("paired")),
-                    key=lambda c: (c["dataset"], c["concurrency"], c["temperature"], c["system"])):
+    rows = [
+        "| Benchmark | c | T | system | pairs | TPS / ref (95 % CI) | ms per block / ref (95 % CI) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in sorted(
+        (c for c in cells if c["group"] == ALL and c.get("paired")),
+        key=lambda c: (c["dataset"], c["concurrency"], c["temperature"], c["system"]),
+    ):
         p = c["paired"]
         fmt = lambda m: f"{m['mean']:.3f} ({m['lo']:.3f}-{m['hi']:.3f})" if m else "--"  # noqa: E731
-        rows.append(f"| {c['dataset']} | {c['concurrency']} | {c['temperature']:g} | {c['system']} | {len(p['runs'])} "
-                    f"| {fmt(p.get('tps'))} | {fmt(p.get('block_ms'))} |")
+        rows.append(
+            f"| {c['dataset']} | {c['concurrency']} | {c['temperature']:g} | {c['system']} | {len(p['runs'])} "
+            f"| {fmt(p.get('tps'))} | {fmt(p.get('block_ms'))} |"
+        )
     return "\n".join(rows) + "\n"
 
 
@@ -175,22 +203,34 @@ def report(cells: Sequence[dict], baseline: Optional[str], block_reference: Opti
     out = ["# Benchmark report\n", f"Baseline (no speculation): {baseline or 'none given; speedup not shown'}.\n"]
     runs = max((c.get("runs", 1) for c in cells), default=1)
     if runs > 1:
-        out.append(f"Repeated runs pooled: each value is the mean over the runs that have its cell (up to {runs}); "
-                   "summary.json holds the std across runs (`*_std`) and the count (`runs`).\n")
+        out.append(
+            f"Repeated runs pooled: each value is the mean over the runs that have its cell (up to {runs}); "
+            "summary.json holds the std across runs (`*_std`) and the count (`runs`).\n"
+        )
     if any(c.get("paired") for c in cells):
-        out += [f"\n## Paired runs (each run's ratio to {block_reference}, then the mean with its 95 % t interval)\n\n",
-                paired_table(cells, block_reference)]
+        out += [
+            f"\n## Paired runs (each run's ratio to {block_reference}, then the mean with its 95 % t interval)\n\n",
+            paired_table(cells, block_reference),
+        ]
     for c in sorted({c["concurrency"] for c in cells}):
         out += [f"\n## τ / TPS / speedup, concurrency {c}\n\n", main_table(cells, baseline, c)]
         if any(x.get("block_ms") is not None and x["concurrency"] == c for x in cells):
             ratio = f"; ratio = ms / ms of {block_reference}" if block_reference else ""
-            out += [f"\n## Per-block wall, concurrency {c} (ms of request latency per verification block{ratio})\n\n",
-                    block_table(cells, c, block_reference)]
+            out += [
+                f"\n## Per-block wall, concurrency {c} (ms of request latency per verification block{ratio})\n\n",
+                block_table(cells, c, block_reference),
+            ]
     for d in sorted({c["dataset"] for c in cells}):
         if any(c["dataset"] == d and c["group"] != ALL for c in cells):
             for conc in sorted({c["concurrency"] for c in cells if c["dataset"] == d}):
-                out += [f"\n## {d} per category, concurrency {conc} (τ / TPS)\n\n", category_table(cells, d, baseline, conc)]
+                out += [
+                    f"\n## {d} per category, concurrency {conc} (τ / TPS)\n\n",
+                    category_table(cells, d, baseline, conc),
+                ]
         if len({c["concurrency"] for c in cells if c["dataset"] == d}) > 1:
             for t in sorted({c["temperature"] for c in cells if c["dataset"] == d}):
-                out += [f"\n## {d} vs concurrency, {_temperature_label(t)}\n\n", concurrency_table(cells, d, baseline, t)]
+                out += [
+                    f"\n## {d} vs concurrency, {_temperature_label(t)}\n\n",
+                    concurrency_table(cells, d, baseline, t),
+                ]
     return "".join(out)

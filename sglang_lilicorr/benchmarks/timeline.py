@@ -10,6 +10,7 @@ median start (us after the replay's first kernel starts), median duration, and m
 its stream before it (since that stream's previous kernel ended, or since the replay began). The
 sums split the replay's wall time into kernel time and boundaries (PERF_NOTES.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,17 @@ def replay_rows(trace: dict, n_kernels: int) -> list[list[dict]]:
     for i in range(0, len(kernels) - n_kernels + 1, n_kernels):
         chunk = kernels[i : i + n_kernels]
         t0 = float(chunk[0]["ts"])
-        replays.append([{"name": e["name"], "stream": e.get("args", {}).get("stream", 0),
-                         "start": float(e["ts"]) - t0, "dur": float(e["dur"])} for e in chunk])
+        replays.append(
+            [
+                {
+                    "name": e["name"],
+                    "stream": e.get("args", {}).get("stream", 0),
+                    "start": float(e["ts"]) - t0,
+                    "dur": float(e["dur"]),
+                }
+                for e in chunk
+            ]
+        )
     return replays
 
 
@@ -55,10 +65,21 @@ def timeline(replays: list[list[dict]]) -> dict:
         idle.append(sum(k["idle"] for k in rep if k["stream"] == main))
     for pos in range(len(replays[0])):
         ks = [rep[pos] for rep in replays]
-        rows.append({"name": ks[0]["name"][:70], "stream": ks[0]["stream"],
-                     **{f: statistics.median(k[f] for k in ks) for f in ("start", "dur", "idle")}})
+        rows.append(
+            {
+                "name": ks[0]["name"][:70],
+                "stream": ks[0]["stream"],
+                **{f: statistics.median(k[f] for k in ks) for f in ("start", "dur", "idle")},
+            }
+        )
     med = statistics.median
-    return {"kernels": rows, "wall_us": med(walls), "main_busy_us": med(busy), "main_idle_us": med(idle), "replays": len(replays)}
+    return {
+        "kernels": rows,
+        "wall_us": med(walls),
+        "main_busy_us": med(busy),
+        "main_idle_us": med(idle),
+        "replays": len(replays),
+    }
 
 
 def run(geometry: str, bs: int, reps: int, variant: str = "served") -> dict:
@@ -82,7 +103,9 @@ def run(geometry: str, bs: int, reps: int, variant: str = "served") -> dict:
         torch.cuda.synchronize()
     n_kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
     if not n_kernels:
-        raise RuntimeError("timeline: the profiler saw no kernels in a graph replay (CUPTI kernel tracing of graphs unavailable)")
+        raise RuntimeError(
+            "timeline: the profiler saw no kernels in a graph replay (CUPTI kernel tracing of graphs unavailable)"
+        )
     for _ in range(10):
         graph.replay()
     torch.cuda.synchronize()
@@ -96,15 +119,26 @@ def run(geometry: str, bs: int, reps: int, variant: str = "served") -> dict:
         with open(path) as f:
             trace = json.load(f)
     res = timeline(replay_rows(trace, n_kernels))
-    return {"card": torch.cuda.get_device_name(), "geometry": geometry, "bs": bs, "variant": variant, "kernels_per_replay": n_kernels, **res}
+    return {
+        "card": torch.cuda.get_device_name(),
+        "geometry": geometry,
+        "bs": bs,
+        "variant": variant,
+        "kernels_per_replay": n_kernels,
+        **res,
+    }
 
 
 def format_timeline(res: dict) -> str:
-    lines = [f"{res.get('card', '')} {res.get('geometry', '')} bs {res.get('bs', '')}: {res['replays']} replays, medians in us",
-             f"{'#':>3} {'stream':>6} {'start':>7} {'dur':>6} {'idle':>6}  kernel"]
+    lines = [
+        f"{res.get('card', '')} {res.get('geometry', '')} bs {res.get('bs', '')}: {res['replays']} replays, medians in us",
+        f"{'#':>3} {'stream':>6} {'start':>7} {'dur':>6} {'idle':>6}  kernel",
+    ]
     for i, k in enumerate(res["kernels"]):
         lines.append(f"{i:>3} {k['stream']:>6} {k['start']:>7.1f} {k['dur']:>6.1f} {k['idle']:>6.1f}  {k['name']}")
-    lines.append(f"wall {res['wall_us']:.1f} us; first stream: kernels {res['main_busy_us']:.1f} us, idle between them {res['main_idle_us']:.1f} us")
+    lines.append(
+        f"wall {res['wall_us']:.1f} us; first stream: kernels {res['main_busy_us']:.1f} us, idle between them {res['main_idle_us']:.1f} us"
+    )
     return "\n".join(lines)
 
 
@@ -113,7 +147,9 @@ def main(argv=None) -> int:
     ap.add_argument("--geometry", choices=("paper", "testbed"), default="paper")
     ap.add_argument("--bs", type=int, default=1)
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--variant", default="served", help="one of head_bench's VARIANTS (the select's plans), e.g. served_unfolded")
+    ap.add_argument(
+        "--variant", default="served", help="one of head_bench's VARIANTS (the select's plans), e.g. served_unfolded"
+    )
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "timeline.json"))
     args = ap.parse_args(argv)
     from sglang_lilicorr.benchmarks.head_bench import VARIANTS

@@ -18,6 +18,7 @@ difference from a float32 reference on the first request (causal over prefix + b
   python -m sglang_lilicorr.benchmarks.verify_attention --out DIR     (on a GPU; DIR/verify_attention.json + .png)
   python -m sglang_lilicorr.benchmarks.verify_attention --plot DIR/verify_attention.json --out DIR   (the plot again)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,9 @@ import torch
 
 GEOMETRIES = {"smollm2-135m": (9, 3, 64), "qwen3-8b": (32, 8, 128)}  # query heads, KV heads, head dim
 BLOCK = 16
-GRAPH_KV_SLOTS = 32 * 4096  # the graphs' kv_indices buffer: --cuda-graph-max-bs-decode 32 x --context-length 4096 (the testbed's)
+GRAPH_KV_SLOTS = (
+    32 * 4096
+)  # the graphs' kv_indices buffer: --cuda-graph-max-bs-decode 32 x --context-length 4096 (the testbed's)
 KERNELS = ("extend", "splitkv", "splitkv_graph")
 REPLAY_CALLS = 20  # calls captured in one graph
 REPLAYS = 10  # graph replays timed
@@ -43,13 +46,20 @@ def problem(geometry: str, bs: int, prefix: int, seed: int = 0) -> dict:
     pool = bs * (prefix + BLOCK)
     perm = torch.randperm(pool, generator=g, device="cuda")  # cached tokens scattered over the pool, as in serving
     return {
-        "q_extend": rand(tokens, hq, d), "k_extend": rand(tokens, hkv, d), "v_extend": rand(tokens, hkv, d),
-        "k_buffer": rand(pool, hkv, d), "v_buffer": rand(pool, hkv, d),
+        "q_extend": rand(tokens, hq, d),
+        "k_extend": rand(tokens, hkv, d),
+        "v_extend": rand(tokens, hkv, d),
+        "k_buffer": rand(pool, hkv, d),
+        "v_buffer": rand(pool, hkv, d),
         "qo_indptr": torch.arange(bs + 1, device="cuda", dtype=torch.int32) * BLOCK,
         "kv_indptr": torch.arange(bs + 1, device="cuda", dtype=torch.int32) * prefix,
         "kv_indices": perm[: bs * prefix].to(torch.int64),
-        "kv_indices_graph": torch.cat([perm[: bs * prefix].to(torch.int64),
-                                       torch.zeros(max(0, GRAPH_KV_SLOTS - bs * prefix), dtype=torch.int64, device="cuda")]),
+        "kv_indices_graph": torch.cat(
+            [
+                perm[: bs * prefix].to(torch.int64),
+                torch.zeros(max(0, GRAPH_KV_SLOTS - bs * prefix), dtype=torch.int64, device="cuda"),
+            ]
+        ),
     }
 
 
@@ -59,8 +69,23 @@ def run(kernel: str, p: dict, o: torch.Tensor) -> torch.Tensor:
     from sglang.kernels.ops.attention.verify_splitkv import verify_splitkv_fwd
 
     indices = p["kv_indices_graph" if kernel == "splitkv_graph" else "kv_indices"]
-    args = (p["q_extend"], p["k_extend"], p["v_extend"], o, p["k_buffer"], p["v_buffer"], p["qo_indptr"], p["kv_indptr"],
-            indices, None, True, None, BLOCK, 1.0, 1.0)
+    args = (
+        p["q_extend"],
+        p["k_extend"],
+        p["v_extend"],
+        o,
+        p["k_buffer"],
+        p["v_buffer"],
+        p["qo_indptr"],
+        p["kv_indptr"],
+        indices,
+        None,
+        True,
+        None,
+        BLOCK,
+        1.0,
+        1.0,
+    )
     if kernel == "extend":
         extend_attention_fwd(*args)
     elif not verify_splitkv_fwd(*args):
@@ -77,7 +102,9 @@ def reference(p: dict, hq: int, hkv: int) -> torch.Tensor:
     k = torch.cat([p["k_buffer"][idx], p["k_extend"][:BLOCK]]).float().transpose(0, 1).repeat_interleave(hq // hkv, 0)
     v = torch.cat([p["v_buffer"][idx], p["v_extend"][:BLOCK]]).float().transpose(0, 1).repeat_interleave(hq // hkv, 0)
     mask = torch.ones(BLOCK, prefix + BLOCK, dtype=torch.bool, device=k.device).tril(prefix)
-    return F.scaled_dot_product_attention(p["q_extend"][:BLOCK].float().transpose(0, 1), k, v, attn_mask=mask).transpose(0, 1)
+    return F.scaled_dot_product_attention(
+        p["q_extend"][:BLOCK].float().transpose(0, 1), k, v, attn_mask=mask
+    ).transpose(0, 1)
 
 
 def graph_ms(fn) -> float:
@@ -111,10 +138,17 @@ def measure(geometries, batches, prefixes) -> list[dict]:
                 out = {k: run(k, p, torch.empty_like(p["q_extend"])) for k in KERNELS}
                 ref = reference(p, *GEOMETRIES[geometry][:2])
                 ms = {k: graph_ms(lambda k=k: run(k, p, out[k])) for k in KERNELS}
-                rows.append({"geometry": geometry, "bs": bs, "prefix": prefix, **{f"{k}_ms": round(ms[k], 4) for k in KERNELS},
-                             "speedup": round(ms["extend"] / ms["splitkv"], 2),
-                             "speedup_graph": round(ms["extend"] / ms["splitkv_graph"], 2),
-                             **{f"{k}_err": float((o[:BLOCK].float() - ref).abs().max()) for k, o in out.items()}})
+                rows.append(
+                    {
+                        "geometry": geometry,
+                        "bs": bs,
+                        "prefix": prefix,
+                        **{f"{k}_ms": round(ms[k], 4) for k in KERNELS},
+                        "speedup": round(ms["extend"] / ms["splitkv"], 2),
+                        "speedup_graph": round(ms["extend"] / ms["splitkv_graph"], 2),
+                        **{f"{k}_err": float((o[:BLOCK].float() - ref).abs().max()) for k, o in out.items()},
+                    }
+                )
                 print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -130,16 +164,26 @@ def plot(doc: dict, path: Path) -> Path:
         rows = [r for r in doc["rows"] if r["geometry"] == geometry]
         for i, bs in enumerate(sorted({r["bs"] for r in rows})):
             line = sorted((r for r in rows if r["bs"] == bs), key=lambda r: r["prefix"])
-            ax.plot([r["prefix"] for r in line], [r["speedup"] for r in line], marker="o", color=f"C{i}", label=f"c = {bs}")
+            ax.plot(
+                [r["prefix"] for r in line], [r["speedup"] for r in line], marker="o", color=f"C{i}", label=f"c = {bs}"
+            )
             if "speedup_graph" in line[0]:
-                ax.plot([r["prefix"] for r in line], [r["speedup_graph"] for r in line], marker="x", ls="--", color=f"C{i}",
-                        label=f"c = {bs}, graph buffer")
+                ax.plot(
+                    [r["prefix"] for r in line],
+                    [r["speedup_graph"] for r in line],
+                    marker="x",
+                    ls="--",
+                    color=f"C{i}",
+                    label=f"c = {bs}, graph buffer",
+                )
         ax.axhline(1.0, color="grey", lw=0.8)
         prefixes = sorted({r["prefix"] for r in rows})
         ax.set_xscale("log", base=2)
         ax.set_xticks(prefixes, [str(x) for x in prefixes], minor=False)
         ax.minorticks_off()
-        ax.set(xlabel="prefix tokens per request", ylabel="extend ms / splitkv ms", title=f"{geometry}, {doc['device']}")
+        ax.set(
+            xlabel="prefix tokens per request", ylabel="extend ms / splitkv ms", title=f"{geometry}, {doc['device']}"
+        )
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -148,7 +192,9 @@ def plot(doc: dict, path: Path) -> Path:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sglang_lilicorr.benchmarks.verify_attention", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m sglang_lilicorr.benchmarks.verify_attention", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--plot", type=Path, help="draw DIR/verify_attention.png from this verify_attention.json (no GPU)")
     p.add_argument("--geometry", nargs="+", default=list(GEOMETRIES), choices=list(GEOMETRIES))

@@ -1,12 +1,24 @@
 """The trainable DFlash drafter (SGLang 0.5.23 `DFlashDraftModel` format) and its block layout, and
 exported draft directories loaded strictly (`load_draft`)."""
+
 from .blocks import BlockLayout, block_attention, block_layout, eligible_anchors, sample_anchors
 from .config import DrafterConfig, DrafterConfigError, RopeScaling, default_target_layer_ids
 from .model import DFlashDrafter, DrafterShapeError, drafter_tensors, load_drafter_tensors
 from .draft import load_draft
 
 __all__ = [
-    "BlockLayout", "block_attention", "block_layout", "eligible_anchors", "sample_anchors",
-    "DrafterConfig", "DrafterConfigError", "RopeScaling", "default_target_layer_ids",
-    "DFlashDrafter", "DrafterShapeError", "drafter_tensors", "load_drafter_tensors", "load_draft",
+    "BlockLayout",
+    "block_attention",
+    "block_layout",
+    "eligible_anchors",
+    "sample_anchors",
+    "DrafterConfig",
+    "DrafterConfigError",
+    "RopeScaling",
+    "default_target_layer_ids",
+    "DFlashDrafter",
+    "DrafterShapeError",
+    "drafter_tensors",
+    "load_drafter_tensors",
+    "load_draft",
 ]

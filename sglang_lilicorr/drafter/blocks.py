@@ -9,6 +9,7 @@ block. Keys are laid out [context 0..T-1 | block tokens of all N blocks].
 
 Shapes: b sequences, T tokens, N anchors per sequence, B block size, S = B - 1 slots.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -86,7 +87,9 @@ def block_layout(
     )
 
 
-def block_attention(anchors: torch.Tensor, anchor_valid: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:
+def block_attention(
+    anchors: torch.Tensor, anchor_valid: torch.Tensor, context_len: int, block_size: int
+) -> torch.Tensor:
     """Which key each block query sees: context keys before its anchor, then its own block
     (bidirectionally), never another block. anchors, anchor_valid [b, N] -> [b, N*B, T + N*B] bool."""
     b, n = anchors.shape

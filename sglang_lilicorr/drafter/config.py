@@ -12,6 +12,7 @@ DFlash attention reads (`get_rope_config(config)` -> `get_rope(..., rope_scaling
   YaRN     {"rope_theta", "rope_type": "yarn", "factor", "original_max_position_embeddings"}
 (SGLang's YaRN defaults for every other key: beta_fast 32, beta_slow 1, attention factor 1).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,8 +46,10 @@ def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[
 
 
 ROPE_TYPES = ("default", "yarn")
-_ROPE_KEYS = {"default": {"rope_theta", "rope_type"},
-              "yarn": {"rope_theta", "rope_type", "factor", "original_max_position_embeddings"}}
+_ROPE_KEYS = {
+    "default": {"rope_theta", "rope_type"},
+    "yarn": {"rope_theta", "rope_type", "factor", "original_max_position_embeddings"},
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,18 +64,29 @@ class RopeScaling:
 
     def __post_init__(self) -> None:
         if self.rope_type not in ROPE_TYPES:
-            raise DrafterConfigError(f"rope_type={self.rope_type!r} is not supported: the drafter's rope is one of {ROPE_TYPES}.")
+            raise DrafterConfigError(
+                f"rope_type={self.rope_type!r} is not supported: the drafter's rope is one of {ROPE_TYPES}."
+            )
         factor, original = self.factor, self.original_max_position_embeddings
         if self.rope_type == "default":
             if factor != 1.0 or original is not None:
                 raise DrafterConfigError(
                     f"default rope takes no factor or original length (got factor={factor!r}, "
-                    f"original_max_position_embeddings={original!r}); use rope_type 'yarn' to scale it.")
+                    f"original_max_position_embeddings={original!r}); use rope_type 'yarn' to scale it."
+                )
             return
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (math.isfinite(factor) and factor > 1):
-            raise DrafterConfigError(f"yarn rope factor={factor!r} must be a finite number > 1 (1 is the default rope).")
+        if (
+            isinstance(factor, bool)
+            or not isinstance(factor, (int, float))
+            or not (math.isfinite(factor) and factor > 1)
+        ):
+            raise DrafterConfigError(
+                f"yarn rope factor={factor!r} must be a finite number > 1 (1 is the default rope)."
+            )
         if isinstance(original, bool) or not isinstance(original, int) or original < 1:
-            raise DrafterConfigError(f"yarn rope original_max_position_embeddings={original!r} must be a positive integer.")
+            raise DrafterConfigError(
+                f"yarn rope original_max_position_embeddings={original!r} must be a positive integer."
+            )
         object.__setattr__(self, "factor", float(factor))
 
     @property
@@ -97,12 +111,14 @@ class RopeScaling:
         if rope_type not in ROPE_TYPES:
             raise DrafterConfigError(
                 f"draft config rope_type={rope_type!r:.40} is not supported: the drafter serves {ROPE_TYPES} rope "
-                "(`lilicorr train --rope-scaling yarn` writes YaRN); re-export the draft.")
+                "(`lilicorr train --rope-scaling yarn` writes YaRN); re-export the draft."
+            )
         extra = sorted(set(params) - _ROPE_KEYS[rope_type] - {"type"})
         if extra:
             raise DrafterConfigError(
                 f"draft config rope_parameters has {extra[:3]}, which this drafter does not apply ({rope_type} rope "
-                f"takes {sorted(_ROPE_KEYS[rope_type])}); re-export the draft with `lilicorr export`.")
+                f"takes {sorted(_ROPE_KEYS[rope_type])}); re-export the draft with `lilicorr export`."
+            )
         if rope_type == "default":
             return cls()
         for key in ("factor", "original_max_position_embeddings"):
@@ -112,8 +128,11 @@ class RopeScaling:
             rope_type="yarn",
             factor=json_number(params["factor"], float, "rope_parameters.factor", DrafterConfigError),
             original_max_position_embeddings=json_number(
-                params["original_max_position_embeddings"], int, "rope_parameters.original_max_position_embeddings",
-                DrafterConfigError),
+                params["original_max_position_embeddings"],
+                int,
+                "rope_parameters.original_max_position_embeddings",
+                DrafterConfigError,
+            ),
         )
 
     def describe(self) -> str:
@@ -158,24 +177,45 @@ class DrafterConfig:
             if not ok:
                 raise DrafterConfigError(f"DrafterConfig: {what}.")
 
-        for name in ("hidden_size", "vocab_size", "num_target_layers", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings"):
+        for name in (
+            "hidden_size",
+            "vocab_size",
+            "num_target_layers",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "intermediate_size",
+            "max_position_embeddings",
+        ):
             value = getattr(self, name)
-            need(isinstance(value, int) and not isinstance(value, bool) and value >= 1, f"{name}={value!r} must be a positive integer")
+            need(
+                isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                f"{name}={value!r} must be a positive integer",
+            )
         need(self.block_size >= 2, f"block_size={self.block_size} must be >= 2 (anchor + at least one slot)")
-        need(self.num_attention_heads % self.num_key_value_heads == 0,
-             f"num_attention_heads={self.num_attention_heads} must be a multiple of num_key_value_heads={self.num_key_value_heads}")
+        need(
+            self.num_attention_heads % self.num_key_value_heads == 0,
+            f"num_attention_heads={self.num_attention_heads} must be a multiple of num_key_value_heads={self.num_key_value_heads}",
+        )
         need(self.head_dim % 2 == 0, f"head_dim={self.head_dim} must be even (rotary embedding)")
         need(len(self.target_layer_ids) >= 1, "target_layer_ids must name at least one target layer")
         # SGLang captures the input of layer i + 1: the last layer's output is never captured.
         bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers - 1]
-        need(not bad, f"target_layer_ids {bad} out of range: each must lie in [0, num_target_layers - 2 = "
-                      f"{self.num_target_layers - 2}] (the last layer's output is not capturable in SGLang)")
-        need(0 <= self.mask_token_id < self.vocab_size,
-             f"mask_token_id={self.mask_token_id} must be a token id of the target vocabulary [0, {self.vocab_size})")
+        need(
+            not bad,
+            f"target_layer_ids {bad} out of range: each must lie in [0, num_target_layers - 2 = "
+            f"{self.num_target_layers - 2}] (the last layer's output is not capturable in SGLang)",
+        )
+        need(
+            0 <= self.mask_token_id < self.vocab_size,
+            f"mask_token_id={self.mask_token_id} must be a token id of the target vocabulary [0, {self.vocab_size})",
+        )
         need(isinstance(self.mask_token, str) and bool(self.mask_token), "mask_token must be a non-empty string")
         need(self.rope_theta > 0 and self.rms_norm_eps > 0, "rope_theta and rms_norm_eps must be positive")
-        need(isinstance(self.rope_scaling, RopeScaling), f"rope_scaling={self.rope_scaling!r:.60} must be a RopeScaling")
+        need(
+            isinstance(self.rope_scaling, RopeScaling), f"rope_scaling={self.rope_scaling!r:.60} must be a RopeScaling"
+        )
 
     # --- config.json (SGLang DFlashDraftModel format) ------------------------------------
 
@@ -218,9 +258,21 @@ class DrafterConfig:
             raise DrafterConfigError("draft config has no `dflash_config` object: not a DFlash draft config.")
         for key in ("target_layer_ids", "mask_token_id"):
             if key not in dflash:
-                raise DrafterConfigError(f"draft config lacks dflash_config.{key}; re-export it with `lilicorr export`.")
-        missing = [k for k in ("hidden_size", "vocab_size", "num_target_layers", "num_hidden_layers",
-                               "num_attention_heads", "intermediate_size") if k not in config]
+                raise DrafterConfigError(
+                    f"draft config lacks dflash_config.{key}; re-export it with `lilicorr export`."
+                )
+        missing = [
+            k
+            for k in (
+                "hidden_size",
+                "vocab_size",
+                "num_target_layers",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "intermediate_size",
+            )
+            if k not in config
+        ]
         if missing:
             raise DrafterConfigError(f"draft config lacks {missing}.")
         if config.get("attention_bias"):
@@ -246,7 +298,9 @@ class DrafterConfig:
             hidden_size=hidden,
             vocab_size=number(config, "vocab_size", int),
             num_target_layers=number(config, "num_target_layers", int),
-            target_layer_ids=tuple(json_number(i, int, "dflash_config.target_layer_ids[]", DrafterConfigError) for i in layer_ids),
+            target_layer_ids=tuple(
+                json_number(i, int, "dflash_config.target_layer_ids[]", DrafterConfigError) for i in layer_ids
+            ),
             mask_token_id=number(dflash, "mask_token_id", int, field="dflash_config.mask_token_id"),
             mask_token=mask_token,
             num_hidden_layers=number(config, "num_hidden_layers", int),

@@ -1,10 +1,20 @@
 """An exported draft directory (config.json + model.safetensors) loaded strictly: the DFlash
 drafter and, for a `LiLiCorrDraftModel`, its LiLiCorr head."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..checkpoint import CheckpointError, dtype_of, has_head, load_strict, new_head, read_config, read_tensors, split_head
+from ..checkpoint import (
+    CheckpointError,
+    dtype_of,
+    has_head,
+    load_strict,
+    new_head,
+    read_config,
+    read_tensors,
+    split_head,
+)
 from ..head import LiLiCorrHead
 from .config import DrafterConfig
 from .model import DFlashDrafter, load_drafter_tensors
@@ -23,12 +33,18 @@ def load_draft(directory: str | Path) -> tuple[DFlashDrafter, LiLiCorrHead | Non
     where = f"{Path(directory) / 'model.safetensors'}"
     bad = [k for k, v in drafter_t.items() if v.dtype != dtype]
     if bad:
-        raise CheckpointError(f"tensor {bad[0]!r} is {drafter_t[bad[0]].dtype}, config torch_dtype says {dtype}", where=where,
-                              fix="re-export the draft")
+        raise CheckpointError(
+            f"tensor {bad[0]!r} is {drafter_t[bad[0]].dtype}, config torch_dtype says {dtype}",
+            where=where,
+            fix="re-export the draft",
+        )
     load_drafter_tensors(drafter, drafter_t, f"{where} (drafter)")
     if head is not None:
         return drafter, load_strict(head, head_t, f"{where} (head)")
     if head_t:
-        raise CheckpointError("has `lilicorr.` tensors but config.json declares no LiLiCorrDraftModel", where=where,
-                              fix="re-export the draft")
+        raise CheckpointError(
+            "has `lilicorr.` tensors but config.json declares no LiLiCorrDraftModel",
+            where=where,
+            fix="re-export the draft",
+        )
     return drafter, None

@@ -10,6 +10,7 @@ fp32, as SGLang's `get_rope(..., is_neox_style=True)`. Tensor names are those of
 
 Shapes: b batch, Q block tokens, T context tokens, H hidden, h heads, g kv heads, D head dim.
 """
+
 from __future__ import annotations
 
 import torch

@@ -7,6 +7,7 @@ It has no embedding or LM head of its own (the frozen target's are used). Per bl
 Slot 0 is the anchor (the last verified token); slot s >= 1 predicts the token at anchor + s.
 State-dict names equal the checkpoint's tensor names (layers.i.*, norm, fc, hidden_norm).
 """
+
 from __future__ import annotations
 
 from typing import Mapping
@@ -70,7 +71,9 @@ class DFlashDrafter(nn.Module):
                 f"size {self.config.hidden_size}: the target's embedding width must equal the drafter's."
             )
         if tuple(attend.shape) != (b, q_len, t_len + q_len) or attend.dtype != torch.bool:
-            raise DrafterShapeError(f"attend must be bool [{b}, {q_len}, {t_len + q_len}], got {attend.dtype} {list(attend.shape)}.")
+            raise DrafterShapeError(
+                f"attend must be bool [{b}, {q_len}, {t_len + q_len}], got {attend.dtype} {list(attend.shape)}."
+            )
         x = block_embeds.to(self.fc.weight.dtype)
         for layer in self.layers:
             x = layer(x, positions, context, context_positions, attend)

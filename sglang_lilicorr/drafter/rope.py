@@ -9,6 +9,7 @@ draft's `rope_parameters`, config.py `RopeScaling`).
            over the dimensions between mixes the two; cos and sin are multiplied by the attention
            scale 0.1 ln(factor) + 1.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,8 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling, devic
     """[D/2] fp32 rotation frequencies."""
     exponents = torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim
     if not scaling.is_yarn:
-        return 1.0 / (theta ** exponents)
-    per_radian = theta ** exponents  # positions per radian, per dimension pair
+        return 1.0 / (theta**exponents)
+    per_radian = theta**exponents  # positions per radian, per dimension pair
     original = scaling.original_max_position_embeddings
     low = max(math.floor(_yarn_dim(YARN_BETA_FAST, head_dim, theta, original)), 0)
     high = min(math.ceil(_yarn_dim(YARN_BETA_SLOW, head_dim, theta, original)), head_dim - 1)
@@ -47,9 +48,13 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling, devic
     return (1.0 / (scaling.factor * per_radian)) * (1 - keep) + (1.0 / per_radian) * keep
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float, scaling: RopeScaling = RopeScaling()) -> torch.Tensor:
+def apply_rope(
+    x: torch.Tensor, positions: torch.Tensor, theta: float, scaling: RopeScaling = RopeScaling()
+) -> torch.Tensor:
     """x [b, L, heads, D], positions [b, L] int -> same shape and dtype."""
-    angle = positions.to(torch.float32)[..., None] * inverse_frequencies(x.shape[-1], theta, scaling, x.device)  # [b, L, D/2]
+    angle = positions.to(torch.float32)[..., None] * inverse_frequencies(
+        x.shape[-1], theta, scaling, x.device
+    )  # [b, L, D/2]
     cos, sin = angle.cos(), angle.sin()
     if scaling.is_yarn:
         scale = yarn_attention_scale(scaling.factor)

@@ -1,15 +1,16 @@
 """What the serving select precomputes from a trained head (FastLiLiCorrSelect's constants):
 
-  token_table        [V, H]        head.token_table(target embedding)
-  node_const         [S, K, H] f32 slot + rank embeddings + pass_hidden_proj.bias + feature down bias
-  w_feat, b_feat     [H, 5], [H]   feature LayerNorm's affine folded into the feature up projection
-  attn_bias          [1, h, L, L]  lattice attention bias, in the head's dtype, 16-aligned rows
-  w_factor           [H, 2H]       factor_input_proj over concat[h, h*t] (the t term moves to the anchor)
-  w_anchor, b_anchor [D+H, H]      anchor_out_head and factor_input_proj's t block + bias: one GEMM on t
-  w_edge, b_edge     [2D, H]       out_head | in_head: one GEMM
-  w_*_folded                       with fold_norms (the folded route): each lattice pre-norm's gain folded into the weight of the GEMM
-                                   that reads it (QKV, FFN up), the output norm's into w_factor
+token_table        [V, H]        head.token_table(target embedding)
+node_const         [S, K, H] f32 slot + rank embeddings + pass_hidden_proj.bias + feature down bias
+w_feat, b_feat     [H, 5], [H]   feature LayerNorm's affine folded into the feature up projection
+attn_bias          [1, h, L, L]  lattice attention bias, in the head's dtype, 16-aligned rows
+w_factor           [H, 2H]       factor_input_proj over concat[h, h*t] (the t term moves to the anchor)
+w_anchor, b_anchor [D+H, H]      anchor_out_head and factor_input_proj's t block + bias: one GEMM on t
+w_edge, b_edge     [2D, H]       out_head | in_head: one GEMM
+w_*_folded                       with fold_norms (the folded route): each lattice pre-norm's gain folded into the weight of the GEMM
+                                 that reads it (QKV, FFN up), the output norm's into w_factor
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,13 +21,24 @@ from ..lattice import lattice_attention_bias
 
 
 class SelectConstants:
-    def __init__(self, head: LiLiCorrHead, embed_weight: torch.Tensor | None, token_table: torch.Tensor | None, *,
-                 fold_norms: bool) -> None:
+    def __init__(
+        self,
+        head: LiLiCorrHead,
+        embed_weight: torch.Tensor | None,
+        token_table: torch.Tensor | None,
+        *,
+        fold_norms: bool,
+    ) -> None:
         """Exactly one of embed_weight [V, Hm] (the target's input embedding) and token_table [V, H]."""
         self.head = head.eval()
         cfg, w = head.config, head.pass_hidden_proj.weight
         self.dtype, self.device = w.dtype, w.device
-        self.num_slots, self.topk, self.width, self.factor_dim = cfg.num_slots, cfg.candidate_topk, head.width, cfg.factor_dim
+        self.num_slots, self.topk, self.width, self.factor_dim = (
+            cfg.num_slots,
+            cfg.candidate_topk,
+            head.width,
+            cfg.factor_dim,
+        )
         self.sigma, self.vector_eps = float(cfg.logit_scale), float(cfg.vector_eps)
         h = self.width
         with torch.no_grad():
@@ -55,7 +67,9 @@ class SelectConstants:
             n_max = self.num_slots * self.topk
             pad = -(-n_max // 16) * 16
             bias = torch.zeros(1, cfg.num_heads, n_max, pad, device=self.device, dtype=self.dtype)
-            bias[..., :n_max] = lattice_attention_bias(head.relative_slot_bias, head.same_slot_bias, self.num_slots, self.topk)
+            bias[..., :n_max] = lattice_attention_bias(
+                head.relative_slot_bias, head.same_slot_bias, self.num_slots, self.topk
+            )
             self.attn_bias = bias[..., :n_max]  # [1, heads, L, L], row stride 16-aligned for SDPA kernels
 
             wf = head.factor_input_proj.weight  # [H, 3H] over concat[h, t, h*t]
@@ -66,7 +80,9 @@ class SelectConstants:
             self.b_edge = torch.cat([head.out_head.bias, head.in_head.bias]).contiguous()  # [2D]
             layers = head.layers
             if fold_norms:
-                self.w_qkv_folded = [fold_norm_gain(layer.attn.in_proj_weight, layer.attn_norm.weight) for layer in layers]
+                self.w_qkv_folded = [
+                    fold_norm_gain(layer.attn.in_proj_weight, layer.attn_norm.weight) for layer in layers
+                ]
                 self.w_up_folded = [fold_norm_gain(layer.mlp.up_proj.weight, layer.mlp_norm.weight) for layer in layers]
                 self.w_factor_folded = fold_norm_gain(self.w_factor, head.output_norm.weight)
         # the RMSNorm that follows each residual add: layer i's mlp_norm, then layer i+1's attn_norm / output_norm

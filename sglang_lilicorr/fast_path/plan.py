@@ -24,6 +24,7 @@ bounds and the GEMM table's row bounds in whole requests of the head's lattice (
 serves every batch of a bucket. Calls with fewer than S slots take the plan of their batch size. A head width
 without an entry in a head table takes the entry of the nearest measured one (by ratio; a tie goes to the smaller).
 """
+
 from __future__ import annotations
 
 import math
@@ -89,7 +90,9 @@ class SelectPlan:
         if self.route not in ROUTES:
             raise ValueError(f"SelectPlan: route={self.route!r} is none of {ROUTES}")
         if self.route == "torch" and (self.pdl or self.overlap):
-            raise ValueError("SelectPlan: pdl and overlap launch Triton kernels, but route='torch' runs the PyTorch path")
+            raise ValueError(
+                "SelectPlan: pdl and overlap launch Triton kernels, but route='torch' runs the PyTorch path"
+            )
 
     @property
     def fused(self) -> bool:
@@ -101,8 +104,10 @@ class SelectPlan:
         needs = {"fused": device.triton, "overlap": device.cuda, "pdl": device.pdl}
         missing = [name for name, ok in needs.items() if getattr(self, name) and not ok]
         if missing:
-            raise ValueError(f"SelectPlan: {missing} need a device with {missing} (this one has {device}); plan for it "
-                             f"with plans_for(geometry, Device.of(tensor))")
+            raise ValueError(
+                f"SelectPlan: {missing} need a device with {missing} (this one has {device}); plan for it "
+                f"with plans_for(geometry, Device.of(tensor))"
+            )
 
 
 @dataclass(frozen=True)

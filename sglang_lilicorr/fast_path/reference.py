@@ -1,4 +1,5 @@
 """What the serving select must compute, in PyTorch, and how close two score sets may be before their walks part."""
+
 from __future__ import annotations
 
 import torch

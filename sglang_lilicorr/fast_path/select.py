@@ -19,6 +19,7 @@ add also writes x * t); the unfolded route runs cuBLAS GEMMs (the FFN up + SiLU 
 between the norm kernels. With PDL (kernels/pdl.py) early-launched Triton GEMMs prefetch their weights into L2.
 Everything is static-shaped with no host syncs, so `select` can be captured in a CUDA graph.
 """
+
 from __future__ import annotations
 
 import torch
@@ -63,7 +64,9 @@ class FastLiLiCorrSelect(SelectConstants):
         if not isinstance(head, LiLiCorrHead):
             raise TypeError(f"FastLiLiCorrSelect wraps a sglang_lilicorr.head.LiLiCorrHead, got {type(head).__name__}.")
         if walk not in WALKS:
-            raise ValueError(f"FastLiLiCorrSelect: walk={walk!r} is not a decode rule; choose one of {', '.join(WALKS)}.")
+            raise ValueError(
+                f"FastLiLiCorrSelect: walk={walk!r} is not a decode rule; choose one of {', '.join(WALKS)}."
+            )
         self.walk_rule = walk
         self.geometry, device = HeadGeometry.of(head), Device.of(head.pass_hidden_proj.weight)
         self.plans = plans_for(self.geometry, device) if plans is None else plans
@@ -162,7 +165,13 @@ class FastLiLiCorrSelect(SelectConstants):
             pass_ready = side.record()
             t, anchor = self._anchor_projection(anchor_hidden, plan)
             anchor_ready = side.record()
-        return pass_proj, t, anchor, lambda: side.join(pass_ready, pass_proj), lambda: side.join(anchor_ready, t, anchor)
+        return (
+            pass_proj,
+            t,
+            anchor,
+            lambda: side.join(pass_ready, pass_proj),
+            lambda: side.join(anchor_ready, t, anchor),
+        )
 
     def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, plan: SelectPlan, walk: bool = False):
         """-> (start, pair, log-probs [b, S, K], draft ids [b, S] committed by the select's rule if `walk` else None)."""
@@ -183,8 +192,15 @@ class FastLiLiCorrSelect(SelectConstants):
         kernels/head_norm.py)."""
         b, s, k = ids.shape
         pdl, rows, h = plan.pdl, b * s * k, self.width
-        lp, up = head_nodes.confidence_up_triton(vals.reshape(b * s, k).float(), lse.reshape(b * s).float(), self.w_feat,
-                                                 self.b_feat, self.feat_ln_eps, self.dtype, pdl=pdl)
+        lp, up = head_nodes.confidence_up_triton(
+            vals.reshape(b * s, k).float(),
+            lse.reshape(b * s).float(),
+            self.w_feat,
+            self.b_feat,
+            self.feat_ln_eps,
+            self.dtype,
+            pdl=pdl,
+        )
         norm, folds = self.head.layers[0].attn_norm, plan.route == "folded"
         if folds:  # [b*S*K, H]
             feat = gemm_epilogue_triton(up, self.w_down, pdl=pdl)
@@ -193,10 +209,20 @@ class FastLiLiCorrSelect(SelectConstants):
         if join_pass is not None:
             join_pass()
         cat = torch.empty((rows, 2 * h), dtype=self.dtype, device=self.device) if folds else None
-        folded = dict(out=cat[:, :h], sumsq_out=head_norm.sumsq_parts(rows, h, self.device)) if folds else {}  # the norm left to QKV
+        folded = (
+            dict(out=cat[:, :h], sumsq_out=head_norm.sumsq_parts(rows, h, self.device)) if folds else {}
+        )  # the norm left to QKV
         x, xn = head_nodes.lattice_nodes_triton(
-            ids, self.token_table, pass_proj, feat, self.node_const, norm.weight, _norm_eps(norm), **folded,
-            pdl=pdl, launch_pdl=join_pass is None,  # the first launch after a join waits in full
+            ids,
+            self.token_table,
+            pass_proj,
+            feat,
+            self.node_const,
+            norm.weight,
+            _norm_eps(norm),
+            **folded,
+            pdl=pdl,
+            launch_pdl=join_pass is None,  # the first launch after a join waits in full
         )
         return lp, (cat if folds else x), xn
 
@@ -210,7 +236,9 @@ class FastLiLiCorrSelect(SelectConstants):
             attn, mlp = layer.attn, layer.mlp
             qkv = F.linear(xn, attn.in_proj_weight, attn.in_proj_bias)  # [b*n, 3H]
             joined = i == len(layers) - 1 and join_anchor is not None
-            if joined:  # t for the last FFN down; the attention has no weight to prefetch, so it takes the full-order launch
+            if (
+                joined
+            ):  # t for the last FFN down; the attention has no weight to prefetch, so it takes the full-order launch
                 join_anchor()
             attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=pdl, launch_pdl=not joined)
             xn = self._residual_norm(x, attended, attn.out_proj, self._after_attn[i], plan)
@@ -233,20 +261,30 @@ class FastLiLiCorrSelect(SelectConstants):
         layers = self.head.layers
         for i, layer in enumerate(layers):
             attn, mlp = layer.attn, layer.mlp
-            qkv = gemm_epilogue_triton(x, self.w_qkv_folded[i], attn.in_proj_bias, norm=(sumsq, _norm_eps(layer.attn_norm)),
-                                       pdl=pdl)
+            qkv = gemm_epilogue_triton(
+                x, self.w_qkv_folded[i], attn.in_proj_bias, norm=(sumsq, _norm_eps(layer.attn_norm)), pdl=pdl
+            )
             last = i == len(layers) - 1
             joined = last and join_anchor is not None
             if joined:  # as in _layers_fused: the attention after the join, every GEMM launched early
                 join_anchor()
             attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=pdl, launch_pdl=not joined)
             sumsq = head_norm.sumsq_parts(rows, h, self.device)
-            gemm_epilogue_triton(attended, attn.out_proj.weight, attn.out_proj.bias, residual=x, sumsq_out=sumsq, pdl=pdl)
+            gemm_epilogue_triton(
+                attended, attn.out_proj.weight, attn.out_proj.bias, residual=x, sumsq_out=sumsq, pdl=pdl
+            )
             norm = (sumsq, _norm_eps(layer.mlp_norm))
             hidden = gemm_epilogue_triton(x, self.w_up_folded[i], mlp.up_proj.bias, silu=True, norm=norm, pdl=pdl)
             sumsq = head_norm.sumsq_parts(rows, h, self.device)
-            gemm_epilogue_triton(hidden, mlp.down_proj.weight, mlp.down_proj.bias, residual=x, sumsq_out=sumsq,
-                                 cross=(t, cat[:, h:]) if last else None, pdl=pdl)
+            gemm_epilogue_triton(
+                hidden,
+                mlp.down_proj.weight,
+                mlp.down_proj.bias,
+                residual=x,
+                sumsq_out=sumsq,
+                cross=(t, cat[:, h:]) if last else None,
+                pdl=pdl,
+            )
         return cat, sumsq
 
     def _residual_norm(self, x, branch, linear: torch.nn.Linear, norm: torch.nn.RMSNorm, plan: SelectPlan, cross=None):
@@ -264,19 +302,30 @@ class FastLiLiCorrSelect(SelectConstants):
         d, k, pdl = self.factor_dim, self.topk, plan.pdl
         if sumsq is not None:  # the per-request bias + SiLU in the GEMM's epilogue
             norm = (sumsq, _norm_eps(self.head.output_norm))
-            fused = gemm_epilogue_triton(cat, self.w_factor_folded, norm=norm, norm_width=self.width, pdl=pdl, silu=True,
-                                         group_bias=anchor[:, d:], rows_per_group=s * k)
+            fused = gemm_epilogue_triton(
+                cat,
+                self.w_factor_folded,
+                norm=norm,
+                norm_width=self.width,
+                pdl=pdl,
+                silu=True,
+                group_bias=anchor[:, d:],
+                rows_per_group=s * k,
+            )
             edges = gemm_epilogue_triton(fused, self.w_edge, self.b_edge, pdl=pdl)
         else:
-            fused = head_norm.row_bias_silu_triton(F.linear(cat, self.w_factor), anchor[:, d:], rows_per_group=s * k, pdl=pdl)
+            fused = head_norm.row_bias_silu_triton(
+                F.linear(cat, self.w_factor), anchor[:, d:], rows_per_group=s * k, pdl=pdl
+            )
             edges = F.linear(fused, self.w_edge, self.b_edge)
         edges = edges.view(b, s, k, 2 * d)
         if ids is None or self.walk_rule != "greedy":  # the scores alone, then (with ids) the rule's kernel
             start, pair = head_scores.lattice_cosine_triton(edges, anchor[:, :d], self.sigma, self.vector_eps, pdl=pdl)
             return start, pair, None if ids is None else self.walk(start, pair, ids)
         counters = self._counters.at_least(b)  # one per request
-        return head_scores.lattice_cosine_walk_triton(edges, anchor[:, :d], self.sigma, self.vector_eps, ids, counters,
-                                                      pdl=pdl)
+        return head_scores.lattice_cosine_walk_triton(
+            edges, anchor[:, :d], self.sigma, self.vector_eps, ids, counters, pdl=pdl
+        )
 
     def fused_stages(self, vals, ids, lse, pass_hidden, anchor_hidden) -> dict:
         """The fused path (without the side stream) cut into its stages, name -> zero-argument call
@@ -338,7 +387,9 @@ class FastLiLiCorrSelect(SelectConstants):
         log-probs fp32 [b, S, K])."""
         b, s = self._check(hidden, anchor_hidden)
         if logits.dim() != 2 or logits.shape[0] != b * s or logits.shape[1] != self.token_table.shape[0]:
-            raise ValueError(f"select: logits must be [{b * s}, {self.token_table.shape[0]}] (b*S x V), got {tuple(logits.shape)}.")
+            raise ValueError(
+                f"select: logits must be [{b * s}, {self.token_table.shape[0]}] (b*S x V), got {tuple(logits.shape)}."
+            )
         with torch.no_grad():
             if self.plan(b).fused:
                 return self._select_fused_from_logits(logits, hidden, anchor_hidden, b, s)

@@ -1,4 +1,5 @@
 """Work forked from the current CUDA stream onto a side stream, joined back where its results are first needed."""
+
 from __future__ import annotations
 
 import torch

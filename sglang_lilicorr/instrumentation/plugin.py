@@ -5,6 +5,7 @@ folder (it wraps SGLang's DFlash and plain decode workers as they are built: ben
 decomposition") and the proposal record when LILICORR_PROPOSAL_RECORD does (it wraps LILICORR's worker class:
 tools/device/tp_check.sh); with neither set it imports nothing and changes nothing. Both are idempotent.
 """
+
 from __future__ import annotations
 
 import os

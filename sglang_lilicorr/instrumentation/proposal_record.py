@@ -6,6 +6,7 @@ alone in a decode batch, the block proposed in its first decode step is appended
 (R: the TP rank) as one line {"request": n, "rid": id, "batch": 1, "draft": [S token ids]}, n counting the requests
 this rank recorded. Recording syncs the forward stream at that step only; without the variable nothing is wrapped.
 """
+
 from __future__ import annotations
 
 import json

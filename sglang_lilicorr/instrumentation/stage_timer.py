@@ -39,6 +39,7 @@ The JSON's `system` also says whether blocks commit a forced number of tokens (S
 `SGLANG_SIMULATE_ACC_LEN` benchmark knob: `forced_commit_len`), and `memory` what the server holds on
 the GPU (weights of the target, the draft and its head, KV pools, what graph capture took).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -124,7 +125,12 @@ class Series:
     def summary(self) -> dict:
         if not self.count:
             return {"count": 0, "mean": None, "median": None, "max": None}
-        return {"count": self.count, "mean": self.total / self.count, "median": statistics.median(self.samples), "max": self.max}
+        return {
+            "count": self.count,
+            "mean": self.total / self.count,
+            "median": statistics.median(self.samples),
+            "max": self.max,
+        }
 
 
 class _Step:
@@ -139,8 +145,15 @@ class _Step:
 class StageRecorder:
     """Collects decode-step spans of one worker and writes them to `<out_dir>/stages-<pid>.json`."""
 
-    def __init__(self, out_dir, *, info: dict | None = None, events=None, clock: Callable[[], float] = time.perf_counter,
-                 dump_every: int = DUMP_EVERY) -> None:
+    def __init__(
+        self,
+        out_dir,
+        *,
+        info: dict | None = None,
+        events=None,
+        clock: Callable[[], float] = time.perf_counter,
+        dump_every: int = DUMP_EVERY,
+    ) -> None:
         self.path = Path(out_dir) / f"stages-{os.getpid()}.json"
         self.info = dict(info or {})
         self.events = events if events is not None else default_events()
@@ -222,7 +235,11 @@ class StageRecorder:
             self._fold(self._pending.pop(0))
         while self._pending_prefills and self.events.ready(self._pending_prefills[0][2]):
             requests, start, end, host_ms = self._pending_prefills.pop(0)
-            for name, value in (("requests", requests), ("gpu_ms", self.events.elapsed_ms(start, end)), ("host_ms", host_ms)):
+            for name, value in (
+                ("requests", requests),
+                ("gpu_ms", self.events.elapsed_ms(start, end)),
+                ("host_ms", host_ms),
+            ):
                 self._prefills[name].add(value)
 
     def _fold(self, step: _Step) -> None:
@@ -238,16 +255,26 @@ class StageRecorder:
         self.poll()
         rows = []
         for key in sorted(self._gpu):
-            rows.append({
-                "bs": key[0], "graph": key[1], "n_blocks": self._gpu[key]["step"].count,
-                "step_interval_ms": self._interval.get(key, Series()).summary(),
-                "gpu_ms": {s: v.summary() for s, v in self._gpu[key].items()},
-                "host_ms": {s: v.summary() for s, v in self._host[key].items()},
-            })
-        return {"system": self.info, "pid": os.getpid(), "decode_steps": self.decode_steps,
-                "pending_steps": len(self._pending), "stages": rows,
-                "prefill": {k: v.summary() for k, v in self._prefills.items()},
-                "proposal": self.proposal, "memory": self.memory}
+            rows.append(
+                {
+                    "bs": key[0],
+                    "graph": key[1],
+                    "n_blocks": self._gpu[key]["step"].count,
+                    "step_interval_ms": self._interval.get(key, Series()).summary(),
+                    "gpu_ms": {s: v.summary() for s, v in self._gpu[key].items()},
+                    "host_ms": {s: v.summary() for s, v in self._host[key].items()},
+                }
+            )
+        return {
+            "system": self.info,
+            "pid": os.getpid(),
+            "decode_steps": self.decode_steps,
+            "pending_steps": len(self._pending),
+            "stages": rows,
+            "prefill": {k: v.summary() for k, v in self._prefills.items()},
+            "proposal": self.proposal,
+            "memory": self.memory,
+        }
 
     def dump(self, *, final: bool = False) -> Path:
         """Writes the JSON atomically (a kill mid-write leaves the previous dump). `final` (exit)
@@ -288,13 +315,16 @@ def _spanned(recorder: StageRecorder, stage: str):
         def run(*args, **kwargs):
             with recorder.span(stage):
                 return fn(*args, **kwargs)
+
         return run
+
     return make
 
 
 def _decode_steps(recorder: StageRecorder, graph_of: Callable | None = None):
     """forward_batch_generation timed as one step per decode batch and whole per prefill; graph_of(result)
     gives the graph flag."""
+
     def make(fn):
         def run(batch, *args, **kwargs):
             if not is_decode(batch):
@@ -314,7 +344,9 @@ def _decode_steps(recorder: StageRecorder, graph_of: Callable | None = None):
                 return out
             finally:
                 recorder.end_step()
+
         return run
+
     return make
 
 
@@ -334,23 +366,31 @@ def free_gib() -> float | None:
 def _after_init(recorder: StageRecorder, worker, memory: Callable | None, microbench: Callable | None):
     """Wraps init_cuda_graphs: what the capture took from free GPU memory, then `memory(worker)` and
     `microbench(worker)` into the JSON."""
+
     def make(fn):
         def run(*args, **kwargs):
             before = free_gib()
             out = fn(*args, **kwargs)
             after = free_gib()
             if memory is not None:
-                recorder.memory = {**best_effort("memory", memory, worker), "free_after_graphs_gib": after,
-                                   "graphs_gib": None if after is None else before - after}
+                recorder.memory = {
+                    **best_effort("memory", memory, worker),
+                    "free_after_graphs_gib": after,
+                    "graphs_gib": None if after is None else before - after,
+                }
             if microbench is not None:
                 recorder.proposal = microbench(worker)
             recorder.safe_dump()
             return out
+
         return run
+
     return make
 
 
-def attach(worker, recorder: StageRecorder, *, microbench: Callable | None = None, memory: Callable | None = None) -> StageRecorder:
+def attach(
+    worker, recorder: StageRecorder, *, microbench: Callable | None = None, memory: Callable | None = None
+) -> StageRecorder:
     """Wraps the decode-step stages of one DFlash-family worker instance (see the module docstring).
     After `init_cuda_graphs`, `memory(worker)` and `microbench(worker)` go to the JSON's `memory` and `proposal`."""
 
@@ -360,6 +400,7 @@ def attach(worker, recorder: StageRecorder, *, microbench: Callable | None = Non
                 out = fn(*args, **kwargs)
             recorder.set_graph(getattr(out, "can_run_graph", None))
             return out
+
         return run
 
     def verify(fn):
@@ -368,6 +409,7 @@ def attach(worker, recorder: StageRecorder, *, microbench: Callable | None = Non
                 return fn(*args, **kwargs)
             with recorder.span("target_verify"):
                 return fn(*args, **kwargs)
+
         return run
 
     _wrap(worker, "forward_batch_generation", _decode_steps(recorder))
@@ -386,7 +428,11 @@ def attach(worker, recorder: StageRecorder, *, microbench: Callable | None = Non
 
 def attach_plain(worker, recorder: StageRecorder) -> StageRecorder:
     """Wraps the decode steps of a target served without speculation (its TpModelWorker instance)."""
-    _wrap(worker, "forward_batch_generation", _decode_steps(recorder, lambda out: getattr(out, "can_run_cuda_graph", None)))
+    _wrap(
+        worker,
+        "forward_batch_generation",
+        _decode_steps(recorder, lambda out: getattr(out, "can_run_cuda_graph", None)),
+    )
     return recorder
 
 
@@ -413,7 +459,11 @@ def memory_info(target_runner, *, draft_model=None, draft_runner=None) -> dict:
     the pool's size in tokens, the free memory before the weights loaded, the card's memory."""
     heads = [getattr(draft_model, name, None) for name in ("lilicorr_head", "lilicorr")]
     head = next((h for h in heads if h is not None), None)
-    pools = [getattr(getattr(r, "token_to_kv_pool", None), "mem_usage", None) for r in (target_runner, draft_runner) if r is not None]
+    pools = [
+        getattr(getattr(r, "token_to_kv_pool", None), "mem_usage", None)
+        for r in (target_runner, draft_runner)
+        if r is not None
+    ]
     return {
         "target_gib": module_gib(target_runner.model),
         "draft_gib": module_gib(draft_model, exclude=target_runner.model),
@@ -426,7 +476,9 @@ def memory_info(target_runner, *, draft_model=None, draft_runner=None) -> dict:
 
 
 def dflash_memory(worker) -> dict:
-    return memory_info(worker.target_worker.model_runner, draft_model=worker.draft_model, draft_runner=worker.draft_model_runner)
+    return memory_info(
+        worker.target_worker.model_runner, draft_model=worker.draft_model, draft_runner=worker.draft_model_runner
+    )
 
 
 # --- proposal micro-benchmark ---------------------------------------------------------------
@@ -477,6 +529,7 @@ def proposal_parts(*, lm_head_weight: torch.Tensor, block_size: int, bs: int, pr
     if proposer is None:  # DFLASH: greedy draft tokens
         return {"lm_head": lm_head, "spec_head": lambda: logits.argmax(-1), "proposal": lambda: lm_head().argmax(-1)}
     anchor = _random(g, (bs, hm), w)  # [bs, Hm]
+
     def spec_head():
         return proposer.select.select_from_logits(logits, hidden, anchor)[0]
 
@@ -504,7 +557,8 @@ def builtin_parts(worker, *, bs: int, graph: bool, seed: int = 0) -> dict:
     else:
         lm_head, embed = unwrap_lora_layer(target.lm_head), target_input_embeddings(target)
         proposal = lambda: propose_lilicorr_block(  # noqa: E731
-            head=head, draft_hidden=hidden, lm_head=lm_head, embed_tokens=embed, anchor=anchor)[0]
+            head=head, draft_hidden=hidden, lm_head=lm_head, embed_tokens=embed, anchor=anchor
+        )[0]
     return {"lm_head": lambda: F.linear(rows, w), "proposal": proposal}
 
 
@@ -555,8 +609,11 @@ def proposal_microbench(worker, *, batch_sizes: list[int] | None = None, time_ms
         with torch.inference_mode():
             for variant in ("eager", "graph"):
                 try:
-                    parts = (builtin_parts(worker, bs=bs, graph=variant == "graph") if builtin else
-                             proposal_parts(lm_head_weight=weight, block_size=block_size, bs=bs, proposer=proposer))
+                    parts = (
+                        builtin_parts(worker, bs=bs, graph=variant == "graph")
+                        if builtin
+                        else proposal_parts(lm_head_weight=weight, block_size=block_size, bs=bs, proposer=proposer)
+                    )
                 except Exception as e:
                     fail(f"bs={bs} {variant}", e)
                     continue
@@ -617,7 +674,9 @@ def _patch_init(cls, timed: Callable) -> bool:
         try:
             recorder = timed(self, kwargs["server_args"] if "server_args" in kwargs else args[0], args, kwargs)
         except Exception as e:  # measurement must never stop a server
-            logger.warning("stage timing: could not wrap %s, serving untimed: %s: %s", type(self).__name__, type(e).__name__, e)
+            logger.warning(
+                "stage timing: could not wrap %s, serving untimed: %s: %s", type(self).__name__, type(e).__name__, e
+            )
             return
         if recorder is not None:
             self.stage_recorder = recorder
@@ -650,7 +709,11 @@ def install(out_dir) -> bool:
 
     patched = [_patch_init(DFlashWorkerV2, dflash), _patch_init(TpModelWorker, plain)]
     if any(patched):
-        logger.info("stage timing on (%s=%s): DFlash-family workers and plain decode steps record per-stage times.", ENV_DIR, out_dir)
+        logger.info(
+            "stage timing on (%s=%s): DFlash-family workers and plain decode steps record per-stage times.",
+            ENV_DIR,
+            out_dir,
+        )
     return any(patched)
 
 

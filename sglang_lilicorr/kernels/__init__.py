@@ -14,6 +14,7 @@
 Their launches come from kernels/tuning.py, which holds every measured launch table. See README.md in this folder
 for launch geometry and references.
 """
+
 from .device import uses_triton
 from .topk_lse import topk_lse
 from .topk_reference import MAX_TOPK, topk_lse_reference

@@ -44,6 +44,7 @@ sglang_lilicorr.kernels.gemm_epilogue` times every config against cuBLAS + SiLU 
 tl.dot multiplies raw 16-bit patterns); 16-bit products are exact in fp32. tests/test_gemm_epilogue.py lowers every
 config to sm_90 (ptxas): no spills, wgmma, TMA where configured. Only torch.empty and one launch: CUDA-graph safe.
 """
+
 from __future__ import annotations
 
 import torch
@@ -59,7 +60,11 @@ from .pdl import check_pdl, grid_dependency_wait, pdl_launch
 from .prefetch import lines_per_row, prefetch_rows_l2
 from .tuning import GEMM_CONFIGS, GemmLaunch
 
-WITHOUT_TMA = {"tma_large": "large", "tma_medium": "medium", "tma_wide_k": "medium"}  # for the epilogues TMA stores lack
+WITHOUT_TMA = {
+    "tma_large": "large",
+    "tma_medium": "medium",
+    "tma_wide_k": "medium",
+}  # for the epilogues TMA stores lack
 
 
 def select_config(m: int, dtype: torch.dtype, k: int = 0) -> str:
@@ -109,8 +114,20 @@ def _epilogue(acc, bias, group_bias, HAS_BIAS: tl.constexpr, GROUP_BIAS: tl.cons
 
 @triton.jit
 def gemm_tile(
-    x_ptr, w_ptr, rm, rn, M, N, K, stride_xm, stride_wn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE_F32: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    rm,
+    rn,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    IEEE_F32: tl.constexpr,
 ):
     """x[rm] @ weight[rn].T -> acc [BLOCK_M, BLOCK_N] fp32, by pointer loads. Rows and columns past
     M, N are wrapped (index mod M, N) so the K loop loads without masks; the caller masks its store."""
@@ -141,9 +158,25 @@ EARLY_OPERANDS_MAX_TILE = tl.constexpr(tuning.EARLY_OPERANDS_MAX_TILE)
 
 @triton.jit
 def _written_operands(
-    gb_ptr, ss_in_ptr, out_ptr, t_ptr, rm, rn, mask, at, M, N, gb_stride, rows_per_group,
-    n_parts_in, rows_per_req, GROUP_BIAS: tl.constexpr, NORM: tl.constexpr, PARTS_IN: tl.constexpr,
-    RESIDUAL: tl.constexpr, CROSS_OUT: tl.constexpr,
+    gb_ptr,
+    ss_in_ptr,
+    out_ptr,
+    t_ptr,
+    rm,
+    rn,
+    mask,
+    at,
+    M,
+    N,
+    gb_stride,
+    rows_per_group,
+    n_parts_in,
+    rows_per_req,
+    GROUP_BIAS: tl.constexpr,
+    NORM: tl.constexpr,
+    PARTS_IN: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    CROSS_OUT: tl.constexpr,
 ):
     """The epilogue's operands that earlier kernels wrote, as loaded (placeholders where off): (group bias,
     the input rows' sum-of-squares partials, the residual, t)."""
@@ -162,12 +195,43 @@ def _cross_tile(t_ptr, rm, rn, mask, N, rows_per_req):
 
 @triton.jit(do_not_specialize=["M"])  # rows (b * L): bounds and wrapping only, so one build for every batch size
 def _gemm_kernel(
-    x_ptr, w_ptr, b_ptr, gb_ptr, out_ptr, ss_in_ptr, ss_out_ptr, t_ptr, xt_ptr,
-    M, N, K, stride_xm, stride_wn, stride_om, gb_stride, rows_per_group, rows_per_req, n_parts_in, norm_width, eps,
-    HAS_BIAS: tl.constexpr, GROUP_BIAS: tl.constexpr, SILU: tl.constexpr, NORM: tl.constexpr, PARTS_IN: tl.constexpr,
-    RESIDUAL: tl.constexpr, SUMSQ_OUT: tl.constexpr, CROSS_OUT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EVEN_K: tl.constexpr, IEEE_F32: tl.constexpr, PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    gb_ptr,
+    out_ptr,
+    ss_in_ptr,
+    ss_out_ptr,
+    t_ptr,
+    xt_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    gb_stride,
+    rows_per_group,
+    rows_per_req,
+    n_parts_in,
+    norm_width,
+    eps,
+    HAS_BIAS: tl.constexpr,
+    GROUP_BIAS: tl.constexpr,
+    SILU: tl.constexpr,
+    NORM: tl.constexpr,
+    PARTS_IN: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    SUMSQ_OUT: tl.constexpr,
+    CROSS_OUT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    IEEE_F32: tl.constexpr,
+    PDL: tl.constexpr,
+    PREFETCH_LINES: tl.constexpr,
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -187,13 +251,49 @@ def _gemm_kernel(
     grid_dependency_wait(PDL)
     if EARLY:
         group_bias, parts, old, t = _written_operands(
-            gb_ptr, ss_in_ptr, out_ptr, t_ptr, rm, rn, mask, at, M, N, gb_stride, rows_per_group,
-            n_parts_in, rows_per_req, GROUP_BIAS, NORM, PARTS_IN, RESIDUAL, CROSS_OUT)
+            gb_ptr,
+            ss_in_ptr,
+            out_ptr,
+            t_ptr,
+            rm,
+            rn,
+            mask,
+            at,
+            M,
+            N,
+            gb_stride,
+            rows_per_group,
+            n_parts_in,
+            rows_per_req,
+            GROUP_BIAS,
+            NORM,
+            PARTS_IN,
+            RESIDUAL,
+            CROSS_OUT,
+        )
     acc = gemm_tile(x_ptr, w_ptr, rm, rn, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE_F32)
     if not EARLY:  # after the loop; the residual and t each where it is used (fewer live registers)
         group_bias, parts, old, t = _written_operands(
-            gb_ptr, ss_in_ptr, out_ptr, t_ptr, rm, rn, mask, at, M, N, gb_stride, rows_per_group,
-            n_parts_in, rows_per_req, GROUP_BIAS, NORM, PARTS_IN, False, False)
+            gb_ptr,
+            ss_in_ptr,
+            out_ptr,
+            t_ptr,
+            rm,
+            rn,
+            mask,
+            at,
+            M,
+            N,
+            gb_stride,
+            rows_per_group,
+            n_parts_in,
+            rows_per_req,
+            GROUP_BIAS,
+            NORM,
+            PARTS_IN,
+            False,
+            False,
+        )
     if NORM:  # RMSNorm(x) @ W.T = rstd * (x @ (W * g).T): the gain g folded into the weight
         acc = acc * row_rstd(parts, eps, norm_width)[:, None]
     y = _epilogue(acc, bias, group_bias, HAS_BIAS, GROUP_BIAS, SILU)
@@ -204,7 +304,16 @@ def _gemm_kernel(
     y = y.to(dtype)
     tl.store(out_ptr + at, y, mask=mask)
     if SUMSQ_OUT:  # for the next GEMM's norm of these rows
-        store_sumsq(tl.where(mask, y.to(tl.float32), 0.0), rm, pid_n, live, tl.cdiv(N, SUMSQ_GROUP), ss_out_ptr, BLOCK_M, BLOCK_N)
+        store_sumsq(
+            tl.where(mask, y.to(tl.float32), 0.0),
+            rm,
+            pid_n,
+            live,
+            tl.cdiv(N, SUMSQ_GROUP),
+            ss_out_ptr,
+            BLOCK_M,
+            BLOCK_N,
+        )
     if CROSS_OUT:  # x * t, the numerator of the factor input's h * t (the norm's rstd and gain come later)
         if not EARLY:
             t = _cross_tile(t_ptr, rm, rn, mask, N, rows_per_req)
@@ -213,9 +322,24 @@ def _gemm_kernel(
 
 @triton.jit(do_not_specialize=["M"])  # as _gemm_kernel's; the program count is the grid's, not a constexpr
 def _gemm_tma_kernel(
-    x_desc, w_desc, out_desc, b_ptr, gb_ptr, M, N, K, gb_stride, rows_per_group,
-    HAS_BIAS: tl.constexpr, GROUP_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PDL: tl.constexpr,
+    x_desc,
+    w_desc,
+    out_desc,
+    b_ptr,
+    gb_ptr,
+    M,
+    N,
+    K,
+    gb_stride,
+    rows_per_group,
+    HAS_BIAS: tl.constexpr,
+    GROUP_BIAS: tl.constexpr,
+    SILU: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Persistent: the grid's programs stride over the output tiles; x / weight tiles arrive by TMA
     (rows and K past the tensor read as zeros), the output tile leaves by TMA (clipped at M, N)."""
@@ -236,9 +360,17 @@ def _gemm_tma_kernel(
 
 
 def gemm_epilogue_reference(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, silu: bool = False,
-    group_bias: torch.Tensor | None = None, rows_per_group: int = 1, norm_eps: float | None = None, norm_width: int | None = None,
-    residual: torch.Tensor | None = None, cross: torch.Tensor | None = None,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    silu: bool = False,
+    group_bias: torch.Tensor | None = None,
+    rows_per_group: int = 1,
+    norm_eps: float | None = None,
+    norm_width: int | None = None,
+    residual: torch.Tensor | None = None,
+    cross: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """PyTorch definition of gemm_epilogue_triton, in fp32, rounded to x's dtype after the activation:
     y = act(rstd * (x @ weight.T) + bias + group_bias[row // rows_per_group]), rstd = 1 / sqrt(mean(x[:, :w]^2)
@@ -265,7 +397,9 @@ def linear_silu_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     return gemm_epilogue_reference(x, weight, bias, silu=True)
 
 
-def _check(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, group_bias, rows_per_group) -> None:
+def _check(
+    name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, group_bias, rows_per_group
+) -> None:
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(
             f"{name}: x {tuple(x.shape)} and weight {tuple(weight.shape)} must be [M, K] and [N, K] "
@@ -285,8 +419,13 @@ def _check(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
         )
     if group_bias is not None:
         groups = x.shape[0] // rows_per_group if rows_per_group >= 1 else -1
-        if (rows_per_group < 1 or groups * rows_per_group != x.shape[0] or group_bias.dim() != 2
-                or tuple(group_bias.shape) != (groups, weight.shape[0]) or group_bias.stride(1) != 1):
+        if (
+            rows_per_group < 1
+            or groups * rows_per_group != x.shape[0]
+            or group_bias.dim() != 2
+            or tuple(group_bias.shape) != (groups, weight.shape[0])
+            or group_bias.stride(1) != 1
+        ):
             raise ValueError(
                 f"{name}: group_bias {tuple(group_bias.shape)} (strides {group_bias.stride()}) with rows_per_group = "
                 f"{rows_per_group} must be [M / rows_per_group, N] = [{groups}, {weight.shape[0]}], unit column stride"
@@ -319,7 +458,14 @@ def _check_epilogue(name: str, x, weight, norm, norm_width, residual, out, sumsq
         width = norm_width or k
         if not 0 < width <= k:
             raise ValueError(f"{name}: norm_width {norm_width} must be in 1..{k} (x's columns)")
-        _check_tensor(name, "norm's sum-of-squares partials", norm[0], (m, -(-width // SUMSQ_GROUP.value)), torch.float32, x.device)
+        _check_tensor(
+            name,
+            "norm's sum-of-squares partials",
+            norm[0],
+            (m, -(-width // SUMSQ_GROUP.value)),
+            torch.float32,
+            x.device,
+        )
     for what, t in (("residual", residual), ("out", out)):
         if t is not None:
             _check_tensor(name, what, t, (m, n), x.dtype, x.device)
@@ -331,9 +477,13 @@ def _check_epilogue(name: str, x, weight, norm, norm_width, residual, out, sumsq
             raise ValueError(f"{name}: cross t {tuple(t.shape)} must be [b, {n}], b dividing the {m} rows")
         _check_tensor(name, "cross t", t.contiguous(), tuple(t.shape), x.dtype, x.device)
         _check_tensor(name, "cross output", xt, (m, n), x.dtype, x.device)
-        row_stride = out.stride(0) if out is not None else residual.stride(0) if residual is not None else n  # (a new out)
+        row_stride = (
+            out.stride(0) if out is not None else residual.stride(0) if residual is not None else n
+        )  # (a new out)
         if xt.stride(0) != row_stride:
-            raise ValueError(f"{name}: the cross output must share the output's row stride (e.g. two halves of one buffer)")
+            raise ValueError(
+                f"{name}: the cross output must share the output's row stride (e.g. two halves of one buffer)"
+            )
 
 
 def gemm_epilogue_triton(
@@ -353,7 +503,8 @@ def gemm_epilogue_triton(
     config: str | GemmLaunch | None = None,  # a GEMM_CONFIGS key or a GemmLaunch; None: select_config(M, dtype, K)
     pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py; sm_90+); `bias` is then read before the wait: a constant
     launch_pdl: bool | None = None,  # False: a PDL kernel launched in full order (after a stream join); None: pdl
-    prefetch: bool | None = None,  # the weight into L2 before the PDL wait (kernels/prefetch.py); None: when launched early
+    prefetch: bool
+    | None = None,  # the weight into L2 before the PDL wait (kernels/prefetch.py); None: when launched early
     name: str = "gemm_epilogue_triton",
 ) -> torch.Tensor:
     """-> act(x @ weight.T + bias + group_bias[row // rows_per_group]) [M, N] in x's dtype (act: SiLU
@@ -386,14 +537,25 @@ def gemm_epilogue_triton(
             chosen = config or select_config(m, x.dtype, k)
             c = GEMM_CONFIGS[chosen if plain or config else WITHOUT_TMA.get(chosen, chosen)]
         common = dict(
-            b_ptr=out if bias is None else bias, gb_ptr=out if group_bias is None else group_bias,
-            gb_stride=0 if group_bias is None else group_bias.stride(0), rows_per_group=rows_per_group,
-            HAS_BIAS=bias is not None, GROUP_BIAS=group_bias is not None, SILU=silu,
-            BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m, **launch,
-            num_stages=c.num_stages, num_warps=c.num_warps,
+            b_ptr=out if bias is None else bias,
+            gb_ptr=out if group_bias is None else group_bias,
+            gb_stride=0 if group_bias is None else group_bias.stride(0),
+            rows_per_group=rows_per_group,
+            HAS_BIAS=bias is not None,
+            GROUP_BIAS=group_bias is not None,
+            SILU=silu,
+            BLOCK_M=c.block_m,
+            BLOCK_N=c.block_n,
+            BLOCK_K=c.block_k,
+            GROUP_M=c.group_m,
+            **launch,
+            num_stages=c.num_stages,
+            num_warps=c.num_warps,
         )
         if c.tma and not plain:
-            raise ValueError(f"{name}: config {c} (TMA) has no norm / residual / extra-output epilogue; pass a non-TMA config")
+            raise ValueError(
+                f"{name}: config {c} (TMA) has no norm / residual / extra-output epilogue; pass a non-TMA config"
+            )
         if c.tma and prefetch:
             raise ValueError(f"{name}: config {c} (TMA) has no weight prefetch; pass a non-TMA config or prefetch=None")
         if c.tma:
@@ -402,15 +564,32 @@ def gemm_epilogue_triton(
             t, xt = (cross[0].contiguous(), cross[1]) if cross is not None else (out, out)
             n_parts_in = norm[0].shape[1] if norm is not None else 1
             _gemm_kernel[(triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n),)](
-                x_ptr=x, w_ptr=weight, out_ptr=out, ss_in_ptr=out if norm is None else norm[0],
-                ss_out_ptr=out if sumsq_out is None else sumsq_out, t_ptr=t, xt_ptr=xt,
-                M=m, N=n, K=k, stride_xm=x.stride(0), stride_wn=weight.stride(0), stride_om=out.stride(0),
+                x_ptr=x,
+                w_ptr=weight,
+                out_ptr=out,
+                ss_in_ptr=out if norm is None else norm[0],
+                ss_out_ptr=out if sumsq_out is None else sumsq_out,
+                t_ptr=t,
+                xt_ptr=xt,
+                M=m,
+                N=n,
+                K=k,
+                stride_xm=x.stride(0),
+                stride_wn=weight.stride(0),
+                stride_om=out.stride(0),
                 rows_per_req=1 if cross is None else m // t.shape[0],
-                n_parts_in=n_parts_in, norm_width=norm_width or k, eps=0.0 if norm is None else float(norm[1]),
-                NORM=norm is not None, PARTS_IN=triton.next_power_of_2(n_parts_in), RESIDUAL=residual is not None,
-                SUMSQ_OUT=sumsq_out is not None, CROSS_OUT=cross is not None,
-                EVEN_K=k % c.block_k == 0, IEEE_F32=x.dtype == torch.float32 or not x.is_cuda,
-                PREFETCH_LINES=lines_per_row(c.block_n, c.num_warps) if early and prefetch is not False else 0, **common,
+                n_parts_in=n_parts_in,
+                norm_width=norm_width or k,
+                eps=0.0 if norm is None else float(norm[1]),
+                NORM=norm is not None,
+                PARTS_IN=triton.next_power_of_2(n_parts_in),
+                RESIDUAL=residual is not None,
+                SUMSQ_OUT=sumsq_out is not None,
+                CROSS_OUT=cross is not None,
+                EVEN_K=k % c.block_k == 0,
+                IEEE_F32=x.dtype == torch.float32 or not x.is_cuda,
+                PREFETCH_LINES=lines_per_row(c.block_n, c.num_warps) if early and prefetch is not False else 0,
+                **common,
             )
     return out
 
@@ -423,11 +602,18 @@ def fold_norm_gain(weight: torch.Tensor, norm_weight: torch.Tensor) -> torch.Ten
 
 
 def linear_silu_triton(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-    config: str | GemmLaunch | None = None, pdl: bool = False, prefetch: bool | None = None,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    config: str | GemmLaunch | None = None,
+    pdl: bool = False,
+    prefetch: bool | None = None,
 ) -> torch.Tensor:
     """-> silu(x @ weight.T + bias) [M, N] in x's dtype (the FFN up projection), one launch."""
-    return gemm_epilogue_triton(x, weight, bias, silu=True, config=config, pdl=pdl, prefetch=prefetch, name="linear_silu_triton")
+    return gemm_epilogue_triton(
+        x, weight, bias, silu=True, config=config, pdl=pdl, prefetch=prefetch, name="linear_silu_triton"
+    )
 
 
 def _launch_tma(name: str, x, weight, out, common: dict) -> None:
@@ -436,22 +622,34 @@ def _launch_tma(name: str, x, weight, out, common: dict) -> None:
 
     if x.dtype == torch.float32 or sm_major(x.device) < 9:  # 0 off CUDA
         raise ValueError(
-            f"{name}: TMA configs need 16-bit CUDA tensors on sm_90+, got {x.dtype} on {x.device}; "
-            f"use a non-TMA config"
+            f"{name}: TMA configs need 16-bit CUDA tensors on sm_90+, got {x.dtype} on {x.device}; use a non-TMA config"
         )
     if any(t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16 for t in (x, weight)):
-        raise ValueError(f"{name}: TMA needs 16-byte aligned x / weight rows; pass .contiguous() copies or a non-TMA config")
+        raise ValueError(
+            f"{name}: TMA needs 16-byte aligned x / weight rows; pass .contiguous() copies or a non-TMA config"
+        )
     (m, k), n = x.shape, weight.shape[0]
     bm, bn, bk = common["BLOCK_M"], common["BLOCK_N"], common["BLOCK_K"]
     programs = min(sm_count(x.device), triton.cdiv(m, bm) * triton.cdiv(n, bn))
     _gemm_tma_kernel[(programs,)](
-        x_desc=TensorDescriptor.from_tensor(x, [bm, bk]), w_desc=TensorDescriptor.from_tensor(weight, [bn, bk]),
-        out_desc=TensorDescriptor.from_tensor(out, [bm, bn]), M=m, N=n, K=k, **common,
+        x_desc=TensorDescriptor.from_tensor(x, [bm, bk]),
+        w_desc=TensorDescriptor.from_tensor(weight, [bn, bk]),
+        out_desc=TensorDescriptor.from_tensor(out, [bm, bn]),
+        M=m,
+        N=n,
+        K=k,
+        **common,
     )
 
 
 def bench_linear_silu(
-    m_list=(120, 480, 960, 1920, 3840), K: int = 1024, N: int = 2048, *, dtype=torch.bfloat16, sweep: bool = False, rep_ms: int = 100
+    m_list=(120, 480, 960, 1920, 3840),
+    K: int = 1024,
+    N: int = 2048,
+    *,
+    dtype=torch.bfloat16,
+    sweep: bool = False,
+    rep_ms: int = 100,
 ) -> list[dict]:
     """On CUDA: ms per call (median of triton.testing.do_bench over the replay of a CUDA graph that
     captured one call; do_bench flushes L2 between calls) of linear_silu_triton and of
@@ -470,7 +668,9 @@ def bench_linear_silu(
         x = torch.randn(m, K, device="cuda", dtype=dtype, generator=gen)
         torch_ms = graph_ms(lambda: linear_silu_reference(x, weight, bias), rep_ms)[0]
         chosen = select_config(m, dtype)
-        for name in [c for c in GEMM_CONFIGS if c != "fp32" and (m > 128 or not GEMM_CONFIGS[c].tma)] if sweep else [chosen]:
+        for name in (
+            [c for c in GEMM_CONFIGS if c != "fp32" and (m > 128 or not GEMM_CONFIGS[c].tma)] if sweep else [chosen]
+        ):
             ms = graph_ms(lambda: linear_silu_triton(x, weight, bias, config=name), rep_ms)[0]
             label = name + ("*" if sweep and name == chosen else "")
             rows.append(dict(M=m, config=label, triton_ms=ms, torch_ms=torch_ms, speedup=torch_ms / ms))
@@ -480,11 +680,16 @@ def bench_linear_silu(
 def format_bench(rows: list[dict]) -> str:
     """The rows of bench_linear_silu as a text table."""
     lines = [f"{'M':>6} {'config':>11} {'triton ms':>10} {'torch ms':>10} {'speedup':>8}"]
-    lines += [f"{r['M']:>6} {r['config']:>11} {r['triton_ms']:>10.4f} {r['torch_ms']:>10.4f} {r['speedup']:>8.2f}" for r in rows]
+    lines += [
+        f"{r['M']:>6} {r['config']:>11} {r['triton_ms']:>10.4f} {r['torch_ms']:>10.4f} {r['speedup']:>8.2f}"
+        for r in rows
+    ]
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
     table = format_bench(bench_linear_silu(sweep=True))
-    print(f"{torch.cuda.get_device_name()}, K = 1024, N = 2048, bf16, triton {triton.__version__}, torch {torch.__version__}")
+    print(
+        f"{torch.cuda.get_device_name()}, K = 1024, N = 2048, bf16, triton {triton.__version__}, torch {torch.__version__}"
+    )
     print(table)

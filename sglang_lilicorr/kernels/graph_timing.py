@@ -1,5 +1,6 @@
 """Timing of GPU work as the server runs it: one call captured in a CUDA graph, then the median
 of triton.testing.do_bench over its replays (do_bench flushes L2 between replays)."""
+
 from __future__ import annotations
 
 import torch

@@ -13,6 +13,7 @@ Two row kernels around the feature MLP's down projection (a cuBLAS GEMM):
 
 Both run one program per row; no host syncs (CUDA-graph capturable).
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,13 +28,21 @@ from .tuning import ConfidenceLaunch
 NUM_FEATURES = 5  # log p, p, log p - log p_top, rank / (K-1), is-top-1 (sglang_lilicorr.head)
 
 
-
-
 @triton.jit
 def _confidence_up_kernel(
-    vals_ptr, lse_ptr, w_ptr, b_ptr, lp_ptr, out_ptr,  # [G, K] f32, [G] f32, [H, 5] f32, [H] f32, [G, K] f32, [G*K, H]
-    K, H, ln_eps, rank_div,  # rank_div = max(K - 1, 1)
-    KP: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
+    vals_ptr,
+    lse_ptr,
+    w_ptr,
+    b_ptr,
+    lp_ptr,
+    out_ptr,  # [G, K] f32, [G] f32, [H, 5] f32, [H] f32, [G, K] f32, [G*K, H]
+    K,
+    H,
+    ln_eps,
+    rank_div,  # rank_div = max(K - 1, 1)
+    KP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     g = tl.program_id(0)  # one (request, slot) group of K candidates
     hb = tl.program_id(1)
@@ -115,9 +124,25 @@ def node_sum(feat, tok, proj, const, cols, mask, table_ptr, H):
 
 @triton.jit(do_not_specialize=["n_rows"])  # a bound only: one build for every batch size
 def _lattice_nodes_kernel(
-    ids_ptr, table_ptr, pass_ptr, feat_ptr, const_ptr, norm_w_ptr, x_ptr, xn_ptr, ss_ptr,
-    n_rows, S, K, H, x_stride, eps,
-    ROWS: tl.constexpr, BLOCK_H: tl.constexpr, SUMSQ: tl.constexpr, PDL: tl.constexpr,
+    ids_ptr,
+    table_ptr,
+    pass_ptr,
+    feat_ptr,
+    const_ptr,
+    norm_w_ptr,
+    x_ptr,
+    xn_ptr,
+    ss_ptr,
+    n_rows,
+    S,
+    K,
+    H,
+    x_stride,
+    eps,
+    ROWS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    SUMSQ: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     rv = r < n_rows
@@ -142,8 +167,14 @@ def _row_warps(block: int) -> int:
 
 
 def confidence_up_triton(
-    vals: torch.Tensor, lse: torch.Tensor, w_feat: torch.Tensor, b_feat: torch.Tensor, ln_eps: float,
-    dtype: torch.dtype, *, pdl: bool = False,
+    vals: torch.Tensor,
+    lse: torch.Tensor,
+    w_feat: torch.Tensor,
+    b_feat: torch.Tensor,
+    ln_eps: float,
+    dtype: torch.dtype,
+    *,
+    pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """vals fp32 [G, K] (descending), lse fp32 [G], w_feat fp32 [H, 5], b_feat fp32 [H]
     -> (log-probs fp32 [G, K], silu(w_feat @ LayerNorm(features) + b_feat) [G*K, H] in dtype).
@@ -158,8 +189,20 @@ def confidence_up_triton(
     block_h = min(triton.next_power_of_2(h), launch.block_h)
     if g:
         _confidence_up_kernel[(g, triton.cdiv(h, block_h))](
-            vals.contiguous(), lse.contiguous(), w_feat.contiguous(), b_feat.contiguous(), lp, out, k, h, float(ln_eps),
-            float(max(k - 1, 1)), KP=triton.next_power_of_2(k), BLOCK_H=block_h, PDL=pdl, launch_pdl=pdl,
+            vals.contiguous(),
+            lse.contiguous(),
+            w_feat.contiguous(),
+            b_feat.contiguous(),
+            lp,
+            out,
+            k,
+            h,
+            float(ln_eps),
+            float(max(k - 1, 1)),
+            KP=triton.next_power_of_2(k),
+            BLOCK_H=block_h,
+            PDL=pdl,
+            launch_pdl=pdl,
             num_warps=launch.num_warps,
         )
     return lp, out
@@ -187,16 +230,39 @@ def lattice_nodes_triton(
     rows = b * s * k
     x = torch.empty((rows, h), dtype=table.dtype, device=table.device) if out is None else out
     if tuple(x.shape) != (rows, h) or x.stride(1) != 1 or x.dtype != table.dtype:
-        raise ValueError(f"lattice_nodes_triton: out {tuple(x.shape)} {x.dtype} must be [{rows}, {h}] {table.dtype}, unit column stride")
+        raise ValueError(
+            f"lattice_nodes_triton: out {tuple(x.shape)} {x.dtype} must be [{rows}, {h}] {table.dtype}, unit column stride"
+        )
     parts = triton.cdiv(h, SUMSQ_GROUP.value)
-    if sumsq_out is not None and (tuple(sumsq_out.shape) != (rows, parts) or sumsq_out.dtype != torch.float32 or not sumsq_out.is_contiguous()):
-        raise ValueError(f"lattice_nodes_triton: sumsq_out {tuple(sumsq_out.shape)} {sumsq_out.dtype} must be a contiguous fp32 [{rows}, {parts}]")
+    if sumsq_out is not None and (
+        tuple(sumsq_out.shape) != (rows, parts) or sumsq_out.dtype != torch.float32 or not sumsq_out.is_contiguous()
+    ):
+        raise ValueError(
+            f"lattice_nodes_triton: sumsq_out {tuple(sumsq_out.shape)} {sumsq_out.dtype} must be a contiguous fp32 [{rows}, {parts}]"
+        )
     xn = torch.empty((rows, h), dtype=table.dtype, device=table.device) if sumsq_out is None else sumsq_out
     if rows:
         block_h, per = max(triton.next_power_of_2(h), SUMSQ_GROUP.value), rows_per_program(x)
         _lattice_nodes_kernel[(triton.cdiv(rows, per),)](
-            ids.contiguous(), table.contiguous(), pass_proj.contiguous(), feat.contiguous(), node_const.contiguous(),
-            norm_weight, x, xn, xn, rows, s, k, h, x.stride(0), float(eps), ROWS=per, BLOCK_H=block_h,
-            SUMSQ=sumsq_out is not None, **pdl_launch(pdl, launch_pdl), num_warps=_row_warps(block_h),
+            ids.contiguous(),
+            table.contiguous(),
+            pass_proj.contiguous(),
+            feat.contiguous(),
+            node_const.contiguous(),
+            norm_weight,
+            x,
+            xn,
+            xn,
+            rows,
+            s,
+            k,
+            h,
+            x.stride(0),
+            float(eps),
+            ROWS=per,
+            BLOCK_H=block_h,
+            SUMSQ=sumsq_out is not None,
+            **pdl_launch(pdl, launch_pdl),
+            num_warps=_row_warps(block_h),
         )
     return x, xn

@@ -11,6 +11,7 @@
 
 One program per row (add_rmsnorm) or per row and column block (row_bias_silu); no host syncs.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,7 +32,9 @@ def norm_store(sf, rstd, rows, cols, mask, H, w_ptr, out_ptr, out_stride, cross_
     out = out_ptr + rows[:, None] * out_stride + cols[None, :]
     tl.store(out, n, mask=mask)
     if CROSS:
-        t = tl.load(cross_ptr + (rows // rows_per_req)[:, None] * H + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        t = tl.load(cross_ptr + (rows // rows_per_req)[:, None] * H + cols[None, :], mask=mask, other=0.0).to(
+            tl.float32
+        )
         tl.store(out + H, (n.to(tl.float32) * t).to(dtype), mask=mask)
 
 
@@ -46,7 +49,11 @@ def store_sumsq(v, rows, pid_n, live, n_parts, ss_ptr, BLOCK_M: tl.constexpr, BL
     GROUPS: tl.constexpr = BLOCK_N // SUMSQ_GROUP
     part = tl.sum(tl.reshape(v * v, [BLOCK_M, GROUPS, SUMSQ_GROUP]), 2)  # [BLOCK_M, GROUPS]
     cols = pid_n * GROUPS + tl.arange(0, GROUPS)
-    tl.store(ss_ptr + rows.to(tl.int64)[:, None] * n_parts + cols[None, :], part, mask=live[:, None] & (cols < n_parts)[None, :])
+    tl.store(
+        ss_ptr + rows.to(tl.int64)[:, None] * n_parts + cols[None, :],
+        part,
+        mask=live[:, None] & (cols < n_parts)[None, :],
+    )
 
 
 @triton.jit
@@ -54,7 +61,9 @@ def load_sumsq(ss_ptr, rows, n_parts, PARTS: tl.constexpr):
     """The partial sums of squares of rows `rows` (store_sumsq) as loaded, [R, PARTS] fp32 (PARTS >= n_parts a
     power of two, zeros past n_parts): a load to issue early and reduce late (row_rstd)."""
     parts = tl.arange(0, PARTS)
-    return tl.load(ss_ptr + rows.to(tl.int64)[:, None] * n_parts + parts[None, :], mask=(parts < n_parts)[None, :], other=0.0)
+    return tl.load(
+        ss_ptr + rows.to(tl.int64)[:, None] * n_parts + parts[None, :], mask=(parts < n_parts)[None, :], other=0.0
+    )
 
 
 @triton.jit
@@ -70,8 +79,21 @@ def sumsq_parts(rows: int, width: int, device) -> torch.Tensor:
 
 @triton.jit(do_not_specialize=["n_rows"])  # a bound only: one build for every batch size
 def _add_rmsnorm_kernel(
-    x_ptr, y_ptr, w_ptr, out_ptr, out_stride, cross_ptr, rows_per_req, n_rows, H, eps,
-    ROWS: tl.constexpr, BLOCK_H: tl.constexpr, CROSS: tl.constexpr, ADD: tl.constexpr, PDL: tl.constexpr,
+    x_ptr,
+    y_ptr,
+    w_ptr,
+    out_ptr,
+    out_stride,
+    cross_ptr,
+    rows_per_req,
+    n_rows,
+    H,
+    eps,
+    ROWS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    CROSS: tl.constexpr,
+    ADD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     grid_dependency_wait(PDL)
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
@@ -91,7 +113,15 @@ def _add_rmsnorm_kernel(
 
 @triton.jit(do_not_specialize=["n_rows"])
 def _row_bias_silu_kernel(
-    pre_ptr, bias_ptr, bias_stride, rows_per_group, n_rows, N, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+    pre_ptr,
+    bias_ptr,
+    bias_stride,
+    rows_per_group,
+    n_rows,
+    N,
+    ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     grid_dependency_wait(PDL)
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
@@ -99,7 +129,9 @@ def _row_bias_silu_kernel(
     m = (r < n_rows)[:, None] & (cols < N)[None, :]
     at = pre_ptr + r[:, None] * N + cols[None, :]
     v = tl.load(at, mask=m, other=0.0).to(tl.float32)
-    v += tl.load(bias_ptr + (r // rows_per_group)[:, None] * bias_stride + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    v += tl.load(bias_ptr + (r // rows_per_group)[:, None] * bias_stride + cols[None, :], mask=m, other=0.0).to(
+        tl.float32
+    )
     tl.store(at, (v / (1.0 + tl.exp(-v))).to(pre_ptr.dtype.element_ty), mask=m)
 
 
@@ -109,7 +141,8 @@ def add_rmsnorm_triton(
     weight: torch.Tensor,  # [H]
     eps: float,
     cross: torch.Tensor | None = None,  # [b, H] anchor state; rows = b * rows_per_req
-    *, pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py), as every kernel here
+    *,
+    pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py), as every kernel here
 ) -> torch.Tensor:
     """-> RMSNorm(x + y) [rows, H], or concat[h, h * t] [rows, 2H] with `cross`."""
     check_pdl(pdl, x, "add_rmsnorm_triton")
@@ -127,8 +160,23 @@ def add_rmsnorm_triton(
     if rows:
         block_h, per = triton.next_power_of_2(h), rows_per_program(x)
         _add_rmsnorm_kernel[(triton.cdiv(rows, per),)](
-            x, y, weight, out, width, x if cross is None else cross, rows_per_req, rows, h, float(eps),
-            ROWS=per, BLOCK_H=block_h, CROSS=cross is not None, ADD=True, PDL=pdl, launch_pdl=pdl, num_warps=4 if block_h <= 2048 else 8,
+            x,
+            y,
+            weight,
+            out,
+            width,
+            x if cross is None else cross,
+            rows_per_req,
+            rows,
+            h,
+            float(eps),
+            ROWS=per,
+            BLOCK_H=block_h,
+            CROSS=cross is not None,
+            ADD=True,
+            PDL=pdl,
+            launch_pdl=pdl,
+            num_warps=4 if block_h <= 2048 else 8,
         )
     return out
 
@@ -143,13 +191,30 @@ def rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, *, pdl: bo
     if rows:
         block_h, per = triton.next_power_of_2(h), rows_per_program(x)
         _add_rmsnorm_kernel[(triton.cdiv(rows, per),)](
-            x, x, weight, out, h, x, 1, rows, h, float(eps),
-            ROWS=per, BLOCK_H=block_h, CROSS=False, ADD=False, PDL=pdl, launch_pdl=pdl, num_warps=4 if block_h <= 2048 else 8,
+            x,
+            x,
+            weight,
+            out,
+            h,
+            x,
+            1,
+            rows,
+            h,
+            float(eps),
+            ROWS=per,
+            BLOCK_H=block_h,
+            CROSS=False,
+            ADD=False,
+            PDL=pdl,
+            launch_pdl=pdl,
+            num_warps=4 if block_h <= 2048 else 8,
         )
     return out
 
 
-def row_bias_silu_triton(pre: torch.Tensor, bias: torch.Tensor, rows_per_group: int, *, pdl: bool = False) -> torch.Tensor:
+def row_bias_silu_triton(
+    pre: torch.Tensor, bias: torch.Tensor, rows_per_group: int, *, pdl: bool = False
+) -> torch.Tensor:
     """pre [rows, N] contiguous, bias [rows / rows_per_group, N] (unit column stride) -> pre, in place."""
     check_pdl(pdl, pre, "row_bias_silu_triton")
     rows, n = pre.shape
@@ -158,6 +223,16 @@ def row_bias_silu_triton(pre: torch.Tensor, bias: torch.Tensor, rows_per_group: 
     if rows:
         block_n, per = min(triton.next_power_of_2(n), 1024), rows_per_program(pre)
         _row_bias_silu_kernel[(triton.cdiv(rows, per), triton.cdiv(n, block_n))](
-            pre, bias, bias.stride(0), rows_per_group, rows, n, ROWS=per, BLOCK_N=block_n, PDL=pdl, launch_pdl=pdl, num_warps=4,
+            pre,
+            bias,
+            bias.stride(0),
+            rows_per_group,
+            rows,
+            n,
+            ROWS=per,
+            BLOCK_N=block_n,
+            PDL=pdl,
+            launch_pdl=pdl,
+            num_warps=4,
         )
     return pre

@@ -23,6 +23,7 @@ loads the S words, follows the successors from the anchor through slot S (a shif
 slot, no reduction), gathers the walked candidates' ids and resets the counter. One launch fewer
 on the critical path than cosine + walk kernel (PERF_NOTES.md).
 """
+
 from __future__ import annotations
 
 import torch
@@ -37,11 +38,30 @@ WALK_MAX_K = 16  # the walk packs a factor's successors 4 bits per candidate int
 
 @triton.jit
 def _lattice_cosine_kernel(
-    edge_ptr, anchor_ptr, anchor_stride, start_ptr, pair_ptr,
-    S, K, D, sigma, eps,
-    succ_ptr, count_ptr, ids_ptr, id_b, id_s, id_k, draft_ptr,  # WALK: [b, S] int64, [b] int32, ids [b, S, K], [b, S]
-    KP: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
-    WALK: tl.constexpr, SP: tl.constexpr,  # SP: S rounded up to a power of two
+    edge_ptr,
+    anchor_ptr,
+    anchor_stride,
+    start_ptr,
+    pair_ptr,
+    S,
+    K,
+    D,
+    sigma,
+    eps,
+    succ_ptr,
+    count_ptr,
+    ids_ptr,
+    id_b,
+    id_s,
+    id_k,
+    draft_ptr,  # WALK: [b, S] int64, [b] int32, ids [b, S, K], [b, S]
+    KP: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    F32_DOT: tl.constexpr,
+    PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
+    WALK: tl.constexpr,
+    SP: tl.constexpr,  # SP: S rounded up to a power of two
 ):
     grid_dependency_wait(PDL)
     req = tl.program_id(0).to(tl.int64)
@@ -52,7 +72,9 @@ def _lattice_cosine_kernel(
     row_w = 2 * D
     in_rows = edge_ptr + ((req * S + s) * K + ks) * row_w + D  # [KP] in-vector rows of slot s
     # left factor rows: the anchor out vector (s = 0, row 0 only) or slot s-1's out vectors
-    a_rows = tl.where(is_start, anchor_ptr + req * anchor_stride + ks * 0, edge_ptr + ((req * S + s - 1) * K + ks) * row_w)
+    a_rows = tl.where(
+        is_start, anchor_ptr + req * anchor_stride + ks * 0, edge_ptr + ((req * S + s - 1) * K + ks) * row_w
+    )
     a_live = tl.where(is_start, ks == 0, kv)
     dot = tl.zeros((KP, KP), tl.float32)  # a b^T
     gram_a = tl.zeros((KP, KP), tl.float32)  # a a^T: squared norms on the diagonal
@@ -60,12 +82,38 @@ def _lattice_cosine_kernel(
     for d0 in range(0, D, BLOCK_D):  # all of D, the last step maybe partial
         cols = d0 + tl.arange(0, BLOCK_D)
         dot, gram_a, gram_b = _gram_step(a_rows, in_rows, a_live, kv, cols, D, dot, gram_a, gram_b, F32_DOT, PRECISION)
-    _score_and_walk(dot, gram_a, gram_b, ks, kv, is_start, req, s, S, K, sigma, eps, start_ptr, pair_ptr,
-                    succ_ptr, count_ptr, ids_ptr, id_b, id_s, id_k, draft_ptr, KP, WALK, SP)
+    _score_and_walk(
+        dot,
+        gram_a,
+        gram_b,
+        ks,
+        kv,
+        is_start,
+        req,
+        s,
+        S,
+        K,
+        sigma,
+        eps,
+        start_ptr,
+        pair_ptr,
+        succ_ptr,
+        count_ptr,
+        ids_ptr,
+        id_b,
+        id_s,
+        id_k,
+        draft_ptr,
+        KP,
+        WALK,
+        SP,
+    )
 
 
 @triton.jit
-def _gram_step(a_rows, in_rows, a_live, kv, cols, D, dot, gram_a, gram_b, F32_DOT: tl.constexpr, PRECISION: tl.constexpr):
+def _gram_step(
+    a_rows, in_rows, a_live, kv, cols, D, dot, gram_a, gram_b, F32_DOT: tl.constexpr, PRECISION: tl.constexpr
+):
     """One BLOCK_D-column step of the factor's three Grams: a b^T, a a^T, b b^T."""
     cv = cols < D
     a = tl.load(a_rows[:, None] + cols[None, :], mask=a_live[:, None] & cv[None, :], other=0.0)
@@ -79,26 +127,66 @@ def _gram_step(a_rows, in_rows, a_live, kv, cols, D, dot, gram_a, gram_b, F32_DO
 
 
 @triton.jit
-def _score_and_walk(dot, gram_a, gram_b, ks, kv, is_start, req, s, S, K, sigma, eps, start_ptr, pair_ptr,
-                    succ_ptr, count_ptr, ids_ptr, id_b, id_s, id_k, draft_ptr, KP: tl.constexpr, WALK: tl.constexpr,
-                    SP: tl.constexpr):
+def _score_and_walk(
+    dot,
+    gram_a,
+    gram_b,
+    ks,
+    kv,
+    is_start,
+    req,
+    s,
+    S,
+    K,
+    sigma,
+    eps,
+    start_ptr,
+    pair_ptr,
+    succ_ptr,
+    count_ptr,
+    ids_ptr,
+    id_b,
+    id_s,
+    id_k,
+    draft_ptr,
+    KP: tl.constexpr,
+    WALK: tl.constexpr,
+    SP: tl.constexpr,
+):
     """One factor's Grams -> its sigma-scaled cosines stored (start or pair), and with WALK its successors / the walk."""
     eye = ks[:, None] == ks[None, :]
     inv_a = 1.0 / tl.maximum(tl.sqrt(tl.sum(tl.where(eye, gram_a, 0.0), 1)), eps)  # [KP] along rows
     inv_b = 1.0 / tl.maximum(tl.sqrt(tl.sum(tl.where(eye, gram_b, 0.0), 0)), eps)  # [KP] along columns
     score = sigma * dot * inv_a[:, None] * inv_b[None, :]
     both = kv[:, None] & kv[None, :]
-    tl.store(start_ptr + req * K + ks[:, None] * 0 + ks[None, :], score,
-             mask=is_start & (ks[:, None] == 0) & both)
-    tl.store(pair_ptr + ((req * (S - 1) + s - 1) * K + ks[:, None]) * K + ks[None, :], score,
-             mask=(s > 0) & both)
+    tl.store(start_ptr + req * K + ks[:, None] * 0 + ks[None, :], score, mask=is_start & (ks[:, None] == 0) & both)
+    tl.store(pair_ptr + ((req * (S - 1) + s - 1) * K + ks[:, None]) * K + ks[None, :], score, mask=(s > 0) & both)
     if WALK:
-        _walk_when_last(score, both, ks, kv, is_start, req, s, S, succ_ptr, count_ptr, ids_ptr, id_b, id_s, id_k, draft_ptr, KP, SP)
+        _walk_when_last(
+            score, both, ks, kv, is_start, req, s, S, succ_ptr, count_ptr, ids_ptr, id_b, id_s, id_k, draft_ptr, KP, SP
+        )
 
 
 @triton.jit
-def _walk_when_last(score, both, ks, kv, is_start, req, s, S, succ_ptr, count_ptr, ids_ptr, id_b, id_s, id_k, draft_ptr,
-                    KP: tl.constexpr, SP: tl.constexpr):
+def _walk_when_last(
+    score,
+    both,
+    ks,
+    kv,
+    is_start,
+    req,
+    s,
+    S,
+    succ_ptr,
+    count_ptr,
+    ids_ptr,
+    id_b,
+    id_s,
+    id_k,
+    draft_ptr,
+    KP: tl.constexpr,
+    SP: tl.constexpr,
+):
     """Store this factor's successors; the request's last program walks all S slots (see module doc)."""
     masked = tl.where(both, score, -float("inf"))
     top = tl.max(masked, 1)  # [KP] per row candidate i
@@ -127,7 +215,8 @@ def lattice_cosine_triton(
     sigma: float,
     eps: float,
     launch: CosineLaunch = CosineLaunch(),
-    *, pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py)
+    *,
+    pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (start fp32 [b, K], pair fp32 [b, S-1, K, K])."""
     return _launch_cosine("lattice_cosine_triton", edges, anchor_out, sigma, eps, launch, pdl)[:2]
@@ -141,19 +230,31 @@ def lattice_cosine_walk_triton(
     ids: torch.Tensor,  # [b, S, K] candidate token ids
     counters: torch.Tensor,  # int32 zeros, >= b entries (one per request); left zero (reused across calls and replays)
     launch: CosineLaunch = CosineLaunch(),
-    *, pdl: bool = False,
+    *,
+    pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (start fp32 [b, K], pair fp32 [b, S-1, K, K], draft ids [b, S] int64: the ids of the
     candidates the greedy walk commits, as walk.greedy_walk + gather)."""
     b, s, k = edges.shape[:3]
     need = b
     if k > WALK_MAX_K:
-        raise ValueError(f"lattice_cosine_walk_triton: K={k} candidates; the walk packs 4-bit successors, K <= {WALK_MAX_K}")
+        raise ValueError(
+            f"lattice_cosine_walk_triton: K={k} candidates; the walk packs 4-bit successors, K <= {WALK_MAX_K}"
+        )
     if tuple(ids.shape) != (b, s, k) or ids.device != edges.device:
-        raise ValueError(f"lattice_cosine_walk_triton: ids {tuple(ids.shape)} on {ids.device} must be [b, S, K] = [{b}, {s}, {k}] on {edges.device}")
-    if counters.dtype != torch.int32 or counters.dim() != 1 or counters.numel() < need or counters.device != edges.device:
-        raise ValueError(f"lattice_cosine_walk_triton: counters must be int32 zeros with >= {need} entries on {edges.device}, "
-                         f"got {counters.dtype} {tuple(counters.shape)} on {counters.device}")
+        raise ValueError(
+            f"lattice_cosine_walk_triton: ids {tuple(ids.shape)} on {ids.device} must be [b, S, K] = [{b}, {s}, {k}] on {edges.device}"
+        )
+    if (
+        counters.dtype != torch.int32
+        or counters.dim() != 1
+        or counters.numel() < need
+        or counters.device != edges.device
+    ):
+        raise ValueError(
+            f"lattice_cosine_walk_triton: counters must be int32 zeros with >= {need} entries on {edges.device}, "
+            f"got {counters.dtype} {tuple(counters.shape)} on {counters.device}"
+        )
     return _launch_cosine("lattice_cosine_walk_triton", edges, anchor_out, sigma, eps, launch, pdl, (ids, counters))
 
 
@@ -184,11 +285,27 @@ def _launch_cosine(name, edges, anchor_out, sigma, eps, launch, pdl, walk=None):
         f32 = edges.dtype == torch.float32 or not edges.is_cuda  # IEEE fp32 dots
         f32_dot = launch.f32_dot or f32
         _lattice_cosine_kernel[(b, s)](
-            edges, anchor_out, anchor_out.stride(0), start, pair, s, k, d, float(sigma), float(eps),
+            edges,
+            anchor_out,
+            anchor_out.stride(0),
+            start,
+            pair,
+            s,
+            k,
+            d,
+            float(sigma),
+            float(eps),
             *walk_args,
-            KP=kp, BLOCK_D=block_d, F32_DOT=f32_dot, PRECISION="ieee" if f32 else "tf32", PDL=pdl,
-            WALK=walk is not None, SP=triton.next_power_of_2(s), launch_pdl=pdl,
-            num_warps=launch.num_warps, num_stages=1 if f32_dot else launch.num_stages,  # fp32 tiles: no room to pipeline
+            KP=kp,
+            BLOCK_D=block_d,
+            F32_DOT=f32_dot,
+            PRECISION="ieee" if f32 else "tf32",
+            PDL=pdl,
+            WALK=walk is not None,
+            SP=triton.next_power_of_2(s),
+            launch_pdl=pdl,
+            num_warps=launch.num_warps,
+            num_stages=1 if f32_dot else launch.num_stages,  # fp32 tiles: no room to pipeline
         )
     return start, pair, draft
 
@@ -203,7 +320,9 @@ SWEEP = (  # the launches `bench_lattice_cosine(sweep=True)` times beside the de
 )
 
 
-def bench_lattice_cosine(bs_list=(1, 4, 16, 32), S: int = 15, K: int = 8, D: int = 1024, *, sweep: bool = False, rep_ms: int = 100):
+def bench_lattice_cosine(
+    bs_list=(1, 4, 16, 32), S: int = 15, K: int = 8, D: int = 1024, *, sweep: bool = False, rep_ms: int = 100
+):
     """On CUDA, bf16 edges [b, S, K, 2D] (paper geometry): ms per call (graph replay, median) of
     lattice_cosine_triton with the default launch (and each SWEEP launch) -> rows {bs, launch, ms, max_err}
     (max_err: against the fp32 F.normalize definition)."""

@@ -26,6 +26,7 @@ both with ptxas). With L = 120 and 64 rows there are 2 programs per (request, he
 every query block of it (the later reads hit L2). fp32 inputs take IEEE FMA dots (exact, for tests; they spill, not
 a fast path). L > 128 (LP = 256) is correct but untuned.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,7 +37,12 @@ import triton
 import triton.language as tl
 
 from .pdl import check_pdl, grid_dependency_wait, pdl_launch
-from .tuning import ATTENTION_BLOCK_M, ATTENTION_ONE_REQUEST_BLOCK_M, ATTENTION_SMALL_BATCH, ATTENTION_SMALL_BATCH_BLOCK_M
+from .tuning import (
+    ATTENTION_BLOCK_M,
+    ATTENTION_ONE_REQUEST_BLOCK_M,
+    ATTENTION_SMALL_BATCH,
+    ATTENTION_SMALL_BATCH_BLOCK_M,
+)
 
 MAX_NODES = 256  # one key tile per request: S [BLOCK_M, LP] fp32 must stay in registers
 NUM_WARPS = 4
@@ -44,9 +50,22 @@ NUM_WARPS = 4
 
 @triton.jit
 def _lattice_attention_kernel(
-    qkv_ptr, qkv_stride, bias_ptr, bias_head_stride, bias_row_stride, out_ptr,
-    L, H, DH, qk_scale,
-    LP: tl.constexpr, DP: tl.constexpr, BLOCK_M: tl.constexpr, IEEE: tl.constexpr, F32_DOT: tl.constexpr, PDL: tl.constexpr,
+    qkv_ptr,
+    qkv_stride,
+    bias_ptr,
+    bias_head_stride,
+    bias_row_stride,
+    out_ptr,
+    L,
+    H,
+    DH,
+    qk_scale,
+    LP: tl.constexpr,
+    DP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    IEEE: tl.constexpr,
+    F32_DOT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     req = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -57,7 +76,8 @@ def _lattice_attention_kernel(
     # the lattice bias is a constant: loaded before the wait, its latency hidden behind the kernel before
     bias = tl.load(
         bias_ptr + head * bias_head_stride + rows[:, None] * bias_row_stride + keys[None, :],
-        mask=rv[:, None] & kv[None, :], other=0.0,
+        mask=rv[:, None] & kv[None, :],
+        other=0.0,
     )
     grid_dependency_wait(PDL)
     base = qkv_ptr + req * L * qkv_stride + head * DH  # q of (request, head); k at + H, v at + 2H
@@ -107,7 +127,9 @@ def _lattice_shapes(qkv: torch.Tensor, bias: torch.Tensor, heads: int, name: str
             f"[heads={heads}, L, L] (or [1, heads, L, L]) additive mask with unit column stride"
         )
     if length == 0 or qkv.shape[0] % length:
-        raise ValueError(f"{name}: qkv has {qkv.shape[0]} rows, not a multiple of the bias's L = {length} nodes per request")
+        raise ValueError(
+            f"{name}: qkv has {qkv.shape[0]} rows, not a multiple of the bias's L = {length} nodes per request"
+        )
     if bias.device != qkv.device:
         raise ValueError(f"{name}: bias is on {bias.device} but qkv is on {qkv.device}; move it there")
     return qkv.shape[0] // length, length, width, width // heads, bias
@@ -148,8 +170,13 @@ def lattice_attention_triton(
         )
     lp, dp = max(16, triton.next_power_of_2(length)), max(16, triton.next_power_of_2(dh))
     if block_m is None:
-        block_m = (ATTENTION_ONE_REQUEST_BLOCK_M if b == 1 else ATTENTION_SMALL_BATCH_BLOCK_M if b <= ATTENTION_SMALL_BATCH
-                   else ATTENTION_BLOCK_M)
+        block_m = (
+            ATTENTION_ONE_REQUEST_BLOCK_M
+            if b == 1
+            else ATTENTION_SMALL_BATCH_BLOCK_M
+            if b <= ATTENTION_SMALL_BATCH
+            else ATTENTION_BLOCK_M
+        )
     if block_m < 16 or block_m & (block_m - 1):
         raise ValueError(f"lattice_attention_triton: block_m = {block_m} must be a power of two >= 16")
     block_m = min(block_m, lp)
@@ -158,9 +185,23 @@ def lattice_attention_triton(
         qk_scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
         f32_dot = qkv.dtype == torch.bfloat16 and not qkv.is_cuda  # Triton on CPU = the interpreter
         _lattice_attention_kernel[(b, heads, triton.cdiv(length, block_m))](
-            qkv, qkv.stride(0), bias, bias.stride(0), bias.stride(1), out, length, width, dh, qk_scale,
-            LP=lp, DP=dp, BLOCK_M=block_m, IEEE=f32_dot or qkv.dtype == torch.float32, F32_DOT=f32_dot,
-            **pdl_launch(pdl, launch_pdl), num_warps=num_warps,
+            qkv,
+            qkv.stride(0),
+            bias,
+            bias.stride(0),
+            bias.stride(1),
+            out,
+            length,
+            width,
+            dh,
+            qk_scale,
+            LP=lp,
+            DP=dp,
+            BLOCK_M=block_m,
+            IEEE=f32_dot or qkv.dtype == torch.float32,
+            F32_DOT=f32_dot,
+            **pdl_launch(pdl, launch_pdl),
+            num_warps=num_warps,
         )
     return out
 
@@ -180,7 +221,9 @@ def bench_lattice_attention(bs_list=(1, 4, 32), launches=((64, 4), (128, 8), (32
         qkv = torch.randn(bs * length, 3 * heads * dh, device="cuda", dtype=torch.bfloat16, generator=gen)
         sdpa_ms = graph_ms(lambda: lattice_attention_reference(qkv, bias, heads), rep_ms)[0]
         for block_m, warps in launches:
-            ms = graph_ms(lambda: lattice_attention_triton(qkv, bias, heads, block_m=block_m, num_warps=warps), rep_ms)[0]
+            ms = graph_ms(lambda: lattice_attention_triton(qkv, bias, heads, block_m=block_m, num_warps=warps), rep_ms)[
+                0
+            ]
             rows.append(dict(bs=bs, launch=dict(block_m=block_m, num_warps=warps), ms=ms, sdpa_ms=sdpa_ms))
     return rows
 

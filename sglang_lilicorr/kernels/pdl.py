@@ -18,6 +18,7 @@ Kernels that are not launched this way (cuBLAS, PyTorch) keep full stream order 
 both instructions compile away. Measured on an H100 in a CUDA
 graph (benchmarks/PERF_NOTES.md): 0.4-0.7 us less per kernel boundary.
 """
+
 from __future__ import annotations
 
 import torch

@@ -2,6 +2,7 @@
 (`topk_lse_fused.py`) on CUDA tensors, or on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1), and the
 PyTorch definition (`topk_reference.py`) otherwise. Ties go to the lowest index.
 """
+
 from __future__ import annotations
 
 import torch

@@ -29,6 +29,7 @@ position is a lower index). An int64 max is several instructions and two shuffle
 kernel's ranking took 3.0 us on int64 keys and 0.9 on int32 (H100, bs 1, PERF_NOTES.md).
 The chosen keys are widened back to int64 (the partials and the outputs do not change).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -157,11 +158,23 @@ def _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK: tl.c
 
 @triton.jit
 def _topk_lse_split_kernel(
-    logits_ptr, row_stride, V, chunk,  # logits [N, V] (unit column stride); chunk: logits per split
-    part_key_ptr, part_max_ptr, part_sum_ptr,  # [N, SPLITS, KP] int64, [N, SPLITS] fp32 x2
-    vals_ptr, ids_ptr, lse_ptr,  # [N, K] fp32, [N, K] int64, [N] fp32 (written when FINAL)
-    K: tl.constexpr, KP: tl.constexpr, R: tl.constexpr, G: tl.constexpr, TP: tl.constexpr,  # TP: tiles collected first
-    FINAL: tl.constexpr, PDL: tl.constexpr,
+    logits_ptr,
+    row_stride,
+    V,
+    chunk,  # logits [N, V] (unit column stride); chunk: logits per split
+    part_key_ptr,
+    part_max_ptr,
+    part_sum_ptr,  # [N, SPLITS, KP] int64, [N, SPLITS] fp32 x2
+    vals_ptr,
+    ids_ptr,
+    lse_ptr,  # [N, K] fp32, [N, K] int64, [N] fp32 (written when FINAL)
+    K: tl.constexpr,
+    KP: tl.constexpr,
+    R: tl.constexpr,
+    G: tl.constexpr,
+    TP: tl.constexpr,  # TP: tiles collected first
+    FINAL: tl.constexpr,
+    PDL: tl.constexpr,
     NARROW: tl.constexpr,  # narrow keys, indices counted from the chunk's start (bf16 logits, chunk <= NARROW_SPAN)
 ):
     grid_dependency_wait(PDL)
@@ -189,10 +202,14 @@ def _topk_lse_split_kernel(
     x_next = tl.load(row_ptr + lo + tile, mask=lo + tile < hi, other=-float("inf"))
     mid = tl.minimum(lo + TP * BLOCK, hi)
     for start in range(lo, mid, BLOCK):
-        x_next, sub_max, tile_max, run_max, run_sum = _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK)
+        x_next, sub_max, tile_max, run_max, run_sum = _stream_tile(
+            row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK
+        )
         maxima = tl.where(tiles[:, None] == (start - lo) // BLOCK, sub_max[None, :], maxima)
     live_tile = tiles[:, None] < tl.cdiv(mid - lo, BLOCK)
-    sub_keys = tl.where(live_tile, _order_key(maxima, (lo - origin) // G + tiles[:, None] * R + subs[None, :], NARROW), bottom)
+    sub_keys = tl.where(
+        live_tile, _order_key(maxima, (lo - origin) // G + tiles[:, None] * R + subs[None, :], NARROW), bottom
+    )
     buf = _top_keys(tl.reshape(sub_keys, [TP * R]), slots, K, NARROW)  # the K best so far, descending
 
     # 2) the rest of the chunk: a K-best buffer of sub-tile keys (unsorted), which tiles below its
@@ -202,7 +219,9 @@ def _topk_lse_split_kernel(
     worst_value, _ = _decode(worst, NARROW)
     floor = tl.where(worst == bottom, -float("inf"), worst_value)  # tiles below it cannot enter
     for start in range(mid, hi, BLOCK):
-        x_next, sub_max, tile_max, run_max, run_sum = _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK)
+        x_next, sub_max, tile_max, run_max, run_sum = _stream_tile(
+            row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK
+        )
         if tile_max >= floor:
             keys = _order_key(sub_max, (start - origin) // G + subs, NARROW)
             n_better = tl.minimum(tl.sum((keys > worst).to(tl.int32), 0), K)
@@ -239,8 +258,18 @@ def _topk_lse_split_kernel(
 
 
 @triton.jit
-def merge_row(part_key_ptr, part_max_ptr, part_sum_ptr, n_splits, row, slots, K: tl.constexpr, KP: tl.constexpr,
-              SP: tl.constexpr, NARROW: tl.constexpr):
+def merge_row(
+    part_key_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    n_splits,
+    row,
+    slots,
+    K: tl.constexpr,
+    KP: tl.constexpr,
+    SP: tl.constexpr,
+    NARROW: tl.constexpr,
+):
     """Stage 2 for one row: its n_splits partials -> (lse, the row's K best keys [KP] descending, SENTINEL past K).
     NARROW (TopKParts.narrow: bf16 values): ranked on narrow keys of the partials' positions, then the K chosen
     partial keys re-loaded (just loaded: cache hits)."""
@@ -275,9 +304,17 @@ def merge_row(part_key_ptr, part_max_ptr, part_sum_ptr, n_splits, row, slots, K:
 
 @triton.jit(do_not_specialize=["n_splits"])  # chunks per row, by batch size (split_plan): a bound only
 def _topk_lse_merge_kernel(
-    part_key_ptr, part_max_ptr, part_sum_ptr, n_splits,  # partials of stage 1
-    vals_ptr, ids_ptr, lse_ptr,  # [N, K] fp32, [N, K] int64, [N] fp32
-    K: tl.constexpr, KP: tl.constexpr, SP: tl.constexpr, PDL: tl.constexpr,  # SP: splits rounded up to a power of 2
+    part_key_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    n_splits,  # partials of stage 1
+    vals_ptr,
+    ids_ptr,
+    lse_ptr,  # [N, K] fp32, [N, K] int64, [N] fp32
+    K: tl.constexpr,
+    KP: tl.constexpr,
+    SP: tl.constexpr,
+    PDL: tl.constexpr,  # SP: splits rounded up to a power of 2
     NARROW: tl.constexpr,  # TopKParts.narrow
 ):
     grid_dependency_wait(PDL)
@@ -324,7 +361,12 @@ class TopKParts(NamedTuple):
 
 
 def topk_lse_triton(
-    logits: torch.Tensor, k: int, splits: int | None = None, launch: TopKLaunch = TopKLaunch(), *, pdl: bool = False,
+    logits: torch.Tensor,
+    k: int,
+    splits: int | None = None,
+    launch: TopKLaunch = TopKLaunch(),
+    *,
+    pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """logits [N, V] -> (vals fp32 [N, k] descending, ids int64 [N, k], lse fp32 [N]).
 
@@ -339,8 +381,18 @@ def topk_lse_triton(
         # early, its programs sit through the whole split stream and the select took 1.5-5.6 us longer (H100, PERF_NOTES.md).
         kp = parts.keys.shape[1]
         _topk_lse_merge_kernel[(logits.shape[0],)](
-            parts.keys, parts.maxima, parts.sums, parts.splits, vals, ids, lse,
-            K=k, KP=kp, SP=parts.width, NARROW=parts.narrow, **pdl_launch(pdl, launch_pdl=False),
+            parts.keys,
+            parts.maxima,
+            parts.sums,
+            parts.splits,
+            vals,
+            ids,
+            lse,
+            K=k,
+            KP=kp,
+            SP=parts.width,
+            NARROW=parts.narrow,
+            **pdl_launch(pdl, launch_pdl=False),
             num_warps=1 if parts.width * kp <= 512 else 4,  # 512 keys: 16 per lane of one warp
         )
     return vals, ids, lse
@@ -364,8 +416,11 @@ def _split_stage(name, logits, k, splits, launch, pdl):
         logits = logits.contiguous()
     n, vocab = logits.shape
     dev = logits.device
-    outputs = (torch.empty((n, k), dtype=torch.float32, device=dev), torch.empty((n, k), dtype=torch.int64, device=dev),
-               torch.empty((n,), dtype=torch.float32, device=dev))
+    outputs = (
+        torch.empty((n, k), dtype=torch.float32, device=dev),
+        torch.empty((n, k), dtype=torch.int64, device=dev),
+        torch.empty((n,), dtype=torch.float32, device=dev),
+    )
     if not n:  # no rows: nothing to launch (and no split plan for zero rows)
         splits, chunk = 1, vocab
     elif splits is None:
@@ -378,19 +433,40 @@ def _split_stage(name, logits, k, splits, launch, pdl):
     # Two merge widths per vocabulary (N <= TOPK_FEW_ROWS and above), not one per N: a constexpr that followed
     # the batch size would compile a new kernel for every batch size the server meets (a stall on the serving path).
     width = triton.next_power_of_2(max(splits, triton.cdiv(triton.cdiv(vocab, block), min_tiles(n, launch))))
-    narrow = launch.narrow_keys and logits.dtype == torch.bfloat16 and width * kp <= NARROW_SPAN  # the merge's positions
+    narrow = (
+        launch.narrow_keys and logits.dtype == torch.bfloat16 and width * kp <= NARROW_SPAN
+    )  # the merge's positions
     parts = TopKParts(
-        torch.empty((rows, kp), dtype=torch.int64, device=dev), torch.empty((rows,), dtype=torch.float32, device=dev),
-        torch.empty((rows,), dtype=torch.float32, device=dev), splits, width, k, narrow,
+        torch.empty((rows, kp), dtype=torch.int64, device=dev),
+        torch.empty((rows,), dtype=torch.float32, device=dev),
+        torch.empty((rows,), dtype=torch.float32, device=dev),
+        splits,
+        width,
+        k,
+        narrow,
     )
     if n:
         group = min(launch.group, block)
         _topk_lse_split_kernel[(n, splits)](
-            logits, logits.stride(0), vocab, chunk,
-            parts.keys, parts.maxima, parts.sums, *outputs,
-            K=k, KP=kp, R=block // group, G=group, TP=launch.collect_tiles, FINAL=final, PDL=pdl,
-            NARROW=narrow and chunk <= NARROW_SPAN, launch_pdl=pdl,
-            num_warps=launch.num_warps, **({"maxnreg": launch.maxnreg} if launch.maxnreg else {}),
+            logits,
+            logits.stride(0),
+            vocab,
+            chunk,
+            parts.keys,
+            parts.maxima,
+            parts.sums,
+            *outputs,
+            K=k,
+            KP=kp,
+            R=block // group,
+            G=group,
+            TP=launch.collect_tiles,
+            FINAL=final,
+            PDL=pdl,
+            NARROW=narrow and chunk <= NARROW_SPAN,
+            launch_pdl=pdl,
+            num_warps=launch.num_warps,
+            **({"maxnreg": launch.maxnreg} if launch.maxnreg else {}),
         )
     return outputs, None if final else parts
 
@@ -404,7 +480,13 @@ SWEEP = (  # the launches `bench_topk_lse(sweep=True)` times beside the default 
 
 
 def bench_topk_lse(
-    n_list=(15, 60, 240, 480), vocab: int = 151936, k: int = 8, *, sweep: bool = False, splits_list=(), rep_ms: int = 100,
+    n_list=(15, 60, 240, 480),
+    vocab: int = 151936,
+    k: int = 8,
+    *,
+    sweep: bool = False,
+    splits_list=(),
+    rep_ms: int = 100,
     pdl: bool = False,
 ):
     """On CUDA, bf16 logits [N, V]: ms per call (graph replay, median) of topk_lse_triton with the default launch
@@ -426,8 +508,16 @@ def bench_topk_lse(
         for launch, splits in runs:
             ms, got = graph_ms(lambda: topk_lse_triton(logits, k, splits, launch=launch, pdl=pdl), rep_ms)
             vals, ids, lse = got
-            same = torch.equal(ids, ref_ids) and torch.equal(vals, ref_vals) and bool(torch.allclose(lse, ref_lse, atol=1e-4))
-            planned = (split_plan(n, vocab, logits.device, launch) if splits is None else even_splits(vocab, splits, launch.block))[0]
+            same = (
+                torch.equal(ids, ref_ids)
+                and torch.equal(vals, ref_vals)
+                and bool(torch.allclose(lse, ref_lse, atol=1e-4))
+            )
+            planned = (
+                split_plan(n, vocab, logits.device, launch)
+                if splits is None
+                else even_splits(vocab, splits, launch.block)
+            )[0]
             rows.append(dict(N=n, launch=launch._asdict(), splits=planned, ms=ms, torch_ms=torch_ms, equal=same))
     return rows
 
@@ -442,6 +532,8 @@ if __name__ == "__main__":
     ap.add_argument("--splits", type=int, nargs="*", default=[], help="also the default launch at these chunks per row")
     ap.add_argument("--pdl", action="store_true", help="launched as the select path does under PDL (sm_90+)")
     args = ap.parse_args()
-    print(f"{torch.cuda.get_device_name()}, V = 151936, K = 8, bf16, triton {triton.__version__}, torch {torch.__version__}")
+    print(
+        f"{torch.cuda.get_device_name()}, V = 151936, K = 8, bf16, triton {triton.__version__}, torch {torch.__version__}"
+    )
     for r in bench_topk_lse(args.n, sweep=args.sweep, splits_list=args.splits, pdl=args.pdl):
         print(json.dumps(r), flush=True)

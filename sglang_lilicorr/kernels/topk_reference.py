@@ -2,6 +2,7 @@
 candidate pool of each drafted slot and its log-softmax scores), and the argument checks every implementation
 shares. Ties go to the lowest index.
 """
+
 from __future__ import annotations
 
 import torch
@@ -47,7 +48,9 @@ def merge_topk_lse_reference(
     return vals.gather(1, order).contiguous(), ids.gather(1, order).contiguous(), lse
 
 
-def sharded_topk_lse_reference(logits: torch.Tensor, k: int, bounds: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sharded_topk_lse_reference(
+    logits: torch.Tensor, k: int, bounds: list[int]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """logits [N, V] split at `bounds` (0 = b_0 <= b_1 <= ... = V: shard r holds columns b_r .. b_{r+1} - 1) ->
     topk_lse_reference of each non-empty shard, merged (merge_topk_lse_reference)."""
     check_topk_lse_args(logits, k)

@@ -17,6 +17,7 @@ merge never returns one while the whole vocabulary holds at least k entries.
 
 torch ops only, static shapes, no host syncs: capturable in a CUDA graph with the all-gather between the two calls.
 """
+
 from __future__ import annotations
 
 import torch
@@ -50,7 +51,9 @@ def shard_partials(logits: torch.Tensor, k: int, vocab_start: int, *, out: torch
     -> partials int64 [N, k + 1] (written into `out` if given): the shard's k best keys, descending (SENTINEL past
     its n entries), then its logsumexp's fp32 bits."""
     if logits.dim() != 2 or not logits.is_floating_point():
-        raise ValueError(f"shard_partials: logits must be a float [N, n] shard, got {tuple(logits.shape)} {logits.dtype}")
+        raise ValueError(
+            f"shard_partials: logits must be a float [N, n] shard, got {tuple(logits.shape)} {logits.dtype}"
+        )
     n_rows, n = logits.shape
     if out is None:
         out = torch.empty((n_rows, k + 1), dtype=torch.int64, device=logits.device)
@@ -72,7 +75,9 @@ def merge_partials(gathered: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
     """gathered int64 [ranks, N, k + 1] (every rank's `shard_partials`, in any rank order) -> (vals fp32 [N, k]
     descending, ids int64 [N, k], lse fp32 [N]): what topk_lse gives on the unsharded rows."""
     if gathered.dim() != 3 or gathered.shape[2] != k + 1 or gathered.dtype != torch.int64:
-        raise ValueError(f"merge_partials: gathered must be int64 [ranks, N, {k + 1}], got {tuple(gathered.shape)} {gathered.dtype}")
+        raise ValueError(
+            f"merge_partials: gathered must be int64 [ranks, N, {k + 1}], got {tuple(gathered.shape)} {gathered.dtype}"
+        )
     ranks, n_rows = gathered.shape[:2]
     keys = gathered[:, :, :k].permute(1, 0, 2).reshape(n_rows, ranks * k)
     top = torch.topk(keys, k, dim=1).values  # unique keys: one order, descending

@@ -6,6 +6,7 @@ exactly (ties go to the lowest index, -inf scores allowed).
   pair  [b, S-1, K, K]   pair[:, s-1, i, j]: score of candidate i at slot s followed by j at slot s+1
   ->    idx [b, S] int64 candidate index per slot (given candidate ids [b, S, K]: their ids, gathered in the kernel)
 """
+
 from __future__ import annotations
 
 import torch
@@ -42,8 +43,24 @@ def _store_path(idx_ptr, req, S, steps, path, ids_ptr, id_b, id_s, id_k, GATHER:
 
 
 @triton.jit
-def _greedy_path(start_ptr, pair_ptr, req, S, K, st_b, st_k, pr_b, pr_s, pr_i, pr_j, lanes, valid, steps,
-                 KP: tl.constexpr, SP: tl.constexpr):
+def _greedy_path(
+    start_ptr,
+    pair_ptr,
+    req,
+    S,
+    K,
+    st_b,
+    st_k,
+    pr_b,
+    pr_s,
+    pr_i,
+    pr_j,
+    lanes,
+    valid,
+    steps,
+    KP: tl.constexpr,
+    SP: tl.constexpr,
+):
     """The greedy walk's path [SP]: from the anchor's best candidate, each slot the best continuation of the last."""
     # the request's whole pair lattice in one load (independent of the path, so no dependent
     # global loads inside the walk): rows r = (s-1) * KP + i, columns j
@@ -62,8 +79,24 @@ def _greedy_path(start_ptr, pair_ptr, req, S, K, st_b, st_k, pr_b, pr_s, pr_i, p
 
 
 @triton.jit
-def _viterbi_path(start_ptr, pair_ptr, req, S, K, st_b, st_k, pr_b, pr_s, pr_i, pr_j, lanes, valid, steps,
-                  KP: tl.constexpr, SP: tl.constexpr):
+def _viterbi_path(
+    start_ptr,
+    pair_ptr,
+    req,
+    S,
+    K,
+    st_b,
+    st_k,
+    pr_b,
+    pr_s,
+    pr_i,
+    pr_j,
+    lanes,
+    valid,
+    steps,
+    KP: tl.constexpr,
+    SP: tl.constexpr,
+):
     """The Viterbi path [SP]: the max-sum dynamic programme forward, then its back-pointers from the last slot."""
     best = _start_row(start_ptr, req, st_b, st_k, lanes, valid)
     back = tl.zeros((SP, KP), dtype=tl.int32)  # back[s, j]: best predecessor of candidate j at slot s+1
@@ -87,11 +120,25 @@ def _viterbi_path(start_ptr, pair_ptr, req, S, K, st_b, st_k, pr_b, pr_s, pr_i, 
 
 @triton.jit
 def _walk_kernel(
-    start_ptr, pair_ptr, idx_ptr, S, K,
-    st_b, st_k, pr_b, pr_s, pr_i, pr_j,  # strides of start [b, K] and pair [b, S-1, K, K]
-    ids_ptr, id_b, id_s, id_k,  # GATHER: candidate ids [b, S, K]; idx then receives ids[path]
-    KP: tl.constexpr, SP: tl.constexpr,  # K and S rounded up to powers of two
-    GATHER: tl.constexpr, PDL: tl.constexpr,
+    start_ptr,
+    pair_ptr,
+    idx_ptr,
+    S,
+    K,
+    st_b,
+    st_k,
+    pr_b,
+    pr_s,
+    pr_i,
+    pr_j,  # strides of start [b, K] and pair [b, S-1, K, K]
+    ids_ptr,
+    id_b,
+    id_s,
+    id_k,  # GATHER: candidate ids [b, S, K]; idx then receives ids[path]
+    KP: tl.constexpr,
+    SP: tl.constexpr,  # K and S rounded up to powers of two
+    GATHER: tl.constexpr,
+    PDL: tl.constexpr,
     VITERBI: tl.constexpr,  # the rule: the Viterbi path, else the greedy walk
 ):
     grid_dependency_wait(PDL)
@@ -100,9 +147,13 @@ def _walk_kernel(
     valid = lanes < K
     steps = tl.arange(0, SP)
     if VITERBI:
-        path = _viterbi_path(start_ptr, pair_ptr, req, S, K, st_b, st_k, pr_b, pr_s, pr_i, pr_j, lanes, valid, steps, KP, SP)
+        path = _viterbi_path(
+            start_ptr, pair_ptr, req, S, K, st_b, st_k, pr_b, pr_s, pr_i, pr_j, lanes, valid, steps, KP, SP
+        )
     else:
-        path = _greedy_path(start_ptr, pair_ptr, req, S, K, st_b, st_k, pr_b, pr_s, pr_i, pr_j, lanes, valid, steps, KP, SP)
+        path = _greedy_path(
+            start_ptr, pair_ptr, req, S, K, st_b, st_k, pr_b, pr_s, pr_i, pr_j, lanes, valid, steps, KP, SP
+        )
     _store_path(idx_ptr, req, S, steps, path, ids_ptr, id_b, id_s, id_k, GATHER)
 
 
@@ -119,8 +170,10 @@ def _check_lattice(name: str, start: torch.Tensor, pair: torch.Tensor) -> None:
     if not 1 <= k <= MAX_TOPK:
         raise ValueError(f"{name}: K={k} candidates per slot; the kernel serves 1..{MAX_TOPK}")
     if not 1 <= pair.shape[1] + 1 <= MAX_BLOCK_SIZE - 1:
-        raise ValueError(f"{name}: S={pair.shape[1] + 1} slots; the kernel serves 1..{MAX_BLOCK_SIZE - 1} (blocks of at "
-                         f"most {MAX_BLOCK_SIZE} tokens)")
+        raise ValueError(
+            f"{name}: S={pair.shape[1] + 1} slots; the kernel serves 1..{MAX_BLOCK_SIZE - 1} (blocks of at "
+            f"most {MAX_BLOCK_SIZE} tokens)"
+        )
     if not (start.is_floating_point() and pair.is_floating_point()):
         raise TypeError(f"{name}: scores must be floating point, got {start.dtype} and {pair.dtype}")
     if start.device != pair.device or not uses_triton(start):
@@ -139,13 +192,27 @@ def _launch(viterbi: bool, name: str, start: torch.Tensor, pair: torch.Tensor, p
     if b:
         kp, sp = triton.next_power_of_2(k), triton.next_power_of_2(slots)
         _walk_kernel[(b,)](
-            start, pair, idx, slots, k, *start.stride(), *pair.stride(), **gather,
-            KP=kp, SP=sp, PDL=pdl, VITERBI=viterbi, launch_pdl=pdl, num_warps=max(1, min(4, sp * kp * kp // 1024)),  # <= 32 lattice scores per thread
+            start,
+            pair,
+            idx,
+            slots,
+            k,
+            *start.stride(),
+            *pair.stride(),
+            **gather,
+            KP=kp,
+            SP=sp,
+            PDL=pdl,
+            VITERBI=viterbi,
+            launch_pdl=pdl,
+            num_warps=max(1, min(4, sp * kp * kp // 1024)),  # <= 32 lattice scores per thread
         )
     return idx
 
 
-def _decode(viterbi: bool, name: str, start: torch.Tensor, pair: torch.Tensor, ids: torch.Tensor | None, pdl: bool) -> torch.Tensor:
+def _decode(
+    viterbi: bool, name: str, start: torch.Tensor, pair: torch.Tensor, ids: torch.Tensor | None, pdl: bool
+) -> torch.Tensor:
     if ids is None:
         return _launch(viterbi, name, start, pair, pdl, ids_ptr=start, id_b=0, id_s=0, id_k=0, GATHER=False)
     if ids.shape != (start.shape[0], pair.shape[1] + 1, start.shape[1]) or ids.device != start.device:
@@ -153,8 +220,18 @@ def _decode(viterbi: bool, name: str, start: torch.Tensor, pair: torch.Tensor, i
             f"{name}: ids {tuple(ids.shape)} on {ids.device} must be [b, S, K] = "
             f"[{start.shape[0]}, {pair.shape[1] + 1}, {start.shape[1]}] on {start.device}"
         )
-    return _launch(viterbi, name, start, pair, pdl, ids_ptr=ids, id_b=ids.stride(0), id_s=ids.stride(1), id_k=ids.stride(2),
-                   GATHER=True)
+    return _launch(
+        viterbi,
+        name,
+        start,
+        pair,
+        pdl,
+        ids_ptr=ids,
+        id_b=ids.stride(0),
+        id_s=ids.stride(1),
+        id_k=ids.stride(2),
+        GATHER=True,
+    )
 
 
 def greedy_walk_triton(

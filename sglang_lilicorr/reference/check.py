@@ -6,6 +6,7 @@ or when d <= tol: the two logits are a near-tie the serving precision cannot ord
 tol is one bf16 ulp of the top logit. Byte equality with a plain decode is not a sound test: a
 16-token verify pass and 1-token decode round differently, so near-ties may flip either way.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -121,20 +122,32 @@ def main(argv: list[str] | None = None) -> int:
     dtype = getattr(torch, a.dtype)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = AutoModelForCausalLM.from_pretrained(a.model_dir, dtype=dtype).to(device).eval()
-    baseline = {(r["prompt"], tuple(r["input_ids"])): r["output_ids"] for r in served_greedy_records(a.baseline)} if a.baseline else {}
+    baseline = (
+        {(r["prompt"], tuple(r["input_ids"])): r["output_ids"] for r in served_greedy_records(a.baseline)}
+        if a.baseline
+        else {}
+    )
     ok = True
     for path in a.results:
         records = served_greedy_records(path)
-        reports = [check_greedy(model, r["input_ids"], r["output_ids"], dtype=dtype, tol_ulps=a.tol_ulps) for r in records]
+        reports = [
+            check_greedy(model, r["input_ids"], r["output_ids"], dtype=dtype, tol_ulps=a.tol_ulps) for r in records
+        ]
         for r, rep in zip(records, reports):
             if not rep.ok:
                 print(f"{path}: {r['prompt'][:60]!r}: {rep.summary()} {[dataclasses.astuple(m) for m in rep.failures]}")
         fails = sum(not rep.ok for rep in reports)
         near = sum(len(rep.not_argmax) - len(rep.failures) for rep in reports)
-        line = (f"{path}: {len(records)} greedy responses, {sum(rep.num_tokens for rep in reports)} tokens, "
-                f"{fails} with a token that is not the target's greedy choice beyond {a.tol_ulps:g} bf16 ulp, "
-                f"{near} near-tie tokens within it")
-        same = [baseline[key] == r["output_ids"] for r in records if (key := (r["prompt"], tuple(r["input_ids"]))) in baseline]
+        line = (
+            f"{path}: {len(records)} greedy responses, {sum(rep.num_tokens for rep in reports)} tokens, "
+            f"{fails} with a token that is not the target's greedy choice beyond {a.tol_ulps:g} bf16 ulp, "
+            f"{near} near-tie tokens within it"
+        )
+        same = [
+            baseline[key] == r["output_ids"]
+            for r in records
+            if (key := (r["prompt"], tuple(r["input_ids"]))) in baseline
+        ]
         if same:
             line += f"; byte-equal with the baseline on {sum(same)}/{len(same)}"
         print(line)

@@ -16,6 +16,7 @@ first completion token comes from the prefill, so a block that accepts m drafts 
 tokens and tau = (1 + sum_blocks (m + 1)) / blocks. `block_tau(name)` = mean over blocks of
 (m_name + 1), the per-block acceptance of one draft on the shared contexts (no prefill token).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -88,7 +89,9 @@ class SpeculativeDecoder:
         if not prompt_ids:
             raise ValueError("generate: the prompt is empty; pass at least one token id.")
         if max_new_tokens < 1 or temperature < 0:
-            raise ValueError(f"generate: need max_new_tokens >= 1 and temperature >= 0, got {max_new_tokens}, {temperature}.")
+            raise ValueError(
+                f"generate: need max_new_tokens >= 1 and temperature >= 0, got {max_new_tokens}, {temperature}."
+            )
         stop = set(stop_ids)
         prompt = list(prompt_ids)
         self.cached.reset()
@@ -146,7 +149,9 @@ class SpeculativeDecoder:
                 if m == len(truth) < len(draft):  # ran past the end of the output
                     ids = torch.tensor([tokens[: b.anchor_pos + 1] + draft], device=self.device)
                     _, final = self.target.run(ids, torch.ones_like(ids))
-                    m, _ = greedy_verify(self.target.logits(final[0, b.anchor_pos :]).float(), torch.tensor(draft, device=self.device))
+                    m, _ = greedy_verify(
+                        self.target.logits(final[0, b.anchor_pos :]).float(), torch.tensor(draft, device=self.device)
+                    )
                 b.accepted[name] = m
 
 

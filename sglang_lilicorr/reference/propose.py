@@ -15,6 +15,7 @@ many anchors (the replay, `replay.py`) and one anchor per call (the decoder) dra
 blocks. The head's anchor input is the projected context of the token before the anchor
 (position a - 1), as in training (`train/joint.py`).
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,6 +25,7 @@ from ..frozen_target import FrozenTarget
 from ..head import LiLiCorrHead
 from ..kernels import topk_lse
 from ..walk import WALKS
+
 ANCHORS_PER_PASS = 64  # blocks drafted per drafter pass (bounds the [N, S, V] logits)
 
 
@@ -33,8 +35,13 @@ def walk_draft_name(walk: str) -> str:
 
 
 class BlockProposer:
-    def __init__(self, target: FrozenTarget, drafter: DFlashDrafter, head: torch.nn.Module | None = None,
-                 walks: tuple[str, ...] = ("greedy",)):
+    def __init__(
+        self,
+        target: FrozenTarget,
+        drafter: DFlashDrafter,
+        head: torch.nn.Module | None = None,
+        walks: tuple[str, ...] = ("greedy",),
+    ):
         bad = [w for w in walks if w not in WALKS]
         if bad or not walks:
             raise ValueError(f"walk={bad[0] if bad else walks!r}: choose from {sorted(WALKS)}.")
@@ -52,7 +59,11 @@ class BlockProposer:
     def draft_names(self) -> tuple[str, ...]:
         if self.head is None:
             return ("argmax",)
-        return ("argmax", *map(walk_draft_name, self.walks)) if isinstance(self.head, LiLiCorrHead) else ("argmax", self.head.config.kind)
+        return (
+            ("argmax", *map(walk_draft_name, self.walks))
+            if isinstance(self.head, LiLiCorrHead)
+            else ("argmax", self.head.config.kind)
+        )
 
     @torch.no_grad()
     def __call__(self, features: torch.Tensor, anchor_token: int) -> dict[str, torch.Tensor]:
@@ -65,14 +76,21 @@ class BlockProposer:
         return {name: d[0] for name, d in drafts.items()}
 
     @torch.no_grad()
-    def blocks(self, features: torch.Tensor, anchors: torch.Tensor, anchor_tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    def blocks(
+        self, features: torch.Tensor, anchors: torch.Tensor, anchor_tokens: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
         """Blocks at many anchors of one sequence: features [1, T, F], anchors [N] (1 <= a <= T),
         anchor_tokens [N] -> {name: [N, S] token ids}."""
         context = self.drafter.project_target_hidden(features)  # [1, T, Hm]
-        parts = [self._blocks(context, a, x) for a, x in zip(anchors.split(ANCHORS_PER_PASS), anchor_tokens.split(ANCHORS_PER_PASS))]
+        parts = [
+            self._blocks(context, a, x)
+            for a, x in zip(anchors.split(ANCHORS_PER_PASS), anchor_tokens.split(ANCHORS_PER_PASS))
+        ]
         return {name: torch.cat([p[name] for p in parts]) for name in self.draft_names}
 
-    def _blocks(self, context: torch.Tensor, anchors: torch.Tensor, anchor_tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _blocks(
+        self, context: torch.Tensor, anchors: torch.Tensor, anchor_tokens: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
         n, b, dev = anchors.shape[0], self.block_size, context.device
         block = torch.full((n, b), self.mask_token_id, dtype=torch.long, device=dev)
         block[:, 0] = anchor_tokens

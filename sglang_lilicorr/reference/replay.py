@@ -17,6 +17,7 @@ SGLang's `spec_accept_length` (and `decoder.DecodeResult.tau`).
 A turn is its prompt ids and its output ids (the end-of-turn token included when generated);
 multi-turn conversations are replayed turn by turn, each turn's prompt holding the earlier ones.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -74,15 +75,21 @@ class Replayer:
         dev = self.target.embedding.weight.device
         n, length = len(prompt_ids), len(output_ids)
         if length < 2:
-            return {label: TurnReplay(length, {name: [] for name in p.draft_names}) for label, p in self.proposers.items()}
-        ids = torch.tensor([list(prompt_ids) + list(output_ids[:-1])], device=dev)  # the last output token is no one's context
+            return {
+                label: TurnReplay(length, {name: [] for name in p.draft_names}) for label, p in self.proposers.items()
+            }
+        ids = torch.tensor(
+            [list(prompt_ids) + list(output_ids[:-1])], device=dev
+        )  # the last output token is no one's context
         features, _ = self.target.run(ids, torch.ones_like(ids))  # [1, n + L - 1, F]
         output = torch.tensor(list(output_ids), device=dev)
         anchors = n + torch.arange(length - 1, device=dev)
         out = {}
         for label, proposer in self.proposers.items():
             drafts = proposer.blocks(features, anchors, output[:-1])
-            out[label] = TurnReplay(length, {name: walk_blocks(matched_prefix(d, output).tolist(), length) for name, d in drafts.items()})
+            out[label] = TurnReplay(
+                length, {name: walk_blocks(matched_prefix(d, output).tolist(), length) for name, d in drafts.items()}
+            )
         return out
 
 

@@ -12,6 +12,7 @@ Records (benchmarks/sampling_exactness.py writes them and runs this check, `chec
 system, input_ids (the prompt), output_ids, seed and temperature. Position 1 is the token sampled after the prompt's
 prefill; the later ones come through speculative verification.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,14 +28,17 @@ BINS = 20
 BATCH = 64  # records of one prompt teacher-forced together
 
 
-def pit_values(model: nn.Module, input_ids: list[int], outputs: list[list[int]], temperature: float,
-               generator: torch.Generator) -> list[list[float]]:
+def pit_values(
+    model: nn.Module, input_ids: list[int], outputs: list[list[int]], temperature: float, generator: torch.Generator
+) -> list[list[float]]:
     """u of every emitted token (module docstring) of each output of one prompt (outputs of one length), from one
     float32 teacher-forced pass of the HF causal LM `model` over them together: [len(outputs)][length]."""
     if not input_ids or not outputs or not outputs[0] or len({len(o) for o in outputs}) != 1:
         raise ValueError("pit_values: a prompt and outputs of one length >= 1 are needed (ignore_eos requests).")
     if temperature <= 0:
-        raise ValueError(f"pit_values: temperature must be > 0 (a greedy output is checked by reference.check), got {temperature}.")
+        raise ValueError(
+            f"pit_values: temperature must be > 0 (a greedy output is checked by reference.check), got {temperature}."
+        )
     device = next(model.parameters()).device
     n, length = len(input_ids), len(outputs[0])
     ids = torch.tensor([list(input_ids) + list(o) for o in outputs], device=device)  # [B, n + L]
@@ -57,11 +61,15 @@ def chi_square_uniform(u: list[float], bins: int = BINS) -> dict:
     """Chi-square test of u against U(0, 1) over `bins` equal bins: n, chi2, dof and the p-value."""
     if len(u) < 5 * bins:
         raise ValueError(f"chi_square_uniform: {len(u)} values for {bins} bins; send at least {5 * bins} requests.")
-    counts = torch.bincount((torch.tensor(u, dtype=torch.float64) * bins).long().clamp(0, bins - 1), minlength=bins).double()
+    counts = torch.bincount(
+        (torch.tensor(u, dtype=torch.float64) * bins).long().clamp(0, bins - 1), minlength=bins
+    ).double()
     expected = len(u) / bins
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     dof = bins - 1
-    p = float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(chi2 / 2, dtype=torch.float64)))
+    p = float(
+        torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(chi2 / 2, dtype=torch.float64))
+    )
     return {"n": len(u), "chi2": round(chi2, 3), "dof": dof, "p": p}
 
 
@@ -92,6 +100,8 @@ def read_records(paths: list[Path]) -> dict[str, list[dict]]:
                 r = json.loads(line)
                 systems[r["system"]].append({key: r[key] for key in ("input_ids", "output_ids", "temperature", "seed")})
             except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ValueError(f"{path}:{k}: not a sampled-output record ({e}); expected system, input_ids, output_ids, "
-                                 "temperature and seed (benchmarks/sampling_exactness.py writes them).") from e
+                raise ValueError(
+                    f"{path}:{k}: not a sampled-output record ({e}); expected system, input_ids, output_ids, "
+                    "temperature and seed (benchmarks/sampling_exactness.py writes them)."
+                ) from e
     return dict(systems)

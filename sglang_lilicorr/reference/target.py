@@ -4,6 +4,7 @@
 drafter's context features (outputs of `target_layer_ids`, concatenated) and the final hidden
 states of those n positions; `rollback(length)` drops the cached rejected drafts.
 """
+
 from __future__ import annotations
 
 import torch
@@ -34,6 +35,7 @@ class CachedTarget:
         def grab(index):
             def hook(_module, _args, output):
                 captured[index] = output[0] if isinstance(output, (tuple, list)) else output
+
             return hook
 
         layers = self.target.layers

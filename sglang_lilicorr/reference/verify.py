@@ -12,6 +12,7 @@ p_s(d_s); on reject draw from the residual normalize(max(p_s - q_s, 0)), which i
 removed and renormalised. Either way slot s emits x with probability exactly p_s(x).
 Sampling runs on the CPU in float64 (a [S+1, V] copy), so a CPU torch.Generator serves any device.
 """
+
 from __future__ import annotations
 
 import torch

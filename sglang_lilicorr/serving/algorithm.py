@@ -6,6 +6,7 @@ target-hidden capture, draft KV cache, TARGET_VERIFY forward and acceptance. So 
 methods the enum has but `CustomSpecAlgo` lacks (`need_topk`, `carries_draft_hidden_states`,
 `create_future_map`, `get_platform_worker_cls`), which the scheduler calls for any algorithm.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional

@@ -5,6 +5,7 @@ One code path for both users: the server's pre-start validation (`server_args.va
 through `inspect_draft`) raises the first problem; `lilicorr check-draft` prints them all. Imports
 no sglang, so the command runs offline without it.
 """
+
 from __future__ import annotations
 
 import os
@@ -62,6 +63,7 @@ class TargetShape:
     def of(cls, config: Any) -> "TargetShape":
         """From a Hugging Face config object or a config.json dict (its `text_config` if it has one); the
         context is the target's max_position_embeddings, the server's default context length."""
+
         def get(name):
             return config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
 
@@ -71,9 +73,12 @@ class TargetShape:
         return cls(
             hidden_size=json_number(get("hidden_size"), int, "target hidden_size", ServingConfigError),
             vocab_size=json_number(get("vocab_size"), int, "target vocab_size", ServingConfigError),
-            num_layers=None if layers is None else json_number(layers, int, "target num_hidden_layers", ServingConfigError),
-            context_length=None if positions is None else json_number(
-                positions, int, "target max_position_embeddings", ServingConfigError),
+            num_layers=None
+            if layers is None
+            else json_number(layers, int, "target num_hidden_layers", ServingConfigError),
+            context_length=None
+            if positions is None
+            else json_number(positions, int, "target max_position_embeddings", ServingConfigError),
         )
 
 
@@ -88,7 +93,9 @@ class DraftReport:
         self.problems.append(ServingConfigError(message))
 
 
-def inspect_draft(path: str | Path, target: TargetShape | None = None, option: str = "--speculative-draft-model-path") -> DraftSpec:
+def inspect_draft(
+    path: str | Path, target: TargetShape | None = None, option: str = "--speculative-draft-model-path"
+) -> DraftSpec:
     """The validated draft, or its first problem raised (see examine_draft)."""
     report = examine_draft(path, target, option)
     if report.problems:
@@ -96,7 +103,9 @@ def inspect_draft(path: str | Path, target: TargetShape | None = None, option: s
     return report.spec
 
 
-def examine_draft(path: str | Path, target: TargetShape | None = None, option: str = "--speculative-draft-model-path") -> DraftReport:
+def examine_draft(
+    path: str | Path, target: TargetShape | None = None, option: str = "--speculative-draft-model-path"
+) -> DraftReport:
     """Every problem of the draft folder `path` (named `option` in messages) for LILICORR, and against
     `target` when given: the folder and config.json, a LiLiCorr head with a servable geometry, the
     dtype, the head tensors' names and shapes, and the target's width, vocabulary and layers."""
@@ -127,7 +136,9 @@ def examine_draft(path: str | Path, target: TargetShape | None = None, option: s
             report.problem(f"{option} {str(path)!r}: {e}")
     hidden = config.get("hidden_size")
     if not isinstance(hidden, int) or isinstance(hidden, bool) or hidden < 1:
-        report.problem(f"{folder / 'config.json'} has no positive integer hidden_size (got {hidden!r:.40}): not a DFlash draft config.")
+        report.problem(
+            f"{folder / 'config.json'} has no positive integer hidden_size (got {hidden!r:.40}): not a DFlash draft config."
+        )
         hidden = None
     if head is not None and head.block_size > MAX_BLOCK_SIZE:
         report.problem(
@@ -160,7 +171,7 @@ def _check_head_tensors(report: DraftReport, weights: Path, head: LiLiCorrConfig
     try:
         with safe_open(str(weights), framework="pt") as f:
             found = {
-                k[len(HEAD_PREFIX):]: tuple(f.get_slice(k).get_shape()) for k in f.keys() if k.startswith(HEAD_PREFIX)
+                k[len(HEAD_PREFIX) :]: tuple(f.get_slice(k).get_shape()) for k in f.keys() if k.startswith(HEAD_PREFIX)
             }
     except Exception as e:  # safetensors raises its own error types for corrupt headers
         report.problem(f"{weights} is not a readable safetensors file ({e}); re-export the draft.")
@@ -176,8 +187,10 @@ def _check_head_tensors(report: DraftReport, weights: Path, head: LiLiCorrConfig
     wrong = sorted(n for n in set(expected) & set(found) if expected[n] != found[n])
     if missing or extra or wrong:
         detail = (
-            f"missing {[HEAD_PREFIX + n for n in missing[:3]]}" if missing
-            else f"unexpected {[HEAD_PREFIX + n for n in extra[:3]]}" if extra
+            f"missing {[HEAD_PREFIX + n for n in missing[:3]]}"
+            if missing
+            else f"unexpected {[HEAD_PREFIX + n for n in extra[:3]]}"
+            if extra
             else f"{HEAD_PREFIX}{wrong[0]} has shape {found[wrong[0]]}, expected {expected[wrong[0]]}"
         )
         report.problem(
@@ -205,7 +218,9 @@ def _check_target(report: DraftReport, config: Mapping[str, Any], hidden: int | 
     if target.num_layers is not None:
         n = target.num_layers
         if not isinstance(layer_ids, list) or not layer_ids:
-            report.problem(f"draft dflash_config.target_layer_ids={layer_ids!r:.60} is not a non-empty list of target layer ids.")
+            report.problem(
+                f"draft dflash_config.target_layer_ids={layer_ids!r:.60} is not a non-empty list of target layer ids."
+            )
         else:
             bad = [i for i in layer_ids if not (isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= n - 2)]
             if bad:

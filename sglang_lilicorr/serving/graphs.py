@@ -1,5 +1,6 @@
 """The batch sizes SGLang captures CUDA graphs for (decode, target verify and draft passes alike), and whether a batch
 can run outside them (eagerly): where graphs are off, or more requests may run than the largest graph holds."""
+
 from __future__ import annotations
 
 

@@ -13,6 +13,7 @@ and its outputs stop being the target's greedy choice (benchmarks/results/long-i
 SGLang asks for the LILICORR worker class, in the scheduler process, before the pools are built; `check_rows` then
 verifies the table that was built.
 """
+
 from __future__ import annotations
 
 import functools

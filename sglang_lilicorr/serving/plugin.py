@@ -7,6 +7,7 @@ worker, draft model and kernels load in the scheduler process when SGLang asks t
 the worker class. Where LILICORR_VERIFY_ATTENTION is set it also registers, through SGLang's hook
 registry, the hook that gives SGLang's DFLASH servers the same verify attention (verify_attention.py).
 """
+
 from __future__ import annotations
 
 import os

@@ -28,6 +28,7 @@ each request. It is kept per request-pool slot (`anchor_table`), published after
 and verify, and staged into the batch's row order (`anchors`) before each draft pass, so batch
 filtering and merging never hand a request another request's anchor.
 """
+
 from __future__ import annotations
 
 import torch
@@ -120,7 +121,9 @@ class LiLiCorrProposer:
 
     # --- anchors --------------------------------------------------------------------------
 
-    def anchor_rows(self, *, num_rows: int, extend_lens: torch.Tensor | None, commit_lens: torch.Tensor | None) -> torch.Tensor:
+    def anchor_rows(
+        self, *, num_rows: int, extend_lens: torch.Tensor | None, commit_lens: torch.Tensor | None
+    ) -> torch.Tensor:
         """`last_rows`, with the verify layout (b blocks of B rows) served from the static row base:
         one launch per step on the serving path instead of five."""
         if commit_lens is not None and self.block_row_before is not None:
@@ -139,7 +142,9 @@ class LiLiCorrProposer:
         if self.anchors is None:
             raise RuntimeError("LiLiCorrProposer.stage_anchors before allocate(): SGLang allocates the pools first")
         if b > self.anchors.shape[0]:
-            raise RuntimeError(f"LiLiCorrProposer: batch of {b} requests exceeds the {self.anchors.shape[0]} it was sized for")
+            raise RuntimeError(
+                f"LiLiCorrProposer: batch of {b} requests exceeds the {self.anchors.shape[0]} it was sized for"
+            )
         torch.index_select(self.anchor_table, 0, req_pool_indices.to(torch.int64), out=self.anchors[:b])
 
     # --- the proposal ---------------------------------------------------------------------
@@ -171,8 +176,9 @@ class LiLiCorrProposer:
         once first, so every kernel such a batch needs is built before a request waits. Returns the sizes run."""
         rows, device = self.anchors.shape[0], self.lm_head_weight.device
         with torch.inference_mode(False):
-            self.eager_in = torch.zeros((rows, self.slots, self.lm_head_weight.shape[1]), dtype=self.lm_head_weight.dtype,
-                                        device=device)
+            self.eager_in = torch.zeros(
+                (rows, self.slots, self.lm_head_weight.shape[1]), dtype=self.lm_head_weight.dtype, device=device
+            )
         top = max(graph_batch_sizes, default=0)
         capture = capture and device.type == "cuda" and self.sharded is None
         if capture:

@@ -13,6 +13,7 @@ resolutions):
   resolve_server_args(args)   (CustomSpecAlgo.handle_server_args) then fixes the block size,
                                num_steps / eagle_topk = 1 and the max-running-requests default.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -65,32 +66,60 @@ def target_text_config(args) -> Any:
 # (option, test on the resolving view, what to do). Each names a path the LILICORR worker
 # has not been built or tested for; SGLang's own checks would fail later and less clearly.
 _UNSUPPORTED = (
-    ("--attn-dp-size > 1 / --enable-dp-attention", lambda a: bool(a.enable_dp_attention) or (a.attn_dp_size or 1) > 1,
-     "serve without DP attention: --tp-size N shards the model over N GPUs, --dp-size N runs N replicas"),
-    ("--pp-size > 1", lambda a: a.pp_size != 1,
-     "serve with --pp-size 1 (SGLang's DFLASH refuses pipeline parallelism too); --tp-size N spreads the model over N GPUs"),
-    ("--attn-cp-size > 1", lambda a: a.attn_cp_size != 1,
-     "serve with --attn-cp-size 1; --tp-size N spreads the model over N GPUs"),
-    ("--disaggregation-mode", lambda a: a.disaggregation_mode not in (None, "null"),
-     "serve LILICORR without prefill/decode disaggregation"),
+    (
+        "--attn-dp-size > 1 / --enable-dp-attention",
+        lambda a: bool(a.enable_dp_attention) or (a.attn_dp_size or 1) > 1,
+        "serve without DP attention: --tp-size N shards the model over N GPUs, --dp-size N runs N replicas",
+    ),
+    (
+        "--pp-size > 1",
+        lambda a: a.pp_size != 1,
+        "serve with --pp-size 1 (SGLang's DFLASH refuses pipeline parallelism too); --tp-size N spreads the model over N GPUs",
+    ),
+    (
+        "--attn-cp-size > 1",
+        lambda a: a.attn_cp_size != 1,
+        "serve with --attn-cp-size 1; --tp-size N spreads the model over N GPUs",
+    ),
+    (
+        "--disaggregation-mode",
+        lambda a: a.disaggregation_mode not in (None, "null"),
+        "serve LILICORR without prefill/decode disaggregation",
+    ),
     ("--enable-unified-memory", lambda a: bool(a.enable_unified_memory), "drop --enable-unified-memory"),
     ("--enable-mixed-chunk", lambda a: bool(a.enable_mixed_chunk), "drop --enable-mixed-chunk"),
     ("--enable-two-batch-overlap", lambda a: bool(a.enable_two_batch_overlap), "drop --enable-two-batch-overlap"),
-    ("--speculative-adaptive", lambda a: bool(a.speculative_adaptive),
-     "drop it: the head is trained for one block size"),
-    ("--speculative-use-block-verification", lambda a: bool(a.speculative_use_block_verification),
-     "drop it: the drafted block is a deterministic proposal, where token-wise verification is already exact"),
-    ("--speculative-draft-window-size", lambda a: a.speculative_draft_window_size is not None,
-     "drop it: LILICORR keeps the full draft KV cache"),
-    ("--speculative-draft-model-quantization (set, or inherited from --quantization)",
-     lambda a: a.speculative_draft_model_quantization is not None,
-     "LILICORR serves unquantized drafts; a quantized target (--quantization X) serves with "
-     "--speculative-draft-model-quantization unquant"),
-    ("--enable-lora / --lora-paths", lambda a: bool(a.enable_lora) or bool(a.lora_paths),
-     "serve LILICORR without LoRA adapters"),
-    ("--speculative-accept-threshold-single/-acc != 1",
-     lambda a: a.speculative_accept_threshold_single != 1.0 or a.speculative_accept_threshold_acc != 1.0,
-     "drop them: LILICORR verifies exactly (greedy or rejection sampling)"),
+    (
+        "--speculative-adaptive",
+        lambda a: bool(a.speculative_adaptive),
+        "drop it: the head is trained for one block size",
+    ),
+    (
+        "--speculative-use-block-verification",
+        lambda a: bool(a.speculative_use_block_verification),
+        "drop it: the drafted block is a deterministic proposal, where token-wise verification is already exact",
+    ),
+    (
+        "--speculative-draft-window-size",
+        lambda a: a.speculative_draft_window_size is not None,
+        "drop it: LILICORR keeps the full draft KV cache",
+    ),
+    (
+        "--speculative-draft-model-quantization (set, or inherited from --quantization)",
+        lambda a: a.speculative_draft_model_quantization is not None,
+        "LILICORR serves unquantized drafts; a quantized target (--quantization X) serves with "
+        "--speculative-draft-model-quantization unquant",
+    ),
+    (
+        "--enable-lora / --lora-paths",
+        lambda a: bool(a.enable_lora) or bool(a.lora_paths),
+        "serve LILICORR without LoRA adapters",
+    ),
+    (
+        "--speculative-accept-threshold-single/-acc != 1",
+        lambda a: a.speculative_accept_threshold_single != 1.0 or a.speculative_accept_threshold_acc != 1.0,
+        "drop them: LILICORR verifies exactly (greedy or rejection sampling)",
+    ),
 )
 
 
@@ -104,8 +133,10 @@ def check_options(args) -> None:
     for option, unsupported, fix in _UNSUPPORTED:
         if unsupported(args):
             raise ServingConfigError(f"{option} is not supported with --speculative-algorithm {ALGORITHM_NAME}: {fix}.")
-    for option, value in (("--speculative-num-steps", args.speculative_num_steps),
-                          ("--speculative-eagle-topk", args.speculative_eagle_topk)):
+    for option, value in (
+        ("--speculative-num-steps", args.speculative_num_steps),
+        ("--speculative-eagle-topk", args.speculative_eagle_topk),
+    ):
         if value not in (None, 1):
             raise ServingConfigError(
                 f"{option} {value} is not supported with --speculative-algorithm {ALGORITHM_NAME}: it drafts one "
@@ -137,8 +168,13 @@ def tensor_parallel_problems(heads: int, kv_heads: int, intermediate: int, tp_si
     return [
         *([f"num_attention_heads={heads} is not divisible by {tp_size}"] if heads % tp_size else []),
         *([f"num_key_value_heads={kv_heads} neither divides nor is divisible by {tp_size}"] if not kv_fits else []),
-        *([f"intermediate_size={intermediate} is not divisible by {tp_size} (lilicorr train --draft-intermediate-size)"]
-          if intermediate % tp_size else []),
+        *(
+            [
+                f"intermediate_size={intermediate} is not divisible by {tp_size} (lilicorr train --draft-intermediate-size)"
+            ]
+            if intermediate % tp_size
+            else []
+        ),
     ]
 
 
@@ -157,8 +193,10 @@ def check_tensor_parallel(spec: DraftSpec, tp_size: int) -> None:
 
 
 def check_block_size(spec: DraftSpec, args) -> None:
-    for option, value in (("--speculative-num-draft-tokens", args.speculative_num_draft_tokens),
-                          ("--speculative-dflash-block-size", args.speculative_dflash_block_size)):
+    for option, value in (
+        ("--speculative-num-draft-tokens", args.speculative_num_draft_tokens),
+        ("--speculative-dflash-block-size", args.speculative_dflash_block_size),
+    ):
         if value is not None and int(value) != spec.head.block_size:
             raise ServingConfigError(
                 f"{option} {value} differs from the draft's block_size={spec.head.block_size}: the LiLiCorr head "
@@ -177,7 +215,11 @@ def served_target(args) -> TargetShape:
     from sglang.srt.utils.hf_transformers.common import get_context_length
 
     text = target_text_config(args)
-    context = None if envs.SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN.get() else int(args.context_length or get_context_length(text))
+    context = (
+        None
+        if envs.SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN.get()
+        else int(args.context_length or get_context_length(text))
+    )
     return dataclasses.replace(TargetShape.of(text), context_length=context)
 
 
@@ -204,5 +246,6 @@ def resolve_server_args(args) -> None:
         args.max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS
         logger.warning(
             "%s: --max-running-requests defaults to %d, as for DFLASH; set it to override.",
-            ALGORITHM_NAME, DEFAULT_MAX_RUNNING_REQUESTS,
+            ALGORITHM_NAME,
+            DEFAULT_MAX_RUNNING_REQUESTS,
         )

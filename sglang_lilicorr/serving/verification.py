@@ -18,6 +18,7 @@ The per-request refusal is an AFTER hook (SGLang's plugin HookRegistry) on SGLan
 DFlash check, `validate_dflash_request`, whose message the scheduler turns into FINISH_ABORT before
 the request is scheduled: once per request, never per block.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,10 +31,14 @@ REFUSE, ALLOW_GREEDY, REFUSE_START = "refuse", "allow-greedy", "refuse-start"
 POLICIES = (REFUSE, ALLOW_GREEDY, REFUSE_START)
 REQUEST_CHECK = "sglang.srt.speculative.dflash_utils.validate_dflash_request"  # SGLang's per-request DFlash check
 
-UNAVAILABLE = ("SGLang's DFlash sampling verification (exact rejection sampling) is unavailable on this build/device "
-               "(its kernel needs flashinfer), so temperature > 0 would be verified by greedy argmax, not sampled")
-REQUEST_REFUSAL = (f"{ALGORITHM_NAME} refuses temperature > 0 on this server: {UNAVAILABLE}. "
-                   "Install flashinfer, or send temperature 0.")
+UNAVAILABLE = (
+    "SGLang's DFlash sampling verification (exact rejection sampling) is unavailable on this build/device "
+    "(its kernel needs flashinfer), so temperature > 0 would be verified by greedy argmax, not sampled"
+)
+REQUEST_REFUSAL = (
+    f"{ALGORITHM_NAME} refuses temperature > 0 on this server: {UNAVAILABLE}. "
+    "Install flashinfer, or send temperature 0."
+)
 
 
 def policy() -> str:
@@ -70,12 +75,18 @@ class Verification:
         if self.exact_sampling:
             sampled = "exact rejection sampling (SGLang's DFlash sampling verification)"
         elif self.policy == ALLOW_GREEDY:
-            sampled = (f"GREEDY FALLBACK, not sampled from the target's distribution ({ENV}={ALLOW_GREEDY}; "
-                       "install flashinfer for exact rejection sampling)")
+            sampled = (
+                f"GREEDY FALLBACK, not sampled from the target's distribution ({ENV}={ALLOW_GREEDY}; "
+                "install flashinfer for exact rejection sampling)"
+            )
         else:
-            sampled = (f"refused: each request is aborted, only SGLang's greedy fallback is available ({ENV}={REFUSE}; "
-                       "install flashinfer for exact rejection sampling)")
-        return f"{ALGORITHM_NAME} verification: T = 0 greedy (longest prefix matching the target argmax); T > 0 {sampled}."
+            sampled = (
+                f"refused: each request is aborted, only SGLang's greedy fallback is available ({ENV}={REFUSE}; "
+                "install flashinfer for exact rejection sampling)"
+            )
+        return (
+            f"{ALGORITHM_NAME} verification: T = 0 greedy (longest prefix matching the target argmax); T > 0 {sampled}."
+        )
 
     def request_refusal(self, sampling_params) -> str | None:
         """The abort message for a request this server must not serve, else None."""

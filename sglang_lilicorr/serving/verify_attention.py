@@ -29,6 +29,7 @@ zero, but it reads that split's partial output from scratch memory allocated uni
 stale memory can hold NaN bit patterns. `zero_scratch` makes every scratch buffer start at zero (a split with keys
 then always leaves finite values behind), which tests/test_serving_verify_attention.py shows is needed.
 """
+
 from __future__ import annotations
 
 import functools
@@ -62,7 +63,7 @@ def probe_lengths() -> list[int]:
     from sglang.kernels.ops.attention.verify_splitkv import choose_n_splits
 
     first = {}
-    for n in [1] + [2 ** k for k in range(1, 16)]:
+    for n in [1] + [2**k for k in range(1, 16)]:
         first.setdefault(choose_n_splits(n), n)
     return sorted(first.values())
 
@@ -84,9 +85,25 @@ def warm(backend, block_size: int, dtype, lengths: list[int]) -> bool:
         o = torch.zeros(block_size, backend.num_head, int(v_buffer.shape[-1]), dtype=dtype, device=device)
         kv_indptr = torch.tensor([0, length], dtype=torch.int32, device=device)
         kv_indices = torch.zeros(length, dtype=torch.int64, device=device)
-        if not backend.verify_splitkv_fwd(q, k, v, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, None, True,
-                                          None, block_size, 1.0, 1.0, head_dim ** -0.5,
-                                          max_bs=backend.req_to_token_pool.size):
+        if not backend.verify_splitkv_fwd(
+            q,
+            k,
+            v,
+            o,
+            k_buffer,
+            v_buffer,
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            None,
+            True,
+            None,
+            block_size,
+            1.0,
+            1.0,
+            head_dim**-0.5,
+            max_bs=backend.req_to_token_pool.size,
+        ):
             return False
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -148,18 +165,31 @@ def configure(backends: list, block_size: int, dtype, setting: str | None = None
     try:
         ready = all(warm(backend, block_size, dtype, lengths) for backend in triton)
     except Exception as e:  # a kernel that cannot build or run here: the verify keeps SGLang's prefill kernel
-        logger.warning("%s: SGLang's prefill kernel; its split-KV verify kernel failed its warm-up (%s: %s).",
-                       prefix, type(e).__name__, e)
+        logger.warning(
+            "%s: SGLang's prefill kernel; its split-KV verify kernel failed its warm-up (%s: %s).",
+            prefix,
+            type(e).__name__,
+            e,
+        )
         return False
     if not ready:
         logger.info("%s: SGLang's prefill kernel; its split-KV verify kernel declines this target's attention.", prefix)
         return False
     for backend in triton:
         backend.use_verify_splitkv = True
-    logger.info("%s: SGLang's split-KV verify kernel, warmed at %d of its %d split counts (%s; %s=%s, %d query heads "
-                "per GPU; %s=%s runs SGLang's prefill kernel).", prefix, len(lengths), len(probe_lengths()),
-                "eager verifies can occur" if eager else "every verify batch within the graphs", ENV, setting, heads,
-                ENV, EXTEND)
+    logger.info(
+        "%s: SGLang's split-KV verify kernel, warmed at %d of its %d split counts (%s; %s=%s, %d query heads "
+        "per GPU; %s=%s runs SGLang's prefill kernel).",
+        prefix,
+        len(lengths),
+        len(probe_lengths()),
+        "eager verifies can occur" if eager else "every verify batch within the graphs",
+        ENV,
+        setting,
+        heads,
+        ENV,
+        EXTEND,
+    )
     return True
 
 
@@ -169,5 +199,9 @@ def after_dflash_init(result, worker, *args, **kwargs) -> None:
     A LILICORR worker runs it too (its init_attention_backends calls DFlashWorkerV2's), then its own call keeps it."""
     from .graphs import eager_batches_possible
 
-    configure(target_attention_backends(worker.model_runner), int(worker.block_size), worker.model_runner.dtype,
-              eager=eager_batches_possible(worker.server_args.max_running_requests))
+    configure(
+        target_attention_backends(worker.model_runner),
+        int(worker.block_size),
+        worker.model_runner.dtype,
+        eager=eager_batches_possible(worker.server_args.max_running_requests),
+    )

@@ -10,6 +10,7 @@ rank. The gather is the TP group's `all_gather_into_tensor(out, inp)` (SGLang's,
 also calls inside the draft CUDA graph); its output and the partials are static buffers, so replays reuse them.
 Imports no sglang: the tests run it on gloo ranks.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,7 +47,9 @@ class ShardedCandidates:
 
     def __init__(self, weight: torch.Tensor, shard: VocabShard, topk: int) -> None:
         if weight.dim() != 2 or weight.shape[0] != shard.size:
-            raise ValueError(f"ShardedCandidates: the LM head shard is {tuple(weight.shape)}, expected [{shard.size}, Hm].")
+            raise ValueError(
+                f"ShardedCandidates: the LM head shard is {tuple(weight.shape)}, expected [{shard.size}, Hm]."
+            )
         if topk > shard.vocab_size:
             raise ValueError(f"ShardedCandidates: K={topk} candidates from a {shard.vocab_size}-token vocabulary.")
         self.weight, self.shard, self.topk = weight, shard, topk
@@ -64,8 +67,10 @@ class ShardedCandidates:
         b, s, hm = pass_hidden.shape
         n = b * s
         if self.partials is None or n > self.partials.shape[0]:
-            raise RuntimeError(f"ShardedCandidates: {n} slots, but allocate() sized it for "
-                               f"{0 if self.partials is None else self.partials.shape[0]}.")
+            raise RuntimeError(
+                f"ShardedCandidates: {n} slots, but allocate() sized it for "
+                f"{0 if self.partials is None else self.partials.shape[0]}."
+            )
         logits = F.linear(pass_hidden.reshape(n, hm).to(self.weight.dtype), self.weight)  # [b*S, n_shard]
         partials = shard_partials(logits, self.topk, self.shard.start, out=self.partials[:n])
         gathered = self.gathered[: self.shard.ranks * n]

@@ -26,6 +26,7 @@ What it overrides (all methods of the DFlash worker, no SGLang source touched):
   init_cuda_graphs               -> warms the proposal for the batches no draft graph covers and captures their
                                     graphs (proposer.warm); warns when the proposal cannot be captured (graphs disabled)
 """
+
 from __future__ import annotations
 
 import logging
@@ -66,7 +67,9 @@ def lm_head_rows(lm_head, vocab_size: int, tp_group) -> tuple[torch.Tensor, Voca
         )
     if shard is not None and int(shard.num_org_elements) < vocab_size:  # vocabulary-parallel: rank r's contiguous ids
         start, size = int(shard.org_vocab_start_index), int(shard.num_org_elements)
-        return weight[:size], VocabShard(start, size, vocab_size, int(tp_group.world_size), tp_group.all_gather_into_tensor)
+        return weight[:size], VocabShard(
+            start, size, vocab_size, int(tp_group.world_size), tp_group.all_gather_into_tensor
+        )
     if weight.shape[0] < vocab_size:
         raise ServingConfigError(f"target LM head has {weight.shape[0]} rows for a {vocab_size}-token vocabulary.")
     return weight[:vocab_size], None
@@ -88,7 +91,9 @@ def full_embedding(embed, vocab_size: int) -> torch.Tensor:
         with torch.no_grad():
             weight = embed.tp_group.all_gather(weight, dim=0)  # [ranks * padded shard, Hm]: global ids in order
     if weight.shape[0] < vocab_size:
-        raise ServingConfigError(f"the target's input embedding has {weight.shape[0]} rows for a {vocab_size}-token vocabulary.")
+        raise ServingConfigError(
+            f"the target's input embedding has {weight.shape[0]} rows for a {vocab_size}-token vocabulary."
+        )
     return weight
 
 
@@ -102,7 +107,9 @@ class LiLiCorrWorker(DFlashWorkerV2):
             )
         target_model = self.model_runner.model
         vocab_size = int(self.model_runner.model_config.vocab_size)
-        lm_head_weight, vocab = lm_head_rows(unwrap_lora_layer(target_model.lm_head), vocab_size, get_parallel().tp_group)
+        lm_head_weight, vocab = lm_head_rows(
+            unwrap_lora_layer(target_model.lm_head), vocab_size, get_parallel().tp_group
+        )
         self.proposer = LiLiCorrProposer(
             head=self.draft_model.lilicorr_head,
             lm_head_weight=lm_head_weight,
@@ -115,14 +122,20 @@ class LiLiCorrWorker(DFlashWorkerV2):
         self._warned_eager = False
         logger.info(
             "%s worker ready: block_size=%d, K=%d, head width=%d, %s.",
-            ALGORITHM_NAME, self.proposer.block_size, self.proposer.topk, self.draft_model.lilicorr_head.width,
-            "whole LM head on this rank" if vocab is None else
-            f"LM head ids {vocab.start}..{vocab.start + vocab.size - 1} of {vocab.vocab_size} on this rank, top-K/LSE merged "
+            ALGORITHM_NAME,
+            self.proposer.block_size,
+            self.proposer.topk,
+            self.draft_model.lilicorr_head.width,
+            "whole LM head on this rank"
+            if vocab is None
+            else f"LM head ids {vocab.start}..{vocab.start + vocab.size - 1} of {vocab.vocab_size} on this rank, top-K/LSE merged "
             f"over {vocab.ranks} ranks, head and walk replicated",
         )
         logger.info(self.proposer.startup_line())
         self.verification = Verification.detect()
-        logger.log(logging.INFO if self.verification.exact_sampling else logging.WARNING, self.verification.startup_line())
+        logger.log(
+            logging.INFO if self.verification.exact_sampling else logging.WARNING, self.verification.startup_line()
+        )
         if self.verification.refuses_sampled:
             install_request_refusal(self.verification)
 
@@ -133,16 +146,24 @@ class LiLiCorrWorker(DFlashWorkerV2):
             token_to_kv_pool_allocator=token_to_kv_pool_allocator,
         )
         pool = req_to_token_pool if req_to_token_pool is not None else self.model_runner.req_to_token_pool
-        check_rows(int(pool.req_to_token.shape[1]), int(self.model_runner.model_config.context_len), int(self.block_size),
-                   int(get_alloc_page_size()))
+        check_rows(
+            int(pool.req_to_token.shape[1]),
+            int(self.model_runner.model_config.context_len),
+            int(self.block_size),
+            int(get_alloc_page_size()),
+        )
         request_slots = int(pool.req_to_token.shape[0])
         self.proposer.allocate(num_request_slots=request_slots, max_rows=max([request_slots, *graph_batch_sizes()]))
 
     def init_attention_backends(self):
         super().init_attention_backends()
         # The target's backends exist now; its verify graphs are captured later (init_cuda_graphs).
-        configure_verify_attention(target_attention_backends(self.model_runner), int(self.block_size),
-                                   self.model_runner.dtype, eager=eager_batches_possible(self.server_args.max_running_requests))
+        configure_verify_attention(
+            target_attention_backends(self.model_runner),
+            int(self.block_size),
+            self.model_runner.dtype,
+            eager=eager_batches_possible(self.server_args.max_running_requests),
+        )
 
     # --- CUDA graphs ------------------------------------------------------------------------
 
@@ -150,8 +171,9 @@ class LiLiCorrWorker(DFlashWorkerV2):
         # Called by DFlashWorkerV2.init_cuda_graphs right before the draft graphs are captured:
         # the returned object runs inside every captured draft forward.
         logger.info(
-            "%s: draft pass + top-K/LSE + head + walk captured together in the draft CUDA graph "
-            "(batch sizes %s).", ALGORITHM_NAME, sorted(graph_batch_sizes()),
+            "%s: draft pass + top-K/LSE + head + walk captured together in the draft CUDA graph (batch sizes %s).",
+            ALGORITHM_NAME,
+            sorted(graph_batch_sizes()),
         )
         return self.proposer
 
@@ -159,13 +181,19 @@ class LiLiCorrWorker(DFlashWorkerV2):
         super().init_cuda_graphs()
         captured = self._draft_sampler is not None
         warmed = self.proposer.warm(graph_batch_sizes=graph_batch_sizes() if captured else [], capture=captured)
-        logger.info("%s: the proposal warmed at %s batch sizes above the draft graphs; eager batches replay graphs of %s "
-                    "requests.", ALGORITHM_NAME, len(warmed), sorted(self.proposer.eager_graphs) or "no")
+        logger.info(
+            "%s: the proposal warmed at %s batch sizes above the draft graphs; eager batches replay graphs of %s "
+            "requests.",
+            ALGORITHM_NAME,
+            len(warmed),
+            sorted(self.proposer.eager_graphs) or "no",
+        )
         if self._draft_sampler is None:
             logger.warning(
                 "%s: the draft CUDA graph is disabled (see the DFLASH message above, or "
                 "--cuda-graph-backend-decode disabled); the head and walk run eagerly after each draft pass. "
-                "Expect much lower throughput; do not compare its tokens/s with a graphed run.", ALGORITHM_NAME,
+                "Expect much lower throughput; do not compare its tokens/s with a graphed run.",
+                ALGORITHM_NAME,
             )
 
     # --- anchors ----------------------------------------------------------------------------
@@ -181,14 +209,20 @@ class LiLiCorrWorker(DFlashWorkerV2):
         self, *, target_hidden, cache_loc, positions, cache_loc_2d=None, commit_lens=None, extend_lens=None
     ) -> None:
         super()._append_target_hidden_to_draft_kv_by_loc(
-            target_hidden=target_hidden, cache_loc=cache_loc, positions=positions,
-            cache_loc_2d=cache_loc_2d, commit_lens=commit_lens, extend_lens=extend_lens,
+            target_hidden=target_hidden,
+            cache_loc=cache_loc,
+            positions=positions,
+            cache_loc_2d=cache_loc_2d,
+            commit_lens=commit_lens,
+            extend_lens=extend_lens,
         )
         # The append projected every row of target_hidden (trailing padding trimmed to cache_loc);
         # each request's anchor is its last verified row of that projection.
         context = self.draft_model.take_context_hidden()  # [cache_loc rows, Hm] or None (nothing appended)
         if context is not None and self._batch_slots is not None:
-            rows = self.proposer.anchor_rows(num_rows=int(context.shape[0]), extend_lens=extend_lens, commit_lens=commit_lens)
+            rows = self.proposer.anchor_rows(
+                num_rows=int(context.shape[0]), extend_lens=extend_lens, commit_lens=commit_lens
+            )
             self.proposer.publish_anchors(context.index_select(0, rows), self._batch_slots)
 
     # --- eager proposal ---------------------------------------------------------------------
@@ -201,7 +235,9 @@ class LiLiCorrWorker(DFlashWorkerV2):
         if not self._warned_eager and self._draft_sampler is not None:
             logger.warning(
                 "%s: a batch of %d requests is larger than the captured draft graphs; its proposal ran eagerly "
-                "(raise --cuda-graph-max-bs-decode to capture it).", ALGORITHM_NAME, b,
+                "(raise --cuda-graph-max-bs-decode to capture it).",
+                ALGORITHM_NAME,
+                b,
             )
             self._warned_eager = True
         return self.proposer.propose_eager(hidden_states.view(b, slots, -1)).reshape(-1)

@@ -2,6 +2,7 @@
 bad value before any model is loaded). Head geometry defaults come from `LiLiCorrConfig` and the
 objective's from `ObjectiveWeights` (paper Table hparams); nothing is repeated here.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,7 +41,9 @@ class TrainConfig:
     draft_intermediate_size: int = 0  # 0 = the target's
     rope_scaling: str = "default"  # the drafter's rope: default, or yarn (long inputs)
     rope_factor: float = 1.0  # yarn: how far the rope is stretched (> 1)
-    rope_original_max_position: int = 0  # yarn: the length it is stretched from (0 = the target's max_position_embeddings)
+    rope_original_max_position: int = (
+        0  # yarn: the length it is stretched from (0 = the target's max_position_embeddings)
+    )
     # the head trained beside the drafter (train/heads.py): lilicorr, domino, dspark or none (gamma = 0: none too)
     head: str = "lilicorr"
     corrector_width: int = 0  # domino: GRU and MLP width, dspark: Markov rank (0 = the drafter's hidden width)
@@ -91,7 +94,9 @@ class TrainConfig:
 
     def objective(self) -> ObjectiveWeights:
         gamma = 0.0 if self.head == "none" else self.gamma  # no head: the drafter's loss alone
-        return ObjectiveWeights(beta=self.beta, gamma=gamma, lam=self.lam, use_margin=self.use_margin, mu=self.mu, rho=self.rho)
+        return ObjectiveWeights(
+            beta=self.beta, gamma=gamma, lam=self.lam, use_margin=self.use_margin, mu=self.mu, rho=self.rho
+        )
 
     def head_config(self, block_size: int, rms_norm_eps: float, hidden_size: int = 0) -> HeadConfig | None:
         """The head's geometry for a drafter of `hidden_size`, or None for vanilla DFlash (--head none, or gamma = 0)."""
@@ -103,61 +108,112 @@ class TrainConfig:
         if self.head == "dspark":
             return DSparkConfig(markov_rank=width, markov_head_type=self.markov_head_type)
         return LiLiCorrConfig(
-            block_size=block_size, candidate_topk=self.candidate_topk, factor_dim=self.factor_dim,
-            logit_scale=self.logit_scale, num_layers=self.head_layers, hidden_size=self.head_hidden_size,
-            num_heads=self.head_heads, mlp_ratio=self.head_mlp_ratio, rms_norm_eps=rms_norm_eps,
+            block_size=block_size,
+            candidate_topk=self.candidate_topk,
+            factor_dim=self.factor_dim,
+            logit_scale=self.logit_scale,
+            num_layers=self.head_layers,
+            hidden_size=self.head_hidden_size,
+            num_heads=self.head_heads,
+            mlp_ratio=self.head_mlp_ratio,
+            rms_norm_eps=rms_norm_eps,
         )
 
     def validate(self) -> None:
         def need(ok: bool, name: str, what: str) -> None:
             if not ok:
                 flag = "--" + name.replace("_", "-")
-                raise TrainConfigError(f"{flag} {getattr(self, name)!r} is not {what}", where=flag, fix="see `lilicorr train --help`")
+                raise TrainConfigError(
+                    f"{flag} {getattr(self, name)!r} is not {what}", where=flag, fix="see `lilicorr train --help`"
+                )
 
         for name in ("lr_drafter", "lr_head"):
             value = getattr(self, name)
-            need(_number(value) and 0 < value <= 1, name, "a finite learning rate in (0, 1] (paper: 6e-4 drafter, 1.5e-4 head)")
+            need(
+                _number(value) and 0 < value <= 1,
+                name,
+                "a finite learning rate in (0, 1] (paper: 6e-4 drafter, 1.5e-4 head)",
+            )
         for name in ("wd_drafter", "wd_head", "grad_clip"):
             need(_number(getattr(self, name)) and getattr(self, name) >= 0, name, "a finite number >= 0")
-        need(_number(self.warmup_ratio) and 0 <= self.warmup_ratio < 1, "warmup_ratio", "a fraction in [0, 1) (paper: 0.04)")
-        need(_number(self.max_minutes) and self.max_minutes >= 0, "max_minutes", "a number of minutes >= 0 (0 = no time limit)")
-        for name in ("batch_size", "grad_accum", "epochs", "num_anchors", "log_every", "save_every", "keep_checkpoints",
-                     "max_bad_steps", "draft_layers", "num_context_features", "eval_examples"):
+        need(
+            _number(self.warmup_ratio) and 0 <= self.warmup_ratio < 1,
+            "warmup_ratio",
+            "a fraction in [0, 1) (paper: 0.04)",
+        )
+        need(
+            _number(self.max_minutes) and self.max_minutes >= 0,
+            "max_minutes",
+            "a number of minutes >= 0 (0 = no time limit)",
+        )
+        for name in (
+            "batch_size",
+            "grad_accum",
+            "epochs",
+            "num_anchors",
+            "log_every",
+            "save_every",
+            "keep_checkpoints",
+            "max_bad_steps",
+            "draft_layers",
+            "num_context_features",
+            "eval_examples",
+        ):
             need(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, name, "an integer >= 1")
         need(self.head in HEADS, "head", f"one of {', '.join(HEADS)}")
         need(self.markov_head_type in MARKOV_HEAD_TYPES, "markov_head_type", f"one of {', '.join(MARKOV_HEAD_TYPES)}")
         for name in ("max_steps", "eval_every", "draft_intermediate_size", "seed", "corrector_width"):
             need(isinstance(getattr(self, name), int) and getattr(self, name) >= 0, name, "an integer >= 0")
         self.validate_rope()
-        need(self.init_from is None or (Path(self.init_from) / "config.json").is_file(), "init_from",
-             "an exported draft folder (config.json + model.safetensors, from `lilicorr export`)")
-        need(isinstance(self.max_length, int) and self.max_length >= self.block_size + 2, "max_length",
-             f"an integer >= block_size + 2 = {self.block_size + 2} (room for one block after a prompt token)")
+        need(
+            self.init_from is None or (Path(self.init_from) / "config.json").is_file(),
+            "init_from",
+            "an exported draft folder (config.json + model.safetensors, from `lilicorr export`)",
+        )
+        need(
+            isinstance(self.max_length, int) and self.max_length >= self.block_size + 2,
+            "max_length",
+            f"an integer >= block_size + 2 = {self.block_size + 2} (room for one block after a prompt token)",
+        )
         try:
             self.objective()
             self.head_config(self.block_size, 1e-6, hidden_size=1)
         except ValueError as e:  # the objective's and the head's own range checks, under the CLI's names
             raise TrainConfigError(str(e)) from None
-        need(self.gamma > 0 or self.head in ("lilicorr", "none"), "gamma",
-             f"> 0 with --head {self.head} (its head's weight; --head none trains plain DFlash)")
-
+        need(
+            self.gamma > 0 or self.head in ("lilicorr", "none"),
+            "gamma",
+            f"> 0 with --head {self.head} (its head's weight; --head none trains plain DFlash)",
+        )
 
     def validate_rope(self) -> None:
         if self.rope_scaling not in ROPE_TYPES:
-            raise TrainConfigError(f"--rope-scaling {self.rope_scaling!r}: expected one of {', '.join(ROPE_TYPES)}", where="--rope-scaling",
-                                   fix="pass default, or yarn for long inputs")
+            raise TrainConfigError(
+                f"--rope-scaling {self.rope_scaling!r}: expected one of {', '.join(ROPE_TYPES)}",
+                where="--rope-scaling",
+                fix="pass default, or yarn for long inputs",
+            )
         if not isinstance(self.rope_original_max_position, int) or self.rope_original_max_position < 0:
-            raise TrainConfigError(f"--rope-original-max-position {self.rope_original_max_position!r}: expected an integer >= 0",
-                                   where="--rope-original-max-position", fix="0 = the target's max_position_embeddings")
+            raise TrainConfigError(
+                f"--rope-original-max-position {self.rope_original_max_position!r}: expected an integer >= 0",
+                where="--rope-original-max-position",
+                fix="0 = the target's max_position_embeddings",
+            )
         if self.rope_scaling == "yarn":
             if not (_number(self.rope_factor) and self.rope_factor > 1):
-                raise TrainConfigError(f"--rope-factor {self.rope_factor!r}: --rope-scaling yarn needs a factor > 1",
-                                       where="--rope-factor", fix="e.g. 4 serves 4x the original length")
+                raise TrainConfigError(
+                    f"--rope-factor {self.rope_factor!r}: --rope-scaling yarn needs a factor > 1",
+                    where="--rope-factor",
+                    fix="e.g. 4 serves 4x the original length",
+                )
             return
         if self.rope_factor != 1.0 or self.rope_original_max_position:
             given = "--rope-factor" if self.rope_factor != 1.0 else "--rope-original-max-position"
-            raise TrainConfigError(f"{given} scales the rope only with --rope-scaling yarn", where=given,
-                                   fix=f"add --rope-scaling yarn, or drop {given}")
+            raise TrainConfigError(
+                f"{given} scales the rope only with --rope-scaling yarn",
+                where=given,
+                fix=f"add --rope-scaling yarn, or drop {given}",
+            )
 
     def check_paths(self) -> None:
         """The input files exist (a usage error, exit 2, before anything loads)."""
@@ -165,14 +221,33 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and not Path(value).is_file():
                 flag = "--" + name.replace("_", "-")
-                raise TrainConfigError(f"{value!r} is not an existing file", where=flag,
-                                       fix="pass a jsonl of conversations (`lilicorr regenerate` writes them)")
+                raise TrainConfigError(
+                    f"{value!r} is not an existing file",
+                    where=flag,
+                    fix="pass a jsonl of conversations (`lilicorr regenerate` writes them)",
+                )
 
     # What a resumed run must share with its checkpoint (besides the geometry, checked on its own): the data
     # (by sha256, trainer.run_identity) and every setting that shapes the updates. Not compared: where things go,
     # how long the run goes on (max_steps, epochs, max_minutes) and how often it logs, evaluates and saves.
-    NOT_COMPARED = ("target", "data", "eval_data", "output_dir", "exclude", "epochs", "max_steps", "max_minutes", "log_every",
-                    "eval_every", "save_every", "keep_checkpoints", "max_bad_steps", "resume", "resume_with_changes", "init_from")
+    NOT_COMPARED = (
+        "target",
+        "data",
+        "eval_data",
+        "output_dir",
+        "exclude",
+        "epochs",
+        "max_steps",
+        "max_minutes",
+        "log_every",
+        "eval_every",
+        "save_every",
+        "keep_checkpoints",
+        "max_bad_steps",
+        "resume",
+        "resume_with_changes",
+        "init_from",
+    )
 
     # Settings added after runs were first checkpointed, with the value those runs trained with (a checkpoint that
     # predates one compares as having it: state.check_resume_compatible).
@@ -185,8 +260,11 @@ class TrainConfig:
         """The drafter's rope scaling for a target of `target_max_positions` positions."""
         if self.rope_scaling == "default":
             return RopeScaling()
-        return RopeScaling("yarn", factor=self.rope_factor,
-                           original_max_position_embeddings=self.rope_original_max_position or target_max_positions)
+        return RopeScaling(
+            "yarn",
+            factor=self.rope_factor,
+            original_max_position_embeddings=self.rope_original_max_position or target_max_positions,
+        )
 
 
 def _number(value: Any) -> bool:

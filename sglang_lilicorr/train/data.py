@@ -6,6 +6,7 @@ messages[:i] with the generation prompt (so its end-of-turn token is supervised,
 assistant header is not). Templates must render each conversation as an extension of its
 prefixes; a template that rewrites earlier turns is refused with the row named.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -29,21 +30,31 @@ ROLES = ("system", "user", "assistant", "tool")
 def checked_messages(row: Mapping[str, Any], where: str) -> list[dict[str, str]]:
     messages = row.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise DataError("'messages' must be a non-empty list of {'role', 'content'} objects", where=where,
-                        fix="give each row `messages`: [{\"role\": ..., \"content\": ...}, ...]")
+        raise DataError(
+            "'messages' must be a non-empty list of {'role', 'content'} objects",
+            where=where,
+            fix='give each row `messages`: [{"role": ..., "content": ...}, ...]',
+        )
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            raise DataError(f"messages[{i}] must be {{'role': one of {ROLES}, 'content': str}}, got {m!r:.120}", where=where,
-                            fix="fix or remove that row")
+            raise DataError(
+                f"messages[{i}] must be {{'role': one of {ROLES}, 'content': str}}, got {m!r:.120}",
+                where=where,
+                fix="fix or remove that row",
+            )
         out.append({"role": m["role"], "content": m["content"]})
     return out
 
 
-def render(tokenizer, messages: Sequence[Mapping[str, str]], generation_prompt: bool, chat_kwargs: Mapping[str, Any]) -> list[int]:
-    return list(tokenizer.apply_chat_template(
-        list(messages), tokenize=True, return_dict=False, add_generation_prompt=generation_prompt, **chat_kwargs
-    ))
+def render(
+    tokenizer, messages: Sequence[Mapping[str, str]], generation_prompt: bool, chat_kwargs: Mapping[str, Any]
+) -> list[int]:
+    return list(
+        tokenizer.apply_chat_template(
+            list(messages), tokenize=True, return_dict=False, add_generation_prompt=generation_prompt, **chat_kwargs
+        )
+    )
 
 
 def tokenize_conversation(
@@ -91,32 +102,50 @@ def load_conversations(
             stored = None
         ours = isinstance(stored, dict) and isinstance(stored.get("key"), str)
         if ours and stored.get("key") == key:
-            return [Example(i.long(), m) for i, m in zip(stored["ids"].split(stored["lengths"].tolist()), stored["mask"].split(stored["lengths"].tolist()))]
+            return [
+                Example(i.long(), m)
+                for i, m in zip(
+                    stored["ids"].split(stored["lengths"].tolist()), stored["mask"].split(stored["lengths"].tolist())
+                )
+            ]
     rows = [(f"{path}:{number}", row) for number, row in read_jsonl(path)]
     work = [(where, checked_messages(row, where)) for where, row in rows]
     if len(work) >= POOL_MIN_ROWS and (os.cpu_count() or 1) > 2:
-        with concurrent.futures.ProcessPoolExecutor(min(32, os.cpu_count()), initializer=_set_worker, initargs=(tokenizer, chat_kwargs)) as pool:
+        with concurrent.futures.ProcessPoolExecutor(
+            min(32, os.cpu_count()), initializer=_set_worker, initargs=(tokenizer, chat_kwargs)
+        ) as pool:
             encoded = list(pool.map(_encode, work, chunksize=256))
     else:
         _set_worker(tokenizer, chat_kwargs)
         encoded = [_encode(w) for w in work]
     examples = []
     for ids, mask in encoded:
-        example = Example(torch.tensor(ids[:max_length], dtype=torch.long), torch.tensor(mask[:max_length], dtype=torch.bool))
+        example = Example(
+            torch.tensor(ids[:max_length], dtype=torch.long), torch.tensor(mask[:max_length], dtype=torch.bool)
+        )
         if eligible_anchors(example.loss_mask[None]).any():
             examples.append(example)
     if not examples:
         raise DataError(
             f"no usable training conversation (each needs an assistant turn of at least 2 tokens within "
-            f"max_length={max_length})", where=str(path), fix="run `lilicorr regenerate` first or check the file"
+            f"max_length={max_length})",
+            where=str(path),
+            fix="run `lilicorr regenerate` first or check the file",
         )
     if not (write_cache and ours):
         return examples
     lengths = torch.tensor([len(e.input_ids) for e in examples])
     try:
         with atomic_file(cache) as tmp:
-            torch.save({"key": key, "lengths": lengths, "ids": torch.cat([e.input_ids for e in examples]).int(),
-                        "mask": torch.cat([e.loss_mask for e in examples])}, tmp)
+            torch.save(
+                {
+                    "key": key,
+                    "lengths": lengths,
+                    "ids": torch.cat([e.input_ids for e in examples]).int(),
+                    "mask": torch.cat([e.loss_mask for e in examples]),
+                },
+                tmp,
+            )
     except OSError:  # a read-only data folder: no cache, same examples
         pass
     return examples
@@ -137,8 +166,13 @@ def _encode(item: tuple[str, list[dict[str, str]]]) -> tuple[list[int], list[boo
 
 def _cache_key(path: Path, tokenizer, max_length: int, chat_kwargs: Mapping[str, Any]) -> str:
     digest = hashlib.sha256(path.read_bytes() if path.is_file() else b"")
-    for part in (getattr(tokenizer, "name_or_path", ""), getattr(tokenizer, "chat_template", "") or "", len(tokenizer),
-                 max_length, json.dumps(dict(chat_kwargs), sort_keys=True)):
+    for part in (
+        getattr(tokenizer, "name_or_path", ""),
+        getattr(tokenizer, "chat_template", "") or "",
+        len(tokenizer),
+        max_length,
+        json.dumps(dict(chat_kwargs), sort_keys=True),
+    ):
         digest.update(str(part).encode() + b"\0")
     return digest.hexdigest()
 

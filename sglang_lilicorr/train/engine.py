@@ -11,6 +11,7 @@ generated ids (the end-of-turn token included when the turn ended) and why gener
 ("stop" or "length"). Requests at T > 0 carry their own seed, so a resumed run asks for the same
 samples again (SGLang's `sampling_seed`).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -83,18 +84,36 @@ class SGLangServers:
         self.processes: list[subprocess.Popen] = []
 
     @classmethod
-    def launch(cls, model_path: str, gpus: int, port0: int = 31000, server_args: Sequence[str] = (), log_dir: str | Path = ".",
-               startup_timeout: float = 900.0, concurrency: int = 256) -> "SGLangServers":
+    def launch(
+        cls,
+        model_path: str,
+        gpus: int,
+        port0: int = 31000,
+        server_args: Sequence[str] = (),
+        log_dir: str | Path = ".",
+        startup_timeout: float = 900.0,
+        concurrency: int = 256,
+    ) -> "SGLangServers":
         """Start one server per GPU (the i-th of this process's CUDA_VISIBLE_DEVICES, or GPU i; port
         port0 + i) and wait until all answer /health. Call `close()` (or use `with`) to stop them."""
         visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
         ids = visible[:gpus] if len(visible) >= gpus else [str(i) for i in range(gpus)]
-        specs = [ServerSpec(model_path, port0 + i, ids[i], ("--max-running-requests", str(concurrency), *server_args)) for i in range(gpus)]
+        specs = [
+            ServerSpec(model_path, port0 + i, ids[i], ("--max-running-requests", str(concurrency), *server_args))
+            for i in range(gpus)
+        ]
         return cls.start(specs, log_dir, startup_timeout, concurrency, warm_first=True)
 
     @classmethod
-    def start(cls, specs: Sequence["ServerSpec"], log_dir: str | Path = ".", startup_timeout: float = 900.0,
-              concurrency: int = 256, launcher: Sequence[str] = (), warm_first: bool = False) -> "SGLangServers":
+    def start(
+        cls,
+        specs: Sequence["ServerSpec"],
+        log_dir: str | Path = ".",
+        startup_timeout: float = 900.0,
+        concurrency: int = 256,
+        launcher: Sequence[str] = (),
+        warm_first: bool = False,
+    ) -> "SGLangServers":
         """Start the servers `specs` describe, side by side, and wait until all answer /health.
         warm_first: the first one alone until it is up (it fills SGLang's JIT kernel cache, which the
         others then share instead of compiling the same kernels at once). `launcher` replaces
@@ -105,12 +124,32 @@ class SGLangServers:
         for i, spec in enumerate(specs):
             if warm_first and i == 1:
                 servers._wait_started(startup_timeout, log_dir)
-            cmd = list(launcher) or [sys.executable, "-m", "sglang.launch_server", "--model-path", spec.model_path,
-                                     "--host", "127.0.0.1", "--port", str(spec.port), *spec.args]
-            env = dict(os.environ, CUDA_VISIBLE_DEVICES=spec.gpus, PORT=str(spec.port), SERVER_ARGS=shlex.join(spec.args), **spec.env)
+            cmd = list(launcher) or [
+                sys.executable,
+                "-m",
+                "sglang.launch_server",
+                "--model-path",
+                spec.model_path,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(spec.port),
+                *spec.args,
+            ]
+            env = dict(
+                os.environ,
+                CUDA_VISIBLE_DEVICES=spec.gpus,
+                PORT=str(spec.port),
+                SERVER_ARGS=shlex.join(spec.args),
+                **spec.env,
+            )
             log = open(Path(log_dir) / f"server-{spec.name or i}.log", "w")
             # cwd: the log folder, never a checkout whose plain sglang_lilicorr/ would shadow the installed one
-            servers.processes.append(subprocess.Popen(cmd, env=env, cwd=log_dir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            servers.processes.append(
+                subprocess.Popen(
+                    cmd, env=env, cwd=log_dir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            )
         servers._wait_started(startup_timeout, log_dir)
         return servers
 
@@ -128,8 +167,10 @@ class SGLangServers:
         while pending:
             for i in list(pending):
                 if self.processes and self.processes[i].poll() is not None:
-                    raise EngineError(f"SGLang server {self.urls[i]} exited during start-up (code {self.processes[i].returncode}); "
-                                      f"see its log in {log_dir}.")
+                    raise EngineError(
+                        f"SGLang server {self.urls[i]} exited during start-up (code {self.processes[i].returncode}); "
+                        f"see its log in {log_dir}."
+                    )
                 try:
                     with urllib.request.urlopen(self.urls[i] + "/health", timeout=5) as r:
                         if r.status == 200:
@@ -137,7 +178,9 @@ class SGLangServers:
                 except (urllib.error.URLError, OSError):
                     pass
             if pending and time.time() > end:
-                raise EngineError(f"SGLang servers {pending} not healthy after {timeout:.0f} s; see {log_dir}/server-*.log.")
+                raise EngineError(
+                    f"SGLang servers {pending} not healthy after {timeout:.0f} s; see {log_dir}/server-*.log."
+                )
             if pending:
                 time.sleep(2)
 
@@ -175,6 +218,7 @@ class SGLangServers:
         turn = itertools.count()
         timeout = aiohttp.ClientTimeout(total=self.request_timeout)
         async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
+
             async def complete(prompt: Sequence[int], sampling: Sampling, seed: int) -> Completion:
                 i = next(turn) % len(self.urls)
                 async with limits[i]:
@@ -185,8 +229,12 @@ class SGLangServers:
     async def _post(self, http, url: str, prompt: Sequence[int], sampling: Sampling, seed: int) -> Completion:
         import aiohttp
 
-        params = {"temperature": sampling.temperature, "max_new_tokens": sampling.max_new_tokens,
-                  "stop_token_ids": list(sampling.stop_token_ids), "skip_special_tokens": False}
+        params = {
+            "temperature": sampling.temperature,
+            "max_new_tokens": sampling.max_new_tokens,
+            "stop_token_ids": list(sampling.stop_token_ids),
+            "skip_special_tokens": False,
+        }
         if sampling.temperature > 0:
             params.update(sampling_seed=int(seed), top_p=1.0, top_k=-1)
         body = {"input_ids": list(prompt), "sampling_params": params}
@@ -231,9 +279,15 @@ class TransformersGenerator:
             torch.manual_seed(int(seed))
             kwargs = dict(do_sample=True, temperature=sampling.temperature, top_k=0, top_p=1.0)
         with torch.no_grad():
-            y = self.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=sampling.max_new_tokens,
-                                    pad_token_id=self.pad, eos_token_id=list(sampling.stop_token_ids), **kwargs)
-        row = y[0, x.shape[1]:].tolist()
+            y = self.model.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=sampling.max_new_tokens,
+                pad_token_id=self.pad,
+                eos_token_id=list(sampling.stop_token_ids),
+                **kwargs,
+            )
+        row = y[0, x.shape[1] :].tolist()
         ends = [i for i, t in enumerate(row) if t in sampling.stop_token_ids]
         ids = row[: ends[0] + 1] if ends else row
         return Completion(ids, finish_reason(ids, sampling.stop_token_ids))

@@ -13,6 +13,7 @@ Never a training run, a data set or a report of ours, a checkpoint, nor a folder
 folder that contains it, whatever `force` says. A new folder appears whole (one rename); in an existing one each
 file is replaced whole (weights, then config). The source's checksums are checked first.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,16 @@ from pathlib import Path
 
 from ..baselines import DSparkConfig
 from ..checkpoint import (
-    CONFIG_FILE, DTYPES, WEIGHTS_FILE, CheckpointError, architecture_of, load_strict, save_checkpoint, split_head,
-    with_head, write_checkpoint_files,
+    CONFIG_FILE,
+    DTYPES,
+    WEIGHTS_FILE,
+    CheckpointError,
+    architecture_of,
+    load_strict,
+    save_checkpoint,
+    split_head,
+    with_head,
+    write_checkpoint_files,
 )
 from ..config import LiLiCorrConfig
 from ..ownership import NotOursError, held, marked_kind, remove_temporaries
@@ -35,8 +44,13 @@ METRICS_FILE = "metrics.jsonl"  # the training log beside `latest` and checkpoin
 
 def is_training_output(folder: Path) -> bool:
     """A training run (its marker, `latest`, metrics.jsonl or checkpoints/step-*) or one of its checkpoints."""
-    return (marked_kind(folder) == "run" or (folder / LATEST).is_file() or (folder / METRICS_FILE).is_file()
-            or (folder / STATE_FILE).is_file() or any((folder / "checkpoints").glob("step-*")))
+    return (
+        marked_kind(folder) == "run"
+        or (folder / LATEST).is_file()
+        or (folder / METRICS_FILE).is_file()
+        or (folder / STATE_FILE).is_file()
+        or any((folder / "checkpoints").glob("step-*"))
+    )
 
 
 def is_draft_config(path: Path) -> bool:
@@ -59,31 +73,47 @@ def check_destination(out_dir: str | Path, source: str | Path, force: bool = Fal
     or "existing" (write the two files into it)."""
     out, src = Path(out_dir).resolve(), Path(source).resolve()
     if out == src or out in src.parents:
-        raise UsageError(f"{out_dir} is or contains the checkpoint being exported ({source})", where="OUT_DIR",
-                         fix="write the draft to a folder outside the training run")
+        raise UsageError(
+            f"{out_dir} is or contains the checkpoint being exported ({source})",
+            where="OUT_DIR",
+            fix="write the draft to a folder outside the training run",
+        )
     inside = next((p for p in (out, *out.parents) if p.is_dir() and is_training_output(p)), None)
     if inside is not None:
-        raise NotOursError(f"{out_dir} is a training run or checkpoint" if inside == out else
-                           f"{out_dir} is inside a training run or checkpoint, {inside}", where="OUT_DIR",
-                           fix="write the draft to a folder outside any training run (--force does not change this)")
+        raise NotOursError(
+            f"{out_dir} is a training run or checkpoint"
+            if inside == out
+            else f"{out_dir} is inside a training run or checkpoint, {inside}",
+            where="OUT_DIR",
+            fix="write the draft to a folder outside any training run (--force does not change this)",
+        )
     if not out.exists():
         return "new"
     if not out.is_dir():
         raise NotOursError(f"{out_dir} is a file", where="OUT_DIR", fix="pass a folder path for the draft")
     kind = marked_kind(out)
     if kind is not None:
-        raise NotOursError(f"{out_dir} is a {kind} folder written by lilicorr, not a draft", where="OUT_DIR",
-                           fix="pick a new or empty folder (--force does not change this)")
+        raise NotOursError(
+            f"{out_dir} is a {kind} folder written by lilicorr, not a draft",
+            where="OUT_DIR",
+            fix="pick a new or empty folder (--force does not change this)",
+        )
     if not held(out) or is_earlier_export(out):
         return "existing"
     if not force:
-        raise NotOursError(f"{out_dir} is not empty and is not an earlier export, it holds {held(out)[:5]}", where="OUT_DIR",
-                           fix="pick a new or empty folder, or pass --force to write the draft's config.json and "
-                               "model.safetensors beside those files (--force deletes nothing)")
+        raise NotOursError(
+            f"{out_dir} is not empty and is not an earlier export, it holds {held(out)[:5]}",
+            where="OUT_DIR",
+            fix="pick a new or empty folder, or pass --force to write the draft's config.json and "
+            "model.safetensors beside those files (--force deletes nothing)",
+        )
     foreign = [n for n in (CONFIG_FILE, WEIGHTS_FILE) if (out / n).exists()]
     if foreign and not is_draft_config(out / CONFIG_FILE):
-        raise NotOursError(f"{out_dir} holds a {' and '.join(foreign)} that is not a draft's (a model folder?)", where="OUT_DIR",
-                           fix="pick a new or empty folder; --force never replaces files that are not a draft's")
+        raise NotOursError(
+            f"{out_dir} holds a {' and '.join(foreign)} that is not a draft's (a model folder?)",
+            where="OUT_DIR",
+            fix="pick a new or empty folder; --force never replaces files that are not a draft's",
+        )
     return "existing"
 
 
@@ -92,10 +122,18 @@ def check_source(source: str | Path) -> None:
     a damaged one is a CheckpointError, exit 1, when it is read)."""
     src = Path(source)
     if not ((src / LATEST).is_file() or (src / STATE_FILE).is_file()):
-        found = "not an existing folder" if not src.is_dir() else "a draft, not a training run" if is_draft_config(src / CONFIG_FILE) \
+        found = (
+            "not an existing folder"
+            if not src.is_dir()
+            else "a draft, not a training run"
+            if is_draft_config(src / CONFIG_FILE)
             else "not a training run or checkpoint"
-        raise UsageError(f"{str(source)!r} is {found}", where="CHECKPOINT",
-                         fix="pass a `lilicorr train` --output-dir (its latest checkpoint) or OUTPUT/checkpoints/step-N")
+        )
+        raise UsageError(
+            f"{str(source)!r} is {found}",
+            where="CHECKPOINT",
+            fix="pass a `lilicorr train` --output-dir (its latest checkpoint) or OUTPUT/checkpoints/step-N",
+        )
 
 
 def draft_config(drafter: DrafterConfig, head: HeadConfig | None, dtype: str) -> dict:

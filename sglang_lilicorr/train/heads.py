@@ -8,6 +8,7 @@
 A training checkpoint keeps every head's tensors under `lilicorr.` and its geometry as `head_keys`; an export
 writes each head as its SGLang module reads it (LiLiCorr's under `lilicorr.`, the baselines' at their own names).
 """
+
 from __future__ import annotations
 
 import json
@@ -48,7 +49,8 @@ def head_config_from_keys(keys: Mapping[str, Any] | None, drafter: DrafterConfig
     if keys is None:
         return None
     return corrector_config_from_keys(keys) or LiLiCorrConfig.from_dflash_config(
-        keys, block_size=drafter.block_size, rms_norm_eps=drafter.rms_norm_eps)
+        keys, block_size=drafter.block_size, rms_norm_eps=drafter.rms_norm_eps
+    )
 
 
 def serving_tensors(head: Head) -> dict[str, torch.Tensor]:
@@ -70,7 +72,9 @@ def read_corrector_draft(directory: str | Path) -> tuple[DrafterConfig, DominoCo
         dspark = DSparkConfig.of_serving_config(raw)
         head_cfg = dspark or DominoConfig.of_serving_config(raw)
     except ConfigError as e:
-        raise CheckpointError(f"draft config: {e}", where=str(Path(directory) / CONFIG_FILE), fix="re-export the draft") from e
+        raise CheckpointError(
+            f"draft config: {e}", where=str(Path(directory) / CONFIG_FILE), fix="re-export the draft"
+        ) from e
     if head_cfg is None:
         return None
     config = DSparkConfig.drafter_config(raw) if dspark else raw
@@ -79,8 +83,11 @@ def read_corrector_draft(directory: str | Path) -> tuple[DrafterConfig, DominoCo
     tensors = read_tensors(directory)
     bad = [k for k, v in tensors.items() if v.dtype != dtype]
     if bad:
-        raise CheckpointError(f"tensor {bad[0]!r} is {tensors[bad[0]].dtype}, config torch_dtype says {dtype}",
-                              where=str(Path(directory) / WEIGHTS_FILE), fix="re-export the draft")
+        raise CheckpointError(
+            f"tensor {bad[0]!r} is {tensors[bad[0]].dtype}, config torch_dtype says {dtype}",
+            where=str(Path(directory) / WEIGHTS_FILE),
+            fix="re-export the draft",
+        )
     names = set(build_head(head_cfg, drafter_cfg).state_dict())
     head_t = {k: v for k, v in tensors.items() if k in names}
     return drafter_cfg, head_cfg, {k: v for k, v in tensors.items() if k not in names}, head_t
@@ -90,7 +97,9 @@ def load_corrector_draft(directory: str | Path) -> tuple[DFlashDrafter, DominoHe
     """Strict reload of an exported Domino or DSpark draft: every tensor present, shaped as its config says."""
     found = read_corrector_draft(directory)
     if found is None:
-        raise CheckpointError("not a Domino or DSpark draft", where=str(directory), fix="read it with drafter.load_draft")
+        raise CheckpointError(
+            "not a Domino or DSpark draft", where=str(directory), fix="read it with drafter.load_draft"
+        )
     drafter_cfg, head_cfg, drafter_t, head_t = found
     dtype = next(iter(drafter_t.values())).dtype
     drafter = DFlashDrafter(drafter_cfg).to(dtype)

@@ -15,6 +15,7 @@ before the anchor: at serving time SGLang publishes the last committed row of th
 context, and the anchor (slot 0) is the bonus token the target emitted from that row.
 R = valid blocks of the batch, S = B - 1 slots, K candidates.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,7 +38,9 @@ class JointOutput:
     terms: ObjectiveTerms
     draft_hits: torch.Tensor  # [S] drafter argmax == ground truth, per slot (valid slots)
     valid_counts: torch.Tensor  # [S] valid slots
-    reranker_hits: torch.Tensor | None  # [S] head's argmax == ground truth (LiLiCorr: on the oracle prefix; teacher-forced)
+    reranker_hits: (
+        torch.Tensor | None
+    )  # [S] head's argmax == ground truth (LiLiCorr: on the oracle prefix; teacher-forced)
     prefix_counts: torch.Tensor | None  # [S] the slots reranker_hits counts over
     coverage: dict[str, torch.Tensor]  # oracle-prefix coverage (empty without a LiLiCorr head)
     accept_draft: torch.Tensor  # [R] acceptance length of the drafter's argmax, greedy target
@@ -68,7 +71,10 @@ def metric_sums(outputs: list[JointOutput]) -> dict[str, tuple[float, float]]:
             add(f"loss/{k}", v * w, w)
         for k, v in o.coverage.items():
             add(f"coverage/{k}", float(v) * w, w)
-        for name, hits, counts in (("draft", o.draft_hits, o.valid_counts), ("reranker", o.reranker_hits, o.prefix_counts)):
+        for name, hits, counts in (
+            ("draft", o.draft_hits, o.valid_counts),
+            ("reranker", o.reranker_hits, o.prefix_counts),
+        ):
             if hits is not None:
                 for s, (h, c) in enumerate(zip(hits.tolist(), counts.tolist())):
                     add(f"top1_{name}/slot{s + 1}", h, c)
@@ -157,7 +163,9 @@ class JointModel(nn.Module):
 
         if not isinstance(self.head, LiLiCorrHead):
             anchor_ids = lay.block_ids[seq, block, 0]  # [R]
-            return self.corrector(pass_hidden, draft_logits, anchor_ids, targets, valid, greedy, weights, draft_hits, accept_draft)
+            return self.corrector(
+                pass_hidden, draft_logits, anchor_ids, targets, valid, greedy, weights, draft_hits, accept_draft
+            )
 
         log_probs = draft_logits.log_softmax(dim=-1)
         cand_lp, cand_ids = log_probs.topk(self.head.config.candidate_topk, dim=-1)  # [R, S, K], ids fixed
@@ -172,11 +180,19 @@ class JointModel(nn.Module):
         walk_ids = cand_ids.gather(-1, greedy_walk(start.detach(), pair.detach()).unsqueeze(-1)).squeeze(-1)
         self.mark("head")
         return JointOutput(
-            terms, draft_hits, valid.sum(0), reranker_hits, terms.prefix.sum(0), oracle_prefix_coverage(terms.prefix, valid),
-            accept_draft, acceptance_length(walk_ids, greedy, valid),
+            terms,
+            draft_hits,
+            valid.sum(0),
+            reranker_hits,
+            terms.prefix.sum(0),
+            oracle_prefix_coverage(terms.prefix, valid),
+            accept_draft,
+            acceptance_length(walk_ids, greedy, valid),
         )
 
-    def corrector(self, pass_hidden, draft_logits, anchor_ids, targets, valid, greedy, weights, draft_hits, accept_draft) -> JointOutput:
+    def corrector(
+        self, pass_hidden, draft_logits, anchor_ids, targets, valid, greedy, weights, draft_hits, accept_draft
+    ) -> JointOutput:
         """The Domino or DSpark head's part of the forward: teacher-forced step logits -> corrector_objective; its free
         greedy proposal -> acceptance (shapes as in forward)."""
         forced = self.head(pass_hidden, draft_logits, anchor_ids, self.target.embed, forced=targets)
@@ -186,5 +202,14 @@ class JointModel(nn.Module):
             free = self.head(pass_hidden, draft_logits, anchor_ids, self.target.embed)
         hits = ((forced.ids == targets) & valid).sum(0).float()
         self.mark("head")
-        return JointOutput(terms, draft_hits, valid.sum(0), hits, valid.sum(0), {}, accept_draft,
-                           acceptance_length(free.ids, greedy, valid), self.head.config.kind)
+        return JointOutput(
+            terms,
+            draft_hits,
+            valid.sum(0),
+            hits,
+            valid.sum(0),
+            {},
+            accept_draft,
+            acceptance_length(free.ids, greedy, valid),
+            self.head.config.kind,
+        )

@@ -11,6 +11,7 @@
 Every prompt is normalised for deduplication, and one equal to an evaluation prompt or sharing
 an 8-word shingle with one is dropped (`EvalGuard`).
 """
+
 from __future__ import annotations
 
 import ast
@@ -51,9 +52,13 @@ def user_turn_prefix(tokenizer, history: Sequence[Mapping[str, str]] = (), syste
     """The text the chat template puts before the content of the next user message: the system
     prompt (`system`, or the template's own) and `history` (earlier user/assistant turns) included."""
     messages = ([{"role": "system", "content": system}] if system else []) + list(history)
-    text = tokenizer.apply_chat_template(messages + [{"role": "user", "content": SENTINEL}], tokenize=False, add_generation_prompt=False)
+    text = tokenizer.apply_chat_template(
+        messages + [{"role": "user", "content": SENTINEL}], tokenize=False, add_generation_prompt=False
+    )
     if SENTINEL not in text:
-        raise ValueError("the chat template does not render a user message's content verbatim; the user-turn prefix cannot be found.")
+        raise ValueError(
+            "the chat template does not render a user message's content verbatim; the user-turn prefix cannot be found."
+        )
     return text[: text.index(SENTINEL)]
 
 
@@ -84,7 +89,9 @@ def stdlib_snippets(seed: int, max_chars: int = 1500) -> tuple[list[tuple[str, s
     from this interpreter's standard library (test suites and private modules left out)."""
     root = Path(sysconfig.get_paths()["stdlib"])
     skip = {"test", "tests", "idlelib", "lib2to3", "site-packages", "turtledemo"}
-    files = sorted(p for p in root.rglob("*.py") if not p.name.startswith("_") and not skip & set(p.relative_to(root).parts))
+    files = sorted(
+        p for p in root.rglob("*.py") if not p.name.startswith("_") and not skip & set(p.relative_to(root).parts)
+    )
     functions, passages = [], []
     for path in files:
         try:
@@ -114,8 +121,13 @@ def package_prompts(count: int, seed: int, max_chars: int = 1500) -> list[str]:
     the library has fewer snippets)."""
     functions, passages = stdlib_snippets(seed, max_chars)
     n_code = min(len(functions), count - min(len(passages), count // 3))
-    code = [CODE_TEMPLATES[i % len(CODE_TEMPLATES)].format(name=n, src=s, doc=d) for i, (n, s, d) in enumerate(functions[:n_code])]
-    prose = [PROSE_TEMPLATES[i % len(PROSE_TEMPLATES)].format(doc=d) for i, d in enumerate(passages[: count - len(code)])]
+    code = [
+        CODE_TEMPLATES[i % len(CODE_TEMPLATES)].format(name=n, src=s, doc=d)
+        for i, (n, s, d) in enumerate(functions[:n_code])
+    ]
+    prose = [
+        PROSE_TEMPLATES[i % len(PROSE_TEMPLATES)].format(doc=d) for i, d in enumerate(passages[: count - len(code)])
+    ]
     return code + prose
 
 
@@ -142,7 +154,9 @@ class EvalGuard:
     @classmethod
     def of(cls, evaluation: Iterable[str]) -> "EvalGuard":
         evaluation = list(evaluation)
-        return cls({normalised(t) for t in evaluation}, set().union(*map(shingles, evaluation)) if evaluation else set())
+        return cls(
+            {normalised(t) for t in evaluation}, set().union(*map(shingles, evaluation)) if evaluation else set()
+        )
 
     def overlaps(self, text: str) -> bool:
         return normalised(text) in self.texts or bool(shingles(text) & self.shingle_set)
@@ -172,7 +186,11 @@ def user_texts(row: Mapping[str, Any]) -> list[str]:
         return [row["text"]]
     if isinstance(row.get("turns"), list) and all(isinstance(t, str) for t in row["turns"]):
         return list(row["turns"])
-    return [m["content"] for m in row.get("messages") or [] if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str)]
+    return [
+        m["content"]
+        for m in row.get("messages") or []
+        if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str)
+    ]
 
 
 def eval_guard(path: str | Path | None) -> EvalGuard | None:
@@ -181,7 +199,9 @@ def eval_guard(path: str | Path | None) -> EvalGuard | None:
         return None
     texts = [t for _, row in read_jsonl(path) for t in user_texts(row)]
     if not texts:
-        raise DataError("no evaluation prompts in it", where=str(path), fix="rows need `text`, `turns` or user `messages`")
+        raise DataError(
+            "no evaluation prompts in it", where=str(path), fix="rows need `text`, `turns` or user `messages`"
+        )
     return EvalGuard.of(texts)
 
 
@@ -190,5 +210,8 @@ def check_disjoint(path: str | Path, guard: EvalGuard) -> None:
     for number, row in read_jsonl(path):
         hit = next((t for t in user_texts(row) if guard.overlaps(t)), None)
         if hit is not None:
-            raise DataError(f"a user turn equals an evaluation prompt or shares an 8-word shingle with one ({hit[:60]!r}...)",
-                            where=f"{path}:{number}", fix="remove it (training on evaluation prompts inflates tau)")
+            raise DataError(
+                f"a user turn equals an evaluation prompt or shares an 8-word shingle with one ({hit[:60]!r}...)",
+                where=f"{path}:{number}",
+                fix="remove it (training on evaluation prompts inflates tau)",
+            )

@@ -18,6 +18,7 @@ before a byte is written; a torn last line is cut only there), a --output-dir th
 the recipe (marked, or with the recipe's manifest.json); train.jsonl, heldout.jsonl and manifest.json are replaced
 whole.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,7 +37,15 @@ from ..ownership import claim_folder, jsonl_for_append, open_for_append, write_a
 from .data import DataError, checked_messages, read_jsonl
 from .engine import Generator, Sampling
 from .prompts import (
-    STEERING, EvalGuard, dedup_and_guard, end_of_turn_ids, eval_guard, normalised, package_prompts, steering_plan, user_texts,
+    STEERING,
+    EvalGuard,
+    dedup_and_guard,
+    end_of_turn_ids,
+    eval_guard,
+    normalised,
+    package_prompts,
+    steering_plan,
+    user_texts,
     user_turn_prefix,
 )
 
@@ -96,8 +105,15 @@ ROWS = "a file of `lilicorr regenerate` rows"
 
 def is_row(value) -> bool:
     """A line of a regenerate output: a conversation ({"id", "messages", "turns"}) or a dropped one ({"id", "reason"})."""
-    return isinstance(value, dict) and "id" in value and (
-        isinstance(value.get("turns"), list) and isinstance(value.get("messages"), list) or isinstance(value.get("reason"), str))
+    return (
+        isinstance(value, dict)
+        and "id" in value
+        and (
+            isinstance(value.get("turns"), list)
+            and isinstance(value.get("messages"), list)
+            or isinstance(value.get("reason"), str)
+        )
+    )
 
 
 def check_rows_file(path: Path) -> int | None:
@@ -115,8 +131,14 @@ def is_recipe_dir(folder: Path) -> bool:
 
 
 def claim_dataset_dir(folder: Path, create: bool = True) -> None:
-    claim_folder(folder, "dataset", "--output-dir", recognise=is_recipe_dir, create=create,
-                 fix="pick a new or empty folder, or a data set of the recipe to resume it (regenerate writes nowhere else)")
+    claim_folder(
+        folder,
+        "dataset",
+        "--output-dir",
+        recognise=is_recipe_dir,
+        create=create,
+        fix="pick a new or empty folder, or a data set of the recipe to resume it (regenerate writes nowhere else)",
+    )
 
 
 def done_ids(path: Path) -> set[str]:
@@ -130,9 +152,17 @@ def done_ids(path: Path) -> set[str]:
 # --- the driver ----------------------------------------------------------------------------------
 
 
-def play(plans: Sequence[Plan], output: Path, tokenizer, generator: Generator, settings: Settings,
-         guard: EvalGuard | None = None, seen: set[str] | None = None, stats: Stats | None = None,
-         until: float | None = None) -> Stats:
+def play(
+    plans: Sequence[Plan],
+    output: Path,
+    tokenizer,
+    generator: Generator,
+    settings: Settings,
+    guard: EvalGuard | None = None,
+    seen: set[str] | None = None,
+    stats: Stats | None = None,
+    until: float | None = None,
+) -> Stats:
     """Play every plan not yet in `output` (or its `.dropped` file). Conversations run side by side,
     `generator.capacity` at a time, each on to its next turn as soon as its last one is back; a
     finished one is appended at once. Self-written user turns that are cut off, duplicate (`seen`) or
@@ -145,8 +175,15 @@ def play(plans: Sequence[Plan], output: Path, tokenizer, generator: Generator, s
     done = done_ids(output) | done_ids(dropped_path)
     todo = [p for p in plans if p.id not in done]
     stops = tuple(end_of_turn_ids(tokenizer))
-    conversation = Conversation(tokenizer, Sampling(settings.temperature, settings.max_new_tokens, stops),
-                                Sampling(1.0, settings.user_max_new_tokens, stops), settings, guard, seen, stats)
+    conversation = Conversation(
+        tokenizer,
+        Sampling(settings.temperature, settings.max_new_tokens, stops),
+        Sampling(1.0, settings.user_max_new_tokens, stops),
+        settings,
+        guard,
+        seen,
+        stats,
+    )
     t0 = time.perf_counter()
     with RowWriter(output) as rows, RowWriter(dropped_path) as dropped:
         asyncio.run(_play_all(todo, conversation, generator, rows, dropped, output.name, until, stats))
@@ -154,13 +191,22 @@ def play(plans: Sequence[Plan], output: Path, tokenizer, generator: Generator, s
     return stats
 
 
-async def _play_all(todo: Sequence[Plan], conversation: "Conversation", generator: Generator, rows, dropped, name: str,
-                    until: float | None, stats: Stats) -> None:
+async def _play_all(
+    todo: Sequence[Plan],
+    conversation: "Conversation",
+    generator: Generator,
+    rows,
+    dropped,
+    name: str,
+    until: float | None,
+    stats: Stats,
+) -> None:
     from tqdm.auto import tqdm
 
     slots = asyncio.Semaphore(generator.capacity)
     with tqdm(total=len(todo), desc=f"regenerate {name}", dynamic_ncols=True) as bar:
         async with generator.session() as complete:
+
             async def one(plan: Plan) -> None:
                 async with slots:
                     if until is not None and time.time() > until:
@@ -215,8 +261,15 @@ class Conversation:
     async def play(self, plan: Plan, complete) -> tuple[dict | None, dict | None]:
         """-> (its row, None), or (None, why it was dropped) when no turn was answered."""
         tok, settings = self.tokenizer, self.settings
-        row = {"id": plan.id, "source": plan.source, **plan.meta, "messages": [], "turns": [], "temperature": settings.temperature,
-               "seed": settings.seed}
+        row = {
+            "id": plan.id,
+            "source": plan.source,
+            **plan.meta,
+            "messages": [],
+            "turns": [],
+            "temperature": settings.temperature,
+            "seed": settings.seed,
+        }
         for t, turn in enumerate(plan.user_turns):
             if isinstance(turn, Magpie):
                 prefix = tok(user_turn_prefix(tok, row["messages"], turn.system), add_special_tokens=False)["input_ids"]
@@ -232,11 +285,24 @@ class Conversation:
                     return (row, None) if row["turns"] else (None, {"id": plan.id, "reason": reason})
                 turn = text
             row["messages"].append({"role": "user", "content": turn})
-            prompt = list(tok.apply_chat_template(row["messages"], tokenize=True, return_dict=False, add_generation_prompt=True,
-                                                  **settings.chat_kwargs))
-            out = await self._complete(complete, prompt, self.reply, request_seed(settings.seed, plan.id, t, "assistant"))
-            row["messages"].append({"role": "assistant", "content": tok.decode(out.output_ids, skip_special_tokens=True)})
-            row["turns"].append({"prompt_ids": prompt, "output_ids": out.output_ids, "finish_reason": out.finish_reason})
+            prompt = list(
+                tok.apply_chat_template(
+                    row["messages"],
+                    tokenize=True,
+                    return_dict=False,
+                    add_generation_prompt=True,
+                    **settings.chat_kwargs,
+                )
+            )
+            out = await self._complete(
+                complete, prompt, self.reply, request_seed(settings.seed, plan.id, t, "assistant")
+            )
+            row["messages"].append(
+                {"role": "assistant", "content": tok.decode(out.output_ids, skip_special_tokens=True)}
+            )
+            row["turns"].append(
+                {"prompt_ids": prompt, "output_ids": out.output_ids, "finish_reason": out.finish_reason}
+            )
         return row, None
 
     async def _complete(self, complete, prompt, sampling: Sampling, seed: int):
@@ -254,27 +320,38 @@ def prompt_plans(path: str | Path, guard: EvalGuard | None = None) -> list[Plan]
     plans, ids = [], set()
     for number, row in read_jsonl(path):
         where = f"{path}:{number}"
-        turns = [m["content"] for m in checked_messages(row, where) if m["role"] == "user"] if "messages" in row else user_texts(row)
+        turns = (
+            [m["content"] for m in checked_messages(row, where) if m["role"] == "user"]
+            if "messages" in row
+            else user_texts(row)
+        )
         if not turns or not all(t.strip() for t in turns):
-            raise DataError("no user turn to answer", where=where, fix="give `messages` with user messages, `turns` or `text`")
+            raise DataError(
+                "no user turn to answer", where=where, fix="give `messages` with user messages, `turns` or `text`"
+            )
         rid = str(row.get("id", f"line-{number}"))
         if rid in ids:
             raise DataError(f"duplicate id {rid!r}", where=where, fix="ids must be unique for resuming")
         hit = next((t for t in turns if guard is not None and guard.overlaps(t)), None)
         if hit is not None:
-            raise DataError(f"this prompt equals an evaluation prompt or shares an 8-word shingle with one ({hit[:60]!r}...)",
-                            where=where, fix="remove it (training on evaluation prompts inflates tau)")
+            raise DataError(
+                f"this prompt equals an evaluation prompt or shares an 8-word shingle with one ({hit[:60]!r}...)",
+                where=where,
+                fix="remove it (training on evaluation prompts inflates tau)",
+            )
         ids.add(rid)
         plans.append(Plan(rid, "file", turns, {"set": row["set"]} if isinstance(row.get("set"), str) else {}))
     if not plans:
-        raise DataError("no prompt rows", where=str(path), fix="give one row a prompt: {\"id\", \"messages\" | \"text\"}")
+        raise DataError("no prompt rows", where=str(path), fix='give one row a prompt: {"id", "messages" | "text"}')
     return plans
 
 
 # --- the recipe ------------------------------------------------------------------------------------
 
 
-def recipe_plans(magpie: int, package: int, second_turn_share: float, seed: int, guard: EvalGuard, seen: set[str]) -> tuple[list[Plan], dict]:
+def recipe_plans(
+    magpie: int, package: int, second_turn_share: float, seed: int, guard: EvalGuard, seen: set[str]
+) -> tuple[list[Plan], dict]:
     """Conversation plans of the recipe (before any generation) and what was dropped building them."""
     texts, dropped = dedup_and_guard(package_prompts(package, seed), guard, seen)
     plans = [Plan(f"package-{i}", "package", [t]) for i, t in enumerate(texts)]
@@ -298,9 +375,20 @@ def file_entry(path: Path) -> dict:
     return {"sha256": digest, "bytes": path.stat().st_size, "rows": sum(1 for _ in path.open(encoding="utf-8"))}
 
 
-def build_dataset(out_dir: str | Path, tokenizer, generator: Generator, settings: Settings, *, magpie: int, package: int,
-                  second_turn_share: float, heldout: int, exclude: str | Path, describe: Mapping[str, Any] = (),
-                  until: float | None = None) -> dict:
+def build_dataset(
+    out_dir: str | Path,
+    tokenizer,
+    generator: Generator,
+    settings: Settings,
+    *,
+    magpie: int,
+    package: int,
+    second_turn_share: float,
+    heldout: int,
+    exclude: str | Path,
+    describe: Mapping[str, Any] = (),
+    until: float | None = None,
+) -> dict:
     """The recipe: DIR/conversations.jsonl (resumable) -> DIR/train.jsonl + DIR/heldout.jsonl + DIR/manifest.json.
     With `until` (epoch seconds) the set closes at what was generated by then (`this_call.unplayed`)."""
     out = Path(out_dir)
@@ -317,7 +405,9 @@ def build_dataset(out_dir: str | Path, tokenizer, generator: Generator, settings
     stats = play(plans, conversations, tokenizer, generator, settings, guard, seen, until=until)
     rows = [row for _, row in read_jsonl(conversations)]
     if not rows:
-        raise DataError("the recipe produced no conversation", where=str(conversations), fix=f"see {conversations}.dropped for why")
+        raise DataError(
+            "the recipe produced no conversation", where=str(conversations), fix=f"see {conversations}.dropped for why"
+        )
     train, held = split_heldout(rows, heldout, settings.seed)
     for name, part in (("train.jsonl", train), ("heldout.jsonl", held)):
         write_atomic(out / name, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in part))
@@ -325,14 +415,28 @@ def build_dataset(out_dir: str | Path, tokenizer, generator: Generator, settings
     dropped = [row for _, row in read_jsonl(dropped_path)] if dropped_path.exists() else []
     manifest = {
         **dict(describe),
-        "seed": settings.seed, "sampling": {"replies": {"temperature": settings.temperature, "max_new_tokens": settings.max_new_tokens},
-                                            "user_turns": {"temperature": 1.0, "max_new_tokens": settings.user_max_new_tokens}},
-        "recipe": {"magpie": magpie, "package": package, "second_turn_share": second_turn_share, "heldout": heldout,
-                   "exclude": str(exclude), "steering": [{"share": share, "system": system} for share, system in STEERING]},
+        "seed": settings.seed,
+        "sampling": {
+            "replies": {"temperature": settings.temperature, "max_new_tokens": settings.max_new_tokens},
+            "user_turns": {"temperature": 1.0, "max_new_tokens": settings.user_max_new_tokens},
+        },
+        "recipe": {
+            "magpie": magpie,
+            "package": package,
+            "second_turn_share": second_turn_share,
+            "heldout": heldout,
+            "exclude": str(exclude),
+            "steering": [{"share": share, "system": system} for share, system in STEERING],
+        },
         "prepared": prepared,
         "counts": conversation_counts(rows, dropped),
-        "this_call": {"unplayed": stats.unplayed, "generated_tokens": stats.generated_tokens, "generate_seconds": round(stats.generate_seconds, 1),
-                      "tokens_per_s": round(stats.generated_tokens / max(stats.generate_seconds, 1e-9)), "wall_seconds": round(time.perf_counter() - t0, 1)},
+        "this_call": {
+            "unplayed": stats.unplayed,
+            "generated_tokens": stats.generated_tokens,
+            "generate_seconds": round(stats.generate_seconds, 1),
+            "tokens_per_s": round(stats.generated_tokens / max(stats.generate_seconds, 1e-9)),
+            "wall_seconds": round(time.perf_counter() - t0, 1),
+        },
         "files": {name: file_entry(out / name) for name in ("conversations.jsonl", "train.jsonl", "heldout.jsonl")},
     }
     write_atomic(out / "manifest.json", json.dumps(manifest, indent=1) + "\n")
@@ -342,8 +446,11 @@ def build_dataset(out_dir: str | Path, tokenizer, generator: Generator, settings
 def conversation_counts(rows: list[dict], dropped: list[dict]) -> dict:
     turns = [t for r in rows for t in r["turns"]]
     return {
-        "conversations": len(rows), "by_source": dict(Counter(r["source"] for r in rows)), "two_turn": sum(len(r["turns"]) > 1 for r in rows),
-        "assistant_turns": len(turns), "reply_tokens": sum(len(t["output_ids"]) for t in turns),
+        "conversations": len(rows),
+        "by_source": dict(Counter(r["source"] for r in rows)),
+        "two_turn": sum(len(r["turns"]) > 1 for r in rows),
+        "assistant_turns": len(turns),
+        "reply_tokens": sum(len(t["output_ids"]) for t in turns),
         "prompt_tokens_last_turn": sum(len(r["turns"][-1]["prompt_ids"]) for r in rows),
         "replies_cut_at_max_new_tokens": sum(t["finish_reason"] == "length" for t in turns),
         "dropped_conversations": dict(Counter(d["reason"] for d in dropped)),

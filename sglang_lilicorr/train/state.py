@@ -20,6 +20,7 @@ checkpoint that does not load or does not match its checksums gives way to the n
 (`resume_point`, with a warning); when checkpoints exist and none loads the run stops with one line (never a
 silent restart from step 0). Metrics rows past the resumed step are dropped, so a resumed run logs every step once.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,8 +34,18 @@ from typing import Any, Mapping
 import torch
 
 from ..checkpoint import (
-    HEAD_PREFIX, WEIGHTS_FILE, CheckpointError, atomic_directory, has_head, lilicorr_config, load_strict, load_tensors, read_config,
-    read_tensors, save_tensors, split_head,
+    HEAD_PREFIX,
+    WEIGHTS_FILE,
+    CheckpointError,
+    atomic_directory,
+    has_head,
+    lilicorr_config,
+    load_strict,
+    load_tensors,
+    read_config,
+    read_tensors,
+    save_tensors,
+    split_head,
 )
 from ..ownership import remove_temporaries, write_atomic
 from ..drafter import DrafterConfig, load_drafter_tensors
@@ -69,13 +80,17 @@ def save_training_checkpoint(
         torch.save(dict(optimizer_state), buffer)
         (tmp / OPTIMIZER_FILE).write_bytes(buffer.getvalue())
         state = {
-            "format": FORMAT, "step": step, "progress": dict(progress),
+            "format": FORMAT,
+            "step": step,
+            "progress": dict(progress),
             "drafter_config": drafter_config.to_hf_config(),
             "head_config": head_keys(head_config),
             "run": None if run is None else dict(run),
             "sha256": {OPTIMIZER_FILE: hashlib.sha256(buffer.getvalue()).hexdigest()},
         }
-        (tmp / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")  # last: its presence marks a complete checkpoint
+        (tmp / STATE_FILE).write_text(
+            json.dumps(state, indent=2) + "\n"
+        )  # last: its presence marks a complete checkpoint
     point_latest(output_dir, final)
     return final
 
@@ -93,8 +108,11 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
         return None
     path = Path(output_dir) / "checkpoints" / pointer.read_text().strip()
     if not (path / STATE_FILE).is_file():
-        raise CheckpointError(f"`latest` names {path.name}, which is not a complete training checkpoint", where=str(pointer),
-                              fix="pass OUTPUT/checkpoints/step-N of a complete one")
+        raise CheckpointError(
+            f"`latest` names {path.name}, which is not a complete training checkpoint",
+            where=str(pointer),
+            fix="pass OUTPUT/checkpoints/step-N of a complete one",
+        )
     return path
 
 
@@ -131,8 +149,9 @@ def resume_point(output_dir: str | Path, warn=print, map_location="cpu") -> tupl
                 warn(f"warning: {e} Falling back to the checkpoint before it, {found[i + 1].name}.")
             else:
                 raise CheckpointError(
-                    f"no checkpoint of this run loads ({len(found)} tried; {e.where or path.name}: {e.what})", where=str(output_dir),
-                    fix="nothing was changed; move the run aside, or pass --no-resume to start it over from step 0 in this folder"
+                    f"no checkpoint of this run loads ({len(found)} tried; {e.where or path.name}: {e.what})",
+                    where=str(output_dir),
+                    fix="nothing was changed; move the run aside, or pass --no-resume to start it over from step 0 in this folder",
                 ) from e
     return None
 
@@ -147,15 +166,23 @@ def read_optimizer_state(path: str | Path, map_location="cpu") -> dict:
     except (OSError, ValueError, AttributeError) as e:
         raise CheckpointError(f"cannot be read ({e})", where=str(where), fix="use an earlier checkpoint") from e
     if expected is not None and hashlib.sha256(data).hexdigest() != expected:
-        raise CheckpointError(f"does not match the sha256 in {STATE_FILE}: it changed after it was written", where=str(where),
-                              fix="use an earlier checkpoint")
+        raise CheckpointError(
+            f"does not match the sha256 in {STATE_FILE}: it changed after it was written",
+            where=str(where),
+            fix="use an earlier checkpoint",
+        )
     try:
         state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except Exception as e:  # torch raises several types for a truncated or foreign pickle
-        raise CheckpointError(f"truncated or not an optimizer state ({type(e).__name__})", where=str(where),
-                              fix="use an earlier checkpoint") from e
+        raise CheckpointError(
+            f"truncated or not an optimizer state ({type(e).__name__})",
+            where=str(where),
+            fix="use an earlier checkpoint",
+        ) from e
     if not (isinstance(state, dict) and "optimizer" in state and "scheduler" in state):
-        raise CheckpointError("holds no optimizer and scheduler state", where=str(where), fix="use an earlier checkpoint")
+        raise CheckpointError(
+            "holds no optimizer and scheduler state", where=str(where), fix="use an earlier checkpoint"
+        )
     return state
 
 
@@ -202,7 +229,9 @@ def trim_metrics(path: str | Path, step: int) -> None:
     write_atomic(path, "".join(keep))
 
 
-def read_training_checkpoint(path: str | Path) -> tuple[dict[str, Any], DrafterConfig, HeadConfig | None, dict[str, torch.Tensor]]:
+def read_training_checkpoint(
+    path: str | Path,
+) -> tuple[dict[str, Any], DrafterConfig, HeadConfig | None, dict[str, torch.Tensor]]:
     """-> (state json, drafter config, head config or None, tensors)."""
     path = Path(path)
     if (path / LATEST).is_file() and not (path / STATE_FILE).is_file():
@@ -210,20 +239,29 @@ def read_training_checkpoint(path: str | Path) -> tuple[dict[str, Any], DrafterC
     try:
         state = json.loads((path / STATE_FILE).read_text())
     except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"not a training checkpoint ({e})", where=str(path), fix="pass OUTPUT or OUTPUT/checkpoints/step-N") from e
+        raise CheckpointError(
+            f"not a training checkpoint ({e})", where=str(path), fix="pass OUTPUT or OUTPUT/checkpoints/step-N"
+        ) from e
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise CheckpointError(f"format {state.get('format') if isinstance(state, dict) else state!r}, expected {FORMAT!r}",
-                              where=str(path / STATE_FILE), fix="pass a checkpoint written by `lilicorr train`")
+        raise CheckpointError(
+            f"format {state.get('format') if isinstance(state, dict) else state!r}, expected {FORMAT!r}",
+            where=str(path / STATE_FILE),
+            fix="pass a checkpoint written by `lilicorr train`",
+        )
     missing = [k for k in ("step", "drafter_config", "head_config") if k not in state]
     if missing:
-        raise CheckpointError(f"lacks {missing}", where=str(path / STATE_FILE),
-                              fix="it was not written by `lilicorr train` (or was cut short): use an earlier checkpoint")
+        raise CheckpointError(
+            f"lacks {missing}",
+            where=str(path / STATE_FILE),
+            fix="it was not written by `lilicorr train` (or was cut short): use an earlier checkpoint",
+        )
     try:
         drafter = DrafterConfig.from_hf_config(state["drafter_config"])
         head = head_config_from_keys(state["head_config"], drafter)
     except (ValueError, TypeError, KeyError) as e:
-        raise CheckpointError(f"drafter_config / head_config: {e}", where=str(path / STATE_FILE),
-                              fix="use an earlier checkpoint") from e
+        raise CheckpointError(
+            f"drafter_config / head_config: {e}", where=str(path / STATE_FILE), fix="use an earlier checkpoint"
+        ) from e
     tensors = load_tensors(path / TENSORS_FILE, fix="use an earlier checkpoint (OUTPUT/checkpoints/step-N)")
     bad = [k for k, v in tensors.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
     if bad:
@@ -231,8 +269,14 @@ def read_training_checkpoint(path: str | Path) -> tuple[dict[str, Any], DrafterC
     return state, drafter, head, tensors
 
 
-def check_resume_compatible(state: Mapping[str, Any], drafter: DrafterConfig, head: HeadConfig | None, where: str,
-                            run: Mapping[str, Any] | None = None, added: Mapping[str, Any] | None = None) -> None:
+def check_resume_compatible(
+    state: Mapping[str, Any],
+    drafter: DrafterConfig,
+    head: HeadConfig | None,
+    where: str,
+    run: Mapping[str, Any] | None = None,
+    added: Mapping[str, Any] | None = None,
+) -> None:
     """The checkpoint's geometry must be this run's; with `run` (trainer.run_identity) its data and settings too
     (checkpoints written before they were recorded are not compared). `added`: settings introduced after some
     checkpoints were written, with the value that reproduces what those runs did (a checkpoint without one had it)."""
@@ -247,8 +291,10 @@ def check_resume_compatible(state: Mapping[str, Any], drafter: DrafterConfig, he
         shown = ", ".join(f"{k}: {_short(saved.get(k))} -> {_short(current.get(k))}" for k in diff[:3])
         raise IncompatibleCheckpointError(
             f"cannot resume: this run's {diff} differ from the checkpoint's ({shown}{', ...' if len(diff) > 3 else ''})",
-            where=where, fix="pass the run's own --data and settings, a new --output-dir, or --resume-with-changes to "
-                             "continue this run with the new ones")
+            where=where,
+            fix="pass the run's own --data and settings, a new --output-dir, or --resume-with-changes to "
+            "continue this run with the new ones",
+        )
 
 
 def _short(value: Any) -> str:
@@ -256,8 +302,15 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def check_same_geometry(saved_drafter: Mapping[str, Any], saved_head: Mapping[str, Any] | None, drafter: DrafterConfig,
-                        head: HeadConfig | None, where: str, action: str, rope_may_differ: bool = False) -> None:
+def check_same_geometry(
+    saved_drafter: Mapping[str, Any],
+    saved_head: Mapping[str, Any] | None,
+    drafter: DrafterConfig,
+    head: HeadConfig | None,
+    where: str,
+    action: str,
+    rope_may_differ: bool = False,
+) -> None:
     """Raises IncompatibleCheckpointError unless the saved drafter config (SGLang config.json form) and
     head keys (heads.head_keys, or None) are this run's; with rope_may_differ the rope's scaling (which shapes no
     tensor) may be another."""
@@ -268,18 +321,22 @@ def check_same_geometry(saved_drafter: Mapping[str, Any], saved_head: Mapping[st
         diff = [f.name for f in dataclasses.fields(drafter) if getattr(saved_d, f.name) != getattr(drafter, f.name)]
         raise IncompatibleCheckpointError(
             f"cannot {action}, the drafter differs in {diff} (checkpoint "
-            f"{[getattr(saved_d, n) for n in diff]} vs this run {[getattr(drafter, n) for n in diff]})", where=where,
-            fix="use the same settings or a new --output-dir"
+            f"{[getattr(saved_d, n) for n in diff]} vs this run {[getattr(drafter, n) for n in diff]})",
+            where=where,
+            fix="use the same settings or a new --output-dir",
         )
     run_h = head_keys(head)
     if saved_head != run_h:
         raise IncompatibleCheckpointError(
-            f"cannot {action}, the head differs (checkpoint {saved_head}, this run {run_h})", where=where,
-            fix="use the same --head and head settings (gamma = 0 and --head none have none) or a new --output-dir"
+            f"cannot {action}, the head differs (checkpoint {saved_head}, this run {run_h})",
+            where=where,
+            fix="use the same --head and head settings (gamma = 0 and --head none have none) or a new --output-dir",
         )
 
 
-def load_draft_weights(directory: str | Path, drafter, head, drafter_cfg: DrafterConfig, head_cfg: HeadConfig | None) -> None:
+def load_draft_weights(
+    directory: str | Path, drafter, head, drafter_cfg: DrafterConfig, head_cfg: HeadConfig | None
+) -> None:
     """Start a run from an exported draft: its weights (as fp32 masters), not its step or optimizer.
     The draft must have this run's drafter geometry and either this run's head or none (a head-less DFlash draft
     starts every head fresh: the paper's heads are all trained from a DFlash drafter); its rope scaling may differ
@@ -293,16 +350,27 @@ def load_draft_weights(directory: str | Path, drafter, head, drafter_cfg: Drafte
         saved_head = lilicorr_config(config).to_dflash_keys() if has_head(config) else None
         drafter_t, head_t = split_head(read_tensors(directory))
     fresh_head = saved_head is None and head is not None
-    check_same_geometry(config, None if fresh_head else saved_head, drafter_cfg, None if fresh_head else head_cfg,
-                        f"--init-from {directory}", "start from it", rope_may_differ=True)
+    check_same_geometry(
+        config,
+        None if fresh_head else saved_head,
+        drafter_cfg,
+        None if fresh_head else head_cfg,
+        f"--init-from {directory}",
+        "start from it",
+        rope_may_differ=True,
+    )
     where = str(Path(directory) / WEIGHTS_FILE)
     load_drafter_tensors(drafter, drafter_t, f"{where} (drafter)")
     if head is not None and not fresh_head:
         masters = head.state_dict()
-        load_strict(head, {k: v.to(masters[k].dtype) if k in masters else v for k, v in head_t.items()}, f"{where} (head)")
+        load_strict(
+            head, {k: v.to(masters[k].dtype) if k in masters else v for k, v in head_t.items()}, f"{where} (head)"
+        )
 
 
-def trainable_tensors(drafter_state: Mapping[str, torch.Tensor], head_state: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+def trainable_tensors(
+    drafter_state: Mapping[str, torch.Tensor], head_state: Mapping[str, torch.Tensor] | None
+) -> dict[str, torch.Tensor]:
     out = dict(drafter_state)
     if head_state is not None:
         out.update({HEAD_PREFIX + k: v for k, v in head_state.items()})

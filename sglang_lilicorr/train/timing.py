@@ -2,6 +2,7 @@
 objective, backward, optimizer) from CUDA events, or the host clock on CPU, summed over a
 logging window and reported in ms per step. Events are read once per window, so timing adds no
 synchronisation to the steps themselves."""
+
 from __future__ import annotations
 
 import time

@@ -23,6 +23,7 @@ curves can be evaluated again later. A step whose loss or gradient is not finite
 update); after `max_bad_steps` of them the run stops with `TrainingDiverged`, and no checkpoint
 ever holds a non-finite tensor.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -78,12 +79,18 @@ class TrainingDiverged(LiLiCorrError, RuntimeError):
 def resolve_mask_token(tokenizer, name: str | None, vocab_size: int) -> tuple[str, int]:
     name = name or getattr(tokenizer, "mask_token", None)
     if not name:
-        raise TrainConfigError("the tokenizer has no mask token", where="--mask-token",
-                               fix="pass --mask-token with an existing special token (SmolLM2: <empty_output>)")
+        raise TrainConfigError(
+            "the tokenizer has no mask token",
+            where="--mask-token",
+            fix="pass --mask-token with an existing special token (SmolLM2: <empty_output>)",
+        )
     token_id = tokenizer.convert_tokens_to_ids(name)
     if token_id is None or token_id == getattr(tokenizer, "unk_token_id", None) or not 0 <= token_id < vocab_size:
-        raise TrainConfigError(f"mask token {name!r} is not a single token of the target vocabulary ({vocab_size})",
-                               where="--mask-token", fix="pick a special token of the target's tokenizer")
+        raise TrainConfigError(
+            f"mask token {name!r} is not a single token of the target vocabulary ({vocab_size})",
+            where="--mask-token",
+            fix="pick a special token of the target's tokenizer",
+        )
     return name, int(token_id)
 
 
@@ -120,9 +127,13 @@ def drafter_config_for(model, tokenizer, cfg: TrainConfig) -> DrafterConfig:
 
 
 def build_optimizer(drafter: DFlashDrafter, head: Head | None, cfg: TrainConfig) -> torch.optim.AdamW:
-    groups = [{"params": list(drafter.parameters()), "lr": cfg.lr_drafter, "weight_decay": cfg.wd_drafter, "name": "drafter"}]
+    groups = [
+        {"params": list(drafter.parameters()), "lr": cfg.lr_drafter, "weight_decay": cfg.wd_drafter, "name": "drafter"}
+    ]
     if head is not None:
-        groups.append({"params": list(head.parameters()), "lr": cfg.lr_head, "weight_decay": cfg.wd_head, "name": "head"})
+        groups.append(
+            {"params": list(head.parameters()), "lr": cfg.lr_head, "weight_decay": cfg.wd_head, "name": "head"}
+        )
     return torch.optim.AdamW(groups)
 
 
@@ -171,8 +182,14 @@ def is_run_folder(folder: Path) -> bool:
 
 def claim_output_dir(cfg: TrainConfig, create: bool) -> None:
     """--output-dir must be new, empty or a training run: train never writes into a folder it did not create."""
-    claim_folder(cfg.output_dir, "run", "--output-dir", recognise=is_run_folder, create=create,
-                 fix="pick a new or empty folder, or a run's own folder to resume it (train never writes elsewhere)")
+    claim_folder(
+        cfg.output_dir,
+        "run",
+        "--output-dir",
+        recognise=is_run_folder,
+        create=create,
+        fix="pick a new or empty folder, or a run's own folder to resume it (train never writes elsewhere)",
+    )
 
 
 def file_digest(path: str | None) -> str | None:
@@ -188,21 +205,32 @@ def file_digest(path: str | None) -> str | None:
 def run_identity(cfg: TrainConfig) -> dict:
     """What a checkpoint records of its run and a resume compares: the data's bytes and the settings that shape
     the updates (TrainConfig.resumed_settings)."""
-    return {"data_sha256": file_digest(cfg.data), "eval_data_sha256": file_digest(cfg.eval_data), **cfg.resumed_settings()}
+    return {
+        "data_sha256": file_digest(cfg.data),
+        "eval_data_sha256": file_digest(cfg.eval_data),
+        **cfg.resumed_settings(),
+    }
 
 
-def split_eval(examples: list[Example], cfg: TrainConfig, tokenizer, write_cache: bool) -> tuple[list[Example], list[Example]]:
+def split_eval(
+    examples: list[Example], cfg: TrainConfig, tokenizer, write_cache: bool
+) -> tuple[list[Example], list[Example]]:
     if cfg.eval_data:
         held = load_conversations(cfg.eval_data, tokenizer, cfg.max_length, cfg.chat_template_kwargs, write_cache)
         seen = {tuple(e.input_ids.tolist()) for e in examples}
         if any(tuple(e.input_ids.tolist()) in seen for e in held):
-            raise DataError(f"evaluation conversations also occur in {cfg.data}", where=cfg.eval_data,
-                            fix="held-out data must not be training data: pass another --eval-data")
+            raise DataError(
+                f"evaluation conversations also occur in {cfg.data}",
+                where=cfg.eval_data,
+                fix="held-out data must not be training data: pass another --eval-data",
+            )
         return examples, held[: cfg.eval_examples]
     if cfg.eval_examples > len(examples) // 2:
         raise TrainConfigError(
             f"--eval-examples {cfg.eval_examples} would hold out more than half of the {len(examples)} usable conversations",
-            where=cfg.data, fix=f"pass --eval-examples {max(1, len(examples) // 2)} or less, or --eval-data with held-out conversations")
+            where=cfg.data,
+            fix=f"pass --eval-examples {max(1, len(examples) // 2)} or less, or --eval-data with held-out conversations",
+        )
     n = cfg.eval_examples
     return examples[:-n], examples[-n:]
 
@@ -226,7 +254,9 @@ def global_batch_metrics(outputs: list, tokens: int, env: "Distributed") -> tupl
     sums = metric_sums(outputs)
     if env.world > 1:
         names = sorted(sums)
-        flat = torch.tensor([x for n in names for x in sums[n]] + [float(tokens)], dtype=torch.float64, device=env.device)
+        flat = torch.tensor(
+            [x for n in names for x in sums[n]] + [float(tokens)], dtype=torch.float64, device=env.device
+        )
         dist.all_reduce(flat)
         values = flat.tolist()
         sums, tokens = {n: (values[2 * i], values[2 * i + 1]) for i, n in enumerate(names)}, int(values[-1])
@@ -263,9 +293,13 @@ class Distributed:
 class Evaluator:
     """Held-out metrics at fixed anchors, pooled over micro-batches, plus the exact replay tau."""
 
-    def __init__(self, joint: JointModel, eval_set: list[Example], turns, cfg: TrainConfig, pad_id: int, autocast, device) -> None:
+    def __init__(
+        self, joint: JointModel, eval_set: list[Example], turns, cfg: TrainConfig, pad_id: int, autocast, device
+    ) -> None:
         self.joint, self.cfg, self.autocast, self.device = joint, cfg, autocast, device
-        self.batches = [collate(eval_set[i : i + cfg.batch_size], pad_id) for i in range(0, len(eval_set), cfg.batch_size)]
+        self.batches = [
+            collate(eval_set[i : i + cfg.batch_size], pad_id) for i in range(0, len(eval_set), cfg.batch_size)
+        ]
         self.turns = turns
 
     @torch.no_grad()
@@ -276,8 +310,16 @@ class Evaluator:
             for i, batch in enumerate(self.batches):
                 batch = {k: v.to(self.device) for k, v in batch.items()}
                 anchors, valid = anchors_for(batch, self.cfg.num_anchors, self.cfg.seed + i)
-                outputs.append(self.joint(batch["input_ids"], batch["attention_mask"], batch["loss_mask"],
-                                          anchors.to(self.device), valid.to(self.device), weights))
+                outputs.append(
+                    self.joint(
+                        batch["input_ids"],
+                        batch["attention_mask"],
+                        batch["loss_mask"],
+                        anchors.to(self.device),
+                        valid.to(self.device),
+                        weights,
+                    )
+                )
             out = {f"eval/{k}": v for k, v in pooled_metrics(outputs).items()} if outputs else {}
             if self.turns:
                 proposer = BlockProposer(self.joint.target, self.joint.drafter, self.joint.head)
@@ -322,10 +364,14 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         if cfg.resume:
             remove_orphans(out_dir)  # what a kill mid-save left behind; the other ranks wait, then read
     env.barrier()
-    found = resume_point(out_dir, warn=lambda m: print(m, file=sys.stderr), map_location=env.device) if cfg.resume else None
+    found = (
+        resume_point(out_dir, warn=lambda m: print(m, file=sys.stderr), map_location=env.device) if cfg.resume else None
+    )
     if found is not None:
         path, (state, _, _, tensors), opt_state = found
-        check_resume_compatible(state, drafter_cfg, head_cfg, str(path), None if cfg.resume_with_changes else identity, cfg.ADDED)
+        check_resume_compatible(
+            state, drafter_cfg, head_cfg, str(path), None if cfg.resume_with_changes else identity, cfg.ADDED
+        )
         drafter_t, head_t = split_head(tensors)
         load_drafter_tensors(drafter, drafter_t, str(path))
         if head is not None:
@@ -344,11 +390,18 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     metrics_path = out_dir / "metrics.jsonl"
     if env.main:
         if found is None and cfg.resume and metrics_path.is_file() and metrics_path.stat().st_size:
-            print(f"warning: {out_dir} has logged metrics but no checkpoint yet: the run starts over from step 0 and logs "
-                  "those steps again.", file=sys.stderr)
+            print(
+                f"warning: {out_dir} has logged metrics but no checkpoint yet: the run starts over from step 0 and logs "
+                "those steps again.",
+                file=sys.stderr,
+            )
         trim_metrics(metrics_path, step)
 
-    trainable = DistributedDataParallel(joint, device_ids=[env.device.index] if env.device.type == "cuda" else None) if env.world > 1 else joint
+    trainable = (
+        DistributedDataParallel(joint, device_ids=[env.device.index] if env.device.type == "cuda" else None)
+        if env.world > 1
+        else joint
+    )
     weights = cfg.objective()
     autocast = torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=cfg.bf16)
     evaluate = Evaluator(joint, eval_set, turns, cfg, pad_id, autocast, env.device)
@@ -373,11 +426,20 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         for micro in range(cfg.grad_accum):
             part = ids[micro :: cfg.grad_accum]  # global micro-batch env.rank + env.world * micro (module docstring)
             batch = {k: v.to(env.device) for k, v in collate([train_set[i] for i in part], pad_id).items()}
-            anchors, valid = anchors_for(batch, cfg.num_anchors, cfg.seed * 7919 + (step * cfg.grad_accum + micro) * env.world + env.rank)
+            anchors, valid = anchors_for(
+                batch, cfg.num_anchors, cfg.seed * 7919 + (step * cfg.grad_accum + micro) * env.world + env.rank
+            )
             sync = micro == cfg.grad_accum - 1 or env.world == 1  # DDP reduces gradients on the last micro-step only
             with contextlib.nullcontext() if sync else trainable.no_sync():
                 with autocast:
-                    out = trainable(batch["input_ids"], batch["attention_mask"], batch["loss_mask"], anchors.to(env.device), valid.to(env.device), weights)
+                    out = trainable(
+                        batch["input_ids"],
+                        batch["attention_mask"],
+                        batch["loss_mask"],
+                        anchors.to(env.device),
+                        valid.to(env.device),
+                        weights,
+                    )
                 (out.terms.total / cfg.grad_accum).backward()
             timer.mark("backward")
             finite &= bool(torch.isfinite(out.terms.total.detach()))
@@ -390,7 +452,10 @@ def train(cfg: TrainConfig) -> dict[str, float]:
             bad += 1
             optimizer.zero_grad(set_to_none=True)
             if env.main:
-                print(f"warning: step {step + 1}: non-finite loss or gradient, step skipped ({bad} of at most {cfg.max_bad_steps}).", file=sys.stderr)
+                print(
+                    f"warning: step {step + 1}: non-finite loss or gradient, step skipped ({bad} of at most {cfg.max_bad_steps}).",
+                    file=sys.stderr,
+                )
             if bad >= cfg.max_bad_steps:
                 raise TrainingDiverged(
                     f"{bad} steps with a non-finite loss or gradient (last at step {step + 1}); the last good checkpoint is kept "
@@ -410,8 +475,16 @@ def train(cfg: TrainConfig) -> dict[str, float]:
             elapsed = time.perf_counter() - window_start
             steps_in_window = timer.steps
             step_metrics, tokens = global_batch_metrics(outputs, tokens, env)
-            last = {"step": step, "total_steps": total, "epoch": epoch, "grad_norm": float(grad_norm), "tokens_per_s": tokens / max(elapsed, 1e-9),
-                    "skipped_steps": bad, "time/wall_ms": 1e3 * elapsed / max(steps_in_window, 1), **timer.window()}
+            last = {
+                "step": step,
+                "total_steps": total,
+                "epoch": epoch,
+                "grad_norm": float(grad_norm),
+                "tokens_per_s": tokens / max(elapsed, 1e-9),
+                "skipped_steps": bad,
+                "time/wall_ms": 1e3 * elapsed / max(steps_in_window, 1),
+                **timer.window(),
+            }
             last.update({f"lr/{g['name']}": g["lr"] for g in optimizer.param_groups})
             last.update(step_metrics)
             if evaluating:
@@ -421,7 +494,9 @@ def train(cfg: TrainConfig) -> dict[str, float]:
                 if env.main:
                     save_snapshot(out_dir, step, _trainable(drafter, head))
             if env.main:
-                progress_bar.set_postfix({"loss": f"{last['loss/total']:.3f}", "tau": f"{last['accept_len/draft_argmax']:.2f}"})
+                progress_bar.set_postfix(
+                    {"loss": f"{last['loss/total']:.3f}", "tau": f"{last['accept_len/draft_argmax']:.2f}"}
+                )
                 with metrics_path.open("a") as f:
                     f.write(json.dumps({k: None if v != v else v for k, v in last.items()}) + "\n")  # NaN -> null
             tokens, window_start = 0, time.perf_counter()
@@ -429,8 +504,14 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         if step % cfg.save_every == 0 or step == total:
             if env.main:
                 save_training_checkpoint(
-                    out_dir, step, {"epoch": epoch, "batch": index + 1}, drafter_cfg, head_cfg, _trainable(drafter, head),
-                    {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, identity,
+                    out_dir,
+                    step,
+                    {"epoch": epoch, "batch": index + 1},
+                    drafter_cfg,
+                    head_cfg,
+                    _trainable(drafter, head),
+                    {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
+                    identity,
                 )
                 prune_checkpoints(out_dir, cfg.keep_checkpoints)
             env.barrier()

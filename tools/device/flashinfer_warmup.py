@@ -2,6 +2,7 @@
 and sampling use, at SmolLM2-135M's shapes (bf16, 9 query / 3 KV heads, head_dim 64, page size 1; the drafts have the
 same heads), on tiny tensors; each attention output is checked against a float32 torch reference. One line per module
 with its wall time; exit 1 with one clear line on the first failure. Run by tools/device/flashinfer.sh on the GPU."""
+
 import sys
 import time
 
@@ -61,9 +62,18 @@ def main():
         w.plan(kv_indptr, kv_indices, last, H, KV, D, 1, q_data_type=bf, kv_data_type=bf)
         q = torch.randn(2, H, D, device=dev, dtype=bf)
         o = w.run(q, (k_cache, v_cache))
-        return max((o[i].float() - ref_attention(q[i:i + 1], kv[0][kv_indptr[i]:kv_indptr[i + 1]],
-                                                  kv[1][kv_indptr[i]:kv_indptr[i + 1]])[0]).abs().max().item()
-                   for i in range(2))
+        return max(
+            (
+                o[i].float()
+                - ref_attention(
+                    q[i : i + 1], kv[0][kv_indptr[i] : kv_indptr[i + 1]], kv[1][kv_indptr[i] : kv_indptr[i + 1]]
+                )[0]
+            )
+            .abs()
+            .max()
+            .item()
+            for i in range(2)
+        )
 
     def prefill_paged(custom_mask):  # SGLang's extend (causal) and speculative verify (custom mask), fa2
         nq = [3, 4]
@@ -74,15 +84,31 @@ def main():
             m[:, : s - n] = True  # the prefix is always visible
             m[torch.arange(n), s - n + torch.arange(n)] = True  # every query sees itself
         w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend="fa2")
-        w.plan(qo_indptr, kv_indptr, kv_indices, last, H, KV, D, 1, causal=not custom_mask,
-               custom_mask=torch.cat([m.flatten() for m in masks]) if custom_mask else None,
-               q_data_type=bf, kv_data_type=bf)
+        w.plan(
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            last,
+            H,
+            KV,
+            D,
+            1,
+            causal=not custom_mask,
+            custom_mask=torch.cat([m.flatten() for m in masks]) if custom_mask else None,
+            q_data_type=bf,
+            kv_data_type=bf,
+        )
         o = w.run(q, (k_cache, v_cache))
         err = 0.0
         for i in range(2):
             qs, ks = slice(qo_indptr[i], qo_indptr[i + 1]), slice(kv_indptr[i], kv_indptr[i + 1])
-            r = ref_attention(q[qs], kv[0][ks], kv[1][ks], causal_offset=None if custom_mask else seq[i] - nq[i],
-                              mask=masks[i][None] if custom_mask else None)
+            r = ref_attention(
+                q[qs],
+                kv[0][ks],
+                kv[1][ks],
+                causal_offset=None if custom_mask else seq[i] - nq[i],
+                mask=masks[i][None] if custom_mask else None,
+            )
             err = max(err, (o[qs].float() - r).abs().max().item())
         return err
 
@@ -106,11 +132,16 @@ def main():
 
     def sampling():  # SGLang's sampler (--sampling-backend flashinfer) and the DFLASH/EAGLE renorms
         from flashinfer import sampling as s
+
         probs = torch.softmax(torch.randn(4, 49152, device=dev), -1)
         s.top_k_renorm_probs(probs, 20)
         s.top_p_renorm_probs(probs, 0.9)
-        s.top_k_top_p_sampling_from_probs(probs, torch.full((4,), 20, device=dev, dtype=torch.int32),
-                                          torch.full((4,), 0.9, device=dev), filter_apply_order="joint")
+        s.top_k_top_p_sampling_from_probs(
+            probs,
+            torch.full((4,), 20, device=dev, dtype=torch.int32),
+            torch.full((4,), 0.9, device=dev),
+            filter_apply_order="joint",
+        )
         s.min_p_sampling_from_probs(probs, torch.full((4,), 0.05, device=dev))
         s.softmax(torch.randn(4, 49152, device=dev), temperature=torch.ones(4, device=dev))
         return None
@@ -122,18 +153,35 @@ def main():
 
     def page():
         k = torch.randn(3, KV, D, device=dev, dtype=bf)
-        flashinfer.append_paged_kv_cache(k, k, torch.tensor([0, 1], dtype=torch.int32, device=dev).repeat_interleave(
-            torch.tensor([1, 2], device=dev)), torch.tensor([0, 0, 1], dtype=torch.int32, device=dev),
-            (k_cache, v_cache), kv_indices, kv_indptr, torch.tensor([1, 2], dtype=torch.int32, device=dev), "NHD")
+        flashinfer.append_paged_kv_cache(
+            k,
+            k,
+            torch.tensor([0, 1], dtype=torch.int32, device=dev).repeat_interleave(torch.tensor([1, 2], device=dev)),
+            torch.tensor([0, 0, 1], dtype=torch.int32, device=dev),
+            (k_cache, v_cache),
+            kv_indices,
+            kv_indptr,
+            torch.tensor([1, 2], dtype=torch.int32, device=dev),
+            "NHD",
+        )
         return None
 
-    print(f"flashinfer_warmup: flashinfer {flashinfer.__version__}, torch {torch.__version__}, "
-          f"{torch.cuda.get_device_name()} (sm{''.join(map(str, torch.cuda.get_device_capability()))})", flush=True)
+    print(
+        f"flashinfer_warmup: flashinfer {flashinfer.__version__}, torch {torch.__version__}, "
+        f"{torch.cuda.get_device_name()} (sm{''.join(map(str, torch.cuda.get_device_capability()))})",
+        flush=True,
+    )
     only = set(sys.argv[1:])
-    for name, fn in [("decode (fa2, paged)", decode), ("prefill paged causal (fa2)", lambda: prefill_paged(False)),
-                     ("prefill paged custom mask (fa2, verify)", lambda: prefill_paged(True)),
-                     ("ragged prefill (auto)", lambda: ragged("auto")), ("ragged prefill (fa2)", lambda: ragged("fa2")),
-                     ("sampling", sampling), ("top_k", topk), ("append_paged_kv_cache", page)]:
+    for name, fn in [
+        ("decode (fa2, paged)", decode),
+        ("prefill paged causal (fa2)", lambda: prefill_paged(False)),
+        ("prefill paged custom mask (fa2, verify)", lambda: prefill_paged(True)),
+        ("ragged prefill (auto)", lambda: ragged("auto")),
+        ("ragged prefill (fa2)", lambda: ragged("fa2")),
+        ("sampling", sampling),
+        ("top_k", topk),
+        ("append_paged_kv_cache", page),
+    ]:
         if not only or any(o in name for o in only):
             step(name, fn)
 

@@ -1,5 +1,6 @@
 """Model classes SGLang's ModelRegistry loads for LILICORR (every module here lists its classes in
 `EntryClass`, the registry's convention)."""
+
 from __future__ import annotations
 
 PACKAGE = __name__

@@ -8,6 +8,7 @@ alone skips unknown names silently, which would serve random weights at a low ac
 The head is stored as `lilicorr_head`, not `lilicorr`: SGLang's DFlash worker runs its built-in
 head on any draft whose `lilicorr` attribute is set, and LILICORR must run ours.
 """
+
 from __future__ import annotations
 
 from typing import Iterable, Iterator, Tuple
@@ -86,7 +87,7 @@ class LiLiCorrDraftModel(DFlashDraftModel):
             for name, tensor in weights:
                 bare = name.removeprefix("model.")
                 if bare.startswith(HEAD_PREFIX):
-                    head_tensors[bare[len(HEAD_PREFIX):]] = tensor
+                    head_tensors[bare[len(HEAD_PREFIX) :]] = tensor
                 elif not bare.endswith(IGNORED_SUFFIXES):
                     drafter_names.add(ALIASES.get(bare, bare))
                     yield name, tensor
