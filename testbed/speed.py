@@ -115,6 +115,15 @@ def profile_systems(urls: dict, root: Path, steps: int, prompt: str) -> list[str
     return failed
 
 
+def call_key(concurrency: list[int], recorded: dict) -> str:
+    """The key of this call's start-up and idle-CPU records: its concurrencies ("c=1,4"), with " #n" for the n-th
+    call that played the same ones (a resumed setting), so no call's record replaces an earlier one's (the first is
+    the cold start-up)."""
+    call = "c=" + ",".join(map(str, concurrency))
+    n = sum(1 for k in recorded if k == call or k.startswith(call + " #"))
+    return f"{call} #{n + 1}" if n else call
+
+
 def bench(*argv: str, cwd: Path) -> int:
     """`lilicorr bench ...` run from `cwd`."""
     return subprocess.call([sys.executable, "-m", "sglang_lilicorr.cli", "bench", *argv], cwd=cwd)
@@ -199,8 +208,8 @@ def run(args, base_server_args: str) -> int:
     summary = serve_speed.summarize(
         [[json.loads(line) for line in Path(p).read_text().splitlines() if line.strip()] for p in rounds]
     )
-    call = "c=" + ",".join(map(str, concurrency))  # per call of this setting: its servers' start-up and idle CPU
     earlier = json.loads((work / "speed_summary.json").read_text()) if (work / "speed_summary.json").is_file() else {}
+    call = call_key(concurrency, earlier.get("capture_s", {}))
     capture = {
         s: serve_speed.capture_seconds((work / "logs" / f"server-{s}.log").read_text(errors="replace"))
         for s in SYSTEMS

@@ -149,3 +149,23 @@ def test_process_tree_cpu_counts_a_busy_child():
     spent = serve_speed.process_tree_cpu_s(os.getpid()) - before
     child.wait()
     assert spent >= 0.2
+
+
+def test_a_partial_run_keeps_the_cells_it_did_not_measure():
+    earlier = {
+        "1": {"lilicorr": 1.0},
+        "4": {"lilicorr": 4.0},
+        "eager": {"lilicorr": 3.0},
+        "startup_s": {"lilicorr": {"scheduler": 9.0}},
+        "card": "H200",
+        "commit": "old",
+    }
+    new = {"1": {"lilicorr": 2.0}, "startup_s": {"lilicorr": {"scheduler": 8.0}}, "card": "H200", "commit": "new"}
+    doc = serve_speed.keep_unmeasured(new, earlier)
+    assert doc["1"] == {"lilicorr": 2.0} and doc["4"] == {"lilicorr": 4.0} and doc["eager"] == {"lilicorr": 3.0}
+    assert doc["startup_s"] == {"lilicorr": {"scheduler": 8.0}} and doc["commit"] == "new"
+    assert doc["measured"] == {"1": "H200, new", "4": "H200, old", "eager": "H200, old", "startup_s": "H200, new"}
+    # a third run keeps the second's attributions
+    again = serve_speed.keep_unmeasured({"4": {"lilicorr": 5.0}, "startup_s": {}, "card": "H100", "commit": "x"}, doc)
+    assert again["measured"] == {"1": "H200, new", "4": "H100, x", "eager": "H200, old", "startup_s": "H200, new"}
+    assert again["startup_s"] == {"lilicorr": {"scheduler": 8.0}}

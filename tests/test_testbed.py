@@ -200,6 +200,13 @@ def test_pipeline_end_to_end(toy, tmp_path, monkeypatch, ports_29500_taken):
     doc = json.loads((runs / "speed_summary.json").read_text())
     assert sorted(doc["summary"], key=int) == ["1", "2", "3"] and sorted(doc["idle_cpu_s"]) == ["c=1,2", "c=3"]
     assert "Python frames: lilicorr - builtin" in (runs / "profile" / "profile.md").read_text()
+    # a call that plays the same concurrencies again (a resumed setting) keeps the first call's start-up record
+    assert (
+        cli(toy, launch, "speed", "--concurrency", "3", "--rounds", "2", "--max-tokens", "8", "--profile-steps", "0")
+        == 0
+    )
+    doc = json.loads((runs / "speed_summary.json").read_text())
+    assert sorted(doc["capture_s"]) == sorted(doc["idle_cpu_s"]) == ["c=1,2", "c=3", "c=3 #2"]
 
     assert cli(toy, "tables") == 0
     results = json.loads((work / "results.json").read_text())
@@ -323,3 +330,10 @@ def test_tables_continue_the_curves_of_warm_started_runs(tmp_path):
         {"step": s, "eval/tau_t0/argmax": 1.5, "eval/top1_draft/slot1": 0.5} for s in (10, 20)
     ]
     assert testbed.main(["tables", "--results", str(second), "--after", str(first)]) == 0
+
+
+def test_speed_call_keys_number_a_repeated_call():
+    assert speed.call_key([1, 4], {}) == "c=1,4"
+    assert speed.call_key([1], {"c=1,4": {}}) == "c=1"
+    assert speed.call_key([1], {"c=1": {}, "c=1,4": {}}) == "c=1 #2"
+    assert speed.call_key([1], {"c=1": {}, "c=1 #2": {}}) == "c=1 #3"

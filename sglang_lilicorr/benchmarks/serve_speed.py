@@ -222,6 +222,20 @@ def report(graphs: dict, eager: dict | None, card: str, commit: str) -> dict:
     return {**out, "card": card, "commit": commit}
 
 
+def keep_unmeasured(result: dict, earlier: dict) -> dict:
+    """`result` with the cells it lacks (a concurrency, `eager`, `startup_s`) taken from `earlier`, an older results
+    file; `measured` names the card and commit of every cell."""
+    cells = [k for k in earlier if k.isdigit() or k in ("eager", "startup_s")]
+    before = earlier.get("measured", {})
+    measured = {
+        k: f"{result['card']}, {result['commit']}" for k in result if k.isdigit() or k in ("eager", "startup_s")
+    }
+    kept = {k: earlier[k] for k in cells if k not in result or (k == "startup_s" and not result[k])}
+    measured |= {k: before.get(k, f"{earlier['card']}, {earlier['commit']}") for k in kept}
+    order = sorted(measured, key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else k))
+    return {**result, **kept, "measured": {k: measured[k] for k in order}}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Served-speed results of the testbed's speed step (module docstring).")
     p.add_argument("--graphs", type=Path, required=True, help="the graphs32 setting's folder (its speed_summary.json)")
@@ -229,7 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--card", required=True)
     p.add_argument("--commit", required=True)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument(
+        "--keep-from",
+        type=Path,
+        help="an earlier summary.json: the cells this run did not measure are kept from it (`measured` names each "
+        "cell's card and commit)",
+    )
     a = p.parse_args(argv)
+    if a.keep_from is not None and not a.keep_from.is_file():
+        p.error(f"--keep-from {a.keep_from}: no such file; pass an earlier run's summary.json")
     docs = {}
     for name, folder in (("graphs", a.graphs), ("eager", a.eager)):
         if folder is not None:
@@ -239,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
             docs[name] = json.loads(path.read_text())
     a.out.mkdir(parents=True, exist_ok=True)
     result = report(docs["graphs"], docs.get("eager"), a.card, a.commit)
+    if a.keep_from is not None:
+        result = keep_unmeasured(result, json.loads(a.keep_from.read_text()))
     (a.out / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
     settings = {doc["setting"]: doc["summary"] for doc in docs.values()}
     text = "".join(table(summary, f"{setting} ({a.card}, {a.commit})") + "\n" for setting, summary in settings.items())

@@ -2,7 +2,8 @@
 # Has a change moved the served select's bits or its time? On the GPU machine, after the device kit's install:
 #   bash tools/device/select_check.sh OUT_DIR [GPU]
 # select_digest for both heads, compared line by line with the stored reference digests
-# (benchmarks/results/head-bench/h100_a195fbb/digest_*_a195fbb.txt, H100; digests are per card), then head_bench's
+# (benchmarks/results/select-check/h200_d642fc5/digest_*.txt, H200; digests are per card, and an H100's have equalled
+# an H200's at every commit compared), then head_bench's
 # served variant for both heads (post-logits ms beside SGLang's built-in head). Prints MATCH / DIFF per head and
 # the head_bench rows; exit 1 when a digest differs. GPU picks the card (default 0).
 set -u -o pipefail
@@ -16,7 +17,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | tee "$O/card.txt"
 rc=0
 for geo in paper testbed; do
   python3 -m sglang_lilicorr.benchmarks.select_digest --geometry "$geo" > "$O/digest_$geo.txt" 2>&1
-  if diff <(grep "^served " "$O/digest_$geo.txt") <(grep "^served " "$R/benchmarks/results/head-bench/h100_a195fbb/digest_${geo}_a195fbb.txt") > "$O/digest_$geo.diff"; then
+  if diff <(grep "^served " "$O/digest_$geo.txt") <(grep "^served " "$R/benchmarks/results/select-check/h200_d642fc5/digest_${geo}.txt") > "$O/digest_$geo.diff"; then
     echo "digest $geo: MATCH"
   else
     echo "digest $geo: DIFF (see $O/digest_$geo.diff)"; rc=1
