@@ -278,6 +278,10 @@ def test_warm_runs_every_batch_size_and_eager_batches_keep_their_proposal(monkey
     assert proposer.warm(graph_batch_sizes=[1, 2], capture=True) == [3, 4, 5] and seen == [3, 4, 5]
     assert proposer.eager_graphs == {} and proposer.eager_in.shape == (5, proposer.slots, HIDDEN)
     assert proposer.warm(graph_batch_sizes=[], capture=False) == [1, 2, 3, 4, 5]
+    # no batch above --max-running-requests runs: none is warmed (the request pool holds one row more)
+    seen.clear()
+    assert proposer.warm(graph_batch_sizes=[1, 2], capture=True, max_batch=4) == [3, 4] and seen == [3, 4]
+    assert proposer.warm(graph_batch_sizes=[1, 2], capture=False, max_batch=2) == []
     g = torch.Generator().manual_seed(6)
     pass_hidden = torch.randn(3, proposer.slots, HIDDEN, generator=g)
     anchors = torch.randn(3, HIDDEN, generator=g)

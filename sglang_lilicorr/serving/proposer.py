@@ -169,12 +169,14 @@ class LiLiCorrProposer:
         self.eager_graphs[bucket].replay()
         return self.out[: b * self.slots].view(b, self.slots)
 
-    def warm(self, *, graph_batch_sizes: list[int], capture: bool) -> list[int]:
+    def warm(self, *, graph_batch_sizes: list[int], capture: bool, max_batch: int | None = None) -> list[int]:
         """Before serving (after the draft graphs), for the batches no draft graph covers (above the largest, or every
-        batch where there are none): with `capture` (CUDA, whole vocabulary on this rank), CUDA graphs of the proposal
-        every EAGER_BUCKET requests and at the last row; otherwise the proposal at each such batch size. Each size runs
-        once first, so every kernel such a batch needs is built before a request waits. Returns the sizes run."""
+        batch where there are none) up to `max_batch` (the server's --max-running-requests; None: the buffers' rows):
+        with `capture` (CUDA, whole vocabulary on this rank), CUDA graphs of the proposal every EAGER_BUCKET requests
+        and at the largest batch; otherwise the proposal at each such batch size. Each size runs once first, so every
+        kernel such a batch needs is built before a request waits. Returns the sizes run."""
         rows, device = self.anchors.shape[0], self.lm_head_weight.device
+        rows = rows if max_batch is None else min(rows, int(max_batch))
         with torch.inference_mode(False):
             self.eager_in = torch.zeros(
                 (rows, self.slots, self.lm_head_weight.shape[1]), dtype=self.lm_head_weight.dtype, device=device

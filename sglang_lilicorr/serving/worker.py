@@ -180,7 +180,11 @@ class LiLiCorrWorker(DFlashWorkerV2):
     def init_cuda_graphs(self) -> None:
         super().init_cuda_graphs()
         captured = self._draft_sampler is not None
-        warmed = self.proposer.warm(graph_batch_sizes=graph_batch_sizes() if captured else [], capture=captured)
+        warmed = self.proposer.warm(
+            graph_batch_sizes=graph_batch_sizes() if captured else [],
+            capture=captured,
+            max_batch=self.server_args.max_running_requests,
+        )
         logger.info(
             "%s: the proposal warmed at %s batch sizes above the draft graphs; eager batches replay graphs of %s "
             "requests.",
