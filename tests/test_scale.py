@@ -18,7 +18,7 @@ pytest.importorskip("aiohttp")
 from stub_server import free_port_block
 
 from sglang_lilicorr import cli as lilicorr_cli
-from sglang_lilicorr.benchmarks import scale, scale_report
+from sglang_lilicorr.benchmarks import baselines_summary, scale, scale_report
 from sglang_lilicorr.errors import UsageError
 
 TESTS = Path(__file__).resolve().parent
@@ -36,8 +36,8 @@ TOY_HEAD = {"candidate_topk": 4, "hidden_size": 32, "num_layers": 1, "num_heads"
 
 # Serves tests/stub_server.py on $PORT and, like a server with the plugin's stage timer, writes a
 # stages-<pid>.json into $LILICORR_STAGE_TIMING: per-block stages (speculative) or plain decode steps.
-BLOCK_MS = {"lilicorr": 10.0, "dflash": 9.95, "builtin": 10.4}
-HEAD_MS = {"lilicorr": 0.12, "dflash": 0.02, "builtin": 0.35}
+BLOCK_MS = {"lilicorr": 10.0, "dflash": 9.95, "builtin": 10.4, "domino": 10.6, "dspark": 10.2}
+HEAD_MS = {"lilicorr": 0.12, "dflash": 0.02, "builtin": 0.35, "domino": 0.5, "dspark": 0.2}
 LAUNCHER = """
 import json, os, sys
 sys.path.insert(0, {tests!r})
@@ -91,6 +91,16 @@ def test_build_writes_servable_drafts_of_the_targets_shape(built, capsys):
     plain, none = load_draft(built / "drafts" / "dflash")
     assert none is None and head.config.candidate_topk == 4 and drafter.config == plain.config
     assert all((drafter.state_dict()[k] == v).all() for k, v in plain.state_dict().items())  # the same drafter
+    from sglang_lilicorr.baselines import DominoHead, DSparkHead
+    from sglang_lilicorr.train.heads import load_corrector_draft
+
+    for system, kind in (("domino", DominoHead), ("dspark", DSparkHead)):  # the same drafter, a width-matched head
+        corrected, corrector = load_corrector_draft(built / "drafts" / system)
+        assert isinstance(corrector, kind) and corrected.config == plain.config
+        assert all((corrected.state_dict()[k] == v).all() for k, v in plain.state_dict().items())
+    assert corrector.config.markov_rank == TOY["hidden_size"] and corrector.config.markov_head_type == "vanilla"
+    domino = json.loads((built / "drafts" / "domino" / "config.json").read_text())["dflash_config"]
+    assert domino["projector_type"] == "domino" and domino["gru_hidden_dim"] == domino["emb_dim"] == TOY["hidden_size"]
     assert (
         lilicorr_cli.main(["check-draft", str(built / "drafts" / "lilicorr"), "--target", str(built / "target")]) == 0
     )
@@ -142,6 +152,19 @@ def test_server_arguments_of_each_system(tmp_path):
     )
     assert blt[blt.index("--cuda-graph-backend-decode") + 1] == "disabled"
     assert "--speculative-algorithm" not in scale.server_args("base", tmp_path, eager=False)
+    dom, dsp = scale.server_args("domino", tmp_path, eager=False), scale.server_args("dspark", tmp_path, eager=False)
+    assert dom[dom.index("--speculative-algorithm") + 1] == "DFLASH" and dom[
+        dom.index("--speculative-draft-model-path") + 1
+    ].endswith("domino")
+    assert dom[dom.index("--speculative-domino-candidate-pool-size") + 1] == "2048"
+    assert dsp[dsp.index("--speculative-algorithm") + 1] == "DSPARK" and dsp[
+        dsp.index("--speculative-draft-model-path") + 1
+    ].endswith("dspark")
+    env = scale.server_env("dspark", tmp_path)
+    assert env["SGLANG_RAGGED_VERIFY_MODE"] == "static" and env["SGLANG_SIMULATE_ACC_LEN"] == "7"
+    assert "SGLANG_RAGGED_VERIFY_MODE" not in scale.server_env("domino", tmp_path)
+    for name, phase in scale.PHASES.items():  # every phase that measures a speculative system has its DFLASH reference
+        assert "dflash" in phase.systems or phase.systems in (("base",), ("lilicorr", "builtin")), name
     assert scale.server_env("lilicorr", tmp_path)[
         "SGLANG_SIMULATE_ACC_LEN"
     ] == "7" and "SGLANG_SIMULATE_ACC_LEN" not in scale.server_env("base", tmp_path)
@@ -155,11 +178,13 @@ def test_sglang_parses_the_server_arguments(tmp_path, built):
     from sglang_lilicorr.serving.plugin import register
 
     register()  # the LILICORR name, as in every SGLang process
-    for system in ("base", "dflash", "lilicorr"):
+    for system in ("base", *scale.SYSTEMS):
         args = prepare_server_args(
             ["--model-path", str(built / "target"), *scale.server_args(system, built, eager=system == "dflash")]
         )
         assert args.load_format == "dummy" and args.skip_tokenizer_init and args.max_total_tokens == 24576
+        if system == "domino":
+            assert args.speculative_domino_candidate_pool_size == 2048
 
 
 @pytest.fixture(scope="module")
@@ -170,13 +195,15 @@ def bundles(built, tmp_path_factory):
     launcher.write_text(LAUNCHER.format(tests=str(TESTS), block_ms=BLOCK_MS, head_ms=HEAD_MS))
     mp = pytest.MonkeyPatch()
     mp.setenv("SCALE_LAUNCH", f"{sys.executable} {launcher}")
-    mp.setattr(scale, "PORT0", free_port_block(3))
+    mp.setattr(scale, "PORT0", free_port_block(len(scale.SYSTEMS)))
     fast = {1: 2, 4: 4, 16: 16, 32: 32}
     mp.setattr(scale, "PHASES", {n: dataclasses.replace(p, prompts=fast) for n, p in scale.PHASES.items()})
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed):
-            code = scale.main(["run", "--work", str(built), "--phases", "graph,base,eager,tput", "--out", str(out)])
+            code = scale.main(
+                ["run", "--work", str(built), "--phases", "graph,correctors,base,eager,tput", "--out", str(out)]
+            )
         assert code == 0, printed.getvalue()[-6000:]
     finally:
         mp.undo()
@@ -188,6 +215,7 @@ def test_phases_pack_whole_bundles_of_paired_rounds(bundles):
     printed_phases = (bundles.parent / "printed.txt").read_text()
     assert sorted(p.name for p in bundles.iterdir()) == [
         "scale_base.tar.gz",
+        "scale_correctors.tar.gz",
         "scale_eager.tar.gz",
         "scale_graph.tar.gz",
         "scale_tput.tar.gz",
@@ -204,7 +232,7 @@ def test_phases_pack_whole_bundles_of_paired_rounds(bundles):
         "SGLANG_SIMULATE_ACC_LEN" in phase["server_env"]["builtin"] and "LILICORR" in phase["server_args"]["lilicorr"]
     )
     assert {(r["system"], r["concurrency"]) for r in round1} == {
-        (s, c) for s in scale.SYSTEMS for c in scale.CONCURRENCY
+        (s, c) for s in scale.PHASES["graph"].systems for c in scale.CONCURRENCY
     }
     assert all(t["completion_tokens"] == scale.MAX_TOKENS for r in round1 for t in r["turns"])
     with tarfile.open(bundles / "scale_tput.tar.gz") as t:
@@ -234,9 +262,12 @@ def test_summary_has_every_system_and_concurrency(bundles, tmp_path):
             assert e["per_block_ms"] == pytest.approx(BLOCK_MS[s] + int(c) / 100)
             assert e["decode_step_ms"] == pytest.approx(7.0 + int(c) / 100) and e["forced_commit_len"] == 7.0
             assert e["per_block_ms_eager"] == pytest.approx(2.5 * BLOCK_MS[s] + int(c) / 100)
-            assert e["projected_speedup"] == pytest.approx(
-                scale_report.PAPER_TAU[s] * e["decode_step_ms"] / e["per_block_ms"]
+            assert e["projected_speedup"] == (
+                pytest.approx(scale_report.PAPER_TAU[s] * e["decode_step_ms"] / e["per_block_ms"])
+                if s in scale_report.PAPER_TAU
+                else None
             )
+            assert e["block_vs_dflash"] == pytest.approx(e["per_block_ms"] / (BLOCK_MS["dflash"] + int(c) / 100))
             assert len(e["tok_s_per_round"]) == scale.PHASES["graph"].rounds and e["speedup_measured"] > 0
     assert doc["systems"]["dflash"]["1"]["head_ms"] == 0.0 and doc["systems"]["lilicorr"]["1"][
         "head_ms"
@@ -247,6 +278,11 @@ def test_summary_has_every_system_and_concurrency(bundles, tmp_path):
         doc["systems"]["lilicorr"]["4"]["tok_s_vs_builtin"]["n"] == rounds
         and doc["systems"]["builtin"]["4"]["tok_s_vs_dflash"]["n"] == rounds
     )
+    for s in ("domino", "dspark"):  # paired against the correctors phase's own DFLASH
+        assert doc["systems"][s]["4"]["tok_s_vs_dflash"]["n"] == rounds and doc["systems"][s]["1"][
+            "head_ms"
+        ] == pytest.approx(HEAD_MS[s])
+    assert targets_met(doc, "lilicorr_head_below_domino")
     assert doc["base"]["16"]["tok_s"] > 0 and doc["systems"]["lilicorr"]["1"]["head_share"] == pytest.approx(
         0.12 / 10.01
     )
@@ -276,7 +312,35 @@ def test_summary_has_every_system_and_concurrency(bundles, tmp_path):
     assert targets["lilicorr_tok_s_ge_builtin_ci_lo"]["values"]["4"] == long_runs["4"]["tok_s_vs_builtin"]["lo"]
     assert "Throughput with 1,024-token outputs" in text
     assert "| lilicorr | 90 | 4.0 | 35.00 / 35.00 / -- | 2.00 |" in text
+    assert "| 1 | domino | 10.61 | 1.065 |" in text and "dspark (graph)" in text
     assert (out / "cost.png").stat().st_size > 0
+
+
+def targets_met(doc: dict, name: str) -> bool:
+    return doc["targets"][name]["met"] is True
+
+
+def test_the_cost_keys_merge_into_the_baselines_summary(bundles, tmp_path):
+    summary = tmp_path / "baselines" / "summary.json"
+    summary.parent.mkdir()
+    kept = {"tau": {"gsm8k": {"lilicorr": {"t0": 2.1, "t1": 1.3}}}, "tok_s": {"1": {"dflash": 90.0}}}
+    summary.write_text(json.dumps({**kept, "viterbi": {"tau_t0": 2.05}}))
+    bench = tmp_path / "corrector_bench.json"
+    bench.write_text(json.dumps({"rows": [{"bs": 1, "lilicorr_greedy": 0.1, "lilicorr_viterbi": 0.13}]}))
+    args = [*map(str, sorted(bundles.iterdir())), "--out", str(tmp_path / "r"), "--corrector-bench", str(bench)]
+    assert scale_report.main([*args, "--baselines-summary", str(summary)]) == 0
+    doc = json.loads(summary.read_text())
+    assert {k: doc[k] for k in kept} == kept and doc["viterbi"]["tau_t0"] == 2.05  # other work's keys untouched
+    assert set(doc["cost_8b"]) == set(baselines_summary.COST_SYSTEMS) == set(doc["head_ms_8b"])
+    assert doc["cost_8b"]["domino"]["32"] == pytest.approx(BLOCK_MS["domino"] + 0.32)
+    assert doc["head_ms_8b"]["dspark"] == pytest.approx(0.2) and doc["head_ms_8b"]["dflash"] == 0.0
+    assert doc["viterbi"]["per_block_ms_8b"] == pytest.approx(10.01 + 0.03)
+    bench.write_text(json.dumps({"rows": [{"bs": 4, "lilicorr_greedy": 0.1}]}))
+    with pytest.raises(UsageError, match="no bs = 1 row"):
+        baselines_summary.read_bench(bench)
+    summary.write_text("[1, 2]")
+    with pytest.raises(UsageError, match="not a JSON object"):
+        baselines_summary.merge(summary, {"cost_8b": {}})
 
 
 def test_a_summary_of_the_graph_phase_alone_names_what_is_missing(bundles, tmp_path):

@@ -184,6 +184,31 @@ def test_stages_of_a_decode_step_include_subclass_overrides(tmp_path):
     assert worker.target_worker.calls == [False] + [True] * 8  # prefill's target forward passes through
 
 
+class DSparkLikeWorker:
+    """The DSPARK worker's call structure: draft forward and verify, no DFlash accept or KV-append methods."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock, self.gamma = clock, 3
+        self.draft_model_runner, self.target_worker = DraftRunner(clock), Target(clock)
+
+    def forward_batch_generation(self, batch, on_publish=None):
+        self.draft_model_runner.forward(None)
+        self.target_worker.forward_batch_generation(batch=None, forward_batch=1, is_verify=True)
+        self.clock.advance(MS["accept"])
+        return "decode"
+
+    def init_cuda_graphs(self):
+        pass
+
+
+def test_a_dspark_worker_is_timed_by_the_stages_it_has(tmp_path):
+    worker, recorder, clock, _ = timed(tmp_path, worker_cls=DSparkLikeWorker)
+    run_steps(worker, clock, 3)
+    (row,) = recorder.document()["stages"]
+    assert set(row["gpu_ms"]) == {"step", "draft_forward", "target_verify"} and row["n_blocks"] == 3
+    assert stage_timer.block_size_of(worker) == 4 and stage_timer.block_size_of(Worker(clock)) == 4
+
+
 def test_prefill_between_decode_steps_drops_that_interval(tmp_path):
     worker, recorder, clock, _ = timed(tmp_path)
     run_steps(worker, clock, 2)

@@ -1,18 +1,21 @@
 """The paper's cost table at production scale: a Qwen3-8B-shaped target with random weights on one GPU,
-served by LILICORR (this plugin), DFLASH and SGLang's built-in LiLiCorr (DFLASH serving a
-LiLiCorrDraftModel draft: SGLang's own head).
+served by LILICORR (this plugin), DFLASH, SGLang's built-in LiLiCorr (DFLASH serving a LiLiCorrDraftModel
+draft: SGLang's own head), Domino (DFLASH serving a draft with projector_type "domino") and DSpark (DSPARK).
 
 A block's cost does not depend on the weights, so random ones serve. The target is SGLang's
 `--load-format dummy` over a config.json with Qwen3-8B's shapes (no tokenizer: `--skip-tokenizer-init`,
 requests as token ids, `bench run --api ids`). The drafts are written here by our own writers: a random
 DFlash drafter (DrafterConfig / DFlashDrafter / save_checkpoint, the target's layer shape, block 16,
 target_layer_ids = SGLang's build_target_layer_ids(36, 5)) and the same drafter with a random
-paper-config head (checkpoint.add_random_head). Its depth: DRAFT_LAYERS, see benchmarks/README.md.
+paper-config head (checkpoint.add_random_head), and the same drafter with a random Domino or DSpark head
+(scale_drafts: the heads' configuration and serving settings). Its depth: DRAFT_LAYERS, see benchmarks/README.md.
 
 Random weights accept nothing, so the speculative servers run with SGLang's own benchmark knob
 SGLANG_SIMULATE_ACC_LEN = FORCED_COMMIT: after verification every block commits 7 tokens (6 drafts +
 the bonus), whatever the target said; the KV append, the next positions and the scheduler then do the
-work of a block that accepted 6. The stage timer records the setting (`forced_commit_len`).
+work of a block that accepted 6. The stage timer records the setting (`forced_commit_len`). Domino runs in
+SGLang's DFlash worker (the same forced accept); the DSPARK worker reads the knob itself and forces the same
+7 of its gamma + 1 = 16 verified tokens.
 
   python -m sglang_lilicorr.benchmarks.scale build --work W
   python -m sglang_lilicorr.benchmarks.scale run --work W --phases graph --out $OUT --deadline EPOCH
@@ -20,10 +23,11 @@ work of a block that accepted 6. The stage timer records the setting (`forced_co
 
 Phases (PHASES); each starts its servers one after another (side by side on GPU 0), measures, stops them
 and packs WORK/<phase> into $OUT/scale_<phase>.tar.gz (written whole or not at all):
-  graph  the three speculative servers, CUDA graphs at the measured batch sizes, stage timer on:
-         paired alternating rounds (benchmarks/paired.py) at c = 1, 4, 16, 32
-  base   the target without speculation, stage timer on (the plain decode step): the same rounds
-  eager  the three speculative servers without decode CUDA graphs: one round per c (the eager stages)
+  graph       LILICORR, DFLASH and the built-in, CUDA graphs at the measured batch sizes, stage timer on:
+              paired alternating rounds (benchmarks/paired.py) at c = 1, 4, 16, 32
+  correctors  Domino, DSpark and DFLASH (each phase's paired reference), as in graph
+  base        the target without speculation, stage timer on (the plain decode step): the same rounds
+  eager       the five speculative servers without decode CUDA graphs: one round per c (the eager stages)
   tput   LILICORR and the built-in alone, graph-captured, 1,024-token outputs: the same paired rounds, four times
          the decode per run, so rare prefill stalls weigh a quarter as much in the throughput ratio
 A phase the deadline leaves no time for is skipped (exit 4: run it in the next call); inside a phase the
@@ -47,7 +51,7 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from ..jsonl import save_json
-from . import paired, prompt_file, stages
+from . import paired, prompt_file, scale_drafts, stages
 
 # Qwen3-8B's config.json (the public one), all a dummy-weight target needs.
 QWEN3_8B = {
@@ -90,7 +94,15 @@ PAPER_HEAD = {
     "factor_dim": 1024,
 }  # FFN 2 x 1024
 FORCED_COMMIT = 7  # tokens a block commits under SGLANG_SIMULATE_ACC_LEN: 6 accepted drafts + the bonus
-SYSTEMS = ("lilicorr", "dflash", "builtin")
+SYSTEMS = ("lilicorr", "dflash", "builtin", "domino", "dspark")
+SERVED = {  # system -> (--speculative-algorithm, the draft under WORK/drafts)
+    "lilicorr": ("LILICORR", "lilicorr"),
+    "dflash": ("DFLASH", "dflash"),
+    "builtin": ("DFLASH", "lilicorr"),  # SGLang's own head on our LiLiCorr draft
+    "domino": ("DFLASH", "domino"),
+    "dspark": ("DSPARK", "dspark"),
+}
+DRAFTS = ("dflash", "lilicorr", *scale_drafts.CORRECTORS)
 CONCURRENCY = (1, 4, 16, 32)
 PROMPT_TOKENS = 256
 MAX_TOKENS = 256
@@ -113,9 +125,14 @@ class Phase:
 
 RUN_PROMPTS = {1: 3, 4: 8, 16: 16, 32: 32}
 PHASES = {
-    "graph": Phase("graph", SYSTEMS, eager=False, rounds=8, prompts=RUN_PROMPTS, budget_s=430),
+    "graph": Phase(
+        "graph", ("lilicorr", "dflash", "builtin"), eager=False, rounds=8, prompts=RUN_PROMPTS, budget_s=430
+    ),
+    "correctors": Phase(
+        "correctors", ("domino", "dspark", "dflash"), eager=False, rounds=8, prompts=RUN_PROMPTS, budget_s=450
+    ),
     "base": Phase("base", ("base",), eager=False, rounds=8, prompts=RUN_PROMPTS, budget_s=180),
-    "eager": Phase("eager", SYSTEMS, eager=True, rounds=1, prompts={1: 2, 4: 4, 16: 16, 32: 32}, budget_s=250),
+    "eager": Phase("eager", SYSTEMS, eager=True, rounds=1, prompts={1: 2, 4: 4, 16: 16, 32: 32}, budget_s=330),
     "tput": Phase(
         "tput",
         ("lilicorr", "builtin"),
@@ -166,8 +183,9 @@ def build(
     device: Optional[str] = None,
     log=print,
 ) -> dict:
-    """WORK/target/config.json, WORK/drafts/dflash (a random DFlashDraftModel) and WORK/drafts/lilicorr
-    (the same drafter with a random head); nothing is rebuilt when WORK/build.json says it is there."""
+    """WORK/target/config.json, WORK/drafts/dflash (a random DFlashDraftModel), WORK/drafts/lilicorr (the same
+    drafter with a random head) and WORK/drafts/{domino,dspark} (with a random corrector, scale_drafts); nothing is
+    rebuilt when WORK/build.json says it is there."""
     import torch
 
     from ..checkpoint import add_random_head, save_checkpoint
@@ -175,12 +193,20 @@ def build(
 
     work = Path(work)
     config = drafter_config(target, layers=layers, mask_token_id=mask_token_id)
-    stamp = {"target": dict(target), "drafter": config.to_hf_config(), "head": dict(head), "seed": seed}
+    stamp = {
+        "target": dict(target),
+        "drafter": config.to_hf_config(),
+        "head": dict(head),
+        "correctors": {
+            s: scale_drafts.corrector_config(s, config.hidden_size).to_keys() for s in scale_drafts.CORRECTORS
+        },
+        "seed": seed,
+    }
     done = work / "build.json"
     if (
         done.is_file()
         and json.loads(done.read_text()) == stamp
-        and all((work / "drafts" / d / "model.safetensors").is_file() for d in ("dflash", "lilicorr"))
+        and all((work / "drafts" / d / "model.safetensors").is_file() for d in DRAFTS)
     ):
         log(f"[build] {work}: built already")
         return stamp
@@ -195,8 +221,12 @@ def build(
     save_checkpoint(work / "drafts" / "dflash", config.to_hf_config(), tensors)
     del tensors
     add_random_head(work / "drafts" / "dflash", work / "drafts" / "lilicorr", seed=seed, **head)
+    for system in scale_drafts.CORRECTORS:
+        scale_drafts.add_random_corrector(
+            work / "drafts" / "dflash", work / "drafts" / system, system, seed=seed, device=device
+        )
     save_json(done, stamp)
-    log(f"[build] target config, random {layers}-layer drafter and head in {work} ({time.time() - t0:.0f} s)")
+    log(f"[build] target config, random {layers}-layer drafter and heads in {work} ({time.time() - t0:.0f} s)")
     return stamp
 
 
@@ -243,10 +273,10 @@ def server_args(system: str, work: Path, *, eager: bool, kv_tokens: int = KV_TOK
         + (["--cuda-graph-backend-decode", "disabled"] if eager else [])
     )
     if system != "base":
-        draft = "dflash" if system == "dflash" else "lilicorr"  # the built-in is DFLASH serving the LiLiCorr draft
+        algorithm, draft = SERVED[system]
         args += [
             "--speculative-algorithm",
-            "LILICORR" if system == "lilicorr" else "DFLASH",
+            algorithm,
             "--speculative-draft-model-path",
             str(Path(work) / "drafts" / draft),
             "--speculative-draft-load-format",
@@ -254,6 +284,8 @@ def server_args(system: str, work: Path, *, eager: bool, kv_tokens: int = KV_TOK
             "--speculative-draft-attention-backend",
             "triton",
         ]
+    if system == "domino":
+        args += ["--speculative-domino-candidate-pool-size", str(scale_drafts.DOMINO_CANDIDATE_POOL)]
     return tuple(args)
 
 
@@ -264,6 +296,8 @@ def server_env(system: str, root: Path) -> dict[str, str]:
     }
     if system != "base":
         env["SGLANG_SIMULATE_ACC_LEN"] = str(FORCED_COMMIT)
+    if system == "dspark":
+        env.update(scale_drafts.DSPARK_ENV)
     return env
 
 
@@ -453,7 +487,7 @@ def phase_list(text: str) -> list[str]:
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sglang_lilicorr.benchmarks.scale", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build", help="the target's config.json and the two random drafts")
+    b = sub.add_parser("build", help="the target's config.json and the random drafts")
     b.add_argument("--work", default="/tmp/scale")
     b.add_argument("--draft-layers", type=int, default=DRAFT_LAYERS)
     b.add_argument("--seed", type=int, default=0)

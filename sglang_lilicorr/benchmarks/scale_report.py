@@ -1,15 +1,20 @@
 """The Qwen3-8B-scale results (benchmarks/scale.py) on the CPU machine: the phases' bundles -> OUT/
 
-  python -m sglang_lilicorr.benchmarks.scale_report scale_graph.tar.gz scale_base.tar.gz scale_eager.tar.gz [scale_tput.tar.gz] --out DIR
+  python -m sglang_lilicorr.benchmarks.scale_report scale_graph.tar.gz scale_correctors.tar.gz scale_base.tar.gz \
+      scale_eager.tar.gz [scale_tput.tar.gz] --out DIR [--corrector-bench corrector_bench.json] \
+      [--baselines-summary benchmarks/results/baselines/summary.json]
 
-  summary.json  per system (lilicorr, dflash, builtin) and concurrency ("1", "4", "16", "32"):
+  summary.json  per system (lilicorr, dflash, builtin, domino, dspark) and concurrency ("1", "4", "16", "32"):
                 per_block_ms (graph-captured per-block wall, stage timer), head_ms (top-K/LSE + head +
                 walk; 0 for dflash, whose argmax is no head), decode_step_ms (the plain target's decode
                 step at the same batch), tok_s (mean over the paired rounds); then the eager figures, the
                 stages, throughput ratios with 95 % intervals, the projected speedup, memory, the targets;
+                `block_vs_dflash`: the block over DFLASH's measured in the same phase (graph: LILICORR, the
+                built-in; correctors: Domino, DSpark), and `tok_s_vs_dflash` the paired ratio of that phase's rounds;
                 `tok_s_1024`: the tput phase's 1,024-token rounds (LILICORR and the built-in), which the throughput
                 target reads where present
-  cost.md       the paper's Table cost per concurrency, throughput, memory, prefill forwards, targets
+  cost.md       the five systems side by side (block, paired tok/s ratio to DFLASH, head), the paper's Table cost
+                per concurrency, throughput, memory, prefill forwards, targets
   cost.png      the stage bars, one panel per concurrency
 
 Projected speedup over no speculation = tau x decode_step_ms / per_block_ms at the paper's tau (PAPER_TAU,
@@ -18,6 +23,7 @@ times, not a measured speedup (random weights accept nothing; the blocks were fo
 Largest batch at --mem-fraction-static f, for requests of L tokens: SGLang sizes the KV pool as
 f x (free memory before loading) - weights, so pool tokens = (f x free - target - draft) / KV bytes per token
 (the pool's measured GiB over its tokens), and the batch = pool tokens // (L + block size).
+`--baselines-summary` merges the cost keys into issue 42's summary (baselines_summary.py).
 """
 
 from __future__ import annotations
@@ -35,9 +41,15 @@ from ..errors import UsageError
 from . import metrics, runner, stages
 from .plots import pyplot
 from ..jsonl import save_json
+from . import baselines_summary
 from .scale import BLOCK_SIZE, CONCURRENCY, SYSTEMS
 
-PAPER_TAU = {"lilicorr": 6.48, "builtin": 6.48, "dflash": 5.64}
+PHASE_OF = {"lilicorr": "graph", "dflash": "graph", "builtin": "graph", "domino": "correctors", "dspark": "correctors"}
+PAPER_TAU = {
+    "lilicorr": 6.48,
+    "builtin": 6.48,
+    "dflash": 5.64,
+}  # the paper's Qwen3-8B T = 0 means (none for the baselines)
 GIB = float(1 << 30)
 COLUMNS = (
     ("dflash", "graph"),
@@ -45,6 +57,10 @@ COLUMNS = (
     ("lilicorr", "graph"),
     ("builtin", "eager"),
     ("builtin", "graph"),
+    ("domino", "eager"),
+    ("domino", "graph"),
+    ("dspark", "eager"),
+    ("dspark", "graph"),
 )
 
 
@@ -101,6 +117,16 @@ def throughput_cells(phases: dict[str, Path], names: Sequence[str] = ("graph", "
     return cells
 
 
+def phase_cells(phases: dict[str, Path], names: Sequence[str], systems: Sequence[str]) -> dict:
+    """{(system, c): the all-sets cell} of the paired rounds of the phases `names`, for `systems` only (a paired
+    ratio is valid within one phase's rounds: each phase's DFLASH is its own reference)."""
+    return {
+        (c["system"], c["concurrency"]): c
+        for c in throughput_cells(phases, names)
+        if c["group"] == metrics.ALL and c["system"] in systems
+    }
+
+
 def _ratio(x: Optional[float], y: Optional[float]) -> Optional[float]:
     return x / y if x is not None and y else None
 
@@ -135,7 +161,9 @@ def system_entry(
         "forced_commit_len": None if graph is None else graph["forced_commit_len"],
         "head_share": _ratio(head(graph), per_block),
         "block_over_decode_step": _ratio(per_block, step),
-        "projected_speedup": None if per_block is None or step is None else PAPER_TAU[system] * step / per_block,
+        "projected_speedup": None
+        if per_block is None or step is None or system not in PAPER_TAU
+        else PAPER_TAU[system] * step / per_block,
         "tok_s_per_round": None if cell is None else cell.get("tps_per_run"),
         "tok_s_vs_builtin": None if cell is None else (cell.get("vs_builtin") or {}).get("tps"),
         "tok_s_vs_dflash": None if cell is None else (cell.get("vs_dflash") or {}).get("tps"),
@@ -190,6 +218,9 @@ def targets(systems: dict, long_runs: dict) -> dict:
             {c: _ratio(lil[c]["per_block_ms"], blt[c]["per_block_ms"]) for c in cs}, lambda v: v <= 1.0
         ),
         "lilicorr_tok_s_ge_builtin_ci_lo": _target({c: lo(vs_builtin[c]) for c in cs}, lambda v: v >= 1.0),
+        "lilicorr_head_below_domino": _target(  # issue 42: the served heads, graph-captured
+            {c: _ratio(lil[c]["head_ms"], systems["domino"][c]["head_ms"]) for c in cs}, lambda v: v < 1.0
+        ),
     }
 
 
@@ -202,11 +233,16 @@ def summarize(
 ) -> tuple[dict, dict]:
     """(summary.json's document, {c: the stage-decomposition document of Table cost's columns})."""
     missing: list[str] = []
-    graph, eager, base = (phases.get(n) for n in ("graph", "eager", "base"))
-    timed = {s: timings(graph, s) for s in SYSTEMS}
+    eager, base = (phases.get(n) for n in ("eager", "base"))
+    timed = {s: timings(phases.get(PHASE_OF[s]), s) for s in SYSTEMS}
     timed_eager = {s: timings(eager, s) for s in SYSTEMS}
     timed_base = timings(base, "base")
-    cells = {(c["system"], c["concurrency"]): c for c in throughput_cells(phases) if c["group"] == metrics.ALL}
+    # the correctors' paired rounds pooled apart: a ratio pairs runs of one phase's rounds only
+    cells = {
+        **phase_cells(phases, ("graph", "base"), ("lilicorr", "dflash", "builtin", "base")),
+        **phase_cells(phases, ("correctors",), ("domino", "dspark")),
+    }
+    reference = {p: timings(phases.get(p), "dflash") for p in sorted(set(PHASE_OF.values()))}  # each phase's DFLASH
     long_cells = {
         (c["system"], c["concurrency"]): c for c in throughput_cells(phases, ("tput",)) if c["group"] == metrics.ALL
     }
@@ -232,9 +268,15 @@ def summarize(
                 step = stages.plain_step_ms(timed_base, c)
             except stages.StageSchemaError as e:
                 missing.append(str(e))
+        dflash_block = {
+            p: (stage_row(t, "dflash", c, True, []) or {}).get("per_block_wall") if t else None
+            for p, t in reference.items()
+        }
         for s in SYSTEMS:
+            entry = system_entry(s, c, rows[s, "graph"], rows[s, "eager"], step, cells.get((s, c)))
             systems[s][str(c)] = {
-                **system_entry(s, c, rows[s, "graph"], rows[s, "eager"], step, cells.get((s, c))),
+                **entry,
+                "block_vs_dflash": _ratio(entry["per_block_ms"], dflash_block[PHASE_OF[s]]),
                 "recorded": raw_medians(timed[s], c),
             }
         base_cell = cells.get(("base", c))
@@ -304,6 +346,20 @@ def markdown(doc: dict, tables: dict) -> str:
             "",
         ]
     lines += [
+        "## The five systems (graph-captured; each ratio against the DFLASH of the same phase's paired rounds)",
+        "",
+        "| c | system | block ms | block / DFLASH | tok/s | tok/s / DFLASH (95 % CI) | head ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {c} | {s} | {_fmt(e['per_block_ms'])} | {_fmt(e['block_vs_dflash'], '.3f')} | {_fmt(e['tok_s'], '.0f')} | "
+        f"{_ci(e['tok_s_vs_dflash'])} | {_fmt(e['head_ms'], '.3f')} |"
+        for c in base
+        for s in SYSTEMS
+        for e in [systems[s][c]]
+    ]
+    lines += [
+        "",
         "## Throughput (tok/s, mean over paired rounds) and projected speedup",
         "",
         "| c | no spec. | DFLASH | built-in | LILICORR | LILICORR / built-in (95 % CI) | LILICORR / DFLASH (95 % CI) | "
@@ -385,7 +441,15 @@ def plot(tables: dict, path: Path) -> Optional[Path]:
     return path
 
 
-def write(inputs: Sequence[Path], out: Path, **options) -> dict:
+def write(
+    inputs: Sequence[Path],
+    out: Path,
+    *,
+    corrector_bench: Optional[Path] = None,
+    baselines: Optional[Path] = None,
+    **options,
+) -> dict:
+    bench = baselines_summary.read_bench(corrector_bench) if corrector_bench else None
     with tempfile.TemporaryDirectory() as scratch:
         doc, tables = summarize(phase_folders(inputs, Path(scratch)), **options)
     out.mkdir(parents=True, exist_ok=True)
@@ -394,6 +458,9 @@ def write(inputs: Sequence[Path], out: Path, **options) -> dict:
     (out / "cost.md").write_text(text)
     plot(tables, out / "cost.png")
     print(text)
+    if baselines is not None:
+        baselines_summary.merge(baselines, baselines_summary.cost_keys(doc, bench))
+        print(f"cost keys merged into {baselines}")
     return doc
 
 
@@ -409,9 +476,26 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument(
         "--request-tokens", type=int, default=4096, help="tokens (prompt + output) of a request, for the largest batch"
     )
+    p.add_argument(
+        "--corrector-bench",
+        type=Path,
+        help="corrector_bench's JSON: the Viterbi walk's per-block cost over the greedy's",
+    )
+    p.add_argument(
+        "--baselines-summary",
+        type=Path,
+        help="merge cost_8b, head_ms_8b and viterbi.per_block_ms_8b into this summary.json (other keys kept)",
+    )
     args = p.parse_args(argv)
     try:
-        write(args.inputs, args.out, mem_fraction=args.mem_fraction, request_tokens=args.request_tokens)
+        write(
+            args.inputs,
+            args.out,
+            corrector_bench=args.corrector_bench,
+            baselines=args.baselines_summary,
+            mem_fraction=args.mem_fraction,
+            request_tokens=args.request_tokens,
+        )
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

@@ -14,7 +14,8 @@ Schema (JSON), milliseconds per verification block:
 (sglang_lilicorr/instrumentation/stage_timer.py), medians throughout:
   target_verify  = GPU ms of the target verify forward
   lm_head        = micro-benchmarked [bs*(B-1), Hm] x [Hm, V] GEMM (graph or eager, as the variant)
-  spec_head      = micro-benchmarked speculative head on those logits (DFLASH argmax; LILICORR top-K/LSE + head + walk)
+  spec_head      = micro-benchmarked speculative head on those logits (DFLASH argmax; LILICORR top-K/LSE + head + walk;
+                   the built-in head, Domino, DSpark: their proposal from the drafter's states less lm_head)
   draft_backbone = GPU ms of the draft forward (+ eager proposal) - lm_head - spec_head, floored at 0
   accept         = per_block_wall - the four above, floored at 0 (accept, draft KV append, host gaps)
   per_block_wall = host interval between consecutive decode-step starts

@@ -1,9 +1,10 @@
 """Opt-in per-stage timing of DFlash-family decode steps inside a real SGLang server (paper Table cost).
 
 Enabled by `LILICORR_STAGE_TIMING=<dir>` (the instrumentation plugin's `register` calls `install`). Every DFlashWorkerV2
-built afterwards -- SGLang's DFLASH worker (with or without its built-in LiLiCorr head) and our
-LiLiCorrWorker alike -- gets its instance attributes wrapped right after construction, so subclass
-overrides are inside the measured spans:
+built afterwards -- SGLang's DFLASH worker (with or without its built-in LiLiCorr head, or a Domino draft) and our
+LiLiCorrWorker alike -- and every DSparkWorkerV2 gets its instance attributes wrapped right after construction, so
+subclass overrides are inside the measured spans (the DSPARK worker has step, draft_forward and target_verify; its
+eager LM head and Markov block run outside draft_forward, so they land in the table's "accept and residual"):
 
   step          forward_batch_generation of a decode step (not extend / idle)
   draft_forward draft_model_runner.forward (records the ModelRunnerOutput's `can_run_graph`)
@@ -29,8 +30,8 @@ exit dump), and at exit.
 Right after the worker's CUDA graphs are captured, `proposal_microbench` times the LM-head GEMM,
 the speculative head on its logits and the whole proposal, eager and CUDA-graph-captured, at each
 decode graph batch size up to 64, and 1 (`LILICORR_STAGE_TIMING_BS=1,4` overrides the list). SGLang's
-built-in head takes the drafter's states, not logits: its head is the proposal less the GEMM. Any
-failure there is logged and recorded in the JSON; serving goes on.
+built-in head, Domino and DSpark take the drafter's states, not logits: their head is the proposal less the GEMM
+(corrector_microbench). Any failure there is logged and recorded in the JSON; serving goes on.
 
 A prefill (extend) forward is timed whole, by the same two clocks, into `prefill` (count, requests per
 prefill, GPU and host ms): what a run spends outside its decode steps.
@@ -415,13 +416,15 @@ def attach(
     _wrap(worker, "forward_batch_generation", _decode_steps(recorder))
     _wrap(worker.draft_model_runner, "forward", draft_forward)
     _wrap(worker.target_worker, "forward_batch_generation", verify)
-    _wrap(worker, "_greedy_sample_from_vocab_parallel_head", _spanned(recorder, "draft_sample"))
+    if hasattr(worker, "_greedy_sample_from_vocab_parallel_head"):  # the DFlash worker's (not DSPARK's)
+        _wrap(worker, "_greedy_sample_from_vocab_parallel_head", _spanned(recorder, "draft_sample"))
     if vars(worker).get("lilicorr") is not None:  # SGLang's built-in head proposes eagerly through a module function
         from sglang.srt.speculative import dflash_worker_v2
 
         _wrap(dflash_worker_v2, "propose_lilicorr_block", _spanned(recorder, "draft_sample"))
-    _wrap(worker, "_accept_block", _spanned(recorder, "accept"))
-    _wrap(worker, "_append_target_hidden_to_draft_kv_by_loc", _spanned(recorder, "kv_append"))
+    for name, stage in (("_accept_block", "accept"), ("_append_target_hidden_to_draft_kv_by_loc", "kv_append")):
+        if hasattr(worker, name):
+            _wrap(worker, name, _spanned(recorder, stage))
     _wrap(worker, "init_cuda_graphs", _after_init(recorder, worker, memory, microbench))
     return recorder
 
@@ -562,6 +565,25 @@ def builtin_parts(worker, *, bs: int, graph: bool, seed: int = 0) -> dict:
     return {"lm_head": lambda: F.linear(rows, w), "proposal": proposal}
 
 
+def block_size_of(worker) -> int:
+    """Tokens a block verifies: the DFlash worker's block size, the DSPARK worker's gamma + 1."""
+    return int(worker.block_size) if hasattr(worker, "block_size") else int(worker.gamma) + 1
+
+
+def worker_parts(worker, weight: torch.Tensor, proposer, *, bs: int, graph: bool) -> dict:
+    """The micro-benchmark's closures for this worker's proposal at bs (proposal_parts, builtin_parts or
+    corrector_microbench's)."""
+    from . import corrector_microbench as corrector
+
+    if vars(worker).get("lilicorr") is not None:
+        return builtin_parts(worker, bs=bs, graph=graph)
+    if corrector.is_domino(worker):
+        return corrector.domino_parts(worker, weight, bs=bs, graph=graph)
+    if corrector.is_dspark(worker):
+        return corrector.dspark_parts(worker, weight, bs=bs)
+    return proposal_parts(lm_head_weight=weight, block_size=block_size_of(worker), bs=bs, proposer=proposer)
+
+
 def microbench_batch_sizes() -> list[int]:
     """LILICORR_STAGE_TIMING_BS if set; else 1 and the configured decode graph sizes up to MICROBENCH_MAX_BS
     (with graphs off the list may be empty: then 1 alone)."""
@@ -590,7 +612,8 @@ def worker_lm_head_weight(worker) -> torch.Tensor:
 
 def proposal_microbench(worker, *, batch_sizes: list[int] | None = None, time_ms: Callable = cuda_time_ms) -> dict:
     """{"batch_sizes": {bs: {"eager"|"graph": {"lm_head", "spec_head", "proposal": ms}}}, "errors": [...]}
-    (the built-in head's spec_head: proposal - lm_head). Never raises: each failure is logged and recorded."""
+    (the built-in head's, Domino's and DSpark's spec_head: proposal - lm_head). Never raises: each failure is logged
+    and recorded."""
     result: dict = {"batch_sizes": {}, "errors": []}
 
     def fail(where: str, e: Exception) -> None:
@@ -600,8 +623,6 @@ def proposal_microbench(worker, *, batch_sizes: list[int] | None = None, time_ms
     try:
         sizes = batch_sizes if batch_sizes is not None else microbench_batch_sizes()
         weight, proposer = worker_lm_head_weight(worker), vars(worker).get("proposer")
-        builtin = vars(worker).get("lilicorr") is not None
-        block_size = int(worker.block_size)
     except Exception as e:
         fail("setup", e)
         return result
@@ -609,11 +630,7 @@ def proposal_microbench(worker, *, batch_sizes: list[int] | None = None, time_ms
         with torch.inference_mode():
             for variant in ("eager", "graph"):
                 try:
-                    parts = (
-                        builtin_parts(worker, bs=bs, graph=variant == "graph")
-                        if builtin
-                        else proposal_parts(lm_head_weight=weight, block_size=block_size, bs=bs, proposer=proposer)
-                    )
+                    parts = worker_parts(worker, weight, proposer, bs=bs, graph=variant == "graph")
                 except Exception as e:
                     fail(f"bs={bs} {variant}", e)
                     continue
@@ -689,13 +706,14 @@ def _patch_init(cls, timed: Callable) -> bool:
 
 
 def install(out_dir) -> bool:
-    """Makes every DFlashWorkerV2 built from now on in this process, and the TpModelWorker of a server
-    without speculation, record its stages into out_dir. Idempotent; returns whether it patched."""
+    """Makes every DFlashWorkerV2 and DSparkWorkerV2 built from now on in this process, and the TpModelWorker of a
+    server without speculation, record its stages into out_dir. Idempotent; returns whether it patched."""
     from sglang.srt.managers.tp_worker import TpModelWorker
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+    from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
 
     def dflash(worker, server_args, args, kwargs):
-        recorder = StageRecorder(out_dir, info=system_info(server_args, int(worker.block_size)))
+        recorder = StageRecorder(out_dir, info=system_info(server_args, block_size_of(worker)))
         # late-bound, so tests can stub them
         return attach(worker, recorder, microbench=lambda w: proposal_microbench(w), memory=lambda w: dflash_memory(w))
 
@@ -707,10 +725,12 @@ def install(out_dir) -> bool:
         recorder.memory = {**best_effort("memory", memory_info, worker.model_runner), "free_after_init_gib": free_gib()}
         return recorder
 
-    patched = [_patch_init(DFlashWorkerV2, dflash), _patch_init(TpModelWorker, plain)]
+    patched = [_patch_init(cls, dflash) for cls in (DFlashWorkerV2, DSparkWorkerV2)] + [
+        _patch_init(TpModelWorker, plain)
+    ]
     if any(patched):
         logger.info(
-            "stage timing on (%s=%s): DFlash-family workers and plain decode steps record per-stage times.",
+            "stage timing on (%s=%s): DFlash-family and DSpark workers and plain decode steps record per-stage times.",
             ENV_DIR,
             out_dir,
         )
@@ -720,8 +740,9 @@ def install(out_dir) -> bool:
 def uninstall() -> None:
     from sglang.srt.managers.tp_worker import TpModelWorker
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+    from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
 
-    for cls in (DFlashWorkerV2, TpModelWorker):
+    for cls in (DFlashWorkerV2, DSparkWorkerV2, TpModelWorker):
         original = getattr(cls.__init__, "_stage_timing_original", None)
         if original is not None:
             cls.__init__ = original

@@ -1,0 +1,188 @@
+"""Per-block head cost of every system at Qwen3-8B shapes (the paper's cost table, head column), in one process on
+one GPU, random weights, bf16, at each bs: Domino's and DSpark's draft-time correctors through SGLang 0.5.23's own
+functions and modules, and our select with the greedy walk beside the Viterbi walk (LILICORR_WALK).
+
+  source .dev/bin/install.sh && python3 -m sglang_lilicorr.benchmarks.corrector_bench --out $OUT/corrector_bench.json
+
+Shapes: block 16 (S = 15 drafted slots), drafter hidden Hm = 4096, vocabulary 151936; Domino's GRU and MLP and
+DSpark's Markov rank at Hm (benchmarks/scale_drafts.py: the paper's configuration as SGLang serves it); our head
+head_bench's paper config. Each figure is the median ms of one call's CUDA-graph replay (head_bench.time_graph), inputs
+random drafter states `hidden` [bs, S, Hm] (Domino: [bs, 16, Hm], slot 0 first) and their logits:
+
+  lm_head            the [bs*S, Hm] x [Hm, V] GEMM alone (what every system's draft pays before or inside its head)
+  domino_select      SGLang's domino_greedy_rollout (graph mode): the LM-head GEMM, the top-2048 candidate pool, the
+                     GRU over the anchor and each pick, 14 correction steps; modules nn.GRU + nn.Sequential as SGLang's
+                     DFlashDraftModel builds them (baselines.DominoHead's: the same classes and tensor names)
+  domino_head        domino_select - lm_head (the rollout computes its logits itself)
+  dspark_markov      SGLang's draft_markov_block (greedy draft, vanilla head from its build_markov_head) on the logits
+  dspark_confidence  SGLang's DSparkConfidenceHead.predict on the block's picks (run only in ragged verification)
+  dspark_head        dspark_markov + dspark_confidence
+  lilicorr_greedy    our select_from_logits (top-K/LSE + head + greedy walk: head_bench's post_logits, served plans)
+  lilicorr_viterbi   the same with walk="viterbi" (the cosine kernel's scores, then the Viterbi kernel)
+`--smoke` runs every row once, eagerly, at toy shapes on the CPU (a dry run of the script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import types
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from . import head_bench
+from .scale_drafts import DOMINO_CANDIDATE_POOL
+
+BATCH_SIZES = (1, 4, 16, 32)
+
+
+def domino_modules(geo: head_bench.Geometry, device, dtype):
+    """A random Domino head of width Hm: its prefix_gru and embed_proj (the modules domino_greedy_rollout reads)."""
+    from ..baselines import DominoConfig, DominoHead
+
+    head = DominoHead(DominoConfig(gru_hidden_dim=geo.HM, emb_dim=geo.HM), geo.HM, geo.V)
+    return head.to(device=device, dtype=dtype).eval()
+
+
+def dspark_modules(geo: head_bench.Geometry, device, dtype):
+    """SGLang's vanilla Markov head and confidence head at rank Hm, random."""
+    from sglang.srt.models.dspark import DSparkConfidenceHead, build_markov_head
+
+    config = types.SimpleNamespace(markov_rank=geo.HM, markov_head_type="vanilla", vocab_size=geo.V, hidden_size=geo.HM)
+    markov = build_markov_head(config).to(device=device, dtype=dtype).eval()
+    confidence = DSparkConfidenceHead(hidden_size=geo.HM, markov_rank=geo.HM).to(device=device).eval()
+    return markov, confidence
+
+
+def row_fns(geo, bs, parts, device, dtype) -> dict:
+    """{row name: closure} at bs over random inputs (module docstring)."""
+    from sglang.srt.speculative.domino_utils import domino_greedy_rollout
+    from sglang.srt.speculative.dspark_components.dspark_draft import DraftNoise, draft_markov_block
+
+    lm_head_w, embed, domino, (markov, confidence), selects = parts
+    g = torch.Generator(device="cpu").manual_seed(2000 + bs)
+    block = torch.randn(bs, geo.S + 1, geo.HM, generator=g).to(device, dtype)  # slot 0, then the drafted slots
+    hidden, anchor_hidden = block[:, 1:].contiguous(), block[:, 0].contiguous()
+    anchor = torch.randint(0, geo.V, (bs,), generator=g).to(device)
+    logits = F.linear(hidden.reshape(bs * geo.S, geo.HM), lm_head_w)
+    noise = DraftNoise(key=0, offset=torch.zeros(1, dtype=torch.int64, device=device))
+
+    class NoTensorParallel:
+        def sync(self, site, values):
+            return values
+
+    def markov_block():
+        return draft_markov_block(
+            markov_head=markov,
+            base_logits=logits.view(bs, geo.S, -1),
+            anchor_tokens=anchor,
+            draft_hidden=hidden,
+            step_temperatures=torch.zeros(bs, device=device),
+            noise=noise,
+            tp_sync=NoTensorParallel(),
+            greedy_draft=True,
+        )[0]
+
+    picks = markov_block()
+    fns = {
+        "lm_head": lambda: F.linear(hidden.reshape(bs * geo.S, geo.HM), lm_head_w),
+        "domino_select": lambda: domino_greedy_rollout(
+            draft_hidden=block,
+            bonus_tokens=anchor,
+            target_embedding=embed,
+            lm_head_weight=lm_head_w,
+            prefix_gru=domino.prefix_gru,
+            embed_proj=domino.embed_proj,
+            vocab_size=geo.V,
+            shift_label=False,
+            candidate_pool_size=DOMINO_CANDIDATE_POOL,
+            in_cuda_graph=True,
+        ),
+        "dspark_markov": markov_block,
+        "dspark_confidence": lambda: confidence.predict(
+            hidden.reshape(bs * geo.S, -1), anchor_tokens=anchor, draft_tokens=picks, markov_head=markov
+        ),
+    }
+    for walk, fast in selects.items():
+        fns[f"lilicorr_{walk}"] = lambda fast=fast: fast.select_from_logits(logits, hidden, anchor_hidden)
+    return fns
+
+
+def derived(row: dict) -> None:
+    """Adds domino_head, dspark_head and viterbi_over_greedy where their parts were timed."""
+    get = row.get
+    if get("domino_select") is not None and get("lm_head") is not None:
+        row["domino_head"] = row["domino_select"] - row["lm_head"]
+    if get("dspark_markov") is not None and get("dspark_confidence") is not None:
+        row["dspark_head"] = row["dspark_markov"] + row["dspark_confidence"]
+    if get("lilicorr_greedy") and get("lilicorr_viterbi") is not None:
+        row["viterbi_over_greedy"] = row["lilicorr_viterbi"] / row["lilicorr_greedy"]
+
+
+def run(geo: head_bench.Geometry, batch_sizes, rep_ms: int) -> dict:
+    from ..fast_path.select import FastLiLiCorrSelect
+
+    cuda = torch.cuda.is_available()
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    errors: dict = {}
+    g = torch.Generator(device="cpu").manual_seed(7)
+    lm_head_w = (torch.randn(geo.V, geo.HM, generator=g) * 0.02).to(device, dtype)
+    embed = torch.nn.Embedding(geo.V, geo.HM).to(device=device, dtype=dtype)
+    ours = head_bench.build_ours(geo, device, dtype)
+    table = ours.token_table(embed.weight)
+    selects = {w: FastLiLiCorrSelect(ours, token_table=table, walk=w) for w in ("greedy", "viterbi")}
+    with torch.inference_mode():
+        parts = (lm_head_w, embed, domino_modules(geo, device, dtype), dspark_modules(geo, device, dtype), selects)
+        rows = []
+        for bs in batch_sizes:
+            row: dict = {"bs": bs}
+            fns = head_bench.attempt(errors, f"bs{bs}_inputs", lambda: row_fns(geo, bs, parts, device, dtype)) or {}
+            for name, fn in fns.items():
+                timed = head_bench.attempt(errors, f"bs{bs}_{name}", lambda fn=fn: head_bench.time_graph(fn, rep_ms))
+                row[name] = None if timed is None else timed[0]
+            derived(row)
+            rows.append(row)
+            head_bench.log(json.dumps(row))
+    return {
+        "meta": {
+            "gpu": torch.cuda.get_device_name(0) if cuda else "cpu (--smoke dry run)",
+            "git_commit": head_bench.git_commit(),
+            "geometry": dataclasses.asdict(geo),
+            "dtype": str(dtype),
+            "domino_candidate_pool": DOMINO_CANDIDATE_POOL,
+            "rep_ms": rep_ms,
+        },
+        "rows": rows,
+        "errors": errors,
+    }
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m sglang_lilicorr.benchmarks.corrector_bench", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("--out", type=Path, required=True, help="the JSON to write (meta, rows per bs, errors)")
+    p.add_argument("--bs", type=int, nargs="+", default=list(BATCH_SIZES))
+    p.add_argument("--rep-ms", type=int, default=100, help="do_bench's repetition time per row")
+    p.add_argument("--smoke", action="store_true", help="toy shapes, eager, on the CPU: a dry run")
+    args = p.parse_args(argv)
+    bad = [b for b in args.bs if b < 1]
+    if bad:
+        p.error(f"--bs {bad[0]} is not a batch size: pass integers >= 1")
+    if not args.smoke and not torch.cuda.is_available():
+        p.error("no CUDA device: run this on the GPU machine, or pass --smoke for the CPU dry run")
+    result = run(head_bench.SMOKE if args.smoke else head_bench.PAPER, args.bs, args.rep_ms)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    for name, error in result["errors"].items():
+        print(f"!! {name}: {error}", file=sys.stderr)
+    return 1 if result["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
