@@ -95,14 +95,14 @@ def run_in_fresh(tmp_root: Path, files: dict, command) -> None:
         shutil.rmtree(work)
 
 
+def train_one_step(ws, out) -> int:
+    return main(train_argv(ws["target"], ws["data"], out, "--max-steps", "1"))
+
+
 @SETTINGS
 @given(files=FOLDER)
 def test_train_output_dir(ws, files):
-    run_in_fresh(
-        ws["root"],
-        files,
-        lambda out: main(train_argv(ws["target"], ws["data"], out, "--max-steps", "1")),
-    )
+    run_in_fresh(ws["root"], files, lambda out: train_one_step(ws, out))
 
 
 OTHERS = st.dictionaries(
@@ -130,7 +130,7 @@ def test_train_in_its_own_run_touches_only_its_files(ws, files):
 
     def command(out):
         ownership.mark(out, "run")  # a run of ours that the user put files into
-        return main(train_argv(ws["target"], ws["data"], out, "--max-steps", "1"))
+        return train_one_step(ws, out)
 
     run_in_fresh(
         ws["root"], files, lambda out: (lambda code: code if code == 0 else pytest.fail(f"exit {code}"))(command(out))
@@ -146,11 +146,7 @@ def test_export_out_dir(ws, files, force):
 @SETTINGS
 @given(files=FOLDER)
 def test_regenerate_recipe_output_dir(ws, files):
-    run_in_fresh(
-        ws["root"],
-        files,
-        lambda out: main(recipe_argv(ws["target"], out, ws["exclude"], 1)),
-    )
+    run_in_fresh(ws["root"], files, lambda out: main(recipe_argv(ws["target"], out, ws["exclude"], 1)))
 
 
 def results_file(ws) -> Path:
