@@ -11,16 +11,16 @@ import json
 import sys
 from pathlib import Path
 
-from .cli_args import error_line
+from .cli_args import add_documented_command, error_line
 from .errors import LiLiCorrError, UsageError
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
+    p = add_documented_command(
+        subparsers,
         "check-draft",
-        help="validate a draft against a target offline, with the LILICORR server's own checks",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "validate a draft against a target offline, with the LILICORR server's own checks",
+        __doc__,
     )
     p.add_argument(
         "draft", type=Path, help="draft folder (config.json + model.safetensors), as `lilicorr export` writes it"

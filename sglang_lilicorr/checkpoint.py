@@ -34,6 +34,7 @@ LILICORR_ARCH = "LiLiCorrDraftModel"
 ARCHITECTURES = (VANILLA_ARCH, LILICORR_ARCH)
 CHECKSUM_KEY = "lilicorr_sha256"  # safetensors metadata: tensor_digest of the file's tensors
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+EXPORTED = "pass the folder written by `lilicorr export`"  # the fix for a folder that is not a draft
 
 
 class CheckpointError(LiLiCorrError, ValueError):
@@ -43,11 +44,7 @@ class CheckpointError(LiLiCorrError, ValueError):
 def read_config(directory: str | os.PathLike) -> dict[str, Any]:
     path = Path(directory)
     if not path.is_dir():
-        raise CheckpointError(
-            f"draft checkpoint directory {str(path)!r} does not exist",
-            where=str(path),
-            fix="pass the folder written by `lilicorr export`",
-        )
+        raise CheckpointError(f"draft checkpoint directory {str(path)!r} does not exist", where=str(path), fix=EXPORTED)
     cfg_path = path / CONFIG_FILE
     try:
         config = json.loads(cfg_path.read_text(encoding="utf-8"))
@@ -55,7 +52,7 @@ def read_config(directory: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(
             f"config.json is missing: a draft checkpoint needs it beside {WEIGHTS_FILE}",
             where=str(cfg_path),
-            fix="pass the folder written by `lilicorr export`",
+            fix=EXPORTED,
         ) from e
     except OSError as e:
         raise CheckpointError(

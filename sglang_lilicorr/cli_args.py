@@ -25,6 +25,11 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {describe(message, self.prog, f'see `{self.prog} --help`')}\n")
 
 
+def add_documented_command(subparsers, name: str, help: str, doc: str) -> argparse.ArgumentParser:
+    """A subcommand whose --help prints `doc` (its module's docstring) with its line breaks kept."""
+    return subparsers.add_parser(name, help=help, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def json_object_arg(text: str) -> dict:
     """argparse type: a JSON object, e.g. '{"enable_thinking": false}'."""
     try:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from .cli_args import add_documented_command
 from .errors import UsageError
 
 DEFAULT_DRAFT = Path(__file__).resolve().parent.parent / "checkpoints" / "smollm2-lilicorr"
@@ -28,11 +29,11 @@ SHOWN_TOKENS = 8  # drafted tokens printed per block line
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
+    p = add_documented_command(
+        subparsers,
         "demo",
-        help="speculative decoding of SmolLM2-135M-Instruct on the CPU: drafter argmax vs LiLiCorr blocks, tau, exactness",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "speculative decoding of SmolLM2-135M-Instruct on the CPU: drafter argmax vs LiLiCorr blocks, tau, exactness",
+        __doc__,
     )
     p.add_argument(
         "--draft", type=Path, default=DEFAULT_DRAFT, help=f"LiLiCorr draft checkpoint (default: {DEFAULT_DRAFT})"

@@ -16,7 +16,7 @@ def cmd_data(args) -> int:
 
     from sglang_lilicorr.train.config import TrainConfig
     from sglang_lilicorr.train.data import load_conversations
-    from sglang_lilicorr.train.regenerate import Settings, build_dataset
+    from sglang_lilicorr.train.regenerate import Settings, build_dataset, recipe_options
 
     out = run_folder(Path(args.work) / "data", "dataset")  # claimed before the servers' logs go in
     tokenizer = AutoTokenizer.from_pretrained(args.target)
@@ -26,12 +26,8 @@ def cmd_data(args) -> int:
             tokenizer,
             engine,
             Settings(max_new_tokens=args.max_new_tokens, seed=args.seed),
-            magpie=args.magpie,
-            package=args.package,
-            second_turn_share=args.second_turns,
-            heldout=args.heldout,
+            **recipe_options(args),
             exclude=args.eval_prompts,
-            until=time.time() + 60 * args.minutes if args.minutes else None,
             describe={
                 "command": "python -m testbed " + " ".join(sys.argv[1:]),
                 "engine": described,

@@ -359,3 +359,23 @@ def _free(port: int) -> bool:
             return True
         except OSError:
             return False
+
+
+NO_SERVER = "http://127.0.0.1:9"  # a loopback port where no server listens
+
+
+def bench_run_argv(dataset, results, *extra, url=NO_SERVER, system="x") -> list[str]:
+    """`lilicorr bench run` of `dataset` against the server at `url` into `results`, then `extra`."""
+    return [
+        "bench",
+        "run",
+        "--url",
+        url,
+        "--system",
+        system,
+        "--dataset",
+        str(dataset),
+        "--results",
+        str(results),
+        *extra,
+    ]

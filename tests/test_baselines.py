@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_drafter import stub_vllm_rotary_op, tiny_config
+from test_drafter import publish_tiny_target, stub_vllm_rotary_op, tiny_config
 
 from sglang_lilicorr.baselines import DominoConfig, DominoHead, DSparkConfig, DSparkHead
 from sglang_lilicorr.checkpoint import save_checkpoint
@@ -43,30 +43,9 @@ def export_tiny(tmp_path, head_config):
 def sglang_draft(tmp_path, draft, model_cls):
     """SGLang's draft model built from our config.json and loaded from our model.safetensors by its load_weights."""
     stub_vllm_rotary_op()
-    from sglang.srt.runtime_context import publish
-    from sglang.srt.server_args import ServerArgs
     from transformers import AutoConfig
 
-    target = tmp_path / "target"
-    target.mkdir()
-    (target / "config.json").write_text(
-        json.dumps(
-            {
-                "architectures": ["LlamaForCausalLM"],
-                "model_type": "llama",
-                "hidden_size": HIDDEN,
-                "intermediate_size": 64,
-                "num_hidden_layers": 6,
-                "num_attention_heads": 4,
-                "num_key_value_heads": 2,
-                "vocab_size": VOCAB,
-                "max_position_embeddings": 512,
-                "rms_norm_eps": 1e-6,
-                "torch_dtype": "float32",
-            }
-        )
-    )
-    publish(ServerArgs(model_path=str(target), device="cpu"), role="scheduler")
+    publish_tiny_target(tmp_path)
     theirs = model_cls(AutoConfig.from_pretrained(draft)).float()
     theirs.load_weights(iter(load_file(str(draft / "model.safetensors")).items()))
     return theirs

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("aiohttp")
 
-from stub_server import StubServer
+from stub_server import StubServer, bench_run_argv
 
 from sglang_lilicorr.benchmarks import cli, datasets, metrics, runner
 from sglang_lilicorr.benchmarks.client import Sampling
@@ -168,6 +168,10 @@ def test_sweep_runs_greedy_once_and_sampling_per_seed():
     assert sum(c.temperature == 0 for c in cfgs) == 2 and sum(c.temperature == 1 for c in cfgs) == 6
 
 
+def bench_report(*argv) -> int:
+    return cli.main(["bench", "report", *map(str, argv)])
+
+
 def test_cli_run_report_compare_end_to_end(tmp_path, capsys):
     common = [
         "--dataset",
@@ -198,21 +202,7 @@ def test_cli_run_report_compare_end_to_end(tmp_path, capsys):
             == 0
         )
     out = tmp_path / "report"
-    assert (
-        cli.main(
-            [
-                "bench",
-                "report",
-                str(tmp_path / "ar.jsonl"),
-                str(tmp_path / "spec.jsonl"),
-                "--baseline",
-                "ar",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    assert bench_report(tmp_path / "ar.jsonl", tmp_path / "spec.jsonl", "--baseline", "ar", "--out", out) == 0
     summary = json.loads((out / "summary.json").read_text())
     spec_all = [c for c in summary["cells"] if c["system"] == "lilicorr" and c["group"] == "all"]
     assert len(spec_all) == 4 and all(c["tau"] > 1 and c["speedup"] is not None for c in spec_all)
@@ -229,62 +219,17 @@ def test_cli_run_report_compare_end_to_end(tmp_path, capsys):
     assert cli.main(["bench", "compare", str(tmp_path / "ar.jsonl"), str(out / "summary.json")]) == 0
     table = capsys.readouterr().out
     assert "| speed_throughput_1k | mixed | 2 | 0 |" in table and "| ms / block |" in table
-    assert (
-        cli.main(
-            [
-                "bench",
-                "report",
-                str(tmp_path / "spec.jsonl"),
-                "--block-ref",
-                "lilicorr",
-                "--out",
-                str(out),
-                "--no-plots",
-            ]
-        )
-        == 0
-    )
+    assert bench_report(tmp_path / "spec.jsonl", "--block-ref", "lilicorr", "--out", out, "--no-plots") == 0
     assert "| lilicorr (ms / ratio vs lilicorr) |" in (out / "report.md").read_text()
     capsys.readouterr()
-    assert (
-        cli.main(
-            [
-                "bench",
-                "report",
-                str(tmp_path / "ar.jsonl"),
-                str(tmp_path / "spec.jsonl"),
-                "--block-ref",
-                "ar",
-                "--out",
-                str(out),
-            ]
-        )
-        == 2
-    )
+    assert bench_report(tmp_path / "ar.jsonl", tmp_path / "spec.jsonl", "--block-ref", "ar", "--out", out) == 2
     assert capsys.readouterr().err.startswith("error: --block-ref 'ar' is not a speculative system")
 
 
 def test_cli_reports_failures_with_nonzero_exit(tmp_path, capsys):
     with StubServer(fail_first=1) as stub:
-        code = cli.main(
-            [
-                "bench",
-                "run",
-                "--url",
-                stub.url,
-                "--system",
-                "s",
-                "--dataset",
-                THROUGHPUT,
-                "--results",
-                str(tmp_path / "r.jsonl"),
-                "--warmup",
-                "0",
-                "--no-progress",
-                "--max-tokens",
-                "8",
-            ]
-        )
+        flags = ["--warmup", "0", "--no-progress", "--max-tokens", "8"]
+        code = cli.main(bench_run_argv(THROUGHPUT, tmp_path / "r.jsonl", *flags, url=stub.url, system="s"))
     assert code == 1 and "rerun the same command" in capsys.readouterr().err
 
 
@@ -295,19 +240,7 @@ def test_cli_says_when_the_server_is_unreachable(tmp_path, capsys):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     code = cli.main(
-        [
-            "bench",
-            "run",
-            "--url",
-            f"http://127.0.0.1:{port}",
-            "--system",
-            "s",
-            "--dataset",
-            THROUGHPUT,
-            "--results",
-            str(tmp_path / "r.jsonl"),
-            "--no-progress",
-        ]
+        bench_run_argv(THROUGHPUT, tmp_path / "r.jsonl", "--no-progress", url=f"http://127.0.0.1:{port}", system="s")
     )
     assert code == 1 and "start the server, or check --url" in capsys.readouterr().err
 
@@ -325,20 +258,5 @@ def test_ids_api_sends_the_prompt_bytes_as_token_ids(tmp_path):
 
 
 def test_ids_api_refuses_multi_turn_prompts(tmp_path, capsys):
-    code = cli.main(
-        [
-            "bench",
-            "run",
-            "--url",
-            "http://127.0.0.1:9",
-            "--system",
-            "s",
-            "--dataset",
-            QUALITATIVE,
-            "--api",
-            "ids",
-            "--results",
-            str(tmp_path / "r.jsonl"),
-        ]
-    )
+    code = cli.main(bench_run_argv(QUALITATIVE, tmp_path / "r.jsonl", "--api", "ids", system="s"))
     assert code == 2 and "--api ids plays single-turn prompts only" in capsys.readouterr().err

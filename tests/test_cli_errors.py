@@ -9,6 +9,7 @@ import pytest
 from sglang_lilicorr.checkpoint import CheckpointError
 from sglang_lilicorr.cli import main, run
 from sglang_lilicorr.errors import LiLiCorrError, UsageError
+from stub_server import bench_run_argv
 from test_export_safety import write_run
 
 
@@ -132,22 +133,7 @@ def test_a_prompt_file_that_is_not_utf8_names_the_file(tmp_path, capsys):
     bad = tmp_path / "prompts.jsonl"
     bad.write_bytes(b'{"id": "a", "text": "caf\xe9"}\n')
     assert (
-        main(
-            [
-                "bench",
-                "run",
-                "--url",
-                "http://127.0.0.1:9",
-                "--system",
-                "s",
-                "--dataset",
-                str(bad),
-                "--results",
-                str(tmp_path / "r.jsonl"),
-                "--no-progress",
-            ]
-        )
-        == 1
+        main(bench_run_argv(bad, tmp_path / "r.jsonl", "--no-progress", system="s")) == 1
     )  # bad content: 1, as train --data
     assert "not valid JSON" in (line := one_line(capsys)) and "prompts.jsonl:1)" in line
 

@@ -226,6 +226,36 @@ def test_default_rope_is_bit_identical_to_plain_rope(gen):
     assert torch.equal(apply_rope(x, pos, 1e6, RopeScaling()), want)
 
 
+def publish_tiny_target(tmp_path) -> None:
+    """A tiny Llama target's config.json in tmp_path / "target", published as the scheduler's server args: what
+    SGLang's draft model reads of its target when it is built."""
+    import json
+
+    from sglang.srt.runtime_context import publish
+    from sglang.srt.server_args import ServerArgs
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_hidden_layers": 6,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "vocab_size": 64,
+                "max_position_embeddings": 512,
+                "rms_norm_eps": 1e-6,
+                "torch_dtype": "float32",
+            }
+        )
+    )
+    publish(ServerArgs(model_path=str(target), device="cpu"), role="scheduler")
+
+
 def stub_vllm_rotary_op() -> None:
     """SGLang's rotary layer imports vllm's op on a machine without CUDA; it is never called on CPU."""
     import sys
@@ -319,31 +349,11 @@ def test_matches_sglang_dflash_draft_model(scaling, tmp_path):
     pytest.importorskip("sglang")
     stub_vllm_rotary_op()
     from sglang.srt.models.dflash import DFlashDraftModel
-    from sglang.srt.runtime_context import get_parallel, publish
-    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.runtime_context import get_parallel
     from transformers import AutoConfig
 
     cfg = tiny_config(rope_scaling=scaling)
-    target_dir = tmp_path / "target"
-    target_dir.mkdir()
-    (target_dir / "config.json").write_text(
-        json.dumps(
-            {
-                "architectures": ["LlamaForCausalLM"],
-                "model_type": "llama",
-                "hidden_size": 32,
-                "intermediate_size": 64,
-                "num_hidden_layers": 6,
-                "num_attention_heads": 4,
-                "num_key_value_heads": 2,
-                "vocab_size": 64,
-                "max_position_embeddings": 512,
-                "rms_norm_eps": 1e-6,
-                "torch_dtype": "float32",
-            }
-        )
-    )
-    publish(ServerArgs(model_path=str(target_dir), device="cpu"), role="scheduler")
+    publish_tiny_target(tmp_path)
     draft_dir = tmp_path / "draft"
     draft_dir.mkdir()
     (draft_dir / "config.json").write_text(json.dumps({**cfg.to_hf_config(), "torch_dtype": "float32"}))

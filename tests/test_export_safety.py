@@ -10,26 +10,12 @@ import pytest
 import torch
 
 from sglang_lilicorr.cli import main
-from sglang_lilicorr.config import LiLiCorrConfig
-from sglang_lilicorr.drafter import DFlashDrafter, DrafterConfig, load_draft
+from sglang_lilicorr.drafter import DFlashDrafter, load_draft
 from sglang_lilicorr.errors import UsageError
 from sglang_lilicorr.head import LiLiCorrHead
 from sglang_lilicorr.train.export import export_checkpoint
 from sglang_lilicorr.train.state import save_training_checkpoint, trainable_tensors
-
-DRAFTER = DrafterConfig(
-    hidden_size=32,
-    vocab_size=64,
-    num_target_layers=4,
-    target_layer_ids=(1, 2),
-    mask_token_id=3,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    head_dim=8,
-    intermediate_size=64,
-    block_size=4,
-)
-HEAD = LiLiCorrConfig(block_size=4, candidate_topk=4, hidden_size=32, num_layers=1, num_heads=4, factor_dim=16)
+from test_train_state import DRAFTER, HEAD
 
 
 def write_run(folder: Path, poison: bool = False) -> Path:

@@ -298,8 +298,7 @@ for name, c in tuning.GEMM_CONFIGS.items():
     t = "*fp32" if name == "fp32" else "*bf16"
     # under PDL, with the factor projection's epilogue (bias, per-request bias, SiLU: the most a kernel
     # carries) on the configs of the rows it runs at (small_m), the FFN up's elsewhere
-    tiles = dict(HAS_BIAS=True, GROUP_BIAS=name in small_m, SILU=True, PDL=True,
-                 BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m)
+    tiles = dict(HAS_BIAS=True, GROUP_BIAS=name in small_m, SILU=True, PDL=True, **c.tiles())
     if c.tma:  # descriptors of the x, weight and output tiles, then bias, group bias, M, N, K, its stride, rows per group
         descs = [f"tensordesc<bf16[{a}, {b}]>" for a, b in ((c.block_m, c.block_k), (c.block_n, c.block_k), (c.block_m, c.block_n))]
         r = build(ge._gemm_tma_kernel, descs + [t, t] + ["i32"] * 5 + ["constexpr"] * 8, tiles,

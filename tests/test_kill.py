@@ -16,8 +16,8 @@ from conftest import SEED
 from sglang_lilicorr import ownership
 from sglang_lilicorr.cli import main
 from test_export_safety import snapshot
-from test_nothing_lost import F
-from test_train import make_target, write_conversations
+from test_nothing_lost import train_args
+from test_train import make_target, recipe_argv, write_conversations
 
 HARNESS = Path(__file__).parent / "kill_harness.py"
 # write points of each command as measured (tests/kill_harness.py prints them): the kill lands within them
@@ -62,21 +62,6 @@ def ws(tmp_path_factory):
     }
 
 
-def train_args(ws, run, steps):
-    return [
-        "train",
-        "--target",
-        ws["target"],
-        "--data",
-        ws["data"],
-        "--output-dir",
-        str(run),
-        *F,
-        "--max-steps",
-        str(steps),
-    ]
-
-
 def run_state(run: Path) -> tuple:
     """(the steps of every checkpoint, which all load, the step `latest` names, the logged steps)."""
     from sglang_lilicorr.train.state import complete_checkpoints, read_optimizer_state, read_training_checkpoint
@@ -94,9 +79,9 @@ def run_state(run: Path) -> tuple:
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGINT"])
 def test_a_killed_resume_leaves_the_old_or_the_new_run(ws, tmp_path, sig):
     run = tmp_path / "run"
-    assert main(train_args(ws, run, 2)) == 0
+    assert main(train_args(ws, run, "--max-steps", "2")) == 0
     old = run_state(run)
-    result = lilicorr(point("train", sig), sig, *train_args(ws, run, 4))
+    result = lilicorr(point("train", sig), sig, *train_args(ws, run, "--max-steps", "4"))
     steps, latest, logged = run_state(run)
     assert killed(result, sig), result.stderr[-2000:]
     assert set(old[0]) <= set(steps) <= {2, 4} and latest in ("step-00000002", "step-00000004")
@@ -105,7 +90,8 @@ def test_a_killed_resume_leaves_the_old_or_the_new_run(ws, tmp_path, sig):
     )  # each step once, the old rows kept
     if sig == "SIGINT":
         assert not temporaries(tmp_path)
-    assert lilicorr(10**6, sig, *train_args(ws, run, 4)).returncode == 0  # the rerun resumes, cleans up, completes
+    # the rerun resumes, cleans up, completes
+    assert lilicorr(10**6, sig, *train_args(ws, run, "--max-steps", "4")).returncode == 0
     assert run_state(run)[1:] == ("step-00000004", [1, 2, 3, 4]) and not temporaries(tmp_path)
 
 
@@ -114,7 +100,10 @@ def test_a_killed_export_leaves_the_old_or_the_new_draft(ws, tmp_path, sig):
     from sglang_lilicorr.drafter import load_draft
 
     old_run, new_run, draft, expected = tmp_path / "old", tmp_path / "new", tmp_path / "draft", tmp_path / "expected"
-    assert main(train_args(ws, old_run, 1)) == 0 and main(train_args(ws, new_run, 2)) == 0
+    assert (
+        main(train_args(ws, old_run, "--max-steps", "1")) == 0
+        and main(train_args(ws, new_run, "--max-steps", "2")) == 0
+    )
     assert main(["export", str(old_run), str(draft)]) == 0 and main(["export", str(new_run), str(expected)]) == 0
     old, new = snapshot(draft), snapshot(expected)
     result = lilicorr(point("export", sig), sig, "export", new_run, draft)
@@ -160,26 +149,7 @@ def test_a_killed_recipe_leaves_whole_files_and_resumes(ws, tmp_path):
     exclude = tmp_path / "eval.jsonl"
     exclude.write_text('{"id": "e", "text": "what is two plus two"}\n')
     data = tmp_path / "data"
-    args = [
-        "regenerate",
-        "--target",
-        ws["target"],
-        "--recipe",
-        "--output-dir",
-        data,
-        "--exclude",
-        exclude,
-        "--magpie",
-        "3",
-        "--package",
-        "2",
-        "--heldout",
-        "1",
-        "--max-new-tokens",
-        "3",
-        "--engine",
-        "transformers",
-    ]
+    args = recipe_argv(ws["target"], data, exclude, 3, package=2, heldout=1, max_new_tokens=3)
     result = lilicorr(point("recipe", "SIGKILL"), "SIGKILL", *args)
     assert killed(result, "SIGKILL"), result.stderr[-2000:]
     for name in ("train.jsonl", "heldout.jsonl", "manifest.json", "conversations.jsonl"):  # absent or whole
@@ -197,7 +167,7 @@ def test_a_killed_export_into_a_new_folder_leaves_none_or_a_whole_draft(ws, tmp_
     from sglang_lilicorr.drafter import load_draft
 
     run, draft = tmp_path / "run", tmp_path / "drafts" / "new"
-    assert main(train_args(ws, run, 1)) == 0
+    assert main(train_args(ws, run, "--max-steps", "1")) == 0
     result = lilicorr(point("export", "SIGKILL"), "SIGKILL", "export", run, draft)
     assert killed(result, "SIGKILL"), result.stderr[-2000:]
     if draft.exists():

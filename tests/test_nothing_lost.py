@@ -1,5 +1,5 @@
 """Issue 40: no command deletes, truncates or takes over what it did not write. The five reproductions, each from a
-clean folder (`target/` a tiny model, `data.jsonl` a few conversations, F small training flags), the resume checks
+clean folder (`target/` a tiny model, `data.jsonl` a few conversations, small training flags), the resume checks
 and the exit-code rule (2: an argument that cannot work; 1: bad content or a failed run), through `lilicorr`."""
 
 import json
@@ -9,38 +9,9 @@ import pytest
 import torch
 
 from sglang_lilicorr.cli import main
+from stub_server import bench_run_argv
 from test_export_safety import snapshot
-from test_train import make_target, write_conversations
-
-F = [
-    "--no-bf16",
-    "--block-size",
-    "4",
-    "--candidate-topk",
-    "4",
-    "--head-hidden-size",
-    "32",
-    "--head-layers",
-    "1",
-    "--head-heads",
-    "4",
-    "--factor-dim",
-    "16",
-    "--num-anchors",
-    "4",
-    "--batch-size",
-    "2",
-    "--max-length",
-    "64",
-    "--eval-examples",
-    "2",
-    "--chat-template-kwargs",
-    "{}",
-    "--log-every",
-    "1",
-    "--save-every",
-    "2",
-]
+from test_train import make_target, recipe_argv, train_argv, write_conversations
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +26,7 @@ def ws(tmp_path_factory):
 
 
 def train_args(ws, out, *extra, data=None):
-    return ["train", "--target", ws["target"], "--data", data or ws["data"], "--output-dir", str(out), *F, *extra]
+    return train_argv(ws["target"], data or ws["data"], out, "--log-every", "1", "--save-every", "2", *extra)
 
 
 def error_line(capsys) -> str:
@@ -89,21 +60,7 @@ def test_bench_run_never_touches_a_file_that_is_not_a_results_file(tmp_path, cap
     summary = tmp_path / "rep" / "summary.json"
     summary.parent.mkdir()
     summary.write_bytes(content)
-    code = main(
-        [
-            "bench",
-            "run",
-            "--url",
-            "http://127.0.0.1:9",
-            "--system",
-            "x",
-            "--dataset",
-            str(prompts),
-            "--results",
-            str(summary),
-            "--no-progress",
-        ]
-    )
+    code = main(bench_run_argv(prompts, summary, "--no-progress"))
     line = error_line(capsys)
     assert code == 2 and "is not a results file" in line and shaped(line), line
     assert summary.read_bytes() == content
@@ -113,41 +70,11 @@ def test_bench_run_values_that_cannot_work_exit_2(tmp_path, capsys):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"id": "a", "text": "hi"}\n')
     for flag, value in (("--concurrency", "0"), ("--max-tokens", "0"), ("--temperature", "-1")):
-        code = main(
-            [
-                "bench",
-                "run",
-                "--url",
-                "http://127.0.0.1:9",
-                "--system",
-                "x",
-                "--dataset",
-                str(prompts),
-                "--results",
-                str(tmp_path / "r.jsonl"),
-                flag,
-                value,
-                "--no-progress",
-            ]
-        )
+        code = main(bench_run_argv(prompts, tmp_path / "r.jsonl", flag, value, "--no-progress"))
         line = error_line(capsys)
         assert code == 2 and flag in line and shaped(line), line
     assert not (tmp_path / "r.jsonl").exists()
-    code = main(
-        [
-            "bench",
-            "run",
-            "--url",
-            "http://127.0.0.1:9",
-            "--system",
-            "x",
-            "--dataset",
-            str(tmp_path / "none.jsonl"),
-            "--results",
-            str(tmp_path / "r.jsonl"),
-            "--no-progress",
-        ]
-    )
+    code = main(bench_run_argv(tmp_path / "none.jsonl", tmp_path / "r.jsonl", "--no-progress"))
     assert code == 2 and "none.jsonl" in error_line(capsys)
 
 
@@ -195,28 +122,7 @@ def test_regenerate_never_replaces_a_data_file_it_did_not_write(ws, tmp_path, ca
     exclude = tmp_path / "eval.jsonl"
     exclude.write_text('{"id": "e", "text": "what is two plus two"}\n')
     before = snapshot(mydata)
-    code = main(
-        [
-            "regenerate",
-            "--target",
-            ws["target"],
-            "--recipe",
-            "--output-dir",
-            str(mydata),
-            "--exclude",
-            str(exclude),
-            "--magpie",
-            "2",
-            "--package",
-            "0",
-            "--heldout",
-            "0",
-            "--max-new-tokens",
-            "4",
-            "--engine",
-            "transformers",
-        ]
-    )
+    code = main(recipe_argv(ws["target"], mydata, exclude, 2, max_new_tokens=4))
     line = error_line(capsys)
     assert code == 2 and "is not a data set made by `lilicorr regenerate --recipe`" in line and shaped(line), line
     assert snapshot(mydata) == before
@@ -361,29 +267,5 @@ def test_regenerate_claims_its_folder_before_the_servers_write_their_logs(ws, tm
     monkeypatch.setattr(train_cli, "generator_for", with_logs)
     exclude = tmp_path / "eval.jsonl"
     exclude.write_text('{"id": "e", "text": "what is two plus two"}\n')
-    assert (
-        main(
-            [
-                "regenerate",
-                "--target",
-                ws["target"],
-                "--recipe",
-                "--output-dir",
-                str(tmp_path / "data"),
-                "--exclude",
-                str(exclude),
-                "--magpie",
-                "2",
-                "--package",
-                "0",
-                "--heldout",
-                "0",
-                "--max-new-tokens",
-                "2",
-                "--engine",
-                "transformers",
-            ]
-        )
-        == 0
-    )
+    assert main(recipe_argv(ws["target"], tmp_path / "data", exclude, 2)) == 0
     assert (tmp_path / "data" / "manifest.json").is_file() and (tmp_path / "data" / "logs" / "server-0.log").is_file()

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from stub_server import free_port_block
+from test_train import TINY_HEAD_FLAGS
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ROOT / "tools"
@@ -51,60 +52,41 @@ def test_models_are_served_at_every_tp_degree(models):
     assert len(rows) == 24 and rows[0]["messages"][1]["role"] == "assistant"
 
 
+def plan_train_flags(models, run, *extra) -> list[str]:
+    """The GPU plan's `lilicorr train` flags on the tp_models output (a tiny head), then `extra`."""
+    return [
+        "--target",
+        str(models / "target"),
+        "--data",
+        str(models / "conversations.jsonl"),
+        "--output-dir",
+        str(run),
+        "--batch-size",
+        "1",
+        "--max-length",
+        "96",
+        "--eval-examples",
+        "2",
+        "--mask-token",
+        "<|mask|>",
+        *TINY_HEAD_FLAGS,
+        *extra,
+    ]
+
+
+def torchrun_two_ranks(cwd, *argv) -> None:
+    """`torchrun --nproc-per-node 2` (gloo on the CPU, a free port) of argv, in cwd; fails on a non-zero exit."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    port = str(free_port_block(1))
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port, *argv]
+    subprocess.run(command, check=True, capture_output=True, timeout=600, env=env, cwd=cwd)
+
+
 def test_the_plans_training_command_runs_under_torchrun(models, tmp_path):
     """The GPU plan's `torchrun ... -m sglang_lilicorr.cli train` on the tp_models output, on 2 gloo ranks."""
     run = tmp_path / "run"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            str(free_port_block(1)),
-            "-m",
-            "sglang_lilicorr.cli",
-            "train",
-            "--target",
-            str(models / "target"),
-            "--data",
-            str(models / "conversations.jsonl"),
-            "--output-dir",
-            str(run),
-            "--batch-size",
-            "1",
-            "--grad-accum",
-            "2",
-            "--max-steps",
-            "2",
-            "--max-length",
-            "96",
-            "--log-every",
-            "1",
-            "--eval-examples",
-            "2",
-            "--mask-token",
-            "<|mask|>",
-            "--no-bf16",
-            "--head-hidden-size",
-            "32",
-            "--head-layers",
-            "1",
-            "--head-heads",
-            "4",
-            "--factor-dim",
-            "16",
-            "--num-anchors",
-            "4",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=600,
-        env=env,
-        cwd=tmp_path,
-    )
+    flags = plan_train_flags(models, run, "--grad-accum", "2", "--max-steps", "2", "--log-every", "1")
+    torchrun_two_ranks(tmp_path, "-m", "sglang_lilicorr.cli", "train", *flags)
     rows = tp_compare.jsonl(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2] and rows[-1]["tokens_per_s"] > 0
 
@@ -113,59 +95,8 @@ def test_train_profile_writes_each_ranks_window(models, tmp_path):
     """tools/train_profile.py around the plan's training command, 2 gloo ranks: one table and one timeline (with the
     trainer's phase marks) per rank, the run as usual."""
     run, out = tmp_path / "run", tmp_path / "profile"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            str(free_port_block(1)),
-            str(TOOLS / "train_profile.py"),
-            "--window",
-            "1",
-            "2",
-            "--out",
-            str(out),
-            "--",
-            "--target",
-            str(models / "target"),
-            "--data",
-            str(models / "conversations.jsonl"),
-            "--output-dir",
-            str(run),
-            "--batch-size",
-            "1",
-            "--max-steps",
-            "4",
-            "--max-length",
-            "96",
-            "--log-every",
-            "2",
-            "--eval-examples",
-            "2",
-            "--mask-token",
-            "<|mask|>",
-            "--no-bf16",
-            "--head-hidden-size",
-            "32",
-            "--head-layers",
-            "1",
-            "--head-heads",
-            "4",
-            "--factor-dim",
-            "16",
-            "--num-anchors",
-            "4",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=600,
-        env=env,
-        cwd=tmp_path,
-    )
+    flags = plan_train_flags(models, run, "--max-steps", "4", "--log-every", "2")
+    torchrun_two_ranks(tmp_path, str(TOOLS / "train_profile.py"), "--window", "1", "2", "--out", str(out), "--", *flags)
     for rank in (0, 1):
         text = (out / f"rank{rank}.txt").read_text()
         assert text.startswith(f"rank {rank}: steps 2..3, ") and "ms per step (wall)" in text and "aten::" in text

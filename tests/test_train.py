@@ -102,28 +102,87 @@ def workspace(tmp_path_factory):
     }
 
 
+# the tiny runs' geometry and options as TrainConfig fields (test_train_ddp overrides a few)
+TINY = dict(
+    eval_examples=2,
+    block_size=4,
+    candidate_topk=4,
+    head_hidden_size=32,
+    head_layers=1,
+    head_heads=4,
+    factor_dim=16,
+    bf16=False,
+    max_steps=4,
+    batch_size=2,
+    num_anchors=6,
+    log_every=2,
+    save_every=2,
+    max_length=64,
+)
+# the tiny head as `lilicorr train` flags (4 anchors), and with it the tiny run's other flags
+TINY_HEAD_FLAGS = [
+    "--no-bf16",
+    "--head-hidden-size",
+    "32",
+    "--head-layers",
+    "1",
+    "--head-heads",
+    "4",
+    "--factor-dim",
+    "16",
+    "--num-anchors",
+    "4",
+]
+TINY_FLAGS = [
+    *TINY_HEAD_FLAGS,
+    "--block-size",
+    "4",
+    "--candidate-topk",
+    "4",
+    "--batch-size",
+    "2",
+    "--max-length",
+    "64",
+    "--eval-examples",
+    "2",
+    "--chat-template-kwargs",
+    "{}",
+]
+
+
 def tiny_cfg(workspace, out, **kw):
-    base = dict(
-        target=workspace["llama"],
-        data=workspace["data"],
-        output_dir=str(out),
-        eval_examples=2,
-        block_size=4,
-        candidate_topk=4,
-        head_hidden_size=32,
-        head_layers=1,
-        head_heads=4,
-        factor_dim=16,
-        bf16=False,
-        max_steps=4,
-        batch_size=2,
-        num_anchors=6,
-        log_every=2,
-        save_every=2,
-        max_length=64,
+    return TrainConfig(
+        **{**TINY, "target": workspace["llama"], "data": workspace["data"], "output_dir": str(out), **kw}
     )
-    base.update(kw)
-    return TrainConfig(**base)
+
+
+def train_argv(target, data, out, *extra) -> list[str]:
+    """`lilicorr train` of a tiny run (TINY_FLAGS, then `extra`: a flag repeated there wins)."""
+    return ["train", "--target", str(target), "--data", str(data), "--output-dir", str(out), *TINY_FLAGS, *extra]
+
+
+def recipe_argv(target, out, exclude, magpie, package=0, heldout=0, max_new_tokens=2) -> list[str]:
+    """`lilicorr regenerate --recipe` of a small data set on the transformers engine."""
+    return [
+        "regenerate",
+        "--target",
+        str(target),
+        "--recipe",
+        "--output-dir",
+        str(out),
+        "--exclude",
+        str(exclude),
+        "--magpie",
+        str(magpie),
+        "--package",
+        str(package),
+        "--heldout",
+        str(heldout),
+        "--max-new-tokens",
+        str(max_new_tokens),
+        "--engine",
+        "transformers",
+    ]
 
 
 def build_joint(workspace, arch, gamma=0.25):
@@ -312,48 +371,18 @@ def test_yarn_trains_exports_reloads_and_resumes_only_with_the_same_rope(workspa
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command", required=True))
     run_dir, draft = tmp_path / "run", tmp_path / "draft"
-    tiny = [
-        "--no-bf16",
-        "--block-size",
-        "4",
-        "--candidate-topk",
-        "4",
-        "--head-hidden-size",
-        "32",
-        "--head-layers",
-        "1",
-        "--head-heads",
-        "4",
-        "--factor-dim",
-        "16",
-        "--num-anchors",
-        "4",
-        "--batch-size",
-        "2",
-        "--max-length",
-        "64",
-        "--eval-examples",
-        "2",
-        "--chat-template-kwargs",
-        "{}",
-    ]
     args = parser.parse_args(
-        [
-            "train",
-            "--target",
+        train_argv(
             workspace["qwen3"],
-            "--data",
             workspace["data"],
-            "--output-dir",
-            str(run_dir),
+            run_dir,
             "--max-steps",
             "2",
             "--rope-scaling",
             "yarn",
             "--rope-factor",
             "4",
-            *tiny,
-        ]
+        )
     )
     assert args.func(args) == 0
     args = parser.parse_args(["export", str(run_dir), str(draft)])
@@ -410,20 +439,10 @@ def test_cli_train_export_and_strict_reload_rejects_tampering(workspace, tmp_pat
             str(run_dir),
             "--max-steps",
             "2",
-            "--no-bf16",
+            *TINY_HEAD_FLAGS,
             "--block-size",
             "4",
             "--candidate-topk",
-            "4",
-            "--head-hidden-size",
-            "32",
-            "--head-layers",
-            "1",
-            "--head-heads",
-            "4",
-            "--factor-dim",
-            "16",
-            "--num-anchors",
             "4",
             "--gamma",
             "0.5",
@@ -667,14 +686,9 @@ def test_eval_replays_held_out_turns_snapshots_and_times_the_phases(workspace, t
         )
     )
     assert metrics["eval/tau_t0/argmax"] >= 1.0 and metrics["eval/tau_t0/lilicorr"] >= 1.0
-    assert {
-        "time/target_ms",
-        "time/drafter_ms",
-        "time/head_ms",
-        "time/backward_ms",
-        "time/optimizer_ms",
-        "time/wall_ms",
-    } <= set(metrics)
+    assert {f"time/{phase}_ms" for phase in ("target", "drafter", "head", "backward", "optimizer", "wall")} <= set(
+        metrics
+    )
     assert sorted(p.name for p in (out / "snapshots").iterdir()) == [
         "step-00000002.safetensors",
         "step-00000004.safetensors",

@@ -28,7 +28,8 @@ def test_ranks_get_disjoint_batches_of_equal_count():
     assert epoch_batches(10, 2, 0, 0, 0, 1) != epoch_batches(10, 2, 0, 1, 0, 1)  # reshuffled per epoch
 
 
-def _worker(rank, world, port, cfg_kwargs, out):
+def join_gloo(rank, world, port):
+    """This process as rank `rank` of `world`, as torchrun sets one up (the trainer starts the process group)."""
     os.environ.update(
         {
             "MASTER_ADDR": "127.0.0.1",
@@ -39,6 +40,10 @@ def _worker(rank, world, port, cfg_kwargs, out):
         }
     )
     torch.set_num_threads(1)
+
+
+def _worker(rank, world, port, cfg_kwargs, out):
+    join_gloo(rank, world, port)
     from sglang_lilicorr.drafter import DFlashDrafter
     from sglang_lilicorr.train import trainer
 
@@ -57,30 +62,19 @@ def _worker(rank, world, port, cfg_kwargs, out):
     torch.distributed.destroy_process_group()
 
 
+def ddp_options() -> dict:
+    """test_train's tiny run (TrainConfig fields) as these tests run it: 4 anchors, logged every step, 48 tokens."""
+    from test_train import TINY
+
+    return dict(TINY, num_anchors=4, log_every=1, max_length=48)
+
+
 def test_two_gloo_ranks_train_in_lockstep(tmp_path):
     from test_train import make_target, write_conversations
 
     target = make_target(tmp_path / "target")
     data = write_conversations(tmp_path / "train.jsonl", 10)
-    cfg = dict(
-        target=target,
-        data=data,
-        output_dir=str(tmp_path / "run"),
-        eval_examples=2,
-        block_size=4,
-        candidate_topk=4,
-        head_hidden_size=32,
-        head_layers=1,
-        head_heads=4,
-        factor_dim=16,
-        bf16=False,
-        max_steps=2,
-        batch_size=1,
-        num_anchors=4,
-        log_every=1,
-        save_every=2,
-        max_length=48,
-    )
+    cfg = dict(ddp_options(), target=target, data=data, output_dir=str(tmp_path / "run"), max_steps=2, batch_size=1)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -165,16 +159,7 @@ def _run(rank, world, port, cfg_kwargs, kill_rank_at, root):
     """One rank of a run: rank 1 records its writes under `root` and fails if it made any; rank 0 starts 2 s late,
     so that rank 1 would be the first to write anything the run writes (a cache, a clean-up); `kill_rank_at` =
     (rank, step) kills that rank as that step starts."""
-    os.environ.update(
-        {
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "WORLD_SIZE": str(world),
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-        }
-    )
-    torch.set_num_threads(1)
+    join_gloo(rank, world, port)
     from sglang_lilicorr.train import trainer
 
     if kill_rank_at is not None and kill_rank_at[0] == rank:
@@ -206,25 +191,8 @@ def ddp_case(tmp_path_factory):
     from test_train import make_target, write_conversations
 
     root = tmp_path_factory.mktemp("ddp")
-    cfg = dict(
-        target=make_target(root / "target"),
-        data=write_conversations(root / "train.jsonl", 10),
-        eval_examples=2,
-        block_size=4,
-        candidate_topk=4,
-        head_hidden_size=32,
-        head_layers=1,
-        head_heads=4,
-        factor_dim=16,
-        bf16=False,
-        max_steps=4,
-        batch_size=2,
-        num_anchors=4,
-        log_every=1,
-        eval_every=2,
-        save_every=2,
-        max_length=48,
-    )
+    target, data = make_target(root / "target"), write_conversations(root / "train.jsonl", 10)
+    cfg = dict(ddp_options(), target=target, data=data, max_steps=4, batch_size=2, eval_every=2)
     spawn_run(2, {**cfg, "output_dir": str(root / "two_ranks")})
     return root, cfg
 

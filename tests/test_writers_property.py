@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from sglang_lilicorr import ownership
 from sglang_lilicorr.cli import main
+from stub_server import bench_run_argv
 from test_export_safety import snapshot, write_run
-from test_train import make_target, write_conversations
+from test_train import make_target, recipe_argv, train_argv, write_conversations
 
 # names a user's folder may well hold, the ones our writers write among them
 NAMES = [
@@ -94,45 +95,14 @@ def run_in_fresh(tmp_root: Path, files: dict, command) -> None:
         shutil.rmtree(work)
 
 
-TRAIN_FLAGS = [
-    "--no-bf16",
-    "--block-size",
-    "4",
-    "--candidate-topk",
-    "4",
-    "--head-hidden-size",
-    "32",
-    "--head-layers",
-    "1",
-    "--head-heads",
-    "4",
-    "--factor-dim",
-    "16",
-    "--num-anchors",
-    "4",
-    "--batch-size",
-    "2",
-    "--max-length",
-    "64",
-    "--eval-examples",
-    "2",
-    "--chat-template-kwargs",
-    "{}",
-    "--max-steps",
-    "1",
-]
+def train_one_step(ws, out) -> int:
+    return main(train_argv(ws["target"], ws["data"], out, "--max-steps", "1"))
 
 
 @SETTINGS
 @given(files=FOLDER)
 def test_train_output_dir(ws, files):
-    run_in_fresh(
-        ws["root"],
-        files,
-        lambda out: main(
-            ["train", "--target", ws["target"], "--data", ws["data"], "--output-dir", str(out), *TRAIN_FLAGS]
-        ),
-    )
+    run_in_fresh(ws["root"], files, lambda out: train_one_step(ws, out))
 
 
 OTHERS = st.dictionaries(
@@ -160,7 +130,7 @@ def test_train_in_its_own_run_touches_only_its_files(ws, files):
 
     def command(out):
         ownership.mark(out, "run")  # a run of ours that the user put files into
-        return main(["train", "--target", ws["target"], "--data", ws["data"], "--output-dir", str(out), *TRAIN_FLAGS])
+        return train_one_step(ws, out)
 
     run_in_fresh(
         ws["root"], files, lambda out: (lambda code: code if code == 0 else pytest.fail(f"exit {code}"))(command(out))
@@ -176,32 +146,7 @@ def test_export_out_dir(ws, files, force):
 @SETTINGS
 @given(files=FOLDER)
 def test_regenerate_recipe_output_dir(ws, files):
-    run_in_fresh(
-        ws["root"],
-        files,
-        lambda out: main(
-            [
-                "regenerate",
-                "--target",
-                ws["target"],
-                "--recipe",
-                "--output-dir",
-                str(out),
-                "--exclude",
-                ws["exclude"],
-                "--magpie",
-                "1",
-                "--package",
-                "0",
-                "--heldout",
-                "0",
-                "--max-new-tokens",
-                "2",
-                "--engine",
-                "transformers",
-            ]
-        ),
-    )
+    run_in_fresh(ws["root"], files, lambda out: main(recipe_argv(ws["target"], out, ws["exclude"], 1)))
 
 
 def results_file(ws) -> Path:
@@ -279,21 +224,7 @@ def test_append_files_results_and_rows(ws, data):
         for name, command in (
             (
                 "results.jsonl",
-                lambda f: [
-                    "bench",
-                    "run",
-                    "--url",
-                    "http://127.0.0.1:9",
-                    "--system",
-                    "x",
-                    "--dataset",
-                    ws["prompts"],
-                    "--results",
-                    str(f),
-                    "--no-progress",
-                    "--warmup",
-                    "0",
-                ],
+                lambda f: bench_run_argv(ws["prompts"], f, "--no-progress", "--warmup", "0"),
             ),
             (
                 "rows.jsonl",

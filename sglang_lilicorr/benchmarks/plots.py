@@ -43,6 +43,15 @@ def _slug(*parts) -> str:
     return "_".join(str(p).replace("/", "-").replace(" ", "-") for p in parts)
 
 
+def _cells_at(cells: Sequence[dict], dataset: str, temperature: float, concurrency: int) -> List[dict]:
+    """The cells of one dataset at one temperature and concurrency."""
+    return [
+        c
+        for c in cells
+        if c["dataset"] == dataset and c["temperature"] == temperature and c["concurrency"] == concurrency
+    ]
+
+
 def plot_vs_concurrency(
     cells: Sequence[dict], dataset: str, temperature: float, metric: str, baseline: Optional[str], out_dir: Path
 ) -> Path:
@@ -79,13 +88,7 @@ def plot_tau_by_category(
     """Grouped bars: tau per category, one bar per speculative system."""
     plt = pyplot()
     mine = [
-        c
-        for c in cells
-        if c["dataset"] == dataset
-        and c["temperature"] == temperature
-        and c["concurrency"] == concurrency
-        and c["tau"] is not None
-        and c["group"] != ALL
+        c for c in _cells_at(cells, dataset, temperature, concurrency) if c["tau"] is not None and c["group"] != ALL
     ]
     groups = sorted({c["group"] for c in mine})
     systems = sorted({c["system"] for c in mine})
@@ -111,14 +114,7 @@ def plot_repeated_runs(
     """Repeated runs (metrics.pool_runs) of group "all": per system, each run's TPS and ms per block
     as points beside the mean as a bar."""
     plt = pyplot()
-    mine = [
-        c
-        for c in cells
-        if c["dataset"] == dataset
-        and c["temperature"] == temperature
-        and c["concurrency"] == concurrency
-        and c["group"] == ALL
-    ]
+    mine = [c for c in _cells_at(cells, dataset, temperature, concurrency) if c["group"] == ALL]
     systems = systems_of(mine, baseline)
     colors = _colors(cells, baseline)
     fig, axes = plt.subplots(1, 2, figsize=(max(6.0, 1.6 * len(systems) * 2), 3.4))

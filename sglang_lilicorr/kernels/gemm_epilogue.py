@@ -157,34 +157,25 @@ EARLY_OPERANDS_MAX_TILE = tl.constexpr(tuning.EARLY_OPERANDS_MAX_TILE)
 
 
 @triton.jit
-def _written_operands(
+def _group_bias_and_parts(
     gb_ptr,
     ss_in_ptr,
-    out_ptr,
-    t_ptr,
     rm,
     rn,
-    mask,
-    at,
     M,
     N,
     gb_stride,
     rows_per_group,
     n_parts_in,
-    rows_per_req,
     GROUP_BIAS: tl.constexpr,
     NORM: tl.constexpr,
     PARTS_IN: tl.constexpr,
-    RESIDUAL: tl.constexpr,
-    CROSS_OUT: tl.constexpr,
 ):
-    """The epilogue's operands that earlier kernels wrote, as loaded (placeholders where off): (group bias,
-    the input rows' sum-of-squares partials, the residual, t)."""
+    """Two epilogue operands that earlier kernels wrote, as loaded (placeholders where off): the group bias tile and
+    the input rows' sum-of-squares partials."""
     group_bias = _group_bias_tile(gb_ptr, rm, rn, M, N, gb_stride, rows_per_group, GROUP_BIAS)
     parts = load_sumsq(ss_in_ptr, rm % M, n_parts_in, PARTS_IN) if NORM else 0.0
-    old = tl.load(out_ptr + at, mask=mask, other=0.0) if RESIDUAL else 0.0
-    t = _cross_tile(t_ptr, rm, rn, mask, N, rows_per_req) if CROSS_OUT else 0.0
-    return group_bias, parts, old, t
+    return group_bias, parts
 
 
 @triton.jit
@@ -250,49 +241,15 @@ def _gemm_kernel(
     bias = _bias_tile(b_ptr, rn, N, HAS_BIAS)
     grid_dependency_wait(PDL)
     if EARLY:
-        group_bias, parts, old, t = _written_operands(
-            gb_ptr,
-            ss_in_ptr,
-            out_ptr,
-            t_ptr,
-            rm,
-            rn,
-            mask,
-            at,
-            M,
-            N,
-            gb_stride,
-            rows_per_group,
-            n_parts_in,
-            rows_per_req,
-            GROUP_BIAS,
-            NORM,
-            PARTS_IN,
-            RESIDUAL,
-            CROSS_OUT,
+        group_bias, parts = _group_bias_and_parts(
+            gb_ptr, ss_in_ptr, rm, rn, M, N, gb_stride, rows_per_group, n_parts_in, GROUP_BIAS, NORM, PARTS_IN
         )
+        old = tl.load(out_ptr + at, mask=mask, other=0.0) if RESIDUAL else 0.0
+        t = _cross_tile(t_ptr, rm, rn, mask, N, rows_per_req) if CROSS_OUT else 0.0
     acc = gemm_tile(x_ptr, w_ptr, rm, rn, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE_F32)
     if not EARLY:  # after the loop; the residual and t each where it is used (fewer live registers)
-        group_bias, parts, old, t = _written_operands(
-            gb_ptr,
-            ss_in_ptr,
-            out_ptr,
-            t_ptr,
-            rm,
-            rn,
-            mask,
-            at,
-            M,
-            N,
-            gb_stride,
-            rows_per_group,
-            n_parts_in,
-            rows_per_req,
-            GROUP_BIAS,
-            NORM,
-            PARTS_IN,
-            False,
-            False,
+        group_bias, parts = _group_bias_and_parts(
+            gb_ptr, ss_in_ptr, rm, rn, M, N, gb_stride, rows_per_group, n_parts_in, GROUP_BIAS, NORM, PARTS_IN
         )
     if NORM:  # RMSNorm(x) @ W.T = rstd * (x @ (W * g).T): the gain g folded into the weight
         acc = acc * row_rstd(parts, eps, norm_width)[:, None]
@@ -544,10 +501,7 @@ def gemm_epilogue_triton(
             HAS_BIAS=bias is not None,
             GROUP_BIAS=group_bias is not None,
             SILU=silu,
-            BLOCK_M=c.block_m,
-            BLOCK_N=c.block_n,
-            BLOCK_K=c.block_k,
-            GROUP_M=c.group_m,
+            **c.tiles(),
             **launch,
             num_stages=c.num_stages,
             num_warps=c.num_warps,

@@ -157,6 +157,20 @@ def add_rmsnorm_triton(
             raise ValueError(f"add_rmsnorm_triton: cross {tuple(cross.shape)} does not tile {rows} rows of width {h}")
         cross = cross.contiguous()
         rows_per_req = rows // max(cross.shape[0], 1)
+    return _launch_norm(x, y, weight, out, eps, cross, rows_per_req, add=True, pdl=pdl)
+
+
+def rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, *, pdl: bool = False) -> torch.Tensor:
+    """x [rows, H] contiguous -> RMSNorm(x) * weight [rows, H] in x's dtype (x unchanged)."""
+    check_pdl(pdl, x, "rmsnorm_triton")
+    if not x.is_contiguous():
+        raise ValueError(f"rmsnorm_triton: x {tuple(x.shape)} must be contiguous")
+    return _launch_norm(x, x, weight, torch.empty_like(x), eps, None, 1, add=False, pdl=pdl)
+
+
+def _launch_norm(x, y, weight, out, eps, cross, rows_per_req, *, add, pdl) -> torch.Tensor:
+    """_add_rmsnorm_kernel over x's rows into out (y read with add, cross when given) -> out."""
+    rows, h = x.shape
     if rows:
         block_h, per = triton.next_power_of_2(h), rows_per_program(x)
         _add_rmsnorm_kernel[(triton.cdiv(rows, per),)](
@@ -164,7 +178,7 @@ def add_rmsnorm_triton(
             y,
             weight,
             out,
-            width,
+            out.stride(0),
             x if cross is None else cross,
             rows_per_req,
             rows,
@@ -173,38 +187,7 @@ def add_rmsnorm_triton(
             ROWS=per,
             BLOCK_H=block_h,
             CROSS=cross is not None,
-            ADD=True,
-            PDL=pdl,
-            launch_pdl=pdl,
-            num_warps=4 if block_h <= 2048 else 8,
-        )
-    return out
-
-
-def rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, *, pdl: bool = False) -> torch.Tensor:
-    """x [rows, H] contiguous -> RMSNorm(x) * weight [rows, H] in x's dtype (x unchanged)."""
-    check_pdl(pdl, x, "rmsnorm_triton")
-    rows, h = x.shape
-    if not x.is_contiguous():
-        raise ValueError(f"rmsnorm_triton: x {tuple(x.shape)} must be contiguous")
-    out = torch.empty_like(x)
-    if rows:
-        block_h, per = triton.next_power_of_2(h), rows_per_program(x)
-        _add_rmsnorm_kernel[(triton.cdiv(rows, per),)](
-            x,
-            x,
-            weight,
-            out,
-            h,
-            x,
-            1,
-            rows,
-            h,
-            float(eps),
-            ROWS=per,
-            BLOCK_H=block_h,
-            CROSS=False,
-            ADD=False,
+            ADD=add,
             PDL=pdl,
             launch_pdl=pdl,
             num_warps=4 if block_h <= 2048 else 8,

@@ -82,32 +82,34 @@ def _lattice_cosine_kernel(
     for d0 in range(0, D, BLOCK_D):  # all of D, the last step maybe partial
         cols = d0 + tl.arange(0, BLOCK_D)
         dot, gram_a, gram_b = _gram_step(a_rows, in_rows, a_live, kv, cols, D, dot, gram_a, gram_b, F32_DOT, PRECISION)
-    _score_and_walk(
-        dot,
-        gram_a,
-        gram_b,
-        ks,
-        kv,
-        is_start,
-        req,
-        s,
-        S,
-        K,
-        sigma,
-        eps,
-        start_ptr,
-        pair_ptr,
-        succ_ptr,
-        count_ptr,
-        ids_ptr,
-        id_b,
-        id_s,
-        id_k,
-        draft_ptr,
-        KP,
-        WALK,
-        SP,
-    )
+    # the factor's sigma-scaled cosines, stored (start or pair)
+    eye = ks[:, None] == ks[None, :]
+    inv_a = 1.0 / tl.maximum(tl.sqrt(tl.sum(tl.where(eye, gram_a, 0.0), 1)), eps)  # [KP] along rows
+    inv_b = 1.0 / tl.maximum(tl.sqrt(tl.sum(tl.where(eye, gram_b, 0.0), 0)), eps)  # [KP] along columns
+    score = sigma * dot * inv_a[:, None] * inv_b[None, :]
+    both = kv[:, None] & kv[None, :]
+    tl.store(start_ptr + req * K + ks[:, None] * 0 + ks[None, :], score, mask=is_start & (ks[:, None] == 0) & both)
+    tl.store(pair_ptr + ((req * (S - 1) + s - 1) * K + ks[:, None]) * K + ks[None, :], score, mask=(s > 0) & both)
+    if WALK:  # store this factor's successors; the request's last program walks all S slots (see module doc)
+        masked = tl.where(both, score, -float("inf"))
+        top = tl.max(masked, 1)  # [KP] per row candidate i
+        succ = tl.min(tl.where(both & (masked == top[:, None]), ks[None, :], KP), 1)  # first argmax over j (< K <= 16)
+        # one int64 per factor: candidate i's successor in bits 4i..4i+3 (s = 0: the anchor's, in bits 0..3)
+        word = tl.sum(tl.where(kv & (~is_start | (ks == 0)), succ.to(tl.int64) << (4 * ks).to(tl.int64), 0), 0)
+        tl.store(succ_ptr + req * S + s, word)
+        tl.debug_barrier()  # every thread's stores precede the release below
+        arrived = tl.atomic_add(count_ptr + req, 1, sem="acq_rel", scope="gpu")
+        if arrived == S - 1:  # the request's last factor: every successor is stored
+            steps = tl.arange(0, SP)
+            cur = tl.load(succ_ptr + req * S, cache_modifier=".cg")  # the anchor's choice (bits 0..3; the rest zero)
+            path = tl.where(steps == 0, cur, 0)
+            for t in tl.static_range(1, SP):  # the loads do not depend on the path: all in flight at once
+                word = tl.load(succ_ptr + req * S + t, mask=t < S, other=0, cache_modifier=".cg")
+                cur = tl.where(t < S, (word >> (4 * cur)) & 15, cur)  # the walk's step: a shift, no reduction
+                path = tl.where(steps == t, cur, path)
+            tokens = tl.load(ids_ptr + req * id_b + steps * id_s + path * id_k, mask=steps < S, other=0)
+            tl.store(draft_ptr + req * S + steps, tokens.to(tl.int64), mask=steps < S)
+            tl.atomic_xchg(count_ptr + req, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -124,89 +126,6 @@ def _gram_step(
     gram_a = tl.dot(a, tl.trans(a), gram_a, input_precision=PRECISION)
     gram_b = tl.dot(b, tl.trans(b), gram_b, input_precision=PRECISION)
     return dot, gram_a, gram_b
-
-
-@triton.jit
-def _score_and_walk(
-    dot,
-    gram_a,
-    gram_b,
-    ks,
-    kv,
-    is_start,
-    req,
-    s,
-    S,
-    K,
-    sigma,
-    eps,
-    start_ptr,
-    pair_ptr,
-    succ_ptr,
-    count_ptr,
-    ids_ptr,
-    id_b,
-    id_s,
-    id_k,
-    draft_ptr,
-    KP: tl.constexpr,
-    WALK: tl.constexpr,
-    SP: tl.constexpr,
-):
-    """One factor's Grams -> its sigma-scaled cosines stored (start or pair), and with WALK its successors / the walk."""
-    eye = ks[:, None] == ks[None, :]
-    inv_a = 1.0 / tl.maximum(tl.sqrt(tl.sum(tl.where(eye, gram_a, 0.0), 1)), eps)  # [KP] along rows
-    inv_b = 1.0 / tl.maximum(tl.sqrt(tl.sum(tl.where(eye, gram_b, 0.0), 0)), eps)  # [KP] along columns
-    score = sigma * dot * inv_a[:, None] * inv_b[None, :]
-    both = kv[:, None] & kv[None, :]
-    tl.store(start_ptr + req * K + ks[:, None] * 0 + ks[None, :], score, mask=is_start & (ks[:, None] == 0) & both)
-    tl.store(pair_ptr + ((req * (S - 1) + s - 1) * K + ks[:, None]) * K + ks[None, :], score, mask=(s > 0) & both)
-    if WALK:
-        _walk_when_last(
-            score, both, ks, kv, is_start, req, s, S, succ_ptr, count_ptr, ids_ptr, id_b, id_s, id_k, draft_ptr, KP, SP
-        )
-
-
-@triton.jit
-def _walk_when_last(
-    score,
-    both,
-    ks,
-    kv,
-    is_start,
-    req,
-    s,
-    S,
-    succ_ptr,
-    count_ptr,
-    ids_ptr,
-    id_b,
-    id_s,
-    id_k,
-    draft_ptr,
-    KP: tl.constexpr,
-    SP: tl.constexpr,
-):
-    """Store this factor's successors; the request's last program walks all S slots (see module doc)."""
-    masked = tl.where(both, score, -float("inf"))
-    top = tl.max(masked, 1)  # [KP] per row candidate i
-    succ = tl.min(tl.where(both & (masked == top[:, None]), ks[None, :], KP), 1)  # first argmax over j (< K <= 16)
-    # one int64 per factor: candidate i's successor in bits 4i..4i+3 (s = 0: the anchor's, in bits 0..3)
-    word = tl.sum(tl.where(kv & (~is_start | (ks == 0)), succ.to(tl.int64) << (4 * ks).to(tl.int64), 0), 0)
-    tl.store(succ_ptr + req * S + s, word)
-    tl.debug_barrier()  # every thread's stores precede the release below
-    arrived = tl.atomic_add(count_ptr + req, 1, sem="acq_rel", scope="gpu")
-    if arrived == S - 1:  # the request's last factor: every successor is stored
-        steps = tl.arange(0, SP)
-        cur = tl.load(succ_ptr + req * S, cache_modifier=".cg")  # the anchor's choice (bits 0..3; the rest zero)
-        path = tl.where(steps == 0, cur, 0)
-        for t in tl.static_range(1, SP):  # the loads do not depend on the path: all in flight at once
-            word = tl.load(succ_ptr + req * S + t, mask=t < S, other=0, cache_modifier=".cg")
-            cur = tl.where(t < S, (word >> (4 * cur)) & 15, cur)  # the walk's step: a shift, no reduction
-            path = tl.where(steps == t, cur, path)
-        tokens = tl.load(ids_ptr + req * id_b + steps * id_s + path * id_k, mask=steps < S, other=0)
-        tl.store(draft_ptr + req * S + steps, tokens.to(tl.int64), mask=steps < S)
-        tl.atomic_xchg(count_ptr + req, 0, sem="relaxed", scope="gpu")
 
 
 def lattice_cosine_triton(

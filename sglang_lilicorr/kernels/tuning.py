@@ -38,6 +38,10 @@ class GemmLaunch(NamedTuple):
     num_warps: int
     tma: bool = False  # persistent TMA kernel: one program per SM, tiles by TMA descriptors (sm_90+)
 
+    def tiles(self) -> dict:
+        """The tile sizes as the GEMM kernels' constexprs."""
+        return dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_K=self.block_k, GROUP_M=self.group_m)
+
 
 GEMM_CONFIGS = {
     "skinny": GemmLaunch(64, 32, 128, 8, 4, 4),  # 128 programs at M = 120, N = 2048 (one wave on 132 SMs)

@@ -28,12 +28,6 @@ def _first_argmax(x, lanes, valid):
 
 
 @triton.jit
-def _start_row(start_ptr, req, st_b, st_k, lanes, valid):
-    """The request's anchor-pair scores start[req, :] as fp32 [KP] (-inf past K)."""
-    return tl.load(start_ptr + req * st_b + lanes * st_k, mask=valid, other=-float("inf")).to(tl.float32)
-
-
-@triton.jit
 def _store_path(idx_ptr, req, S, steps, path, ids_ptr, id_b, id_s, id_k, GATHER: tl.constexpr):
     """The request's path [SP] -> idx[req, :S]: the candidate indices, or with GATHER their ids."""
     out = path.to(tl.int64)
@@ -43,24 +37,7 @@ def _store_path(idx_ptr, req, S, steps, path, ids_ptr, id_b, id_s, id_k, GATHER:
 
 
 @triton.jit
-def _greedy_path(
-    start_ptr,
-    pair_ptr,
-    req,
-    S,
-    K,
-    st_b,
-    st_k,
-    pr_b,
-    pr_s,
-    pr_i,
-    pr_j,
-    lanes,
-    valid,
-    steps,
-    KP: tl.constexpr,
-    SP: tl.constexpr,
-):
+def _greedy_path(start, pair_ptr, S, K, pr_s, pr_i, pr_j, lanes, valid, steps, KP: tl.constexpr, SP: tl.constexpr):
     """The greedy walk's path [SP]: from the anchor's best candidate, each slot the best continuation of the last."""
     # the request's whole pair lattice in one load (independent of the path, so no dependent
     # global loads inside the walk): rows r = (s-1) * KP + i, columns j
@@ -68,8 +45,8 @@ def _greedy_path(
     r_step, r_cand = rows // KP, rows % KP
     live = (r_step < S - 1)[:, None] & (r_cand < K)[:, None] & valid[None, :]
     offs = r_step[:, None] * pr_s + r_cand[:, None] * pr_i + lanes[None, :] * pr_j
-    lattice = tl.load(pair_ptr + req * pr_b + offs, mask=live, other=-float("inf")).to(tl.float32)
-    cur = _first_argmax(_start_row(start_ptr, req, st_b, st_k, lanes, valid), lanes, valid)
+    lattice = tl.load(pair_ptr + offs, mask=live, other=-float("inf")).to(tl.float32)
+    cur = _first_argmax(start, lanes, valid)
     path = tl.where(steps == 0, cur, 0)  # [SP]
     for s in range(1, S):
         row = tl.max(tl.where(rows[:, None] == (s - 1) * KP + cur, lattice, -float("inf")), 0)  # [KP]
@@ -79,28 +56,10 @@ def _greedy_path(
 
 
 @triton.jit
-def _viterbi_path(
-    start_ptr,
-    pair_ptr,
-    req,
-    S,
-    K,
-    st_b,
-    st_k,
-    pr_b,
-    pr_s,
-    pr_i,
-    pr_j,
-    lanes,
-    valid,
-    steps,
-    KP: tl.constexpr,
-    SP: tl.constexpr,
-):
+def _viterbi_path(start, pair_ptr, S, K, pr_s, pr_i, pr_j, lanes, valid, steps, KP: tl.constexpr, SP: tl.constexpr):
     """The Viterbi path [SP]: the max-sum dynamic programme forward, then its back-pointers from the last slot."""
-    best = _start_row(start_ptr, req, st_b, st_k, lanes, valid)
+    best = start
     back = tl.zeros((SP, KP), dtype=tl.int32)  # back[s, j]: best predecessor of candidate j at slot s+1
-    pair_ptr += req * pr_b
     tile = lanes[:, None] * pr_i + lanes[None, :] * pr_j
     tile_valid = valid[:, None] & valid[None, :]
     for s in range(1, S):
@@ -146,14 +105,13 @@ def _walk_kernel(
     lanes = tl.arange(0, KP)
     valid = lanes < K
     steps = tl.arange(0, SP)
+    # the request's anchor-pair scores start[req, :] as fp32 [KP] (-inf past K), and its pair lattice
+    start = tl.load(start_ptr + req * st_b + lanes * st_k, mask=valid, other=-float("inf")).to(tl.float32)
+    pair_ptr += req * pr_b
     if VITERBI:
-        path = _viterbi_path(
-            start_ptr, pair_ptr, req, S, K, st_b, st_k, pr_b, pr_s, pr_i, pr_j, lanes, valid, steps, KP, SP
-        )
+        path = _viterbi_path(start, pair_ptr, S, K, pr_s, pr_i, pr_j, lanes, valid, steps, KP, SP)
     else:
-        path = _greedy_path(
-            start_ptr, pair_ptr, req, S, K, st_b, st_k, pr_b, pr_s, pr_i, pr_j, lanes, valid, steps, KP, SP
-        )
+        path = _greedy_path(start, pair_ptr, S, K, pr_s, pr_i, pr_j, lanes, valid, steps, KP, SP)
     _store_path(idx_ptr, req, S, steps, path, ids_ptr, id_b, id_s, id_k, GATHER)
 
 

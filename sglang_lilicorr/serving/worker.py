@@ -209,17 +209,9 @@ class LiLiCorrWorker(DFlashWorkerV2):
             self.proposer.stage_anchors(batch.req_pool_indices)
         return super().forward_batch_generation(batch, *args, **kwargs)
 
-    def _append_target_hidden_to_draft_kv_by_loc(
-        self, *, target_hidden, cache_loc, positions, cache_loc_2d=None, commit_lens=None, extend_lens=None
-    ) -> None:
-        super()._append_target_hidden_to_draft_kv_by_loc(
-            target_hidden=target_hidden,
-            cache_loc=cache_loc,
-            positions=positions,
-            cache_loc_2d=cache_loc_2d,
-            commit_lens=commit_lens,
-            extend_lens=extend_lens,
-        )
+    def _append_target_hidden_to_draft_kv_by_loc(self, *, commit_lens=None, extend_lens=None, **append) -> None:
+        # SGLang's arguments (target_hidden, cache_loc, positions, cache_loc_2d) pass through in `append`
+        super()._append_target_hidden_to_draft_kv_by_loc(commit_lens=commit_lens, extend_lens=extend_lens, **append)
         # The append projected every row of target_hidden (trailing padding trimmed to cache_loc);
         # each request's anchor is its last verified row of that projection.
         context = self.draft_model.take_context_hidden()  # [cache_loc rows, Hm] or None (nothing appended)

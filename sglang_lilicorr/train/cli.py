@@ -16,7 +16,6 @@ import json
 import os
 import shlex
 import sys
-import time
 from pathlib import Path
 
 from ..cli_args import json_object_arg
@@ -153,7 +152,15 @@ def run_regenerate(args: argparse.Namespace) -> int:
     from ..errors import UsageError
     from ..frozen_target import loading_target, local_model_dir
     from .prompts import eval_guard
-    from .regenerate import Settings, build_dataset, check_rows_file, claim_dataset_dir, play, prompt_plans
+    from .regenerate import (
+        Settings,
+        build_dataset,
+        check_rows_file,
+        claim_dataset_dir,
+        play,
+        prompt_plans,
+        recipe_options,
+    )
 
     local_model_dir(args.target)
     if args.recipe and not (args.output_dir and args.exclude):
@@ -191,12 +198,8 @@ def run_regenerate(args: argparse.Namespace) -> int:
                 tokenizer,
                 generator,
                 settings,
-                magpie=args.magpie,
-                package=args.package,
-                second_turn_share=args.second_turns,
-                heldout=args.heldout,
+                **recipe_options(args),
                 exclude=args.exclude,
-                until=time.time() + 60 * args.minutes if args.minutes else None,
                 describe={
                     "command": "lilicorr " + " ".join(map(shlex.quote, sys.argv[1:])),
                     "engine": engine,

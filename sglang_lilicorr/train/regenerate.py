@@ -375,6 +375,18 @@ def file_entry(path: Path) -> dict:
     return {"sha256": digest, "bytes": path.stat().st_size, "rows": sum(1 for _ in path.open(encoding="utf-8"))}
 
 
+def recipe_options(args) -> dict:
+    """build_dataset's sizes and deadline from a command's --magpie, --package, --second-turns, --heldout and
+    --minutes (`lilicorr regenerate --recipe`, the testbed's data step); the deadline counts from now."""
+    return dict(
+        magpie=args.magpie,
+        package=args.package,
+        second_turn_share=args.second_turns,
+        heldout=args.heldout,
+        until=time.time() + 60 * args.minutes if args.minutes else None,
+    )
+
+
 def build_dataset(
     out_dir: str | Path,
     tokenizer,

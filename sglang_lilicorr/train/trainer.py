@@ -235,8 +235,11 @@ def split_eval(
     return examples[:-n], examples[-n:]
 
 
-def anchors_for(batch: dict[str, torch.Tensor], num: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return sample_anchors(batch["loss_mask"], num, torch.Generator().manual_seed(seed))
+def forward_at_anchors(model, batch: dict[str, torch.Tensor], num_anchors: int, seed: int, weights, device):
+    """The joint model (or its DDP wrapper) on a collated batch at num_anchors anchors a row, sampled with `seed`."""
+    anchors, valid = sample_anchors(batch["loss_mask"], num_anchors, torch.Generator().manual_seed(seed))
+    ids, attention_mask, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+    return model(ids, attention_mask, loss_mask, anchors.to(device), valid.to(device), weights)
 
 
 def on_every_rank(flag: bool, world: int, device) -> bool:
@@ -309,17 +312,8 @@ class Evaluator:
         with self.autocast:
             for i, batch in enumerate(self.batches):
                 batch = {k: v.to(self.device) for k, v in batch.items()}
-                anchors, valid = anchors_for(batch, self.cfg.num_anchors, self.cfg.seed + i)
-                outputs.append(
-                    self.joint(
-                        batch["input_ids"],
-                        batch["attention_mask"],
-                        batch["loss_mask"],
-                        anchors.to(self.device),
-                        valid.to(self.device),
-                        weights,
-                    )
-                )
+                seed = self.cfg.seed + i
+                outputs.append(forward_at_anchors(self.joint, batch, self.cfg.num_anchors, seed, weights, self.device))
             out = {f"eval/{k}": v for k, v in pooled_metrics(outputs).items()} if outputs else {}
             if self.turns:
                 proposer = BlockProposer(self.joint.target, self.joint.drafter, self.joint.head)
@@ -426,20 +420,11 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         for micro in range(cfg.grad_accum):
             part = ids[micro :: cfg.grad_accum]  # global micro-batch env.rank + env.world * micro (module docstring)
             batch = {k: v.to(env.device) for k, v in collate([train_set[i] for i in part], pad_id).items()}
-            anchors, valid = anchors_for(
-                batch, cfg.num_anchors, cfg.seed * 7919 + (step * cfg.grad_accum + micro) * env.world + env.rank
-            )
+            seed = cfg.seed * 7919 + (step * cfg.grad_accum + micro) * env.world + env.rank
             sync = micro == cfg.grad_accum - 1 or env.world == 1  # DDP reduces gradients on the last micro-step only
             with contextlib.nullcontext() if sync else trainable.no_sync():
                 with autocast:
-                    out = trainable(
-                        batch["input_ids"],
-                        batch["attention_mask"],
-                        batch["loss_mask"],
-                        anchors.to(env.device),
-                        valid.to(env.device),
-                        weights,
-                    )
+                    out = forward_at_anchors(trainable, batch, cfg.num_anchors, seed, weights, env.device)
                 (out.terms.total / cfg.grad_accum).backward()
             timer.mark("backward")
             finite &= bool(torch.isfinite(out.terms.total.detach()))
