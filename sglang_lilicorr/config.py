@@ -92,7 +92,8 @@ class LiLiCorrConfig:
 
     # --- draft config.json round-trip (SGLang's `dflash_config.lilicorr_*`) ---------------
 
-    _SERIALISED = (
+    # the head's fields in a draft config.json, as SGLang's built-in head config names them (`lilicorr_<name>`)
+    SERIALISED = (
         "candidate_topk",
         "hidden_size",
         "num_layers",
@@ -106,7 +107,7 @@ class LiLiCorrConfig:
 
     def to_dflash_keys(self) -> dict[str, Any]:
         """The ``lilicorr_*`` entries of ``dflash_config`` (block size lives in ``block_size``)."""
-        return {f"lilicorr_{name}": getattr(self, name) for name in self._SERIALISED}
+        return {f"lilicorr_{name}": getattr(self, name) for name in self.SERIALISED}
 
     @classmethod
     def from_dflash_config(
@@ -114,7 +115,7 @@ class LiLiCorrConfig:
     ) -> "LiLiCorrConfig":
         if not isinstance(dflash_config, Mapping):
             raise ConfigError(f"dflash_config={dflash_config!r:.80} is not an object of lilicorr_* keys.")
-        missing = [f"lilicorr_{n}" for n in cls._SERIALISED if f"lilicorr_{n}" not in dflash_config]
+        missing = [f"lilicorr_{n}" for n in cls.SERIALISED if f"lilicorr_{n}" not in dflash_config]
         if missing:
             raise ConfigError(
                 f"dflash_config lacks {missing}: a LiLiCorr draft must carry every lilicorr_* "
@@ -127,7 +128,7 @@ class LiLiCorrConfig:
                 float if name in cls._FLOATS else int,
                 f"dflash_config.lilicorr_{name}",
             )
-            for name in cls._SERIALISED
+            for name in cls.SERIALISED
         }
         return cls(
             block_size=json_number(block_size, int, "block_size"),

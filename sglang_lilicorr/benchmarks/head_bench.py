@@ -179,16 +179,7 @@ def build_builtin(ours, device, dtype):
         model_hidden_size=ours.model_hidden_size,
         block_size=cfg.block_size,
         rms_norm_eps=cfg.rms_norm_eps,
-        config=BuiltinConfig(
-            candidate_topk=cfg.candidate_topk,
-            hidden_size=cfg.hidden_size,
-            num_layers=cfg.num_layers,
-            num_heads=cfg.num_heads,
-            mlp_ratio=cfg.mlp_ratio,
-            factor_dim=cfg.factor_dim,
-            vector_eps=cfg.vector_eps,
-            logit_scale=cfg.logit_scale,
-        ),
+        config=BuiltinConfig(**{name: getattr(cfg, name) for name in cfg.SERIALISED}),
     )
     theirs.load_state_dict({k: v.float().cpu() for k, v in ours.state_dict().items()}, strict=True)
     theirs = theirs.to(device=device, dtype=dtype).eval()
