@@ -1,13 +1,23 @@
 """The select path's Triton compiles over SGLang's captured batch sizes (benchmarks/compile_census.py): each distinct
 specialization key is one compile on a cold cache, and a server's draft-graph capture pays for all of them."""
 
+import json
+
 import pytest
 import torch
 
-from sglang_lilicorr.benchmarks.compile_census import GEOMETRIES, census, first_seen, recorded_launches, summary
+from sglang_lilicorr.benchmarks.compile_census import (
+    GEOMETRIES,
+    census,
+    cuda_key,
+    first_seen,
+    recorded_launches,
+    summary,
+)
 from sglang_lilicorr.config import LiLiCorrConfig
 from sglang_lilicorr.fast_path.plan import HeadGeometry, batch_bounds
 from sglang_lilicorr.kernels.head_norm import _row_bias_silu_kernel
+from sm90_build import check_in_fresh_process
 from triton_mode import needs_interpreter
 
 # Distinct keys per kernel at the testbed head over batch sizes 1..32, as an H100 compiles them: 77 before the
@@ -77,3 +87,32 @@ def test_new_keys_only_where_a_plan_bucket_starts(testbed_keys):
     starts = {1} | {b + 1 for b in bounds}
     off = {name: sorted(set(first_seen(testbed_keys, name)) - starts) for name in testbed_keys}
     assert not any(off.values()), f"new compile keys inside a plan bucket (buckets start at {sorted(starts)}): {off}"
+
+
+@needs_interpreter
+def test_cuda_keys_take_the_gpus_dot_choices(testbed_keys):
+    """`cuda_key`: the census's keys with the 16-bit kernels' dot choices of a GPU, none merged."""
+    gpu = {name: {cuda_key(name, key) for key in keys} for name, keys in testbed_keys.items()}
+    assert {name: len(keys) for name, keys in gpu.items()} == {name: len(k) for name, k in testbed_keys.items()}
+    fields = {name: [{f[0]: f[-1] for f in key} for key in keys] for name, keys in gpu.items()}
+    assert all(not f["IEEE_F32"] for f in fields["_gemm_kernel"])
+    assert all(not f["IEEE"] and not f["F32_DOT"] for f in fields["_lattice_attention_kernel"])
+    cosine = fields["_lattice_cosine_kernel"]
+    assert all(f["PRECISION"] == "tf32" and not f["F32_DOT"] and f["num_stages"] == "3" for f in cosine)
+
+
+@needs_interpreter
+def test_census_keys_compile_for_sm90_on_threads(testbed_keys, sm90_triton):
+    """The benchmark's compile (compile_census --compile-threads): census keys, TMA descriptors included, build for
+    sm_90 from the key alone, on a pool of threads, in a fresh process."""
+    picked = [
+        [name, cuda_key(name, next(iter(testbed_keys[name])))]
+        for name in ("_gemm_tma_kernel", "_lattice_cosine_kernel", "_row_bias_silu_kernel")
+    ]
+    script = (
+        "import json\n"
+        "from sglang_lilicorr.benchmarks.compile_census import compile_sm90\n"
+        f"entries = [[n, tuple(tuple(f) for f in k)] for n, k in json.loads({json.dumps(picked)!r})]\n"
+        "print('seconds', compile_sm90(entries, 2))\n"
+    )
+    assert "seconds" in check_in_fresh_process(script, sm90_triton)

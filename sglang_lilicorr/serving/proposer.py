@@ -21,7 +21,8 @@ draft graphs and the eager graphs run the same select, so the same rule.
 A batch larger than SGLang's largest draft graph runs the draft pass eagerly, and the proposal after it
 (`propose_eager`) replays a CUDA graph of its own, captured at start-up for buckets of EAGER_BUCKET requests up to
 the request pool (`warm`), or, where it cannot capture, runs the proposal that `warm` ran once at start-up at each
-such batch size: no kernel is compiled while a request waits.
+such batch size: no kernel is compiled while a request waits. Before any of those graphs is captured, `precompile`
+builds the Triton kernels of every draft-graph and eager batch size concurrently (fast_path/precompile.py).
 
 The anchor is the drafter-projected target state (fc + hidden_norm) at the last verified token of
 each request. It is kept per request-pool slot (`anchor_table`), published after every prefill
@@ -34,6 +35,7 @@ from __future__ import annotations
 import torch
 
 from ..fast_path.plan import PYTORCH, HeadGeometry, plans_for
+from ..fast_path.precompile import CompileReport, precompile
 from ..fast_path.select import FastLiLiCorrSelect
 from ..head import LiLiCorrHead
 from ..walk import WALKS
@@ -70,6 +72,13 @@ def last_rows(*, num_rows: int, extend_lens: torch.Tensor | None, commit_lens: t
     return torch.cumsum(extend_lens.to(torch.int64).flatten(), dim=0) - 1
 
 
+def _span(sizes: list[int]) -> str:
+    """Batch sizes as a log line shows them: "-", "a..b" for a run of three or more, else the list."""
+    if len(sizes) > 2 and sizes == list(range(sizes[0], sizes[-1] + 1)):
+        return f"{sizes[0]}..{sizes[-1]}"
+    return str(sizes) if sizes else "-"
+
+
 class LiLiCorrProposer:
     def __init__(
         self,
@@ -99,6 +108,7 @@ class LiLiCorrProposer:
         self.block_row_before: torch.Tensor | None = None  # [max rows] int64: r * B - 1, verify's row base
         self.eager_in: torch.Tensor | None = None  # [max rows, S, Hm] the eager graphs' input
         self.eager_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # bucket (requests) -> graph writing out[: bucket * S]
+        self.precompiled: set[tuple[str, int]] = set()  # ("draft" | "eager", batch size): kernels built (precompile)
 
     def startup_line(self) -> str:
         """Which rule commits the block, in one line."""
@@ -181,12 +191,9 @@ class LiLiCorrProposer:
             self.eager_in = torch.zeros(
                 (rows, self.slots, self.lm_head_weight.shape[1]), dtype=self.lm_head_weight.dtype, device=device
             )
-        top = max(graph_batch_sizes, default=0)
         capture = capture and device.type == "cuda" and self.sharded is None
-        if capture:
-            sizes = sorted({*range(top + EAGER_BUCKET, rows, EAGER_BUCKET), rows} - set(range(top + 1)))
-        else:
-            sizes = list(range(top + 1, rows + 1))
+        sizes = self.eager_sizes(graph_batch_sizes=graph_batch_sizes, capture=capture, max_batch=max_batch)
+        self.precompile(eager_sizes=sizes)
         for b in sizes:
             self.propose(self.eager_in[:b], self.anchors[:b])
         if capture and sizes:
@@ -198,6 +205,38 @@ class LiLiCorrProposer:
                     self.out[: b * self.slots].copy_(self.propose(self.eager_in[:b], self.anchors[:b]).reshape(-1))
                 self.eager_graphs[b] = graph
         return sizes
+
+    def eager_sizes(self, *, graph_batch_sizes: list[int], capture: bool, max_batch: int | None = None) -> list[int]:
+        """The batch sizes `warm` runs with these arguments (after allocate())."""
+        rows = self.anchors.shape[0] if max_batch is None else min(self.anchors.shape[0], int(max_batch))
+        top = max(graph_batch_sizes, default=0)
+        if capture and self.lm_head_weight.is_cuda and self.sharded is None:
+            return sorted({*range(top + EAGER_BUCKET, rows, EAGER_BUCKET), rows} - set(range(top + 1)))
+        return list(range(top + 1, rows + 1))
+
+    def precompile(self, *, graph_batch_sizes: list[int] = (), eager_sizes: list[int] = ()) -> CompileReport | None:
+        """Builds, concurrently and before anything launches them, the Triton kernels of the draft graphs at
+        `graph_batch_sizes` (this object's __call__ on a [b * B, Hm] block) and of the eager proposal at `eager_sizes`
+        (fast_path/precompile.py; sizes done before are skipped) -> its report, or None where nothing ran."""
+        draft = sorted({int(b) for b in graph_batch_sizes} - {b for kind, b in self.precompiled if kind == "draft"})
+        eager = sorted({int(b) for b in eager_sizes} - {b for kind, b in self.precompiled if kind == "eager"})
+        if not draft and not eager:
+            return None
+        hm, dtype, device = self.lm_head_weight.shape[1], self.lm_head_weight.dtype, self.lm_head_weight.device
+
+        def run():
+            block = torch.zeros((max(draft, default=0) * self.block_size, hm), dtype=dtype, device=device)
+            for b in draft:
+                self(block[: b * self.block_size])
+            pass_hidden = torch.zeros((max(eager, default=0), self.slots, hm), dtype=dtype, device=device)
+            for b in eager:
+                self.propose(pass_hidden[:b], self.anchors[:b])
+
+        label = f"{ALGORITHM_NAME} select, draft graphs at bs {_span(draft)}, eager proposal at bs {_span(eager)}"
+        report = precompile(run, device=device, label=label)
+        if report is not None:
+            self.precompiled.update([("draft", b) for b in draft] + [("eager", b) for b in eager])
+        return report
 
     def __call__(self, hidden_states: torch.Tensor, input_ids: torch.Tensor | None = None) -> None:
         """SGLang's draft-sampler protocol: hidden_states [b*B, Hm] of the draft block (slot 0 =

@@ -14,7 +14,8 @@ group (vocab_parallel.py, one all-gather), the head and walk run replicated on t
 table is built from the input embedding gathered once (`full_embedding`). README section "Tensor parallelism".
 
 What it overrides (all methods of the DFlash worker, no SGLang source touched):
-  _maybe_build_draft_sampler     -> our LiLiCorrProposer: SGLang captures it into the draft graph
+  _maybe_build_draft_sampler     -> our LiLiCorrProposer: SGLang captures it into the draft graph; first its Triton
+                                    kernels for every draft graph and eager size compile concurrently (precompile)
   _greedy_sample_from_vocab_parallel_head
                                  -> the same proposal, eagerly, when no draft graph covers the batch
   _append_target_hidden_to_draft_kv_by_loc
@@ -174,6 +175,13 @@ class LiLiCorrWorker(DFlashWorkerV2):
             "%s: draft pass + top-K/LSE + head + walk captured together in the draft CUDA graph (batch sizes %s).",
             ALGORITHM_NAME,
             sorted(graph_batch_sizes()),
+        )
+        # Their kernels (and those of the eager sizes `warm` runs next) compile concurrently now, not one by one
+        # as the capture meets them.
+        sizes, max_batch = graph_batch_sizes(), self.server_args.max_running_requests
+        self.proposer.precompile(
+            graph_batch_sizes=sizes,
+            eager_sizes=self.proposer.eager_sizes(graph_batch_sizes=sizes, capture=True, max_batch=max_batch),
         )
         return self.proposer
 

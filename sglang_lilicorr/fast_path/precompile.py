@@ -1,0 +1,144 @@
+"""Compile-only passes: every Triton kernel a callable would launch, compiled concurrently and launched never.
+
+  compile_only(threads)            the mode: inside it every @triton.jit launch is a warmup whose compile runs on a
+                                   thread pool (Triton's AsyncCompileMode); yields a CompileReport
+  precompile(run, device, label)   the policy: `run()` in that mode where it can help, one log line, never raises
+
+A warmup launch (JITFunction.run with warmup=True) binds the launch's real arguments exactly as a launch does, so it
+computes the same specialization key (tensor types, strides and 16-byte alignment, constexprs, and launch options
+such as launch_pdl; TensorDescriptor arguments by their block shape), then, under AsyncCompileMode, hands the compile
+to the pool and returns without launching. Kernels launched on the select's side stream (fast_path/side_stream.py)
+key the same: the stream is not part of a key. On leaving the mode every compile has finished and each kernel's
+in-process cache holds what it built, so the launches that follow (a CUDA-graph capture) compile nothing. Torch ops
+between the launches run as usual on whatever their buffers hold: the select's host side is static-shaped and reads
+no values (benchmarks/compile_census.py), so its launches do not depend on them.
+
+Threads: Triton's compile releases the GIL in its MLIR/LLVM passes and runs ptxas as a subprocess, so threads
+compile in parallel; its Python front end holds the GIL, which bounds the gain. At most MAX_THREADS: a select has
+about 34 kernels, each compile holds several hundred MB of LLVM state, and under tensor parallelism every rank runs
+its own pass on the same host's cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+from unittest import mock
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+MAX_THREADS = 8
+
+
+@dataclasses.dataclass
+class CompileReport:
+    """What a compile-only pass built: compiles submitted (one per distinct kernel binary), those that failed (their
+    kernels compile, and raise, when first launched), the first failure, threads, wall seconds."""
+
+    threads: int
+    compiled: int = 0
+    failed: int = 0
+    first_error: str | None = None
+    seconds: float = 0.0
+
+
+def compile_threads() -> int:
+    """The pool's size: this process's CPUs (its affinity where the OS says it), at most MAX_THREADS."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_THREADS))
+
+
+def _async_compile_mode():
+    """Triton's AsyncCompileMode, or None where this Triton lacks it."""
+    try:
+        import triton
+    except ImportError:
+        return None
+    return getattr(triton, "AsyncCompileMode", None)
+
+
+def unavailable(device: torch.device) -> str | None:
+    """Why a compile-only pass cannot help on `device` (None: it can): Triton's interpreter compiles nothing (and its
+    kernels are not JITFunctions), nothing compiles for a CPU, a launch during a CUDA-graph capture must not be
+    skipped, and without AsyncCompileMode the compiles would run one after another anyway."""
+    if os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes"):
+        return "Triton's interpreter"
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        return f"not a CUDA device ({device})"
+    if torch.cuda.is_current_stream_capturing():
+        return "a CUDA graph is being captured"
+    if _async_compile_mode() is None:
+        return "this Triton has no AsyncCompileMode"
+    return None
+
+
+@contextlib.contextmanager
+def compile_only(threads: int):
+    """Inside: every JITFunction launch is a warmup whose compile runs on a pool of `threads` (module docstring);
+    yields a CompileReport, filled in on exit. On exit, also on an exception, every submitted compile has finished
+    and JITFunction.run and Triton's active compile mode are what they were."""
+    from triton.runtime import _async_compile
+    from triton.runtime.jit import JITFunction
+
+    launch = JITFunction.run
+
+    def warmup_only(self, *args, grid, warmup, **kwargs):
+        return launch(self, *args, grid=grid, warmup=True, **kwargs)
+
+    report, start = CompileReport(threads=int(threads)), time.perf_counter()
+    mode = None
+    try:
+        # ignore_errors: a kernel whose compile fails is left out of the cache (it compiles, and raises, when launched)
+        with ThreadPoolExecutor(max_workers=report.threads, thread_name_prefix="lilicorr-compile") as pool:
+            mode = _async_compile.AsyncCompileMode(pool, ignore_errors=True)
+            with mock.patch.object(JITFunction, "run", warmup_only), mode:
+                yield report
+    finally:
+        if mode is not None:
+            if _async_compile.active_mode.get() is mode:  # left set where Triton's exit did not finish
+                _async_compile.active_mode.set(None)
+            report.compiled = len(mode.raw_futures)
+            errors = [f.exception() for f in mode.raw_futures if f.done() and f.exception() is not None]
+            report.failed = len(errors)
+            report.first_error = f"{type(errors[0]).__name__}: {errors[0]}" if errors else None
+        report.seconds = time.perf_counter() - start
+
+
+def precompile(run: Callable[[], object], *, device: torch.device, label: str) -> CompileReport | None:
+    """`run()` in compile_only mode with compile_threads() threads, where a pass can help (`unavailable`), and one
+    log line saying what it compiled (`label` names what ran): the report, or None where nothing ran or the pass
+    raised (one warning naming the error; the kernels then compile when first launched)."""
+    why = unavailable(device)
+    if why is not None:
+        logger.debug("kernel pre-compilation skipped for %s: %s", label, why)
+        return None
+    try:
+        with compile_only(compile_threads()) as report:
+            run()
+    except Exception as error:  # noqa: BLE001 - the kernels still compile lazily
+        logger.warning(
+            "pre-compiling the Triton kernels of %s failed (%s: %s); they compile when first launched instead.",
+            label,
+            type(error).__name__,
+            error,
+        )
+        return None
+    logger.info(
+        "%s: %d Triton kernels compiled concurrently (or read from Triton's cache) on %d threads in %.1f s%s.",
+        label,
+        report.compiled,
+        report.threads,
+        report.seconds,
+        f"; {report.failed} failed, left to their first launch (first: {report.first_error})" if report.failed else "",
+    )
+    return report
