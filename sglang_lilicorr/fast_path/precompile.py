@@ -28,7 +28,6 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
-from unittest import mock
 
 import torch
 
@@ -97,13 +96,15 @@ def compile_only(threads: int):
 
     report, start = CompileReport(threads=int(threads)), time.perf_counter()
     mode = None
+    JITFunction.run = warmup_only
     try:
         # ignore_errors: a kernel whose compile fails is left out of the cache (it compiles, and raises, when launched)
         with ThreadPoolExecutor(max_workers=report.threads, thread_name_prefix="lilicorr-compile") as pool:
             mode = _async_compile.AsyncCompileMode(pool, ignore_errors=True)
-            with mock.patch.object(JITFunction, "run", warmup_only), mode:
+            with mode:
                 yield report
     finally:
+        JITFunction.run = launch
         if mode is not None:
             if _async_compile.active_mode.get() is mode:  # left set where Triton's exit did not finish
                 _async_compile.active_mode.set(None)
