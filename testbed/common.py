@@ -63,14 +63,19 @@ def set_flags(args: list[str], flags: dict[str, str]) -> list[str]:
 VERIFY_VARIANTS = {"dflash_splitkv": ("dflash", "split-kv"), "lilicorr_extend": ("lilicorr", "extend")}
 
 
+# the systems SGLang serves without this plugin: DFLASH (a Domino draft too: its config's projector_type) and DSPARK
+STOCK_ALGORITHMS = {"dflash": "DFLASH", "builtin": "DFLASH", "domino": "DFLASH", "dspark": "DSPARK"}
+
+
 def speculation_args(system: str, drafts: Path) -> list[str]:
     """The server flags that speculate with drafts/SYSTEM: none for `base` (plain decoding), SGLang's own DFLASH
-    for `dflash`, SGLang's DFLASH with its built-in LiLiCorr head on drafts/lilicorr for `builtin`, this plugin's
-    LILICORR for any other name; a VERIFY_VARIANTS name as the system it varies."""
+    for `dflash` and `domino`, SGLang's DFLASH with its built-in LiLiCorr head on drafts/lilicorr for `builtin`,
+    SGLang's DSPARK for `dspark`, this plugin's LILICORR for any other name; a VERIFY_VARIANTS name as the system it
+    varies."""
     system = VERIFY_VARIANTS.get(system, (system,))[0]
     if system == "base":
         return []
-    algorithm = "DFLASH" if system in ("dflash", "builtin") else "LILICORR"
+    algorithm = STOCK_ALGORITHMS.get(system, "LILICORR")
     draft = drafts / ("lilicorr" if system == "builtin" else system)
     return [
         "--speculative-algorithm",

@@ -15,8 +15,8 @@ from .variants import VARIANTS
 
 
 def cmd_export(args) -> int:
-    from sglang_lilicorr.drafter import load_draft
     from sglang_lilicorr.train.export import export_checkpoint
+    from sglang_lilicorr.train.heads import load_exported_draft
 
     plan = json.loads((Path(args.work) / "train_config.json").read_text())
     for name in plan["variants"]:
@@ -26,7 +26,7 @@ def cmd_export(args) -> int:
             print(f"[export] {name}: no metrics yet, skipped")
             continue
         draft = export_checkpoint(run_dir, Path(args.work) / "drafts" / name, "bfloat16", force=True)
-        load_draft(draft)
+        load_exported_draft(draft)
         save_json(
             draft / "testbed.json",
             {
@@ -36,6 +36,7 @@ def cmd_export(args) -> int:
                 "step": rows[-1]["step"],
                 "total_steps": rows[-1].get("total_steps"),
                 "train_config": plan["options"],
+                "global_batch": plan.get("global_batch"),
             },
         )
         tar = Path(args.work) / "drafts" / f"draft_{name}.tar"

@@ -9,6 +9,8 @@
   evalgen     the target's own outputs on the eval prompts: T = 0, and T = 1 under seeds 0, 1, 2 (evalgen.py)
   replay      tau of every draft on those outputs (exact replay), one process per GPU (replay.py)
   speed       served speed: LILICORR vs the built-in LiLiCorr vs DFLASH vs no speculation, paired rounds (speed.py)
+  compare     issue 42's equal-budget drafts (DFlash, LiLiCorr, Domino, DSpark) served side by side: paired tokens/s,
+              tau through the servers at T = 0 and T = 1 x 3 seeds (compare.py)
   tables      checkpoints/results.json fields, tables and curves (report.py)
   long-pack   (with --long) WORK0's conversations packed into long ones in WORK/data (long_pack.py, long_inputs.py)
   long-serve  (with --long) each exported long draft served at 1K / 4K / 8K input tokens: tau, tokens/s, failures
@@ -33,13 +35,14 @@ from .common import SERVER_ARGS, enough_time
 from .data import cmd_data
 from .evalgen import cmd_evalgen
 from .export import cmd_export
+from .compare import SYSTEMS as COMPARE_SYSTEMS
 from .long_pack import cmd_long_pack
 from .long_serve import cmd_long_serve
 from .prompts import cmd_prompts
 from .replay import cmd_replay
 from .sweep import cmd_sweep
 from .train import cmd_train, cmd_wait
-from .variants import VARIANTS
+from .variants import PAPER_GLOBAL_BATCH, VARIANTS
 
 
 def cmd_speed(args) -> int:
@@ -50,6 +53,12 @@ def cmd_speed(args) -> int:
     cells = len(args.concurrency or speed.DEFAULT_CONCURRENCY[args.setting])
     enough_time("speed", 2.5 + 0.2 * args.rounds * cells + (0.5 if args.profile_steps else 0.0))
     return speed.run(args, args.server_args)
+
+
+def cmd_compare(args) -> int:
+    from . import compare
+
+    return compare.run(args, args.server_args)
 
 
 def cmd_tables(args) -> int:
@@ -134,6 +143,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="hard wall-time cap of each run (the schedule is cut there; default twice --minutes)",
     )
     s.add_argument("--init", help="start each variant from DIR/<variant>, an exported draft of the same geometry")
+    s.add_argument(
+        "--init-draft",
+        metavar="DRAFT",
+        help="start every variant from this one exported draft (issue 42's equal budget: the shipped DFlash draft)",
+    )
+    s.add_argument(
+        "--steps", type=int, default=0, help="optimizer steps of every run (default 0: planned from --minutes)"
+    )
+    s.add_argument(
+        "--global-batch",
+        type=int,
+        default=0,
+        help="sequences per optimizer step, reached by gradient accumulation over the sweep's batch and the "
+        f"variant's GPUs (the paper's: {PAPER_GLOBAL_BATCH}; default 0: the sweep's batch, no accumulation)",
+    )
     s.set_defaults(func=cmd_train)
 
     s = sub.add_parser("wait", help="poll the background runs")
@@ -176,6 +200,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="forward passes profiled per server at c = 1 after the rounds, in their own pass (0: no profile)",
     )
     s.set_defaults(func=cmd_speed)
+
+    s = sub.add_parser(
+        "compare", help="equal-budget drafts served side by side: paired tokens/s, served tau (compare.py)"
+    )
+    s.add_argument(
+        "--systems",
+        nargs="+",
+        default=list(COMPARE_SYSTEMS),
+        help=f"base (no speculation) and drafts in WORK/drafts (default {' '.join(COMPARE_SYSTEMS)})",
+    )
+    s.add_argument("--parts", nargs="+", choices=("rounds", "tau"), default=["rounds", "tau"])
+    s.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32], help="of the paired rounds")
+    s.add_argument("--rounds", type=int, default=3)
+    s.add_argument("--max-tokens", type=int, default=256)
+    s.add_argument("--tau-concurrency", type=int, default=32, help="requests in flight in the served-tau runs")
+    s.add_argument("--gpu", type=int, default=0, help="the GPU the servers share")
+    s.set_defaults(func=cmd_compare)
 
     s = sub.add_parser("long-pack", help="(--long) WORK0's conversations packed into long ones in WORK/data")
     s.add_argument("--source", required=True, help="the work folder whose `data` step wrote the conversations")

@@ -1,5 +1,7 @@
 """The `train` step: the variants in the background (torchrun; the GPUs split among them), same data, steps and seed,
-planned from the sweep's measured step time; and `wait`, which polls them until they end or --minutes pass."""
+planned from the sweep's measured step time (or --steps), at the sweep's batch or --global-batch sequences per
+optimizer step (gradient accumulation), each from its own draft (--init) or all from one (--init-draft); and `wait`,
+which polls them until they end or --minutes pass."""
 
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ from .common import (
 )
 from .variants import VARIANTS
 
+# the held-out tau `wait` shows: the head's own proposal, else the drafter's argmax block (dflash)
+TAU_KEYS = ("eval/tau_t0/lilicorr", "eval/tau_t0/domino", "eval/tau_t0/dspark", "eval/tau_t0/argmax")
 RATE_MARGIN = 0.92  # planned steps = this share of what the sweep's step time allows (DDP, eval and logging overheads)
 
 
@@ -38,11 +42,38 @@ def sweep_choice(args) -> tuple[dict, dict]:
     return doc["choice"], pick
 
 
+def grad_accum_for(global_batch: int, batch_size: int, ranks: int) -> int:
+    """Micro-steps per optimizer step so that batch_size x micro-steps x ranks = global_batch (0: 1, no accumulation)."""
+    if not global_batch:
+        return 1
+    if global_batch < 1 or global_batch % (batch_size * ranks):
+        raise SystemExit(
+            f"--global-batch {global_batch} is not a positive multiple of the batch size {batch_size} x {ranks} "
+            f"rank(s) per variant: pass a multiple of {batch_size * ranks} (or 0: no accumulation)."
+        )
+    return global_batch // (batch_size * ranks)
+
+
+def init_drafts(args, names: list[str]) -> dict | None:
+    """{variant: the exported draft it starts from}: DIR/<variant> of --init, or --init-draft for every variant."""
+    if args.init and args.init_draft:
+        raise SystemExit("--init and --init-draft both given: pass one (a folder of drafts per variant, or one draft).")
+    if args.init_draft and not (Path(args.init_draft) / "config.json").is_file():
+        raise SystemExit(
+            f"--init-draft {args.init_draft}: no config.json there; pass a folder `lilicorr export` wrote."
+        )
+    if args.init or args.init_draft:
+        return {n: str(Path(args.init) / n) if args.init else str(args.init_draft) for n in names}
+    return None
+
+
 def cmd_train(args) -> int:
     names = args.variants
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         raise SystemExit(f"unknown variant(s) {unknown}: choose from {sorted(VARIANTS)}.")
+    if args.steps < 0:
+        raise SystemExit(f"--steps {args.steps}: pass a number of optimizer steps >= 1 (0: planned from --minutes).")
     choice, pick = sweep_choice(args)
     frozen = Path(args.work) / "train_config.json"
     if frozen.is_file():
@@ -50,12 +81,15 @@ def cmd_train(args) -> int:
     else:  # steps from the sweep's measured step time, less the evaluations, for --minutes per run
         per_gpu = max(1, gpus() // len(names))
         share = min(1.0, gpus() / len(names))  # fewer GPUs than variants: they share, each at about that share of a GPU
+        options = {**scale_and_schedule(args), **choice}
+        accum = grad_accum_for(args.global_batch, options["batch_size"], per_gpu)
         seconds = 60 * args.minutes - args.evals * (pick.get("eval_s") or 0.0)
-        steps = max(args.evals, int(RATE_MARGIN * share * seconds * 1000 / pick["step_ms"]))
+        planned = int(RATE_MARGIN * share * seconds * 1000 / (pick["step_ms"] * accum))
+        steps = args.steps or max(args.evals, planned)
         plan = {
             "options": {
-                **scale_and_schedule(args),
-                **choice,
+                **options,
+                "grad_accum": accum,
                 "max_steps": steps,
                 "eval_every": max(1, steps // args.evals),
                 "save_every": max(1, steps // 4),
@@ -67,7 +101,8 @@ def cmd_train(args) -> int:
             "minutes": args.minutes,
             "sweep_pick": pick,
             "device": device_name(),
-            "init": args.init and {n: str(Path(args.init) / n) for n in names},
+            "init": init_drafts(args, names),
+            "global_batch": options["batch_size"] * accum * per_gpu,
         }
         save_json(frozen, plan)
     per_gpu = plan["gpus_per_variant"]
@@ -125,7 +160,7 @@ def cmd_wait(args) -> int:
                 "running": alive(launch["pid"]),
                 "step": rows[-1]["step"] if rows else 0,
                 "total": rows[-1].get("total_steps") if rows else plan["options"]["max_steps"],
-                "tau": (rows[-1].get("eval/tau_t0/lilicorr") or rows[-1].get("eval/tau_t0/argmax")) if rows else None,
+                "tau": next((rows[-1][k] for k in TAU_KEYS if rows[-1].get(k) is not None), None) if rows else None,
                 "minutes": round((time.time() - launch["started"]) / 60, 1),
             }
         print(

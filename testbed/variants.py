@@ -8,6 +8,8 @@ objective differs (paper Eq. 7; App. G margin):
   no_dist   gamma = 0.5,  lambda = 0       distractor term removed, same total reranker weight
                                            gamma * (1 + lambda) as `lilicorr` (App. ablation)
   margin    gamma = 0.25, lambda = 1, mu = 0.5, rho = 2   margin-hinge variant (App. G)
+  domino    gamma = 0.25, --head domino    the paper's baselines (docs/BASELINES.md), the same reranker weight:
+  dspark    gamma = 0.25, --head dspark    with dflash and lilicorr, issue 42's equal-budget four (EQUAL_BUDGET)
 """
 
 from __future__ import annotations
@@ -50,13 +52,21 @@ VARIANTS = {
     "lilicorr": dict(gamma=0.25, lam=1.0),
     "no_dist": dict(gamma=0.5, lam=0.0),
     "margin": dict(gamma=0.25, lam=1.0, use_margin=True, mu=0.5, rho=2.0),
+    "domino": dict(head="domino", gamma=0.25),
+    "dspark": dict(head="dspark", gamma=0.25),
 }
 VARIANT_LABELS = {
     "dflash": "Vanilla DFlash (gamma = 0)",
     "lilicorr": "L_DFlash + L_CE + L_dist (full)",
     "no_dist": "L_DFlash + L_CE (no distractor, same reranker weight)",
     "margin": "full + margin hinge (App. G)",
+    "domino": "Domino (DFlash + GRU corrector)",
+    "dspark": "DSpark (DFlash + Markov head)",
 }
+# Issue 42's equal-budget comparison: these four continued from the shipped DFlash draft (`train --init-draft`), the
+# same steps, data and seed, at the paper's global batch (`train --global-batch`: sequences per optimizer step).
+EQUAL_BUDGET = ("dflash", "lilicorr", "domino", "dspark")
+PAPER_GLOBAL_BATCH = 64
 
 # The sweep: short LiLiCorr runs, one per GPU, equal wall time. Round "depth" at a fixed batch,
 # then round "batch" at the depth it chose. Each run's score is the held-out tau of the LiLiCorr

@@ -337,3 +337,103 @@ def test_speed_call_keys_number_a_repeated_call():
     assert speed.call_key([1], {"c=1,4": {}}) == "c=1"
     assert speed.call_key([1], {"c=1": {}, "c=1,4": {}}) == "c=1 #2"
     assert speed.call_key([1], {"c=1": {}, "c=1 #2": {}}) == "c=1 #3"
+
+
+def test_equal_budget_four_heads_from_one_draft_replayed_served_and_summarized(
+    toy, tmp_path, monkeypatch, ports_29500_taken
+):
+    """Issue 42's comparison at toy scale: a DFlash draft (the shipped one's stand-in), then dflash, lilicorr, domino
+    and dspark continued from it (`train --init-draft`) for the same steps at one global batch; each exported as
+    its server reads it, replayed (a corrector's own block named as the system), served side by side by the algorithm
+    that serves it (`compare`, stand-in servers), and the summary's equal-budget keys merged."""
+    from test_train import write_conversations, write_held_out_turns
+
+    from sglang_lilicorr.benchmarks import baselines_summary
+    from sglang_lilicorr.errors import UsageError
+    from testbed import compare
+
+    _, target, evals = toy
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    first, work = tmp_path / "first", tmp_path / "work"
+    for w in (first, work):
+        (w / "data").mkdir(parents=True)
+        write_conversations(w / "data" / "train.jsonl", 12, seed=len(w.name))
+        write_held_out_turns({"llama": target}, w / "data" / "heldout.jsonl")
+        (w / "sweep").mkdir()
+        pick = {"draft_layers": 1, "batch_size": 2, "step_ms": 100.0, "eval_s": 1.0}
+        (w / "sweep" / "batch.json").write_text(
+            json.dumps({"choice": {"draft_layers": 1, "batch_size": 2}, "results": [pick]})
+        )
+    assert cli((first, target, evals), "train", "dflash", "--steps", "2", "--evals", "1") == 0
+    assert cli((first, target, evals), "wait", "--minutes", "5") == 0
+    assert cli((first, target, evals), "export") == 0
+    shipped = first / "drafts" / "dflash"
+
+    four = ["train", *variants.EQUAL_BUDGET, "--steps", "3", "--evals", "1", "--init-draft", str(shipped)]
+    with pytest.raises(SystemExit, match="not a positive multiple of the batch size 2"):
+        cli((work, target, evals), *four, "--global-batch", "3")
+    with pytest.raises(SystemExit, match="--init and --init-draft both given"):
+        cli((work, target, evals), *four, "--init", str(first / "drafts"))
+    assert cli((work, target, evals), *four, "--global-batch", "4") == 0
+    plan = json.loads((work / "train_config.json").read_text())
+    assert plan["global_batch"] == 4 and plan["options"]["grad_accum"] == 2 and plan["options"]["max_steps"] == 3
+    assert plan["init"] == {n: str(shipped) for n in variants.EQUAL_BUDGET}
+    assert cli((work, target, evals), "wait", "--minutes", "8") == 0
+    for name in variants.EQUAL_BUDGET:
+        rows = [json.loads(line) for line in (work / "runs" / name / "metrics.jsonl").read_text().splitlines()]
+        assert rows[-1]["step"] == 3, (work / "runs" / name / "train.log").read_text()[-2000:]
+    assert cli((work, target, evals), "export") == 0
+    architectures = {n: json.loads((work / "drafts" / n / "config.json").read_text()) for n in variants.EQUAL_BUDGET}
+    assert architectures["dspark"]["architectures"] == ["DSparkDraftModel"]
+    assert architectures["domino"]["dflash_config"]["projector_type"] == "domino"
+
+    assert cli((work, target, evals), "--engine", "transformers", "evalgen", "--max-new-tokens", "8") == 0
+    assert cli((work, target, evals), "replay", "--drafts", *variants.EQUAL_BUDGET) == 0
+    replay = json.loads((work / "replay" / "tau.json").read_text())
+    assert {c["system"] for c in replay["cells"]} == {
+        *variants.EQUAL_BUDGET,
+        "lilicorr_argmax",
+        "lilicorr_viterbi",
+        "domino_argmax",
+        "dspark_argmax",
+    }
+
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(LAUNCHER.format(tests=str(ROOT / "tests")))
+    monkeypatch.setattr(compare, "PORT0", free_port_block(len(compare.SYSTEMS)))
+    args = ("compare", "--concurrency", "1", "--rounds", "2", "--max-tokens", "8", "--tau-concurrency", "2")
+    assert cli((work, target, evals), f"--server-launch={sys.executable} {launcher}", *args) == 0
+    served = work / "compare" / "rounds_tau"
+    run = json.loads((served / "compare_run.json").read_text())
+    assert "--speculative-algorithm DSPARK" in run["server_args"]["dspark"]
+    assert (
+        "--speculative-algorithm DFLASH" in run["server_args"]["domino"]
+        and "drafts/domino" in run["server_args"]["domino"]
+    )
+    assert "--speculative-algorithm LILICORR" in run["server_args"]["lilicorr"] and not run["failed"]
+    rounds = json.loads((served / "report" / "summary.json").read_text())
+    assert {c["system"] for c in rounds["cells"]} == set(compare.SYSTEMS)
+    assert all("paired" in c for c in rounds["cells"] if c["system"] in ("lilicorr", "domino", "dspark"))
+    report_md = (served / "tau_served" / "report.md").read_text()
+    assert "T=1" in report_md and all(s in report_md for s in variants.EQUAL_BUDGET)
+
+    summary = tmp_path / "baselines" / "summary.json"
+    summary.parent.mkdir()
+    summary.write_text(json.dumps({"cost_8b": {"dflash": {"1": 9.0}}, "viterbi": {"per_block_ms_8b": 10.0}}))
+    files = ["--replay", str(work / "replay" / "tau.json"), "--rounds", str(served / "report" / "summary.json")]
+    assert baselines_summary.main([*files, "--budget", str(served / "budget.json"), "--summary", str(summary)]) == 0
+    doc = json.loads(summary.read_text())
+    assert doc["cost_8b"] == {"dflash": {"1": 9.0}} and doc["viterbi"]["per_block_ms_8b"] == 10.0  # kept
+    assert set(doc["tau"]["average"]) == set(variants.EQUAL_BUDGET) and set(doc["tau"]["gsm8k"]["domino"]) == {
+        "t0",
+        "t1",
+    }
+    assert set(doc["tok_s"]) == {"1"} and set(doc["tok_s"]["1"]) == set(variants.EQUAL_BUDGET)
+    assert doc["viterbi"]["tau_t0"] >= 1.0
+    budget = json.loads((served / "budget.json").read_text())
+    budget["domino"]["step"] = 2
+    with pytest.raises(UsageError, match="the drafts' step differ"):
+        baselines_summary.check_budget(budget)
+    budget["domino"]["step"] = 3
+    with pytest.raises(UsageError, match=r"no tau of \['dspark'\]"):
+        baselines_summary.tau_keys({"cells": [c for c in replay["cells"] if c["system"] != "dspark"]})

@@ -1,17 +1,29 @@
-"""The cost keys of issue 42's `benchmarks/results/baselines/summary.json`, from the scale report and corrector_bench:
+"""Issue 42's `benchmarks/results/baselines/summary.json`. The cost keys, from the scale report and corrector_bench:
 
   cost_8b                {system: {c: per_block_ms}}   the graph-captured per-block wall at Qwen3-8B shapes
   head_ms_8b             {system: ms}                  the served head at c = 1 (proposal micro-benchmark; DFLASH 0)
   viterbi.per_block_ms_8b  ms                          LILICORR's block at c = 1 with the Viterbi walk: its greedy
                                                        block + (corrector_bench's lilicorr_viterbi - lilicorr_greedy)
 
-systems dflash, lilicorr, domino, dspark, builtin. `merge` writes them into an existing summary without touching its
-other keys (`tau`, `tok_s`, `viterbi.tau_t0`: other work's); a key with no measurement is left out, not nulled.
+systems dflash, lilicorr, domino, dspark, builtin. The equal-budget keys, from the testbed's `replay` and `compare`
+steps (the four drafts of variants.EQUAL_BUDGET, checked to have run the same plan to its last step):
+
+  tau                    {set: {system: {"t0", "t1"}}}  exact replay of the target's outputs; T = 1: mean over seeds
+  tok_s                  {c: {system: tok/s}}          served, greedy, mean over the paired rounds
+  viterbi.tau_t0         tau                           the LiLiCorr draft's exact Viterbi path by replay, T = 0,
+                                                       the sets' average
+
+systems dflash, lilicorr, domino, dspark. `merge` writes either group into an existing summary without touching its
+other keys; a key with no measurement is left out, not nulled. `python -m sglang_lilicorr.benchmarks.baselines_summary
+--replay TAU_JSON --rounds REPORT_SUMMARY --budget BUDGET_JSON --summary SUMMARY_JSON` merges the equal-budget keys
+(the cost keys come through scale_report --baselines-summary).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -19,15 +31,24 @@ from ..errors import UsageError
 from ..jsonl import save_json
 
 COST_SYSTEMS = ("dflash", "lilicorr", "domino", "dspark", "builtin")
+EQUAL_SYSTEMS = ("dflash", "lilicorr", "domino", "dspark")
+SAME_PLAN = ("step", "init", "global_batch", "train_config")  # what the four drafts' testbed.json must share
+
+
+def read_json(path: Path, flag: str, fix: str) -> dict:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{flag} {path}: {e}", fix=fix) from e
+    if not isinstance(doc, dict):
+        raise UsageError(f"{flag} {path} holds a {type(doc).__name__}, not a JSON object", fix=fix)
+    return doc
 
 
 def read_bench(path: Path) -> dict:
     """corrector_bench's JSON -> its bs = 1 row, which must time both walks."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise UsageError(f"--corrector-bench {path}: {e}", fix="pass the JSON corrector_bench --out wrote") from e
-    row = next((r for r in doc.get("rows", []) if r.get("bs") == 1), None) if isinstance(doc, dict) else None
+    doc = read_json(path, "--corrector-bench", "pass the JSON corrector_bench --out wrote")
+    row = next((r for r in doc.get("rows", []) if r.get("bs") == 1), None)
     if row is None or row.get("lilicorr_greedy") is None or row.get("lilicorr_viterbi") is None:
         raise UsageError(
             f"--corrector-bench {path}: no bs = 1 row with lilicorr_greedy and lilicorr_viterbi",
@@ -53,24 +74,92 @@ def cost_keys(doc: Mapping[str, Any], bench: Optional[Mapping[str, Any]] = None)
     return keys
 
 
-def merge(path: Path, keys: Mapping[str, Any]) -> Path:
+def merge(path: Path, keys: Mapping[str, Any], flag: str = "--baselines-summary") -> Path:
     """Writes `keys` into the summary at path (created if absent): top-level keys replaced, `viterbi` updated key by
-    key; every other key of the file kept."""
+    key; every other key of the file kept. `flag` names the path in an error."""
     path = Path(path)
-    current: dict = {}
-    if path.exists():
-        try:
-            current = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise UsageError(f"--baselines-summary {path}: {e}", fix="repair or move the file, then re-run") from e
-        if not isinstance(current, dict):
-            raise UsageError(
-                f"--baselines-summary {path} holds a {type(current).__name__}, not a JSON object",
-                fix="point it at issue 42's summary.json",
-            )
+    current = read_json(path, flag, "point it at issue 42's summary.json, or move the file") if path.exists() else {}
     for key, value in keys.items():
         if key == "viterbi":
             current["viterbi"] = {**(current.get("viterbi") or {}), **value}
         else:
             current[key] = value
     return save_json(path, current)
+
+
+def check_budget(budget: Mapping[str, Any]) -> None:
+    """The compare step's budget.json ({system: the draft's testbed.json}): every system of EQUAL_SYSTEMS ran the same
+    plan (steps, start, global batch, settings) to its last step."""
+    fix = "train the four from one draft in one `train` call (testbed_calls.sh eq-train) and export them together"
+    missing = [s for s in EQUAL_SYSTEMS if not budget.get(s)]
+    if missing:
+        raise UsageError(f"--budget: no testbed.json of {missing}", fix=fix)
+    for key in SAME_PLAN:
+        values = {s: budget[s].get(key) for s in EQUAL_SYSTEMS}
+        if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1:
+            raise UsageError(f"--budget: the drafts' {key} differ ({values})", fix=fix)
+    cut = [s for s in EQUAL_SYSTEMS if budget[s]["step"] != budget[s]["train_config"].get("max_steps")]
+    if cut:
+        raise UsageError(
+            f"--budget: {cut} stopped at step {budget[cut[0]]['step']} of {budget[cut[0]]['train_config'].get('max_steps')}",
+            fix="give `train` a --max-minutes none of the runs reaches (the wall-time cap cuts the schedule)",
+        )
+
+
+def tau_keys(replay: Mapping[str, Any]) -> dict:
+    """The replay's tau.json (its cells) -> `tau` and `viterbi.tau_t0`."""
+    cells = replay.get("cells") or []
+    found = {c["system"] for c in cells}
+    missing = [s for s in (*EQUAL_SYSTEMS, "lilicorr_viterbi") if s not in found]
+    if missing:
+        raise UsageError(
+            f"--replay: no tau of {missing}",
+            fix="replay the four exported drafts: `python -m testbed replay --drafts dflash lilicorr domino dspark`",
+        )
+    tau: dict = {}
+    for c in cells:
+        if c["system"] in EQUAL_SYSTEMS:
+            key = "t0" if c["temperature"] == 0 else "t1"
+            tau.setdefault(c["set"], {}).setdefault(c["system"], {})[key] = round(c["tau"], 4)
+    viterbi = next(
+        c for c in cells if c["system"] == "lilicorr_viterbi" and c["set"] == "average" and c["temperature"] == 0
+    )
+    return {"tau": tau, "viterbi": {"tau_t0": round(viterbi["tau"], 4)}}
+
+
+def tok_s_keys(report: Mapping[str, Any]) -> dict:
+    """`bench report`'s summary.json of the compare step's rounds -> `tok_s`: every c where all four were served."""
+    per_c: dict = {}
+    for c in report.get("cells") or []:
+        if c.get("system") in EQUAL_SYSTEMS and c.get("group") == "all" and c.get("temperature") == 0:
+            per_c.setdefault(str(c["concurrency"]), {})[c["system"]] = round(c["tps"], 1)
+    tok_s = {c: {s: e[s] for s in EQUAL_SYSTEMS} for c, e in per_c.items() if set(EQUAL_SYSTEMS) <= set(e)}
+    if not tok_s:
+        raise UsageError(
+            f"--rounds: no concurrency where all of {list(EQUAL_SYSTEMS)} were served greedily",
+            fix="pass WORK/compare/report/summary.json after `python -m testbed compare` played its rounds",
+        )
+    return {"tok_s": dict(sorted(tok_s.items(), key=lambda kv: int(kv[0])))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Merge the equal-budget keys into issue 42's summary (module docstring).")
+    p.add_argument("--replay", type=Path, required=True, help="the testbed replay step's tau.json")
+    p.add_argument("--rounds", type=Path, required=True, help="the compare step's report/summary.json")
+    p.add_argument("--budget", type=Path, required=True, help="the compare step's budget.json")
+    p.add_argument("--summary", type=Path, required=True, help="the summary.json to merge into (other keys kept)")
+    args = p.parse_args(argv)
+    try:
+        check_budget(read_json(args.budget, "--budget", "pass WORK/compare/budget.json"))
+        keys = tau_keys(read_json(args.replay, "--replay", "pass WORK/replay/tau.json"))
+        keys |= tok_s_keys(read_json(args.rounds, "--rounds", "pass WORK/compare/report/summary.json"))
+        merge(args.summary, keys, "--summary")
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    print(f"-> {args.summary}: tau ({len(keys['tau'])} sets), tok_s (c = {', '.join(keys['tok_s'])}), viterbi.tau_t0")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

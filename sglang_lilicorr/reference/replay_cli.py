@@ -5,7 +5,8 @@
 Outputs are `lilicorr regenerate` files (rows with `turns` of prompt/output ids, `set`,
 `temperature`, `seed`). Every draft is replayed on every turn; a LiLiCorr draft yields three
 systems: NAME (greedy walk, as served), NAME_viterbi (the exact path maximiser) and NAME_argmax
-(the same drafter's argmax block). Writes REPORT/replay.jsonl (one row per turn and system) and
+(the same drafter's argmax block); a Domino or DSpark draft two: NAME (its head's greedy slot-by-slot
+correction, the block its server proposes at T = 0) and NAME_argmax. Writes REPORT/replay.jsonl (one row per turn and system) and
 REPORT/tau.json + tau.md: tau = completion tokens / verify blocks per (system, set, temperature),
 per seed and its mean and sample std over seeds; the set `average` is the mean of the sets' tau.
 """
@@ -38,10 +39,13 @@ def register(subparsers) -> None:
 
 
 def system_names(label: str, draft_names) -> dict[str, str]:
-    """Draft name of a proposer -> the system it reports as."""
+    """Draft name of a proposer (propose.BlockProposer.draft_names) -> the system it reports as: the head's served
+    proposal (LiLiCorr's greedy walk, a corrector's own block; the argmax block without a head) as `label`, the
+    others suffixed (`label`_argmax, `label`_viterbi)."""
     if len(draft_names) == 1:
         return {draft_names[0]: label}
-    return {"argmax": f"{label}_argmax", "lilicorr": label, "lilicorr_viterbi": f"{label}_viterbi"}
+    served, *others = draft_names[1:]
+    return {"argmax": f"{label}_argmax", served: label, **{n: f"{label}_{n.rpartition('_')[2]}" for n in others}}
 
 
 def parse_drafts(items: list[str]) -> dict[str, str]:
@@ -71,13 +75,13 @@ def run_replay(args: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM
     from tqdm.auto import tqdm
 
-    from ..drafter import load_draft
     from ..frozen_target import FrozenTarget
     from ..jsonl import read_jsonl
     from .propose import BlockProposer
     from .replay import Replayer
 
     from ..frozen_target import loading_target, local_model_dir
+    from ..train.heads import load_exported_draft
 
     drafts = parse_drafts(args.draft)
     local_model_dir(args.target)
@@ -86,7 +90,7 @@ def run_replay(args: argparse.Namespace) -> int:
     dtype = torch.bfloat16 if args.dtype == "bfloat16" and device.type == "cuda" else torch.float32
     with loading_target(args.target):
         model = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(device).eval()
-    loaded = {name: load_draft(path) for name, path in drafts.items()}
+    loaded = {name: load_exported_draft(path) for name, path in drafts.items()}
     layers = {d.config.target_layer_ids for d, _ in loaded.values()}
     if len(layers) > 1:
         raise UsageError(

@@ -293,13 +293,11 @@ def _register_export(p: argparse.ArgumentParser) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from ..drafter import load_draft
     from .export import export_checkpoint
-    from .heads import load_corrector_draft, read_corrector_draft
+    from .heads import load_exported_draft
 
     path = export_checkpoint(args.checkpoint, args.out_dir, args.dtype, force=args.force)
-    # strict reload: the export is usable as written
-    _, head = load_corrector_draft(path) if read_corrector_draft(path) is not None else load_draft(path)
+    _, head = load_exported_draft(path)  # strict reload: the export is usable as written
     architecture = json.loads((path / "config.json").read_text())["architectures"][0]
     print(
         f"exported {architecture} ({type(head).__name__ if head is not None else 'no head'}) -> {path}", file=sys.stderr

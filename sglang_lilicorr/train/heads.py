@@ -20,7 +20,7 @@ import torch
 from ..baselines import DominoConfig, DominoHead, DSparkConfig, DSparkHead, corrector_config_from_keys
 from ..checkpoint import CONFIG_FILE, HEAD_PREFIX, WEIGHTS_FILE, CheckpointError, dtype_of, load_strict, read_tensors
 from ..config import ConfigError, LiLiCorrConfig
-from ..drafter import DFlashDrafter, DrafterConfig, load_drafter_tensors
+from ..drafter import DFlashDrafter, DrafterConfig, load_draft, load_drafter_tensors
 from ..head import LiLiCorrHead
 
 HEADS = ("lilicorr", "domino", "dspark", "none")
@@ -106,3 +106,9 @@ def load_corrector_draft(directory: str | Path) -> tuple[DFlashDrafter, DominoHe
     where = str(Path(directory) / WEIGHTS_FILE)
     load_drafter_tensors(drafter, drafter_t, f"{where} (drafter)")
     return drafter, load_strict(build_head(head_cfg, drafter_cfg).to(dtype), head_t, f"{where} (head)")
+
+
+def load_exported_draft(directory: str | Path) -> tuple[DFlashDrafter, Head | None]:
+    """Strict reload of any export `lilicorr export` writes: a Domino or DSpark draft with its corrector, else
+    drafter.load_draft's (a LiLiCorr draft with its head, a plain DFlash draft without one)."""
+    return load_corrector_draft(directory) if read_corrector_draft(directory) is not None else load_draft(directory)

@@ -29,13 +29,27 @@
 #                 the fp32 check), every not-argmax token's deficit -> long/summary.json, not_argmax.jsonl, records.jsonl.
 #                 Drafts of an earlier run instead (a fresh machine after `install` and `model`): carry .dev/long holding
 #                 draft_NAME.tar files (as `export` writes them; dflash among them): they are unpacked, nothing trained
+# Issue 42's equal-budget comparison (docs/BASELINES.md), on nvidia-h200-x4 (x2 works, slower: two runs per GPU):
+# `install` (add .dev/flashinfer to its carry: T = 1 through the servers needs it), `DATA_SEED=3 data`, then
+#   eq-train    carry .dev/ckpt: dflash, lilicorr, domino and dspark from the shipped DFlash draft (`train --init-draft`),
+#               EQ_STEPS (400) optimizer steps each at the paper's global batch of 64 (the sweep's 32 x 2 micro-steps),
+#               the GPUs split among them; evalgen beside them on the last GPU; then `wait`
+#   eq-measure  `wait`, `export`; then at once: `compare --parts rounds` (paired tokens/s, c = 1 8 32) on GPU 0,
+#               `compare --parts tau` (tau through the servers, T = 0 and T = 1 x seeds 0 1 2) on GPU 1, and `replay`
+#               of the four drafts on the GPUs from 2 (GPU 1 on x2). A part cut by the deadline resumes: run the call again
+# Estimated seconds on x4 (from ../h200x2_5ff6f18 and the speed calls): install ~150, DATA_MINUTES=2.5 data ~480
+# (CALL_SECONDS=500), eq-train ~450 (4 x 400 steps at ~0.3 s, evals, evalgen), eq-measure ~560 (CALL_SECONDS=570: five
+# servers' cold start ~180 s, then rounds / served tau / replay side by side): ~27 of the session's 30 minutes. On x2
+# the runs share GPUs (~0.6 s a step): eq-train leaves them running, eq-measure's `wait` may use its call, and a second
+# eq-measure call (same machine) finishes compare: past 30 minutes, so x2 needs EQ_STEPS=250.
+# Then on the CPU machine `python -m sglang_lilicorr.benchmarks.baselines_summary` over tau.json and the compare bundles.
 # What comes back: at most 8 files (the device's limit): results.tar.gz holds everything small, large files come in
 # parts of 12 MB (cat PART_* > FILE). Every call sets TESTBED_DEADLINE from CALL_SECONDS (570): the testbed's steps read
 # it from the environment (the one setting they take that way), so a step that would not finish exits 4.
 set -u -o pipefail
-CALL=${1:?usage: bash tools/device/testbed_calls.sh install|data|train|measure|model|speed|long-train|long-measure}
-case $CALL in install|data|train|measure|model|speed|long-train|long-measure) ;;
-  *) echo "unknown call $CALL: install, data, train, measure, model, speed, long-train or long-measure" >&2; exit 2 ;; esac
+CALL=${1:?usage: bash tools/device/testbed_calls.sh install|data|train|measure|model|speed|long-train|long-measure|eq-train|eq-measure}
+case $CALL in install|data|train|measure|model|speed|long-train|long-measure|eq-train|eq-measure) ;;
+  *) echo "unknown call $CALL: install, data, train, measure, model, speed, long-train, long-measure, eq-train or eq-measure" >&2; exit 2 ;; esac
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 export TESTBED_DEADLINE=$(( $(date +%s) + ${CALL_SECONDS:-570} )) PYTHONUNBUFFERED=1
 RET=${OUT:-/tmp/lilicorr_out}
@@ -65,6 +79,8 @@ shipped_drafts() {  # the shipped drafts (config from the checkout, weights carr
 case $CALL in
 install)
   bash "$ROOT/.dev/bin/smol.sh" install 2>&1 | tail -n 8
+  SITE=${DEVICE_SITE:-/tmp/site} S=$OUT/flashinfer.txt && source "$ROOT/tools/device/check_lib.sh" \
+    && install_flashinfer_headers "$ROOT/.dev"  # where .dev/flashinfer was carried
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   if nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | grep -q H100; then
     bash "$ROOT/tools/device/select_check.sh" "$OUT/select" 0 2>&1 | tail -n 8
@@ -110,6 +126,26 @@ long-measure)
   fi
   ls $D
   bash "$ROOT/tools/device/testbed.sh" --long --work /tmp/testbed_long long-serve 2>&1 | quiet 45
+  ;;
+eq-train)
+  shipped_drafts /tmp/init
+  GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+  bash "$ROOT/tools/device/testbed.sh" train dflash lilicorr domino dspark --steps "${EQ_STEPS:-400}" --global-batch 64 \
+    --init-draft /tmp/init/dflash --evals "${TRAIN_EVALS:-4}" --minutes 8 --max-minutes "${TRAIN_CAP:-25}" 2>&1 | quiet
+  CUDA_VISIBLE_DEVICES=$(( GPUS - 1 )) bash "$ROOT/tools/device/testbed.sh" --server-args "$SHARED_SERVER_ARGS" evalgen 2>&1 | quiet
+  bash "$ROOT/tools/device/testbed.sh" wait --minutes $(( (TESTBED_DEADLINE - $(date +%s) - 40) / 60 )) 2>&1 | tail -n 4
+  ;;
+eq-measure)
+  GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+  bash "$ROOT/tools/device/testbed.sh" wait --minutes 4 2>&1 | tail -n 3 && bash "$ROOT/tools/device/testbed.sh" export 2>&1 | quiet 8
+  bash "$ROOT/tools/device/testbed.sh" replay --drafts dflash lilicorr domino dspark --gpu-ids $(seq $(( GPUS > 2 ? 2 : 1 )) $(( GPUS - 1 ))) \
+    > /tmp/calls/replay.txt 2>&1 &
+  replay=$!
+  bash "$ROOT/tools/device/testbed.sh" compare --parts tau --gpu 1 > /tmp/calls/tau.txt 2>&1 &
+  tau=$!
+  bash "$ROOT/tools/device/testbed.sh" compare --parts rounds --gpu 0 2>&1 | quiet 40
+  wait $tau; quiet 30 < /tmp/calls/tau.txt
+  wait $replay; quiet 40 < /tmp/calls/replay.txt
   ;;
 measure)
   bash "$ROOT/tools/device/testbed.sh" wait --minutes 3 2>&1 | tail -n 3 && bash "$ROOT/tools/device/testbed.sh" export 2>&1 | quiet 6
