@@ -9,6 +9,7 @@
   evalgen     the target's own outputs on the eval prompts: T = 0, and T = 1 under seeds 0, 1, 2 (evalgen.py)
   replay      tau of every draft on those outputs (exact replay), one process per GPU (replay.py)
   speed       served speed: LILICORR vs the built-in LiLiCorr vs DFLASH vs no speculation, paired rounds (speed.py)
+  startup     cold start-up, one server at a time, each with an empty Triton cache (startup.py)
   compare     issue 42's equal-budget drafts (DFlash, LiLiCorr, Domino, DSpark) served side by side: paired tokens/s,
               tau through the servers at T = 0 and T = 1 x 3 seeds (compare.py)
   tables      checkpoints/results.json fields, tables and curves (report.py)
@@ -29,6 +30,8 @@ import argparse
 import os
 import signal
 import sys
+
+from sglang_lilicorr.benchmarks.serve_speed import ALL_SYSTEMS as SPEED_SYSTEMS
 
 from . import eval_sets, long_inputs
 from .common import SERVER_ARGS, enough_time
@@ -53,6 +56,16 @@ def cmd_speed(args) -> int:
     cells = len(args.concurrency or speed.DEFAULT_CONCURRENCY[args.setting])
     enough_time("speed", 2.5 + 0.2 * args.rounds * cells + (0.5 if args.profile_steps else 0.0))
     return speed.run(args, args.server_args)
+
+
+def cmd_startup(args) -> int:
+    from . import startup
+
+    if args.rounds < 1 or not args.systems:
+        raise SystemExit(
+            f"startup: --rounds must be >= 1 and --systems name one system at least, got {args.rounds}, {args.systems}"
+        )
+    return startup.run(args, args.server_args)
 
 
 def cmd_compare(args) -> int:
@@ -99,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--server-launch",
         metavar="CMD",
-        help="tests: start each server of `speed` and `long-serve` with CMD "
+        help="tests: start each server of `speed`, `startup` and `long-serve` with CMD "
         "(a stand-in that serves $PORT) instead of SGLang",
     )
     sub = p.add_subparsers(dest="step", required=True)
@@ -200,6 +213,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="forward passes profiled per server at c = 1 after the rounds, in their own pass (0: no profile)",
     )
     s.set_defaults(func=cmd_speed)
+
+    s = sub.add_parser("startup", help="cold start-up, one server at a time, a fresh Triton cache each (startup.py)")
+    s.add_argument(
+        "--systems", nargs="+", choices=SPEED_SYSTEMS, default=["lilicorr", "builtin"], help="default: lilicorr builtin"
+    )
+    s.add_argument("--rounds", type=int, default=3, help="starts per system, in rotated order")
+    s.add_argument("--setting", choices=("graphs32", "graphs16"), default="graphs32", help="as the speed step's")
+    s.set_defaults(func=cmd_startup)
 
     s = sub.add_parser(
         "compare", help="equal-budget drafts served side by side: paired tokens/s, served tau (compare.py)"

@@ -437,3 +437,57 @@ def test_equal_budget_four_heads_from_one_draft_replayed_served_and_summarized(
     budget["domino"]["step"] = 3
     with pytest.raises(UsageError, match=r"no tau of \['dspark'\]"):
         baselines_summary.tau_keys({"cells": [c for c in replay["cells"] if c["system"] != "dspark"]})
+
+
+STARTUP_LAUNCHER = """
+import os, sys
+sys.path.insert(0, {tests!r})
+from stub_server import StubServer
+ours = "LILICORR" in os.environ["SERVER_ARGS"]
+print("[x] Capture draft verify CUDA graph end. bs=[1, 2], elapsed=%.2f s, mem usage=0.1 GB." % (4.0 if ours else 2.0))
+print("[x] Engine startup timings (s): load_weight=0.5, scheduler_e2e=%.2f, cuda_graph={{}}" % (6.0 if ours else 4.0))
+print("cache", os.environ["TRITON_CACHE_DIR"], flush=True)
+os.makedirs(os.environ["TRITON_CACHE_DIR"], exist_ok=True)
+StubServer(speculative=True, accept=3, port=int(os.environ["PORT"])).serve_forever()
+"""
+
+
+def test_startup_starts_each_server_alone_cold_and_resumes(tmp_path, monkeypatch):
+    from testbed import startup
+
+    work = tmp_path / "work"
+    for v in ("dflash", "lilicorr"):
+        (work / "drafts" / v).mkdir(parents=True)
+        (work / "drafts" / v / "config.json").write_text("{}")
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(STARTUP_LAUNCHER.format(tests=str(ROOT / "tests")))
+    monkeypatch.setattr(startup, "PORT0", free_port_block(1))
+    base = ["--work", str(work), "--target", str(tmp_path), "--out", str(tmp_path / "OUT")]
+    launch = f"--server-launch={sys.executable} {launcher}"
+    assert testbed.main([*base, launch, "startup", "--rounds", "2"]) == 0
+    starts = [json.loads(line) for line in (work / "startup" / "starts.jsonl").read_text().splitlines()]
+    # one server at a time, rotated order, each start's own log and an empty Triton cache, removed after
+    assert [(s["system"], s["round"]) for s in starts] == [
+        ("builtin", 1),
+        ("lilicorr", 1),
+        ("lilicorr", 2),
+        ("builtin", 2),
+    ]
+    log = (work / "startup" / "logs" / "server-lilicorr_r2.log").read_text()
+    assert "LILICORR" not in log and "triton_cache/lilicorr_r2" in log
+    assert not any((work / "startup" / "triton_cache").iterdir())
+    assert all(s["ready_s"] > 0 and s["total"] == (4.0 if s["system"] == "lilicorr" else 2.0) for s in starts)
+    doc = json.loads((work / "startup" / "startup.json").read_text())
+    assert doc["median"]["lilicorr"]["scheduler_e2e"] == 6.0 and doc["starts"] == {"builtin": 2, "lilicorr": 2}
+    assert doc["over_builtin"]["lilicorr"]["scheduler_e2e"] == 1.5 and doc["over_builtin"]["lilicorr"]["total"] == 2.0
+    assert "| lilicorr | 2 | 6.0 | 4.0 |" in (work / "startup" / "startup.md").read_text()
+    assert (tmp_path / "OUT" / "startup.json").is_file()
+    # a later call resumes: only the starts not yet made; one the deadline leaves no time for is left, exit 4
+    monkeypatch.setenv("TESTBED_DEADLINE", "0")
+    assert testbed.main([*base, launch, "startup", "--rounds", "3"]) == 4
+    monkeypatch.delenv("TESTBED_DEADLINE")
+    assert testbed.main([*base, launch, "startup", "--rounds", "3"]) == 0
+    starts = [json.loads(line) for line in (work / "startup" / "starts.jsonl").read_text().splitlines()]
+    assert [(s["system"], s["round"]) for s in starts[4:]] == [("builtin", 3), ("lilicorr", 3)]
+    with pytest.raises(SystemExit):
+        testbed.main([*base, launch, "startup", "--systems", "nonesuch"])

@@ -20,6 +20,8 @@
 #              SPEED_ARGS="--setting graphs16 --profile-steps 0"      ~290 s (c = 32 on the eager path)
 #            then on the CPU machine `python -m sglang_lilicorr.benchmarks.serve_speed --graphs DIR/graphs32 --eager
 #            DIR/graphs16 --card CARD --commit C --out benchmarks/results/serve-speed/CARD_COMMIT` (benchmarks/README.md)
+#   startup  carry .dev/ckpt: the shipped drafts, then `startup $STARTUP_ARGS` (default: LILICORR and the built-in, 3 cold
+#            starts each, one server at a time; ~70 + 45 s a pair on an H200, estimated): startup.json, startup.md
 # The long-input lineage (issue 28; one GPU is enough): `install`, `data`, then
 #   long-train    carry .dev/ckpt: the conversations packed to >= 3,584 tokens in /tmp/testbed_long (long-pack), the
 #                 LiLiCorr draft trained on them from the shipped one in both objectives (lilicorr, margin: variants.LONG,
@@ -47,9 +49,9 @@
 # parts of 12 MB (cat PART_* > FILE). Every call sets TESTBED_DEADLINE from CALL_SECONDS (570): the testbed's steps read
 # it from the environment (the one setting they take that way), so a step that would not finish exits 4.
 set -u -o pipefail
-CALL=${1:?usage: bash tools/device/testbed_calls.sh install|data|train|measure|model|speed|long-train|long-measure|eq-train|eq-measure}
-case $CALL in install|data|train|measure|model|speed|long-train|long-measure|eq-train|eq-measure) ;;
-  *) echo "unknown call $CALL: install, data, train, measure, model, speed, long-train, long-measure, eq-train or eq-measure" >&2; exit 2 ;; esac
+CALL=${1:?usage: bash tools/device/testbed_calls.sh install|data|train|measure|model|speed|startup|long-train|long-measure|eq-train|eq-measure}
+case $CALL in install|data|train|measure|model|speed|startup|long-train|long-measure|eq-train|eq-measure) ;;
+  *) echo "unknown call $CALL: install, data, train, measure, model, speed, startup, long-train, long-measure, eq-train or eq-measure" >&2; exit 2 ;; esac
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 export TESTBED_DEADLINE=$(( $(date +%s) + ${CALL_SECONDS:-570} )) PYTHONUNBUFFERED=1
 RET=${OUT:-/tmp/lilicorr_out}
@@ -99,6 +101,10 @@ model)
 speed)
   shipped_drafts /tmp/testbed/drafts
   bash "$ROOT/tools/device/testbed.sh" speed ${SPEED_ARGS:-} 2>&1 | quiet 60
+  ;;
+startup)
+  shipped_drafts /tmp/testbed/drafts
+  bash "$ROOT/tools/device/testbed.sh" startup ${STARTUP_ARGS:-} 2>&1 | quiet 30
   ;;
 train)
   shipped_drafts /tmp/init
