@@ -169,3 +169,37 @@ def test_a_partial_run_keeps_the_cells_it_did_not_measure():
     again = serve_speed.keep_unmeasured({"4": {"lilicorr": 5.0}, "startup_s": {}, "card": "H100", "commit": "x"}, doc)
     assert again["measured"] == {"1": "H200, new", "4": "H100, x", "eager": "H200, old", "startup_s": "H200, new"}
     assert again["startup_s"] == {"lilicorr": {"scheduler": 8.0}}
+
+
+def test_the_startup_steps_medians_join_the_results_file_and_are_kept_by_later_runs(tmp_path):
+    startup = {
+        "setting": "graphs32",
+        "median": {
+            "builtin": {"scheduler_e2e": 28.3, "total": 18.2, "ready_s": 92.1},
+            "lilicorr": {"scheduler_e2e": 37.2, "total": 20.0, "ready_s": 92.0},
+        },
+        "over_builtin": {"lilicorr": {"scheduler_e2e": 1.315}},
+        "starts": {"builtin": 3, "lilicorr": 3},
+    }
+    base = {"1": {"lilicorr": 2.0}, "card": "H200", "commit": "a", "measured": {"1": "H200, a"}}
+    doc = serve_speed.with_startup_alone(base, startup, "H200, b")
+    assert doc["startup_alone_s"]["lilicorr"] == {"graph_capture": 20.0, "scheduler": 37.2, "ready": 92.0, "starts": 3}
+    assert doc["measured"] == {"1": "H200, a", "startup_alone_s": "H200, b"} and doc["1"] == {"lilicorr": 2.0}
+    later = serve_speed.keep_unmeasured({"4": {"lilicorr": 5.0}, "card": "H100", "commit": "x"}, doc)
+    assert later["startup_alone_s"] == doc["startup_alone_s"] and later["measured"]["startup_alone_s"] == "H200, b"
+    (tmp_path / "startup.json").write_text(json.dumps(startup))
+    with pytest.raises(SystemExit):  # where the starts ran is not optional
+        serve_speed.main(
+            [
+                "--graphs",
+                str(tmp_path),
+                "--card",
+                "x",
+                "--commit",
+                "y",
+                "--out",
+                str(tmp_path / "o"),
+                "--startup",
+                str(tmp_path / "startup.json"),
+            ]
+        )

@@ -6,7 +6,8 @@ two verify-attention variants (VERIFY_SYSTEMS), at each concurrency and in two C
   table(summary) -> markdown;  plot(summary, path)
   python -m sglang_lilicorr.benchmarks.serve_speed --graphs DIR [--eager DIR] --card CARD --commit C --out OUT
       the speed step's folders of both settings (WORK/speed/graphs32, graphs16) -> OUT/summary.json (per c, "eager":
-      graphs to 16 at c = 32, "startup_s": graph capture per system), OUT/table.md, OUT/speed.png
+      graphs to 16 at c = 32, "startup_s": graph capture per system), OUT/table.md, OUT/speed.png;
+      --keep-from EARLIER keeps the cells this run lacks, --startup startup.json adds "startup_alone_s" (the startup step)
 
 `rounds` holds, per round, the records of every system at every c (testbed/speed.py writes them: WORK/round<r>.jsonl).
 Tokens/s of a run is output tokens per busy second of its requests (metrics.output_tps); a ratio is taken within each
@@ -222,18 +223,31 @@ def report(graphs: dict, eager: dict | None, card: str, commit: str) -> dict:
     return {**out, "card": card, "commit": commit}
 
 
+NAMED_CELLS = ("eager", "startup_s", "startup_alone_s")
+
+
 def keep_unmeasured(result: dict, earlier: dict) -> dict:
-    """`result` with the cells it lacks (a concurrency, `eager`, `startup_s`) taken from `earlier`, an older results
-    file; `measured` names the card and commit of every cell."""
-    cells = [k for k in earlier if k.isdigit() or k in ("eager", "startup_s")]
+    """`result` with the cells it lacks (a concurrency, `eager`, `startup_s`, `startup_alone_s`) taken from
+    `earlier`, an older results file; `measured` names the card and commit of every cell."""
+    cells = [k for k in earlier if k.isdigit() or k in NAMED_CELLS]
     before = earlier.get("measured", {})
-    measured = {
-        k: f"{result['card']}, {result['commit']}" for k in result if k.isdigit() or k in ("eager", "startup_s")
-    }
+    measured = {k: f"{result['card']}, {result['commit']}" for k in result if k.isdigit() or k in NAMED_CELLS}
     kept = {k: earlier[k] for k in cells if k not in result or (k == "startup_s" and not result[k])}
     measured |= {k: before.get(k, f"{earlier['card']}, {earlier['commit']}") for k in kept}
     order = sorted(measured, key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else k))
     return {**result, **kept, "measured": {k: measured[k] for k in order}}
+
+
+def with_startup_alone(result: dict, startup: dict, measured: str) -> dict:
+    """`result` with `startup_alone_s`: the testbed's startup step (testbed/startup.py: each server started alone,
+    cold) per system, the medians of graph capture, the scheduler's whole start-up and launch to /health, and how many
+    starts; `measured` ("CARD, COMMIT") names where it ran."""
+    alone = {
+        s: {"graph_capture": m["total"], "scheduler": m["scheduler_e2e"], "ready": m["ready_s"]}
+        | {"starts": startup["starts"][s]}
+        for s, m in startup["median"].items()
+    }
+    return {**result, "startup_alone_s": alone, "measured": {**result.get("measured", {}), "startup_alone_s": measured}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,7 +263,11 @@ def main(argv: list[str] | None = None) -> int:
         help="an earlier summary.json: the cells this run did not measure are kept from it (`measured` names each "
         "cell's card and commit)",
     )
+    p.add_argument("--startup", type=Path, help="the startup step's startup.json (servers started alone, cold)")
+    p.add_argument("--startup-measured", metavar="'CARD, COMMIT'", help="where --startup's starts ran")
     a = p.parse_args(argv)
+    if a.startup is not None and not (a.startup.is_file() and a.startup_measured):
+        p.error(f"--startup {a.startup}: pass the startup step's startup.json and --startup-measured 'CARD, COMMIT'")
     if a.keep_from is not None and not a.keep_from.is_file():
         p.error(f"--keep-from {a.keep_from}: no such file; pass an earlier run's summary.json")
     docs = {}
@@ -263,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     result = report(docs["graphs"], docs.get("eager"), a.card, a.commit)
     if a.keep_from is not None:
         result = keep_unmeasured(result, json.loads(a.keep_from.read_text()))
+    if a.startup is not None:
+        result = with_startup_alone(result, json.loads(a.startup.read_text()), a.startup_measured)
     (a.out / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
     settings = {doc["setting"]: doc["summary"] for doc in docs.values()}
     text = "".join(table(summary, f"{setting} ({a.card}, {a.commit})") + "\n" for setting, summary in settings.items())

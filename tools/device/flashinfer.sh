@@ -13,7 +13,8 @@
 #   5. packs the whole cache (objects and ninja logs too: flashinfer decides freshness by ninja, with absolute paths,
 #      so the next machine must use the same SITE and HOME) into $OUT/jit_cache.tar.gz (bring it back as .dev/flashinfer/jit_cache.tar.gz) and writes
 #      $OUT/flashinfer_warmup.txt.
-# Env: SITE, MAX_JOBS (ninja's parallel jobs; default the CPU count), FI_SKIP_PACK=1 (no tarball).
+# Env: SITE, MAX_JOBS (ninja's parallel jobs; default the CPU count), FI_SKIP_PACK=1 (no tarball), FI_BUILD_SECONDS
+# (stop step 4 after that long and pack the partial cache; exit 4).
 set -uo pipefail
 fail() { echo "flashinfer.sh: FAILED: $*" >&2; exit 1; }
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -69,9 +70,15 @@ fi
 # 4) build and run every module once
 t0=$SECONDS
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
-(cd /tmp && python3 "$root/tools/device/flashinfer_warmup.py") 2>&1 | tee -a "$log" | grep "^flashinfer_warmup" \
+limit=${FI_BUILD_SECONDS:-0}  # > 0: stop the build after this many seconds and pack the cache built so far (exit 4)
+(cd /tmp && if [ "$limit" -gt 0 ]; then timeout -k 10 "$limit" python3 "$root/tools/device/flashinfer_warmup.py"
+  else python3 "$root/tools/device/flashinfer_warmup.py"; fi) 2>&1 | tee -a "$log" | grep "^flashinfer_warmup" \
   ; rc=${PIPESTATUS[0]}
-[ "$rc" = 0 ] || { grep -v "^flashinfer_warmup" "$log" | tail -n 30 >&2; fail "warm-up failed (exit $rc; log $log)"; }
+partial=0
+if [ "$limit" -gt 0 ] && { [ "$rc" = 124 ] || [ "$rc" = 137 ]; }; then
+  partial=1 && echo "flashinfer.sh: build stopped after FI_BUILD_SECONDS=$limit s; the cache so far is packed: carry it back to go on" | tee -a "$log"
+fi
+[ "$rc" = 0 ] || [ "$partial" = 1 ] || { grep -v "^flashinfer_warmup" "$log" | tail -n 30 >&2; fail "warm-up failed (exit $rc; log $log)"; }
 echo "flashinfer.sh: JIT build + warm-up took $((SECONDS - t0)) s (MAX_JOBS=$MAX_JOBS)" | tee -a "$log"
 
 # 5) the cache, to carry back
@@ -81,3 +88,4 @@ if [ "${FI_SKIP_PACK:-0}" != 1 ]; then
   echo "flashinfer.sh: $OUT/jit_cache.tar.gz $(du -h "$OUT/jit_cache.tar.gz" | cut -f1) (cache $(du -sh "$cache" | cut -f1)); bring it back as .dev/flashinfer/jit_cache.tar.gz" | tee -a "$log"
 fi
 echo "flashinfer.sh: done in $((SECONDS - t_all)) s" | tee -a "$log"
+[ "$partial" = 0 ] || exit 4

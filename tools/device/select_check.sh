@@ -12,7 +12,7 @@ R=$(cd "$(dirname "$0")/../.." && pwd)
 SITE=${DEVICE_SITE:-/tmp/site}
 mkdir -p "$O"
 export CUDA_VISIBLE_DEVICES=${2:-0} PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python PYTHONUNBUFFERED=1
-cd /tmp || exit 1  # not the checkout: its plain sglang_lilicorr/ lacks the kernels the install maps in
+cd /tmp || exit 1  # not the checkout: the installed package (in $SITE) is the one measured
 nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | tee "$O/card.txt"
 rc=0
 for geo in paper testbed; do
