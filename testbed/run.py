@@ -8,7 +8,8 @@
   export      final checkpoints -> WORK/drafts/<variant>, copies to $OUT (export.py)
   evalgen     the target's own outputs on the eval prompts: T = 0, and T = 1 under seeds 0, 1, 2 (evalgen.py)
   replay      tau of every draft on those outputs (exact replay), one process per GPU (replay.py)
-  speed       served speed: LILICORR vs the built-in LiLiCorr vs DFLASH vs no speculation, paired rounds (speed.py)
+  speed       served speed: LILICORR vs the built-in LiLiCorr vs DFLASH vs no speculation (and the two verify
+              variants; --systems picks), paired rounds (speed.py)
   startup     cold start-up, one server at a time, each with an empty Triton cache (startup.py)
   compare     issue 42's equal-budget drafts (DFlash, LiLiCorr, Domino, DSpark) served side by side: paired tokens/s,
               tau through the servers at T = 0 and T = 1 x 3 seeds (compare.py)
@@ -53,8 +54,11 @@ def cmd_speed(args) -> int:
 
     if args.profile_steps < 0:
         raise SystemExit(f"--profile-steps must be >= 0 (0: no profile), got {args.profile_steps}")
+    systems = len(speed.systems_for(args))  # refuses a set without the four summarized systems, or a resumed other set
     cells = len(args.concurrency or speed.DEFAULT_CONCURRENCY[args.setting])
-    enough_time("speed", 2.5 + 0.2 * args.rounds * cells + (0.5 if args.profile_steps else 0.0))
+    # minutes: the servers' start-up side by side (2.5 for all six), a round of a cell (0.2 for six), the profile pass
+    startup, per_round = 1.0 + 0.25 * systems, 0.2 * systems / len(speed.SYSTEMS)
+    enough_time("speed", startup + per_round * args.rounds * cells + (0.5 if args.profile_steps else 0.0))
     return speed.run(args, args.server_args)
 
 
@@ -190,7 +194,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_replay)
 
     s = sub.add_parser(
-        "speed", help="served speed: four servers in paired, rotated rounds, no instrumentation (speed.py)"
+        "speed", help="served speed: the --systems' servers in paired, rotated rounds, no instrumentation (speed.py)"
+    )
+    s.add_argument(
+        "--systems",
+        nargs="+",
+        choices=SPEED_SYSTEMS,
+        default=list(SPEED_SYSTEMS),
+        help=f"the servers (default: all, {' '.join(SPEED_SYSTEMS)}; played in that order whatever the order given); "
+        "base, dflash, builtin and lilicorr must be among them, and a setting's calls must all name the same",
     )
     s.add_argument(
         "--setting",

@@ -2,10 +2,16 @@
 DFlash draft), SGLang's built-in LiLiCorr head (DFLASH serving our LiLiCorr draft) and LILICORR (the same draft), and
 beside them the two verify-attention variants (serve_speed.VERIFY_SYSTEMS: DFLASH on SGLang's split-KV verify kernel,
 LILICORR on SGLang's prefill kernel), in paired, rotated rounds on one GPU (sglang_lilicorr.benchmarks.paired,
-serve_speed).
+serve_speed). --systems picks some of them (default: all six, SYSTEMS; always in SYSTEMS' order): base, dflash, builtin
+and lilicorr must be among them (REQUIRED: serve_speed.summarize keeps only the cells where all four ran, and the
+report's baseline is base), so `--systems base dflash builtin lilicorr` leaves out only the verify variants (four
+servers: a shorter start-up and rounds, e.g. the eager cell's call). A setting's calls must all play the same systems:
+the first records them in WORK/speed/SETTING/speed_run.json ("systems", before its servers start), and a later call
+that holds a different set is refused (the rounds pair the systems within a round; calls from before --systems played
+all six), so another set needs another --work.
 
-The six servers start once, side by side on GPU 0 (KV pools of KV_TOKENS each, a Triton cache each, so every start-up
-on a fresh machine is cold), with SGLang's --sleep-on-idle: an
+The chosen servers start once, side by side on GPU 0 (KV pools of KV_TOKENS each, a Triton cache each, so every
+start-up on a fresh machine is cold), with SGLang's --sleep-on-idle: an
 idle server blocks instead of spinning, and the step records the CPU seconds every idle server spent while another
 one played (idle_cpu_s in speed_summary.json: the evidence that they do not disturb each other). No stage timer,
 profiler or recorder runs in the throughput rounds. For each concurrency c and round r every system plays the same
@@ -33,6 +39,7 @@ import tarfile
 from pathlib import Path
 
 from sglang_lilicorr.benchmarks.serve_speed import ALL_SYSTEMS as SYSTEMS
+from sglang_lilicorr.benchmarks.serve_speed import SYSTEMS as REQUIRED  # in every summarized cell
 
 PORT0 = 32000
 SETTINGS = {"graphs32": 32, "graphs16": 16}  # --cuda-graph-max-bs-decode of each setting
@@ -56,6 +63,47 @@ def prompts_for(c: int) -> int:
     """Prompts per run at concurrency c: 16 at c <= 4 (request-to-request host jitter is of the order of the effects
     measured at c = 1), the whole file from c = 8."""
     return min(SPEED_PROMPTS, max(16, 4 * c))
+
+
+def chosen_systems(given) -> list[str]:
+    """--systems in SYSTEMS' order (None: all of SYSTEMS); a set without all of REQUIRED is refused."""
+    given = list(SYSTEMS if given is None else given)
+    unknown = [s for s in given if s not in SYSTEMS]
+    missing = [s for s in REQUIRED if s not in given]
+    if unknown or missing:
+        fix = [s for s in SYSTEMS if s in given or s in REQUIRED]
+        raise SystemExit(
+            f"speed: --systems {' '.join(given)} "
+            + (f"names no speed system {' '.join(unknown)} (of {' '.join(SYSTEMS)})" if unknown else "")
+            + (" and " if unknown and missing else "")
+            + (f"lacks {' '.join(missing)}" if missing else "")
+            + f"; base, dflash, builtin and lilicorr are every summarized cell's: pass --systems {' '.join(fix)}"
+        )
+    return [s for s in SYSTEMS if s in given]
+
+
+def earlier_systems(work: Path) -> list[str] | None:
+    """The systems an earlier call of this setting (work) played: None where work/runs holds no run yet, else
+    speed_run.json's "systems" (each call records them before its servers start), all of SYSTEMS where it has none
+    (calls from before --systems played all six)."""
+    if not any((work / "runs").glob("c*_r*_*.jsonl")):
+        return None
+    record = work / "speed_run.json"
+    return list(json.loads(record.read_text()).get("systems", SYSTEMS) if record.is_file() else SYSTEMS)
+
+
+def systems_for(args) -> list[str]:
+    """The systems of this call: --systems (chosen_systems), refused where an earlier call of the same WORK/speed/SETTING
+    played another set (its rounds pair the systems within each round; merging them is not done)."""
+    systems = chosen_systems(getattr(args, "systems", None))
+    work = Path(args.work) / "speed" / args.setting
+    earlier = earlier_systems(work)
+    if earlier is not None and earlier != systems:
+        raise SystemExit(
+            f"speed: {work} holds rounds of --systems {' '.join(earlier)} (speed_run.json), not "
+            f"{' '.join(systems)}: pass --systems {' '.join(earlier)} to resume that setting, or another --work"
+        )
+    return systems
 
 
 def server_args(base_args: str, system: str, drafts: Path, graphs_to: int) -> tuple[str, ...]:
@@ -101,7 +149,7 @@ def profile_systems(urls: dict, root: Path, steps: int, prompt: str) -> list[str
     from sglang_lilicorr.jsonl import save_json
 
     summaries, failed = {}, []
-    for system in ("lilicorr", "builtin", "dflash", "base"):
+    for system in [s for s in ("lilicorr", "builtin", "dflash", "base") if s in urls]:
         try:
             trace = step_profile.record(urls[system], root / system, steps, prompt)
             if trace is None:
@@ -142,9 +190,13 @@ def run(args, base_server_args: str) -> int:
     missing = [s for s in ("dflash", "lilicorr") if not (drafts / s / "config.json").is_file()]
     if missing:
         raise SystemExit(f"{drafts}: no exported draft for {missing}; run `export` first.")
+    systems = systems_for(args)
     concurrency = args.concurrency or DEFAULT_CONCURRENCY[args.setting]
     rows = speed_prompts(eval_sets.read(Path(args.eval_prompts)))
     work.mkdir(parents=True, exist_ok=True)
+    # this call's systems on record before any round is played (a later call of the setting must play the same ones)
+    record = json.loads((work / "speed_run.json").read_text()) if (work / "speed_run.json").is_file() else {}
+    save_json(work / "speed_run.json", {**record, "systems": systems})
     (work / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     every = prompt_file.load(work / "prompts.jsonl")
     prompts = {c: every[: prompts_for(c)] for c in concurrency}
@@ -164,20 +216,20 @@ def run(args, base_server_args: str) -> int:
             {**verify_env(s), "TRITON_CACHE_DIR": str(work.parent / "triton_cache" / s)},
             s,
         )
-        for i, s in enumerate(SYSTEMS)
+        for i, s in enumerate(systems)
     ]
-    url = {s: f"http://127.0.0.1:{PORT0 + i}" for i, s in enumerate(SYSTEMS)}
+    url = {s: f"http://127.0.0.1:{PORT0 + i}" for i, s in enumerate(systems)}
     failed = []
     launcher = shlex.split(args.server_launch or "")  # tests: stand-ins that serve $PORT
     with contextlib.ExitStack() as stack:
         servers = stack.enter_context(SGLangServers.start(specs, work / "logs", launcher=launcher, warm_first=True))
-        watch = IdleWatch({s: p.pid for s, p in zip(SYSTEMS, servers.processes)})
+        watch = IdleWatch({s: p.pid for s, p in zip(systems, servers.processes)})
         plan = paired.RoundPlan("speed", args.max_tokens, rounds=args.rounds, reserve_s=after_rounds_s)
         failed += paired.play_rounds(
             url, prompts, plan, work, deadline=deadline, log=lambda line: print(line, flush=True), watch=watch
         )
         if args.tau_check:
-            for system in SYSTEMS[1:]:
+            for system in [s for s in systems if s != "base"]:
                 if bench(
                     "run",
                     "--url",
@@ -204,7 +256,7 @@ def run(args, base_server_args: str) -> int:
                     failed.append(f"{system} tau check")
         if args.profile_steps and (deadline is None or deadline.allows(after_rounds_s)):
             failed += profile_systems(url, work / "profile", args.profile_steps, rows[0]["text"])
-    rounds = [str(p) for p in paired.merge_rounds(work, SYSTEMS, every_c, args.rounds)]
+    rounds = [str(p) for p in paired.merge_rounds(work, systems, every_c, args.rounds)]
     summary = serve_speed.summarize(
         [[json.loads(line) for line in Path(p).read_text().splitlines() if line.strip()] for p in rounds]
     )
@@ -212,7 +264,7 @@ def run(args, base_server_args: str) -> int:
     call = call_key(concurrency, earlier.get("capture_s", {}))
     capture = {
         s: serve_speed.capture_seconds((work / "logs" / f"server-{s}.log").read_text(errors="replace"))
-        for s in SYSTEMS
+        for s in systems
         if (work / "logs" / f"server-{s}.log").is_file()
     }
     save_json(
@@ -249,12 +301,13 @@ def run(args, base_server_args: str) -> int:
         work / "speed_run.json",
         {
             "setting": args.setting,
+            "systems": systems,
             "concurrency": concurrency,
             "rounds": args.rounds,
             "max_tokens": args.max_tokens,
             "failed": failed,
-            "server_args": {s: " ".join(spec.args) for s, spec in zip(SYSTEMS, specs)},
-            "server_env": {s: dict(spec.env) for s, spec in zip(SYSTEMS, specs)},
+            "server_args": {s: " ".join(spec.args) for s, spec in zip(systems, specs)},
+            "server_env": {s: dict(spec.env) for s, spec in zip(systems, specs)},
         },
     )
     bundle = work / f"speed_{args.setting}.tar.gz"

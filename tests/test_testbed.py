@@ -218,6 +218,57 @@ def test_pipeline_end_to_end(toy, tmp_path, monkeypatch, ports_29500_taken):
     assert len(list((work / "OUT").iterdir())) <= 12
 
 
+def test_speed_plays_only_the_chosen_systems(tmp_path, monkeypatch):
+    """--systems base dflash builtin lilicorr (any order): four servers, four systems in the rounds and the summary; a
+    set without the four summarized systems is refused, and so is a resumed setting's other set."""
+    work, evals = tmp_path / "work", tmp_path / "eval_prompts.jsonl"
+    evals.write_text("".join(json.dumps(r) + "\n" for r in EVAL))
+    for draft in ("dflash", "lilicorr"):  # the stand-in servers read no draft: the step only checks they were exported
+        (work / "drafts" / draft).mkdir(parents=True)
+        (work / "drafts" / draft / "config.json").write_text("{}")
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(LAUNCHER.format(tests=str(ROOT / "tests")))
+    monkeypatch.setattr(speed, "PORT0", free_port_block(len(speed.SYSTEMS)))
+    common = [
+        f"--work={work}",
+        f"--target={tmp_path / 'target'}",
+        f"--out={work / 'OUT'}",
+        f"--eval-prompts={evals}",
+        f"--server-launch={sys.executable} {launcher}",
+        "speed",
+        "--rounds=2",
+        "--max-tokens=8",
+        "--profile-steps=0",
+    ]
+    four = ["base", "dflash", "builtin", "lilicorr"]
+    assert testbed.main([*common, "--concurrency=1", "--systems", "lilicorr", "base", "builtin", "dflash"]) == 0
+    runs = work / "speed" / "graphs32"
+    assert sorted(p.name for p in (runs / "logs").glob("server-*.log")) == sorted(f"server-{s}.log" for s in four)
+    record = json.loads((runs / "speed_run.json").read_text())
+    assert record["systems"] == four and list(record["server_args"]) == four
+    rounds = [[json.loads(line) for line in p.read_text().splitlines()] for p in sorted(runs.glob("round*.jsonl"))]
+    assert len(rounds) == 2 and all({r["system"] for r in rs} == set(four) for rs in rounds)
+    doc = json.loads((runs / "speed_summary.json").read_text())
+    one = doc["summary"]["1"]
+    assert one["rounds"] == 2 and set(one["tok_s_per_round"]) == set(four) and "lilicorr_vs_builtin" in one
+    assert list(doc["idle_cpu_s"]["c=1"]) == four and set(doc["capture_s"]["c=1"]) <= set(four)
+    # the setting resumes with the same set (another concurrency), in any order
+    assert testbed.main([*common, "--concurrency=2", "--systems", *reversed(four)]) == 0
+    assert sorted(json.loads((runs / "speed_summary.json").read_text())["summary"], key=int) == ["1", "2"]
+    # a set without a summarized system, and another set than the setting's rounds, are refused before any server
+    with pytest.raises(SystemExit, match="lacks builtin.*--systems base dflash builtin lilicorr$"):
+        testbed.main([*common, "--concurrency=1", "--systems", "base", "dflash", "lilicorr"])
+    with pytest.raises(SystemExit, match="holds rounds of --systems base dflash builtin lilicorr .*another --work$"):
+        testbed.main([*common, "--concurrency=1"])
+    assert len(list((runs / "logs").glob("server-*.log"))) == 4
+    # a setting whose rounds an earlier call played before --systems existed played all six
+    (tmp_path / "old" / "runs").mkdir(parents=True)
+    (tmp_path / "old" / "runs" / "c1_r1_base.jsonl").write_text("")
+    (tmp_path / "old" / "speed_run.json").write_text(json.dumps({"setting": "graphs32"}))
+    assert speed.earlier_systems(tmp_path / "old") == list(speed.SYSTEMS)
+    assert speed.earlier_systems(tmp_path / "new") is None
+
+
 def test_speed_order_rotates_and_prompts_are_long_form():
     from sglang_lilicorr.benchmarks.paired import rotation
 

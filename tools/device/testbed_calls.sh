@@ -18,6 +18,10 @@
 #              SPEED_ARGS="--concurrency 1"                           ~470 s on an H200 (cold start-up, six servers, 3 rounds)
 #              SPEED_ARGS="--concurrency 4 8 16 32 --profile-steps 0" ~510 s
 #              SPEED_ARGS="--setting graphs16 --profile-steps 0"      ~290 s (c = 32 on the eager path)
+#            The eager cell alone, >= 5 paired rounds of the four summarized systems (--systems: no verify variants, four
+#            servers start; a setting's calls must all name the same systems, so on a machine whose /tmp/testbed holds
+#            graphs16 rounds of another set it is refused: a fresh machine, or rm -r /tmp/testbed/speed/graphs16 first):
+#              CALL_SECONDS=560 SPEED_ARGS="--setting graphs16 --rounds 6 --profile-steps 0 --systems base dflash builtin lilicorr"
 #            then on the CPU machine `python -m sglang_lilicorr.benchmarks.serve_speed --graphs DIR/graphs32 --eager
 #            DIR/graphs16 --card CARD --commit C --out benchmarks/results/serve-speed/CARD_COMMIT` (benchmarks/README.md)
 #   startup  carry .dev/ckpt: the shipped drafts, then `startup $STARTUP_ARGS` (default: LILICORR and the built-in, 3 cold
