@@ -94,7 +94,7 @@ kit_b=$(find "$kit" -type f -printf '%s\n' | awk '{s += $1} END {print s}')
   echo "    nvidia-ml-py (pynvml: imported at 'import flashinfer', flashinfer/utils.py), ninja (the JIT build runs the"
   echo "    ninja binary; the GPU image builds SGLang's JIT kernels, so it likely has one), tabulate (flashinfer's"
   echo "    logging and CLI tables; small)"
-  echo "  left out (nothing on the decode / prefill / ragged / sampling / cascade / page / top-k paths imports them;"
+  echo "  left out (nothing on the decode / prefill / ragged / packbits / sampling / cascade / page / top-k paths imports them;"
   echo "    'import flashinfer' succeeds without them, checked on the CPU by blocking each):"
   echo "    cuda-python (cuda.bindings: the CuTe-DSL, cuTile and NVRTC kernels; torch's own import loads it if present),"
   echo "    cuda-tile (cuTile kernels), nvidia-cutlass-dsl (CuTe-DSL kernels: MoE, MLA, GDN, SM100 FMHA; 95 MB),"

@@ -1,10 +1,16 @@
 """JIT-build (or load from the cache) and run once every flashinfer module that SGLang's flashinfer attention backend
-and sampling use, at SmolLM2-135M's shapes (bf16, 9 query / 3 KV heads, head_dim 64, page size 1; the drafts have the
-same heads), on tiny tensors; each attention output is checked against a float32 torch reference. One line per module
-with its wall time; exit 1 with one clear line on the first failure. Run by tools/device/flashinfer.sh on the GPU."""
+and sampling use (tools/device/flashinfer_slim.py, MODULES), at SmolLM2-135M's shapes (bf16, 9 query / 3 KV heads,
+head_dim 64, page size 1; the drafts have the same heads), on tiny tensors; each attention output is checked against a
+float32 torch reference, packbits against a bit-by-bit one. Each step names the JIT modules it builds and runs before
+any step that builds them only indirectly (packbits before the custom-mask verify). One line per step with its wall
+time; exit 1 with one clear line, naming the module, on the first failure; at the end, the JIT modules loaded against
+the slim archive's list (flashinfer/SLIM.json). Run by tools/device/flashinfer.sh on the GPU; arguments: only the steps
+whose name contains one of them."""
 
+import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -27,19 +33,46 @@ def ref_attention(q, k, v, causal_offset=None, mask=None):
     return torch.einsum("hnm,mhd->nhd", s.softmax(-1), v)
 
 
-def step(name, fn):
-    t0 = time.time()
+LOADED = []  # JIT module names, in the order flashinfer built or loaded them
+
+
+def track_jit_modules():
+    """Record every JitSpec.build_and_load (each flashinfer get_*_module goes through it)."""
+    from flashinfer.jit.core import JitSpec
+
+    build_and_load = JitSpec.build_and_load
+
+    def recorded(self):
+        out = build_and_load(self)
+        if self.name not in LOADED:
+            LOADED.append(self.name)
+        return out
+
+    JitSpec.build_and_load = recorded
+
+
+def step(name, modules, fn):
+    t0, before = time.time(), len(LOADED)
     try:
         err = fn()
         torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001
-        print(f"flashinfer_warmup: FAILED {name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        msg = str(e).splitlines()[0] if str(e) else ""
+        print(f"flashinfer_warmup: FAILED {name} (JIT module {modules}): {type(e).__name__}: {msg}")
         raise SystemExit(1)
     if err is not None and err > 0.05:
-        print(f"flashinfer_warmup: FAILED {name}: max abs error {err:.3g} against the float32 reference")
+        print(f"flashinfer_warmup: FAILED {name} (JIT module {modules}): max abs error {err:.3g} against the reference")
         raise SystemExit(1)
     extra = f", max abs err {err:.2e}" if err is not None else ""
-    print(f"flashinfer_warmup: {name}: {time.time() - t0:.1f} s{extra}", flush=True)
+    built = ", ".join(LOADED[before:]) or "none new"
+    print(f"flashinfer_warmup: {name} [{modules}]: {time.time() - t0:.1f} s{extra}; loaded {built}", flush=True)
+
+
+def pack_bits_little(bits):
+    """numpy.packbits(bits, bitorder="little") in torch: bit i of byte j is bits[8 j + i] (zero-padded)."""
+    pad = torch.zeros((-bits.numel()) % 8, dtype=torch.bool, device=bits.device)
+    b = torch.cat([bits, pad]).view(-1, 8).to(torch.int32)
+    return (b << torch.arange(8, device=bits.device, dtype=torch.int32)).sum(-1).to(torch.uint8)
 
 
 def main():
@@ -75,7 +108,19 @@ def main():
             for i in range(2)
         )
 
-    def prefill_paged(custom_mask):  # SGLang's extend (causal) and speculative verify (custom mask), fa2
+    def quantization():  # the paged wrapper's plan(custom_mask=...) packs the mask with segment_packbits
+        from flashinfer.quantization import packbits, segment_packbits
+
+        x = torch.rand(37, device=dev) > 0.5
+        assert torch.equal(packbits(x, "little"), pack_bits_little(x)), "packbits differs from the reference"
+        indptr = torch.tensor([0, 5, 13, 37], dtype=torch.int32, device=dev)
+        y, y_indptr = segment_packbits(x, indptr, "little")
+        ref = [pack_bits_little(x[a:b]) for a, b in zip(indptr.tolist(), indptr.tolist()[1:])]
+        assert torch.equal(y, torch.cat(ref)), "segment_packbits differs from the reference"
+        assert y_indptr.tolist() == [0, *torch.tensor([r.numel() for r in ref]).cumsum(0).tolist()], "its indptr"
+        return None
+
+    def prefill_paged(custom_mask, v_strides_differ=False):  # SGLang's extend (causal), verify (custom mask), fa2
         nq = [3, 4]
         qo_indptr = torch.tensor([0, nq[0], sum(nq)], dtype=torch.int32, device=dev)
         q = torch.randn(sum(nq), H, D, device=dev, dtype=bf)
@@ -98,7 +143,12 @@ def main():
             q_data_type=bf,
             kv_data_type=bf,
         )
-        o = w.run(q, (k_cache, v_cache))
+        v = v_cache
+        if v_strides_differ:  # the same values, strided apart: flashinfer runs the independent-stride module
+            v = torch.zeros(total, 1, KV, 2 * D, device=dev, dtype=bf)[..., :D]
+            v.copy_(v_cache)
+            assert v.stride() != k_cache.stride()
+        o = w.run(q, (k_cache, v))
         err = 0.0
         for i in range(2):
             qs, ks = slice(qo_indptr[i], qo_indptr[i + 1]), slice(kv_indptr[i], kv_indptr[i + 1])
@@ -146,12 +196,12 @@ def main():
         s.softmax(torch.randn(4, 49152, device=dev), temperature=torch.ones(4, device=dev))
         return None
 
-    def topk():  # DFlash's selector (sglang/srt/models/dflash.py)
+    def topk():  # DFlash's selector (sglang/srt/models/dflash.py, _radix_topk)
         x = torch.randn(4, 49152, device=dev)
-        vals, _ = flashinfer.top_k(x, 8, sorted=True)
+        vals, _ = flashinfer.top_k(x, 8, sorted=True, deterministic=True)
         return (vals.float() - torch.topk(x, 8).values).abs().max().item()
 
-    def page():
+    def page():  # not called by SGLang 0.5.23 (a spare of the slim archive)
         k = torch.randn(3, KV, D, device=dev, dtype=bf)
         flashinfer.append_paged_kv_cache(
             k,
@@ -171,19 +221,32 @@ def main():
         f"{torch.cuda.get_device_name()} (sm{''.join(map(str, torch.cuda.get_device_capability()))})",
         flush=True,
     )
+    track_jit_modules()
     only = set(sys.argv[1:])
-    for name, fn in [
-        ("decode (fa2, paged)", decode),
-        ("prefill paged causal (fa2)", lambda: prefill_paged(False)),
-        ("prefill paged custom mask (fa2, verify)", lambda: prefill_paged(True)),
-        ("ragged prefill (auto)", lambda: ragged("auto")),
-        ("ragged prefill (fa2)", lambda: ragged("fa2")),
-        ("sampling", sampling),
-        ("top_k", topk),
-        ("append_paged_kv_cache", page),
+    for name, modules, fn in [
+        ("decode (fa2, paged)", "decode", decode),
+        ("prefill paged causal (fa2)", "prefill_fa2_primary", lambda: prefill_paged(False)),
+        ("packbits, segment_packbits", "quantization", quantization),
+        ("prefill paged custom mask (fa2, verify)", "prefill_fa2_primary, quantization", lambda: prefill_paged(True)),
+        ("prefill paged, k/v strides differ (fa2)", "prefill_fa2_paged_indep", lambda: prefill_paged(False, True)),
+        ("ragged prefill (auto)", "prefill_fa3 on sm90, cascade", lambda: ragged("auto")),
+        ("ragged prefill (fa2)", "prefill_fa2_primary, cascade", lambda: ragged("fa2")),
+        ("sampling", "sampling", sampling),
+        ("top_k", "topk", topk),
+        ("append_paged_kv_cache", "page", page),
     ]:
         if not only or any(o in name for o in only):
-            step(name, fn)
+            step(name, modules, fn)
+    slim = Path(flashinfer.__file__).parent / "SLIM.json"
+    if slim.is_file():
+        names = {k: v["name"] for k, v in json.loads(slim.read_text())["modules"].items()}
+        missed = [k for k, n in names.items() if n not in LOADED]
+        extra = [n for n in LOADED if n not in names.values()]
+        print(
+            f"flashinfer_warmup: JIT modules loaded: {len(LOADED)}; of the slim archive's {len(names)}, not loaded: "
+            f"{', '.join(missed) or 'none'}; loaded but not in it: {', '.join(extra) or 'none'}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
