@@ -351,6 +351,12 @@ def test_a_summary_of_the_graph_phase_alone_names_what_is_missing(bundles, tmp_p
         any("eager: no stage timings" in m for m in doc["missing"])
         and doc["targets"]["head_share_c1_le_1.5pct"]["met"] is True
     )
+    # a gap is named once, not once per concurrency, in the summary and in cost.md's "Not measured:" line
+    eager_gaps = [f"{s} eager: no stage timings" for s in scale_report.SYSTEMS]
+    assert [m for m in doc["missing"] if m.endswith("eager: no stage timings")] == eager_gaps
+    assert len(doc["missing"]) == len(set(doc["missing"]))
+    (line,) = [x for x in scale_report.markdown(doc, tables).splitlines() if x.startswith("Not measured: ")]
+    assert line.removeprefix("Not measured: ").split("; ") == doc["missing"]
     assert [s["variant"] for s in tables[1]["systems"]] == ["graph", "graph", "graph"]
     with pytest.raises(UsageError, match="given twice"):
         scale_report.phase_folders([bundles / "scale_graph.tar.gz", bundles / "scale_graph.tar.gz"], tmp_path / "x")

@@ -2,7 +2,8 @@
 one GPU, random weights, bf16, at each bs: Domino's and DSpark's draft-time correctors through SGLang 0.5.23's own
 functions and modules, and our select with the greedy walk beside the Viterbi walk (LILICORR_WALK).
 
-  source .dev/bin/install.sh && python3 -m sglang_lilicorr.benchmarks.corrector_bench --out $OUT/corrector_bench.json
+  source .dev/bin/install.sh && python3 -m sglang_lilicorr.benchmarks.corrector_bench --out $OUT/corrector_bench.json \
+      [--commit C]
 
 Shapes: block 16 (S = 15 drafted slots), drafter hidden Hm = 4096, vocabulary 151936; Domino's GRU and MLP and
 DSpark's Markov rank at Hm (benchmarks/scale_drafts.py: the paper's configuration as SGLang serves it); our head
@@ -14,21 +15,39 @@ random drafter states `hidden` [bs, S, Hm] (Domino: [bs, 16, Hm], slot 0 first) 
                      GRU over the anchor and each pick, 14 correction steps; modules nn.GRU + nn.Sequential as SGLang's
                      DFlashDraftModel builds them (baselines.DominoHead's: the same classes and tensor names)
   domino_head        domino_select - lm_head (the rollout computes its logits itself)
-  dspark_markov      SGLang's draft_markov_block (greedy draft, vanilla head from its build_markov_head) on the logits
+  dspark_markov      SGLang's draft_markov_block (greedy draft, vanilla head from its build_markov_head) on the logits;
+                     at bs 1 SGLang takes its fused route (_draft_step: one row, no logits kept -> MarkovGreedyStep,
+                     one Triton GEMV + add + argmax per step), at bs > 1 the markov_w2 GEMM + MarkovSampleStep
+  dspark_markov_gemm (bs 1 only) the same block with the fused route turned off, i.e. SGLang's bs > 1 route at bs 1:
+                     sets the fused kernel beside the GEMM route on the same bytes (each step reads all of markov_w2)
   dspark_confidence  SGLang's DSparkConfidenceHead.predict on the block's picks (run only in ragged verification)
   dspark_head        dspark_markov + dspark_confidence
   lilicorr_greedy    our select_from_logits (top-K/LSE + head + greedy walk: head_bench's post_logits, served plans)
   lilicorr_viterbi   the same with walk="viterbi" (the cosine kernel's scores, then the Viterbi kernel)
 `--smoke` runs every row once, eagerly, at toy shapes on the CPU (a dry run of the script).
+
+Modules are built as SGLang's model loader builds them (`served_construction`: the dtype as the default and the device
+as the context, then weights copied into those parameters). Domino's prefix_gru is therefore bf16 in two separate
+tensors, as served: torch's flatten_parameters packs only dtypes cuDNN's Python check accepts (fp16 / fp32 / fp64,
+torch.backends.cudnn.CUDNN_TENSOR_DTYPES), SGLang never calls it, and its weight loader copies into the existing
+parameters. cuDNN then copies both GRU weights into one chunk at every call of the rollout's prefix GRU (once per
+block; its 13 later GRU steps run aten's gru_cell, which skips cuDNN), and SGLang's served rollout pays that copy
+too, so it stays in domino_select. `meta.domino_gru_weights_in_one_storage` records the state timed; torch's
+"not part of single contiguous chunk of memory" warning for it is silenced and named once in the log.
+
+`meta.git_commit`: --commit, else `git rev-parse HEAD` where the checkout has a .git, else $GIT_COMMIT. The GPU
+machine's copy of the checkout has no .git: tools/device/scale_gpu.sh passes $GIT_COMMIT (set on the call) as --commit.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
 import types
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -39,24 +58,62 @@ from . import head_bench
 from .scale_drafts import DOMINO_CANDIDATE_POOL
 
 BATCH_SIZES = (1, 4, 16, 32)
+GRU_COMPACTION_WARNING = "RNN module weights are not part of single contiguous chunk of memory"
+
+
+@contextlib.contextmanager
+def served_construction(device, dtype):
+    """Build modules as SGLang's model loader does (model_loader/loader.py: `set_default_torch_dtype(model dtype)`
+    and `with torch.device(device)` around the model's constructor), not on the CPU and then moved."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def gru_weights_in_one_storage(gru: torch.nn.GRU) -> bool:
+    """Whether the GRU's weights share one storage (what flatten_parameters makes: views into cuDNN's flat buffer).
+    False: cuDNN copies them into one chunk at every call (torch's "not part of single contiguous chunk" warning)."""
+    storages = {w.untyped_storage().data_ptr() for w in gru._flat_weights if w is not None}
+    return len(storages) == 1
 
 
 def domino_modules(geo: head_bench.Geometry, device, dtype):
-    """A random Domino head of width Hm: its prefix_gru and embed_proj (the modules domino_greedy_rollout reads)."""
+    """A random Domino head of width Hm: its prefix_gru and embed_proj (the modules domino_greedy_rollout reads),
+    built as SGLang builds DFlashDraftModel's (module docstring: the GRU's weights stay in two tensors)."""
     from ..baselines import DominoConfig, DominoHead
 
-    head = DominoHead(DominoConfig(gru_hidden_dim=geo.HM, emb_dim=geo.HM), geo.HM, geo.V)
-    return head.to(device=device, dtype=dtype).eval()
+    with served_construction(device, dtype):
+        return DominoHead(DominoConfig(gru_hidden_dim=geo.HM, emb_dim=geo.HM), geo.HM, geo.V).eval()
 
 
 def dspark_modules(geo: head_bench.Geometry, device, dtype):
-    """SGLang's vanilla Markov head and confidence head at rank Hm, random."""
+    """SGLang's vanilla Markov head and confidence head at rank Hm, random, built as SGLang builds them (the
+    confidence head in its own fp32, DSparkConfidenceHead's default dtype)."""
     from sglang.srt.models.dspark import DSparkConfidenceHead, build_markov_head
 
     config = types.SimpleNamespace(markov_rank=geo.HM, markov_head_type="vanilla", vocab_size=geo.V, hidden_size=geo.HM)
-    markov = build_markov_head(config).to(device=device, dtype=dtype).eval()
-    confidence = DSparkConfidenceHead(hidden_size=geo.HM, markov_rank=geo.HM).to(device=device).eval()
+    with served_construction(device, dtype):
+        markov = build_markov_head(config).eval()
+        confidence = DSparkConfidenceHead(hidden_size=geo.HM, markov_rank=geo.HM).eval()
     return markov, confidence
+
+
+class GemmRouteMarkov:
+    """SGLang's Markov head with its fused greedy route off (greedy_w2_weight None): _draft_step then takes the
+    markov_w2 GEMM + MarkovSampleStep route it takes at bs > 1. Everything else is the wrapped head's."""
+
+    def __init__(self, head) -> None:
+        self._head = head
+
+    def greedy_w2_weight(self):
+        return None
+
+    def __getattr__(self, name):
+        return getattr(self._head, name)
 
 
 def row_fns(geo, bs, parts, device, dtype) -> dict:
@@ -76,9 +133,9 @@ def row_fns(geo, bs, parts, device, dtype) -> dict:
         def sync(self, site, values):
             return values
 
-    def markov_block():
+    def markov_block(head=markov):
         return draft_markov_block(
-            markov_head=markov,
+            markov_head=head,
             base_logits=logits.view(bs, geo.S, -1),
             anchor_tokens=anchor,
             draft_hidden=hidden,
@@ -104,6 +161,7 @@ def row_fns(geo, bs, parts, device, dtype) -> dict:
             in_cuda_graph=True,
         ),
         "dspark_markov": markov_block,
+        **({"dspark_markov_gemm": lambda: markov_block(GemmRouteMarkov(markov))} if bs == 1 else {}),
         "dspark_confidence": lambda: confidence.predict(
             hidden.reshape(bs * geo.S, -1), anchor_tokens=anchor, draft_tokens=picks, markov_head=markov
         ),
@@ -124,7 +182,7 @@ def derived(row: dict) -> None:
         row["viterbi_over_greedy"] = row["lilicorr_viterbi"] / row["lilicorr_greedy"]
 
 
-def run(geo: head_bench.Geometry, batch_sizes, rep_ms: int) -> dict:
+def run(geo: head_bench.Geometry, batch_sizes, rep_ms: int, commit: Optional[str] = None) -> dict:
     from ..fast_path.select import FastLiLiCorrSelect
 
     cuda = torch.cuda.is_available()
@@ -136,8 +194,17 @@ def run(geo: head_bench.Geometry, batch_sizes, rep_ms: int) -> dict:
     ours = head_bench.build_ours(geo, device, dtype)
     table = ours.token_table(embed.weight)
     selects = {w: FastLiLiCorrSelect(ours, token_table=table, walk=w) for w in ("greedy", "viterbi")}
-    with torch.inference_mode():
-        parts = (lm_head_w, embed, domino_modules(geo, device, dtype), dspark_modules(geo, device, dtype), selects)
+    with torch.inference_mode(), warnings.catch_warnings():
+        domino = domino_modules(geo, device, dtype)
+        gru_packed = gru_weights_in_one_storage(domino.prefix_gru)
+        if not gru_packed:
+            warnings.filterwarnings("ignore", message=GRU_COMPACTION_WARNING, category=UserWarning)
+            head_bench.log(
+                f"domino: prefix_gru's {dtype} weights are in separate tensors, as SGLang serves them: cuDNN copies"
+                " them into one chunk at each prefix-GRU call (once per block, SGLang's served rollout too);"
+                " torch's warning for it is silenced"
+            )
+        parts = (lm_head_w, embed, domino, dspark_modules(geo, device, dtype), selects)
         rows = []
         for bs in batch_sizes:
             row: dict = {"bs": bs}
@@ -151,10 +218,11 @@ def run(geo: head_bench.Geometry, batch_sizes, rep_ms: int) -> dict:
     return {
         "meta": {
             "gpu": torch.cuda.get_device_name(0) if cuda else "cpu (--smoke dry run)",
-            "git_commit": head_bench.git_commit(),
+            "git_commit": commit or head_bench.git_commit(),
             "geometry": dataclasses.asdict(geo),
             "dtype": str(dtype),
             "domino_candidate_pool": DOMINO_CANDIDATE_POOL,
+            "domino_gru_weights_in_one_storage": gru_packed,
             "rep_ms": rep_ms,
         },
         "rows": rows,
@@ -170,13 +238,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--bs", type=int, nargs="+", default=list(BATCH_SIZES))
     p.add_argument("--rep-ms", type=int, default=100, help="do_bench's repetition time per row")
     p.add_argument("--smoke", action="store_true", help="toy shapes, eager, on the CPU: a dry run")
+    p.add_argument(
+        "--commit",
+        help="the commit measured, for meta.git_commit (default: git rev-parse HEAD, else $GIT_COMMIT; the GPU"
+        " machine's copy has no .git: tools/device/scale_gpu.sh passes $GIT_COMMIT)",
+    )
     args = p.parse_args(argv)
     bad = [b for b in args.bs if b < 1]
     if bad:
         p.error(f"--bs {bad[0]} is not a batch size: pass integers >= 1")
     if not args.smoke and not torch.cuda.is_available():
         p.error("no CUDA device: run this on the GPU machine, or pass --smoke for the CPU dry run")
-    result = run(head_bench.SMOKE if args.smoke else head_bench.PAPER, args.bs, args.rep_ms)
+    result = run(head_bench.SMOKE if args.smoke else head_bench.PAPER, args.bs, args.rep_ms, args.commit)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     for name, error in result["errors"].items():

@@ -310,7 +310,7 @@ def summarize(
         "base": base_out,
         "memory": memory,
         "targets": targets(systems, long_runs),
-        "missing": missing,
+        "missing": list(dict.fromkeys(missing)),  # once each, first-seen order (a gap repeats at every c)
         "tok_s_1024": long_runs,
         "prefill": {s: (t or {}).get("prefill") for s, t in (*timed.items(), ("base", timed_base))},
     }

@@ -9,10 +9,12 @@
 #     bash tools/device/scale_gpu.sh graph          # ~430 s: LILICORR, DFLASH, the built-in; 8 paired rounds
 #     bash tools/device/scale_gpu.sh correctors     # ~450 s: Domino, DSpark, DFLASH (the phase's paired reference)
 #     bash tools/device/scale_gpu.sh base,eager     # ~510 s: no speculation; the five systems eager (one round per c)
-#     bash tools/device/scale_gpu.sh heads          # ~120 s: corrector_bench (head ms per block, Viterbi vs greedy)
+#     GIT_COMMIT=C bash tools/device/scale_gpu.sh heads  # ~120 s: corrector_bench (head ms per block; C: below)
 #     bash tools/device/scale_gpu.sh tput           # ~520 s, optional: LILICORR and the built-in, 1,024-token outputs
 # `heads` (in the list or alone) runs sglang_lilicorr.benchmarks.corrector_bench into $OUT/corrector_bench.json
-# before the phases.
+# before the phases. The copy of the checkout on the GPU machine has no .git, so name the commit on the call:
+# write this checkout's `git rev-parse --short HEAD` into the command, `GIT_COMMIT=abc1234 bash tools/device/scale_gpu.sh
+# heads` (corrector_bench records it as meta.git_commit; unset, it records null and this script says so).
 # Each call installs the kit (quick on a warm machine), builds the target config and the drafts (skipped
 # when /tmp/scale holds them), then runs the phases; each phase packs $OUT/scale_<phase>.tar.gz when done.
 # The deadline is the call's start + SCALE_BUDGET_S (570 s): a phase it leaves no time for is skipped
@@ -37,7 +39,9 @@ tail -n 3 "$W/install.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 cd /tmp || exit 1  # not the checkout: its plain sglang_lilicorr/ would shadow the installed package
 if echo "$LIST" | tr ',' '\n' | grep -qx heads; then
-  python3 -m sglang_lilicorr.benchmarks.corrector_bench --out "$O/corrector_bench.json" > "$O/corrector_bench.log" 2>&1
+  [ -n "${GIT_COMMIT:-}" ] || echo "corrector_bench: GIT_COMMIT is unset: meta.git_commit will be null (see this script's header)"
+  python3 -m sglang_lilicorr.benchmarks.corrector_bench --out "$O/corrector_bench.json" \
+    ${GIT_COMMIT:+--commit "$GIT_COMMIT"} > "$O/corrector_bench.log" 2>&1
   echo "corrector_bench: exit $?"; tail -n 6 "$O/corrector_bench.log"
 fi
 [ -n "$PHASES" ] || exit 0
