@@ -340,16 +340,27 @@ class StubServer:
 
 
 def free_port_block(n: int) -> int:
-    """The first of n consecutive loopback ports that are free now (stand-in servers bind them)."""
+    """The first of n consecutive loopback ports that are free now (stand-in servers bind them), below the kernel's
+    ephemeral range: a client's connection takes its local port from that range, and one that landed in the block
+    would stop a stand-in server of a later phase from binding its port."""
+    import random
+
     import pytest
 
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + n < 65536 and all(_free(port + i) for i in range(n)):
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(10000, low - n)
+        if all(_free(port + i) for i in range(n)):
             return port
     pytest.skip("no block of free ports")
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux: ip_local_port_range; elsewhere IANA's 49152)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
 
 
 def _free(port: int) -> bool:

@@ -335,6 +335,17 @@ def test_the_cost_keys_merge_into_the_baselines_summary(bundles, tmp_path):
     assert doc["cost_8b"]["domino"]["32"] == pytest.approx(BLOCK_MS["domino"] + 0.32)
     assert doc["head_ms_8b"]["dspark"] == pytest.approx(0.2) and doc["head_ms_8b"]["dflash"] == 0.0
     assert doc["viterbi"]["per_block_ms_8b"] == pytest.approx(10.01 + 0.03)
+    # without the correctors phase, Domino's and DSpark's heads come from corrector_bench (the served phase wins)
+    graph_only, _ = scale_report.summarize(scale_report.phase_folders([bundles / "scale_graph.tar.gz"], tmp_path / "g"))
+    row = {"bs": 1, "lilicorr_greedy": 0.1, "lilicorr_viterbi": 0.13, "domino_head": 1.7, "dspark_head": 4.6}
+    heads = baselines_summary.cost_keys(graph_only, row)["head_ms_8b"]
+    assert heads["domino"] == 1.7 and heads["dspark"] == 4.6 and heads["lilicorr"] != 0.1
+    assert "domino" not in baselines_summary.cost_keys(graph_only)["head_ms_8b"]
+    assert baselines_summary.cost_keys(
+        doc_full := scale_report.summarize(scale_report.phase_folders(sorted(bundles.iterdir()), tmp_path / "f"))[0],
+        row,
+    )["head_ms_8b"]["dspark"] == pytest.approx(0.2)
+    assert doc_full["systems"]["dspark"]["1"]["head_ms"] is not None
     bench.write_text(json.dumps({"rows": [{"bs": 4, "lilicorr_greedy": 0.1}]}))
     with pytest.raises(UsageError, match="no bs = 1 row"):
         baselines_summary.read_bench(bench)

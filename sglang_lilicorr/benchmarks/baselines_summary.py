@@ -1,7 +1,9 @@
 """Issue 42's `benchmarks/results/baselines/summary.json`. The cost keys, from the scale report and corrector_bench:
 
   cost_8b                {system: {c: per_block_ms}}   the graph-captured per-block wall at Qwen3-8B shapes
-  head_ms_8b             {system: ms}                  the served head at c = 1 (proposal micro-benchmark; DFLASH 0)
+  head_ms_8b             {system: ms}                  the served head at c = 1 (proposal micro-benchmark; DFLASH 0;
+                                                       Domino's and DSpark's from corrector_bench's bs = 1 row
+                                                       where the correctors phase has not timed them)
   viterbi.per_block_ms_8b  ms                          LILICORR's block at c = 1 with the Viterbi walk: its greedy
                                                        block + (corrector_bench's lilicorr_viterbi - lilicorr_greedy)
 
@@ -32,6 +34,7 @@ from ..jsonl import save_json
 
 COST_SYSTEMS = ("dflash", "lilicorr", "domino", "dspark", "builtin")
 EQUAL_SYSTEMS = ("dflash", "lilicorr", "domino", "dspark")
+BENCH_HEADS = ("domino", "dspark")  # corrector_bench's <system>_head: SGLang's Domino rollout, DSpark's Markov head
 SAME_PLAN = ("step", "init", "global_batch", "train_config")  # what the four drafts' testbed.json must share
 
 
@@ -64,6 +67,9 @@ def cost_keys(doc: Mapping[str, Any], bench: Optional[Mapping[str, Any]] = None)
         s: {c: e["per_block_ms"] for c, e in systems[s].items() if e["per_block_ms"] is not None} for s in COST_SYSTEMS
     }
     heads = {s: systems[s].get("1", {}).get("head_ms") for s in COST_SYSTEMS}
+    for s in BENCH_HEADS:  # where no served phase timed them: SGLang's modules in corrector_bench's graph replay
+        if heads[s] is None and bench is not None and bench.get(f"{s}_head") is not None:
+            heads[s] = bench[f"{s}_head"]
     keys: dict = {
         "cost_8b": {s: v for s, v in cost.items() if v},
         "head_ms_8b": {s: v for s, v in heads.items() if v is not None},
