@@ -4,7 +4,8 @@ needs itself and no other start-up competes for the host's cores; it is up once 
 
 Per start WORK/startup/starts.jsonl gets one line (a finished start is not redone: the step resumes): the system,
 the round, `ready_s` (launch to /health: what an operator waits, Python imports included) and its log's start-up
-lines (serve_speed.capture_seconds: graph capture per graph set and their total, the scheduler's whole start-up).
+lines (serve_speed.capture_seconds: graph capture per graph set and their total, the scheduler's whole start-up, its
+weight loading, LILICORR's concurrent compiles of the select's kernels before capture).
 WORK/startup/startup.json and startup.md: per system the median of each over the rounds, and each system's medians
 over the built-in head's (the target: LILICORR's scheduler start-up <= 1.5x the built-in's).
 """
@@ -24,7 +25,7 @@ from sglang_lilicorr.benchmarks.paired import Deadline, rotation
 from .speed import PORT0, SETTINGS, server_args
 
 DEFAULT_SYSTEMS = ("lilicorr", "builtin")
-MEASURES = ("scheduler_e2e", "total", "ready_s")  # "total": the graph captures' sum
+MEASURES = ("scheduler_e2e", "total", "precompile", "load_weight", "ready_s")  # "total": the graph captures' sum
 REFERENCE = "builtin"
 FIRST_START_S = 150.0  # what a start is assumed to take before one has been timed (a cold LILICORR start: ~70 s)
 
@@ -66,14 +67,15 @@ def summarize(starts: list[dict]) -> dict:
 
 def table(summary: dict) -> str:
     rows = [
-        "| system | starts | scheduler s | graph capture s | ready s | scheduler / built-in |",
-        "|---|---|---|---|---|---|",
+        "| system | starts | scheduler s | graph capture s | select precompile s | weights s | ready s | scheduler / built-in |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for system, m in summary["median"].items():
         ratio = summary["over_builtin"].get(system, {}).get("scheduler_e2e")
+        cells = [m.get(k, "-") for k in ("scheduler_e2e", "total", "precompile", "load_weight", "ready_s")]
         rows.append(
-            f"| {system} | {summary['starts'][system]} | {m.get('scheduler_e2e', '-')} | {m.get('total', '-')} | "
-            f"{m.get('ready_s', '-')} | {ratio if ratio is not None else '-'} |"
+            f"| {system} | {summary['starts'][system]} | {' | '.join(map(str, cells))} | "
+            f"{ratio if ratio is not None else '-'} |"
         )
     return "\n".join(rows) + "\n"
 

@@ -79,6 +79,11 @@ LOG = """[x] Capture target verify CUDA graph end. bs=[1, 2], elapsed=9.27 s, me
 [x] Capture draft verify CUDA graph end. bs=[1, 2], elapsed=44.40 s, mem usage=0.21 GB, avail mem=67.62 GB.
 [x] Engine startup timings (s): load_weight=0.55, kv_cache_allocation=1.86, scheduler_e2e=77.41, cuda_graph={prefill=0.00}
 """
+PRECOMPILE = """[x] LILICORR select, draft graphs at bs 1-32, eager proposal at bs -: 34 Triton kernels compiled \
+concurrently (or read from Triton's cache) on 8 threads in 4.2 s.
+[x] LILICORR select, draft graphs at bs -, eager proposal at bs 33: 2 Triton kernels compiled concurrently (or read \
+from Triton's cache) on 8 threads in 0.9 s.
+"""
 
 
 def test_start_up_seconds_from_sglangs_log_lines():
@@ -87,7 +92,9 @@ def test_start_up_seconds_from_sglangs_log_lines():
         "draft verify": 44.4,
         "total": 53.67,
         "scheduler_e2e": 77.41,
+        "load_weight": 0.55,
     }
+    assert serve_speed.capture_seconds(LOG + PRECOMPILE)["precompile"] == 5.1  # both passes
     assert serve_speed.capture_seconds("no such lines") == {}
 
 

@@ -170,19 +170,26 @@ def plot(settings: Mapping[str, Mapping[str, dict]], path: Path) -> Path:
 
 CAPTURE_LINE = re.compile(r"Capture (\w+ \w+) CUDA graph end\..*?elapsed=([0-9.]+) s")
 SCHEDULER_LINE = re.compile(r"Engine startup timings \(s\):.*?scheduler_e2e=([0-9.]+)")
+LOAD_LINE = re.compile(r"Engine startup timings \(s\): load_weight=([0-9.]+)")
+PRECOMPILE_LINE = re.compile(r"Triton kernels compiled concurrently .*? in ([0-9.]+) s")  # fast_path/precompile.py
 
 
 def capture_seconds(log_text: str) -> dict:
     """Start-up seconds a server's log reports: graph capture by SGLang's name of the graph set ("target decode", "draft
-    verify", ...), their sum under "total", and the scheduler's whole start-up ("scheduler_e2e": weights, pools, graphs
-    and LILICORR's proposal warm-up)."""
+    verify", ...), their sum under "total", the scheduler's whole start-up ("scheduler_e2e": weights, pools, graphs
+    and LILICORR's proposal warm-up), its weight loading ("load_weight") and LILICORR's concurrent compiles of the
+    select's kernels before capture ("precompile", summed over its passes)."""
     out = {}
     for m in CAPTURE_LINE.finditer(log_text):
         out[m.group(1)] = round(out.get(m.group(1), 0.0) + float(m.group(2)), 2)
     if out:
         out["total"] = round(sum(out.values()), 2)
-    scheduler = SCHEDULER_LINE.search(log_text)
-    return {**out, "scheduler_e2e": float(scheduler.group(1))} if scheduler else out
+    for key, line in (("scheduler_e2e", SCHEDULER_LINE), ("load_weight", LOAD_LINE)):
+        if found := line.search(log_text):
+            out[key] = float(found.group(1))
+    if passes := PRECOMPILE_LINE.findall(log_text):
+        out["precompile"] = round(sum(map(float, passes)), 2)
+    return out
 
 
 def process_tree_cpu_s(pid: int) -> float:
