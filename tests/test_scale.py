@@ -44,12 +44,14 @@ sys.path.insert(0, {tests!r})
 from stub_server import StubServer
 args = os.environ["SERVER_ARGS"]
 spec, eager = "--speculative-algorithm" in args, "--cuda-graph-backend-decode disabled" in args
-folder = os.environ["LILICORR_STAGE_TIMING"]
-system = os.path.basename(folder)
+folder = os.environ.get("LILICORR_STAGE_TIMING")  # unset: a phase without the stage timer
+words = args.split()
+draft = os.path.basename(words[words.index("--speculative-draft-model-path") + 1]) if spec else "base"
+system = "lilicorr" if "LILICORR" in words else ("builtin" if draft == "lilicorr" else draft)
 ms = lambda v: {{"count": 90, "mean": v, "median": v}}
 block = {block_ms}.get(system, 7.0) * (2.5 if eager else 1.0)
 head = {head_ms}.get(system, 0.0) * (3.0 if eager else 1.0)
-sizes = [int(b) for b in os.environ["LILICORR_STAGE_TIMING_BS"].split(",")]
+sizes = [int(b) for b in os.environ.get("LILICORR_STAGE_TIMING_BS", "1").split(",")]
 gpu = {{"step": ms(block - 0.5)}}
 if spec:
     gpu.update(target_verify=ms(0.7 * block), draft_forward=ms(0.15 * block if eager else 0.15 * block + 0.5 + head))
@@ -65,8 +67,9 @@ doc = {{"system": {{"gpu": "Stub H100", "forced_commit_len": float(os.environ["S
        "memory": {{"target_gib": 15.26, "draft_gib": 2.03 if spec else None, "head_gib": 0.07 if system != "dflash" and spec else None,
                   "kv_pool_gib": 3.75, "max_total_num_tokens": 24576, "pre_load_free_gib": 78.5 if system in ("lilicorr", "base") else 50.0,
                   "free_after_graphs_gib": 54.0, "graphs_gib": 1.2 if not eager else 0.0}}}}
-with open(os.path.join(folder, f"stages-{{os.getpid()}}.json"), "w") as f:
-    json.dump(doc, f)
+if folder:
+    with open(os.path.join(folder, f"stages-{{os.getpid()}}.json"), "w") as f:
+        json.dump(doc, f)
 stub = StubServer(speculative=spec, accept=7, step_s=0.0002 * (3 if system == "builtin" else 1), min_latency_s=0.001, port=int(os.environ["PORT"]))
 stub.serve_forever()
 """
@@ -239,6 +242,8 @@ def test_phases_pack_whole_bundles_of_paired_rounds(bundles):
         tput = json.loads(t.extractfile("tput/phase.json").read())
         long_round = [json.loads(line) for line in t.extractfile("tput/round1.jsonl").read().splitlines()]
     assert tput["max_tokens"] == 1024 and "--max-total-tokens 49152" in tput["server_args"]["lilicorr"]
+    assert not any("LILICORR_STAGE_TIMING" in env for env in tput["server_env"].values())  # what a user gets
+    assert phase["server_env"]["lilicorr"]["LILICORR_STAGE_TIMING"].endswith("graph/stages/lilicorr")
     assert {r["system"] for r in long_round} == {"lilicorr", "builtin"} and all(
         t["completion_tokens"] == 1024 for r in long_round for t in r["turns"]
     )
@@ -310,7 +315,10 @@ def test_summary_has_every_system_and_concurrency(bundles, tmp_path):
     long_runs = doc["tok_s_1024"]  # the tput phase: its 1,024-token rounds decide the throughput target
     assert set(long_runs) == {"1", "4", "16", "32"} and set(long_runs["4"]["tok_s"]) == {"lilicorr", "builtin"}
     assert targets["lilicorr_tok_s_ge_builtin_ci_lo"]["values"]["4"] == long_runs["4"]["tok_s_vs_builtin"]["lo"]
-    assert "Throughput with 1,024-token outputs" in text
+    assert (
+        "Throughput with 1,024-token outputs (tput phase: LILICORR and the built-in alone, paired rounds, uninstrumented)"
+        in text
+    )
     assert "| lilicorr | 90 | 4.0 | 35.00 / 35.00 / -- | 2.00 |" in text
     assert "| 1 | domino | 10.61 | 1.065 |" in text and "dspark (graph)" in text
     assert (out / "cost.png").stat().st_size > 0
@@ -374,6 +382,16 @@ def test_a_summary_of_the_graph_phase_alone_names_what_is_missing(bundles, tmp_p
     with pytest.raises(UsageError, match="holds no phase folder"):
         scale_report.phase_folders([tmp_path / "empty"], tmp_path)
     assert scale_report.main([str(tmp_path), "--out", str(tmp_path / "r")]) == 2
+
+
+def test_the_uninstrumented_tput_phase_alone_names_its_card_from_the_phase_record(bundles, tmp_path):
+    (folder,) = scale_report.phase_folders([bundles / "scale_tput.tar.gz"], tmp_path).values()
+    record = json.loads((folder / "phase.json").read_text())
+    assert record["phase"]["stage_timer"] is False and not list(folder.glob("stages/*/stages-*.json"))
+    (folder / "phase.json").write_text(json.dumps({**record, "gpu": "Stub H200"}))
+    doc, tables = scale_report.summarize({"tput": folder})
+    assert doc["card"] == "Stub H200" and set(doc["tok_s_1024"]) == {"1", "4", "16", "32"}
+    assert scale_report.markdown(doc, tables).startswith("# Cost at Qwen3-8B scale (Stub H200)")
 
 
 def fresh_work(built: Path, tmp_path: Path) -> Path:

@@ -140,6 +140,14 @@ def test_results_file_from_both_settings(tmp_path):
     assert (tmp_path / "out" / "speed.png").is_file() and "graphs16" in (tmp_path / "out" / "table.md").read_text()
     with pytest.raises(SystemExit):
         serve_speed.main(["--graphs", str(tmp_path), "--card", "x", "--commit", "y", "--out", str(tmp_path / "o2")])
+    # the eager setting alone: only its cell is new, the rest (start-up included) kept from the earlier file
+    only = ["--eager", str(tmp_path / "e"), "--card", "H200", "--commit", "def", "--out", str(tmp_path / "o3")]
+    assert serve_speed.main([*only, "--keep-from", str(tmp_path / "out" / "summary.json")]) == 0
+    kept = json.loads((tmp_path / "o3" / "summary.json").read_text())
+    assert kept["eager"] == doc["eager"] and kept["1"] == doc["1"] and kept["startup_s"] == doc["startup_s"]
+    assert kept["measured"] == {"1": "H100, abc", "eager": "H200, def", "startup_s": "H100, abc"}
+    with pytest.raises(SystemExit):  # neither setting
+        serve_speed.main(["--card", "x", "--commit", "y", "--out", str(tmp_path / "o4")])
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux /proc")

@@ -28,8 +28,8 @@ and packs WORK/<phase> into $OUT/scale_<phase>.tar.gz (written whole or not at a
   correctors  Domino, DSpark and DFLASH (each phase's paired reference), as in graph
   base        the target without speculation, stage timer on (the plain decode step): the same rounds
   eager       the five speculative servers without decode CUDA graphs: one round per c (the eager stages)
-  tput   LILICORR and the built-in alone, graph-captured, 1,024-token outputs: the same paired rounds, four times
-         the decode per run, so rare prefill stalls weigh a quarter as much in the throughput ratio
+  tput   LILICORR and the built-in alone, graph-captured, 1,024-token outputs, no stage timer (the tok/s a user gets):
+         the same paired rounds, four times the decode per run, so rare prefill stalls weigh a quarter as much
 A phase the deadline leaves no time for is skipped (exit 4: run it in the next call); inside a phase the
 rounds stop before one that would not finish. A phase an earlier call on the same machine measured whole
 is not run again (its bundle is packed again); one cut short resumes its runs (benchmarks/paired.py).
@@ -44,6 +44,7 @@ import dataclasses
 import json
 import os
 import shlex
+import subprocess
 import sys
 import tarfile
 import time
@@ -121,6 +122,7 @@ class Phase:
     budget_s: float  # the longest it may take, server start-up included (H100, warm JIT cache after the first server)
     max_tokens: int = MAX_TOKENS  # new tokens per request
     kv_tokens: int = KV_TOKENS  # each server's KV pool (--max-total-tokens): c = 32 requests of prompt + max_tokens fit
+    stage_timer: bool = True  # off: throughput only, uninstrumented
 
 
 RUN_PROMPTS = {1: 3, 4: 8, 16: 16, 32: 32}
@@ -142,6 +144,7 @@ PHASES = {
         budget_s=450,
         max_tokens=1024,
         kv_tokens=49152,
+        stage_timer=False,
     ),
 }
 
@@ -289,11 +292,11 @@ def server_args(system: str, work: Path, *, eager: bool, kv_tokens: int = KV_TOK
     return tuple(args)
 
 
-def server_env(system: str, root: Path) -> dict[str, str]:
-    env = {
-        "LILICORR_STAGE_TIMING": str(root / "stages" / system),
-        "LILICORR_STAGE_TIMING_BS": ",".join(map(str, CONCURRENCY)),
-    }
+def server_env(system: str, root: Path, *, stage_timer: bool = True) -> dict[str, str]:
+    env = {}
+    if stage_timer:
+        env["LILICORR_STAGE_TIMING"] = str(root / "stages" / system)
+        env["LILICORR_STAGE_TIMING_BS"] = ",".join(map(str, CONCURRENCY))
     if system != "base":
         env["SGLANG_SIMULATE_ACC_LEN"] = str(FORCED_COMMIT)
     if system == "dspark":
@@ -331,6 +334,18 @@ def brief(root: Path, systems: Sequence[str]) -> list[str]:
     return lines
 
 
+def card_name() -> str | None:
+    """GPU 0's name as nvidia-smi gives it (the card of an uninstrumented phase, which has no stage timings)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"], capture_output=True, text=True
+        )
+    except OSError:
+        return None
+    name = out.stdout.strip() if out.returncode == 0 else ""
+    return name or None
+
+
 def pack(folder: Path, bundle: Path) -> Path:
     """folder -> bundle (tar.gz), written beside and renamed into place: whole or absent."""
     bundle.parent.mkdir(parents=True, exist_ok=True)
@@ -359,12 +374,12 @@ def run_phase(
             PORT0 + i,
             "0",
             server_args(s, work, eager=phase.eager, kv_tokens=phase.kv_tokens),
-            server_env(s, root),
+            server_env(s, root, stage_timer=phase.stage_timer),
             s,
         )
         for i, s in enumerate(phase.systems)
     ]
-    for s in phase.systems:
+    for s in phase.systems if phase.stage_timer else ():
         (root / "stages" / s).mkdir(parents=True, exist_ok=True)
     t0, failures = time.time(), []
     try:
@@ -386,12 +401,13 @@ def run_phase(
                 reserve_s=RESERVE_S,
             )
             failures += paired.play_rounds(urls, todo, plan, root, deadline=deadline, log=log)
-            failures += flush_stage_timers(urls)
+            if phase.stage_timer:
+                failures += flush_stage_timers(urls)
     except EngineError as e:
         failures.append(f"servers: {e}")
         log(first_traceback(root / "logs"))
     rounds = paired.merge_rounds(root, phase.systems, todo, phase.rounds)
-    for line in brief(root, phase.systems):
+    for line in brief(root, phase.systems) if phase.stage_timer else ():
         log(f"[{phase.name}] {line}")
     save_json(
         root / "phase.json",
@@ -400,6 +416,7 @@ def run_phase(
             "rounds_written": [p.name for p in rounds],
             "failures": failures,
             "seconds": round(time.time() - t0, 1),
+            "gpu": card_name(),
             "forced_commit_len": FORCED_COMMIT,
             "prompt_tokens": PROMPT_TOKENS,
             "max_tokens": phase.max_tokens,

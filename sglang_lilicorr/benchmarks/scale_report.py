@@ -295,8 +295,9 @@ def summarize(
     pre_empty = max((t.get("memory") or {}).get("pre_load_free_gib") or 0.0 for t in every) if every else None
     memory = {s: memory_entry(timed[s], pre_empty, BLOCK_SIZE, mem_fraction, request_tokens) for s in SYSTEMS}
     memory["base"] = memory_entry(timed_base, pre_empty, 0, mem_fraction, request_tokens)
-    card = next(((t.get("system") or {}).get("gpu") for t in every if (t.get("system") or {}).get("gpu")), None)
     phase_info = {n: json.loads((f / "phase.json").read_text()) for n, f in phases.items()}
+    cards = [(t.get("system") or {}).get("gpu") for t in every] + [p.get("gpu") for p in phase_info.values()]
+    card = next((c for c in cards if c), None)
     doc = {
         "card": card,
         "phases": phase_info,
@@ -375,9 +376,10 @@ def markdown(doc: dict, tables: dict) -> str:
             + "x |"
         )
     if doc.get("tok_s_1024"):
+        timer = "stage timer on" if doc["phases"]["tput"]["phase"].get("stage_timer", True) else "uninstrumented"
         lines += [
             "",
-            "Throughput with 1,024-token outputs (tput phase: LILICORR and the built-in alone, paired rounds):",
+            f"Throughput with 1,024-token outputs (tput phase: LILICORR and the built-in alone, paired rounds, {timer}):",
             "",
             "| c | built-in | LILICORR | LILICORR / built-in (95 % CI) |",
             "|---|---|---|---|",

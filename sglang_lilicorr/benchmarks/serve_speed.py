@@ -4,10 +4,11 @@ two verify-attention variants (VERIFY_SYSTEMS), at each concurrency and in two C
 
   summarize(rounds) -> {c: {system: tok/s, "<a>_vs_<b>": [mean, lo, hi], "tau": {system: tau}}}
   table(summary) -> markdown;  plot(summary, path)
-  python -m sglang_lilicorr.benchmarks.serve_speed --graphs DIR [--eager DIR] --card CARD --commit C --out OUT
-      the speed step's folders of both settings (WORK/speed/graphs32, graphs16) -> OUT/summary.json (per c, "eager":
-      graphs to 16 at c = 32, "startup_s": graph capture per system), OUT/table.md, OUT/speed.png;
-      --keep-from EARLIER keeps the cells this run lacks, --startup startup.json adds "startup_alone_s" (the startup step)
+  python -m sglang_lilicorr.benchmarks.serve_speed [--graphs DIR] [--eager DIR] --card CARD --commit C --out OUT
+      the speed step's folders of either setting or both (WORK/speed/graphs32, graphs16) -> OUT/summary.json (per c,
+      "eager": graphs to 16 at c = 32, "startup_s": graph capture per system, from graphs32), OUT/table.md,
+      OUT/speed.png; --keep-from EARLIER keeps the cells this run lacks, --startup startup.json adds "startup_alone_s"
+      (the startup step)
 
 `rounds` holds, per round, the records of every system at every c (testbed/speed.py writes them: WORK/round<r>.jsonl).
 Tokens/s of a run is output tokens per busy second of its requests (metrics.output_tps); a ratio is taken within each
@@ -213,20 +214,22 @@ def process_tree_cpu_s(pid: int) -> float:
     return total / tick
 
 
-def report(graphs: dict, eager: dict | None, card: str, commit: str) -> dict:
-    """The results file: graphs' summary per c, `eager` (the eager setting at c = 32), `startup_s` (graph capture
-    seconds and the scheduler's whole start-up per system, in the setting's first call: a cold Triton and JIT cache),
-    card and commit."""
+def report(graphs: dict | None, eager: dict | None, card: str, commit: str) -> dict:
+    """The results file: graphs' summary per c and `startup_s` (graph capture seconds and the scheduler's whole
+    start-up per system, in the setting's first call: a cold Triton and JIT cache), `eager` (the eager setting at
+    c = 32), card and commit; a setting not given adds none of its cells."""
     keep = (*ALL_SYSTEMS, *(f"{a}_vs_{b}" for a, b in RATIOS), "tau", "block_over_decode", "rounds")
-    out = {c: {k: e[k] for k in keep if k in e} for c, e in graphs["summary"].items()}
+    out = {}
+    if graphs:
+        out = {c: {k: e[k] for k in keep if k in e} for c, e in graphs["summary"].items()}
+        first = next(iter(graphs.get("capture_s", {}).values()), {})
+        out["startup_s"] = {
+            s: {"graph_capture": first[s].get("total"), "scheduler": first[s].get("scheduler_e2e")}
+            for s in ALL_SYSTEMS
+            if s in first
+        }
     if eager and "32" in eager["summary"]:
         out["eager"] = {k: eager["summary"]["32"][k] for k in keep if k in eager["summary"]["32"]}
-    first = next(iter(graphs.get("capture_s", {}).values()), {})
-    out["startup_s"] = {
-        s: {"graph_capture": first[s].get("total"), "scheduler": first[s].get("scheduler_e2e")}
-        for s in ALL_SYSTEMS
-        if s in first
-    }
     return {**out, "card": card, "commit": commit}
 
 
@@ -259,7 +262,7 @@ def with_startup_alone(result: dict, startup: dict, measured: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Served-speed results of the testbed's speed step (module docstring).")
-    p.add_argument("--graphs", type=Path, required=True, help="the graphs32 setting's folder (its speed_summary.json)")
+    p.add_argument("--graphs", type=Path, help="the graphs32 setting's folder (its speed_summary.json)")
     p.add_argument("--eager", type=Path, help="the graphs16 setting's folder")
     p.add_argument("--card", required=True)
     p.add_argument("--commit", required=True)
@@ -273,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--startup", type=Path, help="the startup step's startup.json (servers started alone, cold)")
     p.add_argument("--startup-measured", metavar="'CARD, COMMIT'", help="where --startup's starts ran")
     a = p.parse_args(argv)
+    if a.graphs is None and a.eager is None:
+        p.error("nothing to summarize: pass --graphs (the graphs32 setting's folder), --eager (graphs16's) or both")
     if a.startup is not None and not (a.startup.is_file() and a.startup_measured):
         p.error(f"--startup {a.startup}: pass the startup step's startup.json and --startup-measured 'CARD, COMMIT'")
     if a.keep_from is not None and not a.keep_from.is_file():
@@ -285,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                 p.error(f"--{name} {folder}: no speed_summary.json there; pass the speed step's folder of that setting")
             docs[name] = json.loads(path.read_text())
     a.out.mkdir(parents=True, exist_ok=True)
-    result = report(docs["graphs"], docs.get("eager"), a.card, a.commit)
+    result = report(docs.get("graphs"), docs.get("eager"), a.card, a.commit)
     if a.keep_from is not None:
         result = keep_unmeasured(result, json.loads(a.keep_from.read_text()))
     if a.startup is not None:
