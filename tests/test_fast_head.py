@@ -116,33 +116,6 @@ def test_select_fp32_equals_reference(seed, monkeypatch, plan, slots):
     )
 
 
-@needs_interpreter
-@pytest.mark.parametrize("plan", list(CPU_PLANS))
-@pytest.mark.parametrize("gpu_defaults", [False, True])
-def test_select_bs1_equals_reference(seed, monkeypatch, plan, gpu_defaults):
-    """One request (bs 1) on fresh random inputs: each fused route equals the PyTorch reference. gpu_defaults: the
-    kernels' launch defaults for one request on 132 SMs with the paper's factor (D = 1024, eight 128-column steps):
-    the cosine kernel splits each factor's D over 8 programs (head_scores.cosine_split)."""
-    from sglang_lilicorr.kernels import head_scores
-
-    cfg = dataclasses.replace(SMALL, factor_dim=1024) if gpu_defaults else SMALL
-    if gpu_defaults:
-        monkeypatch.setattr(head_scores, "sm_count", lambda device: 132)
-    assert head_scores.cosine_split(1, cfg.num_slots, cfg.factor_dim, CosineLaunch(), torch.device("cpu")) == (
-        8 if gpu_defaults else 1
-    )
-    head = make_head(cfg, HM, seed)
-    hidden, anchor, lm_head, embed = make_inputs(1, cfg.num_slots, HM, VOCAB, seed)
-    fast = FastLiLiCorrSelect(head, embed_weight=embed, plans=SelectPlans.every(CPU_PLANS[plan]))
-    assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-4, min_clear=0)
-    vals, ids, lse = fast.candidates(hidden, lm_head)
-    start, pair, _ = fast.lattice_scores(vals, ids, lse, hidden, anchor)  # their own launch: one program per factor
-    w_start, w_pair, _ = fast.fused_stages(vals, ids, lse, hidden, anchor)["factors"]()  # the walk's, as served
-    torch.testing.assert_close(w_start, start, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(w_pair, pair, atol=1e-5, rtol=1e-5)
-    assert not fast._counters.buffer.any()  # the split's per-factor counters left zero
-
-
 def test_kernel_counters_grow_outside_a_capture():
     """The counters are sized up front; a batch that needs more grows them to zeros (eager)."""
     counters = KernelCounters("cpu", size=1)
@@ -425,50 +398,6 @@ def test_cosine_walk_kernel_equals_cosine_then_greedy_walk(seed, b, s, k):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("split", [2, 4])
-def test_cosine_walk_kernel_split_over_d_equals_one_program_per_factor(seed, split):
-    """launch.split programs per factor, each over D / split columns, their partial Grams summed by the factor's last
-    one: the scores of one program per factor (fp32, within summation order), the walk of its own scores, every
-    counter (per request and per factor) left zero and reusable."""
-    from sglang_lilicorr.kernels.head_scores import lattice_cosine_walk_triton, walk_counters
-
-    g = torch.Generator().manual_seed(seed)
-    b, s, k, d = 2, 6, 4, 64
-    launch = CosineLaunch(block_d=16, split=split)  # four 16-column steps per factor
-    edges, anchor = torch.randn(b, s, k, 2 * d, generator=g), torch.randn(b, d, generator=g)
-    ids = torch.randint(0, 5000, (b, s, k), generator=g)
-    counters = torch.zeros(walk_counters(b, s, d, edges.device, launch), dtype=torch.int32)
-    assert counters.numel() == b + b * s
-    for _ in range(2):
-        start, pair, draft = lattice_cosine_walk_triton(edges, anchor, 8.0, 1e-6, ids, counters, launch)
-        want_start, want_pair = lattice_cosine_triton(edges, anchor, 8.0, 1e-6, CosineLaunch(block_d=16))
-        torch.testing.assert_close(start, want_start, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(pair, want_pair, atol=1e-5, rtol=1e-5)
-        assert torch.equal(draft, ids.gather(2, greedy_walk(start, pair).unsqueeze(-1)).squeeze(-1))
-        assert not counters.any()
-    with pytest.raises(ValueError, match=r"counters must be int32 zeros with >= 14 entries"):
-        lattice_cosine_walk_triton(edges, anchor, 8.0, 1e-6, ids, torch.zeros(b, dtype=torch.int32), launch)
-    with pytest.raises(ValueError, match=r"split=3 must cut D = 64 into whole 16-column steps"):
-        lattice_cosine_walk_triton(edges, anchor, 8.0, 1e-6, ids, counters, CosineLaunch(block_d=16, split=3))
-    with pytest.raises(ValueError, match=r"only the walk's launch splits"):
-        lattice_cosine_triton(edges, anchor, 8.0, 1e-6, launch)
-
-
-def test_cosine_split_by_shape():
-    """By default the walk's launch splits a factor over its D steps where they are many and fit one wave: the paper
-    head (D = 1024, 8 steps of 128) at bs 1 on 132 SMs, not at bs 2, not the testbed head (D = 256), not the CPU."""
-    from sglang_lilicorr.kernels import head_scores
-
-    gpu = torch.device("cuda", 0)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(head_scores, "sm_count", lambda device: 132)
-        assert [head_scores.cosine_split(b, 15, 1024, CosineLaunch(), gpu) for b in (1, 2)] == [8, 1]
-        assert head_scores.cosine_split(1, 15, 256, CosineLaunch(), gpu) == 1
-        assert head_scores.walk_counters(1, 15, 1024, gpu) == 16 and head_scores.walk_counters(2, 15, 1024, gpu) == 2
-    assert head_scores.cosine_split(1, 15, 1024, CosineLaunch(), torch.device("cpu")) == 1
-
-
-@needs_interpreter
 def test_cosine_walk_kernel_rejects_bad_ids_and_counters():
     from sglang_lilicorr.kernels.head_scores import lattice_cosine_walk_triton
 
@@ -494,8 +423,8 @@ R, G = L.block // L.group, L.group
 split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 8
 confidence = [f32] * 5 + [bf, i32, i32, "fp32", "fp32"] + [c] * 3
 walk_args = [i64, "*i32", i64, i32, i32, i32, i64]  # the cosine kernel's walk: successors, counters, ids + strides, draft
-def cosine_args(t):  # edges, anchor (+ stride), start, pair, S, K, D, sigma, eps, the walk's, the split's
-    return [t, t, i32, f32, f32, i32, i32, i32, "fp32", "fp32"] + walk_args + [f32, "*i32"] + [c] * 8
+def cosine_args(t):  # edges, anchor (+ stride), start, pair, S, K, D, sigma, eps, the walk's
+    return [t, t, i32, f32, f32, i32, i32, i32, "fp32", "fp32"] + walk_args + [c] * 7
 P = dict(PDL=True)  # as served on sm_90 (kernels/pdl.py)
 cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divisible by 16 at the paper config
     (head_nodes._confidence_up_kernel, confidence, dict(KP=8, BLOCK_H=256, **P), 4, None, ()),
@@ -504,10 +433,9 @@ cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divis
     (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=True, ADD=True, **P), 4, None, ()),
     (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=False, ADD=False, PDL=False), 4, None, ()),
     (head_norm._row_bias_silu_kernel, [bf, bf, i32, i32, i32, i32, c, c, c], dict(ROWS=1, BLOCK_N=1024, **P), 4, None, ()),
-    (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, SPLIT=1, **P), CL.num_warps, None, (0, 1, 2, 7)),
-    (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, SPLIT=8, **P), CL.num_warps, None, (0, 1, 2, 7)),  # paper bs 1
-    (head_scores._lattice_cosine_kernel, cosine_args(f32), dict(KP=16, BLOCK_D=128, F32_DOT=True, PRECISION="ieee", WALK=False, SP=16, SPLIT=1, PDL=False), 4, None, (0, 1, 2, 7)),
-    (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=False, SP=16, SPLIT=1, **P), CL.num_warps, None, (0, 1, 2, 7)),  # LILICORR_WALK=viterbi
+    (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, **P), CL.num_warps, None, (0, 1, 2, 7)),
+    (head_scores._lattice_cosine_kernel, cosine_args(f32), dict(KP=16, BLOCK_D=128, F32_DOT=True, PRECISION="ieee", WALK=False, SP=16, PDL=False), 4, None, (0, 1, 2, 7)),
+    (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=False, SP=16, **P), CL.num_warps, None, (0, 1, 2, 7)),  # LILICORR_WALK=viterbi
     (walk._walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c, c], dict(KP=8, SP=16, GATHER=True, VITERBI=False, **P), 1, None, ()),
     (walk._walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c, c], dict(KP=8, SP=16, GATHER=True, VITERBI=True, **P), 1, None, ()),
     (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, NARROW=True, **P), L.num_warps, L.maxnreg, range(10)),
@@ -526,9 +454,6 @@ for fn, types, consts, warps, maxnreg, aligned in cases:
     if fn in (head_nodes._confidence_up_kernel, head_nodes._lattice_nodes_kernel) and consts["PDL"]:
         if "ld.global" not in r["ptx"][: r["ptx"].index("griddepcontrol.wait")]:
             sys.exit(f"{fn.__name__}: its constants (weights, node_const) are not loaded before the wait")
-    if fn is head_nodes._confidence_up_kernel and consts["PDL"]:  # released at its start (kernels/pdl.py)
-        if r["ptx"].index("griddepcontrol.launch_dependents") > r["ptx"].index("griddepcontrol.wait"):
-            sys.exit("the confidence kernel does not release the next kernel before its wait")
     if consts.get("F32_DOT") is False and "cp.async" not in r["ptx"]:
         sys.exit("the cosine kernel's D loop is not pipelined (no cp.async)")
     if r["spills"]:

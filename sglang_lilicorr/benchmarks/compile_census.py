@@ -106,7 +106,7 @@ def recorded_launches():
 def as_h100():
     """The device facts the plan (fast_path/plan.py) and the kernels' launches read, set to an H100's."""
     from ..fast_path import plan
-    from ..kernels import gemm_epilogue, head_nodes, head_norm, head_scores, pdl, topk_lse_fused
+    from ..kernels import gemm_epilogue, head_nodes, head_norm, pdl, topk_lse_fused
 
     facts = [
         (plan, "pdl_supported", lambda t: True),
@@ -114,7 +114,6 @@ def as_h100():
         (topk_lse_fused, "sm_count", lambda d: H100_SMS),
         (gemm_epilogue, "sm_count", lambda d: H100_SMS),
         (gemm_epilogue, "sm_major", lambda d: 9),
-        (head_scores, "sm_count", lambda d: H100_SMS),
         (head_norm, "rows_per_program", lambda t: 1),
         (head_nodes, "rows_per_program", lambda t: 1),
     ]

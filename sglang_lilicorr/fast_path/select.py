@@ -322,7 +322,7 @@ class FastLiLiCorrSelect(SelectConstants):
         if ids is None or self.walk_rule != "greedy":  # the scores alone, then (with ids) the rule's kernel
             start, pair = head_scores.lattice_cosine_triton(edges, anchor[:, :d], self.sigma, self.vector_eps, pdl=pdl)
             return start, pair, None if ids is None else self.walk(start, pair, ids)
-        counters = self._counters.at_least(head_scores.walk_counters(b, s, d, self.device))
+        counters = self._counters.at_least(b)  # one per request
         return head_scores.lattice_cosine_walk_triton(
             edges, anchor[:, :d], self.sigma, self.vector_eps, ids, counters, pdl=pdl
         )

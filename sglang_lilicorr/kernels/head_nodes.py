@@ -22,7 +22,7 @@ import triton.language as tl
 
 from .device import rows_per_program
 from .head_norm import SUMSQ_GROUP, norm_store, store_sumsq
-from .pdl import check_pdl, gdc_launch_dependents, gdc_wait, grid_dependency_wait, pdl_launch
+from .pdl import check_pdl, grid_dependency_wait, pdl_launch
 from .tuning import ConfidenceLaunch
 
 NUM_FEATURES = 5  # log p, p, log p - log p_top, rank / (K-1), is-top-1 (sglang_lilicorr.head)
@@ -44,8 +44,6 @@ def _confidence_up_kernel(
     BLOCK_H: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:  # a short kernel: the next one (the feature GEMM) launches now, its prologue in this kernel's shadow
-        gdc_launch_dependents()
     g = tl.program_id(0)  # one (request, slot) group of K candidates
     hb = tl.program_id(1)
     ks = tl.arange(0, KP)
@@ -59,8 +57,7 @@ def _confidence_up_kernel(
     w2 = tl.load(w_ptr + cols * 5 + 2, mask=cv, other=0.0)[None, :]
     w3 = tl.load(w_ptr + cols * 5 + 3, mask=cv, other=0.0)[None, :]
     w4 = tl.load(w_ptr + cols * 5 + 4, mask=cv, other=0.0)[None, :]
-    if PDL:  # released above: only the wait
-        gdc_wait()
+    grid_dependency_wait(PDL)
     v = tl.load(vals_ptr + g * K + ks, mask=kv, other=0.0)
     lse = tl.load(lse_ptr + g)
     lp = v - lse

@@ -22,11 +22,6 @@ candidate (K <= 16), then counts itself done on a per-request counter; the reque
 loads the S words, follows the successors from the anchor through slot S (a shift and a mask per
 slot, no reduction), gathers the walked candidates' ids and resets the counter. One launch fewer
 on the critical path than cosine + walk kernel (PERF_NOTES.md).
-
-Where the grid is small and a factor's D loop long (`cosine_split`: the paper head at bs 1), the walk's launch gives
-each step of D a program of its own: each stores its three partial Grams and counts itself on a per-factor counter,
-and the factor's last program sums the parts in a fixed order (deterministic; another order than one program's, so
-the scores may differ in the last fp32 bits), resets that counter and goes on as above.
 """
 
 from __future__ import annotations
@@ -35,9 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .device import sm_count
 from .pdl import check_pdl, grid_dependency_wait
-from .tuning import COSINE_SPLIT_MIN_STEPS, CosineLaunch
+from .tuning import CosineLaunch
 
 WALK_MAX_K = 16  # the walk packs a factor's successors 4 bits per candidate into one int64
 
@@ -61,8 +55,6 @@ def _lattice_cosine_kernel(
     id_s,
     id_k,
     draft_ptr,  # WALK: [b, S] int64, [b] int32, ids [b, S, K], [b, S]
-    part_ptr,
-    factor_count_ptr,  # SPLIT > 1: fp32 [b * S * SPLIT, 3, KP, KP] partial Grams, int32 [b * S] zeros
     KP: tl.constexpr,
     BLOCK_D: tl.constexpr,
     F32_DOT: tl.constexpr,
@@ -70,7 +62,6 @@ def _lattice_cosine_kernel(
     PDL: tl.constexpr,
     WALK: tl.constexpr,
     SP: tl.constexpr,  # SP: S rounded up to a power of two
-    SPLIT: tl.constexpr,  # programs per factor (program_id 2), each over D / SPLIT columns in whole BLOCK_D steps
 ):
     grid_dependency_wait(PDL)
     req = tl.program_id(0).to(tl.int64)
@@ -88,19 +79,9 @@ def _lattice_cosine_kernel(
     dot = tl.zeros((KP, KP), tl.float32)  # a b^T
     gram_a = tl.zeros((KP, KP), tl.float32)  # a a^T: squared norms on the diagonal
     gram_b = tl.zeros((KP, KP), tl.float32)
-    lo, hi = 0, D  # all of D, the last step maybe partial; split: this program's part
-    if SPLIT > 1:
-        lo = tl.program_id(2) * (D // SPLIT)
-        hi = lo + D // SPLIT
-    for d0 in range(lo, hi, BLOCK_D):
+    for d0 in range(0, D, BLOCK_D):  # all of D, the last step maybe partial
         cols = d0 + tl.arange(0, BLOCK_D)
         dot, gram_a, gram_b = _gram_step(a_rows, in_rows, a_live, kv, cols, D, dot, gram_a, gram_b, F32_DOT, PRECISION)
-    if SPLIT > 1:  # only the factor's last program to arrive goes on, with the sums of all SPLIT parts
-        dot, gram_a, gram_b, last = _gram_sums(
-            dot, gram_a, gram_b, ks, req * S + s, part_ptr, factor_count_ptr, KP, SPLIT
-        )
-        if not last:
-            return
     # the factor's sigma-scaled cosines, stored (start or pair)
     eye = ks[:, None] == ks[None, :]
     inv_a = 1.0 / tl.maximum(tl.sqrt(tl.sum(tl.where(eye, gram_a, 0.0), 1)), eps)  # [KP] along rows
@@ -132,30 +113,6 @@ def _lattice_cosine_kernel(
 
 
 @triton.jit
-def _gram_sums(dot, gram_a, gram_b, ks, factor, part_ptr, factor_count_ptr, KP: tl.constexpr, SPLIT: tl.constexpr):
-    """Store this part's three [KP, KP] Grams and count it on the factor's counter -> the sums over the SPLIT parts in
-    a fixed order (deterministic) and whether this program is the factor's last (which also resets the counter)."""
-    offs = ks[:, None] * KP + ks[None, :]
-    mine = part_ptr + (factor * SPLIT + tl.program_id(2)) * (3 * KP * KP) + offs
-    tl.store(mine, dot)
-    tl.store(mine + KP * KP, gram_a)
-    tl.store(mine + 2 * KP * KP, gram_b)
-    tl.debug_barrier()  # every thread's stores precede the release below
-    last = tl.atomic_add(factor_count_ptr + factor, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
-    if last:  # the sums in part order, whichever part arrived last
-        dot = tl.zeros((KP, KP), tl.float32)
-        gram_a = tl.zeros((KP, KP), tl.float32)
-        gram_b = tl.zeros((KP, KP), tl.float32)
-        for p in tl.static_range(SPLIT):
-            theirs = part_ptr + (factor * SPLIT + p) * (3 * KP * KP) + offs
-            dot += tl.load(theirs, cache_modifier=".cg")
-            gram_a += tl.load(theirs + KP * KP, cache_modifier=".cg")
-            gram_b += tl.load(theirs + 2 * KP * KP, cache_modifier=".cg")
-        tl.atomic_xchg(factor_count_ptr + factor, 0, sem="relaxed", scope="gpu")
-    return dot, gram_a, gram_b, last
-
-
-@triton.jit
 def _gram_step(
     a_rows, in_rows, a_live, kv, cols, D, dot, gram_a, gram_b, F32_DOT: tl.constexpr, PRECISION: tl.constexpr
 ):
@@ -181,8 +138,6 @@ def lattice_cosine_triton(
     pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (start fp32 [b, K], pair fp32 [b, S-1, K, K])."""
-    if launch.split not in (None, 1):
-        raise ValueError(f"lattice_cosine_triton: split={launch.split}; only the walk's launch splits (its counters)")
     return _launch_cosine("lattice_cosine_triton", edges, anchor_out, sigma, eps, launch, pdl)[:2]
 
 
@@ -192,17 +147,15 @@ def lattice_cosine_walk_triton(
     sigma: float,
     eps: float,
     ids: torch.Tensor,  # [b, S, K] candidate token ids
-    counters: torch.Tensor,  # int32 zeros: one per request, b * S more if split (one per factor); left zero (reusable)
+    counters: torch.Tensor,  # int32 zeros, >= b entries (one per request); left zero (reused across calls and replays)
     launch: CosineLaunch = CosineLaunch(),
     *,
     pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (start fp32 [b, K], pair fp32 [b, S-1, K, K], draft ids [b, S] int64: the ids of the
-    candidates the greedy walk commits, as walk.greedy_walk + gather). Each factor's D splits over cosine_split programs,
-    whose partial Grams the factor's last one sums (a counter per factor after the b per-request ones)."""
+    candidates the greedy walk commits, as walk.greedy_walk + gather)."""
     b, s, k = edges.shape[:3]
-    split = cosine_split(b, s, edges.shape[-1] // 2, launch, edges.device)
-    need = walk_counters(b, s, edges.shape[-1] // 2, edges.device, launch)
+    need = b
     if k > WALK_MAX_K:
         raise ValueError(
             f"lattice_cosine_walk_triton: K={k} candidates; the walk packs 4-bit successors, K <= {WALK_MAX_K}"
@@ -221,29 +174,10 @@ def lattice_cosine_walk_triton(
             f"lattice_cosine_walk_triton: counters must be int32 zeros with >= {need} entries on {edges.device}, "
             f"got {counters.dtype} {tuple(counters.shape)} on {counters.device}"
         )
-    walk = (ids, counters)
-    return _launch_cosine("lattice_cosine_walk_triton", edges, anchor_out, sigma, eps, launch, pdl, walk, split)
+    return _launch_cosine("lattice_cosine_walk_triton", edges, anchor_out, sigma, eps, launch, pdl, (ids, counters))
 
 
-def cosine_split(b: int, s: int, d: int, launch: CosineLaunch, device: torch.device) -> int:
-    """Programs per factor of the walk's launch: launch.split, else one per step of D where a factor has at least
-    COSINE_SPLIT_MIN_STEPS whole steps and b * S * steps programs fit on the SMs (the paper head at bs 1: 8), else 1."""
-    step, split = launch.step(d), launch.split
-    if split is None:
-        steps = d // step
-        fits = d % step == 0 and steps >= COSINE_SPLIT_MIN_STEPS and b * s * steps <= sm_count(device)
-        split = steps if fits else 1
-    if not isinstance(split, int) or split < 1 or (split > 1 and d % (split * step)):
-        raise ValueError(f"lattice_cosine_walk_triton: split={split!r} must cut D = {d} into whole {step}-column steps")
-    return split
-
-
-def walk_counters(b: int, s: int, d: int, device: torch.device, launch: CosineLaunch = CosineLaunch()) -> int:
-    """The int32 counters lattice_cosine_walk_triton needs: one per request, and one per factor where it splits."""
-    return b + (b * s if cosine_split(b, s, d, launch, device) > 1 else 0)
-
-
-def _launch_cosine(name, edges, anchor_out, sigma, eps, launch, pdl, walk=None, split=1):
+def _launch_cosine(name, edges, anchor_out, sigma, eps, launch, pdl, walk=None):
     check_pdl(pdl, edges, name)
     b, s, k, two_d = edges.shape
     d = two_d // 2
@@ -266,13 +200,10 @@ def _launch_cosine(name, edges, anchor_out, sigma, eps, launch, pdl, walk=None, 
         (ids, counters), draft = walk, torch.empty((b, s), dtype=torch.int64, device=dev)
         succ = torch.empty((b, s), dtype=torch.int64, device=dev)
         walk_args = (succ, counters, ids, *ids.stride(), draft)
-    parts = (start, start)  # unused at split 1
-    if split > 1:  # [b * S * split, 3, KP, KP] partial Grams; the factor counters after the b request ones
-        parts = (torch.empty(b * s * split * 3 * kp * kp, dtype=torch.float32, device=dev), walk[1][b:])
     if b and s:
         f32 = edges.dtype == torch.float32 or not edges.is_cuda  # IEEE fp32 dots
         f32_dot = launch.f32_dot or f32
-        _lattice_cosine_kernel[(b, s, split)](
+        _lattice_cosine_kernel[(b, s)](
             edges,
             anchor_out,
             anchor_out.stride(0),
@@ -284,7 +215,6 @@ def _launch_cosine(name, edges, anchor_out, sigma, eps, launch, pdl, walk=None, 
             float(sigma),
             float(eps),
             *walk_args,
-            *parts,
             KP=kp,
             BLOCK_D=block_d,
             F32_DOT=f32_dot,
@@ -292,7 +222,6 @@ def _launch_cosine(name, edges, anchor_out, sigma, eps, launch, pdl, walk=None, 
             PDL=pdl,
             WALK=walk is not None,
             SP=triton.next_power_of_2(s),
-            SPLIT=split,
             launch_pdl=pdl,
             num_warps=launch.num_warps,
             num_stages=1 if f32_dot else launch.num_stages,  # fp32 tiles: no room to pipeline

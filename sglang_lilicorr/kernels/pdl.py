@@ -13,10 +13,7 @@ is still running. Its programs first call `grid_dependency_wait(PDL)`:
 Each kernel of the select path therefore runs as soon as its input is ready, with the next launch
 already under way. One exception reads before the wait: constants (a weight, a bias, a table: nothing any kernel
 writes), so that their latency hides behind the kernel before (kernels/prefetch.py for whole weights; the epilogue
-operands of kernels/gemm_epilogue.py, the lattice bias, the confidence MLP's weights). The confidence kernel
-(head_nodes.py), short and followed by the feature GEMM, releases the next kernel at its start and only waits at the
-place of grid_dependency_wait: the GEMM's weight prefetch gets that kernel's runtime as lead (H100, ce4f6ab: paper
-head bs 1 -1.0 us, testbed +-0.2; the same bits: the GEMM still waits for the whole kernel before it reads).
+operands of kernels/gemm_epilogue.py, the lattice bias, the confidence MLP's weights).
 Kernels that are not launched this way (cuBLAS, PyTorch) keep full stream order around them; with PDL=False
 both instructions compile away. Measured on an H100 in a CUDA
 graph (benchmarks/PERF_NOTES.md): 0.4-0.7 us less per kernel boundary.

@@ -114,17 +114,10 @@ class CosineLaunch(NamedTuple):
     num_warps: int = 4
     num_stages: int = 3  # steps in flight (sm_90, bf16, 128 columns: 104 registers, 14 KiB shared)
     f32_dot: bool = False  # 16-bit operands converted to fp32 (TF32 dots) before tl.dot: not pipelined
-    split: int | None = None  # programs per factor of the walk's launch; None: by shape (head_scores.cosine_split)
 
     def step(self, d: int) -> int:
         """Columns per step of a factor with D columns: block_d, or D rounded up to a power of two (>= 16) if smaller."""
         return max(16, min(1 << max(d - 1, 0).bit_length(), self.block_d))
-
-
-# The walk's launch splits a factor's D over its steps (one program each, the factor's last summing the parts) where a
-# factor has at least this many steps and b * S * steps programs fit on the SMs. H100, 59d1f9c, in-call: the paper head
-# at bs 1 (D = 1024, 8 steps, 120 programs) -2.05 us; the testbed head (D = 256, 2 steps) loses 0.7-1.6 us split.
-COSINE_SPLIT_MIN_STEPS = 8
 
 
 # --- confidence features + up projection (kernels/head_nodes.py) ---------------------------------------------
