@@ -76,6 +76,11 @@ def test_sglang_plugin_loader_registers_lilicorr_idempotently():
     algo = SpeculativeAlgorithm.from_string("lilicorr")
     assert isinstance(algo, LiLiCorrSpecAlgo) and algo.name == ALGORITHM_NAME
     assert SpeculativeAlgorithm.from_string("LILICORR") is algo
+    from sglang.srt.arg_groups.resolution_hooks import _HOOKS
+
+    from sglang_lilicorr.serving.plugin import TARGET_ATTENTION_STEP, default_target_attention
+
+    assert _HOOKS[TARGET_ATTENTION_STEP].count(default_target_attention) == 1  # the target backend's default, once
 
 
 def predicates():
@@ -125,6 +130,114 @@ def test_resolution_applies_dflash_defaults(target, draft):
 def test_resolution_keeps_explicit_matching_values(target, draft):
     cfg = resolve(target, "--speculative-num-draft-tokens", 16, "--max-running-requests", 5, draft=draft)
     assert (cfg.speculative_num_draft_tokens, cfg.max_running_requests) == (16, 5)
+
+
+# --- the target's attention backend -------------------------------------------------------------------------
+
+
+HOPPER = {"is_hopper_with_cuda_12_3": True, "is_sm90": True}  # an H100/H200 as SGLang's default backend sees it
+
+
+@pytest.fixture
+def default_lines():
+    """The target-backend default lines server_args logs (caplog cannot see them: SGLang's resolution reconfigures
+    the root logger)."""
+    import logging
+
+    from sglang_lilicorr.serving import server_args as resolution
+
+    said = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: said.append(record.getMessage())
+    resolution.logger.addHandler(handler)
+    yield lambda: [m for m in said if "--attention-backend defaults" in m]
+    resolution.logger.removeHandler(handler)
+
+
+@pytest.mark.parametrize("extra", [[], ["--enable-deterministic-inference"]], ids=["default", "deterministic"])
+def test_the_target_runs_triton_where_sglang_would_pick_fa3(extra, target, draft, default_lines):
+    """SGLang's own default on Hopper (fa3, which LILICORR was never served on) is what a DFLASH server gets; a LILICORR
+    server gets triton, set before SGLang's default and said in one warning line."""
+    from sglang.srt.runtime_context import override_platform
+
+    with override_platform(**HOPPER):
+        dflash = resolve(target, *extra, draft=draft, algo="DFLASH")
+        assert default_lines() == []
+        lilicorr = resolve(target, *extra, draft=draft)
+    assert dflash.attention_backend == "fa3"
+    assert (lilicorr.attention_backend, lilicorr.prefill_attention_backend, lilicorr.decode_attention_backend) == (
+        "triton",
+        None,
+        None,
+    )
+    assert default_lines() == [
+        "LILICORR: --attention-backend defaults to triton (the target's prefill and decode attention), the backend "
+        "LILICORR is served and proven on, where SGLang's own default can be one it was never served on (fa3 on "
+        "Hopper); pass --attention-backend flashinfer for the other one accepted."
+    ]
+
+
+@pytest.mark.parametrize(
+    "extra, want",
+    [
+        (["--attention-backend", "flashinfer"], ("flashinfer", "flashinfer")),
+        (["--attention-backend", "triton"], ("triton", "triton")),
+        (["--decode-attention-backend", "triton"], ("triton", "triton")),  # prefill: the default
+        (
+            ["--prefill-attention-backend", "flashinfer", "--decode-attention-backend", "flashinfer"],
+            ("flashinfer",) * 2,
+        ),
+    ],
+    ids=["flashinfer", "triton", "decode-triton", "split-flashinfer"],
+)
+def test_an_accepted_target_backend_is_served(extra, want, target, draft, default_lines):
+    from sglang.srt.arg_groups.overrides import attention_backends_of
+    from sglang.srt.runtime_context import override_platform
+
+    with override_platform(**HOPPER):
+        cfg = resolve(target, *extra, draft=draft)
+    assert attention_backends_of(cfg) == want
+    said = default_lines()
+    assert len(said) == (extra[0] == "--decode-attention-backend")  # the default serves the phase left unset
+    assert all("to triton (the target's prefill attention)" in line for line in said)
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        (
+            ["--attention-backend", "fa3"],
+            "--attention-backend fa3 is not supported .* never been served and checked on fa3",
+        ),
+        (["--attention-backend", "fa4"], "--attention-backend fa4 is not supported"),
+        (["--attention-backend", "torch_native"], "--attention-backend torch_native is not supported"),
+        (["--attention-backend", "aiter"], "--attention-backend aiter is not supported"),
+        (["--prefill-attention-backend", "fa3"], "--prefill-attention-backend fa3 is not supported .* drop the split"),
+        (
+            ["--prefill-attention-backend", "flashinfer"],
+            "prefill attention would run flashinfer and its decode .* triton",
+        ),
+    ],
+    ids=["fa3", "fa4", "torch_native", "aiter", "prefill-fa3", "split-pair"],
+)
+def test_a_target_backend_never_served_is_refused_before_serving(extra, match, target, draft):
+    from sglang.srt.runtime_context import override_platform
+
+    with override_platform(**HOPPER), pytest.raises(ServingConfigError, match=match) as refused:
+        resolve(target, *extra, draft=draft)
+    assert "pass --attention-backend triton or flashinfer" in str(refused.value) or "alone." in str(refused.value)
+
+
+def test_an_explicit_verify_attention_needs_the_triton_target(target, draft, monkeypatch):
+    from sglang_lilicorr.serving import verify_attention as va
+
+    monkeypatch.setenv(va.ENV, va.SPLIT_KV)
+    resolve(target, "--attention-backend", "triton", draft=draft)
+    resolve(target, draft=draft)  # the default: triton
+    with pytest.raises(ServingConfigError, match="the target runs flashinfer, which verifies with its own kernel"):
+        resolve(target, "--attention-backend", "flashinfer", draft=draft)
+    monkeypatch.delenv(va.ENV)
+    resolve(target, "--attention-backend", "flashinfer", draft=draft)
 
 
 def test_worker_factory_returns_our_worker_and_draft_class(target, draft, monkeypatch):

@@ -249,3 +249,114 @@ def test_the_max_running_requests_default_is_said(monkeypatch, caplog):
     with caplog.at_level("WARNING", logger=server_args.logger.name):
         server_args.resolve_server_args(args)
     assert caplog.messages == ["LILICORR: --max-running-requests defaults to 48, as for DFLASH; set it to override."]
+
+
+# --- the target's attention backend ------------------------------------------------------------------------------
+
+
+def target(attention="triton", prefill=None, decode=None, algorithm="LILICORR"):
+    return types.SimpleNamespace(
+        speculative_algorithm=algorithm,
+        attention_backend=attention,
+        prefill_attention_backend=prefill,
+        decode_attention_backend=decode,
+    )
+
+
+@pytest.mark.parametrize(
+    "attention, prefill, decode",
+    [
+        ("triton", None, None),
+        ("flashinfer", None, None),
+        ("flashinfer", "flashinfer", "flashinfer"),  # SGLang resolves an equal split pair into --attention-backend
+        ("triton", None, "triton"),
+        ("fa3", "triton", "triton"),  # both phases named: --attention-backend is read by neither
+    ],
+)
+def test_the_accepted_target_attention_backends_pass(attention, prefill, decode):
+    assert server_args.SERVED_TARGET_ATTENTION_BACKENDS == ("triton", "flashinfer")
+    assert server_args.check_target_attention_backend(target(attention, prefill, decode)) == (prefill or attention)
+
+
+@pytest.mark.parametrize(
+    "backend",
+    ["fa3", "fa4", "flashmla", "cutlass_mla", "trtllm_mha", "trtllm_mla", "torch_native", "aiter", "wave", "x"],
+)
+def test_a_target_attention_backend_never_served_is_refused_with_the_fix(backend):
+    assert message(lambda: server_args.check_target_attention_backend(target(backend))) == (
+        f"--attention-backend {backend} is not supported with --speculative-algorithm LILICORR: the target's prefill and "
+        f"decode attention has never been served and checked on {backend} (LILICORR accepts triton, flashinfer); pass "
+        "--attention-backend triton or flashinfer (triton is served and proven lossless)."
+    )
+
+
+@pytest.mark.parametrize(
+    "prefill, decode, flag, phase",
+    [
+        ("fa3", None, "--prefill-attention-backend fa3", "prefill"),
+        (None, "fa4", "--decode-attention-backend fa4", "decode"),
+        ("fa3", "fa3", "--prefill-attention-backend fa3", "prefill and decode"),
+    ],
+)
+def test_each_phase_the_target_runs_is_checked(prefill, decode, flag, phase):
+    backend = flag.split()[-1]
+    assert message(lambda: server_args.check_target_attention_backend(target("triton", prefill, decode))) == (
+        f"{flag} is not supported with --speculative-algorithm LILICORR: the target's {phase} attention has never been "
+        f"served and checked on {backend} (LILICORR accepts triton, flashinfer); pass --attention-backend triton or "
+        "flashinfer (triton is served and proven lossless) and drop the split flags."
+    )
+
+
+def test_a_split_pair_of_two_accepted_backends_is_refused():
+    assert message(lambda: server_args.check_target_attention_backend(target("triton", "flashinfer"))) == (
+        "The target's prefill attention would run flashinfer and its decode attention triton (--attention-backend, "
+        "--prefill-attention-backend, --decode-attention-backend): LILICORR has been served with one backend for both, "
+        "never with SGLang's hybrid of two; pass --attention-backend flashinfer or triton alone."
+    )
+
+
+def test_the_target_refusals_name_every_accepted_backend(monkeypatch):
+    monkeypatch.setattr(server_args, "SERVED_TARGET_ATTENTION_BACKENDS", ("triton",))
+    with pytest.raises(ServingConfigError, match=r"accepts triton\); pass --attention-backend triton \("):
+        server_args.check_target_attention_backend(target("flashinfer"))
+
+
+DEFAULT_LINE = (
+    "LILICORR: --attention-backend defaults to triton (the target's {} attention), the backend LILICORR is served and "
+    "proven on, where SGLang's own default can be one it was never served on (fa3 on Hopper); pass --attention-backend "
+    "flashinfer for the other one accepted."
+)
+
+
+@pytest.mark.parametrize(
+    "algorithm, prefill, decode, phases",
+    [
+        ("LILICORR", None, None, "prefill and decode"),
+        ("lilicorr", None, None, "prefill and decode"),  # before SGLang upper-cases the name
+        ("LILICORR", "triton", None, "decode"),
+        ("LILICORR", None, "flashinfer", "prefill"),
+    ],
+)
+def test_an_unset_target_backend_defaults_to_triton_and_says_so(algorithm, prefill, decode, phases, caplog):
+    args = target(None, prefill, decode, algorithm)
+    with caplog.at_level("WARNING", logger=server_args.logger.name):
+        server_args.default_target_attention_backend(args)
+    assert args.attention_backend == "triton"
+    assert caplog.messages == [DEFAULT_LINE.format(phases)]
+
+
+@pytest.mark.parametrize(
+    "attention, prefill, decode, algorithm",
+    [
+        ("flashinfer", None, None, "LILICORR"),  # named: kept
+        ("fa3", None, None, "LILICORR"),  # named (or a model's): kept, and refused by validate_server_args
+        (None, "triton", "triton", "LILICORR"),  # both phases named: --attention-backend is not read
+        (None, None, None, "DFLASH"),  # another algorithm: SGLang's own default
+        (None, None, None, None),  # no speculation
+    ],
+)
+def test_the_target_backend_default_changes_nothing_else(attention, prefill, decode, algorithm, caplog):
+    args = target(attention, prefill, decode, algorithm)
+    with caplog.at_level("WARNING", logger=server_args.logger.name):
+        server_args.default_target_attention_backend(args)
+    assert args.attention_backend == attention and caplog.messages == []

@@ -68,14 +68,57 @@ def test_configure_switches_the_warmed_triton_backends_of_a_chain(warmed, caplog
     assert "split-KV verify kernel, warmed" in caplog.text and "9 query heads" in caplog.text
 
 
-def test_configure_leaves_sglangs_kernel_where_not_asked_or_not_triton(warmed, caplog):
+def test_configure_leaves_sglangs_kernel_where_not_asked_or_not_triton(warmed, caplog, monkeypatch):
+    monkeypatch.delenv(va.ENV, raising=False)
     wide, narrow = triton_backend(heads=32), triton_backend()
     with caplog.at_level("INFO"):
         assert not va.configure([wide], 16, None, va.AUTO)
         assert not va.configure([narrow], 16, None, va.EXTEND)
         assert not va.configure([object()], 16, None, va.SPLIT_KV)
     assert not wide.use_verify_splitkv and not narrow.use_verify_splitkv and warmed == []
-    assert "32 query heads" in caplog.text and "applies to SGLang's Triton backend only" in caplog.text
+    assert "32 query heads" in caplog.text
+    assert caplog.records[-1].levelname == "INFO" and caplog.records[-1].getMessage() == (
+        "LILICORR: target verify attention: the target backend's own kernel (object); LILICORR_VERIFY_ATTENTION "
+        "picks between SGLang's Triton backend's kernels only."
+    )
+
+
+class FlashInferAttnBackend:  # stands in for SGLang's (its name is what the line shows)
+    pass
+
+
+def test_the_line_names_the_non_triton_backend_that_serves_the_verify(warmed, caplog, monkeypatch):
+    """A LILICORR target on flashinfer (the variable unset: set, the server would not have started) says whose kernel
+    verifies; a DFLASH server with the variable set says, as a warning, that it is ignored there."""
+    monkeypatch.delenv(va.ENV, raising=False)
+    with caplog.at_level("INFO"):
+        assert not va.configure([FlashInferAttnBackend()], 16, None)
+    assert caplog.records[-1].getMessage() == (
+        "LILICORR: target verify attention: the target backend's own kernel (FlashInferAttnBackend); "
+        "LILICORR_VERIFY_ATTENTION picks between SGLang's Triton backend's kernels only."
+    )
+    monkeypatch.setenv(va.ENV, va.SPLIT_KV)
+    with caplog.at_level("INFO"):
+        assert not va.configure([FlashInferAttnBackend()], 16, None)
+    assert caplog.records[-1].levelname == "WARNING" and caplog.records[-1].getMessage().endswith(
+        "kernels only, so LILICORR_VERIFY_ATTENTION=split-kv is ignored here."
+    )
+    assert warmed == []
+
+
+@pytest.mark.parametrize("setting", [va.AUTO, va.SPLIT_KV, va.EXTEND])
+def test_an_explicit_setting_on_a_target_not_on_triton_is_refused(setting, monkeypatch):
+    monkeypatch.setenv(va.ENV, setting)
+    va.check_target_backend("triton")
+    with pytest.raises(ServingConfigError) as refused:
+        va.check_target_backend("flashinfer")
+    assert str(refused.value) == (
+        f"LILICORR_VERIFY_ATTENTION='{setting}' picks the target verify's kernel on SGLang's Triton attention backend, "
+        "but the target runs flashinfer, which verifies with its own kernel: unset LILICORR_VERIFY_ATTENTION, or serve "
+        "with --attention-backend triton."
+    )
+    monkeypatch.delenv(va.ENV)
+    va.check_target_backend("flashinfer")  # unset: the backend's own kernel, said at start-up
 
 
 def test_every_split_count_is_warmed_only_where_eager_verifies_can_occur(monkeypatch, caplog):

@@ -2,10 +2,12 @@
 `lilicorr = sglang_lilicorr.serving.plugin:register`).
 
 SGLang calls `register()` in every process it starts (launcher, tokenizer manager, scheduler,
-detokenizer), and tests may call it again: registration is idempotent. It registers the name; the
-worker, draft model and kernels load in the scheduler process when SGLang asks the factory for
-the worker class. Where LILICORR_VERIFY_ATTENTION is set it also registers, through SGLang's hook
-registry, the hook that gives SGLang's DFLASH servers the same verify attention (verify_attention.py).
+detokenizer), and tests may call it again: registration is idempotent. It registers the name, and
+the resolution hook that gives a LILICORR server its default target attention backend before SGLang
+picks one (server_args.default_target_attention_backend); the worker, draft model and kernels load
+in the scheduler process when SGLang asks the factory for the worker class. Where
+LILICORR_VERIFY_ATTENTION is set it also registers, through SGLang's hook registry, the hook that
+gives SGLang's DFLASH servers the same verify attention (verify_attention.py).
 """
 
 from __future__ import annotations
@@ -36,8 +38,35 @@ def validate(server_args) -> None:
 
 def register() -> None:
     register_algorithm()
+    register_target_attention_default()
     if os.environ.get(verify_attention.ENV):
         register_dflash_verify_attention()
+
+
+# SGLang's resolution step (arg_groups/pipeline.py) before which no attention backend has been filled in: the first
+# to fill an unset one (for deterministic inference), right before handle_attention_backend_compatibility's default.
+TARGET_ATTENTION_STEP = "handle_deterministic_inference"
+
+
+def default_target_attention(server_args, previous) -> None:
+    """SGLang resolution hook (TARGET_ATTENTION_STEP): LILICORR's default target attention backend, declared through
+    SGLang's recording stand-in like the other hooks' writes, then SGLang's own step. Other algorithms: unchanged."""
+    from sglang.srt.arg_groups.overrides import record_foreign_defaults
+
+    from .server_args import default_target_attention_backend
+
+    record_foreign_defaults(server_args, "lilicorr.default_target_attention_backend", default_target_attention_backend)
+    previous(server_args)
+
+
+def register_target_attention_default() -> None:
+    """Registers default_target_attention on SGLang's resolution pipeline (plugins load before the launcher resolves
+    its ServerArgs). Idempotent."""
+    from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
+
+    if TARGET_ATTENTION_STEP not in _registered:
+        register_resolution_hook(TARGET_ATTENTION_STEP)(default_target_attention)
+        _registered.add(TARGET_ATTENTION_STEP)
 
 
 def register_dflash_verify_attention() -> None:
@@ -45,12 +74,12 @@ def register_dflash_verify_attention() -> None:
     load_plugins after every plugin has run). Idempotent."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    if not _registered:
+    if verify_attention.DFLASH_INIT not in _registered:
         HookRegistry.register(verify_attention.DFLASH_INIT, verify_attention.after_dflash_init, HookType.AFTER)
         _registered.add(verify_attention.DFLASH_INIT)
 
 
-_registered: set = set()  # the hook targets this process has registered
+_registered: set = set()  # the hook targets (and resolution steps) this process has registered
 
 
 def register_algorithm() -> None:

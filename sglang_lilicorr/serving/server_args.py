@@ -1,15 +1,19 @@
 """LILICORR's share of SGLang's ServerArgs resolution: every check that can fail before a process
 starts, and the DFlash-style defaults.
 
-SGLang calls both hooks in the launcher, during `ServerArgs.resolve_once()`, with a recording
+SGLang calls all three hooks in the launcher, during `ServerArgs.resolve_once()`, with a recording
 stand-in `args` (reads see the resolution so far; plain attribute writes become declared
 resolutions):
-  validate_server_args(args)  (CustomSpecAlgo.validate_server_args) runs first: raises
-                               ServingConfigError naming the option or file and the fix (the
-                               draft's checks are draft_check.py's, shared with `lilicorr check-draft`,
-                               run against the context length this server serves; LILICORR_T_GT_0's
-                               are verification.py's, LILICORR_VERIFY_ATTENTION's verify_attention.py's,
-                               LILICORR_WALK's proposer.py's);
+  default_target_attention_backend(args)
+                              (plugin.py's resolution hook on SGLang's `handle_deterministic_inference` step)
+                               runs first, before SGLang fills an unset --attention-backend: LILICORR's default
+                               target backend (triton; the function says why);
+  validate_server_args(args)  (CustomSpecAlgo.validate_server_args, in SGLang's speculative step, after the
+                               attention backends are resolved) then raises ServingConfigError naming the
+                               option or file and the fix (the draft's checks are draft_check.py's, shared with
+                               `lilicorr check-draft`, run against the context length this server serves;
+                               LILICORR_T_GT_0's are verification.py's, LILICORR_VERIFY_ATTENTION's
+                               verify_attention.py's, LILICORR_WALK's proposer.py's);
   resolve_server_args(args)   (CustomSpecAlgo.handle_server_args) then fixes the block size,
                                num_steps / eagle_topk = 1 and the max-running-requests default.
 """
@@ -25,6 +29,7 @@ from . import ALGORITHM_NAME
 from .draft_check import DraftSpec, ServingConfigError, TargetShape, inspect_draft
 from .proposer import walk_rule
 from .verification import check_before_start
+from .verify_attention import check_target_backend as check_verify_attention_backend
 from .verify_attention import choice as verify_attention_choice
 
 logger = logging.getLogger(__name__)
@@ -33,8 +38,14 @@ DEFAULT_MAX_RUNNING_REQUESTS = 48  # SGLang's default for DFLASH, kept for LILIC
 # Draft attention backends SGLang runs the DFlash drafter's non-causal block attention on ...
 DRAFT_ATTENTION_BACKENDS = ("flashinfer", "fa3", "fa4", "triton")
 # ... and those LILICORR has been served and checked on (greedy and T = 1, benchmarks/results/): the others are refused
-# until they are (the GPU machine's kit has neither flashinfer nor FA3/FA4).
+# until they are (FA3/FA4 need sgl-kernel's compiled ops, which the GPU machine cannot load; flashinfer is not yet served
+# as the drafter's backend).
 SERVED_DRAFT_ATTENTION_BACKENDS = ("triton",)
+# The target attention backends LILICORR's serving path is exercised on, the first the default: triton (served and
+# proven lossless, benchmarks/results/) and flashinfer (accepted: its served proof is issue 44's next GPU run, on the
+# device kit's JIT-built flashinfer). Every other backend is refused, FA3 (SGLang's own default on Hopper) and FA4
+# included: they need sgl-kernel's compiled ops, which the GPU machine cannot load.
+SERVED_TARGET_ATTENTION_BACKENDS = ("triton", "flashinfer")
 
 
 def draft_path(args) -> str:
@@ -161,6 +172,84 @@ def check_draft_attention_backend(args) -> None:
     )
 
 
+def serves_lilicorr(args) -> bool:
+    """Whether `args` (raw or resolving) asks for LILICORR: the name may still be as typed."""
+    return str(args.speculative_algorithm or "").upper() == ALGORITHM_NAME
+
+
+def default_target_attention_backend(args) -> None:
+    """LILICORR's default target attention backend, where the operator named none: triton, with one warning line.
+
+    SGLang fills an unset --attention-backend with the fastest backend it knows for the GPU (`get_default_attn_backend`:
+    fa3 on Hopper for an MHA or MLA target, also for the DFlash family, whose topk is 1; trtllm_mha or fa4 on SM100 for
+    DFLASH, flashinfer or triton elsewhere), and then resolves what depends on it (page size, graphs, fallbacks). Left
+    to that, a LILICORR server on an H200 would run its target on fa3, which LILICORR has never been served on (and the
+    GPU machine cannot load). So plugin.py runs this as a resolution hook before SGLang's first fill of the backend
+    (its deterministic-inference step, then its general default in `handle_attention_backend_compatibility`), after
+    its model-specific adjustments (a model that needs a backend has declared it by then: it is then not unset, and
+    validate_server_args checks it like an operator's choice). Everything SGLang derives from the backend then
+    derives from the one served; changing it after SGLang's resolution (in resolve_server_args) would leave those
+    derivations on the backend it replaced.
+
+    The default is triton, SERVED_TARGET_ATTENTION_BACKENDS[0], whatever SGLang would have picked, even where that is
+    flashinfer: the one LILICORR is served and proven lossless on (flashinfer is accepted when named), the same on
+    every machine, and the one whose verify kernel LILICORR_VERIFY_ATTENTION picks. It fills `attention_backend`,
+    which SGLang's prefill and decode fall back to, unless both --prefill-attention-backend and
+    --decode-attention-backend are set (the target then reads neither); the warning names the phases it serves and
+    how to override, as the --max-running-requests default does. A server of another algorithm is left alone."""
+    if not serves_lilicorr(args) or args.attention_backend is not None:
+        return
+    prefill, decode = args.prefill_attention_backend, args.decode_attention_backend
+    if prefill is not None and decode is not None:
+        return
+    backend = SERVED_TARGET_ATTENTION_BACKENDS[0]
+    args.attention_backend = backend
+    phases = "prefill and decode" if prefill is None and decode is None else ("decode" if decode is None else "prefill")
+    logger.warning(
+        "%s: --attention-backend defaults to %s (the target's %s attention), the backend %s is served and proven on, "
+        "where SGLang's own default can be one it was never served on (fa3 on Hopper); pass --attention-backend %s "
+        "for the other one accepted.",
+        ALGORITHM_NAME,
+        backend,
+        phases,
+        ALGORITHM_NAME,
+        " or ".join(SERVED_TARGET_ATTENTION_BACKENDS[1:]),
+    )
+
+
+def check_target_attention_backend(args) -> str:
+    """The target's attention backend, resolved (SGLang's prefill and decode fields falling back to
+    --attention-backend), checked: both phases must run one backend of SERVED_TARGET_ATTENTION_BACKENDS. A split
+    pair is refused even of two accepted backends: SGLang then wraps them in its hybrid backend, and which of the
+    two runs the verify depends on --speculative-attention-mode; LILICORR has been served with one backend for
+    both phases only. Returns the backend."""
+    from sglang.srt.arg_groups.overrides import attention_backends_of
+
+    prefill, decode = attention_backends_of(args)
+    fix = f"pass --attention-backend {' or '.join(SERVED_TARGET_ATTENTION_BACKENDS)}"
+    split = args.prefill_attention_backend is not None or args.decode_attention_backend is not None
+    for backend, phase, flag in (
+        (prefill, "prefill and decode" if prefill == decode else "prefill", "prefill-attention-backend"),
+        (decode, "decode", "decode-attention-backend"),
+    ):
+        if backend not in SERVED_TARGET_ATTENTION_BACKENDS:
+            named = getattr(args, flag.replace("-", "_")) == backend
+            raise ServingConfigError(
+                f"--{flag if named else 'attention-backend'} {backend} is not supported with --speculative-algorithm "
+                f"{ALGORITHM_NAME}: the target's {phase} attention has never been served and checked on {backend} "
+                f"({ALGORITHM_NAME} accepts {', '.join(SERVED_TARGET_ATTENTION_BACKENDS)}); {fix} (triton is served "
+                f"and proven lossless){' and drop the split flags' if split else ''}."
+            )
+    if prefill != decode:
+        raise ServingConfigError(
+            f"The target's prefill attention would run {prefill} and its decode attention {decode} (--attention-backend, "
+            f"--prefill-attention-backend, --decode-attention-backend): {ALGORITHM_NAME} has been served with one "
+            f"backend for both, never with SGLang's hybrid of two; pass --attention-backend {prefill} or {decode} "
+            "alone."
+        )
+    return prefill
+
+
 def tensor_parallel_problems(heads: int, kv_heads: int, intermediate: int, tp_size: int) -> list[str]:
     """Why each draft shape that SGLang's DFlash draft shards over the TP ranks does not fit tp_size (its attention
     asserts the heads, its MLP the intermediate size); [] when all fit."""
@@ -226,8 +315,10 @@ def served_target(args) -> TargetShape:
 def validate_server_args(args) -> None:
     check_options(args)
     check_draft_attention_backend(args)
+    target_backend = check_target_attention_backend(args)
     check_before_start()
     verify_attention_choice()
+    check_verify_attention_backend(target_backend)
     walk_rule()
     path = draft_path(args)
     spec = inspect_draft(path, served_target(args))

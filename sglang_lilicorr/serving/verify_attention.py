@@ -18,6 +18,11 @@ LILICORR_VERIFY_ATTENTION picks it for the target of a LILICORR server:
 Set in the environment, it also picks the verify attention of SGLang's own DFLASH servers (the plugin registers
 `after_dflash_init` on SGLang's DFlashWorkerV2 through SGLang's hook registry), for comparisons on equal kernels;
 unset, a DFLASH server runs as SGLang ships it.
+It picks between the kernels of SGLang's Triton backend, the target backend LILICORR defaults to: a target on another
+backend (flashinfer, the other one accepted: server_args.SERVED_TARGET_ATTENTION_BACKENDS) verifies with that
+backend's own kernel, where the setting would mean nothing, so a LILICORR server refuses to start with the variable set
+(`check_target_backend`); unset, the start-up line names the backend whose kernel serves the verify. (A DFLASH server
+with it set logs a warning that it is ignored there.)
 The worker applies it before the target-verify CUDA graphs are captured and says which in one start-up line. A
 verify the graphs do not cover (a batch above the captured sizes) runs eagerly and picks its split count from the
 batch's prefix lengths: where such a batch can occur (graphs off, or more running requests than the largest graph),
@@ -34,9 +39,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 
 from . import ALGORITHM_NAME
-from .draft_check import env_choice
+from .draft_check import ServingConfigError, env_choice
 
 ENV = "LILICORR_VERIFY_ATTENTION"
 AUTO, SPLIT_KV, EXTEND = "auto", "split-kv", "extend"
@@ -51,6 +57,19 @@ logger = logging.getLogger(__name__)
 def choice() -> str:
     """LILICORR_VERIFY_ATTENTION, checked."""
     return env_choice(ENV, CHOICES, AUTO, "a verify attention")
+
+
+def check_target_backend(backend: str) -> None:
+    """Refuse an explicit LILICORR_VERIFY_ATTENTION (any value, `auto` too) on a LILICORR target whose resolved attention
+    backend (server_args.check_target_attention_backend) is not SGLang's Triton backend: the setting picks between
+    that backend's verify kernels, and any other backend verifies with its own."""
+    if backend == "triton" or ENV not in os.environ:
+        return
+    raise ServingConfigError(
+        f"{ENV}={os.environ[ENV]!r} picks the target verify's kernel on SGLang's Triton attention backend, but the "
+        f"target runs {backend}, which verifies with its own kernel: unset {ENV}, or serve with --attention-backend "
+        "triton."
+    )
 
 
 def wanted(setting: str, query_heads: int) -> bool:
@@ -153,8 +172,16 @@ def configure(backends: list, block_size: int, dtype, setting: str | None = None
     for backend in triton:
         setattr(backend, CHOSEN, setting)
     if not triton:
-        names = ", ".join(sorted({type(b).__name__ for b in backends})) or "none"
-        logger.info("%s: the backend's own (%s; %s applies to SGLang's Triton backend only).", prefix, names, ENV)
+        names = ", ".join(sorted({type(b).__name__ for b in backends})) or "none found"
+        explicit = os.environ.get(ENV)  # set, a LILICORR target off triton does not start (check_target_backend)
+        logger.log(
+            logging.WARNING if explicit is not None else logging.INFO,
+            "%s: the target backend's own kernel (%s); %s picks between SGLang's Triton backend's kernels only%s.",
+            prefix,
+            names,
+            ENV,
+            "" if explicit is None else f", so {ENV}={explicit} is ignored here",
+        )
         return False
     heads = int(triton[0].num_head)
     if not wanted(setting, heads):
