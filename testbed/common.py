@@ -101,6 +101,38 @@ SERVER_ARGS = (
     "--mem-fraction-static 0.85 --context-length 4096 --cuda-graph-max-bs-decode 256 "
     "--cuda-graph-backend-prefill disabled"
 )
+# the backends of SERVER_ARGS: a server whose arguments name none of these flags ran them (every call before they
+# could be chosen ran SERVER_ARGS)
+KIT_BACKENDS = {"attention": "triton", "sampling": "pytorch"}
+BACKEND_FLAGS = {"attention": "--attention-backend", "sampling": "--sampling-backend"}
+
+
+def flag_value(args: list[str], flag: str) -> str | None:
+    """The value of `flag` in a server's argument list (`--flag value` or `--flag=value`; the last one given), or
+    None."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def backends_of(server_args: str) -> dict:
+    """{"attention": ..., "sampling": ...}: the target's attention and the sampling backend a server's arguments
+    name, KIT_BACKENDS' where they name none."""
+    args = shlex.split(server_args)
+    return {key: flag_value(args, flag) or KIT_BACKENDS[key] for key, flag in BACKEND_FLAGS.items()}
+
+
+def with_backends(server_args: str, attention: str | None = None, sampling: str | None = None) -> str:
+    """`server_args` with --attention-backend / --sampling-backend set to those given (None: as they are)."""
+    flags = {BACKEND_FLAGS["attention"]: attention, BACKEND_FLAGS["sampling"]: sampling}
+    args = shlex.split(server_args)
+    for flag in [f for f, v in flags.items() if v]:  # `--flag=value` forms first become `--flag value`
+        args = [part for a in args for part in (a.split("=", 1) if a.startswith(flag + "=") else [a])]
+    return shlex.join(set_flags(args, {f: v for f, v in flags.items() if v}))
 
 
 @contextlib.contextmanager

@@ -35,7 +35,7 @@ import sys
 from sglang_lilicorr.benchmarks.serve_speed import ALL_SYSTEMS as SPEED_SYSTEMS
 
 from . import eval_sets, long_inputs
-from .common import SERVER_ARGS, enough_time
+from .common import SERVER_ARGS, enough_time, with_backends
 from .data import cmd_data
 from .evalgen import cmd_evalgen
 from .export import cmd_export
@@ -105,6 +105,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=SERVER_ARGS,
         help="the SGLang servers' arguments (default: what the GPU "
         "machine's kit needs); the `speed` and `long-serve` steps set their pools and graphs over them",
+    )
+    p.add_argument(
+        "--attention-backend",
+        metavar="BACKEND",
+        help="the target's --attention-backend in every server of every step, over --server-args' (e.g. flashinfer; "
+        "the `speed` step keeps another backend's rounds in a setting folder of its own, WORK/speed/SETTING_BACKEND)",
+    )
+    p.add_argument(
+        "--sampling-backend",
+        metavar="BACKEND",
+        help="the servers' --sampling-backend, over --server-args' (e.g. flashinfer)",
     )
     p.add_argument(
         "--engine",
@@ -291,6 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.attention_backend or args.sampling_backend:
+        args.server_args = with_backends(args.server_args, args.attention_backend, args.sampling_backend)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     return int(args.func(args) or 0)
 

@@ -8,7 +8,11 @@ report's baseline is base), so `--systems base dflash builtin lilicorr` leaves o
 servers: a shorter start-up and rounds, e.g. the eager cell's call). A setting's calls must all play the same systems:
 the first records them in WORK/speed/SETTING/speed_run.json ("systems", before its servers start), and a later call
 that holds a different set is refused (the rounds pair the systems within a round; calls from before --systems played
-all six), so another set needs another --work.
+all six), so another set needs another --work. Every server gets --server-args (with run.py's --attention-backend /
+--sampling-backend applied) under the step's pool, graph and speculation flags; a setting's rounds served with another
+target attention backend than the kit's Triton live in WORK/speed/SETTING_BACKEND (graphs32_flashinfer: speed_folder),
+and a call whose --server-args differ from those its setting's earlier calls recorded ("base_server_args") is refused,
+so Triton and flashinfer rounds are never paired or summarized together.
 
 The chosen servers start once, side by side on GPU 0 (KV pools of KV_TOKENS each, a Triton cache each, so every
 start-up on a fresh machine is cold), with SGLang's --sleep-on-idle: an
@@ -92,16 +96,55 @@ def earlier_systems(work: Path) -> list[str] | None:
     return list(json.loads(record.read_text()).get("systems", SYSTEMS) if record.is_file() else SYSTEMS)
 
 
+def setting_folder(setting: str, server_args: str) -> str:
+    """The folder of a setting's rounds under WORK/speed: the setting's name with the kit's Triton attention, else
+    SETTING_BACKEND (graphs32_flashinfer): rounds of two target attention backends never share a folder, so they are
+    never paired, merged or summarized together."""
+    from .common import KIT_BACKENDS, backends_of
+
+    attention = backends_of(server_args)["attention"]
+    return setting if attention == KIT_BACKENDS["attention"] else f"{setting}_{attention}"
+
+
+def speed_folder(args) -> Path:
+    """WORK/speed/<setting_folder> of this call (its --setting and --server-args)."""
+    return Path(args.work) / "speed" / setting_folder(args.setting, base_args(args))
+
+
+def base_args(args) -> str:
+    """This call's --server-args (the backends applied), normalized: the record a resumed setting must match."""
+    from .common import SERVER_ARGS
+
+    return shlex.join(shlex.split(getattr(args, "server_args", None) or SERVER_ARGS))
+
+
+def earlier_server_args(work: Path) -> str | None:
+    """The --server-args an earlier call of this setting (work) served its rounds with: speed_run.json's
+    "base_server_args" (each call records it before its servers start); None where work/runs holds no run yet or the
+    calls predate the record."""
+    record = work / "speed_run.json"
+    if not any((work / "runs").glob("c*_r*_*.jsonl")) or not record.is_file():
+        return None
+    return json.loads(record.read_text()).get("base_server_args")
+
+
 def systems_for(args) -> list[str]:
-    """The systems of this call: --systems (chosen_systems), refused where an earlier call of the same WORK/speed/SETTING
-    played another set (its rounds pair the systems within each round; merging them is not done)."""
+    """The systems of this call: --systems (chosen_systems), refused where an earlier call of the same setting folder
+    (speed_folder) played another set (its rounds pair the systems within each round; merging them is not done) or
+    served its rounds with other --server-args (another backend, pool or graph flag would mix unlike rounds)."""
     systems = chosen_systems(getattr(args, "systems", None))
-    work = Path(args.work) / "speed" / args.setting
+    work = speed_folder(args)
     earlier = earlier_systems(work)
     if earlier is not None and earlier != systems:
         raise SystemExit(
             f"speed: {work} holds rounds of --systems {' '.join(earlier)} (speed_run.json), not "
             f"{' '.join(systems)}: pass --systems {' '.join(earlier)} to resume that setting, or another --work"
+        )
+    before, now = earlier_server_args(work), base_args(args)
+    if before is not None and before != now:
+        raise SystemExit(
+            f"speed: {work} holds rounds served with --server-args {before!r} (speed_run.json), not {now!r}: pass the "
+            "same --server-args and backends to resume that setting, or another --work"
         )
     return systems
 
@@ -179,13 +222,14 @@ def bench(*argv: str, cwd: Path) -> int:
 
 def run(args, base_server_args: str) -> int:
     from . import eval_sets
-    from .common import to_out, verify_env
+    from .common import backends_of, to_out, verify_env
 
     from sglang_lilicorr.benchmarks import paired, prompt_file, serve_speed
     from sglang_lilicorr.jsonl import save_json
     from sglang_lilicorr.train.engine import SGLangServers, ServerSpec
 
-    work = Path(args.work) / "speed" / args.setting
+    work = speed_folder(args)
+    folder = work.name
     drafts = Path(args.work) / "drafts"
     missing = [s for s in ("dflash", "lilicorr") if not (drafts / s / "config.json").is_file()]
     if missing:
@@ -196,7 +240,7 @@ def run(args, base_server_args: str) -> int:
     work.mkdir(parents=True, exist_ok=True)
     # this call's systems on record before any round is played (a later call of the setting must play the same ones)
     record = json.loads((work / "speed_run.json").read_text()) if (work / "speed_run.json").is_file() else {}
-    save_json(work / "speed_run.json", {**record, "systems": systems})
+    save_json(work / "speed_run.json", {**record, "systems": systems, "base_server_args": base_args(args)})
     (work / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     every = prompt_file.load(work / "prompts.jsonl")
     prompts = {c: every[: prompts_for(c)] for c in concurrency}
@@ -271,14 +315,17 @@ def run(args, base_server_args: str) -> int:
         work / "speed_summary.json",
         {
             "setting": args.setting,
+            "folder": folder,
             "graphs_to": SETTINGS[args.setting],
+            "backends": backends_of(base_server_args),
+            "server_args": base_args(args),
             "summary": summary,
             "capture_s": {**earlier.get("capture_s", {}), call: capture},
             "idle_cpu_s": {**earlier.get("idle_cpu_s", {}), call: {s: round(v, 2) for s, v in watch.spent.items()}},
         },
     )
     (work / "speed_table.md").write_text(
-        serve_speed.table(summary, f"{args.setting} (CUDA graphs to batch {SETTINGS[args.setting]})")
+        serve_speed.table(summary, f"{folder} (CUDA graphs to batch {SETTINGS[args.setting]})")
     )
     if summary:
         serve_speed.plot({args.setting: summary}, work / "speed.png")
@@ -301,7 +348,9 @@ def run(args, base_server_args: str) -> int:
         work / "speed_run.json",
         {
             "setting": args.setting,
+            "folder": folder,
             "systems": systems,
+            "base_server_args": base_args(args),
             "concurrency": concurrency,
             "rounds": args.rounds,
             "max_tokens": args.max_tokens,
@@ -310,7 +359,7 @@ def run(args, base_server_args: str) -> int:
             "server_env": {s: dict(spec.env) for s, spec in zip(systems, specs)},
         },
     )
-    bundle = work / f"speed_{args.setting}.tar.gz"
+    bundle = work / f"speed_{folder}.tar.gz"
     with tarfile.open(bundle, "w:gz") as t:
         for p in [
             *work.glob("round*.jsonl"),

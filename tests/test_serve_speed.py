@@ -150,6 +150,14 @@ def test_results_file_from_both_settings(tmp_path):
         serve_speed.main(["--card", "x", "--commit", "y", "--out", str(tmp_path / "o4")])
 
 
+def test_results_file_names_the_recorded_backends():
+    """The speed step's backends (issue 44) pass into the results file; a run before them names none."""
+    fi = {"attention": "flashinfer", "sampling": "flashinfer"}
+    assert serve_speed.report({"summary": {}, "backends": fi}, None, "H200", "abc")["backends"] == fi
+    assert serve_speed.report(None, {"summary": {}, "backends": fi}, "H200", "abc")["backends"] == fi
+    assert "backends" not in serve_speed.report({"summary": {}}, None, "H200", "abc")
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux /proc")
 def test_process_tree_cpu_counts_a_busy_child():
     import subprocess

@@ -269,6 +269,84 @@ def test_speed_plays_only_the_chosen_systems(tmp_path, monkeypatch):
     assert speed.earlier_systems(tmp_path / "new") is None
 
 
+# LAUNCHER that first appends what it was started with ({port, args}) to $LAUNCHES, one JSON line per server.
+RECORDING_LAUNCHER = """
+import json, os, sys
+sys.path.insert(0, {tests!r})
+from stub_server import StubServer
+with open(os.environ["LAUNCHES"], "a") as f:
+    f.write(json.dumps({{"port": int(os.environ["PORT"]), "args": os.environ["SERVER_ARGS"]}}) + "\\n")
+spec = "--speculative-algorithm" in os.environ["SERVER_ARGS"]
+StubServer(speculative=spec, accept=3, min_latency_s=0.002, port=int(os.environ["PORT"])).serve_forever()
+"""
+
+
+def test_speed_on_flashinfer_reaches_every_server_and_keeps_its_rounds_apart(tmp_path, monkeypatch):
+    """--attention-backend flashinfer --sampling-backend flashinfer (issue 44): every server of the speed step gets
+    both over --server-args', the rounds go to WORK/speed/graphs32_flashinfer, a Triton call of the same setting to
+    WORK/speed/graphs32, neither summary holds the other's rounds, and a call whose --server-args differ from those a
+    setting's rounds were served with is refused before any server starts."""
+    from testbed.common import SERVER_ARGS, backends_of, with_backends
+
+    work, evals, launches = tmp_path / "work", tmp_path / "eval_prompts.jsonl", tmp_path / "launches.jsonl"
+    evals.write_text("".join(json.dumps(r) + "\n" for r in EVAL))
+    for draft in ("dflash", "lilicorr"):
+        (work / "drafts" / draft).mkdir(parents=True)
+        (work / "drafts" / draft / "config.json").write_text("{}")
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(RECORDING_LAUNCHER.format(tests=str(ROOT / "tests")))
+    monkeypatch.setenv("LAUNCHES", str(launches))
+    monkeypatch.setattr(speed, "PORT0", free_port_block(len(speed.SYSTEMS)))
+    four = ["base", "dflash", "builtin", "lilicorr"]
+    common = [
+        f"--work={work}",
+        f"--target={tmp_path / 'target'}",
+        f"--out={work / 'OUT'}",
+        f"--eval-prompts={evals}",
+        f"--server-launch={sys.executable} {launcher}",
+    ]
+    step = ["speed", "--rounds=1", "--max-tokens=8", "--profile-steps=0", "--concurrency=1", "--systems", *four]
+    flashinfer = ["--attention-backend", "flashinfer", "--sampling-backend=flashinfer"]
+    assert testbed.main([*common, *flashinfer, *step]) == 0
+    started = [json.loads(line) for line in launches.read_text().splitlines()]
+    assert len(started) == 4
+    for launch in started:
+        args = launch["args"].split()
+        assert args.count("--attention-backend") == 1 and args[args.index("--attention-backend") + 1] == "flashinfer"
+        assert args.count("--sampling-backend") == 1 and args[args.index("--sampling-backend") + 1] == "flashinfer"
+        assert "--grammar-backend none" in launch["args"] and "--cuda-graph-max-bs-decode 32" in launch["args"]
+    assert sum("--speculative-draft-attention-backend triton" in launch["args"] for launch in started) == 3
+    fi = work / "speed" / "graphs32_flashinfer"
+    doc = json.loads((fi / "speed_summary.json").read_text())
+    assert doc["folder"] == "graphs32_flashinfer" and doc["setting"] == "graphs32"
+    assert doc["backends"] == {"attention": "flashinfer", "sampling": "flashinfer"}
+    assert json.loads((fi / "speed_run.json").read_text())["base_server_args"] == doc["server_args"]
+    assert (work / "OUT" / "speed_graphs32_flashinfer.tar.gz").is_file() and not (work / "speed" / "graphs32").exists()
+    # the kit's Triton rounds of the same setting: their own folder, their own summary
+    launches.unlink()
+    assert testbed.main([*common, *step]) == 0
+    triton = json.loads((work / "speed" / "graphs32" / "speed_summary.json").read_text())
+    assert triton["backends"] == {"attention": "triton", "sampling": "pytorch"} and triton["folder"] == "graphs32"
+    assert all("--attention-backend triton" in json.loads(x)["args"] for x in launches.read_text().splitlines())
+    for folder in (fi, work / "speed" / "graphs32"):
+        rounds = [json.loads(line) for p in folder.glob("round*.jsonl") for line in p.read_text().splitlines()]
+        summary = json.loads((folder / "speed_summary.json").read_text())["summary"]
+        assert len(rounds) == 4 * len(speed.speed_prompts(EVAL)) and summary["1"]["rounds"] == 1
+    # resuming the flashinfer setting with other server args (another pool) is refused, nothing started
+    launches.unlink()
+    with pytest.raises(SystemExit, match="holds rounds served with --server-args .* another --work$"):
+        testbed.main([*common, "--server-args", SERVER_ARGS.replace("0.85", "0.8"), *flashinfer, *step])
+    assert not launches.exists()
+    # the flags' helpers: --flag=value and --flag value, the last one given; the kit's where none is named
+    assert backends_of("--attention-backend=fa3 --x 1") == {"attention": "fa3", "sampling": "pytorch"}
+    assert backends_of(with_backends("--attention-backend=triton --y", "flashinfer")) == {
+        "attention": "flashinfer",
+        "sampling": "pytorch",
+    }
+    assert speed.setting_folder("graphs16", "--attention-backend fa3") == "graphs16_fa3"
+    assert speed.setting_folder("graphs16", "--grammar-backend none") == "graphs16"
+
+
 def test_speed_order_rotates_and_prompts_are_long_form():
     from sglang_lilicorr.benchmarks.paired import rotation
 

@@ -217,7 +217,8 @@ def process_tree_cpu_s(pid: int) -> float:
 def report(graphs: dict | None, eager: dict | None, card: str, commit: str) -> dict:
     """The results file: graphs' summary per c and `startup_s` (graph capture seconds and the scheduler's whole
     start-up per system, in the setting's first call: a cold Triton and JIT cache), `eager` (the eager setting at
-    c = 32), card and commit; a setting not given adds none of its cells."""
+    c = 32), `backends` (the servers' attention and sampling backends, where the speed step recorded them), card and
+    commit; a setting not given adds none of its cells."""
     keep = (*ALL_SYSTEMS, *(f"{a}_vs_{b}" for a, b in RATIOS), "tau", "block_over_decode", "rounds")
     out = {}
     if graphs:
@@ -230,6 +231,9 @@ def report(graphs: dict | None, eager: dict | None, card: str, commit: str) -> d
         }
     if eager and "32" in eager["summary"]:
         out["eager"] = {k: eager["summary"]["32"][k] for k in keep if k in eager["summary"]["32"]}
+    backends = [doc["backends"] for doc in (graphs, eager) if doc and doc.get("backends")]
+    if backends:  # the speed step records them since issue 44 (the kit's Triton and PyTorch before)
+        out["backends"] = backends[0]
     return {**out, "card": card, "commit": commit}
 
 

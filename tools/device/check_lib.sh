@@ -1,11 +1,20 @@
 # The start of the GPU checks (gpu_check.sh, tp_check.sh), sourced once they set STEPS (comma-separated steps) and
-# S (their summary file): step selection, the summary log, the fail list, EXTRA (EXTRA_ARGS split), the device kit's
-# install of an earlier call, and an SGLang server started, awaited and stopped in its own process group.
+# S (their summary file): step selection, the summary log, the fail list, EXTRA (EXTRA_ARGS split), the servers'
+# backends (BACKEND_ARGS), the device kit's install of an earlier call, and an SGLang server started, awaited and stopped
+# in its own process group.
 T0=$SECONDS
 fails=()
-# flashinfer, where present, is tools/flashinfer_headers.py's headers-only package: SGLang must not pick flashinfer
-# kernels for its layers and sampling (is_flashinfer_available); its DFlash sampling verify finds the headers regardless.
-export SGLANG_IS_FLASHINFER_AVAILABLE=false
+# The servers' backends: ATTN_BACKEND (the target's --attention-backend, default triton) and SAMPLING_BACKEND
+# (--sampling-backend, default pytorch), BACKEND_ARGS in every server a check starts (the draft's attention stays
+# triton: LILICORR serves no other). With neither flashinfer, flashinfer where present is tools/flashinfer_headers.py's
+# headers-only package: SGLang must not pick flashinfer kernels for its layers and sampling (is_flashinfer_available);
+# its DFlash sampling verify finds the headers regardless. Naming flashinfer needs the package itself, installed by
+# tools/device/flashinfer.sh in an earlier call (start_server refuses otherwise).
+ATTN_BACKEND=${ATTN_BACKEND:-triton}
+SAMPLING_BACKEND=${SAMPLING_BACKEND:-pytorch}
+BACKEND_ARGS=(--attention-backend "$ATTN_BACKEND" --sampling-backend "$SAMPLING_BACKEND")
+if [[ " $ATTN_BACKEND $SAMPLING_BACKEND " == *" flashinfer "* ]]; then USES_FLASHINFER=1; unset SGLANG_IS_FLASHINFER_AVAILABLE
+else USES_FLASHINFER=0; export SGLANG_IS_FLASHINFER_AVAILABLE=false; fi
 read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
 say() { echo "[t+$((SECONDS - T0))s] $*" | tee -a "$S"; }
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
@@ -30,10 +39,22 @@ alive() {  # alive PGID: some process of the group is running (zombies, not yet 
   ps -eo pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ {found = 1} END {exit !found}'
 }
 
+flashinfer_missing() {  # why the site folder's flashinfer cannot serve flashinfer backends (nothing when it can)
+  local fi=${SITE:-/tmp/site}/flashinfer
+  if [ ! -f "$fi/__init__.py" ]; then echo "no flashinfer package in ${SITE:-/tmp/site}"
+  elif [ -f "$fi/HEADERS_ONLY" ]; then echo "${SITE:-/tmp/site}/flashinfer is the headers-only package"; fi
+  return 0
+}
+
 start_server() {  # start_server NAME PORT LOG SERVER_ARGS...: sglang.launch_server in its own session (SERVER_PID), then
                   # /health awaited up to $TIMEOUT s (330); status 0 when the server is up
-  local name=$1 port=$2 log=$3 t up=0
+  local name=$1 port=$2 log=$3 t up=0 why=
   shift 3
+  [ "$USES_FLASHINFER" = 1 ] && why=$(flashinfer_missing)
+  if [ -n "${why:-}" ]; then
+    say "$name: not started: ${BACKEND_ARGS[*]} needs flashinfer, and $why: run tools/device/flashinfer.sh first (docs/DEVELOPING.md)"
+    SERVER_PID=; return 1
+  fi
   setsid python3 -m sglang.launch_server --host 127.0.0.1 --port "$port" "$@" > "$log" 2>&1 &
   SERVER_PID=$!
   t=$SECONDS
@@ -47,6 +68,7 @@ start_server() {  # start_server NAME PORT LOG SERVER_ARGS...: sglang.launch_ser
 }
 
 stop_server() {  # the process group of the last start_server: TERM, KILL after 20 s
+  [ -n "${SERVER_PID:-}" ] || return 0
   kill -TERM -- -"$SERVER_PID" 2>/dev/null
   for _ in $(seq 20); do alive "$SERVER_PID" || break; sleep 1; done
   kill -KILL -- -"$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null

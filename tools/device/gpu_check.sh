@@ -48,7 +48,12 @@
 #   check     sglang_lilicorr.reference.check (float32 teacher-forced target; near-ties within TOL_ULPS=2 bf16
 #             ulps of the top logit allowed; byte-equal fraction against base.json) over every greedy response; the log must
 #             show our proposal captured in the draft CUDA graph and the draft graph capture itself
-# Env: SMOL_WORK (/tmp/smol), DEVICE_SITE (/tmp/site), TIMEOUT (server start limit, 330 s), GRAPH_BS (16),
+# Env: ATTN_BACKEND (triton) and SAMPLING_BACKEND (pytorch): the target's --attention-backend and the
+#   --sampling-backend of every server (tools/device/check_lib.sh; flashinfer in either needs tools/device/flashinfer.sh
+#   run earlier on the machine; the draft's attention stays triton; summary.txt's "backends:" line names them, and the
+#   sampling step keeps another pair's records apart in $SMOL_WORK/sampling_ATTN_SAMPLING; tools/device/backends.sh
+#   runs the flashinfer checks),
+#   SMOL_WORK (/tmp/smol), DEVICE_SITE (/tmp/site), TIMEOUT (server start limit, 330 s), GRAPH_BS (16),
 #   EXTRA_ARGS (appended to the LILICORR server's args), LILICORR_DRAFT (see model),
 #   LILICORR_T_GT_0 (allow-greedy here: gpu_client.py sends T = 1 requests, which a server without flashinfer
 #   verifies greedily; the check judges only the greedy responses; see sglang_lilicorr/serving/README.md).
@@ -69,6 +74,7 @@ STEPS=${1:-install}
 mkdir -p "$O" "$W"
 source "$ROOT/tools/device/check_lib.sh"
 cd /tmp || exit 1  # outside the checkout: the installed package is the one imported
+say "backends: ${BACKEND_ARGS[*]} (the draft's attention: triton)"
 
 if has install; then
   say "== install"
@@ -122,7 +128,7 @@ serve() {  # serve NAME PORT CLIENT_ARGS -- SERVER_ARGS: client results in $O/NA
   [ -f "$W/model/config.json" ] || { say "no converted model in $W/model (run the model step)"; return 1; }
   local log=$O/$name.log rc=1
   if start_server "$name" "$port" "$log" --model-path "$W/model" \
-    --attention-backend triton --sampling-backend pytorch --grammar-backend none \
+    "${BACKEND_ARGS[@]}" --grammar-backend none \
     --mem-fraction-static 0.3 --context-length 2048 --cuda-graph-backend-prefill disabled "$@"; then
     # shellcheck disable=SC2086
     timeout 300 python3 "$TOOLS/gpu_client.py" "$port" "$W/model" "$O/$name.json" $client_args 2>&1 \
@@ -160,7 +166,7 @@ fi
 if has faults; then
   say "== faults: LILICORR under load and faults for ${FAULTS_SECONDS:-300} s (lilicorr bench faults, 64 clients)"
   L=$O/faults.log; F=$W/faults; rm -rf "$F"
-  if start_server faults 30013 "$L" --model-path "$W/model" --attention-backend triton --sampling-backend pytorch \
+  if start_server faults 30013 "$L" --model-path "$W/model" "${BACKEND_ARGS[@]}" \
     --grammar-backend none --mem-fraction-static "${FAULTS_MEM:-0.3}" --context-length 2048 --cuda-graph-backend-prefill disabled \
     --max-running-requests 64 --cuda-graph-max-bs-decode "${GRAPH_BS:-16}" --speculative-algorithm LILICORR \
     --speculative-draft-model-path "$W/lilicorr_draft" --speculative-draft-attention-backend triton "${EXTRA[@]}"; then
@@ -178,7 +184,9 @@ fi
 
 if has sampling; then  # needs the flashinfer headers (install step with .dev/flashinfer carried)
   say "== sampling: T = ${SAMPLING_T:-1} exactness, ${SAMPLING_N:-2000} seeded requests per prompt, base / dflash / lilicorr"
-  D=$W/sampling; mkdir -p "$D"
+  D=$W/sampling; [ "${BACKEND_ARGS[*]}" = "--attention-backend triton --sampling-backend pytorch" ] \
+    || D=$W/sampling_${ATTN_BACKEND}_$SAMPLING_BACKEND  # another pair's records are never checked together
+  mkdir -p "$D"
   for n in ${SAMPLING_SYSTEMS:-base dflash lilicorr}; do
     case $n in
       base) SPEC=() ;;
@@ -186,8 +194,8 @@ if has sampling; then  # needs the flashinfer headers (install step with .dev/fl
       lilicorr) SPEC=(--speculative-algorithm LILICORR --speculative-draft-model-path "$W/lilicorr_draft" --speculative-draft-attention-backend triton) ;;
     esac
     # refuse-start: a LILICORR server that could only verify T > 0 greedily does not start
-    if LILICORR_T_GT_0=refuse-start start_server "sampling_$n" 30014 "$D/$n.log" --model-path "$W/model" --attention-backend triton \
-      --sampling-backend pytorch --grammar-backend none --mem-fraction-static 0.3 --context-length 4096 \
+    if LILICORR_T_GT_0=refuse-start start_server "sampling_$n" 30014 "$D/$n.log" --model-path "$W/model" "${BACKEND_ARGS[@]}" \
+      --grammar-backend none --mem-fraction-static 0.3 --context-length 4096 \
       --cuda-graph-backend-prefill disabled --max-running-requests 32 --cuda-graph-max-bs-decode "${GRAPH_BS:-16}" "${SPEC[@]}"; then
       grep -m2 -E "LILICORR verification|non-greedy verification" "$D/$n.log" | cut -c1-300 | tee -a "$S"
       timeout "${SAMPLING_SECONDS:-240}" python3 -m sglang_lilicorr.benchmarks.sampling_exactness collect --url http://127.0.0.1:30014 \

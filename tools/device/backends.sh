@@ -1,0 +1,225 @@
+#!/bin/bash
+# Issue 44 on the lent GPU machine: LILICORR served with the target on --attention-backend flashinfer (the draft's
+# attention stays triton, the only one the plugin serves) and --sampling-backend flashinfer: the served greedy check,
+# T = 1 through flashinfer's sampling kernels with the per-position chi-square test, and the served-speed benchmark's
+# paired rounds. Five calls back to back on one warm nvidia-h200 (a fresh machine between them: exit 3, start again at
+# call 1). Each call: bash tools/device/backends.sh STEP[,STEP...] (steps run in the order below, whatever the order
+# given).
+#
+# CPU side first (docs/DEVELOPING.md, "SmolLM2-135M on the device" and "flashinfer on the GPU machine"): the shipped
+# drafts' weights moved out of the tree into .dev/ckpt, .dev/flashinfer from tools/device/flashinfer_kit.sh with the
+# JIT cache of the last call that built one (.dev/flashinfer/jit_cache.tar.gz), then
+#     bash tools/device/backends.sh carry     # every call's carry below against the 64 MiB limit, from this checkout
+#
+# call  command                                               carry                                  MB (tree 6.1)  timeout  expected
+# 1     bash tools/device/backends.sh install                 .dev/{whl,pkgs,bin,manifest.txt,smolA}  65.9          300      ~45 s
+# 2     bash tools/device/backends.sh flashinfer              .dev/{flashinfer,ckpt,bin}              59.6          420      ~100-240 s
+# 3     bash tools/device/backends.sh model,greedy            .dev/{smolB,bin}                        65.9          600      ~230-300 s
+# 4     CALL_SECONDS=575 bash tools/device/backends.sh t1,speed   (nothing)                            6.1          600      ~575 s
+# 5     CALL_SECONDS=575 bash tools/device/backends.sh speed  (nothing)                                6.1          600      ~350-420 s
+# (MB: 10^6 bytes, the tree's tracked and untracked files included; the limit is 67.1. The seconds: install ~30 s
+# and model 35-46 s as testbed_calls.sh's; flashinfer.sh unpacks the carried cache and builds only what it lacks
+# (sampling, topk, page: ~1-3 min); greedy ~150 s (a cold LILICORR start-up, 88 greedy responses, the fp32 check);
+# t1 ~180 s (a warm start-up, 4 x 2,000 requests, the chi-square check; first in call 4, where the speed step's
+# deadline absorbs what it takes); speed: four servers' start-up (~90 s cold, ~60 s warm) and per round ~45 s at c = 1
+# and ~48 s over c = 4-32 (the Triton rounds of serve-speed/h200_ed24a18), five rounds: call 4 plays c = 1 and what
+# its deadline leaves, call 5 the rest (a call cut by its deadline exits 1: run `speed` again).)
+# Device time: ~25-29 minutes with the machine's start and the gaps between calls, of a session's 30. Each step
+# checks the call's deadline first (model 60 s, greedy GREEDY_SECONDS 300, t1 T1_SECONDS 330) and is skipped (exit 4)
+# when it would run past it: run it in the next call. Nothing here runs past the 600 s timeout, which would lose the
+# call's results.
+# Then on the CPU machine: unpack every call's results.tar.gz into one folder (later calls replace earlier files: the
+# speed bundle of call 5 holds every round) and
+#     python -m sglang_lilicorr.benchmarks.backends_summary --run DIR --card "H200 (nvidia-h200)" --commit C --out DIR2
+# (benchmarks/README.md, "Attention backends"); put call 2's jit_cache.tar.gz (or a later call's, which also holds what
+# serving built) at .dev/flashinfer/jit_cache.tar.gz for later sessions.
+#
+# Steps:
+#   install       .dev/bin/smol.sh install: the kit into /tmp/site, part_a of the GGUF kept in /tmp/smol, the imports;
+#                 the card -> card.txt
+#   flashinfer    the shipped drafts (checkpoints/smollm2-*/config.json, .dev/ckpt weights) -> /tmp/testbed/drafts;
+#                 tools/device/flashinfer.sh: the slim flashinfer into /tmp/site, the carried JIT cache unpacked, every
+#                 module built (what the cache lacks) and run once -> flashinfer/flashinfer_warmup.txt, and the whole
+#                 cache -> $OUT/jit_cache.tar.gz
+#   model         tools/device/gpu_check.sh model with LILICORR_DRAFT=/tmp/testbed/drafts/lilicorr: the target in
+#                 /tmp/smol/model, the shipped LiLiCorr draft served (and the same drafter without its head for DFLASH)
+#   greedy        ATTN_BACKEND / SAMPLING_BACKEND set, tools/device/gpu_check.sh GREEDY_SYSTEMS (lilicorr),check: the
+#                 LILICORR server (CUDA graphs to 16, so c = 32 verifies eagerly), 56 greedy + 6 T = 1 prompts one at a
+#                 time, then 1-32 concurrent (88 greedy responses), every greedy token against the fp32 target (near-ties
+#                 within 2 bf16 ulps), the proposal captured in the draft CUDA graph -> greedy/{summary.txt,lilicorr.*}
+#   t1            the same backends, tools/device/gpu_check.sh sampling for T1_SYSTEMS (lilicorr; "base dflash
+#                 lilicorr" is ~3 minutes a system more): 2,000 seeded T = 1 requests per prompt, the chi-square test per
+#                 position, no tau (SAMPLING_TAU_SEEDS empty) -> t1/{sampling_summary.json,summary.txt,SYSTEM.log}
+#   speed         testbed.sh --attention-backend ATTN --sampling-backend SAMPLING speed --systems base dflash builtin
+#                 lilicorr --rounds SPEED_ROUNDS (5) --profile-steps 0 $SPEED_ARGS (c = 1, 4, 8, 16, 32, graphs to 32):
+#                 WORK/speed/graphs32_flashinfer, kept apart from any Triton rounds (testbed/speed.py); resumes, so the
+#                 same call again plays what the deadline left -> speed/graphs32_flashinfer/
+#   triton-speed  (optional, when device time is left) the kit's Triton servers, same systems and rounds, at
+#                 TRITON_CONCURRENCY (1): the block over the decode step on Triton on this very machine ->
+#                 speed/graphs32/ (backends_summary takes it over the committed Triton figures)
+#   carry         (CPU machine) each call's carry and the tree against the 64 MiB limit; exit 1 if one is over
+# Env: ATTN_BACKEND, SAMPLING_BACKEND (flashinfer, flashinfer), CALL_SECONDS (570: TESTBED_DEADLINE), DEVICE_SITE,
+#   SMOL_WORK (/tmp/smol), BACKENDS_WORK (/tmp/backends), TESTBED_WORK (/tmp/testbed).
+# What comes back ($OUT, at most 6 files): results.tar.gz (the folder layout backends_summary --run reads: card.txt,
+# flashinfer/, greedy/, t1/, speed/FOLDER/, calls/TIME_STEPS.log), jit_cache.tar.gz (call 2; a later call returns it
+# again where serving built modules the warm-up had not); a file over 15 MB in 12 MB parts (cat F.part_* > F).
+# Exit status: 0 when every step passed; 3 on a fresh machine (run the calls again from 1); 4 when the deadline left a
+# step out (its line says which: run it in the next call); 1 otherwise (a speed call cut by its deadline says so and
+# exits 1: run it again).
+set -u -o pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+STEPS=${1:?usage: bash tools/device/backends.sh install|flashinfer|model|greedy|t1|speed|triton-speed|carry[,STEP...]}
+KNOWN=(install flashinfer model greedy t1 speed triton-speed carry)
+for s in ${STEPS//,/ }; do
+  [[ " ${KNOWN[*]} " == *" $s "* ]] || { echo "backends.sh: unknown step $s: ${KNOWN[*]}" >&2; exit 2; }
+done
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+LIMIT=67108864  # the 64 MiB a call carries, the tree included
+
+# each call's carry, as in the table above
+CARRY_1=".dev/whl .dev/pkgs .dev/bin .dev/manifest.txt .dev/smolA"
+CARRY_2=".dev/flashinfer .dev/ckpt .dev/bin"
+CARRY_3=".dev/smolB .dev/bin"
+CARRY_4=""
+CARRY_5=""
+
+tree_bytes() {  # the tracked and untracked-not-ignored files of the checkout (what every call sends besides carry)
+  (cd "$ROOT" && git ls-files -z -co --exclude-standard | xargs -0 -r stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
+}
+
+if has carry; then
+  tree=$(tree_bytes) over=0
+  printf 'tree: %d bytes (tracked and untracked files)\n' "$tree"
+  for call in 1 2 3 4 5; do
+    var=CARRY_$call total=$tree line=""
+    for p in ${!var}; do
+      if [ -e "$ROOT/$p" ]; then
+        b=$(find -L "$ROOT/$p" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}'); total=$((total + b)); line+=" $p=$b"
+      else line+=" $p=MISSING"; over=1; fi
+    done
+    if [ "$total" -gt "$LIMIT" ]; then verdict=OVER; over=1; else verdict=ok; fi
+    printf 'call %d: %d bytes of %d, %s:%s\n' "$call" "$total" "$LIMIT" "$verdict" "${line:- (nothing carried)}"
+  done
+  if [ "$over" = 1 ]; then
+    echo "backends.sh carry: a call is over 64 MiB or misses a path: move the shipped drafts' weights to .dev/ckpt" \
+      "(docs/DEVELOPING.md), build .dev/flashinfer (tools/device/flashinfer_kit.sh), fetch the kit (prepare.sh --smol)" >&2
+    exit 1
+  fi
+  exit 0
+fi
+
+export TESTBED_DEADLINE=$(( $(date +%s) + ${CALL_SECONDS:-570} )) PYTHONUNBUFFERED=1
+SITE=${DEVICE_SITE:-/tmp/site}
+W=${SMOL_WORK:-/tmp/smol}
+BW=${BACKENDS_WORK:-/tmp/backends}
+ATTN=${ATTN_BACKEND:-flashinfer}
+SAMP=${SAMPLING_BACKEND:-flashinfer}
+TB=${TESTBED_WORK:-/tmp/testbed}  # the testbed's WORK (the speed step's folders, drafts/)
+DRAFTS=$TB/drafts
+RET=${OUT:-/tmp/lilicorr_out}
+CACHE=${FLASHINFER_WORKSPACE_BASE:-$HOME}/.cache/flashinfer
+STAGE=$BW/stage
+rm -rf "$STAGE" && mkdir -p "$STAGE/calls" "$RET" "$BW"
+log() { echo "[backends $(date +%H:%M:%S)] $*"; }
+left() { echo $(( TESTBED_DEADLINE - $(date +%s) )); }
+cache_sum() { find "$CACHE" -type f -name '*.so' 2>/dev/null | sort | md5sum | cut -c1-32; }
+
+fresh() {  # exit 3 where an earlier call's work is missing on this machine
+  if [ ! -f "$SITE/.device_manifest" ] || [ ! -f "$1" ]; then
+    log "$1 is missing: a fresh machine, not the one the earlier calls set up. Run the calls again from call 1 (install)."
+    exit 3
+  fi
+}
+
+gpu_check() {  # gpu_check OUTDIR STEPS: tools/device/gpu_check.sh with this call's backends
+  ATTN_BACKEND=$ATTN SAMPLING_BACKEND=$SAMP OUT=$1 SMOL_WORK=$W DEVICE_SITE=$SITE bash "$ROOT/tools/device/gpu_check.sh" "$2"
+}
+
+speed_step() {  # speed_step DEST TESTBED_ARGS...: the testbed's speed step, its bundle unpacked into $STAGE/speed/
+  local out=$BW/testbed_out rc
+  rm -rf "$out" && mkdir -p "$out"
+  bash "$ROOT/tools/device/testbed.sh" --work "$TB" --out "$out" "$@" 2>&1 | grep -v "it/s\]\|s/it\]\|Loading weights\|Warning" | tail -n 60
+  rc=${PIPESTATUS[0]}
+  for b in "$out"/speed_*.tar.gz; do
+    [ -f "$b" ] || continue
+    local name=${b##*/speed_}; name=${name%.tar.gz}
+    mkdir -p "$STAGE/speed/$name" && tar -xzf "$b" -C "$STAGE/speed/$name" && log "speed: -> speed/$name/"
+  done
+  return "$rc"
+}
+
+run_steps() {
+  local fails=() rc=0
+  enough() {  # enough STEP SECONDS: the call's deadline leaves that long, else the step is left to the next call (exit 4)
+    [ "$(left)" -ge "$2" ] && return 0
+    log "$1: $(left) s left in this call, $2 needed: run 'bash tools/device/backends.sh $1' in the next call"; rc=4; return 1
+  }
+  log "steps $STEPS; backends --attention-backend $ATTN --sampling-backend $SAMP (draft: triton); $(left) s to the deadline"
+  if has install; then
+    OUT=$BW/smol_out bash "$ROOT/.dev/bin/smol.sh" install 2>&1 | tail -n 8
+    [ "${PIPESTATUS[0]}" = 0 ] || fails+=(install)
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$STAGE/card.txt"
+  fi
+  if has flashinfer; then
+    fresh "$SITE/.device_manifest"
+    for v in lilicorr dflash; do
+      mkdir -p "$DRAFTS/$v" && cp "$ROOT/checkpoints/smollm2-$v/config.json" "$DRAFTS/$v/" \
+        && cp "$ROOT/.dev/ckpt/$v.safetensors" "$DRAFTS/$v/model.safetensors" \
+        || { log "no .dev/ckpt/$v.safetensors: carry .dev/ckpt in this call"; fails+=(drafts); }
+    done
+    SITE=$SITE OUT=$STAGE/flashinfer bash "$ROOT/tools/device/flashinfer.sh" 2>&1 | tail -n 30
+    [ "${PIPESTATUS[0]}" = 0 ] || fails+=(flashinfer)
+    if [ -f "$STAGE/flashinfer/jit_cache.tar.gz" ]; then
+      mv "$STAGE/flashinfer/jit_cache.tar.gz" "$RET/" && cache_sum > "$BW/jit_cache.sum"
+    fi
+  fi
+  if has model && enough model 60; then
+    fresh "$DRAFTS/lilicorr/model.safetensors"
+    LILICORR_DRAFT=$DRAFTS/lilicorr gpu_check "$STAGE/greedy" model 2>&1 | tail -n 12
+    [ "${PIPESTATUS[0]}" = 0 ] || fails+=(model)
+  fi
+  if has greedy && enough greedy "${GREEDY_SECONDS:-300}"; then
+    fresh "$W/model/config.json"
+    gpu_check "$STAGE/greedy" "${GREEDY_SYSTEMS:-lilicorr}" 2>&1 | tail -n 40
+    [ "${PIPESTATUS[0]}" = 0 ] || fails+=(greedy_serve)
+    gpu_check "$STAGE/greedy" check 2>&1 | tail -n 12
+    [ "${PIPESTATUS[0]}" = 0 ] || fails+=(greedy_check)
+  fi
+  if has t1 && enough t1 "${T1_SECONDS:-330}"; then
+    fresh "$W/model/config.json"
+    SAMPLING_SYSTEMS=${T1_SYSTEMS:-lilicorr} SAMPLING_TAU_SEEDS=${SAMPLING_TAU_SEEDS-} gpu_check "$STAGE/t1" sampling 2>&1 | tail -n 20
+    [ "${PIPESTATUS[0]}" = 0 ] || fails+=(t1)
+    local d=$W/sampling_${ATTN}_$SAMP
+    [ "$ATTN $SAMP" = "triton pytorch" ] && d=$W/sampling
+    cp "$d"/*.log "$STAGE/t1/" 2>/dev/null
+  fi
+  if has speed; then
+    fresh "$DRAFTS/dflash/model.safetensors"
+    # shellcheck disable=SC2086
+    speed_step --attention-backend "$ATTN" --sampling-backend "$SAMP" speed --systems base dflash builtin lilicorr \
+      --rounds "${SPEED_ROUNDS:-5}" --profile-steps 0 ${SPEED_ARGS:-} || fails+=(speed)
+  fi
+  if has triton-speed; then
+    fresh "$DRAFTS/dflash/model.safetensors"
+    # the kit's Triton servers as every earlier Triton run served them: flashinfer installed here, but not picked
+    # shellcheck disable=SC2086
+    SGLANG_IS_FLASHINFER_AVAILABLE=false speed_step speed --systems base dflash builtin lilicorr \
+      --concurrency ${TRITON_CONCURRENCY:-1} --rounds "${SPEED_ROUNDS:-5}" --profile-steps 0 || fails+=(triton-speed)
+  fi
+  log "done; failed: ${fails[*]:-none}; $(left) s to the deadline"
+  [ ${#fails[@]} = 0 ] || return 1
+  return "$rc"
+}
+
+run_steps 2>&1 | tee "$STAGE/calls/$(date +%H%M%S)_${STEPS//,/+}.log"
+rc=${PIPESTATUS[0]}
+# the JIT cache again where serving built modules the warm-up had not (flashinfer.sh's call returned it already)
+if [ -f "$BW/jit_cache.sum" ] && [ ! -f "$RET/jit_cache.tar.gz" ] && [ "$(cache_sum)" != "$(cat "$BW/jit_cache.sum")" ]; then
+  tar -C "$CACHE" -czf "$RET/jit_cache.tar.gz" . && cache_sum > "$BW/jit_cache.sum" \
+    && log "the flashinfer JIT cache grew while serving: -> \$OUT/jit_cache.tar.gz (carry it as .dev/flashinfer/jit_cache.tar.gz)"
+fi
+tar -czf "$RET/results.tar.gz" -C "$STAGE" .
+# a file over 15 MB comes back in parts of 12 MB (16 MiB a file at most): cat FILE.part_* > FILE
+find "$RET" -maxdepth 1 -type f -size +15M | while read -r f; do split -b 12000000 -d "$f" "$f.part_" && rm "$f"; done
+ls -l "$RET"
+exit "$rc"
