@@ -218,28 +218,31 @@ def test_pipeline_end_to_end(toy, tmp_path, monkeypatch, ports_29500_taken):
     assert len(list((work / "OUT").iterdir())) <= 12
 
 
-def test_speed_plays_only_the_chosen_systems(tmp_path, monkeypatch):
-    """--systems base dflash builtin lilicorr (any order): four servers, four systems in the rounds and the summary; a
-    set without the four summarized systems is refused, and so is a resumed setting's other set."""
+def speed_testbed(tmp_path, monkeypatch, launcher_text: str):
+    """A WORK with both drafts exported (the stand-in servers read none: the step only checks they were) and the
+    testbed's arguments before the step: stand-in servers from `launcher_text` on a free port block."""
     work, evals = tmp_path / "work", tmp_path / "eval_prompts.jsonl"
     evals.write_text("".join(json.dumps(r) + "\n" for r in EVAL))
-    for draft in ("dflash", "lilicorr"):  # the stand-in servers read no draft: the step only checks they were exported
+    for draft in ("dflash", "lilicorr"):
         (work / "drafts" / draft).mkdir(parents=True)
         (work / "drafts" / draft / "config.json").write_text("{}")
     launcher = tmp_path / "launcher.py"
-    launcher.write_text(LAUNCHER.format(tests=str(ROOT / "tests")))
+    launcher.write_text(launcher_text.format(tests=str(ROOT / "tests")))
     monkeypatch.setattr(speed, "PORT0", free_port_block(len(speed.SYSTEMS)))
-    common = [
+    return work, [
         f"--work={work}",
         f"--target={tmp_path / 'target'}",
         f"--out={work / 'OUT'}",
         f"--eval-prompts={evals}",
         f"--server-launch={sys.executable} {launcher}",
-        "speed",
-        "--rounds=2",
-        "--max-tokens=8",
-        "--profile-steps=0",
     ]
+
+
+def test_speed_plays_only_the_chosen_systems(tmp_path, monkeypatch):
+    """--systems base dflash builtin lilicorr (any order): four servers, four systems in the rounds and the summary; a
+    set without the four summarized systems is refused, and so is a resumed setting's other set."""
+    work, testbed_args = speed_testbed(tmp_path, monkeypatch, LAUNCHER)
+    common = [*testbed_args, "speed", "--rounds=2", "--max-tokens=8", "--profile-steps=0"]
     four = ["base", "dflash", "builtin", "lilicorr"]
     assert testbed.main([*common, "--concurrency=1", "--systems", "lilicorr", "base", "builtin", "dflash"]) == 0
     runs = work / "speed" / "graphs32"
@@ -288,23 +291,10 @@ def test_speed_on_flashinfer_reaches_every_server_and_keeps_its_rounds_apart(tmp
     setting's rounds were served with is refused before any server starts."""
     from testbed.common import SERVER_ARGS, backends_of, with_backends
 
-    work, evals, launches = tmp_path / "work", tmp_path / "eval_prompts.jsonl", tmp_path / "launches.jsonl"
-    evals.write_text("".join(json.dumps(r) + "\n" for r in EVAL))
-    for draft in ("dflash", "lilicorr"):
-        (work / "drafts" / draft).mkdir(parents=True)
-        (work / "drafts" / draft / "config.json").write_text("{}")
-    launcher = tmp_path / "launcher.py"
-    launcher.write_text(RECORDING_LAUNCHER.format(tests=str(ROOT / "tests")))
+    launches = tmp_path / "launches.jsonl"
     monkeypatch.setenv("LAUNCHES", str(launches))
-    monkeypatch.setattr(speed, "PORT0", free_port_block(len(speed.SYSTEMS)))
+    work, common = speed_testbed(tmp_path, monkeypatch, RECORDING_LAUNCHER)
     four = ["base", "dflash", "builtin", "lilicorr"]
-    common = [
-        f"--work={work}",
-        f"--target={tmp_path / 'target'}",
-        f"--out={work / 'OUT'}",
-        f"--eval-prompts={evals}",
-        f"--server-launch={sys.executable} {launcher}",
-    ]
     step = ["speed", "--rounds=1", "--max-tokens=8", "--profile-steps=0", "--concurrency=1", "--systems", *four]
     flashinfer = ["--attention-backend", "flashinfer", "--sampling-backend=flashinfer"]
     assert testbed.main([*common, *flashinfer, *step]) == 0
