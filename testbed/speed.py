@@ -86,14 +86,20 @@ def chosen_systems(given) -> list[str]:
     return [s for s in SYSTEMS if s in given]
 
 
-def earlier_systems(work: Path) -> list[str] | None:
-    """The systems an earlier call of this setting (work) played: None where work/runs holds no run yet, else
-    speed_run.json's "systems" (each call records them before its servers start), all of SYSTEMS where it has none
-    (calls from before --systems played all six)."""
+def earlier_record(work: Path) -> dict | None:
+    """What the earlier calls of this setting (work) recorded in speed_run.json before their servers started ({} for
+    calls that predate the record); None where work/runs holds no run yet."""
     if not any((work / "runs").glob("c*_r*_*.jsonl")):
         return None
     record = work / "speed_run.json"
-    return list(json.loads(record.read_text()).get("systems", SYSTEMS) if record.is_file() else SYSTEMS)
+    return json.loads(record.read_text()) if record.is_file() else {}
+
+
+def earlier_systems(work: Path) -> list[str] | None:
+    """The systems an earlier call of this setting played (earlier_record's "systems"; all of SYSTEMS where it has
+    none: calls from before --systems played all six), None where none was played yet."""
+    record = earlier_record(work)
+    return None if record is None else list(record.get("systems", SYSTEMS))
 
 
 def setting_folder(setting: str, server_args: str) -> str:
@@ -118,16 +124,6 @@ def base_args(args) -> str:
     return shlex.join(shlex.split(getattr(args, "server_args", None) or SERVER_ARGS))
 
 
-def earlier_server_args(work: Path) -> str | None:
-    """The --server-args an earlier call of this setting (work) served its rounds with: speed_run.json's
-    "base_server_args" (each call records it before its servers start); None where work/runs holds no run yet or the
-    calls predate the record."""
-    record = work / "speed_run.json"
-    if not any((work / "runs").glob("c*_r*_*.jsonl")) or not record.is_file():
-        return None
-    return json.loads(record.read_text()).get("base_server_args")
-
-
 def systems_for(args) -> list[str]:
     """The systems of this call: --systems (chosen_systems), refused where an earlier call of the same setting folder
     (speed_folder) played another set (its rounds pair the systems within each round; merging them is not done) or
@@ -140,7 +136,7 @@ def systems_for(args) -> list[str]:
             f"speed: {work} holds rounds of --systems {' '.join(earlier)} (speed_run.json), not "
             f"{' '.join(systems)}: pass --systems {' '.join(earlier)} to resume that setting, or another --work"
         )
-    before, now = earlier_server_args(work), base_args(args)
+    before, now = (earlier_record(work) or {}).get("base_server_args"), base_args(args)
     if before is not None and before != now:
         raise SystemExit(
             f"speed: {work} holds rounds served with --server-args {before!r} (speed_run.json), not {now!r}: pass the "
