@@ -247,13 +247,16 @@ def run(args, base_server_args: str) -> int:
     after_rounds_s = 60.0 + (45.0 if args.profile_steps else 0.0)  # the profile pass, the report, stopping the servers
     # each server its own Triton cache: a server's start-up on a fresh machine compiles all it needs itself (the
     # servers start together, and one would otherwise find kernels another had just built)
+    caches = {s: work.parent / "triton_cache" / s for s in systems}
+    # a start-up is a cold one only where the server's Triton cache held nothing before it (serve_speed's startup_s)
+    cold = {s: not (caches[s].is_dir() and any(caches[s].iterdir())) for s in systems}
     specs = [
         ServerSpec(
             args.target,
             PORT0 + i,
             "0",
             server_args(base_server_args, s, drafts, SETTINGS[args.setting]),
-            {**verify_env(s), "TRITON_CACHE_DIR": str(work.parent / "triton_cache" / s)},
+            {**verify_env(s), "TRITON_CACHE_DIR": str(caches[s])},
             s,
         )
         for i, s in enumerate(systems)
@@ -304,6 +307,7 @@ def run(args, base_server_args: str) -> int:
     call = call_key(concurrency, earlier.get("capture_s", {}))
     capture = {
         s: serve_speed.capture_seconds((work / "logs" / f"server-{s}.log").read_text(errors="replace"))
+        | {"cold_cache": cold[s]}
         for s in systems
         if (work / "logs" / f"server-{s}.log").is_file()
     }

@@ -226,3 +226,38 @@ def test_the_startup_steps_medians_join_the_results_file_and_are_kept_by_later_r
                 str(tmp_path / "startup.json"),
             ]
         )
+
+
+def test_a_warm_start_up_is_not_a_start_up_cell(tmp_path):
+    """A graphs run whose servers found their Triton caches filled (cold_cache false) measures no start-up: the
+    results file keeps the earlier cold one, and says where it was measured."""
+    summary = serve_speed.summarize(
+        rounds_of({"base": [10, 9], "dflash": [8, 7], "builtin": [6, 5], "lilicorr": [7, 6]}, c=32)
+    )
+    capture = serve_speed.capture_seconds(LOG)
+    for name, cold in (("cold", True), ("warm", False)):
+        (tmp_path / name).mkdir()
+        doc = {
+            "setting": "graphs32",
+            "summary": summary,
+            "capture_s": {"c=32": {"lilicorr": capture | {"cold_cache": cold}}},
+        }
+        (tmp_path / name / "speed_summary.json").write_text(json.dumps(doc))
+    args = ["--card", "H200", "--commit"]
+    assert serve_speed.main(["--graphs", str(tmp_path / "cold"), *args, "old", "--out", str(tmp_path / "o1")]) == 0
+    earlier = tmp_path / "o1" / "summary.json"
+    assert json.loads(earlier.read_text())["startup_s"] == {"lilicorr": {"graph_capture": 53.67, "scheduler": 77.41}}
+    warm = [
+        "--graphs",
+        str(tmp_path / "warm"),
+        *args,
+        "new",
+        "--keep-from",
+        str(earlier),
+        "--out",
+        str(tmp_path / "o2"),
+    ]
+    assert serve_speed.main(warm) == 0
+    doc = json.loads((tmp_path / "o2" / "summary.json").read_text())
+    assert doc["startup_s"] == json.loads(earlier.read_text())["startup_s"]
+    assert doc["measured"] == {"32": "H200, new", "startup_s": "H200, old"}

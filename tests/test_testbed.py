@@ -255,9 +255,15 @@ def test_speed_plays_only_the_chosen_systems(tmp_path, monkeypatch):
     one = doc["summary"]["1"]
     assert one["rounds"] == 2 and set(one["tok_s_per_round"]) == set(four) and "lilicorr_vs_builtin" in one
     assert list(doc["idle_cpu_s"]["c=1"]) == four and set(doc["capture_s"]["c=1"]) <= set(four)
-    # the setting resumes with the same set (another concurrency), in any order
+    assert all(m["cold_cache"] for m in doc["capture_s"]["c=1"].values())
+    # the setting resumes with the same set (another concurrency), in any order; a server whose Triton cache holds
+    # kernels starts warm, and its record says so
+    (work / "speed" / "triton_cache" / "lilicorr").mkdir(parents=True, exist_ok=True)
+    (work / "speed" / "triton_cache" / "lilicorr" / "kernel.cubin").write_text("x")
     assert testbed.main([*common, "--concurrency=2", "--systems", *reversed(four)]) == 0
-    assert sorted(json.loads((runs / "speed_summary.json").read_text())["summary"], key=int) == ["1", "2"]
+    doc = json.loads((runs / "speed_summary.json").read_text())
+    assert sorted(doc["summary"], key=int) == ["1", "2"]
+    assert {s: m["cold_cache"] for s, m in doc["capture_s"]["c=2"].items()} == {s: s != "lilicorr" for s in four}
     # a set without a summarized system, and another set than the setting's rounds, are refused before any server
     with pytest.raises(SystemExit, match="lacks builtin.*--systems base dflash builtin lilicorr$"):
         testbed.main([*common, "--concurrency=1", "--systems", "base", "dflash", "lilicorr"])

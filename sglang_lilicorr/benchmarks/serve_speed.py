@@ -216,14 +216,17 @@ def process_tree_cpu_s(pid: int) -> float:
 
 def report(graphs: dict | None, eager: dict | None, card: str, commit: str) -> dict:
     """The results file: graphs' summary per c and `startup_s` (graph capture seconds and the scheduler's whole
-    start-up per system, in the setting's first call: a cold Triton and JIT cache), `eager` (the eager setting at
-    c = 32), `backends` (the servers' attention and sampling backends, where the speed step recorded them), card and
-    commit; a setting not given adds none of its cells."""
+    start-up per system, in the setting's first call, and only where every server of it started on an empty Triton
+    cache: its `cold_cache`, recorded by the speed step; a call before that record had a cold cache), `eager` (the
+    eager setting at c = 32), `backends` (the servers' attention and sampling backends, where the speed step recorded
+    them), card and commit; a setting not given adds none of its cells."""
     keep = (*ALL_SYSTEMS, *(f"{a}_vs_{b}" for a, b in RATIOS), "tau", "block_over_decode", "rounds")
     out = {}
     if graphs:
         out = {c: {k: e[k] for k in keep if k in e} for c, e in graphs["summary"].items()}
         first = next(iter(graphs.get("capture_s", {}).values()), {})
+        if not all(m.get("cold_cache", True) for m in first.values()):
+            first = {}  # a warm start-up is not one: the cell is left to --keep-from
         out["startup_s"] = {
             s: {"graph_capture": first[s].get("total"), "scheduler": first[s].get("scheduler_e2e")}
             for s in ALL_SYSTEMS
