@@ -301,7 +301,8 @@ case "$(basename "$0")" in
     mkdir -p "$OUT" && echo "gpu_check $*" >> "$OUT/summary.txt"
     [[ "$*" == *sampling* ]] && mkdir -p "$SMOL_WORK/sampling_flashinfer_flashinfer" \
       && echo log > "$SMOL_WORK/sampling_flashinfer_flashinfer/lilicorr.log" ;;
-  flashinfer.sh) mkdir -p "$OUT" && echo warm > "$OUT/flashinfer_warmup.txt" && echo cache > "$OUT/jit_cache.tar.gz" ;;
+  flashinfer.sh) mkdir -p "$OUT" && echo warm > "$OUT/flashinfer_warmup.txt" && echo cache > "$OUT/jit_cache.tar.gz"
+    echo "FI_BUILD_SECONDS=$FI_BUILD_SECONDS" >> "$CALLS"; exit "${FI_EXIT:-0}" ;;
 esac
 exit 0
 """
@@ -363,6 +364,12 @@ def test_backends_calls_run_their_steps_with_the_flashinfer_backends(backends_ro
     assert done.returncode == 0, done.stdout + done.stderr
     assert (Path(env["TESTBED_WORK"]) / "drafts" / "dflash" / "model.safetensors").is_file()
     assert (Path(env["OUT"]) / "jit_cache.tar.gz").is_file() and "flashinfer/flashinfer_warmup.txt" in results(env)
+    # the build stops before the call's deadline (45 s to pack); a build stopped there (exit 4) returns its cache
+    built = int(calls.read_text().split("FI_BUILD_SECONDS=")[1].split()[0])
+    assert 500 <= built <= 525  # CALL_SECONDS 570 less 45, less the seconds the drafts' copy took
+    done = backends(root, env, "flashinfer", FI_EXIT="4", CALL_SECONDS="60")
+    assert done.returncode == 4 and "run 'bash tools/device/backends.sh flashinfer' again" in done.stdout
+    assert (Path(env["OUT"]) / "jit_cache.tar.gz").is_file() and "FI_BUILD_SECONDS=30" in calls.read_text()
     # call 3: the model with the shipped draft, the greedy check and T = 1 on flashinfer, LILICORR alone, no tau
     calls.unlink()
     done = backends(root, env, "t1,greedy,model", CALL_SECONDS="600")  # in their order, whatever the order given
