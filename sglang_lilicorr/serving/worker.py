@@ -23,7 +23,8 @@ What it overrides (all methods of the DFlash worker, no SGLang source touched):
                                     the context projection the append computes (draft model keeps it)
   alloc_memory_pool              -> also checks the req_to_token rows hold the verify-block reservation (kv_rows.py)
   forward_batch_generation       -> records the batch's request slots and stages their anchors
-  init_attention_backends        -> also picks the target verify's attention kernel (verify_attention.py)
+  init_attention_backends        -> also picks the target verify's attention kernel (verify_attention.py) and compiles
+                                    the target prefill's attention kernel at every batch-size class (target_warmup.py)
   init_cuda_graphs               -> warms the proposal for the batches no draft graph covers and captures their
                                     graphs (proposer.warm); warns when the proposal cannot be captured (graphs disabled)
 """
@@ -45,6 +46,7 @@ from .kv_rows import check_rows
 from .models.lilicorr_draft import LiLiCorrDraftModel
 from .proposer import LiLiCorrProposer, walk_rule
 from .server_args import ServingConfigError
+from .target_warmup import warm as warm_target_prefill
 from .verification import Verification, install_request_refusal
 from .verify_attention import configure as configure_verify_attention, target_attention_backends
 from .vocab_parallel import VocabShard
@@ -165,6 +167,8 @@ class LiLiCorrWorker(DFlashWorkerV2):
             self.model_runner.dtype,
             eager=eager_batches_possible(self.server_args.max_running_requests),
         )
+        # Before serving: no batch of new prompts compiles SGLang's prefill kernel while its requests wait.
+        warm_target_prefill(self.model_runner)
 
     # --- CUDA graphs ------------------------------------------------------------------------
 

@@ -154,6 +154,9 @@ if has lilicorr; then
     --speculative-algorithm LILICORR --speculative-draft-model-path "$W/lilicorr_draft" \
     --speculative-draft-attention-backend triton "${EXTRA[@]}" || fails+=(lilicorr)
   grep -E "LILICORR|LiLiCorr|Capture draft|Capture target|non-greedy" "$O/lilicorr.log" | cut -c1-300 | head -n 30 | tee -a "$S"
+  # SGLang's own warning (srt/utils/triton_load_watch.py); serving/target_warmup.py compiles its prefill kernel's variants
+  say "Triton compiles after serving started: $(grep -c "to compile after serving started" "$O/lilicorr.log" 2>/dev/null)" \
+    "(SGLang's prefill kernel _fwd_kernel: $(grep -c "'_fwd_kernel' took" "$O/lilicorr.log" 2>/dev/null))"
 fi
 
 if has dflash; then
