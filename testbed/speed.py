@@ -305,12 +305,13 @@ def run(args, base_server_args: str) -> int:
     )
     earlier = json.loads((work / "speed_summary.json").read_text()) if (work / "speed_summary.json").is_file() else {}
     call = call_key(concurrency, earlier.get("capture_s", {}))
-    capture = {
-        s: serve_speed.capture_seconds((work / "logs" / f"server-{s}.log").read_text(errors="replace"))
-        | {"cold_cache": cold[s]}
+    logs = {
+        s: (work / "logs" / f"server-{s}.log").read_text(errors="replace")
         for s in systems
         if (work / "logs" / f"server-{s}.log").is_file()
     }
+    capture = {s: serve_speed.capture_seconds(text) | {"cold_cache": cold[s]} for s, text in logs.items()}
+    late = {s: serve_speed.late_compiles(text) for s, text in logs.items()}
     save_json(
         work / "speed_summary.json",
         {
@@ -322,10 +323,16 @@ def run(args, base_server_args: str) -> int:
             "summary": summary,
             "capture_s": {**earlier.get("capture_s", {}), call: capture},
             "idle_cpu_s": {**earlier.get("idle_cpu_s", {}), call: {s: round(v, 2) for s, v in watch.spent.items()}},
+            "late_compiles": {**earlier.get("late_compiles", {}), call: late},
         },
+    )
+    census = ", ".join(
+        f"{s} {sum(k.values())}" + (" (" + ", ".join(f"{name} {n}" for name, n in k.items()) + ")" if k else "")
+        for s, k in late.items()
     )
     (work / "speed_table.md").write_text(
         serve_speed.table(summary, f"{folder} (CUDA graphs to batch {SETTINGS[args.setting]})")
+        + f"\nTriton compiles after serving started (SGLang's warning), this call's servers: {census}\n"
     )
     if summary:
         serve_speed.plot({args.setting: summary}, work / "speed.png")

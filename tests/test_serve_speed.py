@@ -261,3 +261,10 @@ def test_a_warm_start_up_is_not_a_start_up_cell(tmp_path):
     doc = json.loads((tmp_path / "o2" / "summary.json").read_text())
     assert doc["startup_s"] == json.loads(earlier.read_text())["startup_s"]
     assert doc["measured"] == {"32": "H200, new", "startup_s": "H200, old"}
+
+
+def test_late_compiles_counts_sglangs_warning_by_kernel():
+    line = "[2026-11-28 21:24:37] Triton kernel '{}' took 1.15 s to compile after serving started. Serving-time ..."
+    log = "\n".join([line.format("_fwd_kernel"), "other line", line.format("_fwd_kernel"), line.format("_stage2")])
+    assert serve_speed.late_compiles(log) == {"_fwd_kernel": 2, "_stage2": 1}
+    assert serve_speed.late_compiles(LOG) == {}

@@ -256,6 +256,11 @@ def test_speed_plays_only_the_chosen_systems(tmp_path, monkeypatch):
     assert one["rounds"] == 2 and set(one["tok_s_per_round"]) == set(four) and "lilicorr_vs_builtin" in one
     assert list(doc["idle_cpu_s"]["c=1"]) == four and set(doc["capture_s"]["c=1"]) <= set(four)
     assert all(m["cold_cache"] for m in doc["capture_s"]["c=1"].values())
+    assert doc["late_compiles"]["c=1"] == {s: {} for s in four}
+    assert (
+        "Triton compiles after serving started (SGLang's warning), this call's servers: base 0"
+        in (runs / "speed_table.md").read_text()
+    )
     # the setting resumes with the same set (another concurrency), in any order; a server whose Triton cache holds
     # kernels starts warm, and its record says so
     (work / "speed" / "triton_cache" / "lilicorr").mkdir(parents=True, exist_ok=True)

@@ -173,6 +173,7 @@ CAPTURE_LINE = re.compile(r"Capture (\w+ \w+) CUDA graph end\..*?elapsed=([0-9.]
 SCHEDULER_LINE = re.compile(r"Engine startup timings \(s\):.*?scheduler_e2e=([0-9.]+)")
 LOAD_LINE = re.compile(r"Engine startup timings \(s\): load_weight=([0-9.]+)")
 PRECOMPILE_LINE = re.compile(r"Triton kernels compiled concurrently .*? in ([0-9.]+) s")  # fast_path/precompile.py
+LATE_COMPILE_LINE = re.compile(r"Triton kernel '(\w+)' took [0-9.]+ s to compile after serving started")  # SGLang's
 
 
 def capture_seconds(log_text: str) -> dict:
@@ -190,6 +191,15 @@ def capture_seconds(log_text: str) -> dict:
             out[key] = float(found.group(1))
     if passes := PRECOMPILE_LINE.findall(log_text):
         out["precompile"] = round(sum(map(float, passes)), 2)
+    return out
+
+
+def late_compiles(log_text: str) -> dict:
+    """Triton kernels a server compiled after it started serving, by kernel name: how many times SGLang's warning
+    (srt/utils/triton_load_watch.py, compiles of a second or more) names each. Empty: none."""
+    out = {}
+    for name in LATE_COMPILE_LINE.findall(log_text):
+        out[name] = out.get(name, 0) + 1
     return out
 
 
