@@ -21,7 +21,8 @@
 # and model 35-46 s as testbed_calls.sh's; (*) flashinfer.sh unpacks the carried cache and builds only what it lacks:
 # on the H200 at e9450c3 the sampling module took one call's whole build (more than 420 s on 16 cores) and topk and
 # page were still unbuilt 330 s later; the build stops 45 s before the call's deadline and its cache so far comes
-# back (exit 4: carry it and run the step again; docs/DEVELOPING.md has what is built); greedy ~150 s (a cold LILICORR start-up, 88 greedy responses, the fp32 check);
+# back (exit 4: carry it and run the step again; docs/DEVELOPING.md has what is built); greedy ~150 s (a cold
+# LILICORR start-up, 88 greedy responses, the fp32 check);
 # t1 ~180 s (a warm start-up, 4 x 2,000 requests, the chi-square check; first in call 4, where the speed step's
 # deadline absorbs what it takes); speed: four servers' start-up (~90 s cold, ~60 s warm) and per round ~45 s at c = 1
 # and ~48 s over c = 4-32 (the Triton rounds of serve-speed/h200_ed24a18), five rounds: call 4 plays c = 1 and what
@@ -68,8 +69,8 @@
 # flashinfer/, greedy/, t1/, speed/FOLDER/, calls/TIME_STEPS.log), jit_cache.tar.gz (call 2; a later call returns it
 # again where serving built modules the warm-up had not); a file over 15 MB in 12 MB parts (cat F.part_* > F).
 # Exit status: 0 when every step passed; 3 on a fresh machine (run the calls again from 1); 4 when the deadline left a
-# step out or stopped flashinfer's build (its line says which: run it in the next call); 1 otherwise (a speed call cut by its deadline says so and
-# exits 1: run it again).
+# step out or stopped flashinfer's build (its line says which: run it in the next call); 1 otherwise (a speed call
+# cut by its deadline says so and exits 1: run it again).
 set -u -o pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 STEPS=${1:?usage: bash tools/device/backends.sh install|flashinfer|model|greedy|t1|speed|triton-speed|carry[,STEP...]}
