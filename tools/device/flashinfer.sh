@@ -10,8 +10,8 @@
 #   3. unpacks .dev/flashinfer/jit_cache.tar.gz, if carried, into flashinfer's cache
 #      ($FLASHINFER_WORKSPACE_BASE or $HOME)/.cache/flashinfer: later calls skip the build;
 #   4. JIT-builds and runs tools/device/flashinfer_warmup.py (decode, prefill paged causal, packbits, custom mask and
-#      k/v strides apart, ragged auto/FA3 and FA2, merge_state, sampling, top-k, append_paged_kv_cache at SmolLM2-135M's
-#      shapes; every module of flashinfer_slim.py's MODULES), timed;
+#      k/v strides apart, ragged auto/FA3 and FA2, merge_state, sampling, top-k at SmolLM2-135M's shapes; every
+#      module of flashinfer_slim.py's MODULES but the spare page), timed;
 #   5. packs the whole cache (objects and ninja logs too: flashinfer decides freshness by ninja, with absolute paths,
 #      so the next machine must use the same SITE and HOME) into $OUT/jit_cache.tar.gz (bring it back as .dev/flashinfer/jit_cache.tar.gz) and writes
 #      $OUT/flashinfer_warmup.txt.

@@ -1,6 +1,7 @@
 """JIT-build (or load from the cache) and run once every flashinfer module that SGLang's flashinfer attention backend
-and sampling use (tools/device/flashinfer_slim.py, MODULES), at SmolLM2-135M's shapes (bf16, 9 query / 3 KV heads,
-head_dim 64, page size 1; the drafts have the same heads), on tiny tensors; each attention output is checked against a
+and sampling use (tools/device/flashinfer_slim.py, MODULES, but its spare `page`, which SGLang does not call), at
+SmolLM2-135M's shapes (bf16, 9 query / 3 KV heads, head_dim 64, page size 1; the drafts have the same heads), on tiny
+tensors; each attention output is checked against a
 float32 torch reference, packbits against a bit-by-bit one. Each step names the JIT modules it builds and runs before
 any step that builds them only indirectly (packbits before the custom-mask verify). One line per step with its wall
 time; exit 1 with one clear line, naming the module, on the first failure; at the end, the JIT modules loaded against
@@ -201,21 +202,6 @@ def main():
         vals, _ = flashinfer.top_k(x, 8, sorted=True, deterministic=True)
         return (vals.float() - torch.topk(x, 8).values).abs().max().item()
 
-    def page():  # not called by SGLang 0.5.23 (a spare of the slim archive)
-        k = torch.randn(3, KV, D, device=dev, dtype=bf)
-        flashinfer.append_paged_kv_cache(
-            k,
-            k,
-            torch.tensor([0, 1], dtype=torch.int32, device=dev).repeat_interleave(torch.tensor([1, 2], device=dev)),
-            torch.tensor([0, 0, 1], dtype=torch.int32, device=dev),
-            (k_cache, v_cache),
-            kv_indices,
-            kv_indptr,
-            torch.tensor([1, 2], dtype=torch.int32, device=dev),
-            "NHD",
-        )
-        return None
-
     print(
         f"flashinfer_warmup: flashinfer {flashinfer.__version__}, torch {torch.__version__}, "
         f"{torch.cuda.get_device_name()} (sm{''.join(map(str, torch.cuda.get_device_capability()))})",
@@ -233,7 +219,6 @@ def main():
         ("ragged prefill (fa2)", "prefill_fa2_primary, cascade", lambda: ragged("fa2")),
         ("sampling", "sampling", sampling),
         ("top_k", "topk", topk),
-        ("append_paged_kv_cache", "page", page),
     ]:
         if not only or any(o in name for o in only):
             step(name, modules, fn)
