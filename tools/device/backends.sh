@@ -18,9 +18,9 @@
 # 4     CALL_SECONDS=575 bash tools/device/backends.sh t1,speed   (nothing)                            6.2          600      ~575 s
 # 5     CALL_SECONDS=575 bash tools/device/backends.sh speed  (nothing)                                6.2          600      ~350-420 s
 # (MB: 10^6 bytes, the tree's tracked and untracked files included; the limit is 67.1. The seconds: install ~30 s
-# and model 35-46 s as testbed_calls.sh's; (*) flashinfer.sh unpacks the carried cache and builds only what it lacks:
-# on the H200 at e9450c3 the sampling module took one call's whole build (more than 420 s on 16 cores) and topk
-# was still unbuilt 330 s later (page, a spare SGLang does not call, is no longer built); the build stops 45 s
+# and model 35-46 s as testbed_calls.sh's; (*) flashinfer.sh unpacks the carried cache and builds only what it lacks
+# (tools/device/flashinfer_cache.sh: until e056a07 every call rebuilt all modules, ~270 s before sampling and topk on
+# an H200; the cache of that call holds all but topk); the build stops 45 s
 # before the call's deadline and its cache so far comes back (exit 4: carry it and run the step again;
 # docs/DEVELOPING.md has what is built); greedy ~150 s (a cold
 # LILICORR start-up, 88 greedy responses, the fp32 check);

@@ -7,13 +7,15 @@
 #   1. installs .dev/flashinfer/whl's wheels into $SITE (default /tmp/site) where the import fails (pynvml, tabulate)
 #      or no ninja is on PATH; unpacks flashinfer_slim.tar.xz into $SITE/flashinfer (replacing a headers-only copy);
 #   2. checks `import flashinfer` with the image's torch 2.11;
-#   3. unpacks .dev/flashinfer/jit_cache.tar.gz, if carried, into flashinfer's cache
-#      ($FLASHINFER_WORKSPACE_BASE or $HOME)/.cache/flashinfer: later calls skip the build;
+#   3. tools/device/flashinfer_cache.sh unpack: .dev/flashinfer/jit_cache.tar.gz, if carried and built with this
+#      machine's flashinfer and tvm_ffi, into flashinfer's cache ($FLASHINFER_WORKSPACE_BASE or $HOME)/.cache/flashinfer,
+#      up to date for ninja (its header: why tvm_ffi's files are dated back); the modules it holds load, not build;
 #   4. JIT-builds and runs tools/device/flashinfer_warmup.py (decode, prefill paged causal, packbits, custom mask and
 #      k/v strides apart, ragged auto/FA3 and FA2, merge_state, sampling, top-k at SmolLM2-135M's shapes; every
 #      module of flashinfer_slim.py's MODULES but the spare page), timed;
-#   5. packs the whole cache (objects and ninja logs too: flashinfer decides freshness by ninja, with absolute paths,
-#      so the next machine must use the same SITE and HOME) into $OUT/jit_cache.tar.gz (bring it back as .dev/flashinfer/jit_cache.tar.gz) and writes
+#   5. flashinfer_cache.sh pack: the whole cache (objects and ninja logs too: ninja's files hold absolute paths, so the
+#      next machine must use the same SITE and HOME) into $OUT/jit_cache.tar.gz (bring it back as
+#      .dev/flashinfer/jit_cache.tar.gz), and writes
 #      $OUT/flashinfer_warmup.txt.
 # Env: SITE, MAX_JOBS (ninja's parallel jobs; default the CPU count), FI_SKIP_PACK=1 (no tarball), FI_BUILD_SECONDS
 # (stop step 4 after that long and pack the partial cache; exit 4).
@@ -62,11 +64,11 @@ print(f'flashinfer.sh: import flashinfer {flashinfer.__version__} with torch {to
   || { tail -n 5 "$log" >&2; fail "import flashinfer failed (traceback above, log $log)"; }
 tail -n 1 "$log"; echo "flashinfer.sh: import took $((SECONDS - t0)) s" | tee -a "$log"
 
-# 3) carried JIT cache
+# 3) carried JIT cache (flashinfer_cache.sh: tvm_ffi's headers dated back, the cache unpacked where its versions match)
 cache=${FLASHINFER_WORKSPACE_BASE:-$HOME}/.cache/flashinfer
 if [ -f "$kit/jit_cache.tar.gz" ]; then
-  mkdir -p "$cache" && tar -C "$cache" -xzf "$kit/jit_cache.tar.gz" || fail "unpacking .dev/flashinfer/jit_cache.tar.gz into $cache failed"
-  echo "flashinfer.sh: carried JIT cache unpacked into $cache ($(du -sh "$cache" | cut -f1))" | tee -a "$log"
+  SITE=$SITE CACHE=$cache bash "$root/tools/device/flashinfer_cache.sh" unpack "$kit/jit_cache.tar.gz" 2>&1 | tee -a "$log"
+  [ "${PIPESTATUS[0]}" = 0 ] || fail "the carried JIT cache could not be used (line above)"
 fi
 
 # 4) build and run every module once
@@ -85,9 +87,9 @@ echo "flashinfer.sh: JIT build + warm-up took $((SECONDS - t0)) s (MAX_JOBS=$MAX
 
 # 5) the cache, to carry back
 if [ "${FI_SKIP_PACK:-0}" != 1 ]; then
-  [ -d "$cache" ] || fail "no JIT cache at $cache after the build"
-  tar -C "$cache" -czf "$OUT/jit_cache.tar.gz" . || fail "packing $cache failed"
-  echo "flashinfer.sh: $OUT/jit_cache.tar.gz $(du -h "$OUT/jit_cache.tar.gz" | cut -f1) (cache $(du -sh "$cache" | cut -f1)); bring it back as .dev/flashinfer/jit_cache.tar.gz" | tee -a "$log"
+  SITE=$SITE CACHE=$cache bash "$root/tools/device/flashinfer_cache.sh" pack "$OUT/jit_cache.tar.gz" 2>&1 | tee -a "$log"
+  [ "${PIPESTATUS[0]}" = 0 ] || fail "packing the JIT cache failed (line above)"
+  echo "flashinfer.sh: bring $OUT/jit_cache.tar.gz back as .dev/flashinfer/jit_cache.tar.gz" | tee -a "$log"
 fi
 echo "flashinfer.sh: done in $((SECONDS - t_all)) s" | tee -a "$log"
 [ "$partial" = 0 ] || exit 4
