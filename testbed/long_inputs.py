@@ -183,7 +183,7 @@ def summarize(records: Sequence[dict], check: Callable[[dict], "GreedyReport"]) 
 def plot(summary: dict, path: Path) -> Path:
     """tau, tokens/s and requests with a token past the check's tolerance against input length, a line per variant
     (summary: long-serve's summary.json)."""
-    from sglang_lilicorr.benchmarks.plots import pyplot
+    from sglang_lilicorr.benchmarks.plots import pyplot, save
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
@@ -207,10 +207,7 @@ def plot(summary: dict, path: Path) -> Path:
         f"long inputs, c = {summary['concurrency']}, {summary['max_new_tokens']} new tokens, {summary['device']}",
         fontsize=10,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 if __name__ == "__main__":  # python -m testbed.long_inputs SUMMARY.json OUT.png: the plot of an earlier long-serve

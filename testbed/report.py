@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from sglang_lilicorr.benchmarks import serve_speed
-from sglang_lilicorr.benchmarks.plots import pyplot
+from sglang_lilicorr.benchmarks.plots import pyplot, save
 from sglang_lilicorr.jsonl import save_json
 
 from .variants import VARIANT_LABELS
@@ -200,10 +200,7 @@ def curves(metrics: dict[str, list[dict]], path: Path, run_starts: list[int] = (
     for ax in axes:
         for step in run_starts:
             ax.axvline(step, color="grey", linestyle=":", linewidth=1)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def tau_by_run(points: list[tuple[int, dict]], path: Path) -> Path | None:
@@ -226,10 +223,7 @@ def tau_by_run(points: list[tuple[int, dict]], path: Path) -> Path | None:
         title="evaluation-set tau at the end of each run",
     )
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def write(args) -> int:

@@ -39,7 +39,7 @@ from typing import Optional, Sequence
 
 from ..errors import UsageError
 from . import metrics, runner, stages
-from .plots import pyplot
+from .plots import pyplot, save
 from ..jsonl import save_json
 from . import baselines_summary
 from .scale import BLOCK_SIZE, CONCURRENCY, SYSTEMS
@@ -437,10 +437,7 @@ def plot(tables: dict, path: Path) -> Optional[Path]:
         stages.draw(ax, table)
         ax.set_title(f"c = {c}", fontsize=9)
     axes[0, 0].legend(fontsize=7, ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1.15))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def write(

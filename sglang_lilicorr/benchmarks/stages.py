@@ -31,7 +31,7 @@ import json
 from pathlib import Path
 
 from ..errors import LiLiCorrError
-from .plots import pyplot
+from .plots import pyplot, save
 
 STAGES = {
     "target_verify": "Target verify",
@@ -223,9 +223,5 @@ def plot(doc: dict, out_path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7.0, 0.6 * len(validate(doc)["systems"]) + 1.4))
     draw(ax, doc)
     ax.legend(fontsize=7, ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1.0))
-    fig.tight_layout()
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_path, dpi=120)
-    plt.close(fig)
-    return out_path
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    return save(fig, out_path)

@@ -155,7 +155,7 @@ def measure(geometries, batches, prefixes) -> list[dict]:
 
 def plot(doc: dict, path: Path) -> Path:
     """extend / splitkv time against the prefix length: one panel per geometry, one line per batch size."""
-    from .plots import pyplot
+    from .plots import pyplot, save
 
     plt = pyplot()
     geometries = sorted({r["geometry"] for r in doc["rows"]})
@@ -185,10 +185,7 @@ def plot(doc: dict, path: Path) -> Path:
             xlabel="prefix tokens per request", ylabel="extend ms / splitkv ms", title=f"{geometry}, {doc['device']}"
         )
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def main(argv=None) -> int:

@@ -2,7 +2,8 @@
 # The device calls of a SmolLM2 training session on one host with 2 GPUs (nvidia-h100-x2), back to back on one
 # warm machine (docs/DEVELOPING.md, "Training the SmolLM2 drafts"). Each call: bash tools/device/testbed_calls.sh CALL.
 #   install  carry .dev/{whl,pkgs,bin,manifest.txt,smolA}: the device kit, this project, part_a of the GGUF; on an
-#            H100 or H200 also tools/device/select_check.sh (the select's digests against the reference, head_bench)
+#            H100 or H200 also tools/device/select_check.sh (the select's digests against the reference, head_bench;
+#            ~190 s of the call on an H200: SELECT_CHECK=0 leaves it out where the select's code is unchanged)
 #   data     carry .dev/{smolB,bin}: the target (bf16), the sweep choice of benchmarks/results/testbed/h200x4_3f0f2a6,
 #            then `data` for DATA_MINUTES (the set closes at what was generated)
 #   train    carry .dev/ckpt (the shipped drafts' weights): both variants from the shipped drafts (`train --init`),
@@ -88,7 +89,7 @@ install)
   SITE=${DEVICE_SITE:-/tmp/site} S=$OUT/flashinfer.txt && source "$ROOT/tools/device/check_lib.sh" \
     && install_flashinfer_headers "$ROOT/.dev"  # where .dev/flashinfer was carried
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-  if nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | grep -q "H100\|H200"; then
+  if [ "${SELECT_CHECK:-1}" != 0 ] && nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | grep -q "H100\|H200"; then
     bash "$ROOT/tools/device/select_check.sh" "$OUT/select" 0 2>&1 | tail -n 8
   fi
   ;;
