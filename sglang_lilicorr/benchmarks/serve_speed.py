@@ -25,7 +25,7 @@ import argparse
 import json
 import os
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -197,10 +197,7 @@ def capture_seconds(log_text: str) -> dict:
 def late_compiles(log_text: str) -> dict:
     """Triton kernels a server compiled after it started serving, by kernel name: how many times SGLang's warning
     (srt/utils/triton_load_watch.py, compiles of a second or more) names each. Empty: none."""
-    out = {}
-    for name in LATE_COMPILE_LINE.findall(log_text):
-        out[name] = out.get(name, 0) + 1
-    return out
+    return dict(Counter(LATE_COMPILE_LINE.findall(log_text)))
 
 
 def process_tree_cpu_s(pid: int) -> float:
