@@ -146,11 +146,49 @@ def test_a_failed_greedy_check_is_recorded_not_refused(tmp_path, monkeypatch):
         assert entry["greedy_ok"] is False
 
 
+def test_a_run_without_speed_waits_for_one_with_it_each_part_keeping_where_it_was_measured(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    first, out = make_run(tmp_path / "first"), tmp_path / "out"
+    shutil.rmtree(first / "speed")
+    assert summarize(first, out) == 0
+    fi = json.loads((out / "summary.json").read_text())["flashinfer/triton"]
+    assert fi["greedy_ok"] is True and fi["t1_min_p"] == 0.05 and fi["tok_s"] == {}
+    assert fi["sources"]["speed"] == "not yet measured" and fi["measured"]["tok_s"] == {}
+    assert "| flashinfer / triton | flashinfer | pass: 88 responses" in (out / "summary.md").read_text()
+
+    later = make_run(tmp_path / "later")  # only its speed rounds: calls 1, 2, model and speed of a later session
+    shutil.rmtree(later / "greedy"), shutil.rmtree(later / "t1")
+    assert bs.main(["--run", str(later), "--card", "H100 80GB HBM3", "--commit", "def5678", "--out", str(out)]) == 0
+    fi = json.loads((out / "summary.json").read_text())["flashinfer/triton"]
+    assert fi["greedy"]["responses"] == 88 and fi["t1_p"] == {"1": 0.2, "2": 0.05, "16": 0.6}
+    assert fi["measured"]["greedy"] == fi["measured"]["t1"] == "H200 (nvidia-h200), abc1234"
+    assert fi["measured"]["tok_s"]["1"] == "H100 80GB HBM3, def5678" and fi["tok_s"]["1"]["lilicorr"] == 450.0
+    assert (fi["card"], fi["commit"]) == ("H200 (nvidia-h200), H100 80GB HBM3", "abc1234, def5678")
+    assert fi["sources"]["greedy"].startswith("kept from ")
+    # and once more with nothing new but the speed: the speed cells it keeps are the ones it had
+    shutil.rmtree(later / "speed")
+    make_run(tmp_path / "again")
+    shutil.rmtree(tmp_path / "again" / "speed")
+    assert summarize(tmp_path / "again", out) == 0
+    again = json.loads((out / "summary.json").read_text())["flashinfer/triton"]
+    assert again["tok_s"] == fi["tok_s"] and again["lilicorr_vs_base"] == fi["lilicorr_vs_base"]
+    assert again["block_over_decode"] == fi["block_over_decode"] and again["rounds"] == fi["rounds"]
+    assert again["measured"]["tok_s"]["1"] == "H100 80GB HBM3, def5678"
+
+
 @pytest.mark.parametrize(
     "case, message",
     [
-        ("no greedy", "error: --run .*: no greedy/summary.txt \\(the greedy step's\\): unpack every backends.sh call"),
-        ("no speed", "error: --run .*: no speed/graphs32_flashinfer/speed_summary.json"),
+        (
+            "no greedy",
+            "error: --run .*: no greedy/summary.txt \\(the greedy step's\\), and no flashinfer/triton entry in "
+            ".* holds it: unpack every backends.sh call",
+        ),
+        (
+            "nothing",
+            "error: --run .*: no greedy/summary.txt, t1/sampling_summary.json, speed/graphs32_flashinfer/speed_summary"
+            ".json \\(the greedy, t1, speed step's\\)",
+        ),
         ("triton greedy", "error: .*greedy/summary.txt was served with attention triton \\(not flashinfer\\): pass"),
         ("triton speed", "error: .*speed_summary.json was served with attention triton \\(not flashinfer\\)"),
         ("no check line", "error: --run .*summary.txt: no check line of lilicorr.json"),
@@ -165,8 +203,9 @@ def test_missing_and_mismatched_inputs_are_one_line_errors(tmp_path, monkeypatch
     run, extra = make_run(tmp_path / "run"), []
     if case == "no greedy":
         (run / "greedy" / "summary.txt").unlink()
-    elif case == "no speed":
-        shutil.rmtree(run / "speed")
+    elif case == "nothing":
+        for part in ("greedy", "t1", "speed"):
+            shutil.rmtree(run / part)
     elif case == "triton greedy":  # the log beside names the Triton server that made it
         (run / "greedy" / "lilicorr.log").write_text(SERVER_ARGS_LINE % ("triton", "flashinfer"))
     elif case == "triton speed":

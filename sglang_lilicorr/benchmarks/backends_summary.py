@@ -20,7 +20,10 @@ and "flashinfer/triton"; each entry:
 
 A run of tools/device/backends.sh (every call's results.tar.gz unpacked into DIR) makes the TARGET/triton entry
 (--target, flashinfer) from DIR/greedy/summary.txt, DIR/t1/sampling_summary.json and
-DIR/speed/graphs32_TARGET/speed_summary.json, card and commit from --card and --commit. The triton/triton entry comes
+DIR/speed/graphs32_TARGET/speed_summary.json, card and commit from --card and --commit. A run may hold some of the
+three: a part it lacks is kept from that entry in OUT/summary.json, with where it was measured (a run of calls 1-3
+first, the speed calls in a later session); greedy and T = 1 must be had from one or the other, speed may wait (tok_s
+empty until measured). The triton/triton entry comes
 from committed Triton results (--triton-greedy, --triton-t1, --triton-speed: their card and commit from their
 folders' names, <card>_<commit>[_what], and the speed file's `measured`), its speed cells replaced by DIR/speed/graphs32/
 (the same machine's Triton rounds: backends.sh triton-speed) where the run has them. Every input's backends are checked
@@ -240,23 +243,63 @@ def markdown(doc: dict, run_key: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def build(args) -> tuple[dict, str]:
+def kept_parts(entry: dict | None) -> dict:
+    """An earlier entry of OUT/summary.json -> {part: (keys, measured)} for its greedy, t1 and speed parts it holds
+    (speed as cells, the shape speed_cells gives)."""
+    if not entry:
+        return {}
+    measured, kept = entry.get("measured") or {}, {}
+    if "greedy" in entry:
+        kept["greedy"] = ({k: entry[k] for k in ("greedy_ok", "greedy")}, measured.get("greedy"))
+    if "t1_min_p" in entry:
+        kept["t1"] = ({k: entry.get(k) for k in ("t1_min_p", "t1_p", "t1_verification")}, measured.get("t1"))
+    if entry.get("tok_s"):
+        cells = {
+            c: {
+                **tok,
+                "lilicorr_vs_base": entry["lilicorr_vs_base"][c],
+                "block_over_decode": {"lilicorr": entry["block_over_decode"][c]},
+                "rounds": entry["rounds"][c],
+            }
+            for c, tok in entry["tok_s"].items()
+        }
+        kept["speed"] = (cells, measured.get("tok_s") or {})
+    return kept
+
+
+def build(args, earlier: dict) -> tuple[dict, str]:
     """The entries of the run's combination and of Triton (module docstring) -> (the summary, its key of the run)."""
     run, here = Path(args.run), f"{args.card}, {args.commit}"
     expect = {"attention": args.target, "sampling": args.sampling, "draft": KIT["draft"]}
-    layout = "unpack every backends.sh call's results.tar.gz into one folder and pass it as --run"
+    key = f"{args.target}/{KIT['draft']}"
     files = {
         "greedy": run / "greedy" / "summary.txt",
         "t1": run / "t1" / "sampling_summary.json",
         "speed": run / "speed" / f"graphs32_{args.target}" / "speed_summary.json",
     }
-    for what, path in files.items():
-        if not path.is_file():
-            raise UsageError(f"--run {run}: no {path.relative_to(run)} (the {what} step's)", fix=layout)
-    cells, _ = speed_cells(files["speed"], {k: expect[k] for k in ("attention", "sampling")}, "--run")
-    parts = greedy_keys(files["greedy"], expect, "--run") | t1_keys(files["t1"], expect, "--run")
-    measured = {"greedy": here, "t1": here, "tok_s": {c: here for c in cells}}
-    key = f"{args.target}/{KIT['draft']}"
+    kept = kept_parts(earlier.get(key))
+    missing = [what for what, path in files.items() if not path.is_file() and what not in kept]
+    if [what for what in missing if what != "speed"] or len(missing) == 3:
+        raise UsageError(
+            f"--run {run}: no {', '.join(str(files[w].relative_to(run)) for w in missing)} (the "
+            f"{', '.join(missing)} step's), and no {key} entry in {args.out / 'summary.json'} holds it",
+            fix="unpack every backends.sh call's results.tar.gz into one folder and pass it as --run",
+        )
+    parts, measured = {}, {}
+    for what, read_part in (("greedy", greedy_keys), ("t1", t1_keys)):
+        if files[what].is_file():
+            parts |= read_part(files[what], expect, "--run")
+            measured[what] = here
+        else:
+            parts |= kept[what][0]
+            measured[what] = kept[what][1]
+            files[what] = f"kept from {args.out / 'summary.json'}"
+    if files["speed"].is_file():
+        cells, _ = speed_cells(files["speed"], {k: expect[k] for k in ("attention", "sampling")}, "--run")
+        measured["tok_s"] = {c: here for c in cells}
+    else:
+        cells, measured["tok_s"] = kept.get("speed", ({}, {}))
+        files["speed"] = f"kept from {args.out / 'summary.json'}" if cells else "not yet measured"
     doc = {key: entry(args.target, args.sampling, parts, cells, measured, files)}
 
     kit = {"attention": KIT["attention"], "sampling": KIT["sampling"]}
@@ -300,10 +343,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"--target {args.target}: the triton/triton entry comes from the committed Triton results",
                 fix="pass the run's other target backend (flashinfer)",
             )
-        doc, key = build(args)
         path = args.out / "summary.json"
         fix = "point --out at the backends results folder, or move the file"
         earlier = read_json(path, "--out", fix) if path.exists() else {}
+        doc, key = build(args, earlier)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

@@ -38,13 +38,14 @@ DEFAULT_MAX_RUNNING_REQUESTS = 48  # SGLang's default for DFLASH, kept for LILIC
 # Draft attention backends SGLang runs the DFlash drafter's non-causal block attention on ...
 DRAFT_ATTENTION_BACKENDS = ("flashinfer", "fa3", "fa4", "triton")
 # ... and those LILICORR has been served and checked on (greedy and T = 1, benchmarks/results/): the others are refused
-# until they are (FA3/FA4 need sgl-kernel's compiled ops, which the GPU machine cannot load; flashinfer is not yet served
-# as the drafter's backend).
+# until they are (FA3/FA4 need sgl-kernel's compiled ops, which the GPU machine cannot load; flashinfer has been served
+# as the target's backend only, the drafter on triton beside it).
 SERVED_DRAFT_ATTENTION_BACKENDS = ("triton",)
-# The target attention backends LILICORR's serving path is exercised on, the first the default: triton (served and
-# proven lossless, benchmarks/results/) and flashinfer (accepted: its served proof is issue 44's next GPU run, on the
-# device kit's JIT-built flashinfer). Every other backend is refused, FA3 (SGLang's own default on Hopper) and FA4
-# included: they need sgl-kernel's compiled ops, which the GPU machine cannot load.
+# The target attention backends LILICORR has been served and proven lossless on (greedy against the fp32 target, T = 1
+# by the chi-square test), the first the default: triton (benchmarks/results/served-greedy/, sampling/) and flashinfer
+# (benchmarks/results/backends/h200_7c30b52_flashinfer/, flashinfer's sampling too). Every other backend is refused, FA3
+# (SGLang's own default on Hopper) and FA4 included: they need sgl-kernel's compiled ops, which the GPU machine cannot
+# load.
 SERVED_TARGET_ATTENTION_BACKENDS = ("triton", "flashinfer")
 
 

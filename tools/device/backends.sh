@@ -12,26 +12,25 @@
 #     bash tools/device/backends.sh carry     # every call's carry below against the 64 MiB limit, from this checkout
 #
 # call  command                                               carry                                  MB (tree 6.2)  timeout  expected
-# 1     bash tools/device/backends.sh install                 .dev/{whl,pkgs,bin,manifest.txt,smolA}  66.0          300      ~45 s
-# 2     CALL_SECONDS=560 bash tools/device/backends.sh flashinfer   .dev/{flashinfer,ckpt,bin}        63.0          600      ~560 s (*)
-# 3     bash tools/device/backends.sh model,greedy            .dev/{smolB,bin}                        66.0          600      ~230-300 s
+# 1     bash tools/device/backends.sh install                 .dev/{whl,pkgs,bin,manifest.txt,smolA}  66.0          300      ~36 s
+# 2     CALL_SECONDS=560 bash tools/device/backends.sh flashinfer   .dev/{flashinfer,ckpt,bin}        63.0          600      ~30 s (*)
+# 3     bash tools/device/backends.sh model,greedy            .dev/{smolB,bin}                        66.0          600      ~400-500 s
 # 4     CALL_SECONDS=575 bash tools/device/backends.sh t1,speed   (nothing)                            6.2          600      ~575 s
 # 5     CALL_SECONDS=575 bash tools/device/backends.sh speed  (nothing)                                6.2          600      ~350-420 s
-# (MB: 10^6 bytes, the tree's tracked and untracked files included; the limit is 67.1. The seconds: install ~30 s
-# and model 35-46 s as testbed_calls.sh's; (*) flashinfer.sh unpacks the carried cache and builds only what it lacks
-# (tools/device/flashinfer_cache.sh: until e056a07 every call rebuilt all modules, ~270 s before sampling and topk on
-# an H200; the cache of that call holds all but topk); the build stops 45 s
-# before the call's deadline and its cache so far comes back (exit 4: carry it and run the step again;
-# docs/DEVELOPING.md has what is built); greedy ~150 s (a cold
-# LILICORR start-up, 88 greedy responses, the fp32 check);
-# t1 ~180 s (a warm start-up, 4 x 2,000 requests, the chi-square check; first in call 4, where the speed step's
-# deadline absorbs what it takes); speed: four servers' start-up (~90 s cold, ~60 s warm) and per round ~45 s at c = 1
-# and ~48 s over c = 4-32 (the Triton rounds of serve-speed/h200_ed24a18), five rounds: call 4 plays c = 1 and what
-# its deadline leaves, call 5 the rest (a call cut by its deadline exits 1: run `speed` again).)
-# Device time: ~25-29 minutes with the machine's start and the gaps between calls, of a session's 30, once the carried
-# JIT cache holds every module (call 2 then ~1-2 min); while modules are left to build, call 2 takes a whole call
-# and calls 4-5 move to the next session (carry the returned cache there). Each step
-# checks the call's deadline first (model 60 s, greedy GREEDY_SECONDS 300, t1 T1_SECONDS 330) and is skipped (exit 4)
+# (MB: 10^6 bytes, the tree's tracked and untracked files included; the limit is 67.1. (*) flashinfer.sh unpacks the
+# carried cache (tools/device/flashinfer_cache.sh) and builds only what it lacks: on the H200 of 7c30b52 every module
+# the warm-up uses was up to date and loaded in under a second each; without the cache the build is ~270 s. Its build
+# stops 45 s before the call's deadline and its cache so far comes back (exit 4: carry it and run the step again).
+# greedy: the first LILICORR start on a fresh machine is the slow one (7c30b52: 257 s to the scheduler's ready line,
+# then over 70 s to its first answer; a later start 174 s to /health), hence TIMEOUT 480; 88 greedy responses and the
+# fp32 check ~50 s. t1: a warm start-up (~90 s), 4 x 2,000 requests (over 240 s on flashinfer), the chi-square check;
+# speed: four servers' start-up (~90 s cold, ~60 s warm) and per round ~45 s at c = 1 and ~48 s over c = 4-32 (the
+# Triton rounds of serve-speed/h200_ed24a18), five rounds: a call plays what its deadline leaves (a call cut by its
+# deadline exits 1: run `speed` again; it resumes). Greedy and T = 1 are measured for flashinfer/triton
+# (backends/h200_7c30b52_flashinfer): a later session needs only calls 1, 2, `model` and `speed`, and backends_summary
+# keeps the greedy and T = 1 parts from summary.json.)
+# Device time: ~25-29 minutes with the machine's start and the gaps between calls, of a session's 30. Each step
+# checks the call's deadline first (model 60 s, greedy GREEDY_SECONDS 420, t1 T1_SECONDS 420) and is skipped (exit 4)
 # when it would run past it: run it in the next call. Nothing here runs past the 600 s timeout, which would lose the
 # call's results.
 # Then on the CPU machine: unpack every call's results.tar.gz into one folder (later calls replace earlier files: the
@@ -115,6 +114,9 @@ if has carry; then
 fi
 
 export TESTBED_DEADLINE=$(( $(date +%s) + ${CALL_SECONDS:-570} )) PYTHONUNBUFFERED=1
+# a server's start-up limit (check_lib.sh's TIMEOUT, 330 s): the first flashinfer-target LILICORR start on a fresh
+# machine took 257 s to the scheduler's ready line and its first request over 70 s more (h200_7c30b52_flashinfer)
+export TIMEOUT=${TIMEOUT:-480}
 SITE=${DEVICE_SITE:-/tmp/site}
 W=${SMOL_WORK:-/tmp/smol}
 BW=${BACKENDS_WORK:-/tmp/backends}
@@ -192,16 +194,17 @@ run_steps() {
     LILICORR_DRAFT=$DRAFTS/lilicorr gpu_check "$STAGE/greedy" model 2>&1 | tail -n 12
     [ "${PIPESTATUS[0]}" = 0 ] || fails+=(model)
   fi
-  if has greedy && enough greedy "${GREEDY_SECONDS:-300}"; then
+  if has greedy && enough greedy "${GREEDY_SECONDS:-420}"; then
     fresh "$W/model/config.json"
     gpu_check "$STAGE/greedy" "${GREEDY_SYSTEMS:-lilicorr}" 2>&1 | tail -n 40
     [ "${PIPESTATUS[0]}" = 0 ] || fails+=(greedy_serve)
     gpu_check "$STAGE/greedy" check 2>&1 | tail -n 12
     [ "${PIPESTATUS[0]}" = 0 ] || fails+=(greedy_check)
   fi
-  if has t1 && enough t1 "${T1_SECONDS:-330}"; then
+  if has t1 && enough t1 "${T1_SECONDS:-420}"; then
     fresh "$W/model/config.json"
-    SAMPLING_SYSTEMS=${T1_SYSTEMS:-lilicorr} SAMPLING_TAU_SEEDS=${SAMPLING_TAU_SEEDS-} gpu_check "$STAGE/t1" sampling 2>&1 | tail -n 20
+    # collecting 4 x 2,000 requests took over 240 s (gpu_check.sh's SAMPLING_SECONDS) on flashinfer
+    SAMPLING_SECONDS=${SAMPLING_SECONDS:-300} SAMPLING_SYSTEMS=${T1_SYSTEMS:-lilicorr} SAMPLING_TAU_SEEDS=${SAMPLING_TAU_SEEDS-} gpu_check "$STAGE/t1" sampling 2>&1 | tail -n 20
     [ "${PIPESTATUS[0]}" = 0 ] || fails+=(t1)
     local d=$W/sampling_${ATTN}_$SAMP
     [ "$ATTN $SAMP" = "triton pytorch" ] && d=$W/sampling
