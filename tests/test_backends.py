@@ -338,6 +338,11 @@ case "$(basename "$0")" in
     tar -czf "$out/speed_$name.tar.gz" -C "$out/b" . ;;
   gpu_check.sh)
     mkdir -p "$OUT" && echo "gpu_check $*" >> "$OUT/summary.txt"
+    if [ -n "${SGL_JIT_BUILDS-}" ]; then  # a server that builds one of SGLang's JIT modules
+      mkdir -p "$HOME/.cache/sglang/jit/sm90/$SGL_JIT_BUILDS/build-1/deps-2" "$HOME/.cache/sglang/jit/.staging-x"
+      echo so > "$HOME/.cache/sglang/jit/sm90/$SGL_JIT_BUILDS/build-1/deps-2/$SGL_JIT_BUILDS.so"
+      echo half > "$HOME/.cache/sglang/jit/.staging-x/half.so"
+    fi
     [[ "$*" == *sampling* ]] && mkdir -p "$SMOL_WORK/sampling_flashinfer_flashinfer" \
       && echo log > "$SMOL_WORK/sampling_flashinfer_flashinfer/lilicorr.log" ;;
   flashinfer.sh) mkdir -p "$OUT" && echo warm > "$OUT/flashinfer_warmup.txt" && echo cache > "$OUT/jit_cache.tar.gz"
@@ -475,9 +480,38 @@ def test_backends_carry_checks_each_call_against_64_mib(backends_root):
         (root / path).write_text("x")
     done = backends(root, env, "carry")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "call 1: " in done.stdout and ", ok: .dev/whl=13000000" in done.stdout and "call 5: " in done.stdout
+    assert "call 1: " in done.stdout and ", ok: .dev/whl=13000000" in done.stdout
+    assert "call 6: " in done.stdout and ".dev/sglang_jit=none yet (optional)" in done.stdout
     with open(root / ".dev/smolA/part_a", "wb") as f:  # a part that no longer fits beside the kit
         f.truncate(50_000_000)
     done = backends(root, env, "carry")
     assert done.returncode == 1 and "call 1: " in done.stdout and "OVER" in done.stdout
     assert "move the shipped drafts' weights to .dev/ckpt" in done.stderr
+
+
+def test_sglangs_jit_builds_come_back_and_a_carried_cache_is_unpacked_once_per_machine(backends_root):
+    root, env = backends_root
+    ret, cache = Path(env["OUT"]), Path(env["HOME"]) / ".cache" / "sglang" / "jit"
+    done = backends(root, env, "greedy", SGL_JIT_BUILDS="dflash_sampling")  # the first server builds a module
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SGLang JIT module sm90/dflash_sampling/build-1/deps-2/dflash_sampling.so (" in done.stdout
+    assert "-> $OUT/sglang_jit.tar.gz; carry it as .dev/sglang_jit/sglang_jit.tar.gz" in done.stdout
+    with tarfile.open(ret / "sglang_jit.tar.gz") as t:
+        names = {n.removeprefix("./") for n in t.getnames()}
+    assert "sm90/dflash_sampling/build-1/deps-2/dflash_sampling.so" in names
+    assert not any(".staging-" in n for n in names)  # a build in progress stays behind
+    # the same machine, nothing new built: nothing comes back
+    (ret / "sglang_jit.tar.gz").unlink()
+    assert backends(root, env, "greedy").returncode == 0 and not (ret / "sglang_jit.tar.gz").exists()
+    # a fresh machine with the cache carried: unpacked before the first step, and not returned while unchanged
+    (root / ".dev" / "sglang_jit").mkdir(parents=True)
+    with tarfile.open(root / ".dev" / "sglang_jit" / "sglang_jit.tar.gz", "w:gz") as t:
+        t.add(cache, arcname=".")
+    shutil.rmtree(cache)
+    shutil.rmtree(env["BACKENDS_WORK"])
+    done = backends(root, env, "greedy")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SGLang's JIT cache carried: 1 module build(s) unpacked into" in done.stdout
+    assert (cache / "sm90/dflash_sampling/build-1/deps-2/dflash_sampling.so").is_file()
+    assert not (ret / "sglang_jit.tar.gz").exists()
+    assert "carried" not in backends(root, env, "greedy").stdout  # once per machine

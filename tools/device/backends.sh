@@ -2,7 +2,7 @@
 # Issue 44 on the lent GPU machine: LILICORR served with the target on --attention-backend flashinfer (the draft's
 # attention stays triton, the only one the plugin serves) and --sampling-backend flashinfer: the served greedy check,
 # T = 1 through flashinfer's sampling kernels with the per-position chi-square test, and the served-speed benchmark's
-# paired rounds. Five calls back to back on one warm nvidia-h200 (a fresh machine between them: exit 3, start again at
+# paired rounds. Six calls back to back on one warm nvidia-h200 (a fresh machine between them: exit 3, start again at
 # call 1). Each call: bash tools/device/backends.sh STEP[,STEP...] (steps run in the order below, whatever the order
 # given).
 #
@@ -14,30 +14,38 @@
 # call  command                                               carry                                  MB (tree 6.2)  timeout  expected
 # 1     bash tools/device/backends.sh install                 .dev/{whl,pkgs,bin,manifest.txt,smolA}  66.0          300      ~36 s
 # 2     CALL_SECONDS=560 bash tools/device/backends.sh flashinfer   .dev/{flashinfer,ckpt,bin}        63.0          600      ~30 s (*)
-# 3     bash tools/device/backends.sh model,greedy            .dev/{smolB,bin}                        66.0          600      ~400-500 s
-# 4     CALL_SECONDS=575 bash tools/device/backends.sh t1,speed   (nothing)                            6.2          600      ~575 s
-# 5     CALL_SECONDS=575 bash tools/device/backends.sh speed  (nothing)                                6.2          600      ~350-420 s
+# 3     bash tools/device/backends.sh model                   .dev/{smolB,bin}                        66.0          300      ~45 s
+# 4     CALL_SECONDS=575 bash tools/device/backends.sh greedy,t1   .dev/sglang_jit (**)               6.2 + it      600      ~575 s
+# 5     CALL_SECONDS=575 bash tools/device/backends.sh t1,speed    .dev/sglang_jit (**)               6.2 + it      600      ~575 s
+# 6     CALL_SECONDS=575 bash tools/device/backends.sh speed  .dev/sglang_jit (**)                    6.2 + it      600      ~350-420 s
 # (MB: 10^6 bytes, the tree's tracked and untracked files included; the limit is 67.1. (*) flashinfer.sh unpacks the
 # carried cache (tools/device/flashinfer_cache.sh) and builds only what it lacks: on the H200 of 7c30b52 every module
 # the warm-up uses was up to date and loaded in under a second each; without the cache the build is ~270 s. Its build
 # stops 45 s before the call's deadline and its cache so far comes back (exit 4: carry it and run the step again).
-# greedy: the first LILICORR start on a fresh machine is the slow one (7c30b52: 257 s to the scheduler's ready line,
-# then over 70 s to its first answer; a later start 174 s to /health), hence TIMEOUT 480; 88 greedy responses and the
-# fp32 check ~50 s. t1: a warm start-up (~90 s), 4 x 2,000 requests (over 240 s on flashinfer), the chi-square check;
-# speed: four servers' start-up (~90 s cold, ~60 s warm) and per round ~45 s at c = 1 and ~48 s over c = 4-32 (the
-# Triton rounds of serve-speed/h200_ed24a18), five rounds: a call plays what its deadline leaves (a call cut by its
-# deadline exits 1: run `speed` again; it resumes). Greedy and T = 1 are measured for flashinfer/triton
-# (backends/h200_7c30b52_flashinfer): a later session needs only calls 1, 2, `model` and `speed`, and backends_summary
-# keeps the greedy and T = 1 parts from summary.json.)
+# (**) SGLang's own JIT kernels (sglang.kernels.jit: nvcc builds in ~/.cache/sglang/jit, content-addressed, so a
+# carried build is taken as is): unpacked once per machine before any server starts, and returned as
+# $OUT/sglang_jit.tar.gz by a call whose servers built more (its call log lists the modules and when each was built).
+# Without it the machine's first flashinfer-target LILICORR start took 257 s to the scheduler's ready line (a 133 s
+# gap just before SGLang's DFlash sampling pre-warm, 94 s in the first target-verify capture) and over 70 s to its
+# first answer, the next start 98 s to its first answer (7c30b52, backends/h200_7c30b52_flashinfer), with flashinfer's
+# cache unchanged: hence TIMEOUT 480 and the cache carried where a call returned one (a call that finds a step's
+# deadline short leaves the step to the next: t1 is in calls 4 and 5 for that). greedy: 88 greedy responses and the
+# fp32 check ~50 s after the start-up; t1: a start-up, 4 x 2,000 requests (over 240 s on flashinfer), the chi-square
+# check; speed: four servers' start-up and per round ~45 s at c = 1 and ~48 s over c = 4-32 (the Triton rounds of
+# serve-speed/h200_ed24a18), five rounds: a call plays what its deadline leaves (a call cut by its deadline exits 1:
+# run `speed` again; it resumes). Greedy and T = 1 are measured for flashinfer/triton (backends/h200_7c30b52_flashinfer):
+# a later session needs only calls 1-3 and `speed`, and backends_summary keeps the greedy and T = 1 parts from
+# summary.json.)
 # Device time: ~25-29 minutes with the machine's start and the gaps between calls, of a session's 30. Each step
 # checks the call's deadline first (model 60 s, greedy GREEDY_SECONDS 420, t1 T1_SECONDS 420) and is skipped (exit 4)
 # when it would run past it: run it in the next call. Nothing here runs past the 600 s timeout, which would lose the
 # call's results.
 # Then on the CPU machine: unpack every call's results.tar.gz into one folder (later calls replace earlier files: the
-# speed bundle of call 5 holds every round) and
+# last speed call's bundle holds every round) and
 #     python -m sglang_lilicorr.benchmarks.backends_summary --run DIR --card "H200 (nvidia-h200)" --commit C --out DIR2
 # (benchmarks/README.md, "Attention backends"); put call 2's jit_cache.tar.gz (or a later call's, which also holds what
-# serving built) at .dev/flashinfer/jit_cache.tar.gz for later sessions.
+# serving built) at .dev/flashinfer/jit_cache.tar.gz and the last returned sglang_jit.tar.gz at
+# .dev/sglang_jit/sglang_jit.tar.gz for later sessions.
 #
 # Steps:
 #   install       .dev/bin/smol.sh install: the kit into /tmp/site, part_a of the GGUF kept in /tmp/smol, the imports;
@@ -63,11 +71,13 @@
 #                 TRITON_CONCURRENCY (1): the block over the decode step on Triton on this very machine ->
 #                 speed/graphs32/ (backends_summary takes it over the committed Triton figures)
 #   carry         (CPU machine) each call's carry and the tree against the 64 MiB limit; exit 1 if one is over
-# Env: ATTN_BACKEND, SAMPLING_BACKEND (flashinfer, flashinfer), CALL_SECONDS (570: TESTBED_DEADLINE), DEVICE_SITE,
-#   SMOL_WORK (/tmp/smol), BACKENDS_WORK (/tmp/backends), TESTBED_WORK (/tmp/testbed).
-# What comes back ($OUT, at most 6 files): results.tar.gz (the folder layout backends_summary --run reads: card.txt,
+# Env: ATTN_BACKEND, SAMPLING_BACKEND (flashinfer, flashinfer), CALL_SECONDS (570: TESTBED_DEADLINE), TIMEOUT (a
+#   server's start-up limit, 480 s), DEVICE_SITE, SMOL_WORK (/tmp/smol), BACKENDS_WORK (/tmp/backends), TESTBED_WORK
+#   (/tmp/testbed), SGLANG_JIT_CACHE_DIR (~/.cache/sglang/jit).
+# What comes back ($OUT, at most 8 files): results.tar.gz (the folder layout backends_summary --run reads: card.txt,
 # flashinfer/, greedy/, t1/, speed/FOLDER/, calls/TIME_STEPS.log), jit_cache.tar.gz (call 2; a later call returns it
-# again where serving built modules the warm-up had not); a file over 15 MB in 12 MB parts (cat F.part_* > F).
+# again where serving built modules the warm-up had not), sglang_jit.tar.gz (where the call's servers built SGLang JIT
+# modules); a file over 15 MB in 12 MB parts (cat F.part_* > F).
 # Exit status: 0 when every step passed; 3 on a fresh machine (run the calls again from 1); 4 when the deadline left a
 # step out or stopped flashinfer's build (its line says which: run it in the next call); 1 otherwise (a speed call
 # cut by its deadline says so and exits 1: run it again).
@@ -85,8 +95,9 @@ LIMIT=67108864  # the 64 MiB a call carries, the tree included
 CARRY_1=".dev/whl .dev/pkgs .dev/bin .dev/manifest.txt .dev/smolA"
 CARRY_2=".dev/flashinfer .dev/ckpt .dev/bin"
 CARRY_3=".dev/smolB .dev/bin"
-CARRY_4=""
-CARRY_5=""
+CARRY_4=".dev/sglang_jit?"  # ?: optional (SGLang's JIT cache, where an earlier call returned one)
+CARRY_5=".dev/sglang_jit?"
+CARRY_6=".dev/sglang_jit?"
 
 tree_bytes() {  # the tracked and untracked-not-ignored files of the checkout (what every call sends besides carry)
   (cd "$ROOT" && git ls-files -z -co --exclude-standard | xargs -0 -r stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
@@ -95,11 +106,13 @@ tree_bytes() {  # the tracked and untracked-not-ignored files of the checkout (w
 if has carry; then
   tree=$(tree_bytes) over=0
   printf 'tree: %d bytes (tracked and untracked files)\n' "$tree"
-  for call in 1 2 3 4 5; do
+  for call in 1 2 3 4 5 6; do
     var=CARRY_$call total=$tree line=""
     for p in ${!var}; do
+      optional=${p: -1}; p=${p%\?}
       if [ -e "$ROOT/$p" ]; then
         b=$(find -L "$ROOT/$p" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}'); total=$((total + b)); line+=" $p=$b"
+      elif [ "$optional" = "?" ]; then line+=" $p=none yet (optional)"
       else line+=" $p=MISSING"; over=1; fi
     done
     if [ "$total" -gt "$LIMIT" ]; then verdict=OVER; over=1; else verdict=ok; fi
@@ -131,6 +144,11 @@ rm -rf "$STAGE" && mkdir -p "$STAGE/calls" "$RET" "$BW"
 log() { echo "[backends $(date +%H:%M:%S)] $*"; }
 left() { echo $(( TESTBED_DEADLINE - $(date +%s) )); }
 cache_sum() { find "$CACHE" -type f -name '*.so' 2>/dev/null | sort | md5sum | cut -c1-32; }
+# SGLang's own JIT kernels (its DFlash sampled verify and others, built with nvcc by the first server that runs them:
+# minutes on a fresh machine), in its content-addressed cache, which takes a carried build as is
+SGL_JIT=${SGLANG_JIT_CACHE_DIR:-$HOME/.cache/sglang/jit}
+SGL_JIT_CARRIED=$ROOT/.dev/sglang_jit/sglang_jit.tar.gz
+sgl_jit_modules() { find "$SGL_JIT" -name '*.so' -not -path '*/.staging-*' 2>/dev/null | sort; }
 
 fresh() {  # exit 3 where an earlier call's work is missing on this machine
   if [ ! -f "$SITE/.device_manifest" ] || [ ! -f "$1" ]; then
@@ -163,6 +181,12 @@ run_steps() {
     log "$1: $(left) s left in this call, $2 needed: run 'bash tools/device/backends.sh $1' in the next call"; rc=4; return 1
   }
   log "steps $STEPS; backends --attention-backend $ATTN --sampling-backend $SAMP (draft: triton); $(left) s to the deadline"
+  if [ -f "$SGL_JIT_CARRIED" ] && [ ! -f "$BW/sglang_jit.sum" ]; then  # once per machine, before any server starts
+    if mkdir -p "$SGL_JIT" && tar -C "$SGL_JIT" -xzf "$SGL_JIT_CARRIED"; then
+      sgl_jit_modules | md5sum > "$BW/sglang_jit.sum"
+      log "SGLang's JIT cache carried: $(sgl_jit_modules | wc -l) module build(s) unpacked into $SGL_JIT"
+    else log "SGLang's JIT cache: unpacking $SGL_JIT_CARRIED failed; its kernels build again"; fi
+  fi
   if has install; then
     OUT=$BW/smol_out bash "$ROOT/.dev/bin/smol.sh" install 2>&1 | tail -n 8
     [ "${PIPESTATUS[0]}" = 0 ] || fails+=(install)
@@ -222,6 +246,13 @@ run_steps() {
     # shellcheck disable=SC2086
     SGLANG_IS_FLASHINFER_AVAILABLE=false speed_step speed --systems base dflash builtin lilicorr \
       --concurrency ${TRITON_CONCURRENCY:-1} --rounds "${SPEED_ROUNDS:-5}" --profile-steps 0 || fails+=(triton-speed)
+  fi
+  # SGLang's JIT cache back where this call's servers built modules (the list: which ones, when)
+  if [ -n "$(sgl_jit_modules)" ] && [ "$(sgl_jit_modules | md5sum)" != "$(cat "$BW/sglang_jit.sum" 2>/dev/null)" ]; then
+    find "$SGL_JIT" -name '*.so' -not -path '*/.staging-*' -printf '  SGLang JIT module %P (%TY-%Tm-%Td %TH:%TM)\n'
+    tar -C "$SGL_JIT" --exclude='.staging-*' -czf "$RET/sglang_jit.tar.gz" . && sgl_jit_modules | md5sum > "$BW/sglang_jit.sum" \
+      && log "SGLang's JIT cache grew on this machine ($(sgl_jit_modules | wc -l) module build(s)): -> \$OUT/sglang_jit.tar.gz;" \
+        "carry it as .dev/sglang_jit/sglang_jit.tar.gz in the first call that starts a server"
   fi
   log "done; failed: ${fails[*]:-none}; $(left) s to the deadline"
   [ ${#fails[@]} = 0 ] || return 1
