@@ -96,20 +96,14 @@ def extend(backend, layer, batch: int, dtype, fused: bool) -> None:
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     device = backend.qo_indptr.device
+    unused = ("attn_logits", "attn_lse", "num_kv_splits", "custom_mask", "mask_indptr")  # a prefill's: no mask
+    unused += ("window_kv_indptr", "window_kv_indices", "window_num_kv_splits", "window_kv_offsets")  # no window
     metadata = ForwardMetadata(
-        attn_logits=None,
-        attn_lse=None,
+        **dict.fromkeys(unused),
         max_extend_len=TOKENS,
-        num_kv_splits=None,
         kv_indptr=backend.kv_indptr[: batch + 1],
         kv_indices=torch.empty(0, dtype=torch.int64, device=device),
         qo_indptr=backend.qo_indptr[: batch + 1],
-        custom_mask=None,
-        mask_indptr=None,
-        window_kv_indptr=None,
-        window_kv_indices=None,
-        window_num_kv_splits=None,
-        window_kv_offsets=None,
     )
     forward_batch = types.SimpleNamespace(
         forward_mode=ForwardMode.EXTEND,
