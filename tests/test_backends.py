@@ -146,7 +146,9 @@ def test_a_failed_greedy_check_is_recorded_not_refused(tmp_path, monkeypatch):
         assert entry["greedy_ok"] is False
 
 
-def test_a_run_without_speed_waits_for_one_with_it_each_part_keeping_where_it_was_measured(tmp_path, monkeypatch):
+def test_a_run_without_speed_waits_for_one_with_it_each_part_keeping_where_it_was_measured(
+    tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(ROOT)
     first, out = make_run(tmp_path / "first"), tmp_path / "out"
     shutil.rmtree(first / "speed")
@@ -174,6 +176,10 @@ def test_a_run_without_speed_waits_for_one_with_it_each_part_keeping_where_it_wa
     assert again["tok_s"] == fi["tok_s"] and again["lilicorr_vs_base"] == fi["lilicorr_vs_base"]
     assert again["block_over_decode"] == fi["block_over_decode"] and again["rounds"] == fi["rounds"]
     assert again["measured"]["tok_s"]["1"] == "H100 80GB HBM3, def5678"
+    # a run with none of the three parts is a mistake, even where the summary could fill them all
+    (tmp_path / "empty").mkdir()
+    assert summarize(tmp_path / "empty", out) == 2
+    assert "no greedy/summary.txt, t1/sampling_summary.json, speed/" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -278,11 +278,14 @@ def build(args, earlier: dict) -> tuple[dict, str]:
         "speed": run / "speed" / f"graphs32_{args.target}" / "speed_summary.json",
     }
     kept = kept_parts(earlier.get(key))
-    missing = [what for what, path in files.items() if not path.is_file() and what not in kept]
-    if [what for what in missing if what != "speed"] or len(missing) == 3:
+    absent = [what for what, path in files.items() if not path.is_file()]
+    missing = [what for what in absent if what not in kept and what != "speed"]
+    if missing or len(absent) == len(files):
+        missing = absent if len(absent) == len(files) else missing
         raise UsageError(
             f"--run {run}: no {', '.join(str(files[w].relative_to(run)) for w in missing)} (the "
-            f"{', '.join(missing)} step's), and no {key} entry in {args.out / 'summary.json'} holds it",
+            f"{', '.join(missing)} step's)"
+            + ("" if len(absent) == len(files) else f", and no {key} entry in {args.out / 'summary.json'} holds it"),
             fix="unpack every backends.sh call's results.tar.gz into one folder and pass it as --run",
         )
     parts, measured = {}, {}
