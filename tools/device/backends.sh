@@ -143,12 +143,12 @@ STAGE=$BW/stage
 rm -rf "$STAGE" && mkdir -p "$STAGE/calls" "$RET" "$BW"
 log() { echo "[backends $(date +%H:%M:%S)] $*"; }
 left() { echo $(( TESTBED_DEADLINE - $(date +%s) )); }
-cache_sum() { find "$CACHE" -type f -name '*.so' 2>/dev/null | sort | md5sum | cut -c1-32; }
+modules() { find "$1" -type f -name '*.so' -not -path '*/.staging-*' 2>/dev/null | sort; }  # a JIT cache's builds
+modules_sum() { modules "$1" | md5sum | cut -c1-32; }
 # SGLang's own JIT kernels (its DFlash sampled verify and others, built with nvcc by the first server that runs them:
 # minutes on a fresh machine), in its content-addressed cache, which takes a carried build as is
 SGL_JIT=${SGLANG_JIT_CACHE_DIR:-$HOME/.cache/sglang/jit}
 SGL_JIT_CARRIED=$ROOT/.dev/sglang_jit/sglang_jit.tar.gz
-sgl_jit_modules() { find "$SGL_JIT" -name '*.so' -not -path '*/.staging-*' 2>/dev/null | sort; }
 
 fresh() {  # exit 3 where an earlier call's work is missing on this machine
   if [ ! -f "$SITE/.device_manifest" ] || [ ! -f "$1" ]; then
@@ -183,8 +183,8 @@ run_steps() {
   log "steps $STEPS; backends --attention-backend $ATTN --sampling-backend $SAMP (draft: triton); $(left) s to the deadline"
   if [ -f "$SGL_JIT_CARRIED" ] && [ ! -f "$BW/sglang_jit.sum" ]; then  # once per machine, before any server starts
     if mkdir -p "$SGL_JIT" && tar -C "$SGL_JIT" -xzf "$SGL_JIT_CARRIED"; then
-      sgl_jit_modules | md5sum > "$BW/sglang_jit.sum"
-      log "SGLang's JIT cache carried: $(sgl_jit_modules | wc -l) module build(s) unpacked into $SGL_JIT"
+      modules_sum "$SGL_JIT" > "$BW/sglang_jit.sum"
+      log "SGLang's JIT cache carried: $(modules "$SGL_JIT" | wc -l) module build(s) unpacked into $SGL_JIT"
     else log "SGLang's JIT cache: unpacking $SGL_JIT_CARRIED failed; its kernels build again"; fi
   fi
   if has install; then
@@ -210,7 +210,7 @@ run_steps() {
         ".dev/flashinfer/jit_cache.tar.gz and run 'bash tools/device/backends.sh flashinfer' again"; rc=4
     elif [ "$frc" != 0 ]; then fails+=(flashinfer); fi
     if [ -f "$STAGE/flashinfer/jit_cache.tar.gz" ]; then
-      mv "$STAGE/flashinfer/jit_cache.tar.gz" "$RET/" && cache_sum > "$BW/jit_cache.sum"
+      mv "$STAGE/flashinfer/jit_cache.tar.gz" "$RET/" && modules_sum "$CACHE" > "$BW/jit_cache.sum"
     fi
   fi
   if has model && enough model 60; then
@@ -248,10 +248,10 @@ run_steps() {
       --concurrency ${TRITON_CONCURRENCY:-1} --rounds "${SPEED_ROUNDS:-5}" --profile-steps 0 || fails+=(triton-speed)
   fi
   # SGLang's JIT cache back where this call's servers built modules (the list: which ones, when)
-  if [ -n "$(sgl_jit_modules)" ] && [ "$(sgl_jit_modules | md5sum)" != "$(cat "$BW/sglang_jit.sum" 2>/dev/null)" ]; then
+  if [ -n "$(modules "$SGL_JIT")" ] && [ "$(modules_sum "$SGL_JIT")" != "$(cat "$BW/sglang_jit.sum" 2>/dev/null)" ]; then
     find "$SGL_JIT" -name '*.so' -not -path '*/.staging-*' -printf '  SGLang JIT module %P (%TY-%Tm-%Td %TH:%TM)\n'
-    tar -C "$SGL_JIT" --exclude='.staging-*' -czf "$RET/sglang_jit.tar.gz" . && sgl_jit_modules | md5sum > "$BW/sglang_jit.sum" \
-      && log "SGLang's JIT cache grew on this machine ($(sgl_jit_modules | wc -l) module build(s)): -> \$OUT/sglang_jit.tar.gz;" \
+    tar -C "$SGL_JIT" --exclude='.staging-*' -czf "$RET/sglang_jit.tar.gz" . && modules_sum "$SGL_JIT" > "$BW/sglang_jit.sum" \
+      && log "SGLang's JIT cache grew on this machine ($(modules "$SGL_JIT" | wc -l) module build(s)): -> \$OUT/sglang_jit.tar.gz;" \
         "carry it as .dev/sglang_jit/sglang_jit.tar.gz in the first call that starts a server"
   fi
   log "done; failed: ${fails[*]:-none}; $(left) s to the deadline"
@@ -262,8 +262,8 @@ run_steps() {
 run_steps 2>&1 | tee "$STAGE/calls/$(date +%H%M%S)_${STEPS//,/+}.log"
 rc=${PIPESTATUS[0]}
 # the JIT cache again where serving built modules the warm-up had not (flashinfer.sh's call returned it already)
-if [ -f "$BW/jit_cache.sum" ] && [ ! -f "$RET/jit_cache.tar.gz" ] && [ "$(cache_sum)" != "$(cat "$BW/jit_cache.sum")" ]; then
-  tar -C "$CACHE" -czf "$RET/jit_cache.tar.gz" . && cache_sum > "$BW/jit_cache.sum" \
+if [ -f "$BW/jit_cache.sum" ] && [ ! -f "$RET/jit_cache.tar.gz" ] && [ "$(modules_sum "$CACHE")" != "$(cat "$BW/jit_cache.sum")" ]; then
+  tar -C "$CACHE" -czf "$RET/jit_cache.tar.gz" . && modules_sum "$CACHE" > "$BW/jit_cache.sum" \
     && log "the flashinfer JIT cache grew while serving: -> \$OUT/jit_cache.tar.gz (carry it as .dev/flashinfer/jit_cache.tar.gz)"
 fi
 tar -czf "$RET/results.tar.gz" -C "$STAGE" .
