@@ -263,7 +263,8 @@ run_steps 2>&1 | tee "$STAGE/calls/$(date +%H%M%S)_${STEPS//,/+}.log"
 rc=${PIPESTATUS[0]}
 # the JIT cache again where serving built modules the warm-up had not (flashinfer.sh's call returned it already)
 if [ -f "$BW/jit_cache.sum" ] && [ ! -f "$RET/jit_cache.tar.gz" ] && [ "$(modules_sum "$CACHE")" != "$(cat "$BW/jit_cache.sum")" ]; then
-  tar -C "$CACHE" -czf "$RET/jit_cache.tar.gz" . && modules_sum "$CACHE" > "$BW/jit_cache.sum" \
+  SITE=$SITE CACHE=$CACHE bash "$ROOT/tools/device/flashinfer_cache.sh" pack "$RET/jit_cache.tar.gz" \
+    && modules_sum "$CACHE" > "$BW/jit_cache.sum" \
     && log "the flashinfer JIT cache grew while serving: -> \$OUT/jit_cache.tar.gz (carry it as .dev/flashinfer/jit_cache.tar.gz)"
 fi
 tar -czf "$RET/results.tar.gz" -C "$STAGE" .
