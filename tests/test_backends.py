@@ -166,7 +166,8 @@ def test_a_run_without_speed_waits_for_one_with_it_each_part_keeping_where_it_wa
     assert fi["measured"]["greedy"] == fi["measured"]["t1"] == "H200 (nvidia-h200), abc1234"
     assert fi["measured"]["tok_s"]["1"] == "H100 80GB HBM3, def5678" and fi["tok_s"]["1"]["lilicorr"] == 450.0
     assert (fi["card"], fi["commit"]) == ("H200 (nvidia-h200), H100 80GB HBM3", "abc1234, def5678")
-    assert fi["sources"]["greedy"].startswith("kept from ")
+    assert fi["sources"]["greedy"] == str(first / "greedy" / "summary.txt")
+    assert fi["sources"]["speed"] == str(later / "speed" / "graphs32_flashinfer" / "speed_summary.json")
     # and once more with nothing new but the speed: the speed cells it keeps are the ones it had
     shutil.rmtree(later / "speed")
     make_run(tmp_path / "again")

@@ -21,16 +21,16 @@ and "flashinfer/triton"; each entry:
 A run of tools/device/backends.sh (every call's results.tar.gz unpacked into DIR) makes the TARGET/triton entry
 (--target, flashinfer) from DIR/greedy/summary.txt, DIR/t1/sampling_summary.json and
 DIR/speed/graphs32_TARGET/speed_summary.json, card and commit from --card and --commit. A run may hold some of the
-three: a part it lacks is kept from that entry in OUT/summary.json, with where it was measured (a run of calls 1-3
-first, the speed calls in a later session); greedy and T = 1 must be had from one or the other, speed may wait (tok_s
-empty until measured). The triton/triton entry comes
-from committed Triton results (--triton-greedy, --triton-t1, --triton-speed: their card and commit from their
-folders' names, <card>_<commit>[_what], and the speed file's `measured`), its speed cells replaced by DIR/speed/graphs32/
-(the same machine's Triton rounds: backends.sh triton-speed) where the run has them. Every input's backends are checked
-against its entry's: a server log's server_args line beside it, else gpu_check.sh's "backends:" line or the speed
-step's `backends`, else (a file from before they were recorded) the kit's Triton and PyTorch. Entries of other
-combinations already in OUT/summary.json are kept. Writes OUT/summary.json and OUT/summary.md (the tables, issue 44's
-c = 1 target, a README row).
+three: a part it lacks is kept from that entry in OUT/summary.json, with where it was measured and the file it was
+read from (a run of calls 1-3 first, the speed calls in a later session); greedy and T = 1 must be had from one or the
+other, speed may wait (tok_s empty until measured). The triton/triton entry comes from committed Triton results
+(--triton-greedy, --triton-t1, --triton-speed: their card and commit from their folders' names,
+<card>_<commit>[_what], and the speed file's `measured`), its speed cells replaced by DIR/speed/graphs32/ (the same
+machine's Triton rounds: backends.sh triton-speed) where the run has them. Every input's backends are checked against
+its entry's: a server log's server_args line beside it, else gpu_check.sh's "backends:" line or the speed step's
+`backends`, else (a file from before they were recorded) the kit's Triton and PyTorch. Entries of other combinations
+already in OUT/summary.json are kept. Writes OUT/summary.json and OUT/summary.md (the tables, issue 44's c = 1 target,
+a README row).
 
   python -m sglang_lilicorr.benchmarks.backends_summary --run DIR --card CARD --commit C --out OUT
 """
@@ -206,13 +206,13 @@ def markdown(doc: dict, run_key: str) -> str:
     a README row."""
     doc = {k: e for k, e in doc.items() if isinstance(e, dict) and {"greedy", "t1_min_p", "tok_s"} <= set(e)}
     out = ["# LILICORR per attention backend (issue 44)", ""]
-    out += ["| target / draft | sampling | greedy check | T = 1 min p | card, commit |", "|---|---|---|---|---|"]
+    out += ["| target / draft | sampling | greedy check | T = 1 min p | measured |", "|---|---|---|---|---|"]
     for e in doc.values():
         g = e["greedy"]
         verdict = f"{'pass' if e['greedy_ok'] else 'FAIL'}: {g['responses']} responses, {g['off']} off ({g['tokens']}"
         verdict += f" tokens), draft graph {'captured' if g['draft_graph'] else 'NOT captured'}"
         out.append(f"| {e['target']} / {e['draft']} | {e['sampling']} | {verdict} | {e['t1_min_p']:.3g} | ")
-        out[-1] += f"{e['card']}; {e['commit']} |"
+        out[-1] += "; ".join(dict.fromkeys(e["measured"][part] for part in ("greedy", "t1"))) + " |"
     tok_s = " | ".join(f"{label} tok/s" for label in LABELS)
     out += ["", f"| target / draft | c | {tok_s} | LILICORR / no spec. | block / decode step | rounds | measured |"]
     out.append("|" + "---|" * 10)
@@ -244,15 +244,16 @@ def markdown(doc: dict, run_key: str) -> str:
 
 
 def kept_parts(entry: dict | None) -> dict:
-    """An earlier entry of OUT/summary.json -> {part: (keys, measured)} for its greedy, t1 and speed parts it holds
-    (speed as cells, the shape speed_cells gives)."""
+    """An earlier entry of OUT/summary.json -> {part: (keys, measured, source)} for its greedy, t1 and speed parts it
+    holds (speed as cells, the shape speed_cells gives; source: the file the part was read from)."""
     if not entry:
         return {}
-    measured, kept = entry.get("measured") or {}, {}
+    measured, sources, kept = entry.get("measured") or {}, entry.get("sources") or {}, {}
     if "greedy" in entry:
-        kept["greedy"] = ({k: entry[k] for k in ("greedy_ok", "greedy")}, measured.get("greedy"))
+        kept["greedy"] = ({k: entry[k] for k in ("greedy_ok", "greedy")}, measured.get("greedy"), sources.get("greedy"))
     if "t1_min_p" in entry:
-        kept["t1"] = ({k: entry.get(k) for k in ("t1_min_p", "t1_p", "t1_verification")}, measured.get("t1"))
+        t1 = {k: entry.get(k) for k in ("t1_min_p", "t1_p", "t1_verification")}
+        kept["t1"] = (t1, measured.get("t1"), sources.get("t1"))
     if entry.get("tok_s"):
         cells = {
             c: {
@@ -263,7 +264,7 @@ def kept_parts(entry: dict | None) -> dict:
             }
             for c, tok in entry["tok_s"].items()
         }
-        kept["speed"] = (cells, measured.get("tok_s") or {})
+        kept["speed"] = (cells, measured.get("tok_s") or {}, sources.get("speed"))
     return kept
 
 
@@ -294,15 +295,12 @@ def build(args, earlier: dict) -> tuple[dict, str]:
             parts |= read_part(files[what], expect, "--run")
             measured[what] = here
         else:
-            parts |= kept[what][0]
-            measured[what] = kept[what][1]
-            files[what] = f"kept from {args.out / 'summary.json'}"
+            parts, measured[what], files[what] = parts | kept[what][0], *kept[what][1:]
     if files["speed"].is_file():
         cells, _ = speed_cells(files["speed"], {k: expect[k] for k in ("attention", "sampling")}, "--run")
         measured["tok_s"] = {c: here for c in cells}
     else:
-        cells, measured["tok_s"] = kept.get("speed", ({}, {}))
-        files["speed"] = f"kept from {args.out / 'summary.json'}" if cells else "not yet measured"
+        cells, measured["tok_s"], files["speed"] = kept.get("speed", ({}, {}, "not yet measured"))
     doc = {key: entry(args.target, args.sampling, parts, cells, measured, files)}
 
     kit = {"attention": KIT["attention"], "sampling": KIT["sampling"]}

@@ -25,10 +25,9 @@
 # (**) SGLang's own JIT kernels (sglang.kernels.jit: nvcc builds in ~/.cache/sglang/jit, content-addressed, so a
 # carried build is taken as is): unpacked once per machine before any server starts, and returned as
 # $OUT/sglang_jit.tar.gz by a call whose servers built more (its call log lists the modules and when each was built).
-# Without it the machine's first flashinfer-target LILICORR start took 257 s to the scheduler's ready line (a 133 s
-# gap just before SGLang's DFlash sampling pre-warm, 94 s in the first target-verify capture) and over 70 s to its
-# first answer, the next start 98 s to its first answer (7c30b52, backends/h200_7c30b52_flashinfer), with flashinfer's
-# cache unchanged: hence TIMEOUT 480 and the cache carried where a call returned one (a call that finds a step's
+# Without it a machine's first four servers built 7 modules in 6 minutes and started in 71-146 s, with it in 9-17 s
+# (scheduler end to end; 171a5be, backends/h200_171a5be_flashinfer_speed, where the first speed call played one
+# round): hence TIMEOUT 480 and the cache carried where a call returned one (a call that finds a step's
 # deadline short leaves the step to the next: t1 is in calls 4 and 5 for that). greedy: 88 greedy responses and the
 # fp32 check ~50 s after the start-up; t1: a start-up, 4 x 2,000 requests (over 240 s on flashinfer), the chi-square
 # check; speed: four servers' start-up and per round ~45 s at c = 1 and ~48 s over c = 4-32 (the Triton rounds of
