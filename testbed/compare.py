@@ -9,7 +9,7 @@ speed step's pools and graphs (speed.server_args: CUDA graphs to batch 32, --sle
           (`bench run`, --tau-concurrency requests in flight) -> DIR/tau_served.jsonl; `bench report`
           -> DIR/tau_served/ (tau per set, system and temperature, seeds averaged)
 DIR is WORK/compare/<the parts, joined by _>, so the two parts can run at once on two GPUs. DIR/budget.json records each draft's testbed.json (its steps, start and global batch). SGLang verifies T = 1
-by rejection sampling only where flashinfer is installed (the install call carrying .dev/flashinfer); without it the
+by rejection sampling only where flashinfer is installed (the install call carrying .dev/flashinfer_headers); without it the
 LILICORR server answers T > 0 with HTTP 400, listed as failed. Both parts resume (runs already played are kept) and
 stop before $TESTBED_DEADLINE: call the step again to go on. The bundle compare_<parts>.tar.gz goes to $OUT.
 """

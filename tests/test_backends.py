@@ -364,7 +364,8 @@ def backends_root(tmp_path):
     """A copy of the checkout's backends.sh beside stand-ins of the scripts it runs, and the machine's earlier work."""
     root = tmp_path / "root"
     (root / "tools" / "device").mkdir(parents=True)
-    shutil.copy(DEVICE / "backends.sh", root / "tools" / "device")
+    for name in ("backends.sh", "sglang_jit.sh"):
+        shutil.copy(DEVICE / name, root / "tools" / "device")
     for name in ("gpu_check.sh", "testbed.sh", "flashinfer.sh"):
         (root / "tools" / "device" / name).write_text(STAND_IN)
     (root / ".dev" / "bin").mkdir(parents=True)
@@ -502,7 +503,7 @@ def test_sglangs_jit_builds_come_back_and_a_carried_cache_is_unpacked_once_per_m
     done = backends(root, env, "greedy", SGL_JIT_BUILDS="dflash_sampling")  # the first server builds a module
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SGLang JIT module sm90/dflash_sampling/build-1/deps-2/dflash_sampling.so (" in done.stdout
-    assert "-> $OUT/sglang_jit.tar.gz; carry it as .dev/sglang_jit/sglang_jit.tar.gz" in done.stdout
+    assert f"-> {ret}/sglang_jit.tar.gz; carry it as .dev/sglang_jit/sglang_jit.tar.gz" in done.stdout
     with tarfile.open(ret / "sglang_jit.tar.gz") as t:
         names = {n.removeprefix("./") for n in t.getnames()}
     assert "sm90/dflash_sampling/build-1/deps-2/dflash_sampling.so" in names

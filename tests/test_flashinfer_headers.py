@@ -101,7 +101,7 @@ def test_bad_inputs_are_named_and_nothing_is_overwritten(tmp_path, capsys, case,
 
 def test_check_lib_installs_carried_headers(tmp_path):
     dev = tmp_path / "dev"
-    flashinfer_headers.main([str(fake_wheel(tmp_path / "w.whl")), "--out", str(dev / "flashinfer")])
+    flashinfer_headers.main([str(fake_wheel(tmp_path / "w.whl")), "--out", str(dev / "flashinfer_headers")])
     site = tmp_path / "site"
     site.mkdir()
     script = (

@@ -17,7 +17,7 @@ cannot import flashinfer.sampling, takes its torch fallbacks.
 
   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \\
       -d /tmp/fi flashinfer-python==0.7.2
-  python tools/flashinfer_headers.py /tmp/fi/flashinfer_python-0.7.2-py3-none-any.whl --out .dev/flashinfer
+  python tools/flashinfer_headers.py /tmp/fi/flashinfer_python-0.7.2-py3-none-any.whl --out .dev/flashinfer_headers
 """
 
 from __future__ import annotations
@@ -109,7 +109,9 @@ def write(wheel_path: Path, out: Path) -> list[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python tools/flashinfer_headers.py", description=__doc__.split("\n\n")[0])
     p.add_argument("wheel", type=Path, help=f"flashinfer_python-{VERSION}-py3-none-any.whl")
-    p.add_argument("--out", type=Path, required=True, help="folder that receives flashinfer/ (e.g. .dev/flashinfer)")
+    p.add_argument(
+        "--out", type=Path, required=True, help="folder that receives flashinfer/ (e.g. .dev/flashinfer_headers)"
+    )
     args = p.parse_args(argv)
     try:
         headers = write(args.wheel, args.out)

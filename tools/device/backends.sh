@@ -22,9 +22,8 @@
 # carried cache (tools/device/flashinfer_cache.sh) and builds only what it lacks: on the H200 of 7c30b52 every module
 # the warm-up uses was up to date and loaded in under a second each; without the cache the build is ~270 s. Its build
 # stops 45 s before the call's deadline and its cache so far comes back (exit 4: carry it and run the step again).
-# (**) SGLang's own JIT kernels (sglang.kernels.jit: nvcc builds in ~/.cache/sglang/jit, content-addressed, so a
-# carried build is taken as is): unpacked once per machine before any server starts, and returned as
-# $OUT/sglang_jit.tar.gz by a call whose servers built more (its call log lists the modules and when each was built).
+# (**) SGLang's own JIT kernels (tools/device/sglang_jit.sh): unpacked once per machine before any server starts, and
+# returned as $OUT/sglang_jit.tar.gz by a call whose servers built more (its call log lists the modules and when).
 # Without it a machine's first four servers built 7 modules in 6 minutes and started in 71-146 s, with it in 9-17 s
 # (scheduler end to end; 171a5be, backends/h200_171a5be_flashinfer_speed, where the first speed call played one
 # round): hence TIMEOUT 480 and the cache carried where a call returned one (a call that finds a step's
@@ -142,12 +141,9 @@ STAGE=$BW/stage
 rm -rf "$STAGE" && mkdir -p "$STAGE/calls" "$RET" "$BW"
 log() { echo "[backends $(date +%H:%M:%S)] $*"; }
 left() { echo $(( TESTBED_DEADLINE - $(date +%s) )); }
-modules() { find "$1" -type f -name '*.so' -not -path '*/.staging-*' 2>/dev/null | sort; }  # a JIT cache's builds
-modules_sum() { modules "$1" | md5sum | cut -c1-32; }
-# SGLang's own JIT kernels (its DFlash sampled verify and others, built with nvcc by the first server that runs them:
-# minutes on a fresh machine), in its content-addressed cache, which takes a carried build as is
-SGL_JIT=${SGLANG_JIT_CACHE_DIR:-$HOME/.cache/sglang/jit}
-SGL_JIT_CARRIED=$ROOT/.dev/sglang_jit/sglang_jit.tar.gz
+modules_sum() { find "$1" -type f -name '*.so' 2>/dev/null | sort | md5sum | cut -c1-32; }  # a JIT cache's builds
+# SGLang's own JIT kernels: tools/device/sglang_jit.sh, its state with this work's (a fresh machine has neither)
+export SGLANG_JIT_STATE=$BW/sglang_jit.sum
 
 fresh() {  # exit 3 where an earlier call's work is missing on this machine
   if [ ! -f "$SITE/.device_manifest" ] || [ ! -f "$1" ]; then
@@ -180,12 +176,7 @@ run_steps() {
     log "$1: $(left) s left in this call, $2 needed: run 'bash tools/device/backends.sh $1' in the next call"; rc=4; return 1
   }
   log "steps $STEPS; backends --attention-backend $ATTN --sampling-backend $SAMP (draft: triton); $(left) s to the deadline"
-  if [ -f "$SGL_JIT_CARRIED" ] && [ ! -f "$BW/sglang_jit.sum" ]; then  # once per machine, before any server starts
-    if mkdir -p "$SGL_JIT" && tar -C "$SGL_JIT" -xzf "$SGL_JIT_CARRIED"; then
-      modules_sum "$SGL_JIT" > "$BW/sglang_jit.sum"
-      log "SGLang's JIT cache carried: $(modules "$SGL_JIT" | wc -l) module build(s) unpacked into $SGL_JIT"
-    else log "SGLang's JIT cache: unpacking $SGL_JIT_CARRIED failed; its kernels build again"; fi
-  fi
+  bash "$ROOT/tools/device/sglang_jit.sh" unpack  # once per machine, before any server starts
   if has install; then
     OUT=$BW/smol_out bash "$ROOT/.dev/bin/smol.sh" install 2>&1 | tail -n 8
     [ "${PIPESTATUS[0]}" = 0 ] || fails+=(install)
@@ -246,13 +237,7 @@ run_steps() {
     SGLANG_IS_FLASHINFER_AVAILABLE=false speed_step speed --systems base dflash builtin lilicorr \
       --concurrency ${TRITON_CONCURRENCY:-1} --rounds "${SPEED_ROUNDS:-5}" --profile-steps 0 || fails+=(triton-speed)
   fi
-  # SGLang's JIT cache back where this call's servers built modules (the list: which ones, when)
-  if [ -n "$(modules "$SGL_JIT")" ] && [ "$(modules_sum "$SGL_JIT")" != "$(cat "$BW/sglang_jit.sum" 2>/dev/null)" ]; then
-    find "$SGL_JIT" -name '*.so' -not -path '*/.staging-*' -printf '  SGLang JIT module %P (%TY-%Tm-%Td %TH:%TM)\n'
-    tar -C "$SGL_JIT" --exclude='.staging-*' -czf "$RET/sglang_jit.tar.gz" . && modules_sum "$SGL_JIT" > "$BW/sglang_jit.sum" \
-      && log "SGLang's JIT cache grew on this machine ($(modules "$SGL_JIT" | wc -l) module build(s)): -> \$OUT/sglang_jit.tar.gz;" \
-        "carry it as .dev/sglang_jit/sglang_jit.tar.gz in the first call that starts a server"
-  fi
+  bash "$ROOT/tools/device/sglang_jit.sh" pack "$RET"  # where this call's servers built modules (which ones, when)
   log "done; failed: ${fails[*]:-none}; $(left) s to the deadline"
   [ ${#fails[@]} = 0 ] || return 1
   return "$rc"

@@ -28,9 +28,9 @@ use_install() {  # use_install SCRIPT: the kit's install in $SITE made by an ear
   export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
 }
 
-install_flashinfer_headers() {  # .dev/flashinfer/flashinfer (tools/flashinfer_headers.py), where carried, into $SITE
-  if [ -d "$1/flashinfer/flashinfer" ]; then
-    rm -rf "$SITE/flashinfer" && cp -r "$1/flashinfer/flashinfer" "$SITE/" \
+install_flashinfer_headers() {  # .dev/flashinfer_headers/flashinfer (tools/flashinfer_headers.py), where carried, into $SITE
+  if [ -d "$1/flashinfer_headers/flashinfer" ]; then
+    rm -rf "$SITE/flashinfer" && cp -r "$1/flashinfer_headers/flashinfer" "$SITE/" \
       && say "flashinfer headers installed ($(wc -l < "$SITE/flashinfer/HEADERS_ONLY") files): SGLang verifies T > 0 by rejection sampling"
   fi
 }

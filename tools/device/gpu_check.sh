@@ -7,11 +7,11 @@
 # CPU side, once, from the project root:   bash ../shared/device/prepare.sh --smol
 # call 1, carry [".dev/whl", ".dev/pkgs", ".dev/bin", ".dev/manifest.txt", ".dev/smolA"], timeout_s 300:
 #     bash tools/device/gpu_check.sh install
-#   (carry also ".dev/flashinfer", from tools/flashinfer_headers.py, for T > 0 verified by rejection sampling)
+#   (carry also ".dev/flashinfer_headers", from tools/flashinfer_headers.py, for T > 0 verified by rejection sampling)
 # call 2 (at once), carry [".dev/smolB", ".dev/bin"], timeout_s 600:
 #     bash tools/device/gpu_check.sh model,lilicorr,check
 #   (add ",base" after "model" for a no-speculation control server: about 60 s more)
-# T > 0 with the shipped draft, one system per call: install (carry .dev/flashinfer too), then
+# T > 0 with the shipped draft, one system per call: install (carry .dev/flashinfer_headers too), then
 #     SAMPLING_SYSTEMS=base bash tools/device/gpu_check.sh model,sampling          (carry .dev/smolB, .dev/bin; the checkpoints'
 #                                                                             weights moved out, as for every .dev/smol* call)
 # and with checkpoints/ restored, carry [".dev/bin"]:
@@ -36,7 +36,7 @@
 #             mixed lengths, disconnects, over-long and invalid requests; then /health and the KV pool back to empty;
 #             the server log must name no traceback and no leak -> $OUT/faults.{log,tar.gz}. FAULTS_MEM (0.3) sets
 #             --mem-fraction-static (lower it to share the GPU)
-#   sampling  T > 0 exactness (needs the flashinfer headers: carry .dev/flashinfer in the install call): base, DFLASH and
+#   sampling  T > 0 exactness (needs the flashinfer headers: carry .dev/flashinfer_headers in the install call): base, DFLASH and
 #             LILICORR servers in turn, SAMPLING_N (2000) seeded requests per prompt of tools/sampling_prompts.jsonl at
 #             T = SAMPLING_T (1), 16 new tokens (sglang_lilicorr/benchmarks/sampling_exactness.py), then a chi-square test per position
 #             of the target's probability integral transform (sampling_exactness check), with each server's
@@ -185,7 +185,7 @@ if has faults; then
   [ -d "$F" ] && tar -czf "$O/faults.tar.gz" -C "$W" faults
 fi
 
-if has sampling; then  # needs the flashinfer headers (install step with .dev/flashinfer carried)
+if has sampling; then  # needs the flashinfer headers (install step with .dev/flashinfer_headers carried)
   say "== sampling: T = ${SAMPLING_T:-1} exactness, ${SAMPLING_N:-2000} seeded requests per prompt, base / dflash / lilicorr"
   D=$W/sampling; [ "${BACKEND_ARGS[*]}" = "--attention-backend triton --sampling-backend pytorch" ] \
     || D=$W/sampling_${ATTN_BACKEND}_$SAMPLING_BACKEND  # another pair's records are never checked together

@@ -16,7 +16,9 @@
 # write this checkout's `git rev-parse --short HEAD` into the command, `GIT_COMMIT=abc1234 bash tools/device/scale_gpu.sh
 # heads` (corrector_bench records it as meta.git_commit; unset, it records null and this script says so).
 # Each call installs the kit (quick on a warm machine), builds the target config and the drafts (skipped
-# when /tmp/scale holds them), then runs the phases; each phase packs $OUT/scale_<phase>.tar.gz when done.
+# when /tmp/scale holds them), then runs the phases; each phase packs $OUT/scale_<phase>.tar.gz when done. SGLang's
+# JIT builds (tools/device/sglang_jit.sh) come back as $OUT/sglang_jit.tar.gz where the servers built any: carry
+# .dev/sglang_jit in the next session's first phase call (it fits beside the kit).
 # The deadline is the call's start + SCALE_BUDGET_S (570 s): a phase it leaves no time for is skipped
 # (exit 4: run it in the next call), and the rounds of a phase stop before one that would not finish. A
 # phase measured whole by an earlier call on the same machine is only packed again; one cut short resumes.
@@ -45,5 +47,9 @@ if echo "$LIST" | tr ',' '\n' | grep -qx heads; then
   echo "corrector_bench: exit $?"; tail -n 6 "$O/corrector_bench.log"
 fi
 [ -n "$PHASES" ] || exit 0
+bash "$ROOT/tools/device/sglang_jit.sh" unpack  # SGLang's JIT builds, where the call carries .dev/sglang_jit
 python3 -m sglang_lilicorr.benchmarks.scale build --work "$W" || exit 1
 python3 -m sglang_lilicorr.benchmarks.scale run --work "$W" --phases "$PHASES" --out "$O" --deadline "$DEADLINE"
+rc=$?
+bash "$ROOT/tools/device/sglang_jit.sh" pack "$O"  # where the servers built more: $OUT/sglang_jit.tar.gz
+exit "$rc"

@@ -15,7 +15,7 @@ if [ ! -f "$SITE/.device_manifest" ] || [ ! -f "$MODEL/config.json" ]; then
   exit 3
 fi
 case ":${PYTHONPATH:-}:" in *":$SITE:"*) ;; *) export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" ;; esac
-# the headers-only flashinfer (installed where the install call carried .dev/flashinfer): SGLang verifies T > 0 with it
+# the headers-only flashinfer (installed where the install call carried .dev/flashinfer_headers): SGLang verifies T > 0 with it
 # but must not pick flashinfer kernels for its layers (as tools/device/check_lib.sh)
 [ -f "$SITE/flashinfer/HEADERS_ONLY" ] && export SGLANG_IS_FLASHINFER_AVAILABLE=false
 export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TQDM_MININTERVAL=30 \

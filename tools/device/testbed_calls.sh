@@ -37,7 +37,7 @@
 #                 Drafts of an earlier run instead (a fresh machine after `install` and `model`): carry .dev/long holding
 #                 draft_NAME.tar files (as `export` writes them; dflash among them): they are unpacked, nothing trained
 # Issue 42's equal-budget comparison (docs/BASELINES.md), on nvidia-h200-x4 (x2 works, slower: two runs per GPU):
-# `install` (add .dev/flashinfer to its carry: T = 1 through the servers needs it), `DATA_SEED=3 data`, then
+# `install` (add .dev/flashinfer_headers to its carry: T = 1 through the servers needs it), `DATA_SEED=3 data`, then
 #   eq-train    carry .dev/ckpt: dflash, lilicorr, domino and dspark from the shipped DFlash draft (`train --init-draft`),
 #               EQ_STEPS (400) optimizer steps each at the paper's global batch of 64 (the sweep's 32 x 2 micro-steps),
 #               the GPUs split among them; evalgen beside them on the last GPU; then `wait`
@@ -51,7 +51,9 @@
 # eq-measure call (same machine) finishes compare: past 30 minutes, so x2 needs EQ_STEPS=250.
 # Then on the CPU machine `python -m sglang_lilicorr.benchmarks.baselines_summary` over tau.json and the compare bundles.
 # What comes back: at most 8 files (the device's limit): results.tar.gz holds everything small, large files come in
-# parts of 12 MB (cat PART_* > FILE). Every call sets TESTBED_DEADLINE from CALL_SECONDS (570): the testbed's steps read
+# parts of 12 MB (cat PART_* > FILE), and sglang_jit.tar.gz where the call's servers built SGLang JIT kernels
+# (tools/device/sglang_jit.sh: keep it as .dev/sglang_jit/sglang_jit.tar.gz and carry it in the first call that starts
+# servers and has the room: train, eq-train, speed, startup; install and data have none). Every call sets TESTBED_DEADLINE from CALL_SECONDS (570): the testbed's steps read
 # it from the environment (the one setting they take that way), so a step that would not finish exits 4.
 set -u -o pipefail
 CALL=${1:?usage: bash tools/device/testbed_calls.sh install|data|train|measure|model|speed|startup|long-train|long-measure|eq-train|eq-measure}
@@ -69,12 +71,14 @@ SHARED_SERVER_ARGS="--attention-backend triton --sampling-backend pytorch --gram
 log() { echo "[calls $CALL $(date +%H:%M:%S)] $*"; }
 quiet() { grep -v "it/s\]\|s/it\]\|Loading weights\|Warning" | tail -n "${1:-25}"; }
 
-pack() {  # $OUT -> $RET: files over 15 MB in 12 MB parts, everything else in results.tar.gz
+pack() {  # $OUT -> $RET: files over 15 MB in 12 MB parts, everything else in results.tar.gz; SGLang's JIT builds
   mkdir -p "$RET"
+  bash "$ROOT/tools/device/sglang_jit.sh" pack "$RET"
   find "$OUT" -type f -size +15M | while read -r f; do split -b 12000000 -d "$f" "$RET/$(basename "$f").part_" && rm "$f"; done
   tar -czf "$RET/results.tar.gz" -C "$OUT" . && ls -l "$RET"
 }
 trap pack EXIT
+bash "$ROOT/tools/device/sglang_jit.sh" unpack  # once per machine, where a call carries .dev/sglang_jit
 
 shipped_drafts() {  # the shipped drafts (config from the checkout, weights carried in .dev/ckpt) -> $1/<variant>
   for v in lilicorr dflash; do
@@ -87,7 +91,7 @@ case $CALL in
 install)
   bash "$ROOT/.dev/bin/smol.sh" install 2>&1 | tail -n 8
   SITE=${DEVICE_SITE:-/tmp/site} S=$OUT/flashinfer.txt && source "$ROOT/tools/device/check_lib.sh" \
-    && install_flashinfer_headers "$ROOT/.dev"  # where .dev/flashinfer was carried
+    && install_flashinfer_headers "$ROOT/.dev"  # where .dev/flashinfer_headers was carried
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   if [ "${SELECT_CHECK:-1}" != 0 ] && nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | grep -q "H100\|H200"; then
     bash "$ROOT/tools/device/select_check.sh" "$OUT/select" 0 2>&1 | tail -n 8
