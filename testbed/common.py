@@ -58,9 +58,14 @@ def set_flags(args: list[str], flags: dict[str, str]) -> list[str]:
     return args
 
 
-# A speed system's verify-attention variant (serve_speed.VERIFY_SYSTEMS): the system it varies and its
-# LILICORR_VERIFY_ATTENTION (serving/verify_attention.py).
-VERIFY_VARIANTS = {"dflash_splitkv": ("dflash", "split-kv"), "lilicorr_extend": ("lilicorr", "extend")}
+# A speed system that serves another with one plugin setting changed (serve_speed.VERIFY_SYSTEMS, WALK_SYSTEMS): the
+# system it varies, the setting (verify: LILICORR_VERIFY_ATTENTION, serving/verify_attention.py; walk: LILICORR_WALK,
+# serving/proposer.py) and its value.
+SERVER_VARIANTS = {
+    "dflash_splitkv": ("dflash", "verify", "split-kv"),
+    "lilicorr_extend": ("lilicorr", "verify", "extend"),
+    "lilicorr_viterbi": ("lilicorr", "walk", "viterbi"),
+}
 
 
 # the systems SGLang serves without this plugin: DFLASH (a Domino draft too: its config's projector_type) and DSPARK
@@ -70,9 +75,9 @@ STOCK_ALGORITHMS = {"dflash": "DFLASH", "builtin": "DFLASH", "domino": "DFLASH",
 def speculation_args(system: str, drafts: Path) -> list[str]:
     """The server flags that speculate with drafts/SYSTEM: none for `base` (plain decoding), SGLang's own DFLASH
     for `dflash` and `domino`, SGLang's DFLASH with its built-in LiLiCorr head on drafts/lilicorr for `builtin`,
-    SGLang's DSPARK for `dspark`, this plugin's LILICORR for any other name; a VERIFY_VARIANTS name as the system it
+    SGLang's DSPARK for `dspark`, this plugin's LILICORR for any other name; a SERVER_VARIANTS name as the system it
     varies."""
-    system = VERIFY_VARIANTS.get(system, (system,))[0]
+    system = SERVER_VARIANTS.get(system, (system,))[0]
     if system == "base":
         return []
     algorithm = STOCK_ALGORITHMS.get(system, "LILICORR")
@@ -87,12 +92,16 @@ def speculation_args(system: str, drafts: Path) -> list[str]:
     ]
 
 
-def verify_env(system: str) -> dict:
-    """The environment a speed system's server adds: LILICORR_VERIFY_ATTENTION for a VERIFY_VARIANTS name, else
-    nothing (DFLASH as SGLang ships it, LILICORR on its default)."""
+def variant_env(system: str) -> dict:
+    """The environment a speed system's server adds: its setting for a SERVER_VARIANTS name, else nothing (DFLASH as
+    SGLang ships it, LILICORR on its defaults)."""
+    from sglang_lilicorr.serving.proposer import WALK_ENV
     from sglang_lilicorr.serving.verify_attention import ENV
 
-    return {ENV: VERIFY_VARIANTS[system][1]} if system in VERIFY_VARIANTS else {}
+    if system not in SERVER_VARIANTS:
+        return {}
+    _, setting, value = SERVER_VARIANTS[system]
+    return {{"verify": ENV, "walk": WALK_ENV}[setting]: value}
 
 
 # SGLang flags the GPU machine's kit needs (no flashinfer, no flash-attention; ../shared/device): `--server-args`' default.

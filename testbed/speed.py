@@ -1,8 +1,9 @@
 """Served speed as a user gets it (the `speed` step of run.py; issue 39): no speculation, SGLang's DFLASH (the shipped
 DFlash draft), SGLang's built-in LiLiCorr head (DFLASH serving our LiLiCorr draft) and LILICORR (the same draft), and
 beside them the two verify-attention variants (serve_speed.VERIFY_SYSTEMS: DFLASH on SGLang's split-KV verify kernel,
-LILICORR on SGLang's prefill kernel), in paired, rotated rounds on one GPU (sglang_lilicorr.benchmarks.paired,
-serve_speed). --systems picks some of them (default: all six, SYSTEMS; always in SYSTEMS' order): base, dflash, builtin
+LILICORR on SGLang's prefill kernel) and, where named, LILICORR committing each block by the exact Viterbi path
+(serve_speed.WALK_SYSTEMS: lilicorr_viterbi), in paired, rotated rounds on one GPU (sglang_lilicorr.benchmarks.paired,
+serve_speed). --systems picks some of them (default: the six, SYSTEMS; always in CHOICES' order): base, dflash, builtin
 and lilicorr must be among them (REQUIRED: serve_speed.summarize keeps only the cells where all four ran, and the
 report's baseline is base), so `--systems base dflash builtin lilicorr` leaves out only the verify variants (four
 servers: a shorter start-up and rounds, e.g. the eager cell's call). A setting's calls must all play the same systems:
@@ -42,8 +43,11 @@ import sys
 import tarfile
 from pathlib import Path
 
-from sglang_lilicorr.benchmarks.serve_speed import ALL_SYSTEMS as SYSTEMS
+from sglang_lilicorr.benchmarks.serve_speed import ALL_SYSTEMS as CHOICES
 from sglang_lilicorr.benchmarks.serve_speed import SYSTEMS as REQUIRED  # in every summarized cell
+from sglang_lilicorr.benchmarks.serve_speed import VERIFY_SYSTEMS
+
+SYSTEMS = (*REQUIRED, *VERIFY_SYSTEMS)  # the default six (WALK_SYSTEMS only where named)
 
 PORT0 = 32000
 SETTINGS = {"graphs32": 32, "graphs16": 16}  # --cuda-graph-max-bs-decode of each setting
@@ -70,20 +74,20 @@ def prompts_for(c: int) -> int:
 
 
 def chosen_systems(given) -> list[str]:
-    """--systems in SYSTEMS' order (None: all of SYSTEMS); a set without all of REQUIRED is refused."""
+    """--systems in CHOICES' order (None: SYSTEMS); a set without all of REQUIRED is refused."""
     given = list(SYSTEMS if given is None else given)
-    unknown = [s for s in given if s not in SYSTEMS]
+    unknown = [s for s in given if s not in CHOICES]
     missing = [s for s in REQUIRED if s not in given]
     if unknown or missing:
-        fix = [s for s in SYSTEMS if s in given or s in REQUIRED]
+        fix = [s for s in CHOICES if s in given or s in REQUIRED]
         raise SystemExit(
             f"speed: --systems {' '.join(given)} "
-            + (f"names no speed system {' '.join(unknown)} (of {' '.join(SYSTEMS)})" if unknown else "")
+            + (f"names no speed system {' '.join(unknown)} (of {' '.join(CHOICES)})" if unknown else "")
             + (" and " if unknown and missing else "")
             + (f"lacks {' '.join(missing)}" if missing else "")
             + f"; base, dflash, builtin and lilicorr are every summarized cell's: pass --systems {' '.join(fix)}"
         )
-    return [s for s in SYSTEMS if s in given]
+    return [s for s in CHOICES if s in given]
 
 
 def earlier_record(work: Path) -> dict | None:
@@ -218,7 +222,7 @@ def bench(*argv: str, cwd: Path) -> int:
 
 def run(args, base_server_args: str) -> int:
     from . import eval_sets
-    from .common import backends_of, to_out, verify_env
+    from .common import backends_of, to_out, variant_env
 
     from sglang_lilicorr.benchmarks import paired, prompt_file, serve_speed
     from sglang_lilicorr.jsonl import save_json
@@ -256,7 +260,7 @@ def run(args, base_server_args: str) -> int:
             PORT0 + i,
             "0",
             server_args(base_server_args, s, drafts, SETTINGS[args.setting]),
-            {**verify_env(s), "TRITON_CACHE_DIR": str(caches[s])},
+            {**variant_env(s), "TRITON_CACHE_DIR": str(caches[s])},
             s,
         )
         for i, s in enumerate(systems)

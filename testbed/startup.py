@@ -81,7 +81,7 @@ def table(summary: dict) -> str:
 
 
 def run(args, base_server_args: str) -> int:
-    from .common import to_out, verify_env
+    from .common import to_out, variant_env
 
     from sglang_lilicorr.jsonl import save_json
     from sglang_lilicorr.train.engine import ServerSpec
@@ -112,7 +112,7 @@ def run(args, base_server_args: str) -> int:
                 PORT0,
                 "0",
                 server_args(base_server_args, system, drafts, SETTINGS[args.setting]),
-                {**verify_env(system), "TRITON_CACHE_DIR": str(cache)},
+                {**variant_env(system), "TRITON_CACHE_DIR": str(cache)},
                 f"{system}_r{r}",
             )
             line = {"system": system, "round": r, **start_once(spec, work, launcher)}

@@ -283,6 +283,29 @@ def test_speed_plays_only_the_chosen_systems(tmp_path, monkeypatch):
     assert speed.earlier_systems(tmp_path / "new") is None
 
 
+def test_speed_serves_the_viterbi_walk_only_where_named(tmp_path, monkeypatch):
+    """--systems ... lilicorr_viterbi (issue 42): LILICORR on the same draft with LILICORR_WALK=viterbi, paired with the
+    greedy walk in the same rounds; the default set stays the six."""
+    work, testbed_args = speed_testbed(tmp_path, monkeypatch, LAUNCHER)
+    five = ["base", "dflash", "builtin", "lilicorr", "lilicorr_viterbi"]
+    step = ["speed", "--rounds=2", "--max-tokens=8", "--profile-steps=0", "--concurrency=1"]
+    assert (
+        testbed.main([*testbed_args, *step, "--systems", "lilicorr_viterbi", "base", "dflash", "builtin", "lilicorr"])
+        == 0
+    )
+    runs = work / "speed" / "graphs32"
+    record = json.loads((runs / "speed_run.json").read_text())
+    assert record["systems"] == five
+    args = record["server_args"]["lilicorr_viterbi"]
+    assert "--speculative-algorithm LILICORR" in args and "drafts/lilicorr " in args + " "
+    env = {s: {k: v for k, v in e.items() if k != "TRITON_CACHE_DIR"} for s, e in record["server_env"].items()}
+    assert env == {**{s: {} for s in five[:4]}, "lilicorr_viterbi": {"LILICORR_WALK": "viterbi"}}
+    one = json.loads((runs / "speed_summary.json").read_text())["summary"]["1"]
+    assert "lilicorr_vs_lilicorr_viterbi" in one and "lilicorr_viterbi" in one["tau"]
+    assert "LILICORR Viterbi walk tok/s" in (runs / "speed_table.md").read_text()
+    assert "lilicorr_viterbi" not in speed.chosen_systems(None)
+
+
 # LAUNCHER that first appends what it was started with ({port, args}) to $LAUNCHES, one JSON line per server.
 RECORDING_LAUNCHER = """
 import json, os, sys

@@ -35,7 +35,9 @@ SYSTEMS = ("base", "dflash", "builtin", "lilicorr")  # every summarized cell has
 # The target verify's attention swapped (serving/verify_attention.py, LILICORR_VERIFY_ATTENTION): SGLang's DFLASH on
 # SGLang's split-KV verify kernel, LILICORR on SGLang's prefill kernel (the kernel the other two run).
 VERIFY_SYSTEMS = ("dflash_splitkv", "lilicorr_extend")
-ALL_SYSTEMS = (*SYSTEMS, *VERIFY_SYSTEMS)
+# LILICORR committing each block by the exact Viterbi path instead of the greedy walk (LILICORR_WALK=viterbi).
+WALK_SYSTEMS = ("lilicorr_viterbi",)
+ALL_SYSTEMS = (*SYSTEMS, *VERIFY_SYSTEMS, *WALK_SYSTEMS)
 RATIOS = (
     ("lilicorr", "builtin"),
     ("lilicorr", "dflash"),
@@ -46,6 +48,7 @@ RATIOS = (
     ("lilicorr", "lilicorr_extend"),
     ("lilicorr_extend", "builtin"),
     ("lilicorr", "dflash_splitkv"),
+    ("lilicorr", "lilicorr_viterbi"),
 )
 LABELS = {
     "base": "no speculation",
@@ -54,6 +57,7 @@ LABELS = {
     "lilicorr": "LILICORR",
     "dflash_splitkv": "DFLASH split-KV verify",
     "lilicorr_extend": "LILICORR prefill-kernel verify",
+    "lilicorr_viterbi": "LILICORR Viterbi walk",
 }
 
 
