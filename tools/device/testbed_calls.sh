@@ -53,8 +53,9 @@
 # What comes back: at most 8 files (the device's limit): results.tar.gz holds everything small, large files come in
 # parts of 12 MB (cat PART_* > FILE), and sglang_jit.tar.gz where the call's servers built SGLang JIT kernels
 # (tools/device/sglang_jit.sh: keep it as .dev/sglang_jit/sglang_jit.tar.gz and carry it in the first call that starts
-# servers and has the room: train, eq-train, speed, startup; install and data have none). Every call sets TESTBED_DEADLINE from CALL_SECONDS (570): the testbed's steps read
-# it from the environment (the one setting they take that way), so a step that would not finish exits 4.
+# servers and has the room: train, eq-train, speed, startup; install and data have none). Every call sets
+# TESTBED_DEADLINE from CALL_SECONDS (570): the testbed's steps read it from the environment (the one setting they take
+# that way), so a step that would not finish exits 4.
 set -u -o pipefail
 CALL=${1:?usage: bash tools/device/testbed_calls.sh install|data|train|measure|model|speed|startup|long-train|long-measure|eq-train|eq-measure}
 case $CALL in install|data|train|measure|model|speed|startup|long-train|long-measure|eq-train|eq-measure) ;;
