@@ -93,6 +93,7 @@ def test_the_summary_holds_both_combinations_each_with_its_cards_and_commits(tmp
     assert summarize(run, out) == 0
     doc = json.loads((out / "summary.json").read_text())
     assert list(doc) == ["fa3/triton", "flashinfer/triton", "triton/triton"]  # another combination's entry is kept
+    assert (out / "summary.png").stat().st_size > 1000  # both combinations' speedup and block against c
     fi, tri = doc["flashinfer/triton"], doc["triton/triton"]
     assert (fi["target"], fi["draft"], fi["sampling"], fi["greedy_ok"]) == ("flashinfer", "triton", "flashinfer", True)
     assert fi["greedy"] == {

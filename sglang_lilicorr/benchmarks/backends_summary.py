@@ -29,8 +29,8 @@ other, speed may wait (tok_s empty until measured). The triton/triton entry come
 machine's Triton rounds: backends.sh triton-speed) where the run has them. Every input's backends are checked against
 its entry's: a server log's server_args line beside it, else gpu_check.sh's "backends:" line or the speed step's
 `backends`, else (a file from before they were recorded) the kit's Triton and PyTorch. Entries of other combinations
-already in OUT/summary.json are kept. Writes OUT/summary.json and OUT/summary.md (the tables, issue 44's c = 1 target,
-a README row).
+already in OUT/summary.json are kept. Writes OUT/summary.json, OUT/summary.md (the tables, issue 44's c = 1 target,
+a README row) and OUT/summary.png (per combination and c: the speedup with its interval, the block in decode steps).
 
   python -m sglang_lilicorr.benchmarks.backends_summary --run DIR --card CARD --commit C --out OUT
 """
@@ -243,6 +243,36 @@ def markdown(doc: dict, run_key: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def plot(doc: dict, path: Path) -> Path:
+    """Per backend combination against concurrency: LILICORR over no speculation with its paired interval (left) and
+    the verify block in no-speculation decode steps (right)."""
+    from .plots import pyplot, save
+
+    plt = pyplot()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for i, (key, e) in enumerate(sorted(doc.items())):
+        cs = [c for c in sorted(e.get("tok_s") or {}, key=int) if e["lilicorr_vs_base"].get(c)]
+        if not cs:
+            continue
+        ratio = [e["lilicorr_vs_base"][c] for c in cs]
+        ax.errorbar(
+            [int(c) for c in cs],
+            [r[0] for r in ratio],
+            yerr=[[r[0] - r[1] for r in ratio], [r[2] - r[0] for r in ratio]],
+            fmt="-o",
+            color=f"C{i}",
+            capsize=3,
+            label=key,
+        )
+        bx.plot([int(c) for c in cs], [e["block_over_decode"][c] for c in cs], "-o", color=f"C{i}", label=key)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set(xscale="log", xlabel="concurrency", ylabel="LILICORR / no speculation (paired, 95 % CI)", title="speedup")
+    bx.set(xscale="log", xlabel="concurrency", ylabel="decode steps", title="LILICORR's block / a decode step")
+    ax.legend(fontsize=7, title="target / draft (cards, commits: summary.md)", title_fontsize=7, loc="lower left")
+    bx.legend(fontsize=7, loc="upper left")
+    return save(fig, path)
+
+
 def kept_parts(entry: dict | None) -> dict:
     """An earlier entry of OUT/summary.json -> {part: (keys, measured, source)} for its greedy, t1 and speed parts it
     holds (speed as cells, the shape speed_cells gives; source: the file the part was read from)."""
@@ -355,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     save_json(path, doc)
     text = markdown(doc, key)
     (args.out / "summary.md").write_text(text)
-    print(text + f"-> {path}, {args.out / 'summary.md'}")
+    figure = plot({k: e for k, e in doc.items() if isinstance(e, dict) and "tok_s" in e}, args.out / "summary.png")
+    print(text + f"-> {path}, {args.out / 'summary.md'}, {figure}")
     return 0
 
 
