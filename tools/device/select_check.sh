@@ -8,9 +8,9 @@
 # the head_bench rows; exit 1 when a digest differs. GPU picks the card (default 0).
 # AB_TREE=DIR (a folder holding another commit's sglang_lilicorr/, carried: `mkdir -p .dev/ab/C && git archive C
 # sglang_lilicorr | tar -x -C .dev/ab/C`) then times the paper head's served select of this package and of that one on
-# the same card, alternating, AB_ROUNDS (3) rounds each: per bs the medians, their ratio, and the built-in head's
-# median in each process (how far the card drifted between them) -> OUT_DIR/ab.json. The cost of a change measured
-# beside its baseline on one card, not across machines.
+# the same card, alternating (the order turned each round), AB_ROUNDS (3) rounds each: per bs the medians, their
+# ratio, and the built-in head's median in each process (how far the card drifted between them) -> OUT_DIR/ab.json.
+# The cost of a change measured beside its baseline on one card, not across machines.
 set -u -o pipefail
 O=${1:?usage: bash tools/device/select_check.sh OUT_DIR [GPU]}
 R=$(cd "$(dirname "$0")/../.." && pwd)
@@ -36,21 +36,27 @@ done
 if [ -n "${AB_TREE:-}" ]; then
   [ -d "$AB_TREE/sglang_lilicorr" ] || { echo "AB_TREE=$AB_TREE holds no sglang_lilicorr/ (see this script's header)"; exit 2; }
   for r in $(seq "${AB_ROUNDS:-3}"); do
-    for side in this base; do
+    sides="this base"; [ $((r % 2)) = 0 ] && sides="base this"  # the order turns each round
+    for side in $sides; do
       path=$SITE; [ "$side" = base ] && path=$AB_TREE:$SITE  # the base tree's package first on the path
       PYTHONPATH=$path${PYTHONPATH:+:$PYTHONPATH} python3 -m sglang_lilicorr.benchmarks.head_bench --geometry paper \
-        --variants served --out "$O/ab_${side}_$r.json" > "$O/ab_${side}_$r.log" 2>&1 || { echo "head_bench ($side, round $r) failed: $O/ab_${side}_$r.log"; rc=1; }
+        --variants served --out "$O/ab_${side}_$r.json" > "$O/ab_${side}_$r.log" 2>&1 \
+        || { echo "head_bench ($side, round $r) failed: $O/ab_${side}_$r.log"; rc=1; }
     done
   done
   python3 - "$O" <<'PY' || rc=1
 import glob, json, statistics, sys
 out = sys.argv[1]
-runs = {side: [json.load(open(f))["rows"] for f in sorted(glob.glob(f"{out}/ab_{side}_*.json"))] for side in ("this", "base")}
+runs = {s: [json.load(open(f))["rows"] for f in sorted(glob.glob(f"{out}/ab_{s}_*.json"))] for s in ("this", "base")}
 table = {}
 for bs in sorted({row["bs"] for rows in runs["this"] for row in rows}):
-    med = {side: {k: statistics.median(r["post_logits_" + k] for rows in runs[side] for r in rows if r["bs"] == bs)
-                  for k in ("served", "builtin")} for side in runs}
-    table[bs] = {**{f"{s}_{k}": v for s in med for k, v in med[s].items()}, "served_ratio": med["this"]["served"] / med["base"]["served"]}
+    med = {
+        side: {k: statistics.median(r["post_logits_" + k] for rows in rs for r in rows if r["bs"] == bs)
+               for k in ("served", "builtin")}
+        for side, rs in runs.items()
+    }
+    table[bs] = {f"{s}_{k}": v for s in med for k, v in med[s].items()}
+    table[bs]["served_ratio"] = med["this"]["served"] / med["base"]["served"]
     print("ab paper bs %d: this %.4f ms, base %.4f ms, ratio %.3f (built-in %.4f / %.4f ms)" % (
         bs, med["this"]["served"], med["base"]["served"], table[bs]["served_ratio"], med["this"]["builtin"], med["base"]["builtin"]))
 json.dump({"rounds": len(runs["this"]), "bs": table}, open(f"{out}/ab.json", "w"), indent=1)

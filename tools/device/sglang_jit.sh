@@ -7,7 +7,7 @@
 #   bash tools/device/sglang_jit.sh unpack       at each call's start, before any server: the carried
 #                                                .dev/sglang_jit/sglang_jit.tar.gz into the cache, once per machine
 #   bash tools/device/sglang_jit.sh pack DIR     where the machine's servers built modules since the unpack or the last
-#                                                pack: the list (which, when) and the whole cache as DIR/sglang_jit.tar.gz;
+#                                                pack: the list (which, when), the whole cache as DIR/sglang_jit.tar.gz;
 #                                                keep the last one returned as .dev/sglang_jit/sglang_jit.tar.gz
 # Env: SGLANG_JIT_CACHE_DIR (~/.cache/sglang/jit), SGLANG_JIT_STATE (/tmp/sglang_jit.sum: the cache's builds when last
 # unpacked or packed on this machine; STATE.carried once a carried cache was unpacked here). Exit 0 but for bad usage
@@ -18,7 +18,8 @@ JIT=${SGLANG_JIT_CACHE_DIR:-$HOME/.cache/sglang/jit}
 STATE=${SGLANG_JIT_STATE:-/tmp/sglang_jit.sum}
 CARRIED=$ROOT/.dev/sglang_jit/sglang_jit.tar.gz
 log() { echo "[sglang_jit $(date +%H:%M:%S)] $*"; }
-modules() { { find "$JIT" -type f -name '*.so' -not -path '*/.staging-*' 2>/dev/null || true; } | sort; }  # not builds in progress
+# the cache's builds (not those in progress)
+modules() { { find "$JIT" -type f -name '*.so' -not -path '*/.staging-*' 2>/dev/null || true; } | sort; }
 modules_sum() { modules | md5sum | cut -c1-32; }
 
 case ${1:-} in
