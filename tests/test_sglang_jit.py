@@ -66,3 +66,43 @@ def test_a_machine_unpacks_the_carried_cache_once_and_returns_only_new_builds(tm
     assert done.returncode == 0 and "unpacking" in done.stdout and "failed; its kernels build again" in done.stdout
     done = jit(root, env, "repack")
     assert done.returncode == 2 and "usage: bash tools/device/sglang_jit.sh unpack | pack DIR" in done.stderr
+
+
+def test_testbed_calls_unpack_before_their_servers_and_return_what_they_built(tmp_path):
+    """tools/device/testbed_calls.sh model, its step a stand-in that builds a JIT module as a server would: the carried
+    cache is in place before the step runs, and the call returns the grown cache beside results.tar.gz."""
+    root, cache, ret = tmp_path / "root", tmp_path / "jit", tmp_path / "ret"
+    (root / "tools" / "device").mkdir(parents=True)
+    for name in ("testbed_calls.sh", "sglang_jit.sh"):
+        shutil.copy(ROOT / "tools" / "device" / name, root / "tools" / "device")
+    (root / ".dev" / "bin").mkdir(parents=True)
+    (root / ".dev" / "bin" / "smol.sh").write_text(
+        f'ls "{cache}/sm90a" > "{tmp_path}/seen.txt"; mkdir -p "{cache}/sm90a/rope" && echo so > "{cache}/sm90a/rope/rope.so"\n'
+    )
+    carried = tmp_path / "carried"
+    build(carried, "rmsnorm")
+    (root / ".dev" / "sglang_jit").mkdir(parents=True)
+    with tarfile.open(root / ".dev" / "sglang_jit" / "sglang_jit.tar.gz", "w:gz") as t:
+        t.add(carried / "sm90a", arcname="sm90a")
+    env = dict(
+        os.environ,
+        OUT=str(ret),
+        CALLS_WORK=str(tmp_path / "calls"),
+        SGLANG_JIT_CACHE_DIR=str(cache),
+        SGLANG_JIT_STATE=str(tmp_path / "jit.sum"),
+    )
+    done = subprocess.run(
+        ["bash", str(root / "tools" / "device" / "testbed_calls.sh"), "model"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "seen.txt").read_text().split() == ["rmsnorm"]  # unpacked before the step's servers
+    assert "SGLang JIT module sm90a/rope/rope.so (" in done.stdout
+    with tarfile.open(ret / "sglang_jit.tar.gz") as t:
+        assert {"sm90a/rmsnorm/build-1/rmsnorm.so", "sm90a/rope/rope.so"} <= {
+            n.removeprefix("./") for n in t.getnames()
+        }
+    assert (ret / "results.tar.gz").is_file()

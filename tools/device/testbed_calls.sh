@@ -55,7 +55,7 @@
 # (tools/device/sglang_jit.sh: keep it as .dev/sglang_jit/sglang_jit.tar.gz and carry it in the first call that starts
 # servers and has the room: train, eq-train, speed, startup; install and data have none). Every call sets
 # TESTBED_DEADLINE from CALL_SECONDS (570): the testbed's steps read it from the environment (the one setting they take
-# that way), so a step that would not finish exits 4.
+# that way), so a step that would not finish exits 4. CALLS_WORK (/tmp/calls): each call's staging folder.
 set -u -o pipefail
 CALL=${1:?usage: bash tools/device/testbed_calls.sh install|data|train|measure|model|speed|startup|long-train|long-measure|eq-train|eq-measure}
 case $CALL in install|data|train|measure|model|speed|startup|long-train|long-measure|eq-train|eq-measure) ;;
@@ -63,7 +63,8 @@ case $CALL in install|data|train|measure|model|speed|startup|long-train|long-mea
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 export TESTBED_DEADLINE=$(( $(date +%s) + ${CALL_SECONDS:-570} )) PYTHONUNBUFFERED=1
 RET=${OUT:-/tmp/lilicorr_out}
-export OUT=/tmp/calls/$CALL  # the steps copy into here; pack() moves it into $RET
+CALLS=${CALLS_WORK:-/tmp/calls}
+export OUT=$CALLS/$CALL  # the steps copy into here; pack() moves it into $RET
 rm -rf "$OUT" && mkdir -p "$OUT"
 SWEEP=$ROOT/benchmarks/results/testbed/h200x4_3f0f2a6
 # servers that share a GPU with training: fixed KV pools instead of a share of the memory
@@ -155,13 +156,13 @@ eq-measure)
   GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
   bash "$ROOT/tools/device/testbed.sh" wait --minutes 4 2>&1 | tail -n 3 && bash "$ROOT/tools/device/testbed.sh" export 2>&1 | quiet 8
   bash "$ROOT/tools/device/testbed.sh" replay --drafts dflash lilicorr domino dspark --gpu-ids $(seq $(( GPUS > 2 ? 2 : 1 )) $(( GPUS - 1 ))) \
-    > /tmp/calls/replay.txt 2>&1 &
+    > "$CALLS/replay.txt" 2>&1 &
   replay=$!
-  bash "$ROOT/tools/device/testbed.sh" compare --parts tau --gpu 1 > /tmp/calls/tau.txt 2>&1 &
+  bash "$ROOT/tools/device/testbed.sh" compare --parts tau --gpu 1 > "$CALLS/tau.txt" 2>&1 &
   tau=$!
   bash "$ROOT/tools/device/testbed.sh" compare --parts rounds --gpu 0 2>&1 | quiet 40
-  wait $tau; quiet 30 < /tmp/calls/tau.txt
-  wait $replay; quiet 40 < /tmp/calls/replay.txt
+  wait $tau; quiet 30 < "$CALLS/tau.txt"
+  wait $replay; quiet 40 < "$CALLS/replay.txt"
   ;;
 measure)
   bash "$ROOT/tools/device/testbed.sh" wait --minutes 3 2>&1 | tail -n 3 && bash "$ROOT/tools/device/testbed.sh" export 2>&1 | quiet 6
@@ -169,10 +170,10 @@ measure)
     bash "$ROOT/tools/device/testbed.sh" replay --drafts lilicorr dflash --gpu-ids 1 2>&1 | quiet 40
     rm -rf /tmp/smol/lilicorr_draft && cp -r /tmp/testbed/drafts/lilicorr /tmp/smol/lilicorr_draft
     CUDA_VISIBLE_DEVICES=1 OUT=$OUT/served bash "$ROOT/tools/device/gpu_check.sh" lilicorr,check 2>&1 | tail -n 12
-  ) > /tmp/calls/side.txt 2>&1 &
+  ) > "$CALLS/side.txt" 2>&1 &
   side=$!
   bash "$ROOT/tools/device/testbed.sh" speed ${SPEED_ARGS:---tau-check --concurrency 8 --rounds 3} 2>&1 | quiet 60
   wait $side
-  cat /tmp/calls/side.txt
+  cat "$CALLS/side.txt"
   ;;
 esac
