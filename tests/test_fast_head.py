@@ -58,10 +58,10 @@ def make_inputs(b, s, hm, vocab, seed, dtype=torch.float32, device="cpu"):
     return [t.to(device=device, dtype=dtype) for t in (hidden, anchor, lm_head, embed)]
 
 
-def select_with(head, plan: SelectPlan | None = None, **table) -> FastLiLiCorrSelect:
+def select_with(head, plan: SelectPlan | None = None, **kwargs) -> FastLiLiCorrSelect:
     """The select of `head` with `plan` at every batch size (None: the plans of kernels/tuning.py for its device);
-    `table`: embed_weight= or token_table=."""
-    return FastLiLiCorrSelect(head, plans=None if plan is None else SelectPlans.every(plan), **table)
+    `kwargs`: embed_weight= or token_table=, and walk= where not the greedy walk."""
+    return FastLiLiCorrSelect(head, plans=None if plan is None else SelectPlans.every(plan), **kwargs)
 
 
 def request_error(start, pair, r_start, r_pair):
@@ -149,21 +149,29 @@ def test_viterbi_select_commits_the_viterbi_path_of_the_heads_scores(seed, monke
     else:
         plans = SelectPlans.every(CPU_PLANS[plan])
     fast = FastLiLiCorrSelect(head, embed_weight=embed, plans=plans, walk="viterbi")
+    tokens, ids, lp, candidates = assert_viterbi_select(fast, head, hidden, anchor, lm_head, exact=plan == "pytorch")
+    assert torch.equal(fast.select_from_candidates(*candidates, hidden, anchor)[0], tokens)
+    g_tokens, g_ids, g_lp = FastLiLiCorrSelect(head, embed_weight=embed, plans=plans).select(hidden, anchor, lm_head)
+    assert torch.equal(g_ids, ids) and torch.equal(g_lp, lp) and not torch.equal(g_tokens, tokens)
+
+
+def assert_viterbi_select(fast, head, hidden, anchor, lm_head, exact: bool):
+    """A walk="viterbi" select drafts walk.viterbi over its own start/pair with the ids gathered; under the reference's
+    scores that path is the reference's best within the two scores' error (`exact`: the reference's very tokens).
+    -> the select's (tokens, ids, log-probs) and its candidates."""
     tokens, ids, lp = fast.select(hidden, anchor, lm_head)
     candidates = fast.candidates(hidden, lm_head)
     start, pair, _ = fast.lattice_scores(*candidates, hidden, anchor)  # the head's scores, as the select computes them
     path = viterbi(start, pair)
     assert torch.equal(tokens, ids.gather(2, path.unsqueeze(-1)).squeeze(-1))
-    assert torch.equal(fast.select_from_candidates(*candidates, hidden, anchor)[0], tokens)
-    g_tokens, g_ids, g_lp = FastLiLiCorrSelect(head, embed_weight=embed, plans=plans).select(hidden, anchor, lm_head)
-    assert torch.equal(g_ids, ids) and torch.equal(g_lp, lp) and not torch.equal(g_tokens, tokens)
     r_tokens, _, _, r_start, r_pair = reference_select(head, fast.token_table, hidden, anchor, lm_head, walk="viterbi")
-    if plan == "pytorch":
+    if exact:
         assert torch.equal(tokens, r_tokens)
-    slack = 2 * cfg.num_slots * request_error(start, pair, r_start, r_pair) + 1e-5
+    slack = 2 * head.config.num_slots * request_error(start, pair, r_start, r_pair) + 1e-5
     assert bool(
         (path_score(r_start, r_pair, path) >= path_score(r_start, r_pair, viterbi(r_start, r_pair)) - slack).all()
     )
+    return tokens, ids, lp, candidates
 
 
 @needs_interpreter
@@ -500,11 +508,11 @@ GPU_PLANS = {  # the fused routes on CUDA, each at every batch size (PDL needs s
 }
 
 
-def _gpu_select(head, plan_name: str, **table) -> FastLiLiCorrSelect:
+def _gpu_select(head, plan_name: str, **kwargs) -> FastLiLiCorrSelect:
     plan = GPU_PLANS[plan_name]
     if plan.pdl and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("PDL needs sm_90+")
-    return select_with(head, plan, **table)
+    return select_with(head, plan, **kwargs)
 
 
 @pytest.mark.gpu
@@ -569,6 +577,23 @@ def test_gpu_paper_config_fp32_equals_reference(plan, monkeypatch):
     lm_head *= 0.1
     fast = _gpu_select(head, plan, embed_weight=embed)
     assert_select_matches(fast, head, hidden, anchor, lm_head, atol=2e-3, min_clear=b // 2)
+    _replay_equals_eager(fast, hidden, anchor, lm_head)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("plan", list(GPU_PLANS))
+def test_gpu_viterbi_select_drafts_the_reference_viterbi(plan, monkeypatch):
+    """LILICORR_WALK=viterbi on CUDA, fp32 (TF32 off), paper config, each fused route: the draft is the Viterbi path of
+    the kernels' own scores, the reference decoder's Viterbi path within the scores' error; replay equals eager."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    cfg, hm, vocab, b = LiLiCorrConfig(), 4096, 32000, 4
+    head = make_head(cfg, hm, 0, device="cuda")
+    hidden, anchor, lm_head, embed = make_inputs(b, cfg.num_slots, hm, vocab, 0, device="cuda")
+    lm_head *= 0.1
+    fast = _gpu_select(head, plan, embed_weight=embed, walk="viterbi")
+    assert_viterbi_select(fast, head, hidden, anchor, lm_head, exact=False)
     _replay_equals_eager(fast, hidden, anchor, lm_head)
 
 
