@@ -250,8 +250,9 @@ def plot(doc: dict, path: Path) -> Path:
 
     plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for i, (key, e) in enumerate(sorted(doc.items())):
-        cs = [c for c in sorted(e.get("tok_s") or {}, key=int) if e["lilicorr_vs_base"].get(c)]
+    entries = {k: e for k, e in doc.items() if isinstance(e, dict) and e.get("tok_s")}
+    for i, (key, e) in enumerate(sorted(entries.items())):
+        cs = [c for c in sorted(e["tok_s"], key=int) if e["lilicorr_vs_base"].get(c)]
         if not cs:
             continue
         ratio = [e["lilicorr_vs_base"][c] for c in cs]
@@ -310,13 +311,13 @@ def build(args, earlier: dict) -> tuple[dict, str]:
     }
     kept = kept_parts(earlier.get(key))
     absent = [what for what, path in files.items() if not path.is_file()]
-    missing = [what for what in absent if what not in kept and what != "speed"]
-    if missing or len(absent) == len(files):
-        missing = absent if len(absent) == len(files) else missing
+    nothing = len(absent) == len(files)  # a run of none of the three parts is a mistake even where all are kept
+    missing = absent if nothing else [what for what in absent if what not in kept and what != "speed"]
+    if missing:
         raise UsageError(
             f"--run {run}: no {', '.join(str(files[w].relative_to(run)) for w in missing)} (the "
             f"{', '.join(missing)} step's)"
-            + ("" if len(absent) == len(files) else f", and no {key} entry in {args.out / 'summary.json'} holds it"),
+            + ("" if nothing else f", and no {key} entry in {args.out / 'summary.json'} holds it"),
             fix="unpack every backends.sh call's results.tar.gz into one folder and pass it as --run",
         )
     parts, measured = {}, {}
@@ -385,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     save_json(path, doc)
     text = markdown(doc, key)
     (args.out / "summary.md").write_text(text)
-    figure = plot({k: e for k, e in doc.items() if isinstance(e, dict) and "tok_s" in e}, args.out / "summary.png")
+    figure = plot(doc, args.out / "summary.png")
     print(text + f"-> {path}, {args.out / 'summary.md'}, {figure}")
     return 0
 
