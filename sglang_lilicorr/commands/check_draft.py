@@ -1,0 +1,95 @@
+"""`lilicorr check-draft DRAFT --target TARGET`: is DRAFT servable as LILICORR on TARGET? Offline, no
+GPU and no SGLang server: the checks a LILICORR server runs before it starts (serving/draft_check.py,
+the same code), then the strict loader (`drafter.load_draft`: every tensor's name, shape, dtype and
+finiteness). Prints what the draft is, or every problem found, one `error:` line each; exit 0 / 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..cli_args import add_documented_command, error_line
+from ..errors import LiLiCorrError, UsageError
+
+
+def register(subparsers) -> None:
+    p = add_documented_command(
+        subparsers,
+        "check-draft",
+        "validate a draft against a target offline, with the LILICORR server's own checks",
+        __doc__,
+    )
+    p.add_argument(
+        "draft", type=Path, help="draft folder (config.json + model.safetensors), as `lilicorr export` writes it"
+    )
+    p.add_argument(
+        "--target", type=Path, required=True, help="local folder of the target model (its config.json is read)"
+    )
+    p.set_defaults(func=run_check_draft)
+
+
+def target_config(folder: Path) -> dict:
+    from ..frozen_target import local_model_dir
+    from ..serving.draft_check import ServingConfigError
+
+    path = local_model_dir(folder) / "config.json"
+    try:
+        config = json.loads(path.read_bytes().decode("utf-8"))
+    except ValueError as e:  # not UTF-8, not JSON
+        raise ServingConfigError(f"{path} is not valid JSON ({e}); pass the target's own folder.") from e
+    if not isinstance(config, dict):
+        raise ServingConfigError(f"{path} is not a JSON object; pass the target's own folder.")
+    return config
+
+
+def describe_draft(spec, target_shape, drafter, target: Path) -> list[str]:
+    """What check-draft prints for a servable draft."""
+    d, h = drafter.config, spec.head
+    width = f"{h.hidden_size}" if h.hidden_size else f"{d.hidden_size} (the drafter's)"
+    return [
+        f"draft {spec.path}: {spec.config['architectures'][0]}, torch_dtype {spec.config.get('torch_dtype', 'bfloat16')}",
+        f"  drafter: hidden {d.hidden_size}, vocab {d.vocab_size}, {d.num_hidden_layers} layer(s) of {d.num_attention_heads} "
+        f"heads ({d.num_key_value_heads} kv) x {d.head_dim}, FFN {d.intermediate_size}, block {d.block_size}",
+        f"  target layers {list(d.target_layer_ids)} of {d.num_target_layers}, mask token {d.mask_token!r} (id {d.mask_token_id})",
+        f"  rope: theta {d.rope_theta:g}, scaling {d.rope_scaling.describe()}; positions up to {d.max_position_embeddings}",
+        f"  head: K={h.candidate_topk}, width {width}, {h.num_layers} layer(s) of {h.num_heads} heads, "
+        f"d_e {h.factor_dim}, sigma {h.logit_scale:g}",
+        f"target {target}: hidden {target_shape.hidden_size}, vocab {target_shape.vocab_size}, "
+        f"{target_shape.num_layers} layers, context {target_shape.context_length}",
+        f"ok: serve with --model-path {target} --speculative-algorithm LILICORR --speculative-draft-model-path {spec.path}",
+    ]
+
+
+def run_check_draft(args: argparse.Namespace) -> int:
+    from ..drafter import load_draft
+    from ..serving.draft_check import TargetShape, examine_draft
+
+    shape = TargetShape.of(target_config(args.target))
+    if not (args.draft / "config.json").is_file():
+        found = "a folder without config.json" if args.draft.is_dir() else "not an existing folder"
+        raise UsageError(
+            f"{str(args.draft)!r} is {found}",
+            where="DRAFT",
+            fix="pass a draft folder (config.json + model.safetensors, as `lilicorr export` writes it)",
+        )
+    report = examine_draft(args.draft, shape, option="DRAFT")
+    problems: list[LiLiCorrError] = list(report.problems)
+    drafter = None
+    if not problems:
+        try:
+            drafter, _ = load_draft(args.draft)
+        except LiLiCorrError as e:
+            problems.append(e)
+    for problem in problems:
+        print(error_line(problem), file=sys.stderr)
+    if problems:
+        print(
+            f"{args.draft}: {len(problems)} problem(s); LILICORR would refuse this draft on {args.target}.",
+            file=sys.stderr,
+        )
+        return 1
+    print("\n".join(describe_draft(report.spec, shape, drafter, args.target)))
+    return 0
