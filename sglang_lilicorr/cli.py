@@ -1,6 +1,6 @@
-"""`lilicorr`: one console script, one subcommand per job. Each job module adds its subparsers through
-`register(subparsers)` and imports its heavy dependencies lazily; the parser class and the error rule they share are
-sglang_lilicorr/cli_args.py's (a leaf module, so no job imports this one back).
+"""`lilicorr`: one console script, one subcommand per job. Each job module (commands/, and benchmarks/cli.py for
+`bench`) adds its subparsers through `register(subparsers)` and imports its heavy dependencies lazily; the parser
+class and the error rule they share are sglang_lilicorr/cli_args.py's (a leaf module, so no job imports this one back).
 """
 
 from __future__ import annotations
@@ -8,19 +8,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import check_draft, demo
-from .benchmarks import cli as bench_cli
+from .benchmarks import cli as bench
 from .cli_args import Parser, run
-from .reference import replay_cli
-from .train import cli as train_cli
+from .commands import check_draft, demo, replay, train
 
-JOBS = (
-    demo,
-    check_draft,
-    train_cli,
-    replay_cli,
-    bench_cli,
-)  # demo; check-draft; regenerate, train, export; replay; bench
+JOBS = (demo, check_draft, train, replay, bench)  # demo; check-draft; regenerate, train, export; replay; bench
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,7 +12,7 @@ from .common import device_name, gpus, lilicorr, run_folder, start, tail, to_out
 
 
 def cmd_replay(args) -> int:
-    from sglang_lilicorr.reference.replay_cli import tau_cells, tau_table
+    from sglang_lilicorr.commands.replay import tau_cells, tau_table
 
     drafts = Path(args.work) / "drafts"
     names = [n for n in args.drafts if (drafts / n / "config.json").is_file()]

@@ -64,7 +64,7 @@ def test_every_project_error_type_shares_the_base():
     from sglang_lilicorr.frozen_target import TargetMismatchError
     from sglang_lilicorr.oracle import ObjectiveInputError
     from sglang_lilicorr.serving.draft_check import ServingConfigError
-    from sglang_lilicorr.smollm2 import SmolLM2Error
+    from sglang_lilicorr.commands.smollm2 import SmolLM2Error
 
     for kind in (
         CheckpointError,

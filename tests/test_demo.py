@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from sglang_lilicorr import demo
+from sglang_lilicorr.commands import demo
 from sglang_lilicorr.cli import main
 from sglang_lilicorr.reference import BlockRecord, speculative_decoder
 from test_reference import PROMPT, VOCAB, tiny_drafter, tiny_head, tiny_target
@@ -45,7 +45,7 @@ def test_register_adds_the_demo_subcommand():
 
 
 def test_missing_checkpoint_says_so_before_any_download(tmp_path, monkeypatch, capsys):
-    import sglang_lilicorr.smollm2 as smollm2
+    import sglang_lilicorr.commands.smollm2 as smollm2
 
     monkeypatch.setattr(smollm2, "ensure_smollm2", lambda *a, **k: pytest.fail("must not fetch the target"))
     assert main(["demo", "--draft", str(tmp_path / "nowhere")]) == 2

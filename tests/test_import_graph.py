@@ -1,9 +1,10 @@
 """The import graph of our modules (every import, at module level or in a function, read from the source): no
-circles, and the kernels import nothing of ours outside kernels/ (shared/notes/architecture.md)."""
+circles, and every import goes to a layer docs/ARCHITECTURE.md's table allows (PACKAGE_LAYERS, ALLOWED below)."""
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,20 +114,71 @@ def test_the_static_graph_is_the_runtime_graph():
     assert [name for name, imports in graph.items() if "sglang_lilicorr.cli" in imports] == []
 
 
-def test_baselines_are_core():
-    """The Domino and DSpark heads (baselines/) sit in the core layer: train and reference import them, they import
-    nothing above the core (docs/ARCHITECTURE.md)."""
+# docs/ARCHITECTURE.md's layers: a module's layer is its subpackage's; every other module of the top level (and
+# baselines/) is the core, and cli, commands/ and benchmarks/ are the commands.
+PACKAGE_LAYERS = {
+    "kernels": "kernels",
+    "fast_path": "fast path",
+    "drafter": "drafter",
+    "reference": "reference",
+    "train": "train",
+    "serving": "serving",
+    "instrumentation": "instrumentation",
+    "cli": "commands",
+    "commands": "commands",
+    "benchmarks": "commands",
+}
+ALLOWED = {  # layer -> the layers it may import (its own included)
+    "kernels": {"kernels"},
+    "core": {"core", "kernels"},
+    "fast path": {"fast path", "core", "kernels"},
+    "drafter": {"drafter", "core", "kernels"},
+    "reference": {"reference", "drafter", "core", "kernels"},
+    "train": {"train", "reference", "drafter", "core", "kernels"},
+    "serving": {"serving", "fast path", "drafter", "core", "kernels"},
+    "instrumentation": {"instrumentation", "serving", "fast path", "drafter", "core", "kernels"},
+}
+STDLIB = set(sys.stdlib_module_names) | {"__future__"}
+SGLANG_LAYERS = {"serving", "instrumentation", "commands"}  # the only layers that import SGLang
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    return PACKAGE_LAYERS.get(parts[1], "core") if len(parts) > 1 else "core"
+
+
+def third_party_roots(path: Path) -> set[str]:
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            roots.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_every_import_goes_down_the_layers():
+    """Each module imports only its own layer and those ALLOWED below it (the commands layer: any); the sets are
+    docs/ARCHITECTURE.md's table, so a new module lands in a layer by where it is put."""
     graph = import_graph()
-    above = (
-        "sglang_lilicorr.train",
-        "sglang_lilicorr.drafter",
-        "sglang_lilicorr.reference",
-        "sglang_lilicorr.serving",
-        "sglang_lilicorr.fast_path",
-        "sglang_lilicorr.benchmarks",
-        "sglang_lilicorr.cli",
+    assert (
+        layer("sglang_lilicorr.baselines.dspark") == "core" and layer("sglang_lilicorr.commands.replay") == "commands"
     )
-    assert "sglang_lilicorr.baselines.dspark" in graph["sglang_lilicorr.baselines"]
-    for name, imports in graph.items():
-        if name.startswith("sglang_lilicorr.baselines"):
-            assert not any(m.startswith(above) for m in imports), (name, imports)
+    assert layer("sglang_lilicorr.train.heads") not in ALLOWED["reference"]  # a replay command lives in commands/
+    wrong = [
+        (name, target)
+        for name, imports in graph.items()
+        for target in imports
+        if layer(name) in ALLOWED and layer(target) not in ALLOWED[layer(name)]
+    ]
+    assert wrong == []
+
+
+def test_only_the_serving_side_imports_sglang():
+    """SGLang is imported by the plugin (serving/, instrumentation/) and the commands that drive or time it; the
+    kernels, the core, the fast path, the drafter, the reference decoder and training run without it."""
+    importers = {name for name, path in modules().items() if "sglang" in third_party_roots(path)}
+    assert "sglang_lilicorr.serving.worker" in importers
+    assert {name for name in importers if layer(name) not in SGLANG_LAYERS} == set()
+    kernels = [name for name in modules() if layer(name) == "kernels"]
+    assert all(third_party_roots(modules()[name]) <= STDLIB | {"torch", "triton"} for name in kernels)

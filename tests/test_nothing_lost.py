@@ -253,7 +253,7 @@ def test_regenerate_claims_its_folder_before_the_servers_write_their_logs(ws, tm
     """On a GPU the servers' logs go into OUTPUT/logs first: the folder is the data set's by then."""
     import contextlib
 
-    from sglang_lilicorr.train import cli as train_cli
+    from sglang_lilicorr.commands import train as train_cli
 
     real = train_cli.generator_for
 

@@ -1,10 +1,14 @@
 """The README's command blocks stay true: every `lilicorr ...` line of its bash blocks parses with the real CLI (each
-flag and choice exists), every repository path it names exists, and the scripts and modules it runs are there."""
+flag and choice exists), every repository path it names exists, the scripts and modules it runs are there, and the
+training and benchmark lines run as written, one after another, at small sizes (a tiny random target for $T, the
+stub server for HOST:PORT)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -65,6 +69,58 @@ def test_the_training_example_names_the_mask_token_of_its_target():
     train = next(c for c in COMMANDS if c.startswith("lilicorr train "))
     assert "--mask-token '<empty_output>'" in train  # SmolLM2's: the trainer refuses a target without one
     assert any(c.startswith("T=~/.cache/sglang-lilicorr/smollm2-135m-instruct") for c in COMMANDS)
-    from sglang_lilicorr.smollm2 import MODEL_FOLDER
+    from sglang_lilicorr.commands.smollm2 import MODEL_FOLDER
 
     assert MODEL_FOLDER == "smollm2-135m-instruct"
+
+
+# flags appended to a README line so that it runs in seconds on the CPU (the line's own flags stay: argparse keeps the
+# last value of a flag given twice, and none of these is in the README)
+SMALL = {
+    ("regenerate",): ["--magpie", "4", "--package", "4", "--heldout", "2", "--max-new-tokens", "8"],
+    ("train",): ["--max-steps", "2", "--block-size", "4", "--candidate-topk", "4", "--eval-examples", "2"],
+    ("bench", "run"): ["--limit", "2", "--max-tokens", "12", "--warmup", "1", "--no-progress"],
+    ("bench", "report"): ["--no-plots"],
+}
+
+
+def small(argv: list[str]) -> list[str]:
+    from test_train import TINY_HEAD_FLAGS
+
+    extra = next((flags for words, flags in SMALL.items() if tuple(argv[: len(words)]) == words), [])
+    return argv + extra + (TINY_HEAD_FLAGS if argv[0] == "train" else [])
+
+
+def test_the_training_and_benchmark_lines_run_as_written(tmp_path, monkeypatch):
+    """regenerate -> train -> export, then bench run (each system of the report line) -> bench report, each line as
+    the README gives it, in one working folder: what each writes is what the next reads."""
+    from stub_server import StubServer
+    from test_train import make_target
+
+    from sglang_lilicorr.cli import main
+    from sglang_lilicorr.drafter import load_draft
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "testbed").mkdir()
+    shutil.copy(ROOT / "testbed" / "eval_prompts.jsonl", tmp_path / "testbed")
+    (tmp_path / "SPEED").mkdir()
+    shutil.copy(ROOT / "tests" / "fixtures" / "speed_bench" / "qualitative.jsonl", tmp_path / "SPEED")
+    target = make_target(tmp_path / "target", mask_token="<empty_output>")  # SmolLM2's mask token, as the line says
+    lines = [argv_of(c.replace("$T", target))[1:] for c in COMMANDS if c.startswith("lilicorr ")]
+    report = next(a for a in lines if a[:2] == ["bench", "report"])
+    for argv in lines:
+        if argv[:2] == ["bench", "run"]:  # once per results file the report line reads, under its system's name
+            for results in (a for a in report if a.endswith(".jsonl")):
+                system = Path(results).stem
+                with StubServer(speculative=system != "ar", accept=3, step_s=0.001) as stub:
+                    run = [a.replace("http://HOST:PORT", stub.url) for a in argv]
+                    run[run.index("--system") + 1], run[run.index("--results") + 1] = system, results
+                    assert main(small(run)) == 0, run
+        else:
+            assert main(small(argv)) == 0, argv
+    assert json.loads((tmp_path / "data" / "manifest.json").read_text())["counts"]["conversations"] > 0
+    drafter, head = load_draft(tmp_path / "my-draft")
+    assert head is not None and drafter.config.block_size == 4
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert {c["system"] for c in summary["cells"]} == {"ar", "dflash", "lilicorr"}
+    assert (tmp_path / "report" / "report.md").is_file()

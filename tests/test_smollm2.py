@@ -9,8 +9,8 @@ import zipfile
 
 import pytest
 
-from sglang_lilicorr import smollm2
-from sglang_lilicorr.smollm2 import GGUF_MEMBER, SmolLM2Error, ensure_smollm2, is_converted, model_dir
+from sglang_lilicorr.commands import smollm2
+from sglang_lilicorr.commands.smollm2 import GGUF_MEMBER, SmolLM2Error, ensure_smollm2, is_converted, model_dir
 
 FAKE_GGUF = b"GGUF not really a model" * 100
 

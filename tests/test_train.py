@@ -23,7 +23,7 @@ from sglang_lilicorr.train.trainer import drafter_config_for, train
 WORDS = "the cat sat on a mat and one two three four five six seven dog ran far".split()
 
 
-def make_tokenizer():
+def make_tokenizer(mask_token="<|mask|>"):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -32,12 +32,12 @@ def make_tokenizer():
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=300,
-        special_tokens=["<|pad|>", "<|eos|>", "<|mask|>"],
+        special_tokens=["<|pad|>", "<|eos|>", mask_token],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator([" ".join(WORDS)] * 5, trainer)
-    out = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|eos|>", pad_token="<|pad|>", mask_token="<|mask|>")
+    out = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|eos|>", pad_token="<|pad|>", mask_token=mask_token)
     out.chat_template = (
         "{% for m in messages %}[{{ m.role }}]{{ m.content }}<|eos|>{% endfor %}"
         "{% if add_generation_prompt %}[assistant]{% endif %}"
@@ -45,10 +45,10 @@ def make_tokenizer():
     return out
 
 
-def make_target(directory, arch="llama", seed=0):
+def make_target(directory, arch="llama", seed=0, mask_token="<|mask|>"):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    tok = make_tokenizer()
+    tok = make_tokenizer(mask_token)
     cls, cfg_cls = {"llama": (LlamaForCausalLM, LlamaConfig), "qwen3": (Qwen3ForCausalLM, Qwen3Config)}[arch]
     cfg = cfg_cls(
         vocab_size=len(tok),
@@ -366,7 +366,7 @@ def test_yarn_trains_exports_reloads_and_resumes_only_with_the_same_rope(workspa
     import argparse
 
     from sglang_lilicorr.drafter import RopeScaling
-    from sglang_lilicorr.train.cli import register
+    from sglang_lilicorr.commands.train import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command", required=True))
@@ -423,7 +423,7 @@ def test_cli_train_export_and_strict_reload_rejects_tampering(workspace, tmp_pat
 
     from safetensors.torch import load_file, save_file
 
-    from sglang_lilicorr.train.cli import register
+    from sglang_lilicorr.commands.train import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command", required=True))
