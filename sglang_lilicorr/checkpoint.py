@@ -107,7 +107,8 @@ def lilicorr_config(config: Mapping[str, Any]) -> LiLiCorrConfig:
     """The head geometry declared by a draft config (raises if the draft has no LiLiCorr head)."""
     if not has_head(config):
         raise CheckpointError(
-            f"draft declares architectures={config.get('architectures')!r}, not [{LILICORR_ARCH!r}]: it has no LiLiCorr head",
+            f"draft declares architectures={config.get('architectures')!r}, "
+            f"not [{LILICORR_ARCH!r}]: it has no LiLiCorr head",
             where="architectures",
             fix="serve it with --speculative-algorithm DFLASH, or export one with a head",
         )

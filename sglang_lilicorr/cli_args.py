@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
             raise
         if isinstance(e, KeyboardInterrupt):
             print(
-                "error: interrupted (SIGINT): every file is whole, as before or as written; rerun the same command to go on",
+                "error: interrupted (SIGINT): every file is whole, as before or as written; "
+                "rerun the same command to go on",
                 file=sys.stderr,
             )
             return 130

@@ -104,7 +104,8 @@ def variant_env(system: str) -> dict:
     return {{"verify": ENV, "walk": WALK_ENV}[setting]: value}
 
 
-# SGLang flags the GPU machine's kit needs (no flashinfer, no flash-attention; ../shared/device): `--server-args`' default.
+# SGLang flags the GPU machine's kit needs (no flashinfer, no flash-attention; ../shared/device): `--server-args`'
+# default.
 SERVER_ARGS = (
     "--attention-backend triton --sampling-backend pytorch --grammar-backend none "
     "--mem-fraction-static 0.85 --context-length 4096 --cuda-graph-max-bs-decode 256 "
@@ -193,7 +194,8 @@ def enough_time(step: str, minutes: float) -> None:
     end = os.environ.get("TESTBED_DEADLINE")
     if end and time.time() + 60 * minutes > float(end):
         print(
-            f"[{step}] {(float(end) - time.time()) / 60:.1f} min left in this call, {minutes:.1f} needed: run it in the next call."
+            f"[{step}] {(float(end) - time.time()) / 60:.1f} min left in this call, {minutes:.1f} needed: "
+            "run it in the next call."
         )
         raise SystemExit(4)
 

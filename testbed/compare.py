@@ -1,17 +1,18 @@
 """The `compare` step: issue 42's equal-budget systems through their servers. The exported drafts of --systems
-(default: no speculation and variants.EQUAL_BUDGET) start side by side on one GPU (--gpu), each as stock SGLang or this plugin
-serves it (common.speculation_args: DFLASH for dflash and domino, DSPARK for dspark, LILICORR for lilicorr), with the
-speed step's pools and graphs (speed.server_args: CUDA graphs to batch 32, --sleep-on-idle), then two parts:
+(default: no speculation and variants.EQUAL_BUDGET) start side by side on one GPU (--gpu), each as stock SGLang or this
+plugin serves it (common.speculation_args: DFLASH for dflash and domino, DSPARK for dspark, LILICORR for lilicorr), with
+the speed step's pools and graphs (speed.server_args: CUDA graphs to batch 32, --sleep-on-idle), then two parts:
   rounds  paired, rotated throughput rounds (benchmarks/paired.py) on the speed step's long-form prompts, greedy,
           --max-tokens new tokens -> DIR/round<r>.jsonl; `bench report` (paired ratios to DFLASH and to no
           speculation with 95 % intervals) -> DIR/report/
   tau     every evaluation prompt through each speculative server at T = 0, and at T = 1 under seeds 0, 1, 2
           (`bench run`, --tau-concurrency requests in flight) -> DIR/tau_served.jsonl; `bench report`
           -> DIR/tau_served/ (tau per set, system and temperature, seeds averaged)
-DIR is WORK/compare/<the parts, joined by _>, so the two parts can run at once on two GPUs. DIR/budget.json records each draft's testbed.json (its steps, start and global batch). SGLang verifies T = 1
-by rejection sampling only where flashinfer is installed (the install call carrying .dev/flashinfer_headers); without it the
-LILICORR server answers T > 0 with HTTP 400, listed as failed. Both parts resume (runs already played are kept) and
-stop before $TESTBED_DEADLINE: call the step again to go on. The bundle compare_<parts>.tar.gz goes to $OUT.
+DIR is WORK/compare/<the parts, joined by _>, so the two parts can run at once on two GPUs. DIR/budget.json records
+each draft's testbed.json (its steps, start and global batch). SGLang verifies T = 1 by rejection sampling only where
+flashinfer is installed (the install call carrying .dev/flashinfer_headers); without it the LILICORR server answers
+T > 0 with HTTP 400, listed as failed. Both parts resume (runs already played are kept) and stop before
+$TESTBED_DEADLINE: call the step again to go on. The bundle compare_<parts>.tar.gz goes to $OUT.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def check_systems(systems: list[str], drafts: Path) -> None:
 
 
 def budget(systems: list[str], drafts: Path) -> dict:
-    """{system: its draft's testbed.json} (what `export` recorded: steps, init, global batch); {} where there is none."""
+    """{system: its draft's testbed.json} (what `export` recorded: steps, init, global batch); {} where there is
+    none."""
     return {
         s: json.loads((drafts / s / "testbed.json").read_text()) if (drafts / s / "testbed.json").is_file() else {}
         for s in systems

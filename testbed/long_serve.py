@@ -44,7 +44,8 @@ def cmd_long_serve(args) -> int:
     prompts = long_inputs.long_prompts(render, sources, args.lengths, args.per_length)
     root.mkdir(parents=True, exist_ok=True)
     eval_sets.write(prompts, root / "prompts.jsonl")
-    # side by side on GPU 0, each with a fixed KV pool (default: c whole contexts), so servers starting together do not race for memory
+    # side by side on GPU 0, each with a fixed KV pool (default: c whole contexts), so servers starting together do not
+    # race for memory
     kv_tokens = args.kv_tokens or args.concurrency * long_inputs.TARGET_CONTEXT
     base = set_flags(
         shlex.split(args.server_args),

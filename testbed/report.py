@@ -81,7 +81,8 @@ def tau_tables(taus: dict) -> list[str]:
             )
             ratio = f"{ours / theirs:.3f}x" if ours and theirs else "--"
             lines.append(
-                f"| {label} | {s} | {fmt(ours)}{std('lilicorr')} | {fmt(theirs)}{std('dflash')} | {fmt(argmax)} | {ratio} |"
+                f"| {label} | {s} | {fmt(ours)}{std('lilicorr')} | {fmt(theirs)}{std('dflash')} | "
+                f"{fmt(argmax)} | {ratio} |"
             )
     lines += [
         "",

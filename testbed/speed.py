@@ -24,8 +24,9 @@ long-form prompts (greedy, --max-tokens new tokens, ignore_eos off), the order r
 every c goes to WORK/speed/SETTING/round<r>.jsonl. --setting graphs32 captures CUDA graphs up to batch 32 (every c
 graph-replayed); graphs16 stops them at 16, so c = 32 runs the eager path. Then, in their own pass, each server is
 profiled for --profile-steps forward passes at c = 1 (with --tau-check, every evaluation prompt is first served
-once at c = 8 by the speculative servers: tau through the server, beside the replay's) (benchmarks/step_profile.py: the host and GPU timeline of the
-same steps, LILICORR beside the built-in), where $TESTBED_DEADLINE still leaves time for it. A setting may take several
+once at c = 8 by the speculative servers: tau through the server, beside the replay's) (benchmarks/step_profile.py:
+the host and GPU timeline of the same steps, LILICORR beside the built-in), where $TESTBED_DEADLINE still leaves time
+for it. A setting may take several
 device calls (--concurrency a few at a time): each call's rounds stop before the deadline, and the summary takes every
 concurrency the setting's calls played. Writes speed_summary.json (serve_speed.summarize: tok/s, paired ratios
 with 95 % intervals, tau, per c), speed_table.md, speed.png, the graph-capture seconds of every server, and `lilicorr
@@ -167,7 +168,8 @@ def server_args(base_args: str, system: str, drafts: Path, graphs_to: int) -> tu
 
 
 class IdleWatch:
-    """CPU seconds each idle server's process tree spends while another server plays (serve_speed.process_tree_cpu_s)."""
+    """CPU seconds each idle server's process tree spends while another server plays
+    (serve_speed.process_tree_cpu_s)."""
 
     def __init__(self, pids: dict) -> None:
         self.pids, self.spent = pids, {s: 0.0 for s in pids}

@@ -67,7 +67,8 @@ def summarize(starts: list[dict]) -> dict:
 
 def table(summary: dict) -> str:
     rows = [
-        "| system | starts | scheduler s | graph capture s | select precompile s | weights s | ready s | scheduler / built-in |",
+        "| system | starts | scheduler s | graph capture s | select precompile s | weights s | ready s "
+        "| scheduler / built-in |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for system, m in summary["median"].items():

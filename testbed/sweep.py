@@ -82,7 +82,8 @@ def cmd_sweep(args) -> int:
                     }
                 )
                 print(
-                    f"[sweep {name}] {label}: rc {proc.returncode}, {results[-1]['steps']} steps, tau {results[-1]['tau']}, "
+                    f"[sweep {name}] {label}: rc {proc.returncode}, {results[-1]['steps']} steps, "
+                    f"tau {results[-1]['tau']}, "
                     f"{results[-1]['tokens_per_s'] or 0:.0f} tok/s",
                     flush=True,
                 )

@@ -43,7 +43,8 @@ def sweep_choice(args) -> tuple[dict, dict]:
 
 
 def grad_accum_for(global_batch: int, batch_size: int, ranks: int) -> int:
-    """Micro-steps per optimizer step so that batch_size x micro-steps x ranks = global_batch (0: 1, no accumulation)."""
+    """Micro-steps per optimizer step so that batch_size x micro-steps x ranks = global_batch (0: 1, no
+    accumulation)."""
     if not global_batch:
         return 1
     if global_batch < 1 or global_batch % (batch_size * ranks):

@@ -72,7 +72,9 @@ class StubServer:
         self.fail_first = fail_first  # the first k requests answer HTTP 500
         self.context_len, self.leak_on_abort = context_len, leak_on_abort
         self.running, self.kv_used, self.aborted = 0, 0, 0
-        self.log = []  # [{"path", "body", "completion_tokens", "spec_verify_ct", "text", "failed", "arrived", "finished"}], in finish order
+        # [{"path", "body", "completion_tokens", "spec_verify_ct", "text", "failed", "arrived", "finished"}], in finish
+        # order
+        self.log = []
         self.in_flight = 0
         self.max_in_flight = 0
         self._lock = threading.Lock()

@@ -48,10 +48,11 @@ def make_run(run: Path, attention: str = "flashinfer", off: int = 0, responses: 
     """What backends.sh's calls bring back, unpacked into one folder."""
     (run / "greedy").mkdir(parents=True)
     (run / "greedy" / "summary.txt").write_text(
-        f"[t+0s] backends: --attention-backend {attention} --sampling-backend flashinfer (the draft's attention: triton)\n"
+        f"[t+0s] backends: --attention-backend {attention} --sampling-backend flashinfer "
+        "(the draft's attention: triton)\n"
         "125 responses (88 greedy) -> /root/out/greedy/lilicorr.json\nCLIENT_CHECK PASS\n"
-        f"/root/out/greedy/lilicorr.json: {responses} greedy responses, 3201 tokens, {off} with a token that is not the "
-        "target's greedy choice beyond 2 bf16 ulp, 50 near-tie tokens within it\n"
+        f"/root/out/greedy/lilicorr.json: {responses} greedy responses, 3201 tokens, {off} with a token that is not "
+        "the target's greedy choice beyond 2 bf16 ulp, 50 near-tie tokens within it\n"
         f"GREEDY_CHECK {'PASS' if not off else 'FAIL'}\n"
         "[t+300s] DRAFT_GRAPH_CHECK PASS: LiLiCorr proposal captured in the draft CUDA graph\n"
     )
@@ -337,7 +338,8 @@ def test_gpu_check_gives_every_server_the_chosen_backends(fake_machine):
 
 STAND_IN = """#!/bin/bash
 echo "$(basename "$0") $* | ATTN=${ATTN_BACKEND-} SAMPLING=${SAMPLING_BACKEND-} SYSTEMS=${SAMPLING_SYSTEMS-} \
-TAU=${SAMPLING_TAU_SEEDS-unset} DRAFT=${LILICORR_DRAFT-} FLAG=${SGLANG_IS_FLASHINFER_AVAILABLE-unset} OUT=$OUT" >> "$CALLS"
+TAU=${SAMPLING_TAU_SEEDS-unset} DRAFT=${LILICORR_DRAFT-} \
+FLAG=${SGLANG_IS_FLASHINFER_AVAILABLE-unset} OUT=$OUT" >> "$CALLS"
 case "$(basename "$0")" in
   testbed.sh)
     name=graphs32; [[ "$*" == *"--attention-backend flashinfer"* ]] && name=graphs32_flashinfer
@@ -446,8 +448,9 @@ def test_backends_calls_run_their_steps_with_the_flashinfer_backends(backends_ro
     assert done.returncode == 0, done.stdout + done.stderr
     (line,) = calls.read_text().splitlines()
     assert line.startswith(
-        f"testbed.sh --work {env['TESTBED_WORK']} --out {env['BACKENDS_WORK']}/testbed_out --attention-backend flashinfer "
-        "--sampling-backend flashinfer speed --systems base dflash builtin lilicorr --rounds 5 --profile-steps 0 |"
+        f"testbed.sh --work {env['TESTBED_WORK']} --out {env['BACKENDS_WORK']}/testbed_out "
+        "--attention-backend flashinfer --sampling-backend flashinfer "
+        "speed --systems base dflash builtin lilicorr --rounds 5 --profile-steps 0 |"
     )
     assert "speed/graphs32_flashinfer/speed_summary.json" in results(env)
     # the optional Triton rounds on the same machine: the kit's servers, flashinfer not picked

@@ -368,7 +368,8 @@ def test_pooling_summary_cells_that_carry_only_the_key_and_tps():
 
 
 def test_paired_ratios_skip_runs_without_the_value_on_either_side():
-    """block_ms is None in a run without spec stats: that run gives no block ratio (either side), the tps ratio stays."""
+    """block_ms is None in a run without spec stats: that run gives no block ratio (either side), the tps ratio
+    stays."""
 
     def run(system, end, spec=True):
         return metrics.aggregate([_record(system=system, turns=((40, 10 if spec else None, 0.0, end),))])

@@ -300,8 +300,8 @@ def test_each_config_refusal_in_full(tmp_path):
     d.mkdir()
     cfg = d / "config.json"
     assert str(refusal(lambda: ckpt.read_config(d))) == (
-        f"config.json is missing: a draft checkpoint needs it beside model.safetensors ({cfg}): pass the folder written "
-        "by `lilicorr export`"
+        f"config.json is missing: a draft checkpoint needs it beside model.safetensors ({cfg}): pass the folder "
+        "written by `lilicorr export`"
     )
     cfg.mkdir()
     e = refusal(lambda: ckpt.read_config(d))
@@ -367,7 +367,8 @@ def test_each_weights_file_refusal_in_full(tmp_path, monkeypatch):
     data[-1] ^= 0x40
     path.write_bytes(bytes(data))
     assert str(refusal(lambda: ckpt.load_tensors(path, fix="f"))) == (
-        f"does not match its checksum (lilicorr_sha256 in its metadata): its bytes changed after it was written ({path}): f"
+        "does not match its checksum (lilicorr_sha256 in its metadata): "
+        f"its bytes changed after it was written ({path}): f"
     )
 
     def unreadable(_):  # a long cause over several lines: one line of it, its first 200 characters

@@ -1,5 +1,6 @@
 """The exit-code and message rule over every command, as a new user meets it (issue 40): exit 2 for an argument
-that cannot work, 1 for bad content or a failed run; one line `error: <what> (<where>): <fix>`; never "this is a bug"."""
+that cannot work, 1 for bad content or a failed run; one line `error: <what> (<where>): <fix>`; never "this is a
+bug"."""
 
 import pytest
 

@@ -430,31 +430,52 @@ L, CL = tuning.TopKLaunch(), tuning.CosineLaunch()
 R, G = L.block // L.group, L.group
 split = [bf, i32, i32, i32, i64, f32, f32, f32, i64, f32] + [c] * 8
 confidence = [f32] * 5 + [bf, i32, i32, "fp32", "fp32"] + [c] * 3
-walk_args = [i64, "*i32", i64, i32, i32, i32, i64]  # the cosine kernel's walk: successors, counters, ids + strides, draft
+# the cosine kernel's walk: successors, counters, ids + strides, draft
+walk_args = [i64, "*i32", i64, i32, i32, i32, i64]
 def cosine_args(t):  # edges, anchor (+ stride), start, pair, S, K, D, sigma, eps, the walk's
     return [t, t, i32, f32, f32, i32, i32, i32, "fp32", "fp32"] + walk_args + [c] * 7
 P = dict(PDL=True)  # as served on sm_90 (kernels/pdl.py)
 cases = [  # kernel, argument types, constexprs, warps, maxnreg, arguments divisible by 16 at the paper config
     (head_nodes._confidence_up_kernel, confidence, dict(KP=8, BLOCK_H=256, **P), 4, None, ()),
-    (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, f32] + [i32] * 5 + ["fp32", c, c, c, c], dict(ROWS=1, BLOCK_H=1024, SUMSQ=False, **P), 4, None, ()),
-    (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, f32] + [i32] * 5 + ["fp32", c, c, c, c], dict(ROWS=1, BLOCK_H=1024, SUMSQ=True, **P), 4, None, ()),
-    (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=True, ADD=True, **P), 4, None, ()),
-    (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c], dict(ROWS=1, BLOCK_H=1024, CROSS=False, ADD=False, PDL=False), 4, None, ()),
-    (head_norm._row_bias_silu_kernel, [bf, bf, i32, i32, i32, i32, c, c, c], dict(ROWS=1, BLOCK_N=1024, **P), 4, None, ()),
-    (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, **P), CL.num_warps, None, (0, 1, 2, 7)),
-    (head_scores._lattice_cosine_kernel, cosine_args(f32), dict(KP=16, BLOCK_D=128, F32_DOT=True, PRECISION="ieee", WALK=False, SP=16, PDL=False), 4, None, (0, 1, 2, 7)),
-    (head_scores._lattice_cosine_kernel, cosine_args(bf), dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=False, SP=16, **P), CL.num_warps, None, (0, 1, 2, 7)),  # LILICORR_WALK=viterbi
-    (walk._walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c, c], dict(KP=8, SP=16, GATHER=True, VITERBI=False, **P), 1, None, ()),
-    (walk._walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c, c], dict(KP=8, SP=16, GATHER=True, VITERBI=True, **P), 1, None, ()),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, NARROW=True, **P), L.num_warps, L.maxnreg, range(10)),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, NARROW=False, **P), L.num_warps, L.maxnreg, range(10)),
-    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=True, NARROW=False, PDL=False), L.num_warps, L.maxnreg, range(10)),
-    (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32] + [c] * 5, dict(K=8, KP=8, SP=64, NARROW=True, **P), 1, None, (0, 1, 2, 4, 5, 6)),
-    (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32] + [c] * 5, dict(K=8, KP=8, SP=128, NARROW=False, PDL=False), 4, None, (0, 1, 2, 4, 5, 6)),
+    (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, f32] + [i32] * 5 + ["fp32", c, c, c, c],
+     dict(ROWS=1, BLOCK_H=1024, SUMSQ=False, **P), 4, None, ()),
+    (head_nodes._lattice_nodes_kernel, [i64, bf, bf, bf, f32, bf, bf, bf, f32] + [i32] * 5 + ["fp32", c, c, c, c],
+     dict(ROWS=1, BLOCK_H=1024, SUMSQ=True, **P), 4, None, ()),
+    (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c],
+     dict(ROWS=1, BLOCK_H=1024, CROSS=True, ADD=True, **P), 4, None, ()),
+    (head_norm._add_rmsnorm_kernel, [bf] * 4 + [i32, bf, i32, i32, i32, "fp32", c, c, c, c, c],
+     dict(ROWS=1, BLOCK_H=1024, CROSS=False, ADD=False, PDL=False), 4, None, ()),
+    (head_norm._row_bias_silu_kernel, [bf, bf, i32, i32, i32, i32, c, c, c],
+     dict(ROWS=1, BLOCK_N=1024, **P), 4, None, ()),
+    (head_scores._lattice_cosine_kernel, cosine_args(bf),
+     dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=True, SP=16, **P),
+     CL.num_warps, None, (0, 1, 2, 7)),
+    (head_scores._lattice_cosine_kernel, cosine_args(f32),
+     dict(KP=16, BLOCK_D=128, F32_DOT=True, PRECISION="ieee", WALK=False, SP=16, PDL=False), 4, None, (0, 1, 2, 7)),
+    (head_scores._lattice_cosine_kernel, cosine_args(bf),  # LILICORR_WALK=viterbi
+     dict(KP=16, BLOCK_D=CL.block_d, F32_DOT=False, PRECISION="tf32", WALK=False, SP=16, **P),
+     CL.num_warps, None, (0, 1, 2, 7)),
+    (walk._walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c, c],
+     dict(KP=8, SP=16, GATHER=True, VITERBI=False, **P), 1, None, ()),
+    (walk._walk_kernel, [f32, f32, i64, i32, i32] + [i32] * 6 + [i64, i32, i32, i32, c, c, c, c, c],
+     dict(KP=8, SP=16, GATHER=True, VITERBI=True, **P), 1, None, ()),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, NARROW=True, **P),
+     L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_split_kernel, split, dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=False, NARROW=False, **P),
+     L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_split_kernel, split,
+     dict(K=8, KP=8, R=R, G=G, TP=L.collect_tiles, FINAL=True, NARROW=False, PDL=False),
+     L.num_warps, L.maxnreg, range(10)),
+    (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32] + [c] * 5, dict(K=8, KP=8, SP=64, NARROW=True, **P),
+     1, None, (0, 1, 2, 4, 5, 6)),
+    (tk._topk_lse_merge_kernel, [i64, f32, f32, i32, f32, i64, f32] + [c] * 5,
+     dict(K=8, KP=8, SP=128, NARROW=False, PDL=False), 4, None, (0, 1, 2, 4, 5, 6)),
 ]
 for fn, types, consts, warps, maxnreg, aligned in cases:
-    stages = {"num_stages": 1 if consts["F32_DOT"] else CL.num_stages} if fn is head_scores._lattice_cosine_kernel else {}
-    r = build(fn, types, consts, aligned=aligned, num_warps=warps, **stages, **({"maxnreg": maxnreg} if maxnreg else {}))
+    stages = ({"num_stages": 1 if consts["F32_DOT"] else CL.num_stages}
+              if fn is head_scores._lattice_cosine_kernel else {})
+    r = build(fn, types, consts, aligned=aligned, num_warps=warps, **stages,
+              **({"maxnreg": maxnreg} if maxnreg else {}))
     print(fn.__name__, consts, "registers", r["registers"], "spill bytes", r["spills"])
     wide = any("ld.global" in line and ".v4" in line for line in r["ptx"].splitlines())
     if fn is tk._topk_lse_split_kernel and not wide:

@@ -18,7 +18,10 @@ SCRIPT = ROOT / "tools" / "device" / "flashinfer_cache.sh"
 NINJA = shutil.which("ninja") or str(Path(sys.executable).parent / "ninja")
 
 # a stand-in for nvcc: writes the object and a gcc-style depfile naming the source and tvm_ffi's header
-COMPILE = "import sys; src, hdr, out = sys.argv[1:]; open(out, 'w').write('obj'); open(out + '.d', 'w').write(f'{out}: {src} {hdr}\\n')"
+COMPILE = (
+    "import sys; src, hdr, out = sys.argv[1:]; open(out, 'w').write('obj'); "
+    "open(out + '.d', 'w').write(f'{out}: {src} {hdr}\\n')"
+)
 
 
 def install_kit(site: Path, tvm_version: str = "0.1.11") -> None:

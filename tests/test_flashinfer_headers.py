@@ -1,5 +1,6 @@
 """tools/flashinfer_headers.py: the include closure of sampling.cuh from a flashinfer-python wheel as a headers-only
-package SGLang's JIT finds (and nothing else of flashinfer), its clear errors, and tools/device/check_lib.sh installing it."""
+package SGLang's JIT finds (and nothing else of flashinfer), its clear errors, and tools/device/check_lib.sh installing
+it."""
 
 from __future__ import annotations
 
@@ -105,7 +106,8 @@ def test_check_lib_installs_carried_headers(tmp_path):
     site = tmp_path / "site"
     site.mkdir()
     script = (
-        f"S={tmp_path / 'summary.txt'}; SITE={site}; source {ROOT / 'tools' / 'device' / 'check_lib.sh'}; install_flashinfer_headers {dev}; "
+        f"S={tmp_path / 'summary.txt'}; SITE={site}; source {ROOT / 'tools' / 'device' / 'check_lib.sh'}; "
+        f"install_flashinfer_headers {dev}; "
         "echo flag=$SGLANG_IS_FLASHINFER_AVAILABLE"
     )
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60).stdout

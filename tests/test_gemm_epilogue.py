@@ -286,8 +286,8 @@ from sglang_lilicorr.fast_path.plan import Device, HeadGeometry, plans_for
 def served_configs(runs):  # the configs by M (and their wide-K twins) at the lattice rows where a served plan of the
     # paper or the testbed head (on an sm_90 card) satisfies runs(plan)
     geos = [HeadGeometry(width, width, 15, 8, torch.bfloat16) for width in (1024, 256)]
-    rows = [bound * geo.lattice_rows for geo in geos for bound, plan in plans_for(geo, Device(True, True, True)).buckets()
-            if bound and runs(plan)]
+    rows = [bound * geo.lattice_rows for geo in geos
+            for bound, plan in plans_for(geo, Device(True, True, True)).buckets() if bound and runs(plan)]
     names = {tuning.gemm_band(m)[1] for m in range(1, max(rows) + 1)}
     return names | {tuning.GEMM_WIDE_K_CONFIG[c] for c in names if c in tuning.GEMM_WIDE_K_CONFIG}
 
@@ -299,8 +299,10 @@ for name, c in tuning.GEMM_CONFIGS.items():
     # under PDL, with the factor projection's epilogue (bias, per-request bias, SiLU: the most a kernel
     # carries) on the configs of the rows it runs at (small_m), the FFN up's elsewhere
     tiles = dict(HAS_BIAS=True, GROUP_BIAS=name in small_m, SILU=True, PDL=True, **c.tiles())
-    if c.tma:  # descriptors of the x, weight and output tiles, then bias, group bias, M, N, K, its stride, rows per group
-        descs = [f"tensordesc<bf16[{a}, {b}]>" for a, b in ((c.block_m, c.block_k), (c.block_n, c.block_k), (c.block_m, c.block_n))]
+    if c.tma:
+        # descriptors of the x, weight and output tiles, then bias, group bias, M, N, K, its stride, rows per group
+        descs = [f"tensordesc<bf16[{a}, {b}]>"
+                 for a, b in ((c.block_m, c.block_k), (c.block_n, c.block_k), (c.block_m, c.block_n))]
         r = build(ge._gemm_tma_kernel, descs + [t, t] + ["i32"] * 5 + ["constexpr"] * 8, tiles,
                   aligned=(3, 4, 6, 7, 8), num_warps=c.num_warps, num_stages=c.num_stages)
         if "cp.async.bulk.tensor" not in r["ptx"]:
@@ -309,7 +311,8 @@ for name, c in tuning.GEMM_CONFIGS.items():
         types = [t] * 5 + ["*fp32"] * 2 + [t] * 2 + ["i32"] * 11 + ["fp32"] + ["constexpr"] * 17
         aligned = tuple(range(9)) + (10, 11, 12, 13, 14)
         plain = dict(NORM=False, PARTS_IN=1, RESIDUAL=False, SUMSQ_OUT=False, CROSS_OUT=False)
-        r = build(ge._gemm_kernel, types, dict(EVEN_K=True, IEEE_F32=name == "fp32", PREFETCH_LINES=0, **plain, **tiles),
+        r = build(ge._gemm_kernel, types,
+                  dict(EVEN_K=True, IEEE_F32=name == "fp32", PREFETCH_LINES=0, **plain, **tiles),
                   aligned=aligned, num_warps=c.num_warps, num_stages=c.num_stages)
         if "prefetch.global.L2" in r["ptx"]:
             sys.exit(f"{name} with PREFETCH_LINES=0 prefetches")
@@ -317,15 +320,18 @@ for name, c in tuning.GEMM_CONFIGS.items():
             lines = lines_per_row(c.block_n, c.num_warps)  # launched early: the weight prefetched before the wait
             for extra in (dict(plain, NORM=True, PARTS_IN=64),  # QKV, FFN up, the factor GEMM
                           dict(plain, RESIDUAL=True, SUMSQ_OUT=True, CROSS_OUT=True)):
-                f = build(ge._gemm_kernel, types, dict(EVEN_K=True, IEEE_F32=False, PREFETCH_LINES=lines, **extra, **tiles),
+                f = build(ge._gemm_kernel, types,
+                          dict(EVEN_K=True, IEEE_F32=False, PREFETCH_LINES=lines, **extra, **tiles),
                           aligned=aligned, num_warps=c.num_warps, num_stages=c.num_stages)
                 print(name, extra, "registers", f["registers"], "spill bytes", f["spills"])
                 if f["spills"] or "griddepcontrol.wait" not in f["ptx"]:
                     sys.exit(f"{name} {extra} spills {f['spills']} bytes or does not wait on the previous grid")
                 ptx = f["ptx"]
-                if "prefetch.global.L2::evict_last" not in ptx or ptx.index("prefetch.global.L2") > ptx.index("griddepcontrol.wait"):
+                if ("prefetch.global.L2::evict_last" not in ptx
+                        or ptx.index("prefetch.global.L2") > ptx.index("griddepcontrol.wait")):
                     sys.exit(f"{name} {extra}: no L2 prefetch of the weight before the wait on the previous grid")
-                loop = ptx.index("wgmma.mma_async")  # the K loop; in a small tile every epilogue operand loads before it
+                # the K loop; in a small tile every epilogue operand loads before it
+                loop = ptx.index("wgmma.mma_async")
                 early = c.block_m * c.block_n <= tuning.EARLY_OPERANDS_MAX_TILE
                 if early and "ld.global" in ptx[loop:]:
                     sys.exit(f"{name} {extra}: {ptx[loop:].count('ld.global')} epilogue loads after the K loop")

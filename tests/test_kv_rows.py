@@ -47,10 +47,10 @@ def test_check_rows_names_the_width_and_the_fix():
     with pytest.raises(ServingConfigError) as refused:
         kv_rows.check_rows(CONTEXT + 20, CONTEXT, BLOCK, 1)
     assert str(refused.value) == (
-        "LILICORR: the req_to_token rows hold 8212 token slots, but a request at the 8192-token context end reserves up "
-        "to 8228 (two 16-token verify blocks, page size 1); the plugin's row widening (sglang_lilicorr.serving.kv_rows) "
-        "did not reach SGLang's pool builder. Serve with the SGLang version this plugin supports (0.5.23), or with "
-        "--context-length at most 8176."
+        "LILICORR: the req_to_token rows hold 8212 token slots, but a request at the 8192-token context end reserves "
+        "up to 8228 (two 16-token verify blocks, page size 1); the plugin's row widening "
+        "(sglang_lilicorr.serving.kv_rows) did not reach SGLang's pool builder. Serve with the SGLang version this "
+        "plugin supports (0.5.23), or with --context-length at most 8176."
     )
 
 

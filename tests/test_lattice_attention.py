@@ -142,9 +142,11 @@ from sglang_lilicorr.kernels import lattice_attention as la
 from sglang_lilicorr.kernels.tuning import ATTENTION_BLOCK_M
 
 types = ["*bf16", "i32", "*bf16", "i32", "i32", "*bf16", "i32", "i32", "i32", "fp32"] + ["constexpr"] * 6
-for block_m, warps, dp in [(ATTENTION_BLOCK_M, la.NUM_WARPS, 128), (128, 8, 128), (ATTENTION_BLOCK_M, la.NUM_WARPS, 64), (16, 4, 128), (16, 4, 64)]:
+for block_m, warps, dp in [(ATTENTION_BLOCK_M, la.NUM_WARPS, 128), (128, 8, 128), (ATTENTION_BLOCK_M, la.NUM_WARPS, 64),
+                          (16, 4, 128), (16, 4, 64)]:
     consts = dict(LP=128, DP=dp, BLOCK_M=block_m, IEEE=False, F32_DOT=False, PDL=True)
-    r = build(la._lattice_attention_kernel, types, consts, aligned=(0, 1, 2, 4, 5, 7, 8), num_warps=warps)  # pointers, strides, H, dh
+    r = build(la._lattice_attention_kernel, types, consts,
+              aligned=(0, 1, 2, 4, 5, 7, 8), num_warps=warps)  # pointers, strides, H, dh
     print(block_m, warps, dp, "registers", r["registers"], "spill bytes", r["spills"], "smem", r["shared"])
     if r["spills"]:
         sys.exit(f"BLOCK_M={block_m} num_warps={warps} spills {r['spills']} bytes")

@@ -437,7 +437,8 @@ def test_unsupported_option_refused_by_us_or_sglang(extra, match, target, draft)
 
 @pytest.mark.parametrize("tp", [2, 4])
 def test_tensor_parallel_is_served(tp, target, draft):
-    """The tiny draft (4 heads, 2 KV heads, intermediate 128) shards over 2 and 4 ranks, as SGLang's DFlash draft needs."""
+    """The tiny draft (4 heads, 2 KV heads, intermediate 128) shards over 2 and 4 ranks, as SGLang's DFlash draft
+    needs."""
     cfg = resolve(target, "--tp-size", tp, draft=draft)
     assert cfg.tp_size == tp and cfg.speculative_algorithm == ALGORITHM_NAME
 
@@ -448,7 +449,8 @@ def test_tensor_parallel_is_served(tp, target, draft):
         (
             3,
             {},
-            r"--tp-size 3 does not fit the draft.*num_attention_heads=4 is not divisible by 3.*--tp-size in \[1, 2, 4\]",
+            r"--tp-size 3 does not fit the draft.*num_attention_heads=4 is not divisible by 3.*"
+            r"--tp-size in \[1, 2, 4\]",
         ),
         (8, {}, r"num_attention_heads=4 is not divisible by 8"),
         (

@@ -58,8 +58,8 @@ def test_greedy_output_passes_with_the_smallest_gap_located():
     assert r.ok and r.not_argmax == [] and r.num_tokens == 4
     assert (r.min_top2_gap, r.min_gap_position) == (2.5 / 16, 1)
     assert (
-        r.summary()
-        == f"PASS: 4 tokens, 0 not the target's greedy choice, 0 near-ties within tol; smallest top-2 gap {2.5 / 16:.4f} at 1"
+        r.summary() == "PASS: 4 tokens, 0 not the target's greedy choice, 0 near-ties within tol; "
+        f"smallest top-2 gap {2.5 / 16:.4f} at 1"
     )
 
 
@@ -291,8 +291,8 @@ def test_cli_fails_when_any_file_fails_and_prints_whole_lines(tmp_path, capsys, 
     assert capsys.readouterr().out.strip().endswith("GREEDY_CHECK FAIL")
     assert check.main(["model", good, "--baseline", good]) == 0
     assert capsys.readouterr().out.splitlines()[0] == (
-        f"{good}: 1 greedy responses, 3 tokens, 0 with a token that is not the target's greedy choice beyond 2 bf16 ulp, "
-        "0 near-tie tokens within it; byte-equal with the baseline on 1/1"
+        f"{good}: 1 greedy responses, 3 tokens, 0 with a token that is not the target's greedy choice beyond 2 bf16 "
+        "ulp, 0 near-tie tokens within it; byte-equal with the baseline on 1/1"
     )
 
 

@@ -57,20 +57,27 @@ if spec:
     gpu.update(target_verify=ms(0.7 * block), draft_forward=ms(0.15 * block if eager else 0.15 * block + 0.5 + head))
     if eager:
         gpu["draft_sample"] = ms(0.5 + head)
-rows = [{{"bs": b, "graph": not eager, "n_blocks": 90, "step_interval_ms": ms(block + b / 100), "gpu_ms": gpu, "host_ms": gpu}} for b in sizes]
+rows = [{{"bs": b, "graph": not eager, "n_blocks": 90, "step_interval_ms": ms(block + b / 100), "gpu_ms": gpu,
+          "host_ms": gpu}} for b in sizes]
 variant = "eager" if eager else "graph"
-doc = {{"system": {{"gpu": "Stub H100", "forced_commit_len": float(os.environ["SGLANG_SIMULATE_ACC_LEN"]) if spec else None}},
+doc = {{"system": {{"gpu": "Stub H100",
+                   "forced_commit_len": float(os.environ["SGLANG_SIMULATE_ACC_LEN"]) if spec else None}},
        "decode_steps": 90 * len(sizes), "stages": rows,
-       "prefill": {{"requests": ms(4.0), "gpu_ms": ms(30.0 + (5.0 if system == "lilicorr" else 0.0)), "host_ms": ms(2.0)}},
-       "proposal": {{"batch_sizes": {{str(b): {{variant: {{"lm_head": 0.5, "spec_head": head, "proposal": 0.5 + head}}}} for b in sizes}}, "errors": []}}
+       "prefill": {{"requests": ms(4.0), "gpu_ms": ms(30.0 + (5.0 if system == "lilicorr" else 0.0)),
+                   "host_ms": ms(2.0)}},
+       "proposal": {{"batch_sizes": {{str(b): {{variant: {{"lm_head": 0.5, "spec_head": head, "proposal": 0.5 + head}}}}
+                                     for b in sizes}}, "errors": []}}
                     if spec else None,
-       "memory": {{"target_gib": 15.26, "draft_gib": 2.03 if spec else None, "head_gib": 0.07 if system != "dflash" and spec else None,
-                  "kv_pool_gib": 3.75, "max_total_num_tokens": 24576, "pre_load_free_gib": 78.5 if system in ("lilicorr", "base") else 50.0,
+       "memory": {{"target_gib": 15.26, "draft_gib": 2.03 if spec else None,
+                  "head_gib": 0.07 if system != "dflash" and spec else None,
+                  "kv_pool_gib": 3.75, "max_total_num_tokens": 24576,
+                  "pre_load_free_gib": 78.5 if system in ("lilicorr", "base") else 50.0,
                   "free_after_graphs_gib": 54.0, "graphs_gib": 1.2 if not eager else 0.0}}}}
 if folder:
     with open(os.path.join(folder, f"stages-{{os.getpid()}}.json"), "w") as f:
         json.dump(doc, f)
-stub = StubServer(speculative=spec, accept=7, step_s=0.0002 * (3 if system == "builtin" else 1), min_latency_s=0.001, port=int(os.environ["PORT"]))
+stub = StubServer(speculative=spec, accept=7, step_s=0.0002 * (3 if system == "builtin" else 1), min_latency_s=0.001,
+                  port=int(os.environ["PORT"]))
 stub.serve_forever()
 """
 
@@ -307,8 +314,8 @@ def test_summary_has_every_system_and_concurrency(bundles, tmp_path):
     )
     text = (out / "cost.md").read_text()
     assert (
-        "| Stage (ms / block) | dflash (graph) | lilicorr (eager) | lilicorr (graph) | builtin (eager) | builtin (graph) |"
-        in text
+        "| Stage (ms / block) | dflash (graph) | lilicorr (eager) | lilicorr (graph) | builtin (eager) "
+        "| builtin (graph) |" in text
     )
     assert "every block committed 7 tokens" in text and "Plain decode step of the same target: 7.01 ms" in text
     assert doc["prefill"]["lilicorr"]["gpu_ms"]["mean"] == 35.0 and doc["prefill"]["base"]["gpu_ms"]["count"] == 90
@@ -316,8 +323,8 @@ def test_summary_has_every_system_and_concurrency(bundles, tmp_path):
     assert set(long_runs) == {"1", "4", "16", "32"} and set(long_runs["4"]["tok_s"]) == {"lilicorr", "builtin"}
     assert targets["lilicorr_tok_s_ge_builtin_ci_lo"]["values"]["4"] == long_runs["4"]["tok_s_vs_builtin"]["lo"]
     assert (
-        "Throughput with 1,024-token outputs (tput phase: LILICORR and the built-in alone, paired rounds, uninstrumented)"
-        in text
+        "Throughput with 1,024-token outputs "
+        "(tput phase: LILICORR and the built-in alone, paired rounds, uninstrumented)" in text
     )
     assert "| lilicorr | 90 | 4.0 | 35.00 / 35.00 / -- | 2.00 |" in text
     assert "| 1 | domino | 10.61 | 1.065 |" in text and "dspark (graph)" in text
@@ -449,7 +456,8 @@ def test_a_server_that_fails_to_start_leaves_its_log_in_the_bundle(built, tmp_pa
     work = fresh_work(built, tmp_path)
     crash = tmp_path / "crash.py"
     crash.write_text(
-        "import sys\nprint('Traceback (most recent call last):')\nprint('ValueError: no flashinfer here')\nsys.exit(3)\n"
+        "import sys\nprint('Traceback (most recent call last):')\n"
+        "print('ValueError: no flashinfer here')\nsys.exit(3)\n"
     )
     monkeypatch.setenv("SCALE_LAUNCH", f"{sys.executable} {crash}")
     monkeypatch.setattr(scale, "PORT0", free_port_block(1))

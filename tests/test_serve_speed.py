@@ -77,7 +77,8 @@ def test_table_and_plot(tmp_path):
 
 LOG = """[x] Capture target verify CUDA graph end. bs=[1, 2], elapsed=9.27 s, mem usage=2.53 GB, avail mem=70.14 GB.
 [x] Capture draft verify CUDA graph end. bs=[1, 2], elapsed=44.40 s, mem usage=0.21 GB, avail mem=67.62 GB.
-[x] Engine startup timings (s): load_weight=0.55, kv_cache_allocation=1.86, scheduler_e2e=77.41, cuda_graph={prefill=0.00}
+[x] Engine startup timings (s): load_weight=0.55, kv_cache_allocation=1.86, scheduler_e2e=77.41, \
+cuda_graph={prefill=0.00}
 """
 PRECOMPILE = """[x] LILICORR select, draft graphs at bs 1-32, eager proposal at bs -: 34 Triton kernels compiled \
 concurrently (or read from Triton's cache) on 8 threads in 4.2 s.

@@ -214,10 +214,10 @@ def test_each_refusal_in_full():
             f"Drop {flag} or set it to 16."
         )
     assert message(lambda: server_args.check_tensor_parallel(spec, 4)) == (
-        "--tp-size 4 does not fit the draft, which SGLang's DFlash draft shards over the TP ranks: num_attention_heads=6 "
-        "is not divisible by 4; num_key_value_heads=6 neither divides nor is divisible by 4; intermediate_size=102 is "
-        "not divisible by 4 (lilicorr train --draft-intermediate-size). Serve with --tp-size in [1, 2, 3, 6], or with a "
-        "draft whose shapes divide by 4."
+        "--tp-size 4 does not fit the draft, which SGLang's DFlash draft shards over the TP ranks: "
+        "num_attention_heads=6 is not divisible by 4; num_key_value_heads=6 neither divides nor is divisible by 4; "
+        "intermediate_size=102 is not divisible by 4 (lilicorr train --draft-intermediate-size). Serve with --tp-size "
+        "in [1, 2, 3, 6], or with a draft whose shapes divide by 4."
     )
 
 
@@ -284,9 +284,9 @@ def test_the_accepted_target_attention_backends_pass(attention, prefill, decode)
 )
 def test_a_target_attention_backend_never_served_is_refused_with_the_fix(backend):
     assert message(lambda: server_args.check_target_attention_backend(target(backend))) == (
-        f"--attention-backend {backend} is not supported with --speculative-algorithm LILICORR: the target's prefill and "
-        f"decode attention has never been served and checked on {backend} (LILICORR accepts triton, flashinfer); pass "
-        "--attention-backend triton or flashinfer (triton is served and proven lossless)."
+        f"--attention-backend {backend} is not supported with --speculative-algorithm LILICORR: the target's prefill "
+        f"and decode attention has never been served and checked on {backend} (LILICORR accepts triton, flashinfer); "
+        "pass --attention-backend triton or flashinfer (triton is served and proven lossless)."
     )
 
 

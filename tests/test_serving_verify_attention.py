@@ -190,7 +190,8 @@ def test_the_dflash_hook_configures_the_workers_target_by_the_environment(warmed
 
 def test_the_plugin_hooks_sglangs_dflash_worker_only_where_the_setting_is_set():
     """In a fresh interpreter, as SGLang's processes load plugins: the DFLASH worker's init_attention_backends is
-    wrapped with the verify attention hook when LILICORR_VERIFY_ATTENTION is set, and left as SGLang ships it when not."""
+    wrapped with the verify attention hook when LILICORR_VERIFY_ATTENTION is set, and left as SGLang ships it when
+    not."""
     script = textwrap.dedent("""
         from sglang.srt.plugins import load_plugins
         from sglang.srt.plugins.hook_registry import HookRegistry

@@ -77,7 +77,8 @@ def test_testbed_calls_unpack_before_their_servers_and_return_what_they_built(tm
         shutil.copy(ROOT / "tools" / "device" / name, root / "tools" / "device")
     (root / ".dev" / "bin").mkdir(parents=True)
     (root / ".dev" / "bin" / "smol.sh").write_text(
-        f'ls "{cache}/sm90a" > "{tmp_path}/seen.txt"; mkdir -p "{cache}/sm90a/rope" && echo so > "{cache}/sm90a/rope/rope.so"\n'
+        f'ls "{cache}/sm90a" > "{tmp_path}/seen.txt"; '
+        f'mkdir -p "{cache}/sm90a/rope" && echo so > "{cache}/sm90a/rope/rope.so"\n'
     )
     carried = tmp_path / "carried"
     build(carried, "rmsnorm")

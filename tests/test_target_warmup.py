@@ -1,7 +1,7 @@
-"""The start-up pass over the target prefill's attention kernel (serving/target_warmup.py): the launches it builds through
-SGLang's own `TritonAttnBackend.forward_extend` key like those of served prefills of any batch size (1 to 48 prompts,
-uneven lengths, cached prefixes, both q/k/v layouts a model passes), so none of those compiles after start-up; it does
-nothing, and says why, on a CPU, another backend or a backend that runs another kernel; it never raises."""
+"""The start-up pass over the target prefill's attention kernel (serving/target_warmup.py): the launches it builds
+through SGLang's own `TritonAttnBackend.forward_extend` key like those of served prefills of any batch size (1 to 48
+prompts, uneven lengths, cached prefixes, both q/k/v layouts a model passes), so none of those compiles after start-up;
+it does nothing, and says why, on a CPU, another backend or a backend that runs another kernel; it never raises."""
 
 from __future__ import annotations
 

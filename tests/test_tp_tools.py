@@ -1,6 +1,7 @@
-"""The multi-GPU check's tools on CPU (tools/device/tp_check.sh runs them on the GPU machine): tp_models.py writes a target
-and drafts that SGLang's resolution serves at TP = 1, 2, 4 and 8 and that `lilicorr train` trains under torchrun; the
-proposal record (LILICORR_PROPOSAL_RECORD) keeps a worker's first blocks; tp_compare.py's reports and verdicts."""
+"""The multi-GPU check's tools on CPU (tools/device/tp_check.sh runs them on the GPU machine): tp_models.py writes a
+target and drafts that SGLang's resolution serves at TP = 1, 2, 4 and 8 and that `lilicorr train` trains under
+torchrun; the proposal record (LILICORR_PROPOSAL_RECORD) keeps a worker's first blocks; tp_compare.py's reports and
+verdicts."""
 
 from __future__ import annotations
 

@@ -659,7 +659,8 @@ def test_resume_cleans_orphans_falls_back_past_a_corrupt_checkpoint_and_logs_eac
 
 
 def write_held_out_turns(workspace, path):
-    """Two held-out conversations with the target's ids (as `lilicorr regenerate` writes them): the eval replays them."""
+    """Two held-out conversations with the target's ids (as `lilicorr regenerate` writes them): the eval replays
+    them."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(workspace["llama"])

@@ -19,14 +19,16 @@ import json, os, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class H(BaseHTTPRequestHandler):
     def do_GET(self):
-        self.send_response(200 if self.path == "/health" else 404); self.send_header("Content-Length", "0"); self.end_headers()
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Length", "0"); self.end_headers()
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         print(json.dumps(body), flush=True)
         p = body["sampling_params"]
         ids = ([body["input_ids"][-1] + 1] * 3 + [2])[: p["max_new_tokens"]]
         data = json.dumps({"text": "x", "output_ids": ids, "meta_info": {}}).encode()
-        self.send_response(200); self.send_header("Content-Length", str(len(data))); self.end_headers(); self.wfile.write(data)
+        self.send_response(200); self.send_header("Content-Length", str(len(data))); self.end_headers()
+        self.wfile.write(data)
     def log_message(self, *a): pass
 ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()
 """

@@ -283,7 +283,8 @@ def test_resume_refuses_another_geometry(tmp_path):
     wider = dataclasses.replace(DRAFTER, intermediate_size=128)
     with pytest.raises(
         state.IncompatibleCheckpointError,
-        match=r"cannot resume, the drafter differs in \['intermediate_size'\] \(checkpoint \[64\] vs this run \[128\]\)",
+        match=r"cannot resume, the drafter differs in \['intermediate_size'\] "
+        r"\(checkpoint \[64\] vs this run \[128\]\)",
     ):
         state.check_resume_compatible(got_state, wider, HEAD, "w")
     with pytest.raises(state.IncompatibleCheckpointError, match="cannot resume, the head differs"):
@@ -456,7 +457,8 @@ def test_optimizer_tensors_load_where_asked(tmp_path):
 
 
 def test_weights_only_holds_whatever_the_environment_says(tmp_path, monkeypatch):
-    """torch.load's own default gives way to TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD; the explicit weights_only=True does not."""
+    """torch.load's own default gives way to TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD; the explicit weights_only=True does
+    not."""
     from pathlib import PurePosixPath
 
     path = save(tmp_path, 2, optimizer={"optimizer": {}, "scheduler": PurePosixPath("/x")})

@@ -80,13 +80,15 @@ def merge_summary(path: Path, updates: dict, card: str | None, commit: str | Non
 
 
 def serve_report(folder: Path, degrees: list[int], summary: dict | None = None) -> bool:
-    """Print the serve report; `summary` (when given) receives tpN_ranks_agree for each degree whose record was found."""
+    """Print the serve report; `summary` (when given) receives tpN_ranks_agree for each degree whose record was
+    found."""
     ok = True
     blocks = {n: first_blocks(folder / f"tp{n}") for n in degrees}
     for n, ranks in blocks.items():
         if len(ranks) != n or not ranks.get(0):
             print(
-                f"TP {n}: proposals of {sorted(ranks)} ranks in {folder / f'tp{n}'}, expected {n} (was LILICORR_PROPOSAL_RECORD set?)"
+                f"TP {n}: proposals of {sorted(ranks)} ranks in {folder / f'tp{n}'}, expected {n} "
+                "(was LILICORR_PROPOSAL_RECORD set?)"
             )
             ok = False
             continue
@@ -94,7 +96,8 @@ def serve_report(folder: Path, degrees: list[int], summary: dict | None = None) 
         short = [r for r, rows in ranks.items() if len(rows) != len(ranks[0])]
         print(
             f"TP {n}: {len(ranks[0])} first blocks on each of {n} ranks; ranks differ on {len(differ)} blocks"
-            f"{f' (rank, request) {differ[:5]}' if differ else ''}{f'; ranks {short} hold another count' if short else ''}"
+            f"{f' (rank, request) {differ[:5]}' if differ else ''}"
+            f"{f'; ranks {short} hold another count' if short else ''}"
         )
         ok &= not differ and not short
         if summary is not None:
@@ -108,10 +111,10 @@ def serve_report(folder: Path, degrees: list[int], summary: dict | None = None) 
         slots = sum(x == y for a, b in pairs for x, y in zip(a, b))
         total = sum(len(a) for a, _ in pairs)
         first = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
-        print(
-            f"first blocks, TP {n} vs TP {degrees[0]}: {same}/{len(pairs)} identical, slots {slots}/{total}"
-            f"{'' if first is None else f'; first difference at request {first}: {pairs[first][1]} vs {pairs[first][0]}'}"
+        where = (
+            "" if first is None else f"; first difference at request {first}: {pairs[first][1]} vs {pairs[first][0]}"
         )
+        print(f"first blocks, TP {n} vs TP {degrees[0]}: {same}/{len(pairs)} identical, slots {slots}/{total}{where}")
     print("\n| algorithm | TP | accept length | ms / block (bs 1) | tokens/s by concurrency |\n|---|---|---|---|---|")
     for algo in ("lilicorr", "dflash"):
         for n in degrees:
@@ -121,7 +124,8 @@ def serve_report(folder: Path, degrees: list[int], summary: dict | None = None) 
                 continue
             rates = ", ".join(f"c{k[7:]}: {v:.0f}" for k, v in stats.items() if k.startswith("tok_s_c"))
             print(
-                f"| {algo} | {n} | {stats.get('accept_len', float('nan')):.3f} | {stats.get('ms_per_block', float('nan')):.2f} | {rates} |"
+                f"| {algo} | {n} | {stats.get('accept_len', float('nan')):.3f} | "
+                f"{stats.get('ms_per_block', float('nan')):.2f} | {rates} |"
             )
     return ok
 
@@ -161,8 +165,8 @@ def train_report(
     base = {r["step"]: r for r in logs[runs[0]]}
     rate0, rates0 = None, None
     print(
-        "| run | steps | max |d loss/total| | max |d eval/loss/total| | tokens/s (median; mean) | vs first | ms per step, "
-        "last window: " + " / ".join(PHASES) + " |\n|---|---|---|---|---|---|---|"
+        "| run | steps | max |d loss/total| | max |d eval/loss/total| | tokens/s (median; mean) | vs first "
+        "| ms per step, last window: " + " / ".join(PHASES) + " |\n|---|---|---|---|---|---|---|"
     )
     for run, rows in logs.items():
         diffs = {

@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> None:
     write_drafts(out, model, tokenizer, a.seed)
     n = write_conversations(out / "conversations.jsonl", a.conversations)
     print(
-        f"target ({sum(t.numel() for t in model.parameters()) / 1e6:.1f} M parameters, vocab {a.vocab}, {a.heads} heads, "
-        f"{a.kv_heads} KV heads), lilicorr_draft, dflash_draft, {n} conversations -> {out}"
+        f"target ({sum(t.numel() for t in model.parameters()) / 1e6:.1f} M parameters, vocab {a.vocab}, "
+        f"{a.heads} heads, {a.kv_heads} KV heads), lilicorr_draft, dflash_draft, {n} conversations -> {out}"
     )
 
 

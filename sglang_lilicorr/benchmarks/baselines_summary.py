@@ -107,7 +107,8 @@ def check_budget(budget: Mapping[str, Any]) -> None:
     cut = [s for s in EQUAL_SYSTEMS if budget[s]["step"] != budget[s]["train_config"].get("max_steps")]
     if cut:
         raise UsageError(
-            f"--budget: {cut} stopped at step {budget[cut[0]]['step']} of {budget[cut[0]]['train_config'].get('max_steps')}",
+            f"--budget: {cut} stopped at step {budget[cut[0]]['step']} of "
+            f"{budget[cut[0]]['train_config'].get('max_steps')}",
             fix="give `train` a --max-minutes none of the runs reaches (the wall-time cap cuts the schedule)",
         )
 

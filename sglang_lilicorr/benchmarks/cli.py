@@ -2,7 +2,8 @@
 
   lilicorr bench run --url http://127.0.0.1:30000 --system lilicorr --dataset gsm8k SPEED/qualitative.jsonl \
       --concurrency 1 2 4 8 16 32 --temperature 0 1 --seeds 0 1 2 --results runs/lilicorr.jsonl
-  lilicorr bench report runs/ar.jsonl runs/dflash.jsonl runs/lilicorr.jsonl --baseline ar --block-ref dflash --out report/
+  lilicorr bench report runs/ar.jsonl runs/dflash.jsonl runs/lilicorr.jsonl \
+      --baseline ar --block-ref dflash --out report/
   lilicorr bench compare runs/ar.jsonl runs/lilicorr.jsonl
   lilicorr bench stages stages.json --out report/
   lilicorr bench faults --url http://127.0.0.1:30000 --clients 64 --duration 300 --expect-spec --out faults/
@@ -207,7 +208,8 @@ def cmd_compare(args) -> int:
         tau = "--" if r["tau"] is None else f"{r['tau']:.2f}"
         block = "--" if r.get("block_ms") is None else f"{r['block_ms']:.2f}"
         lines.append(
-            f"| {r['dataset']} | {r['group']} | {r['concurrency']} | {r['temperature']:g} | {tau} | {block} | {r['base_tps']:.0f} | {r['tps']:.0f} | {r['speedup']:.2f}x |"
+            f"| {r['dataset']} | {r['group']} | {r['concurrency']} | {r['temperature']:g} | {tau} | {block} "
+            f"| {r['base_tps']:.0f} | {r['tps']:.0f} | {r['speedup']:.2f}x |"
         )
     print("\n".join(lines))
     if args.out:
@@ -287,7 +289,8 @@ def register(subparsers) -> None:
         "--dataset",
         nargs="+",
         required=True,
-        help=f"{datasets.names()}, SPEED-Bench split files (.parquet/.jsonl) or prompt files (.jsonl, see prompt_file.py)",
+        help=f"{datasets.names()}, SPEED-Bench split files (.parquet/.jsonl) "
+        "or prompt files (.jsonl, see prompt_file.py)",
     )
     run.add_argument("--results", type=Path, required=True, help="results .jsonl; rerunning skips prompts it holds")
     run.add_argument("--concurrency", type=int, nargs="+", default=[1])
@@ -299,7 +302,8 @@ def register(subparsers) -> None:
         choices=["chat", "generate", "ids"],
         default="chat",
         help="chat: server applies the chat template (default); "
-        "generate: raw text to /generate; ids: the prompt's bytes as token ids to /generate (--skip-tokenizer-init servers)",
+        "generate: raw text to /generate; "
+        "ids: the prompt's bytes as token ids to /generate (--skip-tokenizer-init servers)",
     )
     run.add_argument("--model", default="default", help="`model` field of chat requests")
     run.add_argument("--limit", type=int, help="seeded sample of this many prompts per dataset")

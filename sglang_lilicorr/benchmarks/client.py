@@ -107,7 +107,8 @@ def ids_body(messages: List[dict], sampling: Sampling) -> dict:
     """A single-turn prompt as token ids: its UTF-8 bytes."""
     if len(messages) != 1:
         raise ValueError(
-            f"api 'ids' plays single-turn prompts only (no tokenizer renders a reply into the next turn); got {len(messages)} messages."
+            "api 'ids' plays single-turn prompts only (no tokenizer renders a reply into the next turn); "
+            f"got {len(messages)} messages."
         )
     return {"input_ids": list(messages[0]["content"].encode("utf-8")), "sampling_params": sampling_params(sampling)}
 

@@ -103,7 +103,8 @@ def splitk_linear(
     n = weight.shape[0]
     if m > 128 or weight.shape[1] != k or not (x.is_contiguous() and weight.is_contiguous()):
         raise ValueError(
-            f"splitk_linear: x {tuple(x.shape)} (M <= 128) and weight {tuple(weight.shape)} must be contiguous with one K"
+            f"splitk_linear: x {tuple(x.shape)} (M <= 128) and weight {tuple(weight.shape)} "
+            "must be contiguous with one K"
         )
     out = torch.zeros((m, n), dtype=torch.float32, device=x.device)
     per = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
@@ -213,8 +214,10 @@ def main(argv=None) -> int:
         def summary(r):
             best = min((r[f"{c}_us"], c) for c in CHAIN_CONFIGS if f"{c}_us" in r)
             return (
-                f"{r['gemm']:>9} {r['K']:>5}->{r['N']:<5} in a chain: cuBLAS {r['cublas_us']:5.2f} us, skinny {r['skinny_us']:5.2f} us "
-                f"(without its weight prefetch {r.get('skinny_no_prefetch_us', float('nan')):5.2f}), best {best[1]} {best[0]:5.2f} us per launch"
+                f"{r['gemm']:>9} {r['K']:>5}->{r['N']:<5} in a chain: cuBLAS {r['cublas_us']:5.2f} us, "
+                f"skinny {r['skinny_us']:5.2f} us "
+                f"(without its weight prefetch {r.get('skinny_no_prefetch_us', float('nan')):5.2f}), "
+                f"best {best[1]} {best[0]:5.2f} us per launch"
             )
     else:
 
@@ -224,7 +227,8 @@ def main(argv=None) -> int:
         def summary(r):
             best = min((r[f"splitk{s}_ms"], s) for s in args.splits)
             return (
-                f"{r['gemm']:>9} {r['K']:>5}->{r['N']:<5} floor {r.get('floor_ms', 0) * 1e3:6.1f} us  cuBLAS {r['cublas_ms'] * 1e3:6.1f} us  "
+                f"{r['gemm']:>9} {r['K']:>5}->{r['N']:<5} floor {r.get('floor_ms', 0) * 1e3:6.1f} us  "
+                f"cuBLAS {r['cublas_ms'] * 1e3:6.1f} us  "
                 f"split-K best {best[0] * 1e3:6.1f} us (splits {best[1]})"
             )
 

@@ -5,9 +5,9 @@ side by side in one process on one GPU, with the same weights and inputs.
   python3 -m sglang_lilicorr.benchmarks.head_bench --plot results/X.json    (any machine: X.png beside it)
 
 `--geometry testbed` times the shipped SmolLM2 draft's head instead (width 256, 4 heads, d_e 256,
-hidden 576, vocabulary 49152; the targets are the paper config's). Paper config: block 16 (S = 15 slots), K = 8, head width 1024, 2 layers, 8 heads, FFN 2048,
-d_e 1024, target hidden 4096, vocabulary 151936, bf16; random weights. Per block, at each bs,
-ms per call (median of triton.testing.do_bench over CUDA-graph replay):
+hidden 576, vocabulary 49152; the targets are the paper config's). Paper config: block 16 (S = 15 slots), K = 8,
+head width 1024, 2 layers, 8 heads, FFN 2048, d_e 1024, target hidden 4096, vocabulary 151936, bf16; random weights.
+Per block, at each bs, ms per call (median of triton.testing.do_bench over CUDA-graph replay):
 
   topk_lse     [bs*S, V] logits -> top-K + logsumexp: ours (Triton), built-in, torch (topk + logsumexp)
   head_walk    candidates -> draft ids: ours (table gather + head + walk) per variant; built-in
@@ -545,7 +545,8 @@ def report(res) -> list[str]:
         names += sorted(k for k in keys if k.startswith(stage + "_") and not k.endswith("_builtin"))
         names += [f"{stage}_builtin"] if f"{stage}_builtin" in keys else []
     log(
-        f"\nhead_bench on {meta['gpu']} ({meta['date']}, commit {meta['git_commit']}): ms per block, CUDA-graph replay, median"
+        f"\nhead_bench on {meta['gpu']} ({meta['date']}, commit {meta['git_commit']}): "
+        "ms per block, CUDA-graph replay, median"
     )
     log("| bs | " + " | ".join(names) + " |")
     log("|---" * (len(names) + 1) + "|")
@@ -589,7 +590,8 @@ def report(res) -> list[str]:
     card = next((c for c in TARGET_BS1_MS if c in meta["gpu"]), None)
     if meta.get("geometry", "paper") != "paper":
         log(
-            f"\ngeometry {meta.get('geometry')}: the targets are set at the paper geometry; ratios below are information"
+            f"\ngeometry {meta.get('geometry')}: the targets are set at the paper geometry; "
+            "ratios below are information"
         )
     log("\nratios (ours / built-in; < 1 is faster) and targets:")
     for r in rows:
@@ -597,7 +599,8 @@ def report(res) -> list[str]:
         t_up, t_torch, t_ours = r.get("topk_lse_builtin"), r.get("topk_lse_torch"), r.get("topk_lse_ours")
         sp_b, sp_t = ratio(t_up, t_ours), ratio(t_torch, t_ours)
         line = [
-            f"bs={bs}: topk_lse speed-up vs built-in {fmt(sp_b)}x (target {TARGET_TOPK_VS_BUILTIN}), vs torch {fmt(sp_t)}x (target {TARGET_TOPK_VS_TORCH})"
+            f"bs={bs}: topk_lse speed-up vs built-in {fmt(sp_b)}x (target {TARGET_TOPK_VS_BUILTIN}), "
+            f"vs torch {fmt(sp_t)}x (target {TARGET_TOPK_VS_TORCH})"
         ]
         if sp_b is not None and sp_b < TARGET_TOPK_VS_BUILTIN:
             failed.append(f"bs{bs}_topk_vs_builtin")
@@ -616,7 +619,8 @@ def report(res) -> list[str]:
             failed.append(f"bs{bs}_post_logits_ratio")
         if bs == 1 and card and best is not None:
             line.append(
-                f"  bs=1 target on {card}: <= {TARGET_BS1_MS[card]} ms -> {'met' if best <= TARGET_BS1_MS[card] else 'MISSED'}"
+                f"  bs=1 target on {card}: <= {TARGET_BS1_MS[card]} ms -> "
+                f"{'met' if best <= TARGET_BS1_MS[card] else 'MISSED'}"
             )
             if best > TARGET_BS1_MS[card]:
                 failed.append("bs1_post_logits_ms")
@@ -674,7 +678,8 @@ def main(argv=None) -> int:
         return 0
     if not torch.cuda.is_available() and not args.smoke:
         log(
-            "head_bench needs a CUDA GPU (run it on the device machine; see benchmarks/PERF_NOTES.md); --smoke runs a CPU dry run."
+            "head_bench needs a CUDA GPU (run it on the device machine; see benchmarks/PERF_NOTES.md); "
+            "--smoke runs a CPU dry run."
         )
         return 2
     if not torch.cuda.is_available() and "triton" not in sys.modules:

@@ -157,7 +157,10 @@ def violation(request: Request) -> Optional[str]:
     }[request.kind]
     if request.outcome in allowed:
         return None
-    return f"client {request.client} request {request.index} ({request.kind}, {request.api}): {request.outcome} {request.error}"
+    return (
+        f"client {request.client} request {request.index} ({request.kind}, {request.api}): "
+        f"{request.outcome} {request.error}"
+    )
 
 
 async def client_loop(session, config: FaultConfig, client: int, deadline: float, out: List[Request]) -> None:

@@ -73,13 +73,15 @@ def play_rounds(
     """Plays every (c, round, system) of `prompts` ({c: prompts}) against `urls` ({system: url}), greedy.
     Before each round it checks that the deadline leaves the longest round so far plus plan.reserve_s;
     if not, it stops there. `watch(system, c, round)`, where given, is called before each run and returns what to
-    call after it (e.g. the CPU the idle servers spent meanwhile). Returns what failed or was left out, one line each."""
+    call after it (e.g. the CPU the idle servers spent meanwhile). Returns what failed or was left out, one line
+    each."""
     systems, failures, longest = list(urls), [], 0.0
     for c, todo in prompts.items():
         for r in range(1, plan.rounds + 1):
             if deadline is not None and not deadline.allows(longest + plan.reserve_s):
                 log(
-                    f"[rounds] stopping before c={c} round {r}: {deadline.left():.0f} s left, a round takes up to {longest:.0f} s"
+                    f"[rounds] stopping before c={c} round {r}: {deadline.left():.0f} s left, "
+                    f"a round takes up to {longest:.0f} s"
                 )
                 return failures + [f"deadline: from c={c} round {r} on not played"]
             t0 = time.time()

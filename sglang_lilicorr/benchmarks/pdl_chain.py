@@ -109,7 +109,8 @@ def main(argv=None) -> int:
                 ""
                 if "pdl_us_per_launch" not in r
                 else (
-                    f" -> with PDL {r['pdl_us_per_launch']:.2f} us: {r['saved_us_per_boundary']:.2f} us saved per boundary"
+                    f" -> with PDL {r['pdl_us_per_launch']:.2f} us: "
+                    f"{r['saved_us_per_boundary']:.2f} us saved per boundary"
                     f" (output equal: {r['pdl_equals_plain']})"
                 )
             )

@@ -264,7 +264,8 @@ async def _run_phase(client, prompts, config, out, outcome, progress, max_failur
 
 
 def warmup_waves(prompts: Sequence[Prompt], warmup: int, concurrency: int) -> List[List[Prompt]]:
-    """The warm-up waves of a run: ceil(max(warmup, c) / c) waves of c prompts each (prompts cycled); [] if warmup = 0."""
+    """The warm-up waves of a run: ceil(max(warmup, c) / c) waves of c prompts each (prompts cycled); [] if
+    warmup = 0."""
     if warmup <= 0 or not prompts:
         return []
     n_waves = -(-max(warmup, concurrency) // concurrency)

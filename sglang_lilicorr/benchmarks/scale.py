@@ -19,7 +19,8 @@ SGLang's DFlash worker (the same forced accept); the DSPARK worker reads the kno
 
   python -m sglang_lilicorr.benchmarks.scale build --work W
   python -m sglang_lilicorr.benchmarks.scale run --work W --phases graph --out $OUT --deadline EPOCH
-  python -m sglang_lilicorr.benchmarks.scale_report BUNDLE_OR_DIR ... --out benchmarks/results/scale-qwen3-8b/CARD_COMMIT   (CPU)
+  python -m sglang_lilicorr.benchmarks.scale_report BUNDLE_OR_DIR ... \
+      --out benchmarks/results/scale-qwen3-8b/CARD_COMMIT   (CPU)
 
 Phases (PHASES); each starts its servers one after another (side by side on GPU 0), measures, stops them
 and packs WORK/<phase> into $OUT/scale_<phase>.tar.gz (written whole or not at all):
@@ -475,12 +476,14 @@ def cmd_run(args) -> int:
         phase = PHASES[name]
         if measured(Path(args.work), phase):
             print(
-                f"[{name}] measured in an earlier call: {pack(Path(args.work) / name, Path(args.out) / f'scale_{name}.tar.gz')}"
+                f"[{name}] measured in an earlier call: "
+                f"{pack(Path(args.work) / name, Path(args.out) / f'scale_{name}.tar.gz')}"
             )
             continue
         if not deadline.allows(phase.budget_s):
             print(
-                f"[{name}] {deadline.left():.0f} s left, the phase needs up to {phase.budget_s:.0f} s: run it in the next call."
+                f"[{name}] {deadline.left():.0f} s left, the phase needs up to {phase.budget_s:.0f} s: "
+                "run it in the next call."
             )
             skipped.append(name)
             continue

@@ -342,8 +342,8 @@ def markdown(doc: dict, tables: dict) -> str:
             "",
             stages.table(table).rstrip(),
             "",
-            f"Plain decode step of the same target: {_fmt(base[str(c)]['decode_step_ms'])} ms. LILICORR head share of its "
-            f"graph-captured block: {_fmt(None if share is None else 100 * share)} %.",
+            f"Plain decode step of the same target: {_fmt(base[str(c)]['decode_step_ms'])} ms. LILICORR head share "
+            f"of its graph-captured block: {_fmt(None if share is None else 100 * share)} %.",
             "",
         ]
     lines += [
@@ -370,8 +370,9 @@ def markdown(doc: dict, tables: dict) -> str:
     for c in base:
         e = {s: systems[s][c] for s in SYSTEMS}
         lines.append(
-            f"| {c} | {_fmt(base[c]['tok_s'], '.0f')} | {_fmt(e['dflash']['tok_s'], '.0f')} | {_fmt(e['builtin']['tok_s'], '.0f')} | "
-            f"{_fmt(e['lilicorr']['tok_s'], '.0f')} | {_ci(e['lilicorr']['tok_s_vs_builtin'])} | {_ci(e['lilicorr']['tok_s_vs_dflash'])} | "
+            f"| {c} | {_fmt(base[c]['tok_s'], '.0f')} | {_fmt(e['dflash']['tok_s'], '.0f')} | "
+            f"{_fmt(e['builtin']['tok_s'], '.0f')} | {_fmt(e['lilicorr']['tok_s'], '.0f')} | "
+            f"{_ci(e['lilicorr']['tok_s_vs_builtin'])} | {_ci(e['lilicorr']['tok_s_vs_dflash'])} | "
             + " / ".join(_fmt(e[s]["projected_speedup"]) for s in ("lilicorr", "dflash", "builtin"))
             + "x |"
         )
@@ -379,7 +380,8 @@ def markdown(doc: dict, tables: dict) -> str:
         timer = "stage timer on" if doc["phases"]["tput"]["phase"].get("stage_timer", True) else "uninstrumented"
         lines += [
             "",
-            f"Throughput with 1,024-token outputs (tput phase: LILICORR and the built-in alone, paired rounds, {timer}):",
+            "Throughput with 1,024-token outputs "
+            f"(tput phase: LILICORR and the built-in alone, paired rounds, {timer}):",
             "",
             "| c | built-in | LILICORR | LILICORR / built-in (95 % CI) |",
             "|---|---|---|---|",
@@ -401,7 +403,8 @@ def markdown(doc: dict, tables: dict) -> str:
     for s, m in doc["memory"].items():
         m = m or {}
         lines.append(
-            f"| {s} | {_fmt(m.get('draft_gib'), '.3f')} | {_fmt(m.get('head_gib'), '.3f')} | {_fmt(m.get('graphs_gib'), '.3f')} | "
+            f"| {s} | {_fmt(m.get('draft_gib'), '.3f')} | {_fmt(m.get('head_gib'), '.3f')} | "
+            f"{_fmt(m.get('graphs_gib'), '.3f')} | "
             f"{_fmt(m.get('kv_bytes_per_token'), '.0f')} | {m.get('largest_batch', '--')} |"
         )
     prefills = {s: p for s, p in doc.get("prefill", {}).items() if p and p["gpu_ms"]["count"]}

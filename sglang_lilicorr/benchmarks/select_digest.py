@@ -5,8 +5,9 @@ between two commits (run it under each, the same card) or between two variants i
 
 head_bench's head (its trained-like weights, `build_ours`) and inputs (`make_inputs`) at each bs; for each of
 head_bench's VARIANTS (the select's plans), `select_from_logits` once eagerly and once replayed from a CUDA graph
-(where CUDA is there). One line per (variant, bs, mode): the sha256 of the draft ids, candidate ids and log-probs, as bytes.
-Kernel changes that only move loads or launch kernels elsewhere must keep every line. `--smoke`: head_bench's tiny geometry on the CPU (tests/test_select_digest.py).
+(where CUDA is there). One line per (variant, bs, mode): the sha256 of the draft ids, candidate ids and log-probs, as
+bytes. Kernel changes that only move loads or launch kernels elsewhere must keep every line. `--smoke`: head_bench's
+tiny geometry on the CPU (tests/test_select_digest.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Served speed as a user gets it: the summary of paired, rotated throughput rounds of four servers (no speculation,
 SGLang's DFLASH, SGLang's built-in LiLiCorr head on our draft, and LILICORR on the same draft) and, where they ran, the
-two verify-attention variants (VERIFY_SYSTEMS), at each concurrency and in two CUDA-graph settings (graphs up to the largest concurrency; graphs to 16, so c = 32 runs the eager path).
+two verify-attention variants (VERIFY_SYSTEMS), at each concurrency and in two CUDA-graph settings (graphs up to the
+largest concurrency; graphs to 16, so c = 32 runs the eager path).
 
   summarize(rounds) -> {c: {system: tok/s, "<a>_vs_<b>": [mean, lo, hi], "tau": {system: tau}}}
   table(summary) -> markdown;  plot(summary, path)

@@ -138,7 +138,8 @@ def validate(rows: Sequence[dict], split: str, where: str) -> None:
             )
         if split != "qualitative" and row["category"] not in ENTROPY_TIERS:
             raise SpeedBenchFormatError(
-                f"{at}: category {row['category']!r} is not an entropy tier {ENTROPY_TIERS}; is {where} really split {split}?"
+                f"{at}: category {row['category']!r} is not an entropy tier {ENTROPY_TIERS}; "
+                f"is {where} really split {split}?"
             )
     if placeholders:
         raise SpeedBenchFormatError(

@@ -1,6 +1,7 @@
 """Where the time of one served select goes: the kernel timeline of its CUDA-graph replay.
 
-  python3 -m sglang_lilicorr.benchmarks.timeline [--geometry paper] [--bs 1] [--reps 20] [--variant served] [--out timeline.json]
+  python3 -m sglang_lilicorr.benchmarks.timeline [--geometry paper] [--bs 1] [--reps 20] [--variant served] \
+      [--out timeline.json]
 
 Builds the served select path (`FastLiLiCorrSelect` with its served plans, head_bench's trained-like weights;
 --variant: another of head_bench's VARIANTS, e.g. served_unfolded without the folded norms), captures
@@ -131,13 +132,15 @@ def run(geometry: str, bs: int, reps: int, variant: str = "served") -> dict:
 
 def format_timeline(res: dict) -> str:
     lines = [
-        f"{res.get('card', '')} {res.get('geometry', '')} bs {res.get('bs', '')}: {res['replays']} replays, medians in us",
+        f"{res.get('card', '')} {res.get('geometry', '')} bs {res.get('bs', '')}: "
+        f"{res['replays']} replays, medians in us",
         f"{'#':>3} {'stream':>6} {'start':>7} {'dur':>6} {'idle':>6}  kernel",
     ]
     for i, k in enumerate(res["kernels"]):
         lines.append(f"{i:>3} {k['stream']:>6} {k['start']:>7.1f} {k['dur']:>6.1f} {k['idle']:>6.1f}  {k['name']}")
     lines.append(
-        f"wall {res['wall_us']:.1f} us; first stream: kernels {res['main_busy_us']:.1f} us, idle between them {res['main_idle_us']:.1f} us"
+        f"wall {res['wall_us']:.1f} us; first stream: kernels {res['main_busy_us']:.1f} us, "
+        f"idle between them {res['main_idle_us']:.1f} us"
     )
     return "\n".join(lines)
 

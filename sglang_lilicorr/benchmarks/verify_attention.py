@@ -12,8 +12,8 @@ B = 16 causal query tokens per request over its cached prefix.
 
 Each at every (geometry, batch, prefix length): its time per call inside a CUDA graph of REPLAY_CALLS calls (as a
 served verify runs it: no launch or Python overhead; the inputs stay in L2 between calls), and its output's largest
-difference from a float32 reference on the first request (causal over prefix + block). Geometries: SmolLM2-135M (9 query / 3 KV heads of 64) and Qwen3-8B (32 / 8 of
-128).
+difference from a float32 reference on the first request (causal over prefix + block). Geometries: SmolLM2-135M
+(9 query / 3 KV heads of 64) and Qwen3-8B (32 / 8 of 128).
 
   python -m sglang_lilicorr.benchmarks.verify_attention --out DIR     (on a GPU; DIR/verify_attention.json + .png)
   python -m sglang_lilicorr.benchmarks.verify_attention --plot DIR/verify_attention.json --out DIR   (the plot again)

@@ -50,16 +50,21 @@ def describe_draft(spec, target_shape, drafter, target: Path) -> list[str]:
     d, h = drafter.config, spec.head
     width = f"{h.hidden_size}" if h.hidden_size else f"{d.hidden_size} (the drafter's)"
     return [
-        f"draft {spec.path}: {spec.config['architectures'][0]}, torch_dtype {spec.config.get('torch_dtype', 'bfloat16')}",
-        f"  drafter: hidden {d.hidden_size}, vocab {d.vocab_size}, {d.num_hidden_layers} layer(s) of {d.num_attention_heads} "
-        f"heads ({d.num_key_value_heads} kv) x {d.head_dim}, FFN {d.intermediate_size}, block {d.block_size}",
-        f"  target layers {list(d.target_layer_ids)} of {d.num_target_layers}, mask token {d.mask_token!r} (id {d.mask_token_id})",
-        f"  rope: theta {d.rope_theta:g}, scaling {d.rope_scaling.describe()}; positions up to {d.max_position_embeddings}",
+        f"draft {spec.path}: {spec.config['architectures'][0]}, "
+        f"torch_dtype {spec.config.get('torch_dtype', 'bfloat16')}",
+        f"  drafter: hidden {d.hidden_size}, vocab {d.vocab_size}, "
+        f"{d.num_hidden_layers} layer(s) of {d.num_attention_heads} heads ({d.num_key_value_heads} kv) x {d.head_dim}, "
+        f"FFN {d.intermediate_size}, block {d.block_size}",
+        f"  target layers {list(d.target_layer_ids)} of {d.num_target_layers}, "
+        f"mask token {d.mask_token!r} (id {d.mask_token_id})",
+        f"  rope: theta {d.rope_theta:g}, scaling {d.rope_scaling.describe()}; "
+        f"positions up to {d.max_position_embeddings}",
         f"  head: K={h.candidate_topk}, width {width}, {h.num_layers} layer(s) of {h.num_heads} heads, "
         f"d_e {h.factor_dim}, sigma {h.logit_scale:g}",
         f"target {target}: hidden {target_shape.hidden_size}, vocab {target_shape.vocab_size}, "
         f"{target_shape.num_layers} layers, context {target_shape.context_length}",
-        f"ok: serve with --model-path {target} --speculative-algorithm LILICORR --speculative-draft-model-path {spec.path}",
+        f"ok: serve with --model-path {target} --speculative-algorithm LILICORR "
+        f"--speculative-draft-model-path {spec.path}",
     ]
 
 

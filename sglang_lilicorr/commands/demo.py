@@ -136,7 +136,8 @@ def run_demo(args: argparse.Namespace) -> int:
             f"no draft checkpoint at {args.draft}"
             + (", the shipped SmolLM2 LiLiCorr draft is not in this checkout yet" if shipped else ""),
             where="--draft",
-            fix="train and export one (`lilicorr train ...`, then `lilicorr export RUN_DIR OUT_DIR`) and pass --draft OUT_DIR",
+            fix="train and export one (`lilicorr train ...`, then `lilicorr export RUN_DIR OUT_DIR`) "
+            "and pass --draft OUT_DIR",
         )
     import torch
     from tqdm import tqdm

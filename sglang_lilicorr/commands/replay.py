@@ -6,8 +6,8 @@ Outputs are `lilicorr regenerate` files (rows with `turns` of prompt/output ids,
 `temperature`, `seed`). Every draft is replayed on every turn; a LiLiCorr draft yields three
 systems: NAME (greedy walk, as served), NAME_viterbi (the exact path maximiser) and NAME_argmax
 (the same drafter's argmax block); a Domino or DSpark draft two: NAME (its head's greedy slot-by-slot
-correction, the block its server proposes at T = 0) and NAME_argmax. Writes REPORT/replay.jsonl (one row per turn and system) and
-REPORT/tau.json + tau.md: tau = completion tokens / verify blocks per (system, set, temperature),
+correction, the block its server proposes at T = 0) and NAME_argmax. Writes REPORT/replay.jsonl (one row per turn
+and system) and REPORT/tau.json + tau.md: tau = completion tokens / verify blocks per (system, set, temperature),
 per seed and its mean and sample std over seeds; the set `average` is the mean of the sets' tau.
 """
 

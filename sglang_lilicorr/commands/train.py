@@ -287,7 +287,8 @@ def _register_export(p: argparse.ArgumentParser) -> None:
         "--force",
         action="store_true",
         help="write the draft's two files into OUT_DIR although it holds other files, "
-        "which are kept (--force deletes nothing; never into a training run, a model folder or over files not a draft's)",
+        "which are kept "
+        "(--force deletes nothing; never into a training run, a model folder or over files not a draft's)",
     )
     p.set_defaults(func=run_export)
 

@@ -32,7 +32,8 @@ def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[
     """Evenly spread capture layers, SGLang's DFlash convention (see module docstring)."""
     if num_target_layers < 1 or num_features < 1:
         raise DrafterConfigError(
-            f"target layer ids need num_target_layers >= 1 and num_features >= 1, got {num_target_layers}, {num_features}."
+            "target layer ids need num_target_layers >= 1 and num_features >= 1, "
+            f"got {num_target_layers}, {num_features}."
         )
     if num_features == 1:
         return [num_target_layers // 2]
@@ -196,7 +197,8 @@ class DrafterConfig:
         need(self.block_size >= 2, f"block_size={self.block_size} must be >= 2 (anchor + at least one slot)")
         need(
             self.num_attention_heads % self.num_key_value_heads == 0,
-            f"num_attention_heads={self.num_attention_heads} must be a multiple of num_key_value_heads={self.num_key_value_heads}",
+            f"num_attention_heads={self.num_attention_heads} must be a multiple of "
+            f"num_key_value_heads={self.num_key_value_heads}",
         )
         need(self.head_dim % 2 == 0, f"head_dim={self.head_dim} must be even (rotary embedding)")
         need(len(self.target_layer_ids) >= 1, "target_layer_ids must name at least one target layer")

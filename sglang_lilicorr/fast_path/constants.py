@@ -7,8 +7,8 @@ attn_bias          [1, h, L, L]  lattice attention bias, in the head's dtype, 16
 w_factor           [H, 2H]       factor_input_proj over concat[h, h*t] (the t term moves to the anchor)
 w_anchor, b_anchor [D+H, H]      anchor_out_head and factor_input_proj's t block + bias: one GEMM on t
 w_edge, b_edge     [2D, H]       out_head | in_head: one GEMM
-w_*_folded                       with fold_norms (the folded route): each lattice pre-norm's gain folded into the weight of the GEMM
-                                 that reads it (QKV, FFN up), the output norm's into w_factor
+w_*_folded                       with fold_norms (the folded route): each lattice pre-norm's gain folded into the
+                                 weight of the GEMM that reads it (QKV, FFN up), the output norm's into w_factor
 """
 
 from __future__ import annotations

@@ -174,7 +174,8 @@ class FastLiLiCorrSelect(SelectConstants):
         )
 
     def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, plan: SelectPlan, walk: bool = False):
-        """-> (start, pair, log-probs [b, S, K], draft ids [b, S] committed by the select's rule if `walk` else None)."""
+        """-> (start, pair, log-probs [b, S, K], draft ids [b, S] committed by the select's rule if `walk` else
+        None)."""
         b, s, k = ids.shape
         pass_proj, t, anchor, join_pass, join_anchor = self._projections(pass_hidden, anchor_hidden, plan)
         lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj, plan, join_pass)

@@ -1,10 +1,11 @@
 """Opt-in record of the draft block each rank proposes for a request (`LILICORR_PROPOSAL_RECORD=DIR`), for comparing
 proposals across tensor-parallel degrees and ranks (tools/device/tp_check.sh, tools/tp_compare.py).
 
-The instrumentation plugin (`plugin.register`) installs it on LILICORR's worker class when the variable is set. For every request served
-alone in a decode batch, the block proposed in its first decode step is appended to DIR/proposals_rank{R}.jsonl
-(R: the TP rank) as one line {"request": n, "rid": id, "batch": 1, "draft": [S token ids]}, n counting the requests
-this rank recorded. Recording syncs the forward stream at that step only; without the variable nothing is wrapped.
+The instrumentation plugin (`plugin.register`) installs it on LILICORR's worker class when the variable is set. For
+every request served alone in a decode batch, the block proposed in its first decode step is appended to
+DIR/proposals_rank{R}.jsonl (R: the TP rank) as one line {"request": n, "rid": id, "batch": 1, "draft": [S token ids]},
+n counting the requests this rank recorded. Recording syncs the forward stream at that step only; without the variable
+nothing is wrapped.
 """
 
 from __future__ import annotations

@@ -102,7 +102,8 @@ def _group_bias_tile(gb_ptr, rm, rn, M, N, gb_stride, rows_per_group, GROUP_BIAS
 
 @triton.jit
 def _epilogue(acc, bias, group_bias, HAS_BIAS: tl.constexpr, GROUP_BIAS: tl.constexpr, SILU: tl.constexpr):
-    """acc [BLOCK_M, BLOCK_N] fp32 (+ bias, _bias_tile) (+ group_bias, _group_bias_tile) -> SiLU of that (SILU) or that, fp32."""
+    """acc [BLOCK_M, BLOCK_N] fp32 (+ bias, _bias_tile) (+ group_bias, _group_bias_tile) -> SiLU of that (SILU) or
+    that, fp32."""
     if HAS_BIAS:
         acc += bias
     if GROUP_BIAS:
@@ -458,7 +459,8 @@ def gemm_epilogue_triton(
     sumsq_out: torch.Tensor | None = None,  # [M, cdiv(N, 16)] fp32: the result rows' partial sums of squares
     cross: tuple[torch.Tensor, torch.Tensor] | None = None,  # (t [b, N], xt [M, N]): also xt = result * t per request
     config: str | GemmLaunch | None = None,  # a GEMM_CONFIGS key or a GemmLaunch; None: select_config(M, dtype, K)
-    pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py; sm_90+); `bias` is then read before the wait: a constant
+    # programmatic dependent launch (kernels/pdl.py; sm_90+); `bias` is then read before the wait: a constant
+    pdl: bool = False,
     launch_pdl: bool | None = None,  # False: a PDL kernel launched in full order (after a stream join); None: pdl
     prefetch: bool
     | None = None,  # the weight into L2 before the PDL wait (kernels/prefetch.py); None: when launched early
@@ -550,7 +552,8 @@ def gemm_epilogue_triton(
 
 def fold_norm_gain(weight: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
     """weight [N, K] (K a multiple of the norm's width w: [N, 2w] for the factor GEMM over concat[h, h*t])
-    with an RMSNorm's gain g [w] folded in along K (fp32, rounded once): RMSNorm(x) @ W.T = rstd(x) * (x @ (W * g).T)."""
+    with an RMSNorm's gain g [w] folded in along K (fp32, rounded once):
+    RMSNorm(x) @ W.T = rstd(x) * (x @ (W * g).T)."""
     g = norm_weight.float().repeat(weight.shape[1] // norm_weight.shape[0])
     return (weight.float() * g).to(weight.dtype).contiguous()
 
@@ -644,6 +647,7 @@ def format_bench(rows: list[dict]) -> str:
 if __name__ == "__main__":
     table = format_bench(bench_linear_silu(sweep=True))
     print(
-        f"{torch.cuda.get_device_name()}, K = 1024, N = 2048, bf16, triton {triton.__version__}, torch {torch.__version__}"
+        f"{torch.cuda.get_device_name()}, K = 1024, N = 2048, bf16, "
+        f"triton {triton.__version__}, torch {torch.__version__}"
     )
     print(table)

@@ -114,8 +114,9 @@ def table_rows(tok, cols, mask, table_ptr, H):
 @triton.jit
 def node_sum(feat, tok, proj, const, cols, mask, table_ptr, H):
     """feat [R, C] fp32 (the feature MLP's down projection, rounded as F.linear returns it), the rows' token ids,
-    pass projection and node constants as loaded (node_ids, node_pass_rows, node_const_rows), columns cols -> the node [R, C] fp32 = token_table[id] + pass_proj[slot] + feat +
-    node_const[slot, k], summed in fp32 (rounded once by the caller)."""
+    pass projection and node constants as loaded (node_ids, node_pass_rows, node_const_rows), columns cols -> the
+    node [R, C] fp32 = token_table[id] + pass_proj[slot] + feat + node_const[slot, k], summed in fp32 (rounded once
+    by the caller)."""
     x = table_rows(tok, cols, mask, table_ptr, H)
     x += proj.to(tl.float32)
     x += feat
@@ -231,14 +232,16 @@ def lattice_nodes_triton(
     x = torch.empty((rows, h), dtype=table.dtype, device=table.device) if out is None else out
     if tuple(x.shape) != (rows, h) or x.stride(1) != 1 or x.dtype != table.dtype:
         raise ValueError(
-            f"lattice_nodes_triton: out {tuple(x.shape)} {x.dtype} must be [{rows}, {h}] {table.dtype}, unit column stride"
+            f"lattice_nodes_triton: out {tuple(x.shape)} {x.dtype} must be [{rows}, {h}] {table.dtype}, "
+            "unit column stride"
         )
     parts = triton.cdiv(h, SUMSQ_GROUP.value)
     if sumsq_out is not None and (
         tuple(sumsq_out.shape) != (rows, parts) or sumsq_out.dtype != torch.float32 or not sumsq_out.is_contiguous()
     ):
         raise ValueError(
-            f"lattice_nodes_triton: sumsq_out {tuple(sumsq_out.shape)} {sumsq_out.dtype} must be a contiguous fp32 [{rows}, {parts}]"
+            f"lattice_nodes_triton: sumsq_out {tuple(sumsq_out.shape)} {sumsq_out.dtype} "
+            f"must be a contiguous fp32 [{rows}, {parts}]"
         )
     xn = torch.empty((rows, h), dtype=table.dtype, device=table.device) if sumsq_out is None else sumsq_out
     if rows:

@@ -162,7 +162,8 @@ def lattice_cosine_walk_triton(
         )
     if tuple(ids.shape) != (b, s, k) or ids.device != edges.device:
         raise ValueError(
-            f"lattice_cosine_walk_triton: ids {tuple(ids.shape)} on {ids.device} must be [b, S, K] = [{b}, {s}, {k}] on {edges.device}"
+            f"lattice_cosine_walk_triton: ids {tuple(ids.shape)} on {ids.device} "
+            f"must be [b, S, K] = [{b}, {s}, {k}] on {edges.device}"
         )
     if (
         counters.dtype != torch.int32

@@ -19,12 +19,12 @@ bits); bf16 products are exact in fp32, so this is the tensor-core result up to 
 Only torch.empty and one launch: static-shaped, no host syncs, CUDA-graph capturable.
 
 Launch geometry: `block_m` query rows per program, by default (kernels/tuning.py) 64 rows, or 32 at b <= 4 and 16 at
-b = 1 (more, smaller programs); num_warps = 4 (one warpgroup: Hopper's wgmma tile is 64 rows per warpgroup). At the paper shape
-(LP = DP = 128, bf16) the sm_90 build uses wgmma, 142 registers per thread, 80 KiB shared memory and no spills;
-BLOCK_M = 128 needs 8 warps (138 registers, no spills) where 4 warps spill (tests/test_lattice_attention.py checks
-both with ptxas). With L = 120 and 64 rows there are 2 programs per (request, head); K and V of a head are read by
-every query block of it (the later reads hit L2). fp32 inputs take IEEE FMA dots (exact, for tests; they spill, not
-a fast path). L > 128 (LP = 256) is correct but untuned.
+b = 1 (more, smaller programs); num_warps = 4 (one warpgroup: Hopper's wgmma tile is 64 rows per warpgroup). At the
+paper shape (LP = DP = 128, bf16) the sm_90 build uses wgmma, 142 registers per thread, 80 KiB shared memory and no
+spills; BLOCK_M = 128 needs 8 warps (138 registers, no spills) where 4 warps spill (tests/test_lattice_attention.py
+checks both with ptxas). With L = 120 and 64 rows there are 2 programs per (request, head); K and V of a head are
+read by every query block of it (the later reads hit L2). fp32 inputs take IEEE FMA dots (exact, for tests; they
+spill, not a fast path). L > 128 (LP = 256) is correct but untuned.
 """
 
 from __future__ import annotations
@@ -155,7 +155,8 @@ def lattice_attention_triton(
     *,
     block_m: int | None = None,  # query rows per program (power of two, 16..LP); None: by batch size
     num_warps: int = NUM_WARPS,
-    pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py); `bias` is then read before the wait: a constant
+    # programmatic dependent launch (kernels/pdl.py); `bias` is then read before the wait: a constant
+    pdl: bool = False,
     launch_pdl: bool | None = None,  # False: launched in full order all the same (after a stream join); None: pdl
 ) -> torch.Tensor:
     """-> softmax(scale * q k^T + bias) v as out [b*L, H] in qkv's dtype (o.transpose(1, 2) layout)."""

@@ -377,8 +377,9 @@ def topk_lse_triton(
     """
     (vals, ids, lse), parts = _split_stage("topk_lse_triton", logits, k, splits, launch, pdl)
     if parts is not None and logits.shape[0]:
-        # Under PDL the merge still releases the next kernel early, but is itself launched in full stream order: launched
-        # early, its programs sit through the whole split stream and the select took 1.5-5.6 us longer (H100, PERF_NOTES.md).
+        # Under PDL the merge still releases the next kernel early, but is itself launched in full stream order:
+        # launched early, its programs sit through the whole split stream and the select took 1.5-5.6 us longer (H100,
+        # PERF_NOTES.md).
         kp = parts.keys.shape[1]
         _topk_lse_merge_kernel[(logits.shape[0],)](
             parts.keys,
@@ -533,7 +534,8 @@ if __name__ == "__main__":
     ap.add_argument("--pdl", action="store_true", help="launched as the select path does under PDL (sm_90+)")
     args = ap.parse_args()
     print(
-        f"{torch.cuda.get_device_name()}, V = 151936, K = 8, bf16, triton {triton.__version__}, torch {torch.__version__}"
+        f"{torch.cuda.get_device_name()}, V = 151936, K = 8, bf16, "
+        f"triton {triton.__version__}, torch {torch.__version__}"
     )
     for r in bench_topk_lse(args.n, sweep=args.sweep, splits_list=args.splits, pdl=args.pdl):
         print(json.dumps(r), flush=True)

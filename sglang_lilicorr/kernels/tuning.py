@@ -7,8 +7,9 @@
                    batch-size bucket by sglang_lilicorr/fast_path/plan.py (`plan_for`).
 
 Each measured value names the card and the commit that measured it (a `Measured` entry, or a comment);
-benchmarks/PERF_NOTES.md has the numbers. A head table maps the head width to one `Measured` entry; fast_path/plan.py says what a width without an entry
-takes. This module imports nothing of ours, so every kernel module and the select's plan can read it.
+benchmarks/PERF_NOTES.md has the numbers. A head table maps the head width to one `Measured` entry; fast_path/plan.py
+says what a width without an entry takes. This module imports nothing of ours, so every kernel module and the select's
+plan can read it.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ GEMM_CONFIGS = {
 }
 
 # (largest M of the row band, config for 16-bit inputs, whether the GEMM + SiLU beats cuBLAS + a SiLU pass there);
-# the first band with M <= bound applies, None = unbounded. H200, b3b4862 (bf16, K = 1024, N = 2048; ms ours / cuBLAS + SiLU)
+# the first band with M <= bound applies, None = unbounded. H200, b3b4862 (bf16, K = 1024, N = 2048; ms ours /
+# cuBLAS + SiLU)
 GEMM_CONFIG_BY_ROWS = (
     (128, "skinny", True),  # M = 120: 0.0096 / 0.0116
     (512, "small", False),  # M = 480: 0.0134 / 0.0130
@@ -116,7 +118,8 @@ class CosineLaunch(NamedTuple):
     f32_dot: bool = False  # 16-bit operands converted to fp32 (TF32 dots) before tl.dot: not pipelined
 
     def step(self, d: int) -> int:
-        """Columns per step of a factor with D columns: block_d, or D rounded up to a power of two (>= 16) if smaller."""
+        """Columns per step of a factor with D columns: block_d, or D rounded up to a power of two (>= 16) if
+        smaller."""
         return max(16, min(1 << max(d - 1, 0).bit_length(), self.block_d))
 
 

@@ -58,7 +58,8 @@ class GreedyReport:
         near = len(self.not_argmax) - len(self.failures)
         return (
             f"{'PASS' if self.ok else 'FAIL'}: {self.num_tokens} tokens, {len(self.failures)} not the target's greedy "
-            f"choice, {near} near-ties within tol; smallest top-2 gap {self.min_top2_gap:.4f} at {self.min_gap_position}"
+            f"choice, {near} near-ties within tol; "
+            f"smallest top-2 gap {self.min_top2_gap:.4f} at {self.min_gap_position}"
         )
 
 

@@ -137,7 +137,8 @@ def examine_draft(
     hidden = config.get("hidden_size")
     if not isinstance(hidden, int) or isinstance(hidden, bool) or hidden < 1:
         report.problem(
-            f"{folder / 'config.json'} has no positive integer hidden_size (got {hidden!r:.40}): not a DFlash draft config."
+            f"{folder / 'config.json'} has no positive integer hidden_size (got {hidden!r:.40}): "
+            "not a DFlash draft config."
         )
         hidden = None
     if head is not None and head.block_size > MAX_BLOCK_SIZE:
@@ -225,8 +226,9 @@ def _check_target(report: DraftReport, config: Mapping[str, Any], hidden: int | 
             bad = [i for i in layer_ids if not (isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= n - 2)]
             if bad:
                 report.problem(
-                    f"draft dflash_config.target_layer_ids has {bad[:5]}, not capturable layers of the {n}-layer target "
-                    f"(0..{n - 2}: the last layer's output is never captured): the draft was trained for another target."
+                    f"draft dflash_config.target_layer_ids has {bad[:5]}, not capturable layers of the {n}-layer "
+                    f"target (0..{n - 2}: the last layer's output is never captured): "
+                    "the draft was trained for another target."
                 )
     mask = dflash.get("mask_token_id")
     if not (isinstance(mask, int) and not isinstance(mask, bool) and 0 <= mask < target.vocab_size):

@@ -52,8 +52,9 @@ def check_rows(width: int, context_len: int, block_size: int, page_size: int) ->
     need = context_len + needed_headroom(block_size, page_size)
     if width < need:
         raise ServingConfigError(
-            f"LILICORR: the req_to_token rows hold {width} token slots, but a request at the {context_len}-token context "
-            f"end reserves up to {need} (two {block_size}-token verify blocks, page size {page_size}); the plugin's row "
+            f"LILICORR: the req_to_token rows hold {width} token slots, but a request at the {context_len}-token "
+            f"context end reserves up to {need} (two {block_size}-token verify blocks, "
+            f"page size {page_size}); the plugin's row "
             "widening (sglang_lilicorr.serving.kv_rows) did not reach SGLang's pool builder. Serve with the SGLang "
             "version this plugin supports (0.5.23), or with --context-length at most "
             f"{width - needed_headroom(block_size, page_size)}."

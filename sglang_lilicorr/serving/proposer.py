@@ -84,7 +84,8 @@ class LiLiCorrProposer:
         self,
         *,
         head: LiLiCorrHead,
-        lm_head_weight: torch.Tensor,  # [V, Hm] the target's real vocabulary rows (no padding); [vocab.size, Hm] its shard
+        # [V, Hm] the target's real vocabulary rows (no padding); [vocab.size, Hm] its shard
+        lm_head_weight: torch.Tensor,
         embed_weight: torch.Tensor,  # [V', Hm], V' >= V, the target's input embedding table (the whole vocabulary)
         block_size: int,
         vocab: VocabShard | None = None,  # under tensor parallelism: which rows lm_head_weight holds
@@ -113,7 +114,10 @@ class LiLiCorrProposer:
     def startup_line(self) -> str:
         """Which rule commits the block, in one line."""
         rule = self.select.walk_rule
-        return f"{ALGORITHM_NAME}: each drafted block is committed by {RULES[rule]} ({WALK_ENV}={rule}; one of {', '.join(WALKS)})."
+        return (
+            f"{ALGORITHM_NAME}: each drafted block is committed by {RULES[rule]} "
+            f"({WALK_ENV}={rule}; one of {', '.join(WALKS)})."
+        )
 
     def allocate(self, *, num_request_slots: int, max_rows: int) -> None:
         """Static buffers, once SGLang's request pool exists: req_pool_indices < num_request_slots,

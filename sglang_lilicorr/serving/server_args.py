@@ -86,7 +86,8 @@ _UNSUPPORTED = (
     (
         "--pp-size > 1",
         lambda a: a.pp_size != 1,
-        "serve with --pp-size 1 (SGLang's DFLASH refuses pipeline parallelism too); --tp-size N spreads the model over N GPUs",
+        "serve with --pp-size 1 (SGLang's DFLASH refuses pipeline parallelism too); "
+        "--tp-size N spreads the model over N GPUs",
     ),
     (
         "--attn-cp-size > 1",
@@ -163,8 +164,8 @@ def check_draft_attention_backend(args) -> None:
     if backend in DRAFT_ATTENTION_BACKENDS:
         raise ServingConfigError(
             f"--speculative-draft-attention-backend {backend}: SGLang can run the drafter's block attention on it, but "
-            f"{ALGORITHM_NAME} has been served and checked with {', '.join(SERVED_DRAFT_ATTENTION_BACKENDS)} only; drop "
-            f"the flag (the drafter then runs triton, whatever the target's backend) or pass triton."
+            f"{ALGORITHM_NAME} has been served and checked with {', '.join(SERVED_DRAFT_ATTENTION_BACKENDS)} only; "
+            f"drop the flag (the drafter then runs triton, whatever the target's backend) or pass triton."
         )
     raise ServingConfigError(
         f"--speculative-draft-attention-backend {backend} is not supported with --speculative-algorithm "
@@ -243,9 +244,10 @@ def check_target_attention_backend(args) -> str:
             )
     if prefill != decode:
         raise ServingConfigError(
-            f"The target's prefill attention would run {prefill} and its decode attention {decode} (--attention-backend, "
-            f"--prefill-attention-backend, --decode-attention-backend): {ALGORITHM_NAME} has been served with one "
-            f"backend for both, never with SGLang's hybrid of two; pass --attention-backend {prefill} or {decode} "
+            f"The target's prefill attention would run {prefill} and its decode attention {decode} "
+            f"(--attention-backend, --prefill-attention-backend, --decode-attention-backend): {ALGORITHM_NAME} has "
+            f"been served with one backend for both, never with SGLang's hybrid of two; "
+            f"pass --attention-backend {prefill} or {decode} "
             "alone."
         )
     return prefill
@@ -260,7 +262,8 @@ def tensor_parallel_problems(heads: int, kv_heads: int, intermediate: int, tp_si
         *([f"num_key_value_heads={kv_heads} neither divides nor is divisible by {tp_size}"] if not kv_fits else []),
         *(
             [
-                f"intermediate_size={intermediate} is not divisible by {tp_size} (lilicorr train --draft-intermediate-size)"
+                f"intermediate_size={intermediate} "
+                f"is not divisible by {tp_size} (lilicorr train --draft-intermediate-size)"
             ]
             if intermediate % tp_size
             else []
@@ -289,8 +292,8 @@ def check_block_size(spec: DraftSpec, args) -> None:
     ):
         if value is not None and int(value) != spec.head.block_size:
             raise ServingConfigError(
-                f"{option} {value} differs from the draft's block_size={spec.head.block_size}: the LiLiCorr head "
-                f"is trained for {spec.head.block_size}-token blocks. Drop {option} or set it to {spec.head.block_size}."
+                f"{option} {value} differs from the draft's block_size={spec.head.block_size}: the LiLiCorr head is "
+                f"trained for {spec.head.block_size}-token blocks. Drop {option} or set it to {spec.head.block_size}."
             )
 
 

@@ -49,7 +49,8 @@ def prefill_backends(model_runner) -> list:
 
 
 def other_kernel(backend) -> str | None:
-    """Why a prefill on this Triton backend runs a kernel other than `_fwd_kernel`'s plain launch (None: it does not)."""
+    """Why a prefill on this Triton backend runs a kernel other than `_fwd_kernel`'s plain launch (None: it does
+    not)."""
     for attribute, mode in (
         ("enable_deterministic", "deterministic inference"),
         ("use_mla", "MLA"),

@@ -60,9 +60,9 @@ def choice() -> str:
 
 
 def check_target_backend(backend: str) -> None:
-    """Refuse an explicit LILICORR_VERIFY_ATTENTION (any value, `auto` too) on a LILICORR target whose resolved attention
-    backend (server_args.check_target_attention_backend) is not SGLang's Triton backend: the setting picks between
-    that backend's verify kernels, and any other backend verifies with its own."""
+    """Refuse an explicit LILICORR_VERIFY_ATTENTION (any value, `auto` too) on a LILICORR target whose resolved
+    attention backend (server_args.check_target_attention_backend) is not SGLang's Triton backend: the setting picks
+    between that backend's verify kernels, and any other backend verifies with its own."""
     if backend == "triton" or ENV not in os.environ:
         return
     raise ServingConfigError(

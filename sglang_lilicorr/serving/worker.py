@@ -131,8 +131,8 @@ class LiLiCorrWorker(DFlashWorkerV2):
             self.draft_model.lilicorr_head.width,
             "whole LM head on this rank"
             if vocab is None
-            else f"LM head ids {vocab.start}..{vocab.start + vocab.size - 1} of {vocab.vocab_size} on this rank, top-K/LSE merged "
-            f"over {vocab.ranks} ranks, head and walk replicated",
+            else f"LM head ids {vocab.start}..{vocab.start + vocab.size - 1} of {vocab.vocab_size} on this rank, "
+            f"top-K/LSE merged over {vocab.ranks} ranks, head and walk replicated",
         )
         logger.info(self.proposer.startup_line())
         self.verification = Verification.detect()

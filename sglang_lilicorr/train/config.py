@@ -99,7 +99,8 @@ class TrainConfig:
         )
 
     def head_config(self, block_size: int, rms_norm_eps: float, hidden_size: int = 0) -> HeadConfig | None:
-        """The head's geometry for a drafter of `hidden_size`, or None for vanilla DFlash (--head none, or gamma = 0)."""
+        """The head's geometry for a drafter of `hidden_size`, or None for vanilla DFlash (--head none, or
+        gamma = 0)."""
         if self.head == "none" or self.gamma == 0:
             return None
         width = self.corrector_width or hidden_size

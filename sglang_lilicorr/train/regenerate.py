@@ -104,7 +104,8 @@ ROWS = "a file of `lilicorr regenerate` rows"
 
 
 def is_row(value) -> bool:
-    """A line of a regenerate output: a conversation ({"id", "messages", "turns"}) or a dropped one ({"id", "reason"})."""
+    """A line of a regenerate output: a conversation ({"id", "messages", "turns"}) or a dropped one
+    ({"id", "reason"})."""
     return (
         isinstance(value, dict)
         and "id" in value
@@ -117,7 +118,8 @@ def is_row(value) -> bool:
 
 
 def check_rows_file(path: Path) -> int | None:
-    """`path` (and its `.dropped` file) must be new, empty or of regenerated rows; reads only -> a torn tail's offset."""
+    """`path` (and its `.dropped` file) must be new, empty or of regenerated rows; reads only -> a torn tail's
+    offset."""
     jsonl_for_append(path.with_name(path.name + ".dropped"), is_row, ROWS, "--output", DataError)
     return jsonl_for_append(path, is_row, ROWS, "--output", DataError)
 

@@ -4,8 +4,8 @@
                              folder or a run
   OUTPUT/checkpoints/step-XXXXXXXX/
       train_state.json       step, epoch position, drafter config (SGLang config.json form),
-                             head geometry (heads.head_keys: LiLiCorr's `lilicorr_*` keys, a baseline's, or null), the run's data and settings
-                             (`run`, compared on resume) and the sha256 of optimizer.pt
+                             head geometry (heads.head_keys: LiLiCorr's `lilicorr_*` keys, a baseline's, or null),
+                             the run's data and settings (`run`, compared on resume) and the sha256 of optimizer.pt
       trainable.safetensors  drafter tensors (fp32 masters) and the head (any kind) under `lilicorr.`, their checksum in
                              the safetensors metadata
       optimizer.pt           optimizer + LR schedule state
@@ -96,7 +96,8 @@ def save_training_checkpoint(
 
 
 def point_latest(output_dir: str | Path, checkpoint: Path) -> None:
-    """`latest` names `checkpoint` (replaced atomically; a kill between a checkpoint and its pointer is mended on resume)."""
+    """`latest` names `checkpoint` (replaced atomically; a kill between a checkpoint and its pointer is mended on
+    resume)."""
     pointer = Path(output_dir) / LATEST
     if not pointer.is_file() or pointer.read_text().strip() != checkpoint.name:
         write_atomic(pointer, checkpoint.name + "\n")
@@ -151,7 +152,8 @@ def resume_point(output_dir: str | Path, warn=print, map_location="cpu") -> tupl
                 raise CheckpointError(
                     f"no checkpoint of this run loads ({len(found)} tried; {e.where or path.name}: {e.what})",
                     where=str(output_dir),
-                    fix="nothing was changed; move the run aside, or pass --no-resume to start it over from step 0 in this folder",
+                    fix="nothing was changed; move the run aside, or pass --no-resume to start it over from step 0 "
+                    "in this folder",
                 ) from e
     return None
 
@@ -290,7 +292,8 @@ def check_resume_compatible(
     if diff:
         shown = ", ".join(f"{k}: {_short(saved.get(k))} -> {_short(current.get(k))}" for k in diff[:3])
         raise IncompatibleCheckpointError(
-            f"cannot resume: this run's {diff} differ from the checkpoint's ({shown}{', ...' if len(diff) > 3 else ''})",
+            f"cannot resume: this run's {diff} differ from the checkpoint's "
+            f"({shown}{', ...' if len(diff) > 3 else ''})",
             where=where,
             fix="pass the run's own --data and settings, a new --output-dir, or --resume-with-changes to "
             "continue this run with the new ones",

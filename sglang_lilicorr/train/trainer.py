@@ -1,5 +1,6 @@
 """`lilicorr train`: joint training of the DFlash drafter and a head (LiLiCorr, or the baselines Domino and DSpark,
-train/heads.py; paper Sec. 3.4 and 4, Table hparams), one GPU or data-parallel under torchrun (DDP, same code path; gloo on CPU).
+train/heads.py; paper Sec. 3.4 and 4, Table hparams), one GPU or data-parallel under torchrun (DDP, same code path;
+gloo on CPU).
 
 Optimisation: AdamW with two groups (drafter, head), cosine schedule with linear warm-up,
 gradient-norm clip, bf16 autocast over fp32 master weights, optional gradient accumulation.
@@ -227,9 +228,11 @@ def split_eval(
         return examples, held[: cfg.eval_examples]
     if cfg.eval_examples > len(examples) // 2:
         raise TrainConfigError(
-            f"--eval-examples {cfg.eval_examples} would hold out more than half of the {len(examples)} usable conversations",
+            f"--eval-examples {cfg.eval_examples} would hold out more than half of the {len(examples)} "
+            "usable conversations",
             where=cfg.data,
-            fix=f"pass --eval-examples {max(1, len(examples) // 2)} or less, or --eval-data with held-out conversations",
+            fix=f"pass --eval-examples {max(1, len(examples) // 2)} or less, "
+            "or --eval-data with held-out conversations",
         )
     n = cfg.eval_examples
     return examples[:-n], examples[-n:]
@@ -385,8 +388,8 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     if env.main:
         if found is None and cfg.resume and metrics_path.is_file() and metrics_path.stat().st_size:
             print(
-                f"warning: {out_dir} has logged metrics but no checkpoint yet: the run starts over from step 0 and logs "
-                "those steps again.",
+                f"warning: {out_dir} has logged metrics but no checkpoint yet: the run starts over from step 0 "
+                "and logs those steps again.",
                 file=sys.stderr,
             )
         trim_metrics(metrics_path, step)
@@ -438,13 +441,15 @@ def train(cfg: TrainConfig) -> dict[str, float]:
             optimizer.zero_grad(set_to_none=True)
             if env.main:
                 print(
-                    f"warning: step {step + 1}: non-finite loss or gradient, step skipped ({bad} of at most {cfg.max_bad_steps}).",
+                    f"warning: step {step + 1}: non-finite loss or gradient, "
+                    f"step skipped ({bad} of at most {cfg.max_bad_steps}).",
                     file=sys.stderr,
                 )
             if bad >= cfg.max_bad_steps:
                 raise TrainingDiverged(
-                    f"{bad} steps with a non-finite loss or gradient (last at step {step + 1}); the last good checkpoint is kept "
-                    f"in {out_dir}. Lower --lr-drafter / --lr-head (now {cfg.lr_drafter} / {cfg.lr_head}) or check the data."
+                    f"{bad} steps with a non-finite loss or gradient (last at step {step + 1}); "
+                    f"the last good checkpoint is kept in {out_dir}. "
+                    f"Lower --lr-drafter / --lr-head (now {cfg.lr_drafter} / {cfg.lr_head}) or check the data."
                 )
         scheduler.step()
         timer.mark("optimizer")

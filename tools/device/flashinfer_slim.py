@@ -30,8 +30,9 @@ target's; LILICORR's draft runs on Triton) and flashinfer 0.7.2's Python behind 
 - sampling: the sampler's top_k_top_p_sampling_from_probs ("joint") and min_p_sampling_from_probs, the top-k / top-p
   renorms of DFlash's sampled verify (sglang.kernels.ops.sampling.renorm), softmax (the DFlash selector's sampled
   accept);
-- topk: top_k (sorted and deterministic): the candidate selector of DFlash2 drafts (DFlash2DraftModel.compute_candidates);
-  DFLASH, the built-in LiLiCorr and LILICORR never call it (the built-in takes its own top-K with the partition);
+- topk: top_k (sorted and deterministic): the candidate selector of DFlash2 drafts
+  (DFlash2DraftModel.compute_candidates); DFLASH, the built-in LiLiCorr and LILICORR never call it (the built-in takes
+  its own top-K with the partition);
 - page: append_paged_kv_cache; SGLang 0.5.23 does not call it (it writes the KV cache with its own kernels): a spare.
 SGLang's own JIT kernel for DFlash's sampled verify (sglang/kernels/jit/csrc/speculative/sampling.cuh) includes
 <flashinfer/sampling.cuh> from this tree (HEADERS) and needs SGLANG_INCLUDE_DIRS to exist. Generating the modules'
@@ -80,7 +81,8 @@ MODULES = (
 SGLANG_FILES = {
     "srt/layers/attention/flashinfer_backend.py": "the target's attention; a DFLASH draft's too (its default)",
     "srt/layers/sampler.py": "--sampling-backend flashinfer (top-k/top-p, min-p)",
-    "kernels/ops/sampling/renorm.py": "top-k / top-p renorm of DFlash's sampled verify (srt/speculative/dflash_utils.py)",
+    "kernels/ops/sampling/renorm.py": "top-k / top-p renorm of DFlash's sampled verify "
+    "(srt/speculative/dflash_utils.py)",
     "kernels/cake_kernels/sampling.py": "the sampler's softmax (flashinfer's only on sm103)",
     "srt/models/dflash.py": "the DFlash / LiLiCorr draft's candidate selector (top-k)",
     "kernels/ops/speculative/dspark/dspark_accept.py": "the DFlash selector's sampled accept (SoftmaxTemp)",

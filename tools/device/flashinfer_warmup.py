@@ -1,6 +1,6 @@
 """JIT-build (or load from the cache) and run once every flashinfer module that SGLang's flashinfer attention backend
-and sampling use (tools/device/flashinfer_slim.py, MODULES, but its spare `page`, which SGLang does not call, and `topk`, which only
-DFlash2 drafts call: run when asked), at
+and sampling use (tools/device/flashinfer_slim.py, MODULES, but its spare `page`, which SGLang does not call, and
+`topk`, which only DFlash2 drafts call: run when asked), at
 SmolLM2-135M's shapes (bf16, 9 query / 3 KV heads, head_dim 64, page size 1; the drafts have the same heads), on tiny
 tensors; each attention output is checked against a
 float32 torch reference, packbits against a bit-by-bit one. Each step names the JIT modules it builds and runs before

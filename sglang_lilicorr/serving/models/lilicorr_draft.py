@@ -33,8 +33,8 @@ class LiLiCorrDraftModel(DFlashDraftModel):
         if quant_config is not None:
             raise ServingConfigError(
                 "LILICORR serves unquantized drafts, but the draft loads with a quantization config; pass "
-                "--speculative-draft-model-quantization unquant (the draft inherits a quantized target's --quantization "
-                "otherwise) and drop any quantization_config in the draft's config.json."
+                "--speculative-draft-model-quantization unquant (the draft inherits a quantized target's "
+                "--quantization otherwise) and drop any quantization_config in the draft's config.json."
             )
         super().__init__(config, quant_config=None, prefix=prefix)
         try:
@@ -114,7 +114,8 @@ def check_names(expected: set[str], found: set[str], what: str) -> None:
     if missing:
         raise ServingConfigError(
             f"LiLiCorr draft checkpoint lacks {len(missing)} {what} tensor(s), e.g. {missing[:3]}: the drafter would "
-            "serve random weights. Re-export the draft (its config.json and model.safetensors must come from one export)."
+            "serve random weights. "
+            "Re-export the draft (its config.json and model.safetensors must come from one export)."
         )
     if extra:
         raise ServingConfigError(
