@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from test_train import TINY_HEAD_FLAGS, make_target
 
 from sglang_lilicorr.cli import build_parser
 
@@ -78,24 +79,30 @@ def test_the_training_example_names_the_mask_token_of_its_target():
 # last value of a flag given twice, and none of these is in the README)
 SMALL = {
     ("regenerate",): ["--magpie", "4", "--package", "4", "--heldout", "2", "--max-new-tokens", "8"],
-    ("train",): ["--max-steps", "2", "--block-size", "4", "--candidate-topk", "4", "--eval-examples", "2"],
+    ("train",): [
+        "--max-steps",
+        "2",
+        "--block-size",
+        "4",
+        "--candidate-topk",
+        "4",
+        "--eval-examples",
+        "2",
+        *TINY_HEAD_FLAGS,
+    ],
     ("bench", "run"): ["--limit", "2", "--max-tokens", "12", "--warmup", "1", "--no-progress"],
     ("bench", "report"): ["--no-plots"],
 }
 
 
 def small(argv: list[str]) -> list[str]:
-    from test_train import TINY_HEAD_FLAGS
-
-    extra = next((flags for words, flags in SMALL.items() if tuple(argv[: len(words)]) == words), [])
-    return argv + extra + (TINY_HEAD_FLAGS if argv[0] == "train" else [])
+    return argv + next((flags for words, flags in SMALL.items() if tuple(argv[: len(words)]) == words), [])
 
 
 def test_the_training_and_benchmark_lines_run_as_written(tmp_path, monkeypatch):
     """regenerate -> train -> export, then bench run (each system of the report line) -> bench report, each line as
     the README gives it, in one working folder: what each writes is what the next reads."""
     from stub_server import StubServer
-    from test_train import make_target
 
     from sglang_lilicorr.cli import main
     from sglang_lilicorr.drafter import load_draft
