@@ -1,5 +1,5 @@
 """Helpers the testbed's steps share: copies into $OUT, the GPUs, the target's generator, the run options, background
-processes and their folders, the device call's deadline ($TESTBED_DEADLINE)."""
+processes and their folders, the device call's deadline ($TESTBED_DEADLINE), tau through the servers."""
 
 from __future__ import annotations
 
@@ -198,6 +198,54 @@ def enough_time(step: str, minutes: float) -> None:
             "run it in the next call."
         )
         raise SystemExit(4)
+
+
+def bench(*argv: str, cwd: Path, timeout: float | None = None) -> int:
+    """`lilicorr bench ...` run from `cwd`; 124 when it ran past `timeout` seconds (its results so far are kept)."""
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "sglang_lilicorr.cli", "bench", *argv], cwd=cwd, timeout=timeout
+        ).returncode
+    except subprocess.TimeoutExpired:
+        return 124
+
+
+def served_tau(
+    urls: dict,
+    runs: dict,
+    *,
+    eval_prompts: Path,
+    results: Path,
+    concurrency: int,
+    max_tokens: int,
+    deadline,
+    reserve_s: float,
+) -> list[str]:
+    """Every evaluation prompt through each speculative server of `urls` ({system: url}; base has no tau) at `runs`
+    ({temperature: seeds}) -> `results` (`bench run`, which resumes a results file). Each run ends `reserve_s` before
+    the deadline (a paired.Deadline, or None): a run it cuts keeps what it played, one it leaves no time for is not
+    started, and both are listed, so a later call of the step goes on. The failures."""
+    failed = []
+    for system, url in urls.items():
+        if system == "base":
+            continue
+        for temperature, seeds in runs.items():
+            if deadline is not None and not deadline.allows(reserve_s + 30):
+                failed.append(
+                    f"{system} tau at T = {temperature:g}: not run, too near the deadline (call the step again)"
+                )
+                continue
+            rc = bench(
+                "run",
+                *("--url", url, "--system", system, "--dataset", str(eval_prompts), "--results", str(results)),
+                *("--concurrency", str(concurrency), "--temperature", f"{temperature:g}", "--seeds", *map(str, seeds)),
+                *("--max-tokens", str(max_tokens), "--warmup", "0", "--request-timeout", "300", "--no-progress"),
+                cwd=results.parent,
+                timeout=None if deadline is None else max(1.0, deadline.left() - reserve_s),
+            )
+            if rc:
+                failed.append(f"{system} tau at T = {temperature:g}: exit {rc}" + (" (deadline)" if rc == 124 else ""))
+    return failed
 
 
 def cli_flags(options: dict) -> list[str]:

@@ -21,8 +21,6 @@ import contextlib
 import json
 import os
 import shlex
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -56,42 +54,9 @@ def budget(systems: list[str], drafts: Path) -> dict:
     }
 
 
-def bench(*argv: str, cwd: Path, timeout: float | None = None) -> int:
-    """`lilicorr bench ...` run from `cwd`; 124 when it ran past `timeout` seconds (its results so far are kept)."""
-    try:
-        return subprocess.run(
-            [sys.executable, "-m", "sglang_lilicorr.cli", "bench", *argv], cwd=cwd, timeout=timeout
-        ).returncode
-    except subprocess.TimeoutExpired:
-        return 124
-
-
-def served_tau(urls: dict, args, work: Path, deadline) -> list[str]:
-    """Every evaluation prompt through each speculative server at TAU_RUNS -> work/tau_served.jsonl; the failures."""
-    failed = []
-    for system, url in urls.items():
-        if system == "base":
-            continue
-        if deadline is not None and not deadline.allows(RESERVE_S + 30):
-            return failed + [f"deadline: tau of {system} on not run (call the step again)"]
-        for temperature, seeds in TAU_RUNS.items():
-            rc = bench(
-                "run",
-                *("--url", url, "--system", system, "--dataset", str(args.eval_prompts)),
-                *("--results", str(work / "tau_served.jsonl"), "--concurrency", str(args.tau_concurrency)),
-                *("--temperature", f"{temperature:g}", "--seeds", *map(str, seeds)),
-                *("--max-tokens", str(args.max_tokens), "--warmup", "0", "--request-timeout", "300", "--no-progress"),
-                cwd=work,
-                timeout=None if deadline is None else max(1.0, deadline.left() - RESERVE_S),
-            )
-            if rc:
-                failed.append(f"{system} tau at T = {temperature:g}: exit {rc}" + (" (deadline)" if rc == 124 else ""))
-    return failed
-
-
 def run(args, base_server_args: str) -> int:
     from . import eval_sets, speed
-    from .common import enough_time, to_out
+    from .common import bench, enough_time, served_tau, to_out
 
     from sglang_lilicorr.benchmarks import paired, prompt_file
     from sglang_lilicorr.jsonl import save_json
@@ -134,7 +99,16 @@ def run(args, base_server_args: str) -> int:
                 urls, prompts, plan, work, deadline=deadline, log=lambda line: print(line, flush=True)
             )
         if "tau" in args.parts:
-            failed += served_tau(urls, args, work, deadline)
+            failed += served_tau(
+                urls,
+                TAU_RUNS,
+                eval_prompts=Path(args.eval_prompts),
+                results=work / "tau_served.jsonl",
+                concurrency=args.tau_concurrency,
+                max_tokens=args.max_tokens,
+                deadline=deadline,
+                reserve_s=RESERVE_S,
+            )
     rc = 0
     played = {int(p.name.split("_")[0][1:]) for p in (work / "runs").glob("c*_r*_*.jsonl")}
     rounds = paired.merge_rounds(work, systems, {c: every[: speed.prompts_for(c)] for c in sorted(played)}, args.rounds)

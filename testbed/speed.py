@@ -26,11 +26,11 @@ graph-replayed); graphs16 stops them at 16, so c = 32 runs the eager path. Then,
 profiled for --profile-steps forward passes at c = 1 (with --tau-check, every evaluation prompt is first served
 once at c = 8 by the speculative servers: tau through the server, beside the replay's) (benchmarks/step_profile.py:
 the host and GPU timeline of the same steps, LILICORR beside the built-in), where $TESTBED_DEADLINE still leaves time
-for it. A setting may take several
-device calls (--concurrency a few at a time): each call's rounds stop before the deadline, and the summary takes every
-concurrency the setting's calls played. Writes speed_summary.json (serve_speed.summarize: tok/s, paired ratios
-with 95 % intervals, tau, per c), speed_table.md, speed.png, the graph-capture seconds of every server, and `lilicorr
-bench report`'s tables.
+for it. A setting may take several device calls (--concurrency a few at a time): each call's rounds stop before the
+deadline, leaving the tau check its time (TAU_CHECK_S a server), which stops at the deadline too and resumes in the
+next call (common.served_tau); the summary takes every concurrency the setting's calls played. Writes
+speed_summary.json (serve_speed.summarize: tok/s, paired ratios with 95 % intervals, tau, per c), speed_table.md,
+speed.png, the graph-capture seconds of every server, and `lilicorr bench report`'s tables.
 """
 
 from __future__ import annotations
@@ -39,8 +39,6 @@ import contextlib
 import json
 import os
 import shlex
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -55,6 +53,9 @@ SETTINGS = {"graphs32": 32, "graphs16": 16}  # --cuda-graph-max-bs-decode of eac
 DEFAULT_CONCURRENCY = {"graphs32": [1, 4, 8, 16, 32], "graphs16": [32]}
 SPEED_SETS = ("writingbench",)  # long-form prompts; MT-Bench's writing questions fill up to SPEED_PROMPTS
 SPEED_PROMPTS = 32
+# the tau check's time per speculative server: every evaluation prompt at c = 8 took ~25 s on an H200 (55k tokens
+# at ~2,200 tok/s: benchmarks/results/testbed/h200x2_5ff6f18/speed/tau_check/), with room for a slower card
+TAU_CHECK_S = 45.0
 KV_TOKENS = (
     65536  # per server: 32 requests of <= 2k tokens; a fixed size, so servers starting together do not race for memory
 )
@@ -217,14 +218,9 @@ def call_key(concurrency: list[int], recorded: dict) -> str:
     return f"{call} #{n + 1}" if n else call
 
 
-def bench(*argv: str, cwd: Path) -> int:
-    """`lilicorr bench ...` run from `cwd`."""
-    return subprocess.call([sys.executable, "-m", "sglang_lilicorr.cli", "bench", *argv], cwd=cwd)
-
-
 def run(args, base_server_args: str) -> int:
     from . import eval_sets
-    from .common import backends_of, to_out, variant_env
+    from .common import backends_of, bench, served_tau, to_out, variant_env
 
     from sglang_lilicorr.benchmarks import paired, prompt_file, serve_speed
     from sglang_lilicorr.jsonl import save_json
@@ -250,7 +246,9 @@ def run(args, base_server_args: str) -> int:
     played = {int(p.name.split("_")[0][1:]) for p in (work / "runs").glob("c*_r*_*.jsonl")}
     every_c = {c: every[: prompts_for(c)] for c in sorted(played | set(concurrency))}
     deadline = paired.Deadline(float(os.environ["TESTBED_DEADLINE"])) if os.environ.get("TESTBED_DEADLINE") else None
-    after_rounds_s = 60.0 + (45.0 if args.profile_steps else 0.0)  # the profile pass, the report, stopping the servers
+    after_tau_s = 60.0 + (45.0 if args.profile_steps else 0.0)  # the profile pass, the report, stopping the servers
+    # the rounds leave the tau check its time too (TAU_CHECK_S a speculative server)
+    after_rounds_s = after_tau_s + (TAU_CHECK_S * sum(s != "base" for s in systems) if args.tau_check else 0.0)
     # each server its own Triton cache: a server's start-up on a fresh machine compiles all it needs itself (the
     # servers start together, and one would otherwise find kernels another had just built)
     caches = {s: work.parent / "triton_cache" / s for s in systems}
@@ -278,32 +276,17 @@ def run(args, base_server_args: str) -> int:
             url, prompts, plan, work, deadline=deadline, log=lambda line: print(line, flush=True), watch=watch
         )
         if args.tau_check:
-            for system in [s for s in systems if s != "base"]:
-                if bench(
-                    "run",
-                    "--url",
-                    url[system],
-                    "--system",
-                    system,
-                    "--dataset",
-                    str(args.eval_prompts),
-                    "--results",
-                    str(work / "tau_check.jsonl"),
-                    "--concurrency",
-                    "8",
-                    "--temperature",
-                    "0",
-                    "--max-tokens",
-                    str(args.max_tokens),
-                    "--warmup",
-                    "0",
-                    "--request-timeout",
-                    "300",
-                    "--no-progress",
-                    cwd=work,
-                ):
-                    failed.append(f"{system} tau check")
-        if args.profile_steps and (deadline is None or deadline.allows(after_rounds_s)):
+            failed += served_tau(
+                url,
+                {0.0: (0,)},
+                eval_prompts=Path(args.eval_prompts),
+                results=work / "tau_check.jsonl",
+                concurrency=8,
+                max_tokens=args.max_tokens,
+                deadline=deadline,
+                reserve_s=after_tau_s,
+            )
+        if args.profile_steps and (deadline is None or deadline.allows(after_tau_s)):
             failed += profile_systems(url, work / "profile", args.profile_steps, rows[0]["text"])
     rounds = [str(p) for p in paired.merge_rounds(work, systems, every_c, args.rounds)]
     summary = serve_speed.summarize(

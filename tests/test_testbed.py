@@ -5,6 +5,7 @@ evaluation outputs, replay, the paired speed step against stand-in servers, and 
 import gzip
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -304,6 +305,80 @@ def test_speed_serves_the_viterbi_walk_only_where_named(tmp_path, monkeypatch):
     assert "lilicorr_vs_lilicorr_viterbi" in one and "lilicorr_viterbi" in one["tau"]
     assert "LILICORR Viterbi walk tok/s" in (runs / "speed_table.md").read_text()
     assert "lilicorr_viterbi" not in speed.chosen_systems(None)
+
+
+def test_speed_rounds_leave_the_tau_check_its_time(tmp_path, monkeypatch):
+    """--tau-check: the rounds stop TAU_CHECK_S a speculative server earlier than without it, and the tau check
+    (T = 0, every evaluation prompt through each speculative server) keeps the time the profile and the report need."""
+    from sglang_lilicorr.benchmarks import paired
+    from testbed import common
+
+    work, testbed_args = speed_testbed(tmp_path, monkeypatch, LAUNCHER)
+    reserves, tau_calls = [], []
+    play_rounds, served_tau = paired.play_rounds, common.served_tau
+
+    def recording_rounds(urls, prompts, plan, *args, **kwargs):
+        reserves.append(plan.reserve_s)
+        return play_rounds(urls, prompts, plan, *args, **kwargs)
+
+    def recording_tau(urls, runs, **kwargs):
+        tau_calls.append((runs, kwargs["reserve_s"], kwargs["concurrency"]))
+        return served_tau(urls, runs, **kwargs)
+
+    monkeypatch.setattr(paired, "play_rounds", recording_rounds)
+    monkeypatch.setattr(common, "served_tau", recording_tau)
+    monkeypatch.setenv("TESTBED_DEADLINE", str(time.time() + 3600))
+    five = ["base", "dflash", "builtin", "lilicorr", "lilicorr_viterbi"]
+    step = ["speed", "--rounds=1", "--max-tokens=8", "--profile-steps=0", "--concurrency=1", "--systems", *five]
+    assert testbed.main([*testbed_args, *step, "--tau-check"]) == 0
+    assert reserves == [60.0 + 4 * speed.TAU_CHECK_S] and tau_calls == [({0.0: (0,)}, 60.0, 8)]
+    runs = work / "speed" / "graphs32"
+    tau = [json.loads(line) for line in (runs / "tau_check.jsonl").read_text().splitlines() if line.strip()]
+    assert {r["system"] for r in tau} == set(five) - {"base"}
+    assert testbed.main([*testbed_args, *step]) == 0  # the same setting resumed, no tau check: the usual reserve
+    assert reserves[1:] == [60.0] and len(tau_calls) == 1
+
+
+def test_served_tau_stops_at_the_deadline_and_lists_what_it_left(tmp_path, monkeypatch):
+    """common.served_tau: no tau for base; each run ends reserve_s before the deadline (the bench client's timeout),
+    a run it cut says so, and one it leaves no time for is not started but listed, so a later call resumes the file."""
+    from sglang_lilicorr.benchmarks.paired import Deadline
+    from testbed import common
+
+    now, calls = [0.0], []
+
+    def fake_bench(*argv, cwd, timeout=None):
+        flag = argv.index
+        calls.append(
+            (
+                argv[flag("--system") + 1],
+                argv[flag("--temperature") + 1],
+                argv[flag("--seeds") + 1 : flag("--max-tokens")],
+                timeout,
+                cwd,
+            )
+        )
+        now[0] += 100.0
+        return 124 if len(calls) == 2 else 0
+
+    monkeypatch.setattr(common, "bench", fake_bench)
+    urls = {"base": "http://b", "dflash": "http://d", "lilicorr": "http://l"}
+    runs = {0.0: (0,), 1.0: (0, 1, 2)}
+    where = {"eval_prompts": tmp_path / "eval.jsonl", "results": tmp_path / "tau.jsonl", "concurrency": 8}
+    failed = common.served_tau(
+        urls, runs, **where, max_tokens=16, deadline=Deadline(260.0, clock=lambda: now[0]), reserve_s=60.0
+    )
+    assert calls == [("dflash", "0", ("0",), 200.0, tmp_path), ("dflash", "1", ("0", "1", "2"), 100.0, tmp_path)]
+    assert failed == [
+        "dflash tau at T = 1: exit 124 (deadline)",
+        "lilicorr tau at T = 0: not run, too near the deadline (call the step again)",
+        "lilicorr tau at T = 1: not run, too near the deadline (call the step again)",
+    ]
+    calls.clear()
+    assert common.served_tau(urls, runs, **where, max_tokens=16, deadline=None, reserve_s=60.0) == [
+        "dflash tau at T = 1: exit 124 (deadline)"
+    ]
+    assert [(c[0], c[1], c[3]) for c in calls] == [(s, t, None) for s in ("dflash", "lilicorr") for t in ("0", "1")]
 
 
 # LAUNCHER that first appends what it was started with ({port, args}) to $LAUNCHES, one JSON line per server.
