@@ -1,5 +1,6 @@
-"""FastLiLiCorrSelect (serving select path) equals the reference head + greedy walk under every plan its kernels
-serve, and its Triton epilogues (kernels/head_*.py) equal their PyTorch definitions.
+"""FastLiLiCorrSelect (serving select path) proposes what the proposal pipeline proposes on the PyTorch plan (the
+head's own forward, PyTorch top-K and walk) under every plan its kernels serve, and its Triton epilogues
+(kernels/head_*.py) equal their PyTorch definitions.
 
 CPU: small configs; the Triton kernels run under Triton's interpreter (tests/conftest.py selects
 it before anything imports triton). GPU (`-m gpu`): the paper config in bf16, eager and CUDA-graph
@@ -23,9 +24,9 @@ from sglang_lilicorr.kernels.head_nodes import confidence_up_triton, lattice_nod
 from sglang_lilicorr.kernels.head_norm import add_rmsnorm_triton, rmsnorm_triton, row_bias_silu_triton
 from sglang_lilicorr.kernels.head_scores import lattice_cosine_triton
 from sglang_lilicorr.kernels.tuning import CosineLaunch, TopKLaunch
+from sglang_lilicorr.fast_path import pipeline
 from sglang_lilicorr.fast_path.plan import PYTORCH, HeadGeometry, SelectPlan, SelectPlans, plans_for
-from sglang_lilicorr.fast_path.reference import greedy_margin, reference_select
-from sglang_lilicorr.walk import greedy_walk, path_score, viterbi
+from sglang_lilicorr.walk import greedy_margin, greedy_walk, path_score, viterbi
 
 from sm90_build import check_in_fresh_process
 from triton_mode import CUDA, INTERPRETER, needs_interpreter
@@ -60,8 +61,37 @@ def make_inputs(b, s, hm, vocab, seed, dtype=torch.float32, device="cpu"):
 
 def select_with(head, plan: SelectPlan | None = None, **kwargs) -> FastLiLiCorrSelect:
     """The select of `head` with `plan` at every batch size (None: the plans of kernels/tuning.py for its device);
-    `kwargs`: embed_weight= or token_table=, and walk= where not the greedy walk."""
+    `kwargs`: embed_weight= or token_table=."""
     return FastLiLiCorrSelect(head, plans=None if plan is None else SelectPlans.every(plan), **kwargs)
+
+
+def logits_of(hidden, lm_head):
+    """The LM head's logits [b*S, V] of slot states [b, S, Hm]."""
+    return F.linear(hidden.reshape(-1, hidden.shape[-1]).to(lm_head.dtype), lm_head)
+
+
+def select(fast: FastLiLiCorrSelect, hidden, anchor, lm_head) -> pipeline.Proposal:
+    """What the draft graph runs: the LM head, then the select's proposal."""
+    return fast.propose(logits_of(hidden, lm_head), hidden, anchor)
+
+
+def pytorch_proposal(head, table, hidden, anchor, lm_head, walk: str = "greedy") -> pipeline.Proposal:
+    """The proposal on the PyTorch plan: LiLiCorrHead.forward on the token table's rows, PyTorch top-K and walk."""
+    plans = plans_for(HeadGeometry.of(head), PYTORCH, walk=walk)
+    return select(FastLiLiCorrSelect(head, token_table=table, plans=plans), hidden, anchor, lm_head)
+
+
+def handed_over(fast: FastLiLiCorrSelect, candidates) -> FastLiLiCorrSelect:
+    """fast with `candidates` (vals, ids, lse) handed to it as its plans' merge, as tensor parallelism does."""
+    plans = fast.plans.map(lambda plan, bound: dataclasses.replace(plan, merge=lambda logits: candidates))
+    return FastLiLiCorrSelect(fast.head, token_table=fast.token_table, plans=plans)
+
+
+def candidates_of(fast: FastLiLiCorrSelect, hidden, lm_head):
+    """The select's candidates (vals [b, S, K], ids [b, S, K], lse [b, S]): the pipeline's top-K step on its plan."""
+    b, s, k = *hidden.shape[:2], fast.topk
+    vals, ids, lse = pipeline.candidates(logits_of(hidden, lm_head), k, fast.plan(b))
+    return vals.view(b, s, k), ids.view(b, s, k), lse.view(b, s)
 
 
 def request_error(start, pair, r_start, r_pair):
@@ -72,13 +102,12 @@ def request_error(start, pair, r_start, r_pair):
 
 def assert_select_matches(fast, head, hidden, anchor, lm_head, atol, min_clear=1):
     """Candidates equal; scores within atol; the draft tokens are exactly the greedy walk of our
-    scores, and equal the reference's wherever the reference path has no near-tie (best-vs-second
+    scores, and equal the PyTorch plan's wherever its path has no near-tie (best-vs-second
     gap above twice that request's score error); at least `min_clear` requests must be clear."""
-    tokens, ids, lp = fast.select(hidden, anchor, lm_head)
-    r_tokens, r_ids, r_lp, r_start, r_pair = reference_select(head, fast.token_table, hidden, anchor, lm_head)
+    tokens, ids, lp, start, pair = select(fast, hidden, anchor, lm_head)  # the select's own scores
+    r_tokens, r_ids, r_lp, r_start, r_pair = pytorch_proposal(head, fast.token_table, hidden, anchor, lm_head)
     assert torch.equal(ids, r_ids)
     torch.testing.assert_close(lp, r_lp, atol=1e-5, rtol=1e-5)
-    start, pair, _ = fast.lattice_scores(*fast.candidates(hidden, lm_head), hidden, anchor)  # select's own scores
     torch.testing.assert_close(start, r_start.float(), atol=atol, rtol=0)
     torch.testing.assert_close(pair, r_pair.float(), atol=atol, rtol=0)
     path = greedy_walk(start.cpu(), pair.cpu()).to(ids.device)  # the walk is exact on given scores
@@ -91,8 +120,28 @@ def assert_select_matches(fast, head, hidden, anchor, lm_head, atol, min_clear=1
 
 def assert_same_bits(first: FastLiLiCorrSelect, second: FastLiLiCorrSelect, *inputs) -> None:
     """Draft ids, candidate ids and log-probs equal bit for bit."""
-    for got, want in zip(first.select(*inputs), second.select(*inputs)):
+    for got, want in zip(select(first, *inputs), select(second, *inputs)):
         assert torch.equal(got, want)
+
+
+# --- the pipeline's steps ------------------------------------------------------------------------
+
+
+@needs_interpreter
+def test_both_top_k_steps_give_the_same_candidates_and_gradient(seed):
+    """The Triton top-K (kernels=True) and its PyTorch definition choose the same candidates, ties to the lowest id,
+    and under autograd both hand the logits' gradient to the candidates' log-probs (training's torch route)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(6, 40, generator=g)
+    logits[0, 5:9] = 3.0  # a tie across the K-th place
+    grads = []
+    for kernels in (True, False):
+        x = logits.clone().requires_grad_(True)
+        vals, ids, lse = pipeline.candidates(x, 4, SelectPlan(route="torch", kernels=kernels))
+        (vals - lse[:, None]).mul(torch.arange(1.0, 5.0)).sum().backward()
+        grads.append((ids, x.grad))
+    assert torch.equal(grads[0][0], grads[1][0]) and grads[0][0][0].tolist() == [5, 6, 7, 8]
+    torch.testing.assert_close(grads[0][1], grads[1][1])
 
 
 # --- end to end --------------------------------------------------------------------------------
@@ -136,10 +185,10 @@ def test_select_bf16_within_tolerance(seed):
 @pytest.mark.parametrize("plan", [pytest.param(name, marks=needs_interpreter) for name in CPU_PLANS] + ["pytorch"])
 def test_viterbi_select_commits_the_viterbi_path_of_the_heads_scores(seed, monkeypatch, plan):
     """walk="viterbi" (LILICORR_WALK=viterbi) commits walk.viterbi over the head's own start/pair with the ids gathered
-    (the reference decoder's Viterbi, reference/propose.py), through `select` (the draft graph's route) and
-    `select_from_candidates` (tensor parallel); candidates and log-probs are the greedy select's bits, and the two rules
-    commit other drafts on these inputs. The PyTorch path drafts reference_select's Viterbi exactly; a Triton path's
-    draft scores, under the reference's scores, within its score error of the reference's best path."""
+    (the reference decoder's Viterbi, reference/propose.py), from the logits (the draft graph's route) and from
+    candidates handed over (tensor parallel); candidates and log-probs are the greedy select's bits, and the two rules
+    commit other drafts on these inputs. The PyTorch path drafts the PyTorch plan's Viterbi exactly; a Triton path's
+    draft scores, under the PyTorch plan's scores, within its score error of its best path."""
     cfg = SMALL
     head = make_head(cfg, HM, seed)
     hidden, anchor, lm_head, embed = make_inputs(6, cfg.num_slots, HM, VOCAB, seed)
@@ -148,23 +197,25 @@ def test_viterbi_select_commits_the_viterbi_path_of_the_heads_scores(seed, monke
         plans = plans_for(HeadGeometry.of(head), PYTORCH)
     else:
         plans = SelectPlans.every(CPU_PLANS[plan])
-    fast = FastLiLiCorrSelect(head, embed_weight=embed, plans=plans, walk="viterbi")
+    viterbi_plans = plans.map(lambda p, bound: dataclasses.replace(p, walk="viterbi"))
+    fast = FastLiLiCorrSelect(head, embed_weight=embed, plans=viterbi_plans)
     tokens, ids, lp, candidates = assert_viterbi_select(fast, head, hidden, anchor, lm_head, exact=plan == "pytorch")
-    assert torch.equal(fast.select_from_candidates(*candidates, hidden, anchor)[0], tokens)
-    g_tokens, g_ids, g_lp = FastLiLiCorrSelect(head, embed_weight=embed, plans=plans).select(hidden, anchor, lm_head)
+    assert torch.equal(select(handed_over(fast, candidates), hidden, anchor, lm_head).draft, tokens)
+    g_tokens, g_ids, g_lp = select(FastLiLiCorrSelect(head, embed_weight=embed, plans=plans), hidden, anchor, lm_head)[
+        :3
+    ]
     assert torch.equal(g_ids, ids) and torch.equal(g_lp, lp) and not torch.equal(g_tokens, tokens)
 
 
 def assert_viterbi_select(fast, head, hidden, anchor, lm_head, exact: bool):
-    """A walk="viterbi" select drafts walk.viterbi over its own start/pair with the ids gathered; under the reference's
-    scores that path is the reference's best within the two scores' error (`exact`: the reference's very tokens).
+    """A walk="viterbi" select drafts walk.viterbi over its own start/pair with the ids gathered; under the PyTorch
+    plan's scores that path is that plan's best within the two scores' error (`exact`: its very tokens).
     -> the select's (tokens, ids, log-probs) and its candidates."""
-    tokens, ids, lp = fast.select(hidden, anchor, lm_head)
-    candidates = fast.candidates(hidden, lm_head)
-    start, pair, _ = fast.lattice_scores(*candidates, hidden, anchor)  # the head's scores, as the select computes them
+    tokens, ids, lp, start, pair = select(fast, hidden, anchor, lm_head)  # the head's scores, as the select has them
+    candidates = candidates_of(fast, hidden, lm_head)
     path = viterbi(start, pair)
     assert torch.equal(tokens, ids.gather(2, path.unsqueeze(-1)).squeeze(-1))
-    r_tokens, _, _, r_start, r_pair = reference_select(head, fast.token_table, hidden, anchor, lm_head, walk="viterbi")
+    r_tokens, _, _, r_start, r_pair = pytorch_proposal(head, fast.token_table, hidden, anchor, lm_head, "viterbi")
     if exact:
         assert torch.equal(tokens, r_tokens)
     slack = 2 * head.config.num_slots * request_error(start, pair, r_start, r_pair) + 1e-5
@@ -175,20 +226,22 @@ def assert_viterbi_select(fast, head, hidden, anchor, lm_head, exact: bool):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("walk", ["greedy", "viterbi"])
 @pytest.mark.parametrize("route", ["unfolded", "folded"])
-def test_fused_stages_compose_to_the_scores(seed, route):
+def test_fused_stages_compose_to_the_scores(seed, route, walk):
     head = make_head(SMALL, HM, seed)
     hidden, anchor, lm_head, embed = make_inputs(3, SMALL.num_slots, HM, VOCAB, seed)
-    fast = select_with(head, SelectPlan(route=route), embed_weight=embed)
-    vals, ids, lse = fast.candidates(hidden, lm_head)
-    start, pair, lp = fast.lattice_scores(vals, ids, lse, hidden, anchor)
+    fast = select_with(head, SelectPlan(route=route, walk=walk), embed_weight=embed)
+    proposal = select(fast, hidden, anchor, lm_head)
+    vals, ids, lse = candidates_of(fast, hidden, lm_head)
+    assert torch.equal(ids, proposal.ids)
     stages = fast.fused_stages(vals, ids, lse, hidden, anchor)
     assert list(stages) == ["projections", "nodes", "lattice", "factors"]
-    s_start, s_pair, draft = stages["factors"]()  # the walk runs in the cosine kernel
-    assert torch.equal(s_start, start) and torch.equal(s_pair, pair)
-    assert torch.equal(stages["nodes"]()[0], lp.flatten(0, 1))
-    assert torch.equal(draft, fast.walk(start, pair, ids))
-    assert torch.equal(draft, fast.select_from_candidates(vals, ids, lse, hidden, anchor)[0])
+    s_start, s_pair, draft = stages["factors"]()  # the greedy walk runs in the cosine kernel, Viterbi's after it
+    assert torch.equal(s_start, proposal.start) and torch.equal(s_pair, proposal.pair)
+    assert torch.equal(stages["nodes"]()[0], proposal.log_probs.flatten(0, 1))
+    assert torch.equal(draft, pipeline.walk(s_start, s_pair, ids, fast.plan(3)))
+    assert torch.equal(draft, proposal.draft)
     cat, sumsq = stages["lattice"]()  # folded: [x, x * t] and the sums of squares of x's rows
     assert cat.shape == (3 * SMALL.num_slots * SMALL.candidate_topk, 2 * head.width) and (sumsq is None) == (
         route == "unfolded"
@@ -218,18 +271,22 @@ def test_bad_inputs_are_named(seed):
     with pytest.raises(ValueError, match="token_table"):
         FastLiLiCorrSelect(head, token_table=torch.zeros(VOCAB, 7))
     with pytest.raises(ValueError, match="walk='beam' is not a decode rule; choose one of greedy, viterbi"):
-        FastLiLiCorrSelect(head, embed_weight=embed, walk="beam")
+        plans_for(HeadGeometry.of(head), PYTORCH, walk="beam")
+    two_rules = SelectPlans((1,), (SelectPlan(route="torch", kernels=False), SelectPlan(route="torch", walk="viterbi")))
+    with pytest.raises(ValueError, match=r"one walk rule at every batch size, got \['greedy', 'viterbi'\]"):
+        FastLiLiCorrSelect(head, embed_weight=embed, plans=two_rules)
     fast = FastLiLiCorrSelect(head, embed_weight=embed, plans=plans_for(HeadGeometry.of(head), PYTORCH))
+    logits = logits_of(hidden, lm_head)
     with pytest.raises(ValueError, match=r"hidden must be \[b, S, 24\]"):
-        fast.select(hidden[..., :5], anchor, lm_head)
+        fast.propose(logits, hidden[..., :5], anchor)
     with pytest.raises(ValueError, match="slots"):
-        fast.select(torch.zeros(2, SMALL.num_slots + 1, HM), anchor, lm_head)
+        fast.propose(logits, torch.zeros(2, SMALL.num_slots + 1, HM), anchor)
     with pytest.raises(ValueError, match="anchor_hidden"):
-        fast.select(hidden, anchor[:1], lm_head)
-    with pytest.raises(ValueError, match="lm_head_weight"):
-        fast.select(hidden, anchor, lm_head[:10])
+        fast.propose(logits, hidden, anchor[:1])
+    with pytest.raises(ValueError, match=r"logits must be \[10, 64\] \(b\*S slots x vocabulary\), got \(10, 10\)"):
+        fast.propose(logits[:, :10], hidden, anchor)
     if not INTERPRETER:
-        with pytest.raises(ValueError, match=r"\['fused'\] need a device with \['fused'\]"):
+        with pytest.raises(ValueError, match=r"\['kernels'\] need a device with \['kernels'\]"):
             select_with(head, SelectPlan(), embed_weight=embed)
     if not CUDA:
         with pytest.raises(ValueError, match=r"\['overlap', 'pdl'\] need a device with"):
@@ -244,14 +301,6 @@ def test_pdl_off_sm90_is_refused_by_each_kernel():
         add_rmsnorm_triton(x, x.clone(), torch.ones(16), 1e-6, pdl=True)
     with pytest.raises(ValueError, match="topk_lse_triton: pdl=True"):
         topk_lse_triton(x, 2, pdl=True)
-
-
-def test_greedy_margin_is_the_smallest_gap_on_the_greedy_path():
-    start = torch.tensor([[1.0, 3.0, 2.5]])
-    pair = torch.tensor([[[[0.0, 0.0, 0.0], [5.0, 1.0, 4.0], [0.0, 9.0, 0.0]]]])  # from candidate 1: gap 1.0
-    assert greedy_margin(start, pair).tolist() == [0.5]  # the start gap 3.0 - 2.5 is smaller
-    pair[0, 0, 1] = torch.tensor([5.0, 4.9, 0.0])
-    assert greedy_margin(start, pair).item() == pytest.approx(0.1, abs=1e-6)
 
 
 @pytest.mark.sglang
@@ -505,15 +554,15 @@ def test_select_kernels_compile_for_sm90_without_spills(sm90_triton):
 
 
 def _replay_equals_eager(fast, *inputs):
-    eager = fast.select(*inputs)
+    eager = select(fast, *inputs)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        fast.select(*inputs)
+        select(fast, *inputs)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = fast.select(*inputs)
+        captured = select(fast, *inputs)
     graph.replay()
     torch.cuda.synchronize()
     for e, c in zip(eager, captured):
@@ -529,8 +578,8 @@ GPU_PLANS = {  # the fused routes on CUDA, each at every batch size (PDL needs s
 }
 
 
-def _gpu_select(head, plan_name: str, **kwargs) -> FastLiLiCorrSelect:
-    plan = GPU_PLANS[plan_name]
+def _gpu_select(head, plan_name: str, walk: str = "greedy", **kwargs) -> FastLiLiCorrSelect:
+    plan = dataclasses.replace(GPU_PLANS[plan_name], walk=walk)
     if plan.pdl and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("PDL needs sm_90+")
     return select_with(head, plan, **kwargs)
@@ -613,7 +662,7 @@ def test_gpu_viterbi_select_drafts_the_reference_viterbi(plan, monkeypatch):
     head = make_head(cfg, hm, 0, device="cuda")
     hidden, anchor, lm_head, embed = make_inputs(b, cfg.num_slots, hm, vocab, 0, device="cuda")
     lm_head *= 0.1
-    fast = _gpu_select(head, plan, embed_weight=embed, walk="viterbi")
+    fast = _gpu_select(head, plan, walk="viterbi", embed_weight=embed)
     assert_viterbi_select(fast, head, hidden, anchor, lm_head, exact=False)
     _replay_equals_eager(fast, hidden, anchor, lm_head)
 

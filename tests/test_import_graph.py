@@ -127,8 +127,8 @@ ALLOWED = {  # layer -> the layers it may import (its own included)
     "core": {"core", "kernels"},
     "fast path": {"fast path", "core", "kernels"},
     "drafter": {"drafter", "core", "kernels"},
-    "reference": {"reference", "drafter", "core", "kernels"},
-    "train": {"train", "reference", "drafter", "core", "kernels"},
+    "reference": {"reference", "fast path", "drafter", "core", "kernels"},  # the proposal pipeline
+    "train": {"train", "reference", "fast path", "drafter", "core", "kernels"},
     "serving": {"serving", "fast path", "drafter", "core", "kernels"},
     "instrumentation": {"instrumentation", "serving", "fast path", "drafter", "core", "kernels"},
 }

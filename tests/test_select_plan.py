@@ -17,6 +17,7 @@ from sglang_lilicorr.fast_path.plan import (
     batch_bounds,
     plan_for,
     plans_for,
+    torch_plan,
 )
 
 H100 = Device(triton=True, cuda=True, pdl=True)
@@ -60,10 +61,24 @@ def test_bounds_are_whole_requests_of_the_lattice():
 
 
 def test_cpu_and_pytorch_plans():
-    """The interpreter: Triton kernels without PDL or a side stream, so the unfolded route; the PyTorch path: torch."""
+    """The interpreter: Triton kernels without PDL or a side stream, so the unfolded route; the PyTorch path: the torch
+    route with top-K and walk in PyTorch too. torch_plan: the torch route with the device's top-K and walk."""
     assert plan_for(PAPER, 1, INTERPRETER) == SelectPlan(route="unfolded")
-    assert plan_for(TESTBED, 1, PYTORCH) == SelectPlan(route="torch")
+    assert plan_for(TESTBED, 1, PYTORCH) == SelectPlan(route="torch", kernels=False)
     assert not SelectPlan(route="torch").fused and SelectPlan(route="folded").fused
+    assert torch_plan(H100) == torch_plan(INTERPRETER) == SelectPlan(route="torch")
+    assert torch_plan(PYTORCH, "viterbi") == SelectPlan(route="torch", kernels=False, walk="viterbi")
+
+
+def test_the_walk_rule_and_the_merge_reach_every_bucket():
+    def merge(logits):
+        return logits
+
+    for device in (H100, PYTORCH):
+        plans = plans_for(PAPER, device, walk="viterbi", merge=merge)
+        assert all(plan.walk == "viterbi" and plan.merge is merge for plan in plans.plans)
+        assert plans.at(4) == dataclasses.replace(plan_for(PAPER, 4, device), walk="viterbi", merge=merge)
+    assert {plan.walk for plan in plans_for(PAPER, H100).plans} == {"greedy"}
 
 
 def test_unmeasured_widths_take_the_nearest_measured_entry():
@@ -82,6 +97,8 @@ def test_unmeasured_widths_take_the_nearest_measured_entry():
             dict(route="torch", pdl=True),
             "pdl and overlap launch Triton kernels, but route='torch' runs the PyTorch path",
         ),
+        (dict(walk="beam"), "walk='beam' is not a decode rule; choose one of greedy, viterbi"),
+        (dict(route="folded", kernels=False), "route='folded' runs Triton kernels; kernels=False is the torch route's"),
     ],
 )
 def test_plans_that_cannot_run_are_named(fields, message):
@@ -90,8 +107,11 @@ def test_plans_that_cannot_run_are_named(fields, message):
 
 
 def test_plans_the_device_cannot_run_are_named():
-    with pytest.raises(ValueError, match=r"\['fused'\] need a device with \['fused'\]"):
+    with pytest.raises(ValueError, match=r"\['kernels'\] need a device with \['kernels'\]"):
         SelectPlan().check(PYTORCH)
+    with pytest.raises(ValueError, match=r"\['kernels'\] need a device"):
+        SelectPlan(route="torch").check(PYTORCH)  # the torch route with Triton's top-K and walk
+    SelectPlan(route="torch", kernels=False).check(PYTORCH)
     with pytest.raises(ValueError, match=r"\['overlap', 'pdl'\] need a device with"):
         SelectPlan(overlap=True, pdl=True).check(INTERPRETER)
     for bound, plan in plans_for(PAPER, H100).buckets():

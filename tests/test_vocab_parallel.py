@@ -246,11 +246,17 @@ def _check_proposal_on_rank(
     rows: int = 3,
     head_kw=None,
 ) -> None:
-    """The served proposal with this rank's LM head shard (ShardedCandidates through LiLiCorrProposer): the TP = 1
-    candidates (ids and values bit for bit, the LSE merged in another order: within fp32 rounding), the TP = 1 head's
-    draft of those candidates bit for bit on every rank, and the TP = 1 proposal up to near-ties of its walk (the LSE's
-    last bit moves a bf16 head's scores by up to ~0.006)."""
+    """The served proposal with this rank's LM head shard (ShardedCandidates, its plans' merge, through
+    LiLiCorrProposer): the TP = 1 candidates (ids and values bit for bit, the LSE merged in another order: within fp32
+    rounding), the TP = 1 head's draft of those candidates bit for bit on every rank, and the TP = 1 proposal up to
+    near-ties of its walk (the LSE's last bit moves a bf16 head's scores by up to ~0.006)."""
+    import dataclasses
+
+    import torch.nn.functional as F
+
     from sglang_lilicorr.config import LiLiCorrConfig
+    from sglang_lilicorr.fast_path.pipeline import candidates
+    from sglang_lilicorr.fast_path.select import FastLiLiCorrSelect
     from sglang_lilicorr.head import LiLiCorrHead
     from sglang_lilicorr.serving.proposer import LiLiCorrProposer
     from sglang_lilicorr.serving.vocab_parallel import VocabShard
@@ -280,16 +286,20 @@ def _check_proposal_on_rank(
         p.publish_anchors(anchors, slots)
         p.stage_anchors(slots.roll(1))
         p(hidden)
-    vals, ids, lse = shard.sharded(pass_hidden)
-    want = whole.select.candidates(pass_hidden, lm)
+    rows_of = pass_hidden.reshape(-1, hidden_size)
+    logits = F.linear(rows_of, lm)  # the whole vocabulary's, as the TP = 1 proposer computes them
+    vals, ids, lse = shard.sharded(F.linear(rows_of, lm[lo:hi]))
+    want = candidates(logits, K, whole.select.plan(rows))
     assert torch.equal(ids, want[1])
     torch.testing.assert_close(vals, want[0], rtol=1e-6, atol=1e-6)  # the logits of a row shard: GEMM rounding
     torch.testing.assert_close(lse, want[2], rtol=2e-6, atol=2e-6)
     staged = whole.anchors[:rows]
     draft = shard.out.view(rows, -1)
-    assert torch.equal(draft, whole.select.select_from_candidates(vals, ids, lse, pass_hidden, staged)[0])
-    start, pair, _ = whole.select.lattice_scores(*want, pass_hidden, staged)
-    assert_walks_differ_only_at_near_ties(draft, start, pair, want[1])
+    handed = whole.select.plans.map(lambda plan, _: dataclasses.replace(plan, merge=lambda _: (vals, ids, lse)))
+    tp1_head = FastLiLiCorrSelect(head, token_table=whole.select.token_table, plans=handed)
+    assert torch.equal(draft, tp1_head.propose(logits, pass_hidden, staged).draft)
+    tp1 = whole.select.propose(logits, pass_hidden, staged)
+    assert_walks_differ_only_at_near_ties(draft, tp1.start, tp1.pair, tp1.ids)
     every = torch.empty((ranks * shard.out.numel(),), dtype=shard.out.dtype, device=device)
     gather(every, shard.out)
     assert all(torch.equal(block, shard.out) for block in every.view(ranks, -1))

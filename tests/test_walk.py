@@ -1,11 +1,11 @@
-"""Decoders: greedy walk (Eq. 8) and exact Viterbi (App. F) against brute force."""
+"""Decoders: greedy walk (Eq. 8) and exact Viterbi (App. F) against brute force; the greedy path's margin."""
 
 import itertools
 
 import pytest
 import torch
 
-from sglang_lilicorr.walk import greedy_walk, path_score, viterbi
+from sglang_lilicorr.walk import greedy_margin, greedy_walk, path_score, viterbi
 
 from devices import DevicesMade
 
@@ -56,6 +56,14 @@ def test_ties_and_minus_infinity_pick_the_lowest_index():
     pair[0, 0, 1] = torch.tensor([0.0, 3.0, 3.0, ninf])
     assert greedy_walk(start, pair).tolist() == [[1, 1], [0, 0]]
     assert viterbi(start, pair).tolist() == [[1, 1], [0, 0]]
+
+
+def test_greedy_margin_is_the_smallest_gap_on_the_greedy_path():
+    start = torch.tensor([[1.0, 3.0, 2.5]])
+    pair = torch.tensor([[[[0.0, 0.0, 0.0], [5.0, 1.0, 4.0], [0.0, 9.0, 0.0]]]])  # from candidate 1: gap 1.0
+    assert greedy_margin(start, pair).tolist() == [0.5]  # the start gap 3.0 - 2.5 is smaller
+    pair[0, 0, 1] = torch.tensor([5.0, 4.9, 0.0])
+    assert greedy_margin(start, pair).item() == pytest.approx(0.1, abs=1e-6)
 
 
 def test_single_slot_block():

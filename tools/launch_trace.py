@@ -3,22 +3,26 @@ order, with the same launch parameters?
 
   python tools/launch_trace.py --out trace.json [--geometry paper testbed] [--bs 1 2 4 5 8 9 16 32]
 
-Builds head_bench's heads (paper: width 1024; testbed: width 256) in bf16 on the CPU and calls `select`,
-`select_from_candidates`, `lattice_scores` and `select_from_logits` at each batch size, with every Triton launch
+Builds head_bench's heads (paper: width 1024; testbed: width 256) in bf16 on the CPU and calls at each batch size
+`select` (the LM head's GEMM, then `propose`: what the draft graph captures), `propose` (on given logits) and
+`propose_given_candidates` (the candidates handed over as the plans' merge: the tensor-parallel path's head and walk;
+on a tree from before `propose`, select_from_logits and select_from_candidates), with every Triton launch
 recorded instead of run (kernel, grid, each argument: a tensor as its shape, dtype and strides, anything else as its
 value), every F.linear (cuBLAS on a GPU) recorded by shapes, and the side stream's fork / join. Mode `h100` makes the
 CPU look like an sm_90 card with 132 SMs to the select and the kernels' host code (PDL, side stream, TMA, one row per
 program), so the trace is that of the served GPU path; mode `cpu` is the select as constructed on this machine (Triton
-under the interpreter); mode `torch` its PyTorch path. Nothing is computed: the outputs are garbage (integer ones
-zeros) and the run takes seconds. Two traces from two commits must be equal. It also runs the select as it was before
-its plans (c745522: keyword flags, `_SideStream`), the commit the plans were checked against: from a copy of that
-tree on PYTHONPATH (with kernels/ and benchmarks/ linked under sglang_lilicorr/).
+under the interpreter); mode `torch` its torch route (the head's own forward; top-K and walk the device's Triton
+kernels). Nothing is computed: the outputs are garbage (integer ones zeros) and the run takes seconds. Two traces
+from two commits must be equal. It also runs the select as it was before its plans (c745522: keyword flags,
+`_SideStream`), the commit the plans were checked against: from a copy of that tree on PYTHONPATH (with kernels/ and
+benchmarks/ linked under sglang_lilicorr/).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+from dataclasses import replace
 import importlib
 import json
 import os
@@ -184,34 +188,48 @@ def attempt(call) -> None:
 
 
 def pytorch_path(head) -> dict:
-    """FastLiLiCorrSelect's arguments for the PyTorch path: its plans, or (before the plans) fused=False."""
+    """FastLiLiCorrSelect's arguments for the torch route with the device's top-K and walk kernels: plans of that
+    route (in a plan of its own since the plan names those kernels), or (before the plans) fused=False."""
     try:
-        from sglang_lilicorr.fast_path.plan import PYTORCH, HeadGeometry, plans_for
+        from sglang_lilicorr.fast_path.plan import PYTORCH, HeadGeometry, SelectPlan, SelectPlans, plans_for
     except ImportError:
         return dict(fused=False)
+    if "kernels" in SelectPlan.__dataclass_fields__:
+        return dict(plans=SelectPlans.every(SelectPlan(route="torch")))
     return dict(plans=plans_for(HeadGeometry.of(head), PYTORCH))
+
+
+def entry_points(fast, given: dict):
+    """(propose, propose with the candidates given["candidates"] handed over) of this tree's select."""
+    if not hasattr(fast, "propose"):  # a tree from before the one entry point
+        return fast.select_from_logits, lambda logits, h, a: fast.select_from_candidates(*given["candidates"], h, a)
+    merge = dict(merge=lambda _: given["candidates"])
+    twin = type(fast)(fast.head, token_table=fast.token_table, plans=fast.plans.map(lambda p, _: replace(p, **merge)))
+    return fast.propose, twin.propose
 
 
 def trace(geometry: str, mode: str, bs_list) -> dict:
     out = {}
     with patched(mode):
         geo, fast = build(geometry, mode)
+        given = {}
+        propose, propose_given = entry_points(fast, given)
         lm_head = torch.zeros(1, 1, dtype=torch.bfloat16).expand(geo.V, geo.HM)
         for bs in bs_list:
             g = torch.Generator().manual_seed(bs)
             hidden = torch.randn(bs, geo.S, geo.HM, generator=g).to(torch.bfloat16)
             anchor = torch.randn(bs, geo.HM, generator=g).to(torch.bfloat16)
             EVENTS.clear()
-            attempt(lambda: fast.select(hidden, anchor, lm_head))
+            attempt(lambda: propose(F.linear(hidden.reshape(bs * geo.S, geo.HM), lm_head), hidden, anchor))
             out[f"{geometry} {mode} bs {bs} select"] = list(EVENTS)
             vals = torch.randn(bs, geo.S, geo.K).sort(-1, descending=True).values
             ids = torch.randint(0, geo.V, (bs, geo.S, geo.K))
             lse = vals[..., 0] + 1.0
+            given["candidates"] = vals, ids, lse
             logits = torch.zeros(1, 1, dtype=torch.bfloat16).expand(bs * geo.S, geo.V)
             calls = {
-                "select_from_candidates": lambda: fast.select_from_candidates(vals, ids, lse, hidden, anchor),
-                "lattice_scores": lambda: fast.lattice_scores(vals, ids, lse, hidden, anchor),
-                "select_from_logits": lambda: fast.select_from_logits(logits, hidden, anchor),
+                "propose_given_candidates": lambda: propose_given(logits, hidden, anchor),
+                "propose": lambda: propose(logits, hidden, anchor),
             }
             for name, call in calls.items():
                 EVENTS.clear()

@@ -5,7 +5,7 @@ the constexpr values, the launch options (num_warps, num_stages, maxnreg, launch
 its type with, unless do_not_specialize names it, whether an int is 1 (then a constexpr) or divisible by 16 and
 whether a pointer is 16-byte aligned; `launch_key` computes it with Triton's own native_specialize_impl.
 
-`census` runs `FastLiLiCorrSelect.select_from_logits` (what the draft graph captures, serving/proposer.py `propose`,
+`census` runs `FastLiLiCorrSelect.propose` (what the draft graph captures, serving/proposer.py `propose`,
 after the LM head's F.linear, whose output is given here as rows of one [b_max * S, V] buffer: the same shape,
 dtype and alignment) at every batch size, on a head of random weights, under Triton's CPU interpreter with every
 launch recorded and not run: the select's host side is static-shaped and reads no values (CUDA-graph safe), so its
@@ -154,7 +154,7 @@ def census(geometry: Geometry, batch_sizes, dtype: torch.dtype = torch.bfloat16)
         hidden, anchor = torch.randn(top, s, hm, dtype=dtype), torch.randn(top, hm, dtype=dtype)
         for b in batch_sizes:
             with recorded_launches() as launches:
-                select.select_from_logits(logits[: b * s], hidden[:b], anchor[:b])
+                select.propose(logits[: b * s], hidden[:b], anchor[:b])
             for name, key in launches:
                 keys[name].setdefault(key, b)
     return dict(keys)

@@ -22,7 +22,7 @@ random drafter states `hidden` [bs, S, Hm] (Domino: [bs, 16, Hm], slot 0 first) 
                      sets the fused kernel beside the GEMM route on the same bytes (each step reads all of markov_w2)
   dspark_confidence  SGLang's DSparkConfidenceHead.predict on the block's picks (run only in ragged verification)
   dspark_head        dspark_markov + dspark_confidence
-  lilicorr_greedy    our select_from_logits (top-K/LSE + head + greedy walk: head_bench's post_logits, served plans)
+  lilicorr_greedy    our select's propose (top-K/LSE + head + greedy walk: head_bench's post_logits, served plans)
   lilicorr_viterbi   the same with walk="viterbi" (the cosine kernel's scores, then the Viterbi kernel)
 `--smoke` runs every row once, eagerly, at toy shapes on the CPU (a dry run of the script).
 
@@ -167,7 +167,7 @@ def row_fns(geo, bs, parts, device, dtype) -> dict:
         ),
     }
     for walk, fast in selects.items():
-        fns[f"lilicorr_{walk}"] = lambda fast=fast: fast.select_from_logits(logits, hidden, anchor_hidden)
+        fns[f"lilicorr_{walk}"] = lambda fast=fast: fast.propose(logits, hidden, anchor_hidden)
     return fns
 
 
@@ -183,6 +183,7 @@ def derived(row: dict) -> None:
 
 
 def run(geo: head_bench.Geometry, batch_sizes, rep_ms: int, commit: Optional[str] = None) -> dict:
+    from ..fast_path.plan import Device, HeadGeometry, plans_for
     from ..fast_path.select import FastLiLiCorrSelect
 
     cuda = torch.cuda.is_available()
@@ -193,7 +194,10 @@ def run(geo: head_bench.Geometry, batch_sizes, rep_ms: int, commit: Optional[str
     embed = torch.nn.Embedding(geo.V, geo.HM).to(device=device, dtype=dtype)
     ours = head_bench.build_ours(geo, device, dtype)
     table = ours.token_table(embed.weight)
-    selects = {w: FastLiLiCorrSelect(ours, token_table=table, walk=w) for w in ("greedy", "viterbi")}
+    served = (HeadGeometry.of(ours), Device.of(table))
+    selects = {
+        w: FastLiLiCorrSelect(ours, token_table=table, plans=plans_for(*served, walk=w)) for w in ("greedy", "viterbi")
+    }
     with torch.inference_mode(), warnings.catch_warnings():
         domino = domino_modules(geo, device, dtype)
         gru_packed = gru_weights_in_one_storage(domino.prefix_gru)

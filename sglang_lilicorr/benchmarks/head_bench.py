@@ -10,7 +10,8 @@ head width 1024, 2 layers, 8 heads, FFN 2048, d_e 1024, target hidden 4096, voca
 Per block, at each bs, ms per call (median of triton.testing.do_bench over CUDA-graph replay):
 
   topk_lse     [bs*S, V] logits -> top-K + logsumexp: ours (Triton), built-in, torch (topk + logsumexp)
-  head_walk    candidates -> draft ids: ours (table gather + head + walk) per variant; built-in
+  head_walk    candidates -> draft ids: ours (table gather + head + walk, the candidates handed over as its plan's
+               merge) per variant; built-in
                select_with_proposal (greedy) on pre-gathered token embeddings
   post_logits  logits -> draft ids (top-K/LSE + head + walk): the issue's target
   select       hidden -> draft ids, LM-head matmul included
@@ -30,8 +31,8 @@ GEMMs, no side stream, no PDL), fused_overlap (+ the side stream for the pass / 
 fused_overlap_pdl (+ PDL at every bs), served (the plans of kernels/tuning.py: what the server runs; its plan per bs
 is written to the JSON), served_unfolded / served_folded (served on the unfolded / folded route at every bs), and with
 --compile, compiled (torch.compile of the PyTorch variant). Checks in the same run: each variant's select
-against the reference (LiLiCorrHead.forward + walk.greedy_walk): candidate ids equal, log-probs
-close, score error, draft ids equal wherever the reference has no near-tie; graph replay equals
+against the reference (the select on the PyTorch plan: LiLiCorrHead.forward + walk.greedy_walk): candidate ids
+equal, log-probs close, score error, draft ids equal wherever the reference has no near-tie; graph replay equals
 eager; agreement with the built-in's draft ids (information). Every section is try/except-printed.
 Writes JSON (card, date, git commit, rows, checks) to --out.
 """
@@ -88,7 +89,7 @@ def _on(**device):
 
 
 VARIANTS = {  # ours: name -> (HeadGeometry, Device) -> SelectPlans
-    "torch": lambda geo, _: plans_for(geo, PYTORCH),
+    "torch": _every(route="torch", pdl=False, overlap=False),  # the head's forward; top-K and walk as served
     "fused": _on(triton=True, cuda=False, pdl=False),
     "fused_overlap": _on(triton=True, cuda=True, pdl=False),
     "fused_overlap_pdl": _every(route="unfolded", pdl=True),
@@ -319,7 +320,8 @@ def kernel_profile(fn, reps=3):
 
 
 def run(args) -> dict:
-    from sglang_lilicorr.fast_path.reference import greedy_margin, reference_select
+    from sglang_lilicorr.fast_path.select import FastLiLiCorrSelect
+    from sglang_lilicorr.walk import greedy_margin
     from sglang_lilicorr.kernels import topk_lse as topk_lse_ours  # the Triton kernel on CUDA
 
     geo = SMOKE if args.smoke else GEOMETRIES[args.geometry]
@@ -373,6 +375,18 @@ def run(args) -> dict:
 
         variants["compiled"] = attempt(errors, "build_compiled", compiled)
     variants = {k: v for k, v in variants.items() if v is not None}
+    given = {}  # the bs's candidates, handed to each variant's twin as its plans' merge: head + walk alone
+
+    def handed_over(fast):
+        merge = dict(merge=lambda _: given["candidates"])
+        twin = FastLiLiCorrSelect(
+            head, token_table=table, plans=fast.plans.map(lambda p, _: dataclasses.replace(p, **merge))
+        )
+        twin._scores_torch = fast._scores_torch  # the same torch route (compiled where fast's is)
+        return twin
+
+    head_walks = {name: handed_over(fast) for name, fast in variants.items()}
+    reference = FastLiLiCorrSelect(head, token_table=table, plans=plans_for(HeadGeometry.of(head), PYTORCH))
 
     builtin = attempt(errors, "build_builtin", lambda: build_builtin(head, dev, dtype))
     if builtin is not None:
@@ -416,17 +430,20 @@ def run(args) -> dict:
         # ---- ours: head + walk, logits -> ids, full select; correctness against the reference
         vals, ids, lse = topk_lse_ours(logits, K)
         vals, ids, lse = vals.view(bs, S, K), ids.view(bs, S, K), lse.view(bs, S)
-        ref = attempt(errors, f"bs{bs}_reference", lambda: reference_select(head, table, hidden, anchor, lm_head))
+        given["candidates"] = vals, ids, lse
+        ref = attempt(errors, f"bs{bs}_reference", lambda: reference.propose(logits, hidden, anchor))
         for vname, fast in variants.items():
-            out = tb(f"head_walk_{vname}", lambda: fast.select_from_candidates(vals, ids, lse, hidden, anchor))
+            out = tb(f"head_walk_{vname}", lambda: head_walks[vname].propose(logits, hidden, anchor))
             row[f"head_walk_{vname}"] = out and out[0]
 
             def post_logits(fast=fast):
-                return fast.select_from_logits(logits, hidden, anchor)
+                return fast.propose(logits, hidden, anchor)
 
             out = tb(f"post_logits_{vname}", post_logits)
             row[f"post_logits_{vname}"] = out and out[0]
-            out = tb(f"select_{vname}", lambda: fast.select(hidden, anchor, lm_head))
+            out = tb(
+                f"select_{vname}", lambda: fast.propose(F.linear(hidden.reshape(bs * S, HM), lm_head), hidden, anchor)
+            )
             row[f"select_{vname}"] = out and out[0]
             with torch.no_grad():  # head_walk = post_logits minus top-K's 1-2; select = post_logits + 1
                 count(f"post_logits_{vname}", post_logits, keep_kernels=vname in ("fused", "served"))
@@ -434,7 +451,7 @@ def run(args) -> dict:
                 attempt(
                     errors,
                     f"bs{bs}_check_{vname}",
-                    lambda: check(checks, f"bs{bs}_{vname}", fast, out[1], ref, hidden, anchor, lm_head, greedy_margin),
+                    lambda: check(checks, f"bs{bs}_{vname}", fast, out[1], ref, logits, hidden, anchor, greedy_margin),
                 )
 
         # ---- per-stage split of the fused variant (each stage alone, graph replay)
@@ -507,14 +524,13 @@ def run(args) -> dict:
     return res
 
 
-def check(checks, key, fast, graph_out, ref, hidden, anchor, lm_head, greedy_margin):
-    """Our select (eager and graph replay) against the reference on the same inputs."""
+def check(checks, key, fast, graph_out, ref, logits, hidden, anchor, greedy_margin):
+    """Our select (eager and graph replay) against the reference (the PyTorch plan's proposal) on the same inputs."""
     r_tokens, r_ids, r_lp, r_start, r_pair = ref
-    tokens, ids, lp = fast.select(hidden, anchor, lm_head)
+    tokens, ids, lp, start, pair = fast.propose(logits, hidden, anchor)  # the select's own scores
     checks[f"{key}_graph_equals_eager"] = all(torch.equal(x, y) for x, y in zip(graph_out, (tokens, ids, lp)))
     checks[f"{key}_candidate_ids_equal"] = bool(torch.equal(ids, r_ids))
     checks[f"{key}_logprob_max_err"] = float((lp - r_lp).abs().max())
-    start, pair, _ = fast.lattice_scores(*fast.candidates(hidden, lm_head), hidden, anchor)  # select's own scores
     err = torch.maximum(
         (start - r_start.float()).abs().amax(-1), (pair - r_pair.float()).abs().flatten(1).amax(-1)
     )  # [b]

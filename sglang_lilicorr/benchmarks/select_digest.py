@@ -4,7 +4,7 @@ between two commits (run it under each, the same card) or between two variants i
   python3 -m sglang_lilicorr.benchmarks.select_digest [--geometry paper] [--bs 1 4 16 32] [--variants served ...]
 
 head_bench's head (its trained-like weights, `build_ours`) and inputs (`make_inputs`) at each bs; for each of
-head_bench's VARIANTS (the select's plans), `select_from_logits` once eagerly and once replayed from a CUDA graph
+head_bench's VARIANTS (the select's plans), `propose` once eagerly and once replayed from a CUDA graph
 (where CUDA is there). One line per (variant, bs, mode): the sha256 of the draft ids, candidate ids and log-probs, as
 bytes. Kernel changes that only move loads or launch kernels elsewhere must keep every line. `--smoke`: head_bench's
 tiny geometry on the CPU (tests/test_select_digest.py).
@@ -45,9 +45,10 @@ def run(geometry: str, bs_list, variants, smoke: bool = False) -> list[str]:
         for bs in bs_list:
             hidden, anchor = make_inputs(geo, bs, dev, dtype)
             logits = F.linear(hidden.reshape(bs * geo.S, geo.HM), lm_head)
-            lines.append(f"{name} bs {bs} eager {digest(fast.select_from_logits(logits, hidden, anchor))}")
+            outputs = lambda: fast.propose(logits, hidden, anchor)[:3]  # noqa: E731  draft ids, candidates, log-probs
+            lines.append(f"{name} bs {bs} eager {digest(outputs())}")
             if cuda:
-                graph, replayed = capture(lambda: fast.select_from_logits(logits, hidden, anchor))
+                graph, replayed = capture(outputs)
                 graph.replay()
                 torch.cuda.synchronize()
                 lines.append(f"{name} bs {bs} graph {digest(replayed)}")

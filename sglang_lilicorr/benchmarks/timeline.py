@@ -5,7 +5,7 @@
 
 Builds the served select path (`FastLiLiCorrSelect` with its served plans, head_bench's trained-like weights;
 --variant: another of head_bench's VARIANTS, e.g. served_unfolded without the folded norms), captures
-`select_from_logits` (post-logits: top-K/LSE + head + walk) in a CUDA graph, and
+`propose` (post-logits: top-K/LSE + head + walk) in a CUDA graph, and
 records `reps` replays with torch.profiler. Per kernel of the replay, in launch order: its stream,
 median start (us after the replay's first kernel starts), median duration, and median idle time on
 its stream before it (since that stream's previous kernel ended, or since the replay began). The
@@ -98,7 +98,7 @@ def run(geometry: str, bs: int, reps: int, variant: str = "served") -> dict:
         fast = build_variant(variant, head, head.token_table(embed))
     hidden, anchor = make_inputs(geo, bs, dev, dtype)
     logits = F.linear(hidden.reshape(bs * geo.S, geo.HM), lm_head)
-    graph, _ = capture(lambda: fast.select_from_logits(logits, hidden, anchor))
+    graph, _ = capture(lambda: fast.propose(logits, hidden, anchor))
     with profile(activities=[ProfilerActivity.CUDA]) as prof:  # kernels per replay, counted once
         graph.replay()
         torch.cuda.synchronize()

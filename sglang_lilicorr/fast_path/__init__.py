@@ -1,5 +1,5 @@
-"""The head's serving path: `FastLiLiCorrSelect` (select.py) runs the trained `LiLiCorrHead` (sglang_lilicorr/head.py)
-after the drafter pass, from the top-K/logsumexp of the LM head's logits to the greedy walk's draft, on the Triton
-kernels of sglang_lilicorr/kernels/ or on the PyTorch path, as its plan (plan.py, from kernels/tuning.py's measured
-tables) says; constants.py holds what it precomputes from the head, reference.py the plain PyTorch select it is tested
-against, side_stream.py and counters.py its CUDA plumbing."""
+"""The proposal pipeline and the head's serving path: `pipeline.propose` composes logits -> top-K/logsumexp -> head ->
+walk -> draft ids for every caller, as a plan (plan.py, from kernels/tuning.py's measured tables) says;
+`FastLiLiCorrSelect` (select.py) runs it on the head's fused routes with the constants it folds from the head
+(constants.py); side_stream.py and counters.py are its CUDA plumbing; precompile.py builds its kernels before
+capture."""

@@ -1,28 +1,24 @@
-"""The select's plan: which route `FastLiLiCorrSelect` runs for a head at a batch size, with which launches.
+"""The select's plan: how the proposal pipeline (pipeline.py) runs a call, one plan per batch-size bucket of a head.
 
   plan_for(geometry, batch, device) -> SelectPlan   kernels/tuning.py's tables, resolved for one batch size
-  plans_for(geometry, device) -> SelectPlans        the plan of every batch-size bucket of a head, resolved once
-                                                    (FastLiLiCorrSelect does so at construction)
+  plans_for(geometry, device) -> SelectPlans        every bucket's plan, resolved once (FastLiLiCorrSelect does so)
+  torch_plan(device) -> SelectPlan                  the torch route, for callers without a FastLiLiCorrSelect
 
-Three routes (issue 41: one PyTorch reference route and two fused ones):
-  torch     the trained head's own forward (LiLiCorrHead, the code training runs) on the token table's rows, with
-            walk.py's decoders: the reference, and what runs where Triton does not (no CUDA, no interpreter).
-  folded    small batches, where launch count dominates: every GEMM a Triton GEMM with its epilogue
-            (kernels/gemm_epilogue.py), each lattice RMSNorm folded into the GEMM that reads its output (five norm
-            launches fewer), under PDL. H100, 0a138f1, post-logits folded / unfolded (ms): paper head bs 1 0.123 /
-            0.128, bs 4 0.185 / 0.157; testbed head bs 1 0.070 / 0.077, bs 4 0.090 / 0.092, bs 16 0.160 / 0.128:
-            folded at bs <= 1 on the paper head (width 1024), bs <= 4 on the testbed head (256) (tuning.FOLD_NORMS).
-  unfolded  larger batches: cuBLAS GEMMs (the FFN up + SiLU a Triton GEMM where tuning.GEMM_CONFIG_BY_ROWS prefers it:
-            the persistent TMA kernel from 513 rows, version 10: bs 32 -8 us) between Triton kernels for the features,
-            nodes, residual add + RMSNorm, the lattice attention and the cosine + walk.
-The plan's other fields: pdl (programmatic dependent launch, sm_90+, -0.6 us per kernel boundary, pdl_chain; the
-testbed head loses 4-5 us with it from bs 16: tuning.PDL) and overlap (the pass and anchor projections on a side
-stream, CUDA). Why only these two fused routes: benchmarks/PERF_NOTES.md, "Routes".
+A plan names how each step runs: the candidates (the top-K/logsumexp of the whole vocabulary's logits, or the
+tensor-parallel `merge` of this rank's shard), top-K and walk as Triton `kernels` or as their PyTorch definitions,
+the head's `route`, and the `walk` rule (walk.WALKS) that commits the block. The routes:
+  torch     the head's own forward (LiLiCorrHead, the code training runs) on the candidates' token states.
+  folded    every GEMM a Triton GEMM with its epilogue, each lattice RMSNorm folded into the GEMM that reads its
+            output, under PDL: small batches, where launch count dominates.
+  unfolded  cuBLAS GEMMs between the Triton kernels (features, nodes, residual add + RMSNorm, attention, cosine + walk).
+pdl (programmatic dependent launch, sm_90+) and overlap (the pass and anchor projections on a side stream, CUDA)
+shape the fused routes' launches. kernels/tuning.py holds the measurements that choose them (PDL, FOLD_NORMS,
+GEMM_CONFIG_BY_ROWS).
 
 A bucket is a range of batch sizes over which no table changes its answer: its bounds are the head tables' batch
-bounds and the GEMM table's row bounds in whole requests of the head's lattice (S x K rows per request), so one plan
-serves every batch of a bucket. Calls with fewer than S slots take the plan of their batch size. A head width
-without an entry in a head table takes the entry of the nearest measured one (by ratio; a tie goes to the smaller).
+bounds and the GEMM table's row bounds in whole requests of the head's lattice (S x K rows per request). Calls with
+fewer than S slots take the plan of their batch size. A head width without an entry in a head table takes the entry
+of the nearest measured one (by ratio; a tie goes to the smaller).
 """
 
 from __future__ import annotations
@@ -30,12 +26,14 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from ..kernels import tuning
 from ..kernels.device import pdl_supported, uses_triton
 from ..kernels.tuning import Measured
+from ..walk import WALKS
 
 ROUTES = ("torch", "folded", "unfolded")
 
@@ -77,31 +75,44 @@ class Device:
 PYTORCH = Device(triton=False, cuda=False, pdl=False)  # the PyTorch path on any device
 
 
+# logits [N, n] of this rank's n vocabulary columns -> the whole vocabulary's (vals fp32 [N, K], ids [N, K], lse [N])
+Merge = Callable[[torch.Tensor], tuple]
+
+
 @dataclass(frozen=True)
 class SelectPlan:
-    """How the select runs the calls of one batch-size bucket (module docstring). The default: the unfolded route,
-    one launch per step in stream order."""
+    """How the pipeline runs the calls of one batch-size bucket (module docstring). The default: the unfolded route,
+    one launch per step in stream order, the greedy walk, the candidates of whole-vocabulary logits."""
 
     route: str = "unfolded"  # ROUTES: torch (the head's own forward), folded, unfolded
     pdl: bool = False  # Triton kernels launched with programmatic dependent launch (CUDA sm_90+)
     overlap: bool = False  # the pass and anchor projections on a side stream (CUDA)
+    kernels: bool = True  # top-K/LSE and the walk as Triton kernels (False: kernels/topk_reference.py, walk.py)
+    walk: str = "greedy"  # walk.WALKS: the rule that commits the block
+    merge: Merge | None = None  # tensor parallelism: this rank's candidates merged over its group (vocab_parallel.py)
 
     def __post_init__(self) -> None:
         if self.route not in ROUTES:
             raise ValueError(f"SelectPlan: route={self.route!r} is none of {ROUTES}")
+        if self.walk not in WALKS:
+            raise ValueError(f"SelectPlan: walk={self.walk!r} is not a decode rule; choose one of {', '.join(WALKS)}.")
         if self.route == "torch" and (self.pdl or self.overlap):
             raise ValueError(
                 "SelectPlan: pdl and overlap launch Triton kernels, but route='torch' runs the PyTorch path"
             )
+        if self.fused and not self.kernels:
+            raise ValueError(
+                f"SelectPlan: route={self.route!r} runs Triton kernels; kernels=False is the torch route's"
+            )
 
     @property
     def fused(self) -> bool:
-        """Triton kernels around the GEMMs (False: the head's PyTorch forward; the top-K and walk kernels still run)."""
+        """Triton kernels around the GEMMs (False: the head's PyTorch forward)."""
         return self.route != "torch"
 
     def check(self, device: Device) -> None:
         """A clear error where this plan asks for what the device cannot do."""
-        needs = {"fused": device.triton, "overlap": device.cuda, "pdl": device.pdl}
+        needs = {"kernels": device.triton, "overlap": device.cuda, "pdl": device.pdl}
         missing = [name for name, ok in needs.items() if getattr(self, name) and not ok]
         if missing:
             raise ValueError(
@@ -147,13 +158,22 @@ def _within(table: dict, key: int, batch: int):
     return e.value if e.max_batch is None or batch <= e.max_batch else None
 
 
-def plan_for(geometry: HeadGeometry, batch: int, device: Device) -> SelectPlan:
-    """The plan of kernels/tuning.py's tables for `batch` requests of this head on this device (module docstring)."""
+def plan_for(
+    geometry: HeadGeometry, batch: int, device: Device, *, walk: str = "greedy", merge: Merge | None = None
+) -> SelectPlan:
+    """The plan of kernels/tuning.py's tables for `batch` requests of this head on this device (module docstring),
+    committing by `walk`, its candidates merged by `merge` under tensor parallelism."""
     if not device.triton:
-        return SelectPlan(route="torch")
+        return SelectPlan(route="torch", kernels=False, walk=walk, merge=merge)
     pdl = device.pdl and bool(_within(tuning.PDL, geometry.width, batch))
     folded = pdl and bool(_within(tuning.FOLD_NORMS, geometry.width, batch))
-    return SelectPlan(route="folded" if folded else "unfolded", pdl=pdl, overlap=device.cuda)
+    return SelectPlan(route="folded" if folded else "unfolded", pdl=pdl, overlap=device.cuda, walk=walk, merge=merge)
+
+
+def torch_plan(device: Device, walk: str = "greedy") -> SelectPlan:
+    """The torch route on `device`, top-K and walk as Triton kernels where the device runs them: the plan of the
+    callers that run the head's own forward (the reference decoder, training)."""
+    return SelectPlan(route="torch", kernels=device.triton, walk=walk)
 
 
 def batch_bounds(geometry: HeadGeometry) -> tuple:
@@ -164,8 +184,10 @@ def batch_bounds(geometry: HeadGeometry) -> tuple:
     return tuple(sorted(b for b in bounds if b))
 
 
-def plans_for(geometry: HeadGeometry, device: Device) -> SelectPlans:
+def plans_for(
+    geometry: HeadGeometry, device: Device, *, walk: str = "greedy", merge: Merge | None = None
+) -> SelectPlans:
     """plan_for at every bucket of this head (batch_bounds), each resolved at the bucket's largest batch size."""
     bounds = batch_bounds(geometry)
     at = (*bounds, (bounds[-1] if bounds else 0) + 1)
-    return SelectPlans(bounds, tuple(plan_for(geometry, b, device) for b in at))
+    return SelectPlans(bounds, tuple(plan_for(geometry, b, device, walk=walk, merge=merge) for b in at))

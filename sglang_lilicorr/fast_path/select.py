@@ -1,23 +1,14 @@
-"""Serving-time select path of a trained LiLiCorr head (paper Section 3, App. A/F):
-LM-head logits -> fused top-K + logsumexp -> token-table gather -> head -> greedy walk (or Viterbi).
+"""The serving select of a trained LiLiCorr head: the proposal pipeline (pipeline.py) on the head's routes.
 
-`FastLiLiCorrSelect` wraps a `LiLiCorrHead` (same weights; the lattice layers, norms and projections are the
-head's own modules) with the constants the serving path precomputes from it (constants.py).
-
-How a call runs is its plan (plan.py: the route, PDL, the side stream), one per batch-size bucket, resolved at
-construction from kernels/tuning.py's measured tables (or given: `plans`) and taken by the call's batch size. The
-torch route runs the head's own forward (LiLiCorrHead, as training does); the fused routes run Triton kernels around
-the GEMMs: features + LayerNorm + up + SiLU in one kernel, the node kernel (gather + sum + RMSNorm), residual add +
-RMSNorm (+ h*t), the lattice attention, and one cosine kernel for the start and pair factors that also runs the greedy
-walk (kernels/head_*.py, lattice_attention.py). `walk` picks the rule that commits the block (walk.WALKS): the greedy
-walk (App. F, the paper's), or the exact Viterbi path, which the cosine kernel leaves to the Viterbi kernel
-(kernels/walk.py); on the torch route walk.py's decoders. The folded route runs every GEMM as a Triton GEMM with its
-epilogue (kernels/gemm_epilogue.py) and folds the lattice's norms into them (each layer five GEMMs and the attention:
-the residual adds in the epilogues of the GEMMs that produce the branches, which also write their rows' partial sums
-of squares; each RMSNorm inside the GEMM that reads its output, its gain folded into a copy of the weight; the last
-add also writes x * t); the unfolded route runs cuBLAS GEMMs (the FFN up + SiLU in Triton where its table prefers it)
-between the norm kernels. With PDL (kernels/pdl.py) early-launched Triton GEMMs prefetch their weights into L2.
-Everything is static-shaped with no host syncs, so `select` can be captured in a CUDA graph.
+`FastLiLiCorrSelect` wraps a `LiLiCorrHead` (same weights: the lattice layers, norms and projections are the head's
+own modules) with the constants the fused routes precompute from it (constants.py). A call runs the plan of its batch
+size (plan.py). The torch route is the head's own forward on the token table's rows; the fused routes run Triton
+kernels around the GEMMs: features + LayerNorm + up + SiLU in one kernel, the node kernel (gather + sum + RMSNorm),
+residual add + RMSNorm (+ h*t), the lattice attention, and one cosine kernel for the start and pair scores that also
+runs the greedy walk (kernels/head_*.py, lattice_attention.py); another rule walks in its kernel after it
+(kernels/walk.py). The folded route runs every GEMM in Triton with its epilogue (kernels/gemm_epilogue.py) and folds
+the lattice's norms into them; the unfolded route runs cuBLAS GEMMs between the norm kernels. Everything is
+static-shaped with no host syncs, so `propose` can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -26,20 +17,15 @@ import torch
 import torch.nn.functional as F
 
 from ..head import LiLiCorrHead
-from .counters import KernelCounters
 from ..kernels import head_nodes, head_norm, head_scores
-from ..kernels.device import uses_triton
 from ..kernels import tuning
 from ..kernels.gemm_epilogue import gemm_epilogue_triton, linear_silu_triton
 from ..kernels.lattice_attention import lattice_attention_triton
-from ..kernels.topk_lse import topk_lse
-from ..kernels.walk import greedy_walk_triton, viterbi_triton
 from .constants import SelectConstants
+from .counters import KernelCounters
+from .pipeline import Proposal, head_forward, propose, walk
 from .plan import Device, HeadGeometry, SelectPlan, SelectPlans, plans_for
 from .side_stream import SideStream
-from ..walk import WALKS
-
-WALK_KERNELS = {"greedy": greedy_walk_triton, "viterbi": viterbi_triton}  # walk.WALKS's rules in Triton, ids gathered
 
 
 def _norm_eps(norm: torch.nn.RMSNorm) -> float:
@@ -47,8 +33,8 @@ def _norm_eps(norm: torch.nn.RMSNorm) -> float:
 
 
 class FastLiLiCorrSelect(SelectConstants):
-    """select(hidden [b, S, Hm], anchor_hidden [b, Hm], lm_head_weight [V, Hm])
-    -> (draft token ids [b, S], candidate ids [b, S, K], candidate log-probs fp32 [b, S, K])."""
+    """propose(logits [b*S, V], hidden [b, S, Hm], anchor_hidden [b, Hm]) -> Proposal (pipeline.py): the draft
+    ids [b, S], the candidates' ids and log-probs [b, S, K], the head's start and pair scores."""
 
     def __init__(
         self,
@@ -57,28 +43,40 @@ class FastLiLiCorrSelect(SelectConstants):
         embed_weight: torch.Tensor | None = None,  # [V, Hm] target input embedding
         token_table: torch.Tensor | None = None,  # [V, H] head.token_table(embed_weight), if already built
         plans: SelectPlans | None = None,  # None: plans_for(this head, its device), kernels/tuning.py's tables
-        walk: str = "greedy",  # the rule that commits the block (walk.WALKS): greedy, or viterbi (the exact path)
     ) -> None:
         if (embed_weight is None) == (token_table is None):
             raise ValueError("FastLiLiCorrSelect: pass exactly one of embed_weight=[V, Hm] or token_table=[V, H].")
         if not isinstance(head, LiLiCorrHead):
             raise TypeError(f"FastLiLiCorrSelect wraps a sglang_lilicorr.head.LiLiCorrHead, got {type(head).__name__}.")
-        if walk not in WALKS:
-            raise ValueError(
-                f"FastLiLiCorrSelect: walk={walk!r} is not a decode rule; choose one of {', '.join(WALKS)}."
-            )
-        self.walk_rule = walk
         self.geometry, device = HeadGeometry.of(head), Device.of(head.pass_hidden_proj.weight)
         self.plans = plans_for(self.geometry, device) if plans is None else plans
         for plan in self.plans.plans:
             plan.check(device)
+        rules = {plan.walk for plan in self.plans.plans}
+        if len(rules) != 1:
+            raise ValueError(f"FastLiLiCorrSelect: one walk rule at every batch size, got {sorted(rules)}.")
+        self.walk_rule = rules.pop()  # the rule that commits the block (walk.WALKS)
         super().__init__(head, embed_weight, token_table, fold_norms=any(p.route == "folded" for p in self.plans.plans))
         self._side = torch.cuda.Stream(device=self.device) if any(p.overlap for p in self.plans.plans) else None
         self._counters = KernelCounters(self.device) if any(p.fused for p in self.plans.plans) else None
+        self._scores_torch = head_forward(self.head, lambda ids: self.token_table[ids])  # the torch route
 
     def plan(self, batch: int) -> SelectPlan:
         """The plan a call of `batch` requests runs."""
         return self.plans.at(batch)
+
+    def propose(self, logits: torch.Tensor, hidden: torch.Tensor, anchor_hidden: torch.Tensor) -> Proposal:
+        """logits [b*S, V] of the slots (under the plan's merge: this rank's vocabulary columns), hidden [b, S, Hm]
+        their drafter states, anchor_hidden [b, Hm] -> the block's Proposal, as the plan at b says."""
+        b, s = self._check(hidden, anchor_hidden)
+        plan = self.plan(b)
+        vocab = self.token_table.shape[0] if plan.merge is None else logits.shape[-1]  # a merge: the rank's shard
+        if logits.dim() != 2 or tuple(logits.shape) != (b * s, vocab):
+            raise ValueError(
+                f"select: logits must be [{b * s}, {vocab}] (b*S slots x vocabulary), got {tuple(logits.shape)}."
+            )
+        with torch.no_grad():
+            return propose(logits, hidden, anchor_hidden, topk=self.topk, scores=self._scores, plan=plan)
 
     # --- inputs ------------------------------------------------------------------------------
 
@@ -96,34 +94,13 @@ class FastLiLiCorrSelect(SelectConstants):
                 raise ValueError(f"select: {name} is on {t.device} but the head is on {self.device}; move it there.")
         return b, s
 
-    def _check_candidates(self, vals, ids, lse, pass_hidden, anchor_hidden) -> None:
-        b, s = self._check(pass_hidden, anchor_hidden)
-        if vals.shape != (b, s, self.topk) or ids.shape != vals.shape or lse.shape != (b, s):
-            raise ValueError(
-                f"select: candidates vals {tuple(vals.shape)} / ids {tuple(ids.shape)} / lse {tuple(lse.shape)} "
-                f"do not match [{b}, {s}, {self.topk}] / [{b}, {s}]."
-            )
+    # --- the head's routes ---------------------------------------------------------------------
 
-    # --- stages ------------------------------------------------------------------------------
-
-    def candidates(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor):
-        """hidden [b, S, Hm], lm_head_weight [V, Hm] -> (vals fp32 [b, S, K], ids [b, S, K], lse fp32 [b, S])."""
-        b, s = hidden.shape[:2]
-        return self._candidates_from_logits(self._logits(hidden, lm_head_weight), b, s, self.plan(b))
-
-    def _logits(self, hidden, lm_head_weight):
-        """hidden [b, S, Hm], lm_head_weight [V, Hm] -> the slots' logits [b*S, V]."""
-        b, s, hm = hidden.shape
-        if lm_head_weight.dim() != 2 or lm_head_weight.shape != (self.token_table.shape[0], hm):
-            raise ValueError(
-                f"select: lm_head_weight must be [{self.token_table.shape[0]}, {hm}] (vocabulary x hidden), "
-                f"got {tuple(lm_head_weight.shape)}."
-            )
-        return F.linear(hidden.reshape(b * s, hm).to(lm_head_weight.dtype), lm_head_weight)
-
-    def _candidates_from_logits(self, logits, b, s, plan: SelectPlan):
-        vals, ids, lse = topk_lse(logits, self.topk, pdl=plan.pdl)
-        return vals.view(b, s, self.topk), ids.view(b, s, self.topk), lse.view(b, s)
+    def _scores(self, vals, ids, lse, pass_hidden, anchor_hidden, plan: SelectPlan):
+        """The pipeline's head step on the plan's route -> (start, pair, log-probs, draft ids or None)."""
+        if plan.fused:
+            return self._scores_fused(vals, ids, lse, pass_hidden, anchor_hidden, plan)
+        return self._scores_torch(vals, ids, lse, pass_hidden, anchor_hidden, plan)
 
     def _pass_projection(self, pass_hidden):
         """-> pass_hidden_proj without its bias (folded into node_const) [b, S, H] (cuBLAS)."""
@@ -137,21 +114,6 @@ class FastLiLiCorrSelect(SelectConstants):
         else:
             t = self.head.anchor_norm(t)
         return t, F.linear(t, self.w_anchor, self.b_anchor)
-
-    def lattice_scores(self, vals, ids, lse, pass_hidden, anchor_hidden):
-        """Candidates + drafter states -> (start fp32 [b, K], pair fp32 [b, S-1, K, K], log-probs fp32 [b, S, K])."""
-        self._check_candidates(vals, ids, lse, pass_hidden, anchor_hidden)
-        plan = self.plan(ids.shape[0])
-        with torch.no_grad():
-            if plan.fused:
-                return self._scores_fused(vals, ids, lse, pass_hidden, anchor_hidden, plan)[:3]
-            return self._scores_torch(vals, ids, lse, pass_hidden, anchor_hidden)
-
-    def _scores_torch(self, vals, ids, lse, pass_hidden, anchor_hidden):
-        """The PyTorch route: the trained head's own forward (the code training runs) on the token table's rows."""
-        lp = vals.float() - lse.float().unsqueeze(-1)  # [b, S, K]
-        start, pair = self.head(self.token_table[ids], lp, pass_hidden, anchor_hidden)
-        return start.float(), pair.float(), lp
 
     def _projections(self, pass_hidden, anchor_hidden, plan: SelectPlan) -> tuple:
         """-> (pass projection, t, anchor, join_pass, join_anchor): with the plan's overlap both projections run on the
@@ -173,9 +135,9 @@ class FastLiLiCorrSelect(SelectConstants):
             lambda: side.join(anchor_ready, t, anchor),
         )
 
-    def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, plan: SelectPlan, walk: bool = False):
-        """-> (start, pair, log-probs [b, S, K], draft ids [b, S] committed by the select's rule if `walk` else
-        None)."""
+    def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, plan: SelectPlan):
+        """The fused routes -> (start, pair, log-probs [b, S, K], the greedy walk's draft ids [b, S] or, for another
+        rule, None)."""
         b, s, k = ids.shape
         pass_proj, t, anchor, join_pass, join_anchor = self._projections(pass_hidden, anchor_hidden, plan)
         lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj, plan, join_pass)
@@ -183,7 +145,7 @@ class FastLiLiCorrSelect(SelectConstants):
             cat, sumsq = self._layers_folded(x, xn, b, t, plan, join_anchor)
         else:
             cat, sumsq = self._layers_fused(x, xn, b, t, plan, join_anchor), None
-        start, pair, draft = self._factors_fused(cat, sumsq, anchor, b, s, plan, ids if walk else None)
+        start, pair, draft = self._factors_fused(cat, sumsq, anchor, ids, plan)
         return start, pair, lp.view(b, s, k), draft
 
     def _nodes_fused(self, vals, ids, lse, pass_proj, plan: SelectPlan, join_pass=None):
@@ -294,13 +256,12 @@ class FastLiLiCorrSelect(SelectConstants):
         y = F.linear(branch, linear.weight, linear.bias)
         return head_norm.add_rmsnorm_triton(x, y, norm.weight, _norm_eps(norm), cross=cross, pdl=plan.pdl)
 
-    def _factors_fused(self, cat, sumsq, anchor, b, s, plan: SelectPlan, ids=None):
-        """concat[h, h*t] [b*L, 2H], anchor [b, D+H] -> (start fp32 [b, K], pair fp32 [b, S-1, K, K],
-        draft ids [b, S] committed by the select's rule if candidate `ids` [b, S, K] are given, else None: the greedy
-        walk in the cosine kernel, another rule's kernel after it).
+    def _factors_fused(self, cat, sumsq, anchor, ids, plan: SelectPlan):
+        """concat[h, h*t] [b*L, 2H], anchor [b, D+H], candidate ids [b, S, K] -> (start fp32 [b, K], pair fp32
+        [b, S-1, K, K], the greedy walk's draft ids [b, S] from the cosine kernel, or None for another rule).
         On the folded route `cat` is [x, x * t] and sumsq the sums of squares of x's rows (_layers_folded):
         the factor GEMM applies the output norm (its rstd per row, its gain in w_factor_folded)."""
-        d, k, pdl = self.factor_dim, self.topk, plan.pdl
+        (b, s, k), d, pdl = ids.shape, self.factor_dim, plan.pdl
         if sumsq is not None:  # the per-request bias + SiLU in the GEMM's epilogue
             norm = (sumsq, _norm_eps(self.head.output_norm))
             fused = gemm_epilogue_triton(
@@ -320,20 +281,20 @@ class FastLiLiCorrSelect(SelectConstants):
             )
             edges = F.linear(fused, self.w_edge, self.b_edge)
         edges = edges.view(b, s, k, 2 * d)
-        if ids is None or self.walk_rule != "greedy":  # the scores alone, then (with ids) the rule's kernel
+        if plan.walk != "greedy":  # the scores alone: the pipeline runs the rule's kernel after them
             start, pair = head_scores.lattice_cosine_triton(edges, anchor[:, :d], self.sigma, self.vector_eps, pdl=pdl)
-            return start, pair, None if ids is None else self.walk(start, pair, ids)
+            return start, pair, None
         counters = self._counters.at_least(b)  # one per request
         return head_scores.lattice_cosine_walk_triton(
             edges, anchor[:, :d], self.sigma, self.vector_eps, ids, counters, pdl=pdl
         )
 
     def fused_stages(self, vals, ids, lse, pass_hidden, anchor_hidden) -> dict:
-        """The fused path (without the side stream) cut into its stages, name -> zero-argument call
-        on the previous stage's outputs (computed once here), for per-stage timing and launch
-        counts (benchmarks/head_bench.py). The `lattice` stage updates its input x in place, so
+        """The fused route's head step (without the side stream) on candidates [b, S, K] / [b, S] cut into its
+        stages, name -> zero-argument call on the previous stage's outputs (computed once here), for per-stage
+        timing and launch counts (benchmarks/head_bench.py). The `lattice` stage updates its input x in place, so
         repeated calls drift its values (not its cost)."""
-        b, s = self._check(pass_hidden, anchor_hidden)
+        b = self._check(pass_hidden, anchor_hidden)[0]
         plan = self.plan(b)
         if not plan.fused:
             raise ValueError("fused_stages: the plan at this batch size runs the torch route; give a fused plan.")
@@ -347,64 +308,15 @@ class FastLiLiCorrSelect(SelectConstants):
             pass_proj, (t, anchor) = self._pass_projection(pass_hidden), self._anchor_projection(anchor_hidden, plan)
             lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj, plan)
             cat, sumsq = lattice(x.clone(), xn)
+
+        def factors():  # with the commit, as served
+            start, pair, draft = self._factors_fused(cat, sumsq, anchor, ids, plan)
+            return start, pair, walk(start, pair, ids, plan) if draft is None else draft
+
         stages = {
             "projections": lambda: (self._pass_projection(pass_hidden), self._anchor_projection(anchor_hidden, plan)),
             "nodes": lambda: self._nodes_fused(vals, ids, lse, pass_proj, plan),
             "lattice": lambda: lattice(x, xn),
-            "factors": lambda: self._factors_fused(cat, sumsq, anchor, b, s, plan, ids),  # with the commit, as served
+            "factors": factors,
         }
         return {name: torch.no_grad()(fn) for name, fn in stages.items()}
-
-    def walk(self, start: torch.Tensor, pair: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """The select's rule (greedy walk, App. F, or Viterbi) over the factors -> draft token ids [b, S]."""
-        if uses_triton(start):  # the gather of the committed ids in the same kernel
-            return WALK_KERNELS[self.walk_rule](start, pair, ids, pdl=self.plan(start.shape[0]).pdl)
-        path = WALKS[self.walk_rule](start, pair)
-        return ids.gather(2, path.unsqueeze(-1)).squeeze(-1)
-
-    # --- entry points ------------------------------------------------------------------------
-
-    def select_from_candidates(self, vals, ids, lse, pass_hidden, anchor_hidden):
-        """Head + walk on given candidates -> (draft ids [b, S], ids [b, S, K], log-probs fp32 [b, S, K]).
-        The fused path walks greedily inside its cosine kernel (kernels/head_scores.py)."""
-        plan = self.plan(ids.shape[0])
-        if not plan.fused:
-            start, pair, lp = self.lattice_scores(vals, ids, lse, pass_hidden, anchor_hidden)
-            return self.walk(start, pair, ids), ids, lp
-        self._check_candidates(vals, ids, lse, pass_hidden, anchor_hidden)
-        with torch.no_grad():
-            lp, draft = self._scores_fused(vals, ids, lse, pass_hidden, anchor_hidden, plan, walk=True)[2:]
-        return draft, ids, lp
-
-    def _select_fused_from_logits(self, logits, hidden, anchor_hidden, b, s):
-        """select_from_logits on a fused route."""
-        plan = self.plan(b)
-        vals, ids, lse = self._candidates_from_logits(logits, b, s, plan)
-        lp, draft = self._scores_fused(vals, ids, lse, hidden, anchor_hidden, plan, walk=True)[2:]
-        return draft, ids, lp
-
-    def select_from_logits(self, logits: torch.Tensor, hidden: torch.Tensor, anchor_hidden: torch.Tensor):
-        """logits [b*S, V] of the slots -> top-K/LSE + head + walk -> (draft ids [b, S], ids [b, S, K],
-        log-probs fp32 [b, S, K])."""
-        b, s = self._check(hidden, anchor_hidden)
-        if logits.dim() != 2 or logits.shape[0] != b * s or logits.shape[1] != self.token_table.shape[0]:
-            raise ValueError(
-                f"select: logits must be [{b * s}, {self.token_table.shape[0]}] (b*S x V), got {tuple(logits.shape)}."
-            )
-        with torch.no_grad():
-            if self.plan(b).fused:
-                return self._select_fused_from_logits(logits, hidden, anchor_hidden, b, s)
-            candidates = self._candidates_from_logits(logits, b, s, self.plan(b))
-        return self.select_from_candidates(*candidates, hidden, anchor_hidden)
-
-    def select(self, hidden: torch.Tensor, anchor_hidden: torch.Tensor, lm_head_weight: torch.Tensor):
-        """hidden [b, S, Hm] drafter slot states, anchor_hidden [b, Hm], lm_head_weight [V, Hm]
-        -> (draft token ids [b, S], candidate ids [b, S, K], candidate log-probs fp32 [b, S, K])."""
-        b, s = self._check(hidden, anchor_hidden)
-        with torch.no_grad():
-            if self.plan(b).fused:
-                return self._select_fused_from_logits(self._logits(hidden, lm_head_weight), hidden, anchor_hidden, b, s)
-            vals, ids, lse = self.candidates(hidden, lm_head_weight)
-        return self.select_from_candidates(vals, ids, lse, hidden, anchor_hidden)
-
-    __call__ = select

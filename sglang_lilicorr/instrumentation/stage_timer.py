@@ -534,7 +534,7 @@ def proposal_parts(*, lm_head_weight: torch.Tensor, block_size: int, bs: int, pr
     anchor = _random(g, (bs, hm), w)  # [bs, Hm]
 
     def spec_head():
-        return proposer.select.select_from_logits(logits, hidden, anchor)[0]
+        return proposer.select.propose(logits, hidden, anchor).draft
 
     return {"lm_head": lm_head, "spec_head": spec_head, "proposal": lambda: proposer.propose(hidden, anchor)}
 

@@ -7,8 +7,8 @@ has not run yet, and target features of positions 0..T-1 (T >= every a_n):
                                                                               [1, N*B, Hm]
   logits       = target LM head(hidden of slots 1..S)                         [N, S, V]
   argmax block = logits.argmax(-1)                                            [N, S]
-  LiLiCorr     = top-K (topk_lse) -> head(start, pair) -> greedy walk and/or Viterbi
-                 -> the chosen candidate of each slot                         [N, S]
+  LiLiCorr     = the proposal pipeline (fast_path/pipeline.py) on the torch route: top-K/logsumexp
+                 -> head(start, pair) -> greedy walk and/or Viterbi -> the chosen candidates [N, S]
   Domino, DSpark = the head's greedy slot-by-slot correction of the logits (baselines/), named by its kind
 Every block sees exactly what it would see when drafted alone at serving time, so one pass over
 many anchors (the replay, `replay.py`) and one anchor per call (the decoder) draft the same
@@ -18,12 +18,15 @@ blocks. The head's anchor input is the projected context of the token before the
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..drafter import DFlashDrafter, block_attention
+from ..fast_path import pipeline
+from ..fast_path.plan import Device, torch_plan
 from ..frozen_target import FrozenTarget
 from ..head import LiLiCorrHead
-from ..kernels import topk_lse
 from ..walk import WALKS
 
 ANCHORS_PER_PASS = 64  # blocks drafted per drafter pass (bounds the [N, S, V] logits)
@@ -35,6 +38,9 @@ def walk_draft_name(walk: str) -> str:
 
 
 class BlockProposer:
+    """The drafts of one sequence's blocks: the drafter's argmax, and with a head its proposal under each walk rule
+    (a LiLiCorr head) or its correction (a Domino or DSpark head), named by draft_names."""
+
     def __init__(
         self,
         target: FrozenTarget,
@@ -104,13 +110,22 @@ class BlockProposer:
         if self.head is not None and not isinstance(self.head, LiLiCorrHead):  # a Domino or DSpark head
             drafts[self.head.config.kind] = self.head(pass_hidden, logits, anchor_tokens, self.target.embed).ids
         elif self.head is not None:
-            vals, ids, lse = topk_lse(logits.flatten(0, 1), self.head.config.candidate_topk)  # [N*S, K], [N*S]
-            cand_lp = (vals - lse[:, None]).view(n, -1, vals.shape[-1])  # log-softmax of the K candidates, descending
-            ids = ids.view(n, -1, ids.shape[-1])  # [N, S, K]
-            head_dtype = next(self.head.parameters()).dtype
-            token_states = self.head.project_tokens(self.target.embed(ids).to(head_dtype))  # [N, S, K, H]
-            start, pair = self.head(token_states, cand_lp, pass_hidden, context[0, anchors - 1])
-            for walk in self.walks:
-                pick = WALKS[walk](start, pair)  # [N, S] candidate index per slot
-                drafts[walk_draft_name(walk)] = ids.gather(-1, pick[..., None]).squeeze(-1)
+            plan = torch_plan(Device.of(logits), self.walks[0])
+            proposal = pipeline.propose(
+                logits.flatten(0, 1),
+                pass_hidden,
+                context[0, anchors - 1],
+                topk=self.head.config.candidate_topk,
+                scores=pipeline.head_forward(self.head, self._token_states),
+                plan=plan,
+            )
+            drafts[walk_draft_name(self.walks[0])] = proposal.draft
+            for rule in self.walks[1:]:  # the other rules on the same scores
+                drafts[walk_draft_name(rule)] = pipeline.walk(
+                    proposal.start, proposal.pair, proposal.ids, dataclasses.replace(plan, walk=rule)
+                )
         return drafts
+
+    def _token_states(self, ids: torch.Tensor) -> torch.Tensor:
+        """The head's token term of candidate ids [N, S, K] -> [N, S, K, H], from the target's embeddings."""
+        return self.head.project_tokens(self.target.embed(ids).to(next(self.head.parameters()).dtype))

@@ -4,8 +4,8 @@
   log-probs [b, S, K] --head(token table[ids], log-probs, pass_hidden, anchor)--> start [b, K],
   pair [b, S-1, K, K] --greedy walk (or Viterbi)--> idx [b, S] --gather--> draft tokens [b, S]
 
-The whole chain is `FastLiLiCorrSelect` (sglang_lilicorr/fast_path/select.py), the serving path of the
-same head module that training uses: on CUDA our Triton kernels (fused top-K/LSE, node, norm,
+The chain after the LM head is `FastLiLiCorrSelect.propose` (fast_path/select.py: the proposal pipeline on the
+same head module that training uses): on CUDA our Triton kernels (fused top-K/LSE, node, norm,
 lattice-attention and cosine kernels, greedy walk) around cuBLAS GEMMs; elsewhere the PyTorch path. Every step
 is static-shaped and sync-free, so the proposal is captured in SGLang's draft CUDA graph right
 after the draft forward (SGLang calls `__call__` from a capture tail hook and reads `out`).
@@ -33,8 +33,9 @@ filtering and merging never hand a request another request's anchor.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from ..fast_path.plan import PYTORCH, HeadGeometry, plans_for
+from ..fast_path.plan import PYTORCH, Device, HeadGeometry, plans_for
 from ..fast_path.precompile import CompileReport, precompile
 from ..fast_path.select import FastLiLiCorrSelect
 from ..head import LiLiCorrHead
@@ -101,8 +102,9 @@ class LiLiCorrProposer:
         self.sharded = None if vocab is None else ShardedCandidates(lm_head_weight, vocab, self.topk)
         vocab_size = lm_head_weight.shape[0] if vocab is None else vocab.vocab_size
         # Triton kernels only on CUDA: on CPU (tests, TRITON_INTERPRET=1) the PyTorch path is exact and fast.
-        plans = None if lm_head_weight.is_cuda else plans_for(HeadGeometry.of(head), PYTORCH)
-        self.select = FastLiLiCorrSelect(head, embed_weight=embed_weight[:vocab_size], plans=plans, walk=walk)
+        device = Device.of(head.pass_hidden_proj.weight) if lm_head_weight.is_cuda else PYTORCH
+        plans = plans_for(HeadGeometry.of(head), device, walk=walk, merge=self.sharded)
+        self.select = FastLiLiCorrSelect(head, embed_weight=embed_weight[:vocab_size], plans=plans)
         self.anchor_table: torch.Tensor | None = None  # [request slots, Hm]
         self.anchors: torch.Tensor | None = None  # [max rows, Hm]
         self.out: torch.Tensor | None = None  # [max rows * S] int64
@@ -166,11 +168,9 @@ class LiLiCorrProposer:
     @torch.inference_mode()
     def propose(self, pass_hidden: torch.Tensor, anchor_hidden: torch.Tensor) -> torch.Tensor:
         """pass_hidden [b, S, Hm], anchor_hidden [b, Hm] -> draft tokens [b, S] int64."""
-        if self.sharded is None:
-            draft, _, _ = self.select(pass_hidden, anchor_hidden, self.lm_head_weight)
-        else:
-            draft, _, _ = self.select.select_from_candidates(*self.sharded(pass_hidden), pass_hidden, anchor_hidden)
-        return draft
+        hm = self.lm_head_weight.shape[1]  # the LM head of the whole vocabulary, or of this rank's shard
+        logits = F.linear(pass_hidden.reshape(-1, hm).to(self.lm_head_weight.dtype), self.lm_head_weight)
+        return self.select.propose(logits, pass_hidden, anchor_hidden).draft
 
     def propose_eager(self, pass_hidden: torch.Tensor) -> torch.Tensor:
         """The proposal of a batch the draft graphs do not cover: pass_hidden [b, S, Hm] -> draft tokens [b, S], through

@@ -2,7 +2,7 @@
 target's LM head (SGLang's vocabulary-parallel head, padding rows dropped):
 
   pass_hidden [b, S, Hm] --this rank's LM head rows--> logits [b*S, n] --top-K/LSE--> partials [b*S, K+1]
-  --all-gather over the TP group--> [ranks, b*S, K+1] --merge--> vals [b, S, K], ids [b, S, K], lse [b, S]
+  --all-gather over the TP group--> [ranks, b*S, K+1] --merge--> vals [b*S, K], ids [b*S, K], lse [b*S]
 
 on every rank alike, equal to the TP = 1 candidates (kernels/topk_shards.py: vals and ids bit for bit, lse within
 fp32 rounding). One all-gather of K + 1 int64 per slot per rank; the head and walk then run replicated on every
@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from ..kernels.topk_shards import merge_partials, shard_partials
 
@@ -43,7 +42,8 @@ class VocabShard:
 
 
 class ShardedCandidates:
-    """candidates(pass_hidden [b, S, Hm]) -> (vals fp32 [b, S, K], ids int64 [b, S, K], lse fp32 [b, S])."""
+    """The select plan's merge (fast_path/plan.py): logits [N, shard.size] of this rank's LM-head rows
+    -> (vals fp32 [N, K], ids int64 [N, K] global, lse fp32 [N]) of the whole vocabulary."""
 
     def __init__(self, weight: torch.Tensor, shard: VocabShard, topk: int) -> None:
         if weight.dim() != 2 or weight.shape[0] != shard.size:
@@ -63,17 +63,14 @@ class ShardedCandidates:
             self.partials = torch.empty(shape, dtype=torch.int64, device=device)
             self.gathered = torch.empty((self.shard.ranks * shape[0], shape[1]), dtype=torch.int64, device=device)
 
-    def __call__(self, pass_hidden: torch.Tensor):
-        b, s, hm = pass_hidden.shape
-        n = b * s
+    def __call__(self, logits: torch.Tensor):
+        n = logits.shape[0]
         if self.partials is None or n > self.partials.shape[0]:
             raise RuntimeError(
                 f"ShardedCandidates: {n} slots, but allocate() sized it for "
                 f"{0 if self.partials is None else self.partials.shape[0]}."
             )
-        logits = F.linear(pass_hidden.reshape(n, hm).to(self.weight.dtype), self.weight)  # [b*S, n_shard]
         partials = shard_partials(logits, self.topk, self.shard.start, out=self.partials[:n])
         gathered = self.gathered[: self.shard.ranks * n]
         self.shard.gather(gathered, partials)
-        vals, ids, lse = merge_partials(gathered.view(self.shard.ranks, n, self.topk + 1), self.topk)
-        return vals.view(b, s, self.topk), ids.view(b, s, self.topk), lse.view(b, s)
+        return merge_partials(gathered.view(self.shard.ranks, n, self.topk + 1), self.topk)

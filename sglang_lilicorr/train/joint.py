@@ -4,8 +4,9 @@ losses.corrector_objective).
   target (frozen, teacher-forced) -> context features, final hidden states
   drafter over N blocks per sequence (block layout)  -> slot hidden states [R, S, Hm]
   target LM head (frozen)                            -> drafter logits [R, S, V]
-  top-K of the drafter log-softmax (indices fixed)   -> candidate ids / log-probs (with grad)
-  head(project_tokens(frozen embeddings), log-probs, slot hidden, anchor hidden) -> start, pair
+  the proposal pipeline, torch route (fast_path/pipeline.py: top-K/LSE -> head(project_tokens(frozen
+  embeddings), log-probs, slot hidden, anchor hidden) -> greedy walk)
+                                                     -> candidate ids, log-probs, start, pair (with grad), draft
   objective: lilicorr_objective (gamma = 0: plain DFlash, no head)
 A Domino or DSpark head instead corrects the drafter logits slot by slot, teacher-forced on the ground truth
 (its step logits, losses.corrector_objective), and proposes freely for the acceptance metric.
@@ -25,11 +26,12 @@ from torch import nn
 
 from ..baselines import DominoHead
 from ..drafter import DFlashDrafter, block_layout
+from ..fast_path.pipeline import head_forward, propose
+from ..fast_path.plan import Device, torch_plan
 from ..frozen_target import FrozenTarget
 from ..head import LiLiCorrHead
 from ..losses import ObjectiveTerms, ObjectiveWeights, corrector_objective, lilicorr_objective
 from ..oracle import oracle_prefix_coverage
-from ..walk import greedy_walk
 from .timing import PhaseTimer
 
 
@@ -167,17 +169,20 @@ class JointModel(nn.Module):
                 pass_hidden, draft_logits, anchor_ids, targets, valid, greedy, weights, draft_hits, accept_draft
             )
 
-        log_probs = draft_logits.log_softmax(dim=-1)
-        cand_lp, cand_ids = log_probs.topk(self.head.config.candidate_topk, dim=-1)  # [R, S, K], ids fixed
-        token_states = self.head.project_tokens(self.target.embed(cand_ids))
-        anchor_hidden = context[seq, anchor_pos - 1]  # [R, Hm]
-        start, pair = self.head(token_states, cand_lp, pass_hidden, anchor_hidden)
+        proposal = propose(  # the candidates' log-probs, start and pair carry the gradient; ids and draft do not
+            draft_logits.flatten(0, 1),
+            pass_hidden,
+            context[seq, anchor_pos - 1],  # [R, Hm]
+            topk=self.head.config.candidate_topk,
+            scores=head_forward(self.head, lambda ids: self.head.project_tokens(self.target.embed(ids))),
+            plan=torch_plan(Device.of(draft_logits)),
+        )
+        cand_ids, cand_lp = proposal.ids, proposal.log_probs  # [R, S, K]
         target_lp = self.target.candidate_log_probs(slot_rows, lse, cand_ids.reshape(-1, cand_ids.shape[-1]))
         terms = lilicorr_objective(
-            draft_logits, targets, valid, cand_ids, start, pair, target_lp.view_as(cand_lp), weights
+            draft_logits, targets, valid, cand_ids, proposal.start, proposal.pair, target_lp.view_as(cand_lp), weights
         )
         reranker_hits = ((terms.z.detach().argmax(-1) == terms.gt_index) & terms.prefix).sum(0).float()
-        walk_ids = cand_ids.gather(-1, greedy_walk(start.detach(), pair.detach()).unsqueeze(-1)).squeeze(-1)
         self.mark("head")
         return JointOutput(
             terms,
@@ -187,7 +192,7 @@ class JointModel(nn.Module):
             terms.prefix.sum(0),
             oracle_prefix_coverage(terms.prefix, valid),
             accept_draft,
-            acceptance_length(walk_ids, greedy, valid),
+            acceptance_length(proposal.draft, greedy, valid),
         )
 
     def corrector(
