@@ -154,8 +154,8 @@ CPU_PLANS = {  # the fused routes the interpreter runs (no PDL, no side stream t
 
 @pytest.mark.parametrize("plan", [pytest.param(name, marks=needs_interpreter) for name in CPU_PLANS] + ["pytorch"])
 @pytest.mark.parametrize("slots", [SMALL.num_slots, 2])
-def test_select_fp32_equals_reference(seed, monkeypatch, plan, slots):
-    if plan == "pytorch":  # the PyTorch path end to end (top-K and walk references too)
+def test_select_fp32_equals_the_pytorch_plan(seed, monkeypatch, plan, slots):
+    if plan == "pytorch":  # the PyTorch path end to end (top-K and walk in PyTorch too)
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     head = make_head(SMALL, HM, seed)
     hidden, anchor, lm_head, embed = make_inputs(4, slots, HM, VOCAB, seed)
@@ -192,7 +192,7 @@ def test_viterbi_select_commits_the_viterbi_path_of_the_heads_scores(seed, monke
     cfg = SMALL
     head = make_head(cfg, HM, seed)
     hidden, anchor, lm_head, embed = make_inputs(6, cfg.num_slots, HM, VOCAB, seed)
-    if plan == "pytorch":  # top-K and the decoders: the PyTorch references
+    if plan == "pytorch":  # top-K and the decoders in PyTorch
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
         plans = plans_for(HeadGeometry.of(head), PYTORCH)
     else:
@@ -306,7 +306,7 @@ def test_pdl_off_sm90_is_refused_by_each_kernel():
 @pytest.mark.sglang
 def test_head_bench_smoke_runs_and_checks(tmp_path, monkeypatch):
     pytest.importorskip("sglang.srt.models.lilicorr", reason="sglang not installed")
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # PyTorch references for top-K and walk
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # PyTorch top-K and walk
     from sglang_lilicorr.benchmarks import head_bench
 
     out = tmp_path / "bench.json"
@@ -590,7 +590,7 @@ def _gpu_select(head, plan_name: str, walk: str = "greedy", **kwargs) -> FastLiL
 def test_gpu_paper_config_bs1_served_tables_fp32(monkeypatch):
     """bs 1 (120 lattice rows) with the served plans: on sm_90, the folded route under PDL (every GEMM in Triton, the
     lattice norms folded into them, the factor GEMM with its norm, h*t, bias + SiLU); fp32 (TF32 off): the draft
-    tokens are the greedy walk of the kernel's own scores, which match the reference's; graph replay == eager."""
+    tokens are the greedy walk of the kernel's own scores, which match the PyTorch plan's; graph replay == eager."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     cfg, hm, vocab = LiLiCorrConfig(), 4096, 32000
@@ -617,7 +617,7 @@ BIT_EQUAL_PLANS = {  # name -> two changes of the served plans that must give th
 @pytest.mark.parametrize("changes", list(BIT_EQUAL_PLANS))
 def test_gpu_plans_that_change_no_value(changes, b, width):
     """Two changes of the served plans (BIT_EQUAL_PLANS): the same draft tokens, candidates and log-probs bit for bit
-    (bf16); the first against the reference within tolerance, and its graph replay equal to eager."""
+    (bf16); the first against the PyTorch plan within tolerance, and its graph replay equal to eager."""
     cfg, hm, vocab = LiLiCorrConfig(hidden_size=width, factor_dim=width), 4096, 32000
     head = make_head(cfg, hm, 0, dtype=torch.bfloat16, device="cuda")
     hidden, anchor, lm_head, embed = make_inputs(b, cfg.num_slots, hm, vocab, 0, dtype=torch.bfloat16, device="cuda")
@@ -636,9 +636,9 @@ def test_gpu_plans_that_change_no_value(changes, b, width):
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("plan", list(GPU_PLANS))
-def test_gpu_paper_config_fp32_equals_reference(plan, monkeypatch):
+def test_gpu_paper_config_fp32_equals_the_pytorch_plan(plan, monkeypatch):
     """fp32 on CUDA (TF32 off): scores agree to ~1e-4, so nearly every request is clear of
-    near-ties and the draft tokens must equal the reference's."""
+    near-ties and the draft tokens must equal the PyTorch plan's."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     cfg, hm, vocab, b = LiLiCorrConfig(), 4096, 32000, 4  # 480 lattice rows
@@ -653,9 +653,9 @@ def test_gpu_paper_config_fp32_equals_reference(plan, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("plan", list(GPU_PLANS))
-def test_gpu_viterbi_select_drafts_the_reference_viterbi(plan, monkeypatch):
+def test_gpu_viterbi_select_drafts_the_pytorch_plans_viterbi(plan, monkeypatch):
     """LILICORR_WALK=viterbi on CUDA, fp32 (TF32 off), paper config, each fused route: the draft is the Viterbi path of
-    the kernels' own scores, the reference decoder's Viterbi path within the scores' error; replay equals eager."""
+    the kernels' own scores, the PyTorch plan's Viterbi path within the scores' error; replay equals eager."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     cfg, hm, vocab, b = LiLiCorrConfig(), 4096, 32000, 4

@@ -370,7 +370,7 @@ def run(args) -> dict:
 
         def compiled():
             fast = build_variant("torch", head, table)
-            fast._scores_torch = torch.compile(fast._scores_torch, dynamic=False)
+            fast._head_forward = torch.compile(fast._head_forward, dynamic=False)
             return fast
 
         variants["compiled"] = attempt(errors, "build_compiled", compiled)
@@ -382,7 +382,7 @@ def run(args) -> dict:
         twin = FastLiLiCorrSelect(
             head, token_table=table, plans=fast.plans.map(lambda p, _: dataclasses.replace(p, **merge))
         )
-        twin._scores_torch = fast._scores_torch  # the same torch route (compiled where fast's is)
+        twin._head_forward = fast._head_forward  # the same torch route (compiled where fast's is)
         return twin
 
     head_walks = {name: handed_over(fast) for name, fast in variants.items()}

@@ -21,6 +21,8 @@ from .plan import SelectPlan
 
 
 class Proposal(NamedTuple):
+    """A block's proposal: what `propose` returns (the scores with their autograd graph where they have one)."""
+
     draft: torch.Tensor  # [b, S] int64: the committed candidates' ids
     ids: torch.Tensor  # [b, S, K] int64: the candidates, by descending drafter probability
     log_probs: torch.Tensor  # [b, S, K] fp32: their drafter log-probabilities

@@ -59,7 +59,7 @@ class FastLiLiCorrSelect(SelectConstants):
         super().__init__(head, embed_weight, token_table, fold_norms=any(p.route == "folded" for p in self.plans.plans))
         self._side = torch.cuda.Stream(device=self.device) if any(p.overlap for p in self.plans.plans) else None
         self._counters = KernelCounters(self.device) if any(p.fused for p in self.plans.plans) else None
-        self._scores_torch = head_forward(self.head, lambda ids: self.token_table[ids])  # the torch route
+        self._head_forward = head_forward(self.head, lambda ids: self.token_table[ids])  # the torch route
 
     def plan(self, batch: int) -> SelectPlan:
         """The plan a call of `batch` requests runs."""
@@ -100,7 +100,7 @@ class FastLiLiCorrSelect(SelectConstants):
         """The pipeline's head step on the plan's route -> (start, pair, log-probs, draft ids or None)."""
         if plan.fused:
             return self._scores_fused(vals, ids, lse, pass_hidden, anchor_hidden, plan)
-        return self._scores_torch(vals, ids, lse, pass_hidden, anchor_hidden, plan)
+        return self._head_forward(vals, ids, lse, pass_hidden, anchor_hidden, plan)
 
     def _pass_projection(self, pass_hidden):
         """-> pass_hidden_proj without its bias (folded into node_const) [b, S, H] (cuBLAS)."""
