@@ -1,5 +1,5 @@
-"""serving/vocab_parallel.py in one process (no gloo ranks: fast): the served candidates of one rank, the other ranks'
-partials put in by its gather, against the unsharded top-K; each shard and head refusal."""
+"""serving/vocab_parallel.py in one process (no gloo ranks: fast): the served candidates of one rank's logits, the other
+ranks' partials put in by its gather, against the unsharded top-K; each shard and head refusal."""
 
 from __future__ import annotations
 
@@ -30,22 +30,22 @@ def test_served_candidates_in_one_process_equal_the_unsharded_top_k():
         lo, hi = bounds[rank], bounds[rank + 1]
         cands = ShardedCandidates(head[lo:hi].clone(), VocabShard(lo, hi - lo, vocab, 3, gather), k)
         cands.allocate(max_slots)
-        vals, ids, lse = cands(hidden)
+        vals, ids, lse = cands(logits[:, lo:hi].contiguous())
         top = logits.topk(k, dim=-1)
-        assert torch.equal(ids.reshape(n, k), top.indices)
-        torch.testing.assert_close(vals.reshape(n, k), top.values)
-        torch.testing.assert_close(lse.reshape(n), logits.logsumexp(-1))
-        assert vals.shape == (hidden.shape[0], hidden.shape[1], k) and lse.shape == hidden.shape[:2]
+        assert torch.equal(ids, top.indices)
+        torch.testing.assert_close(vals, top.values)
+        torch.testing.assert_close(lse, logits.logsumexp(-1))
+        assert vals.shape == (n, k) and lse.shape == (n,)
         return cands
 
     for rank in (2, 1):
         run(torch.randn(b, s, hm, generator=g), rank)
     cands = run(torch.randn(1, s, hm, generator=g), 1)  # fewer slots than allocated
     with pytest.raises(RuntimeError, match="7 slots, but allocate\\(\\) sized it for 6"):
-        cands(torch.randn(1, 7, hm))
+        cands(torch.randn(7, 13))
     fresh = ShardedCandidates(head[:13], VocabShard(0, 13, vocab, 3, None), k)
     with pytest.raises(RuntimeError, match="1 slots, but allocate\\(\\) sized it for 0"):
-        fresh(torch.randn(1, 1, hm))
+        fresh(torch.randn(1, 13))
 
 
 @pytest.mark.parametrize("start,size,vocab,ranks", [(-1, 5, 10, 2), (0, -1, 10, 2), (6, 5, 10, 2), (0, 10, 10, 0)])
@@ -100,19 +100,18 @@ def test_buffers_sized_for_more_slots_than_k_plus_1():
         cands = ShardedCandidates(head[11:].clone(), VocabShard(11, vocab - 11, vocab, 2, gather), k)
         cands.allocate(max_slots)
         assert cands.partials.shape == (max_slots, k + 1) and cands.gathered.shape == (2 * max_slots, k + 1)
-        vals, ids, lse = cands(hidden)
+        vals, ids, lse = cands(logits[:, 11:].contiguous())
         top = logits.topk(k, dim=-1)
-        assert torch.equal(ids.reshape(n, k), top.indices)
-        torch.testing.assert_close(vals.reshape(n, k), top.values)
-        torch.testing.assert_close(lse.reshape(n), logits.logsumexp(-1))
+        assert torch.equal(ids, top.indices)
+        torch.testing.assert_close(vals, top.values)
+        torch.testing.assert_close(lse, logits.logsumexp(-1))
     with pytest.raises(RuntimeError, match="11 slots, but allocate\\(\\) sized it for 10"):
-        cands(torch.randn(1, 11, hm))
+        cands(torch.randn(11, vocab - 11))
 
 
 def test_the_static_buffers_are_what_the_gather_sees():
     """The partials are written into the buffer allocate() made and the gather fills the other (a CUDA graph replays
-    them); both live on the LM head's device, None before allocate(); hidden states of another dtype are cast to the
-    head's."""
+    them); both live on the LM head's device, None before allocate()."""
     vocab, hm, k = 12, 4, 3
     head = torch.randn(vocab, hm, generator=torch.Generator().manual_seed(2))
     seen = []
@@ -124,11 +123,10 @@ def test_the_static_buffers_are_what_the_gather_sees():
     cands = ShardedCandidates(head, VocabShard(0, vocab, vocab, 1, gather), k)
     assert cands.partials is None and cands.gathered is None
     cands.allocate(4)
-    hidden = torch.randn(1, 2, hm, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    vals, ids, _ = cands(hidden)
+    logits = torch.randn(2, hm, generator=torch.Generator().manual_seed(3)) @ head.T
+    vals, ids, _ = cands(logits)
     assert seen == [(cands.gathered.data_ptr(), cands.partials.data_ptr())]
-    top = (hidden.float().reshape(2, hm) @ head.T).topk(k, dim=-1)
-    assert torch.equal(ids.reshape(2, k), top.indices) and vals.dtype == torch.float32
+    assert torch.equal(ids, logits.topk(k, dim=-1).indices) and vals.dtype == torch.float32
     on_meta = ShardedCandidates(torch.empty(vocab, hm, device="meta"), VocabShard(0, vocab, vocab, 2, None), k)
     on_meta.allocate(4)
     assert on_meta.partials.device.type == on_meta.gathered.device.type == "meta"
