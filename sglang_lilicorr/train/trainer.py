@@ -41,11 +41,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ..checkpoint import split_head
-from ..drafter import DFlashDrafter, DrafterConfig, default_target_layer_ids, load_drafter_tensors, sample_anchors
+from ..drafter import DFlashDrafter, DrafterConfig, default_target_layer_ids, sample_anchors
 from ..errors import LiLiCorrError
 from ..frozen_target import FrozenTarget, loading_target
-from ..ownership import claim_folder
+from ..ownership import HeldError, claim_folder, held, sole_writer, space_for
 from ..reference.propose import BlockProposer
 from ..reference.replay import Replayer, pooled_tau
 from .config import TrainConfig, TrainConfigError
@@ -60,6 +59,7 @@ from .state import (
     point_latest,
     set_aside_newer,
     load_draft_weights,
+    load_trainable,
     prune_checkpoints,
     remove_orphans,
     resume_point,
@@ -365,16 +365,75 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     if cfg.exclude:  # evaluation prompts must not be training data
         check_disjoint(cfg.data, eval_guard(cfg.exclude))
     env = Distributed()
-    torch.manual_seed(cfg.seed)
-    job = build_job(cfg, env)
-    step = start_point(job)
-    return train_loop(job, step)
+    with sole_writer_of_run(cfg, env):
+        check_start_over(cfg)
+        torch.manual_seed(cfg.seed)
+        job = build_job(cfg, env)
+        with space_for(job.out_dir, checkpoint_bytes(job), "--output-dir"):
+            step = start_point(job)
+            with contextlib.closing(_progress(job.total, step, env.main)) as bar:  # an error line starts a line
+                return train_loop(job, step, bar)
+
+
+@contextlib.contextmanager
+def sole_writer_of_run(cfg: TrainConfig, env: Distributed):
+    """Rank 0 holds the run folder's lock (ownership.sole_writer) for the run's life; when another process holds it,
+    every rank stops alike (HeldError, exit 2) before anything loads."""
+    with contextlib.ExitStack() as lock:
+        refused = None
+        if env.main:
+            try:
+                lock.enter_context(sole_writer(cfg.output_dir, "--output-dir", "run"))
+            except HeldError as e:
+                refused = e
+        if not on_every_rank(refused is None, env.world, env.device):
+            raise refused or HeldError(
+                f"{cfg.output_dir} is being written by another process", where="--output-dir", fix="see rank 0's error"
+            )
+        yield
+
+
+def check_start_over(cfg: TrainConfig) -> None:
+    """--no-resume starts step 0 only in a folder without a run (two runs' steps never share a folder): a run there
+    is refused (exit 2) unless --move-aside moves it beside the folder (`start_point`)."""
+    out = Path(cfg.output_dir)
+    if cfg.resume or cfg.move_aside or not out.is_dir() or not held(out):
+        return
+    raise TrainConfigError(
+        f"{out} holds a run ({', '.join(held(out)[:4])}): --no-resume would mix two runs' steps in one folder",
+        where="--no-resume",
+        fix=f"add --move-aside to move that run to {aside_name(out)} (nothing is deleted) and start a new one, "
+        "or pass a new --output-dir",
+    )
+
+
+def aside_name(out: Path) -> Path:
+    """Where --move-aside moves the run in `out`: `OUT.old-N`, the first N free."""
+    n = 1
+    while out.with_name(f"{out.name}.old-{n}").exists():
+        n += 1
+    return out.with_name(f"{out.name}.old-{n}")
+
+
+def checkpoint_bytes(job: Job) -> int:
+    """About what one checkpoint and snapshot take on disk: float32 masters, two Adam moments, a bf16 copy."""
+    return sum(t.numel() for t in job.trainable().values()) * (3 * 4 + 2)
 
 
 def build_job(cfg: TrainConfig, env: Distributed) -> Job:
     """The target, the data, a fresh drafter and head, their optimizer and schedule."""
     model, tokenizer = load_target(cfg.target, env.device, cfg.bf16)
     drafter_cfg = drafter_config_for(model, tokenizer, cfg)
+    features = len(drafter_cfg.target_layer_ids)
+    if features != cfg.num_context_features:  # the target has fewer layers: the run records what it trains with
+        if env.main:
+            print(
+                f"warning: --num-context-features {cfg.num_context_features}: the target's "
+                f"{drafter_cfg.num_target_layers} layers give at most {features}; the run trains with {features} "
+                "(and records that).",
+                file=sys.stderr,
+            )
+        cfg = dataclasses.replace(cfg, num_context_features=features)
     head_cfg = cfg.head_config(drafter_cfg.block_size, drafter_cfg.rms_norm_eps, drafter_cfg.hidden_size)
     target = FrozenTarget(model, drafter_cfg.target_layer_ids)
     examples = load_conversations(cfg.data, tokenizer, cfg.max_length, cfg.chat_template_kwargs, write_cache=env.main)
@@ -417,13 +476,18 @@ def start_point(job: Job) -> int:
     weights, optimizer and schedule), else --init-from's weights or fresh ones at step 0. Metrics rows past it go."""
     cfg, env, out_dir = job.cfg, job.env, job.out_dir
     if env.main:
+        if cfg.move_aside and out_dir.is_dir() and held(out_dir):
+            aside = aside_name(out_dir)
+            out_dir.rename(aside)
+            print(
+                f"moved the run in {out_dir} to {aside} (nothing deleted); a new run starts in {out_dir}",
+                file=sys.stderr,
+            )
         claim_output_dir(cfg, create=True)
         if cfg.resume:
             remove_orphans(out_dir)  # what a kill mid-save left behind; the other ranks wait, then read
     env.barrier()
-    found = (
-        resume_point(out_dir, warn=lambda m: print(m, file=sys.stderr), map_location=env.device) if cfg.resume else None
-    )
+    found = resume_point(out_dir, _warn, env.device, cfg.accept_legacy_checkpoints) if cfg.resume else None
     step = 0
     if found is not None:
         step = resume_from(job, *found)
@@ -452,10 +516,7 @@ def resume_from(job: Job, path: Path, checkpoint: tuple, opt_state: dict) -> int
         None if job.cfg.resume_with_changes else job.identity,
         job.cfg.ADDED,
     )
-    drafter_t, head_t = split_head(tensors)
-    load_drafter_tensors(job.drafter, drafter_t, str(path))
-    if job.head is not None:
-        job.head.load_state_dict(head_t, strict=True)
+    load_trainable(tensors, job.drafter, job.head, str(path))
     job.optimizer.load_state_dict(opt_state["optimizer"])
     job.scheduler.load_state_dict(opt_state["scheduler"])
     step = int(state["step"])
@@ -468,7 +529,7 @@ def resume_from(job: Job, path: Path, checkpoint: tuple, opt_state: dict) -> int
     return step
 
 
-def train_loop(job: Job, step: int) -> dict[str, float]:
+def train_loop(job: Job, step: int, progress_bar) -> dict[str, float]:
     """Train from `step` to the run's end: each step's update (or skip), its log row, evaluation and snapshot at
     eval steps, checkpoints every --save-every steps and at the end -> the last logged metrics."""
     cfg, env = job.cfg, job.env
@@ -482,7 +543,6 @@ def train_loop(job: Job, step: int) -> dict[str, float]:
     job.joint.timer = timer
     eval_every = cfg.eval_every or cfg.log_every
     total, per_rank_step = job.total, cfg.batch_size * cfg.grad_accum
-    progress_bar = _progress(total, step, env.main)
     last: dict[str, float] = {}
     tokens, bad, window_start = 0, 0, time.perf_counter()
 
@@ -536,7 +596,6 @@ def train_loop(job: Job, step: int) -> dict[str, float]:
 
         if step % cfg.save_every == 0 or step == total:
             save_checkpoint(job, step, {"epoch": epoch, "batch": index + 1})
-    progress_bar.close()
     return last
 
 
@@ -615,6 +674,10 @@ def save_checkpoint(job: Job, step: int, progress: dict[str, int]) -> None:
         )
         prune_checkpoints(job.out_dir, job.cfg.keep_checkpoints)
     job.env.barrier()
+
+
+def _warn(message: str) -> None:
+    print(message, file=sys.stderr)
 
 
 def _progress(total: int, start: int, enabled: bool):
