@@ -7,9 +7,10 @@ category's throughput is measured on its own (the isolated per-category protocol
 
 Every finished prompt is appended as one json line to the results file (flushed at once); a rerun
 with the same file skips the prompts it already holds, so an interrupted sweep resumes where it
-stopped. Failed prompts are not written and are retried on the next run. The file must be new, empty or a
-results file (every line a record, `check_results_file`), checked before a byte is written; a torn last line is
-cut only in such a file.
+stopped. Failed prompts are not written and are retried on the next run; a server that does not answer at all ends
+the run. The file must be new, empty or a results file (every line a record, `check_results_file`), checked before a
+byte is written; a torn last line is cut only in such a file. `bench run` is its one writer (ownership.sole_writer),
+and a measurement recorded twice is refused by name (`read_results`).
 
 Warm-up. Before a run's measured phases, unrecorded warm-up requests (the first turns of the run's
 prompts, cycled) go out in waves of c concurrent requests, ceil(max(warmup, c) / c) waves. Requests of

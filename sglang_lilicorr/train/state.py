@@ -19,6 +19,9 @@ the temporaries a kill left behind are removed (`remove_orphans`, by rank 0 alon
 checkpoint that does not load or does not match its checksums gives way to the newest one that does
 (`resume_point`, with a warning); when checkpoints exist and none loads the run stops with one line (never a
 silent restart from step 0). Metrics rows past the resumed step are dropped, so a resumed run logs every step once.
+A checkpoint without its checksums (written before they existed) loads only with `legacy` (--accept-legacy-checkpoints),
+with a warning; every tensor must be float32 and finite, and is checked for its name and shape as it loads
+(`load_trainable`: resume and export alike).
 """
 
 from __future__ import annotations
@@ -412,13 +415,15 @@ def load_trainable(tensors: Mapping[str, torch.Tensor], drafter, head, where: st
     """A training checkpoint's tensors into a run's drafter and head, strictly (every tensor named, shaped, float32
     and finite): resume and export read a checkpoint alike."""
     drafter_t, head_t = split_head(tensors)
-    load_strict(drafter, drafter_t, f"{where} (drafter)", torch.float32)
-    if head is not None:
-        load_strict(head, head_t, f"{where} (head)", torch.float32)
-    elif head_t:
-        raise CheckpointError(
-            "holds head tensors but its train_state.json records no head", where=where, fix="use an earlier checkpoint"
-        )
+    fix = "use an earlier checkpoint (OUTPUT/checkpoints/step-N)"
+    try:
+        load_strict(drafter, drafter_t, f"{where} (drafter)", torch.float32)
+        if head is not None:
+            load_strict(head, head_t, f"{where} (head)", torch.float32)
+    except CheckpointError as e:  # named as a checkpoint's, not a draft's
+        raise CheckpointError(e.what, where=e.where, fix=fix) from e
+    if head is None and head_t:
+        raise CheckpointError("holds head tensors but its train_state.json records no head", where=where, fix=fix)
 
 
 def trainable_tensors(

@@ -14,7 +14,9 @@ objectives), up to float summation order. A run may start from an exported draft
 (`init_from`, same geometry; a fresh optimizer and schedule); a resumable checkpoint in its output
 folder takes precedence. Its logged training metrics are pooled over the whole global
 batch (every micro-batch of every rank, weighted by blocks), and tokens/s counts every rank's tokens.
-Only rank 0 writes: checkpoints, snapshots, metrics, and the clean-up of an interrupted save.
+Only rank 0 writes, as the run folder's one writer (its lock, ownership.sole_writer, held for the run's life):
+checkpoints, snapshots, metrics, and the clean-up of an interrupted save. --no-resume starts a run only in a
+folder without one (--move-aside moves that run to OUTPUT.old-N first): two runs' steps never share a folder.
 
 Every `eval_every` steps the held-out conversations are evaluated (losses, per-slot top-1 of the
 drafter and the reranker, teacher-forced acceptance) and, when they carry the target's own ids
@@ -55,6 +57,7 @@ from .prompts import check_disjoint, eval_guard
 from .state import (
     LATEST,
     STATE_FILE,
+    TENSORS_FILE,
     check_resume_compatible,
     point_latest,
     set_aside_newer,
@@ -516,7 +519,7 @@ def resume_from(job: Job, path: Path, checkpoint: tuple, opt_state: dict) -> int
         None if job.cfg.resume_with_changes else job.identity,
         job.cfg.ADDED,
     )
-    load_trainable(tensors, job.drafter, job.head, str(path))
+    load_trainable(tensors, job.drafter, job.head, str(path / TENSORS_FILE))
     job.optimizer.load_state_dict(opt_state["optimizer"])
     job.scheduler.load_state_dict(opt_state["scheduler"])
     step = int(state["step"])
