@@ -292,3 +292,18 @@ def test_bench_run_with_nothing_listening_says_so_in_one_line(tmp_path, capsys):
     assert main(bench_run_argv(prompts, tmp_path / "r.jsonl", "--no-progress", "--warmup", "0")) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: no server answers") and shaped(err.strip()), err
+
+
+def test_any_write_that_finds_the_device_full_is_one_error_naming_the_device(tmp_path):
+    import errno
+
+    from sglang_lilicorr.ownership import DiskFullError, space_for
+
+    with pytest.raises(DiskFullError) as e:
+        with space_for(tmp_path / "run", 5_000_000_000_000, "--output-dir"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "metrics.jsonl"))
+    assert e.value.what.startswith("no space left on ") and e.value.where == str(tmp_path / "run")
+    assert e.value.fix.startswith("free ") and e.value.fix.endswith(" MB or choose another --output-dir")
+    with pytest.raises(PermissionError):  # anything else passes through as it was
+        with space_for(tmp_path, 1, "--output-dir"):
+            raise PermissionError(errno.EACCES, "Permission denied")

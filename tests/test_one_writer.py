@@ -215,3 +215,13 @@ def test_config_and_weights_of_two_exports_are_refused(tmp_path, capsys):
         load_draft(tmp_path / "a")
     assert main(["export", str(tmp_path / "run-b"), str(tmp_path / "a")]) == 0  # an export mends it
     load_draft(tmp_path / "a")
+
+
+def test_where_names_cannot_be_exchanged_the_old_folder_is_renamed_aside(tmp_path, monkeypatch):
+    monkeypatch.setattr(ownership, "exchange", lambda a, b: False)  # a file system without RENAME_EXCHANGE
+    target = tmp_path / "d"
+    target.mkdir()
+    (target / "f").write_text("old")
+    with ownership.atomic_directory(target) as new:
+        (new / "f").write_text("new")
+    assert (target / "f").read_text() == "new" and os.listdir(tmp_path) == ["d"]
