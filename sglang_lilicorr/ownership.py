@@ -158,6 +158,7 @@ def _rename_aside(new: Path, target: Path) -> None:
     os.replace(old, new)
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)
 _RENAME_EXCHANGE = 2  # linux/fs.h
 
 
@@ -176,18 +177,17 @@ def exchange(a: Path, b: Path) -> bool:
     raise OSError(code, os.strerror(code), str(b))
 
 
-_LIBC = ctypes.CDLL(None, use_errno=True)
-
-
 # --- one writer at a time -----------------------------------------------------------------------------
 
 
 def lock_path(target: str | os.PathLike) -> Path:
+    """The lock file of `target`: `.<name>.lilicorr-lock` beside it."""
     target = Path(os.path.abspath(target))
     return target.parent / f".{target.name}{LOCK_TAG}"
 
 
 def is_lock(path: Path) -> bool:
+    """A lock file of `sole_writer` (never what a folder holds)."""
     return path.name.startswith(".") and path.name.endswith(LOCK_TAG)
 
 
