@@ -5,8 +5,9 @@ A checkpoint is a directory with
                      ["LiLiCorrDraftModel"], `torch_dtype`, `block_size` and `dflash_config`
                      (block_size, target_layer_ids, mask_token_id, ... and the `lilicorr_*` keys)
   model.safetensors  drafter tensors (layers.*, fc, hidden_norm, norm) and the head under
-                     `lilicorr.`
-Every check raises CheckpointError naming the file, tensor or field and what was expected.
+                     `lilicorr.`, their checksum in the safetensors metadata
+config.json names that checksum (`lilicorr_weights_sha256`), so that the two files of one export are read together
+or not at all. Every check raises CheckpointError naming the file, tensor or field and what was expected.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -24,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from .config import ConfigError, LiLiCorrConfig, json_number
 from .errors import LiLiCorrError
 from .head import LiLiCorrHead
+from .jsonl import loads
 from .ownership import atomic_directory, atomic_file  # noqa: F401 (atomic_directory: re-exported)
 
 CONFIG_FILE = "config.json"
@@ -33,6 +36,8 @@ VANILLA_ARCH = "DFlashDraftModel"
 LILICORR_ARCH = "LiLiCorrDraftModel"
 ARCHITECTURES = (VANILLA_ARCH, LILICORR_ARCH)
 CHECKSUM_KEY = "lilicorr_sha256"  # safetensors metadata: tensor_digest of the file's tensors
+PAIR_KEY = "lilicorr_weights_sha256"  # config.json: the CHECKSUM_KEY of the model.safetensors written with it
+LEGACY_FLAG = "--accept-legacy-checkpoints"
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 EXPORTED = "pass the folder written by `lilicorr export`"  # the fix for a folder that is not a draft
 
@@ -41,13 +46,17 @@ class CheckpointError(LiLiCorrError, ValueError):
     """A draft checkpoint is missing, corrupt or does not match what is being built."""
 
 
+class UncheckedError(CheckpointError):
+    """A file that must carry its checksum carries none (a training checkpoint written before they did)."""
+
+
 def read_config(directory: str | os.PathLike) -> dict[str, Any]:
     path = Path(directory)
     if not path.is_dir():
         raise CheckpointError(f"draft checkpoint directory {str(path)!r} does not exist", where=str(path), fix=EXPORTED)
     cfg_path = path / CONFIG_FILE
     try:
-        config = json.loads(cfg_path.read_text(encoding="utf-8"))
+        config = loads(cfg_path.read_text(encoding="utf-8"))
     except FileNotFoundError as e:
         raise CheckpointError(
             f"config.json is missing: a draft checkpoint needs it beside {WEIGHTS_FILE}",
@@ -58,7 +67,7 @@ def read_config(directory: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(
             f"cannot be read ({e})", where=str(cfg_path), fix="check the file and its permissions"
         ) from e
-    except ValueError as e:  # not UTF-8, not JSON, an integer of more digits than Python parses
+    except ValueError as e:  # not UTF-8, not JSON, an integer of more digits than Python parses, too deep
         raise CheckpointError(f"not valid JSON ({e})", where=str(cfg_path), fix="re-export the checkpoint") from e
     if not isinstance(config, dict) or not isinstance(config.get("dflash_config"), dict):
         raise CheckpointError(
@@ -162,20 +171,30 @@ def save_tensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor]) -
     return Path(path)
 
 
-def load_tensors(path: str | os.PathLike, fix: str) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file, checked against the digest in its metadata when it has one (files
-    written before the digest have none); a truncated, foreign or altered file raises CheckpointError."""
+def load_tensors(path: str | os.PathLike, fix: str, unchecked: str = "accept") -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, checked against the digest in its metadata; a truncated, foreign or
+    altered file raises CheckpointError. A file without a digest is `unchecked`: "accept" (a draft: stock drafts
+    carry none), "refuse" (UncheckedError: a training checkpoint must carry one) or "warn" (loaded, said on
+    stderr)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError("the file is missing", where=str(path), fix=fix)
     try:
-        with safe_open(str(path), "pt") as f:
-            stored = (f.metadata() or {}).get(CHECKSUM_KEY)
+        stored = stored_digest(path)
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(
             f"truncated, corrupt or not a safetensors file ({' '.join(str(e).split())[:200]})", where=str(path), fix=fix
         ) from e
+    if stored is None and unchecked == "refuse":
+        raise UncheckedError(
+            f"carries no checksum ({CHECKSUM_KEY} in its metadata): written before checkpoints carried one, or not by "
+            "lilicorr",
+            where=str(path),
+            fix=f"pass {LEGACY_FLAG} to load it without one (said with a warning), or use a checkpoint that has one",
+        )
+    if stored is None and unchecked == "warn":
+        print(f"warning: {path} carries no checksum; loaded unchecked ({LEGACY_FLAG}).", file=sys.stderr)
     if stored is not None and stored != tensor_digest(tensors):
         raise CheckpointError(
             f"does not match its checksum ({CHECKSUM_KEY} in its metadata): its bytes changed after it was written",
@@ -185,7 +204,15 @@ def load_tensors(path: str | os.PathLike, fix: str) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def stored_digest(path: str | os.PathLike) -> str | None:
+    """The tensor_digest a safetensors file's metadata records (its header alone is read), or None."""
+    with safe_open(str(path), "pt") as f:
+        return (f.metadata() or {}).get(CHECKSUM_KEY)
+
+
 def read_tensors(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """A draft's model.safetensors, checked against its checksum and against the one its config.json names (the two
+    files of two exports are refused; weights that another tool rewrote carry no checksum and are not compared)."""
     path = Path(directory) / WEIGHTS_FILE
     if not path.is_file():
         raise CheckpointError(
@@ -193,7 +220,20 @@ def read_tensors(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
             where=str(path),
             fix="re-export the checkpoint",
         )
-    return load_tensors(path, fix="re-export the checkpoint")
+    tensors = load_tensors(path, fix="re-export the checkpoint")
+    try:
+        paired = loads((Path(directory) / CONFIG_FILE).read_bytes()).get(PAIR_KEY)
+    except (OSError, ValueError, AttributeError):  # read_config names what is wrong with it
+        paired = None
+    stored = stored_digest(path)
+    if paired is not None and stored is not None and paired != stored:  # weights written by another tool: not paired
+        raise CheckpointError(
+            f"{CONFIG_FILE} and {WEIGHTS_FILE} are of two different exports ({PAIR_KEY} in {CONFIG_FILE} is not the "
+            "weights' checksum): an export into this folder was stopped between its two files",
+            where=str(directory),
+            fix="export the draft again",
+        )
+    return tensors
 
 
 def check_tensors(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.Tensor], where: str) -> None:
@@ -245,9 +285,23 @@ def new_head(config: Mapping[str, Any]) -> LiLiCorrHead:
     return LiLiCorrHead(lilicorr_config(config), model_hidden_size=width).to(dtype_of(config))
 
 
-def load_strict(head: torch.nn.Module, head_tensors: Mapping[str, torch.Tensor], where: str) -> torch.nn.Module:
-    check_tensors(head.state_dict(), head_tensors, where)
-    head.load_state_dict(head_tensors, strict=True)
+def expected_tensors(module: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """What `check_tensors` expects of a checkpoint of `module`: its tensors' names and shapes, its floating tensors
+    of `dtype` (default: their own), as storage-free meta tensors."""
+    return {
+        k: torch.empty(v.shape, dtype=dtype if dtype is not None and v.is_floating_point() else v.dtype, device="meta")
+        for k, v in module.state_dict().items()
+    }
+
+
+def load_strict(
+    head: torch.nn.Module, head_tensors: Mapping[str, torch.Tensor], where: str, dtype: torch.dtype | None = None
+) -> torch.nn.Module:
+    """Strict load: every tensor named, shaped, of `dtype` (default: the module's own) and finite, else
+    CheckpointError naming it; loaded as the module's own dtype."""
+    check_tensors(expected_tensors(head, dtype), head_tensors, where)
+    state = head.state_dict()
+    head.load_state_dict({k: v.to(state[k].dtype) for k, v in head_tensors.items()}, strict=True)
     return head
 
 
@@ -273,11 +327,11 @@ def save_checkpoint(
 def write_checkpoint_files(
     directory: str | os.PathLike, config: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]
 ) -> None:
-    """config.json + model.safetensors into an existing folder, each file atomically (weights first), nothing else
-    touched."""
-    save_tensors(Path(directory) / WEIGHTS_FILE, tensors)
+    """config.json + model.safetensors into an existing folder, each file atomically (weights first, the config naming
+    their checksum: a reader refuses a config and weights of two exports), nothing else touched."""
+    digest = stored_digest(save_tensors(Path(directory) / WEIGHTS_FILE, tensors))
     with atomic_file(Path(directory) / CONFIG_FILE) as tmp:
-        tmp.write_text(json.dumps(dict(config), indent=2, sort_keys=True) + "\n")
+        tmp.write_text(json.dumps({**config, PAIR_KEY: digest}, indent=2, sort_keys=True) + "\n")
 
 
 def head_tensors_for_save(head: LiLiCorrHead) -> dict[str, torch.Tensor]:

@@ -6,6 +6,7 @@ class and the error rule they share are sglang_lilicorr/cli_args.py's (a leaf mo
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from .benchmarks import cli as bench
@@ -24,7 +25,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+    """Run as the program (no `argv`: sys.argv), an interrupt after the command has ended is ignored: it would cut
+    no write, only print a traceback from the interpreter's exit hooks."""
+    try:
+        return run(build_parser().parse_args(argv))
+    finally:
+        if argv is None:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

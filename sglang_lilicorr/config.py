@@ -5,6 +5,7 @@ same keys SGLang 0.5.23 reads, so a checkpoint moves both ways)."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import sys
 from typing import Any, Mapping
@@ -80,7 +81,7 @@ class LiLiCorrConfig:
         need(
             self.hidden_size == 0 or self.hidden_size % self.num_heads == 0,
             "hidden_size",
-            f"a multiple of num_heads={self.num_heads}",
+            f"a multiple of the number of heads ({self.num_heads})",
         )
         for name in ("logit_scale", "mlp_ratio", "vector_eps", "rms_norm_eps"):
             value = getattr(self, name)
@@ -115,6 +116,14 @@ class LiLiCorrConfig:
     ) -> "LiLiCorrConfig":
         if not isinstance(dflash_config, Mapping):
             raise ConfigError(f"dflash_config={dflash_config!r:.80} is not an object of lilicorr_* keys.")
+        known = {f"lilicorr_{n}" for n in cls.SERIALISED} | {"lilicorr_enabled"}  # SGLang's switch for the head
+        unknown = sorted(k for k in dflash_config if str(k).startswith("lilicorr_") and k not in known)
+        if unknown:  # a typo would leave a field at what the checkpoint never said
+            close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+            raise ConfigError(
+                f"unknown key dflash_config.{unknown[0]}"
+                + (f" (did you mean {close[0]}?)" if close else f" (known: {', '.join(sorted(known))})")
+            )
         missing = [f"lilicorr_{n}" for n in cls.SERIALISED if f"lilicorr_{n}" not in dflash_config]
         if missing:
             raise ConfigError(

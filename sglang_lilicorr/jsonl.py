@@ -1,10 +1,11 @@
-"""JSON files: JSON lines (one object per line, every error naming the file and line) read, and a JSON
-document written whole."""
+"""JSON files: JSON text parsed as text a user's file may hold (`loads`), JSON lines (one object per line, every
+error naming the file and line) read, and a JSON document written whole."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -17,6 +18,30 @@ class DataError(LiLiCorrError, ValueError):
 
 class MissingFileError(DataError, UsageError):
     """A data file an argument names is not there: the argument cannot work (exit 2)."""
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def loads(text: str | bytes) -> Any:
+    """json.loads, with ValueError (as for any bad JSON) also for a value nested deeper than the parser goes and for
+    a lone UTF-16 surrogate escape such as "\\ud800" (no character: it cannot be encoded, sent or tokenized)."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError("nested deeper than the JSON reader goes") from None
+    pending = [value]
+    while pending:  # every string, keys too, without recursion
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending.extend(item)
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+        elif isinstance(item, str) and _SURROGATE.search(item):
+            lone = _SURROGATE.search(item).group()
+            raise ValueError(f"a lone UTF-16 surrogate \\u{ord(lone):04x} in a string: not a character")
+    return value
 
 
 def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -41,12 +66,12 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
-            except ValueError as e:  # JSONDecodeError, and integers too long to convert
+                row = loads(line)
+            except ValueError as e:  # JSONDecodeError, integers too long to convert, too deep, lone surrogates
                 raise DataError(
                     f"not valid JSON ({getattr(e, 'msg', e)})",
                     where=f"{path}:{number}",
-                    fix="each line must be one JSON object",
+                    fix="each line must be one JSON object of UTF-8 text",
                 ) from None
             if not isinstance(row, dict):
                 raise DataError(

@@ -11,23 +11,35 @@ of that kind.
 
 Temporary files and folders are named `.<name>.lilicorr-tmp-<random>` beside what they become: a kill leaves
 nothing else, and the next writer of the same place removes them (`remove_temporaries`), never anything else.
+A folder is replaced by exchanging it with its finished copy in one rename (`atomic_directory`).
+
+One writer at a time (`sole_writer`): a run folder, a draft folder or a results file is written under a lock, an
+flock on `.<name>.lilicorr-lock` beside it, held for the command's life and released by the kernel when the
+process ends however it ends (a killed writer never leaves it held). A second writer is refused (exit 2) with the
+holder's pid and host.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import fcntl
 import json
 import os
 import secrets
 import shutil
+import socket
 import sys
 from pathlib import Path
 from typing import Callable, Iterator
 
 from .errors import LiLiCorrError, UsageError
+from .jsonl import loads
 
 MARKER = ".lilicorr.json"
 TMP_TAG = ".lilicorr-tmp-"
+LOCK_TAG = ".lilicorr-lock"
 KINDS = {
     "run": "a training run",
     "dataset": "a data set made by `lilicorr regenerate --recipe`",
@@ -38,6 +50,14 @@ KINDS = {
 
 class NotOursError(UsageError):
     """A command was pointed at a folder or file it did not write and must not change (exit 2)."""
+
+
+class HeldError(UsageError):
+    """Another process is writing the same run, draft or results file (exit 2)."""
+
+
+class DiskFullError(LiLiCorrError):
+    """A write found no space left on its device (exit 1); what was there before is whole."""
 
 
 # --- temporaries and atomic writes -------------------------------------------------------------------
@@ -103,23 +123,151 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
 @contextlib.contextmanager
 def atomic_directory(target: str | os.PathLike) -> Iterator[Path]:
     """Yield an empty temporary directory beside `target`; when the block completes it takes `target`'s place
-    (an existing `target`, which the caller has checked is its own, is renamed aside first and removed after);
-    when it fails it is removed and `target` is untouched: a half-written directory never looks complete."""
+    (an existing `target`, which the caller has checked is its own, is exchanged with it in one rename, then
+    removed): a reader, and a kill at any point, finds the old folder or the new one, whole. When the block fails it
+    is removed and `target` is untouched. (Where the file system cannot exchange two names, the old folder is renamed
+    aside first: a kill between the two renames leaves both as temporaries and no `target`.)"""
     target = Path(os.path.abspath(target))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(target)
     tmp.mkdir()
     try:
         yield tmp
-    except BaseException:
+        if not target.exists():
+            os.replace(tmp, target)
+            return
+        if not exchange(tmp, target):
+            _rename_aside(tmp, target)
+        # tmp now holds the old folder
+        shutil.rmtree(tmp)
+    except BaseException:  # an error or an interrupt: what is not the target's is removed, whichever it holds
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    old = temporary_name(target) if target.exists() else None
-    if old is not None:
-        os.replace(target, old)
-    os.replace(tmp, target)
-    if old is not None:
-        shutil.rmtree(old)
+
+
+def _rename_aside(new: Path, target: Path) -> None:
+    """`new` takes `target`'s place, `target` goes to `new`'s name, in two renames (no exchange on this file system);
+    an interrupt between them puts `target` back."""
+    old = temporary_name(target)
+    os.replace(target, old)
+    try:
+        os.replace(new, target)
+    except BaseException:
+        os.replace(old, target)
+        raise
+    os.replace(old, new)
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap the names `a` and `b` atomically (Linux renameat2 RENAME_EXCHANGE) -> False where the system or the file
+    system cannot (nothing moved then)."""
+    call = getattr(_LIBC, "renameat2", None)
+    if call is None:
+        return False
+    at_cwd = -100  # AT_FDCWD
+    if call(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+# --- one writer at a time -----------------------------------------------------------------------------
+
+
+def lock_path(target: str | os.PathLike) -> Path:
+    """The lock file of `target`: `.<name>.lilicorr-lock` beside it."""
+    target = Path(os.path.abspath(target))
+    return target.parent / f".{target.name}{LOCK_TAG}"
+
+
+def is_lock(path: Path) -> bool:
+    """A lock file of `sole_writer` (never what a folder holds)."""
+    return path.name.startswith(".") and path.name.endswith(LOCK_TAG)
+
+
+@contextlib.contextmanager
+def sole_writer(target: str | os.PathLike, option: str, what: str) -> Iterator[None]:
+    """The block runs as the only writer of `target` (`what`: "run", "draft", "results file"); HeldError (exit 2)
+    naming the holder when another process writes it. The lock file goes when the block ends; a killed holder's
+    stays, unheld, and the next writer takes it."""
+    path = lock_path(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+            os.close(fd)
+            raise HeldError(
+                f"{target} is being written by {holder}",
+                where=option,
+                fix=f"a {what} has one writer at a time: wait until that command ends, or stop it",
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        if _same_file(fd, path):
+            break
+        os.close(fd)  # the holder released it and removed the file as we opened it: take the new one
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()}\n".encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        here, there = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+# --- a full disk ----------------------------------------------------------------------------------------
+
+
+def is_out_of_space(e: BaseException) -> bool:
+    """An error of a write that found its device full (ENOSPC; safetensors reports it only in its text)."""
+    return (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
+
+
+@contextlib.contextmanager
+def space_for(path: str | os.PathLike, need: int, option: str) -> Iterator[None]:
+    """Writes under `path` that find the device full end as one DiskFullError: `no space left on DEVICE (PATH):
+    free N MB or choose another OPTION`, N what `need` bytes lack of the space free now."""
+    try:
+        yield
+    except Exception as e:
+        if not is_out_of_space(e) or isinstance(e, DiskFullError):
+            raise
+        where = Path(os.path.abspath(path))
+        folder = next((p for p in (where, *where.parents) if p.is_dir()), Path("/"))
+        short = max(1, -(-(need - shutil.disk_usage(folder).free) // 1_000_000))
+        raise DiskFullError(
+            f"no space left on {device_of(folder)}", where=str(path), fix=f"free {short} MB or choose another {option}"
+        ) from e
+
+
+def device_of(folder: Path) -> str:
+    """The device (or file system) a folder lives on, as /proc/mounts names it; the folder itself elsewhere."""
+    try:
+        mounts = [line.split()[:2] for line in Path("/proc/mounts").read_text().splitlines()]
+    except OSError:
+        return str(folder)
+    real = os.path.realpath(folder)
+    inside = [(point, source) for source, point in mounts if real == point or real.startswith(point.rstrip("/") + "/")]
+    return max(inside, key=lambda m: len(m[0]))[1] if inside else str(folder)
 
 
 # --- folders: new, empty, or ours ----------------------------------------------------------------------
@@ -128,7 +276,7 @@ def atomic_directory(target: str | os.PathLike) -> Iterator[Path]:
 def marked_kind(folder: str | os.PathLike) -> str | None:
     """The kind a folder's marker declares, or None."""
     try:
-        value = json.loads((Path(folder) / MARKER).read_text(encoding="utf-8"))
+        value = loads((Path(folder) / MARKER).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return value.get("kind") if isinstance(value, dict) and value.get("kind") in KINDS else None
@@ -140,9 +288,11 @@ def mark(folder: str | os.PathLike, kind: str) -> None:
 
 
 def held(folder: Path) -> list[str]:
-    """What a folder holds, but for its marker (when it is one of ours) and temporaries."""
+    """What a folder holds, but for its marker (when it is one of ours), temporaries and lock files."""
     ours = marked_kind(folder) is not None
-    return sorted(p.name for p in folder.iterdir() if not (p.name == MARKER and ours) and not is_temporary(p))
+    return sorted(
+        p.name for p in folder.iterdir() if not (p.name == MARKER and ours) and not is_temporary(p) and not is_lock(p)
+    )
 
 
 def claim_folder(
@@ -258,7 +408,7 @@ def jsonl_for_append(
 
 def _record_or_none(line: bytes, is_record: Callable[[object], bool]):
     try:
-        value = json.loads(line.decode("utf-8"))
+        value = loads(line.decode("utf-8"))
     except ValueError:
         return None
     return value if is_record(value) else None

@@ -1,8 +1,10 @@
-"""Runs `lilicorr ARGS` and kills itself with SIGNAL at its AT-th write point: the AT-th call, from our code, of
-os.replace, os.fsync, shutil.rmtree or a file opened to write or append (just before it happens). Exits as `lilicorr`
-would if it never gets there.
+"""Runs `lilicorr ARGS` (as the program: `sglang_lilicorr.cli.main()` on sys.argv) and kills itself with SIGNAL at its
+AT-th write point: the AT-th call, from our code, of os.replace, os.fsync, shutil.rmtree, ownership.exchange (a
+folder swapped for its new copy) or a file opened to write or append (just before it happens). AT may instead name a
+point: `exchange` (the first swap) or `end` (once the command has returned, before the interpreter's exit hooks).
+Exits as `lilicorr` would if it never gets there.
 
-  python tests/kill_harness.py AT SIGKILL|SIGINT -- lilicorr arguments ...
+  python tests/kill_harness.py AT SIGKILL|SIGINT|SIGTERM -- lilicorr arguments ...
 """
 
 import builtins
@@ -14,11 +16,11 @@ import sys
 
 
 def main() -> int:
-    at, sig = int(sys.argv[1]), getattr(signal, sys.argv[2])
+    at, sig = sys.argv[1], getattr(signal, sys.argv[2])
     args = sys.argv[sys.argv.index("--") + 1 :]
     count = [0]
 
-    def point() -> None:
+    def point(name: str) -> None:
         frame = sys._getframe(2)
         while frame is not None and frame.f_globals.get("__name__") in (
             "pathlib",
@@ -32,13 +34,13 @@ def main() -> int:
         if frame is None or not frame.f_globals.get("__name__", "").startswith("sglang_lilicorr"):
             return
         count[0] += 1
-        if count[0] == at:
+        if str(count[0]) == at or name == at:
             os.kill(os.getpid(), sig)
 
-    def wrap(original, writes=lambda *a, **k: True):
+    def wrap(original, name, writes=lambda *a, **k: True):
         def hooked(*a, **k):
             if writes(*a, **k):
-                point()
+                point(name)
             return original(*a, **k)
 
         return hooked
@@ -46,14 +48,20 @@ def main() -> int:
     def opens_to_write(file, mode="r", *a, **k):
         return isinstance(mode, str) and any(c in mode for c in "wax+")
 
-    os.replace = wrap(os.replace)
-    os.fsync = wrap(os.fsync)
-    shutil.rmtree = wrap(shutil.rmtree)
-    builtins.open = io.open = wrap(builtins.open, opens_to_write)
+    from sglang_lilicorr import ownership
+
+    os.replace = wrap(os.replace, "replace")
+    os.fsync = wrap(os.fsync, "fsync")
+    shutil.rmtree = wrap(shutil.rmtree, "rmtree")
+    ownership.exchange = wrap(ownership.exchange, "exchange")
+    builtins.open = io.open = wrap(builtins.open, "open", opens_to_write)
     from sglang_lilicorr.cli import main as lilicorr
 
-    code = lilicorr(args)
-    if count[0] < at:
+    sys.argv = ["lilicorr", *args]
+    code = lilicorr()
+    if at == "end":
+        os.kill(os.getpid(), sig)
+    elif at.isdigit() and count[0] < int(at):
         print(f"kill_harness: {count[0]} write points, none killed", file=sys.stderr)
     return code
 

@@ -278,7 +278,8 @@ def test_config_json_is_written_canonically(tmp_path):
     for name, config in (("a", VANILLA), ("b", shuffled)):
         ckpt.save_checkpoint(tmp_path / name, config, {"fc.weight": torch.ones(2)})
     text = (tmp_path / "a" / "config.json").read_text()
-    assert text == json.dumps(VANILLA, indent=2, sort_keys=True) + "\n" == (tmp_path / "b" / "config.json").read_text()
+    paired = {**VANILLA, ckpt.PAIR_KEY: ckpt.stored_digest(tmp_path / "a" / "model.safetensors")}
+    assert text == json.dumps(paired, indent=2, sort_keys=True) + "\n" == (tmp_path / "b" / "config.json").read_text()
 
 
 # --- what mutation testing found untested: each refusal's whole message, `what (where): fix` ----------------

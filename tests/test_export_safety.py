@@ -167,7 +167,7 @@ def test_check_destination_needs_force_by_default(run, tmp_path):
     (notes / "a.txt").write_text("x")
     with pytest.raises(UsageError, match="--force"):
         check_destination(notes, run)
-    assert check_destination(notes, run, force=True) == "existing"
+    assert check_destination(notes, run, force=True) == "in place"
     assert check_destination(tmp_path / "new", run) == "new"
     (tmp_path / "file").write_text("x")
     with pytest.raises(UsageError, match="is a file"):
@@ -247,7 +247,7 @@ def test_head_tensors_without_a_head_config_are_refused(run, tmp_path):
     meta_path = run / "checkpoints" / "step-00000002" / "train_state.json"
     meta = json.loads(meta_path.read_text())
     meta_path.write_text(json.dumps({**meta, "head_config": None}))
-    with pytest.raises(CheckpointError, match="holds head tensors but no head config"):
+    with pytest.raises(CheckpointError, match="holds head tensors but its train_state.json records no head"):
         export_checkpoint(run, tmp_path / "out")
     rewrite_tensors(run, lambda t: [t.pop(k) for k in [k for k in t if k.startswith("lilicorr.")]])
     draft = export_checkpoint(run, tmp_path / "out")  # a drafter alone: a vanilla DFlash draft
@@ -283,7 +283,7 @@ def test_each_sign_of_a_training_run_alone_is_refused(run, tmp_path, sign):
     )
     (out / path).unlink()
     (out / "checkpoints" / "other").mkdir(parents=True, exist_ok=True)  # a folder of that name alone is no sign
-    assert check_destination(out, run, force=True) == "existing"
+    assert check_destination(out, run, force=True) == "in place"
 
 
 def test_each_destination_refusal_in_full(run, tmp_path):
@@ -334,7 +334,7 @@ def test_each_destination_refusal_in_full(run, tmp_path):
         "pick a new or empty folder; --force never replaces files that are not a draft's",
     )
     (tmp_path / "empty").mkdir()
-    assert check_destination(tmp_path / "empty", run) == "existing"
+    assert check_destination(tmp_path / "empty", run) == "replace"
 
 
 def test_force_writes_over_a_drafts_files_beside_others(run, tmp_path):

@@ -19,13 +19,14 @@ from test_export_safety import snapshot
 from test_nothing_lost import train_args
 from test_train import make_target, recipe_argv, write_conversations
 
-HARNESS = Path(__file__).parent / "kill_harness.py"
+HERE = Path(__file__)
+HARNESS = HERE.parent / "kill_harness.py"
 # write points of each command as measured (tests/kill_harness.py prints them): the kill lands within them
-POINTS = {"train": 17, "export": 5, "regenerate": 4, "recipe": 16}
+POINTS = {"train": 17, "export": 7, "export-new": 6, "regenerate": 4, "recipe": 16}
 
 
 def lilicorr(at: int, sig: str, *args) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).parent))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(map(str, (HERE.parent, HERE.parents[1]))))
     return subprocess.run(
         [sys.executable, str(HARNESS), str(at), sig, "--", *map(str, args)],
         capture_output=True,
@@ -44,9 +45,11 @@ def temporaries(root: Path) -> list:
 
 
 def killed(result, sig: str) -> bool:
+    if "Traceback" in result.stderr:
+        return False
     if sig == "SIGINT":  # one line, by the rule
         return result.returncode == 130 and "error: interrupted (SIGINT): " in result.stderr
-    return result.returncode == -9
+    return result.returncode == {"SIGKILL": -9, "SIGTERM": -15}[sig]
 
 
 @pytest.fixture(scope="module")
@@ -95,26 +98,53 @@ def test_a_killed_resume_leaves_the_old_or_the_new_run(ws, tmp_path, sig):
     assert run_state(run)[1:] == ("step-00000004", [1, 2, 3, 4]) and not temporaries(tmp_path)
 
 
-@pytest.mark.parametrize("sig", ["SIGKILL", "SIGINT"])
-def test_a_killed_export_leaves_the_old_or_the_new_draft(ws, tmp_path, sig):
-    from sglang_lilicorr.drafter import load_draft
-
-    old_run, new_run, draft, expected = tmp_path / "old", tmp_path / "new", tmp_path / "draft", tmp_path / "expected"
+@pytest.fixture(scope="module")
+def drafts(ws):
+    """Two runs (one and two steps) and the draft each exports: an old draft in place, the new one expected."""
+    root = ws["root"] / "drafts"
+    old_run, new_run, old, new = root / "old", root / "new", root / "old-draft", root / "new-draft"
     assert (
         main(train_args(ws, old_run, "--max-steps", "1")) == 0
         and main(train_args(ws, new_run, "--max-steps", "2")) == 0
     )
-    assert main(["export", str(old_run), str(draft)]) == 0 and main(["export", str(new_run), str(expected)]) == 0
-    old, new = snapshot(draft), snapshot(expected)
-    result = lilicorr(point("export", sig), sig, "export", new_run, draft)
+    assert main(["export", str(old_run), str(old)]) == 0 and main(["export", str(new_run), str(new)]) == 0
+    return {"new_run": new_run, "old": snapshot(old), "new": snapshot(new)}
+
+
+def a_draft(folder: Path, files: dict) -> Path:
+    folder.mkdir()
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return folder
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("at", ["random", "exchange"])
+def test_a_killed_export_leaves_the_old_or_the_new_draft(drafts, tmp_path, sig, at):
+    """Killed at a random write point, or at the one where the new draft takes the old one's place."""
+    from sglang_lilicorr.drafter import load_draft
+
+    draft = a_draft(tmp_path / "draft", drafts["old"])
+    result = lilicorr(point("export", sig) if at == "random" else at, sig, "export", drafts["new_run"], draft)
     assert killed(result, sig), result.stderr[-2000:]
     now = snapshot(draft)
-    assert {k: v for k, v in now.items() if not k.startswith(".")} in (old, new)
+    assert now in (drafts["old"], drafts["new"])  # whole: the old draft or the new one, nothing else in it
+    if at == "exchange":
+        assert now == drafts["old"]  # killed before the swap
     load_draft(draft)  # whichever it is, it loads (its checksum checked)
     if sig == "SIGINT":
-        assert sorted(now) == ["config.json", "model.safetensors"] and not temporaries(tmp_path)
-    assert lilicorr(10**6, sig, "export", new_run, draft).returncode == 0
-    assert sorted(snapshot(draft)) == ["config.json", "model.safetensors"] and not temporaries(tmp_path)
+        assert not temporaries(tmp_path)
+    assert main(["export", str(drafts["new_run"]), str(draft)]) == 0  # the next export mends what a kill left
+    assert snapshot(draft) == drafts["new"] and not temporaries(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["draft"]  # no lock file or temporary beside it
+
+
+def test_an_interrupt_once_an_export_is_done_prints_nothing(drafts, tmp_path):
+    """SIGINT after the command returned, before the interpreter's exit hooks run: no traceback, the export's code."""
+    draft = a_draft(tmp_path / "draft", drafts["old"])
+    result = lilicorr("end", "SIGINT", "export", drafts["new_run"], draft)
+    assert result.returncode == 0 and "Traceback" not in result.stderr and "error" not in result.stderr, result.stderr
+    assert snapshot(draft) == drafts["new"]
 
 
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGINT"])
@@ -168,7 +198,7 @@ def test_a_killed_export_into_a_new_folder_leaves_none_or_a_whole_draft(ws, tmp_
 
     run, draft = tmp_path / "run", tmp_path / "drafts" / "new"
     assert main(train_args(ws, run, "--max-steps", "1")) == 0
-    result = lilicorr(point("export", "SIGKILL"), "SIGKILL", "export", run, draft)
+    result = lilicorr(point("export-new", "SIGKILL"), "SIGKILL", "export", run, draft)
     assert killed(result, "SIGKILL"), result.stderr[-2000:]
     if draft.exists():
         load_draft(draft)  # appeared whole

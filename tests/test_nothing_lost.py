@@ -163,7 +163,8 @@ def test_a_run_whose_only_checkpoint_is_truncated_stops_and_keeps_everything(ws,
     capsys.readouterr()
     code = main(train_args(ws, run, "--max-steps", "4", "--keep-checkpoints", "1"))
     line = error_line(capsys)
-    assert code == 1 and "no checkpoint of this run loads" in line and "--no-resume" in line and shaped(line), line
+    assert code == 1 and "no checkpoint of this run loads" in line and shaped(line), line
+    assert "--no-resume --move-aside" in line and "moved beside it, whole" in line  # never deleted
     assert snapshot(run) == before  # not restarted: metrics and the checkpoint as they were
     assert main(["export", str(run), str(tmp_path / "draft")]) == 1 and "truncated" in error_line(capsys)
     assert not (tmp_path / "draft").exists()

@@ -162,11 +162,13 @@ def test_each_bad_optimizer_state_is_refused(tmp_path):
         state.read_optimizer_state(path)
     path = save(tmp_path, 4)
     meta = json.loads((path / state.STATE_FILE).read_text())
-    del meta["sha256"]  # written before the checksum: not compared
+    del meta["sha256"]  # written before the checksum: refused, or read unchecked when legacy ones are accepted
     (path / state.STATE_FILE).write_text(json.dumps(meta))
     (path / state.OPTIMIZER_FILE).write_bytes(b"not a pickle")
-    with pytest.raises(CheckpointError, match="truncated or not an optimizer state"):
+    with pytest.raises(CheckpointError, match="has no sha256 in train_state.json.*--accept-legacy-checkpoints"):
         state.read_optimizer_state(path)
+    with pytest.raises(CheckpointError, match="truncated or not an optimizer state"):
+        state.read_optimizer_state(path, legacy=True)
     (path / state.OPTIMIZER_FILE).unlink()
     with pytest.raises(CheckpointError, match="cannot be read"):
         state.read_optimizer_state(path)
@@ -429,8 +431,13 @@ def test_each_optimizer_refusal_in_full(tmp_path):
     del meta["sha256"]
     (path / state.STATE_FILE).write_text(json.dumps(meta))
     where.write_bytes(b"not a pickle")
-    assert str(refusal(lambda: state.read_optimizer_state(path))) == (
+    assert str(refusal(lambda: state.read_optimizer_state(path, legacy=True))) == (
         f"truncated or not an optimizer state (UnpicklingError) ({where}): {EARLIER}"
+    )
+    assert str(refusal(lambda: state.read_optimizer_state(path))) == (
+        f"has no sha256 in train_state.json: written before checkpoints carried checksums, or not by lilicorr "
+        f"({where}): pass --accept-legacy-checkpoints to load it without one (said with a warning), or use a "
+        "checkpoint that has one"
     )
     where.unlink()
     e = refusal(lambda: state.read_optimizer_state(path))
@@ -441,7 +448,8 @@ def test_each_optimizer_refusal_in_full(tmp_path):
     e = refusal(lambda: state.resume_point(tmp_path))
     assert (e.where, e.fix) == (
         str(tmp_path),
-        "nothing was changed; move the run aside, or pass --no-resume to start it over from step 0 in this folder",
+        "nothing was changed; pass --no-resume --move-aside to start a new run in this folder (the old one is moved "
+        "beside it, whole), or a new --output-dir",
     )
 
 
@@ -521,7 +529,7 @@ def test_each_geometry_refusal_in_full(tmp_path):
 
 
 def test_each_init_from_refusal_names_the_draft(tmp_path):
-    from sglang_lilicorr.checkpoint import load_tensors, save_tensors
+    from sglang_lilicorr.checkpoint import load_tensors, read_config, write_checkpoint_files
 
     save(tmp_path / "run", 2)
     draft = export_checkpoint(tmp_path / "run", tmp_path / "draft", dtype="float32")
@@ -536,7 +544,7 @@ def test_each_init_from_refusal_names_the_draft(tmp_path):
     ):
         tensors = dict(original)
         change(tensors)
-        save_tensors(weights, tensors)
+        write_checkpoint_files(draft, read_config(draft), tensors)  # config and weights of one export
         e = refusal(lambda: state.load_draft_weights(draft, drafter, head, DRAFTER, HEAD))
         assert e.where == f"{weights} ({part})"
 

@@ -24,6 +24,7 @@ from .metrics import ResultsError
 from .. import ownership
 from ..cli_args import Parser, json_object_arg, run as run_command
 from ..errors import LiLiCorrError, UsageError
+from ..jsonl import loads
 
 SUMMARY_CELL_FIELDS = metrics.CELL_KEY + ("tps",)
 
@@ -47,8 +48,8 @@ def load_cells(path: Path) -> List[dict]:
             )
         return metrics.aggregate(records)
     try:
-        doc = json.loads(path.read_bytes().decode("utf-8"))
-    except ValueError as e:  # not UTF-8, not JSON
+        doc = loads(path.read_bytes().decode("utf-8"))
+    except ValueError as e:  # not UTF-8, not JSON, too deep
         raise ResultsError(
             f"not valid JSON ({e})", where=str(path), fix="pass a summary.json written by `lilicorr bench report`"
         ) from e
@@ -97,13 +98,27 @@ def cmd_run(args) -> int:
         raise UsageError(
             " ".join(str(e).split()).rstrip("."), where="--dataset", fix="see `lilicorr bench run --help`"
         ) from e
-    prompts = dict(loaded)
     multi_turn = [p.prompt_id for _, ps in loaded for p in ps if len(p.turns) > 1] if args.api == "ids" else []
     if multi_turn:
         raise UsageError(
             f"--api ids plays single-turn prompts only; {multi_turn[0]!r} has several turns",
             fix="pass single-turn prompts, or use --api chat / generate against a server with a tokenizer",
         )
+    with ownership.sole_writer(args.results, "--results", "results file"):
+        failed = sweep(args, loaded, sampling_kwargs)
+    if failed:
+        raise runner.RunFailed(
+            f"{failed} prompt(s) failed and were not recorded",
+            where=args.url,
+            fix="check the server; rerun the same command to retry them",
+        )
+    print(f"results in {args.results}")
+    return 0
+
+
+def sweep(args, loaded, sampling_kwargs) -> int:
+    """The runs of `bench run` one after another, into --results -> the prompts that failed."""
+    prompts = dict(loaded)
     failed = 0
     for cfg in runner.sweep_configs(
         args.system, [n for n, _ in loaded], args.concurrency, args.temperature, args.seeds, args.max_tokens
@@ -130,20 +145,13 @@ def cmd_run(args) -> int:
                 file=sys.stderr,
             )
             break
-    if failed:
-        raise runner.RunFailed(
-            f"{failed} prompt(s) failed and were not recorded",
-            where=args.url,
-            fix="check the server; rerun the same command to retry them",
-        )
-    print(f"results in {args.results}")
-    return 0
+    return failed
 
 
 def is_compare_rows(path: Path) -> bool:
     """A file `bench compare --out` wrote: a JSON list of rows with a speedup."""
     try:
-        rows = json.loads(path.read_bytes())
+        rows = loads(path.read_bytes())
     except (OSError, ValueError):
         return False
     return isinstance(rows, list) and all(isinstance(r, dict) and "speedup" in r for r in rows)

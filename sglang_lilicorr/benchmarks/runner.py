@@ -7,9 +7,10 @@ category's throughput is measured on its own (the isolated per-category protocol
 
 Every finished prompt is appended as one json line to the results file (flushed at once); a rerun
 with the same file skips the prompts it already holds, so an interrupted sweep resumes where it
-stopped. Failed prompts are not written and are retried on the next run. The file must be new, empty or a
-results file (every line a record, `check_results_file`), checked before a byte is written; a torn last line is
-cut only in such a file.
+stopped. Failed prompts are not written and are retried on the next run; a server that does not answer at all ends
+the run. The file must be new, empty or a results file (every line a record, `check_results_file`), checked before a
+byte is written; a torn last line is cut only in such a file. `bench run` is its one writer (ownership.sole_writer),
+and a measurement recorded twice is refused by name (`read_results`).
 
 Warm-up. Before a run's measured phases, unrecorded warm-up requests (the first turns of the run's
 prompts, cycled) go out in waves of c concurrent requests, ceil(max(warmup, c) / c) waves. Requests of
@@ -30,6 +31,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 from .. import ownership
 from ..config import ConfigError, json_number
 from ..errors import UsageError
+from ..jsonl import loads
 from .client import Sampling, ServerError, SGLangClient
 from .metrics import ResultsError
 from .prompt import Prompt
@@ -137,8 +139,8 @@ def check_record(record, where: str) -> dict:
 
 def _json_line(line: bytes, where: str):
     try:
-        return json.loads(line.decode("utf-8"))
-    except ValueError as e:  # not UTF-8, not JSON, an integer of more digits than Python parses
+        return loads(line.decode("utf-8"))
+    except ValueError as e:  # not UTF-8, not JSON, too many digits, too deep, a lone surrogate
         raise ResultsError(f"not valid JSON ({e})", where=where, fix="fix or remove that line") from e
 
 
@@ -156,8 +158,9 @@ def _torn_tail(data: bytes) -> Optional[int]:
 
 
 def read_results(path: Path) -> List[dict]:
-    """Every record of a results file, checked (check_record); the file is only read. A torn last line
-    is left out with a warning on stderr; a complete last line without its newline counts as usual."""
+    """Every record of a results file, checked (check_record; a measurement recorded twice is a ResultsError naming
+    both lines); the file is only read. A torn last line is left out with a warning on stderr; a complete last line
+    without its newline counts as usual."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -176,11 +179,23 @@ def read_results(path: Path) -> List[dict]:
             file=sys.stderr,
         )
         data = data[:cut]
-    return [
-        check_record(_json_line(line, f"{path}:{n}"), f"{path}:{n}")
-        for n, line in enumerate(data.split(b"\n"), 1)
-        if line.strip()
-    ]
+    records, first = [], {}
+    for n, line in enumerate(data.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        record = check_record(_json_line(line, f"{path}:{n}"), f"{path}:{n}")
+        key = record_key(record)
+        if key in first:
+            (system, dataset, c, t, seed, _), prompt_id = key
+            raise ResultsError(
+                f"prompt {prompt_id!r} of {system} on {dataset} (c={c}, T={t:g}, seed={seed}) is recorded twice, "
+                f"first at line {first[key]}",
+                where=f"{path}:{n}",
+                fix="keep one of the two lines: a results file holds each measurement once",
+            )
+        first[key] = n
+        records.append(record)
+    return records
 
 
 RESULTS = "a results file of `lilicorr bench run`"
@@ -241,6 +256,8 @@ class RunOutcome:
 
 
 async def _run_phase(client, prompts, config, out, outcome, progress, max_failures):
+    import aiohttp
+
     queue: asyncio.Queue = asyncio.Queue()
     for p in prompts:
         queue.put_nowait(p)
@@ -250,6 +267,10 @@ async def _run_phase(client, prompts, config, out, outcome, progress, max_failur
             prompt = queue.get_nowait()
             try:
                 turns = await play(client, prompt)
+            except aiohttp.ClientConnectorError as e:  # nothing listens there: the run ends, in one line
+                raise ServerError(
+                    f"no server answers ({e})", where=client.endpoint, fix="start the server, or check --url"
+                ) from e
             except Exception as e:  # recorded, retried on resume
                 outcome.failures.append((prompt.prompt_id, f"{type(e).__name__}: {e}"))
                 continue

@@ -15,11 +15,11 @@ Such records are refused; rebuild them as REBUILD_HINT says.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Iterable, List, Optional, Sequence
 
 from ..errors import LiLiCorrError
+from ..jsonl import loads
 from .prompt import Prompt
 
 PLACEHOLDER = "FULL BENCHMARK DATA SHOULD BE FETCHED FROM THE SOURCE USING SPECDEC_BENCH"
@@ -74,8 +74,8 @@ def read_records(path: Path) -> List[dict]:
 def _row(line: bytes, where: str) -> dict:
     """One jsonl line as a JSON object."""
     try:
-        row = json.loads(line.decode("utf-8"))
-    except ValueError as e:  # not UTF-8, not JSON, an integer of more digits than Python parses
+        row = loads(line.decode("utf-8"))
+    except ValueError as e:  # not UTF-8, not JSON, too many digits, too deep, a lone surrogate
         raise SpeedBenchFormatError(f"not valid JSON ({e})", where=where, fix="fix or remove that record") from e
     if not isinstance(row, dict):
         raise SpeedBenchFormatError(

@@ -7,12 +7,12 @@ finiteness). Prints what the draft is, or every problem found, one `error:` line
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from ..cli_args import add_documented_command, error_line
 from ..errors import LiLiCorrError, UsageError
+from ..jsonl import loads
 
 
 def register(subparsers) -> None:
@@ -37,8 +37,8 @@ def target_config(folder: Path) -> dict:
 
     path = local_model_dir(folder) / "config.json"
     try:
-        config = json.loads(path.read_bytes().decode("utf-8"))
-    except ValueError as e:  # not UTF-8, not JSON
+        config = loads(path.read_bytes().decode("utf-8"))
+    except ValueError as e:  # not UTF-8, not JSON, too deep
         raise ServingConfigError(f"{path} is not valid JSON ({e}); pass the target's own folder.") from e
     if not isinstance(config, dict):
         raise ServingConfigError(f"{path} is not a JSON object; pass the target's own folder.")

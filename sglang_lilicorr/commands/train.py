@@ -290,6 +290,11 @@ def _register_export(p: argparse.ArgumentParser) -> None:
         "which are kept "
         "(--force deletes nothing; never into a training run, a model folder or over files not a draft's)",
     )
+    p.add_argument(
+        "--accept-legacy-checkpoints",
+        action="store_true",
+        help="export a checkpoint written before checkpoints carried checksums (said with a warning)",
+    )
     p.set_defaults(func=run_export)
 
 
@@ -297,7 +302,9 @@ def run_export(args: argparse.Namespace) -> int:
     from ..train.export import export_checkpoint
     from ..train.heads import load_exported_draft
 
-    path = export_checkpoint(args.checkpoint, args.out_dir, args.dtype, force=args.force)
+    path = export_checkpoint(
+        args.checkpoint, args.out_dir, args.dtype, force=args.force, legacy=args.accept_legacy_checkpoints
+    )
     _, head = load_exported_draft(path)  # strict reload: the export is usable as written
     architecture = json.loads((path / "config.json").read_text())["architectures"][0]
     print(

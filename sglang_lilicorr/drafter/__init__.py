@@ -3,7 +3,7 @@ exported draft directories loaded strictly (`load_draft`)."""
 
 from .blocks import BlockLayout, block_attention, block_layout, eligible_anchors, sample_anchors
 from .config import DrafterConfig, DrafterConfigError, RopeScaling, default_target_layer_ids
-from .model import DFlashDrafter, DrafterShapeError, drafter_tensors, load_drafter_tensors
+from .model import DFlashDrafter, DrafterShapeError, drafter_tensors
 from .draft import load_draft
 
 __all__ = [
@@ -19,6 +19,5 @@ __all__ = [
     "DFlashDrafter",
     "DrafterShapeError",
     "drafter_tensors",
-    "load_drafter_tensors",
     "load_draft",
 ]

@@ -17,7 +17,7 @@ from ..checkpoint import (
 )
 from ..head import LiLiCorrHead
 from .config import DrafterConfig
-from .model import DFlashDrafter, load_drafter_tensors
+from .model import DFlashDrafter
 
 
 def load_draft(directory: str | Path) -> tuple[DFlashDrafter, LiLiCorrHead | None]:
@@ -31,14 +31,7 @@ def load_draft(directory: str | Path) -> tuple[DFlashDrafter, LiLiCorrHead | Non
     except CheckpointError as e:
         raise e.located(str(Path(directory) / "config.json")) from e
     where = f"{Path(directory) / 'model.safetensors'}"
-    bad = [k for k, v in drafter_t.items() if v.dtype != dtype]
-    if bad:
-        raise CheckpointError(
-            f"tensor {bad[0]!r} is {drafter_t[bad[0]].dtype}, config torch_dtype says {dtype}",
-            where=where,
-            fix="re-export the draft",
-        )
-    load_drafter_tensors(drafter, drafter_t, f"{where} (drafter)")
+    load_strict(drafter, drafter_t, f"{where} (drafter)", dtype)
     if head is not None:
         return drafter, load_strict(head, head_t, f"{where} (head)")
     if head_t:

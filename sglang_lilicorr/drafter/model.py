@@ -10,12 +10,10 @@ State-dict names equal the checkpoint's tensor names (layers.i.*, norm, fc, hidd
 
 from __future__ import annotations
 
-from typing import Mapping
 
 import torch
 from torch import nn
 
-from ..checkpoint import check_tensors
 from ..errors import LiLiCorrError
 from .config import DrafterConfig
 from .layers import DraftLayer, RMSNorm
@@ -83,10 +81,3 @@ class DFlashDrafter(nn.Module):
 def drafter_tensors(drafter: DFlashDrafter) -> dict[str, torch.Tensor]:
     """Checkpoint tensors of the drafter (SGLang names)."""
     return dict(drafter.state_dict())
-
-
-def load_drafter_tensors(drafter: DFlashDrafter, tensors: Mapping[str, torch.Tensor], where: str) -> None:
-    """Strict load (names and shapes; any float dtype): raises CheckpointError naming the tensor."""
-    expected = {k: v.to(tensors[k].dtype) if k in tensors else v for k, v in drafter.state_dict().items()}
-    check_tensors(expected, tensors, where)
-    drafter.load_state_dict({k: v.to(drafter.state_dict()[k].dtype) for k, v in tensors.items()}, strict=True)

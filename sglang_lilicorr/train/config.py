@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +85,10 @@ class TrainConfig:
     save_every: int = 500
     keep_checkpoints: int = 2  # resumable checkpoints kept (the newest; older ones are the fallback)
     max_bad_steps: int = 10  # non-finite steps skipped before the run stops
-    resume: bool = True
+    resume: bool = True  # --no-resume: a new run, in a folder without one (or with --move-aside)
+    move_aside: bool = False  # with --no-resume: the run in --output-dir is moved to OUTPUT.old-N (never deleted)
     resume_with_changes: bool = False  # resume although the data or a setting differs from the checkpoint's
+    accept_legacy_checkpoints: bool = False  # resume from checkpoints without checksums (older runs), warned
     init_from: str | None = None  # an exported draft whose weights start the run (a resumed run ignores it)
     chat_template_kwargs: dict[str, Any] = dataclasses.field(default_factory=lambda: {"enable_thinking": False})
 
@@ -180,11 +183,37 @@ class TrainConfig:
             self.objective()
             self.head_config(self.block_size, 1e-6, hidden_size=1)
         except ValueError as e:  # the objective's and the head's own range checks, under the CLI's names
-            raise TrainConfigError(str(e)) from None
+            raise self.named_by_flag(str(e)) from None
+        if self.move_aside and self.resume:
+            raise TrainConfigError(
+                "--move-aside starts a new run: it goes with --no-resume",
+                where="--move-aside",
+                fix="add --no-resume (the run there moves to OUTPUT.old-N), or drop --move-aside to resume that run",
+            )
         need(
             self.gamma > 0 or self.head in ("lilicorr", "none"),
             "gamma",
             f"> 0 with --head {self.head} (its head's weight; --head none trains plain DFlash)",
+        )
+
+    # LiLiCorrConfig's fields under this config's names (the objective's are the same)
+    HEAD_FIELDS = {
+        "num_layers": "head_layers",
+        "hidden_size": "head_hidden_size",
+        "num_heads": "head_heads",
+        "mlp_ratio": "head_mlp_ratio",
+    }
+
+    def named_by_flag(self, message: str) -> TrainConfigError:
+        """A range error of LiLiCorrConfig or ObjectiveWeights (`Owner.field=value: expected what.`) as the error of
+        the flag that set the field."""
+        found = re.match(r"(?:LiLiCorrConfig|ObjectiveWeights)\.(\w+)=.*?: expected (.*?)\.?$", message)
+        name = found and self.HEAD_FIELDS.get(found.group(1), found.group(1))
+        if not found or name not in {f.name for f in dataclasses.fields(self)}:
+            return TrainConfigError(message)
+        flag = "--" + name.replace("_", "-")
+        return TrainConfigError(
+            f"{flag} {getattr(self, name)!r}: expected {found.group(2)}", where=flag, fix="see `lilicorr train --help`"
         )
 
     def validate_rope(self) -> None:
@@ -246,7 +275,9 @@ class TrainConfig:
         "keep_checkpoints",
         "max_bad_steps",
         "resume",
+        "move_aside",
         "resume_with_changes",
+        "accept_legacy_checkpoints",
         "init_from",
     )
 

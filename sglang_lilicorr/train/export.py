@@ -10,13 +10,17 @@ empty folder, or an earlier export (config.json + model.safetensors of a draft, 
 anything else only with force=True, and then export writes its two files beside what is there and deletes
 nothing: it still refuses a folder whose config.json or model.safetensors are not a draft's (a model folder).
 Never a training run, a data set or a report of ours, a checkpoint, nor a folder inside one, nor the source or a
-folder that contains it, whatever `force` says. A new folder appears whole (one rename); in an existing one each
-file is replaced whole (weights, then config). The source's checksums are checked first.
+folder that contains it, whatever `force` says.
+
+The draft is written beside its folder and takes the folder's place in one rename (an earlier export is exchanged
+with it, then removed): a reader, and a kill at any point, finds the old draft or the new one, whole. Into a folder
+that keeps other files (--force) or that the shell stands in, the two files are replaced in place, each whole
+(weights, then config); the config names its weights' checksum, so a reader refuses the two files of two exports.
+One export writes a folder at a time (ownership.sole_writer). The source's checksums are checked first.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..baselines import DSparkConfig
@@ -24,20 +28,18 @@ from ..checkpoint import (
     CONFIG_FILE,
     DTYPES,
     WEIGHTS_FILE,
-    CheckpointError,
     architecture_of,
-    load_strict,
     save_checkpoint,
-    split_head,
     with_head,
     write_checkpoint_files,
 )
 from ..config import LiLiCorrConfig
-from ..ownership import NotOursError, held, marked_kind, remove_temporaries
-from ..drafter import DFlashDrafter, DrafterConfig, load_drafter_tensors
+from ..ownership import NotOursError, held, marked_kind, remove_temporaries, sole_writer, space_for
+from ..drafter import DFlashDrafter, DrafterConfig
 from ..errors import UsageError
+from ..jsonl import loads
 from .heads import HeadConfig, build_head, serving_tensors
-from .state import LATEST, STATE_FILE, read_training_checkpoint
+from .state import LATEST, STATE_FILE, complete_checkpoints, load_trainable, read_training_checkpoint
 
 METRICS_FILE = "metrics.jsonl"  # the training log beside `latest` and checkpoints/
 
@@ -55,7 +57,7 @@ def is_training_output(folder: Path) -> bool:
 
 def is_draft_config(path: Path) -> bool:
     try:
-        config = json.loads(path.read_bytes().decode("utf-8"))
+        config = loads(path.read_bytes().decode("utf-8"))
         if DSparkConfig.of_serving_config(config) is None:
             architecture_of(config)
     except (OSError, ValueError, AttributeError):  # unreadable, not JSON, not an object, not a draft's architectures
@@ -69,9 +71,17 @@ def is_earlier_export(folder: Path) -> bool:
 
 
 def check_destination(out_dir: str | Path, source: str | Path, force: bool = False) -> str:
-    """Raises UsageError unless export may write out_dir (see the module docstring) -> "new" (it does not exist)
-    or "existing" (write the two files into it)."""
+    """Raises UsageError unless export may write out_dir (see the module docstring) -> "new" (it does not exist),
+    "replace" (an empty folder or an earlier export: the new draft takes its place) or "in place" (a folder that
+    keeps other files, with `force`, or the current folder: the two files written into it)."""
+    if not str(out_dir).strip():
+        raise UsageError("OUT_DIR is empty", where="OUT_DIR", fix="pass the folder the draft goes to, e.g. my-draft")
     out, src = Path(out_dir).resolve(), Path(source).resolve()
+    blocking = next((p for p in (out, *out.parents) if p.exists()), None)
+    if blocking is not None and blocking != out and not blocking.is_dir():
+        raise NotOursError(
+            f"{blocking} is a file, so {out_dir} cannot be a folder", where="OUT_DIR", fix="pass a folder path"
+        )
     if out == src or out in src.parents:
         raise UsageError(
             f"{out_dir} is or contains the checkpoint being exported ({source})",
@@ -98,8 +108,9 @@ def check_destination(out_dir: str | Path, source: str | Path, force: bool = Fal
             where="OUT_DIR",
             fix="pick a new or empty folder (--force does not change this)",
         )
+    here = Path.cwd().resolve()
     if not held(out) or is_earlier_export(out):
-        return "existing"
+        return "in place" if out == here or out in here.parents else "replace"
     if not force:
         raise NotOursError(
             f"{out_dir} is not empty and is not an earlier export, it holds {held(out)[:5]}",
@@ -114,19 +125,21 @@ def check_destination(out_dir: str | Path, source: str | Path, force: bool = Fal
             where="OUT_DIR",
             fix="pick a new or empty folder; --force never replaces files that are not a draft's",
         )
-    return "existing"
+    return "in place"
 
 
 def check_source(source: str | Path) -> None:
-    """CHECKPOINT must name a training run or one of its checkpoints (an argument that cannot work otherwise: exit 2;
-    a damaged one is a CheckpointError, exit 1, when it is read)."""
+    """CHECKPOINT must name a training run with a complete checkpoint or one of its checkpoints (an argument that
+    cannot work otherwise: exit 2; a damaged one is a CheckpointError, exit 1, when it is read)."""
     src = Path(source)
-    if not ((src / LATEST).is_file() or (src / STATE_FILE).is_file()):
+    if not ((src / LATEST).is_file() or (src / STATE_FILE).is_file() or complete_checkpoints(src)):
         found = (
             "not an existing folder"
             if not src.is_dir()
             else "a draft, not a training run"
             if is_draft_config(src / CONFIG_FILE)
+            else "a training run without a complete checkpoint yet"
+            if marked_kind(src) == "run"
             else "not a training run or checkpoint"
         )
         raise UsageError(
@@ -144,28 +157,32 @@ def draft_config(drafter: DrafterConfig, head: HeadConfig | None, dtype: str) ->
     return with_head(config, head) if isinstance(head, LiLiCorrConfig) else head.serving_config(config)
 
 
-def export_checkpoint(source: str | Path, out_dir: str | Path, dtype: str = "bfloat16", force: bool = False) -> Path:
-    """Training checkpoint (OUTPUT or OUTPUT/checkpoints/step-N) -> draft directory."""
+def export_checkpoint(
+    source: str | Path, out_dir: str | Path, dtype: str = "bfloat16", force: bool = False, legacy: bool = False
+) -> Path:
+    """Training checkpoint (OUTPUT or OUTPUT/checkpoints/step-N) -> draft directory. `legacy`: a checkpoint without
+    checksums is read, with a warning."""
     if dtype not in DTYPES:
         raise UsageError(f"--dtype {dtype!r} is not a draft dtype", fix=f"choose one of {sorted(DTYPES)}")
     check_source(source)
-    where = check_destination(out_dir, source, force)
-    _, drafter_cfg, head_cfg, tensors = read_training_checkpoint(source)
-    drafter_t, head_t = split_head(tensors)
-    drafter = DFlashDrafter(drafter_cfg)
-    load_drafter_tensors(drafter, drafter_t, f"{source} (drafter)")
-    out = {k: v.to(DTYPES[dtype]) for k, v in drafter.state_dict().items()}
-    if head_cfg is not None:
-        # strict, as for the drafter: a missing, extra or mis-shaped head tensor is a CheckpointError naming it
-        head = load_strict(build_head(head_cfg, drafter_cfg), head_t, f"{source} (head)")
-        out.update({k: v.to(DTYPES[dtype]) for k, v in serving_tensors(head).items()})
-    elif head_t:
-        raise CheckpointError(f"{source}: holds head tensors but no head config; the checkpoint is inconsistent.")
-    config = draft_config(drafter_cfg, head_cfg, dtype)
-    final = Path(out_dir).resolve()
-    if where == "new":
-        remove_temporaries(final.parent, of=final.name)  # what a killed export of this folder left beside it
-        return save_checkpoint(final, config, out)
-    remove_temporaries(final)
-    write_checkpoint_files(final, config, out)
+    how = check_destination(out_dir, source, force)
+    with sole_writer(out_dir, "OUT_DIR", "draft"):
+        config, tensors = draft_of(source, dtype, legacy)
+        final = Path(out_dir).resolve()
+        with space_for(final, sum(t.nbytes for t in tensors.values()), "OUT_DIR"):
+            remove_temporaries(final.parent, of=final.name)  # what a killed export of this folder left beside it
+            if how != "in place":
+                return save_checkpoint(final, config, tensors)
+            remove_temporaries(final)
+            write_checkpoint_files(final, config, tensors)
     return final
+
+
+def draft_of(source: str | Path, dtype: str, legacy: bool) -> tuple[dict, dict]:
+    """A training checkpoint's draft -> (config.json, tensors in `dtype`), every tensor checked as a resume checks
+    it (state.load_trainable)."""
+    _, drafter_cfg, head_cfg, tensors = read_training_checkpoint(source, legacy)
+    drafter, head = DFlashDrafter(drafter_cfg), build_head(head_cfg, drafter_cfg)
+    load_trainable(tensors, drafter, head, str(source))
+    out = dict(drafter.state_dict()) if head is None else {**drafter.state_dict(), **serving_tensors(head)}
+    return draft_config(drafter_cfg, head_cfg, dtype), {k: v.to(DTYPES[dtype]) for k, v in out.items()}

@@ -11,7 +11,6 @@ writes each head as its SGLang module reads it (LiLiCorr's under `lilicorr.`, th
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -20,8 +19,9 @@ import torch
 from ..baselines import DominoConfig, DominoHead, DSparkConfig, DSparkHead, corrector_config_from_keys
 from ..checkpoint import CONFIG_FILE, HEAD_PREFIX, WEIGHTS_FILE, CheckpointError, dtype_of, load_strict, read_tensors
 from ..config import ConfigError, LiLiCorrConfig
-from ..drafter import DFlashDrafter, DrafterConfig, load_draft, load_drafter_tensors
+from ..drafter import DFlashDrafter, DrafterConfig, load_draft
 from ..head import LiLiCorrHead
+from ..jsonl import loads
 
 HEADS = ("lilicorr", "domino", "dspark", "none")
 HeadConfig = LiLiCorrConfig | DominoConfig | DSparkConfig
@@ -63,7 +63,7 @@ def read_corrector_draft(directory: str | Path) -> tuple[DrafterConfig, DominoCo
     """An exported Domino or DSpark draft -> (drafter config, head config, drafter tensors, head tensors), or None
     for any other folder (drafter.load_draft reads the others and names what is wrong with them)."""
     try:
-        raw = json.loads((Path(directory) / CONFIG_FILE).read_text(encoding="utf-8"))
+        raw = loads((Path(directory) / CONFIG_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(raw, dict) or not isinstance(raw.get("dflash_config"), dict):
@@ -104,7 +104,7 @@ def load_corrector_draft(directory: str | Path) -> tuple[DFlashDrafter, DominoHe
     dtype = next(iter(drafter_t.values())).dtype
     drafter = DFlashDrafter(drafter_cfg).to(dtype)
     where = str(Path(directory) / WEIGHTS_FILE)
-    load_drafter_tensors(drafter, drafter_t, f"{where} (drafter)")
+    load_strict(drafter, drafter_t, f"{where} (drafter)")
     return drafter, load_strict(build_head(head_cfg, drafter_cfg).to(dtype), head_t, f"{where} (head)")
 
 

@@ -33,6 +33,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..jsonl import loads
 from ..ownership import claim_folder, jsonl_for_append, open_for_append, write_atomic
 from .data import DataError, checked_messages, read_jsonl
 from .engine import Generator, Sampling
@@ -127,7 +128,7 @@ def check_rows_file(path: Path) -> int | None:
 def is_recipe_dir(folder: Path) -> bool:
     """A data set the recipe wrote before data sets carried a marker: its manifest names the recipe."""
     try:
-        return "recipe" in json.loads((folder / "manifest.json").read_text())
+        return "recipe" in loads((folder / "manifest.json").read_text())
     except (OSError, ValueError, TypeError):
         return False
 

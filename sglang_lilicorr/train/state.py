@@ -19,6 +19,9 @@ the temporaries a kill left behind are removed (`remove_orphans`, by rank 0 alon
 checkpoint that does not load or does not match its checksums gives way to the newest one that does
 (`resume_point`, with a warning); when checkpoints exist and none loads the run stops with one line (never a
 silent restart from step 0). Metrics rows past the resumed step are dropped, so a resumed run logs every step once.
+A checkpoint without its checksums (written before they existed) loads only with `legacy` (--accept-legacy-checkpoints),
+with a warning; every tensor must be float32 and finite, and is checked for its name and shape as it loads
+(`load_trainable`: resume and export alike).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import hashlib
 import io
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -36,8 +40,11 @@ import torch
 from ..checkpoint import (
     HEAD_PREFIX,
     WEIGHTS_FILE,
+    LEGACY_FLAG,
     CheckpointError,
+    UncheckedError,
     atomic_directory,
+    dtype_of,
     has_head,
     lilicorr_config,
     load_strict,
@@ -47,12 +54,18 @@ from ..checkpoint import (
     save_tensors,
     split_head,
 )
+from ..jsonl import loads
 from ..ownership import remove_temporaries, write_atomic
-from ..drafter import DrafterConfig, load_drafter_tensors
+from ..drafter import DrafterConfig
 from .heads import HeadConfig, head_config_from_keys, head_keys, read_corrector_draft
 
 STATE_FILE, TENSORS_FILE, OPTIMIZER_FILE, LATEST = "train_state.json", "trainable.safetensors", "optimizer.pt", "latest"
 FORMAT = "lilicorr-train-v1"
+# how a run in a folder makes way for a new one (it is never deleted)
+START_OVER = (
+    "pass --no-resume --move-aside to start a new run in this folder (the old one is moved beside it, whole), "
+    "or a new --output-dir"
+)
 
 
 class IncompatibleCheckpointError(CheckpointError):
@@ -136,15 +149,18 @@ def remove_orphans(output_dir: str | Path) -> list[Path]:
     return found + legacy
 
 
-def resume_point(output_dir: str | Path, warn=print, map_location="cpu") -> tuple[Path, tuple, dict] | None:
+def resume_point(
+    output_dir: str | Path, warn=print, map_location="cpu", legacy: bool = False
+) -> tuple[Path, tuple, dict] | None:
     """The newest checkpoint that loads and matches its checksums -> (its path, `read_training_checkpoint`, its
     optimizer state), or None when the run has no checkpoint; a checkpoint that does not load is skipped with a
-    warning, and when none loads CheckpointError ends the run (the checkpoints and metrics are kept). Reads only:
-    the process that writes the run removes the orphans first (`remove_orphans`)."""
+    warning, and when none loads CheckpointError ends the run (the checkpoints and metrics are kept). `legacy`:
+    checkpoints without checksums load, with a warning. Reads only: the process that writes the run removes the
+    orphans first (`remove_orphans`)."""
     found = complete_checkpoints(output_dir)
     for i, path in enumerate(found):
         try:
-            return path, read_training_checkpoint(path), read_optimizer_state(path, map_location)
+            return path, read_training_checkpoint(path, legacy), read_optimizer_state(path, map_location, legacy)
         except CheckpointError as e:
             if i + 1 < len(found):
                 warn(f"warning: {e} Falling back to the checkpoint before it, {found[i + 1].name}.")
@@ -152,22 +168,32 @@ def resume_point(output_dir: str | Path, warn=print, map_location="cpu") -> tupl
                 raise CheckpointError(
                     f"no checkpoint of this run loads ({len(found)} tried; {e.where or path.name}: {e.what})",
                     where=str(output_dir),
-                    fix="nothing was changed; move the run aside, or pass --no-resume to start it over from step 0 "
-                    "in this folder",
+                    fix=f"nothing was changed; {e.fix}"
+                    if isinstance(e, UncheckedError)
+                    else f"nothing was changed; {START_OVER}",
                 ) from e
     return None
 
 
-def read_optimizer_state(path: str | Path, map_location="cpu") -> dict:
-    """optimizer.pt of a checkpoint, checked against the sha256 in its train_state.json (when it has one)."""
+def read_optimizer_state(path: str | Path, map_location="cpu", legacy: bool = False) -> dict:
+    """optimizer.pt of a checkpoint, checked against the sha256 in its train_state.json (one without it is refused
+    unless `legacy`, then loaded with a warning)."""
     path = Path(path)
     where = path / OPTIMIZER_FILE
     try:
         data = where.read_bytes()
-        expected = json.loads((path / STATE_FILE).read_text()).get("sha256", {}).get(OPTIMIZER_FILE)
+        expected = loads((path / STATE_FILE).read_text()).get("sha256", {}).get(OPTIMIZER_FILE)
     except (OSError, ValueError, AttributeError) as e:
         raise CheckpointError(f"cannot be read ({e})", where=str(where), fix="use an earlier checkpoint") from e
-    if expected is not None and hashlib.sha256(data).hexdigest() != expected:
+    if expected is None and not legacy:
+        raise UncheckedError(
+            f"has no sha256 in {STATE_FILE}: written before checkpoints carried checksums, or not by lilicorr",
+            where=str(where),
+            fix=f"pass {LEGACY_FLAG} to load it without one (said with a warning), or use a checkpoint that has one",
+        )
+    if expected is None:
+        print(f"warning: {where} has no sha256; loaded unchecked ({LEGACY_FLAG}).", file=sys.stderr)
+    elif hashlib.sha256(data).hexdigest() != expected:
         raise CheckpointError(
             f"does not match the sha256 in {STATE_FILE}: it changed after it was written",
             where=str(where),
@@ -224,7 +250,7 @@ def trim_metrics(path: str | Path, step: int) -> None:
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # a torn or foreign line
             continue
         if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
             keep.append(line + "\n")
@@ -232,15 +258,23 @@ def trim_metrics(path: str | Path, step: int) -> None:
 
 
 def read_training_checkpoint(
-    path: str | Path,
+    path: str | Path, legacy: bool = False
 ) -> tuple[dict[str, Any], DrafterConfig, HeadConfig | None, dict[str, torch.Tensor]]:
-    """-> (state json, drafter config, head config or None, tensors)."""
+    """A checkpoint, or a run's (the one `latest` names; the newest complete one, with a warning, when `latest` is
+    missing) -> (state json, drafter config, head config or None, tensors: float32 and finite, checked against their
+    checksum; one without it is refused unless `legacy`, then loaded with a warning)."""
     path = Path(path)
-    if (path / LATEST).is_file() and not (path / STATE_FILE).is_file():
+    if not (path / STATE_FILE).is_file() and (path / LATEST).is_file():
         path = latest_checkpoint(path)
+    elif not (path / STATE_FILE).is_file() and complete_checkpoints(path):
+        newest = complete_checkpoints(path)[0]
+        print(
+            f"warning: {path / LATEST} is missing; reading the newest complete checkpoint, {newest}.", file=sys.stderr
+        )
+        path = newest
     try:
-        state = json.loads((path / STATE_FILE).read_text())
-    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        state = loads((path / STATE_FILE).read_text())
+    except (FileNotFoundError, ValueError) as e:  # missing, not UTF-8, not JSON, too deep
         raise CheckpointError(
             f"not a training checkpoint ({e})", where=str(path), fix="pass OUTPUT or OUTPUT/checkpoints/step-N"
         ) from e
@@ -264,10 +298,17 @@ def read_training_checkpoint(
         raise CheckpointError(
             f"drafter_config / head_config: {e}", where=str(path / STATE_FILE), fix="use an earlier checkpoint"
         ) from e
-    tensors = load_tensors(path / TENSORS_FILE, fix="use an earlier checkpoint (OUTPUT/checkpoints/step-N)")
-    bad = [k for k, v in tensors.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
-    if bad:
-        raise CheckpointError(f"{path / TENSORS_FILE}: tensor {bad[0]!r} holds NaN or Inf.")
+    fix = "use an earlier checkpoint (OUTPUT/checkpoints/step-N)"
+    tensors = load_tensors(path / TENSORS_FILE, fix=fix, unchecked="warn" if legacy else "refuse")
+    for name, t in tensors.items():
+        if t.dtype != torch.float32:
+            raise CheckpointError(
+                f"tensor {name!r} is {t.dtype}: a training checkpoint holds float32 masters",
+                where=str(path / TENSORS_FILE),
+                fix=fix,
+            )
+        if not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"tensor {name!r} holds NaN or Inf", where=str(path / TENSORS_FILE), fix=fix)
     return state, drafter, head, tensors
 
 
@@ -348,10 +389,12 @@ def load_draft_weights(
     if corrector is not None:
         config, saved_head, drafter_t, head_t = corrector
         config, saved_head = config.to_hf_config(), head_keys(saved_head)
+        dtype = next(iter(drafter_t.values())).dtype  # read_corrector_draft checked: every tensor its torch_dtype
     else:
         config = read_config(directory)
         saved_head = lilicorr_config(config).to_dflash_keys() if has_head(config) else None
         drafter_t, head_t = split_head(read_tensors(directory))
+        dtype = dtype_of(config)
     fresh_head = saved_head is None and head is not None
     check_same_geometry(
         config,
@@ -363,12 +406,24 @@ def load_draft_weights(
         rope_may_differ=True,
     )
     where = str(Path(directory) / WEIGHTS_FILE)
-    load_drafter_tensors(drafter, drafter_t, f"{where} (drafter)")
+    load_strict(drafter, drafter_t, f"{where} (drafter)", dtype)
     if head is not None and not fresh_head:
-        masters = head.state_dict()
-        load_strict(
-            head, {k: v.to(masters[k].dtype) if k in masters else v for k, v in head_t.items()}, f"{where} (head)"
-        )
+        load_strict(head, head_t, f"{where} (head)", dtype)
+
+
+def load_trainable(tensors: Mapping[str, torch.Tensor], drafter, head, where: str) -> None:
+    """A training checkpoint's tensors into a run's drafter and head, strictly (every tensor named, shaped, float32
+    and finite): resume and export read a checkpoint alike."""
+    drafter_t, head_t = split_head(tensors)
+    fix = "use an earlier checkpoint (OUTPUT/checkpoints/step-N)"
+    try:
+        load_strict(drafter, drafter_t, f"{where} (drafter)", torch.float32)
+        if head is not None:
+            load_strict(head, head_t, f"{where} (head)", torch.float32)
+    except CheckpointError as e:  # named as a checkpoint's, not a draft's
+        raise CheckpointError(e.what, where=e.where, fix=fix) from e
+    if head is None and head_t:
+        raise CheckpointError("holds head tensors but its train_state.json records no head", where=where, fix=fix)
 
 
 def trainable_tensors(

@@ -14,7 +14,9 @@ objectives), up to float summation order. A run may start from an exported draft
 (`init_from`, same geometry; a fresh optimizer and schedule); a resumable checkpoint in its output
 folder takes precedence. Its logged training metrics are pooled over the whole global
 batch (every micro-batch of every rank, weighted by blocks), and tokens/s counts every rank's tokens.
-Only rank 0 writes: checkpoints, snapshots, metrics, and the clean-up of an interrupted save.
+Only rank 0 writes, as the run folder's one writer (its lock, ownership.sole_writer, held for the run's life):
+checkpoints, snapshots, metrics, and the clean-up of an interrupted save. --no-resume starts a run only in a
+folder without one (--move-aside moves that run to OUTPUT.old-N first): two runs' steps never share a folder.
 
 Every `eval_every` steps the held-out conversations are evaluated (losses, per-slot top-1 of the
 drafter and the reranker, teacher-forced acceptance) and, when they carry the target's own ids
@@ -28,6 +30,7 @@ ever holds a non-finite tensor.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -40,25 +43,26 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ..checkpoint import split_head
-from ..drafter import DFlashDrafter, DrafterConfig, default_target_layer_ids, load_drafter_tensors, sample_anchors
+from ..drafter import DFlashDrafter, DrafterConfig, default_target_layer_ids, sample_anchors
 from ..errors import LiLiCorrError
 from ..frozen_target import FrozenTarget, loading_target
-from ..ownership import claim_folder
+from ..ownership import HeldError, claim_folder, held, sole_writer, space_for
 from ..reference.propose import BlockProposer
 from ..reference.replay import Replayer, pooled_tau
 from .config import TrainConfig, TrainConfigError
 from .data import DataError, Example, collate, epoch_batches, load_conversations, read_jsonl
-from .heads import Head, build_head
+from .heads import Head, HeadConfig, build_head
 from .joint import JointModel, metric_sums, pooled_metrics, ratios
 from .prompts import check_disjoint, eval_guard
 from .state import (
     LATEST,
     STATE_FILE,
+    TENSORS_FILE,
     check_resume_compatible,
     point_latest,
     set_aside_newer,
     load_draft_weights,
+    load_trainable,
     prune_checkpoints,
     remove_orphans,
     resume_point,
@@ -327,6 +331,36 @@ class Evaluator:
         return out
 
 
+@dataclasses.dataclass
+class Job:
+    """What a run trains, built once (`build_job`): the models, optimizer and schedule, the data, the run's length
+    (`total` steps, cut short by --max-minutes) and identity."""
+
+    cfg: TrainConfig
+    env: Distributed
+    out_dir: Path
+    drafter_cfg: DrafterConfig
+    head_cfg: HeadConfig | None
+    drafter: DFlashDrafter
+    head: Head | None
+    joint: JointModel
+    optimizer: torch.optim.AdamW
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    train_set: list[Example]
+    evaluate: Evaluator
+    pad_id: int
+    per_epoch: int
+    total: int
+    identity: dict
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.out_dir / "metrics.jsonl"
+
+    def trainable(self) -> dict[str, torch.Tensor]:
+        return trainable_tensors(self.drafter.state_dict(), None if self.head is None else self.head.state_dict())
+
+
 def train(cfg: TrainConfig) -> dict[str, float]:
     """Run (or resume) a training job; returns the last logged metrics."""
     cfg.check_paths()
@@ -334,9 +368,75 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     if cfg.exclude:  # evaluation prompts must not be training data
         check_disjoint(cfg.data, eval_guard(cfg.exclude))
     env = Distributed()
-    torch.manual_seed(cfg.seed)
+    with sole_writer_of_run(cfg, env):
+        check_start_over(cfg)
+        torch.manual_seed(cfg.seed)
+        job = build_job(cfg, env)
+        with space_for(job.out_dir, checkpoint_bytes(job), "--output-dir"):
+            step = start_point(job)
+            with contextlib.closing(_progress(job.total, step, env.main)) as bar:  # an error line starts a line
+                return train_loop(job, step, bar)
+
+
+@contextlib.contextmanager
+def sole_writer_of_run(cfg: TrainConfig, env: Distributed):
+    """Rank 0 holds the run folder's lock (ownership.sole_writer) for the run's life; when another process holds it,
+    every rank stops alike (HeldError, exit 2) before anything loads."""
+    with contextlib.ExitStack() as lock:
+        refused = None
+        if env.main:
+            try:
+                lock.enter_context(sole_writer(cfg.output_dir, "--output-dir", "run"))
+            except HeldError as e:
+                refused = e
+        if not on_every_rank(refused is None, env.world, env.device):
+            raise refused or HeldError(
+                f"{cfg.output_dir} is being written by another process", where="--output-dir", fix="see rank 0's error"
+            )
+        yield
+
+
+def check_start_over(cfg: TrainConfig) -> None:
+    """--no-resume starts step 0 only in a folder without a run (two runs' steps never share a folder): a run there
+    is refused (exit 2) unless --move-aside moves it beside the folder (`start_point`)."""
+    out = Path(cfg.output_dir)
+    if cfg.resume or cfg.move_aside or not out.is_dir() or not held(out):
+        return
+    raise TrainConfigError(
+        f"{out} holds a run ({', '.join(held(out)[:4])}): --no-resume would mix two runs' steps in one folder",
+        where="--no-resume",
+        fix=f"add --move-aside to move that run to {aside_name(out)} (nothing is deleted) and start a new one, "
+        "or pass a new --output-dir",
+    )
+
+
+def aside_name(out: Path) -> Path:
+    """Where --move-aside moves the run in `out`: `OUT.old-N`, the first N free."""
+    n = 1
+    while out.with_name(f"{out.name}.old-{n}").exists():
+        n += 1
+    return out.with_name(f"{out.name}.old-{n}")
+
+
+def checkpoint_bytes(job: Job) -> int:
+    """About what one checkpoint and snapshot take on disk: float32 masters, two Adam moments, a bf16 copy."""
+    return sum(t.numel() for t in job.trainable().values()) * (3 * 4 + 2)
+
+
+def build_job(cfg: TrainConfig, env: Distributed) -> Job:
+    """The target, the data, a fresh drafter and head, their optimizer and schedule."""
     model, tokenizer = load_target(cfg.target, env.device, cfg.bf16)
     drafter_cfg = drafter_config_for(model, tokenizer, cfg)
+    features = len(drafter_cfg.target_layer_ids)
+    if features != cfg.num_context_features:  # the target has fewer layers: the run records what it trains with
+        if env.main:
+            print(
+                f"warning: --num-context-features {cfg.num_context_features}: the target's "
+                f"{drafter_cfg.num_target_layers} layers give at most {features}; the run trains with {features} "
+                "(and records that).",
+                file=sys.stderr,
+            )
+        cfg = dataclasses.replace(cfg, num_context_features=features)
     head_cfg = cfg.head_config(drafter_cfg.block_size, drafter_cfg.rms_norm_eps, drafter_cfg.hidden_size)
     target = FrozenTarget(model, drafter_cfg.target_layer_ids)
     examples = load_conversations(cfg.data, tokenizer, cfg.max_length, cfg.chat_template_kwargs, write_cache=env.main)
@@ -352,106 +452,117 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     per_epoch = len(epoch_batches(len(train_set), per_rank_step, cfg.seed, 0, env.rank, env.world))
     total = cfg.max_steps if cfg.max_steps > 0 else cfg.epochs * per_epoch
     scheduler = cosine_with_warmup(optimizer, total, cfg.warmup_ratio)
-    out_dir = Path(cfg.output_dir)
-    step = 0
+    autocast = torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=cfg.bf16)
+    evaluate = Evaluator(joint, eval_set, turns, cfg, pad_id, autocast, env.device)
+    return Job(
+        cfg=cfg,
+        env=env,
+        out_dir=Path(cfg.output_dir),
+        drafter_cfg=drafter_cfg,
+        head_cfg=head_cfg,
+        drafter=drafter,
+        head=head,
+        joint=joint,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        train_set=train_set,
+        evaluate=evaluate,
+        pad_id=pad_id,
+        per_epoch=per_epoch,
+        total=total,
+        identity=run_identity(cfg),
+    )
 
-    identity = run_identity(cfg)
+
+def start_point(job: Job) -> int:
+    """Claim the output folder and find where the run starts -> the step: the newest checkpoint that loads (its
+    weights, optimizer and schedule), else --init-from's weights or fresh ones at step 0. Metrics rows past it go."""
+    cfg, env, out_dir = job.cfg, job.env, job.out_dir
     if env.main:
+        if cfg.move_aside and out_dir.is_dir() and held(out_dir):
+            aside = aside_name(out_dir)
+            out_dir.rename(aside)
+            print(
+                f"moved the run in {out_dir} to {aside} (nothing deleted); a new run starts in {out_dir}",
+                file=sys.stderr,
+            )
         claim_output_dir(cfg, create=True)
         if cfg.resume:
             remove_orphans(out_dir)  # what a kill mid-save left behind; the other ranks wait, then read
     env.barrier()
-    found = (
-        resume_point(out_dir, warn=lambda m: print(m, file=sys.stderr), map_location=env.device) if cfg.resume else None
-    )
+    found = resume_point(out_dir, _warn, env.device, cfg.accept_legacy_checkpoints) if cfg.resume else None
+    step = 0
     if found is not None:
-        path, (state, _, _, tensors), opt_state = found
-        check_resume_compatible(
-            state, drafter_cfg, head_cfg, str(path), None if cfg.resume_with_changes else identity, cfg.ADDED
-        )
-        drafter_t, head_t = split_head(tensors)
-        load_drafter_tensors(drafter, drafter_t, str(path))
-        if head is not None:
-            head.load_state_dict(head_t, strict=True)
-        optimizer.load_state_dict(opt_state["optimizer"])
-        scheduler.load_state_dict(opt_state["scheduler"])
-        step = int(state["step"])
-        env.barrier()  # every rank has read its checkpoint
-        if env.main:
-            for bad in set_aside_newer(out_dir, path):
-                print(f"warning: kept the checkpoint that did not load as {bad}", file=sys.stderr)
-            point_latest(out_dir, path)
-            print(f"resumed from {path} at step {step}", file=sys.stderr)
+        step = resume_from(job, *found)
     elif cfg.init_from:
-        load_draft_weights(cfg.init_from, drafter, head, drafter_cfg, head_cfg)
-    metrics_path = out_dir / "metrics.jsonl"
+        load_draft_weights(cfg.init_from, job.drafter, job.head, job.drafter_cfg, job.head_cfg)
     if env.main:
-        if found is None and cfg.resume and metrics_path.is_file() and metrics_path.stat().st_size:
+        if found is None and cfg.resume and job.metrics_path.is_file() and job.metrics_path.stat().st_size:
             print(
                 f"warning: {out_dir} has logged metrics but no checkpoint yet: the run starts over from step 0 "
                 "and logs those steps again.",
                 file=sys.stderr,
             )
-        trim_metrics(metrics_path, step)
+        trim_metrics(job.metrics_path, step)
+    return step
 
+
+def resume_from(job: Job, path: Path, checkpoint: tuple, opt_state: dict) -> int:
+    """Load a checkpoint `resume_point` found into the job -> its step; newer checkpoints that did not load are set
+    aside and `latest` names this one."""
+    state, _, _, tensors = checkpoint
+    check_resume_compatible(
+        state,
+        job.drafter_cfg,
+        job.head_cfg,
+        str(path),
+        None if job.cfg.resume_with_changes else job.identity,
+        job.cfg.ADDED,
+    )
+    load_trainable(tensors, job.drafter, job.head, str(path / TENSORS_FILE))
+    job.optimizer.load_state_dict(opt_state["optimizer"])
+    job.scheduler.load_state_dict(opt_state["scheduler"])
+    step = int(state["step"])
+    job.env.barrier()  # every rank has read its checkpoint
+    if job.env.main:
+        for bad in set_aside_newer(job.out_dir, path):
+            print(f"warning: kept the checkpoint that did not load as {bad}", file=sys.stderr)
+        point_latest(job.out_dir, path)
+        print(f"resumed from {path} at step {step}", file=sys.stderr)
+    return step
+
+
+def train_loop(job: Job, step: int, progress_bar) -> dict[str, float]:
+    """Train from `step` to the run's end: each step's update (or skip), its log row, evaluation and snapshot at
+    eval steps, checkpoints every --save-every steps and at the end -> the last logged metrics."""
+    cfg, env = job.cfg, job.env
     trainable = (
-        DistributedDataParallel(joint, device_ids=[env.device.index] if env.device.type == "cuda" else None)
+        DistributedDataParallel(job.joint, device_ids=[env.device.index] if env.device.type == "cuda" else None)
         if env.world > 1
-        else joint
+        else job.joint
     )
     weights = cfg.objective()
-    autocast = torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=cfg.bf16)
-    evaluate = Evaluator(joint, eval_set, turns, cfg, pad_id, autocast, env.device)
     timer = PhaseTimer(env.device)
-    joint.timer = timer
+    job.joint.timer = timer
     eval_every = cfg.eval_every or cfg.log_every
-    progress_bar = _progress(total, step, env.main)
+    total, per_rank_step = job.total, cfg.batch_size * cfg.grad_accum
     last: dict[str, float] = {}
     tokens, bad, window_start = 0, 0, time.perf_counter()
 
     order: tuple[int, list[list[int]]] = (-1, [])  # (epoch, this rank's batches of it)
     deadline = time.time() + 60 * cfg.max_minutes if cfg.max_minutes > 0 else None
     while step < total:
-        epoch, index = divmod(step, per_epoch)
+        epoch, index = divmod(step, job.per_epoch)
         if order[0] != epoch:
-            order = (epoch, epoch_batches(len(train_set), per_rank_step, cfg.seed, epoch, env.rank, env.world))
-        ids = order[1][index]
+            order = (epoch, epoch_batches(len(job.train_set), per_rank_step, cfg.seed, epoch, env.rank, env.world))
         trainable.train()
-        optimizer.zero_grad(set_to_none=True)
+        job.optimizer.zero_grad(set_to_none=True)
         timer.start_step()
-        finite, outputs = True, []
-        for micro in range(cfg.grad_accum):
-            part = ids[micro :: cfg.grad_accum]  # global micro-batch env.rank + env.world * micro (module docstring)
-            batch = {k: v.to(env.device) for k, v in collate([train_set[i] for i in part], pad_id).items()}
-            seed = cfg.seed * 7919 + (step * cfg.grad_accum + micro) * env.world + env.rank
-            sync = micro == cfg.grad_accum - 1 or env.world == 1  # DDP reduces gradients on the last micro-step only
-            with contextlib.nullcontext() if sync else trainable.no_sync():
-                with autocast:
-                    out = forward_at_anchors(trainable, batch, cfg.num_anchors, seed, weights, env.device)
-                (out.terms.total / cfg.grad_accum).backward()
-            timer.mark("backward")
-            finite &= bool(torch.isfinite(out.terms.total.detach()))
-            tokens += int(batch["attention_mask"].sum())
-            outputs.append(out)
-        grad_norm = torch.nn.utils.clip_grad_norm_(joint.parameters(), cfg.grad_clip)
-        if on_every_rank(finite and bool(torch.isfinite(grad_norm)), env.world, env.device):
-            optimizer.step()
-        else:
-            bad += 1
-            optimizer.zero_grad(set_to_none=True)
-            if env.main:
-                print(
-                    f"warning: step {step + 1}: non-finite loss or gradient, "
-                    f"step skipped ({bad} of at most {cfg.max_bad_steps}).",
-                    file=sys.stderr,
-                )
-            if bad >= cfg.max_bad_steps:
-                raise TrainingDiverged(
-                    f"{bad} steps with a non-finite loss or gradient (last at step {step + 1}); "
-                    f"the last good checkpoint is kept in {out_dir}. "
-                    f"Lower --lr-drafter / --lr-head (now {cfg.lr_drafter} / {cfg.lr_head}) or check the data."
-                )
-        scheduler.step()
+        finite, outputs, step_tokens = accumulate_gradients(job, trainable, order[1][index], step, weights, timer)
+        tokens += step_tokens
+        grad_norm = torch.nn.utils.clip_grad_norm_(job.joint.parameters(), cfg.grad_clip)
+        bad = update_or_skip(job, finite and bool(torch.isfinite(grad_norm)), bad, step)
+        job.scheduler.step()
         timer.mark("optimizer")
         step += 1
         progress_bar.update(1)
@@ -475,42 +586,101 @@ def train(cfg: TrainConfig) -> dict[str, float]:
                 "time/wall_ms": 1e3 * elapsed / max(steps_in_window, 1),
                 **timer.window(),
             }
-            last.update({f"lr/{g['name']}": g["lr"] for g in optimizer.param_groups})
+            last.update({f"lr/{g['name']}": g["lr"] for g in job.optimizer.param_groups})
             last.update(step_metrics)
             if evaluating:
-                t_eval = time.perf_counter()
-                last.update(evaluate(weights))
-                last["time/eval_s"] = time.perf_counter() - t_eval
-                if env.main:
-                    save_snapshot(out_dir, step, _trainable(drafter, head))
+                evaluate_and_snapshot(job, step, weights, last)
             if env.main:
                 progress_bar.set_postfix(
                     {"loss": f"{last['loss/total']:.3f}", "tau": f"{last['accept_len/draft_argmax']:.2f}"}
                 )
-                with metrics_path.open("a") as f:
-                    f.write(json.dumps({k: None if v != v else v for k, v in last.items()}) + "\n")  # NaN -> null
+                log_row(job.metrics_path, last)
             tokens, window_start = 0, time.perf_counter()
 
         if step % cfg.save_every == 0 or step == total:
-            if env.main:
-                save_training_checkpoint(
-                    out_dir,
-                    step,
-                    {"epoch": epoch, "batch": index + 1},
-                    drafter_cfg,
-                    head_cfg,
-                    _trainable(drafter, head),
-                    {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
-                    identity,
-                )
-                prune_checkpoints(out_dir, cfg.keep_checkpoints)
-            env.barrier()
-    progress_bar.close()
+            save_checkpoint(job, step, {"epoch": epoch, "batch": index + 1})
     return last
 
 
-def _trainable(drafter: DFlashDrafter, head: Head | None) -> dict[str, torch.Tensor]:
-    return trainable_tensors(drafter.state_dict(), None if head is None else head.state_dict())
+def accumulate_gradients(job: Job, trainable, ids: list[int], step: int, weights, timer) -> tuple[bool, list, int]:
+    """Forward and backward of one step's micro-batches (this rank's `ids`) -> (every loss finite, their outputs,
+    their tokens)."""
+    cfg, env = job.cfg, job.env
+    finite, outputs, tokens = True, [], 0
+    for micro in range(cfg.grad_accum):
+        part = ids[micro :: cfg.grad_accum]  # global micro-batch env.rank + env.world * micro (module docstring)
+        batch = {k: v.to(env.device) for k, v in collate([job.train_set[i] for i in part], job.pad_id).items()}
+        seed = cfg.seed * 7919 + (step * cfg.grad_accum + micro) * env.world + env.rank
+        sync = micro == cfg.grad_accum - 1 or env.world == 1  # DDP reduces gradients on the last micro-step only
+        with contextlib.nullcontext() if sync else trainable.no_sync():
+            with job.evaluate.autocast:
+                out = forward_at_anchors(trainable, batch, cfg.num_anchors, seed, weights, env.device)
+            (out.terms.total / cfg.grad_accum).backward()
+        timer.mark("backward")
+        finite &= bool(torch.isfinite(out.terms.total.detach()))
+        tokens += int(batch["attention_mask"].sum())
+        outputs.append(out)
+    return finite, outputs, tokens
+
+
+def update_or_skip(job: Job, finite: bool, bad: int, step: int) -> int:
+    """The optimizer step when the loss and gradient are finite on every rank, else a skipped step (no update) ->
+    the count of skipped steps; TrainingDiverged after --max-bad-steps of them."""
+    cfg = job.cfg
+    if on_every_rank(finite, job.env.world, job.env.device):
+        job.optimizer.step()
+        return bad
+    bad += 1
+    job.optimizer.zero_grad(set_to_none=True)
+    if job.env.main:
+        print(
+            f"warning: step {step + 1}: non-finite loss or gradient, "
+            f"step skipped ({bad} of at most {cfg.max_bad_steps}).",
+            file=sys.stderr,
+        )
+    if bad >= cfg.max_bad_steps:
+        raise TrainingDiverged(
+            f"{bad} steps with a non-finite loss or gradient (last at step {step + 1}); "
+            f"the last good checkpoint is kept in {job.out_dir}. "
+            f"Lower --lr-drafter / --lr-head (now {cfg.lr_drafter} / {cfg.lr_head}) or check the data."
+        )
+    return bad
+
+
+def evaluate_and_snapshot(job: Job, step: int, weights, row: dict[str, float]) -> None:
+    """The held-out metrics into `row` (and the time they took); rank 0 keeps the step's weights as a snapshot."""
+    t_eval = time.perf_counter()
+    row.update(job.evaluate(weights))
+    row["time/eval_s"] = time.perf_counter() - t_eval
+    if job.env.main:
+        save_snapshot(job.out_dir, step, job.trainable())
+
+
+def log_row(path: Path, row: dict[str, float]) -> None:
+    """One metrics row appended (NaN written as null)."""
+    with path.open("a") as f:
+        f.write(json.dumps({k: None if v != v else v for k, v in row.items()}) + "\n")
+
+
+def save_checkpoint(job: Job, step: int, progress: dict[str, int]) -> None:
+    """Rank 0 writes the step's checkpoint and prunes the oldest; every rank waits for it."""
+    if job.env.main:
+        save_training_checkpoint(
+            job.out_dir,
+            step,
+            progress,
+            job.drafter_cfg,
+            job.head_cfg,
+            job.trainable(),
+            {"optimizer": job.optimizer.state_dict(), "scheduler": job.scheduler.state_dict()},
+            job.identity,
+        )
+        prune_checkpoints(job.out_dir, job.cfg.keep_checkpoints)
+    job.env.barrier()
+
+
+def _warn(message: str) -> None:
+    print(message, file=sys.stderr)
 
 
 def _progress(total: int, start: int, enabled: bool):
