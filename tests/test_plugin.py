@@ -293,7 +293,7 @@ def test_lilicorr_verify_width_is_checked_before_the_server_starts(target, draft
         monkeypatch.setenv("LILICORR_VERIFY_WIDTH", ok)
         resolve(target, draft=draft)
     monkeypatch.setenv("LILICORR_VERIFY_WIDTH", "32")
-    with pytest.raises(ServingConfigError, match=r"^LILICORR_VERIFY_WIDTH='32' is not a verify width: set it to adaptive"):
+    with pytest.raises(ServingConfigError, match=r"^LILICORR_VERIFY_WIDTH='32' is not a verify width: set it to"):
         resolve(target, draft=draft)
 
 
