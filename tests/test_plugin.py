@@ -286,6 +286,17 @@ def test_lilicorr_walk_is_checked_before_the_server_starts(target, draft, monkey
         resolve(target, draft=draft)
 
 
+def test_lilicorr_verify_width_is_checked_before_the_server_starts(target, draft, monkeypatch):
+    """LILICORR_VERIFY_WIDTH: adaptive by default; one width of the draft's block or a list of them served; anything
+    else refused by name, with what it may be, before any process starts."""
+    for ok in ("adaptive", "16", "1,4,16"):
+        monkeypatch.setenv("LILICORR_VERIFY_WIDTH", ok)
+        resolve(target, draft=draft)
+    monkeypatch.setenv("LILICORR_VERIFY_WIDTH", "32")
+    with pytest.raises(ServingConfigError, match=r"^LILICORR_VERIFY_WIDTH='32' is not a verify width: set it to"):
+        resolve(target, draft=draft)
+
+
 def edited_draft(folder, *, config=None, tensors=None):
     return write_tiny_draft(folder, config=config, tensors=tensors)
 

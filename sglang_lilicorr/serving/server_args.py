@@ -13,7 +13,8 @@ resolutions):
                                option or file and the fix (the draft's checks are draft_check.py's, shared with
                                `lilicorr check-draft`, run against the context length this server serves;
                                LILICORR_T_GT_0's are verification.py's, LILICORR_VERIFY_ATTENTION's
-                               verify_attention.py's, LILICORR_WALK's proposer.py's);
+                               verify_attention.py's, LILICORR_WALK's proposer.py's, LILICORR_VERIFY_WIDTH's
+                               verify_width.py's);
   resolve_server_args(args)   (CustomSpecAlgo.handle_server_args) then fixes the block size,
                                num_steps / eagle_topk = 1 and the max-running-requests default.
 """
@@ -31,6 +32,7 @@ from .proposer import walk_rule
 from .verification import check_before_start
 from .verify_attention import check_target_backend as check_verify_attention_backend
 from .verify_attention import choice as verify_attention_choice
+from .verify_width import widths_from_env
 
 logger = logging.getLogger(__name__)
 
@@ -328,6 +330,7 @@ def validate_server_args(args) -> None:
     spec = inspect_draft(path, served_target(args))
     check_tensor_parallel(spec, int(args.tp_size))
     check_block_size(spec, args)
+    widths_from_env(spec.head.block_size)
 
 
 def resolve_server_args(args) -> None:

@@ -22,16 +22,25 @@ What it overrides (all methods of the DFlash worker, no SGLang source touched):
                                  -> also publishes each request's anchor: its last verified row of
                                     the context projection the append computes (draft model keeps it)
   alloc_memory_pool              -> also checks the req_to_token rows hold the verify-block reservation (kv_rows.py)
-  forward_batch_generation       -> records the batch's request slots and stages their anchors
+  forward_batch_generation       -> records the batch's request slots and stages their anchors; picks the decode
+                                    step's verify width (verify_width.py) and runs a narrower one itself
+                                    (narrow_verify.py); tags each step's result with its width (meta_info)
+  on_verify_complete_cpu         -> feeds each step's accepted draft counts (on the host) to the width policy
   init_attention_backends        -> also picks the target verify's attention kernel (verify_attention.py) and compiles
                                     the target prefill's attention kernel at every batch-size class (target_warmup.py)
   init_cuda_graphs               -> warms the proposal for the batches no draft graph covers and captures their
-                                    graphs (proposer.warm); warns when the proposal cannot be captured (graphs disabled)
+                                    graphs (proposer.warm); warns when the proposal cannot be captured (graphs
+                                    disabled); captures the target's verify at every narrower width and times every
+                                    width's graphs (verify_tiers.py)
+
+LILICORR_VERIFY_WIDTH (verify_width.py) picks the widths: adaptive by default, or one pinned.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import time
 
 import torch
 from sglang.srt.lora.layers import unwrap_lora_layer
@@ -44,11 +53,15 @@ from . import ALGORITHM_NAME
 from .graphs import eager_batches_possible, graph_batch_sizes
 from .kv_rows import check_rows
 from .models.lilicorr_draft import LiLiCorrDraftModel
+from .narrow_verify import narrow_step, serves
 from .proposer import LiLiCorrProposer, walk_rule
 from .server_args import ServingConfigError
 from .target_warmup import warm as warm_target_prefill
 from .verification import Verification, install_request_refusal
 from .verify_attention import configure as configure_verify_attention, target_attention_backends
+from .verify_tiers import build_tier, captured_graphs, measure_replay
+from .verify_width import ADAPTIVE, WIDTH_ENV, AcceptanceRecord, StepCosts, WidthPolicy, widths_from_env
+from .width_metrics import WidthMetrics
 from .vocab_parallel import VocabShard
 
 logger = logging.getLogger(__name__)
@@ -123,6 +136,11 @@ class LiLiCorrWorker(DFlashWorkerV2):
         )
         self._batch_slots: torch.Tensor | None = None  # req_pool_indices of the batch in flight
         self._warned_eager = False
+        self.widths = widths_from_env(int(self.block_size))
+        self.tiers: dict = {}  # width < B -> VerifyTier, captured in init_cuda_graphs
+        self.policy: WidthPolicy | None = None  # where more than one width is served
+        self.metrics = WidthMetrics.create()
+        self._last_decode: tuple[int, int, float] | None = None  # (width, batch, perf_counter) of the last decode step
         logger.info(
             "%s worker ready: block_size=%d, K=%d, head width=%d, %s.",
             ALGORITHM_NAME,
@@ -211,15 +229,77 @@ class LiLiCorrWorker(DFlashWorkerV2):
                 "Expect much lower throughput; do not compare its tokens/s with a graphed run.",
                 ALGORITHM_NAME,
             )
+        self._init_verify_widths()
+
+    def _init_verify_widths(self) -> None:
+        """The target's verify at each narrower width (captured now), every width's step timed by replaying its
+        graphs, and the policy that picks among them; one start-up line says which widths serve."""
+        block = int(self.block_size)
+        runner = self.model_runner
+        why_fixed = None
+        if self.widths == (block,):
+            why_fixed = "pinned"
+        elif self._need_mamba_verify_commit:
+            why_fixed = "a hybrid (Mamba) target keeps the whole block"
+        elif self._draft_sampler is None or runner.decode_cuda_graph_runner is None:
+            why_fixed = "CUDA graphs are off, so no width's cost can be measured"
+        if why_fixed is None:
+            eager = eager_batches_possible(self.server_args.max_running_requests)
+
+            def configure(backend, width):
+                configure_verify_attention([backend], width, runner.dtype, eager=eager)
+
+            self.tiers = {w: build_tier(runner, w, configure) for w in self.widths if w < block}
+            verify_graphs = {w: captured_graphs(t.graph_runner) for w, t in self.tiers.items()}
+            if block in self.widths:
+                verify_graphs[block] = captured_graphs(runner.decode_cuda_graph_runner)
+            replay = measure_replay(verify_graphs, captured_graphs(self.draft_model_runner.decode_cuda_graph_runner))
+            if not replay:
+                why_fixed = "no captured graph could be timed"
+            else:
+                self.policy = WidthPolicy(self.widths, StepCosts(replay), AcceptanceRecord(block - 1))
+        if why_fixed is not None and self.widths != (block,):
+            self.widths = (block,)
+        logger.info(
+            "%s: verify width %s (%s=%s).",
+            ALGORITHM_NAME,
+            f"adaptive over {list(self.widths)}" if self.policy else f"{self.widths[-1]} ({why_fixed})",
+            WIDTH_ENV,
+            os.environ.get(WIDTH_ENV, ADAPTIVE),
+        )
 
     # --- anchors ----------------------------------------------------------------------------
 
-    def forward_batch_generation(self, batch, *args, **kwargs):
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
         self._batch_slots = batch.req_pool_indices
         decoding = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
-        if decoding and batch.req_pool_indices is not None:
-            self.proposer.stage_anchors(batch.req_pool_indices)
-        return super().forward_batch_generation(batch, *args, **kwargs)
+        if not decoding or batch.req_pool_indices is None or batch.spec_info is None:
+            self._last_decode = None
+            return super().forward_batch_generation(
+                batch, on_publish=on_publish, grammar_barrier=grammar_barrier, pp_proxy_tensors=pp_proxy_tensors
+            )
+        self.proposer.stage_anchors(batch.req_pool_indices)
+        size, block = len(batch.reqs), int(self.block_size)
+        now = time.perf_counter()
+        if self.policy is not None and self._last_decode is not None:
+            width, last_size, then = self._last_decode
+            self.policy.costs.observe(width, last_size, now - then)
+        width = block if self.policy is None else self.policy.width(size, narrow=serves(self, batch))
+        if width < block:
+            result = narrow_step(self, batch, width, self.tiers[width], on_publish=on_publish)
+        else:
+            result = super().forward_batch_generation(
+                batch, on_publish=on_publish, grammar_barrier=grammar_barrier, pp_proxy_tensors=pp_proxy_tensors
+            )
+        self._last_decode = (width, size, now)
+        self.metrics.step(width, result, size)
+        return result
+
+    def on_verify_complete_cpu(self, num_correct_drafts_per_req: list[int], batch_size: int = 0) -> None:
+        # SGLang's host-side report of each verify step's accepted draft counts, in launch order
+        if self.policy is not None:
+            width = self.policy.verified(num_correct_drafts_per_req)
+            self.metrics.verified(width, num_correct_drafts_per_req, self.policy.record)
 
     def _append_target_hidden_to_draft_kv_by_loc(self, *, commit_lens=None, extend_lens=None, **append) -> None:
         # SGLang's arguments (target_hidden, cache_loc, positions, cache_loc_2d) pass through in `append`

@@ -1,0 +1,133 @@
+"""The target's verify at widths below the block (verify_width.py): per width an attention backend and CUDA graphs,
+captured at start-up beside SGLang's own (the block's) and swapped in for the steps that verify that width; and what
+one decode step of each width costs on this card, from replaying the captured graphs (StepCosts.replay).
+
+SGLang builds the target's verify runtime for speculative_num_draft_tokens tokens a request; a tier is the same
+runtime built while that setting reads its width (SGLang's runtime-context override, as its own adaptive EAGLE
+does), of the runner class the target already uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from . import ALGORITHM_NAME
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class VerifyTier:
+    width: int
+    attn_backend: object
+    graph_runner: object | None  # None where the target runs without decode graphs
+
+
+@contextlib.contextmanager
+def draft_tokens_read_as(width: int):
+    """SGLang's speculative_num_draft_tokens reads `width` inside the block (for the builders of a tier)."""
+    from sglang.srt.runtime_context import get_context, get_spec
+
+    before = int(get_spec().speculative_num_draft_tokens)
+    get_context().override("lilicorr.verify_tier", speculative_num_draft_tokens=int(width))
+    try:
+        yield
+    finally:
+        get_context().override("lilicorr.verify_tier", speculative_num_draft_tokens=before)
+
+
+def build_tier(model_runner, width: int, configure_attention) -> VerifyTier:
+    """The target's attention backend and (where it runs graphs) its decode-graph runner for `width` tokens a
+    request, captured now; `configure_attention(backend, width)` picks the verify kernel before the capture."""
+    with draft_tokens_read_as(width):
+        workspace = model_runner.init_new_workspace
+        try:
+            backend = model_runner._get_attention_backend(init_new_workspace=True)
+        finally:
+            model_runner.init_new_workspace = workspace
+        configure_attention(backend, width)
+        runner = None
+        if model_runner.decode_cuda_graph_runner is not None:
+            runner = type(model_runner.decode_cuda_graph_runner)(
+                model_runner, attn_backend=backend, speculative_num_steps=1, speculative_num_draft_tokens=width
+            )
+    return VerifyTier(width, backend, runner)
+
+
+@contextlib.contextmanager
+def verifying(model_runner, tier: VerifyTier | None):
+    """The target runs `tier`'s attention backend and graphs inside the block (None: its own)."""
+    if tier is None:
+        yield
+        return
+    saved = model_runner.attn_backend, model_runner.decode_cuda_graph_runner
+    model_runner.attn_backend, model_runner.decode_cuda_graph_runner = tier.attn_backend, tier.graph_runner
+    try:
+        yield
+    finally:
+        model_runner.attn_backend, model_runner.decode_cuda_graph_runner = saved
+
+
+def captured_graphs(runner) -> dict[int, torch.cuda.CUDAGraph]:
+    """A decode-graph runner's CUDA graphs by batch size (default variants only); {} where its backend keeps them
+    elsewhere."""
+    graphs = getattr(getattr(runner, "backend", None), "_graphs", None) or {}
+    return {
+        int(key.size): graph
+        for key, graph in graphs.items()
+        if getattr(key, "stream_idx", None) is None
+        and getattr(key, "variant_label", None) is None
+        and getattr(key, "attention_variant", None) is None
+    }
+
+
+def replay_seconds(graphs: list[torch.cuda.CUDAGraph], repeats: int = 20) -> float:
+    """Seconds one back-to-back replay of `graphs` takes (median of `repeats`, after one warm replay)."""
+    for graph in graphs:
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for graph in graphs:
+            graph.replay()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def measure_replay(
+    verify_graphs: dict[int, dict[int, torch.cuda.CUDAGraph]], draft_graphs: dict[int, torch.cuda.CUDAGraph]
+) -> dict[tuple[int, int], float]:
+    """StepCosts.replay: for every width (verify_graphs: width -> batch size -> graph) and batch size that has both
+    the draft graph (where the width drafts) and the verify graph, the seconds of replaying them. Before serving
+    only: a replay writes the KV pool's padding slot and the graphs' own buffers, nothing a request owns."""
+    replay = {}
+    for width, by_batch in sorted(verify_graphs.items()):
+        for batch, verify in sorted(by_batch.items()):
+            if width > 1 and batch not in draft_graphs:
+                continue
+            graphs = [draft_graphs[batch], verify] if width > 1 else [verify]
+            replay[(width, batch)] = replay_seconds(graphs)
+    if replay:
+        logger.info(
+            "%s: one decode step's captured graphs replay in %s ms (width: ms at the smallest..largest batch).",
+            ALGORITHM_NAME,
+            ", ".join(
+                f"{w}: {1e3 * replay[(w, min(b))]:.3f}..{1e3 * replay[(w, max(b))]:.3f}"
+                for w, b in _batches_by_width(replay).items()
+            ),
+        )
+    return replay
+
+
+def _batches_by_width(replay: dict[tuple[int, int], float]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for w, b in replay:
+        out.setdefault(w, []).append(b)
+    return out

@@ -1,0 +1,235 @@
+"""Adaptive verify width: how many tokens of each drafted block the target verifies, chosen per decode batch.
+
+A LiLiCorr block drafts S = B - 1 tokens after its anchor. Verifying only the first w tokens (the anchor and w - 1
+drafts) costs less and commits at most w. Width 1 is a plain decode step through the verify path: no draft pass,
+the drafter's context still appended, so a wider width resumes at once. For a batch of b requests the worker
+verifies the width with the most expected committed tokens per second,
+
+    rate(w, b) = E[L_w] / cost(w, b),    E[L_w] = 1 + sum_{i=1}^{w-1} a_1 * ... * a_i,
+
+a_i the running acceptance of draft i given drafts 1..i-1 were accepted (`AcceptanceRecord`), cost the seconds of
+one decode step (`StepCosts`). The widest serves until the record holds `warmup` verifies of the first draft; then a
+choice is made every `interval` steps, with a `margin` of hysteresis, on the rates at the record's upper confidence
+bound (`optimism` standard errors: drafts seen less often get the benefit of the doubt until seen), and while narrower
+than the widest one interval in `probe_every` probes a wider width (`_probe_width`), so the record stays current.
+
+LILICORR_VERIFY_WIDTH: `adaptive` (default: the tiers WIDTHS up to the block), one width (pinned: `16` serves every
+block whole, as fixed-width LILICORR), or a comma list of tiers to adapt among.
+"""
+
+from __future__ import annotations
+
+import os
+from bisect import bisect_left
+from collections import deque
+from dataclasses import dataclass, field
+
+from .draft_check import ServingConfigError
+
+WIDTH_ENV = "LILICORR_VERIFY_WIDTH"
+ADAPTIVE = "adaptive"
+# Powers of two: E[L_w] saturates geometrically in w while a verify's cost grows about linearly once the target is
+# compute-bound, so each doubling is the next point worth a graph set; the block itself is always a tier.
+WIDTHS = (1, 2, 4, 8, 16)
+
+
+def parse_widths(value: str | None, block_size: int) -> tuple[int, ...]:
+    """The tiers LILICORR_VERIFY_WIDTH asks for (None or `adaptive`: WIDTHS below the block, and the block), sorted;
+    ServingConfigError naming the value and what it may be."""
+    value = ADAPTIVE if value is None else value.strip()
+    if value == ADAPTIVE:
+        return tuple(sorted({w for w in WIDTHS if w < block_size} | {block_size}))
+    try:
+        widths = sorted({int(part) for part in value.split(",")})
+    except ValueError:
+        widths = []
+    if not widths or widths[0] < 1 or widths[-1] > block_size:
+        raise ServingConfigError(
+            f"{WIDTH_ENV}={value!r} is not a verify width: set it to {ADAPTIVE}, one width in 1..{block_size} "
+            f"(the draft's block size), or a comma list of them."
+        )
+    return tuple(widths)
+
+
+def widths_from_env(block_size: int) -> tuple[int, ...]:
+    return parse_widths(os.environ.get(WIDTH_ENV), block_size)
+
+
+class AcceptanceRecord:
+    """Decayed counts, per draft position i = 1..S, of verifies that reached i (drafts 1..i-1 accepted) and of those
+    that accepted it. Each position decays only when observed, by half in `half_life` observations, so a position a
+    narrow width does not verify keeps its last estimate. A position's estimate leans, with weight `prior_weight`,
+    on the position before it (on `prior` for the first), so one never verified takes the acceptance last seen."""
+
+    def __init__(self, slots: int, *, half_life: float = 1024.0, prior: float = 0.5, prior_weight: float = 2.0):
+        self.slots = slots
+        self.keep = 0.5 ** (1.0 / half_life)
+        self.prior, self.prior_weight = prior, prior_weight
+        self.reached = [0.0] * slots
+        self.accepted = [0.0] * slots
+
+    def add(self, width: int, accepted_drafts: list[int]) -> None:
+        """One verify step of `width`: each request's accepted draft count (0..width-1)."""
+        for i in range(1, width):
+            reached = sum(1 for k in accepted_drafts if k >= i - 1)
+            if reached:
+                keep = self.keep**reached
+                self.reached[i - 1] = self.reached[i - 1] * keep + reached
+                self.accepted[i - 1] = self.accepted[i - 1] * keep + sum(1 for k in accepted_drafts if k >= i)
+
+    def acceptances(self, width: int, optimism: float = 0.0) -> list[float]:
+        """[a_1, ..., a_{width-1}]: a_i = P(draft i accepted | drafts 1..i-1 accepted); with `optimism` z, each
+        observed position's estimate raised by z of its standard errors (an upper confidence bound)."""
+        out, lean = [], self.prior
+        for i in range(width - 1):
+            n = self.reached[i] + self.prior_weight
+            lean = (self.accepted[i] + lean * self.prior_weight) / n
+            bound = lean + optimism * (lean * (1 - lean) / n) ** 0.5 if self.reached[i] else lean
+            out.append(min(bound, 1.0))
+        return out
+
+    def acceptance(self, i: int) -> float:
+        return self.acceptances(i + 1)[-1]
+
+    def expected_length(self, width: int, optimism: float = 0.0) -> float:
+        """E[L_w]: tokens a verify of `width` commits (the bonus token included)."""
+        total, run = 1.0, 1.0
+        for a in self.acceptances(width, optimism):
+            run *= a
+            total += run
+        return total
+
+
+@dataclass
+class StepCosts:
+    """Seconds of one decode step of width w at a graph batch size b: max(the captured graphs' replay time measured
+    at start-up on this card, the host's time per step while serving). With the scheduler's overlap a step takes
+    whichever is longer; the host's time is learned per kind of step (with or without a draft pass) from the period
+    between decode steps, as an exponential average over `memory` steps."""
+
+    replay: dict[tuple[int, int], float]  # (width, graph batch size) -> seconds
+    memory: float = 32.0
+    host: dict[tuple[bool, int], float] = field(default_factory=dict)  # (drafts, graph batch size) -> seconds
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        return sorted({b for _, b in self.replay})
+
+    def bucket(self, batch: int) -> int | None:
+        """The graph batch size a batch of `batch` requests replays (the smallest at least as large), or None."""
+        sizes = self.batch_sizes
+        i = bisect_left(sizes, batch)
+        return sizes[i] if i < len(sizes) else None
+
+    def covers(self, widths, batch: int) -> bool:
+        b = self.bucket(batch)
+        return b is not None and all((w, b) in self.replay for w in widths)
+
+    def cost(self, width: int, batch: int) -> float:
+        b = self.bucket(batch)
+        host = self.host.get((width > 1, b), self.host.get((True, b), 0.0))
+        return max(self.replay[(width, b)], host)
+
+    def observe(self, width: int, batch: int, period: float) -> None:
+        """A decode step of `width` on `batch` requests was followed by the next one `period` seconds later."""
+        b = self.bucket(batch)
+        if b is None or (width, b) not in self.replay:
+            return
+        key = (width > 1, b)
+        expected = self.cost(width, batch)
+        if period > 4 * expected and key in self.host:
+            return  # a gap (the server idled or prefilled in between), not a step
+        alpha = 1.0 / self.memory
+        self.host[key] = period if key not in self.host else (1 - alpha) * self.host[key] + alpha * period
+
+
+class WidthPolicy:
+    """Picks the width of every decode step (`width`) and learns from what each step verified (`verified`)."""
+
+    def __init__(
+        self,
+        widths: tuple[int, ...],
+        costs: StepCosts,
+        record: AcceptanceRecord,
+        *,
+        interval: int = 4,
+        margin: float = 0.02,
+        probe_every: int = 64,
+        warmup: float = 16.0,
+        optimism: float = 0.5,
+    ):
+        self.widths, self.costs, self.record = tuple(sorted(widths)), costs, record
+        self.interval, self.margin, self.probe_every, self.warmup = interval, margin, probe_every, warmup
+        self.optimism = optimism
+        self.current = self.widths[-1]
+        self.probing: int | None = None  # the width a probe verifies for one interval
+        self.steps = 0  # decode steps the policy chose (covered batches)
+        self.narrow_decisions = 0  # decisions in a row that kept a width below the widest
+        # (width, batch) of the steps whose accept counts are not back yet (a bound, should reports stop coming)
+        self.pending: deque[tuple[int, int]] = deque(maxlen=256)
+        self.uses: dict[int, int] = dict.fromkeys(self.widths, 0)  # decode steps per width
+
+    def rate(self, width: int, batch: int, optimism: float = 0.0) -> float:
+        """Expected committed tokens per second of one request's share of a step."""
+        return self.record.expected_length(width, optimism) / self.costs.cost(width, batch)
+
+    def best(self, batch: int) -> int:
+        """The width of the highest rate at the record's upper confidence bound: a width whose drafts were seen
+        less often is given the benefit of the doubt until they are seen (width 1 verifies none, so it is chosen
+        only where it beats every drafting width's bound)."""
+        return max(self.widths, key=lambda w: (self.rate(w, batch, self.optimism), -w))
+
+    def width(self, batch: int, narrow: bool = True) -> int:
+        """The width of the next decode step of `batch` requests: the widest where a narrower one may not serve it
+        (`narrow` False) or the measured costs do not cover its size (it runs outside the captured graphs), else the
+        policy's choice."""
+        if not narrow or not self.costs.covers(self.widths, batch):
+            return self._use(self.widths[-1], batch)
+        if self.record.reached[0] < self.warmup:
+            return self._use(self.widths[-1], batch)
+        if self.steps % self.interval == 0:
+            self._decide(batch)
+        self.steps += 1
+        return self._use(self.probing or self.current, batch)
+
+    def _decide(self, batch: int) -> None:
+        widest = self.widths[-1]
+        if self.probing:
+            self.probing = None  # a probe lasts one interval
+        elif self.current < widest and self.narrow_decisions >= self.probe_every:
+            self.probing, self.narrow_decisions = self._probe_width(batch), 0
+            return
+        best = self.best(batch)
+        rate = lambda w: self.rate(w, batch, self.optimism)  # noqa: E731
+        if best != self.current and rate(best) > rate(self.current) * (1 + self.margin):
+            self.current = best
+        self.narrow_decisions = 0 if self.current == widest else self.narrow_decisions + 1
+
+    def _probe_width(self, batch: int) -> int:
+        """The width a probe verifies: from width 1, the best drafting width (what width 1 is weighed against);
+        from a narrow drafting width, the widest (the positions it does not verify)."""
+        drafting = [w for w in self.widths if w > 1]
+        if self.current == 1 and drafting:
+            return max(drafting, key=lambda w: self.rate(w, batch))
+        return self.widths[-1]
+
+    def _use(self, width: int, batch: int) -> int:
+        self.uses[width] += 1
+        self.pending.append((width, batch))
+        return width
+
+    def verified(self, accepted_drafts: list[int]) -> int | None:
+        """The accepted draft counts of the oldest step still pending (SGLang reports steps in launch order) -> that
+        step's width. A report that does not fit it (another batch size, or more accepted drafts than its width
+        verifies) drops pending steps that never reported until one fits; a report that fits none is ignored (None)."""
+        while self.pending:
+            width, batch = self.pending.popleft()
+            if batch == len(accepted_drafts) and all(0 <= k < width for k in accepted_drafts):
+                self.record.add(width, accepted_drafts)
+                return width
+        return None
+
+    def shares(self) -> dict[int, float]:
+        """Each width's share of the decode steps so far."""
+        total = sum(self.uses.values())
+        return {w: (n / total if total else 0.0) for w, n in self.uses.items()}

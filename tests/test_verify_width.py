@@ -1,0 +1,281 @@
+"""Adaptive verify width (sglang_lilicorr/serving/verify_width.py): LILICORR_VERIFY_WIDTH, the per-position
+acceptance record, the step costs, and the policy - its choices, hysteresis and probes, and, in a simulated server
+with the cost tables of a host-bound small target and a Qwen3-8B-shaped one, a throughput within 3 % of the best
+fixed width at every batch size and acceptance."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sglang_lilicorr.serving.draft_check import ServingConfigError
+from sglang_lilicorr.serving.verify_width import (
+    WIDTHS,
+    AcceptanceRecord,
+    StepCosts,
+    WidthPolicy,
+    parse_widths,
+)
+
+BLOCK = 16
+
+
+# --- LILICORR_VERIFY_WIDTH ------------------------------------------------------------------------
+
+
+def test_widths_default_to_the_tiers_below_the_block_and_the_block():
+    assert parse_widths(None, 16) == WIDTHS == (1, 2, 4, 8, 16)
+    assert parse_widths("adaptive", 16) == (1, 2, 4, 8, 16)
+    assert parse_widths("adaptive", 12) == (1, 2, 4, 8, 12)
+    assert parse_widths("16", 16) == (16,)  # pinned: fixed-width LILICORR
+    assert parse_widths("4", 16) == (4,)
+    assert parse_widths("16,1, 4", 16) == (1, 4, 16)
+
+
+@pytest.mark.parametrize("value", ["0", "17", "x", "", "1,,4", "-1", "adaptiv"])
+def test_a_bad_width_is_named_with_what_it_may_be(value):
+    with pytest.raises(ServingConfigError, match=r"LILICORR_VERIFY_WIDTH=.* is not a verify width: set it to adaptive"):
+        parse_widths(value, 16)
+
+
+# --- the acceptance record ------------------------------------------------------------------------
+
+
+def drafts_accepted(rng: random.Random, acceptance: list[float], width: int) -> int:
+    """Accepted draft count of one verify of `width` when draft i is accepted with acceptance[i-1] given 1..i-1."""
+    k = 0
+    while k < width - 1 and rng.random() < acceptance[k]:
+        k += 1
+    return k
+
+
+def test_the_record_estimates_each_positions_conditional_acceptance():
+    rng = random.Random(0)
+    truth = [0.9 - 0.04 * i for i in range(BLOCK - 1)]
+    record = AcceptanceRecord(BLOCK - 1, half_life=1e9)
+    for _ in range(4000):
+        record.add(BLOCK, [drafts_accepted(rng, truth, BLOCK) for _ in range(4)])
+    for i in (1, 2, 5):
+        assert record.acceptance(i) == pytest.approx(truth[i - 1], abs=0.02)
+    want = 1 + sum(_prod(truth[:i]) for i in range(1, 8))
+    assert record.expected_length(8) == pytest.approx(want, rel=0.03)
+    assert record.expected_length(1) == 1.0
+
+
+def _prod(xs):
+    out = 1.0
+    for x in xs:
+        out *= x
+    return out
+
+
+def test_a_narrow_width_leaves_the_positions_it_does_not_verify_alone():
+    record = AcceptanceRecord(BLOCK - 1, prior=0.5)
+    record.add(4, [3, 3, 3, 0])  # three requests accepted every draft of a width-4 verify
+    assert record.acceptance(1) > 0.5 and record.acceptance(3) > 0.5
+    assert record.acceptance(4) == record.acceptance(15) == record.acceptance(3)  # never verified: the last seen
+    assert record.reached[3:] == [0.0] * (BLOCK - 4)
+
+
+def test_the_record_forgets_by_half_in_its_half_life():
+    record = AcceptanceRecord(BLOCK - 1, half_life=10, prior_weight=0.0)
+    for _ in range(200):
+        record.add(2, [1])  # draft 1 always accepted
+    for _ in range(10):
+        record.add(2, [0])  # then rejected ten times
+    assert record.acceptance(1) == pytest.approx(0.5, abs=0.02)
+
+
+# --- step costs -------------------------------------------------------------------------------------
+
+
+def test_step_costs_take_the_graph_bucket_and_the_longer_of_gpu_and_host():
+    costs = StepCosts({(1, 1): 1e-3, (16, 1): 2e-3, (1, 8): 1.5e-3, (16, 8): 4e-3})
+    assert costs.bucket(1) == 1 and costs.bucket(5) == 8 and costs.bucket(9) is None
+    assert costs.covers((1, 16), 3) and not costs.covers((1, 16), 9) and not costs.covers((1, 4), 1)
+    assert costs.cost(16, 5) == 4e-3  # before any host time is known: the replay
+    costs.observe(16, 5, 6e-3)  # the host took longer than the graphs
+    assert costs.cost(16, 5) == 6e-3
+    assert costs.cost(1, 5) == 6e-3  # a width without its own host time borrows the drafting steps'
+    costs.observe(1, 5, 2e-3)
+    assert costs.cost(1, 5) == 2e-3
+    costs.observe(16, 5, 1.0)  # an idle gap, not a step
+    assert costs.cost(16, 5) == 6e-3
+
+
+# --- the policy -------------------------------------------------------------------------------------
+
+
+def policy_for(replay_ms: dict[int, float], acceptance: float, **kw) -> WidthPolicy:
+    costs = StepCosts({(w, 1): ms * 1e-3 for w, ms in replay_ms.items()})
+    record = AcceptanceRecord(BLOCK - 1, prior=acceptance, prior_weight=1e6)  # a settled record
+    return WidthPolicy(tuple(replay_ms), costs, record, warmup=0, **kw)
+
+
+def run(policy: WidthPolicy, steps: int, batch: int = 1) -> list[int]:
+    return [policy.width(batch) for _ in range(steps)]
+
+
+def test_the_policy_verifies_wide_where_drafts_are_accepted_and_plainly_where_they_are_not():
+    replay = {1: 2.0, 4: 2.6, 16: 4.4}  # a host-bound small target: a block costs 2.2 decode steps
+    assert run(policy_for(replay, 0.9), 8)[-1] == 16
+    assert run(policy_for(replay, 0.1), 8)[-1] == 1
+    assert run(policy_for(replay, 0.6), 8)[-1] == 4  # E[L]: 2.18 at 4 (0.84/ms), 2.5 at 16 (0.57/ms), 1 at 1
+
+
+def test_hysteresis_keeps_a_width_within_the_margin():
+    replay = {1: 1.0, 16: 1.0}
+    policy = policy_for(replay, 0.0, margin=0.05)  # E[L_16] = 1 = E[L_1]: a tie
+    assert set(run(policy, 40)) == {16}  # the widest stays: no other width beats it by the margin
+
+
+def test_a_narrow_choice_probes_the_widest_one_interval_in_probe_every():
+    policy = policy_for({1: 2.0, 16: 4.4}, 0.1, interval=4, probe_every=8)
+    widths = run(policy, 4 * 40)
+    assert widths[:4] == [16] * 4 or widths[0] == 1
+    probes = [i for i in range(4, len(widths)) if widths[i] == 16]
+    assert probes and len(probes) % 4 == 0  # whole intervals
+    assert len(probes) / len(widths) < 0.15
+
+
+def test_uncovered_batches_and_batches_a_narrow_step_cannot_serve_verify_the_block():
+    policy = policy_for({1: 2.0, 16: 4.4}, 0.1)
+    run(policy, 8)
+    assert policy.width(1) == 1
+    assert policy.width(2) == 16  # no graph was timed at 2: it runs outside the captured graphs
+    assert policy.width(1, narrow=False) == 16
+
+
+def test_verified_reports_meet_their_steps_in_order_and_misfits_are_dropped():
+    policy = policy_for({1: 1.0, 4: 1.0, 16: 1.0}, 0.5)
+    policy.pending.extend([(4, 2), (16, 3), (4, 1)])
+    assert policy.verified([5, 0, 2]) == 16  # the (4, 2) step never reported: dropped; matched to (16, 3)
+    assert policy.verified([4]) is None  # 4 drafts cannot come from a width-4 verify
+    assert not policy.pending
+    before = list(policy.record.reached)
+    policy.pending.append((1, 2))
+    assert policy.verified([0, 0]) == 1 and policy.record.reached == before  # width 1 verifies no draft
+
+
+# --- a simulated server -------------------------------------------------------------------------------
+
+# Replay ms of one step by width at batch 1 / 8 / 32: a host-bound 135M target (a block ~2.2 decode steps) and a
+# Qwen3-8B-shaped one (a block 1.3 decode steps at c = 1, the verify's tokens cost more at 32).
+SMALL = {1: (2.0, 2.2, 2.6), 2: (3.6, 3.9, 4.4), 4: (3.7, 4.0, 4.8), 8: (3.8, 4.2, 5.4), 16: (4.4, 5.0, 6.4)}
+LARGE = {1: (7.4, 7.7, 9.0), 2: (9.3, 9.8, 11.5), 4: (9.4, 10.2, 13.0), 8: (9.5, 11.0, 16.0), 16: (9.7, 12.2, 21.0)}
+
+
+@pytest.mark.parametrize("table", [SMALL, LARGE], ids=["host-bound-135M", "qwen3-8b-shapes"])
+@pytest.mark.parametrize("accepted", [2, 7, "p0.3", "p0.6", "p0.85"])
+@pytest.mark.parametrize("batch", [1, 8, 32])
+def test_the_adaptive_server_is_within_3_percent_of_the_best_fixed_width(table, accepted, batch, seed):
+    """Tokens per second of a simulated server over 3000 steps: drafts accepted as forced (exactly `accepted`
+    tokens a block, as scale_gpu.sh forces) or with a constant conditional acceptance p. Every server meets the same
+    requests: each (step, request) has the drafts it would accept at the full block, a width w verifies the first
+    w - 1 of them. The policy starts from an empty record and learns from what each step verified."""
+    rng = random.Random(seed)
+    column = {1: 0, 8: 1, 32: 2}[batch]
+    replay = {(w, batch): ms[column] * 1e-3 for w, ms in table.items()}
+    if isinstance(accepted, int):
+        fates = [[accepted - 1] * batch for _ in range(3000)]
+    else:
+        p = [float(accepted[1:])] * (BLOCK - 1)
+        fates = [[drafts_accepted(rng, p, BLOCK) for _ in range(batch)] for _ in range(3000)]
+
+    def serve(widths) -> float:
+        policy = WidthPolicy(widths, StepCosts(dict(replay)), AcceptanceRecord(BLOCK - 1))
+        tokens = seconds = 0.0
+        for fate in fates:
+            w = policy.width(batch)
+            counts = [min(k, w - 1) for k in fate]
+            policy.verified(counts)
+            tokens += sum(counts) + batch
+            seconds += replay[(w, batch)]
+        return tokens / seconds
+
+    best = max(serve((w,)) for w in table)
+    assert serve(tuple(table)) >= 0.97 * best
+
+
+# --- the worker's side (SGLang's DFlash worker stood in for by the attributes it reads) --------------------
+
+
+def test_the_committed_block_is_the_accepted_drafts_then_the_bonus():
+    torch = pytest.importorskip("torch")
+    from sglang_lilicorr.serving.narrow_verify import committed_block
+
+    candidates = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12], [1, 2, 3, 4]])
+    out, count = committed_block(candidates, torch.tensor([2, 0, 3], dtype=torch.int32), torch.tensor([70, 90, 40]))
+    assert count.tolist() == [3, 1, 4] and count.dtype == torch.int32
+    assert [row[:n] for row, n in zip(out.tolist(), count.tolist())] == [[6, 7, 70], [90], [2, 3, 4, 40]]
+    out, count = committed_block(candidates[:, :1], torch.zeros(3, dtype=torch.int32), torch.tensor([3, 4, 5]))
+    assert out.tolist() == [[3], [4], [5]] and count.tolist() == [1, 1, 1]  # width 1: a plain decode step
+
+
+class _Batch:
+    """A decode batch as the worker's forward reads it."""
+
+    def __init__(self, size: int, extend: bool = False):
+        torch = pytest.importorskip("torch")
+        self.reqs = [object()] * size
+        self.req_pool_indices = torch.arange(size)
+        self.spec_info = object()
+        self.has_grammar = False
+        self.is_extend_in_batch = extend
+        self.forward_mode = type("Mode", (), {"is_extend": lambda s: extend, "is_idle": lambda s: False})()
+
+
+def _worker(monkeypatch, widths=(1, 4, 16)):
+    pytest.importorskip("sglang")
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from sglang_lilicorr.serving import worker as worker_module
+    from sglang_lilicorr.serving.width_metrics import WidthMetrics
+
+    calls = []
+
+    class Output:
+        customized_info = None
+
+    def block_step(self, batch, **kwargs):
+        calls.append(("block", len(batch.reqs)))
+        return type("Result", (), {"logits_output": Output()})()
+
+    def narrow(worker, batch, width, tier, on_publish=None):
+        calls.append((width, len(batch.reqs)))
+        return type("Result", (), {"logits_output": Output()})()
+
+    monkeypatch.setattr(DFlashWorkerV2, "forward_batch_generation", block_step)
+    monkeypatch.setattr(worker_module, "narrow_step", narrow)
+    w = object.__new__(worker_module.LiLiCorrWorker)
+    w.block_size, w.widths, w.tiers = 16, widths, {x: f"tier{x}" for x in widths if x < 16}
+    w._need_mamba_verify_commit, w._last_decode, w.metrics = False, None, WidthMetrics()
+    w.proposer = type("P", (), {"stage_anchors": lambda self, slots: None})()
+    costs = StepCosts({(x, b): (2.0 if x == 1 else 4.4) * 1e-3 for x in widths for b in (1, 8)})
+    w.policy = WidthPolicy(widths, costs, AcceptanceRecord(15))  # the widest until 16 first drafts were verified
+    return w, calls
+
+
+def test_the_worker_runs_narrow_widths_itself_and_the_block_through_sglang(monkeypatch):
+    worker, calls = _worker(monkeypatch)
+    for _ in range(2):
+        result = worker.forward_batch_generation(_Batch(8))
+        assert result.logits_output.customized_info == {"lilicorr_verify_width": [16] * 8}
+        worker.on_verify_complete_cpu([0] * 8, 8)  # every draft rejected
+    for _ in range(4):
+        result = worker.forward_batch_generation(_Batch(8))
+        worker.on_verify_complete_cpu([0] * 8, 8)
+    assert calls[:2] == [("block", 8)] * 2 and calls[-1] == (1, 8)  # rejected drafts: plain decode steps
+    assert result.logits_output.customized_info == {"lilicorr_verify_width": [1] * 8}
+    worker.forward_batch_generation(_Batch(3, extend=True))  # a prefill: SGLang's step, not a decode width
+    assert calls[-1] == ("block", 3) and worker._last_decode is None
+
+
+def test_a_batch_with_grammar_keeps_the_block(monkeypatch):
+    worker, calls = _worker(monkeypatch)
+    worker.policy.current = 1
+    batch = _Batch(8)
+    batch.has_grammar = True
+    worker.forward_batch_generation(batch)
+    assert calls == [("block", 8)]
