@@ -65,6 +65,7 @@ SERVER_VARIANTS = {
     "dflash_splitkv": ("dflash", "verify", "split-kv"),
     "lilicorr_extend": ("lilicorr", "verify", "extend"),
     "lilicorr_viterbi": ("lilicorr", "walk", "viterbi"),
+    "lilicorr_fixed": ("lilicorr", "width", "16"),
 }
 
 
@@ -97,11 +98,12 @@ def variant_env(system: str) -> dict:
     SGLang ships it, LILICORR on its defaults)."""
     from sglang_lilicorr.serving.proposer import WALK_ENV
     from sglang_lilicorr.serving.verify_attention import ENV
+    from sglang_lilicorr.serving.verify_width import WIDTH_ENV
 
     if system not in SERVER_VARIANTS:
         return {}
     _, setting, value = SERVER_VARIANTS[system]
-    return {{"verify": ENV, "walk": WALK_ENV}[setting]: value}
+    return {{"verify": ENV, "walk": WALK_ENV, "width": WIDTH_ENV}[setting]: value}
 
 
 # SGLang flags the GPU machine's kit needs (no flashinfer, no flash-attention; ../shared/device): `--server-args`'

@@ -38,7 +38,9 @@ SYSTEMS = ("base", "dflash", "builtin", "lilicorr")  # every summarized cell has
 VERIFY_SYSTEMS = ("dflash_splitkv", "lilicorr_extend")
 # LILICORR committing each block by the exact Viterbi path instead of the greedy walk (LILICORR_WALK=viterbi).
 WALK_SYSTEMS = ("lilicorr_viterbi",)
-ALL_SYSTEMS = (*SYSTEMS, *VERIFY_SYSTEMS, *WALK_SYSTEMS)
+# LILICORR verifying every block whole (LILICORR_VERIFY_WIDTH=16), beside `lilicorr` on its default adaptive width.
+WIDTH_SYSTEMS = ("lilicorr_fixed",)
+ALL_SYSTEMS = (*SYSTEMS, *VERIFY_SYSTEMS, *WALK_SYSTEMS, *WIDTH_SYSTEMS)
 RATIOS = (
     ("lilicorr", "builtin"),
     ("lilicorr", "dflash"),
@@ -50,6 +52,8 @@ RATIOS = (
     ("lilicorr_extend", "builtin"),
     ("lilicorr", "dflash_splitkv"),
     ("lilicorr", "lilicorr_viterbi"),
+    ("lilicorr", "lilicorr_fixed"),
+    ("lilicorr_fixed", "base"),
 )
 LABELS = {
     "base": "no speculation",
@@ -58,6 +62,7 @@ LABELS = {
     "lilicorr": "LILICORR",
     "dflash_splitkv": "DFLASH split-KV verify",
     "lilicorr_extend": "LILICORR prefill-kernel verify",
+    "lilicorr_fixed": "LILICORR, width 16",
     "lilicorr_viterbi": "LILICORR Viterbi walk",
 }
 
