@@ -1,0 +1,28 @@
+#!/bin/bash
+# The adaptive verify width on the GPU: call 2 after `gpu_check.sh install` (carry .dev/{smolB,bin}), on the same
+# warm machine. The target and a random-head draft (gpu_check.sh's model step), then for each of WIDTH_SETTINGS
+# (default "adaptive 4") a LILICORR server with LILICORR_VERIFY_WIDTH set to it: gpu_client.py's greedy, sampled and
+# concurrent requests and the fp32 greedy check (gpu_check.sh lilicorr,check). A random head's drafts are rejected,
+# so `adaptive` serves mostly width 1 (plain decode steps through the verify path) and `4` verifies narrow blocks.
+# -> $OUT/widths_check.tar.gz (each setting's summary, client records and server log); the key lines printed.
+set -u -o pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+RET=${OUT:-/tmp/widths_out}
+mkdir -p "$RET"
+steps=${WIDTH_STEPS:-model,lilicorr,check}
+for s in ${WIDTH_SETTINGS:-adaptive 4}; do
+  O=/tmp/widths/$s && rm -rf "$O" && mkdir -p "$O"
+  echo "== LILICORR_VERIFY_WIDTH=$s ($steps)"
+  OUT=$O LILICORR_VERIFY_WIDTH=$s timeout "${SETTING_SECONDS:-280}" bash "$ROOT/tools/device/gpu_check.sh" "$steps" 2>&1 | tail -n 12
+  steps=lilicorr,check
+  grep -hE "verify width|replay in|GREEDY_CHECK|CLIENT_CHECK|Traceback|Error" "$O/lilicorr.log" "$O/summary.txt" 2>/dev/null \
+    | cut -c1-400 | head -n 20
+  python3 - "$O/lilicorr.json" <<'PY' 2>&1 | tail -n 3
+import collections, json, sys
+recs = json.load(open(sys.argv[1]))
+recs = recs.get("records", recs) if isinstance(recs, dict) else recs
+widths = collections.Counter(w for r in recs for w in r.get("meta", {}).get("lilicorr_verify_width", []))
+print("verify steps by width (meta_info):", dict(sorted(widths.items())), "over", len(recs), "responses")
+PY
+done
+tar -czf "$RET/widths_check.tar.gz" -C /tmp/widths .
