@@ -4,7 +4,8 @@
 # (default "adaptive 4") a LILICORR server with LILICORR_VERIFY_WIDTH set to it: gpu_client.py's greedy, sampled and
 # concurrent requests and the fp32 greedy check (gpu_check.sh lilicorr,check). A random head's drafts are rejected,
 # so `adaptive` serves mostly width 1 (plain decode steps through the verify path) and `4` verifies narrow blocks.
-# -> $OUT/widths_check.tar.gz (each setting's summary, client records and server log); the key lines printed.
+# -> $OUT/widths_check.tar.gz (each setting's summary, client records and server log), $OUT/sglang_jit.tar.gz where
+# the servers built SGLang JIT kernels (keep it as .dev/sglang_jit/sglang_jit.tar.gz); the key lines printed.
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 RET=${OUT:-/tmp/widths_out}
@@ -26,3 +27,4 @@ print("verify steps by width (meta_info):", dict(sorted(widths.items())), "over"
 PY
 done
 tar -czf "$RET/widths_check.tar.gz" -C /tmp/widths .
+bash "$ROOT/tools/device/sglang_jit.sh" pack "$RET"  # SGLang's JIT builds, for the next machine's servers
