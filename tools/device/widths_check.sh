@@ -4,7 +4,7 @@
 # (default "adaptive 4") a LILICORR server with LILICORR_VERIFY_WIDTH set to it: gpu_client.py's greedy, sampled and
 # concurrent requests and the fp32 greedy check (gpu_check.sh lilicorr,check). A random head's drafts are rejected,
 # so `adaptive` serves mostly width 1 (plain decode steps through the verify path) and `4` verifies narrow blocks.
-# -> $OUT/widths_check.tar.gz (each setting's summary, client records and server log), $OUT/sglang_jit.tar.gz where
+# -> $OUT/SETTING/{summary.txt,lilicorr.json,lilicorr.log}, $OUT/sglang_jit.tar.gz where
 # the servers built SGLang JIT kernels (keep it as .dev/sglang_jit/sglang_jit.tar.gz); the key lines printed.
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -12,7 +12,7 @@ RET=${OUT:-/tmp/widths_out}
 mkdir -p "$RET"
 steps=${WIDTH_STEPS:-model,lilicorr,check}
 for s in ${WIDTH_SETTINGS:-adaptive 4}; do
-  O=/tmp/widths/$s && rm -rf "$O" && mkdir -p "$O"
+  O=$RET/$s && rm -rf "$O" && mkdir -p "$O"  # under $OUT: what a setting wrote comes back even if the call is cut
   echo "== LILICORR_VERIFY_WIDTH=$s ($steps)"
   OUT=$O LILICORR_VERIFY_WIDTH=$s timeout "${SETTING_SECONDS:-280}" bash "$ROOT/tools/device/gpu_check.sh" "$steps" 2>&1 | tail -n 12
   steps=lilicorr,check
@@ -26,5 +26,4 @@ widths = collections.Counter(w for r in recs for w in r.get("meta", {}).get("lil
 print("verify steps by width (meta_info):", dict(sorted(widths.items())), "over", len(recs), "responses")
 PY
 done
-tar -czf "$RET/widths_check.tar.gz" -C /tmp/widths .
 bash "$ROOT/tools/device/sglang_jit.sh" pack "$RET"  # SGLang's JIT builds, for the next machine's servers
