@@ -16,6 +16,7 @@ for s in ${WIDTH_SETTINGS:-adaptive 4}; do
   echo "== LILICORR_VERIFY_WIDTH=$s ($steps)"
   OUT=$O LILICORR_VERIFY_WIDTH=$s timeout "${SETTING_SECONDS:-280}" bash "$ROOT/tools/device/gpu_check.sh" "$steps" 2>&1 | tail -n 12
   steps=lilicorr,check
+  pkill -f sglang.launch_server 2>/dev/null; sleep 1  # a setting cut by its timeout leaves no server behind
   grep -hE "verify width|replay in|GREEDY_CHECK|CLIENT_CHECK|Traceback|Error" "$O/lilicorr.log" "$O/summary.txt" 2>/dev/null \
     | cut -c1-400 | head -n 20
   python3 - "$O/lilicorr.json" <<'PY' 2>&1 | tail -n 3
