@@ -429,7 +429,7 @@ def test_append_publishes_each_requests_anchor_from_the_appends_own_projection(m
     draft = object.__new__(LiLiCorrDraftModel)  # only the projection bookkeeping is exercised
     object.__setattr__(draft, "_context_hidden", None)
     worker = object.__new__(LiLiCorrWorker)
-    worker.proposer, worker.draft_model = proposer, draft
+    worker.proposer, worker.draft_model, worker.append_graphs = proposer, draft, None
     g = torch.Generator().manual_seed(9)
 
     worker._batch_slots = torch.tensor([5, 2])

@@ -279,3 +279,41 @@ def test_a_batch_with_grammar_keeps_the_block(monkeypatch):
     batch.has_grammar = True
     worker.forward_batch_generation(batch)
     assert calls == [("block", 8)]
+
+
+@pytest.mark.gpu
+def test_a_captured_append_writes_what_the_eager_append_writes():
+    """AppendGraphs: every (batch, width) replay writes the KV rows and anchors the eager append writes."""
+    import torch
+
+    from sglang_lilicorr.serving.append_graphs import AppendGraphs
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    weight = torch.randn(12, 8, device="cuda", generator=g)
+    kv, anchors = torch.zeros(256, 8, device="cuda"), torch.zeros(16, 8, device="cuda")
+
+    def append(*, target_hidden, cache_loc, cache_loc_2d, positions, commit_lens, slots):
+        b, w = cache_loc_2d.shape
+        proj = (target_hidden.float() @ weight + positions[:, None]).view(b, w, -1)
+        keep = torch.arange(w, device="cuda")[None, :] < commit_lens[:, None]
+        kv.index_copy_(0, torch.where(keep, cache_loc_2d, 0).view(-1), torch.where(keep[..., None], proj, 0).view(-1, 8))
+        anchors.index_copy_(0, slots, proj[torch.arange(b, device="cuda"), commit_lens.long() - 1])
+
+    graphs = AppendGraphs(max_batch=4, block_size=4, hidden_width=12, dtype=torch.float32, device="cuda")
+    graphs.capture(append, [1, 2, 4], [1, 4])
+    assert set(graphs.graphs) == {(b, w) for b in (1, 2, 4) for w in (1, 4)}
+    for b, w in [(1, 1), (2, 4), (4, 4), (4, 1)]:
+        step = {
+            "target_hidden": torch.randn(b * w + 3, 12, device="cuda", generator=g),  # trailing padding rows
+            "cache_loc_2d": (torch.randperm(255, device="cuda", generator=g)[: b * w] + 1).view(b, w),
+            "positions": torch.arange(b * w, device="cuda"),
+            "commit_lens": torch.randint(1, w + 1, (b,), device="cuda", generator=g, dtype=torch.int32),
+            "slots": torch.randperm(16, device="cuda", generator=g)[:b],
+        }
+        kv.zero_(), anchors.zero_()
+        append(**{**step, "target_hidden": step["target_hidden"][: b * w], "cache_loc": step["cache_loc_2d"].view(-1)})
+        want = kv.clone(), anchors.clone()
+        kv.zero_(), anchors.zero_()
+        assert graphs.replay(**step)
+        assert torch.equal(kv, want[0]) and torch.equal(anchors, want[1])
+    assert not graphs.replay(**{**step, "cache_loc_2d": step["cache_loc_2d"][:, :2]})  # no graph of width 2

@@ -20,7 +20,8 @@ What it overrides (all methods of the DFlash worker, no SGLang source touched):
                                  -> the same proposal, eagerly, when no draft graph covers the batch
   _append_target_hidden_to_draft_kv_by_loc
                                  -> also publishes each request's anchor: its last verified row of
-                                    the context projection the append computes (draft model keeps it)
+                                    the context projection the append computes (draft model keeps it); a verify's
+                                    append replays a CUDA graph of both (append_graphs.py)
   alloc_memory_pool              -> also checks the req_to_token rows hold the verify-block reservation (kv_rows.py)
   forward_batch_generation       -> records the batch's request slots and stages their anchors; picks the decode
                                     step's verify width (verify_width.py) and runs a narrower one itself
@@ -50,6 +51,7 @@ from sglang.srt.speculative.dflash_utils import is_dense_head_weight
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
 from . import ALGORITHM_NAME
+from .append_graphs import AppendGraphs
 from .graphs import eager_batches_possible, graph_batch_sizes
 from .kv_rows import check_rows
 from .models.lilicorr_draft import LiLiCorrDraftModel
@@ -141,6 +143,7 @@ class LiLiCorrWorker(DFlashWorkerV2):
         self.policy: WidthPolicy | None = None  # where more than one width is served
         self.metrics = WidthMetrics.create()
         self._last_decode: tuple[int, int, float] | None = None  # (width, batch, perf_counter) of the last decode step
+        self.append_graphs: AppendGraphs | None = None  # the verify's draft-KV append, captured in init_cuda_graphs
         logger.info(
             "%s worker ready: block_size=%d, K=%d, head width=%d, %s.",
             ALGORITHM_NAME,
@@ -230,6 +233,23 @@ class LiLiCorrWorker(DFlashWorkerV2):
                 ALGORITHM_NAME,
             )
         self._init_verify_widths()
+        if captured:
+            self._capture_append(sizes=[b for b in graph_batch_sizes() if b <= self.server_args.max_running_requests])
+
+    def _capture_append(self, sizes: list[int]) -> None:
+        """The draft-KV append of a verify step of every served width, captured at the draft graphs' batch sizes."""
+        if not sizes:
+            return
+        graphs = AppendGraphs(
+            max_batch=max(sizes),
+            block_size=int(self.block_size),
+            hidden_width=int(self.draft_model.fc.weight.shape[1]),
+            dtype=self.model_runner.dtype,
+            device=self.device,
+        )
+        with torch.inference_mode():
+            graphs.capture(self._append_and_publish, sizes, list(self.widths))
+        self.append_graphs = graphs if graphs.graphs else None
 
     def _init_verify_widths(self) -> None:
         """The target's verify at each narrower width (captured now), every width's step timed by replaying its
@@ -302,16 +322,33 @@ class LiLiCorrWorker(DFlashWorkerV2):
             self.metrics.verified(width, num_correct_drafts_per_req, self.policy.record)
 
     def _append_target_hidden_to_draft_kv_by_loc(self, *, commit_lens=None, extend_lens=None, **append) -> None:
-        # SGLang's arguments (target_hidden, cache_loc, positions, cache_loc_2d) pass through in `append`
+        # SGLang's arguments (target_hidden, cache_loc, positions, cache_loc_2d) pass through in `append`;
+        # a verify's append replays its captured graph where its size has one
+        loc_2d = append.get("cache_loc_2d")
+        if (
+            self.append_graphs is not None
+            and loc_2d is not None
+            and self.append_graphs.replay(
+                target_hidden=append["target_hidden"],
+                cache_loc_2d=loc_2d,
+                positions=append["positions"],
+                commit_lens=commit_lens,
+                slots=self._batch_slots,
+            )
+        ):
+            return
+        self._append_and_publish(commit_lens=commit_lens, extend_lens=extend_lens, slots=self._batch_slots, **append)
+
+    def _append_and_publish(self, *, slots, commit_lens=None, extend_lens=None, **append) -> None:
+        """SGLang's append, then each request's anchor: its last verified row of the projection the append
+        computed (trailing padding trimmed to cache_loc); `slots` are the batch's request-pool slots."""
         super()._append_target_hidden_to_draft_kv_by_loc(commit_lens=commit_lens, extend_lens=extend_lens, **append)
-        # The append projected every row of target_hidden (trailing padding trimmed to cache_loc);
-        # each request's anchor is its last verified row of that projection.
         context = self.draft_model.take_context_hidden()  # [cache_loc rows, Hm] or None (nothing appended)
-        if context is not None and self._batch_slots is not None:
+        if context is not None and slots is not None:
             rows = self.proposer.anchor_rows(
                 num_rows=int(context.shape[0]), extend_lens=extend_lens, commit_lens=commit_lens
             )
-            self.proposer.publish_anchors(context.index_select(0, rows), self._batch_slots)
+            self.proposer.publish_anchors(context.index_select(0, rows), slots)
 
     # --- eager proposal ---------------------------------------------------------------------
 
