@@ -27,4 +27,6 @@ widths = collections.Counter(w for r in recs for w in r.get("meta", {}).get("lil
 print("verify steps by width (meta_info):", dict(sorted(widths.items())), "over", len(recs), "responses")
 PY
 done
+PYTHONPATH=${DEVICE_SITE:-/tmp/site} timeout 120 bash "$ROOT/scripts/gpu_tests.sh" "$ROOT/tests/test_verify_width.py" 2>&1 \
+  | tail -n 4 | tee "$RET/gpu_tests.txt"
 bash "$ROOT/tools/device/sglang_jit.sh" pack "$RET"  # SGLang's JIT builds, for the next machine's servers
