@@ -3,9 +3,9 @@ from setuptools import find_packages, setup
 setup(
     name="sglang-lilicorr",
     version="0.1.0",
-    description="LiLiCorr speculative decoding for SGLang: head, kernels, training, plugin, benchmarks",
+    description="LiLiCorr speculative decoding for SGLang: head, kernels, training, plugin, bench",
     python_requires=">=3.10",
-    packages=find_packages(include=["sglang_lilicorr", "sglang_lilicorr.*"]),
+    packages=find_packages(include=["sglang_lilicorr", "sglang_lilicorr.*"]),  # the product only: not benchmarks/
     install_requires=[
         "sglang==0.5.23",
         "torch==2.14.1",
@@ -22,10 +22,7 @@ setup(
     extras_require={"test": ["pytest>=8"], "mutation": ["mutmut==3.8.1"]},
     entry_points={
         "console_scripts": ["lilicorr = sglang_lilicorr.cli:main"],
-        "sglang.srt.plugins": [
-            "lilicorr = sglang_lilicorr.serving.plugin:register",
-            # opt-in timing and recording (LILICORR_STAGE_TIMING, LILICORR_PROPOSAL_RECORD); nothing without them
-            "lilicorr_instrumentation = sglang_lilicorr.instrumentation.plugin:register",
-        ],
+        # the lab's instrumentation plugin is none of the product's: benchmarks/instrumentation/entry_point registers it
+        "sglang.srt.plugins": ["lilicorr = sglang_lilicorr.serving.plugin:register"],
     },
 )

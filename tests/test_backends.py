@@ -1,7 +1,7 @@
 """Issue 44's flashinfer run, on the CPU with stand-ins: the backends summary (benchmarks/backends_summary.py) from a
 run's files and the committed Triton results, its one-line errors for missing and mismatched inputs;
-tools/device/gpu_check.sh giving every server the backends ATTN_BACKEND / SAMPLING_BACKEND name (and refusing
-flashinfer without the package); tools/device/backends.sh's steps wired to gpu_check.sh, testbed.sh and
+benchmarks/device/gpu_check.sh giving every server the backends ATTN_BACKEND / SAMPLING_BACKEND name (and refusing
+flashinfer without the package); benchmarks/device/backends.sh's steps wired to gpu_check.sh, testbed.sh and
 flashinfer.sh (stand-ins that record what they were asked), its results layout, its exits and its carry check."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_lilicorr.benchmarks import backends_summary as bs
+from benchmarks.served import backends_summary as bs
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE = ROOT / "tools" / "device"
@@ -310,7 +310,9 @@ def test_gpu_check_gives_every_server_the_chosen_backends(fake_machine):
     tmp_path, site, work, env = fake_machine
     launches = tmp_path / "launches.txt"
     (site / "flashinfer").mkdir()
-    (site / "flashinfer" / "__init__.py").write_text("")  # the package itself, as tools/device/flashinfer.sh leaves it
+    (site / "flashinfer" / "__init__.py").write_text(
+        ""
+    )  # the package itself, as benchmarks/device/flashinfer.sh leaves it
     fi = {"ATTN_BACKEND": "flashinfer", "SAMPLING_BACKEND": "flashinfer", "SAMPLING_SYSTEMS": "base lilicorr"}
     gpu_check(env, tmp_path / "fi", "lilicorr,dflash,sampling", **fi)
     started = launches.read_text().splitlines()
@@ -332,7 +334,8 @@ def test_gpu_check_gives_every_server_the_chosen_backends(fake_machine):
     done = gpu_check(env, tmp_path / "headers", "lilicorr", ATTN_BACKEND="flashinfer")
     assert done.returncode != 0 and not launches.exists()
     assert (
-        "needs flashinfer, and" in done.stdout and "headers-only package: run tools/device/flashinfer.sh" in done.stdout
+        "needs flashinfer, and" in done.stdout
+        and "headers-only package: run benchmarks/device/flashinfer.sh" in done.stdout
     )
 
 
@@ -423,7 +426,7 @@ def test_backends_calls_run_their_steps_with_the_flashinfer_backends(backends_ro
     built = int(calls.read_text().split("FI_BUILD_SECONDS=")[1].split()[0])
     assert 500 <= built <= 525  # CALL_SECONDS 570 less 45, less the seconds the drafts' copy took
     done = backends(root, env, "flashinfer", FI_EXIT="4", CALL_SECONDS="60")
-    assert done.returncode == 4 and "run 'bash tools/device/backends.sh flashinfer' again" in done.stdout
+    assert done.returncode == 4 and "run 'bash benchmarks/device/backends.sh flashinfer' again" in done.stdout
     assert (Path(env["OUT"]) / "jit_cache.tar.gz").is_file() and "FI_BUILD_SECONDS=30" in calls.read_text()
     # call 3: the model with the shipped draft, the greedy check and T = 1 on flashinfer, LILICORR alone, no tau
     calls.unlink()
@@ -465,7 +468,8 @@ def test_backends_exits_on_a_fresh_machine_a_short_deadline_and_an_unknown_step(
     root, env = backends_root
     assert backends(root, env, "t1", CALL_SECONDS="100").returncode == 4  # t1 needs 240 s: the next call
     assert (
-        "run 'bash tools/device/backends.sh t1' in the next call" in backends(root, env, "t1", CALL_SECONDS="1").stdout
+        "run 'bash benchmarks/device/backends.sh t1' in the next call"
+        in backends(root, env, "t1", CALL_SECONDS="1").stdout
     )
     os.remove(Path(env["DEVICE_SITE"]) / ".device_manifest")
     done = backends(root, env, "greedy")

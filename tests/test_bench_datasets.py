@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_lilicorr.benchmarks import datasets, packaged, prompt_file, speed_bench
-from sglang_lilicorr.benchmarks.prompt import Prompt
+from sglang_lilicorr.bench import datasets, packaged, prompt_file, speed_bench
+from sglang_lilicorr.bench.prompt import Prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -141,7 +141,7 @@ def test_packaged_sets_load_from_installed_packages(name, count):
     assert len({p.prompt_id for p in prompts}) == count and all(len(p.turns) == turns for p in prompts)
 
 
-# --- prompt files (testbed/eval_prompts.jsonl is one) ---------------------------------------------
+# --- prompt files (benchmarks/testbed/eval_prompts.jsonl is one) ---------------------------------------------
 
 
 def test_prompt_file_reads_the_testbed_prompts_and_groups_by_set():

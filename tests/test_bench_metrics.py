@@ -2,7 +2,10 @@
 
 import pytest
 
-from sglang_lilicorr.benchmarks import metrics, stages, tables
+from sglang_lilicorr.bench import metrics, tables
+
+
+from benchmarks.served import stages
 
 
 def _record(system="spec", dataset="d", category="a", c=1, t=0.0, seed=0, turns=((40, 10, 0.0, 1.0),)):
@@ -121,7 +124,7 @@ def test_repeated_runs_pair_with_the_reference_run_by_run():
 
 
 def test_repeated_runs_are_plotted_per_run(tmp_path):
-    from sglang_lilicorr.benchmarks import plots
+    from sglang_lilicorr.bench import plots
 
     runs = [
         metrics.aggregate(

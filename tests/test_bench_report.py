@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from sglang_lilicorr.benchmarks import cli, runner
-from sglang_lilicorr.benchmarks.metrics import ResultsError
+from sglang_lilicorr.bench import cli, runner
+from sglang_lilicorr.bench.metrics import ResultsError
 
 
 def record(prompt_id: str, tokens: int = 12, blocks: int = 4) -> dict:

@@ -9,9 +9,9 @@ pytest.importorskip("aiohttp")
 
 from stub_server import StubServer, bench_run_argv
 
-from sglang_lilicorr.benchmarks import cli, datasets, metrics, runner
-from sglang_lilicorr.benchmarks.client import Sampling
-from sglang_lilicorr.benchmarks.prompt import Prompt
+from sglang_lilicorr.bench import cli, datasets, metrics, runner
+from sglang_lilicorr.bench.client import Sampling
+from sglang_lilicorr.bench.prompt import Prompt
 
 FIXTURES = Path(__file__).parent / "fixtures" / "speed_bench"
 QUALITATIVE = str(FIXTURES / "qualitative.jsonl")

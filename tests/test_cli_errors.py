@@ -54,11 +54,11 @@ def test_debug_shows_the_traceback(monkeypatch):
 
 
 def test_every_project_error_type_shares_the_base():
-    from sglang_lilicorr.benchmarks.client import ServerError
-    from sglang_lilicorr.benchmarks.metrics import ResultsError
-    from sglang_lilicorr.benchmarks.prompt_file import PromptFileError
-    from sglang_lilicorr.benchmarks.speed_bench import SpeedBenchFormatError
-    from sglang_lilicorr.benchmarks.stages import StageSchemaError
+    from sglang_lilicorr.bench.client import ServerError
+    from sglang_lilicorr.bench.metrics import ResultsError
+    from sglang_lilicorr.bench.prompt_file import PromptFileError
+    from sglang_lilicorr.bench.speed_bench import SpeedBenchFormatError
+    from benchmarks.served.stages import StageSchemaError
     from sglang_lilicorr.config import ConfigError
     from sglang_lilicorr.drafter import DrafterConfigError, DrafterShapeError
     from sglang_lilicorr.frozen_target import TargetMismatchError

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from sglang_lilicorr.benchmarks.compile_census import (
+from benchmarks.micro.compile_census import (
     GEOMETRIES,
     census,
     cuda_key,
@@ -111,7 +111,7 @@ def test_census_keys_compile_for_sm90_on_threads(testbed_keys, sm90_triton):
     ]
     script = (
         "import json\n"
-        "from sglang_lilicorr.benchmarks.compile_census import compile_sm90\n"
+        "from benchmarks.micro.compile_census import compile_sm90\n"
         f"entries = [[n, tuple(tuple(f) for f in k)] for n, k in json.loads({json.dumps(picked)!r})]\n"
         "print('seconds', compile_sm90(entries, 2))\n"
     )

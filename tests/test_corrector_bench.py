@@ -1,6 +1,6 @@
 """benchmarks/corrector_bench.py on the CPU (--smoke: toy shapes, eager): every row timed through SGLang's Domino and
 DSpark functions and our two walks, the derived heads, the modules built as SGLang's loader builds them, DSpark's two
-bs = 1 routes, the commit it records (and tools/device/scale_gpu.sh passing it), and its argument errors."""
+bs = 1 routes, the commit it records (and benchmarks/device/scale_gpu.sh passing it), and its argument errors."""
 
 import json
 import os
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_lilicorr.benchmarks import corrector_bench, head_bench
+from benchmarks.micro import corrector_bench, head_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,7 +52,7 @@ def test_the_commit_defaults_to_git_then_the_environment(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("commit", ["abc1234", None])
 def test_scale_gpu_passes_git_commit_to_corrector_bench(tmp_path, commit):
-    """tools/device/scale_gpu.sh heads, with a stand-in install, nvidia-smi and python3 that records its arguments."""
+    """benchmarks/device/scale_gpu.sh heads, with a stand-in install, nvidia-smi and python3 that records its arguments."""
     repo, bin_ = tmp_path / "repo", tmp_path / "bin"
     (repo / "tools" / "device").mkdir(parents=True)
     shutil.copy(ROOT / "tools" / "device" / "scale_gpu.sh", repo / "tools" / "device")
@@ -72,7 +72,7 @@ def test_scale_gpu_passes_git_commit_to_corrector_bench(tmp_path, commit):
     )
     assert done.returncode == 0, done.stderr
     argv = args.read_text().split()
-    assert argv[:2] == ["-m", "sglang_lilicorr.benchmarks.corrector_bench"]
+    assert argv[:2] == ["-m", "benchmarks.micro.corrector_bench"]
     if commit:
         assert argv[-2:] == ["--commit", commit] and "GIT_COMMIT is unset" not in done.stdout
     else:

@@ -307,7 +307,7 @@ def test_pdl_off_sm90_is_refused_by_each_kernel():
 def test_head_bench_smoke_runs_and_checks(tmp_path, monkeypatch):
     pytest.importorskip("sglang.srt.models.lilicorr", reason="sglang not installed")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # PyTorch top-K and walk
-    from sglang_lilicorr.benchmarks import head_bench
+    from benchmarks.micro import head_bench
 
     out = tmp_path / "bench.json"
     head_bench.main(["--smoke", "--variants", "torch", "served", "--bs", "2", "--out", str(out)])

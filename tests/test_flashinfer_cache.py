@@ -1,4 +1,4 @@
-"""tools/device/flashinfer_cache.sh on the CPU (issue 44): a flashinfer JIT cache built on one GPU machine and carried
+"""benchmarks/device/flashinfer_cache.sh on the CPU (issue 44): a flashinfer JIT cache built on one GPU machine and carried
 to the next is up to date there for ninja (which decides whether flashinfer builds or loads a module), although the
 next machine's kit installs tvm_ffi's headers, which every module includes, later than the cache's objects; a cache
 built with other versions is left out with a line that says so; bad calls get one clear line."""
@@ -113,7 +113,7 @@ def test_a_cache_of_other_versions_is_left_out(carried):
 @pytest.mark.parametrize(
     "args, message",
     [
-        ([], "usage: bash tools/device/flashinfer_cache.sh unpack|pack TARBALL"),
+        ([], "usage: bash benchmarks/device/flashinfer_cache.sh unpack|pack TARBALL"),
         (["unpack", "/nonexistent/jit_cache.tar.gz"], "no carried JIT cache at /nonexistent/jit_cache.tar.gz"),
         (["pack", "/tmp/x.tar.gz"], "no flashinfer-python or apache-tvm-ffi installed in"),
     ],

@@ -1,4 +1,4 @@
-"""The slim flashinfer of tools/device/flashinfer_kit.sh (issue 44).
+"""The slim flashinfer of benchmarks/device/flashinfer_kit.sh (issue 44).
 
 - The audit (no archive needed, fast): every flashinfer name that SGLang 0.5.23's flashinfer attention backend,
   sampler and DFlash path use maps to JIT modules (flashinfer_slim.FLASHINFER_API), each of them in MODULES, and every
@@ -25,7 +25,9 @@ TAR = KIT / "flashinfer_slim.tar.xz"
 sys.path.insert(0, str(ROOT / "tools" / "device"))
 import flashinfer_slim  # noqa: E402
 
-needs_tar = pytest.mark.skipif(not TAR.is_file(), reason="no .dev/flashinfer (bash tools/device/flashinfer_kit.sh)")
+needs_tar = pytest.mark.skipif(
+    not TAR.is_file(), reason="no .dev/flashinfer (bash benchmarks/device/flashinfer_kit.sh)"
+)
 SGLANG = importlib.util.find_spec("sglang")
 needs_sglang = pytest.mark.skipif(SGLANG is None, reason="no sglang to audit")
 
@@ -87,7 +89,9 @@ def test_slim_archive_lists_every_module_and_its_sources():
     with tarfile.open(TAR) as t:
         names = set(t.getnames())
         slim = json.load(t.extractfile("flashinfer/SLIM.json"))
-    assert set(slim["modules"]) == set(flashinfer_slim.MODULES), "rebuild the kit: bash tools/device/flashinfer_kit.sh"
+    assert set(slim["modules"]) == set(flashinfer_slim.MODULES), (
+        "rebuild the kit: bash benchmarks/device/flashinfer_kit.sh"
+    )
     for key, mod in slim["modules"].items():
         assert {s for s in mod["sources"] if s not in names} == set(), key
     assert {
@@ -119,7 +123,7 @@ def test_slim_archive_has_every_jit_module_file(tmp_path):
         check=True,
     )
     r = subprocess.run(
-        [sys.executable, str(ROOT / "tools/device/flashinfer_slim.py"), "check", str(TAR)],
+        [sys.executable, str(ROOT / "benchmarks/device/flashinfer_slim.py"), "check", str(TAR)],
         capture_output=True,
         text=True,
         env={**os.environ, "FI_SLIM_DEPS": str(deps)},

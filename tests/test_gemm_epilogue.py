@@ -6,7 +6,7 @@ residual add) gemm_epilogue_reference.
 CPU: small shapes with masked edges under Triton's interpreter (tests/conftest.py selects it before
 anything imports triton), fp32 to 1e-4, every launch config forced once; plus an sm_90 compile of
 every config (ptxas, no GPU needed). GPU (`-m gpu`): the paper shapes in bf16, CUDA-graph replay (timings:
-`python -m sglang_lilicorr.kernels.gemm_epilogue` on the GPU).
+`python -m benchmarks kernel-sweeps linear-silu` on the GPU).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from triton_mode import needs_interpreter
 @needs_interpreter
 @pytest.mark.parametrize("splits", [1, 3, 8])
 def test_splitk_equals_linear(seed, gen, splits):
-    from sglang_lilicorr.benchmarks.gemm_floor import splitk_linear
+    from benchmarks.micro.gemm_floor import splitk_linear
 
     x, w = torch.randn(37, 200, generator=gen), torch.randn(70, 200, generator=gen)
     torch.testing.assert_close(
@@ -25,7 +25,7 @@ def test_splitk_equals_linear(seed, gen, splits):
 
 @needs_interpreter
 def test_smoke_run_writes_rows(seed, tmp_path):
-    from sglang_lilicorr.benchmarks import gemm_floor
+    from benchmarks.micro import gemm_floor
 
     out = tmp_path / "g.json"
     assert gemm_floor.main(["--smoke", "--splits", "2", "--out", str(out)]) == 0
@@ -35,7 +35,7 @@ def test_smoke_run_writes_rows(seed, tmp_path):
 
 @needs_interpreter
 def test_chain_smoke_run_writes_rows(seed, tmp_path):
-    from sglang_lilicorr.benchmarks import gemm_floor
+    from benchmarks.micro import gemm_floor
 
     out = tmp_path / "c.json"
     assert gemm_floor.main(["--smoke", "--chain", "2", "--out", str(out)]) == 0

@@ -11,7 +11,10 @@ pytest.importorskip("aiohttp")
 
 from stub_server import StubServer
 
-from sglang_lilicorr.benchmarks import cli, load_faults
+from sglang_lilicorr.bench import cli
+
+
+from benchmarks.served import load_faults
 
 
 def faults(stub, out, *extra) -> int:

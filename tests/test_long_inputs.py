@@ -1,4 +1,4 @@
-"""The long-input lineage of the testbed (testbed/long_inputs.py, `python -m testbed --long`): packing conversations,
+"""The long-input lineage of the testbed (benchmarks/testbed/long_inputs.py, `python -m benchmarks testbed --long`): packing conversations,
 long prompts cut to a token length, the per-draft and per-length summary, and long-pack / long-serve at toy scale
 against stand-in servers."""
 
@@ -11,11 +11,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import testbed.run as testbed  # noqa: E402
+import benchmarks.testbed.run as testbed  # noqa: E402
 from stub_server import free_port_block  # noqa: E402
 from test_testbed import LAUNCHER  # noqa: E402
 from test_train import make_target, write_conversations  # noqa: E402
-from testbed import common, long_inputs, long_serve  # noqa: E402
+from benchmarks.testbed import common, long_inputs, long_serve  # noqa: E402
 
 from sglang_lilicorr.reference.check import GreedyReport, Mismatch  # noqa: E402
 

@@ -9,8 +9,10 @@ pytest.importorskip("aiohttp")
 
 from stub_server import StubServer
 
-from sglang_lilicorr.benchmarks import cli, paired, runner
-from sglang_lilicorr.benchmarks.prompt import Prompt
+from sglang_lilicorr.bench import cli, runner
+
+from benchmarks.served import paired
+from sglang_lilicorr.bench.prompt import Prompt
 
 PROMPTS = {
     1: [Prompt(f"p{i}", "all", (f"prompt {i}",)) for i in range(2)],
@@ -243,8 +245,8 @@ def test_merge_keeps_utf8_text_whatever_the_locale(tmp_path):
     assert merged.read_text(encoding="utf-8") == path.read_text(encoding="utf-8")
     merged.unlink()
     code = (
-        "import sys; from pathlib import Path; from sglang_lilicorr.benchmarks import paired; "
-        "from sglang_lilicorr.benchmarks.prompt import Prompt; "
+        "import sys; from pathlib import Path; from benchmarks.served import paired; "
+        "from sglang_lilicorr.bench.prompt import Prompt; "
         "paired.merge_rounds(Path(sys.argv[1]), ['a'], {1: [Prompt(f'p{i}', 'all', ('x',)) for i in range(2)]}, 1)"
     )
     out = run_in_ascii_locale(code, str(tmp_path))

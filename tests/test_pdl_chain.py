@@ -11,7 +11,7 @@ from triton_mode import needs_interpreter
 
 @needs_interpreter
 def test_chains_compose_their_kernels(seed, tmp_path):
-    from sglang_lilicorr.benchmarks import pdl_chain
+    from benchmarks.micro import pdl_chain
 
     fns, x = pdl_chain.chains(8, 32, 3, "cpu", torch.float32, seed=seed)
     ref = x

@@ -209,7 +209,7 @@ def test_the_proposer_pass_is_a_no_op_on_the_cpu():
 def _clear_kernel_caches() -> int:
     """Empties the in-process kernel cache of every @triton.jit kernel of ours (their next launch compiles, or loads
     from Triton's disk cache) -> how many kernels."""
-    from sglang_lilicorr.benchmarks.compile_census import _jit_kernels
+    from benchmarks.micro.compile_census import _jit_kernels
 
     kernels = [fn for fn in _jit_kernels().values() if isinstance(fn, JITFunction)]
     for fn in kernels:
@@ -222,7 +222,7 @@ def test_after_the_pass_the_served_sizes_compile_nothing_and_propose_the_same():
     """The testbed head's geometry (random weights): after the pass at draft-graph sizes covering every plan bucket
     and the eager sizes above them, the proposal at each size compiles no kernel and equals the proposal of a run
     without the pass."""
-    from sglang_lilicorr.benchmarks.compile_census import GEOMETRIES
+    from benchmarks.micro.compile_census import GEOMETRIES
     from sglang_lilicorr.config import LiLiCorrConfig
     from sglang_lilicorr.head import LiLiCorrHead
     from sglang_lilicorr.serving.proposer import LiLiCorrProposer

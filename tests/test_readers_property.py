@@ -129,7 +129,7 @@ result_lines = mutated(RECORD, list(RECORD)).map(json_line) | json_values.map(js
 @SETTINGS
 @given(file_bytes(result_lines))
 def test_results_reader(data):
-    from sglang_lilicorr.benchmarks import metrics, runner
+    from sglang_lilicorr.bench import metrics, runner
 
     records = reads_or_raises("r.jsonl", data, runner.read_results, metrics.ResultsError) or []
     assert all(isinstance(r, dict) for r in records)
@@ -162,7 +162,7 @@ PROMPT_ROW = {"id": "a", "set": "s", "text": "hi", "messages": [{"role": "user",
     st.sampled_from(["qualitative.jsonl", "throughput_1k.jsonl"]),
 )
 def test_speed_bench_reader(data, name):
-    from sglang_lilicorr.benchmarks import speed_bench
+    from sglang_lilicorr.bench import speed_bench
 
     reads_or_raises(name, data, speed_bench.load)
 
@@ -174,7 +174,7 @@ def test_speed_bench_reader(data, name):
     )
 )
 def test_prompt_file_reader(data):
-    from sglang_lilicorr.benchmarks import prompt_file
+    from sglang_lilicorr.bench import prompt_file
 
     reads_or_raises("prompts.jsonl", data, prompt_file.load)
 

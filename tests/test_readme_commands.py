@@ -61,7 +61,7 @@ def test_the_paths_the_readme_runs_exist():
         for word in argv_of(command):
             if re.fullmatch(r"(testbed|scripts|checkpoints|tools|benchmarks)/[\w./-]+", word):
                 named.add(word)
-    assert {"testbed/eval_prompts.jsonl", "scripts/main.sh", "scripts/test.sh"} <= named
+    assert {"benchmarks/testbed/eval_prompts.jsonl", "scripts/main.sh", "scripts/test.sh"} <= named
     missing = sorted(p for p in named if not (ROOT / p).exists())
     assert missing == [], missing
 

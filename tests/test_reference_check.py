@@ -216,7 +216,7 @@ def test_cli_baseline_byte_equality(tmp_path, capsys, cli):
 
 # --- what mutation testing found untested: the CLI's help, choices, device, and each file's verdict ------------------
 
-HELP = """usage: python -m sglang_lilicorr.reference.check [-h] [--tol-ulps TOL_ULPS] [--baseline BASELINE]
+HELP = """usage: python -m benchmarks check [-h] [--tol-ulps TOL_ULPS] [--baseline BASELINE]
                                                  [--dtype {float32,float64}]
                                                  model_dir results [results ...]
 

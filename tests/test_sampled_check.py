@@ -11,7 +11,7 @@ import torch
 from stub_server import StubServer
 from test_reference import PROMPT, tiny_target
 
-from sglang_lilicorr.benchmarks import sampling_exactness
+from benchmarks.served import sampling_exactness
 from sglang_lilicorr.reference import sampled_check
 
 STEPS = 3

@@ -18,7 +18,7 @@ pytest.importorskip("aiohttp")
 from stub_server import free_port_block
 
 from sglang_lilicorr import cli as lilicorr_cli
-from sglang_lilicorr.benchmarks import baselines_summary, scale, scale_report
+from benchmarks.served import baselines_summary, scale, scale_report
 from sglang_lilicorr.errors import UsageError
 
 TESTS = Path(__file__).resolve().parent
@@ -472,8 +472,8 @@ def test_a_server_that_fails_to_start_leaves_its_log_in_the_bundle(built, tmp_pa
 
 def test_the_stage_timer_flush_sends_a_greedy_request(monkeypatch):
     # LILICORR answers HTTP 400 to temperature > 0 where only the greedy verification exists (the GPU machine)
-    from sglang_lilicorr.benchmarks import client
-    from sglang_lilicorr.instrumentation import stage_timer
+    from sglang_lilicorr.bench import client
+    from benchmarks.instrumentation import stage_timer
 
     sent = []
     monkeypatch.setattr(stage_timer, "IDLE_DUMP_S", 0.0)

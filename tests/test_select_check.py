@@ -1,4 +1,4 @@
-"""tools/device/select_check.sh on the CPU, with stand-ins for the GPU's python3 modules and nvidia-smi: the digests
+"""benchmarks/device/select_check.sh on the CPU, with stand-ins for the GPU's python3 modules and nvidia-smi: the digests
 against the stored reference, and AB_TREE's alternating head_bench of this package beside another commit's."""
 
 import json
@@ -13,10 +13,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # python3 stand-in: select_digest prints the reference's lines, head_bench writes rows whose served ms say which
 # package came first on PYTHONPATH (the AB tree's: 0.100 ms a bs; this one's: 0.105), anything else is real Python.
 PYTHON3 = """#!/bin/bash
-if [ "$1" = -m ] && [ "$2" = sglang_lilicorr.benchmarks.select_digest ]; then
+if [ "$1" = -m ] && [ "$2" = benchmarks.micro.select_digest ]; then
   echo "served bs 1 eager 0123456789abcdef"; exit 0
 fi
-if [ "$1" = -m ] && [ "$2" = sglang_lilicorr.benchmarks.head_bench ]; then
+if [ "$1" = -m ] && [ "$2" = benchmarks.micro.head_bench ]; then
   while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done
   ms=0.105; [ -n "${AB_TREE_SEEN:-}" ] && [[ "$PYTHONPATH" == "$AB_TREE_SEEN"* ]] && ms=0.100
   echo "{\\"rows\\": [{\\"bs\\": 1, \\"post_logits_served\\": $ms, \\"post_logits_builtin\\": 0.31}]}" > "$out"; exit 0

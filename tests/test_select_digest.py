@@ -1,7 +1,7 @@
 """benchmarks/select_digest.py on CPU (--smoke): one line per variant and bs, the same digest on a second run,
 a different one for different inputs."""
 
-from sglang_lilicorr.benchmarks.select_digest import digest, run
+from benchmarks.micro.select_digest import digest, run
 
 import torch
 

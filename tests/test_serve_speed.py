@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from sglang_lilicorr.benchmarks import serve_speed
+from benchmarks.served import serve_speed
 
 
 def record(system: str, c: int, tokens: int, seconds: float, blocks: int | None) -> dict:

@@ -1,4 +1,4 @@
-"""tools/device/sglang_jit.sh on the CPU: SGLang's JIT builds carried from one GPU machine to the next, unpacked by
+"""benchmarks/device/sglang_jit.sh on the CPU: SGLang's JIT builds carried from one GPU machine to the next, unpacked by
 the first call that carries them (also after calls that did not), returned only where a call's servers built more."""
 
 import os
@@ -65,11 +65,11 @@ def test_a_machine_unpacks_the_carried_cache_once_and_returns_only_new_builds(tm
     done = jit(root, env, "unpack")
     assert done.returncode == 0 and "unpacking" in done.stdout and "failed; its kernels build again" in done.stdout
     done = jit(root, env, "repack")
-    assert done.returncode == 2 and "usage: bash tools/device/sglang_jit.sh unpack | pack DIR" in done.stderr
+    assert done.returncode == 2 and "usage: bash benchmarks/device/sglang_jit.sh unpack | pack DIR" in done.stderr
 
 
 def test_testbed_calls_unpack_before_their_servers_and_return_what_they_built(tmp_path):
-    """tools/device/testbed_calls.sh model, its step a stand-in that builds a JIT module as a server would: the carried
+    """benchmarks/device/testbed_calls.sh model, its step a stand-in that builds a JIT module as a server would: the carried
     cache is in place before the step runs, and the call returns the grown cache beside results.tar.gz."""
     root, cache, ret = tmp_path / "root", tmp_path / "jit", tmp_path / "ret"
     (root / "tools" / "device").mkdir(parents=True)

@@ -19,9 +19,11 @@ from sglang.srt.managers.tp_worker import TpModelWorker  # noqa: E402
 from sglang.srt.speculative import dflash_worker_v2  # noqa: E402
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2  # noqa: E402
 
-from sglang_lilicorr.benchmarks import cli, stages  # noqa: E402
-from sglang_lilicorr.instrumentation import stage_timer  # noqa: E402
-from sglang_lilicorr.instrumentation.plugin import register  # noqa: E402
+from sglang_lilicorr.bench import cli  # noqa: E402
+
+from benchmarks.served import stages
+from benchmarks.instrumentation import stage_timer  # noqa: E402
+from benchmarks.instrumentation.plugin import register  # noqa: E402
 
 # --- fakes ----------------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ import json
 import pytest
 from stub_server import StubServer, write_stub_trace
 
-from sglang_lilicorr.benchmarks import step_profile
+from benchmarks.served import step_profile
 
 
 def test_summary_per_step(tmp_path):

@@ -1,4 +1,4 @@
-"""The testbed pipeline (`python -m testbed`) end to end at toy scale on the CPU: a tiny random Llama
+"""The testbed pipeline (`python -m benchmarks testbed`) end to end at toy scale on the CPU: a tiny random Llama
 target, the data recipe through the transformers engine, the sweep, background training, export,
 evaluation outputs, replay, the paired speed step against stand-in servers, and the tables."""
 
@@ -13,9 +13,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import testbed.run as testbed  # noqa: E402
+import benchmarks.testbed.run as testbed  # noqa: E402
 from stub_server import free_port_block  # noqa: E402
-from testbed import report, speed, sweep, train, variants  # noqa: E402
+from benchmarks.testbed import report, speed, sweep, train, variants  # noqa: E402
 
 TOY = {
     "draft_intermediate_size": 64,
@@ -310,8 +310,8 @@ def test_speed_serves_the_viterbi_walk_only_where_named(tmp_path, monkeypatch):
 def test_speed_rounds_leave_the_tau_check_its_time(tmp_path, monkeypatch):
     """--tau-check: the rounds stop TAU_CHECK_S a speculative server earlier than without it, and the tau check
     (T = 0, every evaluation prompt through each speculative server) keeps the time the profile and the report need."""
-    from sglang_lilicorr.benchmarks import paired
-    from testbed import common
+    from benchmarks.served import paired
+    from benchmarks.testbed import common
 
     work, testbed_args = speed_testbed(tmp_path, monkeypatch, LAUNCHER)
     reserves, tau_calls = [], []
@@ -342,8 +342,8 @@ def test_speed_rounds_leave_the_tau_check_its_time(tmp_path, monkeypatch):
 def test_served_tau_stops_at_the_deadline_and_lists_what_it_left(tmp_path, monkeypatch):
     """common.served_tau: no tau for base; each run ends reserve_s before the deadline (the bench client's timeout),
     a run it cut says so, and one it leaves no time for is not started but listed, so a later call resumes the file."""
-    from sglang_lilicorr.benchmarks.paired import Deadline
-    from testbed import common
+    from benchmarks.served.paired import Deadline
+    from benchmarks.testbed import common
 
     now, calls = [0.0], []
 
@@ -398,7 +398,7 @@ def test_speed_on_flashinfer_reaches_every_server_and_keeps_its_rounds_apart(tmp
     both over --server-args', the rounds go to WORK/speed/graphs32_flashinfer, a Triton call of the same setting to
     WORK/speed/graphs32, neither summary holds the other's rounds, and a call whose --server-args differ from those a
     setting's rounds were served with is refused before any server starts."""
-    from testbed.common import SERVER_ARGS, backends_of, with_backends
+    from benchmarks.testbed.common import SERVER_ARGS, backends_of, with_backends
 
     launches = tmp_path / "launches.jsonl"
     monkeypatch.setenv("LAUNCHES", str(launches))
@@ -447,7 +447,7 @@ def test_speed_on_flashinfer_reaches_every_server_and_keeps_its_rounds_apart(tmp
 
 
 def test_speed_order_rotates_and_prompts_are_long_form():
-    from sglang_lilicorr.benchmarks.paired import rotation
+    from benchmarks.served.paired import rotation
 
     systems = ["base", "dflash", "builtin", "lilicorr", "dflash_splitkv", "lilicorr_extend"]
     assert list(speed.SYSTEMS) == systems
@@ -486,7 +486,7 @@ def test_bad_settings_are_named(toy, tmp_path):
         testbed.main(["--work", str(tmp_path / "empty"), "--target", str(target), "sweep"])
     with pytest.raises(SystemExit, match="no sweep result"):
         cli(fresh, "train", "lilicorr")
-    with pytest.raises(SystemExit, match="python -m testbed prompts"):
+    with pytest.raises(SystemExit, match="python -m benchmarks testbed prompts"):
         testbed.eval_sets.read(tmp_path / "missing.jsonl")
 
 
@@ -576,9 +576,9 @@ def test_equal_budget_four_heads_from_one_draft_replayed_served_and_summarized(
     that serves it (`compare`, stand-in servers), and the summary's equal-budget keys merged."""
     from test_train import write_conversations, write_held_out_turns
 
-    from sglang_lilicorr.benchmarks import baselines_summary
+    from benchmarks.served import baselines_summary
     from sglang_lilicorr.errors import UsageError
-    from testbed import compare
+    from benchmarks.testbed import compare
 
     _, target, evals = toy
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -683,7 +683,7 @@ StubServer(speculative=True, accept=3, port=int(os.environ["PORT"])).serve_forev
 
 
 def test_startup_starts_each_server_alone_cold_and_resumes(tmp_path, monkeypatch):
-    from testbed import startup
+    from benchmarks.testbed import startup
 
     work = tmp_path / "work"
     for v in ("dflash", "lilicorr"):

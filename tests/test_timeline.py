@@ -3,7 +3,7 @@ per-kernel medians, the idle time before each kernel on its stream, and the wall
 
 import pytest
 
-from sglang_lilicorr.benchmarks.timeline import format_timeline, main, replay_rows, timeline
+from benchmarks.micro.timeline import format_timeline, main, replay_rows, timeline
 
 
 def _event(name, stream, ts, dur):

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from sglang_lilicorr.benchmarks import verify_attention
+from benchmarks.micro import verify_attention_bench as verify_attention
 
 
 def test_plot_from_a_saved_result(tmp_path):

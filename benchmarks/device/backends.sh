@@ -3,26 +3,26 @@
 # attention stays triton, the only one the plugin serves) and --sampling-backend flashinfer: the served greedy check,
 # T = 1 through flashinfer's sampling kernels with the per-position chi-square test, and the served-speed benchmark's
 # paired rounds. Six calls back to back on one warm nvidia-h200 (a fresh machine between them: exit 3, start again at
-# call 1). Each call: bash tools/device/backends.sh STEP[,STEP...] (steps run in the order below, whatever the order
+# call 1). Each call: bash benchmarks/device/backends.sh STEP[,STEP...] (steps run in the order below, whatever the order
 # given).
 #
 # CPU side first (docs/DEVELOPING.md, "SmolLM2-135M on the device" and "flashinfer on the GPU machine"): the shipped
-# drafts' weights moved out of the tree into .dev/ckpt, .dev/flashinfer from tools/device/flashinfer_kit.sh with the
+# drafts' weights moved out of the tree into .dev/ckpt, .dev/flashinfer from benchmarks/device/flashinfer_kit.sh with the
 # JIT cache of the last call that built one (.dev/flashinfer/jit_cache.tar.gz), then
-#     bash tools/device/backends.sh carry     # every call's carry below against the 64 MiB limit, from this checkout
+#     bash benchmarks/device/backends.sh carry     # every call's carry below against the 64 MiB limit, from this checkout
 #
 # call  command                                               carry                                  MB (tree 6.2)  timeout  expected
-# 1     bash tools/device/backends.sh install                 .dev/{whl,pkgs,bin,manifest.txt,smolA}  66.0          300      ~36 s
-# 2     CALL_SECONDS=560 bash tools/device/backends.sh flashinfer   .dev/{flashinfer,ckpt,bin}        63.0          600      ~30 s (*)
-# 3     bash tools/device/backends.sh model                   .dev/{smolB,bin}                        66.0          300      ~45 s
-# 4     CALL_SECONDS=575 bash tools/device/backends.sh greedy,t1   .dev/sglang_jit (**)               6.2 + it      600      ~575 s
-# 5     CALL_SECONDS=575 bash tools/device/backends.sh t1,speed    .dev/sglang_jit (**)               6.2 + it      600      ~575 s
-# 6     CALL_SECONDS=575 bash tools/device/backends.sh speed  .dev/sglang_jit (**)                    6.2 + it      600      ~350-420 s
+# 1     bash benchmarks/device/backends.sh install                 .dev/{whl,pkgs,bin,manifest.txt,smolA}  66.0          300      ~36 s
+# 2     CALL_SECONDS=560 bash benchmarks/device/backends.sh flashinfer   .dev/{flashinfer,ckpt,bin}        63.0          600      ~30 s (*)
+# 3     bash benchmarks/device/backends.sh model                   .dev/{smolB,bin}                        66.0          300      ~45 s
+# 4     CALL_SECONDS=575 bash benchmarks/device/backends.sh greedy,t1   .dev/sglang_jit (**)               6.2 + it      600      ~575 s
+# 5     CALL_SECONDS=575 bash benchmarks/device/backends.sh t1,speed    .dev/sglang_jit (**)               6.2 + it      600      ~575 s
+# 6     CALL_SECONDS=575 bash benchmarks/device/backends.sh speed  .dev/sglang_jit (**)                    6.2 + it      600      ~350-420 s
 # (MB: 10^6 bytes, the tree's tracked and untracked files included; the limit is 67.1. (*) flashinfer.sh unpacks the
-# carried cache (tools/device/flashinfer_cache.sh) and builds only what it lacks: on the H200 of 7c30b52 every module
+# carried cache (benchmarks/device/flashinfer_cache.sh) and builds only what it lacks: on the H200 of 7c30b52 every module
 # the warm-up uses was up to date and loaded in under a second each; without the cache the build is ~270 s. Its build
 # stops 45 s before the call's deadline and its cache so far comes back (exit 4: carry it and run the step again).
-# (**) SGLang's own JIT kernels (tools/device/sglang_jit.sh): unpacked once per machine before any server starts, and
+# (**) SGLang's own JIT kernels (benchmarks/device/sglang_jit.sh): unpacked once per machine before any server starts, and
 # returned as $OUT/sglang_jit.tar.gz by a call whose servers built more (its call log lists the modules and when).
 # Without it a machine's first four servers built 7 modules in 6 minutes and started in 71-146 s, with it in 9-17 s
 # (scheduler end to end; 171a5be, backends/h200_171a5be_flashinfer_speed, where the first speed call played one
@@ -40,7 +40,7 @@
 # call's results.
 # Then on the CPU machine: unpack every call's results.tar.gz into one folder (later calls replace earlier files: the
 # last speed call's bundle holds every round) and
-#     python -m sglang_lilicorr.benchmarks.backends_summary --run DIR --card "H200 (nvidia-h200)" --commit C --out DIR2
+#     python -m benchmarks backends-summary --run DIR --card "H200 (nvidia-h200)" --commit C --out DIR2
 # (benchmarks/README.md, "Attention backends"); put call 2's jit_cache.tar.gz (or a later call's, which also holds what
 # serving built) at .dev/flashinfer/jit_cache.tar.gz and the last returned sglang_jit.tar.gz at
 # .dev/sglang_jit/sglang_jit.tar.gz for later sessions.
@@ -49,21 +49,21 @@
 #   install       .dev/bin/smol.sh install: the kit into /tmp/site, part_a of the GGUF kept in /tmp/smol, the imports;
 #                 the card -> card.txt
 #   flashinfer    the shipped drafts (checkpoints/smollm2-*/config.json, .dev/ckpt weights) -> /tmp/testbed/drafts;
-#                 tools/device/flashinfer.sh: the slim flashinfer into /tmp/site, the carried JIT cache unpacked, every
+#                 benchmarks/device/flashinfer.sh: the slim flashinfer into /tmp/site, the carried JIT cache unpacked, every
 #                 module built (what the cache lacks) and run once -> flashinfer/flashinfer_warmup.txt, and the whole
 #                 cache -> $OUT/jit_cache.tar.gz
-#   model         tools/device/gpu_check.sh model with LILICORR_DRAFT=/tmp/testbed/drafts/lilicorr: the target in
+#   model         benchmarks/device/gpu_check.sh model with LILICORR_DRAFT=/tmp/testbed/drafts/lilicorr: the target in
 #                 /tmp/smol/model, the shipped LiLiCorr draft served (and the same drafter without its head for DFLASH)
-#   greedy        ATTN_BACKEND / SAMPLING_BACKEND set, tools/device/gpu_check.sh GREEDY_SYSTEMS (lilicorr),check: the
+#   greedy        ATTN_BACKEND / SAMPLING_BACKEND set, benchmarks/device/gpu_check.sh GREEDY_SYSTEMS (lilicorr),check: the
 #                 LILICORR server (CUDA graphs to 16, so c = 32 verifies eagerly), 56 greedy + 6 T = 1 prompts one at a
 #                 time, then 1-32 concurrent (88 greedy responses), every greedy token against the fp32 target (near-ties
 #                 within 2 bf16 ulps), the proposal captured in the draft CUDA graph -> greedy/{summary.txt,lilicorr.*}
-#   t1            the same backends, tools/device/gpu_check.sh sampling for T1_SYSTEMS (lilicorr; "base dflash
+#   t1            the same backends, benchmarks/device/gpu_check.sh sampling for T1_SYSTEMS (lilicorr; "base dflash
 #                 lilicorr" is ~3 minutes a system more): 2,000 seeded T = 1 requests per prompt, the chi-square test per
 #                 position, no tau (SAMPLING_TAU_SEEDS empty) -> t1/{sampling_summary.json,summary.txt,SYSTEM.log}
 #   speed         testbed.sh --attention-backend ATTN --sampling-backend SAMPLING speed --systems base dflash builtin
 #                 lilicorr --rounds SPEED_ROUNDS (5) --profile-steps 0 $SPEED_ARGS (c = 1, 4, 8, 16, 32, graphs to 32):
-#                 WORK/speed/graphs32_flashinfer, kept apart from any Triton rounds (testbed/speed.py); resumes, so the
+#                 WORK/speed/graphs32_flashinfer, kept apart from any Triton rounds (benchmarks/testbed/speed.py); resumes, so the
 #                 same call again plays what the deadline left -> speed/graphs32_flashinfer/
 #   triton-speed  (optional, when device time is left) the kit's Triton servers, same systems and rounds, at
 #                 TRITON_CONCURRENCY (1): the block over the decode step on Triton on this very machine ->
@@ -81,7 +81,7 @@
 # cut by its deadline says so and exits 1: run it again).
 set -u -o pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-STEPS=${1:?usage: bash tools/device/backends.sh install|flashinfer|model|greedy|t1|speed|triton-speed|carry[,STEP...]}
+STEPS=${1:?usage: bash benchmarks/device/backends.sh install|flashinfer|model|greedy|t1|speed|triton-speed|carry[,STEP...]}
 KNOWN=(install flashinfer model greedy t1 speed triton-speed carry)
 for s in ${STEPS//,/ }; do
   [[ " ${KNOWN[*]} " == *" $s "* ]] || { echo "backends.sh: unknown step $s: ${KNOWN[*]}" >&2; exit 2; }
@@ -118,7 +118,7 @@ if has carry; then
   done
   if [ "$over" = 1 ]; then
     echo "backends.sh carry: a call is over 64 MiB or misses a path: move the shipped drafts' weights to .dev/ckpt" \
-      "(docs/DEVELOPING.md), build .dev/flashinfer (tools/device/flashinfer_kit.sh), fetch the kit (prepare.sh --smol)" >&2
+      "(docs/DEVELOPING.md), build .dev/flashinfer (benchmarks/device/flashinfer_kit.sh), fetch the kit (prepare.sh --smol)" >&2
     exit 1
   fi
   exit 0
@@ -142,7 +142,7 @@ rm -rf "$STAGE" && mkdir -p "$STAGE/calls" "$RET" "$BW"
 log() { echo "[backends $(date +%H:%M:%S)] $*"; }
 left() { echo $(( TESTBED_DEADLINE - $(date +%s) )); }
 modules_sum() { find "$1" -type f -name '*.so' 2>/dev/null | sort | md5sum | cut -c1-32; }  # a JIT cache's builds
-# SGLang's own JIT kernels: tools/device/sglang_jit.sh, its state with this work's (a fresh machine has neither)
+# SGLang's own JIT kernels: benchmarks/device/sglang_jit.sh, its state with this work's (a fresh machine has neither)
 export SGLANG_JIT_STATE=$BW/sglang_jit.sum
 
 fresh() {  # exit 3 where an earlier call's work is missing on this machine
@@ -152,14 +152,14 @@ fresh() {  # exit 3 where an earlier call's work is missing on this machine
   fi
 }
 
-gpu_check() {  # gpu_check OUTDIR STEPS: tools/device/gpu_check.sh with this call's backends
-  ATTN_BACKEND=$ATTN SAMPLING_BACKEND=$SAMP OUT=$1 SMOL_WORK=$W DEVICE_SITE=$SITE bash "$ROOT/tools/device/gpu_check.sh" "$2"
+gpu_check() {  # gpu_check OUTDIR STEPS: benchmarks/device/gpu_check.sh with this call's backends
+  ATTN_BACKEND=$ATTN SAMPLING_BACKEND=$SAMP OUT=$1 SMOL_WORK=$W DEVICE_SITE=$SITE bash "$ROOT/benchmarks/device/gpu_check.sh" "$2"
 }
 
 speed_step() {  # speed_step DEST TESTBED_ARGS...: the testbed's speed step, its bundle unpacked into $STAGE/speed/
   local out=$BW/testbed_out rc
   rm -rf "$out" && mkdir -p "$out"
-  bash "$ROOT/tools/device/testbed.sh" --work "$TB" --out "$out" "$@" 2>&1 | grep -v "it/s\]\|s/it\]\|Loading weights\|Warning" | tail -n 60
+  bash "$ROOT/benchmarks/device/testbed.sh" --work "$TB" --out "$out" "$@" 2>&1 | grep -v "it/s\]\|s/it\]\|Loading weights\|Warning" | tail -n 60
   rc=${PIPESTATUS[0]}
   for b in "$out"/speed_*.tar.gz; do
     [ -f "$b" ] || continue
@@ -173,10 +173,10 @@ run_steps() {
   local fails=() rc=0
   enough() {  # enough STEP SECONDS: the call's deadline leaves that long, else the step is left to the next call (exit 4)
     [ "$(left)" -ge "$2" ] && return 0
-    log "$1: $(left) s left in this call, $2 needed: run 'bash tools/device/backends.sh $1' in the next call"; rc=4; return 1
+    log "$1: $(left) s left in this call, $2 needed: run 'bash benchmarks/device/backends.sh $1' in the next call"; rc=4; return 1
   }
   log "steps $STEPS; backends --attention-backend $ATTN --sampling-backend $SAMP (draft: triton); $(left) s to the deadline"
-  bash "$ROOT/tools/device/sglang_jit.sh" unpack  # once per machine, before any server starts
+  bash "$ROOT/benchmarks/device/sglang_jit.sh" unpack  # once per machine, before any server starts
   if has install; then
     OUT=$BW/smol_out bash "$ROOT/.dev/bin/smol.sh" install 2>&1 | tail -n 8
     [ "${PIPESTATUS[0]}" = 0 ] || fails+=(install)
@@ -193,11 +193,11 @@ run_steps() {
     # so a build longer than one call comes back in parts instead of being lost to the call's timeout
     local build=$(( $(left) - ${FLASHINFER_PACK_SECONDS:-45} )) frc
     [ "$build" -ge 30 ] || build=30
-    SITE=$SITE OUT=$STAGE/flashinfer FI_BUILD_SECONDS=$build bash "$ROOT/tools/device/flashinfer.sh" 2>&1
+    SITE=$SITE OUT=$STAGE/flashinfer FI_BUILD_SECONDS=$build bash "$ROOT/benchmarks/device/flashinfer.sh" 2>&1
     frc=$?
     if [ "$frc" = 4 ]; then
       log "flashinfer: the build reached this call's deadline; the JIT cache so far comes back: put it at" \
-        ".dev/flashinfer/jit_cache.tar.gz and run 'bash tools/device/backends.sh flashinfer' again"; rc=4
+        ".dev/flashinfer/jit_cache.tar.gz and run 'bash benchmarks/device/backends.sh flashinfer' again"; rc=4
     elif [ "$frc" != 0 ]; then fails+=(flashinfer); fi
     if [ -f "$STAGE/flashinfer/jit_cache.tar.gz" ]; then
       mv "$STAGE/flashinfer/jit_cache.tar.gz" "$RET/" && modules_sum "$CACHE" > "$BW/jit_cache.sum"
@@ -237,7 +237,7 @@ run_steps() {
     SGLANG_IS_FLASHINFER_AVAILABLE=false speed_step speed --systems base dflash builtin lilicorr \
       --concurrency ${TRITON_CONCURRENCY:-1} --rounds "${SPEED_ROUNDS:-5}" --profile-steps 0 || fails+=(triton-speed)
   fi
-  bash "$ROOT/tools/device/sglang_jit.sh" pack "$RET"  # where this call's servers built modules (which ones, when)
+  bash "$ROOT/benchmarks/device/sglang_jit.sh" pack "$RET"  # where this call's servers built modules (which ones, when)
   log "done; failed: ${fails[*]:-none}; $(left) s to the deadline"
   [ ${#fails[@]} = 0 ] || return 1
   return "$rc"
@@ -247,7 +247,7 @@ run_steps 2>&1 | tee "$STAGE/calls/$(date +%H%M%S)_${STEPS//,/+}.log"
 rc=${PIPESTATUS[0]}
 # the JIT cache again where serving built modules the warm-up had not (flashinfer.sh's call returned it already)
 if [ -f "$BW/jit_cache.sum" ] && [ ! -f "$RET/jit_cache.tar.gz" ] && [ "$(modules_sum "$CACHE")" != "$(cat "$BW/jit_cache.sum")" ]; then
-  SITE=$SITE CACHE=$CACHE bash "$ROOT/tools/device/flashinfer_cache.sh" pack "$RET/jit_cache.tar.gz" \
+  SITE=$SITE CACHE=$CACHE bash "$ROOT/benchmarks/device/flashinfer_cache.sh" pack "$RET/jit_cache.tar.gz" \
     && modules_sum "$CACHE" > "$BW/jit_cache.sum" \
     && log "the flashinfer JIT cache grew while serving: -> \$OUT/jit_cache.tar.gz (carry it as .dev/flashinfer/jit_cache.tar.gz)"
 fi

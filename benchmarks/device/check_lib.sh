@@ -6,10 +6,10 @@ T0=$SECONDS
 fails=()
 # The servers' backends: ATTN_BACKEND (the target's --attention-backend, default triton) and SAMPLING_BACKEND
 # (--sampling-backend, default pytorch), BACKEND_ARGS in every server a check starts (the draft's attention stays
-# triton: LILICORR serves no other). With neither flashinfer, flashinfer where present is tools/flashinfer_headers.py's
+# triton: LILICORR serves no other). With neither flashinfer, flashinfer where present is benchmarks/device/flashinfer_headers.py's
 # headers-only package: SGLang must not pick flashinfer kernels for its layers and sampling (is_flashinfer_available);
 # its DFlash sampling verify finds the headers regardless. Naming flashinfer needs the package itself, installed by
-# tools/device/flashinfer.sh in an earlier call (start_server refuses otherwise).
+# benchmarks/device/flashinfer.sh in an earlier call (start_server refuses otherwise).
 ATTN_BACKEND=${ATTN_BACKEND:-triton}
 SAMPLING_BACKEND=${SAMPLING_BACKEND:-pytorch}
 BACKEND_ARGS=(--attention-backend "$ATTN_BACKEND" --sampling-backend "$SAMPLING_BACKEND")
@@ -28,7 +28,7 @@ use_install() {  # use_install SCRIPT: the kit's install in $SITE made by an ear
   export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
 }
 
-install_flashinfer_headers() {  # .dev/flashinfer_headers/flashinfer (tools/flashinfer_headers.py), where carried, into $SITE
+install_flashinfer_headers() {  # .dev/flashinfer_headers/flashinfer (benchmarks/device/flashinfer_headers.py), where carried, into $SITE
   if [ -d "$1/flashinfer_headers/flashinfer" ]; then
     rm -rf "$SITE/flashinfer" && cp -r "$1/flashinfer_headers/flashinfer" "$SITE/" \
       && say "flashinfer headers installed ($(wc -l < "$SITE/flashinfer/HEADERS_ONLY") files): SGLang verifies T > 0 by rejection sampling"
@@ -52,7 +52,7 @@ start_server() {  # start_server NAME PORT LOG SERVER_ARGS...: sglang.launch_ser
   shift 3
   [ "$USES_FLASHINFER" = 1 ] && why=$(flashinfer_missing)
   if [ -n "${why:-}" ]; then
-    say "$name: not started: ${BACKEND_ARGS[*]} needs flashinfer, and $why: run tools/device/flashinfer.sh first (docs/DEVELOPING.md)"
+    say "$name: not started: ${BACKEND_ARGS[*]} needs flashinfer, and $why: run benchmarks/device/flashinfer.sh first (docs/DEVELOPING.md)"
     SERVER_PID=; return 1
   fi
   setsid python3 -m sglang.launch_server --host 127.0.0.1 --port "$port" "$@" > "$log" 2>&1 &

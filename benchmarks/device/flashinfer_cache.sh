@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# flashinfer's JIT cache carried between GPU machines (issue 44; run by tools/device/flashinfer.sh):
-#   bash tools/device/flashinfer_cache.sh unpack TARBALL   a carried cache into CACHE, up to date on this machine
-#   bash tools/device/flashinfer_cache.sh pack TARBALL     CACHE, with the versions it was built with, into TARBALL
+# flashinfer's JIT cache carried between GPU machines (issue 44; run by benchmarks/device/flashinfer.sh):
+#   bash benchmarks/device/flashinfer_cache.sh unpack TARBALL   a carried cache into CACHE, up to date on this machine
+#   bash benchmarks/device/flashinfer_cache.sh pack TARBALL     CACHE, with the versions it was built with, into TARBALL
 # flashinfer loads a JIT module after ninja finds it up to date, and ninja rebuilds an object whose inputs are newer
 # than it. Every module includes tvm_ffi's headers, which the device kit's pip install dates at this machine's install
 # time, later than any carried object: `unpack` dates tvm_ffi's files in SITE back to 1970 (as the slim flashinfer's
@@ -11,8 +11,8 @@
 set -uo pipefail
 fail() { echo "flashinfer_cache.sh: FAILED: $*" >&2; exit 1; }
 MODE=${1:-} TARBALL=${2:-}
-case $MODE in unpack|pack) [ -n "$TARBALL" ] || fail "usage: bash tools/device/flashinfer_cache.sh unpack|pack TARBALL" ;;
-  *) fail "usage: bash tools/device/flashinfer_cache.sh unpack|pack TARBALL" ;; esac
+case $MODE in unpack|pack) [ -n "$TARBALL" ] || fail "usage: bash benchmarks/device/flashinfer_cache.sh unpack|pack TARBALL" ;;
+  *) fail "usage: bash benchmarks/device/flashinfer_cache.sh unpack|pack TARBALL" ;; esac
 SITE=${SITE:-/tmp/site}
 CACHE=${CACHE:-${FLASHINFER_WORKSPACE_BASE:-$HOME}/.cache/flashinfer}
 case ":${PYTHONPATH:-}:" in *":$SITE:"*) ;; *) export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" ;; esac

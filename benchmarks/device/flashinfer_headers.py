@@ -10,14 +10,14 @@ data/cutlass/tools/util/include and data/spdlog/include to exist). This writes O
 no Python API, data/include/flashinfer/ with the include closure of sampling.cuh taken from the wheel, the four
 other folders empty, and HEADERS_ONLY (the marker that lets a later run replace it).
 
-On the GPU machine `tools/device/check_lib.sh` (use_flashinfer_headers) copies it into the kit's site folder and sets
+On the GPU machine `benchmarks/device/check_lib.sh` (use_flashinfer_headers) copies it into the kit's site folder and sets
 SGLANG_IS_FLASHINFER_AVAILABLE=false: SGLang's is_flashinfer_available(), which would pick flashinfer kernels for
 layers and sampling, stays False, while the DFlash verifier finds the headers and the kit's patched renorm, which
 cannot import flashinfer.sampling, takes its torch fallbacks.
 
   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \\
       -d /tmp/fi flashinfer-python==0.7.2
-  python tools/flashinfer_headers.py /tmp/fi/flashinfer_python-0.7.2-py3-none-any.whl --out .dev/flashinfer_headers
+  python -m benchmarks flashinfer-headers /tmp/fi/flashinfer_python-0.7.2-py3-none-any.whl --out .dev/flashinfer_headers
 """
 
 from __future__ import annotations
@@ -100,14 +100,14 @@ def write(wheel_path: Path, out: Path) -> list[str]:
     for folder in EMPTY:
         (package / "data" / folder).mkdir(parents=True, exist_ok=True)
     (package / "__init__.py").write_text(
-        f'"""flashinfer {VERSION} headers only (tools/flashinfer_headers.py): no Python API."""\n'
+        f'"""flashinfer {VERSION} headers only (benchmarks/device/flashinfer_headers.py): no Python API."""\n'
     )
     (package / MARKER).write_text("".join(h + "\n" for h in headers))
     return headers
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python tools/flashinfer_headers.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("wheel", type=Path, help=f"flashinfer_python-{VERSION}-py3-none-any.whl")
     p.add_argument(
         "--out", type=Path, required=True, help="folder that receives flashinfer/ (e.g. .dev/flashinfer_headers)"
@@ -121,7 +121,3 @@ def main(argv=None) -> int:
     size = sum(f.stat().st_size for f in (args.out / "flashinfer").rglob("*") if f.is_file())
     print(f"{args.out / 'flashinfer'}: {len(headers)} headers, {size / 1024:.0f} KiB")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # CPU side of flashinfer on the lent GPU machine (issue 44): makes .dev/flashinfer/ and touches nothing else.
-#   bash tools/device/flashinfer_kit.sh          (from the checkout's root; about 1-2 minutes the first time, 1 s after)
+#   bash benchmarks/device/flashinfer_kit.sh          (from the checkout's root; about 1-2 minutes the first time, 1 s after)
 # Writes:
 #   .dev/flashinfer/flashinfer_slim.tar.xz  flashinfer-python 0.7.2 slimmed to the JIT modules SGLang's flashinfer
-#                                           attention backend and sampling use (tools/device/flashinfer_slim.py)
+#                                           attention backend and sampling use (benchmarks/device/flashinfer_slim.py)
 #   .dev/flashinfer/whl/                    the dependency wheels the GPU image may lack and these paths import
 #   .dev/flashinfer/KIT.txt                 sizes, the dependency list (shipped / downloaded / left out, and why)
-# The GPU side is tools/device/flashinfer.sh (carry .dev/flashinfer beside the kit's .dev/{whl,pkgs,bin,manifest.txt}).
+# The GPU side is benchmarks/device/flashinfer.sh (carry .dev/flashinfer beside the kit's .dev/{whl,pkgs,bin,manifest.txt}).
 # Env: FI_WHEEL (default /tmp/fi/flashinfer_python-0.7.2-py3-none-any.whl, else pip-downloaded into
 # .dev/flashinfer/.cache/ and deleted after the build), PYTHON (a python with torch, for generating the JIT sources; default .venv/bin/python,
 # then /work/main/.venv/bin/python). Idempotent: an unchanged wheel, helper and pins rebuild nothing.
@@ -16,7 +16,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
 [ -d .dev ] || fail ".dev/ is missing: run bash ../shared/device/prepare.sh first (it also git-ignores .dev/)"
 kit=.dev/flashinfer
-helper=tools/device/flashinfer_slim.py
+helper=benchmarks/device/flashinfer_slim.py
 VERSION=0.7.2
 # the deps flashinfer 0.7.2 declares that the GPU image may lack and that import flashinfer or the JIT build needs
 DEPS=("nvidia-ml-py==13.615.71" "tabulate==0.10.0" "ninja==1.13.2")
@@ -64,7 +64,7 @@ else
   "$PY" -m pip install -q --no-deps --no-index --target "$deps" "$kit"/whl/*.whl >/dev/null \
     || fail "installing $kit/whl into a scratch folder failed"
   t0=$SECONDS
-  report=$(FI_SLIM_DEPS=$deps "$PY" "$helper" build "$wheel" "$tar") || fail "$helper build failed (above)"
+  report=$(FI_SLIM_DEPS=$deps "$PY" -m benchmarks flashinfer-slim build "$wheel" "$tar") || fail "$helper build failed (above)"
   echo "$report" > "$kit/.build.json"
   echo "$key" > "$kit/.key"
   built="built in $((SECONDS - t0)) s"
@@ -80,7 +80,7 @@ files=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['files'])"
 rm -rf "$kit/.cache"  # a downloaded wheel (65 MB) must not travel with carry [".dev/flashinfer"]
 kit_b=$(find "$kit" -type f -printf '%s\n' | awk '{s += $1} END {print s}')
 {
-  echo "flashinfer-python $VERSION for the GPU machine (tools/device/flashinfer_kit.sh; GPU side tools/device/flashinfer.sh)"
+  echo "flashinfer-python $VERSION for the GPU machine (benchmarks/device/flashinfer_kit.sh; GPU side benchmarks/device/flashinfer.sh)"
   echo "wheel: flashinfer_python-$VERSION-py3-none-any.whl, sha256 ${wheel_sha:0:16}... (65 MB; 453 MB, 10k files unpacked)"
   echo "flashinfer_slim.tar.xz: $(mib "$tar_b"), $files files, $(mib "$unpacked") unpacked"
   echo "whl/: $(mib "$whl_b"): $(cd "$kit/whl" && ls | tr '\n' ' ')"
@@ -101,6 +101,6 @@ kit_b=$(find "$kit" -type f -printf '%s\n' | awk '{s += $1} END {print s}')
   echo "    nvidia-cudnn-frontend (cuDNN attention and GEMM backends), nccl4py and nccl-extensions (flashinfer.comm,"
   echo "    multi-GPU all-reduce fusion), einops (imported lazily by other ops), click (the flashinfer CLI only)"
 } > "$kit/KIT.txt"
-[ -d "$kit/flashinfer" ] && echo "flashinfer_kit: note: $kit/flashinfer (tools/flashinfer_headers.py's headers-only package) is also there; tools/device/flashinfer.sh replaces it in the site folder with the full package" >&2
+[ -d "$kit/flashinfer" ] && echo "flashinfer_kit: note: $kit/flashinfer (benchmarks/device/flashinfer_headers.py's headers-only package) is also there; benchmarks/device/flashinfer.sh replaces it in the site folder with the full package" >&2
 echo "flashinfer_kit: slim package $built; $(sed -n 3,5p "$kit/KIT.txt" | tr '\n' ';')"
 if [ "$kit_b" -gt $((50 * 1048576)) ]; then fail "$kit is $(mib "$kit_b"), over the 50 MiB a call can spare beside the kit"; fi

@@ -1,12 +1,12 @@
 """JIT-build (or load from the cache) and run once every flashinfer module that SGLang's flashinfer attention backend
-and sampling use (tools/device/flashinfer_slim.py, MODULES, but its spare `page`, which SGLang does not call, and
+and sampling use (benchmarks/device/flashinfer_slim.py, MODULES, but its spare `page`, which SGLang does not call, and
 `topk`, which only DFlash2 drafts call: run when asked), at
 SmolLM2-135M's shapes (bf16, 9 query / 3 KV heads, head_dim 64, page size 1; the drafts have the same heads), on tiny
 tensors; each attention output is checked against a
 float32 torch reference, packbits against a bit-by-bit one. Each step names the JIT modules it builds and runs before
 any step that builds them only indirectly (packbits before the custom-mask verify). One line per step with its wall
 time; exit 1 with one clear line, naming the module, on the first failure; at the end, the JIT modules loaded against
-the slim archive's list (flashinfer/SLIM.json). Run by tools/device/flashinfer.sh on the GPU; arguments: only the steps
+the slim archive's list (flashinfer/SLIM.json). Run by benchmarks/device/flashinfer.sh on the GPU; arguments: only the steps
 whose name contains one of them."""
 
 import json
@@ -77,7 +77,7 @@ def pack_bits_little(bits):
     return (b << torch.arange(8, device=bits.device, dtype=torch.int32)).sum(-1).to(torch.uint8)
 
 
-def main():
+def main(argv: list[str] | None = None) -> None:
     import flashinfer
     from flashinfer.cascade import merge_state
 
@@ -210,7 +210,7 @@ def main():
         flush=True,
     )
     track_jit_modules()
-    only = set(sys.argv[1:])
+    only = set(sys.argv[1:] if argv is None else argv)
     for name, modules, fn in [
         ("decode (fa2, paged)", "decode", decode),
         ("prefill paged causal (fa2)", "prefill_fa2_primary", lambda: prefill_paged(False)),
@@ -234,7 +234,3 @@ def main():
             f"{', '.join(missed) or 'none'}; loaded but not in it: {', '.join(extra) or 'none'}",
             flush=True,
         )
-
-
-if __name__ == "__main__":
-    main()

@@ -6,17 +6,17 @@
 #
 # CPU side, once, from the project root:   bash ../shared/device/prepare.sh --smol
 # call 1, carry [".dev/whl", ".dev/pkgs", ".dev/bin", ".dev/manifest.txt", ".dev/smolA"], timeout_s 300:
-#     bash tools/device/gpu_check.sh install
-#   (carry also ".dev/flashinfer_headers", from tools/flashinfer_headers.py, for T > 0 verified by rejection sampling)
+#     bash benchmarks/device/gpu_check.sh install
+#   (carry also ".dev/flashinfer_headers", from benchmarks/device/flashinfer_headers.py, for T > 0 verified by rejection sampling)
 # call 2 (at once), carry [".dev/smolB", ".dev/bin"], timeout_s 600:
-#     bash tools/device/gpu_check.sh model,lilicorr,check
+#     bash benchmarks/device/gpu_check.sh model,lilicorr,check
 #   (add ",base" after "model" for a no-speculation control server: about 60 s more)
 # T > 0 with the shipped draft, one system per call: install (carry .dev/flashinfer_headers too), then
-#     SAMPLING_SYSTEMS=base bash tools/device/gpu_check.sh model,sampling          (carry .dev/smolB, .dev/bin; the checkpoints'
+#     SAMPLING_SYSTEMS=base bash benchmarks/device/gpu_check.sh model,sampling          (carry .dev/smolB, .dev/bin; the checkpoints'
 #                                                                             weights moved out, as for every .dev/smol* call)
 # and with checkpoints/ restored, carry [".dev/bin"]:
-#     SAMPLING_SYSTEMS=dflash LILICORR_DRAFT=checkpoints/smollm2-lilicorr bash tools/device/gpu_check.sh draft,sampling
-#     SAMPLING_SYSTEMS=lilicorr bash tools/device/gpu_check.sh sampling
+#     SAMPLING_SYSTEMS=dflash LILICORR_DRAFT=checkpoints/smollm2-lilicorr bash benchmarks/device/gpu_check.sh draft,sampling
+#     SAMPLING_SYSTEMS=lilicorr bash benchmarks/device/gpu_check.sh sampling
 #
 # Steps (comma-separated, run in this order):
 #   install   install.sh (bundle, patches, this project -> its sglang.srt.plugins entry point), keep
@@ -37,8 +37,8 @@
 #             the server log must name no traceback and no leak -> $OUT/faults.{log,tar.gz}. FAULTS_MEM (0.3) sets
 #             --mem-fraction-static (lower it to share the GPU)
 #   sampling  T > 0 exactness (needs the flashinfer headers: carry .dev/flashinfer_headers in the install call): base, DFLASH and
-#             LILICORR servers in turn, SAMPLING_N (2000) seeded requests per prompt of tools/sampling_prompts.jsonl at
-#             T = SAMPLING_T (1), 16 new tokens (sglang_lilicorr/benchmarks/sampling_exactness.py), then a chi-square test per position
+#             LILICORR servers in turn, SAMPLING_N (2000) seeded requests per prompt of benchmarks/served/sampling_prompts.jsonl at
+#             T = SAMPLING_T (1), 16 new tokens (benchmarks/served/sampling_exactness.py), then a chi-square test per position
 #             of the target's probability integral transform (sampling_exactness check), with each server's
 #             verification line and tau at T = 1 through the DFLASH and LILICORR servers on the eval prompts for seeds
 #             SAMPLING_TAU_SEEDS ("0 1 2"; empty: none; all 200 prompts, ~5 min a system, or a seeded SAMPLING_TAU_LIMIT of them) -> $OUT/sampling_summary.json
@@ -49,9 +49,9 @@
 #             ulps of the top logit allowed; byte-equal fraction against base.json) over every greedy response; the log must
 #             show our proposal captured in the draft CUDA graph and the draft graph capture itself
 # Env: ATTN_BACKEND (triton) and SAMPLING_BACKEND (pytorch): the target's --attention-backend and the
-#   --sampling-backend of every server (tools/device/check_lib.sh; flashinfer in either needs tools/device/flashinfer.sh
+#   --sampling-backend of every server (benchmarks/device/check_lib.sh; flashinfer in either needs benchmarks/device/flashinfer.sh
 #   run earlier on the machine; the draft's attention stays triton; summary.txt's "backends:" line names them, and the
-#   sampling step keeps another pair's records apart in $SMOL_WORK/sampling_ATTN_SAMPLING; tools/device/backends.sh
+#   sampling step keeps another pair's records apart in $SMOL_WORK/sampling_ATTN_SAMPLING; benchmarks/device/backends.sh
 #   runs the flashinfer checks),
 #   SMOL_WORK (/tmp/smol), DEVICE_SITE (/tmp/site), TIMEOUT (server start limit, 330 s), GRAPH_BS (16),
 #   EXTRA_ARGS (appended to the LILICORR server's args), LILICORR_DRAFT (see model),
@@ -61,8 +61,7 @@
 # Exit status: 0 when every step asked for passed; 3 when call 2 lands on a fresh machine (redo both).
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 LILICORR_T_GT_0=${LILICORR_T_GT_0:-allow-greedy}
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-TOOLS=$ROOT/tools
+source "$(dirname "${BASH_SOURCE[0]}")/lab.sh"  # ROOT; python3 -m benchmarks from any folder
 DEV=$ROOT/.dev
 B=$DEV/bin
 SITE=${DEVICE_SITE:-/tmp/site}
@@ -72,7 +71,7 @@ S=$O/summary.txt
 GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
 STEPS=${1:-install}
 mkdir -p "$O" "$W"
-source "$ROOT/tools/device/check_lib.sh"
+source "$ROOT/benchmarks/device/check_lib.sh"
 cd /tmp || exit 1  # outside the checkout: the installed package is the one imported
 say "backends: ${BACKEND_ARGS[*]} (the draft's attention: triton)"
 
@@ -90,7 +89,7 @@ if has install; then
   timeout 240 python3 -c "import gguf, sglang_lilicorr.serving.worker as w, sglang_lilicorr.kernels as k; print('LILICORR worker imports ok:', w.LiLiCorrWorker.__mro__[1].__name__)" \
     2>&1 | tail -n 5 | tee -a "$S" || fails+=(imports)
   say "proposal alone in a CUDA graph (graph_check.py)"
-  timeout 180 python3 "$TOOLS/graph_check.py" 2>&1 | tail -n 6 | tee -a "$S" || fails+=(graph_check)
+  timeout 180 python3 -m benchmarks graph-check 2>&1 | tail -n 6 | tee -a "$S" || fails+=(graph_check)
 else
   use_install gpu_check.sh
 fi
@@ -116,7 +115,7 @@ if has model || has draft; then  # the served drafts; `draft` alone rebuilds the
     D=$LILICORR_DRAFT; [[ $D == /* ]] || D=$ROOT/$D
     cp -r "$D" "$W/lilicorr_draft" && say "serving the trained draft $D"
   else
-    timeout 120 python3 "$TOOLS/random_head.py" "$W/draft" "$W/lilicorr_draft" 2>&1 | tail -n 2 | tee -a "$S"
+    timeout 120 python3 -m benchmarks random-head "$W/draft" "$W/lilicorr_draft" 2>&1 | tail -n 2 | tee -a "$S"
   fi
   python3 -c "from sglang_lilicorr.checkpoint import vanilla_copy as v; v('$W/lilicorr_draft', '$W/dflash_draft')" \
     && say "the same drafter without its head -> $W/dflash_draft (served by the dflash step)"
@@ -131,7 +130,7 @@ serve() {  # serve NAME PORT CLIENT_ARGS -- SERVER_ARGS: client results in $O/NA
     "${BACKEND_ARGS[@]}" --grammar-backend none \
     --mem-fraction-static 0.3 --context-length 2048 --cuda-graph-backend-prefill disabled "$@"; then
     # shellcheck disable=SC2086
-    timeout 300 python3 "$TOOLS/gpu_client.py" "$port" "$W/model" "$O/$name.json" $client_args 2>&1 \
+    timeout 300 python3 -m benchmarks gpu-client "$port" "$W/model" "$O/$name.json" $client_args 2>&1 \
       | tee -a "$S" && rc=0
   fi
   stop_server
@@ -173,7 +172,7 @@ if has faults; then
     --grammar-backend none --mem-fraction-static "${FAULTS_MEM:-0.3}" --context-length 2048 --cuda-graph-backend-prefill disabled \
     --max-running-requests 64 --cuda-graph-max-bs-decode "${GRAPH_BS:-16}" --speculative-algorithm LILICORR \
     --speculative-draft-model-path "$W/lilicorr_draft" --speculative-draft-attention-backend triton "${EXTRA[@]}"; then
-    timeout $(( ${FAULTS_SECONDS:-300} + 300 )) python3 -m sglang_lilicorr.cli bench faults --url http://127.0.0.1:30013 \
+    timeout $(( ${FAULTS_SECONDS:-300} + 300 )) python3 -m benchmarks faults --url http://127.0.0.1:30013 \
       --clients 64 --duration "${FAULTS_SECONDS:-300}" --expect-spec --out "$F" 2>&1 | tail -n 20 | tee -a "$S"
     [ "${PIPESTATUS[0]}" = 0 ] || fails+=(faults)
   else
@@ -201,14 +200,14 @@ if has sampling; then  # needs the flashinfer headers (install step with .dev/fl
       --grammar-backend none --mem-fraction-static 0.3 --context-length 4096 \
       --cuda-graph-backend-prefill disabled --max-running-requests 32 --cuda-graph-max-bs-decode "${GRAPH_BS:-16}" "${SPEC[@]}"; then
       grep -m2 -E "LILICORR verification|non-greedy verification" "$D/$n.log" | cut -c1-300 | tee -a "$S"
-      timeout "${SAMPLING_SECONDS:-240}" python3 -m sglang_lilicorr.benchmarks.sampling_exactness collect --url http://127.0.0.1:30014 \
-        --system "$n" --prompts "$TOOLS/sampling_prompts.jsonl" --tokenizer "$W/model" --requests "${SAMPLING_N:-2000}" \
+      timeout "${SAMPLING_SECONDS:-240}" python3 -m benchmarks sampling-exactness collect --url http://127.0.0.1:30014 \
+        --system "$n" --prompts "$ROOT/benchmarks/served/sampling_prompts.jsonl" --tokenizer "$W/model" --requests "${SAMPLING_N:-2000}" \
         --max-new-tokens 16 --temperature "${SAMPLING_T:-1}" --out "$D/$n.jsonl" 2>&1 | tail -n 2 | tee -a "$S"
       [ "${PIPESTATUS[0]}" = 0 ] || fails+=("sampling_$n")
       if [ "$n" != base ] && [ -n "${SAMPLING_TAU_SEEDS-0 1 2}" ]; then  # tau at T = 1 through the server, eval prompts
         # shellcheck disable=SC2086
         timeout 300 python3 -m sglang_lilicorr.cli bench run --url http://127.0.0.1:30014 --system "$n" \
-          --dataset "$ROOT/testbed/eval_prompts.jsonl" ${SAMPLING_TAU_LIMIT:+--limit "$SAMPLING_TAU_LIMIT"} --results "$D/tau_t1.jsonl" --concurrency 32 --temperature 1 \
+          --dataset "$ROOT/benchmarks/testbed/eval_prompts.jsonl" ${SAMPLING_TAU_LIMIT:+--limit "$SAMPLING_TAU_LIMIT"} --results "$D/tau_t1.jsonl" --concurrency 32 --temperature 1 \
           --seeds ${SAMPLING_TAU_SEEDS-0 1 2} --max-tokens 256 --warmup 0 --no-progress 2>&1 | tail -n 2 | tee -a "$S"
         [ "${PIPESTATUS[0]}" = 0 ] || fails+=("tau_t1_$n")
       fi
@@ -219,7 +218,7 @@ if has sampling; then  # needs the flashinfer headers (install step with .dev/fl
   done
   R=(); X=(); for n in base dflash lilicorr; do [ -s "$D/$n.jsonl" ] && R+=("$D/$n.jsonl") && X+=(--startup-log "$n=$D/$n.log"); done
   [ -s "$D/tau_t1.jsonl" ] && X+=(--tau-records "$D/tau_t1.jsonl")
-  timeout 600 python3 -m sglang_lilicorr.benchmarks.sampling_exactness check "$W/model" "${R[@]}" "${X[@]}" --out "$O/sampling_summary.json" 2>&1 \
+  timeout 600 python3 -m benchmarks sampling-exactness check "$W/model" "${R[@]}" "${X[@]}" --out "$O/sampling_summary.json" 2>&1 \
     | grep -v "Loading weights\|Warning" | tail -n 6 | tee -a "$S"
   [ "${PIPESTATUS[0]}" = 0 ] || fails+=(sampled_check)
 fi
@@ -229,7 +228,7 @@ if has check; then
   R=(); for n in lilicorr dflash base; do [ -s "$O/$n.json" ] && R+=("$O/$n.json"); done
   BASE=(); [ -s "$O/base.json" ] && BASE=(--baseline "$O/base.json")
   if ((${#R[@]})) && [ -f "$W/model/config.json" ]; then
-    timeout 300 python3 -m sglang_lilicorr.reference.check "$W/model" "${R[@]}" "${BASE[@]}" --tol-ulps "${TOL_ULPS:-2}" 2>&1 \
+    timeout 300 python3 -m benchmarks check "$W/model" "${R[@]}" "${BASE[@]}" --tol-ulps "${TOL_ULPS:-2}" 2>&1 \
       | grep -v "Loading weights\|Warning" | tail -n 80 | tee -a "$S"
     grep -q "GREEDY_CHECK PASS" "$S" || fails+=(greedy_check)
   else

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Has a change moved the served select's bits or its time? On the GPU machine, after the device kit's install:
-#   bash tools/device/select_check.sh OUT_DIR [GPU]
+#   bash benchmarks/device/select_check.sh OUT_DIR [GPU]
 # select_digest for both heads, compared line by line with the stored reference digests
 # (benchmarks/results/select-check/h200_d642fc5/digest_*.txt, H200; digests are per card, and an H100's have equalled
 # an H200's at every commit compared), then head_bench's
@@ -12,23 +12,25 @@
 # ratio, and the built-in head's median in each process (how far the card drifted between them) -> OUT_DIR/ab.json.
 # The cost of a change measured beside its baseline on one card, not across machines.
 set -u -o pipefail
-O=${1:?usage: bash tools/device/select_check.sh OUT_DIR [GPU]}
-R=$(cd "$(dirname "$0")/../.." && pwd)
+O=${1:?usage: bash benchmarks/device/select_check.sh OUT_DIR [GPU]}
 SITE=${DEVICE_SITE:-/tmp/site}
 mkdir -p "$O"
-export CUDA_VISIBLE_DEVICES=${2:-0} PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python PYTHONUNBUFFERED=1
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+source "$(dirname "$0")/lab.sh"  # ROOT, after the installed package on the path: python3 -m benchmarks from any folder
+R=$ROOT
+export CUDA_VISIBLE_DEVICES=${2:-0} SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python PYTHONUNBUFFERED=1
 [ -z "${AB_TREE:-}" ] || AB_TREE=$(cd "$AB_TREE" 2>/dev/null && pwd) || { echo "AB_TREE: no such folder"; exit 2; }
 cd /tmp || exit 1  # not the checkout: the installed package (in $SITE) is the one measured
 nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | tee "$O/card.txt"
 rc=0
 for geo in paper testbed; do
-  python3 -m sglang_lilicorr.benchmarks.select_digest --geometry "$geo" > "$O/digest_$geo.txt" 2>&1
+  python3 -m benchmarks select-digest --geometry "$geo" > "$O/digest_$geo.txt" 2>&1
   if diff <(grep "^served " "$O/digest_$geo.txt") <(grep "^served " "$R/benchmarks/results/select-check/h200_d642fc5/digest_${geo}.txt") > "$O/digest_$geo.diff"; then
     echo "digest $geo: MATCH"
   else
     echo "digest $geo: DIFF (see $O/digest_$geo.diff)"; rc=1
   fi
-  python3 -m sglang_lilicorr.benchmarks.head_bench --geometry "$geo" --variants served --out "$O/hb_$geo.json" > "$O/hb_$geo.log" 2>&1
+  python3 -m benchmarks head-bench --geometry "$geo" --variants served --out "$O/hb_$geo.json" > "$O/hb_$geo.log" 2>&1
   python3 -c "
 import json; a = json.load(open('$O/hb_$geo.json'))
 for r in a['rows']: print('$geo', 'bs', r['bs'], 'served %.4f ms, built-in %.4f ms' % (r['post_logits_served'], r['post_logits_builtin']))" || rc=1
@@ -39,7 +41,7 @@ if [ -n "${AB_TREE:-}" ]; then
     sides="this base"; [ $((r % 2)) = 0 ] && sides="base this"  # the order turns each round
     for side in $sides; do
       path=$SITE; [ "$side" = base ] && path=$AB_TREE:$SITE  # the base tree's package first on the path
-      PYTHONPATH=$path${PYTHONPATH:+:$PYTHONPATH} python3 -m sglang_lilicorr.benchmarks.head_bench --geometry paper \
+      PYTHONPATH=$path${PYTHONPATH:+:$PYTHONPATH} python3 -m benchmarks head-bench --geometry paper \
         --variants served --out "$O/ab_${side}_$r.json" > "$O/ab_${side}_$r.log" 2>&1 \
         || { echo "head_bench ($side, round $r) failed: $O/ab_${side}_$r.log"; rc=1; }
     done

@@ -4,9 +4,9 @@
 # ~/.cache/sglang/jit, content-addressed, so a carried build is taken as is. On a fresh H200 the first four SmolLM2
 # servers built 7 modules in 6 minutes and started in 71-146 s, with them carried in 9-17 s
 # (benchmarks/results/backends/h200_171a5be_flashinfer_speed).
-#   bash tools/device/sglang_jit.sh unpack       at each call's start, before any server: the carried
+#   bash benchmarks/device/sglang_jit.sh unpack       at each call's start, before any server: the carried
 #                                                .dev/sglang_jit/sglang_jit.tar.gz into the cache, once per machine
-#   bash tools/device/sglang_jit.sh pack DIR     where the machine's servers built modules since the unpack or the last
+#   bash benchmarks/device/sglang_jit.sh pack DIR     where the machine's servers built modules since the unpack or the last
 #                                                pack: the list (which, when), the whole cache as DIR/sglang_jit.tar.gz;
 #                                                keep the last one returned as .dev/sglang_jit/sglang_jit.tar.gz
 # Env: SGLANG_JIT_CACHE_DIR (~/.cache/sglang/jit), SGLANG_JIT_STATE (/tmp/sglang_jit.sum: the cache's builds when last
@@ -37,7 +37,7 @@ unpack)
   exit 0
   ;;
 pack)
-  DIR=${2:?usage: bash tools/device/sglang_jit.sh pack DIR}
+  DIR=${2:?usage: bash benchmarks/device/sglang_jit.sh pack DIR}
   [ -n "$(modules)" ] && [ "$(modules_sum)" != "$(cat "$STATE" 2>/dev/null)" ] || exit 0
   find "$JIT" -name '*.so' -not -path '*/.staging-*' -printf '  SGLang JIT module %P (%TY-%Tm-%Td %TH:%TM)\n'
   if mkdir -p "$DIR" && tar -C "$JIT" --exclude='.staging-*' -czf "$DIR/sglang_jit.tar.gz" .; then
@@ -49,7 +49,7 @@ pack)
   fi
   ;;
 *)
-  echo "usage: bash tools/device/sglang_jit.sh unpack | pack DIR" >&2
+  echo "usage: bash benchmarks/device/sglang_jit.sh unpack | pack DIR" >&2
   exit 2
   ;;
 esac

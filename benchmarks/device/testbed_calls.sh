@@ -1,8 +1,8 @@
 #!/bin/bash
 # The device calls of a SmolLM2 training session on one host with 2 GPUs (nvidia-h100-x2), back to back on one
-# warm machine (docs/DEVELOPING.md, "Training the SmolLM2 drafts"). Each call: bash tools/device/testbed_calls.sh CALL.
+# warm machine (docs/DEVELOPING.md, "Training the SmolLM2 drafts"). Each call: bash benchmarks/device/testbed_calls.sh CALL.
 #   install  carry .dev/{whl,pkgs,bin,manifest.txt,smolA}: the device kit, this project, part_a of the GGUF; on an
-#            H100 or H200 also tools/device/select_check.sh (the select's digests against the reference, head_bench;
+#            H100 or H200 also benchmarks/device/select_check.sh (the select's digests against the reference, head_bench;
 #            ~190 s of the call on an H200: SELECT_CHECK=0 leaves it out where the select's code is unchanged)
 #   data     carry .dev/{smolB,bin}: the target (bf16), the sweep choice of benchmarks/results/testbed/h200x4_3f0f2a6,
 #            then `data` for DATA_MINUTES (the set closes at what was generated)
@@ -11,7 +11,7 @@
 #   measure  `export`; on GPU 0 `speed` (SPEED_ARGS, default "--tau-check --concurrency 8 --rounds 3": tau through the
 #            servers on every set, one paired concurrency);
 #            beside it on GPU 1 `replay` and the served greedy check of the new
-#            LiLiCorr draft (tools/device/gpu_check.sh lilicorr,check)
+#            LiLiCorr draft (benchmarks/device/gpu_check.sh lilicorr,check)
 # The shipped drafts' served speed (issue 39's benchmark; one GPU, nvidia-h100-x1): `install`, then
 #   model    carry .dev/{smolB,bin}: the target (bf16)
 #   speed    carry .dev/ckpt: the shipped drafts as WORK/drafts, then `speed $SPEED_ARGS` on GPU 0. The whole benchmark is
@@ -23,7 +23,7 @@
 #            servers start; a setting's calls must all name the same systems, so on a machine whose /tmp/testbed holds
 #            graphs16 rounds of another set it is refused: a fresh machine, or rm -r /tmp/testbed/speed/graphs16 first):
 #              CALL_SECONDS=560 SPEED_ARGS="--setting graphs16 --rounds 6 --profile-steps 0 --systems base dflash builtin lilicorr"
-#            then on the CPU machine `python -m sglang_lilicorr.benchmarks.serve_speed --graphs DIR/graphs32 --eager
+#            then on the CPU machine `python -m benchmarks serve-speed --graphs DIR/graphs32 --eager
 #            DIR/graphs16 --card CARD --commit C --out benchmarks/results/serve-speed/CARD_COMMIT` (benchmarks/README.md)
 #   startup  carry .dev/ckpt: the shipped drafts, then `startup $STARTUP_ARGS` (default: LILICORR and the built-in, 3 cold
 #            starts each, one server at a time; ~70 + 45 s a pair on an H200, estimated): startup.json, startup.md
@@ -49,15 +49,15 @@
 # servers' cold start ~180 s, then rounds / served tau / replay side by side): ~27 of the session's 30 minutes. On x2
 # the runs share GPUs (~0.6 s a step): eq-train leaves them running, eq-measure's `wait` may use its call, and a second
 # eq-measure call (same machine) finishes compare: past 30 minutes, so x2 needs EQ_STEPS=250.
-# Then on the CPU machine `python -m sglang_lilicorr.benchmarks.baselines_summary` over tau.json and the compare bundles.
+# Then on the CPU machine `python -m benchmarks baselines-summary` over tau.json and the compare bundles.
 # What comes back: at most 8 files (the device's limit): results.tar.gz holds everything small, large files come in
 # parts of 12 MB (cat PART_* > FILE), and sglang_jit.tar.gz where the call's servers built SGLang JIT kernels
-# (tools/device/sglang_jit.sh: keep it as .dev/sglang_jit/sglang_jit.tar.gz and carry it in the first call that starts
+# (benchmarks/device/sglang_jit.sh: keep it as .dev/sglang_jit/sglang_jit.tar.gz and carry it in the first call that starts
 # servers and has the room: train, eq-train, speed, startup; install and data have none). Every call sets
 # TESTBED_DEADLINE from CALL_SECONDS (570): the testbed's steps read it from the environment (the one setting they take
 # that way), so a step that would not finish exits 4. CALLS_WORK (/tmp/calls): each call's staging folder.
 set -u -o pipefail
-CALL=${1:?usage: bash tools/device/testbed_calls.sh install|data|train|measure|model|speed|startup|long-train|long-measure|eq-train|eq-measure}
+CALL=${1:?usage: bash benchmarks/device/testbed_calls.sh install|data|train|measure|model|speed|startup|long-train|long-measure|eq-train|eq-measure}
 case $CALL in install|data|train|measure|model|speed|startup|long-train|long-measure|eq-train|eq-measure) ;;
   *) echo "unknown call $CALL: install, data, train, measure, model, speed, startup, long-train, long-measure, eq-train or eq-measure" >&2; exit 2 ;; esac
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -75,12 +75,12 @@ quiet() { grep -v "it/s\]\|s/it\]\|Loading weights\|Warning" | tail -n "${1:-25}
 
 pack() {  # $OUT -> $RET: files over 15 MB in 12 MB parts, everything else in results.tar.gz; SGLang's JIT builds
   mkdir -p "$RET"
-  bash "$ROOT/tools/device/sglang_jit.sh" pack "$RET"
+  bash "$ROOT/benchmarks/device/sglang_jit.sh" pack "$RET"
   find "$OUT" -type f -size +15M | while read -r f; do split -b 12000000 -d "$f" "$RET/$(basename "$f").part_" && rm "$f"; done
   tar -czf "$RET/results.tar.gz" -C "$OUT" . && ls -l "$RET"
 }
 trap pack EXIT
-bash "$ROOT/tools/device/sglang_jit.sh" unpack  # once per machine, where a call carries .dev/sglang_jit
+bash "$ROOT/benchmarks/device/sglang_jit.sh" unpack  # once per machine, where a call carries .dev/sglang_jit
 
 shipped_drafts() {  # the shipped drafts (config from the checkout, weights carried in .dev/ckpt) -> $1/<variant>
   for v in lilicorr dflash; do
@@ -92,18 +92,18 @@ shipped_drafts() {  # the shipped drafts (config from the checkout, weights carr
 case $CALL in
 install)
   bash "$ROOT/.dev/bin/smol.sh" install 2>&1 | tail -n 8
-  SITE=${DEVICE_SITE:-/tmp/site} S=$OUT/flashinfer.txt && source "$ROOT/tools/device/check_lib.sh" \
+  SITE=${DEVICE_SITE:-/tmp/site} S=$OUT/flashinfer.txt && source "$ROOT/benchmarks/device/check_lib.sh" \
     && install_flashinfer_headers "$ROOT/.dev"  # where .dev/flashinfer_headers was carried
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   if [ "${SELECT_CHECK:-1}" != 0 ] && nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | grep -q "H100\|H200"; then
-    bash "$ROOT/tools/device/select_check.sh" "$OUT/select" 0 2>&1 | tail -n 8
+    bash "$ROOT/benchmarks/device/select_check.sh" "$OUT/select" 0 2>&1 | tail -n 8
   fi
   ;;
 data)
   bash "$ROOT/.dev/bin/smol.sh" model 2>&1 | tail -n 4
   mkdir -p /tmp/testbed/sweep && cp "$SWEEP/depth.json" "$SWEEP/batch.json" /tmp/testbed/sweep/
   log "data for ${DATA_MINUTES:-4} minutes"
-  bash "$ROOT/tools/device/testbed.sh" data --seed "${DATA_SEED:-1}" --minutes "${DATA_MINUTES:-4}" 2>&1 | quiet 30
+  bash "$ROOT/benchmarks/device/testbed.sh" data --seed "${DATA_SEED:-1}" --minutes "${DATA_MINUTES:-4}" 2>&1 | quiet 30
   cp /tmp/testbed/data/logs/*.log "$OUT/" 2>/dev/null
   ;;
 model)
@@ -111,68 +111,68 @@ model)
   ;;
 speed)
   shipped_drafts /tmp/testbed/drafts
-  bash "$ROOT/tools/device/testbed.sh" speed ${SPEED_ARGS:-} 2>&1 | quiet 60
+  bash "$ROOT/benchmarks/device/testbed.sh" speed ${SPEED_ARGS:-} 2>&1 | quiet 60
   ;;
 startup)
   shipped_drafts /tmp/testbed/drafts
-  bash "$ROOT/tools/device/testbed.sh" startup ${STARTUP_ARGS:-} 2>&1 | quiet 30
+  bash "$ROOT/benchmarks/device/testbed.sh" startup ${STARTUP_ARGS:-} 2>&1 | quiet 30
   ;;
 train)
   shipped_drafts /tmp/init
-  bash "$ROOT/tools/device/testbed.sh" train lilicorr dflash --minutes "${TRAIN_MINUTES:-7}" --max-minutes "${TRAIN_CAP:-8.3}" \
+  bash "$ROOT/benchmarks/device/testbed.sh" train lilicorr dflash --minutes "${TRAIN_MINUTES:-7}" --max-minutes "${TRAIN_CAP:-8.3}" \
     --evals "${TRAIN_EVALS:-6}" --init /tmp/init 2>&1 | quiet
-  CUDA_VISIBLE_DEVICES=1 bash "$ROOT/tools/device/testbed.sh" --server-args "$SHARED_SERVER_ARGS" evalgen 2>&1 | quiet
-  bash "$ROOT/tools/device/testbed.sh" wait --minutes $(( (TESTBED_DEADLINE - $(date +%s) - 40) / 60 )) 2>&1 | tail -n 4
+  CUDA_VISIBLE_DEVICES=1 bash "$ROOT/benchmarks/device/testbed.sh" --server-args "$SHARED_SERVER_ARGS" evalgen 2>&1 | quiet
+  bash "$ROOT/benchmarks/device/testbed.sh" wait --minutes $(( (TESTBED_DEADLINE - $(date +%s) - 40) / 60 )) 2>&1 | tail -n 4
   ;;
 long-train)
   shipped_drafts /tmp/init && rm -rf /tmp/init/margin && cp -r /tmp/init/lilicorr /tmp/init/margin
   mkdir -p /tmp/testbed_long/sweep && cp "$SWEEP/depth.json" "$SWEEP/batch.json" /tmp/testbed_long/sweep/
-  bash "$ROOT/tools/device/testbed.sh" --long --work /tmp/testbed_long long-pack --source /tmp/testbed 2>&1 | quiet 4
-  bash "$ROOT/tools/device/testbed.sh" --long --work /tmp/testbed_long train lilicorr margin --minutes "${TRAIN_MINUTES:-6}" \
+  bash "$ROOT/benchmarks/device/testbed.sh" --long --work /tmp/testbed_long long-pack --source /tmp/testbed 2>&1 | quiet 4
+  bash "$ROOT/benchmarks/device/testbed.sh" --long --work /tmp/testbed_long train lilicorr margin --minutes "${TRAIN_MINUTES:-6}" \
     --max-minutes "${TRAIN_CAP:-7.5}" --evals "${TRAIN_EVALS:-4}" --init /tmp/init 2>&1 | quiet
-  bash "$ROOT/tools/device/testbed.sh" --long --work /tmp/testbed_long wait --minutes $(( (TESTBED_DEADLINE - $(date +%s) - 40) / 60 )) 2>&1 | tail -n 4
+  bash "$ROOT/benchmarks/device/testbed.sh" --long --work /tmp/testbed_long wait --minutes $(( (TESTBED_DEADLINE - $(date +%s) - 40) / 60 )) 2>&1 | tail -n 4
   ;;
 long-measure)
   D=/tmp/testbed_long/drafts && mkdir -p $D
   if compgen -G "$ROOT/.dev/long/draft_*.tar" > /dev/null; then
     for t in "$ROOT"/.dev/long/draft_*.tar; do tar -xf "$t" -C $D || exit 1; done
   else
-    bash "$ROOT/tools/device/testbed.sh" --long --work /tmp/testbed_long wait --minutes 2 2>&1 | tail -n 3
-    bash "$ROOT/tools/device/testbed.sh" --long --work /tmp/testbed_long export 2>&1 | quiet 6
+    bash "$ROOT/benchmarks/device/testbed.sh" --long --work /tmp/testbed_long wait --minutes 2 2>&1 | tail -n 3
+    bash "$ROOT/benchmarks/device/testbed.sh" --long --work /tmp/testbed_long export 2>&1 | quiet 6
     rm -rf $D/dflash && cp -r /tmp/init/dflash $D/dflash
   fi
   ls $D
-  bash "$ROOT/tools/device/testbed.sh" --long --work /tmp/testbed_long long-serve 2>&1 | quiet 45
+  bash "$ROOT/benchmarks/device/testbed.sh" --long --work /tmp/testbed_long long-serve 2>&1 | quiet 45
   ;;
 eq-train)
   shipped_drafts /tmp/init
   GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
-  bash "$ROOT/tools/device/testbed.sh" train dflash lilicorr domino dspark --steps "${EQ_STEPS:-400}" --global-batch 64 \
+  bash "$ROOT/benchmarks/device/testbed.sh" train dflash lilicorr domino dspark --steps "${EQ_STEPS:-400}" --global-batch 64 \
     --init-draft /tmp/init/dflash --evals "${TRAIN_EVALS:-4}" --minutes 8 --max-minutes "${TRAIN_CAP:-25}" 2>&1 | quiet
-  CUDA_VISIBLE_DEVICES=$(( GPUS - 1 )) bash "$ROOT/tools/device/testbed.sh" --server-args "$SHARED_SERVER_ARGS" evalgen 2>&1 | quiet
-  bash "$ROOT/tools/device/testbed.sh" wait --minutes $(( (TESTBED_DEADLINE - $(date +%s) - 40) / 60 )) 2>&1 | tail -n 4
+  CUDA_VISIBLE_DEVICES=$(( GPUS - 1 )) bash "$ROOT/benchmarks/device/testbed.sh" --server-args "$SHARED_SERVER_ARGS" evalgen 2>&1 | quiet
+  bash "$ROOT/benchmarks/device/testbed.sh" wait --minutes $(( (TESTBED_DEADLINE - $(date +%s) - 40) / 60 )) 2>&1 | tail -n 4
   ;;
 eq-measure)
   GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
-  bash "$ROOT/tools/device/testbed.sh" wait --minutes 4 2>&1 | tail -n 3 && bash "$ROOT/tools/device/testbed.sh" export 2>&1 | quiet 8
-  bash "$ROOT/tools/device/testbed.sh" replay --drafts dflash lilicorr domino dspark --gpu-ids $(seq $(( GPUS > 2 ? 2 : 1 )) $(( GPUS - 1 ))) \
+  bash "$ROOT/benchmarks/device/testbed.sh" wait --minutes 4 2>&1 | tail -n 3 && bash "$ROOT/benchmarks/device/testbed.sh" export 2>&1 | quiet 8
+  bash "$ROOT/benchmarks/device/testbed.sh" replay --drafts dflash lilicorr domino dspark --gpu-ids $(seq $(( GPUS > 2 ? 2 : 1 )) $(( GPUS - 1 ))) \
     > "$CALLS/replay.txt" 2>&1 &
   replay=$!
-  bash "$ROOT/tools/device/testbed.sh" compare --parts tau --gpu 1 > "$CALLS/tau.txt" 2>&1 &
+  bash "$ROOT/benchmarks/device/testbed.sh" compare --parts tau --gpu 1 > "$CALLS/tau.txt" 2>&1 &
   tau=$!
-  bash "$ROOT/tools/device/testbed.sh" compare --parts rounds --gpu 0 2>&1 | quiet 40
+  bash "$ROOT/benchmarks/device/testbed.sh" compare --parts rounds --gpu 0 2>&1 | quiet 40
   wait $tau; quiet 30 < "$CALLS/tau.txt"
   wait $replay; quiet 40 < "$CALLS/replay.txt"
   ;;
 measure)
-  bash "$ROOT/tools/device/testbed.sh" wait --minutes 3 2>&1 | tail -n 3 && bash "$ROOT/tools/device/testbed.sh" export 2>&1 | quiet 6
+  bash "$ROOT/benchmarks/device/testbed.sh" wait --minutes 3 2>&1 | tail -n 3 && bash "$ROOT/benchmarks/device/testbed.sh" export 2>&1 | quiet 6
   (
-    bash "$ROOT/tools/device/testbed.sh" replay --drafts lilicorr dflash --gpu-ids 1 2>&1 | quiet 40
+    bash "$ROOT/benchmarks/device/testbed.sh" replay --drafts lilicorr dflash --gpu-ids 1 2>&1 | quiet 40
     rm -rf /tmp/smol/lilicorr_draft && cp -r /tmp/testbed/drafts/lilicorr /tmp/smol/lilicorr_draft
-    CUDA_VISIBLE_DEVICES=1 OUT=$OUT/served bash "$ROOT/tools/device/gpu_check.sh" lilicorr,check 2>&1 | tail -n 12
+    CUDA_VISIBLE_DEVICES=1 OUT=$OUT/served bash "$ROOT/benchmarks/device/gpu_check.sh" lilicorr,check 2>&1 | tail -n 12
   ) > "$CALLS/side.txt" 2>&1 &
   side=$!
-  bash "$ROOT/tools/device/testbed.sh" speed ${SPEED_ARGS:---tau-check --concurrency 8 --rounds 3} 2>&1 | quiet 60
+  bash "$ROOT/benchmarks/device/testbed.sh" speed ${SPEED_ARGS:---tau-check --concurrency 8 --rounds 3} 2>&1 | quiet 60
   wait $side
   cat "$CALLS/side.txt"
   ;;

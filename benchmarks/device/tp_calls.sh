@@ -1,28 +1,28 @@
 #!/bin/bash
-# Issue 29's GPU plans: tools/device/tp_check.sh's steps as calls, back to back on one warm machine (each call at most 600 s;
+# Issue 29's GPU plans: benchmarks/device/tp_check.sh's steps as calls, back to back on one warm machine (each call at most 600 s;
 # the first of a machine carries the device kit [".dev/whl", ".dev/pkgs", ".dev/bin", ".dev/manifest.txt"] and
 # installs). Servers on disjoint GPUs side by side, training alone.
 # nvidia-h100-x4 (about 20 minutes held):
-#     bash tools/device/tp_calls.sh 1   # install, models; TP = 1 (GPU 0) | TP = 2 (GPUs 1, 2)                      ~320 s
-#     bash tools/device/tp_calls.sh 2   # TP = 4 (every GPU); --dp-size 2                                            ~340 s
-#     bash tools/device/tp_calls.sh 3   # compare, check; NCCL all-reduce; train on 1, 2, 4 GPUs alone; trainreport ~330 s
-#     bash tools/device/tp_calls.sh 4   # train on 2 GPUs killed and resumed; profile training on 1 and 4 GPUs     ~220 s
+#     bash benchmarks/device/tp_calls.sh 1   # install, models; TP = 1 (GPU 0) | TP = 2 (GPUs 1, 2)                      ~320 s
+#     bash benchmarks/device/tp_calls.sh 2   # TP = 4 (every GPU); --dp-size 2                                            ~340 s
+#     bash benchmarks/device/tp_calls.sh 3   # compare, check; NCCL all-reduce; train on 1, 2, 4 GPUs alone; trainreport ~330 s
+#     bash benchmarks/device/tp_calls.sh 4   # train on 2 GPUs killed and resumed; profile training on 1 and 4 GPUs     ~220 s
 # nvidia-h100-x4, issue 43's reruns (about 13 minutes held; 558 s and 222 s on 4 x H100 at 337b0ae):
-#     bash tools/device/tp_calls.sh x4-serve    # install, models; TP = 4 with the proposal record; --dp-size 2, 4; compare, check
-#     bash tools/device/tp_calls.sh x4-train    # train on 1 and 4 GPUs alone; 4 GPUs killed and resumed; trainreport; the NCCL
+#     bash benchmarks/device/tp_calls.sh x4-serve    # install, models; TP = 4 with the proposal record; --dp-size 2, 4; compare, check
+#     bash benchmarks/device/tp_calls.sh x4-train    # train on 1 and 4 GPUs alone; 4 GPUs killed and resumed; trainreport; the NCCL
 #                                        #   vocabulary-parallel proposal test on 2 and 4 GPUs
 # nvidia-h100-x2 (about 12 minutes held; LILICORR alone at TP = 1 and 2, DFLASH beside it measured on x4):
-#     bash tools/device/tp_calls.sh x2-train    # install, models; NCCL; train on 1, 2 GPUs alone; profile both    ~250 s
-#     bash tools/device/tp_calls.sh x2-serve2   # TP = 2 with the proposal record                                 ~150 s
-#     bash tools/device/tp_calls.sh x2-serve1   # TP = 1 with the proposal record; compare, check; train on 2 GPUs
+#     bash benchmarks/device/tp_calls.sh x2-train    # install, models; NCCL; train on 1, 2 GPUs alone; profile both    ~250 s
+#     bash benchmarks/device/tp_calls.sh x2-serve2   # TP = 2 with the proposal record                                 ~150 s
+#     bash benchmarks/device/tp_calls.sh x2-serve1   # TP = 1 with the proposal record; compare, check; train on 2 GPUs
 #                                        #   killed and resumed; trainreport                                ~200 s
 # Each call returns $OUT/callN.tar.gz (its summaries, client results, metrics, profiles, curves.png and $W/logs)
 # and prints its summaries. Env: TRAIN_STEPS (120; every train step the same), RESUME_AT (70), and tp_check.sh's.
 # Exit: 0 when every step of the call passed.
 set -u -o pipefail
-CALL=${1:?usage: bash tools/device/tp_calls.sh 1|2|3|4|x4-serve|x4-train|x2-train|x2-serve2|x2-serve1}
+CALL=${1:?usage: bash benchmarks/device/tp_calls.sh 1|2|3|4|x4-serve|x4-train|x2-train|x2-serve2|x2-serve1}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-CHECK=$ROOT/tools/device/tp_check.sh
+CHECK=$ROOT/benchmarks/device/tp_check.sh
 RET=${OUT:-/tmp/tp_calls_out}
 export OUT=/tmp/tp_calls/call$CALL W=${W:-/tmp/tpcheck} TRAIN_STEPS=${TRAIN_STEPS:-120} RESUME_AT=${RESUME_AT:-70}
 rm -rf "$OUT" && mkdir -p "$OUT" "$RET"

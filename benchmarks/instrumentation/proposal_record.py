@@ -1,5 +1,5 @@
 """Opt-in record of the draft block each rank proposes for a request (`LILICORR_PROPOSAL_RECORD=DIR`), for comparing
-proposals across tensor-parallel degrees and ranks (tools/device/tp_check.sh, tools/tp_compare.py).
+proposals across tensor-parallel degrees and ranks (benchmarks/device/tp_check.sh, benchmarks/multi_gpu/tp_compare.py).
 
 The instrumentation plugin (`plugin.register`) installs it on LILICORR's worker class when the variable is set. For
 every request served alone in a decode batch, the block proposed in its first decode step is appended to

@@ -603,7 +603,7 @@ def worker_lm_head_weight(worker) -> torch.Tensor:
         return proposer.lm_head_weight
     from sglang.srt.lora.layers import unwrap_lora_layer
 
-    from ..serving.worker import lm_head_rows
+    from sglang_lilicorr.serving.worker import lm_head_rows
 
     runner = worker.target_worker.model_runner
     rows, _ = lm_head_rows(unwrap_lora_layer(runner.model.lm_head), int(runner.model_config.vocab_size), tp_group=None)

@@ -19,7 +19,7 @@ alternated rounds (a shared machine's load moves single runs), and prints the be
 fast_path/precompile.py's concurrent pass gains at a server's start-up on N cores.
 PYTHONPATH=<venv>/device-triton times the GPU image's Triton.
 
-  python -m sglang_lilicorr.benchmarks.compile_census [--geometry testbed|small] [--max-batch 32]
+  python -m benchmarks compile-census [--geometry testbed|small] [--max-batch 32]
       [--compile-threads N [--compile-rounds 3]]
 """
 
@@ -39,10 +39,9 @@ import time
 from collections import defaultdict
 from unittest import mock
 
-if __name__ == "__main__":  # before anything imports triton
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
 
-import torch  # noqa: E402
+from .. import lab_env
 
 H100_SMS = 132
 
@@ -105,8 +104,8 @@ def recorded_launches():
 @contextlib.contextmanager
 def as_h100():
     """The device facts the plan (fast_path/plan.py) and the kernels' launches read, set to an H100's."""
-    from ..fast_path import plan
-    from ..kernels import gemm_epilogue, head_nodes, head_norm, pdl, topk_lse_fused
+    from sglang_lilicorr.fast_path import plan
+    from sglang_lilicorr.kernels import gemm_epilogue, head_nodes, head_norm, pdl, topk_lse_fused
 
     facts = [
         (plan, "pdl_supported", lambda t: True),
@@ -125,9 +124,9 @@ def as_h100():
 
 def _select(geometry: Geometry, dtype: torch.dtype):
     """FastLiLiCorrSelect of a random head of this geometry, with a random token table."""
-    from ..config import LiLiCorrConfig
-    from ..fast_path.select import FastLiLiCorrSelect
-    from ..head import LiLiCorrHead
+    from sglang_lilicorr.config import LiLiCorrConfig
+    from sglang_lilicorr.fast_path.select import FastLiLiCorrSelect
+    from sglang_lilicorr.head import LiLiCorrHead
 
     torch.manual_seed(0)
     head = LiLiCorrHead(LiLiCorrConfig(**geometry.config), model_hidden_size=geometry.model_hidden).to(dtype).eval()
@@ -139,7 +138,7 @@ def census(geometry: Geometry, batch_sizes, dtype: torch.dtype = torch.bfloat16)
     H100 (as_h100) would compile them."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    from ..kernels import gemm_epilogue
+    from sglang_lilicorr.kernels import gemm_epilogue
 
     if not isinstance(gemm_epilogue._gemm_kernel, InterpretedFunction):
         raise RuntimeError(
@@ -175,7 +174,7 @@ def cuda_key(name: str, key: tuple) -> tuple:
     """A census key as a CUDA launch of the same 16-bit select makes it: the CPU's exact-fp32 dot choices (the GEMM's
     IEEE_F32, the attention's IEEE and F32_DOT, the cosine kernel's F32_DOT, PRECISION and its unpipelined num_stages)
     set to what the kernels' hosts pick on a GPU."""
-    from ..kernels.tuning import CosineLaunch
+    from sglang_lilicorr.kernels.tuning import CosineLaunch
 
     params = {f[0]: f for f in key if len(f) == 3}
     gpu = {}
@@ -192,7 +191,15 @@ def cuda_key(name: str, key: tuple) -> tuple:
 
 def _jit_kernels() -> dict:
     """Every @triton.jit kernel of the select path's kernel modules by its function's name."""
-    from ..kernels import gemm_epilogue, head_nodes, head_norm, head_scores, lattice_attention, topk_lse_fused, walk
+    from sglang_lilicorr.kernels import (
+        gemm_epilogue,
+        head_nodes,
+        head_norm,
+        head_scores,
+        lattice_attention,
+        topk_lse_fused,
+        walk,
+    )
 
     found = {}
     for module in (gemm_epilogue, head_nodes, head_norm, head_scores, lattice_attention, topk_lse_fused, walk):
@@ -235,7 +242,7 @@ def compile_timing(keys: dict, threads: int, rounds: int = 3) -> dict:
     key (cuda_key), serially and on `threads`, each pass in a fresh process (no TRITON_INTERPRET) on its own cold
     Triton cache; `rounds` rounds alternating the two, each time the list of every round's seconds."""
     entries = [[name, cuda_key(name, key)] for name, by_key in keys.items() for key in by_key]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = lab_env({k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
     out = {"kernels": len(entries), "threads": threads, "serial_s": [], "threaded_s": []}
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "keys.json")
@@ -245,7 +252,7 @@ def compile_timing(keys: dict, threads: int, rounds: int = 3) -> dict:
             for label, n in (("serial_s", 1), ("threaded_s", threads)):
                 script = (
                     "import json, triton\n"
-                    "from sglang_lilicorr.benchmarks.compile_census import compile_sm90\n"
+                    "from benchmarks.micro.compile_census import compile_sm90\n"
                     f"entries = [[n, tuple(tuple(f) for f in k)] for n, k in json.load(open({path!r}))]\n"
                     f"print(json.dumps([triton.__version__, compile_sm90(entries, {n})]))\n"
                 )
@@ -263,9 +270,10 @@ def compile_timing(keys: dict, threads: int, rounds: int = 3) -> dict:
     return out
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before a kernel module is imported: the census's CPU interpreter
     ap = argparse.ArgumentParser(
-        description="distinct Triton compiles of the select path over the captured batch sizes"
+        description="distinct Triton compiles of the select path over the captured batch sizes",
     )
     ap.add_argument("--geometry", choices=sorted(GEOMETRIES), default="testbed")
     ap.add_argument("--max-batch", type=int, default=32, help="batch sizes 1..this (SGLang's draft graphs: up to 32)")
@@ -290,7 +298,3 @@ def main(argv=None) -> None:
             f"({serial / threaded:.2f}x); every round: serial {' '.join(f'{x:.1f}' for x in t['serial_s'])}, "
             f"threaded {' '.join(f'{x:.1f}' for x in t['threaded_s'])}"
         )
-
-
-if __name__ == "__main__":
-    main()

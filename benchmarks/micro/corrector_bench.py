@@ -2,7 +2,7 @@
 one GPU, random weights, bf16, at each bs: Domino's and DSpark's draft-time correctors through SGLang 0.5.23's own
 functions and modules, and our select with the greedy walk beside the Viterbi walk (LILICORR_WALK).
 
-  source .dev/bin/install.sh && python3 -m sglang_lilicorr.benchmarks.corrector_bench --out $OUT/corrector_bench.json \
+  source .dev/bin/install.sh && python3 -m benchmarks corrector-bench --out $OUT/corrector_bench.json \
       [--commit C]
 
 Shapes: block 16 (S = 15 drafted slots), drafter hidden Hm = 4096, vocabulary 151936; Domino's GRU and MLP and
@@ -36,7 +36,7 @@ too, so it stays in domino_select. `meta.domino_gru_weights_in_one_storage` reco
 "not part of single contiguous chunk of memory" warning for it is silenced and named once in the log.
 
 `meta.git_commit`: --commit, else `git rev-parse HEAD` where the checkout has a .git, else $GIT_COMMIT. The GPU
-machine's copy of the checkout has no .git: tools/device/scale_gpu.sh passes $GIT_COMMIT (set on the call) as --commit.
+machine's copy of the checkout has no .git: benchmarks/device/scale_gpu.sh passes $GIT_COMMIT (set on the call) as --commit.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from . import head_bench
-from .scale_drafts import DOMINO_CANDIDATE_POOL
+from benchmarks.served.scale_drafts import DOMINO_CANDIDATE_POOL
 
 BATCH_SIZES = (1, 4, 16, 32)
 GRU_COMPACTION_WARNING = "RNN module weights are not part of single contiguous chunk of memory"
@@ -84,7 +84,7 @@ def gru_weights_in_one_storage(gru: torch.nn.GRU) -> bool:
 def domino_modules(geo: head_bench.Geometry, device, dtype):
     """A random Domino head of width Hm: its prefix_gru and embed_proj (the modules domino_greedy_rollout reads),
     built as SGLang builds DFlashDraftModel's (module docstring: the GRU's weights stay in two tensors)."""
-    from ..baselines import DominoConfig, DominoHead
+    from sglang_lilicorr.baselines import DominoConfig, DominoHead
 
     with served_construction(device, dtype):
         return DominoHead(DominoConfig(gru_hidden_dim=geo.HM, emb_dim=geo.HM), geo.HM, geo.V).eval()
@@ -183,8 +183,8 @@ def derived(row: dict) -> None:
 
 
 def run(geo: head_bench.Geometry, batch_sizes, rep_ms: int, commit: Optional[str] = None) -> dict:
-    from ..fast_path.plan import Device, HeadGeometry, plans_for
-    from ..fast_path.select import FastLiLiCorrSelect
+    from sglang_lilicorr.fast_path.plan import Device, HeadGeometry, plans_for
+    from sglang_lilicorr.fast_path.select import FastLiLiCorrSelect
 
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
@@ -235,9 +235,7 @@ def run(geo: head_bench.Geometry, batch_sizes, rep_ms: int, commit: Optional[str
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m sglang_lilicorr.benchmarks.corrector_bench", description=__doc__.split("\n\n")[0]
-    )
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="the JSON to write (meta, rows per bs, errors)")
     p.add_argument("--bs", type=int, nargs="+", default=list(BATCH_SIZES))
     p.add_argument("--rep-ms", type=int, default=100, help="do_bench's repetition time per row")
@@ -245,7 +243,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument(
         "--commit",
         help="the commit measured, for meta.git_commit (default: git rev-parse HEAD, else $GIT_COMMIT; the GPU"
-        " machine's copy has no .git: tools/device/scale_gpu.sh passes $GIT_COMMIT)",
+        " machine's copy has no .git: benchmarks/device/scale_gpu.sh passes $GIT_COMMIT)",
     )
     args = p.parse_args(argv)
     bad = [b for b in args.bs if b < 1]
@@ -259,7 +257,3 @@ def main(argv: Optional[list[str]] = None) -> int:
     for name, error in result["errors"].items():
         print(f"!! {name}: {error}", file=sys.stderr)
     return 1 if result["errors"] else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,7 +2,7 @@
 floor argument of PERF_NOTES.md: at M = 120 every head GEMM is a weight stream, so
 its floor is weight bytes / HBM bandwidth, and the question is how close one launch gets.
 
-  python3 -m sglang_lilicorr.benchmarks.gemm_floor [--out gemm_floor.json]
+  python3 -m benchmarks gemm-floor [--out gemm_floor.json]
 
 For each of the head's GEMM shapes at the paper config (K -> N: QKV 1024 -> 3072, out 1024 -> 1024,
 FFN up 1024 -> 2048, FFN down 2048 -> 1024, factor 2048 -> 1024, out|in 1024 -> 2048, pass 4096 -> 1024),
@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -127,7 +126,7 @@ def splitk_linear(
 
 
 def run(shapes: dict, m: int, splits_list, dtype, rep_ms: int) -> dict:
-    from sglang_lilicorr.kernels.graph_timing import graph_ms
+    from benchmarks.micro.graph_timing import graph_ms
 
     card = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     bw = next((v for c, v in HBM_TB_S.items() if c in card), None)
@@ -158,7 +157,7 @@ def run_chain(shapes: dict, m: int, n_chain: int, dtype, rep_ms: int, configs: d
     launch in a chain of n_chain launches (each its own weight), Triton configs with PDL where the GPU has it
     (each launched early, so it prefetches its weight into L2 first; the served config also without that)."""
     from sglang_lilicorr.kernels.gemm_epilogue import gemm_epilogue_triton
-    from sglang_lilicorr.kernels.graph_timing import graph_ms
+    from benchmarks.micro.graph_timing import graph_ms
     from sglang_lilicorr.kernels.pdl import pdl_supported
 
     cuda = torch.cuda.is_available()
@@ -244,7 +243,3 @@ def main(argv=None) -> int:
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

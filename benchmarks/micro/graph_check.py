@@ -2,7 +2,7 @@
 SmolLM2 scale (Hm 576, V 49152), bf16, captured in a CUDA graph per batch size; the replay must
 equal the eager run, and the replay time is printed.
 
-  python tools/graph_check.py [--bs 1 4 16] [--hidden 576] [--vocab 49152]   (with sglang_lilicorr installed)
+  python -m benchmarks graph-check [--bs 1 4 16] [--hidden 576] [--vocab 49152]   (with sglang_lilicorr installed)
 
 Prints one line per batch size, then GRAPH_CHECK PASS|FAIL (exit status 1 on FAIL).
 """
@@ -59,7 +59,3 @@ def main(argv: list[str] | None = None) -> None:
         )
     print("GRAPH_CHECK", "PASS" if ok else "FAIL")
     raise SystemExit(0 if ok else 1)
-
-
-if __name__ == "__main__":
-    main()

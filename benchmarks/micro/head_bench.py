@@ -1,8 +1,8 @@
 """Serving select path, ours (`FastLiLiCorrSelect`) against SGLang 0.5.23's built-in LiLiCorr head,
 side by side in one process on one GPU, with the same weights and inputs.
 
-  source .dev/bin/install.sh && python3 -m sglang_lilicorr.benchmarks.head_bench --out $OUT/head_bench.json
-  python3 -m sglang_lilicorr.benchmarks.head_bench --plot results/X.json    (any machine: X.png beside it)
+  source .dev/bin/install.sh && python3 -m benchmarks head-bench --out $OUT/head_bench.json
+  python3 -m benchmarks head-bench --plot results/X.json    (any machine: X.png beside it)
 
 `--geometry testbed` times the shipped SmolLM2 draft's head instead (width 256, 4 heads, d_e 256,
 hidden 576, vocabulary 49152; the targets are the paper config's). Paper config: block 16 (S = 15 slots), K = 8,
@@ -289,7 +289,7 @@ def time_graph(fn, rep_ms):
         t0 = time.perf_counter()
         out = fn()
         return (time.perf_counter() - t0) * 1e3, out
-    from sglang_lilicorr.kernels.graph_timing import graph_ms
+    from benchmarks.micro.graph_timing import graph_ms
 
     return graph_ms(fn, rep_ms)
 
@@ -685,7 +685,7 @@ def main(argv=None) -> int:
     ap.add_argument("--plot", nargs="+", metavar="JSON", help="draw earlier results (no GPU): each X.json -> X.png")
     args = ap.parse_args(argv)
     if args.plot:
-        from .plots import plot_head_bench
+        from sglang_lilicorr.bench.plots import plot_head_bench
 
         for path in args.plot:
             res = json.loads(Path(path).read_text())
@@ -717,7 +717,3 @@ def main(argv=None) -> int:
     log(f"targets missed: {missed or 'none'}; errors: {list(res['errors']) or 'none'}")
     log(f"wrote {args.out} ({res['wall_s']} s)")
     return 1 if bad or res["errors"] else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """The kernel launches of the served select path, traced on a CPU: does a change keep every kernel, in the same
 order, with the same launch parameters?
 
-  python tools/launch_trace.py --out trace.json [--geometry paper testbed] [--bs 1 2 4 5 8 9 16 32]
+  python -m benchmarks launch-trace --out trace.json [--geometry paper testbed] [--bs 1 2 4 5 8 9 16 32]
 
 Builds head_bench's heads (paper: width 1024; testbed: width 256) in bf16 on the CPU and calls at each batch size
 `select` (the LM head's GEMM, then `propose`: what the draft graph captures), `propose` (on given logits) and
@@ -27,7 +27,6 @@ import importlib
 import json
 import os
 import pkgutil
-import sys
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: kernels become InterpretedFunction
 
@@ -160,7 +159,7 @@ def select_modules():
 
 
 def build(geometry: str, mode: str):
-    from sglang_lilicorr.benchmarks.head_bench import GEOMETRIES, build_ours
+    from benchmarks.micro.head_bench import GEOMETRIES, build_ours
 
     try:
         from sglang_lilicorr.fast_path.select import FastLiLiCorrSelect
@@ -254,7 +253,3 @@ def main(argv=None) -> int:
         json.dump(result, f, indent=0)
     print(f"wrote {args.out}: {len(result)} traces, {sum(len(v) for v in result.values())} events")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

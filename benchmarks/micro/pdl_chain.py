@@ -1,7 +1,7 @@
 """What programmatic dependent launch (kernels/pdl.py) saves per kernel boundary: the measurement
 behind PERF_NOTES.md.
 
-  python3 -m sglang_lilicorr.benchmarks.pdl_chain [--n 16] [--out pdl_chain.json]
+  python3 -m benchmarks pdl-chain [--n 16] [--out pdl_chain.json]
 
 Chains of n dependent launches at the head's bs-1 shapes (M = 120 lattice rows, width 1024), each
 replayed as one CUDA graph (kernels/graph_timing.py), without and with PDL:
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -65,7 +64,7 @@ def chains(m: int, h: int, n: int, device, dtype, seed: int = 0) -> tuple[dict, 
 
 
 def run(n: int, rep_ms: int) -> dict:
-    from sglang_lilicorr.kernels.graph_timing import graph_ms
+    from benchmarks.micro.graph_timing import graph_ms
 
     res = {"card": torch.cuda.get_device_name(), "n": n, "M": 120, "H": 1024, "rows": []}
     fns, _ = chains(120, 1024, n, "cuda", torch.bfloat16)
@@ -118,7 +117,3 @@ def main(argv=None) -> int:
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """Has a change moved any bit of the served select? A digest of its outputs on fixed inputs, to compare
 between two commits (run it under each, the same card) or between two variants in one run.
 
-  python3 -m sglang_lilicorr.benchmarks.select_digest [--geometry paper] [--bs 1 4 16 32] [--variants served ...]
+  python3 -m benchmarks select-digest [--geometry paper] [--bs 1 4 16 32] [--variants served ...]
 
 head_bench's head (its trained-like weights, `build_ours`) and inputs (`make_inputs`) at each bs; for each of
 head_bench's VARIANTS (the select's plans), `propose` once eagerly and once replayed from a CUDA graph
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -29,8 +28,8 @@ def digest(outputs) -> str:
 
 
 def run(geometry: str, bs_list, variants, smoke: bool = False) -> list[str]:
-    from sglang_lilicorr.benchmarks.head_bench import GEOMETRIES, SMOKE, build_ours, build_variant, make_inputs
-    from sglang_lilicorr.kernels.graph_timing import capture
+    from benchmarks.micro.head_bench import GEOMETRIES, SMOKE, build_ours, build_variant, make_inputs
+    from benchmarks.micro.graph_timing import capture
 
     geo = SMOKE if smoke else GEOMETRIES[geometry]
     cuda = torch.cuda.is_available() and not smoke
@@ -56,7 +55,7 @@ def run(geometry: str, bs_list, variants, smoke: bool = False) -> list[str]:
 
 
 def main(argv=None) -> int:
-    from sglang_lilicorr.benchmarks.head_bench import VARIANTS
+    from benchmarks.micro.head_bench import VARIANTS
 
     ap = argparse.ArgumentParser(description="sha256 digests of the served select's outputs on fixed inputs")
     ap.add_argument("--geometry", choices=("paper", "testbed"), default="paper")
@@ -67,7 +66,3 @@ def main(argv=None) -> int:
     for line in run(args.geometry, args.bs, args.variants, args.smoke):
         print(line, flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Where the time of one served select goes: the kernel timeline of its CUDA-graph replay.
 
-  python3 -m sglang_lilicorr.benchmarks.timeline [--geometry paper] [--bs 1] [--reps 20] [--variant served] \
+  python3 -m benchmarks timeline [--geometry paper] [--bs 1] [--reps 20] [--variant served] \
       [--out timeline.json]
 
 Builds the served select path (`FastLiLiCorrSelect` with its served plans, head_bench's trained-like weights;
@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
@@ -86,8 +85,8 @@ def timeline(replays: list[list[dict]]) -> dict:
 def run(geometry: str, bs: int, reps: int, variant: str = "served") -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    from sglang_lilicorr.benchmarks.head_bench import GEOMETRIES, build_ours, build_variant, make_inputs
-    from sglang_lilicorr.kernels.graph_timing import capture
+    from benchmarks.micro.head_bench import GEOMETRIES, build_ours, build_variant, make_inputs
+    from benchmarks.micro.graph_timing import capture
 
     geo, dev, dtype = GEOMETRIES[geometry], "cuda", torch.bfloat16
     head = build_ours(geo, dev, dtype)
@@ -155,7 +154,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "timeline.json"))
     args = ap.parse_args(argv)
-    from sglang_lilicorr.benchmarks.head_bench import VARIANTS
+    from benchmarks.micro.head_bench import VARIANTS
 
     if args.variant not in VARIANTS:
         ap.error(f"--variant {args.variant!r} unknown; use one of {sorted(VARIANTS)}")
@@ -166,7 +165,3 @@ def main(argv=None) -> int:
     print(format_timeline(res))
     Path(args.out).write_text(json.dumps(res, indent=1))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

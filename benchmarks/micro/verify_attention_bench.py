@@ -15,8 +15,8 @@ served verify runs it: no launch or Python overhead; the inputs stay in L2 betwe
 difference from a float32 reference on the first request (causal over prefix + block). Geometries: SmolLM2-135M
 (9 query / 3 KV heads of 64) and Qwen3-8B (32 / 8 of 128).
 
-  python -m sglang_lilicorr.benchmarks.verify_attention --out DIR     (on a GPU; DIR/verify_attention.json + .png)
-  python -m sglang_lilicorr.benchmarks.verify_attention --plot DIR/verify_attention.json --out DIR   (the plot again)
+  python -m benchmarks verify-attention-bench --out DIR     (on a GPU; DIR/verify_attention.json + .png)
+  python -m benchmarks verify-attention-bench --plot DIR/verify_attention.json --out DIR   (the plot again)
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def measure(geometries, batches, prefixes) -> list[dict]:
 
 def plot(doc: dict, path: Path) -> Path:
     """extend / splitkv time against the prefix length: one panel per geometry, one line per batch size."""
-    from .plots import pyplot, save
+    from sglang_lilicorr.bench.plots import pyplot, save
 
     plt = pyplot()
     geometries = sorted({r["geometry"] for r in doc["rows"]})
@@ -189,9 +189,7 @@ def plot(doc: dict, path: Path) -> Path:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m sglang_lilicorr.benchmarks.verify_attention", description=__doc__.split("\n\n")[0]
-    )
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--plot", type=Path, help="draw DIR/verify_attention.png from this verify_attention.json (no GPU)")
     p.add_argument("--geometry", nargs="+", default=list(GEOMETRIES), choices=list(GEOMETRIES))
@@ -212,7 +210,3 @@ def main(argv=None) -> int:
     (args.out / "verify_attention.json").write_text(json.dumps(doc, indent=1))
     plot(doc, args.out / "verify_attention.png")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,10 +1,10 @@
 """All-reduce bandwidth between the GPUs of this machine, the way `lilicorr train` reduces its gradients (NCCL, one
 process a GPU, fp32), so a training run's tokens/s scaling can be read against what the interconnect allows:
 
-  torchrun --nproc-per-node N tools/nccl_bench.py [--mib 165 1024] [--iters 10]
+  torchrun --nproc-per-node N -m benchmarks nccl-bench [--mib 165 1024] [--iters 10]
 
 Prints, on rank 0, one line per size: ms per all-reduce and the bus bandwidth (2 (N - 1) / N x bytes / time, the
-figure nccl-tests and the device's KINDS.md report). 165 MiB is the fp32 gradient of tools/tp_models.py's LiLiCorr
+figure nccl-tests and the device's KINDS.md report). 165 MiB is the fp32 gradient of benchmarks/multi_gpu/tp_models.py's LiLiCorr
 draft (43.3 M trainable parameters).
 """
 
@@ -18,11 +18,11 @@ import torch
 import torch.distributed as dist
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mib", type=int, nargs="+", default=[165, 1024])
     p.add_argument("--iters", type=int, default=10)
-    a = p.parse_args()
+    a = p.parse_args(argv)
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
@@ -42,7 +42,3 @@ def main() -> None:
                 f"NCCL all-reduce {world} GPUs, {mib} MiB fp32: {ms:.2f} ms, bus bandwidth {bus:.0f} GB/s", flush=True
             )
     dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()

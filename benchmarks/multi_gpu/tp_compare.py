@@ -1,13 +1,13 @@
-"""Reports of the multi-GPU checks (tools/device/tp_check.sh):
+"""Reports of the multi-GPU checks (benchmarks/device/tp_check.sh):
 
-  python tools/tp_compare.py serve DIR [--tp 1 2 4] [--summary FILE --card CARD --commit COMMIT]
+  python -m benchmarks tp-compare serve DIR [--tp 1 2 4] [--summary FILE --card CARD --commit COMMIT]
       DIR/tp{N}/proposals_rank{R}.jsonl (LILICORR_PROPOSAL_RECORD) and DIR/{lilicorr,dflash}_tp{N}.json (gpu_client.py):
       - RANKS_AGREE PASS|FAIL: at each TP degree every rank drafted the same first block of every request (each rank
         must commit the same draft);
       - the first blocks of TP = N against TP = 1 (the first degree given): identical blocks and slots;
       - per algorithm and TP: mean accepted length and wall per verified block (the sequential requests), and
         tokens/s of each concurrent phase (completion tokens / the phase's longest latency).
-  python tools/tp_compare.py train RUN [RUN ...] [--plot curves.png] [--summary FILE --card CARD --commit COMMIT]
+  python -m benchmarks tp-compare train RUN [RUN ...] [--plot curves.png] [--summary FILE --card CARD --commit COMMIT]
       `lilicorr train` output folders (or their metrics.jsonl files, as kept under benchmarks/results/multi-gpu/)
       at one global batch (e.g. 1, 2, 4 GPUs): per logged step the largest
       difference of loss/total and eval/loss/total against the first run, mean tokens/s (the first logged window,
@@ -252,7 +252,3 @@ def main(argv: list[str] | None = None) -> None:
     if a.summary and summary:
         merge_summary(a.summary, summary, a.card, a.commit)
     raise SystemExit(0 if ok else 1)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
 """Models for the tensor-parallel and multi-GPU training checks, written offline on the GPU machine (seeded: every
 run of it writes the same files, and TP = 1, 2, 4 servers load the one folder it wrote):
 
-  python tools/tp_models.py OUT [--seed 0] [--vocab 32000] [--hidden 1024] [--layers 8] [--heads 16]
+  python -m benchmarks tp-models OUT [--seed 0] [--vocab 32000] [--hidden 1024] [--layers 8] [--heads 16]
                             [--kv-heads 8] [--intermediate 2816] [--conversations 4000]
 
   OUT/target/              a random Llama target (bf16) whose attention heads, KV heads and MLP divide by 1, 2, 4 and
@@ -149,7 +149,3 @@ def main(argv: list[str] | None = None) -> None:
         f"target ({sum(t.numel() for t in model.parameters()) / 1e6:.1f} M parameters, vocab {a.vocab}, "
         f"{a.heads} heads, {a.kv_heads} KV heads), lilicorr_draft, dflash_draft, {n} conversations -> {out}"
     )
-
-
-if __name__ == "__main__":
-    main()

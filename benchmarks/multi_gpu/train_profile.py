@@ -1,6 +1,6 @@
 """Where a training step's time goes on each rank: `lilicorr train` with a torch-profiler window over a few steps.
 
-  torchrun --nproc-per-node N tools/train_profile.py --window START COUNT --out DIR -- TRAIN_ARGS...
+  torchrun --nproc-per-node N benchmarks/multi_gpu/python -m benchmarks train-profile --window START COUNT --out DIR -- TRAIN_ARGS...
 
 TRAIN_ARGS are `lilicorr train`'s (without `train`). The window opens at the start of step START + 1 and closes at
 the start of step START + COUNT + 1 (steps counted from this run's first, resumed or not), so it holds COUNT whole
@@ -117,7 +117,3 @@ def main(argv: list[str] | None = None) -> int:
 
     timing.PhaseTimer.start_step, timing.PhaseTimer.mark = start_step_profiled, mark_profiled
     return cli.main(["train", *argv[cut + 1 :]])
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -4,21 +4,21 @@ The file is a JSON object keyed "TARGET/DRAFT" (the target's --attention-backend
 and "flashinfer/triton"; each entry:
 
   target, draft, sampling  the target's and the drafter's attention backends, the servers' --sampling-backend
-  greedy_ok                the served greedy check passed (tools/device/gpu_check.sh lilicorr,check): >= 88 greedy
+  greedy_ok                the served greedy check passed (benchmarks/device/gpu_check.sh lilicorr,check): >= 88 greedy
                            LILICORR responses, no token off the fp32 target's greedy choice beyond the check's near-tie
                            tolerance, the proposal captured in the draft CUDA graph
   greedy                   {responses, tokens, off, near_ties, tol_ulps, draft_graph}
   t1_min_p                 the smallest p of LILICORR's chi-square test per position at T = 1 (gpu_check.sh sampling);
                            t1_p {position: p}; t1_verification: the server's start-up line naming its verification
   tok_s                    {c: {system: tok/s}}: no speculation (base), DFLASH, the built-in LiLiCorr head, LILICORR,
-                           the served-speed benchmark's means over its paired rounds (testbed/speed.py)
+                           the served-speed benchmark's means over its paired rounds (benchmarks/testbed/speed.py)
   lilicorr_vs_base         {c: [mean, lo, hi]}: LILICORR's tok/s over no speculation's, paired within rounds, 95 % t
   block_over_decode        {c: x}: LILICORR's ms per verify block over the no-speculation decode step, same rounds
   rounds                   {c: paired rounds}
   card, commit             where it ran; ", "-joined where its parts ran on several cards or commits
   measured                 {greedy: "CARD, COMMIT", t1: ..., tok_s: {c: "CARD, COMMIT"}}; sources: the files read
 
-A run of tools/device/backends.sh (every call's results.tar.gz unpacked into DIR) makes the TARGET/triton entry
+A run of benchmarks/device/backends.sh (every call's results.tar.gz unpacked into DIR) makes the TARGET/triton entry
 (--target, flashinfer) from DIR/greedy/summary.txt, DIR/t1/sampling_summary.json and
 DIR/speed/graphs32_TARGET/speed_summary.json, card and commit from --card and --commit. A run may hold some of the
 three: a part it lacks is kept from that entry in OUT/summary.json, with where it was measured and the file it was
@@ -32,7 +32,7 @@ its entry's: a server log's server_args line beside it, else gpu_check.sh's "bac
 already in OUT/summary.json are kept. Writes OUT/summary.json, OUT/summary.md (the tables, issue 44's c = 1 target,
 a README row) and OUT/summary.png (per combination and c: the speedup with its interval, the block in decode steps).
 
-  python -m sglang_lilicorr.benchmarks.backends_summary --run DIR --card CARD --commit C --out OUT
+  python -m benchmarks backends-summary --run DIR --card CARD --commit C --out OUT
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ import re
 import sys
 from pathlib import Path
 
-from ..errors import UsageError
-from ..jsonl import save_json
+from sglang_lilicorr.errors import UsageError
+from sglang_lilicorr.jsonl import save_json
 
 SYSTEMS = ("base", "dflash", "builtin", "lilicorr")
 LABELS = ("no spec.", "DFLASH", "built-in", "LILICORR")
@@ -114,7 +114,7 @@ def log_backends(path: Path) -> dict:
 
 def greedy_keys(path: Path, expect: dict, flag: str) -> dict:
     """gpu_check.sh's summary.txt (the check's line for lilicorr.json) -> greedy_ok, greedy."""
-    fix = "pass the summary.txt of `gpu_check.sh lilicorr,check` (tools/device/backends.sh greedy)"
+    fix = "pass the summary.txt of `gpu_check.sh lilicorr,check` (benchmarks/device/backends.sh greedy)"
     text = read(path, flag, fix)
     lines = list(GREEDY.finditer(text))
     if not lines:
@@ -246,7 +246,7 @@ def markdown(doc: dict, run_key: str) -> str:
 def plot(doc: dict, path: Path) -> Path:
     """Per backend combination against concurrency: LILICORR over no speculation with its paired interval (left) and
     the verify block in no-speculation decode steps (right)."""
-    from .plots import pyplot, save
+    from sglang_lilicorr.bench.plots import pyplot, save
 
     plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -356,7 +356,6 @@ def build(args, earlier: dict) -> tuple[dict, str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m sglang_lilicorr.benchmarks.backends_summary",
         description="Issue 44's backends summary (module docstring).",
     )
     p.add_argument("--run", type=Path, required=True, help="the backends.sh calls' results.tar.gz unpacked here")
@@ -389,7 +388,3 @@ def main(argv: list[str] | None = None) -> int:
     figure = plot(doc, args.out / "summary.png")
     print(text + f"-> {path}, {args.out / 'summary.md'}, {figure}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

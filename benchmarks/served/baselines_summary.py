@@ -16,7 +16,7 @@ steps (the four drafts of variants.EQUAL_BUDGET, checked to have run the same pl
                                                        the sets' average
 
 systems dflash, lilicorr, domino, dspark. `merge` writes either group into an existing summary without touching its
-other keys; a key with no measurement is left out, not nulled. `python -m sglang_lilicorr.benchmarks.baselines_summary
+other keys; a key with no measurement is left out, not nulled. `python -m benchmarks baselines-summary
 --replay TAU_JSON --rounds REPORT_SUMMARY --budget BUDGET_JSON --summary SUMMARY_JSON` merges the equal-budget keys
 (the cost keys come through scale_report --baselines-summary).
 """
@@ -29,8 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from ..errors import UsageError
-from ..jsonl import save_json
+from sglang_lilicorr.errors import UsageError
+from sglang_lilicorr.jsonl import save_json
 
 COST_SYSTEMS = ("dflash", "lilicorr", "domino", "dspark", "builtin")
 EQUAL_SYSTEMS = ("dflash", "lilicorr", "domino", "dspark")
@@ -121,7 +121,7 @@ def tau_keys(replay: Mapping[str, Any]) -> dict:
     if missing:
         raise UsageError(
             f"--replay: no tau of {missing}",
-            fix="replay the four exported drafts: `python -m testbed replay --drafts dflash lilicorr domino dspark`",
+            fix="replay the four exported drafts: `python -m benchmarks testbed replay --drafts dflash lilicorr domino dspark`",
         )
     tau: dict = {}
     for c in cells:
@@ -144,7 +144,7 @@ def tok_s_keys(report: Mapping[str, Any]) -> dict:
     if not tok_s:
         raise UsageError(
             f"--rounds: no concurrency where all of {list(EQUAL_SYSTEMS)} were served greedily",
-            fix="pass WORK/compare/report/summary.json after `python -m testbed compare` played its rounds",
+            fix="pass WORK/compare/report/summary.json after `python -m benchmarks testbed compare` played its rounds",
         )
     return {"tok_s": dict(sorted(tok_s.items(), key=lambda kv: int(kv[0])))}
 
@@ -166,7 +166,3 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     print(f"-> {args.summary}: tau ({len(keys['tau'])} sets), tok_s (c = {', '.join(keys['tok_s'])}), viterbi.tau_t0")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,7 +2,7 @@
 tokenizer), and save every response in the device toolkit's client.py format, so that
 .dev/bin/greedy_check.py and compare.py read it.
 
-  python tools/gpu_client.py PORT MODEL_DIR OUT.json [--greedy 56] [--sampled 6]
+  python -m benchmarks gpu-client PORT MODEL_DIR OUT.json [--greedy 56] [--sampled 6]
          [--concurrency 1 2 4 8 16 32] [--max-new-tokens 64]
 
 Phases: (1) --greedy prompts at temperature 0, one at a time; (2) --sampled prompts at T=1, one at a
@@ -173,7 +173,3 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  record {i} ({phase}): {msg}")
     print("CLIENT_CHECK", "FAIL" if bad else "PASS")
     raise SystemExit(1 if bad else 0)
-
-
-if __name__ == "__main__":
-    main()

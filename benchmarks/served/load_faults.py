@@ -1,4 +1,4 @@
-"""`lilicorr bench faults`: a server under load and faults, then a check that it is whole again.
+"""`python -m benchmarks faults`: a server under load and faults, then a check that it is whole again.
 
 N concurrent clients (default 64) send requests back to back for a given duration against an
 OpenAI-compatible SGLang server. Each request is one of (seeded, per client):
@@ -27,14 +27,24 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import List, Optional
 
-from ..errors import UsageError
-from ..ownership import write_atomic
-from .client import API_PATHS, Sampling, ServerError, chat_body, generate_body, parse_chat, parse_generate
+from sglang_lilicorr.cli_args import Parser, run as run_command
+from sglang_lilicorr.errors import UsageError
+from sglang_lilicorr.ownership import claim_report_folder, write_atomic
+from sglang_lilicorr.bench.client import (
+    API_PATHS,
+    Sampling,
+    ServerError,
+    chat_body,
+    generate_body,
+    parse_chat,
+    parse_generate,
+)
 
 KINDS = ("normal", "disconnect", "too_long", "bad_params")
 KIND_WEIGHTS = (0.55, 0.25, 0.1, 0.1)
@@ -253,3 +263,55 @@ def run(config: FaultConfig, out_dir: Path) -> dict:
     write_atomic(out_dir / "requests.jsonl", "".join(json.dumps(asdict(r)) + "\n" for r in requests))
     write_atomic(out_dir / "summary.json", json.dumps(summary, indent=1))
     return summary
+
+
+def run_step(args) -> int:
+    if args.clients < 1 or args.duration <= 0:
+        raise UsageError(
+            f"--clients {args.clients} --duration {args.duration} cannot run",
+            where="--clients / --duration",
+            fix="give at least one client and a positive duration",
+        )
+    claim_report_folder(args.out)  # before the load starts
+    config = FaultConfig(
+        url=args.url,
+        clients=args.clients,
+        duration_s=args.duration,
+        context_length=args.context_length,
+        max_tokens=args.max_tokens,
+        prompt_words=tuple(args.prompt_words),
+        expect_spec=args.expect_spec,
+        model=args.model,
+        seed=args.seed,
+        request_timeout_s=args.request_timeout,
+        drain_timeout_s=args.drain_timeout,
+    )
+    summary = run(config, args.out)
+    print(json.dumps({k: summary[k] for k in ("requests", "outcomes", "violations", "server", "ok")}))
+    for line in summary["first_violations"]:
+        print(f"  {line}", file=sys.stderr)
+    print(f"{'ok' if summary['ok'] else 'FAILED'}: {args.out / 'summary.json'}, {args.out / 'requests.jsonl'}")
+    return 0 if summary["ok"] else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m benchmarks faults`: this module's load and faults against a server, then its health and KV pool."""
+    p = Parser(description=main.__doc__)
+    p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
+    p.add_argument("--clients", type=int, default=64, help="concurrent clients, each sending requests back to back")
+    p.add_argument("--duration", type=float, default=300.0, help="seconds of load")
+    p.add_argument(
+        "--context-length", type=int, default=0, help="the server's context length (default: GET /v1/models)"
+    )
+    p.add_argument("--max-tokens", type=int, default=128, help="max tokens of the normal requests")
+    p.add_argument("--prompt-words", type=int, nargs="+", default=[16, 256, 1024], help="prompt lengths to mix")
+    p.add_argument("--expect-spec", action="store_true", help="normal requests must report spec stats (spec_verify_ct)")
+    p.add_argument("--model", default="default", help="`model` field of chat requests")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--request-timeout", type=float, default=300.0, help="seconds one request may take")
+    p.add_argument(
+        "--drain-timeout", type=float, default=60.0, help="seconds to wait for the KV pool to empty afterwards"
+    )
+    p.add_argument("--out", type=Path, required=True, help="folder for summary.json and requests.jsonl")
+    p.set_defaults(func=run_step)
+    return run_command(p.parse_args(argv))

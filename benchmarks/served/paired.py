@@ -8,7 +8,7 @@ Each run (system, c, round r) appends to WORK/runs/c<c>_r<r>_<system>.jsonl and 
 `bench run`. `merge_rounds` writes WORK/round<r>.jsonl from the (c, r) cells that every system finished
 with every prompt, so a cell cut short (a deadline, a failure) is left out whole: no pair is half
 measured. The first round of each (server, c) starts with a warm-up (runner.warmup_waves).
-testbed/speed.py and benchmarks/scale.py measure throughput this way.
+benchmarks/testbed/speed.py and benchmarks/scale.py measure throughput this way.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
-from . import runner
-from .client import Sampling
-from .prompt import Prompt
+from sglang_lilicorr.bench import runner
+from sglang_lilicorr.bench.client import Sampling
+from sglang_lilicorr.bench.prompt import Prompt
 
 
 def rotation(systems: Sequence[str], round_index: int) -> list[str]:

@@ -1,7 +1,7 @@
 """Give a DFlash draft a randomly initialised LiLiCorr head, for smoke tests of the serving path
 (no draft token is expected to be accepted: it exercises the plumbing, not the speed-up).
 
-  python tools/random_head.py DFLASH_DRAFT_DIR OUT_DIR [--seed 0]   (with sglang_lilicorr installed)
+  python -m benchmarks random-head DFLASH_DRAFT_DIR OUT_DIR [--seed 0]   (with sglang_lilicorr installed)
                 [--topk 8] [--head-hidden 1024] [--layers 2] [--heads 8] [--factor-dim 1024]
 
 Writes OUT_DIR in SGLang's LiLiCorrDraftModel format (sglang_lilicorr.checkpoint.add_random_head): the
@@ -38,7 +38,3 @@ def main(argv: list[str] | None = None) -> None:
         factor_dim=a.factor_dim,
     )
     print(f"random LiLiCorr draft -> {a.out}: {cfg}")
-
-
-if __name__ == "__main__":
-    main()

@@ -12,9 +12,9 @@ check     per system: `positions` (n, chi2, dof and the p-value of every tested 
           server's start-up line naming its verification, from --startup-log) and `tau_t1` (tokens per verify block
           per seed, from `lilicorr bench run` results at T > 0, --tau-records) -> one summary JSON.
 
-  python -m sglang_lilicorr.benchmarks.sampling_exactness collect --url URL --system lilicorr --prompts P.jsonl \\
+  python -m benchmarks sampling-exactness collect --url URL --system lilicorr --prompts P.jsonl \\
       --tokenizer TARGET_DIR --requests 2000 --max-new-tokens 16 --out records.jsonl
-  python -m sglang_lilicorr.benchmarks.sampling_exactness check TARGET_DIR records.jsonl [...] --out summary.json \\
+  python -m benchmarks sampling-exactness check TARGET_DIR records.jsonl [...] --out summary.json \\
       [--startup-log SYSTEM=SERVER_LOG ...] [--tau-records BENCH_RUN_RESULTS.jsonl]
 """
 
@@ -27,9 +27,9 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .client import post_json
-from .metrics import tau
-from .runner import read_results
+from sglang_lilicorr.bench.client import post_json
+from sglang_lilicorr.bench.metrics import tau
+from sglang_lilicorr.bench.runner import read_results
 
 
 def read_prompts(path: Path, tokenizer_dir: str | None) -> list[dict]:
@@ -177,7 +177,7 @@ def cmd_check(p: argparse.ArgumentParser, args) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ..reference.sampled_check import position_pvalues, read_records
+    from sglang_lilicorr.reference.sampled_check import position_pvalues, read_records
 
     if min(args.positions) < 1:
         p.error(f"--positions count from 1, got {args.positions}")
@@ -212,9 +212,7 @@ def cmd_check(p: argparse.ArgumentParser, args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m sglang_lilicorr.benchmarks.sampling_exactness", description=__doc__.split("\n\n")[0]
-    )
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("collect", help="seeded sampled requests -> records JSONL (resumable)")
     c.add_argument("--url", required=True)
@@ -240,7 +238,3 @@ def main(argv=None) -> int:
     k.add_argument("--out", type=Path, required=True, help="summary JSON (module docstring)")
     args = p.parse_args(argv)
     return {"collect": cmd_collect, "check": cmd_check}[args.command](p, args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -17,9 +17,9 @@ work of a block that accepted 6. The stage timer records the setting (`forced_co
 SGLang's DFlash worker (the same forced accept); the DSPARK worker reads the knob itself and forces the same
 7 of its gamma + 1 = 16 verified tokens.
 
-  python -m sglang_lilicorr.benchmarks.scale build --work W
-  python -m sglang_lilicorr.benchmarks.scale run --work W --phases graph --out $OUT --deadline EPOCH
-  python -m sglang_lilicorr.benchmarks.scale_report BUNDLE_OR_DIR ... \
+  python -m benchmarks scale build --work W
+  python -m benchmarks scale run --work W --phases graph --out $OUT --deadline EPOCH
+  python -m benchmarks scale-report BUNDLE_OR_DIR ... \
       --out benchmarks/results/scale-qwen3-8b/CARD_COMMIT   (CPU)
 
 Phases (PHASES); each starts its servers one after another (side by side on GPU 0), measures, stops them
@@ -34,7 +34,7 @@ and packs WORK/<phase> into $OUT/scale_<phase>.tar.gz (written whole or not at a
 A phase the deadline leaves no time for is skipped (exit 4: run it in the next call); inside a phase the
 rounds stop before one that would not finish. A phase an earlier call on the same machine measured whole
 is not run again (its bundle is packed again); one cut short resumes its runs (benchmarks/paired.py).
-tools/device/scale_gpu.sh runs this on the lent GPU machine.
+benchmarks/device/scale_gpu.sh runs this on the lent GPU machine.
 """
 
 from __future__ import annotations
@@ -52,8 +52,11 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from ..jsonl import save_json
-from . import paired, prompt_file, scale_drafts, stages
+from sglang_lilicorr.bench import prompt_file
+from sglang_lilicorr.jsonl import save_json
+
+from .. import lab_env
+from . import paired, scale_drafts, stages
 
 # Qwen3-8B's config.json (the public one), all a dummy-weight target needs.
 QWEN3_8B = {
@@ -155,7 +158,7 @@ PHASES = {
 
 def drafter_config(target: Mapping, *, layers: int, mask_token_id: int):
     """A DFlash drafter with the target's layer shape, reading CONTEXT_FEATURES of its layers."""
-    from ..drafter import DrafterConfig, default_target_layer_ids
+    from sglang_lilicorr.drafter import DrafterConfig, default_target_layer_ids
 
     n = int(target["num_hidden_layers"])
     return DrafterConfig(
@@ -192,8 +195,8 @@ def build(
     rebuilt when WORK/build.json says it is there."""
     import torch
 
-    from ..checkpoint import add_random_head, save_checkpoint
-    from ..drafter import DFlashDrafter, drafter_tensors
+    from sglang_lilicorr.checkpoint import add_random_head, save_checkpoint
+    from sglang_lilicorr.drafter import DFlashDrafter, drafter_tensors
 
     work = Path(work)
     config = drafter_config(target, layers=layers, mask_token_id=mask_token_id)
@@ -361,10 +364,11 @@ def run_phase(
     work: Path, phase: Phase, out: Path, deadline: paired.Deadline, *, launcher: Sequence[str] = (), log=print
 ) -> list[str]:
     """One phase (module docstring); returns its failures (empty: all of it measured)."""
-    from ..train.engine import EngineError, SGLangServers, ServerSpec
+    from sglang_lilicorr.train.engine import EngineError, SGLangServers, ServerSpec
 
     root = Path(work) / phase.name
     (root / "runs").mkdir(parents=True, exist_ok=True)
+    os.environ.update(lab_env(os.environ))  # the servers inherit it: they load the lab's stage timer
     rows = prompts(max(phase.prompts.values()))
     (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     every = prompt_file.load(root / "prompts.jsonl")
@@ -421,7 +425,7 @@ def run_phase(
             "forced_commit_len": FORCED_COMMIT,
             "prompt_tokens": PROMPT_TOKENS,
             "max_tokens": phase.max_tokens,
-            "command": shlex.join(sys.argv),
+            "command": f"{sys.argv[0]} {shlex.join(sys.argv[1:])}",
             "server_args": {s: shlex.join(spec.args) for s, spec in zip(phase.systems, specs)},
             "server_env": {s: spec.env for s, spec in zip(phase.systems, specs)},
         },
@@ -434,8 +438,8 @@ def run_phase(
 def flush_stage_timers(urls: Mapping[str, str]) -> list[str]:
     """After the rounds: one prefill-only request per server, past the stage timer's idle time, so each writes the
     decode steps since its last dump (the servers are then killed, which skips their exit dump). The failures."""
-    from ..instrumentation.stage_timer import IDLE_DUMP_S
-    from .client import post_json
+    from benchmarks.instrumentation.stage_timer import IDLE_DUMP_S
+    from sglang_lilicorr.bench.client import post_json
 
     time.sleep(IDLE_DUMP_S + 0.5)
     failed = []
@@ -505,7 +509,7 @@ def phase_list(text: str) -> list[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sglang_lilicorr.benchmarks.scale", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="the target's config.json and the random drafts")
     b.add_argument("--work", default="/tmp/scale")
@@ -524,7 +528,3 @@ def main(argv: Optional[list[str]] = None) -> int:
     r.set_defaults(func=cmd_run)
     args = p.parse_args(argv)
     return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..baselines import DominoConfig, DSparkConfig
+from sglang_lilicorr.baselines import DominoConfig, DSparkConfig
 
 CORRECTORS = ("domino", "dspark")
 DOMINO_CANDIDATE_POOL = 2048  # SGLang 0.5.23's default --speculative-domino-candidate-pool-size
@@ -40,10 +40,10 @@ def add_random_corrector(source: Path, target: Path, system: str, *, seed: int =
     exported as SGLang serves it, in the draft's dtype."""
     import torch
 
-    from ..checkpoint import DTYPES, dtype_of, read_config, read_tensors, save_checkpoint
-    from ..drafter import DrafterConfig
-    from ..train.export import draft_config
-    from ..train.heads import build_head, serving_tensors
+    from sglang_lilicorr.checkpoint import DTYPES, dtype_of, read_config, read_tensors, save_checkpoint
+    from sglang_lilicorr.drafter import DrafterConfig
+    from sglang_lilicorr.train.export import draft_config
+    from sglang_lilicorr.train.heads import build_head, serving_tensors
 
     config = read_config(source)
     drafter = DrafterConfig.from_hf_config(config)

@@ -1,6 +1,6 @@
 """The Qwen3-8B-scale results (benchmarks/scale.py) on the CPU machine: the phases' bundles -> OUT/
 
-  python -m sglang_lilicorr.benchmarks.scale_report scale_graph.tar.gz scale_correctors.tar.gz scale_base.tar.gz \
+  python -m benchmarks scale-report scale_graph.tar.gz scale_correctors.tar.gz scale_base.tar.gz \
       scale_eager.tar.gz [scale_tput.tar.gz] --out DIR [--corrector-bench corrector_bench.json] \
       [--baselines-summary benchmarks/results/baselines/summary.json]
 
@@ -37,11 +37,12 @@ import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..errors import UsageError
-from . import metrics, runner, stages
-from .plots import pyplot, save
-from ..jsonl import save_json
-from . import baselines_summary
+from sglang_lilicorr.bench import metrics, runner
+from sglang_lilicorr.bench.plots import pyplot, save
+from sglang_lilicorr.errors import UsageError
+from sglang_lilicorr.jsonl import save_json
+
+from . import baselines_summary, stages
 from .scale import BLOCK_SIZE, CONCURRENCY, SYSTEMS
 
 PHASE_OF = {"lilicorr": "graph", "dflash": "graph", "builtin": "graph", "domino": "correctors", "dspark": "correctors"}
@@ -467,9 +468,7 @@ def write(
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m sglang_lilicorr.benchmarks.scale_report", description=__doc__.split("\n\n")[0]
-    )
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("inputs", nargs="+", type=Path, help="scale_<phase>.tar.gz bundles or unpacked phase folders")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument(
@@ -502,7 +501,3 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,13 +5,13 @@ largest concurrency; graphs to 16, so c = 32 runs the eager path).
 
   summarize(rounds) -> {c: {system: tok/s, "<a>_vs_<b>": [mean, lo, hi], "tau": {system: tau}}}
   table(summary) -> markdown;  plot(summary, path)
-  python -m sglang_lilicorr.benchmarks.serve_speed [--graphs DIR] [--eager DIR] --card CARD --commit C --out OUT
+  python -m benchmarks serve-speed [--graphs DIR] [--eager DIR] --card CARD --commit C --out OUT
       the speed step's folders of either setting or both (WORK/speed/graphs32, graphs16) -> OUT/summary.json (per c,
       "eager": graphs to 16 at c = 32, "startup_s": graph capture per system, from graphs32), OUT/table.md,
       OUT/speed.png; --keep-from EARLIER keeps the cells this run lacks, --startup startup.json adds "startup_alone_s"
       (the startup step)
 
-`rounds` holds, per round, the records of every system at every c (testbed/speed.py writes them: WORK/round<r>.jsonl).
+`rounds` holds, per round, the records of every system at every c (benchmarks/testbed/speed.py writes them: WORK/round<r>.jsonl).
 Tokens/s of a run is output tokens per busy second of its requests (metrics.output_tps); a ratio is taken within each
 round and its mean comes with the two-sided 95 % t interval over the rounds (metrics.mean_ci95), so what moves a whole
 round (the machine, the order of the servers) cancels. tau is the block-weighted accepted length over all rounds.
@@ -30,7 +30,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from .metrics import block_ms, mean_ci95, output_tps, tau
+from sglang_lilicorr.bench.metrics import block_ms, mean_ci95, output_tps, tau
 
 SYSTEMS = ("base", "dflash", "builtin", "lilicorr")  # every summarized cell has these four
 # The target verify's attention swapped (serving/verify_attention.py, LILICORR_VERIFY_ATTENTION): SGLang's DFLASH on
@@ -143,7 +143,7 @@ def table(summary: Mapping[str, dict], title: str = "") -> str:
 def plot(settings: Mapping[str, Mapping[str, dict]], path: Path) -> Path:
     """Tokens/s by concurrency per system (left) and LILICORR's paired ratios with their intervals (right), one line
     style per setting."""
-    from .plots import pyplot, save
+    from sglang_lilicorr.bench.plots import pyplot, save
 
     plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
@@ -273,7 +273,7 @@ def keep_unmeasured(result: dict, earlier: dict) -> dict:
 
 
 def with_startup_alone(result: dict, startup: dict, measured: str) -> dict:
-    """`result` with `startup_alone_s`: the testbed's startup step (testbed/startup.py: each server started alone,
+    """`result` with `startup_alone_s`: the testbed's startup step (benchmarks/testbed/startup.py: each server started alone,
     cold) per system, the medians of graph capture, the scheduler's whole start-up and launch to /health, and how many
     starts; `measured` ("CARD, COMMIT") names where it ran."""
     alone = {
@@ -326,7 +326,3 @@ def main(argv: list[str] | None = None) -> int:
     plot(settings, a.out / "speed.png")
     print(text + f"-> {a.out}/summary.json, table.md, speed.png")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

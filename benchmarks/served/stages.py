@@ -30,8 +30,10 @@ import argparse
 import json
 from pathlib import Path
 
-from ..errors import LiLiCorrError
-from .plots import pyplot, save
+from sglang_lilicorr import ownership
+from sglang_lilicorr.bench.plots import pyplot, save
+from sglang_lilicorr.cli_args import Parser, run
+from sglang_lilicorr.errors import LiLiCorrError, UsageError
 
 STAGES = {
     "target_verify": "Target verify",
@@ -50,7 +52,7 @@ def validate(doc: dict) -> dict:
     """Checks a stage-decomposition document and fills per_block_wall where absent; returns it."""
     systems = doc.get("systems") if isinstance(doc, dict) else None
     if not isinstance(systems, list) or not systems:
-        raise StageSchemaError("stage results need a non-empty `systems` list (see sglang_lilicorr.benchmarks.stages).")
+        raise StageSchemaError("stage results need a non-empty `systems` list (see benchmarks.served.stages).")
     for i, s in enumerate(systems):
         name = s.get("system") if isinstance(s, dict) else None
         if not name:
@@ -225,3 +227,47 @@ def plot(doc: dict, out_path: Path) -> Path:
     ax.legend(fontsize=7, ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1.0))
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     return save(fig, out_path)
+
+
+def run_step(args) -> int:
+    if (args.stages is None) == (not args.timings):
+        raise UsageError(
+            "give exactly one of a stage-decomposition FILE or --timings SYSTEM=DIR ...",
+            where="stages",
+            fix="see `python -m benchmarks stages --help`",
+        )
+    if args.stages is not None and not args.stages.is_file():
+        raise UsageError(
+            f"{args.stages} is not a file", where="FILE", fix="pass a stage-decomposition JSON (schema: this module's)"
+        )
+    out = ownership.claim_report_folder(args.out, create=False)
+    if args.stages is not None:
+        doc = load(args.stages)
+    else:
+        doc = from_timings({system: load_timings(folder) for system, folder in args.timings}, args.bs, not args.eager)
+    ownership.claim_report_folder(out)  # the inputs read: now the folder is made and marked
+    if args.stages is None:
+        ownership.write_atomic(out / "stages.json", json.dumps(doc, indent=1))
+    markdown = table(doc)
+    ownership.write_atomic(out / "stages.md", markdown)
+    plot(doc, out / "stages.png")
+    print(markdown)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m benchmarks stages`: the decomposition's table and plot, from a JSON or from servers' timings."""
+    p = Parser(description=main.__doc__)
+    p.add_argument("stages", type=Path, nargs="?", help="a stage-decomposition JSON (schema: this module's docstring)")
+    p.add_argument(
+        "--timings",
+        type=timings_arg,
+        nargs="+",
+        metavar="SYSTEM=DIR",
+        help="LILICORR_STAGE_TIMING folders of the servers, e.g. lilicorr=DIR dflash=DIR",
+    )
+    p.add_argument("--bs", type=int, default=1, help="batch size (requests per decode step) to report")
+    p.add_argument("--eager", action="store_true", help="report the eager (no draft CUDA graph) steps")
+    p.add_argument("--out", type=Path, default=Path("bench_report"))
+    p.set_defaults(func=run_step)
+    return run(p.parse_args(argv))

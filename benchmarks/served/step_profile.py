@@ -31,8 +31,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Mapping, Optional
 
-from .client import post_json
-from .metrics import busy_seconds
+from sglang_lilicorr.bench.client import post_json
+from sglang_lilicorr.bench.metrics import busy_seconds
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver")

@@ -3,6 +3,7 @@ processes and their folders, the device call's deadline ($TESTBED_DEADLINE), tau
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 from .variants import LONG, SCALE, SCHEDULE
 
@@ -328,3 +330,13 @@ def alive(pid: int) -> bool:
     except (FileNotFoundError, IndexError):
         return False
     return state != "Z"
+
+
+class Step(NamedTuple):
+    """A testbed step as run.py's parser assembles it: its name and help line, the function that runs it (args -> exit
+    code), and the one that adds its own arguments to its subparser (the shared ones are run.py's)."""
+
+    name: str
+    help: str
+    run: Callable[[argparse.Namespace], int]
+    arguments: Callable[[argparse.ArgumentParser], None] = lambda parser: None

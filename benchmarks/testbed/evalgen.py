@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import enough_time, generator
+from .common import Step, enough_time, generator
 
 EVAL_RUNS = ((0.0, 0), (1.0, 0), (1.0, 1), (1.0, 2))  # (temperature, seed) of the evaluation outputs
 
@@ -30,3 +30,15 @@ def cmd_evalgen(args) -> int:
             )
             print(f"[evalgen] T={temperature:g} seed {seed}: {stats.generated_tokens} tokens this call ({described})")
     return 0
+
+
+def arguments(parser) -> None:
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+
+
+STEP = Step(
+    "evalgen",
+    "the target's own outputs on the eval prompts: T = 0, and T = 1 under seeds 0, 1, 2",
+    cmd_evalgen,
+    arguments,
+)

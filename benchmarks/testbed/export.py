@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sglang_lilicorr.jsonl import save_json
 
-from .common import metrics_rows, to_out
+from .common import Step, metrics_rows, to_out
 from .variants import VARIANTS
 
 
@@ -46,3 +46,6 @@ def cmd_export(args) -> int:
         print(f"[export] {name}: step {rows[-1]['step']} -> {draft} ({tar.stat().st_size / 2**20:.1f} MiB)")
         to_out(args.out, tar, Path(args.work) / "drafts" / f"metrics_{name}.jsonl")
     return 0
+
+
+STEP = Step("export", "final checkpoints -> WORK/drafts/<variant>, copies to $OUT", cmd_export)

@@ -2,9 +2,9 @@
 from packaged text, and each long-trained draft served at 1K, 4K and 8K input tokens.
 
 The lineage (docs/DEVELOPING.md, "Long inputs"): the `data` step as usual in WORK0; then, in another work folder,
-`python -m testbed --long --work WORK long-pack --source WORK0` packs WORK0's conversations into WORK/data, `--long`
+`python -m benchmarks testbed --long --work WORK long-pack --source WORK0` packs WORK0's conversations into WORK/data, `--long`
 trains with variants.LONG (max_length 4096, YaRN factor 2 from 4,096 positions: served to the target's 8,192), e.g.
-`python -m testbed --long --work WORK train lilicorr margin --init DIR`, then `export` and `long-serve`.
+`python -m benchmarks testbed --long --work WORK train lilicorr margin --init DIR`, then `export` and `long-serve`.
 
   pack      consecutive conversations (a seeded order) joined into one multi-turn conversation until their rendered
             lengths add up to at least min_tokens (a later conversation's system turn is dropped)
@@ -184,7 +184,7 @@ def summarize(records: Sequence[dict], check: Callable[[dict], "GreedyReport"]) 
 def plot(summary: dict, path: Path) -> Path:
     """tau, tokens/s and requests with a token past the check's tolerance against input length, a line per variant
     (summary: long-serve's summary.json)."""
-    from sglang_lilicorr.benchmarks.plots import pyplot, save
+    from sglang_lilicorr.bench.plots import pyplot, save
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
@@ -209,12 +209,3 @@ def plot(summary: dict, path: Path) -> Path:
         fontsize=10,
     )
     return save(fig, path)
-
-
-if __name__ == "__main__":  # python -m testbed.long_inputs SUMMARY.json OUT.png: the plot of an earlier long-serve
-    import json
-    import sys
-
-    if len(sys.argv) != 3:
-        raise SystemExit("usage: python -m testbed.long_inputs SUMMARY.json OUT.png")
-    print(plot(json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])))

@@ -8,7 +8,7 @@ from pathlib import Path
 from sglang_lilicorr.jsonl import save_json
 
 from . import eval_sets, long_inputs
-from .common import to_out
+from .common import Step, to_out
 
 
 def cmd_long_pack(args) -> int:
@@ -42,3 +42,16 @@ def cmd_long_pack(args) -> int:
     print(json.dumps(counts))
     to_out(args.out, out / "manifest.json")
     return 0
+
+
+def arguments(parser) -> None:
+    parser.add_argument("--source", required=True, help="the work folder whose `data` step wrote the conversations")
+    parser.add_argument(
+        "--min-tokens", type=int, default=3584, help="each packed conversation renders to at least this many tokens"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+
+
+STEP = Step(
+    "long-pack", "(with --long) WORK0's conversations packed into long ones in WORK/data", cmd_long_pack, arguments
+)

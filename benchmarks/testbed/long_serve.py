@@ -10,7 +10,7 @@ from pathlib import Path
 from sglang_lilicorr.jsonl import save_json
 
 from . import eval_sets, long_inputs
-from .common import device_name, enough_time, set_flags, speculation_args, to_out
+from .common import Step, device_name, enough_time, set_flags, speculation_args, to_out
 
 LONG_PORT0 = 32100
 
@@ -19,7 +19,7 @@ def cmd_long_serve(args) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from sglang_lilicorr.benchmarks.client import post_json
+    from sglang_lilicorr.bench.client import post_json
     from sglang_lilicorr.reference.check import check_greedy
     from sglang_lilicorr.train.engine import SGLangServers, ServerSpec
 
@@ -95,3 +95,26 @@ def cmd_long_serve(args) -> int:
         *sorted((root / "logs").glob("*.log")),
     )
     return 0
+
+
+def arguments(parser) -> None:
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=["lilicorr", "margin", "dflash", "base"],
+        help="drafts in WORK/drafts (dflash: served by SGLang's DFLASH) and base (no speculation)",
+    )
+    parser.add_argument("--lengths", type=int, nargs="+", default=list(long_inputs.LENGTHS))
+    parser.add_argument("--per-length", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument(
+        "--kv-tokens", type=int, default=None, help="each server's KV pool in tokens (default: concurrency x 8,192)"
+    )
+
+
+STEP = Step(
+    "long-serve",
+    "(with --long) each exported long draft served at 1K / 4K / 8K input tokens: tau, tokens/s, failures",
+    cmd_long_serve,
+    arguments,
+)

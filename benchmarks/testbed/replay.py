@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sglang_lilicorr.jsonl import save_json
 
-from .common import device_name, gpus, lilicorr, run_folder, start, tail, to_out
+from .common import Step, device_name, gpus, lilicorr, run_folder, start, tail, to_out
 
 
 def cmd_replay(args) -> int:
@@ -50,3 +50,13 @@ def cmd_replay(args) -> int:
     print(tau_table(cells))
     to_out(args.out, root / "tau.json")
     return 0 if len(list(root.glob("*/replay.jsonl"))) == len(outputs) else 1
+
+
+def arguments(parser) -> None:
+    parser.add_argument("--drafts", nargs="+", default=["lilicorr", "dflash", "no_dist", "margin"])
+    parser.add_argument("--gpu-ids", type=int, nargs="+", help="GPUs the replay processes share (default: all)")
+
+
+STEP = Step(
+    "replay", "tau of every exported draft on those outputs (exact replay), one process per GPU", cmd_replay, arguments
+)

@@ -13,10 +13,11 @@ import gzip
 import json
 from pathlib import Path
 
-from sglang_lilicorr.benchmarks import serve_speed
-from sglang_lilicorr.benchmarks.plots import pyplot, save
+from benchmarks.served import serve_speed
+from sglang_lilicorr.bench.plots import pyplot, save
 from sglang_lilicorr.jsonl import save_json
 
+from .common import Step
 from .variants import VARIANT_LABELS
 
 SETS = ("gsm8k", "humaneval", "aime2025", "gpqa", "writingbench", "mtbench", "average")
@@ -291,3 +292,23 @@ def write(args) -> int:
     print("\n".join(lines))
     print(f"wrote {root / 'results.json'}, {root / 'tables.md'}" + "".join(f", {p}" for p in plots if p))
     return 0
+
+
+def cmd_tables(args) -> int:
+    return write(args)
+
+
+def arguments(parser) -> None:
+    parser.add_argument("--results", default=None, help="folder holding the fetched results (default: WORK)")
+    parser.add_argument(
+        "--after",
+        nargs="+",
+        metavar="DIR",
+        help="result folders of the earlier runs these drafts were warm-started "
+        "from, oldest first: the curves continue their steps",
+    )
+
+
+STEP = Step(
+    "tables", "checkpoints/results.json fields, tables and curves from what the steps wrote", cmd_tables, arguments
+)

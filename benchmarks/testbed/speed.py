@@ -2,7 +2,7 @@
 DFlash draft), SGLang's built-in LiLiCorr head (DFLASH serving our LiLiCorr draft) and LILICORR (the same draft), and
 beside them the two verify-attention variants (serve_speed.VERIFY_SYSTEMS: DFLASH on SGLang's split-KV verify kernel,
 LILICORR on SGLang's prefill kernel) and, where named, LILICORR committing each block by the exact Viterbi path
-(serve_speed.WALK_SYSTEMS: lilicorr_viterbi), in paired, rotated rounds on one GPU (sglang_lilicorr.benchmarks.paired,
+(serve_speed.WALK_SYSTEMS: lilicorr_viterbi), in paired, rotated rounds on one GPU (benchmarks.served.paired,
 serve_speed). --systems picks some of them (default: the six, SYSTEMS; always in CHOICES' order): base, dflash, builtin
 and lilicorr must be among them (REQUIRED: serve_speed.summarize keeps only the cells where all four ran, and the
 report's baseline is base), so `--systems base dflash builtin lilicorr` leaves out only the verify variants (four
@@ -42,9 +42,11 @@ import shlex
 import tarfile
 from pathlib import Path
 
-from sglang_lilicorr.benchmarks.serve_speed import ALL_SYSTEMS as CHOICES
-from sglang_lilicorr.benchmarks.serve_speed import SYSTEMS as REQUIRED  # in every summarized cell
-from sglang_lilicorr.benchmarks.serve_speed import VERIFY_SYSTEMS
+from benchmarks.served.serve_speed import ALL_SYSTEMS as CHOICES
+from benchmarks.served.serve_speed import SYSTEMS as REQUIRED  # in every summarized cell
+from benchmarks.served.serve_speed import VERIFY_SYSTEMS
+
+from .common import Step, enough_time
 
 SYSTEMS = (*REQUIRED, *VERIFY_SYSTEMS)  # the default six (WALK_SYSTEMS only where named)
 
@@ -176,7 +178,7 @@ class IdleWatch:
         self.pids, self.spent = pids, {s: 0.0 for s in pids}
 
     def __call__(self, playing: str, c: int, r: int):
-        from sglang_lilicorr.benchmarks.serve_speed import process_tree_cpu_s
+        from benchmarks.served.serve_speed import process_tree_cpu_s
 
         idle = {s: pid for s, pid in self.pids.items() if s != playing}
         before = {s: process_tree_cpu_s(pid) for s, pid in idle.items()}
@@ -191,7 +193,7 @@ class IdleWatch:
 def profile_systems(urls: dict, root: Path, steps: int, prompt: str) -> list[str]:
     """One c = 1 torch-profiler window of `steps` forward passes per server -> root/summary.json, root/profile.md
     (LILICORR first, so the report's Python-frame differences read LILICORR - built-in); the failures."""
-    from sglang_lilicorr.benchmarks import step_profile
+    from benchmarks.served import step_profile
     from sglang_lilicorr.jsonl import save_json
 
     summaries, failed = {}, []
@@ -222,7 +224,9 @@ def run(args, base_server_args: str) -> int:
     from . import eval_sets
     from .common import backends_of, bench, served_tau, to_out, variant_env
 
-    from sglang_lilicorr.benchmarks import paired, prompt_file, serve_speed
+    from benchmarks.served import paired, serve_speed
+
+    from sglang_lilicorr.bench import prompt_file
     from sglang_lilicorr.jsonl import save_json
     from sglang_lilicorr.train.engine import SGLangServers, ServerSpec
 
@@ -374,3 +378,50 @@ def run(args, base_server_args: str) -> int:
     to_out(args.out, bundle)
     print("\n".join(failed) or "[speed] every run finished")
     return 1 if failed or rc else 0
+
+
+def cmd_speed(args) -> int:
+    if args.profile_steps < 0:
+        raise SystemExit(f"--profile-steps must be >= 0 (0: no profile), got {args.profile_steps}")
+    systems = len(systems_for(args))  # refuses a set without the four summarized systems, or a resumed other set
+    cells = len(args.concurrency or DEFAULT_CONCURRENCY[args.setting])
+    # minutes: the servers' start-up side by side (2.5 for all six), a round of a cell (0.2 for six), the profile pass
+    startup, per_round = 1.0 + 0.25 * systems, 0.2 * systems / len(SYSTEMS)
+    enough_time("speed", startup + per_round * args.rounds * cells + (0.5 if args.profile_steps else 0.0))
+    return run(args, args.server_args)
+
+
+def arguments(parser) -> None:
+    parser.add_argument(
+        "--systems",
+        nargs="+",
+        choices=CHOICES,
+        default=None,
+        help=f"the servers (default: all but lilicorr_viterbi; played in the order {' '.join(CHOICES)}); "
+        "base, dflash, builtin and lilicorr must be among them, and a setting's calls must all name the same",
+    )
+    parser.add_argument(
+        "--setting",
+        choices=("graphs32", "graphs16"),
+        default="graphs32",
+        help="CUDA graphs up to batch 32, or to 16 (c = 32 then runs the eager path)",
+    )
+    parser.add_argument("--concurrency", type=int, nargs="+", help="default: 1 4 8 16 32 (graphs32), 32 (graphs16)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument(
+        "--tau-check",
+        action="store_true",
+        help="after the rounds, serve every eval prompt once at c = 8 (tau through the server)",
+    )
+    parser.add_argument(
+        "--profile-steps",
+        type=int,
+        default=12,
+        help="forward passes profiled per server at c = 1 after the rounds, in their own pass (0: no profile)",
+    )
+
+
+STEP = Step(
+    "speed", "served speed: the --systems' servers in paired, rotated rounds, no instrumentation", cmd_speed, arguments
+)

@@ -20,8 +20,10 @@ import statistics
 import time
 from pathlib import Path
 
-from sglang_lilicorr.benchmarks.paired import Deadline, rotation
+from benchmarks.served.paired import Deadline, rotation
+from benchmarks.served.serve_speed import ALL_SYSTEMS as SPEED_SYSTEMS
 
+from .common import Step
 from .speed import PORT0, SETTINGS, server_args
 
 DEFAULT_SYSTEMS = ("lilicorr", "builtin")
@@ -33,7 +35,7 @@ FIRST_START_S = 150.0  # what a start is assumed to take before one has been tim
 def start_once(spec, work: Path, launcher: list[str]) -> dict:
     """One cold start of `spec` (its log: WORK/startup/logs/server-<name>.log) -> {"ready_s", and the log's
     capture_seconds}; its Triton cache is removed after."""
-    from sglang_lilicorr.benchmarks.serve_speed import capture_seconds
+    from benchmarks.served.serve_speed import capture_seconds
     from sglang_lilicorr.train.engine import SGLangServers
 
     t0 = time.time()
@@ -131,3 +133,22 @@ def run(args, base_server_args: str) -> int:
         print(f"[startup] {left_out} start(s) left for lack of time in this call: run the step again (it resumes).")
         return 4
     return 0
+
+
+def cmd_startup(args) -> int:
+    if args.rounds < 1 or not args.systems:
+        raise SystemExit(
+            f"startup: --rounds must be >= 1 and --systems name one system at least, got {args.rounds}, {args.systems}"
+        )
+    return run(args, args.server_args)
+
+
+def arguments(parser) -> None:
+    parser.add_argument(
+        "--systems", nargs="+", choices=SPEED_SYSTEMS, default=["lilicorr", "builtin"], help="default: lilicorr builtin"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="starts per system, in rotated order")
+    parser.add_argument("--setting", choices=("graphs32", "graphs16"), default="graphs32", help="as the speed step's")
+
+
+STEP = Step("startup", "cold start-up, one server at a time, each with an empty Triton cache", cmd_startup, arguments)

@@ -9,6 +9,7 @@ from pathlib import Path
 from sglang_lilicorr.jsonl import save_json
 
 from .common import (
+    Step,
     cli_flags,
     device_name,
     enough_time,
@@ -104,3 +105,15 @@ def cmd_sweep(args) -> int:
         to_out(args.out, done)
     print(f"[sweep] chosen: {chosen}")
     return 0
+
+
+def arguments(parser) -> None:
+    parser.add_argument("--minutes", type=float, default=1.0, help="wall time of each sweep run")
+
+
+STEP = Step(
+    "sweep",
+    "drafter depth, then batch: short LiLiCorr runs, one per GPU, equal wall time (resumable by round)",
+    cmd_sweep,
+    arguments,
+)

@@ -13,6 +13,7 @@ from pathlib import Path
 from sglang_lilicorr.jsonl import save_json
 
 from .common import (
+    Step,
     alive,
     cli_flags,
     data_files,
@@ -26,7 +27,7 @@ from .common import (
     tail,
     to_out,
 )
-from .variants import VARIANTS
+from .variants import PAPER_GLOBAL_BATCH, VARIANTS
 
 # the held-out tau `wait` shows: the head's own proposal, else the drafter's argmax block (dflash)
 TAU_KEYS = ("eval/tau_t0/lilicorr", "eval/tau_t0/domino", "eval/tau_t0/dspark", "eval/tau_t0/argmax")
@@ -180,3 +181,48 @@ def cmd_wait(args) -> int:
         if time.time() > end:
             return 4
         time.sleep(min(30, max(1, end - time.time())))
+
+
+def train_arguments(parser) -> None:
+    parser.add_argument("variants", nargs="+", help=f"of {sorted(VARIANTS)}")
+    parser.add_argument("--minutes", type=float, default=7.5, help="wall time each run is planned for")
+    parser.add_argument("--evals", type=int, default=8, help="held-out evaluations (curve points) per run")
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        default=0.0,
+        help="hard wall-time cap of each run (the schedule is cut there; default twice --minutes)",
+    )
+    parser.add_argument("--init", help="start each variant from DIR/<variant>, an exported draft of the same geometry")
+    parser.add_argument(
+        "--init-draft",
+        metavar="DRAFT",
+        help="start every variant from this one exported draft (issue 42's equal budget: the shipped DFlash draft)",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=0, help="optimizer steps of every run (default 0: planned from --minutes)"
+    )
+    parser.add_argument(
+        "--global-batch",
+        type=int,
+        default=0,
+        help="sequences per optimizer step, reached by gradient accumulation over the sweep's batch and the "
+        f"variant's GPUs (the paper's: {PAPER_GLOBAL_BATCH}; default 0: the sweep's batch, no accumulation)",
+    )
+
+
+TRAIN = Step(
+    "train",
+    "the variants in the background (torchrun; the GPUs split among them), same data, steps, seed",
+    cmd_train,
+    train_arguments,
+)
+
+
+def wait_arguments(parser) -> None:
+    parser.add_argument("--minutes", type=float, default=9.0)
+
+
+WAIT = Step(
+    "wait", "until the background runs end, or --minutes pass (exit 4 while they still run)", cmd_wait, wait_arguments
+)

@@ -1,12 +1,10 @@
-"""`lilicorr bench` subcommands: run, report, compare, stages, faults.
+"""`lilicorr bench` subcommands: run, report, compare.
 
   lilicorr bench run --url http://127.0.0.1:30000 --system lilicorr --dataset gsm8k SPEED/qualitative.jsonl \
       --concurrency 1 2 4 8 16 32 --temperature 0 1 --seeds 0 1 2 --results runs/lilicorr.jsonl
   lilicorr bench report runs/ar.jsonl runs/dflash.jsonl runs/lilicorr.jsonl \
       --baseline ar --block-ref dflash --out report/
   lilicorr bench compare runs/ar.jsonl runs/lilicorr.jsonl
-  lilicorr bench stages stages.json --out report/
-  lilicorr bench faults --url http://127.0.0.1:30000 --clients 64 --duration 300 --expect-spec --out faults/
 
 Every leaf parser sets `func`; `args.func(args)` returns the exit code.
 """
@@ -18,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from . import datasets, load_faults, metrics, plots, runner, stages, tables
+from . import datasets, metrics, plots, runner, tables
 from .client import Sampling
 from .metrics import ResultsError
 from .. import ownership
@@ -225,66 +223,8 @@ def cmd_compare(args) -> int:
     return 0
 
 
-def cmd_stages(args) -> int:
-    if (args.stages is None) == (not args.timings):
-        raise UsageError(
-            "give exactly one of a stage-decomposition FILE or --timings SYSTEM=DIR ...",
-            where="bench stages",
-            fix="see `lilicorr bench stages --help`",
-        )
-    if args.stages is not None and not args.stages.is_file():
-        raise UsageError(
-            f"{args.stages} is not a file",
-            where="FILE",
-            fix="pass a stage-decomposition JSON (schema: sglang_lilicorr.benchmarks.stages)",
-        )
-    out = ownership.claim_report_folder(args.out, create=False)
-    if args.stages is not None:
-        doc = stages.load(args.stages)
-    else:
-        timings = {system: stages.load_timings(folder) for system, folder in args.timings}
-        doc = stages.from_timings(timings, bs=args.bs, graph=not args.eager)
-    ownership.claim_report_folder(out)  # the inputs read: now the folder is made and marked
-    if args.stages is None:
-        ownership.write_atomic(out / "stages.json", json.dumps(doc, indent=1))
-    markdown = stages.table(doc)
-    ownership.write_atomic(out / "stages.md", markdown)
-    stages.plot(doc, out / "stages.png")
-    print(markdown)
-    return 0
-
-
-def cmd_faults(args) -> int:
-    if args.clients < 1 or args.duration <= 0:
-        raise UsageError(
-            f"--clients {args.clients} --duration {args.duration} cannot run",
-            where="--clients / --duration",
-            fix="give at least one client and a positive duration",
-        )
-    ownership.claim_report_folder(args.out)  # before the load starts
-    config = load_faults.FaultConfig(
-        url=args.url,
-        clients=args.clients,
-        duration_s=args.duration,
-        context_length=args.context_length,
-        max_tokens=args.max_tokens,
-        prompt_words=tuple(args.prompt_words),
-        expect_spec=args.expect_spec,
-        model=args.model,
-        seed=args.seed,
-        request_timeout_s=args.request_timeout,
-        drain_timeout_s=args.drain_timeout,
-    )
-    summary = load_faults.run(config, args.out)
-    print(json.dumps({k: summary[k] for k in ("requests", "outcomes", "violations", "server", "ok")}))
-    for line in summary["first_violations"]:
-        print(f"  {line}", file=sys.stderr)
-    print(f"{'ok' if summary['ok'] else 'FAILED'}: {args.out / 'summary.json'}, {args.out / 'requests.jsonl'}")
-    return 0 if summary["ok"] else 1
-
-
 def register(subparsers) -> None:
-    """Adds `bench` with subcommands run / report / compare / stages / faults."""
+    """Adds `bench` with subcommands run / report / compare."""
     bench = subparsers.add_parser(
         "bench", help="benchmark an SGLang server (SPEED-Bench, GSM8K, ...) and report tau / TPS / speedup"
     )
@@ -360,57 +300,8 @@ def register(subparsers) -> None:
     cmp_.add_argument("--out", type=Path, help="also write the rows as JSON")
     cmp_.set_defaults(func=cmd_compare)
 
-    stg = sub.add_parser(
-        "stages", help="per-block stage decomposition (table + plot) from a JSON or from servers' stage timings"
-    )
-    stg.add_argument(
-        "stages", type=Path, nargs="?", help="a stage-decomposition JSON (schema: sglang_lilicorr.benchmarks.stages)"
-    )
-    stg.add_argument(
-        "--timings",
-        type=stages.timings_arg,
-        nargs="+",
-        metavar="SYSTEM=DIR",
-        help="LILICORR_STAGE_TIMING folders of the servers, e.g. lilicorr=DIR dflash=DIR",
-    )
-    stg.add_argument("--bs", type=int, default=1, help="batch size (requests per decode step) to report")
-    stg.add_argument(
-        "--eager", action="store_true", help="report the eager (no draft CUDA graph) steps and micro-benchmarks"
-    )
-    stg.add_argument("--out", type=Path, default=Path("bench_report"))
-    stg.set_defaults(func=cmd_stages)
-
-    flt = sub.add_parser(
-        "faults",
-        help="load + faults (disconnects, over-long and invalid requests), then the server's health "
-        "and KV pool (see benchmarks/load_faults.py)",
-    )
-    flt.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
-    flt.add_argument("--clients", type=int, default=64, help="concurrent clients, each sending requests back to back")
-    flt.add_argument("--duration", type=float, default=300.0, help="seconds of load")
-    flt.add_argument(
-        "--context-length", type=int, default=0, help="the server's context length (default: GET /v1/models)"
-    )
-    flt.add_argument("--max-tokens", type=int, default=128, help="max tokens of the normal requests")
-    flt.add_argument("--prompt-words", type=int, nargs="+", default=[16, 256, 1024], help="prompt lengths to mix")
-    flt.add_argument(
-        "--expect-spec", action="store_true", help="normal requests must report spec stats (spec_verify_ct)"
-    )
-    flt.add_argument("--model", default="default", help="`model` field of chat requests")
-    flt.add_argument("--seed", type=int, default=0)
-    flt.add_argument("--request-timeout", type=float, default=300.0, help="seconds one request may take")
-    flt.add_argument(
-        "--drain-timeout", type=float, default=60.0, help="seconds to wait for the KV pool to empty afterwards"
-    )
-    flt.add_argument("--out", type=Path, required=True, help="folder for summary.json and requests.jsonl")
-    flt.set_defaults(func=cmd_faults)
-
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = Parser(prog="lilicorr")
     register(parser.add_subparsers(dest="command", required=True))
     return run_command(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -27,7 +27,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from ..errors import LiLiCorrError
+from sglang_lilicorr.errors import LiLiCorrError
 
 API_PATHS = {"chat": "/v1/chat/completions", "generate": "/generate", "ids": "/generate"}
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 import statistics
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ..errors import LiLiCorrError
+from sglang_lilicorr.errors import LiLiCorrError
 
 ALL = "all"
 CELL_KEY = ("system", "dataset", "group", "concurrency", "temperature")

@@ -5,7 +5,7 @@
 
 `id` is unique; the user turns come from `text` or from `messages` (user messages only, played in
 order); the reporting group is `set` or `category` (the file's stem when both are absent). The
-testbed's held-out prompts (testbed/eval_prompts.jsonl) are such a file. Results name the dataset
+testbed's held-out prompts (benchmarks/testbed/eval_prompts.jsonl) are such a file. Results name the dataset
 after the file's stem.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, List, Optional
 
-from ..errors import LiLiCorrError
+from sglang_lilicorr.errors import LiLiCorrError
 from .prompt import Prompt
 from .speed_bench import read_records
 

@@ -205,33 +205,3 @@ def lattice_attention_triton(
             num_warps=num_warps,
         )
     return out
-
-
-def bench_lattice_attention(bs_list=(1, 4, 32), launches=((64, 4), (128, 8), (32, 4), (16, 4)), *, rep_ms: int = 100):
-    """On CUDA, bf16 at the paper shape (8 heads of 128, L = 120): ms per call (graph replay, median) of
-    LatticeAttention's SDPA call and of this kernel at each (block_m, num_warps) -> rows {bs, launch, ms, sdpa_ms}."""
-    from .graph_timing import graph_ms
-
-    if not torch.cuda.is_available():
-        raise RuntimeError("bench_lattice_attention: needs a CUDA device")
-    heads, dh, length = 8, 128, 120
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    bias = torch.randn(heads, length, length, device="cuda", dtype=torch.bfloat16, generator=gen)
-    rows = []
-    for bs in bs_list:
-        qkv = torch.randn(bs * length, 3 * heads * dh, device="cuda", dtype=torch.bfloat16, generator=gen)
-        sdpa_ms = graph_ms(lambda: lattice_attention_reference(qkv, bias, heads), rep_ms)[0]
-        for block_m, warps in launches:
-            ms = graph_ms(lambda: lattice_attention_triton(qkv, bias, heads, block_m=block_m, num_warps=warps), rep_ms)[
-                0
-            ]
-            rows.append(dict(bs=bs, launch=dict(block_m=block_m, num_warps=warps), ms=ms, sdpa_ms=sdpa_ms))
-    return rows
-
-
-if __name__ == "__main__":
-    import json
-
-    print(f"{torch.cuda.get_device_name()}, 8 heads x 128, L = 120, bf16, triton {triton.__version__}")
-    for r in bench_lattice_attention():
-        print(json.dumps(r), flush=True)

@@ -40,7 +40,7 @@ import triton.language as tl
 
 from .device import sm_count
 from .pdl import check_pdl, grid_dependency_wait, pdl_launch
-from .topk_reference import check_topk_lse_args, topk_lse_reference
+from .topk_reference import check_topk_lse_args
 from .tuning import TOPK_FEW_ROWS, TOPK_MIN_TILES_PER_SPLIT, TopKLaunch
 
 SENTINEL = tl.constexpr(-(2**63))  # below every ordering key
@@ -470,72 +470,3 @@ def _split_stage(name, logits, k, splits, launch, pdl):
             **({"maxnreg": launch.maxnreg} if launch.maxnreg else {}),
         )
     return outputs, None if final else parts
-
-
-SWEEP = (  # the launches `bench_topk_lse(sweep=True)` times beside the default TopKLaunch()
-    TopKLaunch(block=512, maxnreg=64),  # 512-logit tiles in 64 registers
-    TopKLaunch(programs_per_sm=8),
-    TopKLaunch(programs_per_sm=24),  # 80 registers used: 25 one-warp programs fit an SM
-    TopKLaunch(block=2048, maxnreg=255, programs_per_sm=8),
-)
-
-
-def bench_topk_lse(
-    n_list=(15, 60, 240, 480),
-    vocab: int = 151936,
-    k: int = 8,
-    *,
-    sweep: bool = False,
-    splits_list=(),
-    rep_ms: int = 100,
-    pdl: bool = False,
-):
-    """On CUDA, bf16 logits [N, V]: ms per call (graph replay, median) of topk_lse_triton with the default launch
-    (and with each SWEEP launch, and with the default at each of `splits_list` chunks per row instead of
-    split_plan's) and of torch.topk + logsumexp -> rows {N, launch, splits, ms, torch_ms, equal}.
-    `pdl`: the kernels launched as the select path launches them under PDL (sm_90+)."""
-    from .graph_timing import graph_ms
-
-    if not torch.cuda.is_available():
-        raise RuntimeError("bench_topk_lse: needs a CUDA device")
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    rows = []
-    for n in n_list:
-        logits = torch.randn(n, vocab, device="cuda", dtype=torch.bfloat16, generator=gen) * 4
-        torch_ms = graph_ms(lambda: (logits.float().topk(k, dim=-1), logits.float().logsumexp(-1)), rep_ms)[0]
-        ref_vals, ref_ids, ref_lse = topk_lse_reference(logits, k)
-        runs = [(launch, None) for launch in ((TopKLaunch(), *SWEEP) if sweep else (TopKLaunch(),))]
-        runs += [(TopKLaunch(), splits) for splits in splits_list]
-        for launch, splits in runs:
-            ms, got = graph_ms(lambda: topk_lse_triton(logits, k, splits, launch=launch, pdl=pdl), rep_ms)
-            vals, ids, lse = got
-            same = (
-                torch.equal(ids, ref_ids)
-                and torch.equal(vals, ref_vals)
-                and bool(torch.allclose(lse, ref_lse, atol=1e-4))
-            )
-            planned = (
-                split_plan(n, vocab, logits.device, launch)
-                if splits is None
-                else even_splits(vocab, splits, launch.block)
-            )[0]
-            rows.append(dict(N=n, launch=launch._asdict(), splits=planned, ms=ms, torch_ms=torch_ms, equal=same))
-    return rows
-
-
-if __name__ == "__main__":
-    import argparse
-    import json
-
-    ap = argparse.ArgumentParser(description="time topk_lse_triton against torch on bf16 logits [N, 151936] (CUDA)")
-    ap.add_argument("--sweep", action="store_true", help="also every SWEEP launch")
-    ap.add_argument("--n", type=int, nargs="+", default=[15, 60, 240, 480], help="rows N")
-    ap.add_argument("--splits", type=int, nargs="*", default=[], help="also the default launch at these chunks per row")
-    ap.add_argument("--pdl", action="store_true", help="launched as the select path does under PDL (sm_90+)")
-    args = ap.parse_args()
-    print(
-        f"{torch.cuda.get_device_name()}, V = 151936, K = 8, bf16, "
-        f"triton {triton.__version__}, torch {torch.__version__}"
-    )
-    for r in bench_topk_lse(args.n, sweep=args.sweep, splits_list=args.splits, pdl=args.pdl):
-        print(json.dumps(r), flush=True)

@@ -84,7 +84,7 @@ def gemm_band(m: int) -> tuple:
 
 
 class TopKLaunch(NamedTuple):
-    """How the split kernel streams the logits (sweep: `python -m sglang_lilicorr.kernels.topk_lse_fused`).
+    """How the split kernel streams the logits (sweep: `python -m benchmarks kernel-sweeps topk-lse`).
     H200 sweeps, 0f1922e and b16a836: block, num_warps, programs_per_sm, maxnreg."""
 
     block: int = 1024  # logits per tile (a power of two >= 16): 32 per thread of one warp = four 16-byte loads
@@ -110,7 +110,7 @@ TOPK_FEW_ROWS = 16  # ... but N <= 16 (one request's slots) takes runs of TopKLa
 
 
 class CosineLaunch(NamedTuple):
-    """H200 sweep, 0f1922e (`python -m sglang_lilicorr.kernels.head_scores --sweep`)."""
+    """H200 sweep, 0f1922e (`python -m benchmarks kernel-sweeps lattice-cosine --sweep`)."""
 
     block_d: int = 128  # D columns per step (a power of two)
     num_warps: int = 4

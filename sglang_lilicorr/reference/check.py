@@ -104,14 +104,14 @@ def check_greedy(
 
 
 def served_greedy_records(path: str) -> list[dict]:
-    """Greedy records (temperature 0, no error) of a tools/gpu_client.py result file."""
+    """Greedy records (temperature 0, no error) of a benchmarks/served/gpu_client.py result file."""
     records = json.loads(open(path).read())
     return [r for r in records if not r.get("error") and r["sampling"].get("temperature", 1.0) == 0]
 
 
 def main(argv: list[str] | None = None) -> int:
     """Check every greedy response a server returned (gpu_client JSON files) against the target."""
-    p = argparse.ArgumentParser(prog="python -m sglang_lilicorr.reference.check", description=main.__doc__)
+    p = argparse.ArgumentParser(description=main.__doc__)
     p.add_argument("model_dir", help="the target's HF folder")
     p.add_argument("results", nargs="+", help="gpu_client result files")
     p.add_argument("--tol-ulps", type=float, default=2.0, help="near-tie tolerance in bf16 ulps of the top logit")
@@ -155,7 +155,3 @@ def main(argv: list[str] | None = None) -> int:
         ok &= fails == 0
     print("GREEDY_CHECK", "PASS" if ok else "FAIL")
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
