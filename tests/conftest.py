@@ -1,8 +1,13 @@
 import os
 import random
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+# the lab (benchmarks/) is not installed: the checkout's root on the path, as `python -m pytest` from it puts it
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 # The tests use tiny tensors: intra-op fan-out only costs time (a lot on a loaded 2-core machine).
 torch.set_num_threads(1)

@@ -20,7 +20,7 @@ import pytest
 from benchmarks.served import backends_summary as bs
 
 ROOT = Path(__file__).resolve().parents[1]
-DEVICE = ROOT / "tools" / "device"
+DEVICE = ROOT / "benchmarks" / "device"
 FI = {"attention": "flashinfer", "sampling": "flashinfer"}
 SERVER_ARGS_LINE = (
     "[2026-11-29 10:00:00] server_args={'model_path': '/tmp/smol/model', 'prefill_attention_backend': None, "
@@ -369,11 +369,11 @@ exit 0
 def backends_root(tmp_path):
     """A copy of the checkout's backends.sh beside stand-ins of the scripts it runs, and the machine's earlier work."""
     root = tmp_path / "root"
-    (root / "tools" / "device").mkdir(parents=True)
+    (root / "benchmarks" / "device").mkdir(parents=True)
     for name in ("backends.sh", "sglang_jit.sh"):
-        shutil.copy(DEVICE / name, root / "tools" / "device")
+        shutil.copy(DEVICE / name, root / "benchmarks" / "device")
     for name in ("gpu_check.sh", "testbed.sh", "flashinfer.sh"):
-        (root / "tools" / "device" / name).write_text(STAND_IN)
+        (root / "benchmarks" / "device" / name).write_text(STAND_IN)
     (root / ".dev" / "bin").mkdir(parents=True)
     (root / ".dev" / "bin" / "smol.sh").write_text(STAND_IN)
     for v in ("lilicorr", "dflash"):
@@ -401,7 +401,7 @@ def backends_root(tmp_path):
 
 def backends(root: Path, env: dict, steps: str, **extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["bash", str(root / "tools" / "device" / "backends.sh"), steps],
+        ["bash", str(root / "benchmarks" / "device" / "backends.sh"), steps],
         env={**env, **extra},
         capture_output=True,
         text=True,

@@ -145,10 +145,14 @@ def test_packaged_sets_load_from_installed_packages(name, count):
 
 
 def test_prompt_file_reads_the_testbed_prompts_and_groups_by_set():
-    name, prompts = datasets.load_prompts(str(ROOT / "testbed" / "eval_prompts.jsonl"), categories=["gpqa", "gsm8k"])
+    name, prompts = datasets.load_prompts(
+        str(ROOT / "benchmarks" / "testbed" / "eval_prompts.jsonl"), categories=["gpqa", "gsm8k"]
+    )
     assert name == "eval_prompts" and len(prompts) == 48
     assert {p.category for p in prompts} == {"gpqa", "gsm8k"} and all(len(p.turns) == 1 for p in prompts)
-    _, mtbench = datasets.load_prompts(str(ROOT / "testbed" / "eval_prompts.jsonl"), categories=["mtbench"])
+    _, mtbench = datasets.load_prompts(
+        str(ROOT / "benchmarks" / "testbed" / "eval_prompts.jsonl"), categories=["mtbench"]
+    )
     assert len(mtbench) == 80 and all(len(p.turns) == 2 for p in mtbench)  # served multi-turn
 
 

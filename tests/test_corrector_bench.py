@@ -54,8 +54,9 @@ def test_the_commit_defaults_to_git_then_the_environment(tmp_path, monkeypatch):
 def test_scale_gpu_passes_git_commit_to_corrector_bench(tmp_path, commit):
     """benchmarks/device/scale_gpu.sh heads, with a stand-in install, nvidia-smi and python3 that records its arguments."""
     repo, bin_ = tmp_path / "repo", tmp_path / "bin"
-    (repo / "tools" / "device").mkdir(parents=True)
-    shutil.copy(ROOT / "tools" / "device" / "scale_gpu.sh", repo / "tools" / "device")
+    (repo / "benchmarks" / "device").mkdir(parents=True)
+    for name in ("scale_gpu.sh", "lab.sh"):
+        shutil.copy(ROOT / "benchmarks" / "device" / name, repo / "benchmarks" / "device")
     (repo / ".dev" / "bin").mkdir(parents=True)
     (repo / ".dev" / "bin" / "install.sh").write_text("echo installed\n")
     bin_.mkdir()
@@ -68,11 +69,11 @@ def test_scale_gpu_passes_git_commit_to_corrector_bench(tmp_path, commit):
     if commit:
         env["GIT_COMMIT"] = commit
     done = subprocess.run(
-        ["bash", str(repo / "tools" / "device" / "scale_gpu.sh"), "heads"], env=env, capture_output=True, text=True
+        ["bash", str(repo / "benchmarks" / "device" / "scale_gpu.sh"), "heads"], env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     argv = args.read_text().split()
-    assert argv[:2] == ["-m", "benchmarks.micro.corrector_bench"]
+    assert argv[:3] == ["-m", "benchmarks", "corrector-bench"]
     if commit:
         assert argv[-2:] == ["--commit", commit] and "GIT_COMMIT is unset" not in done.stdout
     else:

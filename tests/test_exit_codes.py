@@ -1,14 +1,16 @@
-"""The exit-code and message rule over every command, as a new user meets it (issue 40): exit 2 for an argument
-that cannot work, 1 for bad content or a failed run; one line `error: <what> (<where>): <fix>`; never "this is a
-bug"."""
+"""The exit-code and message rule over every command, as a new user meets it (and the lab's steps that take files and
+servers): exit 2 for an argument that cannot work, 1 for bad content or a failed run; one line
+`error: <what> (<where>): <fix>`; never "this is a bug"."""
 
 import pytest
 
+from benchmarks import main as lab_main
 from sglang_lilicorr.cli import main
 from stub_server import NO_SERVER, bench_run_argv
 from test_train import make_target, train_argv, write_conversations
 
 R = None  # the workspace folder (set by the fixture; the cases are built from it)
+LAB = "python -m benchmarks"  # a case's first word: the lab's entry point, not `lilicorr`
 
 
 def T(*extra, data=None, target=None, out=None):
@@ -94,13 +96,13 @@ def cases() -> dict:
         "report notjson": (["bench", "report", f"{R}/notjson.jsonl", "--out", f"{R}/rep"], 1),
         "report out file": (["bench", "report", f"{R}/data.jsonl", "--out", f"{R}/afile"], 2),
         "compare missing": (["bench", "compare", f"{R}/none.jsonl", f"{R}/none.jsonl"], 2),
-        "stages missing": (["bench", "stages", f"{R}/none.json"], 2),
-        "stages notjson": (["bench", "stages", f"{R}/notjson.jsonl", "--out", f"{R}/st"], 1),
-        "faults clients 0": (
-            ["bench", "faults", "--url", "http://127.0.0.1:9", "--clients", "0", "--out", f"{R}/fa"],
+        "lab stages missing": ([LAB, "stages", f"{R}/none.json"], 2),
+        "lab stages notjson": ([LAB, "stages", f"{R}/notjson.jsonl", "--out", f"{R}/st"], 1),
+        "lab faults clients 0": (
+            [LAB, "faults", "--url", "http://127.0.0.1:9", "--clients", "0", "--out", f"{R}/fa"],
             2,
         ),
-        "faults down": (["bench", "faults", "--url", "http://127.0.0.1:9", "--duration", "1", "--out", f"{R}/fa2"], 1),
+        "lab faults down": ([LAB, "faults", "--url", "http://127.0.0.1:9", "--duration", "1", "--out", f"{R}/fa2"], 1),
         "checkdraft missing": (["check-draft", f"{R}/none", "--target", f"{R}/target"], 2),
         "checkdraft a run": (["check-draft", f"{R}/okrun", "--target", f"{R}/target"], 2),
         "checkdraft target missing": (["check-draft", f"{R}/okdraft", "--target", f"{R}/none"], 2),
@@ -157,7 +159,7 @@ def test_every_bad_input_answers_by_the_rule(workspace, capsys):
     for name, (argv, want) in workspace.items():
         capsys.readouterr()
         try:
-            code = main(argv)
+            code = lab_main(argv[1:]) if argv[0] == LAB else main(argv)
         except SystemExit as e:
             code = e.code
         err = capsys.readouterr().err

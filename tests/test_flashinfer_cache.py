@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tools" / "device" / "flashinfer_cache.sh"
+SCRIPT = ROOT / "benchmarks" / "device" / "flashinfer_cache.sh"
 NINJA = shutil.which("ninja") or str(Path(sys.executable).parent / "ninja")
 
 # a stand-in for nvcc: writes the object and a gcc-style depfile naming the source and tvm_ffi's header

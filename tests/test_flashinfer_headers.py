@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import flashinfer_headers  # noqa: E402
+from benchmarks.device import flashinfer_headers  # noqa: E402
 
 INCLUDE = flashinfer_headers.INCLUDE
 HEADERS = {
@@ -106,7 +105,7 @@ def test_check_lib_installs_carried_headers(tmp_path):
     site = tmp_path / "site"
     site.mkdir()
     script = (
-        f"S={tmp_path / 'summary.txt'}; SITE={site}; source {ROOT / 'tools' / 'device' / 'check_lib.sh'}; "
+        f"S={tmp_path / 'summary.txt'}; SITE={site}; source {ROOT / 'benchmarks' / 'device' / 'check_lib.sh'}; "
         f"install_flashinfer_headers {dev}; "
         "echo flag=$SGLANG_IS_FLASHINFER_AVAILABLE"
     )

@@ -22,8 +22,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 KIT = ROOT / ".dev" / "flashinfer"
 TAR = KIT / "flashinfer_slim.tar.xz"
-sys.path.insert(0, str(ROOT / "tools" / "device"))
-import flashinfer_slim  # noqa: E402
+from benchmarks import lab_env  # noqa: E402
+from benchmarks.device import flashinfer_slim  # noqa: E402
 
 needs_tar = pytest.mark.skipif(
     not TAR.is_file(), reason="no .dev/flashinfer (bash benchmarks/device/flashinfer_kit.sh)"
@@ -123,10 +123,10 @@ def test_slim_archive_has_every_jit_module_file(tmp_path):
         check=True,
     )
     r = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks/device/flashinfer_slim.py"), "check", str(TAR)],
+        [sys.executable, "-m", "benchmarks", "flashinfer-slim", "check", str(TAR)],
         capture_output=True,
         text=True,
-        env={**os.environ, "FI_SLIM_DEPS": str(deps)},
+        env=lab_env({**os.environ, "FI_SLIM_DEPS": str(deps)}),
     )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert f"{len(flashinfer_slim.MODULES)} modules, 0 problems" in r.stdout

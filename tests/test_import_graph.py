@@ -1,5 +1,6 @@
 """The import graph of our modules (every import, at module level or in a function, read from the source): no
-circles, and every import goes to a layer docs/ARCHITECTURE.md's table allows (PACKAGE_LAYERS, ALLOWED below)."""
+circles; every import of the product goes to a layer docs/ARCHITECTURE.md's table allows (PACKAGE_LAYERS, ALLOWED
+below); the product never imports the lab; and what `pip install` ships is the product alone, and small."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = {"sglang_lilicorr": ROOT / "sglang_lilicorr"}
+PACKAGES = {"sglang_lilicorr": ROOT / "sglang_lilicorr", "benchmarks": ROOT / "benchmarks"}  # the product, the lab
+MAX_PRODUCT_LINES = 15_000  # lines of Python that `pip install` ships
 
 
 def modules() -> dict[str, Path]:
@@ -79,21 +81,57 @@ def test_no_import_circles():
     assert circles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
 
 
-def test_serving_holds_no_instrumentation():
-    """The plugin's serving path imports no timer or recorder: those live in benchmarks.instrumentation, which
-    SGLang loads through an entry point of its own."""
+def product(name: str) -> bool:
+    return name.split(".")[0] == "sglang_lilicorr"
+
+
+def test_the_product_never_imports_the_lab():
+    """No module of sglang_lilicorr imports benchmarks/ (micro-benchmarks, studies, the testbed, the instrumentation
+    plugin with its timer and recorder) nor anything else of the checkout that pip does not install; the lab imports
+    the product."""
     graph = import_graph()
-    assert "benchmarks.instrumentation.stage_timer" in graph
-    for name, imports in graph.items():
-        if name.startswith("sglang_lilicorr.serving"):
-            assert not any(m.startswith("benchmarks.instrumentation") for m in imports), (name, imports)
+    assert "sglang_lilicorr.serving.worker" in graph["benchmarks.instrumentation.plugin"]
+    assert [
+        (name, target) for name, imports in graph.items() if product(name) for target in imports if not product(target)
+    ] == []
+    checkout = {p.stem for p in ROOT.iterdir() if p.is_dir() or p.suffix == ".py"} - {"sglang_lilicorr"}
+    roots = {name: third_party_roots(path) for name, path in modules().items() if product(name)}
+    assert {(name, r) for name, found in roots.items() for r in found & checkout} == set()
+
+
+def shipped() -> tuple[list[str], dict]:
+    """setup.py's packages (its find_packages(include=...) call, run here) and its entry points."""
+    from setuptools import find_packages
+
+    calls = {
+        n.func.id: n
+        for n in ast.walk(ast.parse((ROOT / "setup.py").read_text()))
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    }
+    packages = find_packages(str(ROOT), **{k.arg: ast.literal_eval(k.value) for k in calls["find_packages"].keywords})
+    (entry_points,) = [k.value for k in calls["setup"].keywords if k.arg == "entry_points"]
+    return packages, ast.literal_eval(entry_points)
+
+
+def test_pip_installs_the_product_alone():
+    """setup.py ships sglang_lilicorr and its subpackages, nothing of the lab, in at most MAX_PRODUCT_LINES lines of
+    Python, and its entry points name only what it ships: the lab's instrumentation plugin registers itself
+    (benchmarks/instrumentation/entry_point)."""
+    packages, entry_points = shipped()
+    assert "sglang_lilicorr.serving" in packages and all(product(p) for p in packages)
+    lines = sum(len(f.read_text().splitlines()) for p in packages for f in (ROOT / p.replace(".", "/")).glob("*.py"))
+    assert lines <= MAX_PRODUCT_LINES, f"the installed package holds {lines} lines of Python"
+    targets = {entry.split("=")[1].split(":")[0].strip() for group in entry_points.values() for entry in group}
+    assert targets == {"sglang_lilicorr.cli", "sglang_lilicorr.serving.plugin"}
 
 
 def test_the_static_graph_is_the_runtime_graph():
-    """No module of ours imports another by a computed name (importlib), so the graph read from the source is the one
-    the interpreter follows; the one exception, the kernels package's lazy Triton modules, stays inside kernels/. And
-    the CLI is built from a leaf module: no job module imports the `lilicorr` entry module back."""
+    """No module of the product imports another by a computed name (importlib), so the graph read from the source is
+    the one the interpreter follows; the one exception, the kernels package's lazy Triton modules, stays inside
+    kernels/. And the CLI is built from a leaf module: no job module imports the `lilicorr` entry module back."""
     for name, path in modules().items():
+        if not product(name):  # the lab's entry point imports the step it runs by name
+            continue
         for node in ast.walk(ast.parse(path.read_text())):
             if (
                 isinstance(node, ast.Call)
@@ -105,11 +143,11 @@ def test_the_static_graph_is_the_runtime_graph():
                 raise AssertionError((name, node.lineno))
     graph = import_graph()
     assert graph["sglang_lilicorr.cli_args"] <= {"sglang_lilicorr.errors"}
-    assert [name for name, imports in graph.items() if "sglang_lilicorr.cli" in imports] == []
+    assert [name for name, imports in graph.items() if product(name) and "sglang_lilicorr.cli" in imports] == []
 
 
-# docs/ARCHITECTURE.md's layers: a module's layer is its subpackage's; every other module of the top level (and
-# baselines/) is the core, and cli, commands/ and benchmarks/ are the commands.
+# docs/ARCHITECTURE.md's layers of the product: a module's layer is its subpackage's; every other module of the top
+# level (and baselines/) is the core, and cli, commands/ and bench/ are the commands. The lab may import any of them.
 PACKAGE_LAYERS = {
     "kernels": "kernels",
     "fast_path": "fast path",
@@ -117,10 +155,9 @@ PACKAGE_LAYERS = {
     "reference": "reference",
     "train": "train",
     "serving": "serving",
-    "instrumentation": "instrumentation",
     "cli": "commands",
     "commands": "commands",
-    "benchmarks": "commands",
+    "bench": "commands",
 }
 ALLOWED = {  # layer -> the layers it may import (its own included)
     "kernels": {"kernels"},
@@ -130,10 +167,9 @@ ALLOWED = {  # layer -> the layers it may import (its own included)
     "reference": {"reference", "fast path", "drafter", "core", "kernels"},  # the proposal pipeline
     "train": {"train", "reference", "fast path", "drafter", "core", "kernels"},
     "serving": {"serving", "fast path", "drafter", "core", "kernels"},
-    "instrumentation": {"instrumentation", "serving", "fast path", "drafter", "core", "kernels"},
 }
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
-SGLANG_LAYERS = {"serving", "instrumentation", "commands"}  # the only layers that import SGLang
+SGLANG_LAYERS = {"serving", "commands"}  # the only layers of the product that import SGLang
 
 
 def layer(module: str) -> str:
@@ -163,16 +199,16 @@ def test_every_import_goes_down_the_layers():
         (name, target)
         for name, imports in graph.items()
         for target in imports
-        if layer(name) in ALLOWED and layer(target) not in ALLOWED[layer(name)]
+        if product(name) and layer(name) in ALLOWED and layer(target) not in ALLOWED[layer(name)]
     ]
     assert wrong == []
 
 
 def test_only_the_serving_side_imports_sglang():
-    """SGLang is imported by the plugin (serving/, instrumentation/) and the commands that drive or time it; the
-    kernels, the core, the fast path, the drafter, the reference decoder and training run without it, and the kernels
-    import nothing but the standard library, torch and triton."""
-    roots = {name: third_party_roots(path) for name, path in modules().items()}
+    """SGLang is imported by the plugin (serving/) and the commands that drive it; the kernels, the core, the fast
+    path, the drafter, the reference decoder and training run without it, and the kernels import nothing but the
+    standard library, torch and triton."""
+    roots = {name: third_party_roots(path) for name, path in modules().items() if product(name)}
     importers = {name for name, found in roots.items() if "sglang" in found}
     assert "sglang_lilicorr.serving.worker" in importers
     assert {name for name in importers if layer(name) not in SGLANG_LAYERS} == set()

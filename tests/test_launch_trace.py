@@ -16,7 +16,9 @@ def test_launch_trace_of_the_served_path(tmp_path):
     subprocess.run(
         [
             sys.executable,
-            str(ROOT / "tools" / "launch_trace.py"),
+            "-m",
+            "benchmarks",
+            "launch-trace",
             "--out",
             str(out),
             "--geometry",

@@ -1,4 +1,4 @@
-"""`lilicorr bench faults` against tests/stub_server.py (loopback only): every kind of request gets its
+"""The lab's `faults` step (`python -m benchmarks faults`) against tests/stub_server.py (loopback only): every kind of request gets its
 outcome, the faults are told apart from failures, and a KV pool that does not return to empty fails
 the run."""
 
@@ -11,17 +11,12 @@ pytest.importorskip("aiohttp")
 
 from stub_server import StubServer
 
-from sglang_lilicorr.bench import cli
-
-
 from benchmarks.served import load_faults
 
 
 def faults(stub, out, *extra) -> int:
-    return cli.main(
+    return load_faults.main(
         [
-            "bench",
-            "faults",
             "--url",
             stub.url,
             "--clients",

@@ -13,10 +13,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # python3 stand-in: select_digest prints the reference's lines, head_bench writes rows whose served ms say which
 # package came first on PYTHONPATH (the AB tree's: 0.100 ms a bs; this one's: 0.105), anything else is real Python.
 PYTHON3 = """#!/bin/bash
-if [ "$1" = -m ] && [ "$2" = benchmarks.micro.select_digest ]; then
+if [ "$1" = -m ] && [ "$2 $3" = "benchmarks select-digest" ]; then
   echo "served bs 1 eager 0123456789abcdef"; exit 0
 fi
-if [ "$1" = -m ] && [ "$2" = benchmarks.micro.head_bench ]; then
+if [ "$1" = -m ] && [ "$2 $3" = "benchmarks head-bench" ]; then
   while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done
   ms=0.105; [ -n "${AB_TREE_SEEN:-}" ] && [[ "$PYTHONPATH" == "$AB_TREE_SEEN"* ]] && ms=0.100
   echo "{\\"rows\\": [{\\"bs\\": 1, \\"post_logits_served\\": $ms, \\"post_logits_builtin\\": 0.31}]}" > "$out"; exit 0
@@ -27,8 +27,9 @@ exec REAL_PYTHON "$@"
 
 def setup(tmp_path: Path) -> tuple[Path, dict]:
     repo, bin_ = tmp_path / "repo", tmp_path / "bin"
-    (repo / "tools" / "device").mkdir(parents=True)
-    shutil.copy(ROOT / "tools" / "device" / "select_check.sh", repo / "tools" / "device")
+    (repo / "benchmarks" / "device").mkdir(parents=True)
+    for name in ("select_check.sh", "lab.sh"):
+        shutil.copy(ROOT / "benchmarks" / "device" / name, repo / "benchmarks" / "device")
     ref = repo / "benchmarks" / "results" / "select-check" / "h200_d642fc5"
     ref.mkdir(parents=True)
     for geo in ("paper", "testbed"):
@@ -43,7 +44,7 @@ def setup(tmp_path: Path) -> tuple[Path, dict]:
 
 def check(repo: Path, env: dict, out: Path, **extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["bash", str(repo / "tools" / "device" / "select_check.sh"), str(out)],
+        ["bash", str(repo / "benchmarks" / "device" / "select_check.sh"), str(out)],
         env={**env, **extra},
         capture_output=True,
         text=True,

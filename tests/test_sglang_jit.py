@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def jit(root: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["bash", str(root / "tools" / "device" / "sglang_jit.sh"), *args],
+        ["bash", str(root / "benchmarks" / "device" / "sglang_jit.sh"), *args],
         env=env,
         capture_output=True,
         text=True,
@@ -30,8 +30,8 @@ def build(cache: Path, name: str) -> None:
 
 def test_a_machine_unpacks_the_carried_cache_once_and_returns_only_new_builds(tmp_path):
     root, ret, cache = tmp_path / "root", tmp_path / "ret", tmp_path / "machine" / "jit"
-    (root / "tools" / "device").mkdir(parents=True)
-    shutil.copy(ROOT / "tools" / "device" / "sglang_jit.sh", root / "tools" / "device")
+    (root / "benchmarks" / "device").mkdir(parents=True)
+    shutil.copy(ROOT / "benchmarks" / "device" / "sglang_jit.sh", root / "benchmarks" / "device")
     env = dict(os.environ, SGLANG_JIT_CACHE_DIR=str(cache), SGLANG_JIT_STATE=str(tmp_path / "machine" / "jit.sum"))
 
     # a fresh machine's first call, nothing carried (no room in it): its server builds a module, which comes back
@@ -72,9 +72,9 @@ def test_testbed_calls_unpack_before_their_servers_and_return_what_they_built(tm
     """benchmarks/device/testbed_calls.sh model, its step a stand-in that builds a JIT module as a server would: the carried
     cache is in place before the step runs, and the call returns the grown cache beside results.tar.gz."""
     root, cache, ret = tmp_path / "root", tmp_path / "jit", tmp_path / "ret"
-    (root / "tools" / "device").mkdir(parents=True)
+    (root / "benchmarks" / "device").mkdir(parents=True)
     for name in ("testbed_calls.sh", "sglang_jit.sh"):
-        shutil.copy(ROOT / "tools" / "device" / name, root / "tools" / "device")
+        shutil.copy(ROOT / "benchmarks" / "device" / name, root / "benchmarks" / "device")
     (root / ".dev" / "bin").mkdir(parents=True)
     (root / ".dev" / "bin" / "smol.sh").write_text(
         f'ls "{cache}/sm90a" > "{tmp_path}/seen.txt"; '
@@ -93,7 +93,7 @@ def test_testbed_calls_unpack_before_their_servers_and_return_what_they_built(tm
         SGLANG_JIT_STATE=str(tmp_path / "jit.sum"),
     )
     done = subprocess.run(
-        ["bash", str(root / "tools" / "device" / "testbed_calls.sh"), "model"],
+        ["bash", str(root / "benchmarks" / "device" / "testbed_calls.sh"), "model"],
         env=env,
         capture_output=True,
         text=True,

@@ -19,11 +19,9 @@ from sglang.srt.managers.tp_worker import TpModelWorker  # noqa: E402
 from sglang.srt.speculative import dflash_worker_v2  # noqa: E402
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2  # noqa: E402
 
-from sglang_lilicorr.bench import cli  # noqa: E402
-
-from benchmarks.served import stages
 from benchmarks.instrumentation import stage_timer  # noqa: E402
 from benchmarks.instrumentation.plugin import register  # noqa: E402
+from benchmarks.served import stages  # noqa: E402
 
 # --- fakes ----------------------------------------------------------------------------------
 
@@ -662,15 +660,13 @@ def test_cli_stages_from_server_timings(tmp_path, capsys):
     (tmp_path / "lilicorr" / "stages-10.json").write_text(json.dumps(stale))
     out = tmp_path / "report"
     argv = [
-        "bench",
-        "stages",
         "--timings",
         f"lilicorr={tmp_path / 'lilicorr'}",
         f"dflash={tmp_path / 'dflash'}",
         "--out",
         str(out),
     ]
-    assert cli.main(argv) == 0
+    assert stages.main(argv) == 0
     doc = json.loads((out / "stages.json").read_text())
     assert [s["system"] for s in doc["systems"]] == ["lilicorr", "dflash"]
     assert doc["systems"][0]["per_block_wall"] == 11.0  # the longest run in the folder
@@ -678,11 +674,11 @@ def test_cli_stages_from_server_timings(tmp_path, capsys):
     assert "| Speculative head | 0.30 | **0.05** |" in md and (out / "stages.png").stat().st_size > 0
     assert "lilicorr (graph)" in capsys.readouterr().out
     # the file form still works, and exactly one of the two forms is required
-    assert cli.main(["bench", "stages", str(out / "stages.json"), "--out", str(tmp_path / "again")]) == 0
-    assert cli.main(["bench", "stages", "--out", str(out)]) == 2
+    assert stages.main([str(out / "stages.json"), "--out", str(tmp_path / "again")]) == 0
+    assert stages.main(["--out", str(out)]) == 2
     assert "exactly one" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        cli.main(["bench", "stages", "--timings", "no-equals-sign", "--out", str(out)])
+        stages.main(["--timings", "no-equals-sign", "--out", str(out)])
 
 
 def test_forced_acceptance_is_noted_under_the_table_and_the_plain_step_is_read():

@@ -19,17 +19,16 @@ import torch
 from stub_server import free_port_block
 from test_train import TINY_HEAD_FLAGS
 
-ROOT = Path(__file__).resolve().parent.parent
-TOOLS = ROOT / "tools"
-sys.path.insert(0, str(TOOLS))
+from benchmarks import lab_env
+from benchmarks.multi_gpu import tp_compare
 
-import tp_compare  # noqa: E402
+DEVICE = Path(__file__).resolve().parent.parent / "benchmarks" / "device"
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """tp_models.py at a small width, with its default head counts (16 heads, 8 KV heads, MLP 2816)."""
-    import tp_models
+    from benchmarks.multi_gpu import tp_models
 
     out = tmp_path_factory.mktemp("tp_models")
     tp_models.main([str(out), "--vocab", "1024", "--hidden", "128", "--layers", "4", "--conversations", "24"])
@@ -77,7 +76,7 @@ def plan_train_flags(models, run, *extra) -> list[str]:
 
 def torchrun_two_ranks(cwd, *argv) -> None:
     """`torchrun --nproc-per-node 2` (gloo on the CPU, a free port) of argv, in cwd; fails on a non-zero exit."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = lab_env(dict(os.environ, OMP_NUM_THREADS="1"))
     port = str(free_port_block(1))
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port, *argv]
     subprocess.run(command, check=True, capture_output=True, timeout=600, env=env, cwd=cwd)
@@ -97,7 +96,9 @@ def test_train_profile_writes_each_ranks_window(models, tmp_path):
     trainer's phase marks) per rank, the run as usual."""
     run, out = tmp_path / "run", tmp_path / "profile"
     flags = plan_train_flags(models, run, "--max-steps", "4", "--log-every", "2")
-    torchrun_two_ranks(tmp_path, str(TOOLS / "train_profile.py"), "--window", "1", "2", "--out", str(out), "--", *flags)
+    torchrun_two_ranks(
+        tmp_path, "-m", "benchmarks", "train-profile", "--window", "1", "2", "--out", str(out), "--", *flags
+    )
     for rank in (0, 1):
         text = (out / f"rank{rank}.txt").read_text()
         assert text.startswith(f"rank {rank}: steps 2..3, ") and "ms per step (wall)" in text and "aten::" in text
@@ -111,7 +112,7 @@ def test_train_profile_writes_each_ranks_window(models, tmp_path):
 
 
 def test_train_profile_refuses_a_command_line_without_its_separator(capsys):
-    import train_profile
+    from benchmarks.multi_gpu import train_profile
 
     assert train_profile.main(["--window", "1", "2", "--out", "x", "--target", "t"]) == 2
     assert "no `--` before the training arguments" in capsys.readouterr().err
@@ -263,7 +264,7 @@ http.server.HTTPServer(('127.0.0.1', $port), H).serve_forever()"
     fake.chmod(0o755)
     script = f"""
 S={tmp_path / "summary.txt"}
-source {TOOLS / "device" / "check_lib.sh"}
+source {DEVICE / "check_lib.sh"}
 start_server fake 29447 {tmp_path / "fake.log"} --model-path m && echo UP
 stop_server; alive "$SERVER_PID" || echo STOPPED
 start_server broken 29448 {tmp_path / "broken.log"} --fail || echo REFUSED

@@ -56,6 +56,9 @@ import torch.nn.functional as F
 
 from sglang_lilicorr.fast_path.plan import PYTORCH, Device, HeadGeometry, plans_for
 
+from . import head_bench_floors as floors
+from .head_bench_report import TARGET_BS1_MS, TARGET_RATIO, failed_checks, log, plot, report
+
 
 @dataclasses.dataclass(frozen=True)
 class Geometry:
@@ -73,9 +76,6 @@ PAPER = Geometry()
 TESTBED = Geometry(HM=576, H=256, V=49152, heads=4, d=256)  # the shipped SmolLM2-135M draft's head (checkpoints/)
 GEOMETRIES = {"paper": PAPER, "testbed": TESTBED}
 SMOKE = Geometry(S=5, K=4, HM=64, H=32, V=512, layers=2, heads=4, d=16)  # --smoke: a CPU dry run of this script
-TARGET_BS1_MS = {"H100": 0.10, "H200": 0.08}  # post_logits at bs=1
-TARGET_RATIO = 0.6  # post_logits, ours / built-in, every bs
-TARGET_TOPK_VS_BUILTIN, TARGET_TOPK_VS_TORCH = 1.2, 3.0  # speed-ups
 
 
 def _every(**changes):
@@ -110,10 +110,6 @@ def build_variant(name: str, head, table):
 
     plans = VARIANTS[name](HeadGeometry.of(head), Device.of(head.pass_hidden_proj.weight))
     return FastLiLiCorrSelect(head, token_table=table, plans=plans)
-
-
-def log(*a):
-    print(*a, flush=True)
 
 
 def attempt(errors: dict, name: str, fn):
@@ -195,91 +191,6 @@ def make_inputs(geo, bs, device, dtype, seed=0):
     return hidden, anchor
 
 
-def dense_chain(fast, geo, bs, device, dtype):
-    """The head's dense work alone at its served shapes, no elementwise op, top-K or walk: the pass
-    and anchor GEMMs, the feature down GEMM, per lattice layer QKV + SDPA (with the lattice bias) +
-    out + FFN up + FFN down, the factor and out|in GEMMs. Replayed as one graph, this is the floor of
-    any design that runs cuBLAS GEMMs and SDPA one launch each, as `fused` does; what post_logits adds
-    on top is top-K/LSE, the Triton epilogues and the walk. Returns a zero-argument call."""
-    L, H, heads = geo.S * geo.K, fast.width, geo.heads
-    g = torch.Generator(device="cpu").manual_seed(2000 + bs)
-    rand = lambda *shape: torch.randn(*shape, generator=g).to(device, dtype)  # noqa: E731
-    pass_hidden, anchor_hidden = rand(bs * geo.S, geo.HM), rand(bs, geo.HM)
-    x, cat = rand(bs * L, H), rand(bs * L, 2 * H)
-    bias = fast.attn_bias[..., :L, :L]
-    head = fast.head
-
-    @torch.no_grad()
-    def chain():
-        F.linear(pass_hidden, fast.w_pass)
-        F.linear(F.linear(anchor_hidden, head.context_proj.weight), fast.w_anchor, fast.b_anchor)
-        y = F.linear(x, fast.w_down)
-        for layer in head.layers:
-            q, k, v = (
-                F.linear(y, layer.attn.in_proj_weight, layer.attn.in_proj_bias).view(bs, L, 3, heads, -1).unbind(2)
-            )
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias)
-            y = layer.attn.out_proj(o.transpose(1, 2).reshape(bs * L, H))
-            y = layer.mlp.down_proj(layer.mlp.up_proj(y))
-        return F.linear(F.linear(cat, fast.w_factor), fast.w_edge, fast.b_edge)
-
-    return chain
-
-
-def dense_chain_pdl(fast, geo, bs, device, dtype):
-    """The dense work on the critical path alone (dense_chain without the pass and anchor GEMMs, which
-    the served path runs on a side stream), each op the fastest single launch we have for it under
-    programmatic dependent launch: Triton GEMMs (gemm_epilogue_triton) and lattice_attention_triton,
-    all with PDL. With top-K/LSE added, the floor of any design that runs the head one launch per
-    GEMM and attention. Returns a zero-argument call (CUDA sm_90+)."""
-    from sglang_lilicorr.kernels.gemm_epilogue import gemm_epilogue_triton
-    from sglang_lilicorr.kernels.lattice_attention import lattice_attention_triton
-
-    L, H = geo.S * geo.K, fast.width
-    g = torch.Generator(device="cpu").manual_seed(3000 + bs)
-    x, cat = (torch.randn(bs * L, n, generator=g).to(device, dtype) for n in (H, 2 * H))
-    bias = fast.attn_bias[..., :L, :L]
-    head = fast.head
-
-    @torch.no_grad()
-    def chain():
-        y = gemm_epilogue_triton(x, fast.w_down, pdl=True)
-        for layer in head.layers:
-            qkv = gemm_epilogue_triton(y, layer.attn.in_proj_weight, layer.attn.in_proj_bias, pdl=True)
-            y = gemm_epilogue_triton(
-                lattice_attention_triton(qkv, bias, layer.attn.num_heads, pdl=True),
-                layer.attn.out_proj.weight,
-                layer.attn.out_proj.bias,
-                pdl=True,
-            )
-            y = gemm_epilogue_triton(y, layer.mlp.up_proj.weight, layer.mlp.up_proj.bias, silu=True, pdl=True)
-            y = gemm_epilogue_triton(y, layer.mlp.down_proj.weight, layer.mlp.down_proj.bias, pdl=True)
-        return gemm_epilogue_triton(
-            gemm_epilogue_triton(cat, fast.w_factor, pdl=True), fast.w_edge, fast.b_edge, pdl=True
-        )
-
-    return chain
-
-
-def launch_chain(n, device):
-    """n back-to-back launches of an empty one-program Triton kernel: replayed as one graph, the
-    launch-latency floor of any design that runs the select path as n dependent kernels."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def _empty(x_ptr):
-        tl.debug_barrier()
-
-    x = torch.empty(1, device=device)
-
-    def chain():
-        for _ in range(n):
-            _empty[(1,)](x)
-
-    return chain
-
-
 # --- timing ----------------------------------------------------------------------------------
 
 
@@ -316,20 +227,67 @@ def kernel_profile(fn, reps=3):
     return sum(n for _, n, _ in table), table
 
 
-# --- the run ---------------------------------------------------------------------------------
+# --- the run: set up once, then per batch size the named sections below ---------------------------------------------
 
 
-def run(args) -> dict:
-    from sglang_lilicorr.fast_path.select import FastLiLiCorrSelect
-    from sglang_lilicorr.walk import greedy_margin
-    from sglang_lilicorr.kernels import topk_lse as topk_lse_ours  # the Triton kernel on CUDA
+@dataclasses.dataclass
+class Bench:
+    """What every section of a run shares: the geometry, the device, our head with its token table and LM head, our
+    variants and the built-in head (None where it failed to build), and the result being written."""
 
-    geo = SMOKE if args.smoke else GEOMETRIES[args.geometry]
-    S, K, HM, V = geo.S, geo.K, geo.HM, geo.V
-    cuda = torch.cuda.is_available()
-    dev, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    args: argparse.Namespace
+    geo: Geometry
+    dev: str
+    dtype: torch.dtype
+    head: torch.nn.Module
+    table: torch.Tensor
+    lm_head: torch.Tensor
+    variants: dict
+    head_walks: dict  # each variant's twin whose plans take the bs's candidates as their merge: head + walk alone
+    reference: object  # the select on the PyTorch plan
+    given: dict  # the bs's candidates, handed to the twins
+    builtin: object
+    res: dict
+
+
+@dataclasses.dataclass
+class Batch:
+    """One batch size's inputs and row: its logits and top-K candidates, the reference select's outputs, and how a
+    section times a call (`time`: median ms of graph replay, recorded under its name) or counts its kernels."""
+
+    bench: Bench
+    bs: int
+    row: dict
+    launches: dict
+    hidden: torch.Tensor
+    anchor: torch.Tensor
+    logits: torch.Tensor
+    candidates: tuple  # (vals, ids, lse) of our top-K, [bs, S, K] and [bs, S]
+    ref: tuple | None
+
+    def time(self, name: str, fn, key: str | None = None):
+        """(ms, outputs) of fn, its ms in the row under `key` (default: name); None where it failed."""
+        out = attempt(self.bench.res["errors"], f"bs{self.bs}_{name}", lambda: time_graph(fn, self.bench.args.rep_ms))
+        self.row[key or name] = out and out[0]
+        return out
+
+    def count(self, name: str, fn, keep_kernels: bool = False) -> None:
+        prof = attempt(self.bench.res["errors"], f"bs{self.bs}_launches_{name}", lambda: kernel_profile(fn))
+        if prof is not None:
+            self.launches[name] = prof[0]
+            if keep_kernels:
+                self.bench.res["kernels"][f"bs{self.bs}_{name}"] = prof[1]
+
+
+def setup(args) -> Bench:
+    """The run's metadata, our head (random trained-like weights), its variants and the built-in head."""
     import triton
 
+    from sglang_lilicorr.fast_path.select import FastLiLiCorrSelect
+
+    geo = SMOKE if args.smoke else GEOMETRIES[args.geometry]
+    cuda = torch.cuda.is_available()
+    dev, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     res = {
         "meta": dict(
             gpu=torch.cuda.get_device_name(0) if cuda else "cpu (--smoke dry run)",
@@ -350,21 +308,20 @@ def run(args) -> dict:
         "launches": {},
         "kernels": {},
     }
-    errors, checks = res["errors"], res["checks"]
+    errors = res["errors"]
     log("meta:", json.dumps(res["meta"]))
-
     head = build_ours(geo, dev, dtype)
     g = torch.Generator(device="cpu").manual_seed(7)
-    embed = torch.randn(V, HM, generator=g).to(dev, dtype)
+    embed = torch.randn(geo.V, geo.HM, generator=g).to(dev, dtype)
     table = head.token_table(embed)
     del embed
-    lm_head = (torch.randn(V, HM, generator=g) * 0.02).to(dev, dtype)
+    lm_head = (torch.randn(geo.V, geo.HM, generator=g) * 0.02).to(dev, dtype)
 
     variants = {}
     for name in VARIANTS:
         if name in args.variants:
             variants[name] = attempt(errors, f"build_{name}", lambda name=name: build_variant(name, head, table))
-    if "served" in variants:  # the plan the server runs at each bs
+    if "served" in variants and variants["served"] is not None:  # the plan the server runs at each bs
         res["plans"] = {f"bs{bs}": plan_json(variants["served"].plan(bs)) for bs in args.bs}
     if args.compile:
 
@@ -375,7 +332,7 @@ def run(args) -> dict:
 
         variants["compiled"] = attempt(errors, "build_compiled", compiled)
     variants = {k: v for k, v in variants.items() if v is not None}
-    given = {}  # the bs's candidates, handed to each variant's twin as its plans' merge: head + walk alone
+    given = {}
 
     def handed_over(fast):
         merge = dict(merge=lambda _: given["candidates"])
@@ -387,141 +344,160 @@ def run(args) -> dict:
 
     head_walks = {name: handed_over(fast) for name, fast in variants.items()}
     reference = FastLiLiCorrSelect(head, token_table=table, plans=plans_for(HeadGeometry.of(head), PYTORCH))
-
     builtin = attempt(errors, "build_builtin", lambda: build_builtin(head, dev, dtype))
-    if builtin is not None:
+    return Bench(args, geo, dev, dtype, head, table, lm_head, variants, head_walks, reference, given, builtin, res)
+
+
+def batch(bench: Bench, bs: int) -> Batch:
+    """bs requests' inputs, their logits and our top-K candidates, and the reference select on them."""
+    from sglang_lilicorr.kernels import topk_lse as topk_lse_ours
+
+    geo = bench.geo
+    row = {"bs": bs}
+    bench.res["rows"].append(row)
+    hidden, anchor = make_inputs(geo, bs, bench.dev, bench.dtype)
+    logits = F.linear(hidden.reshape(bs * geo.S, geo.HM), bench.lm_head)  # [bs*S, V]
+    vals, ids, lse = topk_lse_ours(logits, geo.K)
+    candidates = (vals.view(bs, geo.S, geo.K), ids.view(bs, geo.S, geo.K), lse.view(bs, geo.S))
+    bench.given["candidates"] = candidates
+    ref = attempt(bench.res["errors"], f"bs{bs}_reference", lambda: bench.reference.propose(logits, hidden, anchor))
+    launches = bench.res["launches"].setdefault(f"bs{bs}", {})
+    return Batch(bench, bs, row, launches, hidden, anchor, logits, candidates, ref)
+
+
+def time_topk(b: Batch) -> None:
+    """Top-K + logsumexp of the logits: ours, torch's, the built-in kernel's; on CUDA, the planned split of the rows
+    against half, twice and four times as many chunks (information)."""
+    from sglang_lilicorr.kernels import topk_lse as topk_lse_ours
+
+    K = b.bench.geo.K
+    b.time("topk_lse_ours", lambda: topk_lse_ours(b.logits, K))
+    b.time("topk_lse_torch", lambda: (torch.topk(b.logits, K, dim=-1), torch.logsumexp(b.logits.float(), dim=-1)))
+    if b.bench.builtin is not None:
         from sglang.kernels.ops.speculative.lilicorr import lilicorr_topk_lse
 
+        b.time("topk_lse_builtin", lambda: lilicorr_topk_lse(b.logits, K))
+    if torch.cuda.is_available():
+        from sglang_lilicorr.kernels.topk_lse_fused import split_plan, topk_lse_triton
+
+        plan = split_plan(b.logits.shape[0], b.bench.geo.V, b.logits.device)[0]
+        for sp in sorted({max(1, plan // 2), plan, 2 * plan, 4 * plan}):
+            key = f"topk_splits_{sp}" + ("_plan" if sp == plan else "")
+            b.time(f"topk_splits_{sp}", lambda sp=sp: topk_lse_triton(b.logits, K, splits=sp), key)
+
+
+def time_ours(b: Batch) -> None:
+    """Each variant: head + walk from the candidates, logits -> ids, the whole select; its kernels; its outputs
+    against the reference."""
+    from sglang_lilicorr.walk import greedy_margin
+
+    errors, checks, geo = b.bench.res["errors"], b.bench.res["checks"], b.bench.geo
+    for vname, fast in b.bench.variants.items():
+        b.time(f"head_walk_{vname}", lambda: b.bench.head_walks[vname].propose(b.logits, b.hidden, b.anchor))
+
+        def post_logits(fast=fast):
+            return fast.propose(b.logits, b.hidden, b.anchor)
+
+        b.time(f"post_logits_{vname}", post_logits)
+        logits_of = lambda: F.linear(b.hidden.reshape(b.bs * geo.S, geo.HM), b.bench.lm_head)  # noqa: E731
+        out = b.time(f"select_{vname}", lambda: fast.propose(logits_of(), b.hidden, b.anchor))
+        with torch.no_grad():  # head_walk = post_logits minus top-K's 1-2; select = post_logits + 1
+            b.count(f"post_logits_{vname}", post_logits, keep_kernels=vname in ("fused", "served"))
+        if out is not None and b.ref is not None:
+            args = (fast, out[1], b.ref, b.logits, b.hidden, b.anchor, greedy_margin)
+            attempt(errors, f"bs{b.bs}_check_{vname}", lambda: check(checks, f"bs{b.bs}_{vname}", *args))
+
+
+def time_stages(b: Batch) -> None:
+    """The fused variant's stages, each captured and replayed alone; their launch counts at the first bs."""
+    from sglang_lilicorr.kernels import topk_lse
+
+    fast = b.bench.variants.get("fused")
+    if fast is None:
+        return
+    geo = b.bench.geo
+    stages = {
+        "lm_head": lambda: F.linear(b.hidden.reshape(b.bs * geo.S, geo.HM), b.bench.lm_head),
+        "topk_lse": lambda: topk_lse(b.logits, geo.K),
+    }
+    more = attempt(
+        b.bench.res["errors"], f"bs{b.bs}_stages", lambda: fast.fused_stages(*b.candidates, b.hidden, b.anchor)
+    )
+    for name, fn in {**stages, **(more or {})}.items():
+        b.time(f"stage_{name}", fn)
+        if b.bs == b.bench.args.bs[0]:  # launch counts do not depend on bs (top-K: 1 kernel from N >= 4224)
+            b.count(f"stage_{name}", fn)
+
+
+def time_floors(b: Batch) -> None:
+    """The floors (head_bench_floors): the dense work alone, with PDL where the card has it, and as many empty
+    launches as the fused variant's select."""
+    fast = b.bench.variants.get("fused")
+    if fast is not None:
+        b.time("floor_dense_chain", floors.dense_chain(fast, b.bench.geo, b.bs, b.bench.dev, b.bench.dtype))
+        if Device.of(b.bench.table).pdl:
+            b.time("floor_dense_chain_pdl", floors.dense_chain_pdl(fast, b.bench.geo, b.bs, b.bench.dev, b.bench.dtype))
+    n_launches = b.launches.get("post_logits_fused")
+    if torch.cuda.is_available() and n_launches:
+        b.time("floor_launches", floors.launch_chain(int(n_launches), b.bench.dev))
+
+
+def time_builtin(b: Batch) -> None:
+    """SGLang's built-in head: select_with_proposal on pre-gathered token embeddings, logits -> ids, the whole select;
+    its agreement with the reference's draft ids (information: bf16 near-ties)."""
+    builtin, geo, table = b.bench.builtin, b.bench.geo, b.bench.table
+    if builtin is None:
+        return
+    from sglang.kernels.ops.speculative.lilicorr import lilicorr_topk_lse
+
+    bs, S, K = b.bs, geo.S, geo.K
+    vals, ids, lse = b.candidates
+    ones = torch.ones(bs, dtype=torch.bool, device=b.bench.dev)
+    walk_args = dict(
+        anchor_valid=ones,
+        uniforms=torch.rand(bs, S, device=b.bench.dev),
+        temperatures=torch.ones(bs, device=b.bench.dev),
+        greedy_mask=ones,
+        already_projected=True,
+    )
+    sel = lambda e, i, l: builtin.select_with_proposal(  # noqa: E731
+        token_embeddings=e,
+        candidate_tokens=i,
+        candidate_log_probs=l,
+        pass_hidden=b.hidden,
+        anchor_hidden=b.anchor,
+        **walk_args,
+    )
+
+    def from_logits(lg):
+        v, i, l = lilicorr_topk_lse(lg, K)
+        i = i.view(bs, S, K)
+        return sel(table[i], i, (v - l.unsqueeze(-1)).view(bs, S, K))
+
+    with torch.no_grad():
+        out = b.time("head_walk_builtin", lambda: sel(table[ids], ids, vals - lse.unsqueeze(-1)))
+        if out is not None and b.ref is not None:
+            same = (out[1][0] == b.ref[0]).all(dim=-1).float().mean().item()
+            b.bench.res["checks"][f"bs{bs}_builtin_draft_agreement_with_reference"] = same
+        b.time("post_logits_builtin", lambda: from_logits(b.logits))
+        b.time("select_builtin", lambda: from_logits(F.linear(b.hidden.reshape(bs * S, geo.HM), b.bench.lm_head)))
+        b.count("post_logits_builtin", lambda: from_logits(b.logits), keep_kernels=True)
+
+
+SECTIONS = (time_topk, time_ours, time_stages, time_floors, time_builtin)  # in this order: floors read ours' launches
+
+
+def run(args) -> dict:
+    bench = setup(args)
     for bs in args.bs:
-        row = {"bs": bs}
-        res["rows"].append(row)
-        hidden, anchor = make_inputs(geo, bs, dev, dtype)
-        logits = F.linear(hidden.reshape(bs * S, HM), lm_head)  # [bs*S, V]
-        tb = lambda name, fn: attempt(errors, f"bs{bs}_{name}", lambda: time_graph(fn, args.rep_ms))  # noqa: E731
-        launches = res["launches"].setdefault(f"bs{bs}", {})
-
-        def count(name, fn, keep_kernels=False):
-            prof = attempt(errors, f"bs{bs}_launches_{name}", lambda: kernel_profile(fn))
-            if prof is not None:
-                launches[name] = prof[0]
-                if keep_kernels:
-                    res["kernels"][f"bs{bs}_{name}"] = prof[1]
-
-        # ---- top-K + logsumexp
-        topk_fns = [
-            ("topk_lse_ours", lambda: topk_lse_ours(logits, K)),
-            ("topk_lse_torch", lambda: (torch.topk(logits, K, dim=-1), torch.logsumexp(logits.float(), dim=-1))),
-        ]
-        if builtin is not None:
-            topk_fns.append(("topk_lse_builtin", lambda: lilicorr_topk_lse(logits, K)))
-        for name, fn in topk_fns:
-            out = tb(name, fn)
-            row[name] = out and out[0]
-
-        # ---- top-K split plan: the planned chunks per row against fewer and more (information)
-        if cuda:
-            from sglang_lilicorr.kernels.topk_lse_fused import split_plan, topk_lse_triton
-
-            plan = split_plan(bs * S, V, logits.device)[0]
-            for sp in sorted({max(1, plan // 2), plan, 2 * plan, 4 * plan}):
-                out = tb(f"topk_splits_{sp}", lambda sp=sp: topk_lse_triton(logits, K, splits=sp))
-                row[f"topk_splits_{sp}" + ("_plan" if sp == plan else "")] = out and out[0]
-
-        # ---- ours: head + walk, logits -> ids, full select; correctness against the reference
-        vals, ids, lse = topk_lse_ours(logits, K)
-        vals, ids, lse = vals.view(bs, S, K), ids.view(bs, S, K), lse.view(bs, S)
-        given["candidates"] = vals, ids, lse
-        ref = attempt(errors, f"bs{bs}_reference", lambda: reference.propose(logits, hidden, anchor))
-        for vname, fast in variants.items():
-            out = tb(f"head_walk_{vname}", lambda: head_walks[vname].propose(logits, hidden, anchor))
-            row[f"head_walk_{vname}"] = out and out[0]
-
-            def post_logits(fast=fast):
-                return fast.propose(logits, hidden, anchor)
-
-            out = tb(f"post_logits_{vname}", post_logits)
-            row[f"post_logits_{vname}"] = out and out[0]
-            out = tb(
-                f"select_{vname}", lambda: fast.propose(F.linear(hidden.reshape(bs * S, HM), lm_head), hidden, anchor)
-            )
-            row[f"select_{vname}"] = out and out[0]
-            with torch.no_grad():  # head_walk = post_logits minus top-K's 1-2; select = post_logits + 1
-                count(f"post_logits_{vname}", post_logits, keep_kernels=vname in ("fused", "served"))
-            if out is not None and ref is not None:
-                attempt(
-                    errors,
-                    f"bs{bs}_check_{vname}",
-                    lambda: check(checks, f"bs{bs}_{vname}", fast, out[1], ref, logits, hidden, anchor, greedy_margin),
-                )
-
-        # ---- per-stage split of the fused variant (each stage alone, graph replay)
-        fast = variants.get("fused")
-        if fast is not None:
-            stages = {
-                "lm_head": lambda: F.linear(hidden.reshape(bs * S, HM), lm_head),
-                "topk_lse": lambda: topk_lse_ours(logits, K),
-            }
-            more = attempt(errors, f"bs{bs}_stages", lambda: fast.fused_stages(vals, ids, lse, hidden, anchor))
-            for name, fn in {**stages, **(more or {})}.items():
-                out = tb(f"stage_{name}", fn)
-                row[f"stage_{name}"] = out and out[0]
-                if bs == args.bs[0]:  # launch counts do not depend on bs (top-K: 1 kernel from N >= 4224)
-                    count(f"stage_{name}", fn)
-
-        # ---- the dense-work floor of the one-launch-per-GEMM design (see dense_chain)
-        if fast is not None:
-            out = tb("floor_dense_chain", dense_chain(fast, geo, bs, dev, dtype))
-            row["floor_dense_chain"] = out and out[0]
-            if Device.of(table).pdl:
-                out = tb("floor_dense_chain_pdl", dense_chain_pdl(fast, geo, bs, dev, dtype))
-                row["floor_dense_chain_pdl"] = out and out[0]
-        n_launches = launches.get("post_logits_fused")
-        if cuda and n_launches:
-            out = tb("floor_launches", launch_chain(int(n_launches), dev))
-            row["floor_launches"] = out and out[0]
-
-        # ---- built-in: select_with_proposal on pre-gathered embeddings; logits -> ids; full select
-        if builtin is not None:
-            lp = vals - lse.unsqueeze(-1)
-            emb = table[ids]
-            ones = torch.ones(bs, dtype=torch.bool, device=dev)
-            walk_args = dict(
-                anchor_valid=ones,
-                uniforms=torch.rand(bs, S, device=dev),
-                temperatures=torch.ones(bs, device=dev),
-                greedy_mask=ones,
-                already_projected=True,
-            )
-            sel = lambda e, i, l: builtin.select_with_proposal(  # noqa: E731
-                token_embeddings=e,
-                candidate_tokens=i,
-                candidate_log_probs=l,
-                pass_hidden=hidden,
-                anchor_hidden=anchor,
-                **walk_args,
-            )
-
-            def builtin_from_logits(lg):
-                v, i, l = lilicorr_topk_lse(lg, K)
-                i = i.view(bs, S, K)
-                return sel(table[i], i, (v - l.unsqueeze(-1)).view(bs, S, K))
-
-            with torch.no_grad():
-                out = tb("head_walk_builtin", lambda: sel(emb, ids, lp))
-                row["head_walk_builtin"] = out and out[0]
-                if out is not None and ref is not None:
-                    same = (out[1][0] == ref[0]).all(dim=-1).float().mean().item()
-                    checks[f"bs{bs}_builtin_draft_agreement_with_reference"] = same  # information: bf16 near-ties
-                out = tb("post_logits_builtin", lambda: builtin_from_logits(logits))
-                row["post_logits_builtin"] = out and out[0]
-                out = tb("select_builtin", lambda: builtin_from_logits(F.linear(hidden.reshape(bs * S, HM), lm_head)))
-                row["select_builtin"] = out and out[0]
-                count("post_logits_builtin", lambda: builtin_from_logits(logits), keep_kernels=True)
-        log(json.dumps(row))
-        log(f"launches bs={bs}: " + json.dumps(launches))
+        b = batch(bench, bs)
+        for section in SECTIONS:
+            section(b)
+        log(json.dumps(b.row))
+        log(f"launches bs={bs}: " + json.dumps(b.launches))
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    return res
+    return bench.res
 
 
 def check(checks, key, fast, graph_out, ref, logits, hidden, anchor, greedy_margin):
@@ -539,121 +515,6 @@ def check(checks, key, fast, graph_out, ref, logits, hidden, anchor, greedy_marg
     checks[f"{key}_clear_requests"] = int(clear.sum())
     checks[f"{key}_draft_ids_equal_where_clear"] = bool(torch.equal(tokens[clear], r_tokens[clear]))
     checks[f"{key}_draft_ids_equal_all"] = float((tokens == r_tokens).all(dim=-1).float().mean())
-
-
-# --- report ----------------------------------------------------------------------------------
-
-
-def fmt(x):
-    return "n/a" if x is None else f"{x:.3f}"
-
-
-def ratio(a, b):
-    return None if a is None or b is None or b == 0 else a / b
-
-
-def report(res) -> list[str]:
-    """Print the table and the target verdicts; return the failed targets."""
-    rows, meta = res["rows"], res["meta"]
-    keys = {k for r in rows for k in r if k != "bs"}
-    names = [n for n in ("topk_lse_ours", "topk_lse_builtin", "topk_lse_torch") if n in keys]
-    for stage in ("head_walk", "post_logits", "select"):
-        names += sorted(k for k in keys if k.startswith(stage + "_") and not k.endswith("_builtin"))
-        names += [f"{stage}_builtin"] if f"{stage}_builtin" in keys else []
-    log(
-        f"\nhead_bench on {meta['gpu']} ({meta['date']}, commit {meta['git_commit']}): "
-        "ms per block, CUDA-graph replay, median"
-    )
-    log("| bs | " + " | ".join(names) + " |")
-    log("|---" * (len(names) + 1) + "|")
-    for r in rows:
-        log(f"| {r['bs']} | " + " | ".join(fmt(r.get(n)) for n in names) + " |")
-
-    stage_names = [
-        k for k in ("lm_head", "topk_lse", "projections", "nodes", "lattice", "factors") if f"stage_{k}" in keys
-    ]
-    if stage_names:
-        log("\nper-stage split, fused variant (each stage captured alone; ms) and the sum vs select_fused:")
-        log(
-            "| bs | "
-            + " | ".join(stage_names)
-            + " | sum | select_fused | floor_dense_chain | floor_dense_chain_pdl | floor_launches |"
-        )
-        log("|---" * (len(stage_names) + 5) + "|")
-        for r in rows:
-            parts = [r.get(f"stage_{k}") for k in stage_names]
-            total = sum(parts) if all(p is not None for p in parts) else None
-            log(
-                f"| {r['bs']} | "
-                + " | ".join(fmt(p) for p in parts)
-                + f" | {fmt(total)} | {fmt(r.get('select_fused'))} | {fmt(r.get('floor_dense_chain'))}"
-                + f" | {fmt(r.get('floor_dense_chain_pdl'))} | {fmt(r.get('floor_launches'))} |"
-            )
-    for r in rows:
-        sweep = {k[len("topk_splits_") :]: v for k, v in r.items() if k.startswith("topk_splits_")}
-        if sweep:
-            log(f"top-K splits per row, bs={r['bs']}: " + ", ".join(f"{k} {fmt(v)}" for k, v in sweep.items()))
-    for bs_key, counts in res.get("launches", {}).items():
-        if counts:
-            log(f"kernel launches per call, {bs_key}: " + ", ".join(f"{k} {v:g}" for k, v in counts.items()))
-    for key, table in res.get("kernels", {}).items():
-        log(f"\nkernels by GPU time, {key} (launches per call, us per call):")
-        for name, n, us in table[:14]:
-            log(f"  {us:8.1f} us  x{n:g}  {name}")
-
-    variants = sorted({k[len("post_logits_") :] for r in rows for k in r if k.startswith("post_logits_")} - {"builtin"})
-    failed = []
-    card = next((c for c in TARGET_BS1_MS if c in meta["gpu"]), None)
-    if meta.get("geometry", "paper") != "paper":
-        log(
-            f"\ngeometry {meta.get('geometry')}: the targets are set at the paper geometry; "
-            "ratios below are information"
-        )
-    log("\nratios (ours / built-in; < 1 is faster) and targets:")
-    for r in rows:
-        bs = r["bs"]
-        t_up, t_torch, t_ours = r.get("topk_lse_builtin"), r.get("topk_lse_torch"), r.get("topk_lse_ours")
-        sp_b, sp_t = ratio(t_up, t_ours), ratio(t_torch, t_ours)
-        line = [
-            f"bs={bs}: topk_lse speed-up vs built-in {fmt(sp_b)}x (target {TARGET_TOPK_VS_BUILTIN}), "
-            f"vs torch {fmt(sp_t)}x (target {TARGET_TOPK_VS_TORCH})"
-        ]
-        if sp_b is not None and sp_b < TARGET_TOPK_VS_BUILTIN:
-            failed.append(f"bs{bs}_topk_vs_builtin")
-        if sp_t is not None and sp_t < TARGET_TOPK_VS_TORCH:
-            failed.append(f"bs{bs}_topk_vs_torch")
-        for v in variants:
-            parts = []
-            for stage in ("head_walk", "post_logits", "select"):
-                q = ratio(r.get(f"{stage}_{v}"), r.get(f"{stage}_builtin"))
-                parts.append(f"{stage} {fmt(q)}")
-            line.append(f"  {v}: " + ", ".join(parts))
-        best = min((r[f"post_logits_{v}"] for v in variants if r.get(f"post_logits_{v}") is not None), default=None)
-        q = ratio(best, r.get("post_logits_builtin"))
-        line.append(f"  best post_logits {fmt(best)} ms = {fmt(q)}x built-in (target <= {TARGET_RATIO})")
-        if q is not None and q > TARGET_RATIO:
-            failed.append(f"bs{bs}_post_logits_ratio")
-        if bs == 1 and card and best is not None:
-            line.append(
-                f"  bs=1 target on {card}: <= {TARGET_BS1_MS[card]} ms -> "
-                f"{'met' if best <= TARGET_BS1_MS[card] else 'MISSED'}"
-            )
-            if best > TARGET_BS1_MS[card]:
-                failed.append("bs1_post_logits_ms")
-        log("\n".join(line))
-    return failed if meta.get("geometry", "paper") == "paper" else []
-
-
-def failed_checks(checks) -> list[str]:
-    bad = []
-    for k, v in checks.items():
-        if isinstance(v, bool) and not v:
-            bad.append(k)
-        if k.endswith("_logprob_max_err") and not v <= 1e-4:
-            bad.append(k)
-        if k.endswith("_score_max_err") and not v <= 0.25:
-            bad.append(k)
-    return bad
 
 
 def main(argv=None) -> int:
@@ -685,12 +546,10 @@ def main(argv=None) -> int:
     ap.add_argument("--plot", nargs="+", metavar="JSON", help="draw earlier results (no GPU): each X.json -> X.png")
     args = ap.parse_args(argv)
     if args.plot:
-        from sglang_lilicorr.bench.plots import plot_head_bench
-
         for path in args.plot:
             res = json.loads(Path(path).read_text())
             card = next((c for c in TARGET_BS1_MS if c in res.get("meta", {}).get("gpu", "")), None)
-            log(f"wrote {plot_head_bench(res, Path(path).with_suffix('.png'), TARGET_RATIO, TARGET_BS1_MS.get(card))}")
+            log(f"wrote {plot(res, Path(path).with_suffix('.png'), TARGET_RATIO, TARGET_BS1_MS.get(card))}")
         return 0
     if not torch.cuda.is_available() and not args.smoke:
         log(
