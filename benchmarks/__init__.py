@@ -46,7 +46,7 @@ STEPS = {  # step: (module, what it does)
     "baselines-summary": ("benchmarks.served.baselines_summary", "the five systems' cost and tau, one summary"),
     "gpu-client": ("benchmarks.served.gpu_client", "greedy, sampled and concurrent requests to a server"),
     "random-head": ("benchmarks.served.random_head", "a DFlash draft with a random LiLiCorr head"),
-    "check": ("sglang_lilicorr.reference.check", "served greedy responses against the float32 target"),
+    "greedy-check": ("benchmarks.served.greedy_check", "served greedy responses against the float32 target"),
     # multi_gpu/: tensor parallelism and multi-GPU training
     "tp-models": ("benchmarks.multi_gpu.tp_models", "the seeded random target and drafts of the multi-GPU checks"),
     "tp-compare": ("benchmarks.multi_gpu.tp_compare", "reports of the multi-GPU checks"),

@@ -52,7 +52,8 @@ def test_the_commit_defaults_to_git_then_the_environment(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("commit", ["abc1234", None])
 def test_scale_gpu_passes_git_commit_to_corrector_bench(tmp_path, commit):
-    """benchmarks/device/scale_gpu.sh heads, with a stand-in install, nvidia-smi and python3 that records its arguments."""
+    """benchmarks/device/scale_gpu.sh heads, with a stand-in install, nvidia-smi and python3 that records its
+    arguments."""
     repo, bin_ = tmp_path / "repo", tmp_path / "bin"
     (repo / "benchmarks" / "device").mkdir(parents=True)
     for name in ("scale_gpu.sh", "lab.sh"):

@@ -1,6 +1,6 @@
-"""benchmarks/device/flashinfer_headers.py: the include closure of sampling.cuh from a flashinfer-python wheel as a headers-only
-package SGLang's JIT finds (and nothing else of flashinfer), its clear errors, and benchmarks/device/check_lib.sh installing
-it."""
+"""benchmarks/device/flashinfer_headers.py: the include closure of sampling.cuh from a flashinfer-python wheel as a
+headers-only package SGLang's JIT finds (and nothing else of flashinfer), its clear errors, and
+benchmarks/device/check_lib.sh installing it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""benchmarks/micro/launch_trace.py, the guard for refactors of the select path, still traces it: at testbed bs 1 on a faked
-sm_90 card the served path launches what its plan says (PDL, the top-K split and merge first, the projections' side
-stream, the folded route's Triton GEMMs, the cosine kernel with the walk)."""
+"""benchmarks/micro/launch_trace.py, the guard for refactors of the select path, still traces it: at testbed bs 1 on a
+faked sm_90 card the served path launches what its plan says (PDL, the top-K split and merge first, the projections'
+side stream, the folded route's Triton GEMMs, the cosine kernel with the walk)."""
 
 import json
 import os

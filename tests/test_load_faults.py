@@ -1,6 +1,6 @@
-"""The lab's `faults` step (`python -m benchmarks faults`) against tests/stub_server.py (loopback only): every kind of request gets its
-outcome, the faults are told apart from failures, and a KV pool that does not return to empty fails
-the run."""
+"""The lab's `faults` step (`python -m benchmarks faults`) against tests/stub_server.py (loopback only): every kind of
+request gets its outcome, the faults are told apart from failures, and a KV pool that does not return to empty fails the
+run."""
 
 import json
 import random

@@ -1,6 +1,6 @@
-"""The long-input lineage of the testbed (benchmarks/testbed/long_inputs.py, `python -m benchmarks testbed --long`): packing conversations,
-long prompts cut to a token length, the per-draft and per-length summary, and long-pack / long-serve at toy scale
-against stand-in servers."""
+"""The long-input lineage of the testbed (benchmarks/testbed/long_inputs.py, `python -m benchmarks testbed --long`):
+packing conversations, long prompts cut to a token length, the per-draft and per-length summary, and long-pack /
+long-serve at toy scale against stand-in servers."""
 
 import json
 import sys

@@ -1,5 +1,5 @@
-"""benchmarks/device/select_check.sh on the CPU, with stand-ins for the GPU's python3 modules and nvidia-smi: the digests
-against the stored reference, and AB_TREE's alternating head_bench of this package beside another commit's."""
+"""benchmarks/device/select_check.sh on the CPU, with stand-ins for the GPU's python3 modules and nvidia-smi: the
+digests against the stored reference, and AB_TREE's alternating head_bench of this package beside another commit's."""
 
 import json
 import os

@@ -69,8 +69,8 @@ def test_a_machine_unpacks_the_carried_cache_once_and_returns_only_new_builds(tm
 
 
 def test_testbed_calls_unpack_before_their_servers_and_return_what_they_built(tmp_path):
-    """benchmarks/device/testbed_calls.sh model, its step a stand-in that builds a JIT module as a server would: the carried
-    cache is in place before the step runs, and the call returns the grown cache beside results.tar.gz."""
+    """benchmarks/device/testbed_calls.sh model, its step a stand-in that builds a JIT module as a server would: the
+    carried cache is in place before the step runs, and the call returns the grown cache beside results.tar.gz."""
     root, cache, ret = tmp_path / "root", tmp_path / "jit", tmp_path / "ret"
     (root / "benchmarks" / "device").mkdir(parents=True)
     for name in ("testbed_calls.sh", "sglang_jit.sh"):

@@ -1,5 +1,5 @@
-"""The multi-GPU check's tools on CPU (benchmarks/device/tp_check.sh runs them on the GPU machine): tp_models.py writes a
-target and drafts that SGLang's resolution serves at TP = 1, 2, 4 and 8 and that `lilicorr train` trains under
+"""The multi-GPU check's tools on CPU (benchmarks/device/tp_check.sh runs them on the GPU machine): tp_models.py writes
+a target and drafts that SGLang's resolution serves at TP = 1, 2, 4 and 8 and that `lilicorr train` trains under
 torchrun; the proposal record (LILICORR_PROPOSAL_RECORD) keeps a worker's first blocks; tp_compare.py's reports and
 verdicts."""
 
@@ -92,8 +92,8 @@ def test_the_plans_training_command_runs_under_torchrun(models, tmp_path):
 
 
 def test_train_profile_writes_each_ranks_window(models, tmp_path):
-    """benchmarks/multi_gpu/train_profile.py around the plan's training command, 2 gloo ranks: one table and one timeline (with the
-    trainer's phase marks) per rank, the run as usual."""
+    """benchmarks/multi_gpu/train_profile.py around the plan's training command, 2 gloo ranks: one table and one
+    timeline (with the trainer's phase marks) per rank, the run as usual."""
     run, out = tmp_path / "run", tmp_path / "profile"
     flags = plan_train_flags(models, run, "--max-steps", "4", "--log-every", "2")
     torchrun_two_ranks(
@@ -247,8 +247,8 @@ def test_train_report(tmp_path, capsys):
 
 
 def test_serve_lib_starts_awaits_and_stops_a_server(tmp_path):
-    """benchmarks/device/check_lib.sh (gpu_check.sh, tp_check.sh) against a stand-in `python3 -m sglang.launch_server` that
-    answers /health: up, then its whole process group stopped; a server that exits at once is reported."""
+    """benchmarks/device/check_lib.sh (gpu_check.sh, tp_check.sh) against a stand-in `python3 -m sglang.launch_server`
+    that answers /health: up, then its whole process group stopped; a server that exits at once is reported."""
     fake = tmp_path / "bin" / "python3"
     fake.parent.mkdir()
     fake.write_text(f"""#!/bin/bash

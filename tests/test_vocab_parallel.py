@@ -324,7 +324,9 @@ def _served_geometry_rank(rank: int, ranks: int, port: int, seed: int, bounds: l
         torch.set_num_threads(1)
         dist.init_process_group("gloo", rank=rank, world_size=ranks)
     gpu = backend == "nccl"
-    try:  # benchmarks/multi_gpu/tp_models.py's draft: bf16, Hm 1024, vocabulary 32,000, the default head; 16 requests (4 on the CPU)
+    # benchmarks/multi_gpu/tp_models.py's draft: bf16, Hm 1024, vocabulary 32,000, the default head; 16 requests
+    # (4 on the CPU)
+    try:
         _check_proposal_on_rank(
             rank,
             ranks,

@@ -10,10 +10,10 @@ data/cutlass/tools/util/include and data/spdlog/include to exist). This writes O
 no Python API, data/include/flashinfer/ with the include closure of sampling.cuh taken from the wheel, the four
 other folders empty, and HEADERS_ONLY (the marker that lets a later run replace it).
 
-On the GPU machine `benchmarks/device/check_lib.sh` (use_flashinfer_headers) copies it into the kit's site folder and sets
-SGLANG_IS_FLASHINFER_AVAILABLE=false: SGLang's is_flashinfer_available(), which would pick flashinfer kernels for
-layers and sampling, stays False, while the DFlash verifier finds the headers and the kit's patched renorm, which
-cannot import flashinfer.sampling, takes its torch fallbacks.
+On the GPU machine `benchmarks/device/check_lib.sh` (use_flashinfer_headers) copies it into the kit's site folder and
+sets SGLANG_IS_FLASHINFER_AVAILABLE=false: SGLang's is_flashinfer_available(), which would pick flashinfer kernels for
+layers and sampling, stays False, while the DFlash verifier finds the headers and the kit's patched renorm, which cannot
+import flashinfer.sampling, takes its torch fallbacks.
 
   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \\
       -d /tmp/fi flashinfer-python==0.7.2

@@ -6,8 +6,8 @@ tensors; each attention output is checked against a
 float32 torch reference, packbits against a bit-by-bit one. Each step names the JIT modules it builds and runs before
 any step that builds them only indirectly (packbits before the custom-mask verify). One line per step with its wall
 time; exit 1 with one clear line, naming the module, on the first failure; at the end, the JIT modules loaded against
-the slim archive's list (flashinfer/SLIM.json). Run by benchmarks/device/flashinfer.sh on the GPU; arguments: only the steps
-whose name contains one of them."""
+the slim archive's list (flashinfer/SLIM.json). Run by benchmarks/device/flashinfer.sh on the GPU; arguments: only
+the steps whose name contains one of them."""
 
 import json
 import sys

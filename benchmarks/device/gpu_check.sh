@@ -45,7 +45,7 @@
 #             over the systems collected so far on the machine. SAMPLING_SYSTEMS ("base dflash lilicorr") splits it over
 #             calls: about 3 minutes per system without tau. With LILICORR_DRAFT set to a
 #             trained draft, DFLASH serves that drafter without its head (the replay's "argmax block" column)
-#   check     sglang_lilicorr.reference.check (float32 teacher-forced target; near-ties within TOL_ULPS=2 bf16
+#   check     `python3 -m benchmarks greedy-check` (float32 teacher-forced target; near-ties within TOL_ULPS=2 bf16
 #             ulps of the top logit allowed; byte-equal fraction against base.json) over every greedy response; the log must
 #             show our proposal captured in the draft CUDA graph and the draft graph capture itself
 # Env: ATTN_BACKEND (triton) and SAMPLING_BACKEND (pytorch): the target's --attention-backend and the
@@ -228,7 +228,7 @@ if has check; then
   R=(); for n in lilicorr dflash base; do [ -s "$O/$n.json" ] && R+=("$O/$n.json"); done
   BASE=(); [ -s "$O/base.json" ] && BASE=(--baseline "$O/base.json")
   if ((${#R[@]})) && [ -f "$W/model/config.json" ]; then
-    timeout 300 python3 -m benchmarks check "$W/model" "${R[@]}" "${BASE[@]}" --tol-ulps "${TOL_ULPS:-2}" 2>&1 \
+    timeout 300 python3 -m benchmarks greedy-check "$W/model" "${R[@]}" "${BASE[@]}" --tol-ulps "${TOL_ULPS:-2}" 2>&1 \
       | grep -v "Loading weights\|Warning" | tail -n 80 | tee -a "$S"
     grep -q "GREEDY_CHECK PASS" "$S" || fails+=(greedy_check)
   else

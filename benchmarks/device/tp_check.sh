@@ -19,7 +19,7 @@
 #                (the check step judges its greedy responses too)
 #   compare      tp_compare.py serve: every rank drafted the same first blocks (RANKS_AGREE), the first blocks of
 #                TP = 2, 4 against TP = 1, accepted length, ms per block and tokens/s per algorithm and TP
-#   check        sglang_lilicorr.reference.check on every greedy response (teacher-forced float32 target)
+#   check        `python3 -m benchmarks greedy-check` on every greedy response (teacher-forced float32 target)
 #   nccl         benchmarks/multi_gpu/nccl_bench.py on 2, 4 and 8 GPUs (as many as the machine has): all-reduce ms and bus bandwidth,
 #                the transports NCCL chose
 #   trainN       torchrun --nproc-per-node N -m sglang_lilicorr.cli train, global batch 32 (8 x 4/N x N), TRAIN_STEPS
@@ -107,7 +107,7 @@ if has check; then
   say "== check"
   R=(); for n in 1 2 4 8; do for a in lilicorr dflash; do [ -s "$W/${a}_tp$n.json" ] && R+=("$W/${a}_tp$n.json"); done; done
   for n in 2 4; do [ -s "$W/lilicorr_dp$n.json" ] && R+=("$W/lilicorr_dp$n.json"); done
-  timeout 300 python3 -m benchmarks check "$W/target" "${R[@]}" 2>&1 | grep -v "Loading weights\|Warning" \
+  timeout 300 python3 -m benchmarks greedy-check "$W/target" "${R[@]}" 2>&1 | grep -v "Loading weights\|Warning" \
     | tail -n 20 | tee -a "$S"
   grep -q "GREEDY_CHECK PASS" "$S" || fails+=(greedy_check)
 fi

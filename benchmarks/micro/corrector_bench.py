@@ -36,7 +36,8 @@ too, so it stays in domino_select. `meta.domino_gru_weights_in_one_storage` reco
 "not part of single contiguous chunk of memory" warning for it is silenced and named once in the log.
 
 `meta.git_commit`: --commit, else `git rev-parse HEAD` where the checkout has a .git, else $GIT_COMMIT. The GPU
-machine's copy of the checkout has no .git: benchmarks/device/scale_gpu.sh passes $GIT_COMMIT (set on the call) as --commit.
+machine's copy of the checkout has no .git: benchmarks/device/scale_gpu.sh passes $GIT_COMMIT (set on the call) as
+--commit.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ process a GPU, fp32), so a training run's tokens/s scaling can be read against w
   torchrun --nproc-per-node N -m benchmarks nccl-bench [--mib 165 1024] [--iters 10]
 
 Prints, on rank 0, one line per size: ms per all-reduce and the bus bandwidth (2 (N - 1) / N x bytes / time, the
-figure nccl-tests and the device's KINDS.md report). 165 MiB is the fp32 gradient of benchmarks/multi_gpu/tp_models.py's LiLiCorr
-draft (43.3 M trainable parameters).
+figure nccl-tests and the device's KINDS.md report). 165 MiB is the fp32 gradient of tp_models.py's LiLiCorr draft
+(43.3 M trainable parameters).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Where a training step's time goes on each rank: `lilicorr train` with a torch-profiler window over a few steps.
 
-  torchrun --nproc-per-node N benchmarks/multi_gpu/python -m benchmarks train-profile --window START COUNT --out DIR -- TRAIN_ARGS...
+  torchrun --nproc-per-node N -m benchmarks train-profile --window START COUNT --out DIR -- TRAIN_ARGS...
 
 TRAIN_ARGS are `lilicorr train`'s (without `train`). The window opens at the start of step START + 1 and closes at
 the start of step START + COUNT + 1 (steps counted from this run's first, resumed or not), so it holds COUNT whole

@@ -121,7 +121,8 @@ def tau_keys(replay: Mapping[str, Any]) -> dict:
     if missing:
         raise UsageError(
             f"--replay: no tau of {missing}",
-            fix="replay the four exported drafts: `python -m benchmarks testbed replay --drafts dflash lilicorr domino dspark`",
+            fix="replay the four exported drafts: "
+            "`python -m benchmarks testbed replay --drafts dflash lilicorr domino dspark`",
         )
     tau: dict = {}
     for c in cells:

@@ -11,7 +11,8 @@ largest concurrency; graphs to 16, so c = 32 runs the eager path).
       OUT/speed.png; --keep-from EARLIER keeps the cells this run lacks, --startup startup.json adds "startup_alone_s"
       (the startup step)
 
-`rounds` holds, per round, the records of every system at every c (benchmarks/testbed/speed.py writes them: WORK/round<r>.jsonl).
+`rounds` holds, per round, the records of every system at every c (benchmarks/testbed/speed.py writes them:
+WORK/round<r>.jsonl).
 Tokens/s of a run is output tokens per busy second of its requests (metrics.output_tps); a ratio is taken within each
 round and its mean comes with the two-sided 95 % t interval over the rounds (metrics.mean_ci95), so what moves a whole
 round (the machine, the order of the servers) cancels. tau is the block-weighted accepted length over all rounds.
@@ -273,9 +274,9 @@ def keep_unmeasured(result: dict, earlier: dict) -> dict:
 
 
 def with_startup_alone(result: dict, startup: dict, measured: str) -> dict:
-    """`result` with `startup_alone_s`: the testbed's startup step (benchmarks/testbed/startup.py: each server started alone,
-    cold) per system, the medians of graph capture, the scheduler's whole start-up and launch to /health, and how many
-    starts; `measured` ("CARD, COMMIT") names where it ran."""
+    """`result` with `startup_alone_s`: the testbed's startup step (benchmarks/testbed/startup.py: each server started
+    alone, cold) per system, the medians of graph capture, the scheduler's whole start-up and launch to /health, and how
+    many starts; `measured` ("CARD, COMMIT") names where it ran."""
     alone = {
         s: {"graph_capture": m["total"], "scheduler": m["scheduler_e2e"], "ready": m["ready_s"]}
         | {"starts": startup["starts"][s]}

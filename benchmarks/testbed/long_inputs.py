@@ -2,9 +2,10 @@
 from packaged text, and each long-trained draft served at 1K, 4K and 8K input tokens.
 
 The lineage (docs/DEVELOPING.md, "Long inputs"): the `data` step as usual in WORK0; then, in another work folder,
-`python -m benchmarks testbed --long --work WORK long-pack --source WORK0` packs WORK0's conversations into WORK/data, `--long`
-trains with variants.LONG (max_length 4096, YaRN factor 2 from 4,096 positions: served to the target's 8,192), e.g.
-`python -m benchmarks testbed --long --work WORK train lilicorr margin --init DIR`, then `export` and `long-serve`.
+`python -m benchmarks testbed --long --work WORK long-pack --source WORK0` packs WORK0's conversations into WORK/data,
+`--long` trains with variants.LONG (max_length 4096, YaRN factor 2 from 4,096 positions: served to the target's 8,192),
+e.g. `python -m benchmarks testbed --long --work WORK train lilicorr margin --init DIR`, then `export` and
+`long-serve`.
 
   pack      consecutive conversations (a seeded order) joined into one multi-turn conversation until their rendered
             lengths add up to at least min_tokens (a later conversation's system turn is dropped)
@@ -13,8 +14,7 @@ trains with variants.LONG (max_length 4096, YaRN factor 2 from 4,096 positions: 
   serve     each variant behind its server (a long draft under LILICORR; the baselines `dflash`, SGLang's DFLASH, and
             `base`, no speculation: the same bf16 target, so their near-ties show what the serving precision flips),
             every prompt greedy through /generate (token ids in and out) at concurrency c, one length after another:
-            records
-            in reference.check's shape (`served_greedy_records`)
+            records in the shape of benchmarks/served/greedy_check.py's files
   summarize per variant and length: tau (tokens per verify block), tokens/s, failures (a request that failed, or a
             token that is not the fp32 target's greedy choice within 2 bf16 ulps), and every not-argmax token's deficit
 """

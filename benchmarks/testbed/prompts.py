@@ -1,4 +1,5 @@
-"""The `prompts` step (CPU machine): the held-out evaluation prompts -> benchmarks/testbed/eval_prompts.jsonl (eval_sets.py)."""
+"""The `prompts` step (CPU machine): the held-out evaluation prompts -> benchmarks/testbed/eval_prompts.jsonl
+(eval_sets.py)."""
 
 from __future__ import annotations
 

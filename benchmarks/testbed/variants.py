@@ -43,8 +43,8 @@ SCHEDULE = dict(
     rope_factor=1.0,
     rope_original_max_position=0,
 )
-# The long-input lineage (`python -m benchmarks testbed --long`, long_inputs.py): packed conversations up to 4,096 tokens, the
-# drafter's rope stretched by YaRN from 4,096 positions to the target's 8,192.
+# The long-input lineage (`python -m benchmarks testbed --long`, long_inputs.py): packed conversations up to 4,096
+# tokens, the drafter's rope stretched by YaRN from 4,096 positions to the target's 8,192.
 LONG = dict(max_length=4096, rope_scaling="yarn", rope_factor=2.0, rope_original_max_position=4096)
 
 VARIANTS = {

@@ -1,23 +1,10 @@
-"""One conversation turn against an SGLang server -> TurnResult.
-
-Endpoint choice (checked against SGLang 0.5.23's http_server.py, serving_chat.py and the tokenizer
-manager's meta_info):
-
-* api="chat" (default): POST /v1/chat/completions with `return_spec_tokens_details: true`. The
-  server applies the model's chat template to the message list, so multi-turn history is sent as
-  messages. Per-request speculative statistics come back in
-  `sglext.spec_tokens_details` = {spec_verify_ct, spec_accept_length, spec_num_correct_drafts, ...};
-  output tokens in `usage.completion_tokens`. `sglext` is absent when the server does not speculate.
-* api="generate": POST /generate with raw `text` (no chat template; turns and replies joined by blank
-  lines), for base models. `meta_info` carries completion_tokens and, when speculating,
-  spec_verify_ct.
-* api="ids": POST /generate with `input_ids`, for servers started with `--skip-tokenizer-init` (a
-  target with random weights and no tokenizer): the prompt's UTF-8 bytes are the ids (each < 256, a
-  token of any vocabulary), so a prompt of n ASCII characters is n tokens. The reply comes back as
-  `output_ids` (no text), so only single-turn prompts can be played.
-
-Both report the same two counters, which are all that tau needs (see metrics.py).
-"""
+"""One conversation turn against an SGLang server -> TurnResult, through one of three APIs (SGLang 0.5.23), each
+reporting the two counters tau needs (completion tokens and verify blocks: metrics.py):
+  chat      POST /v1/chat/completions, return_spec_tokens_details on: the server applies the chat template; the spec
+            stats in `sglext.spec_tokens_details` (absent when the server does not speculate), tokens in `usage`
+  generate  POST /generate with raw text (turns and replies joined by blank lines), for base models; `meta_info`
+  ids       POST /generate with the prompt's UTF-8 bytes as input_ids, for a --skip-tokenizer-init server (a random
+            target without a tokenizer); the reply is ids, so single-turn prompts only"""
 
 from __future__ import annotations
 

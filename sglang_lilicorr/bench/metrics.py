@@ -1,46 +1,14 @@
-"""Metrics of the paper: tau (block-weighted acceptance length), per-block wall, output TPS, speedup.
-
-tau. SGLang counts, per request, `completion_tokens` (every generated token) and `spec_verify_ct`
-(verification blocks = target verify forward passes). Each verification block commits its accepted
-draft tokens plus one bonus token (the target's own token at the first rejection, or after a fully
-accepted block); the first output token comes from the prefill and is not a block. SGLang's
-per-request `spec_accept_length` is completion_tokens / spec_verify_ct, i.e. the prefill token is
-counted in the numerator and each block's bonus token too. We use the same convention, pooled over
-requests ("block-weighted": every verification block weighs the same, not every request):
-
-    tau = sum(completion_tokens) / sum(spec_verify_ct)      over turns that report spec stats
-
-So tau ~= 1 + (mean accepted drafts per block) + (requests / blocks), each turn of a multi-turn
-prompt being one request. The last term (the prefill tokens) is about 0.01 for 400-token outputs at
-tau = 4. A block cut short by max_tokens or a stop token counts only what it commits. A server that does not
-speculate reports no spec_verify_ct, and tau is None (shown as "--").
-
-block_ms (per-block wall). Over the same turns as tau:
-
-    block_ms = 1000 * sum(end - start) / sum(spec_verify_ct)      milliseconds per verification block
-
-i.e. how long a request waits, end to end, per block it verifies (the serving-side counterpart of the
-per-block wall of the stage decomposition, stages.py). Each turn's latency includes its queueing and
-its prefill, which is one forward against about 128 / tau verify forwards, so about 1% for 128-token
-outputs. At concurrency c the c requests' latencies overlap, so block_ms is the per-request wall of a
-block at batch c, not 1 / (system blocks per second). None without spec stats, like tau.
-
-TPS = sum(completion_tokens) / busy seconds, where busy seconds = length of the union of the
-requests' [start, end] intervals. Within one phase at concurrency c this is the phase's wall time
-(system throughput at c); it leaves out pauses between phases or resumed sessions. At c = 1 it is
-sum(tokens) / sum(latency).
-
-speedup = TPS / TPS of the baseline system (the same target served without speculation) in the same
-cell: same dataset, group, concurrency and temperature.
-
-A cell = (system, dataset, group, concurrency, temperature), group "all" or one category / tier.
-Its tau, block_ms and TPS are computed per seed and then averaged over seeds (std across seeds kept).
-Repeated runs of the same cell (several results files: fresh servers, same prompts) are pooled by
-pool_runs: the mean over runs, the std across runs, "runs" = how many. With a reference system,
-add_paired_ratios also takes the runs as pairs: the ratio to the reference within each run, and the mean
-of those ratios with its 95 % t interval (`paired` against the --block-ref system, `paired_speedup` against
-the --baseline).
-"""
+"""The paper's metrics of a results file, pooled over requests ("block-weighted": every verification block weighs the
+same). Over the turns that report spec stats (None without them: a server that does not speculate):
+  tau      = sum(completion_tokens) / sum(spec_verify_ct): SGLang's spec_accept_length convention (each block's
+             accepted drafts plus its bonus token; the prefill token counts too, ~0.01 at 400-token outputs)
+  block_ms = 1000 * sum(end - start) / sum(spec_verify_ct): a request's wall per block it verifies (queueing and
+             prefill included; at concurrency c, the per-request wall of a block at batch c)
+TPS = sum(completion_tokens) / busy seconds (the union of the requests' intervals: a phase's wall at c); speedup =
+TPS / the baseline system's TPS in the same cell. A cell = (system, dataset, group, concurrency, temperature), group
+"all" or one category; its values are averaged over seeds (std kept). Repeated runs (several results files) pool into
+one cell (pool_runs: mean, std, "runs"); against a reference system, add_paired_ratios takes them as pairs (the ratio
+within each run, its mean with a 95 % t interval)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,11 @@
-"""Concurrent, resumable benchmark runs.
-
-A run = (system, dataset, concurrency c, temperature, seed, max_tokens). Its prompts are played by
-c workers; a multi-turn prompt is played turn by turn inside one worker, each reply appended to the
-conversation before the next turn. Categories run one after another as separate phases, so each
-category's throughput is measured on its own (the isolated per-category protocol of SPEED-Bench).
-
-Every finished prompt is appended as one json line to the results file (flushed at once); a rerun
-with the same file skips the prompts it already holds, so an interrupted sweep resumes where it
-stopped. Failed prompts are not written and are retried on the next run; a server that does not answer at all ends
-the run. The file must be new, empty or a results file (every line a record, `check_results_file`), checked before a
-byte is written; a torn last line is cut only in such a file. `bench run` is its one writer (ownership.sole_writer),
-and a measurement recorded twice is refused by name (`read_results`).
-
-Warm-up. Before a run's measured phases, unrecorded warm-up requests (the first turns of the run's
-prompts, cycled) go out in waves of c concurrent requests, ceil(max(warmup, c) / c) waves. Requests of
-one wave finish at different times, so the server's running batch walks down c, c-1, ..., 1 and every
-batch size the measured phases meet at concurrency c is seen (CUDA graphs, Triton kernels compiled
-per shape on first use) before timing starts. warmup = 0 sends none.
-"""
+"""Concurrent, resumable benchmark runs. A run = (system, dataset, concurrency c, temperature, seed, max_tokens): c
+workers play its prompts, a multi-turn prompt turn by turn in one worker, each category as a phase of its own
+(SPEED-Bench's per-category protocol). Each finished prompt is one line appended to the results file (new, empty or a
+results file: `check_results_file`; a torn last line is cut); a rerun skips the prompts it holds and retries the
+failed ones, a server that does not answer at all ends the run. `bench run` is the file's one writer
+(ownership.sole_writer), and a measurement recorded twice is refused by name (`read_results`). Warm-up: before the
+measured phases, max(warmup, c) unrecorded first turns in waves of c, so the running batch walks down c..1 and every
+batch size is compiled and captured before timing (warmup 0: none)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,67 @@
+"""`python -m benchmarks greedy-check TARGET RESULTS...`: every greedy response a server returned (gpu_client's files)
+checked against the teacher-forced target (sglang_lilicorr.reference.check: each token the target's greedy choice, or
+a near-tie within --tol-ulps bf16 ulps); with --baseline, the byte-equal fraction against a no-speculation run.
+Prints GREEDY_CHECK PASS or FAIL (exit 0 / 1)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+import torch
+
+from sglang_lilicorr.reference.check import check_greedy
+
+
+def served_greedy_records(path: str) -> list[dict]:
+    """Greedy records (temperature 0, no error) of a benchmarks/served/gpu_client.py result file."""
+    records = json.loads(open(path).read())
+    return [r for r in records if not r.get("error") and r["sampling"].get("temperature", 1.0) == 0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("model_dir", help="the target's HF folder")
+    p.add_argument("results", nargs="+", help="gpu_client result files")
+    p.add_argument("--tol-ulps", type=float, default=2.0, help="near-tie tolerance in bf16 ulps of the top logit")
+    p.add_argument("--baseline", help="a no-speculation result file: also report the byte-equal fraction against it")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    a = p.parse_args(argv)
+    from transformers import AutoModelForCausalLM
+
+    dtype = getattr(torch, a.dtype)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(a.model_dir, dtype=dtype).to(device).eval()
+    baseline = (
+        {(r["prompt"], tuple(r["input_ids"])): r["output_ids"] for r in served_greedy_records(a.baseline)}
+        if a.baseline
+        else {}
+    )
+    ok = True
+    for path in a.results:
+        records = served_greedy_records(path)
+        reports = [
+            check_greedy(model, r["input_ids"], r["output_ids"], dtype=dtype, tol_ulps=a.tol_ulps) for r in records
+        ]
+        for r, rep in zip(records, reports):
+            if not rep.ok:
+                print(f"{path}: {r['prompt'][:60]!r}: {rep.summary()} {[dataclasses.astuple(m) for m in rep.failures]}")
+        fails = sum(not rep.ok for rep in reports)
+        near = sum(len(rep.not_argmax) - len(rep.failures) for rep in reports)
+        line = (
+            f"{path}: {len(records)} greedy responses, {sum(rep.num_tokens for rep in reports)} tokens, "
+            f"{fails} with a token that is not the target's greedy choice beyond {a.tol_ulps:g} bf16 ulp, "
+            f"{near} near-tie tokens within it"
+        )
+        same = [
+            baseline[key] == r["output_ids"]
+            for r in records
+            if (key := (r["prompt"], tuple(r["input_ids"]))) in baseline
+        ]
+        if same:
+            line += f"; byte-equal with the baseline on {sum(same)}/{len(same)}"
+        print(line)
+        ok &= fails == 0
+    print("GREEDY_CHECK", "PASS" if ok else "FAIL")
+    return 0 if ok else 1
