@@ -1,19 +1,7 @@
-"""Triton kernels of sglang-lilicorr (imports torch and triton only; triton on first use).
-
-- topk_lse(logits [N, V], k) -> (vals fp32 [N, k], ids int64 [N, k], lse fp32 [N]):
-  fused top-K + full-vocabulary logsumexp; Triton on CUDA, PyTorch reference elsewhere.
-- topk_shards.shard_partials / merge_partials: the same over a vocabulary split among tensor-parallel ranks (each
-  rank's partials, one all-gather, an exact merge).
-- greedy_walk_triton / viterbi_triton(start [b, K], pair [b, S-1, K, K][, ids [b, S, K]]) -> idx (or ids) [b, S] int64:
-  the decoders of sglang_lilicorr.walk, one program per request.
-- lattice_attention_triton(qkv [b*L, 3H], bias [heads, L, L], heads) -> out [b*L, H]:
-  the lattice transformer's self-attention on the packed QKV GEMM output (replaces SDPA).
-- gemm_epilogue_triton(x [M, K], weight [N, K], bias [N] | None, ...) -> [M, N]: a GEMM with its epilogue in one
-  launch (bias, SiLU, per-request bias, pre-norm, residual add, node assembly); linear_silu_triton is the lattice
-  FFN's up projection with bias + SiLU.
-Their launches come from kernels/tuning.py, which holds every measured launch table. See README.md in this folder
-for launch geometry and references.
-"""
+"""Triton kernels of sglang-lilicorr (imports torch and triton only; triton on first use): the select path's top-K and
+logsumexp (`topk_lse`, `topk_shards` across tensor-parallel ranks), lattice decoders, the lattice attention, GEMMs with
+their epilogues and the head's fused row kernels. Each has its PyTorch reference; every measured launch is in
+tuning.py. README.md in this folder lists them with their contracts."""
 
 from .device import uses_triton
 from .topk_lse import topk_lse

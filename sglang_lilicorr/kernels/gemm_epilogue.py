@@ -1,49 +1,20 @@
-"""A GEMM with its epilogue in one Triton kernel (paper App. A): every GEMM of the select path that the plan
-runs in Triton, with what follows it folded into the epilogue instead of a launch of its own.
+"""A GEMM with its epilogue in one Triton kernel (paper App. A): every GEMM the select's plan runs in Triton, with what
+follows it folded into the epilogue instead of a launch of its own (kernels/README.md).
 
   y = act(rstd * (x @ weight.T) + bias + group_bias[row // rows_per_group])     act: SiLU or identity
-  residual   out += y, the lattice's residual add (in place);
-  sumsq_out  the output rows' sums of squares, one partial per SUMSQ_GROUP columns (kernels/head_norm.py;
-             in the epilogue, where the rows are in registers anyway), for the next GEMM's norm;
-  norm       the pre-norm of the GEMM's input: rstd per row from those partials scales the tile; the
-             norm's gain is folded into the weight (fold_norm_gain): RMSNorm(x) @ W.T = rstd * (x @ (W * g).T);
-  cross      also writes out * t (t: the request's anchor state), the factor GEMM's h * t up to the
-             output norm's rstd and gain, which that GEMM applies to concat[x, x * t].
-Uses: the lattice FFN's up projection with bias + SiLU (linear_silu_triton), and, on the select's folded route
-(sglang_lilicorr/fast_path/plan.py), every head GEMM: the factor projection with its per-request bias + SiLU, each
-lattice GEMM as the layer's only launch around it. Nothing is added to the K loop: a register pass over its A tiles
-(sums of squares, x * t) measured slower (benchmarks/PERF_NOTES.md).
-Launched early under PDL (kernels/pdl.py), the programs of the first row tile fetch their weight slice
-into L2 before they wait on the previous kernel (kernels/prefetch.py; `prefetch`). In small tiles
-(tuning.EARLY_OPERANDS_MAX_TILE: the bs-1 configs) the epilogue's operands load early and are used late:
-the bias before the PDL wait, what earlier kernels wrote (residual, t, the norm's partials, the per-request bias)
-before the K loop.
+  residual   out += y, the lattice's residual add (in place)
+  sumsq_out  the output rows' partial sums of squares (kernels/head_norm.py), for the next GEMM's norm
+  norm       the input's pre-norm: rstd per row from those partials; its gain folded into the weight (fold_norm_gain)
+  cross      also writes out * t (t: the request's anchor state), for the factor GEMM's concat[x, x * t]
 
-  x          [M, K]   rows = b * L lattice nodes; any row stride, unit stride along K
-  weight     [N, K]   nn.Linear layout (out x in); any row stride, unit stride along K
-  bias       [N]      or None
-  group_bias [G, N]   or None: row r also gets group_bias[r // rows_per_group] (unit column stride)
-  out        [M, N]   y in x's dtype (new and contiguous, or given); fp32 accumulation and epilogue, one rounding
-                      (PyTorch rounds after the GEMM and again after each elementwise op); the residual add after it
-
-Two kernels, the same epilogue:
-  _gemm_kernel      one program per [BLOCK_M, BLOCK_N] output tile, pointer loads (gemm_tile);
-                    rows and columns past M, N wrapped
-                    (index mod M, N) so the K loop loads without masks, the store masked;
-                    the K loop unmasked when BLOCK_K divides K.
-  _gemm_tma_kernel  persistent (one program per SM striding over the tiles), x / weight
-                    tiles by TMA descriptors (zero-filled past the edges), the output by a
-                    TMA store (clipped); 16-bit CUDA tensors on sm_90+, the bias / group bias / SiLU epilogue only.
-Both take tiles in grouped order (GROUP_M row tiles sweep the column tiles together) so the weight
-tiles a group reads stay in L2.
-
-Launch configs: a name of tuning.GEMM_CONFIGS, by default the band of tuning.GEMM_CONFIG_BY_ROWS that holds M
-(select_config; no autotuning, so a CUDA graph can capture the first call). `python -m
-sglang_lilicorr.kernels.gemm_epilogue` times every config against cuBLAS + SiLU at the paper's FFN up
-(K = 1024, N = 2048, M = 120 * b). Under the CPU interpreter bf16/fp16 operands are dotted as fp32 copies (its
-tl.dot multiplies raw 16-bit patterns); 16-bit products are exact in fp32. tests/test_gemm_epilogue.py lowers every
-config to sm_90 (ptxas): no spills, wgmma, TMA where configured. Only torch.empty and one launch: CUDA-graph safe.
-"""
+  x [M, K] and weight [N, K] (nn.Linear layout) with unit stride along K, bias [N] | None, group_bias [G, N] | None
+  -> out [M, N] in x's dtype (new, or given): fp32 accumulation and epilogue, one rounding.
+Two kernels share the epilogue: `_gemm_kernel`, a program per output tile with pointer loads, and `_gemm_tma_kernel`,
+persistent with TMA loads and store (16-bit CUDA tensors on sm_90+; bias, group bias and SiLU only). Under PDL the
+first row tile prefetches its weight slice into L2 before the wait (kernels/prefetch.py). Launch configs:
+tuning.GEMM_CONFIGS by rows (select_config; no autotuning, so a CUDA graph captures the first call). Under the CPU
+interpreter 16-bit operands are dotted as fp32 copies (exact products). Only torch.empty and one launch: CUDA-graph
+safe."""
 
 from __future__ import annotations
 

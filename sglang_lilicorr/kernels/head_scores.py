@@ -1,28 +1,15 @@
 """Cosine lattice scores of the LiLiCorr head (paper Eq. 6-7), in Triton.
 
-From the un-normalised out/in head outputs (one fused GEMM: edges [b, S, K, 2D], out in the first
-D columns, in in the last D) and the un-normalised anchor out vector [b, D], one program per
-(request, slot s) computes the sigma-scaled cosines of one K x K factor in fp32:
+From the un-normalised out/in head outputs (one fused GEMM: edges [b, S, K, 2D], out in the first D columns, in in the
+last D) and the un-normalised anchor out vector [b, D], one program per (request, slot s) computes the sigma-scaled
+cosines of one K x K factor in fp32, the norms taken as F.normalize does (x / max(|x|, eps)):
 
   s = 0:   start[b, j]         = sigma * cos(anchor_out, in_{1, j})
   s >= 1:  pair[b, s-1, i, j]  = sigma * cos(out_{s, i}, in_{s+1, j})
 
-The [K, D] factor operands stream in BLOCK_D-column steps that feed only tensor-core dots, so
-Triton's pipeliner keeps NUM_STAGES steps in flight (cp.async into shared memory); all three Gram
-blocks come from the dots: a b^T (the cosines' numerators), a a^T and b b^T (whose diagonals are
-the squared norms), K padded to 16 rows. bf16/fp16 products are exact in the fp32
-accumulator; fp32 inputs (and 16-bit ones under the CPU interpreter, whose tl.dot multiplies raw
-16-bit patterns) are dotted as fp32 with IEEE FMAs. The norms are taken as F.normalize does:
-x / max(|x|, eps). No host syncs.
-
-With WALK (`lattice_cosine_walk_triton`) the same launch also runs the greedy walk (App. F): each
-program packs the successor of each of its row candidates (the first argmax of its score row:
-slot s-1's candidate i -> slot s's candidate; the anchor's row for s = 0) into one int64, 4 bits per
-candidate (K <= 16), then counts itself done on a per-request counter; the request's last program
-loads the S words, follows the successors from the anchor through slot S (a shift and a mask per
-slot, no reduction), gathers the walked candidates' ids and resets the counter. One launch fewer
-on the critical path than cosine + walk kernel (PERF_NOTES.md).
-"""
+All three Gram blocks come from tensor-core dots (a b^T, and a a^T, b b^T for the norms) over BLOCK_D-column steps.
+With WALK (`lattice_cosine_walk_triton`) the same launch also runs the greedy walk (App. F): the request's last program
+follows the successors its programs packed and gathers the walked ids (kernels/README.md). No host syncs."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Lattice self-attention of the LiLiCorr head (paper App. A) at serving time, in Triton.
-
-Replaces F.scaled_dot_product_attention in LatticeAttention on the packed QKV GEMM output:
+"""Lattice self-attention of the LiLiCorr head (paper App. A) at serving time, in Triton: it replaces
+F.scaled_dot_product_attention in LatticeAttention on the packed QKV GEMM output.
 
   qkv  [b*L, 3H]      F.linear(x, in_proj_weight, in_proj_bias); row = request * L + node, columns
                       q | k | v, each [heads, dh] head-major (LatticeAttention's view(n, L, 3, heads, dh))
@@ -9,23 +8,8 @@ Replaces F.scaled_dot_product_attention in LatticeAttention on the packed QKV GE
   out  [b*L, H]       softmax(scale * q k^T + bias) v, in the layout o.transpose(1, 2).reshape(b*L, H)
                       takes, so out_proj consumes it with no copy
 
-All L <= 256 nodes of a request fit in one key tile (padded to LP, a power of two >= 16; padded keys
-get -inf), so the softmax is exact over the row in fp32: no online rescaling. One program per
-(request, head, block of BLOCK_M query nodes): S = q k^T by tl.dot (fp32 accumulation), scaled then
-biased as SDPA does, exp2 softmax, P (in the input dtype) @ v by tl.dot, divided by the row sum
-(flash-attention order), stored. dh is padded to DP >= 16 (tl.dot's smallest tile) with masked loads.
-Under the CPU interpreter bf16 operands are dotted as fp32 copies (its tl.dot multiplies the raw bf16
-bits); bf16 products are exact in fp32, so this is the tensor-core result up to summation order.
-Only torch.empty and one launch: static-shaped, no host syncs, CUDA-graph capturable.
-
-Launch geometry: `block_m` query rows per program, by default (kernels/tuning.py) 64 rows, or 32 at b <= 4 and 16 at
-b = 1 (more, smaller programs); num_warps = 4 (one warpgroup: Hopper's wgmma tile is 64 rows per warpgroup). At the
-paper shape (LP = DP = 128, bf16) the sm_90 build uses wgmma, 142 registers per thread, 80 KiB shared memory and no
-spills; BLOCK_M = 128 needs 8 warps (138 registers, no spills) where 4 warps spill (tests/test_lattice_attention.py
-checks both with ptxas). With L = 120 and 64 rows there are 2 programs per (request, head); K and V of a head are
-read by every query block of it (the later reads hit L2). fp32 inputs take IEEE FMA dots (exact, for tests; they
-spill, not a fast path). L > 128 (LP = 256) is correct but untuned.
-"""
+L <= 256; the softmax is exact in fp32 over one key tile. Its kernel and launch: kernels/README.md. Only torch.empty
+and one launch: static-shaped, no host syncs, CUDA-graph capturable."""
 
 from __future__ import annotations
 

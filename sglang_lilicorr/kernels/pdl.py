@@ -1,23 +1,10 @@
-"""Programmatic dependent launch (PDL, sm_90+): a chain of small dependent kernels without the
-launch gap between them.
+"""Programmatic dependent launch (PDL, sm_90+): a chain of small dependent kernels without the launch gap between them
+(kernels/README.md).
 
-A kernel launched with `launch_pdl=True` may be scheduled while the kernel before it on the stream
-is still running. Its programs first call `grid_dependency_wait(PDL)`:
-
-  griddepcontrol.wait               block until the previous kernel has finished and its writes are
-                                    visible (so nothing before this call may touch a tensor that an
-                                    earlier kernel writes or reads);
-  griddepcontrol.launch_dependents  let the next PDL kernel launch now, so its launch and program
-                                    start overlap this kernel's work.
-
-Each kernel of the select path therefore runs as soon as its input is ready, with the next launch
-already under way. One exception reads before the wait: constants (a weight, a bias, a table: nothing any kernel
-writes), so that their latency hides behind the kernel before (kernels/prefetch.py for whole weights; the epilogue
-operands of kernels/gemm_epilogue.py, the lattice bias, the confidence MLP's weights).
-Kernels that are not launched this way (cuBLAS, PyTorch) keep full stream order around them; with PDL=False
-both instructions compile away. Measured on an H100 in a CUDA
-graph (benchmarks/PERF_NOTES.md): 0.4-0.7 us less per kernel boundary.
-"""
+A kernel launched with `launch_pdl=True` may be scheduled while the kernel before it on the stream is still running.
+Its programs first call `grid_dependency_wait(PDL)`: `griddepcontrol.wait` (block until the previous kernel has
+finished and its writes are visible; before it, read nothing but constants and write nothing), then
+`griddepcontrol.launch_dependents` (let the next PDL kernel launch now). With PDL=False both compile away."""
 
 from __future__ import annotations
 

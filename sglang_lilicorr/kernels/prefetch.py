@@ -1,18 +1,12 @@
-"""Weights into L2 ahead of their GEMM: the prologue of a kernel launched with programmatic dependent
-launch (kernels/pdl.py).
+"""Weights into L2 ahead of their GEMM: the prologue of a kernel launched with programmatic dependent launch
+(kernels/pdl.py). A GEMM's weight is constant, so its programs may fetch their slice before `griddepcontrol.wait`;
+the K loop then reads L2 instead of HBM.
 
-Under PDL a kernel's programs start while the kernel before it still runs, and wait for it at
-`griddepcontrol.wait`. What they do before that wait overlaps the previous kernel. A GEMM's weight
-is constant, so its programs may fetch their weight slice then: by the time the activations are
-ready, the weight tiles of the K loop come from L2 instead of HBM.
-
-  prefetch_l2(ptrs)                      `prefetch.global.L2::evict_last` of the 128-byte line at each
-                                         pointer: a hint that nothing waits for, and that changes no value
-                                         (L2 is the GPU's point of coherence)
+  prefetch_l2(ptrs)                      `prefetch.global.L2::evict_last` of the 128-byte line at each pointer: a
+                                         hint that changes no value (L2 is the GPU's point of coherence)
   prefetch_rows_l2(w_ptr, rows, K, ...)  every line of rows `rows` of a [N, K] row-major weight
 
-CUDA only (inline PTX): the kernels compile it under a constexpr that is off under the interpreter.
-"""
+CUDA only (inline PTX): the kernels compile it under a constexpr that is off under the interpreter."""
 
 from __future__ import annotations
 

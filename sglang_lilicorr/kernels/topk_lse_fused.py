@@ -1,34 +1,11 @@
-"""Fused top-K + full-vocabulary logsumexp over logits rows, in Triton.
+"""Fused top-K + full-vocabulary logsumexp over logits rows, in Triton (kernels/README.md, `topk_lse`: the algorithm,
+its ordering keys and its launch).
 
-Stage 1 ("split") streams one chunk of one row once, in tiles of R sub-tiles x G logits:
-  - a running max / sum-of-exponentials for the logsumexp;
-  - the K best sub-tiles (each ranked by its largest logit, lower sub-tile first on ties). The
-    first TP tiles keep every sub-tile maximum in registers and rank them once; after them a
-    K-best buffer of sub-tile keys takes the rest, and only tiles that beat its worst key pay for
-    an insertion (in-warp reductions, one chain per entering sub-tile). Ranking the first tiles
-    at once spares the chunk's start, where nearly every sub-tile would enter, those chains; a
-    register per sub-tile for the whole chunk measured slower on long chunks (PERF_NOTES.md).
-  At the end of the chunk it re-loads the <= K chosen sub-tiles (K x G logits, just read: cache
-  hits) to take the exact top-K. The K best elements of the chunk lie in its K best sub-tiles: a
-  sub-tile ranked below K others holds nothing better than their K maxima.
-Stage 2 ("merge") combines the per-chunk partials of a row. With one chunk per row the split
-kernel finishes the row itself and stage 2 is not launched. (Merging in the split kernel, by the
-row's last split program to arrive, measured no faster on an H200: PERF_NOTES.md.)
-
-Ordering keys: every element gets a unique int64 key whose order is "larger value first, then
-lower index first" (the float's bits mapped to an order-preserving int32 in the high word,
-2^31-1-index in the low word), so top-K is "the K largest keys" with no tie special cases and
--inf values are ordinary keys. SENTINEL (int64 min) is below every real key and marks an empty
-or removed slot. Sub-tile keys use the same map with the sub-tile's index.
-
-Narrow keys (`TopKLaunch.narrow_keys`, bf16 logits): a bf16 value's order needs only the top 16 bits of
-the map, so the ranking rounds run on int32 keys, (top 16 bits) << 16 | 2^16-1-index, with the index
-counted from the chunk's start (the split kernel, chunks of <= 2^16 logits) or the partial's position
-(the merge: splits in vocabulary order, each one's keys descending, so among equal values a lower
-position is a lower index). An int64 max is several instructions and two shuffles per step; the split
-kernel's ranking took 3.0 us on int64 keys and 0.9 on int32 (H100, bs 1, PERF_NOTES.md).
-The chosen keys are widened back to int64 (the partials and the outputs do not change).
-"""
+Stage 1 ("split") streams one chunk of one row once: a running max and sum of exponentials for the logsumexp, and the
+K best sub-tiles (each ranked by its largest logit), whose <= K x G logits it re-loads at the chunk's end for the exact
+top-K. Stage 2 ("merge") combines a row's per-chunk partials; with one chunk per row the split kernel finishes the row
+and stage 2 is not launched. Every element has a unique int64 ordering key ("larger value first, then lower index
+first"; SENTINEL, int64 min, marks an empty slot); bf16 logits rank on int32 narrow keys (`TopKLaunch.narrow_keys`)."""
 
 from __future__ import annotations
 

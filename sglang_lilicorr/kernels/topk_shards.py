@@ -1,22 +1,10 @@
 """Top-K + logsumexp of logits rows whose vocabulary is split into contiguous shards, one per tensor-parallel rank
-(SGLang's vocabulary-parallel LM head), merged exactly into what `topk_lse` gives on the whole row.
+(SGLang's vocabulary-parallel LM head), merged exactly into what `topk_lse` gives on the whole row (kernels/README.md).
 
-Each rank turns its shard's logits [N, n] into *partials* [N, k + 1] int64 (`shard_partials`): its k best
-elements as ordering keys (the keys of `topk_lse_fused.py`: the fp32 value's order-preserving bits in the high word,
-2^31-1-global id in the low word, so "larger value first, then lower global id first" is "larger key first", and
--0.0 ties with +0.0) and its shard's logsumexp (fp32 bits) in the last column. One all-gather of the partials
-(k + 1 int64 per row per rank) gives every rank the same [ranks, N, k + 1] tensor, which `merge_partials` turns
-into (vals, ids, lse) on every rank alike: the k largest keys of all ranks and the logsumexp of the ranks' lse.
-
-Exactness: the global top-k is among the union of the shards' top-k (an element ranked below k others of its own
-shard is ranked below them globally), and keys are unique, so vals and ids equal the unsharded `topk_lse`'s bit for
-bit, ties across shard borders included. The lse is the same quantity summed in another order: equal to the
-unsharded one within fp32 rounding (exact where it is -inf). A shard with fewer than k real entries (the last ranks
-of a small vocabulary, SGLang's padding dropped) fills its partials with SENTINEL keys, below every real key; the
-merge never returns one while the whole vocabulary holds at least k entries.
-
-torch ops only, static shapes, no host syncs: capturable in a CUDA graph with the all-gather between the two calls.
-"""
+`shard_partials`: a rank's shard [N, n] -> partials [N, k + 1] int64: its k best elements as ordering keys (global ids;
+SENTINEL past n) and its logsumexp's fp32 bits. After one all-gather, `merge_partials` turns [ranks, N, k + 1] into
+(vals, ids, lse) on every rank alike: vals and ids bit for bit the unsharded `topk_lse`'s, lse within fp32 rounding.
+torch ops only, static shapes, no host syncs: capturable in a CUDA graph with the all-gather between the two calls."""
 
 from __future__ import annotations
 
