@@ -1,4 +1,4 @@
-"""Mutation testing of the modules that decide correctness (issue 45): mutmut, one module at a time.
+"""Mutation testing of the modules that decide correctness: mutmut, one module at a time.
 
 Each run mutates one module (mutmut's `only_mutate`) and runs only the test files MODULES maps it to (mutmut's test
 selection; of those, each mutant runs the tests that call its function). [tool.mutmut] in pyproject.toml holds what

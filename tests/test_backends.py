@@ -1,4 +1,4 @@
-"""Issue 44's flashinfer run, on the CPU with stand-ins: the backends summary (benchmarks/backends_summary.py) from a
+"""The flashinfer run (benchmarks/device/backends.sh), on the CPU with stand-ins: the backends summary (benchmarks/backends_summary.py) from a
 run's files and the committed Triton results, its one-line errors for missing and mismatched inputs;
 benchmarks/device/gpu_check.sh giving every server the backends ATTN_BACKEND / SAMPLING_BACKEND name (and refusing
 flashinfer without the package); benchmarks/device/backends.sh's steps wired to gpu_check.sh, testbed.sh and
@@ -120,7 +120,7 @@ def test_the_summary_holds_both_combinations_each_with_its_cards_and_commits(tmp
     assert tri["card"] == "H100 80GB HBM3, H200 (nvidia-h200)" and tri["commit"].startswith("0754956, ee73f57, ")
     text = (out / "summary.md").read_text()
     assert "| flashinfer / triton | flashinfer | pass: 88 responses, 0 off (3201 tokens)" in text
-    assert "issue 44's target (at least Triton's) met" in text and "README row:" in text
+    assert "the c = 1 target (at least Triton's) met" in text and "README row:" in text
     assert text in capsys.readouterr().out
 
 

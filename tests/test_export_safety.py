@@ -66,7 +66,7 @@ def test_a_foreign_folder_needs_force(run, tmp_path):
 
 
 def test_force_never_deletes_a_run_or_a_model_folder_it_holds(run, tmp_path, capsys):
-    """Issue 40, case 1: `export RUN ws --force` where ws/ holds another training run, or is a model folder."""
+    """`export RUN ws --force` where ws/ holds another training run, or is a model folder."""
     ws = tmp_path / "ws"
     write_run(ws / "other-run")
     (ws / "notes.txt").write_text("mine")

@@ -1,4 +1,4 @@
-"""benchmarks/device/flashinfer_cache.sh on the CPU (issue 44): a flashinfer JIT cache built on one GPU machine and
+"""benchmarks/device/flashinfer_cache.sh on the CPU: a flashinfer JIT cache built on one GPU machine and
 carried to the next is up to date there for ninja (which decides whether flashinfer builds or loads a module), although
 the next machine's kit installs tvm_ffi's headers, which every module includes, later than the cache's objects; a cache
 built with other versions is left out with a line that says so; bad calls get one clear line."""

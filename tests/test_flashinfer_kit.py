@@ -1,4 +1,4 @@
-"""The slim flashinfer of benchmarks/device/flashinfer_kit.sh (issue 44).
+"""The slim flashinfer of benchmarks/device/flashinfer_kit.sh.
 
 - The audit (no archive needed, fast): every flashinfer name that SGLang 0.5.23's flashinfer attention backend,
   sampler and DFlash path use maps to JIT modules (flashinfer_slim.FLASHINFER_API), each of them in MODULES, and every

@@ -1,6 +1,6 @@
 """A kill at a random write point of train, export and regenerate (tests/kill_harness.py: SIGKILL, or SIGINT, just
 before the N-th replace / fsync / removal / file opened to write) leaves the old or the new state; after SIGINT no
-temporary is left, after SIGKILL the next run of the command removes them and completes (issue 40). The point is
+temporary is left, after SIGKILL the next run of the command removes them and completes. The point is
 drawn from LILICORR_TEST_SEED; each case is one killed subprocess and at most one rerun."""
 
 import json

@@ -370,7 +370,7 @@ def test_bad_inputs_raise_clear_errors():
         )
 
 
-# --- parameters off their symmetric defaults (issue 45) -----------------------------------------
+# --- parameters off their symmetric defaults (mutation testing) -----------------------------------------
 
 
 def test_paper_defaults():

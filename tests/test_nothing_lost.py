@@ -1,4 +1,4 @@
-"""Issue 40: no command deletes, truncates or takes over what it did not write. The five reproductions, each from a
+"""No command deletes, truncates or takes over what it did not write. The five reproductions, each from a
 clean folder (`target/` a tiny model, `data.jsonl` a few conversations, small training flags), the resume checks
 and the exit-code rule (2: an argument that cannot work; 1: bad content or a failed run), through `lilicorr`."""
 

@@ -189,7 +189,7 @@ def test_startup_verification_names_the_verifier_not_the_server_args(tmp_path):
     assert found["base"] == sampling_exactness.NO_SPECULATION
 
 
-# --- exact values off T = 1 and at sample sizes off the boundary (issue 45) -----------------------------------
+# --- exact values off T = 1 and at sample sizes off the boundary (mutation testing) -----------------------------------
 
 
 def test_pit_values_by_hand_at_temperatures_off_1():

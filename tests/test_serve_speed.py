@@ -152,7 +152,7 @@ def test_results_file_from_both_settings(tmp_path):
 
 
 def test_results_file_names_the_recorded_backends():
-    """The speed step's backends (issue 44) pass into the results file; a run before them names none."""
+    """The speed step's backends pass into the results file; a run before them names none."""
     fi = {"attention": "flashinfer", "sampling": "flashinfer"}
     assert serve_speed.report({"summary": {}, "backends": fi}, None, "H200", "abc")["backends"] == fi
     assert serve_speed.report(None, {"summary": {}, "backends": fi}, "H200", "abc")["backends"] == fi

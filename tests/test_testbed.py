@@ -285,7 +285,7 @@ def test_speed_plays_only_the_chosen_systems(tmp_path, monkeypatch):
 
 
 def test_speed_serves_the_viterbi_walk_only_where_named(tmp_path, monkeypatch):
-    """--systems ... lilicorr_viterbi (issue 42): LILICORR on the same draft with LILICORR_WALK=viterbi, paired with the
+    """--systems ... lilicorr_viterbi: LILICORR on the same draft with LILICORR_WALK=viterbi, paired with the
     greedy walk in the same rounds; the default set stays the six."""
     work, testbed_args = speed_testbed(tmp_path, monkeypatch, LAUNCHER)
     five = ["base", "dflash", "builtin", "lilicorr", "lilicorr_viterbi"]
@@ -394,7 +394,7 @@ StubServer(speculative=spec, accept=3, min_latency_s=0.002, port=int(os.environ[
 
 
 def test_speed_on_flashinfer_reaches_every_server_and_keeps_its_rounds_apart(tmp_path, monkeypatch):
-    """--attention-backend flashinfer --sampling-backend flashinfer (issue 44): every server of the speed step gets
+    """--attention-backend flashinfer --sampling-backend flashinfer: every server of the speed step gets
     both over --server-args', the rounds go to WORK/speed/graphs32_flashinfer, a Triton call of the same setting to
     WORK/speed/graphs32, neither summary holds the other's rounds, and a call whose --server-args differ from those a
     setting's rounds were served with is refused before any server starts."""
@@ -570,7 +570,7 @@ def test_speed_call_keys_number_a_repeated_call():
 def test_equal_budget_four_heads_from_one_draft_replayed_served_and_summarized(
     toy, tmp_path, monkeypatch, ports_29500_taken
 ):
-    """Issue 42's comparison at toy scale: a DFlash draft (the shipped one's stand-in), then dflash, lilicorr, domino
+    """The equal-budget comparison at toy scale: a DFlash draft (the shipped one's stand-in), then dflash, lilicorr, domino
     and dspark continued from it (`train --init-draft`) for the same steps at one global batch; each exported as
     its server reads it, replayed (a corrector's own block named as the system), served side by side by the algorithm
     that serves it (`compare`, stand-in servers), and the summary's equal-budget keys merged."""

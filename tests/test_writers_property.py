@@ -1,5 +1,5 @@
 """Every writer against random existing folder contents and random file bytes (hypothesis): whatever it answers,
-nothing it did not create changes (issue 40). Few examples each, so the suite keeps its time on 2 cores; replay a
+nothing it did not create changes. Few examples each, so the suite keeps its time on 2 cores; replay a
 failure with the seed hypothesis prints."""
 
 import json

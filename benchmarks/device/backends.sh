@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 44 on the lent GPU machine: LILICORR served with the target on --attention-backend flashinfer (the draft's
+# The attention backends on the lent GPU machine: LILICORR served with the target on --attention-backend flashinfer (the draft's
 # attention stays triton, the only one the plugin serves) and --sampling-backend flashinfer: the served greedy check,
 # T = 1 through flashinfer's sampling kernels with the per-position chi-square test, and the served-speed benchmark's
 # paired rounds. Six calls back to back on one warm nvidia-h200 (a fresh machine between them: exit 3, start again at

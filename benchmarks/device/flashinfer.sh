@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU side of flashinfer on the lent GPU machine (issue 44). First run (H200): import, decode and prefill paged causal
+# GPU side of flashinfer on the lent GPU machine. First run (H200): import, decode and prefill paged causal
 # passed, the custom-mask verify failed (the quantization module, since in the archive). After the kit's install, in the
 # same call (carry [".dev/whl", ".dev/pkgs", ".dev/bin", ".dev/manifest.txt", ".dev/flashinfer"], about 30 MiB):
 #   source .dev/bin/install.sh && bash benchmarks/device/flashinfer.sh

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# flashinfer's JIT cache carried between GPU machines (issue 44; run by benchmarks/device/flashinfer.sh):
+# flashinfer's JIT cache carried between GPU machines (run by benchmarks/device/flashinfer.sh):
 #   bash benchmarks/device/flashinfer_cache.sh unpack TARBALL   a carried cache into CACHE, up to date on this machine
 #   bash benchmarks/device/flashinfer_cache.sh pack TARBALL     CACHE, with the versions it was built with, into TARBALL
 # flashinfer loads a JIT module after ninja finds it up to date, and ninja rebuilds an object whose inputs are newer

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CPU side of flashinfer on the lent GPU machine (issue 44): makes .dev/flashinfer/ and touches nothing else.
+# CPU side of flashinfer on the lent GPU machine: makes .dev/flashinfer/ and touches nothing else.
 #   bash benchmarks/device/flashinfer_kit.sh          (from the checkout's root; about 1-2 minutes the first time, 1 s after)
 # Writes:
 #   .dev/flashinfer/flashinfer_slim.tar.xz  flashinfer-python 0.7.2 slimmed to the JIT modules SGLang's flashinfer

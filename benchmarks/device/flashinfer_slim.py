@@ -1,4 +1,4 @@
-"""A slimmed flashinfer-python 0.7.2 for the lent GPU machine (issue 44): only what SGLang 0.5.23's flashinfer
+"""A slimmed flashinfer-python 0.7.2 for the lent GPU machine: only what SGLang 0.5.23's flashinfer
 attention backend and flashinfer's sampling kernels JIT-compile, for SmolLM2-135M's shapes (bf16, head_dim 64).
 
 The wheel is 65 MB compressed and 453 MB unpacked (332 MB of it `flashinfer/data`: CUDA sources for every op and

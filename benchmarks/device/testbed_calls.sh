@@ -12,7 +12,7 @@
 #            servers on every set, one paired concurrency);
 #            beside it on GPU 1 `replay` and the served greedy check of the new
 #            LiLiCorr draft (benchmarks/device/gpu_check.sh lilicorr,check)
-# The shipped drafts' served speed (issue 39's benchmark; one GPU, nvidia-h100-x1): `install`, then
+# The shipped drafts' served speed (one GPU, nvidia-h100-x1): `install`, then
 #   model    carry .dev/{smolB,bin}: the target (bf16)
 #   speed    carry .dev/ckpt: the shipped drafts as WORK/drafts, then `speed $SPEED_ARGS` on GPU 0. The whole benchmark is
 #            three speed calls back to back (a setting's calls add up; each stops its rounds before the deadline):
@@ -27,7 +27,7 @@
 #            DIR/graphs16 --card CARD --commit C --out benchmarks/results/serve-speed/CARD_COMMIT` (benchmarks/README.md)
 #   startup  carry .dev/ckpt: the shipped drafts, then `startup $STARTUP_ARGS` (default: LILICORR and the built-in, 3 cold
 #            starts each, one server at a time; ~70 + 45 s a pair on an H200, estimated): startup.json, startup.md
-# The long-input lineage (issue 28; one GPU is enough): `install`, `data`, then
+# The long-input lineage (one GPU is enough): `install`, `data`, then
 #   long-train    carry .dev/ckpt: the conversations packed to >= 3,584 tokens in /tmp/testbed_long (long-pack), the
 #                 LiLiCorr draft trained on them from the shipped one in both objectives (lilicorr, margin: variants.LONG,
 #                 max_length 4096, YaRN x2), side by side (sharing the GPU where there is one), TRAIN_MINUTES (6) each
@@ -36,7 +36,7 @@
 #                 the fp32 check), every not-argmax token's deficit -> long/summary.json, not_argmax.jsonl, records.jsonl.
 #                 Drafts of an earlier run instead (a fresh machine after `install` and `model`): carry .dev/long holding
 #                 draft_NAME.tar files (as `export` writes them; dflash among them): they are unpacked, nothing trained
-# Issue 42's equal-budget comparison (docs/BASELINES.md), on nvidia-h200-x4 (x2 works, slower: two runs per GPU):
+# The equal-budget comparison (docs/BASELINES.md), on nvidia-h200-x4 (x2 works, slower: two runs per GPU):
 # `install` (add .dev/flashinfer_headers to its carry: T = 1 through the servers needs it), `DATA_SEED=3 data`, then
 #   eq-train    carry .dev/ckpt: dflash, lilicorr, domino and dspark from the shipped DFlash draft (`train --init-draft`),
 #               EQ_STEPS (400) optimizer steps each at the paper's global batch of 64 (the sweep's 32 x 2 micro-steps),

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 29's GPU plans: benchmarks/device/tp_check.sh's steps as calls, back to back on one warm machine (each call at most 600 s;
+# The multi-GPU checks: benchmarks/device/tp_check.sh's steps as calls, back to back on one warm machine (each call at most 600 s;
 # the first of a machine carries the device kit [".dev/whl", ".dev/pkgs", ".dev/bin", ".dev/manifest.txt"] and
 # installs). Servers on disjoint GPUs side by side, training alone.
 # nvidia-h100-x4 (about 20 minutes held):
@@ -7,7 +7,7 @@
 #     bash benchmarks/device/tp_calls.sh 2   # TP = 4 (every GPU); --dp-size 2                                            ~340 s
 #     bash benchmarks/device/tp_calls.sh 3   # compare, check; NCCL all-reduce; train on 1, 2, 4 GPUs alone; trainreport ~330 s
 #     bash benchmarks/device/tp_calls.sh 4   # train on 2 GPUs killed and resumed; profile training on 1 and 4 GPUs     ~220 s
-# nvidia-h100-x4, issue 43's reruns (about 13 minutes held; 558 s and 222 s on 4 x H100 at 337b0ae):
+# nvidia-h100-x4, the reruns of 337b0ae (about 13 minutes held; 558 s and 222 s on 4 x H100 at 337b0ae):
 #     bash benchmarks/device/tp_calls.sh x4-serve    # install, models; TP = 4 with the proposal record; --dp-size 2, 4; compare, check
 #     bash benchmarks/device/tp_calls.sh x4-train    # train on 1 and 4 GPUs alone; 4 GPUs killed and resumed; trainreport; the NCCL
 #                                        #   vocabulary-parallel proposal test on 2 and 4 GPUs

@@ -1,4 +1,4 @@
-"""Issue 44's `benchmarks/results/backends/summary.json`: LILICORR per attention-backend combination served.
+"""The attention backends' `benchmarks/results/backends/summary.json`: LILICORR per attention-backend combination served.
 
 The file is a JSON object keyed "TARGET/DRAFT" (the target's --attention-backend / the drafter's), e.g. "triton/triton"
 and "flashinfer/triton"; each entry:
@@ -29,7 +29,7 @@ other, speed may wait (tok_s empty until measured). The triton/triton entry come
 machine's Triton rounds: backends.sh triton-speed) where the run has them. Every input's backends are checked against
 its entry's: a server log's server_args line beside it, else gpu_check.sh's "backends:" line or the speed step's
 `backends`, else (a file from before they were recorded) the kit's Triton and PyTorch. Entries of other combinations
-already in OUT/summary.json are kept. Writes OUT/summary.json, OUT/summary.md (the tables, issue 44's c = 1 target,
+already in OUT/summary.json are kept. Writes OUT/summary.json, OUT/summary.md (the tables, the c = 1 target,
 a README row) and OUT/summary.png (per combination and c: the speedup with its interval, the block in decode steps).
 
   python -m benchmarks backends-summary --run DIR --card CARD --commit C --out OUT
@@ -202,10 +202,10 @@ def entry(target: str, sampling: str, parts: dict, cells: dict, measured: dict, 
 
 
 def markdown(doc: dict, run_key: str) -> str:
-    """The combinations (the entries of the module docstring's shape), their speed per c, issue 44's c = 1 target and
+    """The combinations (the entries of the module docstring's shape), their speed per c, the c = 1 target and
     a README row."""
     doc = {k: e for k, e in doc.items() if isinstance(e, dict) and {"greedy", "t1_min_p", "tok_s"} <= set(e)}
-    out = ["# LILICORR per attention backend (issue 44)", ""]
+    out = ["# LILICORR per attention backend", ""]
     out += ["| target / draft | sampling | greedy check | T = 1 min p | measured |", "|---|---|---|---|---|"]
     for e in doc.values():
         g = e["greedy"]
@@ -230,7 +230,7 @@ def markdown(doc: dict, run_key: str) -> str:
             met = "met" if a[0] >= b[0] else "NOT met"
             out += ["", f"c = 1, LILICORR / no speculation: {a[0]:.3f} [{a[1]:.3f}, {a[2]:.3f}] on {run['target']}"]
             out[-1] += f" ({run['measured']['tok_s']['1']}), {b[0]:.3f} [{b[1]:.3f}, {b[2]:.3f}] on triton "
-            out[-1] += f"({tri['measured']['tok_s']['1']}): issue 44's target (at least Triton's) {met}."
+            out[-1] += f"({tri['measured']['tok_s']['1']}): the c = 1 target (at least Triton's) {met}."
             block = run["block_over_decode"]["1"], tri["block_over_decode"]["1"]
             out += ["", "README row:", ""]
             out.append(
@@ -356,7 +356,7 @@ def build(args, earlier: dict) -> tuple[dict, str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        description="Issue 44's backends summary (module docstring).",
+        description="The attention backends' summary (module docstring).",
     )
     p.add_argument("--run", type=Path, required=True, help="the backends.sh calls' results.tar.gz unpacked here")
     p.add_argument("--card", required=True, help="the run's card, e.g. 'H200 (nvidia-h200)'")

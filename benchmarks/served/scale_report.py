@@ -23,7 +23,7 @@ times, not a measured speedup (random weights accept nothing; the blocks were fo
 Largest batch at --mem-fraction-static f, for requests of L tokens: SGLang sizes the KV pool as
 f x (free memory before loading) - weights, so pool tokens = (f x free - target - draft) / KV bytes per token
 (the pool's measured GiB over its tokens), and the batch = pool tokens // (L + block size).
-`--baselines-summary` merges the cost keys into issue 42's summary (baselines_summary.py).
+`--baselines-summary` merges the cost keys into the baselines' summary (baselines_summary.py).
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ def targets(systems: dict, long_runs: dict) -> dict:
             {c: _ratio(lil[c]["per_block_ms"], blt[c]["per_block_ms"]) for c in cs}, lambda v: v <= 1.0
         ),
         "lilicorr_tok_s_ge_builtin_ci_lo": _target({c: lo(vs_builtin[c]) for c in cs}, lambda v: v >= 1.0),
-        "lilicorr_head_below_domino": _target(  # issue 42: the served heads, graph-captured
+        "lilicorr_head_below_domino": _target(  # the served heads, graph-captured
             {c: _ratio(lil[c]["head_ms"], systems["domino"][c]["head_ms"]) for c in cs}, lambda v: v < 1.0
         ),
     }

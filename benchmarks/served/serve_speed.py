@@ -253,7 +253,7 @@ def report(graphs: dict | None, eager: dict | None, card: str, commit: str) -> d
     if eager and "32" in eager["summary"]:
         out["eager"] = {k: eager["summary"]["32"][k] for k in keep if k in eager["summary"]["32"]}
     backends = [doc["backends"] for doc in (graphs, eager) if doc and doc.get("backends")]
-    if backends:  # the speed step records them since issue 44 (the kit's Triton and PyTorch before)
+    if backends:  # the speed step records them since 171a5be (the kit's Triton and PyTorch before)
         out["backends"] = backends[0]
     return {**out, "card": card, "commit": commit}
 

@@ -1,4 +1,4 @@
-"""The `compare` step: issue 42's equal-budget systems through their servers. The exported drafts of --systems
+"""The `compare` step: the equal-budget systems (docs/BASELINES.md) through their servers. The exported drafts of --systems
 (default: no speculation and variants.EQUAL_BUDGET) start side by side on one GPU (--gpu), each as stock SGLang or this
 plugin serves it (common.speculation_args: DFLASH for dflash and domino, DSPARK for dspark, LILICORR for lilicorr), with
 the speed step's pools and graphs (speed.server_args: CUDA graphs to batch 32, --sleep-on-idle), then two parts:

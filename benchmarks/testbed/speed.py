@@ -1,4 +1,4 @@
-"""Served speed as a user gets it (the `speed` step of run.py; issue 39): no speculation, SGLang's DFLASH (the shipped
+"""Served speed as a user gets it (the `speed` step): no speculation, SGLang's DFLASH (the shipped
 DFlash draft), SGLang's built-in LiLiCorr head (DFLASH serving our LiLiCorr draft) and LILICORR (the same draft), and
 beside them the two verify-attention variants (serve_speed.VERIFY_SYSTEMS: DFLASH on SGLang's split-KV verify kernel,
 LILICORR on SGLang's prefill kernel) and, where named, LILICORR committing each block by the exact Viterbi path

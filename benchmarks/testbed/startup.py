@@ -1,4 +1,4 @@
-"""Cold start-up, one server at a time (the `startup` step; issue 39's start-up target): for each round and system
+"""Cold start-up, one server at a time (the `startup` step; the start-up target of PERF_NOTES.md): for each round and system
 (rotated order), the server starts alone on GPU 0 with an empty Triton cache of its own, so it compiles everything it
 needs itself and no other start-up competes for the host's cores; it is up once it answers /health, then stops.
 

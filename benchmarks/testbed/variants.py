@@ -9,7 +9,7 @@ objective differs (paper Eq. 7; App. G margin):
                                            gamma * (1 + lambda) as `lilicorr` (App. ablation)
   margin    gamma = 0.25, lambda = 1, mu = 0.5, rho = 2   margin-hinge variant (App. G)
   domino    gamma = 0.25, --head domino    the paper's baselines (docs/BASELINES.md), the same reranker weight:
-  dspark    gamma = 0.25, --head dspark    with dflash and lilicorr, issue 42's equal-budget four (EQUAL_BUDGET)
+  dspark    gamma = 0.25, --head dspark    with dflash and lilicorr, the equal-budget four (EQUAL_BUDGET)
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ VARIANT_LABELS = {
     "domino": "Domino (DFlash + GRU corrector)",
     "dspark": "DSpark (DFlash + Markov head)",
 }
-# Issue 42's equal-budget comparison: these four continued from the shipped DFlash draft (`train --init-draft`), the
+# The equal-budget comparison (docs/BASELINES.md): these four continued from the shipped DFlash draft (`train --init-draft`), the
 # same steps, data and seed, at the paper's global batch (`train --global-batch`: sequences per optimizer step).
 EQUAL_BUDGET = ("dflash", "lilicorr", "domino", "dspark")
 PAPER_GLOBAL_BATCH = 64
