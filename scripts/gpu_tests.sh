@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU-marked tests (`-m gpu`) on a machine with a CUDA GPU, once SGLang and this project are installed there
-# (`pip install -e .`; on this project's lent GPU machine the device kit's `source .dev/bin/install.sh`, benchmarks/device/).
+# (`pip install -e .`; on this project's lent GPU machine the device kit's install: benchmarks/device/README.md).
 # Runs from /tmp so that the installed package is the one imported, not the checkout's sglang_lilicorr/ folder.
 # Extra arguments go to pytest, e.g. a test file.
 set -euo pipefail

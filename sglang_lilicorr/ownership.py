@@ -1,13 +1,12 @@
 """What a command may write: only a new folder, an empty one, or one it recognises as its own kind; and
 writes that are whole or absent.
 
-Kinds: `run` (`lilicorr train --output-dir`), `dataset` (`lilicorr regenerate --recipe --output-dir`), `report`
-(`bench report`, `replay`, `bench faults` --out) carry a marker, `.lilicorr.json` ({"kind": ...}), written when
-the folder is claimed; an `export` (config.json + model.safetensors of a draft) is recognised by its content, so
-that it stays a plain SGLang draft folder. Writers pass a `recognise` function for folders of their kind made
-before markers existed. Append-only files (bench results, regenerated rows) are checked line by line
-(`jsonl_for_append`) before a byte is written, and a torn last line is cut only in a file that is recognisably
-of that kind.
+Kinds: `run` (`lilicorr train --output-dir`), `dataset` (`lilicorr regenerate --recipe --output-dir`), `report` (`bench
+report`, `replay`, the lab's `faults` and `stages` --out) carry a marker, `.lilicorr.json` ({"kind": ...}), written when
+the folder is claimed; an `export` (config.json + model.safetensors of a draft) is recognised by its content, so that it
+stays a plain SGLang draft folder. Writers pass a `recognise` function for folders of their kind made before markers
+existed. Append-only files (bench results, regenerated rows) are checked line by line (`jsonl_for_append`) before a byte
+is written, and a torn last line is cut only in a file that is recognisably of that kind.
 
 Temporary files and folders are named `.<name>.lilicorr-tmp-<random>` beside what they become: a kill leaves
 nothing else, and the next writer of the same place removes them (`remove_temporaries`), never anything else.

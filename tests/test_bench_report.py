@@ -119,7 +119,8 @@ def test_a_run_cuts_only_its_own_torn_line_and_completes_a_whole_one(tmp_path):
 
 
 def test_the_baselines_are_columns_beside_the_other_systems(tmp_path, capsys):
-    """Rows of domino and dspark servers (docs/BASELINES.md) are read like any system's: one column each, side by side."""
+    """Rows of domino and dspark servers (docs/BASELINES.md) are read like any system's: one column each, side by
+    side."""
     files = []
     for system, blocks in (("ar", None), ("dflash", 6), ("lilicorr", 4), ("domino", 5), ("dspark", 5), ("builtin", 4)):
         row = {**record("a", blocks=blocks or 1), "system": system}

@@ -21,8 +21,8 @@ from sm90_build import check_in_fresh_process
 from triton_mode import needs_interpreter
 
 # Distinct keys per kernel at the testbed head over batch sizes 1..32, as an H100 compiles them: 77 before the
-# batch-derived integers went to do_not_specialize and the TMA GEMM's program count to the grid, 37 before the select kept
-# two fused routes, 34 since.
+# batch-derived integers went to do_not_specialize and the TMA GEMM's program count to the grid, 37 before the select
+# kept two fused routes, 34 since.
 TESTBED_COMPILES = {
     "_add_rmsnorm_kernel": 3,
     "_confidence_up_kernel": 2,

@@ -101,3 +101,44 @@ def test_the_index_cites_every_result_folder_and_nothing_missing():
     assert unlisted == [], f"result folders INDEX.md does not list: {unlisted}"
     no_command = [row for row in rows if not row.rstrip(" |").split(" | ")[-1].strip()]
     assert no_command == [], f"rows without the command that made them: {no_command}"
+
+
+STEP = re.compile(r"(?:python3?|torchrun[^`\n]*?) (?:-P )?-m benchmarks ([a-z][\w-]*)")
+
+
+def test_every_lab_step_a_document_or_script_runs_exists():
+    """`python -m benchmarks STEP` in the documents, the shell scripts and the code names a step of the lab's entry
+    point (benchmarks/__init__.py), and benchmarks/README.md's table lists every step, each with its module."""
+    from benchmarks import STEPS
+
+    files = documents() + [p for p in tracked("*.sh") + tracked("*.py") if not p.startswith("benchmarks/results/")]
+    unknown = sorted({(p, s) for p in files for s in STEP.findall((ROOT / p).read_text()) if s not in STEPS})
+    assert unknown == [], unknown
+    readme = (ROOT / "benchmarks" / "README.md").read_text()
+    table = dict(re.findall(r"^\| `([\w-]+)` \| `([\w/.]+)` \|", readme, re.M))
+    assert table == {
+        s: module.removeprefix("benchmarks.").replace(".", "/") + ".py" for s, (module, _) in STEPS.items()
+    }
+
+
+def test_every_lilicorr_command_a_document_gives_exists():
+    """Each `lilicorr ...` line of a document's code blocks names a subcommand the CLI has (README.md's lines also
+    parse and run: tests/test_readme_commands.py)."""
+    from sglang_lilicorr.cli import build_parser
+
+    def choices(parser):
+        sub = next((a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"), None)
+        return sub.choices if sub else {}
+
+    top = choices(build_parser())
+    wrong = []
+    for doc in documents():
+        for block in re.findall(r"```[a-z]*\n(.*?)```", (ROOT / doc).read_text(), flags=re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                words = line.split("#", 1)[0].split()
+                if words[:1] != ["lilicorr"] or len(words) < 2:
+                    continue
+                sub = top.get(words[1])
+                if sub is None or (choices(sub) and (len(words) < 3 or words[2] not in choices(sub))):
+                    wrong.append(f"{doc}: {' '.join(words[:3])}")
+    assert wrong == [], wrong

@@ -1,5 +1,6 @@
 """reference/check.py on a bigram model whose logits are chosen exactly: deficits, tolerances in bf16 ulps
-(off the default 1 and 2), the top-2 gap, the float32/float64 pass, and the CLI's counts and exit code."""
+(off the default 1 and 2), the top-2 gap, the float32/float64 pass; and the lab's greedy-check over served files
+(benchmarks/served/greedy_check.py): its counts and exit code."""
 
 import json
 import math
@@ -8,8 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from sglang_lilicorr.reference import check
-from sglang_lilicorr.reference.check import GreedyReport, Mismatch, bf16_ulp, check_greedy, served_greedy_records
+from benchmarks.served import greedy_check
+from benchmarks.served.greedy_check import served_greedy_records
+from sglang_lilicorr.reference.check import GreedyReport, Mismatch, bf16_ulp, check_greedy
 
 # next-token logits after each token (exact in float32); the top logit 8 has a bf16 ulp of 1/16, 2 has 1/64
 TABLE = [
@@ -170,13 +172,13 @@ def test_cli_counts_and_exit_codes(tmp_path, capsys, cli):
         tmp_path, "good.json", [rec("x", [0], [1, 2, 0]), rec("y", [3], [4, 0]), rec("z", [0], [9], temperature=1.0)]
     )
     near = records(tmp_path, "near.json", [rec(long_prompt, [0], [1, 3])])  # 2.5 ulps: over the default 2
-    assert check.main(["model", good]) == 0
+    assert greedy_check.main(["model", good]) == 0
     out = capsys.readouterr().out
     assert (
         f"{good}: 2 greedy responses, 5 tokens, 0 with a token" in out and "beyond 2 bf16 ulp, 0 near-tie tokens" in out
     )
     assert out.strip().endswith("GREEDY_CHECK PASS") and cli == [torch.float32]
-    assert check.main(["model", good, near]) == 1
+    assert greedy_check.main(["model", good, near]) == 1
     out = capsys.readouterr().out
     assert f"{near}: {'p' * 59 + 'Q'!r}: FAIL: 2 tokens, 1 not" in out
     assert (
@@ -184,12 +186,12 @@ def test_cli_counts_and_exit_codes(tmp_path, capsys, cli):
         "ulp, 0 near-tie tokens within it"
     ) in out
     assert out.strip().endswith("GREEDY_CHECK FAIL")
-    assert check.main(["model", near, "--tol-ulps", "3", "--dtype", "float64"]) == 0
+    assert greedy_check.main(["model", near, "--tol-ulps", "3", "--dtype", "float64"]) == 0
     out = capsys.readouterr().out
     assert (
         "0 with a token" in out and "beyond 3 bf16 ulp, 1 near-tie tokens within it" in out and cli[-1] == torch.float64
     )
-    assert check.main(["model", near, good, "--tol-ulps", "2.5"]) == 0
+    assert greedy_check.main(["model", near, good, "--tol-ulps", "2.5"]) == 0
     capsys.readouterr()
 
 
@@ -208,17 +210,17 @@ def test_cli_baseline_byte_equality(tmp_path, capsys, cli):
             rec("u", [4], [0]),
         ],
     )
-    assert check.main(["model", served, "--baseline", base]) == 0
+    assert greedy_check.main(["model", served, "--baseline", base]) == 0
     assert "; byte-equal with the baseline on 2/3" in capsys.readouterr().out
-    assert check.main(["model", served]) == 0
+    assert greedy_check.main(["model", served]) == 0
     assert "byte-equal" not in capsys.readouterr().out
 
 
 # --- what mutation testing found untested: the CLI's help, choices, device, and each file's verdict ------------------
 
-HELP = """usage: python -m benchmarks check [-h] [--tol-ulps TOL_ULPS] [--baseline BASELINE]
-                                                 [--dtype {float32,float64}]
-                                                 model_dir results [results ...]
+HELP = """usage: python -m benchmarks greedy-check [-h] [--tol-ulps TOL_ULPS] [--baseline BASELINE]
+                                         [--dtype {float32,float64}]
+                                         model_dir results [results ...]
 
 Check every greedy response a server returned (gpu_client JSON files) against the target.
 
@@ -235,12 +237,12 @@ options:
 
 
 def test_cli_help_and_the_dtype_choices(capsys, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "120")
+    monkeypatch.setenv("COLUMNS", "112")
     with pytest.raises(SystemExit) as e:
-        check.main(["--help"])
+        greedy_check.main(["--help"])
     assert e.value.code == 0 and capsys.readouterr().out == HELP
     with pytest.raises(SystemExit) as e:
-        check.main(["model", "r.json", "--dtype", "float16"])
+        greedy_check.main(["model", "r.json", "--dtype", "float16"])
     assert e.value.code == 2 and "argument --dtype: invalid choice: 'float16'" in capsys.readouterr().err
 
 
@@ -265,13 +267,13 @@ def test_cli_loads_the_model_on_the_gpu_when_there_is_one(tmp_path, capsys, monk
         seen.append(("check", kwargs["dtype"]))
         return greedy(*args, **kwargs)
 
-    greedy = check.check_greedy
+    greedy = greedy_check.check_greedy
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", staticmethod(from_pretrained))
-    monkeypatch.setattr(check, "check_greedy", spy)
+    monkeypatch.setattr(greedy_check, "check_greedy", spy)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     good = records(tmp_path, "good.json", [rec("x", [0], [1, 2, 0])])
-    assert check.main(["model-dir", good, "--dtype", "float32"]) == 0
-    assert check.main(["model-dir", good, "--dtype", "float64"]) == 0
+    assert greedy_check.main(["model-dir", good, "--dtype", "float32"]) == 0
+    assert greedy_check.main(["model-dir", good, "--dtype", "float64"]) == 0
     device = "cuda" if cuda else "cpu"
     assert seen == [
         ("load", "model-dir", torch.float32),
@@ -287,9 +289,9 @@ def test_cli_loads_the_model_on_the_gpu_when_there_is_one(tmp_path, capsys, monk
 def test_cli_fails_when_any_file_fails_and_prints_whole_lines(tmp_path, capsys, cli):
     good = records(tmp_path, "good.json", [rec("x", [0], [1, 2, 0])])
     near = records(tmp_path, "near.json", [rec("n", [0], [1, 3])])
-    assert check.main(["model", near, good]) == 1  # a later passing file does not clear an earlier failure
+    assert greedy_check.main(["model", near, good]) == 1  # a later passing file does not clear an earlier failure
     assert capsys.readouterr().out.strip().endswith("GREEDY_CHECK FAIL")
-    assert check.main(["model", good, "--baseline", good]) == 0
+    assert greedy_check.main(["model", good, "--baseline", good]) == 0
     assert capsys.readouterr().out.splitlines()[0] == (
         f"{good}: 1 greedy responses, 3 tokens, 0 with a token that is not the target's greedy choice beyond 2 bf16 "
         "ulp, 0 near-tie tokens within it; byte-equal with the baseline on 1/1"

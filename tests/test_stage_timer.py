@@ -1,6 +1,6 @@
 """Per-stage decode timing (instrumentation/stage_timer.py) on CPU: a fake DFlash-family worker with an
 injected clock and injected (lazily resolving) events, the JSON it writes, the proposal
-micro-benchmark's parts, the plugin's opt-in install, and `from_timings` / `bench stages --timings`."""
+micro-benchmark's parts, the plugin's opt-in install, and `from_timings` / the lab's `stages --timings`."""
 
 from __future__ import annotations
 

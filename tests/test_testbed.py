@@ -570,8 +570,8 @@ def test_speed_call_keys_number_a_repeated_call():
 def test_equal_budget_four_heads_from_one_draft_replayed_served_and_summarized(
     toy, tmp_path, monkeypatch, ports_29500_taken
 ):
-    """The equal-budget comparison at toy scale: a DFlash draft (the shipped one's stand-in), then dflash, lilicorr, domino
-    and dspark continued from it (`train --init-draft`) for the same steps at one global batch; each exported as
+    """The equal-budget comparison at toy scale: a DFlash draft (the shipped one's stand-in), then dflash, lilicorr,
+    domino and dspark continued from it (`train --init-draft`) for the same steps at one global batch; each exported as
     its server reads it, replayed (a corrector's own block named as the system), served side by side by the algorithm
     that serves it (`compare`, stand-in servers), and the summary's equal-budget keys merged."""
     from test_train import write_conversations, write_held_out_turns

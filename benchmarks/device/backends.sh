@@ -6,7 +6,7 @@
 # call 1). Each call: bash benchmarks/device/backends.sh STEP[,STEP...] (steps run in the order below, whatever the order
 # given).
 #
-# CPU side first (docs/DEVELOPING.md, "SmolLM2-135M on the device" and "flashinfer on the GPU machine"): the shipped
+# CPU side first (benchmarks/device/README.md, "SmolLM2-135M on the device" and "flashinfer on the GPU machine"): the shipped
 # drafts' weights moved out of the tree into .dev/ckpt, .dev/flashinfer from benchmarks/device/flashinfer_kit.sh with the
 # JIT cache of the last call that built one (.dev/flashinfer/jit_cache.tar.gz), then
 #     bash benchmarks/device/backends.sh carry     # every call's carry below against the 64 MiB limit, from this checkout
@@ -118,7 +118,7 @@ if has carry; then
   done
   if [ "$over" = 1 ]; then
     echo "backends.sh carry: a call is over 64 MiB or misses a path: move the shipped drafts' weights to .dev/ckpt" \
-      "(docs/DEVELOPING.md), build .dev/flashinfer (benchmarks/device/flashinfer_kit.sh), fetch the kit (prepare.sh --smol)" >&2
+      "(benchmarks/device/README.md), build .dev/flashinfer (benchmarks/device/flashinfer_kit.sh), fetch the kit (prepare.sh --smol)" >&2
     exit 1
   fi
   exit 0

@@ -52,7 +52,7 @@ start_server() {  # start_server NAME PORT LOG SERVER_ARGS...: sglang.launch_ser
   shift 3
   [ "$USES_FLASHINFER" = 1 ] && why=$(flashinfer_missing)
   if [ -n "${why:-}" ]; then
-    say "$name: not started: ${BACKEND_ARGS[*]} needs flashinfer, and $why: run benchmarks/device/flashinfer.sh first (docs/DEVELOPING.md)"
+    say "$name: not started: ${BACKEND_ARGS[*]} needs flashinfer, and $why: run benchmarks/device/flashinfer.sh first (benchmarks/device/README.md)"
     SERVER_PID=; return 1
   fi
   setsid python3 -m sglang.launch_server --host 127.0.0.1 --port "$port" "$@" > "$log" 2>&1 &

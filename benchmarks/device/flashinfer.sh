@@ -21,7 +21,7 @@
 # (stop step 4 after that long and pack the partial cache; exit 4).
 set -uo pipefail
 fail() { echo "flashinfer.sh: FAILED: $*" >&2; exit 1; }
-source "$(dirname "${BASH_SOURCE[0]}")/lab.sh"  # ROOT; python3 -m benchmarks from any folder
+source "$(dirname "${BASH_SOURCE[0]}")/lab.sh"  # ROOT; `python3 -m benchmarks STEP` from any folder
 root=$ROOT
 kit=$root/.dev/flashinfer
 SITE=${SITE:-${DEVICE_SITE:-/tmp/site}}

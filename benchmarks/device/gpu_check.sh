@@ -32,7 +32,7 @@
 #             4, 8, 16, 32 concurrent requests mixing T=0 and T=1 -> $OUT/lilicorr.json; its log ->
 #             $OUT/lilicorr.log. Draft graphs cover bs <= 16 (GRAPH_BS), so 32 also runs the eager path
 #   dflash    the same drafter without its head under --speculative-algorithm DFLASH -> $OUT/dflash.json
-#   faults    a LILICORR server (64 running requests) under `lilicorr bench faults` for FAULTS_SECONDS (300): 64 clients,
+#   faults    a LILICORR server (64 running requests) under `python3 -m benchmarks faults` for FAULTS_SECONDS (300): 64 clients,
 #             mixed lengths, disconnects, over-long and invalid requests; then /health and the KV pool back to empty;
 #             the server log must name no traceback and no leak -> $OUT/faults.{log,tar.gz}. FAULTS_MEM (0.3) sets
 #             --mem-fraction-static (lower it to share the GPU)
@@ -61,7 +61,7 @@
 # Exit status: 0 when every step asked for passed; 3 when call 2 lands on a fresh machine (redo both).
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 LILICORR_T_GT_0=${LILICORR_T_GT_0:-allow-greedy}
-source "$(dirname "${BASH_SOURCE[0]}")/lab.sh"  # ROOT; python3 -m benchmarks from any folder
+source "$(dirname "${BASH_SOURCE[0]}")/lab.sh"  # ROOT; `python3 -m benchmarks STEP` from any folder
 DEV=$ROOT/.dev
 B=$DEV/bin
 SITE=${DEVICE_SITE:-/tmp/site}
@@ -166,7 +166,7 @@ if has dflash; then
 fi
 
 if has faults; then
-  say "== faults: LILICORR under load and faults for ${FAULTS_SECONDS:-300} s (lilicorr bench faults, 64 clients)"
+  say "== faults: LILICORR under load and faults for ${FAULTS_SECONDS:-300} s (the lab's faults step, 64 clients)"
   L=$O/faults.log; F=$W/faults; rm -rf "$F"
   if start_server faults 30013 "$L" --model-path "$W/model" "${BACKEND_ARGS[@]}" \
     --grammar-backend none --mem-fraction-static "${FAULTS_MEM:-0.3}" --context-length 2048 --cuda-graph-backend-prefill disabled \

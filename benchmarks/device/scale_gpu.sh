@@ -27,7 +27,7 @@
 # Exit: 0 every phase measured; 1 a failure (the bundle holds the servers' logs); 4 a phase left for later.
 set -u -o pipefail
 DEADLINE=$(( $(date +%s) + ${SCALE_BUDGET_S:-570} ))
-source "$(dirname "${BASH_SOURCE[0]}")/lab.sh"  # ROOT; python3 -m benchmarks from any folder
+source "$(dirname "${BASH_SOURCE[0]}")/lab.sh"  # ROOT; `python3 -m benchmarks STEP` from any folder
 W=${SCALE_WORK:-/tmp/scale}
 O=${OUT:-/tmp/scale_out}
 LIST=${1:?usage: bash benchmarks/device/scale_gpu.sh PHASES (graph, correctors, base, eager, tput, heads; comma-separated)}

@@ -16,7 +16,7 @@ O=${1:?usage: bash benchmarks/device/select_check.sh OUT_DIR [GPU]}
 SITE=${DEVICE_SITE:-/tmp/site}
 mkdir -p "$O"
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-source "$(dirname "$0")/lab.sh"  # ROOT, after the installed package on the path: python3 -m benchmarks from any folder
+source "$(dirname "$0")/lab.sh"  # ROOT, after the installed package on the path: `python3 -m benchmarks STEP` from any folder
 R=$ROOT
 export CUDA_VISIBLE_DEVICES=${2:-0} SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python PYTHONUNBUFFERED=1
 [ -z "${AB_TREE:-}" ] || AB_TREE=$(cd "$AB_TREE" 2>/dev/null && pwd) || { echo "AB_TREE: no such folder"; exit 2; }

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Run a testbed step on the GPU machine after the device kit's install (`.dev/bin/smol.sh install`) and
 # model (`.dev/bin/smol.sh model`) steps on the same warm machine: /tmp/site holds the bundle + this
-# project, /tmp/smol/model the bf16 target. One call of the recipe in docs/DEVELOPING.md:
+# project, /tmp/smol/model the bf16 target. One call of the recipe in benchmarks/device/README.md:
 #   bash benchmarks/device/testbed.sh data && bash benchmarks/device/testbed.sh sweep && bash benchmarks/device/testbed.sh train lilicorr dflash
 # = `python -m benchmarks testbed --target /tmp/smol/model STEP ...` with the kit's site first on the path (python -P: the checkout's
 # own sglang_lilicorr/ does not shadow the installed copy; the checkout's root only adds the lab, `benchmarks`).

@@ -1,6 +1,6 @@
 #!/bin/bash
 # The device calls of a SmolLM2 training session on one host with 2 GPUs (nvidia-h100-x2), back to back on one
-# warm machine (docs/DEVELOPING.md, "Training the SmolLM2 drafts"). Each call: bash benchmarks/device/testbed_calls.sh CALL.
+# warm machine (benchmarks/device/README.md, "Training the SmolLM2 drafts"). Each call: bash benchmarks/device/testbed_calls.sh CALL.
 #   install  carry .dev/{whl,pkgs,bin,manifest.txt,smolA}: the device kit, this project, part_a of the GGUF; on an
 #            H100 or H200 also benchmarks/device/select_check.sh (the select's digests against the reference, head_bench;
 #            ~190 s of the call on an H200: SELECT_CHECK=0 leaves it out where the select's code is unchanged)

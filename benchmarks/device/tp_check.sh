@@ -37,7 +37,7 @@
 #   train_gpuN.jsonl, profile_gpuN/, curves.png.
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false LILICORR_T_GT_0=allow-greedy
-source "$(dirname "${BASH_SOURCE[0]}")/lab.sh"  # ROOT; python3 -m benchmarks from any folder; the lab's plugin
+source "$(dirname "${BASH_SOURCE[0]}")/lab.sh"  # ROOT; `python3 -m benchmarks STEP` from any folder; the lab's plugin
 B=$ROOT/.dev/bin
 SITE=${DEVICE_SITE:-/tmp/site}
 W=${W:-/tmp/tpcheck}

@@ -2,8 +2,7 @@
 one GPU, random weights, bf16, at each bs: Domino's and DSpark's draft-time correctors through SGLang 0.5.23's own
 functions and modules, and our select with the greedy walk beside the Viterbi walk (LILICORR_WALK).
 
-  source .dev/bin/install.sh && python3 -m benchmarks corrector-bench --out $OUT/corrector_bench.json \
-      [--commit C]
+  python3 -m benchmarks corrector-bench --out $OUT/corrector_bench.json [--commit C]
 
 Shapes: block 16 (S = 15 drafted slots), drafter hidden Hm = 4096, vocabulary 151936; Domino's GRU and MLP and
 DSpark's Markov rank at Hm (benchmarks/scale_drafts.py: the paper's configuration as SGLang serves it); our head

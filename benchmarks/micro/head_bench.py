@@ -1,7 +1,7 @@
 """Serving select path, ours (`FastLiLiCorrSelect`) against SGLang 0.5.23's built-in LiLiCorr head,
 side by side in one process on one GPU, with the same weights and inputs.
 
-  source .dev/bin/install.sh && python3 -m benchmarks head-bench --out $OUT/head_bench.json
+  python3 -m benchmarks head-bench --out $OUT/head_bench.json
   python3 -m benchmarks head-bench --plot results/X.json    (any machine: X.png beside it)
 
 `--geometry testbed` times the shipped SmolLM2 draft's head instead (width 256, 4 heads, d_e 256,

@@ -1,4 +1,5 @@
-"""The attention backends' `benchmarks/results/backends/summary.json`: LILICORR per attention-backend combination served.
+"""The attention backends' `benchmarks/results/backends/summary.json`: LILICORR per attention-backend combination
+served.
 
 The file is a JSON object keyed "TARGET/DRAFT" (the target's --attention-backend / the drafter's), e.g. "triton/triton"
 and "flashinfer/triton"; each entry:

@@ -1,4 +1,5 @@
-"""The equal-budget comparison's `benchmarks/results/baselines/summary.json` (docs/BASELINES.md). The cost keys, from the scale report and corrector_bench:
+"""The equal-budget comparison's `benchmarks/results/baselines/summary.json` (docs/BASELINES.md). The cost keys, from
+the scale report and corrector_bench:
 
   cost_8b                {system: {c: per_block_ms}}   the graph-captured per-block wall at Qwen3-8B shapes
   head_ms_8b             {system: ms}                  the served head at c = 1 (proposal micro-benchmark; DFLASH 0;
@@ -84,7 +85,9 @@ def merge(path: Path, keys: Mapping[str, Any], flag: str = "--baselines-summary"
     """Writes `keys` into the summary at path (created if absent): top-level keys replaced, `viterbi` updated key by
     key; every other key of the file kept. `flag` names the path in an error."""
     path = Path(path)
-    current = read_json(path, flag, "point it at the baselines' summary.json, or move the file") if path.exists() else {}
+    current = (
+        read_json(path, flag, "point it at the baselines' summary.json, or move the file") if path.exists() else {}
+    )
     for key, value in keys.items():
         if key == "viterbi":
             current["viterbi"] = {**(current.get("viterbi") or {}), **value}
@@ -151,7 +154,9 @@ def tok_s_keys(report: Mapping[str, Any]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Merge the equal-budget keys into the baselines' summary (module docstring).")
+    p = argparse.ArgumentParser(
+        description="Merge the equal-budget keys into the baselines' summary (module docstring)."
+    )
     p.add_argument("--replay", type=Path, required=True, help="the testbed replay step's tau.json")
     p.add_argument("--rounds", type=Path, required=True, help="the compare step's report/summary.json")
     p.add_argument("--budget", type=Path, required=True, help="the compare step's budget.json")

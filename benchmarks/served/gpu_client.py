@@ -1,6 +1,6 @@
 """Load a running SGLang server the way the LILICORR GPU check needs (stdlib HTTP + the model's
-tokenizer), and save every response in the device toolkit's client.py format, so that
-.dev/bin/greedy_check.py and compare.py read it.
+tokenizer), and save every response in one JSON file that the `greedy-check` step (and the device kit's own
+checkers) read.
 
   python -m benchmarks gpu-client PORT MODEL_DIR OUT.json [--greedy 56] [--sampled 6]
          [--concurrency 1 2 4 8 16 32] [--max-new-tokens 64]

@@ -21,7 +21,10 @@ def served_greedy_records(path: str) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks greedy-check",
+        description="Check every greedy response a server returned (gpu_client JSON files) against the target.",
+    )
     p.add_argument("model_dir", help="the target's HF folder")
     p.add_argument("results", nargs="+", help="gpu_client result files")
     p.add_argument("--tol-ulps", type=float, default=2.0, help="near-tie tolerance in bf16 ulps of the top logit")

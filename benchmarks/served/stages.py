@@ -11,7 +11,7 @@ Schema (JSON), milliseconds per verification block:
 }
 
 `from_timings` builds it from the JSON that a server writes with LILICORR_STAGE_TIMING=<dir>
-(sglang_lilicorr/instrumentation/stage_timer.py), medians throughout:
+(benchmarks/instrumentation/stage_timer.py), medians throughout:
   target_verify  = GPU ms of the target verify forward
   lm_head        = micro-benchmarked [bs*(B-1), Hm] x [Hm, V] GEMM (graph or eager, as the variant)
   spec_head      = micro-benchmarked speculative head on those logits (DFLASH argmax; LILICORR top-K/LSE + head + walk;

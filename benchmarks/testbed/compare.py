@@ -1,7 +1,8 @@
-"""The `compare` step: the equal-budget systems (docs/BASELINES.md) through their servers. The exported drafts of --systems
-(default: no speculation and variants.EQUAL_BUDGET) start side by side on one GPU (--gpu), each as stock SGLang or this
-plugin serves it (common.speculation_args: DFLASH for dflash and domino, DSPARK for dspark, LILICORR for lilicorr), with
-the speed step's pools and graphs (speed.server_args: CUDA graphs to batch 32, --sleep-on-idle), then two parts:
+"""The `compare` step: the equal-budget systems (docs/BASELINES.md) through their servers. The exported drafts of
+--systems (default: no speculation and variants.EQUAL_BUDGET) start side by side on one GPU (--gpu), each as stock
+SGLang or this plugin serves it (common.speculation_args: DFLASH for dflash and domino, DSPARK for dspark, LILICORR for
+lilicorr), with the speed step's pools and graphs (speed.server_args: CUDA graphs to batch 32, --sleep-on-idle), then
+two parts:
   rounds  paired, rotated throughput rounds (benchmarks/paired.py) on the speed step's long-form prompts, greedy,
           --max-tokens new tokens -> DIR/round<r>.jsonl; `bench report` (paired ratios to DFLASH and to no
           speculation with 95 % intervals) -> DIR/report/
@@ -10,7 +11,7 @@ the speed step's pools and graphs (speed.server_args: CUDA graphs to batch 32, -
           -> DIR/tau_served/ (tau per set, system and temperature, seeds averaged)
 DIR is WORK/compare/<the parts, joined by _>, so the two parts can run at once on two GPUs. DIR/budget.json records
 each draft's testbed.json (its steps, start and global batch). SGLang verifies T = 1 by rejection sampling only where
-flashinfer is installed (the install call carrying .dev/flashinfer_headers); without it the LILICORR server answers
+flashinfer is installed (the headers-only package: benchmarks/device/README.md); without it the LILICORR server answers
 T > 0 with HTTP 400, listed as failed. Both parts resume (runs already played are kept) and stop before
 $TESTBED_DEADLINE: call the step again to go on. The bundle compare_<parts>.tar.gz goes to $OUT.
 """

@@ -1,11 +1,11 @@
 """Long inputs on the SmolLM2 testbed (the paper's YaRN regime): packed long training conversations, long prompts
 from packaged text, and each long-trained draft served at 1K, 4K and 8K input tokens.
 
-The lineage (docs/DEVELOPING.md, "Long inputs"): the `data` step as usual in WORK0; then, in another work folder,
-`python -m benchmarks testbed --long --work WORK long-pack --source WORK0` packs WORK0's conversations into WORK/data,
-`--long` trains with variants.LONG (max_length 4096, YaRN factor 2 from 4,096 positions: served to the target's 8,192),
-e.g. `python -m benchmarks testbed --long --work WORK train lilicorr margin --init DIR`, then `export` and
-`long-serve`.
+The lineage (benchmarks/device/README.md, "Long inputs"): the `data` step as usual in WORK0; then, in another work
+folder, `python -m benchmarks testbed --long --work WORK long-pack --source WORK0` packs WORK0's conversations into
+WORK/data, `--long` trains with variants.LONG (max_length 4096, YaRN factor 2 from 4,096 positions: served to the
+target's 8,192), e.g. `python -m benchmarks testbed --long --work WORK train lilicorr margin --init DIR`, then
+`export` and `long-serve`.
 
   pack      consecutive conversations (a seeded order) joined into one multi-turn conversation until their rendered
             lengths add up to at least min_tokens (a later conversation's system turn is dropped)

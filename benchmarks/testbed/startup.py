@@ -1,6 +1,7 @@
-"""Cold start-up, one server at a time (the `startup` step; the start-up target of PERF_NOTES.md): for each round and system
-(rotated order), the server starts alone on GPU 0 with an empty Triton cache of its own, so it compiles everything it
-needs itself and no other start-up competes for the host's cores; it is up once it answers /health, then stops.
+"""Cold start-up, one server at a time (the `startup` step; the start-up target of PERF_NOTES.md): for each round and
+system (rotated order), the server starts alone on GPU 0 with an empty Triton cache of its own, so it compiles
+everything it needs itself and no other start-up competes for the host's cores; it is up once it answers /health, then
+stops.
 
 Per start WORK/startup/starts.jsonl gets one line (a finished start is not redone: the step resumes): the system,
 the round, `ready_s` (launch to /health: what an operator waits, Python imports included) and its log's start-up

@@ -197,7 +197,8 @@ def train_arguments(parser) -> None:
     parser.add_argument(
         "--init-draft",
         metavar="DRAFT",
-        help="start every variant from this one exported draft (the equal budget of docs/BASELINES.md: the shipped DFlash draft)",
+        help="start every variant from this one exported draft (the equal budget of docs/BASELINES.md: the shipped "
+        "DFlash draft)",
     )
     parser.add_argument(
         "--steps", type=int, default=0, help="optimizer steps of every run (default 0: planned from --minutes)"

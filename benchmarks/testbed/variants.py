@@ -63,8 +63,9 @@ VARIANT_LABELS = {
     "domino": "Domino (DFlash + GRU corrector)",
     "dspark": "DSpark (DFlash + Markov head)",
 }
-# The equal-budget comparison (docs/BASELINES.md): these four continued from the shipped DFlash draft (`train --init-draft`), the
-# same steps, data and seed, at the paper's global batch (`train --global-batch`: sequences per optimizer step).
+# The equal-budget comparison (docs/BASELINES.md): these four continued from the shipped DFlash draft (`train
+# --init-draft`), the same steps, data and seed, at the paper's global batch (`train --global-batch`: sequences per
+# optimizer step).
 EQUAL_BUDGET = ("dflash", "lilicorr", "domino", "dspark")
 PAPER_GLOBAL_BATCH = 64
 
