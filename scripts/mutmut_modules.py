@@ -44,8 +44,7 @@ MODULES: dict[str, list[str]] = {
     "serving/vocab_parallel": ["tests/test_vocab_parallel_served.py"],
     "reference/check": ["tests/test_reference_check.py", "tests/test_reference.py"],
     "reference/sampled_check": ["tests/test_sampled_check.py"],
-    "benchmarks/metrics": ["tests/test_bench_metrics.py"],
-    "benchmarks/paired": ["tests/test_paired.py"],
+    "bench/metrics": ["tests/test_bench_metrics.py"],
 }
 
 
