@@ -1,4 +1,4 @@
-"""`lilicorr`: one console script, one subcommand per job. Each job module (commands/, and benchmarks/cli.py for
+"""`lilicorr`: one console script, one subcommand per job. Each job module (commands/, and bench/cli.py for
 `bench`) adds its subparsers through `register(subparsers)` and imports its heavy dependencies lazily; the parser
 class and the error rule they share are sglang_lilicorr/cli_args.py's (a leaf module, so no job imports this one back).
 """

@@ -1,9 +1,9 @@
 """The flashinfer run (benchmarks/device/backends.sh), on the CPU with stand-ins: the backends summary
-(benchmarks/backends_summary.py) from a run's files and the committed Triton results, its one-line errors for missing
-and mismatched inputs; benchmarks/device/gpu_check.sh giving every server the backends ATTN_BACKEND / SAMPLING_BACKEND
-name (and refusing flashinfer without the package); benchmarks/device/backends.sh's steps wired to gpu_check.sh,
-testbed.sh and flashinfer.sh (stand-ins that record what they were asked), its results layout, its exits and its carry
-check."""
+(benchmarks/served/backends_summary.py) from a run's files and the committed Triton results, its one-line errors for
+missing and mismatched inputs; benchmarks/device/gpu_check.sh giving every server the backends ATTN_BACKEND /
+SAMPLING_BACKEND name (and refusing flashinfer without the package); benchmarks/device/backends.sh's steps wired to
+gpu_check.sh, testbed.sh and flashinfer.sh (stand-ins that record what they were asked), its results layout, its exits
+and its carry check."""
 
 from __future__ import annotations
 

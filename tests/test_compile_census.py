@@ -1,5 +1,5 @@
-"""The select path's Triton compiles over SGLang's captured batch sizes (benchmarks/compile_census.py): each distinct
-specialization key is one compile on a cold cache, and a server's draft-graph capture pays for all of them."""
+"""The select path's Triton compiles over SGLang's captured batch sizes (benchmarks/micro/compile_census.py): each
+distinct specialization key is one compile on a cold cache, and a server's draft-graph capture pays for all of them."""
 
 import json
 

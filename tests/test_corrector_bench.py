@@ -1,6 +1,6 @@
-"""benchmarks/corrector_bench.py on the CPU (--smoke: toy shapes, eager): every row timed through SGLang's Domino and
-DSpark functions and our two walks, the derived heads, the modules built as SGLang's loader builds them, DSpark's two
-bs = 1 routes, the commit it records (and benchmarks/device/scale_gpu.sh passing it), and its argument errors."""
+"""benchmarks/micro/corrector_bench.py on the CPU (--smoke: toy shapes, eager): every row timed through SGLang's Domino
+and DSpark functions and our two walks, the derived heads, the modules built as SGLang's loader builds them, DSpark's
+two bs = 1 routes, the commit it records (and benchmarks/device/scale_gpu.sh passing it), and its argument errors."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""benchmarks/gemm_floor.py on CPU: the split-K probe GEMM equals F.linear (fp32, interpreter) and the
+"""benchmarks/micro/gemm_floor.py on CPU: the split-K probe GEMM equals F.linear (fp32, interpreter) and the
 script's dry run writes its table."""
 
 import json

@@ -1,4 +1,4 @@
-"""Paired, alternating rounds (benchmarks/paired.py) against stand-in servers: the rotation, the runs each
+"""Paired, alternating rounds (benchmarks/served/paired.py) against stand-in servers: the rotation, the runs each
 round plays, whole cells only in the merged round files, and the deadline that stops before a round."""
 
 import json

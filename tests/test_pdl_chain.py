@@ -1,4 +1,4 @@
-"""benchmarks/pdl_chain.py on CPU: its chains compute what they say (interpreter, fp32, no PDL) and the
+"""benchmarks/micro/pdl_chain.py on CPU: its chains compute what they say (interpreter, fp32, no PDL) and the
 dry run writes its rows."""
 
 import json

@@ -1,5 +1,5 @@
 """The exactness check at T > 0: sampled outputs against the target's softmax by the randomized probability integral
-transform (reference/sampled_check.py), and against a server (benchmarks/sampling_exactness.py): the seeded,
+transform (reference/sampled_check.py), and against a server (benchmarks/served/sampling_exactness.py): the seeded,
 resumable collection of sampled outputs and the summary with each server's verification line and tau per seed."""
 
 from __future__ import annotations
@@ -355,7 +355,7 @@ def test_records_pass_over_blank_lines_and_the_refusals_in_full(tmp_path):
         sampled_check.read_records([path])
     assert str(refused.value) == (
         f"{path}:1: not a sampled-output record ('input_ids'); expected system, input_ids, "
-        "output_ids, temperature and seed (benchmarks/sampling_exactness.py writes them)."
+        "output_ids, temperature and seed (benchmarks/served/sampling_exactness.py writes them)."
     )
     with pytest.raises(ValueError) as refused:
         sampled_check.pit_values(Bigram(), [0], [], 1.0, torch.Generator())

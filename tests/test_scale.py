@@ -1,4 +1,4 @@
-"""The Qwen3-8B-scale cost benchmark (benchmarks/scale.py, scale_report.py) on the CPU: the inputs it
+"""The Qwen3-8B-scale cost benchmark (benchmarks/served/scale.py, scale_report.py) on the CPU: the inputs it
 builds (at toy width), its server arguments, its phases against stand-in servers that write stage-timer
 files, the deadline guard, and summary.json / cost.md / cost.png from the bundles."""
 

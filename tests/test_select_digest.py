@@ -1,4 +1,4 @@
-"""benchmarks/select_digest.py on CPU (--smoke): one line per variant and bs, the same digest on a second run,
+"""benchmarks/micro/select_digest.py on CPU (--smoke): one line per variant and bs, the same digest on a second run,
 a different one for different inputs."""
 
 from benchmarks.micro.select_digest import digest, run

@@ -1,4 +1,4 @@
-"""The served-speed summary (benchmarks/serve_speed.py): paired ratios within rounds, tau, the start-up lines of
+"""The served-speed summary (benchmarks/served/serve_speed.py): paired ratios within rounds, tau, the start-up lines of
 SGLang's logs, the results file, and the idle servers' CPU accounting."""
 
 from __future__ import annotations

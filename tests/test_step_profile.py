@@ -1,4 +1,4 @@
-"""benchmarks/step_profile.py: per-step figures of a profiled window, the systems' comparison, and the record
+"""benchmarks/served/step_profile.py: per-step figures of a profiled window, the systems' comparison, and the record
 call against a stand-in server (the profile starts once the streamed request has produced the lead tokens)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""benchmarks/timeline.py on CPU: a synthetic chrome trace of two replays (two streams) gives the
+"""benchmarks/micro/timeline.py on CPU: a synthetic chrome trace of two replays (two streams) gives the
 per-kernel medians, the idle time before each kernel on its stream, and the wall / busy / idle sums."""
 
 import pytest

@@ -1,5 +1,5 @@
-"""benchmarks/verify_attention.py on the CPU: the plot from a saved result, and its clear errors (the kernels
-themselves run on the GPU only)."""
+"""benchmarks/micro/verify_attention_bench.py on the CPU: the plot from a saved result, and its clear errors (the
+kernels themselves run on the GPU only)."""
 
 from __future__ import annotations
 

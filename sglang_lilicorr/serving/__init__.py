@@ -11,7 +11,7 @@ never draft):
   proposer.py    the draft block: LM-head logits -> top-K/LSE -> head -> walk (CUDA-graph safe); LILICORR_WALK
   vocab_parallel.py  under --tp-size N: this rank's LM head shard -> top-K/LSE partials -> one all-gather -> merge
   worker.py      LiLiCorrWorker: SGLang's DFlash v2 worker with our proposer in the draft graph
-The GPU proof tools (gpu_check.sh and the scripts it runs) live in tools/ at the top of the repository.
+The GPU proof tools (gpu_check.sh and the steps it runs) live in the lab, benchmarks/ at the top of the repository.
 See README.md for every SGLang extension point used.
 """
 
