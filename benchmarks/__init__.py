@@ -36,7 +36,6 @@ STEPS = {  # step: (module, what it does)
     "verify-attention-bench": ("benchmarks.micro.verify_attention_bench", "the target-verify attention alone"),
     # served/: a running server, over HTTP
     "serve-speed": ("benchmarks.served.serve_speed", "summary of paired, rotated throughput rounds"),
-    "step-profile": ("benchmarks.served.step_profile", "a torch-profiler trace of a server's decode steps"),
     "stages": ("benchmarks.served.stages", "the per-block stage decomposition: table and plot"),
     "faults": ("benchmarks.served.load_faults", "a server under load and faults, then its health and KV pool"),
     "sampling-exactness": ("benchmarks.served.sampling_exactness", "T > 0 exactness against a server"),

@@ -87,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
         print(
-            "error: no `--` before the training arguments: train_profile.py --window START COUNT --out DIR -- "
-            "TRAIN_ARGS (lilicorr train's)",
+            "error: no `--` before the training arguments: python -m benchmarks train-profile --window START COUNT "
+            "--out DIR -- TRAIN_ARGS (lilicorr train's)",
             file=sys.stderr,
         )
         return 2
