@@ -9,7 +9,7 @@ import argparse
 import signal
 import sys
 
-from .benchmarks import cli as bench
+from .bench import cli as bench
 from .cli_args import Parser, run
 from .commands import check_draft, demo, replay, train
 

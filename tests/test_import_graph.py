@@ -81,6 +81,40 @@ def test_no_import_circles():
     assert circles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
 
 
+def guarded(tree: ast.AST) -> set[int]:
+    """ids of the import nodes inside a `try` that catches ImportError (an older tree's name, tried on purpose)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(
+            isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError") for h in node.handlers
+        ):
+            found |= {id(n) for n in ast.walk(node)}
+    return found
+
+
+def test_every_import_of_ours_names_a_module_that_exists():
+    """An import of sglang_lilicorr or benchmarks names a module of this tree (in `from M import N`, M is one), so
+    nothing of ours resolves to a copy elsewhere on the path (an older install of the package, say)."""
+    mods = modules()
+    missing = []
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        tree = ast.parse(path.read_text())
+        skip = guarded(tree)
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]) if node.level else ""
+                targets = [".".join(p for p in (base, node.module) if p)]
+            else:
+                continue
+            missing += [(name, t) for t in targets if t.split(".")[0] in PACKAGES and t not in mods]
+    assert missing == []
+
+
 def product(name: str) -> bool:
     return name.split(".")[0] == "sglang_lilicorr"
 
