@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from benchmarks.served import load_faults
 from sglang_lilicorr import ownership
 from sglang_lilicorr.cli import main
 from stub_server import bench_run_argv
@@ -175,9 +176,7 @@ def test_report_out_dirs(ws, files, command):
         assert main(["export", str(ws["run"]), str(draft)]) == 0
     argv = {
         "report": lambda out: ["bench", "report", str(results_file(ws)), "--no-plots", "--out", str(out)],
-        "faults": lambda out: [
-            "bench",
-            "faults",
+        "faults": lambda out: [  # the lab's step (python -m benchmarks faults)
             "--url",
             "http://127.0.0.1:9",
             "--duration",
@@ -199,7 +198,8 @@ def test_report_out_dirs(ws, files, command):
             str(out),
         ],
     }[command]
-    run_in_fresh(ws["root"], files, lambda out: main(argv(out)))
+    run = load_faults.main if command == "faults" else main
+    run_in_fresh(ws["root"], files, lambda out: run(argv(out)))
 
 
 @SETTINGS
