@@ -1,7 +1,7 @@
 #!/bin/bash
 # The adaptive verify width on the GPU: call 2 after `gpu_check.sh install` (carry .dev/{smolB,bin}), on the same
 # warm machine. The target and a random-head draft (gpu_check.sh's model step), then for each of WIDTH_SETTINGS
-# (default "adaptive 4") a LILICORR server with LILICORR_VERIFY_WIDTH set to it: gpu_client.py's greedy, sampled and
+# (default "adaptive 4") a LILICORR server with LILICORR_VERIFY_WIDTH set to it: the gpu-client step's greedy, sampled and
 # concurrent requests and the fp32 greedy check (gpu_check.sh lilicorr,check). A random head's drafts are rejected,
 # so `adaptive` serves mostly width 1 (plain decode steps through the verify path) and `4` verifies narrow blocks.
 # -> $OUT/SETTING/{summary.txt,lilicorr.json,lilicorr.log}, $OUT/sglang_jit.tar.gz where
@@ -14,7 +14,7 @@ steps=${WIDTH_STEPS:-model,lilicorr,check}
 for s in ${WIDTH_SETTINGS:-adaptive 4}; do
   O=$RET/$s && rm -rf "$O" && mkdir -p "$O"  # under $OUT: what a setting wrote comes back even if the call is cut
   echo "== LILICORR_VERIFY_WIDTH=$s ($steps)"
-  OUT=$O LILICORR_VERIFY_WIDTH=$s timeout "${SETTING_SECONDS:-280}" bash "$ROOT/tools/device/gpu_check.sh" "$steps" 2>&1 | tail -n 12
+  OUT=$O LILICORR_VERIFY_WIDTH=$s timeout "${SETTING_SECONDS:-280}" bash "$ROOT/benchmarks/device/gpu_check.sh" "$steps" 2>&1 | tail -n 12
   steps=lilicorr,check
   pkill -f sglang.launch_server 2>/dev/null; sleep 1  # a setting cut by its timeout leaves no server behind
   grep -hE "verify width|replay in|GREEDY_CHECK|CLIENT_CHECK|Traceback|Error" "$O/lilicorr.log" "$O/summary.txt" 2>/dev/null \
@@ -29,4 +29,4 @@ PY
 done
 PYTHONPATH=${DEVICE_SITE:-/tmp/site} timeout 120 bash "$ROOT/scripts/gpu_tests.sh" "$ROOT/tests/test_verify_width.py" 2>&1 \
   | tail -n 4 | tee "$RET/gpu_tests.txt"
-bash "$ROOT/tools/device/sglang_jit.sh" pack "$RET"  # SGLang's JIT builds, for the next machine's servers
+bash "$ROOT/benchmarks/device/sglang_jit.sh" pack "$RET"  # SGLang's JIT builds, for the next machine's servers
