@@ -75,9 +75,6 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sglang_lilicorr.cli_args import error_line
-    from sglang_lilicorr.errors import LiLiCorrError
-
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
@@ -86,9 +83,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no step {argv[0]!r} (python -m benchmarks): pick one of {', '.join(STEPS)}", file=sys.stderr)
         return 2
     sys.argv = [f"python -m benchmarks {argv[0]}", *argv[1:]]  # as if the step were a script: its parser's name
-    module = importlib.import_module(STEPS[argv[0]][0])
+    module = importlib.import_module(STEPS[argv[0]][0])  # nothing else before it: a step may set the environment
     try:
         return int(module.main(argv[1:]) or 0)
-    except LiLiCorrError as e:
+    except Exception as e:
+        from sglang_lilicorr.cli_args import error_line
+        from sglang_lilicorr.errors import LiLiCorrError
+
+        if not isinstance(e, LiLiCorrError):
+            raise
         print(error_line(e), file=sys.stderr)
         return e.exit_code
