@@ -14,7 +14,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from sglang_lilicorr.errors import LiLiCorrError
+from ..errors import LiLiCorrError
 
 API_PATHS = {"chat": "/v1/chat/completions", "generate": "/generate", "ids": "/generate"}
 

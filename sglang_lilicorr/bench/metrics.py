@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from sglang_lilicorr.errors import LiLiCorrError
+from ..errors import LiLiCorrError
 
 ALL = "all"
 CELL_KEY = ("system", "dataset", "group", "concurrency", "temperature")

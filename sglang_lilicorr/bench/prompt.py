@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Tuple
 
-from sglang_lilicorr.errors import LiLiCorrError
+from ..errors import LiLiCorrError
 
 
 class PromptError(LiLiCorrError, ValueError):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, List, Optional
 
-from sglang_lilicorr.errors import LiLiCorrError
+from ..errors import LiLiCorrError
 from .prompt import Prompt
 from .speed_bench import read_records
 
