@@ -59,7 +59,7 @@ def test_the_paths_the_readme_runs_exist():
     named = set()
     for command in COMMANDS:
         for word in argv_of(command):
-            if re.fullmatch(r"(testbed|scripts|checkpoints|tools|benchmarks)/[\w./-]+", word):
+            if re.fullmatch(r"(scripts|checkpoints|benchmarks)/[\w./-]+", word):
                 named.add(word)
     assert {"benchmarks/testbed/eval_prompts.jsonl", "scripts/main.sh", "scripts/test.sh"} <= named
     missing = sorted(p for p in named if not (ROOT / p).exists())
@@ -108,8 +108,8 @@ def test_the_training_and_benchmark_lines_run_as_written(tmp_path, monkeypatch):
     from sglang_lilicorr.drafter import load_draft
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "testbed").mkdir()
-    shutil.copy(ROOT / "testbed" / "eval_prompts.jsonl", tmp_path / "testbed")
+    (tmp_path / "benchmarks" / "testbed").mkdir(parents=True)
+    shutil.copy(ROOT / "benchmarks" / "testbed" / "eval_prompts.jsonl", tmp_path / "benchmarks" / "testbed")
     (tmp_path / "SPEED").mkdir()
     shutil.copy(ROOT / "tests" / "fixtures" / "speed_bench" / "qualitative.jsonl", tmp_path / "SPEED")
     target = make_target(tmp_path / "target", mask_token="<empty_output>")  # SmolLM2's mask token, as the line says
