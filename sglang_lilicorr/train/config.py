@@ -138,8 +138,9 @@ class TrainConfig:
                 name,
                 "a finite learning rate in (0, 1] (paper: 6e-4 drafter, 1.5e-4 head)",
             )
-        for name in ("wd_drafter", "wd_head", "grad_clip"):
+        for name in ("wd_drafter", "wd_head"):
             need(_number(getattr(self, name)) and getattr(self, name) >= 0, name, "a finite number >= 0")
+        need(_number(self.grad_clip) and self.grad_clip > 0, "grad_clip", "a finite number > 0 (paper: 1.0)")
         need(
             _number(self.warmup_ratio) and 0 <= self.warmup_ratio < 1,
             "warmup_ratio",
@@ -212,8 +213,9 @@ class TrainConfig:
         if not found or name not in {f.name for f in dataclasses.fields(self)}:
             return TrainConfigError(message)
         flag = "--" + name.replace("_", "-")
+        what = found.group(2).replace("num_heads=", "--head-heads ")  # a bound set by another flag, by its flag
         return TrainConfigError(
-            f"{flag} {getattr(self, name)!r}: expected {found.group(2)}", where=flag, fix="see `lilicorr train --help`"
+            f"{flag} {getattr(self, name)!r}: expected {what}", where=flag, fix="see `lilicorr train --help`"
         )
 
     def validate_rope(self) -> None:
