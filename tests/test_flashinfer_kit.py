@@ -25,7 +25,10 @@ TAR = KIT / "flashinfer_slim.tar.xz"
 sys.path.insert(0, str(ROOT / "tools" / "device"))
 import flashinfer_slim  # noqa: E402
 
-needs_tar = pytest.mark.skipif(not TAR.is_file(), reason="no .dev/flashinfer (bash tools/device/flashinfer_kit.sh)")
+needs_tar = pytest.mark.skipif(
+    not TAR.is_file(),
+    reason="checks the slim flashinfer archive, not built here: `bash tools/device/flashinfer_kit.sh`",
+)
 SGLANG = importlib.util.find_spec("sglang")
 needs_sglang = pytest.mark.skipif(SGLANG is None, reason="no sglang to audit")
 

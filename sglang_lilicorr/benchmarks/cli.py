@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from . import datasets, load_faults, metrics, plots, runner, stages, tables
-from .client import Sampling
+from .client import Sampling, ServerError
 from .metrics import ResultsError
 from .. import ownership
 from ..cli_args import Parser, add_command, bounded, json_object_arg, path_arg, run as run_command, url_arg
@@ -80,13 +80,15 @@ def refuse_overwriting_inputs(inputs: List[Path], outputs: List[Path]) -> None:
 
 
 def check_listening(url: str) -> None:
-    """Something accepts connections at `url`: else a ConnectionError (exit 1) before any file is written or any
-    prompt is sent."""
+    """Something accepts connections at `url`: else a ServerError (exit 1) before any file is written or any prompt
+    is sent."""
     parts = urllib.parse.urlsplit(url)
     try:
         socket.create_connection((parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)), 10).close()
     except OSError as e:
-        raise ConnectionError(e.errno, f"nothing answers at {url} ({e.strerror or e})", url) from e
+        raise ServerError(
+            f"nothing answers there ({e.strerror or e})", where=url, fix="start the server, or check --url"
+        ) from e
 
 
 def cmd_run(args) -> int:
