@@ -1,6 +1,6 @@
-"""The exit-code and message rule over every command, as a new user meets it (issue 40): exit 2 for an argument
-that cannot work, 1 for bad content or a failed run; one line `error: <what> (<where>): <fix>`; never "this is a
-bug"."""
+"""The exit-code and message rule over every command, as a new user meets it: exit 2 for an argument that cannot
+work, 1 for bad content or a failed run; one line `error: <what> (<where>): <fix>`; never "this is a bug"; and
+nothing left behind in the workspace by any of them."""
 
 import pytest
 
@@ -96,6 +96,7 @@ def cases() -> dict:
         "compare missing": (["bench", "compare", f"{R}/none.jsonl", f"{R}/none.jsonl"], 2),
         "stages missing": (["bench", "stages", f"{R}/none.json"], 2),
         "stages notjson": (["bench", "stages", f"{R}/notjson.jsonl", "--out", f"{R}/st"], 1),
+        "stages timings missing": (["bench", "stages", "--timings", f"a={R}/none", "--out", f"{R}/st2"], 2),
         "faults clients 0": (
             ["bench", "faults", "--url", "http://127.0.0.1:9", "--clients", "0", "--out", f"{R}/fa"],
             2,

@@ -50,12 +50,12 @@ def test_a_server_that_keeps_to_stops_and_max_tokens_passes(capsys):
 
 
 def test_tokens_past_a_stop_or_max_tokens_fail_by_name(capsys):
-    with StubServer(leak_past_stop=True) as stub:
+    with StubServer(leak_past_stop=True, refuse_sampled=True) as stub:
         _, bad = openai_check.check(client(stub), StubTokenizer())
     assert any("7 tokens for max_tokens 5" in line for line in bad)
     assert any("complete the stop '. ' before their last token" in line for line in bad)
     kinds = {line.split(":")[0] for line in bad}
-    assert {"T=0 chat whole max_tokens", "T=0 text stream stop", "T=0.8 chat stream logprobs"} <= kinds
+    assert {"T=0 chat whole max_tokens", "T=0 text stream stop", "T=0 chat stream logprobs"} <= kinds
 
 
 def test_without_sampling_it_keeps_to_t0_and_writes_what_the_greedy_check_reads(tmp_path, monkeypatch, capsys):

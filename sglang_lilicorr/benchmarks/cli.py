@@ -236,6 +236,13 @@ def cmd_stages(args) -> int:
             where="FILE",
             fix="pass a stage-decomposition JSON (schema: sglang_lilicorr.benchmarks.stages)",
         )
+    missing = [f"{system}={folder}" for system, folder in args.timings or [] if not folder.is_dir()]
+    if missing:
+        raise UsageError(
+            f"{missing[0]}: not an existing folder",
+            where="--timings",
+            fix="pass the folders the servers wrote their stage timings into (LILICORR_STAGE_TIMING=DIR)",
+        )
     out = ownership.claim_report_folder(args.out, create=False)
     if args.stages is not None:
         doc = stages.load(args.stages)
