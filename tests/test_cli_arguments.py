@@ -187,7 +187,7 @@ def test_the_issue_cases_name_the_allowed_range(capsys, no_model_loads):
         (BASE["bench run"] + ["--temperature", "inf"], "is not a number >= 0"),
         (BASE["bench run"] + ["--seeds", "-1"], "is not an integer >= 0"),
         (BASE["train"] + ["--batch-size", "0"], "is not an integer >= 1"),
-        (BASE["train"] + ["--head-hidden-size", "32", "--head-heads", "3"], "a multiple of --head-heads 3"),
+        (BASE["train"] + ["--head-hidden-size", "32", "--head-heads", "3"], "a multiple of the number of heads (3)"),
     ):
         code, err = outcome(argv, capsys)
         assert code == 2 and allowed in err, (argv, err)

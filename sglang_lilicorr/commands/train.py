@@ -325,8 +325,10 @@ TRAIN_OPTIONS = {
         "eval_every": "evaluate the held-out set and snapshot the weights every N steps (>= 0; 0 = at each log step)",
         "save_every": "write a resumable checkpoint every N steps (>= 1)",
         "keep_checkpoints": "resumable checkpoints kept, the newest (>= 1; older ones are the fallback)",
-        "resume": "resume from the run's last good checkpoint (--no-resume: start over)",
+        "resume": "resume from the run's last good checkpoint (--no-resume: a new run, in a folder that holds none)",
+        "move_aside": "with --no-resume: move the run in --output-dir to OUTPUT.old-N first (nothing is deleted)",
         "resume_with_changes": "resume although the data or a setting differs from the checkpoint's",
+        "accept_legacy_checkpoints": "resume from checkpoints written before they carried checksums (with a warning)",
     },
 }
 
@@ -424,7 +426,7 @@ def _register_export(p: argparse.ArgumentParser) -> None:
         help="write the draft's two files into OUT_DIR although it holds other files, which are kept "
         "(--force deletes nothing; never into a training run, a model folder or over files not a draft's)",
     )
-    p.add_argument(
+    p.add_argument_group("data").add_argument(
         "--accept-legacy-checkpoints",
         action="store_true",
         help="export a checkpoint written before checkpoints carried checksums (said with a warning)",

@@ -213,9 +213,8 @@ class TrainConfig:
         if not found or name not in {f.name for f in dataclasses.fields(self)}:
             return TrainConfigError(message)
         flag = "--" + name.replace("_", "-")
-        what = found.group(2).replace("num_heads=", "--head-heads ")  # a bound set by another flag, by its flag
         return TrainConfigError(
-            f"{flag} {getattr(self, name)!r}: expected {what}", where=flag, fix="see `lilicorr train --help`"
+            f"{flag} {getattr(self, name)!r}: expected {found.group(2)}", where=flag, fix="see `lilicorr train --help`"
         )
 
     def validate_rope(self) -> None:
