@@ -20,7 +20,7 @@ if [ ! -f "$stamp" ] || ! cmp -s requirements.txt "$stamp"; then
        "(flashinfer, sgl-kernel, ...): the CPU tests and the demo import it without them"
   cp requirements.txt "$stamp"
 fi
-# The GPU image's Triton (../shared/device/README.md), beside the venv's, for the sm_90 build checks
+# The GPU machine's Triton (3.6 there), beside the venv's, for the sm_90 build checks
 # (tests/sm90_build.py): a kernel must lower under both.
 device_triton=3.6.0
 if [ "$(cat "$venv/device-triton/.version" 2>/dev/null)" != "$device_triton" ]; then

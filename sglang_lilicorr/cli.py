@@ -25,10 +25,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run as the program (no `argv`: sys.argv), an interrupt after the command has ended is ignored: it would cut
-    no write, only print a traceback from the interpreter's exit hooks."""
+    """`lilicorr ARGV...` -> its exit code (an argument argparse refuses, or --help, included). Run as the program
+    (no `argv`: sys.argv), an interrupt after the command has ended is ignored: it would cut no write, only print a
+    traceback from the interpreter's exit hooks."""
     try:
-        return run(build_parser().parse_args(argv))
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as e:
+            return e.code if isinstance(e.code, int) else 1
+        return run(args)
     finally:
         if argv is None:
             signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -1,33 +1,136 @@
 """The parts every `lilicorr` subcommand shares, in a leaf module (it imports only `errors`): the parser class whose
-errors are one line, the argparse types, and how an error ends a subcommand.
+errors are one line, the argparse types that check a value when it is parsed, and how an error ends a subcommand.
 
 Every subcommand answers bad input with one line on stderr, `error: <what> (<where>): <fix>`, and exits 2 for a
 usage error (argparse's, or a `UsageError`), 1 for any other error: the project's own (`LiLiCorrError`), a file that
 cannot be read or written (`OSError`), or an unexpected exception, which the line names with the file:line it was
-raised at. `LILICORR_DEBUG=1` re-raises instead, with the full traceback.
+raised at. `LILICORR_DEBUG=1` re-raises the others instead, with the full traceback; a usage error stays one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
+import math
 import os
+import re
+import shlex
 import sys
 import traceback
+from pathlib import Path
 
-from .errors import LiLiCorrError, describe
+from .errors import LiLiCorrError, UsageError, describe
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """--help keeps a command's description as written and ends each option's text with its default, if it has one
+    that the text does not already give."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if default is None or default is False or default is argparse.SUPPRESS or default == [] or default == {}:
+            return text
+        return text if "default" in text else f"{text} (default: %(default)s)"
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with its errors as one line (its subparsers are of this class too)."""
+    """argparse with its errors as one line that names the command to ask for help (its subparsers are of this class
+    too); an unknown option is answered by the command it was given to, with the closest option it has."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras and self._subparsers is None:  # a command with no subcommands: the words left are unknown to it
+            self.error(f"unrecognized arguments: {' '.join(extras)}" + self.closest(extras))
+        return namespace, extras
+
+    def closest(self, words: list[str]) -> str:
+        """'; did you mean --x?' for the first unknown option close to one of this command's, else ''."""
+        known = {o[2:]: o for action in self._actions for o in action.option_strings if o.startswith("--")}
+        for word in words:
+            if word.startswith("--"):
+                match = difflib.get_close_matches(word.split("=", 1)[0][2:], list(known), n=1, cutoff=0.75)
+                if match:
+                    return f"; did you mean {known[match[0]]}?"
+        return ""
 
     def error(self, message: str):
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if choice:
+            names = re.findall(r"'([^']*)'", choice.group(2))
+            match = difflib.get_close_matches(choice.group(1), names, n=1, cutoff=0.6)
+            message += f"; did you mean {match[0]}?" if match else ""
         self.exit(2, f"error: {describe(message, self.prog, f'see `{self.prog} --help`')}\n")
 
 
-def add_documented_command(subparsers, name: str, help: str, doc: str) -> argparse.ArgumentParser:
-    """A subcommand whose --help prints `doc` (its module's docstring) with its line breaks kept."""
-    return subparsers.add_parser(name, help=help, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_command(subparsers, name: str, help: str, doc: str | None = None) -> argparse.ArgumentParser:
+    """A subcommand; its --help prints `doc` (its module's docstring) with its line breaks kept."""
+    return subparsers.add_parser(name, help=help, description=doc or help)
+
+
+# --- argparse types: a value is checked when it is parsed, before any command runs ------------------------------
+
+
+def bounded(kind: type, low: float, high: float | None = None, *, above: bool = False):
+    """argparse type: a finite `kind` (int or float) in [low, high] ((low, high] when `above`; no upper bound when
+    `high` is None)."""
+    noun = "an integer" if kind is int else "a number"
+    what = (
+        f"{noun} {'>' if above else '>='} {low:g}"
+        if high is None
+        else f"{noun} in {'(' if above else '['}{low:g}, {high:g}]"
+    )
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if not math.isfinite(value) or value < low or (above and value == low) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{text} is not {what}")
+        return value
+
+    parse.allowed = what  # for --help texts and the tests
+    return parse
+
+
+def finite_float(text: str) -> float:
+    """argparse type: a finite number (its range is the command's to check)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+    return value
+
+
+def path_arg(text: str) -> Path:
+    """argparse type: a path; an empty one (which would name the current folder) is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path names no file or folder; pass one")
+    return Path(text)
+
+
+def url_arg(text: str) -> str:
+    """argparse type: an http(s) URL."""
+    if not re.match(r"https?://[^/\s]+", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL, e.g. http://127.0.0.1:30000")
+    return text.rstrip("/")
+
+
+def shell_words_arg(text: str) -> str:
+    """argparse type: a string of shell words (`shlex` must split it)."""
+    try:
+        shlex.split(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} does not split into shell words ({e})") from None
+    return text
 
 
 def json_object_arg(text: str) -> dict:
@@ -35,10 +138,26 @@ def json_object_arg(text: str) -> dict:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not JSON: {e}") from e
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON ({e})") from e
     if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object, e.g. '{{\"enable_thinking\": false}}'")
     return value
+
+
+def one_level_down(path: str | os.PathLike, fallback: str, marker: str = "config.json") -> str:
+    """The fix for a folder `path` that lacks `marker`: to pass the folder(s) one level inside it that hold it (a
+    draft or a model one level down, e.g. checkpoints/smollm2-lilicorr for checkpoints), else `fallback`."""
+    folder = Path(path)
+    try:
+        found = sorted(str(p) for p in folder.iterdir() if (p / marker).is_file()) if folder.is_dir() else []
+    except OSError:
+        found = []
+    if not found:
+        return fallback
+    return f"pass {' or '.join(found[:3])}{', ...' if len(found) > 3 else ''} (one level down, with its {marker})"
+
+
+# --- how an error ends a subcommand --------------------------------------------------------------------------------
 
 
 def error_line(e: BaseException) -> str:
@@ -75,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
     except (Exception, KeyboardInterrupt) as e:
-        if os.environ.get("LILICORR_DEBUG") == "1":
+        if os.environ.get("LILICORR_DEBUG") == "1" and not isinstance(e, UsageError):
             raise
         if isinstance(e, KeyboardInterrupt):
             print(

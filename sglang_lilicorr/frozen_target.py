@@ -18,6 +18,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from .cli_args import one_level_down
 from .errors import LiLiCorrError, UsageError
 
 
@@ -34,8 +35,11 @@ def local_model_dir(path: str | Path, option: str = "--target") -> Path:
         raise UsageError(
             f"{str(path)!r} is {found}",
             where=option,
-            fix="pass the local folder of a Hugging Face model "
-            "(download a hub model first, e.g. `hf download REPO --local-dir DIR`, and pass DIR)",
+            fix=one_level_down(
+                folder,
+                "pass the local folder of a Hugging Face model "
+                "(download a hub model first, e.g. `hf download REPO --local-dir DIR`, and pass DIR)",
+            ),
         )
     return folder
 

@@ -4,7 +4,7 @@ spills and shared memory. A test hands `check_in_fresh_process` a script that ca
 exits non-zero on a failed check.
 
 Every build runs under two Tritons (the `sm90_triton` fixture): the one installed beside torch here,
-and the GPU image's (../shared/device/README.md), which scripts/install.sh pins and puts in
+and the GPU machine's (Triton 3.6 there), which scripts/install.sh pins and puts in
 <venv>/device-triton. They differ in what their front ends accept (Triton 3.6 rejects a string
 default of a constexpr argument that 3.8 takes), so a kernel that builds here may not on the GPU.
 """

@@ -19,6 +19,13 @@ min_p outside [0, 1]) and to prompt words + max tokens beyond context_len, strea
 num_waiting_reqs, num_used_tokens: prompt words + max tokens of each request in flight, kept after
 it ends when it was aborted and leak_on_abort is set). POST /start_profile writes a small chrome trace into the
 request's output_dir (`STUB_TRACE_STEP` per profiled step: a kernel, a graph launch and a Python frame).
+
+POST /v1/completions, and a chat request asking for its token ids (`return_output_ids_in_sglext`), answer as SGLang's
+OpenAI API does (`_openai`): the reply is OPENAI_REPLY's tokens of OPENAI_VOCAB (then EOS), cut at max_tokens or the
+first stop string it completes, with finish_reason and matched_stop, logprobs with top_logprobs, n choices, usage,
+the token ids (`sglext`, `token_ids`), streamed or whole. `leak_past_stop` returns two tokens past max_tokens or a
+stop (what a speculative block must not do); `refuse_sampled` answers T > 0, and a request naming no temperature,
+with HTTP 400 as LILICORR without flashinfer does.
 """
 
 from __future__ import annotations
@@ -40,6 +47,18 @@ STUB_TRACE_STEP = [
     {"ph": "X", "cat": "python_function", "name": "worker.py(1): forward_batch_generation", "ts": 0, "dur": 900},
     {"ph": "X", "cat": "kernel", "name": "stub_accept", "ts": 900, "dur": 100},
 ]
+
+
+# the stub's OpenAI replies: token ids into OPENAI_VOCAB (id 0 is EOS), "Hello, world. This is a test, 5 more words
+# here" then "\n\n" and EOS
+OPENAI_VOCAB = ["<eos>", "Hello", ",", " world", ".", " This", " is", " a", " test", " 5", " more", " words", " here"]
+OPENAI_VOCAB += ["\n\n"]
+OPENAI_REPLY = [1, 2, 3, 4, 5, 6, 7, 8, 2, 9, 10, 11, 12, 13, 0]
+
+
+def openai_decode(ids) -> str:
+    """OPENAI_VOCAB's text of `ids`, EOS left out (a tokenizer's decode with skip_special_tokens)."""
+    return "".join(OPENAI_VOCAB[i] for i in ids if i != 0)
 
 
 def write_stub_trace(path: Path, steps: int) -> None:
@@ -67,7 +86,10 @@ class StubServer:
         context_len: int = 4096,
         leak_on_abort: bool = False,
         port: int = 0,
+        leak_past_stop: bool = False,
+        refuse_sampled: bool = False,
     ):
+        self.leak_past_stop, self.refuse_sampled = leak_past_stop, refuse_sampled
         self.speculative, self.accept, self.step_s, self.min_latency_s = speculative, accept, step_s, min_latency_s
         self.fail_first = fail_first  # the first k requests answer HTTP 500
         self.context_len, self.leak_on_abort = context_len, leak_on_abort
@@ -181,6 +203,102 @@ class StubServer:
         finally:
             with self._lock:
                 self.in_flight -= 1
+
+    def _openai_choice(self, body: dict) -> tuple[list[int], str, str, int | str]:
+        """(token ids, text, finish_reason, matched_stop) of one choice: OPENAI_REPLY cut at max_tokens or at the
+        first stop string it completes (its text ending where the stop begins)."""
+        limit, stops = body.get("max_tokens", 16), body.get("stop") or []
+        stops = [stops] if isinstance(stops, str) else stops
+        extra = 2 if self.leak_past_stop else 0
+        for k in range(1, len(OPENAI_REPLY) + 1):
+            ids = OPENAI_REPLY[:k]
+            text = openai_decode(ids)
+            hit = min(((text.find(s), s) for s in stops if s in text), default=None)
+            if hit is not None:
+                return OPENAI_REPLY[: k + extra], text[: hit[0]], "stop", hit[1]
+            if ids[-1] == 0:
+                return ids, text, "stop", 0
+            if k == limit:
+                return OPENAI_REPLY[: k + extra], openai_decode(OPENAI_REPLY[: k + extra]), "length", None
+        raise AssertionError("OPENAI_REPLY ends with EOS")
+
+    @staticmethod
+    def _logprob_entries(ids: list[int], k: int) -> list[dict]:
+        """A chat logprobs entry per token, with k alternatives."""
+        return [
+            {
+                "token": OPENAI_VOCAB[i],
+                "logprob": -0.5,
+                "top_logprobs": [{"token": OPENAI_VOCAB[j], "logprob": -0.5 - j} for j in range(1, k + 1)],
+            }
+            for i in ids
+        ]
+
+    def _openai(self, path: str, body: dict) -> list[dict]:
+        """The payloads of an OpenAI completion (chat, or text at /v1/completions): one, or a stream's chunks."""
+        chat, stream = path == "/v1/chat/completions", body.get("stream", False)
+        k = body.get("top_logprobs") if chat else body.get("logprobs")
+        choices = [self._openai_choice(body) for _ in range(body.get("n", 1))]
+        usage = {"prompt_tokens": 3, "completion_tokens": sum(len(c[0]) for c in choices)}
+        with self._lock:
+            self.log.append({"path": path, "body": body, "completion_tokens": usage["completion_tokens"]})
+        ext = {"input_ids": [7, 7, 7], "output_ids": [c[0] for c in choices]}
+        if not stream:
+            out = []
+            for index, (ids, text, finish, matched) in enumerate(choices):
+                choice = {"index": index, "finish_reason": finish, "matched_stop": matched}
+                if chat:
+                    choice["message"] = {"role": "assistant", "content": text}
+                    choice["logprobs"] = {"content": self._logprob_entries(ids, k)} if body.get("logprobs") else None
+                else:
+                    choice.update(text=text, token_ids=ids, prompt_token_ids=ext["input_ids"])
+                    choice["logprobs"] = None if not k else self._text_logprobs(ids, k)
+                out.append(choice)
+            payload = {"id": "cmpl-stub", "object": "chat.completion" if chat else "text_completion", "created": 0}
+            payload.update(model="default", choices=out, usage=usage, sglext=ext if chat else None)
+            return [payload]
+        chunks = []
+        for index, (ids, text, finish, matched) in enumerate(choices):
+            sent = 0
+            for t in range(len(ids)):
+                piece = text[sent : len(openai_decode(ids[: t + 1]))]
+                sent += len(piece)
+                last = t == len(ids) - 1
+                choice = {"index": index, "finish_reason": finish if last else None}
+                choice["matched_stop"] = matched if last else None
+                if chat:
+                    choice["delta"] = {"content": piece}
+                    choice["logprobs"] = {"content": self._logprob_entries(ids[t : t + 1], k)} if k else None
+                else:
+                    choice.update(text=piece, token_ids=ids[t : t + 1])
+                    choice["prompt_token_ids"] = ext["input_ids"] if t == 0 else None
+                    choice["logprobs"] = None if not k else self._text_logprobs(ids[t : t + 1], k)
+                chunks.append({"id": "cmpl-stub", "object": "chunk", "created": 0, "model": "default"})
+                chunks[-1]["choices"] = [choice]
+        tail = {"id": "cmpl-stub", "object": "chunk", "created": 0, "model": "default", "choices": []}
+        if chat:
+            chunks.append(dict(tail, sglext=ext))
+        chunks.append(dict(tail, usage=usage))
+        return chunks
+
+    @staticmethod
+    def _text_logprobs(ids: list[int], k: int) -> dict:
+        """A text completion's logprobs of `ids`, with k alternatives each."""
+        return {
+            "tokens": [OPENAI_VOCAB[i] for i in ids],
+            "token_logprobs": [-0.5] * len(ids),
+            "top_logprobs": [{OPENAI_VOCAB[j]: -0.5 - j for j in range(1, k + 1)} for _ in ids],
+            "text_offset": [0] * len(ids),
+        }
+
+    def _refusal(self, body: dict) -> str | None:
+        """LILICORR's 400 without flashinfer for a sampled request (no temperature: the OpenAI default, 1)."""
+        if self.refuse_sampled and body.get("temperature", 1.0) > 0:
+            return (
+                "LILICORR refuses temperature > 0 on this server: SGLang's DFlash sampling verification is "
+                "unavailable (its kernel needs flashinfer). Install flashinfer, or send temperature 0."
+            )
+        return None
 
     def _rejection(self, body: dict):
         """SGLang's 400 for invalid sampling parameters or a request longer than the context; None if valid."""
@@ -298,9 +416,22 @@ class StubServer:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                rejection = stub._rejection(body)
+                rejection = stub._rejection(body) or stub._refusal(body)
                 if rejection:
                     return self.send_json(400, {"object": "error", "message": rejection})
+                if self.path == "/v1/completions" or body.get("return_output_ids_in_sglext"):
+                    payloads = stub._openai(self.path, body)
+                    if not body.get("stream"):
+                        return self.send_json(200, payloads[0])
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    self.close_connection = True
+                    for chunk in payloads:
+                        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    return None
                 if body.get("stream") and self.path == "/generate":
                     return stub._stream_generate(self, body)
                 if body.get("stream"):

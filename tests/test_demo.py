@@ -1,5 +1,5 @@
 """`lilicorr demo`: argument wiring, the missing-checkpoint message, the block rendering, and one
-decode + report on the tiny models of test_reference (the real SmolLM2 run needs LILICORR_SLOW=1)."""
+decode + report on the tiny models of test_reference (the real SmolLM2 run, with LILICORR_SLOW=1)."""
 
 import argparse
 import io
@@ -82,7 +82,10 @@ def test_decode_and_report_on_tiny_models():
     assert demo.pooled_tau(reports, "lilicorr") == pytest.approx(expected)
 
 
-@pytest.mark.skipif(os.environ.get("LILICORR_SLOW") != "1", reason="downloads SmolLM2 (93 MB); set LILICORR_SLOW=1")
+@pytest.mark.skipif(
+    os.environ.get("LILICORR_SLOW") != "1",
+    reason="runs the real SmolLM2 (the demo's 93 MB download, then ~10 s): LILICORR_SLOW=1 includes it",
+)
 def test_demo_on_smollm2_with_a_random_draft(tmp_path):
     from sglang_lilicorr.checkpoint import head_tensors_for_save, save_checkpoint, with_head
     from sglang_lilicorr.config import LiLiCorrConfig

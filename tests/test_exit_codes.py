@@ -1,6 +1,6 @@
 """The exit-code and message rule over every command, as a new user meets it (and the lab's steps that take files and
 servers): exit 2 for an argument that cannot work, 1 for bad content or a failed run; one line
-`error: <what> (<where>): <fix>`; never "this is a bug"."""
+`error: <what> (<where>): <fix>`; never "this is a bug"; and nothing left behind in the workspace by any of them."""
 
 import pytest
 
@@ -154,10 +154,21 @@ def workspace(tmp_path_factory):
     return cases()
 
 
+def tree(root) -> dict:
+    """Every file and folder under root: path -> (size, mtime) of a file, None of a folder."""
+    from pathlib import Path
+
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) if p.is_file() else None
+        for p in sorted(Path(root).rglob("*"))
+    }
+
+
 def test_every_bad_input_answers_by_the_rule(workspace, capsys):
     wrong = []
     for name, (argv, want) in workspace.items():
         capsys.readouterr()
+        before = tree(R)
         try:
             code = lab_main(argv[1:]) if argv[0] == LAB else main(argv)
         except SystemExit as e:
@@ -168,4 +179,8 @@ def test_every_bad_input_answers_by_the_rule(workspace, capsys):
         head, _, fix = line.partition("): ")
         if code != want or not (fix and " (" in head) or "this is a bug" in err or "Traceback" in err:
             wrong.append(f"{name}: exit {code} (want {want}): {line[:200]}")
+        after = tree(R)
+        if after != before:
+            changed = sorted(p for p in set(before) | set(after) if before.get(p, "-") != after.get(p, "-"))
+            wrong.append(f"{name}: left {changed[:5]} behind")
     assert not wrong, "\n".join(wrong)

@@ -26,7 +26,8 @@ from benchmarks import lab_env  # noqa: E402
 from benchmarks.device import flashinfer_slim  # noqa: E402
 
 needs_tar = pytest.mark.skipif(
-    not TAR.is_file(), reason="no .dev/flashinfer (bash benchmarks/device/flashinfer_kit.sh)"
+    not TAR.is_file(),
+    reason="checks the slim flashinfer archive, not built here: `bash benchmarks/device/flashinfer_kit.sh`",
 )
 SGLANG = importlib.util.find_spec("sglang")
 needs_sglang = pytest.mark.skipif(SGLANG is None, reason="no sglang to audit")

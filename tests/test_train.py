@@ -608,7 +608,9 @@ def test_cli_refuses_bad_values_before_loading_anything(workspace, tmp_path, cap
 
     base = ["train", "--target", str(tmp_path / "nowhere"), "--data", "d", "--output-dir", str(tmp_path / "o")]
     assert main(base + ["--lr-drafter", "nan"]) == 2
-    assert "error: --lr-drafter nan" in capsys.readouterr().err
+    assert "error: argument --lr-drafter: nan is not a finite number" in capsys.readouterr().err
+    assert main(base + ["--lr-drafter", "2"]) == 2
+    assert "error: --lr-drafter 2.0 is not a finite learning rate in (0, 1]" in capsys.readouterr().err
     assert main(base) == 2
     assert "is not an existing folder" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()

@@ -11,9 +11,9 @@ import time
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
+from ranks import start_ranks
 from sglang_lilicorr.train.data import epoch_batches
 
 
@@ -78,7 +78,7 @@ def test_two_gloo_ranks_train_in_lockstep(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_worker, args=(2, port, cfg, str(tmp_path)), nprocs=2, join=True)
+    start_ranks(_worker, (2, port, cfg, str(tmp_path)), 2)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     assert r0["step"] == r1["step"] == 2
     assert r0["fc_0"] == r1["fc_0"] and r0["fc_sum"] == r1["fc_sum"]  # gradients were all-reduced
@@ -181,7 +181,7 @@ def spawn_run(world: int, cfg: dict, kill_rank_at=None) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     root = os.path.dirname(cfg["output_dir"])
-    mp.spawn(_run, args=(world, port, cfg, kill_rank_at, root), nprocs=world, join=True)
+    start_ranks(_run, (world, port, cfg, kill_rank_at, root), world)
 
 
 @pytest.fixture(scope="module")

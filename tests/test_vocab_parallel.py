@@ -3,8 +3,9 @@ parallelism (serving/vocab_parallel.py), against the unsharded ones.
 
 Shards follow SGLang's vocabulary-parallel layout (VocabParallelEmbedding: the vocabulary padded, cut into equal
 contiguous ranges, padding rows dropped), so small vocabularies give the last ranks fewer than K rows, or none.
-The multi-rank tests spawn 2, 3 and 4 gloo processes (as torchrun would); the Triton kernel runs under the
-interpreter there, as on this CPU machine's other kernel tests.
+The multi-rank tests start 2, 3 and 4 gloo processes (as torchrun would); the Triton kernel's sharded top-K runs
+under the interpreter there, as on this CPU machine's other kernel tests, and the proposal around it on the PyTorch
+path (the interpreter would take minutes over a 32,000-token vocabulary; the GPU test runs the kernels there).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from sglang_lilicorr.kernels.topk_reference import (
 )
 from sglang_lilicorr.kernels.topk_shards import SENTINEL, merge_partials, shard_partials
 from sglang_lilicorr.walk import greedy_walk
+from ranks import start_ranks
 
 NEG_INF = float("-inf")
 K = 8
@@ -194,7 +196,8 @@ def _rank(rank: int, ranks: int, port: int, seed: int, bounds: list[int]) -> Non
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=ranks)
     try:
-        _check_top_k_on_rank(rank, ranks, seed, bounds)
+        _check_top_k_on_rank(rank, ranks, seed, bounds)  # the Triton kernel, under the interpreter
+        os.environ.pop("TRITON_INTERPRET", None)  # the proposal on the PyTorch path (kernels.device.uses_triton)
         _check_proposal_on_rank(rank, ranks, seed, bounds)
     finally:
         dist.destroy_process_group()
@@ -307,7 +310,7 @@ def _check_proposal_on_rank(
 
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_gloo_ranks_merge_to_the_unsharded_top_k_and_proposal(seed, ranks):
-    mp.spawn(_rank, args=(ranks, free_port(), seed, shard_bounds(196, ranks)), nprocs=ranks, join=True)
+    start_ranks(_rank, (ranks, free_port(), seed, shard_bounds(196, ranks)), ranks)
 
 
 # --- the served geometry: 2 gloo ranks on the CPU, 2 GPUs over NCCL ----------------------------------
@@ -322,6 +325,7 @@ def _served_geometry_rank(rank: int, ranks: int, port: int, seed: int, bounds: l
         dist.init_process_group("nccl", rank=rank, world_size=ranks, device_id=torch.device("cuda", rank))
     else:
         torch.set_num_threads(1)
+        os.environ.pop("TRITON_INTERPRET", None)  # the PyTorch path on the CPU (see the module's docstring)
         dist.init_process_group("gloo", rank=rank, world_size=ranks)
     gpu = backend == "nccl"
     # benchmarks/multi_gpu/tp_models.py's draft: bf16, Hm 1024, vocabulary 32,000, the default head; 16 requests
@@ -343,7 +347,7 @@ def _served_geometry_rank(rank: int, ranks: int, port: int, seed: int, bounds: l
 
 
 def test_gloo_ranks_propose_at_the_served_geometry(seed):
-    mp.spawn(_served_geometry_rank, args=(2, free_port(), seed, shard_bounds(32000, 2), "gloo"), nprocs=2, join=True)
+    start_ranks(_served_geometry_rank, (2, free_port(), seed, shard_bounds(32000, 2), "gloo"), 2)
 
 
 @pytest.mark.gpu

@@ -32,6 +32,14 @@
 #             4, 8, 16, 32 concurrent requests mixing T=0 and T=1 -> $OUT/lilicorr.json; its log ->
 #             $OUT/lilicorr.log. Draft graphs cover bs <= 16 (GRAPH_BS), so 32 also runs the eager path
 #   dflash    the same drafter without its head under --speculative-algorithm DFLASH -> $OUT/dflash.json
+#   openai    a LILICORR server as a user starts it (LILICORR_T_GT_0=refuse, the default: T > 0 refused
+#             without flashinfer), then `python3 -m benchmarks openai-check` through the `openai` package: chat and
+#             text completions, streamed and not, stop strings, max_tokens, logprobs with top_logprobs, n > 1 and
+#             seed, at T = 0 and, where served, T > 0; no token past a stop or max_tokens, finish_reason and
+#             matched_stop agreeing, one logprobs entry per token (OPENAI_CHECK) -> $OUT/openai.{json,log};
+#             then its greedy replies through the greedy check. With the shipped draft (blocks of several tokens:
+#             what a stop or max_tokens must cut), in a call after `model`:
+#             LILICORR_DRAFT=checkpoints/smollm2-lilicorr bash benchmarks/device/gpu_check.sh draft,openai
 #   faults    a LILICORR server (64 running requests) under `python3 -m benchmarks faults` for FAULTS_SECONDS (300): 64 clients,
 #             mixed lengths, disconnects, over-long and invalid requests; then /health and the KV pool back to empty;
 #             the server log must name no traceback and no leak -> $OUT/faults.{log,tar.gz}. FAULTS_MEM (0.3) sets
@@ -57,7 +65,7 @@
 #   EXTRA_ARGS (appended to the LILICORR server's args), LILICORR_DRAFT (see model),
 #   LILICORR_T_GT_0 (allow-greedy here: gpu_client.py sends T = 1 requests, which a server without flashinfer
 #   verifies greedily; the check judges only the greedy responses; see sglang_lilicorr/serving/README.md).
-# Output in $OUT (<= 8 files): {lilicorr,dflash,base}.{json,log}, summary.txt, sampling_summary.json (the sampling step).
+# Output in $OUT: {lilicorr,dflash,base,openai}.{json,log}, summary.txt, sampling_summary.json (the sampling step).
 # Exit status: 0 when every step asked for passed; 3 when call 2 lands on a fresh machine (redo both).
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 LILICORR_T_GT_0=${LILICORR_T_GT_0:-allow-greedy}
@@ -163,6 +171,26 @@ if has dflash; then
   serve dflash 30012 "" -- --max-running-requests 32 --cuda-graph-max-bs-decode "${GRAPH_BS:-16}" \
     --speculative-algorithm DFLASH --speculative-draft-model-path "$W/dflash_draft" \
     --speculative-draft-attention-backend triton || fails+=(dflash)
+fi
+
+if has openai; then
+  say "== openai: the OpenAI API through LILICORR (python3 -m benchmarks openai-check, the openai package)"
+  if LILICORR_T_GT_0=refuse start_server openai 30015 "$O/openai.log" --model-path "$W/model" "${BACKEND_ARGS[@]}" \
+    --grammar-backend none --mem-fraction-static 0.3 --context-length 2048 --cuda-graph-backend-prefill disabled \
+    --max-running-requests 32 --cuda-graph-max-bs-decode "${GRAPH_BS:-16}" --speculative-algorithm LILICORR \
+    --speculative-draft-model-path "$W/lilicorr_draft" --speculative-draft-attention-backend triton "${EXTRA[@]}"; then
+    timeout 420 python3 -m benchmarks openai-check --url http://127.0.0.1:30015 --tokenizer "$W/model" \
+      --out "$O/openai.json" 2>&1 | tail -n 60 | tee -a "$S"
+    [ "${PIPESTATUS[0]}" = 0 ] || fails+=(openai)
+  else
+    fails+=(openai)
+  fi
+  stop_server
+  if [ -s "$O/openai.json" ]; then
+    timeout 300 python3 -m benchmarks greedy-check "$W/model" "$O/openai.json" --tol-ulps "${TOL_ULPS:-2}" 2>&1 \
+      | grep -v "Loading weights\|Warning" | tail -n 20 | tee -a "$S"
+    [ "${PIPESTATUS[0]}" = 0 ] || fails+=(openai_greedy)
+  fi
 fi
 
 if has faults; then

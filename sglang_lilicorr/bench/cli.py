@@ -12,15 +12,17 @@ Every leaf parser sets `func`; `args.func(args)` returns the exit code.
 from __future__ import annotations
 
 import json
+import socket
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import List, Optional
 
 from . import datasets, metrics, plots, runner, tables
-from .client import Sampling
+from .client import Sampling, ServerError
 from .metrics import ResultsError
 from .. import ownership
-from ..cli_args import Parser, json_object_arg, run as run_command
+from ..cli_args import Parser, add_command, bounded, json_object_arg, path_arg, run as run_command, url_arg
 from ..errors import LiLiCorrError, UsageError
 from ..jsonl import loads
 
@@ -75,16 +77,24 @@ def refuse_overwriting_inputs(inputs: List[Path], outputs: List[Path]) -> None:
         )
 
 
+def check_listening(url: str) -> None:
+    """Something accepts connections at `url`: else a ServerError (exit 1) before any file is written or any prompt
+    is sent."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        socket.create_connection((parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)), 10).close()
+    except OSError as e:
+        raise ServerError(
+            f"nothing answers there ({e.strerror or e})", where=url, fix="start the server, or check --url"
+        ) from e
+
+
 def cmd_run(args) -> int:
     sampling_kwargs = {
         "max_tokens": args.max_tokens,
         "ignore_eos": args.ignore_eos,
         "chat_template_kwargs": args.chat_template_kwargs,
     }
-    runner.sweep_configs(
-        args.system, ["-"], args.concurrency, args.temperature, args.seeds, args.max_tokens
-    )  # values out of range: exit 2
-    check_run_args(args)
     runner.check_results_file(
         args.results
     )  # before any server is asked or a byte written: it is a results file, or new
@@ -102,6 +112,7 @@ def cmd_run(args) -> int:
             f"--api ids plays single-turn prompts only; {multi_turn[0]!r} has several turns",
             fix="pass single-turn prompts, or use --api chat / generate against a server with a tokenizer",
         )
+    check_listening(args.url)
     with ownership.sole_writer(args.results, "--results", "results file"):
         failed = sweep(args, loaded, sampling_kwargs)
     if failed:
@@ -153,19 +164,6 @@ def is_compare_rows(path: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(rows, list) and all(isinstance(r, dict) and "speedup" in r for r in rows)
-
-
-def check_run_args(args) -> None:
-    """`bench run` values that cannot work (exit 2), before anything is read or sent."""
-    if not args.url.startswith(("http://", "https://")):
-        raise UsageError(f"{args.url!r} is not an http(s) URL", where="--url", fix="e.g. --url http://127.0.0.1:30000")
-    for flag, value, ok, what in (
-        ("--limit", args.limit, args.limit is None or args.limit >= 1, ">= 1"),
-        ("--warmup", args.warmup, args.warmup >= 0, ">= 0"),
-        ("--request-timeout", args.request_timeout, args.request_timeout > 0, "> 0"),
-    ):
-        if not ok:
-            raise UsageError(f"{value} is out of range", where=flag, fix=f"pass a value {what}")
 
 
 def cmd_report(args) -> int:
@@ -225,79 +223,130 @@ def cmd_compare(args) -> int:
 
 def register(subparsers) -> None:
     """Adds `bench` with subcommands run / report / compare."""
-    bench = subparsers.add_parser(
-        "bench", help="benchmark an SGLang server (SPEED-Bench, GSM8K, ...) and report tau / TPS / speedup"
+    bench = add_command(
+        subparsers,
+        "bench",
+        "benchmark an SGLang server (SPEED-Bench, GSM8K, ...) and report tau / TPS / speedup",
+        __doc__,
     )
     sub = bench.add_subparsers(dest="bench_command", required=True)
 
-    run = sub.add_parser("run", help="run prompts against a server; appends to a resumable results .jsonl")
-    run.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
-    run.add_argument("--system", required=True, help="label of what the server runs, e.g. ar, dflash, lilicorr")
-    run.add_argument(
-        "--dataset",
-        nargs="+",
-        required=True,
-        help=f"{datasets.names()}, SPEED-Bench split files (.parquet/.jsonl) "
-        "or prompt files (.jsonl, see prompt_file.py)",
+    run = add_command(sub, "run", "run prompts against a server; appends to a resumable results .jsonl")
+    server = run.add_argument_group("server")
+    server.add_argument("--url", type=url_arg, required=True, help="the server's base URL, e.g. http://127.0.0.1:30000")
+    server.add_argument(
+        "--system", required=True, help="label of what the server runs, recorded with each result: ar, dflash, ..."
     )
-    run.add_argument("--results", type=Path, required=True, help="results .jsonl; rerunning skips prompts it holds")
-    run.add_argument("--concurrency", type=int, nargs="+", default=[1])
-    run.add_argument("--temperature", type=float, nargs="+", default=[0.0])
-    run.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds for T > 0 (T = 0 runs the first only)")
-    run.add_argument("--max-tokens", type=int, default=1024)
-    run.add_argument(
+    server.add_argument(
         "--api",
         choices=["chat", "generate", "ids"],
         default="chat",
-        help="chat: server applies the chat template (default); "
+        help="chat: the server applies the chat template; "
         "generate: raw text to /generate; "
         "ids: the prompt's bytes as token ids to /generate (--skip-tokenizer-init servers)",
     )
-    run.add_argument("--model", default="default", help="`model` field of chat requests")
-    run.add_argument("--limit", type=int, help="seeded sample of this many prompts per dataset")
-    run.add_argument(
+    server.add_argument("--model", default="default", help="the `model` field of chat requests")
+    server.add_argument(
+        "--request-timeout",
+        type=bounded(float, 0, above=True),
+        default=3600.0,
+        help="seconds to wait for one response (> 0)",
+    )
+    data = run.add_argument_group("data")
+    data.add_argument(
+        "--dataset",
+        nargs="+",
+        required=True,
+        help=f"prompt sets: {', '.join(datasets.names())}, SPEED-Bench split files (.parquet / .jsonl) "
+        "or prompt files (.jsonl, see benchmarks/README.md)",
+    )
+    data.add_argument(
+        "--limit", type=bounded(int, 1), help="a seeded sample of this many prompts per dataset (>= 1; default: all)"
+    )
+    data.add_argument(
         "--category", nargs="+", help="SPEED-Bench categories / entropy tiers (or prompt-file sets) to keep"
     )
-    run.add_argument(
+    sweep = run.add_argument_group("sweep")
+    sweep.add_argument(
+        "--concurrency",
+        type=bounded(int, 1),
+        nargs="+",
+        default=[1],
+        help="requests in flight; one run per value (each >= 1)",
+    )
+    sweep.add_argument(
+        "--temperature",
+        type=bounded(float, 0),
+        nargs="+",
+        default=[0.0],
+        help="sampling temperatures; one run per value (each >= 0; 0 = greedy)",
+    )
+    sweep.add_argument(
+        "--seeds",
+        type=bounded(int, 0),
+        nargs="+",
+        default=[0],
+        help="sampling seeds for T > 0, one run each (each >= 0; T = 0 runs the first only)",
+    )
+    sweep.add_argument("--max-tokens", type=bounded(int, 1), default=1024, help="tokens per response, at most (>= 1)")
+    sweep.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
+    sweep.add_argument(
+        "--chat-template-kwargs",
+        type=json_object_arg,
+        default={},
+        help="JSON object for the chat template, e.g. '{\"enable_thinking\": false}'",
+    )
+    sweep.add_argument(
         "--warmup",
-        type=int,
+        type=bounded(int, 0),
         default=2,
         metavar="N",
         help="unrecorded warm-up requests before each (c, T, seed) run: "
         "max(N, c) of them, rounded up to waves of c concurrent requests, so every batch size 1..c is met "
-        "before timing; 0 sends none",
+        "before timing (>= 0; 0 sends none)",
     )
-    run.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
-    run.add_argument(
-        "--chat-template-kwargs", type=json_object_arg, default={}, help="e.g. '{\"enable_thinking\": false}'"
+    output = run.add_argument_group("output")
+    output.add_argument(
+        "--results",
+        type=path_arg,
+        required=True,
+        help="results .jsonl, appended to; rerunning skips the prompts it holds",
     )
-    run.add_argument("--request-timeout", type=float, default=3600.0, help="seconds to wait for one response")
-    run.add_argument("--no-progress", action="store_true")
+    output.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.set_defaults(func=cmd_run)
 
-    rep = sub.add_parser("report", help="markdown tables, summary.json and plots from results files")
+    rep = add_command(sub, "report", "markdown tables, summary.json and plots from results files")
     rep.add_argument(
         "results",
         nargs="+",
-        type=Path,
+        type=path_arg,
         help="results .jsonl or summary .json files; a cell in several of them "
         "is a repeated run: the report shows the mean over runs (summary.json keeps the std and the count)",
     )
-    rep.add_argument("--baseline", help="system served without speculation; speedups are over it")
-    rep.add_argument(
+    systems = rep.add_argument_group("systems")
+    systems.add_argument("--baseline", help="the system served without speculation; speedups are over it")
+    systems.add_argument(
         "--block-ref",
-        help="speculative system (e.g. dflash) the per-block wall table divides the others' ms per block by",
+        help="a speculative system (e.g. dflash) the per-block wall table divides the others' ms per block by",
     )
-    rep.add_argument("--out", type=Path, default=Path("bench_report"))
-    rep.add_argument("--no-plots", action="store_true")
+    output = rep.add_argument_group("output")
+    output.add_argument(
+        "--out",
+        type=path_arg,
+        default=Path("bench_report"),
+        help="report folder: summary.json, report.md, plots (new, empty, or a report's)",
+    )
+    output.add_argument("--no-plots", action="store_true", help="write the tables only, no plots")
     rep.set_defaults(func=cmd_report)
 
-    cmp_ = sub.add_parser(
-        "compare", help="speedup (and ms per verification block) of a speculative run over a baseline run"
+    cmp_ = add_command(
+        sub, "compare", "speedup (and ms per verification block) of a speculative run over a baseline run"
     )
-    cmp_.add_argument("base", type=Path, help="baseline results (.jsonl or summary .json)")
-    cmp_.add_argument("spec", type=Path, help="speculative results (.jsonl or summary .json)")
-    cmp_.add_argument("--out", type=Path, help="also write the rows as JSON")
+    cmp_.add_argument("base", type=path_arg, help="baseline results (.jsonl or summary .json)")
+    cmp_.add_argument("spec", type=path_arg, help="speculative results (.jsonl or summary .json)")
+    cmp_.add_argument_group("output").add_argument(
+        "--out", type=path_arg, help="also write the rows as JSON to this file"
+    )
     cmp_.set_defaults(func=cmd_compare)
 
 

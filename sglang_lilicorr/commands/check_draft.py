@@ -10,23 +10,26 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..cli_args import add_documented_command, error_line
+from ..cli_args import add_command, error_line, one_level_down, path_arg
 from ..errors import LiLiCorrError, UsageError
 from ..jsonl import loads
 
 
 def register(subparsers) -> None:
-    p = add_documented_command(
+    p = add_command(
         subparsers,
         "check-draft",
         "validate a draft against a target offline, with the LILICORR server's own checks",
         __doc__,
     )
     p.add_argument(
-        "draft", type=Path, help="draft folder (config.json + model.safetensors), as `lilicorr export` writes it"
+        "draft", type=path_arg, help="draft folder (config.json + model.safetensors), as `lilicorr export` writes it"
     )
-    p.add_argument(
-        "--target", type=Path, required=True, help="local folder of the target model (its config.json is read)"
+    p.add_argument_group("model").add_argument(
+        "--target",
+        type=path_arg,
+        required=True,
+        help="local folder of the target model the draft is to serve (only its config.json is read)",
     )
     p.set_defaults(func=run_check_draft)
 
@@ -72,14 +75,16 @@ def run_check_draft(args: argparse.Namespace) -> int:
     from ..drafter import load_draft
     from ..serving.draft_check import TargetShape, examine_draft
 
-    shape = TargetShape.of(target_config(args.target))
     if not (args.draft / "config.json").is_file():
         found = "a folder without config.json" if args.draft.is_dir() else "not an existing folder"
         raise UsageError(
             f"{str(args.draft)!r} is {found}",
             where="DRAFT",
-            fix="pass a draft folder (config.json + model.safetensors, as `lilicorr export` writes it)",
+            fix=one_level_down(
+                args.draft, "pass a draft folder (config.json + model.safetensors, as `lilicorr export` writes it)"
+            ),
         )
+    shape = TargetShape.of(target_config(args.target))
     report = examine_draft(args.draft, shape, option="DRAFT")
     problems: list[LiLiCorrError] = list(report.problems)
     drafter = None

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ..cli_args import add_documented_command
+from ..cli_args import add_command, bounded, one_level_down, path_arg
 from ..errors import UsageError
 
 DEFAULT_DRAFT = Path(__file__).resolve().parents[2] / "checkpoints" / "smollm2-lilicorr"
@@ -29,24 +29,47 @@ SHOWN_TOKENS = 8  # drafted tokens printed per block line
 
 
 def register(subparsers) -> None:
-    p = add_documented_command(
+    p = add_command(
         subparsers,
         "demo",
         "speculative decoding of SmolLM2-135M-Instruct on the CPU: drafter argmax vs LiLiCorr blocks, tau, exactness",
         __doc__,
     )
-    p.add_argument(
-        "--draft", type=Path, default=DEFAULT_DRAFT, help=f"LiLiCorr draft checkpoint (default: {DEFAULT_DRAFT})"
+    model = p.add_argument_group("model")
+    model.add_argument(
+        "--draft",
+        type=path_arg,
+        default=DEFAULT_DRAFT,
+        help="LiLiCorr draft folder (config.json + model.safetensors, as `lilicorr export` writes it); "
+        "default: the shipped checkpoints/smollm2-lilicorr",
     )
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--prompt", action="append", help="a prompt of your own (repeatable; replaces the built-in ones)")
-    p.add_argument(
-        "--walk", choices=("greedy", "viterbi"), default="greedy", help="lattice decoder (paper: greedy walk)"
+    model.add_argument(
+        "--walk",
+        choices=("greedy", "viterbi"),
+        default="greedy",
+        help="how a block is read off the lattice: greedy (the paper's walk, as served) or viterbi (the best path)",
     )
-    p.add_argument(
-        "--threads", type=int, default=0, help="torch CPU threads (0 = torch's default; 1 is faster on a busy machine)"
+    data = p.add_argument_group("data")
+    data.add_argument(
+        "--prompt",
+        action="append",
+        metavar="TEXT",
+        help="a prompt of your own, sent as one user turn (repeatable; replaces the three built-in prompts)",
     )
-    p.add_argument("--quiet", action="store_true", help="omit the per-block lines")
+    data.add_argument(
+        "--max-new-tokens", type=bounded(int, 1), default=48, help="tokens generated per prompt, at most (>= 1)"
+    )
+    run = p.add_argument_group("optimisation")
+    run.add_argument(
+        "--threads",
+        type=bounded(int, 0),
+        default=0,
+        help="torch CPU threads (>= 0; 0 = torch's default; 1 is faster on a busy machine)",
+    )
+    output = p.add_argument_group("output")
+    output.add_argument(
+        "--quiet", action="store_true", help="print each prompt's text, tau and check only, not its per-block lines"
+    )
     p.set_defaults(func=run_demo)
 
 
@@ -136,8 +159,11 @@ def run_demo(args: argparse.Namespace) -> int:
             f"no draft checkpoint at {args.draft}"
             + (", the shipped SmolLM2 LiLiCorr draft is not in this checkout yet" if shipped else ""),
             where="--draft",
-            fix="train and export one (`lilicorr train ...`, then `lilicorr export RUN_DIR OUT_DIR`) "
-            "and pass --draft OUT_DIR",
+            fix=one_level_down(
+                args.draft,
+                "train and export one (`lilicorr train ...`, then `lilicorr export RUN_DIR OUT_DIR`) "
+                "and pass --draft OUT_DIR",
+            ),
         )
     import torch
     from tqdm import tqdm

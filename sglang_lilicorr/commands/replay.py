@@ -19,21 +19,40 @@ import statistics
 from pathlib import Path
 
 
+from ..cli_args import add_command, one_level_down, path_arg
 from ..errors import UsageError
 from ..jsonl import DataError
 from ..ownership import claim_report_folder, write_atomic
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("replay", help="tau of drafts on the target's own outputs (exact replay, no decoding)")
-    p.add_argument("--target", required=True, help="HF model directory of the target")
-    p.add_argument("--outputs", nargs="+", required=True, help="`lilicorr regenerate` output files (rows with turns)")
-    p.add_argument(
-        "--draft", action="append", required=True, metavar="NAME=DIR", help="a draft directory to replay, named"
+    p = add_command(
+        subparsers, "replay", "tau of drafts on the target's own outputs (exact replay, no decoding)", __doc__
     )
-    p.add_argument("--out", required=True, help="report directory")
-    p.add_argument(
-        "--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="target dtype on the GPU (CPU: float32)"
+    model = p.add_argument_group("model")
+    model.add_argument("--target", type=path_arg, required=True, help="local Hugging Face folder of the target model")
+    model.add_argument(
+        "--draft",
+        action="append",
+        required=True,
+        metavar="NAME=DIR",
+        help="a draft folder to replay (from `lilicorr export`) and the name it reports under (repeatable)",
+    )
+    model.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float32"),
+        default="bfloat16",
+        help="the target's dtype on a GPU (on the CPU it runs in float32)",
+    )
+    p.add_argument_group("data").add_argument(
+        "--outputs",
+        type=path_arg,
+        nargs="+",
+        required=True,
+        help="`lilicorr regenerate` output files (jsonl rows with `turns` of prompt and output token ids)",
+    )
+    p.add_argument_group("output").add_argument(
+        "--out", type=path_arg, required=True, help="report folder: replay.jsonl, tau.json, tau.md (new or a report's)"
     )
     p.set_defaults(func=run_replay)
 
@@ -64,52 +83,19 @@ def parse_drafts(items: list[str]) -> dict[str, str]:
             raise UsageError(
                 f"{path!r} is not a draft folder (no config.json)",
                 where=f"--draft {name}",
-                fix="pass a folder written by `lilicorr export`",
+                fix=one_level_down(path, "pass a folder written by `lilicorr export`"),
             )
         drafts[name] = path
     return drafts
 
 
-def run_replay(args: argparse.Namespace) -> int:
-    import torch
-    from transformers import AutoModelForCausalLM
-    from tqdm.auto import tqdm
-
-    from ..frozen_target import FrozenTarget
+def read_turn_rows(paths: list[Path]) -> list[tuple[Path, dict]]:
+    """Every row of the `lilicorr regenerate` files, each checked to have turns of prompt and output token ids; a
+    missing file is a usage error (exit 2), a bad row a DataError (exit 1)."""
     from ..jsonl import read_jsonl
-    from ..reference.propose import BlockProposer
-    from ..reference.replay import Replayer
 
-    from ..frozen_target import loading_target, local_model_dir
-    from ..train.heads import load_exported_draft
-
-    drafts = parse_drafts(args.draft)
-    local_model_dir(args.target)
-    out = claim_report_folder(args.out, create=False)  # before anything loads
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if args.dtype == "bfloat16" and device.type == "cuda" else torch.float32
-    with loading_target(args.target):
-        model = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(device).eval()
-    loaded = {name: load_exported_draft(path) for name, path in drafts.items()}
-    layers = {d.config.target_layer_ids for d, _ in loaded.values()}
-    if len(layers) > 1:
-        raise UsageError(
-            f"the drafts capture different target layers {sorted(layers)}",
-            where="--draft",
-            fix="replay them in separate calls",
-        )
-    target = FrozenTarget(model, layers.pop())
-    proposers, names = {}, {}
-    for name, (drafter, head) in loaded.items():
-        proposers[name] = BlockProposer(
-            target, drafter.to(device), None if head is None else head.to(device).eval(), ("greedy", "viterbi")
-        )
-        names[name] = system_names(name, proposers[name].draft_names)
-    replayer = Replayer(target, proposers)
-    claim_report_folder(out)
-    records = []
-    rows = [(path, row) for path in args.outputs for _, row in read_jsonl(path)]
-    for path, row in tqdm(rows, desc="replay", dynamic_ncols=True):
+    rows = [(path, row) for path in paths for _, row in read_jsonl(path)]
+    for path, row in rows:
         if not row.get("turns"):
             raise DataError(
                 f"row {row.get('id')!r} has no `turns`",
@@ -129,12 +115,53 @@ def run_replay(args: argparse.Namespace) -> int:
                 where=str(path),
                 fix="replay needs `lilicorr regenerate` output",
             )
+    return rows
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    """Checks every argument and reads every input first; the report folder is claimed only when the results are
+    there to write, so an error leaves nothing behind."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from tqdm.auto import tqdm
+
+    from ..frozen_target import FrozenTarget, loading_target, local_model_dir
+    from ..reference.propose import BlockProposer
+    from ..reference.replay import Replayer
+    from ..train.heads import load_exported_draft
+
+    drafts = parse_drafts(args.draft)
+    local_model_dir(args.target)
+    out = claim_report_folder(args.out, create=False)  # before anything loads
+    rows = read_turn_rows(args.outputs)
+    loaded = {name: load_exported_draft(path) for name, path in drafts.items()}
+    layers = {d.config.target_layer_ids for d, _ in loaded.values()}
+    if len(layers) > 1:
+        raise UsageError(
+            f"the drafts capture different target layers {sorted(layers)}",
+            where="--draft",
+            fix="replay them in separate calls",
+        )
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if args.dtype == "bfloat16" and device.type == "cuda" else torch.float32
+    with loading_target(args.target):
+        model = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(device).eval()
+    target = FrozenTarget(model, layers.pop())
+    proposers, names = {}, {}
+    for name, (drafter, head) in loaded.items():
+        proposers[name] = BlockProposer(
+            target, drafter.to(device), None if head is None else head.to(device).eval(), ("greedy", "viterbi")
+        )
+        names[name] = system_names(name, proposers[name].draft_names)
+    replayer = Replayer(target, proposers)
+    records = []
+    for path, row in tqdm(rows, desc="replay", dynamic_ncols=True):
         for t, turn in enumerate(row["turns"]):
             for label, result in replayer.turn(turn["prompt_ids"], turn["output_ids"]).items():
                 for draft, accepted in result.accepted.items():
                     records.append(
                         {
-                            "id": row["id"],
+                            "id": row.get("id"),
                             "set": row.get("set", Path(path).stem),
                             "temperature": row.get("temperature", 0.0),
                             "seed": row.get("seed", 0),
@@ -144,15 +171,16 @@ def run_replay(args: argparse.Namespace) -> int:
                             "accepted": accepted,
                         }
                     )
+    claim_report_folder(out)
     write_atomic(out / "replay.jsonl", "".join(json.dumps(r) + "\n" for r in records))
     cells = tau_cells(records)
     write_atomic(
         out / "tau.json",
         json.dumps(
             {
-                "target": args.target,
+                "target": str(args.target),
                 "drafts": drafts,
-                "outputs": args.outputs,
+                "outputs": [str(p) for p in args.outputs],
                 "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                 "cells": cells,
             },

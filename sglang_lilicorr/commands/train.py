@@ -18,96 +18,124 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..cli_args import json_object_arg
+from ..cli_args import add_command, bounded, finite_float, json_object_arg, path_arg, shell_words_arg, url_arg
 
 CHAT_KWARGS_HELP = 'JSON object passed to the chat template (default {"enable_thinking": false}: reasoning off)'
 
 
 def register(subparsers) -> None:
     _register_regenerate(
-        subparsers.add_parser(
-            "regenerate", help="the target's own answers (and, with --recipe, its own prompts) -> training jsonl"
+        add_command(
+            subparsers,
+            "regenerate",
+            "the target's own answers (and, with --recipe, its own prompts) -> training jsonl",
+            __doc__,
         )
     )
     _register_train(
-        subparsers.add_parser(
-            "train", help="train the DFlash drafter + a head (--head lilicorr, domino, dspark or none) jointly"
+        add_command(
+            subparsers,
+            "train",
+            "train the DFlash drafter + a head (--head lilicorr, domino, dspark or none) jointly",
+            __doc__,
         )
     )
-    _register_export(subparsers.add_parser("export", help="training checkpoint -> SGLang draft directory"))
+    _register_export(add_command(subparsers, "export", "training checkpoint -> SGLang draft directory", __doc__))
 
 
-def bounded(kind, low, high=None):
-    """argparse type: a `kind` number in [low, high]."""
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if not (value >= low and (high is None or value <= high)) or value != value:
-            raise argparse.ArgumentTypeError(f"{text} is outside [{low}, {'inf' if high is None else high}]")
-        return value
-
-    return parse
+def path_text(text: str) -> str:
+    """argparse type: a path given as text (the settings keep paths as strings); an empty one is refused."""
+    return str(path_arg(text))
 
 
 # --- regenerate ---------------------------------------------------------------------------
 
 
 def _register_regenerate(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", required=True, help="HF model directory of the target")
-    mode = p.add_mutually_exclusive_group(required=True)
+    data = p.add_argument_group("data")
+    mode = data.add_mutually_exclusive_group(required=True)
     mode.add_argument(
-        "--prompts", help="prompt file: jsonl of {'id'?, 'messages'} rows (user turns are played in order)"
+        "--prompts",
+        type=path_text,
+        help="answer these prompts: a jsonl of {'id'?, 'messages'} rows (user turns are played in order)",
     )
     mode.add_argument(
-        "--recipe", action="store_true", help="build a training set: Magpie + standard-library prompts -> --output-dir"
+        "--recipe",
+        action="store_true",
+        help="build a training set: the target's own (Magpie) and standard-library prompts, answered -> --output-dir",
     )
-    p.add_argument("--output", help="with --prompts: jsonl the conversations are appended to (resumable)")
-    p.add_argument(
-        "--output-dir", help="with --recipe: directory for conversations, train/heldout splits and manifest.json"
-    )
-    p.add_argument(
+    data.add_argument(
         "--exclude",
-        help="evaluation prompts (jsonl with text / turns / messages): never trained on (required with --recipe)",
+        type=path_text,
+        help="evaluation prompts (jsonl with text / turns / messages) never to train on: a conversation sharing an "
+        "8-word shingle with one is dropped (required with --recipe)",
     )
-    p.add_argument(
-        "--magpie", type=bounded(int, 0), default=36000, help="self-written conversations to attempt (recipe)"
+    data.add_argument(
+        "--magpie", type=bounded(int, 0), default=36000, help="recipe: self-written conversations to attempt (>= 0)"
     )
-    p.add_argument("--package", type=bounded(int, 0), default=4000, help="standard-library prompts (recipe)")
-    p.add_argument(
+    data.add_argument("--package", type=bounded(int, 0), default=4000, help="recipe: standard-library prompts (>= 0)")
+    data.add_argument(
         "--second-turns",
         type=bounded(float, 0.0, 1.0),
         default=0.3,
-        help="share of conversations given a second, self-written user turn (recipe)",
+        help="recipe: share of conversations given a second, self-written user turn (a fraction in [0, 1])",
     )
-    p.add_argument("--heldout", type=bounded(int, 0), default=256, help="conversations kept out of training (recipe)")
-    p.add_argument(
+    data.add_argument(
+        "--heldout",
+        type=bounded(int, 0),
+        default=256,
+        help="recipe: conversations kept out of training, as the held-out split (>= 0)",
+    )
+    data.add_argument(
         "--minutes",
         type=bounded(float, 0.0),
         default=0.0,
-        help="start no conversation after this many minutes; "
-        "the set closes at what was generated, a later run plays the rest (recipe; 0: no limit)",
+        help="recipe: start no conversation after this many minutes; the set closes at what was generated, a later "
+        "run plays the rest (>= 0; 0: no limit)",
     )
-    p.add_argument(
-        "--temperature", type=bounded(float, 0.0), default=0.0, help="replies' temperature (0 = greedy, as the paper)"
+    data.add_argument("--chat-template-kwargs", type=json_object_arg, default={}, help=CHAT_KWARGS_HELP)
+    model = p.add_argument_group("model")
+    model.add_argument("--target", type=path_text, required=True, help="local Hugging Face folder of the target")
+    model.add_argument(
+        "--temperature",
+        type=bounded(float, 0.0),
+        default=0.0,
+        help="the replies' sampling temperature (>= 0; 0 = greedy, as the paper)",
     )
-    p.add_argument("--seed", type=bounded(int, 0), default=0)
-    p.add_argument("--max-new-tokens", type=bounded(int, 1), default=512, help="per reply")
-    p.add_argument(
+    model.add_argument("--seed", type=bounded(int, 0), default=0, help="sampling seed of the replies (>= 0)")
+    model.add_argument("--max-new-tokens", type=bounded(int, 1), default=512, help="tokens per reply, at most (>= 1)")
+    server = p.add_argument_group("servers")
+    server.add_argument(
         "--engine",
         choices=("auto", "sglang", "transformers"),
         default="auto",
-        help="auto = SGLang servers when CUDA is available, else transformers",
+        help="what generates: SGLang servers, or transformers in this process; auto = SGLang servers when CUDA is "
+        "available, else transformers",
     )
-    p.add_argument("--url", nargs="+", help="running SGLang servers to use instead of launching them")
-    p.add_argument(
-        "--servers", type=bounded(int, 1), help="SGLang servers to launch, one per GPU (default: every visible GPU)"
+    server.add_argument(
+        "--url", type=url_arg, nargs="+", help="running SGLang servers to use instead of launching them (http URLs)"
     )
-    p.add_argument("--server-args", default="", help="extra `sglang.launch_server` arguments, one shell-quoted string")
-    p.add_argument("--concurrency", type=bounded(int, 1), default=256, help="requests in flight per server")
-    p.add_argument("--chat-template-kwargs", type=json_object_arg, default={}, help=CHAT_KWARGS_HELP)
+    server.add_argument(
+        "--servers",
+        type=bounded(int, 1),
+        help="SGLang servers to launch, one per GPU (>= 1; default: every visible GPU)",
+    )
+    server.add_argument(
+        "--server-args",
+        type=shell_words_arg,
+        default="",
+        help="extra `sglang.launch_server` arguments, one shell-quoted string",
+    )
+    server.add_argument("--concurrency", type=bounded(int, 1), default=256, help="requests in flight per server (>= 1)")
+    output = p.add_argument_group("output")
+    output.add_argument(
+        "--output", type=path_text, help="with --prompts: jsonl the conversations are appended to (resumable)"
+    )
+    output.add_argument(
+        "--output-dir",
+        type=path_text,
+        help="with --recipe: folder for the conversations, the train / heldout splits and manifest.json (resumable)",
+    )
     p.set_defaults(func=run_regenerate)
 
 
@@ -173,6 +201,7 @@ def run_regenerate(args: argparse.Namespace) -> int:
         raise UsageError(
             "--prompts needs --output", where="--prompts", fix="pass the jsonl the conversations are appended to"
         )
+    guard = eval_guard(args.exclude)  # read before anything loads or is written: its errors are the user's
     with loading_target(args.target):
         tokenizer = AutoTokenizer.from_pretrained(args.target)
     settings = Settings(
@@ -187,7 +216,7 @@ def run_regenerate(args: argparse.Namespace) -> int:
         claim_dataset_dir(out, create=False)
     else:
         check_rows_file(out)
-    plans = None if args.recipe else prompt_plans(args.prompts, eval_guard(args.exclude))
+    plans = None if args.recipe else prompt_plans(args.prompts, guard)
     if args.recipe:
         claim_dataset_dir(out)  # marked before the servers' logs go into it
     log_dir = out / "logs" if args.recipe else out.with_name(out.name + ".logs")
@@ -226,24 +255,118 @@ def run_regenerate(args: argparse.Namespace) -> int:
 # --- train --------------------------------------------------------------------------------
 
 
-def _register_train(p: argparse.ArgumentParser) -> None:
-    from ..train.config import TrainConfig
+# every `lilicorr train` option: its group in --help and its text (a TrainConfig field each; the paper's values are
+# the defaults, --help prints them)
+TRAIN_OPTIONS = {
+    "data": {
+        "target": "local Hugging Face folder of the target model (frozen; its tokenizer is used)",
+        "data": "training conversations: a jsonl of {'messages'} rows, e.g. `lilicorr regenerate`'s train.jsonl",
+        "eval_data": "held-out conversations evaluated during the run (default: hold out --eval-examples of --data)",
+        "eval_examples": "held-out conversations evaluated at each evaluation (>= 1)",
+        "exclude": "evaluation prompts (jsonl): a training conversation that overlaps one is refused",
+        "max_length": "tokens per training sequence, at most; longer ones are cut (>= block size + 2)",
+        "chat_template_kwargs": CHAT_KWARGS_HELP,
+    },
+    "model: drafter": {
+        "draft_layers": "transformer layers of the DFlash drafter (>= 1)",
+        "num_context_features": "target layers whose hidden states feed the drafter, spread evenly (>= 1)",
+        "block_size": "B: tokens per drafted block, the anchor included (>= 2; paper: 16)",
+        "mask_token": "token filling the drafted slots of a block (default: the tokenizer's mask token; SmolLM2: "
+        "'<empty_output>')",
+        "draft_intermediate_size": "the drafter's FFN width (>= 0; 0 = the target's)",
+        "rope_scaling": "the drafter's rope: default, or yarn to serve inputs longer than it trained on",
+        "rope_factor": "yarn: how far the rope is stretched (> 1; with --rope-scaling yarn only)",
+        "rope_original_max_position": "yarn: the length it is stretched from, in tokens (>= 0; 0 = the target's "
+        "max_position_embeddings)",
+        "init_from": "an exported draft folder whose weights start the run (a resumed run ignores it)",
+    },
+    "model: head": {
+        "head": "the head trained beside the drafter: lilicorr (the paper), domino, dspark (docs/BASELINES.md) or "
+        "none (plain DFlash)",
+        "corrector_width": "domino: GRU and MLP width; dspark: Markov rank (>= 0; 0 = the drafter's width)",
+        "markov_head_type": "dspark: its Markov head",
+        "candidate_topk": "K: candidates kept per slot (a power of two, at most 16)",
+        "head_hidden_size": "width of the lattice transformer (a multiple of --head-heads; 0 = the drafter's width)",
+        "head_layers": "lattice transformer layers (>= 1)",
+        "head_heads": "attention heads of the lattice transformer (>= 1)",
+        "head_mlp_ratio": "its FFN width over its width (> 0)",
+        "factor_dim": "d_e: width of the unit out / in vectors whose cosines score adjacent slots (>= 1)",
+        "logit_scale": "sigma: a pair's score is sigma * cos(out, in) (> 0)",
+    },
+    "objective": {
+        "beta": "DFlash's decay of the per-slot loss weights along the block (> 0)",
+        "gamma": "weight of the head's loss beside the drafter's (>= 0; 0 = plain DFlash, no head)",
+        "lam": "lambda: weight of the distractor term in the head's loss (>= 0)",
+        "use_margin": "the margin-hinge objective (paper App. G) instead of cross-entropy + distractor",
+        "mu": "margin objective: share of the hard label (in [0, 1])",
+        "rho": "margin objective: the hinge margin (> 0)",
+    },
+    "optimisation": {
+        "lr_drafter": "the drafter's peak learning rate (in (0, 1])",
+        "wd_drafter": "the drafter's AdamW weight decay (>= 0)",
+        "lr_head": "the head's peak learning rate (in (0, 1])",
+        "wd_head": "the head's AdamW weight decay (>= 0)",
+        "warmup_ratio": "share of the steps spent warming the learning rates up, then cosine decay (in [0, 1))",
+        "grad_clip": "the gradients' norm is clipped to this (> 0)",
+        "bf16": "train in bfloat16 autocast (--no-bf16: float32)",
+        "epochs": "passes over the training conversations (>= 1)",
+        "max_steps": "optimizer steps, at most (>= 0; 0 = as many as --epochs give)",
+        "max_minutes": "stop, evaluated and checkpointed, after this many minutes; the schedule is cut there (>= 0; "
+        "0 = no limit)",
+        "batch_size": "sequences per GPU and micro-step (>= 1)",
+        "grad_accum": "micro-steps per optimizer step (>= 1; global batch = batch size x this x GPUs)",
+        "num_anchors": "blocks drafted per sequence, at random anchors (>= 1)",
+        "seed": "seed of the data order, the anchors and the initial weights (>= 0)",
+        "max_bad_steps": "steps with a non-finite loss or gradient skipped before the run stops (>= 1)",
+    },
+    "output": {
+        "output_dir": "the run's folder: checkpoints, metrics, evaluation curves (new, empty, or this run's to resume)",
+        "log_every": "log the losses every N steps (>= 1)",
+        "eval_every": "evaluate the held-out set and snapshot the weights every N steps (>= 0; 0 = at each log step)",
+        "save_every": "write a resumable checkpoint every N steps (>= 1)",
+        "keep_checkpoints": "resumable checkpoints kept, the newest (>= 1; older ones are the fallback)",
+        "resume": "resume from the run's last good checkpoint (--no-resume: a new run, in a folder that holds none)",
+        "move_aside": "with --no-resume: move the run in --output-dir to OUTPUT.old-N first (nothing is deleted)",
+        "resume_with_changes": "resume although the data or a setting differs from the checkpoint's",
+        "accept_legacy_checkpoints": "resume from checkpoints written before they carried checksums (with a warning)",
+    },
+}
 
+
+METAVARS = {int: "N", finite_float: "X"}
+
+
+def _register_train(p: argparse.ArgumentParser) -> None:
+    from ..baselines import MARKOV_HEAD_TYPES
+    from ..drafter.config import ROPE_TYPES
+    from ..train.config import TrainConfig
+    from ..train.heads import HEADS
+
+    choices = {"head": HEADS, "markov_head_type": MARKOV_HEAD_TYPES, "rope_scaling": ROPE_TYPES}
     required = {"target", "data", "output_dir"}
+    paths = {"target", "data", "eval_data", "exclude", "output_dir", "init_from"}
+    groups = {name: p.add_argument_group(name) for name in TRAIN_OPTIONS}
+    where = {field: group for group, fields in TRAIN_OPTIONS.items() for field in fields}
     for field in dataclasses.fields(TrainConfig):
         flag = "--" + field.name.replace("_", "-")
+        group = groups[where[field.name]] if field.name in where else p
+        text = TRAIN_OPTIONS[where[field.name]][field.name] if field.name in where else None
+        if text is not None and field.default not in (dataclasses.MISSING, None):
+            text += f" (default: {field.default})"  # argparse's own default is None: TrainConfig knows what was given
         if field.name == "chat_template_kwargs":
-            p.add_argument(flag, type=json_object_arg, default=None, help=CHAT_KWARGS_HELP)
+            group.add_argument(flag, type=json_object_arg, default=None, help=text)
         elif field.type in ("bool", bool):
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
         else:
-            kind = {"int": int, "float": float}.get(str(field.type), str)
-            p.add_argument(
+            kind = {"int": int, "float": finite_float}.get(str(field.type), path_text if field.name in paths else str)
+            group.add_argument(
                 flag,
                 type=kind,
+                metavar=None if field.name in choices else METAVARS.get(kind, "PATH" if kind is path_text else "TEXT"),
                 default=None,
                 required=field.name in required,
-                help=None if field.name in required else f"default {field.default}",
+                choices=choices.get(field.name),
+                help=text,
             )
     p.set_defaults(func=run_train)
 
@@ -262,10 +385,13 @@ def train_config_from_args(args: argparse.Namespace):
 
 def run_train(args: argparse.Namespace) -> int:
     from ..frozen_target import local_model_dir
+    from ..train.heads import load_exported_draft
     from ..train.trainer import train
 
     cfg = train_config_from_args(args)  # an out-of-range value is a usage error before anything loads
     local_model_dir(cfg.target)
+    if cfg.init_from:  # a damaged draft is refused before the run's folder is made (the trainer loads it later)
+        load_exported_draft(cfg.init_from)
     metrics = train(cfg)
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank returns the same pooled metrics
         print(json.dumps(metrics))
@@ -276,21 +402,31 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def _register_export(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoint", help="training output dir (latest checkpoint) or OUTPUT/checkpoints/step-N")
+    p.add_argument(
+        "checkpoint",
+        type=path_text,
+        help="a training run's folder (its latest checkpoint) or RUN/checkpoints/step-N",
+    )
     p.add_argument(
         "out_dir",
-        help="draft directory to write (config.json + model.safetensors): a new or empty folder, "
+        type=path_text,
+        help="draft folder to write (config.json + model.safetensors): a new or empty folder, "
         "or an earlier export, which it replaces",
     )
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
-    p.add_argument(
+    output = p.add_argument_group("output")
+    output.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=("bfloat16", "float16", "float32"),
+        help="dtype of the exported tensors (SGLang serves bfloat16 drafts)",
+    )
+    output.add_argument(
         "--force",
         action="store_true",
-        help="write the draft's two files into OUT_DIR although it holds other files, "
-        "which are kept "
+        help="write the draft's two files into OUT_DIR although it holds other files, which are kept "
         "(--force deletes nothing; never into a training run, a model folder or over files not a draft's)",
     )
-    p.add_argument(
+    p.add_argument_group("data").add_argument(
         "--accept-legacy-checkpoints",
         action="store_true",
         help="export a checkpoint written before checkpoints carried checksums (said with a warning)",

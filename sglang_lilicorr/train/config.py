@@ -138,8 +138,9 @@ class TrainConfig:
                 name,
                 "a finite learning rate in (0, 1] (paper: 6e-4 drafter, 1.5e-4 head)",
             )
-        for name in ("wd_drafter", "wd_head", "grad_clip"):
+        for name in ("wd_drafter", "wd_head"):
             need(_number(getattr(self, name)) and getattr(self, name) >= 0, name, "a finite number >= 0")
+        need(_number(self.grad_clip) and self.grad_clip > 0, "grad_clip", "a finite number > 0 (paper: 1.0)")
         need(
             _number(self.warmup_ratio) and 0 <= self.warmup_ratio < 1,
             "warmup_ratio",
