@@ -31,6 +31,7 @@ ADAPTIVE = "adaptive"
 # Powers of two: E[L_w] saturates geometrically in w while a verify's cost grows about linearly once the target is
 # compute-bound, so each doubling is the next point worth a graph set; the block itself is always a tier.
 WIDTHS = (1, 2, 4, 8, 16)
+GAP = 10.0  # a period this many times a step's cost is an idle gap, not a step
 
 
 def parse_widths(value: str | None, block_size: int) -> tuple[int, ...]:
@@ -102,14 +103,14 @@ class AcceptanceRecord:
 
 @dataclass
 class StepCosts:
-    """Seconds of one decode step of width w at a graph batch size b: max(the captured graphs' replay time measured
-    at start-up on this card, the host's time per step while serving). With the scheduler's overlap a step takes
-    whichever is longer; the host's time is learned per kind of step (with or without a draft pass) from the period
-    between decode steps, as an exponential average over `memory` steps."""
+    """Seconds of one decode step of width w at a graph batch size b: the period between decode steps of that width
+    observed while serving (an exponential average over `memory` steps), and before a width was observed at b, the
+    replay time of its captured graphs measured at start-up on this card. The replay leaves out the host's work, so an
+    unobserved width looks its cheapest: the policy tries it, and then knows its cost."""
 
     replay: dict[tuple[int, int], float]  # (width, graph batch size) -> seconds
     memory: float = 32.0
-    host: dict[tuple[bool, int], float] = field(default_factory=dict)  # (drafts, graph batch size) -> seconds
+    period: dict[tuple[int, int], float] = field(default_factory=dict)  # (width, graph batch size) -> seconds
 
     @property
     def batch_sizes(self) -> list[int]:
@@ -126,21 +127,18 @@ class StepCosts:
         return b is not None and all((w, b) in self.replay for w in widths)
 
     def cost(self, width: int, batch: int) -> float:
-        b = self.bucket(batch)
-        host = self.host.get((width > 1, b), self.host.get((True, b), 0.0))
-        return max(self.replay[(width, b)], host)
+        key = (width, self.bucket(batch))
+        return self.period.get(key, self.replay[key])
 
     def observe(self, width: int, batch: int, period: float) -> None:
         """A decode step of `width` on `batch` requests was followed by the next one `period` seconds later."""
-        b = self.bucket(batch)
-        if b is None or (width, b) not in self.replay:
+        key = (width, self.bucket(batch))
+        if key not in self.replay:
             return
-        key = (width > 1, b)
-        expected = self.cost(width, batch)
-        if period > 4 * expected and key in self.host:
+        if period > GAP * self.cost(width, batch):
             return  # a gap (the server idled or prefilled in between), not a step
         alpha = 1.0 / self.memory
-        self.host[key] = period if key not in self.host else (1 - alpha) * self.host[key] + alpha * period
+        self.period[key] = period if key not in self.period else (1 - alpha) * self.period[key] + alpha * period
 
 
 class WidthPolicy:
@@ -156,7 +154,7 @@ class WidthPolicy:
         margin: float = 0.02,
         probe_every: int = 64,
         warmup: float = 16.0,
-        optimism: float = 0.5,
+        optimism: float = 1.0,
     ):
         self.widths, self.costs, self.record = tuple(sorted(widths)), costs, record
         self.interval, self.margin, self.probe_every, self.warmup = interval, margin, probe_every, warmup
