@@ -236,6 +236,10 @@ class _Batch:
 
 def _worker(monkeypatch, widths=(1, 4, 16)):
     pytest.importorskip("sglang")
+    import types
+
+    import torch
+
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
     from sglang_lilicorr.serving import worker as worker_module
@@ -243,16 +247,16 @@ def _worker(monkeypatch, widths=(1, 4, 16)):
 
     calls = []
 
-    class Output:
-        customized_info = None
+    def result(size):
+        return types.SimpleNamespace(accept_lens=torch.ones(size, dtype=torch.int32), cap_lens=None)
 
     def block_step(self, batch, **kwargs):
         calls.append(("block", len(batch.reqs)))
-        return type("Result", (), {"logits_output": Output()})()
+        return result(len(batch.reqs))
 
     def narrow(worker, batch, width, tier, on_publish=None):
         calls.append((width, len(batch.reqs)))
-        return type("Result", (), {"logits_output": Output()})()
+        return result(len(batch.reqs))
 
     monkeypatch.setattr(DFlashWorkerV2, "forward_batch_generation", block_step)
     monkeypatch.setattr(worker_module, "narrow_step", narrow)
@@ -270,13 +274,13 @@ def test_the_worker_runs_narrow_widths_itself_and_the_block_through_sglang(monke
     worker, calls = _worker(monkeypatch)
     for _ in range(2):
         result = worker.forward_batch_generation(_Batch(8))
-        assert result.logits_output.customized_info == {"lilicorr_verify_width": [16] * 8}
+        assert result.cap_lens.tolist() == [16] * 8  # SGLang's cap_lens: meta_info's spec_cap_lens_histogram
         worker.on_verify_complete_cpu([0] * 8, 8)  # every draft rejected
     for _ in range(4):
         result = worker.forward_batch_generation(_Batch(8))
         worker.on_verify_complete_cpu([0] * 8, 8)
     assert calls[:2] == [("block", 8)] * 2 and calls[-1] == (1, 8)  # rejected drafts: plain decode steps
-    assert result.logits_output.customized_info == {"lilicorr_verify_width": [1] * 8}
+    assert result.cap_lens.tolist() == [1] * 8
     worker.forward_batch_generation(_Batch(3, extend=True))  # a prefill: SGLang's step, not a decode width
     assert calls[-1] == ("block", 3) and worker._last_decode is None
 

@@ -23,8 +23,12 @@ for s in ${WIDTH_SETTINGS:-adaptive 4}; do
 import collections, json, sys
 recs = json.load(open(sys.argv[1]))
 recs = recs.get("records", recs) if isinstance(recs, dict) else recs
-widths = collections.Counter(w for r in recs for w in r.get("meta", {}).get("lilicorr_verify_width", []))
-print("verify steps by width (meta_info):", dict(sorted(widths.items())), "over", len(recs), "responses")
+widths = collections.Counter()
+for r in recs:
+    for w, n in enumerate(r.get("meta", {}).get("spec_cap_lens_histogram") or []):
+        widths[w] += n
+print("verify steps by width (meta_info spec_cap_lens_histogram):", dict(sorted(w for w in widths.items() if w[1])),
+      "over", len(recs), "responses")
 PY
 done
 PYTHONPATH=${DEVICE_SITE:-/tmp/site} timeout 120 bash "$ROOT/scripts/gpu_tests.sh" "$ROOT/tests/test_verify_width.py" 2>&1 \

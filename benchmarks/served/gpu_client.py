@@ -93,8 +93,7 @@ def record(phase: str, prompt: str, ids: list[int], sampling: dict, r: dict) -> 
     keep = {
         k: v
         for k, v in meta.items()
-        if k.startswith(("spec", "lilicorr"))
-        or k in ("completion_tokens", "prompt_tokens", "finish_reason", "e2e_latency")
+        if k.startswith("spec") or k in ("completion_tokens", "prompt_tokens", "finish_reason", "e2e_latency")
     }
     return {
         "phase": phase,

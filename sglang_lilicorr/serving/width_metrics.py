@@ -1,6 +1,10 @@
-"""What LILICORR tells about its verify widths while serving: each request's `meta_info["lilicorr_verify_width"]`
-(the width of every verify step that served it, beside SGLang's `spec_correct_drafts_histogram`), and, where SGLang's
-metrics are on (`--enable-metrics`), Prometheus series of the scheduler:
+"""What LILICORR tells about its verify widths while serving.
+
+Every step's result carries its width as SGLang's `cap_lens` (the tokens verified per request), so each request's
+`meta_info` (and the OpenAI API's `sglext.spec_tokens_details`, asked with `return_spec_tokens_details`) holds
+`spec_cap_lens_histogram` (verify steps by width) and `spec_cap_length` (their mean width) beside SGLang's
+`spec_correct_drafts_histogram` (verify steps by accepted drafts). Where SGLang's metrics are on
+(`--enable-metrics`) the scheduler also exports:
 
   lilicorr:verify_steps_total{width}          decode steps verified at each width
   lilicorr:committed_tokens_total{width}      tokens those steps committed (the bonus token included)
@@ -9,7 +13,8 @@ metrics are on (`--enable-metrics`), Prometheus series of the scheduler:
 
 from __future__ import annotations
 
-META_KEY = "lilicorr_verify_width"
+import torch
+
 GAUGE_EVERY = 64  # verify reports between two updates of the acceptance gauges
 
 
@@ -17,6 +22,7 @@ class WidthMetrics:
     def __init__(self, series: dict | None = None):
         self.series = series  # None: SGLang's metrics are off
         self.reports = 0
+        self.widths: dict[tuple[int, torch.device], torch.Tensor] = {}  # (width, device) -> [rows] int32 of the width
 
     @classmethod
     def create(cls) -> WidthMetrics:
@@ -42,14 +48,21 @@ class WidthMetrics:
         )
 
     def step(self, width: int, result, size: int) -> None:
-        """A decode step of `width` over `size` requests returned `result`: tag its requests' meta_info."""
-        output = getattr(result, "logits_output", None)
-        if output is not None:
-            info = output.customized_info if output.customized_info is not None else {}
-            info[META_KEY] = [width] * size
-            output.customized_info = info
+        """A decode step of `width` over `size` requests returned `result`: its width as the result's cap_lens."""
+        accepted = getattr(result, "accept_lens", None)
+        if isinstance(accepted, torch.Tensor) and getattr(result, "cap_lens", None) is None:
+            result.cap_lens = self._constant(width, size, accepted.device)
         if self.series is not None:
             self.series["steps"].labels(width=str(width)).inc()
+
+    def _constant(self, width: int, size: int, device) -> torch.Tensor:
+        """[size] int32 of `width`: a slice of one tensor per width, never written after it is made (the scheduler
+        copies it to the host after the step)."""
+        held = self.widths.get((width, device))
+        if held is None or held.shape[0] < size:
+            held = torch.full((max(size, 64),), width, dtype=torch.int32, device=device)
+            self.widths[(width, device)] = held
+        return held[:size]
 
     def verified(self, width: int | None, accepted_drafts: list[int], record) -> None:
         """A step of `width` (None: not matched) accepted these draft counts; `record` is the policy's."""
