@@ -27,13 +27,19 @@ from sglang.srt.model_executor.forward_batch_info import (
 )
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_utils import (
+    apply_dflash_simulated_acceptance,
     apply_dflash_verify_logits_adjustments,
     compute_dflash_sampling_correct_drafts_and_bonus,
     is_dflash_sampling_verify_available,
 )
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
-from sglang.srt.speculative.spec_utils import draft_tp_context
+from sglang.srt.speculative.spec_utils import (
+    SIMULATE_ACC_LEN,
+    SIMULATE_ACC_METHOD,
+    SIMULATE_ACC_TOKEN_MODE,
+    draft_tp_context,
+)
 
 from .verify_tiers import verifying
 
@@ -213,6 +219,19 @@ def narrow_step(worker, batch, width: int, tier, on_publish=None) -> GenerationB
         worker, candidates, logits_output.next_token_logits, sampling_info, draft_input, target_predict
     )
     out_tokens, commit_lens = committed_block(candidates, accepted, bonus)
+    if SIMULATE_ACC_LEN > 0:  # SGLang's benchmark knob: every step commits min(SGLANG_SIMULATE_ACC_LEN, width)
+        apply_dflash_simulated_acceptance(
+            candidates=candidates,
+            target_predict=None,
+            accept_len=accepted,
+            commit_lens=commit_lens,
+            bonus=bonus,
+            out_tokens=out_tokens,
+            simulate_acc_len=SIMULATE_ACC_LEN,
+            simulate_acc_method=SIMULATE_ACC_METHOD,
+            simulate_acc_token_mode=SIMULATE_ACC_TOKEN_MODE,
+            next_token_logits=logits_output.next_token_logits,
+        )
     if batch.return_logprob:
         compute_spec_logprobs(batch, logits_output, out_tokens.reshape(-1), chain_stride=width)
     new_seq_lens = batch.seq_lens + commit_lens.to(batch.seq_lens.dtype)
