@@ -84,8 +84,6 @@ BASE = {
         "r.jsonl",
     ],
     "bench report": ["bench", "report", "r.jsonl"],
-    "bench stages": ["bench", "stages", "s.json"],
-    "bench faults": ["bench", "faults", "--url", "http://127.0.0.1:9", "--out", "fa"],
 }
 CASES = {  # command -> (flag, bad value) pairs; the value goes after the flag (an empty flag: a positional)
     "demo": [("--threads", "-1"), ("--max-new-tokens", "0"), ("--max-new-tokens", "-5"), ("--walk", "x")]
@@ -103,10 +101,6 @@ CASES = {  # command -> (flag, bad value) pairs; the value goes after the flag (
     + [("--max-tokens", "0"), ("--limit", "0"), ("--warmup", "-1"), ("--request-timeout", "0"), ("--url", "x")]
     + [("--request-timeout", "inf"), ("--api", "x")],
     "bench report": [("--out", "")],
-    "bench stages": [("--bs", "0")],
-    "bench faults": [("--clients", "0"), ("--duration", "0"), ("--duration", "inf"), ("--context-length", "-1")]
-    + [("--max-tokens", "0"), ("--prompt-words", "0"), ("--seed", "-1"), ("--request-timeout", "0")]
-    + [("--drain-timeout", "nan")],
 }
 
 

@@ -58,7 +58,7 @@ def test_tokens_past_a_stop_or_max_tokens_fail_by_name(capsys):
 def test_without_sampling_it_keeps_to_t0_and_writes_what_the_greedy_check_reads(tmp_path, monkeypatch, capsys):
     import transformers
 
-    from sglang_lilicorr.reference.check import served_greedy_records
+    from benchmarks.served.greedy_check import served_greedy_records
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: StubTokenizer())
     out = tmp_path / "openai.json"

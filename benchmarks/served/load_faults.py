@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import List, Optional
 
+from sglang_lilicorr.bench.cli import check_listening
 from sglang_lilicorr.cli_args import Parser, run as run_command
 from sglang_lilicorr.errors import UsageError
 from sglang_lilicorr.ownership import claim_report_folder, write_atomic
@@ -272,6 +273,8 @@ def run_step(args) -> int:
             where="--clients / --duration",
             fix="give at least one client and a positive duration",
         )
+    claim_report_folder(args.out, create=False)  # a folder that cannot be this report's is refused first
+    check_listening(args.url)  # nothing is written where no server answers
     claim_report_folder(args.out)  # before the load starts
     config = FaultConfig(
         url=args.url,

@@ -46,7 +46,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ..drafter import DFlashDrafter, DrafterConfig, default_target_layer_ids, sample_anchors
 from ..errors import LiLiCorrError
 from ..frozen_target import FrozenTarget, loading_target
-from ..ownership import HeldError, claim_folder, held, sole_writer, space_for
+from ..ownership import HeldError, claim_folder, sole_writer, space_for
 from ..reference.propose import BlockProposer
 from ..reference.replay import Replayer, pooled_tau
 from .config import TrainConfig, TrainConfigError
@@ -396,14 +396,22 @@ def sole_writer_of_run(cfg: TrainConfig, env: Distributed):
         yield
 
 
+RUN_STATE = ("checkpoints", LATEST, "metrics.jsonl", "snapshots")  # what a run writes into its folder
+
+
+def run_state(folder: Path) -> list[str]:
+    """What of a run's own state a folder holds (a log a driver wrote there before the run is none of it)."""
+    return [name for name in RUN_STATE if (folder / name).exists()]
+
+
 def check_start_over(cfg: TrainConfig) -> None:
     """--no-resume starts step 0 only in a folder without a run (two runs' steps never share a folder): a run there
     is refused (exit 2) unless --move-aside moves it beside the folder (`start_point`)."""
     out = Path(cfg.output_dir)
-    if cfg.resume or cfg.move_aside or not out.is_dir() or not held(out):
+    if cfg.resume or cfg.move_aside or not out.is_dir() or not run_state(out):
         return
     raise TrainConfigError(
-        f"{out} holds a run ({', '.join(held(out)[:4])}): --no-resume would mix two runs' steps in one folder",
+        f"{out} holds a run ({', '.join(run_state(out))}): --no-resume would mix two runs' steps in one folder",
         where="--no-resume",
         fix=f"add --move-aside to move that run to {aside_name(out)} (nothing is deleted) and start a new one, "
         "or pass a new --output-dir",
@@ -479,7 +487,7 @@ def start_point(job: Job) -> int:
     weights, optimizer and schedule), else --init-from's weights or fresh ones at step 0. Metrics rows past it go."""
     cfg, env, out_dir = job.cfg, job.env, job.out_dir
     if env.main:
-        if cfg.move_aside and out_dir.is_dir() and held(out_dir):
+        if cfg.move_aside and out_dir.is_dir() and run_state(out_dir):
             aside = aside_name(out_dir)
             out_dir.rename(aside)
             print(
