@@ -313,13 +313,17 @@ def load_head(directory: str | os.PathLike) -> LiLiCorrHead:
 
 
 def save_checkpoint(
-    directory: str | os.PathLike, config: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]
+    directory: str | os.PathLike,
+    config: Mapping[str, Any],
+    tensors: Mapping[str, torch.Tensor],
+    keep_others: bool = False,
 ) -> Path:
-    """Write config.json + model.safetensors atomically."""
+    """Write config.json + model.safetensors as one unit, a new folder that takes `directory`'s place; with
+    `keep_others`, whatever else an existing `directory` holds is kept (ownership.atomic_directory)."""
     for name, t in tensors.items():
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise CheckpointError(f"refusing to save tensor {name!r}: it holds NaN or Inf values.")
-    with atomic_directory(directory) as tmp:
+    with atomic_directory(directory, keep_all_but=(CONFIG_FILE, WEIGHTS_FILE) if keep_others else None) as tmp:
         write_checkpoint_files(tmp, config, tensors)
     return Path(directory)
 

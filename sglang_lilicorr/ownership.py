@@ -10,7 +10,9 @@ is written, and a torn last line is cut only in a file that is recognisably of t
 
 Temporary files and folders are named `.<name>.lilicorr-tmp-<random>` beside what they become: a kill leaves
 nothing else, and the next writer of the same place removes them (`remove_temporaries`), never anything else.
-A folder is replaced by exchanging it with its finished copy in one rename (`atomic_directory`).
+A folder is replaced by exchanging it with its finished copy in one rename (`atomic_directory`); one that keeps
+files the writer did not write (a draft among the user's files) is rebuilt beside itself from hard links of them
+(`link_tree`), never copies, and what the old one held that the new one lacks is moved over (`put_back`).
 
 One writer at a time (`sole_writer`): a run folder, a draft folder or a results file is written under a lock, an
 flock on `.<name>.lilicorr-lock` beside it, held for the command's life and released by the kernel when the
@@ -31,7 +33,7 @@ import shutil
 import socket
 import sys
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Collection, Iterator
 
 from .errors import LiLiCorrError, UsageError
 from .jsonl import loads
@@ -120,28 +122,121 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_directory(target: str | os.PathLike) -> Iterator[Path]:
+def atomic_directory(target: str | os.PathLike, keep_all_but: Collection[str] | None = None) -> Iterator[Path]:
     """Yield an empty temporary directory beside `target`; when the block completes it takes `target`'s place
     (an existing `target`, which the caller has checked is its own, is exchanged with it in one rename, then
     removed): a reader, and a kill at any point, finds the old folder or the new one, whole. When the block fails it
     is removed and `target` is untouched. (Where the file system cannot exchange two names, the old folder is renamed
-    aside first: a kill between the two renames leaves both as temporaries and no `target`.)"""
+    aside first: a kill between the two renames leaves both as temporaries and no `target`.)
+
+    With `keep_all_but` (the names the block writes), an existing `target` keeps all else it holds, as it is: the
+    directory starts as its twin (`link_tree`) and gets its mode, the old folder goes by `put_back`, and where the
+    file system cannot exchange, a folder that keeps anything is refused (UsageError), not renamed aside."""
     target = Path(os.path.abspath(target))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(target)
     tmp.mkdir()
     try:
+        keeps = keep_all_but is not None and target.is_dir() and link_tree(target, tmp, skip=keep_all_but)
         yield tmp
         if not target.exists():
             os.replace(tmp, target)
             return
+        if keep_all_but is not None:
+            shutil.copystat(target, tmp)
+            os.utime(tmp)  # its mode and attributes, the time of this write
         if not exchange(tmp, target):
+            if keeps:
+                raise UsageError(
+                    f"the file system of {target} cannot swap two folders in one rename, which replacing part of a "
+                    "folder while keeping the rest needs",
+                    where=str(target),
+                    fix="write into a new or empty folder, or move the other files out of this one",
+                )
             _rename_aside(tmp, target)
         # tmp now holds the old folder
-        shutil.rmtree(tmp)
+        shutil.rmtree(tmp) if keep_all_but is None else put_back(tmp, target, drop=keep_all_but)
     except BaseException:  # an error or an interrupt: what is not the target's is removed, whichever it holds
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def link_tree(source: Path, twin: Path, skip: Collection[str] = ()) -> int:
+    """Fill `twin`, a new empty folder on `source`'s file system, with what `source` holds but the files named in
+    `skip` (and their temporaries) -> how many entries: each file (a symlink as a symlink) a hard link of the
+    source's, the same file; each folder a new one of the same owner, mode, times and attributes. Nothing is copied:
+    an entry that cannot be linked or made alike (a mount point, a file the system will not link, a folder this user
+    may not read and write, or give its owner) raises NotOursError naming it, and the caller removes `twin`."""
+    if not os.access(source, os.R_OK | os.W_OK | os.X_OK):
+        raise _cannot_keep(source, "a folder this user may not write")
+    try:
+        _same_owner(source, twin)
+        device = os.stat(source).st_dev
+        with os.scandir(source) as listing:
+            entries = [e for e in listing if e.is_dir(follow_symlinks=False) or not _named(e.name, skip)]
+    except OSError as e:
+        raise _cannot_keep(source, e.strerror or str(e)) from e
+    for entry in entries:
+        path, there = Path(entry.path), twin / entry.name
+        try:
+            if not entry.is_dir(follow_symlinks=False):
+                os.link(path, there, follow_symlinks=False)
+                continue
+            if entry.stat(follow_symlinks=False).st_dev != device:
+                raise _cannot_keep(path, "another file system is mounted there")
+            there.mkdir()
+            link_tree(path, there)
+            shutil.copystat(path, there, follow_symlinks=False)
+        except OSError as e:
+            raise _cannot_keep(path, e.strerror or str(e)) from e
+    return len(entries)
+
+
+def _named(name: str, names: Collection[str]) -> bool:
+    """`name` is one of `names` or a temporary of one (what a killed writer of it left)."""
+    return name in names or any(name.startswith(f".{n}{TMP_TAG}") for n in names)
+
+
+def _same_owner(source: Path, twin: Path) -> None:
+    want, have = os.stat(source), os.stat(twin)
+    if (want.st_uid, want.st_gid) != (have.st_uid, have.st_gid):
+        os.chown(twin, want.st_uid, want.st_gid)
+
+
+def _cannot_keep(path: Path, why: str) -> NotOursError:
+    return NotOursError(
+        f"{why}: it cannot be kept as it is in a new copy of its folder",
+        where=str(path),
+        fix="move it out of the folder (or make it writable), or write into a new or empty folder: a folder's other "
+        "files are kept as hard links in its new copy, never copied",
+    )
+
+
+def put_back(old: Path, new: Path, drop: Collection[str] = ()) -> None:
+    """Remove `old`, a folder that `new` (made by `link_tree`) has replaced: its files named in `drop` (and their
+    temporaries), and those `new` holds too (the same file), go; anything else (written into the folder while `new`
+    was being made) moves into `new`, over a stale link of the same name."""
+    with os.scandir(old) as listing:
+        entries = list(listing)
+    for entry in entries:
+        path, there = Path(entry.path), new / entry.name
+        folder = entry.is_dir(follow_symlinks=False)
+        if not folder and (_named(entry.name, drop) or _same_file_at(entry, there)):
+            os.unlink(path)
+        elif folder and there.is_dir() and not there.is_symlink():
+            put_back(path, there)
+        else:
+            os.replace(path, there)
+    os.rmdir(old)
+
+
+def _same_file_at(entry: os.DirEntry, path: Path) -> bool:
+    try:
+        there = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    here = entry.stat(follow_symlinks=False)
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _rename_aside(new: Path, target: Path) -> None:

@@ -1,7 +1,9 @@
 """Runs `lilicorr ARGS` (as the program: `sglang_lilicorr.cli.main()` on sys.argv) and kills itself with SIGNAL at its
-AT-th write point: the AT-th call, from our code, of os.replace, os.fsync, shutil.rmtree, ownership.exchange (a
-folder swapped for its new copy) or a file opened to write or append (just before it happens). AT may instead name a
-point: `exchange` (the first swap) or `end` (once the command has returned, before the interpreter's exit hooks).
+AT-th write point: the AT-th call, from our code, of os.replace, os.fsync, os.link, shutil.rmtree, ownership.exchange
+(a folder swapped for its new copy), ownership.put_back (a replaced folder emptied, each of its folders) or a file
+opened to write or append (just before it happens). AT may instead name a point: `exchange` (the first swap),
+`put_back` (the first emptying, once the swap is done) or `end` (once the command has returned, before the
+interpreter's exit hooks).
 Exits as `lilicorr` would if it never gets there.
 
   python tests/kill_harness.py AT SIGKILL|SIGINT|SIGTERM -- lilicorr arguments ...
@@ -52,8 +54,10 @@ def main() -> int:
 
     os.replace = wrap(os.replace, "replace")
     os.fsync = wrap(os.fsync, "fsync")
+    os.link = wrap(os.link, "link")
     shutil.rmtree = wrap(shutil.rmtree, "rmtree")
     ownership.exchange = wrap(ownership.exchange, "exchange")
+    ownership.put_back = wrap(ownership.put_back, "put_back")
     builtins.open = io.open = wrap(builtins.open, "open", opens_to_write)
     from sglang_lilicorr.cli import main as lilicorr
 

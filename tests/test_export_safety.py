@@ -1,14 +1,18 @@
 """`lilicorr export` writes only what it may replace: a new or empty folder or an earlier export;
-a foreign folder only with --force, which writes the draft's two files beside what is there and deletes nothing;
-never a training run, a folder inside one, a model folder, or the run it reads.
+a foreign folder only with --force, which replaces the draft's two files and keeps everything else as it was (the
+same files); never a training run, a folder inside one, a model folder, the run it reads, or the current folder.
 The runs here are written by train/state.py directly (no training), so each test takes a second."""
 
+import errno
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
 import torch
 
+from sglang_lilicorr import ownership
 from sglang_lilicorr.cli import main
 from sglang_lilicorr.drafter import DFlashDrafter, load_draft
 from sglang_lilicorr.errors import UsageError
@@ -32,6 +36,45 @@ def write_run(folder: Path, poison: bool = False) -> Path:
 def snapshot(folder: Path) -> dict:
     """Every file under folder -> its bytes."""
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+DRAFT = ("config.json", "model.safetensors")
+
+
+def tree(folder: Path, but=DRAFT) -> dict:
+    """Every entry under folder, itself included, but the top-level names `but` -> (its mode, its bytes, a symlink's
+    target, or None for a folder)."""
+    found = {}
+    for top, folders, files in os.walk(folder):
+        for name in [".", *folders, *files] if top == str(folder) else [*folders, *files]:
+            path = Path(top) / name
+            key = os.path.normpath(path.relative_to(folder))
+            if key not in but:
+                content = os.readlink(path) if path.is_symlink() else None if path.is_dir() else path.read_bytes()
+                found[key] = (stat.S_IMODE(path.lstat().st_mode), content)
+    return found
+
+
+def users_folder(folder: Path) -> Path:
+    """`folder` (made if need be) given what a user keeps: files of several modes, a hidden one, folders (an empty one,
+    a private one, one two deep), symlinks (to a file, to a folder, to nothing)."""
+    for name in ("sub/deeper", "empty", "private"):
+        (folder / name).mkdir(parents=True)
+    files = [("notes.txt", 0o600), (".hidden", 0o644), ("run.sh", 0o755), ("ro.txt", 0o444), ("sub/data.bin", 0o640)]
+    for name, mode in [*files, ("sub/deeper/x", 0o644), ("private/key", 0o400)]:
+        (folder / name).write_bytes(name.encode() + bytes(range(256)))
+        (folder / name).chmod(mode)
+    for name, mode in (("private", 0o700), ("sub", 0o750), (".", 0o750)):
+        (folder / name).chmod(mode)
+    (folder / "link").symlink_to("notes.txt")
+    (folder / "sub-link").symlink_to("sub")
+    (folder / "dangling").symlink_to("nowhere")
+    return folder
+
+
+def inodes(folder: Path) -> dict:
+    """Each file and symlink under folder (but the draft's) -> its inode: the same file, not a copy, while it is."""
+    return {k: os.lstat(folder / k).st_ino for k, (_, content) in tree(folder).items() if content is not None}
 
 
 @pytest.fixture
@@ -87,15 +130,143 @@ def test_force_never_deletes_a_run_or_a_model_folder_it_holds(run, tmp_path, cap
     assert snapshot(model) == before
 
 
-def test_export_into_the_current_folder_leaves_no_temporaries(run, tmp_path, monkeypatch):
-    here = tmp_path / "here"
-    here.mkdir()
-    monkeypatch.chdir(here)
-    assert main(["export", str(run), "."]) == 0
-    assert sorted(p.name for p in here.iterdir()) == ["config.json", "model.safetensors"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["here", "run"]
-    assert main(["export", str(run), "."]) == 0  # over its own earlier export
-    assert load_draft(here)[1] is not None
+@pytest.mark.parametrize("where", ["here", "above"])
+def test_never_into_the_current_folder_or_one_that_holds_it(run, tmp_path, monkeypatch, capsys, where):
+    """A new folder takes the draft folder's place: the shell standing in it would be left in the old one."""
+    here = export_checkpoint(run, tmp_path / "draft")
+    (here / "sub").mkdir()
+    monkeypatch.chdir(here if where == "here" else here / "sub")
+    before = tree(here, but=())
+    out = "." if where == "here" else ".."
+    assert main(["export", str(run), out, "--force"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {out} is {'the current folder' if where == 'here' else 'a folder that holds the current one'}, which "
+        f"an export replaces with a new folder (your shell would stay in the old one) (OUT_DIR): pass it from "
+        f"outside: cd {tmp_path} and export to draft\n"
+    )
+    assert tree(here, but=()) == before and sorted(os.listdir(tmp_path)) == ["draft", "run"]
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", str(run), "draft", "--force"]) == 0  # from outside, as the line says
+
+
+def test_force_keeps_every_other_file_and_folder_as_it_was(run, tmp_path):
+    """--force over a user's folder, then over the draft it left there: the user's files are the same files (their
+    inodes), with their modes and bytes; folders and symlinks as they were; the draft is the new one."""
+    out = users_folder(tmp_path / "mine")
+    before, files = tree(out), inodes(out)
+    assert main(["export", str(run), str(out), "--force"]) == 0
+    assert tree(out) == before and inodes(out) == files and load_draft(out)[1] is not None
+    assert main(["export", str(run), str(out), "--force", "--dtype", "float32"]) == 0
+    assert tree(out) == before and inodes(out) == files
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "float32"
+    assert sorted(os.listdir(tmp_path)) == ["mine", "run"]  # no temporary or lock beside it
+
+
+def test_what_cannot_be_linked_is_refused_and_nothing_changes(run, tmp_path, monkeypatch, capsys):
+    """A file on another file system than its folder's (or one the system will not link) is never copied: the
+    export is refused, naming it, before anything changes."""
+    out = users_folder(export_checkpoint(run, tmp_path / "mine"))
+    before, draft = tree(out, but=()), snapshot(out)
+    link = os.link
+
+    def no_link_for_data(source, destination, **kwargs):
+        if Path(source).name == "data.bin":
+            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+        return link(source, destination, **kwargs)
+
+    monkeypatch.setattr(os, "link", no_link_for_data)
+    assert main(["export", str(run), str(out), "--force", "--dtype", "float32"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: Invalid cross-device link: it cannot be kept as it is in a new copy of its folder "
+        f"({out / 'sub' / 'data.bin'}): move it out of the folder (or make it writable), or write into a new or "
+        "empty folder: a folder's other files are kept as hard links in its new copy, never copied\n"
+    )
+    assert tree(out, but=()) == before and snapshot(out) == draft and sorted(os.listdir(tmp_path)) == ["mine", "run"]
+
+
+def test_a_folder_it_may_not_write_is_refused(run, tmp_path, monkeypatch, capsys):
+    """Its old copy could not be emptied once the new one has taken its place."""
+    out = users_folder(tmp_path / "mine")
+    before = tree(out, but=())
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path).name != "sub" and access(path, mode))
+    assert main(["export", str(run), str(out), "--force"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "error: a folder this user may not write: it cannot be kept as it is in a new copy of its folder "
+        f"({out / 'sub'})"
+    )
+    assert tree(out, but=()) == before and sorted(os.listdir(tmp_path)) == ["mine", "run"]
+
+
+def test_a_draft_folder_sheds_only_the_drafts_leftovers(run, tmp_path):
+    """What a killed writer of the draft's files left in the folder goes; another writer's temporary stays."""
+    out = users_folder(export_checkpoint(run, tmp_path / "mine"))
+    (out / ".model.safetensors.lilicorr-tmp-1-aaaa").write_bytes(b"torn")
+    (out / ".notes.txt.lilicorr-tmp-1-bbbb").write_text("another writer's")
+    before = tree(out, but=(*DRAFT, ".model.safetensors.lilicorr-tmp-1-aaaa"))
+    export_checkpoint(run, out, force=True)
+    assert tree(out) == before
+
+
+def test_files_written_during_an_export_are_kept(run, tmp_path, monkeypatch):
+    """A file the user writes into the folder after its new copy was made, and one replaced by another file then: the
+    old folder is emptied into the new one, never removed with them."""
+    out = users_folder(tmp_path / "mine")
+    exchange = ownership.exchange
+
+    def write_first(a, b):
+        assert inodes(Path(a)) == inodes(out)  # the new copy: links of the same files, none copied
+        (out / "late.txt").write_text("written meanwhile")
+        (out / ".notes.new").write_text("edited meanwhile")
+        os.replace(out / ".notes.new", out / "notes.txt")  # as an editor saves
+        (out / "sub" / "new").mkdir()
+        return exchange(a, b)
+
+    monkeypatch.setattr(ownership, "exchange", write_first)
+    assert main(["export", str(run), str(out), "--force"]) == 0
+    assert (out / "late.txt").read_text() == "written meanwhile" and (
+        out / "notes.txt"
+    ).read_text() == "edited meanwhile"
+    assert (out / "sub" / "new").is_dir() and load_draft(out)[1] is not None
+    assert sorted(os.listdir(tmp_path)) == ["mine", "run"]
+
+
+def test_where_folders_cannot_be_swapped_a_folder_that_keeps_files_is_refused(run, tmp_path, monkeypatch, capsys):
+    """Renaming the old folder aside, then the new one in, is two renames: a kill between them would leave the
+    user's files in temporaries. A folder holding only an earlier export is still replaced so."""
+    monkeypatch.setattr(ownership, "exchange", lambda a, b: False)
+    out = users_folder(tmp_path / "mine")
+    before = tree(out, but=())
+    assert main(["export", str(run), str(out), "--force"]) == 2
+    assert "cannot swap two folders in one rename" in capsys.readouterr().err and tree(out, but=()) == before
+    draft = export_checkpoint(run, tmp_path / "draft")
+    assert export_checkpoint(run, draft, dtype="float32") == draft
+    assert json.loads((draft / "config.json").read_text())["torch_dtype"] == "float32"
+    assert sorted(os.listdir(tmp_path)) == ["draft", "mine", "run"]
+
+
+def test_a_mount_point_is_refused(run, tmp_path, monkeypatch):
+    from sglang_lilicorr.train.export import check_destination
+
+    (tmp_path / "disk").mkdir()
+    monkeypatch.setattr(os.path, "ismount", lambda path: Path(path) == tmp_path / "disk")
+    with pytest.raises(UsageError) as e:
+        check_destination(tmp_path / "disk", run)
+    assert (e.value.what, e.value.fix) == (
+        f"{tmp_path / 'disk'} is a mount point, which an export cannot replace with a new folder",
+        "write the draft to a folder inside it",
+    )
+
+
+def test_force_never_replaces_a_folder_named_as_the_weights(run, tmp_path):
+    out = export_checkpoint(run, tmp_path / "mine")
+    (out / "model.safetensors").unlink()
+    (out / "model.safetensors").mkdir()
+    (out / "model.safetensors" / "shard-1").write_bytes(b"weights")
+    before = tree(out, but=())
+    with pytest.raises(UsageError, match="holds a config.json and model.safetensors that is not a draft's"):
+        export_checkpoint(run, out, force=True)
+    assert tree(out, but=()) == before
 
 
 def test_an_export_with_a_foreign_file_beside_it_is_foreign(run, tmp_path):
@@ -167,7 +338,7 @@ def test_check_destination_needs_force_by_default(run, tmp_path):
     (notes / "a.txt").write_text("x")
     with pytest.raises(UsageError, match="--force"):
         check_destination(notes, run)
-    assert check_destination(notes, run, force=True) == "in place"
+    assert check_destination(notes, run, force=True) == "keep"
     assert check_destination(tmp_path / "new", run) == "new"
     (tmp_path / "file").write_text("x")
     with pytest.raises(UsageError, match="is a file"):
@@ -283,7 +454,7 @@ def test_each_sign_of_a_training_run_alone_is_refused(run, tmp_path, sign):
     )
     (out / path).unlink()
     (out / "checkpoints" / "other").mkdir(parents=True, exist_ok=True)  # a folder of that name alone is no sign
-    assert check_destination(out, run, force=True) == "in place"
+    assert check_destination(out, run, force=True) == "keep"
 
 
 def test_each_destination_refusal_in_full(run, tmp_path):
@@ -325,7 +496,7 @@ def test_each_destination_refusal_in_full(run, tmp_path):
     assert refused(many) == (
         f"{many} is not empty and is not an earlier export, it holds ['f0', 'f1', 'f2', 'f3', 'f4']",
         "pick a new or empty folder, or pass --force to write the draft's config.json and model.safetensors beside "
-        "those files (--force deletes nothing)",
+        "those files (--force keeps them as they are)",
     )
     (many / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
     (many / "model.safetensors").write_bytes(b"weights")

@@ -15,14 +15,14 @@ import pytest
 from conftest import SEED
 from sglang_lilicorr import ownership
 from sglang_lilicorr.cli import main
-from test_export_safety import snapshot
+from test_export_safety import DRAFT, snapshot, tree, users_folder
 from test_nothing_lost import train_args
 from test_train import make_target, recipe_argv, write_conversations
 
 HERE = Path(__file__)
 HARNESS = HERE.parent / "kill_harness.py"
 # write points of each command as measured (tests/kill_harness.py prints them): the kill lands within them
-POINTS = {"train": 17, "export": 7, "export-new": 6, "regenerate": 4, "recipe": 16}
+POINTS = {"train": 17, "export": 7, "export-force": 21, "export-new": 6, "regenerate": 4, "recipe": 16}
 
 
 def lilicorr(at: int, sig: str, *args) -> subprocess.CompletedProcess:
@@ -136,6 +136,31 @@ def test_a_killed_export_leaves_the_old_or_the_new_draft(drafts, tmp_path, sig, 
         assert not temporaries(tmp_path)
     assert main(["export", str(drafts["new_run"]), str(draft)]) == 0  # the next export mends what a kill left
     assert snapshot(draft) == drafts["new"] and not temporaries(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["draft"]  # no lock file or temporary beside it
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("at", ["random", "exchange", "put_back"])
+def test_a_killed_force_export_leaves_the_old_or_the_new_draft_and_all_else(drafts, tmp_path, sig, at):
+    """--force over a folder of the user's that holds a draft: killed at a random write point, just before the swap
+    or just after it, the folder holds the old draft or the new one, and every other entry as it was (bytes, mode)."""
+    from sglang_lilicorr.drafter import load_draft
+
+    draft = users_folder(a_draft(tmp_path / "draft", drafts["old"]))
+    before = tree(draft)
+    args = ["export", drafts["new_run"], draft, "--force"]
+    result = lilicorr(point("export-force", sig) if at == "random" else at, sig, *args)
+    assert killed(result, sig), result.stderr[-2000:]
+    now = {k: v for k, v in snapshot(draft).items() if k in DRAFT}
+    assert now in (drafts["old"], drafts["new"])  # whole: the old draft or the new one
+    if at != "random":
+        assert now == drafts["old" if at == "exchange" else "new"]  # killed just before the swap, or just after it
+    assert tree(draft) == before  # the user's files, folders and symlinks as they were
+    load_draft(draft)
+    if sig == "SIGINT":
+        assert not temporaries(tmp_path)
+    assert main(["export", str(drafts["new_run"]), str(draft), "--force"]) == 0  # the next one mends what a kill left
+    assert snapshot(draft)["model.safetensors"] == drafts["new"]["model.safetensors"] and tree(draft) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["draft"]  # no lock file or temporary beside it
 
 

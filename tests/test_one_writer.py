@@ -203,8 +203,8 @@ def load_draft_weights_of(run: Path) -> dict:
 
 
 def test_config_and_weights_of_two_exports_are_refused(tmp_path, capsys):
-    """What an export stopped between its two files leaves where it writes in place (--force, the current folder):
-    weights of one run beside the config of another, of equal dtype and geometry."""
+    """Weights of one run beside the config of another, of equal dtype and geometry (an export replaces both as one
+    folder, but a user may copy one file over): refused by name, and the next export mends it."""
     from sglang_lilicorr.checkpoint import CheckpointError
     from sglang_lilicorr.drafter import load_draft
 
@@ -225,3 +225,15 @@ def test_where_names_cannot_be_exchanged_the_old_folder_is_renamed_aside(tmp_pat
     with ownership.atomic_directory(target) as new:
         (new / "f").write_text("new")
     assert (target / "f").read_text() == "new" and os.listdir(tmp_path) == ["d"]
+
+
+def test_a_folder_named_as_a_file_the_block_writes_is_never_dropped(tmp_path):
+    """atomic_directory(keep_all_but=...) replaces files of those names; a folder of such a name stays with the rest,
+    so the block's write fails and nothing changes."""
+    target = tmp_path / "d"
+    (target / "w").mkdir(parents=True)
+    (target / "w" / "shard").write_text("mine")
+    with pytest.raises(OSError):
+        with ownership.atomic_directory(target, keep_all_but=("w",)) as new:
+            (new / "w").write_text("new")
+    assert (target / "w" / "shard").read_text() == "mine" and os.listdir(tmp_path) == ["d"]

@@ -423,8 +423,9 @@ def _register_export(p: argparse.ArgumentParser) -> None:
     output.add_argument(
         "--force",
         action="store_true",
-        help="write the draft's two files into OUT_DIR although it holds other files, which are kept "
-        "(--force deletes nothing; never into a training run, a model folder or over files not a draft's)",
+        help="write the draft into OUT_DIR although it holds other files, which are kept as they are (hard-linked "
+        "into the new folder that takes OUT_DIR's place; never into a training run, a model folder or over files "
+        "not a draft's)",
     )
     p.add_argument_group("data").add_argument(
         "--accept-legacy-checkpoints",

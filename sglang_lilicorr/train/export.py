@@ -7,20 +7,23 @@ or DSpark head is written as stock SGLang serves it (train/heads.py).
 
 Export writes only what it may replace (`check_destination`, the rule of ownership.py): a missing or
 empty folder, or an earlier export (config.json + model.safetensors of a draft, nothing else). A folder holding
-anything else only with force=True, and then export writes its two files beside what is there and deletes
-nothing: it still refuses a folder whose config.json or model.safetensors are not a draft's (a model folder).
+anything else only with force=True, and then export replaces only the draft's two files and keeps the rest as it
+is: it still refuses a folder whose config.json or model.safetensors are not a draft's (a model folder).
 Never a training run, a data set or a report of ours, a checkpoint, nor a folder inside one, nor the source or a
-folder that contains it, whatever `force` says.
+folder that contains it, whatever `force` says; nor the current folder or one that holds it (the shell standing in
+it would be left in the old folder), nor a mount point.
 
-The draft is written beside its folder and takes the folder's place in one rename (an earlier export is exchanged
-with it, then removed): a reader, and a kill at any point, finds the old draft or the new one, whole. Into a folder
-that keeps other files (--force) or that the shell stands in, the two files are replaced in place, each whole
-(weights, then config); the config names its weights' checksum, so a reader refuses the two files of two exports.
-One export writes a folder at a time (ownership.sole_writer). The source's checksums are checked first.
+The draft is written into a new folder beside its folder, which takes the folder's place in one rename (exchanged
+with it; ownership.atomic_directory): a reader, and a kill at any point, finds the old draft or the new one, whole.
+Whatever else the folder holds (--force) is in the new one as it was, the same files hard-linked, never copied
+(ownership.link_tree; what cannot be linked is refused, nothing changed). One export writes a folder at a time
+(ownership.sole_writer). The source's checksums are checked first.
 """
 
 from __future__ import annotations
 
+import os
+import shlex
 from pathlib import Path
 
 from ..baselines import DSparkConfig
@@ -31,7 +34,6 @@ from ..checkpoint import (
     architecture_of,
     save_checkpoint,
     with_head,
-    write_checkpoint_files,
 )
 from ..config import LiLiCorrConfig
 from ..ownership import NotOursError, held, marked_kind, remove_temporaries, sole_writer, space_for
@@ -66,14 +68,18 @@ def is_draft_config(path: Path) -> bool:
 
 
 def is_earlier_export(folder: Path) -> bool:
-    """Exactly config.json + model.safetensors, the config a draft's."""
-    return set(held(folder)) == {CONFIG_FILE, WEIGHTS_FILE} and is_draft_config(folder / CONFIG_FILE)
+    """Exactly config.json + model.safetensors, the config a draft's, the weights a file."""
+    return (
+        set(held(folder)) == {CONFIG_FILE, WEIGHTS_FILE}
+        and is_draft_config(folder / CONFIG_FILE)
+        and (folder / WEIGHTS_FILE).is_file()
+    )
 
 
 def check_destination(out_dir: str | Path, source: str | Path, force: bool = False) -> str:
     """Raises UsageError unless export may write out_dir (see the module docstring) -> "new" (it does not exist),
-    "replace" (an empty folder or an earlier export: the new draft takes its place) or "in place" (a folder that
-    keeps other files, with `force`, or the current folder: the two files written into it)."""
+    "replace" (an empty folder or an earlier export: the new draft takes its place) or "keep" (a folder that keeps
+    other files, with `force`: a new folder of them and the new draft takes its place)."""
     if not str(out_dir).strip():
         raise UsageError("OUT_DIR is empty", where="OUT_DIR", fix="pass the folder the draft goes to, e.g. my-draft")
     out, src = Path(out_dir).resolve(), Path(source).resolve()
@@ -109,23 +115,36 @@ def check_destination(out_dir: str | Path, source: str | Path, force: bool = Fal
             fix="pick a new or empty folder (--force does not change this)",
         )
     here = Path.cwd().resolve()
+    if out == here or out in here.parents:
+        raise UsageError(
+            f"{out_dir} is {'the current folder' if out == here else 'a folder that holds the current one'}, which "
+            "an export replaces with a new folder (your shell would stay in the old one)",
+            where="OUT_DIR",
+            fix=f"pass it from outside: cd {shlex.quote(str(out.parent))} and export to {shlex.quote(out.name)}",
+        )
+    if os.path.ismount(out):
+        raise UsageError(
+            f"{out_dir} is a mount point, which an export cannot replace with a new folder",
+            where="OUT_DIR",
+            fix="write the draft to a folder inside it",
+        )
     if not held(out) or is_earlier_export(out):
-        return "in place" if out == here or out in here.parents else "replace"
+        return "replace"
     if not force:
         raise NotOursError(
             f"{out_dir} is not empty and is not an earlier export, it holds {held(out)[:5]}",
             where="OUT_DIR",
             fix="pick a new or empty folder, or pass --force to write the draft's config.json and "
-            "model.safetensors beside those files (--force deletes nothing)",
+            "model.safetensors beside those files (--force keeps them as they are)",
         )
-    foreign = [n for n in (CONFIG_FILE, WEIGHTS_FILE) if (out / n).exists()]
-    if foreign and not is_draft_config(out / CONFIG_FILE):
+    foreign = [n for n in (CONFIG_FILE, WEIGHTS_FILE) if os.path.lexists(out / n)]
+    if foreign and (not is_draft_config(out / CONFIG_FILE) or (out / WEIGHTS_FILE).is_dir()):
         raise NotOursError(
             f"{out_dir} holds a {' and '.join(foreign)} that is not a draft's (a model folder?)",
             where="OUT_DIR",
             fix="pick a new or empty folder; --force never replaces files that are not a draft's",
         )
-    return "in place"
+    return "keep"
 
 
 def check_source(source: str | Path) -> None:
@@ -165,17 +184,13 @@ def export_checkpoint(
     if dtype not in DTYPES:
         raise UsageError(f"--dtype {dtype!r} is not a draft dtype", fix=f"choose one of {sorted(DTYPES)}")
     check_source(source)
-    how = check_destination(out_dir, source, force)
+    check_destination(out_dir, source, force)
     with sole_writer(out_dir, "OUT_DIR", "draft"):
         config, tensors = draft_of(source, dtype, legacy)
         final = Path(out_dir).resolve()
         with space_for(final, sum(t.nbytes for t in tensors.values()), "OUT_DIR"):
             remove_temporaries(final.parent, of=final.name)  # what a killed export of this folder left beside it
-            if how != "in place":
-                return save_checkpoint(final, config, tensors)
-            remove_temporaries(final)
-            write_checkpoint_files(final, config, tensors)
-    return final
+            return save_checkpoint(final, config, tensors, keep_others=True)
 
 
 def draft_of(source: str | Path, dtype: str, legacy: bool) -> tuple[dict, dict]:
