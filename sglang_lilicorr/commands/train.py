@@ -278,7 +278,8 @@ TRAIN_OPTIONS = {
         "rope_factor": "yarn: how far the rope is stretched (> 1; with --rope-scaling yarn only)",
         "rope_original_max_position": "yarn: the length it is stretched from, in tokens (>= 0; 0 = the target's "
         "max_position_embeddings)",
-        "init_from": "an exported draft folder whose weights start the run (a resumed run ignores it)",
+        "init_from": "a draft folder whose weights and geometry start the run: a `lilicorr export` or a published "
+        "DFlash draft as is (z-lab's layout; docs/BRING_YOUR_OWN_TARGET.md); a resumed run ignores its weights",
     },
     "model: head": {
         "head": "the head trained beside the drafter: lilicorr (the paper), domino, dspark (docs/BASELINES.md) or "
@@ -292,6 +293,10 @@ TRAIN_OPTIONS = {
         "head_mlp_ratio": "its FFN width over its width (> 0)",
         "factor_dim": "d_e: width of the unit out / in vectors whose cosines score adjacent slots (>= 1)",
         "logit_scale": "sigma: a pair's score is sigma * cos(out, in) (> 0)",
+    },
+    "training": {
+        "train": "what the run updates: joint (the drafter and the head, the paper) or head (the head alone, on the "
+        "--init-from drafter kept frozen: no drafter gradients or optimizer state)",
     },
     "objective": {
         "beta": "DFlash's decay of the per-slot loss weights along the block (> 0)",
@@ -339,10 +344,10 @@ METAVARS = {int: "N", finite_float: "X"}
 def _register_train(p: argparse.ArgumentParser) -> None:
     from ..baselines import MARKOV_HEAD_TYPES
     from ..drafter.config import ROPE_TYPES
-    from ..train.config import TrainConfig
+    from ..train.config import TRAIN_MODES, TrainConfig
     from ..train.heads import HEADS
 
-    choices = {"head": HEADS, "markov_head_type": MARKOV_HEAD_TYPES, "rope_scaling": ROPE_TYPES}
+    choices = {"head": HEADS, "markov_head_type": MARKOV_HEAD_TYPES, "rope_scaling": ROPE_TYPES, "train": TRAIN_MODES}
     required = {"target", "data", "output_dir"}
     paths = {"target", "data", "eval_data", "exclude", "output_dir", "init_from"}
     groups = {name: p.add_argument_group(name) for name in TRAIN_OPTIONS}

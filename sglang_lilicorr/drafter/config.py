@@ -46,6 +46,34 @@ def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[
     return [int(round(first + i * (last - first) / (num_features - 1))) for i in range(num_features)]
 
 
+# dflash_config keys of other DFlash variants SGLang serves (DFlash2's grouped convolution and candidate selector,
+# attention sinks, scaled values and logits), with the value that turns each off
+OTHER_VARIANTS = {
+    "conv_kernel_size": 0,
+    "conv_group_size": 0,
+    "selector_rank": 0,
+    "selector_top_k": 0,
+    "attention_sink_bias": False,
+    "attention_value_scale": None,
+    "output_multiplier": 1.0,
+    "final_logit_softcapping": None,
+}
+
+
+def unsupported_variant(config: Mapping[str, Any], dflash: Mapping[str, Any]) -> str | None:
+    """What a published DFlash draft config declares that this drafter does not compute, or None: a layer that is
+    not full attention (sliding windows), causal attention, a partial rotary embedding, another variant's key."""
+    layer_types = config.get("layer_types") or []
+    if isinstance(layer_types, list) and any(t != "full_attention" for t in layer_types):
+        return f"layer_types={layer_types!r:.80}"
+    if config.get("is_causal"):
+        return "is_causal=true"
+    if config.get("partial_rotary_factor", 1.0) != 1.0:
+        return f"partial_rotary_factor={config['partial_rotary_factor']!r:.20}"
+    found = [k for k, off in OTHER_VARIANTS.items() if dflash.get(k, off) not in (off, None, 0)]
+    return f"dflash_config.{found[0]}={dflash[found[0]]!r:.40}" if found else None
+
+
 ROPE_TYPES = ("default", "yarn")
 _ROPE_KEYS = {
     "default": {"rope_theta", "rope_type"},
@@ -279,6 +307,12 @@ class DrafterConfig:
             raise DrafterConfigError(f"draft config lacks {missing}.")
         if config.get("attention_bias"):
             raise DrafterConfigError("draft config has attention_bias=true: this drafter has bias-free projections.")
+        variant = unsupported_variant(config, dflash)
+        if variant:
+            raise DrafterConfigError(
+                f"draft config declares {variant}, which this drafter does not implement: it trains and serves "
+                "DFlash drafters of bidirectional full-attention Qwen3 layers (as z-lab's Qwen3-*-DFlash-b16)."
+            )
         layer_ids = dflash["target_layer_ids"]
         if not isinstance(layer_ids, list):
             raise DrafterConfigError(f"dflash_config.target_layer_ids={layer_ids!r:.80} is not a list of layer ids.")

@@ -19,6 +19,7 @@ from ..losses import ObjectiveWeights
 from .heads import HEADS, HeadConfig
 
 _HEAD = LiLiCorrConfig()
+TRAIN_MODES = ("joint", "head")  # --train: what a run updates
 _OBJECTIVE = ObjectiveWeights()
 
 
@@ -47,6 +48,7 @@ class TrainConfig:
     )
     # the head trained beside the drafter (train/heads.py): lilicorr, domino, dspark or none (gamma = 0: none too)
     head: str = "lilicorr"
+    train: str = "joint"  # what the run updates: joint (drafter and head, the paper) or head (a frozen drafter)
     corrector_width: int = 0  # domino: GRU and MLP width, dspark: Markov rank (0 = the drafter's hidden width)
     markov_head_type: str = "vanilla"  # dspark: vanilla, gated or rnn
     # LiLiCorr head geometry
@@ -166,6 +168,7 @@ class TrainConfig:
         ):
             need(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, name, "an integer >= 1")
         need(self.head in HEADS, "head", f"one of {', '.join(HEADS)}")
+        need(self.train in TRAIN_MODES, "train", f"one of {', '.join(TRAIN_MODES)}")
         need(self.markov_head_type in MARKOV_HEAD_TYPES, "markov_head_type", f"one of {', '.join(MARKOV_HEAD_TYPES)}")
         for name in ("max_steps", "eval_every", "draft_intermediate_size", "seed", "corrector_width"):
             need(isinstance(getattr(self, name), int) and getattr(self, name) >= 0, name, "an integer >= 0")
@@ -190,6 +193,14 @@ class TrainConfig:
                 "--move-aside starts a new run: it goes with --no-resume",
                 where="--move-aside",
                 fix="add --no-resume (the run there moves to OUTPUT.old-N), or drop --move-aside to resume that run",
+            )
+        if self.train == "head" and (self.init_from is None or self.head_config(self.block_size, 1e-6, 1) is None):
+            raise TrainConfigError(
+                "--train head trains a head on a trained drafter, which stays frozen: it needs --init-from DRAFT and "
+                "a head",
+                where="--train",
+                fix="pass --init-from with a DFlash draft (and --head lilicorr, domino or dspark with gamma > 0), or "
+                "--train joint",
             )
         need(
             self.gamma > 0 or self.head in ("lilicorr", "none"),
@@ -284,7 +295,7 @@ class TrainConfig:
 
     # Settings added after runs were first checkpointed, with the value those runs trained with (a checkpoint that
     # predates one compares as having it: state.check_resume_compatible).
-    ADDED = {"head": "lilicorr", "corrector_width": 0, "markov_head_type": "vanilla"}
+    ADDED = {"head": "lilicorr", "corrector_width": 0, "markov_head_type": "vanilla", "train": "joint"}
 
     def resumed_settings(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in self.NOT_COMPARED}

@@ -59,9 +59,11 @@ def serving_tensors(head: Head) -> dict[str, torch.Tensor]:
     return {prefix + k: v for k, v in head.state_dict().items()}
 
 
-def read_corrector_draft(directory: str | Path) -> tuple[DrafterConfig, DominoConfig | DSparkConfig, dict, dict] | None:
-    """An exported Domino or DSpark draft -> (drafter config, head config, drafter tensors, head tensors), or None
-    for any other folder (drafter.load_draft reads the others and names what is wrong with them)."""
+def corrector_draft_config(
+    directory: str | Path,
+) -> tuple[DrafterConfig, DominoConfig | DSparkConfig, torch.dtype] | None:
+    """An exported Domino or DSpark draft's config.json -> (drafter config, head config, dtype), or None for any other
+    folder (drafter.load_draft reads the others and names what is wrong with them)."""
     try:
         raw = loads((Path(directory) / CONFIG_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -78,8 +80,16 @@ def read_corrector_draft(directory: str | Path) -> tuple[DrafterConfig, DominoCo
     if head_cfg is None:
         return None
     config = DSparkConfig.drafter_config(raw) if dspark else raw
-    drafter_cfg = DrafterConfig.from_hf_config(config)
-    dtype = dtype_of(config)
+    return DrafterConfig.from_hf_config(config), head_cfg, dtype_of(config)
+
+
+def read_corrector_draft(directory: str | Path) -> tuple[DrafterConfig, DominoConfig | DSparkConfig, dict, dict] | None:
+    """An exported Domino or DSpark draft -> (drafter config, head config, drafter tensors, head tensors), or None
+    for any other folder."""
+    found = corrector_draft_config(directory)
+    if found is None:
+        return None
+    drafter_cfg, head_cfg, dtype = found
     tensors = read_tensors(directory)
     bad = [k for k, v in tensors.items() if v.dtype != dtype]
     if bad:

@@ -19,6 +19,7 @@ R = valid blocks of the batch, S = B - 1 slots, K candidates.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import torch
@@ -113,6 +114,11 @@ class JointModel(nn.Module):
         self.timer: PhaseTimer | None = None  # set by the trainer to time the forward's phases
         target.check_fits(drafter.config.hidden_size, drafter.config.vocab_size)
 
+    @property
+    def trains_drafter(self) -> bool:
+        """False when the drafter is frozen (--train head): its forward then keeps no graph."""
+        return any(p.requires_grad for p in self.drafter.parameters())
+
     def mark(self, phase: str) -> None:
         if self.timer is not None:
             self.timer.mark(phase)
@@ -135,11 +141,12 @@ class JointModel(nn.Module):
         self.mark("target")
         lay = block_layout(input_ids, loss_mask, anchors, anchor_valid, bsz, cfg.mask_token_id)
 
-        context = self.drafter.project_target_hidden(features)  # [b, T, Hm]
-        embeds = self.target.embed(lay.block_ids.view(b, -1))  # [b, Q, Hm]
-        ctx_pos = torch.arange(t, device=input_ids.device).expand(b, t)
-        hidden = self.drafter(embeds, lay.positions, context, ctx_pos, lay.attend)
-        hidden = hidden.view(b, -1, bsz, hidden.shape[-1])
+        with contextlib.nullcontext() if self.trains_drafter else torch.no_grad():  # --train head: no drafter graph
+            context = self.drafter.project_target_hidden(features)  # [b, T, Hm]
+            embeds = self.target.embed(lay.block_ids.view(b, -1))  # [b, Q, Hm]
+            ctx_pos = torch.arange(t, device=input_ids.device).expand(b, t)
+            hidden = self.drafter(embeds, lay.positions, context, ctx_pos, lay.attend)
+            hidden = hidden.view(b, -1, bsz, hidden.shape[-1])
 
         # the R valid blocks as (sequence, anchor) indices: one host read here; indexing by a boolean mask would read
         # again at each use and in its backward (a sync in the middle of the backward pass)

@@ -38,6 +38,7 @@ from typing import Any, Mapping
 import torch
 
 from ..checkpoint import (
+    CONFIG_FILE,
     HEAD_PREFIX,
     WEIGHTS_FILE,
     LEGACY_FLAG,
@@ -57,7 +58,7 @@ from ..checkpoint import (
 from ..jsonl import loads
 from ..ownership import remove_temporaries, write_atomic
 from ..drafter import DrafterConfig
-from .heads import HeadConfig, head_config_from_keys, head_keys, read_corrector_draft
+from .heads import HeadConfig, corrector_draft_config, head_config_from_keys, head_keys, read_corrector_draft
 
 STATE_FILE, TENSORS_FILE, OPTIMIZER_FILE, LATEST = "train_state.json", "trainable.safetensors", "optimizer.pt", "latest"
 FORMAT = "lilicorr-train-v1"
@@ -376,6 +377,19 @@ def check_same_geometry(
             where=where,
             fix="use the same --head and head settings (gamma = 0 and --head none have none) or a new --output-dir",
         )
+
+
+def draft_geometry(directory: str | Path) -> DrafterConfig:
+    """The drafter a draft folder declares, read from its config.json alone: any draft `lilicorr export` writes, or a
+    published DFlash draft (z-lab's layout: `dflash_config` {target_layer_ids, mask_token_id}, block_size beside it)."""
+    corrector = corrector_draft_config(directory)
+    if corrector is not None:
+        return corrector[0]
+    config = read_config(directory)
+    try:
+        return DrafterConfig.from_hf_config(config)
+    except CheckpointError as e:
+        raise e.located(str(Path(directory) / CONFIG_FILE)) from e
 
 
 def load_draft_weights(

@@ -2,7 +2,8 @@
 train/heads.py; paper Sec. 3.4 and 4, Table hparams), one GPU or data-parallel under torchrun (DDP, same code path;
 gloo on CPU).
 
-Optimisation: AdamW with two groups (drafter, head), cosine schedule with linear warm-up,
+Optimisation: AdamW with two groups (drafter, head; --train head: the head's alone, the drafter frozen and run
+without a graph), cosine schedule with linear warm-up,
 gradient-norm clip, bf16 autocast over fp32 master weights, optional gradient accumulation.
 --head none (or gamma = 0) trains plain DFlash (no head is built and the export is a vanilla draft).
 
@@ -10,8 +11,8 @@ The global batch of a step is batch_size x grad_accum x ranks sequences, cut int
 micro-batches: micro-batch j = rank + ranks * micro holds the step's sequences j, j + G, j + 2G, ...
 (G = grad_accum x ranks) and draws its anchors from seed step * G + j, so any split of one global batch
 between ranks and accumulation trains on the same micro-batches and the same gradient (the mean of their
-objectives), up to float summation order. A run may start from an exported draft's weights
-(`init_from`, same geometry; a fresh optimizer and schedule); a resumable checkpoint in its output
+objectives), up to float summation order. A run may start from a draft (`init_from`: an export, or a DFlash
+draft as published; its weights and geometry, a fresh optimizer and schedule); a resumable checkpoint in its output
 folder takes precedence. Its logged training metrics are pooled over the whole global
 batch (every micro-batch of every rank, weighted by blocks), and tokens/s counts every rank's tokens.
 Only rank 0 writes, as the run folder's one writer (its lock, ownership.sole_writer, held for the run's life):
@@ -56,9 +57,11 @@ from .joint import JointModel, metric_sums, pooled_metrics, ratios
 from .prompts import check_disjoint, eval_guard
 from .state import (
     LATEST,
+    IncompatibleCheckpointError,
     STATE_FILE,
     TENSORS_FILE,
     check_resume_compatible,
+    draft_geometry,
     point_latest,
     set_aside_newer,
     load_draft_weights,
@@ -100,9 +103,13 @@ def resolve_mask_token(tokenizer, name: str | None, vocab_size: int) -> tuple[st
 
 
 def drafter_config_for(model, tokenizer, cfg: TrainConfig) -> DrafterConfig:
-    """Drafter geometry from the target's config (width, heads, rope, max positions) and the run's options
-    (the rope's scaling among them)."""
+    """Drafter geometry: an --init-from draft's own (`init_drafter_config`), else from the target's config (width,
+    heads, rope, max positions) and the run's options (the rope's scaling among them)."""
     tc = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if cfg.init_from:
+        drafter = init_drafter_config(cfg, int(tc.num_hidden_layers), model.get_output_embeddings().weight.shape)
+        check_mask_token(tokenizer, drafter, cfg.init_from)
+        return drafter
     n_layers = int(tc.num_hidden_layers)
     hidden = int(tc.hidden_size)
     heads = int(tc.num_attention_heads)
@@ -131,10 +138,72 @@ def drafter_config_for(model, tokenizer, cfg: TrainConfig) -> DrafterConfig:
     )
 
 
+# the options that shape a new drafter, with the DrafterConfig field each sets: a run started from a draft has the
+# draft's geometry, and one of these given another value is refused
+GEOMETRY_OPTIONS = {
+    "draft_layers": "num_hidden_layers",
+    "num_context_features": "num_context_features",
+    "block_size": "block_size",
+    "draft_intermediate_size": "intermediate_size",
+    "mask_token": "mask_token",
+}
+RECORDED_GEOMETRY = ("draft_layers", "num_context_features", "block_size")
+
+
+def init_drafter_config(cfg: TrainConfig, target_layers: int, lm_head_shape) -> DrafterConfig:
+    """The drafter of a run started from a draft (--init-from: exported, or published as z-lab's DFlash drafters are):
+    the draft's geometry, with the run's rope scaling; it must fit the target (width, vocabulary, layers), and a
+    geometry option given another value than the draft's is refused (IncompatibleCheckpointError, exit 2)."""
+    draft = draft_geometry(cfg.init_from)
+    where = f"--init-from {cfg.init_from}"
+    vocab, hidden = (int(n) for n in lm_head_shape)
+    for field, target in (("hidden_size", hidden), ("vocab_size", vocab), ("num_target_layers", target_layers)):
+        if getattr(draft, field) != target:
+            raise IncompatibleCheckpointError(
+                f"the draft's {field} {getattr(draft, field)} is not the target's {target}: it drafts for another "
+                "model",
+                where=where,
+                fix="pass the draft made for this target (or this draft's target as --target)",
+            )
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    for option, field in GEOMETRY_OPTIONS.items():
+        given, own = getattr(cfg, option), getattr(draft, field)
+        if given != defaults[option] and given != own:
+            flag = "--" + option.replace("_", "-")
+            raise IncompatibleCheckpointError(
+                f"{flag} {given!r} differs from the draft's {field} {own!r}",
+                where=where,
+                fix=f"drop {flag}: a run started from a draft has the draft's geometry",
+            )
+    return dataclasses.replace(draft, rope_scaling=cfg.drafter_rope(draft.max_position_embeddings))
+
+
+def check_mask_token(tokenizer, drafter: DrafterConfig, where: str) -> None:
+    """A draft's mask token is its id (z-lab's Qwen3 drafters: 151669, an embedding row the tokenizer has no token
+    for); where the tokenizer does name its mask token, it must be that id, as SGLang checks when it serves."""
+    token_id = tokenizer.get_vocab().get(drafter.mask_token)
+    if token_id is not None and token_id != drafter.mask_token_id:
+        raise IncompatibleCheckpointError(
+            f"the draft's mask token {drafter.mask_token!r} is id {drafter.mask_token_id}, the target's tokenizer "
+            f"gives it id {token_id}",
+            where=f"--init-from {where}",
+            fix="pass the draft made for this target's tokenizer",
+        )
+
+
 def build_optimizer(drafter: DFlashDrafter, head: Head | None, cfg: TrainConfig) -> torch.optim.AdamW:
-    groups = [
-        {"params": list(drafter.parameters()), "lr": cfg.lr_drafter, "weight_decay": cfg.wd_drafter, "name": "drafter"}
-    ]
+    """AdamW over what the run trains: the drafter (not with --train head: it is frozen and gets no state) and the
+    head, each its own group."""
+    groups = []
+    if cfg.train == "joint":
+        groups.append(
+            {
+                "params": list(drafter.parameters()),
+                "lr": cfg.lr_drafter,
+                "weight_decay": cfg.wd_drafter,
+                "name": "drafter",
+            }
+        )
     if head is not None:
         groups.append(
             {"params": list(head.parameters()), "lr": cfg.lr_head, "weight_decay": cfg.wd_head, "name": "head"}
@@ -436,6 +505,11 @@ def build_job(cfg: TrainConfig, env: Distributed) -> Job:
     model, tokenizer = load_target(cfg.target, env.device, cfg.bf16)
     drafter_cfg = drafter_config_for(model, tokenizer, cfg)
     features = len(drafter_cfg.target_layer_ids)
+    if cfg.init_from:  # the run records the draft's depth and block, what it trains with (the FFN width and mask
+        # token stay as given, as runs started from a draft recorded them before its geometry was taken from it)
+        cfg = dataclasses.replace(
+            cfg, **{option: getattr(drafter_cfg, GEOMETRY_OPTIONS[option]) for option in RECORDED_GEOMETRY}
+        )
     if features != cfg.num_context_features:  # the target has fewer layers: the run records what it trains with
         if env.main:
             print(
@@ -452,7 +526,7 @@ def build_job(cfg: TrainConfig, env: Distributed) -> Job:
     turns = held_out_turns(cfg.eval_data, cfg.eval_examples) if cfg.eval_data else []
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
-    drafter = DFlashDrafter(drafter_cfg).to(env.device)
+    drafter = DFlashDrafter(drafter_cfg).to(env.device).requires_grad_(cfg.train == "joint")
     head = None if head_cfg is None else build_head(head_cfg, drafter_cfg).to(env.device)
     joint = JointModel(drafter, head, target)
     optimizer = build_optimizer(drafter, head, cfg)
@@ -528,7 +602,14 @@ def resume_from(job: Job, path: Path, checkpoint: tuple, opt_state: dict) -> int
         job.cfg.ADDED,
     )
     load_trainable(tensors, job.drafter, job.head, str(path / TENSORS_FILE))
-    job.optimizer.load_state_dict(opt_state["optimizer"])
+    try:
+        job.optimizer.load_state_dict(opt_state["optimizer"])
+    except ValueError as e:  # --resume-with-changes across --train: other parameter groups
+        raise IncompatibleCheckpointError(
+            f"its optimizer state does not fit this run's trained parameters ({e})",
+            where=str(path),
+            fix="resume with the run's own --train, or start a new run (--init-from an export of this one)",
+        ) from e
     job.scheduler.load_state_dict(opt_state["scheduler"])
     step = int(state["step"])
     job.env.barrier()  # every rank has read its checkpoint
