@@ -52,6 +52,9 @@ STEPS = {  # step: (module, what it does)
     "tp-compare": ("benchmarks.multi_gpu.tp_compare", "reports of the multi-GPU checks"),
     "nccl-bench": ("benchmarks.multi_gpu.nccl_bench", "NCCL all-reduce time at the draft's gradient size"),
     "train-profile": ("benchmarks.multi_gpu.train_profile", "`lilicorr train` under torchrun with a profiler window"),
+    # training/: lilicorr train at Qwen3-8B shapes
+    "roofline": ("benchmarks.training.roofline", "FLOPs per training token, MFU and the recipe's hours at 8B"),
+    "train-8b": ("benchmarks.training.train_8b", "memory, tokens/s and phases of head-only and joint training at 8B"),
     # device/: flashinfer for the lent GPU machine
     "flashinfer-headers": ("benchmarks.device.flashinfer_headers", "the headers SGLang's sampling verify needs"),
     "flashinfer-slim": ("benchmarks.device.flashinfer_slim", "a slimmed flashinfer wheel for the GPU machine"),

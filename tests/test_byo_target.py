@@ -10,8 +10,9 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_train import TINY_FLAGS, make_tokenizer, write_conversations
+from test_train import TINY_FLAGS, make_target, make_tokenizer, write_conversations
 
+from benchmarks.training import train_8b
 from benchmarks.training.zlab_draft import write_zlab_draft, zlab_config, zlab_tensor_shapes
 from sglang_lilicorr import checkpoint as ckpt
 from sglang_lilicorr.cli import main
@@ -23,54 +24,23 @@ PADDED_VOCAB = 8  # the target's embedding rows past its tokenizer's tokens (Qwe
 
 
 def tiny_zlab(vocab: int, **overrides) -> dict:
-    """A tiny drafter's config.json in z-lab's layout for the tiny target (6 layers, width 32), FFN 48 (the target's
-    is 64: the run must take the draft's), mask id on a row the tokenizer has no token for."""
-    geometry = dict(
-        hidden_size=32,
-        intermediate_size=48,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        num_hidden_layers=2,
-        num_target_layers=6,
-        target_layer_ids=[1, 3],
-        vocab_size=vocab,
-        mask_token_id=vocab - 2,
-        block_size=4,
-        max_position_embeddings=512,
-    )
-    return zlab_config(**{**geometry, **overrides})
+    """config.json of the lab's tiny drafter in z-lab's layout (2 layers, FFN 48 where the target's is 64: the run
+    must take the draft's) for a target of `vocab` rows, its mask id on a row the tokenizer has no token for."""
+    return zlab_config(**{**train_8b.TINY["draft"], "vocab_size": vocab, "mask_token_id": vocab - 2, **overrides})
 
 
 @pytest.fixture(scope="module")
 def byo(tmp_path_factory):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoConfig
 
     root = tmp_path_factory.mktemp("byo")
-    tok = make_tokenizer()
-    cfg = Qwen3Config(
-        vocab_size=len(tok) + PADDED_VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=6,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=512,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=False,
-        initializer_range=0.3,
-    )
-    torch.manual_seed(0)
-    Qwen3ForCausalLM(cfg).save_pretrained(root / "target")
-    tok.save_pretrained(root / "target")
-    draft = write_zlab_draft(root / "zlab", tiny_zlab(cfg.vocab_size))
+    target = make_target(root / "target", "qwen3", extra_rows=PADDED_VOCAB)
+    vocab = AutoConfig.from_pretrained(target).vocab_size
     return {
-        "target": str(root / "target"),
+        "target": target,
         "data": write_conversations(root / "train.jsonl", 10),
-        "draft": draft,
-        "vocab": cfg.vocab_size,
+        "draft": write_zlab_draft(root / "zlab", tiny_zlab(vocab)),
+        "vocab": vocab,
         "root": root,
     }
 

@@ -45,13 +45,14 @@ def make_tokenizer(mask_token="<|mask|>"):
     return out
 
 
-def make_target(directory, arch="llama", seed=0, mask_token="<|mask|>"):
+def make_target(directory, arch="llama", seed=0, mask_token="<|mask|>", extra_rows=0):
+    """A tiny target and its tokenizer in `directory`; `extra_rows`: embedding rows past the tokenizer's tokens."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     tok = make_tokenizer(mask_token)
     cls, cfg_cls = {"llama": (LlamaForCausalLM, LlamaConfig), "qwen3": (Qwen3ForCausalLM, Qwen3Config)}[arch]
     cfg = cfg_cls(
-        vocab_size=len(tok),
+        vocab_size=len(tok) + extra_rows,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=6,

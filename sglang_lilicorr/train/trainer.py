@@ -211,6 +211,16 @@ def build_optimizer(drafter: DFlashDrafter, head: Head | None, cfg: TrainConfig)
     return torch.optim.AdamW(groups)
 
 
+def build_models(
+    cfg: TrainConfig, drafter_cfg: DrafterConfig, head_cfg: HeadConfig | None, target: FrozenTarget, device
+) -> tuple[DFlashDrafter, Head | None, JointModel, torch.optim.AdamW]:
+    """A fresh drafter (frozen with --train head) and head on `device`, their JointModel over the target, and the
+    optimizer of what trains."""
+    drafter = DFlashDrafter(drafter_cfg).to(device).requires_grad_(cfg.train == "joint")
+    head = None if head_cfg is None else build_head(head_cfg, drafter_cfg).to(device)
+    return drafter, head, JointModel(drafter, head, target), build_optimizer(drafter, head, cfg)
+
+
 def cosine_with_warmup(optimizer, total_steps: int, warmup_ratio: float) -> torch.optim.lr_scheduler.LambdaLR:
     warmup = max(1, math.ceil(warmup_ratio * total_steps))
 
@@ -526,10 +536,7 @@ def build_job(cfg: TrainConfig, env: Distributed) -> Job:
     turns = held_out_turns(cfg.eval_data, cfg.eval_examples) if cfg.eval_data else []
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
-    drafter = DFlashDrafter(drafter_cfg).to(env.device).requires_grad_(cfg.train == "joint")
-    head = None if head_cfg is None else build_head(head_cfg, drafter_cfg).to(env.device)
-    joint = JointModel(drafter, head, target)
-    optimizer = build_optimizer(drafter, head, cfg)
+    drafter, head, joint, optimizer = build_models(cfg, drafter_cfg, head_cfg, target, env.device)
     per_rank_step = cfg.batch_size * cfg.grad_accum
     per_epoch = len(epoch_batches(len(train_set), per_rank_step, cfg.seed, 0, env.rank, env.world))
     total = cfg.max_steps if cfg.max_steps > 0 else cfg.epochs * per_epoch
