@@ -1,7 +1,7 @@
 """Bring your own target: `lilicorr train --init-from` a DFlash drafter as z-lab publishes it (config keys and tensor
 names as published, random small weights: benchmarks/training/zlab_draft.py), its geometry taken from the draft, and
 `--train head` (the drafter frozen: bit-identical, no optimizer state, no graph) against `--train joint`; each export
-loads in our loader and in stock SGLang's LiLiCorrDraftModel."""
+loads in our loader, stock SGLang's LiLiCorrDraftModel and the LILICORR plugin's draft model."""
 
 from __future__ import annotations
 
@@ -100,15 +100,16 @@ def test_a_dflash_variant_this_drafter_does_not_compute_is_refused_by_name(edit,
         DrafterConfig.from_hf_config(config)
 
 
-def stock_sglang_loads(draft) -> None:
-    """Stock SGLang 0.5.23's draft class of the export takes every tensor (its LiLiCorr loader checks coverage)."""
+def sglang_loads(draft, plugin_model) -> None:
+    """Stock SGLang 0.5.23's draft class of the export (its LiLiCorr loader checks coverage) and the LILICORR plugin's
+    draft model take every tensor."""
     from test_shipped_checkpoints import stock_sglang_model
 
     config = ckpt.read_config(draft)
-    model = stock_sglang_model(config["architectures"][0], draft)
     tensors = load_file(str(draft / ckpt.WEIGHTS_FILE))
-    model.load_weights(iter(tensors.items()))
-    assert torch.equal(model.fc.weight.to(tensors["fc.weight"].dtype), tensors["fc.weight"])
+    for model in (stock_sglang_model(config["architectures"][0], draft), plugin_model(config)):
+        model.load_weights(iter(tensors.items()))
+        assert torch.equal(model.fc.weight.to(tensors["fc.weight"].dtype), tensors["fc.weight"])
 
 
 @pytest.mark.sglang
@@ -123,7 +124,7 @@ def test_joint_training_from_a_zlab_draft_takes_its_geometry_and_serves(byo, tmp
     drafter, head = load_draft(tmp_path / "draft")
     assert head is not None and drafter.config == draft_geometry(byo["draft"])
     assert not torch.equal(drafter.fc.weight, load_draft(byo["draft"])[0].fc.weight)  # joint: the drafter moved
-    stock_sglang_loads(tmp_path / "draft")
+    sglang_loads(tmp_path / "draft", draft_model_env)
 
 
 @pytest.mark.sglang
@@ -151,7 +152,7 @@ def test_head_only_keeps_the_drafter_bit_identical_allocates_it_nothing_and_serv
     drafter, head = load_draft(tmp_path / "draft")
     assert head is not None
     assert all(torch.equal(drafter.state_dict()[k], v) for k, v in published.items())  # the published drafter
-    stock_sglang_loads(tmp_path / "draft")
+    sglang_loads(tmp_path / "draft", draft_model_env)
     # resuming it as a joint run is refused by name
     capsys.readouterr()
     assert main(train_argv(byo, tmp_path / "run", "--train", "joint", "--max-steps", "3")) == 2
