@@ -1,11 +1,7 @@
-"""The parts every `lilicorr` subcommand shares, in a leaf module (it imports only `errors`): the parser class whose
-errors are one line, the argparse types that check a value when it is parsed, and how an error ends a subcommand.
-
-Every subcommand answers bad input with one line on stderr, `error: <what> (<where>): <fix>`, and exits 2 for a
-usage error (argparse's, or a `UsageError`), 1 for any other error: the project's own (`LiLiCorrError`), a file that
-cannot be read or written (`OSError`), or an unexpected exception, which the line names with the file:line it was
-raised at. `LILICORR_DEBUG=1` re-raises the others instead, with the full traceback; a usage error stays one line.
-"""
+"""What every `lilicorr` subcommand shares, in a leaf module (imports only `errors`): the one-line-error parser, the
+argparse types that check a value when parsed, and how an error ends a subcommand: one stderr line `error: <what>
+(<where>): <fix>`, exit 2 for a usage error (argparse's, `UsageError`), 1 for any other (`LiLiCorrError`, `OSError`,
+or an unexpected exception, named with the file:line it was raised at; `LILICORR_DEBUG=1` re-raises those)."""
 
 from __future__ import annotations
 

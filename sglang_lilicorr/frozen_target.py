@@ -1,13 +1,7 @@
-"""The frozen target: any Hugging Face causal LM, run teacher-forced (no grad).
-
-It supplies what serving-time SGLang gives the drafter and what the objective needs:
-  context features  outputs of decoder layers `target_layer_ids`, concatenated   [b, T, n * Hm]
-                    (SGLang captures the input of layer i + 1 = HF hidden_states[i + 1])
-  embeddings        its frozen input embedding table (block tokens, candidate tokens)
-  LM head           its frozen output projection (drafter logits go through it, with grad
-                    reaching the drafter's hidden states)
-  slot targets      log q of given candidates and the greedy token, at teacher-forced positions
-"""
+"""The frozen target: any Hugging Face causal LM, run teacher-forced (no grad). It supplies what SGLang gives the
+drafter when serving and what the objective needs: context features (layers `target_layer_ids`' outputs, concatenated,
+[b, T, n * Hm]), its frozen input embedding, its frozen LM head (drafter logits, grad reaching the drafter) and the
+slot targets (log q of candidates and the greedy token)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
-"""Oracle-prefix supervision (paper Sec. 3.3, "Oracle-prefix supervision"; App. A "Objective").
-
-A drafted slot s = 1..S carries a reranker signal only when its ground-truth token g_s is among
-the drafter's K candidates AND every earlier slot is covered too: the verifier discards a path
-once it leaves the ground truth, so transitions out of a wrong token are never exercised. The
-oracle prefix is therefore the longest leading run of covered (and valid) slots.
-
-Teacher forcing (Eq. 2): slot s is scored conditioned on the ground-truth predecessor,
-  z_1[k] = start[k],   z_s[k] = pair[s-1, g_{s-1}, k]   (s = 2..S),
-which is only meaningful on the oracle prefix, where every g_{s-1} is in the pool.
-
-Shapes: N rows (blocks), S drafted slots (B-1), K candidates per slot.
-"""
+"""Oracle-prefix supervision (paper Sec. 3.3; App. A): slot s carries a reranker signal only when its ground-truth
+token g_s and every earlier slot's are among the K candidates (the longest leading run of covered, valid slots: the
+verifier never exercises a path past a wrong token). Teacher forcing (Eq. 2): z_1[k] = start[k], z_s[k] =
+pair[s-1, g_{s-1}, k]. N blocks, S slots, K candidates."""
 
 from __future__ import annotations
 
@@ -68,10 +59,8 @@ def teacher_forced_scores(
     pair: torch.Tensor,  # [N, S-1, K, K]   pair[:, s-1, i, j] = sigma * cos(out_{s,i}, in_{s+1,j})
     gt_index: torch.Tensor,  # [N, S] from oracle_prefix
 ) -> torch.Tensor:
-    """-> z [N, S, K]: node scores of every slot given the ground-truth predecessor (Eq. 2).
-
-    Where g_{s-1} is absent (-1) row 0 is read instead; such slots are off the oracle prefix
-    and are masked out by the losses."""
+    """-> z [N, S, K]: every slot's scores given the ground-truth predecessor (Eq. 2); an absent g_{s-1} (-1) reads
+    row 0 (off the oracle prefix: masked by the losses)."""
     expect(start, "start", (None, None), "float")
     n, k = start.shape
     expect(pair, "pair", (n, None, k, k), "float")

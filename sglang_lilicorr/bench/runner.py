@@ -1,11 +1,8 @@
 """Concurrent, resumable benchmark runs. A run = (system, dataset, concurrency c, temperature, seed, max_tokens): c
-workers play its prompts, a multi-turn prompt turn by turn in one worker, each category as a phase of its own
-(SPEED-Bench's per-category protocol). Each finished prompt is one line appended to the results file (new, empty or a
-results file: `check_results_file`; a torn last line is cut); a rerun skips the prompts it holds and retries the
-failed ones, a server that does not answer at all ends the run. `bench run` is the file's one writer
-(ownership.sole_writer), and a measurement recorded twice is refused by name (`read_results`). Warm-up: before the
-measured phases, max(warmup, c) unrecorded first turns in waves of c, so the running batch walks down c..1 and every
-batch size is compiled and captured before timing (warmup 0: none)."""
+workers play its prompts (multi-turn ones in one worker), each category a phase of its own. Each finished prompt is one
+line appended to the results file (`check_results_file`); a rerun skips what it holds and retries failures. `bench run`
+is the file's one writer (ownership.sole_writer); a measurement recorded twice is refused (`read_results`). Warm-up:
+max(warmup, c) unrecorded first turns in waves of c, so every batch size c..1 is compiled before timing."""
 
 from __future__ import annotations
 
@@ -146,9 +143,8 @@ def _torn_tail(data: bytes) -> Optional[int]:
 
 
 def read_results(path: Path) -> List[dict]:
-    """Every record of a results file, checked (check_record; a measurement recorded twice is a ResultsError naming
-    both lines); the file is only read. A torn last line is left out with a warning on stderr; a complete last line
-    without its newline counts as usual."""
+    """Every record of a results file, checked (check_record; a duplicate measurement raises ResultsError naming both
+    lines); read only. A torn last line is left out with a warning."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -314,10 +310,7 @@ async def run_async(
     request_timeout: float = 3600.0,
     max_failures: int = MAX_FAILURES,
 ) -> RunOutcome:
-    """Runs the prompts of `config` not yet in results_path, appending one line per finished prompt.
-
-    First sends the unrecorded warm-up waves of warmup_waves(todo, warmup, config.concurrency).
-    """
+    """Runs the prompts of `config` not yet in results_path (after the warm-up waves), one line per finished prompt."""
     import aiohttp
 
     results_path = Path(results_path)

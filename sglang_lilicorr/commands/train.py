@@ -180,15 +180,8 @@ def run_regenerate(args: argparse.Namespace) -> int:
     from ..errors import UsageError
     from ..frozen_target import loading_target, local_model_dir
     from ..train.prompts import eval_guard
-    from ..train.regenerate import (
-        Settings,
-        build_dataset,
-        check_rows_file,
-        claim_dataset_dir,
-        play,
-        prompt_plans,
-        recipe_options,
-    )
+    from ..train.regenerate import Settings, build_dataset, check_rows_file, claim_dataset_dir, play, prompt_plans
+    from ..train.regenerate import recipe_options
 
     local_model_dir(args.target)
     if args.recipe and not (args.output_dir and args.exclude):

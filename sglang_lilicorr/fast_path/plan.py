@@ -1,25 +1,11 @@
-"""The select's plan: how the proposal pipeline (pipeline.py) runs a call, one plan per batch-size bucket of a head.
-
-  plan_for(geometry, batch, device) -> SelectPlan   kernels/tuning.py's tables, resolved for one batch size
-  plans_for(geometry, device) -> SelectPlans        every bucket's plan, resolved once (FastLiLiCorrSelect does so)
-  torch_plan(device) -> SelectPlan                  the torch route, for callers without a FastLiLiCorrSelect
-
-A plan names how each step runs: the candidates (the top-K/logsumexp of the whole vocabulary's logits, or the
-tensor-parallel `merge` of this rank's shard), top-K and walk as Triton `kernels` or as their PyTorch definitions,
-the head's `route`, and the `walk` rule (walk.WALKS) that commits the block. The routes:
-  torch     the head's own forward (LiLiCorrHead, the code training runs) on the candidates' token states.
-  folded    every GEMM a Triton GEMM with its epilogue, each lattice RMSNorm folded into the GEMM that reads its
-            output, under PDL: small batches, where launch count dominates.
-  unfolded  cuBLAS GEMMs between the Triton kernels (features, nodes, residual add + RMSNorm, attention, cosine + walk).
-pdl (programmatic dependent launch, sm_90+) and overlap (the pass and anchor projections on a side stream, CUDA)
-shape the fused routes' launches. kernels/tuning.py holds the measurements that choose them (PDL, FOLD_NORMS,
-GEMM_CONFIG_BY_ROWS).
-
-A bucket is a range of batch sizes over which no table changes its answer: its bounds are the head tables' batch
-bounds and the GEMM table's row bounds in whole requests of the head's lattice (S x K rows per request). Calls with
-fewer than S slots take the plan of their batch size. A head width without an entry in a head table takes the entry
-of the nearest measured one (by ratio; a tie goes to the smaller).
-"""
+"""The select's plan: how the proposal pipeline runs a call, one plan per batch-size bucket of a head, from
+kernels/tuning.py's tables (which hold the measurements): `plan_for` (one batch size), `plans_for` (every bucket, once),
+`torch_plan` (callers without a FastLiLiCorrSelect). A plan names the candidates (whole vocabulary, or the TP `merge`),
+top-K and walk as Triton `kernels` or PyTorch, the `walk` rule, and the head's `route`: torch (the head's own forward),
+folded (every GEMM a Triton GEMM with its epilogue and the lattice norms folded in, under PDL: small batches) or
+unfolded (cuBLAS GEMMs between the Triton kernels); `pdl` and `overlap` (side stream) shape the fused launches.
+A bucket is a batch range over which no table changes its answer (S x K rows per request); a head width missing from
+a table takes the nearest measured one (by ratio; ties to the smaller)."""
 
 from __future__ import annotations
 

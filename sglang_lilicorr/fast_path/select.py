@@ -1,15 +1,9 @@
 """The serving select of a trained LiLiCorr head: the proposal pipeline (pipeline.py) on the head's routes.
-
-`FastLiLiCorrSelect` wraps a `LiLiCorrHead` (same weights: the lattice layers, norms and projections are the head's
-own modules) with the constants the fused routes precompute from it (constants.py). A call runs the plan of its batch
-size (plan.py). The torch route is the head's own forward on the token table's rows; the fused routes run Triton
-kernels around the GEMMs: features + LayerNorm + up + SiLU in one kernel, the node kernel (gather + sum + RMSNorm),
-residual add + RMSNorm (+ h*t), the lattice attention, and one cosine kernel for the start and pair scores that also
-runs the greedy walk (kernels/head_*.py, lattice_attention.py); another rule walks in its kernel after it
-(kernels/walk.py). The folded route runs every GEMM in Triton with its epilogue (kernels/gemm_epilogue.py) and folds
-the lattice's norms into them; the unfolded route runs cuBLAS GEMMs between the norm kernels. Everything is
-static-shaped with no host syncs, so `propose` can be captured in a CUDA graph.
-"""
+`FastLiLiCorrSelect` wraps a `LiLiCorrHead` (its own modules) with the constants the fused routes fold from it
+(constants.py); a call runs the plan of its batch size (plan.py). The fused routes run Triton kernels around the GEMMs
+(kernels/head_*.py, lattice_attention.py; the cosine kernel also runs the greedy walk, another rule walks after it,
+kernels/walk.py); the folded route runs every GEMM in Triton (kernels/gemm_epilogue.py). Static shapes, no host
+syncs: `propose` can be captured in a CUDA graph."""
 
 from __future__ import annotations
 
@@ -149,10 +143,8 @@ class FastLiLiCorrSelect(SelectConstants):
         return start, pair, lp.view(b, s, k), draft
 
     def _nodes_fused(self, vals, ids, lse, pass_proj, plan: SelectPlan, join_pass=None):
-        """-> log-probs fp32 [b*S, K], residual stream x [b*L, H], first attention input [b*L, H]. On the folded route
-        x is a [b*L, 2H] buffer whose first half is the residual stream (the last layer writes x * t into the second),
-        and the sums of squares of its rows stand in for the attention input (fp32 [b*L, H / 16],
-        kernels/head_norm.py)."""
+        """-> log-probs fp32 [b*S, K], residual stream x [b*L, H], first attention input [b*L, H]. Folded route: x is
+        [b*L, 2H] (residual stream first), and its rows' sums of squares [b*L, H / 16] stand for the attention input."""
         b, s, k = ids.shape
         pdl, rows, h = plan.pdl, b * s * k, self.width
         lp, up = head_nodes.confidence_up_triton(
@@ -214,10 +206,8 @@ class FastLiLiCorrSelect(SelectConstants):
         return xn
 
     def _layers_folded(self, cat, sumsq, b, t, plan: SelectPlan, join_anchor=None):
-        """The folded route's lattice layers as five Triton GEMMs + the attention each: cat [b*L, 2H] holds the
-        residual stream x in its first half, sumsq [b*L, H / 16] its rows' partial sums of squares; every GEMM
-        that adds into x writes them anew for the next one's norm, and the last also writes x * t into
-        cat's second half -> (cat, sumsq of the final x)."""
+        """The folded route's lattice layers (Triton GEMMs + attention): cat [b*L, 2H] = [x, x * t after the last],
+        sumsq [b*L, H / 16] x's rows' partial sums of squares, rewritten by each GEMM -> (cat, sumsq)."""
         rows, h = cat.shape[0], self.width
         n, x, pdl = rows // b, cat[:, :h], plan.pdl
         bias = self.attn_bias[..., :n, :n]
@@ -258,9 +248,8 @@ class FastLiLiCorrSelect(SelectConstants):
 
     def _factors_fused(self, cat, sumsq, anchor, ids, plan: SelectPlan):
         """concat[h, h*t] [b*L, 2H], anchor [b, D+H], candidate ids [b, S, K] -> (start fp32 [b, K], pair fp32
-        [b, S-1, K, K], the greedy walk's draft ids [b, S] from the cosine kernel, or None for another rule).
-        On the folded route `cat` is [x, x * t] and sumsq the sums of squares of x's rows (_layers_folded):
-        the factor GEMM applies the output norm (its rstd per row, its gain in w_factor_folded)."""
+        [b, S-1, K, K], the greedy walk's draft ids [b, S], or None for another rule). Folded route: the factor GEMM
+        applies the output norm from sumsq."""
         (b, s, k), d, pdl = ids.shape, self.factor_dim, plan.pdl
         if sumsq is not None:  # the per-request bias + SiLU in the GEMM's epilogue
             norm = (sumsq, _norm_eps(self.head.output_norm))
@@ -290,10 +279,8 @@ class FastLiLiCorrSelect(SelectConstants):
         )
 
     def fused_stages(self, vals, ids, lse, pass_hidden, anchor_hidden) -> dict:
-        """The fused route's head step (without the side stream) on candidates [b, S, K] / [b, S] cut into its
-        stages, name -> zero-argument call on the previous stage's outputs (computed once here), for per-stage
-        timing and launch counts (benchmarks/micro/head_bench.py). The `lattice` stage updates its input x in place, so
-        repeated calls drift its values (not its cost)."""
+        """The fused head step (no side stream) cut into stages, name -> zero-argument call on the previous stage's
+        outputs, for per-stage timing (benchmarks/micro/head_bench.py); `lattice` updates x in place."""
         b = self._check(pass_hidden, anchor_hidden)[0]
         plan = self.plan(b)
         if not plan.fused:

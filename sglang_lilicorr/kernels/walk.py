@@ -1,11 +1,6 @@
-"""Decoders over the score lattice (paper Eq. 8, App. F) as Triton kernels, one program per
-request. They match the PyTorch references `sglang_lilicorr.walk.greedy_walk` / `viterbi`
-exactly (ties go to the lowest index, -inf scores allowed).
-
-  start [b, K]           z_1[k]
-  pair  [b, S-1, K, K]   pair[:, s-1, i, j]: score of candidate i at slot s followed by j at slot s+1
-  ->    idx [b, S] int64 candidate index per slot (given candidate ids [b, S, K]: their ids, gathered in the kernel)
-"""
+"""Decoders over the score lattice (paper Eq. 8, App. F) as Triton kernels, one program per request, exactly the
+PyTorch references (sglang_lilicorr.walk; ties to the lowest index, -inf allowed): start [b, K], pair [b, S-1, K, K]
+-> idx [b, S] int64 (or, given candidate ids [b, S, K], their ids)."""
 
 from __future__ import annotations
 
@@ -195,9 +190,8 @@ def _decode(
 def greedy_walk_triton(
     start: torch.Tensor, pair: torch.Tensor, ids: torch.Tensor | None = None, *, pdl: bool = False
 ) -> torch.Tensor:
-    """Greedy walk: each slot takes the argmax continuation of the candidate just committed.
-    -> candidate index per slot [b, S] int64, or with ids [b, S, K] the walked candidates' ids.
-    `pdl`: programmatic dependent launch (kernels/pdl.py)."""
+    """Greedy walk (each slot the argmax continuation of the one before) -> idx [b, S] int64, or with ids their ids;
+    `pdl`: programmatic dependent launch."""
     return _decode(False, "greedy_walk_triton", start, pair, ids, pdl)
 
 

@@ -1,11 +1,6 @@
-"""LiLiCorrSpecAlgo: how SGLang's scheduler, model runners and memory sizing see LILICORR.
-
-LILICORR is DFlash with a different draft-block proposal: the same block drafter, the same
-target-hidden capture, draft KV cache, TARGET_VERIFY forward and acceptance. So it answers every
-`is_*()` / `supports_*()` question exactly as SGLang's DFLASH enum member does, and adds the
-methods the enum has but `CustomSpecAlgo` lacks (`need_topk`, `carries_draft_hidden_states`,
-`create_future_map`, `get_platform_worker_cls`), which the scheduler calls for any algorithm.
-"""
+"""LiLiCorrSpecAlgo: how SGLang's scheduler, model runners and memory sizing see LILICORR: DFlash with another
+block proposal, so every `is_*()` / `supports_*()` answer is DFLASH's, plus the methods CustomSpecAlgo lacks
+(`need_topk`, `carries_draft_hidden_states`, `create_future_map`, `get_platform_worker_cls`)."""
 
 from __future__ import annotations
 
@@ -38,8 +33,7 @@ class LiLiCorrSpecAlgo(CustomSpecAlgo):
         return True  # the v2 worker's verify advances the grammar FSM, as for DFLASH
 
     def supports_mixed_chunk(self) -> bool:
-        # DFLASH takes mixed chunks; the head's anchor is published per prefill row and
-        # that path is untested with mixed batches, so LILICORR declines them.
+        # the anchor is published per prefill row, untested with mixed batches
         return False
 
     def need_topk(self) -> bool:

@@ -102,8 +102,7 @@ class TrainConfig:
         )
 
     def head_config(self, block_size: int, rms_norm_eps: float, hidden_size: int = 0) -> HeadConfig | None:
-        """The head's geometry for a drafter of `hidden_size`, or None for vanilla DFlash (--head none, or
-        gamma = 0)."""
+        """The head's geometry for a drafter of `hidden_size`; None for plain DFlash (--head none, or gamma = 0)."""
         if self.head == "none" or self.gamma == 0:
             return None
         width = self.corrector_width or hidden_size
@@ -206,8 +205,7 @@ class TrainConfig:
     }
 
     def named_by_flag(self, message: str) -> TrainConfigError:
-        """A range error of LiLiCorrConfig or ObjectiveWeights (`Owner.field=value: expected what.`) as the error of
-        the flag that set the field."""
+        """A range error of LiLiCorrConfig or ObjectiveWeights as the error of the flag that set the field."""
         found = re.match(r"(?:LiLiCorrConfig|ObjectiveWeights)\.(\w+)=.*?: expected (.*?)\.?$", message)
         name = found and self.HEAD_FIELDS.get(found.group(1), found.group(1))
         if not found or name not in {f.name for f in dataclasses.fields(self)}:

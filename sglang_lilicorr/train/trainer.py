@@ -1,31 +1,13 @@
-"""`lilicorr train`: joint training of the DFlash drafter and a head (LiLiCorr, or the baselines Domino and DSpark,
-train/heads.py; paper Sec. 3.4 and 4, Table hparams), one GPU or data-parallel under torchrun (DDP, same code path;
-gloo on CPU).
+"""`lilicorr train`: joint training of the DFlash drafter and a head (LiLiCorr, Domino or DSpark: train/heads.py;
+paper Sec. 3.4 and 4), one GPU or data-parallel under torchrun (DDP; gloo on CPU). AdamW with two groups (drafter,
+head), cosine schedule with warm-up, gradient clip, bf16 autocast over fp32 masters; --head none trains plain DFlash.
 
-Optimisation: AdamW with two groups (drafter, head), cosine schedule with linear warm-up,
-gradient-norm clip, bf16 autocast over fp32 master weights, optional gradient accumulation.
---head none (or gamma = 0) trains plain DFlash (no head is built and the export is a vanilla draft).
-
-The global batch of a step is batch_size x grad_accum x ranks sequences, cut into grad_accum x ranks
-micro-batches: micro-batch j = rank + ranks * micro holds the step's sequences j, j + G, j + 2G, ...
-(G = grad_accum x ranks) and draws its anchors from seed step * G + j, so any split of one global batch
-between ranks and accumulation trains on the same micro-batches and the same gradient (the mean of their
-objectives), up to float summation order. A run may start from an exported draft's weights
-(`init_from`, same geometry; a fresh optimizer and schedule); a resumable checkpoint in its output
-folder takes precedence. Its logged training metrics are pooled over the whole global
-batch (every micro-batch of every rank, weighted by blocks), and tokens/s counts every rank's tokens.
-Only rank 0 writes, as the run folder's one writer (its lock, ownership.sole_writer, held for the run's life):
-checkpoints, snapshots, metrics, and the clean-up of an interrupted save. --no-resume starts a run only in a
-folder without one (--move-aside moves that run to OUTPUT.old-N first): two runs' steps never share a folder.
-
-Every `eval_every` steps the held-out conversations are evaluated (losses, per-slot top-1 of the
-drafter and the reranker, teacher-forced acceptance) and, when they carry the target's own ids
-(`lilicorr regenerate` output), replayed for the exact T = 0 tau of the argmax block and the
-LiLiCorr walk (`reference.replay`); the weights of that step are kept as a snapshot, so the
-curves can be evaluated again later. A step whose loss or gradient is not finite is skipped (no
-update); after `max_bad_steps` of them the run stops with `TrainingDiverged`, and no checkpoint
-ever holds a non-finite tensor.
-"""
+A step's global batch (batch_size x grad_accum x ranks) is cut into G = grad_accum x ranks micro-batches: micro-batch
+j = rank + ranks * micro holds sequences j, j + G, ... and draws anchors from seed step * G + j, so any split between
+ranks and accumulation trains the same gradient. Logged metrics pool the whole global batch. Only rank 0 writes, the
+run folder's sole writer (ownership.sole_writer). Every `eval_every` steps: held-out losses, per-slot top-1, accepted
+length and (on regenerated data) the exact replay tau (`reference.replay`), and a snapshot. A non-finite step is
+skipped; `max_bad_steps` of them raise TrainingDiverged; no checkpoint holds a non-finite tensor."""
 
 from __future__ import annotations
 
@@ -54,23 +36,9 @@ from .data import DataError, Example, collate, epoch_batches, load_conversations
 from .heads import Head, HeadConfig, build_head
 from .joint import JointModel, metric_sums, pooled_metrics, ratios
 from .prompts import check_disjoint, eval_guard
-from .state import (
-    LATEST,
-    STATE_FILE,
-    TENSORS_FILE,
-    check_resume_compatible,
-    point_latest,
-    set_aside_newer,
-    load_draft_weights,
-    load_trainable,
-    prune_checkpoints,
-    remove_orphans,
-    resume_point,
-    save_snapshot,
-    save_training_checkpoint,
-    trainable_tensors,
-    trim_metrics,
-)
+from .state import LATEST, STATE_FILE, TENSORS_FILE, check_resume_compatible, point_latest, set_aside_newer
+from .state import load_draft_weights, load_trainable, prune_checkpoints, remove_orphans, resume_point, save_snapshot
+from .state import save_training_checkpoint, trainable_tensors, trim_metrics
 from .timing import PhaseTimer
 
 
@@ -100,8 +68,7 @@ def resolve_mask_token(tokenizer, name: str | None, vocab_size: int) -> tuple[st
 
 
 def drafter_config_for(model, tokenizer, cfg: TrainConfig) -> DrafterConfig:
-    """Drafter geometry from the target's config (width, heads, rope, max positions) and the run's options
-    (the rope's scaling among them)."""
+    """Drafter geometry from the target's config and the run's options."""
     tc = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     n_layers = int(tc.num_hidden_layers)
     hidden = int(tc.hidden_size)
@@ -165,8 +132,7 @@ def load_target(path: str, device: torch.device, bf16: bool):
 
 
 def held_out_turns(path: str, limit: int) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, output ids) of the first `limit` held-out conversations' turns, when the rows
-    carry them (`lilicorr regenerate` output); [] otherwise."""
+    """(prompt ids, output ids) of the first `limit` held-out turns where the rows carry them; else []."""
     turns = []
     for _, row in read_jsonl(path):
         for t in row.get("turns") or []:
@@ -208,8 +174,7 @@ def file_digest(path: str | None) -> str | None:
 
 
 def run_identity(cfg: TrainConfig) -> dict:
-    """What a checkpoint records of its run and a resume compares: the data's bytes and the settings that shape
-    the updates (TrainConfig.resumed_settings)."""
+    """What a checkpoint records of its run and a resume compares: the data's sha256 and the update-shaping settings."""
     return {
         "data_sha256": file_digest(cfg.data),
         "eval_data_sha256": file_digest(cfg.eval_data),
@@ -259,8 +224,8 @@ def on_every_rank(flag: bool, world: int, device) -> bool:
 
 
 def global_batch_metrics(outputs: list, tokens: int, env: "Distributed") -> tuple[dict[str, float], int]:
-    """This rank's micro-batch outputs of a step and its token count since the last log -> the step's metrics pooled
-    over every rank's micro-batches (their metric_sums added in one all-reduce) and every rank's tokens."""
+    """This rank's step outputs and tokens since the last log -> the step's metrics and tokens pooled over every
+    rank (one all-reduce)."""
     sums = metric_sums(outputs)
     if env.world > 1:
         names = sorted(sums)
@@ -333,8 +298,7 @@ class Evaluator:
 
 @dataclasses.dataclass
 class Job:
-    """What a run trains, built once (`build_job`): the models, optimizer and schedule, the data, the run's length
-    (`total` steps, cut short by --max-minutes) and identity."""
+    """What a run trains, built once (`build_job`): models, optimizer, schedule, data, length (`total`) and identity."""
 
     cfg: TrainConfig
     env: Distributed
@@ -380,8 +344,7 @@ def train(cfg: TrainConfig) -> dict[str, float]:
 
 @contextlib.contextmanager
 def sole_writer_of_run(cfg: TrainConfig, env: Distributed):
-    """Rank 0 holds the run folder's lock (ownership.sole_writer) for the run's life; when another process holds it,
-    every rank stops alike (HeldError, exit 2) before anything loads."""
+    """Rank 0 holds the run folder's lock for the run's life; held elsewhere, every rank stops (HeldError)."""
     with contextlib.ExitStack() as lock:
         refused = None
         if env.main:
@@ -405,8 +368,7 @@ def run_state(folder: Path) -> list[str]:
 
 
 def check_start_over(cfg: TrainConfig) -> None:
-    """--no-resume starts step 0 only in a folder without a run (two runs' steps never share a folder): a run there
-    is refused (exit 2) unless --move-aside moves it beside the folder (`start_point`)."""
+    """--no-resume starts only in a folder without a run (else exit 2), unless --move-aside moves it first."""
     out = Path(cfg.output_dir)
     if cfg.resume or cfg.move_aside or not out.is_dir() or not run_state(out):
         return
@@ -483,8 +445,8 @@ def build_job(cfg: TrainConfig, env: Distributed) -> Job:
 
 
 def start_point(job: Job) -> int:
-    """Claim the output folder and find where the run starts -> the step: the newest checkpoint that loads (its
-    weights, optimizer and schedule), else --init-from's weights or fresh ones at step 0. Metrics rows past it go."""
+    """Claim the output folder -> the starting step: the newest checkpoint that loads, else --init-from's or fresh
+    weights at 0; metrics rows past it go."""
     cfg, env, out_dir = job.cfg, job.env, job.out_dir
     if env.main:
         if cfg.move_aside and out_dir.is_dir() and run_state(out_dir):
@@ -516,8 +478,7 @@ def start_point(job: Job) -> int:
 
 
 def resume_from(job: Job, path: Path, checkpoint: tuple, opt_state: dict) -> int:
-    """Load a checkpoint `resume_point` found into the job -> its step; newer checkpoints that did not load are set
-    aside and `latest` names this one."""
+    """Load a checkpoint `resume_point` found -> its step; newer ones set aside, `latest` names this one."""
     state, _, _, tensors = checkpoint
     check_resume_compatible(
         state,
@@ -541,8 +502,7 @@ def resume_from(job: Job, path: Path, checkpoint: tuple, opt_state: dict) -> int
 
 
 def train_loop(job: Job, step: int, progress_bar) -> dict[str, float]:
-    """Train from `step` to the run's end: each step's update (or skip), its log row, evaluation and snapshot at
-    eval steps, checkpoints every --save-every steps and at the end -> the last logged metrics."""
+    """Train from `step` to the end: updates, logs, evaluations, snapshots, checkpoints -> the last logged metrics."""
     cfg, env = job.cfg, job.env
     trainable = (
         DistributedDataParallel(job.joint, device_ids=[env.device.index] if env.device.type == "cuda" else None)
@@ -611,8 +571,7 @@ def train_loop(job: Job, step: int, progress_bar) -> dict[str, float]:
 
 
 def accumulate_gradients(job: Job, trainable, ids: list[int], step: int, weights, timer) -> tuple[bool, list, int]:
-    """Forward and backward of one step's micro-batches (this rank's `ids`) -> (every loss finite, their outputs,
-    their tokens)."""
+    """Forward and backward of one step's micro-batches -> (every loss finite, their outputs, their tokens)."""
     cfg, env = job.cfg, job.env
     finite, outputs, tokens = True, [], 0
     for micro in range(cfg.grad_accum):
@@ -632,8 +591,8 @@ def accumulate_gradients(job: Job, trainable, ids: list[int], step: int, weights
 
 
 def update_or_skip(job: Job, finite: bool, bad: int, step: int) -> int:
-    """The optimizer step when the loss and gradient are finite on every rank, else a skipped step (no update) ->
-    the count of skipped steps; TrainingDiverged after --max-bad-steps of them."""
+    """The optimizer step when loss and gradient are finite on every rank, else a skip -> skipped steps so far;
+    TrainingDiverged after --max-bad-steps."""
     cfg = job.cfg
     if on_every_rank(finite, job.env.world, job.env.device):
         job.optimizer.step()
