@@ -134,8 +134,7 @@ def with_head(config: Mapping[str, Any], head_config: LiLiCorrConfig) -> dict[st
 
 
 def vanilla_copy(source: str | os.PathLike, target: str | os.PathLike) -> Path:
-    """The same drafter without its head: a DFlashDraftModel checkpoint (to serve the drafter's own
-    argmax block with --speculative-algorithm DFLASH beside LILICORR)."""
+    """The same drafter without its head: a DFlashDraftModel checkpoint (served by DFLASH beside LILICORR)."""
     config = read_config(source)
     drafter, _ = split_head(read_tensors(source))
     config["architectures"] = [VANILLA_ARCH]
@@ -155,8 +154,7 @@ def tensor_digest(tensors: Mapping[str, torch.Tensor]) -> str:
 
 
 def save_tensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor]) -> Path:
-    """A safetensors file, atomically, with its tensor_digest in the metadata (SGLang and safetensors ignore it;
-    tensor names and data are as before)."""
+    """A safetensors file, atomically, with its tensor_digest in the metadata (which SGLang ignores)."""
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
     with atomic_file(path) as tmp:
         save_file(tensors, str(tmp), metadata={CHECKSUM_KEY: tensor_digest(tensors)})
@@ -287,8 +285,7 @@ def expected_tensors(module: torch.nn.Module, dtype: torch.dtype | None = None) 
 def load_strict(
     head: torch.nn.Module, head_tensors: Mapping[str, torch.Tensor], where: str, dtype: torch.dtype | None = None
 ) -> torch.nn.Module:
-    """Strict load: every tensor named, shaped, of `dtype` (default: the module's own) and finite, else
-    CheckpointError naming it; loaded as the module's own dtype."""
+    """Strict load: every tensor named, shaped, of `dtype` (default: the module's) and finite, else CheckpointError."""
     check_tensors(expected_tensors(head, dtype), head_tensors, where)
     state = head.state_dict()
     head.load_state_dict({k: v.to(state[k].dtype) for k, v in head_tensors.items()}, strict=True)

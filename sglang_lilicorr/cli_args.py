@@ -20,8 +20,7 @@ from .errors import LiLiCorrError, UsageError, describe
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """--help keeps a command's description as written and ends each option's text with its default, if it has one
-    that the text does not already give."""
+    """--help keeps a command's description as written and ends each option's text with its default."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -73,8 +72,7 @@ def add_command(subparsers, name: str, help: str, doc: str | None = None) -> arg
 
 
 def bounded(kind: type, low: float, high: float | None = None, *, above: bool = False):
-    """argparse type: a finite `kind` (int or float) in [low, high] ((low, high] when `above`; no upper bound when
-    `high` is None)."""
+    """argparse type: a finite `kind` in [low, high] ((low, high] when `above`; high None: no upper bound)."""
     noun = "an integer" if kind is int else "a number"
     what = (
         f"{noun} {'>' if above else '>='} {low:g}"
@@ -174,8 +172,7 @@ def error_line(e: BaseException) -> str:
 
 
 def raised_at(e: BaseException) -> str | None:
-    """file:line of the innermost frame of ours (sglang_lilicorr.*, past this module) that the exception
-    passed through, else of the innermost frame."""
+    """file:line of the innermost frame of ours (past this module) the exception passed, else the innermost."""
     frames = list(traceback.walk_tb(e.__traceback__))
     modules = [frame.f_globals.get("__name__", "") for frame, _ in frames]
     ours = [f for f, module in zip(frames, modules) if module.startswith("sglang_lilicorr.") and module != __name__]

@@ -34,7 +34,6 @@ class LiLiCorrError(Exception):
 
 
 class UsageError(LiLiCorrError, ValueError):
-    """A command-line argument that cannot work (a path that is not there, a folder that must not be
-    written, a value out of range); `lilicorr` exits with 2."""
+    """A command-line argument that cannot work (missing path, a folder not to write, out of range); exit 2."""
 
     exit_code = 2

@@ -21,8 +21,7 @@ class TargetMismatchError(LiLiCorrError, ValueError):
 
 
 def local_model_dir(path: str | Path, option: str = "--target") -> Path:
-    """`path` as a local Hugging Face model folder (config.json inside), checked before transformers
-    sees it: transformers takes any other string for a hub id and waits on the network to fail."""
+    """`path` as a local Hugging Face model folder (config.json inside), before transformers reads it as a hub id."""
     folder = Path(path)
     if not (folder / "config.json").is_file():
         found = "a folder without config.json" if folder.is_dir() else "not an existing folder"
@@ -136,8 +135,7 @@ class FrozenTarget:
 
     @torch.no_grad()
     def slot_targets(self, final_hidden: torch.Tensor, chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
-        """Teacher-forced rows final_hidden [R, Hm] -> (logsumexp [R] fp32, greedy token [R]),
-        computed in chunks of rows so no [R, V] tensor is kept."""
+        """Teacher-forced rows final_hidden [R, Hm] -> (logsumexp [R] fp32, greedy token [R]), in chunks of rows."""
         lse, top = [], []
         for part in final_hidden.split(chunk):
             logits = self.logits(part).float()

@@ -91,8 +91,7 @@ def distractor_penalty(
 
 
 def margin_hinge(z: torch.Tensor, gt_index: torch.Tensor, prefix: torch.Tensor, rho: float = 2.0) -> torch.Tensor:
-    """L_margin (App. G): 1/|S| sum_{s in S} relu(rho - (z_s[g] - max_{k != g} z_s[k])).
-    With K = 1 there is no competitor and the hinge is 0."""
+    """L_margin (App. G): 1/|S| sum_s relu(rho - (z_s[g] - max_{k != g} z_s[k])); 0 with K = 1."""
     if not rho > 0:
         raise ObjectiveInputError(f"rho={rho!r}: the margin must be > 0 (paper: 2.0).")
     z, g = _supervised(z, gt_index, prefix)
@@ -155,8 +154,7 @@ def lilicorr_objective(
     target_log_probs: torch.Tensor | None = None,  # [N, S, K] target log q at the candidates
     weights: ObjectiveWeights = ObjectiveWeights(),
 ) -> ObjectiveTerms:
-    """Eq. 7 (or the App. G margin blend when ``weights.use_margin``). With gamma = 0 the total
-    is exactly the DFlash loss and the reranker inputs may be None."""
+    """Eq. 7 (App. G blend with ``weights.use_margin``); gamma = 0: the DFlash loss (reranker inputs may be None)."""
     dflash = dflash_block_ce(draft_logits, targets, valid, weights.beta)
     if weights.gamma == 0:
         return ObjectiveTerms(total=dflash, dflash=dflash)

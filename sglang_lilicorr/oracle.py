@@ -40,8 +40,7 @@ def oracle_prefix(
     targets: torch.Tensor,  # [N, S] ground-truth token g_s per slot
     valid: torch.Tensor,  # [N, S] bool, slot lies inside the supervised sequence
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> gt_index [N, S] int64 (position of g_s among the K candidates, -1 if absent),
-    prefix   [N, S] bool  (slot is on the oracle prefix)."""
+    """-> (gt_index [N, S] int64: g_s's position among the K candidates or -1, prefix [N, S] bool)."""
     expect(candidate_ids, "candidate_ids", (None, None, None), "int")
     n, s, _ = candidate_ids.shape
     expect(targets, "targets", (n, s), "int")
@@ -72,9 +71,8 @@ def teacher_forced_scores(
 
 
 def oracle_prefix_coverage(prefix: torch.Tensor, valid: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Coverage metrics (0-dim fp32 tensors, no grad):
-    ``mean_prefix_len``  mean oracle-prefix length per row, in slots;
-    ``supervised_fraction``  |S| / number of valid slots (0 when nothing is valid)."""
+    """Coverage metrics (0-dim fp32, no grad): ``mean_prefix_len`` (slots per row) and ``supervised_fraction``
+    (|S| / valid slots; 0 when none)."""
     expect(prefix, "prefix", (None, None), "bool")
     expect(valid, "valid", tuple(prefix.shape), "bool")
     supervised = prefix.sum().float()

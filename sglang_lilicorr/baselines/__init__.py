@@ -20,8 +20,7 @@ __all__ = [
 
 
 def corrector_config_from_keys(keys: Mapping[str, Any]) -> "DominoConfig | DSparkConfig | None":
-    """A corrector's config from the keys a training checkpoint saved (`to_keys()`), or None when they are
-    LiLiCorr's."""
+    """A corrector's config from a training checkpoint's saved keys; None when they are LiLiCorr's."""
     for kind in (DominoConfig, DSparkConfig):
         if keys.get("kind") == kind.kind:
             return kind.from_keys(keys)

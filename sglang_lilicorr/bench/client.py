@@ -118,8 +118,7 @@ def parse_chat(payload: dict) -> tuple:
 
 
 def parse_generate(payload: dict, text_field: str = "text") -> tuple:
-    """(text, completion_tokens, spec_verify_ct) of a /generate response; the text is `text_field`
-    ("output_ids" for api ids: the ids, as text)."""
+    """(text, completion_tokens, spec_verify_ct) of a /generate response; the text is `text_field`."""
     if isinstance(payload, list):
         payload = payload[0]
     try:

@@ -77,8 +77,7 @@ def _mean_std(values: Sequence[Optional[float]]) -> Tuple[Optional[float], Optio
 
 
 def aggregate(records: Iterable[dict]) -> List[dict]:
-    """Cells of a results file, seeds averaged: every record in group "all" and its category's (a dataset of one
-    category: "all" only)."""
+    """Cells of a results file, seeds averaged: each record in group "all" and its category's (if several)."""
     records = list(records)
     categories: Dict[str, set] = {}
     for r in records:

@@ -130,8 +130,7 @@ def _json_line(line: bytes, where: str):
 
 
 def _torn_tail(data: bytes) -> Optional[int]:
-    """Where the torn last line of a results file starts: a last line without its newline that is
-    not JSON (a run stopped mid-write); None if there is none."""
+    """Where a results file's torn last line starts (no newline, not JSON: a run stopped mid-write), or None."""
     if not data or data.endswith(b"\n"):
         return None
     cut = data.rfind(b"\n") + 1
@@ -194,14 +193,12 @@ def is_record(value) -> bool:
 
 
 def check_results_file(path: Path) -> Optional[int]:
-    """--results must be missing, empty or a results file (ownership.jsonl_for_append); reads only -> where a torn
-    last line starts, else None."""
+    """--results must be missing, empty or a results file; reads only -> where a torn last line starts, or None."""
     return ownership.jsonl_for_append(path, is_record, RESULTS, "--results", ResultsError)
 
 
 def open_for_append(path: Path):
-    """The results file of a run, checked to be one, opened to append: a torn last line is cut with a warning,
-    a complete last line gets its newline."""
+    """A run's results file, checked, opened to append (a torn last line cut with a warning, a newline added)."""
     return ownership.open_for_append(path, check_results_file(path), RESULTS)
 
 
@@ -269,8 +266,7 @@ async def _run_phase(client, prompts, config, out, outcome, progress, max_failur
 
 
 def warmup_waves(prompts: Sequence[Prompt], warmup: int, concurrency: int) -> List[List[Prompt]]:
-    """The warm-up waves of a run: ceil(max(warmup, c) / c) waves of c prompts each (prompts cycled); [] if
-    warmup = 0."""
+    """A run's warm-up waves: ceil(max(warmup, c) / c) waves of c prompts (cycled); [] if warmup = 0."""
     if warmup <= 0 or not prompts:
         return []
     n_waves = -(-max(warmup, concurrency) // concurrency)

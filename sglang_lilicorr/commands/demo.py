@@ -57,10 +57,7 @@ def register(subparsers) -> None:
     )
     run = p.add_argument_group("optimisation")
     run.add_argument(
-        "--threads",
-        type=bounded(int, 0),
-        default=0,
-        help="torch CPU threads (>= 0; 0 = torch's default; 1 is faster on a busy machine)",
+        "--threads", type=bounded(int, 0), default=0, help="torch CPU threads (>= 0; 0 = torch's; 1: a busy machine)"
     )
     output = p.add_argument_group("output")
     output.add_argument(

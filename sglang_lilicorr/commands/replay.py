@@ -35,10 +35,7 @@ def register(subparsers) -> None:
         help="a draft folder to replay (from `lilicorr export`) and the name it reports under (repeatable)",
     )
     model.add_argument(
-        "--dtype",
-        choices=("bfloat16", "float32"),
-        default="bfloat16",
-        help="the target's dtype on a GPU (on the CPU it runs in float32)",
+        "--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="the target's dtype on a GPU (CPU: fp32)"
     )
     p.add_argument_group("data").add_argument(
         "--outputs",
@@ -189,8 +186,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
 
 def tau_cells(records: list[dict]) -> list[dict]:
-    """(system, set, temperature) -> tau per seed (pooled over turns), mean and std over seeds; plus
-    the set `average` (mean over sets, per seed)."""
+    """(system, set, temperature) -> tau per seed (pooled over turns), mean and std; plus the set `average`."""
     pooled: dict[tuple, list[int]] = {}
     for r in records:
         key = (r["system"], r["set"], r["temperature"], r["seed"])

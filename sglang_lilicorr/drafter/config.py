@@ -15,8 +15,7 @@ from ..config import json_number
 
 
 class DrafterConfigError(CheckpointError):
-    """A drafter configuration field is missing, inconsistent or out of range (a CheckpointError:
-    loading a draft raises nothing else)."""
+    """A drafter configuration field missing, inconsistent or out of range (a CheckpointError)."""
 
 
 def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:

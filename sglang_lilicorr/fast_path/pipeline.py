@@ -29,8 +29,7 @@ Scores = Callable[..., tuple]
 
 
 def head_forward(head, token_states: Callable[[torch.Tensor], torch.Tensor]) -> Scores:
-    """The torch route's scores: LiLiCorrHead.forward on token_states(ids) [b, S, K, H]; it leaves the walk to the
-    pipeline."""
+    """The torch route's scores: LiLiCorrHead.forward on token_states(ids) [b, S, K, H] (no walk)."""
 
     def scores(vals, ids, lse, pass_hidden, anchor_hidden, plan: SelectPlan):
         log_probs = vals.float() - lse.float().unsqueeze(-1)

@@ -67,8 +67,7 @@ Merge = Callable[[torch.Tensor], tuple]
 
 @dataclass(frozen=True)
 class SelectPlan:
-    """How the pipeline runs the calls of one batch-size bucket (module docstring). The default: the unfolded route,
-    one launch per step in stream order, the greedy walk, the candidates of whole-vocabulary logits."""
+    """How the pipeline runs one batch-size bucket's calls; the default: unfolded, stream order, greedy, no merge."""
 
     route: str = "unfolded"  # ROUTES: torch (the head's own forward), folded, unfolded
     pdl: bool = False  # Triton kernels launched with programmatic dependent launch (CUDA sm_90+)
@@ -147,8 +146,7 @@ def _within(table: dict, key: int, batch: int):
 def plan_for(
     geometry: HeadGeometry, batch: int, device: Device, *, walk: str = "greedy", merge: Merge | None = None
 ) -> SelectPlan:
-    """The plan of kernels/tuning.py's tables for `batch` requests of this head on this device (module docstring),
-    committing by `walk`, its candidates merged by `merge` under tensor parallelism."""
+    """The plan of kernels/tuning.py's tables for `batch` requests of this head on this device."""
     if not device.triton:
         return SelectPlan(route="torch", kernels=False, walk=walk, merge=merge)
     pdl = device.pdl and bool(_within(tuning.PDL, geometry.width, batch))
@@ -157,14 +155,12 @@ def plan_for(
 
 
 def torch_plan(device: Device, walk: str = "greedy") -> SelectPlan:
-    """The torch route on `device`, top-K and walk as Triton kernels where the device runs them: the plan of the
-    callers that run the head's own forward (the reference decoder, training)."""
+    """The torch route (top-K and walk in Triton where the device runs them): the reference decoder's, training's."""
     return SelectPlan(route="torch", kernels=device.triton, walk=walk)
 
 
 def batch_bounds(geometry: HeadGeometry) -> tuple:
-    """The largest batch size of each bucket but the last: the head tables' bounds for this head, and the GEMM table's
-    row bounds in whole requests."""
+    """The largest batch size of each bucket but the last (head tables' bounds, GEMM row bounds in requests)."""
     bounds = {entry(table, geometry.width).max_batch for table in (tuning.PDL, tuning.FOLD_NORMS)}
     bounds.update(row[0] // geometry.lattice_rows for row in tuning.GEMM_CONFIG_BY_ROWS if row[0] is not None)
     return tuple(sorted(b for b in bounds if b))

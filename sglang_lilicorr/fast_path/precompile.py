@@ -24,8 +24,7 @@ MAX_THREADS = 8
 
 @dataclasses.dataclass
 class CompileReport:
-    """What a compile-only pass built: compiles submitted (one per distinct kernel binary), those that failed (their
-    kernels compile, and raise, when first launched), the first failure, threads, wall seconds."""
+    """What a compile-only pass built: compiles submitted, failed (they raise at first launch), threads, seconds."""
 
     threads: int
     compiled: int = 0
@@ -53,9 +52,8 @@ def _async_compile_mode():
 
 
 def unavailable(device: torch.device) -> str | None:
-    """Why a compile-only pass cannot help on `device` (None: it can): Triton's interpreter compiles nothing (and its
-    kernels are not JITFunctions), nothing compiles for a CPU, a launch during a CUDA-graph capture must not be
-    skipped, and without AsyncCompileMode the compiles would run one after another anyway."""
+    """Why a compile-only pass cannot help on `device` (None: it can): the interpreter, a CPU, a CUDA-graph capture
+    in progress, or no AsyncCompileMode."""
     if os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes"):
         return "Triton's interpreter"
     if torch.device(device).type != "cuda" or not torch.cuda.is_available():
@@ -101,9 +99,8 @@ def compile_only(threads: int):
 
 
 def precompile(run: Callable[[], object], *, device: torch.device, label: str) -> CompileReport | None:
-    """`run()` in compile_only mode with compile_threads() threads, where a pass can help (`unavailable`), and one
-    log line saying what it compiled (`label` names what ran): the report, or None where nothing ran or the pass
-    raised (one warning naming the error; the kernels then compile when first launched)."""
+    """`run()` in compile_only mode where a pass can help, one log line naming `label` -> the report, or None where
+    nothing ran or it raised (one warning; the kernels then compile at first launch)."""
     why = unavailable(device)
     if why is not None:
         logger.debug("kernel pre-compilation skipped for %s: %s", label, why)

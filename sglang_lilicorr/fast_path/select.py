@@ -60,8 +60,8 @@ class FastLiLiCorrSelect(SelectConstants):
         return self.plans.at(batch)
 
     def propose(self, logits: torch.Tensor, hidden: torch.Tensor, anchor_hidden: torch.Tensor) -> Proposal:
-        """logits [b*S, V] of the slots (under the plan's merge: this rank's vocabulary columns), hidden [b, S, Hm]
-        their drafter states, anchor_hidden [b, Hm] -> the block's Proposal, as the plan at b says."""
+        """logits [b*S, V] (under a merge: this rank's columns), hidden [b, S, Hm], anchor_hidden [b, Hm] -> the
+        block's Proposal, as the plan at b says."""
         b, s = self._check(hidden, anchor_hidden)
         plan = self.plan(b)
         vocab = self.token_table.shape[0] if plan.merge is None else logits.shape[-1]  # a merge: the rank's shard
@@ -110,9 +110,8 @@ class FastLiLiCorrSelect(SelectConstants):
         return t, F.linear(t, self.w_anchor, self.b_anchor)
 
     def _projections(self, pass_hidden, anchor_hidden, plan: SelectPlan) -> tuple:
-        """-> (pass projection, t, anchor, join_pass, join_anchor): with the plan's overlap both projections run on the
-        side stream, forked here, and each is joined where first needed by calling its join (None without overlap).
-        (Forked before the top-K instead, they slowed it down from bs 4 on: PERF_NOTES.md.)"""
+        """-> (pass projection, t, anchor, join_pass, join_anchor): with overlap both run on the side stream, each
+        joined where first needed (joins None without overlap)."""
         if not plan.overlap:
             return self._pass_projection(pass_hidden), *self._anchor_projection(anchor_hidden, plan), None, None
         side = SideStream(self._side)
@@ -130,8 +129,7 @@ class FastLiLiCorrSelect(SelectConstants):
         )
 
     def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, plan: SelectPlan):
-        """The fused routes -> (start, pair, log-probs [b, S, K], the greedy walk's draft ids [b, S] or, for another
-        rule, None)."""
+        """The fused routes -> (start, pair, log-probs [b, S, K], the greedy walk's ids [b, S] or None)."""
         b, s, k = ids.shape
         pass_proj, t, anchor, join_pass, join_anchor = self._projections(pass_hidden, anchor_hidden, plan)
         lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj, plan, join_pass)
@@ -241,8 +239,8 @@ class FastLiLiCorrSelect(SelectConstants):
         return cat, sumsq
 
     def _residual_norm(self, x, branch, linear: torch.nn.Linear, norm: torch.nn.RMSNorm, plan: SelectPlan, cross=None):
-        """x += linear(branch) (in place; not with cross) -> RMSNorm(x) [rows, H], or concat[h, h*t] [rows, 2H] with
-        cross (the anchor state t): the cuBLAS GEMM + add_rmsnorm_triton."""
+        """x += linear(branch) in place -> RMSNorm(x) [rows, H]; with cross (anchor state t), concat[h, h*t] and x
+        unchanged."""
         y = F.linear(branch, linear.weight, linear.bias)
         return head_norm.add_rmsnorm_triton(x, y, norm.weight, _norm_eps(norm), cross=cross, pdl=plan.pdl)
 

@@ -38,8 +38,7 @@ def select_config(m: int, dtype: torch.dtype, k: int = 0) -> str:
 
 @triton.jit
 def _tile_coords(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """Grouped tile order: GROUP_M row tiles take the column tiles in turn, column-major inside a
-    group, so the weight tiles a group reads stay in L2 -> (row tile, column tile)."""
+    """Grouped tile order (GROUP_M row tiles take the column tiles in turn; weights stay in L2) -> (row, col) tile."""
     tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * tiles_n
     first_m = (tile // per_group) * GROUP_M
@@ -49,8 +48,7 @@ def _tile_coords(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP
 
 @triton.jit
 def _bias_tile(b_ptr, rn, N, HAS_BIAS: tl.constexpr):
-    """bias[rn] as fp32 [1, BLOCK_N] (HAS_BIAS; else a placeholder the epilogue does not read): a constant,
-    so the pointer kernel loads it before its PDL wait."""
+    """bias[rn] as fp32 [1, BLOCK_N] (HAS_BIAS; else a placeholder): a constant, loaded before the PDL wait."""
     return tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :] if HAS_BIAS else 0.0
 
 
@@ -63,8 +61,7 @@ def _group_bias_tile(gb_ptr, rm, rn, M, N, gb_stride, rows_per_group, GROUP_BIAS
 
 @triton.jit
 def _epilogue(acc, bias, group_bias, HAS_BIAS: tl.constexpr, GROUP_BIAS: tl.constexpr, SILU: tl.constexpr):
-    """acc [BLOCK_M, BLOCK_N] fp32 (+ bias, _bias_tile) (+ group_bias, _group_bias_tile) -> SiLU of that (SILU) or
-    that, fp32."""
+    """acc [BLOCK_M, BLOCK_N] fp32 (+ bias) (+ group_bias) -> SiLU of that (SILU) or that, fp32."""
     if HAS_BIAS:
         acc += bias
     if GROUP_BIAS:
@@ -133,8 +130,7 @@ def _group_bias_and_parts(
     NORM: tl.constexpr,
     PARTS_IN: tl.constexpr,
 ):
-    """Two epilogue operands that earlier kernels wrote, as loaded (placeholders where off): the group bias tile and
-    the input rows' sum-of-squares partials."""
+    """The epilogue operands earlier kernels wrote, as loaded: the group bias tile, the input's sumsq partials."""
     group_bias = _group_bias_tile(gb_ptr, rm, rn, M, N, gb_stride, rows_per_group, GROUP_BIAS)
     parts = load_sumsq(ss_in_ptr, rm % M, n_parts_in, PARTS_IN) if NORM else 0.0
     return group_bias, parts

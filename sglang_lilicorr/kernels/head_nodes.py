@@ -89,8 +89,7 @@ def node_pass_rows(rows, cols, mask, pass_ptr, n_cand, H):
 
 @triton.jit
 def node_const_rows(rows, cols, mask, const_ptr, n_slots, n_cand, H):
-    """node_const[slot, k] [R, C] at node rows, columns cols, as loaded: a constant, so a kernel launched early under
-    PDL may load it before its wait."""
+    """node_const[slot, k] [R, C] at node rows, columns cols, as loaded (a constant: loaded before the PDL wait)."""
     const_row = ((rows // n_cand) % n_slots) * n_cand + rows % n_cand
     return tl.load(const_ptr + const_row[:, None] * H + cols[None, :], mask=mask, other=0.0)
 

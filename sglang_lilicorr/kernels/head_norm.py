@@ -57,8 +57,7 @@ def load_sumsq(ss_ptr, rows, n_parts, PARTS: tl.constexpr):
 
 @triton.jit
 def row_rstd(parts, eps, width):
-    """[R] 1 / sqrt(mean(x^2) + eps) of rows of width `width` from their loaded partials (load_sumsq), summed in a
-    fixed order."""
+    """[R] 1 / sqrt(mean(x^2) + eps) of rows of `width` from their loaded partials, summed in a fixed order."""
     return 1.0 / tl.sqrt(tl.sum(parts, 1) / width + eps)
 
 

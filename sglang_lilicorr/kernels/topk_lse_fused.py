@@ -298,8 +298,7 @@ def _topk_lse_merge_kernel(
 
 
 def min_tiles(n_rows: int, launch: TopKLaunch = TopKLaunch()) -> int:
-    """The shortest run of tiles per split for N rows (TOPK_MIN_TILES_PER_SPLIT, or launch.few_rows_tiles up to
-    TOPK_FEW_ROWS)."""
+    """The shortest run of tiles per split for N rows (launch.few_rows_tiles up to TOPK_FEW_ROWS, else the default)."""
     return launch.few_rows_tiles if n_rows <= TOPK_FEW_ROWS else TOPK_MIN_TILES_PER_SPLIT
 
 
@@ -365,7 +364,7 @@ def topk_lse_triton(
 
 def _split_stage(name, logits, k, splits, launch, pdl):
     """Launch stage 1 -> ((vals, ids, lse), partials): with one chunk per row the split kernel writes the outputs
-    itself and the partials are None; otherwise the outputs are left for the merge to write."""
+    and the partials are None."""
     check_topk_lse_args(logits, k)
     check_pdl(pdl, logits, name)
     block = launch.block

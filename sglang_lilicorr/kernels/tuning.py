@@ -9,8 +9,7 @@ from typing import NamedTuple
 
 
 class Measured(NamedTuple):
-    """`value` for batches of at most `max_batch` requests (None: every batch size; 0: none), measured on `card`
-    at `commit`."""
+    """`value` for batches of at most `max_batch` requests (None: all; 0: none), measured on `card` at `commit`."""
 
     max_batch: int | None
     value: object
@@ -109,8 +108,7 @@ class CosineLaunch(NamedTuple):
     f32_dot: bool = False  # 16-bit operands converted to fp32 (TF32 dots) before tl.dot: not pipelined
 
     def step(self, d: int) -> int:
-        """Columns per step of a factor with D columns: block_d, or D rounded up to a power of two (>= 16) if
-        smaller."""
+        """Columns per step of a factor with D columns: block_d, or D rounded up to a power of two (>= 16) if less."""
         return max(16, min(1 << max(d - 1, 0).bit_length(), self.block_d))
 
 

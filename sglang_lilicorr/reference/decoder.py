@@ -147,8 +147,7 @@ def speculative_decoder(
     walk: str = "greedy",
     commit: str | None = None,
 ) -> SpeculativeDecoder:
-    """A decoder over an HF causal LM target; commits the LiLiCorr block (drafted by `walk`) when a
-    head is given, else the drafter's argmax block."""
+    """A decoder over an HF target committing the LiLiCorr block (by `walk`) with a head, else the argmax block."""
     target = FrozenTarget(model, drafter.config.target_layer_ids)
     proposer = BlockProposer(target, drafter, head, (walk,))
     commit = commit or proposer.draft_names[-1]

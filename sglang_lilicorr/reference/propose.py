@@ -62,8 +62,7 @@ class BlockProposer:
 
     @torch.no_grad()
     def __call__(self, features: torch.Tensor, anchor_token: int) -> dict[str, torch.Tensor]:
-        """One block after the context: features [1, a, F] of positions 0..a-1, the anchor at a
-        -> {name: [S] token ids}."""
+        """One block: features [1, a, F] of positions 0..a-1, the anchor at a -> {name: [S] token ids}."""
         a, dev = features.shape[1], features.device
         if a < 1:
             raise ValueError("BlockProposer: the context is empty; prefill at least one prompt token first.")

@@ -1,7 +1,6 @@
 """TrainConfig: every knob of `lilicorr train`, validated when it is built (so the CLI refuses a
 bad value before any model is loaded). Head geometry defaults come from `LiLiCorrConfig` and the
-objective's from `ObjectiveWeights` (paper Table hparams); nothing is repeated here.
-"""
+objective's from `ObjectiveWeights` (paper Table hparams); nothing is repeated here."""
 
 from __future__ import annotations
 
