@@ -18,8 +18,7 @@ class ConfigError(LiLiCorrError, ValueError):
 
 
 def json_number(raw: Any, kind: type, field: str, error: type[Exception] = ConfigError) -> int | float:
-    """A number read from a JSON config: an int (or integral float) for kind=int, an int or float for kind=float;
-    anything else raises `error` naming the field."""
+    """A JSON config number: an int (or integral float) for kind=int, int or float for float; else `error`."""
     if isinstance(raw, bool) or not isinstance(raw, (int, float)):
         number = False
     elif kind is int:

@@ -58,8 +58,7 @@ def teacher_forced_scores(
     pair: torch.Tensor,  # [N, S-1, K, K]   pair[:, s-1, i, j] = sigma * cos(out_{s,i}, in_{s+1,j})
     gt_index: torch.Tensor,  # [N, S] from oracle_prefix
 ) -> torch.Tensor:
-    """-> z [N, S, K]: every slot's scores given the ground-truth predecessor (Eq. 2); an absent g_{s-1} (-1) reads
-    row 0 (off the oracle prefix: masked by the losses)."""
+    """-> z [N, S, K]: each slot's scores given the ground-truth predecessor (Eq. 2; absent -1 reads row 0)."""
     expect(start, "start", (None, None), "float")
     n, k = start.shape
     expect(pair, "pair", (n, None, k, k), "float")
@@ -71,8 +70,7 @@ def teacher_forced_scores(
 
 
 def oracle_prefix_coverage(prefix: torch.Tensor, valid: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Coverage metrics (0-dim fp32, no grad): ``mean_prefix_len`` (slots per row) and ``supervised_fraction``
-    (|S| / valid slots; 0 when none)."""
+    """0-dim fp32 metrics: ``mean_prefix_len`` (slots per row), ``supervised_fraction`` (|S| / valid slots)."""
     expect(prefix, "prefix", (None, None), "bool")
     expect(valid, "valid", tuple(prefix.shape), "bool")
     supervised = prefix.sum().float()

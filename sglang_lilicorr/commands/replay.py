@@ -111,8 +111,7 @@ def read_turn_rows(paths: list[Path]) -> list[tuple[Path, dict]]:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    """Checks every argument and reads every input first; the report folder is claimed only when the results are
-    there to write, so an error leaves nothing behind."""
+    """Checks every argument and reads every input first; the report folder is claimed only to write results."""
     import torch
     from transformers import AutoModelForCausalLM
     from tqdm.auto import tqdm

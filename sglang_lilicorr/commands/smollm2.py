@@ -104,8 +104,7 @@ def verify_gguf(path: Path, source: Path) -> str:
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """GGUF -> bf16 safetensors + tokenizer in out_dir (de-quantized by transformers' GGUF reader; no quantization
-    config carried over)."""
+    """GGUF -> bf16 safetensors + tokenizer in out_dir (transformers' GGUF reader; no quantization config)."""
     if importlib.util.find_spec("gguf") is None:
         raise SmolLM2Error("reading the SmolLM2 GGUF needs the `gguf` package: pip install gguf")
     import torch

@@ -52,8 +52,7 @@ def _async_compile_mode():
 
 
 def unavailable(device: torch.device) -> str | None:
-    """Why a compile-only pass cannot help on `device` (None: it can): the interpreter, a CPU, a CUDA-graph capture
-    in progress, or no AsyncCompileMode."""
+    """Why a compile-only pass cannot help on `device` (interpreter, CPU, graph capture, no AsyncCompileMode)."""
     if os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes"):
         return "Triton's interpreter"
     if torch.device(device).type != "cuda" or not torch.cuda.is_available():

@@ -60,8 +60,7 @@ class FastLiLiCorrSelect(SelectConstants):
         return self.plans.at(batch)
 
     def propose(self, logits: torch.Tensor, hidden: torch.Tensor, anchor_hidden: torch.Tensor) -> Proposal:
-        """logits [b*S, V] (under a merge: this rank's columns), hidden [b, S, Hm], anchor_hidden [b, Hm] -> the
-        block's Proposal, as the plan at b says."""
+        """logits [b*S, V] (merge: this rank's columns), hidden [b, S, Hm], anchor [b, Hm] -> Proposal, by plan(b)."""
         b, s = self._check(hidden, anchor_hidden)
         plan = self.plan(b)
         vocab = self.token_table.shape[0] if plan.merge is None else logits.shape[-1]  # a merge: the rank's shard
@@ -239,8 +238,7 @@ class FastLiLiCorrSelect(SelectConstants):
         return cat, sumsq
 
     def _residual_norm(self, x, branch, linear: torch.nn.Linear, norm: torch.nn.RMSNorm, plan: SelectPlan, cross=None):
-        """x += linear(branch) in place -> RMSNorm(x) [rows, H]; with cross (anchor state t), concat[h, h*t] and x
-        unchanged."""
+        """x += linear(branch) in place -> RMSNorm(x) [rows, H]; with cross (anchor t): concat[h, h*t], x unchanged."""
         y = F.linear(branch, linear.weight, linear.bias)
         return head_norm.add_rmsnorm_triton(x, y, norm.weight, _norm_eps(norm), cross=cross, pdl=plan.pdl)
 

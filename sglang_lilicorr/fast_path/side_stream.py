@@ -6,8 +6,7 @@ import torch
 
 
 class SideStream:
-    """Work forked onto `stream`; join() makes the current stream wait for it and marks its tensors used there
-    (eager-mode safety)."""
+    """Work forked onto `stream`; join() makes the current stream wait and marks its tensors used there."""
 
     def __init__(self, stream: torch.cuda.Stream) -> None:
         self.stream, self.main = stream, torch.cuda.current_stream(stream.device)

@@ -421,8 +421,7 @@ def gemm_epilogue_triton(
     | None = None,  # the weight into L2 before the PDL wait (kernels/prefetch.py); None: when launched early
     name: str = "gemm_epilogue_triton",
 ) -> torch.Tensor:
-    """-> act(x @ weight.T + bias + group_bias[row // rows_per_group]) [M, N] in x's dtype, one launch; the options
-    as in gemm_epilogue_reference (module docstring)."""
+    """-> act(x @ weight.T + bias + group_bias[row // rows_per_group]) [M, N], one launch (module docstring)."""
     _check(name, x, weight, bias, group_bias, rows_per_group)
     _check_epilogue(name, x, weight, norm, norm_width, residual, out, sumsq_out, cross)
     check_pdl(pdl, x, name)
@@ -503,8 +502,7 @@ def gemm_epilogue_triton(
 
 
 def fold_norm_gain(weight: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
-    """weight [N, K] (K a multiple of the gain's width) with an RMSNorm's gain g folded in along K (fp32, rounded
-    once): RMSNorm(x) @ W.T = rstd(x) * (x @ (W * g).T)."""
+    """weight [N, K] with an RMSNorm's gain folded in along K: RMSNorm(x) @ W.T = rstd(x) * (x @ (W * g).T)."""
     g = norm_weight.float().repeat(weight.shape[1] // norm_weight.shape[0])
     return (weight.float() * g).to(weight.dtype).contiguous()
 

@@ -113,8 +113,7 @@ def _store_keys(best_keys, slots, vals_ptr, ids_ptr, K: tl.constexpr):
 
 @triton.jit
 def _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK: tl.constexpr):
-    """Load the next tile, fold this one (x_next) into the running max / sum of exponentials -> (next tile, [R]
-    sub-tile maxima, tile max, run_max, run_sum)."""
+    """Load the next tile, fold x_next into the running max / sum -> (next, sub-tile maxima, max, run_max, run_sum)."""
     LOG2E: tl.constexpr = 1.4426950408889634
     x = x_next.to(tl.float32)
     # the next tile's load before this tile's reductions: two tiles in flight (PERF_NOTES.md)
@@ -303,8 +302,7 @@ def min_tiles(n_rows: int, launch: TopKLaunch = TopKLaunch()) -> int:
 
 
 def split_plan(n_rows: int, vocab: int, device: torch.device, launch: TopKLaunch = TopKLaunch()) -> tuple[int, int]:
-    """(splits per row, logits per split), from N: about one wave of split programs (launch.programs_per_sm per
-    SM), each a run of >= min_tiles(N) whole tiles."""
+    """(splits per row, logits per split) for N rows: about one wave of programs, runs of >= min_tiles(N) tiles."""
     tiles = triton.cdiv(vocab, launch.block)
     want = max(1, launch.programs_per_sm * sm_count(device) // n_rows)  # CPU interpreter: 1 SM, a few splits
     tiles_per_split = max(triton.cdiv(tiles, min(want, tiles)), min(min_tiles(n_rows, launch), tiles))
@@ -363,8 +361,7 @@ def topk_lse_triton(
 
 
 def _split_stage(name, logits, k, splits, launch, pdl):
-    """Launch stage 1 -> ((vals, ids, lse), partials): with one chunk per row the split kernel writes the outputs
-    and the partials are None."""
+    """Launch stage 1 -> ((vals, ids, lse), partials); with one chunk per row it writes the outputs (partials None)."""
     check_topk_lse_args(logits, k)
     check_pdl(pdl, logits, name)
     block = launch.block

@@ -190,8 +190,7 @@ def _decode(
 def greedy_walk_triton(
     start: torch.Tensor, pair: torch.Tensor, ids: torch.Tensor | None = None, *, pdl: bool = False
 ) -> torch.Tensor:
-    """Greedy walk (each slot the argmax continuation of the one before) -> idx [b, S] int64, or with ids their ids;
-    `pdl`: programmatic dependent launch."""
+    """Greedy walk (each slot the best continuation of the one before) -> idx [b, S] int64, or their ids."""
     return _decode(False, "greedy_walk_triton", start, pair, ids, pdl)
 
 

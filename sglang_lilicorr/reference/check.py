@@ -65,8 +65,7 @@ def check_greedy(
     dtype=torch.float32,
     tol_ulps: float = 1.0,
 ) -> GreedyReport:
-    """Check output_ids against a teacher-forced `dtype` pass of the HF causal LM `model`; tol: the logit deficit
-    allowed (None: tol_ulps bf16 ulps of the top logit)."""
+    """Check output_ids by a teacher-forced `dtype` pass of `model`; tol: the deficit allowed (None: tol_ulps ulps)."""
     if not prompt_ids:
         raise ValueError("check_greedy: the prompt is empty; the first output token needs a context.")
     if dtype not in (torch.float32, torch.float64):

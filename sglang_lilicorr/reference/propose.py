@@ -73,8 +73,7 @@ class BlockProposer:
     def blocks(
         self, features: torch.Tensor, anchors: torch.Tensor, anchor_tokens: torch.Tensor
     ) -> dict[str, torch.Tensor]:
-        """Blocks at many anchors of one sequence: features [1, T, F], anchors [N] (1 <= a <= T),
-        anchor_tokens [N] -> {name: [N, S] token ids}."""
+        """Blocks at anchors [N] (1 <= a <= T) of features [1, T, F], anchor_tokens [N] -> {name: [N, S] ids}."""
         context = self.drafter.project_target_hidden(features)  # [1, T, Hm]
         parts = [
             self._blocks(context, a, x)

@@ -55,8 +55,7 @@ class TargetShape:
 
     @classmethod
     def of(cls, config: Any) -> "TargetShape":
-        """From a Hugging Face config object or a config.json dict (its `text_config` if any); the context is
-        max_position_embeddings."""
+        """From an HF config or config.json dict (its `text_config` if any); context: max_position_embeddings."""
 
         def get(name):
             return config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)

@@ -146,8 +146,7 @@ class LiLiCorrProposer:
         return self.select.propose(logits, pass_hidden, anchor_hidden).draft
 
     def propose_eager(self, pass_hidden: torch.Tensor) -> torch.Tensor:
-        """pass_hidden [b, S, Hm] of a batch no draft graph covers -> draft tokens [b, S], through the smallest eager
-        graph holding b requests, or directly."""
+        """pass_hidden [b, S, Hm] no draft graph covers -> draft [b, S]: the least eager graph holding b, or eager."""
         b = pass_hidden.shape[0]
         bucket = min((n for n in self.eager_graphs if n >= b), default=None)
         if bucket is None:
@@ -190,8 +189,7 @@ class LiLiCorrProposer:
         return list(range(top + 1, rows + 1))
 
     def precompile(self, *, graph_batch_sizes: list[int] = (), eager_sizes: list[int] = ()) -> CompileReport | None:
-        """Builds concurrently the Triton kernels of the draft graphs and eager proposal at these sizes (those done
-        before skipped) -> the report, or None."""
+        """Build concurrently the Triton kernels of the draft graphs and eager proposal at these sizes -> report."""
         draft = sorted({int(b) for b in graph_batch_sizes} - {b for kind, b in self.precompiled if kind == "draft"})
         eager = sorted({int(b) for b in eager_sizes} - {b for kind, b in self.precompiled if kind == "eager"})
         if not draft and not eager:

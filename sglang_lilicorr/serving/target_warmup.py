@@ -60,8 +60,7 @@ def plain_layer(layer) -> bool:
 
 
 def prefill_inputs(layer, tokens: int, dtype, device, fused: bool):
-    """q, k, v as RadixAttention hands them to the backend: views of one fused qkv output (`fused`) or tensors of
-    their own; uninitialized."""
+    """q, k, v as RadixAttention hands them over (views of one fused qkv, or not); uninitialized."""
     widths = [
         layer.tp_q_head_num * layer.qk_head_dim,
         layer.tp_k_head_num * layer.qk_head_dim,

@@ -41,8 +41,7 @@ logger = logging.getLogger(__name__)
 
 
 def lm_head_rows(lm_head, vocab_size: int, tp_group) -> tuple[torch.Tensor, VocabShard | None]:
-    """This rank's rows of the target LM head over the real vocabulary: [V, Hm] and None, or under tensor
-    parallelism its shard [n, Hm] and its VocabShard."""
+    """This rank's LM-head rows over the real vocabulary: ([V, Hm], None), or under TP ([n, Hm], its VocabShard)."""
     weight = getattr(lm_head, "weight", None)
     if not is_dense_head_weight(weight):
         raise ServingConfigError(
@@ -220,8 +219,7 @@ class LiLiCorrWorker(DFlashWorkerV2):
         self.append_graphs = graphs if graphs.graphs else None
 
     def _init_verify_widths(self) -> None:
-        """The target's verify at each narrower width (captured), every width's step timed, and the policy that
-        picks among them; one start-up line."""
+        """Capture the narrower widths' verify, time every width's step, and build the policy; one start-up line."""
         block = int(self.block_size)
         runner = self.model_runner
         why_fixed = None

@@ -86,8 +86,7 @@ class SGLangServers:
         startup_timeout: float = 900.0,
         concurrency: int = 256,
     ) -> "SGLangServers":
-        """Start one server per GPU (the i-th visible device, port port0 + i), wait for /health; `close()` (or `with`)
-        stops them."""
+        """Start one server per GPU (port port0 + i), wait for /health; `close()` (or `with`) stops them."""
         visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
         ids = visible[:gpus] if len(visible) >= gpus else [str(i) for i in range(gpus)]
         specs = [

@@ -53,8 +53,7 @@ def serving_tensors(head: Head) -> dict[str, torch.Tensor]:
 
 
 def read_corrector_draft(directory: str | Path) -> tuple[DrafterConfig, DominoConfig | DSparkConfig, dict, dict] | None:
-    """An exported Domino or DSpark draft -> (drafter config, head config, drafter tensors, head tensors); None
-    for any other folder."""
+    """An exported Domino or DSpark draft -> (drafter cfg, head cfg, drafter tensors, head tensors), else None."""
     try:
         raw = loads((Path(directory) / CONFIG_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -46,8 +46,7 @@ class JointOutput:
 
 
 def metric_sums(outputs: list[JointOutput]) -> dict[str, tuple[float, float]]:
-    """Every metric of several forwards as (numerator, denominator) sums, which other ranks' add to (weighted by
-    blocks, top-1 hits over counts)."""
+    """Every metric of several forwards as (numerator, denominator) sums, which other ranks' add to."""
     sums: dict[str, tuple[float, float]] = {}
 
     def add(name: str, numerator: float, denominator: float) -> None:
@@ -84,8 +83,7 @@ def pooled_metrics(outputs: list[JointOutput]) -> dict[str, float]:
 
 
 def acceptance_length(drafted: torch.Tensor, greedy: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Tokens a greedy target commits per block: 1 + the leading run of drafted tokens equal to its choice;
-    drafted, greedy, valid [R, S] -> [R] int64."""
+    """Tokens a greedy target commits per block (1 + the drafts matching its choices): [R, S] x3 -> [R] int64."""
     return 1 + ((drafted == greedy) & valid).long().cumprod(dim=1).sum(dim=1)
 
 

@@ -152,8 +152,7 @@ class EvalGuard:
 
 
 def dedup_and_guard(texts: Iterable[str], guard: EvalGuard, seen: set[str]) -> tuple[list[str], dict[str, int]]:
-    """Keep texts of >= 3 words not `seen` (updated) and not overlapping an evaluation prompt -> (kept, counts
-    dropped by reason)."""
+    """Texts of >= 3 words not `seen` (updated) nor overlapping evaluation -> (kept, drop counts by reason)."""
     kept, dropped = [], {"short": 0, "duplicate": 0, "overlaps_eval": 0}
     for text in texts:
         key = normalised(text)

@@ -315,8 +315,7 @@ def check_same_geometry(
     action: str,
     rope_may_differ: bool = False,
 ) -> None:
-    """IncompatibleCheckpointError unless the saved drafter config and head keys are this run's (with
-    rope_may_differ, the rope scaling may differ)."""
+    """IncompatibleCheckpointError unless the saved drafter config and head keys are this run's."""
     saved_d = DrafterConfig.from_hf_config(saved_drafter)
     if rope_may_differ:
         saved_d = dataclasses.replace(saved_d, rope_scaling=drafter.rope_scaling)

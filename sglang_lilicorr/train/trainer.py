@@ -224,8 +224,7 @@ def on_every_rank(flag: bool, world: int, device) -> bool:
 
 
 def global_batch_metrics(outputs: list, tokens: int, env: "Distributed") -> tuple[dict[str, float], int]:
-    """This rank's step outputs and tokens since the last log -> the step's metrics and tokens pooled over every
-    rank (one all-reduce)."""
+    """This rank's step outputs and tokens -> the step's metrics and tokens pooled over every rank."""
     sums = metric_sums(outputs)
     if env.world > 1:
         names = sorted(sums)
@@ -445,8 +444,7 @@ def build_job(cfg: TrainConfig, env: Distributed) -> Job:
 
 
 def start_point(job: Job) -> int:
-    """Claim the output folder -> the starting step: the newest checkpoint that loads, else --init-from's or fresh
-    weights at 0; metrics rows past it go."""
+    """Claim the folder -> the start step: the newest loadable checkpoint's, else 0 (--init-from or fresh)."""
     cfg, env, out_dir = job.cfg, job.env, job.out_dir
     if env.main:
         if cfg.move_aside and out_dir.is_dir() and run_state(out_dir):
@@ -591,8 +589,7 @@ def accumulate_gradients(job: Job, trainable, ids: list[int], step: int, weights
 
 
 def update_or_skip(job: Job, finite: bool, bad: int, step: int) -> int:
-    """The optimizer step when loss and gradient are finite on every rank, else a skip -> skipped steps so far;
-    TrainingDiverged after --max-bad-steps."""
+    """Step when loss and gradient are finite on every rank, else skip -> skips so far (TrainingDiverged at max)."""
     cfg = job.cfg
     if on_every_rank(finite, job.env.world, job.env.device):
         job.optimizer.step()
