@@ -68,9 +68,6 @@ def add_command(subparsers, name: str, help: str, doc: str | None = None) -> arg
     return subparsers.add_parser(name, help=help, description=doc or help)
 
 
-# --- argparse types: a value is checked when it is parsed, before any command runs ------------------------------
-
-
 def bounded(kind: type, low: float, high: float | None = None, *, above: bool = False):
     """argparse type: a finite `kind` in [low, high] ((low, high] when `above`; high None: no upper bound)."""
     noun = "an integer" if kind is int else "a number"
@@ -149,9 +146,6 @@ def one_level_down(path: str | os.PathLike, fallback: str, marker: str = "config
     if not found:
         return fallback
     return f"pass {' or '.join(found[:3])}{', ...' if len(found) > 3 else ''} (one level down, with its {marker})"
-
-
-# --- how an error ends a subcommand --------------------------------------------------------------------------------
 
 
 def error_line(e: BaseException) -> str:

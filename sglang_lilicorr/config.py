@@ -88,8 +88,6 @@ class LiLiCorrConfig:
                 "a finite positive number",
             )
 
-    # --- draft config.json round-trip (SGLang's `dflash_config.lilicorr_*`) ---------------
-
     # the head's fields in a draft config.json, as SGLang's built-in head config names them (`lilicorr_<name>`)
     SERIALISED = (
         "candidate_topk",

@@ -47,9 +47,6 @@ def path_text(text: str) -> str:
     return str(path_arg(text))
 
 
-# --- regenerate ---------------------------------------------------------------------------
-
-
 def _register_regenerate(p: argparse.ArgumentParser) -> None:
     data = p.add_argument_group("data")
     mode = data.add_mutually_exclusive_group(required=True)
@@ -233,9 +230,6 @@ def run_regenerate(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- train --------------------------------------------------------------------------------
-
-
 # every `lilicorr train` option: its group in --help and its text (a TrainConfig field each; the paper's values are
 # the defaults, --help prints them)
 TRAIN_OPTIONS = {
@@ -377,9 +371,6 @@ def run_train(args: argparse.Namespace) -> int:
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank returns the same pooled metrics
         print(json.dumps(metrics))
     return 0
-
-
-# --- export -------------------------------------------------------------------------------
 
 
 def _register_export(p: argparse.ArgumentParser) -> None:

@@ -207,8 +207,6 @@ class DrafterConfig:
             isinstance(self.rope_scaling, RopeScaling), f"rope_scaling={self.rope_scaling!r:.60} must be a RopeScaling"
         )
 
-    # --- config.json (SGLang DFlashDraftModel format) ------------------------------------
-
     def to_hf_config(self) -> dict[str, Any]:
         return {
             "architectures": [VANILLA_ARCH],

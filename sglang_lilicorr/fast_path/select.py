@@ -71,8 +71,6 @@ class FastLiLiCorrSelect(SelectConstants):
         with torch.no_grad():
             return propose(logits, hidden, anchor_hidden, topk=self.topk, scores=self._scores, plan=plan)
 
-    # --- inputs ------------------------------------------------------------------------------
-
     def _check(self, pass_hidden: torch.Tensor, anchor_hidden: torch.Tensor) -> tuple[int, int]:
         hm = self.head.model_hidden_size
         if pass_hidden.dim() != 3 or pass_hidden.shape[-1] != hm:
@@ -86,8 +84,6 @@ class FastLiLiCorrSelect(SelectConstants):
             if t.device != self.device:
                 raise ValueError(f"select: {name} is on {t.device} but the head is on {self.device}; move it there.")
         return b, s
-
-    # --- the head's routes ---------------------------------------------------------------------
 
     def _scores(self, vals, ids, lse, pass_hidden, anchor_hidden, plan: SelectPlan):
         """The pipeline's head step on the plan's route -> (start, pair, log-probs, draft ids or None)."""

@@ -15,14 +15,12 @@ if TYPE_CHECKING:
 
 
 class LiLiCorrSpecAlgo(CustomSpecAlgo):
-    # --- identity: a member of the DFlash family --------------------------------------
     def is_dflash(self) -> bool:
         return True
 
     def is_dflash_family(self) -> bool:
         return True
 
-    # --- capabilities, as SGLang answers them for DFLASH --------------------------------
     def supports_target_verify_for_draft(self) -> bool:
         return True  # the draft block runs as a TARGET_VERIFY-shaped forward (graphs too)
 
@@ -56,6 +54,5 @@ class LiLiCorrSpecAlgo(CustomSpecAlgo):
     def get_platform_worker_cls(self) -> Optional[type]:
         return None  # no out-of-tree platform replaces the LILICORR worker
 
-    # --- ServerArgs resolution ------------------------------------------------------------
     def handle_server_args(self, server_args) -> None:
         resolve_server_args(server_args)

@@ -109,8 +109,6 @@ class LiLiCorrProposer:
         if self.sharded is not None:
             self.sharded.allocate(int(max_rows) * self.slots)
 
-    # --- anchors --------------------------------------------------------------------------
-
     def anchor_rows(
         self, *, num_rows: int, extend_lens: torch.Tensor | None, commit_lens: torch.Tensor | None
     ) -> torch.Tensor:
@@ -135,8 +133,6 @@ class LiLiCorrProposer:
                 f"LiLiCorrProposer: batch of {b} requests exceeds the {self.anchors.shape[0]} it was sized for"
             )
         torch.index_select(self.anchor_table, 0, req_pool_indices.to(torch.int64), out=self.anchors[:b])
-
-    # --- the proposal ---------------------------------------------------------------------
 
     @torch.inference_mode()
     def propose(self, pass_hidden: torch.Tensor, anchor_hidden: torch.Tensor) -> torch.Tensor:

@@ -55,8 +55,6 @@ def target_text_config(args) -> Any:
     return get_hf_text_config(config)
 
 
-# --- server options --------------------------------------------------------------------------
-
 # (option, test on the resolving view, what to do): paths the LILICORR worker was not built or tested for
 _UNSUPPORTED = (
     (
@@ -257,9 +255,6 @@ def check_block_size(spec: DraftSpec, args) -> None:
                 f"{option} {value} differs from the draft's block_size={spec.head.block_size}: the LiLiCorr head is "
                 f"trained for {spec.head.block_size}-token blocks. Drop {option} or set it to {spec.head.block_size}."
             )
-
-
-# --- the two hooks ---------------------------------------------------------------------------
 
 
 def served_target(args) -> TargetShape:

@@ -160,8 +160,6 @@ class LiLiCorrWorker(DFlashWorkerV2):
         # Before serving: no batch of new prompts compiles SGLang's prefill kernel while its requests wait.
         warm_target_prefill(self.model_runner)
 
-    # --- CUDA graphs ------------------------------------------------------------------------
-
     def _maybe_build_draft_sampler(self):
         # called right before the draft graphs are captured; the returned object runs inside each of them
         logger.info(
@@ -254,8 +252,6 @@ class LiLiCorrWorker(DFlashWorkerV2):
             os.environ.get(WIDTH_ENV, ADAPTIVE),
         )
 
-    # --- anchors ----------------------------------------------------------------------------
-
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
         self._batch_slots = batch.req_pool_indices
         decoding = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
@@ -313,8 +309,6 @@ class LiLiCorrWorker(DFlashWorkerV2):
                 num_rows=int(context.shape[0]), extend_lens=extend_lens, commit_lens=commit_lens
             )
             self.proposer.publish_anchors(context.index_select(0, rows), slots)
-
-    # --- eager proposal ---------------------------------------------------------------------
 
     def _greedy_sample_from_vocab_parallel_head(self, *, hidden_states, lm_head, chunk_size: int = 256):
         # the drafted slots' hidden states [b*S, Hm] of a draft run without its CUDA graph: propose eagerly

@@ -63,9 +63,6 @@ def finish_reason(output_ids: Sequence[int], stop_token_ids: Sequence[int]) -> s
     return "stop" if output_ids and output_ids[-1] in stop_token_ids else "length"
 
 
-# --- SGLang servers ----------------------------------------------------------------------------
-
-
 class SGLangServers:
     """SGLang servers, launched here (`launch`, `start`) or reached by URL, and the requests to them."""
 
@@ -237,9 +234,6 @@ class SGLangServers:
                 detail = f"{type(e).__name__}: {e}"
             await asyncio.sleep(1 + attempt)
         raise EngineError(f"{url}/generate failed three times: {detail}")
-
-
-# --- transformers fallback -----------------------------------------------------------------------
 
 
 class TransformersGenerator:

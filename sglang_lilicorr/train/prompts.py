@@ -71,9 +71,6 @@ def end_of_turn_ids(tokenizer) -> list[int]:
     return sorted(int(i) for i in ids if i is not None)
 
 
-# --- package prompts ---------------------------------------------------------------------------
-
-
 def stdlib_snippets(seed: int, max_chars: int = 1500) -> tuple[list[tuple[str, str, str]], list[str]]:
     """-> (functions as (name, source, first docstring paragraph), module and class docstrings) of this
     interpreter's standard library (no tests, no private modules)."""
@@ -118,9 +115,6 @@ def package_prompts(count: int, seed: int, max_chars: int = 1500) -> list[str]:
         PROSE_TEMPLATES[i % len(PROSE_TEMPLATES)].format(doc=d) for i, d in enumerate(passages[: count - len(code)])
     ]
     return code + prose
-
-
-# --- deduplication and the evaluation guard ----------------------------------------------------
 
 
 def normalised(text: str) -> str:

@@ -74,9 +74,6 @@ def request_seed(seed: int, conversation: str, turn: int, role: str) -> int:
     return zlib.crc32(f"{seed}:{conversation}:{turn}:{role}".encode()) & 0x7FFFFFFF
 
 
-# --- resumable jsonl output --------------------------------------------------------------------
-
-
 ROWS = "a file of `lilicorr regenerate` rows"
 
 
@@ -124,9 +121,6 @@ def done_ids(path: Path) -> set[str]:
         return set()
     open_for_append(path, jsonl_for_append(path, is_row, ROWS, "--output", DataError), ROWS).close()
     return {str(row["id"]) for _, row in read_jsonl(path)}
-
-
-# --- the driver ----------------------------------------------------------------------------------
 
 
 def play(
@@ -284,9 +278,6 @@ class Conversation:
         return out
 
 
-# --- prompt files --------------------------------------------------------------------------------
-
-
 def prompt_plans(path: str | Path, guard: EvalGuard | None = None) -> list[Plan]:
     """Plans of a prompt file (`messages`, `turns` or `text`; `id`, `set` kept); an evaluation overlap is refused."""
     plans, ids = [], set()
@@ -316,9 +307,6 @@ def prompt_plans(path: str | Path, guard: EvalGuard | None = None) -> list[Plan]
     if not plans:
         raise DataError("no prompt rows", where=str(path), fix='give one row a prompt: {"id", "messages" | "text"}')
     return plans
-
-
-# --- the recipe ------------------------------------------------------------------------------------
 
 
 def recipe_plans(

@@ -46,9 +46,6 @@ class TrainingDiverged(LiLiCorrError, RuntimeError):
     """Too many steps had a non-finite loss or gradient; the last good checkpoint is kept."""
 
 
-# --- building blocks ---------------------------------------------------------------------
-
-
 def resolve_mask_token(tokenizer, name: str | None, vocab_size: int) -> tuple[str, int]:
     name = name or getattr(tokenizer, "mask_token", None)
     if not name:
@@ -235,9 +232,6 @@ def global_batch_metrics(outputs: list, tokens: int, env: "Distributed") -> tupl
         values = flat.tolist()
         sums, tokens = {n: (values[2 * i], values[2 * i + 1]) for i, n in enumerate(names)}, int(values[-1])
     return ratios(sums), tokens
-
-
-# --- the loop ------------------------------------------------------------------------------
 
 
 class Distributed:

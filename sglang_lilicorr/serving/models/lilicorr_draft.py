@@ -60,8 +60,6 @@ class LiLiCorrDraftModel(DFlashDraftModel):
             )
         super().set_block_size(block_size)
 
-    # --- strict loading ---------------------------------------------------------------------
-
     def expected_drafter_tensors(self) -> set[str]:
         """Checkpoint names that must fill the drafter's parameters (packed ones unpacked)."""
         names = set()
