@@ -15,8 +15,7 @@ import torch.nn.functional as F
 
 from .oracle import ObjectiveInputError, expect, oracle_prefix, teacher_forced_scores
 
-# log q is floored here so a candidate the target gives zero probability costs a large but
-# finite amount instead of inf (which would turn P * cost into NaN gradients).
+# log q floored: a candidate of zero target probability costs a large finite amount, not inf (NaN gradients)
 LOG_Q_FLOOR = -1.0e4
 
 

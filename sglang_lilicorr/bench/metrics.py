@@ -112,9 +112,8 @@ def aggregate(records: Iterable[dict]) -> List[dict]:
     return cells
 
 
-# what a report adds by comparing a cell with other systems' (add_speedup, add_block_ratio, add_paired_ratios): a
-# summary .json read back carries its own, which describe its runs and its --baseline / --block-ref, so pool_runs
-# drops them and the report computes them again for the pooled cells
+# what a report adds by comparing cells (add_speedup, add_block_ratio, add_paired_ratios): pool_runs drops a summary's
+# (they describe its runs) and the report computes them again
 COMPARISONS = ("speedup", "block_ratio", "paired", "paired_speedup")
 
 
@@ -177,8 +176,7 @@ def mean_ci95(values: Sequence[float]) -> dict:
     n = len(values)
     mean = statistics.fmean(values)
     std = statistics.stdev(values) if n > 1 else 0.0
-    # degrees of freedom between two rows take the row below, above the last row the last: a larger t, never a
-    # narrower interval than the exact one (1.96 for 60 or more would be narrower: t(0.975, 60) = 2.000)
+    # dof between two rows take the row below, past the last the last: a larger t, never a narrower interval
     t = _T975[max(d for d in _T975 if d <= max(n - 1, 1))]
     half = t * std / n**0.5 if n > 1 else 0.0
     return {"n": n, "mean": mean, "std": std, "lo": mean - half, "hi": mean + half}

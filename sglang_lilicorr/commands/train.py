@@ -230,8 +230,7 @@ def run_regenerate(args: argparse.Namespace) -> int:
     return 0
 
 
-# every `lilicorr train` option: its group in --help and its text (a TrainConfig field each; the paper's values are
-# the defaults, --help prints them)
+# every `lilicorr train` option (a TrainConfig field each): its group in --help and its text
 TRAIN_OPTIONS = {
     "data": {
         "target": "local Hugging Face folder of the target model (frozen; its tokenizer is used)",

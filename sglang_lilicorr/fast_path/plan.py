@@ -1,11 +1,9 @@
 """The select's plan: how the proposal pipeline runs a call, one plan per batch-size bucket of a head, from
-kernels/tuning.py's tables (which hold the measurements): `plan_for` (one batch size), `plans_for` (every bucket, once),
-`torch_plan` (callers without a FastLiLiCorrSelect). A plan names the candidates (whole vocabulary, or the TP `merge`),
-top-K and walk as Triton `kernels` or PyTorch, the `walk` rule, and the head's `route`: torch (the head's own forward),
-folded (every GEMM a Triton GEMM with its epilogue and the lattice norms folded in, under PDL: small batches) or
-unfolded (cuBLAS GEMMs between the Triton kernels); `pdl` and `overlap` (side stream) shape the fused launches.
-A bucket is a batch range over which no table changes its answer (S x K rows per request); a head width missing from
-a table takes the nearest measured one (by ratio; ties to the smaller)."""
+kernels/tuning.py's tables: `plan_for` (one batch size), `plans_for` (every bucket), `torch_plan` (no fused select).
+A plan names the candidates (whole vocabulary, or the TP `merge`), top-K and walk as Triton `kernels` or PyTorch, the
+`walk` rule, and the head's `route`: torch (its own forward), folded (Triton GEMMs with the lattice norms folded in,
+under PDL) or unfolded (cuBLAS GEMMs between Triton kernels); `pdl` and `overlap` shape the fused launches. A bucket
+is a batch range over which no table changes its answer; a head width missing from a table takes the nearest one."""
 
 from __future__ import annotations
 

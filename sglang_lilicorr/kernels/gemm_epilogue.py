@@ -192,9 +192,8 @@ def _gemm_kernel(
     if PREFETCH_LINES:  # launched early under PDL: the first row tile's programs pull the weight slice into L2
         if pid_m == 0:
             prefetch_rows_l2(w_ptr, rn % N, K, stride_wn, PREFETCH_LINES)
-    # The epilogue's operands issued early and used late, so that their latency hides behind the PDL wait and the
-    # K loop instead of following the loop: the constants before the wait, what earlier kernels wrote before the
-    # loop. Only in small tiles (the bs-1 configs): held across the loop, a larger tile's would spill.
+    # epilogue operands loaded early (constants before the PDL wait, earlier kernels' outputs before the K loop) so
+    # their latency hides; small tiles only (tuning.EARLY_OPERANDS_MAX_TILE), a larger tile's would spill
     EARLY: tl.constexpr = BLOCK_M * BLOCK_N <= EARLY_OPERANDS_MAX_TILE
     bias = _bias_tile(b_ptr, rn, N, HAS_BIAS)
     grid_dependency_wait(PDL)

@@ -34,8 +34,7 @@ def _store_path(idx_ptr, req, S, steps, path, ids_ptr, id_b, id_s, id_k, GATHER:
 @triton.jit
 def _greedy_path(start, pair_ptr, S, K, pr_s, pr_i, pr_j, lanes, valid, steps, KP: tl.constexpr, SP: tl.constexpr):
     """The greedy walk's path [SP]: from the anchor's best candidate, each slot the best continuation of the last."""
-    # the request's whole pair lattice in one load (independent of the path, so no dependent
-    # global loads inside the walk): rows r = (s-1) * KP + i, columns j
+    # the request's whole pair lattice in one load (no dependent loads in the walk): rows (s-1) * KP + i, columns j
     rows = tl.arange(0, SP * KP)
     r_step, r_cand = rows // KP, rows % KP
     live = (r_step < S - 1)[:, None] & (r_cand < K)[:, None] & valid[None, :]

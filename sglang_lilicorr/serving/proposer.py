@@ -1,13 +1,10 @@
 """The LiLiCorr draft-block proposal (paper Sec. 3, App. F) after SGLang's DFlash draft pass: pass_hidden [b, S, Hm]
---LM head--> logits --top-K/LSE--> candidates [b, S, K] --head--> start/pair scores --walk--> draft tokens [b, S].
-After the LM head it is `FastLiLiCorrSelect.propose` (fast_path/select.py): static-shaped and sync-free, so SGLang
-captures it in the draft CUDA graph (`__call__`, read back from `out`). Under tensor parallelism the top-K/LSE merges
-over the ranks (vocab_parallel.py), the head and walk run replicated. LILICORR_WALK picks the walk (greedy, viterbi).
-
-Batches above the largest draft graph replay eager graphs captured every EAGER_BUCKET requests (`warm`), or run the
-proposal `warm` ran once; `precompile` builds every size's kernels first, so no kernel compiles while a request waits.
-The anchor (each request's projected target state at its last verified token) is kept per request-pool slot
-(`anchor_table`) and staged into batch order (`anchors`) before each draft pass."""
+--LM head--> logits, then `FastLiLiCorrSelect.propose` (top-K/LSE -> head -> walk -> draft tokens [b, S]), static and
+sync-free, so SGLang captures it in the draft CUDA graph (`__call__`, read back from `out`). Under tensor parallelism
+the top-K/LSE merges over the ranks (vocab_parallel.py). LILICORR_WALK picks the walk (greedy, viterbi).
+Batches above the largest draft graph replay eager graphs (every EAGER_BUCKET requests, `warm`) or run eagerly;
+`precompile` builds every size's kernels first. Anchors (each request's projected target state at its last verified
+token) live per request-pool slot (`anchor_table`), staged into batch order (`anchors`) before each draft pass."""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
-"""The attention of the target's verify pass: SGLang's split-KV verify kernel (`verify_splitkv`: the prefix split over
-programs, then merged) on its Triton backend, which SGLang itself enables only on AMD MI350. It is exact for a verify's
-causal chain; per call it declines what it cannot serve (sliding window, sinks, logit cap, MLA, ragged lengths), and
-the backend then runs its prefill kernel. Why and where it pays: benchmarks/PERF_NOTES.md, "Served speed".
-
-LILICORR_VERIFY_ATTENTION: `auto` (default: split-KV up to SPLITKV_MAX_QUERY_HEADS query heads per GPU), `split-kv`,
-or `extend` (SGLang's prefill kernel). Set, it also picks a DFLASH server's verify (`after_dflash_init`, registered by
-the plugin), for comparisons on equal kernels. A LILICORR target on another backend refuses it (`check_target_backend`).
-`configure` applies it before the verify graphs are captured, warms every split count an eager verify may pick (one
-where every verify is graphed) and logs one start-up line. `zero_scratch`: the kernel weights an empty split by zero
-but reads its uninitialized scratch (0 x NaN is NaN), so the scratch starts at zero."""
+"""The attention of the target's verify pass: SGLang's split-KV verify kernel (`verify_splitkv`, the prefix split
+over programs, then merged; SGLang enables it only on AMD MI350) on its Triton backend. Exact for a verify's causal
+chain; per call it declines what it cannot serve, and the backend runs its prefill kernel (benchmarks/PERF_NOTES.md).
+LILICORR_VERIFY_ATTENTION: `auto` (split-KV up to SPLITKV_MAX_QUERY_HEADS query heads per GPU), `split-kv` or `extend`
+(the prefill kernel); set, it also picks DFLASH servers' verify (`after_dflash_init`); a target on another backend
+refuses it. `configure` applies it before the verify graphs, warming the split counts an eager verify may pick.
+`zero_scratch`: the kernel reads an empty split's uninitialized scratch (0 x NaN is NaN), so the scratch starts at 0."""
 
 from __future__ import annotations
 

@@ -255,9 +255,8 @@ class TrainConfig:
                     fix="pass a jsonl of conversations (`lilicorr regenerate` writes them)",
                 )
 
-    # What a resumed run must share with its checkpoint (besides the geometry, checked on its own): the data
-    # (by sha256, trainer.run_identity) and every setting that shapes the updates. Not compared: where things go,
-    # how long the run goes on (max_steps, epochs, max_minutes) and how often it logs, evaluates and saves.
+    # what a resumed run must share with its checkpoint besides geometry and data: every setting shaping the updates
+    # (not where things go, how long it runs, or how often it logs, evaluates and saves)
     NOT_COMPARED = (
         "target",
         "data",
@@ -279,8 +278,7 @@ class TrainConfig:
         "init_from",
     )
 
-    # Settings added after runs were first checkpointed, with the value those runs trained with (a checkpoint that
-    # predates one compares as having it: state.check_resume_compatible).
+    # settings added after runs were first checkpointed, with the value those runs had (state.check_resume_compatible)
     ADDED = {"head": "lilicorr", "corrector_width": 0, "markov_head_type": "vanilla"}
 
     def resumed_settings(self) -> dict[str, Any]:

@@ -125,8 +125,7 @@ class JointModel(nn.Module):
         hidden = self.drafter(embeds, lay.positions, context, ctx_pos, lay.attend)
         hidden = hidden.view(b, -1, bsz, hidden.shape[-1])
 
-        # the R valid blocks as (sequence, anchor) indices: one host read here; indexing by a boolean mask would read
-        # again at each use and in its backward (a sync in the middle of the backward pass)
+        # the R valid blocks as (sequence, anchor) indices: one host read here, not one per boolean-mask use (backward)
         seq, block = lay.anchor_valid.nonzero(as_tuple=True)  # [R], [R]
         pass_hidden = hidden[seq, block, 1:]  # [R, S, Hm]
         targets, valid = lay.targets[seq, block], lay.target_valid[seq, block]  # [R, S]

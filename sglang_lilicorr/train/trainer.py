@@ -1,13 +1,10 @@
 """`lilicorr train`: joint training of the DFlash drafter and a head (LiLiCorr, Domino or DSpark: train/heads.py;
-paper Sec. 3.4 and 4), one GPU or data-parallel under torchrun (DDP; gloo on CPU). AdamW with two groups (drafter,
-head), cosine schedule with warm-up, gradient clip, bf16 autocast over fp32 masters; --head none trains plain DFlash.
-
-A step's global batch (batch_size x grad_accum x ranks) is cut into G = grad_accum x ranks micro-batches: micro-batch
-j = rank + ranks * micro holds sequences j, j + G, ... and draws anchors from seed step * G + j, so any split between
-ranks and accumulation trains the same gradient. Logged metrics pool the whole global batch. Only rank 0 writes, the
-run folder's sole writer (ownership.sole_writer). Every `eval_every` steps: held-out losses, per-slot top-1, accepted
-length and (on regenerated data) the exact replay tau (`reference.replay`), and a snapshot. A non-finite step is
-skipped; `max_bad_steps` of them raise TrainingDiverged; no checkpoint holds a non-finite tensor."""
+paper Sec. 3.4 and 4), one GPU or DDP under torchrun (gloo on CPU): AdamW over two groups, cosine schedule with
+warm-up, gradient clip, bf16 autocast over fp32 masters. A step's global batch is cut into G = grad_accum x ranks
+micro-batches, micro-batch j = rank + ranks * micro holding sequences j, j + G, ... with anchors seeded by step * G + j,
+so any split between ranks and accumulation trains the same gradient; metrics pool the global batch. Rank 0 alone
+writes (ownership.sole_writer). Every `eval_every` steps: held-out metrics, the replay tau on regenerated data, a
+snapshot. Non-finite steps are skipped (`max_bad_steps` raise TrainingDiverged); checkpoints stay finite."""
 
 from __future__ import annotations
 
