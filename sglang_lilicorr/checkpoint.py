@@ -1,14 +1,7 @@
-"""Draft checkpoints in SGLang 0.5.23's DFlash / LiLiCorr format, saved and loaded strictly.
-
-A checkpoint is a directory with
-  config.json        HF-style draft config: `architectures` ["DFlashDraftModel"] or
-                     ["LiLiCorrDraftModel"], `torch_dtype`, `block_size` and `dflash_config`
-                     (block_size, target_layer_ids, mask_token_id, ... and the `lilicorr_*` keys)
-  model.safetensors  drafter tensors (layers.*, fc, hidden_norm, norm) and the head under
-                     `lilicorr.`, their checksum in the safetensors metadata
-config.json names that checksum (`lilicorr_weights_sha256`), so that the two files of one export are read together
-or not at all. Every check raises CheckpointError naming the file, tensor or field and what was expected.
-"""
+"""Draft checkpoints in SGLang 0.5.23's DFlash / LiLiCorr format, saved and loaded strictly: a folder with config.json
+(`architectures` DFlashDraftModel or LiLiCorrDraftModel, `torch_dtype`, `dflash_config` with the `lilicorr_*` keys) and
+model.safetensors (drafter tensors, the head under `lilicorr.`, a checksum in its metadata, which config.json names as
+`lilicorr_weights_sha256` so the two files of one export are read together). Checks raise CheckpointError."""
 
 from __future__ import annotations
 
@@ -78,8 +71,7 @@ def read_config(directory: str | os.PathLike) -> dict[str, Any]:
 
 
 def architecture_of(config: Mapping[str, Any], where: str = "draft config") -> str:
-    """The architecture a draft config declares: `architectures` is [DFlashDraftModel] (a vanilla
-    drafter) or [LiLiCorrDraftModel] (with a LiLiCorr head)."""
+    """The architecture a draft config declares: DFlashDraftModel or LiLiCorrDraftModel (with a head)."""
     declared = config.get("architectures")
     if not (isinstance(declared, list) and len(declared) == 1 and declared[0] in ARCHITECTURES):
         raise CheckpointError(
@@ -142,8 +134,7 @@ def with_head(config: Mapping[str, Any], head_config: LiLiCorrConfig) -> dict[st
 
 
 def vanilla_copy(source: str | os.PathLike, target: str | os.PathLike) -> Path:
-    """The same drafter without its head: a DFlashDraftModel checkpoint (to serve the drafter's own
-    argmax block with --speculative-algorithm DFLASH beside LILICORR)."""
+    """The same drafter without its head: a DFlashDraftModel checkpoint (served by DFLASH beside LILICORR)."""
     config = read_config(source)
     drafter, _ = split_head(read_tensors(source))
     config["architectures"] = [VANILLA_ARCH]
@@ -163,8 +154,7 @@ def tensor_digest(tensors: Mapping[str, torch.Tensor]) -> str:
 
 
 def save_tensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor]) -> Path:
-    """A safetensors file, atomically, with its tensor_digest in the metadata (SGLang and safetensors ignore it;
-    tensor names and data are as before)."""
+    """A safetensors file, atomically, with its tensor_digest in the metadata (which SGLang ignores)."""
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
     with atomic_file(path) as tmp:
         save_file(tensors, str(tmp), metadata={CHECKSUM_KEY: tensor_digest(tensors)})
@@ -172,10 +162,8 @@ def save_tensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor]) -
 
 
 def load_tensors(path: str | os.PathLike, fix: str, unchecked: str = "accept") -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file, checked against the digest in its metadata; a truncated, foreign or
-    altered file raises CheckpointError. A file without a digest is `unchecked`: "accept" (a draft: stock drafts
-    carry none), "refuse" (UncheckedError: a training checkpoint must carry one) or "warn" (loaded, said on
-    stderr)."""
+    """The tensors of a safetensors file, checked against the digest in its metadata (else CheckpointError). Without
+    a digest, `unchecked`: "accept" (stock drafts), "refuse" (UncheckedError) or "warn" (on stderr)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError("the file is missing", where=str(path), fix=fix)
@@ -297,8 +285,7 @@ def expected_tensors(module: torch.nn.Module, dtype: torch.dtype | None = None) 
 def load_strict(
     head: torch.nn.Module, head_tensors: Mapping[str, torch.Tensor], where: str, dtype: torch.dtype | None = None
 ) -> torch.nn.Module:
-    """Strict load: every tensor named, shaped, of `dtype` (default: the module's own) and finite, else
-    CheckpointError naming it; loaded as the module's own dtype."""
+    """Strict load: every tensor named, shaped, of `dtype` (default: the module's) and finite, else CheckpointError."""
     check_tensors(expected_tensors(head, dtype), head_tensors, where)
     state = head.state_dict()
     head.load_state_dict({k: v.to(state[k].dtype) for k, v in head_tensors.items()}, strict=True)
@@ -345,9 +332,8 @@ def head_tensors_for_save(head: LiLiCorrHead) -> dict[str, torch.Tensor]:
 def add_random_head(
     source: str | os.PathLike, target: str | os.PathLike, *, seed: int = 0, **geometry
 ) -> LiLiCorrConfig:
-    """`target` = the DFlash draft at `source` with a randomly initialised LiLiCorr head of `geometry`
-    (LiLiCorrConfig fields; block size and eps from the draft): a LiLiCorrDraftModel checkpoint that
-    measures and smoke-tests the serving path (no draft token is expected to be accepted)."""
+    """`target` = the DFlash draft at `source` with a random LiLiCorr head of `geometry` (LiLiCorrConfig fields):
+    a checkpoint to time and smoke-test the serving path."""
     config = read_config(source)
     head_config = LiLiCorrConfig(
         block_size=block_size_of(config), rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), **geometry

@@ -1,7 +1,5 @@
-"""`lilicorr`: one console script, one subcommand per job. Each job module (commands/, and bench/cli.py for
-`bench`) adds its subparsers through `register(subparsers)` and imports its heavy dependencies lazily; the parser
-class and the error rule they share are sglang_lilicorr/cli_args.py's (a leaf module, so no job imports this one back).
-"""
+"""`lilicorr`: one console script, one subcommand per job. Each job module (commands/, bench/cli.py) adds its
+subparsers through `register(subparsers)` and imports heavy dependencies lazily; what they share is cli_args.py's."""
 
 from __future__ import annotations
 
@@ -25,9 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`lilicorr ARGV...` -> its exit code (an argument argparse refuses, or --help, included). Run as the program
-    (no `argv`: sys.argv), an interrupt after the command has ended is ignored: it would cut no write, only print a
-    traceback from the interpreter's exit hooks."""
+    """`lilicorr ARGV...` -> its exit code (argparse's refusals and --help included). As the program (no `argv`), an
+    interrupt after the command has ended is ignored (it would only print a traceback from the exit hooks)."""
     try:
         try:
             args = build_parser().parse_args(argv)

@@ -1,11 +1,7 @@
-"""The parts every `lilicorr` subcommand shares, in a leaf module (it imports only `errors`): the parser class whose
-errors are one line, the argparse types that check a value when it is parsed, and how an error ends a subcommand.
-
-Every subcommand answers bad input with one line on stderr, `error: <what> (<where>): <fix>`, and exits 2 for a
-usage error (argparse's, or a `UsageError`), 1 for any other error: the project's own (`LiLiCorrError`), a file that
-cannot be read or written (`OSError`), or an unexpected exception, which the line names with the file:line it was
-raised at. `LILICORR_DEBUG=1` re-raises the others instead, with the full traceback; a usage error stays one line.
-"""
+"""What every `lilicorr` subcommand shares, in a leaf module (imports only `errors`): the one-line-error parser, the
+argparse types that check a value when parsed, and how an error ends a subcommand: one stderr line `error: <what>
+(<where>): <fix>`, exit 2 for a usage error (argparse's, `UsageError`), 1 for any other (`LiLiCorrError`, `OSError`,
+or an unexpected exception, named with the file:line it was raised at; `LILICORR_DEBUG=1` re-raises those)."""
 
 from __future__ import annotations
 
@@ -24,8 +20,7 @@ from .errors import LiLiCorrError, UsageError, describe
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """--help keeps a command's description as written and ends each option's text with its default, if it has one
-    that the text does not already give."""
+    """--help keeps a command's description as written and ends each option's text with its default."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -73,12 +68,8 @@ def add_command(subparsers, name: str, help: str, doc: str | None = None) -> arg
     return subparsers.add_parser(name, help=help, description=doc or help)
 
 
-# --- argparse types: a value is checked when it is parsed, before any command runs ------------------------------
-
-
 def bounded(kind: type, low: float, high: float | None = None, *, above: bool = False):
-    """argparse type: a finite `kind` (int or float) in [low, high] ((low, high] when `above`; no upper bound when
-    `high` is None)."""
+    """argparse type: a finite `kind` in [low, high] ((low, high] when `above`; high None: no upper bound)."""
     noun = "an integer" if kind is int else "a number"
     what = (
         f"{noun} {'>' if above else '>='} {low:g}"
@@ -157,9 +148,6 @@ def one_level_down(path: str | os.PathLike, fallback: str, marker: str = "config
     return f"pass {' or '.join(found[:3])}{', ...' if len(found) > 3 else ''} (one level down, with its {marker})"
 
 
-# --- how an error ends a subcommand --------------------------------------------------------------------------------
-
-
 def error_line(e: BaseException) -> str:
     """The one line `lilicorr` prints for an error that ends a subcommand."""
     if isinstance(e, LiLiCorrError):
@@ -178,8 +166,7 @@ def error_line(e: BaseException) -> str:
 
 
 def raised_at(e: BaseException) -> str | None:
-    """file:line of the innermost frame of ours (sglang_lilicorr.*, past this module) that the exception
-    passed through, else of the innermost frame."""
+    """file:line of the innermost frame of ours (past this module) the exception passed, else the innermost."""
     frames = list(traceback.walk_tb(e.__traceback__))
     modules = [frame.f_globals.get("__name__", "") for frame, _ in frames]
     ours = [f for f, module in zip(frames, modules) if module.startswith("sglang_lilicorr.") and module != __name__]

@@ -1,6 +1,5 @@
-"""LiLiCorrConfig: the head's geometry (paper Table hparams), validated, and its
-round-trip through the draft checkpoint's ``dflash_config`` (``lilicorr_*`` keys, the
-same keys SGLang 0.5.23 reads, so a checkpoint moves both ways)."""
+"""LiLiCorrConfig: the head's geometry (paper Table hparams), validated, and its round-trip through the draft's
+``dflash_config`` (the ``lilicorr_*`` keys SGLang 0.5.23 reads)."""
 
 from __future__ import annotations
 
@@ -19,9 +18,7 @@ class ConfigError(LiLiCorrError, ValueError):
 
 
 def json_number(raw: Any, kind: type, field: str, error: type[Exception] = ConfigError) -> int | float:
-    """A number read from a JSON config: an integer (an int, or an integral float) for kind=int, any
-    int or float for kind=float; anything else (a string, a bool, null, a list, inf for an int)
-    raises `error` naming the field."""
+    """A JSON config number: an int (or integral float) for kind=int, int or float for float; else `error`."""
     if isinstance(raw, bool) or not isinstance(raw, (int, float)):
         number = False
     elif kind is int:
@@ -90,8 +87,6 @@ class LiLiCorrConfig:
                 name,
                 "a finite positive number",
             )
-
-    # --- draft config.json round-trip (SGLang's `dflash_config.lilicorr_*`) ---------------
 
     # the head's fields in a draft config.json, as SGLang's built-in head config names them (`lilicorr_<name>`)
     SERIALISED = (

@@ -1,10 +1,6 @@
-"""LiLiCorrError: the base of every error the project raises on bad input it expects (a missing or
-corrupt file, a field out of range, a draft that does not fit its target, a wrong argument).
-
-`lilicorr` prints such an error as one line, `error: <what> (<where>): <fix>`, and exits with its
-`exit_code`: 2 for a usage error (an argument names something that cannot work), 1 otherwise.
-Each subclass keeps the builtin base it had (ValueError, RuntimeError) beside this one.
-"""
+"""LiLiCorrError: the base of every error raised on bad input the project expects (a missing or corrupt file, a field
+out of range, a draft that does not fit its target, a wrong argument). `lilicorr` prints it as one line and exits with
+its `exit_code` (2 for a usage error, 1 otherwise); each subclass keeps its builtin base (ValueError, RuntimeError)."""
 
 from __future__ import annotations
 
@@ -16,10 +12,7 @@ def describe(what: str, where: str | None = None, fix: str | None = None) -> str
 
 
 class LiLiCorrError(Exception):
-    """Expected bad input; the message names what is wrong, where (file:line or field) and the fix.
-
-    LiLiCorrError("a whole message") or LiLiCorrError(what, where=..., fix=...).
-    """
+    """Expected bad input: LiLiCorrError("a whole message") or LiLiCorrError(what, where=..., fix=...)."""
 
     exit_code = 1
 
@@ -41,7 +34,6 @@ class LiLiCorrError(Exception):
 
 
 class UsageError(LiLiCorrError, ValueError):
-    """A command-line argument that cannot work (a path that is not there, a folder that must not be
-    written, a value out of range); `lilicorr` exits with 2."""
+    """A command-line argument that cannot work (missing path, a folder not to write, out of range); exit 2."""
 
     exit_code = 2

@@ -1,13 +1,7 @@
-"""The frozen target: any Hugging Face causal LM, run teacher-forced (no grad).
-
-It supplies what serving-time SGLang gives the drafter and what the objective needs:
-  context features  outputs of decoder layers `target_layer_ids`, concatenated   [b, T, n * Hm]
-                    (SGLang captures the input of layer i + 1 = HF hidden_states[i + 1])
-  embeddings        its frozen input embedding table (block tokens, candidate tokens)
-  LM head           its frozen output projection (drafter logits go through it, with grad
-                    reaching the drafter's hidden states)
-  slot targets      log q of given candidates and the greedy token, at teacher-forced positions
-"""
+"""The frozen target: any Hugging Face causal LM, run teacher-forced (no grad). It supplies what SGLang gives the
+drafter when serving and what the objective needs: context features (layers `target_layer_ids`' outputs, concatenated,
+[b, T, n * Hm]), its frozen input embedding, its frozen LM head (drafter logits, grad reaching the drafter) and the
+slot targets (log q of candidates and the greedy token)."""
 
 from __future__ import annotations
 
@@ -27,8 +21,7 @@ class TargetMismatchError(LiLiCorrError, ValueError):
 
 
 def local_model_dir(path: str | Path, option: str = "--target") -> Path:
-    """`path` as a local Hugging Face model folder (config.json inside), checked before transformers
-    sees it: transformers takes any other string for a hub id and waits on the network to fail."""
+    """`path` as a local Hugging Face model folder (config.json inside), before transformers reads it as a hub id."""
     folder = Path(path)
     if not (folder / "config.json").is_file():
         found = "a folder without config.json" if folder.is_dir() else "not an existing folder"
@@ -142,8 +135,7 @@ class FrozenTarget:
 
     @torch.no_grad()
     def slot_targets(self, final_hidden: torch.Tensor, chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
-        """Teacher-forced rows final_hidden [R, Hm] -> (logsumexp [R] fp32, greedy token [R]),
-        computed in chunks of rows so no [R, V] tensor is kept."""
+        """Teacher-forced rows final_hidden [R, Hm] -> (logsumexp [R] fp32, greedy token [R]), in chunks of rows."""
         lse, top = [], []
         for part in final_hidden.split(chunk):
             logits = self.logits(part).float()

@@ -1,19 +1,8 @@
-"""The LiLiCorr head (paper Section 3.2, App. A): candidate nodes -> lattice transformer ->
-fusion with the target state -> unit out/in vectors -> sigma * cosine pair scores.
-
-One module serves training and inference. Shapes (b requests, S <= B-1 slots, K candidates,
-Hm drafter/target hidden width, H head width, d factor width):
-
-  token_states        [b, S, K, H]  project_tokens(frozen target embedding of each candidate)
-  candidate_log_probs [b, S, K]     drafter log-softmax over the full vocabulary, descending in K
-  pass_hidden         [b, S, Hm]    drafter hidden state of slots 1..S
-  anchor_hidden       [b, Hm]       drafter-projected target context (fc + hidden_norm) of the
-                                    last verified token
-  -> start [b, K]          sigma * cos(out_anchor, in_{1,k})
-     pair  [b, S-1, K, K]  sigma * cos(out_{s,i}, in_{s+1,j})
-
-Parameter names are SGLang 0.5.23's (checkpoint tensors `lilicorr.<name>`).
-"""
+"""The LiLiCorr head (paper Sec. 3.2, App. A), for training and inference: candidate nodes -> lattice transformer ->
+fusion with the target state -> unit out/in vectors -> sigma * cosine scores. token_states [b, S, K, H],
+candidate_log_probs [b, S, K] (descending in K), pass_hidden [b, S, Hm], anchor_hidden [b, Hm] (projected context of
+the last verified token) -> start [b, K] = sigma * cos(out_anchor, in_{1,k}), pair [b, S-1, K, K] = sigma *
+cos(out_{s,i}, in_{s+1,j}). Parameter names are SGLang 0.5.23's (checkpoint tensors `lilicorr.<name>`)."""
 
 from __future__ import annotations
 

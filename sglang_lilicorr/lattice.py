@@ -1,10 +1,6 @@
-"""The lattice transformer: a bidirectional pre-norm transformer over the (B-1) x K candidate
-nodes of a block, with two learned per-head attention biases (paper App. A): one indexed by
-the signed slot distance of a node pair, one marking pairs that share a slot.
-
-Parameter names follow SGLang 0.5.23's LiLiCorr head (`in_proj_weight` packs q, k, v like
-nn.MultiheadAttention) so checkpoints load both ways.
-"""
+"""The lattice transformer: a bidirectional pre-norm transformer over a block's (B-1) x K candidate nodes, with two
+learned per-head attention biases (paper App. A): by signed slot distance, and for pairs sharing a slot. Parameter
+names follow SGLang 0.5.23's head (`in_proj_weight` packs q, k, v), so checkpoints load both ways."""
 
 from __future__ import annotations
 

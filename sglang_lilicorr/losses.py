@@ -1,24 +1,9 @@
-"""The joint training objective (paper Sec. 3.3-3.4, Eqs. 3-7; App. D; App. G margin hinge).
-
-  L_dflash  block cross-entropy of the drafter marginals: decayed weighted sum over a block's
-            slots, mean over blocks (Eq. 6)
-  L_CE      teacher-forced reranker cross-entropy over the K candidates (Eq. 3)
-  L_dist    target-weighted distractor penalty, mean of Omega_s (Eqs. 4-5)
-  L_margin  hinge on the decision gap z_g - max_{k != g} z_k (App. G, Eq. margin)
-  L = L_dflash + gamma * (L_CE + lambda * L_dist)                                  (Eq. 7)
-  L = L_dflash + gamma * ((1 - mu) L_CE + lambda * L_dist + mu * L_margin)       (margin variant)
-
-The two baselines' heads (`baselines/`) correct whole-vocabulary step logits instead (`corrector_objective`):
-  L = L_dflash + gamma * (L_step + L_conf)
-  L_step    Eq. 6's decayed block cross-entropy of the corrected step logits, teacher-forced on the ground truth,
-            over the slots the head corrects (Domino: 2..S, slot 1 being the base argmax; DSpark: 1..S)
-  L_conf    DSpark only: binary cross-entropy of the confidence head against "the step's argmax is the ground
-            truth", the acceptance of a slot whose prefix was accepted, mean over valid slots
-
-The three reranker terms average over the oracle-prefix slots |S| of the whole batch
-(see ``oracle.py``); an empty prefix gives exactly 0 with zero (finite) gradient.
-Shapes: N rows (blocks), S drafted slots (B-1), K candidates, V vocabulary.
-"""
+"""The joint training objective (paper Sec. 3.3-3.4, Eqs. 3-7; App. D; App. G): L = L_dflash + gamma * (L_CE +
+lambda * L_dist), or with the margin, L_dflash + gamma * ((1 - mu) L_CE + lambda L_dist + mu L_margin):
+L_dflash the drafter's decayed block cross-entropy (Eq. 6), L_CE the teacher-forced reranker cross-entropy (Eq. 3),
+L_dist the distractor penalty (Eqs. 4-5), L_margin a hinge on the decision gap. The baselines' heads
+(`corrector_objective`): L_dflash + gamma * (L_step + L_conf), L_step Eq. 6 on the corrected step logits, L_conf
+DSpark's confidence BCE. Reranker terms average over the batch's oracle-prefix slots (oracle.py; none -> exactly 0)."""
 
 from __future__ import annotations
 
@@ -30,8 +15,7 @@ import torch.nn.functional as F
 
 from .oracle import ObjectiveInputError, expect, oracle_prefix, teacher_forced_scores
 
-# log q is floored here so a candidate the target gives zero probability costs a large but
-# finite amount instead of inf (which would turn P * cost into NaN gradients).
+# log q floored: a candidate of zero target probability costs a large finite amount, not inf (NaN gradients)
 LOG_Q_FLOOR = -1.0e4
 
 
@@ -52,11 +36,8 @@ def dflash_block_ce(
     valid: torch.Tensor,  # [N, S] bool
     beta: float = 7.0,
 ) -> torch.Tensor:
-    """DFlash block cross-entropy (Eq. 6): per block the weighted *sum* over its valid slots,
-        L_n = sum_s w_s * CE_{n,s},
-    averaged over the blocks with at least one valid slot. This is the scale gamma = 0.25 is
-    calibrated against (a full block weighs sum_s w_s ~ 6.6 at beta = 7, 15 slots). No valid
-    slot -> 0."""
+    """DFlash block cross-entropy (Eq. 6): L_n = sum_s w_s * CE_{n,s} over a block's valid slots (a sum: the scale
+    gamma is calibrated against), averaged over blocks with a valid slot; none -> 0."""
     expect(logits, "logits", (None, None, None), "float")
     n, s, v = logits.shape
     expect(targets, "targets", (n, s), "int")
@@ -71,8 +52,7 @@ def dflash_block_ce(
 
 
 def _supervised(z: torch.Tensor, gt_index: torch.Tensor, prefix: torch.Tensor):
-    """Validate and sanitise: z with off-prefix rows zeroed (so nothing there reaches the
-    gradient), gt_index clamped to a legal index -> (z [N,S,K] >= fp32, g [N,S,1] int64)."""
+    """-> (z [N,S,K] >= fp32 with off-prefix rows zeroed (no gradient), g [N,S,1] int64 clamped legal)."""
     expect(z, "z", (None, None, None), "float")
     n, s, _ = z.shape
     expect(gt_index, "gt_index", (n, s), "int")
@@ -99,11 +79,8 @@ def distractor_penalty(
     target_log_probs: torch.Tensor,  # [N, S, K] target log q_k of each candidate (constant)
     prefix: torch.Tensor,
 ) -> torch.Tensor:
-    """L_dist (Eqs. 4-5): 1/|S| sum_{s in S} Omega_s,
-    Omega_s = sum_k P(k) relu(log q_{g_s} - log q_k),  P = softmax(z_s).
-
-    Only differences of log q enter, so ``target_log_probs`` may carry any per-slot offset:
-    raw target logits gathered at the candidates give the same value (App. D)."""
+    """L_dist (Eqs. 4-5): 1/|S| sum_s Omega_s, Omega_s = sum_k softmax(z_s)_k relu(log q_{g_s} - log q_k); any
+    per-slot offset of ``target_log_probs`` cancels (raw logits serve, App. D)."""
     z, g = _supervised(z, gt_index, prefix)
     expect(target_log_probs, "target_log_probs", tuple(z.shape), "float")
     log_q = _at_least_fp32(target_log_probs.detach()).to(z.dtype).clamp(min=LOG_Q_FLOOR)
@@ -113,8 +90,7 @@ def distractor_penalty(
 
 
 def margin_hinge(z: torch.Tensor, gt_index: torch.Tensor, prefix: torch.Tensor, rho: float = 2.0) -> torch.Tensor:
-    """L_margin (App. G): 1/|S| sum_{s in S} relu(rho - (z_s[g] - max_{k != g} z_s[k])).
-    With K = 1 there is no competitor and the hinge is 0."""
+    """L_margin (App. G): 1/|S| sum_s relu(rho - (z_s[g] - max_{k != g} z_s[k])); 0 with K = 1."""
     if not rho > 0:
         raise ObjectiveInputError(f"rho={rho!r}: the margin must be > 0 (paper: 2.0).")
     z, g = _supervised(z, gt_index, prefix)
@@ -177,8 +153,7 @@ def lilicorr_objective(
     target_log_probs: torch.Tensor | None = None,  # [N, S, K] target log q at the candidates
     weights: ObjectiveWeights = ObjectiveWeights(),
 ) -> ObjectiveTerms:
-    """Eq. 7 (or the App. G margin blend when ``weights.use_margin``). With gamma = 0 the total
-    is exactly the DFlash loss and the reranker inputs may be None."""
+    """Eq. 7 (App. G blend with ``weights.use_margin``); gamma = 0: the DFlash loss (reranker inputs may be None)."""
     dflash = dflash_block_ce(draft_logits, targets, valid, weights.beta)
     if weights.gamma == 0:
         return ObjectiveTerms(total=dflash, dflash=dflash)
@@ -231,9 +206,7 @@ def corrector_objective(
     corrected_from: int = 0,  # first slot index (0-based) the head corrects
     confidence: torch.Tensor | None = None,  # [N, S] raw confidence logits (DSpark)
 ) -> ObjectiveTerms:
-    """L_dflash + gamma * (L_step + L_conf) (module docstring); `ce` holds L_step. The paper gives every system the
-    drafter's own loss beside its head's (Sec. 4, Baselines); L_step takes Eq. 6's decay so a corrected slot weighs
-    what the drafter's does, and gamma (paper: 0.25) the reranker's weight, so one knob sets each head's share."""
+    """L_dflash + gamma * (L_step + L_conf) (module docstring; Sec. 4, Baselines); `ce` holds L_step."""
     dflash = dflash_block_ce(draft_logits, targets, valid, weights.beta)
     head_valid = valid & (torch.arange(valid.shape[1], device=valid.device) >= corrected_from)
     step = dflash_block_ce(step_logits, targets, head_valid, weights.beta)

@@ -1,16 +1,7 @@
-"""Oracle-prefix supervision (paper Sec. 3.3, "Oracle-prefix supervision"; App. A "Objective").
-
-A drafted slot s = 1..S carries a reranker signal only when its ground-truth token g_s is among
-the drafter's K candidates AND every earlier slot is covered too: the verifier discards a path
-once it leaves the ground truth, so transitions out of a wrong token are never exercised. The
-oracle prefix is therefore the longest leading run of covered (and valid) slots.
-
-Teacher forcing (Eq. 2): slot s is scored conditioned on the ground-truth predecessor,
-  z_1[k] = start[k],   z_s[k] = pair[s-1, g_{s-1}, k]   (s = 2..S),
-which is only meaningful on the oracle prefix, where every g_{s-1} is in the pool.
-
-Shapes: N rows (blocks), S drafted slots (B-1), K candidates per slot.
-"""
+"""Oracle-prefix supervision (paper Sec. 3.3; App. A): slot s carries a reranker signal only when its ground-truth
+token g_s and every earlier slot's are among the K candidates (the longest leading run of covered, valid slots: the
+verifier never exercises a path past a wrong token). Teacher forcing (Eq. 2): z_1[k] = start[k], z_s[k] =
+pair[s-1, g_{s-1}, k]. N blocks, S slots, K candidates."""
 
 from __future__ import annotations
 
@@ -49,8 +40,7 @@ def oracle_prefix(
     targets: torch.Tensor,  # [N, S] ground-truth token g_s per slot
     valid: torch.Tensor,  # [N, S] bool, slot lies inside the supervised sequence
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> gt_index [N, S] int64 (position of g_s among the K candidates, -1 if absent),
-    prefix   [N, S] bool  (slot is on the oracle prefix)."""
+    """-> (gt_index [N, S] int64: g_s's position among the K candidates or -1, prefix [N, S] bool)."""
     expect(candidate_ids, "candidate_ids", (None, None, None), "int")
     n, s, _ = candidate_ids.shape
     expect(targets, "targets", (n, s), "int")
@@ -68,10 +58,7 @@ def teacher_forced_scores(
     pair: torch.Tensor,  # [N, S-1, K, K]   pair[:, s-1, i, j] = sigma * cos(out_{s,i}, in_{s+1,j})
     gt_index: torch.Tensor,  # [N, S] from oracle_prefix
 ) -> torch.Tensor:
-    """-> z [N, S, K]: node scores of every slot given the ground-truth predecessor (Eq. 2).
-
-    Where g_{s-1} is absent (-1) row 0 is read instead; such slots are off the oracle prefix
-    and are masked out by the losses."""
+    """-> z [N, S, K]: each slot's scores given the ground-truth predecessor (Eq. 2; absent -1 reads row 0)."""
     expect(start, "start", (None, None), "float")
     n, k = start.shape
     expect(pair, "pair", (n, None, k, k), "float")
@@ -83,9 +70,7 @@ def teacher_forced_scores(
 
 
 def oracle_prefix_coverage(prefix: torch.Tensor, valid: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Coverage metrics (0-dim fp32 tensors, no grad):
-    ``mean_prefix_len``  mean oracle-prefix length per row, in slots;
-    ``supervised_fraction``  |S| / number of valid slots (0 when nothing is valid)."""
+    """0-dim fp32 metrics: ``mean_prefix_len`` (slots per row), ``supervised_fraction`` (|S| / valid slots)."""
     expect(prefix, "prefix", (None, None), "bool")
     expect(valid, "valid", tuple(prefix.shape), "bool")
     supervised = prefix.sum().float()

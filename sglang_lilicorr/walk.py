@@ -1,11 +1,5 @@
-"""Decoders over the score lattice (paper Eq. 8 and Appendix F), PyTorch references.
-
-Scores come from the head, already scaled by sigma:
-  start [b, K]          z_1[k]      = sigma * cos(out_anchor, in_{1,k})
-  pair  [b, S-1, K, K]  pair[:, s-1, i, j] = sigma * cos(out_{s,i}, in_{s+1,j}),  s = 1..S-1
-Both decoders return candidate indices [b, S] (int64). Ties go to the lowest index. `WALKS` names them: the reference
-decoder, the replay and the server (LILICORR_WALK) choose a rule by these names.
-"""
+"""Decoders over the score lattice (paper Eq. 8, App. F), PyTorch references: start [b, K] and pair [b, S-1, K, K]
+(scaled by sigma) -> candidate indices [b, S] int64, ties to the lowest index. `WALKS` names them (LILICORR_WALK)."""
 
 from __future__ import annotations
 

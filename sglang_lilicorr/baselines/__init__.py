@@ -1,8 +1,6 @@
-"""The two draft-time correctors the paper compares LiLiCorr against, as trainable heads whose tensors SGLang
-0.5.23 serves unchanged: Domino (`domino.DominoHead`, served as DFLASH with `projector_type` "domino") and DSpark
-(`dspark.DSparkHead`, served as DSPARK). Both read the DFlash drafter's slot hidden states and base logits and
-correct each slot from the tokens drafted before it, one slot at a time (`corrector.Proposal`).
-"""
+"""The two draft-time correctors the paper compares LiLiCorr against, as trainable heads in the tensors SGLang 0.5.23
+serves: Domino (DFLASH with `projector_type` "domino") and DSpark (DSPARK). Both correct each slot's base logits from
+the tokens drafted before it (`corrector.Proposal`)."""
 
 from typing import Any, Mapping
 
@@ -22,8 +20,7 @@ __all__ = [
 
 
 def corrector_config_from_keys(keys: Mapping[str, Any]) -> "DominoConfig | DSparkConfig | None":
-    """A corrector's config from the keys a training checkpoint saved (`to_keys()`), or None when they are
-    LiLiCorr's."""
+    """A corrector's config from a training checkpoint's saved keys; None when they are LiLiCorr's."""
     for kind in (DominoConfig, DSparkConfig):
         if keys.get("kind") == kind.kind:
             return kind.from_keys(keys)

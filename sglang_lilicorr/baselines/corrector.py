@@ -1,10 +1,6 @@
-"""What the two correctors share: a proposal (corrected step logits, the token each step picks, DSpark's
-confidence) and the config keys that tell them apart in a checkpoint.
-
-Shapes: R blocks, S drafted slots (B - 1), V vocabulary, Hm drafter hidden width.
-A step s (1..S) reads the token before it: the anchor for s = 1, else slot s - 1's token, which is the
-step's own pick at serving time and the given token (`forced`) when training teacher-forces the block.
-"""
+"""What the two correctors share: a proposal (corrected step logits, each step's token, DSpark's confidence) and the
+config keys that tell them apart. R blocks, S slots, V vocabulary, Hm hidden. Step s reads the token before it (the
+anchor, or slot s - 1's: its own pick when serving, the `forced` token when training)."""
 
 from __future__ import annotations
 

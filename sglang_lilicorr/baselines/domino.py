@@ -9,8 +9,7 @@ Tensors: prefix_gru.weight_ih_l0 [3G, Hm], prefix_gru.weight_hh_l0 [3G, G] (a GR
 gate order r, z, n), embed_proj.0.weight [E, Hm + G], embed_proj.2.weight [V, E]; G = gru_hidden_dim,
 E = emb_dim. The draft reads its slot hidden states from slots 1..S (`shift_label` false: the DFlash layout).
 SGLang scores a block-shared pool of candidates (`--speculative-domino-candidate-pool-size`, default 2048; 0 = the
-full vocabulary, which this reference computes).
-"""
+full vocabulary, which this reference computes)."""
 
 from __future__ import annotations
 

@@ -12,8 +12,7 @@ l_s, s = 1..S = gamma; y_0 = x_0):
   y_s = argmax (l_s + bias_s)
   confidence_s = Wc [z_s ; e_s] + bc                                     confidence_head.proj [1, Hm + r] (+ bias)
 The draft is exported with `sample_from_anchor` false (the DFlash layout: slot hidden states 1..S, the anchor's
-row not sampled) and gamma = S (its `block_size`, SGLang's DSpark convention; the verify window is gamma + 1 = B).
-"""
+row not sampled) and gamma = S (its `block_size`, SGLang's DSpark convention; the verify window is gamma + 1 = B)."""
 
 from __future__ import annotations
 
@@ -132,9 +131,8 @@ class DSparkHead(nn.Module):
         embed=None,
         forced: torch.Tensor | None = None,
     ) -> Proposal:
-        """slot_hidden [R, S, Hm], base_logits [R, S, V], anchor [R] ids; forced [R, S]: teacher-force the block on
-        these tokens (training) -> Proposal with the confidence of each picked slot. `embed` is unused (the Markov
-        head embeds tokens itself); it keeps the correctors' call alike."""
+        """slot_hidden [R, S, Hm], base_logits [R, S, V], anchor [R]; forced [R, S]: teacher-forced tokens (training)
+        -> Proposal with each pick's confidence. `embed` is unused (kept for the correctors' common call)."""
         head_dtype = self.markov_head.markov_w2.weight.dtype
         z = slot_hidden.to(head_dtype)
         given = None if forced is None else previous_tokens(anchor, forced)

@@ -6,8 +6,7 @@
       --baseline ar --block-ref dflash --out report/
   lilicorr bench compare runs/ar.jsonl runs/lilicorr.jsonl
 
-Every leaf parser sets `func`; `args.func(args)` returns the exit code.
-"""
+Every leaf parser sets `func`; `args.func(args)` returns the exit code."""
 
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ SUMMARY_CELL_FIELDS = metrics.CELL_KEY + ("tps",)
 
 
 def load_cells(path: Path) -> List[dict]:
-    """Cells of a results .jsonl (aggregated here) or of a summary .json written by `bench report`;
-    a missing file is a UsageError, one with nothing to report a ResultsError."""
+    """Cells of a results .jsonl or a `bench report` summary .json (missing: UsageError; empty: ResultsError)."""
     path = Path(path)
     if not path.is_file():
         raise UsageError(
@@ -78,8 +76,7 @@ def refuse_overwriting_inputs(inputs: List[Path], outputs: List[Path]) -> None:
 
 
 def check_listening(url: str) -> None:
-    """Something accepts connections at `url`: else a ServerError (exit 1) before any file is written or any prompt
-    is sent."""
+    """Something accepts connections at `url`, else a ServerError (exit 1) before anything is written or sent."""
     parts = urllib.parse.urlsplit(url)
     try:
         socket.create_connection((parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)), 10).close()
@@ -247,10 +244,7 @@ def register(subparsers) -> None:
     )
     server.add_argument("--model", default="default", help="the `model` field of chat requests")
     server.add_argument(
-        "--request-timeout",
-        type=bounded(float, 0, above=True),
-        default=3600.0,
-        help="seconds to wait for one response (> 0)",
+        "--request-timeout", type=bounded(float, 0, above=True), default=3600.0, help="seconds per response (> 0)"
     )
     data = run.add_argument_group("data")
     data.add_argument(
@@ -268,11 +262,7 @@ def register(subparsers) -> None:
     )
     sweep = run.add_argument_group("sweep")
     sweep.add_argument(
-        "--concurrency",
-        type=bounded(int, 1),
-        nargs="+",
-        default=[1],
-        help="requests in flight; one run per value (each >= 1)",
+        "--concurrency", type=bounded(int, 1), nargs="+", default=[1], help="requests in flight, a run each (>= 1)"
     )
     sweep.add_argument(
         "--temperature",
@@ -307,10 +297,7 @@ def register(subparsers) -> None:
     )
     output = run.add_argument_group("output")
     output.add_argument(
-        "--results",
-        type=path_arg,
-        required=True,
-        help="results .jsonl, appended to; rerunning skips the prompts it holds",
+        "--results", type=path_arg, required=True, help="results .jsonl, appended to (a rerun skips what it holds)"
     )
     output.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.set_defaults(func=cmd_run)
@@ -326,15 +313,11 @@ def register(subparsers) -> None:
     systems = rep.add_argument_group("systems")
     systems.add_argument("--baseline", help="the system served without speculation; speedups are over it")
     systems.add_argument(
-        "--block-ref",
-        help="a speculative system (e.g. dflash) the per-block wall table divides the others' ms per block by",
+        "--block-ref", help="a speculative system (e.g. dflash) the per-block table divides the others' ms/block by"
     )
     output = rep.add_argument_group("output")
     output.add_argument(
-        "--out",
-        type=path_arg,
-        default=Path("bench_report"),
-        help="report folder: summary.json, report.md, plots (new, empty, or a report's)",
+        "--out", type=path_arg, default=Path("bench_report"), help="report folder (new, empty, or a report's)"
     )
     output.add_argument("--no-plots", action="store_true", help="write the tables only, no plots")
     rep.set_defaults(func=cmd_report)

@@ -1,10 +1,7 @@
-"""One conversation turn against an SGLang server -> TurnResult, through one of three APIs (SGLang 0.5.23), each
-reporting the two counters tau needs (completion tokens and verify blocks: metrics.py):
-  chat      POST /v1/chat/completions, return_spec_tokens_details on: the server applies the chat template; the spec
-            stats in `sglext.spec_tokens_details` (absent when the server does not speculate), tokens in `usage`
-  generate  POST /generate with raw text (turns and replies joined by blank lines), for base models; `meta_info`
-  ids       POST /generate with the prompt's UTF-8 bytes as input_ids, for a --skip-tokenizer-init server (a random
-            target without a tokenizer); the reply is ids, so single-turn prompts only"""
+"""One conversation turn against an SGLang server -> TurnResult, through one of three APIs (SGLang 0.5.23), each giving
+the counters tau needs (completion tokens, verify blocks): `chat` (/v1/chat/completions with return_spec_tokens_details;
+stats in `sglext.spec_tokens_details`), `generate` (/generate with raw text, for base models; `meta_info`) and `ids`
+(/generate with the prompt's UTF-8 bytes as input_ids, for --skip-tokenizer-init servers; single-turn only)."""
 
 from __future__ import annotations
 
@@ -121,8 +118,7 @@ def parse_chat(payload: dict) -> tuple:
 
 
 def parse_generate(payload: dict, text_field: str = "text") -> tuple:
-    """(text, completion_tokens, spec_verify_ct) of a /generate response; the text is `text_field`
-    ("output_ids" for api ids: the ids, as text)."""
+    """(text, completion_tokens, spec_verify_ct) of a /generate response; the text is `text_field`."""
     if isinstance(payload, list):
         payload = payload[0]
     try:

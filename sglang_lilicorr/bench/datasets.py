@@ -30,12 +30,8 @@ def sample(prompts: Sequence[Prompt], limit: Optional[int], seed: int = 0) -> Li
 def load_prompts(
     spec: str, limit: Optional[int] = None, categories: Optional[Sequence[str]] = None
 ) -> Tuple[str, List[Prompt]]:
-    """Prompts of a packaged set (`gsm8k`, ...), of a SPEED-Bench split file (`.../qualitative.jsonl`) or
-    of a prompt file (any other .jsonl: rows {id, text | messages, set | category}; see prompt_file.py).
-
-    SPEED-Bench files are named `speed_<split>` in results, e.g. `speed_throughput_1k`; a prompt file
-    by its stem, e.g. `eval_prompts`.
-    """
+    """Prompts of a packaged set (`gsm8k`, ...), a SPEED-Bench split file (named `speed_<split>` in results) or a
+    prompt file (any other .jsonl, prompt_file.py; named by its stem)."""
     path = Path(spec)
     if path.suffix == ".jsonl" and path.stem not in speed_bench.SPLITS:
         prompts = prompt_file.load(path, categories=categories)

@@ -1,14 +1,9 @@
-"""The paper's metrics of a results file, pooled over requests ("block-weighted": every verification block weighs the
-same). Over the turns that report spec stats (None without them: a server that does not speculate):
-  tau      = sum(completion_tokens) / sum(spec_verify_ct): SGLang's spec_accept_length convention (each block's
-             accepted drafts plus its bonus token; the prefill token counts too, ~0.01 at 400-token outputs)
-  block_ms = 1000 * sum(end - start) / sum(spec_verify_ct): a request's wall per block it verifies (queueing and
-             prefill included; at concurrency c, the per-request wall of a block at batch c)
-TPS = sum(completion_tokens) / busy seconds (the union of the requests' intervals: a phase's wall at c); speedup =
-TPS / the baseline system's TPS in the same cell. A cell = (system, dataset, group, concurrency, temperature), group
-"all" or one category; its values are averaged over seeds (std kept). Repeated runs (several results files) pool into
-one cell (pool_runs: mean, std, "runs"); against a reference system, add_paired_ratios takes them as pairs (the ratio
-within each run, its mean with a 95 % t interval)."""
+"""The paper's metrics of a results file, pooled over requests (every verification block weighs the same), over the
+turns that report spec stats (None without): tau = sum(completion_tokens) / sum(spec_verify_ct) (SGLang's
+spec_accept_length), block_ms = 1000 * sum(end - start) / sum(spec_verify_ct) (a request's wall per block),
+TPS = sum(completion_tokens) / busy seconds (the union of the requests' intervals), speedup = TPS / the baseline's.
+A cell = (system, dataset, group, concurrency, temperature), averaged over seeds; repeated runs pool into one cell
+(pool_runs) or pair against a reference (add_paired_ratios: per-run ratios, mean with a 95 % t interval)."""
 
 from __future__ import annotations
 
@@ -82,11 +77,7 @@ def _mean_std(values: Sequence[Optional[float]]) -> Tuple[Optional[float], Optio
 
 
 def aggregate(records: Iterable[dict]) -> List[dict]:
-    """Cells of a results file: per (system, dataset, group, concurrency, temperature), seeds averaged.
-
-    Every record counts in group "all" and in its category's group; a dataset with one category
-    gets the "all" cell only.
-    """
+    """Cells of a results file, seeds averaged: each record in group "all" and its category's (if several)."""
     records = list(records)
     categories: Dict[str, set] = {}
     for r in records:
@@ -121,18 +112,15 @@ def aggregate(records: Iterable[dict]) -> List[dict]:
     return cells
 
 
-# what a report adds by comparing a cell with other systems' (add_speedup, add_block_ratio, add_paired_ratios): a
-# summary .json read back carries its own, which describe its runs and its --baseline / --block-ref, so pool_runs
-# drops them and the report computes them again for the pooled cells
+# what a report adds by comparing cells (add_speedup, add_block_ratio, add_paired_ratios): pool_runs drops a summary's
+# (they describe its runs) and the report computes them again
 COMPARISONS = ("speedup", "block_ratio", "paired", "paired_speedup")
 
 
 def pool_runs(runs: Sequence[List[dict]]) -> List[dict]:
-    """Cells of repeated runs (one list per results file) -> one cell per key: tau, block_ms and TPS
-    averaged over the runs that have the cell, their std across those runs (a cell of one run keeps
-    its own std across seeds) and each run's value (`*_per_run`), token and block counts summed,
-    "runs" = how many runs had it, "run_ids" = which (positions in `runs`, in `*_per_run`'s order). The comparisons
-    a summary's cells carry (COMPARISONS) are dropped."""
+    """Cells of repeated runs (one list per results file) -> one cell per key: tau, block_ms and TPS averaged over the
+    runs that have it, their std (one run: its own across seeds), `*_per_run`, counts summed, "runs" and "run_ids"
+    (positions in `runs`); COMPARISONS dropped."""
     by_key: Dict[Tuple, List[dict]] = {}
     for i, cells in enumerate(runs):
         for c in cells:
@@ -188,18 +176,15 @@ def mean_ci95(values: Sequence[float]) -> dict:
     n = len(values)
     mean = statistics.fmean(values)
     std = statistics.stdev(values) if n > 1 else 0.0
-    # degrees of freedom between two rows take the row below, above the last row the last: a larger t, never a
-    # narrower interval than the exact one (1.96 for 60 or more would be narrower: t(0.975, 60) = 2.000)
+    # dof between two rows take the row below, past the last the last: a larger t, never a narrower interval
     t = _T975[max(d for d in _T975 if d <= max(n - 1, 1))]
     half = t * std / n**0.5 if n > 1 else 0.0
     return {"n": n, "mean": mean, "std": std, "lo": mean - half, "hi": mean + half}
 
 
 def add_paired_ratios(cells: List[dict], reference: str, key: str = "paired") -> List[dict]:
-    """Repeated runs taken as pairs: for a cell with per-run values (pool_runs) and a matching cell of
-    `reference`, the ratio of the two in each run both have (same run_ids) -> cell[key] =
-    {"tps": mean_ci95 of tps / reference tps, "block_ms": the same for ms per block, "runs": run_ids}.
-    Pairing removes what moves a whole run (the machine, the order of the servers) from the comparison."""
+    """Repeated runs as pairs: per cell (pool_runs) and `reference`'s matching cell, the ratio within each run both
+    have -> cell[key] = {"tps": mean_ci95 of the ratios, "block_ms": the same, "runs": run_ids}."""
     ref = {tuple(c[k] for k in MATCH_KEY): c for c in cells if c["system"] == reference}
     for c in cells:
         r = ref.get(tuple(c[k] for k in MATCH_KEY))

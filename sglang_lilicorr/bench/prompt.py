@@ -14,13 +14,8 @@ class PromptError(LiLiCorrError, ValueError):
 
 @dataclass(frozen=True)
 class Prompt:
-    """One benchmark conversation.
-
-    turns are user messages, played in order: each turn is sent with the whole
-    conversation so far (earlier user turns and the server's replies to them).
-    category is the reporting group: a SPEED-Bench qualitative category, an
-    entropy tier of a throughput split, or the dataset name for single-group sets.
-    """
+    """One benchmark conversation: `turns` are user messages, each sent with the conversation so far; `category` is
+    the reporting group (a SPEED-Bench category or entropy tier, or the dataset name)."""
 
     prompt_id: str
     category: str

@@ -1,13 +1,7 @@
-"""Prompt files: your own prompts as jsonl, one conversation a line.
-
-  {"id": "gsm8k/82", "set": "gsm8k", "text": "Question: ..."}                  one user turn
-  {"id": "chat/1", "category": "chat", "messages": [{"role": "user", "content": "..."}, ...]}
-
-`id` is unique; the user turns come from `text` or from `messages` (user messages only, played in
-order); the reporting group is `set` or `category` (the file's stem when both are absent). The
-testbed's held-out prompts (benchmarks/testbed/eval_prompts.jsonl) are such a file. Results name the dataset
-after the file's stem.
-"""
+"""Prompt files: your own prompts as jsonl, one conversation a line, e.g. {"id": "gsm8k/82", "set": "gsm8k", "text":
+"..."} or {"id": "chat/1", "category": "chat", "messages": [{"role": "user", "content": "..."}, ...]}: a unique `id`,
+user turns from `text` or `messages` (user messages only), the group from `set` or `category` (else the file's stem).
+Results name the dataset after the file's stem (e.g. benchmarks/testbed/eval_prompts.jsonl)."""
 
 from __future__ import annotations
 

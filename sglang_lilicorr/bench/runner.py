@@ -1,11 +1,8 @@
 """Concurrent, resumable benchmark runs. A run = (system, dataset, concurrency c, temperature, seed, max_tokens): c
-workers play its prompts, a multi-turn prompt turn by turn in one worker, each category as a phase of its own
-(SPEED-Bench's per-category protocol). Each finished prompt is one line appended to the results file (new, empty or a
-results file: `check_results_file`; a torn last line is cut); a rerun skips the prompts it holds and retries the
-failed ones, a server that does not answer at all ends the run. `bench run` is the file's one writer
-(ownership.sole_writer), and a measurement recorded twice is refused by name (`read_results`). Warm-up: before the
-measured phases, max(warmup, c) unrecorded first turns in waves of c, so the running batch walks down c..1 and every
-batch size is compiled and captured before timing (warmup 0: none)."""
+workers play its prompts (multi-turn ones in one worker), each category a phase of its own. Each finished prompt is one
+line appended to the results file (`check_results_file`); a rerun skips what it holds and retries failures. `bench run`
+is the file's one writer (ownership.sole_writer); a measurement recorded twice is refused (`read_results`). Warm-up:
+max(warmup, c) unrecorded first turns in waves of c, so every batch size c..1 is compiled before timing."""
 
 from __future__ import annotations
 
@@ -133,8 +130,7 @@ def _json_line(line: bytes, where: str):
 
 
 def _torn_tail(data: bytes) -> Optional[int]:
-    """Where the torn last line of a results file starts: a last line without its newline that is
-    not JSON (a run stopped mid-write); None if there is none."""
+    """Where a results file's torn last line starts (no newline, not JSON: a run stopped mid-write), or None."""
     if not data or data.endswith(b"\n"):
         return None
     cut = data.rfind(b"\n") + 1
@@ -146,9 +142,8 @@ def _torn_tail(data: bytes) -> Optional[int]:
 
 
 def read_results(path: Path) -> List[dict]:
-    """Every record of a results file, checked (check_record; a measurement recorded twice is a ResultsError naming
-    both lines); the file is only read. A torn last line is left out with a warning on stderr; a complete last line
-    without its newline counts as usual."""
+    """Every record of a results file, checked (check_record; a duplicate measurement raises ResultsError naming both
+    lines); read only. A torn last line is left out with a warning."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -198,14 +193,12 @@ def is_record(value) -> bool:
 
 
 def check_results_file(path: Path) -> Optional[int]:
-    """--results must be missing, empty or a results file (ownership.jsonl_for_append); reads only -> where a torn
-    last line starts, else None."""
+    """--results must be missing, empty or a results file; reads only -> where a torn last line starts, or None."""
     return ownership.jsonl_for_append(path, is_record, RESULTS, "--results", ResultsError)
 
 
 def open_for_append(path: Path):
-    """The results file of a run, checked to be one, opened to append: a torn last line is cut with a warning,
-    a complete last line gets its newline."""
+    """A run's results file, checked, opened to append (a torn last line cut with a warning, a newline added)."""
     return ownership.open_for_append(path, check_results_file(path), RESULTS)
 
 
@@ -273,8 +266,7 @@ async def _run_phase(client, prompts, config, out, outcome, progress, max_failur
 
 
 def warmup_waves(prompts: Sequence[Prompt], warmup: int, concurrency: int) -> List[List[Prompt]]:
-    """The warm-up waves of a run: ceil(max(warmup, c) / c) waves of c prompts each (prompts cycled); [] if
-    warmup = 0."""
+    """A run's warm-up waves: ceil(max(warmup, c) / c) waves of c prompts (cycled); [] if warmup = 0."""
     if warmup <= 0 or not prompts:
         return []
     n_waves = -(-max(warmup, concurrency) // concurrency)
@@ -314,10 +306,7 @@ async def run_async(
     request_timeout: float = 3600.0,
     max_failures: int = MAX_FAILURES,
 ) -> RunOutcome:
-    """Runs the prompts of `config` not yet in results_path, appending one line per finished prompt.
-
-    First sends the unrecorded warm-up waves of warmup_waves(todo, warmup, config.concurrency).
-    """
+    """Runs the prompts of `config` not yet in results_path (after the warm-up waves), one line per finished prompt."""
     import aiohttp
 
     results_path = Path(results_path)

@@ -1,17 +1,7 @@
-"""SPEED-Bench loader (dataset `nvidia/SPEED-Bench`, downloaded by the user; nothing is fetched here).
-
-Splits: `qualitative` (880 prompts, 11 categories, 80 each) and `throughput_{1k,2k,8k,16k,32k}`
-(1,536 prompts each; `category` is the output-entropy tier: low_entropy / mixed / high_entropy,
-512 each). Records: question_id, category, sub_category, turns (list of user messages), source,
-src_id, difficulty, multiturn.
-
-Accepted files: the hub's parquet (needs pyarrow) or jsonl with a `turns` column, or the jsonl that
-the publisher's preparation script writes, where `turns` became `messages` = [{role: user, content}].
-
-The hub copy leaves prompts whose licence forbids redistribution as placeholders: the turn holds
-PLACEHOLDER (alone, or followed by a blank line and a template that the preparation script fills).
-Such records are refused; rebuild them as REBUILD_HINT says.
-"""
+"""SPEED-Bench loader (`nvidia/SPEED-Bench`, downloaded by the user): splits `qualitative` (880 prompts, 11
+categories) and `throughput_{1k,...,32k}` (1,536 prompts; `category` the entropy tier). Accepted: the hub's parquet
+(pyarrow) or jsonl with `turns`, or the publisher's prepared jsonl (`messages`). Records the hub leaves as PLACEHOLDER
+(licence) are refused; REBUILD_HINT says how to rebuild them."""
 
 from __future__ import annotations
 
@@ -149,10 +139,7 @@ def validate(rows: Sequence[dict], split: str, where: str) -> None:
 
 
 def load(path: Path, split: Optional[str] = None, categories: Optional[Iterable[str]] = None) -> List[Prompt]:
-    """Validated prompts of one SPEED-Bench split file, optionally restricted to some categories.
-
-    split defaults to the file's stem (`qualitative.jsonl`, `throughput_1k.parquet`, ...).
-    """
+    """Validated prompts of one SPEED-Bench split file (split: default the file's stem), optionally some categories."""
     path = Path(path)
     split = split or path.stem
     if split not in SPLITS:

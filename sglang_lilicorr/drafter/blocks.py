@@ -1,14 +1,7 @@
-"""DFlash block training layout: many blocks per sequence in one drafter forward.
-
-Per sequence, N anchors a are drawn among response positions (a >= 1 and tokens a, a + 1 both
-supervised). Block n holds B tokens at positions a + 0..B-1: slot 0 is the anchor token x_a (the
-last verified token at serving time), slots 1..B-1 the mask token; slot s is trained to predict
-x_{a+s}. A block sees the target context strictly before its anchor (keys 0..a-1, as at serving
-time, where the draft KV holds the committed prefix) and itself bidirectionally, never another
-block. Keys are laid out [context 0..T-1 | block tokens of all N blocks].
-
-Shapes: b sequences, T tokens, N anchors per sequence, B block size, S = B - 1 slots.
-"""
+"""DFlash block training layout: many blocks per sequence in one drafter forward. N anchors a per sequence among
+response positions (tokens a, a + 1 supervised); block n holds the anchor token then B - 1 mask tokens at positions
+a..a+B-1, slot s predicting x_{a+s}. A block sees the context strictly before its anchor and itself bidirectionally,
+never another block; keys are [context 0..T-1 | all blocks' tokens]. b sequences, T tokens, B block, S = B - 1."""
 
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
-"""DrafterConfig: the DFlash drafter's geometry and its round-trip through the HF-style
-config.json that SGLang 0.5.23's `DFlashDraftModel` reads (Qwen3-style layers, `model_type`
-"qwen3", `dflash_config` {block_size, target_layer_ids, mask_token, mask_token_id}).
-
-Target layer convention (SGLang's `build_target_layer_ids`): id i names the OUTPUT of target
-decoder layer i (HF `hidden_states[i + 1]`); with one feature the middle layer n // 2, else
-`n_features` ids spread evenly over [1, n - 3], rounded.
-
-Rope scaling is written as transformers v5's `rope_parameters` object, which SGLang 0.5.23's
-DFlash attention reads (`get_rope_config(config)` -> `get_rope(..., rope_scaling=...)`):
-  default  {"rope_theta", "rope_type": "default"}
-  YaRN     {"rope_theta", "rope_type": "yarn", "factor", "original_max_position_embeddings"}
-(SGLang's YaRN defaults for every other key: beta_fast 32, beta_slow 1, attention factor 1).
-"""
+"""DrafterConfig: the DFlash drafter's geometry and its round-trip through the config.json SGLang 0.5.23's
+`DFlashDraftModel` reads (Qwen3-style, `dflash_config` {block_size, target_layer_ids, mask_token, mask_token_id}).
+Target layer id i names the OUTPUT of layer i (HF `hidden_states[i + 1]`); one feature: layer n // 2, else
+`n_features` ids spread over [1, n - 3]. Rope scaling is written as transformers v5's `rope_parameters` (default, or
+yarn with factor and original_max_position_embeddings; SGLang's defaults for the rest)."""
 
 from __future__ import annotations
 
@@ -24,8 +15,7 @@ from ..config import json_number
 
 
 class DrafterConfigError(CheckpointError):
-    """A drafter configuration field is missing, inconsistent or out of range (a CheckpointError:
-    loading a draft raises nothing else)."""
+    """A drafter configuration field missing, inconsistent or out of range (a CheckpointError)."""
 
 
 def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
@@ -83,9 +73,7 @@ _ROPE_KEYS = {
 
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
-    """How the drafter's rotary embedding treats positions: "default" (plain RoPE) or "yarn" (YaRN:
-    the low frequencies interpolated by `factor` beyond `original_max_position_embeddings`, cos and
-    sin scaled by 0.1 ln(factor) + 1; drafter/rope.py)."""
+    """The drafter's rotary embedding: "default" (plain RoPE) or "yarn" (drafter/rope.py)."""
 
     rope_type: str = "default"
     factor: float = 1.0
@@ -246,8 +234,6 @@ class DrafterConfig:
         need(
             isinstance(self.rope_scaling, RopeScaling), f"rope_scaling={self.rope_scaling!r:.60} must be a RopeScaling"
         )
-
-    # --- config.json (SGLang DFlashDraftModel format) ------------------------------------
 
     def to_hf_config(self) -> dict[str, Any]:
         return {

@@ -5,16 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..checkpoint import (
-    CheckpointError,
-    dtype_of,
-    has_head,
-    load_strict,
-    new_head,
-    read_config,
-    read_tensors,
-    split_head,
-)
+from ..checkpoint import CheckpointError, dtype_of, has_head, load_strict, new_head, read_config, read_tensors
+from ..checkpoint import split_head
 from ..head import LiLiCorrHead
 from .config import DrafterConfig
 from .model import DFlashDrafter

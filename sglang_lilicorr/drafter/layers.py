@@ -1,15 +1,7 @@
-"""Qwen3-style draft decoder layer with target-context injection (DFlash).
-
-Each layer's attention sees two kinds of keys/values:
-  context keys   the drafter-projected target hidden states (fc + hidden_norm, NO input layernorm),
-                 through k_proj / v_proj, per-head k_norm, and RoPE at the context token's position;
-  block keys     the block's own states (after input_layernorm), same projections and norms.
-Queries come from the block only. Which query sees which key is the caller's boolean mask.
-RoPE (rope.py, default or YaRN) is the rotate-half ("neox") form at absolute positions, computed in
-fp32, as SGLang's `get_rope(..., is_neox_style=True)`. Tensor names are those of SGLang 0.5.23's checkpoint format.
-
-Shapes: b batch, Q block tokens, T context tokens, H hidden, h heads, g kv heads, D head dim.
-"""
+"""Qwen3-style draft decoder layer with target-context injection (DFlash). Attention keys are the context (projected
+target states, no input layernorm) and the block's own states, both through k_proj / v_proj, k_norm and RoPE (rope.py,
+neox form, fp32, at absolute positions); queries come from the block; the caller's boolean mask says who sees what.
+Tensor names are SGLang 0.5.23's. b batch, Q block tokens, T context, H hidden, h heads, g kv heads, D head dim."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""The trainable DFlash drafter: the module SGLang 0.5.23 serves as `DFlashDraftModel`.
-
-It has no embedding or LM head of its own (the frozen target's are used). Per block:
-  context = hidden_norm(fc(concat of the target's hidden states at `target_layer_ids`))  [T, H]
-  block   = target embedding of [anchor token, mask, ..., mask]                         [B, H]
-  hidden  = norm(layers(block | context keys/values))                                   [B, H]
-Slot 0 is the anchor (the last verified token); slot s >= 1 predicts the token at anchor + s.
-State-dict names equal the checkpoint's tensor names (layers.i.*, norm, fc, hidden_norm).
-"""
+"""The trainable DFlash drafter, the module SGLang 0.5.23 serves as `DFlashDraftModel` (no embedding or LM head of its
+own: the target's). context = hidden_norm(fc(target hidden states at `target_layer_ids`)); block = embedding of
+[anchor, mask, ...]; hidden = norm(layers(block | context)); slot s >= 1 predicts the token at anchor + s.
+State-dict names are the checkpoint's."""
 
 from __future__ import annotations
 

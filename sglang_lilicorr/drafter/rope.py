@@ -1,14 +1,7 @@
-"""The drafter's rotary position embedding: rotate-half ("neox") form at absolute positions, in fp32,
-as SGLang 0.5.23 applies it to a DFlash draft at serving time (`get_rope(...)` built from the
-draft's `rope_parameters`, config.py `RopeScaling`).
-
-  default  frequency i of D/2: theta^(-2i/D); angle = position * frequency.
-  yarn     YaRN (Peng et al., 2023), with SGLang's YaRNScalingRotaryEmbedding defaults: over the
-           original length L0, frequencies that turn more than beta_fast = 32 times keep their value,
-           those that turn fewer than beta_slow = 1 times are divided by `factor`, and a linear ramp
-           over the dimensions between mixes the two; cos and sin are multiplied by the attention
-           scale 0.1 ln(factor) + 1.
-"""
+"""The drafter's rotary position embedding as SGLang 0.5.23 applies it to a DFlash draft (neox form, absolute
+positions, fp32): `default` (frequency i: theta^(-2i/D)) or `yarn` (Peng et al., 2023, with SGLang's defaults beta_fast
+32, beta_slow 1: fast frequencies kept, slow ones divided by `factor`, a linear ramp between; cos and sin scaled by
+0.1 ln(factor) + 1)."""
 
 from __future__ import annotations
 

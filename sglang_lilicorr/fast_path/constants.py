@@ -1,15 +1,7 @@
-"""What the serving select precomputes from a trained head (FastLiLiCorrSelect's constants):
-
-token_table        [V, H]        head.token_table(target embedding)
-node_const         [S, K, H] f32 slot + rank embeddings + pass_hidden_proj.bias + feature down bias
-w_feat, b_feat     [H, 5], [H]   feature LayerNorm's affine folded into the feature up projection
-attn_bias          [1, h, L, L]  lattice attention bias, in the head's dtype, 16-aligned rows
-w_factor           [H, 2H]       factor_input_proj over concat[h, h*t] (the t term moves to the anchor)
-w_anchor, b_anchor [D+H, H]      anchor_out_head and factor_input_proj's t block + bias: one GEMM on t
-w_edge, b_edge     [2D, H]       out_head | in_head: one GEMM
-w_*_folded                       with fold_norms (the folded route): each lattice pre-norm's gain folded into the
-                                 weight of the GEMM that reads it (QKV, FFN up), the output norm's into w_factor
-"""
+"""What the serving select precomputes from a trained head (FastLiLiCorrSelect's constants): the token table [V, H],
+node_const [S, K, H] (slot + rank embeddings + biases), the feature LayerNorm folded into w_feat, the lattice attention
+bias, w_factor over concat[h, h*t], one anchor GEMM (w_anchor) and one edge GEMM (w_edge); with fold_norms (the folded
+route) each lattice pre-norm's gain folded into the GEMM that reads it (w_*_folded)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ import torch
 
 class KernelCounters:
     def __init__(self, device, size: int = 4096) -> None:
-        """Sized up front (4096: far more requests than a draft graph holds), so that a CUDA-graph capture never
-        reallocates them."""
+        """Sized up front (4096 requests), so a CUDA-graph capture never reallocates them."""
         self.buffer = torch.zeros(size, dtype=torch.int32, device=device)
 
     def at_least(self, need: int) -> torch.Tensor:

@@ -1,13 +1,7 @@
-"""The proposal pipeline, the one composition of a drafted block's proposal for every caller (the serving select's
-routes, the reference decoder and its replay, training's metrics):
-
-  logits [b*S, V] --top-K/logsumexp--> candidate ids, log-probs [b, S, K]
-  --head(token states, log-probs, pass hidden, anchor hidden)--> start [b, K], pair [b, S-1, K, K]
-  --walk--> draft ids [b, S]
-
-`propose` runs each step as its plan (plan.py) says; the head's step is the caller's `scores`: `head_forward` (the
-torch route: the head's own forward) or FastLiLiCorrSelect's fused routes, which may commit the block themselves.
-"""
+"""The proposal pipeline, the one composition of a drafted block's proposal for every caller (serving, the reference
+decoder and replay, training's metrics): logits [b*S, V] --top-K/logsumexp--> candidates [b, S, K] --head--> start
+[b, K], pair [b, S-1, K, K] --walk--> draft ids [b, S]. `propose` runs each step as its plan (plan.py) says; the
+head's step is the caller's `scores` (the torch route's `head_forward`, or a fused route, which may walk itself)."""
 
 from __future__ import annotations
 
@@ -35,8 +29,7 @@ Scores = Callable[..., tuple]
 
 
 def head_forward(head, token_states: Callable[[torch.Tensor], torch.Tensor]) -> Scores:
-    """The torch route's scores: LiLiCorrHead.forward on token_states(ids) [b, S, K, H]; it leaves the walk to the
-    pipeline."""
+    """The torch route's scores: LiLiCorrHead.forward on token_states(ids) [b, S, K, H] (no walk)."""
 
     def scores(vals, ids, lse, pass_hidden, anchor_hidden, plan: SelectPlan):
         log_probs = vals.float() - lse.float().unsqueeze(-1)

@@ -1,25 +1,9 @@
-"""The select's plan: how the proposal pipeline (pipeline.py) runs a call, one plan per batch-size bucket of a head.
-
-  plan_for(geometry, batch, device) -> SelectPlan   kernels/tuning.py's tables, resolved for one batch size
-  plans_for(geometry, device) -> SelectPlans        every bucket's plan, resolved once (FastLiLiCorrSelect does so)
-  torch_plan(device) -> SelectPlan                  the torch route, for callers without a FastLiLiCorrSelect
-
-A plan names how each step runs: the candidates (the top-K/logsumexp of the whole vocabulary's logits, or the
-tensor-parallel `merge` of this rank's shard), top-K and walk as Triton `kernels` or as their PyTorch definitions,
-the head's `route`, and the `walk` rule (walk.WALKS) that commits the block. The routes:
-  torch     the head's own forward (LiLiCorrHead, the code training runs) on the candidates' token states.
-  folded    every GEMM a Triton GEMM with its epilogue, each lattice RMSNorm folded into the GEMM that reads its
-            output, under PDL: small batches, where launch count dominates.
-  unfolded  cuBLAS GEMMs between the Triton kernels (features, nodes, residual add + RMSNorm, attention, cosine + walk).
-pdl (programmatic dependent launch, sm_90+) and overlap (the pass and anchor projections on a side stream, CUDA)
-shape the fused routes' launches. kernels/tuning.py holds the measurements that choose them (PDL, FOLD_NORMS,
-GEMM_CONFIG_BY_ROWS).
-
-A bucket is a range of batch sizes over which no table changes its answer: its bounds are the head tables' batch
-bounds and the GEMM table's row bounds in whole requests of the head's lattice (S x K rows per request). Calls with
-fewer than S slots take the plan of their batch size. A head width without an entry in a head table takes the entry
-of the nearest measured one (by ratio; a tie goes to the smaller).
-"""
+"""The select's plan: how the proposal pipeline runs a call, one plan per batch-size bucket of a head, from
+kernels/tuning.py's tables: `plan_for` (one batch size), `plans_for` (every bucket), `torch_plan` (no fused select).
+A plan names the candidates (whole vocabulary, or the TP `merge`), top-K and walk as Triton `kernels` or PyTorch, the
+`walk` rule, and the head's `route`: torch (its own forward), folded (Triton GEMMs with the lattice norms folded in,
+under PDL) or unfolded (cuBLAS GEMMs between Triton kernels); `pdl` and `overlap` shape the fused launches. A bucket
+is a batch range over which no table changes its answer; a head width missing from a table takes the nearest one."""
 
 from __future__ import annotations
 
@@ -81,8 +65,7 @@ Merge = Callable[[torch.Tensor], tuple]
 
 @dataclass(frozen=True)
 class SelectPlan:
-    """How the pipeline runs the calls of one batch-size bucket (module docstring). The default: the unfolded route,
-    one launch per step in stream order, the greedy walk, the candidates of whole-vocabulary logits."""
+    """How the pipeline runs one batch-size bucket's calls; the default: unfolded, stream order, greedy, no merge."""
 
     route: str = "unfolded"  # ROUTES: torch (the head's own forward), folded, unfolded
     pdl: bool = False  # Triton kernels launched with programmatic dependent launch (CUDA sm_90+)
@@ -161,8 +144,7 @@ def _within(table: dict, key: int, batch: int):
 def plan_for(
     geometry: HeadGeometry, batch: int, device: Device, *, walk: str = "greedy", merge: Merge | None = None
 ) -> SelectPlan:
-    """The plan of kernels/tuning.py's tables for `batch` requests of this head on this device (module docstring),
-    committing by `walk`, its candidates merged by `merge` under tensor parallelism."""
+    """The plan of kernels/tuning.py's tables for `batch` requests of this head on this device."""
     if not device.triton:
         return SelectPlan(route="torch", kernels=False, walk=walk, merge=merge)
     pdl = device.pdl and bool(_within(tuning.PDL, geometry.width, batch))
@@ -171,14 +153,12 @@ def plan_for(
 
 
 def torch_plan(device: Device, walk: str = "greedy") -> SelectPlan:
-    """The torch route on `device`, top-K and walk as Triton kernels where the device runs them: the plan of the
-    callers that run the head's own forward (the reference decoder, training)."""
+    """The torch route (top-K and walk in Triton where the device runs them): the reference decoder's, training's."""
     return SelectPlan(route="torch", kernels=device.triton, walk=walk)
 
 
 def batch_bounds(geometry: HeadGeometry) -> tuple:
-    """The largest batch size of each bucket but the last: the head tables' bounds for this head, and the GEMM table's
-    row bounds in whole requests."""
+    """The largest batch size of each bucket but the last (head tables' bounds, GEMM row bounds in requests)."""
     bounds = {entry(table, geometry.width).max_batch for table in (tuning.PDL, tuning.FOLD_NORMS)}
     bounds.update(row[0] // geometry.lattice_rows for row in tuning.GEMM_CONFIG_BY_ROWS if row[0] is not None)
     return tuple(sorted(b for b in bounds if b))

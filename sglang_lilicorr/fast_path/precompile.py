@@ -1,23 +1,9 @@
-"""Compile-only passes: every Triton kernel a callable would launch, compiled concurrently and launched never.
-
-  compile_only(threads)            the mode: inside it every @triton.jit launch is a warmup whose compile runs on a
-                                   thread pool (Triton's AsyncCompileMode); yields a CompileReport
-  precompile(run, device, label)   the policy: `run()` in that mode where it can help, one log line, never raises
-
-A warmup launch (JITFunction.run with warmup=True) binds the launch's real arguments exactly as a launch does, so it
-computes the same specialization key (tensor types, strides and 16-byte alignment, constexprs, and launch options
-such as launch_pdl; TensorDescriptor arguments by their block shape), then, under AsyncCompileMode, hands the compile
-to the pool and returns without launching. Kernels launched on the select's side stream (fast_path/side_stream.py)
-key the same: the stream is not part of a key. On leaving the mode every compile has finished and each kernel's
-in-process cache holds what it built, so the launches that follow (a CUDA-graph capture) compile nothing. Torch ops
-between the launches run as usual on whatever their buffers hold: the select's host side is static-shaped and reads
-no values (benchmarks/micro/compile_census.py), so its launches do not depend on them.
-
-Threads: Triton's compile releases the GIL in its MLIR/LLVM passes and runs ptxas as a subprocess, so threads
-compile in parallel; its Python front end holds the GIL, which bounds the gain. At most MAX_THREADS: a select has
-about 34 kernels, each compile holds several hundred MB of LLVM state, and under tensor parallelism every rank runs
-its own pass on the same host's cores.
-"""
+"""Compile-only passes: every Triton kernel a callable would launch, compiled concurrently and never launched.
+`compile_only(threads)`: inside it every @triton.jit launch is a warmup (same specialization key as the real launch)
+whose compile runs on a thread pool (Triton's AsyncCompileMode); on exit all have finished, so the launches that
+follow (a CUDA-graph capture) compile nothing. `precompile(run, device, label)`: `run()` in that mode where it helps,
+one log line, never raises. Torch ops between launches run as usual (the select's host side reads no values). Threads
+compile in parallel where Triton releases the GIL; at most MAX_THREADS (LLVM memory, one pass per TP rank)."""
 
 from __future__ import annotations
 
@@ -38,8 +24,7 @@ MAX_THREADS = 8
 
 @dataclasses.dataclass
 class CompileReport:
-    """What a compile-only pass built: compiles submitted (one per distinct kernel binary), those that failed (their
-    kernels compile, and raise, when first launched), the first failure, threads, wall seconds."""
+    """What a compile-only pass built: compiles submitted, failed (they raise at first launch), threads, seconds."""
 
     threads: int
     compiled: int = 0
@@ -67,9 +52,7 @@ def _async_compile_mode():
 
 
 def unavailable(device: torch.device) -> str | None:
-    """Why a compile-only pass cannot help on `device` (None: it can): Triton's interpreter compiles nothing (and its
-    kernels are not JITFunctions), nothing compiles for a CPU, a launch during a CUDA-graph capture must not be
-    skipped, and without AsyncCompileMode the compiles would run one after another anyway."""
+    """Why a compile-only pass cannot help on `device` (interpreter, CPU, graph capture, no AsyncCompileMode)."""
     if os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes"):
         return "Triton's interpreter"
     if torch.device(device).type != "cuda" or not torch.cuda.is_available():
@@ -83,9 +66,8 @@ def unavailable(device: torch.device) -> str | None:
 
 @contextlib.contextmanager
 def compile_only(threads: int):
-    """Inside: every JITFunction launch is a warmup whose compile runs on a pool of `threads` (module docstring);
-    yields a CompileReport, filled in on exit. On exit, also on an exception, every submitted compile has finished
-    and JITFunction.run and Triton's active compile mode are what they were."""
+    """Inside, every JITFunction launch is a warmup compiled on a pool of `threads`; yields a CompileReport, filled
+    on exit, where (also on an exception) every compile has finished and Triton's state is restored."""
     from triton.runtime import _async_compile
     from triton.runtime.jit import JITFunction
 
@@ -116,9 +98,8 @@ def compile_only(threads: int):
 
 
 def precompile(run: Callable[[], object], *, device: torch.device, label: str) -> CompileReport | None:
-    """`run()` in compile_only mode with compile_threads() threads, where a pass can help (`unavailable`), and one
-    log line saying what it compiled (`label` names what ran): the report, or None where nothing ran or the pass
-    raised (one warning naming the error; the kernels then compile when first launched)."""
+    """`run()` in compile_only mode where a pass can help, one log line naming `label` -> the report, or None where
+    nothing ran or it raised (one warning; the kernels then compile at first launch)."""
     why = unavailable(device)
     if why is not None:
         logger.debug("kernel pre-compilation skipped for %s: %s", label, why)

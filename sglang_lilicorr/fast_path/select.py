@@ -1,15 +1,9 @@
 """The serving select of a trained LiLiCorr head: the proposal pipeline (pipeline.py) on the head's routes.
-
-`FastLiLiCorrSelect` wraps a `LiLiCorrHead` (same weights: the lattice layers, norms and projections are the head's
-own modules) with the constants the fused routes precompute from it (constants.py). A call runs the plan of its batch
-size (plan.py). The torch route is the head's own forward on the token table's rows; the fused routes run Triton
-kernels around the GEMMs: features + LayerNorm + up + SiLU in one kernel, the node kernel (gather + sum + RMSNorm),
-residual add + RMSNorm (+ h*t), the lattice attention, and one cosine kernel for the start and pair scores that also
-runs the greedy walk (kernels/head_*.py, lattice_attention.py); another rule walks in its kernel after it
-(kernels/walk.py). The folded route runs every GEMM in Triton with its epilogue (kernels/gemm_epilogue.py) and folds
-the lattice's norms into them; the unfolded route runs cuBLAS GEMMs between the norm kernels. Everything is
-static-shaped with no host syncs, so `propose` can be captured in a CUDA graph.
-"""
+`FastLiLiCorrSelect` wraps a `LiLiCorrHead` (its own modules) with the constants the fused routes fold from it
+(constants.py); a call runs the plan of its batch size (plan.py). The fused routes run Triton kernels around the GEMMs
+(kernels/head_*.py, lattice_attention.py; the cosine kernel also runs the greedy walk, another rule walks after it,
+kernels/walk.py); the folded route runs every GEMM in Triton (kernels/gemm_epilogue.py). Static shapes, no host
+syncs: `propose` can be captured in a CUDA graph."""
 
 from __future__ import annotations
 
@@ -66,8 +60,7 @@ class FastLiLiCorrSelect(SelectConstants):
         return self.plans.at(batch)
 
     def propose(self, logits: torch.Tensor, hidden: torch.Tensor, anchor_hidden: torch.Tensor) -> Proposal:
-        """logits [b*S, V] of the slots (under the plan's merge: this rank's vocabulary columns), hidden [b, S, Hm]
-        their drafter states, anchor_hidden [b, Hm] -> the block's Proposal, as the plan at b says."""
+        """logits [b*S, V] (merge: this rank's columns), hidden [b, S, Hm], anchor [b, Hm] -> Proposal, by plan(b)."""
         b, s = self._check(hidden, anchor_hidden)
         plan = self.plan(b)
         vocab = self.token_table.shape[0] if plan.merge is None else logits.shape[-1]  # a merge: the rank's shard
@@ -77,8 +70,6 @@ class FastLiLiCorrSelect(SelectConstants):
             )
         with torch.no_grad():
             return propose(logits, hidden, anchor_hidden, topk=self.topk, scores=self._scores, plan=plan)
-
-    # --- inputs ------------------------------------------------------------------------------
 
     def _check(self, pass_hidden: torch.Tensor, anchor_hidden: torch.Tensor) -> tuple[int, int]:
         hm = self.head.model_hidden_size
@@ -93,8 +84,6 @@ class FastLiLiCorrSelect(SelectConstants):
             if t.device != self.device:
                 raise ValueError(f"select: {name} is on {t.device} but the head is on {self.device}; move it there.")
         return b, s
-
-    # --- the head's routes ---------------------------------------------------------------------
 
     def _scores(self, vals, ids, lse, pass_hidden, anchor_hidden, plan: SelectPlan):
         """The pipeline's head step on the plan's route -> (start, pair, log-probs, draft ids or None)."""
@@ -116,9 +105,8 @@ class FastLiLiCorrSelect(SelectConstants):
         return t, F.linear(t, self.w_anchor, self.b_anchor)
 
     def _projections(self, pass_hidden, anchor_hidden, plan: SelectPlan) -> tuple:
-        """-> (pass projection, t, anchor, join_pass, join_anchor): with the plan's overlap both projections run on the
-        side stream, forked here, and each is joined where first needed by calling its join (None without overlap).
-        (Forked before the top-K instead, they slowed it down from bs 4 on: PERF_NOTES.md.)"""
+        """-> (pass projection, t, anchor, join_pass, join_anchor): with overlap both run on the side stream, each
+        joined where first needed (joins None without overlap)."""
         if not plan.overlap:
             return self._pass_projection(pass_hidden), *self._anchor_projection(anchor_hidden, plan), None, None
         side = SideStream(self._side)
@@ -136,8 +124,7 @@ class FastLiLiCorrSelect(SelectConstants):
         )
 
     def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, plan: SelectPlan):
-        """The fused routes -> (start, pair, log-probs [b, S, K], the greedy walk's draft ids [b, S] or, for another
-        rule, None)."""
+        """The fused routes -> (start, pair, log-probs [b, S, K], the greedy walk's ids [b, S] or None)."""
         b, s, k = ids.shape
         pass_proj, t, anchor, join_pass, join_anchor = self._projections(pass_hidden, anchor_hidden, plan)
         lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj, plan, join_pass)
@@ -149,10 +136,8 @@ class FastLiLiCorrSelect(SelectConstants):
         return start, pair, lp.view(b, s, k), draft
 
     def _nodes_fused(self, vals, ids, lse, pass_proj, plan: SelectPlan, join_pass=None):
-        """-> log-probs fp32 [b*S, K], residual stream x [b*L, H], first attention input [b*L, H]. On the folded route
-        x is a [b*L, 2H] buffer whose first half is the residual stream (the last layer writes x * t into the second),
-        and the sums of squares of its rows stand in for the attention input (fp32 [b*L, H / 16],
-        kernels/head_norm.py)."""
+        """-> log-probs fp32 [b*S, K], residual stream x [b*L, H], first attention input [b*L, H]. Folded route: x is
+        [b*L, 2H] (residual stream first), and its rows' sums of squares [b*L, H / 16] stand for the attention input."""
         b, s, k = ids.shape
         pdl, rows, h = plan.pdl, b * s * k, self.width
         lp, up = head_nodes.confidence_up_triton(
@@ -214,10 +199,8 @@ class FastLiLiCorrSelect(SelectConstants):
         return xn
 
     def _layers_folded(self, cat, sumsq, b, t, plan: SelectPlan, join_anchor=None):
-        """The folded route's lattice layers as five Triton GEMMs + the attention each: cat [b*L, 2H] holds the
-        residual stream x in its first half, sumsq [b*L, H / 16] its rows' partial sums of squares; every GEMM
-        that adds into x writes them anew for the next one's norm, and the last also writes x * t into
-        cat's second half -> (cat, sumsq of the final x)."""
+        """The folded route's lattice layers (Triton GEMMs + attention): cat [b*L, 2H] = [x, x * t after the last],
+        sumsq [b*L, H / 16] x's rows' partial sums of squares, rewritten by each GEMM -> (cat, sumsq)."""
         rows, h = cat.shape[0], self.width
         n, x, pdl = rows // b, cat[:, :h], plan.pdl
         bias = self.attn_bias[..., :n, :n]
@@ -251,16 +234,14 @@ class FastLiLiCorrSelect(SelectConstants):
         return cat, sumsq
 
     def _residual_norm(self, x, branch, linear: torch.nn.Linear, norm: torch.nn.RMSNorm, plan: SelectPlan, cross=None):
-        """x += linear(branch) (in place; not with cross) -> RMSNorm(x) [rows, H], or concat[h, h*t] [rows, 2H] with
-        cross (the anchor state t): the cuBLAS GEMM + add_rmsnorm_triton."""
+        """x += linear(branch) in place -> RMSNorm(x) [rows, H]; with cross (anchor t): concat[h, h*t], x unchanged."""
         y = F.linear(branch, linear.weight, linear.bias)
         return head_norm.add_rmsnorm_triton(x, y, norm.weight, _norm_eps(norm), cross=cross, pdl=plan.pdl)
 
     def _factors_fused(self, cat, sumsq, anchor, ids, plan: SelectPlan):
         """concat[h, h*t] [b*L, 2H], anchor [b, D+H], candidate ids [b, S, K] -> (start fp32 [b, K], pair fp32
-        [b, S-1, K, K], the greedy walk's draft ids [b, S] from the cosine kernel, or None for another rule).
-        On the folded route `cat` is [x, x * t] and sumsq the sums of squares of x's rows (_layers_folded):
-        the factor GEMM applies the output norm (its rstd per row, its gain in w_factor_folded)."""
+        [b, S-1, K, K], the greedy walk's draft ids [b, S], or None for another rule). Folded route: the factor GEMM
+        applies the output norm from sumsq."""
         (b, s, k), d, pdl = ids.shape, self.factor_dim, plan.pdl
         if sumsq is not None:  # the per-request bias + SiLU in the GEMM's epilogue
             norm = (sumsq, _norm_eps(self.head.output_norm))
@@ -290,10 +271,8 @@ class FastLiLiCorrSelect(SelectConstants):
         )
 
     def fused_stages(self, vals, ids, lse, pass_hidden, anchor_hidden) -> dict:
-        """The fused route's head step (without the side stream) on candidates [b, S, K] / [b, S] cut into its
-        stages, name -> zero-argument call on the previous stage's outputs (computed once here), for per-stage
-        timing and launch counts (benchmarks/micro/head_bench.py). The `lattice` stage updates its input x in place, so
-        repeated calls drift its values (not its cost)."""
+        """The fused head step (no side stream) cut into stages, name -> zero-argument call on the previous stage's
+        outputs, for per-stage timing (benchmarks/micro/head_bench.py); `lattice` updates x in place."""
         b = self._check(pass_hidden, anchor_hidden)[0]
         plan = self.plan(b)
         if not plan.fused:

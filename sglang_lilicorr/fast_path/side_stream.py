@@ -6,8 +6,7 @@ import torch
 
 
 class SideStream:
-    """Work forked from the current stream onto `stream`; join() makes the current stream wait for
-    an event recorded there and marks the tensors made there as used by it (eager-mode safety)."""
+    """Work forked onto `stream`; join() makes the current stream wait and marks its tensors used there."""
 
     def __init__(self, stream: torch.cuda.Stream) -> None:
         self.stream, self.main = stream, torch.cuda.current_stream(stream.device)

@@ -1,7 +1,5 @@
-"""Triton kernels of sglang-lilicorr (imports torch and triton only; triton on first use): the select path's top-K and
-logsumexp (`topk_lse`, `topk_shards` across tensor-parallel ranks), lattice decoders, the lattice attention, GEMMs with
-their epilogues and the head's fused row kernels. Each has its PyTorch reference; every measured launch is in
-tuning.py. README.md in this folder lists them with their contracts."""
+"""Triton kernels of sglang-lilicorr (torch and triton only; triton imported on first use), each with its PyTorch
+reference; README.md in this folder lists them with their contracts, tuning.py every measured launch."""
 
 from .device import uses_triton
 from .topk_lse import topk_lse

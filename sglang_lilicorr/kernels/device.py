@@ -24,8 +24,7 @@ def sm_major(device: torch.device) -> int:
 
 
 def rows_per_program(t: torch.Tensor) -> int:
-    """Rows of a row kernel per program: one on a GPU (parallelism at small batch); many under
-    Triton's CPU interpreter, whose cost is per program."""
+    """Rows of a row kernel per program: one on a GPU, many under the CPU interpreter (cost per program)."""
     return 1 if t.is_cuda else 16
 
 

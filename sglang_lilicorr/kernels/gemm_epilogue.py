@@ -1,20 +1,10 @@
-"""A GEMM with its epilogue in one Triton kernel (paper App. A): every GEMM the select's plan runs in Triton, with what
-follows it folded into the epilogue instead of a launch of its own (kernels/README.md).
-
-  y = act(rstd * (x @ weight.T) + bias + group_bias[row // rows_per_group])     act: SiLU or identity
-  residual   out += y, the lattice's residual add (in place)
-  sumsq_out  the output rows' partial sums of squares (kernels/head_norm.py), for the next GEMM's norm
-  norm       the input's pre-norm: rstd per row from those partials; its gain folded into the weight (fold_norm_gain)
-  cross      also writes out * t (t: the request's anchor state), for the factor GEMM's concat[x, x * t]
-
-  x [M, K] and weight [N, K] (nn.Linear layout) with unit stride along K, bias [N] | None, group_bias [G, N] | None
-  -> out [M, N] in x's dtype (new, or given): fp32 accumulation and epilogue, one rounding.
-Two kernels share the epilogue: `_gemm_kernel`, a program per output tile with pointer loads, and `_gemm_tma_kernel`,
-persistent with TMA loads and store (16-bit CUDA tensors on sm_90+; bias, group bias and SiLU only). Under PDL the
-first row tile prefetches its weight slice into L2 before the wait (kernels/prefetch.py). Launch configs:
-tuning.GEMM_CONFIGS by rows (select_config; no autotuning, so a CUDA graph captures the first call). Under the CPU
-interpreter 16-bit operands are dotted as fp32 copies (exact products). Only torch.empty and one launch: CUDA-graph
-safe."""
+"""A GEMM with its epilogue in one Triton kernel (paper App. A; kernels/README.md): y = act(rstd * (x @ weight.T) +
+bias + group_bias[row // rows_per_group]), plus `residual` (out += y), `sumsq_out` (the rows' partial sums of squares
+for the next GEMM's norm), `norm` (the input's pre-norm, gain folded by fold_norm_gain) and `cross` (also out * t).
+x [M, K], weight [N, K], unit stride along K -> out [M, N] in x's dtype; fp32 accumulation, one rounding.
+`_gemm_kernel` (a program per tile, pointer loads) and `_gemm_tma_kernel` (persistent, TMA; 16-bit on sm_90+; bias,
+group bias and SiLU only) share the epilogue. Under PDL the first row tile prefetches its weights into L2. Configs:
+tuning.GEMM_CONFIGS by rows (no autotuning). One launch: CUDA-graph safe."""
 
 from __future__ import annotations
 
@@ -48,8 +38,7 @@ def select_config(m: int, dtype: torch.dtype, k: int = 0) -> str:
 
 @triton.jit
 def _tile_coords(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """Grouped tile order: GROUP_M row tiles take the column tiles in turn, column-major inside a
-    group, so the weight tiles a group reads stay in L2 -> (row tile, column tile)."""
+    """Grouped tile order (GROUP_M row tiles take the column tiles in turn; weights stay in L2) -> (row, col) tile."""
     tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * tiles_n
     first_m = (tile // per_group) * GROUP_M
@@ -59,8 +48,7 @@ def _tile_coords(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP
 
 @triton.jit
 def _bias_tile(b_ptr, rn, N, HAS_BIAS: tl.constexpr):
-    """bias[rn] as fp32 [1, BLOCK_N] (HAS_BIAS; else a placeholder the epilogue does not read): a constant,
-    so the pointer kernel loads it before its PDL wait."""
+    """bias[rn] as fp32 [1, BLOCK_N] (HAS_BIAS; else a placeholder): a constant, loaded before the PDL wait."""
     return tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :] if HAS_BIAS else 0.0
 
 
@@ -73,8 +61,7 @@ def _group_bias_tile(gb_ptr, rm, rn, M, N, gb_stride, rows_per_group, GROUP_BIAS
 
 @triton.jit
 def _epilogue(acc, bias, group_bias, HAS_BIAS: tl.constexpr, GROUP_BIAS: tl.constexpr, SILU: tl.constexpr):
-    """acc [BLOCK_M, BLOCK_N] fp32 (+ bias, _bias_tile) (+ group_bias, _group_bias_tile) -> SiLU of that (SILU) or
-    that, fp32."""
+    """acc [BLOCK_M, BLOCK_N] fp32 (+ bias) (+ group_bias) -> SiLU of that (SILU) or that, fp32."""
     if HAS_BIAS:
         acc += bias
     if GROUP_BIAS:
@@ -143,8 +130,7 @@ def _group_bias_and_parts(
     NORM: tl.constexpr,
     PARTS_IN: tl.constexpr,
 ):
-    """Two epilogue operands that earlier kernels wrote, as loaded (placeholders where off): the group bias tile and
-    the input rows' sum-of-squares partials."""
+    """The epilogue operands earlier kernels wrote, as loaded: the group bias tile, the input's sumsq partials."""
     group_bias = _group_bias_tile(gb_ptr, rm, rn, M, N, gb_stride, rows_per_group, GROUP_BIAS)
     parts = load_sumsq(ss_in_ptr, rm % M, n_parts_in, PARTS_IN) if NORM else 0.0
     return group_bias, parts
@@ -206,9 +192,8 @@ def _gemm_kernel(
     if PREFETCH_LINES:  # launched early under PDL: the first row tile's programs pull the weight slice into L2
         if pid_m == 0:
             prefetch_rows_l2(w_ptr, rn % N, K, stride_wn, PREFETCH_LINES)
-    # The epilogue's operands issued early and used late, so that their latency hides behind the PDL wait and the
-    # K loop instead of following the loop: the constants before the wait, what earlier kernels wrote before the
-    # loop. Only in small tiles (the bs-1 configs): held across the loop, a larger tile's would spill.
+    # epilogue operands loaded early (constants before the PDL wait, earlier kernels' outputs before the K loop) so
+    # their latency hides; small tiles only (tuning.EARLY_OPERANDS_MAX_TILE), a larger tile's would spill
     EARLY: tl.constexpr = BLOCK_M * BLOCK_N <= EARLY_OPERANDS_MAX_TILE
     bias = _bias_tile(b_ptr, rn, N, HAS_BIAS)
     grid_dependency_wait(PDL)
@@ -301,10 +286,8 @@ def gemm_epilogue_reference(
     residual: torch.Tensor | None = None,
     cross: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """PyTorch definition of gemm_epilogue_triton, in fp32, rounded to x's dtype after the activation:
-    y = act(rstd * (x @ weight.T) + bias + group_bias[row // rows_per_group]), rstd = 1 / sqrt(mean(x[:, :w]^2)
-    + eps) over the first w = norm_width (default all) columns of x with norm_eps, else 1; then residual
-    += y (returned, in place). With cross (t [b, N]) -> (that, that * t[row // (M / b)])."""
+    """PyTorch definition of gemm_epilogue_triton in fp32, rounded after the activation; rstd = 1 / sqrt(mean(
+    x[:, :norm_width]^2) + norm_eps) with norm_eps, else 1; residual += y in place; cross (t [b, N]) -> (y, y * t)."""
     xf = x.float()
     y = xf @ weight.float().T
     if norm_eps is not None:
@@ -437,11 +420,7 @@ def gemm_epilogue_triton(
     | None = None,  # the weight into L2 before the PDL wait (kernels/prefetch.py); None: when launched early
     name: str = "gemm_epilogue_triton",
 ) -> torch.Tensor:
-    """-> act(x @ weight.T + bias + group_bias[row // rows_per_group]) [M, N] in x's dtype (act: SiLU
-    with silu, else identity), fp32 accumulation and epilogue, one launch; the options as in
-    gemm_epilogue_reference (the layer's pre-norm, the residual add), and the outputs the
-    next GEMM's norm needs (sumsq_out) or the factor GEMM's h * t (cross). Launched early under PDL, the programs
-    of the first row tile fetch the weight into L2 before waiting on the previous kernel (prefetch)."""
+    """-> act(x @ weight.T + bias + group_bias[row // rows_per_group]) [M, N], one launch (module docstring)."""
     _check(name, x, weight, bias, group_bias, rows_per_group)
     _check_epilogue(name, x, weight, norm, norm_width, residual, out, sumsq_out, cross)
     check_pdl(pdl, x, name)
@@ -522,9 +501,7 @@ def gemm_epilogue_triton(
 
 
 def fold_norm_gain(weight: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
-    """weight [N, K] (K a multiple of the norm's width w: [N, 2w] for the factor GEMM over concat[h, h*t])
-    with an RMSNorm's gain g [w] folded in along K (fp32, rounded once):
-    RMSNorm(x) @ W.T = rstd(x) * (x @ (W * g).T)."""
+    """weight [N, K] with an RMSNorm's gain folded in along K: RMSNorm(x) @ W.T = rstd(x) * (x @ (W * g).T)."""
     g = norm_weight.float().repeat(weight.shape[1] // norm_weight.shape[0])
     return (weight.float() * g).to(weight.dtype).contiguous()
 

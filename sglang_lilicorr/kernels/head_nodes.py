@@ -1,18 +1,8 @@
-"""Lattice node assembly of the LiLiCorr head at serving time (paper Section 3.2), in Triton.
-
-Two row kernels around the feature MLP's down projection (a cuBLAS GEMM):
-
-  confidence_up_triton   top-K values + logsumexp -> log-probs and silu(up(LayerNorm(features)))
-                         per candidate, with LayerNorm's affine folded into the up projection
-                         (w_feat = up.weight * ln.weight, b_feat = up.weight @ ln.bias + up.bias).
-  lattice_nodes_triton   node = token_table[id] + pass_proj[slot] + feat_down[node] + node_const[slot, k]
-                         (node_const: slot + rank embeddings and the folded biases), written as the
-                         residual stream and, RMS-normalised, as the first layer's attention input
-                         (or, with the norms folded into the GEMMs, the rows' partial sums of
-                         squares that the QKV GEMM's norm reads: kernels/head_norm.store_sumsq).
-
-Both run one program per row; no host syncs (CUDA-graph capturable).
-"""
+"""Lattice node assembly of the LiLiCorr head at serving time (paper Sec. 3.2), in Triton, one program per row, around
+the feature MLP's down projection: `confidence_up_triton` (top-K values + lse -> log-probs and silu(up(LayerNorm(
+features))), the LayerNorm's affine folded into w_feat, b_feat) and `lattice_nodes_triton` (node = token_table[id] +
+pass_proj[slot] + feat_down + node_const[slot, k], written as the residual stream and, RMS-normalised, as the first
+attention input, or as the rows' partial sums of squares for the folded route)."""
 
 from __future__ import annotations
 
@@ -99,8 +89,7 @@ def node_pass_rows(rows, cols, mask, pass_ptr, n_cand, H):
 
 @triton.jit
 def node_const_rows(rows, cols, mask, const_ptr, n_slots, n_cand, H):
-    """node_const[slot, k] [R, C] at node rows, columns cols, as loaded: a constant, so a kernel launched early under
-    PDL may load it before its wait."""
+    """node_const[slot, k] [R, C] at node rows, columns cols, as loaded (a constant: loaded before the PDL wait)."""
     const_row = ((rows // n_cand) % n_slots) * n_cand + rows % n_cand
     return tl.load(const_ptr + const_row[:, None] * H + cols[None, :], mask=mask, other=0.0)
 
@@ -113,10 +102,8 @@ def table_rows(tok, cols, mask, table_ptr, H):
 
 @triton.jit
 def node_sum(feat, tok, proj, const, cols, mask, table_ptr, H):
-    """feat [R, C] fp32 (the feature MLP's down projection, rounded as F.linear returns it), the rows' token ids,
-    pass projection and node constants as loaded (node_ids, node_pass_rows, node_const_rows), columns cols -> the
-    node [R, C] fp32 = token_table[id] + pass_proj[slot] + feat + node_const[slot, k], summed in fp32 (rounded once
-    by the caller)."""
+    """feat [R, C] fp32 and the rows' loaded ids, pass rows and node constants, columns cols -> node [R, C] fp32 =
+    token_table[id] + pass_proj[slot] + feat + node_const[slot, k] (the caller rounds once)."""
     x = table_rows(tok, cols, mask, table_ptr, H)
     x += proj.to(tl.float32)
     x += feat
@@ -179,8 +166,7 @@ def confidence_up_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """vals fp32 [G, K] (descending), lse fp32 [G], w_feat fp32 [H, 5], b_feat fp32 [H]
     -> (log-probs fp32 [G, K], silu(w_feat @ LayerNorm(features) + b_feat) [G*K, H] in dtype).
-    `pdl`: programmatic dependent launch (kernels/pdl.py), here and in every kernel of this folder; w_feat and b_feat
-    are then read before the wait (constants, not the output of the kernel before)."""
+    `pdl`: programmatic dependent launch (kernels/pdl.py); the constants are read before the wait."""
     check_pdl(pdl, w_feat, "confidence_up_triton")
     g, k = vals.shape
     h = w_feat.shape[0]

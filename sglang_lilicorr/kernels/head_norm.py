@@ -1,16 +1,6 @@
-"""Residual and fusion epilogues of the LiLiCorr lattice transformer at serving time, in Triton.
-
-  add_rmsnorm_triton   x += y (in place, rounded to x's dtype like the reference's residual add),
-                       out = RMSNorm(x) * w; with `cross` (the anchor state t [b, H]) it also writes
-                       out * t beside it: out [rows, 2H] = concat[h, h * t], the factor input of
-                       paper Eq. (fusion) minus the per-request t term. With `cross` (the last
-                       residual add) the sum is only normalised: x is left as it was.
-  rmsnorm_triton       out = RMSNorm(x) * w (the same kernel without the add; the anchor norm).
-  row_bias_silu_triton pre = silu(pre + bias[row // rows_per_group]) in place (the per-request
-                       factor_input_proj term W_t t + b, then SiLU).
-
-One program per row (add_rmsnorm) or per row and column block (row_bias_silu); no host syncs.
-"""
+"""Residual and fusion epilogues of the lattice transformer at serving time, in Triton: `add_rmsnorm_triton` (x += y
+in place, out = RMSNorm(x) * w; with `cross` (anchor state t) out [rows, 2H] = concat[h, h * t] and x left as it was),
+`rmsnorm_triton` (no add) and `row_bias_silu_triton` (pre = silu(pre + bias[row // rows_per_group]) in place)."""
 
 from __future__ import annotations
 
@@ -43,9 +33,8 @@ SUMSQ_GROUP = tl.constexpr(16)  # columns per partial sum of squares (a row's no
 
 @triton.jit
 def store_sumsq(v, rows, pid_n, live, n_parts, ss_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """v [BLOCK_M, BLOCK_N] fp32 (zero outside the rows' values), the column block pid_n of rows `rows`
-    -> their sums of squares per SUMSQ_GROUP columns at ss[rows, pid_n * BLOCK_N / SUMSQ_GROUP + j]
-    (ss [M, n_parts] fp32, n_parts = cdiv(width, SUMSQ_GROUP))."""
+    """v [BLOCK_M, BLOCK_N] fp32 (zero outside the rows), column block pid_n -> sums of squares per SUMSQ_GROUP
+    columns at ss[rows, pid_n * BLOCK_N / SUMSQ_GROUP + j] (ss [M, cdiv(width, SUMSQ_GROUP)] fp32)."""
     GROUPS: tl.constexpr = BLOCK_N // SUMSQ_GROUP
     part = tl.sum(tl.reshape(v * v, [BLOCK_M, GROUPS, SUMSQ_GROUP]), 2)  # [BLOCK_M, GROUPS]
     cols = pid_n * GROUPS + tl.arange(0, GROUPS)
@@ -68,8 +57,7 @@ def load_sumsq(ss_ptr, rows, n_parts, PARTS: tl.constexpr):
 
 @triton.jit
 def row_rstd(parts, eps, width):
-    """[R] 1 / sqrt(mean(x^2) + eps) of rows of width `width` from their loaded partials (load_sumsq), summed in a
-    fixed order."""
+    """[R] 1 / sqrt(mean(x^2) + eps) of rows of `width` from their loaded partials, summed in a fixed order."""
     return 1.0 / tl.sqrt(tl.sum(parts, 1) / width + eps)
 
 

@@ -1,15 +1,7 @@
-"""Cosine lattice scores of the LiLiCorr head (paper Eq. 6-7), in Triton.
-
-From the un-normalised out/in head outputs (one fused GEMM: edges [b, S, K, 2D], out in the first D columns, in in the
-last D) and the un-normalised anchor out vector [b, D], one program per (request, slot s) computes the sigma-scaled
-cosines of one K x K factor in fp32, the norms taken as F.normalize does (x / max(|x|, eps)):
-
-  s = 0:   start[b, j]         = sigma * cos(anchor_out, in_{1, j})
-  s >= 1:  pair[b, s-1, i, j]  = sigma * cos(out_{s, i}, in_{s+1, j})
-
-All three Gram blocks come from tensor-core dots (a b^T, and a a^T, b b^T for the norms) over BLOCK_D-column steps.
-With WALK (`lattice_cosine_walk_triton`) the same launch also runs the greedy walk (App. F): the request's last program
-follows the successors its programs packed and gathers the walked ids (kernels/README.md). No host syncs."""
+"""Cosine lattice scores of the LiLiCorr head, in Triton: from the un-normalised edges [b, S, K, 2D] (out | in) and
+anchor out [b, D], one program per (request, slot) computes one K x K factor of sigma-scaled cosines in fp32 (norms as
+F.normalize): start[b, j] = sigma * cos(anchor_out, in_{1,j}), pair[b, s-1, i, j] = sigma * cos(out_{s,i}, in_{s+1,j}).
+With WALK (`lattice_cosine_walk_triton`) the request's last program also runs the greedy walk (kernels/README.md)."""
 
 from __future__ import annotations
 

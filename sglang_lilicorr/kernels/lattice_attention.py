@@ -1,15 +1,7 @@
-"""Lattice self-attention of the LiLiCorr head (paper App. A) at serving time, in Triton: it replaces
-F.scaled_dot_product_attention in LatticeAttention on the packed QKV GEMM output.
-
-  qkv  [b*L, 3H]      F.linear(x, in_proj_weight, in_proj_bias); row = request * L + node, columns
-                      q | k | v, each [heads, dh] head-major (LatticeAttention's view(n, L, 3, heads, dh))
-  bias [heads, L, L]  additive float bias (lattice_attention_bias), any row stride, unit column stride;
-                      the select's [1, heads, L, L] view with 16-aligned rows is accepted as is
-  out  [b*L, H]       softmax(scale * q k^T + bias) v, in the layout o.transpose(1, 2).reshape(b*L, H)
-                      takes, so out_proj consumes it with no copy
-
-L <= 256; the softmax is exact in fp32 over one key tile. Its kernel and launch: kernels/README.md. Only torch.empty
-and one launch: static-shaped, no host syncs, CUDA-graph capturable."""
+"""Lattice self-attention of the LiLiCorr head at serving time, in Triton, in place of LatticeAttention's SDPA:
+qkv [b*L, 3H] (the packed QKV GEMM output, q | k | v head-major), bias [heads, L, L] (unit column stride) -> out
+[b*L, H] = softmax(scale * q k^T + bias) v in the layout out_proj reads. L <= 256; exact fp32 softmax over one key
+tile (kernels/README.md). One launch, no host syncs."""
 
 from __future__ import annotations
 
@@ -21,12 +13,8 @@ import triton
 import triton.language as tl
 
 from .pdl import check_pdl, grid_dependency_wait, pdl_launch
-from .tuning import (
-    ATTENTION_BLOCK_M,
-    ATTENTION_ONE_REQUEST_BLOCK_M,
-    ATTENTION_SMALL_BATCH,
-    ATTENTION_SMALL_BATCH_BLOCK_M,
-)
+from .tuning import ATTENTION_BLOCK_M, ATTENTION_ONE_REQUEST_BLOCK_M, ATTENTION_SMALL_BATCH
+from .tuning import ATTENTION_SMALL_BATCH_BLOCK_M
 
 MAX_NODES = 256  # one key tile per request: S [BLOCK_M, LP] fp32 must stay in registers
 NUM_WARPS = 4

@@ -1,10 +1,7 @@
 """Programmatic dependent launch (PDL, sm_90+): a chain of small dependent kernels without the launch gap between them
-(kernels/README.md).
-
-A kernel launched with `launch_pdl=True` may be scheduled while the kernel before it on the stream is still running.
-Its programs first call `grid_dependency_wait(PDL)`: `griddepcontrol.wait` (block until the previous kernel has
-finished and its writes are visible; before it, read nothing but constants and write nothing), then
-`griddepcontrol.launch_dependents` (let the next PDL kernel launch now). With PDL=False both compile away."""
+(kernels/README.md). A kernel launched with `launch_pdl=True` may start while its predecessor runs; its programs call
+`grid_dependency_wait(PDL)` first (`griddepcontrol.wait`: before it, read only constants, write nothing; then
+`launch_dependents`). With PDL=False both compile away."""
 
 from __future__ import annotations
 
@@ -33,8 +30,6 @@ def check_pdl(pdl: bool, t: torch.Tensor, name: str) -> None:
 
 
 def pdl_launch(pdl: bool, launch_pdl: bool | None = None) -> dict:
-    """A kernel's PDL constexpr and launch option: with pdl it waits on its predecessor and releases its
-    successor; launch_pdl=False launches it in full stream order all the same (the first kernel after a
-    wait on another stream: its griddepcontrol.wait returns at once, and its successor may still start
-    early). None: launch_pdl = pdl."""
+    """A kernel's PDL constexpr and launch option: with pdl it waits and releases its successor; launch_pdl=False
+    launches it in full stream order all the same (None: launch_pdl = pdl)."""
     return {"PDL": pdl, "launch_pdl": pdl if launch_pdl is None else pdl and launch_pdl}

@@ -1,12 +1,6 @@
-"""Weights into L2 ahead of their GEMM: the prologue of a kernel launched with programmatic dependent launch
-(kernels/pdl.py). A GEMM's weight is constant, so its programs may fetch their slice before `griddepcontrol.wait`;
-the K loop then reads L2 instead of HBM.
-
-  prefetch_l2(ptrs)                      `prefetch.global.L2::evict_last` of the 128-byte line at each pointer: a
-                                         hint that changes no value (L2 is the GPU's point of coherence)
-  prefetch_rows_l2(w_ptr, rows, K, ...)  every line of rows `rows` of a [N, K] row-major weight
-
-CUDA only (inline PTX): the kernels compile it under a constexpr that is off under the interpreter."""
+"""Weights into L2 ahead of their GEMM, in a kernel launched under PDL (kernels/pdl.py): a weight is constant, so its
+programs fetch their slice before `griddepcontrol.wait` and the K loop reads L2. `prefetch_l2` (a hint changing no
+value), `prefetch_rows_l2` (every line of some rows of a row-major weight). CUDA only (inline PTX)."""
 
 from __future__ import annotations
 

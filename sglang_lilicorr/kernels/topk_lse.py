@@ -1,7 +1,5 @@
-"""Top-K candidates and the full-vocabulary logsumexp of logits rows: `topk_lse` runs the fused Triton kernel
-(`topk_lse_fused.py`) on CUDA tensors, or on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1), and the
-PyTorch definition (`topk_reference.py`) otherwise. Ties go to the lowest index.
-"""
+"""Top-K candidates and the full-vocabulary logsumexp of logits rows: the fused Triton kernel (topk_lse_fused.py) on
+CUDA or under TRITON_INTERPRET=1, else the PyTorch definition (topk_reference.py). Ties go to the lowest index."""
 
 from __future__ import annotations
 
@@ -15,9 +13,8 @@ from .tuning import TopKLaunch
 def topk_lse(
     logits: torch.Tensor, k: int, *, pdl: bool = False, launch: TopKLaunch = TopKLaunch()
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """logits [N, V] any float dtype -> (vals fp32 [N, k] descending, ids int64 [N, k], lse fp32 [N]).
-    `pdl`: launch the Triton kernels with programmatic dependent launch (kernels/pdl.py; sm_90+);
-    `launch`: the split kernel's streaming (both: topk_lse_fused.topk_lse_triton)."""
+    """logits [N, V] any float dtype -> (vals fp32 [N, k] descending, ids int64 [N, k], lse fp32 [N]); `pdl` and
+    `launch` as topk_lse_fused.topk_lse_triton takes them."""
     check_topk_lse_args(logits, k)
     if not uses_triton(logits):
         return topk_lse_reference(logits, k)

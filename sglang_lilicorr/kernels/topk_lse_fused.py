@@ -1,11 +1,7 @@
-"""Fused top-K + full-vocabulary logsumexp over logits rows, in Triton (kernels/README.md, `topk_lse`: the algorithm,
-its ordering keys and its launch).
-
-Stage 1 ("split") streams one chunk of one row once: a running max and sum of exponentials for the logsumexp, and the
-K best sub-tiles (each ranked by its largest logit), whose <= K x G logits it re-loads at the chunk's end for the exact
-top-K. Stage 2 ("merge") combines a row's per-chunk partials; with one chunk per row the split kernel finishes the row
-and stage 2 is not launched. Every element has a unique int64 ordering key ("larger value first, then lower index
-first"; SENTINEL, int64 min, marks an empty slot); bf16 logits rank on int32 narrow keys (`TopKLaunch.narrow_keys`)."""
+"""Fused top-K + full-vocabulary logsumexp over logits rows, in Triton (kernels/README.md, `topk_lse`). Stage 1
+("split") streams each chunk of a row once (running max and sum of exponentials; the K best sub-tiles, re-loaded for
+the exact top-K); stage 2 ("merge") combines a row's chunks, skipped with one chunk per row. Elements rank by unique
+int64 keys (value descending, then index ascending; SENTINEL marks an empty slot); bf16 logits by int32 narrow keys."""
 
 from __future__ import annotations
 
@@ -117,12 +113,10 @@ def _store_keys(best_keys, slots, vals_ptr, ids_ptr, K: tl.constexpr):
 
 @triton.jit
 def _stream_tile(row_ptr, start, hi, tile, x_next, run_max, run_sum, BLOCK: tl.constexpr):
-    """One tile of the stream: loads the next tile, folds this one (x_next) into the running
-    max / sum of exponentials -> (next tile, [R] sub-tile maxima, tile max, run_max, run_sum)."""
+    """Load the next tile, fold x_next into the running max / sum -> (next, sub-tile maxima, max, run_max, run_sum)."""
     LOG2E: tl.constexpr = 1.4426950408889634
     x = x_next.to(tl.float32)
-    # issue the next tile's load before this tile's reductions: two tiles in flight (a third
-    # measured slower: more registers at the same occupancy, PERF_NOTES.md)
+    # the next tile's load before this tile's reductions: two tiles in flight (PERF_NOTES.md)
     nxt = start + BLOCK + tile
     x_next = tl.load(row_ptr + nxt, mask=nxt < hi, other=-float("inf"))
     sub_max = tl.max(x, 1)  # [R]; masked logits are -inf, ranked after every real one
@@ -303,16 +297,12 @@ def _topk_lse_merge_kernel(
 
 
 def min_tiles(n_rows: int, launch: TopKLaunch = TopKLaunch()) -> int:
-    """The shortest run of tiles per split for N rows (TOPK_MIN_TILES_PER_SPLIT, or launch.few_rows_tiles up to
-    TOPK_FEW_ROWS)."""
+    """The shortest run of tiles per split for N rows (launch.few_rows_tiles up to TOPK_FEW_ROWS, else the default)."""
     return launch.few_rows_tiles if n_rows <= TOPK_FEW_ROWS else TOPK_MIN_TILES_PER_SPLIT
 
 
 def split_plan(n_rows: int, vocab: int, device: torch.device, launch: TopKLaunch = TopKLaunch()) -> tuple[int, int]:
-    """(splits per row, logits per split), from N: about one wave of split programs on the GPU
-    (launch.programs_per_sm per SM), each a run of >= min_tiles(N) whole tiles. Paper vocab
-    on 132 SMs, 1024-logit tiles, 16 programs per SM: N = 15 -> 38 splits of 4 tiles; 60 -> 19 of 8;
-    240 -> 8 of 19; 480 -> 4 of 38; N > 1056 -> 1 (no merge)."""
+    """(splits per row, logits per split) for N rows: about one wave of programs, runs of >= min_tiles(N) tiles."""
     tiles = triton.cdiv(vocab, launch.block)
     want = max(1, launch.programs_per_sm * sm_count(device) // n_rows)  # CPU interpreter: 1 SM, a few splits
     tiles_per_split = max(triton.cdiv(tiles, min(want, tiles)), min(min_tiles(n_rows, launch), tiles))
@@ -345,18 +335,12 @@ def topk_lse_triton(
     *,
     pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """logits [N, V] -> (vals fp32 [N, k] descending, ids int64 [N, k], lse fp32 [N]).
-
-    Ties go to the lowest index. `splits` overrides the number of chunks per row and `launch` the
-    streaming geometry (benchmarks, tests); `pdl` builds both stages for programmatic dependent
-    launch (kernels/pdl.py; sm_90+): the split kernel launched early, the merge in full stream order
-    (it still lets the next kernel launch early). No host syncs: safe to capture in a CUDA graph.
-    """
+    """logits [N, V] -> (vals fp32 [N, k] descending, ids int64 [N, k], lse fp32 [N]); ties to the lowest index.
+    `splits` overrides the chunks per row, `launch` the streaming geometry; `pdl`: programmatic dependent launch
+    (kernels/pdl.py), the split kernel launched early. No host syncs: safe to capture in a CUDA graph."""
     (vals, ids, lse), parts = _split_stage("topk_lse_triton", logits, k, splits, launch, pdl)
     if parts is not None and logits.shape[0]:
-        # Under PDL the merge still releases the next kernel early, but is itself launched in full stream order:
-        # launched early, its programs sit through the whole split stream and the select took 1.5-5.6 us longer (H100,
-        # PERF_NOTES.md).
+        # the merge is launched in full stream order (launched early it was slower: PERF_NOTES.md, row 18)
         kp = parts.keys.shape[1]
         _topk_lse_merge_kernel[(logits.shape[0],)](
             parts.keys,
@@ -377,8 +361,7 @@ def topk_lse_triton(
 
 
 def _split_stage(name, logits, k, splits, launch, pdl):
-    """Launch stage 1 -> ((vals, ids, lse), partials): with one chunk per row the split kernel writes the outputs
-    itself and the partials are None; otherwise the outputs are left for the merge to write."""
+    """Launch stage 1 -> ((vals, ids, lse), partials); with one chunk per row it writes the outputs (partials None)."""
     check_topk_lse_args(logits, k)
     check_pdl(pdl, logits, name)
     block = launch.block
@@ -408,8 +391,7 @@ def _split_stage(name, logits, k, splits, launch, pdl):
     kp = triton.next_power_of_2(k)
     final = splits == 1  # one chunk per row: the split kernel writes the outputs itself
     rows = 0 if final else n * splits
-    # Two merge widths per vocabulary (N <= TOPK_FEW_ROWS and above), not one per N: a constexpr that followed
-    # the batch size would compile a new kernel for every batch size the server meets (a stall on the serving path).
+    # two merge widths per vocabulary (N <= TOPK_FEW_ROWS and above), not one per N: no compile per batch size
     width = triton.next_power_of_2(max(splits, triton.cdiv(triton.cdiv(vocab, block), min_tiles(n, launch))))
     narrow = (
         launch.narrow_keys and logits.dtype == torch.bfloat16 and width * kp <= NARROW_SPAN

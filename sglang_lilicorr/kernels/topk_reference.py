@@ -1,7 +1,5 @@
-"""Top-K candidates and the full-vocabulary logsumexp of logits rows, as PyTorch defines them (paper App. A: the
-candidate pool of each drafted slot and its log-softmax scores), and the argument checks every implementation
-shares. Ties go to the lowest index.
-"""
+"""Top-K candidates and the full-vocabulary logsumexp of logits rows as PyTorch defines them (paper App. A), and
+the argument checks every implementation shares. Ties go to the lowest index."""
 
 from __future__ import annotations
 
@@ -36,9 +34,8 @@ def topk_lse_reference(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torc
 def merge_topk_lse_reference(
     shards: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], k: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The per-shard results of a vocabulary split into shards, each (vals [N, k_s], ids [N, k_s] global ids,
-    lse [N]) with k_s = min(k, the shard's size) -> (vals fp32 [N, k], ids int64 [N, k], lse fp32 [N]) of the whole
-    rows: the k largest values, lower global id first on ties, and the logsumexp of the shards' lse."""
+    """Per-shard (vals [N, k_s], global ids [N, k_s], lse [N]), k_s = min(k, shard size) -> the whole rows' (vals fp32
+    [N, k], ids int64 [N, k], lse fp32 [N]): ties to the lower global id."""
     vals = torch.cat([v.float() for v, _, _ in shards], dim=1)
     ids = torch.cat([i for _, i, _ in shards], dim=1)
     by_id = torch.argsort(ids, dim=1, stable=True)

@@ -1,10 +1,7 @@
-"""Top-K + logsumexp of logits rows whose vocabulary is split into contiguous shards, one per tensor-parallel rank
-(SGLang's vocabulary-parallel LM head), merged exactly into what `topk_lse` gives on the whole row (kernels/README.md).
-
-`shard_partials`: a rank's shard [N, n] -> partials [N, k + 1] int64: its k best elements as ordering keys (global ids;
-SENTINEL past n) and its logsumexp's fp32 bits. After one all-gather, `merge_partials` turns [ranks, N, k + 1] into
-(vals, ids, lse) on every rank alike: vals and ids bit for bit the unsharded `topk_lse`'s, lse within fp32 rounding.
-torch ops only, static shapes, no host syncs: capturable in a CUDA graph with the all-gather between the two calls."""
+"""Top-K + logsumexp of logits rows split into contiguous vocabulary shards (one per TP rank), merged exactly into
+`topk_lse`'s whole-row result (kernels/README.md): `shard_partials` [N, n] -> [N, k + 1] int64 (k best ordering keys
+with global ids, then the lse's fp32 bits); after one all-gather `merge_partials` [ranks, N, k + 1] -> (vals, ids, lse)
+on every rank (vals and ids bit for bit, lse within fp32 rounding). torch ops, static shapes, graph-capturable."""
 
 from __future__ import annotations
 
@@ -35,9 +32,8 @@ def key_ids(keys: torch.Tensor) -> torch.Tensor:
 
 
 def shard_partials(logits: torch.Tensor, k: int, vocab_start: int, *, out: torch.Tensor | None = None) -> torch.Tensor:
-    """logits [N, n] of one shard (global ids vocab_start .. vocab_start + n - 1; n may be below k, or 0)
-    -> partials int64 [N, k + 1] (written into `out` if given): the shard's k best keys, descending (SENTINEL past
-    its n entries), then its logsumexp's fp32 bits."""
+    """logits [N, n] of one shard (global ids from vocab_start; n may be below k, or 0) -> partials int64 [N, k + 1]
+    (into `out` if given): its k best keys descending (SENTINEL past n), then its lse's fp32 bits."""
     if logits.dim() != 2 or not logits.is_floating_point():
         raise ValueError(
             f"shard_partials: logits must be a float [N, n] shard, got {tuple(logits.shape)} {logits.dtype}"

@@ -1,16 +1,7 @@
-"""Every measured launch choice of the select path, in one module.
-
-  launch records   the parameters of a kernel's launch (GemmLaunch, TopKLaunch, CosineLaunch,
-                   ConfidenceLaunch), with the measured defaults the kernels take when a caller passes none;
-  kernel tables    a kernel's launch by the shape of its operands (GEMM rows, output width, batch size);
-  head tables      which route the select runs per head width and batch size, resolved into one plan per
-                   batch-size bucket by sglang_lilicorr/fast_path/plan.py (`plan_for`).
-
-Each measured value names the card and the commit that measured it (a `Measured` entry, or a comment);
-benchmarks/PERF_NOTES.md has the numbers. A head table maps the head width to one `Measured` entry; fast_path/plan.py
-says what a width without an entry takes. This module imports nothing of ours, so every kernel module and the select's
-plan can read it.
-"""
+"""Every measured launch choice of the select path, in one module: launch records (GemmLaunch, TopKLaunch,
+CosineLaunch, ConfidenceLaunch, with the measured defaults), kernel tables (launch by operand shape) and head tables
+(route per head width and batch size, resolved by fast_path/plan.py). Each measured value names its card and commit
+(`Measured`, or a comment); benchmarks/PERF_NOTES.md has the numbers. Imports nothing of ours."""
 
 from __future__ import annotations
 
@@ -18,8 +9,7 @@ from typing import NamedTuple
 
 
 class Measured(NamedTuple):
-    """`value` for batches of at most `max_batch` requests (None: every batch size; 0: none), measured on `card`
-    at `commit`."""
+    """`value` for batches of at most `max_batch` requests (None: all; 0: none), measured on `card` at `commit`."""
 
     max_batch: int | None
     value: object
@@ -118,8 +108,7 @@ class CosineLaunch(NamedTuple):
     f32_dot: bool = False  # 16-bit operands converted to fp32 (TF32 dots) before tl.dot: not pipelined
 
     def step(self, d: int) -> int:
-        """Columns per step of a factor with D columns: block_d, or D rounded up to a power of two (>= 16) if
-        smaller."""
+        """Columns per step of a factor with D columns: block_d, or D rounded up to a power of two (>= 16) if less."""
         return max(16, min(1 << max(d - 1, 0).bit_length(), self.block_d))
 
 

@@ -1,11 +1,6 @@
-"""Decoders over the score lattice (paper Eq. 8, App. F) as Triton kernels, one program per
-request. They match the PyTorch references `sglang_lilicorr.walk.greedy_walk` / `viterbi`
-exactly (ties go to the lowest index, -inf scores allowed).
-
-  start [b, K]           z_1[k]
-  pair  [b, S-1, K, K]   pair[:, s-1, i, j]: score of candidate i at slot s followed by j at slot s+1
-  ->    idx [b, S] int64 candidate index per slot (given candidate ids [b, S, K]: their ids, gathered in the kernel)
-"""
+"""Decoders over the score lattice (paper Eq. 8, App. F) as Triton kernels, one program per request, exactly the
+PyTorch references (sglang_lilicorr.walk; ties to the lowest index, -inf allowed): start [b, K], pair [b, S-1, K, K]
+-> idx [b, S] int64 (or, given candidate ids [b, S, K], their ids)."""
 
 from __future__ import annotations
 
@@ -39,8 +34,7 @@ def _store_path(idx_ptr, req, S, steps, path, ids_ptr, id_b, id_s, id_k, GATHER:
 @triton.jit
 def _greedy_path(start, pair_ptr, S, K, pr_s, pr_i, pr_j, lanes, valid, steps, KP: tl.constexpr, SP: tl.constexpr):
     """The greedy walk's path [SP]: from the anchor's best candidate, each slot the best continuation of the last."""
-    # the request's whole pair lattice in one load (independent of the path, so no dependent
-    # global loads inside the walk): rows r = (s-1) * KP + i, columns j
+    # the request's whole pair lattice in one load (no dependent loads in the walk): rows (s-1) * KP + i, columns j
     rows = tl.arange(0, SP * KP)
     r_step, r_cand = rows // KP, rows % KP
     live = (r_step < S - 1)[:, None] & (r_cand < K)[:, None] & valid[None, :]
@@ -195,9 +189,7 @@ def _decode(
 def greedy_walk_triton(
     start: torch.Tensor, pair: torch.Tensor, ids: torch.Tensor | None = None, *, pdl: bool = False
 ) -> torch.Tensor:
-    """Greedy walk: each slot takes the argmax continuation of the candidate just committed.
-    -> candidate index per slot [b, S] int64, or with ids [b, S, K] the walked candidates' ids.
-    `pdl`: programmatic dependent launch (kernels/pdl.py)."""
+    """Greedy walk (each slot the best continuation of the one before) -> idx [b, S] int64, or their ids."""
     return _decode(False, "greedy_walk_triton", start, pair, ids, pdl)
 
 

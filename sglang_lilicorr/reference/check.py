@@ -1,11 +1,7 @@
-"""Teacher-forced greedy losslessness check: is every emitted token the target's own greedy choice?
-
-One pass of the target over prompt + output in float32 (or float64; TF32 off on CUDA). At each
-emitted position, deficit d = max logit - logit of the emitted token. A token passes when d == 0,
-or when d <= tol: the two logits are a near-tie the serving precision cannot order. The default
-tol is one bf16 ulp of the top logit. Byte equality with a plain decode is not a sound test: a
-16-token verify pass and 1-token decode round differently, so near-ties may flip either way.
-"""
+"""Teacher-forced greedy losslessness check: is every emitted token the target's own greedy choice? One float32 (or
+float64) target pass over prompt + output; at each emitted position the deficit d = max logit - the token's logit
+passes when d <= tol (default one bf16 ulp of the top logit: a near-tie serving precision cannot order). Byte equality
+with a plain decode is no sound test: a verify pass and a 1-token decode round differently."""
 
 from __future__ import annotations
 
@@ -69,8 +65,7 @@ def check_greedy(
     dtype=torch.float32,
     tol_ulps: float = 1.0,
 ) -> GreedyReport:
-    """Check output_ids against a teacher-forced `dtype` pass of the HF causal LM `model`.
-    tol: allowed logit deficit of a non-argmax token (None = tol_ulps bf16 ulps of the top logit)."""
+    """Check output_ids by a teacher-forced `dtype` pass of `model`; tol: the deficit allowed (None: tol_ulps ulps)."""
     if not prompt_ids:
         raise ValueError("check_greedy: the prompt is empty; the first output token needs a context.")
     if dtype not in (torch.float32, torch.float64):

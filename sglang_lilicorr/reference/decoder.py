@@ -1,21 +1,9 @@
-"""The PyTorch reference speculative decoder: target + DFlash drafter (+ LiLiCorr head).
-
-Loop (one request, batch 1, the target's HF KV cache rolled back after each block):
-  prefill   target over the prompt -> features of positions 0..n-1, its first token (the anchor)
-  per block (anchor at position a; target features and KV cache of positions 0..a-1)
-    draft   proposer(features, anchor) -> {"argmax": [S], "lilicorr": [S]}; `commit` names the
-            one verified
-    verify  target over [anchor, draft] after the cache -> logits at positions a..a+S; greedy or
-            exact rejection sampling (verify.py) keeps m drafts + 1 token of the target's own
-    reuse   the cache is cut back to positions 0..a+m, whose features join the context
-At T = 0 the other drafts are scored on the same contexts too (`score_other_drafts`), so each
-block records how many tokens of every draft the target accepts; only `commit`'s are kept.
-
-Counting (as SGLang): `tau` = completion tokens / verify blocks (`spec_accept_length`); the
-first completion token comes from the prefill, so a block that accepts m drafts adds m + 1
-tokens and tau = (1 + sum_blocks (m + 1)) / blocks. `block_tau(name)` = mean over blocks of
-(m_name + 1), the per-block acceptance of one draft on the shared contexts (no prefill token).
-"""
+"""The PyTorch reference speculative decoder: target + DFlash drafter (+ LiLiCorr head), one request, the target's HF
+KV cache rolled back after each block. Prefill gives the first token (the anchor); each block drafts
+{"argmax", "lilicorr"} (`commit` names the one verified), verifies (verify.py: m drafts + 1 target token) and cuts the
+cache to the accepted tokens. At T = 0 the other drafts are scored on the same contexts (`score_other_drafts`).
+`tau` = completion tokens / verify blocks (SGLang's `spec_accept_length`; the first token is the prefill's);
+`block_tau(name)` = mean over blocks of (m_name + 1)."""
 
 from __future__ import annotations
 
@@ -133,11 +121,8 @@ class SpeculativeDecoder:
         return record, feats[:, : m + 1]
 
     def score_other_drafts(self, tokens: list[int], blocks: list[BlockRecord]) -> None:
-        """Greedy acceptance of the drafts not committed, on each block's own context.
-
-        A greedy decode emits the target's greedy continuation, so a draft is accepted exactly as
-        far as it agrees with the tokens emitted after its anchor. Only a draft that agrees with
-        every token emitted up to the end of the output needs a target pass of its own."""
+        """Greedy acceptance of the drafts not committed, on each block's own context: as far as each agrees with the
+        tokens emitted after its anchor (one agreeing past the output's end needs a target pass of its own)."""
         for b in blocks:
             truth = tokens[b.anchor_pos + 1 : b.anchor_pos + b.num_slots + 1]
             for name, draft in b.drafts.items():
@@ -162,8 +147,7 @@ def speculative_decoder(
     walk: str = "greedy",
     commit: str | None = None,
 ) -> SpeculativeDecoder:
-    """A decoder over an HF causal LM target; commits the LiLiCorr block (drafted by `walk`) when a
-    head is given, else the drafter's argmax block."""
+    """A decoder over an HF target committing the LiLiCorr block (by `walk`) with a head, else the argmax block."""
     target = FrozenTarget(model, drafter.config.target_layer_ids)
     proposer = BlockProposer(target, drafter, head, (walk,))
     commit = commit or proposer.draft_names[-1]

@@ -1,20 +1,9 @@
-"""Drafting blocks: the DFlash drafter's argmax block and the LiLiCorr block (paper Sec. 3).
-
-For anchors a_1..a_N of one sequence, each the position of a committed token whose target pass
-has not run yet, and target features of positions 0..T-1 (T >= every a_n):
-  context      = drafter.project_target_hidden(features)                     [1, T, Hm]
-  hidden       = drafter(block n = [x_{a_n}, mask x S] at a_n..a_n+S | context keys < a_n)
-                                                                              [1, N*B, Hm]
-  logits       = target LM head(hidden of slots 1..S)                         [N, S, V]
-  argmax block = logits.argmax(-1)                                            [N, S]
-  LiLiCorr     = the proposal pipeline (fast_path/pipeline.py) on the torch route: top-K/logsumexp
-                 -> head(start, pair) -> greedy walk and/or Viterbi -> the chosen candidates [N, S]
-  Domino, DSpark = the head's greedy slot-by-slot correction of the logits (baselines/), named by its kind
-Every block sees exactly what it would see when drafted alone at serving time, so one pass over
-many anchors (the replay, `replay.py`) and one anchor per call (the decoder) draft the same
-blocks. The head's anchor input is the projected context of the token before the anchor
-(position a - 1), as in training (`train/joint.py`).
-"""
+"""Drafting blocks (paper Sec. 3): for anchors a_1..a_N of one sequence and target features of positions 0..T-1, the
+drafter runs block n = [x_{a_n}, mask x S] over the projected context before a_n; the target LM head gives logits
+[N, S, V]; the argmax block, the LiLiCorr block (the proposal pipeline's torch route, fast_path/pipeline.py: greedy
+walk and/or Viterbi) or a baseline head's correction (baselines/). Each block sees what it would see drafted alone, so
+one pass over many anchors (replay.py) and one anchor per call (the decoder) agree; the head's anchor input is the
+projected context at a - 1, as in training."""
 
 from __future__ import annotations
 
@@ -73,8 +62,7 @@ class BlockProposer:
 
     @torch.no_grad()
     def __call__(self, features: torch.Tensor, anchor_token: int) -> dict[str, torch.Tensor]:
-        """One block after the context: features [1, a, F] of positions 0..a-1, the anchor at a
-        -> {name: [S] token ids}."""
+        """One block: features [1, a, F] of positions 0..a-1, the anchor at a -> {name: [S] token ids}."""
         a, dev = features.shape[1], features.device
         if a < 1:
             raise ValueError("BlockProposer: the context is empty; prefill at least one prompt token first.")
@@ -85,8 +73,7 @@ class BlockProposer:
     def blocks(
         self, features: torch.Tensor, anchors: torch.Tensor, anchor_tokens: torch.Tensor
     ) -> dict[str, torch.Tensor]:
-        """Blocks at many anchors of one sequence: features [1, T, F], anchors [N] (1 <= a <= T),
-        anchor_tokens [N] -> {name: [N, S] token ids}."""
+        """Blocks at anchors [N] (1 <= a <= T) of features [1, T, F], anchor_tokens [N] -> {name: [N, S] ids}."""
         context = self.drafter.project_target_hidden(features)  # [1, T, Hm]
         parts = [
             self._blocks(context, a, x)

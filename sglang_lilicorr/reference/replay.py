@@ -1,22 +1,9 @@
-"""Exact acceptance replay: the tau a draft earns on outputs the target has already produced.
-
-A speculative decode emits exactly the target's own tokens. With a deterministic proposal d
-(the drafter's argmax block, or the LiLiCorr walk's), verification
-  T = 0   accepts d_k while d_k equals the target's greedy token;
-  T > 0   accepts d_k with probability p(d_k) and otherwise samples from p with d_k removed,
-          which is the same as sampling x ~ p and accepting iff x = d_k.
-So for an output o (greedy at T = 0, one sample of the target at T > 0) the blocks a decoder
-runs are fixed: a block anchored at output index i (o_i is the last committed token) accepts
-the longest prefix of its draft that equals o_{i+1..}, emits that prefix plus one target token,
-and the next block anchors at the last emitted token. The draft at anchor i depends only on the
-context, so it can be computed teacher-forced, for every anchor of an output in one batched
-pass (`BlockProposer.blocks`), and the walk of blocks is replayed from the per-anchor matches.
-The output's first token comes from the prefill; tau = completion tokens / verify blocks, as
-SGLang's `spec_accept_length` (and `decoder.DecodeResult.tau`).
-
-A turn is its prompt ids and its output ids (the end-of-turn token included when generated);
-multi-turn conversations are replayed turn by turn, each turn's prompt holding the earlier ones.
-"""
+"""Exact acceptance replay: the tau a draft earns on outputs the target already produced. With a deterministic draft
+d, verification accepts d_k iff it equals the emitted token (T = 0: the greedy token; T > 0: rejection sampling of
+q = 1 is sampling x ~ p and accepting iff x = d_k). So on an output the blocks are fixed: a block anchored at i accepts
+the longest prefix of its draft equal to o_{i+1..}; drafts for every anchor come teacher-forced in one batched pass
+(`BlockProposer.blocks`) and the walk of blocks is replayed. tau = completion tokens / verify blocks (as the decoder).
+Multi-turn conversations replay turn by turn (prompt ids, output ids)."""
 
 from __future__ import annotations
 

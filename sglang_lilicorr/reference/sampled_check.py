@@ -1,17 +1,8 @@
 """Teacher-forced exactness check of sampled outputs: is every emitted token distributed as the target's softmax?
-
-For an emitted token x at some position, given the output before it, the randomized probability integral transform
-u = F(x - 1) + V p(x) (p the target's probabilities at temperature T, F their cumulative sum in token-id order,
-V ~ U(0, 1) from a seeded generator) is uniform on (0, 1) exactly when x was drawn from p. Over many sampled outputs
-of the same prompts (different seeds), the u of each position are tested against the uniform distribution by a
-chi-square test over BINS equal bins: one p-value per position, whatever path led there. The target runs in float32
-(TF32 off); a server's bf16 rounding moves p slightly, and the check of a server without speculation shows how much
-that alone moves the p-values.
-
-Records (benchmarks/served/sampling_exactness.py writes them and runs this check, `check`): one JSON object per line
-with system, input_ids (the prompt), output_ids, seed and temperature. Position 1 is the token sampled after the
-prompt's prefill; the later ones come through speculative verification.
-"""
+For token x, u = F(x - 1) + V p(x) (p the float32 target's probabilities at temperature T, F their cumulative sum in id
+order, V ~ U(0, 1) seeded) is uniform exactly when x ~ p; over many seeds per prompt the u of each position get a
+chi-square test over BINS bins: one p-value per position. Records (benchmarks/served/sampling_exactness.py): JSON
+lines of system, input_ids, output_ids, seed, temperature; position 1 is the prefill's token."""
 
 from __future__ import annotations
 

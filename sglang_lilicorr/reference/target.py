@@ -1,9 +1,5 @@
-"""The target read incrementally: an HF KV cache that grows by one verify block and rolls back.
-
-`extend(ids)` runs the target over ids [1, n] after everything cached so far and returns the
-drafter's context features (outputs of `target_layer_ids`, concatenated) and the final hidden
-states of those n positions; `rollback(length)` drops the cached rejected drafts.
-"""
+"""The target read incrementally: an HF KV cache that grows by one verify block and rolls back. `extend(ids)` -> the
+drafter's context features and final hidden states of those positions; `rollback(length)` drops rejected drafts."""
 
 from __future__ import annotations
 

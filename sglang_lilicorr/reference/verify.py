@@ -1,17 +1,7 @@
-"""Verification of one drafted block by the target (the acceptance rule of speculative decoding).
-
-Inputs: target_logits [S+1, V], the target's logits at the anchor and at each drafted token
-(row s scores the token at slot s+1), and draft [S], the drafted tokens d_1..d_S.
-Both rules return (m, emitted): m drafted tokens accepted (0..S) and the tokens the block
-commits, d_1..d_m plus one token of the target's own (the correction, or the bonus token
-after a full accept), so len(emitted) == m + 1.
-
-The drafted block is a deterministic proposal (q = 1 on each d_s), so exact rejection
-sampling (Leviathan et al. 2023; Chen et al. 2023) reduces to: accept d_s with probability
-p_s(d_s); on reject draw from the residual normalize(max(p_s - q_s, 0)), which is p_s with d_s
-removed and renormalised. Either way slot s emits x with probability exactly p_s(x).
-Sampling runs on the CPU in float64 (a [S+1, V] copy), so a CPU torch.Generator serves any device.
-"""
+"""Verification of one drafted block: target_logits [S+1, V] (row s scores slot s+1), draft [S] -> (m accepted,
+emitted = d_1..d_m + one target token). The block is a deterministic proposal (q = 1), so exact rejection sampling
+(Leviathan et al. 2023) accepts d_s with probability p_s(d_s), else draws from p_s with d_s removed: each slot emits x
+with probability p_s(x). Sampling runs on the CPU in float64 (a CPU torch.Generator serves any device)."""
 
 from __future__ import annotations
 

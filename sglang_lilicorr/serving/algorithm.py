@@ -1,11 +1,6 @@
-"""LiLiCorrSpecAlgo: how SGLang's scheduler, model runners and memory sizing see LILICORR.
-
-LILICORR is DFlash with a different draft-block proposal: the same block drafter, the same
-target-hidden capture, draft KV cache, TARGET_VERIFY forward and acceptance. So it answers every
-`is_*()` / `supports_*()` question exactly as SGLang's DFLASH enum member does, and adds the
-methods the enum has but `CustomSpecAlgo` lacks (`need_topk`, `carries_draft_hidden_states`,
-`create_future_map`, `get_platform_worker_cls`), which the scheduler calls for any algorithm.
-"""
+"""LiLiCorrSpecAlgo: how SGLang's scheduler, model runners and memory sizing see LILICORR: DFlash with another
+block proposal, so every `is_*()` / `supports_*()` answer is DFLASH's, plus the methods CustomSpecAlgo lacks
+(`need_topk`, `carries_draft_hidden_states`, `create_future_map`, `get_platform_worker_cls`)."""
 
 from __future__ import annotations
 
@@ -20,14 +15,12 @@ if TYPE_CHECKING:
 
 
 class LiLiCorrSpecAlgo(CustomSpecAlgo):
-    # --- identity: a member of the DFlash family --------------------------------------
     def is_dflash(self) -> bool:
         return True
 
     def is_dflash_family(self) -> bool:
         return True
 
-    # --- capabilities, as SGLang answers them for DFLASH --------------------------------
     def supports_target_verify_for_draft(self) -> bool:
         return True  # the draft block runs as a TARGET_VERIFY-shaped forward (graphs too)
 
@@ -38,8 +31,7 @@ class LiLiCorrSpecAlgo(CustomSpecAlgo):
         return True  # the v2 worker's verify advances the grammar FSM, as for DFLASH
 
     def supports_mixed_chunk(self) -> bool:
-        # DFLASH takes mixed chunks; the head's anchor is published per prefill row and
-        # that path is untested with mixed batches, so LILICORR declines them.
+        # the anchor is published per prefill row, untested with mixed batches
         return False
 
     def need_topk(self) -> bool:
@@ -62,6 +54,5 @@ class LiLiCorrSpecAlgo(CustomSpecAlgo):
     def get_platform_worker_cls(self) -> Optional[type]:
         return None  # no out-of-tree platform replaces the LILICORR worker
 
-    # --- ServerArgs resolution ------------------------------------------------------------
     def handle_server_args(self, server_args) -> None:
         resolve_server_args(server_args)

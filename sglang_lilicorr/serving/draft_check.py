@@ -1,10 +1,6 @@
-"""What a LiLiCorr draft must be for a LILICORR server to serve it on a given target, checked from
-config.json and the safetensors header (no weights are read), every problem collected.
-
-One code path for both users: the server's pre-start validation (`server_args.validate_server_args`,
-through `inspect_draft`) raises the first problem; `lilicorr check-draft` prints them all. Imports
-no sglang, so the command runs offline without it.
-"""
+"""What a LiLiCorr draft must be for a LILICORR server to serve it on a given target, checked from config.json and
+the safetensors header (no weights read), every problem collected. The server's validation raises the first
+(`inspect_draft`); `lilicorr check-draft` prints them all. Imports no sglang."""
 
 from __future__ import annotations
 
@@ -28,8 +24,7 @@ class ServingConfigError(LiLiCorrError, ValueError):
 
 
 def env_choice(name: str, choices, default: str, what: str) -> str:
-    """The plugin's environment option `name` (SGLang has no plugin command-line options): its value, `default` when
-    unset; ServingConfigError naming the value and the choices when it is not one of them."""
+    """Environment option `name` (`default` when unset); ServingConfigError when not one of `choices`."""
     value = os.environ.get(name, default)
     if value not in choices:
         raise ServingConfigError(f"{name}={value!r} is not {what}: set it to one of {', '.join(choices)}.")
@@ -51,8 +46,7 @@ class DraftSpec:
 
 @dataclass(frozen=True)
 class TargetShape:
-    """What the draft must match in the target's (text) config: width, vocabulary, decoder layers, and
-    the context it is served at (None: no requirement)."""
+    """What the draft must match in the target's text config (context_length None: no requirement)."""
 
     hidden_size: int
     vocab_size: int
@@ -61,8 +55,7 @@ class TargetShape:
 
     @classmethod
     def of(cls, config: Any) -> "TargetShape":
-        """From a Hugging Face config object or a config.json dict (its `text_config` if it has one); the
-        context is the target's max_position_embeddings, the server's default context length."""
+        """From an HF config or config.json dict (its `text_config` if any); context: max_position_embeddings."""
 
         def get(name):
             return config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
@@ -106,9 +99,8 @@ def inspect_draft(
 def examine_draft(
     path: str | Path, target: TargetShape | None = None, option: str = "--speculative-draft-model-path"
 ) -> DraftReport:
-    """Every problem of the draft folder `path` (named `option` in messages) for LILICORR, and against
-    `target` when given: the folder and config.json, a LiLiCorr head with a servable geometry, the
-    dtype, the head tensors' names and shapes, and the target's width, vocabulary and layers."""
+    """Every problem of the draft folder `path` (named `option` in messages) for LILICORR: its files, head geometry,
+    dtype and head tensors, and against `target` when given its width, vocabulary and layers."""
     report = DraftReport()
     folder = Path(path)
     if not folder.is_dir():
@@ -160,8 +152,7 @@ def examine_draft(
 
 
 def _check_head_tensors(report: DraftReport, weights: Path, head: LiLiCorrConfig, hidden: int) -> None:
-    """Names and shapes of the `lilicorr.` tensors against the declared geometry, from the safetensors
-    header alone."""
+    """Names and shapes of the `lilicorr.` tensors against the geometry, from the safetensors header."""
     from safetensors import safe_open
 
     if not weights.is_file():
@@ -201,8 +192,7 @@ def _check_head_tensors(report: DraftReport, weights: Path, head: LiLiCorrConfig
 
 
 def _check_target(report: DraftReport, config: Mapping[str, Any], hidden: int | None, target: TargetShape) -> None:
-    """The draft's width (hidden: its valid hidden_size or None), vocabulary, captured layers, mask
-    token and positions against the target's."""
+    """The draft's width (hidden or None), vocabulary, layers, mask token and positions against the target's."""
     if hidden is not None and hidden != target.hidden_size:
         report.problem(
             f"draft hidden_size={hidden} but the target has hidden_size={target.hidden_size}: the "

@@ -1,18 +1,8 @@
-"""Room in each request's req_to_token row for the verify-block reservation.
-
-SGLang's DFlash decode, which LILICORR runs, reserves KV slots two verify blocks ahead of each request's committed
-length (`DFlashDraftInputV2.prepare_for_decode`: reserve = 2 x block size, rounded up to a page) and writes their
-slot ids into the request's row of the req_to_token table with no bound at the row's end. SGLang 0.5.23 gives a row
-4 + block size columns beyond the context length at page size 1 (`allocation_sizing.
-get_req_to_token_extra_context_len`), so a request within block - 4 tokens (12) of the context end writes past its
-row into the first columns of the next request's row: that request's first KV slots then point at other tokens,
-and its outputs stop being the target's greedy choice (benchmarks/results/long-inputs: 7,936-token inputs at an
-8,192-token context, under SGLang's DFLASH and LILICORR alike).
-
-`widen_rows()` makes SGLang's pool builder give every row room for the whole reservation. The plugin calls it when
-SGLang asks for the LILICORR worker class, in the scheduler process, before the pools are built; `check_rows` then
-verifies the table that was built.
-"""
+"""Room in each request's req_to_token row for the verify-block reservation. SGLang's DFlash decode reserves KV slots
+two verify blocks ahead of each request and writes their ids into its req_to_token row unbounded; SGLang 0.5.23 gives a
+row only 4 extra columns past the context length, so a request near the context end overwrote the next row's first
+slots (benchmarks/results/long-inputs). `widen_rows()` (called before the scheduler builds the pools) gives every row
+room for the whole reservation; `check_rows` verifies the table built."""
 
 from __future__ import annotations
 
@@ -22,14 +12,12 @@ from .draft_check import ServingConfigError
 
 
 def needed_headroom(block_size: int, page_size: int) -> int:
-    """Columns a row needs beyond the context length: a committed length up to the context length, plus the
-    reservation of two verify blocks rounded up to a page, plus SGLang's own 4."""
+    """Columns a row needs past the context length: two verify blocks rounded up to a page, plus 4."""
     return 4 + 2 * block_size + page_size - 1
 
 
 def widen_rows() -> None:
-    """Wrap the headroom function that SGLang's kv_cache_configurator builds req_to_token rows with, so it returns
-    at least `needed_headroom` for the verify block and page size of this server. Idempotent."""
+    """Wrap SGLang's req_to_token headroom function to return at least `needed_headroom`. Idempotent."""
     from sglang.srt.mem_cache import kv_cache_configurator
     from sglang.srt.mem_cache.allocation_sizing import get_alloc_page_size
     from sglang.srt.runtime_context import get_spec

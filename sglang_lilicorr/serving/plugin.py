@@ -1,14 +1,7 @@
-"""Entry point of SGLang's plugin system (setup.py: group `sglang.srt.plugins`,
-`lilicorr = sglang_lilicorr.serving.plugin:register`).
-
-SGLang calls `register()` in every process it starts (launcher, tokenizer manager, scheduler,
-detokenizer), and tests may call it again: registration is idempotent. It registers the name, and
-the resolution hook that gives a LILICORR server its default target attention backend before SGLang
-picks one (server_args.default_target_attention_backend); the worker, draft model and kernels load
-in the scheduler process when SGLang asks the factory for the worker class. Where
-LILICORR_VERIFY_ATTENTION is set it also registers, through SGLang's hook registry, the hook that
-gives SGLang's DFLASH servers the same verify attention (verify_attention.py).
-"""
+"""Entry point of SGLang's plugin system (setup.py: `sglang.srt.plugins`, `lilicorr = ...plugin:register`). SGLang
+calls `register()` in every process it starts (idempotent): the algorithm name, the resolution hook for the default
+target attention backend, and, where LILICORR_VERIFY_ATTENTION is set, the hook giving DFLASH servers the same verify
+attention. The worker, draft model and kernels load in the scheduler when SGLang asks the factory for the worker."""
 
 from __future__ import annotations
 
@@ -43,14 +36,12 @@ def register() -> None:
         register_dflash_verify_attention()
 
 
-# SGLang's resolution step (arg_groups/pipeline.py) before which no attention backend has been filled in: the first
-# to fill an unset one (for deterministic inference), right before handle_attention_backend_compatibility's default.
+# SGLang's resolution step (arg_groups/pipeline.py) that first fills an unset attention backend
 TARGET_ATTENTION_STEP = "handle_deterministic_inference"
 
 
 def default_target_attention(server_args, previous) -> None:
-    """SGLang resolution hook (TARGET_ATTENTION_STEP): LILICORR's default target attention backend, declared through
-    SGLang's recording stand-in like the other hooks' writes, then SGLang's own step. Other algorithms: unchanged."""
+    """SGLang resolution hook: LILICORR's default target attention backend, then SGLang's own step."""
     from sglang.srt.arg_groups.overrides import record_foreign_defaults
 
     from .server_args import default_target_attention_backend
@@ -60,8 +51,7 @@ def default_target_attention(server_args, previous) -> None:
 
 
 def register_target_attention_default() -> None:
-    """Registers default_target_attention on SGLang's resolution pipeline (plugins load before the launcher resolves
-    its ServerArgs). Idempotent."""
+    """Registers default_target_attention on SGLang's resolution pipeline. Idempotent."""
     from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
 
     if TARGET_ATTENTION_STEP not in _registered:
@@ -70,8 +60,7 @@ def register_target_attention_default() -> None:
 
 
 def register_dflash_verify_attention() -> None:
-    """SGLang's DFLASH worker picks its verify attention by LILICORR_VERIFY_ATTENTION (applied by SGLang's
-    load_plugins after every plugin has run). Idempotent."""
+    """SGLang's DFLASH worker picks its verify attention by LILICORR_VERIFY_ATTENTION. Idempotent."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     if verify_attention.DFLASH_INIT not in _registered:

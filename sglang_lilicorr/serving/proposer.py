@@ -1,34 +1,10 @@
-"""The LiLiCorr draft-block proposal (paper Sec. 3, App. F), after SGLang's DFlash draft pass:
-
-  pass_hidden [b, S, Hm] --LM head--> logits [b*S, V] --top-K/LSE--> candidate ids [b, S, K],
-  log-probs [b, S, K] --head(token table[ids], log-probs, pass_hidden, anchor)--> start [b, K],
-  pair [b, S-1, K, K] --greedy walk (or Viterbi)--> idx [b, S] --gather--> draft tokens [b, S]
-
-The chain after the LM head is `FastLiLiCorrSelect.propose` (fast_path/select.py: the proposal pipeline on the
-same head module that training uses): on CUDA our Triton kernels (fused top-K/LSE, node, norm,
-lattice-attention and cosine kernels, greedy walk) around cuBLAS GEMMs; elsewhere the PyTorch path. Every step
-is static-shaped and sync-free, so the proposal is captured in SGLang's draft CUDA graph right
-after the draft forward (SGLang calls `__call__` from a capture tail hook and reads `out`).
-Under tensor parallelism (`vocab`: this rank's shard of the LM head) the top-K/LSE is vocabulary-parallel
-(vocab_parallel.py: one all-gather, an exact merge) and the head and walk run on its candidates, replicated on
-every rank: the same inputs on every rank, so the same draft.
-
-LILICORR_WALK (read by the launcher, checked before any process starts, and by the worker, which says it in one
-start-up line) picks the rule that commits the block: `greedy` (default, the paper's walk, inside the cosine kernel)
-or `viterbi` (the exact maximiser of the block's start + pair scores: the Viterbi kernel after the cosine kernel). The
-draft graphs and the eager graphs run the same select, so the same rule.
-
-A batch larger than SGLang's largest draft graph runs the draft pass eagerly, and the proposal after it
-(`propose_eager`) replays a CUDA graph of its own, captured at start-up for buckets of EAGER_BUCKET requests up to
-the request pool (`warm`), or, where it cannot capture, runs the proposal that `warm` ran once at start-up at each
-such batch size: no kernel is compiled while a request waits. Before any of those graphs is captured, `precompile`
-builds the Triton kernels of every draft-graph and eager batch size concurrently (fast_path/precompile.py).
-
-The anchor is the drafter-projected target state (fc + hidden_norm) at the last verified token of
-each request. It is kept per request-pool slot (`anchor_table`), published after every prefill
-and verify, and staged into the batch's row order (`anchors`) before each draft pass, so batch
-filtering and merging never hand a request another request's anchor.
-"""
+"""The LiLiCorr draft-block proposal (paper Sec. 3, App. F) after SGLang's DFlash draft pass: pass_hidden [b, S, Hm]
+--LM head--> logits, then `FastLiLiCorrSelect.propose` (top-K/LSE -> head -> walk -> draft tokens [b, S]), static and
+sync-free, so SGLang captures it in the draft CUDA graph (`__call__`, read back from `out`). Under tensor parallelism
+the top-K/LSE merges over the ranks (vocab_parallel.py). LILICORR_WALK picks the walk (greedy, viterbi).
+Batches above the largest draft graph replay eager graphs (every EAGER_BUCKET requests, `warm`) or run eagerly;
+`precompile` builds every size's kernels first. Anchors (each request's projected target state at its last verified
+token) live per request-pool slot (`anchor_table`), staged into batch order (`anchors`) before each draft pass."""
 
 from __future__ import annotations
 
@@ -58,11 +34,8 @@ def walk_rule() -> str:
 
 
 def last_rows(*, num_rows: int, extend_lens: torch.Tensor | None, commit_lens: torch.Tensor | None) -> torch.Tensor:
-    """Row index of each request's last verified token in a target-hidden batch.
-
-    Prefill packs requests back to back (extend_lens [b]); verify pads each to the block
-    (num_rows = b * B) and commits a prefix of commit_lens [b] rows.
-    """
+    """Row index of each request's last verified token in a target-hidden batch: prefill packs requests back to back
+    (extend_lens [b]); verify pads each to the block (num_rows = b * B) and commits commit_lens [b] rows."""
     if commit_lens is not None:
         b = commit_lens.shape[0]
         stride = num_rows // max(b, 1)
@@ -101,7 +74,7 @@ class LiLiCorrProposer:
         self.lm_head_weight = lm_head_weight
         self.sharded = None if vocab is None else ShardedCandidates(lm_head_weight, vocab, self.topk)
         vocab_size = lm_head_weight.shape[0] if vocab is None else vocab.vocab_size
-        # Triton kernels only on CUDA: on CPU (tests, TRITON_INTERPRET=1) the PyTorch path is exact and fast.
+        # Triton kernels only on CUDA; the PyTorch path elsewhere
         device = Device.of(head.pass_hidden_proj.weight) if lm_head_weight.is_cuda else PYTORCH
         plans = plans_for(HeadGeometry.of(head), device, walk=walk, merge=self.sharded)
         self.select = FastLiLiCorrSelect(head, embed_weight=embed_weight[:vocab_size], plans=plans)
@@ -122,11 +95,9 @@ class LiLiCorrProposer:
         )
 
     def allocate(self, *, num_request_slots: int, max_rows: int) -> None:
-        """Static buffers, once SGLang's request pool exists: req_pool_indices < num_request_slots,
-        batches (graph buckets or eager) of at most max_rows requests."""
+        """Static buffers, once SGLang's request pool exists (num_request_slots slots, batches of <= max_rows)."""
         hm, dtype, device = self.lm_head_weight.shape[1], self.lm_head_weight.dtype, self.lm_head_weight.device
-        # Ordinary (non-inference) tensors, whatever mode SGLang calls this in: they are written in
-        # place both inside torch.inference_mode (the draft graph) and outside it (the scheduler loop).
+        # ordinary tensors: written in place both inside inference_mode (the draft graph) and outside it
         with torch.inference_mode(False):
             self.anchor_table = torch.zeros((int(num_request_slots), hm), dtype=dtype, device=device)
             self.anchors = torch.zeros((int(max_rows), hm), dtype=dtype, device=device)
@@ -135,13 +106,10 @@ class LiLiCorrProposer:
         if self.sharded is not None:
             self.sharded.allocate(int(max_rows) * self.slots)
 
-    # --- anchors --------------------------------------------------------------------------
-
     def anchor_rows(
         self, *, num_rows: int, extend_lens: torch.Tensor | None, commit_lens: torch.Tensor | None
     ) -> torch.Tensor:
-        """`last_rows`, with the verify layout (b blocks of B rows) served from the static row base:
-        one launch per step on the serving path instead of five."""
+        """`last_rows`; the verify layout (b blocks of B rows) from the static row base, in one launch."""
         if commit_lens is not None and self.block_row_before is not None:
             b = commit_lens.shape[0]
             if num_rows == b * self.block_size and b <= self.block_row_before.shape[0]:
@@ -163,8 +131,6 @@ class LiLiCorrProposer:
             )
         torch.index_select(self.anchor_table, 0, req_pool_indices.to(torch.int64), out=self.anchors[:b])
 
-    # --- the proposal ---------------------------------------------------------------------
-
     @torch.inference_mode()
     def propose(self, pass_hidden: torch.Tensor, anchor_hidden: torch.Tensor) -> torch.Tensor:
         """pass_hidden [b, S, Hm], anchor_hidden [b, Hm] -> draft tokens [b, S] int64."""
@@ -173,8 +139,7 @@ class LiLiCorrProposer:
         return self.select.propose(logits, pass_hidden, anchor_hidden).draft
 
     def propose_eager(self, pass_hidden: torch.Tensor) -> torch.Tensor:
-        """The proposal of a batch the draft graphs do not cover: pass_hidden [b, S, Hm] -> draft tokens [b, S], through
-        the smallest eager graph that holds b requests (the staged anchors of rows 0..b-1), or directly."""
+        """pass_hidden [b, S, Hm] no draft graph covers -> draft [b, S]: the least eager graph holding b, or eager."""
         b = pass_hidden.shape[0]
         bucket = min((n for n in self.eager_graphs if n >= b), default=None)
         if bucket is None:
@@ -184,11 +149,9 @@ class LiLiCorrProposer:
         return self.out[: b * self.slots].view(b, self.slots)
 
     def warm(self, *, graph_batch_sizes: list[int], capture: bool, max_batch: int | None = None) -> list[int]:
-        """Before serving (after the draft graphs), for the batches no draft graph covers (above the largest, or every
-        batch where there are none) up to `max_batch` (the server's --max-running-requests; None: the buffers' rows):
-        with `capture` (CUDA, whole vocabulary on this rank), CUDA graphs of the proposal every EAGER_BUCKET requests
-        and at the largest batch; otherwise the proposal at each such batch size. Each size runs once first, so every
-        kernel such a batch needs is built before a request waits. Returns the sizes run."""
+        """Before serving, for the batches no draft graph covers up to `max_batch` (None: the buffers' rows): with
+        `capture` (CUDA, whole vocabulary on this rank) graphs of the proposal at `eager_sizes`, else the proposal run
+        once at each size. Returns the sizes run."""
         rows, device = self.anchors.shape[0], self.lm_head_weight.device
         rows = rows if max_batch is None else min(rows, int(max_batch))
         with torch.inference_mode(False):
@@ -219,9 +182,7 @@ class LiLiCorrProposer:
         return list(range(top + 1, rows + 1))
 
     def precompile(self, *, graph_batch_sizes: list[int] = (), eager_sizes: list[int] = ()) -> CompileReport | None:
-        """Builds, concurrently and before anything launches them, the Triton kernels of the draft graphs at
-        `graph_batch_sizes` (this object's __call__ on a [b * B, Hm] block) and of the eager proposal at `eager_sizes`
-        (fast_path/precompile.py; sizes done before are skipped) -> its report, or None where nothing ran."""
+        """Build concurrently the Triton kernels of the draft graphs and eager proposal at these sizes -> report."""
         draft = sorted({int(b) for b in graph_batch_sizes} - {b for kind, b in self.precompiled if kind == "draft"})
         eager = sorted({int(b) for b in eager_sizes} - {b for kind, b in self.precompiled if kind == "eager"})
         if not draft and not eager:
@@ -243,8 +204,7 @@ class LiLiCorrProposer:
         return report
 
     def __call__(self, hidden_states: torch.Tensor, input_ids: torch.Tensor | None = None) -> None:
-        """SGLang's draft-sampler protocol: hidden_states [b*B, Hm] of the draft block (slot 0 =
-        the anchor token) -> `out[: b*S]`, read by the DFlash worker after the (graph) forward."""
+        """SGLang's draft-sampler protocol: hidden_states [b*B, Hm] of the draft block -> `out[: b*S]`."""
         b = hidden_states.shape[0] // self.block_size
         pass_hidden = hidden_states.view(b, self.block_size, -1)[:, 1:]
         self.out[: b * self.slots].copy_(self.propose(pass_hidden, self.anchors[:b]).reshape(-1))

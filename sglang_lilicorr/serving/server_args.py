@@ -1,23 +1,9 @@
-"""LILICORR's share of SGLang's ServerArgs resolution: every check that can fail before a process
-starts, and the DFlash-style defaults.
-
-SGLang calls all three hooks in the launcher, during `ServerArgs.resolve_once()`, with a recording
-stand-in `args` (reads see the resolution so far; plain attribute writes become declared
-resolutions):
-  default_target_attention_backend(args)
-                              (plugin.py's resolution hook on SGLang's `handle_deterministic_inference` step)
-                               runs first, before SGLang fills an unset --attention-backend: LILICORR's default
-                               target backend (triton; the function says why);
-  validate_server_args(args)  (CustomSpecAlgo.validate_server_args, in SGLang's speculative step, after the
-                               attention backends are resolved) then raises ServingConfigError naming the
-                               option or file and the fix (the draft's checks are draft_check.py's, shared with
-                               `lilicorr check-draft`, run against the context length this server serves;
-                               LILICORR_T_GT_0's are verification.py's, LILICORR_VERIFY_ATTENTION's
-                               verify_attention.py's, LILICORR_WALK's proposer.py's, LILICORR_VERIFY_WIDTH's
-                               verify_width.py's);
-  resolve_server_args(args)   (CustomSpecAlgo.handle_server_args) then fixes the block size,
-                               num_steps / eagle_topk = 1 and the max-running-requests default.
-"""
+"""LILICORR's share of SGLang's ServerArgs resolution: every check that can fail before a process starts, and the
+DFlash-style defaults. SGLang calls the hooks in the launcher, in `ServerArgs.resolve_once()`, on a recording
+stand-in `args`: `default_target_attention_backend` (before SGLang fills an unset --attention-backend),
+`validate_server_args` (raises ServingConfigError naming the option or file and the fix; the draft's checks are
+draft_check.py's, each LILICORR_* variable's its module's), then `resolve_server_args` (block size, num_steps /
+eagle_topk = 1, the max-running-requests default)."""
 
 from __future__ import annotations
 
@@ -37,17 +23,11 @@ from .verify_width import widths_from_env
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_RUNNING_REQUESTS = 48  # SGLang's default for DFLASH, kept for LILICORR
-# Draft attention backends SGLang runs the DFlash drafter's non-causal block attention on ...
+# SGLang runs the drafter's block attention on these; LILICORR is served and checked (greedy and T = 1) on the next
 DRAFT_ATTENTION_BACKENDS = ("flashinfer", "fa3", "fa4", "triton")
-# ... and those LILICORR has been served and checked on (greedy and T = 1, benchmarks/results/): the others are refused
-# until they are (FA3/FA4 need sgl-kernel's compiled ops, which the GPU machine cannot load; flashinfer has been served
-# as the target's backend only, the drafter on triton beside it).
 SERVED_DRAFT_ATTENTION_BACKENDS = ("triton",)
-# The target attention backends LILICORR has been served and proven lossless on (greedy against the fp32 target, T = 1
-# by the chi-square test), the first the default: triton (benchmarks/results/served-greedy/, sampling/) and flashinfer
-# (benchmarks/results/backends/h200_7c30b52_flashinfer/, flashinfer's sampling too). Every other backend is refused, FA3
-# (SGLang's own default on Hopper) and FA4 included: they need sgl-kernel's compiled ops, which the GPU machine cannot
-# load.
+# the target backends served and proven lossless (benchmarks/results/served-greedy/, sampling/, backends/), the first
+# the default; the rest (FA3/FA4 need sgl-kernel ops the GPU machine cannot load) are refused
 SERVED_TARGET_ATTENTION_BACKENDS = ("triton", "flashinfer")
 
 
@@ -75,10 +55,7 @@ def target_text_config(args) -> Any:
     return get_hf_text_config(config)
 
 
-# --- server options --------------------------------------------------------------------------
-
-# (option, test on the resolving view, what to do). Each names a path the LILICORR worker
-# has not been built or tested for; SGLang's own checks would fail later and less clearly.
+# (option, test on the resolving view, what to do): paths the LILICORR worker was not built or tested for
 _UNSUPPORTED = (
     (
         "--attn-dp-size > 1 / --enable-dp-attention",
@@ -182,25 +159,10 @@ def serves_lilicorr(args) -> bool:
 
 
 def default_target_attention_backend(args) -> None:
-    """LILICORR's default target attention backend, where the operator named none: triton, with one warning line.
-
-    SGLang fills an unset --attention-backend with the fastest backend it knows for the GPU (`get_default_attn_backend`:
-    fa3 on Hopper for an MHA or MLA target, also for the DFlash family, whose topk is 1; trtllm_mha or fa4 on SM100 for
-    DFLASH, flashinfer or triton elsewhere), and then resolves what depends on it (page size, graphs, fallbacks). Left
-    to that, a LILICORR server on an H200 would run its target on fa3, which LILICORR has never been served on (and the
-    GPU machine cannot load). So plugin.py runs this as a resolution hook before SGLang's first fill of the backend
-    (its deterministic-inference step, then its general default in `handle_attention_backend_compatibility`), after
-    its model-specific adjustments (a model that needs a backend has declared it by then: it is then not unset, and
-    validate_server_args checks it like an operator's choice). Everything SGLang derives from the backend then
-    derives from the one served; changing it after SGLang's resolution (in resolve_server_args) would leave those
-    derivations on the backend it replaced.
-
-    The default is triton, SERVED_TARGET_ATTENTION_BACKENDS[0], whatever SGLang would have picked, even where that is
-    flashinfer: the one LILICORR is served and proven lossless on (flashinfer is accepted when named), the same on
-    every machine, and the one whose verify kernel LILICORR_VERIFY_ATTENTION picks. It fills `attention_backend`,
-    which SGLang's prefill and decode fall back to, unless both --prefill-attention-backend and
-    --decode-attention-backend are set (the target then reads neither); the warning names the phases it serves and
-    how to override, as the --max-running-requests default does. A server of another algorithm is left alone."""
+    """Where a LILICORR server names no --attention-backend: SERVED_TARGET_ATTENTION_BACKENDS[0] (triton), with one
+    warning line, instead of SGLang's GPU default (fa3 on Hopper, never served). plugin.py runs it before SGLang first
+    fills the backend (after its model-specific adjustments), so all SGLang derives from the backend follows the one
+    served. Left alone: another algorithm, or both --prefill- and --decode-attention-backend set."""
     if not serves_lilicorr(args) or args.attention_backend is not None:
         return
     prefill, decode = args.prefill_attention_backend, args.decode_attention_backend
@@ -222,11 +184,8 @@ def default_target_attention_backend(args) -> None:
 
 
 def check_target_attention_backend(args) -> str:
-    """The target's attention backend, resolved (SGLang's prefill and decode fields falling back to
-    --attention-backend), checked: both phases must run one backend of SERVED_TARGET_ATTENTION_BACKENDS. A split
-    pair is refused even of two accepted backends: SGLang then wraps them in its hybrid backend, and which of the
-    two runs the verify depends on --speculative-attention-mode; LILICORR has been served with one backend for
-    both phases only. Returns the backend."""
+    """The target's resolved attention backend, checked: prefill and decode run one backend of
+    SERVED_TARGET_ATTENTION_BACKENDS (SGLang's hybrid of two is refused)."""
     from sglang.srt.arg_groups.overrides import attention_backends_of
 
     prefill, decode = attention_backends_of(args)
@@ -256,8 +215,7 @@ def check_target_attention_backend(args) -> str:
 
 
 def tensor_parallel_problems(heads: int, kv_heads: int, intermediate: int, tp_size: int) -> list[str]:
-    """Why each draft shape that SGLang's DFlash draft shards over the TP ranks does not fit tp_size (its attention
-    asserts the heads, its MLP the intermediate size); [] when all fit."""
+    """Why each draft shape SGLang's DFlash draft shards over TP does not fit tp_size; [] when all fit."""
     kv_fits = kv_heads % tp_size == 0 if kv_heads >= tp_size else tp_size % kv_heads == 0
     return [
         *([f"num_attention_heads={heads} is not divisible by {tp_size}"] if heads % tp_size else []),
@@ -299,13 +257,9 @@ def check_block_size(spec: DraftSpec, args) -> None:
             )
 
 
-# --- the two hooks ---------------------------------------------------------------------------
-
-
 def served_target(args) -> TargetShape:
-    """The target as this server serves it: its shape, and the context length the draft must cover (the
-    one SGLang gives the draft worker: --context-length, else the target's own) unless
-    SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN lets SGLang stretch a shorter draft to it."""
+    """The target as this server serves it: its shape, and the context length the draft must cover (--context-length,
+    else the target's own; None where SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN lets SGLang stretch the draft)."""
     from sglang.srt.environ import envs
     from sglang.srt.utils.hf_transformers.common import get_context_length
 

@@ -1,24 +1,9 @@
 """The target's prefill attention kernel, compiled at start-up for every batch-size class a served prefill can meet.
-
-SGLang's Triton attention backend runs the target's prefill (an extend) through `extend_attention_fwd`, whose
-`_fwd_kernel` takes the number of prompts prefilled together as a plain integer argument. Triton keys an integer by
-its class (1, a multiple of 16, any other), so batches of 1 (SGLang's warm-up request), of 16 or 32, and of any other
-size are three binaries, each compiled (1.1-1.6 s on an H200) when the first batch of its class arrives, after SGLang
-has started serving. Nothing else in that launch depends on the batch: the grid (from the prompts' lengths) is no part
-of the key, and the tensors' dtypes, strides and 16-byte alignment do not change with it.
-
-`warm` runs the backend's own `forward_extend` (SGLang's code builds the launch) on each full-attention layer of the
-target at BATCHES, inside a compile-only pass (fast_path/precompile.py: each launch computes its key and compiles,
-none runs). Its inputs are those of a prefill: the layer itself (heads, head sizes, scale, logit cap), the KV pool's
-buffers of that layer, the backend's own index buffers (`qo_indptr`, `kv_indptr`, their first bs + 1 rows), no custom
-mask, and q/k/v in both layouts a model passes: views of one fused qkv output (Llama, Qwen2: q's row stride is the
-qkv width) and tensors of their own (models that norm q and k). The KV cache is not written.
-
-Left to their first prefill, by what SGLang runs instead: a backend in deterministic, decode-context-parallel, MLA or
-diffusion mode; sliding-window, cross- and non-causal layers (each such layer is counted in the log line). A model
-that passes attention sinks or a score_mod to its attention keys differently from this pass: its variants still
-compile at their first prefill.
-"""
+SGLang's Triton backend prefills through `_fwd_kernel`, which takes the number of prompts as an integer Triton keys by
+class (1, a multiple of 16, other): three binaries, each otherwise compiled when its first batch arrives, while served.
+`warm` runs the backend's own `forward_extend` on each plain full-attention layer at BATCHES, q/k/v fused and not,
+inside a compile-only pass (fast_path/precompile.py); the KV cache is not written. Other modes and layers
+(deterministic, MLA, sliding-window, sinks...) still compile at their first prefill."""
 
 from __future__ import annotations
 
@@ -49,8 +34,7 @@ def prefill_backends(model_runner) -> list:
 
 
 def other_kernel(backend) -> str | None:
-    """Why a prefill on this Triton backend runs a kernel other than `_fwd_kernel`'s plain launch (None: it does
-    not)."""
+    """Why a prefill on this Triton backend runs another kernel than `_fwd_kernel`'s plain launch (or None)."""
     for attribute, mode in (
         ("enable_deterministic", "deterministic inference"),
         ("use_mla", "MLA"),
@@ -76,8 +60,7 @@ def plain_layer(layer) -> bool:
 
 
 def prefill_inputs(layer, tokens: int, dtype, device, fused: bool):
-    """q [tokens, Hq * Dqk], k [tokens, Hk, Dqk], v [tokens, Hv, Dv] as RadixAttention hands them to the backend: views
-    of one fused qkv output (`fused`) or tensors of their own. Uninitialized: nothing is launched."""
+    """q, k, v as RadixAttention hands them over (views of one fused qkv, or not); uninitialized."""
     widths = [
         layer.tp_q_head_num * layer.qk_head_dim,
         layer.tp_k_head_num * layer.qk_head_dim,
@@ -91,8 +74,7 @@ def prefill_inputs(layer, tokens: int, dtype, device, fused: bool):
 
 
 def extend(backend, layer, batch: int, dtype, fused: bool) -> None:
-    """The backend's forward_extend of one layer for a prefill of `batch` prompts with no cached prefix, KV not saved;
-    the backend's forward_metadata is restored afterwards."""
+    """The backend's forward_extend of one layer for `batch` prompts without a cached prefix, KV not saved."""
     from sglang.srt.layers.attention.triton_backend import ForwardMetadata
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
@@ -121,9 +103,8 @@ def extend(backend, layer, batch: int, dtype, fused: bool) -> None:
 
 
 def warm(model_runner) -> CompileReport | None:
-    """Compile the target prefill's `_fwd_kernel` at every batch class (module docstring) on the runner's Triton
-    backends and full-attention layers, where the target prefills with it on CUDA: the pass's report (one log line,
-    fast_path/precompile.py), or None where nothing ran (one debug line saying why). Never raises."""
+    """Compile the target prefill's `_fwd_kernel` at every batch class on the runner's Triton backends and plain
+    layers -> the pass's report, or None where nothing ran (one debug line why). Never raises."""
     try:
         from sglang.srt.layers.radix_attention import RadixAttention
 

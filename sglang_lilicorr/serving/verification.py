@@ -1,23 +1,8 @@
-"""Which verification a LILICORR server runs for T = 0 and for T > 0, said in one line at start-up, and
-what happens to sampled requests where SGLang can only verify them greedily.
-
-SGLang's DFlash worker (which LILICORR runs) verifies a drafted block
-  greedy requests   (top_k = 1 once SGLang normalises them; temperature 0 is top_k 1): the longest
-                    prefix matching the target's argmax, exact;
-  sampled requests  (top_k > 1) by exact rejection sampling, with the block as a deterministic
-                    proposal, where `is_dflash_sampling_verify_available()` (its verify kernel needs
-                    flashinfer). Elsewhere it verifies them by greedy argmax too and logs a fallback
-                    once: the tokens are then not samples of the target's distribution.
-
-Where only the greedy fallback exists, LILICORR_T_GT_0 decides:
-  refuse        (default) each sampled request is finished at admission with an abort (HTTP 400)
-                whose message names the cause and the fix; greedy requests are served;
-  allow-greedy  sampled requests are served with the greedy fallback (the start-up line says so);
-  refuse-start  the server does not start.
-The per-request refusal is an AFTER hook (SGLang's plugin HookRegistry) on SGLang's own per-request
-DFlash check, `validate_dflash_request`, whose message the scheduler turns into FINISH_ABORT before
-the request is scheduled: once per request, never per block.
-"""
+"""Which verification a LILICORR server runs for T = 0 and T > 0, said in one start-up line. SGLang's DFlash worker
+verifies greedy requests (top_k = 1) by the longest prefix matching the target's argmax, and sampled ones (top_k > 1)
+by exact rejection sampling where `is_dflash_sampling_verify_available()` (flashinfer), else by greedy argmax too.
+Where only that fallback exists, LILICORR_T_GT_0 decides: `refuse` (default: each sampled request aborts at admission,
+HTTP 400, through an AFTER hook on SGLang's `validate_dflash_request`), `allow-greedy`, or `refuse-start`."""
 
 from __future__ import annotations
 
@@ -94,8 +79,7 @@ class Verification:
 
 
 def check_before_start() -> None:
-    """In the launcher, before any process starts: the policy is valid, and refuse-start refuses a
-    server without exact sampled verification."""
+    """In the launcher: the policy is valid, and refuse-start refuses a server without exact sampled verification."""
     if policy() == REFUSE_START and not sampled_verification_available():
         raise ServingConfigError(
             f"{ENV}={REFUSE_START}: {UNAVAILABLE}. Install flashinfer, or set {ENV}={REFUSE} (abort each request "

@@ -1,39 +1,10 @@
-"""The attention of the target's verify pass: SGLang's split-KV verify kernel on its Triton backend, on CUDA.
-
-SGLang's Triton backend runs a target verify (B = 16 query tokens a request) through its prefill kernel, one program
-per (request, query head), each walking the whole prefix alone: 9 programs at c = 1 on SmolLM2-135M, 3.1 ms of a
-4.2 ms verify on an H100 (benchmarks/PERF_NOTES.md, "Served speed"). The same backend carries a split-KV verify kernel
-(`sglang.kernels.ops.attention.verify_splitkv`: the prefix split over programs, then merged), exact for a causal chain
-of one candidate per position, which every DFlash verify is; SGLang switches it on only on AMD MI350
-(`TritonAttnBackend.use_verify_splitkv`). It declines, per call, whatever it cannot serve (a sliding window, sinks,
-a logit cap, MLA, ragged verify lengths), and the backend then runs its prefill kernel as before.
-
-LILICORR_VERIFY_ATTENTION picks it for the target of a LILICORR server:
-  auto      (default) split-KV where the target has at most SPLITKV_MAX_QUERY_HEADS query heads per GPU: few
-            programs per request is where the prefill kernel leaves the GPU idle (the kernels alone, H100: SmolLM2's 9
-            heads 1.4-7.9x faster from 256 to 4k cached tokens; Qwen3-8B's 32 slower below ~1k,
-            benchmarks/results/verify-attention/h100_ee73f57/);
-  split-kv  split-KV on any target;
-  extend    SGLang's prefill kernel, as SGLang runs it.
-Set in the environment, it also picks the verify attention of SGLang's own DFLASH servers (the plugin registers
-`after_dflash_init` on SGLang's DFlashWorkerV2 through SGLang's hook registry), for comparisons on equal kernels;
-unset, a DFLASH server runs as SGLang ships it.
-It picks between the kernels of SGLang's Triton backend, the target backend LILICORR defaults to: a target on another
-backend (flashinfer, the other one accepted: server_args.SERVED_TARGET_ATTENTION_BACKENDS) verifies with that
-backend's own kernel, where the setting would mean nothing, so a LILICORR server refuses to start with the variable set
-(`check_target_backend`); unset, the start-up line names the backend whose kernel serves the verify. (A DFLASH server
-with it set logs a warning that it is ignored there.)
-The worker applies it before the target-verify CUDA graphs are captured and says which in one start-up line. A
-verify the graphs do not cover (a batch above the captured sizes) runs eagerly and picks its split count from the
-batch's prefix lengths: where such a batch can occur (graphs off, or more running requests than the largest graph),
-`warm` runs every split count once at start-up, so none compiles while a request waits; elsewhere it runs one (the
-check that the kernel builds and runs here), since a captured graph's split count is built at its capture.
-
-The kernel merges per-split partial results, weighting a split with no keys (a prefix shorter than the splits) by
-zero, but it reads that split's partial output from scratch memory allocated uninitialized: 0 x NaN is NaN, and
-stale memory can hold NaN bit patterns. `zero_scratch` makes every scratch buffer start at zero (a split with keys
-then always leaves finite values behind), which tests/test_serving_verify_attention.py shows is needed.
-"""
+"""The attention of the target's verify pass: SGLang's split-KV verify kernel (`verify_splitkv`, the prefix split
+over programs, then merged; SGLang enables it only on AMD MI350) on its Triton backend. Exact for a verify's causal
+chain; per call it declines what it cannot serve, and the backend runs its prefill kernel (benchmarks/PERF_NOTES.md).
+LILICORR_VERIFY_ATTENTION: `auto` (split-KV up to SPLITKV_MAX_QUERY_HEADS query heads per GPU), `split-kv` or `extend`
+(the prefill kernel); set, it also picks DFLASH servers' verify (`after_dflash_init`); a target on another backend
+refuses it. `configure` applies it before the verify graphs, warming the split counts an eager verify may pick.
+`zero_scratch`: the kernel reads an empty split's uninitialized scratch (0 x NaN is NaN), so the scratch starts at 0."""
 
 from __future__ import annotations
 
@@ -60,9 +31,7 @@ def choice() -> str:
 
 
 def check_target_backend(backend: str) -> None:
-    """Refuse an explicit LILICORR_VERIFY_ATTENTION (any value, `auto` too) on a LILICORR target whose resolved
-    attention backend (server_args.check_target_attention_backend) is not SGLang's Triton backend: the setting picks
-    between that backend's verify kernels, and any other backend verifies with its own."""
+    """Refuse an explicit LILICORR_VERIFY_ATTENTION on a target whose attention backend is not triton."""
     if backend == "triton" or ENV not in os.environ:
         return
     raise ServingConfigError(
@@ -88,9 +57,8 @@ def probe_lengths() -> list[int]:
 
 
 def warm(backend, block_size: int, dtype, lengths: list[int]) -> bool:
-    """Run the split-KV verify once at each prefix length of `lengths` (probe_lengths: one per split count) on a
-    one-request block over zeros (the KV pool's first layer, slot 0), so that no such variant compiles while a request
-    waits. False where the kernel declines this target."""
+    """Run the split-KV verify once at each prefix length of `lengths` on a one-request block over zeros (KV pool
+    layer 0, slot 0), so no variant compiles while a request waits. False where the kernel declines this target."""
     import torch
 
     pool = backend.token_to_kv_pool
@@ -157,11 +125,9 @@ def target_attention_backends(model_runner) -> list:
 
 
 def configure(backends: list, block_size: int, dtype, setting: str | None = None, eager: bool = True) -> bool:
-    """Switch the target's Triton attention backends (of `backends`, those the target runs) to the split-KV verify
-    kernel, warmed (at every split count where `eager` verifies, outside the graphs, can occur; else at one), where
-    `setting` (default: the environment's) asks for it, and log one start-up line that says what the verify runs;
-    whether it runs the split-KV kernel. Call it after the KV pool exists and before the target-verify CUDA graphs are
-    captured. Backends it has chosen for already keep that choice (nothing is warmed or logged again)."""
+    """Switch the Triton backends among `backends` to the split-KV verify where `setting` (default: the environment's)
+    asks for it, warmed (every split count where `eager` verifies can occur, else one), and log one line -> whether
+    it runs split-KV. Call after the KV pool exists, before the verify graphs; a backend keeps its first choice."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     setting = choice() if setting is None else setting
@@ -221,9 +187,8 @@ def configure(backends: list, block_size: int, dtype, setting: str | None = None
 
 
 def after_dflash_init(result, worker, *args, **kwargs) -> None:
-    """SGLang hook-registry AFTER hook on DFlashWorkerV2.init_attention_backends (DFLASH_INIT; the plugin registers it
-    where LILICORR_VERIFY_ATTENTION is set): the DFLASH worker's target verify attention by the environment's setting.
-    A LILICORR worker runs it too (its init_attention_backends calls DFlashWorkerV2's), then its own call keeps it."""
+    """SGLang hook-registry AFTER hook on DFLASH_INIT (registered where LILICORR_VERIFY_ATTENTION is set): a DFLASH
+    worker's verify attention by the environment's setting (a LILICORR worker's own call then keeps it)."""
     from .graphs import eager_batches_possible
 
     configure(

@@ -1,15 +1,7 @@
-"""The candidates of the draft block under tensor parallelism, where each rank holds a contiguous shard of the
-target's LM head (SGLang's vocabulary-parallel head, padding rows dropped):
-
-  pass_hidden [b, S, Hm] --this rank's LM head rows--> logits [b*S, n] --top-K/LSE--> partials [b*S, K+1]
-  --all-gather over the TP group--> [ranks, b*S, K+1] --merge--> vals [b*S, K], ids [b*S, K], lse [b*S]
-
-on every rank alike, equal to the TP = 1 candidates (kernels/topk_shards.py: vals and ids bit for bit, lse within
-fp32 rounding). One all-gather of K + 1 int64 per slot per rank; the head and walk then run replicated on every
-rank. The gather is the TP group's `all_gather_into_tensor(out, inp)` (SGLang's, which its DFlash draft sampler
-also calls inside the draft CUDA graph); its output and the partials are static buffers, so replays reuse them.
-Imports no sglang: the tests run it on gloo ranks.
-"""
+"""The draft block's candidates under tensor parallelism, each rank holding a contiguous shard of the target's LM
+head: logits [b*S, n] --top-K/LSE--> partials [b*S, K+1] --all-gather--> [ranks, b*S, K+1] --merge--> vals, ids
+[b*S, K], lse [b*S], on every rank equal to the TP = 1 candidates (kernels/topk_shards.py). The gather is the TP group's
+`all_gather_into_tensor` into static buffers (graph-safe). Imports no sglang: the tests run it on gloo ranks."""
 
 from __future__ import annotations
 
@@ -42,8 +34,7 @@ class VocabShard:
 
 
 class ShardedCandidates:
-    """The select plan's merge (fast_path/plan.py): logits [N, shard.size] of this rank's LM-head rows
-    -> (vals fp32 [N, K], ids int64 [N, K] global, lse fp32 [N]) of the whole vocabulary."""
+    """The select plan's merge: logits [N, shard.size] -> the whole vocabulary's (vals, global ids, lse)."""
 
     def __init__(self, weight: torch.Tensor, shard: VocabShard, topk: int) -> None:
         if weight.dim() != 2 or weight.shape[0] != shard.size:

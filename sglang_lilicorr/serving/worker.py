@@ -1,41 +1,12 @@
-"""LiLiCorrWorker: SGLang's DFlash v2 speculative worker (used as a library) whose draft block is
-proposed by our LiLiCorr pipeline instead of the drafter's per-slot argmax.
+"""LiLiCorrWorker: SGLang's DFlash v2 speculative worker whose draft block is proposed by LiLiCorrProposer (top-K/LSE
+-> head -> walk) instead of the drafter's per-slot argmax. Prefill, draft KV, draft graphs, verification (greedy, or
+exact rejection sampling where verification.py finds it), acceptance and commit are DFlashWorkerV2's. Under --tp-size N
+each rank proposes from its LM-head shard, merged over the TP group (vocab_parallel.py).
 
-What it inherits unchanged from DFlashWorkerV2: target prefill with aux-hidden capture, the draft
-KV cache, the block draft forward (a TARGET_VERIFY-shaped pass, CUDA-graph captured per batch
-size), target verification (greedy: longest prefix matching the target argmax; T > 0: SGLang's
-exact rejection sampling with the drafted block as a deterministic proposal, q = 1 on each
-drafted token, where SGLang has it: verification.py says which at start-up, and refuses what it
-cannot verify), acceptance, commit and the per-request spec stats in `meta_info`. Which rule commits the drafted
-block (the greedy walk, or Viterbi: LILICORR_WALK) is the proposer's; the worker says it in one start-up line.
-
-Under --tp-size N each rank proposes from its shard of the target's LM head: the top-K/LSE is merged over the TP
-group (vocab_parallel.py, one all-gather), the head and walk run replicated on the merged candidates, and the token
-table is built from the input embedding gathered once (`full_embedding`). README section "Tensor parallelism".
-
-What it overrides (all methods of the DFlash worker, no SGLang source touched):
-  _maybe_build_draft_sampler     -> our LiLiCorrProposer: SGLang captures it into the draft graph; first its Triton
-                                    kernels for every draft graph and eager size compile concurrently (precompile)
-  _greedy_sample_from_vocab_parallel_head
-                                 -> the same proposal, eagerly, when no draft graph covers the batch
-  _append_target_hidden_to_draft_kv_by_loc
-                                 -> also publishes each request's anchor: its last verified row of
-                                    the context projection the append computes (draft model keeps it); a verify's
-                                    append replays a CUDA graph of both (append_graphs.py)
-  alloc_memory_pool              -> also checks the req_to_token rows hold the verify-block reservation (kv_rows.py)
-  forward_batch_generation       -> records the batch's request slots and stages their anchors; picks the decode
-                                    step's verify width (verify_width.py) and runs a narrower one itself
-                                    (narrow_verify.py); tags each step's result with its width (meta_info)
-  on_verify_complete_cpu         -> feeds each step's accepted draft counts (on the host) to the width policy
-  init_attention_backends        -> also picks the target verify's attention kernel (verify_attention.py) and compiles
-                                    the target prefill's attention kernel at every batch-size class (target_warmup.py)
-  init_cuda_graphs               -> warms the proposal for the batches no draft graph covers and captures their
-                                    graphs (proposer.warm); warns when the proposal cannot be captured (graphs
-                                    disabled); captures the target's verify at every narrower width and times every
-                                    width's graphs (verify_tiers.py)
-
-LILICORR_VERIFY_WIDTH (verify_width.py) picks the widths: adaptive by default, or one pinned.
-"""
+Overrides (no SGLang source touched): the draft sampler and the eager proposal (the proposer), the draft-KV append (also
+publishes each request's anchor; append_graphs.py), the memory pool (kv_rows.py check), the attention backends
+(verify_attention.py, target_warmup.py), the CUDA graphs (proposer.warm, verify_tiers.py), and the decode step and its
+host report (the verify width: verify_width.py, narrow_verify.py; LILICORR_VERIFY_WIDTH)."""
 
 from __future__ import annotations
 
@@ -70,8 +41,7 @@ logger = logging.getLogger(__name__)
 
 
 def lm_head_rows(lm_head, vocab_size: int, tp_group) -> tuple[torch.Tensor, VocabShard | None]:
-    """This rank's rows of the target LM head over the real vocabulary (padding rows dropped): [V, Hm] and None
-    where the rank holds the whole vocabulary; under tensor parallelism its shard [n, Hm] and which ids it holds."""
+    """This rank's LM-head rows over the real vocabulary: ([V, Hm], None), or under TP ([n, Hm], its VocabShard)."""
     weight = getattr(lm_head, "weight", None)
     if not is_dense_head_weight(weight):
         raise ServingConfigError(
@@ -94,8 +64,7 @@ def lm_head_rows(lm_head, vocab_size: int, tp_group) -> tuple[torch.Tensor, Voca
 
 
 def full_embedding(embed, vocab_size: int) -> torch.Tensor:
-    """The target's input embedding over the whole vocabulary [>= V, Hm] (the head's token table reads every row):
-    a vocabulary-parallel one is all-gathered over its TP group, once (rank r's padded rows follow rank r - 1's)."""
+    """The target's input embedding over the whole vocabulary [>= V, Hm], all-gathered once if sharded."""
     weight = getattr(embed, "weight", None)
     if weight is None:
         raise ServingConfigError(f"{ALGORITHM_NAME}: the target exposes no input embedding table.")
@@ -191,18 +160,14 @@ class LiLiCorrWorker(DFlashWorkerV2):
         # Before serving: no batch of new prompts compiles SGLang's prefill kernel while its requests wait.
         warm_target_prefill(self.model_runner)
 
-    # --- CUDA graphs ------------------------------------------------------------------------
-
     def _maybe_build_draft_sampler(self):
-        # Called by DFlashWorkerV2.init_cuda_graphs right before the draft graphs are captured:
-        # the returned object runs inside every captured draft forward.
+        # called right before the draft graphs are captured; the returned object runs inside each of them
         logger.info(
             "%s: draft pass + top-K/LSE + head + walk captured together in the draft CUDA graph (batch sizes %s).",
             ALGORITHM_NAME,
             sorted(graph_batch_sizes()),
         )
-        # Their kernels (and those of the eager sizes `warm` runs next) compile concurrently now, not one by one
-        # as the capture meets them.
+        # its kernels (and the eager sizes' that `warm` runs next) compile concurrently now
         sizes, max_batch = graph_batch_sizes(), self.server_args.max_running_requests
         self.proposer.precompile(
             graph_batch_sizes=sizes,
@@ -252,8 +217,7 @@ class LiLiCorrWorker(DFlashWorkerV2):
         self.append_graphs = graphs if graphs.graphs else None
 
     def _init_verify_widths(self) -> None:
-        """The target's verify at each narrower width (captured now), every width's step timed by replaying its
-        graphs, and the policy that picks among them; one start-up line says which widths serve."""
+        """Capture the narrower widths' verify, time every width's step, and build the policy; one start-up line."""
         block = int(self.block_size)
         runner = self.model_runner
         why_fixed = None
@@ -288,8 +252,6 @@ class LiLiCorrWorker(DFlashWorkerV2):
             os.environ.get(WIDTH_ENV, ADAPTIVE),
         )
 
-    # --- anchors ----------------------------------------------------------------------------
-
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
         self._batch_slots = batch.req_pool_indices
         decoding = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
@@ -322,8 +284,7 @@ class LiLiCorrWorker(DFlashWorkerV2):
             self.metrics.verified(width, num_correct_drafts_per_req, self.policy.record)
 
     def _append_target_hidden_to_draft_kv_by_loc(self, *, commit_lens=None, extend_lens=None, **append) -> None:
-        # SGLang's arguments (target_hidden, cache_loc, positions, cache_loc_2d) pass through in `append`;
-        # a verify's append replays its captured graph where its size has one
+        # SGLang's arguments pass through in `append`; a verify's append replays its captured graph if it has one
         loc_2d = append.get("cache_loc_2d")
         if (
             self.append_graphs is not None
@@ -340,8 +301,7 @@ class LiLiCorrWorker(DFlashWorkerV2):
         self._append_and_publish(commit_lens=commit_lens, extend_lens=extend_lens, slots=self._batch_slots, **append)
 
     def _append_and_publish(self, *, slots, commit_lens=None, extend_lens=None, **append) -> None:
-        """SGLang's append, then each request's anchor: its last verified row of the projection the append
-        computed (trailing padding trimmed to cache_loc); `slots` are the batch's request-pool slots."""
+        """SGLang's append, then each request's anchor (its last verified projected row); `slots`: pool slots."""
         super()._append_target_hidden_to_draft_kv_by_loc(commit_lens=commit_lens, extend_lens=extend_lens, **append)
         context = self.draft_model.take_context_hidden()  # [cache_loc rows, Hm] or None (nothing appended)
         if context is not None and slots is not None:
@@ -350,11 +310,8 @@ class LiLiCorrWorker(DFlashWorkerV2):
             )
             self.proposer.publish_anchors(context.index_select(0, rows), slots)
 
-    # --- eager proposal ---------------------------------------------------------------------
-
     def _greedy_sample_from_vocab_parallel_head(self, *, hidden_states, lm_head, chunk_size: int = 256):
-        # DFlashWorkerV2 calls this on the drafted slots' hidden states [b*S, Hm] whenever the
-        # draft ran without its CUDA graph; LILICORR proposes with the head here too.
+        # the drafted slots' hidden states [b*S, Hm] of a draft run without its CUDA graph: propose eagerly
         slots = self.proposer.slots
         b = hidden_states.shape[0] // slots
         if not self._warned_eager and self._draft_sampler is not None:

@@ -1,7 +1,6 @@
 """TrainConfig: every knob of `lilicorr train`, validated when it is built (so the CLI refuses a
 bad value before any model is loaded). Head geometry defaults come from `LiLiCorrConfig` and the
-objective's from `ObjectiveWeights` (paper Table hparams); nothing is repeated here.
-"""
+objective's from `ObjectiveWeights` (paper Table hparams); nothing is repeated here."""
 
 from __future__ import annotations
 
@@ -104,8 +103,7 @@ class TrainConfig:
         )
 
     def head_config(self, block_size: int, rms_norm_eps: float, hidden_size: int = 0) -> HeadConfig | None:
-        """The head's geometry for a drafter of `hidden_size`, or None for vanilla DFlash (--head none, or
-        gamma = 0)."""
+        """The head's geometry for a drafter of `hidden_size`; None for plain DFlash (--head none, or gamma = 0)."""
         if self.head == "none" or self.gamma == 0:
             return None
         width = self.corrector_width or hidden_size
@@ -217,8 +215,7 @@ class TrainConfig:
     }
 
     def named_by_flag(self, message: str) -> TrainConfigError:
-        """A range error of LiLiCorrConfig or ObjectiveWeights (`Owner.field=value: expected what.`) as the error of
-        the flag that set the field."""
+        """A range error of LiLiCorrConfig or ObjectiveWeights as the error of the flag that set the field."""
         found = re.match(r"(?:LiLiCorrConfig|ObjectiveWeights)\.(\w+)=.*?: expected (.*?)\.?$", message)
         name = found and self.HEAD_FIELDS.get(found.group(1), found.group(1))
         if not found or name not in {f.name for f in dataclasses.fields(self)}:
@@ -269,9 +266,8 @@ class TrainConfig:
                     fix="pass a jsonl of conversations (`lilicorr regenerate` writes them)",
                 )
 
-    # What a resumed run must share with its checkpoint (besides the geometry, checked on its own): the data
-    # (by sha256, trainer.run_identity) and every setting that shapes the updates. Not compared: where things go,
-    # how long the run goes on (max_steps, epochs, max_minutes) and how often it logs, evaluates and saves.
+    # what a resumed run must share with its checkpoint besides geometry and data: every setting shaping the updates
+    # (not where things go, how long it runs, or how often it logs, evaluates and saves)
     NOT_COMPARED = (
         "target",
         "data",
@@ -293,8 +289,7 @@ class TrainConfig:
         "init_from",
     )
 
-    # Settings added after runs were first checkpointed, with the value those runs trained with (a checkpoint that
-    # predates one compares as having it: state.check_resume_compatible).
+    # settings added after runs were first checkpointed, with the value those runs had (state.check_resume_compatible)
     ADDED = {"head": "lilicorr", "corrector_width": 0, "markov_head_type": "vanilla", "train": "joint"}
 
     def resumed_settings(self) -> dict[str, Any]:

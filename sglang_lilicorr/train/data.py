@@ -1,11 +1,7 @@
-"""Training conversations: jsonl rows {"messages": [{"role", "content"}, ...]} -> token ids and a
-loss mask over the assistant turns, rendered with the target's chat template.
-
-An assistant turn i is supervised on the tokens that rendering messages[:i+1] adds to rendering
-messages[:i] with the generation prompt (so its end-of-turn token is supervised, the template's
-assistant header is not). Templates must render each conversation as an extension of its
-prefixes; a template that rewrites earlier turns is refused with the row named.
-"""
+"""Training conversations: jsonl rows {"messages": [{"role", "content"}, ...]} -> token ids and a loss mask over the
+assistant turns, rendered with the target's chat template. Turn i is supervised on the tokens that rendering
+messages[:i+1] adds to messages[:i] with the generation prompt (its end-of-turn token, not the assistant header); a
+template that rewrites earlier turns is refused with the row named."""
 
 from __future__ import annotations
 
@@ -86,11 +82,8 @@ class Example:
 def load_conversations(
     path: str | Path, tokenizer, max_length: int, chat_kwargs: Mapping[str, Any], write_cache: bool = True
 ) -> list[Example]:
-    """Tokenized, truncated examples with at least one block anchor (two adjacent supervised tokens).
-    The result is cached beside the file (`<file>.tokens.pt`, keyed by the file's bytes, the tokenizer,
-    its chat template and these options; written only with `write_cache`: by one process of a
-    data-parallel run; a file of that name that is not a cache of ours is neither read nor replaced), and large
-    files are tokenized by a pool of processes."""
+    """Tokenized, truncated examples with at least one block anchor, cached beside the file (`<file>.tokens.pt`,
+    keyed by its bytes, tokenizer and options; written only with `write_cache`); large files on a process pool."""
     path = Path(path)
     key = _cache_key(path, tokenizer, max_length, chat_kwargs)
     cache = path.with_name(path.name + ".tokens.pt")
@@ -181,10 +174,8 @@ LENGTH_MULTIPLE = 64  # batches padded to a multiple of this length: a handful o
 
 
 def collate(examples: Sequence[Example], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded batch: input_ids, attention_mask [b, T] int64; loss_mask [b, T] bool, T the longest example
-    rounded up to a multiple of LENGTH_MULTIPLE. Every new T costs host time: on a GPU, cuDNN attention builds a
-    plan for each new shape (40-60 ms, forward and backward each), which at one T per batch made training
-    host-bound (benchmarks/results/multi-gpu/). The padding is masked: a token's outputs do not depend on it."""
+    """Right-padded batch: input_ids, attention_mask [b, T] int64, loss_mask [b, T] bool; T rounded up to
+    LENGTH_MULTIPLE (few shapes: cuDNN plans each new one)."""
     longest = max(len(e.input_ids) for e in examples)
     t = -(-longest // LENGTH_MULTIPLE) * LENGTH_MULTIPLE
     ids = torch.full((len(examples), t), pad_id, dtype=torch.long)
@@ -197,8 +188,7 @@ def collate(examples: Sequence[Example], pad_id: int) -> dict[str, torch.Tensor]
 
 
 def epoch_batches(num_examples: int, batch_size: int, seed: int, epoch: int, rank: int, world: int) -> list[list[int]]:
-    """This rank's batches of one epoch: a seeded shuffle, dealt round-robin; every rank gets the
-    same number of batches (the tail that does not fill all ranks is dropped)."""
+    """This rank's batches of one epoch: a seeded shuffle dealt round-robin, the tail short of all ranks dropped."""
     order = list(range(num_examples))
     random.Random(seed * 1_000_003 + epoch).shuffle(order)
     per_step = batch_size * world

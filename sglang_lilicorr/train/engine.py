@@ -1,16 +1,8 @@
-"""Generation backends for `lilicorr regenerate`: token ids in, token ids out.
-
-  SGLangServers        SGLang servers (one per GPU, launched here or reached by URL), driven
-                       through /generate with input ids at high concurrency; the data path.
-  TransformersGenerator a batched Hugging Face `generate` loop: CPU machines and tests.
-
-Both answer one request at a time, asynchronously (`session()` yields `complete(prompt ids,
-sampling, seed)`), so a caller keeps `capacity` requests in flight and each conversation moves on
-as soon as its own turn is back: no batch waits for its slowest member. A completion is the
-generated ids (the end-of-turn token included when the turn ended) and why generation stopped
-("stop" or "length"). Requests at T > 0 carry their own seed, so a resumed run asks for the same
-samples again (SGLang's `sampling_seed`).
-"""
+"""Generation backends for `lilicorr regenerate`, token ids in and out: `SGLangServers` (one per GPU, launched here
+or reached by URL, /generate with input ids; the data path) and `TransformersGenerator` (a batched Hugging Face loop:
+CPU and tests). Both answer one request at a time, asynchronously (`session()` yields `complete(prompt ids, sampling,
+seed)` -> generated ids, end-of-turn token included, and "stop" or "length"); requests at T > 0 carry their own seed,
+so a resumed run asks for the same samples."""
 
 from __future__ import annotations
 
@@ -71,9 +63,6 @@ def finish_reason(output_ids: Sequence[int], stop_token_ids: Sequence[int]) -> s
     return "stop" if output_ids and output_ids[-1] in stop_token_ids else "length"
 
 
-# --- SGLang servers ----------------------------------------------------------------------------
-
-
 class SGLangServers:
     """SGLang servers, launched here (`launch`, `start`) or reached by URL, and the requests to them."""
 
@@ -94,8 +83,7 @@ class SGLangServers:
         startup_timeout: float = 900.0,
         concurrency: int = 256,
     ) -> "SGLangServers":
-        """Start one server per GPU (the i-th of this process's CUDA_VISIBLE_DEVICES, or GPU i; port
-        port0 + i) and wait until all answer /health. Call `close()` (or use `with`) to stop them."""
+        """Start one server per GPU (port port0 + i), wait for /health; `close()` (or `with`) stops them."""
         visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
         ids = visible[:gpus] if len(visible) >= gpus else [str(i) for i in range(gpus)]
         specs = [
@@ -114,11 +102,8 @@ class SGLangServers:
         launcher: Sequence[str] = (),
         warm_first: bool = False,
     ) -> "SGLangServers":
-        """Start the servers `specs` describe, side by side, and wait until all answer /health.
-        warm_first: the first one alone until it is up (it fills SGLang's JIT kernel cache, which the
-        others then share instead of compiling the same kernels at once). `launcher` replaces
-        `python -m sglang.launch_server ...` by a command that serves $PORT (its env: PORT,
-        SERVER_ARGS; tests start stand-ins this way)."""
+        """Start the servers `specs` describe, wait for /health (warm_first: the first alone, filling the JIT cache);
+        `launcher` replaces `python -m sglang.launch_server` by a command serving $PORT (tests' stand-ins)."""
         servers = cls([f"http://127.0.0.1:{s.port}" for s in specs], concurrency)
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         for i, spec in enumerate(specs):
@@ -210,8 +195,7 @@ class SGLangServers:
 
     @contextlib.asynccontextmanager
     async def session(self):
-        """`complete` for this event loop: requests go to the servers round robin, `concurrency` in
-        flight on each."""
+        """`complete` for this event loop: requests round robin over the servers, `concurrency` in flight on each."""
         import aiohttp
 
         limits = [asyncio.Semaphore(self.concurrency) for _ in self.urls]
@@ -250,9 +234,6 @@ class SGLangServers:
                 detail = f"{type(e).__name__}: {e}"
             await asyncio.sleep(1 + attempt)
         raise EngineError(f"{url}/generate failed three times: {detail}")
-
-
-# --- transformers fallback -----------------------------------------------------------------------
 
 
 class TransformersGenerator:

@@ -1,13 +1,7 @@
-"""The heads `lilicorr train --head` trains beside the DFlash drafter, and how each is built, saved and served.
-
-  lilicorr  LiLiCorrHead (head.py): LiLiCorrDraftModel, the head under `lilicorr.`
-  domino    DominoHead (baselines/domino.py): DFlashDraftModel with `projector_type` "domino" (serve: DFLASH)
-  dspark    DSparkHead (baselines/dspark.py): DSparkDraftModel (serve: --speculative-algorithm DSPARK)
-  none      no head: a plain DFlashDraftModel (serve: DFLASH)
-
-A training checkpoint keeps every head's tensors under `lilicorr.` and its geometry as `head_keys`; an export
-writes each head as its SGLang module reads it (LiLiCorr's under `lilicorr.`, the baselines' at their own names).
-"""
+"""The heads `lilicorr train --head` trains beside the DFlash drafter, and how each is built, saved and served:
+lilicorr (LiLiCorrDraftModel), domino and dspark (baselines/, served by DFLASH and DSPARK), none (a plain DFlash draft).
+A training checkpoint keeps every head's tensors under `lilicorr.` and its geometry as `head_keys`; an export writes
+each head as its SGLang module reads it."""
 
 from __future__ import annotations
 
@@ -38,8 +32,7 @@ def build_head(config: HeadConfig | None, drafter: DrafterConfig) -> Head | None
 
 
 def head_keys(config: HeadConfig | None) -> dict[str, Any] | None:
-    """What a training checkpoint records of the head (compared on resume): LiLiCorr's `lilicorr_*` keys, a
-    baseline's `to_keys()` (with its `kind`), None without a head."""
+    """What a training checkpoint records of the head: LiLiCorr's `lilicorr_*` keys, a baseline's `to_keys()`, None."""
     if config is None:
         return None
     return config.to_dflash_keys() if isinstance(config, LiLiCorrConfig) else config.to_keys()
@@ -119,6 +112,5 @@ def load_corrector_draft(directory: str | Path) -> tuple[DFlashDrafter, DominoHe
 
 
 def load_exported_draft(directory: str | Path) -> tuple[DFlashDrafter, Head | None]:
-    """Strict reload of any export `lilicorr export` writes: a Domino or DSpark draft with its corrector, else
-    drafter.load_draft's (a LiLiCorr draft with its head, a plain DFlash draft without one)."""
+    """Strict reload of any export: a Domino or DSpark draft with its corrector, else drafter.load_draft's."""
     return load_corrector_draft(directory) if read_corrector_draft(directory) is not None else load_draft(directory)

@@ -1,21 +1,9 @@
-"""One joint forward of drafter + head on a batch of sequences (paper Sec. 3.4, Eq. 7; the baselines' heads:
-losses.corrector_objective).
-
-  target (frozen, teacher-forced) -> context features, final hidden states
-  drafter over N blocks per sequence (block layout)  -> slot hidden states [R, S, Hm]
-  target LM head (frozen)                            -> drafter logits [R, S, V]
-  the proposal pipeline, torch route (fast_path/pipeline.py: top-K/LSE -> head(project_tokens(frozen
-  embeddings), log-probs, slot hidden, anchor hidden) -> greedy walk)
-                                                     -> candidate ids, log-probs, start, pair (with grad), draft
-  objective: lilicorr_objective (gamma = 0: plain DFlash, no head)
-A Domino or DSpark head instead corrects the drafter logits slot by slot, teacher-forced on the ground truth
-(its step logits, losses.corrector_objective), and proposes freely for the acceptance metric.
-
-The anchor hidden is the drafter's projected target context (fc + hidden_norm) of the token just
-before the anchor: at serving time SGLang publishes the last committed row of the projected
-context, and the anchor (slot 0) is the bonus token the target emitted from that row.
-R = valid blocks of the batch, S = B - 1 slots, K candidates.
-"""
+"""One joint forward of drafter + head on a batch of sequences (paper Sec. 3.4, Eq. 7): the frozen target's context
+features, the drafter over N blocks per sequence -> slot hidden [R, S, Hm] -> frozen LM head -> logits, then the
+torch-route proposal pipeline (fast_path/pipeline.py) -> candidates, start/pair scores (with grad), draft; objective:
+losses.lilicorr_objective (gamma = 0: plain DFlash). A Domino or DSpark head corrects the logits slot by slot,
+teacher-forced (losses.corrector_objective). The anchor hidden is the projected context row before the anchor, as
+SGLang publishes it when serving. R = valid blocks, S = B - 1 slots, K candidates."""
 
 from __future__ import annotations
 
@@ -59,9 +47,7 @@ class JointOutput:
 
 
 def metric_sums(outputs: list[JointOutput]) -> dict[str, tuple[float, float]]:
-    """Every metric of several forwards as (numerator, denominator) sums, which forwards on other ranks add to:
-    losses and coverage weighted by each forward's blocks, per-slot top-1 as hits over counts, acceptance over
-    blocks."""
+    """Every metric of several forwards as (numerator, denominator) sums, which other ranks' add to."""
     sums: dict[str, tuple[float, float]] = {}
 
     def add(name: str, numerator: float, denominator: float) -> None:
@@ -98,14 +84,12 @@ def pooled_metrics(outputs: list[JointOutput]) -> dict[str, float]:
 
 
 def acceptance_length(drafted: torch.Tensor, greedy: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Tokens a greedy target commits per block: 1 (its own) + the leading run of drafted tokens
-    equal to its teacher-forced choice. drafted, greedy [R, S], valid [R, S] bool -> [R] int64."""
+    """Tokens a greedy target commits per block (1 + the drafts matching its choices): [R, S] x3 -> [R] int64."""
     return 1 + ((drafted == greedy) & valid).long().cumprod(dim=1).sum(dim=1)
 
 
 class JointModel(nn.Module):
-    """The trainable modules (drafter, optional head); the frozen target is a plain attribute,
-    not a submodule, so DDP and the optimizer never see its weights."""
+    """The trainable modules (drafter, optional head); the frozen target is a plain attribute, unseen by DDP."""
 
     def __init__(self, drafter: DFlashDrafter, head: nn.Module | None, target: FrozenTarget) -> None:
         super().__init__()
@@ -148,8 +132,7 @@ class JointModel(nn.Module):
             hidden = self.drafter(embeds, lay.positions, context, ctx_pos, lay.attend)
             hidden = hidden.view(b, -1, bsz, hidden.shape[-1])
 
-        # the R valid blocks as (sequence, anchor) indices: one host read here; indexing by a boolean mask would read
-        # again at each use and in its backward (a sync in the middle of the backward pass)
+        # the R valid blocks as (sequence, anchor) indices: one host read here, not one per boolean-mask use (backward)
         seq, block = lay.anchor_valid.nonzero(as_tuple=True)  # [R], [R]
         pass_hidden = hidden[seq, block, 1:]  # [R, S, Hm]
         targets, valid = lay.targets[seq, block], lay.target_valid[seq, block]  # [R, S]
@@ -205,8 +188,7 @@ class JointModel(nn.Module):
     def corrector(
         self, pass_hidden, draft_logits, anchor_ids, targets, valid, greedy, weights, draft_hits, accept_draft
     ) -> JointOutput:
-        """The Domino or DSpark head's part of the forward: teacher-forced step logits -> corrector_objective; its free
-        greedy proposal -> acceptance (shapes as in forward)."""
+        """The Domino or DSpark head's part: teacher-forced step logits -> objective; free proposal -> acceptance."""
         forced = self.head(pass_hidden, draft_logits, anchor_ids, self.target.embed, forced=targets)
         first = 1 if isinstance(self.head, DominoHead) else 0  # Domino's slot 1 is the drafter's argmax
         terms = corrector_objective(draft_logits, forced.logits, targets, valid, weights, first, forced.confidence)

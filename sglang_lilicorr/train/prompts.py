@@ -1,16 +1,7 @@
-"""Where training prompts come from, and what keeps them apart from the evaluation sets.
-
-  magpie    the target writes its own user turns (the Magpie recipe): its chat template rendered up
-            to the start of a user message's content, continued at T = 1 until the turn ends. A
-            few of our own system prompts steer part of the samples towards maths, code, writing
-            and science; the reply is then generated under the template's default system prompt,
-            the one served requests get.
-  package   prompts built from source that ships with Python itself: standard-library functions
-            (explain / write / review) and module and class docstrings (summarise / rewrite /
-            write an essay).
-Every prompt is normalised for deduplication, and one equal to an evaluation prompt or sharing
-an 8-word shingle with one is dropped (`EvalGuard`).
-"""
+"""Where training prompts come from, and what keeps them apart from the evaluation sets: `magpie` (the target writes
+its own user turns from its chat template, some steered by our system prompts) and `package` (prompts from Python's
+standard library: functions, module and class docstrings). Prompts equal to an evaluation prompt or sharing an 8-word
+shingle with one are dropped (`EvalGuard`)."""
 
 from __future__ import annotations
 
@@ -49,8 +40,7 @@ PROSE_TEMPLATES = (
 
 
 def user_turn_prefix(tokenizer, history: Sequence[Mapping[str, str]] = (), system: str | None = None) -> str:
-    """The text the chat template puts before the content of the next user message: the system
-    prompt (`system`, or the template's own) and `history` (earlier user/assistant turns) included."""
+    """What the chat template puts before the next user message's content (system prompt and `history` included)."""
     messages = ([{"role": "system", "content": system}] if system else []) + list(history)
     text = tokenizer.apply_chat_template(
         messages + [{"role": "user", "content": SENTINEL}], tokenize=False, add_generation_prompt=False
@@ -81,12 +71,9 @@ def end_of_turn_ids(tokenizer) -> list[int]:
     return sorted(int(i) for i in ids if i is not None)
 
 
-# --- package prompts ---------------------------------------------------------------------------
-
-
 def stdlib_snippets(seed: int, max_chars: int = 1500) -> tuple[list[tuple[str, str, str]], list[str]]:
-    """-> (functions as (name, source, first docstring paragraph), module and class docstrings)
-    from this interpreter's standard library (test suites and private modules left out)."""
+    """-> (functions as (name, source, first docstring paragraph), module and class docstrings) of this
+    interpreter's standard library (no tests, no private modules)."""
     root = Path(sysconfig.get_paths()["stdlib"])
     skip = {"test", "tests", "idlelib", "lib2to3", "site-packages", "turtledemo"}
     files = sorted(
@@ -117,8 +104,7 @@ def stdlib_snippets(seed: int, max_chars: int = 1500) -> tuple[list[tuple[str, s
 
 
 def package_prompts(count: int, seed: int, max_chars: int = 1500) -> list[str]:
-    """`count` prompts from the standard library, two code prompts for every prose one (fewer if
-    the library has fewer snippets)."""
+    """`count` standard-library prompts, two code prompts per prose one (fewer if the library has fewer)."""
     functions, passages = stdlib_snippets(seed, max_chars)
     n_code = min(len(functions), count - min(len(passages), count // 3))
     code = [
@@ -129,9 +115,6 @@ def package_prompts(count: int, seed: int, max_chars: int = 1500) -> list[str]:
         PROSE_TEMPLATES[i % len(PROSE_TEMPLATES)].format(doc=d) for i, d in enumerate(passages[: count - len(code)])
     ]
     return code + prose
-
-
-# --- deduplication and the evaluation guard ----------------------------------------------------
 
 
 def normalised(text: str) -> str:
@@ -163,8 +146,7 @@ class EvalGuard:
 
 
 def dedup_and_guard(texts: Iterable[str], guard: EvalGuard, seen: set[str]) -> tuple[list[str], dict[str, int]]:
-    """Keep texts of >= 3 words not seen before (by `normalised`, updating `seen`) and not
-    overlapping an evaluation prompt -> (kept, counts of what was dropped and why)."""
+    """Texts of >= 3 words not `seen` (updated) nor overlapping evaluation -> (kept, drop counts by reason)."""
     kept, dropped = [], {"short": 0, "duplicate": 0, "overlaps_eval": 0}
     for text in texts:
         key = normalised(text)

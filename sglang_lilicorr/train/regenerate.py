@@ -1,23 +1,9 @@
-"""`lilicorr regenerate`: conversations whose every assistant turn is the target's own output (the
-drafter then learns what the verifier will accept), and the data recipe that builds a training set.
-
-Two modes, one driver (`play`):
-  prompt file   rows {"id", "messages"}: the user turns are played in order, each answered by the
-                target (earlier assistant turns are dropped: they are what is regenerated).
-  recipe        `build_dataset`: user turns the target writes itself (Magpie, prompts.py) and
-                prompts from the standard library; deduplicated, evaluation prompts excluded; a
-                seeded share of conversations gets a second, self-written user turn; a held-out
-                split; a manifest (counts, tokens, throughput, sha256 of every file).
-Output rows: {"id", "source", "messages", "turns": [{"prompt_ids", "output_ids", "finish_reason"}],
-"temperature", "seed"}: `messages` trains the drafter, `turns` holds the exact ids the target saw
-and produced (what `reference.replay` replays). A conversation is appended as soon as it is
-finished, so an interrupted run resumes where it stopped (ids already written are skipped; a torn
-last line is cut off; conversations dropped on the way are recorded too, and not redone).
-It writes only what is its own (ownership.py): an --output file that is new, empty or of regenerated rows (checked
-before a byte is written; a torn last line is cut only there), a --output-dir that is new, empty or a data set of
-the recipe (marked, or with the recipe's manifest.json); train.jsonl, heldout.jsonl and manifest.json are replaced
-whole.
-"""
+"""`lilicorr regenerate`: conversations whose every assistant turn is the target's own output, and the data recipe.
+One driver (`play`) for a prompt file (rows {"id", "messages"}: user turns replayed, each answered by the target) and
+the recipe (`build_dataset`: Magpie and standard-library prompts, deduplicated, evaluation prompts excluded, a seeded
+second turn, a held-out split, a manifest). Output rows {"id", "source", "messages", "turns": [{"prompt_ids",
+"output_ids", "finish_reason"}], "temperature", "seed"}, appended as finished, so a run resumes where it stopped.
+It writes only what is its own (ownership.py); train.jsonl, heldout.jsonl and manifest.json are replaced whole."""
 
 from __future__ import annotations
 
@@ -37,18 +23,8 @@ from ..jsonl import loads
 from ..ownership import claim_folder, jsonl_for_append, open_for_append, write_atomic
 from .data import DataError, checked_messages, read_jsonl
 from .engine import Generator, Sampling
-from .prompts import (
-    STEERING,
-    EvalGuard,
-    dedup_and_guard,
-    end_of_turn_ids,
-    eval_guard,
-    normalised,
-    package_prompts,
-    steering_plan,
-    user_texts,
-    user_turn_prefix,
-)
+from .prompts import STEERING, EvalGuard, dedup_and_guard, end_of_turn_ids, eval_guard, normalised, package_prompts
+from .prompts import steering_plan, user_texts, user_turn_prefix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,15 +74,11 @@ def request_seed(seed: int, conversation: str, turn: int, role: str) -> int:
     return zlib.crc32(f"{seed}:{conversation}:{turn}:{role}".encode()) & 0x7FFFFFFF
 
 
-# --- resumable jsonl output --------------------------------------------------------------------
-
-
 ROWS = "a file of `lilicorr regenerate` rows"
 
 
 def is_row(value) -> bool:
-    """A line of a regenerate output: a conversation ({"id", "messages", "turns"}) or a dropped one
-    ({"id", "reason"})."""
+    """A regenerate output line: a conversation ({"id", "messages", "turns"}) or a dropped one ({"id", "reason"})."""
     return (
         isinstance(value, dict)
         and "id" in value
@@ -119,8 +91,7 @@ def is_row(value) -> bool:
 
 
 def check_rows_file(path: Path) -> int | None:
-    """`path` (and its `.dropped` file) must be new, empty or of regenerated rows; reads only -> a torn tail's
-    offset."""
+    """`path` (and its `.dropped`) must be new, empty or of regenerated rows; reads only -> a torn tail's offset."""
     jsonl_for_append(path.with_name(path.name + ".dropped"), is_row, ROWS, "--output", DataError)
     return jsonl_for_append(path, is_row, ROWS, "--output", DataError)
 
@@ -152,9 +123,6 @@ def done_ids(path: Path) -> set[str]:
     return {str(row["id"]) for _, row in read_jsonl(path)}
 
 
-# --- the driver ----------------------------------------------------------------------------------
-
-
 def play(
     plans: Sequence[Plan],
     output: Path,
@@ -166,12 +134,9 @@ def play(
     stats: Stats | None = None,
     until: float | None = None,
 ) -> Stats:
-    """Play every plan not yet in `output` (or its `.dropped` file). Conversations run side by side,
-    `generator.capacity` at a time, each on to its next turn as soon as its last one is back; a
-    finished one is appended at once. Self-written user turns that are cut off, duplicate (`seen`) or
-    overlap `guard` end the conversation there (a conversation without a reply is dropped). Past
-    `until` (epoch seconds) no new conversation starts: those in flight finish, the rest count as
-    `unplayed` and a later call plays them."""
+    """Play every plan not yet in `output` (or its `.dropped` file), `generator.capacity` conversations at a time,
+    each appended when finished. A self-written user turn cut off, duplicate (`seen`) or overlapping `guard` ends its
+    conversation. Past `until` (epoch seconds) nothing new starts; the rest count as `unplayed`."""
     stats = stats or Stats()
     output.parent.mkdir(parents=True, exist_ok=True)
     dropped_path = output.with_name(output.name + ".dropped")
@@ -250,8 +215,7 @@ class RowWriter:
 
 @dataclasses.dataclass
 class Conversation:
-    """How one plan is played: its user turns (given, or written by the target at T = 1 from its own
-    template's user prefix) each answered by the target."""
+    """How one plan is played: its user turns (given, or self-written at T = 1) each answered by the target."""
 
     tokenizer: Any
     reply: Sampling
@@ -314,12 +278,8 @@ class Conversation:
         return out
 
 
-# --- prompt files --------------------------------------------------------------------------------
-
-
 def prompt_plans(path: str | Path, guard: EvalGuard | None = None) -> list[Plan]:
-    """Plans of a prompt file (rows with `messages`, `turns` or `text`; `id` and `set` are kept);
-    a prompt that overlaps an evaluation prompt is refused, naming its line."""
+    """Plans of a prompt file (`messages`, `turns` or `text`; `id`, `set` kept); an evaluation overlap is refused."""
     plans, ids = [], set()
     for number, row in read_jsonl(path):
         where = f"{path}:{number}"
@@ -349,9 +309,6 @@ def prompt_plans(path: str | Path, guard: EvalGuard | None = None) -> list[Plan]
     return plans
 
 
-# --- the recipe ------------------------------------------------------------------------------------
-
-
 def recipe_plans(
     magpie: int, package: int, second_turn_share: float, seed: int, guard: EvalGuard, seen: set[str]
 ) -> tuple[list[Plan], dict]:
@@ -379,8 +336,7 @@ def file_entry(path: Path) -> dict:
 
 
 def recipe_options(args) -> dict:
-    """build_dataset's sizes and deadline from a command's --magpie, --package, --second-turns, --heldout and
-    --minutes (`lilicorr regenerate --recipe`, the testbed's data step); the deadline counts from now."""
+    """build_dataset's sizes and deadline (from now) from --magpie, --package, --second-turns, --heldout, --minutes."""
     return dict(
         magpie=args.magpie,
         package=args.package,
@@ -404,8 +360,8 @@ def build_dataset(
     describe: Mapping[str, Any] = (),
     until: float | None = None,
 ) -> dict:
-    """The recipe: DIR/conversations.jsonl (resumable) -> DIR/train.jsonl + DIR/heldout.jsonl + DIR/manifest.json.
-    With `until` (epoch seconds) the set closes at what was generated by then (`this_call.unplayed`)."""
+    """The recipe: DIR/conversations.jsonl (resumable) -> train.jsonl, heldout.jsonl, manifest.json; with `until`
+    (epoch seconds) the set closes at what was generated by then."""
     out = Path(out_dir)
     claim_dataset_dir(out)
     guard = eval_guard(exclude)

@@ -1,28 +1,11 @@
-"""Training checkpoints (resumable), their strict reload, and the run's other files.
-
-  OUTPUT/.lilicorr.json      the marker of a training run (ownership.py): train writes only into a new or empty
-                             folder or a run
-  OUTPUT/checkpoints/step-XXXXXXXX/
-      train_state.json       step, epoch position, drafter config (SGLang config.json form),
-                             head geometry (heads.head_keys: LiLiCorr's `lilicorr_*` keys, a baseline's, or null),
-                             the run's data and settings (`run`, compared on resume) and the sha256 of optimizer.pt
-      trainable.safetensors  drafter tensors (fp32 masters) and the head (any kind) under `lilicorr.`, their checksum in
-                             the safetensors metadata
-      optimizer.pt           optimizer + LR schedule state
-  OUTPUT/latest              name of the newest complete checkpoint
-  OUTPUT/snapshots/step-XXXXXXXX.safetensors   bf16 trainable tensors at each eval step (curves)
-  OUTPUT/metrics.jsonl       one row per logging step
-
-Every file and directory is written under a temporary name and renamed when complete; `latest` is
-replaced atomically after it, so an interrupted save never looks like a checkpoint. On resume
-the temporaries a kill left behind are removed (`remove_orphans`, by rank 0 alone), a latest
-checkpoint that does not load or does not match its checksums gives way to the newest one that does
-(`resume_point`, with a warning); when checkpoints exist and none loads the run stops with one line (never a
-silent restart from step 0). Metrics rows past the resumed step are dropped, so a resumed run logs every step once.
-A checkpoint without its checksums (written before they existed) loads only with `legacy` (--accept-legacy-checkpoints),
-with a warning; every tensor must be float32 and finite, and is checked for its name and shape as it loads
-(`load_trainable`: resume and export alike).
-"""
+"""Training checkpoints (resumable), their strict reload, and the run's other files: OUTPUT/.lilicorr.json (the run's
+marker), checkpoints/step-XXXXXXXX/ (train_state.json: step, data position, configs, `run` settings, optimizer
+checksum; trainable.safetensors: fp32 drafter and head under `lilicorr.`, checksummed; optimizer.pt), `latest`,
+snapshots/step-XXXXXXXX.safetensors (bf16, each eval step) and metrics.jsonl.
+Everything is written under a temporary name and renamed when complete, `latest` last. Resume removes a kill's
+temporaries (`remove_orphans`), falls back from a checkpoint that does not load to the newest that does
+(`resume_point`), and drops metrics rows past it. Checkpoints without checksums load only with `legacy`; tensors
+must be fp32, finite, and of their names and shapes (`load_trainable`)."""
 
 from __future__ import annotations
 
@@ -37,24 +20,9 @@ from typing import Any, Mapping
 
 import torch
 
-from ..checkpoint import (
-    CONFIG_FILE,
-    HEAD_PREFIX,
-    WEIGHTS_FILE,
-    LEGACY_FLAG,
-    CheckpointError,
-    UncheckedError,
-    atomic_directory,
-    dtype_of,
-    has_head,
-    lilicorr_config,
-    load_strict,
-    load_tensors,
-    read_config,
-    read_tensors,
-    save_tensors,
-    split_head,
-)
+from ..checkpoint import CONFIG_FILE, HEAD_PREFIX, WEIGHTS_FILE, LEGACY_FLAG, CheckpointError, UncheckedError
+from ..checkpoint import atomic_directory, dtype_of, has_head, lilicorr_config, load_strict, load_tensors, read_config
+from ..checkpoint import read_tensors, save_tensors, split_head
 from ..jsonl import loads
 from ..ownership import remove_temporaries, write_atomic
 from ..drafter import DrafterConfig
@@ -70,8 +38,7 @@ START_OVER = (
 
 
 class IncompatibleCheckpointError(CheckpointError):
-    """A training checkpoint does not match the run that tries to resume (or start) from it: the arguments
-    cannot work with that folder (exit 2)."""
+    """A training checkpoint does not match the run that resumes (or starts) from it (exit 2)."""
 
     exit_code = 2
 
@@ -110,8 +77,7 @@ def save_training_checkpoint(
 
 
 def point_latest(output_dir: str | Path, checkpoint: Path) -> None:
-    """`latest` names `checkpoint` (replaced atomically; a kill between a checkpoint and its pointer is mended on
-    resume)."""
+    """`latest` names `checkpoint`, replaced atomically."""
     pointer = Path(output_dir) / LATEST
     if not pointer.is_file() or pointer.read_text().strip() != checkpoint.name:
         write_atomic(pointer, checkpoint.name + "\n")
@@ -139,8 +105,7 @@ def complete_checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def remove_orphans(output_dir: str | Path) -> list[Path]:
-    """Remove the temporaries an interrupted save left behind in a run (ownership.temporary_name, and the
-    names of runs written before it: `.step-*` checkpoint folders, `.*.tmp` files) -> what was removed."""
+    """Remove the temporaries an interrupted save left in a run (older runs' names too) -> what was removed."""
     out = Path(output_dir)
     found = [p for folder in (out, out / "checkpoints", out / "snapshots") for p in remove_temporaries(folder)]
     legacy = list((out / "checkpoints").glob(".step-*")) + list((out / "snapshots").glob(".step-*.safetensors.tmp"))
@@ -153,11 +118,9 @@ def remove_orphans(output_dir: str | Path) -> list[Path]:
 def resume_point(
     output_dir: str | Path, warn=print, map_location="cpu", legacy: bool = False
 ) -> tuple[Path, tuple, dict] | None:
-    """The newest checkpoint that loads and matches its checksums -> (its path, `read_training_checkpoint`, its
-    optimizer state), or None when the run has no checkpoint; a checkpoint that does not load is skipped with a
-    warning, and when none loads CheckpointError ends the run (the checkpoints and metrics are kept). `legacy`:
-    checkpoints without checksums load, with a warning. Reads only: the process that writes the run removes the
-    orphans first (`remove_orphans`)."""
+    """The newest checkpoint that loads and matches its checksums -> (path, `read_training_checkpoint`, optimizer
+    state), or None without checkpoints; one that does not load is skipped with a warning, none loading raises
+    CheckpointError. `legacy`: checkpoints without checksums load. Reads only."""
     found = complete_checkpoints(output_dir)
     for i, path in enumerate(found):
         try:
@@ -177,8 +140,7 @@ def resume_point(
 
 
 def read_optimizer_state(path: str | Path, map_location="cpu", legacy: bool = False) -> dict:
-    """optimizer.pt of a checkpoint, checked against the sha256 in its train_state.json (one without it is refused
-    unless `legacy`, then loaded with a warning)."""
+    """optimizer.pt, checked against its sha256 in train_state.json (none: refused unless `legacy`)."""
     path = Path(path)
     where = path / OPTIMIZER_FILE
     try:
@@ -216,8 +178,7 @@ def read_optimizer_state(path: str | Path, map_location="cpu", legacy: bool = Fa
 
 
 def set_aside_newer(output_dir: str | Path, resumed: Path) -> list[Path]:
-    """Checkpoints newer than the one a run resumed from did not load: renamed `bad-step-N` (kept, never counted,
-    resumed from or pruned) -> their new paths."""
+    """Checkpoints newer than the one resumed (they did not load) renamed `bad-step-N` -> their new paths."""
     moved = []
     for path in complete_checkpoints(output_dir):
         if path.name > resumed.name:
@@ -261,9 +222,8 @@ def trim_metrics(path: str | Path, step: int) -> None:
 def read_training_checkpoint(
     path: str | Path, legacy: bool = False
 ) -> tuple[dict[str, Any], DrafterConfig, HeadConfig | None, dict[str, torch.Tensor]]:
-    """A checkpoint, or a run's (the one `latest` names; the newest complete one, with a warning, when `latest` is
-    missing) -> (state json, drafter config, head config or None, tensors: float32 and finite, checked against their
-    checksum; one without it is refused unless `legacy`, then loaded with a warning)."""
+    """A checkpoint, or a run's (`latest`'s, else the newest complete one) -> (state json, drafter config, head
+    config or None, float32 finite checksummed tensors; without a checksum refused unless `legacy`)."""
     path = Path(path)
     if not (path / STATE_FILE).is_file() and (path / LATEST).is_file():
         path = latest_checkpoint(path)
@@ -321,9 +281,8 @@ def check_resume_compatible(
     run: Mapping[str, Any] | None = None,
     added: Mapping[str, Any] | None = None,
 ) -> None:
-    """The checkpoint's geometry must be this run's; with `run` (trainer.run_identity) its data and settings too
-    (checkpoints written before they were recorded are not compared). `added`: settings introduced after some
-    checkpoints were written, with the value that reproduces what those runs did (a checkpoint without one had it)."""
+    """The checkpoint's geometry must be this run's; with `run` its data and settings too. `added`: settings
+    introduced later, with the value older checkpoints had."""
     check_same_geometry(state["drafter_config"], state["head_config"], drafter, head, where, "resume")
     saved = state.get("run")
     if run is None or not isinstance(saved, dict):
@@ -356,9 +315,7 @@ def check_same_geometry(
     action: str,
     rope_may_differ: bool = False,
 ) -> None:
-    """Raises IncompatibleCheckpointError unless the saved drafter config (SGLang config.json form) and
-    head keys (heads.head_keys, or None) are this run's; with rope_may_differ the rope's scaling (which shapes no
-    tensor) may be another."""
+    """IncompatibleCheckpointError unless the saved drafter config and head keys are this run's."""
     saved_d = DrafterConfig.from_hf_config(saved_drafter)
     if rope_may_differ:
         saved_d = dataclasses.replace(saved_d, rope_scaling=drafter.rope_scaling)
@@ -395,10 +352,8 @@ def draft_geometry(directory: str | Path) -> DrafterConfig:
 def load_draft_weights(
     directory: str | Path, drafter, head, drafter_cfg: DrafterConfig, head_cfg: HeadConfig | None
 ) -> None:
-    """Start a run from an exported draft: its weights (as fp32 masters), not its step or optimizer.
-    The draft must have this run's drafter geometry and either this run's head or none (a head-less DFlash draft
-    starts every head fresh: the paper's heads are all trained from a DFlash drafter); its rope scaling may differ
-    (a YaRN run may start from a plain-RoPE draft: the paper's extension to long inputs)."""
+    """Start a run from an exported draft's weights (fp32 masters), not its step or optimizer: this run's drafter
+    geometry and this run's head or none (heads then start fresh); its rope scaling may differ (YaRN from plain)."""
     corrector = read_corrector_draft(directory)
     if corrector is not None:
         config, saved_head, drafter_t, head_t = corrector
@@ -426,8 +381,7 @@ def load_draft_weights(
 
 
 def load_trainable(tensors: Mapping[str, torch.Tensor], drafter, head, where: str) -> None:
-    """A training checkpoint's tensors into a run's drafter and head, strictly (every tensor named, shaped, float32
-    and finite): resume and export read a checkpoint alike."""
+    """A training checkpoint's tensors into a drafter and head, strictly (named, shaped, float32, finite)."""
     drafter_t, head_t = split_head(tensors)
     fix = "use an earlier checkpoint (OUTPUT/checkpoints/step-N)"
     try:

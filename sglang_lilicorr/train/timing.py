@@ -1,7 +1,5 @@
-"""Where a training step's time goes: device time per phase (target forward, drafter, head and
-objective, backward, optimizer) from CUDA events, or the host clock on CPU, summed over a
-logging window and reported in ms per step. Events are read once per window, so timing adds no
-synchronisation to the steps themselves."""
+"""Where a training step's time goes: device time per phase (target, drafter, head and objective, backward,
+optimizer) from CUDA events (host clock on CPU), read once per logging window (no added sync), in ms per step."""
 
 from __future__ import annotations
 

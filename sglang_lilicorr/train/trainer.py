@@ -1,32 +1,12 @@
-"""`lilicorr train`: joint training of the DFlash drafter and a head (LiLiCorr, or the baselines Domino and DSpark,
-train/heads.py; paper Sec. 3.4 and 4, Table hparams), one GPU or data-parallel under torchrun (DDP, same code path;
-gloo on CPU).
-
-Optimisation: AdamW with two groups (drafter, head; --train head: the head's alone, the drafter frozen and run
-without a graph), cosine schedule with linear warm-up,
-gradient-norm clip, bf16 autocast over fp32 master weights, optional gradient accumulation.
---head none (or gamma = 0) trains plain DFlash (no head is built and the export is a vanilla draft).
-
-The global batch of a step is batch_size x grad_accum x ranks sequences, cut into grad_accum x ranks
-micro-batches: micro-batch j = rank + ranks * micro holds the step's sequences j, j + G, j + 2G, ...
-(G = grad_accum x ranks) and draws its anchors from seed step * G + j, so any split of one global batch
-between ranks and accumulation trains on the same micro-batches and the same gradient (the mean of their
-objectives), up to float summation order. A run may start from a draft (`init_from`: an export, or a DFlash
-draft as published; its weights and geometry, a fresh optimizer and schedule); a resumable checkpoint in its output
-folder takes precedence. Its logged training metrics are pooled over the whole global
-batch (every micro-batch of every rank, weighted by blocks), and tokens/s counts every rank's tokens.
-Only rank 0 writes, as the run folder's one writer (its lock, ownership.sole_writer, held for the run's life):
-checkpoints, snapshots, metrics, and the clean-up of an interrupted save. --no-resume starts a run only in a
-folder without one (--move-aside moves that run to OUTPUT.old-N first): two runs' steps never share a folder.
-
-Every `eval_every` steps the held-out conversations are evaluated (losses, per-slot top-1 of the
-drafter and the reranker, teacher-forced acceptance) and, when they carry the target's own ids
-(`lilicorr regenerate` output), replayed for the exact T = 0 tau of the argmax block and the
-LiLiCorr walk (`reference.replay`); the weights of that step are kept as a snapshot, so the
-curves can be evaluated again later. A step whose loss or gradient is not finite is skipped (no
-update); after `max_bad_steps` of them the run stops with `TrainingDiverged`, and no checkpoint
-ever holds a non-finite tensor.
-"""
+"""`lilicorr train`: joint training of the DFlash drafter and a head (LiLiCorr, Domino or DSpark: train/heads.py;
+paper Sec. 3.4 and 4), one GPU or DDP under torchrun (gloo on CPU): AdamW over two groups (--train head: the head's
+alone, the drafter frozen and run without a graph), cosine schedule with warm-up, gradient clip, bf16 autocast over
+fp32 masters. A step's global batch is cut into G = grad_accum x ranks micro-batches, micro-batch j = rank + ranks *
+micro holding sequences j, j + G, ... with anchors seeded by step * G + j, so any split between ranks and
+accumulation trains the same gradient; metrics pool the global batch. A run may start from a draft (`init_from`: an
+export, or a DFlash draft as published: its weights and geometry). Rank 0 alone writes (ownership.sole_writer). Every
+`eval_every` steps: held-out metrics, the replay tau on regenerated data, a snapshot. Non-finite steps are skipped
+(`max_bad_steps` raise TrainingDiverged); checkpoints stay finite."""
 
 from __future__ import annotations
 
@@ -55,18 +35,9 @@ from .data import DataError, Example, collate, epoch_batches, load_conversations
 from .heads import Head, HeadConfig, build_head
 from .joint import JointModel, metric_sums, pooled_metrics, ratios
 from .prompts import check_disjoint, eval_guard
+from .state import LATEST, STATE_FILE, TENSORS_FILE, IncompatibleCheckpointError, check_resume_compatible
+from .state import draft_geometry, point_latest, set_aside_newer, load_draft_weights, load_trainable, prune_checkpoints
 from .state import (
-    LATEST,
-    IncompatibleCheckpointError,
-    STATE_FILE,
-    TENSORS_FILE,
-    check_resume_compatible,
-    draft_geometry,
-    point_latest,
-    set_aside_newer,
-    load_draft_weights,
-    load_trainable,
-    prune_checkpoints,
     remove_orphans,
     resume_point,
     save_snapshot,
@@ -79,9 +50,6 @@ from .timing import PhaseTimer
 
 class TrainingDiverged(LiLiCorrError, RuntimeError):
     """Too many steps had a non-finite loss or gradient; the last good checkpoint is kept."""
-
-
-# --- building blocks ---------------------------------------------------------------------
 
 
 def resolve_mask_token(tokenizer, name: str | None, vocab_size: int) -> tuple[str, int]:
@@ -103,8 +71,7 @@ def resolve_mask_token(tokenizer, name: str | None, vocab_size: int) -> tuple[st
 
 
 def drafter_config_for(model, tokenizer, cfg: TrainConfig) -> DrafterConfig:
-    """Drafter geometry: an --init-from draft's own (`init_drafter_config`), else from the target's config (width,
-    heads, rope, max positions) and the run's options (the rope's scaling among them)."""
+    """Drafter geometry: an --init-from draft's own (`init_drafter_config`), else the target's and the run's options."""
     tc = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     if cfg.init_from:
         drafter = init_drafter_config(cfg, int(tc.num_hidden_layers), model.get_output_embeddings().weight.shape)
@@ -244,8 +211,7 @@ def load_target(path: str, device: torch.device, bf16: bool):
 
 
 def held_out_turns(path: str, limit: int) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, output ids) of the first `limit` held-out conversations' turns, when the rows
-    carry them (`lilicorr regenerate` output); [] otherwise."""
+    """(prompt ids, output ids) of the first `limit` held-out turns where the rows carry them; else []."""
     turns = []
     for _, row in read_jsonl(path):
         for t in row.get("turns") or []:
@@ -287,8 +253,7 @@ def file_digest(path: str | None) -> str | None:
 
 
 def run_identity(cfg: TrainConfig) -> dict:
-    """What a checkpoint records of its run and a resume compares: the data's bytes and the settings that shape
-    the updates (TrainConfig.resumed_settings)."""
+    """What a checkpoint records of its run and a resume compares: the data's sha256 and the update-shaping settings."""
     return {
         "data_sha256": file_digest(cfg.data),
         "eval_data_sha256": file_digest(cfg.eval_data),
@@ -338,8 +303,7 @@ def on_every_rank(flag: bool, world: int, device) -> bool:
 
 
 def global_batch_metrics(outputs: list, tokens: int, env: "Distributed") -> tuple[dict[str, float], int]:
-    """This rank's micro-batch outputs of a step and its token count since the last log -> the step's metrics pooled
-    over every rank's micro-batches (their metric_sums added in one all-reduce) and every rank's tokens."""
+    """This rank's step outputs and tokens -> the step's metrics and tokens pooled over every rank."""
     sums = metric_sums(outputs)
     if env.world > 1:
         names = sorted(sums)
@@ -350,9 +314,6 @@ def global_batch_metrics(outputs: list, tokens: int, env: "Distributed") -> tupl
         values = flat.tolist()
         sums, tokens = {n: (values[2 * i], values[2 * i + 1]) for i, n in enumerate(names)}, int(values[-1])
     return ratios(sums), tokens
-
-
-# --- the loop ------------------------------------------------------------------------------
 
 
 class Distributed:
@@ -412,8 +373,7 @@ class Evaluator:
 
 @dataclasses.dataclass
 class Job:
-    """What a run trains, built once (`build_job`): the models, optimizer and schedule, the data, the run's length
-    (`total` steps, cut short by --max-minutes) and identity."""
+    """What a run trains, built once (`build_job`): models, optimizer, schedule, data, length (`total`) and identity."""
 
     cfg: TrainConfig
     env: Distributed
@@ -459,8 +419,7 @@ def train(cfg: TrainConfig) -> dict[str, float]:
 
 @contextlib.contextmanager
 def sole_writer_of_run(cfg: TrainConfig, env: Distributed):
-    """Rank 0 holds the run folder's lock (ownership.sole_writer) for the run's life; when another process holds it,
-    every rank stops alike (HeldError, exit 2) before anything loads."""
+    """Rank 0 holds the run folder's lock for the run's life; held elsewhere, every rank stops (HeldError)."""
     with contextlib.ExitStack() as lock:
         refused = None
         if env.main:
@@ -484,8 +443,7 @@ def run_state(folder: Path) -> list[str]:
 
 
 def check_start_over(cfg: TrainConfig) -> None:
-    """--no-resume starts step 0 only in a folder without a run (two runs' steps never share a folder): a run there
-    is refused (exit 2) unless --move-aside moves it beside the folder (`start_point`)."""
+    """--no-resume starts only in a folder without a run (else exit 2), unless --move-aside moves it first."""
     out = Path(cfg.output_dir)
     if cfg.resume or cfg.move_aside or not out.is_dir() or not run_state(out):
         return
@@ -564,8 +522,7 @@ def build_job(cfg: TrainConfig, env: Distributed) -> Job:
 
 
 def start_point(job: Job) -> int:
-    """Claim the output folder and find where the run starts -> the step: the newest checkpoint that loads (its
-    weights, optimizer and schedule), else --init-from's weights or fresh ones at step 0. Metrics rows past it go."""
+    """Claim the folder -> the start step: the newest loadable checkpoint's, else 0 (--init-from or fresh)."""
     cfg, env, out_dir = job.cfg, job.env, job.out_dir
     if env.main:
         if cfg.move_aside and out_dir.is_dir() and run_state(out_dir):
@@ -597,8 +554,7 @@ def start_point(job: Job) -> int:
 
 
 def resume_from(job: Job, path: Path, checkpoint: tuple, opt_state: dict) -> int:
-    """Load a checkpoint `resume_point` found into the job -> its step; newer checkpoints that did not load are set
-    aside and `latest` names this one."""
+    """Load a checkpoint `resume_point` found -> its step; newer ones set aside, `latest` names this one."""
     state, _, _, tensors = checkpoint
     check_resume_compatible(
         state,
@@ -629,8 +585,7 @@ def resume_from(job: Job, path: Path, checkpoint: tuple, opt_state: dict) -> int
 
 
 def train_loop(job: Job, step: int, progress_bar) -> dict[str, float]:
-    """Train from `step` to the run's end: each step's update (or skip), its log row, evaluation and snapshot at
-    eval steps, checkpoints every --save-every steps and at the end -> the last logged metrics."""
+    """Train from `step` to the end: updates, logs, evaluations, snapshots, checkpoints -> the last logged metrics."""
     cfg, env = job.cfg, job.env
     trainable = (
         DistributedDataParallel(job.joint, device_ids=[env.device.index] if env.device.type == "cuda" else None)
@@ -699,8 +654,7 @@ def train_loop(job: Job, step: int, progress_bar) -> dict[str, float]:
 
 
 def accumulate_gradients(job: Job, trainable, ids: list[int], step: int, weights, timer) -> tuple[bool, list, int]:
-    """Forward and backward of one step's micro-batches (this rank's `ids`) -> (every loss finite, their outputs,
-    their tokens)."""
+    """Forward and backward of one step's micro-batches -> (every loss finite, their outputs, their tokens)."""
     cfg, env = job.cfg, job.env
     finite, outputs, tokens = True, [], 0
     for micro in range(cfg.grad_accum):
@@ -720,8 +674,7 @@ def accumulate_gradients(job: Job, trainable, ids: list[int], step: int, weights
 
 
 def update_or_skip(job: Job, finite: bool, bad: int, step: int) -> int:
-    """The optimizer step when the loss and gradient are finite on every rank, else a skipped step (no update) ->
-    the count of skipped steps; TrainingDiverged after --max-bad-steps of them."""
+    """Step when loss and gradient are finite on every rank, else skip -> skips so far (TrainingDiverged at max)."""
     cfg = job.cfg
     if on_every_rank(finite, job.env.world, job.env.device):
         job.optimizer.step()

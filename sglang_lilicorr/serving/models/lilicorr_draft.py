@@ -1,13 +1,7 @@
-"""LiLiCorrDraftModel: SGLang's DFlashDraftModel (the block drafter, used as a library) plus our
-LiLiCorr head, built from `dflash_config.lilicorr_*` and loaded from the `lilicorr.` tensors.
-
-Loading is strict: every drafter parameter and every head parameter must come from the
-checkpoint with its exact shape, and the checkpoint may hold nothing else (SGLang's DFlash loader
-alone skips unknown names silently, which would serve random weights at a low acceptance rate).
-
-The head is stored as `lilicorr_head`, not `lilicorr`: SGLang's DFlash worker runs its built-in
-head on any draft whose `lilicorr` attribute is set, and LILICORR must run ours.
-"""
+"""LiLiCorrDraftModel: SGLang's DFlashDraftModel plus our LiLiCorr head (`dflash_config.lilicorr_*`, the
+`lilicorr.` tensors). Loading is strict: every parameter from the checkpoint with its exact shape, nothing else
+(SGLang's loader skips unknown names, which would serve random weights). The head is `lilicorr_head`: SGLang runs its
+built-in head on any draft with a `lilicorr` attribute."""
 
 from __future__ import annotations
 
@@ -45,8 +39,7 @@ class LiLiCorrDraftModel(DFlashDraftModel):
         self._context_hidden: torch.Tensor | None = None  # [N, Hm] the last projected target states
 
     def project_target_hidden(self, target_hidden: torch.Tensor) -> torch.Tensor:
-        """The drafter's context projection (fc + hidden_norm), kept until `take_context_hidden`:
-        the LiLiCorr anchor of each request is one of these rows, so it is never projected twice."""
+        """The drafter's context projection (fc + hidden_norm), kept until `take_context_hidden` (the anchors)."""
         self._context_hidden = super().project_target_hidden(target_hidden)
         return self._context_hidden
 
@@ -66,8 +59,6 @@ class LiLiCorrDraftModel(DFlashDraftModel):
                 f"{self.head_block_size}; set --speculative-num-draft-tokens {self.head_block_size}."
             )
         super().set_block_size(block_size)
-
-    # --- strict loading ---------------------------------------------------------------------
 
     def expected_drafter_tensors(self) -> set[str]:
         """Checkpoint names that must fill the drafter's parameters (packed ones unpacked)."""
