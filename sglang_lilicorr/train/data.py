@@ -1,7 +1,9 @@
 """Training conversations: jsonl rows {"messages": [{"role", "content"}, ...]} -> token ids and a loss mask over the
 assistant turns, rendered with the target's chat template. Turn i is supervised on the tokens that rendering
 messages[:i+1] adds to messages[:i] with the generation prompt (its end-of-turn token, not the assistant header); a
-template that rewrites earlier turns is refused with the row named."""
+last turn the target did not end (regenerate rows whose last finish_reason is "length" or "loop") only up to its
+content, since the end-of-turn after it is the template's. A template that rewrites earlier turns is refused with the
+row named."""
 
 from __future__ import annotations
 
@@ -44,19 +46,52 @@ def checked_messages(row: Mapping[str, Any], where: str) -> list[dict[str, str]]
 
 
 def render(
-    tokenizer, messages: Sequence[Mapping[str, str]], generation_prompt: bool, chat_kwargs: Mapping[str, Any]
+    tokenizer,
+    messages: Sequence[Mapping[str, str]],
+    generation_prompt: bool,
+    chat_kwargs: Mapping[str, Any],
+    open_end: bool = False,
 ) -> list[int]:
+    """The chat template's ids of `messages`; open_end: up to the last message's content (no end-of-turn)."""
+    extra = {"continue_final_message": True} if open_end else {}
     return list(
         tokenizer.apply_chat_template(
-            list(messages), tokenize=True, return_dict=False, add_generation_prompt=generation_prompt, **chat_kwargs
+            list(messages),
+            tokenize=True,
+            return_dict=False,
+            add_generation_prompt=generation_prompt,
+            **extra,
+            **chat_kwargs,
         )
     )
 
 
+def open_end(row: Mapping[str, Any]) -> bool:
+    """The row's last turn was cut, not ended by the target (regenerate's `turns`: finish_reason length or loop)."""
+    turns = row.get("turns")
+    return (
+        bool(turns)
+        and isinstance(turns, list)
+        and isinstance(turns[-1], dict)
+        and (turns[-1].get("finish_reason") in ("length", "loop"))
+    )
+
+
+def content_end(tokenizer, messages: Sequence[Mapping[str, str]], chat_kwargs: Mapping[str, Any], ids: list[int]):
+    """The ids of `messages` up to the last one's content (a prefix of their whole rendering `ids`), or None where
+    the template cannot render that (its end-of-turn is then supervised, as for an ended turn)."""
+    try:
+        upto = render(tokenizer, messages, False, chat_kwargs, open_end=True)
+    except ValueError:  # transformers: the final message does not appear verbatim in the rendering
+        return None
+    return upto if ids[: len(upto)] == upto else None
+
+
 def tokenize_conversation(
-    tokenizer, messages: Sequence[Mapping[str, str]], chat_kwargs: Mapping[str, Any], where: str
+    tokenizer, messages: Sequence[Mapping[str, str]], chat_kwargs: Mapping[str, Any], where: str, cut: bool = False
 ) -> tuple[list[int], list[bool]]:
-    """-> (token ids, loss mask) of a whole conversation; assistant turns supervised."""
+    """-> (token ids, loss mask) of a whole conversation; assistant turns supervised (with `cut`, the last one up to
+    its content's end: module docstring)."""
     ids = render(tokenizer, messages, False, chat_kwargs)
     mask = [False] * len(ids)
     for i, m in enumerate(messages):
@@ -64,6 +99,8 @@ def tokenize_conversation(
             continue
         start = len(render(tokenizer, messages[:i], True, chat_kwargs)) if i else 0
         upto = render(tokenizer, messages[: i + 1], False, chat_kwargs)
+        if cut and i == len(messages) - 1:
+            upto = content_end(tokenizer, messages, chat_kwargs, ids) or upto
         if ids[: len(upto)] != upto or start > len(upto):
             raise DataError(
                 f"{where}: the chat template does not render this conversation as an extension of its prefix at "
@@ -102,7 +139,7 @@ def load_conversations(
                 )
             ]
     rows = [(f"{path}:{number}", row) for number, row in read_jsonl(path)]
-    work = [(where, checked_messages(row, where)) for where, row in rows]
+    work = [(where, checked_messages(row, where), open_end(row)) for where, row in rows]
     if len(work) >= POOL_MIN_ROWS and (os.cpu_count() or 1) > 2:
         with concurrent.futures.ProcessPoolExecutor(
             min(32, os.cpu_count()), initializer=_set_worker, initargs=(tokenizer, chat_kwargs)
@@ -145,6 +182,7 @@ def load_conversations(
 
 
 POOL_MIN_ROWS = 2000  # files this long are tokenized by a process pool
+MASK_RULE = "cut-last-turn-open"  # in the cache key: caches of an earlier loss mask are not reused
 _WORKER: dict[str, Any] = {}
 
 
@@ -152,14 +190,15 @@ def _set_worker(tokenizer, chat_kwargs: Mapping[str, Any]) -> None:
     _WORKER.update(tokenizer=tokenizer, chat_kwargs=dict(chat_kwargs))
 
 
-def _encode(item: tuple[str, list[dict[str, str]]]) -> tuple[list[int], list[bool]]:
-    where, messages = item
-    return tokenize_conversation(_WORKER["tokenizer"], messages, _WORKER["chat_kwargs"], where)
+def _encode(item: tuple[str, list[dict[str, str]], bool]) -> tuple[list[int], list[bool]]:
+    where, messages, cut = item
+    return tokenize_conversation(_WORKER["tokenizer"], messages, _WORKER["chat_kwargs"], where, cut)
 
 
 def _cache_key(path: Path, tokenizer, max_length: int, chat_kwargs: Mapping[str, Any]) -> str:
     digest = hashlib.sha256(path.read_bytes() if path.is_file() else b"")
     for part in (
+        MASK_RULE,
         getattr(tokenizer, "name_or_path", ""),
         getattr(tokenizer, "chat_template", "") or "",
         len(tokenizer),
