@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from .variants import LONG, SCALE, SCHEDULE
+from .variants import LONG, PAPER_RECIPE, SCALE, SCHEDULE
 
 
 def to_out(out: str | None, *paths: Path) -> None:
@@ -182,8 +182,14 @@ def generator(args, log_dir: Path, tokenizer):
 
 
 def scale_and_schedule(args) -> dict:
-    """SCALE + SCHEDULE (+ LONG with --long) with --override KEY=JSON applied (tests shrink the models this way)."""
-    options = {**SCALE, **SCHEDULE, **(LONG if getattr(args, "long", False) else {})}
+    """SCALE + SCHEDULE (+ LONG with --long, + PAPER_RECIPE with --paper-recipe) with --override KEY=JSON applied
+    (tests shrink the models this way)."""
+    options = {
+        **SCALE,
+        **SCHEDULE,
+        **(LONG if getattr(args, "long", False) else {}),
+        **(PAPER_RECIPE if getattr(args, "paper_recipe", False) else {}),
+    }
     for item in args.override or []:
         key, _, value = item.partition("=")
         if key not in options:
@@ -268,15 +274,21 @@ def lilicorr(*argv: str) -> list[str]:
     return [sys.executable, "-m", "sglang_lilicorr.cli", *argv]
 
 
-def start(cmd: list[str], log: Path, gpu_ids: list[int] | None = None) -> subprocess.Popen:
-    """A background process in its own session (it outlives the device call), logging to `log`.
-    Runs from WORK, not the checkout, whose plain sglang_lilicorr/ would shadow the installed one."""
+def start(cmd: list[str], log: Path, gpu_ids: list[int] | None = None, append: bool = False) -> subprocess.Popen:
+    """A background process in its own session (it outlives the device call), logging to `log` (after what it
+    holds with `append`: a resumed run's log). Runs from WORK, not the checkout, whose plain sglang_lilicorr/ would
+    shadow the installed one."""
     log.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if gpu_ids is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
     return subprocess.Popen(
-        cmd, env=env, cwd=log.parent, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True
+        cmd,
+        env=env,
+        cwd=log.parent,
+        stdout=open(log, "a" if append else "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
 
 
@@ -309,6 +321,17 @@ def data_files(args) -> tuple[Path, Path]:
     if not (data / "train.jsonl").is_file():
         raise SystemExit(f"{data}/train.jsonl: no training data; run the `data` step first.")
     return data / "train.jsonl", data / "heldout.jsonl"
+
+
+def training_examples(args, path: Path, max_length: int) -> list:
+    """The conversations of `path` as training reads them (tokenized once, then from the cache beside the file)."""
+    from transformers import AutoTokenizer
+
+    from sglang_lilicorr.train.config import TrainConfig
+    from sglang_lilicorr.train.data import load_conversations
+
+    chat_kwargs = TrainConfig.__dataclass_fields__["chat_template_kwargs"].default_factory()
+    return load_conversations(path, AutoTokenizer.from_pretrained(args.target), max_length, chat_kwargs)
 
 
 def run_options(args, **extra) -> dict:

@@ -1,21 +1,21 @@
-"""The `data` step: training data through SGLang servers, one per GPU (`lilicorr regenerate --recipe`), then tokenized
-once for training."""
+"""The `data` step: training data through SGLang servers, one per GPU (`lilicorr regenerate --recipe`: replies asked
+for in pieces and cut where they loop, each request within the servers' --context-length), then tokenized once for
+training at the schedule's max_length."""
 
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
 
-from .common import Step, generator, run_folder, scale_and_schedule, to_out
+from .common import Step, flag_value, generator, run_folder, scale_and_schedule, to_out, training_examples
 
 
 def cmd_data(args) -> int:
     from transformers import AutoTokenizer
 
-    from sglang_lilicorr.train.config import TrainConfig
-    from sglang_lilicorr.train.data import load_conversations
     from sglang_lilicorr.train.regenerate import Settings, build_dataset, recipe_options
 
     out = run_folder(Path(args.work) / "data", "dataset")  # claimed before the servers' logs go in
@@ -25,7 +25,7 @@ def cmd_data(args) -> int:
             out,
             tokenizer,
             engine,
-            Settings(max_new_tokens=args.max_new_tokens, seed=args.seed),
+            Settings(max_new_tokens=args.max_new_tokens, seed=args.seed, context_tokens=context_tokens(args)),
             **recipe_options(args),
             exclude=args.eval_prompts,
             describe={
@@ -36,12 +36,17 @@ def cmd_data(args) -> int:
         )
     print(json.dumps({k: manifest[k] for k in ("counts", "this_call")}))
     t0 = time.time()  # tokenized once here (a process pool), so every training process loads the cache
-    chat_kwargs = TrainConfig.__dataclass_fields__["chat_template_kwargs"].default_factory()
     for name in ("train.jsonl", "heldout.jsonl"):
-        load_conversations(out / name, tokenizer, scale_and_schedule(args)["max_length"], chat_kwargs)
+        training_examples(args, out / name, scale_and_schedule(args)["max_length"])
     print(f"[data] tokenized for training in {time.time() - t0:.0f} s")
     to_out(args.out, out / "manifest.json")
     return 0
+
+
+def context_tokens(args) -> int:
+    """The SGLang servers' --context-length (what a request's prompt and reply must fit), 0 for the in-process
+    engine."""
+    return int(flag_value(shlex.split(args.server_args), "--context-length") or 0) if args.engine == "sglang" else 0
 
 
 def arguments(parser) -> None:
@@ -49,7 +54,9 @@ def arguments(parser) -> None:
     parser.add_argument("--package", type=int, default=4000)
     parser.add_argument("--second-turns", type=float, default=0.3)
     parser.add_argument("--heldout", type=int, default=256)
-    parser.add_argument("--max-new-tokens", type=int, default=512)
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=512, help="tokens per reply, at most (the paper recipe's data: 2048)"
+    )
     parser.add_argument("--concurrency", type=int, default=256, help="requests in flight per server")
     parser.add_argument(
         "--minutes",

@@ -2,8 +2,9 @@
 
 Reads what the GPU steps wrote (or copies of it in one folder): the data manifest, the sweep
 rounds, the training plan and metrics, the replay's tau cells, the served-speed summaries (one per
-graph setting) and the server tau check. Writes RESULTS/results.json, RESULTS/tables.md and two plots: the curves
-(held-out T = 0 tau and per-slot top-1 against training steps) and served throughput against
+graph setting) and the server tau check. Writes RESULTS/results.json, RESULTS/tables.md and the plots: the curves
+(held-out T = 0 tau and per-slot top-1 against training steps), the learning curves (held-out tau against training
+tokens, every variant on one axis, where the plan records its tokens per step) and served throughput against
 concurrency. Every piece is optional: a table is written for what is there.
 """
 
@@ -18,7 +19,7 @@ from sglang_lilicorr.bench.plots import pyplot, save
 from sglang_lilicorr.jsonl import save_json
 
 from .common import Step
-from .variants import VARIANT_LABELS
+from .variants import VARIANT_LABELS, VARIANTS
 
 SETS = ("gsm8k", "humaneval", "aime2025", "gpqa", "writingbench", "mtbench", "average")
 
@@ -108,6 +109,12 @@ def tau_tables(taus: dict) -> list[str]:
             lines.append(
                 f"| {VARIANT_LABELS[v]} | " + " | ".join(fmt(taus[s].get(v, {}).get("tau_t0")) for s in sets) + " |"
             )
+    if any("lilicorr_w1024" in taus[s] for s in sets):
+        lines += ["", "### Head width (T = 0, same data and steps)", "", "| head | " + " | ".join(sets) + " |"]
+        lines.append("|---|" + "---|" * len(sets))
+        for v in ("lilicorr", "lilicorr_w1024", "lilicorr_w1024_argmax"):
+            label = VARIANT_LABELS.get(v, "the paper's head's checkpoint, argmax block")
+            lines.append(f"| {label} | " + " | ".join(fmt(taus[s].get(v, {}).get("tau_t0")) for s in sets) + " |")
     return lines
 
 
@@ -205,6 +212,69 @@ def curves(metrics: dict[str, list[dict]], path: Path, run_starts: list[int] = (
     return save(fig, path)
 
 
+HELD_OUT_TAU = (("walk", "eval/tau_t0/lilicorr"), ("argmax", "eval/tau_t0/argmax"))
+
+
+def tau_against_tokens(metrics: dict[str, list[dict]], tokens_per_step: float) -> dict[str, list[dict]]:
+    """{variant: [{"step", "tokens", "walk", "argmax"}, ...]}: each evaluation's held-out T = 0 tau (the LiLiCorr
+    walk where the variant has the head, the drafter's argmax block) at the training tokens so far (steps x the
+    plan's mean tokens per step: every variant trains on the same batches, so a step is the same tokens for all)."""
+    return {
+        v: [
+            {
+                "step": r["step"],
+                "tokens": round(r["step"] * tokens_per_step),
+                **{k: r.get(key) for k, key in HELD_OUT_TAU},
+            }
+            for r in rows
+            if any(r.get(key) is not None for _, key in HELD_OUT_TAU)
+        ]
+        for v, rows in metrics.items()
+        if rows
+    }
+
+
+def token_curves(points: dict[str, list[dict]], path: Path) -> Path | None:
+    """Held-out tau against training tokens, every variant on one axis (the walk solid, the argmax block dashed)."""
+    plt = optional_pyplot()
+    if plt is None or not any(points.values()):
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    colors = plt.get_cmap("tab10")
+    for i, (v, rows) in enumerate(points.items()):
+        for kind, style in (("walk", "o-"), ("argmax", "s--")):
+            xy = [(r["tokens"] / 1e6, r[kind]) for r in rows if r.get(kind) is not None]
+            if xy:
+                ax.plot(*zip(*xy), style, color=colors(i), markersize=3, label=f"{v}: {kind}")
+    ax.set(
+        xlabel="training tokens (millions)",
+        ylabel="held-out tau, T = 0 (exact replay)",
+        title="learning curves: held-out tau against training tokens",
+    )
+    ax.legend(fontsize=7)
+    return save(fig, path)
+
+
+def token_table(points: dict[str, list[dict]]) -> list[str]:
+    """Held-out tau of every variant at each evaluated step (the walk, or the argmax block without a head)."""
+    steps = sorted({r["step"] for rows in points.values() for r in rows})
+    if not steps:
+        return []
+    by = {v: {r["step"]: r for r in rows} for v, rows in points.items()}
+    tokens = {r["step"]: r["tokens"] for rows in points.values() for r in rows}
+    lines = [
+        "### Held-out tau (T = 0) against training tokens",
+        "",
+        "| step | tokens (M) | " + " | ".join(points) + " |",
+        "|---|---|" + "---|" * len(points),
+    ]
+    for step in steps:
+        cells = [by[v].get(step, {}) for v in points]
+        taus = [fmt(c.get("walk") if c.get("walk") is not None else c.get("argmax")) for c in cells]
+        lines.append(f"| {step} | {tokens[step] / 1e6:.2f} | " + " | ".join(taus) + " |")
+    return lines
+
+
 def tau_by_run(points: list[tuple[int, dict]], path: Path) -> Path | None:
     """Average T = 0 tau over the evaluation sets at the end of each run of a warm-started lineage, against the
     training steps so far (log scale): points [(steps, {system: tau})], oldest first."""
@@ -232,7 +302,7 @@ def write(args) -> int:
     root = Path(args.results or args.work)
     tau = load(root, "tau.json")
     tau_check = load(root, "tau_check/summary.json")
-    variants = ("lilicorr", "dflash", "no_dist", "margin")
+    variants = tuple(VARIANTS)
     metrics = {v: load(root, f"metrics_{v}.jsonl") or [] for v in variants}
     earlier = [{v: load(Path(d), f"metrics_{v}.jsonl") or [] for v in variants} for d in args.after or []]
     for d, run in zip(args.after or [], earlier):
@@ -241,6 +311,8 @@ def write(args) -> int:
                 f"tables --after {d}: no metrics_<variant>.jsonl there; name the result folders of the earlier runs."
             )
     history, run_starts = lineage(earlier, metrics)
+    plan = load(root, "train_config.json") or {}
+    by_tokens = tau_against_tokens(metrics, plan["tokens_per_step"]) if plan.get("tokens_per_step") else {}
     taus = tau_summary(tau["cells"]) if tau else {}
     speed = speed_results(root)
     results = {
@@ -256,7 +328,8 @@ def write(args) -> int:
         },
         "data": (load(root, "manifest.json") or {}).get("counts"),
         "sweep": {name: (load(root, f"{name}.json") or {}).get("choice") for name in ("depth", "batch")},
-        "training": (load(root, "train_config.json") or {}).get("options"),
+        "training": plan.get("options"),
+        "learning_curves": {"tokens_per_step": plan.get("tokens_per_step"), "points": by_tokens} if by_tokens else None,
         "final_metrics": {
             v: {
                 k: rows[-1].get(k)
@@ -280,10 +353,14 @@ def write(args) -> int:
         "provenance": {"replay_device": (tau or {}).get("device"), "outputs": (tau or {}).get("outputs")},
     }
     save_json(root / "results.json", results)
-    lines = (tau_tables(taus) + [""] if taus else []) + speed_table(speed)
+    lines = (
+        (tau_tables(taus) + [""] if taus else []) + speed_table(speed) + (token_table(by_tokens) if by_tokens else [])
+    )
     (root / "tables.md").write_text("\n".join(lines) + "\n")
     plot = curves(history, root / "curves.png", run_starts)
     plots = [plot, serve_speed.plot(speed, root / "speed.png") if speed else None]
+    if by_tokens:
+        plots.append(token_curves(by_tokens, root / "tau_by_tokens.png"))
     if args.after:
         ends = [*run_starts, max((rows[-1]["step"] for rows in history.values() if rows), default=0)]
         sets_by_run = [(load(Path(d), "results.json") or {}).get("sets", {}) for d in args.after] + [taus]

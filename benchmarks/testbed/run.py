@@ -52,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the long-input lineage: variants.LONG over the schedule (use a --work of its own)",
     )
     p.add_argument(
+        "--paper-recipe",
+        action="store_true",
+        help="the paper's recipe: variants.PAPER_RECIPE over the schedule, sequences up to 3,072 tokens (use a --work "
+        "of its own; `data` then tokenizes at that length)",
+    )
+    p.add_argument(
         "--server-args",
         default=SERVER_ARGS,
         help="the SGLang servers' arguments (default: what the GPU "

@@ -1,7 +1,13 @@
 """The `train` step: the variants in the background (torchrun; the GPUs split among them), same data, steps and seed,
-planned from the sweep's measured step time (or --steps), at the sweep's batch or --global-batch sequences per
-optimizer step (gradient accumulation), each from its own draft (--init) or all from one (--init-draft); and `wait`,
-which polls them until they end or --minutes pass."""
+planned from the sweep's measured step time (or --steps, or --epochs over the data), at the sweep's batch (or
+--batch-size) or --global-batch sequences per optimizer step (gradient accumulation), each from its own draft (--init)
+or all from one (--init-draft), evaluated --evals times or every --eval-tokens training tokens (the learning curves:
+held-out tau against tokens, the same points for every variant); and `wait`, which polls them until they end or
+--minutes pass.
+
+The plan is frozen in WORK/train_config.json at the first call. A later call starts again each run whose process has
+ended before its last step: `lilicorr train` resumes it from its newest checkpoint (its log goes on), so a run cut
+by --max-minutes or a lost process goes on where it stopped; a finished run is left as it is."""
 
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ from .common import (
     start,
     tail,
     to_out,
+    training_examples,
 )
 from .variants import PAPER_GLOBAL_BATCH, VARIANTS
 
@@ -74,29 +81,41 @@ def cmd_train(args) -> int:
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         raise SystemExit(f"unknown variant(s) {unknown}: choose from {sorted(VARIANTS)}.")
-    if args.steps < 0:
-        raise SystemExit(f"--steps {args.steps}: pass a number of optimizer steps >= 1 (0: planned from --minutes).")
+    for flag in ("steps", "epochs", "eval_tokens", "batch_size"):
+        if getattr(args, flag) < 0:
+            raise SystemExit(f"--{flag.replace('_', '-')} {getattr(args, flag)}: pass a number >= 0 (see --help).")
     choice, pick = sweep_choice(args)
     frozen = Path(args.work) / "train_config.json"
     if frozen.is_file():
         plan = json.loads(frozen.read_text())
-    else:  # steps from the sweep's measured step time, less the evaluations, for --minutes per run
+    else:  # steps from --steps, --epochs, or the sweep's measured step time less the evaluations, for --minutes
         per_gpu = max(1, gpus() // len(names))
         share = min(1.0, gpus() / len(names))  # fewer GPUs than variants: they share, each at about that share of a GPU
-        options = {**scale_and_schedule(args), **choice}
+        options = {**scale_and_schedule(args), **choice, **({"batch_size": args.batch_size} if args.batch_size else {})}
         accum = grad_accum_for(args.global_batch, options["batch_size"], per_gpu)
+        global_batch = options["batch_size"] * accum * per_gpu
+        examples = training_examples(args, data_files(args)[0], options["max_length"])
+        tokens_per_step = global_batch * sum(len(e.input_ids) for e in examples) / len(examples)
         seconds = 60 * args.minutes - args.evals * (pick.get("eval_s") or 0.0)
         planned = int(RATE_MARGIN * share * seconds * 1000 / (pick["step_ms"] * accum))
-        steps = args.steps or max(args.evals, planned)
+        by_epochs = max(1, round(args.epochs * len(examples) / global_batch)) if args.epochs else 0
+        steps = args.steps or by_epochs or max(args.evals, planned)
+        eval_every = (
+            max(1, round(args.eval_tokens / tokens_per_step)) if args.eval_tokens else max(1, steps // args.evals)
+        )
         plan = {
             "options": {
                 **options,
                 "grad_accum": accum,
                 "max_steps": steps,
-                "eval_every": max(1, steps // args.evals),
-                "save_every": max(1, steps // 4),
+                "eval_every": eval_every,
+                # with --eval-tokens every curve point is a checkpoint too: a run cut anywhere resumes from its last
+                "save_every": eval_every if args.eval_tokens else max(1, steps // 4),
                 "max_minutes": args.max_minutes or round(args.minutes * 2, 2),
             },
+            "tokens_per_step": round(tokens_per_step),
+            "train_sequences": len(examples),
+            "epochs": round(steps * global_batch / len(examples), 2),
             "gpus_per_variant": per_gpu,
             "gpus": gpus(),
             "variants": names,
@@ -104,7 +123,7 @@ def cmd_train(args) -> int:
             "sweep_pick": pick,
             "device": device_name(),
             "init": init_drafts(args, names),
-            "global_batch": options["batch_size"] * accum * per_gpu,
+            "global_batch": global_batch,
         }
         save_json(frozen, plan)
     per_gpu = plan["gpus_per_variant"]
@@ -113,6 +132,10 @@ def cmd_train(args) -> int:
         launch = run_dir / "launch.json"
         if launch.is_file() and alive(json.loads(launch.read_text())["pid"]):
             print(f"[train] {name}: already running")
+            continue
+        rows = metrics_rows(run_dir)
+        if rows and rows[-1]["step"] >= plan["options"]["max_steps"]:
+            print(f"[train] {name}: finished at step {rows[-1]['step']}")
             continue
         train, held = data_files(args)
         options = {
@@ -141,9 +164,10 @@ def cmd_train(args) -> int:
         ids = [
             (i * per_gpu + k) % max(1, plan.get("gpus", gpus())) for k in range(per_gpu)
         ]  # shared round-robin when short
-        proc = start(cmd, run_folder(run_dir) / "train.log", ids)
+        proc = start(cmd, run_folder(run_dir) / "train.log", ids, append=launch.is_file())
         save_json(launch, {"pid": proc.pid, "cmd": cmd, "gpus": ids, "started": time.time()})
-        print(f"[train] {name}: {plan['options']['max_steps']} steps on {per_gpu} GPU(s), pid {proc.pid}")
+        resumed = f", resuming after step {rows[-1]['step']}" if rows else ""
+        print(f"[train] {name}: {plan['options']['max_steps']} steps on {per_gpu} GPU(s), pid {proc.pid}{resumed}")
     to_out(args.out, frozen)
     return 0
 
@@ -202,6 +226,26 @@ def train_arguments(parser) -> None:
     )
     parser.add_argument(
         "--steps", type=int, default=0, help="optimizer steps of every run (default 0: planned from --minutes)"
+    )
+    parser.add_argument(
+        "--epochs",
+        type=float,
+        default=0.0,
+        help="passes over the training conversations, as optimizer steps at the global batch (default 0: --steps or "
+        "--minutes decide)",
+    )
+    parser.add_argument(
+        "--eval-tokens",
+        type=float,
+        default=0.0,
+        help="evaluate (held-out tau by exact replay) and checkpoint every this many training tokens, the same steps "
+        "for every variant (default 0: --evals points)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=0,
+        help="sequences per GPU and micro-step (default 0: the sweep's); --global-batch accumulates over it",
     )
     parser.add_argument(
         "--global-batch",

@@ -10,6 +10,8 @@ objective differs (paper Eq. 7; App. G margin):
   margin    gamma = 0.25, lambda = 1, mu = 0.5, rho = 2   margin-hinge variant (App. G)
   domino    gamma = 0.25, --head domino    the paper's baselines (docs/BASELINES.md), the same reranker weight:
   dspark    gamma = 0.25, --head dspark    with dflash and lilicorr, the equal-budget four (EQUAL_BUDGET)
+  lilicorr_w1024  as lilicorr, the paper's head (PAPER_HEAD: width 1024, 8 heads, FFN 2048, d_e 1024) in place of
+                  SCALE's quarter-width one: the head-width comparison (WIDTHS)
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ SCHEDULE = dict(
 # The long-input lineage (`python -m benchmarks testbed --long`, long_inputs.py): packed conversations up to 4,096
 # tokens, the drafter's rope stretched by YaRN from 4,096 positions to the target's 8,192.
 LONG = dict(max_length=4096, rope_scaling="yarn", rope_factor=2.0, rope_original_max_position=4096)
+# The paper's recipe (`python -m benchmarks testbed --paper-recipe`): conversations up to 3,072 tokens (the data's
+# replies up to 2,048; the paper's sequence length), 64 anchors each (a block per 48 tokens, as SCHEDULE's 32 per
+# 1,024); with the train step's --global-batch 64 (PAPER_GLOBAL_BATCH), --epochs and --eval-tokens.
+PAPER_RECIPE = dict(max_length=3072, num_anchors=64)
+# The paper's LiLiCorr head (Table hparams); SCALE's is a quarter of its width.
+PAPER_HEAD = dict(head_hidden_size=1024, head_heads=8, head_mlp_ratio=2.0, factor_dim=1024)
 
 VARIANTS = {
     "dflash": dict(gamma=0.0),
@@ -54,6 +62,7 @@ VARIANTS = {
     "margin": dict(gamma=0.25, lam=1.0, use_margin=True, mu=0.5, rho=2.0),
     "domino": dict(head="domino", gamma=0.25),
     "dspark": dict(head="dspark", gamma=0.25),
+    "lilicorr_w1024": dict(gamma=0.25, lam=1.0, **PAPER_HEAD),
 }
 VARIANT_LABELS = {
     "dflash": "Vanilla DFlash (gamma = 0)",
@@ -62,7 +71,10 @@ VARIANT_LABELS = {
     "margin": "full + margin hinge (App. G)",
     "domino": "Domino (DFlash + GRU corrector)",
     "dspark": "DSpark (DFlash + Markov head)",
+    "lilicorr_w1024": "full, the paper's head (width 1024)",
 }
+# The head-width comparison: the same objective, data, steps and seed, both from the shipped DFlash draft.
+WIDTHS = ("lilicorr", "lilicorr_w1024")
 # The equal-budget comparison (docs/BASELINES.md): these four continued from the shipped DFlash draft (`train
 # --init-draft`), the same steps, data and seed, at the paper's global batch (`train --global-batch`: sequences per
 # optimizer step).
