@@ -50,6 +50,20 @@
 # the runs share GPUs (~0.6 s a step): eq-train leaves them running, eq-measure's `wait` may use its call, and a second
 # eq-measure call (same machine) finishes compare: past 30 minutes, so x2 needs EQ_STEPS=250.
 # Then on the CPU machine `python -m benchmarks baselines-summary` over tau.json and the compare bundles.
+# The paper recipe and the head-width comparison on one GPU (nvidia-h100-x1; checkpoints/README.md, "Next"), in
+# /tmp/testbed_paper: `install` (SELECT_CHECK=0), then
+#   paper-data     carry .dev/{smolB,bin}: the target, then `--paper-recipe data` (replies up to 2,048 tokens in pieces,
+#                  cut where they loop; DATA_SEED 3, DATA_MINUTES 4, MAGPIE 60000, PACKAGE 12000 planned), tokenized
+#                  at 3,072; then `evalgen`. A second call adds to the set (train.jsonl is then rewritten: before training)
+#   paper-train    carry .dev/ckpt: lilicorr (head width 256) and lilicorr_w1024 (the paper's head) from the shipped
+#                  DFlash draft (`train --init-draft`; PAPER_VARIANTS names others, e.g. adds dflash), side by side,
+#                  global batch 64 (16 x 4 micro-steps),
+#                  EPOCHS (3) over the data, held-out tau and a checkpoint every EVAL_TOKENS (2e6) training tokens, each
+#                  run ending itself, checkpointed, after TRAIN_CAP (16) minutes; then `wait`. The runs go on after the
+#                  call; a later call restarts a run whose process ended before its last step (it resumes)
+#   paper-measure  `wait` (WAIT_MINUTES 3), `export` (the runs' newest checkpoints), `replay` of both widths and the
+#                  shipped DFlash draft on REPLAY_OUTPUTS (outputs_T0_s0.jsonl), `tables` (the learning curves). The
+#                  width-256 draft comes back in parts; the width-1024 one (about 63 MiB) stays: its tau and curves come
 # What comes back: at most 8 files (the device's limit): results.tar.gz holds everything small, large files come in
 # parts of 12 MB (cat PART_* > FILE), and sglang_jit.tar.gz where the call's servers built SGLang JIT kernels
 # (benchmarks/device/sglang_jit.sh: keep it as .dev/sglang_jit/sglang_jit.tar.gz and carry it in the first call that starts
@@ -57,9 +71,9 @@
 # TESTBED_DEADLINE from CALL_SECONDS (570): the testbed's steps read it from the environment (the one setting they take
 # that way), so a step that would not finish exits 4. CALLS_WORK (/tmp/calls): each call's staging folder.
 set -u -o pipefail
-CALL=${1:?usage: bash benchmarks/device/testbed_calls.sh install|data|train|measure|model|speed|startup|long-train|long-measure|eq-train|eq-measure}
-case $CALL in install|data|train|measure|model|speed|startup|long-train|long-measure|eq-train|eq-measure) ;;
-  *) echo "unknown call $CALL: install, data, train, measure, model, speed, startup, long-train, long-measure, eq-train or eq-measure" >&2; exit 2 ;; esac
+CALL=${1:?usage: bash benchmarks/device/testbed_calls.sh install|data|train|measure|model|speed|startup|long-train|long-measure|eq-train|eq-measure|paper-data|paper-train|paper-measure}
+case $CALL in install|data|train|measure|model|speed|startup|long-train|long-measure|eq-train|eq-measure|paper-data|paper-train|paper-measure) ;;
+  *) echo "unknown call $CALL: install, data, train, measure, model, speed, startup, long-train, long-measure, eq-train, eq-measure, paper-data, paper-train or paper-measure" >&2; exit 2 ;; esac
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 export TESTBED_DEADLINE=$(( $(date +%s) + ${CALL_SECONDS:-570} )) PYTHONUNBUFFERED=1
 RET=${OUT:-/tmp/lilicorr_out}
@@ -163,6 +177,35 @@ eq-measure)
   bash "$ROOT/benchmarks/device/testbed.sh" compare --parts rounds --gpu 0 2>&1 | quiet 40
   wait $tau; quiet 30 < "$CALLS/tau.txt"
   wait $replay; quiet 40 < "$CALLS/replay.txt"
+  ;;
+paper-data)
+  P=/tmp/testbed_paper
+  [ -f /tmp/smol/model/config.json ] || bash "$ROOT/.dev/bin/smol.sh" model 2>&1 | tail -n 4
+  mkdir -p $P/sweep && cp "$SWEEP/depth.json" "$SWEEP/batch.json" $P/sweep/
+  log "paper-recipe data for ${DATA_MINUTES:-4} minutes"
+  bash "$ROOT/benchmarks/device/testbed.sh" --paper-recipe --work $P data --seed "${DATA_SEED:-3}" --minutes "${DATA_MINUTES:-4}" \
+    --max-new-tokens 2048 --magpie "${MAGPIE:-60000}" --package "${PACKAGE:-12000}" 2>&1 | quiet 30
+  bash "$ROOT/benchmarks/device/testbed.sh" --work $P evalgen 2>&1 | quiet 8
+  ;;
+paper-train)
+  P=/tmp/testbed_paper
+  shipped_drafts /tmp/init
+  bash "$ROOT/benchmarks/device/testbed.sh" --paper-recipe --work $P train ${PAPER_VARIANTS:-lilicorr lilicorr_w1024} --init-draft /tmp/init/dflash \
+    --global-batch 64 --batch-size 16 --epochs "${EPOCHS:-3}" --eval-tokens "${EVAL_TOKENS:-2e6}" --minutes 12 \
+    --max-minutes "${TRAIN_CAP:-16}" 2>&1 | quiet
+  bash "$ROOT/benchmarks/device/testbed.sh" --work $P wait --minutes $(( (TESTBED_DEADLINE - $(date +%s) - 40) / 60 )) 2>&1 | tail -n 4
+  ;;
+paper-measure)
+  P=/tmp/testbed_paper
+  bash "$ROOT/benchmarks/device/testbed.sh" --work $P wait --minutes "${WAIT_MINUTES:-3}" 2>&1 | tail -n 3
+  bash "$ROOT/benchmarks/device/testbed.sh" --work $P export 2>&1 | quiet 6
+  rm -f "$OUT/draft_lilicorr_w1024.tar"  # ~63 MiB: over what a call brings back beside the rest
+  [ -d /tmp/init/dflash ] && rm -rf $P/drafts/dflash && cp -r /tmp/init/dflash $P/drafts/dflash
+  bash "$ROOT/benchmarks/device/testbed.sh" --work $P replay --drafts ${PAPER_VARIANTS:-lilicorr lilicorr_w1024} dflash \
+    --outputs "${REPLAY_OUTPUTS:-outputs_T0_s0.jsonl}" 2>&1 | quiet 30
+  cp $P/train_config.json $P/data/manifest.json $P/replay/tau.json "$OUT/" 2>/dev/null
+  bash "$ROOT/benchmarks/device/testbed.sh" --work $P tables 2>&1 | quiet 30
+  cp $P/results.json $P/tables.md "$OUT/" 2>/dev/null
   ;;
 measure)
   bash "$ROOT/benchmarks/device/testbed.sh" wait --minutes 3 2>&1 | tail -n 3 && bash "$ROOT/benchmarks/device/testbed.sh" export 2>&1 | quiet 6

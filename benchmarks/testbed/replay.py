@@ -18,7 +18,7 @@ def cmd_replay(args) -> int:
     names = [n for n in args.drafts if (drafts / n / "config.json").is_file()]
     if not names:
         raise SystemExit(f"{drafts}: no exported draft among {args.drafts}; run `export` first.")
-    outputs = sorted((Path(args.work) / "eval").glob("outputs_*.jsonl"))
+    outputs = sorted((Path(args.work) / "eval").glob(args.outputs))
     if not outputs:
         raise SystemExit(f"{Path(args.work) / 'eval'}: no evaluation outputs; run `evalgen` first.")
     root = Path(args.work) / "replay"
@@ -55,6 +55,11 @@ def cmd_replay(args) -> int:
 def arguments(parser) -> None:
     parser.add_argument("--drafts", nargs="+", default=["lilicorr", "dflash", "no_dist", "margin"])
     parser.add_argument("--gpu-ids", type=int, nargs="+", help="GPUs the replay processes share (default: all)")
+    parser.add_argument(
+        "--outputs",
+        default="outputs_*.jsonl",
+        help="which evaluation outputs of WORK/eval to replay, a glob (default: all; outputs_T0_s0.jsonl: T = 0 only)",
+    )
 
 
 STEP = Step(
