@@ -16,9 +16,8 @@ def test_a_cut_last_turn_is_supervised_up_to_its_content(tmp_path):
     _, cut = tokenize_conversation(tok, MESSAGES, {}, "row", cut=True)
     assert ids[-1] == tok.eos_token_id and whole[-1] and not cut[-1]  # the end-of-turn: supervised only when ended
     assert cut[:-1] == whole[:-1]
-    rows = [
-        {"messages": MESSAGES, "turns": [{"finish_reason": reason}]} for reason in ("stop", "length", "loop")
-    ] + [{"messages": MESSAGES}]  # rows without `turns` (any conversations file): ended
+    ended_or_cut = [{"messages": MESSAGES, "turns": [{"finish_reason": r}]} for r in ("stop", "length", "loop")]
+    rows = [*ended_or_cut, {"messages": MESSAGES}]  # a row without `turns` (any conversations file): ended
     path = tmp_path / "train.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     masks = [e.loss_mask[-1].item() for e in load_conversations(path, tok, 128, {})]

@@ -45,41 +45,25 @@ def checked_messages(row: Mapping[str, Any], where: str) -> list[dict[str, str]]
     return out
 
 
-def render(
-    tokenizer,
-    messages: Sequence[Mapping[str, str]],
-    generation_prompt: bool,
-    chat_kwargs: Mapping[str, Any],
-    open_end: bool = False,
-) -> list[int]:
+def render(tokenizer, messages, generation_prompt: bool, chat_kwargs: Mapping[str, Any], open_end=False) -> list[int]:
     """The chat template's ids of `messages`; open_end: up to the last message's content (no end-of-turn)."""
-    extra = {"continue_final_message": True} if open_end else {}
+    kwargs = {**chat_kwargs, **({"continue_final_message": True} if open_end else {})}
     return list(
         tokenizer.apply_chat_template(
-            list(messages),
-            tokenize=True,
-            return_dict=False,
-            add_generation_prompt=generation_prompt,
-            **extra,
-            **chat_kwargs,
+            list(messages), tokenize=True, return_dict=False, add_generation_prompt=generation_prompt, **kwargs
         )
     )
 
 
 def open_end(row: Mapping[str, Any]) -> bool:
     """The row's last turn was cut, not ended by the target (regenerate's `turns`: finish_reason length or loop)."""
-    turns = row.get("turns")
-    return (
-        bool(turns)
-        and isinstance(turns, list)
-        and isinstance(turns[-1], dict)
-        and (turns[-1].get("finish_reason") in ("length", "loop"))
-    )
+    last = row["turns"][-1] if isinstance(row.get("turns"), list) and row["turns"] else None
+    return isinstance(last, dict) and last.get("finish_reason") in ("length", "loop")
 
 
-def content_end(tokenizer, messages: Sequence[Mapping[str, str]], chat_kwargs: Mapping[str, Any], ids: list[int]):
-    """The ids of `messages` up to the last one's content (a prefix of their whole rendering `ids`), or None where
-    the template cannot render that (its end-of-turn is then supervised, as for an ended turn)."""
+def content_end(tokenizer, messages, chat_kwargs: Mapping[str, Any], ids: list[int]) -> list[int] | None:
+    """The ids of `messages` up to the last one's content if they begin `ids` (their whole rendering), else None (a
+    template that cannot render that: the end-of-turn is then supervised, as for an ended turn)."""
     try:
         upto = render(tokenizer, messages, False, chat_kwargs, open_end=True)
     except ValueError:  # transformers: the final message does not appear verbatim in the rendering
