@@ -508,7 +508,7 @@ def test_train_with_init_starts_each_variant_from_its_draft(toy, tmp_path, monke
 
     devices = []
     monkeypatch.setattr(
-        train, "start", lambda cmd, log, gpus=None: started.append(cmd) or devices.append(gpus) or Proc()
+        train, "start", lambda cmd, log, gpus=None, append=False: started.append(cmd) or devices.append(gpus) or Proc()
     )
     monkeypatch.setattr(train, "gpus", lambda: 1)  # one GPU, two variants: they share it
     assert (

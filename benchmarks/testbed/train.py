@@ -76,6 +76,11 @@ def init_drafts(args, names: list[str]) -> dict | None:
     return None
 
 
+def by_data(args) -> bool:
+    """The plan counts in the data's sequences or tokens (--epochs, --eval-tokens): it reads the data first."""
+    return bool(args.epochs or args.eval_tokens)
+
+
 def cmd_train(args) -> int:
     names = args.variants
     unknown = [n for n in names if n not in VARIANTS]
@@ -94,8 +99,9 @@ def cmd_train(args) -> int:
         options = {**scale_and_schedule(args), **choice, **({"batch_size": args.batch_size} if args.batch_size else {})}
         accum = grad_accum_for(args.global_batch, options["batch_size"], per_gpu)
         global_batch = options["batch_size"] * accum * per_gpu
-        examples = training_examples(args, data_files(args)[0], options["max_length"])
-        tokens_per_step = global_batch * sum(len(e.input_ids) for e in examples) / len(examples)
+        # the data as training reads it, where the plan counts in its sequences or tokens
+        examples = training_examples(args, data_files(args)[0], options["max_length"]) if by_data(args) else []
+        tokens_per_step = global_batch * sum(len(e.input_ids) for e in examples) / max(1, len(examples))
         seconds = 60 * args.minutes - args.evals * (pick.get("eval_s") or 0.0)
         planned = int(RATE_MARGIN * share * seconds * 1000 / (pick["step_ms"] * accum))
         by_epochs = max(1, round(args.epochs * len(examples) / global_batch)) if args.epochs else 0
@@ -113,9 +119,9 @@ def cmd_train(args) -> int:
                 "save_every": eval_every if args.eval_tokens else max(1, steps // 4),
                 "max_minutes": args.max_minutes or round(args.minutes * 2, 2),
             },
-            "tokens_per_step": round(tokens_per_step),
-            "train_sequences": len(examples),
-            "epochs": round(steps * global_batch / len(examples), 2),
+            "tokens_per_step": round(tokens_per_step) if examples else None,
+            "train_sequences": len(examples) if examples else None,
+            "epochs": round(steps * global_batch / len(examples), 2) if examples else None,
             "gpus_per_variant": per_gpu,
             "gpus": gpus(),
             "variants": names,
