@@ -212,6 +212,13 @@ def curves(metrics: dict[str, list[dict]], path: Path, run_starts: list[int] = (
     return save(fig, path)
 
 
+def labelled(fig, ax, path: Path, legend_size: int, **labels) -> Path:
+    """The axis labelled (xlabel, ylabel, title), its legend drawn, the figure saved to `path`."""
+    ax.set(**labels)
+    ax.legend(fontsize=legend_size)
+    return save(fig, path)
+
+
 HELD_OUT_TAU = (("walk", "eval/tau_t0/lilicorr"), ("argmax", "eval/tau_t0/argmax"))
 
 
@@ -246,13 +253,15 @@ def token_curves(points: dict[str, list[dict]], path: Path) -> Path | None:
             xy = [(r["tokens"] / 1e6, r[kind]) for r in rows if r.get(kind) is not None]
             if xy:
                 ax.plot(*zip(*xy), style, color=colors(i), markersize=3, label=f"{v}: {kind}")
-    ax.set(
+    return labelled(
+        fig,
+        ax,
+        path,
+        7,
         xlabel="training tokens (millions)",
         ylabel="held-out tau, T = 0 (exact replay)",
         title="learning curves: held-out tau against training tokens",
     )
-    ax.legend(fontsize=7)
-    return save(fig, path)
 
 
 def token_table(points: dict[str, list[dict]]) -> list[str]:
@@ -289,13 +298,15 @@ def tau_by_run(points: list[tuple[int, dict]], path: Path) -> Path | None:
             for x, y in xy:
                 ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(4, -12), fontsize=7)
     ax.set_xscale("log", base=2)
-    ax.set(
+    return labelled(
+        fig,
+        ax,
+        path,
+        8,
         xlabel="training steps so far (log scale)",
         ylabel="tau, T = 0, average of the evaluation sets",
         title="evaluation-set tau at the end of each run",
     )
-    ax.legend(fontsize=8)
-    return save(fig, path)
 
 
 def write(args) -> int:
