@@ -9,7 +9,11 @@ output_ids / meta_info.
 Replies are deterministic: "reply <k> to <first words of the last user message>" padded to n tokens,
 n = max_tokens with ignore_eos, else min(max_tokens, 8 + len(last message) % 13). A speculative stub
 reports spec_verify_ct = ceil(n / accept) blocks and sleeps step_s per block; a plain (autoregressive)
-stub sleeps step_s per token and reports no spec stats. Every request is logged with the counts it
+stub sleeps step_s per token and reports no spec stats. Its verify steps (`_steps`) each accept accept - 1 drafts (the
+last what is left), or with `widths` (a LILICORR stand-in: the verify width of step k is widths[k % len]) at most
+width - 1; like SGLang it reports spec_correct_drafts_histogram (steps by accepted drafts) and, with widths,
+spec_cap_lens_histogram (steps by width) and spec_cap_length: in meta_info where non-empty, in the chat API's
+spec_tokens_details always (an empty list without). Every request is logged with the counts it
 returned and its arrival / finish times (time.time()), and the peak number of requests in flight is kept.
 
 Like SGLang it answers HTTP 400 to invalid sampling parameters (temperature < 0, top_p outside (0, 1],
@@ -32,7 +36,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 import socket
 import threading
 import time
@@ -88,8 +91,9 @@ class StubServer:
         port: int = 0,
         leak_past_stop: bool = False,
         refuse_sampled: bool = False,
+        widths: tuple[int, ...] | None = None,
     ):
-        self.leak_past_stop, self.refuse_sampled = leak_past_stop, refuse_sampled
+        self.leak_past_stop, self.refuse_sampled, self.widths = leak_past_stop, refuse_sampled, widths
         self.speculative, self.accept, self.step_s, self.min_latency_s = speculative, accept, step_s, min_latency_s
         self.fail_first = fail_first  # the first k requests answer HTTP 500
         self.context_len, self.leak_on_abort = context_len, leak_on_abort
@@ -124,19 +128,44 @@ class StubServer:
         n = max_tokens if ignore_eos else min(max_tokens, 8 + len(last_user) % 13)
         head = f"reply {k} to " + " ".join(last_user.split()[:3])
         words = (head.split() + [f"t{i}" for i in range(n)])[:n]
-        blocks = math.ceil(n / self.accept) if self.speculative else None
+        blocks = len(self._steps(n)) if self.speculative else None
         return " ".join(words), n, blocks
 
-    def _spec_details(self, n: int, blocks: int) -> dict:
+    def _steps(self, n: int) -> list[tuple[int, int]]:
+        """(width, accepted drafts) of each verify step of an n-token reply: step k verifies widths[k % len] tokens (a
+        block of 2 * accept without widths) and accepts accept - 1 drafts, at most width - 1, the last step what is
+        left."""
+        widths, steps, done = self.widths or (2 * self.accept,), [], 0
+        while done < n:
+            width = widths[len(steps) % len(widths)]
+            steps.append((width, min(self.accept - 1, width - 1, n - done - 1)))
+            done += steps[-1][1] + 1
+        return steps
+
+    @staticmethod
+    def _histogram(values: list[int]) -> list[int]:
+        """Counts by value, index = value (SGLang's per-request histograms)."""
+        out = [0] * (max(values) + 1)
+        for v in values:
+            out[v] += 1
+        return out
+
+    def _spec_details(self, n: int, blocks: int, chat: bool = True) -> dict:
+        """The spec stats of an n-token reply: the chat API's spec_tokens_details (every field), or meta_info's (the
+        lists and spec_cap_length only where non-empty)."""
+        steps = self._steps(n)
         proposed = blocks * (self.accept * 2 - 1)
-        return {
+        details = {
             "spec_accept_rate": (n - blocks) / proposed,
             "spec_accept_length": n / blocks,
             "spec_num_correct_drafts": n - blocks,
             "spec_num_proposed_drafts": proposed,
             "spec_verify_ct": blocks,
-            "spec_correct_drafts_histogram": [],
+            "spec_correct_drafts_histogram": self._histogram([a for _, a in steps]),
+            "spec_cap_lens_histogram": self._histogram([w for w, _ in steps]) if self.widths else [],
+            "spec_cap_length": sum(w for w, _ in steps) / blocks if self.widths else 0.0,
         }
+        return details if chat else {k: v for k, v in details.items() if v or not k.startswith("spec_cap")}
 
     def _answer(self, path: str, body: dict):
         arrived = time.time()
@@ -184,7 +213,7 @@ class StubServer:
                     "e2e_latency": 0.0,
                 }
                 if self.speculative:
-                    meta.update(self._spec_details(n, blocks))
+                    meta.update(self._spec_details(n, blocks, chat=False))
                 return 200, {"text": text, "output_ids": list(range(n)), "meta_info": meta}
             payload = {
                 "id": f"req-{k}",
@@ -243,6 +272,9 @@ class StubServer:
         with self._lock:
             self.log.append({"path": path, "body": body, "completion_tokens": usage["completion_tokens"]})
         ext = {"input_ids": [7, 7, 7], "output_ids": [c[0] for c in choices]}
+        if chat and self.speculative and body.get("return_spec_tokens_details"):
+            n = len(choices[0][0])
+            ext["spec_tokens_details"] = self._spec_details(n, len(self._steps(n)))
         if not stream:
             out = []
             for index, (ids, text, finish, matched) in enumerate(choices):

@@ -151,7 +151,7 @@ async def read_then_close(resp, request: Request, chunks: int) -> None:
 
 def check_stats(request: Request, payload, expect_spec: bool) -> None:
     """A completed request with its stats (parse_* raises ServerError when they are missing)."""
-    _, _, verify_ct = (parse_chat if request.api == "chat" else parse_generate)(payload)
+    verify_ct = (parse_chat if request.api == "chat" else parse_generate)(payload).spec_verify_ct
     request.stats = verify_ct is not None or not expect_spec
     request.outcome = "completed" if request.stats else "failed"
     if not request.stats:

@@ -1,7 +1,9 @@
 """One conversation turn against an SGLang server -> TurnResult, through one of three APIs (SGLang 0.5.23), each giving
 the counters tau needs (completion tokens, verify blocks): `chat` (/v1/chat/completions with return_spec_tokens_details;
 stats in `sglext.spec_tokens_details`), `generate` (/generate with raw text, for base models; `meta_info`) and `ids`
-(/generate with the prompt's UTF-8 bytes as input_ids, for --skip-tokenizer-init servers; single-turn only)."""
+(/generate with the prompt's UTF-8 bytes as input_ids, for --skip-tokenizer-init servers; single-turn only). A reply may
+also carry what its turn records (`Reply.extras`): SGLang's histograms of the verify steps by accepted drafts and by
+verified width (SPEC_LISTS), and with `record_ids` (chat only) the prompt's and reply's token ids."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import json
 import time
 import urllib.request
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 from ..errors import LiLiCorrError
 
@@ -31,6 +33,22 @@ class Sampling:
     chat_template_kwargs: dict = field(default_factory=dict)
 
 
+# per-request lists SGLang reports beside spec_verify_ct, index = accepted drafts / verified width (tokens verified per
+# request: LILICORR's verify width), each count a verify step; absent (meta_info) or empty (the OpenAI API) when none
+SPEC_LISTS = ("spec_correct_drafts_histogram", "spec_cap_lens_histogram")
+ID_LISTS = ("input_ids", "output_ids")  # the chat API's sglext token ids, asked with record_ids
+
+
+class Reply(NamedTuple):
+    """What a response says: its text, completion tokens, verify blocks (None without spec stats) and the lists a turn
+    records where the server sent them (SPEC_LISTS, ID_LISTS)."""
+
+    text: str
+    completion_tokens: int
+    spec_verify_ct: Optional[int]
+    extras: Dict[str, List[int]]
+
+
 @dataclass(frozen=True)
 class TurnResult:
     text: str
@@ -38,6 +56,7 @@ class TurnResult:
     spec_verify_ct: Optional[int]  # verification blocks; None when the server reported no spec stats
     start: float  # wall clock (time.time()) when the request was sent
     end: float  # start + measured latency
+    extras: Dict[str, List[int]] = field(default_factory=dict)  # Reply.extras
 
 
 def post_json(url: str, path: str, body: dict, timeout: float = 300.0) -> dict:
@@ -54,7 +73,7 @@ def post_json(url: str, path: str, body: dict, timeout: float = 300.0) -> dict:
         return {"text": text}
 
 
-def chat_body(messages: List[dict], sampling: Sampling, model: str) -> dict:
+def chat_body(messages: List[dict], sampling: Sampling, model: str, record_ids: bool = False) -> dict:
     body = {
         "model": model,
         "messages": messages,
@@ -68,6 +87,8 @@ def chat_body(messages: List[dict], sampling: Sampling, model: str) -> dict:
         body["seed"] = sampling.seed
     if sampling.chat_template_kwargs:
         body["chat_template_kwargs"] = sampling.chat_template_kwargs
+    if record_ids:
+        body.update(return_input_ids_in_sglext=True, return_output_ids_in_sglext=True)
     return body
 
 
@@ -102,8 +123,14 @@ def _verify_ct(stats: Optional[dict]) -> Optional[int]:
     return int(ct) if ct else None
 
 
-def parse_chat(payload: dict) -> tuple:
-    """(text, completion_tokens, spec_verify_ct) of a /v1/chat/completions response."""
+def _spec_lists(stats: Optional[dict]) -> Dict[str, List[int]]:
+    """The non-empty SPEC_LISTS of a response's spec stats (where there were verify blocks)."""
+    stats = stats or {}
+    return {k: list(stats[k]) for k in SPEC_LISTS if _verify_ct(stats) and isinstance(stats.get(k), list) and stats[k]}
+
+
+def parse_chat(payload: dict) -> Reply:
+    """The Reply of a /v1/chat/completions response (token ids where sglext carries them: record_ids)."""
     try:
         text = payload["choices"][0]["message"].get("content") or ""
         tokens = int(payload["usage"]["completion_tokens"])
@@ -111,42 +138,58 @@ def parse_chat(payload: dict) -> tuple:
         raise ServerError(
             f"chat response lacks choices[0].message or usage.completion_tokens: {str(payload)[:200]}"
         ) from e
-    details = (payload.get("sglext") or {}).get("spec_tokens_details")
+    ext = payload.get("sglext") or {}
+    details = ext.get("spec_tokens_details")
     if isinstance(details, list):  # n > 1; we always send n = 1
         details = details[0] if details else None
-    return text, tokens, _verify_ct(details)
+    extras = _spec_lists(details)
+    outputs = ext.get("output_ids")
+    if (
+        isinstance(ext.get("input_ids"), list)
+        and isinstance(outputs, list)
+        and outputs
+        and isinstance(outputs[0], list)
+    ):
+        extras.update(input_ids=list(ext["input_ids"]), output_ids=list(outputs[0]))  # output_ids: one list a choice
+    return Reply(text, tokens, _verify_ct(details), extras)
 
 
-def parse_generate(payload: dict, text_field: str = "text") -> tuple:
-    """(text, completion_tokens, spec_verify_ct) of a /generate response; the text is `text_field`."""
+def parse_generate(payload: dict, text_field: str = "text") -> Reply:
+    """The Reply of a /generate response; the text is `text_field`."""
     if isinstance(payload, list):
         payload = payload[0]
     try:
         meta = payload["meta_info"]
-        return str(payload[text_field]), int(meta["completion_tokens"]), _verify_ct(meta)
+        return Reply(str(payload[text_field]), int(meta["completion_tokens"]), _verify_ct(meta), _spec_lists(meta))
     except (KeyError, TypeError) as e:
         raise ServerError(
             f"/generate response lacks {text_field} or meta_info.completion_tokens: {str(payload)[:200]}"
         ) from e
 
 
-def parse_ids(payload: dict) -> tuple:
+def parse_ids(payload: dict) -> Reply:
     return parse_generate(payload, "output_ids")
 
 
 class SGLangClient:
-    """Sends one turn (the whole conversation so far) and times it. Uses an aiohttp session."""
+    """Sends one turn (the whole conversation so far) and times it. Uses an aiohttp session. record_ids (api chat only):
+    each reply's prompt and output token ids come back too (sglext) and are recorded."""
 
-    def __init__(self, session, url: str, sampling: Sampling, api: str = "chat", model: str = "default"):
+    def __init__(
+        self, session, url: str, sampling: Sampling, api: str = "chat", model: str = "default", record_ids: bool = False
+    ):
         if api not in API_PATHS:
             raise ValueError(f"api must be one of {sorted(API_PATHS)}, got {api!r}.")
+        if record_ids and api != "chat":
+            raise ValueError(f"record_ids asks the chat API for token ids; api {api!r} has no such option.")
         self.session, self.sampling, self.api, self.model = session, sampling, api, model
+        self.record_ids = record_ids
         self.endpoint = url.rstrip("/") + API_PATHS[api]
 
     def request(self, messages: List[dict]) -> tuple:
         """(request body, response parser) of one turn."""
         if self.api == "chat":
-            return chat_body(messages, self.sampling, self.model), parse_chat
+            return chat_body(messages, self.sampling, self.model, self.record_ids), parse_chat
         if self.api == "ids":
             return ids_body(messages, self.sampling), parse_ids
         return generate_body(messages, self.sampling), parse_generate
@@ -163,5 +206,7 @@ class SGLangClient:
             payload = json.loads(raw)
         except json.JSONDecodeError as e:
             raise ServerError(f"{self.endpoint} answered non-JSON: {raw[:200]}") from e
-        text, tokens, verify_ct = parse(payload)
-        return TurnResult(text, tokens, verify_ct, start, start + latency)
+        reply = parse(payload)
+        return TurnResult(
+            reply.text, reply.completion_tokens, reply.spec_verify_ct, start, start + latency, reply.extras
+        )

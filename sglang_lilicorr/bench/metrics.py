@@ -2,6 +2,8 @@
 turns that report spec stats (None without): tau = sum(completion_tokens) / sum(spec_verify_ct) (SGLang's
 spec_accept_length), block_ms = 1000 * sum(end - start) / sum(spec_verify_ct) (a request's wall per block),
 TPS = sum(completion_tokens) / busy seconds (the union of the requests' intervals), speedup = TPS / the baseline's.
+Where turns hold SGLang's histograms (summed over a cell's turns, seeds and runs): acceptance[i-1] = the share of
+verify steps that accepted at least i drafts, tiers[w] = the share that verified w tokens (LILICORR's verify width).
 A cell = (system, dataset, group, concurrency, temperature), averaged over seeds; repeated runs pool into one cell
 (pool_runs) or pair against a reference (add_paired_ratios: per-run ratios, mean with a 95 % t interval)."""
 
@@ -41,6 +43,53 @@ def block_ms(records: Iterable[dict]) -> Optional[float]:
     return 1000.0 * sum(t["end"] - t["start"] for t in spec) / sum(t["spec_verify_ct"] for t in spec)
 
 
+# a cell's summed histograms (the turns' lists of the same name, "spec_" dropped) and what each gives
+HISTOGRAMS = {"correct_drafts_histogram": "acceptance", "cap_lens_histogram": "tiers"}
+
+
+def summed_histogram(records: Iterable[dict], name: str) -> Optional[List[int]]:
+    """The element-wise sum of the turns' `spec_<name>` lists (None where no turn holds one)."""
+    return add_histograms(t.get(f"spec_{name}") for t in _turns(records))
+
+
+def add_histograms(histograms: Iterable[Optional[Sequence[int]]]) -> Optional[List[int]]:
+    """Element-wise sum of histograms of any lengths; None where none is given (Nones are skipped)."""
+    total: Optional[List[int]] = None
+    for h in histograms:
+        if h is None:
+            continue
+        total = (total or []) + [0] * max(0, len(h) - len(total or []))
+        for i, n in enumerate(h):
+            total[i] += n
+    return total
+
+
+def acceptance(histogram: Optional[Sequence[int]]) -> Optional[List[float]]:
+    """From the verify steps by accepted drafts: [share of steps that accepted at least i drafts, i = 1, 2, ...] up to
+    the most any step accepted, at least i = 1 (None without steps)."""
+    steps = sum(histogram or ())
+    if not steps:
+        return None
+    return [sum(histogram[i:]) / steps for i in range(1, max(len(histogram), 2))]
+
+
+def tier_shares(histogram: Optional[Sequence[int]]) -> Optional[Dict[str, float]]:
+    """From the verify steps by width: {width: its share of the steps} for each width used (None without steps)."""
+    steps = sum(histogram or ())
+    if not steps:
+        return None
+    return {str(w): n / steps for w, n in enumerate(histogram) if n}
+
+
+def with_shares(cell: dict) -> dict:
+    """`cell` with acceptance and tiers taken from its summed histograms."""
+    return {
+        **cell,
+        "acceptance": acceptance(cell.get("correct_drafts_histogram")),
+        "tiers": tier_shares(cell.get("cap_lens_histogram")),
+    }
+
+
 def busy_seconds(intervals: Iterable[Tuple[float, float]]) -> float:
     """Length of the union of [start, end] intervals."""
     total, cur_start, cur_end = 0.0, None, None
@@ -77,7 +126,8 @@ def _mean_std(values: Sequence[Optional[float]]) -> Tuple[Optional[float], Optio
 
 
 def aggregate(records: Iterable[dict]) -> List[dict]:
-    """Cells of a results file, seeds averaged: each record in group "all" and its category's (if several)."""
+    """Cells of a results file, seeds averaged (histograms summed): each record in group "all" and its category's (if
+    several)."""
     records = list(records)
     categories: Dict[str, set] = {}
     for r in records:
@@ -93,21 +143,26 @@ def aggregate(records: Iterable[dict]) -> List[dict]:
         (tau_mean, tau_std) = _mean_std([tau(rs) for rs in seeds.values()])
         (block_mean, block_std) = _mean_std([block_ms(rs) for rs in seeds.values()])
         (tps_mean, tps_std) = _mean_std([output_tps(rs) for rs in seeds.values()])
-        turns = _turns(r for rs in seeds.values() for r in rs)
+        pooled = [r for rs in seeds.values() for r in rs]
+        turns = _turns(pooled)
+        histograms = {name: summed_histogram(pooled, name) for name in HISTOGRAMS}
         cells.append(
-            {
-                **dict(zip(CELL_KEY, key)),
-                "seeds": sorted(seeds),
-                "n_prompts": max(len(rs) for rs in seeds.values()),
-                "tau": tau_mean,
-                "tau_std": tau_std,
-                "block_ms": block_mean,
-                "block_ms_std": block_std,
-                "tps": tps_mean,
-                "tps_std": tps_std,
-                "completion_tokens": sum(t["completion_tokens"] for t in turns),
-                "verify_blocks": sum(t.get("spec_verify_ct") or 0 for t in turns),
-            }
+            with_shares(
+                {
+                    **dict(zip(CELL_KEY, key)),
+                    "seeds": sorted(seeds),
+                    "n_prompts": max(len(rs) for rs in seeds.values()),
+                    "tau": tau_mean,
+                    "tau_std": tau_std,
+                    "block_ms": block_mean,
+                    "block_ms_std": block_std,
+                    "tps": tps_mean,
+                    "tps_std": tps_std,
+                    "completion_tokens": sum(t["completion_tokens"] for t in turns),
+                    "verify_blocks": sum(t.get("spec_verify_ct") or 0 for t in turns),
+                    **histograms,
+                }
+            )
         )
     return cells
 
@@ -119,8 +174,8 @@ COMPARISONS = ("speedup", "block_ratio", "paired", "paired_speedup")
 
 def pool_runs(runs: Sequence[List[dict]]) -> List[dict]:
     """Cells of repeated runs (one list per results file) -> one cell per key: tau, block_ms and TPS averaged over the
-    runs that have it, their std (one run: its own across seeds), `*_per_run`, counts summed, "runs" and "run_ids"
-    (positions in `runs`); COMPARISONS dropped."""
+    runs that have it, their std (one run: its own across seeds), `*_per_run`, counts and histograms summed, "runs" and
+    "run_ids" (positions in `runs`); COMPARISONS dropped."""
     by_key: Dict[Tuple, List[dict]] = {}
     for i, cells in enumerate(runs):
         for c in cells:
@@ -139,7 +194,9 @@ def pool_runs(runs: Sequence[List[dict]]) -> List[dict]:
         cell["n_prompts"] = max(c.get("n_prompts", 0) for c in same)
         for name in ("completion_tokens", "verify_blocks"):
             cell[name] = sum(c.get(name) or 0 for c in same)
-        pooled.append(cell)
+        for name in HISTOGRAMS:
+            cell[name] = add_histograms(c.get(name) for c in same)
+        pooled.append(with_shares(cell))
     return pooled
 
 

@@ -1,5 +1,6 @@
 """Figures (matplotlib, Agg backend): TPS and speedup vs concurrency per system; tau per category;
-each run's TPS and ms per block where runs were repeated."""
+each run's TPS and ms per block where runs were repeated; acceptance per position and verify width use per system
+and concurrency where the servers reported their histograms."""
 
 from __future__ import annotations
 
@@ -131,9 +132,66 @@ def plot_repeated_runs(
     return save(fig, Path(out_dir) / f"{_slug('runs', dataset, f'T{temperature:g}', f'c{concurrency}')}.png")
 
 
+def _share_panels(plt, cells: Sequence[dict], dataset: str, temperature: float, field: str, baseline: Optional[str]):
+    """(figure, [(axis, system, its group "all" cells holding `field`, by c)]): a panel per system that has them."""
+    mine = [
+        c
+        for c in cells
+        if c["dataset"] == dataset and c["temperature"] == temperature and c["group"] == ALL and c.get(field)
+    ]
+    systems = [s for s in systems_of(mine, baseline) if any(c["system"] == s for c in mine)]
+    fig, axes = plt.subplots(1, len(systems), figsize=(4.2 * len(systems), 3.4), squeeze=False)
+    panels = [
+        (ax, s, sorted((c for c in mine if c["system"] == s), key=lambda c: c["concurrency"]))
+        for ax, s in zip(axes[0], systems)
+    ]
+    return fig, panels
+
+
+def plot_acceptance(
+    cells: Sequence[dict], dataset: str, temperature: float, baseline: Optional[str], out_dir: Path
+) -> Path:
+    """Per speculative system, the share of verify steps that accepted at least i drafts against i, a line per
+    concurrency."""
+    plt = pyplot()
+    fig, panels = _share_panels(plt, cells, dataset, temperature, "acceptance", baseline)
+    for ax, system, mine in panels:
+        for k, c in enumerate(mine):
+            shares = c["acceptance"]
+            ax.plot(range(1, len(shares) + 1), shares, marker="o", ms=3, color=f"C{k}", label=f"c={c['concurrency']}")
+        ax.set_xlabel("draft position i")
+        ax.set_ylabel("verify steps accepting >= i drafts")
+        ax.set_ylim(0, 1)
+        ax.set_title(f"{system}: {dataset}, T={temperature:g}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return save(fig, Path(out_dir) / f"{_slug('acceptance', dataset, f'T{temperature:g}')}.png")
+
+
+def plot_tiers(cells: Sequence[dict], dataset: str, temperature: float, baseline: Optional[str], out_dir: Path) -> Path:
+    """Per system that reported its verify widths, each width's share of the verify steps as stacked bars, a bar per
+    concurrency."""
+    plt = pyplot()
+    fig, panels = _share_panels(plt, cells, dataset, temperature, "tiers", baseline)
+    widths = sorted({int(w) for _, _, mine in panels for c in mine for w in c["tiers"]})
+    for ax, system, mine in panels:
+        labels = [str(c["concurrency"]) for c in mine]
+        bottom = [0.0] * len(mine)
+        for k, w in enumerate(widths):
+            heights = [c["tiers"].get(str(w), 0.0) for c in mine]
+            ax.bar(labels, heights, bottom=bottom, color=f"C{k}", label=f"width {w}")
+            bottom = [b + h for b, h in zip(bottom, heights)]
+        ax.set_xlabel("concurrency c")
+        ax.set_ylabel("share of verify steps")
+        ax.set_ylim(0, 1)
+        ax.set_title(f"{system}: {dataset}, T={temperature:g}")
+        ax.legend(fontsize=8)
+    return save(fig, Path(out_dir) / f"{_slug('tiers', dataset, f'T{temperature:g}')}.png")
+
+
 def plot_all(cells: Sequence[dict], baseline: Optional[str], out_dir: Path) -> List[Path]:
     """Every figure the cells support: sweeps where >1 concurrency ran; tau per category at the lowest c;
-    each run's TPS and ms per block where runs were repeated."""
+    each run's TPS and ms per block where runs were repeated; acceptance per position and width use where reported."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -154,4 +212,7 @@ def plot_all(cells: Sequence[dict], baseline: Optional[str], out_dir: Path) -> L
                 {c["concurrency"] for c in mine if c["temperature"] == t and c["group"] == ALL and c.get("runs", 1) > 1}
             ):
                 paths.append(plot_repeated_runs(cells, d, t, conc, baseline, out_dir))
+            for field, plot in (("acceptance", plot_acceptance), ("tiers", plot_tiers)):
+                if any(c["temperature"] == t and c["group"] == ALL and c.get(field) for c in mine):
+                    paths.append(plot(cells, d, t, baseline, out_dir))
     return paths

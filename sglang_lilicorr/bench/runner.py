@@ -17,7 +17,7 @@ from .. import ownership
 from ..config import ConfigError, json_number
 from ..errors import UsageError
 from ..jsonl import loads
-from .client import Sampling, ServerError, SGLangClient
+from .client import ID_LISTS, SPEC_LISTS, Sampling, ServerError, SGLangClient
 from .metrics import ResultsError
 from .prompt import Prompt
 
@@ -73,6 +73,7 @@ RECORD_FIELDS = {
     "turns": list,
 }
 TURN_FIELDS = {"completion_tokens": int, "start": float, "end": float}
+TURN_LISTS = (*SPEC_LISTS, *ID_LISTS)  # lists of integers >= 0 a turn holds where the server sent them
 
 
 def _is(value, kind: type) -> bool:
@@ -88,7 +89,8 @@ def _is(value, kind: type) -> bool:
 
 def check_record(record, where: str) -> dict:
     """A results line as `run` writes it: the run's config, prompt_id, category and non-empty turns
-    with token counts and times; raises ResultsError naming the first bad field."""
+    with token counts and times (and, where present, TURN_LISTS as lists of integers >= 0); raises ResultsError naming
+    the first bad field."""
     if not isinstance(record, dict):
         raise ResultsError(
             f"a results line must be a JSON object, got {type(record).__name__}",
@@ -112,14 +114,22 @@ def check_record(record, where: str) -> dict:
         bad = [n for n, kind in TURN_FIELDS.items() if not (isinstance(turn, dict) and _is(turn.get(n), kind))]
         if not bad and turn.get("spec_verify_ct") is not None and not _is(turn["spec_verify_ct"], int):
             bad = ["spec_verify_ct"]
+        if not bad:
+            bad = [n for n in TURN_LISTS if n in turn and not _counts(turn[n])]
         if bad or turn["end"] < turn["start"] or turn["completion_tokens"] < 0:
             raise ResultsError(
-                f"turns[{i}] needs completion_tokens >= 0, start <= end and an integer or null spec_verify_ct "
+                f"turns[{i}] needs completion_tokens >= 0, start <= end, an integer or null spec_verify_ct and "
+                f"{' / '.join(TURN_LISTS)} as lists of integers >= 0 where present "
                 f"(bad: {bad or ['start/end' if turn['end'] < turn['start'] else 'completion_tokens']})",
                 where=where,
                 fix="fix or remove that line",
             )
     return record
+
+
+def _counts(value) -> bool:
+    """A list of integers >= 0 (a histogram, token ids); JSON integers only, as `run` writes them."""
+    return isinstance(value, list) and all(type(v) is int and v >= 0 for v in value)
 
 
 def _json_line(line: bytes, where: str):
@@ -224,6 +234,7 @@ async def play(client: SGLangClient, prompt: Prompt) -> List[dict]:
                 "start": r.start,
                 "end": r.end,
                 "text": r.text,
+                **r.extras,
             }
         )
     return turns
@@ -305,8 +316,10 @@ async def run_async(
     show_progress: bool = True,
     request_timeout: float = 3600.0,
     max_failures: int = MAX_FAILURES,
+    record_ids: bool = False,
 ) -> RunOutcome:
-    """Runs the prompts of `config` not yet in results_path (after the warm-up waves), one line per finished prompt."""
+    """Runs the prompts of `config` not yet in results_path (after the warm-up waves), one line per finished prompt
+    (record_ids, api chat: each turn with its prompt's and reply's token ids)."""
     import aiohttp
 
     results_path = Path(results_path)
@@ -326,7 +339,7 @@ async def run_async(
     connector = aiohttp.TCPConnector(limit=config.concurrency)
     try:
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-            client = SGLangClient(session, url, sampling, api=api, model=model)
+            client = SGLangClient(session, url, sampling, api=api, model=model, record_ids=record_ids)
             await _warm_up(client, warmup_waves(todo, warmup, config.concurrency), url)
             with open_for_append(results_path) as out:
                 for _, group in phases(todo):

@@ -1,7 +1,8 @@
 """Markdown tables in the paper's layouts, from cells (metrics.aggregate + add_speedup): main_table (benchmarks x
-temperature: tau / TPS / speedup), category_table (categories x temperature), concurrency_table (c x group) and
-block_table (ms per block of the speculative systems, optionally / a reference's). The baseline shows TPS / 1.00x;
-each row's best is bold."""
+temperature: tau / TPS / speedup), category_table (categories x temperature), concurrency_table (c x group),
+block_table (ms per block of the speculative systems, optionally / a reference's), acceptance_table and tier_table
+(per benchmark, T, system and c: the share of verify steps that accepted at least i drafts; each verify width's share).
+The baseline shows TPS / 1.00x; each row's best is bold."""
 
 from __future__ import annotations
 
@@ -187,6 +188,44 @@ def paired_table(cells: Sequence[dict], reference: str) -> str:
     return "\n".join(rows) + "\n"
 
 
+def _share_rows(cells: Sequence[dict], field: str) -> List[dict]:
+    """Group "all" cells holding `field` (acceptance / tiers), by benchmark, T, system, c."""
+    return sorted(
+        (c for c in cells if c["group"] == ALL and c.get(field)),
+        key=lambda c: (c["dataset"], c["temperature"], c["system"], c["concurrency"]),
+    )
+
+
+def _share_table(rows: List[dict], columns: List[str], shares: List[List[float]], histogram: str) -> str:
+    """A row per cell: its shares under `columns`, then the verify steps its `histogram` counts."""
+    head = ["Benchmark", "T", "system", "c", *columns, "verify steps"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c, values in zip(rows, shares):
+        lines.append(
+            f"| {c['dataset']} | {c['temperature']:g} | {c['system']} | {c['concurrency']} | "
+            + " | ".join(f"{v:.3f}" for v in values)
+            + f" | {sum(c.get(histogram) or ())} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def acceptance_table(cells: Sequence[dict]) -> str:
+    """Per (benchmark, T, system, c): the share of verify steps that accepted at least i drafts, i = 1 .. the most
+    any cell's step accepted (a share past a cell's own most is 0)."""
+    rows = _share_rows(cells, "acceptance")
+    positions = max(len(c["acceptance"]) for c in rows)
+    shares = [c["acceptance"] + [0.0] * (positions - len(c["acceptance"])) for c in rows]
+    return _share_table(rows, [str(i) for i in range(1, positions + 1)], shares, "correct_drafts_histogram")
+
+
+def tier_table(cells: Sequence[dict]) -> str:
+    """Per (benchmark, T, system, c): each verify width's share of the verify steps (widths any cell used)."""
+    rows = _share_rows(cells, "tiers")
+    widths = sorted({int(w) for c in rows for w in c["tiers"]})
+    shares = [[c["tiers"].get(str(w), 0.0) for w in widths] for c in rows]
+    return _share_table(rows, [f"w {w}" for w in widths], shares, "cap_lens_histogram")
+
+
 def report(cells: Sequence[dict], baseline: Optional[str], block_reference: Optional[str] = None) -> str:
     """The full markdown report (every table); block_reference: the system the others' ms per block divide by."""
     out = ["# Benchmark report\n", f"Baseline (no speculation): {baseline or 'none given; speedup not shown'}.\n"]
@@ -209,6 +248,13 @@ def report(cells: Sequence[dict], baseline: Optional[str], block_reference: Opti
                 f"\n## Per-block wall, concurrency {c} (ms of request latency per verification block{ratio})\n\n",
                 block_table(cells, c, block_reference),
             ]
+    if any(c["group"] == ALL and c.get("acceptance") for c in cells):
+        out += [
+            "\n## Acceptance per position (share of verify steps that accepted at least i drafts)\n\n",
+            acceptance_table(cells),
+        ]
+    if any(c["group"] == ALL and c.get("tiers") for c in cells):
+        out += ["\n## Verify width use (each width's share of the verify steps)\n\n", tier_table(cells)]
     for d in sorted({c["dataset"] for c in cells}):
         if any(c["dataset"] == d and c["group"] != ALL for c in cells):
             for conc in sorted({c["concurrency"] for c in cells if c["dataset"] == d}):
