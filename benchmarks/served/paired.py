@@ -7,7 +7,8 @@ of each within-round ratio with its 95 % t interval (metrics.add_paired_ratios).
 Each run (system, c, round r) appends to WORK/runs/c<c>_r<r>_<system>.jsonl and resumes like every
 `bench run`. `merge_rounds` writes WORK/round<r>.jsonl from the (c, r) cells that every system finished
 with every prompt, so a cell cut short (a deadline, a failure) is left out whole: no pair is half
-measured. The first round of each (server, c) starts with a warm-up (runner.warmup_waves).
+measured. The first run of each (server, c) that a call plays starts with a warm-up (runner.warmup_waves), so a call
+that resumes a setting mid-way (its servers started afresh) warms them up before its first round too.
 benchmarks/testbed/speed.py and benchmarks/scale.py measure throughput this way.
 """
 
@@ -51,9 +52,10 @@ class RoundPlan:
     rounds: int = 3
     api: str = "chat"
     ignore_eos: bool = False
-    warmup: int = 2  # unrecorded requests before the first round of each (server, c): max(warmup, c)
+    warmup: int = 2  # unrecorded requests before a call's first run of each (server, c): max(warmup, c)
     request_timeout: float = 300.0
     reserve_s: float = 0.0  # time the deadline must still leave after the last round (stop servers, pack results)
+    record_ids: bool = False  # each turn keeps its prompt's and reply's token ids (runner.run's record_ids)
 
 
 def run_path(work: Path, c: int, r: int, system: str) -> Path:
@@ -75,7 +77,7 @@ def play_rounds(
     if not, it stops there. `watch(system, c, round)`, where given, is called before each run and returns what to
     call after it (e.g. the CPU the idle servers spent meanwhile). Returns what failed or was left out, one line
     each."""
-    systems, failures, longest = list(urls), [], 0.0
+    systems, failures, longest, warm = list(urls), [], 0.0, set()
     for c, todo in prompts.items():
         for r in range(1, plan.rounds + 1):
             if deadline is not None and not deadline.allows(longest + plan.reserve_s):
@@ -96,10 +98,13 @@ def play_rounds(
                         run_path(work, c, r, system),
                         Sampling(max_tokens=plan.max_tokens, ignore_eos=plan.ignore_eos),
                         api=plan.api,
-                        warmup=plan.warmup if r == 1 else 0,
+                        warmup=0 if (system, c) in warm else plan.warmup,
                         show_progress=False,
                         request_timeout=plan.request_timeout,
+                        record_ids=plan.record_ids,
                     )
+                    if outcome.skipped < len(todo):  # it played (a finished run is skipped whole, unwarmed)
+                        warm.add((system, c))
                 except Exception as e:  # a server that went away: record it, the other systems' rounds go on
                     failures.append(f"{system} c={c} round {r}: {type(e).__name__}: {e}")
                     continue

@@ -3,7 +3,8 @@ SGLang's DFLASH, SGLang's built-in LiLiCorr head on our draft, and LILICORR on t
 two verify-attention variants (VERIFY_SYSTEMS), at each concurrency and in two CUDA-graph settings (graphs up to the
 largest concurrency; graphs to 16, so c = 32 runs the eager path).
 
-  summarize(rounds) -> {c: {system: tok/s, "<a>_vs_<b>": [mean, lo, hi], "tau": {system: tau}}}
+  summarize(rounds) -> {c: {system: tok/s, "<a>_vs_<b>": [mean, lo, hi], "tau": {system: tau},
+                            "tiers": {system: {width: share of verify steps}}}}
   table(summary) -> markdown;  plot(summary, path)
   python -m benchmarks serve-speed [--graphs DIR] [--eager DIR] --card CARD --commit C --out OUT
       the speed step's folders of either setting or both (WORK/speed/graphs32, graphs16) -> OUT/summary.json (per c,
@@ -31,7 +32,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from sglang_lilicorr.bench.metrics import block_ms, mean_ci95, output_tps, tau
+from sglang_lilicorr.bench.metrics import block_ms, mean_ci95, output_tps, summed_histogram, tau, tier_shares
 
 SYSTEMS = ("base", "dflash", "builtin", "lilicorr")  # every summarized cell has these four
 # The target verify's attention swapped (serving/verify_attention.py, LILICORR_VERIFY_ATTENTION): SGLang's DFLASH on
@@ -76,7 +77,8 @@ def _interval(values: Sequence[float]) -> list:
 def summarize(rounds: Sequence[Iterable[dict]]) -> dict:
     """Per concurrency (str keys) where all of SYSTEMS ran: mean tok/s of each system that ran (SYSTEMS and any of
     VERIFY_SYSTEMS) over the rounds all of them played, the paired ratios of RATIOS (those whose systems both ran) as
-    [mean, lo, hi], tau per speculative system, and the rounds counted."""
+    [mean, lo, hi], tau per speculative system, each verify width's share of the verify steps per system whose records
+    hold the servers' width histograms (LILICORR's; "tiers"), and the rounds counted."""
     per = defaultdict(lambda: defaultdict(dict))  # c -> system -> round -> records
     for r, records in enumerate(rounds):
         for rec in records:
@@ -95,6 +97,8 @@ def summarize(rounds: Sequence[Iterable[dict]]) -> dict:
                 entry[f"{a}_vs_{b}"] = _interval([tps[a][r] / tps[b][r] for r in runs])
         pooled = {s: [rec for r in runs for rec in cell[s][r]] for s in systems}
         entry["tau"] = {s: round(t, 3) for s in systems if (t := tau(pooled[s])) is not None}
+        widths = {s: tier_shares(summed_histogram(pooled[s], "cap_lens_histogram")) for s in systems}
+        entry["tiers"] = {s: {w: round(x, 4) for w, x in shares.items()} for s, shares in widths.items() if shares}
         step = decode_step_ms(pooled.get("base", []))
         entry["decode_step_ms"] = None if step is None else round(step, 3)
         entry["block_over_decode"] = {
@@ -119,15 +123,18 @@ def systems_in(summary: Mapping[str, dict]) -> list[str]:
 
 
 def table(summary: Mapping[str, dict], title: str = "") -> str:
-    """A markdown table of one setting's summary: tok/s per system, the paired ratios with their intervals, tau."""
+    """A markdown table of one setting's summary: tok/s per system, the paired ratios with their intervals, tau, the
+    width use (width: share of verify steps) of each system that reported it."""
     systems = systems_in(summary)
     ratios = [f"{a}_vs_{b}" for a, b in RATIOS if any(f"{a}_vs_{b}" in e for e in summary.values())]
+    tiered = [s for s in systems if any(s in e.get("tiers", {}) for e in summary.values())]
     head = [
         "c",
         *(f"{LABELS[s]} tok/s" for s in systems),
         *(r.replace("_vs_", " / ") for r in ratios),
         "tau D / B / L",
         "block / decode step D / B / L",
+        *(f"{LABELS[s]} widths" for s in tiered),
         "rounds",
     ]
     lines = ([f"**{title}**", ""] if title else []) + ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -136,6 +143,9 @@ def table(summary: Mapping[str, dict], title: str = "") -> str:
         cells += [f"{e[r][0]:.3f} [{e[r][1]:.3f}, {e[r][2]:.3f}]" if r in e else "-" for r in ratios]
         for key in ("tau", "block_over_decode"):
             cells.append(" / ".join(f"{e[key].get(s, float('nan')):.2f}" for s in ("dflash", "builtin", "lilicorr")))
+        for s in tiered:
+            shares = e.get("tiers", {}).get(s, {})
+            cells.append(", ".join(f"{w}: {x:.2f}" for w, x in sorted(shares.items(), key=lambda i: int(i[0]))) or "-")
         cells.append(str(e["rounds"]))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -238,7 +248,7 @@ def report(graphs: dict | None, eager: dict | None, card: str, commit: str) -> d
     cache: its `cold_cache`, recorded by the speed step; a call before that record had a cold cache), `eager` (the
     eager setting at c = 32), `backends` (the servers' attention and sampling backends, where the speed step recorded
     them), card and commit; a setting not given adds none of its cells."""
-    keep = (*ALL_SYSTEMS, *(f"{a}_vs_{b}" for a, b in RATIOS), "tau", "block_over_decode", "rounds")
+    keep = (*ALL_SYSTEMS, *(f"{a}_vs_{b}" for a, b in RATIOS), "tau", "block_over_decode", "tiers", "greedy", "rounds")
     out = {}
     if graphs:
         out = {c: {k: e[k] for k in keep if k in e} for c, e in graphs["summary"].items()}

@@ -20,9 +20,16 @@ start-up on a fresh machine is cold), with SGLang's --sleep-on-idle: an
 idle server blocks instead of spinning, and the step records the CPU seconds every idle server spent while another
 one played (idle_cpu_s in speed_summary.json: the evidence that they do not disturb each other). No stage timer,
 profiler or recorder runs in the throughput rounds. For each concurrency c and round r every system plays the same
-long-form prompts (greedy, --max-tokens new tokens, ignore_eos off), the order rotating every round; round r of
-every c goes to WORK/speed/SETTING/round<r>.jsonl. --setting graphs32 captures CUDA graphs up to batch 32 (every c
-graph-replayed); graphs16 stops them at 16, so c = 32 runs the eager path. Then, in their own pass, each server is
+prompts (greedy, --max-tokens new tokens, ignore_eos off), the order rotating every round; round r of every c goes to
+WORK/speed/SETTING/round<r>.jsonl. --prompt-set writing (default) plays long-form writing prompts (speed_prompts:
+high tau), `eval` the project's six evaluation sets interleaved (eval_prompts: low tau); an eval setting's rounds
+live in WORK/speed/SETTING_eval (setting_folder), never paired or summarized with the writing rounds. A run at c plays
+prompts_for(c) prompts and at least c (run_prompts: the set cycled where it has fewer, so the batch reaches c).
+--setting graphs32 captures CUDA graphs up to batch 32 (every c graph-replayed); graphs16 stops them at 16, so c = 32
+runs the eager path; graphs64 captures them to 64 and admits 64 requests (c = 1 to 64, graph-replayed; a KV pool of
+KV_TOKENS_PER_REQUEST a request). With --greedy-check every reply's token ids are recorded (the chat API's sglext) and,
+once the servers stop, each distinct reply is checked against the fp32 target (benchmarks/served/greedy_ulps.py): the
+summary's `greedy` holds per c and system the worst deviation in bf16 ulps. Then, in their own pass, each server is
 profiled for --profile-steps forward passes at c = 1 (with --tau-check, every evaluation prompt is first served
 once at c = 8 by the speculative servers: tau through the server, beside the replay's) (benchmarks/step_profile.py:
 the host and GPU timeline of the same steps, LILICORR beside the built-in), where $TESTBED_DEADLINE still leaves time
@@ -36,6 +43,7 @@ speed.png, the graph-capture seconds of every server, and `lilicorr bench report
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shlex
@@ -51,16 +59,19 @@ from .common import Step, enough_time
 SYSTEMS = (*REQUIRED, *VERIFY_SYSTEMS)  # the default six (WALK_SYSTEMS only where named)
 
 PORT0 = 32000
-SETTINGS = {"graphs32": 32, "graphs16": 16}  # --cuda-graph-max-bs-decode of each setting
-DEFAULT_CONCURRENCY = {"graphs32": [1, 4, 8, 16, 32], "graphs16": [32]}
+SETTINGS = {"graphs32": 32, "graphs16": 16, "graphs64": 64}  # --cuda-graph-max-bs-decode of each setting
+DEFAULT_CONCURRENCY = {"graphs32": [1, 4, 8, 16, 32], "graphs16": [32], "graphs64": [1, 4, 8, 16, 32, 64]}
+PROMPT_SETS = ("writing", "eval")  # long-form writing (speed_prompts), the six evaluation sets (eval_prompts)
 SPEED_SETS = ("writingbench",)  # long-form prompts; MT-Bench's writing questions fill up to SPEED_PROMPTS
 SPEED_PROMPTS = 32
+GREEDY_CHECK_S = 45.0  # the rounds leave the greedy check this (the target loaded, ~400 distinct replies on a GPU)
+AFTER_CHECK_S = 30.0  # the greedy check stops this long before the deadline: the report and the bundle
 # the tau check's time per speculative server: every evaluation prompt at c = 8 took ~25 s on an H200 (55k tokens
 # at ~2,200 tok/s: benchmarks/results/testbed/h200x2_5ff6f18/speed/tau_check/), with room for a slower card
 TAU_CHECK_S = 45.0
-KV_TOKENS = (
-    65536  # per server: 32 requests of <= 2k tokens; a fixed size, so servers starting together do not race for memory
-)
+# a server's KV pool: 2k tokens for each request it admits (65,536 at 32); a fixed size, so servers starting together do
+# not race for memory
+KV_TOKENS_PER_REQUEST = 2048
 
 
 def speed_prompts(eval_rows: list[dict]) -> list[dict]:
@@ -71,10 +82,31 @@ def speed_prompts(eval_rows: list[dict]) -> list[dict]:
     return rows[:SPEED_PROMPTS]
 
 
+def eval_prompts(eval_rows: list[dict]) -> list[dict]:
+    """The evaluation prompt file: every evaluation prompt (MT-Bench's two turns as they are), the sets interleaved
+    in the file's order of sets (the first n prompts hold every set about equally), one group ("eval": a run plays
+    them as one phase)."""
+    by_set: dict[str, list[dict]] = {}
+    for r in eval_rows:
+        by_set.setdefault(r["set"], []).append(r)
+    sets = list(by_set.values())
+    return [{**rs[k], "set": "eval"} for k in range(max(map(len, sets))) for rs in sets if k < len(rs)]
+
+
 def prompts_for(c: int) -> int:
     """Prompts per run at concurrency c: 16 at c <= 4 (request-to-request host jitter is of the order of the effects
     measured at c = 1), the whole file from c = 8."""
     return min(SPEED_PROMPTS, max(16, 4 * c))
+
+
+def run_prompts(every: list, c: int) -> list:
+    """The prompts a run at c plays: the first prompts_for(c) of the set, and at least c, the set cycled past its end
+    (the k-th copy of a prompt named <id>#k), so the running batch reaches c."""
+    n = max(min(len(every), prompts_for(c)), c)
+    return [
+        p if i < len(every) else dataclasses.replace(p, prompt_id=f"{p.prompt_id}#{i // len(every) + 1}")
+        for i, p in ((i, every[i % len(every)]) for i in range(n))
+    ]
 
 
 def chosen_systems(given) -> list[str]:
@@ -110,19 +142,27 @@ def earlier_systems(work: Path) -> list[str] | None:
     return None if record is None else list(record.get("systems", SYSTEMS))
 
 
-def setting_folder(setting: str, server_args: str) -> str:
-    """The folder of a setting's rounds under WORK/speed: the setting's name with the kit's Triton attention, else
-    SETTING_BACKEND (graphs32_flashinfer): rounds of two target attention backends never share a folder, so they are
-    never paired, merged or summarized together."""
+def setting_folder(setting: str, server_args: str, prompt_set: str = "writing") -> str:
+    """The folder of a setting's rounds under WORK/speed: the setting's name, then _eval for the evaluation prompt set
+    and _BACKEND for a target attention other than the kit's Triton (graphs32_flashinfer, graphs64_eval): rounds of two
+    prompt sets or two backends never share a folder, so they are never paired, merged or summarized together."""
     from .common import KIT_BACKENDS, backends_of
 
     attention = backends_of(server_args)["attention"]
-    return setting if attention == KIT_BACKENDS["attention"] else f"{setting}_{attention}"
+    return (
+        setting
+        + ("" if prompt_set == "writing" else f"_{prompt_set}")
+        + ("" if attention == KIT_BACKENDS["attention"] else f"_{attention}")
+    )
 
 
 def speed_folder(args) -> Path:
-    """WORK/speed/<setting_folder> of this call (its --setting and --server-args)."""
-    return Path(args.work) / "speed" / setting_folder(args.setting, base_args(args))
+    """WORK/speed/<setting_folder> of this call (its --setting, --prompt-set and --server-args)."""
+    return Path(args.work) / "speed" / setting_folder(args.setting, base_args(args), prompt_set_of(args))
+
+
+def prompt_set_of(args) -> str:
+    return getattr(args, "prompt_set", None) or "writing"
 
 
 def base_args(args) -> str:
@@ -154,17 +194,20 @@ def systems_for(args) -> list[str]:
 
 
 def server_args(base_args: str, system: str, drafts: Path, graphs_to: int) -> tuple[str, ...]:
+    """A speed server's arguments: CUDA graphs to `graphs_to`, max(32, graphs_to) requests admitted (graphs16's c = 32
+    runs eager), a KV pool of KV_TOKENS_PER_REQUEST each, idle servers asleep, the system's speculation."""
     from .common import set_flags, speculation_args
 
     args = set_flags(
         shlex.split(base_args), {"--mem-fraction-static": "0.9", "--cuda-graph-max-bs-decode": str(graphs_to)}
     )
+    running = max(32, graphs_to)
     return (
         *args,
         "--max-running-requests",
-        "32",
+        str(running),
         "--max-total-tokens",
-        str(KV_TOKENS),
+        str(KV_TOKENS_PER_REQUEST * running),
         "--sleep-on-idle",
         *speculation_args(system, drafts),
     )
@@ -224,7 +267,7 @@ def run(args, base_server_args: str) -> int:
     from . import eval_sets
     from .common import backends_of, bench, served_tau, to_out, variant_env
 
-    from benchmarks.served import paired, serve_speed
+    from benchmarks.served import greedy_ulps, paired, serve_speed
 
     from sglang_lilicorr.bench import prompt_file
     from sglang_lilicorr.jsonl import save_json
@@ -238,19 +281,24 @@ def run(args, base_server_args: str) -> int:
         raise SystemExit(f"{drafts}: no exported draft for {missing}; run `export` first.")
     systems = systems_for(args)
     concurrency = args.concurrency or DEFAULT_CONCURRENCY[args.setting]
-    rows = speed_prompts(eval_sets.read(Path(args.eval_prompts)))
+    prompt_set = prompt_set_of(args)
+    rows = (speed_prompts if prompt_set == "writing" else eval_prompts)(eval_sets.read(Path(args.eval_prompts)))
     work.mkdir(parents=True, exist_ok=True)
     # this call's systems on record before any round is played (a later call of the setting must play the same ones)
     record = json.loads((work / "speed_run.json").read_text()) if (work / "speed_run.json").is_file() else {}
-    save_json(work / "speed_run.json", {**record, "systems": systems, "base_server_args": base_args(args)})
+    save_json(
+        work / "speed_run.json",
+        {**record, "systems": systems, "base_server_args": base_args(args), "prompt_set": prompt_set},
+    )
     (work / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     every = prompt_file.load(work / "prompts.jsonl")
-    prompts = {c: every[: prompts_for(c)] for c in concurrency}
+    prompts = {c: run_prompts(every, c) for c in concurrency}
     # the concurrencies earlier calls of this setting played count too (a setting may take several device calls)
     played = {int(p.name.split("_")[0][1:]) for p in (work / "runs").glob("c*_r*_*.jsonl")}
-    every_c = {c: every[: prompts_for(c)] for c in sorted(played | set(concurrency))}
+    every_c = {c: run_prompts(every, c) for c in sorted(played | set(concurrency))}
     deadline = paired.Deadline(float(os.environ["TESTBED_DEADLINE"])) if os.environ.get("TESTBED_DEADLINE") else None
-    after_tau_s = 60.0 + (45.0 if args.profile_steps else 0.0)  # the profile pass, the report, stopping the servers
+    # the profile pass, the report, stopping the servers; the greedy check's start (its replies stop at the deadline)
+    after_tau_s = 60.0 + (45.0 if args.profile_steps else 0.0) + (GREEDY_CHECK_S if args.greedy_check else 0.0)
     # the rounds leave the tau check its time too (TAU_CHECK_S a speculative server)
     after_rounds_s = after_tau_s + (TAU_CHECK_S * sum(s != "base" for s in systems) if args.tau_check else 0.0)
     # each server its own Triton cache: a server's start-up on a fresh machine compiles all it needs itself (the
@@ -275,7 +323,9 @@ def run(args, base_server_args: str) -> int:
     with contextlib.ExitStack() as stack:
         servers = stack.enter_context(SGLangServers.start(specs, work / "logs", launcher=launcher, warm_first=True))
         watch = IdleWatch({s: p.pid for s, p in zip(systems, servers.processes)})
-        plan = paired.RoundPlan("speed", args.max_tokens, rounds=args.rounds, reserve_s=after_rounds_s)
+        plan = paired.RoundPlan(
+            "speed", args.max_tokens, rounds=args.rounds, reserve_s=after_rounds_s, record_ids=args.greedy_check
+        )
         failed += paired.play_rounds(
             url, prompts, plan, work, deadline=deadline, log=lambda line: print(line, flush=True), watch=watch
         )
@@ -291,11 +341,17 @@ def run(args, base_server_args: str) -> int:
                 reserve_s=after_tau_s,
             )
         if args.profile_steps and (deadline is None or deadline.allows(after_tau_s)):
-            failed += profile_systems(url, work / "profile", args.profile_steps, rows[0]["text"])
+            failed += profile_systems(url, work / "profile", args.profile_steps, every[0].turns[0])
     rounds = [str(p) for p in paired.merge_rounds(work, systems, every_c, args.rounds)]
-    summary = serve_speed.summarize(
-        [[json.loads(line) for line in Path(p).read_text().splitlines() if line.strip()] for p in rounds]
-    )
+    records = [[json.loads(line) for line in Path(p).read_text().splitlines() if line.strip()] for p in rounds]
+    summary = serve_speed.summarize(records)
+    if args.greedy_check:
+        failed += greedy_check(args.target, records, work, deadline)
+        greedy = greedy_ulps.summarize(
+            (r for rs in records for r in rs), greedy_ulps.read_cache(work / greedy_ulps.CACHE)
+        )
+        for c, entry in summary.items():
+            entry["greedy"] = greedy.get(c, {})
     earlier = json.loads((work / "speed_summary.json").read_text()) if (work / "speed_summary.json").is_file() else {}
     call = call_key(concurrency, earlier.get("capture_s", {}))
     logs = {
@@ -310,6 +366,7 @@ def run(args, base_server_args: str) -> int:
         {
             "setting": args.setting,
             "folder": folder,
+            "prompt_set": prompt_set,
             "graphs_to": SETTINGS[args.setting],
             "backends": backends_of(base_server_args),
             "server_args": base_args(args),
@@ -349,6 +406,7 @@ def run(args, base_server_args: str) -> int:
         {
             "setting": args.setting,
             "folder": folder,
+            "prompt_set": prompt_set,
             "systems": systems,
             "base_server_args": base_args(args),
             "concurrency": concurrency,
@@ -370,6 +428,7 @@ def run(args, base_server_args: str) -> int:
             work / "speed_table.md",
             work / "speed.png",
             work / "speed_run.json",
+            work / greedy_ulps.CACHE,
             work / "logs",
             work / "profile",
         ]:
@@ -380,14 +439,31 @@ def run(args, base_server_args: str) -> int:
     return 1 if failed or rc else 0
 
 
+def greedy_check(target: str, records: list[list[dict]], work: Path, deadline) -> list[str]:
+    """Checks the rounds' replies not yet checked against the fp32 target into work/CACHE while the deadline leaves
+    AFTER_CHECK_S (the report and the bundle); the line saying what it left, if it left any."""
+    from benchmarks.served import greedy_ulps
+
+    every = [r for rs in records for r in rs]
+    print(f"[speed] greedy check: {sum(1 for _ in greedy_ulps.replies(every))} replies with token ids", flush=True)
+    check = greedy_ulps.fp32_check(target)
+    allows = (lambda: True) if deadline is None else (lambda: deadline.allows(AFTER_CHECK_S))
+    greedy_ulps.check_new(every, work / greedy_ulps.CACHE, check, allows)
+    checked = greedy_ulps.read_cache(work / greedy_ulps.CACHE)
+    left = {greedy_ulps.reply_key(t) for _, t in greedy_ulps.replies(every)} - set(checked)
+    return [f"greedy check: {len(left)} distinct replies not checked (deadline): call the step again"] if left else []
+
+
 def cmd_speed(args) -> int:
     if args.profile_steps < 0:
         raise SystemExit(f"--profile-steps must be >= 0 (0: no profile), got {args.profile_steps}")
     systems = len(systems_for(args))  # refuses a set without the four summarized systems, or a resumed other set
     cells = len(args.concurrency or DEFAULT_CONCURRENCY[args.setting])
-    # minutes: the servers' start-up side by side (2.5 for all six), a round of a cell (0.2 for six), the profile pass
+    # minutes: the servers' start-up side by side (2.5 for all six), a round of a cell (0.2 for six), the profile pass,
+    # the greedy check
     startup, per_round = 1.0 + 0.25 * systems, 0.2 * systems / len(SYSTEMS)
-    enough_time("speed", startup + per_round * args.rounds * cells + (0.5 if args.profile_steps else 0.0))
+    after = (0.5 if args.profile_steps else 0.0) + (GREEDY_CHECK_S / 60 if args.greedy_check else 0.0)
+    enough_time("speed", startup + per_round * args.rounds * cells + after)
     return run(args, args.server_args)
 
 
@@ -402,11 +478,23 @@ def arguments(parser) -> None:
     )
     parser.add_argument(
         "--setting",
-        choices=("graphs32", "graphs16"),
+        choices=tuple(SETTINGS),
         default="graphs32",
-        help="CUDA graphs up to batch 32, or to 16 (c = 32 then runs the eager path)",
+        help="CUDA graphs up to batch 32, or to 16 (c = 32 then runs the eager path), or to 64 (64 requests admitted)",
     )
-    parser.add_argument("--concurrency", type=int, nargs="+", help="default: 1 4 8 16 32 (graphs32), 32 (graphs16)")
+    parser.add_argument(
+        "--prompt-set",
+        choices=PROMPT_SETS,
+        default="writing",
+        help="long-form writing prompts (high tau), or the six evaluation sets interleaved (low tau; the rounds in "
+        "WORK/speed/SETTING_eval)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        nargs="+",
+        help="default: 1 4 8 16 32 (graphs32), 32 (graphs16), 1 4 8 16 32 64 (graphs64)",
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument(
@@ -419,6 +507,12 @@ def arguments(parser) -> None:
         type=int,
         default=12,
         help="forward passes profiled per server at c = 1 after the rounds, in their own pass (0: no profile)",
+    )
+    parser.add_argument(
+        "--greedy-check",
+        action="store_true",
+        help="record every reply's token ids and, once the servers stop, check each against the fp32 target: the "
+        "worst deviation in bf16 ulps per c and system (the summary's `greedy`)",
     )
 
 
