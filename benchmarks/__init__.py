@@ -43,6 +43,7 @@ STEPS = {  # step: (module, what it does)
     "scale-report": ("benchmarks.served.scale_report", "the scale phases' bundles -> summary, tables, plot"),
     "backends-summary": ("benchmarks.served.backends_summary", "LILICORR per target attention backend"),
     "baselines-summary": ("benchmarks.served.baselines_summary", "the five systems' cost and tau, one summary"),
+    "adaptive-summary": ("benchmarks.served.adaptive_summary", "the adaptive verify width's served speed, both sets"),
     "gpu-client": ("benchmarks.served.gpu_client", "greedy, sampled and concurrent requests to a server"),
     "random-head": ("benchmarks.served.random_head", "a DFlash draft with a random LiLiCorr head"),
     "greedy-check": ("benchmarks.served.greedy_check", "served greedy responses against the float32 target"),

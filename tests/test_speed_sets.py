@@ -113,6 +113,40 @@ def test_graphs64_plays_both_prompt_sets_apart_and_keeps_each_systems_width_use(
     assert speed.setting_folder("graphs64", "--attention-backend flashinfer", "eval") == "graphs64_eval_flashinfer"
 
 
+def test_both_sets_in_one_call_and_a_call_cut_by_its_deadline_resumes(tmp_path, monkeypatch):
+    """--prompt-set writing eval: one start-up, the writing rounds then the eval rounds, each in its own folder; a
+    call whose deadline comes after the first round leaves the rest of the writing set and the whole eval set, and the
+    same call again finishes both (no run played twice)."""
+    import itertools
+
+    work, common = step_args(tmp_path, monkeypatch)
+    real = paired.Deadline
+    clock = itertools.chain([0.0], itertools.repeat(1000.0))  # round 1 allowed, then past the deadline
+    monkeypatch.setattr(paired, "Deadline", lambda at, clock_=None: real(at, lambda: next(clock)))
+    monkeypatch.setattr(speed, "enough_time", lambda *_: None)
+    monkeypatch.setenv("TESTBED_DEADLINE", "500")
+    step = ["speed", "--rounds=2", "--max-tokens=8", "--profile-steps=0", "--concurrency=1", "--systems", *FIVE[:4]]
+    assert testbed.main([*common, *step, "--prompt-set", "writing", "eval"]) == 1
+    writing, evals = work / "speed" / "graphs32", work / "speed" / "graphs32_eval"
+    assert json.loads((writing / "speed_run.json").read_text())["failed"] == [
+        "deadline: from c=1 round 2 on not played",
+        "deadline: the eval set not played",
+    ]
+    assert len(rounds_of(writing)) == 4 * 2 and not list(evals.glob("round*.jsonl"))
+    assert (writing / "logs").is_dir() and not (evals / "logs").exists()
+    monkeypatch.delenv("TESTBED_DEADLINE")
+    launches = len((tmp_path / "launches.jsonl").read_text().splitlines())
+    assert testbed.main([*common, *step, "--prompt-set", "writing", "eval"]) == 0
+    assert len((tmp_path / "launches.jsonl").read_text().splitlines()) == launches + 4  # one start-up for both sets
+    for folder, prompts in ((writing, 2), (evals, len(EVAL))):
+        summary = json.loads((folder / "speed_summary.json").read_text())
+        assert summary["summary"]["1"]["rounds"] == 2 and sorted(summary["capture_s"]) == ["c=1", "c=1 #2"]
+        assert len(rounds_of(folder)) == 2 * 4 * prompts
+        runs = [line for p in (folder / "runs").glob("*.jsonl") for line in p.read_text().splitlines()]
+        assert len(runs) == 2 * 4 * prompts  # nothing recorded twice
+    assert (work / "OUT" / "speed_graphs32_eval.tar.gz").is_file()
+
+
 def test_a_run_at_c_plays_at_least_c_prompts():
     every = [Prompt(f"p{i}", "speed", (f"t{i}",)) for i in range(32)]
     assert [len(speed.run_prompts(every, c)) for c in (1, 4, 8, 16, 32, 64)] == [16, 16, 32, 32, 32, 64]

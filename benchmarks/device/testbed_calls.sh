@@ -25,6 +25,12 @@
 #              CALL_SECONDS=560 SPEED_ARGS="--setting graphs16 --rounds 6 --profile-steps 0 --systems base dflash builtin lilicorr"
 #            then on the CPU machine `python -m benchmarks serve-speed --graphs DIR/graphs32 --eager
 #            DIR/graphs16 --card CARD --commit C --out benchmarks/results/serve-speed/CARD_COMMIT` (benchmarks/README.md)
+#            The adaptive verify width at c = 1-64 on both prompt sets (benchmarks/device/README.md, "The adaptive
+#            verify width, served"): three speed calls with the same SPEED_ARGS (each resumes where the last stopped):
+#              CALL_SECONDS=570 SPEED_ARGS="--setting graphs64 --prompt-set writing eval --rounds 3 --profile-steps 0
+#                --greedy-check --systems base dflash builtin lilicorr lilicorr_fixed"
+#            then on the CPU machine `python -m benchmarks adaptive-summary --writing DIR/graphs64 --eval
+#            DIR/graphs64_eval --card CARD --commit C --out benchmarks/results/adaptive`
 #   startup  carry .dev/ckpt: the shipped drafts, then `startup $STARTUP_ARGS` (default: LILICORR and the built-in, 3 cold
 #            starts each, one server at a time; ~70 + 45 s a pair on an H200, estimated): startup.json, startup.md
 # The long-input lineage (one GPU is enough): `install`, `data`, then

@@ -11,20 +11,23 @@ the first records them in WORK/speed/SETTING/speed_run.json ("systems", before i
 that holds a different set is refused (the rounds pair the systems within a round; calls from before --systems played
 all six), so another set needs another --work. Every server gets --server-args (with run.py's --attention-backend /
 --sampling-backend applied) under the step's pool, graph and speculation flags; a setting's rounds served with another
-target attention backend than the kit's Triton live in WORK/speed/SETTING_BACKEND (graphs32_flashinfer: speed_folder),
+target attention backend than the kit's Triton live in WORK/speed/SETTING_BACKEND (graphs32_flashinfer: setting_folder),
 and a call whose --server-args differ from those its setting's earlier calls recorded ("base_server_args") is refused,
 so Triton and flashinfer rounds are never paired or summarized together.
 
-The chosen servers start once, side by side on GPU 0 (KV pools of KV_TOKENS each, a Triton cache each, so every
+The chosen servers start once, side by side on GPU 0 (fixed KV pools: server_args; a Triton cache each, so every
 start-up on a fresh machine is cold), with SGLang's --sleep-on-idle: an
 idle server blocks instead of spinning, and the step records the CPU seconds every idle server spent while another
 one played (idle_cpu_s in speed_summary.json: the evidence that they do not disturb each other). No stage timer,
 profiler or recorder runs in the throughput rounds. For each concurrency c and round r every system plays the same
 prompts (greedy, --max-tokens new tokens, ignore_eos off), the order rotating every round; round r of every c goes to
 WORK/speed/SETTING/round<r>.jsonl. --prompt-set writing (default) plays long-form writing prompts (speed_prompts:
-high tau), `eval` the project's six evaluation sets interleaved (eval_prompts: low tau); an eval setting's rounds
-live in WORK/speed/SETTING_eval (setting_folder), never paired or summarized with the writing rounds. A run at c plays
-prompts_for(c) prompts and at least c (run_prompts: the set cycled where it has fewer, so the batch reaches c).
+high tau), `eval` the project's six evaluation sets interleaved (eval_prompts: low tau), `writing eval` both, one
+after the other with the servers up once (a set the deadline leaves no room for waits for the next call); an eval
+setting's rounds live in WORK/speed/SETTING_eval (setting_folder), never paired or summarized with the writing rounds
+(each set its own summary, table, report and bundle; the call's server logs, tau check and profile go with the first
+set's). A run at c plays prompts_for(c) prompts and at least c (run_prompts: the set cycled where it has fewer, so
+the batch reaches c).
 --setting graphs32 captures CUDA graphs up to batch 32 (every c graph-replayed); graphs16 stops them at 16, so c = 32
 runs the eager path; graphs64 captures them to 64 and admits 64 requests (c = 1 to 64, graph-replayed; a KV pool of
 KV_TOKENS_PER_REQUEST a request). With --greedy-check every reply's token ids are recorded (the chat API's sglext) and,
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import shlex
@@ -156,13 +160,11 @@ def setting_folder(setting: str, server_args: str, prompt_set: str = "writing") 
     )
 
 
-def speed_folder(args) -> Path:
-    """WORK/speed/<setting_folder> of this call (its --setting, --prompt-set and --server-args)."""
-    return Path(args.work) / "speed" / setting_folder(args.setting, base_args(args), prompt_set_of(args))
-
-
-def prompt_set_of(args) -> str:
-    return getattr(args, "prompt_set", None) or "writing"
+def speed_folders(args) -> dict[str, Path]:
+    """{prompt set: WORK/speed/<setting_folder>} of this call's --prompt-set(s), in the order given (--setting and
+    --server-args name the folders too)."""
+    sets = dict.fromkeys(getattr(args, "prompt_set", None) or ["writing"])
+    return {name: Path(args.work) / "speed" / setting_folder(args.setting, base_args(args), name) for name in sets}
 
 
 def base_args(args) -> str:
@@ -173,23 +175,24 @@ def base_args(args) -> str:
 
 
 def systems_for(args) -> list[str]:
-    """The systems of this call: --systems (chosen_systems), refused where an earlier call of the same setting folder
-    (speed_folder) played another set (its rounds pair the systems within each round; merging them is not done) or
-    served its rounds with other --server-args (another backend, pool or graph flag would mix unlike rounds)."""
+    """The systems of this call: --systems (chosen_systems), refused where an earlier call of one of its setting
+    folders (speed_folders) played another set (its rounds pair the systems within each round; merging them is not
+    done) or served its rounds with other --server-args (another backend, pool or graph flag would mix unlike
+    rounds)."""
     systems = chosen_systems(getattr(args, "systems", None))
-    work = speed_folder(args)
-    earlier = earlier_systems(work)
-    if earlier is not None and earlier != systems:
-        raise SystemExit(
-            f"speed: {work} holds rounds of --systems {' '.join(earlier)} (speed_run.json), not "
-            f"{' '.join(systems)}: pass --systems {' '.join(earlier)} to resume that setting, or another --work"
-        )
-    before, now = (earlier_record(work) or {}).get("base_server_args"), base_args(args)
-    if before is not None and before != now:
-        raise SystemExit(
-            f"speed: {work} holds rounds served with --server-args {before!r} (speed_run.json), not {now!r}: pass the "
-            "same --server-args and backends to resume that setting, or another --work"
-        )
+    for work in speed_folders(args).values():
+        earlier = earlier_systems(work)
+        if earlier is not None and earlier != systems:
+            raise SystemExit(
+                f"speed: {work} holds rounds of --systems {' '.join(earlier)} (speed_run.json), not "
+                f"{' '.join(systems)}: pass --systems {' '.join(earlier)} to resume that setting, or another --work"
+            )
+        before, now = (earlier_record(work) or {}).get("base_server_args"), base_args(args)
+        if before is not None and before != now:
+            raise SystemExit(
+                f"speed: {work} holds rounds served with --server-args {before!r} (speed_run.json), not {now!r}: pass "
+                "the same --server-args and backends to resume that setting, or another --work"
+            )
     return systems
 
 
@@ -263,39 +266,61 @@ def call_key(concurrency: list[int], recorded: dict) -> str:
     return f"{call} #{n + 1}" if n else call
 
 
-def run(args, base_server_args: str) -> int:
-    from . import eval_sets
-    from .common import backends_of, bench, served_tau, to_out, variant_env
+@dataclasses.dataclass
+class SetPlay:
+    """One prompt set of a call: its setting folder, its prompts (bench Prompts, in file order), the runs this call
+    plays ({c: prompts}), those of every c its folder's calls played, and the CPU its idle servers spent."""
 
-    from benchmarks.served import greedy_ulps, paired, serve_speed
+    name: str
+    work: Path
+    every: list
+    prompts: dict
+    every_c: dict
+    watch: IdleWatch | None = None
+
+
+def open_set(args, name: str, work: Path, systems: list[str], concurrency: list[int]) -> SetPlay:
+    """A prompt set's folder made ready: this call's systems, server args and set on record in speed_run.json before any
+    round is played (a later call of the setting must play the same ones), its prompt file written."""
+    from . import eval_sets
 
     from sglang_lilicorr.bench import prompt_file
     from sglang_lilicorr.jsonl import save_json
+
+    rows = (speed_prompts if name == "writing" else eval_prompts)(eval_sets.read(Path(args.eval_prompts)))
+    work.mkdir(parents=True, exist_ok=True)
+    record = json.loads((work / "speed_run.json").read_text()) if (work / "speed_run.json").is_file() else {}
+    save_json(
+        work / "speed_run.json", {**record, "systems": systems, "base_server_args": base_args(args), "prompt_set": name}
+    )
+    (work / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    every = prompt_file.load(work / "prompts.jsonl")
+    # the concurrencies earlier calls of this setting played count too (a setting may take several device calls)
+    played = {int(p.name.split("_")[0][1:]) for p in (work / "runs").glob("c*_r*_*.jsonl")}
+    return SetPlay(
+        name,
+        work,
+        every,
+        {c: run_prompts(every, c) for c in concurrency},
+        {c: run_prompts(every, c) for c in sorted(played | set(concurrency))},
+    )
+
+
+def run(args, base_server_args: str) -> int:
+    from .common import served_tau, variant_env
+
+    from benchmarks.served import greedy_ulps, paired
+
     from sglang_lilicorr.train.engine import SGLangServers, ServerSpec
 
-    work = speed_folder(args)
-    folder = work.name
     drafts = Path(args.work) / "drafts"
     missing = [s for s in ("dflash", "lilicorr") if not (drafts / s / "config.json").is_file()]
     if missing:
         raise SystemExit(f"{drafts}: no exported draft for {missing}; run `export` first.")
     systems = systems_for(args)
     concurrency = args.concurrency or DEFAULT_CONCURRENCY[args.setting]
-    prompt_set = prompt_set_of(args)
-    rows = (speed_prompts if prompt_set == "writing" else eval_prompts)(eval_sets.read(Path(args.eval_prompts)))
-    work.mkdir(parents=True, exist_ok=True)
-    # this call's systems on record before any round is played (a later call of the setting must play the same ones)
-    record = json.loads((work / "speed_run.json").read_text()) if (work / "speed_run.json").is_file() else {}
-    save_json(
-        work / "speed_run.json",
-        {**record, "systems": systems, "base_server_args": base_args(args), "prompt_set": prompt_set},
-    )
-    (work / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    every = prompt_file.load(work / "prompts.jsonl")
-    prompts = {c: run_prompts(every, c) for c in concurrency}
-    # the concurrencies earlier calls of this setting played count too (a setting may take several device calls)
-    played = {int(p.name.split("_")[0][1:]) for p in (work / "runs").glob("c*_r*_*.jsonl")}
-    every_c = {c: run_prompts(every, c) for c in sorted(played | set(concurrency))}
+    plays = [open_set(args, name, work, systems, concurrency) for name, work in speed_folders(args).items()]
+    first = plays[0].work  # the call's server logs, tau check and profile
     deadline = paired.Deadline(float(os.environ["TESTBED_DEADLINE"])) if os.environ.get("TESTBED_DEADLINE") else None
     # the profile pass, the report, stopping the servers; the greedy check's start (its replies stop at the deadline)
     after_tau_s = 60.0 + (45.0 if args.profile_steps else 0.0) + (GREEDY_CHECK_S if args.greedy_check else 0.0)
@@ -303,7 +328,7 @@ def run(args, base_server_args: str) -> int:
     after_rounds_s = after_tau_s + (TAU_CHECK_S * sum(s != "base" for s in systems) if args.tau_check else 0.0)
     # each server its own Triton cache: a server's start-up on a fresh machine compiles all it needs itself (the
     # servers start together, and one would otherwise find kernels another had just built)
-    caches = {s: work.parent / "triton_cache" / s for s in systems}
+    caches = {s: first.parent / "triton_cache" / s for s in systems}
     # a start-up is a cold one only where the server's Triton cache held nothing before it (serve_speed's startup_s)
     cold = {s: not (caches[s].is_dir() and any(caches[s].iterdir())) for s in systems}
     specs = [
@@ -321,43 +346,75 @@ def run(args, base_server_args: str) -> int:
     failed = []
     launcher = shlex.split(args.server_launch or "")  # tests: stand-ins that serve $PORT
     with contextlib.ExitStack() as stack:
-        servers = stack.enter_context(SGLangServers.start(specs, work / "logs", launcher=launcher, warm_first=True))
-        watch = IdleWatch({s: p.pid for s, p in zip(systems, servers.processes)})
+        servers = stack.enter_context(SGLangServers.start(specs, first / "logs", launcher=launcher, warm_first=True))
         plan = paired.RoundPlan(
             "speed", args.max_tokens, rounds=args.rounds, reserve_s=after_rounds_s, record_ids=args.greedy_check
         )
-        failed += paired.play_rounds(
-            url, prompts, plan, work, deadline=deadline, log=lambda line: print(line, flush=True), watch=watch
-        )
+        for play in plays:  # the sets in the order given; one the deadline leaves no room for waits for the next call
+            play.watch = IdleWatch({s: p.pid for s, p in zip(systems, servers.processes)})
+            if any(line.startswith("deadline:") for line in failed):
+                failed.append(f"deadline: the {play.name} set not played")
+                continue
+            failed += paired.play_rounds(
+                url,
+                play.prompts,
+                plan,
+                play.work,
+                deadline=deadline,
+                log=lambda line: print(line, flush=True),
+                watch=play.watch,
+            )
         if args.tau_check:
             failed += served_tau(
                 url,
                 {0.0: (0,)},
                 eval_prompts=Path(args.eval_prompts),
-                results=work / "tau_check.jsonl",
+                results=first / "tau_check.jsonl",
                 concurrency=8,
                 max_tokens=args.max_tokens,
                 deadline=deadline,
                 reserve_s=after_tau_s,
             )
         if args.profile_steps and (deadline is None or deadline.allows(after_tau_s)):
-            failed += profile_systems(url, work / "profile", args.profile_steps, every[0].turns[0])
-    rounds = [str(p) for p in paired.merge_rounds(work, systems, every_c, args.rounds)]
+            failed += profile_systems(url, first / "profile", args.profile_steps, plays[0].every[0].turns[0])
+    check = functools.cache(lambda: greedy_ulps.fp32_check(args.target))  # the target loaded once, where needed
+    rc = 0
+    for play in plays:
+        rc |= finish_set(args, play, systems, specs, first / "logs", cold, failed, check if args.greedy_check else None)
+    print("\n".join(failed) or "[speed] every run finished")
+    return 1 if failed or rc else 0
+
+
+def finish_set(args, play: SetPlay, systems, specs, logs_dir: Path, cold: dict, failed: list, check) -> int:
+    """A set's rounds merged and summarized (with `check`, a greedy check's loader, its replies checked while the
+    deadline allows), the call's start-up, idle-CPU and late-compile records beside the summary, the table, plot and
+    `bench report`, speed_run.json (with the call's failures, this check's included) and the set's bundle in $OUT;
+    -> the reports' exit codes."""
+    from .common import backends_of, bench, to_out
+
+    from benchmarks.served import greedy_ulps, paired, serve_speed
+
+    from sglang_lilicorr.jsonl import save_json
+
+    work, folder = play.work, play.work.name
+    rounds = [str(p) for p in paired.merge_rounds(work, systems, play.every_c, args.rounds)]
     records = [[json.loads(line) for line in Path(p).read_text().splitlines() if line.strip()] for p in rounds]
     summary = serve_speed.summarize(records)
-    if args.greedy_check:
-        failed += greedy_check(args.target, records, work, deadline)
+    if check is not None:
+        deadline = float(os.environ["TESTBED_DEADLINE"]) if os.environ.get("TESTBED_DEADLINE") else None
+        failed += greedy_check(check, records, work, paired.Deadline(deadline))
         greedy = greedy_ulps.summarize(
             (r for rs in records for r in rs), greedy_ulps.read_cache(work / greedy_ulps.CACHE)
         )
         for c, entry in summary.items():
             entry["greedy"] = greedy.get(c, {})
     earlier = json.loads((work / "speed_summary.json").read_text()) if (work / "speed_summary.json").is_file() else {}
+    concurrency = sorted(play.prompts)
     call = call_key(concurrency, earlier.get("capture_s", {}))
     logs = {
-        s: (work / "logs" / f"server-{s}.log").read_text(errors="replace")
+        s: (logs_dir / f"server-{s}.log").read_text(errors="replace")
         for s in systems
-        if (work / "logs" / f"server-{s}.log").is_file()
+        if (logs_dir / f"server-{s}.log").is_file()
     }
     capture = {s: serve_speed.capture_seconds(text) | {"cold_cache": cold[s]} for s, text in logs.items()}
     late = {s: serve_speed.late_compiles(text) for s, text in logs.items()}
@@ -366,13 +423,16 @@ def run(args, base_server_args: str) -> int:
         {
             "setting": args.setting,
             "folder": folder,
-            "prompt_set": prompt_set,
+            "prompt_set": play.name,
             "graphs_to": SETTINGS[args.setting],
-            "backends": backends_of(base_server_args),
+            "backends": backends_of(args.server_args),
             "server_args": base_args(args),
             "summary": summary,
             "capture_s": {**earlier.get("capture_s", {}), call: capture},
-            "idle_cpu_s": {**earlier.get("idle_cpu_s", {}), call: {s: round(v, 2) for s, v in watch.spent.items()}},
+            "idle_cpu_s": {
+                **earlier.get("idle_cpu_s", {}),
+                call: {s: round(v, 2) for s, v in play.watch.spent.items()},
+            },
             "late_compiles": {**earlier.get("late_compiles", {}), call: late},
         },
     )
@@ -406,7 +466,7 @@ def run(args, base_server_args: str) -> int:
         {
             "setting": args.setting,
             "folder": folder,
-            "prompt_set": prompt_set,
+            "prompt_set": play.name,
             "systems": systems,
             "base_server_args": base_args(args),
             "concurrency": concurrency,
@@ -435,22 +495,22 @@ def run(args, base_server_args: str) -> int:
             if p.exists():
                 t.add(p, arcname=str(p.relative_to(work)))
     to_out(args.out, bundle)
-    print("\n".join(failed) or "[speed] every run finished")
-    return 1 if failed or rc else 0
+    return rc
 
 
-def greedy_check(target: str, records: list[list[dict]], work: Path, deadline) -> list[str]:
-    """Checks the rounds' replies not yet checked against the fp32 target into work/CACHE while the deadline leaves
-    AFTER_CHECK_S (the report and the bundle); the line saying what it left, if it left any."""
+def greedy_check(check, records: list[list[dict]], work: Path, deadline) -> list[str]:
+    """Checks the rounds' replies not yet checked (`check()`: the fp32 target's check, loaded on first use) into
+    work/CACHE while the deadline leaves AFTER_CHECK_S (the report and the bundle); the line saying what it left, if
+    it left any."""
     from benchmarks.served import greedy_ulps
 
     every = [r for rs in records for r in rs]
-    print(f"[speed] greedy check: {sum(1 for _ in greedy_ulps.replies(every))} replies with token ids", flush=True)
-    check = greedy_ulps.fp32_check(target)
-    allows = (lambda: True) if deadline is None else (lambda: deadline.allows(AFTER_CHECK_S))
-    greedy_ulps.check_new(every, work / greedy_ulps.CACHE, check, allows)
-    checked = greedy_ulps.read_cache(work / greedy_ulps.CACHE)
-    left = {greedy_ulps.reply_key(t) for _, t in greedy_ulps.replies(every)} - set(checked)
+    done = greedy_ulps.read_cache(work / greedy_ulps.CACHE)
+    todo = {greedy_ulps.reply_key(t) for _, t in greedy_ulps.replies(every)} - set(done)
+    print(f"[speed] greedy check of {work.name}: {len(todo)} distinct replies to check", flush=True)
+    if todo and deadline.allows(AFTER_CHECK_S):
+        greedy_ulps.check_new(every, work / greedy_ulps.CACHE, check(), lambda: deadline.allows(AFTER_CHECK_S))
+    left = todo - set(greedy_ulps.read_cache(work / greedy_ulps.CACHE))
     return [f"greedy check: {len(left)} distinct replies not checked (deadline): call the step again"] if left else []
 
 
@@ -458,12 +518,12 @@ def cmd_speed(args) -> int:
     if args.profile_steps < 0:
         raise SystemExit(f"--profile-steps must be >= 0 (0: no profile), got {args.profile_steps}")
     systems = len(systems_for(args))  # refuses a set without the four summarized systems, or a resumed other set
-    cells = len(args.concurrency or DEFAULT_CONCURRENCY[args.setting])
     # minutes: the servers' start-up side by side (2.5 for all six), a round of a cell (0.2 for six), the profile pass,
-    # the greedy check
+    # the greedy check. A call needs the time to play one round; the rounds stop at the deadline and the next call of
+    # the setting resumes them
     startup, per_round = 1.0 + 0.25 * systems, 0.2 * systems / len(SYSTEMS)
     after = (0.5 if args.profile_steps else 0.0) + (GREEDY_CHECK_S / 60 if args.greedy_check else 0.0)
-    enough_time("speed", startup + per_round * args.rounds * cells + after)
+    enough_time("speed", startup + per_round + after)
     return run(args, args.server_args)
 
 
@@ -484,10 +544,11 @@ def arguments(parser) -> None:
     )
     parser.add_argument(
         "--prompt-set",
+        nargs="+",
         choices=PROMPT_SETS,
-        default="writing",
-        help="long-form writing prompts (high tau), or the six evaluation sets interleaved (low tau; the rounds in "
-        "WORK/speed/SETTING_eval)",
+        default=["writing"],
+        help="long-form writing prompts (high tau), the six evaluation sets interleaved (low tau; the rounds in "
+        "WORK/speed/SETTING_eval), or both: played in the order given with the servers up once",
     )
     parser.add_argument(
         "--concurrency",
