@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import benchmarks.testbed.run as testbed  # noqa: E402
-from stub_server import StubServer, free_port_block  # noqa: E402
+from stub_server import StubServer  # noqa: E402
+from test_testbed import speed_testbed  # noqa: E402
 from benchmarks.served import greedy_ulps, paired, serve_speed  # noqa: E402
 from benchmarks.testbed import speed  # noqa: E402
 from sglang_lilicorr.bench.prompt import Prompt  # noqa: E402
@@ -51,23 +52,11 @@ StubServer(speculative="--speculative-algorithm" in args, accept=3, min_latency_
 
 
 def step_args(tmp_path, monkeypatch, target: str | None = None) -> tuple[Path, list[str]]:
-    """WORK with both drafts exported and the testbed's arguments before the step (stand-in servers)."""
-    work, evals = tmp_path / "work", tmp_path / "eval_prompts.jsonl"
-    evals.write_text("".join(json.dumps(r) + "\n" for r in EVAL))
-    for draft in ("dflash", "lilicorr"):
-        (work / "drafts" / draft).mkdir(parents=True)
-        (work / "drafts" / draft / "config.json").write_text("{}")
-    launcher = tmp_path / "launcher.py"
-    launcher.write_text(LAUNCHER.format(tests=str(ROOT / "tests")))
-    monkeypatch.setattr(speed, "PORT0", free_port_block(len(FIVE)))
+    """test_testbed's speed WORK and arguments with this file's stand-ins and evaluation prompts (and `target`)."""
     monkeypatch.setenv("LAUNCHES", str(tmp_path / "launches.jsonl"))
-    return work, [
-        f"--work={work}",
-        f"--target={target or tmp_path / 'target'}",
-        f"--out={work / 'OUT'}",
-        f"--eval-prompts={evals}",
-        f"--server-launch={sys.executable} {launcher}",
-    ]
+    work, args = speed_testbed(tmp_path, monkeypatch, LAUNCHER)
+    (tmp_path / "eval_prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in EVAL))
+    return work, [f"--target={target}" if target and a.startswith("--target=") else a for a in args]
 
 
 def rounds_of(folder: Path) -> list[dict]:
