@@ -38,6 +38,7 @@ from .variants import PAPER_GLOBAL_BATCH, VARIANTS
 
 # the held-out tau `wait` shows: the head's own proposal, else the drafter's argmax block (dflash)
 TAU_KEYS = ("eval/tau_t0/lilicorr", "eval/tau_t0/domino", "eval/tau_t0/dspark", "eval/tau_t0/argmax")
+STATUS_S = 30  # between `wait`'s status lines
 RATE_MARGIN = 0.92  # planned steps = this share of what the sweep's step time allows (DDP, eval and logging overheads)
 
 
@@ -179,15 +180,17 @@ def cmd_train(args) -> int:
 
 
 def cmd_wait(args) -> int:
-    """Poll the background runs until they end or --minutes pass."""
+    """Poll the background runs until they end (noticed within a second) or --minutes pass; a status line every
+    STATUS_S seconds."""
     plan = json.loads((Path(args.work) / "train_config.json").read_text())
     end = time.time() + 60 * args.minutes
     while True:
-        status = {}
+        status, pids = {}, []
         for name in plan["variants"]:
             run_dir = Path(args.work) / "runs" / name
             launch = json.loads((run_dir / "launch.json").read_text())
             rows = metrics_rows(run_dir)
+            pids.append(launch["pid"])
             status[name] = {
                 "running": alive(launch["pid"]),
                 "step": rows[-1]["step"] if rows else 0,
@@ -210,7 +213,9 @@ def cmd_wait(args) -> int:
             return 0
         if time.time() > end:
             return 4
-        time.sleep(min(30, max(1, end - time.time())))
+        next_line = time.time() + min(STATUS_S, max(1, end - time.time()))
+        while time.time() < next_line and any(alive(pid) for pid in pids):
+            time.sleep(1)
 
 
 def train_arguments(parser) -> None:
