@@ -167,7 +167,7 @@ class SGLangServers:
                     f"SGLang servers {pending} not healthy after {timeout:.0f} s; see {log_dir}/server-*.log."
                 )
             if pending:
-                time.sleep(2)
+                time.sleep(0.5)
 
     def close(self) -> None:
         for p in self.processes:
