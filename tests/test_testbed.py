@@ -81,6 +81,22 @@ def cli(toy, *args):
 
 
 @pytest.fixture
+def bench_in_process(monkeypatch):
+    """The steps' `lilicorr bench` calls (common.bench) run in this process, from the same folder, with the same
+    arguments and exit code (no timeout: these tests set no deadline that cuts one); test_pipeline_end_to_end runs
+    them as subprocesses. A subprocess would import torch again for each run and report."""
+    from benchmarks.testbed import common
+    from sglang_lilicorr import cli
+
+    def bench(*argv, cwd, timeout=None):
+        with monkeypatch.context() as m:
+            m.chdir(cwd)
+            return cli.main(["bench", *argv])
+
+    monkeypatch.setattr(common, "bench", bench)
+
+
+@pytest.fixture
 def ports_29500_taken():
     """The ports torchrun takes by default held by someone else: the testbed asks the OS for free ones."""
     import socket
@@ -239,7 +255,7 @@ def speed_testbed(tmp_path, monkeypatch, launcher_text: str):
     ]
 
 
-def test_speed_plays_only_the_chosen_systems(tmp_path, monkeypatch):
+def test_speed_plays_only_the_chosen_systems(tmp_path, monkeypatch, bench_in_process):
     """--systems base dflash builtin lilicorr (any order): four servers, four systems in the rounds and the summary; a
     set without the four summarized systems is refused, and so is a resumed setting's other set."""
     work, testbed_args = speed_testbed(tmp_path, monkeypatch, LAUNCHER)
@@ -284,7 +300,7 @@ def test_speed_plays_only_the_chosen_systems(tmp_path, monkeypatch):
     assert speed.earlier_systems(tmp_path / "new") is None
 
 
-def test_speed_serves_the_viterbi_walk_only_where_named(tmp_path, monkeypatch):
+def test_speed_serves_the_viterbi_walk_only_where_named(tmp_path, monkeypatch, bench_in_process):
     """--systems ... lilicorr_viterbi: LILICORR on the same draft with LILICORR_WALK=viterbi, paired with the
     greedy walk in the same rounds; the default set stays the six."""
     work, testbed_args = speed_testbed(tmp_path, monkeypatch, LAUNCHER)
@@ -307,7 +323,7 @@ def test_speed_serves_the_viterbi_walk_only_where_named(tmp_path, monkeypatch):
     assert "lilicorr_viterbi" not in speed.chosen_systems(None)
 
 
-def test_speed_rounds_leave_the_tau_check_its_time(tmp_path, monkeypatch):
+def test_speed_rounds_leave_the_tau_check_its_time(tmp_path, monkeypatch, bench_in_process):
     """--tau-check: the rounds stop TAU_CHECK_S a speculative server earlier than without it, and the tau check
     (T = 0, every evaluation prompt through each speculative server) keeps the time the profile and the report need."""
     from benchmarks.served import paired
@@ -393,7 +409,7 @@ StubServer(speculative=spec, accept=3, min_latency_s=0.002, port=int(os.environ[
 """
 
 
-def test_speed_on_flashinfer_reaches_every_server_and_keeps_its_rounds_apart(tmp_path, monkeypatch):
+def test_speed_on_flashinfer_reaches_every_server_and_keeps_its_rounds_apart(tmp_path, monkeypatch, bench_in_process):
     """--attention-backend flashinfer --sampling-backend flashinfer: every server of the speed step gets
     both over --server-args', the rounds go to WORK/speed/graphs32_flashinfer, a Triton call of the same setting to
     WORK/speed/graphs32, neither summary holds the other's rounds, and a call whose --server-args differ from those a
@@ -568,7 +584,7 @@ def test_speed_call_keys_number_a_repeated_call():
 
 
 def test_equal_budget_four_heads_from_one_draft_replayed_served_and_summarized(
-    toy, tmp_path, monkeypatch, ports_29500_taken
+    toy, tmp_path, monkeypatch, ports_29500_taken, bench_in_process
 ):
     """The equal-budget comparison at toy scale: a DFlash draft (the shipped one's stand-in), then dflash, lilicorr,
     domino and dspark continued from it (`train --init-draft`) for the same steps at one global batch; each exported as
