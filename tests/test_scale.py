@@ -197,17 +197,33 @@ def test_sglang_parses_the_server_arguments(tmp_path, built):
             assert args.speculative_domino_candidate_pool_size == 2048
 
 
+@pytest.fixture(scope="module", autouse=True)
+def fast_phases():
+    """In this module every phase plays at most two rounds of fewer prompts (the same paired protocol, a fraction of
+    the requests), and the stage-timer flush waits for no idle dump (the stand-ins dump at once)."""
+    from benchmarks.instrumentation import stage_timer
+
+    mp = pytest.MonkeyPatch()
+    fast = {1: 2, 4: 4, 16: 16, 32: 32}
+    mp.setattr(
+        scale,
+        "PHASES",
+        {n: dataclasses.replace(p, prompts=fast, rounds=min(p.rounds, 2)) for n, p in scale.PHASES.items()},
+    )
+    mp.setattr(stage_timer, "IDLE_DUMP_S", 0.0)
+    yield
+    mp.undo()
+
+
 @pytest.fixture(scope="module")
 def bundles(built, tmp_path_factory):
-    """The three phases against stand-ins; returns the $OUT folder."""
+    """The five phases against stand-ins; returns the $OUT folder."""
     out = tmp_path_factory.mktemp("OUT")
     launcher = tmp_path_factory.mktemp("launch") / "launcher.py"
     launcher.write_text(LAUNCHER.format(tests=str(TESTS), block_ms=BLOCK_MS, head_ms=HEAD_MS))
     mp = pytest.MonkeyPatch()
     mp.setenv("SCALE_LAUNCH", f"{sys.executable} {launcher}")
     mp.setattr(scale, "PORT0", free_port_block(len(scale.SYSTEMS)))
-    fast = {1: 2, 4: 4, 16: 16, 32: 32}
-    mp.setattr(scale, "PHASES", {n: dataclasses.replace(p, prompts=fast) for n, p in scale.PHASES.items()})
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed):
