@@ -17,9 +17,10 @@ import signal
 import sys
 
 
-def main() -> int:
-    at, sig = sys.argv[1], getattr(signal, sys.argv[2])
-    args = sys.argv[sys.argv.index("--") + 1 :]
+def run(at: str, sig: int, args: list[str]) -> int:
+    """`lilicorr ARGS` in this process, killed with `sig` at write point `at` (the module docstring); its exit code
+    where it is not killed. It hooks this process's os, shutil, open and ownership for good: run it in a process of
+    its own (this script, or a child forked for it)."""
     count = [0]
 
     def point(name: str) -> None:
@@ -68,6 +69,10 @@ def main() -> int:
     elif at.isdigit() and count[0] < int(at):
         print(f"kill_harness: {count[0]} write points, none killed", file=sys.stderr)
     return code
+
+
+def main() -> int:
+    return run(sys.argv[1], getattr(signal, sys.argv[2]), sys.argv[sys.argv.index("--") + 1 :])
 
 
 if __name__ == "__main__":

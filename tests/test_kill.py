@@ -1,17 +1,22 @@
 """A kill at a random write point of train, export and regenerate (tests/kill_harness.py: SIGKILL, or SIGINT, just
 before the N-th replace / fsync / removal / file opened to write) leaves the old or the new state; after SIGINT no
 temporary is left, after SIGKILL the next run of the command removes them and completes. The point is
-drawn from LILICORR_TEST_SEED; each case is one killed subprocess and at most one rerun."""
+drawn from LILICORR_TEST_SEED; each case is one killed child process (forked from the test's) and at most one rerun."""
 
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
+import tempfile
+import time
+import traceback
 from pathlib import Path
 
 import pytest
 
+import kill_harness
 from conftest import SEED
 from sglang_lilicorr import ownership
 from sglang_lilicorr.cli import main
@@ -25,14 +30,43 @@ HARNESS = HERE.parent / "kill_harness.py"
 POINTS = {"train": 17, "export": 7, "export-force": 21, "export-new": 6, "regenerate": 4, "recipe": 16}
 
 
-def lilicorr(at: int, sig: str, *args) -> subprocess.CompletedProcess:
+def lilicorr(at: int | str, sig: str, *args) -> subprocess.CompletedProcess:
+    """kill_harness.run in a child forked from this process (torch and the package already imported: a case costs its
+    command, not an interpreter's start-up): its exit status (-N: killed by signal N) and what it wrote to stderr."""
+    with tempfile.TemporaryFile() as err:
+        pid = os.fork()
+        if pid == 0:  # the child: ends here, never back in pytest
+            code = 1
+            try:
+                os.dup2(err.fileno(), 2)
+                os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+                sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False, buffering=1)
+                code = kill_harness.run(str(at), getattr(signal, sig), list(map(str, args)))
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        waited, status = os.waitpid(pid, os.WNOHANG)
+        end = time.monotonic() + 300
+        while not waited:
+            if time.monotonic() > end:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                pytest.fail(f"lilicorr {args} did not end in 300 s")
+            time.sleep(0.01)
+            waited, status = os.waitpid(pid, os.WNOHANG)
+        err.seek(0)
+        stderr = err.read().decode(errors="replace")
+    return subprocess.CompletedProcess(args, os.waitstatus_to_exitcode(status), "", stderr)
+
+
+def harness_subprocess(at: str, sig: str, *args) -> subprocess.CompletedProcess:
+    """tests/kill_harness.py as a program of its own: for what happens as the interpreter exits."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(map(str, (HERE.parent, HERE.parents[1]))))
     return subprocess.run(
-        [sys.executable, str(HARNESS), str(at), sig, "--", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
+        [sys.executable, str(HARNESS), at, sig, "--", *map(str, args)], capture_output=True, text=True, env=env
     )
 
 
@@ -167,7 +201,7 @@ def test_a_killed_force_export_leaves_the_old_or_the_new_draft_and_all_else(draf
 def test_an_interrupt_once_an_export_is_done_prints_nothing(drafts, tmp_path):
     """SIGINT after the command returned, before the interpreter's exit hooks run: no traceback, the export's code."""
     draft = a_draft(tmp_path / "draft", drafts["old"])
-    result = lilicorr("end", "SIGINT", "export", drafts["new_run"], draft)
+    result = harness_subprocess("end", "SIGINT", "export", drafts["new_run"], draft)
     assert result.returncode == 0 and "Traceback" not in result.stderr and "error" not in result.stderr, result.stderr
     assert snapshot(draft) == drafts["new"]
 
