@@ -64,6 +64,23 @@ def gen(seed) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+@pytest.fixture
+def bench_in_process(monkeypatch):
+    """The lab steps' `lilicorr bench` calls (benchmarks/testbed/common.bench) run in this process, from the same
+    folder, with the same arguments and exit code, and no timeout (the tests that use it set no deadline that cuts
+    one): a subprocess would import torch again for each run and report. test_testbed's test_pipeline_end_to_end runs
+    its first speed call's as subprocesses."""
+    from benchmarks.testbed import common
+    from sglang_lilicorr import cli
+
+    def bench(*argv, cwd, timeout=None):
+        with monkeypatch.context() as m:
+            m.chdir(cwd)
+            return cli.main(["bench", *argv])
+
+    monkeypatch.setattr(common, "bench", bench)
+
+
 @pytest.fixture(params=["installed", "device"])
 def sm90_triton(request) -> str:
     """Which Triton lowers a kernel in an sm_90 build check (tests/sm90_build.py): the one installed

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("aiohttp")
+pytestmark = pytest.mark.usefixtures("bench_in_process")
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

@@ -81,22 +81,6 @@ def cli(toy, *args):
 
 
 @pytest.fixture
-def bench_in_process(monkeypatch):
-    """The steps' `lilicorr bench` calls (common.bench) run in this process, from the same folder, with the same
-    arguments and exit code (no timeout: these tests set no deadline that cuts one); test_pipeline_end_to_end's first
-    speed call runs them as subprocesses. A subprocess would import torch again for each run and report."""
-    from benchmarks.testbed import common
-    from sglang_lilicorr import cli
-
-    def bench(*argv, cwd, timeout=None):
-        with monkeypatch.context() as m:
-            m.chdir(cwd)
-            return cli.main(["bench", *argv])
-
-    monkeypatch.setattr(common, "bench", bench)
-
-
-@pytest.fixture
 def ports_29500_taken():
     """The ports torchrun takes by default held by someone else: the testbed asks the OS for free ones."""
     import socket
