@@ -10,12 +10,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-import traceback
 from pathlib import Path
 
 import pytest
 
+import forked
 import kill_harness
 from conftest import SEED
 from sglang_lilicorr import ownership
@@ -31,35 +30,21 @@ POINTS = {"train": 17, "export": 7, "export-force": 21, "export-new": 6, "regene
 
 
 def lilicorr(at: int | str, sig: str, *args) -> subprocess.CompletedProcess:
-    """kill_harness.run in a child forked from this process (torch and the package already imported: a case costs its
-    command, not an interpreter's start-up): its exit status (-N: killed by signal N) and what it wrote to stderr."""
-    with tempfile.TemporaryFile() as err:
-        pid = os.fork()
-        if pid == 0:  # the child: ends here, never back in pytest
-            code = 1
-            try:
-                os.dup2(err.fileno(), 2)
-                os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-                sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False, buffering=1)
-                code = kill_harness.run(str(at), getattr(signal, sig), list(map(str, args)))
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        waited, status = os.waitpid(pid, os.WNOHANG)
-        end = time.monotonic() + 300
-        while not waited:
-            if time.monotonic() > end:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                pytest.fail(f"lilicorr {args} did not end in 300 s")
-            time.sleep(0.01)
-            waited, status = os.waitpid(pid, os.WNOHANG)
+    """kill_harness.run in a child forked from this process (tests/forked.py: a case costs its command, not an
+    interpreter's start-up): its exit status (-N: killed by signal N) and what it wrote to stderr."""
+    with tempfile.TemporaryFile() as err, open(os.devnull, "w") as out:
+        argv = list(map(str, args))
+        child = forked.start(
+            lambda: kill_harness.run(str(at), getattr(signal, sig), argv), stdout=out.fileno(), stderr=err.fileno()
+        )
+        try:
+            child.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait()
+            raise
         err.seek(0)
-        stderr = err.read().decode(errors="replace")
-    return subprocess.CompletedProcess(args, os.waitstatus_to_exitcode(status), "", stderr)
+        return subprocess.CompletedProcess(argv, child.returncode, "", err.read().decode(errors="replace"))
 
 
 def harness_subprocess(at: str, sig: str, *args) -> subprocess.CompletedProcess:

@@ -80,6 +80,44 @@ def cli(toy, *args):
     )
 
 
+def fork_steps(monkeypatch) -> None:
+    """The steps' background processes (common.start's `lilicorr ...`, or torchrun's one rank of it) become children
+    forked from this process (tests/forked.py) that run `lilicorr`'s main, with the folder, log, environment and session
+    common.start gives them, one rank with the environment torchrun adds. test_pipeline_end_to_end starts its training
+    runs (torchrun) as the programs they are."""
+    import subprocess
+    import types
+
+    import forked
+
+    from benchmarks.testbed import common
+    from sglang_lilicorr import cli
+
+    def popen(cmd, *, env, cwd, stdout, stderr, start_new_session):
+        env = dict(env)
+        if cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]:
+            assert cmd[3:6] == ["--nproc-per-node", "1", "--master-port"], cmd
+            env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_PORT=cmd[6])
+            cmd = [sys.executable, *cmd[7:]]
+        assert cmd[:3] == [sys.executable, "-m", "sglang_lilicorr.cli"] and stderr == subprocess.STDOUT, cmd
+        return forked.start(
+            lambda: cli.main(cmd[3:]),
+            stdout=stdout.fileno(),
+            stderr=stdout.fileno(),
+            cwd=cwd,
+            env=env,
+            new_session=start_new_session,
+            args=cmd,
+        )
+
+    monkeypatch.setattr(common, "subprocess", types.SimpleNamespace(**{**vars(subprocess), "Popen": popen}))
+
+
+@pytest.fixture
+def steps_forked(monkeypatch):
+    fork_steps(monkeypatch)
+
+
 @pytest.fixture
 def ports_29500_taken():
     """The ports torchrun takes by default held by someone else: the testbed asks the OS for free ones."""
@@ -128,7 +166,9 @@ def test_pipeline_end_to_end(toy, tmp_path, monkeypatch, ports_29500_taken, requ
         {"depth": [dict(draft_layers=d, batch_size=2) for d in (1, 2)], "batch": [dict(batch_size=4)]},
     )
     monkeypatch.setattr(sweep, "SWEEP_ROUNDS", variants.SWEEP_ROUNDS)
-    assert cli(toy, "sweep", "--minutes", "0.03") == 0
+    with monkeypatch.context() as m:
+        fork_steps(m)  # the sweep's runs, and the replay's below; the train step's runs start as programs
+        assert cli(toy, "sweep", "--minutes", "0.03") == 0
     depth = json.loads((work / "sweep" / "depth.json").read_text())
     assert len(depth["results"]) == 2 and all(r["returncode"] == 0 and r["tau"] >= 1 for r in depth["results"])
     assert set(json.loads((work / "sweep" / "batch.json").read_text())["choice"]) == {"draft_layers", "batch_size"}
@@ -153,6 +193,7 @@ def test_pipeline_end_to_end(toy, tmp_path, monkeypatch, ports_29500_taken, requ
         "outputs_T1_s1.jsonl",
         "outputs_T1_s2.jsonl",
     ]
+    fork_steps(monkeypatch)
     assert cli(toy, "replay", "--drafts", "lilicorr", "dflash") == 0
     cells = json.loads((work / "replay" / "tau.json").read_text())["cells"]
     systems = {c["system"] for c in cells}
@@ -569,7 +610,7 @@ def test_speed_call_keys_number_a_repeated_call():
 
 
 def test_equal_budget_four_heads_from_one_draft_replayed_served_and_summarized(
-    toy, tmp_path, monkeypatch, ports_29500_taken, bench_in_process
+    toy, tmp_path, monkeypatch, steps_forked, bench_in_process
 ):
     """The equal-budget comparison at toy scale: a DFlash draft (the shipped one's stand-in), then dflash, lilicorr,
     domino and dspark continued from it (`train --init-draft`) for the same steps at one global batch; each exported as
