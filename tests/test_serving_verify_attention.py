@@ -278,19 +278,28 @@ def test_target_attention_backends_unwraps_a_hybrid_backend_once():
 
 # Both kernels on one random verify batch (B = 16 queries a request, SmolLM2's 9 / 3 heads of 64), against an fp32
 # reference; the scratch buffers start as NaN (what uninitialized memory may hold), and the split-KV kernel runs as the
-# plugin runs it (`zero_scratch`) or as SGLang allocates it. Prints one JSON line.
+# plugin runs it (`zero_scratch`) or as SGLang allocates it. `KERNELS SEED MODE...`: each mode in a child forked once
+# the kernels are imported, each printing one JSON line.
 KERNELS = textwrap.dedent("""
     import json, os, sys
     os.environ["TRITON_INTERPRET"] = "1"
     import torch
     from sglang.kernels.ops.attention import verify_splitkv
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
-    if sys.argv[1] == "zeroed":
+    for mode in sys.argv[2:]:
+        pid = os.fork()
+        if pid:
+            assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, mode
+            continue
+        break
+    else:
+        sys.exit(0)
+    if mode == "zeroed":
         from sglang_lilicorr.serving.verify_attention import zero_scratch
         zero_scratch()
     empty = torch.empty
     torch.empty = lambda *a, **k: empty(*a, **k).fill_(float("nan"))  # uninitialized memory at its worst
-    g = torch.Generator().manual_seed(int(sys.argv[2]))
+    g = torch.Generator().manual_seed(int(sys.argv[1]))
     B, hq, hkv, d, prefix = 16, 9, 3, 64, [37, 70]  # prefixes shorter than the kernel's splits
     pool = sum(prefix) + 8
     rand = lambda *s: torch.randn(*s, generator=g).half()
@@ -318,23 +327,30 @@ KERNELS = textwrap.dedent("""
         else:
             assert verify_splitkv.verify_splitkv_fwd(*args)
         out[name] = (o.float() - ref).abs().nan_to_num(nan=float("inf")).max().item()
-    print(json.dumps(out))
+    print(json.dumps({"mode": mode, **out}), flush=True)
+    os._exit(0)
 """)
 
 
-def run_kernels(mode: str, seed: int) -> dict:
+@pytest.fixture(scope="module")
+def kernel_errors() -> dict:
+    """{mode: the kernels' errors}: KERNELS' two modes in one subprocess (SGLang's kernels imported once), on SEED."""
     import json
 
-    done = subprocess.run([sys.executable, "-c", KERNELS, mode, str(seed)], capture_output=True, text=True, timeout=600)
+    from conftest import SEED
+
+    done = subprocess.run(
+        [sys.executable, "-c", KERNELS, str(SEED), "zeroed", "sglang"], capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return {row["mode"]: row for row in map(json.loads, done.stdout.strip().splitlines())}
 
 
-def test_split_kv_verify_equals_the_prefill_kernel_with_zeroed_scratch(seed):
-    errors = run_kernels("zeroed", seed)
+def test_split_kv_verify_equals_the_prefill_kernel_with_zeroed_scratch(kernel_errors):
+    errors = kernel_errors["zeroed"]
     assert errors["extend"] < 2e-3 and errors["split_kv"] < 2e-3, errors
 
 
-def test_split_kv_verify_without_zeroed_scratch_is_not_finite(seed):
+def test_split_kv_verify_without_zeroed_scratch_is_not_finite(kernel_errors):
     """Why zero_scratch exists: SGLang's allocation alone leaves NaN in a request whose prefix leaves a split empty."""
-    assert run_kernels("sglang", seed)["split_kv"] == float("inf")
+    assert kernel_errors["sglang"]["split_kv"] == float("inf")
