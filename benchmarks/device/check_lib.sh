@@ -61,7 +61,7 @@ start_server() {  # start_server NAME PORT LOG SERVER_ARGS...: sglang.launch_ser
   while (( SECONDS - t < ${TIMEOUT:-330} )); do
     kill -0 "$SERVER_PID" 2>/dev/null || { say "$name: server exited during startup"; break; }
     curl -sf -m 2 "http://127.0.0.1:$port/health" >/dev/null 2>&1 && { up=1; break; }
-    sleep 2
+    sleep 0.5
   done
   say "$name: startup $((SECONDS - t)) s, up=$up"
   [ $up = 1 ]
@@ -70,6 +70,6 @@ start_server() {  # start_server NAME PORT LOG SERVER_ARGS...: sglang.launch_ser
 stop_server() {  # the process group of the last start_server: TERM, KILL after 20 s
   [ -n "${SERVER_PID:-}" ] || return 0
   kill -TERM -- -"$SERVER_PID" 2>/dev/null
-  for _ in $(seq 20); do alive "$SERVER_PID" || break; sleep 1; done
+  for _ in $(seq 80); do alive "$SERVER_PID" || break; sleep 0.25; done
   kill -KILL -- -"$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null
 }
