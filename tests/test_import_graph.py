@@ -10,9 +10,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"sglang_lilicorr": ROOT / "sglang_lilicorr", "benchmarks": ROOT / "benchmarks"}  # the product, the lab
-# lines of Python that `pip install` ships: 15.8k, its docstrings cut to what a thing is and its contract (the goal is
-# 15,000); raise it on purpose only, never for a module of the lab
-MAX_PRODUCT_LINES = 15_900
+# lines of Python that `pip install` ships: 16.4k (the goal is 15,000; the adaptive verify width, the one-writer rules,
+# the z-lab drafter path and the loop cut added ~1.5k after the prose was cut); raise it on purpose only, never for a
+# module of the lab
+MAX_PRODUCT_LINES = 16_500
 
 
 def modules() -> dict[str, Path]:
