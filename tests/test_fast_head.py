@@ -26,7 +26,8 @@ from sglang_lilicorr.kernels.head_scores import lattice_cosine_triton
 from sglang_lilicorr.kernels.tuning import CosineLaunch, TopKLaunch
 from sglang_lilicorr.fast_path import pipeline
 from sglang_lilicorr.fast_path.plan import PYTORCH, HeadGeometry, SelectPlan, SelectPlans, plans_for
-from sglang_lilicorr.walk import greedy_margin, greedy_walk, path_score, viterbi
+from benchmarks.micro.head_bench import greedy_margin
+from sglang_lilicorr.walk import greedy_walk, path_score, viterbi
 
 from sm90_build import check_in_fresh_process
 from triton_mode import CUDA, INTERPRETER, needs_interpreter

@@ -386,11 +386,26 @@ def time_topk(b: Batch) -> None:
             b.time(f"topk_splits_{sp}", lambda sp=sp: topk_lse_triton(b.logits, K, splits=sp), key)
 
 
+def greedy_margin(start: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
+    """[b] fp32: the smallest best-minus-second-best score gap along the greedy path of (start, pair). Two score sets
+    that differ by less than half of it everywhere walk the same path."""
+    rows = torch.arange(start.shape[0], device=start.device)
+    if start.shape[-1] < 2:
+        return torch.full((start.shape[0],), float("inf"), device=start.device)
+    top2 = start.float().topk(2, dim=-1).values
+    gap = top2[:, 0] - top2[:, 1]
+    cur = start.argmax(-1)
+    for s in range(pair.shape[1]):
+        row = pair[rows, s, cur].float()
+        top2 = row.topk(2, dim=-1).values
+        gap = torch.minimum(gap, top2[:, 0] - top2[:, 1])
+        cur = row.argmax(-1)
+    return gap
+
+
 def time_ours(b: Batch) -> None:
     """Each variant: head + walk from the candidates, logits -> ids, the whole select; its kernels; its outputs
     against the reference."""
-    from sglang_lilicorr.walk import greedy_margin
-
     errors, checks, geo = b.bench.res["errors"], b.bench.res["checks"], b.bench.geo
     for vname, fast in b.bench.variants.items():
         b.time(f"head_walk_{vname}", lambda: b.bench.head_walks[vname].propose(b.logits, b.hidden, b.anchor))
