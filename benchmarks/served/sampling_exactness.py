@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from sglang_lilicorr.bench.client import post_json
+from benchmarks.served.gpu_client import post_json
 from sglang_lilicorr.bench.metrics import tau
 from sglang_lilicorr.bench.runner import read_results
 

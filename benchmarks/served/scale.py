@@ -440,7 +440,7 @@ def flush_stage_timers(urls: Mapping[str, str]) -> list[str]:
     """After the rounds: one prefill-only request per server, past the stage timer's idle time, so each writes the
     decode steps since its last dump (the servers are then killed, which skips their exit dump). The failures."""
     from benchmarks.instrumentation.stage_timer import IDLE_DUMP_S
-    from sglang_lilicorr.bench.client import post_json
+    from benchmarks.served.gpu_client import post_json
 
     time.sleep(IDLE_DUMP_S + 0.5)
     failed = []

@@ -19,7 +19,7 @@ def cmd_long_serve(args) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from sglang_lilicorr.bench.client import post_json
+    from benchmarks.served.gpu_client import post_json
     from sglang_lilicorr.reference.check import check_greedy
     from sglang_lilicorr.train.engine import SGLangServers, ServerSpec
 
