@@ -27,14 +27,7 @@ import shlex
 from pathlib import Path
 
 from ..baselines import DSparkConfig
-from ..checkpoint import (
-    CONFIG_FILE,
-    DTYPES,
-    WEIGHTS_FILE,
-    architecture_of,
-    save_checkpoint,
-    with_head,
-)
+from ..checkpoint import CONFIG_FILE, DTYPES, WEIGHTS_FILE, architecture_of, save_checkpoint, with_head
 from ..config import LiLiCorrConfig
 from ..ownership import NotOursError, held, marked_kind, remove_temporaries, sole_writer, space_for
 from ..drafter import DFlashDrafter, DrafterConfig

@@ -35,16 +35,9 @@ from .data import DataError, Example, collate, epoch_batches, load_conversations
 from .heads import Head, HeadConfig, build_head
 from .joint import JointModel, metric_sums, pooled_metrics, ratios
 from .prompts import check_disjoint, eval_guard
-from .state import LATEST, STATE_FILE, TENSORS_FILE, IncompatibleCheckpointError, check_resume_compatible
+from .state import LATEST, STATE_FILE, TENSORS_FILE, IncompatibleCheckpointError, check_resume_compatible, trim_metrics
 from .state import draft_geometry, point_latest, set_aside_newer, load_draft_weights, load_trainable, prune_checkpoints
-from .state import (
-    remove_orphans,
-    resume_point,
-    save_snapshot,
-    save_training_checkpoint,
-    trainable_tensors,
-    trim_metrics,
-)
+from .state import remove_orphans, resume_point, save_snapshot, save_training_checkpoint, trainable_tensors
 from .timing import PhaseTimer
 
 
