@@ -1,14 +1,9 @@
-"""The draft-KV append of a decode step as a CUDA graph per (batch size, verify width).
-
-After each verify SGLang's DFlash worker projects the target's captured states through the drafter (fc + norm),
-writes the drafter's K/V for the committed prefix of every request, and LILICORR publishes each request's anchor
-from the same projection: a dozen launches and their Python, which hold the host while the GPU waits. Captured once
-per (b, w) over static inputs, a step copies its five inputs in and replays one graph: the same kernels on the same
-values, so the same KV and anchors.
-
-`AppendGraphs.capture(append, ...)` records `append(**inputs)` (the worker's eager append) at each size;
-`replay(...)` serves a step whose size was captured and returns False otherwise (the caller appends eagerly).
-"""
+"""The draft-KV append of a decode step as a CUDA graph per (batch size, verify width). After each verify the DFlash
+worker projects the target's captured states through the drafter (fc + norm) and writes the drafter's K/V for each
+request's committed prefix, and LILICORR publishes each request's anchor: a dozen launches whose Python holds the host
+while the GPU waits. `AppendGraphs.capture(append, ...)` records the worker's eager `append(**inputs)` at each size over
+static inputs; `replay(...)` copies a step's five inputs in and replays its graph (the same kernels on the same values,
+so the same KV and anchors), or returns False for a size not captured (the caller appends eagerly)."""
 
 from __future__ import annotations
 
