@@ -45,9 +45,8 @@ def apply_rope(
     x: torch.Tensor, positions: torch.Tensor, theta: float, scaling: RopeScaling = RopeScaling()
 ) -> torch.Tensor:
     """x [b, L, heads, D], positions [b, L] int -> same shape and dtype."""
-    angle = positions.to(torch.float32)[..., None] * inverse_frequencies(
-        x.shape[-1], theta, scaling, x.device
-    )  # [b, L, D/2]
+    # [b, L, D/2]
+    angle = positions.to(torch.float32)[..., None] * inverse_frequencies(x.shape[-1], theta, scaling, x.device)
     cos, sin = angle.cos(), angle.sin()
     if scaling.is_yarn:
         scale = yarn_attention_scale(scaling.factor)

@@ -157,9 +157,8 @@ class FastLiLiCorrSelect(SelectConstants):
         if join_pass is not None:
             join_pass()
         cat = torch.empty((rows, 2 * h), dtype=self.dtype, device=self.device) if folds else None
-        folded = (
-            dict(out=cat[:, :h], sumsq_out=head_norm.sumsq_parts(rows, h, self.device)) if folds else {}
-        )  # the norm left to QKV
+        # the norm left to QKV
+        folded = dict(out=cat[:, :h], sumsq_out=head_norm.sumsq_parts(rows, h, self.device)) if folds else {}
         x, xn = head_nodes.lattice_nodes_triton(
             ids,
             self.token_table,

@@ -389,9 +389,8 @@ def _check_epilogue(name: str, x, weight, norm, norm_width, residual, out, sumsq
             raise ValueError(f"{name}: cross t {tuple(t.shape)} must be [b, {n}], b dividing the {m} rows")
         _check_tensor(name, "cross t", t.contiguous(), tuple(t.shape), x.dtype, x.device)
         _check_tensor(name, "cross output", xt, (m, n), x.dtype, x.device)
-        row_stride = (
-            out.stride(0) if out is not None else residual.stride(0) if residual is not None else n
-        )  # (a new out)
+        # the output's row stride (n: a new out)
+        row_stride = out.stride(0) if out is not None else residual.stride(0) if residual is not None else n
         if xt.stride(0) != row_stride:
             raise ValueError(
                 f"{name}: the cross output must share the output's row stride (e.g. two halves of one buffer)"

@@ -69,9 +69,8 @@ def save_training_checkpoint(
             "run": None if run is None else dict(run),
             "sha256": {OPTIMIZER_FILE: hashlib.sha256(buffer.getvalue()).hexdigest()},
         }
-        (tmp / STATE_FILE).write_text(
-            json.dumps(state, indent=2) + "\n"
-        )  # last: its presence marks a complete checkpoint
+        # last: its presence marks a complete checkpoint
+        (tmp / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
     point_latest(output_dir, final)
     return final
 
