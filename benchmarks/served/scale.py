@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from sglang_lilicorr.bench import prompt_file
-from sglang_lilicorr.jsonl import save_json
+from benchmarks import save_json
 
 from .. import lab_env
 from . import paired, scale_drafts, stages

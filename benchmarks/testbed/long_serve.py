@@ -7,7 +7,7 @@ import json
 import shlex
 from pathlib import Path
 
-from sglang_lilicorr.jsonl import save_json
+from benchmarks import save_json
 
 from . import eval_sets, long_inputs
 from .common import Step, device_name, enough_time, set_flags, speculation_args, to_out
