@@ -165,7 +165,6 @@ class WidthPolicy:
         self.narrow_decisions = 0  # decisions in a row that kept a width below the widest
         # (width, batch) of the steps whose accept counts are not back yet (a bound, should reports stop coming)
         self.pending: deque[tuple[int, int]] = deque(maxlen=256)
-        self.uses: dict[int, int] = dict.fromkeys(self.widths, 0)  # decode steps per width
 
     def rate(self, width: int, batch: int, optimism: float = 0.0) -> float:
         """Expected committed tokens per second of one request's share of a step."""
@@ -212,7 +211,6 @@ class WidthPolicy:
         return self.widths[-1]
 
     def _use(self, width: int, batch: int) -> int:
-        self.uses[width] += 1
         self.pending.append((width, batch))
         return width
 
@@ -226,8 +224,3 @@ class WidthPolicy:
                 self.record.add(width, accepted_drafts)
                 return width
         return None
-
-    def shares(self) -> dict[int, float]:
-        """Each width's share of the decode steps so far."""
-        total = sum(self.uses.values())
-        return {w: (n / total if total else 0.0) for w, n in self.uses.items()}
