@@ -3,11 +3,9 @@ SGLang's DFlash pieces: the block's slots and KV window as SGLang opens them, th
 proposal captured in it) where width > 1, the target's verify of the width's tokens through that width's tier
 (verify_tiers.py), SGLang's acceptance rules (greedy; T > 0: its exact rejection sampling), and the draft-KV append
 of what was committed. Width 1 runs no draft pass: the anchor alone is verified, a plain decode step whose target
-state is still appended, so the next step may draft again.
-
-The block (B) is SGLang's own step (`DFlashWorkerV2.forward_batch_generation`); `serves` says which batches a narrow
-step takes: the ones without grammar, sampling-mask capture or a hybrid (Mamba) target, which keep the block.
-"""
+state is still appended, so the next step may draft again. The whole block is SGLang's own step
+(`DFlashWorkerV2.forward_batch_generation`); `serves` says which batches a narrow step takes: those without grammar,
+sampling-mask capture or a hybrid (Mamba) target."""
 
 from __future__ import annotations
 
