@@ -304,11 +304,6 @@ def gemm_epilogue_reference(
     return y, (y.float() * cross.float().repeat_interleave(y.shape[0] // cross.shape[0], dim=0)).to(y.dtype)
 
 
-def linear_silu_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """PyTorch definition (SiluMLP's up_proj then SiLU) -> [M, N]."""
-    return gemm_epilogue_reference(x, weight, bias, silu=True)
-
-
 def _check(
     name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, group_bias, rows_per_group
 ) -> None:
