@@ -387,8 +387,7 @@ def claim_folder(
     fix: str | None = None,
 ) -> str:
     """Make sure `folder` may be written by a command of `kind` -> "new", "empty" or "ours"; with `create`, creates
-    it, removes the temporaries a killed writer left in it and leaves the marker. Anything else raises NotOursError
-    naming what it holds; nothing is touched."""
+    it, removes the temporaries a killed writer left in it and leaves the marker. Else NotOursError, nothing touched."""
     path = Path(folder)
     if path.exists() and not path.is_dir():
         raise NotOursError(f"{folder} is a file, not a folder", where=option, fix="pass a new or empty folder")

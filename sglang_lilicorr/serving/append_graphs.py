@@ -42,9 +42,8 @@ class AppendGraphs:
         }
 
     def capture(self, append, batches: list[int], widths: list[int]) -> None:
-        """Record `append(**inputs)` at every (batch, width), largest first (the smaller reuse its memory); the
-        inputs point at the padding slot 0 of the KV pool and request slot 0 while capturing. A size whose capture
-        fails is left out (logged once)."""
+        """Record `append(**inputs)` at every (batch, width), largest first (the smaller reuse its memory), the inputs
+        pointing at KV padding slot 0 and request slot 0; a size whose capture fails is left out (logged once)."""
         sizes = sorted(((b, w) for b in batches for w in widths), reverse=True)
         if not sizes:
             return

@@ -177,8 +177,7 @@ def export_checkpoint(
 
 
 def draft_of(source: str | Path, dtype: str, legacy: bool) -> tuple[dict, dict]:
-    """A training checkpoint's draft -> (config.json, tensors in `dtype`), every tensor checked as a resume checks
-    it (state.load_trainable)."""
+    """A training checkpoint's draft -> (config.json, tensors in `dtype`), each checked as a resume checks it."""
     _, drafter_cfg, head_cfg, tensors = read_training_checkpoint(source, legacy)
     drafter, head = DFlashDrafter(drafter_cfg), build_head(head_cfg, drafter_cfg)
     load_trainable(tensors, drafter, head, str(source))

@@ -77,8 +77,7 @@ def corrector_draft_config(
 
 
 def read_corrector_draft(directory: str | Path) -> tuple[DrafterConfig, DominoConfig | DSparkConfig, dict, dict] | None:
-    """An exported Domino or DSpark draft -> (drafter config, head config, drafter tensors, head tensors), or None
-    for any other folder."""
+    """An exported Domino or DSpark draft -> (drafter config, head config, drafter tensors, head tensors); else None."""
     found = corrector_draft_config(directory)
     if found is None:
         return None

@@ -152,8 +152,7 @@ def check_mask_token(tokenizer, drafter: DrafterConfig, where: str) -> None:
 
 
 def build_optimizer(drafter: DFlashDrafter, head: Head | None, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW over what the run trains: the drafter (not with --train head: it is frozen and gets no state) and the
-    head, each its own group."""
+    """AdamW over what the run trains, a group each: the drafter (not with --train head: frozen, no state), the head."""
     groups = []
     if cfg.train == "joint":
         groups.append(
@@ -174,8 +173,7 @@ def build_optimizer(drafter: DFlashDrafter, head: Head | None, cfg: TrainConfig)
 def build_models(
     cfg: TrainConfig, drafter_cfg: DrafterConfig, head_cfg: HeadConfig | None, target: FrozenTarget, device
 ) -> tuple[DFlashDrafter, Head | None, JointModel, torch.optim.AdamW]:
-    """A fresh drafter (frozen with --train head) and head on `device`, their JointModel over the target, and the
-    optimizer of what trains."""
+    """A fresh drafter (frozen with --train head) and head on `device`, their JointModel, and the optimizer."""
     drafter = DFlashDrafter(drafter_cfg).to(device).requires_grad_(cfg.train == "joint")
     head = None if head_cfg is None else build_head(head_cfg, drafter_cfg).to(device)
     return drafter, head, JointModel(drafter, head, target), build_optimizer(drafter, head, cfg)
