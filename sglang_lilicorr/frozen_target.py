@@ -1,7 +1,6 @@
 """The frozen target: any Hugging Face causal LM, run teacher-forced (no grad). It supplies what SGLang gives the
 drafter when serving and what the objective needs: context features (layers `target_layer_ids`' outputs, concatenated,
-[b, T, n * Hm]), its frozen input embedding, its frozen LM head (drafter logits, grad reaching the drafter) and the
-slot targets (log q of candidates and the greedy token)."""
+[b, T, n * Hm]), its frozen embedding and LM head (drafter logits, grad reaching the drafter), the slot targets."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The drafter's rotary position embedding as SGLang 0.5.23 applies it to a DFlash draft (neox form, absolute
-positions, fp32): `default` (frequency i: theta^(-2i/D)) or `yarn` (Peng et al., 2023, with SGLang's defaults beta_fast
-32, beta_slow 1: fast frequencies kept, slow ones divided by `factor`, a linear ramp between; cos and sin scaled by
-0.1 ln(factor) + 1)."""
+positions, fp32): `default` (frequency i: theta^(-2i/D)) or `yarn` (SGLang's defaults beta_fast 32, beta_slow 1: fast
+frequencies kept, slow ones divided by `factor`, a linear ramp between; cos and sin scaled by 0.1 ln(factor) + 1)."""
 
 from __future__ import annotations
 

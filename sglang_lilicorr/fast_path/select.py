@@ -2,8 +2,7 @@
 `FastLiLiCorrSelect` wraps a `LiLiCorrHead` (its own modules) with the constants the fused routes fold from it
 (constants.py); a call runs the plan of its batch size (plan.py). The fused routes run Triton kernels around the GEMMs
 (kernels/head_*.py, lattice_attention.py; the cosine kernel also runs the greedy walk, another rule walks after it,
-kernels/walk.py); the folded route runs every GEMM in Triton (kernels/gemm_epilogue.py). Static shapes, no host
-syncs: `propose` can be captured in a CUDA graph."""
+kernels/walk.py); the folded route runs every GEMM in Triton (kernels/gemm_epilogue.py). No host sync: graph-safe."""
 
 from __future__ import annotations
 
