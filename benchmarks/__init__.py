@@ -3,6 +3,7 @@ and never imported by it. One entry point, `python -m benchmarks STEP ARGS...` (
 
 Each step is a module with `main(argv) -> int`; only the chosen one is imported, since several set the environment
 before torch loads. A step that ends on one of the project's errors prints it as one line, as `lilicorr` does.
+Steps write their JSON documents whole with `save_json`.
 
 The lab's SGLang plugin (instrumentation/) is not installed either: SGLang finds plugins by entry point, and
 INSTRUMENTATION is a folder holding that entry point. A process whose PYTHONPATH holds the checkout and that folder
@@ -13,6 +14,7 @@ plugin.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -63,6 +65,16 @@ STEPS = {  # step: (module, what it does)
     # testbed/: the SmolLM2 pipeline
     "testbed": ("benchmarks.testbed.run", "the SmolLM2 testbed: data, training, evaluation, speed, tables"),
 }
+
+
+def save_json(path: str | Path, value) -> Path:
+    """`value` as indented JSON, written beside and renamed into place: the file is whole or absent."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
 
 
 def lab_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -43,7 +43,6 @@ MODULES: dict[str, list[str]] = {
     "serving/kv_rows": ["tests/test_kv_rows.py"],
     "serving/vocab_parallel": ["tests/test_vocab_parallel_served.py"],
     "reference/check": ["tests/test_reference_check.py", "tests/test_reference.py"],
-    "reference/sampled_check": ["tests/test_sampled_check.py"],
     "bench/metrics": ["tests/test_bench_metrics.py"],
 }
 

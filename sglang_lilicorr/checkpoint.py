@@ -133,15 +133,6 @@ def with_head(config: Mapping[str, Any], head_config: LiLiCorrConfig) -> dict[st
     return out
 
 
-def vanilla_copy(source: str | os.PathLike, target: str | os.PathLike) -> Path:
-    """The same drafter without its head: a DFlashDraftModel checkpoint (served by DFLASH beside LILICORR)."""
-    config = read_config(source)
-    drafter, _ = split_head(read_tensors(source))
-    config["architectures"] = [VANILLA_ARCH]
-    config["dflash_config"] = {k: v for k, v in config["dflash_config"].items() if not k.startswith("lilicorr_")}
-    return save_checkpoint(target, config, drafter)
-
-
 def tensor_digest(tensors: Mapping[str, torch.Tensor]) -> str:
     """sha256 over every tensor's name, dtype, shape and bytes, in name order (independent of the file layout)."""
     h = hashlib.sha256()
@@ -327,19 +318,3 @@ def write_checkpoint_files(
 
 def head_tensors_for_save(head: LiLiCorrHead) -> dict[str, torch.Tensor]:
     return {HEAD_PREFIX + k: v for k, v in head.state_dict().items()}
-
-
-def add_random_head(
-    source: str | os.PathLike, target: str | os.PathLike, *, seed: int = 0, **geometry
-) -> LiLiCorrConfig:
-    """`target` = the DFlash draft at `source` with a random LiLiCorr head of `geometry` (LiLiCorrConfig fields):
-    a checkpoint to time and smoke-test the serving path."""
-    config = read_config(source)
-    head_config = LiLiCorrConfig(
-        block_size=block_size_of(config), rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), **geometry
-    )
-    torch.manual_seed(seed)
-    head = LiLiCorrHead(head_config, model_hidden_size=int(config["hidden_size"])).to(dtype_of(config))
-    drafter, _ = split_head(read_tensors(source))
-    save_checkpoint(target, with_head(config, head_config), {**drafter, **head_tensors_for_save(head)})
-    return head_config

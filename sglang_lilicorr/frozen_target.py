@@ -1,7 +1,6 @@
 """The frozen target: any Hugging Face causal LM, run teacher-forced (no grad). It supplies what SGLang gives the
 drafter when serving and what the objective needs: context features (layers `target_layer_ids`' outputs, concatenated,
-[b, T, n * Hm]), its frozen input embedding, its frozen LM head (drafter logits, grad reaching the drafter) and the
-slot targets (log q of candidates and the greedy token)."""
+[b, T, n * Hm]), its frozen embedding and LM head (drafter logits, grad reaching the drafter), the slot targets."""
 
 from __future__ import annotations
 
@@ -105,9 +104,14 @@ class FrozenTarget:
                 "for this target (its config.vocab_size)."
             )
 
-    @torch.no_grad()
     def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (features [b, T, n * Hm], final hidden [b, T, Hm] after the final norm)."""
+        features, out = self.decode(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        return features, out.last_hidden_state
+
+    @torch.no_grad()
+    def decode(self, **inputs) -> tuple[torch.Tensor, object]:
+        """The decoder on `inputs` -> (features: the target layers' outputs concatenated, the decoder's output)."""
         captured: dict[int, torch.Tensor] = {}
 
         def hook(index):
@@ -118,12 +122,11 @@ class FrozenTarget:
 
         handles = [self.layers[i].register_forward_hook(hook(i)) for i in set(self.target_layer_ids)]
         try:
-            out = self.model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            out = self.model.get_decoder()(**inputs)
         finally:
             for h in handles:
                 h.remove()
-        features = torch.cat([captured[i] for i in self.target_layer_ids], dim=-1)
-        return features, out.last_hidden_state
+        return torch.cat([captured[i] for i in self.target_layer_ids], dim=-1), out
 
     @torch.no_grad()
     def embed(self, ids: torch.Tensor) -> torch.Tensor:

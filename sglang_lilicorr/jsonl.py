@@ -1,10 +1,9 @@
-"""JSON files: JSON text parsed as text a user's file may hold (`loads`), JSON lines (one object per line, every
-error naming the file and line) read, and a JSON document written whole."""
+"""JSON files: JSON text parsed as text a user's file may hold (`loads`), and JSON lines (one object per line, every
+error naming the file and line) read."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any, Iterator
@@ -80,13 +79,3 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
                     fix="each line must be one JSON object",
                 )
             yield number, row
-
-
-def save_json(path: str | Path, value) -> Path:
-    """`value` as indented JSON, written beside and renamed into place: the file is whole or absent."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
-    return path

@@ -1,7 +1,6 @@
-"""Oracle-prefix supervision (paper Sec. 3.3; App. A): slot s carries a reranker signal only when its ground-truth
-token g_s and every earlier slot's are among the K candidates (the longest leading run of covered, valid slots: the
-verifier never exercises a path past a wrong token). Teacher forcing (Eq. 2): z_1[k] = start[k], z_s[k] =
-pair[s-1, g_{s-1}, k]. N blocks, S slots, K candidates."""
+"""Oracle-prefix supervision (paper Sec. 3.3; App. A): slot s carries a reranker signal only when it is valid and its
+ground-truth token g_s and every earlier slot's are among the K candidates (the verifier never exercises a path past
+a wrong token). Teacher forcing (Eq. 2): z_1[k] = start[k], z_s[k] = pair[s-1, g_{s-1}, k]; N blocks, S slots."""
 
 from __future__ import annotations
 

@@ -1,24 +1,15 @@
-"""What a command may write: only a new folder, an empty one, or one it recognises as its own kind; and
-writes that are whole or absent.
+"""What a command may write: a new folder, an empty one, or one of its own kind; and writes that are whole or absent.
 
-Kinds: `run` (`lilicorr train --output-dir`), `dataset` (`lilicorr regenerate --recipe --output-dir`), `report` (`bench
-report`, `replay`, the lab's `faults` and `stages` --out) carry a marker, `.lilicorr.json` ({"kind": ...}), written when
-the folder is claimed; an `export` (config.json + model.safetensors of a draft) is recognised by its content, so that it
-stays a plain SGLang draft folder. Writers pass a `recognise` function for folders of their kind made before markers
-existed. Append-only files (bench results, regenerated rows) are checked line by line (`jsonl_for_append`) before a byte
-is written, and a torn last line is cut only in a file that is recognisably of that kind.
+Kinds `run`, `dataset` and `report` carry a marker, `.lilicorr.json` ({"kind": ...}), written when the folder is
+claimed (`claim_folder`); an `export` is recognised by its content (config.json + model.safetensors), so it stays a
+plain SGLang draft folder; `recognise` accepts folders of a kind made before markers. Append-only JSON-lines files are
+checked line by line before a byte is written (`jsonl_for_append`); a torn last line is cut only in a file of that kind.
 
-Temporary files and folders are named `.<name>.lilicorr-tmp-<random>` beside what they become: a kill leaves
-nothing else, and the next writer of the same place removes them (`remove_temporaries`), never anything else.
-A folder is replaced by exchanging it with its finished copy in one rename (`atomic_directory`); one that keeps
-files the writer did not write (a draft among the user's files) is rebuilt beside itself from hard links of them
-(`link_tree`), never copies, and what the old one held that the new one lacks is moved over (`put_back`).
-
-One writer at a time (`sole_writer`): a run folder, a draft folder or a results file is written under a lock, an
-flock on `.<name>.lilicorr-lock` beside it, held for the command's life and released by the kernel when the
-process ends however it ends (a killed writer never leaves it held). A second writer is refused (exit 2) with the
-holder's pid and host.
-"""
+Temporaries are `.<name>.lilicorr-tmp-<random>` beside what they become, and the next writer of the same place removes
+them (`remove_temporaries`). A folder is replaced by exchanging it with its finished copy in one rename
+(`atomic_directory`); one that keeps the user's other files is rebuilt beside itself from hard links of them, never
+copies (`link_tree`, `put_back`). One writer at a time (`sole_writer`): an flock on `.<name>.lilicorr-lock` beside the
+target, released by the kernel however the process ends; a second writer is refused (exit 2), naming the holder."""
 
 from __future__ import annotations
 
@@ -124,14 +115,12 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
 @contextlib.contextmanager
 def atomic_directory(target: str | os.PathLike, keep_all_but: Collection[str] | None = None) -> Iterator[Path]:
     """Yield an empty temporary directory beside `target`; when the block completes it takes `target`'s place
-    (an existing `target`, which the caller has checked is its own, is exchanged with it in one rename, then
-    removed): a reader, and a kill at any point, finds the old folder or the new one, whole. When the block fails it
-    is removed and `target` is untouched. (Where the file system cannot exchange two names, the old folder is renamed
-    aside first: a kill between the two renames leaves both as temporaries and no `target`.)
-
-    With `keep_all_but` (the names the block writes), an existing `target` keeps all else it holds, as it is: the
-    directory starts as its twin (`link_tree`) and gets its mode, the old folder goes by `put_back`, and where the
-    file system cannot exchange, a folder that keeps anything is refused (UsageError), not renamed aside."""
+    (an existing `target`, checked by the caller, is exchanged with it in one rename, then removed): a reader, or a
+    kill, finds the old folder or the new one, whole; when the block fails it is removed and `target` is untouched.
+    Where the file system cannot exchange, the old folder is renamed aside first (a kill between leaves both as
+    temporaries). With `keep_all_but` (the names the block writes) `target` keeps all else it holds: the directory
+    starts as its twin (`link_tree`) with its mode, the old one goes by `put_back`, and without an exchange such a
+    folder is refused (UsageError)."""
     target = Path(os.path.abspath(target))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(target)
@@ -398,8 +387,7 @@ def claim_folder(
     fix: str | None = None,
 ) -> str:
     """Make sure `folder` may be written by a command of `kind` -> "new", "empty" or "ours"; with `create`, creates
-    it, removes the temporaries a killed writer left in it and leaves the marker. Anything else raises NotOursError
-    naming what it holds; nothing is touched."""
+    it, removes the temporaries a killed writer left in it and leaves the marker. Else NotOursError, nothing touched."""
     path = Path(folder)
     if path.exists() and not path.is_dir():
         raise NotOursError(f"{folder} is a file, not a folder", where=option, fix="pass a new or empty folder")

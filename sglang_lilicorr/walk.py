@@ -41,21 +41,4 @@ def path_score(start: torch.Tensor, pair: torch.Tensor, idx: torch.Tensor) -> to
     return score
 
 
-def greedy_margin(start: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
-    """[b] fp32: the smallest best-minus-second-best score gap along the greedy path of (start, pair). Two score sets
-    that differ by less than half of it everywhere walk the same path."""
-    rows = torch.arange(start.shape[0], device=start.device)
-    if start.shape[-1] < 2:
-        return torch.full((start.shape[0],), float("inf"), device=start.device)
-    top2 = start.float().topk(2, dim=-1).values
-    gap = top2[:, 0] - top2[:, 1]
-    cur = start.argmax(-1)
-    for s in range(pair.shape[1]):
-        row = pair[rows, s, cur].float()
-        top2 = row.topk(2, dim=-1).values
-        gap = torch.minimum(gap, top2[:, 0] - top2[:, 1])
-        cur = row.argmax(-1)
-    return gap
-
-
 WALKS = {"greedy": greedy_walk, "viterbi": viterbi}  # the decode rules by name; greedy is the paper's (and the default)

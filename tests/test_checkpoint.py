@@ -6,6 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from benchmarks.served.random_head import add_random_head, vanilla_copy
 from sglang_lilicorr import checkpoint as ckpt
 from sglang_lilicorr.config import LiLiCorrConfig
 from sglang_lilicorr.head import LiLiCorrHead
@@ -113,7 +114,7 @@ def test_block_size_mismatch_between_head_and_drafter():
 
 def test_vanilla_copy_keeps_the_drafter_and_drops_the_head(saved, tmp_path):
     path, _ = saved
-    out = ckpt.vanilla_copy(path, tmp_path / "vanilla")
+    out = vanilla_copy(path, tmp_path / "vanilla")
     config = ckpt.read_config(out)
     assert config["architectures"] == [ckpt.VANILLA_ARCH] and not ckpt.has_head(config)
     assert not [k for k in config["dflash_config"] if k.startswith("lilicorr_")]
@@ -255,10 +256,10 @@ def test_add_random_head_is_seeded_and_takes_the_draft_geometry(tmp_path):
     config = {**VANILLA, "rms_norm_eps": 1e-5}
     ckpt.save_checkpoint(tmp_path / "v", config, {"fc.weight": torch.ones(24, 48, dtype=torch.bfloat16)})
     geometry = dict(candidate_topk=4, factor_dim=16, hidden_size=32, num_heads=4)
-    head_cfg = ckpt.add_random_head(tmp_path / "v", tmp_path / "a", **geometry)
+    head_cfg = add_random_head(tmp_path / "v", tmp_path / "a", **geometry)
     assert head_cfg == LiLiCorrConfig(block_size=6, rms_norm_eps=1e-5, **geometry)
-    ckpt.add_random_head(tmp_path / "v", tmp_path / "b", seed=0, **geometry)
-    ckpt.add_random_head(tmp_path / "v", tmp_path / "c", seed=1, **geometry)
+    add_random_head(tmp_path / "v", tmp_path / "b", seed=0, **geometry)
+    add_random_head(tmp_path / "v", tmp_path / "c", seed=1, **geometry)
     a, b, c = (ckpt.read_tensors(tmp_path / n) for n in "abc")
     assert all(torch.equal(a[k], b[k]) for k in a) and not all(torch.equal(a[k], c[k]) for k in a)
     assert torch.equal(a["fc.weight"], torch.ones(24, 48, dtype=torch.bfloat16))
@@ -269,7 +270,7 @@ def test_add_random_head_is_seeded_and_takes_the_draft_geometry(tmp_path):
     config = json.loads((tmp_path / "no-eps" / "config.json").read_text())
     del config["rms_norm_eps"]
     (tmp_path / "no-eps" / "config.json").write_text(json.dumps(config))
-    assert ckpt.add_random_head(tmp_path / "no-eps", tmp_path / "d", **geometry).rms_norm_eps == 1e-6
+    assert add_random_head(tmp_path / "no-eps", tmp_path / "d", **geometry).rms_norm_eps == 1e-6
 
 
 def test_config_json_is_written_canonically(tmp_path):

@@ -26,7 +26,8 @@ from sglang_lilicorr.kernels.head_scores import lattice_cosine_triton
 from sglang_lilicorr.kernels.tuning import CosineLaunch, TopKLaunch
 from sglang_lilicorr.fast_path import pipeline
 from sglang_lilicorr.fast_path.plan import PYTORCH, HeadGeometry, SelectPlan, SelectPlans, plans_for
-from sglang_lilicorr.walk import greedy_margin, greedy_walk, path_score, viterbi
+from benchmarks.micro.head_bench import fused_stages, greedy_margin
+from sglang_lilicorr.walk import greedy_walk, path_score, viterbi
 
 from sm90_build import check_in_fresh_process
 from triton_mode import CUDA, INTERPRETER, needs_interpreter
@@ -235,7 +236,7 @@ def test_fused_stages_compose_to_the_scores(seed, route, walk):
     proposal = select(fast, hidden, anchor, lm_head)
     vals, ids, lse = candidates_of(fast, hidden, lm_head)
     assert torch.equal(ids, proposal.ids)
-    stages = fast.fused_stages(vals, ids, lse, hidden, anchor)
+    stages = fused_stages(fast, vals, ids, lse, hidden, anchor)
     assert list(stages) == ["projections", "nodes", "lattice", "factors"]
     s_start, s_pair, draft = stages["factors"]()  # the greedy walk runs in the cosine kernel, Viterbi's after it
     assert torch.equal(s_start, proposal.start) and torch.equal(s_pair, proposal.pair)
@@ -248,7 +249,7 @@ def test_fused_stages_compose_to_the_scores(seed, route, walk):
     )
     pytorch = FastLiLiCorrSelect(head, embed_weight=embed, plans=plans_for(HeadGeometry.of(head), PYTORCH))
     with pytest.raises(ValueError, match=r"runs the torch route"):
-        pytorch.fused_stages(vals, ids, lse, hidden, anchor)
+        fused_stages(pytorch, vals, ids, lse, hidden, anchor)
 
 
 def test_select_without_token_proj_and_one_layer(seed, monkeypatch):

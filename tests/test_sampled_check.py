@@ -1,6 +1,7 @@
 """The exactness check at T > 0: sampled outputs against the target's softmax by the randomized probability integral
-transform (reference/sampled_check.py), and against a server (benchmarks/served/sampling_exactness.py): the seeded,
-resumable collection of sampled outputs and the summary with each server's verification line and tau per seed."""
+transform (benchmarks/served/sampled_check.py), and against a server (benchmarks/served/sampling_exactness.py): the
+seeded, resumable collection of sampled outputs and the summary with each server's verification line and tau per
+seed."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from stub_server import StubServer
 from test_reference import PROMPT, tiny_target
 
 from benchmarks.served import sampling_exactness
-from sglang_lilicorr.reference import sampled_check
+from benchmarks.served import sampled_check
 
 STEPS = 3
 

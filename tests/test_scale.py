@@ -488,12 +488,12 @@ def test_a_server_that_fails_to_start_leaves_its_log_in_the_bundle(built, tmp_pa
 
 def test_the_stage_timer_flush_sends_a_greedy_request(monkeypatch):
     # LILICORR answers HTTP 400 to temperature > 0 where only the greedy verification exists (the GPU machine)
-    from sglang_lilicorr.bench import client
     from benchmarks.instrumentation import stage_timer
+    from benchmarks.served import gpu_client
 
     sent = []
     monkeypatch.setattr(stage_timer, "IDLE_DUMP_S", 0.0)
-    monkeypatch.setattr(client, "post_json", lambda url, path, body, timeout: sent.append((url, path, body)))
+    monkeypatch.setattr(gpu_client, "post_json", lambda url, path, body, timeout: sent.append((url, path, body)))
     assert scale.flush_stage_timers({"lilicorr": "http://a", "dflash": "http://b"}) == []
     assert [(url, path) for url, path, _ in sent] == [("http://a", "/generate"), ("http://b", "/generate")]
     assert all(body["sampling_params"]["temperature"] == 0.0 for _, _, body in sent)

@@ -5,7 +5,8 @@ import itertools
 import pytest
 import torch
 
-from sglang_lilicorr.walk import greedy_margin, greedy_walk, path_score, viterbi
+from benchmarks.micro.head_bench import greedy_margin
+from sglang_lilicorr.walk import greedy_walk, path_score, viterbi
 
 from devices import DevicesMade
 

@@ -125,7 +125,7 @@ if has model || has draft; then  # the served drafts; `draft` alone rebuilds the
   else
     timeout 120 python3 -m benchmarks random-head "$W/draft" "$W/lilicorr_draft" 2>&1 | tail -n 2 | tee -a "$S"
   fi
-  python3 -c "from sglang_lilicorr.checkpoint import vanilla_copy as v; v('$W/lilicorr_draft', '$W/dflash_draft')" \
+  python3 -c "from benchmarks.served.random_head import vanilla_copy as v; v('$W/lilicorr_draft', '$W/dflash_draft')" \
     && say "the same drafter without its head -> $W/dflash_draft (served by the dflash step)"
   [ -f "$W/lilicorr_draft/model.safetensors" ] || fails+=(draft)
 fi

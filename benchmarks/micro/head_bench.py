@@ -54,6 +54,7 @@ import traceback
 import torch
 import torch.nn.functional as F
 
+from sglang_lilicorr.fast_path.pipeline import walk
 from sglang_lilicorr.fast_path.plan import PYTORCH, Device, HeadGeometry, plans_for
 
 from . import head_bench_floors as floors
@@ -386,11 +387,26 @@ def time_topk(b: Batch) -> None:
             b.time(f"topk_splits_{sp}", lambda sp=sp: topk_lse_triton(b.logits, K, splits=sp), key)
 
 
+def greedy_margin(start: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
+    """[b] fp32: the smallest best-minus-second-best score gap along the greedy path of (start, pair). Two score sets
+    that differ by less than half of it everywhere walk the same path."""
+    rows = torch.arange(start.shape[0], device=start.device)
+    if start.shape[-1] < 2:
+        return torch.full((start.shape[0],), float("inf"), device=start.device)
+    top2 = start.float().topk(2, dim=-1).values
+    gap = top2[:, 0] - top2[:, 1]
+    cur = start.argmax(-1)
+    for s in range(pair.shape[1]):
+        row = pair[rows, s, cur].float()
+        top2 = row.topk(2, dim=-1).values
+        gap = torch.minimum(gap, top2[:, 0] - top2[:, 1])
+        cur = row.argmax(-1)
+    return gap
+
+
 def time_ours(b: Batch) -> None:
     """Each variant: head + walk from the candidates, logits -> ids, the whole select; its kernels; its outputs
     against the reference."""
-    from sglang_lilicorr.walk import greedy_margin
-
     errors, checks, geo = b.bench.res["errors"], b.bench.res["checks"], b.bench.geo
     for vname, fast in b.bench.variants.items():
         b.time(f"head_walk_{vname}", lambda: b.bench.head_walks[vname].propose(b.logits, b.hidden, b.anchor))
@@ -408,6 +424,37 @@ def time_ours(b: Batch) -> None:
             attempt(errors, f"bs{b.bs}_check_{vname}", lambda: check(checks, f"bs{b.bs}_{vname}", *args))
 
 
+def fused_stages(fast, vals, ids, lse, pass_hidden, anchor_hidden) -> dict:
+    """The fused head step of `fast` (a FastLiLiCorrSelect; no side stream) cut into stages, name -> zero-argument call
+    on the previous stage's outputs, for per-stage timing; `lattice` updates x in place."""
+    b = fast._check(pass_hidden, anchor_hidden)[0]
+    plan = fast.plan(b)
+    if not plan.fused:
+        raise ValueError("fused_stages: the plan at this batch size runs the torch route; give a fused plan.")
+
+    def lattice(x, xn):
+        if plan.route == "folded":
+            return fast._layers_folded(x, xn, b, t, plan)
+        return fast._layers_fused(x, xn, b, t, plan), None
+
+    with torch.no_grad():
+        pass_proj, (t, anchor) = fast._pass_projection(pass_hidden), fast._anchor_projection(anchor_hidden, plan)
+        lp, x, xn = fast._nodes_fused(vals, ids, lse, pass_proj, plan)
+        cat, sumsq = lattice(x.clone(), xn)
+
+    def factors():  # with the commit, as served
+        start, pair, draft = fast._factors_fused(cat, sumsq, anchor, ids, plan)
+        return start, pair, walk(start, pair, ids, plan) if draft is None else draft
+
+    stages = {
+        "projections": lambda: (fast._pass_projection(pass_hidden), fast._anchor_projection(anchor_hidden, plan)),
+        "nodes": lambda: fast._nodes_fused(vals, ids, lse, pass_proj, plan),
+        "lattice": lambda: lattice(x, xn),
+        "factors": factors,
+    }
+    return {name: torch.no_grad()(fn) for name, fn in stages.items()}
+
+
 def time_stages(b: Batch) -> None:
     """The fused variant's stages, each captured and replayed alone; their launch counts at the first bs."""
     from sglang_lilicorr.kernels import topk_lse
@@ -421,7 +468,7 @@ def time_stages(b: Batch) -> None:
         "topk_lse": lambda: topk_lse(b.logits, geo.K),
     }
     more = attempt(
-        b.bench.res["errors"], f"bs{b.bs}_stages", lambda: fast.fused_stages(*b.candidates, b.hidden, b.anchor)
+        b.bench.res["errors"], f"bs{b.bs}_stages", lambda: fused_stages(fast, *b.candidates, b.hidden, b.anchor)
     )
     for name, fn in {**stages, **(more or {})}.items():
         b.time(f"stage_{name}", fn)

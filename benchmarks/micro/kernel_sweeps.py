@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from sglang_lilicorr.kernels.gemm_epilogue import linear_silu_reference, linear_silu_triton, select_config
+from sglang_lilicorr.kernels.gemm_epilogue import gemm_epilogue_reference, linear_silu_triton, select_config
 from sglang_lilicorr.kernels.head_scores import CosineLaunch, lattice_cosine_triton
 from sglang_lilicorr.kernels.lattice_attention import lattice_attention_reference, lattice_attention_triton
 from sglang_lilicorr.kernels.topk_lse_fused import TopKLaunch, even_splits, split_plan, topk_lse_triton
@@ -144,7 +144,7 @@ def bench_linear_silu(
     rows = []
     for m in m_list:
         x = torch.randn(m, K, device="cuda", dtype=dtype, generator=gen)
-        torch_ms = graph_ms(lambda: linear_silu_reference(x, weight, bias), rep_ms)[0]
+        torch_ms = graph_ms(lambda: gemm_epilogue_reference(x, weight, bias, silu=True), rep_ms)[0]
         chosen = select_config(m, dtype)
         for name in (
             [c for c in GEMM_CONFIGS if c != "fp32" and (m > 128 or not GEMM_CONFIGS[c].tma)] if sweep else [chosen]

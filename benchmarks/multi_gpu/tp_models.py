@@ -88,7 +88,8 @@ def write_target(out: Path, a: argparse.Namespace):
 
 
 def write_drafts(out: Path, model, tokenizer, seed: int) -> None:
-    from sglang_lilicorr.checkpoint import head_tensors_for_save, save_checkpoint, vanilla_copy
+    from benchmarks.served.random_head import vanilla_copy
+    from sglang_lilicorr.checkpoint import head_tensors_for_save, save_checkpoint
     from sglang_lilicorr.drafter import DFlashDrafter
     from sglang_lilicorr.head import LiLiCorrHead
     from sglang_lilicorr.train.config import TrainConfig

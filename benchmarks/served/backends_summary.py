@@ -45,7 +45,7 @@ import sys
 from pathlib import Path
 
 from sglang_lilicorr.errors import UsageError
-from sglang_lilicorr.jsonl import save_json
+from benchmarks import save_json
 
 SYSTEMS = ("base", "dflash", "builtin", "lilicorr")
 LABELS = ("no spec.", "DFLASH", "built-in", "LILICORR")

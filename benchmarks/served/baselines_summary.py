@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from sglang_lilicorr.errors import UsageError
-from sglang_lilicorr.jsonl import save_json
+from benchmarks import save_json
 
 COST_SYSTEMS = ("dflash", "lilicorr", "domino", "dspark", "builtin")
 EQUAL_SYSTEMS = ("dflash", "lilicorr", "domino", "dspark")

@@ -61,6 +61,20 @@ CODE = [
 SPEC_KEYS = ("spec_verify_ct", "spec_accept_length", "spec_num_proposed_drafts")
 
 
+def post_json(url: str, path: str, body: dict, timeout: float = 300.0) -> dict:
+    """One blocking POST of a JSON body (the tools that drive a server outside the async runner); the answer as
+    JSON, or {"text": ...} where the server answered plain text."""
+    req = urllib.request.Request(
+        url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        text = r.read().decode() or "{}"
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return {"text": text}
+
+
 def prompts(n: int) -> list[str]:
     pool = CODE + [t.format(topic) for t in TEMPLATES for topic in TOPICS]
     return [pool[i % len(pool)] + ("" if i < len(pool) else f" (variant {i // len(pool)})") for i in range(n)]

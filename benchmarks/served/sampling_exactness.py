@@ -1,5 +1,5 @@
 """The exactness check at T > 0, against a server: seeded sampled requests, then the check of
-sglang_lilicorr.reference.sampled_check over them.
+benchmarks/served/sampled_check.py over them.
 
 collect   every prompt is sent `--requests` times at `--temperature` with sampling_seed 0, 1, ... (POST /generate,
           token ids in and out, ignore_eos, `--max-new-tokens`), each answer appended to a JSONL file as {system,
@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from sglang_lilicorr.bench.client import post_json
+from benchmarks.served.gpu_client import post_json
 from sglang_lilicorr.bench.metrics import tau
 from sglang_lilicorr.bench.runner import read_results
 
@@ -177,7 +177,7 @@ def cmd_check(p: argparse.ArgumentParser, args) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from sglang_lilicorr.reference.sampled_check import position_pvalues, read_records
+    from benchmarks.served.sampled_check import position_pvalues, read_records
 
     if min(args.positions) < 1:
         p.error(f"--positions count from 1, got {args.positions}")

@@ -7,7 +7,7 @@ A block's cost does not depend on the weights, so random ones serve. The target 
 requests as token ids, `bench run --api ids`). The drafts are written here by our own writers: a random
 DFlash drafter (DrafterConfig / DFlashDrafter / save_checkpoint, the target's layer shape, block 16,
 target_layer_ids = SGLang's build_target_layer_ids(36, 5)) and the same drafter with a random
-paper-config head (checkpoint.add_random_head), and the same drafter with a random Domino or DSpark head
+paper-config head (served/random_head.add_random_head), and the same drafter with a random Domino or DSpark head
 (scale_drafts: the heads' configuration and serving settings). Its depth: DRAFT_LAYERS, see benchmarks/README.md.
 
 Random weights accept nothing, so the speculative servers run with SGLang's own benchmark knob
@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from sglang_lilicorr.bench import prompt_file
-from sglang_lilicorr.jsonl import save_json
+from benchmarks import save_json
 
 from .. import lab_env
 from . import paired, scale_drafts, stages
@@ -195,7 +195,8 @@ def build(
     rebuilt when WORK/build.json says it is there."""
     import torch
 
-    from sglang_lilicorr.checkpoint import add_random_head, save_checkpoint
+    from benchmarks.served.random_head import add_random_head
+    from sglang_lilicorr.checkpoint import save_checkpoint
     from sglang_lilicorr.drafter import DFlashDrafter, drafter_tensors
 
     work = Path(work)
@@ -439,7 +440,7 @@ def flush_stage_timers(urls: Mapping[str, str]) -> list[str]:
     """After the rounds: one prefill-only request per server, past the stage timer's idle time, so each writes the
     decode steps since its last dump (the servers are then killed, which skips their exit dump). The failures."""
     from benchmarks.instrumentation.stage_timer import IDLE_DUMP_S
-    from sglang_lilicorr.bench.client import post_json
+    from benchmarks.served.gpu_client import post_json
 
     time.sleep(IDLE_DUMP_S + 0.5)
     failed = []

@@ -40,7 +40,7 @@ from typing import Optional, Sequence
 from sglang_lilicorr.bench import metrics, runner
 from sglang_lilicorr.bench.plots import pyplot, save
 from sglang_lilicorr.errors import UsageError
-from sglang_lilicorr.jsonl import save_json
+from benchmarks import save_json
 
 from . import baselines_summary, stages
 from .scale import BLOCK_SIZE, CONCURRENCY, SYSTEMS

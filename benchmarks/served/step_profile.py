@@ -31,7 +31,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Mapping, Optional
 
-from sglang_lilicorr.bench.client import post_json
+from benchmarks.served.gpu_client import post_json
 from sglang_lilicorr.bench.metrics import busy_seconds
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")

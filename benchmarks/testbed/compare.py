@@ -63,7 +63,7 @@ def run(args, base_server_args: str) -> int:
     from benchmarks.served import paired
 
     from sglang_lilicorr.bench import prompt_file
-    from sglang_lilicorr.jsonl import save_json
+    from benchmarks import save_json
     from sglang_lilicorr.train.engine import SGLangServers, ServerSpec
 
     parts = "_".join(p for p in PARTS if p in args.parts)

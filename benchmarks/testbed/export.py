@@ -8,7 +8,7 @@ import shutil
 import tarfile
 from pathlib import Path
 
-from sglang_lilicorr.jsonl import save_json
+from benchmarks import save_json
 
 from .common import Step, metrics_rows, to_out
 from .variants import VARIANTS

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sglang_lilicorr.jsonl import save_json
+from benchmarks import save_json
 
 from . import eval_sets, long_inputs
 from .common import Step, to_out

@@ -7,7 +7,7 @@ import json
 import shlex
 from pathlib import Path
 
-from sglang_lilicorr.jsonl import save_json
+from benchmarks import save_json
 
 from . import eval_sets, long_inputs
 from .common import Step, device_name, enough_time, set_flags, speculation_args, to_out
@@ -19,7 +19,7 @@ def cmd_long_serve(args) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from sglang_lilicorr.bench.client import post_json
+    from benchmarks.served.gpu_client import post_json
     from sglang_lilicorr.reference.check import check_greedy
     from sglang_lilicorr.train.engine import SGLangServers, ServerSpec
 

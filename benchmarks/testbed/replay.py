@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sglang_lilicorr.jsonl import save_json
+from benchmarks import save_json
 
 from .common import Step, device_name, gpus, lilicorr, run_folder, start, tail, to_out
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from benchmarks.served import serve_speed
 from sglang_lilicorr.bench.plots import pyplot, save
-from sglang_lilicorr.jsonl import save_json
+from benchmarks import save_json
 
 from .common import Step
 from .variants import VARIANT_LABELS, VARIANTS

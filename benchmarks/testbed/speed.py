@@ -240,7 +240,7 @@ def profile_systems(urls: dict, root: Path, steps: int, prompt: str) -> list[str
     """One c = 1 torch-profiler window of `steps` forward passes per server -> root/summary.json, root/profile.md
     (LILICORR first, so the report's Python-frame differences read LILICORR - built-in); the failures."""
     from benchmarks.served import step_profile
-    from sglang_lilicorr.jsonl import save_json
+    from benchmarks import save_json
 
     summaries, failed = {}, []
     for system in [s for s in ("lilicorr", "builtin", "dflash", "base") if s in urls]:
@@ -285,7 +285,7 @@ def open_set(args, name: str, work: Path, systems: list[str], concurrency: list[
     from . import eval_sets
 
     from sglang_lilicorr.bench import prompt_file
-    from sglang_lilicorr.jsonl import save_json
+    from benchmarks import save_json
 
     rows = (speed_prompts if name == "writing" else eval_prompts)(eval_sets.read(Path(args.eval_prompts)))
     work.mkdir(parents=True, exist_ok=True)
@@ -394,7 +394,7 @@ def finish_set(args, play: SetPlay, systems, specs, logs_dir: Path, cold: dict, 
 
     from benchmarks.served import greedy_ulps, paired, serve_speed
 
-    from sglang_lilicorr.jsonl import save_json
+    from benchmarks import save_json
 
     work, folder = play.work, play.work.name
     rounds = [str(p) for p in paired.merge_rounds(work, systems, play.every_c, args.rounds)]

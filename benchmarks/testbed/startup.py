@@ -87,7 +87,7 @@ def table(summary: dict) -> str:
 def run(args, base_server_args: str) -> int:
     from .common import to_out, variant_env
 
-    from sglang_lilicorr.jsonl import save_json
+    from benchmarks import save_json
     from sglang_lilicorr.train.engine import ServerSpec
 
     work = Path(args.work) / "startup"

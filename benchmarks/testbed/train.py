@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from sglang_lilicorr.jsonl import save_json
+from benchmarks import save_json
 
 from .common import (
     Step,

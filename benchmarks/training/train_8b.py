@@ -42,7 +42,7 @@ from typing import Callable
 
 import torch
 
-from sglang_lilicorr.jsonl import save_json
+from benchmarks import save_json
 
 from . import roofline
 from .zlab_draft import QWEN3_8B_DRAFT, write_zlab_draft, zlab_config

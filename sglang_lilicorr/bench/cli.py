@@ -92,9 +92,8 @@ def cmd_run(args) -> int:
         "ignore_eos": args.ignore_eos,
         "chat_template_kwargs": args.chat_template_kwargs,
     }
-    runner.check_results_file(
-        args.results
-    )  # before any server is asked or a byte written: it is a results file, or new
+    # before any server is asked or a byte written: it is a results file, or new
+    runner.check_results_file(args.results)
     try:
         loaded = [datasets.load_prompts(d, limit=args.limit, categories=args.category) for d in args.dataset]
     except LiLiCorrError:  # bad content of a prompt file: exit 1

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Dict, List, NamedTuple, Optional
 
@@ -57,20 +56,6 @@ class TurnResult:
     start: float  # wall clock (time.time()) when the request was sent
     end: float  # start + measured latency
     extras: Dict[str, List[int]] = field(default_factory=dict)  # Reply.extras
-
-
-def post_json(url: str, path: str, body: dict, timeout: float = 300.0) -> dict:
-    """One blocking POST of a JSON body (the tools that drive a server outside the async runner); the answer as
-    JSON, or {"text": ...} where the server answered plain text."""
-    req = urllib.request.Request(
-        url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        text = r.read().decode() or "{}"
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return {"text": text}
 
 
 def chat_body(messages: List[dict], sampling: Sampling, model: str, record_ids: bool = False) -> dict:

@@ -126,8 +126,7 @@ def _mean_std(values: Sequence[Optional[float]]) -> Tuple[Optional[float], Optio
 
 
 def aggregate(records: Iterable[dict]) -> List[dict]:
-    """Cells of a results file, seeds averaged (histograms summed): each record in group "all" and its category's (if
-    several)."""
+    """Cells of a results file, seeds averaged (histograms summed): each record in group "all" and its category's."""
     records = list(records)
     categories: Dict[str, set] = {}
     for r in records:

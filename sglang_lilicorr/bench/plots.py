@@ -151,8 +151,7 @@ def _share_panels(plt, cells: Sequence[dict], dataset: str, temperature: float, 
 def plot_acceptance(
     cells: Sequence[dict], dataset: str, temperature: float, baseline: Optional[str], out_dir: Path
 ) -> Path:
-    """Per speculative system, the share of verify steps that accepted at least i drafts against i, a line per
-    concurrency."""
+    """Per speculative system, the share of verify steps accepting at least i drafts against i, a line per c."""
     plt = pyplot()
     fig, panels = _share_panels(plt, cells, dataset, temperature, "acceptance", baseline)
     for ax, system, mine in panels:
@@ -169,8 +168,7 @@ def plot_acceptance(
 
 
 def plot_tiers(cells: Sequence[dict], dataset: str, temperature: float, baseline: Optional[str], out_dir: Path) -> Path:
-    """Per system that reported its verify widths, each width's share of the verify steps as stacked bars, a bar per
-    concurrency."""
+    """Per system that reported its verify widths, each width's share of the verify steps, stacked, a bar per c."""
     plt = pyplot()
     fig, panels = _share_panels(plt, cells, dataset, temperature, "tiers", baseline)
     widths = sorted({int(w) for _, _, mine in panels for c in mine for w in c["tiers"]})

@@ -88,9 +88,8 @@ def _is(value, kind: type) -> bool:
 
 
 def check_record(record, where: str) -> dict:
-    """A results line as `run` writes it: the run's config, prompt_id, category and non-empty turns
-    with token counts and times (and, where present, TURN_LISTS as lists of integers >= 0); raises ResultsError naming
-    the first bad field."""
+    """A results line as `run` writes it: the run's config, prompt_id, category and non-empty turns with token
+    counts and times (and, where present, TURN_LISTS as lists of integers >= 0); else ResultsError naming the field."""
     if not isinstance(record, dict):
         raise ResultsError(
             f"a results line must be a JSON object, got {type(record).__name__}",

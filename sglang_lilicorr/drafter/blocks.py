@@ -20,10 +20,6 @@ class BlockLayout:
     target_valid: torch.Tensor  # [b, N, S] bool
     attend: torch.Tensor  # [b, N * B, T + N * B] bool
 
-    @property
-    def num_blocks(self) -> int:
-        return self.anchors.shape[1]
-
 
 def eligible_anchors(loss_mask: torch.Tensor) -> torch.Tensor:
     """[b, T] bool supervised (response) tokens -> [b, T] bool: a >= 1, x_a and x_{a+1} supervised."""

@@ -1,7 +1,6 @@
-"""The trainable DFlash drafter, the module SGLang 0.5.23 serves as `DFlashDraftModel` (no embedding or LM head of its
-own: the target's). context = hidden_norm(fc(target hidden states at `target_layer_ids`)); block = embedding of
-[anchor, mask, ...]; hidden = norm(layers(block | context)); slot s >= 1 predicts the token at anchor + s.
-State-dict names are the checkpoint's."""
+"""The trainable DFlash drafter, the module SGLang 0.5.23 serves as `DFlashDraftModel` (the target's embedding and LM
+head, none of its own; state-dict names are the checkpoint's). context = hidden_norm(fc(target hidden states at
+`target_layer_ids`)); block = embedding of [anchor, mask, ...]; hidden = norm(layers(block | context))."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The drafter's rotary position embedding as SGLang 0.5.23 applies it to a DFlash draft (neox form, absolute
-positions, fp32): `default` (frequency i: theta^(-2i/D)) or `yarn` (Peng et al., 2023, with SGLang's defaults beta_fast
-32, beta_slow 1: fast frequencies kept, slow ones divided by `factor`, a linear ramp between; cos and sin scaled by
-0.1 ln(factor) + 1)."""
+positions, fp32): `default` (frequency i: theta^(-2i/D)) or `yarn` (SGLang's defaults beta_fast 32, beta_slow 1: fast
+frequencies kept, slow ones divided by `factor`, a linear ramp between; cos and sin scaled by 0.1 ln(factor) + 1)."""
 
 from __future__ import annotations
 
@@ -45,9 +44,8 @@ def apply_rope(
     x: torch.Tensor, positions: torch.Tensor, theta: float, scaling: RopeScaling = RopeScaling()
 ) -> torch.Tensor:
     """x [b, L, heads, D], positions [b, L] int -> same shape and dtype."""
-    angle = positions.to(torch.float32)[..., None] * inverse_frequencies(
-        x.shape[-1], theta, scaling, x.device
-    )  # [b, L, D/2]
+    # [b, L, D/2]
+    angle = positions.to(torch.float32)[..., None] * inverse_frequencies(x.shape[-1], theta, scaling, x.device)
     cos, sin = angle.cos(), angle.sin()
     if scaling.is_yarn:
         scale = yarn_attention_scale(scaling.factor)

@@ -2,8 +2,7 @@
 `FastLiLiCorrSelect` wraps a `LiLiCorrHead` (its own modules) with the constants the fused routes fold from it
 (constants.py); a call runs the plan of its batch size (plan.py). The fused routes run Triton kernels around the GEMMs
 (kernels/head_*.py, lattice_attention.py; the cosine kernel also runs the greedy walk, another rule walks after it,
-kernels/walk.py); the folded route runs every GEMM in Triton (kernels/gemm_epilogue.py). Static shapes, no host
-syncs: `propose` can be captured in a CUDA graph."""
+kernels/walk.py); the folded route runs every GEMM in Triton (kernels/gemm_epilogue.py). No host sync: graph-safe."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ from ..kernels.gemm_epilogue import gemm_epilogue_triton, linear_silu_triton
 from ..kernels.lattice_attention import lattice_attention_triton
 from .constants import SelectConstants
 from .counters import KernelCounters
-from .pipeline import Proposal, head_forward, propose, walk
+from .pipeline import Proposal, head_forward, propose
 from .plan import Device, HeadGeometry, SelectPlan, SelectPlans, plans_for
 from .side_stream import SideStream
 
@@ -157,9 +156,8 @@ class FastLiLiCorrSelect(SelectConstants):
         if join_pass is not None:
             join_pass()
         cat = torch.empty((rows, 2 * h), dtype=self.dtype, device=self.device) if folds else None
-        folded = (
-            dict(out=cat[:, :h], sumsq_out=head_norm.sumsq_parts(rows, h, self.device)) if folds else {}
-        )  # the norm left to QKV
+        # the norm left to QKV
+        folded = dict(out=cat[:, :h], sumsq_out=head_norm.sumsq_parts(rows, h, self.device)) if folds else {}
         x, xn = head_nodes.lattice_nodes_triton(
             ids,
             self.token_table,
@@ -269,33 +267,3 @@ class FastLiLiCorrSelect(SelectConstants):
         return head_scores.lattice_cosine_walk_triton(
             edges, anchor[:, :d], self.sigma, self.vector_eps, ids, counters, pdl=pdl
         )
-
-    def fused_stages(self, vals, ids, lse, pass_hidden, anchor_hidden) -> dict:
-        """The fused head step (no side stream) cut into stages, name -> zero-argument call on the previous stage's
-        outputs, for per-stage timing (benchmarks/micro/head_bench.py); `lattice` updates x in place."""
-        b = self._check(pass_hidden, anchor_hidden)[0]
-        plan = self.plan(b)
-        if not plan.fused:
-            raise ValueError("fused_stages: the plan at this batch size runs the torch route; give a fused plan.")
-
-        def lattice(x, xn):
-            if plan.route == "folded":
-                return self._layers_folded(x, xn, b, t, plan)
-            return self._layers_fused(x, xn, b, t, plan), None
-
-        with torch.no_grad():
-            pass_proj, (t, anchor) = self._pass_projection(pass_hidden), self._anchor_projection(anchor_hidden, plan)
-            lp, x, xn = self._nodes_fused(vals, ids, lse, pass_proj, plan)
-            cat, sumsq = lattice(x.clone(), xn)
-
-        def factors():  # with the commit, as served
-            start, pair, draft = self._factors_fused(cat, sumsq, anchor, ids, plan)
-            return start, pair, walk(start, pair, ids, plan) if draft is None else draft
-
-        stages = {
-            "projections": lambda: (self._pass_projection(pass_hidden), self._anchor_projection(anchor_hidden, plan)),
-            "nodes": lambda: self._nodes_fused(vals, ids, lse, pass_proj, plan),
-            "lattice": lambda: lattice(x, xn),
-            "factors": factors,
-        }
-        return {name: torch.no_grad()(fn) for name, fn in stages.items()}

@@ -304,11 +304,6 @@ def gemm_epilogue_reference(
     return y, (y.float() * cross.float().repeat_interleave(y.shape[0] // cross.shape[0], dim=0)).to(y.dtype)
 
 
-def linear_silu_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """PyTorch definition (SiluMLP's up_proj then SiLU) -> [M, N]."""
-    return gemm_epilogue_reference(x, weight, bias, silu=True)
-
-
 def _check(
     name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, group_bias, rows_per_group
 ) -> None:
@@ -389,9 +384,8 @@ def _check_epilogue(name: str, x, weight, norm, norm_width, residual, out, sumsq
             raise ValueError(f"{name}: cross t {tuple(t.shape)} must be [b, {n}], b dividing the {m} rows")
         _check_tensor(name, "cross t", t.contiguous(), tuple(t.shape), x.dtype, x.device)
         _check_tensor(name, "cross output", xt, (m, n), x.dtype, x.device)
-        row_stride = (
-            out.stride(0) if out is not None else residual.stride(0) if residual is not None else n
-        )  # (a new out)
+        # the output's row stride (n: a new out)
+        row_stride = out.stride(0) if out is not None else residual.stride(0) if residual is not None else n
         if xt.stride(0) != row_stride:
             raise ValueError(
                 f"{name}: the cross output must share the output's row stride (e.g. two halves of one buffer)"

@@ -1,7 +1,6 @@
 """Lattice self-attention of the LiLiCorr head at serving time, in Triton, in place of LatticeAttention's SDPA:
 qkv [b*L, 3H] (the packed QKV GEMM output, q | k | v head-major), bias [heads, L, L] (unit column stride) -> out
-[b*L, H] = softmax(scale * q k^T + bias) v in the layout out_proj reads. L <= 256; exact fp32 softmax over one key
-tile (kernels/README.md). One launch, no host syncs."""
+[b*L, H] = softmax(scale * q k^T + bias) v as out_proj reads it. L <= 256; exact fp32 softmax over one key tile."""
 
 from __future__ import annotations
 

@@ -393,9 +393,7 @@ def _split_stage(name, logits, k, splits, launch, pdl):
     rows = 0 if final else n * splits
     # two merge widths per vocabulary (N <= TOPK_FEW_ROWS and above), not one per N: no compile per batch size
     width = triton.next_power_of_2(max(splits, triton.cdiv(triton.cdiv(vocab, block), min_tiles(n, launch))))
-    narrow = (
-        launch.narrow_keys and logits.dtype == torch.bfloat16 and width * kp <= NARROW_SPAN
-    )  # the merge's positions
+    narrow = launch.narrow_keys and logits.dtype == torch.bfloat16 and width * kp <= NARROW_SPAN  # merge positions
     parts = TopKParts(
         torch.empty((rows, kp), dtype=torch.int64, device=dev),
         torch.empty((rows,), dtype=torch.float32, device=dev),

@@ -36,9 +36,8 @@ class GemmLaunch(NamedTuple):
 
 GEMM_CONFIGS = {
     "skinny": GemmLaunch(64, 32, 128, 8, 4, 4),  # 128 programs at M = 120, N = 2048 (one wave on 132 SMs)
-    "skinny_wide_k": GemmLaunch(
-        64, 16, 256, 8, 3, 4
-    ),  # skinny's rows at K >= GEMM_WIDE_K: twice the programs, half the K steps
+    # skinny's rows at K >= GEMM_WIDE_K: twice the programs, half the K steps
+    "skinny_wide_k": GemmLaunch(64, 16, 256, 8, 3, 4),
     "small": GemmLaunch(64, 128, 64, 8, 4, 4),
     "medium": GemmLaunch(128, 128, 64, 8, 4, 8),
     "large": GemmLaunch(128, 256, 64, 8, 3, 8),
@@ -81,15 +80,13 @@ class TopKLaunch(NamedTuple):
     num_warps: int = 1  # one warp: every reduction is in-warp (shuffles, no barriers)
     programs_per_sm: int = 16  # the split grid aims at one wave of these per SM
     maxnreg: int | None = 128  # per thread (no spills on sm_90): 16 one-warp programs fit an SM's registers
-    group: int = (
-        64  # logits per sub-tile, 128 bytes of bf16 (the chunk's end re-ranks the K best sub-tiles' K * group logits)
-    )
+    # logits per sub-tile, 128 bytes of bf16 (the chunk's end re-ranks the K best sub-tiles' K * group logits)
+    group: int = 64
     collect_tiles: int = 8  # tiles at a chunk's start whose sub-tile maxima are ranked at once (a power of two)
     few_rows_tiles: int = 4  # the shortest run of tiles per split at N <= TOPK_FEW_ROWS (H100, 844aa57: 38 splits of
     # 4 tiles at the paper vocabulary, 17.6-17.9 us against 18.9-19.0 for 19)
-    narrow_keys: bool = (
-        True  # bf16 logits: rank on int32 keys (H100, a195fbb: -1.5 us paper bs 1, -3.7 to -4.7 at bs >= 4)
-    )
+    # bf16 logits: rank on int32 keys (H100, a195fbb: -1.5 us paper bs 1, -3.7 to -4.7 at bs >= 4)
+    narrow_keys: bool = True
 
 
 TOPK_MIN_TILES_PER_SPLIT = 8  # small N: fewer, longer splits keep the merge's input small (H200 sweep, e18033d) ...

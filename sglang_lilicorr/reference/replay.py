@@ -65,9 +65,8 @@ class Replayer:
             return {
                 label: TurnReplay(length, {name: [] for name in p.draft_names}) for label, p in self.proposers.items()
             }
-        ids = torch.tensor(
-            [list(prompt_ids) + list(output_ids[:-1])], device=dev
-        )  # the last output token is no one's context
+        # the last output token is no one's context
+        ids = torch.tensor([list(prompt_ids) + list(output_ids[:-1])], device=dev)
         features, _ = self.target.run(ids, torch.ones_like(ids))  # [1, n + L - 1, F]
         output = torch.tensor(list(output_ids), device=dev)
         anchors = n + torch.arange(length - 1, device=dev)

@@ -26,23 +26,9 @@ class CachedTarget:
         """ids [1, n] at positions length..length+n-1 -> (features [1, n, k*Hm], final hidden [1, n, Hm])."""
         if self.cache is None:
             raise RuntimeError("CachedTarget.extend before reset(): start a request with reset().")
-        captured: dict[int, torch.Tensor] = {}
-
-        def grab(index):
-            def hook(_module, _args, output):
-                captured[index] = output[0] if isinstance(output, (tuple, list)) else output
-
-            return hook
-
-        layers = self.target.layers
-        handles = [layers[i].register_forward_hook(grab(i)) for i in set(self.target.target_layer_ids)]
-        try:
-            out = self.target.model.get_decoder()(input_ids=ids, past_key_values=self.cache, use_cache=True)
-        finally:
-            for h in handles:
-                h.remove()
+        features, out = self.target.decode(input_ids=ids, past_key_values=self.cache, use_cache=True)
         self.cache = out.past_key_values
-        return torch.cat([captured[i] for i in self.target.target_layer_ids], dim=-1), out.last_hidden_state
+        return features, out.last_hidden_state
 
     def rollback(self, length: int) -> None:
         """Keep the first `length` cached positions."""

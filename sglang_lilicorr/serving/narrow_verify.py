@@ -3,43 +3,28 @@ SGLang's DFlash pieces: the block's slots and KV window as SGLang opens them, th
 proposal captured in it) where width > 1, the target's verify of the width's tokens through that width's tier
 (verify_tiers.py), SGLang's acceptance rules (greedy; T > 0: its exact rejection sampling), and the draft-KV append
 of what was committed. Width 1 runs no draft pass: the anchor alone is verified, a plain decode step whose target
-state is still appended, so the next step may draft again.
-
-The block (B) is SGLang's own step (`DFlashWorkerV2.forward_batch_generation`); `serves` says which batches a narrow
-step takes: the ones without grammar, sampling-mask capture or a hybrid (Mamba) target, which keep the block.
-"""
+state is still appended, so the next step may draft again. The whole block is SGLang's own step
+(`DFlashWorkerV2.forward_batch_generation`); `serves` says which batches a narrow step takes: those without grammar,
+sampling-mask capture or a hybrid (Mamba) target."""
 
 from __future__ import annotations
 
 import torch
-from sglang.kernels.ops.speculative.dflash import (
-    _prepare_dflash_draft_block_unchecked,
-    compute_dflash_correct_drafts_and_bonus,
-)
+from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_unchecked
+from sglang.kernels.ops.speculative.dflash import compute_dflash_correct_drafts_and_bonus
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.utils import GenerationBatchResult
-from sglang.srt.model_executor.forward_batch_info import (
-    CaptureHiddenMode,
-    ForwardBatch,
-    ForwardMode,
-    enable_num_token_non_padded,
-)
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+from sglang.srt.model_executor.forward_batch_info import enable_num_token_non_padded
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
-from sglang.srt.speculative.dflash_utils import (
-    apply_dflash_simulated_acceptance,
-    apply_dflash_verify_logits_adjustments,
-    compute_dflash_sampling_correct_drafts_and_bonus,
-    is_dflash_sampling_verify_available,
-)
+from sglang.srt.speculative.dflash_utils import apply_dflash_simulated_acceptance, is_dflash_sampling_verify_available
+from sglang.srt.speculative.dflash_utils import apply_dflash_verify_logits_adjustments
+from sglang.srt.speculative.dflash_utils import compute_dflash_sampling_correct_drafts_and_bonus
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
-from sglang.srt.speculative.spec_utils import (
-    SIMULATE_ACC_LEN,
-    SIMULATE_ACC_METHOD,
-    SIMULATE_ACC_TOKEN_MODE,
-    draft_tp_context,
-)
+from sglang.srt.speculative.spec_utils import SIMULATE_ACC_LEN, SIMULATE_ACC_METHOD, SIMULATE_ACC_TOKEN_MODE
+from sglang.srt.speculative.spec_utils import draft_tp_context
 
 from .verify_tiers import verifying
 

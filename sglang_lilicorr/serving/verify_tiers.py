@@ -1,11 +1,8 @@
 """The target's verify at widths below the block (verify_width.py): per width an attention backend and CUDA graphs,
 captured at start-up beside SGLang's own (the block's) and swapped in for the steps that verify that width; and what
-one decode step of each width costs on this card, from replaying the captured graphs (StepCosts.replay).
-
-SGLang builds the target's verify runtime for speculative_num_draft_tokens tokens a request; a tier is the same
-runtime built while that setting reads its width (SGLang's runtime-context override, as its own adaptive EAGLE
-does), of the runner class the target already uses.
-"""
+one decode step of each width costs on this card, from replaying the captured graphs (StepCosts.replay). A tier is
+the target's verify runtime, of the runner class it already uses, built while speculative_num_draft_tokens reads its
+width (SGLang's runtime-context override, as its own adaptive EAGLE does)."""
 
 from __future__ import annotations
 

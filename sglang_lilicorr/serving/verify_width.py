@@ -1,21 +1,17 @@
 """Adaptive verify width: how many tokens of each drafted block the target verifies, chosen per decode batch.
 
-A LiLiCorr block drafts S = B - 1 tokens after its anchor. Verifying only the first w tokens (the anchor and w - 1
-drafts) costs less and commits at most w. Width 1 is a plain decode step through the verify path: no draft pass,
-the drafter's context still appended, so a wider width resumes at once. For a batch of b requests the worker
-verifies the width with the most expected committed tokens per second,
-
-    rate(w, b) = E[L_w] / cost(w, b),    E[L_w] = 1 + sum_{i=1}^{w-1} a_1 * ... * a_i,
-
-a_i the running acceptance of draft i given drafts 1..i-1 were accepted (`AcceptanceRecord`), cost the seconds of
-one decode step (`StepCosts`). The widest serves until the record holds `warmup` verifies of the first draft; then a
-choice is made every `interval` steps, with a `margin` of hysteresis, on the rates at the record's upper confidence
-bound (`optimism` standard errors: drafts seen less often get the benefit of the doubt until seen), and while narrower
-than the widest one interval in `probe_every` probes a wider width (`_probe_width`), so the record stays current.
+Verifying only the first w of a block's B tokens (the anchor and w - 1 drafts) costs less and commits at most w;
+width 1 is a plain decode step through the verify path (no draft pass; the drafter's context is still appended, so a
+wider width resumes at once). For a batch of b requests the worker verifies the width of the most expected committed
+tokens per second, rate(w, b) = E[L_w] / cost(w, b), E[L_w] = 1 + sum_{i=1}^{w-1} a_1 * ... * a_i, a_i the running
+acceptance of draft i given drafts 1..i-1 were accepted (`AcceptanceRecord`), cost the seconds of one decode step
+(`StepCosts`). The widest serves until the record holds `warmup` verifies of the first draft; then a choice is made
+every `interval` steps, with a `margin` of hysteresis, on the rates at the record's upper confidence bound
+(`optimism` standard errors), and while narrower than the widest one interval in `probe_every` probes a wider width
+(`_probe_width`), so the record stays current.
 
 LILICORR_VERIFY_WIDTH: `adaptive` (default: the tiers WIDTHS up to the block), one width (pinned: `16` serves every
-block whole, as fixed-width LILICORR), or a comma list of tiers to adapt among.
-"""
+block whole, as fixed-width LILICORR), or a comma list of tiers to adapt among."""
 
 from __future__ import annotations
 
@@ -165,7 +161,6 @@ class WidthPolicy:
         self.narrow_decisions = 0  # decisions in a row that kept a width below the widest
         # (width, batch) of the steps whose accept counts are not back yet (a bound, should reports stop coming)
         self.pending: deque[tuple[int, int]] = deque(maxlen=256)
-        self.uses: dict[int, int] = dict.fromkeys(self.widths, 0)  # decode steps per width
 
     def rate(self, width: int, batch: int, optimism: float = 0.0) -> float:
         """Expected committed tokens per second of one request's share of a step."""
@@ -212,7 +207,6 @@ class WidthPolicy:
         return self.widths[-1]
 
     def _use(self, width: int, batch: int) -> int:
-        self.uses[width] += 1
         self.pending.append((width, batch))
         return width
 
@@ -226,8 +220,3 @@ class WidthPolicy:
                 self.record.add(width, accepted_drafts)
                 return width
         return None
-
-    def shares(self) -> dict[int, float]:
-        """Each width's share of the decode steps so far."""
-        total = sum(self.uses.values())
-        return {w: (n / total if total else 0.0) for w, n in self.uses.items()}

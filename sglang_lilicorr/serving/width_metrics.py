@@ -1,15 +1,9 @@
-"""What LILICORR tells about its verify widths while serving.
-
-Every step's result carries its width as SGLang's `cap_lens` (the tokens verified per request), so each request's
-`meta_info` (and the OpenAI API's `sglext.spec_tokens_details`, asked with `return_spec_tokens_details`) holds
-`spec_cap_lens_histogram` (verify steps by width) and `spec_cap_length` (their mean width) beside SGLang's
-`spec_correct_drafts_histogram` (verify steps by accepted drafts). Where SGLang's metrics are on
-(`--enable-metrics`) the scheduler also exports:
-
-  lilicorr:verify_steps_total{width}          decode steps verified at each width
-  lilicorr:committed_tokens_total{width}      tokens those steps committed (the bonus token included)
-  lilicorr:draft_acceptance{position}         the width policy's running acceptance of draft position i given 1..i-1
-"""
+"""What LILICORR tells about its verify widths while serving. Each step's result carries its width as SGLang's
+`cap_lens`, so a request's `meta_info` (OpenAI API: `sglext.spec_tokens_details`, asked with
+`return_spec_tokens_details`) holds `spec_cap_lens_histogram` (verify steps by width) and `spec_cap_length` (their
+mean width). With SGLang's `--enable-metrics` the scheduler also exports lilicorr:verify_steps_total{width},
+lilicorr:committed_tokens_total{width} (the bonus token included) and lilicorr:draft_acceptance{position} (the width
+policy's running acceptance of draft position i given 1..i-1)."""
 
 from __future__ import annotations
 

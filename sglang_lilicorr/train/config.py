@@ -42,9 +42,7 @@ class TrainConfig:
     draft_intermediate_size: int = 0  # 0 = the target's
     rope_scaling: str = "default"  # the drafter's rope: default, or yarn (long inputs)
     rope_factor: float = 1.0  # yarn: how far the rope is stretched (> 1)
-    rope_original_max_position: int = (
-        0  # yarn: the length it is stretched from (0 = the target's max_position_embeddings)
-    )
+    rope_original_max_position: int = 0  # yarn: the length it is stretched from (0 = the target's max positions)
     # the head trained beside the drafter (train/heads.py): lilicorr, domino, dspark or none (gamma = 0: none too)
     head: str = "lilicorr"
     train: str = "joint"  # what the run updates: joint (drafter and head, the paper) or head (a frozen drafter)

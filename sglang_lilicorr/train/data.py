@@ -1,9 +1,8 @@
 """Training conversations: jsonl rows {"messages": [{"role", "content"}, ...]} -> token ids and a loss mask over the
 assistant turns, rendered with the target's chat template. Turn i is supervised on the tokens that rendering
 messages[:i+1] adds to messages[:i] with the generation prompt (its end-of-turn token, not the assistant header); a
-last turn the target did not end (regenerate rows whose last finish_reason is "length" or "loop") only up to its
-content, since the end-of-turn after it is the template's. A template that rewrites earlier turns is refused with the
-row named."""
+last turn the target did not end (finish_reason "length" or "loop") only up to its content, since the end-of-turn
+after it is the template's. A template that rewrites earlier turns is refused, naming the row."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Generation backends for `lilicorr regenerate`, token ids in and out: `SGLangServers` (one per GPU, launched here
 or reached by URL, /generate with input ids; the data path) and `TransformersGenerator` (a batched Hugging Face loop:
 CPU and tests). Both answer one request at a time, asynchronously (`session()` yields `complete(prompt ids, sampling,
-seed)` -> generated ids, end-of-turn token included, and "stop" or "length"); requests at T > 0 carry their own seed,
-so a resumed run asks for the same samples."""
+seed)` -> generated ids with the end-of-turn token, and "stop" or "length"); a request at T > 0 carries its seed."""
 
 from __future__ import annotations
 

@@ -1,24 +1,14 @@
-"""`lilicorr export`: a training checkpoint -> an SGLang draft directory (config.json +
-model.safetensors), reloaded strictly by `drafter.load_draft`.
+"""`lilicorr export`: a training checkpoint -> an SGLang draft folder (config.json + model.safetensors), reloaded
+strictly by `drafter.load_draft`. Without a head the draft is a vanilla `DFlashDraftModel` (served as DFLASH); a
+LiLiCorr head makes it a `LiLiCorrDraftModel` with the head under `lilicorr.`; a Domino or DSpark head is written as
+stock SGLang serves it (train/heads.py).
 
-Without a head the draft is a vanilla `DFlashDraftModel` (serve with --speculative-algorithm
-DFLASH); with a LiLiCorr head it declares `LiLiCorrDraftModel` and carries the head under `lilicorr.`; a Domino
-or DSpark head is written as stock SGLang serves it (train/heads.py).
-
-Export writes only what it may replace (`check_destination`, the rule of ownership.py): a missing or
-empty folder, or an earlier export (config.json + model.safetensors of a draft, nothing else). A folder holding
-anything else only with force=True, and then export replaces only the draft's two files and keeps the rest as it
-is: it still refuses a folder whose config.json or model.safetensors are not a draft's (a model folder).
-Never a training run, a data set or a report of ours, a checkpoint, nor a folder inside one, nor the source or a
-folder that contains it, whatever `force` says; nor the current folder or one that holds it (the shell standing in
-it would be left in the old folder), nor a mount point.
-
-The draft is written into a new folder beside its folder, which takes the folder's place in one rename (exchanged
-with it; ownership.atomic_directory): a reader, and a kill at any point, finds the old draft or the new one, whole.
-Whatever else the folder holds (--force) is in the new one as it was, the same files hard-linked, never copied
-(ownership.link_tree; what cannot be linked is refused, nothing changed). One export writes a folder at a time
-(ownership.sole_writer). The source's checksums are checked first.
-"""
+Where export may write (`check_destination`, ownership.py's rule): a new or empty folder or an earlier export; with
+--force a folder of other files, which are kept as they are (never a model's config.json or weights). Never a run, data
+set or report of ours, a checkpoint or a folder inside one, the source or a folder holding it, the current folder or
+one holding it, nor a mount point. The draft is built beside the folder, which it replaces in one rename (the other
+files hard-linked: ownership.atomic_directory, link_tree): a reader, or a kill, finds the old draft or the new one,
+whole. One export writes a folder at a time (ownership.sole_writer); the source's checksums are checked first."""
 
 from __future__ import annotations
 
@@ -27,14 +17,7 @@ import shlex
 from pathlib import Path
 
 from ..baselines import DSparkConfig
-from ..checkpoint import (
-    CONFIG_FILE,
-    DTYPES,
-    WEIGHTS_FILE,
-    architecture_of,
-    save_checkpoint,
-    with_head,
-)
+from ..checkpoint import CONFIG_FILE, DTYPES, WEIGHTS_FILE, architecture_of, save_checkpoint, with_head
 from ..config import LiLiCorrConfig
 from ..ownership import NotOursError, held, marked_kind, remove_temporaries, sole_writer, space_for
 from ..drafter import DFlashDrafter, DrafterConfig
@@ -194,8 +177,7 @@ def export_checkpoint(
 
 
 def draft_of(source: str | Path, dtype: str, legacy: bool) -> tuple[dict, dict]:
-    """A training checkpoint's draft -> (config.json, tensors in `dtype`), every tensor checked as a resume checks
-    it (state.load_trainable)."""
+    """A training checkpoint's draft -> (config.json, tensors in `dtype`), each checked as a resume checks it."""
     _, drafter_cfg, head_cfg, tensors = read_training_checkpoint(source, legacy)
     drafter, head = DFlashDrafter(drafter_cfg), build_head(head_cfg, drafter_cfg)
     load_trainable(tensors, drafter, head, str(source))

@@ -1,7 +1,6 @@
 """The heads `lilicorr train --head` trains beside the DFlash drafter, and how each is built, saved and served:
 lilicorr (LiLiCorrDraftModel), domino and dspark (baselines/, served by DFLASH and DSPARK), none (a plain DFlash draft).
-A training checkpoint keeps every head's tensors under `lilicorr.` and its geometry as `head_keys`; an export writes
-each head as its SGLang module reads it."""
+A training checkpoint keeps every head's tensors under `lilicorr.` and its geometry as `head_keys`."""
 
 from __future__ import annotations
 
@@ -77,8 +76,7 @@ def corrector_draft_config(
 
 
 def read_corrector_draft(directory: str | Path) -> tuple[DrafterConfig, DominoConfig | DSparkConfig, dict, dict] | None:
-    """An exported Domino or DSpark draft -> (drafter config, head config, drafter tensors, head tensors), or None
-    for any other folder."""
+    """An exported Domino or DSpark draft -> (drafter config, head config, drafter tensors, head tensors); else None."""
     found = corrector_draft_config(directory)
     if found is None:
         return None

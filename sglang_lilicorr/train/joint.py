@@ -29,9 +29,8 @@ class JointOutput:
     terms: ObjectiveTerms
     draft_hits: torch.Tensor  # [S] drafter argmax == ground truth, per slot (valid slots)
     valid_counts: torch.Tensor  # [S] valid slots
-    reranker_hits: (
-        torch.Tensor | None
-    )  # [S] head's argmax == ground truth (LiLiCorr: on the oracle prefix; teacher-forced)
+    # [S] head's argmax == ground truth (LiLiCorr: on the oracle prefix; teacher-forced)
+    reranker_hits: torch.Tensor | None
     prefix_counts: torch.Tensor | None  # [S] the slots reranker_hits counts over
     coverage: dict[str, torch.Tensor]  # oracle-prefix coverage (empty without a LiLiCorr head)
     accept_draft: torch.Tensor  # [R] acceptance length of the drafter's argmax, greedy target

@@ -1,12 +1,9 @@
 """Loops in a generated reply: a cycle of tokens the target repeats until its length cap (SmolLM2-135M does this in
-about half of its 512-token replies at T = 0).
-
-A loop is a suffix of the reply that is periodic with a period p <= `max_period` tokens and covers at least
-`min_repeats` whole copies of the cycle and `min_span` tokens. `find_loop` returns where the repetition begins:
-`ids[:start]` holds everything before the loop and one copy of its cycle, and is still exactly what the target
-wrote. The data recipe cuts looping replies there (regenerate.py) and asks for replies in pieces of `check_every`
-tokens, so a looping reply stops within a piece of its loop instead of running to the cap.
-"""
+about half of its 512-token replies at T = 0). A loop is a periodic suffix of period p <= `max_period` covering at
+least `min_repeats` whole copies of the cycle and `min_span` tokens. `find_loop` returns where the repetition begins:
+`ids[:start]` holds everything before the loop and one copy of its cycle, exactly what the target wrote. The data
+recipe (regenerate.py) cuts looping replies there and asks for replies in pieces of `check_every` tokens, so a
+looping reply stops within a piece of its loop instead of running to the cap."""
 
 from __future__ import annotations
 

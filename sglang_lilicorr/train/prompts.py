@@ -1,8 +1,7 @@
 """Where training prompts come from, and what keeps them apart from the evaluation sets: `magpie` (the target writes
-its own user turns from its chat template, some steered by our system prompts) and `package` (prompts from the code
-that ships with Python and the serving stack, PACKAGE_SOURCES: functions, module and class docstrings; packages that
-hold evaluation sets, EVAL_PACKAGES, are never read). Prompts equal to an evaluation prompt or sharing an 8-word
-shingle with one are dropped (`EvalGuard`)."""
+its own user turns from its chat template, some steered by our system prompts) and `package` (functions and docstrings
+of the code that ships with Python and the serving stack, PACKAGE_SOURCES; never EVAL_PACKAGES, which hold evaluation
+sets). Prompts equal to an evaluation prompt or sharing an 8-word shingle with one are dropped (`EvalGuard`)."""
 
 from __future__ import annotations
 

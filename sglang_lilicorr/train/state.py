@@ -1,11 +1,10 @@
 """Training checkpoints (resumable), their strict reload, and the run's other files: OUTPUT/.lilicorr.json (the run's
 marker), checkpoints/step-XXXXXXXX/ (train_state.json: step, data position, configs, `run` settings, optimizer
 checksum; trainable.safetensors: fp32 drafter and head under `lilicorr.`, checksummed; optimizer.pt), `latest`,
-snapshots/step-XXXXXXXX.safetensors (bf16, each eval step) and metrics.jsonl.
-Everything is written under a temporary name and renamed when complete, `latest` last. Resume removes a kill's
-temporaries (`remove_orphans`), falls back from a checkpoint that does not load to the newest that does
-(`resume_point`), and drops metrics rows past it. Checkpoints without checksums load only with `legacy`; tensors
-must be fp32, finite, and of their names and shapes (`load_trainable`)."""
+snapshots/step-XXXXXXXX.safetensors (bf16, each eval step) and metrics.jsonl. All is written under a temporary name
+and renamed when complete, `latest` last. Resume removes a kill's temporaries (`remove_orphans`), falls back from a
+checkpoint that does not load to the newest that does (`resume_point`) and drops metrics rows past it. Checkpoints
+without checksums load only with `legacy`; tensors are checked: fp32, finite, names, shapes (`load_trainable`)."""
 
 from __future__ import annotations
 
@@ -69,9 +68,8 @@ def save_training_checkpoint(
             "run": None if run is None else dict(run),
             "sha256": {OPTIMIZER_FILE: hashlib.sha256(buffer.getvalue()).hexdigest()},
         }
-        (tmp / STATE_FILE).write_text(
-            json.dumps(state, indent=2) + "\n"
-        )  # last: its presence marks a complete checkpoint
+        # last: its presence marks a complete checkpoint
+        (tmp / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
     point_latest(output_dir, final)
     return final
 

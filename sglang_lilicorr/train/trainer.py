@@ -35,16 +35,9 @@ from .data import DataError, Example, collate, epoch_batches, load_conversations
 from .heads import Head, HeadConfig, build_head
 from .joint import JointModel, metric_sums, pooled_metrics, ratios
 from .prompts import check_disjoint, eval_guard
-from .state import LATEST, STATE_FILE, TENSORS_FILE, IncompatibleCheckpointError, check_resume_compatible
+from .state import LATEST, STATE_FILE, TENSORS_FILE, IncompatibleCheckpointError, check_resume_compatible, trim_metrics
 from .state import draft_geometry, point_latest, set_aside_newer, load_draft_weights, load_trainable, prune_checkpoints
-from .state import (
-    remove_orphans,
-    resume_point,
-    save_snapshot,
-    save_training_checkpoint,
-    trainable_tensors,
-    trim_metrics,
-)
+from .state import remove_orphans, resume_point, save_snapshot, save_training_checkpoint, trainable_tensors
 from .timing import PhaseTimer
 
 
@@ -159,8 +152,7 @@ def check_mask_token(tokenizer, drafter: DrafterConfig, where: str) -> None:
 
 
 def build_optimizer(drafter: DFlashDrafter, head: Head | None, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW over what the run trains: the drafter (not with --train head: it is frozen and gets no state) and the
-    head, each its own group."""
+    """AdamW over what the run trains, a group each: the drafter (not with --train head: frozen, no state), the head."""
     groups = []
     if cfg.train == "joint":
         groups.append(
@@ -181,8 +173,7 @@ def build_optimizer(drafter: DFlashDrafter, head: Head | None, cfg: TrainConfig)
 def build_models(
     cfg: TrainConfig, drafter_cfg: DrafterConfig, head_cfg: HeadConfig | None, target: FrozenTarget, device
 ) -> tuple[DFlashDrafter, Head | None, JointModel, torch.optim.AdamW]:
-    """A fresh drafter (frozen with --train head) and head on `device`, their JointModel over the target, and the
-    optimizer of what trains."""
+    """A fresh drafter (frozen with --train head) and head on `device`, their JointModel, and the optimizer."""
     drafter = DFlashDrafter(drafter_cfg).to(device).requires_grad_(cfg.train == "joint")
     head = None if head_cfg is None else build_head(head_cfg, drafter_cfg).to(device)
     return drafter, head, JointModel(drafter, head, target), build_optimizer(drafter, head, cfg)

@@ -1,5 +1,4 @@
-"""Model classes SGLang's ModelRegistry loads for LILICORR (every module here lists its classes in
-`EntryClass`, the registry's convention)."""
+"""Model classes SGLang's ModelRegistry loads for LILICORR (each module lists its classes in `EntryClass`)."""
 
 from __future__ import annotations
 
