@@ -19,6 +19,7 @@ import os
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
+from statistics import median
 
 from .draft_check import ServingConfigError
 
@@ -27,7 +28,6 @@ ADAPTIVE = "adaptive"
 # Powers of two: E[L_w] saturates geometrically in w while a verify's cost grows about linearly once the target is
 # compute-bound, so each doubling is the next point worth a graph set; the block itself is always a tier.
 WIDTHS = (1, 2, 4, 8, 16)
-GAP = 10.0  # a period this many times a step's cost is an idle gap, not a step
 
 
 def parse_widths(value: str | None, block_size: int) -> tuple[int, ...]:
@@ -99,14 +99,17 @@ class AcceptanceRecord:
 
 @dataclass
 class StepCosts:
-    """Seconds of one decode step of width w at a graph batch size b: the period between decode steps of that width
-    observed while serving (an exponential average over `memory` steps), and before a width was observed at b, the
-    replay time of its captured graphs measured at start-up on this card. The replay leaves out the host's work, so an
-    unobserved width looks its cheapest: the policy tries it, and then knows its cost."""
+    """Seconds of one decode step of width w at a graph batch size b: the median of the last `memory` periods between
+    decode steps of that width observed while serving, once `least` were; before, the replay time of its captured
+    graphs measured at start-up on this card. The replay leaves out the host's work, so an unobserved width looks its
+    cheapest: the policy tries it, and then knows its cost. The median needs no threshold to drop a rare long period
+    (an idle server; a prefill between two steps resets the worker's clock instead), however large the host's share."""
 
     replay: dict[tuple[int, int], float]  # (width, graph batch size) -> seconds
-    memory: float = 32.0
-    period: dict[tuple[int, int], float] = field(default_factory=dict)  # (width, graph batch size) -> seconds
+    memory: int = 32
+    least: int = 3
+    periods: dict[tuple[int, int], deque] = field(default_factory=dict)  # (width, graph batch size) -> seconds
+    observed: dict[tuple[int, int], float] = field(default_factory=dict)  # their medians, once `least` were seen
 
     @property
     def batch_sizes(self) -> list[int]:
@@ -124,17 +127,17 @@ class StepCosts:
 
     def cost(self, width: int, batch: int) -> float:
         key = (width, self.bucket(batch))
-        return self.period.get(key, self.replay[key])
+        return self.observed.get(key, self.replay[key])
 
     def observe(self, width: int, batch: int, period: float) -> None:
         """A decode step of `width` on `batch` requests was followed by the next one `period` seconds later."""
         key = (width, self.bucket(batch))
         if key not in self.replay:
             return
-        if period > GAP * self.cost(width, batch):
-            return  # a gap (the server idled or prefilled in between), not a step
-        alpha = 1.0 / self.memory
-        self.period[key] = period if key not in self.period else (1 - alpha) * self.period[key] + alpha * period
+        seen = self.periods.setdefault(key, deque(maxlen=self.memory))
+        seen.append(period)
+        if len(seen) >= self.least:
+            self.observed[key] = median(seen)
 
 
 class WidthPolicy:
