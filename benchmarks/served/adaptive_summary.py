@@ -1,6 +1,6 @@
 """`python -m benchmarks adaptive-summary`: what the adaptive verify width does to served speed, from the speed step's
-summaries of both prompt sets (benchmarks/testbed/speed.py: WORK/speed/graphs64 for long-form writing, high tau;
-WORK/speed/graphs64_eval for the six evaluation sets, low tau).
+summaries of both prompt sets (benchmarks/testbed/speed.py: WORK/speed/graphs64 for long-form writing,
+WORK/speed/graphs64_eval for the six evaluation sets).
 
   python -m benchmarks adaptive-summary --writing DIR --eval DIR --card CARD --commit C [--out DIR]
 
@@ -8,7 +8,9 @@ Per set and concurrency c: tok/s per system, `adaptive_vs_base` (lilicorr, the a
 and `adaptive_vs_fixed` (lilicorr over lilicorr_fixed, every block verified whole) as [mean, lo, hi] (the paired 95 %
 intervals of the speed summary: ratios within rounds), each system's verify width shares, its worst greedy deviation
 in bf16 ulps where the rounds recorded token ids (speed --greedy-check; else null), tau and the rounds. `missed` lists
-the targets a cell misses (TARGETS). -> OUT/summary.json (with card and commit), OUT/summary.md, OUT/adaptive.png.
+the targets a cell misses (TARGETS; the c = 1 speed-up is asked of the set where LILICORR's tau at c = 1 was
+higher, `high_tau_set`: with the shipped SmolLM2 drafts the evaluation sets, 2.15 against 1.53 on an H200).
+-> OUT/summary.json (with card and commit), OUT/summary.md, OUT/adaptive.png.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ RATIOS = {"adaptive_vs_base": "lilicorr_vs_base", "adaptive_vs_fixed": "lilicorr
 TARGETS = {
     "vs_base": 0.98,  # adaptive_vs_base mean at every c and set
     "vs_base_lo": 0.95,  # its interval's lower bound
-    "vs_base_c1_writing": 1.10,  # at c = 1 on the high-tau set
+    "vs_base_c1_high_tau": 1.10,  # at c = 1 on the set of the higher tau
     "vs_fixed": 0.98,  # adaptive_vs_fixed mean at every c
     "vs_fixed_where_fixed_loses": 1.2,  # where fixed width is more than 10 % slower than no speculation
 }
@@ -46,16 +48,25 @@ def cell(entry: dict) -> dict:
     }
 
 
-def missed(name: str, c: str, x: dict) -> list[str]:
-    """The targets cell `x` (set `name`, concurrency c) misses, one line each."""
+def high_tau_set(sets: dict) -> str | None:
+    """Of two or more sets ({name: its cells by c}), the one where LILICORR's tau at c = 1 was highest (SETS' order
+    breaks a tie); None for one set or where c = 1 was not played."""
+    taus = {n: cells["1"]["tau"].get("lilicorr") for n, cells in sets.items() if "1" in cells}
+    if len(sets) < 2 or len(taus) < len(sets) or None in taus.values():
+        return None
+    return max((n for n in SETS if n in taus), key=lambda n: taus[n])
+
+
+def missed(name: str, c: str, x: dict, high_tau: bool = False) -> list[str]:
+    """The targets cell `x` (set `name`, concurrency c; `high_tau`: the set of the higher tau) misses, one line each."""
     out, base, fixed = [], x["adaptive_vs_base"], x["adaptive_vs_fixed"]
     if base is not None:
         if base[0] < TARGETS["vs_base"]:
             out.append(f"{name} c={c}: adaptive_vs_base {base[0]:.3f} < {TARGETS['vs_base']}")
         if base[1] < TARGETS["vs_base_lo"]:
             out.append(f"{name} c={c}: adaptive_vs_base lower bound {base[1]:.3f} < {TARGETS['vs_base_lo']}")
-        if name == "writing" and c == "1" and base[0] <= TARGETS["vs_base_c1_writing"]:
-            out.append(f"{name} c={c}: adaptive_vs_base {base[0]:.3f} <= {TARGETS['vs_base_c1_writing']}")
+        if high_tau and c == "1" and base[0] <= TARGETS["vs_base_c1_high_tau"]:
+            out.append(f"{name} c={c}: adaptive_vs_base {base[0]:.3f} <= {TARGETS['vs_base_c1_high_tau']}")
     if fixed is not None:
         if fixed[0] < TARGETS["vs_fixed"]:
             out.append(f"{name} c={c}: adaptive_vs_fixed {fixed[0]:.3f} < {TARGETS['vs_fixed']}")
@@ -72,8 +83,8 @@ def missed(name: str, c: str, x: dict) -> list[str]:
 
 
 def summarize(docs: dict, card: str, commit: str) -> dict:
-    """{set: speed_summary.json document} -> the results file: per set its setting and cells by c, `missed`, card and
-    commit."""
+    """{set: speed_summary.json document} -> the results file: per set its setting and cells by c, `high_tau_set`,
+    `missed`, card and commit."""
     out: dict = {}
     for name, doc in docs.items():
         cells = {c: cell(e) for c, e in sorted(doc["summary"].items(), key=lambda kv: int(kv[0]))}
@@ -83,7 +94,10 @@ def summarize(docs: dict, card: str, commit: str) -> dict:
             "backends": doc.get("backends"),
             "cells": cells,
         }
-    out["missed"] = [line for name in docs for c, x in out[name]["cells"].items() for line in missed(name, c, x)]
+    out["high_tau_set"] = high = high_tau_set({name: out[name]["cells"] for name in docs})
+    out["missed"] = [
+        line for name in docs for c, x in out[name]["cells"].items() for line in missed(name, c, x, name == high)
+    ]
     return {**out, "card": card, "commit": commit}
 
 

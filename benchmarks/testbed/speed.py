@@ -22,8 +22,9 @@ one played (idle_cpu_s in speed_summary.json: the evidence that they do not dist
 profiler or recorder runs in the throughput rounds. For each concurrency c and round r every system plays the same
 prompts (greedy, --max-tokens new tokens, ignore_eos off), the order rotating every round; round r of every c goes to
 WORK/speed/SETTING/round<r>.jsonl. --prompt-set writing (default) plays long-form writing prompts (speed_prompts:
-high tau), `eval` the project's six evaluation sets interleaved (eval_prompts: low tau), `writing eval` both, one
-after the other with the servers up once (a set the deadline leaves no room for waits for the next call); an eval
+LILICORR's tau 1.5 with the shipped drafts), `eval` the project's six evaluation sets interleaved (eval_prompts: tau
+2.2), `writing eval` both, one after the other with the servers up once (a set the deadline leaves no room for waits
+for the next call); an eval
 setting's rounds live in WORK/speed/SETTING_eval (setting_folder), never paired or summarized with the writing rounds
 (each set its own summary, table, report and bundle; the call's server logs, tau check and profile go with the first
 set's). A run at c plays prompts_for(c) prompts and at least c (run_prompts: the set cycled where it has fewer, so
@@ -547,7 +548,7 @@ def arguments(parser) -> None:
         nargs="+",
         choices=PROMPT_SETS,
         default=["writing"],
-        help="long-form writing prompts (high tau), the six evaluation sets interleaved (low tau; the rounds in "
+        help="long-form writing prompts, the six evaluation sets interleaved (the rounds in "
         "WORK/speed/SETTING_eval), or both: played in the order given with the servers up once",
     )
     parser.add_argument(
