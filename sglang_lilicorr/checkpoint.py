@@ -1,7 +1,6 @@
-"""Draft checkpoints in SGLang 0.5.23's DFlash / LiLiCorr format, saved and loaded strictly: a folder with config.json
-(`architectures` DFlashDraftModel or LiLiCorrDraftModel, `torch_dtype`, `dflash_config` with the `lilicorr_*` keys) and
-model.safetensors (drafter tensors, the head under `lilicorr.`, a checksum in its metadata, which config.json names as
-`lilicorr_weights_sha256` so the two files of one export are read together). Checks raise CheckpointError."""
+"""Draft checkpoints in SGLang 0.5.23's DFlash / LiLiCorr format, saved and loaded strictly: config.json
+(`architectures`, `torch_dtype`, `dflash_config` with the `lilicorr_*` keys, `lilicorr_weights_sha256`) and
+model.safetensors (the head under `lilicorr.`, its checksum in the metadata). Checks raise CheckpointError."""
 
 from __future__ import annotations
 
@@ -190,8 +189,8 @@ def stored_digest(path: str | os.PathLike) -> str | None:
 
 
 def read_tensors(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """A draft's model.safetensors, checked against its checksum and against the one its config.json names (the two
-    files of two exports are refused; weights that another tool rewrote carry no checksum and are not compared)."""
+    """A draft's model.safetensors, checked against its checksum and the one config.json names (a config and weights of
+    two exports are refused)."""
     path = Path(directory) / WEIGHTS_FILE
     if not path.is_file():
         raise CheckpointError(
@@ -265,8 +264,8 @@ def new_head(config: Mapping[str, Any]) -> LiLiCorrHead:
 
 
 def expected_tensors(module: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """What `check_tensors` expects of a checkpoint of `module`: its tensors' names and shapes, its floating tensors
-    of `dtype` (default: their own), as storage-free meta tensors."""
+    """What `check_tensors` expects of a checkpoint of `module`: meta tensors of its names and shapes, floating ones of
+    `dtype` (default: their own)."""
     return {
         k: torch.empty(v.shape, dtype=dtype if dtype is not None and v.is_floating_point() else v.dtype, device="meta")
         for k, v in module.state_dict().items()
@@ -296,8 +295,8 @@ def save_checkpoint(
     tensors: Mapping[str, torch.Tensor],
     keep_others: bool = False,
 ) -> Path:
-    """Write config.json + model.safetensors as one unit, a new folder that takes `directory`'s place; with
-    `keep_others`, whatever else an existing `directory` holds is kept (ownership.atomic_directory)."""
+    """Write config.json + model.safetensors as one new folder that takes `directory`'s place; with `keep_others`, the
+    other files of `directory` are kept."""
     for name, t in tensors.items():
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise CheckpointError(f"refusing to save tensor {name!r}: it holds NaN or Inf values.")
@@ -309,8 +308,8 @@ def save_checkpoint(
 def write_checkpoint_files(
     directory: str | os.PathLike, config: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]
 ) -> None:
-    """config.json + model.safetensors into an existing folder, each file atomically (weights first, the config naming
-    their checksum: a reader refuses a config and weights of two exports), nothing else touched."""
+    """config.json + model.safetensors into an existing folder, each atomically, weights first (the config names their
+    checksum)."""
     digest = stored_digest(save_tensors(Path(directory) / WEIGHTS_FILE, tensors))
     with atomic_file(Path(directory) / CONFIG_FILE) as tmp:
         tmp.write_text(json.dumps({**config, PAIR_KEY: digest}, indent=2, sort_keys=True) + "\n")

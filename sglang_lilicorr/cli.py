@@ -23,8 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`lilicorr ARGV...` -> its exit code (argparse's refusals and --help included). As the program (no `argv`), an
-    interrupt after the command has ended is ignored (it would only print a traceback from the exit hooks)."""
+    """`lilicorr ARGV...` -> its exit code; as the program (no `argv`), an interrupt after the command is ignored."""
     try:
         try:
             args = build_parser().parse_args(argv)

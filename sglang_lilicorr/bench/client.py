@@ -1,9 +1,7 @@
-"""One conversation turn against an SGLang server -> TurnResult, through one of three APIs (SGLang 0.5.23), each giving
-the counters tau needs (completion tokens, verify blocks): `chat` (/v1/chat/completions with return_spec_tokens_details;
-stats in `sglext.spec_tokens_details`), `generate` (/generate with raw text, for base models; `meta_info`) and `ids`
-(/generate with the prompt's UTF-8 bytes as input_ids, for --skip-tokenizer-init servers; single-turn only). A reply may
-also carry what its turn records (`Reply.extras`): SGLang's histograms of the verify steps by accepted drafts and by
-verified width (SPEC_LISTS), and with `record_ids` (chat only) the prompt's and reply's token ids."""
+"""One conversation turn against an SGLang server -> TurnResult, through `chat` (/v1/chat/completions), `generate`
+(/generate with text, for base models) or `ids` (/generate with UTF-8 bytes as input_ids, --skip-tokenizer-init,
+single-turn only); each gives completion tokens and verify blocks, and `Reply.extras` SGLang's histograms (SPEC_LISTS)
+and, with `record_ids` (chat only), the prompt's and reply's token ids."""
 
 from __future__ import annotations
 

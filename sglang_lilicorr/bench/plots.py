@@ -1,6 +1,5 @@
-"""Figures (matplotlib, Agg backend): TPS and speedup vs concurrency per system; tau per category;
-each run's TPS and ms per block where runs were repeated; acceptance per position and verify width use per system
-and concurrency where the servers reported their histograms."""
+"""Figures (matplotlib, Agg): TPS and speedup vs concurrency, tau per category, repeated runs, acceptance per position
+and verify width use."""
 
 from __future__ import annotations
 

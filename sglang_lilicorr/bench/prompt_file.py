@@ -1,7 +1,5 @@
-"""Prompt files: your own prompts as jsonl, one conversation a line, e.g. {"id": "gsm8k/82", "set": "gsm8k", "text":
-"..."} or {"id": "chat/1", "category": "chat", "messages": [{"role": "user", "content": "..."}, ...]}: a unique `id`,
-user turns from `text` or `messages` (user messages only), the group from `set` or `category` (else the file's stem).
-Results name the dataset after the file's stem (e.g. benchmarks/testbed/eval_prompts.jsonl)."""
+"""Prompt files: jsonl, one conversation a line with a unique `id`, user turns from `text` or `messages`, the group from
+`set` or `category` (else the file's stem, which also names the dataset)."""
 
 from __future__ import annotations
 

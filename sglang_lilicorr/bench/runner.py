@@ -1,8 +1,6 @@
-"""Concurrent, resumable benchmark runs. A run = (system, dataset, concurrency c, temperature, seed, max_tokens): c
-workers play its prompts (multi-turn ones in one worker), each category a phase of its own. Each finished prompt is one
-line appended to the results file (`check_results_file`); a rerun skips what it holds and retries failures. `bench run`
-is the file's one writer (ownership.sole_writer); a measurement recorded twice is refused (`read_results`). Warm-up:
-max(warmup, c) unrecorded first turns in waves of c, so every batch size c..1 is compiled before timing."""
+"""Concurrent, resumable benchmark runs of (system, dataset, concurrency c, temperature, seed, max_tokens): c workers
+play the prompts, a phase per category, each finished prompt one line appended to the results file; a rerun skips what
+it holds and retries failures. Warm-up: max(warmup, c) unrecorded first turns in waves of c."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""SPEED-Bench loader (`nvidia/SPEED-Bench`, downloaded by the user): splits `qualitative` (880 prompts, 11
-categories) and `throughput_{1k,...,32k}` (1,536 prompts; `category` the entropy tier). Accepted: the hub's parquet
-(pyarrow) or jsonl with `turns`, or the publisher's prepared jsonl (`messages`). Records the hub leaves as PLACEHOLDER
-(licence) are refused; REBUILD_HINT says how to rebuild them."""
+"""SPEED-Bench loader (`nvidia/SPEED-Bench`, downloaded by the user): `qualitative` and `throughput_{1k,...,32k}`, from
+the hub's parquet or jsonl (`turns`) or prepared jsonl (`messages`). PLACEHOLDER records are refused (REBUILD_HINT)."""
 
 from __future__ import annotations
 

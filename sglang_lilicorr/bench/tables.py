@@ -1,8 +1,5 @@
-"""Markdown tables in the paper's layouts, from cells (metrics.aggregate + add_speedup): main_table (benchmarks x
-temperature: tau / TPS / speedup), category_table (categories x temperature), concurrency_table (c x group),
-block_table (ms per block of the speculative systems, optionally / a reference's), acceptance_table and tier_table
-(per benchmark, T, system and c: the share of verify steps that accepted at least i drafts; each verify width's share).
-The baseline shows TPS / 1.00x; each row's best is bold."""
+"""Markdown tables in the paper's layouts, from cells (metrics.aggregate + add_speedup): main, category, concurrency,
+block (ms per block), acceptance and tier tables. The baseline shows TPS / 1.00x; each row's best is bold."""
 
 from __future__ import annotations
 

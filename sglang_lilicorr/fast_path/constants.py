@@ -1,7 +1,6 @@
-"""What the serving select precomputes from a trained head (FastLiLiCorrSelect's constants): the token table [V, H],
-node_const [S, K, H] (slot + rank embeddings + biases), the feature LayerNorm folded into w_feat, the lattice attention
-bias, w_factor over concat[h, h*t], one anchor GEMM (w_anchor) and one edge GEMM (w_edge); with fold_norms (the folded
-route) each lattice pre-norm's gain folded into the GEMM that reads it (w_*_folded)."""
+"""What the serving select precomputes from a trained head: the token table [V, H], node_const [S, K, H], the feature
+LayerNorm folded into w_feat, the attention bias, the anchor and edge GEMMs' weights; with fold_norms each lattice
+pre-norm's gain folded into the GEMM that reads it (w_*_folded)."""
 
 from __future__ import annotations
 

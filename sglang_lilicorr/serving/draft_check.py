@@ -1,6 +1,5 @@
-"""What a LiLiCorr draft must be for a LILICORR server to serve it on a given target, checked from config.json and
-the safetensors header (no weights read), every problem collected. The server's validation raises the first
-(`inspect_draft`); `lilicorr check-draft` prints them all. Imports no sglang."""
+"""What a LiLiCorr draft must be for a LILICORR server to serve it on a target, from config.json and the safetensors
+header, every problem collected: the server raises the first (`inspect_draft`), `lilicorr check-draft` prints all."""
 
 from __future__ import annotations
 
@@ -99,8 +98,8 @@ def inspect_draft(
 def examine_draft(
     path: str | Path, target: TargetShape | None = None, option: str = "--speculative-draft-model-path"
 ) -> DraftReport:
-    """Every problem of the draft folder `path` (named `option` in messages) for LILICORR: its files, head geometry,
-    dtype and head tensors, and against `target` when given its width, vocabulary and layers."""
+    """Every problem of the draft folder `path` (named `option` in messages): files, head geometry, dtype and head
+    tensors, and against `target` its width, vocabulary and layers."""
     report = DraftReport()
     folder = Path(path)
     if not folder.is_dir():

@@ -1,11 +1,7 @@
-"""LiLiCorrWorker: SGLang's DFlash v2 speculative worker whose draft block is proposed by LiLiCorrProposer (top-K/LSE
--> head -> walk) instead of the drafter's per-slot argmax; prefill, draft KV, draft graphs, verification (greedy, or
-exact rejection sampling where verification.py finds it), acceptance and commit are DFlashWorkerV2's. Under --tp-size
-N each rank proposes from its LM-head shard, merged over the TP group (vocab_parallel.py). Overrides (no SGLang
-source touched): the draft sampler and the eager proposal (the proposer), the draft-KV append (also publishes each
-request's anchor; append_graphs.py), the memory pool (kv_rows.py check), the attention backends
-(verify_attention.py, target_warmup.py), the CUDA graphs (proposer.warm, verify_tiers.py), and the decode step and
-its host report (the verify width: verify_width.py, narrow_verify.py; LILICORR_VERIFY_WIDTH)."""
+"""LiLiCorrWorker: SGLang's DFlash v2 speculative worker whose draft block LiLiCorrProposer proposes instead of the
+drafter's per-slot argmax; the rest is DFlashWorkerV2's. Overrides (no SGLang source touched): the draft sampler, the
+draft-KV append (append_graphs.py), the memory pool, the attention backends, the CUDA graphs, and the decode step
+(verify_width.py, narrow_verify.py)."""
 
 from __future__ import annotations
 

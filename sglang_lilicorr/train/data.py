@@ -1,8 +1,7 @@
-"""Training conversations: jsonl rows {"messages": [{"role", "content"}, ...]} -> token ids and a loss mask over the
-assistant turns, rendered with the target's chat template. Turn i is supervised on the tokens that rendering
-messages[:i+1] adds to messages[:i] with the generation prompt (its end-of-turn token, not the assistant header); a
-last turn the target did not end (finish_reason "length" or "loop") only up to its content, since the end-of-turn
-after it is the template's. A template that rewrites earlier turns is refused, naming the row."""
+"""Training conversations: jsonl rows {"messages": [...]} -> token ids and a loss mask over the assistant turns, with
+the target's chat template. Turn i is supervised on the tokens rendering messages[:i+1] adds to messages[:i] (with the
+generation prompt); a last turn the target did not end ("length", "loop") only up to its content. A template that
+rewrites earlier turns is refused."""
 
 from __future__ import annotations
 
@@ -61,8 +60,7 @@ def open_end(row: Mapping[str, Any]) -> bool:
 
 
 def content_end(tokenizer, messages, chat_kwargs: Mapping[str, Any], ids: list[int]) -> list[int] | None:
-    """The ids of `messages` up to the last one's content if they begin `ids` (their whole rendering), else None (a
-    template that cannot render that: the end-of-turn is then supervised, as for an ended turn)."""
+    """The ids of `messages` up to the last one's content if they begin `ids`, else None."""
     try:
         upto = render(tokenizer, messages, False, chat_kwargs, open_end=True)
     except ValueError:  # transformers: the final message does not appear verbatim in the rendering
@@ -73,8 +71,7 @@ def content_end(tokenizer, messages, chat_kwargs: Mapping[str, Any], ids: list[i
 def tokenize_conversation(
     tokenizer, messages: Sequence[Mapping[str, str]], chat_kwargs: Mapping[str, Any], where: str, cut: bool = False
 ) -> tuple[list[int], list[bool]]:
-    """-> (token ids, loss mask) of a whole conversation; assistant turns supervised (with `cut`, the last one up to
-    its content's end: module docstring)."""
+    """-> (token ids, loss mask) of a conversation; with `cut`, the last turn up to its content's end."""
     ids = render(tokenizer, messages, False, chat_kwargs)
     mask = [False] * len(ids)
     for i, m in enumerate(messages):

@@ -1,6 +1,5 @@
-"""The heads `lilicorr train --head` trains beside the DFlash drafter, and how each is built, saved and served:
-lilicorr (LiLiCorrDraftModel), domino and dspark (baselines/, served by DFLASH and DSPARK), none (a plain DFlash draft).
-A training checkpoint keeps every head's tensors under `lilicorr.` and its geometry as `head_keys`."""
+"""The heads `lilicorr train --head` trains: lilicorr, domino and dspark (baselines/), or none. A training checkpoint
+keeps a head's tensors under `lilicorr.` and its geometry as `head_keys`."""
 
 from __future__ import annotations
 
@@ -54,8 +53,7 @@ def serving_tensors(head: Head) -> dict[str, torch.Tensor]:
 def corrector_draft_config(
     directory: str | Path,
 ) -> tuple[DrafterConfig, DominoConfig | DSparkConfig, torch.dtype] | None:
-    """An exported Domino or DSpark draft's config.json -> (drafter config, head config, dtype), or None for any other
-    folder (drafter.load_draft reads the others and names what is wrong with them)."""
+    """An exported Domino or DSpark draft's config.json -> (drafter config, head config, dtype), else None."""
     try:
         raw = loads((Path(directory) / CONFIG_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -1,10 +1,7 @@
-"""Training checkpoints (resumable), their strict reload, and the run's other files: OUTPUT/.lilicorr.json (the run's
-marker), checkpoints/step-XXXXXXXX/ (train_state.json: step, data position, configs, `run` settings, optimizer
-checksum; trainable.safetensors: fp32 drafter and head under `lilicorr.`, checksummed; optimizer.pt), `latest`,
-snapshots/step-XXXXXXXX.safetensors (bf16, each eval step) and metrics.jsonl. All is written under a temporary name
-and renamed when complete, `latest` last. Resume removes a kill's temporaries (`remove_orphans`), falls back from a
-checkpoint that does not load to the newest that does (`resume_point`) and drops metrics rows past it. Checkpoints
-without checksums load only with `legacy`; tensors are checked: fp32, finite, names, shapes (`load_trainable`)."""
+"""Training checkpoints and the run's files: checkpoints/step-XXXXXXXX/ (train_state.json, trainable.safetensors with
+fp32 tensors, optimizer.pt; checksummed), `latest`, snapshots/ (bf16) and metrics.jsonl, each written under a temporary
+name and renamed whole, `latest` last. Resume removes a kill's temporaries, falls back to the newest checkpoint that
+loads, and drops metrics rows past it; unchecksummed checkpoints load only with `legacy`."""
 
 from __future__ import annotations
 
@@ -116,9 +113,8 @@ def remove_orphans(output_dir: str | Path) -> list[Path]:
 def resume_point(
     output_dir: str | Path, warn=print, map_location="cpu", legacy: bool = False
 ) -> tuple[Path, tuple, dict] | None:
-    """The newest checkpoint that loads and matches its checksums -> (path, `read_training_checkpoint`, optimizer
-    state), or None without checkpoints; one that does not load is skipped with a warning, none loading raises
-    CheckpointError. `legacy`: checkpoints without checksums load. Reads only."""
+    """The newest checkpoint that loads -> (path, `read_training_checkpoint`, optimizer state), or None without any; one
+    that does not load is skipped with a warning, none loading raises CheckpointError. Reads only."""
     found = complete_checkpoints(output_dir)
     for i, path in enumerate(found):
         try:
@@ -220,8 +216,7 @@ def trim_metrics(path: str | Path, step: int) -> None:
 def read_training_checkpoint(
     path: str | Path, legacy: bool = False
 ) -> tuple[dict[str, Any], DrafterConfig, HeadConfig | None, dict[str, torch.Tensor]]:
-    """A checkpoint, or a run's (`latest`'s, else the newest complete one) -> (state json, drafter config, head
-    config or None, float32 finite checksummed tensors; without a checksum refused unless `legacy`)."""
+    """A checkpoint, or a run's newest -> (state, drafter config, head config or None, float32 finite tensors)."""
     path = Path(path)
     if not (path / STATE_FILE).is_file() and (path / LATEST).is_file():
         path = latest_checkpoint(path)
@@ -279,8 +274,8 @@ def check_resume_compatible(
     run: Mapping[str, Any] | None = None,
     added: Mapping[str, Any] | None = None,
 ) -> None:
-    """The checkpoint's geometry must be this run's; with `run` its data and settings too. `added`: settings
-    introduced later, with the value older checkpoints had."""
+    """The checkpoint's geometry must be this run's; with `run` its data and settings too (`added`: later settings with
+    the value older checkpoints had)."""
     check_same_geometry(state["drafter_config"], state["head_config"], drafter, head, where, "resume")
     saved = state.get("run")
     if run is None or not isinstance(saved, dict):
@@ -335,8 +330,7 @@ def check_same_geometry(
 
 
 def draft_geometry(directory: str | Path) -> DrafterConfig:
-    """The drafter a draft folder declares, read from its config.json alone: any draft `lilicorr export` writes, or a
-    published DFlash draft (z-lab's layout: `dflash_config` {target_layer_ids, mask_token_id}, block_size beside it)."""
+    """The drafter a draft folder's config.json declares: an export, or a published DFlash draft (z-lab's layout)."""
     corrector = corrector_draft_config(directory)
     if corrector is not None:
         return corrector[0]
@@ -350,8 +344,8 @@ def draft_geometry(directory: str | Path) -> DrafterConfig:
 def load_draft_weights(
     directory: str | Path, drafter, head, drafter_cfg: DrafterConfig, head_cfg: HeadConfig | None
 ) -> None:
-    """Start a run from an exported draft's weights (fp32 masters), not its step or optimizer: this run's drafter
-    geometry and this run's head or none (heads then start fresh); its rope scaling may differ (YaRN from plain)."""
+    """Start a run from a draft's weights (not its step or optimizer): same drafter geometry (rope may differ), and its
+    head or none (a head then starts fresh)."""
     corrector = read_corrector_draft(directory)
     if corrector is not None:
         config, saved_head, drafter_t, head_t = corrector

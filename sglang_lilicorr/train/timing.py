@@ -1,5 +1,5 @@
-"""Where a training step's time goes: device time per phase (target, drafter, head and objective, backward,
-optimizer) from CUDA events (host clock on CPU), read once per logging window (no added sync), in ms per step."""
+"""Where a training step's time goes: device time per phase from CUDA events (host clock on CPU), read once per logging
+window, in ms per step."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""`lilicorr train`: joint training of the DFlash drafter and a head (LiLiCorr, Domino or DSpark: train/heads.py;
-paper Sec. 3.4 and 4), one GPU or DDP under torchrun (gloo on CPU): AdamW over two groups (--train head: the head's
-alone, the drafter frozen and run without a graph), cosine schedule with warm-up, gradient clip, bf16 autocast over
-fp32 masters. A step's global batch is cut into G = grad_accum x ranks micro-batches, micro-batch j = rank + ranks *
-micro holding sequences j, j + G, ... with anchors seeded by step * G + j, so any split between ranks and
-accumulation trains the same gradient; metrics pool the global batch. A run may start from a draft (`init_from`: an
-export, or a DFlash draft as published: its weights and geometry). Rank 0 alone writes (ownership.sole_writer). Every
-`eval_every` steps: held-out metrics, the replay tau on regenerated data, a snapshot. Non-finite steps are skipped
-(`max_bad_steps` raise TrainingDiverged); checkpoints stay finite."""
+"""`lilicorr train`: joint training of the DFlash drafter and a head, on one GPU or DDP under torchrun: AdamW, cosine
+schedule with warm-up, gradient clip, bf16 autocast over fp32 masters. A step's global batch is G = grad_accum x ranks
+micro-batches, micro-batch j = rank + ranks * micro holding sequences j, j + G, ... seeded by step * G + j, so any split
+trains the same gradient. Rank 0 alone writes. Non-finite steps are skipped (`max_bad_steps`: TrainingDiverged)."""
 
 from __future__ import annotations
 
@@ -111,9 +106,8 @@ RECORDED_GEOMETRY = ("draft_layers", "num_context_features", "block_size")
 
 
 def init_drafter_config(cfg: TrainConfig, target_layers: int, lm_head_shape) -> DrafterConfig:
-    """The drafter of a run started from a draft (--init-from: exported, or published as z-lab's DFlash drafters are):
-    the draft's geometry, with the run's rope scaling; it must fit the target (width, vocabulary, layers), and a
-    geometry option given another value than the draft's is refused (IncompatibleCheckpointError, exit 2)."""
+    """The drafter of a run started from a draft (--init-from): the draft's geometry with the run's rope scaling; it
+    must fit the target, and a geometry option set otherwise is refused (IncompatibleCheckpointError)."""
     draft = draft_geometry(cfg.init_from)
     where = f"--init-from {cfg.init_from}"
     vocab, hidden = (int(n) for n in lm_head_shape)
@@ -139,8 +133,7 @@ def init_drafter_config(cfg: TrainConfig, target_layers: int, lm_head_shape) -> 
 
 
 def check_mask_token(tokenizer, drafter: DrafterConfig, where: str) -> None:
-    """A draft's mask token is its id (z-lab's Qwen3 drafters: 151669, an embedding row the tokenizer has no token
-    for); where the tokenizer does name its mask token, it must be that id, as SGLang checks when it serves."""
+    """Where the tokenizer names the draft's mask token, its id must be the draft's (as SGLang checks)."""
     token_id = tokenizer.get_vocab().get(drafter.mask_token)
     if token_id is not None and token_id != drafter.mask_token_id:
         raise IncompatibleCheckpointError(
