@@ -40,9 +40,8 @@ def dflash_block_ce(
     expect(targets, "targets", (n, s), "int")
     expect(valid, "valid", (n, s), "bool")
     safe_targets = torch.where(valid, targets, 0).to(torch.int64)
-    ce = F.cross_entropy(_at_least_fp32(logits).reshape(n * s, v), safe_targets.reshape(-1), reduction="none").view(
-        n, s
-    )
+    ce = F.cross_entropy(_at_least_fp32(logits).reshape(n * s, v), safe_targets.reshape(-1), reduction="none")
+    ce = ce.view(n, s)
     weight = dflash_slot_weights(s, beta, logits.device, ce.dtype).expand(n, s)  # [N, S]
     per_block = torch.where(valid, ce * weight, 0.0).sum(dim=1)  # [N]
     return per_block.sum() / valid.any(dim=1).sum().clamp(min=1)
@@ -154,16 +153,8 @@ def lilicorr_objective(
     dflash = dflash_block_ce(draft_logits, targets, valid, weights.beta)
     if weights.gamma == 0:
         return ObjectiveTerms(total=dflash, dflash=dflash)
-    missing = [
-        k
-        for k, t in (
-            ("candidate_ids", candidate_ids),
-            ("start", start),
-            ("pair", pair),
-            ("target_log_probs", target_log_probs),
-        )
-        if t is None
-    ]
+    given = {"candidate_ids": candidate_ids, "start": start, "pair": pair, "target_log_probs": target_log_probs}
+    missing = [k for k, t in given.items() if t is None]
     if missing:
         raise ObjectiveInputError(
             f"lilicorr_objective: gamma={weights.gamma} needs {', '.join(missing)}; "

@@ -12,6 +12,7 @@ PARTS_FULL = ("tau", "tps", "speedup")
 PARTS_TAU_TPS = ("tau", "tps")
 NAMES = {"tau": "τ", "tps": "TPS", "speedup": "Sp.", "block_ms": "ms", "block_ratio": "ratio"}
 LOWER_IS_BETTER = {"block_ms", "block_ratio"}
+FORMATS = {"tau": "{:.2f}", "tps": "{:.0f}", "speedup": "{:.2f}x", "block_ms": "{:.2f}", "block_ratio": "{:.2f}x"}
 
 
 def _temperature_label(t: float) -> str:
@@ -24,20 +25,10 @@ def systems_of(cells: Sequence[dict], baseline: Optional[str]) -> List[str]:
     return ([baseline] if baseline in {c["system"] for c in cells} else []) + others
 
 
-def _value(cell: Optional[dict], part: str) -> Optional[float]:
-    return None if cell is None else cell.get(part)
-
-
 def _format(part: str, value: Optional[float], bold: bool) -> str:
     if value is None:
         return "--"
-    text = {
-        "tau": f"{value:.2f}",
-        "tps": f"{value:.0f}",
-        "speedup": f"{value:.2f}x",
-        "block_ms": f"{value:.2f}",
-        "block_ratio": f"{value:.2f}x",
-    }[part]
+    text = FORMATS[part].format(value)
     return f"**{text}**" if bold else text
 
 
@@ -48,8 +39,7 @@ def _row(
     spec = [s for s in systems if s != baseline]
     best = {}
     for part in parts:
-        vals = [_value(cells_by_system.get(s), part) for s in spec]
-        vals = [v for v in vals if v is not None]
+        vals = [v for v in ((cells_by_system.get(s) or {}).get(part) for s in spec) if v is not None]
         best[part] = (min if part in LOWER_IS_BETTER else max)(vals) if len(vals) > 1 else None
     out = []
     for s in systems:
@@ -58,11 +48,8 @@ def _row(
         if cell is None:
             out.append("--")
             continue
-        out.append(
-            " / ".join(
-                _format(p, cell.get(p), s != baseline and best[p] is not None and cell.get(p) == best[p]) for p in shown
-            )
-        )
+        bold = {p: s != baseline and best[p] is not None and cell.get(p) == best[p] for p in shown}
+        out.append(" / ".join(_format(p, cell.get(p), bold[p]) for p in shown))
     return out
 
 
@@ -72,13 +59,8 @@ def _render(title_cols: Tuple[str, str], systems, baseline, parts, blocks, names
     lines = ["| " + " | ".join(list(title_cols) + heads) + " |", "|" + "---|" * (2 + len(systems))]
     for block_label, rows in blocks:
         for i, (row_label, by_system) in enumerate(rows):
-            lines.append(
-                "| "
-                + " | ".join(
-                    [block_label if i == 0 else "", str(row_label)] + _row(by_system, systems, baseline, parts)
-                )
-                + " |"
-            )
+            row = [block_label if i == 0 else "", str(row_label)] + _row(by_system, systems, baseline, parts)
+            lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
 

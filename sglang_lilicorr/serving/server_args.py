@@ -211,19 +211,16 @@ def check_target_attention_backend(args) -> str:
 
 def tensor_parallel_problems(heads: int, kv_heads: int, intermediate: int, tp_size: int) -> list[str]:
     """Why each draft shape SGLang's DFlash draft shards over TP does not fit tp_size; [] when all fit."""
-    kv_fits = kv_heads % tp_size == 0 if kv_heads >= tp_size else tp_size % kv_heads == 0
-    return [
-        *([f"num_attention_heads={heads} is not divisible by {tp_size}"] if heads % tp_size else []),
-        *([f"num_key_value_heads={kv_heads} neither divides nor is divisible by {tp_size}"] if not kv_fits else []),
-        *(
-            [
-                f"intermediate_size={intermediate} "
-                f"is not divisible by {tp_size} (lilicorr train --draft-intermediate-size)"
-            ]
-            if intermediate % tp_size
-            else []
-        ),
-    ]
+    problems = []
+    if heads % tp_size:
+        problems.append(f"num_attention_heads={heads} is not divisible by {tp_size}")
+    if kv_heads % tp_size if kv_heads >= tp_size else tp_size % kv_heads:
+        problems.append(f"num_key_value_heads={kv_heads} neither divides nor is divisible by {tp_size}")
+    if intermediate % tp_size:
+        problems.append(
+            f"intermediate_size={intermediate} is not divisible by {tp_size} (lilicorr train --draft-intermediate-size)"
+        )
+    return problems
 
 
 def check_tensor_parallel(spec: DraftSpec, tp_size: int) -> None:
@@ -259,11 +256,9 @@ def served_target(args) -> TargetShape:
     from sglang.srt.utils.hf_transformers.common import get_context_length
 
     text = target_text_config(args)
-    context = (
-        None
-        if envs.SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN.get()
-        else int(args.context_length or get_context_length(text))
-    )
+    context = None
+    if not envs.SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN.get():
+        context = int(args.context_length or get_context_length(text))
     return dataclasses.replace(TargetShape.of(text), context_length=context)
 
 

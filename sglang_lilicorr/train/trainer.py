@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -146,21 +147,12 @@ def check_mask_token(tokenizer, drafter: DrafterConfig, where: str) -> None:
 
 def build_optimizer(drafter: DFlashDrafter, head: Head | None, cfg: TrainConfig) -> torch.optim.AdamW:
     """AdamW over what the run trains, a group each: the drafter (not with --train head: frozen, no state), the head."""
-    groups = []
-    if cfg.train == "joint":
-        groups.append(
-            {
-                "params": list(drafter.parameters()),
-                "lr": cfg.lr_drafter,
-                "weight_decay": cfg.wd_drafter,
-                "name": "drafter",
-            }
-        )
+    trained = [("drafter", drafter, cfg.lr_drafter, cfg.wd_drafter)] if cfg.train == "joint" else []
     if head is not None:
-        groups.append(
-            {"params": list(head.parameters()), "lr": cfg.lr_head, "weight_decay": cfg.wd_head, "name": "head"}
-        )
-    return torch.optim.AdamW(groups)
+        trained.append(("head", head, cfg.lr_head, cfg.wd_head))
+    return torch.optim.AdamW(
+        [{"params": list(m.parameters()), "lr": lr, "weight_decay": wd, "name": name} for name, m, lr, wd in trained]
+    )
 
 
 def build_models(
@@ -520,7 +512,8 @@ def start_point(job: Job) -> int:
         if cfg.resume:
             remove_orphans(out_dir)  # what a kill mid-save left behind; the other ranks wait, then read
     env.barrier()
-    found = resume_point(out_dir, _warn, env.device, cfg.accept_legacy_checkpoints) if cfg.resume else None
+    warn = functools.partial(print, file=sys.stderr)
+    found = resume_point(out_dir, warn, env.device, cfg.accept_legacy_checkpoints) if cfg.resume else None
     step = 0
     if found is not None:
         step = resume_from(job, *found)
@@ -710,10 +703,6 @@ def save_checkpoint(job: Job, step: int, progress: dict[str, int]) -> None:
         )
         prune_checkpoints(job.out_dir, job.cfg.keep_checkpoints)
     job.env.barrier()
-
-
-def _warn(message: str) -> None:
-    print(message, file=sys.stderr)
 
 
 def _progress(total: int, start: int, enabled: bool):
