@@ -264,8 +264,7 @@ def new_head(config: Mapping[str, Any]) -> LiLiCorrHead:
 
 
 def expected_tensors(module: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """What `check_tensors` expects of a checkpoint of `module`: meta tensors of its names and shapes, floating ones of
-    `dtype` (default: their own)."""
+    """Meta tensors of `module`'s names and shapes, floating ones of `dtype` (default: their own)."""
     return {
         k: torch.empty(v.shape, dtype=dtype if dtype is not None and v.is_floating_point() else v.dtype, device="meta")
         for k, v in module.state_dict().items()
@@ -295,8 +294,7 @@ def save_checkpoint(
     tensors: Mapping[str, torch.Tensor],
     keep_others: bool = False,
 ) -> Path:
-    """Write config.json + model.safetensors as one new folder that takes `directory`'s place; with `keep_others`, the
-    other files of `directory` are kept."""
+    """config.json + model.safetensors as one new folder in `directory`'s place; `keep_others`: keep the rest."""
     for name, t in tensors.items():
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise CheckpointError(f"refusing to save tensor {name!r}: it holds NaN or Inf values.")
@@ -308,8 +306,7 @@ def save_checkpoint(
 def write_checkpoint_files(
     directory: str | os.PathLike, config: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]
 ) -> None:
-    """config.json + model.safetensors into an existing folder, each atomically, weights first (the config names their
-    checksum)."""
+    """config.json + model.safetensors into an existing folder, each atomically, weights first."""
     digest = stored_digest(save_tensors(Path(directory) / WEIGHTS_FILE, tensors))
     with atomic_file(Path(directory) / CONFIG_FILE) as tmp:
         tmp.write_text(json.dumps({**config, PAIR_KEY: digest}, indent=2, sort_keys=True) + "\n")

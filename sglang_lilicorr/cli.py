@@ -1,5 +1,4 @@
-"""`lilicorr`: one console script, one subcommand per job. Each job module (commands/, bench/cli.py) adds its
-subparsers through `register(subparsers)` and imports heavy dependencies lazily; what they share is cli_args.py's."""
+"""`lilicorr`: one console script; each job module adds its subparsers through `register(subparsers)`."""
 
 from __future__ import annotations
 

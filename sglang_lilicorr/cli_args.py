@@ -30,8 +30,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with its errors as one line naming the command to ask for help; an unknown option is answered by the
-    command it was given to, with its closest option."""
+    """argparse with one-line errors naming the command's --help, and the closest option to an unknown one."""
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
@@ -135,8 +134,7 @@ def json_object_arg(text: str) -> dict:
 
 
 def one_level_down(path: str | os.PathLike, fallback: str, marker: str = "config.json") -> str:
-    """The fix for a folder `path` that lacks `marker`: pass the folder(s) one level inside it that hold it, else
-    `fallback`."""
+    """The fix for a folder lacking `marker`: the folder(s) one level down that hold it, else `fallback`."""
     folder = Path(path)
     try:
         found = sorted(str(p) for p in folder.iterdir() if (p / marker).is_file()) if folder.is_dir() else []

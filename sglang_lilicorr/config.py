@@ -1,5 +1,4 @@
-"""LiLiCorrConfig: the head's geometry (paper Table hparams), validated, and its round-trip through the draft's
-``dflash_config`` (the ``lilicorr_*`` keys SGLang 0.5.23 reads)."""
+"""LiLiCorrConfig: the head's geometry, validated, and its ``lilicorr_*`` keys in the draft's ``dflash_config``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""LiLiCorrError: the base of every error the project expects on bad input. `lilicorr` prints it as one line and exits
-with its `exit_code` (2 for a usage error, 1 otherwise); each subclass keeps its builtin base."""
+"""LiLiCorrError: expected bad input, printed as one line; exit 2 for a usage error, 1 otherwise."""
 
 from __future__ import annotations
 

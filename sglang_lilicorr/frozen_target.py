@@ -1,5 +1,4 @@
-"""The frozen target: any Hugging Face causal LM, run teacher-forced (no grad), for the context features ([b, T, n *
-Hm], layers `target_layer_ids`), its frozen embedding and LM head, and the slot targets."""
+"""The frozen target: any Hugging Face causal LM, run teacher-forced (no grad)."""
 
 from __future__ import annotations
 

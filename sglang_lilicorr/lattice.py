@@ -1,5 +1,4 @@
-"""The lattice transformer: bidirectional pre-norm layers over a block's (B-1) x K candidate nodes, with learned
-per-head biases by signed slot distance and for pairs sharing a slot. Names follow SGLang 0.5.23's head."""
+"""The lattice transformer over a block's (B-1) x K candidate nodes, with slot-distance and same-slot biases."""
 
 from __future__ import annotations
 

@@ -33,8 +33,7 @@ def dflash_block_ce(
     valid: torch.Tensor,  # [N, S] bool
     beta: float = 7.0,
 ) -> torch.Tensor:
-    """DFlash block cross-entropy (Eq. 6): sum_s w_s * CE_{n,s} over a block's valid slots, averaged over blocks with
-    one; none -> 0."""
+    """DFlash block CE (Eq. 6): sum_s w_s * CE_{n,s} over valid slots, mean over blocks with one (none: 0)."""
     expect(logits, "logits", (None, None, None), "float")
     n, s, v = logits.shape
     expect(targets, "targets", (n, s), "int")

@@ -14,8 +14,7 @@ class ObjectiveInputError(LiLiCorrError, ValueError):
 
 
 def expect(tensor: torch.Tensor, name: str, shape: tuple, kind: str | None = None) -> None:
-    """``tensor`` has ``len(shape)`` dims matching every int entry (None = any) and ``kind``'s dtype family, else
-    ObjectiveInputError."""
+    """ObjectiveInputError unless ``tensor`` matches ``shape`` (None = any) and ``kind``'s dtype family."""
     if not isinstance(tensor, torch.Tensor):
         raise ObjectiveInputError(f"{name}: expected a torch.Tensor, got {type(tensor).__name__}.")
     want = "[" + ", ".join("*" if d is None else str(d) for d in shape) + "]"

@@ -73,8 +73,7 @@ def remove_temporaries(folder: str | os.PathLike, of: str | None = None) -> list
 
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; when the block completes it replaces `path` (fsynced first), when it fails
-    it is removed."""
+    """A temporary path that replaces `path` (fsynced) when the block completes, removed when it fails."""
     path = Path(os.path.abspath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(path)
@@ -191,8 +190,7 @@ def _cannot_keep(path: Path, why: str) -> NotOursError:
 
 
 def put_back(old: Path, new: Path, drop: Collection[str] = ()) -> None:
-    """Remove `old`, which `new` (made by `link_tree`) replaced: files in `drop` and those `new` holds too go; anything
-    else (written meanwhile) moves into `new`."""
+    """Remove `old`, replaced by `new` (`link_tree`): what was written into it meanwhile moves into `new`."""
     with os.scandir(old) as listing:
         entries = list(listing)
     for entry in entries:
@@ -225,8 +223,7 @@ _RENAME_EXCHANGE = 2  # linux/fs.h
 
 
 def exchange(a: Path, b: Path) -> bool:
-    """Swap the names `a` and `b` atomically (Linux renameat2 RENAME_EXCHANGE) -> False where the system or the file
-    system cannot (nothing moved then)."""
+    """Swap the names `a` and `b` atomically (renameat2 RENAME_EXCHANGE) -> False where that cannot be done."""
     call = getattr(_LIBC, "renameat2", None)
     if call is None:
         return False
@@ -470,8 +467,7 @@ def _record_or_none(line: bytes, is_record: Callable[[object], bool]):
 
 
 def open_for_append(path: str | os.PathLike, torn: int | None, what: str):
-    """`path` (checked by `jsonl_for_append`) opened to append: a torn last line cut with a warning, a whole last line
-    without its newline given one."""
+    """`path` opened to append: a torn last line cut (warned), a missing final newline added."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if torn is not None:

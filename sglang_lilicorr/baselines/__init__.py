@@ -1,5 +1,4 @@
-"""The paper's two draft-time correctors, Domino and DSpark, as trainable heads in the tensors SGLang 0.5.23 serves
-(DFLASH with `projector_type` "domino"; DSPARK)."""
+"""The paper's two correctors, Domino and DSpark, as trainable heads in the tensors SGLang 0.5.23 serves."""
 
 from typing import Any, Mapping
 

@@ -37,8 +37,7 @@ ID_LISTS = ("input_ids", "output_ids")  # the chat API's sglext token ids, asked
 
 
 class Reply(NamedTuple):
-    """What a response says: its text, completion tokens, verify blocks (None without spec stats) and the lists a turn
-    records where the server sent them (SPEC_LISTS, ID_LISTS)."""
+    """A response: text, completion tokens, verify blocks (None without spec stats), the lists a turn records."""
 
     text: str
     completion_tokens: int
@@ -155,8 +154,7 @@ def parse_ids(payload: dict) -> Reply:
 
 
 class SGLangClient:
-    """Sends one turn (the whole conversation so far) and times it. Uses an aiohttp session. record_ids (api chat only):
-    each reply's prompt and output token ids come back too (sglext) and are recorded."""
+    """Sends one turn (the conversation so far) and times it; record_ids (chat): also the token ids."""
 
     def __init__(
         self, session, url: str, sampling: Sampling, api: str = "chat", model: str = "default", record_ids: bool = False

@@ -62,8 +62,7 @@ def add_histograms(histograms: Iterable[Optional[Sequence[int]]]) -> Optional[Li
 
 
 def acceptance(histogram: Optional[Sequence[int]]) -> Optional[List[float]]:
-    """From the verify steps by accepted drafts: [share of steps that accepted at least i drafts, i = 1, 2, ...] up to
-    the most any step accepted, at least i = 1 (None without steps)."""
+    """Verify steps by accepted drafts -> [share accepting at least i drafts, i = 1, ...] (None without steps)."""
     steps = sum(histogram or ())
     if not steps:
         return None

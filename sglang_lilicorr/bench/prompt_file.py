@@ -1,5 +1,4 @@
-"""Prompt files: jsonl, one conversation a line with a unique `id`, user turns from `text` or `messages`, the group from
-`set` or `category` (else the file's stem, which also names the dataset)."""
+"""Prompt files: jsonl rows with a unique `id` and user turns (`text` or `messages`), grouped by `set`/`category`."""
 
 from __future__ import annotations
 

@@ -149,8 +149,7 @@ def _torn_tail(data: bytes) -> Optional[int]:
 
 
 def read_results(path: Path) -> List[dict]:
-    """Every record of a results file, checked (check_record; a duplicate measurement raises ResultsError naming both
-    lines); read only. A torn last line is left out with a warning."""
+    """Every record of a results file, checked (a duplicate measurement: ResultsError); a torn last line skipped."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -315,8 +314,7 @@ async def run_async(
     max_failures: int = MAX_FAILURES,
     record_ids: bool = False,
 ) -> RunOutcome:
-    """Runs the prompts of `config` not yet in results_path (after the warm-up waves), one line per finished prompt
-    (record_ids, api chat: each turn with its prompt's and reply's token ids)."""
+    """Runs the prompts of `config` not yet in results_path (after warm-up), one line per finished prompt."""
     import aiohttp
 
     results_path = Path(results_path)

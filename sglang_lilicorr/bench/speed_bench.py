@@ -1,5 +1,4 @@
-"""SPEED-Bench loader (`nvidia/SPEED-Bench`, downloaded by the user): `qualitative` and `throughput_{1k,...,32k}`, from
-the hub's parquet or jsonl (`turns`) or prepared jsonl (`messages`). PLACEHOLDER records are refused (REBUILD_HINT)."""
+"""SPEED-Bench loader (`nvidia/SPEED-Bench`, downloaded by the user): parquet or jsonl; PLACEHOLDER rows refused."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Markdown tables in the paper's layouts, from cells (metrics.aggregate + add_speedup): main, category, concurrency,
-block (ms per block), acceptance and tier tables. The baseline shows TPS / 1.00x; each row's best is bold."""
+"""Markdown tables in the paper's layouts from report cells; the baseline shows TPS / 1.00x, a row's best is bold."""
 
 from __future__ import annotations
 
@@ -126,8 +125,7 @@ def concurrency_table(cells: Sequence[dict], dataset: str, baseline: Optional[st
 
 
 def block_table(cells: Sequence[dict], concurrency: int, reference: Optional[str] = None) -> str:
-    """Per-block wall of the speculative systems at one concurrency (rows: each dataset's "all", then its groups):
-    ms per block, and with `reference` (metrics.add_block_ratio) the ratio to its."""
+    """Per-block wall (ms) of the speculative systems at one concurrency, with `reference`: the ratio to it."""
     mine = [c for c in cells if c["concurrency"] == concurrency]
     speculative = {c["system"] for c in mine if c.get("block_ms") is not None}
     systems = ([reference] if reference in speculative else []) + sorted(speculative - {reference})
@@ -148,8 +146,7 @@ def block_table(cells: Sequence[dict], concurrency: int, reference: Optional[str
 
 
 def paired_table(cells: Sequence[dict], reference: str) -> str:
-    """Group "all" cells carrying metrics.add_paired_ratios' `paired`: per (dataset, c, T) and system,
-    the runs paired with the reference, the mean TPS ratio and per-block-wall ratio with 95 % t intervals."""
+    """Per (dataset, c, T) and system: runs paired with the reference, mean TPS and block-wall ratios with 95 % CI."""
     rows = [
         "| Benchmark | c | T | system | pairs | TPS / ref (95 % CI) | ms per block / ref (95 % CI) |",
         "|---|---|---|---|---|---|---|",
@@ -189,8 +186,7 @@ def _share_table(rows: List[dict], columns: List[str], shares: List[List[float]]
 
 
 def acceptance_table(cells: Sequence[dict]) -> str:
-    """Per (benchmark, T, system, c): the share of verify steps that accepted at least i drafts, i = 1 .. the most
-    any cell's step accepted (a share past a cell's own most is 0)."""
+    """Per (benchmark, T, system, c): the share of verify steps that accepted at least i drafts."""
     rows = _share_rows(cells, "acceptance")
     positions = max(len(c["acceptance"]) for c in rows)
     shares = [c["acceptance"] + [0.0] * (positions - len(c["acceptance"])) for c in rows]

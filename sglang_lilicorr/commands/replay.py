@@ -163,20 +163,14 @@ def run_replay(args: argparse.Namespace) -> int:
     claim_report_folder(out)
     write_atomic(out / "replay.jsonl", "".join(json.dumps(r) + "\n" for r in records))
     cells = tau_cells(records)
-    write_atomic(
-        out / "tau.json",
-        json.dumps(
-            {
-                "target": str(args.target),
-                "drafts": drafts,
-                "outputs": [str(p) for p in args.outputs],
-                "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                "cells": cells,
-            },
-            indent=1,
-        )
-        + "\n",
-    )
+    summary = {
+        "target": str(args.target),
+        "drafts": drafts,
+        "outputs": [str(p) for p in args.outputs],
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "cells": cells,
+    }
+    write_atomic(out / "tau.json", json.dumps(summary, indent=1) + "\n")
     write_atomic(out / "tau.md", tau_table(cells))
     print(tau_table(cells))
     return 0

@@ -139,16 +139,9 @@ class RopeScaling:
         for key in ("factor", "original_max_position_embeddings"):
             if key not in params:
                 raise DrafterConfigError(f"draft config yarn rope_parameters lacks {key!r}; re-export the draft.")
-        return cls(
-            rope_type="yarn",
-            factor=json_number(params["factor"], float, "rope_parameters.factor", DrafterConfigError),
-            original_max_position_embeddings=json_number(
-                params["original_max_position_embeddings"],
-                int,
-                "rope_parameters.original_max_position_embeddings",
-                DrafterConfigError,
-            ),
-        )
+        factor = json_number(params["factor"], float, "rope_parameters.factor", DrafterConfigError)
+        original, field = params["original_max_position_embeddings"], "rope_parameters.original_max_position_embeddings"
+        return cls("yarn", factor, json_number(original, int, field, DrafterConfigError))
 
     def describe(self) -> str:
         if not self.is_yarn:

@@ -1,5 +1,4 @@
-"""An exported draft directory (config.json + model.safetensors) loaded strictly: the DFlash
-drafter and, for a `LiLiCorrDraftModel`, its LiLiCorr head."""
+"""An exported draft directory loaded strictly: the DFlash drafter and, for a LiLiCorrDraftModel, its head."""
 
 from __future__ import annotations
 

@@ -1,2 +1,1 @@
-"""The proposal pipeline (pipeline.py: logits -> top-K/logsumexp -> head -> walk -> draft ids, as a plan says) and the
-head's serving select (select.py) with constants folded from the head (constants.py)."""
+"""The proposal pipeline (pipeline.py, plan.py) and the head's serving select (select.py, constants.py)."""

@@ -24,12 +24,8 @@ class SelectConstants:
         self.head = head.eval()
         cfg, w = head.config, head.pass_hidden_proj.weight
         self.dtype, self.device = w.dtype, w.device
-        self.num_slots, self.topk, self.width, self.factor_dim = (
-            cfg.num_slots,
-            cfg.candidate_topk,
-            head.width,
-            cfg.factor_dim,
-        )
+        self.num_slots, self.topk = cfg.num_slots, cfg.candidate_topk
+        self.width, self.factor_dim = head.width, cfg.factor_dim
         self.sigma, self.vector_eps = float(cfg.logit_scale), float(cfg.vector_eps)
         h = self.width
         with torch.no_grad():

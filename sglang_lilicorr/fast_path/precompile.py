@@ -63,8 +63,7 @@ def unavailable(device: torch.device) -> str | None:
 
 @contextlib.contextmanager
 def compile_only(threads: int):
-    """Yields a CompileReport, filled on exit, where (also on an exception) every compile has finished and Triton's
-    state is restored."""
+    """Yields a CompileReport, filled on exit once every compile has finished and Triton's state is restored."""
     from triton.runtime import _async_compile
     from triton.runtime.jit import JITFunction
 

@@ -194,8 +194,7 @@ class FastLiLiCorrSelect(SelectConstants):
         return xn
 
     def _layers_folded(self, cat, sumsq, b, t, plan: SelectPlan, join_anchor=None):
-        """The folded route's lattice layers: cat [b*L, 2H] = [x, x * t after the last], sumsq [b*L, H / 16] -> (cat,
-        sumsq)."""
+        """Folded lattice layers: cat [b*L, 2H] = [x, x * t], sumsq [b*L, H / 16] -> (cat, sumsq)."""
         rows, h = cat.shape[0], self.width
         n, x, pdl = rows // b, cat[:, :h], plan.pdl
         bias = self.attn_bias[..., :n, :n]

@@ -118,8 +118,7 @@ class SpeculativeDecoder:
         return record, feats[:, : m + 1]
 
     def score_other_drafts(self, tokens: list[int], blocks: list[BlockRecord]) -> None:
-        """Greedy acceptance of the uncommitted drafts on each block's context: as far as each agrees with the emitted
-        tokens."""
+        """Greedy acceptance of the uncommitted drafts: how far each agrees with the tokens emitted."""
         for b in blocks:
             truth = tokens[b.anchor_pos + 1 : b.anchor_pos + b.num_slots + 1]
             for name, draft in b.drafts.items():

@@ -1,5 +1,4 @@
-"""LiLiCorrSpecAlgo: LILICORR as SGLang sees it, DFlash with another block proposal: every `is_*()` / `supports_*()`
-answer is DFLASH's, plus the methods CustomSpecAlgo lacks."""
+"""LiLiCorrSpecAlgo: LILICORR as SGLang sees it, DFLASH's answers plus what CustomSpecAlgo lacks."""
 
 from __future__ import annotations
 

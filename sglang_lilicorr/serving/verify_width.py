@@ -22,8 +22,7 @@ GAP = 10.0  # a period this many times a step's cost is an idle gap, not a step
 
 
 def parse_widths(value: str | None, block_size: int) -> tuple[int, ...]:
-    """The tiers LILICORR_VERIFY_WIDTH asks for (None or `adaptive`: WIDTHS below the block, and the block), sorted;
-    else ServingConfigError."""
+    """The sorted tiers LILICORR_VERIFY_WIDTH asks for (default: WIDTHS below the block, and the block)."""
     value = ADAPTIVE if value is None else value.strip()
     if value == ADAPTIVE:
         return tuple(sorted({w for w in WIDTHS if w < block_size} | {block_size}))

@@ -1,5 +1,4 @@
-"""TrainConfig: every knob of `lilicorr train`, validated when built (before any model loads); head and objective
-defaults come from `LiLiCorrConfig` and `ObjectiveWeights`."""
+"""TrainConfig: every knob of `lilicorr train`, validated when built (before any model loads)."""
 
 from __future__ import annotations
 

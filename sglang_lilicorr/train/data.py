@@ -112,12 +112,8 @@ def load_conversations(
             stored = None
         ours = isinstance(stored, dict) and isinstance(stored.get("key"), str)
         if ours and stored.get("key") == key:
-            return [
-                Example(i.long(), m)
-                for i, m in zip(
-                    stored["ids"].split(stored["lengths"].tolist()), stored["mask"].split(stored["lengths"].tolist())
-                )
-            ]
+            lengths = stored["lengths"].tolist()
+            return [Example(i.long(), m) for i, m in zip(stored["ids"].split(lengths), stored["mask"].split(lengths))]
     rows = [(f"{path}:{number}", row) for number, row in read_jsonl(path)]
     work = [(where, checked_messages(row, where), open_end(row)) for where, row in rows]
     if len(work) >= POOL_MIN_ROWS and (os.cpu_count() or 1) > 2:
@@ -145,17 +141,10 @@ def load_conversations(
     if not (write_cache and ours):
         return examples
     lengths = torch.tensor([len(e.input_ids) for e in examples])
+    ids, mask = torch.cat([e.input_ids for e in examples]).int(), torch.cat([e.loss_mask for e in examples])
     try:
         with atomic_file(cache) as tmp:
-            torch.save(
-                {
-                    "key": key,
-                    "lengths": lengths,
-                    "ids": torch.cat([e.input_ids for e in examples]).int(),
-                    "mask": torch.cat([e.loss_mask for e in examples]),
-                },
-                tmp,
-            )
+            torch.save({"key": key, "lengths": lengths, "ids": ids, "mask": mask}, tmp)
     except OSError:  # a read-only data folder: no cache, same examples
         pass
     return examples

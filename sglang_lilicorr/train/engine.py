@@ -107,18 +107,8 @@ class SGLangServers:
         for i, spec in enumerate(specs):
             if warm_first and i == 1:
                 servers._wait_started(startup_timeout, log_dir)
-            cmd = list(launcher) or [
-                sys.executable,
-                "-m",
-                "sglang.launch_server",
-                "--model-path",
-                spec.model_path,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(spec.port),
-                *spec.args,
-            ]
+            serve = ["--model-path", spec.model_path, "--host", "127.0.0.1", "--port", str(spec.port), *spec.args]
+            cmd = list(launcher) or [sys.executable, "-m", "sglang.launch_server", *serve]
             env = dict(
                 os.environ,
                 CUDA_VISIBLE_DEVICES=spec.gpus,

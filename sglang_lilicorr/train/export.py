@@ -73,10 +73,11 @@ def check_destination(out_dir: str | Path, source: str | Path, force: bool = Fal
         )
     inside = next((p for p in (out, *out.parents) if p.is_dir() and is_training_output(p)), None)
     if inside is not None:
+        what = (
+            "is a training run or checkpoint" if inside == out else f"is inside a training run or checkpoint, {inside}"
+        )
         raise NotOursError(
-            f"{out_dir} is a training run or checkpoint"
-            if inside == out
-            else f"{out_dir} is inside a training run or checkpoint, {inside}",
+            f"{out_dir} {what}",
             where="OUT_DIR",
             fix="write the draft to a folder outside any training run (--force does not change this)",
         )
@@ -128,15 +129,13 @@ def check_source(source: str | Path) -> None:
     """CHECKPOINT names a run with a complete checkpoint or one of its checkpoints, else UsageError (exit 2)."""
     src = Path(source)
     if not ((src / LATEST).is_file() or (src / STATE_FILE).is_file() or complete_checkpoints(src)):
-        found = (
-            "not an existing folder"
-            if not src.is_dir()
-            else "a draft, not a training run"
-            if is_draft_config(src / CONFIG_FILE)
-            else "a training run without a complete checkpoint yet"
-            if marked_kind(src) == "run"
-            else "not a training run or checkpoint"
-        )
+        found = "not a training run or checkpoint"
+        if not src.is_dir():
+            found = "not an existing folder"
+        elif is_draft_config(src / CONFIG_FILE):
+            found = "a draft, not a training run"
+        elif marked_kind(src) == "run":
+            found = "a training run without a complete checkpoint yet"
         raise UsageError(
             f"{str(source)!r} is {found}",
             where="CHECKPOINT",

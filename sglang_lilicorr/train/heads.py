@@ -1,5 +1,4 @@
-"""The heads `lilicorr train --head` trains: lilicorr, domino and dspark (baselines/), or none. A training checkpoint
-keeps a head's tensors under `lilicorr.` and its geometry as `head_keys`."""
+"""The heads `lilicorr train --head` trains (a checkpoint keeps their tensors under `lilicorr.`)."""
 
 from __future__ import annotations
 

@@ -82,15 +82,10 @@ ROWS = "a file of `lilicorr regenerate` rows"
 
 def is_row(value) -> bool:
     """A regenerate output line: a conversation ({"id", "messages", "turns"}) or a dropped one ({"id", "reason"})."""
-    return (
-        isinstance(value, dict)
-        and "id" in value
-        and (
-            isinstance(value.get("turns"), list)
-            and isinstance(value.get("messages"), list)
-            or isinstance(value.get("reason"), str)
-        )
-    )
+    if not isinstance(value, dict) or "id" not in value:
+        return False
+    conversation = isinstance(value.get("turns"), list) and isinstance(value.get("messages"), list)
+    return conversation or isinstance(value.get("reason"), str)
 
 
 def check_rows_file(path: Path) -> int | None:
@@ -146,15 +141,9 @@ def play(
     done = done_ids(output) | done_ids(dropped_path)
     todo = [p for p in plans if p.id not in done]
     stops = tuple(end_of_turn_ids(tokenizer))
-    conversation = Conversation(
-        tokenizer,
-        Sampling(settings.temperature, settings.max_new_tokens, stops),
-        Sampling(1.0, settings.user_max_new_tokens, stops),
-        settings,
-        guard,
-        seen,
-        stats,
-    )
+    reply = Sampling(settings.temperature, settings.max_new_tokens, stops)
+    user = Sampling(1.0, settings.user_max_new_tokens, stops)
+    conversation = Conversation(tokenizer, reply, user, settings, guard, seen, stats)
     t0 = time.perf_counter()
     with RowWriter(output) as rows, RowWriter(dropped_path) as dropped:
         asyncio.run(_play_all(todo, conversation, generator, rows, dropped, output.name, until, stats))
@@ -255,15 +244,8 @@ class Conversation:
                     return (row, None) if row["turns"] else (None, {"id": plan.id, "reason": reason})
                 turn = text
             row["messages"].append({"role": "user", "content": turn})
-            prompt = list(
-                tok.apply_chat_template(
-                    row["messages"],
-                    tokenize=True,
-                    return_dict=False,
-                    add_generation_prompt=True,
-                    **settings.chat_kwargs,
-                )
-            )
+            template = dict(tokenize=True, return_dict=False, add_generation_prompt=True, **settings.chat_kwargs)
+            prompt = list(tok.apply_chat_template(row["messages"], **template))
             out, loop = await self._reply(complete, prompt, request_seed(settings.seed, plan.id, t, "assistant"))
             left = len(plan.user_turns) - t - 1  # user turns after this one
             if loop is not None and loop.start < settings.loops.min_kept:  # a loop from the reply's first tokens
@@ -320,11 +302,10 @@ def prompt_plans(path: str | Path, guard: EvalGuard | None = None) -> list[Plan]
     plans, ids = [], set()
     for number, row in read_jsonl(path):
         where = f"{path}:{number}"
-        turns = (
-            [m["content"] for m in checked_messages(row, where) if m["role"] == "user"]
-            if "messages" in row
-            else user_texts(row)
-        )
+        if "messages" in row:
+            turns = [m["content"] for m in checked_messages(row, where) if m["role"] == "user"]
+        else:
+            turns = user_texts(row)
         if not turns or not all(t.strip() for t in turns):
             raise DataError(
                 "no user turn to answer", where=where, fix="give `messages` with user messages, `turns` or `text`"

@@ -1,5 +1,4 @@
-"""Where a training step's time goes: device time per phase from CUDA events (host clock on CPU), read once per logging
-window, in ms per step."""
+"""Device time per training phase (CUDA events; host clock on CPU), read once per logging window."""
 
 from __future__ import annotations
 
