@@ -281,13 +281,6 @@ def load_strict(
     return head
 
 
-def load_head(directory: str | os.PathLike) -> LiLiCorrHead:
-    config = read_config(directory)
-    head = new_head(config)  # the config is validated before any tensor is read
-    _, head_tensors = split_head(read_tensors(directory))
-    return load_strict(head, head_tensors, f"{Path(directory) / WEIGHTS_FILE} (head)")
-
-
 def save_checkpoint(
     directory: str | os.PathLike,
     config: Mapping[str, Any],
@@ -310,7 +303,3 @@ def write_checkpoint_files(
     digest = stored_digest(save_tensors(Path(directory) / WEIGHTS_FILE, tensors))
     with atomic_file(Path(directory) / CONFIG_FILE) as tmp:
         tmp.write_text(json.dumps({**config, PAIR_KEY: digest}, indent=2, sort_keys=True) + "\n")
-
-
-def head_tensors_for_save(head: LiLiCorrHead) -> dict[str, torch.Tensor]:
-    return {HEAD_PREFIX + k: v for k, v in head.state_dict().items()}

@@ -92,6 +92,9 @@ def draft(worker, batch, draft_input, ids, positions, locs, plan) -> torch.Tenso
     if worker._noise_embed_scale != 1.0:
         embed = embed * worker._noise_embed_scale
     seq_lens_cpu, seq_lens_sum = host_bound(worker, batch, draft_input, block)
+    non_padded = (
+        torch.full((), bs * block, dtype=torch.int32, device=worker.device) if enable_num_token_non_padded() else None
+    )
     forward_batch = ForwardBatch(
         forward_mode=ForwardMode.TARGET_VERIFY,
         batch_size=bs,
@@ -106,11 +109,7 @@ def draft(worker, batch, draft_input, ids, positions, locs, plan) -> torch.Tenso
         spec_algorithm=SpeculativeAlgorithm.DFLASH,
         spec_info=worker._draft_block_spec_info,
         capture_hidden_mode=CaptureHiddenMode.NULL,
-        num_token_non_padded=(
-            torch.full((), bs * block, dtype=torch.int32, device=worker.device)
-            if enable_num_token_non_padded()
-            else None
-        ),
+        num_token_non_padded=non_padded,
         global_num_token_non_padded_cpu=bs * block,
         can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph,
     )

@@ -50,9 +50,8 @@ def lm_head_rows(lm_head, vocab_size: int, tp_group) -> tuple[torch.Tensor, Voca
         )
     if shard is not None and int(shard.num_org_elements) < vocab_size:  # vocabulary-parallel: rank r's contiguous ids
         start, size = int(shard.org_vocab_start_index), int(shard.num_org_elements)
-        return weight[:size], VocabShard(
-            start, size, vocab_size, int(tp_group.world_size), tp_group.all_gather_into_tensor
-        )
+        vocab = VocabShard(start, size, vocab_size, int(tp_group.world_size), tp_group.all_gather_into_tensor)
+        return weight[:size], vocab
     if weight.shape[0] < vocab_size:
         raise ServingConfigError(f"target LM head has {weight.shape[0]} rows for a {vocab_size}-token vocabulary.")
     return weight[:vocab_size], None
@@ -134,12 +133,8 @@ class LiLiCorrWorker(DFlashWorkerV2):
             token_to_kv_pool_allocator=token_to_kv_pool_allocator,
         )
         pool = req_to_token_pool if req_to_token_pool is not None else self.model_runner.req_to_token_pool
-        check_rows(
-            int(pool.req_to_token.shape[1]),
-            int(self.model_runner.model_config.context_len),
-            int(self.block_size),
-            int(get_alloc_page_size()),
-        )
+        context, page = int(self.model_runner.model_config.context_len), int(get_alloc_page_size())
+        check_rows(int(pool.req_to_token.shape[1]), context, int(self.block_size), page)
         request_slots = int(pool.req_to_token.shape[0])
         self.proposer.allocate(num_request_slots=request_slots, max_rows=max([request_slots, *graph_batch_sizes()]))
 
@@ -280,19 +275,11 @@ class LiLiCorrWorker(DFlashWorkerV2):
 
     def _append_target_hidden_to_draft_kv_by_loc(self, *, commit_lens=None, extend_lens=None, **append) -> None:
         # SGLang's arguments pass through in `append`; a verify's append replays its captured graph if it has one
-        loc_2d = append.get("cache_loc_2d")
-        if (
-            self.append_graphs is not None
-            and loc_2d is not None
-            and self.append_graphs.replay(
-                target_hidden=append["target_hidden"],
-                cache_loc_2d=loc_2d,
-                positions=append["positions"],
-                commit_lens=commit_lens,
-                slots=self._batch_slots,
-            )
-        ):
-            return
+        loc_2d, graphs = append.get("cache_loc_2d"), self.append_graphs
+        if graphs is not None and loc_2d is not None:
+            inputs = dict(target_hidden=append["target_hidden"], cache_loc_2d=loc_2d, positions=append["positions"])
+            if graphs.replay(**inputs, commit_lens=commit_lens, slots=self._batch_slots):
+                return
         self._append_and_publish(commit_lens=commit_lens, extend_lens=extend_lens, slots=self._batch_slots, **append)
 
     def _append_and_publish(self, *, slots, commit_lens=None, extend_lens=None, **append) -> None:
