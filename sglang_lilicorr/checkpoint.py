@@ -32,6 +32,7 @@ PAIR_KEY = "lilicorr_weights_sha256"  # config.json: the CHECKSUM_KEY of the mod
 LEGACY_FLAG = "--accept-legacy-checkpoints"
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 EXPORTED = "pass the folder written by `lilicorr export`"  # the fix for a folder that is not a draft
+REEXPORT = "re-export the draft"
 
 
 class CheckpointError(LiLiCorrError, ValueError):
@@ -62,9 +63,7 @@ def read_config(directory: str | os.PathLike) -> dict[str, Any]:
     except ValueError as e:  # not UTF-8, not JSON, an integer of more digits than Python parses, too deep
         raise CheckpointError(f"not valid JSON ({e})", where=str(cfg_path), fix="re-export the checkpoint") from e
     if not isinstance(config, dict) or not isinstance(config.get("dflash_config"), dict):
-        raise CheckpointError(
-            "no `dflash_config` object: not a DFlash draft config", where=str(cfg_path), fix="re-export the draft"
-        )
+        raise CheckpointError("no `dflash_config` object: not a DFlash draft config", where=str(cfg_path), fix=REEXPORT)
     architecture_of(config, str(cfg_path))
     return config
 
@@ -84,18 +83,14 @@ def architecture_of(config: Mapping[str, Any], where: str = "draft config") -> s
 def block_size_of(config: Mapping[str, Any]) -> int:
     size = config["dflash_config"].get("block_size", config.get("block_size"))
     if not isinstance(size, int) or isinstance(size, bool):
-        raise CheckpointError(
-            f"no integer block_size ({size!r})", where="dflash_config.block_size", fix="re-export the draft"
-        )
+        raise CheckpointError(f"no integer block_size ({size!r})", where="dflash_config.block_size", fix=REEXPORT)
     return size
 
 
 def dtype_of(config: Mapping[str, Any]) -> torch.dtype:
     name = config.get("torch_dtype", config.get("dtype", "bfloat16"))
     if not isinstance(name, str) or name not in DTYPES:
-        raise CheckpointError(
-            f"torch_dtype={name!r} is not one of {sorted(DTYPES)}", where="torch_dtype", fix="re-export the draft"
-        )
+        raise CheckpointError(f"torch_dtype={name!r} is not one of {sorted(DTYPES)}", where="torch_dtype", fix=REEXPORT)
     return DTYPES[name]
 
 
@@ -117,7 +112,7 @@ def lilicorr_config(config: Mapping[str, Any]) -> LiLiCorrConfig:
             config["dflash_config"], block_size=block_size_of(config), rms_norm_eps=config.get("rms_norm_eps", 1e-6)
         )
     except ConfigError as e:
-        raise CheckpointError(f"draft config: {e}", where="dflash_config", fix="re-export the draft") from e
+        raise CheckpointError(f"draft config: {e}", where="dflash_config", fix=REEXPORT) from e
 
 
 def with_head(config: Mapping[str, Any], head_config: LiLiCorrConfig) -> dict[str, Any]:
@@ -220,9 +215,7 @@ def check_tensors(expected: Mapping[str, torch.Tensor], found: Mapping[str, torc
     extra = sorted(set(found) - set(expected))
     if missing:
         raise CheckpointError(
-            f"missing tensor {missing[0]!r} ({len(missing)} missing in all: {missing[:5]})",
-            where=where,
-            fix="re-export the draft",
+            f"missing tensor {missing[0]!r} ({len(missing)} missing in all: {missing[:5]})", where=where, fix=REEXPORT
         )
     if extra:
         raise CheckpointError(
@@ -234,15 +227,13 @@ def check_tensors(expected: Mapping[str, torch.Tensor], found: Mapping[str, torc
         got = found[name]
         if tuple(got.shape) != tuple(ref.shape):
             raise CheckpointError(
-                f"tensor {name!r} has shape {tuple(got.shape)}, expected {tuple(ref.shape)}",
-                where=where,
-                fix="re-export the draft",
+                f"tensor {name!r} has shape {tuple(got.shape)}, expected {tuple(ref.shape)}", where=where, fix=REEXPORT
             )
         if got.dtype != ref.dtype:
             raise CheckpointError(
                 f"tensor {name!r} has dtype {got.dtype}, expected {ref.dtype} (config torch_dtype)",
                 where=where,
-                fix="re-export the draft",
+                fix=REEXPORT,
             )
         if got.is_floating_point() and not bool(torch.isfinite(got).all()):
             raise CheckpointError(

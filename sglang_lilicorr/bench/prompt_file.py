@@ -9,6 +9,8 @@ from ..errors import LiLiCorrError
 from .prompt import Prompt
 from .speed_bench import read_records
 
+FIX_RECORD = "fix or remove that record"
+
 
 class PromptFileError(LiLiCorrError, ValueError):
     """A prompt file row lacks an id or a user turn, or repeats an id."""
@@ -27,7 +29,7 @@ def _turns(row: dict, where: str) -> tuple:
     raise PromptFileError(
         "give the prompt as `text` (a string) or `messages` (a list of {role: user, content} dicts)",
         where=where,
-        fix="fix or remove that record",
+        fix=FIX_RECORD,
     )
 
 
@@ -49,9 +51,9 @@ def load(path: Path, categories: Optional[Iterable[str]] = None) -> List[Prompt]
             )
         prompt_id = str(row.get("id") or "")
         if not prompt_id:
-            raise PromptFileError("every row needs a non-empty `id`", where=where, fix="fix or remove that record")
+            raise PromptFileError("every row needs a non-empty `id`", where=where, fix=FIX_RECORD)
         if prompt_id in seen:
-            raise PromptFileError(f"duplicate id {prompt_id!r}", where=where, fix="fix or remove that record")
+            raise PromptFileError(f"duplicate id {prompt_id!r}", where=where, fix=FIX_RECORD)
         seen.add(prompt_id)
         group = str(row.get("set") or row.get("category") or path.stem)
         prompts.append(

@@ -70,6 +70,7 @@ RECORD_FIELDS = {
     "category": str,
     "turns": list,
 }
+FIX_LINE = "fix or remove that line"
 TURN_FIELDS = {"completion_tokens": int, "start": float, "end": float}
 TURN_LISTS = (*SPEC_LISTS, *ID_LISTS)  # lists of integers >= 0 a turn holds where the server sent them
 
@@ -96,17 +97,13 @@ def check_record(record, where: str) -> dict:
         )
     for name, kind in RECORD_FIELDS.items():
         if not _is(record.get(name), kind):
-            raise ResultsError(
-                f"`{name}`={record.get(name)!r:.60} is not a {kind.__name__}",
-                where=where,
-                fix="fix or remove that line",
-            )
+            raise ResultsError(f"`{name}`={record.get(name)!r:.60} is not a {kind.__name__}", where=where, fix=FIX_LINE)
     try:
         record_key(record)
     except ValueError as e:
-        raise ResultsError(str(e), where=where, fix="fix or remove that line") from e
+        raise ResultsError(str(e), where=where, fix=FIX_LINE) from e
     if not record["turns"]:
-        raise ResultsError("`turns` is empty", where=where, fix="fix or remove that line")
+        raise ResultsError("`turns` is empty", where=where, fix=FIX_LINE)
     for i, turn in enumerate(record["turns"]):
         bad = [n for n, kind in TURN_FIELDS.items() if not (isinstance(turn, dict) and _is(turn.get(n), kind))]
         if not bad and turn.get("spec_verify_ct") is not None and not _is(turn["spec_verify_ct"], int):
@@ -119,7 +116,7 @@ def check_record(record, where: str) -> dict:
                 f"{' / '.join(TURN_LISTS)} as lists of integers >= 0 where present "
                 f"(bad: {bad or ['start/end' if turn['end'] < turn['start'] else 'completion_tokens']})",
                 where=where,
-                fix="fix or remove that line",
+                fix=FIX_LINE,
             )
     return record
 
@@ -133,7 +130,7 @@ def _json_line(line: bytes, where: str):
     try:
         return loads(line.decode("utf-8"))
     except ValueError as e:  # not UTF-8, not JSON, too many digits, too deep, a lone surrogate
-        raise ResultsError(f"not valid JSON ({e})", where=where, fix="fix or remove that line") from e
+        raise ResultsError(f"not valid JSON ({e})", where=where, fix=FIX_LINE) from e
 
 
 def _torn_tail(data: bytes) -> Optional[int]:

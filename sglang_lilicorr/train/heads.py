@@ -8,7 +8,8 @@ from typing import Any, Mapping
 import torch
 
 from ..baselines import DominoConfig, DominoHead, DSparkConfig, DSparkHead, corrector_config_from_keys
-from ..checkpoint import CONFIG_FILE, HEAD_PREFIX, WEIGHTS_FILE, CheckpointError, dtype_of, load_strict, read_tensors
+from ..checkpoint import CONFIG_FILE, HEAD_PREFIX, REEXPORT, WEIGHTS_FILE, CheckpointError, dtype_of, load_strict
+from ..checkpoint import read_tensors
 from ..config import ConfigError, LiLiCorrConfig
 from ..drafter import DFlashDrafter, DrafterConfig, load_draft
 from ..head import LiLiCorrHead
@@ -63,9 +64,7 @@ def corrector_draft_config(
         dspark = DSparkConfig.of_serving_config(raw)
         head_cfg = dspark or DominoConfig.of_serving_config(raw)
     except ConfigError as e:
-        raise CheckpointError(
-            f"draft config: {e}", where=str(Path(directory) / CONFIG_FILE), fix="re-export the draft"
-        ) from e
+        raise CheckpointError(f"draft config: {e}", where=str(Path(directory) / CONFIG_FILE), fix=REEXPORT) from e
     if head_cfg is None:
         return None
     config = DSparkConfig.drafter_config(raw) if dspark else raw
@@ -84,7 +83,7 @@ def read_corrector_draft(directory: str | Path) -> tuple[DrafterConfig, DominoCo
         raise CheckpointError(
             f"tensor {bad[0]!r} is {tensors[bad[0]].dtype}, config torch_dtype says {dtype}",
             where=str(Path(directory) / WEIGHTS_FILE),
-            fix="re-export the draft",
+            fix=REEXPORT,
         )
     names = set(build_head(head_cfg, drafter_cfg).state_dict())
     head_t = {k: v for k, v in tensors.items() if k in names}

@@ -26,6 +26,7 @@ from .heads import HeadConfig, corrector_draft_config, head_config_from_keys, he
 
 STATE_FILE, TENSORS_FILE, OPTIMIZER_FILE, LATEST = "train_state.json", "trainable.safetensors", "optimizer.pt", "latest"
 FORMAT = "lilicorr-train-v1"
+EARLIER = "use an earlier checkpoint"
 # how a run in a folder makes way for a new one (it is never deleted)
 START_OVER = (
     "pass --no-resume --move-aside to start a new run in this folder (the old one is moved beside it, whole), "
@@ -141,7 +142,7 @@ def read_optimizer_state(path: str | Path, map_location="cpu", legacy: bool = Fa
         data = where.read_bytes()
         expected = loads((path / STATE_FILE).read_text()).get("sha256", {}).get(OPTIMIZER_FILE)
     except (OSError, ValueError, AttributeError) as e:
-        raise CheckpointError(f"cannot be read ({e})", where=str(where), fix="use an earlier checkpoint") from e
+        raise CheckpointError(f"cannot be read ({e})", where=str(where), fix=EARLIER) from e
     if expected is None and not legacy:
         raise UncheckedError(
             f"has no sha256 in {STATE_FILE}: written before checkpoints carried checksums, or not by lilicorr",
@@ -152,22 +153,16 @@ def read_optimizer_state(path: str | Path, map_location="cpu", legacy: bool = Fa
         print(f"warning: {where} has no sha256; loaded unchecked ({LEGACY_FLAG}).", file=sys.stderr)
     elif hashlib.sha256(data).hexdigest() != expected:
         raise CheckpointError(
-            f"does not match the sha256 in {STATE_FILE}: it changed after it was written",
-            where=str(where),
-            fix="use an earlier checkpoint",
+            f"does not match the sha256 in {STATE_FILE}: it changed after it was written", where=str(where), fix=EARLIER
         )
     try:
         state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except Exception as e:  # torch raises several types for a truncated or foreign pickle
         raise CheckpointError(
-            f"truncated or not an optimizer state ({type(e).__name__})",
-            where=str(where),
-            fix="use an earlier checkpoint",
+            f"truncated or not an optimizer state ({type(e).__name__})", where=str(where), fix=EARLIER
         ) from e
     if not (isinstance(state, dict) and "optimizer" in state and "scheduler" in state):
-        raise CheckpointError(
-            "holds no optimizer and scheduler state", where=str(where), fix="use an earlier checkpoint"
-        )
+        raise CheckpointError("holds no optimizer and scheduler state", where=str(where), fix=EARLIER)
     return state
 
 
@@ -249,9 +244,7 @@ def read_training_checkpoint(
         drafter = DrafterConfig.from_hf_config(state["drafter_config"])
         head = head_config_from_keys(state["head_config"], drafter)
     except (ValueError, TypeError, KeyError) as e:
-        raise CheckpointError(
-            f"drafter_config / head_config: {e}", where=str(path / STATE_FILE), fix="use an earlier checkpoint"
-        ) from e
+        raise CheckpointError(f"drafter_config / head_config: {e}", where=str(path / STATE_FILE), fix=EARLIER) from e
     fix = "use an earlier checkpoint (OUTPUT/checkpoints/step-N)"
     tensors = load_tensors(path / TENSORS_FILE, fix=fix, unchecked="warn" if legacy else "refuse")
     for name, t in tensors.items():
