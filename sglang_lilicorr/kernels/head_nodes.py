@@ -14,8 +14,6 @@ from .head_norm import SUMSQ_GROUP, norm_store, store_sumsq
 from .pdl import check_pdl, grid_dependency_wait, pdl_launch
 from .tuning import ConfidenceLaunch
 
-NUM_FEATURES = 5  # log p, p, log p - log p_top, rank / (K-1), is-top-1 (sglang_lilicorr.head)
-
 
 @triton.jit
 def _confidence_up_kernel(

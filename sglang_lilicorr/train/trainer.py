@@ -103,7 +103,7 @@ GEOMETRY_OPTIONS = {
     "draft_intermediate_size": "intermediate_size",
     "mask_token": "mask_token",
 }
-RECORDED_GEOMETRY = ("draft_layers", "num_context_features", "block_size")
+RECORDED_GEOMETRY = ("draft_layers", "num_context_features", "block_size")  # the FFN width and mask token stay as given
 
 
 def init_drafter_config(cfg: TrainConfig, target_layers: int, lm_head_shape) -> DrafterConfig:
@@ -449,11 +449,9 @@ def build_job(cfg: TrainConfig, env: Distributed) -> Job:
     model, tokenizer = load_target(cfg.target, env.device, cfg.bf16)
     drafter_cfg = drafter_config_for(model, tokenizer, cfg)
     features = len(drafter_cfg.target_layer_ids)
-    if cfg.init_from:  # the run records the draft's depth and block, what it trains with (the FFN width and mask
-        # token stay as given, as runs started from a draft recorded them before its geometry was taken from it)
-        cfg = dataclasses.replace(
-            cfg, **{option: getattr(drafter_cfg, GEOMETRY_OPTIONS[option]) for option in RECORDED_GEOMETRY}
-        )
+    if cfg.init_from:  # the run records the draft's depth and block (RECORDED_GEOMETRY), what it trains with
+        recorded = {option: getattr(drafter_cfg, GEOMETRY_OPTIONS[option]) for option in RECORDED_GEOMETRY}
+        cfg = dataclasses.replace(cfg, **recorded)
     if features != cfg.num_context_features:  # the target has fewer layers: the run records what it trains with
         if env.main:
             print(
