@@ -43,11 +43,8 @@ def _slug(*parts) -> str:
 
 def _cells_at(cells: Sequence[dict], dataset: str, temperature: float, concurrency: int) -> List[dict]:
     """The cells of one dataset at one temperature and concurrency."""
-    return [
-        c
-        for c in cells
-        if c["dataset"] == dataset and c["temperature"] == temperature and c["concurrency"] == concurrency
-    ]
+    at = (dataset, temperature, concurrency)
+    return [c for c in cells if (c["dataset"], c["temperature"], c["concurrency"]) == at]
 
 
 def plot_vs_concurrency(
