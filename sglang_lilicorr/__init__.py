@@ -1,5 +1,4 @@
-"""sglang-lilicorr: LiLiCorr speculative decoding for SGLang (head, walk, losses, kernels,
-checkpoints; the SGLang plugin lives in `sglang_lilicorr.serving`)."""
+"""sglang-lilicorr: LiLiCorr speculative decoding for SGLang (the plugin: `sglang_lilicorr.serving`)."""
 
 from .config import LiLiCorrConfig
 from .head import LiLiCorrHead

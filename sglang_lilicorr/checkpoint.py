@@ -1,7 +1,6 @@
-"""Draft checkpoints in SGLang 0.5.23's DFlash / LiLiCorr format, saved and loaded strictly: a folder with config.json
-(`architectures` DFlashDraftModel or LiLiCorrDraftModel, `torch_dtype`, `dflash_config` with the `lilicorr_*` keys) and
-model.safetensors (drafter tensors, the head under `lilicorr.`, a checksum in its metadata, which config.json names as
-`lilicorr_weights_sha256` so the two files of one export are read together). Checks raise CheckpointError."""
+"""Draft checkpoints in SGLang 0.5.23's DFlash / LiLiCorr format, saved and loaded strictly: config.json
+(`architectures`, `torch_dtype`, `dflash_config` with the `lilicorr_*` keys, `lilicorr_weights_sha256`) and
+model.safetensors (the head under `lilicorr.`, its checksum in the metadata). Checks raise CheckpointError."""
 
 from __future__ import annotations
 
@@ -33,6 +32,7 @@ PAIR_KEY = "lilicorr_weights_sha256"  # config.json: the CHECKSUM_KEY of the mod
 LEGACY_FLAG = "--accept-legacy-checkpoints"
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 EXPORTED = "pass the folder written by `lilicorr export`"  # the fix for a folder that is not a draft
+REEXPORT = "re-export the draft"
 
 
 class CheckpointError(LiLiCorrError, ValueError):
@@ -63,9 +63,7 @@ def read_config(directory: str | os.PathLike) -> dict[str, Any]:
     except ValueError as e:  # not UTF-8, not JSON, an integer of more digits than Python parses, too deep
         raise CheckpointError(f"not valid JSON ({e})", where=str(cfg_path), fix="re-export the checkpoint") from e
     if not isinstance(config, dict) or not isinstance(config.get("dflash_config"), dict):
-        raise CheckpointError(
-            "no `dflash_config` object: not a DFlash draft config", where=str(cfg_path), fix="re-export the draft"
-        )
+        raise CheckpointError("no `dflash_config` object: not a DFlash draft config", where=str(cfg_path), fix=REEXPORT)
     architecture_of(config, str(cfg_path))
     return config
 
@@ -85,18 +83,14 @@ def architecture_of(config: Mapping[str, Any], where: str = "draft config") -> s
 def block_size_of(config: Mapping[str, Any]) -> int:
     size = config["dflash_config"].get("block_size", config.get("block_size"))
     if not isinstance(size, int) or isinstance(size, bool):
-        raise CheckpointError(
-            f"no integer block_size ({size!r})", where="dflash_config.block_size", fix="re-export the draft"
-        )
+        raise CheckpointError(f"no integer block_size ({size!r})", where="dflash_config.block_size", fix=REEXPORT)
     return size
 
 
 def dtype_of(config: Mapping[str, Any]) -> torch.dtype:
     name = config.get("torch_dtype", config.get("dtype", "bfloat16"))
     if not isinstance(name, str) or name not in DTYPES:
-        raise CheckpointError(
-            f"torch_dtype={name!r} is not one of {sorted(DTYPES)}", where="torch_dtype", fix="re-export the draft"
-        )
+        raise CheckpointError(f"torch_dtype={name!r} is not one of {sorted(DTYPES)}", where="torch_dtype", fix=REEXPORT)
     return DTYPES[name]
 
 
@@ -118,7 +112,7 @@ def lilicorr_config(config: Mapping[str, Any]) -> LiLiCorrConfig:
             config["dflash_config"], block_size=block_size_of(config), rms_norm_eps=config.get("rms_norm_eps", 1e-6)
         )
     except ConfigError as e:
-        raise CheckpointError(f"draft config: {e}", where="dflash_config", fix="re-export the draft") from e
+        raise CheckpointError(f"draft config: {e}", where="dflash_config", fix=REEXPORT) from e
 
 
 def with_head(config: Mapping[str, Any], head_config: LiLiCorrConfig) -> dict[str, Any]:
@@ -190,8 +184,8 @@ def stored_digest(path: str | os.PathLike) -> str | None:
 
 
 def read_tensors(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """A draft's model.safetensors, checked against its checksum and against the one its config.json names (the two
-    files of two exports are refused; weights that another tool rewrote carry no checksum and are not compared)."""
+    """A draft's model.safetensors, checked against its checksum and the one config.json names (a config and weights of
+    two exports are refused)."""
     path = Path(directory) / WEIGHTS_FILE
     if not path.is_file():
         raise CheckpointError(
@@ -221,9 +215,7 @@ def check_tensors(expected: Mapping[str, torch.Tensor], found: Mapping[str, torc
     extra = sorted(set(found) - set(expected))
     if missing:
         raise CheckpointError(
-            f"missing tensor {missing[0]!r} ({len(missing)} missing in all: {missing[:5]})",
-            where=where,
-            fix="re-export the draft",
+            f"missing tensor {missing[0]!r} ({len(missing)} missing in all: {missing[:5]})", where=where, fix=REEXPORT
         )
     if extra:
         raise CheckpointError(
@@ -235,15 +227,13 @@ def check_tensors(expected: Mapping[str, torch.Tensor], found: Mapping[str, torc
         got = found[name]
         if tuple(got.shape) != tuple(ref.shape):
             raise CheckpointError(
-                f"tensor {name!r} has shape {tuple(got.shape)}, expected {tuple(ref.shape)}",
-                where=where,
-                fix="re-export the draft",
+                f"tensor {name!r} has shape {tuple(got.shape)}, expected {tuple(ref.shape)}", where=where, fix=REEXPORT
             )
         if got.dtype != ref.dtype:
             raise CheckpointError(
                 f"tensor {name!r} has dtype {got.dtype}, expected {ref.dtype} (config torch_dtype)",
                 where=where,
-                fix="re-export the draft",
+                fix=REEXPORT,
             )
         if got.is_floating_point() and not bool(torch.isfinite(got).all()):
             raise CheckpointError(
@@ -265,8 +255,7 @@ def new_head(config: Mapping[str, Any]) -> LiLiCorrHead:
 
 
 def expected_tensors(module: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """What `check_tensors` expects of a checkpoint of `module`: its tensors' names and shapes, its floating tensors
-    of `dtype` (default: their own), as storage-free meta tensors."""
+    """Meta tensors of `module`'s names and shapes, floating ones of `dtype` (default: their own)."""
     return {
         k: torch.empty(v.shape, dtype=dtype if dtype is not None and v.is_floating_point() else v.dtype, device="meta")
         for k, v in module.state_dict().items()
@@ -283,21 +272,13 @@ def load_strict(
     return head
 
 
-def load_head(directory: str | os.PathLike) -> LiLiCorrHead:
-    config = read_config(directory)
-    head = new_head(config)  # the config is validated before any tensor is read
-    _, head_tensors = split_head(read_tensors(directory))
-    return load_strict(head, head_tensors, f"{Path(directory) / WEIGHTS_FILE} (head)")
-
-
 def save_checkpoint(
     directory: str | os.PathLike,
     config: Mapping[str, Any],
     tensors: Mapping[str, torch.Tensor],
     keep_others: bool = False,
 ) -> Path:
-    """Write config.json + model.safetensors as one unit, a new folder that takes `directory`'s place; with
-    `keep_others`, whatever else an existing `directory` holds is kept (ownership.atomic_directory)."""
+    """config.json + model.safetensors as one new folder in `directory`'s place; `keep_others`: keep the rest."""
     for name, t in tensors.items():
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise CheckpointError(f"refusing to save tensor {name!r}: it holds NaN or Inf values.")
@@ -309,12 +290,7 @@ def save_checkpoint(
 def write_checkpoint_files(
     directory: str | os.PathLike, config: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]
 ) -> None:
-    """config.json + model.safetensors into an existing folder, each file atomically (weights first, the config naming
-    their checksum: a reader refuses a config and weights of two exports), nothing else touched."""
+    """config.json + model.safetensors into an existing folder, each atomically, weights first."""
     digest = stored_digest(save_tensors(Path(directory) / WEIGHTS_FILE, tensors))
     with atomic_file(Path(directory) / CONFIG_FILE) as tmp:
         tmp.write_text(json.dumps({**config, PAIR_KEY: digest}, indent=2, sort_keys=True) + "\n")
-
-
-def head_tensors_for_save(head: LiLiCorrHead) -> dict[str, torch.Tensor]:
-    return {HEAD_PREFIX + k: v for k, v in head.state_dict().items()}

@@ -1,5 +1,4 @@
-"""`lilicorr`: one console script, one subcommand per job. Each job module (commands/, bench/cli.py) adds its
-subparsers through `register(subparsers)` and imports heavy dependencies lazily; what they share is cli_args.py's."""
+"""`lilicorr`: one console script; each job module adds its subparsers through `register(subparsers)`."""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`lilicorr ARGV...` -> its exit code (argparse's refusals and --help included). As the program (no `argv`), an
-    interrupt after the command has ended is ignored (it would only print a traceback from the exit hooks)."""
+    """`lilicorr ARGV...` -> its exit code; as the program (no `argv`), an interrupt after the command is ignored."""
     try:
         try:
             args = build_parser().parse_args(argv)

@@ -1,7 +1,6 @@
-"""What every `lilicorr` subcommand shares, in a leaf module (imports only `errors`): the one-line-error parser, the
-argparse types that check a value when parsed, and how an error ends a subcommand: one stderr line `error: <what>
-(<where>): <fix>`, exit 2 for a usage error (argparse's, `UsageError`), 1 for any other (`LiLiCorrError`, `OSError`,
-or an unexpected exception, named with the file:line it was raised at; `LILICORR_DEBUG=1` re-raises those)."""
+"""What every `lilicorr` subcommand shares (imports only `errors`): the one-line-error parser, argparse types that check
+values, and how an error ends a subcommand: `error: <what> (<where>): <fix>`, exit 2 for a usage error, 1 otherwise (an
+unexpected exception named with its file:line; `LILICORR_DEBUG=1` re-raises)."""
 
 from __future__ import annotations
 
@@ -31,8 +30,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with its errors as one line that names the command to ask for help (its subparsers are of this class
-    too); an unknown option is answered by the command it was given to, with the closest option it has."""
+    """argparse with one-line errors naming the command's --help, and the closest option to an unknown one."""
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
@@ -136,8 +134,7 @@ def json_object_arg(text: str) -> dict:
 
 
 def one_level_down(path: str | os.PathLike, fallback: str, marker: str = "config.json") -> str:
-    """The fix for a folder `path` that lacks `marker`: to pass the folder(s) one level inside it that hold it (a
-    draft or a model one level down, e.g. checkpoints/smollm2-lilicorr for checkpoints), else `fallback`."""
+    """The fix for a folder lacking `marker`: the folder(s) one level down that hold it, else `fallback`."""
     folder = Path(path)
     try:
         found = sorted(str(p) for p in folder.iterdir() if (p / marker).is_file()) if folder.is_dir() else []

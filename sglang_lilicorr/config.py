@@ -1,5 +1,4 @@
-"""LiLiCorrConfig: the head's geometry (paper Table hparams), validated, and its round-trip through the draft's
-``dflash_config`` (the ``lilicorr_*`` keys SGLang 0.5.23 reads)."""
+"""LiLiCorrConfig: the head's geometry, validated, and its ``lilicorr_*`` keys in the draft's ``dflash_config``."""
 
 from __future__ import annotations
 
@@ -82,11 +81,8 @@ class LiLiCorrConfig:
         )
         for name in ("logit_scale", "mlp_ratio", "vector_eps", "rms_norm_eps"):
             value = getattr(self, name)
-            need(
-                isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0,
-                name,
-                "a finite positive number",
-            )
+            finite = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            need(finite and value > 0, name, "a finite positive number")
 
     # the head's fields in a draft config.json, as SGLang's built-in head config names them (`lilicorr_<name>`)
     SERIALISED = (
@@ -126,14 +122,10 @@ class LiLiCorrConfig:
                 "geometry key (export it with `lilicorr export`, or serve the draft with "
                 "--speculative-algorithm DFLASH if it has no LiLiCorr head)."
             )
-        fields = {
-            name: json_number(
-                dflash_config[f"lilicorr_{name}"],
-                float if name in cls._FLOATS else int,
-                f"dflash_config.lilicorr_{name}",
-            )
-            for name in cls.SERIALISED
-        }
+        fields = {}
+        for name in cls.SERIALISED:
+            kind = float if name in cls._FLOATS else int
+            fields[name] = json_number(dflash_config[f"lilicorr_{name}"], kind, f"dflash_config.lilicorr_{name}")
         return cls(
             block_size=json_number(block_size, int, "block_size"),
             rms_norm_eps=json_number(rms_norm_eps, float, "rms_norm_eps"),

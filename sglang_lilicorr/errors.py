@@ -1,6 +1,4 @@
-"""LiLiCorrError: the base of every error raised on bad input the project expects (a missing or corrupt file, a field
-out of range, a draft that does not fit its target, a wrong argument). `lilicorr` prints it as one line and exits with
-its `exit_code` (2 for a usage error, 1 otherwise); each subclass keeps its builtin base (ValueError, RuntimeError)."""
+"""LiLiCorrError: expected bad input, printed as one line; exit 2 for a usage error, 1 otherwise."""
 
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ class LiLiCorrError(Exception):
         super().__init__(describe(what, where, fix))
 
     def located(self, where: str) -> "LiLiCorrError":
-        """This error naming `where` when it names no place (a whole message "what; fix." split at its first "; "),
-        of the same type; itself when it names one."""
+        """This error naming `where` when it names no place (its message split at its first "; "); else itself."""
         if self.where is not None or type(self).__init__ is not LiLiCorrError.__init__:
             return self
         what, fix = self.what, self.fix

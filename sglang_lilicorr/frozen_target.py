@@ -1,6 +1,4 @@
-"""The frozen target: any Hugging Face causal LM, run teacher-forced (no grad). It supplies what SGLang gives the
-drafter when serving and what the objective needs: context features (layers `target_layer_ids`' outputs, concatenated,
-[b, T, n * Hm]), its frozen embedding and LM head (drafter logits, grad reaching the drafter), the slot targets."""
+"""The frozen target: any Hugging Face causal LM, run teacher-forced (no grad)."""
 
 from __future__ import annotations
 
@@ -38,8 +36,7 @@ def local_model_dir(path: str | Path, option: str = "--target") -> Path:
 
 @contextlib.contextmanager
 def loading_target(path: str | Path, option: str = "--target") -> Iterator[None]:
-    """Around transformers' from_pretrained of a target folder: a folder it cannot load (a config that is not JSON, no
-    weights, no tokenizer) is an argument that cannot work (UsageError, exit 2), not an unexpected error."""
+    """Around from_pretrained of a target folder: a folder it cannot load is a UsageError (exit 2)."""
     try:
         yield
     except (OSError, ValueError) as e:

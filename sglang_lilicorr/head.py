@@ -1,8 +1,6 @@
-"""The LiLiCorr head (paper Sec. 3.2, App. A), for training and inference: candidate nodes -> lattice transformer ->
-fusion with the target state -> unit out/in vectors -> sigma * cosine scores. token_states [b, S, K, H],
-candidate_log_probs [b, S, K] (descending in K), pass_hidden [b, S, Hm], anchor_hidden [b, Hm] (projected context of
-the last verified token) -> start [b, K] = sigma * cos(out_anchor, in_{1,k}), pair [b, S-1, K, K] = sigma *
-cos(out_{s,i}, in_{s+1,j}). Parameter names are SGLang 0.5.23's (checkpoint tensors `lilicorr.<name>`)."""
+"""The LiLiCorr head (paper Sec. 3.2, App. A): candidate nodes -> lattice transformer -> fusion with the target state ->
+sigma * cosine scores: start [b, K] = sigma * cos(out_anchor, in_{1,k}), pair [b, S-1, K, K] = sigma * cos(out_{s,i},
+in_{s+1,j}). Parameter names are SGLang 0.5.23's (checkpoint tensors `lilicorr.<name>`)."""
 
 from __future__ import annotations
 

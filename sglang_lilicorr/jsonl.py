@@ -1,5 +1,4 @@
-"""JSON files: JSON text parsed as text a user's file may hold (`loads`), and JSON lines (one object per line, every
-error naming the file and line) read."""
+"""JSON text a user's file may hold (`loads`), and JSON lines read with errors naming the file and line."""
 
 from __future__ import annotations
 

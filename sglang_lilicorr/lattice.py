@@ -1,6 +1,4 @@
-"""The lattice transformer: a bidirectional pre-norm transformer over a block's (B-1) x K candidate nodes, with two
-learned per-head attention biases (paper App. A): by signed slot distance, and for pairs sharing a slot. Parameter
-names follow SGLang 0.5.23's head (`in_proj_weight` packs q, k, v), so checkpoints load both ways."""
+"""The lattice transformer over a block's (B-1) x K candidate nodes, with slot-distance and same-slot biases."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The joint training objective (paper Sec. 3.3-3.4, Eqs. 3-7; App. D; App. G): L = L_dflash + gamma * (L_CE +
-lambda * L_dist), or with the margin, L_dflash + gamma * ((1 - mu) L_CE + lambda L_dist + mu L_margin):
-L_dflash the drafter's decayed block cross-entropy (Eq. 6), L_CE the teacher-forced reranker cross-entropy (Eq. 3),
-L_dist the distractor penalty (Eqs. 4-5), L_margin a hinge on the decision gap. The baselines' heads
-(`corrector_objective`): L_dflash + gamma * (L_step + L_conf), L_step Eq. 6 on the corrected step logits, L_conf
-DSpark's confidence BCE. Reranker terms average over the batch's oracle-prefix slots (oracle.py; none -> exactly 0)."""
+"""The joint training objective (paper Eqs. 3-7; App. D, G): L = L_dflash + gamma * (L_CE + lambda L_dist), with the
+margin L_dflash + gamma * ((1 - mu) L_CE + lambda L_dist + mu L_margin); the baselines' heads: L_dflash + gamma *
+(L_step + L_conf). Reranker terms average over the oracle-prefix slots (oracle.py; none -> exactly 0)."""
 
 from __future__ import annotations
 
@@ -36,16 +33,14 @@ def dflash_block_ce(
     valid: torch.Tensor,  # [N, S] bool
     beta: float = 7.0,
 ) -> torch.Tensor:
-    """DFlash block cross-entropy (Eq. 6): L_n = sum_s w_s * CE_{n,s} over a block's valid slots (a sum: the scale
-    gamma is calibrated against), averaged over blocks with a valid slot; none -> 0."""
+    """DFlash block CE (Eq. 6): sum_s w_s * CE_{n,s} over valid slots, mean over blocks with one (none: 0)."""
     expect(logits, "logits", (None, None, None), "float")
     n, s, v = logits.shape
     expect(targets, "targets", (n, s), "int")
     expect(valid, "valid", (n, s), "bool")
     safe_targets = torch.where(valid, targets, 0).to(torch.int64)
-    ce = F.cross_entropy(_at_least_fp32(logits).reshape(n * s, v), safe_targets.reshape(-1), reduction="none").view(
-        n, s
-    )
+    ce = F.cross_entropy(_at_least_fp32(logits).reshape(n * s, v), safe_targets.reshape(-1), reduction="none")
+    ce = ce.view(n, s)
     weight = dflash_slot_weights(s, beta, logits.device, ce.dtype).expand(n, s)  # [N, S]
     per_block = torch.where(valid, ce * weight, 0.0).sum(dim=1)  # [N]
     return per_block.sum() / valid.any(dim=1).sum().clamp(min=1)
@@ -157,16 +152,8 @@ def lilicorr_objective(
     dflash = dflash_block_ce(draft_logits, targets, valid, weights.beta)
     if weights.gamma == 0:
         return ObjectiveTerms(total=dflash, dflash=dflash)
-    missing = [
-        k
-        for k, t in (
-            ("candidate_ids", candidate_ids),
-            ("start", start),
-            ("pair", pair),
-            ("target_log_probs", target_log_probs),
-        )
-        if t is None
-    ]
+    given = {"candidate_ids": candidate_ids, "start": start, "pair": pair, "target_log_probs": target_log_probs}
+    missing = [k for k, t in given.items() if t is None]
     if missing:
         raise ObjectiveInputError(
             f"lilicorr_objective: gamma={weights.gamma} needs {', '.join(missing)}; "

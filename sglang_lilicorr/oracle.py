@@ -1,6 +1,6 @@
-"""Oracle-prefix supervision (paper Sec. 3.3; App. A): slot s carries a reranker signal only when it is valid and its
-ground-truth token g_s and every earlier slot's are among the K candidates (the verifier never exercises a path past
-a wrong token). Teacher forcing (Eq. 2): z_1[k] = start[k], z_s[k] = pair[s-1, g_{s-1}, k]; N blocks, S slots."""
+"""Oracle-prefix supervision (paper Sec. 3.3): slot s carries a reranker signal only when valid and its ground-truth
+token and every earlier slot's are among the K candidates. Teacher forcing (Eq. 2): z_1[k] = start[k], z_s[k] =
+pair[s-1, g_{s-1}, k]."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ class ObjectiveInputError(LiLiCorrError, ValueError):
 
 
 def expect(tensor: torch.Tensor, name: str, shape: tuple, kind: str | None = None) -> None:
-    """Check ``tensor`` has ``len(shape)`` dims, matching every int entry of ``shape`` (None = any),
-    and, for ``kind`` in {"int", "bool", "float"}, that dtype family. Raises ObjectiveInputError."""
+    """ObjectiveInputError unless ``tensor`` matches ``shape`` (None = any) and ``kind``'s dtype family."""
     if not isinstance(tensor, torch.Tensor):
         raise ObjectiveInputError(f"{name}: expected a torch.Tensor, got {type(tensor).__name__}.")
     want = "[" + ", ".join("*" if d is None else str(d) for d in shape) + "]"

@@ -1,14 +1,8 @@
 """What a command may write: a new folder, an empty one, or one of its own kind; and writes that are whole or absent.
 
-Kinds `run`, `dataset` and `report` carry a marker, `.lilicorr.json` ({"kind": ...}), written when the folder is
-claimed (`claim_folder`); an `export` is recognised by its content (config.json + model.safetensors), so it stays a
-plain SGLang draft folder; `recognise` accepts folders of a kind made before markers. Append-only JSON-lines files are
-checked line by line before a byte is written (`jsonl_for_append`); a torn last line is cut only in a file of that kind.
-
-Temporaries are `.<name>.lilicorr-tmp-<random>` beside what they become, and the next writer of the same place removes
-them (`remove_temporaries`). A folder is replaced by exchanging it with its finished copy in one rename
-(`atomic_directory`); one that keeps the user's other files is rebuilt beside itself from hard links of them, never
-copies (`link_tree`, `put_back`). One writer at a time (`sole_writer`): an flock on `.<name>.lilicorr-lock` beside the
+Kinds `run`, `dataset` and `report` carry a marker, `.lilicorr.json`; an `export` is recognised by its content
+(config.json + model.safetensors). Temporaries are `.<name>.lilicorr-tmp-<random>` beside what they become, removed by
+the next writer of the place. One writer at a time (`sole_writer`): an flock on `.<name>.lilicorr-lock` beside the
 target, released by the kernel however the process ends; a second writer is refused (exit 2), naming the holder."""
 
 from __future__ import annotations
@@ -66,8 +60,7 @@ def is_temporary(path: Path) -> bool:
 
 
 def remove_temporaries(folder: str | os.PathLike, of: str | None = None) -> list[Path]:
-    """Remove what an interrupted write left in `folder` (only names made by `temporary_name`; with `of`, only
-    those of that final name) -> what was removed."""
+    """Remove what an interrupted write left in `folder` (with `of`, that name's temporaries) -> what was removed."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
@@ -80,8 +73,7 @@ def remove_temporaries(folder: str | os.PathLike, of: str | None = None) -> list
 
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; when the block completes it replaces `path` (flushed to disk first),
-    when it fails (or is interrupted) it is removed and `path` is untouched."""
+    """A temporary path that replaces `path` (fsynced) when the block completes, removed when it fails."""
     path = Path(os.path.abspath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(path)
@@ -114,13 +106,11 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
 
 @contextlib.contextmanager
 def atomic_directory(target: str | os.PathLike, keep_all_but: Collection[str] | None = None) -> Iterator[Path]:
-    """Yield an empty temporary directory beside `target`; when the block completes it takes `target`'s place
-    (an existing `target`, checked by the caller, is exchanged with it in one rename, then removed): a reader, or a
-    kill, finds the old folder or the new one, whole; when the block fails it is removed and `target` is untouched.
-    Where the file system cannot exchange, the old folder is renamed aside first (a kill between leaves both as
-    temporaries). With `keep_all_but` (the names the block writes) `target` keeps all else it holds: the directory
-    starts as its twin (`link_tree`) with its mode, the old one goes by `put_back`, and without an exchange such a
-    folder is refused (UsageError)."""
+    """Yield an empty temporary directory beside `target`; when the block completes it takes `target`'s place (an
+    existing one is exchanged with it in one rename, then removed; where the file system cannot exchange, renamed aside
+    first); when the block fails it is removed. With `keep_all_but` (the names the block writes) `target` keeps all
+    else: the directory starts as its twin (`link_tree`), the old one goes by `put_back`; without an exchange:
+    UsageError."""
     target = Path(os.path.abspath(target))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(target)
@@ -151,11 +141,9 @@ def atomic_directory(target: str | os.PathLike, keep_all_but: Collection[str] | 
 
 
 def link_tree(source: Path, twin: Path, skip: Collection[str] = ()) -> int:
-    """Fill `twin`, a new empty folder on `source`'s file system, with what `source` holds but the files named in
-    `skip` (and their temporaries) -> how many entries: each file (a symlink as a symlink) a hard link of the
-    source's, the same file; each folder a new one of the same owner, mode, times and attributes. Nothing is copied:
-    an entry that cannot be linked or made alike (a mount point, a file the system will not link, a folder this user
-    may not read and write, or give its owner) raises NotOursError naming it, and the caller removes `twin`."""
+    """Fill `twin`, a new empty folder on `source`'s file system, with hard links of what `source` holds but `skip` (and
+    their temporaries), folders made alike (owner, mode, times) -> how many entries. Nothing is copied: an entry that
+    cannot be linked or made alike raises NotOursError naming it, and the caller removes `twin`."""
     if not os.access(source, os.R_OK | os.W_OK | os.X_OK):
         raise _cannot_keep(source, "a folder this user may not write")
     try:
@@ -202,30 +190,19 @@ def _cannot_keep(path: Path, why: str) -> NotOursError:
 
 
 def put_back(old: Path, new: Path, drop: Collection[str] = ()) -> None:
-    """Remove `old`, a folder that `new` (made by `link_tree`) has replaced: its files named in `drop` (and their
-    temporaries), and those `new` holds too (the same file), go; anything else (written into the folder while `new`
-    was being made) moves into `new`, over a stale link of the same name."""
+    """Remove `old`, replaced by `new` (`link_tree`): what was written into it meanwhile moves into `new`."""
     with os.scandir(old) as listing:
         entries = list(listing)
     for entry in entries:
         path, there = Path(entry.path), new / entry.name
         folder = entry.is_dir(follow_symlinks=False)
-        if not folder and (_named(entry.name, drop) or _same_file_at(entry, there)):
+        if not folder and (_named(entry.name, drop) or _same_file(entry.stat(follow_symlinks=False), there)):
             os.unlink(path)
         elif folder and there.is_dir() and not there.is_symlink():
             put_back(path, there)
         else:
             os.replace(path, there)
     os.rmdir(old)
-
-
-def _same_file_at(entry: os.DirEntry, path: Path) -> bool:
-    try:
-        there = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    here = entry.stat(follow_symlinks=False)
-    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _rename_aside(new: Path, target: Path) -> None:
@@ -246,8 +223,7 @@ _RENAME_EXCHANGE = 2  # linux/fs.h
 
 
 def exchange(a: Path, b: Path) -> bool:
-    """Swap the names `a` and `b` atomically (Linux renameat2 RENAME_EXCHANGE) -> False where the system or the file
-    system cannot (nothing moved then)."""
+    """Swap the names `a` and `b` atomically (renameat2 RENAME_EXCHANGE) -> False where that cannot be done."""
     call = getattr(_LIBC, "renameat2", None)
     if call is None:
         return False
@@ -276,9 +252,8 @@ def is_lock(path: Path) -> bool:
 
 @contextlib.contextmanager
 def sole_writer(target: str | os.PathLike, option: str, what: str) -> Iterator[None]:
-    """The block runs as the only writer of `target` (`what`: "run", "draft", "results file"); HeldError (exit 2)
-    naming the holder when another process writes it. The lock file goes when the block ends; a killed holder's
-    stays, unheld, and the next writer takes it."""
+    """The block runs as the only writer of `target` (`what`: "run", "draft", "results file"); else HeldError (exit 2)
+    naming the holder. A killed holder's lock file stays, unheld, and the next writer takes it."""
     path = lock_path(target)
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
@@ -296,7 +271,7 @@ def sole_writer(target: str | os.PathLike, option: str, what: str) -> Iterator[N
         except BaseException:
             os.close(fd)
             raise
-        if _same_file(fd, path):
+        if _same_file(os.fstat(fd), path, follow=True):
             break
         os.close(fd)  # the holder released it and removed the file as we opened it: take the new one
     try:
@@ -309,9 +284,10 @@ def sole_writer(target: str | os.PathLike, option: str, what: str) -> Iterator[N
         os.close(fd)
 
 
-def _same_file(fd: int, path: Path) -> bool:
+def _same_file(here: os.stat_result, path: Path, follow: bool = False) -> bool:
+    """`here` is the file at `path` (with `follow`, the file a symlink there names)."""
     try:
-        here, there = os.fstat(fd), os.stat(path)
+        there = os.stat(path, follow_symlinks=follow)
     except FileNotFoundError:
         return False
     return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
@@ -412,8 +388,7 @@ def claim_folder(
 
 
 def claim_report_folder(folder: str | os.PathLike, create: bool = True) -> Path:
-    """--out of a command that writes a report: new, empty, or marked as a report by an earlier one -> the folder.
-    (A folder of a report written before the markers is not recognised: a summary.json alone says too little.)"""
+    """--out of a command that writes a report: new, empty, or an earlier report -> the folder."""
     claim_folder(
         folder,
         "report",
@@ -444,10 +419,8 @@ def jsonl_for_append(
     option: str,
     error: type[LiLiCorrError] = LiLiCorrError,
 ) -> int | None:
-    """Check that `path` is missing, empty or a JSON-lines file of `what` (every complete line a record,
-    `is_record`), reading only -> the offset of a torn last line to cut (a last line without its newline that is
-    not JSON), else None. A file whose first line is not a record is not ours: NotOursError (exit 2), nothing
-    touched; a later bad line is bad content of ours: `error` (exit 1)."""
+    """Check, reading only, that `path` is missing, empty or a JSON-lines file of `what` records -> the offset of a torn
+    last line to cut, else None. A bad first line: NotOursError (exit 2); a later bad line: `error` (exit 1)."""
     path = Path(path)
     if not path.exists():
         return None
@@ -468,11 +441,7 @@ def jsonl_for_append(
             continue
         if _record_or_none(line, is_record) is None:
             if first:
-                raise NotOursError(
-                    f"{path} is not {what}: line {number} is not one of its records",
-                    where=option,
-                    fix=f"pass {what} or a new file; this file is left as it is",
-                )
+                raise _not_records(path, what, option, f"line {number}")
             raise error(
                 f"line {number} is not {what}'s record",
                 where=f"{path}:{number}",
@@ -480,12 +449,13 @@ def jsonl_for_append(
             )
         first = False
     if torn is not None and first:
-        raise NotOursError(
-            f"{path} is not {what}: its only line is not one of its records",
-            where=option,
-            fix=f"pass {what} or a new file; this file is left as it is",
-        )
+        raise _not_records(path, what, option, "its only line")
     return torn
+
+
+def _not_records(path: Path, what: str, option: str, line: str) -> NotOursError:
+    fix = f"pass {what} or a new file; this file is left as it is"
+    return NotOursError(f"{path} is not {what}: {line} is not one of its records", where=option, fix=fix)
 
 
 def _record_or_none(line: bytes, is_record: Callable[[object], bool]):
@@ -497,8 +467,7 @@ def _record_or_none(line: bytes, is_record: Callable[[object], bool]):
 
 
 def open_for_append(path: str | os.PathLike, torn: int | None, what: str):
-    """`path` (checked by `jsonl_for_append`, `torn` its result) opened to append text: a torn last line cut with a
-    warning, a whole last line without its newline given one."""
+    """`path` opened to append: a torn last line cut (warned), a missing final newline added."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if torn is not None:

@@ -1,5 +1,4 @@
-"""Decoders over the score lattice (paper Eq. 8, App. F), PyTorch references: start [b, K] and pair [b, S-1, K, K]
-(scaled by sigma) -> candidate indices [b, S] int64, ties to the lowest index. `WALKS` names them (LILICORR_WALK)."""
+"""Decoders over the score lattice (paper Eq. 8), PyTorch references; `WALKS` names them (LILICORR_WALK)."""
 
 from __future__ import annotations
 

@@ -7,9 +7,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from benchmarks.served.random_head import add_random_head, vanilla_copy
+from draft_heads import load_head
 from sglang_lilicorr import checkpoint as ckpt
 from sglang_lilicorr.config import LiLiCorrConfig
 from sglang_lilicorr.head import LiLiCorrHead
+from sglang_lilicorr.train.heads import serving_tensors
 
 HEAD_CFG = LiLiCorrConfig(block_size=6, candidate_topk=4, factor_dim=16, hidden_size=32, num_heads=4)
 VANILLA = {
@@ -26,7 +28,7 @@ VANILLA = {
 @pytest.fixture
 def saved(tmp_path):
     head = LiLiCorrHead(HEAD_CFG, model_hidden_size=24).to(torch.bfloat16)
-    tensors = {"fc.weight": torch.randn(24, 48, dtype=torch.bfloat16), **ckpt.head_tensors_for_save(head)}
+    tensors = {"fc.weight": torch.randn(24, 48, dtype=torch.bfloat16), **serving_tensors(head)}
     path = ckpt.save_checkpoint(tmp_path / "draft", ckpt.with_head(VANILLA, HEAD_CFG), tensors)
     return path, head
 
@@ -39,7 +41,7 @@ def test_round_trip_is_exact(saved):
         1,
         3,
     ]
-    loaded = ckpt.load_head(path)
+    loaded = load_head(path)
     for name, t in head.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], t), name
     assert "fc.weight" in load_file(str(path / "model.safetensors"))
@@ -75,30 +77,30 @@ def test_strict_load_names_the_bad_tensor(saved, mutate, message):
     path, _ = saved
     rewrite(path, mutate)
     with pytest.raises(ckpt.CheckpointError, match=message):
-        ckpt.load_head(path)
+        load_head(path)
 
 
 def test_bad_files_and_fields(saved, tmp_path):
     path, _ = saved
     with pytest.raises(ckpt.CheckpointError, match="does not exist"):
-        ckpt.load_head(tmp_path / "nowhere")
+        load_head(tmp_path / "nowhere")
     (path / "model.safetensors").write_bytes(b"garbage" * 10)
     with pytest.raises(ckpt.CheckpointError, match="corrupt"):
-        ckpt.load_head(path)
+        load_head(path)
     config = json.loads((path / "config.json").read_text())
     config["dflash_config"]["lilicorr_candidate_topk"] = 6
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ckpt.CheckpointError, match="candidate_topk=6"):
-        ckpt.load_head(path)
+        load_head(path)
     (path / "config.json").write_text("{not json")
     with pytest.raises(ckpt.CheckpointError, match="not valid JSON"):
-        ckpt.load_head(path)
+        load_head(path)
 
 
 def test_vanilla_draft_has_no_head(tmp_path):
     ckpt.save_checkpoint(tmp_path / "v", VANILLA, {"fc.weight": torch.zeros(24, 48, dtype=torch.bfloat16)})
     with pytest.raises(ckpt.CheckpointError, match="--speculative-algorithm DFLASH"):
-        ckpt.load_head(tmp_path / "v")
+        load_head(tmp_path / "v")
 
 
 def test_save_refuses_non_finite_and_leaves_nothing(tmp_path):
@@ -263,7 +265,7 @@ def test_add_random_head_is_seeded_and_takes_the_draft_geometry(tmp_path):
     a, b, c = (ckpt.read_tensors(tmp_path / n) for n in "abc")
     assert all(torch.equal(a[k], b[k]) for k in a) and not all(torch.equal(a[k], c[k]) for k in a)
     assert torch.equal(a["fc.weight"], torch.ones(24, 48, dtype=torch.bfloat16))
-    assert ckpt.load_head(tmp_path / "a").same_slot_bias.dtype == torch.bfloat16
+    assert load_head(tmp_path / "a").same_slot_bias.dtype == torch.bfloat16
     ckpt.save_checkpoint(
         tmp_path / "no-eps", VANILLA | {"rms_norm_eps": None}, {"fc.weight": torch.ones(24, 48, dtype=torch.bfloat16)}
     )
@@ -415,7 +417,7 @@ def test_each_tensor_refusal_in_full(expected, found, what, fix):
 def test_a_head_refusal_names_the_weights_file(saved):
     path, _ = saved
     rewrite(path, lambda t: t.pop("lilicorr.in_head.weight"))
-    assert refusal(lambda: ckpt.load_head(path)).where == f"{path / 'model.safetensors'} (head)"
+    assert refusal(lambda: load_head(path)).where == f"{path / 'model.safetensors'} (head)"
 
 
 def test_the_config_is_read_as_utf8_whatever_the_locale(tmp_path):

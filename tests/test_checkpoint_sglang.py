@@ -8,13 +8,14 @@ import torch
 
 from sglang_lilicorr import checkpoint as ckpt
 from sglang_lilicorr.head import LiLiCorrHead
+from sglang_lilicorr.train.heads import serving_tensors
 from test_checkpoint import HEAD_CFG, VANILLA
 
 
 @pytest.fixture
 def saved(tmp_path):
     head = LiLiCorrHead(HEAD_CFG, model_hidden_size=24).to(torch.bfloat16)
-    tensors = {"fc.weight": torch.randn(24, 48, dtype=torch.bfloat16), **ckpt.head_tensors_for_save(head)}
+    tensors = {"fc.weight": torch.randn(24, 48, dtype=torch.bfloat16), **serving_tensors(head)}
     return ckpt.save_checkpoint(tmp_path / "draft", ckpt.with_head(VANILLA, HEAD_CFG), tensors), head
 
 

@@ -87,7 +87,8 @@ def test_decode_and_report_on_tiny_models():
     reason="runs the real SmolLM2 (the demo's 93 MB download, then ~10 s): LILICORR_SLOW=1 includes it",
 )
 def test_demo_on_smollm2_with_a_random_draft(tmp_path):
-    from sglang_lilicorr.checkpoint import head_tensors_for_save, save_checkpoint, with_head
+    from sglang_lilicorr.checkpoint import save_checkpoint, with_head
+    from sglang_lilicorr.train.heads import serving_tensors
     from sglang_lilicorr.config import LiLiCorrConfig
     from sglang_lilicorr.drafter import DFlashDrafter, DrafterConfig, default_target_layer_ids
     from sglang_lilicorr.head import LiLiCorrHead
@@ -105,7 +106,7 @@ def test_demo_on_smollm2_with_a_random_draft(tmp_path):
     )
     head_cfg = LiLiCorrConfig(hidden_size=256, factor_dim=256, num_layers=1)
     tensors = {k: v.bfloat16() for k, v in DFlashDrafter(cfg).state_dict().items()}
-    tensors.update({k: v.bfloat16() for k, v in head_tensors_for_save(LiLiCorrHead(head_cfg, 576)).items()})
+    tensors.update({k: v.bfloat16() for k, v in serving_tensors(LiLiCorrHead(head_cfg, 576)).items()})
     save_checkpoint(tmp_path / "draft", with_head(cfg.to_hf_config(), head_cfg), tensors)
     assert (
         demo.run_demo(parse(["--draft", str(tmp_path / "draft"), "--max-new-tokens", "6", "--prompt", "Hi", "--quiet"]))

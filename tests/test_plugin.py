@@ -22,7 +22,7 @@ from sglang.srt.arg_groups.overrides import resolving_view  # noqa: E402
 from sglang.srt.server_args import prepare_server_args  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
-from sglang_lilicorr.checkpoint import head_tensors_for_save  # noqa: E402
+from sglang_lilicorr.train.heads import serving_tensors  # noqa: E402
 from sglang_lilicorr.serving import ALGORITHM_NAME  # noqa: E402
 from sglang_lilicorr.serving.algorithm import LiLiCorrSpecAlgo  # noqa: E402
 from sglang_lilicorr.serving.plugin import register  # noqa: E402
@@ -310,7 +310,7 @@ def other_head_geometry(folder):
     from sglang_lilicorr.head import LiLiCorrHead
 
     head = LiLiCorrHead(LiLiCorrConfig(candidate_topk=8, hidden_size=0, num_layers=1, num_heads=4, factor_dim=16), 64)
-    return edited_draft(folder, tensors={**drafter_tensors(), **head_tensors_for_save(head.bfloat16())})
+    return edited_draft(folder, tensors={**drafter_tensors(), **serving_tensors(head.bfloat16())})
 
 
 def no_weights(folder):

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_lilicorr.checkpoint import head_tensors_for_save, save_checkpoint
+from sglang_lilicorr.checkpoint import save_checkpoint
+from sglang_lilicorr.train.heads import serving_tensors
 from sglang_lilicorr.config import LiLiCorrConfig
 from sglang_lilicorr.head import LiLiCorrHead
 from sglang_lilicorr.walk import WALKS
@@ -106,7 +107,7 @@ def tiny_head(block_size: int = 16, seed: int = 0) -> LiLiCorrHead:
 def write_tiny_draft(folder: Path, *, config: dict | None = None, tensors: dict | None = None) -> Path:
     """A LiLiCorr draft checkpoint (random weights) in SGLang's LiLiCorrDraftModel format."""
     if tensors is None:
-        tensors = {**drafter_tensors(), **head_tensors_for_save(tiny_head().bfloat16())}
+        tensors = {**drafter_tensors(), **serving_tensors(tiny_head().bfloat16())}
     save_checkpoint(folder, config or draft_config(), tensors)
     return folder
 
@@ -347,7 +348,7 @@ def test_draft_model_loads_every_tensor_strictly(draft_model_env):
     model = draft_model_env(draft_config())
     assert model.lilicorr is None  # SGLang's built-in head path stays off
     head = tiny_head().bfloat16()
-    tensors = {**drafter_tensors(), **head_tensors_for_save(head)}
+    tensors = {**drafter_tensors(), **serving_tensors(head)}
     model.load_weights(iter(tensors.items()))
     for name, value in head.state_dict().items():
         assert torch.equal(model.lilicorr_head.state_dict()[name].bfloat16(), value), name
@@ -370,7 +371,7 @@ def test_draft_model_rejects_bad_checkpoints(draft_model_env, edit, match):
     from sglang_lilicorr.serving.server_args import ServingConfigError
 
     model = draft_model_env(draft_config())
-    tensors = {**drafter_tensors(), **head_tensors_for_save(tiny_head().bfloat16())}
+    tensors = {**drafter_tensors(), **serving_tensors(tiny_head().bfloat16())}
     edit(tensors)
     with pytest.raises(ServingConfigError, match=match):
         model.load_weights(iter(tensors.items()))

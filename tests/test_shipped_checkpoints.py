@@ -7,6 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from draft_heads import load_head
 from sglang_lilicorr import checkpoint as ckpt
 from sglang_lilicorr.drafter import load_draft
 from test_serving import draft_model_env  # noqa: F401  (fixture: CPU server args for SGLang's draft layers)
@@ -30,7 +31,7 @@ def test_our_loaders_take_both_drafts_strictly():
     assert head is not None and head.config.candidate_topk == 8 and head.config.block_size == 16
     drafter, head = load_draft(DFLASH)
     assert head is None
-    assert ckpt.load_head(LILICORR).width == 256
+    assert load_head(LILICORR).width == 256
 
 
 @pytest.mark.sglang
@@ -42,7 +43,7 @@ def test_stock_sglang_draft_classes_load_every_tensor(draft_model_env, folder): 
     model.load_weights(iter(tensors.items()))  # SGLang's LiLiCorr loader checks head coverage itself
     assert torch.equal(model.fc.weight.to(tensors["fc.weight"].dtype), tensors["fc.weight"])
     if ckpt.has_head(config):
-        head = ckpt.load_head(folder)
+        head = load_head(folder)
         for name, value in head.state_dict().items():
             assert torch.equal(model.lilicorr.state_dict()[name].to(value.dtype), value), name
 

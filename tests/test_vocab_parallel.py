@@ -18,14 +18,11 @@ import torch
 import torch.multiprocessing as mp
 
 from sglang_lilicorr.kernels import topk_lse
-from sglang_lilicorr.kernels.topk_reference import (
-    merge_topk_lse_reference,
-    sharded_topk_lse_reference,
-    topk_lse_reference,
-)
+from sglang_lilicorr.kernels.topk_reference import topk_lse_reference
 from sglang_lilicorr.kernels.topk_shards import SENTINEL, merge_partials, shard_partials
 from sglang_lilicorr.walk import greedy_walk
 from ranks import start_ranks
+from topk_references import merge_topk_lse_reference, sharded_topk_lse_reference
 
 NEG_INF = float("-inf")
 K = 8

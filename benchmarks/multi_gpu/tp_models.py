@@ -89,7 +89,8 @@ def write_target(out: Path, a: argparse.Namespace):
 
 def write_drafts(out: Path, model, tokenizer, seed: int) -> None:
     from benchmarks.served.random_head import vanilla_copy
-    from sglang_lilicorr.checkpoint import head_tensors_for_save, save_checkpoint
+    from sglang_lilicorr.checkpoint import save_checkpoint
+    from sglang_lilicorr.train.heads import serving_tensors
     from sglang_lilicorr.drafter import DFlashDrafter
     from sglang_lilicorr.head import LiLiCorrHead
     from sglang_lilicorr.train.config import TrainConfig
@@ -101,7 +102,7 @@ def write_drafts(out: Path, model, tokenizer, seed: int) -> None:
     head_cfg = cfg.head_config(drafter_cfg.block_size, drafter_cfg.rms_norm_eps)
     torch.manual_seed(seed)
     drafter, head = DFlashDrafter(drafter_cfg), LiLiCorrHead(head_cfg, drafter_cfg.hidden_size)
-    tensors = {**drafter.state_dict(), **head_tensors_for_save(head)}
+    tensors = {**drafter.state_dict(), **serving_tensors(head)}
     save_checkpoint(
         out / "lilicorr_draft",
         draft_config(drafter_cfg, head_cfg, "bfloat16"),

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import torch
 
-from sglang_lilicorr.checkpoint import VANILLA_ARCH, block_size_of, dtype_of, head_tensors_for_save, read_config
+from sglang_lilicorr.checkpoint import VANILLA_ARCH, block_size_of, dtype_of, read_config
 from sglang_lilicorr.checkpoint import read_tensors, save_checkpoint, split_head, with_head
 from sglang_lilicorr.config import LiLiCorrConfig
 from sglang_lilicorr.head import LiLiCorrHead
+from sglang_lilicorr.train.heads import serving_tensors
 
 
 def add_random_head(
@@ -36,7 +37,7 @@ def add_random_head(
     torch.manual_seed(seed)
     head = LiLiCorrHead(head_config, model_hidden_size=int(config["hidden_size"])).to(dtype_of(config))
     drafter, _ = split_head(read_tensors(source))
-    save_checkpoint(target, with_head(config, head_config), {**drafter, **head_tensors_for_save(head)})
+    save_checkpoint(target, with_head(config, head_config), {**drafter, **serving_tensors(head)})
     return head_config
 
 

@@ -1,6 +1,4 @@
-"""The two draft-time correctors the paper compares LiLiCorr against, as trainable heads in the tensors SGLang 0.5.23
-serves: Domino (DFLASH with `projector_type` "domino") and DSpark (DSPARK). Both correct each slot's base logits from
-the tokens drafted before it (`corrector.Proposal`)."""
+"""The paper's two correctors, Domino and DSpark, as trainable heads in the tensors SGLang 0.5.23 serves."""
 
 from typing import Any, Mapping
 

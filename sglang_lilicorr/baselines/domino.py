@@ -1,15 +1,8 @@
-"""Domino (paper Sec. 2 and App. B: "a recurrent cell over the drafter's hidden width followed by a vocabulary
-projection"), in the tensors SGLang 0.5.23 serves as DFLASH with `projector_type` "domino".
-
-Per block (anchor x_0, slot hidden z_s, base logits l_s = LM head(z_s), s = 1..S):
-  slot 1:  y_1 = argmax l_1                                   (no correction: the drafter's own argmax)
-  h_1 = GRU(E[x_0]);  h_s = GRU(E[y_{s-1}], h_{s-1})         E = the target's frozen embedding
-  slot s >= 2:  y_s = argmax ( l_s + W2 SiLU(W0 [z_s ; h_s]) )
-Tensors: prefix_gru.weight_ih_l0 [3G, Hm], prefix_gru.weight_hh_l0 [3G, G] (a GRU without biases, PyTorch's
-gate order r, z, n), embed_proj.0.weight [E, Hm + G], embed_proj.2.weight [V, E]; G = gru_hidden_dim,
-E = emb_dim. The draft reads its slot hidden states from slots 1..S (`shift_label` false: the DFlash layout).
-SGLang scores a block-shared pool of candidates (`--speculative-domino-candidate-pool-size`, default 2048; 0 = the
-full vocabulary, which this reference computes)."""
+"""Domino (paper Sec. 2, App. B), served by SGLang 0.5.23 as DFLASH with `projector_type` "domino". Per block:
+  y_1 = argmax l_1;  h_1 = GRU(E[x_0]);  h_s = GRU(E[y_{s-1}], h_{s-1})   (E: the target's frozen embedding)
+  y_s = argmax (l_s + W2 SiLU(W0 [z_s ; h_s])),  s >= 2
+A GRU without biases (gate order r, z, n); slot hidden states from slots 1..S (`shift_label` false). SGLang scores a
+candidate pool (`--speculative-domino-candidate-pool-size`); this reference scores the full vocabulary."""
 
 from __future__ import annotations
 

@@ -1,18 +1,10 @@
-"""DSpark (paper Sec. 2 and App. B), in the tensors SGLang 0.5.23 serves as DSPARK (`models/dspark.py`).
-
-A Markov head biases each slot's base logits from the token before it; a confidence head scores each drafted
-slot (sigmoid: the chance the target accepts it once the slots before it were accepted; SGLang's ragged
-verification multiplies them into survival probabilities). Per block (anchor x_0, slot hidden z_s, base logits
-l_s, s = 1..S = gamma; y_0 = x_0):
-  e_s = w1[y_{s-1}]                                               [r]   markov_head.markov_w1 [V, r]
-  vanilla  bias_s = W2 e_s                                              markov_head.markov_w2 [V, r]
-  gated    bias_s = W2 (sigmoid(Wg [z_s ; e_s] + bg) * e_s)             markov_head.gate_proj [r, Hm + r] (+ bias)
-  rnn      g, c, o = split3(Wj [u_{s-1} ; e_s ; z_s] + bj), u_0 = 0      markov_head.joint_proj [3r, 2r + Hm] (+ bias)
-           u_s = sigmoid(g) u_{s-1} + (1 - sigmoid(g)) tanh(c),  bias_s = W2 tanh(o)
-  y_s = argmax (l_s + bias_s)
-  confidence_s = Wc [z_s ; e_s] + bc                                     confidence_head.proj [1, Hm + r] (+ bias)
-The draft is exported with `sample_from_anchor` false (the DFlash layout: slot hidden states 1..S, the anchor's
-row not sampled) and gamma = S (its `block_size`, SGLang's DSpark convention; the verify window is gamma + 1 = B)."""
+"""DSpark (paper Sec. 2, App. B), served by SGLang 0.5.23 as DSPARK. A Markov head biases each slot's base logits from
+the token before it, a confidence head scores each slot (sigmoid: acceptance given the slots before). Per block:
+  e_s = w1[y_{s-1}],  y_s = argmax (l_s + bias_s),  confidence_s = Wc [z_s ; e_s] + bc,  bias_s by markov_head_type:
+  vanilla  W2 e_s;  gated  W2 (sigmoid(Wg [z_s ; e_s] + bg) * e_s)
+  rnn      g, c, o = split3(Wj [u_{s-1} ; e_s ; z_s] + bj),  u_s = sigmoid(g) u_{s-1} + (1 - sigmoid(g)) tanh(c),
+           bias_s = W2 tanh(o)
+Exported with `sample_from_anchor` false and gamma = S (`block_size`; the verify window is gamma + 1 = B)."""
 
 from __future__ import annotations
 

@@ -219,12 +219,8 @@ def cmd_compare(args) -> int:
 
 def register(subparsers) -> None:
     """Adds `bench` with subcommands run / report / compare."""
-    bench = add_command(
-        subparsers,
-        "bench",
-        "benchmark an SGLang server (SPEED-Bench, GSM8K, ...) and report tau / TPS / speedup",
-        __doc__,
-    )
+    summary = "benchmark an SGLang server (SPEED-Bench, GSM8K, ...) and report tau / TPS / speedup"
+    bench = add_command(subparsers, "bench", summary, __doc__)
     sub = bench.add_subparsers(dest="bench_command", required=True)
 
     run = add_command(sub, "run", "run prompts against a server; appends to a resumable results .jsonl")

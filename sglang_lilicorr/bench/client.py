@@ -1,9 +1,7 @@
-"""One conversation turn against an SGLang server -> TurnResult, through one of three APIs (SGLang 0.5.23), each giving
-the counters tau needs (completion tokens, verify blocks): `chat` (/v1/chat/completions with return_spec_tokens_details;
-stats in `sglext.spec_tokens_details`), `generate` (/generate with raw text, for base models; `meta_info`) and `ids`
-(/generate with the prompt's UTF-8 bytes as input_ids, for --skip-tokenizer-init servers; single-turn only). A reply may
-also carry what its turn records (`Reply.extras`): SGLang's histograms of the verify steps by accepted drafts and by
-verified width (SPEC_LISTS), and with `record_ids` (chat only) the prompt's and reply's token ids."""
+"""One conversation turn against an SGLang server -> TurnResult, through `chat` (/v1/chat/completions), `generate`
+(/generate with text, for base models) or `ids` (/generate with UTF-8 bytes as input_ids, --skip-tokenizer-init,
+single-turn only); each gives completion tokens and verify blocks, and `Reply.extras` SGLang's histograms (SPEC_LISTS)
+and, with `record_ids` (chat only), the prompt's and reply's token ids."""
 
 from __future__ import annotations
 
@@ -39,8 +37,7 @@ ID_LISTS = ("input_ids", "output_ids")  # the chat API's sglext token ids, asked
 
 
 class Reply(NamedTuple):
-    """What a response says: its text, completion tokens, verify blocks (None without spec stats) and the lists a turn
-    records where the server sent them (SPEC_LISTS, ID_LISTS)."""
+    """A response: text, completion tokens, verify blocks (None without spec stats), the lists a turn records."""
 
     text: str
     completion_tokens: int
@@ -157,8 +154,7 @@ def parse_ids(payload: dict) -> Reply:
 
 
 class SGLangClient:
-    """Sends one turn (the whole conversation so far) and times it. Uses an aiohttp session. record_ids (api chat only):
-    each reply's prompt and output token ids come back too (sglext) and are recorded."""
+    """Sends one turn (the conversation so far) and times it; record_ids (chat): also the token ids."""
 
     def __init__(
         self, session, url: str, sampling: Sampling, api: str = "chat", model: str = "default", record_ids: bool = False

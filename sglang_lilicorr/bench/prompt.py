@@ -14,8 +14,7 @@ class PromptError(LiLiCorrError, ValueError):
 
 @dataclass(frozen=True)
 class Prompt:
-    """One benchmark conversation: `turns` are user messages, each sent with the conversation so far; `category` is
-    the reporting group (a SPEED-Bench category or entropy tier, or the dataset name)."""
+    """One conversation: `turns` are user messages, each sent with the conversation so far; `category` groups it."""
 
     prompt_id: str
     category: str

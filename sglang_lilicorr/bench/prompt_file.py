@@ -1,7 +1,4 @@
-"""Prompt files: your own prompts as jsonl, one conversation a line, e.g. {"id": "gsm8k/82", "set": "gsm8k", "text":
-"..."} or {"id": "chat/1", "category": "chat", "messages": [{"role": "user", "content": "..."}, ...]}: a unique `id`,
-user turns from `text` or `messages` (user messages only), the group from `set` or `category` (else the file's stem).
-Results name the dataset after the file's stem (e.g. benchmarks/testbed/eval_prompts.jsonl)."""
+"""Prompt files: jsonl rows with a unique `id` and user turns (`text` or `messages`), grouped by `set`/`category`."""
 
 from __future__ import annotations
 
@@ -11,6 +8,8 @@ from typing import Iterable, List, Optional
 from ..errors import LiLiCorrError
 from .prompt import Prompt
 from .speed_bench import read_records
+
+FIX_RECORD = "fix or remove that record"
 
 
 class PromptFileError(LiLiCorrError, ValueError):
@@ -30,7 +29,7 @@ def _turns(row: dict, where: str) -> tuple:
     raise PromptFileError(
         "give the prompt as `text` (a string) or `messages` (a list of {role: user, content} dicts)",
         where=where,
-        fix="fix or remove that record",
+        fix=FIX_RECORD,
     )
 
 
@@ -52,9 +51,9 @@ def load(path: Path, categories: Optional[Iterable[str]] = None) -> List[Prompt]
             )
         prompt_id = str(row.get("id") or "")
         if not prompt_id:
-            raise PromptFileError("every row needs a non-empty `id`", where=where, fix="fix or remove that record")
+            raise PromptFileError("every row needs a non-empty `id`", where=where, fix=FIX_RECORD)
         if prompt_id in seen:
-            raise PromptFileError(f"duplicate id {prompt_id!r}", where=where, fix="fix or remove that record")
+            raise PromptFileError(f"duplicate id {prompt_id!r}", where=where, fix=FIX_RECORD)
         seen.add(prompt_id)
         group = str(row.get("set") or row.get("category") or path.stem)
         prompts.append(

@@ -1,8 +1,6 @@
-"""Concurrent, resumable benchmark runs. A run = (system, dataset, concurrency c, temperature, seed, max_tokens): c
-workers play its prompts (multi-turn ones in one worker), each category a phase of its own. Each finished prompt is one
-line appended to the results file (`check_results_file`); a rerun skips what it holds and retries failures. `bench run`
-is the file's one writer (ownership.sole_writer); a measurement recorded twice is refused (`read_results`). Warm-up:
-max(warmup, c) unrecorded first turns in waves of c, so every batch size c..1 is compiled before timing."""
+"""Concurrent, resumable benchmark runs of (system, dataset, concurrency c, temperature, seed, max_tokens): c workers
+play the prompts, a phase per category, each finished prompt one line appended to the results file; a rerun skips what
+it holds and retries failures. Warm-up: max(warmup, c) unrecorded first turns in waves of c."""
 
 from __future__ import annotations
 
@@ -72,6 +70,7 @@ RECORD_FIELDS = {
     "category": str,
     "turns": list,
 }
+FIX_LINE = "fix or remove that line"
 TURN_FIELDS = {"completion_tokens": int, "start": float, "end": float}
 TURN_LISTS = (*SPEC_LISTS, *ID_LISTS)  # lists of integers >= 0 a turn holds where the server sent them
 
@@ -98,17 +97,13 @@ def check_record(record, where: str) -> dict:
         )
     for name, kind in RECORD_FIELDS.items():
         if not _is(record.get(name), kind):
-            raise ResultsError(
-                f"`{name}`={record.get(name)!r:.60} is not a {kind.__name__}",
-                where=where,
-                fix="fix or remove that line",
-            )
+            raise ResultsError(f"`{name}`={record.get(name)!r:.60} is not a {kind.__name__}", where=where, fix=FIX_LINE)
     try:
         record_key(record)
     except ValueError as e:
-        raise ResultsError(str(e), where=where, fix="fix or remove that line") from e
+        raise ResultsError(str(e), where=where, fix=FIX_LINE) from e
     if not record["turns"]:
-        raise ResultsError("`turns` is empty", where=where, fix="fix or remove that line")
+        raise ResultsError("`turns` is empty", where=where, fix=FIX_LINE)
     for i, turn in enumerate(record["turns"]):
         bad = [n for n, kind in TURN_FIELDS.items() if not (isinstance(turn, dict) and _is(turn.get(n), kind))]
         if not bad and turn.get("spec_verify_ct") is not None and not _is(turn["spec_verify_ct"], int):
@@ -121,7 +116,7 @@ def check_record(record, where: str) -> dict:
                 f"{' / '.join(TURN_LISTS)} as lists of integers >= 0 where present "
                 f"(bad: {bad or ['start/end' if turn['end'] < turn['start'] else 'completion_tokens']})",
                 where=where,
-                fix="fix or remove that line",
+                fix=FIX_LINE,
             )
     return record
 
@@ -135,7 +130,7 @@ def _json_line(line: bytes, where: str):
     try:
         return loads(line.decode("utf-8"))
     except ValueError as e:  # not UTF-8, not JSON, too many digits, too deep, a lone surrogate
-        raise ResultsError(f"not valid JSON ({e})", where=where, fix="fix or remove that line") from e
+        raise ResultsError(f"not valid JSON ({e})", where=where, fix=FIX_LINE) from e
 
 
 def _torn_tail(data: bytes) -> Optional[int]:
@@ -151,8 +146,7 @@ def _torn_tail(data: bytes) -> Optional[int]:
 
 
 def read_results(path: Path) -> List[dict]:
-    """Every record of a results file, checked (check_record; a duplicate measurement raises ResultsError naming both
-    lines); read only. A torn last line is left out with a warning."""
+    """Every record of a results file, checked (a duplicate measurement: ResultsError); a torn last line skipped."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -317,8 +311,7 @@ async def run_async(
     max_failures: int = MAX_FAILURES,
     record_ids: bool = False,
 ) -> RunOutcome:
-    """Runs the prompts of `config` not yet in results_path (after the warm-up waves), one line per finished prompt
-    (record_ids, api chat: each turn with its prompt's and reply's token ids)."""
+    """Runs the prompts of `config` not yet in results_path (after warm-up), one line per finished prompt."""
     import aiohttp
 
     results_path = Path(results_path)

@@ -1,7 +1,4 @@
-"""SPEED-Bench loader (`nvidia/SPEED-Bench`, downloaded by the user): splits `qualitative` (880 prompts, 11
-categories) and `throughput_{1k,...,32k}` (1,536 prompts; `category` the entropy tier). Accepted: the hub's parquet
-(pyarrow) or jsonl with `turns`, or the publisher's prepared jsonl (`messages`). Records the hub leaves as PLACEHOLDER
-(licence) are refused; REBUILD_HINT says how to rebuild them."""
+"""SPEED-Bench loader (`nvidia/SPEED-Bench`, downloaded by the user): parquet or jsonl; PLACEHOLDER rows refused."""
 
 from __future__ import annotations
 
@@ -11,6 +8,8 @@ from typing import Iterable, List, Optional, Sequence
 from ..errors import LiLiCorrError
 from ..jsonl import loads
 from .prompt import Prompt
+
+FIX_RECORD = "fix or remove that record"
 
 PLACEHOLDER = "FULL BENCHMARK DATA SHOULD BE FETCHED FROM THE SOURCE USING SPECDEC_BENCH"
 SPLITS = ("qualitative", "throughput_1k", "throughput_2k", "throughput_8k", "throughput_16k", "throughput_32k")
@@ -66,12 +65,10 @@ def _row(line: bytes, where: str) -> dict:
     try:
         row = loads(line.decode("utf-8"))
     except ValueError as e:  # not UTF-8, not JSON, too many digits, too deep, a lone surrogate
-        raise SpeedBenchFormatError(f"not valid JSON ({e})", where=where, fix="fix or remove that record") from e
+        raise SpeedBenchFormatError(f"not valid JSON ({e})", where=where, fix=FIX_RECORD) from e
     if not isinstance(row, dict):
         raise SpeedBenchFormatError(
-            f"expected a JSON object (one record a line), got {type(row).__name__}",
-            where=where,
-            fix="fix or remove that record",
+            f"expected a JSON object (one record a line), got {type(row).__name__}", where=where, fix=FIX_RECORD
         )
     return row
 
@@ -84,18 +81,14 @@ def _turns_of(row: dict, where: str) -> List[str]:
         messages = row["messages"]
         if not isinstance(messages, list) or not all(isinstance(m, dict) and m.get("role") == "user" for m in messages):
             raise SpeedBenchFormatError(
-                "`messages` must be a list of {role: user, content} dicts", where=where, fix="fix or remove that record"
+                "`messages` must be a list of {role: user, content} dicts", where=where, fix=FIX_RECORD
             )
         turns = [m.get("content") for m in messages]
     else:
-        raise SpeedBenchFormatError(
-            "record has neither `turns` nor `messages`", where=where, fix="fix or remove that record"
-        )
+        raise SpeedBenchFormatError("record has neither `turns` nor `messages`", where=where, fix=FIX_RECORD)
     if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
         raise SpeedBenchFormatError(
-            f"turns must be a non-empty list of non-empty strings, got {turns!r:.80}",
-            where=where,
-            fix="fix or remove that record",
+            f"turns must be a non-empty list of non-empty strings, got {turns!r:.80}", where=where, fix=FIX_RECORD
         )
     return turns
 
@@ -117,14 +110,14 @@ def validate(rows: Sequence[dict], split: str, where: str) -> None:
             )
         qid = str(row["question_id"])
         if qid in seen:
-            raise SpeedBenchFormatError(f"duplicate question_id {qid!r}", where=at, fix="fix or remove that record")
+            raise SpeedBenchFormatError(f"duplicate question_id {qid!r}", where=at, fix=FIX_RECORD)
         seen.add(qid)
         turns = _turns_of(row, at)
         if any(PLACEHOLDER in t for t in turns):
             placeholders.append(qid)
         if not isinstance(row["category"], str) or not row["category"]:
             raise SpeedBenchFormatError(
-                f"category {row['category']!r:.60} is not a non-empty string", where=at, fix="fix or remove that record"
+                f"category {row['category']!r:.60} is not a non-empty string", where=at, fix=FIX_RECORD
             )
         if split != "qualitative" and row["category"] not in ENTROPY_TIERS:
             raise SpeedBenchFormatError(

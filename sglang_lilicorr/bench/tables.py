@@ -1,8 +1,4 @@
-"""Markdown tables in the paper's layouts, from cells (metrics.aggregate + add_speedup): main_table (benchmarks x
-temperature: tau / TPS / speedup), category_table (categories x temperature), concurrency_table (c x group),
-block_table (ms per block of the speculative systems, optionally / a reference's), acceptance_table and tier_table
-(per benchmark, T, system and c: the share of verify steps that accepted at least i drafts; each verify width's share).
-The baseline shows TPS / 1.00x; each row's best is bold."""
+"""Markdown tables in the paper's layouts from report cells; the baseline shows TPS / 1.00x, a row's best is bold."""
 
 from __future__ import annotations
 
@@ -15,6 +11,7 @@ PARTS_FULL = ("tau", "tps", "speedup")
 PARTS_TAU_TPS = ("tau", "tps")
 NAMES = {"tau": "τ", "tps": "TPS", "speedup": "Sp.", "block_ms": "ms", "block_ratio": "ratio"}
 LOWER_IS_BETTER = {"block_ms", "block_ratio"}
+FORMATS = {"tau": "{:.2f}", "tps": "{:.0f}", "speedup": "{:.2f}x", "block_ms": "{:.2f}", "block_ratio": "{:.2f}x"}
 
 
 def _temperature_label(t: float) -> str:
@@ -27,20 +24,10 @@ def systems_of(cells: Sequence[dict], baseline: Optional[str]) -> List[str]:
     return ([baseline] if baseline in {c["system"] for c in cells} else []) + others
 
 
-def _value(cell: Optional[dict], part: str) -> Optional[float]:
-    return None if cell is None else cell.get(part)
-
-
 def _format(part: str, value: Optional[float], bold: bool) -> str:
     if value is None:
         return "--"
-    text = {
-        "tau": f"{value:.2f}",
-        "tps": f"{value:.0f}",
-        "speedup": f"{value:.2f}x",
-        "block_ms": f"{value:.2f}",
-        "block_ratio": f"{value:.2f}x",
-    }[part]
+    text = FORMATS[part].format(value)
     return f"**{text}**" if bold else text
 
 
@@ -51,8 +38,7 @@ def _row(
     spec = [s for s in systems if s != baseline]
     best = {}
     for part in parts:
-        vals = [_value(cells_by_system.get(s), part) for s in spec]
-        vals = [v for v in vals if v is not None]
+        vals = [v for v in ((cells_by_system.get(s) or {}).get(part) for s in spec) if v is not None]
         best[part] = (min if part in LOWER_IS_BETTER else max)(vals) if len(vals) > 1 else None
     out = []
     for s in systems:
@@ -61,11 +47,8 @@ def _row(
         if cell is None:
             out.append("--")
             continue
-        out.append(
-            " / ".join(
-                _format(p, cell.get(p), s != baseline and best[p] is not None and cell.get(p) == best[p]) for p in shown
-            )
-        )
+        bold = {p: s != baseline and best[p] is not None and cell.get(p) == best[p] for p in shown}
+        out.append(" / ".join(_format(p, cell.get(p), bold[p]) for p in shown))
     return out
 
 
@@ -75,13 +58,8 @@ def _render(title_cols: Tuple[str, str], systems, baseline, parts, blocks, names
     lines = ["| " + " | ".join(list(title_cols) + heads) + " |", "|" + "---|" * (2 + len(systems))]
     for block_label, rows in blocks:
         for i, (row_label, by_system) in enumerate(rows):
-            lines.append(
-                "| "
-                + " | ".join(
-                    [block_label if i == 0 else "", str(row_label)] + _row(by_system, systems, baseline, parts)
-                )
-                + " |"
-            )
+            row = [block_label if i == 0 else "", str(row_label)] + _row(by_system, systems, baseline, parts)
+            lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -147,8 +125,7 @@ def concurrency_table(cells: Sequence[dict], dataset: str, baseline: Optional[st
 
 
 def block_table(cells: Sequence[dict], concurrency: int, reference: Optional[str] = None) -> str:
-    """Per-block wall of the speculative systems at one concurrency (rows: each dataset's "all", then its groups):
-    ms per block, and with `reference` (metrics.add_block_ratio) the ratio to its."""
+    """Per-block wall (ms) of the speculative systems at one concurrency, with `reference`: the ratio to it."""
     mine = [c for c in cells if c["concurrency"] == concurrency]
     speculative = {c["system"] for c in mine if c.get("block_ms") is not None}
     systems = ([reference] if reference in speculative else []) + sorted(speculative - {reference})
@@ -169,8 +146,7 @@ def block_table(cells: Sequence[dict], concurrency: int, reference: Optional[str
 
 
 def paired_table(cells: Sequence[dict], reference: str) -> str:
-    """Group "all" cells carrying metrics.add_paired_ratios' `paired`: per (dataset, c, T) and system,
-    the runs paired with the reference, the mean TPS ratio and per-block-wall ratio with 95 % t intervals."""
+    """Per (dataset, c, T) and system: runs paired with the reference, mean TPS and block-wall ratios with 95 % CI."""
     rows = [
         "| Benchmark | c | T | system | pairs | TPS / ref (95 % CI) | ms per block / ref (95 % CI) |",
         "|---|---|---|---|---|---|---|",
@@ -210,8 +186,7 @@ def _share_table(rows: List[dict], columns: List[str], shares: List[List[float]]
 
 
 def acceptance_table(cells: Sequence[dict]) -> str:
-    """Per (benchmark, T, system, c): the share of verify steps that accepted at least i drafts, i = 1 .. the most
-    any cell's step accepted (a share past a cell's own most is 0)."""
+    """Per (benchmark, T, system, c): the share of verify steps that accepted at least i drafts."""
     rows = _share_rows(cells, "acceptance")
     positions = max(len(c["acceptance"]) for c in rows)
     shares = [c["acceptance"] + [0.0] * (positions - len(c["acceptance"])) for c in rows]

@@ -14,12 +14,8 @@ from ..jsonl import loads
 
 
 def register(subparsers) -> None:
-    p = add_command(
-        subparsers,
-        "check-draft",
-        "validate a draft against a target offline, with the LILICORR server's own checks",
-        __doc__,
-    )
+    summary = "validate a draft against a target offline, with the LILICORR server's own checks"
+    p = add_command(subparsers, "check-draft", summary, __doc__)
     p.add_argument(
         "draft", type=path_arg, help="draft folder (config.json + model.safetensors), as `lilicorr export` writes it"
     )

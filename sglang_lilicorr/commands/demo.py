@@ -25,12 +25,10 @@ SHOWN_TOKENS = 8  # drafted tokens printed per block line
 
 
 def register(subparsers) -> None:
-    p = add_command(
-        subparsers,
-        "demo",
-        "speculative decoding of SmolLM2-135M-Instruct on the CPU: drafter argmax vs LiLiCorr blocks, tau, exactness",
-        __doc__,
+    summary = (
+        "speculative decoding of SmolLM2-135M-Instruct on the CPU: drafter argmax vs LiLiCorr blocks, tau, exactness"
     )
+    p = add_command(subparsers, "demo", summary, __doc__)
     model = p.add_argument_group("model")
     model.add_argument(
         "--draft",

@@ -51,8 +51,7 @@ def register(subparsers) -> None:
 
 
 def system_names(label: str, draft_names) -> dict[str, str]:
-    """Draft name of a proposer -> the system it reports as: the head's served proposal (the argmax block without a
-    head) as `label`, the others suffixed (`label`_argmax, `label`_viterbi)."""
+    """Draft name -> the system it reports as: the served proposal as `label`, the others suffixed."""
     if len(draft_names) == 1:
         return {draft_names[0]: label}
     served, *others = draft_names[1:]
@@ -82,8 +81,7 @@ def parse_drafts(items: list[str]) -> dict[str, str]:
 
 
 def read_turn_rows(paths: list[Path]) -> list[tuple[Path, dict]]:
-    """Every row of the `lilicorr regenerate` files, each checked to have turns of prompt and output token ids; a
-    missing file is a usage error (exit 2), a bad row a DataError (exit 1)."""
+    """Every row of the regenerate files, checked; a missing file is a usage error, a bad row a DataError."""
     from ..jsonl import read_jsonl
 
     rows = [(path, row) for path in paths for _, row in read_jsonl(path)]
@@ -165,20 +163,14 @@ def run_replay(args: argparse.Namespace) -> int:
     claim_report_folder(out)
     write_atomic(out / "replay.jsonl", "".join(json.dumps(r) + "\n" for r in records))
     cells = tau_cells(records)
-    write_atomic(
-        out / "tau.json",
-        json.dumps(
-            {
-                "target": str(args.target),
-                "drafts": drafts,
-                "outputs": [str(p) for p in args.outputs],
-                "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                "cells": cells,
-            },
-            indent=1,
-        )
-        + "\n",
-    )
+    summary = {
+        "target": str(args.target),
+        "drafts": drafts,
+        "outputs": [str(p) for p in args.outputs],
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "cells": cells,
+    }
+    write_atomic(out / "tau.json", json.dumps(summary, indent=1) + "\n")
     write_atomic(out / "tau.md", tau_table(cells))
     print(tau_table(cells))
     return 0

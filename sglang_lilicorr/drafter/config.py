@@ -1,8 +1,6 @@
-"""DrafterConfig: the DFlash drafter's geometry and its round-trip through the config.json SGLang 0.5.23's
-`DFlashDraftModel` reads (Qwen3-style, `dflash_config` {block_size, target_layer_ids, mask_token, mask_token_id}).
-Target layer id i names the OUTPUT of layer i (HF `hidden_states[i + 1]`); one feature: layer n // 2, else
-`n_features` ids spread over [1, n - 3]. Rope scaling is written as transformers v5's `rope_parameters` (default, or
-yarn with factor and original_max_position_embeddings; SGLang's defaults for the rest)."""
+"""DrafterConfig: the DFlash drafter's geometry and its round-trip through SGLang 0.5.23's DFlashDraftModel config.json.
+Target layer id i names the OUTPUT of layer i (HF `hidden_states[i + 1]`). Rope scaling is written as transformers v5's
+`rope_parameters` (default, or yarn)."""
 
 from __future__ import annotations
 
@@ -51,8 +49,8 @@ OTHER_VARIANTS = {
 
 
 def unsupported_variant(config: Mapping[str, Any], dflash: Mapping[str, Any]) -> str | None:
-    """What a published DFlash draft config declares that this drafter does not compute, or None: a layer that is
-    not full attention (sliding windows), causal attention, a partial rotary embedding, another variant's key."""
+    """What a published DFlash draft config declares that this drafter does not compute (sliding windows, causal
+    attention, partial rotary, another variant's key), or None."""
     layer_types = config.get("layer_types") or []
     if isinstance(layer_types, list) and any(t != "full_attention" for t in layer_types):
         return f"layer_types={layer_types!r:.80}"
@@ -141,16 +139,9 @@ class RopeScaling:
         for key in ("factor", "original_max_position_embeddings"):
             if key not in params:
                 raise DrafterConfigError(f"draft config yarn rope_parameters lacks {key!r}; re-export the draft.")
-        return cls(
-            rope_type="yarn",
-            factor=json_number(params["factor"], float, "rope_parameters.factor", DrafterConfigError),
-            original_max_position_embeddings=json_number(
-                params["original_max_position_embeddings"],
-                int,
-                "rope_parameters.original_max_position_embeddings",
-                DrafterConfigError,
-            ),
-        )
+        factor = json_number(params["factor"], float, "rope_parameters.factor", DrafterConfigError)
+        original, field = params["original_max_position_embeddings"], "rope_parameters.original_max_position_embeddings"
+        return cls("yarn", factor, json_number(original, int, field, DrafterConfigError))
 
     def describe(self) -> str:
         if not self.is_yarn:

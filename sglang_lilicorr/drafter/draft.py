@@ -1,12 +1,11 @@
-"""An exported draft directory (config.json + model.safetensors) loaded strictly: the DFlash
-drafter and, for a `LiLiCorrDraftModel`, its LiLiCorr head."""
+"""An exported draft directory loaded strictly: the DFlash drafter and, for a LiLiCorrDraftModel, its head."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..checkpoint import CheckpointError, dtype_of, has_head, load_strict, new_head, read_config, read_tensors
-from ..checkpoint import split_head
+from ..checkpoint import REEXPORT, split_head
 from ..head import LiLiCorrHead
 from .config import DrafterConfig
 from .model import DFlashDrafter
@@ -28,8 +27,6 @@ def load_draft(directory: str | Path) -> tuple[DFlashDrafter, LiLiCorrHead | Non
         return drafter, load_strict(head, head_t, f"{where} (head)")
     if head_t:
         raise CheckpointError(
-            "has `lilicorr.` tensors but config.json declares no LiLiCorrDraftModel",
-            where=where,
-            fix="re-export the draft",
+            "has `lilicorr.` tensors but config.json declares no LiLiCorrDraftModel", where=where, fix=REEXPORT
         )
     return drafter, None

@@ -1,6 +1,5 @@
-"""Qwen3-style draft decoder layer with target-context injection (DFlash). Attention keys are the context (projected
-target states, no input layernorm) and the block's own states, both through k_proj / v_proj, k_norm and RoPE (rope.py,
-neox form, fp32, at absolute positions); queries come from the block; the caller's boolean mask says who sees what.
+"""Qwen3-style draft decoder layer with target-context injection (DFlash): keys and values from the projected context
+and the block's own states (k_norm, RoPE at absolute positions), queries from the block, the caller's boolean mask.
 Tensor names are SGLang 0.5.23's. b batch, Q block tokens, T context, H hidden, h heads, g kv heads, D head dim."""
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""The trainable DFlash drafter, the module SGLang 0.5.23 serves as `DFlashDraftModel` (the target's embedding and LM
-head, none of its own; state-dict names are the checkpoint's). context = hidden_norm(fc(target hidden states at
-`target_layer_ids`)); block = embedding of [anchor, mask, ...]; hidden = norm(layers(block | context))."""
+"""The trainable DFlash drafter, SGLang 0.5.23's `DFlashDraftModel` (the target's embedding and LM head, none of its
+own): context = hidden_norm(fc(target states)); hidden = norm(layers(embed([anchor, mask, ...]) | context))."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The drafter's rotary position embedding as SGLang 0.5.23 applies it to a DFlash draft (neox form, absolute
-positions, fp32): `default` (frequency i: theta^(-2i/D)) or `yarn` (SGLang's defaults beta_fast 32, beta_slow 1: fast
-frequencies kept, slow ones divided by `factor`, a linear ramp between; cos and sin scaled by 0.1 ln(factor) + 1)."""
+"""The drafter's rotary embedding as SGLang 0.5.23 applies it (neox form, absolute positions, fp32): `default` or `yarn`
+(SGLang's beta_fast 32, beta_slow 1; cos and sin scaled by 0.1 ln(factor) + 1)."""
 
 from __future__ import annotations
 

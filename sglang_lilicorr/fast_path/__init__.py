@@ -1,3 +1,1 @@
-"""The proposal pipeline and the head's serving path: `pipeline.propose` composes logits -> top-K/logsumexp -> head ->
-walk -> draft ids for every caller as a plan (plan.py) says; `FastLiLiCorrSelect` (select.py) runs it on the head's
-fused routes with constants folded from the head (constants.py)."""
+"""The proposal pipeline (pipeline.py, plan.py) and the head's serving select (select.py, constants.py)."""

@@ -1,7 +1,6 @@
-"""What the serving select precomputes from a trained head (FastLiLiCorrSelect's constants): the token table [V, H],
-node_const [S, K, H] (slot + rank embeddings + biases), the feature LayerNorm folded into w_feat, the lattice attention
-bias, w_factor over concat[h, h*t], one anchor GEMM (w_anchor) and one edge GEMM (w_edge); with fold_norms (the folded
-route) each lattice pre-norm's gain folded into the GEMM that reads it (w_*_folded)."""
+"""What the serving select precomputes from a trained head: the token table [V, H], node_const [S, K, H], the feature
+LayerNorm folded into w_feat, the attention bias, the anchor and edge GEMMs' weights; with fold_norms each lattice
+pre-norm's gain folded into the GEMM that reads it (w_*_folded)."""
 
 from __future__ import annotations
 
@@ -25,12 +24,8 @@ class SelectConstants:
         self.head = head.eval()
         cfg, w = head.config, head.pass_hidden_proj.weight
         self.dtype, self.device = w.dtype, w.device
-        self.num_slots, self.topk, self.width, self.factor_dim = (
-            cfg.num_slots,
-            cfg.candidate_topk,
-            head.width,
-            cfg.factor_dim,
-        )
+        self.num_slots, self.topk = cfg.num_slots, cfg.candidate_topk
+        self.width, self.factor_dim = head.width, cfg.factor_dim
         self.sigma, self.vector_eps = float(cfg.logit_scale), float(cfg.vector_eps)
         h = self.width
         with torch.no_grad():

@@ -1,5 +1,4 @@
-"""The int32 zero counters of the select's last-program kernel (the cosine kernel's walk, one per request): one buffer
-per select, used by its stream only; the kernel leaves the counters it used at zero, so calls and replays share it."""
+"""The int32 zero counters of the cosine kernel's walk; the kernel leaves them at zero, so calls share them."""
 
 from __future__ import annotations
 

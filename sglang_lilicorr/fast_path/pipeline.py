@@ -1,7 +1,6 @@
-"""The proposal pipeline, the one composition of a drafted block's proposal for every caller (serving, the reference
-decoder and replay, training's metrics): logits [b*S, V] --top-K/logsumexp--> candidates [b, S, K] --head--> start
-[b, K], pair [b, S-1, K, K] --walk--> draft ids [b, S]. `propose` runs each step as its plan (plan.py) says; the
-head's step is the caller's `scores` (the torch route's `head_forward`, or a fused route, which may walk itself)."""
+"""The proposal pipeline, one composition for every caller (serving, reference decoder, replay, training): logits [b*S,
+V] --top-K/logsumexp--> candidates [b, S, K] --head--> start [b, K], pair [b, S-1, K, K] --walk--> draft ids [b, S],
+each step as its plan (plan.py) says; the head's step is the caller's `scores`."""
 
 from __future__ import annotations
 
@@ -40,8 +39,8 @@ def head_forward(head, token_states: Callable[[torch.Tensor], torch.Tensor]) -> 
 
 
 def candidates(logits: torch.Tensor, k: int, plan: SelectPlan):
-    """logits [N, V] (under the plan's merge: this rank's columns) -> (vals fp32 [N, k] descending, ids int64 [N, k],
-    lse fp32 [N]); ties go to the lowest id. Where the logits require a gradient, vals and lse carry it."""
+    """logits [N, V] (merge: this rank's columns) -> (vals fp32 [N, k] descending, ids int64 [N, k], lse fp32 [N]); ties
+    to the lowest id; vals and lse carry the logits' gradient."""
     if plan.merge is not None:
         return plan.merge(logits)
     if not plan.kernels:
@@ -75,8 +74,8 @@ def propose(
     scores: Scores,
     plan: SelectPlan,
 ) -> Proposal:
-    """logits [b*S, V] of the slots, pass_hidden [b, S, Hm], anchor_hidden [b, Hm] -> the block's Proposal. The
-    scores keep the autograd graph they were given (training); the walk reads them detached."""
+    """logits [b*S, V], pass_hidden [b, S, Hm], anchor_hidden [b, Hm] -> Proposal; scores keep their autograd graph, the
+    walk reads them detached."""
     b, s = pass_hidden.shape[:2]
     vals, ids, lse = candidates(logits, topk, plan)
     vals, ids, lse = vals.view(b, s, topk), ids.view(b, s, topk), lse.view(b, s)

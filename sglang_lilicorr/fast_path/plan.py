@@ -1,9 +1,7 @@
-"""The select's plan: how the proposal pipeline runs a call, one plan per batch-size bucket of a head, from
-kernels/tuning.py's tables: `plan_for` (one batch size), `plans_for` (every bucket), `torch_plan` (no fused select).
-A plan names the candidates (whole vocabulary, or the TP `merge`), top-K and walk as Triton `kernels` or PyTorch, the
-`walk` rule, and the head's `route`: torch (its own forward), folded (Triton GEMMs with the lattice norms folded in,
-under PDL) or unfolded (cuBLAS GEMMs between Triton kernels); `pdl` and `overlap` shape the fused launches. A bucket
-is a batch range over which no table changes its answer; a head width missing from a table takes the nearest one."""
+"""The select's plan per batch-size bucket of a head, from kernels/tuning.py's tables: candidates (whole vocabulary or
+the TP `merge`), top-K and walk as Triton or PyTorch, the `walk` rule, and the head's `route`: torch, folded (Triton
+GEMMs, lattice norms folded in, under PDL) or unfolded (cuBLAS GEMMs between Triton kernels). A bucket is a batch range
+over which no table changes its answer; a missing head width takes the nearest one."""
 
 from __future__ import annotations
 

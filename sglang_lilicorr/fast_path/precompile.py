@@ -1,9 +1,6 @@
-"""Compile-only passes: every Triton kernel a callable would launch, compiled concurrently and never launched.
-`compile_only(threads)`: inside it every @triton.jit launch is a warmup (same specialization key as the real launch)
-whose compile runs on a thread pool (Triton's AsyncCompileMode); on exit all have finished, so the launches that
-follow (a CUDA-graph capture) compile nothing. `precompile(run, device, label)`: `run()` in that mode where it helps,
-one log line, never raises. Torch ops between launches run as usual (the select's host side reads no values). Threads
-compile in parallel where Triton releases the GIL; at most MAX_THREADS (LLVM memory, one pass per TP rank)."""
+"""Compile-only passes: every Triton kernel a callable would launch, compiled concurrently and never launched. Inside
+`compile_only(threads)` every @triton.jit launch is a warmup compiled on a thread pool (Triton's AsyncCompileMode),
+finished on exit; torch ops run as usual. At most MAX_THREADS threads (LLVM memory)."""
 
 from __future__ import annotations
 
@@ -66,8 +63,7 @@ def unavailable(device: torch.device) -> str | None:
 
 @contextlib.contextmanager
 def compile_only(threads: int):
-    """Inside, every JITFunction launch is a warmup compiled on a pool of `threads`; yields a CompileReport, filled
-    on exit, where (also on an exception) every compile has finished and Triton's state is restored."""
+    """Yields a CompileReport, filled on exit once every compile has finished and Triton's state is restored."""
     from triton.runtime import _async_compile
     from triton.runtime.jit import JITFunction
 
@@ -98,8 +94,8 @@ def compile_only(threads: int):
 
 
 def precompile(run: Callable[[], object], *, device: torch.device, label: str) -> CompileReport | None:
-    """`run()` in compile_only mode where a pass can help, one log line naming `label` -> the report, or None where
-    nothing ran or it raised (one warning; the kernels then compile at first launch)."""
+    """`run()` in compile_only mode where a pass can help, one log line -> the report, or None where nothing ran or it
+    raised (one warning; the kernels then compile at first launch)."""
     why = unavailable(device)
     if why is not None:
         logger.debug("kernel pre-compilation skipped for %s: %s", label, why)

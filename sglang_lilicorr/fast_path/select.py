@@ -1,8 +1,6 @@
-"""The serving select of a trained LiLiCorr head: the proposal pipeline (pipeline.py) on the head's routes.
-`FastLiLiCorrSelect` wraps a `LiLiCorrHead` (its own modules) with the constants the fused routes fold from it
-(constants.py); a call runs the plan of its batch size (plan.py). The fused routes run Triton kernels around the GEMMs
-(kernels/head_*.py, lattice_attention.py; the cosine kernel also runs the greedy walk, another rule walks after it,
-kernels/walk.py); the folded route runs every GEMM in Triton (kernels/gemm_epilogue.py). No host sync: graph-safe."""
+"""The serving select of a trained LiLiCorr head: the proposal pipeline (pipeline.py) on the head's routes, with
+constants folded from it (constants.py), a plan per batch size (plan.py). The fused routes run Triton kernels around the
+GEMMs (the cosine kernel may also walk); the folded route runs every GEMM in Triton. No host sync: graph-safe."""
 
 from __future__ import annotations
 
@@ -104,8 +102,7 @@ class FastLiLiCorrSelect(SelectConstants):
         return t, F.linear(t, self.w_anchor, self.b_anchor)
 
     def _projections(self, pass_hidden, anchor_hidden, plan: SelectPlan) -> tuple:
-        """-> (pass projection, t, anchor, join_pass, join_anchor): with overlap both run on the side stream, each
-        joined where first needed (joins None without overlap)."""
+        """-> (pass projection, t, anchor, join_pass, join_anchor); with overlap both run on the side stream."""
         if not plan.overlap:
             return self._pass_projection(pass_hidden), *self._anchor_projection(anchor_hidden, plan), None, None
         side = SideStream(self._side)
@@ -135,8 +132,8 @@ class FastLiLiCorrSelect(SelectConstants):
         return start, pair, lp.view(b, s, k), draft
 
     def _nodes_fused(self, vals, ids, lse, pass_proj, plan: SelectPlan, join_pass=None):
-        """-> log-probs fp32 [b*S, K], residual stream x [b*L, H], first attention input [b*L, H]. Folded route: x is
-        [b*L, 2H] (residual stream first), and its rows' sums of squares [b*L, H / 16] stand for the attention input."""
+        """-> log-probs fp32 [b*S, K], residual x [b*L, H], first attention input [b*L, H]. Folded: x is [b*L, 2H] and
+        its rows' sums of squares [b*L, H / 16] stand for the attention input."""
         b, s, k = ids.shape
         pdl, rows, h = plan.pdl, b * s * k, self.width
         lp, up = head_nodes.confidence_up_triton(
@@ -197,8 +194,7 @@ class FastLiLiCorrSelect(SelectConstants):
         return xn
 
     def _layers_folded(self, cat, sumsq, b, t, plan: SelectPlan, join_anchor=None):
-        """The folded route's lattice layers (Triton GEMMs + attention): cat [b*L, 2H] = [x, x * t after the last],
-        sumsq [b*L, H / 16] x's rows' partial sums of squares, rewritten by each GEMM -> (cat, sumsq)."""
+        """Folded lattice layers: cat [b*L, 2H] = [x, x * t], sumsq [b*L, H / 16] -> (cat, sumsq)."""
         rows, h = cat.shape[0], self.width
         n, x, pdl = rows // b, cat[:, :h], plan.pdl
         bias = self.attn_bias[..., :n, :n]
@@ -237,9 +233,8 @@ class FastLiLiCorrSelect(SelectConstants):
         return head_norm.add_rmsnorm_triton(x, y, norm.weight, _norm_eps(norm), cross=cross, pdl=plan.pdl)
 
     def _factors_fused(self, cat, sumsq, anchor, ids, plan: SelectPlan):
-        """concat[h, h*t] [b*L, 2H], anchor [b, D+H], candidate ids [b, S, K] -> (start fp32 [b, K], pair fp32
-        [b, S-1, K, K], the greedy walk's draft ids [b, S], or None for another rule). Folded route: the factor GEMM
-        applies the output norm from sumsq."""
+        """concat[h, h*t] [b*L, 2H], anchor [b, D+H], ids [b, S, K] -> (start fp32 [b, K], pair fp32 [b, S-1, K, K],
+        greedy draft ids [b, S] or None). Folded: the factor GEMM applies the output norm from sumsq."""
         (b, s, k), d, pdl = ids.shape, self.factor_dim, plan.pdl
         if sumsq is not None:  # the per-request bias + SiLU in the GEMM's epilogue
             norm = (sumsq, _norm_eps(self.head.output_norm))

@@ -1,5 +1,4 @@
-"""Triton kernels of sglang-lilicorr (torch and triton only; triton imported on first use), each with its PyTorch
-reference; README.md in this folder lists them with their contracts, tuning.py every measured launch."""
+"""Triton kernels (triton imported on first use), each with its PyTorch reference; README.md lists them."""
 
 from .device import uses_triton
 from .topk_lse import topk_lse

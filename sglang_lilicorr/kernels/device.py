@@ -1,5 +1,4 @@
-"""Facts about the device a kernel launches on; the driver's are looked up once per device (launches on the
-eager serving path must not query the driver each time)."""
+"""Facts about the device a kernel launches on, looked up once per device."""
 
 from __future__ import annotations
 

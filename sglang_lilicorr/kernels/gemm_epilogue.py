@@ -1,10 +1,7 @@
-"""A GEMM with its epilogue in one Triton kernel (paper App. A; kernels/README.md): y = act(rstd * (x @ weight.T) +
-bias + group_bias[row // rows_per_group]), plus `residual` (out += y), `sumsq_out` (the rows' partial sums of squares
-for the next GEMM's norm), `norm` (the input's pre-norm, gain folded by fold_norm_gain) and `cross` (also out * t).
-x [M, K], weight [N, K], unit stride along K -> out [M, N] in x's dtype; fp32 accumulation, one rounding.
-`_gemm_kernel` (a program per tile, pointer loads) and `_gemm_tma_kernel` (persistent, TMA; 16-bit on sm_90+; bias,
-group bias and SiLU only) share the epilogue. Under PDL the first row tile prefetches its weights into L2. Configs:
-tuning.GEMM_CONFIGS by rows (no autotuning). One launch: CUDA-graph safe."""
+"""A GEMM with its epilogue in one Triton kernel (kernels/README.md): y = act(rstd * (x @ weight.T) + bias +
+group_bias[row // rows_per_group]), plus `residual` (out += y), `sumsq_out` (partial sums of squares for the next norm),
+`norm` (the folded pre-norm) and `cross` (also out * t). x [M, K], weight [N, K] -> out [M, N] in x's dtype, fp32
+accumulation. Pointer-load and persistent TMA kernels share the epilogue; configs by rows (tuning.py)."""
 
 from __future__ import annotations
 

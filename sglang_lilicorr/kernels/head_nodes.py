@@ -1,8 +1,7 @@
-"""Lattice node assembly of the LiLiCorr head at serving time (paper Sec. 3.2), in Triton, one program per row, around
-the feature MLP's down projection: `confidence_up_triton` (top-K values + lse -> log-probs and silu(up(LayerNorm(
-features))), the LayerNorm's affine folded into w_feat, b_feat) and `lattice_nodes_triton` (node = token_table[id] +
-pass_proj[slot] + feat_down + node_const[slot, k], written as the residual stream and, RMS-normalised, as the first
-attention input, or as the rows' partial sums of squares for the folded route)."""
+"""Lattice node assembly of the LiLiCorr head at serving time, in Triton, one program per row: `confidence_up_triton`
+(top-K values + lse -> log-probs and silu(up(LayerNorm(features)))) and `lattice_nodes_triton` (node = token_table[id] +
+pass_proj[slot] + feat_down + node_const[slot, k], as the residual stream and its RMS-normalised attention input, or its
+partial sums of squares for the folded route)."""
 
 from __future__ import annotations
 
@@ -14,8 +13,6 @@ from .device import rows_per_program
 from .head_norm import SUMSQ_GROUP, norm_store, store_sumsq
 from .pdl import check_pdl, grid_dependency_wait, pdl_launch
 from .tuning import ConfidenceLaunch
-
-NUM_FEATURES = 5  # log p, p, log p - log p_top, rank / (K-1), is-top-1 (sglang_lilicorr.head)
 
 
 @triton.jit
@@ -164,9 +161,8 @@ def confidence_up_triton(
     *,
     pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """vals fp32 [G, K] (descending), lse fp32 [G], w_feat fp32 [H, 5], b_feat fp32 [H]
-    -> (log-probs fp32 [G, K], silu(w_feat @ LayerNorm(features) + b_feat) [G*K, H] in dtype).
-    `pdl`: programmatic dependent launch (kernels/pdl.py); the constants are read before the wait."""
+    """vals fp32 [G, K] descending, lse fp32 [G], w_feat fp32 [H, 5], b_feat fp32 [H] -> (log-probs fp32 [G, K],
+    silu(w_feat @ LayerNorm(features) + b_feat) [G*K, H]); under `pdl` the constants are read before the wait."""
     check_pdl(pdl, w_feat, "confidence_up_triton")
     g, k = vals.shape
     h = w_feat.shape[0]

@@ -1,7 +1,6 @@
-"""Cosine lattice scores of the LiLiCorr head, in Triton: from the un-normalised edges [b, S, K, 2D] (out | in) and
-anchor out [b, D], one program per (request, slot) computes one K x K factor of sigma-scaled cosines in fp32 (norms as
-F.normalize): start[b, j] = sigma * cos(anchor_out, in_{1,j}), pair[b, s-1, i, j] = sigma * cos(out_{s,i}, in_{s+1,j}).
-With WALK (`lattice_cosine_walk_triton`) the request's last program also runs the greedy walk (kernels/README.md)."""
+"""Cosine lattice scores of the LiLiCorr head, in Triton, one program per (request, slot): from edges [b, S, K, 2D] (out
+| in) and anchor out [b, D], fp32 sigma-scaled cosines start[b, j] and pair[b, s-1, i, j]; with WALK the request's last
+program also runs the greedy walk."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Programmatic dependent launch (PDL, sm_90+): a chain of small dependent kernels without the launch gap between them
-(kernels/README.md). A kernel launched with `launch_pdl=True` may start while its predecessor runs; its programs call
-`grid_dependency_wait(PDL)` first (`griddepcontrol.wait`: before it, read only constants, write nothing; then
-`launch_dependents`). With PDL=False both compile away."""
+"""Programmatic dependent launch (PDL, sm_90+): a kernel launched with `launch_pdl=True` may start while its predecessor
+runs; its programs call `grid_dependency_wait(PDL)` first (before it, read only constants, write nothing). With
+PDL=False both compile away."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Fused top-K + full-vocabulary logsumexp over logits rows, in Triton (kernels/README.md, `topk_lse`). Stage 1
-("split") streams each chunk of a row once (running max and sum of exponentials; the K best sub-tiles, re-loaded for
-the exact top-K); stage 2 ("merge") combines a row's chunks, skipped with one chunk per row. Elements rank by unique
-int64 keys (value descending, then index ascending; SENTINEL marks an empty slot); bf16 logits by int32 narrow keys."""
+"""Fused top-K + full-vocabulary logsumexp over logits rows, in Triton: stage 1 ("split") streams each chunk of a row
+once (running max and sum of exponentials, the K best sub-tiles re-loaded for the exact top-K); stage 2 ("merge")
+combines a row's chunks. Elements rank by unique int64 keys (value descending, index ascending); bf16 by int32 keys."""
 
 from __future__ import annotations
 
@@ -241,9 +240,8 @@ def merge_row(
     SP: tl.constexpr,
     NARROW: tl.constexpr,
 ):
-    """Stage 2 for one row: its n_splits partials -> (lse, the row's K best keys [KP] descending, SENTINEL past K).
-    NARROW (TopKParts.narrow: bf16 values): ranked on narrow keys of the partials' positions, then the K chosen
-    partial keys re-loaded (just loaded: cache hits)."""
+    """Stage 2 for one row: its partials -> (lse, its K best keys [KP] descending, SENTINEL past K). NARROW: ranked on
+    narrow keys, then the chosen partial keys re-loaded."""
     splits = tl.arange(0, SP)
     live = splits < n_splits
     part = row * n_splits + splits
@@ -335,9 +333,8 @@ def topk_lse_triton(
     *,
     pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """logits [N, V] -> (vals fp32 [N, k] descending, ids int64 [N, k], lse fp32 [N]); ties to the lowest index.
-    `splits` overrides the chunks per row, `launch` the streaming geometry; `pdl`: programmatic dependent launch
-    (kernels/pdl.py), the split kernel launched early. No host syncs: safe to capture in a CUDA graph."""
+    """logits [N, V] -> (vals fp32 [N, k] descending, ids int64 [N, k], lse fp32 [N]); ties to the lowest index. No host
+    syncs: safe to capture in a CUDA graph."""
     (vals, ids, lse), parts = _split_stage("topk_lse_triton", logits, k, splits, launch, pdl)
     if parts is not None and logits.shape[0]:
         # the merge is launched in full stream order (launched early it was slower: PERF_NOTES.md, row 18)

@@ -1,7 +1,6 @@
-"""Top-K + logsumexp of logits rows split into contiguous vocabulary shards (one per TP rank), merged exactly into
-`topk_lse`'s whole-row result (kernels/README.md): `shard_partials` [N, n] -> [N, k + 1] int64 (k best ordering keys
-with global ids, then the lse's fp32 bits); after one all-gather `merge_partials` [ranks, N, k + 1] -> (vals, ids, lse)
-on every rank (vals and ids bit for bit, lse within fp32 rounding). torch ops, static shapes, graph-capturable."""
+"""Top-K + logsumexp over contiguous vocabulary shards (one per TP rank), merged exactly into `topk_lse`'s result:
+`shard_partials` [N, n] -> [N, k + 1] int64 (k keys with global ids, then the lse's fp32 bits); after an all-gather,
+`merge_partials` [ranks, N, k + 1] -> (vals, ids, lse). torch ops, static shapes, graph-capturable."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Every measured launch choice of the select path, in one module: launch records (GemmLaunch, TopKLaunch,
-CosineLaunch, ConfidenceLaunch, with the measured defaults), kernel tables (launch by operand shape) and head tables
-(route per head width and batch size, resolved by fast_path/plan.py). Each measured value names its card and commit
-(`Measured`, or a comment); benchmarks/PERF_NOTES.md has the numbers. Imports nothing of ours."""
+"""Every measured launch choice of the select path: launch records (with the measured defaults), kernel tables by
+operand shape and head tables by head width and batch size (fast_path/plan.py). Measurements name card and commit;
+benchmarks/PERF_NOTES.md has the numbers. Imports nothing of ours."""
 
 from __future__ import annotations
 

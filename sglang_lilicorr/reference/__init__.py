@@ -1,5 +1,4 @@
-"""PyTorch reference speculative decoding, batch 1: propose.py (the drafter's argmax and LiLiCorr blocks), verify.py
-(greedy and exact rejection sampling), decoder.py (the draft-verify loop), check.py (the greedy losslessness check)."""
+"""PyTorch reference speculative decoding, batch 1: propose, verify, the decoder loop and the greedy check."""
 
 from .check import GreedyReport, Mismatch, bf16_ulp, check_greedy
 from .decoder import BlockRecord, DecodeResult, SpeculativeDecoder, speculative_decoder

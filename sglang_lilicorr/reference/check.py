@@ -1,7 +1,6 @@
-"""Teacher-forced greedy losslessness check: is every emitted token the target's own greedy choice? One float32 (or
-float64) target pass over prompt + output; at each emitted position the deficit d = max logit - the token's logit
-passes when d <= tol (default one bf16 ulp of the top logit: a near-tie serving precision cannot order). Byte equality
-with a plain decode is no sound test: a verify pass and a 1-token decode round differently."""
+"""Teacher-forced greedy losslessness check: one float32 (or float64) target pass over prompt + output; an emitted token
+passes where max logit - its logit <= tol (default one bf16 ulp of the top logit: a near-tie serving precision cannot
+order). Byte equality with a plain decode is no sound test (a verify pass and a decode round differently)."""
 
 from __future__ import annotations
 

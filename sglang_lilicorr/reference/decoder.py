@@ -1,9 +1,6 @@
-"""The PyTorch reference speculative decoder: target + DFlash drafter (+ LiLiCorr head), one request, the target's HF
-KV cache rolled back after each block. Prefill gives the first token (the anchor); each block drafts
-{"argmax", "lilicorr"} (`commit` names the one verified), verifies (verify.py: m drafts + 1 target token) and cuts the
-cache to the accepted tokens. At T = 0 the other drafts are scored on the same contexts (`score_other_drafts`).
-`tau` = completion tokens / verify blocks (SGLang's `spec_accept_length`; the first token is the prefill's);
-`block_tau(name)` = mean over blocks of (m_name + 1)."""
+"""The PyTorch reference speculative decoder, one request: each block drafts {"argmax", "lilicorr"} (`commit` is
+verified), verifies (verify.py) and rolls the target's HF KV cache back to the accepted tokens; at T = 0 the other
+drafts are scored on the same contexts. `tau` = completion tokens / verify blocks (SGLang's `spec_accept_length`)."""
 
 from __future__ import annotations
 
@@ -103,8 +100,8 @@ class SpeculativeDecoder:
     def step(
         self, tokens: list[int], features: torch.Tensor, temperature: float, generator
     ) -> tuple[BlockRecord, torch.Tensor]:
-        """Draft and verify one block; the cache then holds exactly the committed tokens but the
-        last (the next anchor). -> (record, target features of the anchor and accepted drafts)."""
+        """Draft and verify one block (the cache then holds the committed tokens but the next anchor) -> (record, target
+        features of the anchor and accepted drafts)."""
         a = len(tokens) - 1
         drafts = self.propose(features, tokens[-1])
         if self.commit not in drafts:
@@ -121,8 +118,7 @@ class SpeculativeDecoder:
         return record, feats[:, : m + 1]
 
     def score_other_drafts(self, tokens: list[int], blocks: list[BlockRecord]) -> None:
-        """Greedy acceptance of the drafts not committed, on each block's own context: as far as each agrees with the
-        tokens emitted after its anchor (one agreeing past the output's end needs a target pass of its own)."""
+        """Greedy acceptance of the uncommitted drafts: how far each agrees with the tokens emitted."""
         for b in blocks:
             truth = tokens[b.anchor_pos + 1 : b.anchor_pos + b.num_slots + 1]
             for name, draft in b.drafts.items():

@@ -1,9 +1,6 @@
-"""Drafting blocks (paper Sec. 3): for anchors a_1..a_N of one sequence and target features of positions 0..T-1, the
-drafter runs block n = [x_{a_n}, mask x S] over the projected context before a_n; the target LM head gives logits
-[N, S, V]; the argmax block, the LiLiCorr block (the proposal pipeline's torch route, fast_path/pipeline.py: greedy
-walk and/or Viterbi) or a baseline head's correction (baselines/). Each block sees what it would see drafted alone, so
-one pass over many anchors (replay.py) and one anchor per call (the decoder) agree; the head's anchor input is the
-projected context at a - 1, as in training."""
+"""Drafting blocks: for anchors a_1..a_N of one sequence, the drafter runs [x_{a_n}, mask x S] over the projected
+context before a_n -> logits [N, S, V] -> the argmax block, the LiLiCorr block (pipeline torch route) or a baseline
+head's correction. Each block sees what it would see drafted alone, so replay (many anchors) and the decoder agree."""
 
 from __future__ import annotations
 

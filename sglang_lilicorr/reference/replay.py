@@ -1,9 +1,6 @@
-"""Exact acceptance replay: the tau a draft earns on outputs the target already produced. With a deterministic draft
-d, verification accepts d_k iff it equals the emitted token (T = 0: the greedy token; T > 0: rejection sampling of
-q = 1 is sampling x ~ p and accepting iff x = d_k). So on an output the blocks are fixed: a block anchored at i accepts
-the longest prefix of its draft equal to o_{i+1..}; drafts for every anchor come teacher-forced in one batched pass
-(`BlockProposer.blocks`) and the walk of blocks is replayed. tau = completion tokens / verify blocks (as the decoder).
-Multi-turn conversations replay turn by turn (prompt ids, output ids)."""
+"""Exact acceptance replay: the tau a deterministic draft earns on outputs the target already produced. Verification
+accepts d_k iff it equals the emitted token (at T > 0 too, as rejection sampling of q = 1), so a block anchored at i
+accepts the longest prefix of its draft equal to o_{i+1..}; drafts for every anchor come teacher-forced in one pass."""
 
 from __future__ import annotations
 
@@ -26,8 +23,7 @@ class TurnReplay:
 
 
 def matched_prefix(drafts: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
-    """drafts [N, S] at anchors 0..N-1 of output [L] (N = L - 1) -> [N]: how many leading drafted
-    tokens equal the output's next tokens (a draft running past the output's end matches nothing there)."""
+    """drafts [N, S] at anchors 0..N-1 of output [L] -> [N]: leading drafted tokens equal to the output's next."""
     n, s = drafts.shape
     idx = torch.arange(n, device=output.device)[:, None] + 1 + torch.arange(s, device=output.device)  # [N, S]
     truth = torch.where(idx < output.shape[0], output[idx.clamp(max=output.shape[0] - 1)], -1)
@@ -35,8 +31,8 @@ def matched_prefix(drafts: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
 
 
 def walk_blocks(matched: Sequence[int], length: int) -> list[int]:
-    """Replay the block sequence over an output of `length` tokens from the per-anchor matches
-    -> accepted drafts per block. A block at anchor i emits min(m_i + 1, length - 1 - i) tokens."""
+    """Per-anchor matches over an output of `length` tokens -> accepted drafts per block (a block at i emits min(m_i +
+    1, length - 1 - i) tokens)."""
     accepted, i = [], 0
     while i < length - 1:
         emitted = min(int(matched[i]) + 1, length - 1 - i)

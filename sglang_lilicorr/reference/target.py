@@ -1,5 +1,4 @@
-"""The target read incrementally: an HF KV cache that grows by one verify block and rolls back. `extend(ids)` -> the
-drafter's context features and final hidden states of those positions; `rollback(length)` drops rejected drafts."""
+"""The target read incrementally: an HF KV cache grown by one verify block (`extend`) and rolled back."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Verification of one drafted block: target_logits [S+1, V] (row s scores slot s+1), draft [S] -> (m accepted,
-emitted = d_1..d_m + one target token). The block is a deterministic proposal (q = 1), so exact rejection sampling
-(Leviathan et al. 2023) accepts d_s with probability p_s(d_s), else draws from p_s with d_s removed: each slot emits x
-with probability p_s(x). Sampling runs on the CPU in float64 (a CPU torch.Generator serves any device)."""
+"""Verification of one drafted block: target_logits [S+1, V], draft [S] -> (m accepted, emitted = d_1..d_m + one target
+token). Exact rejection sampling of a deterministic proposal: accept d_s with probability p_s(d_s), else draw from p_s
+without d_s. Sampling runs on the CPU in float64."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""LiLiCorrSpecAlgo: how SGLang's scheduler, model runners and memory sizing see LILICORR: DFlash with another
-block proposal, so every `is_*()` / `supports_*()` answer is DFLASH's, plus the methods CustomSpecAlgo lacks
-(`need_topk`, `carries_draft_hidden_states`, `create_future_map`, `get_platform_worker_cls`)."""
+"""LiLiCorrSpecAlgo: LILICORR as SGLang sees it, DFLASH's answers plus what CustomSpecAlgo lacks."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""The draft-KV append of a decode step as a CUDA graph per (batch size, verify width). After each verify the DFlash
-worker projects the target's captured states through the drafter (fc + norm) and writes the drafter's K/V for each
-request's committed prefix, and LILICORR publishes each request's anchor: a dozen launches whose Python holds the host
-while the GPU waits. `AppendGraphs.capture(append, ...)` records the worker's eager `append(**inputs)` at each size over
-static inputs; `replay(...)` copies a step's five inputs in and replays its graph (the same kernels on the same values,
-so the same KV and anchors), or returns False for a size not captured (the caller appends eagerly)."""
+"""The draft-KV append of a decode step (the drafter's K/V of each committed prefix, and each request's anchor) as a
+CUDA graph per (batch size, verify width): `capture` records the worker's eager `append(**inputs)` over static inputs;
+`replay` copies a step's inputs in and replays, or returns False for a size not captured (the caller appends eagerly).
+"""
 
 from __future__ import annotations
 
@@ -42,8 +40,8 @@ class AppendGraphs:
         }
 
     def capture(self, append, batches: list[int], widths: list[int]) -> None:
-        """Record `append(**inputs)` at every (batch, width), largest first (the smaller reuse its memory), the inputs
-        pointing at KV padding slot 0 and request slot 0; a size whose capture fails is left out (logged once)."""
+        """Record `append(**inputs)` at every (batch, width), largest first, the inputs pointing at KV padding slot 0
+        and request slot 0; a size whose capture fails is left out (logged once)."""
         sizes = sorted(((b, w) for b in batches for w in widths), reverse=True)
         if not sizes:
             return

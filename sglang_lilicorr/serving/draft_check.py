@@ -1,6 +1,5 @@
-"""What a LiLiCorr draft must be for a LILICORR server to serve it on a given target, checked from config.json and
-the safetensors header (no weights read), every problem collected. The server's validation raises the first
-(`inspect_draft`); `lilicorr check-draft` prints them all. Imports no sglang."""
+"""What a LiLiCorr draft must be for a LILICORR server to serve it on a target, from config.json and the safetensors
+header, every problem collected: the server raises the first (`inspect_draft`), `lilicorr check-draft` prints all."""
 
 from __future__ import annotations
 
@@ -57,22 +56,14 @@ class TargetShape:
     def of(cls, config: Any) -> "TargetShape":
         """From an HF config or config.json dict (its `text_config` if any); context: max_position_embeddings."""
 
-        def get(name):
-            return config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
+        def get(name, optional=False):
+            value = config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
+            return None if optional and value is None else json_number(value, int, f"target {name}", ServingConfigError)
 
         if isinstance(config, Mapping) and isinstance(config.get("text_config"), Mapping):
             return cls.of(config["text_config"])
-        layers, positions = get("num_hidden_layers"), get("max_position_embeddings")
-        return cls(
-            hidden_size=json_number(get("hidden_size"), int, "target hidden_size", ServingConfigError),
-            vocab_size=json_number(get("vocab_size"), int, "target vocab_size", ServingConfigError),
-            num_layers=None
-            if layers is None
-            else json_number(layers, int, "target num_hidden_layers", ServingConfigError),
-            context_length=None
-            if positions is None
-            else json_number(positions, int, "target max_position_embeddings", ServingConfigError),
-        )
+        hidden, vocab = get("hidden_size"), get("vocab_size")
+        return cls(hidden, vocab, get("num_hidden_layers", True), get("max_position_embeddings", True))
 
 
 @dataclass
@@ -99,8 +90,8 @@ def inspect_draft(
 def examine_draft(
     path: str | Path, target: TargetShape | None = None, option: str = "--speculative-draft-model-path"
 ) -> DraftReport:
-    """Every problem of the draft folder `path` (named `option` in messages) for LILICORR: its files, head geometry,
-    dtype and head tensors, and against `target` when given its width, vocabulary and layers."""
+    """Every problem of the draft folder `path` (named `option` in messages): files, head geometry, dtype and head
+    tensors, and against `target` its width, vocabulary and layers."""
     report = DraftReport()
     folder = Path(path)
     if not folder.is_dir():
@@ -178,13 +169,11 @@ def _check_head_tensors(report: DraftReport, weights: Path, head: LiLiCorrConfig
     extra = sorted(set(found) - set(expected))
     wrong = sorted(n for n in set(expected) & set(found) if expected[n] != found[n])
     if missing or extra or wrong:
-        detail = (
-            f"missing {[HEAD_PREFIX + n for n in missing[:3]]}"
-            if missing
-            else f"unexpected {[HEAD_PREFIX + n for n in extra[:3]]}"
-            if extra
-            else f"{HEAD_PREFIX}{wrong[0]} has shape {found[wrong[0]]}, expected {expected[wrong[0]]}"
-        )
+        detail = f"missing {[HEAD_PREFIX + n for n in missing[:3]]}"
+        if not missing:
+            detail = f"unexpected {[HEAD_PREFIX + n for n in extra[:3]]}"
+        if not missing and not extra:
+            detail = f"{HEAD_PREFIX}{wrong[0]} has shape {found[wrong[0]]}, expected {expected[wrong[0]]}"
         report.problem(
             f"{weights}: the head tensors do not match the lilicorr_* geometry in config.json ({detail}); "
             "the config and weights come from different exports."

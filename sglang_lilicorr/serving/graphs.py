@@ -1,5 +1,4 @@
-"""The batch sizes SGLang captures CUDA graphs for (decode, target verify and draft passes alike), and whether a batch
-can run outside them (eagerly): where graphs are off, or more requests may run than the largest graph holds."""
+"""The batch sizes SGLang captures CUDA graphs for, and whether a batch can run outside them (eagerly)."""
 
 from __future__ import annotations
 

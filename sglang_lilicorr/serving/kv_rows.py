@@ -1,8 +1,6 @@
-"""Room in each request's req_to_token row for the verify-block reservation. SGLang's DFlash decode reserves KV slots
-two verify blocks ahead of each request and writes their ids into its req_to_token row unbounded; SGLang 0.5.23 gives a
-row only 4 extra columns past the context length, so a request near the context end overwrote the next row's first
-slots (benchmarks/results/long-inputs). `widen_rows()` (called before the scheduler builds the pools) gives every row
-room for the whole reservation; `check_rows` verifies the table built."""
+"""Room in each request's req_to_token row for the verify-block reservation: SGLang's DFlash decode writes KV slot ids
+two verify blocks ahead, but SGLang 0.5.23 gives a row 4 columns past the context length (a request near the end
+overwrote the next row: benchmarks/results/long-inputs). `widen_rows()` makes room; `check_rows` verifies it."""
 
 from __future__ import annotations
 

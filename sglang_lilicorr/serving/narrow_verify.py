@@ -1,11 +1,7 @@
-"""One decode step that verifies the first `width` tokens of the block (1 <= width < B; verify_width.py), built from
-SGLang's DFlash pieces: the block's slots and KV window as SGLang opens them, the draft pass of the whole block (our
-proposal captured in it) where width > 1, the target's verify of the width's tokens through that width's tier
-(verify_tiers.py), SGLang's acceptance rules (greedy; T > 0: its exact rejection sampling), and the draft-KV append
-of what was committed. Width 1 runs no draft pass: the anchor alone is verified, a plain decode step whose target
-state is still appended, so the next step may draft again. The whole block is SGLang's own step
-(`DFlashWorkerV2.forward_batch_generation`); `serves` says which batches a narrow step takes: those without grammar,
-sampling-mask capture or a hybrid (Mamba) target."""
+"""One decode step that verifies the first `width` tokens of the block (1 <= width < B; verify_width.py) from SGLang's
+DFlash pieces: open the block, draft it (width > 1), verify the width's tokens through its tier (verify_tiers.py),
+SGLang's acceptance, append the committed draft KV. Width 1 is a plain decode step whose state is still appended.
+`serves`: batches without grammar, sampling-mask capture or a hybrid (Mamba) target."""
 
 from __future__ import annotations
 
@@ -39,8 +35,8 @@ def serves(worker, batch) -> bool:
 
 
 def committed_block(candidates: torch.Tensor, accepted: torch.Tensor, bonus: torch.Tensor):
-    """candidates [b, w] (the anchor, then w - 1 drafts), accepted drafts [b], bonus tokens [b] -> the committed
-    tokens [b, w] (the accepted drafts, then the bonus; what follows is not committed) and their count [b] int32."""
+    """candidates [b, w] (anchor, then w - 1 drafts), accepted drafts [b], bonus [b] -> committed tokens [b, w]
+    (accepted drafts, then the bonus) and their count [b] int32."""
     out = torch.zeros_like(candidates, dtype=torch.int64)
     out[:, :-1] = candidates[:, 1:]
     out.scatter_(1, accepted.to(torch.int64)[:, None], bonus.to(torch.int64)[:, None])
@@ -48,8 +44,8 @@ def committed_block(candidates: torch.Tensor, accepted: torch.Tensor, bonus: tor
 
 
 def open_block(worker, batch, draft_input):
-    """The block's slots as SGLang lays them out: ids [b, B] (the anchor, then masks), positions [b, B], the KV
-    window's cache locations [b, B] and its plan (reads reach the block's end)."""
+    """The block's slots as SGLang lays them out: ids [b, B] (anchor, then masks), positions [b, B], the KV window's
+    cache locations [b, B] and its plan."""
     bs = len(batch.seq_lens)
     worker._ensure_draft_block_buffers(bs)
     ids, positions, locs = (
@@ -78,8 +74,7 @@ def open_block(worker, batch, draft_input):
 
 
 def host_bound(worker, batch, draft_input, extent: int) -> tuple[torch.Tensor, int]:
-    """Host-side upper bounds of the KV lengths a forward reaching `extent` tokens past the prefix reads (the attention
-    backends plan with them), and their sum."""
+    """Host-side upper bounds of the KV lengths a forward reaching `extent` tokens past the prefix reads; their sum."""
     bs = len(batch.seq_lens)
     out = worker._draft_seq_lens_cpu_buf[:bs]
     if batch.seq_lens_cpu is not None:
@@ -97,6 +92,9 @@ def draft(worker, batch, draft_input, ids, positions, locs, plan) -> torch.Tenso
     if worker._noise_embed_scale != 1.0:
         embed = embed * worker._noise_embed_scale
     seq_lens_cpu, seq_lens_sum = host_bound(worker, batch, draft_input, block)
+    non_padded = (
+        torch.full((), bs * block, dtype=torch.int32, device=worker.device) if enable_num_token_non_padded() else None
+    )
     forward_batch = ForwardBatch(
         forward_mode=ForwardMode.TARGET_VERIFY,
         batch_size=bs,
@@ -111,11 +109,7 @@ def draft(worker, batch, draft_input, ids, positions, locs, plan) -> torch.Tenso
         spec_algorithm=SpeculativeAlgorithm.DFLASH,
         spec_info=worker._draft_block_spec_info,
         capture_hidden_mode=CaptureHiddenMode.NULL,
-        num_token_non_padded=(
-            torch.full((), bs * block, dtype=torch.int32, device=worker.device)
-            if enable_num_token_non_padded()
-            else None
-        ),
+        num_token_non_padded=non_padded,
         global_num_token_non_padded_cpu=bs * block,
         can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph,
     )

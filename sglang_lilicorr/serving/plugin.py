@@ -1,7 +1,6 @@
-"""Entry point of SGLang's plugin system (setup.py: `sglang.srt.plugins`, `lilicorr = ...plugin:register`). SGLang
-calls `register()` in every process it starts (idempotent): the algorithm name, the resolution hook for the default
-target attention backend, and, where LILICORR_VERIFY_ATTENTION is set, the hook giving DFLASH servers the same verify
-attention. The worker, draft model and kernels load in the scheduler when SGLang asks the factory for the worker."""
+"""Entry point of SGLang's plugin system (setup.py: `sglang.srt.plugins`). SGLang calls `register()` in every process
+(idempotent): the algorithm name, the default target attention hook and, where LILICORR_VERIFY_ATTENTION is set,
+DFLASH's verify attention hook. The worker and its modules load when SGLang asks the factory for the worker."""
 
 from __future__ import annotations
 

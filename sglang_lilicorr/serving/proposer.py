@@ -1,10 +1,7 @@
-"""The LiLiCorr draft-block proposal (paper Sec. 3, App. F) after SGLang's DFlash draft pass: pass_hidden [b, S, Hm]
---LM head--> logits, then `FastLiLiCorrSelect.propose` (top-K/LSE -> head -> walk -> draft tokens [b, S]), static and
-sync-free, so SGLang captures it in the draft CUDA graph (`__call__`, read back from `out`). Under tensor parallelism
-the top-K/LSE merges over the ranks (vocab_parallel.py). LILICORR_WALK picks the walk (greedy, viterbi).
-Batches above the largest draft graph replay eager graphs (every EAGER_BUCKET requests, `warm`) or run eagerly;
-`precompile` builds every size's kernels first. Anchors (each request's projected target state at its last verified
-token) live per request-pool slot (`anchor_table`), staged into batch order (`anchors`) before each draft pass."""
+"""The LiLiCorr draft-block proposal after SGLang's DFlash draft pass: pass_hidden [b, S, Hm] --LM head--> logits
+--FastLiLiCorrSelect.propose--> draft tokens [b, S], static and sync-free so it is captured in the draft CUDA graph (TP:
+vocab_parallel.py; LILICORR_WALK picks the walk). Batches above the largest draft graph replay eager graphs or run
+eagerly. Anchors live per request-pool slot (`anchor_table`), staged into batch order before each draft pass."""
 
 from __future__ import annotations
 
@@ -34,7 +31,7 @@ def walk_rule() -> str:
 
 
 def last_rows(*, num_rows: int, extend_lens: torch.Tensor | None, commit_lens: torch.Tensor | None) -> torch.Tensor:
-    """Row index of each request's last verified token in a target-hidden batch: prefill packs requests back to back
+    """Row of each request's last verified token in a target-hidden batch: prefill packs requests back to back
     (extend_lens [b]); verify pads each to the block (num_rows = b * B) and commits commit_lens [b] rows."""
     if commit_lens is not None:
         b = commit_lens.shape[0]
@@ -149,9 +146,8 @@ class LiLiCorrProposer:
         return self.out[: b * self.slots].view(b, self.slots)
 
     def warm(self, *, graph_batch_sizes: list[int], capture: bool, max_batch: int | None = None) -> list[int]:
-        """Before serving, for the batches no draft graph covers up to `max_batch` (None: the buffers' rows): with
-        `capture` (CUDA, whole vocabulary on this rank) graphs of the proposal at `eager_sizes`, else the proposal run
-        once at each size. Returns the sizes run."""
+        """For the batches no draft graph covers, up to `max_batch`: with `capture`, graphs of the proposal at
+        `eager_sizes`, else one eager run at each size -> the sizes run."""
         rows, device = self.anchors.shape[0], self.lm_head_weight.device
         rows = rows if max_batch is None else min(rows, int(max_batch))
         with torch.inference_mode(False):

@@ -1,9 +1,6 @@
-"""LILICORR's share of SGLang's ServerArgs resolution: every check that can fail before a process starts, and the
-DFlash-style defaults. SGLang calls the hooks in the launcher, in `ServerArgs.resolve_once()`, on a recording
-stand-in `args`: `default_target_attention_backend` (before SGLang fills an unset --attention-backend),
-`validate_server_args` (raises ServingConfigError naming the option or file and the fix; the draft's checks are
-draft_check.py's, each LILICORR_* variable's its module's), then `resolve_server_args` (block size, num_steps /
-eagle_topk = 1, the max-running-requests default)."""
+"""LILICORR's share of SGLang's ServerArgs resolution (hooks SGLang calls in the launcher on a recording stand-in
+`args`): `default_target_attention_backend`, `validate_server_args` (every check that can fail before a process starts;
+ServingConfigError) and `resolve_server_args` (the DFlash-style defaults)."""
 
 from __future__ import annotations
 
@@ -159,10 +156,9 @@ def serves_lilicorr(args) -> bool:
 
 
 def default_target_attention_backend(args) -> None:
-    """Where a LILICORR server names no --attention-backend: SERVED_TARGET_ATTENTION_BACKENDS[0] (triton), with one
-    warning line, instead of SGLang's GPU default (fa3 on Hopper, never served). plugin.py runs it before SGLang first
-    fills the backend (after its model-specific adjustments), so all SGLang derives from the backend follows the one
-    served. Left alone: another algorithm, or both --prefill- and --decode-attention-backend set."""
+    """Where a LILICORR server names no --attention-backend: SERVED_TARGET_ATTENTION_BACKENDS[0], with one warning,
+    instead of SGLang's GPU default; run before SGLang first fills the backend. Left alone: another algorithm, or both
+    --prefill- and --decode-attention-backend set."""
     if not serves_lilicorr(args) or args.attention_backend is not None:
         return
     prefill, decode = args.prefill_attention_backend, args.decode_attention_backend
@@ -184,8 +180,7 @@ def default_target_attention_backend(args) -> None:
 
 
 def check_target_attention_backend(args) -> str:
-    """The target's resolved attention backend, checked: prefill and decode run one backend of
-    SERVED_TARGET_ATTENTION_BACKENDS (SGLang's hybrid of two is refused)."""
+    """The target's resolved attention backend: prefill and decode one of SERVED_TARGET_ATTENTION_BACKENDS."""
     from sglang.srt.arg_groups.overrides import attention_backends_of
 
     prefill, decode = attention_backends_of(args)
@@ -216,19 +211,16 @@ def check_target_attention_backend(args) -> str:
 
 def tensor_parallel_problems(heads: int, kv_heads: int, intermediate: int, tp_size: int) -> list[str]:
     """Why each draft shape SGLang's DFlash draft shards over TP does not fit tp_size; [] when all fit."""
-    kv_fits = kv_heads % tp_size == 0 if kv_heads >= tp_size else tp_size % kv_heads == 0
-    return [
-        *([f"num_attention_heads={heads} is not divisible by {tp_size}"] if heads % tp_size else []),
-        *([f"num_key_value_heads={kv_heads} neither divides nor is divisible by {tp_size}"] if not kv_fits else []),
-        *(
-            [
-                f"intermediate_size={intermediate} "
-                f"is not divisible by {tp_size} (lilicorr train --draft-intermediate-size)"
-            ]
-            if intermediate % tp_size
-            else []
-        ),
-    ]
+    problems = []
+    if heads % tp_size:
+        problems.append(f"num_attention_heads={heads} is not divisible by {tp_size}")
+    if kv_heads % tp_size if kv_heads >= tp_size else tp_size % kv_heads:
+        problems.append(f"num_key_value_heads={kv_heads} neither divides nor is divisible by {tp_size}")
+    if intermediate % tp_size:
+        problems.append(
+            f"intermediate_size={intermediate} is not divisible by {tp_size} (lilicorr train --draft-intermediate-size)"
+        )
+    return problems
 
 
 def check_tensor_parallel(spec: DraftSpec, tp_size: int) -> None:
@@ -258,17 +250,15 @@ def check_block_size(spec: DraftSpec, args) -> None:
 
 
 def served_target(args) -> TargetShape:
-    """The target as this server serves it: its shape, and the context length the draft must cover (--context-length,
-    else the target's own; None where SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN lets SGLang stretch the draft)."""
+    """The target as served: its shape and the context the draft must cover (--context-length, else the target's; None
+    where SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN is set)."""
     from sglang.srt.environ import envs
     from sglang.srt.utils.hf_transformers.common import get_context_length
 
     text = target_text_config(args)
-    context = (
-        None
-        if envs.SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN.get()
-        else int(args.context_length or get_context_length(text))
-    )
+    context = None
+    if not envs.SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN.get():
+        context = int(args.context_length or get_context_length(text))
     return dataclasses.replace(TargetShape.of(text), context_length=context)
 
 

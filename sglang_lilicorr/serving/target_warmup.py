@@ -1,9 +1,6 @@
-"""The target's prefill attention kernel, compiled at start-up for every batch-size class a served prefill can meet.
-SGLang's Triton backend prefills through `_fwd_kernel`, which takes the number of prompts as an integer Triton keys by
-class (1, a multiple of 16, other): three binaries, each otherwise compiled when its first batch arrives, while served.
-`warm` runs the backend's own `forward_extend` on each plain full-attention layer at BATCHES, q/k/v fused and not,
-inside a compile-only pass (fast_path/precompile.py); the KV cache is not written. Other modes and layers
-(deterministic, MLA, sliding-window, sinks...) still compile at their first prefill."""
+"""The target's Triton prefill kernel (`_fwd_kernel`, specialised by prompt-count class: 1, a multiple of 16, other)
+compiled at start-up for each class, through the backend's own `forward_extend` on plain full-attention layers inside a
+compile-only pass (fast_path/precompile.py); the KV cache is not written."""
 
 from __future__ import annotations
 
@@ -103,8 +100,8 @@ def extend(backend, layer, batch: int, dtype, fused: bool) -> None:
 
 
 def warm(model_runner) -> CompileReport | None:
-    """Compile the target prefill's `_fwd_kernel` at every batch class on the runner's Triton backends and plain
-    layers -> the pass's report, or None where nothing ran (one debug line why). Never raises."""
+    """Compile the target prefill's `_fwd_kernel` at every batch class -> the pass's report, or None where nothing ran
+    (one debug line why). Never raises."""
     try:
         from sglang.srt.layers.radix_attention import RadixAttention
 

@@ -1,8 +1,6 @@
-"""Which verification a LILICORR server runs for T = 0 and T > 0, said in one start-up line. SGLang's DFlash worker
-verifies greedy requests (top_k = 1) by the longest prefix matching the target's argmax, and sampled ones (top_k > 1)
-by exact rejection sampling where `is_dflash_sampling_verify_available()` (flashinfer), else by greedy argmax too.
-Where only that fallback exists, LILICORR_T_GT_0 decides: `refuse` (default: each sampled request aborts at admission,
-HTTP 400, through an AFTER hook on SGLang's `validate_dflash_request`), `allow-greedy`, or `refuse-start`."""
+"""Which verification a LILICORR server runs for T = 0 and T > 0, said in one start-up line. SGLang verifies sampled
+requests by exact rejection sampling where flashinfer provides it, else greedily; then LILICORR_T_GT_0 decides: `refuse`
+(default: HTTP 400 at admission), `allow-greedy` or `refuse-start`."""
 
 from __future__ import annotations
 

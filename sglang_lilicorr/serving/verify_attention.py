@@ -1,10 +1,6 @@
-"""The attention of the target's verify pass: SGLang's split-KV verify kernel (`verify_splitkv`, the prefix split
-over programs, then merged; SGLang enables it only on AMD MI350) on its Triton backend. Exact for a verify's causal
-chain; per call it declines what it cannot serve, and the backend runs its prefill kernel (benchmarks/PERF_NOTES.md).
-LILICORR_VERIFY_ATTENTION: `auto` (split-KV up to SPLITKV_MAX_QUERY_HEADS query heads per GPU), `split-kv` or `extend`
-(the prefill kernel); set, it also picks DFLASH servers' verify (`after_dflash_init`); a target on another backend
-refuses it. `configure` applies it before the verify graphs, warming the split counts an eager verify may pick.
-`zero_scratch`: the kernel reads an empty split's uninitialized scratch (0 x NaN is NaN), so the scratch starts at 0."""
+"""The target's verify attention: SGLang's split-KV verify kernel on its Triton backend (it declines per call what it
+cannot serve, falling back to the prefill kernel). LILICORR_VERIFY_ATTENTION: `auto`, `split-kv` or `extend`; set, it
+also picks DFLASH servers' verify. `zero_scratch`: the kernel reads an empty split's scratch (0 x NaN is NaN)."""
 
 from __future__ import annotations
 
@@ -57,8 +53,8 @@ def probe_lengths() -> list[int]:
 
 
 def warm(backend, block_size: int, dtype, lengths: list[int]) -> bool:
-    """Run the split-KV verify once at each prefix length of `lengths` on a one-request block over zeros (KV pool
-    layer 0, slot 0), so no variant compiles while a request waits. False where the kernel declines this target."""
+    """Run the split-KV verify once per prefix length on a one-request block over zeros (KV layer 0, slot 0) -> False
+    where the kernel declines this target."""
     import torch
 
     pool = backend.token_to_kv_pool
@@ -125,9 +121,8 @@ def target_attention_backends(model_runner) -> list:
 
 
 def configure(backends: list, block_size: int, dtype, setting: str | None = None, eager: bool = True) -> bool:
-    """Switch the Triton backends among `backends` to the split-KV verify where `setting` (default: the environment's)
-    asks for it, warmed (every split count where `eager` verifies can occur, else one), and log one line -> whether
-    it runs split-KV. Call after the KV pool exists, before the verify graphs; a backend keeps its first choice."""
+    """Switch the Triton `backends` to the split-KV verify where `setting` (default: the environment's) asks, warmed,
+    with one log line -> whether it runs split-KV. Call before the verify graphs; a backend keeps its first choice."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     setting = choice() if setting is None else setting
@@ -187,8 +182,7 @@ def configure(backends: list, block_size: int, dtype, setting: str | None = None
 
 
 def after_dflash_init(result, worker, *args, **kwargs) -> None:
-    """SGLang hook-registry AFTER hook on DFLASH_INIT (registered where LILICORR_VERIFY_ATTENTION is set): a DFLASH
-    worker's verify attention by the environment's setting (a LILICORR worker's own call then keeps it)."""
+    """SGLang AFTER hook on DFLASH_INIT: a DFLASH worker's verify attention by the environment's setting."""
     from .graphs import eager_batches_possible
 
     configure(

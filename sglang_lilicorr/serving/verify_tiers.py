@@ -1,8 +1,6 @@
-"""The target's verify at widths below the block (verify_width.py): per width an attention backend and CUDA graphs,
-captured at start-up beside SGLang's own (the block's) and swapped in for the steps that verify that width; and what
-one decode step of each width costs on this card, from replaying the captured graphs (StepCosts.replay). A tier is
-the target's verify runtime, of the runner class it already uses, built while speculative_num_draft_tokens reads its
-width (SGLang's runtime-context override, as its own adaptive EAGLE does)."""
+"""The target's verify at widths below the block (verify_width.py): per width an attention backend and CUDA graphs
+captured at start-up and swapped in for that width's steps (built while speculative_num_draft_tokens reads it), and each
+width's step cost from replaying them (StepCosts.replay)."""
 
 from __future__ import annotations
 
@@ -39,8 +37,8 @@ def draft_tokens_read_as(width: int):
 
 
 def build_tier(model_runner, width: int, configure_attention) -> VerifyTier:
-    """The target's attention backend and (where it runs graphs) its decode-graph runner for `width` tokens a
-    request, captured now; `configure_attention(backend, width)` picks the verify kernel before the capture."""
+    """The target's attention backend and decode-graph runner for `width` tokens a request, captured now;
+    `configure_attention(backend, width)` picks the verify kernel first."""
     with draft_tokens_read_as(width):
         workspace = model_runner.init_new_workspace
         try:
@@ -71,8 +69,7 @@ def verifying(model_runner, tier: VerifyTier | None):
 
 
 def captured_graphs(runner) -> dict[int, torch.cuda.CUDAGraph]:
-    """A decode-graph runner's CUDA graphs by batch size (default variants only); {} where its backend keeps them
-    elsewhere."""
+    """A decode-graph runner's CUDA graphs by batch size (default variants); {} where kept elsewhere."""
     graphs = getattr(getattr(runner, "backend", None), "_graphs", None) or {}
     return {
         int(key.size): graph
@@ -101,9 +98,8 @@ def replay_seconds(graphs: list[torch.cuda.CUDAGraph], repeats: int = 20) -> flo
 def measure_replay(
     verify_graphs: dict[int, dict[int, torch.cuda.CUDAGraph]], draft_graphs: dict[int, torch.cuda.CUDAGraph]
 ) -> dict[tuple[int, int], float]:
-    """StepCosts.replay: for every width (verify_graphs: width -> batch size -> graph) and batch size that has both
-    the draft graph (where the width drafts) and the verify graph, the seconds of replaying them. Before serving
-    only: a replay writes the KV pool's padding slot and the graphs' own buffers, nothing a request owns."""
+    """StepCosts.replay: seconds of replaying the draft and verify graphs per width and batch size. Before serving only
+    (a replay writes the padding slot and graph buffers)."""
     replay = {}
     for width, by_batch in sorted(verify_graphs.items()):
         for batch, verify in sorted(by_batch.items()):

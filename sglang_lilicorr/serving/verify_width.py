@@ -1,17 +1,8 @@
-"""Adaptive verify width: how many tokens of each drafted block the target verifies, chosen per decode batch.
-
-Verifying only the first w of a block's B tokens (the anchor and w - 1 drafts) costs less and commits at most w;
-width 1 is a plain decode step through the verify path (no draft pass; the drafter's context is still appended, so a
-wider width resumes at once). For a batch of b requests the worker verifies the width of the most expected committed
-tokens per second, rate(w, b) = E[L_w] / cost(w, b), E[L_w] = 1 + sum_{i=1}^{w-1} a_1 * ... * a_i, a_i the running
-acceptance of draft i given drafts 1..i-1 were accepted (`AcceptanceRecord`), cost the seconds of one decode step
-(`StepCosts`). The widest serves until the record holds `warmup` verifies of the first draft; then a choice is made
-every `interval` steps, with a `margin` of hysteresis, on the rates at the record's upper confidence bound
-(`optimism` standard errors), and while narrower than the widest one interval in `probe_every` probes a wider width
-(`_probe_width`), so the record stays current.
-
-LILICORR_VERIFY_WIDTH: `adaptive` (default: the tiers WIDTHS up to the block), one width (pinned: `16` serves every
-block whole, as fixed-width LILICORR), or a comma list of tiers to adapt among."""
+"""Adaptive verify width: how many tokens w of each drafted block the target verifies, per decode batch (width 1: a
+plain decode step). The worker picks the width of the highest rate(w, b) = E[L_w] / cost(w, b), E[L_w] = 1 + sum_{i<w}
+a_1...a_i (a_i: acceptance of draft i given 1..i-1, `AcceptanceRecord`; cost: `StepCosts`), at an upper confidence
+bound, every `interval` steps with a `margin`, probing a wider width now and then. LILICORR_VERIFY_WIDTH: `adaptive`
+(default), one width (pinned), or a comma list of tiers."""
 
 from __future__ import annotations
 
@@ -31,8 +22,7 @@ WIDTHS = (1, 2, 4, 8, 16)
 
 
 def parse_widths(value: str | None, block_size: int) -> tuple[int, ...]:
-    """The tiers LILICORR_VERIFY_WIDTH asks for (None or `adaptive`: WIDTHS below the block, and the block), sorted;
-    ServingConfigError naming the value and what it may be."""
+    """The sorted tiers LILICORR_VERIFY_WIDTH asks for (default: WIDTHS below the block, and the block)."""
     value = ADAPTIVE if value is None else value.strip()
     if value == ADAPTIVE:
         return tuple(sorted({w for w in WIDTHS if w < block_size} | {block_size}))
@@ -53,10 +43,8 @@ def widths_from_env(block_size: int) -> tuple[int, ...]:
 
 
 class AcceptanceRecord:
-    """Decayed counts, per draft position i = 1..S, of verifies that reached i (drafts 1..i-1 accepted) and of those
-    that accepted it. Each position decays only when observed, by half in `half_life` observations, so a position a
-    narrow width does not verify keeps its last estimate. A position's estimate leans, with weight `prior_weight`,
-    on the position before it (on `prior` for the first), so one never verified takes the acceptance last seen."""
+    """Per draft position i, decayed counts of verifies that reached i and that accepted it (half in `half_life`
+    observations, decayed only when observed). An estimate leans with `prior_weight` on the position before it."""
 
     def __init__(self, slots: int, *, half_life: float = 1024.0, prior: float = 0.5, prior_weight: float = 2.0):
         self.slots = slots
@@ -75,8 +63,7 @@ class AcceptanceRecord:
                 self.accepted[i - 1] = self.accepted[i - 1] * keep + sum(1 for k in accepted_drafts if k >= i)
 
     def acceptances(self, width: int, optimism: float = 0.0) -> list[float]:
-        """[a_1, ..., a_{width-1}]: a_i = P(draft i accepted | drafts 1..i-1 accepted); with `optimism` z, each
-        observed position's estimate raised by z of its standard errors (an upper confidence bound)."""
+        """[a_1, ..., a_{width-1}]; with `optimism` z, each raised by z standard errors."""
         out, lean = [], self.prior
         for i in range(width - 1):
             n = self.reached[i] + self.prior_weight
@@ -99,11 +86,9 @@ class AcceptanceRecord:
 
 @dataclass
 class StepCosts:
-    """Seconds of one decode step of width w at a graph batch size b: the median of the last `memory` periods between
-    decode steps of that width observed while serving, once `least` were; before, the replay time of its captured
-    graphs measured at start-up on this card. The replay leaves out the host's work, so an unobserved width looks its
-    cheapest: the policy tries it, and then knows its cost. The median needs no threshold to drop a rare long period
-    (an idle server; a prefill between two steps resets the worker's clock instead), however large the host's share."""
+    """Seconds of one decode step of width w at graph batch size b: the median of its last `memory` observed periods
+    once `least` were seen (robust to a rare idle gap, however large the host's share), else the start-up replay time
+    (cheaper, so an unobserved width gets tried)."""
 
     replay: dict[tuple[int, int], float]  # (width, graph batch size) -> seconds
     memory: int = 32
@@ -170,15 +155,12 @@ class WidthPolicy:
         return self.record.expected_length(width, optimism) / self.costs.cost(width, batch)
 
     def best(self, batch: int) -> int:
-        """The width of the highest rate at the record's upper confidence bound: a width whose drafts were seen
-        less often is given the benefit of the doubt until they are seen (width 1 verifies none, so it is chosen
-        only where it beats every drafting width's bound)."""
+        """The width of the highest rate at the record's upper confidence bound."""
         return max(self.widths, key=lambda w: (self.rate(w, batch, self.optimism), -w))
 
     def width(self, batch: int, narrow: bool = True) -> int:
-        """The width of the next decode step of `batch` requests: the widest where a narrower one may not serve it
-        (`narrow` False) or the measured costs do not cover its size (it runs outside the captured graphs), else the
-        policy's choice."""
+        """The next step's width: the widest where a narrow step may not serve the batch or its size has no measured
+        cost, else the policy's choice."""
         if not narrow or not self.costs.covers(self.widths, batch):
             return self._use(self.widths[-1], batch)
         if self.record.reached[0] < self.warmup:
@@ -202,8 +184,7 @@ class WidthPolicy:
         self.narrow_decisions = 0 if self.current == widest else self.narrow_decisions + 1
 
     def _probe_width(self, batch: int) -> int:
-        """The width a probe verifies: from width 1, the best drafting width (what width 1 is weighed against);
-        from a narrow drafting width, the widest (the positions it does not verify)."""
+        """From width 1, the best drafting width; from a narrow drafting width, the widest."""
         drafting = [w for w in self.widths if w > 1]
         if self.current == 1 and drafting:
             return max(drafting, key=lambda w: self.rate(w, batch))
@@ -214,9 +195,8 @@ class WidthPolicy:
         return width
 
     def verified(self, accepted_drafts: list[int]) -> int | None:
-        """The accepted draft counts of the oldest step still pending (SGLang reports steps in launch order) -> that
-        step's width. A report that does not fit it (another batch size, or more accepted drafts than its width
-        verifies) drops pending steps that never reported until one fits; a report that fits none is ignored (None)."""
+        """The accepted draft counts of the oldest pending step (reported in launch order) -> its width; pending steps
+        that do not fit the report are dropped until one does; no fit: None."""
         while self.pending:
             width, batch = self.pending.popleft()
             if batch == len(accepted_drafts) and all(0 <= k < width for k in accepted_drafts):

@@ -1,7 +1,6 @@
-"""The draft block's candidates under tensor parallelism, each rank holding a contiguous shard of the target's LM
-head: logits [b*S, n] --top-K/LSE--> partials [b*S, K+1] --all-gather--> [ranks, b*S, K+1] --merge--> vals, ids
-[b*S, K], lse [b*S], on every rank equal to the TP = 1 candidates (kernels/topk_shards.py). The gather is the TP group's
-`all_gather_into_tensor` into static buffers (graph-safe). Imports no sglang: the tests run it on gloo ranks."""
+"""The draft block's candidates under tensor parallelism (each rank a contiguous shard of the LM head): partial
+top-K/LSE, all-gathered into static buffers, merged into the TP = 1 candidates (kernels/topk_shards.py). Imports no
+sglang."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""What LILICORR tells about its verify widths while serving. Each step's result carries its width as SGLang's
-`cap_lens`, so a request's `meta_info` (OpenAI API: `sglext.spec_tokens_details`, asked with
-`return_spec_tokens_details`) holds `spec_cap_lens_histogram` (verify steps by width) and `spec_cap_length` (their
-mean width). With SGLang's `--enable-metrics` the scheduler also exports lilicorr:verify_steps_total{width},
-lilicorr:committed_tokens_total{width} (the bonus token included) and lilicorr:draft_acceptance{position} (the width
-policy's running acceptance of draft position i given 1..i-1)."""
+"""What LILICORR tells about its verify widths: each step's width as SGLang's `cap_lens` (so `meta_info` holds
+`spec_cap_lens_histogram` and `spec_cap_length`), and with `--enable-metrics` lilicorr:verify_steps_total{width},
+lilicorr:committed_tokens_total{width} and lilicorr:draft_acceptance{position}."""
 
 from __future__ import annotations
 
@@ -50,8 +47,7 @@ class WidthMetrics:
             self.series["steps"].labels(width=str(width)).inc()
 
     def _constant(self, width: int, size: int, device) -> torch.Tensor:
-        """[size] int32 of `width`: a slice of one tensor per width, never written after it is made (the scheduler
-        copies it to the host after the step)."""
+        """[size] int32 of `width`: a slice of one tensor per width, never written after it is made."""
         held = self.widths.get((width, device))
         if held is None or held.shape[0] < size:
             held = torch.full((max(size, 64),), width, dtype=torch.int32, device=device)

@@ -1,11 +1,7 @@
-"""LiLiCorrWorker: SGLang's DFlash v2 speculative worker whose draft block is proposed by LiLiCorrProposer (top-K/LSE
--> head -> walk) instead of the drafter's per-slot argmax; prefill, draft KV, draft graphs, verification (greedy, or
-exact rejection sampling where verification.py finds it), acceptance and commit are DFlashWorkerV2's. Under --tp-size
-N each rank proposes from its LM-head shard, merged over the TP group (vocab_parallel.py). Overrides (no SGLang
-source touched): the draft sampler and the eager proposal (the proposer), the draft-KV append (also publishes each
-request's anchor; append_graphs.py), the memory pool (kv_rows.py check), the attention backends
-(verify_attention.py, target_warmup.py), the CUDA graphs (proposer.warm, verify_tiers.py), and the decode step and
-its host report (the verify width: verify_width.py, narrow_verify.py; LILICORR_VERIFY_WIDTH)."""
+"""LiLiCorrWorker: SGLang's DFlash v2 speculative worker whose draft block LiLiCorrProposer proposes instead of the
+drafter's per-slot argmax; the rest is DFlashWorkerV2's. Overrides (no SGLang source touched): the draft sampler, the
+draft-KV append (append_graphs.py), the memory pool, the attention backends, the CUDA graphs, and the decode step
+(verify_width.py, narrow_verify.py)."""
 
 from __future__ import annotations
 
@@ -54,9 +50,8 @@ def lm_head_rows(lm_head, vocab_size: int, tp_group) -> tuple[torch.Tensor, Voca
         )
     if shard is not None and int(shard.num_org_elements) < vocab_size:  # vocabulary-parallel: rank r's contiguous ids
         start, size = int(shard.org_vocab_start_index), int(shard.num_org_elements)
-        return weight[:size], VocabShard(
-            start, size, vocab_size, int(tp_group.world_size), tp_group.all_gather_into_tensor
-        )
+        vocab = VocabShard(start, size, vocab_size, int(tp_group.world_size), tp_group.all_gather_into_tensor)
+        return weight[:size], vocab
     if weight.shape[0] < vocab_size:
         raise ServingConfigError(f"target LM head has {weight.shape[0]} rows for a {vocab_size}-token vocabulary.")
     return weight[:vocab_size], None
@@ -138,12 +133,8 @@ class LiLiCorrWorker(DFlashWorkerV2):
             token_to_kv_pool_allocator=token_to_kv_pool_allocator,
         )
         pool = req_to_token_pool if req_to_token_pool is not None else self.model_runner.req_to_token_pool
-        check_rows(
-            int(pool.req_to_token.shape[1]),
-            int(self.model_runner.model_config.context_len),
-            int(self.block_size),
-            int(get_alloc_page_size()),
-        )
+        context, page = int(self.model_runner.model_config.context_len), int(get_alloc_page_size())
+        check_rows(int(pool.req_to_token.shape[1]), context, int(self.block_size), page)
         request_slots = int(pool.req_to_token.shape[0])
         self.proposer.allocate(num_request_slots=request_slots, max_rows=max([request_slots, *graph_batch_sizes()]))
 
@@ -284,19 +275,11 @@ class LiLiCorrWorker(DFlashWorkerV2):
 
     def _append_target_hidden_to_draft_kv_by_loc(self, *, commit_lens=None, extend_lens=None, **append) -> None:
         # SGLang's arguments pass through in `append`; a verify's append replays its captured graph if it has one
-        loc_2d = append.get("cache_loc_2d")
-        if (
-            self.append_graphs is not None
-            and loc_2d is not None
-            and self.append_graphs.replay(
-                target_hidden=append["target_hidden"],
-                cache_loc_2d=loc_2d,
-                positions=append["positions"],
-                commit_lens=commit_lens,
-                slots=self._batch_slots,
-            )
-        ):
-            return
+        loc_2d, graphs = append.get("cache_loc_2d"), self.append_graphs
+        if graphs is not None and loc_2d is not None:
+            inputs = dict(target_hidden=append["target_hidden"], cache_loc_2d=loc_2d, positions=append["positions"])
+            if graphs.replay(**inputs, commit_lens=commit_lens, slots=self._batch_slots):
+                return
         self._append_and_publish(commit_lens=commit_lens, extend_lens=extend_lens, slots=self._batch_slots, **append)
 
     def _append_and_publish(self, *, slots, commit_lens=None, extend_lens=None, **append) -> None:

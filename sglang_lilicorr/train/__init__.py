@@ -1,2 +1,1 @@
-"""Training: regenerate data with the target, train the drafter + LiLiCorr head jointly, export
-SGLang draft checkpoints. Its commands: `sglang_lilicorr/commands/train.py`."""
+"""Training: regenerate data with the target, train the drafter and a head, export drafts (commands/train.py)."""

@@ -1,6 +1,4 @@
-"""TrainConfig: every knob of `lilicorr train`, validated when it is built (so the CLI refuses a
-bad value before any model is loaded). Head geometry defaults come from `LiLiCorrConfig` and the
-objective's from `ObjectiveWeights` (paper Table hparams); nothing is repeated here."""
+"""TrainConfig: every knob of `lilicorr train`, validated when built (before any model loads)."""
 
 from __future__ import annotations
 

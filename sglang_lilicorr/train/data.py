@@ -1,8 +1,7 @@
-"""Training conversations: jsonl rows {"messages": [{"role", "content"}, ...]} -> token ids and a loss mask over the
-assistant turns, rendered with the target's chat template. Turn i is supervised on the tokens that rendering
-messages[:i+1] adds to messages[:i] with the generation prompt (its end-of-turn token, not the assistant header); a
-last turn the target did not end (finish_reason "length" or "loop") only up to its content, since the end-of-turn
-after it is the template's. A template that rewrites earlier turns is refused, naming the row."""
+"""Training conversations: jsonl rows {"messages": [...]} -> token ids and a loss mask over the assistant turns, with
+the target's chat template. Turn i is supervised on the tokens rendering messages[:i+1] adds to messages[:i] (with the
+generation prompt); a last turn the target did not end ("length", "loop") only up to its content. A template that
+rewrites earlier turns is refused."""
 
 from __future__ import annotations
 
@@ -61,8 +60,7 @@ def open_end(row: Mapping[str, Any]) -> bool:
 
 
 def content_end(tokenizer, messages, chat_kwargs: Mapping[str, Any], ids: list[int]) -> list[int] | None:
-    """The ids of `messages` up to the last one's content if they begin `ids` (their whole rendering), else None (a
-    template that cannot render that: the end-of-turn is then supervised, as for an ended turn)."""
+    """The ids of `messages` up to the last one's content if they begin `ids`, else None."""
     try:
         upto = render(tokenizer, messages, False, chat_kwargs, open_end=True)
     except ValueError:  # transformers: the final message does not appear verbatim in the rendering
@@ -73,8 +71,7 @@ def content_end(tokenizer, messages, chat_kwargs: Mapping[str, Any], ids: list[i
 def tokenize_conversation(
     tokenizer, messages: Sequence[Mapping[str, str]], chat_kwargs: Mapping[str, Any], where: str, cut: bool = False
 ) -> tuple[list[int], list[bool]]:
-    """-> (token ids, loss mask) of a whole conversation; assistant turns supervised (with `cut`, the last one up to
-    its content's end: module docstring)."""
+    """-> (token ids, loss mask) of a conversation; with `cut`, the last turn up to its content's end."""
     ids = render(tokenizer, messages, False, chat_kwargs)
     mask = [False] * len(ids)
     for i, m in enumerate(messages):
@@ -115,12 +112,8 @@ def load_conversations(
             stored = None
         ours = isinstance(stored, dict) and isinstance(stored.get("key"), str)
         if ours and stored.get("key") == key:
-            return [
-                Example(i.long(), m)
-                for i, m in zip(
-                    stored["ids"].split(stored["lengths"].tolist()), stored["mask"].split(stored["lengths"].tolist())
-                )
-            ]
+            lengths = stored["lengths"].tolist()
+            return [Example(i.long(), m) for i, m in zip(stored["ids"].split(lengths), stored["mask"].split(lengths))]
     rows = [(f"{path}:{number}", row) for number, row in read_jsonl(path)]
     work = [(where, checked_messages(row, where), open_end(row)) for where, row in rows]
     if len(work) >= POOL_MIN_ROWS and (os.cpu_count() or 1) > 2:
@@ -148,17 +141,10 @@ def load_conversations(
     if not (write_cache and ours):
         return examples
     lengths = torch.tensor([len(e.input_ids) for e in examples])
+    ids, mask = torch.cat([e.input_ids for e in examples]).int(), torch.cat([e.loss_mask for e in examples])
     try:
         with atomic_file(cache) as tmp:
-            torch.save(
-                {
-                    "key": key,
-                    "lengths": lengths,
-                    "ids": torch.cat([e.input_ids for e in examples]).int(),
-                    "mask": torch.cat([e.loss_mask for e in examples]),
-                },
-                tmp,
-            )
+            torch.save({"key": key, "lengths": lengths, "ids": ids, "mask": mask}, tmp)
     except OSError:  # a read-only data folder: no cache, same examples
         pass
     return examples

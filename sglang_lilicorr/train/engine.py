@@ -1,7 +1,6 @@
-"""Generation backends for `lilicorr regenerate`, token ids in and out: `SGLangServers` (one per GPU, launched here
-or reached by URL, /generate with input ids; the data path) and `TransformersGenerator` (a batched Hugging Face loop:
-CPU and tests). Both answer one request at a time, asynchronously (`session()` yields `complete(prompt ids, sampling,
-seed)` -> generated ids with the end-of-turn token, and "stop" or "length"); a request at T > 0 carries its seed."""
+"""Generation backends for `lilicorr regenerate`, token ids in and out: `SGLangServers` (one per GPU, launched or by
+URL) and `TransformersGenerator` (CPU and tests). `session()` yields `complete(prompt ids, sampling, seed)` -> ids with
+the end-of-turn token and "stop" or "length"."""
 
 from __future__ import annotations
 
@@ -108,18 +107,8 @@ class SGLangServers:
         for i, spec in enumerate(specs):
             if warm_first and i == 1:
                 servers._wait_started(startup_timeout, log_dir)
-            cmd = list(launcher) or [
-                sys.executable,
-                "-m",
-                "sglang.launch_server",
-                "--model-path",
-                spec.model_path,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(spec.port),
-                *spec.args,
-            ]
+            serve = ["--model-path", spec.model_path, "--host", "127.0.0.1", "--port", str(spec.port), *spec.args]
+            cmd = list(launcher) or [sys.executable, "-m", "sglang.launch_server", *serve]
             env = dict(
                 os.environ,
                 CUDA_VISIBLE_DEVICES=spec.gpus,

@@ -1,14 +1,9 @@
-"""`lilicorr export`: a training checkpoint -> an SGLang draft folder (config.json + model.safetensors), reloaded
-strictly by `drafter.load_draft`. Without a head the draft is a vanilla `DFlashDraftModel` (served as DFLASH); a
-LiLiCorr head makes it a `LiLiCorrDraftModel` with the head under `lilicorr.`; a Domino or DSpark head is written as
-stock SGLang serves it (train/heads.py).
+"""`lilicorr export`: a training checkpoint -> an SGLang draft folder (config.json + model.safetensors): a vanilla
+`DFlashDraftModel` without a head, a `LiLiCorrDraftModel` with one, a Domino or DSpark head as stock SGLang serves it.
 
-Where export may write (`check_destination`, ownership.py's rule): a new or empty folder or an earlier export; with
---force a folder of other files, which are kept as they are (never a model's config.json or weights). Never a run, data
-set or report of ours, a checkpoint or a folder inside one, the source or a folder holding it, the current folder or
-one holding it, nor a mount point. The draft is built beside the folder, which it replaces in one rename (the other
-files hard-linked: ownership.atomic_directory, link_tree): a reader, or a kill, finds the old draft or the new one,
-whole. One export writes a folder at a time (ownership.sole_writer); the source's checksums are checked first."""
+Export writes a new or empty folder or an earlier export; with --force a folder of other files, which are kept. Never a
+run, data set or report of ours, a checkpoint, the source, the current folder or a folder holding one of them, nor a
+mount point. The draft replaces the folder in one rename (ownership.atomic_directory), one export at a time."""
 
 from __future__ import annotations
 
@@ -60,9 +55,8 @@ def is_earlier_export(folder: Path) -> bool:
 
 
 def check_destination(out_dir: str | Path, source: str | Path, force: bool = False) -> str:
-    """Raises UsageError unless export may write out_dir (see the module docstring) -> "new" (it does not exist),
-    "replace" (an empty folder or an earlier export: the new draft takes its place) or "keep" (a folder that keeps
-    other files, with `force`: a new folder of them and the new draft takes its place)."""
+    """UsageError unless export may write out_dir -> "new", "replace" (an empty folder or an earlier export) or "keep"
+    (with `force`, a folder whose other files are kept)."""
     if not str(out_dir).strip():
         raise UsageError("OUT_DIR is empty", where="OUT_DIR", fix="pass the folder the draft goes to, e.g. my-draft")
     out, src = Path(out_dir).resolve(), Path(source).resolve()
@@ -79,10 +73,11 @@ def check_destination(out_dir: str | Path, source: str | Path, force: bool = Fal
         )
     inside = next((p for p in (out, *out.parents) if p.is_dir() and is_training_output(p)), None)
     if inside is not None:
+        what = (
+            "is a training run or checkpoint" if inside == out else f"is inside a training run or checkpoint, {inside}"
+        )
         raise NotOursError(
-            f"{out_dir} is a training run or checkpoint"
-            if inside == out
-            else f"{out_dir} is inside a training run or checkpoint, {inside}",
+            f"{out_dir} {what}",
             where="OUT_DIR",
             fix="write the draft to a folder outside any training run (--force does not change this)",
         )
@@ -131,19 +126,16 @@ def check_destination(out_dir: str | Path, source: str | Path, force: bool = Fal
 
 
 def check_source(source: str | Path) -> None:
-    """CHECKPOINT must name a training run with a complete checkpoint or one of its checkpoints (an argument that
-    cannot work otherwise: exit 2; a damaged one is a CheckpointError, exit 1, when it is read)."""
+    """CHECKPOINT names a run with a complete checkpoint or one of its checkpoints, else UsageError (exit 2)."""
     src = Path(source)
     if not ((src / LATEST).is_file() or (src / STATE_FILE).is_file() or complete_checkpoints(src)):
-        found = (
-            "not an existing folder"
-            if not src.is_dir()
-            else "a draft, not a training run"
-            if is_draft_config(src / CONFIG_FILE)
-            else "a training run without a complete checkpoint yet"
-            if marked_kind(src) == "run"
-            else "not a training run or checkpoint"
-        )
+        found = "not a training run or checkpoint"
+        if not src.is_dir():
+            found = "not an existing folder"
+        elif is_draft_config(src / CONFIG_FILE):
+            found = "a draft, not a training run"
+        elif marked_kind(src) == "run":
+            found = "a training run without a complete checkpoint yet"
         raise UsageError(
             f"{str(source)!r} is {found}",
             where="CHECKPOINT",
@@ -162,8 +154,7 @@ def draft_config(drafter: DrafterConfig, head: HeadConfig | None, dtype: str) ->
 def export_checkpoint(
     source: str | Path, out_dir: str | Path, dtype: str = "bfloat16", force: bool = False, legacy: bool = False
 ) -> Path:
-    """Training checkpoint (OUTPUT or OUTPUT/checkpoints/step-N) -> draft directory. `legacy`: a checkpoint without
-    checksums is read, with a warning."""
+    """Training checkpoint (OUTPUT or OUTPUT/checkpoints/step-N) -> draft directory. `legacy`: unchecksummed, warned."""
     if dtype not in DTYPES:
         raise UsageError(f"--dtype {dtype!r} is not a draft dtype", fix=f"choose one of {sorted(DTYPES)}")
     check_source(source)

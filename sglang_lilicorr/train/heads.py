@@ -1,6 +1,4 @@
-"""The heads `lilicorr train --head` trains beside the DFlash drafter, and how each is built, saved and served:
-lilicorr (LiLiCorrDraftModel), domino and dspark (baselines/, served by DFLASH and DSPARK), none (a plain DFlash draft).
-A training checkpoint keeps every head's tensors under `lilicorr.` and its geometry as `head_keys`."""
+"""The heads `lilicorr train --head` trains (a checkpoint keeps their tensors under `lilicorr.`)."""
 
 from __future__ import annotations
 
@@ -10,7 +8,8 @@ from typing import Any, Mapping
 import torch
 
 from ..baselines import DominoConfig, DominoHead, DSparkConfig, DSparkHead, corrector_config_from_keys
-from ..checkpoint import CONFIG_FILE, HEAD_PREFIX, WEIGHTS_FILE, CheckpointError, dtype_of, load_strict, read_tensors
+from ..checkpoint import CONFIG_FILE, HEAD_PREFIX, REEXPORT, WEIGHTS_FILE, CheckpointError, dtype_of, load_strict
+from ..checkpoint import read_tensors
 from ..config import ConfigError, LiLiCorrConfig
 from ..drafter import DFlashDrafter, DrafterConfig, load_draft
 from ..head import LiLiCorrHead
@@ -54,8 +53,7 @@ def serving_tensors(head: Head) -> dict[str, torch.Tensor]:
 def corrector_draft_config(
     directory: str | Path,
 ) -> tuple[DrafterConfig, DominoConfig | DSparkConfig, torch.dtype] | None:
-    """An exported Domino or DSpark draft's config.json -> (drafter config, head config, dtype), or None for any other
-    folder (drafter.load_draft reads the others and names what is wrong with them)."""
+    """An exported Domino or DSpark draft's config.json -> (drafter config, head config, dtype), else None."""
     try:
         raw = loads((Path(directory) / CONFIG_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -66,9 +64,7 @@ def corrector_draft_config(
         dspark = DSparkConfig.of_serving_config(raw)
         head_cfg = dspark or DominoConfig.of_serving_config(raw)
     except ConfigError as e:
-        raise CheckpointError(
-            f"draft config: {e}", where=str(Path(directory) / CONFIG_FILE), fix="re-export the draft"
-        ) from e
+        raise CheckpointError(f"draft config: {e}", where=str(Path(directory) / CONFIG_FILE), fix=REEXPORT) from e
     if head_cfg is None:
         return None
     config = DSparkConfig.drafter_config(raw) if dspark else raw
@@ -87,7 +83,7 @@ def read_corrector_draft(directory: str | Path) -> tuple[DrafterConfig, DominoCo
         raise CheckpointError(
             f"tensor {bad[0]!r} is {tensors[bad[0]].dtype}, config torch_dtype says {dtype}",
             where=str(Path(directory) / WEIGHTS_FILE),
-            fix="re-export the draft",
+            fix=REEXPORT,
         )
     names = set(build_head(head_cfg, drafter_cfg).state_dict())
     head_t = {k: v for k, v in tensors.items() if k in names}

@@ -1,9 +1,7 @@
-"""One joint forward of drafter + head on a batch of sequences (paper Sec. 3.4, Eq. 7): the frozen target's context
-features, the drafter over N blocks per sequence -> slot hidden [R, S, Hm] -> frozen LM head -> logits, then the
-torch-route proposal pipeline (fast_path/pipeline.py) -> candidates, start/pair scores (with grad), draft; objective:
-losses.lilicorr_objective (gamma = 0: plain DFlash). A Domino or DSpark head corrects the logits slot by slot,
-teacher-forced (losses.corrector_objective). The anchor hidden is the projected context row before the anchor, as
-SGLang publishes it when serving. R = valid blocks, S = B - 1 slots, K candidates."""
+"""One joint forward of drafter + head on a batch (paper Sec. 3.4, Eq. 7): target features -> drafter over N blocks a
+sequence -> slot hidden [R, S, Hm] -> LM head -> logits -> the torch-route proposal pipeline (candidates, start/pair
+scores with grad, draft) -> losses.lilicorr_objective; a Domino or DSpark head is teacher-forced
+(losses.corrector_objective). The anchor hidden is the projected context row before the anchor, as served."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Loops in a generated reply: a cycle of tokens the target repeats until its length cap (SmolLM2-135M does this in
-about half of its 512-token replies at T = 0). A loop is a periodic suffix of period p <= `max_period` covering at
-least `min_repeats` whole copies of the cycle and `min_span` tokens. `find_loop` returns where the repetition begins:
-`ids[:start]` holds everything before the loop and one copy of its cycle, exactly what the target wrote. The data
-recipe (regenerate.py) cuts looping replies there and asks for replies in pieces of `check_every` tokens, so a
-looping reply stops within a piece of its loop instead of running to the cap."""
+"""Loops in a generated reply: a periodic suffix of period p <= `max_period` covering at least `min_repeats` copies and
+`min_span` tokens. `find_loop` returns where the repetition begins, so `ids[:start]` keeps one copy of the cycle. The
+recipe (regenerate.py) cuts looping replies there, asking in pieces of `check_every` tokens."""
 
 from __future__ import annotations
 
@@ -37,8 +34,8 @@ class Loop(NamedTuple):
 
 
 def find_loop(ids: Sequence[int], rule: LoopRule = LoopRule()) -> Loop | None:
-    """The loop reaching the end of `ids` under `rule`, or None. Of several periods that fit, the one whose
-    repetition begins earliest (the cycle itself, not a multiple of it); ties go to the shorter period."""
+    """The loop reaching the end of `ids` under `rule`, or None; of several periods, the one beginning earliest (ties:
+    the shorter)."""
     a = np.asarray(ids, dtype=np.int64)
     n = len(a)
     if n < rule.min_span:

@@ -1,7 +1,6 @@
-"""Where training prompts come from, and what keeps them apart from the evaluation sets: `magpie` (the target writes
-its own user turns from its chat template, some steered by our system prompts) and `package` (functions and docstrings
-of the code that ships with Python and the serving stack, PACKAGE_SOURCES; never EVAL_PACKAGES, which hold evaluation
-sets). Prompts equal to an evaluation prompt or sharing an 8-word shingle with one are dropped (`EvalGuard`)."""
+"""Where training prompts come from: `magpie` (the target writes its own user turns, some steered by STEERING) and
+`package` (code and docstrings of PACKAGE_SOURCES; never EVAL_PACKAGES). Prompts equal to an evaluation prompt or
+sharing an 8-word shingle with one are dropped (`EvalGuard`)."""
 
 from __future__ import annotations
 
@@ -82,8 +81,7 @@ def end_of_turn_ids(tokenizer) -> list[int]:
 
 
 def source_roots(sources: Sequence[str]) -> dict[str, Path]:
-    """{source: its folder} of the `sources` found here: "stdlib" (this interpreter's standard library) and
-    installed packages by import name; a package that is not installed, or one of EVAL_PACKAGES, is left out."""
+    """{source: its folder}: "stdlib" and installed packages by import name (missing or EVAL_PACKAGES left out)."""
     roots = {}
     for name in sources:
         if name in EVAL_PACKAGES:
@@ -103,9 +101,8 @@ def source_roots(sources: Sequence[str]) -> dict[str, Path]:
 def code_snippets(
     root: Path, seed: int, max_chars: int = 1500, enough: tuple[int, int] = (10**9, 10**9)
 ) -> tuple[list[tuple[str, str, str]], list[str]]:
-    """-> (functions as (name, source, first docstring paragraph), module and class docstrings) from the Python
-    files under `root`, read in a seeded order until `enough` (functions, docstrings) are found or MAX_FILES are
-    read (test suites, private modules and packages that hold evaluation sets left out)."""
+    """-> (functions as (name, source, first docstring paragraph), module and class docstrings) under `root`, in a
+    seeded order until `enough` are found or MAX_FILES read."""
     skip = SKIP_DIRS | EVAL_PACKAGES
     files = sorted(
         p for p in root.rglob("*.py") if not p.name.startswith("_") and not skip & set(p.relative_to(root).parts)
@@ -146,8 +143,7 @@ def in_turn(per_source: dict[str, list]) -> list[tuple[str, Any]]:
 def package_prompts(
     count: int, seed: int, max_chars: int = 1500, sources: Sequence[str] = PACKAGE_SOURCES
 ) -> list[tuple[str, str]]:
-    """`count` prompts as (source, text) from the code of `sources` (source_roots), the sources taken in turn,
-    two code prompts for every prose one (fewer if the code has fewer snippets)."""
+    """`count` (source, text) prompts from `sources` in turn, two code prompts for every prose one."""
     roots = source_roots(sources)
     share = count // max(1, len(roots)) + 1  # each source's share; twice that is read, for those that have fewer
     enough = (2 * share, share)  # code prompts are 2/3 of them, prose 1/3

@@ -1,11 +1,8 @@
-"""`lilicorr regenerate`: conversations whose every assistant turn is the target's own output, and the data recipe.
-One driver (`play`) for a prompt file (rows {"id", "messages"}: user turns replayed, each answered by the target) and
-the recipe (`build_dataset`: Magpie and package prompts, deduplicated, evaluation prompts excluded, a seeded second
-turn, replies cut where they loop (loops.py; a cut reply ends its conversation), a held-out split, a manifest). Output
-rows {"id", "source", "messages", "turns": [{"prompt_ids", "output_ids", "finish_reason"}], "temperature", "seed"}
-(a turn cut at a loop: finish_reason "loop" and its "loop"; a conversation a cut reply ended: "turns_skipped"),
-appended as finished, so a run resumes where it stopped. It writes only what is its own (ownership.py); train.jsonl,
-heldout.jsonl and manifest.json are replaced whole."""
+"""`lilicorr regenerate`: conversations whose every assistant turn is the target's own output. `play` answers a prompt
+file's user turns; `build_dataset` is the recipe (Magpie and package prompts, deduplicated, evaluation prompts excluded,
+a seeded second turn, replies cut where they loop, a held-out split, a manifest). Rows {"id", "source", "messages",
+"turns": [{"prompt_ids", "output_ids", "finish_reason"}], "temperature", "seed"} are appended as finished, so a run
+resumes; train.jsonl, heldout.jsonl and manifest.json are replaced whole."""
 
 from __future__ import annotations
 
@@ -85,15 +82,10 @@ ROWS = "a file of `lilicorr regenerate` rows"
 
 def is_row(value) -> bool:
     """A regenerate output line: a conversation ({"id", "messages", "turns"}) or a dropped one ({"id", "reason"})."""
-    return (
-        isinstance(value, dict)
-        and "id" in value
-        and (
-            isinstance(value.get("turns"), list)
-            and isinstance(value.get("messages"), list)
-            or isinstance(value.get("reason"), str)
-        )
-    )
+    if not isinstance(value, dict) or "id" not in value:
+        return False
+    conversation = isinstance(value.get("turns"), list) and isinstance(value.get("messages"), list)
+    return conversation or isinstance(value.get("reason"), str)
 
 
 def check_rows_file(path: Path) -> int | None:
@@ -140,24 +132,18 @@ def play(
     stats: Stats | None = None,
     until: float | None = None,
 ) -> Stats:
-    """Play every plan not yet in `output` (or its `.dropped` file), `generator.capacity` conversations at a time,
-    each appended when finished. A self-written user turn cut off, duplicate (`seen`) or overlapping `guard` ends its
-    conversation. Past `until` (epoch seconds) nothing new starts; the rest count as `unplayed`."""
+    """Play every plan not yet in `output` (or `.dropped`), `generator.capacity` at a time, each appended when finished.
+    A self-written user turn cut off, duplicate or overlapping `guard` ends its conversation; past `until` nothing
+    starts."""
     stats = stats or Stats()
     output.parent.mkdir(parents=True, exist_ok=True)
     dropped_path = output.with_name(output.name + ".dropped")
     done = done_ids(output) | done_ids(dropped_path)
     todo = [p for p in plans if p.id not in done]
     stops = tuple(end_of_turn_ids(tokenizer))
-    conversation = Conversation(
-        tokenizer,
-        Sampling(settings.temperature, settings.max_new_tokens, stops),
-        Sampling(1.0, settings.user_max_new_tokens, stops),
-        settings,
-        guard,
-        seen,
-        stats,
-    )
+    reply = Sampling(settings.temperature, settings.max_new_tokens, stops)
+    user = Sampling(1.0, settings.user_max_new_tokens, stops)
+    conversation = Conversation(tokenizer, reply, user, settings, guard, seen, stats)
     t0 = time.perf_counter()
     with RowWriter(output) as rows, RowWriter(dropped_path) as dropped:
         asyncio.run(_play_all(todo, conversation, generator, rows, dropped, output.name, until, stats))
@@ -258,15 +244,8 @@ class Conversation:
                     return (row, None) if row["turns"] else (None, {"id": plan.id, "reason": reason})
                 turn = text
             row["messages"].append({"role": "user", "content": turn})
-            prompt = list(
-                tok.apply_chat_template(
-                    row["messages"],
-                    tokenize=True,
-                    return_dict=False,
-                    add_generation_prompt=True,
-                    **settings.chat_kwargs,
-                )
-            )
+            template = dict(tokenize=True, return_dict=False, add_generation_prompt=True, **settings.chat_kwargs)
+            prompt = list(tok.apply_chat_template(row["messages"], **template))
             out, loop = await self._reply(complete, prompt, request_seed(settings.seed, plan.id, t, "assistant"))
             left = len(plan.user_turns) - t - 1  # user turns after this one
             if loop is not None and loop.start < settings.loops.min_kept:  # a loop from the reply's first tokens
@@ -289,9 +268,8 @@ class Conversation:
         return row, None
 
     async def _reply(self, complete, prompt: list[int], seed: int) -> tuple[Completion, Loop | None]:
-        """The target's reply to `prompt`, at most max_new_tokens (and what fits the context): one request, or with
-        a loop rule pieces of `check_every` tokens until the reply ends, reaches its cap or loops -> (the reply, cut
-        where its loop begins with finish_reason "loop"; the loop or None)."""
+        """The reply to `prompt` (capped by the context): one request, or with a loop rule pieces of `check_every`
+        tokens -> (the reply, cut where a loop begins with finish_reason "loop"; the loop or None)."""
         rule, cap = self.settings.loops, self.reply.max_new_tokens
         if self.settings.context_tokens:
             cap = min(cap, self.settings.context_tokens - len(prompt) - 1)
@@ -324,11 +302,10 @@ def prompt_plans(path: str | Path, guard: EvalGuard | None = None) -> list[Plan]
     plans, ids = [], set()
     for number, row in read_jsonl(path):
         where = f"{path}:{number}"
-        turns = (
-            [m["content"] for m in checked_messages(row, where) if m["role"] == "user"]
-            if "messages" in row
-            else user_texts(row)
-        )
+        if "messages" in row:
+            turns = [m["content"] for m in checked_messages(row, where) if m["role"] == "user"]
+        else:
+            turns = user_texts(row)
         if not turns or not all(t.strip() for t in turns):
             raise DataError(
                 "no user turn to answer", where=where, fix="give `messages` with user messages, `turns` or `text`"
@@ -359,8 +336,7 @@ def recipe_plans(
     seen: set[str],
     package_sources: Sequence[str] = PACKAGE_SOURCES,
 ) -> tuple[list[Plan], dict]:
-    """Conversation plans of the recipe (before any generation) and what was dropped building them. Every package
-    prompt passes the evaluation guard (and deduplication) before it is planned."""
+    """The recipe's conversation plans and what was dropped building them (package prompts guarded and deduplicated)."""
     prompts = package_prompts(package, seed, sources=package_sources)
     source_of = {text: source for source, text in reversed(prompts)}  # a text's first source
     texts, dropped = dedup_and_guard([text for _, text in prompts], guard, seen)
@@ -412,9 +388,8 @@ def build_dataset(
     until: float | None = None,
     package_sources: Sequence[str] = PACKAGE_SOURCES,
 ) -> dict:
-    """The recipe: DIR/conversations.jsonl (resumable) -> train.jsonl, heldout.jsonl, manifest.json; with `until`
-    (epoch seconds) the set closes at what was generated by then. Replies are cut where they loop under
-    `settings.loops` (default LoopRule())."""
+    """The recipe: DIR/conversations.jsonl (resumable) -> train.jsonl, heldout.jsonl, manifest.json; past `until` the
+    set closes. Replies are cut where they loop (`settings.loops`, default LoopRule())."""
     settings = dataclasses.replace(settings, loops=settings.loops or LoopRule())
     out = Path(out_dir)
     claim_dataset_dir(out)

@@ -1,10 +1,7 @@
-"""Training checkpoints (resumable), their strict reload, and the run's other files: OUTPUT/.lilicorr.json (the run's
-marker), checkpoints/step-XXXXXXXX/ (train_state.json: step, data position, configs, `run` settings, optimizer
-checksum; trainable.safetensors: fp32 drafter and head under `lilicorr.`, checksummed; optimizer.pt), `latest`,
-snapshots/step-XXXXXXXX.safetensors (bf16, each eval step) and metrics.jsonl. All is written under a temporary name
-and renamed when complete, `latest` last. Resume removes a kill's temporaries (`remove_orphans`), falls back from a
-checkpoint that does not load to the newest that does (`resume_point`) and drops metrics rows past it. Checkpoints
-without checksums load only with `legacy`; tensors are checked: fp32, finite, names, shapes (`load_trainable`)."""
+"""Training checkpoints and the run's files: checkpoints/step-XXXXXXXX/ (train_state.json, trainable.safetensors with
+fp32 tensors, optimizer.pt; checksummed), `latest`, snapshots/ (bf16) and metrics.jsonl, each written under a temporary
+name and renamed whole, `latest` last. Resume removes a kill's temporaries, falls back to the newest checkpoint that
+loads, and drops metrics rows past it; unchecksummed checkpoints load only with `legacy`."""
 
 from __future__ import annotations
 
@@ -29,6 +26,7 @@ from .heads import HeadConfig, corrector_draft_config, head_config_from_keys, he
 
 STATE_FILE, TENSORS_FILE, OPTIMIZER_FILE, LATEST = "train_state.json", "trainable.safetensors", "optimizer.pt", "latest"
 FORMAT = "lilicorr-train-v1"
+EARLIER = "use an earlier checkpoint"
 # how a run in a folder makes way for a new one (it is never deleted)
 START_OVER = (
     "pass --no-resume --move-aside to start a new run in this folder (the old one is moved beside it, whole), "
@@ -116,9 +114,8 @@ def remove_orphans(output_dir: str | Path) -> list[Path]:
 def resume_point(
     output_dir: str | Path, warn=print, map_location="cpu", legacy: bool = False
 ) -> tuple[Path, tuple, dict] | None:
-    """The newest checkpoint that loads and matches its checksums -> (path, `read_training_checkpoint`, optimizer
-    state), or None without checkpoints; one that does not load is skipped with a warning, none loading raises
-    CheckpointError. `legacy`: checkpoints without checksums load. Reads only."""
+    """The newest checkpoint that loads -> (path, `read_training_checkpoint`, optimizer state), or None without any; one
+    that does not load is skipped with a warning, none loading raises CheckpointError. Reads only."""
     found = complete_checkpoints(output_dir)
     for i, path in enumerate(found):
         try:
@@ -145,7 +142,7 @@ def read_optimizer_state(path: str | Path, map_location="cpu", legacy: bool = Fa
         data = where.read_bytes()
         expected = loads((path / STATE_FILE).read_text()).get("sha256", {}).get(OPTIMIZER_FILE)
     except (OSError, ValueError, AttributeError) as e:
-        raise CheckpointError(f"cannot be read ({e})", where=str(where), fix="use an earlier checkpoint") from e
+        raise CheckpointError(f"cannot be read ({e})", where=str(where), fix=EARLIER) from e
     if expected is None and not legacy:
         raise UncheckedError(
             f"has no sha256 in {STATE_FILE}: written before checkpoints carried checksums, or not by lilicorr",
@@ -156,22 +153,16 @@ def read_optimizer_state(path: str | Path, map_location="cpu", legacy: bool = Fa
         print(f"warning: {where} has no sha256; loaded unchecked ({LEGACY_FLAG}).", file=sys.stderr)
     elif hashlib.sha256(data).hexdigest() != expected:
         raise CheckpointError(
-            f"does not match the sha256 in {STATE_FILE}: it changed after it was written",
-            where=str(where),
-            fix="use an earlier checkpoint",
+            f"does not match the sha256 in {STATE_FILE}: it changed after it was written", where=str(where), fix=EARLIER
         )
     try:
         state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except Exception as e:  # torch raises several types for a truncated or foreign pickle
         raise CheckpointError(
-            f"truncated or not an optimizer state ({type(e).__name__})",
-            where=str(where),
-            fix="use an earlier checkpoint",
+            f"truncated or not an optimizer state ({type(e).__name__})", where=str(where), fix=EARLIER
         ) from e
     if not (isinstance(state, dict) and "optimizer" in state and "scheduler" in state):
-        raise CheckpointError(
-            "holds no optimizer and scheduler state", where=str(where), fix="use an earlier checkpoint"
-        )
+        raise CheckpointError("holds no optimizer and scheduler state", where=str(where), fix=EARLIER)
     return state
 
 
@@ -220,8 +211,7 @@ def trim_metrics(path: str | Path, step: int) -> None:
 def read_training_checkpoint(
     path: str | Path, legacy: bool = False
 ) -> tuple[dict[str, Any], DrafterConfig, HeadConfig | None, dict[str, torch.Tensor]]:
-    """A checkpoint, or a run's (`latest`'s, else the newest complete one) -> (state json, drafter config, head
-    config or None, float32 finite checksummed tensors; without a checksum refused unless `legacy`)."""
+    """A checkpoint, or a run's newest -> (state, drafter config, head config or None, float32 finite tensors)."""
     path = Path(path)
     if not (path / STATE_FILE).is_file() and (path / LATEST).is_file():
         path = latest_checkpoint(path)
@@ -254,9 +244,7 @@ def read_training_checkpoint(
         drafter = DrafterConfig.from_hf_config(state["drafter_config"])
         head = head_config_from_keys(state["head_config"], drafter)
     except (ValueError, TypeError, KeyError) as e:
-        raise CheckpointError(
-            f"drafter_config / head_config: {e}", where=str(path / STATE_FILE), fix="use an earlier checkpoint"
-        ) from e
+        raise CheckpointError(f"drafter_config / head_config: {e}", where=str(path / STATE_FILE), fix=EARLIER) from e
     fix = "use an earlier checkpoint (OUTPUT/checkpoints/step-N)"
     tensors = load_tensors(path / TENSORS_FILE, fix=fix, unchecked="warn" if legacy else "refuse")
     for name, t in tensors.items():
@@ -279,8 +267,8 @@ def check_resume_compatible(
     run: Mapping[str, Any] | None = None,
     added: Mapping[str, Any] | None = None,
 ) -> None:
-    """The checkpoint's geometry must be this run's; with `run` its data and settings too. `added`: settings
-    introduced later, with the value older checkpoints had."""
+    """The checkpoint's geometry must be this run's; with `run` its data and settings too (`added`: later settings with
+    the value older checkpoints had)."""
     check_same_geometry(state["drafter_config"], state["head_config"], drafter, head, where, "resume")
     saved = state.get("run")
     if run is None or not isinstance(saved, dict):
@@ -335,8 +323,7 @@ def check_same_geometry(
 
 
 def draft_geometry(directory: str | Path) -> DrafterConfig:
-    """The drafter a draft folder declares, read from its config.json alone: any draft `lilicorr export` writes, or a
-    published DFlash draft (z-lab's layout: `dflash_config` {target_layer_ids, mask_token_id}, block_size beside it)."""
+    """The drafter a draft folder's config.json declares: an export, or a published DFlash draft (z-lab's layout)."""
     corrector = corrector_draft_config(directory)
     if corrector is not None:
         return corrector[0]
@@ -350,8 +337,8 @@ def draft_geometry(directory: str | Path) -> DrafterConfig:
 def load_draft_weights(
     directory: str | Path, drafter, head, drafter_cfg: DrafterConfig, head_cfg: HeadConfig | None
 ) -> None:
-    """Start a run from an exported draft's weights (fp32 masters), not its step or optimizer: this run's drafter
-    geometry and this run's head or none (heads then start fresh); its rope scaling may differ (YaRN from plain)."""
+    """Start a run from a draft's weights (not its step or optimizer): same drafter geometry (rope may differ), and its
+    head or none (a head then starts fresh)."""
     corrector = read_corrector_draft(directory)
     if corrector is not None:
         config, saved_head, drafter_t, head_t = corrector

@@ -1,5 +1,4 @@
-"""Where a training step's time goes: device time per phase (target, drafter, head and objective, backward,
-optimizer) from CUDA events (host clock on CPU), read once per logging window (no added sync), in ms per step."""
+"""Device time per training phase (CUDA events; host clock on CPU), read once per logging window."""
 
 from __future__ import annotations
 

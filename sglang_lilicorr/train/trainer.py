@@ -1,17 +1,13 @@
-"""`lilicorr train`: joint training of the DFlash drafter and a head (LiLiCorr, Domino or DSpark: train/heads.py;
-paper Sec. 3.4 and 4), one GPU or DDP under torchrun (gloo on CPU): AdamW over two groups (--train head: the head's
-alone, the drafter frozen and run without a graph), cosine schedule with warm-up, gradient clip, bf16 autocast over
-fp32 masters. A step's global batch is cut into G = grad_accum x ranks micro-batches, micro-batch j = rank + ranks *
-micro holding sequences j, j + G, ... with anchors seeded by step * G + j, so any split between ranks and
-accumulation trains the same gradient; metrics pool the global batch. A run may start from a draft (`init_from`: an
-export, or a DFlash draft as published: its weights and geometry). Rank 0 alone writes (ownership.sole_writer). Every
-`eval_every` steps: held-out metrics, the replay tau on regenerated data, a snapshot. Non-finite steps are skipped
-(`max_bad_steps` raise TrainingDiverged); checkpoints stay finite."""
+"""`lilicorr train`: joint training of the DFlash drafter and a head, on one GPU or DDP under torchrun: AdamW, cosine
+schedule with warm-up, gradient clip, bf16 autocast over fp32 masters. A step's global batch is G = grad_accum x ranks
+micro-batches, micro-batch j = rank + ranks * micro holding sequences j, j + G, ... seeded by step * G + j, so any split
+trains the same gradient. Rank 0 alone writes. Non-finite steps are skipped (`max_bad_steps`: TrainingDiverged)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -107,13 +103,12 @@ GEOMETRY_OPTIONS = {
     "draft_intermediate_size": "intermediate_size",
     "mask_token": "mask_token",
 }
-RECORDED_GEOMETRY = ("draft_layers", "num_context_features", "block_size")
+RECORDED_GEOMETRY = ("draft_layers", "num_context_features", "block_size")  # the FFN width and mask token stay as given
 
 
 def init_drafter_config(cfg: TrainConfig, target_layers: int, lm_head_shape) -> DrafterConfig:
-    """The drafter of a run started from a draft (--init-from: exported, or published as z-lab's DFlash drafters are):
-    the draft's geometry, with the run's rope scaling; it must fit the target (width, vocabulary, layers), and a
-    geometry option given another value than the draft's is refused (IncompatibleCheckpointError, exit 2)."""
+    """The drafter of a run started from a draft (--init-from): the draft's geometry with the run's rope scaling; it
+    must fit the target, and a geometry option set otherwise is refused (IncompatibleCheckpointError)."""
     draft = draft_geometry(cfg.init_from)
     where = f"--init-from {cfg.init_from}"
     vocab, hidden = (int(n) for n in lm_head_shape)
@@ -139,8 +134,7 @@ def init_drafter_config(cfg: TrainConfig, target_layers: int, lm_head_shape) -> 
 
 
 def check_mask_token(tokenizer, drafter: DrafterConfig, where: str) -> None:
-    """A draft's mask token is its id (z-lab's Qwen3 drafters: 151669, an embedding row the tokenizer has no token
-    for); where the tokenizer does name its mask token, it must be that id, as SGLang checks when it serves."""
+    """Where the tokenizer names the draft's mask token, its id must be the draft's (as SGLang checks)."""
     token_id = tokenizer.get_vocab().get(drafter.mask_token)
     if token_id is not None and token_id != drafter.mask_token_id:
         raise IncompatibleCheckpointError(
@@ -153,21 +147,12 @@ def check_mask_token(tokenizer, drafter: DrafterConfig, where: str) -> None:
 
 def build_optimizer(drafter: DFlashDrafter, head: Head | None, cfg: TrainConfig) -> torch.optim.AdamW:
     """AdamW over what the run trains, a group each: the drafter (not with --train head: frozen, no state), the head."""
-    groups = []
-    if cfg.train == "joint":
-        groups.append(
-            {
-                "params": list(drafter.parameters()),
-                "lr": cfg.lr_drafter,
-                "weight_decay": cfg.wd_drafter,
-                "name": "drafter",
-            }
-        )
+    trained = [("drafter", drafter, cfg.lr_drafter, cfg.wd_drafter)] if cfg.train == "joint" else []
     if head is not None:
-        groups.append(
-            {"params": list(head.parameters()), "lr": cfg.lr_head, "weight_decay": cfg.wd_head, "name": "head"}
-        )
-    return torch.optim.AdamW(groups)
+        trained.append(("head", head, cfg.lr_head, cfg.wd_head))
+    return torch.optim.AdamW(
+        [{"params": list(m.parameters()), "lr": lr, "weight_decay": wd, "name": name} for name, m, lr, wd in trained]
+    )
 
 
 def build_models(
@@ -464,11 +449,9 @@ def build_job(cfg: TrainConfig, env: Distributed) -> Job:
     model, tokenizer = load_target(cfg.target, env.device, cfg.bf16)
     drafter_cfg = drafter_config_for(model, tokenizer, cfg)
     features = len(drafter_cfg.target_layer_ids)
-    if cfg.init_from:  # the run records the draft's depth and block, what it trains with (the FFN width and mask
-        # token stay as given, as runs started from a draft recorded them before its geometry was taken from it)
-        cfg = dataclasses.replace(
-            cfg, **{option: getattr(drafter_cfg, GEOMETRY_OPTIONS[option]) for option in RECORDED_GEOMETRY}
-        )
+    if cfg.init_from:  # the run records the draft's depth and block (RECORDED_GEOMETRY), what it trains with
+        recorded = {option: getattr(drafter_cfg, GEOMETRY_OPTIONS[option]) for option in RECORDED_GEOMETRY}
+        cfg = dataclasses.replace(cfg, **recorded)
     if features != cfg.num_context_features:  # the target has fewer layers: the run records what it trains with
         if env.main:
             print(
@@ -527,7 +510,8 @@ def start_point(job: Job) -> int:
         if cfg.resume:
             remove_orphans(out_dir)  # what a kill mid-save left behind; the other ranks wait, then read
     env.barrier()
-    found = resume_point(out_dir, _warn, env.device, cfg.accept_legacy_checkpoints) if cfg.resume else None
+    warn = functools.partial(print, file=sys.stderr)
+    found = resume_point(out_dir, warn, env.device, cfg.accept_legacy_checkpoints) if cfg.resume else None
     step = 0
     if found is not None:
         step = resume_from(job, *found)
@@ -717,10 +701,6 @@ def save_checkpoint(job: Job, step: int, progress: dict[str, int]) -> None:
         )
         prune_checkpoints(job.out_dir, job.cfg.keep_checkpoints)
     job.env.barrier()
-
-
-def _warn(message: str) -> None:
-    print(message, file=sys.stderr)
 
 
 def _progress(total: int, start: int, enabled: bool):

@@ -6,8 +6,7 @@ PACKAGE = __name__
 
 
 def register_draft_model() -> None:
-    """Make `architectures: ["LiLiCorrDraftModel"]` build our draft model in this (scheduler) process, in place
-    of SGLang's class of that name (ModelRegistry.register; idempotent)."""
+    """Make `architectures: ["LiLiCorrDraftModel"]` build our draft model in this process (idempotent)."""
     from sglang.srt.models.registry import ModelRegistry
 
     ModelRegistry.register(PACKAGE, overwrite=True, strict=True)

@@ -1,7 +1,5 @@
-"""LiLiCorrDraftModel: SGLang's DFlashDraftModel plus our LiLiCorr head (`dflash_config.lilicorr_*`, the
-`lilicorr.` tensors). Loading is strict: every parameter from the checkpoint with its exact shape, nothing else
-(SGLang's loader skips unknown names, which would serve random weights). The head is `lilicorr_head`: SGLang runs its
-built-in head on any draft with a `lilicorr` attribute."""
+"""LiLiCorrDraftModel: SGLang's DFlashDraftModel plus the LiLiCorr head (`lilicorr.` tensors) as `lilicorr_head`.
+Loading is strict: every parameter from the checkpoint with its exact shape (SGLang's loader skips unknown names)."""
 
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ from ...checkpoint import HEAD_PREFIX, CheckpointError, check_tensors, lilicorr_
 from ...head import LiLiCorrHead
 from ..server_args import ServingConfigError
 
-HEAD_MODULE = "lilicorr_head"
+HEAD_MODULE = "lilicorr_head"  # not `lilicorr`: SGLang runs its built-in head on a draft with that attribute
 # SGLang's loader packs these checkpoint tensors into one parameter each.
 STACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 # Checkpoint spellings SGLang's DFlash loader accepts for a parameter.
