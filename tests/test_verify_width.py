@@ -127,6 +127,13 @@ def test_the_policy_verifies_wide_where_drafts_are_accepted_and_plainly_where_th
     assert run(policy_for(replay, 0.6), 8)[-1] == 4  # E[L]: 2.18 at 4 (0.84/ms), 2.5 at 16 (0.57/ms), 1 at 1
 
 
+def test_the_policy_describes_its_view_of_a_batch():
+    policy = policy_for({1: 2.0, 16: 4.0}, 0.5)
+    policy.costs.least = 1
+    policy.costs.observe(16, 1, 5e-3)
+    assert policy.describe(1) == ("batch 1: 1: E[L] 1.00, 2.00 ms replay; 16: E[L] 2.00, 5.00 ms seen; verifying 16")
+
+
 def test_hysteresis_keeps_a_width_within_the_margin():
     replay = {1: 1.0, 16: 1.0}
     policy = policy_for(replay, 0.0, margin=0.05)  # E[L_16] = 1 = E[L_1]: a tie
@@ -279,6 +286,7 @@ def _worker(monkeypatch, widths=(1, 4, 16)):
     w = object.__new__(worker_module.LiLiCorrWorker)
     w.block_size, w.widths, w.tiers = 16, widths, {x: f"tier{x}" for x in widths if x < 16}
     w._need_mamba_verify_commit, w._last_decode, w.metrics = False, None, WidthMetrics()
+    w._policy_logged = 0.0
     w.proposer = type("P", (), {"stage_anchors": lambda self, slots: None})()
     costs = StepCosts({(x, b): (2.0 if x == 1 else 4.4) * 1e-3 for x in widths for b in (1, 8)})
     w.policy = WidthPolicy(widths, costs, AcceptanceRecord(15))  # the widest until 16 first drafts were verified
@@ -286,8 +294,9 @@ def _worker(monkeypatch, widths=(1, 4, 16)):
     return w, calls
 
 
-def test_the_worker_runs_narrow_widths_itself_and_the_block_through_sglang(monkeypatch):
+def test_the_worker_runs_narrow_widths_itself_and_the_block_through_sglang(monkeypatch, caplog):
     worker, calls = _worker(monkeypatch)
+    caplog.set_level("INFO", logger="sglang_lilicorr.serving.worker")
     for _ in range(2):
         result = worker.forward_batch_generation(_Batch(8))
         assert result.cap_lens.tolist() == [16] * 8  # SGLang's cap_lens: meta_info's spec_cap_lens_histogram
@@ -297,6 +306,8 @@ def test_the_worker_runs_narrow_widths_itself_and_the_block_through_sglang(monke
         worker.on_verify_complete_cpu([0] * 8, 8)
     assert calls[:2] == [("block", 8)] * 2 and calls[-1] == (1, 8)  # rejected drafts: plain decode steps
     assert result.cap_lens.tolist() == [1] * 8
+    views = [r.getMessage() for r in caplog.records if "verify width policy" in r.getMessage()]
+    assert len(views) == 1 and "at batch 8: 1: E[L]" in views[0]  # the policy's view, at most every POLICY_LOG_S
     worker.forward_batch_generation(_Batch(3, extend=True))  # a prefill: SGLang's step, not a decode width
     assert calls[-1] == ("block", 3) and worker._last_decode is None
 

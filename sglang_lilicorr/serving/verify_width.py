@@ -170,6 +170,18 @@ class WidthPolicy:
         self.steps += 1
         return self._use(self.probing or self.current, batch)
 
+    def describe(self, batch: int) -> str:
+        """The policy's view of a covered batch of `batch` requests: per width E[L_w] and its step cost (observed or
+        the replay), and the width it verifies."""
+        views = []
+        for w in self.widths:
+            seen = (w, self.costs.bucket(batch)) in self.costs.observed
+            cost_ms = self.costs.cost(w, batch) * 1e3
+            views.append(
+                f"{w}: E[L] {self.record.expected_length(w):.2f}, {cost_ms:.2f} ms {'seen' if seen else 'replay'}"
+            )
+        return f"batch {batch}: " + "; ".join(views) + f"; verifying {self.probing or self.current}"
+
     def _decide(self, batch: int) -> None:
         widest = self.widths[-1]
         if self.probing:

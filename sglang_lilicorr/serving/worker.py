@@ -33,6 +33,7 @@ from .width_metrics import WidthMetrics
 from .vocab_parallel import VocabShard
 
 logger = logging.getLogger(__name__)
+POLICY_LOG_S = 30.0  # seconds of serving between two log lines of the width policy's view
 
 
 def lm_head_rows(lm_head, vocab_size: int, tp_group) -> tuple[torch.Tensor, VocabShard | None]:
@@ -106,6 +107,7 @@ class LiLiCorrWorker(DFlashWorkerV2):
         self.policy: WidthPolicy | None = None  # where more than one width is served
         self.metrics = WidthMetrics.create()
         self._last_decode: tuple[int, int, float] | None = None  # (width, batch, perf_counter) of the last decode step
+        self._policy_logged = 0.0  # perf_counter of the policy's last log line
         self.append_graphs: AppendGraphs | None = None  # the verify's draft-KV append, captured in init_cuda_graphs
         logger.info(
             "%s worker ready: block_size=%d, K=%d, head width=%d, %s.",
@@ -257,6 +259,13 @@ class LiLiCorrWorker(DFlashWorkerV2):
             width, last_size, then = self._last_decode
             self.policy.costs.observe(width, last_size, now - then)
         width = block if self.policy is None else self.policy.width(size, narrow=serves(self, batch))
+        if (
+            self.policy is not None
+            and now - self._policy_logged > POLICY_LOG_S
+            and self.policy.costs.covers(self.widths, size)
+        ):
+            self._policy_logged = now
+            logger.info("%s: verify width policy at %s.", ALGORITHM_NAME, self.policy.describe(size))
         if width < block:
             result = narrow_step(self, batch, width, self.tiers[width], on_publish=on_publish)
         else:
