@@ -72,3 +72,53 @@ def test_the_step_runs_end_to_end_at_tiny_shapes(tmp_path, capsys):
     assert set(summary["joint_shares_by_part"]) == {"target", "drafter", "head", "optimizer"}
     assert sum(summary["joint_shares_by_part"].values()) == pytest.approx(1.0)
     assert "| tokens/s |" in capsys.readouterr().out
+
+
+def _dp_rank(rank, world, port, argv):
+    from test_train_ddp import join_gloo
+
+    join_gloo(rank, world, port)
+    assert train_8b.main(argv) == 0
+
+
+def test_one_and_two_gloo_ranks_train_the_same_curve_and_the_summary_merges(tmp_path, capsys):
+    """--dp-steps at tiny shapes: 1 rank (micro-batch 1 x accumulation 4) and 2 gloo ranks (1 x 2 x 2 ranks, DDP) train
+    on the same micro-batches from the same seeded weights, so their loss curves agree within the SmolLM2 runs'
+    tolerance; tp-compare train --key train_scaling_8b merges the ratio, the loss verdict and each rank's peak memory
+    (null on a CPU) into a copy of the kept multi-gpu/summary.json, every other key of it kept."""
+    import socket
+
+    from ranks import start_ranks
+
+    from benchmarks.multi_gpu import tp_compare
+
+    for world in (1, 2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        argv = ["--tiny", "--dp-steps", "3", "--out", str(tmp_path / f"train_gpu{world}"), "--work", str(tmp_path)]
+        start_ranks(_dp_rank, (world, port, argv), world)
+    one, two = (tp_compare.jsonl(tmp_path / f"train_gpu{n}" / "metrics.jsonl") for n in (1, 2))
+    assert [(r["step"], r["grad_accum"], r["world"]) for r in one] == [(1, 4, 1), (2, 4, 1), (3, 4, 1)]
+    assert [(r["grad_accum"], r["peak_gib_per_gpu"]) for r in two] == [(2, [None, None])] * 3  # rank 0 writes alone
+    assert one[0]["loss/total"] != one[2]["loss/total"]  # the curve moves: the comparison means something
+    assert all(abs(a["loss/total"] - b["loss/total"]) < 1e-4 for a, b in zip(one, two))
+
+    kept = tp_compare.Path(tp_compare.__file__).parents[1] / "results" / "multi-gpu" / "summary.json"
+    summary = tmp_path / "summary.json"
+    summary.write_text(kept.read_text())
+    runs = [str(tmp_path / "train_gpu1"), str(tmp_path / "train_gpu2")]
+    with pytest.raises(SystemExit) as e:
+        tp_compare.main(["train", *runs, "--key", "train_scaling_8b", "--summary", str(summary), "--commit", "abc"])
+    assert e.value.code == 0
+    printed = capsys.readouterr().out
+    assert "train_scaling_8b 2: " in printed and "(target >= 1.8x: " in printed and "LOSS_AGREE PASS" in printed
+    before, after = json.loads(kept.read_text()), json.loads(summary.read_text())
+    assert {k: v for k, v in after.items() if k not in ("train_scaling_8b", "train_scaling_8b_runs", "commit")} == {
+        k: v for k, v in before.items() if k != "commit"
+    }
+    run = after["train_scaling_8b_runs"]["2"]
+    ratio = run["tokens_per_s_median"] / run["tokens_per_s_median_1gpu"]
+    assert list(after["train_scaling_8b"]) == ["2"] and after["train_scaling_8b"]["2"] == pytest.approx(ratio, abs=0.02)
+    assert (run["commit"], run["steps"], run["loss_agrees"], run["loss_tolerance"]) == ("abc", 3, True, 0.0281)
+    assert (run["peak_gib_per_gpu"], run["peak_gib_per_gpu_1gpu"]) == ([None, None], [None])

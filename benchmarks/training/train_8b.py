@@ -3,6 +3,8 @@ trained jointly with the head (`--train joint`, the paper) and frozen (`--train 
 
   python -m benchmarks train-8b --out DIR [--modes head joint] [--card NAME] [--commit C]
   python -m benchmarks train-8b --tiny --out DIR      # the same logic at tiny shapes, on a CPU in seconds
+  torchrun --nproc-per-node N -m benchmarks train-8b --dp-steps S --out DIR/train_gpuN [--micro-batch M]
+      # data parallel on N GPUs (NCCL; gloo on CPUs): S steps of one mode (--modes, joint by default)
 
 The target is a random-weight Qwen3-8B (served/scale.py's config, bf16, built on the GPU: no weights on disk, no
 tokenizer); the drafter a random one in z-lab's layout (zlab_draft.py: Qwen3-8B-DFlash-b16's geometry) written to
@@ -25,6 +27,16 @@ MFU counts roofline.py's model FLOPs per token against the card's dense bf16 pea
 tokens/s to an epoch of --epoch-tokens (the named data size) and the recipe's 6 epochs on 1 GPU and on 4 (the
 measured 4-GPU scaling of multi-gpu/). OUT/summary.json holds {"head": {...}, "joint": {...}} (each: peak_gib,
 tok_s, mfu, hours_per_epoch_1gpu, ...), the card, the commit and the data size; the table goes to stdout.
+
+--dp-steps S: the same models trained over the ranks torchrun starts (trainer.Distributed: NCCL on GPUs, gloo on
+CPUs; DistributedDataParallel as the trainer wraps it), S optimizer steps of the global batch, each rank taking
+micro-batches of --micro-batch sequences and accumulating global batch / (micro-batch x ranks) of them: rank r's
+m-th micro-batch of a step is its global micro-batch r + ranks x m (trainer.accumulate_gradients' order), its tokens
+and anchors seeded by that index, so 1 and N ranks train on the same sequences from the same seeded weights.
+Rank 0 writes OUT/metrics.jsonl in `lilicorr train`'s row format, a row per step: loss/total (the mean over the
+step's micro-batches), tokens_per_s (the global batch's tokens over the step's wall time), time/wall_ms, and
+peak_gib_per_gpu (each rank's peak memory, null on CPUs). Runs named train_gpu1 and train_gpuN are what
+`python -m benchmarks tp-compare train --key train_scaling_8b` compares (benchmarks/multi_gpu/tp_compare.py).
 """
 
 from __future__ import annotations
@@ -41,6 +53,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 
 from benchmarks import save_json
 
@@ -145,11 +158,11 @@ class Bench:
         self.device, self.seq, self.vocab = device, shapes["seq"], int(lm_head.shape[0])
         self.global_batch, self.weights = shapes["global_batch"], self.cfg.objective()
         self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16)
-        self.gen, self.seed = torch.Generator().manual_seed(0), 0
+        self.seed, self.trainable = 0, self.joint  # (data_parallel wraps the joint model in DDP)
 
-    def batch(self, sequences: int) -> dict[str, torch.Tensor]:
-        """Random tokens; the first eighth of each sequence a prompt, the rest supervised."""
-        ids = torch.randint(0, self.vocab, (sequences, self.seq), generator=self.gen)
+    def batch(self, sequences: int, index: int) -> dict[str, torch.Tensor]:
+        """Random tokens seeded by `index`; the first eighth of each sequence a prompt, the rest supervised."""
+        ids = torch.randint(0, self.vocab, (sequences, self.seq), generator=torch.Generator().manual_seed(index))
         loss_mask = torch.zeros_like(ids, dtype=torch.bool)
         loss_mask[:, self.seq // 8 :] = True
         return {
@@ -157,14 +170,17 @@ class Bench:
             for k, v in {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": loss_mask}.items()
         }
 
-    def micro_step(self, sequences: int, accumulation: int) -> None:
+    def micro_step(self, sequences: int, accumulation: int, index: int | None = None, sync: bool = True):
+        """Forward and backward of micro-batch `index` (the next one by default) -> its loss; `sync` False: a DDP
+        wrapper keeps the gradient for a later micro-step's all-reduce."""
         from sglang_lilicorr.train.trainer import forward_at_anchors
 
-        self.seed += 1
-        batch = self.batch(sequences)
-        with self.autocast:
-            out = forward_at_anchors(self.joint, batch, self.cfg.num_anchors, self.seed, self.weights, self.device)
+        self.seed = self.seed + 1 if index is None else index
+        batch = self.batch(sequences, self.seed)
+        with contextlib.nullcontext() if sync else self.trainable.no_sync(), self.autocast:
+            out = forward_at_anchors(self.trainable, batch, self.cfg.num_anchors, self.seed, self.weights, self.device)
         (out.terms.total / accumulation).backward()
+        return out.terms.total.detach()
 
     def optimizer_step(self) -> None:
         torch.nn.utils.clip_grad_norm_(self.joint.parameters(), self.cfg.grad_clip)
@@ -262,6 +278,61 @@ def free_memory(bench: Bench) -> None:
     gc.collect()
     if bench.device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def data_parallel(bench: Bench, env, micro: int, steps: int, out: Path) -> list[dict]:
+    """`steps` optimizer steps of the global batch over env's ranks, micro-batches of `micro` sequences (the module
+    docstring, --dp-steps) -> the metrics rows (rank 0 writes them to out/metrics.jsonl as each step ends)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from sglang_lilicorr.train.trainer import log_row
+
+    per_step = bench.global_batch // micro  # micro-batches of a global step, over every rank
+    accumulation = per_step // env.world
+    if accumulation < 1 or accumulation * env.world * micro != bench.global_batch:
+        raise SystemExit(
+            f"--micro-batch {micro} x {env.world} ranks does not divide the global batch of {bench.global_batch}"
+        )
+    if env.world > 1:
+        bench.trainable = DistributedDataParallel(
+            bench.joint, device_ids=[env.device.index] if env.device.type == "cuda" else None
+        )
+    if env.main:  # a fresh log: a run again into the same folder replaces it
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+    rows = []
+    for step in range(steps):
+        if env.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        loss = 0
+        for m in range(accumulation):  # DDP reduces the gradients on the last micro-step only
+            sync = m == accumulation - 1 or env.world == 1
+            loss = loss + bench.micro_step(micro, accumulation, step * per_step + env.rank + env.world * m, sync)
+        bench.optimizer_step()
+        peak = torch.cuda.max_memory_allocated() / GIB if env.device.type == "cuda" else float("nan")
+        pooled = torch.zeros(1 + env.world, dtype=torch.float64, device=env.device)  # the loss sum, each rank's peak
+        pooled[0], pooled[1 + env.rank] = loss.double(), peak
+        if env.world > 1:
+            dist.all_reduce(pooled)
+        pooled = pooled.tolist()  # (waits for the step on every rank)
+        elapsed = time.perf_counter() - start
+        rows.append(
+            {
+                "step": step + 1,
+                "loss/total": pooled[0] / per_step,
+                "tokens_per_s": bench.global_batch * bench.seq / elapsed,
+                "time/wall_ms": 1e3 * elapsed,
+                "micro_batch": micro,
+                "grad_accum": accumulation,
+                "world": env.world,
+                "peak_gib_per_gpu": [None if p != p else round(p, 2) for p in pooled[1:]],
+            }
+        )
+        if env.main:
+            log_row(out / "metrics.jsonl", rows[-1])
+            print(f"step {step + 1}: loss {rows[-1]['loss/total']:.4f}, {rows[-1]['tokens_per_s']:,.0f} tok/s")
+    return rows
 
 
 def summarise(
@@ -367,25 +438,48 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="folder for summary.json")
     p.add_argument("--work", type=Path, default=Path("/tmp/train-8b"), help="folder for the target config and draft")
-    p.add_argument("--modes", nargs="+", choices=roofline.MODES, default=list(roofline.MODES), help="--train values")
+    p.add_argument(
+        "--modes", nargs="+", choices=roofline.MODES, help="--train values (default: both; joint with --dp-steps)"
+    )
     p.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU run of the same logic)")
     p.add_argument("--steps", type=int, default=3, help="micro-steps per timing round")
     p.add_argument("--max-micro-batch", type=int, default=0, help="the largest tried (0: the global batch)")
     p.add_argument("--epoch-tokens", type=float, default=1e8, help="the named data size: training tokens an epoch")
     p.add_argument("--card", help="the card's name (default: torch's)")
     p.add_argument("--commit", help="the measured commit (default: git's; the GPU machine's copy has none)")
+    p.add_argument("--dp-steps", type=int, default=0, help="data parallel over torchrun's ranks: this many steps")
+    p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-step of each rank (--dp-steps)")
     a = p.parse_args(argv)
+    a.modes = a.modes or (["joint"] if a.dp_steps else list(roofline.MODES))
+    if a.dp_steps and len(a.modes) != 1:
+        p.error("--dp-steps trains one mode: --modes joint or --modes head")
     shapes = TINY if a.tiny else full_shapes()
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    from sglang_lilicorr.train.trainer import Distributed
+
+    env = Distributed()  # torchrun's rank and its GPU; one process without torchrun
+    if env.world > 1 and not a.dp_steps:
+        p.error("under torchrun the step trains data parallel: pass --dp-steps")
+    device = env.device
     card = a.card or (torch.cuda.get_device_name() if device.type == "cuda" else "cpu")
     peak, scaling = roofline.card_peak(card), roofline.four_gpu_scaling()
 
     draft, draft_config = a.work / "draft", zlab_config(**shapes["draft"])
-    if not (draft / "model.safetensors").is_file() or json.loads((draft / "config.json").read_text()) != draft_config:
+    if env.main and (
+        not (draft / "model.safetensors").is_file() or json.loads((draft / "config.json").read_text()) != draft_config
+    ):
         write_zlab_draft(draft, draft_config)  # once per machine: an earlier call's is kept
-    (a.work / "target").mkdir(parents=True, exist_ok=True)
-    (a.work / "target" / "config.json").write_text(json.dumps(shapes["target"], indent=1) + "\n")
+    if env.main:
+        (a.work / "target").mkdir(parents=True, exist_ok=True)
+        (a.work / "target" / "config.json").write_text(json.dumps(shapes["target"], indent=1) + "\n")
+    env.barrier()  # rank 0 wrote the draft and the target's config
+    torch.manual_seed(0)  # the same random target and head in every process: 1 and N ranks start alike
     model = build_target(shapes["target"], device)
+    if a.dp_steps:
+        bench = Bench(model, shapes, a.modes[0], a.work, device)
+        data_parallel(bench, env, a.micro_batch, a.dp_steps, a.out)
+        if env.world > 1:
+            dist.destroy_process_group()
+        return 0
 
     summary = {
         "card": card,
