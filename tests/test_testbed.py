@@ -3,6 +3,7 @@ target, the data recipe through the transformers engine, the sweep, background t
 evaluation outputs, replay, the paired speed step against stand-in servers, and the tables."""
 
 import gzip
+import hashlib
 import json
 import sys
 import time
@@ -701,6 +702,9 @@ def test_equal_budget_four_heads_from_one_draft_replayed_served_and_summarized(
     assert set(doc["tok_s"]) == {"1"} and set(doc["tok_s"]["1"]) == set(variants.EQUAL_BUDGET)
     assert doc["viterbi"]["tau_t0"] >= 1.0
     budget = json.loads((served / "budget.json").read_text())
+    data = hashlib.sha256((work / "data" / "train.jsonl").read_bytes()).hexdigest()  # the data the four trained on
+    assert {budget[n]["data_sha256"] for n in variants.EQUAL_BUDGET} == {data} and doc["plan"]["data"] == data
+    assert doc["plan"]["steps"] == 3 and (summary.parent / "summary.md").is_file()
     budget["domino"]["step"] = 2
     with pytest.raises(UsageError, match="the drafts' step differ"):
         baselines_summary.check_budget(budget)

@@ -21,4 +21,5 @@ case ":${PYTHONPATH:-}:" in *":$SITE:"*) ;; *) export PYTHONPATH="$SITE${PYTHONP
 export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TQDM_MININTERVAL=30 \
        PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 source "$(dirname "$0")/lab.sh"  # the checkout after the kit's site: `benchmarks` only
-exec python3 -P -m benchmarks testbed --target "$MODEL" "$@"
+# TESTBED_WORK (testbed_calls.sh sets it): the work folder, where the arguments name none (a --work of theirs comes later)
+exec python3 -P -m benchmarks testbed --target "$MODEL" ${TESTBED_WORK:+--work "$TESTBED_WORK"} "$@"

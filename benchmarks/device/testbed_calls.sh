@@ -5,7 +5,8 @@
 #            H100 or H200 also benchmarks/device/select_check.sh (the select's digests against the reference, head_bench;
 #            ~190 s of the call on an H200: SELECT_CHECK=0 leaves it out where the select's code is unchanged)
 #   data     carry .dev/{smolB,bin}: the target (bf16), the sweep choice of benchmarks/results/testbed/h200x4_3f0f2a6,
-#            then `data` for DATA_MINUTES (the set closes at what was generated)
+#            then `data` for DATA_MINUTES (the set closes at what was generated); the set comes back as
+#            dataset.tar.gz.part_* (cat them into .dev/eq_data/dataset.tar.gz: eq-train's carried data)
 #   train    carry .dev/ckpt (the shipped drafts' weights): both variants from the shipped drafts (`train --init`),
 #            one GPU each, for TRAIN_MINUTES; beside them on GPU 1 the evaluation outputs (`evalgen`); then `wait`
 #   measure  `export`; on GPU 0 `speed` (SPEED_ARGS, default "--tau-check --concurrency 8 --rounds 3": tau through the
@@ -44,7 +45,7 @@
 #                 draft_NAME.tar files (as `export` writes them; dflash among them): they are unpacked, nothing trained
 # The equal-budget comparison (docs/BASELINES.md), on nvidia-h200-x4 (x2 works, slower: two runs per GPU):
 # `install` (add .dev/flashinfer_headers to its carry: T = 1 through the servers needs it), `DATA_SEED=3 data`, then
-#   eq-train    carry .dev/ckpt: dflash, lilicorr, domino and dspark from the shipped DFlash draft (`train --init-draft`),
+#   eq-train    carry .dev/ckpt (its dflash.safetensors is enough): dflash, lilicorr, domino and dspark from the shipped DFlash draft (`train --init-draft`),
 #               EQ_STEPS (400) optimizer steps each at the paper's global batch of 64 (the sweep's 32 x 2 micro-steps),
 #               the GPUs split among them; evalgen beside them on the last GPU; then `wait`
 #   eq-measure  `wait`, `export`; then at once: `compare --parts rounds` (paired tokens/s, c = 1 8 32) on GPU 0,
@@ -56,6 +57,15 @@
 # the runs share GPUs (~0.6 s a step): eq-train leaves them running, eq-measure's `wait` may use its call, and a second
 # eq-measure call (same machine) finishes compare: past 30 minutes, so x2 needs EQ_STEPS=250.
 # Then on the CPU machine `python -m benchmarks baselines-summary` over tau.json and the compare bundles.
+# The 4x budget (EQ_BUDGET=4: EQ_STEPS x 4 optimizer steps each, each system on its own GPU; 4 GPUs or more, else
+# refused), on the same data, in a session of its own on nvidia-h200-x4: `install`, `model`, then `EQ_BUDGET=4
+# eq-train` carrying also .dev/eq_data (the 1x session's data call's dataset.tar.gz: no data call; without it, run
+# `DATA_SEED=3 data` first and the summary records other data), then `WAIT_MINUTES=6 CALL_SECONDS=570 eq-measure`
+# (WAIT_MINUTES, default 4: eq-measure's wait for the runs). Estimated: install ~150, model ~60, eq-train ~570 (1,600
+# steps at the sweep's ~0.29 s and 4 evals of ~19 s: ~530-600 s a run; one slower goes on after the call),
+# eq-measure ~570 (what is left of the runs, then compare and replay as at x1; a part cut by the deadline resumes in
+# a second call): ~24 minutes with the machine's start. Then
+# `baselines-summary --budget-x 4` (docs/BASELINES.md).
 # The paper recipe and the head-width comparison on one GPU (nvidia-h100-x1; checkpoints/README.md, "Next"), in
 # /tmp/testbed_paper: `install` (SELECT_CHECK=0), then
 #   paper-data     carry .dev/{smolB,bin}: the target, then `--paper-recipe data` (replies up to 2,048 tokens in pieces,
@@ -75,7 +85,8 @@
 # (benchmarks/device/sglang_jit.sh: keep it as .dev/sglang_jit/sglang_jit.tar.gz and carry it in the first call that starts
 # servers and has the room: train, eq-train, speed, startup; install and data have none). Every call sets
 # TESTBED_DEADLINE from CALL_SECONDS (570): the testbed's steps read it from the environment (the one setting they take
-# that way), so a step that would not finish exits 4. CALLS_WORK (/tmp/calls): each call's staging folder.
+# that way), so a step that would not finish exits 4. CALLS_WORK (/tmp/calls): each call's staging folder;
+# TESTBED_WORK (/tmp/testbed): the testbed's work folder; CALLS_INIT (/tmp/init): the shipped drafts trainings start from.
 set -u -o pipefail
 CALL=${1:?usage: bash benchmarks/device/testbed_calls.sh install|data|train|measure|model|speed|startup|long-train|long-measure|eq-train|eq-measure|paper-data|paper-train|paper-measure}
 case $CALL in install|data|train|measure|model|speed|startup|long-train|long-measure|eq-train|eq-measure|paper-data|paper-train|paper-measure) ;;
@@ -84,6 +95,9 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 export TESTBED_DEADLINE=$(( $(date +%s) + ${CALL_SECONDS:-570} )) PYTHONUNBUFFERED=1
 RET=${OUT:-/tmp/lilicorr_out}
 CALLS=${CALLS_WORK:-/tmp/calls}
+INIT=${CALLS_INIT:-/tmp/init}  # the shipped drafts that trainings start from
+export TESTBED_WORK=${TESTBED_WORK:-/tmp/testbed}  # the testbed's work folder: testbed.sh passes it as --work
+TESTBED=$TESTBED_WORK
 export OUT=$CALLS/$CALL  # the steps copy into here; pack() moves it into $RET
 rm -rf "$OUT" && mkdir -p "$OUT"
 SWEEP=$ROOT/benchmarks/results/testbed/h200x4_3f0f2a6
@@ -102,8 +116,12 @@ pack() {  # $OUT -> $RET: files over 15 MB in 12 MB parts, everything else in re
 trap pack EXIT
 bash "$ROOT/benchmarks/device/sglang_jit.sh" unpack  # once per machine, where a call carries .dev/sglang_jit
 
+sweep_choice() {  # the sweep's depth and batch choice -> $1/sweep (what `train` plans from)
+  mkdir -p "$1/sweep" && cp "$SWEEP/depth.json" "$SWEEP/batch.json" "$1/sweep/"
+}
+
 shipped_drafts() {  # the shipped drafts (config from the checkout, weights carried in .dev/ckpt) -> $1/<variant>
-  for v in lilicorr dflash; do
+  for v in ${2:-lilicorr dflash}; do
     mkdir -p "$1/$v" && cp "$ROOT/checkpoints/smollm2-$v/config.json" "$1/$v/" \
       && cp "$ROOT/.dev/ckpt/$v.safetensors" "$1/$v/model.safetensors" || { log "no .dev/ckpt/$v.safetensors: carry .dev/ckpt"; exit 1; }
   done
@@ -121,35 +139,38 @@ install)
   ;;
 data)
   bash "$ROOT/.dev/bin/smol.sh" model 2>&1 | tail -n 4
-  mkdir -p /tmp/testbed/sweep && cp "$SWEEP/depth.json" "$SWEEP/batch.json" /tmp/testbed/sweep/
+  sweep_choice $TESTBED
   log "data for ${DATA_MINUTES:-4} minutes"
   bash "$ROOT/benchmarks/device/testbed.sh" data --seed "${DATA_SEED:-1}" --minutes "${DATA_MINUTES:-4}" 2>&1 | quiet 30
-  cp /tmp/testbed/data/logs/*.log "$OUT/" 2>/dev/null
+  cp $TESTBED/data/logs/*.log "$OUT/" 2>/dev/null
+  # the data set itself, in 12 MB parts beside results.tar.gz: another session's eq-train trains on the same data
+  mkdir -p "$RET" && tar -czf - -C $TESTBED/data train.jsonl heldout.jsonl manifest.json \
+    | split -b 12000000 -d - "$RET/dataset.tar.gz.part_"
   ;;
 model)
   bash "$ROOT/.dev/bin/smol.sh" model 2>&1 | tail -n 4
   ;;
 speed)
-  shipped_drafts /tmp/testbed/drafts
+  shipped_drafts $TESTBED/drafts
   bash "$ROOT/benchmarks/device/testbed.sh" speed ${SPEED_ARGS:-} 2>&1 | quiet 60
   ;;
 startup)
-  shipped_drafts /tmp/testbed/drafts
+  shipped_drafts $TESTBED/drafts
   bash "$ROOT/benchmarks/device/testbed.sh" startup ${STARTUP_ARGS:-} 2>&1 | quiet 30
   ;;
 train)
-  shipped_drafts /tmp/init
+  shipped_drafts $INIT
   bash "$ROOT/benchmarks/device/testbed.sh" train lilicorr dflash --minutes "${TRAIN_MINUTES:-7}" --max-minutes "${TRAIN_CAP:-8.3}" \
-    --evals "${TRAIN_EVALS:-6}" --init /tmp/init 2>&1 | quiet
+    --evals "${TRAIN_EVALS:-6}" --init $INIT 2>&1 | quiet
   CUDA_VISIBLE_DEVICES=1 bash "$ROOT/benchmarks/device/testbed.sh" --server-args "$SHARED_SERVER_ARGS" evalgen 2>&1 | quiet
   bash "$ROOT/benchmarks/device/testbed.sh" wait --minutes $(( (TESTBED_DEADLINE - $(date +%s) - 40) / 60 )) 2>&1 | tail -n 4
   ;;
 long-train)
-  shipped_drafts /tmp/init && rm -rf /tmp/init/margin && cp -r /tmp/init/lilicorr /tmp/init/margin
-  mkdir -p /tmp/testbed_long/sweep && cp "$SWEEP/depth.json" "$SWEEP/batch.json" /tmp/testbed_long/sweep/
-  bash "$ROOT/benchmarks/device/testbed.sh" --long --work /tmp/testbed_long long-pack --source /tmp/testbed 2>&1 | quiet 4
+  shipped_drafts $INIT && rm -rf $INIT/margin && cp -r $INIT/lilicorr $INIT/margin
+  sweep_choice /tmp/testbed_long
+  bash "$ROOT/benchmarks/device/testbed.sh" --long --work /tmp/testbed_long long-pack --source $TESTBED 2>&1 | quiet 4
   bash "$ROOT/benchmarks/device/testbed.sh" --long --work /tmp/testbed_long train lilicorr margin --minutes "${TRAIN_MINUTES:-6}" \
-    --max-minutes "${TRAIN_CAP:-7.5}" --evals "${TRAIN_EVALS:-4}" --init /tmp/init 2>&1 | quiet
+    --max-minutes "${TRAIN_CAP:-7.5}" --evals "${TRAIN_EVALS:-4}" --init $INIT 2>&1 | quiet
   bash "$ROOT/benchmarks/device/testbed.sh" --long --work /tmp/testbed_long wait --minutes $(( (TESTBED_DEADLINE - $(date +%s) - 40) / 60 )) 2>&1 | tail -n 4
   ;;
 long-measure)
@@ -159,22 +180,34 @@ long-measure)
   else
     bash "$ROOT/benchmarks/device/testbed.sh" --long --work /tmp/testbed_long wait --minutes 2 2>&1 | tail -n 3
     bash "$ROOT/benchmarks/device/testbed.sh" --long --work /tmp/testbed_long export 2>&1 | quiet 6
-    rm -rf $D/dflash && cp -r /tmp/init/dflash $D/dflash
+    rm -rf $D/dflash && cp -r $INIT/dflash $D/dflash
   fi
   ls $D
   bash "$ROOT/benchmarks/device/testbed.sh" --long --work /tmp/testbed_long long-serve 2>&1 | quiet 45
   ;;
 eq-train)
-  shipped_drafts /tmp/init
+  X=${EQ_BUDGET:-1}
   GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
-  bash "$ROOT/benchmarks/device/testbed.sh" train dflash lilicorr domino dspark --steps "${EQ_STEPS:-400}" --global-batch 64 \
-    --init-draft /tmp/init/dflash --evals "${TRAIN_EVALS:-4}" --minutes 8 --max-minutes "${TRAIN_CAP:-25}" 2>&1 | quiet
+  case $X in ''|*[!0-9]*|0) log "EQ_BUDGET=$X: pass a whole number >= 1 (the one-GPU budget's multiple)"; exit 2 ;; esac
+  if [ "$X" -gt 1 ] && [ "$GPUS" -lt 4 ]; then
+    log "EQ_BUDGET=$X: each of the four systems on its own GPU needs 4, this machine has $GPUS"; exit 2
+  fi
+  if [ -f "$ROOT/.dev/eq_data/dataset.tar.gz" ]; then  # the data of the other budget's session (a `data` call's return)
+    log "the carried data set (.dev/eq_data/dataset.tar.gz) -> $TESTBED/data"
+    rm -rf "$TESTBED/data" && mkdir -p "$TESTBED/data" && tar -xzf "$ROOT/.dev/eq_data/dataset.tar.gz" -C "$TESTBED/data" \
+      && sweep_choice "$TESTBED" || exit 1
+  fi
+  shipped_drafts $INIT dflash  # the one draft the four start from (.dev/ckpt/dflash.safetensors is enough)
+  log "EQ_BUDGET=$X: $(( ${EQ_STEPS:-400} * X )) optimizer steps each"
+  bash "$ROOT/benchmarks/device/testbed.sh" train dflash lilicorr domino dspark --steps $(( ${EQ_STEPS:-400} * X )) --global-batch 64 \
+    --init-draft $INIT/dflash --evals "${TRAIN_EVALS:-4}" --minutes 8 --max-minutes "${TRAIN_CAP:-25}" 2>&1 | quiet
   CUDA_VISIBLE_DEVICES=$(( GPUS - 1 )) bash "$ROOT/benchmarks/device/testbed.sh" --server-args "$SHARED_SERVER_ARGS" evalgen 2>&1 | quiet
   bash "$ROOT/benchmarks/device/testbed.sh" wait --minutes $(( (TESTBED_DEADLINE - $(date +%s) - 40) / 60 )) 2>&1 | tail -n 4
   ;;
 eq-measure)
   GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
-  bash "$ROOT/benchmarks/device/testbed.sh" wait --minutes 4 2>&1 | tail -n 3 && bash "$ROOT/benchmarks/device/testbed.sh" export 2>&1 | quiet 8
+  bash "$ROOT/benchmarks/device/testbed.sh" wait --minutes "${WAIT_MINUTES:-4}" 2>&1 | tail -n 3 \
+    && bash "$ROOT/benchmarks/device/testbed.sh" export 2>&1 | quiet 8
   bash "$ROOT/benchmarks/device/testbed.sh" replay --drafts dflash lilicorr domino dspark --gpu-ids $(seq $(( GPUS > 2 ? 2 : 1 )) $(( GPUS - 1 ))) \
     > "$CALLS/replay.txt" 2>&1 &
   replay=$!
@@ -187,7 +220,7 @@ eq-measure)
 paper-data)
   P=/tmp/testbed_paper
   [ -f /tmp/smol/model/config.json ] || bash "$ROOT/.dev/bin/smol.sh" model 2>&1 | tail -n 4
-  mkdir -p $P/sweep && cp "$SWEEP/depth.json" "$SWEEP/batch.json" $P/sweep/
+  sweep_choice $P
   log "paper-recipe data for ${DATA_MINUTES:-4} minutes"
   bash "$ROOT/benchmarks/device/testbed.sh" --paper-recipe --work $P data --seed "${DATA_SEED:-3}" --minutes "${DATA_MINUTES:-4}" \
     --max-new-tokens 2048 --magpie "${MAGPIE:-60000}" --package "${PACKAGE:-12000}" 2>&1 | quiet 30
@@ -195,8 +228,8 @@ paper-data)
   ;;
 paper-train)
   P=/tmp/testbed_paper
-  shipped_drafts /tmp/init
-  bash "$ROOT/benchmarks/device/testbed.sh" --paper-recipe --work $P train ${PAPER_VARIANTS:-lilicorr lilicorr_w1024} --init-draft /tmp/init/dflash \
+  shipped_drafts $INIT
+  bash "$ROOT/benchmarks/device/testbed.sh" --paper-recipe --work $P train ${PAPER_VARIANTS:-lilicorr lilicorr_w1024} --init-draft $INIT/dflash \
     --global-batch 64 --batch-size 16 --epochs "${EPOCHS:-3}" --eval-tokens "${EVAL_TOKENS:-2e6}" --minutes 12 \
     --max-minutes "${TRAIN_CAP:-16}" 2>&1 | quiet
   bash "$ROOT/benchmarks/device/testbed.sh" --work $P wait --minutes $(( (TESTBED_DEADLINE - $(date +%s) - 40) / 60 )) 2>&1 | tail -n 4
@@ -206,7 +239,7 @@ paper-measure)
   bash "$ROOT/benchmarks/device/testbed.sh" --work $P wait --minutes "${WAIT_MINUTES:-3}" 2>&1 | tail -n 3
   bash "$ROOT/benchmarks/device/testbed.sh" --work $P export 2>&1 | quiet 6
   rm -f "$OUT/draft_lilicorr_w1024.tar"  # ~63 MiB: over what a call brings back beside the rest
-  [ -d /tmp/init/dflash ] && rm -rf $P/drafts/dflash && cp -r /tmp/init/dflash $P/drafts/dflash
+  [ -d $INIT/dflash ] && rm -rf $P/drafts/dflash && cp -r $INIT/dflash $P/drafts/dflash
   bash "$ROOT/benchmarks/device/testbed.sh" --work $P replay --drafts ${PAPER_VARIANTS:-lilicorr lilicorr_w1024} dflash \
     --outputs "${REPLAY_OUTPUTS:-outputs_T0_s0.jsonl}" 2>&1 | quiet 30
   cp $P/train_config.json $P/data/manifest.json $P/replay/tau.json "$OUT/" 2>/dev/null
@@ -217,7 +250,7 @@ measure)
   bash "$ROOT/benchmarks/device/testbed.sh" wait --minutes 3 2>&1 | tail -n 3 && bash "$ROOT/benchmarks/device/testbed.sh" export 2>&1 | quiet 6
   (
     bash "$ROOT/benchmarks/device/testbed.sh" replay --drafts lilicorr dflash --gpu-ids 1 2>&1 | quiet 40
-    rm -rf /tmp/smol/lilicorr_draft && cp -r /tmp/testbed/drafts/lilicorr /tmp/smol/lilicorr_draft
+    rm -rf /tmp/smol/lilicorr_draft && cp -r $TESTBED/drafts/lilicorr /tmp/smol/lilicorr_draft
     CUDA_VISIBLE_DEVICES=1 OUT=$OUT/served bash "$ROOT/benchmarks/device/gpu_check.sh" lilicorr,check 2>&1 | tail -n 12
   ) > "$CALLS/side.txt" 2>&1 &
   side=$!

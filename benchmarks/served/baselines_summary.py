@@ -16,16 +16,28 @@ steps (the four drafts of variants.EQUAL_BUDGET, checked to have run the same pl
   viterbi.tau_t0         tau                           the LiLiCorr draft's exact Viterbi path by replay, T = 0,
                                                        the sets' average
 
+  plan                   {"steps", "global_batch", "data"}  the four drafts' optimizer steps, global batch and
+                                                       training data (train.jsonl's sha256, as `export` recorded it)
+
 systems dflash, lilicorr, domino, dspark. `merge` writes either group into an existing summary without touching its
 other keys; a key with no measurement is left out, not nulled. `python -m benchmarks baselines-summary
 --replay TAU_JSON --rounds REPORT_SUMMARY --budget BUDGET_JSON --summary SUMMARY_JSON` merges the equal-budget keys
-(the cost keys come through scale_report --baselines-summary).
+(the cost keys come through scale_report --baselines-summary). With `--budget-x N` (N > 1: the drafts of `eq-train`
+with EQ_BUDGET=N, N times the one-GPU budget's steps on the same data) the same keys go under `equal_budget_xN`
+instead, and where the summary holds both budgets:
+
+  ranking_x1_xN          {"steps": {"x1", "xN"}, "same_data", "same_order",
+                          "measures": {measure: {"x1": [systems, best first], "xN": [...], "same"}}}
+
+(measures: `tau SET T=0|1` and `tok/s c=C`; the steps must be N times the x1 ones). Every run rewrites the markdown
+table beside the summary (summary.md): each budget's figures, then the ranking comparison.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -36,7 +48,13 @@ from benchmarks import save_json
 COST_SYSTEMS = ("dflash", "lilicorr", "domino", "dspark", "builtin")
 EQUAL_SYSTEMS = ("dflash", "lilicorr", "domino", "dspark")
 BENCH_HEADS = ("domino", "dspark")  # corrector_bench's <system>_head: SGLang's Domino rollout, DSpark's Markov head
-SAME_PLAN = ("step", "init", "global_batch", "train_config")  # what the four drafts' testbed.json must share
+SAME_PLAN = (
+    "step",
+    "init",
+    "global_batch",
+    "train_config",
+    "data_sha256",
+)  # what the four drafts' testbed.json must share
 
 
 def read_json(path: Path, flag: str, fix: str) -> dict:
@@ -153,6 +171,99 @@ def tok_s_keys(report: Mapping[str, Any]) -> dict:
     return {"tok_s": dict(sorted(tok_s.items(), key=lambda kv: int(kv[0])))}
 
 
+def plan_keys(budget: Mapping[str, Any]) -> dict:
+    """check_budget's drafts (one plan) -> `plan`: the steps, global batch and training data they share."""
+    first = budget[EQUAL_SYSTEMS[0]]
+    return {"plan": {"steps": first["step"], "global_batch": first["global_batch"], "data": first.get("data_sha256")}}
+
+
+def group_key(x: int) -> Optional[str]:
+    """Where a budget's keys go: the top level at x1 (the one-GPU budget), `equal_budget_xN` above it."""
+    return None if x == 1 else f"equal_budget_x{x}"
+
+
+def groups(doc: Mapping[str, Any]) -> dict[int, dict]:
+    """{x: that budget's equal-budget keys} of the summary, the budgets it holds."""
+    found = {1: doc} if doc.get("tau") else {}
+    for key, value in doc.items():
+        m = re.fullmatch(r"equal_budget_x(\d+)", key)
+        if m:
+            found[int(m.group(1))] = value
+    return dict(sorted(found.items()))
+
+
+def measures(keys: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """A budget's figures as {measure: {system: value}}, higher is better: tau per set and T, tokens/s per c."""
+    out = {
+        f"tau {name} T={t[1]}": {s: e[s][t] for s in EQUAL_SYSTEMS}
+        for name, e in keys["tau"].items()
+        for t in ("t0", "t1")
+        if all(t in e.get(s, {}) for s in EQUAL_SYSTEMS)
+    }
+    return out | {f"tok/s c={c}": {s: e[s] for s in EQUAL_SYSTEMS} for c, e in (keys.get("tok_s") or {}).items()}
+
+
+def ranking(values: Mapping[str, float]) -> list[str]:
+    """The systems best first (a tie keeps EQUAL_SYSTEMS' order)."""
+    return sorted(EQUAL_SYSTEMS, key=lambda s: -values[s])
+
+
+def compare_rankings(one: Mapping[str, Any], other: Mapping[str, Any], x: int) -> dict:
+    """The x1 and xN budgets' keys -> `ranking_x1_xN`: per measure both hold, the four best first at each budget
+    and whether the order is the same; refused where the xN drafts did not train N times the x1 drafts' steps."""
+    steps = {"x1": (one.get("plan") or {}).get("steps"), f"x{x}": (other.get("plan") or {}).get("steps")}
+    if None not in steps.values() and steps[f"x{x}"] != x * steps["x1"]:
+        raise UsageError(
+            f"--budget-x {x}: the drafts trained {steps[f'x{x}']} steps, the x1 drafts {steps['x1']}: not {x} times",
+            fix=f"train the x{x} drafts with eq-train's EQ_STEPS as at x1 and EQ_BUDGET={x}, or pass the --budget-x "
+            "their steps are",
+        )
+    a, b = measures(one), measures(other)
+    rows = {m: {"x1": ranking(a[m]), f"x{x}": ranking(b[m])} for m in a if m in b}
+    for row in rows.values():
+        row["same"] = row["x1"] == row[f"x{x}"]
+    data = {(g.get("plan") or {}).get("data") for g in (one, other)}
+    return {
+        "steps": steps,
+        "same_data": None if None in data else len(data) == 1,
+        "same_order": all(r["same"] for r in rows.values()),
+        "measures": rows,
+    }
+
+
+def markdown(doc: Mapping[str, Any]) -> str:
+    """summary.md: every budget's figures (a row per measure and budget), then each ranking comparison."""
+    lines = [
+        "# Equal-budget comparison (docs/BASELINES.md; benchmarks/served/baselines_summary.py)",
+        "",
+        f"| measure | budget | {' | '.join(EQUAL_SYSTEMS)} | best first |",
+        "|---|---|" + "---|" * (len(EQUAL_SYSTEMS) + 1),
+    ]
+    found = {x: measures(keys) for x, keys in groups(doc).items()}
+    for m in dict.fromkeys(m for figures in found.values() for m in figures):
+        for x, figures in found.items():
+            if m in figures:
+                steps = (groups(doc)[x].get("plan") or {}).get("steps")
+                cells = " | ".join(f"{figures[m][s]:g}" for s in EQUAL_SYSTEMS)
+                lines.append(f"| {m} | x{x} ({steps} steps) | {cells} | {' > '.join(ranking(figures[m]))} |")
+    for key, cmp in doc.items():
+        if re.fullmatch(r"ranking_x1_x\d+", key):
+            x = key.rpartition("_")[2]
+            lines += [
+                "",
+                f"## Ranking at x1 and {x} (same data: {cmp['same_data']}; same order on every measure: "
+                f"{cmp['same_order']})",
+                "",
+                f"| measure | x1, best first | {x}, best first | same order |",
+                "|---|---|---|---|",
+            ]
+            lines += [
+                f"| {m} | {' > '.join(r['x1'])} | {' > '.join(r[x])} | {'yes' if r['same'] else 'no'} |"
+                for m, r in cmp["measures"].items()
+            ]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description="Merge the equal-budget keys into the baselines' summary (module docstring)."
@@ -161,14 +272,40 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=Path, required=True, help="the compare step's report/summary.json")
     p.add_argument("--budget", type=Path, required=True, help="the compare step's budget.json")
     p.add_argument("--summary", type=Path, required=True, help="the summary.json to merge into (other keys kept)")
+    p.add_argument(
+        "--budget-x",
+        type=int,
+        default=1,
+        help="the drafts' budget in one-GPU budgets (eq-train's EQ_BUDGET; default 1: the top-level keys; N > 1: "
+        "under equal_budget_xN, and the ranking at x1 and xN compared where the summary holds both)",
+    )
     args = p.parse_args(argv)
     try:
-        check_budget(read_json(args.budget, "--budget", "pass WORK/compare/budget.json"))
-        keys = tau_keys(read_json(args.replay, "--replay", "pass WORK/replay/tau.json"))
+        if args.budget_x < 1:
+            raise UsageError(f"--budget-x {args.budget_x}", fix="pass 1 or more (eq-train's EQ_BUDGET)")
+        budget = read_json(args.budget, "--budget", "pass WORK/compare/budget.json")
+        check_budget(budget)
+        keys = tau_keys(read_json(args.replay, "--replay", "pass WORK/replay/tau.json")) | plan_keys(budget)
         keys |= tok_s_keys(read_json(args.rounds, "--rounds", "pass WORK/compare/report/summary.json"))
-        merge(args.summary, keys, "--summary")
+        group = group_key(args.budget_x)
+        new = {group: keys} if group else keys
+        current = (
+            read_json(args.summary, "--summary", "point it at the baselines' summary.json")
+            if args.summary.exists()
+            else {}
+        )
+        found = groups({**current, **new})
+        rankings = {
+            f"ranking_x1_x{x}": compare_rankings(found[1], g, x) for x, g in found.items() if x > 1 and 1 in found
+        }
+        path = merge(args.summary, new | rankings, "--summary")
+        path.with_suffix(".md").write_text(markdown(json.loads(path.read_text())))
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    print(f"-> {args.summary}: tau ({len(keys['tau'])} sets), tok_s (c = {', '.join(keys['tok_s'])}), viterbi.tau_t0")
+    where = f"{args.summary} ({group or 'top level'})"
+    print(f"-> {where}: tau ({len(keys['tau'])} sets), tok_s (c = {', '.join(keys['tok_s'])}), viterbi.tau_t0, plan")
+    for key, cmp in rankings.items():
+        print(f"-> {key}: same order on every measure: {cmp['same_order']}, same data: {cmp['same_data']}")
+    print(f"-> {path.with_suffix('.md')}")
     return 0

@@ -37,6 +37,7 @@ def cmd_export(args) -> int:
                 "total_steps": rows[-1].get("total_steps"),
                 "train_config": plan["options"],
                 "global_batch": plan.get("global_batch"),
+                "data_sha256": plan.get("data_sha256"),
             },
         )
         tar = Path(args.work) / "drafts" / f"draft_{name}.tar"

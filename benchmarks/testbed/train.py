@@ -11,6 +11,7 @@ by --max-minutes or a lost process goes on where it stopped; a finished run is l
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
@@ -131,6 +132,8 @@ def cmd_train(args) -> int:
             "device": device_name(),
             "init": init_drafts(args, names),
             "global_batch": global_batch,
+            # the data the runs read (baselines_summary: the budgets compared on the same data)
+            "data_sha256": hashlib.sha256(data_files(args)[0].read_bytes()).hexdigest(),
         }
         save_json(frozen, plan)
     per_gpu = plan["gpus_per_variant"]
