@@ -125,3 +125,25 @@ def test_each_check_fires_on_a_reply_that_breaks_it(params, fields, completion_t
         assert found == []
     else:
         assert any(message in line for line in found), found
+
+
+def test_a_problem_the_server_without_speculation_has_too_is_sglangs_not_a_failure(tmp_path, monkeypatch, capsys):
+    import transformers
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: StubTokenizer())
+    base_problems, lilicorr_problems = tmp_path / "base.json", tmp_path / "lilicorr.json"
+    argv = lambda stub, *more: ["--url", stub.url, "--tokenizer", "t", "--out", str(tmp_path / "o.json"), *more]  # noqa: E731
+    with StubServer(leak_past_stop=True, refuse_sampled=True) as stub:  # the same faults without speculation
+        assert openai_check.main(argv(stub, "--problems-out", str(base_problems))) == 1
+        assert openai_check.main(argv(stub, "--against", str(base_problems))) == 0
+    assert "also without speculation: T=0 chat whole max_tokens" in capsys.readouterr().out
+    with StubServer(leak_past_stop=True, refuse_sampled=True) as stub:  # faults the baseline lacks still fail
+        empty = tmp_path / "none.json"
+        empty.write_text("[]")
+        assert openai_check.main(argv(stub, "--against", str(empty), "--problems-out", str(lilicorr_problems))) == 1
+    assert json.loads(lilicorr_problems.read_text()) == json.loads(base_problems.read_text())
+    own, shared = openai_check.also_without_speculation(
+        ["T=0 chat stream logprobs: 'Count': choice 0: logprobs (1, [3]) for 3 tokens", "T=0 text whole stop: x"],
+        ["T=0 chat stream logprobs: 'Count': choice 0: logprobs (11, [3]) for 13 tokens"],
+    )
+    assert own == ["T=0 text whole stop: x"] and len(shared) == 1

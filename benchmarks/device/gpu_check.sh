@@ -32,14 +32,17 @@
 #             4, 8, 16, 32 concurrent requests mixing T=0 and T=1 -> $OUT/lilicorr.json; its log ->
 #             $OUT/lilicorr.log. Draft graphs cover bs <= 16 (GRAPH_BS), so 32 also runs the eager path
 #   dflash    the same drafter without its head under --speculative-algorithm DFLASH -> $OUT/dflash.json
-#   openai    a LILICORR server as a user starts it (LILICORR_T_GT_0=refuse, the default: T > 0 refused
-#             without flashinfer), then `python3 -m benchmarks openai-check` through the `openai` package: chat and
+#   openai    a server without speculation, then a LILICORR server as a user starts it (LILICORR_T_GT_0=refuse, the
+#             default: T > 0 refused without flashinfer), each under `python3 -m benchmarks openai-check` through the
+#             `openai` package (LILICORR's problems that the first server has too are SGLang's, not failed): chat and
 #             text completions, streamed and not, stop strings, max_tokens, logprobs with top_logprobs, n > 1 and
 #             seed, at T = 0 and, where served, T > 0; no token past a stop or max_tokens, finish_reason and
 #             matched_stop agreeing, one logprobs entry per token (OPENAI_CHECK) -> $OUT/openai.{json,log};
 #             then its greedy replies through the greedy check. With the shipped draft (blocks of several tokens:
 #             what a stop or max_tokens must cut), in a call after `model`:
 #             LILICORR_DRAFT=checkpoints/smollm2-lilicorr bash benchmarks/device/gpu_check.sh draft,openai
+#             carrying .dev/jiter (the image's openai package needs it: `pip download jiter --only-binary :all:
+#             --python-version 3.12 --platform manylinux2014_x86_64 --no-deps -d .dev/jiter`)
 #   faults    a LILICORR server (64 running requests) under `python3 -m benchmarks faults` for FAULTS_SECONDS (300): 64 clients,
 #             mixed lengths, disconnects, over-long and invalid requests; then /health and the KV pool back to empty;
 #             the server log must name no traceback and no leak -> $OUT/faults.{log,tar.gz}. FAULTS_MEM (0.3) sets
@@ -174,13 +177,23 @@ if has dflash; then
 fi
 
 if has openai; then
-  say "== openai: the OpenAI API through LILICORR (python3 -m benchmarks openai-check, the openai package)"
+  say "== openai: the OpenAI API without speculation, then through LILICORR (python3 -m benchmarks openai-check)"
+  # the kit's openai package imports jiter, which the image lacks: a carried .dev/jiter wheel goes into the site
+  python3 -c "import jiter" 2>/dev/null || for w in "$DEV"/jiter/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" "$SITE"; done
+  if start_server openai_base 30016 "$O/openai_base.log" --model-path "$W/model" "${BACKEND_ARGS[@]}" \
+    --grammar-backend none --mem-fraction-static 0.3 --context-length 2048 --cuda-graph-backend-prefill disabled \
+    --max-running-requests 32 --cuda-graph-max-bs-decode "${GRAPH_BS:-16}"; then
+    timeout 420 python3 -m benchmarks openai-check --url http://127.0.0.1:30016 --tokenizer "$W/model" \
+      --out "$O/openai_base.json" --problems-out "$O/openai_base_problems.json" 2>&1 | tail -n 8 | tee -a "$S"
+  fi
+  stop_server
+  [ -s "$O/openai_base_problems.json" ] || { say "no run without speculation to compare with"; fails+=(openai_base); }
   if LILICORR_T_GT_0=refuse start_server openai 30015 "$O/openai.log" --model-path "$W/model" "${BACKEND_ARGS[@]}" \
     --grammar-backend none --mem-fraction-static 0.3 --context-length 2048 --cuda-graph-backend-prefill disabled \
     --max-running-requests 32 --cuda-graph-max-bs-decode "${GRAPH_BS:-16}" --speculative-algorithm LILICORR \
     --speculative-draft-model-path "$W/lilicorr_draft" --speculative-draft-attention-backend triton "${EXTRA[@]}"; then
     timeout 420 python3 -m benchmarks openai-check --url http://127.0.0.1:30015 --tokenizer "$W/model" \
-      --out "$O/openai.json" 2>&1 | tail -n 60 | tee -a "$S"
+      --out "$O/openai.json" --against "$O/openai_base_problems.json" 2>&1 | tail -n 60 | tee -a "$S"
     [ "${PIPESTATUS[0]}" = 0 ] || fails+=(openai)
   else
     fails+=(openai)

@@ -19,6 +19,10 @@ with HTTP 400 naming temperature; T > 0 replies get the same checks, not the gre
 
   python -m benchmarks openai-check --url http://127.0.0.1:30000 --tokenizer MODEL_DIR --out openai.json
 
+"As without speculation" is checked against the same check of the same target served without it: --problems-out
+writes a run's problem lines, --against reads those of the run without speculation, and a problem found there too
+(its line alike but for numbers: token counts follow the replies) is printed as SGLang's own, not failed (SGLang
+0.5.23 drops the logprobs of a streamed chat reply's last chunk when a stop string cuts it, speculation or not).
 Prints one line per request kind and `OPENAI_CHECK PASS|FAIL`; exit status 1 on FAIL.
 """
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 from typing import Callable
 
 PROMPTS = (
@@ -224,6 +229,14 @@ def check(client, tokenizer) -> tuple[list[dict], list[str]]:
     return records, bad
 
 
+def also_without_speculation(bad: list[str], baseline: list[str]) -> tuple[list[str], list[str]]:
+    """`bad` split into (this server's own problems, those the server without speculation has too), lines compared
+    with every number masked."""
+    alike = lambda line: re.sub(r"\d+", "#", line)  # noqa: E731
+    seen = {alike(line) for line in baseline}
+    return [b for b in bad if alike(b) not in seen], [b for b in bad if alike(b) in seen]
+
+
 def record(kind: str, prompt: str, input_ids: list[int], reply: Reply, params: dict) -> dict:
     """A reply in the gpu-client step's record format (what the greedy-check step reads)."""
     return {
@@ -243,7 +256,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:30000")
     p.add_argument("--tokenizer", required=True, help="the target's folder (its tokenizer and chat template)")
     p.add_argument("--out", required=True, help="JSON file for the T = 0 records (the greedy check reads it)")
+    p.add_argument("--problems-out", help="JSON file for the problem lines found (for --against)")
+    p.add_argument("--against", help="the --problems-out file of this check on the same target without speculation")
     a = p.parse_args(argv)
+    baseline = json.loads(open(a.against).read()) if a.against else []
     import openai
     from transformers import AutoTokenizer
 
@@ -251,7 +267,13 @@ def main(argv: list[str] | None = None) -> int:
     records, bad = check(client, AutoTokenizer.from_pretrained(a.tokenizer))
     with open(a.out, "w") as f:
         json.dump(records, f, indent=1)
+    if a.problems_out:
+        with open(a.problems_out, "w") as f:
+            json.dump(bad, f, indent=1)
     print(f"{len(records)} greedy replies with token ids -> {a.out}")
+    bad, shared = also_without_speculation(bad, baseline)
+    for line in shared[:20]:
+        print(f"  also without speculation: {line}")
     for line in bad[:20]:
         print(f"  {line}")
     print("OPENAI_CHECK", "FAIL" if bad else "PASS")
