@@ -101,6 +101,7 @@ def test_the_summary_holds_both_sets_per_concurrency_with_card_and_commit(tmp_pa
     assert one["tok_s"] == {"base": 600, "dflash": 480, "builtin": 540, "lilicorr": 690, "lilicorr_fixed": 560}
     assert one["adaptive_vs_base"] == [1.15, 1.12, 1.18] and one["adaptive_vs_fixed"] == [1.23, 1.2, 1.26]
     assert one["tiers"]["lilicorr"] == {"16": 1.0} and one["rounds"] == 5
+    assert one["width1_vs_base"] is None  # lilicorr_w1 (the adaptive width's floor) did not play
     assert one["worst_ulps"] == dict.fromkeys(["base", "dflash", "builtin", "lilicorr", "lilicorr_fixed"])
     eight = result["eval"]["cells"]["8"]
     assert eight["worst_ulps"] == {"base": 2.6, "dflash": None, "builtin": None, "lilicorr": 6.4, "lilicorr_fixed": 1.0}
@@ -153,3 +154,10 @@ def test_a_folder_of_the_other_set_or_without_a_summary_is_refused(tmp_path, fol
             lab(["adaptive-summary", *argv, *common])
         assert e.value.code == 2 and says in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_width_1_played_beside_gives_the_adaptive_widths_floor():
+    e = {**entry(600, 690, 560, [1.15, 1.12, 1.18], [1.23, 1.2, 1.26], [0.93, 0.9, 0.96], {"16": 1.0})}
+    e |= {"lilicorr_w1": 480, "lilicorr_w1_vs_base": [0.8, 0.78, 0.82]}
+    x = adaptive_summary.cell(e)
+    assert x["width1_vs_base"] == [0.8, 0.78, 0.82] and x["tok_s"]["lilicorr_w1"] == 480

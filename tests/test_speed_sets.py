@@ -228,3 +228,19 @@ def test_greedy_check_records_token_ids_and_checks_them_against_the_fp32_target(
     assert all(g["checked"] == g["replies"] == 2 and g["worst_ulps"] >= 0 for g in greedy.values())
     # every system's replies are the stub's one reply: checked once, kept for the next call
     assert len(greedy_ulps.read_cache(folder / greedy_ulps.CACHE)) == 1
+
+
+def test_the_profile_compares_width_1_with_no_speculation_where_width_1_played(tmp_path, monkeypatch):
+    from benchmarks.served import step_profile
+
+    profiled = []
+    monkeypatch.setattr(step_profile, "record", lambda url, root, steps, prompt: profiled.append(url) or "trace")
+    monkeypatch.setattr(step_profile, "summarize", lambda trace, steps: {})
+    monkeypatch.setattr(step_profile, "compare", lambda summaries: " - ".join(summaries))
+    urls = {s: s for s in ("base", "dflash", "builtin", "lilicorr", "lilicorr_w1")}
+    assert speed.profile_systems(urls, tmp_path, 8, "p") == []
+    assert profiled == ["lilicorr_w1", "base", "lilicorr", "builtin", "dflash"]
+    assert (tmp_path / "profile.md").read_text().startswith("lilicorr_w1 - base")
+    profiled.clear()
+    speed.profile_systems({s: s for s in ("base", "dflash", "builtin", "lilicorr")}, tmp_path, 8, "p")
+    assert profiled == ["lilicorr", "builtin", "dflash", "base"]

@@ -41,6 +41,7 @@ def cell(entry: dict) -> dict:
         "tok_s": {s: entry[s] for s in systems},
         **{name: entry.get(key) for name, key in RATIOS.items()},
         "fixed_vs_base": entry.get("lilicorr_fixed_vs_base"),
+        "width1_vs_base": entry.get("lilicorr_w1_vs_base"),  # the adaptive width's floor, where lilicorr_w1 played
         "tiers": entry.get("tiers", {}),
         "worst_ulps": {s: greedy.get(s, {}).get("worst_ulps") for s in systems},
         "tau": entry.get("tau", {}),

@@ -40,8 +40,9 @@ SYSTEMS = ("base", "dflash", "builtin", "lilicorr")  # every summarized cell has
 VERIFY_SYSTEMS = ("dflash_splitkv", "lilicorr_extend")
 # LILICORR committing each block by the exact Viterbi path instead of the greedy walk (LILICORR_WALK=viterbi).
 WALK_SYSTEMS = ("lilicorr_viterbi",)
-# LILICORR verifying every block whole (LILICORR_VERIFY_WIDTH=16), beside `lilicorr` on its default adaptive width.
-WIDTH_SYSTEMS = ("lilicorr_fixed",)
+# LILICORR verifying every block whole (LILICORR_VERIFY_WIDTH=16), and every step at width 1 (a plain decode step
+# through the speculative path: the adaptive width's floor), beside `lilicorr` on its default adaptive width.
+WIDTH_SYSTEMS = ("lilicorr_fixed", "lilicorr_w1")
 ALL_SYSTEMS = (*SYSTEMS, *VERIFY_SYSTEMS, *WALK_SYSTEMS, *WIDTH_SYSTEMS)
 RATIOS = (
     ("lilicorr", "builtin"),
@@ -56,6 +57,7 @@ RATIOS = (
     ("lilicorr", "lilicorr_viterbi"),
     ("lilicorr", "lilicorr_fixed"),
     ("lilicorr_fixed", "base"),
+    ("lilicorr_w1", "base"),
 )
 LABELS = {
     "base": "no speculation",
@@ -65,6 +67,7 @@ LABELS = {
     "dflash_splitkv": "DFLASH split-KV verify",
     "lilicorr_extend": "LILICORR prefill-kernel verify",
     "lilicorr_fixed": "LILICORR, width 16",
+    "lilicorr_w1": "LILICORR, width 1",
     "lilicorr_viterbi": "LILICORR Viterbi walk",
 }
 

@@ -68,6 +68,7 @@ SERVER_VARIANTS = {
     "lilicorr_extend": ("lilicorr", "verify", "extend"),
     "lilicorr_viterbi": ("lilicorr", "walk", "viterbi"),
     "lilicorr_fixed": ("lilicorr", "width", "16"),
+    "lilicorr_w1": ("lilicorr", "width", "1"),
 }
 
 

@@ -238,13 +238,16 @@ class IdleWatch:
 
 
 def profile_systems(urls: dict, root: Path, steps: int, prompt: str) -> list[str]:
-    """One c = 1 torch-profiler window of `steps` forward passes per server -> root/summary.json, root/profile.md
-    (LILICORR first, so the report's Python-frame differences read LILICORR - built-in); the failures."""
+    """One c = 1 torch-profiler window of `steps` forward passes per server -> root/summary.json, root/profile.md;
+    the failures. The report's Python-frame differences read its first two: LILICORR at width 1 - no speculation
+    where width 1 played (what the speculative path adds to a plain decode step), else LILICORR - built-in."""
     from benchmarks.served import step_profile
     from benchmarks import save_json
 
+    first = ("lilicorr_w1", "base") if "lilicorr_w1" in urls else ("lilicorr", "builtin")
+    order = dict.fromkeys((*first, "lilicorr", "builtin", "dflash", "base"))
     summaries, failed = {}, []
-    for system in [s for s in ("lilicorr", "builtin", "dflash", "base") if s in urls]:
+    for system in [s for s in order if s in urls]:
         try:
             trace = step_profile.record(urls[system], root / system, steps, prompt)
             if trace is None:
