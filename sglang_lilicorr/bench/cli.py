@@ -15,13 +15,13 @@ import socket
 import sys
 import urllib.parse
 from pathlib import Path
-from typing import List, Optional
+from typing import List
 
 from . import datasets, metrics, plots, runner, tables
 from .client import Sampling, ServerError
 from .metrics import ResultsError
 from .. import ownership
-from ..cli_args import Parser, add_command, bounded, json_object_arg, path_arg, run as run_command, url_arg
+from ..cli_args import add_command, bounded, json_object_arg, path_arg, url_arg
 from ..errors import LiLiCorrError, UsageError
 from ..jsonl import loads
 
@@ -52,11 +52,8 @@ def load_cells(path: Path) -> List[dict]:
             f"not valid JSON ({e})", where=str(path), fix="pass a summary.json written by `lilicorr bench report`"
         ) from e
     cells = doc.get("cells") if isinstance(doc, dict) else None
-    if (
-        not isinstance(cells, list)
-        or not cells
-        or not all(isinstance(c, dict) and all(k in c for k in SUMMARY_CELL_FIELDS) for c in cells)
-    ):
+    whole = isinstance(cells, list) and all(isinstance(c, dict) and c.keys() >= set(SUMMARY_CELL_FIELDS) for c in cells)
+    if not whole or not cells:
         raise ResultsError(
             f"neither a results .jsonl nor a summary .json with `cells` (each with {list(SUMMARY_CELL_FIELDS)})",
             where=str(path),
@@ -87,13 +84,7 @@ def check_listening(url: str) -> None:
 
 
 def cmd_run(args) -> int:
-    sampling_kwargs = {
-        "max_tokens": args.max_tokens,
-        "ignore_eos": args.ignore_eos,
-        "chat_template_kwargs": args.chat_template_kwargs,
-    }
-    # before any server is asked or a byte written: it is a results file, or new
-    runner.check_results_file(args.results)
+    runner.check_results_file(args.results)  # before any server is asked or a byte written: a results file, or new
     try:
         loaded = [datasets.load_prompts(d, limit=args.limit, categories=args.category) for d in args.dataset]
     except LiLiCorrError:  # bad content of a prompt file: exit 1
@@ -110,7 +101,7 @@ def cmd_run(args) -> int:
         )
     check_listening(args.url)
     with ownership.sole_writer(args.results, "--results", "results file"):
-        failed = sweep(args, loaded, sampling_kwargs)
+        failed = sweep(args, loaded)
     if failed:
         raise runner.RunFailed(
             f"{failed} prompt(s) failed and were not recorded",
@@ -121,25 +112,19 @@ def cmd_run(args) -> int:
     return 0
 
 
-def sweep(args, loaded, sampling_kwargs) -> int:
+def sweep(args, loaded) -> int:
     """The runs of `bench run` one after another, into --results -> the prompts that failed."""
-    prompts = dict(loaded)
-    failed = 0
+    prompts, failed = dict(loaded), 0
+    sampling_kwargs = dict(
+        max_tokens=args.max_tokens, ignore_eos=args.ignore_eos, chat_template_kwargs=args.chat_template_kwargs
+    )
+    options = dict(api=args.api, model=args.model, warmup=args.warmup, request_timeout=args.request_timeout)
     for cfg in runner.sweep_configs(
         args.system, [n for n, _ in loaded], args.concurrency, args.temperature, args.seeds, args.max_tokens
     ):
         sampling = Sampling(temperature=cfg.temperature, seed=cfg.seed, **sampling_kwargs)
         outcome = runner.run(
-            prompts[cfg.dataset],
-            cfg,
-            args.url,
-            args.results,
-            sampling,
-            api=args.api,
-            model=args.model,
-            warmup=args.warmup,
-            show_progress=not args.no_progress,
-            request_timeout=args.request_timeout,
+            prompts[cfg.dataset], cfg, args.url, args.results, sampling, show_progress=not args.no_progress, **options
         )
         for prompt_id, error in outcome.failures[:3]:
             print(f"  failed {prompt_id}: {error}", file=sys.stderr)
@@ -326,9 +311,3 @@ def register(subparsers) -> None:
         "--out", type=path_arg, help="also write the rows as JSON to this file"
     )
     cmp_.set_defaults(func=cmd_compare)
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = Parser(prog="lilicorr")
-    register(parser.add_subparsers(dest="command", required=True))
-    return run_command(parser.parse_args(argv))

@@ -125,14 +125,9 @@ def parse_chat(payload: dict) -> Reply:
     if isinstance(details, list):  # n > 1; we always send n = 1
         details = details[0] if details else None
     extras = _spec_lists(details)
-    outputs = ext.get("output_ids")
-    if (
-        isinstance(ext.get("input_ids"), list)
-        and isinstance(outputs, list)
-        and outputs
-        and isinstance(outputs[0], list)
-    ):
-        extras.update(input_ids=list(ext["input_ids"]), output_ids=list(outputs[0]))  # output_ids: one list a choice
+    inputs, outputs = ext.get("input_ids"), ext.get("output_ids")
+    if isinstance(inputs, list) and isinstance(outputs, list) and outputs and isinstance(outputs[0], list):
+        extras.update(input_ids=list(inputs), output_ids=list(outputs[0]))  # output_ids: one list a choice
     return Reply(text, tokens, _verify_ct(details), extras)
 
 

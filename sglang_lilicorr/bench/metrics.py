@@ -204,22 +204,8 @@ def add_block_ratio(cells: List[dict], reference: str) -> List[dict]:
 
 
 # two-sided 95 % quantiles of Student's t by degrees of freedom (a df between two entries takes the lower one's)
-_T975 = {
-    1: 12.706,
-    2: 4.303,
-    3: 3.182,
-    4: 2.776,
-    5: 2.571,
-    6: 2.447,
-    7: 2.365,
-    8: 2.306,
-    9: 2.262,
-    10: 2.228,
-    15: 2.131,
-    20: 2.086,
-    30: 2.042,
-    60: 2.000,
-}
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+_T975.update({15: 2.131, 20: 2.086, 30: 2.042, 60: 2.000})
 
 
 def mean_ci95(values: Sequence[float]) -> dict:
