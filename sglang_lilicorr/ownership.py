@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import secrets
@@ -95,6 +96,15 @@ def _read_umask() -> int:
 
 
 _UMASK = _read_umask()  # read once, at import: setting it back and forth later would race with other threads
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    """The hex sha256 of a file's bytes, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
