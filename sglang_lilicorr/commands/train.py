@@ -166,12 +166,7 @@ def run_regenerate(args: argparse.Namespace) -> int:
     guard = eval_guard(args.exclude)  # read before anything loads or is written: its errors are the user's
     with loading_target(args.target):
         tokenizer = AutoTokenizer.from_pretrained(args.target)
-    settings = Settings(
-        temperature=args.temperature,
-        max_new_tokens=args.max_new_tokens,
-        seed=args.seed,
-        chat_kwargs=args.chat_template_kwargs,
-    )
+    settings = Settings(args.temperature, args.max_new_tokens, seed=args.seed, chat_kwargs=args.chat_template_kwargs)
     out = Path(args.output_dir) if args.recipe else Path(args.output)
     # bad input and a destination that is not ours fail before any server starts or anything is written
     if args.recipe:
@@ -184,33 +179,18 @@ def run_regenerate(args: argparse.Namespace) -> int:
     log_dir = out / "logs" if args.recipe else out.with_name(out.name + ".logs")
     with generator_for(args, tokenizer, log_dir) as (generator, engine):
         if args.recipe:
-            result = build_dataset(
-                out,
-                tokenizer,
-                generator,
-                settings,
-                **recipe_options(args),
-                exclude=args.exclude,
-                describe={
-                    "command": "lilicorr " + " ".join(map(shlex.quote, sys.argv[1:])),
-                    "engine": engine,
-                    "target": str(Path(args.target).resolve()),
-                },
-            )
+            command = "lilicorr " + " ".join(map(shlex.quote, sys.argv[1:]))
+            describe = {"command": command, "engine": engine, "target": str(Path(args.target).resolve())}
+            options = dict(recipe_options(args), exclude=args.exclude, describe=describe)
+            result = build_dataset(out, tokenizer, generator, settings, **options)
             print(json.dumps({k: result[k] for k in ("counts", "this_call")}))
         else:
             out.parent.mkdir(parents=True, exist_ok=True)
             stats = play(plans, out, tokenizer, generator, settings)
-            print(
-                json.dumps(
-                    {
-                        "generated_tokens": stats.generated_tokens,
-                        "tokens_per_s": round(stats.generated_tokens / max(stats.generate_seconds, 1e-9)),
-                        "dropped": stats.dropped,
-                        "engine": engine,
-                    }
-                )
-            )
+            tokens = stats.generated_tokens
+            rate = round(tokens / max(stats.generate_seconds, 1e-9))
+            summary = {"generated_tokens": tokens, "tokens_per_s": rate, "dropped": stats.dropped, "engine": engine}
+            print(json.dumps(summary))
     return 0
 
 
