@@ -69,11 +69,9 @@ def add_command(subparsers, name: str, help: str, doc: str | None = None) -> arg
 def bounded(kind: type, low: float, high: float | None = None, *, above: bool = False):
     """argparse type: a finite `kind` in [low, high] ((low, high] when `above`; high None: no upper bound)."""
     noun = "an integer" if kind is int else "a number"
-    what = (
-        f"{noun} {'>' if above else '>='} {low:g}"
-        if high is None
-        else f"{noun} in {'(' if above else '['}{low:g}, {high:g}]"
-    )
+    what = f"{noun} {'>' if above else '>='} {low:g}"
+    if high is not None:
+        what = f"{noun} in {'(' if above else '['}{low:g}, {high:g}]"
 
     def parse(text: str):
         try:

@@ -399,13 +399,8 @@ def claim_folder(
 
 def claim_report_folder(folder: str | os.PathLike, create: bool = True) -> Path:
     """--out of a command that writes a report: new, empty, or an earlier report -> the folder."""
-    claim_folder(
-        folder,
-        "report",
-        "--out",
-        create=create,
-        fix="pick a new or empty folder, or an earlier report's folder (reports are written nowhere else)",
-    )
+    fix = "pick a new or empty folder, or an earlier report's folder (reports are written nowhere else)"
+    claim_folder(folder, "report", "--out", create=create, fix=fix)
     return Path(folder)
 
 

@@ -76,11 +76,7 @@ def chat_body(messages: List[dict], sampling: Sampling, model: str, record_ids: 
 
 def sampling_params(sampling: Sampling) -> dict:
     """/generate's `sampling_params`."""
-    params = {
-        "temperature": sampling.temperature,
-        "max_new_tokens": sampling.max_tokens,
-        "ignore_eos": sampling.ignore_eos,
-    }
+    params = dict(temperature=sampling.temperature, max_new_tokens=sampling.max_tokens, ignore_eos=sampling.ignore_eos)
     if sampling.seed is not None:
         params["sampling_seed"] = sampling.seed
     return params

@@ -129,11 +129,8 @@ def plot_repeated_runs(
 
 def _share_panels(plt, cells: Sequence[dict], dataset: str, temperature: float, field: str, baseline: Optional[str]):
     """(figure, [(axis, system, its group "all" cells holding `field`, by c)]): a panel per system that has them."""
-    mine = [
-        c
-        for c in cells
-        if c["dataset"] == dataset and c["temperature"] == temperature and c["group"] == ALL and c.get(field)
-    ]
+    at = (dataset, temperature, ALL)
+    mine = [c for c in cells if (c["dataset"], c["temperature"], c["group"]) == at and c.get(field)]
     systems = [s for s in systems_of(mine, baseline) if any(c["system"] == s for c in mine)]
     fig, axes = plt.subplots(1, len(systems), figsize=(4.2 * len(systems), 3.4), squeeze=False)
     panels = [

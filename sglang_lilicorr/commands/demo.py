@@ -114,9 +114,8 @@ def decode_prompts(decoder, model, tokenizer, prompts, max_new_tokens: int, prog
         seconds = time.time() - t0
         progress(1)  # the prefill token
         check = check_greedy(model, ids, result.output_ids)
-        reports.append(
-            PromptReport(prompt, tokenizer.decode(result.output_ids, skip_special_tokens=True), result, check, seconds)
-        )
+        text = tokenizer.decode(result.output_ids, skip_special_tokens=True)
+        reports.append(PromptReport(prompt, text, result, check, seconds))
     return reports
 
 

@@ -225,11 +225,8 @@ def tau_table(cells: list[dict]) -> str:
             row = []
             for system in systems:
                 c = by.get((system, group))
-                row.append(
-                    "--"
-                    if c is None
-                    else f"{c['tau']:.3f}" + (f" ± {c['tau_std']:.3f}" if c["tau_std"] is not None else "")
-                )
+                std = "" if c is None or c["tau_std"] is None else f" ± {c['tau_std']:.3f}"
+                row.append("--" if c is None else f"{c['tau']:.3f}{std}")
             lines.append(f"| {group} | " + " | ".join(row) + " |")
         lines.append("")
     return "\n".join(lines)

@@ -207,14 +207,8 @@ def is_run_folder(folder: Path) -> bool:
 
 def claim_output_dir(cfg: TrainConfig, create: bool) -> None:
     """--output-dir must be new, empty or a training run: train never writes into a folder it did not create."""
-    claim_folder(
-        cfg.output_dir,
-        "run",
-        "--output-dir",
-        recognise=is_run_folder,
-        create=create,
-        fix="pick a new or empty folder, or a run's own folder to resume it (train never writes elsewhere)",
-    )
+    fix = "pick a new or empty folder, or a run's own folder to resume it (train never writes elsewhere)"
+    claim_folder(cfg.output_dir, "run", "--output-dir", recognise=is_run_folder, create=create, fix=fix)
 
 
 def run_identity(cfg: TrainConfig) -> dict:
