@@ -15,38 +15,31 @@ import statistics
 from pathlib import Path
 
 
-from ..cli_args import add_command, one_level_down, path_arg
+from ..cli_args import add_command, one_level_down, path_arg, with_help
 from ..errors import UsageError
 from ..jsonl import DataError
 from ..ownership import claim_report_folder, write_atomic
 
 
+REPLAY_HELP = {  # the --help texts of `lilicorr replay`
+    "target": "local Hugging Face folder of the target model",
+    "draft": "a draft folder to replay (from `lilicorr export`) and the name it reports under (repeatable)",
+    "dtype": "the target's dtype on a GPU (CPU: fp32)",
+    "outputs": "`lilicorr regenerate` output files (jsonl rows with `turns` of prompt and output token ids)",
+    "out": "report folder: replay.jsonl, tau.json, tau.md (new or a report's)",
+}
+
+
 def register(subparsers) -> None:
-    p = add_command(
-        subparsers, "replay", "tau of drafts on the target's own outputs (exact replay, no decoding)", __doc__
-    )
+    summary = "tau of drafts on the target's own outputs (exact replay, no decoding)"
+    p = add_command(subparsers, "replay", summary, __doc__)
     model = p.add_argument_group("model")
-    model.add_argument("--target", type=path_arg, required=True, help="local Hugging Face folder of the target model")
-    model.add_argument(
-        "--draft",
-        action="append",
-        required=True,
-        metavar="NAME=DIR",
-        help="a draft folder to replay (from `lilicorr export`) and the name it reports under (repeatable)",
-    )
-    model.add_argument(
-        "--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="the target's dtype on a GPU (CPU: fp32)"
-    )
-    p.add_argument_group("data").add_argument(
-        "--outputs",
-        type=path_arg,
-        nargs="+",
-        required=True,
-        help="`lilicorr regenerate` output files (jsonl rows with `turns` of prompt and output token ids)",
-    )
-    p.add_argument_group("output").add_argument(
-        "--out", type=path_arg, required=True, help="report folder: replay.jsonl, tau.json, tau.md (new or a report's)"
-    )
+    model.add_argument("--target", type=path_arg, required=True)
+    model.add_argument("--draft", action="append", required=True, metavar="NAME=DIR")
+    model.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    p.add_argument_group("data").add_argument("--outputs", type=path_arg, nargs="+", required=True)
+    p.add_argument_group("output").add_argument("--out", type=path_arg, required=True)
+    with_help(p, REPLAY_HELP)
     p.set_defaults(func=run_replay)
 
 
