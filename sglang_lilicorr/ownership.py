@@ -89,13 +89,8 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
-def _read_umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _read_umask()  # read once, at import: setting it back and forth later would race with other threads
+_UMASK = os.umask(0o022)  # read once, at import (setting it and back later would race with other threads), ...
+os.umask(_UMASK)  # ... and put back
 
 
 def sha256_of(path: str | os.PathLike) -> str:

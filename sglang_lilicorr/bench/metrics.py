@@ -27,17 +27,13 @@ def _turns(records: Iterable[dict]) -> List[dict]:
 def tau(records: Iterable[dict]) -> Optional[float]:
     """Block-weighted acceptance length of the records' turns (None without spec stats)."""
     spec = [t for t in _turns(records) if t.get("spec_verify_ct")]
-    if not spec:
-        return None
-    return sum(t["completion_tokens"] for t in spec) / sum(t["spec_verify_ct"] for t in spec)
+    return sum(t["completion_tokens"] for t in spec) / sum(t["spec_verify_ct"] for t in spec) if spec else None
 
 
 def block_ms(records: Iterable[dict]) -> Optional[float]:
     """Per-block wall: milliseconds of request latency per verification block (None without spec stats)."""
     spec = [t for t in _turns(records) if t.get("spec_verify_ct")]
-    if not spec:
-        return None
-    return 1000.0 * sum(t["end"] - t["start"] for t in spec) / sum(t["spec_verify_ct"] for t in spec)
+    return 1000.0 * sum(t["end"] - t["start"] for t in spec) / sum(t["spec_verify_ct"] for t in spec) if spec else None
 
 
 # a cell's summed histograms (the turns' lists of the same name, "spec_" dropped) and what each gives
@@ -64,17 +60,13 @@ def add_histograms(histograms: Iterable[Optional[Sequence[int]]]) -> Optional[Li
 def acceptance(histogram: Optional[Sequence[int]]) -> Optional[List[float]]:
     """Verify steps by accepted drafts -> [share accepting at least i drafts, i = 1, ...] (None without steps)."""
     steps = sum(histogram or ())
-    if not steps:
-        return None
-    return [sum(histogram[i:]) / steps for i in range(1, max(len(histogram), 2))]
+    return [sum(histogram[i:]) / steps for i in range(1, max(len(histogram), 2))] if steps else None
 
 
 def tier_shares(histogram: Optional[Sequence[int]]) -> Optional[Dict[str, float]]:
     """From the verify steps by width: {width: its share of the steps} for each width used (None without steps)."""
     steps = sum(histogram or ())
-    if not steps:
-        return None
-    return {str(w): n / steps for w, n in enumerate(histogram) if n}
+    return {str(w): n / steps for w, n in enumerate(histogram) if n} if steps else None
 
 
 def with_shares(cell: dict) -> dict:
@@ -116,9 +108,7 @@ def output_tps(records: Iterable[dict]) -> float:
 
 def _mean_std(values: Sequence[Optional[float]]) -> Tuple[Optional[float], Optional[float]]:
     vals = [v for v in values if v is not None]
-    if not vals:
-        return None, None
-    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+    return (statistics.fmean(vals), statistics.stdev(vals) if len(vals) > 1 else 0.0) if vals else (None, None)
 
 
 def aggregate(records: Iterable[dict]) -> List[dict]:
