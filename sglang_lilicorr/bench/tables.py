@@ -31,18 +31,16 @@ def _format(part: str, value: Optional[float], bold: bool) -> str:
     return f"**{text}**" if bold else text
 
 
-def _row(
-    cells_by_system: Dict[str, Optional[dict]], systems: Sequence[str], baseline: Optional[str], parts
-) -> List[str]:
+def _row(by_system: Dict[str, Optional[dict]], systems: Sequence[str], baseline: Optional[str], parts) -> List[str]:
     """One table row's cell texts; best speculative value per part in bold (highest, or lowest for LOWER_IS_BETTER)."""
     spec = [s for s in systems if s != baseline]
     best = {}
     for part in parts:
-        vals = [v for v in ((cells_by_system.get(s) or {}).get(part) for s in spec) if v is not None]
+        vals = [v for v in ((by_system.get(s) or {}).get(part) for s in spec) if v is not None]
         best[part] = (min if part in LOWER_IS_BETTER else max)(vals) if len(vals) > 1 else None
     out = []
     for s in systems:
-        cell = cells_by_system.get(s)
+        cell = by_system.get(s)
         shown = [p for p in parts if not (s == baseline and p == "tau")]
         if cell is None:
             out.append("--")
@@ -151,12 +149,10 @@ def paired_table(cells: Sequence[dict], reference: str) -> str:
         "| Benchmark | c | T | system | pairs | TPS / ref (95 % CI) | ms per block / ref (95 % CI) |",
         "|---|---|---|---|---|---|---|",
     ]
-    for c in sorted(
-        (c for c in cells if c["group"] == ALL and c.get("paired")),
-        key=lambda c: (c["dataset"], c["concurrency"], c["temperature"], c["system"]),
-    ):
+    fmt = lambda m: f"{m['mean']:.3f} ({m['lo']:.3f}-{m['hi']:.3f})" if m else "--"  # noqa: E731
+    paired = [c for c in cells if c["group"] == ALL and c.get("paired")]
+    for c in sorted(paired, key=lambda c: (c["dataset"], c["concurrency"], c["temperature"], c["system"])):
         p = c["paired"]
-        fmt = lambda m: f"{m['mean']:.3f} ({m['lo']:.3f}-{m['hi']:.3f})" if m else "--"  # noqa: E731
         rows.append(
             f"| {c['dataset']} | {c['concurrency']} | {c['temperature']:g} | {c['system']} | {len(p['runs'])} "
             f"| {fmt(p.get('tps'))} | {fmt(p.get('block_ms'))} |"

@@ -132,13 +132,9 @@ class TrainConfig:
                     f"{flag} {getattr(self, name)!r} is not {what}", where=flag, fix="see `lilicorr train --help`"
                 )
 
+        rate = "a finite learning rate in (0, 1] (paper: 6e-4 drafter, 1.5e-4 head)"
         for name in ("lr_drafter", "lr_head"):
-            value = getattr(self, name)
-            need(
-                _number(value) and 0 < value <= 1,
-                name,
-                "a finite learning rate in (0, 1] (paper: 6e-4 drafter, 1.5e-4 head)",
-            )
+            need(_number(getattr(self, name)) and 0 < getattr(self, name) <= 1, name, rate)
         for name in ("wd_drafter", "wd_head"):
             need(_number(getattr(self, name)) and getattr(self, name) >= 0, name, "a finite number >= 0")
         need(_number(self.grad_clip) and self.grad_clip > 0, "grad_clip", "a finite number > 0 (paper: 1.0)")
