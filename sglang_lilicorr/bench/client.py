@@ -140,10 +140,6 @@ def parse_generate(payload: dict, text_field: str = "text") -> Reply:
         ) from e
 
 
-def parse_ids(payload: dict) -> Reply:
-    return parse_generate(payload, "output_ids")
-
-
 class SGLangClient:
     """Sends one turn (the conversation so far) and times it; record_ids (chat): also the token ids."""
 
@@ -163,7 +159,7 @@ class SGLangClient:
         if self.api == "chat":
             return chat_body(messages, self.sampling, self.model, self.record_ids), parse_chat
         if self.api == "ids":
-            return ids_body(messages, self.sampling), parse_ids
+            return ids_body(messages, self.sampling), lambda payload: parse_generate(payload, "output_ids")
         return generate_body(messages, self.sampling), parse_generate
 
     async def turn(self, messages: List[dict]) -> TurnResult:

@@ -125,30 +125,14 @@ def aggregate(records: Iterable[dict]) -> List[dict]:
             by_seed.setdefault(key, {}).setdefault(r["seed"], []).append(r)
     cells = []
     for key, seeds in sorted(by_seed.items(), key=lambda kv: tuple(map(str, kv[0]))):
-        (tau_mean, tau_std) = _mean_std([tau(rs) for rs in seeds.values()])
-        (block_mean, block_std) = _mean_std([block_ms(rs) for rs in seeds.values()])
-        (tps_mean, tps_std) = _mean_std([output_tps(rs) for rs in seeds.values()])
+        cell = {**dict(zip(CELL_KEY, key)), "seeds": sorted(seeds), "n_prompts": max(len(rs) for rs in seeds.values())}
+        for name, of_seed in (("tau", tau), ("block_ms", block_ms), ("tps", output_tps)):
+            cell[name], cell[f"{name}_std"] = _mean_std([of_seed(rs) for rs in seeds.values()])
         pooled = [r for rs in seeds.values() for r in rs]
         turns = _turns(pooled)
-        histograms = {name: summed_histogram(pooled, name) for name in HISTOGRAMS}
-        cells.append(
-            with_shares(
-                {
-                    **dict(zip(CELL_KEY, key)),
-                    "seeds": sorted(seeds),
-                    "n_prompts": max(len(rs) for rs in seeds.values()),
-                    "tau": tau_mean,
-                    "tau_std": tau_std,
-                    "block_ms": block_mean,
-                    "block_ms_std": block_std,
-                    "tps": tps_mean,
-                    "tps_std": tps_std,
-                    "completion_tokens": sum(t["completion_tokens"] for t in turns),
-                    "verify_blocks": sum(t.get("spec_verify_ct") or 0 for t in turns),
-                    **histograms,
-                }
-            )
-        )
+        cell["completion_tokens"] = sum(t["completion_tokens"] for t in turns)
+        cell["verify_blocks"] = sum(t.get("spec_verify_ct") or 0 for t in turns)
+        cells.append(with_shares({**cell, **{name: summed_histogram(pooled, name) for name in HISTOGRAMS}}))
     return cells
 
 
@@ -250,18 +234,9 @@ def compare(base_cells: List[dict], spec_cells: List[dict]) -> List[dict]:
         b = base.get(tuple(c[k] for k in MATCH_KEY))
         if b is None:
             continue
-        rows.append(
-            {
-                **{k: c[k] for k in MATCH_KEY},
-                "base_system": b["system"],
-                "system": c["system"],
-                "tau": c["tau"],
-                "block_ms": c.get("block_ms"),
-                "base_tps": b["tps"],
-                "tps": c["tps"],
-                "speedup": c["tps"] / b["tps"],
-            }
-        )
+        row = {k: c[k] for k in MATCH_KEY}
+        row.update(base_system=b["system"], system=c["system"], tau=c["tau"], block_ms=c.get("block_ms"))
+        rows.append({**row, "base_tps": b["tps"], "tps": c["tps"], "speedup": c["tps"] / b["tps"]})
     if not rows:
         raise ResultsError(
             "no cell of the speculative results matches a baseline cell",

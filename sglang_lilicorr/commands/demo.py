@@ -61,16 +61,12 @@ class PromptReport:
     seconds: float
 
 
-def token_text(decode: Callable[[list[int]], str], token: int) -> str:
-    return repr(decode([token]))
-
-
 def render_block(index: int, block, decode: Callable[[list[int]], str]) -> list[str]:
     """Lines for one block: each draft's tokens, the accepted ones before the bar."""
     lines = [f"  block {index:3d} @ {block.anchor_pos:4d}  committed {block.committed}, +{len(block.emitted)} tokens"]
     for name, draft in block.drafts.items():
         m = block.accepted.get(name, 0)
-        shown = [token_text(decode, t) for t in draft[:SHOWN_TOKENS]]
+        shown = [repr(decode([t])) for t in draft[:SHOWN_TOKENS]]
         acc, rej = shown[:m], shown[m:]
         more = " ..." if len(draft) > SHOWN_TOKENS else ""
         lines.append(f"    {name:<8s} accepted {m:2d}/{len(draft)}  {' '.join(acc)} | {' '.join(rej)}{more}")

@@ -138,21 +138,13 @@ def run_replay(args: argparse.Namespace) -> int:
     replayer = Replayer(target, proposers)
     records = []
     for path, row in tqdm(rows, desc="replay", dynamic_ncols=True):
+        about = {"id": row.get("id"), "set": row.get("set", Path(path).stem)}
+        about.update(temperature=row.get("temperature", 0.0), seed=row.get("seed", 0))
         for t, turn in enumerate(row["turns"]):
             for label, result in replayer.turn(turn["prompt_ids"], turn["output_ids"]).items():
                 for draft, accepted in result.accepted.items():
-                    records.append(
-                        {
-                            "id": row.get("id"),
-                            "set": row.get("set", Path(path).stem),
-                            "temperature": row.get("temperature", 0.0),
-                            "seed": row.get("seed", 0),
-                            "turn": t,
-                            "system": names[label][draft],
-                            "completion_tokens": result.completion_tokens,
-                            "accepted": accepted,
-                        }
-                    )
+                    found = {"system": names[label][draft], "completion_tokens": result.completion_tokens}
+                    records.append({**about, "turn": t, **found, "accepted": accepted})
     claim_report_folder(out)
     write_atomic(out / "replay.jsonl", "".join(json.dumps(r) + "\n" for r in records))
     cells = tau_cells(records)
@@ -189,16 +181,8 @@ def tau_cells(records: list[dict]) -> list[dict]:
         per_seed.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][1] == "average", kv[0][1])
     ):
         values = list(taus.values())
-        cells.append(
-            {
-                "system": system,
-                "set": group,
-                "temperature": temperature,
-                "tau_per_seed": taus,
-                "tau": statistics.fmean(values),
-                "tau_std": statistics.stdev(values) if len(values) > 1 else None,
-            }
-        )
+        mean, std = statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+        cells.append(dict(system=system, set=group, temperature=temperature, tau_per_seed=taus, tau=mean, tau_std=std))
     return cells
 
 

@@ -309,12 +309,8 @@ def train_config_from_args(args: argparse.Namespace):
     """The run's TrainConfig; an out-of-range value raises TrainConfigError naming the flag."""
     from ..train.config import TrainConfig
 
-    given = {
-        f.name: getattr(args, f.name)
-        for f in dataclasses.fields(TrainConfig)
-        if getattr(args, f.name, None) is not None
-    }
-    return TrainConfig(**given)
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    return TrainConfig(**{name: getattr(args, name) for name in names if getattr(args, name, None) is not None})
 
 
 def run_train(args: argparse.Namespace) -> int:

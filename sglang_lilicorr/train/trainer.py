@@ -368,7 +368,9 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         check_start_over(cfg)
         torch.manual_seed(cfg.seed)
         job = build_job(cfg, env)
-        with space_for(job.out_dir, checkpoint_bytes(job), "--output-dir"):
+        # about what one checkpoint and snapshot take on disk: float32 masters, two Adam moments, a bf16 copy
+        need = sum(t.numel() for t in job.trainable().values()) * (3 * 4 + 2)
+        with space_for(job.out_dir, need, "--output-dir"):
             step = start_point(job)
             with contextlib.closing(_progress(job.total, step, env.main)) as bar:  # an error line starts a line
                 return train_loop(job, step, bar)
@@ -418,11 +420,6 @@ def aside_name(out: Path) -> Path:
     while out.with_name(f"{out.name}.old-{n}").exists():
         n += 1
     return out.with_name(f"{out.name}.old-{n}")
-
-
-def checkpoint_bytes(job: Job) -> int:
-    """About what one checkpoint and snapshot take on disk: float32 masters, two Adam moments, a bf16 copy."""
-    return sum(t.numel() for t in job.trainable().values()) * (3 * 4 + 2)
 
 
 def build_job(cfg: TrainConfig, env: Distributed) -> Job:
