@@ -112,10 +112,9 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
 @contextlib.contextmanager
 def atomic_directory(target: str | os.PathLike, keep_all_but: Collection[str] | None = None) -> Iterator[Path]:
     """Yield an empty temporary directory beside `target`; when the block completes it takes `target`'s place (an
-    existing one is exchanged with it in one rename, then removed; where the file system cannot exchange, renamed aside
-    first); when the block fails it is removed. With `keep_all_but` (the names the block writes) `target` keeps all
-    else: the directory starts as its twin (`link_tree`), the old one goes by `put_back`; without an exchange:
-    UsageError."""
+    existing one is exchanged with it in one rename, then removed; else renamed aside first); when the block fails it is
+    removed. With `keep_all_but` (the names the block writes) `target` keeps all else: the directory starts as its twin
+    (`link_tree`), the old one goes by `put_back`; without an exchange: UsageError."""
     target = Path(os.path.abspath(target))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(target)

