@@ -66,14 +66,19 @@ def add_command(subparsers, name: str, help: str, doc: str | None = None) -> arg
     return subparsers.add_parser(name, help=help, description=doc or help)
 
 
+def with_help(parser: argparse.ArgumentParser, texts: dict[str, str]) -> None:
+    """Each option `texts` names by its dest gets that --help text (a command keeps its texts in one table)."""
+    actions = {action.dest: action for action in parser._actions}
+    for dest, text in texts.items():
+        actions[dest].help = text
+
+
 def bounded(kind: type, low: float, high: float | None = None, *, above: bool = False):
     """argparse type: a finite `kind` in [low, high] ((low, high] when `above`; high None: no upper bound)."""
     noun = "an integer" if kind is int else "a number"
-    what = (
-        f"{noun} {'>' if above else '>='} {low:g}"
-        if high is None
-        else f"{noun} in {'(' if above else '['}{low:g}, {high:g}]"
-    )
+    what = f"{noun} {'>' if above else '>='} {low:g}"
+    if high is not None:
+        what = f"{noun} in {'(' if above else '['}{low:g}, {high:g}]"
 
     def parse(text: str):
         try:

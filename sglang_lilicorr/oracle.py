@@ -1,6 +1,5 @@
-"""Oracle-prefix supervision (paper Sec. 3.3): slot s carries a reranker signal only when valid and its ground-truth
-token and every earlier slot's are among the K candidates. Teacher forcing (Eq. 2): z_1[k] = start[k], z_s[k] =
-pair[s-1, g_{s-1}, k]."""
+"""Oracle-prefix supervision (paper Sec. 3.3): slot s is supervised only when valid and its ground-truth token and every
+earlier slot's are among the K candidates. Teacher forcing (Eq. 2): z_1 = start, z_s[k] = pair[s-1, g_{s-1}, k]."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import secrets
@@ -88,13 +89,17 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
-def _read_umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+_UMASK = os.umask(0o022)  # read once, at import (setting it and back later would race with other threads), ...
+os.umask(_UMASK)  # ... and put back
 
 
-_UMASK = _read_umask()  # read once, at import: setting it back and forth later would race with other threads
+def sha256_of(path: str | os.PathLike) -> str:
+    """The hex sha256 of a file's bytes, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
@@ -107,10 +112,9 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
 @contextlib.contextmanager
 def atomic_directory(target: str | os.PathLike, keep_all_but: Collection[str] | None = None) -> Iterator[Path]:
     """Yield an empty temporary directory beside `target`; when the block completes it takes `target`'s place (an
-    existing one is exchanged with it in one rename, then removed; where the file system cannot exchange, renamed aside
-    first); when the block fails it is removed. With `keep_all_but` (the names the block writes) `target` keeps all
-    else: the directory starts as its twin (`link_tree`), the old one goes by `put_back`; without an exchange:
-    UsageError."""
+    existing one is exchanged with it in one rename, then removed; else renamed aside first); when the block fails it is
+    removed. With `keep_all_but` (the names the block writes) `target` keeps all else: the directory starts as its twin
+    (`link_tree`), the old one goes by `put_back`; without an exchange: UsageError."""
     target = Path(os.path.abspath(target))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(target)
@@ -389,13 +393,8 @@ def claim_folder(
 
 def claim_report_folder(folder: str | os.PathLike, create: bool = True) -> Path:
     """--out of a command that writes a report: new, empty, or an earlier report -> the folder."""
-    claim_folder(
-        folder,
-        "report",
-        "--out",
-        create=create,
-        fix="pick a new or empty folder, or an earlier report's folder (reports are written nowhere else)",
-    )
+    fix = "pick a new or empty folder, or an earlier report's folder (reports are written nowhere else)"
+    claim_folder(folder, "report", "--out", create=create, fix=fix)
     return Path(folder)
 
 

@@ -11,7 +11,8 @@ pytest.importorskip("aiohttp")
 
 from stub_server import StubServer
 
-from sglang_lilicorr.bench import cli, metrics, runner
+from sglang_lilicorr import cli
+from sglang_lilicorr.bench import metrics, runner
 from sglang_lilicorr.bench.client import Sampling
 from sglang_lilicorr.bench.metrics import ResultsError
 from sglang_lilicorr.bench.prompt import Prompt

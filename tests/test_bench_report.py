@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from sglang_lilicorr.bench import cli, runner
+from sglang_lilicorr import cli
+from sglang_lilicorr.bench import runner
 from sglang_lilicorr.bench.metrics import ResultsError
 
 

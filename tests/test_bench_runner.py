@@ -9,7 +9,8 @@ pytest.importorskip("aiohttp")
 
 from stub_server import StubServer, bench_run_argv
 
-from sglang_lilicorr.bench import cli, datasets, metrics, runner
+from sglang_lilicorr import cli
+from sglang_lilicorr.bench import datasets, metrics, runner
 from sglang_lilicorr.bench.client import Sampling
 from sglang_lilicorr.bench.prompt import Prompt
 

@@ -9,7 +9,8 @@ pytest.importorskip("aiohttp")
 
 from stub_server import StubServer
 
-from sglang_lilicorr.bench import cli, runner
+from sglang_lilicorr import cli
+from sglang_lilicorr.bench import runner
 
 from benchmarks.served import paired
 from sglang_lilicorr.bench.prompt import Prompt

@@ -91,7 +91,7 @@ def fp32_check(target: str, tol_ulps: float = TOL_ULPS, device: Optional[str] = 
 
     def check(input_ids: list, output_ids: list) -> dict:
         report = check_greedy(model, input_ids, output_ids, tol_ulps=tol_ulps)
-        worst = max((m.deficit_ulps for m in report.not_argmax), default=0.0)
+        worst = max((m.deficit / m.ulp for m in report.not_argmax), default=0.0)
         return {"worst_ulps": round(worst, 3), "beyond_tol": len(report.failures), "tokens": report.num_tokens}
 
     return check

@@ -162,7 +162,7 @@ def summarize(records: Sequence[dict], check: Callable[[dict], "GreedyReport"]) 
                     "emitted": m.emitted,
                     "argmax": m.argmax,
                     "deficit": round(m.deficit, 5),
-                    "deficit_ulps": round(m.deficit_ulps, 3),
+                    "deficit_ulps": round(m.deficit / m.ulp, 3),
                     "past_tolerance": m.deficit > m.tol,
                 }
                 for r, report in zip(ok, reports)

@@ -15,13 +15,13 @@ import socket
 import sys
 import urllib.parse
 from pathlib import Path
-from typing import List, Optional
+from typing import List
 
 from . import datasets, metrics, plots, runner, tables
 from .client import Sampling, ServerError
 from .metrics import ResultsError
 from .. import ownership
-from ..cli_args import Parser, add_command, bounded, json_object_arg, path_arg, run as run_command, url_arg
+from ..cli_args import add_command, bounded, json_object_arg, path_arg, url_arg, with_help
 from ..errors import LiLiCorrError, UsageError
 from ..jsonl import loads
 
@@ -52,11 +52,8 @@ def load_cells(path: Path) -> List[dict]:
             f"not valid JSON ({e})", where=str(path), fix="pass a summary.json written by `lilicorr bench report`"
         ) from e
     cells = doc.get("cells") if isinstance(doc, dict) else None
-    if (
-        not isinstance(cells, list)
-        or not cells
-        or not all(isinstance(c, dict) and all(k in c for k in SUMMARY_CELL_FIELDS) for c in cells)
-    ):
+    whole = isinstance(cells, list) and all(isinstance(c, dict) and c.keys() >= set(SUMMARY_CELL_FIELDS) for c in cells)
+    if not whole or not cells:
         raise ResultsError(
             f"neither a results .jsonl nor a summary .json with `cells` (each with {list(SUMMARY_CELL_FIELDS)})",
             where=str(path),
@@ -87,13 +84,7 @@ def check_listening(url: str) -> None:
 
 
 def cmd_run(args) -> int:
-    sampling_kwargs = {
-        "max_tokens": args.max_tokens,
-        "ignore_eos": args.ignore_eos,
-        "chat_template_kwargs": args.chat_template_kwargs,
-    }
-    # before any server is asked or a byte written: it is a results file, or new
-    runner.check_results_file(args.results)
+    runner.check_results_file(args.results)  # before any server is asked or a byte written: a results file, or new
     try:
         loaded = [datasets.load_prompts(d, limit=args.limit, categories=args.category) for d in args.dataset]
     except LiLiCorrError:  # bad content of a prompt file: exit 1
@@ -110,7 +101,7 @@ def cmd_run(args) -> int:
         )
     check_listening(args.url)
     with ownership.sole_writer(args.results, "--results", "results file"):
-        failed = sweep(args, loaded, sampling_kwargs)
+        failed = sweep(args, loaded)
     if failed:
         raise runner.RunFailed(
             f"{failed} prompt(s) failed and were not recorded",
@@ -121,25 +112,19 @@ def cmd_run(args) -> int:
     return 0
 
 
-def sweep(args, loaded, sampling_kwargs) -> int:
+def sweep(args, loaded) -> int:
     """The runs of `bench run` one after another, into --results -> the prompts that failed."""
-    prompts = dict(loaded)
-    failed = 0
+    prompts, failed = dict(loaded), 0
+    sampling_kwargs = dict(
+        max_tokens=args.max_tokens, ignore_eos=args.ignore_eos, chat_template_kwargs=args.chat_template_kwargs
+    )
+    options = dict(api=args.api, model=args.model, warmup=args.warmup, request_timeout=args.request_timeout)
     for cfg in runner.sweep_configs(
         args.system, [n for n, _ in loaded], args.concurrency, args.temperature, args.seeds, args.max_tokens
     ):
         sampling = Sampling(temperature=cfg.temperature, seed=cfg.seed, **sampling_kwargs)
         outcome = runner.run(
-            prompts[cfg.dataset],
-            cfg,
-            args.url,
-            args.results,
-            sampling,
-            api=args.api,
-            model=args.model,
-            warmup=args.warmup,
-            show_progress=not args.no_progress,
-            request_timeout=args.request_timeout,
+            prompts[cfg.dataset], cfg, args.url, args.results, sampling, show_progress=not args.no_progress, **options
         )
         for prompt_id, error in outcome.failures[:3]:
             print(f"  failed {prompt_id}: {error}", file=sys.stderr)
@@ -217,6 +202,44 @@ def cmd_compare(args) -> int:
     return 0
 
 
+# the --help texts of `bench run`, `bench report` and `bench compare`, by option
+RUN_HELP = {
+    "url": "the server's base URL, e.g. http://127.0.0.1:30000",
+    "system": "label of what the server runs, recorded with each result: ar, dflash, ...",
+    "api": "chat: the server applies the chat template; generate: raw text to /generate; ids: the prompt's bytes as "
+    "token ids to /generate (--skip-tokenizer-init servers)",
+    "model": "the `model` field of chat requests",
+    "request_timeout": "seconds per response (> 0)",
+    "dataset": f"prompt sets: {', '.join(datasets.names())}, SPEED-Bench split files (.parquet / .jsonl) or prompt "
+    "files (.jsonl, see benchmarks/README.md)",
+    "limit": "a seeded sample of this many prompts per dataset (>= 1; default: all)",
+    "category": "SPEED-Bench categories / entropy tiers (or prompt-file sets) to keep",
+    "concurrency": "requests in flight, a run each (>= 1)",
+    "temperature": "sampling temperatures; one run per value (each >= 0; 0 = greedy)",
+    "seeds": "sampling seeds for T > 0, one run each (each >= 0; T = 0 runs the first only)",
+    "max_tokens": "tokens per response, at most (>= 1)",
+    "ignore_eos": "always generate --max-tokens tokens",
+    "chat_template_kwargs": "JSON object for the chat template, e.g. '{\"enable_thinking\": false}'",
+    "warmup": "unrecorded warm-up requests before each (c, T, seed) run: max(N, c) of them, rounded up to waves of c "
+    "concurrent requests, so every batch size 1..c is met before timing (>= 0; 0 sends none)",
+    "results": "results .jsonl, appended to (a rerun skips what it holds)",
+    "no_progress": "no progress bar",
+}
+REPORT_HELP = {
+    "results": "results .jsonl or summary .json files; a cell in several of them is a repeated run: the report shows "
+    "the mean over runs (summary.json keeps the std and the count)",
+    "baseline": "the system served without speculation; speedups are over it",
+    "block_ref": "a speculative system (e.g. dflash) the per-block table divides the others' ms/block by",
+    "out": "report folder (new, empty, or a report's)",
+    "no_plots": "write the tables only, no plots",
+}
+COMPARE_HELP = {
+    "base": "baseline results (.jsonl or summary .json)",
+    "spec": "speculative results (.jsonl or summary .json)",
+    "out": "also write the rows as JSON to this file",
+}
+
+
 def register(subparsers) -> None:
     """Adds `bench` with subcommands run / report / compare."""
     summary = "benchmark an SGLang server (SPEED-Bench, GSM8K, ...) and report tau / TPS / speedup"
@@ -225,110 +248,45 @@ def register(subparsers) -> None:
 
     run = add_command(sub, "run", "run prompts against a server; appends to a resumable results .jsonl")
     server = run.add_argument_group("server")
-    server.add_argument("--url", type=url_arg, required=True, help="the server's base URL, e.g. http://127.0.0.1:30000")
-    server.add_argument(
-        "--system", required=True, help="label of what the server runs, recorded with each result: ar, dflash, ..."
-    )
-    server.add_argument(
-        "--api",
-        choices=["chat", "generate", "ids"],
-        default="chat",
-        help="chat: the server applies the chat template; "
-        "generate: raw text to /generate; "
-        "ids: the prompt's bytes as token ids to /generate (--skip-tokenizer-init servers)",
-    )
-    server.add_argument("--model", default="default", help="the `model` field of chat requests")
-    server.add_argument(
-        "--request-timeout", type=bounded(float, 0, above=True), default=3600.0, help="seconds per response (> 0)"
-    )
+    server.add_argument("--url", type=url_arg, required=True)
+    server.add_argument("--system", required=True)
+    server.add_argument("--api", choices=["chat", "generate", "ids"], default="chat")
+    server.add_argument("--model", default="default")
+    server.add_argument("--request-timeout", type=bounded(float, 0, above=True), default=3600.0)
     data = run.add_argument_group("data")
-    data.add_argument(
-        "--dataset",
-        nargs="+",
-        required=True,
-        help=f"prompt sets: {', '.join(datasets.names())}, SPEED-Bench split files (.parquet / .jsonl) "
-        "or prompt files (.jsonl, see benchmarks/README.md)",
-    )
-    data.add_argument(
-        "--limit", type=bounded(int, 1), help="a seeded sample of this many prompts per dataset (>= 1; default: all)"
-    )
-    data.add_argument(
-        "--category", nargs="+", help="SPEED-Bench categories / entropy tiers (or prompt-file sets) to keep"
-    )
+    data.add_argument("--dataset", nargs="+", required=True)
+    data.add_argument("--limit", type=bounded(int, 1))
+    data.add_argument("--category", nargs="+")
     sweep = run.add_argument_group("sweep")
-    sweep.add_argument(
-        "--concurrency", type=bounded(int, 1), nargs="+", default=[1], help="requests in flight, a run each (>= 1)"
-    )
-    sweep.add_argument(
-        "--temperature",
-        type=bounded(float, 0),
-        nargs="+",
-        default=[0.0],
-        help="sampling temperatures; one run per value (each >= 0; 0 = greedy)",
-    )
-    sweep.add_argument(
-        "--seeds",
-        type=bounded(int, 0),
-        nargs="+",
-        default=[0],
-        help="sampling seeds for T > 0, one run each (each >= 0; T = 0 runs the first only)",
-    )
-    sweep.add_argument("--max-tokens", type=bounded(int, 1), default=1024, help="tokens per response, at most (>= 1)")
-    sweep.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
-    sweep.add_argument(
-        "--chat-template-kwargs",
-        type=json_object_arg,
-        default={},
-        help="JSON object for the chat template, e.g. '{\"enable_thinking\": false}'",
-    )
-    sweep.add_argument(
-        "--warmup",
-        type=bounded(int, 0),
-        default=2,
-        metavar="N",
-        help="unrecorded warm-up requests before each (c, T, seed) run: "
-        "max(N, c) of them, rounded up to waves of c concurrent requests, so every batch size 1..c is met "
-        "before timing (>= 0; 0 sends none)",
-    )
+    sweep.add_argument("--concurrency", type=bounded(int, 1), nargs="+", default=[1])
+    sweep.add_argument("--temperature", type=bounded(float, 0), nargs="+", default=[0.0])
+    sweep.add_argument("--seeds", type=bounded(int, 0), nargs="+", default=[0])
+    sweep.add_argument("--max-tokens", type=bounded(int, 1), default=1024)
+    sweep.add_argument("--ignore-eos", action="store_true")
+    sweep.add_argument("--chat-template-kwargs", type=json_object_arg, default={})
+    sweep.add_argument("--warmup", type=bounded(int, 0), default=2, metavar="N")
     output = run.add_argument_group("output")
-    output.add_argument(
-        "--results", type=path_arg, required=True, help="results .jsonl, appended to (a rerun skips what it holds)"
-    )
-    output.add_argument("--no-progress", action="store_true", help="no progress bar")
+    output.add_argument("--results", type=path_arg, required=True)
+    output.add_argument("--no-progress", action="store_true")
+    with_help(run, RUN_HELP)
     run.set_defaults(func=cmd_run)
 
     rep = add_command(sub, "report", "markdown tables, summary.json and plots from results files")
-    rep.add_argument(
-        "results",
-        nargs="+",
-        type=path_arg,
-        help="results .jsonl or summary .json files; a cell in several of them "
-        "is a repeated run: the report shows the mean over runs (summary.json keeps the std and the count)",
-    )
+    rep.add_argument("results", nargs="+", type=path_arg)
     systems = rep.add_argument_group("systems")
-    systems.add_argument("--baseline", help="the system served without speculation; speedups are over it")
-    systems.add_argument(
-        "--block-ref", help="a speculative system (e.g. dflash) the per-block table divides the others' ms/block by"
-    )
+    systems.add_argument("--baseline")
+    systems.add_argument("--block-ref")
     output = rep.add_argument_group("output")
-    output.add_argument(
-        "--out", type=path_arg, default=Path("bench_report"), help="report folder (new, empty, or a report's)"
-    )
-    output.add_argument("--no-plots", action="store_true", help="write the tables only, no plots")
+    output.add_argument("--out", type=path_arg, default=Path("bench_report"))
+    output.add_argument("--no-plots", action="store_true")
+    with_help(rep, REPORT_HELP)
     rep.set_defaults(func=cmd_report)
 
     cmp_ = add_command(
         sub, "compare", "speedup (and ms per verification block) of a speculative run over a baseline run"
     )
-    cmp_.add_argument("base", type=path_arg, help="baseline results (.jsonl or summary .json)")
-    cmp_.add_argument("spec", type=path_arg, help="speculative results (.jsonl or summary .json)")
-    cmp_.add_argument_group("output").add_argument(
-        "--out", type=path_arg, help="also write the rows as JSON to this file"
-    )
+    cmp_.add_argument("base", type=path_arg)
+    cmp_.add_argument("spec", type=path_arg)
+    cmp_.add_argument_group("output").add_argument("--out", type=path_arg)
+    with_help(cmp_, COMPARE_HELP)
     cmp_.set_defaults(func=cmd_compare)
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = Parser(prog="lilicorr")
-    register(parser.add_subparsers(dest="command", required=True))
-    return run_command(parser.parse_args(argv))

@@ -76,11 +76,7 @@ def chat_body(messages: List[dict], sampling: Sampling, model: str, record_ids: 
 
 def sampling_params(sampling: Sampling) -> dict:
     """/generate's `sampling_params`."""
-    params = {
-        "temperature": sampling.temperature,
-        "max_new_tokens": sampling.max_tokens,
-        "ignore_eos": sampling.ignore_eos,
-    }
+    params = dict(temperature=sampling.temperature, max_new_tokens=sampling.max_tokens, ignore_eos=sampling.ignore_eos)
     if sampling.seed is not None:
         params["sampling_seed"] = sampling.seed
     return params
@@ -125,14 +121,9 @@ def parse_chat(payload: dict) -> Reply:
     if isinstance(details, list):  # n > 1; we always send n = 1
         details = details[0] if details else None
     extras = _spec_lists(details)
-    outputs = ext.get("output_ids")
-    if (
-        isinstance(ext.get("input_ids"), list)
-        and isinstance(outputs, list)
-        and outputs
-        and isinstance(outputs[0], list)
-    ):
-        extras.update(input_ids=list(ext["input_ids"]), output_ids=list(outputs[0]))  # output_ids: one list a choice
+    inputs, outputs = ext.get("input_ids"), ext.get("output_ids")
+    if isinstance(inputs, list) and isinstance(outputs, list) and outputs and isinstance(outputs[0], list):
+        extras.update(input_ids=list(inputs), output_ids=list(outputs[0]))  # output_ids: one list a choice
     return Reply(text, tokens, _verify_ct(details), extras)
 
 
@@ -147,10 +138,6 @@ def parse_generate(payload: dict, text_field: str = "text") -> Reply:
         raise ServerError(
             f"/generate response lacks {text_field} or meta_info.completion_tokens: {str(payload)[:200]}"
         ) from e
-
-
-def parse_ids(payload: dict) -> Reply:
-    return parse_generate(payload, "output_ids")
 
 
 class SGLangClient:
@@ -172,7 +159,7 @@ class SGLangClient:
         if self.api == "chat":
             return chat_body(messages, self.sampling, self.model, self.record_ids), parse_chat
         if self.api == "ids":
-            return ids_body(messages, self.sampling), parse_ids
+            return ids_body(messages, self.sampling), lambda payload: parse_generate(payload, "output_ids")
         return generate_body(messages, self.sampling), parse_generate
 
     async def turn(self, messages: List[dict]) -> TurnResult:

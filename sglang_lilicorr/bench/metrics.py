@@ -27,17 +27,13 @@ def _turns(records: Iterable[dict]) -> List[dict]:
 def tau(records: Iterable[dict]) -> Optional[float]:
     """Block-weighted acceptance length of the records' turns (None without spec stats)."""
     spec = [t for t in _turns(records) if t.get("spec_verify_ct")]
-    if not spec:
-        return None
-    return sum(t["completion_tokens"] for t in spec) / sum(t["spec_verify_ct"] for t in spec)
+    return sum(t["completion_tokens"] for t in spec) / sum(t["spec_verify_ct"] for t in spec) if spec else None
 
 
 def block_ms(records: Iterable[dict]) -> Optional[float]:
     """Per-block wall: milliseconds of request latency per verification block (None without spec stats)."""
     spec = [t for t in _turns(records) if t.get("spec_verify_ct")]
-    if not spec:
-        return None
-    return 1000.0 * sum(t["end"] - t["start"] for t in spec) / sum(t["spec_verify_ct"] for t in spec)
+    return 1000.0 * sum(t["end"] - t["start"] for t in spec) / sum(t["spec_verify_ct"] for t in spec) if spec else None
 
 
 # a cell's summed histograms (the turns' lists of the same name, "spec_" dropped) and what each gives
@@ -64,17 +60,13 @@ def add_histograms(histograms: Iterable[Optional[Sequence[int]]]) -> Optional[Li
 def acceptance(histogram: Optional[Sequence[int]]) -> Optional[List[float]]:
     """Verify steps by accepted drafts -> [share accepting at least i drafts, i = 1, ...] (None without steps)."""
     steps = sum(histogram or ())
-    if not steps:
-        return None
-    return [sum(histogram[i:]) / steps for i in range(1, max(len(histogram), 2))]
+    return [sum(histogram[i:]) / steps for i in range(1, max(len(histogram), 2))] if steps else None
 
 
 def tier_shares(histogram: Optional[Sequence[int]]) -> Optional[Dict[str, float]]:
     """From the verify steps by width: {width: its share of the steps} for each width used (None without steps)."""
     steps = sum(histogram or ())
-    if not steps:
-        return None
-    return {str(w): n / steps for w, n in enumerate(histogram) if n}
+    return {str(w): n / steps for w, n in enumerate(histogram) if n} if steps else None
 
 
 def with_shares(cell: dict) -> dict:
@@ -116,9 +108,7 @@ def output_tps(records: Iterable[dict]) -> float:
 
 def _mean_std(values: Sequence[Optional[float]]) -> Tuple[Optional[float], Optional[float]]:
     vals = [v for v in values if v is not None]
-    if not vals:
-        return None, None
-    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+    return (statistics.fmean(vals), statistics.stdev(vals) if len(vals) > 1 else 0.0) if vals else (None, None)
 
 
 def aggregate(records: Iterable[dict]) -> List[dict]:
@@ -135,30 +125,14 @@ def aggregate(records: Iterable[dict]) -> List[dict]:
             by_seed.setdefault(key, {}).setdefault(r["seed"], []).append(r)
     cells = []
     for key, seeds in sorted(by_seed.items(), key=lambda kv: tuple(map(str, kv[0]))):
-        (tau_mean, tau_std) = _mean_std([tau(rs) for rs in seeds.values()])
-        (block_mean, block_std) = _mean_std([block_ms(rs) for rs in seeds.values()])
-        (tps_mean, tps_std) = _mean_std([output_tps(rs) for rs in seeds.values()])
+        cell = {**dict(zip(CELL_KEY, key)), "seeds": sorted(seeds), "n_prompts": max(len(rs) for rs in seeds.values())}
+        for name, of_seed in (("tau", tau), ("block_ms", block_ms), ("tps", output_tps)):
+            cell[name], cell[f"{name}_std"] = _mean_std([of_seed(rs) for rs in seeds.values()])
         pooled = [r for rs in seeds.values() for r in rs]
         turns = _turns(pooled)
-        histograms = {name: summed_histogram(pooled, name) for name in HISTOGRAMS}
-        cells.append(
-            with_shares(
-                {
-                    **dict(zip(CELL_KEY, key)),
-                    "seeds": sorted(seeds),
-                    "n_prompts": max(len(rs) for rs in seeds.values()),
-                    "tau": tau_mean,
-                    "tau_std": tau_std,
-                    "block_ms": block_mean,
-                    "block_ms_std": block_std,
-                    "tps": tps_mean,
-                    "tps_std": tps_std,
-                    "completion_tokens": sum(t["completion_tokens"] for t in turns),
-                    "verify_blocks": sum(t.get("spec_verify_ct") or 0 for t in turns),
-                    **histograms,
-                }
-            )
-        )
+        cell["completion_tokens"] = sum(t["completion_tokens"] for t in turns)
+        cell["verify_blocks"] = sum(t.get("spec_verify_ct") or 0 for t in turns)
+        cells.append(with_shares({**cell, **{name: summed_histogram(pooled, name) for name in HISTOGRAMS}}))
     return cells
 
 
@@ -204,22 +178,8 @@ def add_block_ratio(cells: List[dict], reference: str) -> List[dict]:
 
 
 # two-sided 95 % quantiles of Student's t by degrees of freedom (a df between two entries takes the lower one's)
-_T975 = {
-    1: 12.706,
-    2: 4.303,
-    3: 3.182,
-    4: 2.776,
-    5: 2.571,
-    6: 2.447,
-    7: 2.365,
-    8: 2.306,
-    9: 2.262,
-    10: 2.228,
-    15: 2.131,
-    20: 2.086,
-    30: 2.042,
-    60: 2.000,
-}
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+_T975.update({15: 2.131, 20: 2.086, 30: 2.042, 60: 2.000})
 
 
 def mean_ci95(values: Sequence[float]) -> dict:
@@ -274,18 +234,9 @@ def compare(base_cells: List[dict], spec_cells: List[dict]) -> List[dict]:
         b = base.get(tuple(c[k] for k in MATCH_KEY))
         if b is None:
             continue
-        rows.append(
-            {
-                **{k: c[k] for k in MATCH_KEY},
-                "base_system": b["system"],
-                "system": c["system"],
-                "tau": c["tau"],
-                "block_ms": c.get("block_ms"),
-                "base_tps": b["tps"],
-                "tps": c["tps"],
-                "speedup": c["tps"] / b["tps"],
-            }
-        )
+        row = {k: c[k] for k in MATCH_KEY}
+        row.update(base_system=b["system"], system=c["system"], tau=c["tau"], block_ms=c.get("block_ms"))
+        rows.append({**row, "base_tps": b["tps"], "tps": c["tps"], "speedup": c["tps"] / b["tps"]})
     if not rows:
         raise ResultsError(
             "no cell of the speculative results matches a baseline cell",

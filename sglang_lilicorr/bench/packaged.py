@@ -83,10 +83,5 @@ def mtbench() -> List[Prompt]:
 
 
 LOADERS: Dict[str, Callable[[], List[Prompt]]] = {
-    "gsm8k": gsm8k,
-    "aime2025": aime2025,
-    "gpqa": gpqa,
-    "humaneval": humaneval,
-    "writingbench": writingbench,
-    "mtbench": mtbench,
+    f.__name__: f for f in (gsm8k, aime2025, gpqa, humaneval, writingbench, mtbench)
 }

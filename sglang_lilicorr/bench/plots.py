@@ -69,9 +69,8 @@ def plot_vs_concurrency(
         ax.set_xscale("log", base=2)
         concurrencies = sorted({c["concurrency"] for c in mine})
         ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
-        ax.set_xlabel("concurrency c")
-        ax.set_ylabel({"tps": "output tokens / s", "speedup": "speedup over baseline"}[metric])
-        ax.set_title(f"{dataset} {g}, T={temperature:g}")
+        ylabel = {"tps": "output tokens / s", "speedup": "speedup over baseline"}[metric]
+        ax.set(xlabel="concurrency c", ylabel=ylabel, title=f"{dataset} {g}, T={temperature:g}")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     return save(fig, Path(out_dir) / f"{_slug(metric, 'vs_concurrency', dataset, f'T{temperature:g}')}.png")
@@ -96,8 +95,7 @@ def plot_tau_by_category(
         ax.bar(xs, [taus[g] for g in groups if g in taus], width, label=s, color=colors[s])
     ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(groups))])
     ax.set_xticklabels(groups, rotation=30, ha="right")
-    ax.set_ylabel("τ (block-weighted)")
-    ax.set_title(f"{dataset}, T={temperature:g}, c={concurrency}")
+    ax.set(ylabel="τ (block-weighted)", title=f"{dataset}, T={temperature:g}, c={concurrency}")
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     return save(fig, Path(out_dir) / f"{_slug('tau_by_category', dataset, f'T{temperature:g}', f'c{concurrency}')}.png")
@@ -129,11 +127,8 @@ def plot_repeated_runs(
 
 def _share_panels(plt, cells: Sequence[dict], dataset: str, temperature: float, field: str, baseline: Optional[str]):
     """(figure, [(axis, system, its group "all" cells holding `field`, by c)]): a panel per system that has them."""
-    mine = [
-        c
-        for c in cells
-        if c["dataset"] == dataset and c["temperature"] == temperature and c["group"] == ALL and c.get(field)
-    ]
+    at = (dataset, temperature, ALL)
+    mine = [c for c in cells if (c["dataset"], c["temperature"], c["group"]) == at and c.get(field)]
     systems = [s for s in systems_of(mine, baseline) if any(c["system"] == s for c in mine)]
     fig, axes = plt.subplots(1, len(systems), figsize=(4.2 * len(systems), 3.4), squeeze=False)
     panels = [
@@ -153,9 +148,7 @@ def plot_acceptance(
         for k, c in enumerate(mine):
             shares = c["acceptance"]
             ax.plot(range(1, len(shares) + 1), shares, marker="o", ms=3, color=f"C{k}", label=f"c={c['concurrency']}")
-        ax.set_xlabel("draft position i")
-        ax.set_ylabel("verify steps accepting >= i drafts")
-        ax.set_ylim(0, 1)
+        ax.set(xlabel="draft position i", ylabel="verify steps accepting >= i drafts", ylim=(0, 1))
         ax.set_title(f"{system}: {dataset}, T={temperature:g}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -174,9 +167,7 @@ def plot_tiers(cells: Sequence[dict], dataset: str, temperature: float, baseline
             heights = [c["tiers"].get(str(w), 0.0) for c in mine]
             ax.bar(labels, heights, bottom=bottom, color=f"C{k}", label=f"width {w}")
             bottom = [b + h for b, h in zip(bottom, heights)]
-        ax.set_xlabel("concurrency c")
-        ax.set_ylabel("share of verify steps")
-        ax.set_ylim(0, 1)
+        ax.set(xlabel="concurrency c", ylabel="share of verify steps", ylim=(0, 1))
         ax.set_title(f"{system}: {dataset}, T={temperature:g}")
         ax.legend(fontsize=8)
     return save(fig, Path(out_dir) / f"{_slug('tiers', dataset, f'T{temperature:g}')}.png")

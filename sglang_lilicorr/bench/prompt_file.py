@@ -7,9 +7,7 @@ from typing import Iterable, List, Optional
 
 from ..errors import LiLiCorrError
 from .prompt import Prompt
-from .speed_bench import read_records
-
-FIX_RECORD = "fix or remove that record"
+from .speed_bench import FIX_RECORD, read_records
 
 
 class PromptFileError(LiLiCorrError, ValueError):
@@ -56,9 +54,7 @@ def load(path: Path, categories: Optional[Iterable[str]] = None) -> List[Prompt]
             raise PromptFileError(f"duplicate id {prompt_id!r}", where=where, fix=FIX_RECORD)
         seen.add(prompt_id)
         group = str(row.get("set") or row.get("category") or path.stem)
-        prompts.append(
-            Prompt(prompt_id=prompt_id, category=group, turns=_turns(row, where), source=f"file/{path.name}")
-        )
+        prompts.append(Prompt(prompt_id, group, _turns(row, where), f"file/{path.name}"))
     if categories:
         unknown = set(categories) - {p.category for p in prompts}
         if unknown:

@@ -59,17 +59,8 @@ def record_key(record: dict) -> Tuple:
     return cfg.key, record["prompt_id"]
 
 
-RECORD_FIELDS = {
-    "system": str,
-    "dataset": str,
-    "concurrency": int,
-    "temperature": float,
-    "seed": int,
-    "max_tokens": int,
-    "prompt_id": str,
-    "category": str,
-    "turns": list,
-}
+RECORD_FIELDS = dict(system=str, dataset=str, concurrency=int, temperature=float, seed=int, max_tokens=int)  # RunConfig
+RECORD_FIELDS.update(prompt_id=str, category=str, turns=list)
 FIX_LINE = "fix or remove that line"
 TURN_FIELDS = {"completion_tokens": int, "start": float, "end": float}
 TURN_LISTS = (*SPEC_LISTS, *ID_LISTS)  # lists of integers >= 0 a turn holds where the server sent them
@@ -220,16 +211,8 @@ async def play(client: SGLangClient, prompt: Prompt) -> List[dict]:
         messages.append({"role": "user", "content": user_turn})
         r = await client.turn(messages)
         messages.append({"role": "assistant", "content": r.text})
-        turns.append(
-            {
-                "completion_tokens": r.completion_tokens,
-                "spec_verify_ct": r.spec_verify_ct,
-                "start": r.start,
-                "end": r.end,
-                "text": r.text,
-                **r.extras,
-            }
-        )
+        stats = dict(completion_tokens=r.completion_tokens, spec_verify_ct=r.spec_verify_ct, start=r.start, end=r.end)
+        turns.append({**stats, "text": r.text, **r.extras})
     return turns
 
 

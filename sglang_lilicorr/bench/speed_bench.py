@@ -50,11 +50,8 @@ def read_records(path: Path) -> List[dict]:
                 f"not a readable parquet file ({e})", where=str(path), fix="pass a SPEED-Bench split file"
             ) from e
     if path.suffix in (".jsonl", ".json"):
-        return [
-            _row(line, f"{path}:{lineno}")
-            for lineno, line in enumerate(path.read_bytes().split(b"\n"), 1)
-            if line.strip()
-        ]
+        lines = enumerate(path.read_bytes().split(b"\n"), 1)
+        return [_row(line, f"{path}:{lineno}") for lineno, line in lines if line.strip()]
     raise SpeedBenchFormatError(
         f"unsupported extension {path.suffix!r}", where=str(path), fix="give a .parquet or .jsonl file"
     )
@@ -97,8 +94,7 @@ def validate(rows: Sequence[dict], split: str, where: str) -> None:
     """Schema check of a split's records; raises SpeedBenchFormatError naming the first problem."""
     if not rows:
         raise SpeedBenchFormatError(f"{where} holds no records.")
-    seen = set()
-    placeholders = []
+    seen, placeholders = set(), []
     for i, row in enumerate(rows):
         at = f"{where} record {i}"
         missing = [k for k in REQUIRED_FIELDS if k not in row]
@@ -148,12 +144,7 @@ def load(path: Path, split: Optional[str] = None, categories: Optional[Iterable[
         if unknown:
             raise ValueError(f"{path}: no records in categories {sorted(unknown)}.")
     return [
-        Prompt(
-            prompt_id=str(r["question_id"]),
-            category=str(r["category"]),
-            turns=tuple(_turns_of(r, str(path))),
-            source=f"speed_bench/{split}",
-        )
+        Prompt(str(r["question_id"]), str(r["category"]), tuple(_turns_of(r, str(path))), f"speed_bench/{split}")
         for r in rows
         if wanted is None or r["category"] in wanted
     ]

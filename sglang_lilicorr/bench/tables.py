@@ -31,18 +31,16 @@ def _format(part: str, value: Optional[float], bold: bool) -> str:
     return f"**{text}**" if bold else text
 
 
-def _row(
-    cells_by_system: Dict[str, Optional[dict]], systems: Sequence[str], baseline: Optional[str], parts
-) -> List[str]:
+def _row(by_system: Dict[str, Optional[dict]], systems: Sequence[str], baseline: Optional[str], parts) -> List[str]:
     """One table row's cell texts; best speculative value per part in bold (highest, or lowest for LOWER_IS_BETTER)."""
     spec = [s for s in systems if s != baseline]
     best = {}
     for part in parts:
-        vals = [v for v in ((cells_by_system.get(s) or {}).get(part) for s in spec) if v is not None]
+        vals = [v for v in ((by_system.get(s) or {}).get(part) for s in spec) if v is not None]
         best[part] = (min if part in LOWER_IS_BETTER else max)(vals) if len(vals) > 1 else None
     out = []
     for s in systems:
-        cell = cells_by_system.get(s)
+        cell = by_system.get(s)
         shown = [p for p in parts if not (s == baseline and p == "tau")]
         if cell is None:
             out.append("--")
@@ -151,12 +149,10 @@ def paired_table(cells: Sequence[dict], reference: str) -> str:
         "| Benchmark | c | T | system | pairs | TPS / ref (95 % CI) | ms per block / ref (95 % CI) |",
         "|---|---|---|---|---|---|---|",
     ]
-    for c in sorted(
-        (c for c in cells if c["group"] == ALL and c.get("paired")),
-        key=lambda c: (c["dataset"], c["concurrency"], c["temperature"], c["system"]),
-    ):
+    fmt = lambda m: f"{m['mean']:.3f} ({m['lo']:.3f}-{m['hi']:.3f})" if m else "--"  # noqa: E731
+    paired = [c for c in cells if c["group"] == ALL and c.get("paired")]
+    for c in sorted(paired, key=lambda c: (c["dataset"], c["concurrency"], c["temperature"], c["system"])):
         p = c["paired"]
-        fmt = lambda m: f"{m['mean']:.3f} ({m['lo']:.3f}-{m['hi']:.3f})" if m else "--"  # noqa: E731
         rows.append(
             f"| {c['dataset']} | {c['concurrency']} | {c['temperature']:g} | {c['system']} | {len(p['runs'])} "
             f"| {fmt(p.get('tps'))} | {fmt(p.get('block_ms'))} |"
@@ -210,37 +206,29 @@ def report(cells: Sequence[dict], baseline: Optional[str], block_reference: Opti
             f"Repeated runs pooled: each value is the mean over the runs that have its cell (up to {runs}); "
             "summary.json holds the std across runs (`*_std`) and the count (`runs`).\n"
         )
+
+    def section(title: str, table: str) -> None:
+        out.extend((f"\n## {title}\n\n", table))
+
     if any(c.get("paired") for c in cells):
-        out += [
-            f"\n## Paired runs (each run's ratio to {block_reference}, then the mean with its 95 % t interval)\n\n",
-            paired_table(cells, block_reference),
-        ]
+        pairs = f"Paired runs (each run's ratio to {block_reference}, then the mean with its 95 % t interval)"
+        section(pairs, paired_table(cells, block_reference))
     for c in sorted({c["concurrency"] for c in cells}):
-        out += [f"\n## τ / TPS / speedup, concurrency {c}\n\n", main_table(cells, baseline, c)]
+        section(f"τ / TPS / speedup, concurrency {c}", main_table(cells, baseline, c))
         if any(x.get("block_ms") is not None and x["concurrency"] == c for x in cells):
             ratio = f"; ratio = ms / ms of {block_reference}" if block_reference else ""
-            out += [
-                f"\n## Per-block wall, concurrency {c} (ms of request latency per verification block{ratio})\n\n",
-                block_table(cells, c, block_reference),
-            ]
+            wall = f"Per-block wall, concurrency {c} (ms of request latency per verification block{ratio})"
+            section(wall, block_table(cells, c, block_reference))
     if any(c["group"] == ALL and c.get("acceptance") for c in cells):
-        out += [
-            "\n## Acceptance per position (share of verify steps that accepted at least i drafts)\n\n",
-            acceptance_table(cells),
-        ]
+        accepted = "Acceptance per position (share of verify steps that accepted at least i drafts)"
+        section(accepted, acceptance_table(cells))
     if any(c["group"] == ALL and c.get("tiers") for c in cells):
-        out += ["\n## Verify width use (each width's share of the verify steps)\n\n", tier_table(cells)]
+        section("Verify width use (each width's share of the verify steps)", tier_table(cells))
     for d in sorted({c["dataset"] for c in cells}):
         if any(c["dataset"] == d and c["group"] != ALL for c in cells):
             for conc in sorted({c["concurrency"] for c in cells if c["dataset"] == d}):
-                out += [
-                    f"\n## {d} per category, concurrency {conc} (τ / TPS)\n\n",
-                    category_table(cells, d, baseline, conc),
-                ]
+                section(f"{d} per category, concurrency {conc} (τ / TPS)", category_table(cells, d, baseline, conc))
         if len({c["concurrency"] for c in cells if c["dataset"] == d}) > 1:
             for t in sorted({c["temperature"] for c in cells if c["dataset"] == d}):
-                out += [
-                    f"\n## {d} vs concurrency, {_temperature_label(t)}\n\n",
-                    concurrency_table(cells, d, baseline, t),
-                ]
+                section(f"{d} vs concurrency, {_temperature_label(t)}", concurrency_table(cells, d, baseline, t))
     return "".join(out)

@@ -8,23 +8,23 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..cli_args import add_command, error_line, one_level_down, path_arg
+from ..cli_args import add_command, error_line, one_level_down, path_arg, with_help
 from ..errors import LiLiCorrError, UsageError
 from ..jsonl import loads
+
+
+CHECK_DRAFT_HELP = {  # the --help texts of `lilicorr check-draft`
+    "draft": "draft folder (config.json + model.safetensors), as `lilicorr export` writes it",
+    "target": "local folder of the target model the draft is to serve (only its config.json is read)",
+}
 
 
 def register(subparsers) -> None:
     summary = "validate a draft against a target offline, with the LILICORR server's own checks"
     p = add_command(subparsers, "check-draft", summary, __doc__)
-    p.add_argument(
-        "draft", type=path_arg, help="draft folder (config.json + model.safetensors), as `lilicorr export` writes it"
-    )
-    p.add_argument_group("model").add_argument(
-        "--target",
-        type=path_arg,
-        required=True,
-        help="local folder of the target model the draft is to serve (only its config.json is read)",
-    )
+    p.add_argument("draft", type=path_arg)
+    p.add_argument_group("model").add_argument("--target", type=path_arg, required=True)
+    with_help(p, CHECK_DRAFT_HELP)
     p.set_defaults(func=run_check_draft)
 
 

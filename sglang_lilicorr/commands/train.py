@@ -17,7 +17,16 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..cli_args import add_command, bounded, finite_float, json_object_arg, path_arg, shell_words_arg, url_arg
+from ..cli_args import (
+    add_command,
+    bounded,
+    finite_float,
+    json_object_arg,
+    path_arg,
+    shell_words_arg,
+    url_arg,
+    with_help,
+)
 
 CHAT_KWARGS_HELP = 'JSON object passed to the chat template (default {"enable_thinking": false}: reasoning off)'
 
@@ -35,80 +44,62 @@ def path_text(text: str) -> str:
     return str(path_arg(text))
 
 
+# the --help texts of `lilicorr regenerate`, by option
+REGENERATE_HELP = {
+    "prompts": "answer these prompts: a jsonl of {'id'?, 'messages'} rows (user turns in order)",
+    "recipe": "build a training set: the target's own (Magpie) and standard-library prompts, answered -> --output-dir",
+    "exclude": "evaluation prompts (jsonl with text / turns / messages) never to train on: a conversation sharing an "
+    "8-word shingle with one is dropped (required with --recipe)",
+    "magpie": "recipe: self-written conversations to attempt (>= 0)",
+    "package": "recipe: standard-library prompts (>= 0)",
+    "second_turns": "recipe: share of conversations given a second, self-written user turn (a fraction in [0, 1])",
+    "heldout": "recipe: conversations held out of training (>= 0)",
+    "minutes": "recipe: start no conversation after this many minutes; the set closes at what was generated, a later "
+    "run plays the rest (>= 0; 0: no limit)",
+    "chat_template_kwargs": CHAT_KWARGS_HELP,
+    "target": "local Hugging Face folder of the target",
+    "temperature": "the replies' temperature (>= 0; 0 = greedy)",
+    "seed": "sampling seed of the replies (>= 0)",
+    "max_new_tokens": "tokens per reply, at most (>= 1)",
+    "engine": "what generates: SGLang servers, or transformers in this process; auto = SGLang servers when CUDA is "
+    "available, else transformers",
+    "url": "running SGLang servers to use instead of launching them (http URLs)",
+    "servers": "SGLang servers to launch, one per GPU (>= 1; default: every GPU)",
+    "server_args": "extra `sglang.launch_server` arguments, shell-quoted",
+    "concurrency": "requests in flight per server (>= 1)",
+    "output": "with --prompts: jsonl the conversations are appended to (resumable)",
+    "output_dir": "with --recipe: folder for the conversations, the train / heldout splits and manifest.json "
+    "(resumable)",
+}
+
+
 def _register_regenerate(p: argparse.ArgumentParser) -> None:
     data = p.add_argument_group("data")
     mode = data.add_mutually_exclusive_group(required=True)
-    mode.add_argument(
-        "--prompts",
-        type=path_text,
-        help="answer these prompts: a jsonl of {'id'?, 'messages'} rows (user turns in order)",
-    )
-    mode.add_argument(
-        "--recipe",
-        action="store_true",
-        help="build a training set: the target's own (Magpie) and standard-library prompts, answered -> --output-dir",
-    )
-    data.add_argument(
-        "--exclude",
-        type=path_text,
-        help="evaluation prompts (jsonl with text / turns / messages) never to train on: a conversation sharing an "
-        "8-word shingle with one is dropped (required with --recipe)",
-    )
-    data.add_argument(
-        "--magpie", type=bounded(int, 0), default=36000, help="recipe: self-written conversations to attempt (>= 0)"
-    )
-    data.add_argument("--package", type=bounded(int, 0), default=4000, help="recipe: standard-library prompts (>= 0)")
-    data.add_argument(
-        "--second-turns",
-        type=bounded(float, 0.0, 1.0),
-        default=0.3,
-        help="recipe: share of conversations given a second, self-written user turn (a fraction in [0, 1])",
-    )
-    data.add_argument(
-        "--heldout", type=bounded(int, 0), default=256, help="recipe: conversations held out of training (>= 0)"
-    )
-    data.add_argument(
-        "--minutes",
-        type=bounded(float, 0.0),
-        default=0.0,
-        help="recipe: start no conversation after this many minutes; the set closes at what was generated, a later "
-        "run plays the rest (>= 0; 0: no limit)",
-    )
-    data.add_argument("--chat-template-kwargs", type=json_object_arg, default={}, help=CHAT_KWARGS_HELP)
+    mode.add_argument("--prompts", type=path_text)
+    mode.add_argument("--recipe", action="store_true")
+    data.add_argument("--exclude", type=path_text)
+    data.add_argument("--magpie", type=bounded(int, 0), default=36000)
+    data.add_argument("--package", type=bounded(int, 0), default=4000)
+    data.add_argument("--second-turns", type=bounded(float, 0.0, 1.0), default=0.3)
+    data.add_argument("--heldout", type=bounded(int, 0), default=256)
+    data.add_argument("--minutes", type=bounded(float, 0.0), default=0.0)
+    data.add_argument("--chat-template-kwargs", type=json_object_arg, default={})
     model = p.add_argument_group("model")
-    model.add_argument("--target", type=path_text, required=True, help="local Hugging Face folder of the target")
-    model.add_argument(
-        "--temperature", type=bounded(float, 0.0), default=0.0, help="the replies' temperature (>= 0; 0 = greedy)"
-    )
-    model.add_argument("--seed", type=bounded(int, 0), default=0, help="sampling seed of the replies (>= 0)")
-    model.add_argument("--max-new-tokens", type=bounded(int, 1), default=512, help="tokens per reply, at most (>= 1)")
+    model.add_argument("--target", type=path_text, required=True)
+    model.add_argument("--temperature", type=bounded(float, 0.0), default=0.0)
+    model.add_argument("--seed", type=bounded(int, 0), default=0)
+    model.add_argument("--max-new-tokens", type=bounded(int, 1), default=512)
     server = p.add_argument_group("servers")
-    server.add_argument(
-        "--engine",
-        choices=("auto", "sglang", "transformers"),
-        default="auto",
-        help="what generates: SGLang servers, or transformers in this process; auto = SGLang servers when CUDA is "
-        "available, else transformers",
-    )
-    server.add_argument(
-        "--url", type=url_arg, nargs="+", help="running SGLang servers to use instead of launching them (http URLs)"
-    )
-    server.add_argument(
-        "--servers", type=bounded(int, 1), help="SGLang servers to launch, one per GPU (>= 1; default: every GPU)"
-    )
-    server.add_argument(
-        "--server-args", type=shell_words_arg, default="", help="extra `sglang.launch_server` arguments, shell-quoted"
-    )
-    server.add_argument("--concurrency", type=bounded(int, 1), default=256, help="requests in flight per server (>= 1)")
+    server.add_argument("--engine", choices=("auto", "sglang", "transformers"), default="auto")
+    server.add_argument("--url", type=url_arg, nargs="+")
+    server.add_argument("--servers", type=bounded(int, 1))
+    server.add_argument("--server-args", type=shell_words_arg, default="")
+    server.add_argument("--concurrency", type=bounded(int, 1), default=256)
     output = p.add_argument_group("output")
-    output.add_argument(
-        "--output", type=path_text, help="with --prompts: jsonl the conversations are appended to (resumable)"
-    )
-    output.add_argument(
-        "--output-dir",
-        type=path_text,
-        help="with --recipe: folder for the conversations, the train / heldout splits and manifest.json (resumable)",
-    )
+    output.add_argument("--output", type=path_text)
+    output.add_argument("--output-dir", type=path_text)
+    with_help(p, REGENERATE_HELP)
     p.set_defaults(func=run_regenerate)
 
 
@@ -166,12 +157,7 @@ def run_regenerate(args: argparse.Namespace) -> int:
     guard = eval_guard(args.exclude)  # read before anything loads or is written: its errors are the user's
     with loading_target(args.target):
         tokenizer = AutoTokenizer.from_pretrained(args.target)
-    settings = Settings(
-        temperature=args.temperature,
-        max_new_tokens=args.max_new_tokens,
-        seed=args.seed,
-        chat_kwargs=args.chat_template_kwargs,
-    )
+    settings = Settings(args.temperature, args.max_new_tokens, seed=args.seed, chat_kwargs=args.chat_template_kwargs)
     out = Path(args.output_dir) if args.recipe else Path(args.output)
     # bad input and a destination that is not ours fail before any server starts or anything is written
     if args.recipe:
@@ -184,33 +170,18 @@ def run_regenerate(args: argparse.Namespace) -> int:
     log_dir = out / "logs" if args.recipe else out.with_name(out.name + ".logs")
     with generator_for(args, tokenizer, log_dir) as (generator, engine):
         if args.recipe:
-            result = build_dataset(
-                out,
-                tokenizer,
-                generator,
-                settings,
-                **recipe_options(args),
-                exclude=args.exclude,
-                describe={
-                    "command": "lilicorr " + " ".join(map(shlex.quote, sys.argv[1:])),
-                    "engine": engine,
-                    "target": str(Path(args.target).resolve()),
-                },
-            )
+            command = "lilicorr " + " ".join(map(shlex.quote, sys.argv[1:]))
+            describe = {"command": command, "engine": engine, "target": str(Path(args.target).resolve())}
+            options = dict(recipe_options(args), exclude=args.exclude, describe=describe)
+            result = build_dataset(out, tokenizer, generator, settings, **options)
             print(json.dumps({k: result[k] for k in ("counts", "this_call")}))
         else:
             out.parent.mkdir(parents=True, exist_ok=True)
             stats = play(plans, out, tokenizer, generator, settings)
-            print(
-                json.dumps(
-                    {
-                        "generated_tokens": stats.generated_tokens,
-                        "tokens_per_s": round(stats.generated_tokens / max(stats.generate_seconds, 1e-9)),
-                        "dropped": stats.dropped,
-                        "engine": engine,
-                    }
-                )
-            )
+            tokens = stats.generated_tokens
+            rate = round(tokens / max(stats.generate_seconds, 1e-9))
+            summary = {"generated_tokens": tokens, "tokens_per_s": rate, "dropped": stats.dropped, "engine": engine}
+            print(json.dumps(summary))
     return 0
 
 
@@ -338,12 +309,8 @@ def train_config_from_args(args: argparse.Namespace):
     """The run's TrainConfig; an out-of-range value raises TrainConfigError naming the flag."""
     from ..train.config import TrainConfig
 
-    given = {
-        f.name: getattr(args, f.name)
-        for f in dataclasses.fields(TrainConfig)
-        if getattr(args, f.name, None) is not None
-    }
-    return TrainConfig(**given)
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    return TrainConfig(**{name: getattr(args, name) for name in names if getattr(args, name, None) is not None})
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -361,35 +328,27 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
+EXPORT_HELP = {  # the --help texts of `lilicorr export`
+    "checkpoint": "a training run's folder (its latest checkpoint) or RUN/checkpoints/step-N",
+    "out_dir": "draft folder to write (config.json + model.safetensors): a new or empty folder, or an earlier export, "
+    "which it replaces",
+    "dtype": "dtype of the exported tensors (SGLang serves bfloat16 drafts)",
+    "force": "write the draft into OUT_DIR although it holds other files, which are kept as they are (hard-linked "
+    "into the new folder that takes OUT_DIR's place; never into a training run, a model folder or over files not a "
+    "draft's)",
+    "accept_legacy_checkpoints": "export a checkpoint written before checkpoints carried checksums (said with a "
+    "warning)",
+}
+
+
 def _register_export(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "checkpoint", type=path_text, help="a training run's folder (its latest checkpoint) or RUN/checkpoints/step-N"
-    )
-    p.add_argument(
-        "out_dir",
-        type=path_text,
-        help="draft folder to write (config.json + model.safetensors): a new or empty folder, "
-        "or an earlier export, which it replaces",
-    )
+    p.add_argument("checkpoint", type=path_text)
+    p.add_argument("out_dir", type=path_text)
     output = p.add_argument_group("output")
-    output.add_argument(
-        "--dtype",
-        default="bfloat16",
-        choices=("bfloat16", "float16", "float32"),
-        help="dtype of the exported tensors (SGLang serves bfloat16 drafts)",
-    )
-    output.add_argument(
-        "--force",
-        action="store_true",
-        help="write the draft into OUT_DIR although it holds other files, which are kept as they are (hard-linked "
-        "into the new folder that takes OUT_DIR's place; never into a training run, a model folder or over files "
-        "not a draft's)",
-    )
-    p.add_argument_group("data").add_argument(
-        "--accept-legacy-checkpoints",
-        action="store_true",
-        help="export a checkpoint written before checkpoints carried checksums (said with a warning)",
-    )
+    output.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    output.add_argument("--force", action="store_true")
+    p.add_argument_group("data").add_argument("--accept-legacy-checkpoints", action="store_true")
+    with_help(p, EXPORT_HELP)
     p.set_defaults(func=run_export)
 
 

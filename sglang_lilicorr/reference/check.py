@@ -27,10 +27,6 @@ class Mismatch:
     tol: float
     ulp: float  # one bf16 ulp of the top logit
 
-    @property
-    def deficit_ulps(self) -> float:
-        return self.deficit / self.ulp
-
 
 @dataclasses.dataclass
 class GreedyReport:

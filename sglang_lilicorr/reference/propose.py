@@ -51,11 +51,9 @@ class BlockProposer:
     def draft_names(self) -> tuple[str, ...]:
         if self.head is None:
             return ("argmax",)
-        return (
-            ("argmax", *map(walk_draft_name, self.walks))
-            if isinstance(self.head, LiLiCorrHead)
-            else ("argmax", self.head.config.kind)
-        )
+        if isinstance(self.head, LiLiCorrHead):
+            return ("argmax", *map(walk_draft_name, self.walks))
+        return ("argmax", self.head.config.kind)
 
     @torch.no_grad()
     def __call__(self, features: torch.Tensor, anchor_token: int) -> dict[str, torch.Tensor]:

@@ -17,6 +17,11 @@ from .heads import HEADS, HeadConfig
 
 _HEAD = LiLiCorrConfig()
 TRAIN_MODES = ("joint", "head")  # --train: what a run updates
+# the options that take an integer >= 1
+AT_LEAST_ONE = (
+    "batch_size grad_accum epochs num_anchors log_every save_every keep_checkpoints max_bad_steps draft_layers "
+    "num_context_features eval_examples"
+).split()
 _OBJECTIVE = ObjectiveWeights()
 
 
@@ -127,13 +132,9 @@ class TrainConfig:
                     f"{flag} {getattr(self, name)!r} is not {what}", where=flag, fix="see `lilicorr train --help`"
                 )
 
+        rate = "a finite learning rate in (0, 1] (paper: 6e-4 drafter, 1.5e-4 head)"
         for name in ("lr_drafter", "lr_head"):
-            value = getattr(self, name)
-            need(
-                _number(value) and 0 < value <= 1,
-                name,
-                "a finite learning rate in (0, 1] (paper: 6e-4 drafter, 1.5e-4 head)",
-            )
+            need(_number(getattr(self, name)) and 0 < getattr(self, name) <= 1, name, rate)
         for name in ("wd_drafter", "wd_head"):
             need(_number(getattr(self, name)) and getattr(self, name) >= 0, name, "a finite number >= 0")
         need(_number(self.grad_clip) and self.grad_clip > 0, "grad_clip", "a finite number > 0 (paper: 1.0)")
@@ -147,19 +148,7 @@ class TrainConfig:
             "max_minutes",
             "a number of minutes >= 0 (0 = no time limit)",
         )
-        for name in (
-            "batch_size",
-            "grad_accum",
-            "epochs",
-            "num_anchors",
-            "log_every",
-            "save_every",
-            "keep_checkpoints",
-            "max_bad_steps",
-            "draft_layers",
-            "num_context_features",
-            "eval_examples",
-        ):
+        for name in AT_LEAST_ONE:
             need(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, name, "an integer >= 1")
         need(self.head in HEADS, "head", f"one of {', '.join(HEADS)}")
         need(self.train in TRAIN_MODES, "train", f"one of {', '.join(TRAIN_MODES)}")
@@ -265,25 +254,9 @@ class TrainConfig:
     # what a resumed run must share with its checkpoint besides geometry and data: every setting shaping the updates
     # (not where things go, how long it runs, or how often it logs, evaluates and saves)
     NOT_COMPARED = (
-        "target",
-        "data",
-        "eval_data",
-        "output_dir",
-        "exclude",
-        "epochs",
-        "max_steps",
-        "max_minutes",
-        "log_every",
-        "eval_every",
-        "save_every",
-        "keep_checkpoints",
-        "max_bad_steps",
-        "resume",
-        "move_aside",
-        "resume_with_changes",
-        "accept_legacy_checkpoints",
-        "init_from",
-    )
+        "target data eval_data output_dir exclude epochs max_steps max_minutes log_every eval_every save_every "
+        "keep_checkpoints max_bad_steps resume move_aside resume_with_changes accept_legacy_checkpoints init_from"
+    ).split()
 
     # settings added after runs were first checkpointed, with the value those runs had (state.check_resume_compatible)
     ADDED = {"head": "lilicorr", "corrector_width": 0, "markov_head_type": "vanilla", "train": "joint"}

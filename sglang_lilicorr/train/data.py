@@ -166,14 +166,8 @@ def _encode(item: tuple[str, list[dict[str, str]], bool]) -> tuple[list[int], li
 
 def _cache_key(path: Path, tokenizer, max_length: int, chat_kwargs: Mapping[str, Any]) -> str:
     digest = hashlib.sha256(path.read_bytes() if path.is_file() else b"")
-    for part in (
-        MASK_RULE,
-        getattr(tokenizer, "name_or_path", ""),
-        getattr(tokenizer, "chat_template", "") or "",
-        len(tokenizer),
-        max_length,
-        json.dumps(dict(chat_kwargs), sort_keys=True),
-    ):
+    template, options = getattr(tokenizer, "chat_template", "") or "", json.dumps(dict(chat_kwargs), sort_keys=True)
+    for part in (MASK_RULE, getattr(tokenizer, "name_or_path", ""), template, len(tokenizer), max_length, options):
         digest.update(str(part).encode() + b"\0")
     return digest.hexdigest()
 

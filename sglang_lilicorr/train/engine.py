@@ -109,20 +109,14 @@ class SGLangServers:
                 servers._wait_started(startup_timeout, log_dir)
             serve = ["--model-path", spec.model_path, "--host", "127.0.0.1", "--port", str(spec.port), *spec.args]
             cmd = list(launcher) or [sys.executable, "-m", "sglang.launch_server", *serve]
-            env = dict(
-                os.environ,
-                CUDA_VISIBLE_DEVICES=spec.gpus,
-                PORT=str(spec.port),
-                SERVER_ARGS=shlex.join(spec.args),
-                **spec.env,
-            )
+            server_env = dict(CUDA_VISIBLE_DEVICES=spec.gpus, PORT=str(spec.port), SERVER_ARGS=shlex.join(spec.args))
+            env = dict(os.environ, **server_env, **spec.env)
             log = open(Path(log_dir) / f"server-{spec.name or i}.log", "w")
             # cwd: the log folder, never a checkout whose plain sglang_lilicorr/ would shadow the installed one
-            servers.processes.append(
-                subprocess.Popen(
-                    cmd, env=env, cwd=log_dir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-                )
+            process = subprocess.Popen(
+                cmd, env=env, cwd=log_dir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
+            servers.processes.append(process)
         servers._wait_started(startup_timeout, log_dir)
         return servers
 

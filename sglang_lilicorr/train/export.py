@@ -26,12 +26,9 @@ METRICS_FILE = "metrics.jsonl"  # the training log beside `latest` and checkpoin
 
 def is_training_output(folder: Path) -> bool:
     """A training run (its marker, `latest`, metrics.jsonl or checkpoints/step-*) or one of its checkpoints."""
+    files = (folder / LATEST, folder / METRICS_FILE, folder / STATE_FILE)
     return (
-        marked_kind(folder) == "run"
-        or (folder / LATEST).is_file()
-        or (folder / METRICS_FILE).is_file()
-        or (folder / STATE_FILE).is_file()
-        or any((folder / "checkpoints").glob("step-*"))
+        marked_kind(folder) == "run" or any(f.is_file() for f in files) or any((folder / "checkpoints").glob("step-*"))
     )
 
 

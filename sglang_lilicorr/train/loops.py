@@ -34,8 +34,7 @@ class Loop(NamedTuple):
 
 
 def find_loop(ids: Sequence[int], rule: LoopRule = LoopRule()) -> Loop | None:
-    """The loop reaching the end of `ids` under `rule`, or None; of several periods, the one beginning earliest (ties:
-    the shorter)."""
+    """The loop ending `ids` under `rule`, or None; of several periods, the earliest to begin (ties: the shorter)."""
     a = np.asarray(ids, dtype=np.int64)
     n = len(a)
     if n < rule.min_span:

@@ -103,14 +103,8 @@ def is_recipe_dir(folder: Path) -> bool:
 
 
 def claim_dataset_dir(folder: Path, create: bool = True) -> None:
-    claim_folder(
-        folder,
-        "dataset",
-        "--output-dir",
-        recognise=is_recipe_dir,
-        create=create,
-        fix="pick a new or empty folder, or a data set of the recipe to resume it (regenerate writes nowhere else)",
-    )
+    fix = "pick a new or empty folder, or a data set of the recipe to resume it (regenerate writes nowhere else)"
+    claim_folder(folder, "dataset", "--output-dir", recognise=is_recipe_dir, create=create, fix=fix)
 
 
 def done_ids(path: Path) -> set[str]:
@@ -132,9 +126,8 @@ def play(
     stats: Stats | None = None,
     until: float | None = None,
 ) -> Stats:
-    """Play every plan not yet in `output` (or `.dropped`), `generator.capacity` at a time, each appended when finished.
-    A self-written user turn cut off, duplicate or overlapping `guard` ends its conversation; past `until` nothing
-    starts."""
+    """Play every plan not yet in `output` (or `.dropped`), `generator.capacity` at once, each appended when done. A
+    self-written user turn cut off, duplicate or overlapping `guard` ends its conversation; past `until` none starts."""
     stats = stats or Stats()
     output.parent.mkdir(parents=True, exist_ok=True)
     dropped_path = output.with_name(output.name + ".dropped")
@@ -146,31 +139,24 @@ def play(
     conversation = Conversation(tokenizer, reply, user, settings, guard, seen, stats)
     t0 = time.perf_counter()
     with RowWriter(output) as rows, RowWriter(dropped_path) as dropped:
-        asyncio.run(_play_all(todo, conversation, generator, rows, dropped, output.name, until, stats))
+        asyncio.run(_play_all(todo, conversation, generator, rows, dropped, until))
     stats.generate_seconds += time.perf_counter() - t0
     return stats
 
 
 async def _play_all(
-    todo: Sequence[Plan],
-    conversation: "Conversation",
-    generator: Generator,
-    rows,
-    dropped,
-    name: str,
-    until: float | None,
-    stats: Stats,
+    todo: Sequence[Plan], conversation: "Conversation", generator: Generator, rows, dropped, until: float | None
 ) -> None:
     from tqdm.auto import tqdm
 
     slots = asyncio.Semaphore(generator.capacity)
-    with tqdm(total=len(todo), desc=f"regenerate {name}", dynamic_ncols=True) as bar:
+    with tqdm(total=len(todo), desc=f"regenerate {rows.path.name}", dynamic_ncols=True) as bar:
         async with generator.session() as complete:
 
             async def one(plan: Plan) -> None:
                 async with slots:
                     if until is not None and time.time() > until:
-                        stats.unplayed += 1
+                        conversation.stats.unplayed += 1
                         return
                     row, lost = await conversation.play(plan, complete)
                 (rows if row else dropped).add(row or lost)
@@ -255,9 +241,8 @@ class Conversation:
                 row["messages"].pop()
                 row["turns_skipped"] = left + 1
                 return row, None
-            row["messages"].append(
-                {"role": "assistant", "content": tok.decode(out.output_ids, skip_special_tokens=True)}
-            )
+            reply = tok.decode(out.output_ids, skip_special_tokens=True)
+            row["messages"].append({"role": "assistant", "content": reply})
             record = {"prompt_ids": prompt, "output_ids": out.output_ids, "finish_reason": out.finish_reason}
             if loop is not None:
                 record["loop"] = {"period": loop.period, "repeats": round(loop.repeats, 2)}

@@ -127,9 +127,7 @@ def resume_point(
                 raise CheckpointError(
                     f"no checkpoint of this run loads ({len(found)} tried; {e.where or path.name}: {e.what})",
                     where=str(output_dir),
-                    fix=f"nothing was changed; {e.fix}"
-                    if isinstance(e, UncheckedError)
-                    else f"nothing was changed; {START_OVER}",
+                    fix=f"nothing was changed; {e.fix if isinstance(e, UncheckedError) else START_OVER}",
                 ) from e
     return None
 
@@ -349,16 +347,10 @@ def load_draft_weights(
         saved_head = lilicorr_config(config).to_dflash_keys() if has_head(config) else None
         drafter_t, head_t = split_head(read_tensors(directory))
         dtype = dtype_of(config)
-    fresh_head = saved_head is None and head is not None
-    check_same_geometry(
-        config,
-        None if fresh_head else saved_head,
-        drafter_cfg,
-        None if fresh_head else head_cfg,
-        f"--init-from {directory}",
-        "start from it",
-        rope_may_differ=True,
-    )
+    fresh_head = saved_head is None and head is not None  # the head starts fresh: only the drafter must match
+    option = f"--init-from {directory}"
+    run_head = None if fresh_head else head_cfg
+    check_same_geometry(config, saved_head, drafter_cfg, run_head, option, "start from it", rope_may_differ=True)
     where = str(Path(directory) / WEIGHTS_FILE)
     load_strict(drafter, drafter_t, f"{where} (drafter)", dtype)
     if head is not None and not fresh_head:

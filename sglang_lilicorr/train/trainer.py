@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import json
 import math
 import os
@@ -23,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ..drafter import DFlashDrafter, DrafterConfig, default_target_layer_ids, sample_anchors
 from ..errors import LiLiCorrError
 from ..frozen_target import FrozenTarget, loading_target
-from ..ownership import HeldError, claim_folder, sole_writer, space_for
+from ..ownership import HeldError, claim_folder, sha256_of, sole_writer, space_for
 from ..reference.propose import BlockProposer
 from ..reference.replay import Replayer, pooled_tau
 from .config import TrainConfig, TrainConfigError
@@ -208,31 +207,15 @@ def is_run_folder(folder: Path) -> bool:
 
 def claim_output_dir(cfg: TrainConfig, create: bool) -> None:
     """--output-dir must be new, empty or a training run: train never writes into a folder it did not create."""
-    claim_folder(
-        cfg.output_dir,
-        "run",
-        "--output-dir",
-        recognise=is_run_folder,
-        create=create,
-        fix="pick a new or empty folder, or a run's own folder to resume it (train never writes elsewhere)",
-    )
-
-
-def file_digest(path: str | None) -> str | None:
-    if path is None:
-        return None
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    fix = "pick a new or empty folder, or a run's own folder to resume it (train never writes elsewhere)"
+    claim_folder(cfg.output_dir, "run", "--output-dir", recognise=is_run_folder, create=create, fix=fix)
 
 
 def run_identity(cfg: TrainConfig) -> dict:
     """What a checkpoint records of its run and a resume compares: the data's sha256 and the update-shaping settings."""
     return {
-        "data_sha256": file_digest(cfg.data),
-        "eval_data_sha256": file_digest(cfg.eval_data),
+        "data_sha256": sha256_of(cfg.data),
+        "eval_data_sha256": None if cfg.eval_data is None else sha256_of(cfg.eval_data),
         **cfg.resumed_settings(),
     }
 
@@ -299,11 +282,9 @@ class Distributed:
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         local = int(os.environ.get("LOCAL_RANK", "0"))
-        if torch.cuda.is_available():
-            self.device = torch.device("cuda", local)
+        self.device = torch.device("cuda", local) if torch.cuda.is_available() else torch.device("cpu")
+        if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        else:
-            self.device = torch.device("cpu")
         if self.world > 1 and not dist.is_initialized():
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
 
@@ -387,7 +368,9 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         check_start_over(cfg)
         torch.manual_seed(cfg.seed)
         job = build_job(cfg, env)
-        with space_for(job.out_dir, checkpoint_bytes(job), "--output-dir"):
+        # about what one checkpoint and snapshot take on disk: float32 masters, two Adam moments, a bf16 copy
+        need = sum(t.numel() for t in job.trainable().values()) * (3 * 4 + 2)
+        with space_for(job.out_dir, need, "--output-dir"):
             step = start_point(job)
             with contextlib.closing(_progress(job.total, step, env.main)) as bar:  # an error line starts a line
                 return train_loop(job, step, bar)
@@ -437,11 +420,6 @@ def aside_name(out: Path) -> Path:
     while out.with_name(f"{out.name}.old-{n}").exists():
         n += 1
     return out.with_name(f"{out.name}.old-{n}")
-
-
-def checkpoint_bytes(job: Job) -> int:
-    """About what one checkpoint and snapshot take on disk: float32 masters, two Adam moments, a bf16 copy."""
-    return sum(t.numel() for t in job.trainable().values()) * (3 * 4 + 2)
 
 
 def build_job(cfg: TrainConfig, env: Distributed) -> Job:
@@ -531,14 +509,8 @@ def start_point(job: Job) -> int:
 def resume_from(job: Job, path: Path, checkpoint: tuple, opt_state: dict) -> int:
     """Load a checkpoint `resume_point` found -> its step; newer ones set aside, `latest` names this one."""
     state, _, _, tensors = checkpoint
-    check_resume_compatible(
-        state,
-        job.drafter_cfg,
-        job.head_cfg,
-        str(path),
-        None if job.cfg.resume_with_changes else job.identity,
-        job.cfg.ADDED,
-    )
+    run = None if job.cfg.resume_with_changes else job.identity
+    check_resume_compatible(state, job.drafter_cfg, job.head_cfg, str(path), run, job.cfg.ADDED)
     load_trainable(tensors, job.drafter, job.head, str(path / TENSORS_FILE))
     try:
         job.optimizer.load_state_dict(opt_state["optimizer"])
@@ -562,11 +534,8 @@ def resume_from(job: Job, path: Path, checkpoint: tuple, opt_state: dict) -> int
 def train_loop(job: Job, step: int, progress_bar) -> dict[str, float]:
     """Train from `step` to the end: updates, logs, evaluations, snapshots, checkpoints -> the last logged metrics."""
     cfg, env = job.cfg, job.env
-    trainable = (
-        DistributedDataParallel(job.joint, device_ids=[env.device.index] if env.device.type == "cuda" else None)
-        if env.world > 1
-        else job.joint
-    )
+    device_ids = [env.device.index] if env.device.type == "cuda" else None
+    trainable = DistributedDataParallel(job.joint, device_ids=device_ids) if env.world > 1 else job.joint
     weights = cfg.objective()
     timer = PhaseTimer(env.device)
     job.joint.timer = timer
@@ -689,15 +658,9 @@ def log_row(path: Path, row: dict[str, float]) -> None:
 def save_checkpoint(job: Job, step: int, progress: dict[str, int]) -> None:
     """Rank 0 writes the step's checkpoint and prunes the oldest; every rank waits for it."""
     if job.env.main:
+        opt = {"optimizer": job.optimizer.state_dict(), "scheduler": job.scheduler.state_dict()}
         save_training_checkpoint(
-            job.out_dir,
-            step,
-            progress,
-            job.drafter_cfg,
-            job.head_cfg,
-            job.trainable(),
-            {"optimizer": job.optimizer.state_dict(), "scheduler": job.scheduler.state_dict()},
-            job.identity,
+            job.out_dir, step, progress, job.drafter_cfg, job.head_cfg, job.trainable(), opt, job.identity
         )
         prune_checkpoints(job.out_dir, job.cfg.keep_checkpoints)
     job.env.barrier()
