@@ -149,6 +149,23 @@ def test_a_narrow_choice_probes_the_widest_one_interval_in_probe_every():
     assert len(probes) / len(widths) < 0.15
 
 
+def test_probes_take_the_width_verified_least_recently_and_settle_a_width_tried_on_few_steps():
+    policy = policy_for({1: 2.0, 4: 3.0, 16: 4.4}, 0.05, interval=4, probe_every=4, settle=8)
+    widths = run(policy, 4 * 60)
+    probed = [widths[i] for i in range(0, len(widths), 4) if widths[i] != 1]
+    assert set(probed) == {4, 16}  # each width is measured again, not only the widest
+    assert all(a != b for a, b in zip(probed[2:], probed[3:]))  # in turn, once both have settled
+    policy = policy_for({1: 2.0, 16: 4.4}, 0.05, interval=4, probe_every=1000, settle=8)
+    run(policy, 8)
+    policy.costs.observe(16, 1, 9e-3)  # 16 was served on one step only (its first, slow)
+    widths = []
+    for _ in range(4 * 6):
+        widths.append(policy.width(1))
+        policy.costs.observe(widths[-1], 1, {1: 2e-3, 16: 4.4e-3}[widths[-1]])
+    assert widths.count(16) == 8  # probed again at once for two intervals: 9 >= settle steps seen, then no more
+    assert policy.costs.cost(16, 1) == pytest.approx(4.4e-3)  # the slow first step no longer its cost
+
+
 def test_uncovered_batches_and_batches_a_narrow_step_cannot_serve_verify_the_block():
     policy = policy_for({1: 2.0, 16: 4.4}, 0.1)
     run(policy, 8)
@@ -213,20 +230,48 @@ def test_the_adaptive_server_is_within_3_percent_of_the_best_fixed_width(served,
         p = [float(accepted[1:])] * (BLOCK - 1)
         fates = [[drafts_accepted(rng, p, BLOCK) for _ in range(batch)] for _ in range(3000)]
 
-    def serve(widths) -> float:
-        policy = WidthPolicy(widths, StepCosts(dict(replay)), AcceptanceRecord(BLOCK - 1))
-        tokens = seconds = 0.0
-        for fate in fates:
-            w = policy.width(batch)
-            counts = [min(k, w - 1) for k in fate]
-            policy.verified(counts)
-            policy.costs.observe(w, batch, step_s[w])
-            tokens += sum(counts) + batch
-            seconds += step_s[w]
-        return tokens / seconds
+    best = max(simulate((w,), replay, step_s, fates, batch) for w in served)
+    assert simulate(tuple(served), replay, step_s, fates, batch) >= 0.97 * best
 
-    best = max(serve((w,)) for w in served)
-    assert serve(tuple(served)) >= 0.97 * best
+
+def simulate(widths, replay, step_s, fates, batch, slow_first: int = 0, slow_by: float = 1.0) -> float:
+    """Tokens per second of a policy over `widths` serving `fates` (each step's accepted drafts per request at the
+    full block); each width's first `slow_first` steps take `slow_by` times its period (a width's first served steps
+    run slow: lazy buffers, a prefill beside them), then `step_s`."""
+    policy = WidthPolicy(widths, StepCosts(dict(replay)), AcceptanceRecord(BLOCK - 1))
+    tokens = seconds = 0.0
+    served = dict.fromkeys(widths, 0)
+    for fate in fates:
+        w = policy.width(batch)
+        counts = [min(k, w - 1) for k in fate]
+        policy.verified(counts)
+        period = step_s[w] * (slow_by if served[w] < slow_first else 1.0)
+        served[w] += 1
+        policy.costs.observe(w, batch, period)
+        tokens += sum(counts) + batch
+        seconds += period
+    return tokens / seconds
+
+
+@pytest.mark.parametrize("accepted", [2, 7, "p0.3", "p0.6"])
+@pytest.mark.parametrize("batch", [1, 32])
+def test_a_width_whose_first_steps_ran_slow_is_measured_again(accepted, batch, seed):
+    """On the H100 testbed the first observed periods of widths 2 and 4 at batch 1 were ~1.9x the rest; a width whose
+    median kept them would never be chosen again. Every width's first 3 steps at 3x here: the policy still ends
+    within 4 % of the best fixed width (the adaptive server pays every width's slow start, a fixed one only its own:
+    ~1 % of these 3000 steps)."""
+    rng = random.Random(seed)
+    column = {1: 0, 32: 2}[batch]
+    step_s = {w: ms[column] * 1e-3 for w, ms in HOST_HEAVY.items()}
+    replay = {(w, batch): ms[column] * 1e-3 for w, ms in HOST_HEAVY_REPLAY.items()}
+    if isinstance(accepted, int):
+        fates = [[accepted - 1] * batch for _ in range(3000)]
+    else:
+        p = [float(accepted[1:])] * (BLOCK - 1)
+        fates = [[drafts_accepted(rng, p, BLOCK) for _ in range(batch)] for _ in range(3000)]
+    slow = dict(slow_first=3, slow_by=3.0)
+    best = max(simulate((w,), replay, step_s, fates, batch, **slow) for w in HOST_HEAVY)
+    assert simulate(tuple(HOST_HEAVY), replay, step_s, fates, batch, **slow) >= 0.96 * best
 
 
 # --- the worker's side (SGLang's DFlash worker stood in for by the attributes it reads) --------------------

@@ -1,7 +1,8 @@
 """Adaptive verify width: how many tokens w of each drafted block the target verifies, per decode batch (width 1: a
 plain decode step). The worker picks the width of the highest rate(w, b) = E[L_w] / cost(w, b), E[L_w] = 1 + sum_{i<w}
 a_1...a_i (a_i: acceptance of draft i given 1..i-1, `AcceptanceRecord`; cost: `StepCosts`), at an upper confidence
-bound, every `interval` steps with a `margin`, probing a wider width now and then. LILICORR_VERIFY_WIDTH: `adaptive`
+bound, every `interval` steps with a `margin`, probing the width verified least recently now and then (a cost
+observed once stays the median until measured again). LILICORR_VERIFY_WIDTH: `adaptive`
 (default), one width (pinned), or a comma list of tiers."""
 
 from __future__ import annotations
@@ -137,16 +138,19 @@ class WidthPolicy:
         interval: int = 4,
         margin: float = 0.02,
         probe_every: int = 64,
+        settle: int = 8,
         warmup: float = 16.0,
-        optimism: float = 1.0,
+        optimism: float = 0.5,
     ):
         self.widths, self.costs, self.record = tuple(sorted(widths)), costs, record
         self.interval, self.margin, self.probe_every, self.warmup = interval, margin, probe_every, warmup
+        self.settle = settle  # a width tried on fewer steps than this at a batch size is probed again at once
         self.optimism = optimism
         self.current = self.widths[-1]
         self.probing: int | None = None  # the width a probe verifies for one interval
         self.steps = 0  # decode steps the policy chose (covered batches)
-        self.narrow_decisions = 0  # decisions in a row that kept a width below the widest
+        self.since_probe = 0  # decisions since the last probe
+        self.used: dict[tuple[int, int | None], int] = {}  # (width, graph batch size) -> the step it last verified
         # (width, batch) of the steps whose accept counts are not back yet (a bound, should reports stop coming)
         self.pending: deque[tuple[int, int]] = deque(maxlen=256)
 
@@ -183,27 +187,34 @@ class WidthPolicy:
         return f"batch {batch}: " + "; ".join(views) + f"; verifying {self.probing or self.current}"
 
     def _decide(self, batch: int) -> None:
-        widest = self.widths[-1]
         if self.probing:
             self.probing = None  # a probe lasts one interval
-        elif self.current < widest and self.narrow_decisions >= self.probe_every:
-            self.probing, self.narrow_decisions = self._probe_width(batch), 0
+        elif (unsettled := self._unsettled(batch)) or (self.since_probe >= self.probe_every and len(self.widths) > 1):
+            self.probing, self.since_probe = unsettled or self._stalest(batch), 0
             return
         best = self.best(batch)
         rate = lambda w: self.rate(w, batch, self.optimism)  # noqa: E731
         if best != self.current and rate(best) > rate(self.current) * (1 + self.margin):
             self.current = best
-        self.narrow_decisions = 0 if self.current == widest else self.narrow_decisions + 1
+        self.since_probe += 1
 
-    def _probe_width(self, batch: int) -> int:
-        """From width 1, the best drafting width; from a narrow drafting width, the widest."""
-        drafting = [w for w in self.widths if w > 1]
-        if self.current == 1 and drafting:
-            return max(drafting, key=lambda w: self.rate(w, batch))
-        return self.widths[-1]
+    def _unsettled(self, batch: int) -> int | None:
+        """A width other than the current one tried at this batch's graph size on fewer than `settle` steps (its first
+        steps may have run slow), else None."""
+        bucket = self.costs.bucket(batch)
+        counts = {w: len(self.costs.periods.get((w, bucket), ())) for w in self.widths if w != self.current}
+        return next((w for w, n in counts.items() if 0 < n < self.settle), None)
+
+    def _stalest(self, batch: int) -> int:
+        """The width other than the current one verified least recently at this batch's graph size (the wider on a
+        tie): its cost and, for a wider one, the acceptance of its later positions are measured again."""
+        bucket = self.costs.bucket(batch)
+        others = [w for w in self.widths if w != self.current]
+        return min(others, key=lambda w: (self.used.get((w, bucket), -1), -w))
 
     def _use(self, width: int, batch: int) -> int:
         self.pending.append((width, batch))
+        self.used[(width, self.costs.bucket(batch))] = self.steps
         return width
 
     def verified(self, accepted_drafts: list[int]) -> int | None:
