@@ -220,18 +220,22 @@ def test_the_adaptive_server_is_within_3_percent_of_the_best_fixed_width(served,
     requests: each (step, request) has the drafts it would accept at the full block, a width w verifies the first
     w - 1 of them. The policy starts from the graphs' replay times and an empty record, and learns from what each
     step verified and how long it took."""
+    step_s, replay, fates = scenario(served, replayed, accepted, batch, seed)
+    best = max(simulate((w,), replay, step_s, fates, batch) for w in served)
+    assert simulate(tuple(served), replay, step_s, fates, batch) >= 0.97 * best
+
+
+def scenario(served, replayed, accepted, batch: int, seed: int, steps: int = 3000):
+    """A simulated server's step seconds by width and its replay times at `batch`, and `steps` steps' fates: each
+    request's accepted drafts at the full block, `accepted` - 1 (forced) or drawn with constant acceptance p ("pP")."""
     rng = random.Random(seed)
     column = {1: 0, 8: 1, 32: 2}[batch]
     step_s = {w: ms[column] * 1e-3 for w, ms in served.items()}
     replay = {(w, batch): ms[column] * 1e-3 for w, ms in replayed.items()}
     if isinstance(accepted, int):
-        fates = [[accepted - 1] * batch for _ in range(3000)]
-    else:
-        p = [float(accepted[1:])] * (BLOCK - 1)
-        fates = [[drafts_accepted(rng, p, BLOCK) for _ in range(batch)] for _ in range(3000)]
-
-    best = max(simulate((w,), replay, step_s, fates, batch) for w in served)
-    assert simulate(tuple(served), replay, step_s, fates, batch) >= 0.97 * best
+        return step_s, replay, [[accepted - 1] * batch for _ in range(steps)]
+    p = [float(accepted[1:])] * (BLOCK - 1)
+    return step_s, replay, [[drafts_accepted(rng, p, BLOCK) for _ in range(batch)] for _ in range(steps)]
 
 
 def simulate(widths, replay, step_s, fates, batch, slow_first: int = 0, slow_by: float = 1.0) -> float:
@@ -260,15 +264,7 @@ def test_a_width_whose_first_steps_ran_slow_is_measured_again(accepted, batch, s
     median kept them would never be chosen again. Every width's first 3 steps at 3x here: the policy still ends
     within 4 % of the best fixed width (the adaptive server pays every width's slow start, a fixed one only its own:
     ~1 % of these 3000 steps)."""
-    rng = random.Random(seed)
-    column = {1: 0, 32: 2}[batch]
-    step_s = {w: ms[column] * 1e-3 for w, ms in HOST_HEAVY.items()}
-    replay = {(w, batch): ms[column] * 1e-3 for w, ms in HOST_HEAVY_REPLAY.items()}
-    if isinstance(accepted, int):
-        fates = [[accepted - 1] * batch for _ in range(3000)]
-    else:
-        p = [float(accepted[1:])] * (BLOCK - 1)
-        fates = [[drafts_accepted(rng, p, BLOCK) for _ in range(batch)] for _ in range(3000)]
+    step_s, replay, fates = scenario(HOST_HEAVY, HOST_HEAVY_REPLAY, accepted, batch, seed)
     slow = dict(slow_first=3, slow_by=3.0)
     best = max(simulate((w,), replay, step_s, fates, batch, **slow) for w in HOST_HEAVY)
     assert simulate(tuple(HOST_HEAVY), replay, step_s, fates, batch, **slow) >= 0.96 * best
