@@ -400,3 +400,20 @@ def test_a_captured_append_writes_what_the_eager_append_writes():
         assert torch.equal(kv[1:], want[0][1:]) and torch.equal(anchors, want[1])
     never = torch.zeros(2, 2, dtype=torch.int64, device="cuda")  # a (2, 2) step: no graph of that size
     assert not graphs.replay(**{**step, "cache_loc_2d": never})
+
+
+def test_tensor_parallel_ranks_keep_the_whole_block(monkeypatch, caplog):
+    """Each rank times its own steps, so ranks could pick different widths and run unlike collectives: under TP the
+    block is verified whole, said at start-up."""
+    import types
+
+    from sglang_lilicorr.serving import worker as worker_module
+
+    worker, _ = _worker(monkeypatch)
+    worker.policy, worker.model_runner = None, object()
+    group = types.SimpleNamespace(tp_group=types.SimpleNamespace(world_size=2))
+    monkeypatch.setattr(worker_module, "get_parallel", lambda: group)
+    caplog.set_level("INFO", logger="sglang_lilicorr.serving.worker")
+    worker._init_verify_widths()
+    assert worker.widths == (16,) and worker.policy is None
+    assert "verify width 16 (under tensor parallelism every rank must verify the same width" in caplog.text

@@ -217,6 +217,8 @@ class LiLiCorrWorker(DFlashWorkerV2):
             why_fixed = "pinned"
         elif self._need_mamba_verify_commit:
             why_fixed = "a hybrid (Mamba) target keeps the whole block"
+        elif int(get_parallel().tp_group.world_size) > 1:
+            why_fixed = "under tensor parallelism every rank must verify the same width, and each times its own steps"
         elif self._draft_sampler is None or runner.decode_cuda_graph_runner is None:
             why_fixed = "CUDA graphs are off, so no width's cost can be measured"
         if why_fixed is None:
@@ -252,7 +254,6 @@ class LiLiCorrWorker(DFlashWorkerV2):
             return super().forward_batch_generation(
                 batch, on_publish=on_publish, grammar_barrier=grammar_barrier, pp_proxy_tensors=pp_proxy_tensors
             )
-        self.proposer.stage_anchors(batch.req_pool_indices)
         size, block = len(batch.reqs), int(self.block_size)
         now = time.perf_counter()
         if self.policy is not None and self._last_decode is not None:
@@ -266,6 +267,8 @@ class LiLiCorrWorker(DFlashWorkerV2):
         ):
             self._policy_logged = now
             logger.info("%s: verify width policy at %s.", ALGORITHM_NAME, self.policy.describe(size))
+        if width > 1:  # a draft pass reads the batch's anchors; a width-1 step drafts nothing
+            self.proposer.stage_anchors(batch.req_pool_indices)
         if width < block:
             result = narrow_step(self, batch, width, self.tiers[width], on_publish=on_publish)
         else:
