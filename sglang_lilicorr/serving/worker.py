@@ -217,7 +217,7 @@ class LiLiCorrWorker(DFlashWorkerV2):
             why_fixed = "pinned"
         elif self._need_mamba_verify_commit:
             why_fixed = "a hybrid (Mamba) target keeps the whole block"
-        elif int(get_parallel().tp_group.world_size) > 1:
+        elif len(self.widths) > 1 and int(get_parallel().tp_group.world_size) > 1:
             why_fixed = "under tensor parallelism every rank must verify the same width, and each times its own steps"
         elif self._draft_sampler is None or runner.decode_cuda_graph_runner is None:
             why_fixed = "CUDA graphs are off, so no width's cost can be measured"
