@@ -46,8 +46,15 @@ def test_the_timed_passes_fall_back_to_a_smaller_micro_batch_where_they_run_out_
         def phases(self, size, steps):
             return {"shares": {}}
 
+        def micro_step(self, size, accumulation):  # the kernels pass: nothing runs, no kernel is listed
+            pass
+
+        def sync(self):
+            pass
+
     out = train_8b.measure(Fake(), limit=64, steps=1)
     assert (out["micro_batch"], out["peak_gib"], out["out_of_memory_at"]) == (2, 20.0, 8)
+    assert out["largest_kernels"] == []
     assert out["peak_gib_by_micro_batch"] == {1: 10.0, 2: 20.0, 4: 40.0}
 
 
@@ -68,6 +75,9 @@ def test_the_step_runs_end_to_end_at_tiny_shapes(tmp_path, capsys):
         assert r["recipe_hours_4gpu"] == pytest.approx(6 * r["hours_per_epoch_1gpu"] / 3.76)
         assert set(r["phases_ms_per_micro_step"]) == {"target", "drafter", "head", "backward"}
         assert sum(r["shares"].values()) == pytest.approx(1.0)
+        kernels = r["largest_kernels"]  # CPU ops here (GPU kernels on a GPU), largest first
+        assert kernels and [k["ms"] for k in kernels] == sorted((k["ms"] for k in kernels), reverse=True)
+        assert 0 < sum(k["share"] for k in kernels) <= 1.0 + 1e-9
     assert summary["head"]["flops_per_token"]["drafter_backward"] == 0 < summary["joint"]["flops_per_token"]["total"]
     assert set(summary["joint_shares_by_part"]) == {"target", "drafter", "head", "optimizer"}
     assert sum(summary["joint_shares_by_part"].values()) == pytest.approx(1.0)

@@ -21,6 +21,8 @@ bf16 autocast over fp32 masters; gradient clip). For each mode:
   phases      a pass of its own with CUDA events (train/timing.PhaseTimer, as the trainer logs them): ms per
               micro-step of the target's forward, the drafter's forward, the head's forward and the objective, the
               backward; ms of the optimizer step; and their shares of a global step
+  kernels     one more micro-step under torch.profiler: its largest kernels by GPU time (name, calls, ms, share of
+              the micro-step's kernel time; CPU ops off a GPU), the roofline's "largest kernels"
 The target's forward runs under no_grad (frozen_target.FrozenTarget) and keeps no activations, so checkpointing its
 activations would save nothing: what grows with the micro-batch is the drafter's and the head's.
 MFU counts roofline.py's model FLOPs per token against the card's dense bf16 peak; the hours project the measured
@@ -257,6 +259,24 @@ class Bench:
         }
 
 
+def largest_kernels(bench: Bench, size: int, top: int = 12) -> list[dict]:
+    """The `top` kernels of one micro-step at micro-batch `size` by self time (module docstring, kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = bench.device.type == "cuda"
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        bench.micro_step(size, 1)
+        bench.sync()
+    bench.optimizer.zero_grad(set_to_none=True)
+    events = [e for e in prof.key_averages() if getattr(e, key) > 0]
+    total = sum(getattr(e, key) for e in events) or 1.0
+    return [
+        {"name": e.key[:160], "calls": e.count, "ms": getattr(e, key) / 1e3, "share": getattr(e, key) / total}
+        for e in sorted(events, key=lambda e: -getattr(e, key))[:top]
+    ]
+
+
 def measure(bench: Bench, limit: int, steps: int) -> dict:
     fits, oom = largest_micro_batch(bench.try_micro_batch, limit)
     if not fits:
@@ -265,6 +285,7 @@ def measure(bench: Bench, limit: int, steps: int) -> dict:
         free_memory(bench)  # (a fragmented pool), the next smaller
         try:
             timed = bench.throughput(size, steps) | bench.phases(size, steps)
+            timed["largest_kernels"] = largest_kernels(bench, size)
         except torch.cuda.OutOfMemoryError:
             continue
         return {"peak_gib": fits[size], "peak_gib_by_micro_batch": fits, "out_of_memory_at": oom, **timed}
@@ -428,6 +449,9 @@ def table(summary: dict) -> str:
     for m in modes:
         shares = ", ".join(f"{k} {v:.0%}" for k, v in summary[m]["shares"].items())
         lines.append(f"\n{m}: share of a step: {shares}")
+    for m in modes:
+        kernels = ", ".join(f"{k['name'][:48]} {k['share']:.0%}" for k in summary[m].get("largest_kernels", [])[:5])
+        lines.append(f"{m}: largest kernels of a micro-step: {kernels}")
     if "joint_shares_by_part" in summary:
         shares = ", ".join(f"{k} {v:.0%}" for k, v in summary["joint_shares_by_part"].items())
         lines.append(f"joint by part (its drafter backward: joint's backward less head-only's): {shares}")
