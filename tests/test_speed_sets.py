@@ -146,6 +146,15 @@ def test_a_run_at_c_plays_at_least_c_prompts():
     assert [p.prompt_id for p in speed.run_prompts(every[:2], 3)] == ["p0", "p1", "p0#2"]
 
 
+def test_a_sustained_run_plays_four_waves_in_a_folder_of_its_own():
+    every = [Prompt(f"p{i}", "speed", (f"t{i}",)) for i in range(32)]
+    sustained = [len(speed.run_prompts(every, c, sustained=True)) for c in (1, 4, 8, 32)]
+    assert sustained == [16, 16, 32, 128]  # c = 32: the batch stays at 32 for most of the run, not one wave
+    assert len({p.prompt_id for p in speed.run_prompts(every, 32, sustained=True)}) == 128
+    assert speed.setting_folder("graphs32", "", "eval", sustained=True) == "graphs32_eval_sustained"
+    assert speed.setting_folder("graphs32", "", "writing", sustained=True) == "graphs32_sustained"
+
+
 def test_a_resumed_setting_warms_its_servers_up_before_its_first_round(tmp_path):
     """A call cut by its deadline after round 1, then one that resumes round 2 on servers started afresh: each
     server gets its warm-up (max(warmup, c) unrecorded requests) before that round too, and no run is played twice."""

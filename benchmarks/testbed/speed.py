@@ -28,7 +28,9 @@ for the next call); an eval
 setting's rounds live in WORK/speed/SETTING_eval (setting_folder), never paired or summarized with the writing rounds
 (each set its own summary, table, report and bundle; the call's server logs, tau check and profile go with the first
 set's). A run at c plays prompts_for(c) prompts and at least c (run_prompts: the set cycled where it has fewer, so
-the batch reaches c).
+the batch reaches c): at c = 32 on the writing set one wave, whose wall is its slowest request. --sustained plays 4c
+(at least 16; the set cycled) so the batch stays at c for most of the run, as a server under steady load (its rounds
+in WORK/speed/SETTING[_eval]_sustained: never paired with a wave's).
 --setting graphs32 captures CUDA graphs up to batch 32 (every c graph-replayed); graphs16 stops them at 16, so c = 32
 runs the eager path; graphs64 captures them to 64 and admits 64 requests (c = 1 to 64, graph-replayed; a KV pool of
 KV_TOKENS_PER_REQUEST a request). With --greedy-check every reply's token ids are recorded (the chat API's sglext) and,
@@ -104,10 +106,10 @@ def prompts_for(c: int) -> int:
     return min(SPEED_PROMPTS, max(16, 4 * c))
 
 
-def run_prompts(every: list, c: int) -> list:
-    """The prompts a run at c plays: the first prompts_for(c) of the set, and at least c, the set cycled past its end
-    (the k-th copy of a prompt named <id>#k), so the running batch reaches c."""
-    n = max(min(len(every), prompts_for(c)), c)
+def run_prompts(every: list, c: int, sustained: bool = False) -> list:
+    """The prompts a run at c plays: the first prompts_for(c) of the set, and at least c (`sustained`: 4c, at least
+    16), the set cycled past its end (the k-th copy of a prompt named <id>#k), so the running batch reaches c."""
+    n = max(16, 4 * c) if sustained else max(min(len(every), prompts_for(c)), c)
     return [
         p if i < len(every) else dataclasses.replace(p, prompt_id=f"{p.prompt_id}#{i // len(every) + 1}")
         for i, p in ((i, every[i % len(every)]) for i in range(n))
@@ -147,10 +149,11 @@ def earlier_systems(work: Path) -> list[str] | None:
     return None if record is None else list(record.get("systems", SYSTEMS))
 
 
-def setting_folder(setting: str, server_args: str, prompt_set: str = "writing") -> str:
-    """The folder of a setting's rounds under WORK/speed: the setting's name, then _eval for the evaluation prompt set
-    and _BACKEND for a target attention other than the kit's Triton (graphs32_flashinfer, graphs64_eval): rounds of two
-    prompt sets or two backends never share a folder, so they are never paired, merged or summarized together."""
+def setting_folder(setting: str, server_args: str, prompt_set: str = "writing", sustained: bool = False) -> str:
+    """The folder of a setting's rounds under WORK/speed: the setting's name, then _eval for the evaluation prompt set,
+    _BACKEND for a target attention other than the kit's Triton (graphs32_flashinfer, graphs64_eval) and _sustained for
+    --sustained: rounds of two prompt sets, backends or loads never share a folder, so they are never paired, merged or
+    summarized together."""
     from .common import KIT_BACKENDS, backends_of
 
     attention = backends_of(server_args)["attention"]
@@ -158,6 +161,7 @@ def setting_folder(setting: str, server_args: str, prompt_set: str = "writing") 
         setting
         + ("" if prompt_set == "writing" else f"_{prompt_set}")
         + ("" if attention == KIT_BACKENDS["attention"] else f"_{attention}")
+        + ("_sustained" if sustained else "")
     )
 
 
@@ -165,7 +169,9 @@ def speed_folders(args) -> dict[str, Path]:
     """{prompt set: WORK/speed/<setting_folder>} of this call's --prompt-set(s), in the order given (--setting and
     --server-args name the folders too)."""
     sets = dict.fromkeys(getattr(args, "prompt_set", None) or ["writing"])
-    return {name: Path(args.work) / "speed" / setting_folder(args.setting, base_args(args), name) for name in sets}
+    sustained = getattr(args, "sustained", False)
+    folder = lambda name: setting_folder(args.setting, base_args(args), name, sustained)  # noqa: E731
+    return {name: Path(args.work) / "speed" / folder(name) for name in sets}
 
 
 def base_args(args) -> str:
@@ -305,8 +311,8 @@ def open_set(args, name: str, work: Path, systems: list[str], concurrency: list[
         name,
         work,
         every,
-        {c: run_prompts(every, c) for c in concurrency},
-        {c: run_prompts(every, c) for c in sorted(played | set(concurrency))},
+        {c: run_prompts(every, c, getattr(args, "sustained", False)) for c in concurrency},
+        {c: run_prompts(every, c, getattr(args, "sustained", False)) for c in sorted(played | set(concurrency))},
     )
 
 
@@ -559,6 +565,12 @@ def arguments(parser) -> None:
         type=int,
         nargs="+",
         help="default: 1 4 8 16 32 (graphs32), 32 (graphs16), 1 4 8 16 32 64 (graphs64)",
+    )
+    parser.add_argument(
+        "--sustained",
+        action="store_true",
+        help="each run plays 4c prompts (at least 16, the set cycled): the batch stays at c as under steady load "
+        "(default: the set's first max(16, 4c) up to its size; one wave at c = 32 on the writing set)",
     )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=256)
