@@ -172,6 +172,8 @@ def test_uncovered_batches_and_batches_a_narrow_step_cannot_serve_verify_the_blo
     assert policy.width(1) == 1
     assert policy.width(2) == 16  # no graph was timed at 2: it runs outside the captured graphs
     assert policy.width(1, narrow=False) == 16
+    pinned = WidthPolicy((1,), StepCosts({(1, 1): 1e-3}), AcceptanceRecord(BLOCK - 1), warmup=0)
+    assert pinned.width(1) == 1 and pinned.width(1, narrow=False) == 16  # a pinned narrow width: grammar gets the block
 
 
 def test_verified_reports_meet_their_steps_in_order_and_misfits_are_dropped():

@@ -163,11 +163,11 @@ class WidthPolicy:
         return max(self.widths, key=lambda w: (self.rate(w, batch, self.optimism), -w))
 
     def width(self, batch: int, narrow: bool = True) -> int:
-        """The next step's width: the widest where a narrow step may not serve the batch or its size has no measured
-        cost, else the policy's choice."""
-        if not narrow or not self.costs.covers(self.widths, batch):
-            return self._use(self.widths[-1], batch)
-        if self.record.reached[0] < self.warmup:
+        """The next step's width: the whole block (the record spans its drafts) where a narrow step may not serve the
+        batch, the widest tier where its size has no measured cost or the record is warming up, else the choice."""
+        if not narrow:
+            return self._use(self.record.slots + 1, batch)
+        if not self.costs.covers(self.widths, batch) or self.record.reached[0] < self.warmup:
             return self._use(self.widths[-1], batch)
         if self.steps % self.interval == 0:
             self._decide(batch)
