@@ -17,16 +17,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..cli_args import (
-    add_command,
-    bounded,
-    finite_float,
-    json_object_arg,
-    path_arg,
-    shell_words_arg,
-    url_arg,
-    with_help,
-)
+from ..cli_args import add_command, bounded, finite_float, json_object_arg, path_arg, shell_words_arg, url_arg
+from ..cli_args import with_help
 
 CHAT_KWARGS_HELP = 'JSON object passed to the chat template (default {"enable_thinking": false}: reasoning off)'
 

@@ -99,8 +99,7 @@ def table_rows(tok, cols, mask, table_ptr, H):
 
 @triton.jit
 def node_sum(feat, tok, proj, const, cols, mask, table_ptr, H):
-    """feat [R, C] fp32 and the rows' loaded ids, pass rows and node constants, columns cols -> node [R, C] fp32 =
-    token_table[id] + pass_proj[slot] + feat + node_const[slot, k] (the caller rounds once)."""
+    """node [R, C] fp32 = token_table[id] + pass_proj[slot] + feat + node_const[slot, k] (the caller rounds once)."""
     x = table_rows(tok, cols, mask, table_ptr, H)
     x += proj.to(tl.float32)
     x += feat
@@ -171,23 +170,10 @@ def confidence_up_triton(
     launch = ConfidenceLaunch()
     block_h = min(triton.next_power_of_2(h), launch.block_h)
     if g:
-        _confidence_up_kernel[(g, triton.cdiv(h, block_h))](
-            vals.contiguous(),
-            lse.contiguous(),
-            w_feat.contiguous(),
-            b_feat.contiguous(),
-            lp,
-            out,
-            k,
-            h,
-            float(ln_eps),
-            float(max(k - 1, 1)),
-            KP=triton.next_power_of_2(k),
-            BLOCK_H=block_h,
-            PDL=pdl,
-            launch_pdl=pdl,
-            num_warps=launch.num_warps,
-        )
+        inputs = [t.contiguous() for t in (vals, lse, w_feat, b_feat)]
+        args = (*inputs, lp, out, k, h, float(ln_eps), float(max(k - 1, 1)))
+        meta = dict(KP=triton.next_power_of_2(k), BLOCK_H=block_h, PDL=pdl, launch_pdl=pdl, num_warps=launch.num_warps)
+        _confidence_up_kernel[(g, triton.cdiv(h, block_h))](*args, **meta)
     return lp, out
 
 
@@ -205,8 +191,7 @@ def lattice_nodes_triton(
     pdl: bool = False,
     launch_pdl: bool | None = None,  # False: launched in full order (after a stream join); None: pdl
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (residual stream x [b*S*K, H], RMSNorm(x) [b*S*K, H]), both in table's dtype; with sumsq_out
-    (the norm folded into the QKV GEMM, kernels/gemm_epilogue.py) -> (x, sumsq_out)."""
+    """-> (residual stream x, RMSNorm(x)) [b*S*K, H] in table's dtype; with sumsq_out: (x, sumsq_out)."""
     check_pdl(pdl, table, "lattice_nodes_triton")
     b, s, k = ids.shape
     h = table.shape[1]
@@ -228,26 +213,8 @@ def lattice_nodes_triton(
     xn = torch.empty((rows, h), dtype=table.dtype, device=table.device) if sumsq_out is None else sumsq_out
     if rows:
         block_h, per = max(triton.next_power_of_2(h), SUMSQ_GROUP.value), rows_per_program(x)
-        _lattice_nodes_kernel[(triton.cdiv(rows, per),)](
-            ids.contiguous(),
-            table.contiguous(),
-            pass_proj.contiguous(),
-            feat.contiguous(),
-            node_const.contiguous(),
-            norm_weight,
-            x,
-            xn,
-            xn,
-            rows,
-            s,
-            k,
-            h,
-            x.stride(0),
-            float(eps),
-            ROWS=per,
-            BLOCK_H=block_h,
-            SUMSQ=sumsq_out is not None,
-            **pdl_launch(pdl, launch_pdl),
-            num_warps=_row_warps(block_h),
-        )
+        inputs = [t.contiguous() for t in (ids, table, pass_proj, feat, node_const)]
+        args = (*inputs, norm_weight, x, xn, xn, rows, s, k, h, x.stride(0), float(eps))
+        meta = dict(ROWS=per, BLOCK_H=block_h, SUMSQ=sumsq_out is not None, **pdl_launch(pdl, launch_pdl))
+        _lattice_nodes_kernel[(triton.cdiv(rows, per),)](*args, **meta, num_warps=_row_warps(block_h))
     return x, xn

@@ -22,10 +22,8 @@ def norm_store(sf, rstd, rows, cols, mask, H, w_ptr, out_ptr, out_stride, cross_
     out = out_ptr + rows[:, None] * out_stride + cols[None, :]
     tl.store(out, n, mask=mask)
     if CROSS:
-        t = tl.load(cross_ptr + (rows // rows_per_req)[:, None] * H + cols[None, :], mask=mask, other=0.0).to(
-            tl.float32
-        )
-        tl.store(out + H, (n.to(tl.float32) * t).to(dtype), mask=mask)
+        t = tl.load(cross_ptr + (rows // rows_per_req)[:, None] * H + cols[None, :], mask=mask, other=0.0)
+        tl.store(out + H, (n.to(tl.float32) * t.to(tl.float32)).to(dtype), mask=mask)
 
 
 SUMSQ_GROUP = tl.constexpr(16)  # columns per partial sum of squares (a row's norm left to the GEMM that reads it)
@@ -38,11 +36,8 @@ def store_sumsq(v, rows, pid_n, live, n_parts, ss_ptr, BLOCK_M: tl.constexpr, BL
     GROUPS: tl.constexpr = BLOCK_N // SUMSQ_GROUP
     part = tl.sum(tl.reshape(v * v, [BLOCK_M, GROUPS, SUMSQ_GROUP]), 2)  # [BLOCK_M, GROUPS]
     cols = pid_n * GROUPS + tl.arange(0, GROUPS)
-    tl.store(
-        ss_ptr + rows.to(tl.int64)[:, None] * n_parts + cols[None, :],
-        part,
-        mask=live[:, None] & (cols < n_parts)[None, :],
-    )
+    at = ss_ptr + rows.to(tl.int64)[:, None] * n_parts + cols[None, :]
+    tl.store(at, part, mask=live[:, None] & (cols < n_parts)[None, :])
 
 
 @triton.jit
@@ -118,9 +113,8 @@ def _row_bias_silu_kernel(
     m = (r < n_rows)[:, None] & (cols < N)[None, :]
     at = pre_ptr + r[:, None] * N + cols[None, :]
     v = tl.load(at, mask=m, other=0.0).to(tl.float32)
-    v += tl.load(bias_ptr + (r // rows_per_group)[:, None] * bias_stride + cols[None, :], mask=m, other=0.0).to(
-        tl.float32
-    )
+    bias = tl.load(bias_ptr + (r // rows_per_group)[:, None] * bias_stride + cols[None, :], mask=m, other=0.0)
+    v += bias.to(tl.float32)
     tl.store(at, (v / (1.0 + tl.exp(-v))).to(pre_ptr.dtype.element_ty), mask=m)
 
 
@@ -162,25 +156,10 @@ def _launch_norm(x, y, weight, out, eps, cross, rows_per_req, *, add, pdl) -> to
     rows, h = x.shape
     if rows:
         block_h, per = triton.next_power_of_2(h), rows_per_program(x)
-        _add_rmsnorm_kernel[(triton.cdiv(rows, per),)](
-            x,
-            y,
-            weight,
-            out,
-            out.stride(0),
-            x if cross is None else cross,
-            rows_per_req,
-            rows,
-            h,
-            float(eps),
-            ROWS=per,
-            BLOCK_H=block_h,
-            CROSS=cross is not None,
-            ADD=add,
-            PDL=pdl,
-            launch_pdl=pdl,
-            num_warps=4 if block_h <= 2048 else 8,
-        )
+        args = (x, y, weight, out, out.stride(0), x if cross is None else cross, rows_per_req, rows, h, float(eps))
+        flags = dict(CROSS=cross is not None, ADD=add, PDL=pdl, launch_pdl=pdl)
+        grid = (triton.cdiv(rows, per),)
+        _add_rmsnorm_kernel[grid](*args, ROWS=per, BLOCK_H=block_h, **flags, num_warps=4 if block_h <= 2048 else 8)
     return out
 
 
@@ -194,17 +173,7 @@ def row_bias_silu_triton(
         raise ValueError(f"row_bias_silu_triton: pre {tuple(pre.shape)} / bias {tuple(bias.shape)} layout mismatch")
     if rows:
         block_n, per = min(triton.next_power_of_2(n), 1024), rows_per_program(pre)
-        _row_bias_silu_kernel[(triton.cdiv(rows, per), triton.cdiv(n, block_n))](
-            pre,
-            bias,
-            bias.stride(0),
-            rows_per_group,
-            rows,
-            n,
-            ROWS=per,
-            BLOCK_N=block_n,
-            PDL=pdl,
-            launch_pdl=pdl,
-            num_warps=4,
-        )
+        args = (pre, bias, bias.stride(0), rows_per_group, rows, n)
+        grid = (triton.cdiv(rows, per), triton.cdiv(n, block_n))
+        _row_bias_silu_kernel[grid](*args, ROWS=per, BLOCK_N=block_n, PDL=pdl, launch_pdl=pdl, num_warps=4)
     return pre

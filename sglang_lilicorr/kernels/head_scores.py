@@ -130,10 +130,8 @@ def lattice_cosine_walk_triton(
     *,
     pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (start fp32 [b, K], pair fp32 [b, S-1, K, K], draft ids [b, S] int64: the ids of the
-    candidates the greedy walk commits, as walk.greedy_walk + gather)."""
+    """-> (start fp32 [b, K], pair fp32 [b, S-1, K, K], the greedy walk's candidates' ids [b, S] int64)."""
     b, s, k = edges.shape[:3]
-    need = b
     if k > WALK_MAX_K:
         raise ValueError(
             f"lattice_cosine_walk_triton: K={k} candidates; the walk packs 4-bit successors, K <= {WALK_MAX_K}"
@@ -143,14 +141,9 @@ def lattice_cosine_walk_triton(
             f"lattice_cosine_walk_triton: ids {tuple(ids.shape)} on {ids.device} "
             f"must be [b, S, K] = [{b}, {s}, {k}] on {edges.device}"
         )
-    if (
-        counters.dtype != torch.int32
-        or counters.dim() != 1
-        or counters.numel() < need
-        or counters.device != edges.device
-    ):
+    if counters.dtype != torch.int32 or counters.dim() != 1 or counters.numel() < b or counters.device != edges.device:
         raise ValueError(
-            f"lattice_cosine_walk_triton: counters must be int32 zeros with >= {need} entries on {edges.device}, "
+            f"lattice_cosine_walk_triton: counters must be int32 zeros with >= {b} entries on {edges.device}, "
             f"got {counters.dtype} {tuple(counters.shape)} on {counters.device}"
         )
     return _launch_cosine("lattice_cosine_walk_triton", edges, anchor_out, sigma, eps, launch, pdl, (ids, counters))
@@ -182,18 +175,9 @@ def _launch_cosine(name, edges, anchor_out, sigma, eps, launch, pdl, walk=None):
     if b and s:
         f32 = edges.dtype == torch.float32 or not edges.is_cuda  # IEEE fp32 dots
         f32_dot = launch.f32_dot or f32
+        args = (edges, anchor_out, anchor_out.stride(0), start, pair, s, k, d, float(sigma), float(eps), *walk_args)
         _lattice_cosine_kernel[(b, s)](
-            edges,
-            anchor_out,
-            anchor_out.stride(0),
-            start,
-            pair,
-            s,
-            k,
-            d,
-            float(sigma),
-            float(eps),
-            *walk_args,
+            *args,
             KP=kp,
             BLOCK_D=block_d,
             F32_DOT=f32_dot,

@@ -156,17 +156,9 @@ def lattice_attention_triton(
     if b:
         qk_scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
         f32_dot = qkv.dtype == torch.bfloat16 and not qkv.is_cuda  # Triton on CPU = the interpreter
+        args = (qkv, qkv.stride(0), bias, bias.stride(0), bias.stride(1), out, length, width, dh, qk_scale)
         _lattice_attention_kernel[(b, heads, triton.cdiv(length, block_m))](
-            qkv,
-            qkv.stride(0),
-            bias,
-            bias.stride(0),
-            bias.stride(1),
-            out,
-            length,
-            width,
-            dh,
-            qk_scale,
+            *args,
             LP=lp,
             DP=dp,
             BLOCK_M=block_m,

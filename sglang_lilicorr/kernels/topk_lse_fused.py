@@ -240,8 +240,7 @@ def merge_row(
     SP: tl.constexpr,
     NARROW: tl.constexpr,
 ):
-    """Stage 2 for one row: its partials -> (lse, its K best keys [KP] descending, SENTINEL past K). NARROW: ranked on
-    narrow keys, then the chosen partial keys re-loaded."""
+    """Stage 2 for one row: its partials -> (lse, its K best keys [KP] descending, SENTINEL past K)."""
     splits = tl.arange(0, SP)
     live = splits < n_splits
     part = row * n_splits + splits
@@ -254,11 +253,8 @@ def merge_row(
     total = tl.sum(s * tl.exp2((m - shift) * LOG2E), 0)
     lse = row_max + tl.log(tl.maximum(total, 1.0))  # total >= 1 unless all -inf
 
-    keys = tl.load(
-        part_key_ptr + part[:, None] * KP + slots[None, :],
-        mask=live[:, None] & (slots[None, :] < K),
-        other=SENTINEL,
-    )  # [SP, KP]
+    at = part_key_ptr + part[:, None] * KP + slots[None, :]
+    keys = tl.load(at, mask=live[:, None] & (slots[None, :] < K), other=SENTINEL)  # [SP, KP]
     keys = tl.reshape(keys, [SP * KP])  # position split * KP + slot
     if NARROW:
         position = tl.arange(0, SP * KP)
@@ -339,14 +335,9 @@ def topk_lse_triton(
     if parts is not None and logits.shape[0]:
         # the merge is launched in full stream order (launched early it was slower: PERF_NOTES.md, row 18)
         kp = parts.keys.shape[1]
+        args = (parts.keys, parts.maxima, parts.sums, parts.splits, vals, ids, lse)
         _topk_lse_merge_kernel[(logits.shape[0],)](
-            parts.keys,
-            parts.maxima,
-            parts.sums,
-            parts.splits,
-            vals,
-            ids,
-            lse,
+            *args,
             K=k,
             KP=kp,
             SP=parts.width,
@@ -391,26 +382,14 @@ def _split_stage(name, logits, k, splits, launch, pdl):
     # two merge widths per vocabulary (N <= TOPK_FEW_ROWS and above), not one per N: no compile per batch size
     width = triton.next_power_of_2(max(splits, triton.cdiv(triton.cdiv(vocab, block), min_tiles(n, launch))))
     narrow = launch.narrow_keys and logits.dtype == torch.bfloat16 and width * kp <= NARROW_SPAN  # merge positions
-    parts = TopKParts(
-        torch.empty((rows, kp), dtype=torch.int64, device=dev),
-        torch.empty((rows,), dtype=torch.float32, device=dev),
-        torch.empty((rows,), dtype=torch.float32, device=dev),
-        splits,
-        width,
-        k,
-        narrow,
-    )
+    keys = torch.empty((rows, kp), dtype=torch.int64, device=dev)
+    maxima, sums = (torch.empty((rows,), dtype=torch.float32, device=dev) for _ in range(2))
+    parts = TopKParts(keys, maxima, sums, splits, width, k, narrow)
     if n:
         group = min(launch.group, block)
+        args = (logits, logits.stride(0), vocab, chunk, parts.keys, parts.maxima, parts.sums, *outputs)
         _topk_lse_split_kernel[(n, splits)](
-            logits,
-            logits.stride(0),
-            vocab,
-            chunk,
-            parts.keys,
-            parts.maxima,
-            parts.sums,
-            *outputs,
+            *args,
             K=k,
             KP=kp,
             R=block // group,

@@ -143,22 +143,9 @@ def _launch(viterbi: bool, name: str, start: torch.Tensor, pair: torch.Tensor, p
     idx = torch.empty((b, slots), dtype=torch.int64, device=start.device)
     if b:
         kp, sp = triton.next_power_of_2(k), triton.next_power_of_2(slots)
-        _walk_kernel[(b,)](
-            start,
-            pair,
-            idx,
-            slots,
-            k,
-            *start.stride(),
-            *pair.stride(),
-            **gather,
-            KP=kp,
-            SP=sp,
-            PDL=pdl,
-            VITERBI=viterbi,
-            launch_pdl=pdl,
-            num_warps=max(1, min(4, sp * kp * kp // 1024)),  # <= 32 lattice scores per thread
-        )
+        args = (start, pair, idx, slots, k, *start.stride(), *pair.stride())
+        meta = dict(**gather, KP=kp, SP=sp, PDL=pdl, VITERBI=viterbi, launch_pdl=pdl)
+        _walk_kernel[(b,)](*args, **meta, num_warps=max(1, min(4, sp * kp * kp // 1024)))  # <= 32 scores per thread
     return idx
 
 
@@ -172,18 +159,8 @@ def _decode(
             f"{name}: ids {tuple(ids.shape)} on {ids.device} must be [b, S, K] = "
             f"[{start.shape[0]}, {pair.shape[1] + 1}, {start.shape[1]}] on {start.device}"
         )
-    return _launch(
-        viterbi,
-        name,
-        start,
-        pair,
-        pdl,
-        ids_ptr=ids,
-        id_b=ids.stride(0),
-        id_s=ids.stride(1),
-        id_k=ids.stride(2),
-        GATHER=True,
-    )
+    id_b, id_s, id_k = ids.stride()
+    return _launch(viterbi, name, start, pair, pdl, ids_ptr=ids, id_b=id_b, id_s=id_s, id_k=id_k, GATHER=True)
 
 
 def greedy_walk_triton(
@@ -196,6 +173,5 @@ def greedy_walk_triton(
 def viterbi_triton(
     start: torch.Tensor, pair: torch.Tensor, ids: torch.Tensor | None = None, *, pdl: bool = False
 ) -> torch.Tensor:
-    """Exact maximiser of g(c) = z_1[c_1] + sum_s pair[s, c_s, c_{s+1}] (max-sum dynamic programme).
-    -> candidate index per slot [b, S] int64, or with ids [b, S, K] the path's candidates' ids; `pdl` as above."""
+    """Exact maximiser of g(c) = z_1[c_1] + sum_s pair[s, c_s, c_{s+1}] -> idx [b, S] int64, or their ids."""
     return _decode(True, "viterbi_triton", start, pair, ids, pdl)

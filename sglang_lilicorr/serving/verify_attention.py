@@ -53,8 +53,7 @@ def probe_lengths() -> list[int]:
 
 
 def warm(backend, block_size: int, dtype, lengths: list[int]) -> bool:
-    """Run the split-KV verify once per prefix length on a one-request block over zeros (KV layer 0, slot 0) -> False
-    where the kernel declines this target."""
+    """Run the split-KV verify once per prefix length on a one-request block of zeros -> False where it declines."""
     import torch
 
     pool = backend.token_to_kv_pool
@@ -68,25 +67,9 @@ def warm(backend, block_size: int, dtype, lengths: list[int]) -> bool:
         o = torch.zeros(block_size, backend.num_head, int(v_buffer.shape[-1]), dtype=dtype, device=device)
         kv_indptr = torch.tensor([0, length], dtype=torch.int32, device=device)
         kv_indices = torch.zeros(length, dtype=torch.int64, device=device)
-        if not backend.verify_splitkv_fwd(
-            q,
-            k,
-            v,
-            o,
-            k_buffer,
-            v_buffer,
-            qo_indptr,
-            kv_indptr,
-            kv_indices,
-            None,
-            True,
-            None,
-            block_size,
-            1.0,
-            1.0,
-            head_dim**-0.5,
-            max_bs=backend.req_to_token_pool.size,
-        ):
+        kv_args = (k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices)
+        args = (q, k, v, o, *kv_args, None, True, None, block_size, 1.0, 1.0, head_dim**-0.5)
+        if not backend.verify_splitkv_fwd(*args, max_bs=backend.req_to_token_pool.size):
             return False
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -185,9 +168,5 @@ def after_dflash_init(result, worker, *args, **kwargs) -> None:
     """SGLang AFTER hook on DFLASH_INIT: a DFLASH worker's verify attention by the environment's setting."""
     from .graphs import eager_batches_possible
 
-    configure(
-        target_attention_backends(worker.model_runner),
-        int(worker.block_size),
-        worker.model_runner.dtype,
-        eager=eager_batches_possible(worker.server_args.max_running_requests),
-    )
+    runner, eager = worker.model_runner, eager_batches_possible(worker.server_args.max_running_requests)
+    configure(target_attention_backends(runner), int(worker.block_size), runner.dtype, eager=eager)

@@ -171,16 +171,9 @@ class JointModel(nn.Module):
         )
         reranker_hits = ((terms.z.detach().argmax(-1) == terms.gt_index) & terms.prefix).sum(0).float()
         self.mark("head")
-        return JointOutput(
-            terms,
-            draft_hits,
-            valid.sum(0),
-            reranker_hits,
-            terms.prefix.sum(0),
-            oracle_prefix_coverage(terms.prefix, valid),
-            accept_draft,
-            acceptance_length(proposal.draft, greedy, valid),
-        )
+        prefix_counts, coverage = terms.prefix.sum(0), oracle_prefix_coverage(terms.prefix, valid)
+        walk = acceptance_length(proposal.draft, greedy, valid)
+        return JointOutput(terms, draft_hits, valid.sum(0), reranker_hits, prefix_counts, coverage, accept_draft, walk)
 
     def corrector(
         self, pass_hidden, draft_logits, anchor_ids, targets, valid, greedy, weights, draft_hits, accept_draft
@@ -193,14 +186,5 @@ class JointModel(nn.Module):
             free = self.head(pass_hidden, draft_logits, anchor_ids, self.target.embed)
         hits = ((forced.ids == targets) & valid).sum(0).float()
         self.mark("head")
-        return JointOutput(
-            terms,
-            draft_hits,
-            valid.sum(0),
-            hits,
-            valid.sum(0),
-            {},
-            accept_draft,
-            acceptance_length(free.ids, greedy, valid),
-            self.head.config.kind,
-        )
+        walk, kind = acceptance_length(free.ids, greedy, valid), self.head.config.kind
+        return JointOutput(terms, draft_hits, valid.sum(0), hits, valid.sum(0), {}, accept_draft, walk, kind)
