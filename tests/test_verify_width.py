@@ -11,6 +11,7 @@ import pytest
 
 from sglang_lilicorr.serving.draft_check import ServingConfigError
 from sglang_lilicorr.serving.verify_width import (
+    CHAIN,
     WIDTHS,
     AcceptanceRecord,
     StepCosts,
@@ -187,6 +188,18 @@ def test_verified_reports_meet_their_steps_in_order_and_misfits_are_dropped():
     assert policy.verified([0, 0]) == 1 and policy.record.reached == before  # width 1 verifies no draft
 
 
+def test_a_chained_width_1_step_meets_its_report_and_teaches_the_record_nothing():
+    policy = policy_for({1: 8.0, 4: 2.6, 16: 4.4}, 0.5, chain=CHAIN)
+    assert policy.length(1) == CHAIN and policy.rate(1, 1) == pytest.approx(CHAIN / 8e-3)
+    before = list(policy.record.reached)
+    policy.pending.extend([(1, 2), (4, 2)])
+    # SGLang reports a step's committed tokens less the bonus: a chain of 8 reads as 7 accepted drafts
+    assert policy.verified([CHAIN - 1] * 2) == 1 and policy.record.reached == before
+    assert policy.verified([3, 0]) == 4  # the next report meets the next step
+    policy.pending.extend([(1, 2), (16, 2)])
+    assert policy.verified([CHAIN - 1, 0]) == 16  # not a chain's report: its step never reported, dropped
+
+
 # --- a simulated server -------------------------------------------------------------------------------
 
 # Ms of one decode step by width at batch 1 / 8 / 32, as served (the period between steps) and as the captured graphs
@@ -228,12 +241,15 @@ def test_the_adaptive_server_is_within_3_percent_of_the_best_fixed_width(served,
 
 
 def scenario(served, replayed, accepted, batch: int, seed: int, steps: int = 3000):
-    """A simulated server's step seconds by width and its replay times at `batch`, and `steps` steps' fates: each
-    request's accepted drafts at the full block, `accepted` - 1 (forced) or drawn with constant acceptance p ("pP")."""
+    """A simulated server's step seconds by width and its replay times at `batch` (width 1: a chain of CHAIN forwards,
+    the step's cost and CHAIN - 1 more replays), and `steps` steps' fates: each request's accepted drafts at the full
+    block, `accepted` - 1 (forced) or drawn with constant acceptance p ("pP")."""
     rng = random.Random(seed)
     column = {1: 0, 8: 1, 32: 2}[batch]
     step_s = {w: ms[column] * 1e-3 for w, ms in served.items()}
     replay = {(w, batch): ms[column] * 1e-3 for w, ms in replayed.items()}
+    step_s[1] += (CHAIN - 1) * replay[(1, batch)]
+    replay[(1, batch)] *= CHAIN
     if isinstance(accepted, int):
         return step_s, replay, [[accepted - 1] * batch for _ in range(steps)]
     p = [float(accepted[1:])] * (BLOCK - 1)
@@ -244,12 +260,12 @@ def simulate(widths, replay, step_s, fates, batch, slow_first: int = 0, slow_by:
     """Tokens per second of a policy over `widths` serving `fates` (each step's accepted drafts per request at the
     full block); each width's first `slow_first` steps take `slow_by` times its period (a width's first served steps
     run slow: lazy buffers, a prefill beside them), then `step_s`."""
-    policy = WidthPolicy(widths, StepCosts(dict(replay)), AcceptanceRecord(BLOCK - 1))
+    policy = WidthPolicy(widths, StepCosts(dict(replay)), AcceptanceRecord(BLOCK - 1), chain=CHAIN)
     tokens = seconds = 0.0
     served = dict.fromkeys(widths, 0)
     for fate in fates:
         w = policy.width(batch)
-        counts = [min(k, w - 1) for k in fate]
+        counts = [CHAIN - 1 if w == 1 else min(k, w - 1) for k in fate]
         policy.verified(counts)
         period = step_s[w] * (slow_by if served[w] < slow_first else 1.0)
         served[w] += 1
@@ -324,8 +340,13 @@ def _worker(monkeypatch, widths=(1, 4, 16)):
         calls.append((width, len(batch.reqs)))
         return result(len(batch.reqs))
 
+    def chain(worker, batch, links, tier, on_publish=None):
+        assert links == CHAIN and tier == "tier1"
+        return narrow(worker, batch, 1, tier)
+
     monkeypatch.setattr(DFlashWorkerV2, "forward_batch_generation", block_step)
     monkeypatch.setattr(worker_module, "narrow_step", narrow)
+    monkeypatch.setattr(worker_module, "chain_step", chain)
     w = object.__new__(worker_module.LiLiCorrWorker)
     w.block_size, w.widths, w.tiers = 16, widths, {x: f"tier{x}" for x in widths if x < 16}
     w._need_mamba_verify_commit, w._last_decode, w.metrics = False, None, WidthMetrics()

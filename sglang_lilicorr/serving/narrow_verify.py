@@ -1,7 +1,8 @@
-"""One decode step that verifies the first `width` tokens of the block (1 <= width < B; verify_width.py) from SGLang's
-DFlash pieces: open the block, draft it (width > 1), verify the width's tokens through its tier (verify_tiers.py),
-SGLang's acceptance, append the committed draft KV. Width 1 is a plain decode step whose state is still appended.
-`serves`: batches without grammar, sampling-mask capture or a hybrid (Mamba) target."""
+"""Decode steps narrower than the block (verify_width.py) from SGLang's DFlash pieces. `narrow_step` verifies the
+first `width` tokens of the drafted block through its tier (verify_tiers.py): open the block, draft it, verify, SGLang's
+acceptance, append the committed draft KV. `chain_step` is the width-1 step: `links` plain decode forwards back to
+back in the block's first columns, each reading the token the one before chose, committed together with their drafter
+context. `serves`: batches without grammar, sampling-mask capture or a hybrid (Mamba) target."""
 
 from __future__ import annotations
 
@@ -144,22 +145,14 @@ def accept(worker, candidates, logits, sampling_info, draft_input, target_predic
     return compute_dflash_correct_drafts_and_bonus(candidates=candidates, target_predict=predict)
 
 
-def narrow_step(worker, batch, width: int, tier, on_publish=None) -> GenerationBatchResult:
-    """Verify the first `width` tokens of the batch's block (module docstring) -> SGLang's step result."""
-    draft_input = batch.spec_info
-    batch.seq_lens.record_stream(torch.cuda.current_stream())
-    bs = len(batch.seq_lens)
-    ids, positions, locs, plan = open_block(worker, batch, draft_input)
-    candidates = worker._draft_block_tokens_buf[:bs, :width]
-    candidates[:, 0].copy_(ids[:, 0])
-    if width > 1:
-        candidates[:, 1:].copy_(draft(worker, batch, draft_input, ids, positions, locs, plan)[:, : width - 1])
-    candidates = candidates.contiguous()
-    window = slice(0, width)
-    verify_positions = positions[:, window].reshape(-1)
+def verify_forward(worker, batch, draft_input, tier, plan, locs, positions, tokens, window: slice, ahead: int = 0):
+    """The target's forward over `tokens` [b, w] in the block's columns `window`, reading the prefix and the block's
+    first `ahead` tokens -> (logits_output with its logits adjusted for sampling, the greedy prediction where a
+    vocabulary-parallel head kept its logits sharded (else None), whether it replayed a CUDA graph)."""
+    width = tokens.shape[1]
     verify = DFlashVerifyInput(
-        draft_token=candidates.reshape(-1),
-        positions=verify_positions,
+        draft_token=tokens.reshape(-1),
+        positions=positions[:, window].reshape(-1),
         draft_token_num=width,
         custom_mask=None,
         capture_hidden_mode=CaptureHiddenMode.FULL,
@@ -168,16 +161,17 @@ def narrow_step(worker, batch, width: int, tier, on_publish=None) -> GenerationB
     )
     batch.out_cache_loc = locs[:, window].reshape(-1)
     sampling_info = batch.sampling_info
-    saved = batch.seq_lens_cpu, batch.seq_lens_sum
-    if saved[0] is not None:
-        batch.seq_lens_cpu = saved[0] + width
+    saved = batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum
+    if ahead:
+        batch.seq_lens = saved[0] + ahead
+    if saved[1] is not None:
+        batch.seq_lens_cpu = saved[1] + (ahead + width)
         batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
     elif draft_input.nxt_kv_lens_cpu is not None:
         batch.seq_lens_cpu, batch.seq_lens_sum = draft_input.nxt_kv_lens_cpu, int(draft_input.nxt_kv_lens_sum)
-    model_runner = worker.target_worker.model_runner
-    with verifying(model_runner, tier):
+    with verifying(worker.target_worker.model_runner, tier):
         forward_batch, _ = verify.prepare_for_verify(batch, worker.target_worker)
-        batch.seq_lens_cpu, batch.seq_lens_sum = saved
+        batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = saved
         target_out = worker.target_worker.forward_batch_generation(
             batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True
         )
@@ -194,6 +188,53 @@ def narrow_step(worker, batch, width: int, tier, on_publish=None) -> GenerationB
         apply_dflash_verify_logits_adjustments(
             next_token_logits=logits_output.next_token_logits, sampling_info=sampling_info, draft_token_num=width
         )
+    return logits_output, target_predict, target_out.can_run_cuda_graph
+
+
+def step_result(
+    worker, batch, plan, positions, on_publish, logits_output, hidden, out_tokens, commit_lens, bonus, graphed
+):
+    """A step's end: logprobs, the new lengths published, the draft KV of the committed tokens (`hidden` [b * w, H] of
+    the block's first w columns, out_tokens [b, w]) appended -> SGLang's step result."""
+    bs, width = out_tokens.shape
+    if batch.return_logprob:
+        compute_spec_logprobs(batch, logits_output, out_tokens.reshape(-1), chain_stride=width)
+    new_seq_lens = batch.seq_lens + commit_lens.to(batch.seq_lens.dtype)
+    if on_publish is not None:
+        on_publish(new_seq_lens)
+    cache_loc = worker._draft_write_ids(plan).view(bs, -1)[:, :width].contiguous()
+    worker._append_target_hidden_to_draft_kv_by_loc(
+        target_hidden=hidden,
+        cache_loc=cache_loc.reshape(-1),
+        cache_loc_2d=cache_loc,
+        positions=positions[:, :width].reshape(-1),
+        commit_lens=commit_lens,
+    )
+    logits_output.hidden_states = None
+    return GenerationBatchResult(
+        logits_output=logits_output,
+        next_token_ids=out_tokens.reshape(-1),
+        accept_lens=commit_lens,
+        can_run_cuda_graph=graphed,
+        next_draft_input=worker._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=new_seq_lens),
+        speculative_num_draft_tokens=width,
+        new_seq_lens=new_seq_lens,
+    )
+
+
+def narrow_step(worker, batch, width: int, tier, on_publish=None) -> GenerationBatchResult:
+    """Verify the first `width` tokens (2 <= width < B) of the batch's drafted block -> SGLang's step result."""
+    draft_input, sampling_info = batch.spec_info, batch.sampling_info
+    batch.seq_lens.record_stream(torch.cuda.current_stream())
+    bs = len(batch.seq_lens)
+    ids, positions, locs, plan = open_block(worker, batch, draft_input)
+    candidates = worker._draft_block_tokens_buf[:bs, :width]
+    candidates[:, 0].copy_(ids[:, 0])
+    candidates[:, 1:].copy_(draft(worker, batch, draft_input, ids, positions, locs, plan)[:, : width - 1])
+    candidates = candidates.contiguous()
+    logits_output, target_predict, graphed = verify_forward(
+        worker, batch, draft_input, tier, plan, locs, positions, candidates, slice(0, width)
+    )
     accepted, bonus = accept(
         worker, candidates, logits_output.next_token_logits, sampling_info, draft_input, target_predict
     )
@@ -211,29 +252,39 @@ def narrow_step(worker, batch, width: int, tier, on_publish=None) -> GenerationB
             simulate_acc_token_mode=SIMULATE_ACC_TOKEN_MODE,
             next_token_logits=logits_output.next_token_logits,
         )
-    if batch.return_logprob:
-        compute_spec_logprobs(batch, logits_output, out_tokens.reshape(-1), chain_stride=width)
-    new_seq_lens = batch.seq_lens + commit_lens.to(batch.seq_lens.dtype)
-    if on_publish is not None:
-        on_publish(new_seq_lens)
-    hidden = logits_output.hidden_states
-    cache_loc = worker._draft_write_ids(plan)
-    cache_loc = cache_loc.view(bs, -1)[:, window].contiguous()
-    worker._append_target_hidden_to_draft_kv_by_loc(
-        target_hidden=hidden[: bs * width],
-        cache_loc=cache_loc.reshape(-1),
-        cache_loc_2d=cache_loc,
-        positions=verify_positions,
-        commit_lens=commit_lens,
+    hidden = logits_output.hidden_states[: bs * width]
+    return step_result(
+        worker, batch, plan, positions, on_publish, logits_output, hidden, out_tokens, commit_lens, bonus, graphed
     )
-    logits_output.hidden_states = None
-    next_draft_input = worker._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=new_seq_lens)
-    return GenerationBatchResult(
-        logits_output=logits_output,
-        next_token_ids=out_tokens.reshape(-1),
-        accept_lens=commit_lens,
-        can_run_cuda_graph=target_out.can_run_cuda_graph,
-        next_draft_input=next_draft_input,
-        speculative_num_draft_tokens=width,
-        new_seq_lens=new_seq_lens,
+
+
+def chain_step(worker, batch, links: int, tier, on_publish=None) -> GenerationBatchResult:
+    """The width-1 step: `links` (< B) plain decode forwards through the width-1 tier, link j in the block's column j
+    reading the token link j - 1 chose, launched back to back with no host sync -> SGLang's step result, `links`
+    tokens a request (each the target's own choice, sampled as SGLang samples a block's bonus token)."""
+    draft_input, sampling_info = batch.spec_info, batch.sampling_info
+    batch.seq_lens.record_stream(torch.cuda.current_stream())
+    bs = len(batch.seq_lens)
+    ids, positions, locs, plan = open_block(worker, batch, draft_input)
+    tokens = torch.empty((bs, links + 1), dtype=torch.int64, device=ids.device)  # the anchor, then each link's choice
+    tokens[:, 0].copy_(ids[:, 0])
+    context, logits = None, []
+    for j in range(links):
+        current = tokens[:, j : j + 1].contiguous()
+        logits_output, target_predict, graphed = verify_forward(
+            worker, batch, draft_input, tier, plan, locs, positions, current, slice(j, j + 1), ahead=j
+        )
+        _, chosen = accept(worker, current, logits_output.next_token_logits, sampling_info, draft_input, target_predict)
+        tokens[:, j + 1].copy_(chosen)
+        hidden = logits_output.hidden_states[:bs]  # the graph's output buffer: the next link overwrites it
+        if context is None:
+            context = hidden.new_empty((bs, links, hidden.shape[-1]))
+        context[:, j].copy_(hidden)
+        if batch.return_logprob:
+            logits.append(logits_output.next_token_logits.clone())
+    logits_output.next_token_logits = torch.stack(logits, 1).view(bs * links, -1) if logits else None
+    commit_lens = torch.full((bs,), links, dtype=torch.int32, device=tokens.device)
+    hidden = context.view(bs * links, -1)
+    return step_result(
+        worker, batch, plan, positions, on_publish, logits_output, hidden, tokens[:, 1:], commit_lens, chosen, graphed
     )

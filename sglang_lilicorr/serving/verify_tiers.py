@@ -96,16 +96,16 @@ def replay_seconds(graphs: list[torch.cuda.CUDAGraph], repeats: int = 20) -> flo
 
 
 def measure_replay(
-    verify_graphs: dict[int, dict[int, torch.cuda.CUDAGraph]], draft_graphs: dict[int, torch.cuda.CUDAGraph]
+    verify_graphs: dict[int, dict[int, torch.cuda.CUDAGraph]], draft_graphs: dict[int, torch.cuda.CUDAGraph], chain: int
 ) -> dict[tuple[int, int], float]:
-    """StepCosts.replay: seconds of replaying the draft and verify graphs per width and batch size. Before serving only
-    (a replay writes the padding slot and graph buffers)."""
+    """StepCosts.replay: seconds of replaying a step's graphs per width and batch size (the draft and the verify; width
+    1: its verify `chain` times). Before serving only (a replay writes the padding slot and graph buffers)."""
     replay = {}
     for width, by_batch in sorted(verify_graphs.items()):
         for batch, verify in sorted(by_batch.items()):
             if width > 1 and batch not in draft_graphs:
                 continue
-            graphs = [draft_graphs[batch], verify] if width > 1 else [verify]
+            graphs = [draft_graphs[batch], verify] if width > 1 else [verify] * chain
             replay[(width, batch)] = replay_seconds(graphs)
     if replay:
         logger.info(

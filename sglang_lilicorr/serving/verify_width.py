@@ -1,8 +1,8 @@
-"""Adaptive verify width: how many tokens w of each drafted block the target verifies, per decode batch (width 1: a
-plain decode step). The worker picks the width of the highest rate(w, b) = E[L_w] / cost(w, b), E[L_w] = 1 + sum_{i<w}
-a_1...a_i (a_i: acceptance of draft i given 1..i-1, `AcceptanceRecord`; cost: `StepCosts`), at an upper confidence
-bound, every `interval` steps with a `margin`, probing the width verified least recently now and then (a cost
-observed once stays the median until measured again). LILICORR_VERIFY_WIDTH: `adaptive`
+"""Adaptive verify width: how many tokens w of each drafted block the target verifies, per decode batch (width 1: no
+draft, CHAIN plain decode forwards). The worker picks the width of the highest rate(w, b) = E[L_w] / cost(w, b),
+E[L_w] = 1 + sum_{i<w} a_1...a_i (a_i: acceptance of draft i given 1..i-1, `AcceptanceRecord`; E[L_1] = CHAIN; cost:
+`StepCosts`), at an upper confidence bound, every `interval` steps with a `margin`, probing the width verified least
+recently now and then (a cost observed once stays the median until measured again). LILICORR_VERIFY_WIDTH: `adaptive`
 (default), one width (pinned), or a comma list of tiers."""
 
 from __future__ import annotations
@@ -20,6 +20,10 @@ ADAPTIVE = "adaptive"
 # Powers of two: E[L_w] saturates geometrically in w while a verify's cost grows about linearly once the target is
 # compute-bound, so each doubling is the next point worth a graph set; the block itself is always a tier.
 WIDTHS = (1, 2, 4, 8, 16)
+# Plain decode forwards a width-1 step runs back to back. A step's fixed cost (the scheduler's turn, the block's set-up,
+# the draft-KV append: ~0.65 ms beside a 0.98 ms forward at batch 1 on the H100 testbed) is shared by them; 8 keeps a
+# step's burst of tokens, and a new request's wait for its prefill, within the width-8 tier's.
+CHAIN = 8
 
 
 def parse_widths(value: str | None, block_size: int) -> tuple[int, ...]:
@@ -141,22 +145,29 @@ class WidthPolicy:
         settle: int = 8,
         warmup: float = 16.0,
         optimism: float = 0.5,
+        chain: int = 1,
     ):
         self.widths, self.costs, self.record = tuple(sorted(widths)), costs, record
+        self.chain = chain  # tokens a width-1 step commits
         self.interval, self.margin, self.probe_every, self.warmup = interval, margin, probe_every, warmup
         self.settle = settle  # a width tried on fewer steps than this at a batch size is probed again at once
         self.optimism = optimism
         self.current = self.widths[-1]
-        self.probing: int | None = None  # the width a probe verifies for one interval
+        self.probing: int | None = None  # the width a probe verifies, for about one interval's time
+        self.probe_left = 0  # steps the probe has left
         self.steps = 0  # decode steps the policy chose (covered batches)
         self.since_probe = 0  # decisions since the last probe
         self.used: dict[tuple[int, int | None], int] = {}  # (width, graph batch size) -> the step it last verified
         # (width, batch) of the steps whose accept counts are not back yet (a bound, should reports stop coming)
         self.pending: deque[tuple[int, int]] = deque(maxlen=256)
 
+    def length(self, width: int, optimism: float = 0.0) -> float:
+        """E[L_w]: tokens a step of `width` commits (width 1: its chain, drafting nothing)."""
+        return self.chain if width == 1 else self.record.expected_length(width, optimism)
+
     def rate(self, width: int, batch: int, optimism: float = 0.0) -> float:
         """Expected committed tokens per second of one request's share of a step."""
-        return self.record.expected_length(width, optimism) / self.costs.cost(width, batch)
+        return self.length(width, optimism) / self.costs.cost(width, batch)
 
     def best(self, batch: int) -> int:
         """The width of the highest rate at the record's upper confidence bound."""
@@ -172,6 +183,11 @@ class WidthPolicy:
         if self.steps % self.interval == 0:
             self._decide(batch)
         self.steps += 1
+        if self.probing:
+            self.probe_left -= 1
+            if self.probe_left == 0:
+                probe, self.probing = self.probing, None
+                return self._use(probe, batch)
         return self._use(self.probing or self.current, batch)
 
     def describe(self, batch: int) -> str:
@@ -181,22 +197,32 @@ class WidthPolicy:
         for w in self.widths:
             seen = (w, self.costs.bucket(batch)) in self.costs.observed
             cost_ms = self.costs.cost(w, batch) * 1e3
-            views.append(
-                f"{w}: E[L] {self.record.expected_length(w):.2f}, {cost_ms:.2f} ms {'seen' if seen else 'replay'}"
-            )
+            views.append(f"{w}: E[L] {self.length(w):.2f}, {cost_ms:.2f} ms {'seen' if seen else 'replay'}")
         return f"batch {batch}: " + "; ".join(views) + f"; verifying {self.probing or self.current}"
 
     def _decide(self, batch: int) -> None:
         if self.probing:
-            self.probing = None  # a probe lasts one interval
-        elif (unsettled := self._unsettled(batch)) or (self.since_probe >= self.probe_every and len(self.widths) > 1):
+            self.probing = None
+        elif (unsettled := self._unsettled(batch)) or (
+            self.since_probe >= self._probe_period(batch) and len(self.widths) > 1
+        ):
             self.probing, self.since_probe = unsettled or self._stalest(batch), 0
+            # as many steps as the current width runs in one interval's time (a chain at 8B shapes: one step)
+            share = self.costs.cost(self.current, batch) / self.costs.cost(self.probing, batch)
+            self.probe_left = max(1, min(self.interval, round(self.interval * share)))
             return
         best = self.best(batch)
         rate = lambda w: self.rate(w, batch, self.optimism)  # noqa: E731
         if best != self.current and rate(best) > rate(self.current) * (1 + self.margin):
             self.current = best
         self.since_probe += 1
+
+    def _probe_period(self, batch: int) -> int:
+        """Decisions between two probes: a quarter as many while the current width drafts nothing (the record then
+        learns from probes only) and a width could beat it at one standard error above the record."""
+        if self.current != 1 or all(self.rate(w, batch, 1.0) < self.rate(1, batch) for w in self.widths if w > 1):
+            return self.probe_every
+        return self.probe_every // 4
 
     def _unsettled(self, batch: int) -> int | None:
         """A width other than the current one tried at this batch's graph size on fewer than `settle` steps (its first
@@ -218,11 +244,14 @@ class WidthPolicy:
         return width
 
     def verified(self, accepted_drafts: list[int]) -> int | None:
-        """The accepted draft counts of the oldest pending step (reported in launch order) -> its width; pending steps
-        that do not fit the report are dropped until one does; no fit: None."""
+        """The accepted draft counts of the oldest pending step (reported in launch order; a width-1 step reports its
+        chain as chain - 1 accepted) -> its width; pending steps that do not fit the report are dropped until one does;
+        no fit: None."""
         while self.pending:
             width, batch = self.pending.popleft()
-            if batch == len(accepted_drafts) and all(0 <= k < width for k in accepted_drafts):
+            if width == 1 and batch == len(accepted_drafts) and all(k == self.chain - 1 for k in accepted_drafts):
+                return width  # drafted nothing
+            if width > 1 and batch == len(accepted_drafts) and all(0 <= k < width for k in accepted_drafts):
                 self.record.add(width, accepted_drafts)
                 return width
         return None

@@ -21,14 +21,14 @@ from .append_graphs import AppendGraphs
 from .graphs import eager_batches_possible, graph_batch_sizes
 from .kv_rows import check_rows
 from .models.lilicorr_draft import LiLiCorrDraftModel
-from .narrow_verify import narrow_step, serves
+from .narrow_verify import chain_step, narrow_step, serves
 from .proposer import LiLiCorrProposer, walk_rule
 from .server_args import ServingConfigError
 from .target_warmup import warm as warm_target_prefill
 from .verification import Verification, install_request_refusal
 from .verify_attention import configure as configure_verify_attention, target_attention_backends
 from .verify_tiers import build_tier, captured_graphs, measure_replay
-from .verify_width import ADAPTIVE, WIDTH_ENV, AcceptanceRecord, StepCosts, WidthPolicy, widths_from_env
+from .verify_width import ADAPTIVE, CHAIN, WIDTH_ENV, AcceptanceRecord, StepCosts, WidthPolicy, widths_from_env
 from .width_metrics import WidthMetrics
 from .vocab_parallel import VocabShard
 
@@ -204,8 +204,9 @@ class LiLiCorrWorker(DFlashWorkerV2):
             dtype=self.model_runner.dtype,
             device=self.device,
         )
+        widths = sorted(set(self.widths) | ({CHAIN} if 1 in self.widths else set()))  # a width-1 step appends its chain
         with torch.inference_mode():
-            graphs.capture(self._append_and_publish, sizes, list(self.widths))
+            graphs.capture(self._append_and_publish, sizes, widths)
         self.append_graphs = graphs if graphs.graphs else None
 
     def _init_verify_widths(self) -> None:
@@ -231,11 +232,12 @@ class LiLiCorrWorker(DFlashWorkerV2):
             verify_graphs = {w: captured_graphs(t.graph_runner) for w, t in self.tiers.items()}
             if block in self.widths:
                 verify_graphs[block] = captured_graphs(runner.decode_cuda_graph_runner)
-            replay = measure_replay(verify_graphs, captured_graphs(self.draft_model_runner.decode_cuda_graph_runner))
+            draft_graphs = captured_graphs(self.draft_model_runner.decode_cuda_graph_runner)
+            replay = measure_replay(verify_graphs, draft_graphs, CHAIN)
             if not replay:
                 why_fixed = "no captured graph could be timed"
             else:
-                self.policy = WidthPolicy(self.widths, StepCosts(replay), AcceptanceRecord(block - 1))
+                self.policy = WidthPolicy(self.widths, StepCosts(replay), AcceptanceRecord(block - 1), chain=CHAIN)
         if why_fixed is not None and self.widths != (block,):
             self.widths = (block,)
         logger.info(
@@ -269,7 +271,9 @@ class LiLiCorrWorker(DFlashWorkerV2):
             logger.info("%s: verify width policy at %s.", ALGORITHM_NAME, self.policy.describe(size))
         if width > 1:  # a draft pass reads the batch's anchors; a width-1 step drafts nothing
             self.proposer.stage_anchors(batch.req_pool_indices)
-        if width < block:
+        if width == 1:
+            result = chain_step(self, batch, CHAIN, self.tiers[1], on_publish=on_publish)
+        elif width < block:
             result = narrow_step(self, batch, width, self.tiers[width], on_publish=on_publish)
         else:
             result = super().forward_batch_generation(
