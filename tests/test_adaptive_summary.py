@@ -118,11 +118,19 @@ def test_the_summary_holds_both_sets_per_concurrency_with_card_and_commit(tmp_pa
     assert "| 64 | 20000 | 16000 | 18000 | 19000 | 14000 | 0.950 [0.900, 1.000] | 1.360 [1.300, 1.400] |" in md
     assert "| 1: 0.90, 16: 0.10 |" in md and "| 2.60 / - / - / 6.40 / 1.00 |" in md
     assert "- writing c=64: adaptive_vs_base 0.950 < 0.98" in md
+    # the cells: both sets at c = 1, 4, 8, 16, 32, 64, each on at least 5 rounds
+    assert result["unmeasured"][:4] == [
+        "writing c=4: not played",
+        "writing c=8: not played",
+        "writing c=16: not played",
+        "writing c=32: not played",
+    ]
+    assert "- eval c=64: not played" in md
     assert (out / "adaptive.png").stat().st_size > 1000
     # one set alone
     assert lab(["adaptive-summary", "--eval", str(evals), "--card", "H100", "--commit", "abc", "--out", str(out)]) == 0
     alone = json.loads((out / "summary.json").read_text())
-    assert "writing" not in alone and alone["high_tau_set"] is None
+    assert "writing" not in alone and alone["high_tau_set"] is None and alone["unmeasured"][0] == "writing: not played"
 
 
 def test_targets_are_checked_per_cell():

@@ -31,6 +31,8 @@ TARGETS = {
     "vs_fixed": 0.98,  # adaptive_vs_fixed mean at every c
     "vs_fixed_where_fixed_loses": 1.2,  # where fixed width is more than 10 % slower than no speculation
 }
+CONCURRENCIES = ("1", "4", "8", "16", "32", "64")  # every set's cells
+MIN_ROUNDS = 5
 
 
 def cell(entry: dict) -> dict:
@@ -99,7 +101,17 @@ def summarize(docs: dict, card: str, commit: str) -> dict:
     out["missed"] = [
         line for name in docs for c, x in out[name]["cells"].items() for line in missed(name, c, x, name == high)
     ]
+    out["unmeasured"] = unmeasured({name: out[name]["cells"] for name in docs})
     return {**out, "card": card, "commit": commit}
+
+
+def unmeasured(sets: dict) -> list[str]:
+    """The cells of SETS x CONCURRENCIES not played, or played on fewer than MIN_ROUNDS rounds, one line each."""
+    out = [f"{name}: not played" for name in SETS if name not in sets]
+    for name, cells in sets.items():
+        out += [f"{name} c={c}: not played" for c in CONCURRENCIES if c not in cells]
+        out += [f"{name} c={c}: {x['rounds']} rounds" for c, x in cells.items() if x["rounds"] < MIN_ROUNDS]
+    return out
 
 
 def _ratio(r) -> str:
@@ -124,6 +136,11 @@ def table(result: dict) -> str:
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     lines += ["Targets missed: " + ("none" if not result["missed"] else ""), *(f"- {m}" for m in result["missed"])]
+    lines += [
+        "",
+        "Unmeasured: " + ("none" if not result["unmeasured"] else ""),
+        *(f"- {m}" for m in result["unmeasured"]),
+    ]
     return "\n".join(lines) + "\n"
 
 
