@@ -303,6 +303,51 @@ def test_the_committed_block_is_the_accepted_drafts_then_the_bonus():
     assert out.tolist() == [[3], [4], [5]] and count.tolist() == [1, 1, 1]  # width 1: a plain decode step
 
 
+def test_a_chain_feeds_each_links_choice_to_the_next_and_commits_them_together(monkeypatch):
+    """chain_step with SGLang's pieces stood in for: link j forwards the token link j - 1 chose, in the block's column
+    j with the prefix read j further; the links' tokens and hidden rows, in order, are the step's commit."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("sglang")
+    import types
+
+    from sglang_lilicorr.serving import narrow_verify
+
+    bs, links, hidden = 3, 4, 2
+    anchors = torch.tensor([7, 8, 9])
+    forwards, chosen_by = [], lambda tokens: tokens * 10 + 1  # the "target" picks 10 t + 1 after token t
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: None)
+    ids = torch.cat([anchors[:, None], torch.full((bs, 15), -1)], 1)  # the block: the anchor, then masks
+    monkeypatch.setattr(narrow_verify, "open_block", lambda w, b, d: (ids, "positions", "locs", "plan"))
+
+    def forward(worker, batch, draft_input, tier, plan, locs, positions, tokens, window, ahead=0):
+        forwards.append((tokens[:, 0].tolist(), window, ahead))
+        out = types.SimpleNamespace(next_token_logits=tokens, hidden_states=tokens.float().repeat(1, hidden) + ahead)
+        return out, None, True
+
+    def accept(worker, candidates, logits, sampling_info, draft_input, target_predict):
+        return torch.zeros(bs, dtype=torch.int32), chosen_by(candidates[:, 0])
+
+    monkeypatch.setattr(narrow_verify, "verify_forward", forward)
+    monkeypatch.setattr(narrow_verify, "accept", accept)
+    monkeypatch.setattr(narrow_verify, "step_result", lambda *a: a)
+    seq_lens = type("Lens", (list,), {"record_stream": lambda self, stream: None})([0] * bs)
+    batch = types.SimpleNamespace(spec_info="draft", sampling_info=None, seq_lens=seq_lens, return_logprob=False)
+    result = narrow_verify.chain_step("worker", batch, links, "tier1")
+    _, _, plan, positions, _, logits_output, rows, tokens, commit_lens, bonus, graphed = result
+    expected = [anchors]
+    for _ in range(links):
+        expected.append(chosen_by(expected[-1]))
+    assert [f[0] for f in forwards] == [t.tolist() for t in expected[:-1]]  # each link reads the last one's choice
+    assert [(f[1], f[2]) for f in forwards] == [(slice(j, j + 1), j) for j in range(links)]
+    assert torch.equal(tokens, torch.stack(expected[1:], 1)) and torch.equal(bonus, expected[-1])
+    assert commit_lens.tolist() == [links] * bs and commit_lens.dtype == torch.int32
+    assert rows.shape == (bs * links, hidden)  # request-major: request i's links in order
+    assert torch.equal(
+        rows.view(bs, links, hidden)[:, :, 0], torch.stack(expected[:-1], 1).float() + torch.arange(links)
+    )
+    assert logits_output.next_token_logits is None and graphed is True  # no logprobs asked: no logits kept
+
+
 class _Batch:
     """A decode batch as the worker's forward reads it."""
 
