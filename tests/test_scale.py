@@ -76,8 +76,9 @@ doc = {{"system": {{"gpu": "Stub H100",
 if folder:
     with open(os.path.join(folder, f"stages-{{os.getpid()}}.json"), "w") as f:
         json.dump(doc, f)
-stub = StubServer(speculative=spec, accept=7, step_s=0.0002 * (3 if system == "builtin" else 1), min_latency_s=0.001,
-                  port=int(os.environ["PORT"]))
+slower = {{"1": 8, "2": 4, "4": 2, "8": 1.5}}.get(os.environ.get("LILICORR_VERIFY_WIDTH"), 1)  # a pinned width
+stub = StubServer(speculative=spec, accept=7, step_s=0.0002 * (3 if system == "builtin" else slower),
+                  min_latency_s=0.001, port=int(os.environ["PORT"]))
 stub.serve_forever()
 """
 
@@ -173,8 +174,17 @@ def test_server_arguments_of_each_system(tmp_path):
     env = scale.server_env("dspark", tmp_path)
     assert env["SGLANG_RAGGED_VERIFY_MODE"] == "static" and env["SGLANG_SIMULATE_ACC_LEN"] == "7"
     assert "SGLANG_RAGGED_VERIFY_MODE" not in scale.server_env("domino", tmp_path)
-    for name, phase in scale.PHASES.items():  # every phase that measures a speculative system has its DFLASH reference
-        assert "dflash" in phase.systems or phase.systems in (("base",), ("lilicorr", "builtin")), name
+    for name, phase in scale.PHASES.items():  # every phase that measures a speculative system has its reference
+        assert (
+            "dflash" in phase.systems
+            or phase.systems in (("base",), ("lilicorr", "builtin"))
+            or (
+                name.startswith("widths") and phase.systems[0] == "lilicorr"  # the adaptive width against pinned ones
+            )
+        ), name
+    pinned = scale.server_env("lilicorr_w4", tmp_path, forced_commit=2)
+    assert pinned["LILICORR_VERIFY_WIDTH"] == "4" and pinned["SGLANG_SIMULATE_ACC_LEN"] == "2"
+    assert "LILICORR_VERIFY_WIDTH" not in scale.server_env("lilicorr", tmp_path)
     assert scale.server_env("lilicorr", tmp_path)[
         "SGLANG_SIMULATE_ACC_LEN"
     ] == "7" and "SGLANG_SIMULATE_ACC_LEN" not in scale.server_env("base", tmp_path)
@@ -223,12 +233,12 @@ def bundles(built, tmp_path_factory):
     launcher.write_text(LAUNCHER.format(tests=str(TESTS), block_ms=BLOCK_MS, head_ms=HEAD_MS))
     mp = pytest.MonkeyPatch()
     mp.setenv("SCALE_LAUNCH", f"{sys.executable} {launcher}")
-    mp.setattr(scale, "PORT0", free_port_block(len(scale.SYSTEMS)))
+    mp.setattr(scale, "PORT0", free_port_block(max(len(p.systems) for p in scale.PHASES.values())))
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed):
             code = scale.main(
-                ["run", "--work", str(built), "--phases", "graph,correctors,base,eager,tput", "--out", str(out)]
+                ["run", "--work", str(built), "--phases", "graph,correctors,base,eager,tput,widths7", "--out", str(out)]
             )
         assert code == 0, printed.getvalue()[-6000:]
     finally:
@@ -245,6 +255,7 @@ def test_phases_pack_whole_bundles_of_paired_rounds(bundles):
         "scale_eager.tar.gz",
         "scale_graph.tar.gz",
         "scale_tput.tar.gz",
+        "scale_widths7.tar.gz",
     ]
     with tarfile.open(bundles / "scale_graph.tar.gz") as t:
         names = t.getnames()
@@ -405,6 +416,24 @@ def test_a_summary_of_the_graph_phase_alone_names_what_is_missing(bundles, tmp_p
     with pytest.raises(UsageError, match="holds no phase folder"):
         scale_report.phase_folders([tmp_path / "empty"], tmp_path)
     assert scale_report.main([str(tmp_path), "--out", str(tmp_path / "r")]) == 2
+
+
+def test_the_adaptive_width_is_compared_with_each_pinned_width(bundles, tmp_path):
+    """widths7: the adaptive server beside LILICORR pinned at each width (the stand-ins slower the narrower), blocks
+    forced to commit 7: per c the best pinned width and the adaptive's tok/s over it."""
+    (folder,) = scale_report.phase_folders([bundles / "scale_widths7.tar.gz"], tmp_path).values()
+    record = json.loads((folder / "phase.json").read_text())
+    assert record["forced_commit_len"] == 7 and record["server_env"]["lilicorr_w2"]["LILICORR_VERIFY_WIDTH"] == "2"
+    doc, tables = scale_report.summarize({"widths7": folder})
+    cells = doc["widths"]["widths7"]
+    assert set(cells) == {"1", "4", "16", "32"}
+    for x in cells.values():
+        assert x["best_pinned"] == "lilicorr_w16" and 0.5 < x["vs_best"] < 2.0
+        assert set(x["pinned_vs_adaptive"]) == {f"lilicorr_w{w}" for w in (1, 2, 4, 8, 16)}
+        assert x["tok_s"]["lilicorr_w1"] < x["tok_s"]["lilicorr_w16"]
+    text = scale_report.markdown(doc, tables)
+    assert "## Adaptive verify width against each pinned width (widths7: blocks commit 7)" in text
+    assert "| 1 | " in text.split("widths7: blocks commit 7")[1]
 
 
 def test_the_uninstrumented_tput_phase_alone_names_its_card_from_the_phase_record(bundles, tmp_path):

@@ -11,6 +11,9 @@
 #     bash benchmarks/device/scale_gpu.sh base,eager     # ~510 s: no speculation; the five systems eager (one round per c)
 #     GIT_COMMIT=C bash benchmarks/device/scale_gpu.sh heads  # ~120 s: corrector_bench (head ms per block; C: below)
 #     bash benchmarks/device/scale_gpu.sh tput           # ~520 s, optional: LILICORR and the built-in, 1,024-token outputs
+#     bash benchmarks/device/scale_gpu.sh widths7        # nvidia-h200 (six 8B servers), one call each, again where cut
+#     bash benchmarks/device/scale_gpu.sh widths2        #   (it resumes): the adaptive verify width against each
+#                                                        #   pinned width, blocks forced to commit 7 / 2 (not yet run)
 # `heads` (in the list or alone) runs benchmarks.micro.corrector_bench into $OUT/corrector_bench.json
 # before the phases. The copy of the checkout on the GPU machine has no .git, so name the commit on the call:
 # write this checkout's `git rev-parse --short HEAD` into the command, `GIT_COMMIT=abc1234 bash benchmarks/device/scale_gpu.sh

@@ -31,6 +31,9 @@ and packs WORK/<phase> into $OUT/scale_<phase>.tar.gz (written whole or not at a
   eager       the five speculative servers without decode CUDA graphs: one round per c (the eager stages)
   tput   LILICORR and the built-in alone, graph-captured, 1,024-token outputs, no stage timer (the tok/s a user gets):
          the same paired rounds, four times the decode per run, so rare prefill stalls weigh a quarter as much
+  widths2, widths7   LILICORR's adaptive verify width beside the same server pinned at each width (lilicorr_wN:
+         LILICORR_VERIFY_WIDTH=N), blocks forced to commit 2 / 7 tokens, uninstrumented paired rounds: does the
+         adaptive choice come within 3 % of the best pinned width? Six 8B servers: an H200.
 A phase the deadline leaves no time for is skipped (exit 4: run it in the next call); inside a phase the
 rounds stop before one that would not finish. A phase an earlier call on the same machine measured whole
 is not run again (its bundle is packed again); one cut short resumes its runs (benchmarks/paired.py).
@@ -106,6 +109,7 @@ SERVED = {  # system -> (--speculative-algorithm, the draft under WORK/drafts)
     "builtin": ("DFLASH", "lilicorr"),  # SGLang's own head on our LiLiCorr draft
     "domino": ("DFLASH", "domino"),
     "dspark": ("DSPARK", "dspark"),
+    **{f"lilicorr_w{w}": ("LILICORR", "lilicorr") for w in (1, 2, 4, 8, 16)},  # LILICORR pinned at width w
 }
 DRAFTS = ("dflash", "lilicorr", *scale_drafts.CORRECTORS)
 CONCURRENCY = (1, 4, 16, 32)
@@ -127,6 +131,7 @@ class Phase:
     max_tokens: int = MAX_TOKENS  # new tokens per request
     kv_tokens: int = KV_TOKENS  # each server's KV pool (--max-total-tokens): c = 32 requests of prompt + max_tokens fit
     stage_timer: bool = True  # off: throughput only, uninstrumented
+    forced_commit: int = FORCED_COMMIT  # SGLANG_SIMULATE_ACC_LEN of its speculative servers
 
 
 RUN_PROMPTS = {1: 3, 4: 8, 16: 16, 32: 32}
@@ -150,6 +155,20 @@ PHASES = {
         kv_tokens=49152,
         stage_timer=False,
     ),
+    **{
+        f"widths{n}": Phase(
+            f"widths{n}",
+            ("lilicorr", *(f"lilicorr_w{w}" for w in (1, 2, 4, 8, 16))),
+            eager=False,
+            rounds=3,
+            prompts=RUN_PROMPTS,
+            budget_s=570,
+            kv_tokens=20480,
+            stage_timer=False,
+            forced_commit=n,
+        )
+        for n in (2, 7)
+    },
 }
 
 
@@ -297,13 +316,17 @@ def server_args(system: str, work: Path, *, eager: bool, kv_tokens: int = KV_TOK
     return tuple(args)
 
 
-def server_env(system: str, root: Path, *, stage_timer: bool = True) -> dict[str, str]:
+def server_env(
+    system: str, root: Path, *, stage_timer: bool = True, forced_commit: int = FORCED_COMMIT
+) -> dict[str, str]:
     env = {}
     if stage_timer:
         env["LILICORR_STAGE_TIMING"] = str(root / "stages" / system)
         env["LILICORR_STAGE_TIMING_BS"] = ",".join(map(str, CONCURRENCY))
     if system != "base":
-        env["SGLANG_SIMULATE_ACC_LEN"] = str(FORCED_COMMIT)
+        env["SGLANG_SIMULATE_ACC_LEN"] = str(forced_commit)
+    if system.startswith("lilicorr_w"):
+        env["LILICORR_VERIFY_WIDTH"] = system.removeprefix("lilicorr_w")
     if system == "dspark":
         env.update(scale_drafts.DSPARK_ENV)
     return env
@@ -380,7 +403,7 @@ def run_phase(
             PORT0 + i,
             "0",
             server_args(s, work, eager=phase.eager, kv_tokens=phase.kv_tokens),
-            server_env(s, root, stage_timer=phase.stage_timer),
+            server_env(s, root, stage_timer=phase.stage_timer, forced_commit=phase.forced_commit),
             s,
         )
         for i, s in enumerate(phase.systems)
@@ -423,7 +446,7 @@ def run_phase(
             "failures": failures,
             "seconds": round(time.time() - t0, 1),
             "gpu": card_name(),
-            "forced_commit_len": FORCED_COMMIT,
+            "forced_commit_len": phase.forced_commit,
             "prompt_tokens": PROMPT_TOKENS,
             "max_tokens": phase.max_tokens,
             "command": f"{sys.argv[0]} {shlex.join(sys.argv[1:])}",

@@ -315,8 +315,30 @@ def summarize(
         "missing": list(dict.fromkeys(missing)),  # once each, first-seen order (a gap repeats at every c)
         "tok_s_1024": long_runs,
         "prefill": {s: (t or {}).get("prefill") for s, t in (*timed.items(), ("base", timed_base))},
+        "widths": {name: widths_entry(phases, name) for name in ("widths2", "widths7") if name in phases},
     }
     return doc, tables
+
+
+def widths_entry(phases: dict[str, Path], name: str) -> dict:
+    """A widths phase by c: tok/s of the adaptive server (lilicorr) and of each pinned width, the best pinned width,
+    adaptive over it (`vs_best`, the ratio of means; target >= 0.97) and each width's paired ratio to the adaptive."""
+    cells = throughput_cells(phases, (name,))
+    metrics.add_paired_ratios(cells, "lilicorr", key="vs_adaptive")
+    by = {(c["system"], c["concurrency"]): c for c in cells if c["group"] == metrics.ALL}
+    out = {}
+    for c in sorted({c for _, c in by}):
+        pinned = {s: by[s, c]["tps"] for s, cc in by if cc == c and s != "lilicorr"}
+        if ("lilicorr", c) not in by or not pinned:
+            continue
+        best = max(pinned, key=pinned.get)
+        out[str(c)] = {
+            "tok_s": {"lilicorr": by["lilicorr", c]["tps"], **pinned},
+            "best_pinned": best,
+            "vs_best": by["lilicorr", c]["tps"] / pinned[best],
+            "pinned_vs_adaptive": {s: by[s, c].get("vs_adaptive", {}).get("tps") for s in pinned},
+        }
+    return out
 
 
 def _fmt(x: Optional[float], spec: str = ".2f") -> str:
@@ -421,6 +443,15 @@ def markdown(doc: dict, tables: dict) -> str:
             f"| {s} | {p['gpu_ms']['count']} | {_fmt(p['requests']['mean'], '.1f')} | {_fmt(p['gpu_ms']['mean'])} / "
             f"{_fmt(p['gpu_ms']['median'])} / {_fmt(p['gpu_ms'].get('max'))} | {_fmt(p['host_ms']['mean'])} |"
             for s, p in prefills.items()
+        ]
+    for name, cells in doc.get("widths", {}).items():
+        forced = doc["phases"][name]["forced_commit_len"]
+        lines += ["", f"## Adaptive verify width against each pinned width ({name}: blocks commit {forced})", ""]
+        lines += ["| c | adaptive tok/s | best pinned | its tok/s | adaptive / best |", "|---|---|---|---|---|"]
+        lines += [
+            f"| {c} | {x['tok_s']['lilicorr']:.0f} | {x['best_pinned']} | {x['tok_s'][x['best_pinned']]:.0f} | "
+            f"{x['vs_best']:.3f} |"
+            for c, x in cells.items()
         ]
     lines += ["", "## Targets", ""]
     lines += [
