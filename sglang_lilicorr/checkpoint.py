@@ -184,8 +184,7 @@ def stored_digest(path: str | os.PathLike) -> str | None:
 
 
 def read_tensors(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """A draft's model.safetensors, checked against its checksum and the one config.json names (a config and weights of
-    two exports are refused)."""
+    """A draft's model.safetensors, checked against its checksum and config.json's (another export's: refused)."""
     path = Path(directory) / WEIGHTS_FILE
     if not path.is_file():
         raise CheckpointError(

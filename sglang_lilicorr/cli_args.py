@@ -1,6 +1,5 @@
-"""What every `lilicorr` subcommand shares (imports only `errors`): the one-line-error parser, argparse types that check
-values, and how an error ends a subcommand: `error: <what> (<where>): <fix>`, exit 2 for a usage error, 1 otherwise (an
-unexpected exception named with its file:line; `LILICORR_DEBUG=1` re-raises)."""
+"""What `lilicorr` subcommands share (imports only `errors`): the parser, checking argparse types, how an error ends
+one: `error: <what> (<where>): <fix>`, exit 2 (usage) or 1 (a bug names its file:line; LILICORR_DEBUG=1 re-raises)."""
 
 from __future__ import annotations
 

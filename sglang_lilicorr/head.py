@@ -21,8 +21,7 @@ def confidence_features(candidate_log_probs: torch.Tensor) -> torch.Tensor:
     rank = torch.arange(k, device=lp.device, dtype=torch.float32) / max(k - 1, 1)
     is_top = (torch.arange(k, device=lp.device) == 0).float()
     return torch.stack(
-        [lp, lp.exp(), lp - lp.max(dim=-1, keepdim=True).values, rank.expand_as(lp), is_top.expand_as(lp)],
-        dim=-1,
+        [lp, lp.exp(), lp - lp.max(dim=-1, keepdim=True).values, rank.expand_as(lp), is_top.expand_as(lp)], dim=-1
     )
 
 
@@ -70,8 +69,7 @@ class LiLiCorrHead(nn.Module):
 
     def nodes(self, token_states, candidate_log_probs, pass_hidden) -> torch.Tensor:
         """Candidate node vectors [b, S, K, H]."""
-        s = candidate_log_probs.shape[1]
-        dtype = self.pass_hidden_proj.weight.dtype
+        s, dtype = candidate_log_probs.shape[1], self.pass_hidden_proj.weight.dtype
         feats = self.feature_norm(confidence_features(candidate_log_probs).to(dtype))
         return (
             token_states.to(dtype)
@@ -97,8 +95,7 @@ class LiLiCorrHead(nn.Module):
 
         t = self.anchor_norm(self.context_proj(anchor_hidden.to(x.dtype)))  # [b, H]
         w = self.factor_input_proj.weight  # [H, 3H] over concat[h, t, h*t]
-        h = self.width
-        tt = t[:, None, None, :]
+        h, tt = self.width, t[:, None, None, :]
         fused = F.silu(
             F.linear(x, w[:, :h], self.factor_input_proj.bias)
             + F.linear(tt, w[:, h : 2 * h])

@@ -172,16 +172,8 @@ def lilicorr_objective(
     else:
         margin = None
         reranker = ce + weights.lam * dist
-    return ObjectiveTerms(
-        total=dflash + weights.gamma * reranker,
-        dflash=dflash,
-        ce=ce,
-        dist=dist,
-        margin=margin,
-        z=z,
-        gt_index=gt_index,
-        prefix=prefix,
-    )
+    total = dflash + weights.gamma * reranker
+    return ObjectiveTerms(total, dflash, ce, dist, margin, z=z, gt_index=gt_index, prefix=prefix)
 
 
 def corrector_objective(
@@ -197,8 +189,7 @@ def corrector_objective(
     dflash = dflash_block_ce(draft_logits, targets, valid, weights.beta)
     head_valid = valid & (torch.arange(valid.shape[1], device=valid.device) >= corrected_from)
     step = dflash_block_ce(step_logits, targets, head_valid, weights.beta)
-    head = step
-    conf = None
+    head, conf = step, None
     if confidence is not None:
         expect(confidence, "confidence", tuple(targets.shape), "float")
         accepted = (step_logits.detach().argmax(-1) == targets).to(torch.float32)

@@ -111,10 +111,9 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
 
 @contextlib.contextmanager
 def atomic_directory(target: str | os.PathLike, keep_all_but: Collection[str] | None = None) -> Iterator[Path]:
-    """Yield an empty temporary directory beside `target`; when the block completes it takes `target`'s place (an
-    existing one is exchanged with it in one rename, then removed; else renamed aside first); when the block fails it is
-    removed. With `keep_all_but` (the names the block writes) `target` keeps all else: the directory starts as its twin
-    (`link_tree`), the old one goes by `put_back`; without an exchange: UsageError."""
+    """An empty temporary directory beside `target` that takes its place when the block completes (swapped in one
+    rename, else renamed aside) and is removed when it fails. With `keep_all_but` (the names the block writes) it starts
+    as `target`'s twin (`link_tree`), the old one going by `put_back`; no exchange: UsageError."""
     target = Path(os.path.abspath(target))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(target)
@@ -145,14 +144,15 @@ def atomic_directory(target: str | os.PathLike, keep_all_but: Collection[str] | 
 
 
 def link_tree(source: Path, twin: Path, skip: Collection[str] = ()) -> int:
-    """Fill `twin`, a new empty folder on `source`'s file system, with hard links of what `source` holds but `skip` (and
-    their temporaries), folders made alike (owner, mode, times) -> how many entries. Nothing is copied: an entry that
-    cannot be linked or made alike raises NotOursError naming it, and the caller removes `twin`."""
+    """Fill `twin` (new, empty, on `source`'s file system) with hard links of all `source` holds but `skip` (and its
+    temporaries), folders made alike -> entries. Nothing is copied: what cannot be linked raises NotOursError."""
     if not os.access(source, os.R_OK | os.W_OK | os.X_OK):
         raise _cannot_keep(source, "a folder this user may not write")
     try:
-        _same_owner(source, twin)
-        device = os.stat(source).st_dev
+        want, have = os.stat(source), os.stat(twin)
+        if (want.st_uid, want.st_gid) != (have.st_uid, have.st_gid):
+            os.chown(twin, want.st_uid, want.st_gid)
+        device = want.st_dev
         with os.scandir(source) as listing:
             entries = [e for e in listing if e.is_dir(follow_symlinks=False) or not _named(e.name, skip)]
     except OSError as e:
@@ -176,12 +176,6 @@ def link_tree(source: Path, twin: Path, skip: Collection[str] = ()) -> int:
 def _named(name: str, names: Collection[str]) -> bool:
     """`name` is one of `names` or a temporary of one (what a killed writer of it left)."""
     return name in names or any(name.startswith(f".{n}{TMP_TAG}") for n in names)
-
-
-def _same_owner(source: Path, twin: Path) -> None:
-    want, have = os.stat(source), os.stat(twin)
-    if (want.st_uid, want.st_gid) != (have.st_uid, have.st_gid):
-        os.chown(twin, want.st_uid, want.st_gid)
 
 
 def _cannot_keep(path: Path, why: str) -> NotOursError:
@@ -210,8 +204,7 @@ def put_back(old: Path, new: Path, drop: Collection[str] = ()) -> None:
 
 
 def _rename_aside(new: Path, target: Path) -> None:
-    """`new` takes `target`'s place, `target` goes to `new`'s name, in two renames (no exchange on this file system);
-    an interrupt between them puts `target` back."""
+    """`new` takes `target`'s place, `target` `new`'s name (two renames); an interrupt between puts `target` back."""
     old = temporary_name(target)
     os.replace(target, old)
     try:
@@ -300,11 +293,6 @@ def _same_file(here: os.stat_result, path: Path, follow: bool = False) -> bool:
 # --- a full disk ----------------------------------------------------------------------------------------
 
 
-def is_out_of_space(e: BaseException) -> bool:
-    """An error of a write that found its device full (ENOSPC; safetensors reports it only in its text)."""
-    return (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
-
-
 @contextlib.contextmanager
 def space_for(path: str | os.PathLike, need: int, option: str) -> Iterator[None]:
     """Writes under `path` that find the device full end as one DiskFullError: `no space left on DEVICE (PATH):
@@ -312,7 +300,8 @@ def space_for(path: str | os.PathLike, need: int, option: str) -> Iterator[None]
     try:
         yield
     except Exception as e:
-        if not is_out_of_space(e) or isinstance(e, DiskFullError):
+        full = (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
+        if not full or isinstance(e, DiskFullError):  # (safetensors reports a full device only in its text)
             raise
         where = Path(os.path.abspath(path))
         folder = next((p for p in (where, *where.parents) if p.is_dir()), Path("/"))

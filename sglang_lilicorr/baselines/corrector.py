@@ -1,6 +1,5 @@
-"""What the two correctors share: a proposal (corrected step logits, each step's token, DSpark's confidence) and their
-config keys. R blocks, S slots, V vocabulary, Hm hidden; step s reads the token before it (the anchor, or slot s - 1's:
-its own pick when serving, the `forced` token when training)."""
+"""What the two correctors share: a proposal (step logits, tokens, DSpark's confidence) and config keys. R blocks, S
+slots, V vocabulary, Hm hidden; step s reads the token before it (anchor, slot s - 1's pick, or `forced`)."""
 
 from __future__ import annotations
 

@@ -138,6 +138,5 @@ class DSparkHead(nn.Module):
             prev = logits[-1].argmax(-1)
             picks.append(prev)
             embeddings.append(e)
-        return Proposal(
-            torch.stack(logits, 1), torch.stack(picks, 1), self.confidence_head(z, torch.stack(embeddings, 1))
-        )
+        confidence = self.confidence_head(z, torch.stack(embeddings, 1))
+        return Proposal(torch.stack(logits, 1), torch.stack(picks, 1), confidence)

@@ -1,7 +1,6 @@
-"""One conversation turn against an SGLang server -> TurnResult, through `chat` (/v1/chat/completions), `generate`
-(/generate with text, for base models) or `ids` (/generate with UTF-8 bytes as input_ids, --skip-tokenizer-init,
-single-turn only); each gives completion tokens and verify blocks, and `Reply.extras` SGLang's histograms (SPEC_LISTS)
-and, with `record_ids` (chat only), the prompt's and reply's token ids."""
+"""One conversation turn against an SGLang server -> TurnResult, by `chat` (/v1/chat/completions), `generate` (/generate
+with text, base models) or `ids` (/generate with UTF-8 bytes as input_ids, --skip-tokenizer-init, single-turn):
+completion tokens, verify blocks, `Reply.extras` (SGLang's SPEC_LISTS; with `record_ids`, chat only, the token ids)."""
 
 from __future__ import annotations
 
@@ -150,8 +149,7 @@ class SGLangClient:
             raise ValueError(f"api must be one of {sorted(API_PATHS)}, got {api!r}.")
         if record_ids and api != "chat":
             raise ValueError(f"record_ids asks the chat API for token ids; api {api!r} has no such option.")
-        self.session, self.sampling, self.api, self.model = session, sampling, api, model
-        self.record_ids = record_ids
+        self.session, self.sampling, self.api, self.model, self.record_ids = session, sampling, api, model, record_ids
         self.endpoint = url.rstrip("/") + API_PATHS[api]
 
     def request(self, messages: List[dict]) -> tuple:

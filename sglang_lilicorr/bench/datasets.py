@@ -33,16 +33,13 @@ def load_prompts(
     """Prompts of a packaged set (`gsm8k`, ...), a SPEED-Bench split file or a prompt file (.jsonl)."""
     path = Path(spec)
     if path.suffix == ".jsonl" and path.stem not in speed_bench.SPLITS:
-        prompts = prompt_file.load(path, categories=categories)
-        name = path.stem
+        prompts, name = prompt_file.load(path, categories=categories), path.stem
     elif path.suffix in (".parquet", ".jsonl", ".json"):
-        prompts = speed_bench.load(path, categories=categories)
-        name = f"speed_{path.stem}"
+        prompts, name = speed_bench.load(path, categories=categories), f"speed_{path.stem}"
     elif spec in packaged.LOADERS:
         if categories:
             raise ValueError(f"--category applies to SPEED-Bench files only; {spec} has one category.")
-        prompts = packaged.LOADERS[spec]()
-        name = spec
+        prompts, name = packaged.LOADERS[spec](), spec
         limit = limit if limit is not None else DEFAULT_LIMITS.get(spec)
     else:
         raise ValueError(

@@ -22,8 +22,6 @@ PROMPTS = (
     "List three colours of the rainbow.",
 )
 SHOWN_TOKENS = 8  # drafted tokens printed per block line
-
-
 DEMO_HELP = {  # the --help texts of `lilicorr demo`
     "draft": "LiLiCorr draft folder (config.json + model.safetensors, as `lilicorr export` writes it); default: the "
     "shipped checkpoints/smollm2-lilicorr",
@@ -152,8 +150,7 @@ def run_demo(args: argparse.Namespace) -> int:
     if head is None:
         print(f"note: {args.draft} has no LiLiCorr head; only the drafter's argmax block is drafted.", file=sys.stderr)
     model, tokenizer = load_smollm2()
-    drafter = drafter.float()
-    head = head.float() if head is not None else None
+    drafter, head = drafter.float(), None if head is None else head.float()
     decoder = speculative_decoder(model, drafter, head, walk=args.walk)
     prompts = args.prompt or list(PROMPTS)
     with tqdm(

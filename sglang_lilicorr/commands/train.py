@@ -105,9 +105,8 @@ def generator_for(args: argparse.Namespace, tokenizer, log_dir: Path):
     if engine == "transformers":
         from transformers import AutoModelForCausalLM
 
-        from ..train.engine import TransformersGenerator
-
         from ..frozen_target import loading_target
+        from ..train.engine import TransformersGenerator
 
         with loading_target(args.target):
             model = AutoModelForCausalLM.from_pretrained(args.target).eval()
@@ -152,13 +151,12 @@ def run_regenerate(args: argparse.Namespace) -> int:
     settings = Settings(args.temperature, args.max_new_tokens, seed=args.seed, chat_kwargs=args.chat_template_kwargs)
     out = Path(args.output_dir) if args.recipe else Path(args.output)
     # bad input and a destination that is not ours fail before any server starts or anything is written
-    if args.recipe:
-        claim_dataset_dir(out, create=False)
-    else:
-        check_rows_file(out)
-    plans = None if args.recipe else prompt_plans(args.prompts, guard)
+    plans = None
     if args.recipe:
         claim_dataset_dir(out)  # marked before the servers' logs go into it
+    else:
+        check_rows_file(out)
+        plans = prompt_plans(args.prompts, guard)
     log_dir = out / "logs" if args.recipe else out.with_name(out.name + ".logs")
     with generator_for(args, tokenizer, log_dir) as (generator, engine):
         if args.recipe:

@@ -63,16 +63,8 @@ def block_layout(
     block_ids[:, :, 0] = tokens[:, :, 0]
     target_valid = supervised[:, :, 1:] & anchor_valid[:, :, None]
     targets = torch.where(target_valid, tokens[:, :, 1:], 0)
-
-    return BlockLayout(
-        anchors=anchors,
-        anchor_valid=anchor_valid,
-        block_ids=block_ids,
-        positions=pos.view(b, n * block_size),
-        targets=targets,
-        target_valid=target_valid,
-        attend=block_attention(anchors, anchor_valid, t, block_size),
-    )
+    positions, attend = pos.view(b, n * block_size), block_attention(anchors, anchor_valid, t, block_size)
+    return BlockLayout(anchors, anchor_valid, block_ids, positions, targets, target_valid, attend)
 
 
 def block_attention(

@@ -1,6 +1,5 @@
-"""DrafterConfig: the DFlash drafter's geometry and its round-trip through SGLang 0.5.23's DFlashDraftModel config.json.
-Target layer id i names the OUTPUT of layer i (HF `hidden_states[i + 1]`). Rope scaling is written as transformers v5's
-`rope_parameters` (default, or yarn)."""
+"""DrafterConfig: the DFlash drafter's geometry, round-tripped through SGLang 0.5.23's DFlashDraftModel config.json.
+Target layer id i names layer i's OUTPUT (HF `hidden_states[i + 1]`); rope: transformers v5's `rope_parameters`."""
 
 from __future__ import annotations
 
@@ -49,8 +48,7 @@ OTHER_VARIANTS = {
 
 
 def unsupported_variant(config: Mapping[str, Any], dflash: Mapping[str, Any]) -> str | None:
-    """What a published DFlash draft config declares that this drafter does not compute (sliding windows, causal
-    attention, partial rotary, another variant's key), or None."""
+    """What a DFlash draft config declares that this drafter does not compute (e.g. sliding windows), or None."""
     layer_types = config.get("layer_types") or []
     if isinstance(layer_types, list) and any(t != "full_attention" for t in layer_types):
         return f"layer_types={layer_types!r:.80}"
@@ -185,22 +183,13 @@ class DrafterConfig:
             if not ok:
                 raise DrafterConfigError(f"DrafterConfig: {what}.")
 
-        for name in (
-            "hidden_size",
-            "vocab_size",
-            "num_target_layers",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-            "intermediate_size",
-            "max_position_embeddings",
-        ):
+        for name in (f.name for f in dataclasses.fields(self) if f.type == "int"):
             value = getattr(self, name)
-            need(
-                isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-                f"{name}={value!r} must be a positive integer",
-            )
+            if name not in ("mask_token_id", "block_size"):  # checked below
+                need(
+                    isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                    f"{name}={value!r} must be a positive integer",
+                )
         need(self.block_size >= 2, f"block_size={self.block_size} must be >= 2 (anchor + at least one slot)")
         need(
             self.num_attention_heads % self.num_key_value_heads == 0,

@@ -3,7 +3,6 @@ own): context = hidden_norm(fc(target states)); hidden = norm(layers(embed([anch
 
 from __future__ import annotations
 
-
 import torch
 from torch import nn
 
@@ -54,8 +53,7 @@ class DFlashDrafter(nn.Module):
         attend: torch.Tensor,  # [b, Q, T + Q] bool
     ) -> torch.Tensor:
         """-> hidden states [b, Q, H] after the final norm."""
-        b, q_len, h = block_embeds.shape
-        t_len = context.shape[1]
+        (b, q_len, h), t_len = block_embeds.shape, context.shape[1]
         if h != self.config.hidden_size or context.shape[-1] != h:
             raise DrafterShapeError(
                 f"block embeddings width {h} / context width {context.shape[-1]} differ from the drafter's hidden "

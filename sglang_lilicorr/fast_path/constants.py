@@ -1,6 +1,5 @@
-"""What the serving select precomputes from a trained head: the token table [V, H], node_const [S, K, H], the feature
-LayerNorm folded into w_feat, the attention bias, the anchor and edge GEMMs' weights; with fold_norms each lattice
-pre-norm's gain folded into the GEMM that reads it (w_*_folded)."""
+"""What the serving select precomputes from a trained head: token table, node_const, the feature LayerNorm folded into
+w_feat, attention bias, anchor and edge weights; fold_norms: each lattice pre-norm's gain in its GEMM's weight."""
 
 from __future__ import annotations
 

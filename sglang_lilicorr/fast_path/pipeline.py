@@ -1,6 +1,5 @@
-"""The proposal pipeline, one composition for every caller (serving, reference decoder, replay, training): logits [b*S,
-V] --top-K/logsumexp--> candidates [b, S, K] --head--> start [b, K], pair [b, S-1, K, K] --walk--> draft ids [b, S],
-each step as its plan (plan.py) says; the head's step is the caller's `scores`."""
+"""The proposal pipeline of every caller (serving, reference decoder, replay, training): logits [b*S, V] --top-K/lse-->
+candidates [b, S, K] --head (`scores`)--> start [b, K], pair [b, S-1, K, K] --walk--> draft [b, S], by plan."""
 
 from __future__ import annotations
 
@@ -74,8 +73,7 @@ def propose(
     scores: Scores,
     plan: SelectPlan,
 ) -> Proposal:
-    """logits [b*S, V], pass_hidden [b, S, Hm], anchor_hidden [b, Hm] -> Proposal; scores keep their autograd graph, the
-    walk reads them detached."""
+    """logits [b*S, V], pass_hidden [b, S, Hm], anchor_hidden [b, Hm] -> Proposal; the walk reads scores detached."""
     b, s = pass_hidden.shape[:2]
     vals, ids, lse = candidates(logits, topk, plan)
     vals, ids, lse = vals.view(b, s, topk), ids.view(b, s, topk), lse.view(b, s)

@@ -39,15 +39,6 @@ def compile_threads() -> int:
     return max(1, min(cpus, MAX_THREADS))
 
 
-def _async_compile_mode():
-    """Triton's AsyncCompileMode, or None where this Triton lacks it."""
-    try:
-        import triton
-    except ImportError:
-        return None
-    return getattr(triton, "AsyncCompileMode", None)
-
-
 def unavailable(device: torch.device) -> str | None:
     """Why a compile-only pass cannot help on `device` (interpreter, CPU, graph capture, no AsyncCompileMode)."""
     if os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes"):
@@ -56,7 +47,11 @@ def unavailable(device: torch.device) -> str | None:
         return f"not a CUDA device ({device})"
     if torch.cuda.is_current_stream_capturing():
         return "a CUDA graph is being captured"
-    if _async_compile_mode() is None:
+    try:
+        import triton
+    except ImportError:
+        triton = None
+    if getattr(triton, "AsyncCompileMode", None) is None:
         return "this Triton has no AsyncCompileMode"
     return None
 
@@ -94,8 +89,7 @@ def compile_only(threads: int):
 
 
 def precompile(run: Callable[[], object], *, device: torch.device, label: str) -> CompileReport | None:
-    """`run()` in compile_only mode where a pass can help, one log line -> the report, or None where nothing ran or it
-    raised (one warning; the kernels then compile at first launch)."""
+    """`run()` compile-only where that helps, logged in one line -> the report; None where skipped or it failed."""
     why = unavailable(device)
     if why is not None:
         logger.debug("kernel pre-compilation skipped for %s: %s", label, why)

@@ -24,8 +24,7 @@ def _norm_eps(norm: torch.nn.RMSNorm) -> float:
 
 
 class FastLiLiCorrSelect(SelectConstants):
-    """propose(logits [b*S, V], hidden [b, S, Hm], anchor_hidden [b, Hm]) -> Proposal (pipeline.py): the draft
-    ids [b, S], the candidates' ids and log-probs [b, S, K], the head's start and pair scores."""
+    """propose(logits [b*S, V], hidden [b, S, Hm], anchor_hidden [b, Hm]) -> Proposal (pipeline.py)."""
 
     def __init__(
         self,
@@ -111,13 +110,8 @@ class FastLiLiCorrSelect(SelectConstants):
             pass_ready = side.record()
             t, anchor = self._anchor_projection(anchor_hidden, plan)
             anchor_ready = side.record()
-        return (
-            pass_proj,
-            t,
-            anchor,
-            lambda: side.join(pass_ready, pass_proj),
-            lambda: side.join(anchor_ready, t, anchor),
-        )
+        join_pass, join_anchor = lambda: side.join(pass_ready, pass_proj), lambda: side.join(anchor_ready, t, anchor)
+        return pass_proj, t, anchor, join_pass, join_anchor
 
     def _scores_fused(self, vals, ids, lse, pass_hidden, anchor_hidden, plan: SelectPlan):
         """The fused routes -> (start, pair, log-probs [b, S, K], the greedy walk's ids [b, S] or None)."""
@@ -136,20 +130,12 @@ class FastLiLiCorrSelect(SelectConstants):
         its rows' sums of squares [b*L, H / 16] stand for the attention input."""
         b, s, k = ids.shape
         pdl, rows, h = plan.pdl, b * s * k, self.width
+        flat_vals, flat_lse = vals.reshape(b * s, k).float(), lse.reshape(b * s).float()
         lp, up = head_nodes.confidence_up_triton(
-            vals.reshape(b * s, k).float(),
-            lse.reshape(b * s).float(),
-            self.w_feat,
-            self.b_feat,
-            self.feat_ln_eps,
-            self.dtype,
-            pdl=pdl,
+            flat_vals, flat_lse, self.w_feat, self.b_feat, self.feat_ln_eps, self.dtype, pdl=pdl
         )
         norm, folds = self.head.layers[0].attn_norm, plan.route == "folded"
-        if folds:  # [b*S*K, H]
-            feat = gemm_epilogue_triton(up, self.w_down, pdl=pdl)
-        else:
-            feat = F.linear(up, self.w_down)
+        feat = gemm_epilogue_triton(up, self.w_down, pdl=pdl) if folds else F.linear(up, self.w_down)  # [b*S*K, H]
         if join_pass is not None:
             join_pass()
         cat = torch.empty((rows, 2 * h), dtype=self.dtype, device=self.device) if folds else None
@@ -179,9 +165,7 @@ class FastLiLiCorrSelect(SelectConstants):
             attn, mlp = layer.attn, layer.mlp
             qkv = F.linear(xn, attn.in_proj_weight, attn.in_proj_bias)  # [b*n, 3H]
             joined = i == len(layers) - 1 and join_anchor is not None
-            if (
-                joined
-            ):  # t for the last FFN down; the attention has no weight to prefetch, so it takes the full-order launch
+            if joined:  # t for the last FFN down; the attention (no weight to prefetch) takes the full-order launch
                 join_anchor()
             attended = lattice_attention_triton(qkv, bias, attn.num_heads, pdl=pdl, launch_pdl=not joined)
             xn = self._residual_norm(x, attended, attn.out_proj, self._after_attn[i], plan)
@@ -216,14 +200,9 @@ class FastLiLiCorrSelect(SelectConstants):
             norm = (sumsq, _norm_eps(layer.mlp_norm))
             hidden = gemm_epilogue_triton(x, self.w_up_folded[i], mlp.up_proj.bias, silu=True, norm=norm, pdl=pdl)
             sumsq = head_norm.sumsq_parts(rows, h, self.device)
+            cross = (t, cat[:, h:]) if last else None
             gemm_epilogue_triton(
-                hidden,
-                mlp.down_proj.weight,
-                mlp.down_proj.bias,
-                residual=x,
-                sumsq_out=sumsq,
-                cross=(t, cat[:, h:]) if last else None,
-                pdl=pdl,
+                hidden, mlp.down_proj.weight, mlp.down_proj.bias, residual=x, sumsq_out=sumsq, cross=cross, pdl=pdl
             )
         return cat, sumsq
 

@@ -18,11 +18,7 @@ from .pdl import check_pdl, grid_dependency_wait, pdl_launch
 from .prefetch import lines_per_row, prefetch_rows_l2
 from .tuning import GEMM_CONFIGS, GemmLaunch
 
-WITHOUT_TMA = {
-    "tma_large": "large",
-    "tma_medium": "medium",
-    "tma_wide_k": "medium",
-}  # for the epilogues TMA stores lack
+WITHOUT_TMA = {"tma_large": "large", "tma_medium": "medium", "tma_wide_k": "medium"}  # for epilogues TMA stores lack
 
 
 def select_config(m: int, dtype: torch.dtype, k: int = 0) -> str:
@@ -214,21 +210,13 @@ def _gemm_kernel(
         y = old.to(tl.float32) + y.to(dtype).to(tl.float32)
     y = y.to(dtype)
     tl.store(out_ptr + at, y, mask=mask)
+    yf = y.to(tl.float32)
     if SUMSQ_OUT:  # for the next GEMM's norm of these rows
-        store_sumsq(
-            tl.where(mask, y.to(tl.float32), 0.0),
-            rm,
-            pid_n,
-            live,
-            tl.cdiv(N, SUMSQ_GROUP),
-            ss_out_ptr,
-            BLOCK_M,
-            BLOCK_N,
-        )
+        store_sumsq(tl.where(mask, yf, 0.0), rm, pid_n, live, tl.cdiv(N, SUMSQ_GROUP), ss_out_ptr, BLOCK_M, BLOCK_N)
     if CROSS_OUT:  # x * t, the numerator of the factor input's h * t (the norm's rstd and gain come later)
         if not EARLY:
             t = _cross_tile(t_ptr, rm, rn, mask, N, rows_per_req)
-        tl.store(xt_ptr + at, (y.to(tl.float32) * t.to(tl.float32)).to(dtype), mask=mask)
+        tl.store(xt_ptr + at, (yf * t.to(tl.float32)).to(dtype), mask=mask)
 
 
 @triton.jit(do_not_specialize=["M"])  # as _gemm_kernel's; the program count is the grid's, not a constexpr
@@ -362,14 +350,8 @@ def _check_epilogue(name: str, x, weight, norm, norm_width, residual, out, sumsq
         width = norm_width or k
         if not 0 < width <= k:
             raise ValueError(f"{name}: norm_width {norm_width} must be in 1..{k} (x's columns)")
-        _check_tensor(
-            name,
-            "norm's sum-of-squares partials",
-            norm[0],
-            (m, -(-width // SUMSQ_GROUP.value)),
-            torch.float32,
-            x.device,
-        )
+        parts = (m, -(-width // SUMSQ_GROUP.value))
+        _check_tensor(name, "norm's sum-of-squares partials", norm[0], parts, torch.float32, x.device)
     for what, t in (("residual", residual), ("out", out)):
         if t is not None:
             _check_tensor(name, what, t, (m, n), x.dtype, x.device)
@@ -381,7 +363,6 @@ def _check_epilogue(name: str, x, weight, norm, norm_width, residual, out, sumsq
             raise ValueError(f"{name}: cross t {tuple(t.shape)} must be [b, {n}], b dividing the {m} rows")
         _check_tensor(name, "cross t", t.contiguous(), tuple(t.shape), x.dtype, x.device)
         _check_tensor(name, "cross output", xt, (m, n), x.dtype, x.device)
-        # the output's row stride (n: a new out)
         row_stride = out.stride(0) if out is not None else residual.stride(0) if residual is not None else n
         if xt.stride(0) != row_stride:
             raise ValueError(
@@ -404,11 +385,9 @@ def gemm_epilogue_triton(
     sumsq_out: torch.Tensor | None = None,  # [M, cdiv(N, 16)] fp32: the result rows' partial sums of squares
     cross: tuple[torch.Tensor, torch.Tensor] | None = None,  # (t [b, N], xt [M, N]): also xt = result * t per request
     config: str | GemmLaunch | None = None,  # a GEMM_CONFIGS key or a GemmLaunch; None: select_config(M, dtype, K)
-    # programmatic dependent launch (kernels/pdl.py; sm_90+); `bias` is then read before the wait: a constant
-    pdl: bool = False,
+    pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py; sm_90+); `bias` is read before the wait
     launch_pdl: bool | None = None,  # False: a PDL kernel launched in full order (after a stream join); None: pdl
-    prefetch: bool
-    | None = None,  # the weight into L2 before the PDL wait (kernels/prefetch.py); None: when launched early
+    prefetch: bool | None = None,  # weight into L2 before the PDL wait (kernels/prefetch.py); None: when launched early
     name: str = "gemm_epilogue_triton",
 ) -> torch.Tensor:
     """-> act(x @ weight.T + bias + group_bias[row // rows_per_group]) [M, N], one launch (module docstring)."""

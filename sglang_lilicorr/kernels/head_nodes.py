@@ -1,7 +1,6 @@
-"""Lattice node assembly of the LiLiCorr head at serving time, in Triton, one program per row: `confidence_up_triton`
-(top-K values + lse -> log-probs and silu(up(LayerNorm(features)))) and `lattice_nodes_triton` (node = token_table[id] +
-pass_proj[slot] + feat_down + node_const[slot, k], as the residual stream and its RMS-normalised attention input, or its
-partial sums of squares for the folded route)."""
+"""Lattice node assembly of the LiLiCorr head at serving time, in Triton, a program per row: `confidence_up_triton`
+(top-K values + lse -> log-probs, silu(up(LayerNorm(features)))) and `lattice_nodes_triton` (node = token_table[id] +
+pass_proj[slot] + feat_down + node_const[slot, k]: the residual stream and its RMSNorm, or folded its sumsq)."""
 
 from __future__ import annotations
 
@@ -146,10 +145,6 @@ def _lattice_nodes_kernel(
         norm_store(xf, rstd, r, cols, m, H, norm_w_ptr, xn_ptr, H, xn_ptr, 1, False)
 
 
-def _row_warps(block: int) -> int:
-    return 4 if block <= 2048 else 8
-
-
 def confidence_up_triton(
     vals: torch.Tensor,
     lse: torch.Tensor,
@@ -163,8 +158,7 @@ def confidence_up_triton(
     """vals fp32 [G, K] descending, lse fp32 [G], w_feat fp32 [H, 5], b_feat fp32 [H] -> (log-probs fp32 [G, K],
     silu(w_feat @ LayerNorm(features) + b_feat) [G*K, H]); under `pdl` the constants are read before the wait."""
     check_pdl(pdl, w_feat, "confidence_up_triton")
-    g, k = vals.shape
-    h = w_feat.shape[0]
+    (g, k), h = vals.shape, w_feat.shape[0]
     lp = torch.empty((g, k), dtype=torch.float32, device=vals.device)
     out = torch.empty((g * k, h), dtype=dtype, device=vals.device)
     launch = ConfidenceLaunch()
@@ -193,8 +187,7 @@ def lattice_nodes_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (residual stream x, RMSNorm(x)) [b*S*K, H] in table's dtype; with sumsq_out: (x, sumsq_out)."""
     check_pdl(pdl, table, "lattice_nodes_triton")
-    b, s, k = ids.shape
-    h = table.shape[1]
+    (b, s, k), h = ids.shape, table.shape[1]
     rows = b * s * k
     x = torch.empty((rows, h), dtype=table.dtype, device=table.device) if out is None else out
     if tuple(x.shape) != (rows, h) or x.stride(1) != 1 or x.dtype != table.dtype:
@@ -216,5 +209,5 @@ def lattice_nodes_triton(
         inputs = [t.contiguous() for t in (ids, table, pass_proj, feat, node_const)]
         args = (*inputs, norm_weight, x, xn, xn, rows, s, k, h, x.stride(0), float(eps))
         meta = dict(ROWS=per, BLOCK_H=block_h, SUMSQ=sumsq_out is not None, **pdl_launch(pdl, launch_pdl))
-        _lattice_nodes_kernel[(triton.cdiv(rows, per),)](*args, **meta, num_warps=_row_warps(block_h))
+        _lattice_nodes_kernel[(triton.cdiv(rows, per),)](*args, **meta, num_warps=4 if block_h <= 2048 else 8)
     return x, xn

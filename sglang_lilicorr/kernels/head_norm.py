@@ -45,9 +45,8 @@ def load_sumsq(ss_ptr, rows, n_parts, PARTS: tl.constexpr):
     """The partial sums of squares of rows `rows` (store_sumsq) as loaded, [R, PARTS] fp32 (PARTS >= n_parts a
     power of two, zeros past n_parts): a load to issue early and reduce late (row_rstd)."""
     parts = tl.arange(0, PARTS)
-    return tl.load(
-        ss_ptr + rows.to(tl.int64)[:, None] * n_parts + parts[None, :], mask=(parts < n_parts)[None, :], other=0.0
-    )
+    at = ss_ptr + rows.to(tl.int64)[:, None] * n_parts + parts[None, :]
+    return tl.load(at, mask=(parts < n_parts)[None, :], other=0.0)
 
 
 @triton.jit

@@ -1,6 +1,5 @@
-"""Cosine lattice scores of the LiLiCorr head, in Triton, one program per (request, slot): from edges [b, S, K, 2D] (out
-| in) and anchor out [b, D], fp32 sigma-scaled cosines start[b, j] and pair[b, s-1, i, j]; with WALK the request's last
-program also runs the greedy walk."""
+"""Cosine lattice scores of the LiLiCorr head in Triton, a program per (request, slot): edges [b, S, K, 2D] (out | in),
+anchor out [b, D] -> fp32 sigma-scaled cosines start[b, j], pair[b, s-1, i, j]; WALK: the last program walks."""
 
 from __future__ import annotations
 

@@ -126,8 +126,7 @@ def lattice_attention_triton(
     *,
     block_m: int | None = None,  # query rows per program (power of two, 16..LP); None: by batch size
     num_warps: int = NUM_WARPS,
-    # programmatic dependent launch (kernels/pdl.py); `bias` is then read before the wait: a constant
-    pdl: bool = False,
+    pdl: bool = False,  # programmatic dependent launch (kernels/pdl.py); `bias` is read before the wait
     launch_pdl: bool | None = None,  # False: launched in full order all the same (after a stream join); None: pdl
 ) -> torch.Tensor:
     """-> softmax(scale * q k^T + bias) v as out [b*L, H] in qkv's dtype (o.transpose(1, 2) layout)."""
@@ -141,14 +140,10 @@ def lattice_attention_triton(
             f"{MAX_NODES} nodes and dh <= 256; use lattice_attention_reference"
         )
     lp, dp = max(16, triton.next_power_of_2(length)), max(16, triton.next_power_of_2(dh))
-    if block_m is None:
-        block_m = (
-            ATTENTION_ONE_REQUEST_BLOCK_M
-            if b == 1
-            else ATTENTION_SMALL_BATCH_BLOCK_M
-            if b <= ATTENTION_SMALL_BATCH
-            else ATTENTION_BLOCK_M
-        )
+    if block_m is None and b == 1:
+        block_m = ATTENTION_ONE_REQUEST_BLOCK_M
+    elif block_m is None:
+        block_m = ATTENTION_SMALL_BATCH_BLOCK_M if b <= ATTENTION_SMALL_BATCH else ATTENTION_BLOCK_M
     if block_m < 16 or block_m & (block_m - 1):
         raise ValueError(f"lattice_attention_triton: block_m = {block_m} must be a power of two >= 16")
     block_m = min(block_m, lp)

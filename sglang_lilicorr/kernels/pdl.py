@@ -1,6 +1,5 @@
 """Programmatic dependent launch (PDL, sm_90+): a kernel launched with `launch_pdl=True` may start while its predecessor
-runs; its programs call `grid_dependency_wait(PDL)` first (before it, read only constants, write nothing). With
-PDL=False both compile away."""
+runs; its programs call `grid_dependency_wait(PDL)` first, reading only constants before. PDL=False: no-ops."""
 
 from __future__ import annotations
 

@@ -329,8 +329,7 @@ def topk_lse_triton(
     *,
     pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """logits [N, V] -> (vals fp32 [N, k] descending, ids int64 [N, k], lse fp32 [N]); ties to the lowest index. No host
-    syncs: safe to capture in a CUDA graph."""
+    """logits [N, V] -> (vals fp32 [N, k] descending, ids int64 [N, k], lse fp32 [N]), ties: lowest id; no host sync."""
     (vals, ids, lse), parts = _split_stage("topk_lse_triton", logits, k, splits, launch, pdl)
     if parts is not None and logits.shape[0]:
         # the merge is launched in full stream order (launched early it was slower: PERF_NOTES.md, row 18)

@@ -1,6 +1,5 @@
-"""Every measured launch choice of the select path: launch records (with the measured defaults), kernel tables by
-operand shape and head tables by head width and batch size (fast_path/plan.py). Measurements name card and commit;
-benchmarks/PERF_NOTES.md has the numbers. Imports nothing of ours."""
+"""Every measured launch choice of the select path (imports nothing of ours): launch records (measured defaults), kernel
+tables by operand shape, head tables by head width and batch size (fast_path/plan.py), naming card and commit."""
 
 from __future__ import annotations
 

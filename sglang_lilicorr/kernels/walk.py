@@ -1,6 +1,5 @@
-"""Decoders over the score lattice (paper Eq. 8, App. F) as Triton kernels, one program per request, exactly the
-PyTorch references (sglang_lilicorr.walk; ties to the lowest index, -inf allowed): start [b, K], pair [b, S-1, K, K]
--> idx [b, S] int64 (or, given candidate ids [b, S, K], their ids)."""
+"""Lattice decoders (paper Eq. 8, App. F) in Triton, a program per request, exactly sglang_lilicorr.walk's (ties to the
+lowest index, -inf allowed): start [b, K], pair [b, S-1, K, K] -> idx [b, S] int64, or their candidate ids."""
 
 from __future__ import annotations
 
@@ -138,8 +137,7 @@ def _check_lattice(name: str, start: torch.Tensor, pair: torch.Tensor) -> None:
 def _launch(viterbi: bool, name: str, start: torch.Tensor, pair: torch.Tensor, pdl: bool, **gather) -> torch.Tensor:
     _check_lattice(name, start, pair)
     check_pdl(pdl, start, name)
-    b, k = start.shape
-    slots = pair.shape[1] + 1
+    (b, k), slots = start.shape, pair.shape[1] + 1
     idx = torch.empty((b, slots), dtype=torch.int64, device=start.device)
     if b:
         kp, sp = triton.next_power_of_2(k), triton.next_power_of_2(slots)

@@ -109,8 +109,7 @@ class SpeculativeDecoder:
             raise ValueError(
                 f"generate: need max_new_tokens >= 1 and temperature >= 0, got {max_new_tokens}, {temperature}."
             )
-        stop = set(stop_ids)
-        prompt = list(prompt_ids)
+        stop, prompt = set(stop_ids), list(prompt_ids)
         self.cached.reset()
         features, hidden = self.cached.extend(torch.tensor([prompt], device=self.device))  # [1, n, F]
         out = [sample_token(self.target.logits(hidden[0, -1]).float(), temperature, generator)]

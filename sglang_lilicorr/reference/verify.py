@@ -1,6 +1,5 @@
-"""Verification of one drafted block: target_logits [S+1, V], draft [S] -> (m accepted, emitted = d_1..d_m + one target
-token). Exact rejection sampling of a deterministic proposal: accept d_s with probability p_s(d_s), else draw from p_s
-without d_s. Sampling runs on the CPU in float64."""
+"""Verification of one drafted block: target_logits [S+1, V], draft [S] -> (m accepted, d_1..d_m + one target token), by
+exact rejection sampling: d_s kept with probability p_s(d_s), else a draw from p_s without d_s (CPU, float64)."""
 
 from __future__ import annotations
 

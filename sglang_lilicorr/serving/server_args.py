@@ -156,9 +156,8 @@ def serves_lilicorr(args) -> bool:
 
 
 def default_target_attention_backend(args) -> None:
-    """Where a LILICORR server names no --attention-backend: SERVED_TARGET_ATTENTION_BACKENDS[0], with one warning,
-    instead of SGLang's GPU default; run before SGLang first fills the backend. Left alone: another algorithm, or both
-    --prefill- and --decode-attention-backend set."""
+    """With no --attention-backend, a LILICORR server gets SERVED_TARGET_ATTENTION_BACKENDS[0] (one warning), not
+    SGLang's GPU default; runs before SGLang fills it. Not with both --prefill- and --decode-attention-backend set."""
     if not serves_lilicorr(args) or args.attention_backend is not None:
         return
     prefill, decode = args.prefill_attention_backend, args.decode_attention_backend
@@ -203,8 +202,7 @@ def check_target_attention_backend(args) -> str:
             f"The target's prefill attention would run {prefill} and its decode attention {decode} "
             f"(--attention-backend, --prefill-attention-backend, --decode-attention-backend): {ALGORITHM_NAME} has "
             f"been served with one backend for both, never with SGLang's hybrid of two; "
-            f"pass --attention-backend {prefill} or {decode} "
-            "alone."
+            f"pass --attention-backend {prefill} or {decode} alone."
         )
     return prefill
 
@@ -270,8 +268,7 @@ def validate_server_args(args) -> None:
     verify_attention_choice()
     check_verify_attention_backend(target_backend)
     walk_rule()
-    path = draft_path(args)
-    spec = inspect_draft(path, served_target(args))
+    spec = inspect_draft(draft_path(args), served_target(args))
     check_tensor_parallel(spec, int(args.tp_size))
     check_block_size(spec, args)
     widths_from_env(spec.head.block_size)

@@ -1,6 +1,5 @@
-"""Generation backends for `lilicorr regenerate`, token ids in and out: `SGLangServers` (one per GPU, launched or by
-URL) and `TransformersGenerator` (CPU and tests). `session()` yields `complete(prompt ids, sampling, seed)` -> ids with
-the end-of-turn token and "stop" or "length"."""
+"""Generation backends of `lilicorr regenerate` (token ids in and out): `SGLangServers` (launched, a GPU each, or by
+URL) and `TransformersGenerator` (CPU, tests); `session()` yields `complete(prompt, sampling, seed)`."""
 
 from __future__ import annotations
 

@@ -52,8 +52,7 @@ def is_earlier_export(folder: Path) -> bool:
 
 
 def check_destination(out_dir: str | Path, source: str | Path, force: bool = False) -> str:
-    """UsageError unless export may write out_dir -> "new", "replace" (an empty folder or an earlier export) or "keep"
-    (with `force`, a folder whose other files are kept)."""
+    """Whether export may write out_dir: "new", "replace" (empty, earlier export), "keep" (`force`); else UsageError."""
     if not str(out_dir).strip():
         raise UsageError("OUT_DIR is empty", where="OUT_DIR", fix="pass the folder the draft goes to, e.g. my-draft")
     out, src = Path(out_dir).resolve(), Path(source).resolve()

@@ -27,8 +27,7 @@ class JointOutput:
     terms: ObjectiveTerms
     draft_hits: torch.Tensor  # [S] drafter argmax == ground truth, per slot (valid slots)
     valid_counts: torch.Tensor  # [S] valid slots
-    # [S] head's argmax == ground truth (LiLiCorr: on the oracle prefix; teacher-forced)
-    reranker_hits: torch.Tensor | None
+    reranker_hits: torch.Tensor | None  # [S] head's argmax == truth (LiLiCorr: on the oracle prefix; teacher-forced)
     prefix_counts: torch.Tensor | None  # [S] the slots reranker_hits counts over
     coverage: dict[str, torch.Tensor]  # oracle-prefix coverage (empty without a LiLiCorr head)
     accept_draft: torch.Tensor  # [R] acceptance length of the drafter's argmax, greedy target
@@ -90,8 +89,7 @@ class JointModel(nn.Module):
 
     def __init__(self, drafter: DFlashDrafter, head: nn.Module | None, target: FrozenTarget) -> None:
         super().__init__()
-        self.drafter, self.head = drafter, head
-        self.target = target
+        self.drafter, self.head, self.target = drafter, head, target
         self.timer: PhaseTimer | None = None  # set by the trainer to time the forward's phases
         target.check_fits(drafter.config.hidden_size, drafter.config.vocab_size)
 

@@ -1,6 +1,5 @@
-"""Where training prompts come from: `magpie` (the target writes its own user turns, some steered by STEERING) and
-`package` (code and docstrings of PACKAGE_SOURCES; never EVAL_PACKAGES). Prompts equal to an evaluation prompt or
-sharing an 8-word shingle with one are dropped (`EvalGuard`)."""
+"""Where training prompts come from: `magpie` (the target writes its user turns, some steered by STEERING) and `package`
+(code and docstrings of PACKAGE_SOURCES, never EVAL_PACKAGES); `EvalGuard` drops any that overlaps evaluation."""
 
 from __future__ import annotations
 
@@ -182,9 +181,7 @@ class EvalGuard:
     @classmethod
     def of(cls, evaluation: Iterable[str]) -> "EvalGuard":
         evaluation = list(evaluation)
-        return cls(
-            {normalised(t) for t in evaluation}, set().union(*map(shingles, evaluation)) if evaluation else set()
-        )
+        return cls({normalised(t) for t in evaluation}, set().union(*map(shingles, evaluation)))
 
     def overlaps(self, text: str) -> bool:
         return normalised(text) in self.texts or bool(shingles(text) & self.shingle_set)

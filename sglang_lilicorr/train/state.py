@@ -169,8 +169,7 @@ def set_aside_newer(output_dir: str | Path, resumed: Path) -> list[Path]:
     moved = []
     for path in complete_checkpoints(output_dir):
         if path.name > resumed.name:
-            target = path.with_name(f"bad-{path.name}")
-            n = 1
+            target, n = path.with_name(f"bad-{path.name}"), 1
             while target.exists():
                 target, n = path.with_name(f"bad-{path.name}.{n}"), n + 1
             path.rename(target)
@@ -335,8 +334,7 @@ def draft_geometry(directory: str | Path) -> DrafterConfig:
 def load_draft_weights(
     directory: str | Path, drafter, head, drafter_cfg: DrafterConfig, head_cfg: HeadConfig | None
 ) -> None:
-    """Start a run from a draft's weights (not its step or optimizer): same drafter geometry (rope may differ), and its
-    head or none (a head then starts fresh)."""
+    """A draft's weights into a new run: same drafter geometry (rope may differ), its head or none (a fresh head)."""
     corrector = read_corrector_draft(directory)
     if corrector is not None:
         config, saved_head, drafter_t, head_t = corrector

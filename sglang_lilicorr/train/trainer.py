@@ -1,7 +1,6 @@
-"""`lilicorr train`: joint training of the DFlash drafter and a head, on one GPU or DDP under torchrun: AdamW, cosine
-schedule with warm-up, gradient clip, bf16 autocast over fp32 masters. A step's global batch is G = grad_accum x ranks
-micro-batches, micro-batch j = rank + ranks * micro holding sequences j, j + G, ... seeded by step * G + j, so any split
-trains the same gradient. Rank 0 alone writes. Non-finite steps are skipped (`max_bad_steps`: TrainingDiverged)."""
+"""`lilicorr train`: the DFlash drafter and a head trained jointly, on one GPU or DDP (torchrun): AdamW, cosine warm-up
+schedule, gradient clip, bf16 autocast over fp32 masters. A step is G = grad_accum x ranks micro-batches; micro-batch j
+= rank + ranks * micro holds sequences j, j + G, ... seeded by step * G + j, so any split trains the same gradient."""
 
 from __future__ import annotations
 
@@ -61,21 +60,19 @@ def resolve_mask_token(tokenizer, name: str | None, vocab_size: int) -> tuple[st
 def drafter_config_for(model, tokenizer, cfg: TrainConfig) -> DrafterConfig:
     """Drafter geometry: an --init-from draft's own (`init_drafter_config`), else the target's and the run's options."""
     tc = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    n_layers, lm_head = int(tc.num_hidden_layers), model.get_output_embeddings().weight.shape
     if cfg.init_from:
-        drafter = init_drafter_config(cfg, int(tc.num_hidden_layers), model.get_output_embeddings().weight.shape)
+        drafter = init_drafter_config(cfg, n_layers, lm_head)
         check_mask_token(tokenizer, drafter, cfg.init_from)
         return drafter
-    n_layers = int(tc.num_hidden_layers)
-    hidden = int(tc.hidden_size)
-    heads = int(tc.num_attention_heads)
+    hidden, heads = int(tc.hidden_size), int(tc.num_attention_heads)
     rope = getattr(tc, "rope_parameters", None) or {}
-    theta = float(rope.get("rope_theta", getattr(tc, "rope_theta", 1_000_000.0)))
-    mask_name, mask_id = resolve_mask_token(tokenizer, cfg.mask_token, model.get_output_embeddings().weight.shape[0])
+    mask_name, mask_id = resolve_mask_token(tokenizer, cfg.mask_token, lm_head[0])
     features = min(cfg.num_context_features, max(1, n_layers - 3))
     max_positions = int(getattr(tc, "max_position_embeddings", 32768))
     return DrafterConfig(
         hidden_size=hidden,
-        vocab_size=int(model.get_output_embeddings().weight.shape[0]),
+        vocab_size=int(lm_head[0]),
         num_target_layers=n_layers,
         target_layer_ids=tuple(default_target_layer_ids(n_layers, features)),
         mask_token_id=mask_id,
@@ -86,7 +83,7 @@ def drafter_config_for(model, tokenizer, cfg: TrainConfig) -> DrafterConfig:
         head_dim=int(getattr(tc, "head_dim", None) or hidden // heads),
         intermediate_size=cfg.draft_intermediate_size or int(tc.intermediate_size),
         block_size=cfg.block_size,
-        rope_theta=theta,
+        rope_theta=float(rope.get("rope_theta", getattr(tc, "rope_theta", 1_000_000.0))),
         rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-6)),
         max_position_embeddings=max_positions,
         rope_scaling=cfg.drafter_rope(max_positions),
@@ -303,11 +300,10 @@ class Evaluator:
     def __init__(
         self, joint: JointModel, eval_set: list[Example], turns, cfg: TrainConfig, pad_id: int, autocast, device
     ) -> None:
-        self.joint, self.cfg, self.autocast, self.device = joint, cfg, autocast, device
+        self.joint, self.cfg, self.autocast, self.device, self.turns = joint, cfg, autocast, device, turns
         self.batches = [
             collate(eval_set[i : i + cfg.batch_size], pad_id) for i in range(0, len(eval_set), cfg.batch_size)
         ]
-        self.turns = turns
 
     @torch.no_grad()
     def __call__(self, weights) -> dict[str, float]:
@@ -359,6 +355,8 @@ class Job:
 
 def train(cfg: TrainConfig) -> dict[str, float]:
     """Run (or resume) a training job; returns the last logged metrics."""
+    from tqdm.auto import tqdm
+
     cfg.check_paths()
     claim_output_dir(cfg, create=False)  # before anything loads or is written (every rank: they fail alike)
     if cfg.exclude:  # evaluation prompts must not be training data
@@ -372,7 +370,8 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         need = sum(t.numel() for t in job.trainable().values()) * (3 * 4 + 2)
         with space_for(job.out_dir, need, "--output-dir"):
             step = start_point(job)
-            with contextlib.closing(_progress(job.total, step, env.main)) as bar:  # an error line starts a line
+            bar = tqdm(total=job.total, initial=step, disable=not env.main, desc="train", dynamic_ncols=True)
+            with contextlib.closing(bar):  # an error line starts a line
                 return train_loop(job, step, bar)
 
 
@@ -447,8 +446,7 @@ def build_job(cfg: TrainConfig, env: Distributed) -> Job:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     drafter, head, joint, optimizer = build_models(cfg, drafter_cfg, head_cfg, target, env.device)
-    per_rank_step = cfg.batch_size * cfg.grad_accum
-    per_epoch = len(epoch_batches(len(train_set), per_rank_step, cfg.seed, 0, env.rank, env.world))
+    per_epoch = len(epoch_batches(len(train_set), cfg.batch_size * cfg.grad_accum, cfg.seed, 0, env.rank, env.world))
     total = cfg.max_steps if cfg.max_steps > 0 else cfg.epochs * per_epoch
     scheduler = cosine_with_warmup(optimizer, total, cfg.warmup_ratio)
     autocast = torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=cfg.bf16)
@@ -537,8 +535,7 @@ def train_loop(job: Job, step: int, progress_bar) -> dict[str, float]:
     device_ids = [env.device.index] if env.device.type == "cuda" else None
     trainable = DistributedDataParallel(job.joint, device_ids=device_ids) if env.world > 1 else job.joint
     weights = cfg.objective()
-    timer = PhaseTimer(env.device)
-    job.joint.timer = timer
+    timer = job.joint.timer = PhaseTimer(env.device)
     eval_every = cfg.eval_every or cfg.log_every
     total, per_rank_step = job.total, cfg.batch_size * cfg.grad_accum
     last: dict[str, float] = {}
@@ -568,8 +565,7 @@ def train_loop(job: Job, step: int, progress_bar) -> dict[str, float]:
 
         evaluating = step % eval_every == 0 or step == total
         if step % cfg.log_every == 0 or evaluating:
-            elapsed = time.perf_counter() - window_start
-            steps_in_window = timer.steps
+            elapsed, steps_in_window = time.perf_counter() - window_start, timer.steps
             step_metrics, tokens = global_batch_metrics(outputs, tokens, env)
             last = {
                 "step": step,
@@ -583,8 +579,12 @@ def train_loop(job: Job, step: int, progress_bar) -> dict[str, float]:
             }
             last.update({f"lr/{g['name']}": g["lr"] for g in job.optimizer.param_groups})
             last.update(step_metrics)
-            if evaluating:
-                evaluate_and_snapshot(job, step, weights, last)
+            if evaluating:  # the held-out metrics (and the time they took); rank 0 keeps the weights as a snapshot
+                t_eval = time.perf_counter()
+                last.update(job.evaluate(weights))
+                last["time/eval_s"] = time.perf_counter() - t_eval
+                if env.main:
+                    save_snapshot(job.out_dir, step, job.trainable())
             if env.main:
                 progress_bar.set_postfix(
                     {"loss": f"{last['loss/total']:.3f}", "tau": f"{last['accept_len/draft_argmax']:.2f}"}
@@ -640,15 +640,6 @@ def update_or_skip(job: Job, finite: bool, bad: int, step: int) -> int:
     return bad
 
 
-def evaluate_and_snapshot(job: Job, step: int, weights, row: dict[str, float]) -> None:
-    """The held-out metrics into `row` (and the time they took); rank 0 keeps the step's weights as a snapshot."""
-    t_eval = time.perf_counter()
-    row.update(job.evaluate(weights))
-    row["time/eval_s"] = time.perf_counter() - t_eval
-    if job.env.main:
-        save_snapshot(job.out_dir, step, job.trainable())
-
-
 def log_row(path: Path, row: dict[str, float]) -> None:
     """One metrics row appended (NaN written as null)."""
     with path.open("a") as f:
@@ -664,9 +655,3 @@ def save_checkpoint(job: Job, step: int, progress: dict[str, int]) -> None:
         )
         prune_checkpoints(job.out_dir, job.cfg.keep_checkpoints)
     job.env.barrier()
-
-
-def _progress(total: int, start: int, enabled: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=start, disable=not enabled, desc="train", dynamic_ncols=True)
