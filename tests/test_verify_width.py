@@ -132,7 +132,10 @@ def test_the_policy_describes_its_view_of_a_batch():
     policy = policy_for({1: 2.0, 16: 4.0}, 0.5)
     policy.costs.least = 1
     policy.costs.observe(16, 1, 5e-3)
-    assert policy.describe(1) == ("batch 1: 1: E[L] 1.00, 2.00 ms replay; 16: E[L] 2.00, 5.00 ms seen; verifying 16")
+    assert policy.describe(1) == (
+        "batch 1: 1: E[L] 1.00, 2.00 ms replay; 16: E[L] 2.00, 5.00 ms seen; verifying 16; "
+        "0 settle probes, 0 periodic probes, 0 switches"
+    )
 
 
 def test_hysteresis_keeps_a_width_within_the_margin():
@@ -165,6 +168,9 @@ def test_probes_take_the_width_verified_least_recently_and_settle_a_width_tried_
         policy.costs.observe(widths[-1], 1, {1: 2e-3, 16: 4.4e-3}[widths[-1]])
     assert widths.count(16) == 8  # probed again at once for two intervals: 9 >= settle steps seen, then no more
     assert policy.costs.cost(16, 1) == pytest.approx(4.4e-3)  # the slow first step no longer its cost
+    assert policy.describe(1).endswith(
+        "; verifying 1; 4 settle probes, 0 periodic probes, 1 switches"
+    )  # 2 steps each (16 costs 2.2x 1)
 
 
 def test_uncovered_batches_and_batches_a_narrow_step_cannot_serve_verify_the_block():

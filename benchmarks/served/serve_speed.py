@@ -40,8 +40,8 @@ SYSTEMS = ("base", "dflash", "builtin", "lilicorr")  # every summarized cell has
 VERIFY_SYSTEMS = ("dflash_splitkv", "lilicorr_extend")
 # LILICORR committing each block by the exact Viterbi path instead of the greedy walk (LILICORR_WALK=viterbi).
 WALK_SYSTEMS = ("lilicorr_viterbi",)
-# LILICORR verifying every block whole (LILICORR_VERIFY_WIDTH=16), and every step at width 1 (a plain decode step
-# through the speculative path: the adaptive width's floor), beside `lilicorr` on its default adaptive width.
+# LILICORR verifying every block whole (LILICORR_VERIFY_WIDTH=16), and every step at width 1 (a chain of plain decode
+# forwards through the speculative path: the adaptive width's floor), beside `lilicorr` on its default adaptive width.
 WIDTH_SYSTEMS = ("lilicorr_fixed", "lilicorr_w1")
 ALL_SYSTEMS = (*SYSTEMS, *VERIFY_SYSTEMS, *WALK_SYSTEMS, *WIDTH_SYSTEMS)
 RATIOS = (

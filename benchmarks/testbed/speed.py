@@ -246,7 +246,8 @@ class IdleWatch:
 def profile_systems(urls: dict, root: Path, steps: int, prompt: str) -> list[str]:
     """One c = 1 torch-profiler window of `steps` forward passes per server -> root/summary.json, root/profile.md;
     the failures. The report's Python-frame differences read its first two: LILICORR at width 1 - no speculation
-    where width 1 played (what the speculative path adds to a plain decode step), else LILICORR - built-in."""
+    where width 1 played (a chain of plain forwards through the speculative path against plain decode steps), else
+    LILICORR - built-in."""
     from benchmarks.served import step_profile
     from benchmarks import save_json
 

@@ -160,6 +160,7 @@ class WidthPolicy:
         self.used: dict[tuple[int, int | None], int] = {}  # (width, graph batch size) -> the step it last verified
         # (width, batch) of the steps whose accept counts are not back yet (a bound, should reports stop coming)
         self.pending: deque[tuple[int, int]] = deque(maxlen=256)
+        self.events = {"settle probes": 0, "periodic probes": 0, "switches": 0}  # since start, for the log line
 
     def length(self, width: int, optimism: float = 0.0) -> float:
         """E[L_w]: tokens a step of `width` commits (width 1: its chain, drafting nothing)."""
@@ -192,13 +193,14 @@ class WidthPolicy:
 
     def describe(self, batch: int) -> str:
         """The policy's view of a covered batch of `batch` requests: per width E[L_w] and its step cost (observed or
-        the replay), and the width it verifies."""
+        the replay), the width it verifies, and its probes and switches since start."""
         views = []
         for w in self.widths:
             seen = (w, self.costs.bucket(batch)) in self.costs.observed
             cost_ms = self.costs.cost(w, batch) * 1e3
             views.append(f"{w}: E[L] {self.length(w):.2f}, {cost_ms:.2f} ms {'seen' if seen else 'replay'}")
-        return f"batch {batch}: " + "; ".join(views) + f"; verifying {self.probing or self.current}"
+        events = ", ".join(f"{n} {what}" for what, n in self.events.items())
+        return f"batch {batch}: " + "; ".join(views) + f"; verifying {self.probing or self.current}; {events}"
 
     def _decide(self, batch: int) -> None:
         if self.probing:
@@ -207,6 +209,7 @@ class WidthPolicy:
             self.since_probe >= self._probe_period(batch) and len(self.widths) > 1
         ):
             self.probing, self.since_probe = unsettled or self._stalest(batch), 0
+            self.events["settle probes" if unsettled else "periodic probes"] += 1
             # as many steps as the current width runs in one interval's time (a chain at 8B shapes: one step)
             share = self.costs.cost(self.current, batch) / self.costs.cost(self.probing, batch)
             self.probe_left = max(1, min(self.interval, round(self.interval * share)))
@@ -215,6 +218,7 @@ class WidthPolicy:
         rate = lambda w: self.rate(w, batch, self.optimism)  # noqa: E731
         if best != self.current and rate(best) > rate(self.current) * (1 + self.margin):
             self.current = best
+            self.events["switches"] += 1
         self.since_probe += 1
 
     def _probe_period(self, batch: int) -> int:
