@@ -43,6 +43,15 @@ def test_a_concurrency_missing_a_system_is_left_out():
     assert list(serve_speed.summarize(rounds)) == ["1"]
 
 
+def test_a_lean_set_of_no_speculation_and_lilicorr_widths_is_summarized():
+    """Only base and lilicorr are required: the adaptive width's calls leave the other engines out."""
+    lean = {"base": [100, 50], "lilicorr": [120, 60], "lilicorr_fixed": [100, 50], "lilicorr_w1": [150, 75]}
+    summary = serve_speed.summarize(rounds_of(lean))["1"]
+    assert summary["lilicorr_vs_base"] == [1.2, 1.2, 1.2] and summary["lilicorr_w1_vs_base"] == [1.5, 1.5, 1.5]
+    assert "dflash" not in summary and "lilicorr_vs_dflash" not in summary and summary["rounds"] == 2
+    assert not serve_speed.summarize(rounds_of({"base": [100], "dflash": [90]}))  # no LILICORR: no cell
+
+
 def test_the_verify_variants_join_the_rounds_they_played_and_are_paired_like_the_rest(tmp_path):
     four = {"base": [100, 50], "dflash": [100, 50], "builtin": [200, 100], "lilicorr": [240, 120]}
     summary = serve_speed.summarize(rounds_of({**four, "dflash_splitkv": [150, 75], "lilicorr_extend": [200, 100]}))[

@@ -34,7 +34,8 @@ from typing import Iterable, Mapping, Sequence
 
 from sglang_lilicorr.bench.metrics import block_ms, mean_ci95, output_tps, summed_histogram, tau, tier_shares
 
-SYSTEMS = ("base", "dflash", "builtin", "lilicorr")  # every summarized cell has these four
+SYSTEMS = ("base", "dflash", "builtin", "lilicorr")  # the speed step's default four
+REQUIRED = ("base", "lilicorr")  # every summarized cell has these (the ratios of the others where they ran)
 # The target verify's attention swapped (serving/verify_attention.py, LILICORR_VERIFY_ATTENTION): SGLang's DFLASH on
 # SGLang's split-KV verify kernel, LILICORR on SGLang's prefill kernel (the kernel the other two run).
 VERIFY_SYSTEMS = ("dflash_splitkv", "lilicorr_extend")
@@ -78,8 +79,8 @@ def _interval(values: Sequence[float]) -> list:
 
 
 def summarize(rounds: Sequence[Iterable[dict]]) -> dict:
-    """Per concurrency (str keys) where all of SYSTEMS ran: mean tok/s of each system that ran (SYSTEMS and any of
-    VERIFY_SYSTEMS) over the rounds all of them played, the paired ratios of RATIOS (those whose systems both ran) as
+    """Per concurrency (str keys) where all of REQUIRED ran: mean tok/s of each system that ran (of ALL_SYSTEMS) over
+    the rounds all of them played, the paired ratios of RATIOS (those whose systems both ran) as
     [mean, lo, hi], tau per speculative system, each verify width's share of the verify steps per system whose records
     hold the servers' width histograms (LILICORR's; "tiers"), and the rounds counted."""
     per = defaultdict(lambda: defaultdict(dict))  # c -> system -> round -> records
@@ -90,7 +91,7 @@ def summarize(rounds: Sequence[Iterable[dict]]) -> dict:
     for c in sorted(per):
         cell = per[c]
         systems = [s for s in ALL_SYSTEMS if s in cell]
-        runs = sorted(set.intersection(*(set(cell[s]) for s in systems))) if set(SYSTEMS) <= set(systems) else []
+        runs = sorted(set.intersection(*(set(cell[s]) for s in systems))) if set(REQUIRED) <= set(systems) else []
         if not runs:
             continue
         tps = {s: {r: output_tps(cell[s][r]) for r in runs} for s in systems}

@@ -1,19 +1,19 @@
-"""Served speed as a user gets it (the `speed` step): no speculation, SGLang's DFLASH (the shipped
-DFlash draft), SGLang's built-in LiLiCorr head (DFLASH serving our LiLiCorr draft) and LILICORR (the same draft), and
-beside them the two verify-attention variants (serve_speed.VERIFY_SYSTEMS: DFLASH on SGLang's split-KV verify kernel,
-LILICORR on SGLang's prefill kernel) and, where named, LILICORR committing each block by the exact Viterbi path
+"""Served speed as a user gets it (the `speed` step): no speculation, SGLang's DFLASH (the shipped DFlash draft),
+SGLang's built-in LiLiCorr head (DFLASH serving our LiLiCorr draft) and LILICORR (the same draft), and beside them the
+two verify-attention variants (serve_speed.VERIFY_SYSTEMS: DFLASH on SGLang's split-KV verify kernel, LILICORR on
+SGLang's prefill kernel) and, where named, LILICORR committing each block by the exact Viterbi path
 (serve_speed.WALK_SYSTEMS: lilicorr_viterbi), in paired, rotated rounds on one GPU (benchmarks.served.paired,
-serve_speed). --systems picks some of them (default: the six, SYSTEMS; always in CHOICES' order): base, dflash, builtin
-and lilicorr must be among them (REQUIRED: serve_speed.summarize keeps only the cells where all four ran, and the
-report's baseline is base), so `--systems base dflash builtin lilicorr` leaves out only the verify variants (four
-servers: a shorter start-up and rounds, e.g. the eager cell's call). A setting's calls must all play the same systems:
-the first records them in WORK/speed/SETTING/speed_run.json ("systems", before its servers start), and a later call
-that holds a different set is refused (the rounds pair the systems within a round; calls from before --systems played
-all six), so another set needs another --work. Every server gets --server-args (with run.py's --attention-backend /
---sampling-backend applied) under the step's pool, graph and speculation flags; a setting's rounds served with another
-target attention backend than the kit's Triton live in WORK/speed/SETTING_BACKEND (graphs32_flashinfer: setting_folder),
-and a call whose --server-args differ from those its setting's earlier calls recorded ("base_server_args") is refused,
-so Triton and flashinfer rounds are never paired or summarized together.
+serve_speed). --systems picks some of them (default: the six, SYSTEMS; always in CHOICES' order): base and lilicorr must
+be among them (REQUIRED: serve_speed.summarize keeps only the cells where both ran, and the report's baseline is base),
+so `--systems base dflash builtin lilicorr` leaves out the verify variants and `--systems base lilicorr lilicorr_fixed
+lilicorr_w1` the other engines too (fewer servers: a shorter start-up and rounds). A setting's calls must all play the
+same systems: the first records them in WORK/speed/SETTING/speed_run.json ("systems", before its servers start), and a
+later call that holds a different set is refused (the rounds pair the systems within a round; calls from before
+--systems played all six), so another set needs another --work. Every server gets --server-args (with run.py's
+--attention-backend / --sampling-backend applied) under the step's pool, graph and speculation flags; a setting's rounds
+served with another target attention backend than the kit's Triton live in WORK/speed/SETTING_BACKEND
+(graphs32_flashinfer: setting_folder), and a call whose --server-args differ from those its setting's earlier calls
+recorded ("base_server_args") is refused, so Triton and flashinfer rounds are never paired or summarized together.
 
 The chosen servers start once, side by side on GPU 0 (fixed KV pools: server_args; a Triton cache each, so every
 start-up on a fresh machine is cold), with SGLang's --sleep-on-idle: an
@@ -58,12 +58,13 @@ import tarfile
 from pathlib import Path
 
 from benchmarks.served.serve_speed import ALL_SYSTEMS as CHOICES
-from benchmarks.served.serve_speed import SYSTEMS as REQUIRED  # in every summarized cell
+from benchmarks.served.serve_speed import REQUIRED  # in every summarized cell
+from benchmarks.served.serve_speed import SYSTEMS as ENGINES
 from benchmarks.served.serve_speed import VERIFY_SYSTEMS
 
 from .common import Step, enough_time
 
-SYSTEMS = (*REQUIRED, *VERIFY_SYSTEMS)  # the default six (WALK_SYSTEMS only where named)
+SYSTEMS = (*ENGINES, *VERIFY_SYSTEMS)  # the default six (WALK_SYSTEMS only where named)
 
 PORT0 = 32000
 SETTINGS = {"graphs32": 32, "graphs16": 16, "graphs64": 64}  # --cuda-graph-max-bs-decode of each setting
@@ -128,7 +129,7 @@ def chosen_systems(given) -> list[str]:
             + (f"names no speed system {' '.join(unknown)} (of {' '.join(CHOICES)})" if unknown else "")
             + (" and " if unknown and missing else "")
             + (f"lacks {' '.join(missing)}" if missing else "")
-            + f"; base, dflash, builtin and lilicorr are every summarized cell's: pass --systems {' '.join(fix)}"
+            + f"; base and lilicorr are every summarized cell's: pass --systems {' '.join(fix)}"
         )
     return [s for s in CHOICES if s in given]
 
@@ -545,7 +546,7 @@ def arguments(parser) -> None:
         choices=CHOICES,
         default=None,
         help=f"the servers (default: all but lilicorr_viterbi; played in the order {' '.join(CHOICES)}); "
-        "base, dflash, builtin and lilicorr must be among them, and a setting's calls must all name the same",
+        "base and lilicorr must be among them, and a setting's calls must all name the same",
     )
     parser.add_argument(
         "--setting",
