@@ -323,7 +323,8 @@ def test_a_chain_feeds_each_links_choice_to_the_next_and_commits_them_together(m
     forwards, chosen_by = [], lambda tokens: tokens * 10 + 1  # the "target" picks 10 t + 1 after token t
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: None)
     ids = torch.cat([anchors[:, None], torch.full((bs, 15), -1)], 1)  # the block: the anchor, then masks
-    monkeypatch.setattr(narrow_verify, "open_block", lambda w, b, d: (ids, "positions", "locs", "plan"))
+    locs = torch.arange(bs * 16).view(bs, 16)
+    monkeypatch.setattr(narrow_verify, "open_block", lambda w, b, d: (ids, "positions", locs, "plan"))
 
     def forward(worker, batch, draft_input, tier, plan, locs, positions, tokens, window, ahead=0):
         forwards.append((tokens[:, 0].tolist(), window, ahead))
@@ -352,6 +353,7 @@ def test_a_chain_feeds_each_links_choice_to_the_next_and_commits_them_together(m
         rows.view(bs, links, hidden)[:, :, 0], torch.stack(expected[:-1], 1).float() + torch.arange(links)
     )
     assert logits_output.next_token_logits is None and graphed is True  # no logprobs asked: no logits kept
+    assert torch.equal(batch.out_cache_loc, locs[:, :links].reshape(-1))  # the KV slots the links wrote
 
 
 class _Batch:

@@ -283,6 +283,7 @@ def chain_step(worker, batch, links: int, tier, on_publish=None) -> GenerationBa
         if batch.return_logprob:
             logits.append(logits_output.next_token_logits.clone())
     logits_output.next_token_logits = torch.stack(logits, 1).view(bs * links, -1) if logits else None
+    batch.out_cache_loc = locs[:, :links].reshape(-1)  # the slots the step wrote, as a narrow step leaves its window
     commit_lens = torch.full((bs,), links, dtype=torch.int32, device=tokens.device)
     hidden = context.view(bs * links, -1)
     return step_result(
