@@ -203,9 +203,7 @@ class WidthPolicy:
         return f"batch {batch}: " + "; ".join(views) + f"; verifying {self.probing or self.current}; {events}"
 
     def _decide(self, batch: int) -> None:
-        if self.probing:
-            self.probing = None
-        elif (unsettled := self._unsettled(batch)) or (
+        if (unsettled := self._unsettled(batch)) or (
             self.since_probe >= self._probe_period(batch) and len(self.widths) > 1
         ):
             self.probing, self.since_probe = unsettled or self._stalest(batch), 0
