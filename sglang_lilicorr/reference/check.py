@@ -52,6 +52,19 @@ class GreedyReport:
         )
 
 
+def teacher_forced_logits(model: nn.Module, prompt_ids: list[int], output_ids: list[int]) -> torch.Tensor:
+    """[len(output_ids), V] float64 on the CPU: `model`'s logits (its dtype, no TF32) at each output position."""
+    n, out = len(prompt_ids), list(output_ids)
+    ids = torch.tensor([list(prompt_ids) + out], device=next(model.parameters()).device)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with torch.no_grad():
+            return model.eval()(input_ids=ids, use_cache=False).logits[0, n - 1 : n + len(out) - 1].double().cpu()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
 def check_greedy(
     model: nn.Module,
     prompt_ids: list[int],
@@ -67,17 +80,9 @@ def check_greedy(
         raise ValueError(f"check_greedy: dtype must be torch.float32 or torch.float64, got {dtype}.")
     if not output_ids:
         return GreedyReport(0, [], math.inf, -1)
-    param = next(model.parameters())
-    ref = model if param.dtype == dtype else copy.deepcopy(model).to(dtype)
-    n, out = len(prompt_ids), list(output_ids)
-    ids = torch.tensor([list(prompt_ids) + out], device=param.device)
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        with torch.no_grad():
-            logits = ref.eval()(input_ids=ids, use_cache=False).logits[0, n - 1 : n + len(out) - 1].double().cpu()
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
+    ref = model if next(model.parameters()).dtype == dtype else copy.deepcopy(model).to(dtype)
+    out = list(output_ids)
+    logits = teacher_forced_logits(ref, prompt_ids, out)
     top2 = logits.topk(2, dim=-1) if logits.shape[-1] > 1 else logits.topk(1, dim=-1)
     deficit = (top2.values[:, 0] - logits[torch.arange(len(out)), torch.tensor(out)]).tolist()
     gaps = (top2.values[:, 0] - top2.values[:, -1]).tolist()
