@@ -478,18 +478,79 @@ def test_a_captured_append_writes_what_the_eager_append_writes():
     assert not graphs.replay(**{**step, "cache_loc_2d": never})
 
 
-def test_tensor_parallel_ranks_keep_the_whole_block(monkeypatch, caplog):
-    """Each rank times its own steps, so ranks could pick different widths and run unlike collectives: under TP the
-    block is verified whole, said at start-up."""
+def test_tensor_parallel_ranks_take_the_slowest_ranks_costs(monkeypatch, caplog):
+    """Under TP each rank times its own steps: the start-up replay and, at every decision, the observed costs become
+    the slowest rank's, so every rank picks the same width and runs the same collectives."""
     import types
 
     from sglang_lilicorr.serving import worker as worker_module
 
     worker, _ = _worker(monkeypatch)
-    worker.policy, worker.model_runner = None, object()
-    group = types.SimpleNamespace(tp_group=types.SimpleNamespace(world_size=2))
-    monkeypatch.setattr(worker_module, "get_parallel", lambda: group)
+    runner = types.SimpleNamespace(decode_cuda_graph_runner="verify graphs", dtype=None)
+    worker.policy, worker.model_runner, worker.server_args = None, runner, types.SimpleNamespace(max_running_requests=8)
+    worker._draft_sampler = object()
+    worker.draft_model_runner = types.SimpleNamespace(decode_cuda_graph_runner="draft graphs")
+    replay = {(w, b): w * 1e-3 for w in (1, 4, 16) for b in (1, 8)}
+    monkeypatch.setattr(worker_module, "build_tier", lambda runner, w, configure: types.SimpleNamespace(graph_runner=w))
+    monkeypatch.setattr(worker_module, "captured_graphs", lambda runner: {})
+    monkeypatch.setattr(worker_module, "measure_replay", lambda verify, draft, chain: dict(replay))
+    monkeypatch.setattr(worker_module, "eager_batches_possible", lambda n: False)
+    monkeypatch.setattr(worker_module, "get_parallel", lambda: types.SimpleNamespace(tp_group="the TP group"))
+    agreed = []
+    monkeypatch.setattr(
+        worker_module, "slowest_rank", lambda group: lambda xs: agreed.append(xs) or [2 * x for x in xs]
+    )
     caplog.set_level("INFO", logger="sglang_lilicorr.serving.worker")
     worker._init_verify_widths()
-    assert worker.widths == (16,) and worker.policy is None
-    assert "verify width 16 (under tensor parallelism every rank must verify the same width" in caplog.text
+    assert worker.widths == (1, 4, 16) and "verify width adaptive over [1, 4, 16]" in caplog.text
+    assert worker.policy.costs.replay == {k: 2 * v for k, v in replay.items()} and len(agreed) == 1
+    worker.policy.costs.observe = type(worker.policy.costs).observe.__get__(worker.policy.costs)
+    for _ in range(3):
+        worker.policy.costs.observe(4, 8, 0.5)
+    worker.policy.costs.settle()
+    assert worker.policy.costs.cost(4, 8) == 1.0 and worker.policy.costs.cost(16, 8) == 4 * 16e-3
+
+
+def _rank_widths(rank: int, store: str, agree_costs: bool, queue) -> None:
+    """One TP rank's simulated server: the same requests and reports as the other rank, its own step times."""
+    import types
+
+    import torch.distributed as dist
+
+    from sglang_lilicorr.serving.worker import slowest_rank
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    agree = slowest_rank(types.SimpleNamespace(world_size=2, cpu_group=dist.group.WORLD)) if agree_costs else None
+    step_s, replay, fates = scenario(HOST_HEAVY, HOST_HEAVY_REPLAY, "p0.6", 32, seed=0, steps=600)
+    host = random.Random(rank)  # each rank's host: its own noise on every period, rank 1's chains 30 % slower
+    record = AcceptanceRecord(BLOCK - 1)
+    policy = WidthPolicy(tuple(HOST_HEAVY), StepCosts(dict(replay), agree=agree), record, chain=CHAIN)
+    chosen = []
+    for fate in fates:
+        w = policy.width(32)
+        policy.verified([CHAIN - 1 if w == 1 else min(k, w - 1) for k in fate])
+        policy.costs.observe(w, 32, step_s[w] * (1.3 if w == 1 and rank else 1.0) * host.uniform(0.9, 1.1))
+        chosen.append(w)
+    queue.put((rank, chosen))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("agree_costs", [True, False])
+def test_ranks_that_agree_their_costs_choose_alike(agree_costs, tmp_path):
+    """Two gloo ranks serve the same requests with their own step-time noise: with slowest_rank's agreement they
+    verify the same width at every step; each on its own times, they part (what would run unlike collectives)."""
+    import multiprocessing
+
+    torch = pytest.importorskip("torch")
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    ranks = [
+        context.Process(target=_rank_widths, args=(r, str(tmp_path / "store"), agree_costs, queue)) for r in range(2)
+    ]
+    for p in ranks:
+        p.start()
+    got = dict(queue.get(timeout=120) for _ in ranks)
+    for p in ranks:
+        p.join(timeout=60)
+    assert torch is not None and len(got[0]) == len(got[1]) == 600
+    assert (got[0] == got[1]) is agree_costs

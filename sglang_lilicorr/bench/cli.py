@@ -243,8 +243,7 @@ COMPARE_HELP = {
 def register(subparsers) -> None:
     """Adds `bench` with subcommands run / report / compare."""
     summary = "benchmark an SGLang server (SPEED-Bench, GSM8K, ...) and report tau / TPS / speedup"
-    bench = add_command(subparsers, "bench", summary, __doc__)
-    sub = bench.add_subparsers(dest="bench_command", required=True)
+    sub = add_command(subparsers, "bench", summary, __doc__).add_subparsers(dest="bench_command", required=True)
 
     run = add_command(sub, "run", "run prompts against a server; appends to a resumable results .jsonl")
     server = run.add_argument_group("server")

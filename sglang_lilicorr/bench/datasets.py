@@ -23,8 +23,7 @@ def sample(prompts: Sequence[Prompt], limit: Optional[int], seed: int = 0) -> Li
         return list(prompts)
     if limit <= 0:
         raise ValueError(f"limit must be positive, got {limit}.")
-    keep = sorted(random.Random(seed).sample(range(len(prompts)), limit))
-    return [prompts[i] for i in keep]
+    return [prompts[i] for i in sorted(random.Random(seed).sample(range(len(prompts)), limit))]
 
 
 def load_prompts(

@@ -142,8 +142,7 @@ def plot_acceptance(
     cells: Sequence[dict], dataset: str, temperature: float, baseline: Optional[str], out_dir: Path
 ) -> Path:
     """Per speculative system, the share of verify steps accepting at least i drafts against i, a line per c."""
-    plt = pyplot()
-    fig, panels = _share_panels(plt, cells, dataset, temperature, "acceptance", baseline)
+    fig, panels = _share_panels(pyplot(), cells, dataset, temperature, "acceptance", baseline)
     for ax, system, mine in panels:
         for k, c in enumerate(mine):
             shares = c["acceptance"]
@@ -157,8 +156,7 @@ def plot_acceptance(
 
 def plot_tiers(cells: Sequence[dict], dataset: str, temperature: float, baseline: Optional[str], out_dir: Path) -> Path:
     """Per system that reported its verify widths, each width's share of the verify steps, stacked, a bar per c."""
-    plt = pyplot()
-    fig, panels = _share_panels(plt, cells, dataset, temperature, "tiers", baseline)
+    fig, panels = _share_panels(pyplot(), cells, dataset, temperature, "tiers", baseline)
     widths = sorted({int(w) for _, _, mine in panels for c in mine for w in c["tiers"]})
     for ax, system, mine in panels:
         labels = [str(c["concurrency"]) for c in mine]

@@ -55,8 +55,7 @@ class RunConfig:
 
 def record_key(record: dict) -> Tuple:
     """(RunConfig.key, prompt_id) of a results line."""
-    cfg = RunConfig(**{k: record[k] for k in RunConfig.__dataclass_fields__})
-    return cfg.key, record["prompt_id"]
+    return RunConfig(**{k: record[k] for k in RunConfig.__dataclass_fields__}).key, record["prompt_id"]
 
 
 RECORD_FIELDS = dict(system=str, dataset=str, concurrency=int, temperature=float, seed=int, max_tokens=int)  # RunConfig

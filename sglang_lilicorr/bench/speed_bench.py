@@ -108,8 +108,7 @@ def validate(rows: Sequence[dict], split: str, where: str) -> None:
         if qid in seen:
             raise SpeedBenchFormatError(f"duplicate question_id {qid!r}", where=at, fix=FIX_RECORD)
         seen.add(qid)
-        turns = _turns_of(row, at)
-        if any(PLACEHOLDER in t for t in turns):
+        if any(PLACEHOLDER in t for t in _turns_of(row, at)):
             placeholders.append(qid)
         if not isinstance(row["category"], str) or not row["category"]:
             raise SpeedBenchFormatError(

@@ -68,11 +68,10 @@ def _lookup(cells: Sequence[dict]) -> Dict[Tuple, dict]:
 def _average(rows: List[Tuple[str, Dict[str, dict]]], systems, parts) -> Dict[str, dict]:
     avg = {}
     for s in systems:
-        cell = {}
+        avg[s] = {}
         for p in parts:
             vals = [by[s][p] for _, by in rows if by.get(s) and by[s].get(p) is not None]
-            cell[p] = statistics.fmean(vals) if vals else None
-        avg[s] = cell
+            avg[s][p] = statistics.fmean(vals) if vals else None
     return avg
 
 
@@ -139,8 +138,7 @@ def block_table(cells: Sequence[dict], concurrency: int, reference: Optional[str
                     rows.append((d if g == ALL else f"{d}, {g}", by_system))
         if rows:
             blocks.append((_temperature_label(t), rows))
-    names = {**NAMES, "block_ratio": f"ratio vs {reference}"}
-    return _render(("", "Benchmark"), systems, None, parts, blocks, names)
+    return _render(("", "Benchmark"), systems, None, parts, blocks, {**NAMES, "block_ratio": f"ratio vs {reference}"})
 
 
 def paired_table(cells: Sequence[dict], reference: str) -> str:

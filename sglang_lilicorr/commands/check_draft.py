@@ -12,7 +12,6 @@ from ..cli_args import add_command, error_line, one_level_down, path_arg, with_h
 from ..errors import LiLiCorrError, UsageError
 from ..jsonl import loads
 
-
 CHECK_DRAFT_HELP = {  # the --help texts of `lilicorr check-draft`
     "draft": "draft folder (config.json + model.safetensors), as `lilicorr export` writes it",
     "target": "local folder of the target model the draft is to serve (only its config.json is read)",

@@ -19,7 +19,6 @@ from ..errors import UsageError
 from ..jsonl import DataError
 from ..ownership import claim_report_folder, write_atomic
 
-
 REPLAY_HELP = {  # the --help texts of `lilicorr replay`
     "target": "local Hugging Face folder of the target model",
     "draft": "a draft folder to replay (from `lilicorr export`) and the name it reports under (repeatable)",

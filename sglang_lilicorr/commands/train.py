@@ -351,7 +351,6 @@ def run_export(args: argparse.Namespace) -> int:
     )
     _, head = load_exported_draft(path)  # strict reload: the export is usable as written
     architecture = json.loads((path / "config.json").read_text())["architectures"][0]
-    print(
-        f"exported {architecture} ({type(head).__name__ if head is not None else 'no head'}) -> {path}", file=sys.stderr
-    )
+    what = type(head).__name__ if head is not None else "no head"
+    print(f"exported {architecture} ({what}) -> {path}", file=sys.stderr)
     return 0

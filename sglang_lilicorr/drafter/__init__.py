@@ -5,18 +5,6 @@ from .config import DrafterConfig, DrafterConfigError, RopeScaling, default_targ
 from .model import DFlashDrafter, DrafterShapeError, drafter_tensors
 from .draft import load_draft
 
-__all__ = [
-    "BlockLayout",
-    "block_attention",
-    "block_layout",
-    "eligible_anchors",
-    "sample_anchors",
-    "DrafterConfig",
-    "DrafterConfigError",
-    "RopeScaling",
-    "default_target_layer_ids",
-    "DFlashDrafter",
-    "DrafterShapeError",
-    "drafter_tensors",
-    "load_draft",
-]
+__all__ = ["BlockLayout", "block_attention", "block_layout", "eligible_anchors", "sample_anchors"]
+__all__ += ["DrafterConfig", "DrafterConfigError", "RopeScaling", "default_target_layer_ids"]
+__all__ += ["DFlashDrafter", "DrafterShapeError", "drafter_tensors", "load_draft"]

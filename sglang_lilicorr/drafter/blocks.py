@@ -34,8 +34,7 @@ def sample_anchors(
     ok = eligible_anchors(loss_mask)
     n = min(num_anchors, ok.shape[1])
     noise = torch.rand(ok.shape, generator=generator, device="cpu").to(ok.device)
-    score = torch.where(ok, noise, -1.0)
-    top, idx = score.topk(n, dim=1)
+    top, idx = torch.where(ok, noise, -1.0).topk(n, dim=1)
     valid = top >= 0
     anchors = torch.where(valid, idx, ok.shape[1])  # invalid sort last
     anchors, order = anchors.sort(dim=1)
@@ -53,9 +52,7 @@ def block_layout(
 ) -> BlockLayout:
     b, t = input_ids.shape
     n = anchors.shape[1]
-    dev = input_ids.device
-    slot = torch.arange(block_size, device=dev)
-    pos = anchors[:, :, None] + slot  # [b, N, B]
+    pos = anchors[:, :, None] + torch.arange(block_size, device=input_ids.device)  # [b, N, B]
     in_seq = pos < t
     tokens = input_ids.gather(1, pos.clamp(max=t - 1).view(b, -1)).view(b, n, block_size)
     supervised = loss_mask.gather(1, pos.clamp(max=t - 1).view(b, -1)).view(b, n, block_size) & in_seq

@@ -257,18 +257,8 @@ class DrafterConfig:
                 raise DrafterConfigError(
                     f"draft config lacks dflash_config.{key}; re-export it with `lilicorr export`."
                 )
-        missing = [
-            k
-            for k in (
-                "hidden_size",
-                "vocab_size",
-                "num_target_layers",
-                "num_hidden_layers",
-                "num_attention_heads",
-                "intermediate_size",
-            )
-            if k not in config
-        ]
+        required = "hidden_size vocab_size num_target_layers num_hidden_layers num_attention_heads intermediate_size"
+        missing = [k for k in required.split() if k not in config]
         if missing:
             raise DrafterConfigError(f"draft config lacks {missing}.")
         if config.get("attention_bias"):

@@ -12,6 +12,7 @@ from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import median
+from typing import Callable
 
 from .draft_check import ServingConfigError
 
@@ -96,6 +97,7 @@ class StepCosts:
     (cheaper, so an unobserved width gets tried)."""
 
     replay: dict[tuple[int, int], float]  # (width, graph batch size) -> seconds
+    agree: Callable[[list[float]], list[float]] | None = None  # tensor parallelism: the ranks' elementwise max
     memory: int = 32
     least: int = 3
     periods: dict[tuple[int, int], deque] = field(default_factory=dict)  # (width, graph batch size) -> seconds
@@ -118,6 +120,13 @@ class StepCosts:
     def cost(self, width: int, batch: int) -> float:
         key = (width, self.bucket(batch))
         return self.observed.get(key, self.replay[key])
+
+    def settle(self) -> None:
+        """Each cost becomes the slowest rank's (their collectives wait for it): every rank then chooses alike."""
+        if self.agree is not None:
+            keys = sorted(self.replay)
+            agreed = self.agree([self.observed.get(k, self.replay[k]) for k in keys])
+            self.observed = {k: v for k, v in zip(keys, agreed) if k in self.observed or v != self.replay[k]}
 
     def observe(self, width: int, batch: int, period: float) -> None:
         """A decode step of `width` on `batch` requests was followed by the next one `period` seconds later."""
@@ -182,6 +191,7 @@ class WidthPolicy:
         if not self.costs.covers(self.widths, batch) or self.record.reached[0] < self.warmup:
             return self._use(self.widths[-1], batch)
         if self.steps % self.interval == 0:
+            self.costs.settle()
             self._decide(batch)
         self.steps += 1
         if self.probing:

@@ -58,6 +58,17 @@ def lm_head_rows(lm_head, vocab_size: int, tp_group) -> tuple[torch.Tensor, Voca
     return weight[:vocab_size], None
 
 
+def slowest_rank(tp_group):
+    """Under tensor parallelism, values -> each one's max over the ranks (on their CPU group); else None."""
+
+    def agree(values: list[float]) -> list[float]:
+        held = torch.tensor(values, dtype=torch.float64)
+        torch.distributed.all_reduce(held, op=torch.distributed.ReduceOp.MAX, group=tp_group.cpu_group)
+        return held.tolist()
+
+    return agree if int(tp_group.world_size) > 1 else None
+
+
 def full_embedding(embed, vocab_size: int) -> torch.Tensor:
     """The target's input embedding over the whole vocabulary [>= V, Hm], all-gathered once if sharded."""
     weight = getattr(embed, "weight", None)
@@ -218,8 +229,6 @@ class LiLiCorrWorker(DFlashWorkerV2):
             why_fixed = "pinned"
         elif self._need_mamba_verify_commit:
             why_fixed = "a hybrid (Mamba) target keeps the whole block"
-        elif len(self.widths) > 1 and int(get_parallel().tp_group.world_size) > 1:
-            why_fixed = "under tensor parallelism every rank must verify the same width, and each times its own steps"
         elif self._draft_sampler is None or runner.decode_cuda_graph_runner is None:
             why_fixed = "CUDA graphs are off, so no width's cost can be measured"
         if why_fixed is None:
@@ -234,10 +243,14 @@ class LiLiCorrWorker(DFlashWorkerV2):
                 verify_graphs[block] = captured_graphs(runner.decode_cuda_graph_runner)
             draft_graphs = captured_graphs(self.draft_model_runner.decode_cuda_graph_runner)
             replay = measure_replay(verify_graphs, draft_graphs, CHAIN)
+            agree = slowest_rank(get_parallel().tp_group)
+            if agree is not None:  # every rank must verify the same width
+                replay = dict(zip(sorted(replay), agree([replay[k] for k in sorted(replay)])))
             if not replay:
                 why_fixed = "no captured graph could be timed"
             else:
-                self.policy = WidthPolicy(self.widths, StepCosts(replay), AcceptanceRecord(block - 1), chain=CHAIN)
+                costs = StepCosts(replay, agree=agree)
+                self.policy = WidthPolicy(self.widths, costs, AcceptanceRecord(block - 1), chain=CHAIN)
         if why_fixed is not None and self.widths != (block,):
             self.widths = (block,)
         logger.info(

@@ -244,10 +244,9 @@ class TrainConfig:
         for name in ("data", "eval_data", "exclude"):
             value = getattr(self, name)
             if value is not None and not Path(value).is_file():
-                flag = "--" + name.replace("_", "-")
                 raise TrainConfigError(
                     f"{value!r} is not an existing file",
-                    where=flag,
+                    where="--" + name.replace("_", "-"),
                     fix="pass a jsonl of conversations (`lilicorr regenerate` writes them)",
                 )
 

@@ -337,8 +337,7 @@ def recipe_plans(
 
 def split_heldout(rows: list[dict], heldout: int, seed: int) -> tuple[list[dict], list[dict]]:
     """A seeded choice of `heldout` conversations (by id) kept out of training."""
-    order = sorted(rows, key=lambda r: zlib.crc32(f"{seed}:{r['id']}".encode()))
-    held = {r["id"] for r in order[:heldout]}
+    held = {r["id"] for r in sorted(rows, key=lambda r: zlib.crc32(f"{seed}:{r['id']}".encode()))[:heldout]}
     return [r for r in rows if r["id"] not in held], [r for r in rows if r["id"] in held]
 
 

@@ -186,8 +186,7 @@ def held_out_turns(path: str, limit: int) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, output ids) of the first `limit` held-out turns where the rows carry them; else []."""
     turns = []
     for _, row in read_jsonl(path):
-        for t in row.get("turns") or []:
-            turns.append((list(t["prompt_ids"]), list(t["output_ids"])))
+        turns += [(list(t["prompt_ids"]), list(t["output_ids"])) for t in row.get("turns") or []]
         if len(turns) >= limit:
             break
     return turns[:limit]
@@ -238,8 +237,7 @@ def split_eval(
             fix=f"pass --eval-examples {max(1, len(examples) // 2)} or less, "
             "or --eval-data with held-out conversations",
         )
-    n = cfg.eval_examples
-    return examples[:-n], examples[-n:]
+    return examples[: -cfg.eval_examples], examples[-cfg.eval_examples :]
 
 
 def forward_at_anchors(model, batch: dict[str, torch.Tensor], num_anchors: int, seed: int, weights, device):
@@ -444,13 +442,10 @@ def build_job(cfg: TrainConfig, env: Distributed) -> Job:
     train_set, eval_set = split_eval(examples, cfg, tokenizer, write_cache=env.main)
     turns = held_out_turns(cfg.eval_data, cfg.eval_examples) if cfg.eval_data else []
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-
     drafter, head, joint, optimizer = build_models(cfg, drafter_cfg, head_cfg, target, env.device)
     per_epoch = len(epoch_batches(len(train_set), cfg.batch_size * cfg.grad_accum, cfg.seed, 0, env.rank, env.world))
     total = cfg.max_steps if cfg.max_steps > 0 else cfg.epochs * per_epoch
-    scheduler = cosine_with_warmup(optimizer, total, cfg.warmup_ratio)
     autocast = torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=cfg.bf16)
-    evaluate = Evaluator(joint, eval_set, turns, cfg, pad_id, autocast, env.device)
     return Job(
         cfg=cfg,
         env=env,
@@ -461,9 +456,9 @@ def build_job(cfg: TrainConfig, env: Distributed) -> Job:
         head=head,
         joint=joint,
         optimizer=optimizer,
-        scheduler=scheduler,
+        scheduler=cosine_with_warmup(optimizer, total, cfg.warmup_ratio),
         train_set=train_set,
-        evaluate=evaluate,
+        evaluate=Evaluator(joint, eval_set, turns, cfg, pad_id, autocast, env.device),
         pad_id=pad_id,
         per_epoch=per_epoch,
         total=total,
@@ -540,7 +535,6 @@ def train_loop(job: Job, step: int, progress_bar) -> dict[str, float]:
     total, per_rank_step = job.total, cfg.batch_size * cfg.grad_accum
     last: dict[str, float] = {}
     tokens, bad, window_start = 0, 0, time.perf_counter()
-
     order: tuple[int, list[list[int]]] = (-1, [])  # (epoch, this rank's batches of it)
     deadline = time.time() + 60 * cfg.max_minutes if cfg.max_minutes > 0 else None
     while step < total:
