@@ -50,6 +50,7 @@ STEPS = {  # step: (module, what it does)
     "random-head": ("benchmarks.served.random_head", "a DFlash draft with a random LiLiCorr head"),
     "greedy-check": ("benchmarks.served.greedy_check", "served greedy responses against the float32 target"),
     "bf16-noise": ("benchmarks.served.bf16_noise", "served greedy deviations beside plain bf16 passes of the target"),
+    "width-replay": ("benchmarks.served.width_replay", "the adaptive verify width simulated on replayed acceptance"),
     "openai-check": ("benchmarks.served.openai_check", "the OpenAI API through a server, with the openai package"),
     # multi_gpu/: tensor parallelism and multi-GPU training
     "tp-models": ("benchmarks.multi_gpu.tp_models", "the seeded random target and drafts of the multi-GPU checks"),

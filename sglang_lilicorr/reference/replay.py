@@ -51,28 +51,26 @@ class Replayer:
             raise ValueError(f"the drafts capture different target layers {sorted(layers)}; replay them separately.")
 
     @torch.no_grad()
-    def turn(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> dict[str, TurnReplay]:
-        """-> {proposer label: TurnReplay over its drafts}."""
+    def matches(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> dict[str, dict[str, list[int]]]:
+        """-> {proposer label: {draft name: its block's drafted tokens matching the output, at anchors 0..L-2}}."""
         if not prompt_ids:
             raise ValueError("replay: the prompt is empty; a turn needs at least one prompt token.")
+        if len(output_ids) < 2:
+            return {label: {name: [] for name in p.draft_names} for label, p in self.proposers.items()}
         dev = self.target.embedding.weight.device
-        n, length = len(prompt_ids), len(output_ids)
-        if length < 2:
-            return {
-                label: TurnReplay(length, {name: [] for name in p.draft_names}) for label, p in self.proposers.items()
-            }
         # the last output token is no one's context
         ids = torch.tensor([list(prompt_ids) + list(output_ids[:-1])], device=dev)
         features, _ = self.target.run(ids, torch.ones_like(ids))  # [1, n + L - 1, F]
         output = torch.tensor(list(output_ids), device=dev)
-        anchors = n + torch.arange(length - 1, device=dev)
-        out = {}
-        for label, proposer in self.proposers.items():
-            drafts = proposer.blocks(features, anchors, output[:-1])
-            out[label] = TurnReplay(
-                length, {name: walk_blocks(matched_prefix(d, output).tolist(), length) for name, d in drafts.items()}
-            )
-        return out
+        anchors = len(prompt_ids) + torch.arange(len(output_ids) - 1, device=dev)
+        drafts = {label: p.blocks(features, anchors, output[:-1]) for label, p in self.proposers.items()}
+        return {label: {d: matched_prefix(x, output).tolist() for d, x in by.items()} for label, by in drafts.items()}
+
+    def turn(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> dict[str, TurnReplay]:
+        """-> {proposer label: TurnReplay over its drafts}."""
+        n = len(output_ids)
+        found = self.matches(prompt_ids, output_ids)
+        return {label: TurnReplay(n, {d: walk_blocks(m, n) for d, m in by.items()}) for label, by in found.items()}
 
 
 def pooled_tau(replays: Sequence[TurnReplay], name: str) -> float:
