@@ -13,6 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from benchmarks.served import bf16_noise
 from benchmarks.served.bf16_noise import p_worst, poisson_interval, split_kv_attention
+from sglang_lilicorr.reference.check import teacher_forced_logits
 
 
 def reference_attention(q, k, v, mask, scaling):
@@ -63,7 +64,8 @@ def tiny_target(path):
         max_position_embeddings=256,
     )
     model = LlamaForCausalLM(config).eval()
-    model.save_pretrained(path)
+    if path is not None:
+        model.save_pretrained(path)
     return model
 
 
@@ -109,3 +111,20 @@ def test_a_run_reads_each_distinct_reply_once_and_resumes(tmp_path, capsys):
     capsys.readouterr()
     assert bf16_noise.main(argv) == 0 and "bf16-noise:" not in capsys.readouterr().out  # nothing measured again
     assert len((out / bf16_noise.ROWS).read_text().splitlines()) == 4
+    assert bf16_noise.main(argv + ["bf16 sdpa, a token a step"]) == 0  # a new variant: only it is measured
+    lines = (out / bf16_noise.ROWS).read_text().splitlines()
+    assert len(lines) == 8 and all(
+        set(json.loads(x)) == {"key", "prompt_id", "systems", "bf16 sdpa, a token a step"} for x in lines[4:]
+    )
+    summary = json.loads((out / "bf16_noise.json").read_text())
+    assert (
+        summary["variants"]["bf16 sdpa, a token a step"]["tokens"] == 48 and summary["served"]["base"]["replies"] == 3
+    )
+
+
+def test_a_token_a_step_reads_what_one_pass_reads():
+    model = tiny_target(None)
+    prompt, out = [1, 2, 3, 4], [5, 6, 7, 8, 9, 10]
+    torch.testing.assert_close(
+        bf16_noise.decoded_logits(model, prompt, out), teacher_forced_logits(model, prompt, out), atol=1e-5, rtol=1e-5
+    )

@@ -6,11 +6,12 @@ float32 teacher-forced pass of the target (sglang_lilicorr.reference.check): eac
 its logit) in bf16 ulps of the top logit. Beside the servers, plain bf16 decoding by other kernels: bf16 teacher-forced
 passes of the same target on this machine over the same contexts, each choosing its own argmax, with attention by
 torch's SDPA, by eager matmuls (bf16 scores), and split over KV chunks whose fp32 partial softmaxes are merged as a
-split-KV kernel merges them (VARIANTS).
+split-KV kernel merges them, each in one pass over the reply as a verify reads it, and SDPA also one token a step
+with a KV cache as decoding reads it (VARIANTS).
 
 Per source: replies, tokens, tokens beyond 1 and 2 ulps with exact Poisson 95 % intervals per 10k tokens, the worst;
 per served system, `p_worst`: a permutation test of its worst deviation against no speculation's replies. Rows are
-kept as they come (ROWS in --out): a stopped run resumes.
+kept as they come (ROWS in --out): a stopped run, or one asking for a new variant, measures only what is missing.
 """
 
 from __future__ import annotations
@@ -31,11 +32,14 @@ from benchmarks.served.greedy_ulps import replies, reply_key
 ROWS = "bf16_noise_rows.jsonl"
 BASE = "base"
 THRESHOLDS = (1.0, 2.0)  # ulps: a deviation beyond 2 is what the served check calls beyond a near-tie
-VARIANTS = {  # name: (transformers attention implementation, KV chunk of the split-KV merge)
-    "bf16 sdpa": ("sdpa", None),
-    "bf16 eager": ("eager", None),
-    "bf16 split-KV 64": ("lilicorr_split_kv", 64),
-    "bf16 split-KV 512": ("lilicorr_split_kv", 512),
+# name: (transformers attention implementation, KV chunk of the split-KV merge, one token a step with a KV cache as
+# decoding runs: else one pass over the reply as a verify runs)
+VARIANTS = {
+    "bf16 sdpa": ("sdpa", None, False),
+    "bf16 sdpa, a token a step": ("sdpa", None, True),
+    "bf16 eager": ("eager", None, False),
+    "bf16 split-KV 64": ("lilicorr_split_kv", 64, False),
+    "bf16 split-KV 512": ("lilicorr_split_kv", 512, False),
 }
 
 
@@ -86,11 +90,23 @@ def load_variants(target: str, names) -> dict:
     _register_split_kv()
     models = {}
     for name in names:
-        impl, chunk = VARIANTS[name]
+        impl, chunk, _ = VARIANTS[name]
         model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.bfloat16, attn_implementation=impl)
         model.config.lilicorr_kv_chunk = chunk
         models[name] = model.eval()
     return models
+
+
+@torch.no_grad()
+def decoded_logits(model, prompt_ids: list[int], output_ids: list[int]) -> torch.Tensor:
+    """[len(output_ids), V] float64: `model`'s logits from a KV-cached run that reads the prompt, then one output
+    token a step."""
+    out = model(input_ids=torch.tensor([list(prompt_ids)]), use_cache=True)
+    rows = [out.logits[0, -1]]
+    for token in output_ids[:-1]:
+        out = model(input_ids=torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
+        rows.append(out.logits[0, -1])
+    return torch.stack(rows).double()
 
 
 def deviations(fp32_logits: torch.Tensor, chosen: list[int]) -> list[float]:
@@ -128,37 +144,48 @@ def distinct_replies(folders) -> dict:
     return found
 
 
+def read_rows(path: Path) -> dict:
+    """{key: row} of a ROWS file, each row merged from the lines that hold its parts."""
+    rows: dict = {}
+    for line in path.read_text().splitlines() if path.exists() else []:
+        part = json.loads(line)
+        rows.setdefault(part["key"], {}).update(part)
+    return rows
+
+
 def measure(found: dict, target: str, names, rows_path: Path, deadline: float) -> None:
-    """Appends a row per reply of `found` not yet in `rows_path` until `deadline` (time.time())."""
+    """Appends, per reply of `found`, what `rows_path` lacks of it (the served tokens' deviations, each variant's)
+    until `deadline` (time.time())."""
     from transformers import AutoModelForCausalLM
 
     from sglang_lilicorr.reference.check import teacher_forced_logits
 
-    done = {json.loads(line)["key"] for line in rows_path.read_text().splitlines()} if rows_path.exists() else set()
-    todo = [k for k in found if k not in done]
+    done = read_rows(rows_path)
+    todo = {k: [n for n in ("served", *names) if n not in done.get(k, {})] for k in found}
+    todo = {k: missing for k, missing in todo.items() if missing}
     if not todo:
         return
     fp32 = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
-    models = load_variants(target, names)
+    models = load_variants(target, {n for missing in todo.values() for n in missing if n != "served"})
     with open(rows_path, "a") as out:
-        for i, key in enumerate(todo):
+        for i, (key, missing) in enumerate(todo.items()):
             if time.time() > deadline:
                 print(f"bf16-noise: stopped at the deadline, {len(todo) - i} replies left (run again to resume)")
                 return
             r = found[key]
             logits = teacher_forced_logits(fp32, r["input_ids"], r["output_ids"])
-            row = {
-                "key": key,
-                "prompt_id": r["prompt_id"],
-                "systems": sorted(r["systems"]),
-                "served": describe(deviations(logits, r["output_ids"])),
-            }
-            for name, model in models.items():
-                choice = teacher_forced_logits(model, r["input_ids"], r["output_ids"]).argmax(-1).tolist()
-                row[name] = describe(deviations(logits, choice))
+            row = {"key": key, "prompt_id": r["prompt_id"], "systems": sorted(r["systems"])}
+            for name in missing:
+                if name == "served":
+                    row[name] = describe(deviations(logits, r["output_ids"]))
+                    continue
+                read = decoded_logits if VARIANTS[name][2] else teacher_forced_logits
+                row[name] = describe(
+                    deviations(logits, read(models[name], r["input_ids"], r["output_ids"]).argmax(-1).tolist())
+                )
             out.write(json.dumps(row) + "\n")
             out.flush()
-            print(f"bf16-noise: {i + 1}/{len(todo)} {r['prompt_id']} {row['systems']} served {row['served']}")
+            print(f"bf16-noise: {i + 1}/{len(todo)} {r['prompt_id']} {row['systems']} {', '.join(missing)}")
 
 
 def poisson_interval(k: int, level: float = 0.95) -> tuple[float, float]:
@@ -258,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows_path = out / ROWS
     measure(found, a.target, a.variants, rows_path, time.time() + 60 * a.minutes)
-    rows = [r for r in map(json.loads, rows_path.read_text().splitlines()) if r["key"] in found]
+    rows = [r for k, r in read_rows(rows_path).items() if k in found and "served" in r]
     summary = {"replies": len(found), "measured": len(rows), **summarize(rows, a.variants)}
     save_json(out / "bf16_noise.json", summary)
     (out / "bf16_noise.md").write_text(table(summary))
