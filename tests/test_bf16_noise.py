@@ -9,11 +9,11 @@ import math
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from benchmarks.served import bf16_noise
 from benchmarks.served.bf16_noise import p_worst, poisson_interval, split_kv_attention
 from sglang_lilicorr.reference.check import teacher_forced_logits
+from test_reference import tiny_target
 
 
 def reference_attention(q, k, v, mask, scaling):
@@ -51,24 +51,6 @@ def test_p_worst_is_how_often_a_random_split_puts_the_worst_in_the_systems_group
     assert p_worst([], quiet, 1.0) is None
 
 
-def tiny_target(path):
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=256,
-    )
-    model = LlamaForCausalLM(config).eval()
-    if path is not None:
-        model.save_pretrained(path)
-    return model
-
-
 def greedy(model, prompt, n):
     ids = list(prompt)
     with torch.no_grad():
@@ -78,7 +60,8 @@ def greedy(model, prompt, n):
 
 
 def test_a_run_reads_each_distinct_reply_once_and_resumes(tmp_path, capsys):
-    model = tiny_target(tmp_path / "target")
+    model = tiny_target()
+    model.save_pretrained(tmp_path / "target")
     prompts = [[1, 2, 3, 4], [5, 6, 7], [9, 8, 7, 6, 5]]
     outs = [greedy(model, p, 12) for p in prompts]
     with torch.no_grad():  # a second-choice token at the last reply's 4th position: a deviation the check must see
@@ -123,7 +106,7 @@ def test_a_run_reads_each_distinct_reply_once_and_resumes(tmp_path, capsys):
 
 
 def test_a_token_a_step_reads_what_one_pass_reads():
-    model = tiny_target(None)
+    model = tiny_target()
     prompt, out = [1, 2, 3, 4], [5, 6, 7, 8, 9, 10]
     torch.testing.assert_close(
         bf16_noise.decoded_logits(model, prompt, out), teacher_forced_logits(model, prompt, out), atol=1e-5, rtol=1e-5
