@@ -32,7 +32,17 @@ def entry(base, lilicorr, fixed, vs_base, vs_fixed, fixed_vs_base, tiers, greedy
         "rounds": 5,
     }
     if greedy is not None:
-        e["greedy"] = {s: {"worst_ulps": u, "beyond_tol": 0, "replies": 16, "checked": 16} for s, u in greedy.items()}
+        e["greedy"] = {
+            s: {
+                "worst_ulps": u,
+                "beyond_tol": 0,
+                "replies": 16,
+                "checked": 16,
+                "tokens": 4000,
+                "tokens_beyond_tol": u > 2,
+            }
+            for s, u in greedy.items()
+        }
     return e
 
 
@@ -105,6 +115,8 @@ def test_the_summary_holds_both_sets_per_concurrency_with_card_and_commit(tmp_pa
     assert one["worst_ulps"] == dict.fromkeys(["base", "dflash", "builtin", "lilicorr", "lilicorr_fixed"])
     eight = result["eval"]["cells"]["8"]
     assert eight["worst_ulps"] == {"base": 2.6, "dflash": None, "builtin": None, "lilicorr": 6.4, "lilicorr_fixed": 1.0}
+    rates = {"base": 2.5, "dflash": None, "builtin": None, "lilicorr": 2.5, "lilicorr_fixed": 0.0}
+    assert eight["beyond_tol_per_10k"] == rates and set(one["beyond_tol_per_10k"].values()) == {None}
     assert result["eval"]["folder"] == "graphs64_eval" and result["writing"]["graphs_to"] == 64
     assert result["high_tau_set"] == "eval"
     assert result["missed"] == [
@@ -116,7 +128,7 @@ def test_the_summary_holds_both_sets_per_concurrency_with_card_and_commit(tmp_pa
     md = (out / "summary.md").read_text()
     assert "## writing (graphs64)" in md and "## eval (graphs64_eval)" in md
     assert "| 64 | 20000 | 16000 | 18000 | 19000 | 14000 | 0.950 [0.900, 1.000] | 1.360 [1.300, 1.400] |" in md
-    assert "| 1: 0.90, 16: 0.10 |" in md and "| 2.60 / - / - / 6.40 / 1.00 |" in md
+    assert "| 1: 0.90, 16: 0.10 |" in md and "| 2.60 / - / - / 6.40 / 1.00 | 2.5 / - / - / 2.5 / 0.0 |" in md
     assert "- writing c=64: adaptive_vs_base 0.950 < 0.98" in md
     # the cells: both sets at c = 1, 4, 8, 16, 32, 64, each on at least 5 rounds
     assert result["unmeasured"][:4] == [

@@ -211,12 +211,21 @@ def test_greedy_deviation_per_system_checks_each_distinct_reply_once(tmp_path):
         "beyond_tol": 0,
         "replies": 2,
         "checked": 1,
+        "tokens": 2,
+        "tokens_beyond_tol": 0,
     }
     assert greedy_ulps.check_new(records, cache, check) == 1 and seen == [[3, 4], [3, 5]]  # the rest, once each
     summary = greedy_ulps.summarize(records, greedy_ulps.read_cache(cache))
     assert summary["1"] == {
-        "base": {"worst_ulps": 0.5, "beyond_tol": 0, "replies": 1, "checked": 1},
-        "lilicorr": {"worst_ulps": 2.5, "beyond_tol": 1, "replies": 2, "checked": 2},
+        "base": {"worst_ulps": 0.5, "beyond_tol": 0, "replies": 1, "checked": 1, "tokens": 2, "tokens_beyond_tol": 0},
+        "lilicorr": {
+            "worst_ulps": 2.5,
+            "beyond_tol": 1,
+            "replies": 2,
+            "checked": 2,
+            "tokens": 4,
+            "tokens_beyond_tol": 1,
+        },
     }
     assert list(summary) == ["1", "8"] and summary["8"]["lilicorr"]["replies"] == 1
 

@@ -35,6 +35,11 @@ CONCURRENCIES = ("1", "4", "8", "16", "32", "64")  # every set's cells
 MIN_ROUNDS = 5
 
 
+def per_10k(checked: dict) -> float | None:
+    """Tokens beyond the greedy check's tolerance per 10k checked tokens (None where none were counted)."""
+    return round(1e4 * checked["tokens_beyond_tol"] / checked["tokens"], 2) if checked.get("tokens") else None
+
+
 def cell(entry: dict) -> dict:
     """One concurrency of a speed summary (serve_speed.summarize, with speed --greedy-check's `greedy`) -> its cell."""
     systems = [s for s in ALL_SYSTEMS if s in entry]
@@ -46,6 +51,7 @@ def cell(entry: dict) -> dict:
         "width1_vs_base": entry.get("lilicorr_w1_vs_base"),  # the adaptive width's floor, where lilicorr_w1 played
         "tiers": entry.get("tiers", {}),
         "worst_ulps": {s: greedy.get(s, {}).get("worst_ulps") for s in systems},
+        "beyond_tol_per_10k": {s: per_10k(greedy.get(s, {})) for s in systems},  # tokens beyond 2 ulps
         "tau": entry.get("tau", {}),
         "rounds": entry["rounds"],
     }
@@ -125,14 +131,16 @@ def table(result: dict) -> str:
         cells = result[name]["cells"]
         systems = [s for s in ALL_SYSTEMS if any(s in x["tok_s"] for x in cells.values())]
         head = ["c", *(f"{LABELS[s]} tok/s" for s in systems), "adaptive / base", "adaptive / fixed"]
-        head += ["LILICORR widths", "worst ulps " + " / ".join(systems), "rounds"]
+        head += ["LILICORR widths", "worst ulps " + " / ".join(systems), "beyond 2 ulps per 10k tokens", "rounds"]
         lines += [f"## {name} ({result[name]['folder']})", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for c, x in cells.items():
             widths = sorted(x["tiers"].get("lilicorr", {}).items(), key=lambda kv: int(kv[0]))
             ulps = " / ".join("-" if x["worst_ulps"].get(s) is None else f"{x['worst_ulps'][s]:.2f}" for s in systems)
+            rates = x.get("beyond_tol_per_10k", {})
+            rates = " / ".join("-" if rates.get(s) is None else f"{rates[s]:.1f}" for s in systems)
             row = [c, *(f"{x['tok_s'][s]:.0f}" if s in x["tok_s"] else "-" for s in systems)]
             row += [_ratio(x["adaptive_vs_base"]), _ratio(x["adaptive_vs_fixed"])]
-            row += [", ".join(f"{w}: {v:.2f}" for w, v in widths) or "-", ulps, str(x["rounds"])]
+            row += [", ".join(f"{w}: {v:.2f}" for w, v in widths) or "-", ulps, rates, str(x["rounds"])]
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     lines += ["Targets missed: " + ("none" if not result["missed"] else ""), *(f"- {m}" for m in result["missed"])]

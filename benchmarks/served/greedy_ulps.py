@@ -62,19 +62,22 @@ def check_new(records: Iterable[dict], cache: Path, check: Check, allows: Callab
 
 
 def summarize(records: Iterable[dict], checked: dict) -> dict:
-    """{c (str): {system: {"worst_ulps", "beyond_tol", "replies", "checked"}}} over the turns holding ids: the worst
-    deviation and the replies beyond the tolerance among those checked (`checked`: read_cache), worst_ulps None where
-    none was."""
+    """{c (str): {system: {"worst_ulps", "beyond_tol", "replies", "checked", "tokens", "tokens_beyond_tol"}}} over the
+    turns holding ids: the worst deviation, the replies and the tokens beyond the tolerance among those checked
+    (`checked`: read_cache), worst_ulps None where none was."""
     out: dict = {}
     for rec, turn in replies(records):
         cell = out.setdefault(str(rec["concurrency"]), {}).setdefault(
-            rec["system"], {"worst_ulps": None, "beyond_tol": 0, "replies": 0, "checked": 0}
+            rec["system"],
+            {"worst_ulps": None, "beyond_tol": 0, "replies": 0, "checked": 0, "tokens": 0, "tokens_beyond_tol": 0},
         )
         cell["replies"] += 1
         found = checked.get(reply_key(turn))
         if found is not None:
             cell["checked"] += 1
             cell["beyond_tol"] += found["beyond_tol"] > 0
+            cell["tokens"] += found["tokens"]
+            cell["tokens_beyond_tol"] += found["beyond_tol"]
             cell["worst_ulps"] = max(cell["worst_ulps"] or 0.0, found["worst_ulps"])
     return {c: out[c] for c in sorted(out, key=int)}
 
