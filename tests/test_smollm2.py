@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import subprocess
+import threading
 import zipfile
 
 import pytest
@@ -64,6 +65,29 @@ def test_fetch_verify_convert_then_cached(tmp_path, fake_digest):
     ensure_smollm2(tmp_path, fetch=rec.fetch, convert=rec.convert, log=lambda m: None)
     assert rec.fetches == 1 and len(rec.converts) == 2
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".smollm2-")]  # no scratch left
+
+
+def test_a_second_first_use_waits_for_the_first_conversion_and_converts_nothing(tmp_path, fake_digest):
+    converting, release = threading.Event(), threading.Event()
+    first, second = Recorder(), Recorder()
+
+    def slow_convert(gguf, out_dir):
+        converting.set()
+        assert release.wait(30)
+        first.convert(gguf, out_dir)
+
+    got = []
+    a = threading.Thread(target=lambda: got.append(ensure_smollm2(tmp_path, first.fetch, slow_convert, lambda m: None)))
+    a.start()
+    assert converting.wait(30)
+    b = threading.Thread(target=lambda: got.append(ensure_smollm2(tmp_path, second.fetch, second.convert, print)))
+    b.start()
+    b.join(0.5)
+    assert b.is_alive()  # waiting for the first one's lock, not converting beside it
+    release.set()
+    a.join(30), b.join(30)
+    assert got == [model_dir(tmp_path)] * 2 and is_converted(model_dir(tmp_path))
+    assert (first.fetches, len(first.converts), second.fetches, second.converts) == (1, 1, 0, [])
 
 
 def test_wrong_digest_is_refused(tmp_path, fake_digest):

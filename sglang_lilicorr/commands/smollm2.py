@@ -3,6 +3,7 @@ a bf16 HF folder at $LILICORR_CACHE/smollm2-135m-instruct (default ~/.cache/sgla
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import os
@@ -130,7 +131,13 @@ def ensure_smollm2(
     if is_converted(folder):
         return folder
     root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".smollm2-", dir=root) as tmp:
+    with (
+        open(root / ".convert.lock", "w") as lock,
+        tempfile.TemporaryDirectory(prefix=".smollm2-", dir=root) as tmp,
+    ):
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one converter at a time: a second waits, then finds the folder complete
+        if is_converted(folder):
+            return folder
         work = Path(tmp)
         gguf = source = installed_gguf()
         if gguf is None:
