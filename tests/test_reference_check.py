@@ -2,6 +2,7 @@
 (off the default 1 and 2), the top-2 gap, the float32/float64 pass; and the lab's greedy-check over served files
 (benchmarks/served/greedy_check.py): its counts and exit code."""
 
+import gzip
 import json
 import math
 
@@ -216,6 +217,29 @@ def test_cli_baseline_byte_equality(tmp_path, capsys, cli):
     assert "byte-equal" not in capsys.readouterr().out
 
 
+def test_cli_baseline_of_another_commit_pairs_replies_by_phase_and_names_where_they_part(tmp_path, capsys, cli):
+    def phased(phase, prompt, out):
+        return {**rec(prompt, [0], out), "phase": phase}
+
+    served = records(
+        tmp_path,
+        "after.json",
+        [phased("greedy", p, [1, 2, 0]) for p in "xyz"] + [phased("concurrent2", "y", [1, 2, 0])],
+    )
+    before = tmp_path / "before.json.gz"  # kept results are gzipped
+    with gzip.open(before, "wt") as f:
+        json.dump(
+            [phased("greedy", "x", [1, 2, 0]), phased("greedy", "y", [1, 2, 0]), phased("greedy", "z", [1, 2])]
+            + [phased("concurrent2", "y", [1, 0])],
+            f,
+        )
+    assert greedy_check.main(["model", served, "--baseline", str(before)]) == 0
+    out = capsys.readouterr().out
+    assert "; byte-equal with the baseline on 2/4" in out  # greedy y paired with greedy y, not with concurrent2's
+    assert "  'z': parts from the baseline at token 2 of 3" in out
+    assert out.count("parts from the baseline") == 1  # a concurrent phase's batches differ by arrival: counted only
+
+
 # --- what mutation testing found untested: the CLI's help, choices, device, and each file's verdict ------------------
 
 HELP = """usage: python -m benchmarks greedy-check [-h] [--tol-ulps TOL_ULPS] [--baseline BASELINE]
@@ -231,7 +255,7 @@ positional arguments:
 options:
   -h, --help            show this help message and exit
   --tol-ulps TOL_ULPS   near-tie tolerance in bf16 ulps of the top logit
-  --baseline BASELINE   a no-speculation result file: also report the byte-equal fraction against it
+  --baseline BASELINE   another run's result file: also report the byte-equal fraction against it
   --dtype {float32,float64}
 """
 
