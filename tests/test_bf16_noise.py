@@ -91,6 +91,7 @@ def test_a_run_reads_each_distinct_reply_once_and_resumes(tmp_path, capsys):
     assert lili["p_worst"] == pytest.approx(0.5, abs=0.03)  # three replies of six, the one deviating among them
     assert summary["variants"]["bf16 split-KV 64"]["tokens"] == 48
     assert "| lilicorr | 3 | 36 |" in (out / "bf16_noise.md").read_text()
+    assert (out / bf16_noise.PLOT).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     capsys.readouterr()
     assert bf16_noise.main(argv) == 0 and "bf16-noise:" not in capsys.readouterr().out  # nothing measured again
     assert len((out / bf16_noise.ROWS).read_text().splitlines()) == 4

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks.served.width_replay import COSTS, REPLAY, ms_by_width, simulate, trace_replies
+from benchmarks.served.width_replay import COSTS, REPLAY, ms_by_width, plot, simulate, trace_replies
 
 COSTS_S, REPLAY_S = ms_by_width(COSTS), ms_by_width(REPLAY)
 
@@ -53,3 +53,10 @@ def test_traces_take_the_served_draft_and_resume(tmp_path):
     again = trace_replies(replayer, {"a": found[7], "b": found[8]}, path)
     assert [t["key"] for t in again] == ["a", "b"] and replayer.calls == [[7], [8]]  # "a" was not replayed again
     assert len(path.read_text().splitlines()) == 2 and json.loads(path.read_text().splitlines()[1])["key"] == "b"
+
+
+def test_the_simulated_speeds_are_plotted(tmp_path):
+    out = simulate([{"matched": [3] * 63, "tokens": 64}] * 2, COSTS_S, REPLAY_S, repeat=2)
+    summary = {"replies": 2, "repeat": 2, **out}
+    path = plot(summary, tmp_path / "width_replay.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

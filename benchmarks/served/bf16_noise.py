@@ -10,8 +10,9 @@ split-KV kernel merges them, each in one pass over the reply as a verify reads i
 with a KV cache as decoding reads it (VARIANTS).
 
 Per source: replies, tokens, tokens beyond 1 and 2 ulps with exact Poisson 95 % intervals per 10k tokens, the worst;
-per served system, `p_worst`: a permutation test of its worst deviation against no speculation's replies. Rows are
-kept as they come (ROWS in --out): a stopped run, or one asking for a new variant, measures only what is missing.
+per served system, `p_worst`: a permutation test of its worst deviation against no speculation's replies; plotted
+(PLOT). Rows are kept as they come (ROWS in --out): a stopped run, or one asking for a new variant, measures only what
+is missing.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from benchmarks import save_json
 from benchmarks.served.greedy_ulps import replies, reply_key
 
 ROWS = "bf16_noise_rows.jsonl"
+PLOT = "bf16_noise.png"
 BASE = "base"
 THRESHOLDS = (1.0, 2.0)  # ulps: a deviation beyond 2 is what the served check calls beyond a near-tie
 # name: (transformers attention implementation, KV chunk of the split-KV merge, one token a step with a KV cache as
@@ -266,11 +268,31 @@ def table(summary: dict) -> str:
     return head + body
 
 
+def plot(summary: dict, path: Path) -> Path:
+    """Per threshold, every source's tokens beyond it per 10k with its interval: the served systems, then the CPU's
+    bf16 passes over the same contexts."""
+    from sglang_lilicorr.bench.plots import pyplot, save
+
+    plt = pyplot()
+    sources = [(n, s, "C0") for n, s in summary["served"].items()]
+    sources += [(f"CPU {n}", s, "C1") for n, s in summary["variants"].items()]
+    fig, axes = plt.subplots(1, len(THRESHOLDS), figsize=(5.5 * len(THRESHOLDS), 0.4 * len(sources) + 1.5))
+    for ax, t in zip(axes, THRESHOLDS):
+        for y, (name, s, color) in enumerate(sources):
+            mean, lo, hi = s[f"per_10k_over_{t:g}"]
+            ax.errorbar([mean], [y], xerr=[[mean - lo], [hi - mean]], fmt="o", capsize=3, color=color)
+        ax.set(yticks=range(len(sources)), xlabel=f"tokens beyond {t:g} bf16 ulp per 10k (95 %)", xlim=(0, None))
+        ax.set_yticklabels([n for n, _, _ in sources], fontsize=8)
+        ax.invert_yaxis()
+    axes[0].set_title("served (blue) and CPU bf16 passes (orange)", fontsize=9)
+    return save(fig, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks bf16-noise", description=__doc__.split("\n\n")[0])
     p.add_argument("rounds", nargs="+", help="folders of served-speed round*.jsonl (token ids recorded)")
     p.add_argument("--target", required=True, help="the target's HF folder")
-    p.add_argument("--out", required=True, help="folder for bf16_noise.json, bf16_noise.md and the rows")
+    p.add_argument("--out", required=True, help="folder for bf16_noise.json, .md, .png and the rows")
     p.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--minutes", type=float, default=60.0, help="stop measuring after this long (rerun resumes)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
@@ -289,5 +311,6 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"replies": len(found), "measured": len(rows), **summarize(rows, a.variants)}
     save_json(out / "bf16_noise.json", summary)
     (out / "bf16_noise.md").write_text(table(summary))
+    plot(summary, out / PLOT)
     print(table(summary))
     return 0 if len(rows) == len(found) else 3

@@ -7,7 +7,8 @@ tokens match the reply), and a c = 1 server is simulated over the replies in ord
 at position i commits min(m_i, w - 1) + 1 tokens (width 1: a chain of CHAIN) and costs that width's served step time
 (--costs, ms at batch 1: a policy log line's "seen" figures; --replay: its start-up replay). Every fixed width and the
 adaptive policy (`sglang_lilicorr.serving.verify_width.WidthPolicy`) meet the same replies. Defaults: the H100 of
-ff8712a (`results/adaptive/h100_ff8712a/eval/policy_lines.txt`). Traces are kept in --out (TRACES) as they come.
+ff8712a (`results/adaptive/h100_ff8712a/eval/policy_lines.txt`). Traces are kept in --out (TRACES) as they come;
+the simulated speeds are plotted (PLOT).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from benchmarks.served.bf16_noise import distinct_replies
 from sglang_lilicorr.serving.verify_width import CHAIN, WIDTHS, AcceptanceRecord, StepCosts, WidthPolicy
 
 TRACES = "width_traces.jsonl"
+PLOT = "width_replay.png"
 COSTS = "1=12.8,2=4.93,4=4.83,8=4.86,16=4.65"  # ms a step at batch 1 as served (width 1: a chain of CHAIN forwards)
 REPLAY = "1=6.71,2=1.12,4=1.15,8=1.34,16=1.77"  # ms of the step's graphs replayed at start-up
 
@@ -90,12 +92,32 @@ def trace_replies(replayer, found: dict, path: Path) -> list[dict]:
     return [done[k] for k in found]
 
 
+def plot(summary: dict, path: Path) -> Path:
+    """Simulated tokens/s of every fixed width and of the adaptive policy (its steps' width shares on the bar)."""
+    from sglang_lilicorr.bench.plots import pyplot, save
+
+    plt = pyplot()
+    names = [f"width {w}" + (" (chain)" if w == "1" else "") for w in summary["fixed"]] + ["adaptive"]
+    speeds = list(summary["fixed"].values()) + [summary["adaptive"]]
+    fig, ax = plt.subplots(figsize=(6.5, 3.5))
+    ax.bar(names, speeds, color=["C0"] * len(summary["fixed"]) + ["C1"])
+    shares = ", ".join(f"{w}: {share:.0%}" for w, share in summary["steps"].items() if share)
+    ax.annotate(f"steps by width {shares}", (len(names) - 1, summary["adaptive"]), ha="right", va="bottom", fontsize=7)
+    ax.set(ylabel="simulated tokens/s at c = 1")
+    ax.set_title(
+        f"{summary['replies']} replies replayed x {summary['repeat']}: adaptive {summary['adaptive_vs_best']:.3f}"
+        " of the best fixed width",
+        fontsize=9,
+    )
+    return save(fig, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks width-replay", description=__doc__.split("\n\n")[0])
     p.add_argument("rounds", nargs="+", help="folders of served-speed round*.jsonl[.gz] (token ids recorded)")
     p.add_argument("--target", required=True, help="the target's HF folder")
     p.add_argument("--draft", required=True, help="the exported draft folder (lilicorr export)")
-    p.add_argument("--out", required=True, help="folder for width_replay.json and the traces")
+    p.add_argument("--out", required=True, help="folder for width_replay.json, .png and the traces")
     p.add_argument("--system", default="base", help="whose replies to replay (default: no speculation's)")
     p.add_argument("--costs", default=COSTS, help=f"served ms a step by width at batch 1 (default {COSTS})")
     p.add_argument("--replay", default=REPLAY, help=f"start-up replay ms by width (default {REPLAY})")
@@ -124,5 +146,6 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"replies": len(traces), "tokens": sum(t["tokens"] for t in traces), "repeat": a.repeat}
     summary.update(costs_ms=a.costs, replay_ms=a.replay, **simulate(traces, costs, replay, a.repeat))
     save_json(out / "width_replay.json", summary)
+    plot(summary, out / PLOT)
     print(json.dumps(summary, indent=1))
     return 0
