@@ -369,7 +369,7 @@ class _Batch:
         self.forward_mode = type("Mode", (), {"is_extend": lambda s: extend, "is_idle": lambda s: False})()
 
 
-def _worker(monkeypatch, widths=(1, 4, 16)):
+def _worker(monkeypatch, widths=(1, 4, 16), block=16):
     pytest.importorskip("sglang")
     import types
 
@@ -394,19 +394,21 @@ def _worker(monkeypatch, widths=(1, 4, 16)):
         return result(len(batch.reqs))
 
     def chain(worker, batch, links, tier, on_publish=None):
-        assert links == CHAIN and tier == "tier1"
+        assert tier == "tier1"
+        w.links.append(links)
         return narrow(worker, batch, 1, tier)
 
     monkeypatch.setattr(DFlashWorkerV2, "forward_batch_generation", block_step)
     monkeypatch.setattr(worker_module, "narrow_step", narrow)
     monkeypatch.setattr(worker_module, "chain_step", chain)
     w = object.__new__(worker_module.LiLiCorrWorker)
-    w.block_size, w.widths, w.tiers = 16, widths, {x: f"tier{x}" for x in widths if x < 16}
+    w.block_size, w.widths, w.tiers, w.links = block, widths, {x: f"tier{x}" for x in widths if x < block}, []
     w._need_mamba_verify_commit, w._last_decode, w.metrics = False, None, WidthMetrics()
     w._policy_logged = 0.0
     w.proposer = type("P", (), {"stage_anchors": lambda self, slots: None})()
     costs = StepCosts({(x, b): (2.0 if x == 1 else 4.4) * 1e-3 for x in widths for b in (1, 8)})
-    w.policy = WidthPolicy(widths, costs, AcceptanceRecord(15))  # the widest until 16 first drafts were verified
+    w.policy = WidthPolicy(widths, costs, AcceptanceRecord(block - 1), chain=w.chain)  # the widest until 16 first
+    # drafts were verified
     w.policy.costs.observe = lambda *step: None  # the stand-in steps take no time: keep the replay costs
     return w, calls
 
@@ -422,11 +424,44 @@ def test_the_worker_runs_narrow_widths_itself_and_the_block_through_sglang(monke
         result = worker.forward_batch_generation(_Batch(8))
         worker.on_verify_complete_cpu([0] * 8, 8)
     assert calls[:2] == [("block", 8)] * 2 and calls[-1] == (1, 8)  # rejected drafts: plain decode steps
+    assert worker.links and set(worker.links) == {CHAIN}
     assert result.cap_lens.tolist() == [1] * 8
     views = [r.getMessage() for r in caplog.records if "verify width policy" in r.getMessage()]
     assert len(views) == 1 and "at batch 8: 1: E[L]" in views[0]  # the policy's view, at most every POLICY_LOG_S
     worker.forward_batch_generation(_Batch(3, extend=True))  # a prefill: SGLang's step, not a decode width
     assert calls[-1] == ("block", 3) and worker._last_decode is None
+
+
+def test_a_block_shorter_than_the_chain_chains_one_forward_a_column(monkeypatch):
+    """A draft of block 6 (the checks accept 2..32) serves width 1 as a chain of 6 links, the columns its block has: its
+    captured append, replay, policy and steps all take 6."""
+    import types
+
+    import torch
+
+    from sglang_lilicorr.serving import worker as worker_module
+
+    worker, calls = _worker(monkeypatch, widths=(1, 2, 4, 6), block=6)
+    for _ in range(6):
+        worker.forward_batch_generation(_Batch(8))
+        worker.on_verify_complete_cpu([0] * 8, 8)
+    assert calls[-1] == (1, 8) and set(worker.links) == {6}
+    captured = []
+
+    class Graphs:
+        graphs = {"captured": True}
+
+        def __init__(self, **shape):
+            assert shape["block_size"] == 6
+
+        def capture(self, append, sizes, widths):
+            captured.append(widths)
+
+    monkeypatch.setattr(worker_module, "AppendGraphs", Graphs)
+    worker.draft_model = types.SimpleNamespace(fc=types.SimpleNamespace(weight=torch.zeros(4, 3)))
+    worker.model_runner, worker.device = types.SimpleNamespace(dtype=torch.float32), "cpu"
+    worker._capture_append(sizes=[1, 2])
+    assert captured == [[1, 2, 4, 6]]  # no width 8, which the block's append buffers do not hold
 
 
 def test_a_batch_with_grammar_keeps_the_block(monkeypatch):

@@ -259,7 +259,7 @@ def narrow_step(worker, batch, width: int, tier, on_publish=None) -> GenerationB
 
 
 def chain_step(worker, batch, links: int, tier, on_publish=None) -> GenerationBatchResult:
-    """The width-1 step: `links` (< B) plain decode forwards through the width-1 tier, link j in the block's column j
+    """The width-1 step: `links` (<= B) plain decode forwards through the width-1 tier, link j in the block's column j
     reading the token link j - 1 chose, launched back to back with no host sync -> SGLang's step result, `links`
     tokens a request (each the target's own choice, sampled as SGLang samples a block's bonus token)."""
     draft_input, sampling_info = batch.spec_info, batch.sampling_info

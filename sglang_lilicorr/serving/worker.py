@@ -204,6 +204,11 @@ class LiLiCorrWorker(DFlashWorkerV2):
         if captured:
             self._capture_append(sizes=[b for b in graph_batch_sizes() if b <= self.server_args.max_running_requests])
 
+    @property
+    def chain(self) -> int:
+        """The width-1 step's plain decode forwards: CHAIN, or as many as a shorter block has columns."""
+        return min(CHAIN, int(self.block_size))
+
     def _capture_append(self, sizes: list[int]) -> None:
         """The draft-KV append of a verify step of every served width, captured at the draft graphs' batch sizes."""
         if not sizes:
@@ -215,7 +220,7 @@ class LiLiCorrWorker(DFlashWorkerV2):
             dtype=self.model_runner.dtype,
             device=self.device,
         )
-        widths = sorted(set(self.widths) | ({CHAIN} if 1 in self.widths else set()))  # a width-1 step appends its chain
+        widths = sorted({*self.widths, self.chain} if 1 in self.widths else self.widths)  # width 1 appends its chain
         with torch.inference_mode():
             graphs.capture(self._append_and_publish, sizes, widths)
         self.append_graphs = graphs if graphs.graphs else None
@@ -242,7 +247,7 @@ class LiLiCorrWorker(DFlashWorkerV2):
             if block in self.widths:
                 verify_graphs[block] = captured_graphs(runner.decode_cuda_graph_runner)
             draft_graphs = captured_graphs(self.draft_model_runner.decode_cuda_graph_runner)
-            replay = measure_replay(verify_graphs, draft_graphs, CHAIN)
+            replay = measure_replay(verify_graphs, draft_graphs, self.chain)
             agree = slowest_rank(get_parallel().tp_group)
             if agree is not None:  # every rank must verify the same width
                 replay = dict(zip(sorted(replay), agree([replay[k] for k in sorted(replay)])))
@@ -250,7 +255,7 @@ class LiLiCorrWorker(DFlashWorkerV2):
                 why_fixed = "no captured graph could be timed"
             else:
                 costs = StepCosts(replay, agree=agree)
-                self.policy = WidthPolicy(self.widths, costs, AcceptanceRecord(block - 1), chain=CHAIN)
+                self.policy = WidthPolicy(self.widths, costs, AcceptanceRecord(block - 1), chain=self.chain)
         if why_fixed is not None and self.widths != (block,):
             self.widths = (block,)
         logger.info(
@@ -285,7 +290,7 @@ class LiLiCorrWorker(DFlashWorkerV2):
         if width > 1:  # a draft pass reads the batch's anchors; a width-1 step drafts nothing
             self.proposer.stage_anchors(batch.req_pool_indices)
         if width == 1:
-            result = chain_step(self, batch, CHAIN, self.tiers[1], on_publish=on_publish)
+            result = chain_step(self, batch, self.chain, self.tiers[1], on_publish=on_publish)
         elif width < block:
             result = narrow_step(self, batch, width, self.tiers[width], on_publish=on_publish)
         else:
