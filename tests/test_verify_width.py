@@ -356,6 +356,49 @@ def test_a_chain_feeds_each_links_choice_to_the_next_and_commits_them_together(m
     assert torch.equal(batch.out_cache_loc, locs[:, :links].reshape(-1))  # the KV slots the links wrote
 
 
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_narrow_step_under_simulated_acceptance_commits_the_forced_length(monkeypatch, sharded):
+    """SGLang's SGLANG_SIMULATE_ACC_LEN (the scale phases' forced acceptance) on a narrow step: the forced drafts, then
+    the target's token after them, whether the verify kept its logits or (a vocabulary-parallel head's greedy verify)
+    only its prediction."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("sglang")
+    import types
+
+    from sglang_lilicorr.serving import narrow_verify
+
+    bs, width = 2, 4
+    ids = torch.tensor([[5] + [-1] * 15, [6] + [-1] * 15])
+    drafts = torch.tensor([[11, 12, 13] + [0] * 12, [21, 22, 23] + [0] * 12])
+    predict = torch.tensor([[11, 12, 90, 91], [21, 80, 81, 82]])  # the target's argmax per column
+    logits = torch.nn.functional.one_hot(predict, 100).float().view(bs * width, 100)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: None)
+    monkeypatch.setattr(narrow_verify, "SIMULATE_ACC_LEN", 3)
+    monkeypatch.setattr(narrow_verify, "SIMULATE_ACC_METHOD", "match-expected")
+    monkeypatch.setattr(narrow_verify, "SIMULATE_ACC_TOKEN_MODE", "real-draft-token")
+    monkeypatch.setattr(narrow_verify, "open_block", lambda w, b, d: (ids, "positions", "locs", "plan"))
+    monkeypatch.setattr(narrow_verify, "draft", lambda *a: drafts)
+
+    def forward(worker, batch, draft_input, tier, plan, locs, positions, tokens, window, ahead=0):
+        out = types.SimpleNamespace(next_token_logits=None if sharded else logits, hidden_states=torch.zeros(8, 2))
+        return out, predict.view(-1) if sharded else None, True
+
+    monkeypatch.setattr(narrow_verify, "verify_forward", forward)
+    monkeypatch.setattr(narrow_verify, "step_result", lambda *a: a)
+    worker = types.SimpleNamespace(_draft_block_tokens_buf=torch.zeros(bs, 16, dtype=torch.int64), _tp_sync=None)
+    monkeypatch.setattr(
+        narrow_verify,
+        "accept",
+        lambda w, c, lg, si, di, tp: (torch.zeros(bs, dtype=torch.int32), torch.zeros(bs, dtype=torch.int64)),
+    )
+    seq_lens = type("Lens", (list,), {"record_stream": lambda self, stream: None})([0] * bs)
+    batch = types.SimpleNamespace(spec_info="draft", sampling_info=None, seq_lens=seq_lens, return_logprob=False)
+    result = narrow_verify.narrow_step(worker, batch, width, "tier4")
+    tokens, commit_lens, bonus = result[7], result[8], result[9]
+    assert commit_lens.tolist() == [3, 3] and bonus.tolist() == [90, 81]
+    assert tokens[:, :3].tolist() == [[11, 12, 90], [21, 22, 81]]
+
+
 class _Batch:
     """A decode batch as the worker's forward reads it."""
 
@@ -470,7 +513,7 @@ def test_a_batch_with_grammar_keeps_the_block(monkeypatch):
     batch = _Batch(8)
     batch.has_grammar = True
     worker.forward_batch_generation(batch)
-    assert calls == [("block", 8)]
+    assert calls == [("block", 8)] and worker._last_decode is None  # its time is not the block's cost
 
 
 @pytest.mark.gpu

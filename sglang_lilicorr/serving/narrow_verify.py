@@ -240,9 +240,9 @@ def narrow_step(worker, batch, width: int, tier, on_publish=None) -> GenerationB
     )
     out_tokens, commit_lens = committed_block(candidates, accepted, bonus)
     if SIMULATE_ACC_LEN > 0:  # SGLang's benchmark knob: every step commits min(SGLANG_SIMULATE_ACC_LEN, width)
-        apply_dflash_simulated_acceptance(
+        apply_dflash_simulated_acceptance(  # a vocabulary-parallel head's greedy verify keeps only its prediction
             candidates=candidates,
-            target_predict=None,
+            target_predict=None if target_predict is None else target_predict.view(bs, width),
             accept_len=accepted,
             commit_lens=commit_lens,
             bonus=bonus,

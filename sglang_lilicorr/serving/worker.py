@@ -279,7 +279,8 @@ class LiLiCorrWorker(DFlashWorkerV2):
         if self.policy is not None and self._last_decode is not None:
             width, last_size, then = self._last_decode
             self.policy.costs.observe(width, last_size, now - then)
-        width = block if self.policy is None else self.policy.width(size, narrow=serves(self, batch))
+        narrow = serves(self, batch)  # else the block, with work (a grammar's) that is not the block's cost
+        width = block if self.policy is None else self.policy.width(size, narrow=narrow)
         if (
             self.policy is not None
             and now - self._policy_logged > POLICY_LOG_S
@@ -297,7 +298,7 @@ class LiLiCorrWorker(DFlashWorkerV2):
             result = super().forward_batch_generation(
                 batch, on_publish=on_publish, grammar_barrier=grammar_barrier, pp_proxy_tensors=pp_proxy_tensors
             )
-        self._last_decode = (width, size, now)
+        self._last_decode = (width, size, now) if narrow else None
         self.metrics.step(width, result, size)
         return result
 
