@@ -323,6 +323,28 @@ def test_resume_continues_and_refuses_incompatible(workspace, tmp_path, capsys):
         train(tiny_cfg(workspace, out, max_steps=6, gamma=0.0))
 
 
+def test_a_resume_keeps_the_global_batch_takes_new_rates_with_changes_and_counts_skips_on(workspace, tmp_path):
+    """A resume must take as many sequences a step as the checkpoint's steps (else data trains twice or is skipped),
+    even with --resume-with-changes; that flag's new --lr-* / --wd-* take over; the skipped steps count on."""
+    from sglang_lilicorr.train.state import OPTIMIZER_FILE, STATE_FILE
+
+    out = tmp_path / "run"
+    train(tiny_cfg(workspace, out, max_steps=2, lr_drafter=1e-3, wd_drafter=0.0))
+    with pytest.raises(IncompatibleCheckpointError, match="took 2 sequences .*this run's 4"):
+        train(tiny_cfg(workspace, out, max_steps=4, grad_accum=2, resume_with_changes=True))
+    state_path = out / "checkpoints" / "step-00000002" / STATE_FILE
+    state = json.loads(state_path.read_text())
+    state["progress"]["skipped"] = 3
+    state_path.write_text(json.dumps(state))
+    changed = dict(lr_drafter=1e-6, wd_drafter=0.25, resume_with_changes=True)
+    metrics = train(tiny_cfg(workspace, out, max_steps=4, batch_size=1, grad_accum=2, **changed))  # 2 a step too
+    assert metrics["step"] == 4 and metrics["skipped_steps"] == 3
+    saved = torch.load(out / "checkpoints" / "step-00000004" / OPTIMIZER_FILE, weights_only=False)
+    drafter = next(g for g in saved["optimizer"]["param_groups"] if g["name"] == "drafter")
+    assert (drafter["initial_lr"], drafter["weight_decay"]) == (1e-6, 0.25) and drafter["lr"] <= 1e-6
+    assert saved["scheduler"]["base_lrs"][0] == 1e-6
+
+
 def test_init_from_an_export_starts_from_its_weights_and_refuses_another_geometry(workspace, tmp_path):
     """--init-from DRAFT: step 0 holds the draft's weights (bf16 export -> fp32 masters), the step count
     and optimizer start fresh; a draft of another geometry, or no draft folder, is refused by name."""

@@ -342,6 +342,7 @@ class Job:
     per_epoch: int
     total: int
     identity: dict
+    skipped: int = 0  # steps skipped for a non-finite loss so far (a resumed run's, from its checkpoint)
 
     @property
     def metrics_path(self) -> Path:
@@ -469,19 +470,15 @@ def build_job(cfg: TrainConfig, env: Distributed) -> Job:
 def start_point(job: Job) -> int:
     """Claim the folder -> the start step: the newest loadable checkpoint's, else 0 (--init-from or fresh)."""
     cfg, env, out_dir = job.cfg, job.env, job.out_dir
+    warn = functools.partial(print, file=sys.stderr)
     if env.main:
         if cfg.move_aside and out_dir.is_dir() and run_state(out_dir):
-            aside = aside_name(out_dir)
-            out_dir.rename(aside)
-            print(
-                f"moved the run in {out_dir} to {aside} (nothing deleted); a new run starts in {out_dir}",
-                file=sys.stderr,
-            )
+            out_dir.rename(aside := aside_name(out_dir))
+            warn(f"moved the run in {out_dir} to {aside} (nothing deleted); a new run starts in {out_dir}")
         claim_output_dir(cfg, create=True)
         if cfg.resume:
             remove_orphans(out_dir)  # what a kill mid-save left behind; the other ranks wait, then read
     env.barrier()
-    warn = functools.partial(print, file=sys.stderr)
     found = resume_point(out_dir, warn, env.device, cfg.accept_legacy_checkpoints) if cfg.resume else None
     step = 0
     if found is not None:
@@ -490,10 +487,9 @@ def start_point(job: Job) -> int:
         load_draft_weights(cfg.init_from, job.drafter, job.head, job.drafter_cfg, job.head_cfg)
     if env.main:
         if found is None and cfg.resume and job.metrics_path.is_file() and job.metrics_path.stat().st_size:
-            print(
+            warn(
                 f"warning: {out_dir} has logged metrics but no checkpoint yet: the run starts over from step 0 "
-                "and logs those steps again.",
-                file=sys.stderr,
+                "and logs those steps again."
             )
         trim_metrics(job.metrics_path, step)
     return step
@@ -504,7 +500,16 @@ def resume_from(job: Job, path: Path, checkpoint: tuple, opt_state: dict) -> int
     state, _, _, tensors = checkpoint
     run = None if job.cfg.resume_with_changes else job.identity
     check_resume_compatible(state, job.drafter_cfg, job.head_cfg, str(path), run, job.cfg.ADDED)
+    progress, global_batch = state.get("progress", {}), job.cfg.batch_size * job.cfg.grad_accum * job.env.world
+    if progress.get("global_batch", global_batch) != global_batch:  # a step's data and the schedule depend on it
+        raise IncompatibleCheckpointError(
+            f"its steps took {progress['global_batch']} sequences (ranks x --grad-accum x --batch-size), this run's "
+            f"{global_batch}: it would train some data twice or skip some",
+            where=str(path),
+            fix="resume with ranks x --grad-accum x --batch-size equal to the checkpoint's, or start a new run",
+        )
     load_trainable(tensors, job.drafter, job.head, str(path / TENSORS_FILE))
+    configured = [(g["initial_lr"], g["weight_decay"]) for g in job.optimizer.param_groups]
     try:
         job.optimizer.load_state_dict(opt_state["optimizer"])
     except ValueError as e:  # --resume-with-changes across --train: other parameter groups
@@ -514,7 +519,11 @@ def resume_from(job: Job, path: Path, checkpoint: tuple, opt_state: dict) -> int
             fix="resume with the run's own --train, or start a new run (--init-from an export of this one)",
         ) from e
     job.scheduler.load_state_dict(opt_state["scheduler"])
-    step = int(state["step"])
+    if job.cfg.resume_with_changes:  # this run's --lr-* and --wd-* take over at the step resumed
+        job.scheduler.base_lrs = [lr for lr, _ in configured]
+        for group, (lr, wd) in zip(job.optimizer.param_groups, configured):
+            group.update(initial_lr=lr, weight_decay=wd, lr=lr * job.scheduler.lr_lambdas[0](job.scheduler.last_epoch))
+    step, job.skipped = int(state["step"]), int(progress.get("skipped", 0))
     job.env.barrier()  # every rank has read its checkpoint
     if job.env.main:
         for bad in set_aside_newer(job.out_dir, path):
@@ -534,7 +543,7 @@ def train_loop(job: Job, step: int, progress_bar) -> dict[str, float]:
     eval_every = cfg.eval_every or cfg.log_every
     total, per_rank_step = job.total, cfg.batch_size * cfg.grad_accum
     last: dict[str, float] = {}
-    tokens, bad, window_start = 0, 0, time.perf_counter()
+    tokens, bad, window_start = 0, job.skipped, time.perf_counter()
     order: tuple[int, list[list[int]]] = (-1, [])  # (epoch, this rank's batches of it)
     deadline = time.time() + 60 * cfg.max_minutes if cfg.max_minutes > 0 else None
     while step < total:
@@ -587,7 +596,8 @@ def train_loop(job: Job, step: int, progress_bar) -> dict[str, float]:
             tokens, window_start = 0, time.perf_counter()
 
         if step % cfg.save_every == 0 or step == total:
-            save_checkpoint(job, step, {"epoch": epoch, "batch": index + 1})
+            progress = {"epoch": epoch, "batch": index + 1, "skipped": bad, "global_batch": per_rank_step * env.world}
+            save_checkpoint(job, step, progress)
     return last
 
 
