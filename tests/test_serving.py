@@ -550,3 +550,35 @@ def test_static_buffers_take_writes_in_and_out_of_inference_mode():
         proposer.stage_anchors(torch.tensor([2, 1]))
         proposer(torch.randn(2 * proposer.block_size, HIDDEN))
     assert torch.equal(proposer.anchors[:2], rows[[1, 0]])
+
+
+@pytest.mark.parametrize(
+    "key, value", [("num_attention_heads", None), ("intermediate_size", None), ("num_attention_heads", 0)]
+)
+def test_a_draft_without_the_shapes_sglang_builds_it_with_is_refused_by_name(tmp_path, key, value):
+    from sglang_lilicorr.serving.draft_check import examine_draft
+
+    config = draft_config()
+    if value is None:
+        del config[key]
+    else:
+        config[key] = value
+    (problem,) = examine_draft(write_tiny_draft(tmp_path / "d", config=config)).problems
+    assert f"has no positive integer {key} (got {value!r})" in str(problem) and "config.json" in str(problem)
+
+
+def test_layer_ids_and_mask_token_are_read_where_sglang_reads_them(tmp_path):
+    """dflash_config first, else the config's top level; a mask token named by text, SGLang looks its id up."""
+    from sglang_lilicorr.serving.draft_check import TargetShape, examine_draft
+
+    target = TargetShape(hidden_size=HIDDEN, vocab_size=VOCAB, num_layers=TARGET_LAYERS)
+    config = draft_config()
+    config["target_layer_ids"] = config["dflash_config"].pop("target_layer_ids")
+    config["mask_token_id"] = config["dflash_config"].pop("mask_token_id")
+    assert not examine_draft(write_tiny_draft(tmp_path / "top", config=config), target).problems
+    del config["mask_token_id"]
+    config["dflash_config"]["mask_token"] = "<|mask|>"
+    assert not examine_draft(write_tiny_draft(tmp_path / "named", config=config), target).problems
+    config["dflash_config"]["mask_token"] = ""
+    (problem,) = examine_draft(write_tiny_draft(tmp_path / "none", config=config), target).problems
+    assert "mask_token_id=None is not a token id" in str(problem)

@@ -131,10 +131,7 @@ def ensure_smollm2(
     if is_converted(folder):
         return folder
     root.mkdir(parents=True, exist_ok=True)
-    with (
-        open(root / ".convert.lock", "w") as lock,
-        tempfile.TemporaryDirectory(prefix=".smollm2-", dir=root) as tmp,
-    ):
+    with open(root / ".convert.lock", "w") as lock, tempfile.TemporaryDirectory(prefix=".smollm2-", dir=root) as tmp:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one converter at a time: a second waits, then finds the folder complete
         if is_converted(folder):
             return folder

@@ -215,7 +215,7 @@ TRAIN_OPTIONS = {
     },
     "training": {
         "train": "what the run updates: joint (the drafter and the head, the paper) or head (the head alone, on the "
-        "--init-from drafter kept frozen: no drafter gradients or optimizer state)",
+        "--init-from drafter kept frozen: no drafter gradients or optimizer state)"
     },
     "objective": {
         "beta": "DFlash's decay of the per-slot loss weights along the block (> 0)",

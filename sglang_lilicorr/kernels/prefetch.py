@@ -14,12 +14,7 @@ LINE_BYTES = tl.constexpr(128)
 def prefetch_l2(ptrs):
     """L2 prefetch of the line holding each pointer of `ptrs` (any shape), kept ahead of other lines."""
     tl.inline_asm_elementwise(
-        "prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;",
-        "=r,l",
-        [ptrs],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
+        "prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
     )
 
 

@@ -322,12 +322,7 @@ class TopKParts(NamedTuple):
 
 
 def topk_lse_triton(
-    logits: torch.Tensor,
-    k: int,
-    splits: int | None = None,
-    launch: TopKLaunch = TopKLaunch(),
-    *,
-    pdl: bool = False,
+    logits: torch.Tensor, k: int, splits: int | None = None, launch: TopKLaunch = TopKLaunch(), *, pdl: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """logits [N, V] -> (vals fp32 [N, k] descending, ids int64 [N, k], lse fp32 [N]), ties: lowest id; no host sync."""
     (vals, ids, lse), parts = _split_stage("topk_lse_triton", logits, k, splits, launch, pdl)

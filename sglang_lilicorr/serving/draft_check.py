@@ -117,13 +117,15 @@ def examine_draft(
             head = lilicorr_config(config)
         except CheckpointError as e:
             report.problem(f"{option} {str(path)!r}: {e}")
-    hidden = config.get("hidden_size")
-    if not isinstance(hidden, int) or isinstance(hidden, bool) or hidden < 1:
-        report.problem(
-            f"{folder / 'config.json'} has no positive integer hidden_size (got {hidden!r:.40}): "
-            "not a DFlash draft config."
-        )
-        hidden = None
+    shapes = {key: config.get(key) for key in ("hidden_size", "num_attention_heads", "intermediate_size")}
+    for key, value in shapes.items():  # what SGLang builds the draft with and shards over TP ranks
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            report.problem(
+                f"{folder / 'config.json'} has no positive integer {key} (got {value!r:.40}): "
+                "not a DFlash draft config."
+            )
+            shapes[key] = None
+    hidden = shapes["hidden_size"]
     if head is not None and head.block_size > MAX_BLOCK_SIZE:
         report.problem(
             f"draft block_size={head.block_size} is unsupported: {ALGORITHM_NAME} serves blocks of 2..{MAX_BLOCK_SIZE} "
@@ -193,7 +195,7 @@ def _check_target(report: DraftReport, config: Mapping[str, Any], hidden: int | 
             f"draft vocab_size={vocab} but the target has vocab_size={target.vocab_size}: the head scores "
             "target-vocabulary candidates, so draft and target must share a tokenizer. Use the matching target."
         )
-    dflash = config["dflash_config"]
+    dflash = {**config, **config["dflash_config"]}  # SGLang reads these keys there, else at the top level
     layer_ids = dflash.get("target_layer_ids")
     if target.num_layers is not None:
         n = target.num_layers
@@ -210,7 +212,8 @@ def _check_target(report: DraftReport, config: Mapping[str, Any], hidden: int | 
                     "the draft was trained for another target."
                 )
     mask = dflash.get("mask_token_id")
-    if not (isinstance(mask, int) and not isinstance(mask, bool) and 0 <= mask < target.vocab_size):
+    named = mask is None and isinstance(dflash.get("mask_token"), str) and dflash["mask_token"]  # SGLang looks it up
+    if not named and not (isinstance(mask, int) and not isinstance(mask, bool) and 0 <= mask < target.vocab_size):
         report.problem(
             f"draft dflash_config.mask_token_id={mask!r:.40} is not a token id of the target's vocabulary "
             f"[0, {target.vocab_size}); re-export the draft for this target."
