@@ -115,6 +115,17 @@ def test_the_scheduler_aborts_refused_requests_at_admission(fresh_hooks):
     )  # SGLang's own
 
 
+def test_a_refusal_another_plugins_hook_would_keep_from_running_stops_the_start(fresh_hooks):
+    """SGLang applies a target's hooks once: where another plugin hooked the request check first, ours would never
+    run and sampled requests would be served greedily; the server does not start instead."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(verification.REQUEST_CHECK, lambda result, *a, **k: result, HookType.AFTER)
+    HookRegistry.apply_hooks()
+    with pytest.raises(ServingConfigError, match="another plugin already hooked .*validate_dflash_request"):
+        verification.install_request_refusal(FALLBACK)
+
+
 def test_refuse_start_refuses_only_a_server_without_exact_sampling(target, draft, sampling_verify, monkeypatch):  # noqa: F811
     monkeypatch.setenv(verification.ENV, "refuse-start")
     sampling_verify(False)

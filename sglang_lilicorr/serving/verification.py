@@ -92,5 +92,10 @@ def install_request_refusal(verification: Verification) -> None:
     def refuse(result, req, *args, **kwargs):
         return result or verification.request_refusal(req.sampling_params)
 
+    if REQUEST_CHECK in HookRegistry._patched:  # hooked before (another plugin): a hook added now would never run
+        raise ServingConfigError(
+            f"{ALGORITHM_NAME} cannot refuse temperature > 0 here: another plugin already hooked {REQUEST_CHECK}. "
+            f"Install flashinfer, set {ENV}={REFUSE_START} or {ALLOW_GREEDY}, or serve without that plugin."
+        )
     HookRegistry.register(REQUEST_CHECK, refuse, HookType.AFTER, source=HookSource("lilicorr", "sglang-lilicorr"))
     HookRegistry.apply_hooks()
