@@ -477,7 +477,8 @@ def test_the_worker_runs_narrow_widths_itself_and_the_block_through_sglang(monke
 
 def test_a_block_shorter_than_the_chain_chains_one_forward_a_column(monkeypatch):
     """A draft of block 6 (the checks accept 2..32) serves width 1 as a chain of 6 links, the columns its block has: its
-    captured append, replay, policy and steps all take 6."""
+    captured append, replay, policy and steps all take 6. The append's capture leaves SGLang's fused append as it found
+    it (SGLang turns it off for good where it fails, as under a capture)."""
     import types
 
     import torch
@@ -499,12 +500,15 @@ def test_a_block_shorter_than_the_chain_chains_one_forward_a_column(monkeypatch)
 
         def capture(self, append, sizes, widths):
             captured.append(widths)
+            worker._use_fused_kv_materialize, worker._fused_kv_helper = False, None  # SGLang's fused append failed
 
     monkeypatch.setattr(worker_module, "AppendGraphs", Graphs)
     worker.draft_model = types.SimpleNamespace(fc=types.SimpleNamespace(weight=torch.zeros(4, 3)))
     worker.model_runner, worker.device = types.SimpleNamespace(dtype=torch.float32), "cpu"
+    worker._use_fused_kv_materialize, worker._fused_kv_helper = True, "fused helper"
     worker._capture_append(sizes=[1, 2])
     assert captured == [[1, 2, 4, 6]]  # no width 8, which the block's append buffers do not hold
+    assert (worker._use_fused_kv_materialize, worker._fused_kv_helper) == (True, "fused helper")  # eager keeps it
 
 
 def test_a_batch_with_grammar_keeps_the_block(monkeypatch):

@@ -221,8 +221,10 @@ class LiLiCorrWorker(DFlashWorkerV2):
             device=self.device,
         )
         widths = sorted({*self.widths, self.chain} if 1 in self.widths else self.widths)  # width 1 appends its chain
-        with torch.inference_mode():
+        fused = self._use_fused_kv_materialize, self._fused_kv_helper  # SGLang turns its fused append off for good
+        with torch.inference_mode():  # where it fails, as under a capture: the eager appends keep it
             graphs.capture(self._append_and_publish, sizes, widths)
+        self._use_fused_kv_materialize, self._fused_kv_helper = fused
         self.append_graphs = graphs if graphs.graphs else None
 
     def _init_verify_widths(self) -> None:
