@@ -103,6 +103,14 @@ def test_warmup_waves_cover_every_batch_size_up_to_c():
     assert [len(w) for w in runner.warmup_waves(prompts, 9, 4)] == [4, 4, 4]
 
 
+def test_a_warm_up_request_the_server_answers_with_an_error_ends_nothing(tmp_path):
+    """An HTTP error in the warm-up (a prompt too long for the context, ...) is not the run's end: the warm-up records
+    nothing, and the measured phase records its own failures, which a rerun retries."""
+    with StubServer(fail_first=2) as stub:
+        outcome = _run(stub, [Prompt(f"p{i}", "c", ("x",)) for i in range(3)], tmp_path / "r.jsonl", warmup=2)
+    assert outcome.done == 3 and not outcome.failures and [e["failed"] for e in stub.log[:2]] == [True, True]
+
+
 def test_warmup_failure_says_the_server_is_down(tmp_path):
     import socket
 
@@ -261,3 +269,19 @@ def test_ids_api_sends_the_prompt_bytes_as_token_ids(tmp_path):
 def test_ids_api_refuses_multi_turn_prompts(tmp_path, capsys):
     code = cli.main(bench_run_argv(QUALITATIVE, tmp_path / "r.jsonl", "--api", "ids", system="s"))
     assert code == 2 and "--api ids plays single-turn prompts only" in capsys.readouterr().err
+
+
+def test_two_prompt_files_of_one_name_are_refused_before_anything_is_written(tmp_path, capsys):
+    """A run's records name the dataset by its file's name: two such files would be played as one."""
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "eval.jsonl").write_text(json.dumps({"id": folder, "text": "hi"}) + "\n")
+    argv = bench_run_argv(tmp_path / "a" / "eval.jsonl", tmp_path / "r.jsonl")
+    argv[argv.index("--dataset") + 2 : argv.index("--dataset") + 2] = [str(tmp_path / "b" / "eval.jsonl")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1
+        and "two prompt files named 'eval' (--dataset): rename one" in err
+        and not (tmp_path / "r.jsonl").exists()
+    )

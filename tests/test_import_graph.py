@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"sglang_lilicorr": ROOT / "sglang_lilicorr", "benchmarks": ROOT / "benchmarks"}  # the product, the lab
 # lines of Python that `pip install` ships: 15.2k (the goal is 15,000); raise it on purpose only, never for a module of
 # the lab
-MAX_PRODUCT_LINES = 14_995
+MAX_PRODUCT_LINES = 15_000
 
 
 def modules() -> dict[str, Path]:

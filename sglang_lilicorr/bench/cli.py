@@ -93,6 +93,9 @@ def cmd_run(args) -> int:
         raise UsageError(
             " ".join(str(e).split()).rstrip("."), where="--dataset", fix="see `lilicorr bench run --help`"
         ) from e
+    names = [n for n, _ in loaded]  # a run's records name the dataset by it: two files of one name would mix
+    if len(set(names)) < len(names):
+        raise UsageError(f"two prompt files named {max(names, key=names.count)!r}", where="--dataset", fix="rename one")
     multi_turn = [p.prompt_id for _, ps in loaded for p in ps if len(p.turns) > 1] if args.api == "ids" else []
     if multi_turn:
         raise UsageError(

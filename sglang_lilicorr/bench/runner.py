@@ -275,7 +275,7 @@ async def _warm_up(client: SGLangClient, waves: List[List[Prompt]], url: str) ->
                     where=url,
                     fix="start the server, or check --url",
                 ) from e
-            if isinstance(e, BaseException):
+            if isinstance(e, BaseException) and not isinstance(e, ServerError):  # a refused prompt: measured later
                 raise e
 
 
