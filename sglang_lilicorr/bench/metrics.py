@@ -148,12 +148,17 @@ def pool_runs(runs: Sequence[List[dict]]) -> List[dict]:
     for i, cells in enumerate(runs):
         for c in cells:
             own = {k: v for k, v in c.items() if k not in COMPARISONS}
-            by_key.setdefault(tuple(c[k] for k in CELL_KEY), []).append({**own, "run_ids": [i]})
+            by_key.setdefault(tuple(c[k] for k in CELL_KEY), []).append({"run_ids": [i], **own})  # a summary's kept
     pooled = []
     for same in by_key.values():
         if len(same) == 1:
             pooled.append({**same[0], "runs": same[0].get("runs", 1)})
             continue
+        if any(c.get("runs", 1) > 1 for c in same):  # its runs' counts are merged: they cannot be weighed again
+            raise ResultsError(
+                f"a summary of repeated runs pooled with other runs ({same[0]['system']}, {same[0]['dataset']})",
+                fix="report from the runs' results files",
+            )
         cell = {**same[0], "runs": sum(c.get("runs", 1) for c in same), "run_ids": [c["run_ids"][0] for c in same]}
         for name in ("tau", "block_ms", "tps"):
             cell[f"{name}_per_run"] = [c.get(name) for c in same]
