@@ -109,6 +109,26 @@ def test_the_pass_runs_in_the_requested_precision_without_tf32_and_leaves_the_mo
         torch.backends.cuda.matmul.allow_tf32 = saved
 
 
+def test_a_reference_with_a_nan_logit_certifies_nothing():
+    """topk ranks NaN first and every comparison with NaN is false: the token such a row would have passed fails."""
+    table = [row[:] for row in TABLE]
+    table[0][4] = math.nan  # after token 0 the reference's row holds a NaN
+    r = check_greedy(Bigram(table), [0], [1])  # token 1 is row 0's argmax among the finite logits
+    assert not r.ok and [m.position for m in r.failures] == [0]
+
+
+def test_a_model_of_mixed_precision_is_converted_whole():
+    class Mixed(Bigram):
+        def __init__(self):
+            super().__init__()
+            self.low = nn.Parameter(torch.zeros(1, dtype=torch.bfloat16))  # a bf16 layer after an fp32 one
+
+    m = Mixed()
+    Bigram.calls.clear()
+    check_greedy(m, [0], [1])
+    assert Bigram.calls[-1][0] is not m and m.low.dtype == torch.bfloat16  # a converted copy ran the pass
+
+
 class Positional(Bigram):
     """A one-token vocabulary whose logit grows with the position (so positions are told apart)."""
 
@@ -194,6 +214,14 @@ def test_cli_counts_and_exit_codes(tmp_path, capsys, cli):
     )
     assert greedy_check.main(["model", near, good, "--tol-ulps", "2.5"]) == 0
     capsys.readouterr()
+
+
+def test_cli_fails_a_greedy_reply_without_token_ids(tmp_path, capsys, cli):
+    """A reply with text but no token ids cannot be checked: it fails, it does not pass as 0 tokens."""
+    path = records(tmp_path, "s.json", [rec("x", [0], [1, 2, 0]), rec("y", [0], None), rec("z", [0], [])])
+    assert greedy_check.main(["model", path]) == 1
+    out = capsys.readouterr().out
+    assert "'y': FAIL: no output token ids to check" in out and "'z': FAIL" in out and "2 with a token" in out
 
 
 def test_cli_baseline_byte_equality(tmp_path, capsys, cli):

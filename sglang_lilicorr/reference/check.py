@@ -37,7 +37,7 @@ class GreedyReport:
 
     @property
     def failures(self) -> list[Mismatch]:
-        return [m for m in self.not_argmax if m.deficit > m.tol]
+        return [m for m in self.not_argmax if not m.deficit <= m.tol]  # a NaN reference certifies nothing
 
     @property
     def ok(self) -> bool:
@@ -80,7 +80,7 @@ def check_greedy(
         raise ValueError(f"check_greedy: dtype must be torch.float32 or torch.float64, got {dtype}.")
     if not output_ids:
         return GreedyReport(0, [], math.inf, -1)
-    ref = model if next(model.parameters()).dtype == dtype else copy.deepcopy(model).to(dtype)
+    ref = model if all(p.dtype == dtype for p in model.parameters()) else copy.deepcopy(model).to(dtype)
     out = list(output_ids)
     logits = teacher_forced_logits(ref, prompt_ids, out)
     top2 = logits.topk(2, dim=-1) if logits.shape[-1] > 1 else logits.topk(1, dim=-1)
@@ -90,7 +90,7 @@ def check_greedy(
     bad = [
         Mismatch(k, t, int(top2.indices[k, 0]), deficit[k], tol_ulps * ulps[k] if tol is None else float(tol), ulps[k])
         for k, t in enumerate(out)
-        if deficit[k] > 0
+        if not deficit[k] <= 0  # NaN: not the argmax of a reference that has none
     ]
     k_min = min(range(len(gaps)), key=gaps.__getitem__)
     return GreedyReport(len(out), bad, gaps[k_min], k_min)
