@@ -281,7 +281,7 @@ class LiLiCorrWorker(DFlashWorkerV2):
         if self.policy is not None and self._last_decode is not None:
             width, last_size, then = self._last_decode
             self.policy.costs.observe(width, last_size, now - then)
-        narrow = serves(self, batch)  # else the block, with work (a grammar's) that is not the block's cost
+        narrow = self.policy is not None and serves(self, batch)  # else the block (a grammar: not its cost)
         width = block if self.policy is None else self.policy.width(size, narrow=narrow)
         if (
             self.policy is not None
